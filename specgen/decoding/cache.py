@@ -1,0 +1,122 @@
+"""Static, slot-indexed KV cache with per-row lengths, rollback and tree-path commit.
+
+Layout: one preallocated buffer per kind, `k`/`v` of shape [layers, B, H_kv, T_max, D].
+Row `b` holds `lengths[b]` committed slots `[0, lengths[b])`. A forward pass writes its new nodes
+("pending") into `[lengths[b], lengths[b] + S)` without moving the pointer; `commit(b, keep)` then
+gathers the kept pending slots into contiguous slots and advances the pointer. Rolling back is a
+pointer move. Positions (for RoPE) are passed separately, so a tree's siblings can share a position
+while living in distinct slots; attention masks are built from lengths, so stale slots past the
+pointer are never attended.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class KVCache:
+    """Preallocated keys/values plus host-side integer lengths (one per batch row)."""
+
+    k: torch.Tensor  # [L, B, H_kv, T_max, D]
+    v: torch.Tensor  # [L, B, H_kv, T_max, D]
+    lengths: list[int]
+    cross: list[tuple[torch.Tensor, torch.Tensor]] | None = field(default=None)  # per layer [B, H, M, D]
+
+    @classmethod
+    def allocate(
+        cls,
+        n_layers: int,
+        batch: int,
+        n_kv_heads: int,
+        max_len: int,
+        head_dim: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> "KVCache":
+        shape = (n_layers, batch, n_kv_heads, max_len, head_dim)
+        return cls(
+            k=torch.zeros(shape, dtype=dtype, device=device),
+            v=torch.zeros(shape, dtype=dtype, device=device),
+            lengths=[0] * batch,
+        )
+
+    @property
+    def batch(self) -> int:
+        return self.k.shape[1]
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[3]
+
+    def uniform_length(self) -> int | None:
+        """The common length when every row has the same one, else None."""
+        first = self.lengths[0]
+        return first if all(n == first for n in self.lengths) else None
+
+    def check_room(self, new: int) -> None:
+        """Raise when writing `new` pending slots would overflow any row."""
+        if max(self.lengths) + new > self.max_len:
+            raise ValueError(f"KV cache overflow: {max(self.lengths)} + {new} > {self.max_len} slots")
+
+    def write(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store pending keys/values [B, H_kv, S, D]; return the visible prefix [B, H_kv, T, D]."""
+        s = k_new.shape[2]
+        start = self.uniform_length()
+        if start is not None:
+            self.k[layer, :, :, start : start + s] = k_new
+            self.v[layer, :, :, start : start + s] = v_new
+            end = start + s
+        else:
+            for b, n in enumerate(self.lengths):
+                self.k[layer, b, :, n : n + s] = k_new[b]
+                self.v[layer, b, :, n : n + s] = v_new[b]
+            end = max(self.lengths) + s
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+
+    def commit(self, row: int, keep: list[int]) -> None:
+        """Keep pending nodes `keep` (indices into the last write, ascending) and advance the row.
+
+        For a chain (keep == [0, 1, ..., a-1]) this is a pointer move; for a tree path it gathers
+        the kept slots into contiguous slots `[n, n + len(keep))`.
+        """
+        n = self.lengths[row]
+        if keep != list(range(len(keep))):
+            src = torch.tensor([n + i for i in keep], device=self.k.device)
+            self.k[:, row, :, n : n + len(keep)] = self.k[:, row, :, src]
+            self.v[:, row, :, n : n + len(keep)] = self.v[:, row, :, src]
+        self.lengths[row] = n + len(keep)
+
+    def rollback(self, row: int, length: int) -> None:
+        """Forget everything at or after slot `length` in `row`."""
+        if length > self.lengths[row]:
+            raise ValueError(f"cannot roll row {row} forward from {self.lengths[row]} to {length}")
+        self.lengths[row] = length
+
+    def reset(self) -> None:
+        """Empty every row (buffers are reused, not cleared)."""
+        self.lengths = [0] * self.batch
+        self.cross = None
+
+    def prefix_mask(self, s: int, tree_mask: torch.Tensor | None) -> torch.Tensor | None:
+        """Boolean attention mask [B, 1, S, T] for S pending nodes, or None when all is visible.
+
+        `tree_mask` [S, S] or [B, S, S] says which pending nodes see which (ancestor mask; causal
+        for a chain). Committed slots are always visible; slots of other rows' padding are not.
+        """
+        start = self.uniform_length()
+        if start is not None and s == 1:
+            return None
+        total = max(self.lengths) + s
+        device = self.k.device
+        if tree_mask is None:
+            tree_mask = torch.ones(s, s, dtype=torch.bool, device=device).tril()
+        if tree_mask.dim() == 2:
+            tree_mask = tree_mask.unsqueeze(0).expand(self.batch, s, s)
+        mask = torch.zeros(self.batch, 1, s, total, dtype=torch.bool, device=device)
+        for b, n in enumerate(self.lengths):
+            mask[b, 0, :, :n] = True
+            mask[b, 0, :, n : n + s] = tree_mask[b]
+        return mask

@@ -1,0 +1,52 @@
+"""Frozen dataclasses passed between the decode steps: Draft (proposal) and Verdict (acceptance).
+
+Vocabulary (vLLM's): *accepted* draft tokens match the target; after the accepted ones comes one
+*recovered* token (sampled from the target's residual after a rejection) or a *bonus* token (when
+every draft token on the path was accepted). `Verdict.tokens` = accepted + that one token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from specgen.decoding.tree import DraftTree
+
+
+@dataclass(frozen=True)
+class Draft:
+    """A proposal: tokens on a tree (a chain is a tree); probs are the distributions they were drawn from."""
+
+    tokens: tuple[int, ...]  # [N]
+    tree: DraftTree
+    probs: torch.Tensor | None = None  # [N, V]: q of node i's sampling distribution; None = deterministic
+
+    @classmethod
+    def empty(cls) -> "Draft":
+        return cls((), DraftTree(()))
+
+    @classmethod
+    def chain(cls, tokens: list[int] | tuple[int, ...], probs: torch.Tensor | None = None) -> "Draft":
+        return cls(tuple(tokens), DraftTree.chain(len(tokens)), probs)
+
+    def __post_init__(self) -> None:
+        if len(self.tokens) != self.tree.size:
+            raise ValueError(f"draft has {len(self.tokens)} tokens but its tree has {self.tree.size} nodes")
+
+    @property
+    def size(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Outcome of verifying one draft: the accepted path and the tokens to commit."""
+
+    path: tuple[int, ...]  # accepted node ids, root-to-leaf order
+    tokens: tuple[int, ...]  # accepted draft tokens + one recovered/bonus token
+    extras: dict = field(default_factory=dict)  # rule-specific facts (e.g. relaxed acceptances)
+
+    @property
+    def num_accepted(self) -> int:
+        return len(self.path)

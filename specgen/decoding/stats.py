@@ -1,0 +1,96 @@
+"""Decoding statistics: NFE, acceptance, tree depth, wall time per phase, and derived rates.
+
+Definitions (used everywhere in specgen):
+- tau: tokens committed per verify step (accepted + the recovered/bonus token).
+- TPF: new tokens per target forward (prefill counted, so AR has exactly 1.0).
+- d_bar: mean draft-tree depth per verify step.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+
+@dataclass
+class DecodeStats:
+    """Counters of one (or, after `merge`, several) decoding runs."""
+
+    new_tokens: int = 0
+    target_forwards: int = 0
+    target_tokens: int = 0  # tokens fed to the target, prefill excluded
+    drafter_forwards: int = 0
+    steps: int = 0  # verify steps (prefill excluded)
+    accepted: list[int] = field(default_factory=list)  # per step: draft tokens accepted
+    draft_sizes: list[int] = field(default_factory=list)  # per step: nodes in the draft
+    depths: list[int] = field(default_factory=list)  # per step: draft-tree depth
+    times: dict[str, float] = field(default_factory=dict)  # phase -> seconds
+    extras: dict[str, float] = field(default_factory=dict)  # method-specific counters
+
+    @contextmanager
+    def timed(self, phase: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.times[phase] = self.times.get(phase, 0.0) + time.perf_counter() - t0
+
+    def record_step(self, draft_size: int, depth: int, accepted: int) -> None:
+        self.steps += 1
+        self.target_forwards += 1
+        self.target_tokens += draft_size + 1
+        self.draft_sizes.append(draft_size)
+        self.depths.append(depth)
+        self.accepted.append(accepted)
+
+    def merge(self, other: "DecodeStats") -> None:
+        for name in ("new_tokens", "target_forwards", "target_tokens", "drafter_forwards", "steps"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.accepted += other.accepted
+        self.draft_sizes += other.draft_sizes
+        self.depths += other.depths
+        for k, v in other.times.items():
+            self.times[k] = self.times.get(k, 0.0) + v
+        for k, v in other.extras.items():
+            self.extras[k] = self.extras.get(k, 0.0) + v
+
+    @property
+    def wall_time(self) -> float:
+        return sum(self.times.values())
+
+    @property
+    def tau(self) -> float:
+        return (sum(self.accepted) + len(self.accepted)) / len(self.accepted) if self.accepted else 0.0
+
+    @property
+    def tpf(self) -> float:
+        return self.new_tokens / self.target_forwards if self.target_forwards else 0.0
+
+    @property
+    def d_bar(self) -> float:
+        return sum(self.depths) / len(self.depths) if self.depths else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.wall_time if self.wall_time else 0.0
+
+    @property
+    def drafter_share(self) -> float:
+        return self.times.get("propose", 0.0) / self.wall_time if self.wall_time else 0.0
+
+    def summary(self) -> dict[str, float]:
+        """Flat JSON-ready numbers with units in the key names."""
+        return {
+            "new_tokens": self.new_tokens,
+            "nfe": self.target_forwards,
+            "tpf": round(self.tpf, 4),
+            "tau": round(self.tau, 4),
+            "d_bar": round(self.d_bar, 4),
+            "drafter_forwards": self.drafter_forwards,
+            "wall_s": round(self.wall_time, 4),
+            "tokens_per_s": round(self.tokens_per_s, 3),
+            "drafter_share": round(self.drafter_share, 4),
+            **{f"time_{k}_s": round(v, 4) for k, v in sorted(self.times.items())},
+            **{k: round(v, 4) for k, v in sorted(self.extras.items())},
+        }

@@ -1,0 +1,62 @@
+"""The Target protocol (what verification calls) and the adapter for a plain Transformer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from specgen.decoding.cache import KVCache
+
+
+@dataclass(frozen=True)
+class TargetOut:
+    """One target forward: logits for the requested rows and per-row features for drafters."""
+
+    logits: torch.Tensor  # [B, S, V] (or [B, 1, V] when last_only)
+    features: torch.Tensor  # [B, S, D] final hidden states (CFG adapters: per-branch, see their doc)
+
+
+class Target(Protocol):
+    """A model that scores new nodes over a KV cache."""
+
+    vocab_size: int
+
+    def new_cache(self, batch: int, max_len: int) -> KVCache: ...
+
+    def prefill(self, tokens: torch.Tensor, cache: KVCache) -> TargetOut:
+        """Run a prompt [B, P] from empty rows; commits it; logits of the last position only."""
+        ...
+
+    def forward(
+        self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache, tree_mask: torch.Tensor | None
+    ) -> TargetOut:
+        """Score S pending nodes [B, S] at positions [B, S] under tree_mask [S, S]; does not commit."""
+        ...
+
+
+class ModelTarget:
+    """Target over a `Transformer` (text LMs): features are the final normed hidden states."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.vocab_size = model.cfg.vocab_size
+        self.max_seq_len = model.cfg.max_seq_len
+
+    def new_cache(self, batch: int, max_len: int) -> KVCache:
+        return self.model.new_cache(batch, min(max_len, self.max_seq_len))
+
+    @torch.inference_mode()
+    def prefill(self, tokens: torch.Tensor, cache: KVCache) -> TargetOut:
+        b, p = tokens.shape
+        positions = torch.arange(p, device=tokens.device).expand(b, p)
+        hidden = self.model.hidden_states(self.model.tok_embeddings(tokens), positions, cache)
+        for row in range(b):
+            cache.commit(row, list(range(p)))
+        return TargetOut(self.model.output(hidden[:, -1:]), hidden)
+
+    @torch.inference_mode()
+    def forward(self, tokens, positions, cache, tree_mask) -> TargetOut:
+        logits, hidden = self.model(tokens, positions, cache, tree_mask)
+        return TargetOut(logits, hidden)

@@ -1,0 +1,89 @@
+"""DraftTree: depths, position offsets, ancestor mask and root-to-leaf paths of a draft.
+
+Nodes are numbered 0..N-1 in topological order (a parent comes before its children); parent -1 is
+the root, i.e. the last committed token that is fed together with the draft. A chain is the tree
+with parents [-1, 0, 1, ...].
+
+Verification feeds S = N + 1 inputs: index 0 is the root, index i + 1 is node i.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import torch
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    """Topology of a draft, independent of its tokens."""
+
+    parents: tuple[int, ...]  # [N], -1 = root
+
+    def __post_init__(self) -> None:
+        for i, p in enumerate(self.parents):
+            if not -1 <= p < i:
+                raise ValueError(f"node {i} has parent {p}: parents must precede their children")
+
+    @classmethod
+    def chain(cls, n: int) -> "DraftTree":
+        return cls(tuple(range(-1, n - 1)))
+
+    @property
+    def size(self) -> int:
+        return len(self.parents)
+
+    @cached_property
+    def depth(self) -> tuple[int, ...]:
+        """Depth of each node; children of the root have depth 1."""
+        d: list[int] = []
+        for p in self.parents:
+            d.append(1 if p < 0 else d[p] + 1)
+        return tuple(d)
+
+    @cached_property
+    def children(self) -> tuple[tuple[int, ...], ...]:
+        """children[0] are the root's children; children[i + 1] those of node i."""
+        kids: list[list[int]] = [[] for _ in range(self.size + 1)]
+        for i, p in enumerate(self.parents):
+            kids[p + 1].append(i)
+        return tuple(tuple(k) for k in kids)
+
+    @cached_property
+    def is_chain(self) -> bool:
+        return self.parents == tuple(range(-1, self.size - 1))
+
+    def max_depth(self) -> int:
+        return max(self.depth, default=0)
+
+    def offsets(self) -> torch.Tensor:
+        """Position offsets [N + 1] of the verify inputs relative to the root's position."""
+        return torch.tensor((0,) + self.depth)
+
+    def mask(self) -> torch.Tensor:
+        """Ancestor mask [N + 1, N + 1] over the verify inputs (root included): i sees j iff j is i or an ancestor."""
+        n = self.size + 1
+        if self.is_chain:
+            return torch.ones(n, n, dtype=torch.bool).tril()
+        m = torch.eye(n, dtype=torch.bool)
+        m[:, 0] = True
+        for i, p in enumerate(self.parents):
+            if p >= 0:
+                m[i + 1] |= m[p + 1]
+        return m
+
+    def path_to(self, node: int) -> list[int]:
+        """Nodes from the root's child down to `node` (inclusive)."""
+        path = []
+        while node >= 0:
+            path.append(node)
+            node = self.parents[node]
+        return path[::-1]
+
+    def leaves(self) -> list[int]:
+        return [i for i in range(self.size) if not self.children[i + 1]]
+
+    def paths(self) -> list[list[int]]:
+        """Every root-to-leaf path (node ids)."""
+        return [self.path_to(leaf) for leaf in self.leaves()]

@@ -1,0 +1,44 @@
+"""Error hierarchy: usage errors (exit 2) versus runtime errors (exit 1), mapped by cli/."""
+
+from __future__ import annotations
+
+
+class SpecgenError(Exception):
+    """Base class: a one-line, user-facing message; `exit_code` tells the CLI how to exit."""
+
+    exit_code = 1
+
+
+class UsageError(SpecgenError):
+    """The user asked for something invalid (bad option, unknown name, bad override)."""
+
+    exit_code = 2
+
+
+class RuntimeFailure(SpecgenError):
+    """A valid request failed while running (corrupt file, failed conversion)."""
+
+    exit_code = 1
+
+
+class UnknownNameError(UsageError):
+    """An unknown method, checkpoint or suite; lists the closest known names."""
+
+    def __init__(self, what: str, name: str, known: list[str]) -> None:
+        import difflib
+
+        near = difflib.get_close_matches(name, known, n=3, cutoff=0.4)
+        hint = f"; did you mean {', '.join(near)}?" if near else f"; known: {', '.join(sorted(known)) or 'none'}"
+        super().__init__(f"unknown {what} '{name}'{hint}")
+
+
+class CheckpointError(RuntimeFailure):
+    """A checkpoint is missing, corrupt, truncated, or incompatible with its partner."""
+
+
+class IncompatibleError(UsageError):
+    """Two artefacts that must belong together do not (drafter vs target, vocabulary sizes)."""
+
+
+class MissingDependencyError(RuntimeFailure):
+    """An optional package that this feature needs is not installed; the message says how."""

@@ -1,0 +1,42 @@
+"""Decoding methods by name: METHODS maps a CLI name to its spec (modality, losslessness, drafter factory)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from specgen.errors import UnknownNameError
+from specgen.methods.text import EmptyDrafter, JacobiDrafter, NgramDrafter
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """What a method is and how to build its drafter from the method options dict."""
+
+    name: str
+    modality: str  # "text" | "image" | "mesh"
+    lossless: bool
+    summary: str
+    make_drafter: Callable[[dict[str, Any]], Any]
+    target: str = "base"  # which model it decodes: "base" or a distilled variant's registry name
+
+
+METHODS: dict[str, MethodSpec] = {
+    spec.name: spec
+    for spec in [
+        MethodSpec("ar", "text", True, "autoregressive baseline on the same static-cache loop",
+                   lambda o: EmptyDrafter()),
+        MethodSpec("jacobi", "text", True, "Jacobi fixed-point iteration over a block of n tokens",
+                   lambda o: JacobiDrafter(block_size=o.get("block_size", 8), seed=o.get("seed", 0))),
+        MethodSpec("ngram", "text", True, "prompt-lookup n-gram drafts verified by the target",
+                   lambda o: NgramDrafter(num_draft=o.get("num_draft", 4), max_ngram=o.get("max_ngram", 3),
+                                          min_ngram=o.get("min_ngram", 2))),
+    ]
+}
+
+
+def get_method(name: str) -> MethodSpec:
+    """The spec of a method, or a usage error naming the closest known methods."""
+    if name not in METHODS:
+        raise UnknownNameError("method", name, list(METHODS))
+    return METHODS[name]

@@ -1,0 +1,221 @@
+"""The one decoder specgen owns: Llama-family blocks over a static KV cache with arbitrary masks.
+
+RMSNorm, SwiGLU, GQA, 1D or LlamaGen-2D RoPE, optional QKV bias (Qwen2), optional cross-attention
+to a condition in every block (mesh decoder). Parameter names follow LlamaGen/gpt-fast
+(`tok_embeddings`, `layers.N.attention.wqkv`, `feed_forward.w1/w2/w3`, `norm`, `output`) so LlamaGen
+checkpoints load directly; HF and GGUF loaders map their names onto these.
+
+`forward(tokens, positions, cache, tree_mask)` runs S new nodes per row. With a cache they attend to
+the row's committed slots plus the pending nodes allowed by `tree_mask` (causal when None) and their
+keys/values are written as pending slots (see `decoding/cache.py`); without a cache the S tokens are
+the whole sequence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specgen.decoding.cache import KVCache
+from specgen.models.rope import apply_rope, table_1d, table_2d
+
+
+@dataclass(frozen=True)
+class TransformerConfig:
+    """Shape of a decoder; JSON-serialisable (saved next to every checkpoint)."""
+
+    vocab_size: int
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    ffn_dim: int
+    head_dim: int = 0  # 0: dim // n_heads
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_layout: str = "half"  # "half" | "interleaved" (see models/rope.py)
+    rope_grid: int = 0  # > 0: LlamaGen 2D RoPE over a rope_grid x rope_grid image after n_cond tokens
+    n_cond: int = 0  # condition tokens before the sequence (zero RoPE rows in 2D mode)
+    max_seq_len: int = 2048
+    qkv_bias: bool = False
+    tie_embeddings: bool = True
+    cross_dim: int = 0  # > 0: cross-attention to a condition of this width in every block
+
+    @property
+    def hd(self) -> int:
+        return self.head_dim or self.dim // self.n_heads
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm computed in float32, as Llama does."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class Attention(nn.Module):
+    """Self-attention with fused QKV, GQA and RoPE over the cache's visible slots."""
+
+    def __init__(self, cfg: TransformerConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.q_dim = cfg.n_heads * cfg.hd
+        self.kv_dim = cfg.n_kv_heads * cfg.hd
+        self.wqkv = nn.Linear(cfg.dim, self.q_dim + 2 * self.kv_dim, bias=cfg.qkv_bias)
+        self.wo = nn.Linear(self.q_dim, cfg.dim, bias=False)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [B, S, dim]
+        rot: torch.Tensor,  # [B, S, hd/2, 2]
+        layer: int,
+        cache: KVCache | None,
+        mask: torch.Tensor | None,  # [B, 1, S, T] bool, or None
+        causal: bool,
+    ) -> torch.Tensor:
+        b, s, _ = x.shape
+        hd, layout = self.cfg.hd, self.cfg.rope_layout
+        q, k, v = self.wqkv(x).split([self.q_dim, self.kv_dim, self.kv_dim], dim=-1)
+        q = apply_rope(q.view(b, s, -1, hd).transpose(1, 2), rot, layout)  # [B, H, S, hd]
+        k = apply_rope(k.view(b, s, -1, hd).transpose(1, 2), rot, layout)  # [B, Hkv, S, hd]
+        v = v.view(b, s, -1, hd).transpose(1, 2)
+        if cache is not None:
+            k, v = cache.write(layer, k, v)  # [B, Hkv, T, hd]
+        gqa = self.cfg.n_heads != self.cfg.n_kv_heads
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=causal and mask is None, enable_gqa=gqa
+        )
+        return self.wo(y.transpose(1, 2).reshape(b, s, self.q_dim))
+
+
+class CrossAttention(nn.Module):
+    """Attention from the sequence to a fixed condition; keys/values are computed once per condition."""
+
+    def __init__(self, cfg: TransformerConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.wq = nn.Linear(cfg.dim, cfg.n_heads * cfg.hd, bias=False)
+        self.wkv = nn.Linear(cfg.cross_dim, 2 * cfg.n_heads * cfg.hd, bias=False)
+        self.wo = nn.Linear(cfg.n_heads * cfg.hd, cfg.dim, bias=False)
+
+    def context_kv(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values [B, H, M, hd] of a condition [B, M, cross_dim]."""
+        b, m, _ = context.shape
+        k, v = self.wkv(context).view(b, m, 2, self.cfg.n_heads, self.cfg.hd).unbind(2)
+        return k.transpose(1, 2), v.transpose(1, 2)
+
+    def forward(self, x: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        b, s, _ = x.shape
+        q = self.wq(x).view(b, s, self.cfg.n_heads, self.cfg.hd).transpose(1, 2)
+        y = F.scaled_dot_product_attention(q, kv[0], kv[1])
+        return self.wo(y.transpose(1, 2).reshape(b, s, -1))
+
+
+class FeedForward(nn.Module):
+    """SwiGLU: w2(silu(w1 x) * w3 x)."""
+
+    def __init__(self, cfg: TransformerConfig) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)
+        self.w3 = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)
+        self.w2 = nn.Linear(cfg.ffn_dim, cfg.dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    """Pre-norm block: self-attention, optional cross-attention, SwiGLU."""
+
+    def __init__(self, cfg: TransformerConfig) -> None:
+        super().__init__()
+        self.attention_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.attention = Attention(cfg)
+        if cfg.cross_dim:
+            self.cross_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+            self.cross_attention = CrossAttention(cfg)
+        self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.feed_forward = FeedForward(cfg)
+
+    def forward(self, x, rot, layer, cache, mask, causal, cross_kv):
+        x = x + self.attention(self.attention_norm(x), rot, layer, cache, mask, causal)
+        if cross_kv is not None:
+            x = x + self.cross_attention(self.cross_norm(x), cross_kv)
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class Transformer(nn.Module):
+    """Token embeddings -> blocks -> norm -> LM head; also returns the final hidden states."""
+
+    def __init__(self, cfg: TransformerConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+        if cfg.rope_grid:
+            table = table_2d(cfg.rope_grid, cfg.hd, cfg.rope_theta, cfg.n_cond)
+        else:
+            table = table_1d(cfg.max_seq_len, cfg.hd, cfg.rope_theta)
+        self.register_buffer("rope_table", table, persistent=False)  # [P, hd/2, 2]
+
+    def new_cache(self, batch: int = 1, max_len: int | None = None) -> KVCache:
+        """A cache sized for this model (on its device and dtype)."""
+        p = self.tok_embeddings.weight
+        return KVCache.allocate(
+            self.cfg.n_layers, batch, self.cfg.n_kv_heads, max_len or self.cfg.max_seq_len,
+            self.cfg.hd, p.dtype, p.device,
+        )
+
+    def set_context(self, cache: KVCache, context: torch.Tensor) -> None:
+        """Compute the cross-attention keys/values of a condition [B, M, cross_dim] once."""
+        cache.cross = [blk.cross_attention.context_kv(context) for blk in self.layers]
+
+    def forward(
+        self,
+        tokens: torch.Tensor | None,  # [B, S] token ids
+        positions: torch.Tensor,  # [B, S] position ids (index the RoPE table)
+        cache: KVCache | None = None,
+        tree_mask: torch.Tensor | None = None,  # [S, S] or [B, S, S] bool among the new nodes
+        embeds: torch.Tensor | None = None,  # [B, S, dim] instead of tokens (condition tokens)
+        context_kv: list | None = None,  # per-layer cross kv when there is no cache
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits [B, S, V] and final hidden states [B, S, dim] (after the final norm)."""
+        h = self.tok_embeddings(tokens) if embeds is None else embeds
+        hidden = self.hidden_states(h, positions, cache, tree_mask, context_kv)
+        return self.output(hidden), hidden
+
+    def hidden_states(self, h, positions, cache=None, tree_mask=None, context_kv=None) -> torch.Tensor:
+        """Run the blocks on input embeddings h [B, S, dim]; returns normed hidden [B, S, dim]."""
+        s = h.shape[1]
+        if int(positions.max()) >= self.rope_table.shape[0]:
+            raise ValueError(f"position {int(positions.max())} exceeds the model's {self.rope_table.shape[0]}")
+        rot = self.rope_table[positions]  # [B, S, hd/2, 2]
+        if cache is not None:
+            cache.check_room(s)
+            mask = cache.prefix_mask(s, tree_mask)
+            causal = False
+            cross = cache.cross
+        else:
+            mask = None if tree_mask is None else tree_mask.view(-1, 1, s, s)
+            causal = tree_mask is None
+            cross = context_kv
+        for i, blk in enumerate(self.layers):
+            h = blk(h, rot, i, cache, mask, causal, None if cross is None else cross[i])
+        return self.norm(h)

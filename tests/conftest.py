@@ -1,0 +1,33 @@
+"""Shared fixtures: an isolated SPECGEN_HOME and tiny deterministic models."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specgen.models.transformer import Transformer, TransformerConfig
+
+
+@pytest.fixture(autouse=True)
+def specgen_home(tmp_path, monkeypatch):
+    """Every test gets its own registry home."""
+    home = tmp_path / "specgen_home"
+    monkeypatch.setenv("SPECGEN_HOME", str(home))
+    return home
+
+
+def tiny_config(**over) -> TransformerConfig:
+    base = dict(vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=256,
+                rope_theta=10000.0)
+    base.update(over)
+    return TransformerConfig(**base)
+
+
+def tiny_model(seed: int = 0, **over) -> Transformer:
+    """A random tiny model whose logits are peaked enough to make drafts matter."""
+    torch.manual_seed(seed)
+    model = Transformer(tiny_config(**over))
+    for p in model.parameters():
+        if p.dim() > 1:
+            torch.nn.init.normal_(p, std=0.3)
+    return model.eval()

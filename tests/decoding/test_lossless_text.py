@@ -1,0 +1,82 @@
+"""Greedy outputs of every text drafter (chains and trees) equal AR token for token."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specgen.decoding.draft import Draft
+from specgen.decoding.loop import decode
+from specgen.decoding.sampling import SamplingParams
+from specgen.decoding.target import ModelTarget
+from specgen.decoding.tree import DraftTree
+from specgen.methods.text import EmptyDrafter, JacobiDrafter, NgramDrafter
+from tests.conftest import tiny_model
+
+GREEDY = SamplingParams()
+
+
+def run(model, drafter, prompt, n=40, stop=()):
+    return decode(ModelTarget(model), drafter, prompt, n, GREEDY, stop_ids=stop).tokens
+
+
+class RandomTreeDrafter:
+    """Random trees mixing the target's true continuation with noise: exercises tree paths."""
+
+    def __init__(self, truth: list[int], prompt_len: int, seed: int = 0):
+        self.truth, self.p = truth, prompt_len
+        self.g = torch.Generator().manual_seed(seed)
+
+    def reset(self, prompt, first):
+        pass
+
+    def propose(self, seq, budget, stats):
+        done = len(seq) - self.p
+        parents, tokens = [], []
+        frontier = [-1]
+        for depth in range(min(4, budget)):
+            nxt = []
+            for parent in frontier:
+                for _ in range(2):
+                    tokens.append(int(torch.randint(0, 64, (), generator=self.g)))
+                    parents.append(parent)
+                    nxt.append(len(tokens) - 1)
+            # plant the true token under one random frontier node at this depth
+            if done + depth < len(self.truth) and torch.rand((), generator=self.g) < 0.8:
+                tokens[nxt[int(torch.randint(0, len(nxt), (), generator=self.g))]] = self.truth[done + depth]
+            frontier = nxt[:3]
+        return Draft(tuple(tokens), DraftTree(tuple(parents)))
+
+    def on_accept(self, draft, verdict, out):
+        pass
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_jacobi_and_ngram_equal_ar(seed):
+    model = tiny_model(seed)
+    prompt = [int(t) for t in torch.randint(0, 64, (12,), generator=torch.Generator().manual_seed(seed))]
+    ar = run(model, EmptyDrafter(), prompt)
+    assert len(ar) == 40
+    for block in (2, 4, 9):
+        assert run(model, JacobiDrafter(block_size=block, seed=seed), prompt) == ar
+    assert run(model, NgramDrafter(num_draft=5, max_ngram=3, min_ngram=1), prompt) == ar
+
+
+def test_stop_token_and_budget():
+    model = tiny_model(3)
+    prompt = [1, 2, 3, 4]
+    ar = run(model, EmptyDrafter(), prompt, n=30)
+    stop = ar[7]
+    cut = run(model, JacobiDrafter(block_size=6), prompt, n=30, stop=(stop,))
+    assert cut == ar[: ar.index(stop) + 1]
+    assert run(model, NgramDrafter(min_ngram=1), prompt, n=5) == ar[:5]
+
+
+def test_tree_drafts_equal_ar_and_accept_some():
+    model = tiny_model(4)
+    prompt = list(range(10))
+    ar = run(model, EmptyDrafter(), prompt, n=30)
+    result = decode(ModelTarget(model), RandomTreeDrafter(ar, len(prompt)), prompt, 30, GREEDY)
+    assert result.tokens == ar
+    assert result.stats.tau > 1.5  # planted true tokens were accepted through tree paths
+    assert result.stats.tpf > 1.2

@@ -1,0 +1,69 @@
+"""Lossless sampling: tree rejection sampling reproduces the target distribution (statistical tests)."""
+
+from __future__ import annotations
+
+import torch
+
+from specgen.decoding.accept import accept_rejection
+from specgen.decoding.draft import Draft
+from specgen.decoding.sampling import SamplingParams, logits_to_probs
+from specgen.decoding.tree import DraftTree
+
+V = 6
+
+
+def tv(a: torch.Tensor, b: torch.Tensor) -> float:
+    return 0.5 * float((a - b).abs().sum())
+
+
+def empirical(samples: list[int]) -> torch.Tensor:
+    return torch.bincount(torch.tensor(samples), minlength=V).float() / len(samples)
+
+
+def test_chain_with_true_q_matches_target():
+    g = torch.Generator().manual_seed(0)
+    p = torch.tensor([0.05, 0.4, 0.1, 0.25, 0.15, 0.05])
+    q = torch.tensor([0.3, 0.1, 0.3, 0.1, 0.1, 0.1])
+    firsts = []
+    for _ in range(20000):
+        tok = int(torch.multinomial(q, 1, generator=g))
+        draft = Draft((tok,), DraftTree((-1,)), q.unsqueeze(0))
+        probs = torch.stack([p, torch.full((V,), 1.0 / V)])
+        firsts.append(accept_rejection(draft, probs, g).tokens[0])
+    emp = empirical(firsts)
+    assert tv(emp, p) < 0.015
+    assert tv(emp, q) > 0.2  # the test can fail: the draft distribution is far away
+
+
+def test_deterministic_topk_siblings_match_target():
+    g = torch.Generator().manual_seed(1)
+    p = torch.tensor([0.3, 0.05, 0.2, 0.15, 0.1, 0.2])
+    draft = Draft((0, 2, 5), DraftTree((-1, -1, -1)))  # three deterministic top-k siblings (q = 1)
+    probs = torch.stack([p] + [torch.full((V,), 1.0 / V)] * 3)
+    firsts = [accept_rejection(draft, probs, g).tokens[0] for _ in range(20000)]
+    assert tv(empirical(firsts), p) < 0.015
+
+
+def test_iid_sampled_siblings_and_second_level_match_target():
+    g = torch.Generator().manual_seed(2)
+    p_root = torch.tensor([0.1, 0.3, 0.2, 0.1, 0.2, 0.1])
+    p_child = torch.tensor([0.5, 0.1, 0.1, 0.1, 0.1, 0.1])
+    q = torch.tensor([0.2, 0.2, 0.1, 0.1, 0.2, 0.2])
+    pairs = []
+    for _ in range(20000):
+        a, b = (int(x) for x in torch.multinomial(q, 2, replacement=True, generator=g))
+        c = int(torch.multinomial(q, 1, generator=g))
+        draft = Draft((a, b, c), DraftTree((-1, -1, 0)), torch.stack([q, q, q]))
+        # the second-level distribution depends on the first token only through the tree; use p_child for all
+        probs = torch.stack([p_root, p_child, p_child, p_child])
+        toks = accept_rejection(draft, probs, g).tokens
+        pairs.append(toks[0])
+    assert tv(empirical(pairs), p_root) < 0.015
+
+
+def test_top_p_top_k_filtering():
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    probs = logits_to_probs(logits, SamplingParams(temperature=1.0, top_p=0.8))
+    torch.testing.assert_close(probs, torch.tensor([0.625, 0.375, 0.0, 0.0]))
+    probs = logits_to_probs(logits, SamplingParams(temperature=1.0, top_k=1))
+    torch.testing.assert_close(probs, torch.tensor([1.0, 0.0, 0.0, 0.0]))
