@@ -1,0 +1,3 @@
+"""specgen: speculative and parallel decoding for autoregressive generators (text, image, mesh)."""
+
+__version__ = "0.1.0"

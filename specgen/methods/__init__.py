@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from specgen.errors import UnknownNameError
+from specgen.errors import UnknownNameError, UsageError
 from specgen.methods.text import EmptyDrafter, JacobiDrafter, NgramDrafter
 
 
@@ -18,7 +18,15 @@ class MethodSpec:
     lossless: bool
     summary: str
     make_drafter: Callable[[dict[str, Any]], Any]
+    options: tuple[str, ...] = ()  # method option names accepted in `method_options`
     target: str = "base"  # which model it decodes: "base" or a distilled variant's registry name
+
+    def check_options(self, options: dict[str, Any]) -> None:
+        """Refuse option names this method does not know (a typo must not be ignored)."""
+        unknown = sorted(set(options) - set(self.options) - {"seed"})
+        if unknown:
+            known = ", ".join(self.options) or "none"
+            raise UsageError(f"method {self.name} has no option {unknown[0]!r}; its options: {known}")
 
 
 METHODS: dict[str, MethodSpec] = {
@@ -27,10 +35,12 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("ar", "text", True, "autoregressive baseline on the same static-cache loop",
                    lambda o: EmptyDrafter()),
         MethodSpec("jacobi", "text", True, "Jacobi fixed-point iteration over a block of n tokens",
-                   lambda o: JacobiDrafter(block_size=o.get("block_size", 8), seed=o.get("seed", 0))),
+                   lambda o: JacobiDrafter(block_size=o.get("block_size", 8), seed=o.get("seed", 0)),
+                   options=("block_size",)),
         MethodSpec("ngram", "text", True, "prompt-lookup n-gram drafts verified by the target",
                    lambda o: NgramDrafter(num_draft=o.get("num_draft", 4), max_ngram=o.get("max_ngram", 3),
-                                          min_ngram=o.get("min_ngram", 2))),
+                                          min_ngram=o.get("min_ngram", 2)),
+                   options=("num_draft", "max_ngram", "min_ngram")),
     ]
 }
 

@@ -1,0 +1,72 @@
+"""Output helpers: results to stdout (table or JSON), tables/progress/logs to stderr."""
+
+from __future__ import annotations
+
+import json
+import sys
+from contextlib import contextmanager
+from typing import Any, Iterable
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+err = Console(stderr=True)
+out = Console(soft_wrap=True, highlight=False)
+
+
+def emit_json(obj: Any) -> None:
+    """One JSON document (or JSON line) on stdout."""
+    sys.stdout.write(json.dumps(obj, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def table(title: str, rows: Iterable[dict], columns: list[str], console: Console = err) -> None:
+    """Render dict rows as a Rich table (missing values show as '-')."""
+    t = Table(title=title)
+    for c in columns:
+        t.add_column(c, justify="left" if c in ("method", "prompt", "name", "kind", "ref") else "right")
+    for r in rows:
+        t.add_row(*[fmt(r.get(c)) for c in columns])
+    console.print(t)
+
+
+def fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.3f}" if abs(v) < 1000 else f"{v:.0f}"
+    return str(v)
+
+
+@contextmanager
+def progress(description: str, total: int | None, quiet: bool = False):
+    """A transient stderr progress bar; yields advance(n=1, **fields)."""
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   TextColumn("{task.fields[info]}"), console=err, transient=True, disable=quiet)
+    with bar:
+        task = bar.add_task(description, total=total, info="")
+
+        def advance(n: int = 1, info: str = "", **kw) -> None:
+            bar.update(task, advance=n, info=info, **kw)
+
+        yield advance
+
+
+def registry_progress(quiet: bool = False):
+    """A callback for registry materialisation (label, done, total) drawing a progress bar."""
+    state: dict = {}
+
+    def cb(label: str, done: int, total: int) -> None:
+        if quiet:
+            return
+        if "bar" not in state:
+            state["bar"] = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                    console=err, transient=True)
+            state["bar"].start()
+            state["task"] = state["bar"].add_task(label + " (first use only)", total=total)
+        state["bar"].update(state["task"], completed=done)
+        if done >= total:
+            state["bar"].stop()
+
+    return cb

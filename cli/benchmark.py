@@ -1,0 +1,79 @@
+"""`specgen benchmark`: methods side by side in one process; a Rich table on stderr, rows on stdout."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from cli import _output
+from cli._errors import command
+from cli._options import ConfigOpt, DeviceOpt, Format, FormatOpt, ModelOpt, OverridesArg, QuietOpt, SeedOpt
+
+EPILOG = """examples:
+
+  specgen benchmark --suite humaneval --methods ar,jacobi,ngram,hf --limit 20
+
+  specgen benchmark --suite humaneval --methods ar,ngram --limit 5 --format json | jq '.[] | .speedup_vs_ar'
+
+  specgen benchmark --config recipes/tiny/bench-humaneval.yaml --out rows.jsonl method_options.ngram.num_draft=3
+"""
+
+COLUMNS = ["method", "tokens_per_s", "speedup_vs_ar", "tpf", "tau", "nfe", "exact_match_vs_ar", "pass_at_1"]
+SUITES = ("humaneval",)
+
+
+@command
+def benchmark(
+    overrides: OverridesArg = None,
+    suite: Annotated[Optional[str], typer.Option("--suite", help=f"Benchmark suite: {', '.join(SUITES)}.")] = None,
+    methods: Annotated[Optional[str], typer.Option("--methods", help="Comma-separated methods; 'ar' is the reference.")] = None,
+    model: ModelOpt = None,
+    limit: Annotated[Optional[int], typer.Option("--limit", help="Number of prompts.")] = None,
+    offset: Annotated[Optional[int], typer.Option("--offset", help="Skip this many prompts first.")] = None,
+    max_new_tokens: Annotated[Optional[int], typer.Option("--max-new-tokens", help="Token budget per prompt.")] = None,
+    threads: Annotated[Optional[int], typer.Option("--threads", help="torch threads (0 = default).")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", help="Also write the rows as JSONL to this file.")] = None,
+    seed: SeedOpt = None,
+    device: DeviceOpt = None,
+    config: ConfigOpt = None,
+    fmt: FormatOpt = Format.table,
+    quiet: QuietOpt = False,
+) -> None:
+    """Measure speed (ratios from one run), acceptance and quality of methods on a suite."""
+    import json
+    import platform
+
+    from specgen.config import load_config
+    from specgen.errors import UsageError
+    from specgen.eval.text_bench import TextBenchConfig, check_methods, run_text_benchmark
+    from specgen.text.target import load_text_model
+
+    cfg = load_config(TextBenchConfig, config, overrides, suite=suite, model=model, limit=limit, offset=offset,
+                      max_new_tokens=max_new_tokens, threads=threads, seed=seed, device=device,
+                      methods=[m.strip() for m in methods.split(",") if m.strip()] if methods else None)
+    if cfg.suite not in SUITES:
+        from specgen.errors import UnknownNameError
+
+        raise UnknownNameError("suite", cfg.suite, list(SUITES))
+    if cfg.limit < 1 or cfg.offset < 0:
+        raise UsageError("--limit must be >= 1 and --offset >= 0")
+    check_methods(cfg)
+    if out is not None and not out.parent.exists():
+        raise UsageError(f"output folder does not exist: {out.parent}")
+    tm = load_text_model(cfg.model, cfg.device, _output.registry_progress(quiet))
+    with _output.progress(f"benchmark {cfg.suite}", cfg.limit, quiet or fmt == Format.json) as advance:
+        rows = run_text_benchmark(tm, cfg, on_prompt=lambda i: advance())
+    machine = f"{platform.machine()}, {__import__('os').cpu_count()} cpus, torch threads {__import__('torch').get_num_threads()}"
+    for r in rows:
+        r["machine"] = machine
+    if out is not None:
+        tmp = out.with_name(out.name + ".tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        tmp.replace(out)
+    if fmt == Format.json:
+        _output.emit_json(rows)
+    else:
+        _output.table(f"{cfg.suite}: {tm.entry.ref}, {cfg.limit} prompts from {cfg.offset}, greedy, "
+                      f"max {cfg.max_new_tokens} new tokens ({machine})", rows, COLUMNS, _output.out)

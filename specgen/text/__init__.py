@@ -1,0 +1,1 @@
+"""Text generation: loading a text target and running a method over prompts."""

@@ -1,0 +1,173 @@
+"""Prompt sources (text, JSONL, stdin, datasets) and the stdlib-derived training prompts."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from specgen.data.prompts import PromptSourceError, guard_training_prompts, read_prompts
+from specgen.data.stdlib_prompts import (
+    HumanEvalOverlapError,
+    assert_no_humaneval_overlap,
+    find_humaneval_overlaps,
+    stdlib_fingerprint,
+    stdlib_functions,
+    stdlib_prompt_records,
+    stdlib_prompts,
+)
+from specgen.eval.humaneval import build_user_message, load_problems
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+# --- stdlib prompts -------------------------------------------------------------------------------
+
+
+def test_stdlib_prompts_count_and_shape():
+    prompts = stdlib_prompts()
+    assert len(prompts) >= 2000
+    assert len(set(prompts)) == len(prompts)
+    starts = ("Write a Python function", "Complete the following", "Without importing")
+    assert all(p.startswith(starts) for p in prompts)
+    assert {r.template for r in stdlib_prompt_records()} >= {"docstring", "signature", "named", "reimplement", "verb"}
+    assert stdlib_prompts(limit=5) == prompts[:5]
+
+
+def test_stdlib_stubs_are_valid_python():
+    for record in stdlib_prompt_records():
+        if record.template == "docstring":
+            code = record.text.split("```python\n", 1)[1].rsplit("```", 1)[0]
+            compile(code, record.source, "exec")
+
+
+def test_stdlib_prompts_identical_across_processes_and_hash_seeds():
+    code = "from specgen.data.stdlib_prompts import stdlib_fingerprint; print(stdlib_fingerprint())"
+    seen = set()
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(ROOT)}
+        out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        seen.add(out.stdout.strip())
+    assert seen == {stdlib_fingerprint()}
+    assert stdlib_fingerprint().startswith(f"python{sys.version_info.major}.{sys.version_info.minor}-")
+
+
+def test_stdlib_prompts_never_touch_humaneval():
+    prompts = stdlib_prompts()
+    assert find_humaneval_overlaps(prompts) == []
+    entry_points = {p.entry_point.lower() for p in load_problems()}
+    assert not any(f.name.lower() in entry_points for f in stdlib_functions())  # e.g. statistics.median is left out
+
+
+def test_overlap_guard_catches_planted_humaneval_prompts():
+    problems = load_problems(limit=12)
+    clean = stdlib_prompts(limit=50)
+    planted = [
+        problems[0].prompt,  # the prompt itself
+        build_user_message(problems[3]),  # wrapped as the chat user turn
+        # the docstring only, reflowed and re-cased
+        "CHECK IF in given list of numbers, are any two numbers closer to each other than\n given threshold.",
+        # the entry point by name plus an 8-word span of its docstring
+        "Write rolling_max: from a given list of integers, generate a list of rolling maximum element.",
+    ]
+    prompts = clean[:10] + planted + clean[10:]
+    hits = find_humaneval_overlaps(prompts)
+    assert [i for i, _ in hits] == [10, 11, 12, 13]
+    assert [task for _, task in hits] == ["HumanEval/0", "HumanEval/3", "HumanEval/0", "HumanEval/9"]
+    first = r"4 prompt\(s\) overlap HumanEval \(first: prompt 11 ~ HumanEval/0\)"
+    with pytest.raises(HumanEvalOverlapError, match=first):
+        assert_no_humaneval_overlap(prompts)
+    with pytest.raises(ValueError):
+        guard_training_prompts(prompts)
+    assert guard_training_prompts(clean) == clean
+
+
+def test_overlap_guard_allows_shared_names_without_shared_text():
+    assert find_humaneval_overlaps(["Write a Python function `median(data)` that returns the middle value."]) == []
+
+
+# --- reading prompt sources -----------------------------------------------------------------------
+
+
+def test_text_file(tmp_path):
+    path = tmp_path / "prompts.txt"
+    path.write_text("first prompt\n\n  second prompt  \r\n\n", encoding="utf-8")
+    assert read_prompts(path) == ["first prompt", "second prompt"]
+
+
+def test_jsonl_file_and_field_choice(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    rows = [{"prompt": "a"}, {"text": "b"}, {"instruction": "c", "id": 3}]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n", encoding="utf-8")
+    assert read_prompts(path) == ["a", "b", "c"]
+    other = tmp_path / "q.jsonl"
+    other.write_text('{"question": "x", "prompt": "ignored"}\n{"question": "y"}\n', encoding="utf-8")
+    assert read_prompts(other, field="question") == ["x", "y"]
+    assert read_prompts(other.with_suffix(".jsonl"), field="question", fmt="jsonl") == ["x", "y"]
+
+
+def test_stdin(monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("one\ntwo\n"))
+    assert read_prompts("-") == ["one", "two"]
+    monkeypatch.setattr(sys, "stdin", io.StringIO('\n{"prompt": "p1"}\n{"prompt": "p2"}\n'))
+    assert read_prompts("-") == ["p1", "p2"]
+    monkeypatch.setattr(sys, "stdin", io.StringIO('{"not": "json lines"}\n'))
+    assert read_prompts("-", fmt="text") == ['{"not": "json lines"}']
+
+
+def test_datasets_sources(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    data = datasets.Dataset.from_dict({"instruction": ["i1", "i2"], "other": ["x", "y"]})
+    data.save_to_disk(str(tmp_path / "ds"))
+    assert read_prompts(tmp_path / "ds") == ["i1", "i2"]
+    datasets.DatasetDict({"train": data}).save_to_disk(str(tmp_path / "dd"))
+    assert read_prompts(tmp_path / "dd", field="other") == ["x", "y"]
+    data.to_parquet(str(tmp_path / "p.parquet"))
+    assert read_prompts(tmp_path / "p.parquet") == ["i1", "i2"]
+    data.to_json(str(tmp_path / "p.json"))
+    assert read_prompts(tmp_path / "p.json", field="other") == ["x", "y"]
+    with pytest.raises(PromptSourceError, match=r"no column 'missing' \(columns: instruction, other\)"):
+        read_prompts(tmp_path / "p.parquet", field="missing")
+    with pytest.raises(PromptSourceError, match=r"no split 'test'"):
+        read_prompts(tmp_path / "dd", split="test")
+    (tmp_path / "bad.parquet").write_bytes(b"not parquet at all")
+    with pytest.raises(PromptSourceError, match="cannot read as a dataset"):
+        read_prompts(tmp_path / "bad.parquet")
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "kwargs", "message"),
+    [
+        ("empty.txt", "", {}, r"empty.txt: no prompts \(the input is empty\)"),
+        ("blank.txt", "\n   \n\n", {}, "no prompts"),
+        ("empty.jsonl", "\n", {}, "no prompts"),
+        ("bad.jsonl", '{"prompt": "ok"}\n\n{"prompt": oops}\n', {}, r"bad.jsonl line 3: invalid JSON"),
+        ("list.jsonl", '["a"]\n', {}, r"line 1: expected a JSON object, got list"),
+        ("nofield.jsonl", '{"prompt": "a"}\n{"body": "b"}\n', {}, r"line 2: no field 'prompt', .* \(fields: body\)"),
+        ("named.jsonl", '{"prompt": "a"}\n', {"field": "question"}, r"line 1: no field 'question'"),
+        ("number.jsonl", '{"prompt": 3}\n', {}, r"line 1: field 'prompt' is not a non-empty string"),
+        ("blankfield.jsonl", '{"text": "  "}\n', {}, r"line 1: field 'text' is not a non-empty string"),
+        ("fmt.txt", "a\n", {"fmt": "yaml"}, "unknown prompt format 'yaml'"),
+    ],
+)
+def test_bad_sources(tmp_path, name, content, kwargs, message):
+    path = tmp_path / name
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(PromptSourceError, match=message) as info:
+        read_prompts(path, **kwargs)
+    assert "\n" not in str(info.value)
+
+
+def test_missing_and_undecodable_files(tmp_path):
+    with pytest.raises(PromptSourceError, match="prompt file not found: .*nope.txt"):
+        read_prompts(tmp_path / "nope.txt")
+    (tmp_path / "latin.txt").write_bytes("caf\xe9\n".encode("latin-1"))
+    with pytest.raises(PromptSourceError, match="not UTF-8"):
+        read_prompts(tmp_path / "latin.txt")
+    assert issubclass(PromptSourceError, ValueError)

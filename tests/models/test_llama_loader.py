@@ -1,0 +1,66 @@
+"""Loaders: specgen logits equal transformers' on the same weights (tiny random configs; SmolLM2 slow)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from specgen.models.hf_export import hf_state, to_hf
+from specgen.models.llama import load_hf_folder
+from tests.conftest import tiny_model
+
+
+@pytest.mark.parametrize("layout,bias", [("half", False), ("interleaved", False), ("half", True)])
+def test_logits_equal_transformers(layout, bias):
+    model = tiny_model(0, rope_layout=layout, qkv_bias=bias, n_kv_heads=2, tie_embeddings=not bias)
+    if bias:
+        for blk in model.layers:
+            torch.nn.init.normal_(blk.attention.wqkv.bias, std=0.2)
+    hf = to_hf(model)
+    tokens = torch.randint(0, 64, (2, 17), generator=torch.Generator().manual_seed(0))
+    ours, _ = model(tokens, torch.arange(17).expand(2, 17))
+    with torch.no_grad():
+        theirs = hf(tokens).logits
+    torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
+
+
+def test_hf_folder_roundtrip(tmp_path):
+    from safetensors.torch import save_file
+
+    model = tiny_model(1, tie_embeddings=False)
+    hf = to_hf(model)
+    hf.config.architectures = ["LlamaForCausalLM"]
+    (tmp_path / "config.json").write_text(json.dumps(hf.config.to_dict()))
+    save_file({k: v.contiguous() for k, v in hf_state(model).items()}, str(tmp_path / "model.safetensors"))
+    cfg, state = load_hf_folder(tmp_path)
+    assert cfg.rope_layout == "half" and cfg.n_kv_heads == 2
+    from specgen.models.transformer import Transformer
+
+    loaded = Transformer(cfg)
+    loaded.load_state_dict(state, strict=True)
+    tokens = torch.randint(0, 64, (1, 9))
+    a, _ = loaded(tokens, torch.arange(9)[None])
+    with torch.no_grad():
+        b = hf(tokens).logits
+    torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.slow
+def test_smollm2_gguf_matches_transformers_gguf_loader():
+    """The built-in GGUF conversion equals transformers' own GGUF loading of the same file."""
+    from transformers import AutoModelForCausalLM
+
+    from specgen import registry
+    from specgen.builtins import smollm2_gguf_path
+
+    path = smollm2_gguf_path()
+    ours = registry.load_module(registry.find("smollm2-135m"))
+    theirs = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, torch_dtype=torch.float32).eval()
+    tokens = torch.randint(0, 49152, (1, 32), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        a, _ = ours(tokens, torch.arange(32)[None])
+        b = theirs(tokens).logits
+    torch.testing.assert_close(a, b, atol=2e-3, rtol=1e-3)
+    assert (a.argmax(-1) == b.argmax(-1)).all()
