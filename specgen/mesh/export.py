@@ -1,0 +1,188 @@
+"""Clean and write meshes (obj, ply, stl, off, glb via trimesh) and PNG previews, atomically."""
+
+from __future__ import annotations
+
+import io
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import trimesh
+
+from specgen.mesh.errors import MeshInputError
+from specgen.mesh.pointcloud import face_areas_normals
+from specgen.mesh.quantize import clean_faces, remove_unreferenced
+from specgen.mesh.types import as_mesh
+
+
+@dataclass(frozen=True)
+class ExportFormat:
+    """One output format: file suffix, trimesh ``file_type`` and a short description."""
+
+    suffix: str
+    file_type: str
+    description: str
+
+
+EXPORT_FORMATS: dict[str, ExportFormat] = {
+    "obj": ExportFormat(".obj", "obj", "Wavefront OBJ (text)"),
+    "ply": ExportFormat(".ply", "ply", "PLY (binary)"),
+    "stl": ExportFormat(".stl", "stl", "STL (binary; stores each triangle separately)"),
+    "off": ExportFormat(".off", "off", "Object File Format (text)"),
+    "glb": ExportFormat(".glb", "glb", "binary glTF 2.0"),
+}
+
+
+@dataclass(frozen=True)
+class CleanedMesh:
+    """A mesh ready to write, with what cleaning removed."""
+
+    vertices: np.ndarray  # [V, 3] float64
+    faces: np.ndarray  # [F, 3] int64
+    degenerate_removed: int  # repeated vertex (after merging equal coordinates) or zero area
+    duplicate_removed: int  # same vertex set as an earlier face, either winding
+    unreferenced_removed: int  # vertices no kept face uses
+
+
+@dataclass(frozen=True)
+class ExportReport:
+    """What ``export_mesh`` wrote."""
+
+    path: Path
+    format: str
+    num_vertices: int
+    num_faces: int
+    degenerate_removed: int
+    duplicate_removed: int
+
+
+def clean_mesh(vertices: np.ndarray, faces: np.ndarray) -> CleanedMesh:
+    """Merge exactly equal vertices, then drop degenerate, duplicate and unused parts.
+
+    Vertex order follows first appearance; face order and winding are kept.
+    """
+    mesh = as_mesh(vertices, faces)
+    v, f = mesh.vertices, mesh.faces
+    if len(v):
+        unique, first, inverse = np.unique(v, axis=0, return_index=True, return_inverse=True)
+        order = np.argsort(first)
+        rank = np.empty(len(order), dtype=np.int64)
+        rank[order] = np.arange(len(order))
+        v, f = unique[order], rank[inverse.reshape(-1)][f]
+    kept, counts = clean_faces(f)
+    areas, _ = face_areas_normals(v, kept)
+    flat = areas <= 0.0  # collinear corners with distinct indices
+    kept = kept[~flat]
+    v_out, f_out = remove_unreferenced(v, kept)
+    return CleanedMesh(
+        vertices=v_out,
+        faces=f_out,
+        degenerate_removed=counts.degenerate + int(flat.sum()),
+        duplicate_removed=counts.duplicate,
+        unreferenced_removed=len(v) - len(v_out),
+    )
+
+
+def atomic_write(path: str | Path, data: bytes) -> Path:
+    """Write ``data`` to a temp file beside ``path``, fsync, then ``os.replace`` it into place."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return target
+
+
+def resolve_format(path: str | Path, fmt: str | None = None) -> str:
+    """The export format name: ``fmt`` if given, else from the path's suffix."""
+    name = (fmt or Path(path).suffix.lstrip(".")).lower()
+    if name not in EXPORT_FORMATS:
+        raise MeshInputError(
+            f"unsupported mesh format {name or '(none)'!r}; choose from {', '.join(EXPORT_FORMATS)}"
+        )
+    return name
+
+
+def export_mesh(
+    vertices: np.ndarray,
+    faces: np.ndarray,
+    path: str | Path,
+    fmt: str | None = None,
+    *,
+    fix_normals: bool = False,
+) -> ExportReport:
+    """Clean the mesh (``clean_mesh``) and write it atomically as ``fmt`` (default: suffix).
+
+    ``fix_normals`` lets trimesh make winding consistent and outward (changes faces, not
+    geometry). Raises MeshInputError for an unknown format or a mesh with no face left.
+    """
+    name = resolve_format(path, fmt)
+    cleaned = clean_mesh(vertices, faces)
+    if len(cleaned.faces) == 0:
+        raise MeshInputError("nothing to export: no non-degenerate faces")
+    mesh = trimesh.Trimesh(cleaned.vertices, cleaned.faces, process=False)
+    if fix_normals:
+        mesh.fix_normals()
+    data = mesh.export(file_type=EXPORT_FORMATS[name].file_type)
+    target = atomic_write(path, data.encode("utf-8") if isinstance(data, str) else bytes(data))
+    return ExportReport(
+        path=target,
+        format=name,
+        num_vertices=len(mesh.vertices),
+        num_faces=len(mesh.faces),
+        degenerate_removed=cleaned.degenerate_removed,
+        duplicate_removed=cleaned.duplicate_removed,
+    )
+
+
+def render_png(
+    vertices: np.ndarray,
+    faces: np.ndarray,
+    path: str | Path,
+    *,
+    size: int = 512,
+    elev: float = 25.0,
+    azim: float = -60.0,
+) -> Path:
+    """Shaded 3D preview with matplotlib's Agg canvas (no display needed), written atomically."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from mpl_toolkits.mplot3d.art3d import Poly3DCollection
+
+    mesh = as_mesh(vertices, faces)
+    if mesh.num_faces == 0:
+        raise MeshInputError("nothing to render: mesh has no faces")
+    tri = mesh.vertices[mesh.faces]  # [F, 3, 3]
+    _, normals = face_areas_normals(mesh.vertices, mesh.faces)  # [F, 3]
+    light = np.array([0.4, -0.5, 0.8]) / np.linalg.norm([0.4, -0.5, 0.8])
+    shade = 0.35 + 0.65 * np.abs(normals @ light)  # [F], two-sided
+    colors = np.clip(shade[:, None] * np.array([0.47, 0.6, 0.75]), 0.0, 1.0)  # [F, 3]
+
+    dpi = 100
+    fig = Figure(figsize=(size / dpi, size / dpi), dpi=dpi)
+    FigureCanvasAgg(fig)
+    ax = fig.add_axes((0.0, 0.0, 1.0, 1.0), projection="3d")
+    ax.add_collection3d(
+        Poly3DCollection(tri, facecolors=colors, edgecolors=(0, 0, 0, 0.25), linewidths=0.3)
+    )
+    lo, hi = mesh.vertices.min(axis=0), mesh.vertices.max(axis=0)
+    centre, half = 0.5 * (lo + hi), 0.5 * float((hi - lo).max() or 1.0)
+    ax.set_xlim(centre[0] - half, centre[0] + half)
+    ax.set_ylim(centre[1] - half, centre[1] + half)
+    ax.set_zlim(centre[2] - half, centre[2] + half)
+    ax.set_box_aspect((1, 1, 1), zoom=1.25)
+    ax.view_init(elev=elev, azim=azim)
+    ax.set_axis_off()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    return atomic_write(path, buf.getvalue())

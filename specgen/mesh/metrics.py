@@ -1,0 +1,147 @@
+"""Chamfer and Hausdorff distances exactly as BPT's ``metrics.py`` defines them, plus a mesh check.
+
+BPT protocol (``research/mesh_peers.md`` section 4; BPT ``metrics.py`` + ``utils.py``):
+ - each mesh is normalised on its own (``apply_normalize``): bounding-box centre to the origin,
+   longest side to 1.9, i.e. [-0.95, 0.95] (no epsilon);
+ - 1,024 area-weighted points, uniform within triangles, per mesh. BPT's ``mesh.sample`` is
+   unseeded; we seed it: each mesh is sampled with a fresh ``default_rng(seed)``, so identical
+   meshes give identical samples and distance exactly 0;
+ - CD = point-cloud-utils ``chamfer_distance`` = mean nearest-neighbour L2 distance a->b PLUS
+   mean b->a (not squared, summed, not halved);
+ - HD = ``hausdorff_distance`` = max of the two one-sided maxima (L2, not squared).
+Scores over a set are plain means; BPT silently drops meshes that fail, we let callers count
+them (``check_mesh``). ``squared``/``reduction`` give the common variants, labelled as such:
+numbers under different conventions are not comparable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.spatial import cKDTree
+
+from specgen.mesh.errors import MeshInputError
+from specgen.mesh.pointcloud import face_areas_normals, sample_surface
+from specgen.mesh.quantize import HALF_EXTENT, normalize_bbox, remove_unreferenced
+from specgen.mesh.types import as_mesh
+
+NUM_SAMPLES = 1024
+
+#: CD reductions: BPT sums the two directed means; "mean" halves the sum (a common variant).
+CD_REDUCTIONS = {"sum": 1.0, "mean": 0.5}
+
+
+@dataclass(frozen=True)
+class MeshDistances:
+    """CD and HD between a generated and a reference mesh, with the convention used."""
+
+    chamfer: float
+    hausdorff: float
+    convention: str  # "bpt" or a label of the variant, e.g. "squared-mean"
+
+
+@dataclass(frozen=True)
+class MeshCheck:
+    """Result of ``check_mesh``: usable for evaluation or not, and why."""
+
+    ok: bool
+    reason: str  # "" when ok
+    num_vertices: int
+    num_faces: int
+    degenerate_faces: int  # repeated index or zero area
+    watertight: bool  # every edge shared by exactly two faces
+
+
+def _nearest(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """L2 distance from each point of a [N, 3] to its nearest point of b [M, 3]; [N]."""
+    return cKDTree(b).query(a, k=1)[0]
+
+
+def chamfer_points(
+    a: np.ndarray, b: np.ndarray, *, squared: bool = False, reduction: str = "sum"
+) -> float:
+    """Chamfer distance between point sets [N, 3] and [M, 3] (BPT: L2, sum of directed means)."""
+    if reduction not in CD_REDUCTIONS:
+        raise MeshInputError(
+            f"unknown reduction {reduction!r}; choose from {', '.join(CD_REDUCTIONS)}"
+        )
+    ab, ba = _nearest(a, b), _nearest(b, a)
+    if squared:
+        ab, ba = ab**2, ba**2
+    return float(CD_REDUCTIONS[reduction] * (ab.mean() + ba.mean()))
+
+
+def hausdorff_points(a: np.ndarray, b: np.ndarray) -> float:
+    """Symmetric Hausdorff distance: max of both one-sided maxima (L2, not squared)."""
+    return float(max(_nearest(a, b).max(), _nearest(b, a).max()))
+
+
+def normalized_samples(
+    vertices: np.ndarray, faces: np.ndarray, samples: int = NUM_SAMPLES, seed: int = 0
+) -> np.ndarray:
+    """BPT evaluation samples of one mesh: normalise to [-0.95, 0.95], then sample. [N, 3].
+
+    Like trimesh's ``bounds`` in BPT, the box covers only vertices that a face uses.
+    """
+    mesh = as_mesh(vertices, faces)
+    if mesh.num_faces == 0:
+        raise MeshInputError("mesh has no faces")
+    v, f = remove_unreferenced(mesh.vertices, mesh.faces)
+    return sample_surface(normalize_bbox(v, HALF_EXTENT, eps=0.0), f, samples, seed).points
+
+
+def mesh_distances(
+    gen_vertices: np.ndarray,
+    gen_faces: np.ndarray,
+    ref_vertices: np.ndarray,
+    ref_faces: np.ndarray,
+    *,
+    samples: int = NUM_SAMPLES,
+    seed: int = 0,
+    squared: bool = False,
+    reduction: str = "sum",
+) -> MeshDistances:
+    """CD and HD between a generated and a reference mesh under BPT's protocol (module doc)."""
+    a = normalized_samples(gen_vertices, gen_faces, samples, seed)
+    b = normalized_samples(ref_vertices, ref_faces, samples, seed)
+    label = (
+        "bpt"
+        if not squared and reduction == "sum"
+        else f"{'squared' if squared else 'l2'}-{reduction}"
+    )
+    return MeshDistances(
+        chamfer=chamfer_points(a, b, squared=squared, reduction=reduction),
+        hausdorff=hausdorff_points(a, b),
+        convention=label,
+    )
+
+
+def check_mesh(vertices: object, faces: object) -> MeshCheck:
+    """Is this a mesh the metrics can score? Needs finite [V, 3] vertices, valid [F, 3] faces,
+    at least one face and positive total area. Never raises for bad arrays: returns ok=False.
+    """
+    try:
+        mesh = as_mesh(vertices, faces)
+    except MeshInputError as exc:
+        return MeshCheck(False, str(exc), 0, 0, 0, False)
+    f = mesh.faces
+    areas, _ = face_areas_normals(mesh.vertices, f)
+    repeated = (f[:, 0] == f[:, 1]) | (f[:, 1] == f[:, 2]) | (f[:, 0] == f[:, 2])
+    degenerate = int((repeated | (areas <= 0.0)).sum())
+    edges = np.sort(f[:, [0, 1, 1, 2, 2, 0]].reshape(-1, 2), axis=1)  # [3F, 2]
+    _, edge_use = np.unique(edges, axis=0, return_counts=True)
+    watertight = bool(len(f)) and bool((edge_use == 2).all())
+    reason = ""
+    if len(f) == 0:
+        reason = "mesh has no faces"
+    elif not areas.sum() > 0.0:
+        reason = "mesh has zero surface area"
+    return MeshCheck(
+        ok=not reason,
+        reason=reason,
+        num_vertices=mesh.num_vertices,
+        num_faces=mesh.num_faces,
+        degenerate_faces=degenerate,
+        watertight=watertight,
+    )

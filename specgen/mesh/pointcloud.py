@@ -1,0 +1,105 @@
+"""Seeded area-weighted surface sampling (points + face normals) and point-cloud validation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from specgen.mesh.errors import MeshInputError
+from specgen.mesh.types import as_mesh
+
+
+@dataclass(frozen=True)
+class PointCloud:
+    """Surface samples: points [N, 3] float64, unit normals [N, 3] (or None), source faces [N]."""
+
+    points: np.ndarray  # [N, 3] float64
+    normals: np.ndarray | None  # [N, 3] float64, unit length
+    face_index: np.ndarray | None = None  # [N] int64, the face each point was drawn from
+
+    def __len__(self) -> int:
+        return int(self.points.shape[0])
+
+    def as_array(self, dtype: type = np.float32) -> np.ndarray:
+        """Points and normals side by side, [N, 6] (BPT's ``pc_normal`` layout)."""
+        if self.normals is None:
+            raise MeshInputError("point cloud has no normals")
+        return np.concatenate([self.points, self.normals], axis=1).astype(dtype)
+
+
+def face_areas_normals(vertices: np.ndarray, faces: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Triangle areas [F] and unit normals [F, 3] (zero for zero-area faces)."""
+    tri = vertices[faces]  # [F, 3, 3]
+    cross = np.cross(tri[:, 1] - tri[:, 0], tri[:, 2] - tri[:, 0])  # [F, 3]
+    norm = np.linalg.norm(cross, axis=1)  # [F]
+    normals = np.divide(cross, norm[:, None], out=np.zeros_like(cross), where=norm[:, None] > 0)
+    return 0.5 * norm, normals
+
+
+def sample_surface(
+    vertices: np.ndarray, faces: np.ndarray, count: int, seed: int | np.random.Generator = 0
+) -> PointCloud:
+    """``count`` points uniform on the surface (faces chosen by area), with their face normals.
+
+    Same seed, same mesh -> same points. Raises MeshInputError for meshes without area.
+    """
+    mesh = as_mesh(vertices, faces)
+    if count < 1:
+        raise MeshInputError(f"sample count must be positive, got {count}")
+    areas, normals = face_areas_normals(mesh.vertices, mesh.faces)
+    total = float(areas.sum()) if len(areas) else 0.0
+    if not total > 0.0:
+        raise MeshInputError("mesh has no surface area to sample")
+    rng = np.random.default_rng(seed)
+    face_index = rng.choice(len(areas), size=count, p=areas / total)  # [N]
+    u, v = rng.random((2, count))  # [N] each
+    flip = u + v > 1.0  # reflect into the triangle
+    u, v = np.where(flip, 1.0 - u, u), np.where(flip, 1.0 - v, v)
+    tri = mesh.vertices[mesh.faces[face_index]]  # [N, 3, 3]
+    points = tri[:, 0] + u[:, None] * (tri[:, 1] - tri[:, 0]) + v[:, None] * (tri[:, 2] - tri[:, 0])
+    return PointCloud(points=points, normals=normals[face_index], face_index=face_index)
+
+
+def validate_point_cloud(
+    points: object,
+    normals: object | None = None,
+    *,
+    require_normals: bool = True,
+    min_points: int = 1,
+) -> PointCloud:
+    """Check a user point cloud and return it as a ``PointCloud``.
+
+    Accepts points [N, 3] plus normals [N, 3], or one [N, 6] array (points then normals, as
+    BPT's ``.npy`` inputs). Raises MeshInputError with a one-line reason for a wrong shape,
+    fewer than ``min_points`` points, NaN/inf values, missing normals (when required) or
+    zero-length normals. Normals are returned unit length.
+    """
+    try:
+        p = np.array(points, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise MeshInputError("point cloud is not a numeric array") from None
+    if normals is None and p.ndim == 2 and p.shape[1] == 6:
+        p, normals = p[:, :3], p[:, 3:]
+    if p.ndim != 2 or p.shape[1] != 3:
+        raise MeshInputError(f"point cloud must have shape [N, 3] or [N, 6], got {list(p.shape)}")
+    if len(p) < min_points:
+        raise MeshInputError(f"point cloud has {len(p)} points; at least {min_points} needed")
+    if not np.isfinite(p).all():
+        raise MeshInputError("point cloud contains NaN or infinite coordinates")
+    if normals is None:
+        if require_normals:
+            raise MeshInputError("point cloud has no normals; give [N, 6] points+normals")
+        return PointCloud(points=p, normals=None)
+    try:
+        n = np.array(normals, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise MeshInputError("normals are not a numeric array") from None
+    if n.shape != p.shape:
+        raise MeshInputError(f"normals must have shape {list(p.shape)}, got {list(n.shape)}")
+    if not np.isfinite(n).all():
+        raise MeshInputError("normals contain NaN or infinite values")
+    length = np.linalg.norm(n, axis=1)  # [N]
+    if (length <= 1e-12).any():
+        raise MeshInputError(f"{int((length <= 1e-12).sum())} normals have zero length")
+    return PointCloud(points=p, normals=n / length[:, None])

@@ -1,0 +1,170 @@
+"""Deterministic procedural low-poly meshes from trimesh primitives, and loading user meshes.
+
+``generate_mesh(seed)`` draws everything from ``np.random.default_rng(seed)``:
+ 1. 1 to 4 parts, each a primitive from ``PRIMITIVES`` (uniform choice) with explicit, small
+    section counts, built at about unit size;
+ 2. per part a non-uniform scale in [0.6, 1.4] per axis, a uniform random rotation (Shoemake
+    quaternion) and a translation in [-0.5, 0.5] per axis; parts are concatenated (no booleans,
+    so parts may intersect);
+ 3. a part that would take the total to 800 faces or more is skipped (the first part always
+    fits: the largest primitive has 320 faces);
+ 4. the whole is normalised to [-0.95, 0.95] as BPT does, quantised to 7 bits, equal vertices
+    merged, degenerate/duplicate faces and unused vertices dropped. Vertices are bin centres.
+
+Splits are disjoint seed ranges (``SPLITS``): train ``[0, 1_000_000)``, validation
+``[1_000_000, 1_010_000)``, test ``[1_010_000, 1_020_000)``. The same seed gives the same mesh on
+the same numpy and trimesh versions (numpy's ``Generator`` streams are stable in practice but
+not guaranteed across feature releases).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import trimesh
+
+from specgen.mesh.errors import MeshInputError
+from specgen.mesh.quantize import normalize_bbox, quantize_mesh
+
+MAX_FACES = 799  # strictly fewer than 800 faces
+MAX_PARTS = 4
+BITS = 7
+SPLITS: dict[str, range] = {
+    "train": range(1_000_000),
+    "validation": range(1_000_000, 1_010_000),
+    "test": range(1_010_000, 1_020_000),
+}
+MESH_SUFFIXES = (".obj", ".ply", ".stl", ".off", ".glb")
+
+_c = trimesh.creation
+
+
+def _n(rng: np.random.Generator, lo: int, hi: int) -> int:
+    """Integer in [lo, hi] inclusive."""
+    return int(rng.integers(lo, hi + 1))
+
+
+#: name -> builder(rng) of a watertight primitive of about unit size (face counts in comments).
+PRIMITIVES: dict[str, Callable[[np.random.Generator], trimesh.Trimesh]] = {
+    "box": lambda rng: _c.box(extents=[1.0, 1.0, 1.0]),  # 12
+    "icosphere": lambda rng: _c.icosphere(subdivisions=_n(rng, 0, 2), radius=0.5),  # 20-320
+    "uv_sphere": lambda rng: _c.uv_sphere(radius=0.5, count=[_n(rng, 4, 8), _n(rng, 4, 8)]),
+    "cylinder": lambda rng: _c.cylinder(radius=0.5, height=1.0, sections=_n(rng, 3, 16)),  # 12-64
+    "cone": lambda rng: _c.cone(radius=0.5, height=1.0, sections=_n(rng, 3, 16)),  # 6-32
+    "capsule": lambda rng: _c.capsule(height=0.5, radius=0.3, count=[_n(rng, 4, 8), _n(rng, 4, 8)]),
+    "annulus": lambda rng: _c.annulus(r_min=0.25, r_max=0.5, height=0.5, sections=_n(rng, 4, 12)),
+    "torus": lambda rng: _c.torus(
+        major_radius=0.35,
+        minor_radius=0.12,
+        major_sections=_n(rng, 5, 10),
+        minor_sections=_n(rng, 3, 6),
+    ),
+}
+
+
+@dataclass(frozen=True)
+class ProceduralMesh:
+    """One generated mesh: vertices [V, 3] float64 in [-0.95, 0.95], faces [F, 3] int64."""
+
+    seed: int
+    vertices: np.ndarray  # [V, 3] float64 (7-bit bin centres)
+    faces: np.ndarray  # [F, 3] int64, F < 800
+    parts: tuple[str, ...]  # primitive names, in order
+
+
+@dataclass(frozen=True)
+class LoadedMesh:
+    """A user mesh read from disk (vertices and faces as stored, no processing)."""
+
+    name: str  # file name without suffix
+    path: Path
+    vertices: np.ndarray  # [V, 3] float64
+    faces: np.ndarray  # [F, 3] int64
+
+
+def random_rotation(rng: np.random.Generator) -> np.ndarray:
+    """Uniformly random rotation matrix [3, 3] (Shoemake's quaternion method)."""
+    u1, u2, u3 = rng.random(3)
+    a, b = np.sqrt(1.0 - u1), np.sqrt(u1)
+    x, y = a * np.sin(2 * np.pi * u2), a * np.cos(2 * np.pi * u2)
+    z, w = b * np.sin(2 * np.pi * u3), b * np.cos(2 * np.pi * u3)
+    return np.array(
+        [
+            [1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)],
+            [2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w)],
+            [2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)],
+        ]
+    )
+
+
+def generate_mesh(seed: int) -> ProceduralMesh:
+    """The procedural mesh for ``seed`` (see the module docstring for the recipe)."""
+    rng = np.random.default_rng(int(seed))
+    names = list(PRIMITIVES)
+    vertices, faces, parts = [], [], []
+    total_v = total_f = 0
+    for _ in range(_n(rng, 1, MAX_PARTS)):
+        name = names[int(rng.integers(len(names)))]
+        part = PRIMITIVES[name](rng)
+        scale = rng.uniform(0.6, 1.4, size=3)  # [3]
+        rot, shift = random_rotation(rng), rng.uniform(-0.5, 0.5, size=3)
+        if total_f + len(part.faces) > MAX_FACES:
+            continue
+        vertices.append((np.asarray(part.vertices) * scale) @ rot.T + shift)  # [v, 3]
+        faces.append(np.asarray(part.faces, dtype=np.int64) + total_v)
+        parts.append(name)
+        total_v, total_f = total_v + len(part.vertices), total_f + len(part.faces)
+    q = quantize_mesh(normalize_bbox(np.concatenate(vertices)), np.concatenate(faces), BITS)
+    return ProceduralMesh(seed=int(seed), vertices=q.vertices(), faces=q.faces, parts=tuple(parts))
+
+
+def split_seeds(split: str, count: int | None = None, start: int = 0) -> range:
+    """Seeds ``start .. start+count-1`` of a split (all of it when ``count`` is None)."""
+    if split not in SPLITS:
+        raise MeshInputError(f"unknown split {split!r}; choose from {', '.join(SPLITS)}")
+    seeds = SPLITS[split][start:]
+    if count is not None:
+        if count > len(seeds):
+            raise MeshInputError(f"split {split!r} has only {len(seeds)} seeds from {start}")
+        seeds = seeds[:count]
+    return seeds
+
+
+def iter_split(split: str, count: int | None = None, start: int = 0) -> Iterator[ProceduralMesh]:
+    """Generate the meshes of a split lazily, in seed order."""
+    for seed in split_seeds(split, count, start):
+        yield generate_mesh(seed)
+
+
+def load_mesh(path: str | Path) -> LoadedMesh:
+    """Read one obj/ply/stl/off/glb file as a single triangle mesh (scenes are concatenated)."""
+    p = Path(path)
+    if p.suffix.lower() not in MESH_SUFFIXES:
+        raise MeshInputError(f"{p}: unsupported mesh format; use one of {', '.join(MESH_SUFFIXES)}")
+    if not p.is_file():
+        raise MeshInputError(f"{p}: no such file")
+    try:
+        mesh = trimesh.load(p, force="mesh", process=False)
+    except Exception as exc:  # noqa: BLE001 - trimesh raises many types for corrupt files
+        raise MeshInputError(f"{p}: cannot read mesh ({type(exc).__name__}: {exc})") from None
+    faces = np.asarray(getattr(mesh, "faces", np.zeros((0, 3))), dtype=np.int64).reshape(-1, 3)
+    if len(faces) == 0:
+        raise MeshInputError(f"{p}: file holds no triangle faces")
+    vertices = np.asarray(mesh.vertices, dtype=np.float64)
+    if not np.isfinite(vertices).all():
+        raise MeshInputError(f"{p}: vertices contain NaN or infinite values")
+    return LoadedMesh(name=p.stem, path=p, vertices=vertices, faces=faces)
+
+
+def load_mesh_folder(path: str | Path) -> list[LoadedMesh]:
+    """Every mesh file directly inside ``path`` (by suffix, case-insensitive), sorted by name."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise MeshInputError(f"{folder}: not a directory")
+    files = sorted(f for f in folder.iterdir() if f.is_file() and f.suffix.lower() in MESH_SUFFIXES)
+    if not files:
+        raise MeshInputError(f"{folder}: no mesh files ({', '.join(MESH_SUFFIXES)})")
+    return [load_mesh(f) for f in files]

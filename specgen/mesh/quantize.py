@@ -1,0 +1,146 @@
+"""Bounding-box normalisation, n-bit vertex quantisation and face cleaning (BPT conventions)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from specgen.mesh.errors import MeshInputError
+from specgen.mesh.types import as_mesh, as_vertices
+
+#: Half side of the normalised bounding box: the longest side spans [-0.95, 0.95] (BPT).
+HALF_EXTENT = 0.95
+#: BPT's ``normalize_vertices_scale`` divides by ``extent + 1e-6``; kept so bins match BPT's.
+BPT_SCALE_EPS = 1e-6
+#: Quantisation range: coordinates in (-1, 1), as BPT, MeshXL and MeshGPT.
+COORD_RANGE = (-1.0, 1.0)
+
+
+@dataclass(frozen=True)
+class FaceCleanCounts:
+    """How many faces a cleaning pass removed."""
+
+    degenerate: int  # faces with a repeated vertex index (zero area after merging)
+    duplicate: int  # faces whose vertex set repeats an earlier face (either winding)
+
+
+@dataclass(frozen=True)
+class QuantizedMesh:
+    """Integer-grid mesh after quantisation, vertex merging and face cleaning.
+
+    coords: [V, 3] int64 bins in [0, 2**bits); faces: [F, 3] int64 (input winding kept).
+    """
+
+    coords: np.ndarray  # [V, 3] int64
+    faces: np.ndarray  # [F, 3] int64
+    bits: int
+    merged_vertices: int  # input vertices minus unique quantised vertices
+    removed: FaceCleanCounts
+    unreferenced_vertices: int  # vertices dropped because no kept face uses them
+
+    def vertices(self) -> np.ndarray:
+        """Bin-centre float coordinates, [V, 3] float64."""
+        return dequantize(self.coords, self.bits)
+
+
+def normalize_bbox(
+    vertices: np.ndarray, half_extent: float = HALF_EXTENT, eps: float = BPT_SCALE_EPS
+) -> np.ndarray:
+    """Centre the bounding box on the origin and scale its longest side to ``2 * half_extent``.
+
+    Mirrors BPT ``data_utils.process_mesh`` (``center_vertices`` then ``normalize_vertices_scale``:
+    ``2 * 0.95 * v / (extent + 1e-6)``). BPT's evaluation (``utils.apply_normalize``) uses no
+    epsilon: pass ``eps=0.0`` for that. BPT's axis permutation ``[:, [2, 0, 1]]`` commutes with
+    this step and only changes the vertex sort order, so it lives in the BPT tokenizer.
+
+    vertices: [V, 3] -> [V, 3] float64. Raises MeshInputError for a single point.
+    """
+    v = as_vertices(vertices)  # [V, 3]
+    if len(v) == 0:
+        raise MeshInputError("mesh has no vertices")
+    lo, hi = v.min(axis=0), v.max(axis=0)  # [3], [3]
+    extent = float((hi - lo).max())
+    if extent + eps <= 0.0:
+        raise MeshInputError("mesh bounding box has zero size")
+    return (v - 0.5 * (lo + hi)) * (2.0 * half_extent / (extent + eps))
+
+
+def quantize(coords: np.ndarray, bits: int = 7) -> np.ndarray:
+    """Map floats in (-1, 1) to integer bins in [0, 2**bits), exactly as BPT's ``discretize``.
+
+    ``round((t + 1) / 2 * n - 0.5)`` with numpy's round-half-to-even, then clipped to the range
+    (values outside (-1, 1) land in the first or last bin). coords: [..., 3] -> int64 [..., 3].
+    """
+    n = 1 << bits
+    lo, hi = COORD_RANGE
+    t = (np.asarray(coords, dtype=np.float64) - lo) / (hi - lo)
+    t = t * n - 0.5  # same operation order as BPT, so boundary cases round the same way
+    return np.clip(np.round(t), 0, n - 1).astype(np.int64)
+
+
+def dequantize(bins: np.ndarray, bits: int = 7) -> np.ndarray:
+    """Bin centres ``(q + 0.5) / n * 2 - 1`` (BPT ``undiscretize``, in float64, not float32)."""
+    n = 1 << bits
+    lo, hi = COORD_RANGE
+    return (np.asarray(bins, dtype=np.float64) + 0.5) / n * (hi - lo) + lo
+
+
+def merge_vertices(coords: np.ndarray, faces: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Merge identical integer vertices (``np.unique`` rows, lexicographic x, y, z order).
+
+    coords: [V, 3] int, faces: [F, 3] -> (unique [U, 3] int64, remapped faces [F, 3] int64).
+    """
+    c = np.asarray(coords, dtype=np.int64).reshape(-1, 3)
+    if len(c) == 0:
+        return c, np.asarray(faces, dtype=np.int64).reshape(-1, 3)
+    unique, inverse = np.unique(c, axis=0, return_inverse=True)
+    remapped = inverse.reshape(-1)[np.asarray(faces, dtype=np.int64)]  # [F, 3]
+    return unique, remapped.reshape(-1, 3)
+
+
+def clean_faces(faces: np.ndarray) -> tuple[np.ndarray, FaceCleanCounts]:
+    """Drop degenerate faces (a repeated index) and duplicates (same vertex set, any winding).
+
+    The first occurrence of a duplicate is kept, with its winding; order is otherwise unchanged.
+    faces: [F, 3] -> ([F', 3] int64, counts).
+    """
+    f = np.asarray(faces, dtype=np.int64).reshape(-1, 3)
+    nondegenerate = (f[:, 0] != f[:, 1]) & (f[:, 1] != f[:, 2]) & (f[:, 0] != f[:, 2])
+    kept = f[nondegenerate]  # [K, 3]
+    if len(kept) == 0:
+        return kept, FaceCleanCounts(degenerate=len(f), duplicate=0)
+    _, first = np.unique(np.sort(kept, axis=1), axis=0, return_index=True)
+    unique = kept[np.sort(first)]
+    return unique, FaceCleanCounts(
+        degenerate=int((~nondegenerate).sum()), duplicate=int(len(kept) - len(unique))
+    )
+
+
+def remove_unreferenced(vertices: np.ndarray, faces: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Drop vertices no face uses, keeping the order of the rest; faces are reindexed."""
+    v = np.asarray(vertices)
+    f = np.asarray(faces, dtype=np.int64).reshape(-1, 3)
+    used = np.zeros(len(v), dtype=bool)
+    used[f.reshape(-1)] = True
+    new_index = np.cumsum(used) - 1  # [V]
+    return v[used], new_index[f]
+
+
+def quantize_mesh(vertices: np.ndarray, faces: np.ndarray, bits: int = 7) -> QuantizedMesh:
+    """Quantise (no normalisation), merge equal vertices, clean faces, drop unused vertices.
+
+    ``vertices`` should already lie in (-1, 1), e.g. from ``normalize_bbox``.
+    """
+    mesh = as_mesh(vertices, faces)
+    coords, merged_faces = merge_vertices(quantize(mesh.vertices, bits), mesh.faces)
+    kept, counts = clean_faces(merged_faces)
+    final_coords, final_faces = remove_unreferenced(coords, kept)
+    return QuantizedMesh(
+        coords=final_coords,
+        faces=final_faces,
+        bits=bits,
+        merged_vertices=mesh.num_vertices - len(coords),
+        removed=counts,
+        unreferenced_vertices=len(coords) - len(final_coords),
+    )

@@ -1,0 +1,147 @@
+"""Shared pieces of the mesh tokenizers: the protocol, decode result and sequence helpers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from specgen.mesh.errors import MeshDecodeError, MeshInputError
+from specgen.mesh.quantize import QuantizedMesh, dequantize, quantize_mesh
+from specgen.mesh.types import as_mesh
+
+
+@dataclass(frozen=True)
+class DecodedMesh:
+    """What a tolerant decode recovered, and every problem it skipped.
+
+    vertices: [V, 3] float64 bin centres (equal bins merged, first-appearance order);
+    faces: [F, 3] int64; errors: sorted by position, empty when the sequence is well formed.
+    """
+
+    vertices: np.ndarray  # [V, 3] float64
+    faces: np.ndarray  # [F, 3] int64
+    errors: tuple[MeshDecodeError, ...]
+
+
+class MeshTokenizer(Protocol):
+    """What every mesh tokenizer exposes (see ``TOKENIZERS``)."""
+
+    name: str
+    bits: int
+    vocab_size: int
+    bos_id: int | None
+    eos_id: int
+    pad_id: int
+
+    def encode(
+        self, vertices: np.ndarray, faces: np.ndarray, *, add_eos: bool = True
+    ) -> np.ndarray: ...
+
+    def decode(self, tokens: object) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def decode_partial(self, tokens: object) -> DecodedMesh: ...
+
+
+def prepare_input(vertices: object, faces: object, bits: int) -> QuantizedMesh:
+    """Validate, range-check, quantise and clean a mesh for encoding.
+
+    Coordinates must already lie in [-1, 1] (``quantize.normalize_bbox`` puts them in
+    [-0.95, 0.95]); BPT would clip silently, we refuse. Raises MeshInputError when no face is left.
+    """
+    mesh = as_mesh(vertices, faces)
+    if mesh.num_vertices and np.abs(mesh.vertices).max() > 1.0:
+        raise MeshInputError(
+            "coordinates must lie in [-1, 1]; normalise the mesh with normalize_bbox first"
+        )
+    q = quantize_mesh(mesh.vertices, mesh.faces, bits)
+    if len(q.faces) == 0:
+        raise MeshInputError("mesh has no non-degenerate faces after quantisation")
+    return q
+
+
+def rotate_lowest_first(faces: np.ndarray) -> np.ndarray:
+    """Rotate each face cyclically so its lowest index comes first (winding kept). [F, 3]."""
+    f = np.asarray(faces, dtype=np.int64).reshape(-1, 3)
+    shift = np.argmin(f, axis=1)  # [F]
+    cols = (shift[:, None] + np.arange(3)[None, :]) % 3  # [F, 3]
+    return np.take_along_axis(f, cols, axis=1)
+
+
+def sort_faces_by_sorted_indices(faces: np.ndarray) -> np.ndarray:
+    """Stable sort of faces by their ascending index tuple (PolyGen/BPT face order). [F, 3]."""
+    s = np.sort(faces, axis=1)  # [F, 3]
+    order = np.lexsort((s[:, 2], s[:, 1], s[:, 0]))  # lexsort is stable
+    return faces[order]
+
+
+def reorder_vertices(
+    coords: np.ndarray, faces: np.ndarray, order: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Apply a vertex permutation: new vertex i is old vertex ``order[i]``; faces remapped."""
+    rank = np.empty(len(order), dtype=np.int64)
+    rank[order] = np.arange(len(order))
+    return coords[order], rank[faces]
+
+
+def as_token_array(tokens: object) -> np.ndarray:
+    """Tokens as a 1-D int64 array; MeshInputError for other shapes or non-integer values."""
+    arr = np.asarray(tokens)
+    if arr.ndim != 1:
+        raise MeshInputError(f"tokens must be a 1-D sequence, got shape {list(arr.shape)}")
+    if arr.size == 0:
+        return arr.astype(np.int64)
+    if not np.issubdtype(arr.dtype, np.integer):
+        raise MeshInputError(f"tokens must be integers, got dtype {arr.dtype}")
+    return arr.astype(np.int64)
+
+
+def cut_at_eos(tokens: np.ndarray, eos_id: int) -> np.ndarray:
+    """Tokens before the first EOS (everything from EOS on is ignored)."""
+    hits = np.flatnonzero(tokens == eos_id)
+    return tokens[: hits[0]] if len(hits) else tokens
+
+
+def triangles_to_mesh(corners: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """Integer triangle corners [T, 3, 3] -> (bin-centre vertices [V, 3], faces [T, 3]).
+
+    Equal bins become one vertex; vertices keep the order of their first appearance.
+    """
+    flat = np.asarray(corners, dtype=np.int64).reshape(-1, 3)  # [3T, 3]
+    if len(flat) == 0:
+        return np.zeros((0, 3)), np.zeros((0, 3), dtype=np.int64)
+    unique, first, inverse = np.unique(flat, axis=0, return_index=True, return_inverse=True)
+    order = np.argsort(first)  # unique rows by first appearance
+    rank = np.empty(len(order), dtype=np.int64)
+    rank[order] = np.arange(len(order))
+    faces = rank[inverse.reshape(-1)].reshape(-1, 3)
+    return dequantize(unique[order], bits), faces
+
+
+def raise_first(decoded: DecodedMesh) -> tuple[np.ndarray, np.ndarray]:
+    """Strict decode: raise the earliest error, else return (vertices, faces)."""
+    if decoded.errors:
+        raise decoded.errors[0]
+    return decoded.vertices, decoded.faces
+
+
+def canonical_triangles(
+    vertices: np.ndarray, faces: np.ndarray, *, oriented: bool = True
+) -> list[tuple[tuple[float, float, float], ...]]:
+    """Sorted list of faces as coordinate triples, independent of vertex and face order.
+
+    oriented=True rotates each triangle so its smallest corner comes first (winding kept);
+    oriented=False sorts the three corners (winding ignored). Used to compare round trips.
+    """
+    v = np.asarray(vertices, dtype=np.float64)
+    out = []
+    for face in np.asarray(faces, dtype=np.int64).reshape(-1, 3):
+        corners = [tuple(float(x) for x in v[i]) for i in face]
+        if oriented:
+            k = corners.index(min(corners))
+            corners = corners[k:] + corners[:k]
+        else:
+            corners = sorted(corners)
+        out.append(tuple(corners))
+    return sorted(out)

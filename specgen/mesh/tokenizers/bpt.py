@@ -1,0 +1,273 @@
+"""BPT's blocked and patchified mesh tokenization (Weng et al. 2025), token for token.
+
+Written from the description in ``research/mesh_peers.md`` section 1.2 and checked against the
+public serializer's output; no code was copied. Vocabulary with the default 8 x 16 split
+(7 bits per axis, ``B = block_size**3 = 512``, ``O = offset_size**3 = 4096``):
+
+    [0, 512)      block      x//16 * 64 + y//16 * 8 + z//16
+    [512, 4608)   offset     512 + x%16 * 256 + y%16 * 16 + z%16
+    [4608, 5120)  special block = block + 4608, opens every patch after the first
+    5120          EOS        (vocab_size 5121, BPT's logit count; no BOS id: BPT starts from a
+                             learned vector; pad is -1 as in BPT, never a real token)
+
+Encoding (``encode``), on coordinates already in [-1, 1]:
+ 1. quantise to 128 bins, merge equal vertices, drop degenerate faces (BPT does this too, via
+    networkx cycles) and duplicate faces (same vertex set; BPT keeps them, we keep the first);
+ 2. sort vertices as BPT does after its ``[:, [2, 0, 1]]`` axis permutation, written in the
+    input axes: coarse block ``(y//32)*16 + (x//32)*4 + z//32`` first, then y, x, z;
+ 3. rotate each face so its lowest index comes first (winding kept) and stable-sort the faces
+    by their ascending index tuple;
+ 4. patchify: while a face is unvisited, take the first unvisited face, centre ``c`` = its vertex
+    with the largest remaining degree (first one on ties), walk the fan of unvisited faces around
+    ``c`` from the smallest open end (else the first sorted edge), reverse the ring if
+    ``(c, r0, r1)`` disagrees with the first face's winding, update degrees;
+ 5. emit each patch ``c, r0 .. rk``: a vertex in the same block as the last emitted block
+    gets only its offset, otherwise ``block, offset``; a patch centre (except the first) gets
+    ``block + 4608, offset``; quirk kept: the vertex after a special block always re-emits its
+    plain block. EOS is appended when ``add_eos``.
+
+Decoding splits at special blocks; each patch ``c, r0 .. rk`` becomes the fan
+``(c, r_j, r_{j+1})``. ``decode_partial`` is tolerant exactly where BPT's ``BPT_deserialize`` is
+(out-of-range ids skipped, a block without an offset overwritten, an offset before any block
+uses block 0, patches under 3 vertices give no face) but records each case as a
+``MeshDecodeError``; ``decode`` raises the earliest. Tokens from the first EOS on are ignored.
+Error positions are 0-based indices into the sequence as given. Only grammar is checked:
+degenerate or duplicate triangles a model may produce decode fine (``export.clean_mesh`` counts
+and removes them), and a redundant block token before an offset is accepted.
+
+Lossy parts: vertices closer than one bin merge (and faces that collapse are dropped);
+duplicate faces are dropped; on open or non-manifold meshes a fan can cross a winding seam, so
+some faces come back with flipped winding (geometry is still exact). On closed, consistently
+wound manifolds ``decode(encode(m))`` equals the quantised mesh up to vertex order, face order
+and cyclic rotation of faces, winding included; ``encode(decode(t)) == t`` for any ``t`` that
+``encode`` produced.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from specgen.mesh.errors import MeshDecodeError, MeshInputError
+from specgen.mesh.tokenizers.base import (
+    DecodedMesh,
+    as_token_array,
+    cut_at_eos,
+    prepare_input,
+    raise_first,
+    reorder_vertices,
+    rotate_lowest_first,
+    sort_faces_by_sorted_indices,
+    triangles_to_mesh,
+)
+
+#: Coarse blocks per axis for BPT's vertex sort (``block_first_order``: bins // 32 at 7 bits).
+SORT_BLOCKS_PER_AXIS = 4
+
+
+def bpt_vertex_order(coords: np.ndarray, bits: int) -> np.ndarray:
+    """Permutation sorting integer vertices [V, 3] (x, y, z) in BPT's block-first order."""
+    c = np.asarray(coords, dtype=np.int64)
+    x, y, z = c[:, 0], c[:, 1], c[:, 2]
+    k = SORT_BLOCKS_PER_AXIS
+    cs = (1 << bits) // k  # coarse block side in bins (32 at 7 bits)
+    block = (y // cs) * k * k + (x // cs) * k + (z // cs)
+    return np.lexsort((z, x, y, block))  # primary key last: block, then y, x, z
+
+
+def _same_winding(face: np.ndarray, a: int, b: int, c: int) -> bool:
+    """True when (a, b, c) is a cyclic rotation of ``face``."""
+    f = [int(i) for i in face]
+    k = f.index(a)
+    return f[(k + 1) % 3] == b and f[(k + 2) % 3] == c
+
+
+def patchify(faces: np.ndarray, num_vertices: int) -> list[list[int]]:
+    """Split canonically ordered faces [F, 3] into fans; returns ``[centre, r0, ..., rk]`` lists."""
+    faces = np.asarray(faces, dtype=np.int64)
+    degree = np.bincount(faces.reshape(-1), minlength=num_vertices).tolist()  # faces per vertex
+    around: list[list[int]] = [[] for _ in range(num_vertices)]
+    for fi, face in enumerate(faces.tolist()):
+        for v in face:
+            around[v].append(fi)
+    visited = [False] * len(faces)
+    first_unvisited = 0
+    patches = []
+    while True:
+        while first_unvisited < len(faces) and visited[first_unvisited]:
+            first_unvisited += 1
+        if first_unvisited == len(faces):
+            return patches
+        face = faces[first_unvisited].tolist()
+        centre = face[int(np.argmax([degree[v] for v in face]))]  # first max on ties
+        fan = sorted(
+            (*sorted(v for v in faces[fi].tolist() if v != centre), fi)
+            for fi in around[centre]
+            if not visited[fi]
+        )  # [(u, v, face index)] with u < v
+        ends: dict[int, int] = {}
+        for u, v, _ in fan:
+            ends[u] = ends.get(u, 0) + 1
+            ends[v] = ends.get(v, 0) + 1
+        open_ends = [v for v, n in ends.items() if n == 1]
+        ring = [min(open_ends) if open_ends else fan[0][0]]
+        used: list[int] = []
+        while len(ring) <= len(fan):
+            last = ring[-1]
+            step = next(((u, v, fi) for u, v, fi in fan if fi not in used and last in (u, v)), None)
+            if step is None:
+                break
+            u, v, fi = step
+            ring.append(v if last == u else u)
+            used.append(fi)
+        if not _same_winding(faces[used[0]], centre, ring[0], ring[1]):
+            ring.reverse()
+        degree[centre] = len(fan) - len(used)
+        for pos, v in enumerate(ring):
+            degree[v] -= 1 if pos in (0, len(ring) - 1) else 2
+        for fi in used:
+            visited[fi] = True
+        patches.append([centre] + ring)
+
+
+@dataclass(frozen=True)
+class BPTTokenizer:
+    """BPT-compatible tokenizer; see the module docstring for the exact scheme."""
+
+    block_size: int = 8
+    offset_size: int = 16
+    name: ClassVar[str] = "bpt"
+    pad_id: ClassVar[int] = -1
+    bos_id: ClassVar[int | None] = None
+
+    def __post_init__(self) -> None:
+        side = self.block_size * self.offset_size
+        if side < 4 or side & (side - 1):
+            raise MeshInputError("block_size * offset_size must be a power of two >= 4")
+
+    @property
+    def bits(self) -> int:
+        return (self.block_size * self.offset_size).bit_length() - 1
+
+    @property
+    def offset_base(self) -> int:
+        return self.block_size**3
+
+    @property
+    def special_base(self) -> int:
+        return self.block_size**3 + self.offset_size**3
+
+    @property
+    def eos_id(self) -> int:
+        return self.special_base + self.block_size**3
+
+    @property
+    def vocab_size(self) -> int:
+        return self.eos_id + 1
+
+    def kinds(self, tokens: object) -> np.ndarray:
+        """Kind of each token id [T] -> int8 [T]: 0 block, 1 offset, 2 special block, 3 EOS,
+        -1 outside the vocabulary (BPT adds a learned embedding per kind)."""
+        t = as_token_array(tokens)
+        edges = [0, self.offset_base, self.special_base, self.eos_id, self.vocab_size]
+        kind = np.searchsorted(edges, t, side="right") - 1  # [T]
+        kind[(t < 0) | (t >= self.vocab_size)] = -1
+        return kind.astype(np.int8)
+
+    # -- encoding -------------------------------------------------------------------------
+    def block_and_offset(self, coords: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Integer vertices [V, 3] -> (block token [V], offset token [V], already shifted by 512)."""
+        b, o = self.block_size, self.offset_size
+        hi, lo = np.asarray(coords) // o, np.asarray(coords) % o  # [V, 3] each
+        block = hi[:, 0] * b * b + hi[:, 1] * b + hi[:, 2]
+        offset = self.offset_base + lo[:, 0] * o * o + lo[:, 1] * o + lo[:, 2]
+        return block, offset
+
+    def encode(
+        self, vertices: np.ndarray, faces: np.ndarray, *, add_eos: bool = True
+    ) -> np.ndarray:
+        """Mesh with coordinates in [-1, 1] -> int64 tokens [T] (EOS last when ``add_eos``)."""
+        q = prepare_input(vertices, faces, self.bits)
+        coords, f = reorder_vertices(q.coords, q.faces, bpt_vertex_order(q.coords, self.bits))
+        f = sort_faces_by_sorted_indices(rotate_lowest_first(f))
+        block, offset = self.block_and_offset(coords)
+        tokens: list[int] = []
+        current = -1  # last emitted block token (a special block never equals a plain one)
+        for n, patch in enumerate(patchify(f, len(coords))):
+            for k, v in enumerate(patch):
+                if k == 0 and n > 0:
+                    current = int(block[v]) + self.special_base
+                    tokens += [current, int(offset[v])]
+                elif block[v] == current:
+                    tokens.append(int(offset[v]))
+                else:
+                    current = int(block[v])
+                    tokens += [current, int(offset[v])]
+        if add_eos:
+            tokens.append(self.eos_id)
+        return np.asarray(tokens, dtype=np.int64)
+
+    # -- decoding -------------------------------------------------------------------------
+    def _coords(self, block: int, offset: int) -> list[int]:
+        b, o = self.block_size, self.offset_size
+        offset -= self.offset_base
+        return [
+            block // (b * b) * o + offset // (o * o),
+            block // b % b * o + offset // o % o,
+            block % b * o + offset % o,
+        ]
+
+    def decode_partial(self, tokens: object) -> DecodedMesh:
+        """Tolerant decode: every recoverable fan, plus the errors met (see module docstring)."""
+        seq = cut_at_eos(as_token_array(tokens), self.eos_id)
+        errors: list[MeshDecodeError] = []
+        if len(seq) == 0:
+            errors.append(MeshDecodeError(0, "empty token sequence"))
+        patches: list[tuple[int, list[list[int]]]] = []  # (start position, integer vertices)
+        block: int | None = None
+        pending: int | None = None  # position of a block token still waiting for its offset
+        for pos, t in enumerate(seq.tolist()):
+            is_block = 0 <= t < self.offset_base
+            is_special = self.special_base <= t < self.eos_id
+            if pending is not None and (is_block or is_special):
+                errors.append(MeshDecodeError(pending, "block token not followed by an offset"))
+            if is_special:
+                patches.append((pos, []))
+                block, pending = t - self.special_base, pos
+            elif is_block:
+                if not patches:
+                    patches.append((pos, []))
+                block, pending = t, pos
+            elif self.offset_base <= t < self.special_base:
+                if not patches:
+                    patches.append((pos, []))
+                if block is None:
+                    errors.append(MeshDecodeError(pos, "offset token before any block token"))
+                patches[-1][1].append(self._coords(0 if block is None else block, t))
+                pending = None
+            else:
+                errors.append(
+                    MeshDecodeError(pos, f"token id {t} outside the vocabulary [0, {self.eos_id}]")
+                )
+        if pending is not None:
+            errors.append(MeshDecodeError(pending, "block token not followed by an offset"))
+        corners = []
+        for start, verts in patches:
+            if len(verts) < 3:
+                errors.append(
+                    MeshDecodeError(
+                        start, f"patch has {len(verts)} vertices; a fan needs at least 3"
+                    )
+                )
+                continue
+            centre = verts[0]
+            corners += [[centre, verts[j], verts[j + 1]] for j in range(1, len(verts) - 1)]
+        vertices, faces = triangles_to_mesh(np.asarray(corners).reshape(-1, 3, 3), self.bits)
+        errors.sort(key=lambda e: e.position)
+        return DecodedMesh(vertices=vertices, faces=faces, errors=tuple(errors))
+
+    def decode(self, tokens: object) -> tuple[np.ndarray, np.ndarray]:
+        """Strict decode -> (vertices [V, 3] float64, faces [F, 3] int64); raises MeshDecodeError."""
+        return raise_first(self.decode_partial(tokens))

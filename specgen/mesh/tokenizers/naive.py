@@ -1,0 +1,109 @@
+"""Naive PolyGen/MeshGPT-style baseline: 9 coordinate tokens per face, no compression.
+
+Vocabulary (``n = 2**bits``, 128 by default): ids ``0 .. n-1`` are coordinate bins, then
+BOS = n, EOS = n + 1, PAD = n + 2 (vocab_size n + 3 = 131), as MeshXL's tokenizer.
+
+Encoding, on coordinates already in [-1, 1]: quantise, merge equal vertices, drop degenerate
+and duplicate faces; sort vertices by z, then y, then x (the "z-y-x" order of PolyGen/MeshGPT,
+on the columns as given: we do not permute axes, so "z" is the third input column); rotate each
+face so its lowest index comes first (winding kept); stable-sort faces by their ascending index
+tuple; emit each face's three vertices, each as (z, y, x) so tokens follow the sort-key
+priority. The notes do not fix the per-vertex coordinate order; this is our choice.
+``encode`` never emits BOS (the model prepends it); EOS is appended when ``add_eos``.
+
+Decoding takes an optional leading BOS, ignores everything from the first EOS on, and reads
+groups of 9 coordinate ids. Positions in errors index the sequence as given (BOS included).
+The round trip is exact up to vertex order and face order/rotation, winding included, on any
+mesh; what is lost is sub-bin detail (merged vertices, collapsed and duplicate faces).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from specgen.mesh.errors import MeshDecodeError, MeshInputError
+from specgen.mesh.tokenizers.base import (
+    DecodedMesh,
+    as_token_array,
+    cut_at_eos,
+    prepare_input,
+    raise_first,
+    reorder_vertices,
+    rotate_lowest_first,
+    sort_faces_by_sorted_indices,
+    triangles_to_mesh,
+)
+
+TOKENS_PER_FACE = 9
+ZYX = [2, 1, 0]  # per-vertex token order: z, y, x
+
+
+@dataclass(frozen=True)
+class NaiveTokenizer:
+    """Nine tokens per face; see the module docstring."""
+
+    bits: int = 7
+    name: ClassVar[str] = "naive"
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.bits <= 16:
+            raise MeshInputError("bits must be in [1, 16]")
+
+    @property
+    def bos_id(self) -> int:
+        return 1 << self.bits
+
+    @property
+    def eos_id(self) -> int:
+        return (1 << self.bits) + 1
+
+    @property
+    def pad_id(self) -> int:
+        return (1 << self.bits) + 2
+
+    @property
+    def vocab_size(self) -> int:
+        return (1 << self.bits) + 3
+
+    def encode(
+        self, vertices: np.ndarray, faces: np.ndarray, *, add_eos: bool = True
+    ) -> np.ndarray:
+        """Mesh with coordinates in [-1, 1] -> int64 tokens [9F (+1)]."""
+        q = prepare_input(vertices, faces, self.bits)
+        c = q.coords
+        coords, f = reorder_vertices(c, q.faces, np.lexsort((c[:, 0], c[:, 1], c[:, 2])))
+        f = sort_faces_by_sorted_indices(rotate_lowest_first(f))
+        tokens = coords[f][:, :, ZYX].reshape(-1)  # [F, 3, 3] -> [9F]
+        if add_eos:
+            tokens = np.append(tokens, self.eos_id)
+        return tokens.astype(np.int64)
+
+    def decode_partial(self, tokens: object) -> DecodedMesh:
+        """Tolerant decode: every complete, well-formed face, plus the errors met."""
+        seq = as_token_array(tokens)
+        start = 1 if len(seq) and seq[0] == self.bos_id else 0
+        body = cut_at_eos(seq[start:], self.eos_id)
+        errors: list[MeshDecodeError] = []
+        if len(body) == 0:
+            errors.append(MeshDecodeError(start, "empty token sequence"))
+        n_full = len(body) // TOKENS_PER_FACE
+        if len(body) % TOKENS_PER_FACE:
+            pos = start + n_full * TOKENS_PER_FACE
+            have = len(body) % TOKENS_PER_FACE
+            errors.append(MeshDecodeError(pos, f"incomplete face: {have} of 9 tokens"))
+        groups = body[: n_full * TOKENS_PER_FACE].reshape(-1, TOKENS_PER_FACE)  # [F, 9]
+        bad = (groups < 0) | (groups >= 1 << self.bits)  # [F, 9]
+        for fi, k in zip(*np.nonzero(bad)):
+            pos = start + fi * TOKENS_PER_FACE + k
+            errors.append(MeshDecodeError(pos, f"token id {groups[fi, k]} is not a coordinate"))
+        good = groups[~bad.any(axis=1)].reshape(-1, 3, 3)[:, :, ZYX]  # back to x, y, z
+        vertices, faces = triangles_to_mesh(good, self.bits)
+        errors.sort(key=lambda e: e.position)
+        return DecodedMesh(vertices=vertices, faces=faces, errors=tuple(errors))
+
+    def decode(self, tokens: object) -> tuple[np.ndarray, np.ndarray]:
+        """Strict decode -> (vertices [V, 3] float64, faces [F, 3] int64); raises MeshDecodeError."""
+        return raise_first(self.decode_partial(tokens))

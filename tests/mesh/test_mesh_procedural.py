@@ -1,0 +1,70 @@
+"""Procedural dataset: determinism, face bound, splits, and reading user mesh folders."""
+
+import itertools
+
+import numpy as np
+import pytest
+import trimesh
+
+from specgen.mesh.errors import MeshInputError
+from specgen.mesh.procedural import (
+    MAX_FACES,
+    SPLITS,
+    generate_mesh,
+    iter_split,
+    load_mesh,
+    load_mesh_folder,
+    split_seeds,
+)
+from specgen.mesh.quantize import quantize
+
+
+def test_same_seed_same_mesh_and_different_seeds_differ():
+    a, b, c = generate_mesh(123), generate_mesh(123), generate_mesh(124)
+    assert np.array_equal(a.vertices, b.vertices) and np.array_equal(a.faces, b.faces)
+    assert a.parts == b.parts
+    assert not (a.vertices.shape == c.vertices.shape and np.array_equal(a.vertices, c.vertices))
+
+
+def test_meshes_are_small_quantised_and_clean():
+    for m in iter_split("validation", count=60):
+        assert 0 < len(m.faces) <= MAX_FACES < 800
+        assert 1 <= len(m.parts) <= 4
+        assert np.abs(m.vertices).max() <= 0.95 + 1 / 128
+        bins = quantize(m.vertices)
+        assert len(np.unique(bins, axis=0)) == len(bins)  # merged
+        f = m.faces
+        assert ((f[:, 0] != f[:, 1]) & (f[:, 1] != f[:, 2]) & (f[:, 0] != f[:, 2])).all()
+        assert len(np.unique(np.sort(f, axis=1), axis=0)) == len(f)
+        assert np.array_equal(np.unique(f), np.arange(len(m.vertices)))  # no unused vertex
+
+
+def test_splits_are_disjoint_seed_ranges():
+    ranges = sorted(SPLITS.values(), key=lambda r: r.start)
+    assert all(a.stop <= b.start for a, b in itertools.pairwise(ranges))
+    assert list(split_seeds("test", 3)) == [SPLITS["test"].start + i for i in range(3)]
+    assert list(split_seeds("validation", 2, start=5)) == [1_000_005, 1_000_006]
+    with pytest.raises(MeshInputError, match="unknown split"):
+        split_seeds("dev")
+
+
+def test_load_mesh_folder_reads_supported_files_sorted(tmp_path):
+    box = trimesh.creation.box()
+    box.export(tmp_path / "b.obj")
+    trimesh.creation.icosphere(1).export(tmp_path / "a.PLY")
+    (tmp_path / "notes.txt").write_text("not a mesh")
+    meshes = load_mesh_folder(tmp_path)
+    assert [m.name for m in meshes] == ["a", "b"]
+    assert [len(m.faces) for m in meshes] == [80, 12]
+
+
+def test_load_errors_are_mesh_input_errors(tmp_path):
+    with pytest.raises(MeshInputError, match="not a directory"):
+        load_mesh_folder(tmp_path / "missing")
+    with pytest.raises(MeshInputError, match="no mesh files"):
+        load_mesh_folder(tmp_path)
+    (tmp_path / "bad.stl").write_bytes(b"\x00garbage")
+    with pytest.raises(MeshInputError, match="bad.stl"):
+        load_mesh(tmp_path / "bad.stl")
+    with pytest.raises(MeshInputError, match="unsupported"):
+        load_mesh(tmp_path / "x.fbx")
