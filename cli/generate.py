@@ -1,13 +1,14 @@
-"""`specgen generate`: decode prompts (text) with any method; completions on stdout, stats on stderr."""
+"""`specgen generate`: decode with any method; the method's modality picks the runner (text, image, mesh)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from cli import _output
+from cli import generate_text
 from cli._errors import command
 from cli._options import ConfigOpt, DeviceOpt, Format, FormatOpt, MethodOpt, ModelOpt, OverridesArg, QuietOpt, SeedOpt
 
@@ -22,7 +23,34 @@ EPILOG = """examples:
   specgen generate --config recipes/tiny/generate-text.yaml max_new_tokens=64
 """
 
-STAT_COLUMNS = ["method", "new_tokens", "nfe", "tpf", "tau", "tokens_per_s", "wall_s"]
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """Everything the user passed to `generate`; each modality's runner reads what it needs."""
+
+    method: str | None
+    model: str | None
+    prompts: list[str]
+    prompts_file: str | None
+    max_new_tokens: int | None
+    temperature: float | None
+    top_k: int | None
+    top_p: float | None
+    chat: bool | None
+    seed: int | None
+    device: str | None
+    config: Path | None
+    overrides: list[str]
+    fmt: Format
+    quiet: bool
+    out_dir: Path | None
+    num: int | None
+    classes: str | None
+    cfg_scale: float | None
+    point_clouds: Path | None
+
+
+RUNNERS = {"text": generate_text.run}
 
 
 @command
@@ -30,13 +58,18 @@ def generate(
     overrides: OverridesArg = None,
     method: MethodOpt = None,
     model: ModelOpt = None,
-    prompt: Annotated[Optional[list[str]], typer.Option("--prompt", "-p", help="Prompt text (repeatable).")] = None,
-    prompts: Annotated[Optional[str], typer.Option("--prompts", help="Prompt file: one per line, JSONL, or - for stdin.")] = None,
-    max_new_tokens: Annotated[Optional[int], typer.Option("--max-new-tokens", help="Token budget per prompt.")] = None,
+    prompt: Annotated[Optional[list[str]], typer.Option("--prompt", "-p", help="[text] Prompt text (repeatable).")] = None,
+    prompts: Annotated[Optional[str], typer.Option("--prompts", help="[text] Prompt file: one per line, JSONL, or - for stdin.")] = None,
+    max_new_tokens: Annotated[Optional[int], typer.Option("--max-new-tokens", help="Token budget per sequence.")] = None,
     temperature: Annotated[Optional[float], typer.Option("--temperature", "-t", help="0 = greedy.")] = None,
     top_k: Annotated[Optional[int], typer.Option("--top-k", help="Keep the k most likely tokens (0 = off).")] = None,
     top_p: Annotated[Optional[float], typer.Option("--top-p", help="Nucleus sampling mass in (0, 1].")] = None,
-    no_chat: Annotated[bool, typer.Option("--no-chat", help="Feed prompts raw, without the chat template.")] = False,
+    no_chat: Annotated[bool, typer.Option("--no-chat", help="[text] Feed prompts raw, without the chat template.")] = False,
+    out_dir: Annotated[Optional[Path], typer.Option("--out-dir", "-o", help="[image, mesh] Output folder.")] = None,
+    num: Annotated[Optional[int], typer.Option("--num", "-n", help="[image, mesh] Number of samples.")] = None,
+    classes: Annotated[Optional[str], typer.Option("--classes", help="[image] Comma-separated class names or ids.")] = None,
+    cfg_scale: Annotated[Optional[float], typer.Option("--cfg-scale", help="[image] Classifier-free guidance scale.")] = None,
+    point_clouds: Annotated[Optional[Path], typer.Option("--point-clouds", help="[mesh] Point clouds (.npy/.ply) or a mesh folder.")] = None,
     seed: SeedOpt = None,
     device: DeviceOpt = None,
     config: ConfigOpt = None,
@@ -44,35 +77,22 @@ def generate(
     quiet: QuietOpt = False,
 ) -> None:
     """Generate with a decoding method; lossless methods give exactly the target's output."""
-    from specgen.config import load_config
-    from specgen.data.prompts import read_prompts
-    from specgen.errors import UsageError
-    from specgen.text.generate import TextGenConfig, generate_text
-    from specgen.text.target import load_text_model
-
-    cfg = load_config(TextGenConfig, config, overrides, method=method, model=model, max_new_tokens=max_new_tokens,
-                      temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, device=device,
-                      chat=False if no_chat else None)
-    texts = list(prompt or [])
-    if prompts:
-        texts += read_prompts(prompts)
-    if not texts:
-        raise UsageError("no prompt given: use --prompt TEXT or --prompts FILE (or - for stdin)")
-    from specgen.decoding.sampling import SamplingParams
     from specgen.methods import get_method
 
-    get_method(cfg.method).check_options(cfg.method_options)
-    SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)  # validate before loading the model
-    tm = load_text_model(cfg.model, cfg.device, _output.registry_progress(quiet))
-    with _output.progress(f"{cfg.method}", len(texts), quiet or fmt == Format.json) as advance:
-        results = generate_text(tm, cfg, texts, on_done=lambda i: advance())
-    for r in results:
-        if fmt == Format.json:
-            _output.emit_json({"prompt": r.prompt, "completion": r.completion, "method": cfg.method,
-                               "model": tm.entry.ref, "token_ids": r.token_ids, "stats": r.stats})
-        else:
-            _output.out.print(r.completion, markup=False)
-            _output.out.print()
-    if not quiet and fmt == Format.table:
-        rows = [{"method": cfg.method, **r.stats} for r in results]
-        _output.table(f"{cfg.method} on {tm.entry.ref}", rows, STAT_COLUMNS)
+    spec = get_method(method or "ar")
+    modality = model_modality(model) if model else spec.modality
+    if not spec.runs_on(modality):
+        from specgen.errors import UsageError
+
+        raise UsageError(f"method {spec.name} is for {spec.modality} models, and {model} is a {modality} model")
+    req = GenerateRequest(method or "ar", model, list(prompt or []), prompts, max_new_tokens, temperature, top_k, top_p,
+                          False if no_chat else None, seed, device, config, list(overrides or []), fmt, quiet,
+                          out_dir, num, classes, cfg_scale, point_clouds)
+    RUNNERS[modality](req)
+
+
+def model_modality(name: str) -> str:
+    """The modality recorded in a checkpoint's config (text when absent)."""
+    from specgen import registry
+
+    return registry.find(name).meta.get("modality", "text")

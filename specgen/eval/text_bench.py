@@ -84,7 +84,7 @@ def check_methods(cfg: TextBenchConfig) -> None:
     for m in cfg.methods:
         if m not in EXTERNAL:
             spec = get_method(m)
-            if spec.modality != "text":
+            if not spec.runs_on("text"):
                 raise UsageError(f"method {m} is for {spec.modality}; the humaneval suite is text")
             spec.check_options(cfg.method_options.get(m, {}))
 

@@ -14,12 +14,16 @@ class MethodSpec:
     """What a method is and how to build its drafter from the method options dict."""
 
     name: str
-    modality: str  # "text" | "image" | "mesh"
+    modality: str  # "text" | "image" | "mesh": the default modality (decides the default model)
     lossless: bool
     summary: str
     make_drafter: Callable[[dict[str, Any]], Any]
     options: tuple[str, ...] = ()  # method option names accepted in `method_options`
     target: str = "base"  # which model it decodes: "base" or a distilled variant's registry name
+    modalities: tuple[str, ...] = ()  # every modality it runs on (empty: just `modality`)
+
+    def runs_on(self, modality: str) -> bool:
+        return modality in (self.modalities or (self.modality,))
 
     def check_options(self, options: dict[str, Any]) -> None:
         """Refuse option names this method does not know (a typo must not be ignored)."""
@@ -33,7 +37,7 @@ METHODS: dict[str, MethodSpec] = {
     spec.name: spec
     for spec in [
         MethodSpec("ar", "text", True, "autoregressive baseline on the same static-cache loop",
-                   lambda o: EmptyDrafter()),
+                   lambda o: EmptyDrafter(), modalities=("text", "image", "mesh")),
         MethodSpec("jacobi", "text", True, "Jacobi fixed-point iteration over a block of n tokens",
                    lambda o: JacobiDrafter(block_size=o.get("block_size", 8), seed=o.get("seed", 0)),
                    options=("block_size",)),

@@ -42,7 +42,7 @@ class TextResult:
 def generate_text(model: TextModel, cfg: TextGenConfig, prompts: list[str], on_done=None) -> list[TextResult]:
     """Decode every prompt with cfg.method; `on_done(i)` is called after each prompt."""
     spec = get_method(cfg.method)
-    if spec.modality != "text":
+    if not spec.runs_on("text"):
         raise UsageError(f"method {cfg.method} is for {spec.modality}, not text")
     spec.check_options(cfg.method_options)
     if cfg.max_new_tokens < 1:
