@@ -11,8 +11,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-err = Console(stderr=True)
-out = Console(soft_wrap=True, highlight=False)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+out = Console(soft_wrap=True, highlight=False, width=None if sys.stdout.isatty() else 160)
 
 
 def emit_json(obj: Any) -> None:

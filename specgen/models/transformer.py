@@ -43,6 +43,7 @@ class TransformerConfig:
     qkv_bias: bool = False
     tie_embeddings: bool = True
     cross_dim: int = 0  # > 0: cross-attention to a condition of this width in every block
+    num_classes: int = 0  # > 0: LlamaGen c2i class embedding (row num_classes = the null class for CFG)
 
     @property
     def hd(self) -> int:
@@ -157,6 +158,19 @@ class Block(nn.Module):
         return x + self.feed_forward(self.ffn_norm(x))
 
 
+class ClassEmbedding(nn.Module):
+    """LlamaGen c2i condition: one embedding row per class plus the null (unconditional) class."""
+
+    def __init__(self, num_classes: int, dim: int) -> None:
+        super().__init__()
+        self.num_classes = num_classes
+        self.embedding_table = nn.Embedding(num_classes + 1, dim)
+
+    def forward(self, labels: torch.Tensor) -> torch.Tensor:
+        """Condition embeddings [B, 1, dim] for labels [B] (label num_classes = null class)."""
+        return self.embedding_table(labels).unsqueeze(1)
+
+
 class Transformer(nn.Module):
     """Token embeddings -> blocks -> norm -> LM head; also returns the final hidden states."""
 
@@ -167,6 +181,8 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        if cfg.num_classes:
+            self.cls_embedding = ClassEmbedding(cfg.num_classes, cfg.dim)
         if cfg.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
         if cfg.rope_grid:
