@@ -7,6 +7,8 @@ import torch
 
 from specgen.models.transformer import Transformer, TransformerConfig
 
+torch.set_num_threads(1)  # tiny models: threads only add spin-waiting (and the machine has 2 cores)
+
 
 @pytest.fixture(autouse=True)
 def specgen_home(tmp_path, monkeypatch):
