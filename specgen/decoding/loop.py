@@ -8,7 +8,7 @@ cache and the stats keep per-row state so batching can be added without changing
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Protocol
 
 import torch
 
@@ -66,8 +66,13 @@ def decode(
     stop_ids: tuple[int, ...] = (),
     generator: torch.Generator | None = None,
     max_draft: int = 256,
+    rule: Callable[[Draft, torch.Tensor, SamplingParams, torch.Generator | None], Verdict] | None = None,
 ) -> DecodeResult:
-    """Generate up to `max_new_tokens` after `prompt`, stopping after any of `stop_ids`."""
+    """Generate up to `max_new_tokens` after `prompt`, stopping after any of `stop_ids`.
+
+    `rule` is the accept rule (default `judge`: lossless); relaxed methods pass their own.
+    """
+    rule = rule or judge
     stats = DecodeStats()
     device = target.device if hasattr(target, "device") else "cpu"
     cache = target.new_cache(1, len(prompt) + max_new_tokens + max_draft + 1)
@@ -86,9 +91,11 @@ def decode(
             tokens, positions, mask = verify_inputs(out[-1], draft, cache.lengths[0], device)
             result = target.forward(tokens, positions, cache, mask)  # 2. verify
         with stats.timed("accept"):
-            verdict = judge(draft, result.logits[0], params, generator)  # 3. accept
+            verdict = rule(draft, result.logits[0], params, generator)  # 3. accept
         with stats.timed("commit"):
-            cache.commit(0, [0] + [i + 1 for i in verdict.path])  # 4. commit root + path
+            keep = [0] + [i + 1 for i in verdict.path]
+            for row in range(cache.batch):  # 4. commit root + path (every branch row, e.g. CFG)
+                cache.commit(row, keep)
         with stats.timed("propose"):
             drafter.on_accept(draft, verdict, result)  # 5. update the drafter
         stats.record_step(draft.size, draft.tree.max_depth(), verdict.num_accepted)

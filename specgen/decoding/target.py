@@ -45,7 +45,7 @@ class ModelTarget:
         self.max_seq_len = model.cfg.max_seq_len
 
     def new_cache(self, batch: int, max_len: int) -> KVCache:
-        return self.model.new_cache(batch, min(max_len, self.max_seq_len))
+        return self.model.new_cache(batch, max_len)  # slots (tree nodes share positions)
 
     @torch.inference_mode()
     def prefill(self, tokens: torch.Tensor, cache: KVCache) -> TargetOut:

@@ -211,21 +211,26 @@ class Transformer(nn.Module):
         tree_mask: torch.Tensor | None = None,  # [S, S] or [B, S, S] bool among the new nodes
         embeds: torch.Tensor | None = None,  # [B, S, dim] instead of tokens (condition tokens)
         context_kv: list | None = None,  # per-layer cross kv when there is no cache
+        attn_mask: torch.Tensor | None = None,  # [B, 1, S, T] over cache slots: overrides tree_mask
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits [B, S, V] and final hidden states [B, S, dim] (after the final norm)."""
         h = self.tok_embeddings(tokens) if embeds is None else embeds
-        hidden = self.hidden_states(h, positions, cache, tree_mask, context_kv)
+        hidden = self.hidden_states(h, positions, cache, tree_mask, context_kv, attn_mask)
         return self.output(hidden), hidden
 
-    def hidden_states(self, h, positions, cache=None, tree_mask=None, context_kv=None) -> torch.Tensor:
-        """Run the blocks on input embeddings h [B, S, dim]; returns normed hidden [B, S, dim]."""
+    def hidden_states(self, h, positions, cache=None, tree_mask=None, context_kv=None, attn_mask=None) -> torch.Tensor:
+        """Run the blocks on input embeddings h [B, S, dim]; returns normed hidden [B, S, dim].
+
+        `attn_mask` [B, 1, S, T] (T = slots after the write) lets a caller expose pending slots of
+        earlier forwards (multi-level draft trees); otherwise the mask comes from the cache lengths.
+        """
         s = h.shape[1]
         if int(positions.max()) >= self.rope_table.shape[0]:
             raise ValueError(f"position {int(positions.max())} exceeds the model's {self.rope_table.shape[0]}")
         rot = self.rope_table[positions]  # [B, S, hd/2, 2]
         if cache is not None:
             cache.check_room(s)
-            mask = cache.prefix_mask(s, tree_mask)
+            mask = attn_mask if attn_mask is not None else cache.prefix_mask(s, tree_mask)
             causal = False
             cross = cache.cross
         else:

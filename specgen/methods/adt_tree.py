@@ -1,0 +1,112 @@
+"""ADT-Tree: adjacency-adaptive draft-tree shapes (adjacent initialisation + bisectional adaptation).
+
+Paper: `adt-tree.txt` sections IV-A/B, eq. (2), defaults in V-A. The authors' public code does not
+contain the algorithm, so these are our documented choices where the paper is silent:
+
+- Grid bookkeeping. Every committed image token records the (depth, top_k, alpha) of the tree whose
+  verification committed it. The tree that drafts the token at raster cell (i, j) starts from the
+  record of its adjacent cell: (i, j-1) for horizontal repeat (the default), (i-1, j) for vertical
+  repeat, or uniform random in the open bounds. In horizontal mode the left cell is the root token,
+  committed by the previous step, so within a row this adapts from the previous tree.
+- Row start (j = 0) in horizontal mode falls back to the cell above (i-1, 0); the first row in
+  vertical mode falls back to the left cell; the very first tree uses (d0, k0).
+- Acceptance rate alpha = accepted draft tokens / depth of the tree (the bonus token excluded), so
+  with beta = 1 a tree is "positive" exactly when every level was used, matching the paper's
+  "all tokens in each layer of the draft tree are fully utilized".
+- Eq. (2): positive -> depth + l_d, top_k - l_k; negative -> depth - l_d, top_k + l_k; both clamped to
+  the paper's open intervals d_min < d < d_max, k_min < k < k_max (we clamp top_k always).
+- Near the end of the image the loop clamps the depth to the tokens left (no RoPE padding).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from specgen.errors import UsageError
+from specgen.methods.eagle import TreeShape
+
+INITS = ("horizontal", "vertical", "random")
+
+
+@dataclass(frozen=True)
+class AdtParams:
+    """Hyper-parameters (paper defaults for LlamaGen: beta 1, l_d 1, l_k 10, d in (0, 10), k in (3, 40))."""
+
+    beta: float = 1.0
+    l_d: int = 1
+    l_k: int = 10
+    d_min: int = 0
+    d_max: int = 10
+    k_min: int = 3
+    k_max: int = 40
+    d0: int = 4  # first tree (LANTERN/EAGLE-2's LlamaGen depth)
+    k0: int = 10
+    total_tokens: int = 60
+    init: str = "horizontal"
+    grid: int = 16  # grid width W; sequence index s >= n_cond maps to cell divmod(s - n_cond, W)
+    n_cond: int = 1
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.init not in INITS:
+            raise UsageError(f"adt-tree init must be one of {', '.join(INITS)}, got {self.init!r}")
+        if not (self.d_max - self.d_min >= 2 and self.k_max - self.k_min >= 2):
+            raise UsageError("adt-tree bounds must leave room: d_max - d_min >= 2 and k_max - k_min >= 2")
+        if self.l_d < 0 or self.l_k < 0 or self.beta <= 0 or self.total_tokens < 1:
+            raise UsageError("adt-tree needs l_d, l_k >= 0, beta > 0 and total_tokens >= 1")
+        if not (self.d_min < self.d0 < self.d_max and self.k_min < self.k0 < self.k_max):
+            raise UsageError(f"adt-tree start shape ({self.d0}, {self.k0}) must lie inside the bounds")
+
+
+def adapt(depth: int, top_k: int, alpha: float, p: AdtParams) -> tuple[int, int]:
+    """Eq. (2) with the open-interval bounds."""
+    if alpha >= p.beta:
+        depth, top_k = depth + p.l_d, top_k - p.l_k
+    else:
+        depth, top_k = depth - p.l_d, top_k + p.l_k
+    depth = min(max(depth, p.d_min + 1), p.d_max - 1)
+    top_k = min(max(top_k, p.k_min + 1), p.k_max - 1)
+    return depth, top_k
+
+
+@dataclass
+class AdtPolicy:
+    """ShapePolicy of ADT-Tree over a W-wide raster grid."""
+
+    params: AdtParams
+    records: dict[tuple[int, int], tuple[int, int, float]] = field(default_factory=dict)
+
+    def reset(self) -> None:
+        self.records = {}
+        self.rng = random.Random(self.params.seed)
+
+    def cell(self, index: int) -> tuple[int, int]:
+        return divmod(index - self.params.n_cond, self.params.grid)
+
+    def initial(self, index: int) -> tuple[int, int, float] | None:
+        """Adjacent initialisation: the record the new tree starts from (None = defaults)."""
+        p, (i, j) = self.params, self.cell(index)
+        if p.init == "random":
+            return (self.rng.randint(p.d_min + 1, p.d_max - 1), self.rng.randint(p.k_min + 1, p.k_max - 1), None)
+        order = [(i, j - 1), (i - 1, j)] if p.init == "horizontal" else [(i - 1, j), (i, j - 1)]
+        for cell in order:
+            if cell[0] >= 0 and cell[1] >= 0 and cell in self.records:
+                return self.records[cell]
+        return None
+
+    def shape(self, next_index: int) -> TreeShape:
+        p = self.params
+        start = self.initial(next_index)
+        if start is None:
+            depth, top_k = p.d0, p.k0
+        elif start[2] is None:  # random initialisation has no acceptance to adapt from
+            depth, top_k = start[0], start[1]
+        else:
+            depth, top_k = adapt(*start, p)
+        return TreeShape(depth, top_k, p.total_tokens)
+
+    def observe(self, next_index: int, shape: TreeShape, accepted: int, committed: int) -> None:
+        alpha = accepted / shape.depth if shape.depth else 0.0
+        for index in range(next_index, next_index + committed):  # every token this tree committed
+            self.records[self.cell(index)] = (shape.depth, shape.top_k, alpha)
