@@ -1,0 +1,184 @@
+"""Deterministic class-labelled crops of the natural images bundled offline in skimage/sklearn/matplotlib."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.utils.data import Dataset
+
+
+def _skimage(name: str) -> Callable[[], np.ndarray]:
+    def load() -> np.ndarray:
+        import skimage.data
+
+        return getattr(skimage.data, name)()
+
+    return load
+
+
+def _motorcycle() -> np.ndarray:
+    import skimage.data
+
+    return skimage.data.stereo_motorcycle()[0]  # left view only; the right view is nearly identical
+
+
+def _sklearn(name: str) -> Callable[[], np.ndarray]:
+    def load() -> np.ndarray:
+        from sklearn.datasets import load_sample_image
+
+        return load_sample_image(name)
+
+    return load
+
+
+def _grace_hopper() -> np.ndarray:
+    from matplotlib import cbook
+    from PIL import Image
+
+    path = cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)
+    with Image.open(path) as im:
+        return np.asarray(im.convert("RGB"))
+
+
+# Only loaders that read files shipped inside the installed wheels (research/offline_assets.md).
+# Never add skimage loaders that go through pooch (eagle, lily, cells3d, ...) or sklearn fetch_*.
+_SOURCES: dict[str, Callable[[], np.ndarray]] = {
+    "astronaut": _skimage("astronaut"),
+    "chelsea": _skimage("chelsea"),
+    "coffee": _skimage("coffee"),
+    "rocket": _skimage("rocket"),
+    "hubble": _skimage("hubble_deep_field"),
+    "retina": _skimage("retina"),
+    "immunohistochemistry": _skimage("immunohistochemistry"),
+    "motorcycle": _motorcycle,
+    "china": _sklearn("china.jpg"),  # CC BY 2.0 (Flickr: danielbuechele)
+    "flower": _sklearn("flower.jpg"),  # CC BY 2.0 (Flickr: vultilion)
+    "grace_hopper": _grace_hopper,
+    "camera": _skimage("camera"),  # greyscale sources are replicated to 3 channels
+    "coins": _skimage("coins"),
+    "moon": _skimage("moon"),
+    "clock": _skimage("clock"),
+    "brick": _skimage("brick"),
+}
+
+IMAGE_CLASSES: tuple[str, ...] = tuple(_SOURCES)  # fixed order: class id = position in this tuple
+SPLITS: tuple[str, ...] = ("train", "eval")
+
+
+@dataclass(frozen=True)
+class ImageCropsConfig:
+    """How crops are drawn. Eval crops come from a strip of each image that train crops never touch."""
+
+    split: str = "train"  # "train" | "eval"
+    num_samples: int = 100_000  # dataset length; sample i has class i % num_classes
+    crop_size: int = 64  # output side in pixels
+    seed: int = 0
+    max_short_side: int = 256  # sources are first downscaled so that min(H, W) <= this
+    max_scale: float = 2.5  # crop side in source pixels is uniform in [crop_size, crop_size * max_scale]
+    eval_fraction: float = 0.25  # last fraction of each image's longer axis is reserved for eval
+    min_std: float = 0.03  # crops whose pixel std (in [0, 1] units) is below this are redrawn
+    max_tries: int = 32  # redraws before a low-variance crop is kept anyway
+    hflip: bool = True
+    classes: tuple[str, ...] = IMAGE_CLASSES
+
+    def __post_init__(self) -> None:
+        if self.split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {self.split!r}")
+        unknown = [c for c in self.classes if c not in _SOURCES]
+        if unknown:
+            raise ValueError(f"unknown image classes {unknown}; known: {IMAGE_CLASSES}")
+        if self.max_short_side < self.crop_size or self.max_scale < 1.0:
+            raise ValueError("need max_short_side >= crop_size and max_scale >= 1")
+
+
+def _to_rgb_float(img: np.ndarray) -> torch.Tensor:
+    """uint8 [H,W] or [H,W,C] -> float [3,H,W] in [0, 1]."""
+    t = torch.from_numpy(np.array(img, dtype=np.float32)) / 255.0
+    if t.ndim == 2:
+        t = t[None].expand(3, -1, -1)  # [3,H,W]
+    else:
+        t = t[..., :3].permute(2, 0, 1)  # [3,H,W]
+    return t.contiguous()
+
+
+@functools.lru_cache(maxsize=None)
+def load_source(name: str, max_short_side: int = 256) -> torch.Tensor:
+    """One bundled image as float [3,H,W] in [0,1], area-downscaled so that min(H,W) <= max_short_side."""
+    img = _to_rgb_float(_SOURCES[name]())  # [3,H,W]
+    h, w = img.shape[-2:]
+    scale = max_short_side / min(h, w)
+    if scale < 1.0:
+        size = (max(1, round(h * scale)), max(1, round(w * scale)))
+        img = F.interpolate(img[None], size=size, mode="area")[0]  # [3,h',w']
+    return img.clamp(0.0, 1.0)
+
+
+def _split_region(h: int, w: int, split: str, eval_fraction: float) -> tuple[int, int, int, int]:
+    """(top, left, height, width) of the region a split draws from: eval = tail strip of the longer axis."""
+    if h >= w:
+        cut = h - max(1, round(h * eval_fraction))
+        return (0, 0, cut, w) if split == "train" else (cut, 0, h - cut, w)
+    cut = w - max(1, round(w * eval_fraction))
+    return (0, 0, h, cut) if split == "train" else (0, cut, h, w - cut)
+
+
+class ImageCrops(Dataset):
+    """Map-style dataset: item i -> (image [3,S,S] float in [-1,1], class id). Same config, same items."""
+
+    def __init__(self, config: ImageCropsConfig = ImageCropsConfig()) -> None:
+        self.config = config
+        self.classes = config.classes
+        self.sources = [load_source(c, config.max_short_side) for c in config.classes]  # each [3,H,W]
+        self.regions = [
+            _split_region(s.shape[1], s.shape[2], config.split, config.eval_fraction) for s in self.sources
+        ]
+        for name, (_, _, rh, rw) in zip(config.classes, self.regions):
+            if min(rh, rw) < config.crop_size:
+                raise ValueError(f"{config.split} region of {name!r} is smaller than crop_size {config.crop_size}")
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    def __len__(self) -> int:
+        return self.config.num_samples
+
+    def _draw(self, rng: np.random.Generator, label: int) -> torch.Tensor:
+        cfg = self.config
+        src = self.sources[label]  # [3,H,W]
+        top, left, rh, rw = self.regions[label]
+        max_side = min(rh, rw, int(cfg.crop_size * cfg.max_scale))
+        side = int(rng.integers(cfg.crop_size, max_side + 1))
+        y = top + int(rng.integers(0, rh - side + 1))
+        x = left + int(rng.integers(0, rw - side + 1))
+        crop = src[:, y : y + side, x : x + side]  # [3,side,side]
+        if side != cfg.crop_size:
+            crop = F.interpolate(
+                crop[None], size=(cfg.crop_size, cfg.crop_size), mode="bilinear", antialias=True, align_corners=False
+            )[0]  # [3,S,S]
+        if cfg.hflip and rng.random() < 0.5:
+            crop = crop.flip(-1)
+        return crop
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        cfg = self.config
+        label = index % self.num_classes
+        rng = np.random.default_rng([cfg.seed, SPLITS.index(cfg.split), index])
+        crop = self._draw(rng, label)
+        for _ in range(cfg.max_tries - 1):
+            if float(crop.std()) >= cfg.min_std:
+                break
+            crop = self._draw(rng, label)
+        return (crop.clamp(0.0, 1.0) * 2.0 - 1.0).contiguous(), label  # [3,S,S] in [-1,1]
+
+    def batch(self, indices: list[int] | range) -> tuple[torch.Tensor, torch.Tensor]:
+        """Stack items: images [B,3,S,S], labels [B] (int64)."""
+        items = [self[i] for i in indices]
+        return torch.stack([im for im, _ in items]), torch.tensor([lb for _, lb in items], dtype=torch.long)

@@ -1,0 +1,59 @@
+"""LANTERN relaxed acceptance (LOSSY): pool probability of a draft token's latent neighbours, bounded by TVD delta.
+
+For a draft token x with VQ-codebook neighbours nbr(x) (k nearest, in latent-distance order), the
+target distribution p is relaxed to p' where the first j neighbours' mass c_j = sum p[nbr_1..j] moves
+onto x, with j the largest index such that c_j <= delta. TV(p, p') = c_j <= delta by construction.
+- T = 0: x is accepted iff it is the argmax of p' (only x's entry grows, nothing is renormalised).
+- T > 0: x (a deterministic draft, q = 1) is accepted with probability p'(x); on rejection the residual
+  is p' with x zeroed, i.e. x AND exactly the j pooled neighbours are zeroed (LANTERN's reference zeroes
+  k + 1 neighbours even when fewer were pooled: we do not), renormalised, and the next sibling is tried.
+The output is no longer the target's distribution: every table labels `lantern` rows lossy.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specgen.decoding.draft import Draft, Verdict
+from specgen.decoding.sampling import SamplingParams, logits_to_probs, sample
+
+
+def pooled(p: torch.Tensor, nbrs: torch.Tensor, delta: float) -> tuple[float, int]:
+    """(c_j, j): the largest neighbour prefix whose mass stays <= delta; p [V], nbrs [k]."""
+    c = p[nbrs].cumsum(0)
+    j = int((c <= delta).sum())  # cumsum is non-decreasing, so this is the largest valid prefix
+    return (float(c[j - 1]) if j else 0.0), j
+
+
+def accept_lantern(draft: Draft, logits: torch.Tensor, params: SamplingParams, generator,
+                   neighbours: torch.Tensor, delta: float) -> Verdict:
+    """Relaxed tree acceptance; logits [N + 1, V] (CFG-combined), neighbours [V, k]."""
+    greedy = params.greedy
+    probs = logits.float().softmax(-1) if greedy else logits_to_probs(logits, params)
+    kids, node, path = draft.tree.children, -1, []
+    relaxed = 0
+    while True:
+        p = probs[node + 1].clone()
+        moved = False
+        for c in kids[node + 1]:
+            x = draft.tokens[c]
+            mass, j = pooled(p, neighbours[x], delta)
+            if greedy:
+                others = p.clone()
+                others[x] = -1.0
+                ok = float(p[x]) + mass >= float(others.max())
+            else:
+                ok = float(torch.rand((), generator=generator)) < float(p[x]) + mass
+            if ok:
+                relaxed += int(bool(greedy and int(p.argmax()) != x or not greedy and mass > 0))
+                path.append(c)
+                node, moved = c, True
+                break
+            if not greedy:  # residual of p' after rejecting x
+                p[x] = 0.0
+                p[neighbours[x][:j]] = 0.0
+                total = p.sum()
+                p = p / total if total > 0 else probs[node + 1]
+        if not moved:
+            nxt = int(p.argmax()) if greedy else sample(p, generator)
+            return Verdict(tuple(path), tuple(draft.tokens[i] for i in path) + (nxt,), {"relaxed": relaxed})

@@ -1,0 +1,55 @@
+"""LANTERN latent-neighbour tables: k nearest VQ codebook entries per code, cached by codebook hash.
+
+Distances are Euclidean on the raw codebook weights (as LANTERN computes them for LlamaGen), self
+excluded. The table is an artefact in $SPECGEN_HOME/artefacts/neighbours/<sha256[:16]>-k<k>.safetensors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+from specgen import registry
+
+
+def codebook_hash(codebook: torch.Tensor) -> str:
+    data = codebook.detach().float().cpu().contiguous().numpy().tobytes()
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def compute_neighbours(codebook: torch.Tensor, k: int) -> torch.Tensor:
+    """[V, k] int64 indices of the k nearest other codes, nearest first."""
+    cb = codebook.detach().float()
+    d = torch.cdist(cb, cb)
+    d.fill_diagonal_(float("inf"))
+    k = min(k, cb.shape[0] - 1)
+    return d.topk(k, dim=-1, largest=False).indices
+
+
+def neighbour_table(codebook: torch.Tensor, k: int) -> torch.Tensor:
+    """Load the cached table for this codebook and k, computing and caching it atomically if absent."""
+    from safetensors.torch import load_file, save_file
+
+    folder = registry.home() / "artefacts" / "neighbours"
+    path = folder / f"{codebook_hash(codebook)}-k{k}.safetensors"
+    if path.is_file():
+        try:
+            return load_file(str(path))["neighbours"]
+        except Exception:  # a corrupt cache entry is recomputed
+            path.unlink(missing_ok=True)
+    table = compute_neighbours(codebook, k)
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
+    os.close(fd)
+    save_file({"neighbours": table.contiguous()}, tmp)
+    os.replace(tmp, path)
+    return table
+
+
+def scaled_k(vocab: int, k_ref: int = 1000, vocab_ref: int = 16384) -> int:
+    """LANTERN's k = 1000 on a 16,384-code codebook, scaled to this codebook's size (at least 1)."""
+    return max(1, round(k_ref * vocab / vocab_ref))

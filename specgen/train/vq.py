@@ -1,0 +1,379 @@
+"""Train the tiny LlamaGen-architecture VQ on bundled image crops; resumable, writes fp16 safetensors + config.json."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+
+from specgen.data.images import ImageCrops, ImageCropsConfig
+from specgen.models.vq import VQ_CONFIGS, VQConfig, VQModel
+
+# Loss choice (no downloaded weights): L1 + MSE on pixels, plus an L1 loss on horizontal/vertical image
+# gradients ("edge loss") standing in for LPIPS: it penalises the blur that pixel losses tolerate and needs
+# no network. LlamaGen's GAN and LPIPS terms are left out: LPIPS needs VGG weights, and a GAN needs far more
+# steps than a CPU budget allows. Codebook: L2-normalised lookup + codebook/commitment losses as LlamaGen,
+# plus dead-code restarts (codes unused for `restart_every` steps are re-seeded from current latents).
+
+
+@dataclass(frozen=True)
+class VQTrainConfig:
+    """Everything a VQ training run depends on (a YAML recipe sets any subset of these keys)."""
+
+    model: str = "vq-tiny"  # a VQ_CONFIGS name
+    model_overrides: dict[str, Any] = field(default_factory=dict)  # VQConfig fields to change
+    crop_size: int = 64
+    data_seed: int = 0
+    seed: int = 0
+    steps: int = 3000
+    stop_after: int = 0  # > 0: stop (and export) at this step of the `steps`-long schedule
+    batch_size: int = 32
+    patch_size: int = 32  # train on random patch_size sub-crops of each crop for the first steps ...
+    patch_fraction: float = 0.7  # ... this fraction of them; the rest use the full crop_size
+    lr: float = 1e-3
+    min_lr: float = 5e-5
+    warmup_steps: int = 100
+    beta1: float = 0.9
+    beta2: float = 0.95
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    l1_weight: float = 1.0
+    mse_weight: float = 1.0
+    edge_weight: float = 0.5
+    codebook_weight: float = 1.0
+    restart_every: int = 100  # 0 disables dead-code restarts
+    restart_until: float = 0.8  # no restarts in the last (1 - this) fraction of steps
+    eval_samples: int = 256
+    eval_every: int = 250
+    ckpt_every: int = 50
+    log_every: int = 25
+    num_threads: int = 1
+
+    def model_config(self) -> VQConfig:
+        if self.model not in VQ_CONFIGS:
+            raise ValueError(f"unknown model {self.model!r}; known: {sorted(VQ_CONFIGS)}")
+        return VQConfig.from_dict({**VQ_CONFIGS[self.model].to_dict(), **self.model_overrides})
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "VQTrainConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown VQ training keys {unknown}; known: {sorted(known)}")
+        return cls(**d)
+
+
+def load_recipe(path: str | os.PathLike, overrides: list[str] = ()) -> VQTrainConfig:
+    """YAML recipe + `key=value` overrides (values parsed as YAML) -> VQTrainConfig."""
+    import yaml
+
+    with open(path) as f:
+        d = yaml.safe_load(f) or {}
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"override {item!r} is not key=value")
+        d[key.strip()] = yaml.safe_load(value)
+    return VQTrainConfig.from_dict(d)
+
+
+def psnr(recon: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Per-image PSNR in dB of images in [-1,1] ([B,3,H,W] -> [B]), measured on the [0,1] scale."""
+    mse = ((recon.clamp(-1, 1) - target) / 2).pow(2).flatten(1).mean(1)  # [B]
+    return 10 * torch.log10(1.0 / mse.clamp_min(1e-10))
+
+
+def edge_loss(recon: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """L1 between finite-difference image gradients (both axes)."""
+    dx = lambda t: t[..., :, 1:] - t[..., :, :-1]  # noqa: E731
+    dy = lambda t: t[..., 1:, :] - t[..., :-1, :]  # noqa: E731
+    return F.l1_loss(dx(recon), dx(target)) + F.l1_loss(dy(recon), dy(target))
+
+
+def lr_at(cfg: VQTrainConfig, step: int) -> float:
+    """Linear warmup then cosine decay from lr to min_lr."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    t = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * min(1.0, t)))
+
+
+def _batch(cfg: VQTrainConfig, data: ImageCrops, step: int) -> torch.Tensor:
+    """Images for one step [B,3,S,S]; a pure function of (config, step) so resumed runs see the same data."""
+    start = step * cfg.batch_size
+    images, _ = data.batch(range(start, start + cfg.batch_size))  # [B,3,C,C]
+    if step < int(cfg.patch_fraction * cfg.steps) and cfg.patch_size < cfg.crop_size:
+        rng = np.random.default_rng([cfg.seed, step])
+        p = cfg.patch_size
+        ys, xs = rng.integers(0, cfg.crop_size - p + 1, size=(2, cfg.batch_size))
+        images = torch.stack([im[:, y : y + p, x : x + p] for im, y, x in zip(images, ys, xs)])  # [B,3,P,P]
+    return images
+
+
+@torch.no_grad()
+def evaluate(model: VQModel, images: torch.Tensor, batch_size: int = 64) -> dict[str, float]:
+    """Held-out reconstruction PSNR, L1 and codebook usage/perplexity over `images` [N,3,H,W]."""
+    was_training = model.training
+    model.eval()
+    scores, l1s, counts = [], [], torch.zeros(model.config.codebook_size)
+    for chunk in images.split(batch_size):
+        out = model(chunk)
+        scores.append(psnr(out.recon, chunk))
+        l1s.append((out.recon.clamp(-1, 1) - chunk).abs().flatten(1).mean(1))
+        counts += torch.bincount(out.indices.flatten(), minlength=counts.numel()).float()
+    model.train(was_training)
+    p = counts / counts.sum()
+    entropy = -(p[p > 0] * p[p > 0].log()).sum()
+    return {
+        "psnr": float(torch.cat(scores).mean()),
+        "l1": float(torch.cat(l1s).mean()),
+        "codebook_usage": float((counts > 0).float().mean()),
+        "codebook_perplexity": float(entropy.exp()),
+    }
+
+
+def fp16_state_dict(model: VQModel) -> dict[str, torch.Tensor]:
+    """Shipping weights: every floating tensor in fp16, contiguous."""
+    return {k: (v.half() if v.is_floating_point() else v).contiguous() for k, v in model.state_dict().items()}
+
+
+def _atomic_write(path: Path, write: Callable[[str], None]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; artefacts are meant to be shipped/shared
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+class VQTrainer:
+    """Owns model, optimiser and run directory: `state.safetensors` (resume), `model.safetensors`, `config.json`."""
+
+    def __init__(self, cfg: VQTrainConfig, out_dir: str | os.PathLike, log: Callable[[str], None] = lambda s: None):
+        self.cfg, self.out, self.log = cfg, Path(out_dir), log
+        torch.set_num_threads(cfg.num_threads)
+        torch.manual_seed(cfg.seed)
+        self.model_cfg = cfg.model_config()
+        self.model = VQModel(self.model_cfg).train()
+        self.opt = torch.optim.AdamW(
+            self.model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay
+        )
+        data_cfg = ImageCropsConfig(crop_size=cfg.crop_size, seed=cfg.data_seed)
+        self.train_data = ImageCrops(replace(data_cfg, split="train", num_samples=cfg.steps * cfg.batch_size))
+        eval_data = ImageCrops(replace(data_cfg, split="eval", num_samples=cfg.eval_samples))
+        self.eval_images, _ = eval_data.batch(range(cfg.eval_samples))  # [N,3,C,C]
+        self.step = 0
+        self.elapsed = 0.0  # wall time summed over (resumed) sessions; includes evals, contention and pauses
+        self.cpu = 0.0  # process CPU time summed over sessions (= compute time with num_threads=1)
+        self.history: list[dict[str, float]] = []
+        self.hits = torch.zeros(self.model_cfg.codebook_size)  # code hits since the last restart check
+
+    # --- persistence -------------------------------------------------------------------------------------
+    def _state_tensors(self) -> dict[str, torch.Tensor]:
+        tensors = {f"model.{k}": v.detach().contiguous() for k, v in self.model.state_dict().items()}
+        for i, p in enumerate(self.model.parameters()):
+            for k, v in self.opt.state.get(p, {}).items():
+                tensors[f"optim.{i}.{k}"] = torch.as_tensor(v).detach().clone().contiguous()
+        tensors["trainer.hits"] = self.hits.clone()
+        return tensors
+
+    def save_state(self) -> None:
+        meta = {
+            "step": str(self.step),
+            "elapsed": repr(self.elapsed),
+            "cpu": repr(self.cpu),
+            "history": json.dumps(self.history),
+            "config": json.dumps(asdict(self.cfg)),
+        }
+        _atomic_write(self.out / "state.safetensors", lambda p: save_file(self._state_tensors(), p, metadata=meta))
+
+    def try_resume(self) -> bool:
+        path = self.out / "state.safetensors"
+        if not path.exists():
+            return False
+        from safetensors import safe_open
+
+        with safe_open(str(path), "pt") as f:
+            meta = f.metadata()
+        if json.loads(meta["config"]) != json.loads(json.dumps(asdict(self.cfg))):
+            raise ValueError(f"{path} was written by a different training config; use a fresh --out")
+        tensors = load_file(str(path))
+        self.model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")}, strict=True)
+        for i, p in enumerate(self.model.parameters()):
+            st = {k.split(".", 2)[2]: v for k, v in tensors.items() if k.startswith(f"optim.{i}.")}
+            if st:
+                self.opt.state[p] = st
+        self.hits = tensors["trainer.hits"]
+        self.step = int(meta["step"])
+        self.elapsed = float(meta["elapsed"])
+        self.cpu = float(meta.get("cpu", "0"))
+        self.history = json.loads(meta["history"])
+        return True
+
+    def export(self, metrics: dict[str, Any]) -> None:
+        """Write the shipping artefacts: fp16 `model.safetensors` + `config.json`."""
+        _atomic_write(self.out / "model.safetensors", lambda p: save_file(fp16_state_dict(self.model), p))
+        doc = {
+            "builder": "vq",
+            "kind": "vq",
+            "model": self.cfg.model,
+            "config": self.model_cfg.to_dict(),
+            "downsample": self.model_cfg.downsample,
+            "image_size": self.cfg.crop_size,
+            "grid_size": self.cfg.crop_size // self.model_cfg.downsample,
+            "dtype": "float16",
+            "command": "python -m specgen.train.vq",
+            "train_config": asdict(self.cfg),
+            "data": {"classes": list(self.train_data.classes), **asdict(self.train_data.config)},
+            "metrics": metrics,
+        }
+        _atomic_write(self.out / "config.json", lambda p: Path(p).write_text(json.dumps(doc, indent=2) + "\n"))
+
+    # --- training ----------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def _restart_dead_codes(self, latents: torch.Tensor) -> int:
+        """Re-seed codes with no hits since the last check from random current latents ([B,D,h,w])."""
+        dead = (self.hits == 0).nonzero().flatten()
+        self.hits.zero_()
+        if dead.numel() == 0:
+            return 0
+        gen = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + self.step)  # reproducible across resumes
+        pool = latents.permute(0, 2, 3, 1).reshape(-1, latents.shape[1])  # [N,D]
+        pick = torch.randint(0, pool.shape[0], (dead.numel(),), generator=gen)
+        new = pool[pick] + 0.01 * torch.randn(dead.numel(), pool.shape[1], generator=gen)  # [n_dead,D]
+        weight = self.model.quantize.embedding.weight
+        weight[dead] = F.normalize(new, dim=-1) if self.model_cfg.codebook_l2_norm else new
+        state = self.opt.state.get(weight, {})
+        for key in ("exp_avg", "exp_avg_sq"):
+            if key in state:
+                state[key][dead] = 0.0
+        return int(dead.numel())
+
+    def train_step(self) -> dict[str, float]:
+        cfg = self.cfg
+        images = _batch(cfg, self.train_data, self.step)  # [B,3,S,S]
+        for g in self.opt.param_groups:
+            g["lr"] = lr_at(cfg, self.step)
+        out = self.model(images)
+        l1 = F.l1_loss(out.recon, images)
+        mse = F.mse_loss(out.recon, images)
+        edge = edge_loss(out.recon, images)
+        loss = cfg.l1_weight * l1 + cfg.mse_weight * mse + cfg.edge_weight * edge + cfg.codebook_weight * out.quant_loss
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+        self.opt.step()
+        self.hits += torch.bincount(out.indices.flatten(), minlength=self.hits.numel()).float()
+        restarted = 0
+        self.step += 1
+        if cfg.restart_every and self.step % cfg.restart_every == 0 and self.step < cfg.restart_until * cfg.steps:
+            restarted = self._restart_dead_codes(out.latents.detach())
+        return {
+            "loss": float(loss.detach()), "l1": float(l1.detach()), "mse": float(mse.detach()),
+            "edge": float(edge.detach()),
+            "codebook": float(out.codebook_loss.detach()), "commit": float(out.commit_loss.detach()),
+            "psnr": float(psnr(out.recon.detach(), images).mean()), "restarted": restarted,
+        }
+
+    def run(self) -> dict[str, Any]:
+        cfg = self.cfg
+        resumed = self.try_resume()
+        self.log(f"{'resumed at' if resumed else 'starting'} step {self.step}/{cfg.steps}; model {cfg.model} "
+                 f"({sum(p.numel() for p in self.model.parameters()) / 1e6:.2f}M params) "
+                 f"config {self.model_cfg.to_dict()}")
+        window: list[dict[str, float]] = []
+        t_last, c_last = time.perf_counter(), time.process_time()
+        while self.step < (cfg.stop_after or cfg.steps):
+            window.append(self.train_step())
+            now = time.perf_counter()
+            self.elapsed += now - t_last
+            self.cpu += time.process_time() - c_last
+            t_last, c_last = now, time.process_time()
+            if self.step % cfg.log_every == 0 or self.step == cfg.steps:
+                avg = {k: sum(w[k] for w in window) / len(window) for k in window[0]}
+                self.log(f"step {self.step:5d} lr {lr_at(cfg, self.step - 1):.2e} loss {avg['loss']:.4f} "
+                         f"l1 {avg['l1']:.4f} mse {avg['mse']:.5f} edge {avg['edge']:.4f} "
+                         f"cb {avg['codebook']:.4f} commit {avg['commit']:.4f} train_psnr {avg['psnr']:.2f} "
+                         f"restarted {int(sum(w['restarted'] for w in window))} usage(win) "
+                         f"{self.model.quantize.usage():.3f} elapsed {self.elapsed / 60:.1f}m cpu {self.cpu / 60:.1f}m")
+                window = []
+            if self.step % cfg.eval_every == 0 or self.step == cfg.steps:
+                ev = evaluate(self.model, self.eval_images)
+                self.history.append(
+                    {"step": self.step, "elapsed_s": round(self.elapsed, 1), "cpu_s": round(self.cpu, 1), **ev}
+                )
+                self.log(f"eval step {self.step}: held-out PSNR {ev['psnr']:.2f} dB, L1 {ev['l1']:.4f}, "
+                         f"codebook usage {ev['codebook_usage']:.3f}, perplexity {ev['codebook_perplexity']:.1f}")
+                self.save_state()
+                self.export(self._metrics())
+            elif self.step % cfg.ckpt_every == 0:
+                self.save_state()
+        metrics = self._final_metrics()
+        self.export(metrics)
+        self.log(f"done: {json.dumps(metrics)}")
+        return metrics
+
+    def _metrics(self) -> dict[str, Any]:
+        last = self.history[-1] if self.history else {}
+        return {
+            "step": self.step, "steps": self.cfg.steps, "train_seconds": round(self.elapsed, 1),
+            "train_cpu_seconds": round(self.cpu, 1),
+            "heldout_psnr": last.get("psnr"), "heldout_l1": last.get("l1"),
+            "codebook_usage": last.get("codebook_usage"), "codebook_perplexity": last.get("codebook_perplexity"),
+            "eval_samples": self.cfg.eval_samples, "history": self.history,
+        }
+
+    def _final_metrics(self) -> dict[str, Any]:
+        """Metrics of the shipped fp16 weights (loaded back into fp32), not of the fp32 training copy."""
+        shipped = VQModel(self.model_cfg)
+        shipped.load_state_dict({k: v.float() for k, v in fp16_state_dict(self.model).items()}, strict=True)
+        ev = evaluate(shipped, self.eval_images)
+        m = self._metrics()
+        m.update({"heldout_psnr": ev["psnr"], "heldout_l1": ev["l1"], "codebook_usage": ev["codebook_usage"],
+                  "codebook_perplexity": ev["codebook_perplexity"], "weights": "fp16"})
+        return m
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m specgen.train.vq", description=__doc__)
+    parser.add_argument("--config", required=True, help="YAML recipe, e.g. recipes/tiny/vq-images.yaml")
+    parser.add_argument("--out", required=True, help="run directory (resumed if it holds state.safetensors)")
+    parser.add_argument("--log", default=None, help="log file (default: OUT/train.log); also echoed to stderr")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides of recipe keys")
+    args = parser.parse_args(argv)
+    cfg = load_recipe(args.config, args.overrides)
+    log_path = Path(args.log) if args.log else Path(args.out) / "train.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+
+    def log(msg: str) -> None:
+        line = f"{time.strftime('%Y-%m-%d %H:%M:%S')} {msg}"
+        with open(log_path, "a") as f:
+            f.write(line + "\n")
+        print(line, file=sys.stderr, flush=True)
+
+    metrics = VQTrainer(cfg, args.out, log).run()
+    print(json.dumps({k: v for k, v in metrics.items() if k != "history"}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
