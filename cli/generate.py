@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from cli import generate_text
+from cli import generate_image, generate_mesh, generate_text
 from cli._errors import command
 from cli._options import ConfigOpt, DeviceOpt, Format, FormatOpt, MethodOpt, ModelOpt, OverridesArg, QuietOpt, SeedOpt
 
@@ -21,6 +21,10 @@ EPILOG = """examples:
   echo "Sort a list in Python" | specgen generate --method jacobi --prompts - method_options.block_size=4
 
   specgen generate --config recipes/tiny/generate-text.yaml max_new_tokens=64
+
+  specgen generate --method adt-tree                      # embedded image generator -> ./specgen-images
+
+  specgen generate --method lantern --classes chelsea,coffee --num 4 --cfg-scale 3 -o out/ --format json
 """
 
 
@@ -51,6 +55,8 @@ class GenerateRequest:
 
 
 RUNNERS = {"text": generate_text.run}
+RUNNERS["mesh"] = generate_mesh.run
+RUNNERS["image"] = generate_image.run
 
 
 @command

@@ -6,7 +6,9 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from specgen.errors import UnknownNameError, UsageError
+from specgen.methods.pcllm import JACOBI_OPTIONS, MR_OPTIONS, MultiBlockDecoder
 from specgen.methods.text import EmptyDrafter, JacobiDrafter, NgramDrafter
+from specgen.methods.xspecmesh import OPTION_NAMES as XSPECMESH_OPTIONS, XSpecMeshOptions
 
 
 @dataclass(frozen=True)
@@ -45,8 +47,36 @@ METHODS: dict[str, MethodSpec] = {
                    lambda o: NgramDrafter(num_draft=o.get("num_draft", 4), max_ngram=o.get("max_ngram", 3),
                                           min_ngram=o.get("min_ngram", 2)),
                    options=("num_draft", "max_ngram", "min_ngram")),
+        MethodSpec("cllm", "text", True, "Jacobi decoding of the CLLM-distilled model (consistency-distillation baseline)",
+                   lambda o: JacobiDrafter(block_size=o.get("block_size", 16), seed=o.get("seed", 0)),
+                   options=JACOBI_OPTIONS, target="smollm2-135m-cllm"),
+        MethodSpec("pcllm", "text", True, "Jacobi decoding of the pcLLM-distilled model (progressive consistency distillation)",
+                   lambda o: JacobiDrafter(block_size=o.get("block_size", 16), seed=o.get("seed", 0)),
+                   options=JACOBI_OPTIONS, target="smollm2-135m-pcllm"),
+        MethodSpec("pcllm-mr", "text", True, "pcLLM multi-block decoding + rejection recycling (greedy only)",
+                   lambda o: MultiBlockDecoder(**{k: o[k] for k in (*MR_OPTIONS, "seed") if k in o}),
+                   options=MR_OPTIONS, target="smollm2-135m-pcllm"),
+        MethodSpec("xspecmesh", "mesh", False, "XSpecMesh multi-head speculative decoding (LOSSY: p > delta or top-K_a)",
+                   lambda o: XSpecMeshOptions(**{k: v for k, v in o.items() if k != "seed"}), options=XSPECMESH_OPTIONS),
     ]
 }
+
+
+def image_specs() -> list[MethodSpec]:
+    """Image methods (built by specgen.image.methods; the drafter factory is not used for them)."""
+    from specgen.image.options import IMAGE_METHOD_OPTIONS
+
+    about = {
+        "eagle2": (True, "EAGLE-2 dynamic draft trees from a feature drafter, under CFG"),
+        "adt-tree": (True, "ADT-Tree: adjacency-adaptive draft-tree depth and width (default image method)"),
+        "lantern": (False, "LOSSY: EAGLE-2 trees with LANTERN relaxed acceptance over VQ latent neighbours"),
+        "adt-tree+lantern": (False, "LOSSY: ADT-Tree trees with LANTERN relaxed acceptance"),
+    }
+    return [MethodSpec(name, "image", lossless, summary, None, options=IMAGE_METHOD_OPTIONS[name])
+            for name, (lossless, summary) in about.items()]
+
+
+METHODS.update({spec.name: spec for spec in image_specs()})
 
 
 def get_method(name: str) -> MethodSpec:
@@ -54,3 +84,18 @@ def get_method(name: str) -> MethodSpec:
     if name not in METHODS:
         raise UnknownNameError("method", name, list(METHODS))
     return METHODS[name]
+
+
+def model_for(spec: MethodSpec, model: str, default: str) -> str:
+    """The model a method decodes: its distilled target when the user kept the default base model."""
+    return spec.target if spec.target != "base" and model == default else model
+
+
+def run_drafter(target, drafter, prompt: list[int], max_new_tokens: int, params, stop_ids: tuple[int, ...] = (),
+                generator=None):
+    """The shared decode loop, or the method's own numbered loop when its drafter has one (`run`)."""
+    if hasattr(drafter, "run"):
+        return drafter.run(target, prompt, max_new_tokens, params, stop_ids, generator)
+    from specgen.decoding.loop import decode
+
+    return decode(target, drafter, prompt, max_new_tokens, params, stop_ids, generator)

@@ -88,3 +88,11 @@ def test_adt_policy_scripted_acceptances():
     pol_v.reset()
     pol_v.observe(2, s1, accepted=1, committed=1)  # index 2 = cell (0, 1): negative record
     assert (pol_v.shape(6).depth, pol_v.shape(6).top_k) == (3, 20)  # index 6 = cell (1, 1): above is (0, 1)
+
+
+def test_option_names_match_the_parameters():
+    from dataclasses import fields
+
+    from specgen.image.options import ADT_OPTIONS
+
+    assert set(ADT_OPTIONS) == {f.name for f in fields(AdtParams)} - {"grid", "n_cond"}

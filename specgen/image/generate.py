@@ -1,0 +1,177 @@
+"""Class-conditional image generation with any image method: the library behind `generate` for images."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from specgen import registry
+from specgen.decoding.loop import decode
+from specgen.decoding.sampling import SamplingParams
+from specgen.decoding.stats import DecodeStats
+from specgen.errors import IncompatibleError, UsageError
+from specgen.image.methods import ImageParts, build_image_method
+from specgen.image.target import CFGTarget
+from specgen.methods import get_method
+
+
+@dataclass
+class ImageGenConfig:
+    """Options of `specgen generate` for images (recipe keys)."""
+
+    method: str = "adt-tree"
+    model: str = "tiny-image-gpt"
+    drafter: str = ""  # "" = the target's shipped drafter (its config's "drafter")
+    num: int = 8
+    classes: list[str] = field(default_factory=list)  # names or ids; empty = cycle through all classes
+    cfg_scale: float = 4.0
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+    device: str = "cpu"
+    out_dir: str = "specgen-images"
+    method_options: dict = field(default_factory=dict)
+
+
+@dataclass
+class ImageModel:
+    """A loaded image target with its VQ decoder, class names and (optional) EAGLE drafter."""
+
+    entry: registry.Entry
+    model: torch.nn.Module
+    vq: torch.nn.Module
+    classes: list[str]
+    grid: int
+    drafter_net: torch.nn.Module | None
+
+    def parts(self, cfg_scale: float) -> ImageParts:
+        codebook = self.vq.quantize.embedding.weight.detach().float()
+        return ImageParts(self.model, CFGTarget(self.model, cfg_scale), self.drafter_net, codebook, self.grid)
+
+
+def load_image_model(name: str, drafter: str = "", device: str = "cpu", need_drafter: bool = True) -> ImageModel:
+    """Target + VQ (+ drafter), with compatibility checks (codebook size, drafter parent)."""
+    entry = registry.find(name)
+    if entry.meta.get("modality") != "image":
+        raise UsageError(f"{entry.ref} is not an image model")
+    model = registry.load_module(entry, device)
+    vq_entry = registry.find(entry.meta["vq"])
+    vq = registry.load_module(vq_entry, device)
+    codes = vq.quantize.embedding.weight.shape[0]
+    if codes != model.cfg.vocab_size:
+        raise IncompatibleError(f"VQ {vq_entry.ref} has {codes} codes but {entry.ref} predicts {model.cfg.vocab_size}")
+    net = None
+    drafter = drafter or entry.meta.get("drafter", "")
+    if need_drafter and drafter:
+        d_entry = registry.find(drafter)
+        registry.check_pair(d_entry, entry)
+        net = registry.load_module(d_entry, device)
+    grid = int(entry.meta.get("grid") or model.cfg.rope_grid)
+    return ImageModel(entry, model, vq, list(entry.meta.get("classes", [])), grid, net)
+
+
+def resolve_classes(spec: list[str], names: list[str], num: int) -> list[int]:
+    """Class ids for `num` images: given names/ids cycled, or all classes cycled."""
+    n = len(names) or None
+    ids = []
+    for c in spec:
+        if str(c).isdigit() and (n is None or int(c) < n):
+            ids.append(int(c))
+        elif c in names:
+            ids.append(names.index(c))
+        else:
+            import difflib
+
+            near = difflib.get_close_matches(str(c), names, n=3)
+            raise UsageError(f"unknown class '{c}'" + (f"; did you mean {', '.join(near)}?" if near else
+                                                      f"; classes: {', '.join(names)}"))
+    pool = ids or list(range(n or 1))
+    return [pool[i % len(pool)] for i in range(num)]
+
+
+@dataclass(frozen=True)
+class ImageSample:
+    """One generated image: its class, tokens and decoding statistics."""
+
+    label: int
+    tokens: list[int]
+    stats: DecodeStats
+
+
+def generate_images(im: ImageModel, cfg: ImageGenConfig, on_done=None) -> tuple[list[ImageSample], torch.Tensor]:
+    """Decode cfg.num images; returns samples and decoded pixels [N, 3, H, W] in [-1, 1]."""
+    spec = get_method(cfg.method)
+    if not spec.runs_on("image"):
+        raise UsageError(f"method {cfg.method} is for {spec.modality}, not images")
+    spec.check_options(cfg.method_options)
+    if cfg.num < 1:
+        raise UsageError(f"--num must be >= 1, got {cfg.num}")
+    if not 0 < cfg.cfg_scale <= 50:
+        raise UsageError(f"cfg scale must be in (0, 50], got {cfg.cfg_scale}")
+    params = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
+    labels = resolve_classes(cfg.classes, im.classes, cfg.num)
+    parts = im.parts(cfg.cfg_scale)
+    n_tokens = im.grid * im.grid
+    samples = []
+    for i, label in enumerate(labels):
+        drafter, rule = build_image_method(cfg.method, parts, dict(cfg.method_options))
+        generator = torch.Generator().manual_seed(cfg.seed * 100_003 + i)
+        res = decode(parts.target, drafter, [label], n_tokens, params, generator=generator, rule=rule, max_draft=128)
+        samples.append(ImageSample(label, res.tokens, res.stats))
+        if on_done:
+            on_done(i)
+    with torch.inference_mode():
+        idx = torch.tensor([s.tokens for s in samples]).view(-1, im.grid, im.grid)
+        pixels = im.vq.decode_indices(idx.to(next(im.vq.parameters()).device)).float().clamp(-1, 1).cpu()
+    return samples, pixels
+
+
+def prepare_out_dir(out_dir: Path) -> Path:
+    """Create the output folder or fail with one line before any work is done."""
+    import os
+
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"cannot create output folder {out_dir}: {e.strerror}") from None
+    if not os.access(out_dir, os.W_OK):
+        raise UsageError(f"output folder is not writable: {out_dir}")
+    return out_dir
+
+
+def write_pngs(pixels: torch.Tensor, labels: list[int], names: list[str], out_dir: Path, method: str) -> list[Path]:
+    """Write one PNG per image plus a grid, atomically (no partial files on failure)."""
+    import os
+    import tempfile
+
+    from PIL import Image
+
+    prepare_out_dir(out_dir)
+    arrays = ((pixels.permute(0, 2, 3, 1) + 1) * 127.5).round().clamp(0, 255).byte().numpy()
+    images = [Image.fromarray(a) for a in arrays]
+    paths = [out_dir / f"{method}-{i:03d}-{names[l] if l < len(names) else l}.png" for i, l in enumerate(labels)]
+    cols = min(8, len(images))
+    rows = (len(images) + cols - 1) // cols
+    w, h = images[0].size
+    grid = Image.new("RGB", (cols * w, rows * h))
+    for i, im in enumerate(images):
+        grid.paste(im, ((i % cols) * w, (i // cols) * h))
+    written = []
+    try:
+        for path, im in zip(paths + [out_dir / f"{method}-grid.png"], images + [grid]):
+            fd, tmp = tempfile.mkstemp(dir=out_dir, suffix=".png.tmp")
+            os.close(fd)
+            try:
+                im.save(tmp, format="PNG")
+                os.replace(tmp, path)
+            finally:
+                Path(tmp).unlink(missing_ok=True)
+            written.append(path)
+    except OSError as e:
+        for p in written:
+            p.unlink(missing_ok=True)
+        raise UsageError(f"cannot write images to {out_dir}: {e}") from None
+    return written

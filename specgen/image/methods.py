@@ -1,0 +1,91 @@
+"""Image methods by name: each builder returns (drafter, accept rule) for the shared decode loop.
+
+| method            | tree shape                          | acceptance                       |
+|-------------------|-------------------------------------|----------------------------------|
+| ar                | none                                | lossless                         |
+| eagle2            | EAGLE-2 dynamic tree (depth, top_k, total_tokens fixed) | lossless     |
+| adt-tree          | ADT-Tree adaptive (depth, top_k) per tree               | lossless     |
+| lantern           | EAGLE-2                             | LANTERN relaxed (LOSSY)          |
+| adt-tree+lantern  | ADT-Tree                            | LANTERN relaxed (LOSSY)          |
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from functools import partial
+from typing import Any, Callable
+
+import torch
+
+from specgen.decoding.accept_relaxed import accept_lantern
+from specgen.errors import UsageError
+from specgen.image.options import IMAGE_METHOD_OPTIONS
+from specgen.methods.adt_tree import AdtParams, AdtPolicy
+from specgen.methods.eagle import EagleTreeDrafter, FixedShape, TreeShape
+from specgen.methods.text import EmptyDrafter
+
+# Defaults: EAGLE-2/LANTERN for LlamaGen (depth 4, top_k 10, total_token 59 + root); LANTERN delta 0.1 and
+# k = 1000 of 16,384 codes scaled to the codebook (lantern_k 0). Recipes may override them.
+
+
+@dataclass
+class ImageParts:
+    """What a method builder needs: the loaded target, its CFG adapter, drafter net, codebook and grid."""
+
+    model: torch.nn.Module
+    target: Any  # CFGTarget
+    drafter_net: torch.nn.Module | None
+    codebook: torch.Tensor | None  # [V, D] raw VQ codebook (LANTERN neighbours)
+    grid: int
+
+
+def eagle_drafter(parts: ImageParts, policy) -> EagleTreeDrafter:
+    if parts.drafter_net is None:
+        raise UsageError("this method needs an EAGLE drafter (--drafter, or the target's shipped one)")
+    return EagleTreeDrafter(parts.drafter_net, parts.model.output, parts.target.combine, policy,
+                            max_len=parts.model.rope_table.shape[0] + 512)
+
+
+def fixed(parts: ImageParts, o: dict) -> FixedShape:
+    shape = TreeShape(int(o.get("depth", 4)), int(o.get("top_k", 10)), int(o.get("total_tokens", 60)))
+    if not (1 <= shape.depth <= 64 and 1 <= shape.top_k <= 512 and shape.total_tokens >= 1):
+        raise UsageError(f"tree bounds out of range: depth 1..64, top_k 1..512, total_tokens >= 1 (got {shape})")
+    return FixedShape(shape)
+
+
+def adt(parts: ImageParts, o: dict) -> AdtPolicy:
+    names = {f.name for f in fields(AdtParams)} - {"grid", "n_cond"}
+    return AdtPolicy(AdtParams(grid=parts.grid, n_cond=1, **{k: v for k, v in o.items() if k in names}))
+
+
+def lantern_rule(parts: ImageParts, o: dict):
+    from specgen.image.neighbours import neighbour_table, scaled_k
+
+    if parts.codebook is None:
+        raise UsageError("lantern needs the target's VQ codebook")
+    delta = float(o.get("lantern_delta", 0.1))
+    k = int(o.get("lantern_k", 0)) or scaled_k(parts.codebook.shape[0])
+    if not 0 <= delta <= 1 or k < 1:
+        raise UsageError(f"lantern needs 0 <= delta <= 1 and k >= 1 (got delta {delta}, k {k})")
+    table = neighbour_table(parts.codebook, k)
+    return partial(_lantern, neighbours=table, delta=delta)
+
+
+def _lantern(draft, logits, params, generator, neighbours, delta):
+    return accept_lantern(draft, logits, params, generator, neighbours, delta)
+
+
+Builder = Callable[[ImageParts, dict], tuple[Any, Any]]
+IMAGE_METHODS: dict[str, Builder] = {
+    "ar": lambda p, o: (EmptyDrafter(), None),
+    "eagle2": lambda p, o: (eagle_drafter(p, fixed(p, o)), None),
+    "adt-tree": lambda p, o: (eagle_drafter(p, adt(p, o)), None),
+    "lantern": lambda p, o: (eagle_drafter(p, fixed(p, o)), lantern_rule(p, o)),
+    "adt-tree+lantern": lambda p, o: (eagle_drafter(p, adt(p, o)), lantern_rule(p, o)),
+}
+assert set(IMAGE_METHOD_OPTIONS) <= set(IMAGE_METHODS)
+
+
+def build_image_method(name: str, parts: ImageParts, options: dict):
+    """(drafter, rule) for an image method; rule None = the lossless default."""
+    return IMAGE_METHODS[name](parts, options)
