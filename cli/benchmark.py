@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from cli import _output
+from cli import _output, benchmark_image, benchmark_mesh
 from cli._errors import command
 from cli._options import ConfigOpt, DeviceOpt, Format, FormatOpt, ModelOpt, OverridesArg, QuietOpt, SeedOpt
 
@@ -18,10 +18,16 @@ EPILOG = """examples:
   specgen benchmark --suite humaneval --methods ar,ngram --limit 5 --format json | jq '.[] | .speedup_vs_ar'
 
   specgen benchmark --config recipes/tiny/bench-humaneval.yaml --out rows.jsonl method_options.ngram.num_draft=3
+
+  specgen benchmark --suite humaneval --methods ar,jacobi,cllm,pcllm,pcllm-mr --limit 20   # distilled models vs the original AR
+
+  specgen benchmark --suite images --limit 16        # ar, eagle2, adt-tree, lantern, adt-tree+lantern at T=0 and T=1
 """
 
-COLUMNS = ["method", "tokens_per_s", "speedup_vs_ar", "tpf", "tau", "nfe", "exact_match_vs_ar", "pass_at_1"]
-SUITES = ("humaneval",)
+COLUMNS = ["method", "model", "tokens_per_s", "speedup_vs_ar", "tpf", "tau", "nfe", "exact_match_vs_ar",
+           "exact_match_vs_own_ar", "prefix_vs_ar", "nll_base", "pass_at_1"]
+SUITES = ("humaneval", "images", "meshes")
+OTHER_SUITES = {"meshes": benchmark_mesh.run, "images": benchmark_image.run}  # suites with their own runner: name -> run(**options)
 
 
 @command
@@ -42,6 +48,8 @@ def benchmark(
     quiet: QuietOpt = False,
 ) -> None:
     """Measure speed (ratios from one run), acceptance and quality of methods on a suite."""
+    if suite in OTHER_SUITES:
+        return OTHER_SUITES[suite](**{k: v for k, v in locals().items() if k != "suite"})
     import json
     import platform
 

@@ -27,7 +27,10 @@ def run(req) -> None:
         raise UsageError("no prompt given: use --prompt TEXT or --prompts FILE (or - for stdin)")
     get_method(cfg.method).check_options(cfg.method_options)
     SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)  # validate before loading the model
-    tm = load_text_model(cfg.model, cfg.device, _output.registry_progress(req.quiet))
+    from specgen.methods import model_for
+
+    model = model_for(get_method(cfg.method), cfg.model, TextGenConfig.model)  # distilled methods: their model
+    tm = load_text_model(model, cfg.device, _output.registry_progress(req.quiet))
     with _output.progress(cfg.method, len(texts), req.quiet or req.fmt == Format.json) as advance:
         results = generate_text(tm, cfg, texts, on_done=lambda i: advance())
     for r in results:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from cli import benchmark, generate, registry_cmd
+from cli import benchmark, collect_trajectories, distill, export_mesh, generate, registry_cmd, train_heads
 
 app = typer.Typer(
     name="specgen",
@@ -15,6 +15,10 @@ app = typer.Typer(
 )
 app.command("generate", epilog=generate.EPILOG)(generate.generate)
 app.command("benchmark", epilog=benchmark.EPILOG)(benchmark.benchmark)
+app.command("train-heads", epilog=train_heads.EPILOG)(train_heads.train_heads)
+app.command("collect-trajectories", epilog=collect_trajectories.EPILOG)(collect_trajectories.collect_trajectories)
+app.command("distill", epilog=distill.EPILOG)(distill.distill)
+app.command("export-mesh", epilog=export_mesh.EPILOG)(export_mesh.export_mesh)
 app.add_typer(registry_cmd.app, name="registry")
 
 

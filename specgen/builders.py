@@ -6,6 +6,11 @@ from typing import Callable
 
 import torch
 
+from specgen.eval.image_metrics import build_image_classifier
+from specgen.models.eagle import build_eagle
+from specgen.models.heads import build_heads
+from specgen.models.llamagen import build_llamagen_gpt, llamagen_state
+from specgen.models.mesh import build_mesh_gpt
 from specgen.models.transformer import Transformer, TransformerConfig
 
 
@@ -13,9 +18,24 @@ def build_transformer(**kwargs) -> Transformer:
     return Transformer(TransformerConfig(**kwargs))
 
 
+def build_vq(**kwargs) -> torch.nn.Module:
+    """LlamaGen-compatible VQ tokenizer from `VQConfig` fields."""
+    from specgen.models.vq import VQConfig, VQModel
+
+    return VQModel(VQConfig.from_dict(kwargs))
+
+
 BUILDERS: dict[str, Callable[..., torch.nn.Module]] = {
     "transformer": build_transformer,
+    "mesh_gpt": build_mesh_gpt,
+    "xspecmesh_heads": build_heads,
+    "llamagen-gpt": build_llamagen_gpt,  # LlamaGen c2i GPT (Transformer with 2D RoPE + class embedding)
+    "eagle": build_eagle,
+    "vq": build_vq,  # one-layer EAGLE feature drafter (specgen/models/eagle.py)
+    "image-classifier": build_image_classifier,  # CNN whose features give the image benchmark's FID
 }
 
 # builder -> function(state, kwargs) mapping an external layout's keys onto the builder's names
-CONVERTERS: dict[str, Callable[[dict, dict], dict]] = {}
+CONVERTERS: dict[str, Callable[[dict, dict], dict]] = {
+    "llamagen-gpt": llamagen_state,  # LlamaGen containers, stray freqs_cis / kv_cache, LANTERN HF names
+}

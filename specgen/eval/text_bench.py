@@ -3,6 +3,13 @@
 Rows: tokens/s (median over prompts), speedup vs `ar` (median of per-prompt ratios), TPF, tau,
 exact match vs `ar`, pass@1 (completions executed in subprocesses). The `hf` row is transformers'
 own `generate` on identical weights, so specgen's AR baseline is shown not to be artificially slow.
+
+Methods that decode a distilled model (`MethodSpec.target`, e.g. pcllm -> smollm2-135m-pcllm, or
+`targets.<method>=NAME`) are timed against the ORIGINAL model's `ar` (speedup_vs_ar), while their
+exact match is taken against the greedy AR of the model they decode (an extra `ar@<model>` row, run
+interleaved like every other row). Quality that can move on a 135M model: `nll_base` = the original
+model's mean per-token NLL of each row's outputs (teacher-forced), and for `ar@<model>` rows the
+exact-match rate / mean matching-prefix length of the distilled model's greedy output vs the original's.
 """
 
 from __future__ import annotations
@@ -13,11 +20,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specgen.decoding.loop import decode
 from specgen.decoding.sampling import SamplingParams
 from specgen.errors import UsageError
 from specgen.eval import humaneval
-from specgen.methods import get_method
+from specgen.methods import get_method, model_for, run_drafter
 from specgen.text.target import TextModel
 
 EXTERNAL = ("hf",)  # rows not decoded by specgen's loop
@@ -39,6 +45,8 @@ class TextBenchConfig:
     warmup: bool = True  # one discarded run of every method before timing
     execute: bool = True  # run pass@1 (subprocesses)
     method_options: dict = field(default_factory=dict)  # method -> {option: value}
+    targets: dict = field(default_factory=dict)  # method -> model it decodes (default: its MethodSpec.target)
+    nll: bool = True  # the original model's mean per-token NLL of every row's outputs
 
 
 @dataclass(frozen=True)
@@ -69,13 +77,37 @@ def hf_run(hf_model, prompt: list[int], cfg: TextBenchConfig, stop_ids: tuple[in
 
 
 def specgen_run(model: TextModel, method: str, prompt: list[int], cfg: TextBenchConfig) -> Run:
-    spec = get_method(method)
+    spec = get_method(method.split("@")[0])
     options = {"seed": cfg.seed, **cfg.method_options.get(method, {})}
     drafter = spec.make_drafter(options)
     t0 = time.perf_counter()
-    res = decode(model.target, drafter, prompt, cfg.max_new_tokens, SamplingParams(), model.tokenizer.stop_ids)
+    res = run_drafter(model.target, drafter, prompt, cfg.max_new_tokens, SamplingParams(), model.tokenizer.stop_ids)
     seconds = time.perf_counter() - t0
     return Run(res.tokens, seconds, res.stats.target_forwards, res.stats.steps, sum(res.stats.accepted))
+
+
+def decoded_model(method: str, cfg: TextBenchConfig) -> str:
+    """The model a row decodes: `targets.<method>`, else the method's distilled target, else cfg.model."""
+    if method in EXTERNAL:
+        return cfg.model
+    if "@" in method:
+        return method.split("@", 1)[1]
+    return cfg.targets.get(method) or model_for(get_method(method), cfg.model, TextBenchConfig.model)
+
+
+@torch.inference_mode()
+def base_nll(model: TextModel, prompt: list[int], tokens: list[int]) -> tuple[float, int]:
+    """(sum of -log p, count) of `tokens` after `prompt` under `model` (one teacher-forced forward)."""
+    if not tokens:
+        return 0.0, 0
+    ids = torch.tensor([prompt + tokens])
+    logits, _ = model.module(ids, torch.arange(ids.shape[1])[None])
+    logp = torch.log_softmax(logits[0, len(prompt) - 1 : -1].float(), -1)
+    return float(-logp.gather(-1, ids[0, len(prompt):, None]).sum()), len(tokens)
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def check_methods(cfg: TextBenchConfig) -> None:
@@ -97,7 +129,17 @@ def run_text_benchmark(model: TextModel, cfg: TextBenchConfig, on_prompt=None) -
     problems = humaneval.load_problems(cfg.limit, cfg.offset)
     if not problems:
         raise UsageError(f"no HumanEval problems at offset {cfg.offset}")
+    from specgen.text.target import load_text_model
+
     prompts = [model.tokenizer.encode(humaneval.build_user_message(p)) for p in problems]
+    models = {cfg.model: model}
+    order = list(cfg.methods)
+    for m in cfg.methods:  # each distilled model also gets its own greedy AR row (exact-match reference)
+        name = decoded_model(m, cfg)
+        if name not in models:
+            models[name] = load_text_model(name, cfg.device)
+            check_same_tokenizer(model, models[name])
+            order.append(f"ar@{name}")
     hf_model = None
     if "hf" in cfg.methods:
         from specgen.models.hf_export import to_hf
@@ -106,31 +148,44 @@ def run_text_benchmark(model: TextModel, cfg: TextBenchConfig, on_prompt=None) -
     stop = model.tokenizer.stop_ids
 
     def one(method: str, prompt: list[int]) -> Run:
-        return hf_run(hf_model, prompt, cfg, stop) if method == "hf" else specgen_run(model, method, prompt, cfg)
+        if method == "hf":
+            return hf_run(hf_model, prompt, cfg, stop)
+        return specgen_run(models[decoded_model(method, cfg)], method, prompt, cfg)
 
     if cfg.warmup:
         warm = model.tokenizer.encode("Write a Python function that adds two numbers.")
-        for m in cfg.methods:
+        for m in order:
             one(m, warm)
-    runs: dict[str, list[Run]] = {m: [] for m in cfg.methods}
+    runs: dict[str, list[Run]] = {m: [] for m in order}
     for i, prompt in enumerate(prompts):
-        for m in cfg.methods:
+        for m in order:
             runs[m].append(one(m, prompt))
         if on_prompt:
             on_prompt(i)
-    return summarise(model, problems, runs, cfg)
+    return summarise(model, problems, runs, cfg, prompts)
 
 
-def summarise(model: TextModel, problems, runs: dict[str, list[Run]], cfg: TextBenchConfig) -> list[dict]:
+def check_same_tokenizer(base: TextModel, other: TextModel) -> None:
+    from specgen.text.trajectories import tokenizer_hash
+
+    if tokenizer_hash(base.tokenizer) != tokenizer_hash(other.tokenizer):
+        raise UsageError(f"{other.entry.ref} does not share the tokenizer of {base.entry.ref}; cannot compare them")
+
+
+def summarise(model: TextModel, problems, runs: dict[str, list[Run]], cfg: TextBenchConfig,
+              prompts: list[list[int]] | None = None) -> list[dict]:
     ar = runs["ar"]
     rows = []
     for m, rs in runs.items():
         tps = [len(r.tokens) / r.seconds for r in rs]
         ratio = [t / (len(a.tokens) / a.seconds) for t, a in zip(tps, ar)]
         tokens, forwards, steps = sum(len(r.tokens) for r in rs), sum(r.forwards for r in rs), sum(r.steps for r in rs)
+        decoded = decoded_model(m, cfg)
+        own = runs["ar"] if decoded == cfg.model else runs[f"ar@{decoded}"]
         row = {
             "method": m,
-            "lossless": True if m in EXTERNAL else get_method(m).lossless,
+            "model": decoded,
+            "lossless": True if m in EXTERNAL else get_method(m.split("@")[0]).lossless,
             "prompts": len(rs),
             "tokens_per_s": statistics.median(tps),
             "aggregate_tokens_per_s": tokens / sum(r.seconds for r in rs),
@@ -139,8 +194,14 @@ def summarise(model: TextModel, problems, runs: dict[str, list[Run]], cfg: TextB
             "tau": (sum(r.accepted for r in rs) + steps) / steps if steps else None,
             "nfe": forwards,
             "exact_match_vs_ar": sum(r.tokens == a.tokens for r, a in zip(rs, ar)) / len(rs),
+            "exact_match_vs_own_ar": sum(r.tokens == a.tokens for r, a in zip(rs, own)) / len(rs),
             "new_tokens": tokens,
         }
+        if m.startswith("ar@"):
+            row["prefix_vs_ar"] = statistics.mean(common_prefix(r.tokens, a.tokens) for r, a in zip(rs, ar))
+        if cfg.nll and prompts is not None:
+            parts = [base_nll(model, p, r.tokens) for p, r in zip(prompts, rs)]
+            row["nll_base"] = sum(x for x, _ in parts) / max(1, sum(c for _, c in parts))
         if cfg.execute:
             completions = [model.tokenizer.decode(r.tokens) for r in rs]
             row["pass_at_1"] = humaneval.pass_at_1(humaneval.check_completions(problems, completions))

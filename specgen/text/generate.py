@@ -6,10 +6,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specgen.decoding.loop import decode
 from specgen.decoding.sampling import SamplingParams
 from specgen.errors import UsageError
-from specgen.methods import get_method
+from specgen.methods import get_method, run_drafter
 from specgen.text.target import TextModel
 
 
@@ -53,7 +52,7 @@ def generate_text(model: TextModel, cfg: TextGenConfig, prompts: list[str], on_d
         generator = torch.Generator().manual_seed(cfg.seed + i)
         drafter = spec.make_drafter({"seed": cfg.seed, **cfg.method_options})
         ids = model.tokenizer.encode(prompt, chat=cfg.chat)
-        out = decode(model.target, drafter, ids, cfg.max_new_tokens, params, model.tokenizer.stop_ids, generator)
+        out = run_drafter(model.target, drafter, ids, cfg.max_new_tokens, params, model.tokenizer.stop_ids, generator)
         results.append(TextResult(prompt, model.tokenizer.decode(out.tokens), out.tokens, out.stats.summary()))
         if on_done:
             on_done(i)

@@ -91,3 +91,19 @@ def test_unwritable_output_folder(tiny_image):
     blocker.write_text("x")
     r = gen(blocker / "sub", "--method", "ar")
     assert r.exit_code == 2 and "cannot create output folder" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_image_benchmark_suite(tiny_image):
+    out = tiny_image / "bench"
+    r = runner.invoke(app, ["benchmark", "--suite", "images", "--model", "t-gpt", "--limit", "2", "--format", "json",
+                            "out_dir=" + str(out), "classifier=no-such-classifier",
+                            "methods=[ar,adt-tree,lantern]"])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.stdout)
+    assert {(x["method"], x["temperature"]) for x in rows} == {(m, t) for m in ("ar", "adt-tree", "lantern")
+                                                              for t in (0.0, 1.0)}
+    by = {(x["method"], x["temperature"]): x for x in rows}
+    assert by[("adt-tree", 0.0)]["exact_match_vs_ar"] == 1.0 and by[("adt-tree", 0.0)]["lossless"]
+    assert not by[("lantern", 0.0)]["lossless"]
+    assert all(x["nll"] > 0 for x in rows) and "no classifier metrics" in rows[0]["quality_note"]
+    assert (out / "adt-tree-T0-grid.png").is_file() and (out / "speed-quality-T1.png").is_file()

@@ -1,0 +1,67 @@
+"""`specgen collect-trajectories`: greedy Jacobi trajectories of a target over training prompts (parquet shards)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from cli import _output
+from cli._errors import command
+from cli._options import ConfigOpt, DeviceOpt, Format, FormatOpt, ModelOpt, OverridesArg, QuietOpt, SeedOpt
+
+EPILOG = """examples:
+
+  specgen collect-trajectories --out runs/traj-n16 --limit 200 --block-size 16 --max-new-tokens 96
+
+  specgen collect-trajectories --prompts my_prompts.jsonl --out runs/traj --model smollm2-135m
+
+  torchrun --nproc-per-node 2 -m cli.main collect-trajectories --out runs/traj   # one shard set per rank
+
+  specgen collect-trajectories --out runs/traj --merge     # merge every rank's shards (idempotent)
+"""
+
+
+@command
+def collect_trajectories(
+    overrides: OverridesArg = None,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Output folder (resumed if it holds trajectories).")] = None,
+    model: ModelOpt = None,
+    prompts: Annotated[Optional[str], typer.Option("--prompts", help="'stdlib' (built-in) or a text/JSONL file, datasets folder or parquet file.")] = None,
+    limit: Annotated[Optional[int], typer.Option("--limit", help="Use only this many prompts (0 = all).")] = None,
+    block_size: Annotated[Optional[int], typer.Option("--block-size", "-n", help="Jacobi block size n.")] = None,
+    max_new_tokens: Annotated[Optional[int], typer.Option("--max-new-tokens", help="Answer tokens per prompt.")] = None,
+    merge: Annotated[bool, typer.Option("--merge", help="Only merge the shards of every rank into merged/train.parquet.")] = False,
+    seed: SeedOpt = None,
+    device: DeviceOpt = None,
+    config: ConfigOpt = None,
+    fmt: FormatOpt = Format.table,
+    quiet: QuietOpt = False,
+) -> None:
+    """Record every Jacobi state (initial guess to fixed point) per block; HumanEval prompts are refused."""
+    from dataclasses import asdict
+
+    from specgen.config import load_config
+    from specgen.errors import UsageError
+    from specgen.text.trajectories import CollectConfig, collect, merge_shards
+
+    if out is None:
+        raise UsageError("--out FOLDER is required")
+    if merge:
+        path = merge_shards(out)
+        row = {"merged": str(path)}
+        _output.emit_json(row) if fmt == Format.json else _output.out.print(str(path))
+        return
+    cfg = load_config(CollectConfig, config, overrides, model=model, prompts=prompts, limit=limit,
+                      block_size=block_size, max_new_tokens=max_new_tokens, seed=seed, device=device)
+    with _output.progress("collect", None, quiet or fmt == Format.json) as advance:
+        def on_prompt(blocks: int, iters: int, seconds: float) -> None:
+            advance(1, info=f"{blocks / max(seconds, 1e-9):.2f} blocks/s, {iters / max(blocks, 1):.2f} it/block")
+
+        summary = collect(cfg, out, on_prompt, _output.registry_progress(quiet))
+    row = asdict(summary)
+    if fmt == Format.json:
+        _output.emit_json(row)
+    else:
+        _output.table("collect-trajectories", [row], list(row), _output.out)

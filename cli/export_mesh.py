@@ -1,0 +1,112 @@
+"""`specgen export-mesh`: BPT token sequences (generate's JSON lines, or stdin) -> obj/ply/stl/off/glb files.
+
+Input lines: JSON objects with `token_ids` (what `specgen generate --format json` writes; `name` is
+used for the file name when present), or bare JSON arrays of token ids. Each sequence is decoded
+strictly; cleaning removes (and counts) degenerate and duplicate faces. A sequence that does not
+decode is reported with the position of the first bad token and skipped; the others are written.
+Exit 1 when no sequence could be written, 2 for usage errors (unknown format, unreadable input).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from cli import _output
+from cli._errors import command
+from cli._options import Format, FormatOpt, QuietOpt
+
+EPILOG = """examples:
+
+  specgen generate --method xspecmesh --num 2 --format json > meshes.jsonl
+
+  specgen export-mesh meshes.jsonl --out-dir out/ --mesh-format glb --preview
+
+  specgen generate --method ar --model mesh-gpt-tiny -n 1 -f json | specgen export-mesh - -o out/ --mesh-format ply
+"""
+
+COLUMNS = ["name", "valid", "faces", "vertices", "degenerate_removed", "duplicate_removed", "file", "error"]
+
+
+def read_sequences(source: str) -> list[tuple[str, list[int]]]:
+    """(name, tokens) per non-empty line of a file or stdin ("-")."""
+    from specgen.errors import UsageError
+
+    if source == "-":
+        text = sys.stdin.read()
+    else:
+        p = Path(source)
+        if not p.is_file():
+            raise UsageError(f"no such file: {p}")
+        text = p.read_text()
+    out = []
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UsageError(f"line {n}: not JSON ({e.msg})") from None
+        tokens = obj.get("token_ids") if isinstance(obj, dict) else obj
+        if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+            raise UsageError(f"line {n}: expected a JSON list of integer token ids or an object with token_ids")
+        name = obj.get("name") if isinstance(obj, dict) and obj.get("name") else f"mesh-{len(out):03d}"
+        out.append((safe_name(str(name)), tokens))
+    if not out:
+        raise UsageError("no token sequences in the input")
+    return out
+
+
+def safe_name(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name).strip(".") or "mesh"
+
+
+@command
+def export_mesh(
+    source: Annotated[str, typer.Argument(
+        help="JSONL from `generate --format json` (token_ids per line), or - for stdin.")] = "-",
+    out_dir: Annotated[Path, typer.Option("--out-dir", "-o", help="Folder for the mesh files.")] = Path("meshes"),
+    mesh_format: Annotated[str, typer.Option("--mesh-format", help="obj, ply, stl, off or glb.")] = "obj",
+    preview: Annotated[bool, typer.Option("--preview", help="Also write a PNG preview per mesh.")] = False,
+    fmt: FormatOpt = Format.table,
+    quiet: QuietOpt = False,
+) -> None:
+    """Turn generated mesh token sequences into mesh files (trimesh), reporting faces, vertices and validity."""
+    from specgen.errors import RuntimeFailure, UsageError
+    from specgen.mesh.export import EXPORT_FORMATS, export_mesh as write, render_png
+    from specgen.mesh.generate import decode_tokens
+
+    if mesh_format.lower() not in EXPORT_FORMATS:
+        raise UsageError(f"unknown mesh format {mesh_format!r}; choose from {', '.join(EXPORT_FORMATS)}")
+    mesh_format = mesh_format.lower()
+    seqs = read_sequences(source)
+    rows, used = [], set()
+    for name, tokens in seqs:
+        while name in used:
+            name += "_"
+        used.add(name)
+        v, f, err, deg, dup = decode_tokens(tokens)
+        r = {"name": name, "num_tokens": len(tokens), "valid": not err, "error": err, "faces": 0, "vertices": 0,
+             "degenerate_removed": deg, "duplicate_removed": dup, "file": "-", "preview": None}
+        if not err:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            rep = write(v, f, out_dir / f"{name}.{mesh_format}", mesh_format)
+            r.update(faces=rep.num_faces, vertices=rep.num_vertices, file=str(rep.path))
+            if preview:
+                r["preview"] = str(render_png(v, f, out_dir / f"{name}.png"))
+        rows.append(r)
+    bad = [r for r in rows if not r["valid"]]
+    if len(bad) == len(rows):
+        first = f"{bad[0]['name']}: {bad[0]['error']}"
+        raise RuntimeFailure(f"none of the {len(rows)} sequences decodes to a mesh ({first}); nothing written")
+    for r in bad if not quiet else []:
+        _output.err.print(f"warning: {r['name']}: {r['error']}; nothing written for it", markup=False)
+    if fmt == Format.json:
+        for r in rows:
+            _output.emit_json(r)
+    else:
+        _output.table(f"export-mesh -> {out_dir} ({mesh_format})", rows, COLUMNS, _output.out)

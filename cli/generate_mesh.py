@@ -1,0 +1,76 @@
+"""Mesh runner of `specgen generate`: one row per mesh on stdout (table or JSON lines), files with --out-dir.
+
+JSON rows carry `token_ids`, which `specgen export-mesh` reads back. A sequence that does not decode
+gets `valid: false` and an `error` naming the first bad token; no file is written for it, and the
+other meshes still are.
+"""
+
+from __future__ import annotations
+
+from cli import _output
+from cli._options import Format
+
+COLUMNS = ["name", "method", "num_tokens", "faces", "vertices", "valid", "scr", "step_latency_ms", "wall_s", "file"]
+
+
+def run(req) -> None:
+    from specgen.config import load_config
+    from specgen.decoding.sampling import SamplingParams
+    from specgen.errors import UsageError
+    from specgen.mesh.errors import MeshInputError
+    from specgen.mesh.export import EXPORT_FORMATS
+    from specgen.mesh.generate import MeshGenConfig, generate_meshes, load_conditions
+    from specgen.methods import get_method
+    from specgen.methods.xspecmesh import XSpecMeshOptions, load_mesh
+
+    cfg = load_config(MeshGenConfig, req.config, req.overrides, method=req.method, model=req.model,
+                      max_new_tokens=req.max_new_tokens, temperature=req.temperature, top_k=req.top_k,
+                      top_p=req.top_p, seed=req.seed, device=req.device, num=req.num)
+    spec = get_method(cfg.method)
+    if not spec.runs_on("mesh"):
+        raise UsageError(f"method {cfg.method} does not run on meshes; use ar or xspecmesh")
+    spec.check_options(cfg.method_options)
+    if cfg.mesh_format not in EXPORT_FORMATS:
+        raise UsageError(f"unknown mesh_format {cfg.mesh_format!r}; choose from {', '.join(EXPORT_FORMATS)}")
+    if cfg.num < 1:
+        raise UsageError("--num must be >= 1")
+    SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
+    opts = XSpecMeshOptions(**{k: v for k, v in cfg.method_options.items() if k != "seed"})
+    loaded = load_mesh(cfg.model, opts.heads if cfg.method == "xspecmesh" else None, cfg.device)
+    try:
+        conds = load_conditions(req.point_clouds, cfg.num, int(loaded.target.meta.get("num_points", 2048)), cfg.seed)
+    except MeshInputError as e:
+        raise UsageError(str(e)) from None
+    if req.out_dir is not None:
+        req.out_dir.mkdir(parents=True, exist_ok=True)
+    with _output.progress(f"{cfg.method} meshes", len(conds), req.quiet or req.fmt == Format.json) as advance:
+        samples = generate_meshes(loaded, conds, cfg, opts, on_done=lambda i: advance())
+    rows = [row(s, cfg, loaded, req.out_dir) for s in samples]
+    for r in rows:
+        if req.fmt == Format.json:
+            _output.emit_json(r)
+        elif r["error"] and not req.quiet:
+            _output.err.print(f"warning: {r['name']}: {r['error']}; nothing written for it", markup=False)
+    if req.fmt == Format.table:
+        label = cfg.method + (f" ({opts.label()}, lossy)" if cfg.method == "xspecmesh" else "")
+        _output.table(f"{label} on {loaded.target.ref}", [{**r, **r["stats"]} for r in rows], COLUMNS, _output.out)
+
+
+def row(s, cfg, loaded, out_dir) -> dict:
+    """The JSON row of one sample; writes its mesh (and preview) when out_dir is given and it is valid."""
+    from specgen.mesh.export import export_mesh, render_png
+
+    files = []
+    if out_dir is not None and not s.error:
+        rep = export_mesh(s.vertices, s.faces, out_dir / f"{s.name}.{cfg.mesh_format}", cfg.mesh_format)
+        files.append(str(rep.path))
+        if cfg.preview:
+            files.append(str(render_png(s.vertices, s.faces, out_dir / f"{s.name}.png")))
+    return {"name": s.name, "method": cfg.method, "model": loaded.target.ref,
+            "heads": loaded.heads.ref if loaded.heads else None,
+            "adapter": loaded.adapter.ref if loaded.adapter else None, "lossless": cfg.method == "ar",
+            "token_ids": s.tokens, "num_tokens": len(s.tokens),
+            "faces": 0 if s.faces is None else len(s.faces), "vertices": 0 if s.vertices is None else len(s.vertices),
+            "valid": not s.error, "error": s.error, "degenerate_removed": s.degenerate_removed,
+            "duplicate_removed": s.duplicate_removed, "files": files, "file": files[0] if files else "-",
+            "stats": s.stats}

@@ -1,0 +1,86 @@
+"""`specgen train-heads`: train draft heads for a target; `--kind` picks the trainer from KINDS.
+
+Add a kind by adding one entry to KINDS: a function (config path, overrides, out dir, quiet) -> rows
+(one dict per registered entry) that does the work and returns what to print.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Callable, Optional
+
+import typer
+
+from cli import _output
+from cli._errors import command
+from cli._options import ConfigOpt, Format, FormatOpt, OverridesArg, QuietOpt
+from cli.train_heads_eagle import train_eagle
+
+EPILOG = """examples:
+
+  specgen train-heads --kind xspecmesh --config recipes/tiny/xspecmesh-heads.yaml --out runs/xspecmesh-ca
+
+  specgen train-heads --kind xspecmesh -c recipes/tiny/xspecmesh-heads.yaml --out runs/xspecmesh-mlp \\
+      head_kind=mlp name=xspecmesh-mlp-tiny
+
+  specgen train-heads --kind xspecmesh --out runs/quick target=mesh-gpt-tiny num_sequences=16 stage1_epochs=1 stages=1
+
+  specgen train-heads --kind eagle --config recipes/tiny/eagle-image.yaml --out runs/eagle-image target=tiny-image-gpt
+"""
+
+
+def train_xspecmesh(config: Path | None, overrides: list[str], out: Path, quiet: bool) -> list[dict]:
+    """XSpecMesh heads (stage 1), then LoRA + heads (stage 2); registers the results."""
+    from specgen.config import load_config
+    from specgen.errors import UsageError
+    from specgen.models.heads import HEAD_KINDS
+    from specgen.train.heads import HeadsTrainConfig, HeadsTrainer, save_outputs
+
+    cfg = load_config(HeadsTrainConfig, config, overrides)
+    if cfg.head_kind not in HEAD_KINDS:
+        raise UsageError(f"unknown head_kind {cfg.head_kind!r}; choose from {', '.join(HEAD_KINDS)}")
+    if cfg.num_sequences < 1 or cfg.eval_sequences < 1 or cfg.num_heads < 1 or cfg.stages not in (1, 2):
+        raise UsageError("num_sequences, eval_sequences and num_heads must be >= 1 and stages 1 or 2")
+    out.mkdir(parents=True, exist_ok=True)
+    log_path = out / "train.log"
+
+    def log(msg: str) -> None:
+        line = f"{time.strftime('%Y-%m-%d %H:%M:%S')} {msg}"
+        with open(log_path, "a") as f:
+            f.write(line + "\n")
+        if not quiet:
+            print(line, file=sys.stderr, flush=True)
+
+    trainer = HeadsTrainer(cfg, out, log)
+    entries = save_outputs(trainer, trainer.train())
+    return [{"ref": e.ref, "stage": e.meta.get("stage", "-"), "parent": e.meta.get("parent"),
+             "metrics": e.meta.get("metrics", {}), "path": str(e.path)} for e in entries]
+
+
+KINDS: dict[str, Callable[[Path | None, list[str], Path, bool], list[dict]]] = {"xspecmesh": train_xspecmesh}
+KINDS["eagle"] = train_eagle
+
+
+@command
+def train_heads(
+    overrides: OverridesArg = None,
+    kind: Annotated[str, typer.Option("--kind", help=f"Which heads: {', '.join(KINDS)}.")] = "xspecmesh",
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Run folder (resumed if it holds state).")] = None,
+    config: ConfigOpt = None,
+    fmt: FormatOpt = Format.table,
+    quiet: QuietOpt = False,
+) -> None:
+    """Train draft heads by distillation from a target model and register them."""
+    from specgen.errors import UnknownNameError, UsageError
+
+    if kind not in KINDS:
+        raise UnknownNameError("heads kind", kind, list(KINDS))
+    if out is None:
+        raise UsageError("--out RUN_FOLDER is required (training state and logs go there)")
+    rows = KINDS[kind](config, list(overrides or []), out, quiet)
+    if fmt == Format.json:
+        _output.emit_json(rows)
+    else:
+        _output.table(f"train-heads --kind {kind}", rows, ["ref", "stage", "parent", "path"], _output.out)

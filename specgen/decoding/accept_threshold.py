@@ -1,0 +1,76 @@
+"""LOSSY accept rules of XSpecMesh (sec. 4.2, fig. 6): probability threshold and top-K_a. Pure functions.
+
+Unlike `accept.py`, these rules do not preserve the target distribution: a drafted token is kept
+whenever the target finds it plausible enough, so outputs drift from the target's own samples as
+the rule loosens. They are labelled lossy everywhere they surface (method spec, help, tables).
+
+Indexing follows `accept.py`: `probs` rows are the target's distributions at the verify inputs;
+row i is the distribution of draft node i (row 0 = the root's output). Both rules use the SAME
+filtered, tempered distribution the target samples from (`sampling.logits_to_probs`), as BPT's
+sampler, so at temperature 0 (one-hot) the threshold rule with delta < 1 is exact greedy matching.
+
+- threshold: accept x_i while p_i(x_i) > delta (strict, as the paper); delta >= 1 accepts nothing.
+- topk: accept x_i while x_i is among the K_a most likely tokens of p_i and p_i(x_i) > 0 (a token
+  the filter removed is never accepted). Ties rank by count of strictly larger probabilities.
+After the accepted prefix, one token is *recovered* by sampling the target's distribution at the
+first rejected position (Algorithm 1, line 11: "resample from the first rejected position").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specgen.decoding.draft import Draft, Verdict
+from specgen.decoding.sampling import sample
+
+CRITERIA = ("threshold", "topk")
+
+
+@dataclass(frozen=True)
+class AcceptCriterion:
+    """Which lossy rule and its parameter: delta for "threshold", K_a for "topk"."""
+
+    kind: str = "threshold"
+    delta: float = 0.5
+    top_k: int = 1
+
+    def __post_init__(self) -> None:
+        if self.kind not in CRITERIA:
+            raise ValueError(f"unknown acceptance criterion {self.kind!r}; choose from {', '.join(CRITERIA)}")
+        if self.kind == "topk" and self.top_k < 1:
+            raise ValueError(f"top-K_a must be >= 1, got {self.top_k}")
+
+    def label(self) -> str:
+        return f"p>{self.delta:g}" if self.kind == "threshold" else f"top-{self.top_k}"
+
+
+def passes(probs_row: torch.Tensor, token: int, crit: AcceptCriterion) -> bool:
+    """Does token pass the rule under one distribution row [V]?"""
+    p = float(probs_row[token])
+    if crit.kind == "threshold":
+        return p > crit.delta
+    return p > 0.0 and int((probs_row > p).sum()) < crit.top_k
+
+
+def accepted_length(tokens: tuple[int, ...], probs: torch.Tensor, crit: AcceptCriterion) -> int:
+    """Length of the longest prefix of a chain draft that passes; probs [N + 1, V] (or any row-indexable)."""
+    n = 0
+    while n < len(tokens) and passes(probs[n], tokens[n], crit):
+        n += 1
+    return n
+
+
+def accept_lossy(draft: Draft, probs: torch.Tensor, crit: AcceptCriterion,
+                 generator: torch.Generator | None, greedy: bool = False) -> Verdict:
+    """Verdict for a chain draft: the passing prefix + one token recovered from the first rejected row.
+
+    probs [N + 1, V] are the target's filtered distributions; greedy picks the argmax instead of sampling.
+    """
+    if not draft.tree.is_chain:
+        raise ValueError("the lossy XSpecMesh rules verify chains only")
+    n = accepted_length(draft.tokens, probs, crit)
+    row = probs[n]
+    recovered = int(row.argmax()) if greedy else sample(row, generator)
+    return Verdict(tuple(range(n)), draft.tokens[:n] + (recovered,), {"lossy": True})

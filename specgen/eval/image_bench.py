@@ -1,0 +1,158 @@
+"""Image benchmark: image methods x temperatures on the same classes and seeds, interleaved, in one process.
+
+Rows (one per method and temperature): speedup vs `ar` (median of per-image wall-time ratios), tau,
+d-bar, NFE, TPF, drafter time share, exact match vs `ar` (lossless methods at T = 0 must be 1.0), and
+quality: mean target NLL of the generated tokens (teacher-forced under the CFG distribution the
+sampler uses, T = 1), class accuracy and FID in the feature space of the offline classifier trained by
+`recipes/tiny/image-classifier.yaml` (labelled "clf-FID": it is not Inception FID).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import torch
+
+from specgen.decoding.stats import DecodeStats
+from specgen.errors import UsageError
+from specgen.image.generate import ImageGenConfig, ImageModel, generate_images, resolve_classes
+from specgen.image.target import CFGTarget
+from specgen.methods import get_method
+
+
+@dataclass
+class ImageBenchConfig:
+    """Options of `specgen benchmark --suite images` (recipe keys)."""
+
+    suite: str = "images"
+    methods: list[str] = field(default_factory=lambda: ["ar", "eagle2", "adt-tree", "lantern", "adt-tree+lantern"])
+    model: str = "tiny-image-gpt"
+    drafter: str = ""
+    temperatures: list[float] = field(default_factory=lambda: [0.0, 1.0])
+    num: int = 16  # images per method and temperature (classes cycled)
+    classes: list[str] = field(default_factory=list)
+    cfg_scale: float = 4.0
+    seed: int = 0
+    device: str = "cpu"
+    threads: int = 0
+    quality: bool = True
+    classifier: str = "tiny-image-classifier"
+    out_dir: str = "specgen-bench-images"
+    method_options: dict = field(default_factory=dict)  # method -> {option: value}
+
+
+def check_image_methods(cfg: ImageBenchConfig) -> None:
+    if "ar" not in cfg.methods:
+        raise UsageError("the benchmark needs the 'ar' row: speedups and exact match are measured against it")
+    for m in cfg.methods:
+        spec = get_method(m)
+        if not spec.runs_on("image"):
+            raise UsageError(f"method {m} is for {spec.modality}; the images suite is image methods")
+        spec.check_options(cfg.method_options.get(m, {}))
+    if cfg.num < 1 or not cfg.temperatures:
+        raise UsageError("the images suite needs num >= 1 and at least one temperature")
+
+
+@torch.inference_mode()
+def target_nll(im: ImageModel, cfg_scale: float, label: int, tokens: list[int]) -> float:
+    """Mean NLL per token of `tokens` under the target's CFG distribution at temperature 1."""
+    target = CFGTarget(im.model, cfg_scale)
+    cache = target.new_cache(1, len(tokens) + 2)
+    first = target.prefill(torch.tensor([[label]]), cache)
+    seq = torch.tensor([tokens[:-1]])
+    out = target.forward(seq, torch.arange(1, len(tokens)).unsqueeze(0), cache, None)
+    logits = torch.cat([first.logits[0, -1:], out.logits[0]], 0).float()  # [N, V]
+    return float(-logits.log_softmax(-1).gather(1, torch.tensor(tokens)[:, None]).mean())
+
+
+def run_image_benchmark(im: ImageModel, cfg: ImageBenchConfig, on_step=None) -> tuple[list[dict], dict]:
+    """Every method on every (temperature, image) pair; returns rows and pixels per (method, T)."""
+    check_image_methods(cfg)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    labels = resolve_classes(cfg.classes, im.classes, cfg.num)
+    base = ImageGenConfig(model=cfg.model, cfg_scale=cfg.cfg_scale, seed=cfg.seed, device=cfg.device,
+                          classes=[str(l) for l in labels], num=1)
+    # warm-up: one image per method (allocations, neighbour tables)
+    for m in cfg.methods:
+        generate_images(im, replace(base, method=m, method_options=dict(cfg.method_options.get(m, {}))))
+    rows, pixels = [], {}
+    for temp in cfg.temperatures:
+        runs: dict[str, list] = {m: [] for m in cfg.methods}
+        for i, label in enumerate(labels):
+            for m in cfg.methods:
+                one = replace(base, method=m, temperature=temp, classes=[str(label)], seed=cfg.seed * 7919 + i,
+                              method_options=dict(cfg.method_options.get(m, {})))
+                samples, px = generate_images(im, one)
+                runs[m].append((samples[0], px[0]))
+            if on_step:
+                on_step()
+        for m, rs in runs.items():
+            pixels[(m, temp)] = torch.stack([p for _, p in rs])
+            rows.append(summarise(im, cfg, m, temp, rs, runs["ar"]))
+    if cfg.quality:
+        add_classifier_metrics(cfg, rows, pixels, labels)
+    return rows, pixels
+
+
+def summarise(im: ImageModel, cfg: ImageBenchConfig, method: str, temp: float, rs: list, ar: list) -> dict:
+    total = DecodeStats()
+    for s, _ in rs:
+        total.merge(s.stats)
+    ratio = [a.stats.wall_time / s.stats.wall_time for (s, _), (a, _) in zip(rs, ar)]
+    row = {
+        "method": method, "temperature": temp, "lossless": get_method(method).lossless, "images": len(rs),
+        "speedup_vs_ar": statistics.median(ratio), "tau": total.tau, "d_bar": total.d_bar,
+        "nfe": total.target_forwards, "tpf": total.tpf, "drafter_share": total.drafter_share,
+        "images_per_s": len(rs) / total.wall_time if total.wall_time else 0.0,
+        "exact_match_vs_ar": sum(s.tokens == a.tokens for (s, _), (a, _) in zip(rs, ar)) / len(rs),
+    }
+    if cfg.quality:
+        row["nll"] = statistics.fmean(target_nll(im, cfg.cfg_scale, s.label, s.tokens) for s, _ in rs)
+    return row
+
+
+def add_classifier_metrics(cfg: ImageBenchConfig, rows: list[dict], pixels: dict, labels: list[int]) -> None:
+    """clf-FID and class accuracy from the offline classifier, when it is available."""
+    try:
+        from specgen import registry
+        from specgen.eval import image_metrics
+
+        clf = registry.load_module(registry.find(cfg.classifier), cfg.device)
+    except Exception as e:  # the classifier is optional: say why it is missing, never fake a number
+        for r in rows:
+            r["quality_note"] = f"no classifier metrics: {str(e).splitlines()[0][:80]}"
+        return
+    ref = image_metrics.reference_features(clf, max(256, 4 * len(labels)), cfg.seed)
+    y = torch.tensor(labels)
+    for r in rows:
+        px = pixels[(r["method"], r["temperature"])]
+        with torch.inference_mode():
+            feats = clf.features(px)
+        r["clf_fid"] = image_metrics.fid_from_features(feats.double().numpy(), ref.double().numpy())
+        r["class_accuracy"] = image_metrics.class_accuracy(clf, px, y)
+
+
+def write_outputs(rows: list[dict], pixels: dict, out_dir: Path) -> list[Path]:
+    """A PNG grid per (method, temperature) and a speed-quality plot; returns the paths written."""
+    from specgen.eval import plots
+    from specgen.image.generate import prepare_out_dir
+
+    prepare_out_dir(out_dir)
+    paths = []
+    for (m, t), px in pixels.items():
+        path = out_dir / f"{m}-T{t:g}-grid.png"
+        grid = plots.image_grid(px, nrow=min(8, len(px)))
+        tmp = path.with_suffix(".png.tmp")
+        grid.save(tmp, format="PNG")
+        tmp.replace(path)
+        paths.append(path)
+    y = "clf_fid" if all("clf_fid" in r for r in rows) else "nll"
+    for t in sorted({r["temperature"] for r in rows}):
+        pts = [dict(r, label=f"{r['method']}") for r in rows if r["temperature"] == t]
+        path = out_dir / f"speed-quality-T{t:g}.png"
+        plots.speed_quality_plot(pts, x="speedup_vs_ar", y=y, label="label", path=path)
+        paths.append(path)
+    return paths

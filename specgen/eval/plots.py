@@ -1,0 +1,64 @@
+"""Benchmark figures: speed-vs-quality scatter (PNG, written atomically) and image grids (matplotlib Agg, PIL)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import torch
+from PIL import Image
+
+
+def speed_quality_plot(rows: Sequence[Mapping], x: str = "speedup_vs_ar", y: str = "fid", label: str = "method",
+                       path: str | os.PathLike = "speed_quality.png", title: str | None = None,
+                       lower_is_better: bool = True) -> Path:
+    """Scatter one point per row (rows lacking x or y are skipped), annotated with row[label]; returns the path."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    from matplotlib.figure import Figure  # no pyplot: no global state, no GUI backend
+
+    pts = [(float(r[x]), float(r[y]), str(r.get(label, ""))) for r in rows
+           if r.get(x) is not None and r.get(y) is not None]
+    fig = Figure(figsize=(5.5, 4.0), dpi=120)
+    ax = fig.add_subplot()
+    for px, py, name in pts:
+        ax.scatter([px], [py], s=36)
+        ax.annotate(name, (px, py), textcoords="offset points", xytext=(5, 4), fontsize=8)
+    if x.startswith("speedup"):
+        ax.axvline(1.0, color="grey", lw=0.8, ls="--")  # the AR baseline's speed
+    ax.set_xlabel(x)
+    ax.set_ylabel(f"{y} ({'lower' if lower_is_better else 'higher'} is better)")
+    ax.set_title(title or f"{y} vs {x}", fontsize=10)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
+    os.close(fd)
+    try:
+        fig.savefig(tmp, format="png")
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def image_grid(images: torch.Tensor, nrow: int = 8, pad: int = 2) -> Image.Image:
+    """Tile images [N,3,H,W] in [-1,1] into an RGB PIL image: nrow per row, `pad` white pixels between tiles."""
+    if images.ndim != 4 or images.shape[1] != 3:
+        raise ValueError(f"expected images [N,3,H,W], got {tuple(images.shape)}")
+    n, _, h, w = images.shape
+    cols = max(1, min(nrow, n))
+    rows = max(1, -(-n // cols))
+    grid = torch.full((3, rows * (h + pad) + pad, cols * (w + pad) + pad), 255, dtype=torch.uint8)  # [3,GH,GW]
+    pix = ((images.detach().float().cpu().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)  # [N,3,H,W]
+    for i in range(n):
+        r, c = divmod(i, cols)
+        top, left = pad + r * (h + pad), pad + c * (w + pad)
+        grid[:, top : top + h, left : left + w] = pix[i]
+    return Image.fromarray(grid.permute(1, 2, 0).contiguous().numpy())  # uint8 [GH,GW,3] -> RGB

@@ -1,0 +1,204 @@
+"""Mesh generation from point clouds with `ar` or `xspecmesh`: the library behind `specgen generate` for meshes.
+
+Conditions come from (in order of preference) user files: `.npy` arrays [N, 6] (points + normals,
+BPT's layout) or [B, N, 6], `.ply` point clouds with nx/ny/nz, or mesh files (obj/ply/stl/off/glb,
+surface-sampled), or a folder of those; without files, the first `num` meshes of the procedural
+TEST split. Every cloud is validated (shape, NaN/inf, zero normals), normalised to the [-0.95, 0.95]
+bounding box the model was trained in, and resampled to the model's point count (seeded).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from specgen.mesh.errors import MeshInputError
+from specgen.mesh.pointcloud import validate_point_cloud
+from specgen.mesh.procedural import MESH_SUFFIXES, generate_mesh, load_mesh, split_seeds
+from specgen.mesh.quantize import normalize_bbox
+
+POINT_SUFFIXES = (".npy",)
+
+
+@dataclass
+class MeshGenConfig:
+    """Options of `specgen generate` for meshes (recipe keys)."""
+
+    method: str = "xspecmesh"
+    model: str | None = None  # backbone; default: the heads' parent (xspecmesh) or mesh-gpt-tiny
+    num: int = 4  # procedural test meshes when no point clouds are given
+    max_new_tokens: int = 0  # 0: twice the backbone's training length limit, within its context
+    temperature: float = 0.5  # BPT's sampling: T 0.5, top-k 50, top-p 0.95
+    top_k: int = 50
+    top_p: float = 0.95
+    seed: int = 0
+    device: str = "cpu"
+    mesh_format: str = "obj"  # with --out-dir: obj | ply | stl | off | glb
+    preview: bool = False  # with --out-dir: also a PNG per mesh
+    method_options: dict = field(default_factory=dict)  # xspecmesh: heads, num_heads, delta, criterion, ...
+
+
+@dataclass(frozen=True)
+class Condition:
+    """One named input point cloud [N, 6] (and its reference mesh when known)."""
+
+    name: str
+    points: np.ndarray  # [N, 6] float32, normalised
+    reference: tuple[np.ndarray, np.ndarray] | None = None  # (vertices, faces)
+
+
+def prepare_cloud(arr: object, num_points: int, seed: int, name: str) -> np.ndarray:
+    """Validate, normalise to [-0.95, 0.95] and resample to num_points: [num_points, 6] float32."""
+    try:
+        pc = validate_point_cloud(arr, min_points=16)
+    except MeshInputError as e:
+        raise MeshInputError(f"{name}: {e}") from None
+    pts = normalize_bbox(pc.points)
+    rng = np.random.default_rng(seed)
+    idx = rng.choice(len(pts), num_points, replace=len(pts) < num_points)
+    return np.concatenate([pts[idx], pc.normals[idx]], axis=1).astype(np.float32)
+
+
+def _ply_points(path: Path) -> np.ndarray | None:
+    """Points+normals [N, 6] of a face-less PLY with nx/ny/nz, else None."""
+    import trimesh
+
+    cloud = trimesh.load(path, process=False)
+    raw = getattr(cloud, "metadata", {}).get("_ply_raw", {}).get("vertex", {}).get("data")
+    if raw is None or getattr(cloud, "faces", None) is not None and len(getattr(cloud, "faces", [])):
+        return None
+    names = raw.dtype.names or ()
+    if not {"x", "y", "z"} <= set(names):
+        raise MeshInputError(f"{path}: PLY has no x/y/z vertex properties")
+    if not {"nx", "ny", "nz"} <= set(names):
+        raise MeshInputError(f"{path}: point cloud has no normals (nx, ny, nz); give [N, 6] points+normals")
+    return np.stack([raw[k] for k in ("x", "y", "z", "nx", "ny", "nz")], axis=1).astype(np.float64)
+
+
+def read_file(path: Path, num_points: int, seed: int) -> list[Condition]:
+    """Conditions from one file (.npy may hold a batch [B, N, 6])."""
+    from specgen.train.mesh import point_cloud
+
+    suffix = path.suffix.lower()
+    if suffix == ".npy":
+        try:
+            arr = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise MeshInputError(f"{path}: not a readable .npy array ({e})") from None
+        if arr.ndim == 3:
+            return [Condition(f"{path.stem}-{i}", prepare_cloud(a, num_points, seed, f"{path}[{i}]"))
+                    for i, a in enumerate(arr)]
+        return [Condition(path.stem, prepare_cloud(arr, num_points, seed, str(path)))]
+    if suffix == ".ply":
+        pts = _ply_points(path)
+        if pts is not None:
+            return [Condition(path.stem, prepare_cloud(pts, num_points, seed, str(path)))]
+    if suffix in MESH_SUFFIXES:
+        m = load_mesh(path)
+        v = normalize_bbox(m.vertices)
+        return [Condition(path.stem, point_cloud(v, m.faces, num_points, seed), (v, m.faces))]
+    raise MeshInputError(f"{path}: unsupported input; give .npy point clouds or {', '.join(MESH_SUFFIXES)} files")
+
+
+def load_conditions(path: Path | None, num: int, num_points: int, seed: int) -> list[Condition]:
+    """User point clouds (file or folder) or `num` procedural test meshes; all validated up front."""
+    if path is None:
+        out = []
+        for s in split_seeds("test", num):
+            from specgen.train.mesh import point_cloud
+
+            m = generate_mesh(int(s))
+            out.append(Condition(f"test-{int(s)}", point_cloud(m.vertices, m.faces, num_points, int(s)),
+                                 (m.vertices, m.faces)))
+        return out
+    path = Path(path)
+    if path.is_dir():
+        files = sorted(f for f in path.iterdir() if f.suffix.lower() in POINT_SUFFIXES + MESH_SUFFIXES)
+        if not files:
+            raise MeshInputError(f"{path}: no .npy or mesh files")
+        return [c for f in files for c in read_file(f, num_points, seed)]
+    if not path.is_file():
+        raise MeshInputError(f"{path}: no such file or folder")
+    return read_file(path, num_points, seed)
+
+
+@dataclass(frozen=True)
+class MeshSample:
+    """One generated mesh: tokens, decoded geometry (cleaned) and what went wrong, if anything."""
+
+    name: str
+    tokens: list[int]
+    vertices: np.ndarray | None  # [V, 3] (cleaned) or None when nothing decodes
+    faces: np.ndarray | None  # [F, 3]
+    error: str  # "" when valid; else e.g. "token 17: ..." or "no faces"
+    degenerate_removed: int
+    duplicate_removed: int
+    stats: dict
+
+
+def decode_tokens(tokens: list[int]) -> tuple[np.ndarray | None, np.ndarray | None, str, int, int]:
+    """Strict BPT decode + cleaning: (vertices, faces, error, degenerate removed, duplicates removed).
+
+    A sequence with a grammar error is invalid (error names the first bad position); a sequence
+    that decodes to no usable face is invalid too.
+    """
+    from specgen.mesh.errors import MeshDecodeError
+    from specgen.mesh.export import clean_mesh
+    from specgen.mesh.tokenizers import BPTTokenizer
+
+    try:
+        v, f = BPTTokenizer().decode(np.asarray(tokens, dtype=np.int64))
+    except MeshDecodeError as e:
+        return None, None, str(e), 0, 0
+    except MeshInputError as e:
+        return None, None, str(e), 0, 0
+    if len(f) == 0:
+        return None, None, "decodes to no faces", 0, 0
+    c = clean_mesh(v, f)
+    if len(c.faces) == 0:
+        return None, None, "every face is degenerate or duplicate", c.degenerate_removed, c.duplicate_removed
+    return c.vertices, c.faces, "", c.degenerate_removed, c.duplicate_removed
+
+
+def generate_meshes(loaded, conds: list[Condition], cfg: MeshGenConfig, opts, on_done=None) -> list[MeshSample]:
+    """Decode every condition with `loaded.decoder` (heads present = xspecmesh, absent = ar)."""
+    from specgen.decoding.sampling import SamplingParams
+
+    params = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
+    max_tokens = resolve_max_tokens(loaded, cfg, opts)
+    out = []
+    for i, c in enumerate(conds):
+        gen = torch.Generator().manual_seed(cfg.seed + i)
+        draft_gen = torch.Generator().manual_seed(10_000_019 + cfg.seed + i)
+        res = loaded.decoder.generate(torch.from_numpy(c.points).to(cfg.device), params, max_tokens, opts, gen,
+                                      draft_gen)
+        v, f, err, deg, dup = decode_tokens(res.tokens)
+        out.append(MeshSample(c.name, res.tokens, v, f, err, deg, dup, step_summary(res.stats)))
+        if on_done:
+            on_done(i)
+    return out
+
+
+def resolve_max_tokens(loaded, cfg: MeshGenConfig, opts) -> int:
+    """Token budget: the config's, else twice the backbone's training length limit (within its context)."""
+    from specgen.errors import UsageError
+
+    d = 0 if loaded.decoder.heads is None else (opts.num_heads or loaded.decoder.heads.num_heads)
+    room = loaded.decoder.model.dec_cfg.max_seq_len - d - 2
+    if cfg.max_new_tokens > room:
+        raise UsageError(f"max-new-tokens {cfg.max_new_tokens} exceeds the model's context ({room} tokens)")
+    if cfg.max_new_tokens < 0:
+        raise UsageError("max-new-tokens must be >= 1")
+    return cfg.max_new_tokens or min(room, 2 * int(loaded.target.meta.get("max_tokens", room)))
+
+
+def step_summary(stats) -> dict:
+    """DecodeStats summary plus SCR and step latency (XSpecMesh's names)."""
+    s = stats.summary()
+    steps = max(stats.steps, 1)
+    s["scr"] = round(stats.tau if stats.steps else 1.0, 4)
+    s["step_latency_ms"] = round(1000 * (stats.wall_time - stats.times.get("prefill", 0.0)) / steps, 3)
+    return s

@@ -1,0 +1,269 @@
+"""XSpecMesh (Algorithm 1): multi-head speculative decoding of point-cloud-conditioned mesh GPTs. LOSSY.
+
+One decoding step, with s = the position of the first not-yet-verified candidate:
+  1 propose  candidates x_s .. x_{s+D}: x_s was sampled from the backbone p^(0)_s (so it is valid),
+             x_{s+d} from head d applied to h_{s-1} (the hidden state that produced p^(0)_s);
+  2 verify   ONE backbone forward over x_{s:s+D} under a causal mask -> p^(0)_{s+1 .. s+D+1} and
+             h_{s .. s+D} (the condition's cross-attention K/V were computed once per mesh);
+  3 accept   keep x_{s+1}, ... while the rule passes (p^(0)(x) > delta, or x in top-K_a), stop at the
+             first rejected position s* (lossy: `decoding/accept_threshold.py`);
+  4 commit   keep the KV of x_s .. x_{s*-1} (a pointer move: the chain is contiguous);
+  5 update   resample x_{s*} from p^(0)_{s*} and x_{s*+d} from head d on h_{s*-1} (line 11).
+`ar` on meshes is this loop with D = 0 (no heads): one token per backbone forward, same cache,
+same condition K/V reuse, so wall-clock ratios between the two are honest.
+
+Choices the paper leaves open (this is the reference implementation):
+- Start: Algorithm 1 feeds SOS plus D uniformly random tokens first. We prefill the learned start
+  vector alone and draw the first candidates from its outputs (random tokens pass p > delta with
+  negligible probability in a 5121-way vocabulary); this also makes "accept nothing" exactly AR.
+- Heads run on h_{s*-1} only (the one row line 11 uses), not on all D + 1 rows of line 5: same
+  distributions, D times less head work.
+- Random streams: the backbone's own samples (x_s, the recovered tokens) use `generator`, head
+  candidates use a separate `draft_generator`. With a rule that accepts nothing (delta >= 1) the
+  output is therefore AR sampling with the same seed, token for token.
+- Heads sample from the same filtered, tempered distribution as the backbone (temperature, top-k,
+  top-p of the run); greedy runs take argmaxes everywhere, and then the threshold rule with
+  delta < 1 reproduces greedy AR exactly.
+- Top-K_s probability-tree sampling (appendix A.4): the heads' distributions all come from the
+  same h_{s*-1}, so a path's weight is the product of its tokens' head probabilities. Pruning
+  a branch whose cumulative weight is < 1e-5 removes exactly the complete paths whose weight is
+  < 1e-5 (weights only shrink along a path), so we score all K_s^D complete paths at once, zero
+  those under the threshold and draw one in proportion to its weight. If none survives, the top-1
+  path is used. The draft stays a single chain, as in the paper.
+- EOS: the run stops after the first committed EOS (5120) or at `max_tokens` committed tokens;
+  head candidates after an EOS candidate are dropped.
+- SCR = committed tokens / decoding steps (the prefill that yields the first candidate is not a
+  decoding step), i.e. `DecodeStats.tau`; step latency = wall time / steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specgen.decoding.accept_threshold import AcceptCriterion, accept_lossy
+from specgen.decoding.draft import Draft
+from specgen.decoding.sampling import SamplingParams, logits_to_probs, pick, sample
+from specgen.decoding.stats import DecodeStats
+
+SAMPLING_MODES = ("independent", "tree")
+#: Branches of the top-K_s probability tree lighter than this are pruned (appendix A.4).
+TREE_PRUNE = 1e-5
+
+
+@dataclass(frozen=True)
+class XSpecMeshOptions:
+    """Method options (`method_options.*`): D, the acceptance rule and the candidate sampler."""
+
+    heads: str = "xspecmesh-ca-tiny"  # registry name of the heads (they name their backbone + adapter)
+    num_heads: int = 0  # D; 0 = every head the checkpoint has (paper: 4)
+    criterion: str = "threshold"  # "threshold" (p > delta) | "topk" (top-K_a)
+    delta: float = 0.5
+    top_k_accept: int = 1  # K_a
+    sampling: str = "independent"  # "independent" | "tree" (top-K_s probability tree)
+    top_k_tree: int = 2  # K_s
+
+    def __post_init__(self) -> None:
+        from specgen.errors import UsageError
+
+        if self.sampling not in SAMPLING_MODES:
+            raise UsageError(f"unknown sampling {self.sampling!r}; choose from {', '.join(SAMPLING_MODES)}")
+        if self.num_heads < 0 or self.top_k_tree < 1:
+            raise UsageError("num_heads must be >= 0 and top_k_tree >= 1")
+        try:
+            self.criterion_rule()
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+
+    def criterion_rule(self) -> AcceptCriterion:
+        return AcceptCriterion(self.criterion, self.delta, self.top_k_accept)
+
+    def label(self) -> str:
+        s = "IS" if self.sampling == "independent" else f"PTS(K_s={self.top_k_tree})"
+        return f"{self.criterion_rule().label()}, {s}"
+
+
+OPTION_NAMES = tuple(XSpecMeshOptions.__dataclass_fields__)
+
+
+@dataclass(frozen=True)
+class MeshDecodeResult:
+    """Committed tokens x_1 .. (EOS included when reached) and the run's statistics."""
+
+    tokens: list[int]
+    stats: DecodeStats
+
+
+def tree_sample(probs: torch.Tensor, k: int, generator: torch.Generator | None) -> list[int]:
+    """Top-K_s probability-tree sampling over head distributions probs [D, V] -> one path of D tokens."""
+    top = probs.topk(min(k, probs.shape[-1]), dim=-1)  # values/indices [D, K]
+    weight = top.values[0]
+    for d in range(1, probs.shape[0]):
+        weight = (weight.unsqueeze(-1) * top.values[d]).flatten()  # [K^(d+1)], row-major paths
+    weight = torch.where(weight >= TREE_PRUNE, weight, torch.zeros_like(weight))
+    if not weight.sum() > 0:
+        return top.indices[:, 0].tolist()
+    flat = sample(weight / weight.sum(), generator)
+    path, kk = [], top.indices.shape[1]
+    for d in reversed(range(probs.shape[0])):
+        path.append(int(top.indices[d, flat % kk]))
+        flat //= kk
+    return path[::-1]
+
+
+def head_candidates(head_logits: torch.Tensor, params: SamplingParams, opts: XSpecMeshOptions,
+                    generator: torch.Generator | None) -> list[int]:
+    """Candidates x_{s*+1 .. s*+D} from head logits [D, V] (greedy: argmaxes)."""
+    if params.greedy:
+        return head_logits.argmax(-1).tolist()
+    probs = logits_to_probs(head_logits, params)  # [D, V]
+    if opts.sampling == "tree":
+        return tree_sample(probs, opts.top_k_tree, generator)
+    return [sample(p, generator) for p in probs]
+
+
+class LazyProbs:
+    """Filtered, tempered distributions of logits [S, V], one row at a time and only when read.
+
+    The rule stops at the first rejection, so rows after it never pay for their top-k/top-p filter.
+    """
+
+    def __init__(self, logits: torch.Tensor, params: SamplingParams) -> None:
+        self.logits, self.params, self.rows = logits, params, {}
+
+    def __len__(self) -> int:
+        return self.logits.shape[0]
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if i not in self.rows:
+            self.rows[i] = logits_to_probs(self.logits[i], self.params)
+        return self.rows[i]
+
+
+class MeshDecoder:
+    """A backbone (MeshGPT, adapter already merged) and optional heads; decodes one point cloud at a time."""
+
+    def __init__(self, model, heads=None, eos_id: int = 5120) -> None:
+        self.model, self.heads, self.eos_id = model, heads, eos_id
+
+    @torch.inference_mode()
+    def generate(self, pc: torch.Tensor, params: SamplingParams, max_tokens: int,
+                 opts: XSpecMeshOptions | None = None, generator: torch.Generator | None = None,
+                 draft_generator: torch.Generator | None = None) -> MeshDecodeResult:
+        """Decode the mesh of point cloud pc [N, 6]; AR when there are no heads or num_heads == 0."""
+        opts = opts or XSpecMeshOptions()
+        d_max = 0 if self.heads is None else (opts.num_heads or self.heads.num_heads)
+        if self.heads is not None and d_max > self.heads.num_heads:
+            from specgen.errors import UsageError
+
+            raise UsageError(f"num_heads {d_max} > the {self.heads.num_heads} heads of this checkpoint")
+        rule, stats = opts.criterion_rule(), DecodeStats()
+        model, device = self.model, pc.device
+        cache = model.new_cache(1, max_tokens + d_max + 2)
+        # 0. condition once per mesh, prefill the start vector (position 0)
+        with stats.timed("prefill"):
+            cond = model.encode(pc.unsqueeze(0))
+            logits0, h = model.prefill(cache, cond)  # [1, V], [1, dim]
+            head_kv = self.heads.context_kv(cond) if d_max else None
+        stats.target_forwards += 1
+        with stats.timed("propose"):
+            first = pick(logits0[0], params, generator)
+            chain = [first] + self._heads(h, head_kv, d_max, params, opts, draft_generator)
+        out: list[int] = []
+        while True:
+            chain = self._trim(chain, max_tokens - len(out))
+            if chain[0] == self.eos_id or len(out) + 1 >= max_tokens:
+                out.append(chain[0])  # a backbone sample: committed without another forward
+                break
+            start = len(out) + 1  # position of chain[0]
+            with stats.timed("verify"):  # 2. one backbone forward over x_{s:s+D}
+                logits, hidden = model.step(torch.tensor([chain], device=device), start, cache)
+            with stats.timed("accept"):  # 3. lossy rule on the filtered, tempered p^(0)
+                probs = LazyProbs(logits[0], params)  # rows [V] computed only as far as the rule reads
+                verdict = accept_lossy(Draft.chain(chain[1:]), probs, rule, generator, params.greedy)
+            a = verdict.num_accepted
+            with stats.timed("commit"):  # 4. keep x_s .. x_{s*-1}
+                cache.commit(0, list(range(a + 1)))
+            stats.record_step(len(chain) - 1, len(chain) - 1, a)
+            out.extend(chain[: a + 1])
+            if self.eos_id in chain[1 : a + 1] or len(out) >= max_tokens:
+                break
+            with stats.timed("propose"):  # 5. resample x_{s*} (backbone) and x_{s*+d} (heads on h_{s*-1})
+                chain = [verdict.tokens[-1]] + self._heads(hidden[:, a], head_kv, d_max, params, opts, draft_generator)
+        stats.new_tokens = len(out)
+        return MeshDecodeResult(out, stats)
+
+    def _heads(self, h: torch.Tensor, kv, d: int, params: SamplingParams, opts: XSpecMeshOptions,
+               generator: torch.Generator | None) -> list[int]:
+        """D candidates from the heads on one hidden state h [1, dim]."""
+        if d == 0:
+            return []
+        logits = self.heads.logits(h.unsqueeze(1), kv, self.model.decoder.output)[0, 0, :d]  # [D, V]
+        return head_candidates(logits, params, opts, generator)
+
+    def _trim(self, chain: list[int], room: int) -> list[int]:
+        """Drop candidates after an EOS candidate and beyond the token budget."""
+        if self.eos_id in chain[1:]:
+            chain = chain[: chain.index(self.eos_id, 1) + 1]
+        return chain[: max(1, room)]
+
+
+# -- loading ----------------------------------------------------------------------------------------
+DEFAULT_TARGET = "mesh-gpt-tiny"
+
+
+@dataclass(frozen=True)
+class LoadedMesh:
+    """A ready decoder plus the registry entries it came from."""
+
+    decoder: MeshDecoder
+    target: object  # registry.Entry of the backbone
+    heads: object | None  # registry.Entry of the heads (None for AR)
+    adapter: object | None  # registry.Entry of the merged LoRA adapter, if any
+
+
+def load_target(name: str, device: str = "cpu"):
+    """(MeshGPT, entry) of a mesh backbone; a non-mesh checkpoint is a usage error."""
+    from specgen import registry
+    from specgen.errors import UsageError
+
+    entry = registry.find(name)
+    if entry.meta.get("modality") != "mesh":
+        raise UsageError(f"{entry.ref} is a {entry.meta.get('modality', 'text')} model, not a mesh model")
+    return registry.load_module(entry, device), entry
+
+
+def merge_adapter(model, adapter, target) -> None:
+    """Merge a LoRA adapter entry into the backbone's weights (checked against the target first)."""
+    from specgen import registry
+    from specgen.errors import CheckpointError
+    from specgen.train.lora import merge_lora_state
+
+    registry.check_pair(adapter, target)
+    try:
+        merge_lora_state(model, registry.read_state(adapter), adapter.meta["lora_rank"],
+                         adapter.meta["lora_alpha"])
+    except (KeyError, ValueError) as e:
+        raise CheckpointError(f"{adapter.ref}: cannot merge into {target.ref} ({e})") from None
+
+
+def load_mesh(target: str | None = None, heads: str | None = None, device: str = "cpu") -> LoadedMesh:
+    """Backbone (+ heads, + the LoRA adapter the heads were trained with, merged into the weights).
+
+    Without `target`, the heads' parent is used. Heads trained for another backbone (or another
+    vocabulary) are an IncompatibleError (usage, exit 2).
+    """
+    from specgen import registry
+
+    h_entry = registry.find(heads) if heads else None
+    t_name = target or (h_entry.meta.get("parent") if h_entry else None) or DEFAULT_TARGET
+    model, t_entry = load_target(t_name, device)
+    head_module = a_entry = None
+    if h_entry is not None:
+        registry.check_pair(h_entry, t_entry)
+        if h_entry.meta.get("adapter"):
+            a_entry = registry.find(h_entry.meta["adapter"])
+            merge_adapter(model, a_entry, t_entry)
+        head_module = registry.load_module(h_entry, device)
+    return LoadedMesh(MeshDecoder(model, head_module, t_entry.meta.get("eos_id", 5120)), t_entry, h_entry, a_entry)

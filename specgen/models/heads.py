@@ -1,0 +1,137 @@
+"""XSpecMesh decoding heads: D heads, head d predicts token s + d + 1 from the backbone's final hidden h_s.
+
+Paper (eq. 4): p^(d)_{s+d+1} = softmax(W^(d) CrossAttn^(d)(h_s, c)). The paper leaves the inside of
+a head open; our choices (reference implementation, no public code exists):
+
+- `kind="ca"` (the paper's cross-attention heads): z = h + CrossAttn(RMSNorm(h), c), then Medusa's
+  residual block z = z + SiLU(Linear(z)). Queries come from h_s only (one position, no
+  self-attention over the draft); keys/values come from the point-cloud condition c (the same
+  [B, M, cross_dim] latents the backbone cross-attends to), projected by each head's own `wkv`, with
+  an inner width `inner_dim` (< dim, to keep heads light). Their K/V are computed once per mesh
+  (`context_kv`), like the backbone's.
+- `kind="mlp"` (the paper's ablation, rows B/C of table 3): Medusa's residual block only,
+  z = h + SiLU(Linear(h)); no condition.
+- W^(d): every head reuses the backbone's LM head (its tied output matrix) instead of a private
+  [V, dim] matrix. A private W^(d) would cost 1.3M parameters per head for the 5121-token BPT
+  vocabulary (more than the rest of a head); Medusa-1 initialises W^(d) as a copy of the LM head,
+  sharing it keeps that prior and the shipped files small. The LM head is not trained by the heads.
+- The residual branches' output projections start at zero, so an untrained head predicts the
+  backbone's next-token distribution (Medusa's initialisation).
+
+Build with builder "xspecmesh_heads" (kwargs = HeadsConfig fields).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specgen.models.transformer import RMSNorm
+
+HEAD_KINDS = ("ca", "mlp")
+
+
+@dataclass(frozen=True)
+class HeadsConfig:
+    """Shape of a head stack; JSON-serialisable."""
+
+    num_heads: int = 4  # D
+    kind: str = "ca"  # "ca" (cross-attention) | "mlp"
+    dim: int = 256  # backbone hidden width
+    cross_dim: int = 256  # condition width (backbone's cross_dim)
+    n_heads: int = 4  # attention heads inside a CA head
+    inner_dim: int = 128  # attention width inside a CA head
+    vocab_size: int = 5121
+
+    def __post_init__(self) -> None:
+        if self.kind not in HEAD_KINDS:
+            raise ValueError(f"unknown head kind {self.kind!r}; kinds: {', '.join(HEAD_KINDS)}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class ResBlock(nn.Module):
+    """Medusa's residual block x + SiLU(Linear(x)), zero-initialised (identity at start)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(dim, dim)
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + F.silu(self.linear(x))
+
+
+class CrossHead(nn.Module):
+    """One cross-attention head body: h -> h + CrossAttn(norm h, c) -> ResBlock."""
+
+    def __init__(self, cfg: HeadsConfig) -> None:
+        super().__init__()
+        self.n, self.hd = cfg.n_heads, cfg.inner_dim // cfg.n_heads
+        self.norm = RMSNorm(cfg.dim, 1e-5)
+        self.wq = nn.Linear(cfg.dim, cfg.inner_dim, bias=False)
+        self.wkv = nn.Linear(cfg.cross_dim, 2 * cfg.inner_dim, bias=False)
+        self.wo = nn.Linear(cfg.inner_dim, cfg.dim, bias=False)
+        nn.init.zeros_(self.wo.weight)
+        self.res = ResBlock(cfg.dim)
+
+    def context_kv(self, cond: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys/values [B, H, M, hd] of the condition [B, M, cross_dim]."""
+        b, m, _ = cond.shape
+        k, v = self.wkv(cond).view(b, m, 2, self.n, self.hd).unbind(2)
+        return k.transpose(1, 2), v.transpose(1, 2)
+
+    def forward(self, h: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        b, s, _ = h.shape
+        q = self.wq(self.norm(h)).view(b, s, self.n, self.hd).transpose(1, 2)  # [B, H, S, hd]
+        y = F.scaled_dot_product_attention(q, kv[0], kv[1]).transpose(1, 2).reshape(b, s, -1)
+        return self.res(h + self.wo(y))
+
+
+class MLPHead(nn.Module):
+    """One MLP head body (ablation): Medusa's residual block, no condition."""
+
+    def __init__(self, cfg: HeadsConfig) -> None:
+        super().__init__()
+        self.res = ResBlock(cfg.dim)
+
+    def context_kv(self, cond: torch.Tensor) -> None:
+        return None
+
+    def forward(self, h: torch.Tensor, kv: None) -> torch.Tensor:
+        return self.res(h)
+
+
+class XSpecMeshHeads(nn.Module):
+    """D decoding heads over the backbone's final hidden states (head d = index d - 1)."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__()
+        self.cfg = HeadsConfig(**kwargs)
+        body = CrossHead if self.cfg.kind == "ca" else MLPHead
+        self.heads = nn.ModuleList(body(self.cfg) for _ in range(self.cfg.num_heads))
+
+    @property
+    def num_heads(self) -> int:
+        return self.cfg.num_heads
+
+    def context_kv(self, cond: torch.Tensor) -> list:
+        """Per-head condition K/V (None for MLP heads); compute once per mesh."""
+        return [head.context_kv(cond) for head in self.heads]
+
+    def features(self, hidden: torch.Tensor, kv: list) -> torch.Tensor:
+        """Head outputs before the LM head: hidden [B, S, dim] -> [B, S, D, dim]."""
+        return torch.stack([head(hidden, kv[d]) for d, head in enumerate(self.heads)], dim=2)
+
+    def logits(self, hidden: torch.Tensor, kv: list, lm_head: nn.Module) -> torch.Tensor:
+        """Logits [B, S, D, V]: [..., d - 1, :] is head d's distribution of token s + d + 1."""
+        return lm_head(self.features(hidden, kv))
+
+
+def build_heads(**kwargs) -> XSpecMeshHeads:
+    return XSpecMeshHeads(**kwargs)

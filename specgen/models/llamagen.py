@@ -1,0 +1,124 @@
+"""LlamaGen class-conditional GPT on specgen's decoder: released configs and checkpoint conversion.
+
+A LlamaGen c2i GPT (FoundationVision/LlamaGen `autoregressive/models/gpt.py`) is exactly
+`Transformer(llamagen_config(...))`: MHA, no biases, SwiGLU hidden `find_multiple(int(8*dim/3), 256)`,
+RMSNorm eps 1e-5, untied `output`, 2D RoPE over the image grid with interleaved pairs and one
+zeroed condition row, and `cls_embedding.embedding_table` with the null class at row `num_classes`.
+The parameter names of `Transformer` already are LlamaGen's, so conversion only unwraps the checkpoint
+container and drops non-weights (`freqs_cis`, `*.kv_cache.*`); LANTERN's HF port
+(`jadohu/LlamaGen-T2I` naming) is mapped back onto the fused LlamaGen names.
+
+Sequence layout (c2i, `cls_token_num = 1`): position 0 holds `cls_embedding(label)`, image token r
+(raster order) sits at position 1 + r, and the logits at position p predict image token p.
+Text-conditional (t2i) checkpoints need the caption projection and padding masks, which the decoder
+does not have: `llamagen_state` refuses them with a clear error.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from specgen.errors import CheckpointError
+from specgen.models.transformer import Transformer, TransformerConfig
+
+
+def find_multiple(n: int, k: int) -> int:
+    """Round n up to a multiple of k (LlamaGen's helper)."""
+    return n if n % k == 0 else n + k - n % k
+
+
+# name -> (n_layers, n_heads, dim), as `GPT_models` in LlamaGen's gpt.py; head_dim = dim / n_heads.
+GPT_CONFIGS: dict[str, tuple[int, int, int]] = {
+    "GPT-B": (12, 12, 768),
+    "GPT-L": (24, 16, 1024),
+    "GPT-XL": (36, 20, 1280),
+    "GPT-XXL": (48, 24, 1536),
+    "GPT-XXXL": (48, 40, 2560),
+    "GPT-1B": (22, 32, 2048),
+    "GPT-3B": (24, 32, 3200),
+    "GPT-7B": (32, 32, 4096),
+    # specgen's embedded tiny image GPT (recipes/tiny/image-gpt.yaml); head_dim 32 (2D RoPE needs % 4 == 0)
+    "gpt-tiny": (6, 8, 256),
+}
+
+
+def llamagen_config(name: str, vocab: int = 16384, grid: int = 16, num_classes: int = 1000,
+                    cls_token_num: int = 1, rope_base: float = 10000.0, norm_eps: float = 1e-5) -> TransformerConfig:
+    """The decoder config of LlamaGen c2i model `name` for a VQ codebook of `vocab` codes on a grid x grid image."""
+    if name not in GPT_CONFIGS:
+        raise KeyError(f"unknown LlamaGen GPT '{name}'; known: {', '.join(GPT_CONFIGS)}")
+    n_layers, n_heads, dim = GPT_CONFIGS[name]
+    return TransformerConfig(
+        vocab_size=vocab, dim=dim, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_heads,
+        ffn_dim=find_multiple(int(2 * 4 * dim / 3), 256), norm_eps=norm_eps, rope_theta=rope_base,
+        rope_layout="interleaved", rope_grid=grid, n_cond=cls_token_num, max_seq_len=cls_token_num + grid * grid,
+        tie_embeddings=False, num_classes=num_classes,
+    )
+
+
+def build_llamagen_gpt(**kwargs) -> Transformer:
+    """Registry builder "llamagen-gpt": kwargs are `TransformerConfig` fields."""
+    return Transformer(TransformerConfig(**kwargs))
+
+
+_CONTAINERS = ("model", "module", "state_dict")  # DDP, DeepSpeed, Lightning-style; FSDP saves the raw dict
+_HF_RENAMES = [  # LANTERN's HF port -> LlamaGen (q/k/v handled separately: they fuse into wqkv)
+    (r"^model\.embed_tokens\.", "tok_embeddings."),
+    (r"^model\.cls_embedding\.", "cls_embedding."),
+    (r"^model\.layers\.(\d+)\.self_attn\.o_proj\.", r"layers.\1.attention.wo."),
+    (r"^model\.layers\.(\d+)\.mlp\.gate_proj\.", r"layers.\1.feed_forward.w1."),
+    (r"^model\.layers\.(\d+)\.mlp\.up_proj\.", r"layers.\1.feed_forward.w3."),
+    (r"^model\.layers\.(\d+)\.mlp\.down_proj\.", r"layers.\1.feed_forward.w2."),
+    (r"^model\.layers\.(\d+)\.input_layernorm\.", r"layers.\1.attention_norm."),
+    (r"^model\.layers\.(\d+)\.post_attention_layernorm\.", r"layers.\1.ffn_norm."),
+    (r"^model\.norm\.", "norm."),
+    (r"^lm_head\.", "output."),
+]
+_HF_QKV = re.compile(r"^model\.layers\.(\d+)\.self_attn\.([qkv])_proj\.weight$")
+
+
+def unwrap(state: dict) -> dict:
+    """The flat tensor dict inside a LlamaGen checkpoint container (`model` / `module` / `state_dict` / raw)."""
+    while isinstance(state, dict):
+        inner = next((state[k] for k in _CONTAINERS if isinstance(state.get(k), dict)), None)
+        if inner is None:
+            break
+        state = inner
+    return state
+
+
+def llamagen_state(state: dict, kwargs: dict | None = None) -> dict[str, torch.Tensor]:
+    """Map a LlamaGen (or LANTERN HF) GPT checkpoint onto `Transformer` names; load the result strict.
+
+    Unwraps containers, drops `freqs_cis` and `*.kv_cache.*` (not weights), strips a `_orig_mod.`
+    (torch.compile) prefix, and fuses HF `q_proj/k_proj/v_proj` rows into `wqkv` (a plain concat: LANTERN's
+    port keeps LlamaGen's interleaved RoPE, so no row permutation).
+    """
+    state = unwrap(state)
+    out: dict[str, torch.Tensor] = {}
+    qkv: dict[str, dict[str, torch.Tensor]] = {}
+    for key, value in state.items():
+        if not isinstance(value, torch.Tensor):
+            continue
+        key = key.removeprefix("_orig_mod.")
+        if key == "freqs_cis" or key.endswith(".freqs_cis") or ".kv_cache." in key:
+            continue
+        if key.startswith(("cls_embedding.cap_proj", "model.cls_embedding.cap_proj")) or key.endswith("uncond_embedding"):
+            raise CheckpointError("text-conditional (t2i) LlamaGen checkpoints are not supported yet; "
+                                  "only class-conditional (c2i) GPTs")
+        m = _HF_QKV.match(key)
+        if m:
+            qkv.setdefault(m.group(1), {})[m.group(2)] = value
+            continue
+        for pattern, repl in _HF_RENAMES:
+            if re.match(pattern, key):
+                key = re.sub(pattern, repl, key)
+                break
+        out[key] = value
+    for layer, parts in qkv.items():
+        if set(parts) != {"q", "k", "v"}:
+            raise CheckpointError(f"layer {layer}: q_proj/k_proj/v_proj incomplete ({', '.join(sorted(parts))})")
+        out[f"layers.{layer}.attention.wqkv.weight"] = torch.cat([parts["q"], parts["k"], parts["v"]], dim=0)
+    return out

@@ -1,0 +1,193 @@
+"""Point-cloud-conditioned mesh GPT: a perceiver point encoder + the specgen Transformer with cross-attention.
+
+- `PointEncoder`: points + normals [B, N, 6] -> Fourier features (xyz) + normals -> per-point MLP ->
+  `num_latents` learned latents cross-attend once to the points, then `enc_layers` self-attention
+  blocks over the latents -> condition [B, M, cross_dim]. This is the shape of BPT's Michelangelo
+  perceiver (cross-attention from latents, then self-attention), scaled down and trained from scratch
+  (miche is GPL-3.0 and not bundled).
+- `MeshGPT.decoder`: the one `Transformer` (`models/transformer.py`) with `cross_dim` > 0, so every
+  block cross-attends to the condition. `set_context` computes the condition's cross-attention K/V
+  once per mesh and stores them in the KV cache; AR and XSpecMesh both use it (honest speedups).
+- BPT has no BOS id: position 0 is a learned start vector (`start`, fed through `embeds=`), tokens
+  x_1.. sit at positions 1..; the logits at position i predict token i + 1.
+
+Build from the registry with builder "mesh_gpt" (kwargs: `decoder` = TransformerConfig dict,
+`encoder` = PointEncoderConfig dict).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specgen.decoding.cache import KVCache
+from specgen.models.transformer import RMSNorm, Transformer, TransformerConfig
+
+
+@dataclass(frozen=True)
+class PointEncoderConfig:
+    """Shape of the perceiver point encoder; JSON-serialisable."""
+
+    width: int = 256
+    num_latents: int = 64
+    enc_layers: int = 2
+    n_heads: int = 4
+    num_freqs: int = 8  # Fourier frequencies 2^k * pi, k < num_freqs, per axis (BPT/miche: 8)
+    out_dim: int = 256  # = the decoder's cross_dim
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class _MHA(nn.Module):
+    """Plain multi-head attention (no RoPE, no mask) used inside the encoder and the heads."""
+
+    def __init__(self, dim: int, kv_dim: int, n_heads: int) -> None:
+        super().__init__()
+        self.n_heads, self.hd = n_heads, dim // n_heads
+        self.wq = nn.Linear(dim, dim, bias=False)
+        self.wkv = nn.Linear(kv_dim, 2 * dim, bias=False)
+        self.wo = nn.Linear(dim, dim, bias=False)
+
+    def kv(self, ctx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys/values [B, H, M, hd] of ctx [B, M, kv_dim]."""
+        b, m, _ = ctx.shape
+        k, v = self.wkv(ctx).view(b, m, 2, self.n_heads, self.hd).unbind(2)
+        return k.transpose(1, 2), v.transpose(1, 2)
+
+    def forward(self, x: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        b, s, _ = x.shape
+        q = self.wq(x).view(b, s, self.n_heads, self.hd).transpose(1, 2)
+        y = F.scaled_dot_product_attention(q, kv[0], kv[1])
+        return self.wo(y.transpose(1, 2).reshape(b, s, -1))
+
+
+class _EncBlock(nn.Module):
+    """Pre-norm attention (to `ctx`, or self when ctx is None) + GELU MLP."""
+
+    def __init__(self, dim: int, n_heads: int) -> None:
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.attn = _MHA(dim, dim, n_heads)
+        self.mlp = nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(), nn.Linear(2 * dim, dim))
+
+    def forward(self, x: torch.Tensor, ctx: torch.Tensor | None = None) -> torch.Tensor:
+        h = self.norm1(x)
+        x = x + self.attn(h, self.attn.kv(h if ctx is None else ctx))
+        return x + self.mlp(self.norm2(x))
+
+
+class PointEncoder(nn.Module):
+    """Perceiver over surface samples: [B, N, 6] points+normals -> [B, num_latents, out_dim]."""
+
+    def __init__(self, cfg: PointEncoderConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        freqs = (2.0 ** torch.arange(cfg.num_freqs)) * math.pi
+        self.register_buffer("freqs", freqs, persistent=False)  # [K]
+        in_dim = 3 + 3 + 3 * 2 * cfg.num_freqs
+        self.embed = nn.Sequential(nn.Linear(in_dim, cfg.width), nn.GELU(), nn.Linear(cfg.width, cfg.width))
+        self.latents = nn.Parameter(torch.randn(cfg.num_latents, cfg.width) * 0.02)
+        self.ctx_norm = nn.LayerNorm(cfg.width)
+        self.cross = _EncBlock(cfg.width, cfg.n_heads)
+        self.blocks = nn.ModuleList(_EncBlock(cfg.width, cfg.n_heads) for _ in range(cfg.enc_layers))
+        self.out_norm = nn.LayerNorm(cfg.width)
+        self.proj = nn.Linear(cfg.width, cfg.out_dim)
+
+    def features(self, pc: torch.Tensor) -> torch.Tensor:
+        """Per-point input features [B, N, in_dim]: xyz, normals, sin/cos(2^k pi xyz)."""
+        xyz, nrm = pc[..., :3], pc[..., 3:6]
+        ang = (xyz.unsqueeze(-1) * self.freqs).flatten(-2)  # [B, N, 3K]
+        return torch.cat([xyz, nrm, ang.sin(), ang.cos()], dim=-1)
+
+    def forward(self, pc: torch.Tensor) -> torch.Tensor:
+        pts = self.ctx_norm(self.embed(self.features(pc)))  # [B, N, W]
+        x = self.latents.unsqueeze(0).expand(pc.shape[0], -1, -1)  # [B, M, W]
+        x = self.cross(x, pts)
+        for blk in self.blocks:
+            x = blk(x)
+        return self.proj(self.out_norm(x))  # [B, M, out_dim]
+
+
+class MeshGPT(nn.Module):
+    """Point encoder + cross-attention decoder + learned start vector (BPT has no BOS id)."""
+
+    def __init__(self, decoder: dict, encoder: dict) -> None:
+        super().__init__()
+        self.dec_cfg = TransformerConfig(**decoder)
+        self.enc_cfg = PointEncoderConfig(**encoder)
+        if self.dec_cfg.cross_dim != self.enc_cfg.out_dim:
+            raise ValueError(f"decoder cross_dim {self.dec_cfg.cross_dim} != encoder out_dim {self.enc_cfg.out_dim}")
+        self.encoder = PointEncoder(self.enc_cfg)
+        self.decoder = Transformer(self.dec_cfg)
+        self.start = nn.Parameter(torch.randn(self.dec_cfg.dim) * 0.02)
+        nn.init.normal_(self.decoder.tok_embeddings.weight, std=0.02)  # tied LM head: keep initial logits small
+
+    @property
+    def vocab_size(self) -> int:
+        return self.dec_cfg.vocab_size
+
+    def builder_kwargs(self) -> dict:
+        return {"decoder": self.dec_cfg.to_dict(), "encoder": self.enc_cfg.to_dict()}
+
+    def encode(self, pc: torch.Tensor) -> torch.Tensor:
+        """Condition [B, M, cross_dim] of point clouds [B, N, 6]."""
+        return self.encoder(pc)
+
+    def context_kv(self, context: torch.Tensor) -> list:
+        """Per-layer cross-attention K/V of a condition (what `set_context` stores in a cache)."""
+        return [blk.cross_attention.context_kv(context) for blk in self.decoder.layers]
+
+    def inputs(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Training inputs [B, L+1, dim]: the start vector then the embeddings of tokens [B, L]."""
+        start = self.start.view(1, 1, -1).expand(tokens.shape[0], 1, -1)
+        return torch.cat([start, self.decoder.tok_embeddings(tokens.clamp_min(0))], dim=1)
+
+    def forward_train(self, pc: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Teacher-forced pass over whole sequences (no cache).
+
+        tokens [B, L] (pad -1); returns logits [B, L, V] predicting tokens[:, i] at row i, hidden
+        [B, L, dim] (hidden row i = h at position i, i.e. after start + tokens[:, :i]), condition.
+        """
+        cond = self.encode(pc)
+        h = self.inputs(tokens[:, :-1])  # [B, L, dim]: start, x_1 .. x_{L-1}
+        pos = torch.arange(h.shape[1], device=h.device).expand(h.shape[0], -1)
+        hidden = self.decoder.hidden_states(h, pos, None, None, self.context_kv(cond))
+        return self.decoder.output(hidden), hidden, cond
+
+    # -- cached decoding -------------------------------------------------------------------------
+    def new_cache(self, batch: int, max_len: int) -> KVCache:
+        return self.decoder.new_cache(batch, min(max_len, self.dec_cfg.max_seq_len))
+
+    @torch.inference_mode()
+    def prefill(self, cache: KVCache, cond: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store the condition's K/V once, run the start vector at position 0 and commit it.
+
+        Returns logits [B, V] of token 1 and the start's hidden state [B, dim].
+        """
+        self.decoder.set_context(cache, cond)
+        b = cond.shape[0]
+        h = self.start.view(1, 1, -1).expand(b, 1, -1)
+        pos = torch.zeros(b, 1, dtype=torch.long, device=cond.device)
+        hidden = self.decoder.hidden_states(h, pos, cache)
+        for row in range(b):
+            cache.commit(row, [0])
+        return self.decoder.output(hidden[:, -1]), hidden[:, -1]
+
+    @torch.inference_mode()
+    def step(self, tokens: torch.Tensor, start: int, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
+        """Score a causal chain tokens [B, S] at positions start.. (pending, not committed).
+
+        Returns logits [B, S, V] and hidden [B, S, dim].
+        """
+        b, s = tokens.shape
+        pos = torch.arange(start, start + s, device=tokens.device).expand(b, s)
+        return self.decoder(tokens, pos, cache)
+
+
+def build_mesh_gpt(decoder: dict, encoder: dict) -> MeshGPT:
+    return MeshGPT(decoder, encoder)

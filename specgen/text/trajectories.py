@@ -1,0 +1,322 @@
+"""Jacobi trajectory collection (CLLM / pcLLM step 1): greedy Jacobi over blocks of n tokens, every state kept.
+
+For each prompt the target decodes its greedy answer block by block. A block starts from the
+initial guess ``[first correct token] + (n - 1) tokens drawn from the text so far`` (CLLM/Jacobi
+Forcing) and is iterated with one forward per Jacobi step over a static KV cache: the converged
+prefix is committed to the cache, only the unconverged suffix is fed again. The state recorded after
+each step is the full Jacobi iterate ``y^(j)`` (n tokens); the last state is the fixed point, which
+equals greedy AR (Song et al. 2021). Collection stops after the block whose fixed point holds a stop
+token or when ``max_new_tokens`` are reached.
+
+One record per block (parquet, readable with ``datasets.load_dataset("parquet", ...)``):
+
+    data_id      int          index of the prompt in the prompt source
+    block        int          block index (0 = first n answer tokens)
+    prompt_ids   list[int]    the prompt's token ids (chat template applied)
+    trajectory   list[list]   states y^(0) .. y^(k) (n tokens each); trajectory[-1] == fixed_point
+    fixed_point  list[int]    the block's converged tokens (= greedy AR output)
+    iterations   int          Jacobi steps (forwards) taken for this block
+
+Layout of an output folder::
+
+    trajectories.json            metadata: target, tokenizer hash, block size, prompt source, ... (distill checks it)
+    shards/rank00-00000.parquet  written atomically, each holds whole prompts only
+    merged/train.parquet         `merge_shards`: all ranks, de-duplicated, sorted (idempotent)
+
+Resume: a prompt whose records are in any shard is skipped, so an interrupted run never duplicates
+records, and a half-written shard never exists (temp file + rename). Ranks come from RANK/WORLD_SIZE
+(torchrun, accelerate); prompt i belongs to rank i % WORLD_SIZE.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from specgen.errors import IncompatibleError, RuntimeFailure, UsageError
+
+META = "trajectories.json"
+SHARDS = "shards"
+MERGED = "merged"
+COLUMNS = ("data_id", "block", "prompt_ids", "trajectory", "fixed_point", "iterations")
+
+
+@dataclass
+class CollectConfig:
+    """Options of `specgen collect-trajectories` (recipe keys)."""
+
+    model: str = "smollm2-135m"
+    prompts: str = "stdlib"  # "stdlib" (built-in set) or a text / JSONL file / datasets folder / parquet
+    prompt_field: str | None = None
+    limit: int = 0  # 0 = all prompts of the source
+    offset: int = 0
+    block_size: int = 16
+    max_new_tokens: int = 128
+    chat: bool = True
+    seed: int = 0
+    device: str = "cpu"
+    threads: int = 0
+    shard_every: int = 8  # prompts per shard file (the unit of resumption)
+
+
+def tokenizer_hash(tokenizer) -> str:
+    """A short hash of the vocabulary (id <-> token) and the special tokens: equal hashes tokenize alike."""
+    hf = tokenizer.hf
+    vocab = sorted(hf.get_vocab().items(), key=lambda kv: kv[1])
+    blob = json.dumps([vocab, hf.eos_token, getattr(hf, "chat_template", None)], ensure_ascii=False)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
+
+
+def rank_and_world() -> tuple[int, int]:
+    """(rank, world size) from torchrun / accelerate environment variables; (0, 1) otherwise."""
+    try:
+        rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        raise UsageError("RANK and WORLD_SIZE must be integers") from None
+    if world < 1 or not 0 <= rank < world:
+        raise UsageError(f"bad RANK={rank} / WORLD_SIZE={world}")
+    return rank, world
+
+
+# ----------------------------------------------------------------------------------------------------
+# Jacobi on one prompt
+
+
+@torch.inference_mode()
+def jacobi_trajectories(target, prompt: list[int], block_size: int, max_new_tokens: int,
+                        stop_ids: tuple[int, ...], seed: int = 0) -> list[dict]:
+    """Greedy Jacobi decoding of `prompt`; returns one dict per block (trajectory, fixed point, iterations)."""
+    n = block_size
+    device = getattr(target, "device", "cpu")
+    cache = target.new_cache(1, len(prompt) + max_new_tokens + 2 * n + 2)
+    first = target.prefill(torch.tensor([prompt], device=device), cache)
+    nxt = int(first.logits[0, -1].argmax())  # the correct token after everything committed
+    rng = random.Random(seed)
+    text = list(prompt)
+    blocks: list[dict] = []
+    while len(text) - len(prompt) < max_new_tokens:
+        accepted: list[int] = []  # tokens of this block already in the cache
+        guesses = [rng.choice(text) for _ in range(n - 1)]
+        states = [[nxt] + guesses]
+        iterations = 0
+        while True:
+            feed = [nxt] + guesses  # n - len(accepted) tokens
+            start = cache.lengths[0]
+            out = target.forward(torch.tensor([feed], device=device),
+                                 torch.arange(start, start + len(feed), device=device).unsqueeze(0), cache, None)
+            iterations += 1
+            argmax = out.logits[0].argmax(-1).tolist()  # argmax[i] follows feed[i]
+            m = 0
+            while m < len(guesses) and guesses[m] == argmax[m]:
+                m += 1
+            cache.commit(0, list(range(m + 1)))  # nxt + the m converged guesses
+            accepted += feed[: m + 1]
+            nxt = argmax[m]
+            guesses = argmax[m + 1 :][: n - len(accepted) - 1] if len(accepted) < n else []
+            state = (accepted + [nxt] + guesses)[:n]
+            if state != states[-1]:
+                states.append(state)
+            if len(accepted) == n:
+                break
+        blocks.append({"trajectory": states, "fixed_point": accepted, "iterations": iterations})
+        text += accepted
+        if any(t in stop_ids for t in accepted):
+            break
+    return blocks
+
+
+# ----------------------------------------------------------------------------------------------------
+# output folder: metadata, shards, merge
+
+
+def read_meta(folder: Path) -> dict:
+    path = Path(folder) / META
+    if not path.is_file():
+        raise UsageError(f"{folder} holds no trajectories ({META} missing)")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise RuntimeFailure(f"unreadable {path}: {e}") from None
+
+
+def check_meta(old: dict, new: dict) -> None:
+    """Refuse to mix trajectories of different targets, tokenizers, block sizes or prompt sources."""
+    if (old.get("target"), old.get("tokenizer_hash")) != (new.get("target"), new.get("tokenizer_hash")):
+        raise IncompatibleError(
+            f"trajectories in this folder come from {old.get('target')} (tokenizer {old.get('tokenizer_hash')}), "
+            f"not {new.get('target')} (tokenizer {new.get('tokenizer_hash')}); use another --out")
+    for key in ("block_size", "max_new_tokens", "prompt_source", "prompt_fingerprint", "chat"):
+        if old.get(key) != new.get(key):
+            raise IncompatibleError(f"this folder was collected with {key}={old.get(key)!r}, not {new.get(key)!r}; "
+                                    "use another --out")
+
+
+def write_parquet_atomic(rows: list[dict], path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = pa.Table.from_pylist(rows, schema=schema())
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    pq.write_table(table, tmp)
+    os.replace(tmp, path)
+
+
+def schema():
+    import pyarrow as pa
+
+    ids = pa.list_(pa.int32())
+    return pa.schema([("data_id", pa.int64()), ("block", pa.int32()), ("prompt_ids", ids),
+                      ("trajectory", pa.list_(ids)), ("fixed_point", ids), ("iterations", pa.int32())])
+
+
+def shard_files(folder: Path) -> list[Path]:
+    return sorted((Path(folder) / SHARDS).glob("rank*-*.parquet"))
+
+
+def done_ids(folder: Path) -> set[int]:
+    """Prompts whose records are already in a shard (every shard holds whole prompts only)."""
+    import pyarrow.parquet as pq
+
+    ids: set[int] = set()
+    for f in shard_files(folder):
+        try:
+            ids.update(pq.read_table(f, columns=["data_id"]).column("data_id").to_pylist())
+        except Exception as e:
+            raise RuntimeFailure(f"corrupt shard {f}: {e}") from None
+    return ids
+
+
+def load_records(folder: Path) -> list[dict]:
+    """All block records of a folder (merged file if present, else every shard), de-duplicated and sorted."""
+    import pyarrow.parquet as pq
+
+    folder = Path(folder)
+    merged = folder / MERGED / "train.parquet"
+    files = [merged] if merged.is_file() else shard_files(folder)
+    if not files:
+        raise UsageError(f"{folder} holds no trajectory shards")
+    rows: dict[tuple[int, int], dict] = {}
+    for f in files:
+        try:
+            for r in pq.read_table(f).to_pylist():
+                rows.setdefault((r["data_id"], r["block"]), r)
+        except Exception as e:
+            raise RuntimeFailure(f"corrupt trajectory file {f}: {e}") from None
+    return [rows[k] for k in sorted(rows)]
+
+
+def merge_shards(folder: Path) -> Path:
+    """Write merged/train.parquet from every rank's shards: de-duplicated, sorted; running it twice changes nothing."""
+    folder = Path(folder)
+    if not shard_files(folder):
+        raise UsageError(f"{folder} holds no trajectory shards to merge")
+    merged = folder / MERGED / "train.parquet"
+    if merged.exists():
+        merged.unlink()  # rebuilt from the shards (the source of truth)
+    rows = load_records(folder)
+    write_parquet_atomic(rows, merged)
+    return merged
+
+
+# ----------------------------------------------------------------------------------------------------
+# the command's library entry
+
+
+def load_prompt_texts(cfg: CollectConfig) -> tuple[list[str], str, str]:
+    """(prompts, source name, fingerprint) with the HumanEval guard applied."""
+    from specgen.data.prompts import guard_training_prompts, read_prompts
+
+    if cfg.prompts == "stdlib":
+        from specgen.data.stdlib_prompts import stdlib_fingerprint, stdlib_prompts
+
+        texts, source, fp = stdlib_prompts(), "stdlib", stdlib_fingerprint()
+    else:
+        texts = read_prompts(cfg.prompts, field=cfg.prompt_field)
+        source = str(Path(cfg.prompts).expanduser().resolve())
+        fp = hashlib.sha256("\n\0".join(texts).encode("utf-8")).hexdigest()[:12]
+    if cfg.offset < 0 or cfg.limit < 0:
+        raise UsageError("limit and offset must be >= 0")
+    texts = texts[cfg.offset:]
+    texts = texts[: cfg.limit] if cfg.limit else texts
+    if not texts:
+        raise UsageError(f"no prompts left in {source} after offset {cfg.offset}")
+    guard_training_prompts(texts)  # HumanEval is never used for training
+    return texts, source, fp
+
+
+@dataclass
+class CollectSummary:
+    folder: str
+    rank: int
+    world_size: int
+    prompts: int  # prompts of this rank collected in this run
+    skipped: int  # already present (resumed)
+    blocks: int
+    mean_iterations_per_block: float
+    seconds: float
+
+
+def collect(cfg: CollectConfig, out: Path, on_prompt: Callable[[int, int, float], None] | None = None,
+            progress=None) -> CollectSummary:
+    """Collect trajectories for this rank's share of the prompts into `out` (resumable)."""
+    from specgen.text.target import load_text_model
+
+    if cfg.block_size < 2:
+        raise UsageError(f"block_size must be >= 2, got {cfg.block_size}")
+    if cfg.max_new_tokens < 1 or cfg.shard_every < 1:
+        raise UsageError("max_new_tokens and shard_every must be >= 1")
+    rank, world = rank_and_world()
+    texts, source, fingerprint = load_prompt_texts(cfg)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    tm = load_text_model(cfg.model, cfg.device, progress)
+    meta = {"target": tm.entry.ref, "tokenizer_hash": tokenizer_hash(tm.tokenizer), "block_size": cfg.block_size,
+            "max_new_tokens": cfg.max_new_tokens, "prompt_source": source, "prompt_fingerprint": fingerprint,
+            "chat": cfg.chat, "vocab_size": tm.target.vocab_size, "offset": cfg.offset, "seed": cfg.seed,
+            "config": asdict(cfg)}
+    out = Path(out)
+    if (out / META).is_file():
+        check_meta(read_meta(out), meta)
+    elif out.exists() and any(out.iterdir()):
+        raise UsageError(f"{out} exists and is not a trajectory folder; use an empty or new --out")
+    else:
+        out.mkdir(parents=True, exist_ok=True)
+        tmp = out / f".{META}.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps(meta, indent=2, sort_keys=True))
+        os.replace(tmp, out / META)
+    have = done_ids(out)
+    mine = [i for i in range(len(texts)) if (cfg.offset + i) % world == rank]
+    todo = [i for i in mine if cfg.offset + i not in have]
+    t0, blocks, iters, pending = time.perf_counter(), 0, 0, []
+    chunk = len(list((out / SHARDS).glob(f"rank{rank:02d}-*.parquet"))) if (out / SHARDS).is_dir() else 0
+
+    def flush() -> None:
+        nonlocal chunk, pending
+        if pending:
+            write_parquet_atomic(pending, out / SHARDS / f"rank{rank:02d}-{chunk:05d}.parquet")
+            chunk, pending = chunk + 1, []
+
+    for done, i in enumerate(todo, start=1):
+        ids = tm.tokenizer.encode(texts[i], chat=cfg.chat)
+        recs = jacobi_trajectories(tm.target, ids, cfg.block_size, cfg.max_new_tokens, tm.tokenizer.stop_ids,
+                                   seed=cfg.seed * 1_000_003 + cfg.offset + i)
+        for b, r in enumerate(recs):
+            pending.append({"data_id": cfg.offset + i, "block": b, "prompt_ids": ids, **r})
+            blocks += 1
+            iters += r["iterations"]
+        if done % cfg.shard_every == 0:
+            flush()
+        if on_prompt:
+            on_prompt(blocks, iters, time.perf_counter() - t0)
+    flush()
+    return CollectSummary(str(out), rank, world, len(todo), len(mine) - len(todo), blocks,
+                          iters / blocks if blocks else 0.0, time.perf_counter() - t0)

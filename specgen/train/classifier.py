@@ -1,0 +1,209 @@
+"""Train the image-metrics classifier (class = source photo) on train-split crops; writes fp16 weights + config.json.
+
+    python -m specgen.train.classifier --config recipes/tiny/image-classifier.yaml --out DIR \
+        [--log FILE] [key=value ...]
+
+Held-out accuracy is measured on the eval split (a strip of every photo that train crops never touch),
+on the shipped fp16 weights, and also on reconstructions of those crops by the shipped VQ (the ceiling
+for images generated through that VQ). Augmentations mimic VQ/generation artefacts: blur, noise and
+global (all-channel) brightness/contrast jitter, so colour vs greyscale stays a usable cue.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+
+from specgen.config import load_config
+from specgen.data.images import ImageCrops, ImageCropsConfig
+from specgen.eval.image_metrics import ImageClassifier, class_accuracy
+
+
+@dataclass
+class ClassifierTrainConfig:
+    """Everything a classifier run depends on (a YAML recipe sets any subset)."""
+
+    widths: list[int] = field(default_factory=lambda: [32, 64, 128])
+    groups: int = 8
+    dropout: float = 0.1
+    crop_size: int = 64
+    data_seed: int = 0
+    seed: int = 0
+    steps: int = 1200
+    batch_size: int = 64
+    lr: float = 2e-3
+    min_lr: float = 5e-5
+    warmup_steps: int = 50
+    weight_decay: float = 0.05
+    label_smoothing: float = 0.1
+    grad_clip: float = 1.0
+    blur_p: float = 0.25  # per image: 2x average-pool then bilinear upsample
+    noise_p: float = 0.25  # per image: add N(0, noise_std^2) pixel noise
+    noise_std: float = 0.05
+    jitter: float = 0.1  # per image: brightness +-jitter, contrast x(1 +- jitter), same for all channels
+    eval_samples: int = 1024  # held-out crops (eval split), 64 per class
+    eval_every: int = 200
+    log_every: int = 50
+    vq: str = "specgen/assets/image/vq"  # VQ folder: also report accuracy on its reconstructions ("" = skip)
+    num_threads: int = 1
+
+
+def lr_at(cfg: ClassifierTrainConfig, step: int) -> float:
+    """Linear warmup then cosine decay from lr to min_lr."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    t = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps))
+    return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * t))
+
+
+def augment(images: torch.Tensor, cfg: ClassifierTrainConfig, gen: torch.Generator) -> torch.Tensor:
+    """Random blur / noise / global jitter of images [B,3,S,S] in [-1,1] (same shape out)."""
+    b = images.shape[0]
+    u = lambda: torch.rand(b, 1, 1, 1, generator=gen)  # noqa: E731
+    blurred = F.interpolate(F.avg_pool2d(images, 2), size=images.shape[-2:], mode="bilinear", align_corners=False)
+    x = torch.where(u() < cfg.blur_p, blurred, images)
+    noise = torch.randn(x.shape, generator=gen) * cfg.noise_std
+    x = torch.where(u() < cfg.noise_p, x + noise, x)
+    mean = x.mean(dim=(1, 2, 3), keepdim=True)  # [B,1,1,1]
+    x = (x - mean) * (1 + cfg.jitter * (2 * u() - 1)) + mean + cfg.jitter * (2 * u() - 1)
+    return x.clamp(-1, 1)
+
+
+def _atomic_write(path: Path, write: Callable[[str], None]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def fp16_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: (v.half() if v.is_floating_point() else v).contiguous() for k, v in model.state_dict().items()}
+
+
+@torch.no_grad()
+def per_class_accuracy(model: ImageClassifier, images: torch.Tensor, labels: torch.Tensor) -> list[float]:
+    preds = torch.cat([model(c).argmax(-1) for c in images.split(256)])  # [N]
+    return [float((preds[labels == c] == c).float().mean()) for c in range(model.num_classes)]
+
+
+@torch.no_grad()
+def vq_reconstructions(vq_dir: str, images: torch.Tensor) -> torch.Tensor:
+    """Images [N,3,S,S] passed through the VQ in `vq_dir` (config.json + model.safetensors) -> [N,3,S,S]."""
+    from specgen import registry
+
+    vq = registry.load_module(registry.entry_at(Path(vq_dir)))
+    return torch.cat([vq(c).recon.clamp(-1, 1) for c in images.split(64)])
+
+
+def train(cfg: ClassifierTrainConfig, out: Path, log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+    """Train, evaluate the fp16 weights, write OUT/{model.safetensors, config.json}; return the metrics."""
+    torch.set_num_threads(cfg.num_threads)
+    torch.manual_seed(cfg.seed)
+    data_cfg = ImageCropsConfig(crop_size=cfg.crop_size, seed=cfg.data_seed)
+    train_data = ImageCrops(replace(data_cfg, split="train", num_samples=cfg.steps * cfg.batch_size))
+    eval_images, eval_labels = ImageCrops(replace(data_cfg, split="eval", num_samples=cfg.eval_samples)).batch(
+        range(cfg.eval_samples))  # [N,3,S,S], [N]
+    kwargs = {"num_classes": train_data.num_classes, "widths": list(cfg.widths), "groups": cfg.groups,
+              "image_size": cfg.crop_size, "dropout": cfg.dropout}
+    model = ImageClassifier(**{**kwargs, "widths": tuple(cfg.widths)}).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    log(f"classifier {sum(p.numel() for p in model.parameters()) / 1e3:.1f}K params, {cfg.steps} steps x "
+        f"{cfg.batch_size}; config {json.dumps(asdict(cfg))}")
+    history, window, t0, c0 = [], [], time.perf_counter(), time.process_time()
+    for step in range(cfg.steps):
+        images, labels = train_data.batch(range(step * cfg.batch_size, (step + 1) * cfg.batch_size))  # [B,3,S,S]
+        for g in opt.param_groups:
+            g["lr"] = lr_at(cfg, step)
+        logits = model(augment(images, cfg, gen))  # [B,C]
+        loss = F.cross_entropy(logits, labels, label_smoothing=cfg.label_smoothing)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        window.append((float(loss), float((logits.argmax(-1) == labels).float().mean())))
+        done = step + 1
+        if done % cfg.log_every == 0 or done == cfg.steps:
+            log(f"step {done:5d} lr {lr_at(cfg, step):.2e} loss {sum(w[0] for w in window) / len(window):.4f} "
+                f"train_acc {sum(w[1] for w in window) / len(window):.3f} "
+                f"elapsed {(time.perf_counter() - t0) / 60:.1f}m cpu {(time.process_time() - c0) / 60:.1f}m")
+            window = []
+        if done % cfg.eval_every == 0 or done == cfg.steps:
+            model.eval()
+            acc = class_accuracy(model, eval_images, eval_labels)
+            model.train()
+            history.append({"step": done, "heldout_accuracy": acc, "cpu_s": round(time.process_time() - c0, 1)})
+            log(f"eval step {done}: held-out accuracy {acc:.4f} ({cfg.eval_samples} eval-split crops)")
+    shipped_state = fp16_state(model)
+    shipped = ImageClassifier(**{**kwargs, "widths": tuple(cfg.widths)})
+    shipped.load_state_dict({k: v.float() for k, v in shipped_state.items()}, strict=True)
+    shipped.eval()
+    per_class = per_class_accuracy(shipped, eval_images, eval_labels)
+    metrics: dict[str, Any] = {
+        "heldout_accuracy": class_accuracy(shipped, eval_images, eval_labels), "weights": "fp16",
+        "heldout_per_class": dict(zip(train_data.classes, per_class)), "eval_samples": cfg.eval_samples,
+        "train_seconds": round(time.perf_counter() - t0, 1), "train_cpu_seconds": round(time.process_time() - c0, 1),
+        "history": history,
+    }
+    if cfg.vq:
+        metrics["heldout_vq_recon_accuracy"] = class_accuracy(shipped, vq_reconstructions(cfg.vq, eval_images),
+                                                              eval_labels)
+        metrics["vq"] = cfg.vq
+    doc = {
+        "builder": "image-classifier", "kind": "classifier", "kwargs": kwargs, "modality": "image",
+        "classes": list(train_data.classes), "feature_dim": cfg.widths[-1], "image_size": cfg.crop_size,
+        "dtype": "float16", "command": "python -m specgen.train.classifier",
+        "purpose": "feature space for FID and class accuracy of generated crops (not comparable with Inception FID)",
+        "train_config": asdict(cfg), "data": {**asdict(data_cfg), "classes": list(train_data.classes)},
+        "metrics": metrics,
+    }
+    _atomic_write(out / "model.safetensors", lambda p: save_file(shipped_state, p))
+    _atomic_write(out / "config.json", lambda p: Path(p).write_text(json.dumps(doc, indent=2) + "\n"))
+    return metrics
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m specgen.train.classifier", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True, help="YAML recipe, e.g. recipes/tiny/image-classifier.yaml")
+    parser.add_argument("--out", required=True, help="output folder for model.safetensors + config.json")
+    parser.add_argument("--log", default=None, help="log file (default: OUT/train.log); also echoed to stderr")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides of recipe keys")
+    args = parser.parse_args(argv)
+    cfg = load_config(ClassifierTrainConfig, args.config, args.overrides)
+    log_path = Path(args.log) if args.log else Path(args.out) / "train.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+
+    def log(msg: str) -> None:
+        line = f"{time.strftime('%Y-%m-%d %H:%M:%S')} {msg}"
+        with open(log_path, "a") as f:
+            f.write(line + "\n")
+        print(line, file=sys.stderr, flush=True)
+
+    metrics = train(cfg, Path(args.out), log)
+    log(f"done: held-out accuracy {metrics['heldout_accuracy']:.4f} (fp16 weights)"
+        + (f", on VQ reconstructions {metrics['heldout_vq_recon_accuracy']:.4f}" if cfg.vq else ""))
+    print(json.dumps({k: v for k, v in metrics.items() if k != "history"}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

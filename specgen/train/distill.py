@@ -1,0 +1,451 @@
+"""Consistency distillation of a text target on its Jacobi trajectories: pcLLM (default) or the CLLM baseline.
+
+objective=pcllm (pcLLM paper Eq. 8-9; Jacobi Forcing's one-pass trainer): one forward over a packed
+sample (`specgen/train/packing.py`) under the noise-aware causal mask computes
+
+    L = L_pc + w * L_AR
+    L_pc = (T^2 / N) * sum_blocks sum_offsets KL( softmax(z_clean / T).detach() || softmax(z_noisy / T) )
+    L_AR = mean cross-entropy of the answer tokens (fixed points) at the clean rows
+
+objective=cllm (CLLM's global consistency loss, Kou et al. 2024): per step one random block i and one
+random non-final state y of its trajectory; the teacher is the same model's detached logits on the
+clean sequence (prompt + y*_1..y*_N, which also gives L_AR), the student its logits on
+prompt + y*_<i + y; KL from y's first mismatch onward. Two forwards per sample.
+
+Training: LoRA (default; `specgen/train/lora.py`) or full fine-tuning, AdamW, linear warm-up then
+cosine decay, gradient accumulation and clipping, `accelerate` (one CPU, one GPU, DDP with
+`accelerate launch` / `torchrun`; FSDP through an accelerate config). The sample order is a pure
+function of (seed, step), so a resumed run sees exactly the samples an uninterrupted one would.
+Checkpoints (`OUT/checkpoint/`: trainable weights, AdamW state, step; safetensors + JSON) are
+written to a temporary folder and renamed into place every `ckpt_every` steps; a run resumes from
+it automatically. At the end rank 0 registers `target/<name>` (merged) and `adapter/<name>-lora` (LoRA).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from specgen.errors import IncompatibleError, UsageError
+from specgen.train import packing
+
+CKPT = "checkpoint"
+
+
+@dataclass
+class DistillConfig:
+    """Options of `specgen distill` (recipe keys)."""
+
+    model: str = "smollm2-135m"  # the model being distilled (= the trajectories' target)
+    trajectories: str = ""  # folder written by `specgen collect-trajectories`
+    name: str = "smollm2-135m-pcllm"  # registered as target/<name> (merged) and adapter/<name>-lora (LoRA)
+    objective: str = "pcllm"  # pcllm | cllm
+    block_size: int = 16  # must equal the trajectories' block size
+    schedule: str = "progressive"  # progressive | reverse | random
+    window: int = 16  # noise-schedule window w (also the `window` mask's window)
+    mask: str = "noisy"  # noisy (default, paper's NC) | clean | window
+    ar_weight: float = 10.0  # w in L = L_pc + w L_AR
+    temperature: float = 1.0
+    max_blocks: int = 0  # > 0: pack this many consecutive blocks (random aligned start; earlier ones = clean prefix)
+    finetune: str = "lora"  # lora | full
+    lora_rank: int = 16
+    lora_alpha: float = 32.0
+    lora_targets: list[str] = field(default_factory=lambda: ["wqkv", "wo", "w1", "w2", "w3"])
+    init_adapter: str = ""  # start from this adapter (e.g. an earlier round); must belong to `model`
+    steps: int = 200  # optimizer steps
+    grad_accum: int = 1
+    lr: float = 2e-4
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 10
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    ckpt_every: int = 25
+    log_every: int = 5
+    seed: int = 0
+    threads: int = 0
+    device: str = "cpu"  # cpu, or "auto" (accelerate's choice: cuda when present)
+    mixed_precision: str = "no"  # no | bf16 | fp16 (accelerate)
+    max_minutes: float = 0.0  # > 0: stop (checkpointed, registered) after this wall time
+    register: bool = True
+
+
+def check_config(cfg: DistillConfig) -> None:
+    if cfg.objective not in ("pcllm", "cllm"):
+        raise UsageError(f"objective must be pcllm or cllm, got {cfg.objective!r}")
+    if cfg.schedule not in packing.SCHEDULES:
+        raise UsageError(f"schedule must be one of {', '.join(packing.SCHEDULES)}, got {cfg.schedule!r}")
+    if cfg.mask not in packing.MASKS:
+        raise UsageError(f"mask must be one of {', '.join(packing.MASKS)}, got {cfg.mask!r}")
+    if cfg.finetune not in ("lora", "full"):
+        raise UsageError(f"finetune must be lora or full, got {cfg.finetune!r}")
+    if min(cfg.steps, cfg.grad_accum, cfg.window, cfg.lora_rank, cfg.ckpt_every, cfg.log_every) < 1:
+        raise UsageError("steps, grad_accum, window, lora_rank, ckpt_every and log_every must be >= 1")
+    if not cfg.trajectories:
+        raise UsageError("trajectories=FOLDER is required (written by `specgen collect-trajectories`)")
+    if not cfg.name or "/" in cfg.name:
+        raise UsageError(f"invalid name {cfg.name!r}")
+
+
+def check_trajectories(meta: dict, target_ref: str, tok_hash: str, cfg: DistillConfig,
+                       derived: tuple[str, ...] = ()) -> None:
+    """Refuse trajectories of another target/tokenizer or another block size (one line each).
+
+    `derived`: targets that are this model plus the adapter being continued (a later progressive
+    round collects its trajectories from the previous round's merged model).
+    """
+    if meta.get("tokenizer_hash") != tok_hash or meta.get("target") not in (target_ref, *derived):
+        raise IncompatibleError(
+            f"trajectories in {cfg.trajectories} come from {meta.get('target')} (tokenizer {meta.get('tokenizer_hash')}), "
+            f"but the model to distil is {target_ref} (tokenizer {tok_hash})")
+    if meta.get("block_size") != cfg.block_size:
+        raise IncompatibleError(f"block_size={cfg.block_size} but the trajectories in {cfg.trajectories} use "
+                                f"block size {meta.get('block_size')}")
+
+
+# ----------------------------------------------------------------------------------------------------
+# losses
+
+
+def kl_rows(student: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Per-row KL(softmax(teacher/T) || softmax(student/T)); teacher is detached here. [R]."""
+    t = F.log_softmax(teacher.detach().float() / temperature, -1)
+    s = F.log_softmax(student.float() / temperature, -1)
+    return (t.exp() * (t - s)).sum(-1)
+
+
+def pcllm_losses(model, sample: packing.Packed, mask: torch.Tensor, cfg: DistillConfig, device) -> dict:
+    """One forward over the packed sample: {'loss', 'pc', 'ar'}."""
+    logits, _ = model(sample.tokens[None].to(device), sample.positions[None].to(device), None, mask[None].to(device))
+    logits = logits[0]
+    ar = F.cross_entropy(logits[sample.ar_src.to(device)].float(), sample.ar_tgt.to(device))
+    if len(sample.student):
+        kl = kl_rows(logits[sample.student.to(device)], logits[sample.teacher.to(device)], cfg.temperature)
+        pc = kl.sum() * cfg.temperature**2 / sample.num_blocks
+    else:
+        pc = logits.sum() * 0.0
+    return {"loss": pc + cfg.ar_weight * ar, "pc": pc, "ar": ar}
+
+
+def cllm_losses(model, blocks: list[dict], cfg: DistillConfig, rng: random.Random, device,
+                stop_ids: tuple[int, ...]) -> dict:
+    """CLLM global consistency + AR loss: teacher on the clean sequence, student on one noisy state."""
+    prompt = list(blocks[0]["prompt_ids"])
+    fixed = [list(b["fixed_point"]) for b in blocks]
+    i = rng.randrange(len(blocks))
+    traj = blocks[i]["trajectory"]
+    y = list(traj[rng.randrange(max(len(traj) - 1, 1))])
+    answer = [t for b in fixed for t in b]
+    clean = torch.tensor([prompt + answer], device=device)
+    pos = torch.arange(clean.shape[1], device=device)[None]
+    logits_c, _ = model(clean, pos, None, None)
+    p, n = len(prompt), cfg.block_size
+    eos = next((k for k, t in enumerate(answer) if t in stop_ids), len(answer))
+    last = min(eos, len(answer) - 1)
+    ar = F.cross_entropy(logits_c[0, p - 1 : p + last].float(), clean[0, p : p + last + 1])
+    ctx = prompt + answer[: i * n]
+    noisy = torch.tensor([ctx + y], device=device)
+    logits_s, _ = model(noisy, torch.arange(noisy.shape[1], device=device)[None], None, None)
+    d = packing.first_mismatch(y, fixed[i])
+    hi = min(n, eos - i * n)  # offsets whose predicted token is not past the stop token
+    if d < hi:
+        base = len(ctx)
+        kl = kl_rows(logits_s[0, base + d : base + hi], logits_c[0, base + d : base + hi], cfg.temperature)
+        pc = kl.sum() * cfg.temperature**2
+    else:
+        pc = logits_s.sum() * 0.0
+    return {"loss": pc + cfg.ar_weight * ar, "pc": pc, "ar": ar}
+
+
+# ----------------------------------------------------------------------------------------------------
+# checkpoints (atomic folder swap; safetensors + JSON only)
+
+
+def save_checkpoint(folder: Path, model, optimizer, step: int, history: list[dict], cfg: DistillConfig,
+                    window: list[dict] | None = None) -> None:
+    from safetensors.torch import save_file
+
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".checkpoint.", dir=folder.parent))
+    try:
+        trainable = {n: p.detach().cpu().contiguous() for n, p in model.named_parameters() if p.requires_grad}
+        save_file(trainable, str(tmp / "trainable.safetensors"))
+        osd = optimizer.state_dict()
+        flat = {f"{i}.{k}": v.detach().cpu().contiguous() for i, st in osd["state"].items()
+                for k, v in st.items() if torch.is_tensor(v)}
+        save_file(flat or {"_empty": torch.zeros(1)}, str(tmp / "optimizer.safetensors"))
+        (tmp / "state.json").write_text(json.dumps({"step": step, "history": history, "window": window or [],
+                                                    "config": asdict(cfg)}))
+        old = folder.with_name(f".{folder.name}.old")
+        if folder.exists():
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(folder, old)
+        os.replace(tmp, folder)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def load_checkpoint(folder: Path, model, optimizer) -> tuple[int, list[dict], list[dict]]:
+    from safetensors.torch import load_file
+
+    from specgen.errors import CheckpointError
+
+    try:
+        state = json.loads((folder / "state.json").read_text())
+        trainable = load_file(str(folder / "trainable.safetensors"))
+        flat = load_file(str(folder / "optimizer.safetensors"))
+    except Exception as e:
+        raise CheckpointError(f"corrupt training checkpoint in {folder}: {e}") from None
+    params = dict(model.named_parameters())
+    missing = [n for n, p in params.items() if p.requires_grad and n not in trainable]
+    if missing:
+        raise CheckpointError(f"{folder} does not fit this run (no {missing[0]}); use another --out")
+    with torch.no_grad():
+        for n, v in trainable.items():
+            params[n].copy_(v)
+    osd = optimizer.state_dict()
+    per: dict[int, dict] = {}
+    for key, v in flat.items():
+        if key == "_empty":
+            continue
+        i, k = key.split(".", 1)
+        per.setdefault(int(i), {})[k] = v
+    osd["state"] = per
+    optimizer.load_state_dict(osd)
+    return int(state["step"]), list(state.get("history", [])), list(state.get("window", []))
+
+
+# ----------------------------------------------------------------------------------------------------
+# the run
+
+
+def group_records(records: list[dict]) -> list[list[dict]]:
+    """Block records grouped per prompt (sorted by block), prompts in data_id order."""
+    by: dict[int, list[dict]] = {}
+    for r in records:
+        by.setdefault(int(r["data_id"]), []).append(r)
+    return [sorted(v, key=lambda r: r["block"]) for _, v in sorted(by.items())]
+
+
+def sample_index(step: int, micro: int, rank: int, world: int, accum: int, num: int, seed: int) -> int:
+    """Which prompt the (step, micro-batch, rank) trains on: a seeded permutation per epoch (resume-safe)."""
+    flat = (step * accum + micro) * world + rank
+    epoch, pos = divmod(flat, num)
+    perm = torch.randperm(num, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
+    return int(perm[pos])
+
+
+def lr_at(step: int, cfg: DistillConfig) -> float:
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    frac = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
+
+
+def distill(cfg: DistillConfig, out: Path, log: Callable[[str], None] = lambda s: None, progress=None,
+            on_step: Callable[[int], None] | None = None) -> dict:
+    """Train (resuming from OUT/checkpoint when present) and register the result; returns a summary."""
+    from accelerate import Accelerator
+
+    from specgen import registry
+    from specgen.text.target import load_text_model
+    from specgen.text.trajectories import load_records, read_meta, tokenizer_hash
+    from specgen.train.lora import apply_lora, lora_state, merge_lora_state
+
+    check_config(cfg)
+    meta = read_meta(Path(cfg.trajectories))
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    tm = load_text_model(cfg.model, "cpu", progress)
+    tok_hash = tokenizer_hash(tm.tokenizer)
+    init = None
+    if cfg.init_adapter:  # a later progressive round: continue an adapter of this model
+        init = registry.find(cfg.init_adapter)
+        registry.check_pair(init, tm.entry)
+    derived = (init.meta.get("merged_target", ""),) if init is not None else ()
+    check_trajectories(meta, tm.entry.ref, tok_hash, cfg, derived)
+    groups = group_records(load_records(Path(cfg.trajectories)))
+    if not groups:
+        raise UsageError(f"{cfg.trajectories} holds no records")
+    stop_ids = tm.tokenizer.stop_ids
+    model = tm.module.float().train()
+    torch.manual_seed(cfg.seed)
+    if init is not None and cfg.finetune == "full":
+        merge_lora_state(model, registry.read_state(init), init.meta["lora_rank"], init.meta["lora_alpha"])
+    if cfg.finetune == "lora":
+        for p in model.parameters():
+            p.requires_grad_(False)
+        apply_lora(model, tuple(cfg.lora_targets), cfg.lora_rank, cfg.lora_alpha)
+        if init is not None:  # same rank/targets: the adapter keeps training, still relative to `model`
+            if (init.meta.get("lora_rank"), init.meta.get("lora_alpha")) != (cfg.lora_rank, cfg.lora_alpha):
+                raise IncompatibleError(f"{init.ref} has rank {init.meta.get('lora_rank')} / alpha "
+                                        f"{init.meta.get('lora_alpha')}, not {cfg.lora_rank} / {cfg.lora_alpha}")
+            bad = model.load_state_dict(registry.read_state(init), strict=False).unexpected_keys
+            if bad:
+                raise IncompatibleError(f"{init.ref} adapts {bad[0]}, which this run's lora_targets do not wrap")
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+    acc = Accelerator(cpu=cfg.device == "cpu", gradient_accumulation_steps=1, mixed_precision=cfg.mixed_precision)
+    out = Path(out)
+    ckpt = out / CKPT
+    step, history, window = 0, [], []
+    if (ckpt / "state.json").is_file():
+        step, history, window = load_checkpoint(ckpt, model, optimizer)
+        log(f"resumed from {ckpt} at step {step}")
+    model, optimizer = acc.prepare(model, optimizer)
+    device = acc.device
+    world, rank = acc.num_processes, acc.process_index
+    t0 = time.perf_counter()
+    log(f"{cfg.objective} on {tm.entry.ref}: {len(groups)} prompts, {sum(len(g) for g in groups)} blocks, "
+        f"{sum(p.numel() for p in params):,} trainable parameters ({cfg.finetune}), {world} process(es) on {device}")
+    stopped_early = False
+    while step < cfg.steps:
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, cfg)
+        parts = {"loss": 0.0, "pc": 0.0, "ar": 0.0}
+        for micro in range(cfg.grad_accum):
+            idx = sample_index(step, micro, rank, world, cfg.grad_accum, len(groups), cfg.seed)
+            rng = random.Random(cfg.seed * 1_000_003 + idx * 7919 + step)
+            sync = micro == cfg.grad_accum - 1
+            ctx = acc.no_sync(model) if (world > 1 and not sync) else _null()
+            with ctx:
+                if cfg.objective == "pcllm":
+                    start = rng.randrange(0, len(groups[idx]), cfg.max_blocks) if cfg.max_blocks else 0
+                    sample = packing.build_sample(groups[idx], cfg.schedule, cfg.window, rng, cfg.max_blocks,
+                                                  stop_ids, start)
+                    mask = packing.noise_aware_mask(sample.segments, cfg.mask, cfg.window)
+                    losses = pcllm_losses(model, sample, mask, cfg, device)
+                else:
+                    blocks = groups[idx][: cfg.max_blocks] if cfg.max_blocks else groups[idx]
+                    losses = cllm_losses(model, blocks, cfg, rng, device, stop_ids)
+                acc.backward(losses["loss"] / cfg.grad_accum)
+            for k in parts:
+                parts[k] += float(losses[k].detach()) / cfg.grad_accum
+        if cfg.grad_clip > 0:
+            acc.clip_grad_norm_(params, cfg.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        window.append(parts)
+        if step % cfg.log_every == 0 or step == cfg.steps:
+            mean = {k: sum(w[k] for w in window) / len(window) for k in parts}
+            history.append({"step": step, **{k: round(v, 5) for k, v in mean.items()}, "lr": lr_at(step - 1, cfg),
+                            "elapsed_s": round(time.perf_counter() - t0, 1)})
+            log(f"step {step}/{cfg.steps} loss {mean['loss']:.4f} pc {mean['pc']:.4f} ar {mean['ar']:.4f} "
+                f"lr {lr_at(step - 1, cfg):.2e} {time.perf_counter() - t0:.0f}s")
+            window = []
+        over = cfg.max_minutes > 0 and time.perf_counter() - t0 > cfg.max_minutes * 60
+        if step % cfg.ckpt_every == 0 or step == cfg.steps or over:
+            acc.wait_for_everyone()
+            if acc.is_main_process:
+                save_checkpoint(ckpt, acc.unwrap_model(model), optimizer, step, history, cfg, window)
+            acc.wait_for_everyone()
+        if on_step:
+            on_step(step)
+        if over:
+            log(f"max_minutes={cfg.max_minutes} reached at step {step}: checkpointed; run again to continue")
+            stopped_early = True
+            break
+    summary = {"name": cfg.name, "objective": cfg.objective, "steps": step, "target": tm.entry.ref,
+               "history": history, "finished": not stopped_early, "entries": []}
+    if acc.is_main_process and cfg.register:
+        trained = acc.unwrap_model(model)
+        summary["entries"] = register(trained, tm, cfg, meta, tok_hash, history, step)
+    acc.wait_for_everyone()
+    return summary
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+def register(model, tm, cfg: DistillConfig, traj_meta: dict, tok_hash: str, history: list[dict], step: int) -> list[str]:
+    """adapter/<name>-lora (LoRA only) and target/<name> (weights with the adapter merged), tokenizer copied."""
+    from specgen import registry
+    from specgen.train.lora import lora_state, merge_lora
+
+    common = {"objective": cfg.objective, "block_size": cfg.block_size, "tokenizer_hash": tok_hash,
+              "vocab_size": tm.target.vocab_size, "trajectories": {k: traj_meta.get(k) for k in
+              ("target", "tokenizer_hash", "block_size", "max_new_tokens", "prompt_source", "prompt_fingerprint")},
+              "config": asdict(cfg), "metrics": {"history": history[-5:], "steps": step},
+              "created_by": "specgen distill"}
+    refs = []
+    if cfg.finetune == "lora":
+        state = lora_state(model)
+        if cfg.init_adapter:
+            common["init_adapter"] = cfg.init_adapter
+        e = registry.save("adapter", f"{cfg.name}-lora", state, {**common, "parent": tm.entry.ref,
+                                                        "merged_target": f"target/{cfg.name}", "lora_rank": cfg.lora_rank,
+                                                        "lora_alpha": cfg.lora_alpha,
+                                                        "lora_targets": list(cfg.lora_targets)})
+        refs.append(e.ref)
+        merge_lora(model)
+    full = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    e = registry.save("target", cfg.name, full, {
+        **common, "builder": "transformer", "kwargs": model.cfg.to_dict(), "modality": "text", "tokenizer": True,
+        "distilled_from": tm.entry.ref}, extra=lambda d: copy_tokenizer(tm.entry.path, d))
+    refs.append(e.ref)
+    return refs
+
+
+def copy_tokenizer(src: Path, dst: Path) -> None:
+    """Copy every tokenizer file of a registry entry folder (all but its config and weights)."""
+    from specgen.registry import CONFIG, WEIGHTS
+
+    for f in Path(src).iterdir():
+        if f.is_file() and f.name not in (CONFIG, WEIGHTS) and not f.name.startswith("."):
+            shutil.copy2(f, Path(dst) / f.name)
+
+
+def export_adapter(name: str, folder: Path) -> Path:
+    """Write adapter `name` as a shippable asset: adapter.safetensors (fp16) + adapter.json (atomic folder swap)."""
+    from safetensors.torch import save_file
+
+    from specgen import registry
+
+    entry = registry.find(name)
+    if entry.kind != "adapter":
+        raise UsageError(f"{entry.ref} is not an adapter")
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    try:
+        state = {k: v.to(torch.float16).contiguous() for k, v in registry.read_state(entry).items()}
+        save_file(state, str(tmp / "adapter.safetensors"))
+        keep = ("parent", "lora_rank", "lora_alpha", "lora_targets", "tokenizer_hash", "vocab_size", "objective",
+                "block_size", "trajectories", "metrics", "config", "init_adapter")
+        meta = {k: entry.meta[k] for k in keep if k in entry.meta}
+        (tmp / "adapter.json").write_text(json.dumps({**meta, "exported_from": entry.ref, "dtype": "float16"},
+                                                     indent=2, sort_keys=True))
+        old = folder.with_name(f".{folder.name}.old")
+        if folder.exists():
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(folder, old)
+        os.replace(tmp, folder)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
+if __name__ == "__main__":  # python -m specgen.train.distill export ADAPTER FOLDER
+    import sys
+
+    if len(sys.argv) != 4 or sys.argv[1] != "export":
+        sys.exit("usage: python -m specgen.train.distill export ADAPTER FOLDER")
+    print(export_adapter(sys.argv[2], Path(sys.argv[3])))

@@ -1,0 +1,285 @@
+"""Train an EAGLE feature drafter (`specgen/models/eagle.py`) on a class-conditional image target's own samples.
+
+    specgen train-heads --kind eagle --config recipes/tiny/eagle-image.yaml --out RUN [key=value ...]
+    python -m specgen.train.eagle --config recipes/tiny/eagle-image.yaml --out RUN [--log FILE] [key=value ...]
+
+Data: `samples_per_class` images per class sampled from the target with CFG (`cfg_scale`, temperature 1,
+top-k 0, top-p 1: LlamaGen's sampling), recording the tokens and the target features of *both* branches
+(conditional and null class), so the drafter learns to draft under CFG. Generations are cached under
+`data_cache` (keyed by the target's weights and the sampling settings).
+
+Objective (EAGLE): for every drafter row (f_t, x_{t+1}) at position t+1, predict f_{t+1}:
+`feature_weight * smoothL1(h, f_{t+1}) + token_weight * CE(softmax(head(f_{t+1})), log_softmax(head(h)))`
+with the target's frozen head (weights 1.0 / 0.1 as EAGLE). Uniform noise of amplitude `feature_noise`
+is added to input features (EAGLE's robustness trick). AdamW, warmup + cosine, gradient clipping; resumable.
+
+Held-out metric: top-1 next-token accuracy of the drafter's CFG-combined logits on fresh generations,
+against the sampled token and against the target's own CFG top-1 (the greedy acceptance proxy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+
+from specgen.errors import UsageError
+from specgen.models.eagle import EagleNet
+from specgen.models.transformer import Transformer
+from specgen.train.image_gpt import (
+    atomic_write,
+    fp16_state,
+    load_train_state,
+    lr_at,
+    sample_c2i,
+    save_train_state,
+    ship,
+)
+
+
+@dataclass(frozen=True)
+class EagleTrainConfig:
+    """Everything an EAGLE drafter run depends on (a YAML recipe sets any subset)."""
+
+    target: str = "tiny-image-gpt"  # registry name of a class-conditional image target
+    name: str = "tiny-image-eagle"  # registered as draft/<name> ("" = do not register)
+    init: str = ""  # optional: warm-start from this registered drafter (must belong to `target`)
+    data_cache: str = ".notes/eagle_data"
+    samples_per_class: int = 24  # training generations per class
+    eval_samples_per_class: int = 2  # held-out generations per class (other seed)
+    cfg_scale: float = 4.0
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    gen_batch: int = 32
+    feature_weight: float = 1.0
+    token_weight: float = 0.1
+    feature_noise: float = 0.1  # uniform noise in [-a/2, a/2] on input features during training
+    seed: int = 0
+    steps: int = 600
+    batch_size: int = 16  # sequences (branch rows) per step
+    lr: float = 1e-3
+    min_lr: float = 5e-5
+    warmup_steps: int = 30
+    beta1: float = 0.9
+    beta2: float = 0.95
+    weight_decay: float = 0.0
+    grad_clip: float = 0.5
+    log_every: int = 10
+    eval_every: int = 100
+    ckpt_every: int = 25
+    num_threads: int = 1
+    ship_dir: str = ""  # also write model.safetensors + config.json here (e.g. specgen/assets/image/eagle)
+
+
+def load_image_target(name: str):
+    """(entry, model) of a class-conditional image target; anything else is a usage error."""
+    from specgen import registry
+
+    entry = registry.find(name)
+    if entry.kind != "target":
+        raise UsageError(f"{entry.ref} is a {entry.kind}, not a target; pass target=<image target>")
+    model = registry.load_module(entry)
+    cfg = getattr(model, "cfg", None)
+    if not isinstance(model, Transformer) or not cfg.num_classes or not cfg.rope_grid:
+        raise UsageError(f"{entry.ref} is not a class-conditional image target (LlamaGen c2i GPT)")
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return entry, model
+
+
+def generations(model: Transformer, n_per_class: int, cfg: EagleTrainConfig, seed: int, digest: str,
+                log: Callable[[str], None]) -> dict[str, torch.Tensor]:
+    """Cached target samples: tokens [M, N] and features [M, 2, N, D] (branch 0 cond, 1 null; fp16)."""
+    c = model.cfg.num_classes
+    key = (f"{digest}-n{n_per_class}-cfg{cfg.cfg_scale}-t{cfg.temperature}-k{cfg.top_k}-p{cfg.top_p}-seed{seed}")
+    path = Path(cfg.data_cache) / f"{key}.safetensors"
+    if cfg.data_cache and path.is_file():
+        log(f"generation cache hit: {path}")
+        return load_file(str(path))
+    labels = torch.arange(c).repeat(n_per_class)
+    gen = torch.Generator().manual_seed(seed)
+    toks, feats = [], []
+    t0 = time.perf_counter()
+    for i in range(0, labels.shape[0], cfg.gen_batch):
+        t, f = sample_c2i(model, labels[i : i + cfg.gen_batch], cfg.cfg_scale, cfg.temperature, cfg.top_k,
+                          cfg.top_p, gen, features=True)
+        toks.append(t)
+        feats.append(f.transpose(0, 1).half())  # [b, branches, N, D]
+        log(f"generated {i + t.shape[0]}/{labels.shape[0]} target samples ({time.perf_counter() - t0:.0f}s)")
+    data = {"tokens": torch.cat(toks), "labels": labels, "features": torch.cat(feats)}
+    if data["features"].shape[1] == 1:  # no CFG: only the conditional branch exists
+        log("cfg_scale <= 1: training on the conditional branch only")
+    if cfg.data_cache:
+        atomic_write(path, lambda p: save_file({k: v.contiguous() for k, v in data.items()}, p))
+    return data
+
+
+def rows(data: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Training rows: features [R, N, D] (one row per sequence and branch) and their tokens [R, N]."""
+    f = data["features"]
+    m, br = f.shape[:2]
+    return f.reshape(m * br, *f.shape[2:]), data["tokens"].repeat_interleave(br, dim=0)
+
+
+def eagle_loss(net: EagleNet, target: Transformer, feats: torch.Tensor, tokens: torch.Tensor,
+               cfg: EagleTrainConfig, noise: torch.Generator | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """EAGLE loss on full sequences: feats [B, N, D] = f_0..f_{N-1}, tokens [B, N] = image tokens 0..N-1."""
+    b, n, _ = feats.shape
+    inp = feats[:, :-1].float()  # f_t, t = 0..N-2
+    if noise is not None and cfg.feature_noise > 0:
+        inp = inp + (torch.rand(inp.shape, generator=noise) - 0.5) * cfg.feature_noise
+    positions = torch.arange(1, n, device=feats.device).expand(b, n - 1)  # x_{t+1} = image token t at t+1
+    hidden = net(inp, tokens[:, :-1], positions)
+    goal = feats[:, 1:].float()  # f_{t+1}
+    vloss = F.smooth_l1_loss(hidden, goal)
+    with torch.no_grad():
+        p_target = target.output(goal).float().softmax(-1)
+    logp = F.log_softmax(EagleNet.logits(hidden, target).float(), -1)
+    ploss = -(p_target * logp).sum(-1).mean()
+    loss = cfg.feature_weight * vloss + cfg.token_weight * ploss
+    return loss, {"vloss": float(vloss.detach()), "ploss": float(ploss.detach())}
+
+
+@torch.no_grad()
+def evaluate(net: EagleNet, target: Transformer, data: dict[str, torch.Tensor], cfg_scale: float) -> dict[str, float]:
+    """Top-1 next-token accuracy of the drafter (CFG-combined over branches) on held-out generations."""
+    net.eval()
+    f, toks = data["features"].float(), data["tokens"]
+    m, br, n, _ = f.shape
+    pos = torch.arange(1, n).expand(m, n - 1)
+    d_logits = [EagleNet.logits(net(f[:, i, :-1], toks[:, :-1], pos), target).float() for i in range(br)]
+    t_logits = [target.output(f[:, i, 1:]).float() for i in range(br)]
+    if br == 2:
+        d, t = (x[1] + cfg_scale * (x[0] - x[1]) for x in (d_logits, t_logits))
+    else:
+        d, t = d_logits[0], t_logits[0]
+    nxt = toks[:, 1:]
+    net.train()
+    return {"top1_vs_sampled": float((d.argmax(-1) == nxt).float().mean()),
+            "top1_vs_target_top1": float((d.argmax(-1) == t.argmax(-1)).float().mean()),
+            "target_top1_vs_sampled": float((t.argmax(-1) == nxt).float().mean()),
+            "cond_branch_top1_vs_target_top1": float((d_logits[0].argmax(-1) == t_logits[0].argmax(-1)).float().mean())}
+
+
+def train(cfg: EagleTrainConfig, out: Path, log: Callable[[str], None] = lambda s: None,
+          command: str = "specgen train-heads --kind eagle") -> dict[str, Any]:
+    """Generate (or reuse) target samples, train (or resume) the drafter, register it; returns metrics."""
+    from specgen import registry
+
+    if cfg.samples_per_class < 1 or cfg.eval_samples_per_class < 1 or cfg.steps < 1 or cfg.batch_size < 1:
+        raise UsageError("samples_per_class, eval_samples_per_class, steps and batch_size must be >= 1")
+    torch.set_num_threads(cfg.num_threads)
+    entry, target = load_image_target(cfg.target)
+    torch.manual_seed(cfg.seed)
+    net = EagleNet.from_target(target)
+    if cfg.init:
+        init = registry.find(cfg.init)
+        registry.check_pair(init, entry)
+        net.load_state_dict(registry.load_module(init).state_dict(), strict=True)
+    out.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256((entry.path / registry.WEIGHTS).read_bytes()).hexdigest()[:16]
+    train_data = generations(target, cfg.samples_per_class, cfg, cfg.seed * 2 + 1, digest, log)
+    eval_data = generations(target, cfg.eval_samples_per_class, cfg, cfg.seed * 2 + 2, digest, log)
+    feats, tokens = rows(train_data)
+    params = [p for p in net.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay)
+    state_path = out / "state.safetensors"
+    meta = load_train_state(state_path, net, opt)
+    if meta is not None and (meta["config"] != json.loads(json.dumps(asdict(cfg))) or meta.get("target_sha") != digest):
+        raise UsageError(f"{state_path} belongs to a different config or target; use a fresh --out")
+    step = meta["step"] if meta else 0
+    history = meta["history"] if meta else []
+    elapsed = meta["elapsed"] if meta else 0.0
+    log(f"{'resumed at' if meta else 'starting'} step {step}/{cfg.steps}; drafter for {entry.ref} "
+        f"({sum(p.numel() for p in params) / 1e6:.2f}M trainable params); {feats.shape[0]} training rows")
+    if not history:
+        ev = evaluate(net, target, eval_data, cfg.cfg_scale)
+        log(f"eval step {step} (untrained): {json.dumps({k: round(v, 4) for k, v in ev.items()})}")
+    window: list[dict[str, float]] = []
+    t_last = time.perf_counter()
+    while step < cfg.steps:
+        g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
+        idx = torch.randint(0, feats.shape[0], (cfg.batch_size,), generator=g)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, cfg.steps, cfg.warmup_steps, cfg.lr, cfg.min_lr)
+        loss, parts = eagle_loss(net, target, feats[idx], tokens[idx], cfg, g)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+        opt.step()
+        step += 1
+        window.append({"loss": float(loss.detach()), **parts})
+        now = time.perf_counter()
+        elapsed += now - t_last
+        t_last = now
+        if step % cfg.log_every == 0 or step == cfg.steps:
+            avg = {k: sum(w[k] for w in window) / len(window) for k in window[0]}
+            log(f"step {step:5d} lr {lr_at(step - 1, cfg.steps, cfg.warmup_steps, cfg.lr, cfg.min_lr):.2e} "
+                f"loss {avg['loss']:.4f} vloss {avg['vloss']:.4f} ploss {avg['ploss']:.4f} elapsed {elapsed / 60:.1f}m")
+            window = []
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            ev = evaluate(net, target, eval_data, cfg.cfg_scale)
+            history.append({"step": step, **{k: round(v, 4) for k, v in ev.items()}})
+            log(f"eval step {step}: {json.dumps(history[-1])}")
+        if step % cfg.ckpt_every == 0 or step % cfg.eval_every == 0 or step == cfg.steps:
+            save_train_state(state_path, net, opt, {"step": step, "history": history, "elapsed": elapsed,
+                                                    "config": asdict(cfg), "target_sha": digest})
+            t_last = time.perf_counter()
+    # metrics of the fp16 weights that ship
+    shipped = EagleNet(net.cfg)
+    shipped.load_state_dict({k: v.float() for k, v in fp16_state(net).items()}, strict=True)
+    final = evaluate(shipped, target, eval_data, cfg.cfg_scale)
+    metrics = {**{k: round(v, 4) for k, v in final.items()}, "steps": step, "train_seconds": round(elapsed, 1),
+               "eval_sequences": int(eval_data["tokens"].shape[0]), "history": history, "weights": "fp16"}
+    log(f"done: {json.dumps({k: v for k, v in metrics.items() if k != 'history'})}")
+    meta = {"builder": "eagle", "kwargs": net.cfg.to_dict(), "parent": entry.ref, "vocab_size": net.cfg.vocab_size,
+            "modality": "image", "drafter": "eagle", "embedding": "copy of the target's tok_embeddings (frozen)",
+            "head": "target.output", "target_sha": digest, "created_by": command, "train_config": asdict(cfg),
+            "metrics": metrics}
+    saved = None
+    if cfg.name:
+        saved = registry.save("draft", cfg.name, fp16_state(net), meta, dtype=torch.float16)
+    if cfg.ship_dir:
+        ship(Path(cfg.ship_dir), fp16_state(net), {"kind": "draft", "name": cfg.name or "tiny-image-eagle", **meta})
+    return {"metrics": metrics, "entry": saved}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m specgen.train.eagle", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default=None, help="YAML recipe, e.g. recipes/tiny/eagle-image.yaml")
+    parser.add_argument("--out", required=True, help="run directory (resumed if it holds state.safetensors)")
+    parser.add_argument("--log", default=None, help="log file (default: OUT/train.log); also echoed to stderr")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides of recipe keys")
+    args = parser.parse_args(argv)
+    from specgen.config import load_config
+
+    cfg = load_config(EagleTrainConfig, args.config, args.overrides)
+    log_path = Path(args.log) if args.log else Path(args.out) / "train.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+
+    def log(msg: str) -> None:
+        line = f"{time.strftime('%Y-%m-%d %H:%M:%S')} {msg}"
+        with open(log_path, "a") as f:
+            f.write(line + "\n")
+        print(line, file=sys.stderr, flush=True)
+
+    metrics = train(cfg, Path(args.out), log, command="python -m specgen.train.eagle")["metrics"]
+    print(json.dumps({k: v for k, v in metrics.items() if k != "history"}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,452 @@
+"""Train the embedded tiny class-conditional LlamaGen GPT on VQ tokens of the bundled image crops.
+
+    python -m specgen.train.image_gpt --config recipes/tiny/image-gpt.yaml --out RUN [key=value ...]
+
+1. Tokenise `num_crops` train crops (+ `eval_crops` held-out crops) once with the VQ in `vq` and cache
+   the token grids under `token_cache` (keyed by the VQ weights' hash and the data settings).
+2. Train `Transformer(llamagen_config(...))` with LlamaGen's c2i objective: sequence = [class embedding,
+   tokens 0..G²-2], cross-entropy on tokens 0..G²-1, class dropped to the null class with p
+   `class_dropout`; AdamW, warmup + cosine, gradient clipping. Resumable from `RUN/state.safetensors`.
+3. Evaluate: held-out token loss; samples per class with CFG, classified by a bag-of-codes logistic
+   regression fitted on real train crops (no pretrained network) -> class accuracy of samples vs of real
+   held-out crops; a PNG grid of decoded samples in RUN.
+4. Save fp16 weights to the registry (`target/<name>`) and, with `ship_dir`, to the package assets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+
+from specgen.models.llamagen import GPT_CONFIGS, llamagen_config
+from specgen.models.transformer import Transformer, TransformerConfig
+
+
+@dataclass(frozen=True)
+class ImageGPTTrainConfig:
+    """Everything an image-GPT run depends on (a YAML recipe sets any subset)."""
+
+    vq: str = "specgen/assets/image/vq"  # VQ folder (config.json + model.safetensors) or a registry name
+    vq_name: str = "tiny-image-vq"  # registry name of that VQ, recorded in the GPT's meta["vq"]
+    token_cache: str = ".notes/image_tokens"
+    num_crops: int = 16384  # train crops (class = i % num_classes)
+    eval_crops: int = 512  # held-out crops (eval strip of every image)
+    data_seed: int = 0
+    model: str = "gpt-tiny"  # a GPT_CONFIGS name; the fields below override it when > 0
+    n_layers: int = 0
+    n_heads: int = 0
+    dim: int = 0
+    class_dropout: float = 0.1
+    seed: int = 0
+    steps: int = 800
+    batch_size: int = 16
+    lr: float = 1e-3
+    min_lr: float = 5e-5
+    warmup_steps: int = 50
+    beta1: float = 0.9
+    beta2: float = 0.95
+    weight_decay: float = 0.05
+    grad_clip: float = 1.0
+    log_every: int = 10
+    eval_every: int = 100
+    ckpt_every: int = 20
+    num_threads: int = 1
+    samples_per_class: int = 4  # final evaluation samples (CFG, temperature 1, top-k 0, top-p 1)
+    cfg_scale: float = 4.0
+    name: str = "tiny-image-gpt"  # registry target name ("" = do not register)
+    ship_dir: str = ""  # also write model.safetensors + config.json here (e.g. specgen/assets/image/gpt)
+
+
+def load_recipe(path: str | None, overrides: list[str]) -> ImageGPTTrainConfig:
+    from specgen.config import load_config
+
+    return load_config(ImageGPTTrainConfig, path, overrides)
+
+
+# --- VQ and token data ----------------------------------------------------------------------------------
+
+def load_vq(ref: str):
+    """(VQModel in eval mode, its config.json dict, sha256 of its weights) from a folder or registry name."""
+    from specgen.models.vq import VQConfig, VQModel
+
+    folder = Path(ref)
+    if not (folder / "config.json").is_file():
+        from specgen import registry
+
+        folder = registry.find(ref).path
+    doc = json.loads((folder / "config.json").read_text())
+    cfg = VQConfig.from_dict(doc.get("config") or doc.get("kwargs"))
+    model = VQModel(cfg)
+    raw = (folder / "model.safetensors").read_bytes()
+    state = load_file(str(folder / "model.safetensors"))
+    model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()}, strict=True)
+    return model.eval(), doc, hashlib.sha256(raw).hexdigest()[:16]
+
+
+@torch.no_grad()
+def tokenize(vq, split: str, n: int, seed: int, crop_size: int, log: Callable[[str], None], batch: int = 64):
+    """VQ token grids [n, G*G] (int16) and labels [n] of `n` crops of a split."""
+    from specgen.data.images import ImageCrops, ImageCropsConfig
+
+    data = ImageCrops(ImageCropsConfig(split=split, num_samples=n, seed=seed, crop_size=crop_size))
+    toks, labels = [], []
+    for start in range(0, n, batch):
+        images, lab = data.batch(range(start, min(n, start + batch)))
+        toks.append(vq.encode(images).flatten(1).to(torch.int16))
+        labels.append(lab)
+        if (start // batch) % 32 == 0:
+            log(f"tokenised {split} {start + len(lab)}/{n}")
+    return torch.cat(toks), torch.cat(labels), list(data.classes)
+
+
+def token_dataset(cfg: ImageGPTTrainConfig, log: Callable[[str], None]) -> dict[str, Any]:
+    """Cached token grids for train/eval crops plus VQ facts (grid, codebook size, classes)."""
+    vq, doc, digest = load_vq(cfg.vq)
+    crop = int(doc.get("image_size", 64))
+    key = f"vq{digest}-seed{cfg.data_seed}-crop{crop}-train{cfg.num_crops}-eval{cfg.eval_crops}"
+    path = Path(cfg.token_cache) / f"{key}.safetensors"
+    if path.is_file():
+        t = load_file(str(path))
+        meta = json.loads(path.with_suffix(".json").read_text())
+        log(f"token cache hit: {path}")
+    else:
+        log(f"tokenising crops with VQ {cfg.vq} ({digest}) -> {path}")
+        tr, trl, classes = tokenize(vq, "train", cfg.num_crops, cfg.data_seed, crop, log)
+        ev, evl, _ = tokenize(vq, "eval", cfg.eval_crops, cfg.data_seed, crop, log)
+        t = {"train_tokens": tr, "train_labels": trl, "eval_tokens": ev, "eval_labels": evl}
+        meta = {"classes": classes, "vq_sha": digest, "grid": crop // vq.config.downsample,
+                "codebook_size": vq.config.codebook_size}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, lambda p: save_file({k: v.contiguous() for k, v in t.items()}, p))
+        path.with_suffix(".json").write_text(json.dumps(meta))
+    return {**t, **meta, "vq_model": vq, "vq_doc": doc}
+
+
+# --- model and sampling ---------------------------------------------------------------------------------
+
+def model_config(cfg: ImageGPTTrainConfig, vocab: int, grid: int, num_classes: int) -> TransformerConfig:
+    base = llamagen_config(cfg.model, vocab=vocab, grid=grid, num_classes=num_classes)
+    n_layers, n_heads, dim = GPT_CONFIGS[cfg.model]
+    dim, n_heads = cfg.dim or dim, cfg.n_heads or n_heads
+    from specgen.models.llamagen import find_multiple
+
+    return replace(base, n_layers=cfg.n_layers or n_layers, n_heads=n_heads, n_kv_heads=n_heads, dim=dim,
+                   ffn_dim=find_multiple(int(2 * 4 * dim / 3), 256))
+
+
+def c2i_loss(model: Transformer, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """LlamaGen c2i cross-entropy: [cond, t_0..t_{N-2}] predicts [t_0..t_{N-1}]; tokens [B, N] long."""
+    b, n = tokens.shape
+    embeds = torch.cat([model.cls_embedding(labels), model.tok_embeddings(tokens[:, :-1])], dim=1)
+    positions = torch.arange(n, device=tokens.device).expand(b, n)
+    logits, _ = model(None, positions, embeds=embeds)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), tokens.reshape(-1))
+
+
+@torch.no_grad()
+def sample_c2i(model: Transformer, labels: torch.Tensor, cfg_scale: float = 4.0, temperature: float = 1.0,
+               top_k: int = 0, top_p: float = 1.0, generator: torch.Generator | None = None,
+               features: bool = False):
+    """LlamaGen `generate` for c2i on a static cache: batch [cond; null] when cfg_scale > 1, logits-level CFG.
+
+    Returns tokens [B, G*G]; with `features=True` also the target features f_t (final normed hidden at
+    positions t = 0..G*G-1) of every branch: [branches, B, G*G, D] (branch 0 = cond, 1 = null class).
+    """
+    from specgen.decoding.sampling import SamplingParams, logits_to_probs
+
+    cfg = model.cfg
+    b, n = labels.shape[0], cfg.rope_grid ** 2
+    use_cfg = cfg_scale > 1.0
+    lab = torch.cat([labels, torch.full_like(labels, cfg.num_classes)]) if use_cfg else labels
+    rows = lab.shape[0]
+    cache = model.new_cache(rows, 1 + n)
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
+    out = torch.empty(b, n, dtype=torch.long, device=labels.device)
+    feats = []
+    x, pos = None, torch.zeros(rows, 1, dtype=torch.long, device=labels.device)
+    embeds = model.cls_embedding(lab)
+    for r in range(n):
+        logits, hidden = model(x, pos, cache, embeds=embeds if r == 0 else None)
+        cache.lengths = [length + 1 for length in cache.lengths]  # a chain: commit = pointer move
+        if features:
+            feats.append(hidden[:, 0])
+        logits = logits[:, 0].float()
+        if use_cfg:
+            logits = logits[b:] + cfg_scale * (logits[:b] - logits[b:])
+        probs = logits_to_probs(logits, params)
+        tok = probs.argmax(-1) if params.greedy else torch.multinomial(probs, 1, generator=generator)[:, 0]
+        out[:, r] = tok
+        x = tok.repeat(rows // b)[:, None]
+        pos = torch.full((rows, 1), 1 + r, dtype=torch.long, device=labels.device)
+    if not features:
+        return out
+    f = torch.stack(feats, 1)  # [rows, N, D]
+    return out, f.view(rows // b, b, n, -1)
+
+
+# --- evaluation -------------------------------------------------------------------------------------------
+
+def code_histograms(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Normalised bag-of-codes histograms [B, vocab] of token grids [B, N]."""
+    t = tokens.long()
+    h = torch.zeros(t.shape[0], vocab).scatter_add_(1, t, torch.ones_like(t, dtype=torch.float))
+    return h / t.shape[1]
+
+
+def fit_code_classifier(tokens: torch.Tensor, labels: torch.Tensor, vocab: int):
+    """A logistic regression on bag-of-codes histograms (no pretrained network): predicts the source image."""
+    from sklearn.linear_model import LogisticRegression
+
+    clf = LogisticRegression(max_iter=300, C=10.0)
+    clf.fit(code_histograms(tokens, vocab).numpy(), labels.numpy())
+    return clf
+
+
+def class_accuracy(clf, tokens: torch.Tensor, labels: torch.Tensor, vocab: int) -> float:
+    return float((torch.from_numpy(clf.predict(code_histograms(tokens, vocab).numpy())) == labels).float().mean())
+
+
+def save_grid(images: torch.Tensor, nrow: int, path: Path) -> None:
+    """images [B,3,H,W] in [-1,1] -> one PNG with `nrow` images per row."""
+    from PIL import Image
+
+    b, _, h, w = images.shape
+    cols = nrow
+    rows = math.ceil(b / cols)
+    canvas = torch.ones(3, rows * (h + 2), cols * (w + 2))
+    for i, im in enumerate(images):
+        r, c = divmod(i, cols)
+        canvas[:, r * (h + 2) : r * (h + 2) + h, c * (w + 2) : c * (w + 2) + w] = (im.clamp(-1, 1) + 1) / 2
+    arr = (canvas.permute(1, 2, 0).numpy() * 255).round().astype("uint8")
+    Image.fromarray(arr).save(path)
+
+
+# --- persistence ------------------------------------------------------------------------------------------
+
+def atomic_write(path: Path, write: Callable[[str], None]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def save_train_state(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, meta: dict[str, Any]) -> None:
+    """Model + AdamW moments + JSON meta in one safetensors file (never pickled)."""
+    tensors = {f"model.{k}": v.detach().contiguous() for k, v in model.state_dict().items()}
+    params = [p for p in model.parameters() if p.requires_grad]
+    for i, p in enumerate(params):
+        for k, v in opt.state.get(p, {}).items():
+            tensors[f"optim.{i}.{k}"] = torch.as_tensor(v).detach().clone().contiguous()
+    atomic_write(path, lambda p: save_file(tensors, p, metadata={"meta": json.dumps(meta)}))
+
+
+def load_train_state(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any] | None:
+    if not path.is_file():
+        return None
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        meta = json.loads(f.metadata()["meta"])
+    tensors = load_file(str(path))
+    model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")}, strict=True)
+    params = [p for p in model.parameters() if p.requires_grad]
+    for i, p in enumerate(params):
+        st = {k.split(".", 2)[2]: v for k, v in tensors.items() if k.startswith(f"optim.{i}.")}
+        if st:
+            opt.state[p] = st
+    return meta
+
+
+def fp16_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: (v.half() if v.is_floating_point() else v).contiguous() for k, v in model.state_dict().items()}
+
+
+def ship(folder: Path, state: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
+    """Write `model.safetensors` + `config.json` (registry layout) into a package asset folder."""
+    folder.mkdir(parents=True, exist_ok=True)
+    atomic_write(folder / "model.safetensors", lambda p: save_file(state, p))
+    atomic_write(folder / "config.json", lambda p: Path(p).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n"))
+
+
+def lr_at(step: int, steps: int, warmup: int, lr: float, min_lr: float) -> float:
+    """Linear warmup then cosine decay from lr to min_lr."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    t = (step - warmup) / max(1, steps - warmup)
+    return min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * min(1.0, t)))
+
+
+# --- the run ------------------------------------------------------------------------------------------------
+
+def train(cfg: ImageGPTTrainConfig, out: Path, log: Callable[[str], None] = lambda s: None,
+          command: str = "python -m specgen.train.image_gpt") -> dict[str, Any]:
+    """Run (or resume) a training run in `out`; returns the final metrics and registers the result."""
+    torch.set_num_threads(cfg.num_threads)
+    out.mkdir(parents=True, exist_ok=True)
+    data = token_dataset(cfg, log)
+    vocab, grid, classes = data["codebook_size"], data["grid"], data["classes"]
+    mcfg = model_config(cfg, vocab, grid, len(classes))
+    torch.manual_seed(cfg.seed)
+    model = Transformer(mcfg).train()
+    with torch.no_grad():  # LlamaGen init: normal(0.02) linears/embeddings, zero output head
+        for name, p in model.named_parameters():
+            if p.dim() > 1:
+                torch.nn.init.normal_(p, std=0.02)
+        model.output.weight.zero_()
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay)
+    state_path = out / "state.safetensors"
+    meta = load_train_state(state_path, model, opt)
+    if meta is not None and meta["config"] != json.loads(json.dumps(asdict(cfg))):
+        raise ValueError(f"{state_path} was written by a different config; use a fresh --out")
+    step = meta["step"] if meta else 0
+    history = meta["history"] if meta else []
+    elapsed = meta["elapsed"] if meta else 0.0
+    n_params = sum(p.numel() for p in model.parameters())
+    log(f"{'resumed at' if meta else 'starting'} step {step}/{cfg.steps}; {n_params / 1e6:.2f}M params; "
+        f"config {mcfg.to_dict()}; {data['train_tokens'].shape[0]} train crops, {len(classes)} classes")
+    train_tokens, train_labels = data["train_tokens"].long(), data["train_labels"]
+    eval_tokens, eval_labels = data["eval_tokens"].long(), data["eval_labels"]
+    n_train = train_tokens.shape[0]
+
+    def evaluate() -> float:
+        model.eval()
+        with torch.no_grad():
+            losses = [float(c2i_loss(model, eval_tokens[i : i + 64], eval_labels[i : i + 64]))
+                      for i in range(0, eval_tokens.shape[0], 64)]
+        model.train()
+        return sum(losses) / len(losses)
+
+    window: list[float] = []
+    t_last = time.perf_counter()
+    while step < cfg.steps:
+        g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)  # data order: a function of the step
+        idx = torch.randint(0, n_train, (cfg.batch_size,), generator=g)
+        labels = train_labels[idx].clone()
+        labels[torch.rand(cfg.batch_size, generator=g) < cfg.class_dropout] = len(classes)  # null class
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, cfg.steps, cfg.warmup_steps, cfg.lr, cfg.min_lr)
+        loss = c2i_loss(model, train_tokens[idx], labels)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        step += 1
+        window.append(float(loss))
+        now = time.perf_counter()
+        elapsed += now - t_last
+        t_last = now
+        if step % cfg.log_every == 0 or step == cfg.steps:
+            log(f"step {step:5d} lr {lr_at(step - 1, cfg.steps, cfg.warmup_steps, cfg.lr, cfg.min_lr):.2e} "
+                f"loss {sum(window) / len(window):.4f} elapsed {elapsed / 60:.1f}m")
+            window = []
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            ev = evaluate()
+            history.append({"step": step, "eval_loss": round(ev, 4), "elapsed_s": round(elapsed, 1)})
+            log(f"eval step {step}: held-out loss {ev:.4f} (ppl {math.exp(ev):.1f})")
+        if step % cfg.ckpt_every == 0 or step % cfg.eval_every == 0 or step == cfg.steps:
+            save_train_state(state_path, model, opt, {"step": step, "history": history, "elapsed": elapsed,
+                                                      "config": asdict(cfg)})
+            t_last = time.perf_counter()
+    metrics = final_eval(cfg, model, data, out, log)
+    metrics.update({"steps": step, "train_seconds": round(elapsed, 1), "history": history,
+                    "params": n_params, "weights": "fp16"})
+    register(cfg, model, data, metrics, command)
+    log(f"done: {json.dumps({k: v for k, v in metrics.items() if k != 'history'})}")
+    return metrics
+
+
+def final_eval(cfg: ImageGPTTrainConfig, model: Transformer, data: dict, out: Path,
+               log: Callable[[str], None]) -> dict[str, Any]:
+    """Metrics of the fp16 weights: held-out loss and class accuracy of CFG samples by a bag-of-codes classifier."""
+    shipped = Transformer(model.cfg)
+    shipped.load_state_dict({k: v.float() for k, v in fp16_state(model).items()}, strict=True)
+    shipped.eval()
+    vocab, classes = data["codebook_size"], data["classes"]
+    with torch.no_grad():
+        ev = [float(c2i_loss(shipped, data["eval_tokens"][i : i + 64].long(), data["eval_labels"][i : i + 64]))
+              for i in range(0, data["eval_tokens"].shape[0], 64)]
+    eval_loss = sum(ev) / len(ev)
+    clf = fit_code_classifier(data["train_tokens"], data["train_labels"], vocab)
+    real_acc = class_accuracy(clf, data["eval_tokens"], data["eval_labels"], vocab)
+    labels = torch.arange(len(classes)).repeat_interleave(cfg.samples_per_class)
+    gen = torch.Generator().manual_seed(cfg.seed + 12345)
+    t0 = time.perf_counter()
+    toks = torch.cat([sample_c2i(shipped, labels[i : i + 32], cfg.cfg_scale, generator=gen)
+                      for i in range(0, labels.shape[0], 32)])
+    sample_s = time.perf_counter() - t0
+    sample_acc = class_accuracy(clf, toks, labels, vocab)
+    per_class = {c: class_accuracy(clf, toks[labels == i], labels[labels == i], vocab) for i, c in enumerate(classes)}
+    vq = data["vq_model"]
+    with torch.no_grad():
+        images = vq.decode_indices(toks.view(-1, model.cfg.rope_grid, model.cfg.rope_grid))
+    save_grid(images, cfg.samples_per_class * 2, out / "samples.png")
+    log(f"final: held-out loss {eval_loss:.4f}; bag-of-codes classifier accuracy real held-out {real_acc:.3f}, "
+        f"CFG {cfg.cfg_scale} samples {sample_acc:.3f} ({labels.shape[0]} samples, {sample_s:.0f}s); per class "
+        f"{json.dumps({k: round(v, 2) for k, v in per_class.items()})}; grid {out / 'samples.png'}")
+    return {"heldout_loss": round(eval_loss, 4), "classifier_acc_real_heldout": round(real_acc, 4),
+            "classifier_acc_samples": round(sample_acc, 4), "sample_cfg_scale": cfg.cfg_scale,
+            "samples_per_class": cfg.samples_per_class, "classifier_acc_per_class": per_class}
+
+
+def register(cfg: ImageGPTTrainConfig, model: Transformer, data: dict, metrics: dict, command: str) -> None:
+    mcfg = model.cfg
+    meta = {"builder": "llamagen-gpt", "kwargs": mcfg.to_dict(), "vocab_size": mcfg.vocab_size,
+            "modality": "image", "parent": None, "vq": cfg.vq_name, "grid": mcfg.rope_grid,
+            "classes": list(data["classes"]), "num_classes": mcfg.num_classes, "cls_token_num": mcfg.n_cond,
+            "image_size": int(data["vq_doc"].get("image_size", 64)), "vq_sha": data["vq_sha"],
+            "cfg_scale": cfg.cfg_scale, "created_by": command, "train_config": asdict(cfg), "metrics": metrics}
+    state = fp16_state(model)
+    if cfg.name:
+        from specgen import registry
+
+        registry.save("target", cfg.name, state, meta, dtype=torch.float16)
+    if cfg.ship_dir:
+        ship(Path(cfg.ship_dir), state, {"kind": "target", "name": cfg.name or "tiny-image-gpt", **meta})
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m specgen.train.image_gpt", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default=None, help="YAML recipe, e.g. recipes/tiny/image-gpt.yaml")
+    parser.add_argument("--out", required=True, help="run directory (resumed if it holds state.safetensors)")
+    parser.add_argument("--log", default=None, help="log file (default: OUT/train.log); also echoed to stderr")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides of recipe keys")
+    args = parser.parse_args(argv)
+    cfg = load_recipe(args.config, args.overrides)
+    log_path = Path(args.log) if args.log else Path(args.out) / "train.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+
+    def log(msg: str) -> None:
+        line = f"{time.strftime('%Y-%m-%d %H:%M:%S')} {msg}"
+        with open(log_path, "a") as f:
+            f.write(line + "\n")
+        print(line, file=sys.stderr, flush=True)
+
+    metrics = train(cfg, Path(args.out), log)
+    print(json.dumps({k: v for k, v in metrics.items() if k != "history"}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,94 @@
+"""LoRA (Hu et al. 2022) for any nn.Module: wrap Linear layers, save only the adapters, merge at load.
+
+    wrapped = apply_lora(model, targets=("wqkv", "wo", "w1"), rank=16, alpha=32)  # names of wrapped layers
+    state = lora_state(model)            # {"<path>.lora_A": [r, in], "<path>.lora_B": [out, r]}
+    merge_lora(model)                    # fold the wrappers back into plain Linear weights
+    merge_lora_state(model, state, rank, alpha)  # load time: W += (alpha / rank) * B @ A, no wrappers
+
+The adapter is y = W x + (alpha / rank) * B (A x); A starts Gaussian (std 1/rank), B at zero, so a
+fresh adapter leaves the model unchanged. Merged models run at no extra cost (XSpecMesh sec. 4.3:
+W_merge = W_origin + AB).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class LoRALinear(nn.Module):
+    """A frozen Linear plus a trainable low-rank update."""
+
+    def __init__(self, base: nn.Linear, rank: int, alpha: float) -> None:
+        super().__init__()
+        self.base = base
+        for p in base.parameters():
+            p.requires_grad_(False)
+        self.scale = alpha / rank
+        self.lora_A = nn.Parameter(torch.randn(rank, base.in_features) / rank)
+        self.lora_B = nn.Parameter(torch.zeros(base.out_features, rank))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base(x) + (x @ self.lora_A.t() @ self.lora_B.t()) * self.scale
+
+    def delta(self) -> torch.Tensor:
+        """The merged update (alpha / rank) * B @ A, [out, in]."""
+        return (self.lora_B @ self.lora_A) * self.scale
+
+
+def _targets(model: nn.Module, targets: tuple[str, ...]) -> list[str]:
+    return [name for name, m in model.named_modules()
+            if isinstance(m, nn.Linear) and name.split(".")[-1] in targets]
+
+
+def _set(model: nn.Module, path: str, module: nn.Module) -> None:
+    parent, _, leaf = path.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, leaf, module)
+
+
+def apply_lora(model: nn.Module, targets: tuple[str, ...], rank: int = 16, alpha: float = 32.0) -> list[str]:
+    """Wrap every Linear whose attribute name is in `targets`; returns the wrapped paths."""
+    paths = _targets(model, targets)
+    if not paths:
+        raise ValueError(f"no Linear layer named {', '.join(targets)} to adapt")
+    for path in paths:
+        _set(model, path, LoRALinear(model.get_submodule(path), rank, alpha))
+    return paths
+
+
+def lora_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Only the adapter tensors, keyed by the wrapped layer's path (as if it were never wrapped)."""
+    out = {}
+    for name, m in model.named_modules():
+        if isinstance(m, LoRALinear):
+            out[f"{name}.lora_A"] = m.lora_A.detach().clone()
+            out[f"{name}.lora_B"] = m.lora_B.detach().clone()
+    return out
+
+
+def merge_lora(model: nn.Module) -> None:
+    """Fold every LoRALinear into its base weight and put the plain Linear back."""
+    for name, m in list(model.named_modules()):
+        if isinstance(m, LoRALinear):
+            with torch.no_grad():
+                m.base.weight += m.delta().to(m.base.weight.dtype)
+            for p in m.base.parameters():
+                p.requires_grad_(True)
+            _set(model, name, m.base)
+
+
+def merge_lora_state(model: nn.Module, state: dict[str, torch.Tensor], rank: int, alpha: float) -> int:
+    """Load-time merge of a saved adapter into a plain model: W += (alpha/rank) B @ A. Returns layers merged."""
+    paths = sorted({k.rsplit(".", 1)[0] for k in state})
+    scale = alpha / rank
+    for path in paths:
+        try:
+            layer = model.get_submodule(path)
+        except AttributeError:
+            raise ValueError(f"adapter layer {path} is not in the model") from None
+        a, b = state[f"{path}.lora_A"].float(), state[f"{path}.lora_B"].float()
+        if not isinstance(layer, nn.Linear) or tuple(layer.weight.shape) != (b.shape[0], a.shape[1]):
+            raise ValueError(f"adapter layer {path} does not fit the model's weight")
+        with torch.no_grad():
+            layer.weight += (b @ a * scale).to(layer.weight.dtype)
+    return len(paths)

@@ -1,0 +1,171 @@
+"""pcLLM training sequences: noise schedule, nearest-ratio noisy states, packing and the noise-aware causal mask.
+
+One packed sample per prompt (pcLLM paper sec. 3.1 and app. B; Jacobi Forcing's
+`2_prepare_efficient_cllm_training_data_progressive_noise_window.py` and trainers)::
+
+    tokens     prompt | noisy_0 | clean_0 | noisy_1 | clean_1 | ... | noisy_{N-1} | clean_{N-1}
+    positions  0..p-1 | p..p+n-1 (shared)  | p+n..p+2n-1 (shared) | ...
+
+clean_j is block j's fixed point; noisy_j is the state on block j's Jacobi trajectory whose noise
+ratio (n - first mismatch with the fixed point) / n is nearest the scheduled ratio t_j (ties: the
+earlier, noisier state). noisy_j and clean_j share position ids, so one forward gives the student
+logits (noisy blocks) and the teacher logits (clean blocks, detached) of every block.
+
+Schedules (`noise_schedule`), window w, block index i:
+  progressive  t_i = W[i mod w], W = {0, 1/w, ..., (w-1)/w}  (paper Eq. 7; default)
+  reverse      t_i = W[w-1 - (i mod w)]                      (paper's reverse-progressive ablation)
+  random       t_i ~ U[0, 1)                                  (paper's random ablation; seeded)
+
+Mask variants (`noise_aware_mask`), query row -> which keys it may attend to. In every variant the
+prompt is causal, clean_j sees the prompt, clean_<j and its own block causally, a clean block never
+sees a noisy one, and noisy_j never sees clean_j:
+  noisy   (DEFAULT) noisy_j sees prompt, noisy_<j, own block causal. The paper's noise-conditioned
+          mask "NC" (its Table 5: 3.6x vs 1.9x for NC-IC) and Jacobi Forcing's shipped variant B: it
+          trains the situation multi-block decoding creates (later blocks behind unconverged ones).
+  clean   noisy_j sees prompt, clean_<j, own block causal (paper Fig. 1a / CLLM-style, JF variant A).
+  window  noisy_j sees prompt, clean blocks of earlier windows of w blocks, noisy blocks of its own
+          window, own block causal (paper's "NC-IC", JF variant C).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+
+SCHEDULES = ("progressive", "reverse", "random")
+MASKS = ("noisy", "clean", "window")
+
+
+def noise_schedule(name: str, num_blocks: int, window: int, rng: random.Random | None = None) -> list[float]:
+    """Scheduled noise ratio t_i of each of `num_blocks` blocks."""
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    grid = [k / window for k in range(window)]
+    if name == "progressive":
+        return [grid[i % window] for i in range(num_blocks)]
+    if name == "reverse":
+        return [grid[window - 1 - i % window] for i in range(num_blocks)]
+    if name == "random":
+        rng = rng or random.Random(0)
+        return [rng.random() for _ in range(num_blocks)]
+    raise ValueError(f"unknown noise schedule {name!r}; choose from {', '.join(SCHEDULES)}")
+
+
+def first_mismatch(state: list[int], fixed: list[int]) -> int:
+    """Index of the first token that differs from the fixed point (len when none does)."""
+    for i, (a, b) in enumerate(zip(state, fixed)):
+        if a != b:
+            return i
+    return len(fixed)
+
+
+def noise_ratio(state: list[int], fixed: list[int]) -> float:
+    """Fraction of unconverged tokens: (n - first mismatch) / n (Jacobi Forcing's definition)."""
+    return (len(fixed) - first_mismatch(state, fixed)) / len(fixed)
+
+
+def nearest_state(trajectory: list[list[int]], fixed: list[int], ratio: float) -> list[int]:
+    """The trajectory state whose noise ratio is nearest `ratio` (ties: the earlier state)."""
+    best = min(range(len(trajectory)), key=lambda k: (abs(noise_ratio(trajectory[k], fixed) - ratio), k))
+    return list(trajectory[best])
+
+
+@dataclass(frozen=True)
+class Packed:
+    """One packed training sequence and what its single forward must compute."""
+
+    tokens: torch.Tensor  # [T] long
+    positions: torch.Tensor  # [T] long
+    segments: tuple[tuple[str, int, int, int], ...]  # (kind "prompt"|"noisy"|"clean", block, start, length)
+    ar_src: torch.Tensor  # [A] rows whose logits predict ...
+    ar_tgt: torch.Tensor  # [A] ... these tokens (AR loss)
+    student: torch.Tensor  # [C] noisy rows (consistency loss, student) ...
+    teacher: torch.Tensor  # [C] ... and the clean rows at the same offset (teacher, detached)
+    num_blocks: int
+
+
+def pack(prompt: list[int], states: list[list[int]], fixed: list[list[int]],
+         stop_ids: tuple[int, ...] = ()) -> Packed:
+    """Interleave noisy/clean blocks after the prompt with shared positions; list the AR and consistency pairs.
+
+    AR pairs: the last prompt row predicts clean_0[0]; clean row k predicts the next answer token
+    (across block boundaries); nothing after the first stop token is a target. Consistency pairs:
+    for block j with first mismatch d, offsets k >= d (the unconverged tail; the converged prefix
+    has the teacher's context already), student row noisy_j[k], teacher row clean_j[k]; the last
+    offset predicts the next block's first token; offsets predicting past a stop token are dropped.
+    """
+    if not fixed or len(states) != len(fixed):
+        raise ValueError("pack needs one noisy state per block and at least one block")
+    n = len(fixed[0])
+    if any(len(b) != n for b in fixed) or any(len(s) != n for s in states):
+        raise ValueError("every block and state must have the same size n")
+    p = len(prompt)
+    answer = [t for b in fixed for t in b]
+    eos = next((i for i, t in enumerate(answer) if t in stop_ids), len(answer))  # index of the stop token
+    tokens, positions, segments = list(prompt), list(range(p)), [("prompt", -1, 0, p)]
+    for j, (noisy, clean) in enumerate(zip(states, fixed)):
+        for kind, blk in (("noisy", noisy), ("clean", clean)):
+            segments.append((kind, j, len(tokens), n))
+            tokens += blk
+            positions += range(p + j * n, p + (j + 1) * n)
+    clean_row = lambda a: p + (2 * (a // n) + 1) * n + a % n  # row of answer token a in its clean block
+    ar_src = [p - 1] + [clean_row(a) for a in range(0, min(eos, len(answer) - 1))]
+    ar_tgt = [answer[a] for a in range(0, min(eos, len(answer) - 1) + 1)]
+    student, teacher = [], []
+    for j, (noisy, clean) in enumerate(zip(states, fixed)):
+        for k in range(first_mismatch(noisy, clean), n):
+            if j * n + k + 1 > eos:  # predicts a token after the stop token
+                break
+            student.append(p + 2 * j * n + k)
+            teacher.append(p + (2 * j + 1) * n + k)
+    as_long = lambda xs: torch.tensor(xs, dtype=torch.long)
+    return Packed(as_long(tokens), as_long(positions), tuple(segments), as_long(ar_src), as_long(ar_tgt),
+                  as_long(student), as_long(teacher), len(fixed))
+
+
+def noise_aware_mask(segments: tuple[tuple[str, int, int, int], ...], variant: str = "noisy",
+                     window: int = 16) -> torch.Tensor:
+    """Boolean [T, T] attention mask (row = query may attend to column) for a packed layout."""
+    if variant not in MASKS:
+        raise ValueError(f"unknown mask variant {variant!r}; choose from {', '.join(MASKS)}")
+    total = sum(s[3] for s in segments)
+    mask = torch.zeros(total, total, dtype=torch.bool)
+    for kind, j, start, length in segments:
+        rows = slice(start, start + length)
+        mask[rows, start : start + length] = torch.ones(length, length, dtype=torch.bool).tril()  # own, causal
+        if kind == "prompt":
+            continue
+        for kind2, j2, start2, length2 in segments:
+            if kind2 == "prompt":
+                see = True
+            elif j2 >= j:
+                see = False
+            elif kind == "clean":
+                see = kind2 == "clean"
+            elif variant == "noisy":
+                see = kind2 == "noisy"
+            elif variant == "clean":
+                see = kind2 == "clean"
+            else:  # window: clean context from earlier windows, noisy context inside the own window
+                same = j2 // window == j // window
+                see = (kind2 == "noisy") == same
+            if see:
+                mask[rows, start2 : start2 + length2] = True
+    return mask
+
+
+def build_sample(record_blocks: list[dict], schedule: str, window: int, rng: random.Random,
+                 max_blocks: int = 0, stop_ids: tuple[int, ...] = (), start: int = 0) -> Packed:
+    """A packed sample from one prompt's block records (sorted by block), noisy states chosen by the schedule.
+
+    With `max_blocks`, only blocks start .. start + max_blocks - 1 are packed; the fixed points of the
+    blocks before `start` join the prompt as clean context (shorter sequences, every position covered).
+    """
+    prefix = list(record_blocks[0]["prompt_ids"]) + [t for b in record_blocks[:start] for t in b["fixed_point"]]
+    blocks = record_blocks[start : start + max_blocks] if max_blocks else record_blocks[start:]
+    ratios = noise_schedule(schedule, start + len(blocks), window, rng)[start:]  # t_i by absolute block index
+    fixed = [list(b["fixed_point"]) for b in blocks]
+    states = [nearest_state(b["trajectory"], f, t) for b, f, t in zip(blocks, fixed, ratios)]
+    return pack(prefix, states, fixed, stop_ids)

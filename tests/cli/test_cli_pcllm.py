@@ -1,0 +1,126 @@
+"""collect-trajectories -> distill -> generate/benchmark end to end on a tiny random target, and every bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from cli.main import app
+from specgen import registry
+from tests.pcllm_fixtures import save_tiny_text, write_prompts
+
+runner = CliRunner()
+DISTILL = ["block_size=4", "window=4", "lora_rank=4", "lora_alpha=8", "lr=3e-3", "warmup_steps=2", "log_every=2",
+           "ckpt_every=2"]
+
+
+def invoke(*args, input=None):
+    return runner.invoke(app, [str(a) for a in args], input=input)
+
+
+def one_line_error(r, code, needle):
+    assert r.exit_code == code, r.output
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], r.stderr
+    assert "Traceback" not in r.output
+
+
+@pytest.fixture
+def traj(tmp_path):
+    save_tiny_text()
+    out = tmp_path / "traj"
+    r = invoke("collect-trajectories", "--out", out, "--model", "tiny-text", "--prompts", write_prompts(tmp_path),
+               "--block-size", 4, "--max-new-tokens", 16, "--format", "json", "chat=false", "shard_every=3")
+    assert r.exit_code == 0, r.output
+    row = json.loads(r.stdout)
+    assert row["prompts"] == 8 and row["blocks"] >= 8 and row["mean_iterations_per_block"] > 1
+    return out
+
+
+def test_collect_distill_generate_benchmark(traj, tmp_path):
+    r = invoke("collect-trajectories", "--out", traj, "--merge", "--format", "json")
+    assert r.exit_code == 0 and (traj / "merged" / "train.parquet").is_file()
+    r = invoke("distill", "--out", tmp_path / "run", "--trajectories", traj, "--model", "tiny-text", "--name", "tiny-pc",
+               "--steps", 6, "--format", "json", *DISTILL)
+    assert r.exit_code == 0, r.output
+    row = json.loads(r.stdout)
+    assert row["registered"] == "adapter/tiny-pc-lora, target/tiny-pc" and row["steps"] == 6
+    assert (tmp_path / "run" / "checkpoint" / "trainable.safetensors").is_file()
+    outs = {}
+    for method in ("ar", "pcllm", "pcllm-mr", "cllm"):
+        for model in ("tiny-pc", "adapter/tiny-pc-lora"):  # the adapter entry = base with the adapter merged
+            opts = [] if method == "ar" else ["method_options.block_size=4"]
+            r = invoke("generate", "--model", model, "--method", method, "--no-chat", "--prompt", "SORT A LIST",
+                       "--max-new-tokens", 20, "--format", "json", *opts)
+            assert r.exit_code == 0, r.output
+            outs[method, model] = json.loads(r.stdout)["token_ids"]
+    assert len(set(map(tuple, outs.values()))) == 1  # lossless w.r.t. the distilled model's own greedy AR
+    r = invoke("benchmark", "--suite", "humaneval", "--model", "tiny-text", "--methods", "ar,pcllm,pcllm-mr",
+               "--limit", 1, "--max-new-tokens", 8, "--format", "json", "targets.pcllm=tiny-pc",
+               "targets.pcllm-mr=tiny-pc", "execute=false", "warmup=false",
+               "method_options.pcllm.block_size=4", "method_options.pcllm-mr.block_size=4")
+    assert r.exit_code == 0, r.output
+    rows = {x["method"]: x for x in json.loads(r.stdout)}
+    assert set(rows) == {"ar", "pcllm", "pcllm-mr", "ar@tiny-pc"}
+    assert rows["pcllm"]["exact_match_vs_own_ar"] == 1.0 and rows["pcllm-mr"]["exact_match_vs_own_ar"] == 1.0
+    assert rows["pcllm"]["model"] == "tiny-pc" and rows["ar"]["model"] == "tiny-text"
+    assert "prefix_vs_ar" in rows["ar@tiny-pc"] and rows["ar"]["nll_base"] > 0
+
+
+def test_bad_inputs_are_one_line(traj, tmp_path):
+    save_tiny_text("other-text", seed=4, eos="^")  # another target with another tokenizer
+    base = ["distill", "--out", tmp_path / "r", "--trajectories", traj, "--steps", 2, *DISTILL]
+    one_line_error(invoke(*base, "--model", "other-text"), 2, "come from target/tiny-text (tokenizer")
+    r = invoke(*base, "--model", "other-text")
+    assert "target/other-text (tokenizer" in r.stderr
+    one_line_error(invoke(*base, "--model", "tiny-text", "block_size=8"), 2, "block size 4")
+    one_line_error(invoke("distill", "--out", tmp_path / "r", "--trajectories", tmp_path, "--model", "tiny-text"), 2,
+                   "holds no trajectories")
+    # collecting into a folder of another target / block size
+    one_line_error(invoke("collect-trajectories", "--out", traj, "--model", "other-text", "--prompts",
+                          write_prompts(tmp_path), "--block-size", 4, "--max-new-tokens", 16, "chat=false"), 2,
+                   "target/tiny-text")
+    one_line_error(invoke("collect-trajectories", "--out", traj, "--model", "tiny-text", "--prompts",
+                          write_prompts(tmp_path), "--block-size", 5, "--max-new-tokens", 16, "chat=false"), 2,
+                   "block_size=4")
+    # empty and malformed prompt files
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n")
+    one_line_error(invoke("collect-trajectories", "--out", tmp_path / "e", "--model", "tiny-text", "--prompts", empty),
+                   2, "empty")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "ok"}\n{not json\n')
+    one_line_error(invoke("collect-trajectories", "--out", tmp_path / "b", "--model", "tiny-text", "--prompts", bad),
+                   2, "invalid JSON")
+    assert not (tmp_path / "e").exists() and not (tmp_path / "b").exists()
+    # a LoRA adapter trained for another base
+    r = invoke("distill", "--out", tmp_path / "a", "--trajectories", traj, "--model", "tiny-text", "--name", "tiny-pc",
+               "--steps", 2, *DISTILL)
+    assert r.exit_code == 0, r.output
+    one_line_error(invoke("distill", "--out", tmp_path / "c", "--trajectories", traj, "--model", "other-text",
+                          "init_adapter=tiny-pc-lora", *DISTILL), 2, "trained for target/tiny-text, not target/other-text")
+    meta = registry.find("adapter/tiny-pc-lora").meta
+    (registry.find("adapter/tiny-pc-lora").path / "config.json").write_text(json.dumps({**meta, "parent": "target/other-text"}))
+    one_line_error(invoke("generate", "--model", "adapter/tiny-pc-lora", "--prompt", "x", "--no-chat"), 2,
+                   "was trained with tokenizer")
+
+
+def test_interrupted_distill_leaves_a_loadable_checkpoint(traj, tmp_path):
+    out = tmp_path / "run"
+    r = invoke("distill", "--out", out, "--trajectories", traj, "--model", "tiny-text", "--name", "tiny-pc",
+               "--steps", 6, "max_minutes=1e-9", *DISTILL)  # stops after the first step, as if killed
+    assert r.exit_code == 0, r.output
+    assert json.loads((out / "checkpoint" / "state.json").read_text())["step"] == 1
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".")]
+    r = invoke("distill", "--out", out, "--trajectories", traj, "--model", "tiny-text", "--name", "tiny-pc",
+               "--steps", 6, *DISTILL)
+    assert r.exit_code == 0 and "resumed from" in r.stderr
+    assert json.loads((out / "checkpoint" / "state.json").read_text())["step"] == 6
+
+
+def test_builtin_distilled_targets_listed():
+    r = invoke("registry", "list", "--format", "json")
+    refs = {x["ref"] for x in json.loads(r.stdout)}
+    assert {"target/smollm2-135m-pcllm", "target/smollm2-135m-cllm"} <= refs

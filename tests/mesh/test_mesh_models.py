@@ -1,0 +1,73 @@
+"""Mesh GPT, heads and LoRA: cached == uncached, condition K/V once, merge == wrapped, registry loading."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specgen import registry
+from specgen.errors import IncompatibleError
+from specgen.methods.xspecmesh import load_mesh
+from specgen.train.lora import apply_lora, lora_state, merge_lora, merge_lora_state
+from tests.mesh.mesh_fixtures import NUM_POINTS, register_tiny, tiny_heads, tiny_mesh_model
+
+
+def test_cached_decoding_matches_teacher_forcing():
+    torch.manual_seed(0)
+    model = tiny_mesh_model()
+    pc, tokens = torch.randn(1, NUM_POINTS, 6), torch.randint(0, 5120, (1, 12))
+    with torch.no_grad():
+        logits, hidden, cond = model.forward_train(pc, tokens)  # rows 0..11 (start + tokens[:11])
+        cache = model.new_cache(1, 32)
+        first, _ = model.prefill(cache, model.encode(pc))
+        assert cache.cross is not None and len(cache.cross) == model.dec_cfg.n_layers  # K/V stored once
+        chunk, _ = model.step(tokens[:, :5], 1, cache)  # positions 1..5 in one forward
+        cache.commit(0, list(range(5)))
+        one, _ = model.step(tokens[:, 5:6], 6, cache)
+    torch.testing.assert_close(first[0], logits[0, 0], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(chunk[0], logits[0, 1:6], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(one[0, 0], logits[0, 6], atol=1e-4, rtol=1e-4)
+
+
+def test_untrained_heads_start_as_the_backbone_head():
+    model, heads = tiny_mesh_model(), tiny_heads(scramble=False)
+    h, cond = torch.randn(2, 3, 32), torch.randn(2, 8, 32)
+    out = heads.logits(h, heads.context_kv(cond), model.decoder.output)  # [B, S, D, V]
+    assert out.shape == (2, 3, 3, 5121)
+    torch.testing.assert_close(out[:, :, 1], model.decoder.output(h))
+
+
+def test_lora_merge_equals_wrapped_and_saved_adapter():
+    model = tiny_mesh_model()
+    x = torch.randn(1, NUM_POINTS, 6), torch.randint(0, 5120, (1, 9))
+    paths = apply_lora(model.decoder, ("wqkv", "wo", "w1"), rank=4, alpha=8)
+    assert paths and all(p.startswith("layers.") for p in paths)
+    for n, p in model.named_parameters():
+        if "lora_B" in n:
+            torch.nn.init.normal_(p, std=0.1)
+    with torch.no_grad():
+        wrapped = model.forward_train(*x)[0]
+    state = {f"decoder.{k}": v for k, v in lora_state(model.decoder).items()}
+    merge_lora(model)
+    with torch.no_grad():
+        merged = model.forward_train(*x)[0]
+    torch.testing.assert_close(merged, wrapped, atol=1e-4, rtol=1e-4)
+    fresh = tiny_mesh_model()
+    assert merge_lora_state(fresh, state, 4, 8) == len(paths)
+    with torch.no_grad():
+        torch.testing.assert_close(fresh.forward_train(*x)[0], wrapped, atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError):
+        merge_lora_state(fresh, {"decoder.nope.lora_A": torch.zeros(1), "decoder.nope.lora_B": torch.zeros(1)}, 4, 8)
+
+
+def test_registry_round_trip_and_foreign_heads():
+    register_tiny("tiny-mesh", "tiny-heads")
+    register_tiny("other-mesh", "foreign-heads", parent="other-mesh")
+    loaded = load_mesh(None, "tiny-heads")
+    assert loaded.target.name == "tiny-mesh" and loaded.decoder.heads.num_heads == 3
+    ref = tiny_mesh_model()
+    for (k, a), b in zip(loaded.decoder.model.state_dict().items(), ref.state_dict().values()):
+        torch.testing.assert_close(a, b, msg=k)
+    with pytest.raises(IncompatibleError, match="trained for other-mesh"):
+        load_mesh("tiny-mesh", "foreign-heads")
+    assert registry.find("tiny-mesh").meta["modality"] == "mesh"

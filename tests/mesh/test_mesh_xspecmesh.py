@@ -1,0 +1,120 @@
+"""XSpecMesh decoding (Algorithm 1) on tiny random models: AR equivalences, rules, samplers, budgets."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specgen.decoding.accept_threshold import AcceptCriterion, accept_lossy, accepted_length
+from specgen.decoding.draft import Draft
+from specgen.decoding.sampling import SamplingParams
+from specgen.errors import UsageError
+from specgen.mesh.procedural import generate_mesh
+from specgen.methods.xspecmesh import MeshDecoder, XSpecMeshOptions, tree_sample
+from specgen.train.mesh import point_cloud
+from tests.mesh.mesh_fixtures import NUM_POINTS, tiny_heads, tiny_mesh_model
+
+SAMPLED = SamplingParams(1.0, 50, 0.95)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture(scope="module")
+def setup():
+    g = generate_mesh(11)
+    pc = torch.from_numpy(point_cloud(g.vertices, g.faces, NUM_POINTS, 0))
+    return tiny_mesh_model(), pc
+
+
+def run(model, heads, pc, params, opts=None, n=120, seed=3):
+    gens = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed + 1)
+    return MeshDecoder(model, heads).generate(pc, params, n, opts, *gens)
+
+
+@pytest.mark.parametrize("sampling", ["independent", "tree"])
+@pytest.mark.parametrize("kind", ["ca", "mlp"])
+def test_delta_accepting_nothing_equals_ar_sampling(setup, kind, sampling):
+    model, pc = setup
+    ar = run(model, None, pc, SAMPLED)
+    xs = run(model, tiny_heads(kind), pc, SAMPLED, XSpecMeshOptions(delta=1.0, sampling=sampling))
+    assert xs.tokens == ar.tokens and len(ar.tokens) == 120
+    assert xs.stats.tau == 1.0 and xs.stats.steps == ar.stats.steps
+
+
+def test_greedy_threshold_is_greedy_ar(setup):
+    model, pc = setup
+    greedy = SamplingParams(0.0)
+    ar = run(model, None, pc, greedy)
+    for opts in (XSpecMeshOptions(delta=0.5), XSpecMeshOptions(criterion="topk", top_k_accept=1),
+                 XSpecMeshOptions(delta=0.1, sampling="tree", top_k_tree=3)):
+        assert run(model, tiny_heads(), pc, greedy, opts).tokens == ar.tokens
+
+
+def test_loose_rules_accept_more(setup):
+    model, pc = setup
+    strict = run(model, tiny_heads(scramble=False), pc, SAMPLED, XSpecMeshOptions(delta=0.9))
+    loose = run(model, tiny_heads(scramble=False), pc, SAMPLED, XSpecMeshOptions(criterion="topk", top_k_accept=50))
+    assert loose.stats.tau > strict.stats.tau >= 1.0
+    assert loose.stats.steps < strict.stats.steps
+    assert loose.stats.new_tokens == len(loose.tokens) <= 120
+
+
+def test_budget_and_eos(setup):
+    model, pc = setup
+    res = run(model, tiny_heads(), pc, SAMPLED, XSpecMeshOptions(criterion="topk", top_k_accept=50), n=7)
+    assert len(res.tokens) == 7
+    head = model.decoder.output
+
+    class EOSBoost(torch.nn.Module):  # make EOS overwhelmingly likely for backbone and heads
+        def forward(self, x):
+            y = head(x)
+            y[..., 5120] += 100.0
+            return y
+
+    model.decoder.output = EOSBoost()
+    try:
+        res = run(model, tiny_heads(), pc, SAMPLED, XSpecMeshOptions())
+    finally:
+        model.decoder.output = head
+    assert res.tokens == [5120]
+
+
+def test_too_many_heads_is_usage_error(setup):
+    model, pc = setup
+    with pytest.raises(UsageError):
+        run(model, tiny_heads(num_heads=2), pc, SAMPLED, XSpecMeshOptions(num_heads=3))
+    with pytest.raises(UsageError):
+        XSpecMeshOptions(criterion="nope")
+    with pytest.raises(UsageError):
+        XSpecMeshOptions(sampling="beam")
+
+
+def test_threshold_rules_are_pure_and_strict():
+    probs = torch.tensor([[0.6, 0.3, 0.1], [0.5, 0.5, 0.0], [0.2, 0.2, 0.6], [1.0, 0.0, 0.0]])
+    assert accepted_length((0, 0, 2), probs, AcceptCriterion("threshold", 0.5)) == 1  # 0.5 is not > 0.5
+    assert accepted_length((0, 1, 2), probs, AcceptCriterion("threshold", 0.4)) == 3
+    assert accepted_length((1, 1, 0), probs, AcceptCriterion("topk", top_k=2)) == 3  # ties share a rank
+    assert accepted_length((2,), probs, AcceptCriterion("topk", top_k=2)) == 0
+    assert accepted_length((0, 2), probs, AcceptCriterion("topk", top_k=3)) == 1  # filtered token never accepted
+    v = accept_lossy(Draft.chain((0, 0, 2)), probs, AcceptCriterion("threshold", 0.55), None, greedy=True)
+    assert v.path == (0,) and v.tokens == (0, 0) and v.extras["lossy"]
+    with pytest.raises(ValueError):
+        AcceptCriterion("topk", top_k=0)
+
+
+def test_tree_sampling_prunes_and_follows_weights():
+    probs = torch.zeros(3, 6)
+    probs[:, 0], probs[:, 1], probs[:, 2] = 0.7, 0.29, 0.01
+    g = torch.Generator().manual_seed(0)
+    paths = [tuple(tree_sample(probs, 2, g)) for _ in range(400)]
+    assert all(len(p) == 3 and set(p) <= {0, 1} for p in paths)  # top-2 only
+    assert paths.count((0, 0, 0)) > paths.count((1, 1, 1))
+    tiny = torch.full((4, 6), 1 / 6)
+    tiny[:, 0] = 0.001
+    assert len(tree_sample(torch.softmax(torch.randn(4, 6), -1) * 1e-3, 2, g)) == 4  # all pruned -> top-1 path

@@ -1,0 +1,88 @@
+"""pcllm (Jacobi on the distilled model) and pcllm-mr (multi-block + rejection recycling) equal greedy AR."""
+
+from __future__ import annotations
+
+import pytest
+
+from specgen.decoding.loop import decode
+from specgen.decoding.sampling import SamplingParams
+from specgen.decoding.target import ModelTarget
+from specgen.errors import UsageError
+from specgen.methods import get_method, model_for, run_drafter
+from specgen.methods.pcllm import MultiBlockDecoder, longest_branch
+from specgen.methods.text import EmptyDrafter
+from tests.conftest import tiny_model
+
+CONFIGS = [
+    {},
+    {"num_blocks": 1},
+    {"block_size": 4, "num_blocks": 3, "spawn_ratio": 0.3, "verify": 2},
+    {"block_size": 3, "pool_size": 0, "verify": 0},
+    {"block_size": 6, "ngram": 12, "verify": 3, "spawn_ratio": 0.5},
+]
+
+
+def target_of(seed):
+    t = ModelTarget(tiny_model(seed))
+    t.device = "cpu"
+    return t
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_methods_equal_ar(seed):
+    t = target_of(seed)
+    for p in range(2):
+        prompt = [1, 5, 9, 3, p, 7, 7, 1]
+        ar = decode(t, EmptyDrafter(), prompt, 48, SamplingParams()).tokens
+        for name in ("pcllm", "cllm"):
+            d = get_method(name).make_drafter({"block_size": 5, "seed": p})
+            assert run_drafter(t, d, prompt, 48, SamplingParams()).tokens == ar
+        for cfg in CONFIGS:
+            res = run_drafter(t, get_method("pcllm-mr").make_drafter({**cfg, "seed": p}), prompt, 48, SamplingParams())
+            assert res.tokens == ar, cfg
+            assert res.stats.new_tokens == 48 and res.stats.target_forwards <= 48
+
+
+def test_mr_stops_at_stop_token_like_ar():
+    t = target_of(3)
+    prompt = [4, 4, 2, 9]
+    ar = decode(t, EmptyDrafter(), prompt, 40, SamplingParams()).tokens
+    stop = (ar[17],)
+    want = decode(t, EmptyDrafter(), prompt, 40, SamplingParams(), stop).tokens
+    got = MultiBlockDecoder(block_size=4).run(t, prompt, 40, SamplingParams(), stop).tokens
+    assert got == want and got[-1] == stop[0]
+
+
+def test_mr_recycles_on_a_repetitive_model():
+    """A model that loops makes rejected tails reappear: some tokens must come from the pool, output unchanged."""
+    t = target_of(0)
+    prompt = [1, 2, 3]
+    ar = decode(t, EmptyDrafter(), prompt, 80, SamplingParams()).tokens
+    res = MultiBlockDecoder(block_size=6, num_blocks=2, spawn_ratio=0.5, verify=2).run(t, prompt, 80, SamplingParams())
+    assert res.tokens == ar
+    assert res.stats.tpf >= 1.0
+
+
+def test_longest_branch_prefers_longest_then_main():
+    # root argmax -> 5; main [5, 6] with argmax after node0 = 6 (input 1) -> accepted 2
+    argmax = [5, 6, 0, 9, 9]
+    assert longest_branch([[5, 6], [5, 7]], [0, 2], argmax) == (0, 2)
+    assert longest_branch([[4], [5]], [0, 1], [5, 0, 0]) == (1, 1)
+    assert longest_branch([[4], [3]], [0, 1], [5, 0, 0]) == (0, 0)
+
+
+def test_mr_options_and_greedy_only():
+    with pytest.raises(UsageError):
+        MultiBlockDecoder(block_size=1)
+    with pytest.raises(UsageError, match="greedy"):
+        MultiBlockDecoder().run(target_of(0), [1, 2], 5, SamplingParams(temperature=1.0))
+    with pytest.raises(UsageError, match="no option"):
+        get_method("pcllm-mr").check_options({"blocks": 2})
+
+
+def test_distilled_methods_pick_their_model():
+    for name in ("pcllm", "pcllm-mr"):
+        assert model_for(get_method(name), "smollm2-135m", "smollm2-135m") == "smollm2-135m-pcllm"
+        assert model_for(get_method(name), "tiny", "smollm2-135m") == "tiny"  # an explicit model wins
+    assert model_for(get_method("cllm"), "smollm2-135m", "smollm2-135m") == "smollm2-135m-cllm"
+    assert model_for(get_method("ar"), "smollm2-135m", "smollm2-135m") == "smollm2-135m"

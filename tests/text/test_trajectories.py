@@ -1,0 +1,136 @@
+"""Jacobi trajectory collection: fixed points equal greedy AR, resumable, sharded by rank, idempotent merge."""
+
+from __future__ import annotations
+
+import pyarrow.parquet as pq
+import pytest
+
+from specgen import registry
+from specgen.decoding.loop import decode
+from specgen.decoding.sampling import SamplingParams
+from specgen.decoding.target import ModelTarget
+from specgen.errors import IncompatibleError, UsageError
+from specgen.methods.text import EmptyDrafter
+from specgen.text import trajectories as T
+from specgen.train.packing import first_mismatch
+from tests.conftest import tiny_model
+
+
+def test_trajectory_states_and_fixed_points():
+    t = ModelTarget(tiny_model(0))
+    t.device = "cpu"
+    prompt = [1, 5, 9, 3, 7]
+    recs = T.jacobi_trajectories(t, prompt, 5, 23, (), seed=3)
+    ar = decode(t, EmptyDrafter(), prompt, 25, SamplingParams()).tokens
+    answer = [x for r in recs for x in r["fixed_point"]]
+    assert answer == ar[: len(answer)] and len(recs) == 5  # ceil(23 / 5) blocks; fixed points are greedy AR
+    for r in recs:
+        traj, fixed = r["trajectory"], r["fixed_point"]
+        assert traj[-1] == fixed and all(len(s) == 5 for s in traj)
+        assert traj[0][0] == fixed[0]  # the initial guess starts with the known-correct token
+        assert 1 <= r["iterations"] <= 5 and len(traj) <= r["iterations"] + 1
+        # the converged prefix never shrinks along the trajectory
+        fm = [first_mismatch(s, fixed) for s in traj]
+        assert fm == sorted(fm) and fm[-1] == 5
+
+
+def test_collection_stops_after_the_stop_block():
+    t = ModelTarget(tiny_model(0))
+    t.device = "cpu"
+    prompt = [1, 5, 9, 3, 7]
+    full = T.jacobi_trajectories(t, prompt, 4, 40, ())
+    stop = full[1]["fixed_point"][2]
+    recs = T.jacobi_trajectories(t, prompt, 4, 40, (stop,))
+    first = next(i for i, r in enumerate(full) if stop in r["fixed_point"])
+    assert len(recs) == first + 1
+
+
+@pytest.fixture
+def tiny_text(tmp_path):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({chr(i): i - 32 for i in range(32, 96)}, unk_token="?"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="?", eos_token="_")
+    model = tiny_model(0)
+    meta = {"builder": "transformer", "kwargs": model.cfg.to_dict(), "vocab_size": 64, "modality": "text",
+            "tokenizer": True}
+    registry.save("target", "tiny-text", model.state_dict(), meta, extra=lambda d: hf.save_pretrained(str(d)))
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(f"PROMPT {c} NUMBER {i}" for i, c in enumerate("ABCDEFG")))
+    return prompts
+
+
+def cfg(prompts, **kw):
+    return T.CollectConfig(**{"model": "tiny-text", "prompts": str(prompts), "block_size": 4, "max_new_tokens": 12,
+                              "chat": False, "shard_every": 2, **kw})
+
+
+def rows(folder):
+    return [(r["data_id"], r["block"], r["fixed_point"], r["trajectory"]) for r in T.load_records(folder)]
+
+
+def test_resume_after_interruption_equals_uninterrupted(tiny_text, tmp_path):
+    whole = tmp_path / "whole"
+    T.collect(cfg(tiny_text), whole)
+    part = tmp_path / "part"
+    calls = []
+
+    def interrupt(*a):
+        calls.append(1)
+        if len(calls) == 5:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        T.collect(cfg(tiny_text), part, on_prompt=interrupt)
+    assert T.done_ids(part) == {0, 1, 2, 3}  # whole shards only: prompt 4 was not flushed
+    assert not [p for p in (part / "shards").iterdir() if p.name.startswith(".")]  # no temp files left
+    s = T.collect(cfg(tiny_text), part)
+    assert s.skipped == 4 and s.prompts == 3
+    assert rows(part) == rows(whole)
+    again = T.collect(cfg(tiny_text), part)  # nothing left to do, nothing duplicated
+    assert again.prompts == 0 and rows(part) == rows(whole)
+    ds = __import__("datasets").load_dataset("parquet", data_files=str(part / "shards" / "*.parquet"), split="train",
+                                             cache_dir=str(tmp_path / "hf"))
+    assert len(ds) == len(rows(whole)) and set(ds.column_names) == set(T.COLUMNS)
+
+
+def test_ranks_shard_and_merge_is_idempotent(tiny_text, tmp_path, monkeypatch):
+    whole = tmp_path / "whole"
+    T.collect(cfg(tiny_text), whole)
+    out = tmp_path / "ranks"
+    for rank in (0, 1):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        s = T.collect(cfg(tiny_text), out)
+        assert s.world_size == 2 and s.prompts == (4 if rank == 0 else 3)
+    assert {p.name[:6] for p in (out / "shards").iterdir()} == {"rank00", "rank01"}
+    merged = T.merge_shards(out)
+    first = pq.read_table(merged).to_pylist()
+    T.merge_shards(out)
+    assert pq.read_table(merged).to_pylist() == first
+    assert rows(out) == rows(whole)
+
+
+def test_refuses_mismatched_folder_and_humaneval(tiny_text, tmp_path):
+    out = tmp_path / "t"
+    T.collect(cfg(tiny_text, limit=2), out)
+    with pytest.raises(IncompatibleError, match="block_size"):
+        T.collect(cfg(tiny_text, limit=2, block_size=5), out)
+    model = tiny_model(7)
+    meta = {"builder": "transformer", "kwargs": model.cfg.to_dict(), "vocab_size": 64, "modality": "text",
+            "tokenizer": True}
+    registry.save("target", "other-text", model.state_dict(), meta,
+                  extra=lambda d: __import__("shutil").copytree(registry.find("tiny-text").path, d, dirs_exist_ok=True,
+                                                                ignore=lambda *_: ["config.json", "model.safetensors"]))
+    with pytest.raises(IncompatibleError, match="target/tiny-text.*target/other-text"):
+        T.collect(cfg(tiny_text, limit=2, model="other-text"), out)
+    from specgen.eval.humaneval import load_problems
+
+    he = tmp_path / "he.jsonl"
+    he.write_text(__import__("json").dumps({"prompt": load_problems(1)[0].prompt}) + "\n")
+    with pytest.raises(UsageError, match="HumanEval"):
+        T.collect(cfg(he), tmp_path / "he")
+    assert not (tmp_path / "he").exists()

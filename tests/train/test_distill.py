@@ -1,0 +1,123 @@
+"""Distillation on a tiny random target: losses go down, resume is exact, bad inputs are refused, DDP on gloo."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from specgen import registry
+from specgen.errors import IncompatibleError, UsageError
+from specgen.text.target import load_text_model
+from specgen.text.trajectories import load_records
+from specgen.train import packing
+from specgen.train.distill import DistillConfig, cllm_losses, distill, group_records, pcllm_losses
+from tests.pcllm_fixtures import collect_tiny, save_tiny_text, write_prompts
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def traj(tmp_path):
+    save_tiny_text()
+    out = tmp_path / "traj"
+    collect_tiny(out, write_prompts(tmp_path))
+    return out
+
+
+def config(traj, **kw):
+    base = dict(model="tiny-text", trajectories=str(traj), name="tiny-pc", block_size=4, window=4, steps=30,
+                lr=3e-3, warmup_steps=2, lora_rank=4, lora_alpha=8, ckpt_every=10, log_every=10, ar_weight=1.0)
+    base.update(kw)
+    return DistillConfig(**base)
+
+
+def eval_losses(model_name, traj, objective):
+    tm = load_text_model(model_name)
+    groups = group_records(load_records(traj))
+    cfg = config(traj, objective=objective)
+    total = {"pc": 0.0, "ar": 0.0}
+    with torch.no_grad():
+        for i, g in enumerate(groups):
+            rng = random.Random(i)
+            if objective == "pcllm":
+                s = packing.build_sample(g, "progressive", 4, rng, 0, tm.tokenizer.stop_ids)
+                out = pcllm_losses(tm.module, s, packing.noise_aware_mask(s.segments, "noisy", 4), cfg, "cpu")
+            else:
+                out = cllm_losses(tm.module, g, cfg, rng, "cpu", tm.tokenizer.stop_ids)
+            for k in total:
+                total[k] += float(out[k]) / len(groups)
+    return total
+
+
+@pytest.mark.parametrize("objective,finetune,lr,w,steps", [("pcllm", "lora", 3e-3, 1.0, 40),
+                                                           ("cllm", "full", 1e-3, 0.1, 80)])
+def test_losses_decrease(traj, tmp_path, objective, finetune, lr, w, steps):
+    before = eval_losses("tiny-text", traj, objective)
+    summary = distill(config(traj, objective=objective, finetune=finetune, steps=steps, lr=lr, ar_weight=w),
+                      tmp_path / "run")
+    after = eval_losses("tiny-pc", traj, objective)
+    assert after["pc"] < 0.95 * before["pc"], (before, after)
+    assert after["pc"] + w * after["ar"] < before["pc"] + w * before["ar"]
+    if objective == "pcllm":
+        assert after["ar"] < before["ar"]
+    refs = summary["entries"]
+    assert ("target/tiny-pc" in refs) and (("adapter/tiny-pc-lora" in refs) == (finetune == "lora"))
+    if finetune == "lora":  # the adapter entry loads as base + merged adapter = the merged target
+        a, m = load_text_model("adapter/tiny-pc-lora").module, load_text_model("target/tiny-pc").module
+        torch.testing.assert_close(a.layers[0].attention.wqkv.weight, m.layers[0].attention.wqkv.weight)
+
+
+def test_resume_after_interruption_is_exact(traj, tmp_path):
+    whole = distill(config(traj, steps=20, register=False), tmp_path / "whole")
+    first = distill(config(traj, steps=20, max_minutes=1e-9, register=False), tmp_path / "part")  # stops after step 1
+    assert not first["finished"] and first["steps"] == 1
+    assert not [p for p in (tmp_path / "part").iterdir() if p.name.startswith(".")]  # no partial checkpoint
+    resumed = distill(config(traj, steps=20, register=False), tmp_path / "part")
+    assert resumed["steps"] == 20
+    from safetensors.torch import load_file
+
+    a = load_file(str(tmp_path / "whole" / "checkpoint" / "trainable.safetensors"))
+    b = load_file(str(tmp_path / "part" / "checkpoint" / "trainable.safetensors"))
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)
+    assert [h["loss"] for h in whole["history"]] == pytest.approx([h["loss"] for h in resumed["history"]], rel=1e-4)
+
+
+def test_refuses_other_target_and_block_size(traj, tmp_path):
+    save_tiny_text("other-text", seed=5, eos="^")  # another target with another tokenizer (eos differs)
+    with pytest.raises(IncompatibleError, match=r"target/tiny-text \(tokenizer \w+\).*target/other-text \(tokenizer"):
+        distill(config(traj, model="other-text"), tmp_path / "r")
+    with pytest.raises(IncompatibleError, match="block_size=8 but .* block size 4"):
+        distill(config(traj, block_size=8), tmp_path / "r")
+    with pytest.raises(UsageError, match="objective"):
+        distill(config(traj, objective="dpo"), tmp_path / "r")
+
+
+def test_init_adapter_must_belong_to_the_model(traj, tmp_path):
+    distill(config(traj, steps=3), tmp_path / "a")
+    save_tiny_text("other-text", seed=5)
+    with pytest.raises(IncompatibleError, match="trained for target/tiny-text, not target/other-text"):
+        distill(config(traj, model="other-text", init_adapter="tiny-pc-lora"), tmp_path / "b")
+    cont = distill(config(traj, steps=3, name="tiny-pc2", init_adapter="tiny-pc-lora"), tmp_path / "c")
+    assert cont["steps"] == 3 and registry.find("adapter/tiny-pc2-lora").meta["init_adapter"] == "tiny-pc-lora"
+
+
+@pytest.mark.slow
+def test_two_process_gloo(traj, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29533",
+           "-m", "cli.main", "distill", "--out", str(tmp_path / "ddp"), "--trajectories", str(traj), "--model",
+           "tiny-text", "--name", "tiny-ddp", "--steps", "6", "block_size=4", "window=4", "lora_rank=4",
+           "log_every=2", "ckpt_every=3", "--quiet"]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    log = (tmp_path / "ddp" / "train.log").read_text()
+    assert "2 process(es)" in log and "step 6/6" in log
+    assert registry.find("target/tiny-ddp").meta["metrics"]["steps"] == 6
