@@ -46,7 +46,7 @@ def run(overrides=None, methods=None, model=None, limit=None, seed=None, device=
         _output.emit_json(rows)
         return
     _output.table(f"images: {im.entry.ref}, {cfg.num} images per row, cfg {cfg.cfg_scale} ({machine}); "
-                  "lantern rows are LOSSY; clf_fid/class_accuracy use the offline tiny classifier, not Inception",
+                  "lantern and vvs rows are LOSSY; clf_fid/class_accuracy use the offline tiny classifier, not Inception",
                   rows, COLUMNS, _output.out)
     if not quiet:
         _output.err.print("wrote " + ", ".join(str(f) for f in files))

@@ -5,6 +5,10 @@ d-bar, NFE, TPF, drafter time share, exact match vs `ar` (lossless methods at T 
 quality: mean target NLL of the generated tokens (teacher-forced under the CFG distribution the
 sampler uses, T = 1), class accuracy and FID in the feature space of the offline classifier trained by
 `recipes/tiny/image-classifier.yaml` (labelled "clf-FID": it is not Inception FID).
+
+A method entry may carry a variant tag, `method@tag` (e.g. `vvs@u`, `vvs@d`): its row is labelled with
+the entry and decoded by `method` with `method_options[method]` updated by `method_options[entry]`, so
+one run can hold several settings of a method (VVS-U and VVS-D are `vvs` with schedule uniform/dynamic).
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ class ImageBenchConfig:
     """Options of `specgen benchmark --suite images` (recipe keys)."""
 
     suite: str = "images"
-    methods: list[str] = field(default_factory=lambda: ["ar", "eagle2", "adt-tree", "lantern", "adt-tree+lantern"])
+    methods: list[str] = field(default_factory=lambda: ["ar", "eagle2", "adt-tree", "lantern", "adt-tree+lantern",
+                                                        "vvs@u", "vvs@d"])
     model: str = "tiny-image-gpt"
     drafter: str = ""
     temperatures: list[float] = field(default_factory=lambda: [0.0, 1.0])
@@ -40,17 +45,29 @@ class ImageBenchConfig:
     quality: bool = True
     classifier: str = "tiny-image-classifier"
     out_dir: str = "specgen-bench-images"
-    method_options: dict = field(default_factory=dict)  # method -> {option: value}
+    # method (or method@tag entry) -> {option: value}
+    method_options: dict = field(default_factory=lambda: {"vvs@u": {"schedule": "uniform"},
+                                                          "vvs@d": {"schedule": "dynamic"}})
+
+
+def method_of(entry: str) -> str:
+    """The method of a benchmark entry `method[@tag]`."""
+    return entry.split("@", 1)[0]
+
+
+def options_of(cfg: ImageBenchConfig, entry: str) -> dict:
+    """Options of an entry: the method's, updated by the entry's own (`method@tag`)."""
+    return {**cfg.method_options.get(method_of(entry), {}), **cfg.method_options.get(entry, {})}
 
 
 def check_image_methods(cfg: ImageBenchConfig) -> None:
     if "ar" not in cfg.methods:
         raise UsageError("the benchmark needs the 'ar' row: speedups and exact match are measured against it")
     for m in cfg.methods:
-        spec = get_method(m)
+        spec = get_method(method_of(m))
         if not spec.runs_on("image"):
             raise UsageError(f"method {m} is for {spec.modality}; the images suite is image methods")
-        spec.check_options(cfg.method_options.get(m, {}))
+        spec.check_options(options_of(cfg, m))
     if cfg.num < 1 or not cfg.temperatures:
         raise UsageError("the images suite needs num >= 1 and at least one temperature")
 
@@ -77,14 +94,14 @@ def run_image_benchmark(im: ImageModel, cfg: ImageBenchConfig, on_step=None) -> 
                           classes=[str(l) for l in labels], num=1)
     # warm-up: one image per method (allocations, neighbour tables)
     for m in cfg.methods:
-        generate_images(im, replace(base, method=m, method_options=dict(cfg.method_options.get(m, {}))))
+        generate_images(im, replace(base, method=method_of(m), method_options=options_of(cfg, m)))
     rows, pixels = [], {}
     for temp in cfg.temperatures:
         runs: dict[str, list] = {m: [] for m in cfg.methods}
         for i, label in enumerate(labels):
             for m in cfg.methods:
-                one = replace(base, method=m, temperature=temp, classes=[str(label)], seed=cfg.seed * 7919 + i,
-                              method_options=dict(cfg.method_options.get(m, {})))
+                one = replace(base, method=method_of(m), temperature=temp, classes=[str(label)],
+                              seed=cfg.seed * 7919 + i, method_options=options_of(cfg, m))
                 samples, px = generate_images(im, one)
                 runs[m].append((samples[0], px[0]))
             if on_step:
@@ -103,12 +120,14 @@ def summarise(im: ImageModel, cfg: ImageBenchConfig, method: str, temp: float, r
         total.merge(s.stats)
     ratio = [a.stats.wall_time / s.stats.wall_time for (s, _), (a, _) in zip(rs, ar)]
     row = {
-        "method": method, "temperature": temp, "lossless": get_method(method).lossless, "images": len(rs),
+        "method": method, "temperature": temp, "lossless": get_method(method_of(method)).lossless, "images": len(rs),
         "speedup_vs_ar": statistics.median(ratio), "tau": total.tau, "d_bar": total.d_bar,
         "nfe": total.target_forwards, "tpf": total.tpf, "drafter_share": total.drafter_share,
         "images_per_s": len(rs) / total.wall_time if total.wall_time else 0.0,
         "exact_match_vs_ar": sum(s.tokens == a.tokens for (s, _), (a, _) in zip(rs, ar)) / len(rs),
     }
+    if "skipped_steps" in total.extras:  # vvs: target forwards saved by skipped verifications
+        row["skipped_steps"] = int(total.extras["skipped_steps"])
     if cfg.quality:
         row["nll"] = statistics.fmean(target_nll(im, cfg.cfg_scale, s.label, s.tokens) for s, _ in rs)
     return row

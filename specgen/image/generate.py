@@ -119,7 +119,11 @@ def generate_images(im: ImageModel, cfg: ImageGenConfig, on_done=None) -> tuple[
     for i, label in enumerate(labels):
         drafter, rule = build_image_method(cfg.method, parts, dict(cfg.method_options))
         generator = torch.Generator().manual_seed(cfg.seed * 100_003 + i)
-        res = decode(parts.target, drafter, [label], n_tokens, params, generator=generator, rule=rule, max_draft=128)
+        run = dict(params=params, generator=generator, rule=rule, max_draft=128)
+        if hasattr(drafter, "decode"):  # a method with its own loop (vvs): same contract as `decode`
+            res = drafter.decode(parts.target, [label], n_tokens, **run)
+        else:
+            res = decode(parts.target, drafter, [label], n_tokens, **run)
         samples.append(ImageSample(label, res.tokens, res.stats))
         if on_done:
             on_done(i)

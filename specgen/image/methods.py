@@ -1,5 +1,7 @@
 """Image methods by name: each builder returns (drafter, accept rule) for the shared decode loop.
 
+A "drafter" with a `decode` method (vvs) runs its own loop with the rule instead of the shared one.
+
 | method            | tree shape                          | acceptance                       |
 |-------------------|-------------------------------------|----------------------------------|
 | ar                | none                                | lossless                         |
@@ -7,6 +9,7 @@
 | adt-tree          | ADT-Tree adaptive (depth, top_k) per tree               | lossless     |
 | lantern           | EAGLE-2                             | LANTERN relaxed (LOSSY)          |
 | adt-tree+lantern  | ADT-Tree                            | LANTERN relaxed (LOSSY)          |
+| vvs               | EAGLE-2, some verifications skipped | LANTERN relaxed + unverified tokens (LOSSY) |
 """
 
 from __future__ import annotations
@@ -75,6 +78,12 @@ def _lantern(draft, logits, params, generator, neighbours, delta):
     return accept_lantern(draft, logits, params, generator, neighbours, delta)
 
 
+def vvs_decoder(parts: ImageParts, o: dict):
+    from specgen.methods.vvs import build_vvs
+
+    return build_vvs(eagle_drafter(parts, fixed(parts, o)), parts.codebook, o)
+
+
 Builder = Callable[[ImageParts, dict], tuple[Any, Any]]
 IMAGE_METHODS: dict[str, Builder] = {
     "ar": lambda p, o: (EmptyDrafter(), None),
@@ -82,6 +91,7 @@ IMAGE_METHODS: dict[str, Builder] = {
     "adt-tree": lambda p, o: (eagle_drafter(p, adt(p, o)), None),
     "lantern": lambda p, o: (eagle_drafter(p, fixed(p, o)), lantern_rule(p, o)),
     "adt-tree+lantern": lambda p, o: (eagle_drafter(p, adt(p, o)), lantern_rule(p, o)),
+    "vvs": lambda p, o: (vvs_decoder(p, o), lantern_rule(p, o)),
 }
 assert set(IMAGE_METHOD_OPTIONS) <= set(IMAGE_METHODS)
 

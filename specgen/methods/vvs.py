@@ -1,0 +1,250 @@
+"""VVS: speculative decoding with partial verification skipping for visual AR models (LOSSY).
+
+Reference implementation of Dong et al., "VVS: Accelerating Speculative Decoding for Visual
+Autoregressive Generation via Partial Verification Skipping" (Algorithms 1 and 2, Sec. 4.1-4.4); the
+paper has no public code. It runs on EAGLE-2 trees (`EagleTreeDrafter` + `FixedShape`) with an accept
+rule (LANTERN relaxed acceptance in `--method vvs`, as in the paper). VVS is LOSSY on two counts: the
+relaxed rule, and the tokens of skipped steps, which are never checked against the target.
+
+One step of the loop (same numbering as `specgen.decoding.loop`):
+  1 propose   the drafter proposes a tree C_t from the (fresh or stale) features it was given.
+  -- schedule (`vvs_schedule`): skip? Never twice in a row, never at the first step.
+  skipped step (no target forward):
+  3' accept   one root-to-leaf path of C_t drawn uniformly (from the decode generator), truncated to
+              gamma = min(path length, floor(mean root-to-leaf path length of C_t)) (Eq. 1). These
+              unverified tokens x° join the output. No bonus token.
+  4' commit   nothing: the target KV cache is not touched.
+  5' update   the drafter continues from STALE features: the gamma most recent token-level target
+              features in the feature cache (positions F - gamma - s .. F - 1 - s, F = committed
+              positions, s = `staleness`, default 0 = "the most recent cached features", the paper's
+              s2 = 0) are paired, in order, with the tokens of x°.
+  verified step:
+  2 verify    ONE target forward over root + x° (chain) + C_t (tree hanging from x°'s last token): the
+              post-verification of the previous skipped step's tokens and the verification of the new
+              draft. x° is not re-judged (it stays accepted, as in the paper).
+  3 accept    the rule judges C_t on the logits from x°'s last token on.
+  4 commit    keep root + x° + the accepted path: the KV entries of x° are restored in place, so the
+              committed cache equals an AR-built cache over the same tokens (tested).
+  5 update    the features of root, x° and the accepted path go to the feature cache (x°'s replace
+              nothing: they were never cached) and fresh features go to the drafter (s1 = -1).
+So the run blends fresh features (after verified steps) with the most recent cached ones (after
+skipped steps), the paper's best setting (Tab. 3: s1 = -1, s2 = 0).
+
+Choices the paper leaves open:
+- `refresh` (default True): after the post-verification, the drafter's own KV entries for x° (computed
+  from stale features) are rolled back and recomputed from x°'s fresh target features in the next
+  catch-up (same number of drafter forwards, gamma more positions in one). The paper only says the
+  fresh features are "cached back to the corresponding positions"; `refresh=false` keeps the stale
+  drafter entries, as an EAGLE-style drafter cache that only appends would.
+- Stale retrieval clamps at position 0 when fewer than gamma + s features are cached (early steps).
+- Path selection uses the decode generator (so `--seed` fixes it; at T = 0 without a generator a
+  private one seeded with `seed`); all root-to-leaf paths are equally likely (not weighted by score).
+- Tokens of a skipped final step are returned without post-verification (no further forward would
+  serve any purpose); `unverified_tail` counts them.
+- Only TreeShape-fixed (EAGLE-2) trees: ADT-Tree's shape policy would learn nothing on skipped steps.
+
+Statistics: `target_forwards` counts the prefill and the verified steps only, so TPF = new tokens /
+target forwards shows the forwards saved; `steps`, `tau`, `d_bar` are over verified steps; `extras`
+holds `skipped_steps`, `unverified_tokens` (accepted without verification, tail included),
+`post_verified_tokens` and `unverified_tail`. The "schedule" phase times the skip decisions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from specgen.decoding.draft import Draft, Verdict
+from specgen.decoding.loop import DecodeResult, judge, truncate, verify_inputs
+from specgen.decoding.sampling import SamplingParams, pick
+from specgen.decoding.stats import DecodeStats
+from specgen.decoding.target import TargetOut
+from specgen.decoding.tree import DraftTree
+from specgen.errors import UsageError
+from specgen.methods.eagle import EagleTreeDrafter
+from specgen.methods.vvs_schedule import DynamicSkip, NeverSkip, SkipSchedule, UniformSkip, may_skip
+
+SCHEDULES = ("uniform", "dynamic", "none")
+
+
+def after_chain(chain: list[int] | tuple[int, ...], draft: Draft) -> Draft:
+    """The draft x° + C: a chain of the unverified tokens with C's tree hanging from its last node."""
+    g = len(chain)
+    if not g:
+        return draft
+    parents = tuple(range(-1, g - 1)) + tuple(p + g if p >= 0 else g - 1 for p in draft.tree.parents)
+    return Draft(tuple(chain) + draft.tokens, DraftTree(parents))
+
+
+def sample_path(draft: Draft, generator: torch.Generator) -> list[int]:
+    """Eq. 1: a uniformly drawn root-to-leaf path, truncated to min(its length, floor(mean path length))."""
+    paths = draft.tree.paths()
+    mean_floor = sum(len(p) for p in paths) // len(paths)
+    path = paths[int(torch.randint(len(paths), (), generator=generator))]
+    return path[: min(len(path), mean_floor)]
+
+
+class FeatureCache:
+    """Token-level target features [B, T, D] by position (Sec. 4.3); positions [0, length) are filled."""
+
+    def __init__(self, first: torch.Tensor, max_len: int) -> None:
+        b, p, d = first.shape
+        self.buf = torch.zeros(b, max_len, d, dtype=first.dtype, device=first.device)
+        self.buf[:, :p] = first
+        self.length = p
+
+    def write(self, start: int, feats: torch.Tensor) -> None:
+        """Store features [B, n, D] of positions start .. start + n - 1 (the committed frontier)."""
+        n = feats.shape[1]
+        self.buf[:, start : start + n] = feats
+        self.length = start + n
+
+    def recent(self, n: int, staleness: int = 0) -> torch.Tensor:
+        """The n most recent features [B, n, D], shifted `staleness` further back (clamped at 0)."""
+        idx = [max(0, self.length - n - staleness + j) for j in range(n)]
+        return self.buf[:, idx]
+
+
+@dataclass
+class VVSDecoder:
+    """An image method object with its own loop (`decode`), used in place of the shared decode loop."""
+
+    drafter: EagleTreeDrafter
+    schedule: SkipSchedule = field(default_factory=NeverSkip)
+    staleness: int = 0
+    refresh: bool = True
+    seed: int = 0
+    trace: list[bool] = field(default_factory=list)  # per draft step of the last run: skipped?
+    cache: Any = None  # the target KV cache of the last run (inspection, tests)
+
+    @torch.inference_mode()
+    def decode(
+        self,
+        target,
+        prompt: list[int],
+        max_new_tokens: int,
+        params: SamplingParams,
+        stop_ids: tuple[int, ...] = (),
+        generator: torch.Generator | None = None,
+        max_draft: int = 256,
+        rule: Callable[[Draft, torch.Tensor, SamplingParams, torch.Generator | None], Verdict] | None = None,
+    ) -> DecodeResult:
+        """Generate up to `max_new_tokens` after `prompt` (same contract as `loop.decode`)."""
+        rule = rule or judge
+        stats = DecodeStats()
+        for k in ("skipped_steps", "unverified_tokens", "post_verified_tokens", "unverified_tail"):
+            stats.extras[k] = 0
+        device = target.device if hasattr(target, "device") else "cpu"
+        cache = self.cache = target.new_cache(1, len(prompt) + max_new_tokens + max_draft + 1)
+        paths_rng = generator or torch.Generator().manual_seed(self.seed)
+        drafter, self.trace = self.drafter, []
+        # 0. prefill the prompt and pick the first token from its last position
+        with stats.timed("prefill"):
+            first = target.prefill(torch.tensor([prompt], device=device), cache)
+            out = [pick(first.logits[0, -1], params, generator)]
+        stats.target_forwards += 1
+        feats = FeatureCache(first.features, cache.max_len)
+        with stats.timed("propose"):
+            drafter.reset(prompt, first)
+        self.schedule.reset()
+        unverified: list[int] = []  # x°: tokens of the last (skipped) step, not yet post-verified
+        verified_run = 0
+        while len(out) < max_new_tokens and out[-1] not in stop_ids:
+            budget = min(max_draft, max_new_tokens - len(out) - 1)
+            with stats.timed("propose"):
+                draft = drafter.propose(prompt + out, budget, stats)  # 1. propose
+            with stats.timed("schedule"):
+                skip = not unverified and may_skip(draft, verified_run) and self.schedule.decide(draft, verified_run)
+            self.trace.append(skip)
+            if skip:
+                with stats.timed("accept"):
+                    tokens = [draft.tokens[i] for i in sample_path(draft, paths_rng)]  # 3'. accept unverified
+                with stats.timed("propose"):
+                    drafter.pending = feats.recent(len(tokens), self.staleness)  # 5'. stale features
+                out.extend(tokens)
+                unverified, verified_run = tokens, 0
+                stats.extras["skipped_steps"] += 1
+                stats.extras["unverified_tokens"] += len(tokens)
+                continue
+            g = len(unverified)
+            with stats.timed("verify"):
+                full = after_chain(unverified, draft)
+                start = cache.lengths[0]
+                tokens, positions, mask = verify_inputs(out[-1 - g], full, start, device)
+                result = target.forward(tokens, positions, cache, mask)  # 2. verify (+ post-verify x°)
+            with stats.timed("accept"):
+                verdict = rule(draft, result.logits[0, g:], params, generator)  # 3. accept (C only)
+            with stats.timed("commit"):
+                keep = list(range(g + 1)) + [g + 1 + i for i in verdict.path]
+                for row in range(cache.batch):  # 4. commit root + x° + path (every CFG branch row)
+                    cache.commit(row, keep)
+                feats.write(start, result.features[:, keep])
+            with stats.timed("propose"):
+                self.update(draft, verdict, result, g)  # 5. update the drafter
+            stats.record_step(draft.size, draft.tree.max_depth(), verdict.num_accepted)
+            stats.target_tokens += g
+            stats.extras["post_verified_tokens"] += g
+            out.extend(verdict.tokens)
+            unverified, verified_run = [], verified_run + 1
+        stats.extras["unverified_tail"] = len(unverified)
+        out = truncate(out, max_new_tokens, stop_ids)
+        stats.new_tokens = len(out)
+        return DecodeResult(out, stats)
+
+    def update(self, draft: Draft, verdict: Verdict, result: TargetOut, g: int) -> None:
+        """Fresh features for the drafter after a verified step that post-verified `g` tokens."""
+        d = self.drafter
+        d.on_accept(draft, verdict, TargetOut(result.logits[:, g:], result.features[:, g:]))
+        if g and self.refresh:  # recompute the drafter's entries of x° from their fresh features
+            for row in range(d.cache.batch):
+                d.cache.rollback(row, d.cache.lengths[row] - g)
+            d.pending = torch.cat([result.features[:, :g], d.pending], 1)
+
+
+def _option(o: dict, key: str, default, kind: type):
+    value = o.get(key, default)
+    try:
+        if kind is bool:
+            if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+                return value.lower() in ("true", "1", "yes")
+            if isinstance(value, (bool, int)):
+                return bool(value)
+            raise ValueError
+        if kind is int and isinstance(value, float) and not value.is_integer():
+            raise ValueError
+        return kind(value)
+    except (TypeError, ValueError):
+        raise UsageError(f"vvs option {key} must be a {kind.__name__}, got {value!r}") from None
+
+
+def build_vvs(drafter: EagleTreeDrafter, codebook: torch.Tensor | None, o: dict) -> VVSDecoder:
+    """A VVSDecoder from method options (see VVS_OPTIONS); bad values are one-line usage errors.
+
+    Defaults: schedule uniform, interval 3 (the paper's ablation setting; its sweep is 2-4),
+    threshold 0.75 / alpha 0.8 / stride 2 for the dynamic schedule, staleness 0, refresh true.
+    """
+    schedule = str(o.get("schedule", "uniform"))
+    if schedule not in SCHEDULES:
+        raise UsageError(f"vvs schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
+    interval = _option(o, "interval", 3, int)
+    if interval < 2:
+        raise UsageError(f"vvs skip interval must be >= 2 (never two skipped steps in a row), got {interval}")
+    threshold = _option(o, "threshold", 0.75, float)
+    alpha = _option(o, "alpha", 0.8, float)
+    stride = _option(o, "stride", 2, int)
+    staleness = _option(o, "staleness", 0, int)
+    if not -1 <= threshold <= 1 or not 0 < alpha <= 1 or stride < 1 or staleness < 0:
+        raise UsageError(f"vvs needs -1 <= threshold <= 1, 0 < alpha <= 1, stride >= 1, staleness >= 0 "
+                         f"(got {threshold}, {alpha}, {stride}, {staleness})")
+    if schedule == "uniform":
+        sched: SkipSchedule = UniformSkip(interval)
+    elif schedule == "dynamic":
+        if codebook is None:
+            raise UsageError("vvs schedule=dynamic needs the target's VQ codebook")
+        sched = DynamicSkip(codebook, threshold, alpha, stride)
+    else:
+        sched = NeverSkip()
+    return VVSDecoder(drafter, sched, staleness=staleness, refresh=_option(o, "refresh", True, bool),
+                      seed=_option(o, "seed", 0, int))
