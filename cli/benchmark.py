@@ -48,6 +48,7 @@ def benchmark(
     quiet: QuietOpt = False,
 ) -> None:
     """Measure speed (ratios from one run), acceptance and quality of methods on a suite."""
+    suite = suite or recipe_suite(config)
     if suite in OTHER_SUITES:
         return OTHER_SUITES[suite](**{k: v for k, v in locals().items() if k != "suite"})
     import json
@@ -85,3 +86,16 @@ def benchmark(
     else:
         _output.table(f"{cfg.suite}: {tm.entry.ref}, {cfg.limit} prompts from {cfg.offset}, greedy, "
                       f"max {cfg.max_new_tokens} new tokens ({machine})", rows, COLUMNS, _output.out)
+
+
+def recipe_suite(config: Path | None) -> str | None:
+    """The `suite` key of a recipe file, so `--config` alone picks the right runner."""
+    if config is None or not config.is_file():
+        return None
+    import yaml
+
+    try:
+        doc = yaml.safe_load(config.read_text()) or {}
+    except yaml.YAMLError:
+        return None  # the config loader reports the syntax error
+    return doc.get("suite") if isinstance(doc, dict) else None

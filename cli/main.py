@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from cli import benchmark, collect_trajectories, distill, export_mesh, generate, registry_cmd, train_heads
+from cli import train_upsampler
 
 app = typer.Typer(
     name="specgen",
@@ -19,6 +20,7 @@ app.command("train-heads", epilog=train_heads.EPILOG)(train_heads.train_heads)
 app.command("collect-trajectories", epilog=collect_trajectories.EPILOG)(collect_trajectories.collect_trajectories)
 app.command("distill", epilog=distill.EPILOG)(distill.distill)
 app.command("export-mesh", epilog=export_mesh.EPILOG)(export_mesh.export_mesh)
+app.command("train-upsampler", epilog=train_upsampler.EPILOG)(train_upsampler.train_upsampler)
 app.add_typer(registry_cmd.app, name="registry")
 
 

@@ -12,6 +12,7 @@ from specgen.models.heads import build_heads
 from specgen.models.llamagen import build_llamagen_gpt, llamagen_state
 from specgen.models.mesh import build_mesh_gpt
 from specgen.models.transformer import Transformer, TransformerConfig
+from specgen.models.upsampler import build_updown
 
 
 def build_transformer(**kwargs) -> Transformer:
@@ -33,6 +34,7 @@ BUILDERS: dict[str, Callable[..., torch.nn.Module]] = {
     "eagle": build_eagle,
     "vq": build_vq,  # one-layer EAGLE feature drafter (specgen/models/eagle.py)
     "image-classifier": build_image_classifier,  # CNN whose features give the image benchmark's FID
+    "mulo-updown": build_updown,  # MuLo-SD row-causal up/down-sampler pair (specgen/models/upsampler.py)
 }
 
 # builder -> function(state, kwargs) mapping an external layout's keys onto the builder's names

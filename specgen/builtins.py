@@ -104,6 +104,12 @@ BUILTINS: dict[str, Builtin] = {
                 "16 classes (fp16)", materialize_asset("target", "tiny-image-gpt", "image/gpt")),
         Builtin("draft", "tiny-image-eagle", "EAGLE feature drafter for tiny-image-gpt (fp16)",
                 materialize_asset("draft", "tiny-image-eagle", "image/eagle")),
+        Builtin("target", "tiny-image-gpt-lowres", "MuLo-SD low-resolution drafter: the tiny c2i GPT on 8x8 grids of "
+                "2x-downscaled crops, same VQ (recipes/tiny/image-gpt-lowres.yaml; fp16)",
+                materialize_asset("target", "tiny-image-gpt-lowres", "image/gpt-lowres")),
+        Builtin("upsampler", "tiny-image-upsampler-2x", "MuLo-SD row-causal up/down-sampler pair 8x8 <-> 16x16 "
+                "tiny-image-vq tokens (recipes/tiny/upsampler-2x.yaml; fp16)",
+                materialize_asset("upsampler", "tiny-image-upsampler-2x", "image/upsampler-2x")),
         Builtin("classifier", "tiny-image-classifier", "CNN on the 16-photo crops whose features give image FID and "
                 "class accuracy (recipes/tiny/image-classifier.yaml; fp16)",
                 materialize_asset("classifier", "tiny-image-classifier", "image/classifier")),

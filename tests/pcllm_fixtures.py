@@ -22,7 +22,7 @@ def char_tokenizer(eos: str = "_"):
 
 
 def save_tiny_text(name: str = "tiny-text", seed: int = 0, eos: str = "_") -> registry.Entry:
-    model = tiny_model(seed)
+    model = tiny_model(seed, max_seq_len=1024)  # room for a HumanEval prompt in characters
     hf = char_tokenizer(eos)
     meta = {"builder": "transformer", "kwargs": model.cfg.to_dict(), "vocab_size": 64, "modality": "text",
             "tokenizer": True}

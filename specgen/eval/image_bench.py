@@ -9,6 +9,12 @@ sampler uses, T = 1), class accuracy and FID in the feature space of the offline
 A method entry may carry a variant tag, `method@tag` (e.g. `vvs@u`, `vvs@d`): its row is labelled with
 the entry and decoded by `method` with `method_options[method]` updated by `method_options[entry]`, so
 one run can hold several settings of a method (VVS-U and VVS-D are `vvs` with schedule uniform/dynamic).
+
+MuLo-SD (LOSSY): `mulo_ablations: true` adds `mulo-sd@raster` (raster-scan rejection) and `mulo-sd@no-expand`
+(local verification without expansion, l = 0), the paper's Fig. 5c; `mulo_taus: [...]` adds one
+`mulo-sd@tau=<v>` row per acceptance threshold (the paper's Pareto sweep, Fig. 8) and a
+`mulo-sd-pareto-T<t>.png` plot of those rows with `ar`. Their rows add `accept_rate` (draft tokens passing
+Eq. 5) and `resampled_share` (draft tokens re-sampled by the target after expansion).
 """
 
 from __future__ import annotations
@@ -45,6 +51,8 @@ class ImageBenchConfig:
     quality: bool = True
     classifier: str = "tiny-image-classifier"
     out_dir: str = "specgen-bench-images"
+    mulo_ablations: bool = False  # add mulo-sd@raster and mulo-sd@no-expand rows (MuLo-SD Fig. 5c)
+    mulo_taus: list[float] = field(default_factory=list)  # MuLo-SD Pareto sweep: one mulo-sd@tau=<v> row per value
     # method (or method@tag entry) -> {option: value}
     method_options: dict = field(default_factory=lambda: {"vvs@u": {"schedule": "uniform"},
                                                           "vvs@d": {"schedule": "dynamic"}})
@@ -60,7 +68,25 @@ def options_of(cfg: ImageBenchConfig, entry: str) -> dict:
     return {**cfg.method_options.get(method_of(entry), {}), **cfg.method_options.get(entry, {})}
 
 
+MULO_ABLATIONS = {"mulo-sd@raster": {"rejection": "raster"}, "mulo-sd@no-expand": {"radius": 0}}
+
+
+def with_mulo_rows(cfg: ImageBenchConfig) -> ImageBenchConfig:
+    """cfg with the MuLo-SD ablation and tau-sweep entries (and their options) added to `methods`."""
+    if not cfg.mulo_ablations and not cfg.mulo_taus:
+        return cfg
+    methods, options = list(cfg.methods), dict(cfg.method_options)
+    extra = dict(MULO_ABLATIONS) if cfg.mulo_ablations else {}
+    extra.update({f"mulo-sd@tau={float(t):g}": {"tau": float(t)} for t in cfg.mulo_taus})
+    for entry, o in extra.items():
+        if entry not in methods:
+            methods.append(entry)
+        options[entry] = {**o, **options.get(entry, {})}
+    return replace(cfg, methods=methods, method_options=options)
+
+
 def check_image_methods(cfg: ImageBenchConfig) -> None:
+    cfg = with_mulo_rows(cfg)
     if "ar" not in cfg.methods:
         raise UsageError("the benchmark needs the 'ar' row: speedups and exact match are measured against it")
     for m in cfg.methods:
@@ -86,6 +112,7 @@ def target_nll(im: ImageModel, cfg_scale: float, label: int, tokens: list[int]) 
 
 def run_image_benchmark(im: ImageModel, cfg: ImageBenchConfig, on_step=None) -> tuple[list[dict], dict]:
     """Every method on every (temperature, image) pair; returns rows and pixels per (method, T)."""
+    cfg = with_mulo_rows(cfg)
     check_image_methods(cfg)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -128,6 +155,9 @@ def summarise(im: ImageModel, cfg: ImageBenchConfig, method: str, temp: float, r
     }
     if "skipped_steps" in total.extras:  # vvs: target forwards saved by skipped verifications
         row["skipped_steps"] = int(total.extras["skipped_steps"])
+    if total.extras.get("draft_tokens"):  # mulo-sd: Eq. 5 pass rate and share re-sampled after expansion
+        row["accept_rate"] = total.extras["pass_tokens"] / total.extras["draft_tokens"]
+        row["resampled_share"] = total.extras["resampled_tokens"] / total.extras["draft_tokens"]
     if cfg.quality:
         row["nll"] = statistics.fmean(target_nll(im, cfg.cfg_scale, s.label, s.tokens) for s, _ in rs)
     return row
@@ -144,13 +174,13 @@ def add_classifier_metrics(cfg: ImageBenchConfig, rows: list[dict], pixels: dict
         for r in rows:
             r["quality_note"] = f"no classifier metrics: {str(e).splitlines()[0][:80]}"
         return
-    ref = image_metrics.reference_features(clf, max(256, 4 * len(labels)), cfg.seed)
+    # reference: unseen train-region crops (seed + 1; seed 0 are the GPT's own training crops)
+    ref = image_metrics.reference_features(clf, max(256, 4 * len(labels)), cfg.seed + 1)
     y = torch.tensor(labels)
     for r in rows:
         px = pixels[(r["method"], r["temperature"])]
-        with torch.inference_mode():
-            feats = clf.features(px)
-        r["clf_fid"] = image_metrics.fid_from_features(feats.double().numpy(), ref.double().numpy())
+        feats = image_metrics.image_features(clf, px)
+        r["clf_fid"] = image_metrics.fid_from_features(feats, ref)
         r["class_accuracy"] = image_metrics.class_accuracy(clf, px, y)
 
 
@@ -174,4 +204,10 @@ def write_outputs(rows: list[dict], pixels: dict, out_dir: Path) -> list[Path]:
         path = out_dir / f"speed-quality-T{t:g}.png"
         plots.speed_quality_plot(pts, x="speedup_vs_ar", y=y, label="label", path=path)
         paths.append(path)
+        sweep = [p for p in pts if p["method"] == "ar" or p["method"].startswith("mulo-sd@tau=")]
+        if len(sweep) > 1:  # MuLo-SD tau sweep (Pareto front of speed vs quality)
+            path = out_dir / f"mulo-sd-pareto-T{t:g}.png"
+            plots.speed_quality_plot(sweep, x="speedup_vs_ar", y=y, label="label", path=path,
+                                     title=f"MuLo-SD tau sweep (T={t:g}): {y} vs speedup")
+            paths.append(path)
     return paths

@@ -1,10 +1,9 @@
-"""Image quality: FID and class accuracy in a recipe-trained classifier's feature space, plus optional standard nets.
+"""Image quality: FID and class accuracy in a recipe-trained classifier's feature space, plus optional standard nets."""
 
-The classifier (`ImageClassifier`, built-in `tiny-image-classifier`) is trained by
-`recipes/tiny/image-classifier.yaml` on the same bundled-photo crops as the tiny image models, so its
-FID is NOT comparable with Inception FID: tables must say "FID (tiny-image-classifier features)".
-Standard networks (Inception for FID, CLIP) are used only when their weights are already on disk.
-"""
+# The classifier (`ImageClassifier`, built-in `tiny-image-classifier`) is trained by
+# `recipes/tiny/image-classifier.yaml` on the same bundled-photo crops as the tiny image models, so its
+# FID is NOT comparable with Inception FID: tables must say "clf-FID (tiny-image-classifier features)".
+# Standard networks (Inception for FID, CLIP) are used only when their weights are already on disk.
 
 from __future__ import annotations
 
@@ -108,17 +107,23 @@ def classifier_hash(classifier: nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
-def reference_features(classifier: ImageClassifier, n: int = 1024, seed: int = 0,
+def reference_features(classifier: ImageClassifier, n: int = 1024, seed: int = 0, split: str = "train",
                        batch_size: int = 256) -> torch.Tensor:
-    """Features [n,F] of held-out real crops (eval split, class i % 16), cached in $SPECGEN_HOME/artefacts/."""
+    """Features [n,F] of real crops (class i % 16, crop seed `seed`), cached in $SPECGEN_HOME/artefacts/.
+
+    Default split "train": the distribution the tiny generators learn, as FID references on ImageNet use
+    train-set statistics. The eval split's strips show partly different content (table, wall, uniform):
+    real train-region crops score clf-FID ~4.0 against them, against other train-region crops ~0.04.
+    """
     from safetensors.torch import load_file, save_file
 
     from specgen.data.images import ImageCrops, ImageCropsConfig
     from specgen.registry import home
 
-    data_cfg = ImageCropsConfig(split="eval", num_samples=n, crop_size=classifier.image_size, seed=seed)
+    data_cfg = ImageCropsConfig(split=split, num_samples=n, crop_size=classifier.image_size, seed=seed)
     data_key = hashlib.sha256(repr(sorted(asdict(data_cfg).items())).encode()).hexdigest()[:8]
-    path = home() / "artefacts" / "image-reference-features" / f"{classifier_hash(classifier)}-{data_key}-n{n}.safetensors"
+    name = f"{classifier_hash(classifier)}-{data_key}-n{n}.safetensors"
+    path = home() / "artefacts" / "image-reference-features" / name
     if path.is_file():
         try:
             return load_file(str(path))["features"]
@@ -130,7 +135,7 @@ def reference_features(classifier: ImageClassifier, n: int = 1024, seed: int = 0
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     os.close(fd)
     try:
-        save_file({"features": feats.contiguous()}, tmp, metadata={"n": str(n), "seed": str(seed)})
+        save_file({"features": feats.contiguous()}, tmp, metadata={"n": str(n), "seed": str(seed), "split": split})
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -141,23 +146,24 @@ def reference_features(classifier: ImageClassifier, n: int = 1024, seed: int = 0
 def classifier_metrics(classifier: ImageClassifier, images: torch.Tensor, labels: torch.Tensor,
                        reference: torch.Tensor) -> dict[str, float | str | int]:
     """FID vs reference features [M,F] and class accuracy of images [N,3,S,S] with labels [N]."""
-    feats = image_features(classifier, images)
-    return {"fid": fid_from_features(feats, reference), "class_acc": class_accuracy(classifier, images, labels),
+    feats = image_features(classifier, images)  # [N,F]
+    with torch.no_grad():
+        p = next(classifier.parameters())
+        preds = classifier.head(feats.to(p.device, p.dtype)).argmax(-1).cpu()  # [N] (eval mode: dropout is a no-op)
+    acc = float((preds == labels.cpu()).float().mean())
+    return {"fid": fid_from_features(feats, reference), "class_acc": acc,
             "n": len(images), "n_ref": len(reference), "feature_space": FEATURE_SPACE}
 
 
 # --- standard networks: only when their weights are already on this machine -----------------------------
 
-INCEPTION_FILES = (  # file names used by pytorch-fid / torch-fidelity / torchvision in the torch hub cache
-    "pt_inception-2015-12-05-6726825d.pth", "weights-inception-2015-12-05-6726825d.pth",
-    "inception_v3_google-0cc3c7bd.pth",
-)
+FID_INCEPTION = "pt_inception-2015-12-05-6726825d.pth"  # pytorch-fid's port of TF's FID Inception (torch hub cache)
 CLIP_REPOS = ("openai/clip-vit-base-patch32", "openai/clip-vit-base-patch16", "openai/clip-vit-large-patch14")
 
 
 @dataclass(frozen=True)
 class StandardNet:
-    """Whether a standard metric network can run offline: `detail` is its weights path or why not (one line)."""
+    """Can a standard metric network run offline? `detail`: its weights (path or repo id), else why not (one line)."""
 
     name: str
     available: bool
@@ -165,12 +171,13 @@ class StandardNet:
 
 
 def _inception() -> StandardNet:
-    hub = Path(torch.hub.get_dir()) / "checkpoints"
-    found = [hub / f for f in INCEPTION_FILES if (hub / f).is_file()]
-    pkgs = [m for m in ("pytorch_fid", "torch_fidelity", "torchvision") if importlib.util.find_spec(m)]
-    if found and pkgs:
-        return StandardNet("inception-fid", True, str(found[0]))
-    why = f"no Inception weights in {hub}" if not found else "no pytorch-fid/torch-fidelity/torchvision installed"
+    weights = Path(torch.hub.get_dir()) / "checkpoints" / FID_INCEPTION
+    if not importlib.util.find_spec("pytorch_fid"):
+        why = "pytorch-fid is not installed"
+    elif not weights.is_file():
+        why = f"no {weights}"
+    else:
+        return StandardNet("inception-fid", True, str(weights))
     return StandardNet("inception-fid", False, f"Inception FID unavailable offline: {why} (nothing is downloaded)")
 
 
@@ -193,18 +200,34 @@ def optional_standard_metrics() -> dict[str, StandardNet]:
 
 
 @torch.no_grad()
+def inception_features(images: torch.Tensor, batch_size: int = 50) -> torch.Tensor:
+    """Standard FID features (pytorch-fid Inception pool3): images [N,3,H,W] in [-1,1] -> [N,2048], local weights."""
+    from specgen.errors import MissingDependencyError
+
+    net = _inception()
+    if not net.available:
+        raise MissingDependencyError(net.detail)
+    from pytorch_fid.inception import InceptionV3  # finds its weights in the hub cache, so it does not download
+
+    model = InceptionV3([InceptionV3.BLOCK_INDEX_BY_DIM[2048]]).eval()
+    out = [model(((c.float().clamp(-1, 1) + 1) / 2))[0].flatten(1) for c in images.split(batch_size)]  # [b,2048]
+    return torch.cat(out)
+
+
+@torch.no_grad()
 def clip_score(images: torch.Tensor, texts: list[str], model: str, batch_size: int = 32) -> float:
     """Mean 100 * cosine(CLIP image, CLIP text) for images [N,3,H,W] in [-1,1]; `model` = local repo id or folder."""
     from transformers import CLIPModel, CLIPProcessor
 
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if len(texts) != len(images):
+        raise ValueError(f"clip_score needs one text per image, got {len(texts)} texts for {len(images)} images")
     net = CLIPModel.from_pretrained(model, local_files_only=True).eval()
     proc = CLIPProcessor.from_pretrained(model, local_files_only=True)
     scores = []
     for i in range(0, len(images), batch_size):
         pix = ((images[i : i + batch_size].clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)  # [b,3,H,W]
         inp = proc(text=texts[i : i + batch_size], images=list(pix), return_tensors="pt", padding=True)
-        img = F.normalize(net.get_image_features(pixel_values=inp["pixel_values"]), dim=-1)  # [b,D]
-        txt = F.normalize(net.get_text_features(input_ids=inp["input_ids"], attention_mask=inp["attention_mask"]), dim=-1)
-        scores.append(100 * (img * txt).sum(-1).clamp_min(0))
+        out = net(input_ids=inp["input_ids"], attention_mask=inp["attention_mask"], pixel_values=inp["pixel_values"])
+        img, txt = F.normalize(out.image_embeds, dim=-1), F.normalize(out.text_embeds, dim=-1)  # [b,D] each
+        scores.append(100 * (img * txt).sum(-1).clamp_min(0))  # paired image i <-> text i, as CLIPScore
     return float(torch.cat(scores).mean())

@@ -64,13 +64,24 @@ def load_image_model(name: str, drafter: str = "", device: str = "cpu", need_dra
     if codes != model.cfg.vocab_size:
         raise IncompatibleError(f"VQ {vq_entry.ref} has {codes} codes but {entry.ref} predicts {model.cfg.vocab_size}")
     net = None
-    drafter = drafter or entry.meta.get("drafter", "")
+    drafter = drafter or entry.meta.get("drafter", "") or (default_drafter(entry) if need_drafter else "")
     if need_drafter and drafter:
         d_entry = registry.find(drafter)
         registry.check_pair(d_entry, entry)
         net = registry.load_module(d_entry, device)
     grid = int(entry.meta.get("grid") or model.cfg.rope_grid)
     return ImageModel(entry, model, vq, list(entry.meta.get("classes", [])), grid, net)
+
+
+def default_drafter(target: registry.Entry) -> str:
+    """The first draft entry (installed or built-in) trained for `target`, or "" when there is none."""
+    for e in registry.list_entries("draft"):
+        try:
+            if registry.find(e.ref).meta.get("parent") in (target.ref, target.name):
+                return e.ref
+        except Exception:  # a broken entry is not a candidate; the user can still name one explicitly
+            continue
+    return ""
 
 
 def resolve_classes(spec: list[str], names: list[str], num: int) -> list[int]:

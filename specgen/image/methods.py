@@ -10,6 +10,7 @@ A "drafter" with a `decode` method (vvs) runs its own loop with the rule instead
 | lantern           | EAGLE-2                             | LANTERN relaxed (LOSSY)          |
 | adt-tree+lantern  | ADT-Tree                            | LANTERN relaxed (LOSSY)          |
 | vvs               | EAGLE-2, some verifications skipped | LANTERN relaxed + unverified tokens (LOSSY) |
+| mulo-sd           | low-res rows, up-sampled (own loop) | pooled mass >= tau, local re-sampling (LOSSY) |
 """
 
 from __future__ import annotations
@@ -84,6 +85,12 @@ def vvs_decoder(parts: ImageParts, o: dict):
     return build_vvs(eagle_drafter(parts, fixed(parts, o)), parts.codebook, o)
 
 
+def mulo_decoder(parts: ImageParts, o: dict):
+    from specgen.methods.mulo_sd import build_mulo
+
+    return build_mulo(parts, o)
+
+
 Builder = Callable[[ImageParts, dict], tuple[Any, Any]]
 IMAGE_METHODS: dict[str, Builder] = {
     "ar": lambda p, o: (EmptyDrafter(), None),
@@ -92,10 +99,23 @@ IMAGE_METHODS: dict[str, Builder] = {
     "lantern": lambda p, o: (eagle_drafter(p, fixed(p, o)), lantern_rule(p, o)),
     "adt-tree+lantern": lambda p, o: (eagle_drafter(p, adt(p, o)), lantern_rule(p, o)),
     "vvs": lambda p, o: (vvs_decoder(p, o), lantern_rule(p, o)),
+    "mulo-sd": lambda p, o: (mulo_decoder(p, o), None),  # its own acceptance (pooled mass >= tau)
 }
 assert set(IMAGE_METHOD_OPTIONS) <= set(IMAGE_METHODS)
 
 
+# CPU defaults, chosen from measurements on 2 cores with the embedded 16x16 generator (README, "Image
+# benchmark"): a 60-node verify costs several 1-token forwards here, so trees are kept to 16 nodes and
+# narrow. The papers' GPU settings (EAGLE-2/LANTERN depth 4, top_k 10, 60 nodes; ADT-Tree for LlamaGen
+# l_k 10, top_k in (3, 40)) are the dataclass defaults and `recipes/full/` values: pass them explicitly.
+SMALL_TREE = {"depth": 6, "top_k": 4, "total_tokens": 16}
+SMALL_ADT = {"total_tokens": 16, "k0": 4, "l_k": 2, "k_min": 1, "k_max": 12}
+CPU_DEFAULTS: dict[str, dict] = {
+    "eagle2": SMALL_TREE, "lantern": SMALL_TREE, "vvs": SMALL_TREE,
+    "adt-tree": SMALL_ADT, "adt-tree+lantern": SMALL_ADT,
+}
+
+
 def build_image_method(name: str, parts: ImageParts, options: dict):
-    """(drafter, rule) for an image method; rule None = the lossless default."""
-    return IMAGE_METHODS[name](parts, options)
+    """(drafter, rule) for an image method; rule None = the lossless default. User options win over CPU defaults."""
+    return IMAGE_METHODS[name](parts, {**CPU_DEFAULTS.get(name, {}), **options})

@@ -72,6 +72,7 @@ def image_specs() -> list[MethodSpec]:
         "lantern": (False, "LOSSY: EAGLE-2 trees with LANTERN relaxed acceptance over VQ latent neighbours"),
         "adt-tree+lantern": (False, "LOSSY: ADT-Tree trees with LANTERN relaxed acceptance"),
         "vvs": (False, "LOSSY: VVS partial verification skipping (unverified tokens) on EAGLE-2 + LANTERN"),
+        "mulo-sd": (False, "LOSSY: MuLo-SD low-res drafter + up-sampler, pooled-mass threshold, local re-sampling"),
     }
     return [MethodSpec(name, "image", lossless, summary, None, options=IMAGE_METHOD_OPTIONS[name])
             for name, (lossless, summary) in about.items()]

@@ -162,6 +162,9 @@ class MultiBlockDecoder:
                 for j in range(min(segs[0][0], len(window))):
                     if j in pred:
                         window[j] = pred[j]
+                if len(segs) == 1 and len(main) == len(window):  # keep the prediction past the window's end
+                    window.append(pred[len(main)])
+                    segs[0][0] += 1
                 shift = m + 1
                 window = window[shift:]
                 segs[0][1] += shift

@@ -432,6 +432,9 @@ def export_adapter(name: str, folder: Path) -> Path:
         meta = {k: entry.meta[k] for k in keep if k in entry.meta}
         (tmp / "adapter.json").write_text(json.dumps({**meta, "exported_from": entry.ref, "dtype": "float16"},
                                                      indent=2, sort_keys=True))
+        for f in tmp.iterdir():  # shipped files: world-readable like the rest of the package
+            f.chmod(0o644)
+        tmp.chmod(0o755)
         old = folder.with_name(f".{folder.name}.old")
         if folder.exists():
             shutil.rmtree(old, ignore_errors=True)

@@ -243,6 +243,7 @@ def atomic_write(path: Path, write: Callable[[str], None]) -> None:
     os.close(fd)
     try:
         write(tmp)
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; shipped assets must be world-readable
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

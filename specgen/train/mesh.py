@@ -67,7 +67,7 @@ class MeshTrainConfig:
     ckpt_every: int = 50
     log_every: int = 25
     num_threads: int = 1
-    max_minutes: float = 0.0  # > 0: stop (and export) after this much training time
+    max_minutes: float = 0.0  # > 0: stop after this much training CPU time (a budget: may change on resume)
 
     def model_kwargs(self) -> dict:
         decoder = dict(vocab_size=BPTTokenizer().vocab_size, dim=self.dim, n_layers=self.n_layers,
@@ -209,7 +209,9 @@ def load_train_state(path: Path, params: list[torch.nn.Parameter], modules: dict
         return None
     with safe_open(str(path), "pt") as f:
         meta = {k: json.loads(v) for k, v in f.metadata().items()}
-    if meta.get("config") != json.loads(json.dumps(config)):
+    budget_keys = ("max_minutes", "steps")  # budgets: a resumed run may change them (the caller logs it)
+    strip = lambda c: {k: v for k, v in (c or {}).items() if k not in budget_keys}  # noqa: E731
+    if strip(meta.get("config")) != strip(json.loads(json.dumps(config))):
         raise ValueError(f"{path} was written by a different training config; use a fresh --out")
     tensors = load_file(str(path))
     for name, m in modules.items():
@@ -272,10 +274,15 @@ def train(cfg: MeshTrainConfig, out: Path, log: Callable[[str], None] = lambda s
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay)
     meta = load_train_state(out / "state.safetensors", params, {"model": model}, opt, asdict(cfg))
     step, elapsed, history = (meta["step"], meta["elapsed"], meta["history"]) if meta else (0, 0.0, [])
-    n_params = sum(p.numel() for p in model.parameters()) - model.decoder.output.weight.numel()
+    n_params = sum(p.numel() for p in model.parameters())  # the tied LM head is counted once
     log(f"{'resumed at' if meta else 'starting'} step {step}/{cfg.steps}; {n_params / 1e6:.2f}M parameters")
+    if meta and (meta["config"]["steps"], meta["config"]["max_minutes"]) != (cfg.steps, cfg.max_minutes):
+        log(f"budget changed on resume: steps {meta['config']['steps']} -> {cfg.steps}, "
+            f"max_minutes {meta['config']['max_minutes']} -> {cfg.max_minutes} (cosine now ends at step {cfg.steps})")
     stream, val = SeedStream(cfg.seed, cfg.max_tokens), eval_set(cfg.eval_meshes, cfg.num_points, cfg.max_tokens)
-    t_last, toks, losses = time.perf_counter(), 0, []
+    # elapsed = CPU seconds of this (single-threaded) process: pauses (SIGSTOP) and other jobs on a shared
+    # machine do not eat the budget; tokens/s in the log is per CPU second.
+    t_last, toks, losses = time.process_time(), 0, []
     while step < cfg.steps and not (cfg.max_minutes and elapsed > 60 * cfg.max_minutes):
         for g in opt.param_groups:
             g["lr"] = cosine_lr(step, cfg.steps, cfg.lr, cfg.min_lr, cfg.warmup_steps)
@@ -288,7 +295,7 @@ def train(cfg: MeshTrainConfig, out: Path, log: Callable[[str], None] = lambda s
         opt.step()
         step, toks = step + 1, toks + int((tokens >= 0).sum())
         losses.append(float(loss.detach()))
-        now = time.perf_counter()
+        now = time.process_time()
         elapsed, t_dt = elapsed + now - t_last, now - t_last
         t_last = now
         if step % cfg.log_every == 0:

@@ -107,3 +107,12 @@ def test_image_benchmark_suite(tiny_image):
     assert not by[("lantern", 0.0)]["lossless"]
     assert all(x["nll"] > 0 for x in rows) and "no classifier metrics" in rows[0]["quality_note"]
     assert (out / "adt-tree-T0-grid.png").is_file() and (out / "speed-quality-T1.png").is_file()
+
+
+def test_benchmark_suite_comes_from_the_recipe(tiny_image):
+    cfg = tiny_image / "bench.yaml"
+    cfg.write_text(f"suite: images\nmodel: t-gpt\nnum: 1\ntemperatures: [0.0]\nmethods: [ar]\nquality: false\n"
+                   f"out_dir: {tiny_image / 'b'}\n")
+    r = runner.invoke(app, ["benchmark", "--config", str(cfg), "--format", "json"])
+    assert r.exit_code == 0, r.output
+    assert [x["method"] for x in json.loads(r.stdout)] == ["ar"]

@@ -152,10 +152,15 @@ def test_benchmark_meshes_json(tiny):
 
 @pytest.mark.skipif(not (ASSETS / "xspecmesh-ca-tiny" / "model.safetensors").is_file(), reason="no shipped weights")
 def test_shipped_models_generate_then_export(tmp_path):
-    r = invoke("generate", "--method", "xspecmesh", "--num", "2", "--format", "json", "--seed", "0")
+    # default heads: stage 2 CA heads + their LoRA merged into the shipped backbone
+    r = invoke("generate", "--method", "xspecmesh", "--num", "1", "--format", "json", "max_new_tokens=8")
     assert r.exit_code == 0, r.output
-    rows = [json.loads(x) for x in r.stdout.splitlines()]
-    assert rows[0]["model"] == "target/mesh-gpt-tiny" and rows[0]["adapter"] == "adapter/xspecmesh-ca-tiny-lora"
+    row = json.loads(r.stdout)
+    assert row["model"] == "target/mesh-gpt-tiny" and row["adapter"] == "adapter/xspecmesh-ca-tiny-lora"
+    # stage-1 heads leave the backbone unchanged; it ends its sequences (EOS) within the budget
+    r = invoke("generate", "--method", "xspecmesh", "--num", "2", "--format", "json", "--seed", "0",
+               "method_options.heads=xspecmesh-ca-tiny-s1")
+    assert r.exit_code == 0, r.output
     e = invoke("export-mesh", "-", "-o", tmp_path, "--mesh-format", "ply", "--format", "json", input=r.stdout)
     assert e.exit_code == 0, e.output
     out = [json.loads(x) for x in e.stdout.splitlines()]

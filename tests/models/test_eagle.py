@@ -92,13 +92,13 @@ def test_training_steps_reduce_loss():
     cfg = EagleTrainConfig(feature_noise=0.0)
     net = EagleNet.from_target(target)
     opt = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr=3e-3)
-    first = float(eagle_loss(net, target, f, t, cfg)[0])
+    first = float(eagle_loss(net, target, f, t, cfg)[0].detach())
     for _ in range(40):
         loss, _ = eagle_loss(net, target, f, t, cfg)
         opt.zero_grad()
         loss.backward()
         opt.step()
-    last = float(eagle_loss(net, target, f, t, cfg)[0])
+    last = float(eagle_loss(net, target, f, t, cfg)[0].detach())
     assert last < 0.7 * first
     ev = evaluate(net, target, {"tokens": toks, "features": feats.transpose(0, 1)}, 2.0)
     assert 0.0 <= ev["top1_vs_target_top1"] <= 1.0

@@ -1,0 +1,63 @@
+"""`specgen train-upsampler`: the MuLo-SD up/down-sampler pair between a low-res drafter's grid and the target's.
+
+The work is `specgen.train.upsampler.train` (objective, data and choices documented there).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from cli import _output
+from cli._errors import command
+from cli._options import ConfigOpt, Format, FormatOpt, OverridesArg, QuietOpt
+
+EPILOG = """examples:
+
+  specgen train-upsampler --config recipes/tiny/upsampler-2x.yaml --out runs/upsampler-2x
+
+  specgen train-upsampler -c recipes/tiny/upsampler-4x.yaml --out runs/upsampler-4x \\
+      warm_start=tiny-image-upsampler-2x
+
+  specgen train-upsampler --out runs/quick steps=20 num_crops=256 name=my-upsampler-2x
+"""
+
+
+@command
+def train_upsampler(
+    overrides: OverridesArg = None,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Run folder (resumed if it holds state).")] = None,
+    config: ConfigOpt = None,
+    fmt: FormatOpt = Format.table,
+    quiet: QuietOpt = False,
+) -> None:
+    """Train and register a MuLo-SD up/down-sampler pair (2x, or 4x warm-started from 2x)."""
+    from specgen.errors import UsageError
+    from specgen.train.upsampler import load_recipe, train
+
+    if out is None:
+        raise UsageError("--out RUN_FOLDER is required (training state and logs go there)")
+    cfg = load_recipe(config, list(overrides or []))
+    log_path = out / "train.log"
+
+    def log(msg: str) -> None:  # the run folder appears with the first log line, after validation
+        line = f"{time.strftime('%Y-%m-%d %H:%M:%S')} {msg}"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "a") as f:
+            f.write(line + "\n")
+        if not quiet:
+            print(line, file=sys.stderr, flush=True)
+
+    result = train(cfg, out, log)
+    e = result["entry"]
+    m = {k: v for k, v in result["metrics"].items() if k != "history"}
+    rows = [{"ref": e.ref if e else "-", "scale": f"{cfg.scale}x", "up_token_acc": m["up_token_acc"],
+             "down_token_acc": m["down_token_acc"], "metrics": m, "path": str(e.path) if e else str(out)}]
+    if fmt == Format.json:
+        _output.emit_json(rows)
+    else:
+        _output.table("train-upsampler", rows, ["ref", "scale", "up_token_acc", "down_token_acc", "path"], _output.out)

@@ -1,0 +1,54 @@
+"""MuLo-SD local rejection sets (Sec. 3.3, Eqs. 6-7): which positions of a drafted block are re-sampled.
+
+Positions are raster indices into the target's `width`-wide token grid; a block is the half-open range
+[start, end) of positions drafted in one step (whole rows). For rejected positions R_T (t_0 = min R_T):
+
+    N(t, l) = { u : |i_u - i_t| <= l, |j_u - j_t| <= l, u >= t_0 }            (Eq. 6)
+    R_X     = union over t in R_T of N(t, l)                                   (Eq. 7)
+
+with (i, j) = divmod(position, width). Choices the paper leaves open, made here:
+- Image borders clip the square: columns stay in [0, width) (no wrap-around to the neighbouring row).
+- Only positions of the current block are expanded into (u < end): rows below it are not drafted yet,
+  and rows above it are before t_0 anyway.
+- l = 0 gives R_X = R_T ("local verification without expansion", the ablation).
+- "raster" rejection (standard speculative decoding, the other ablation) re-samples [t_0, end).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+REJECTIONS = ("local", "raster")
+
+
+def neighbourhood(t: int, t0: int, radius: int, width: int, start: int, end: int) -> list[int]:
+    """N(t, l) of Eq. 6, clipped to the grid's columns and to the block [start, end); sorted."""
+    i, j = divmod(t, width)
+    out = []
+    for row in range(i - radius, i + radius + 1):
+        for col in range(max(0, j - radius), min(width - 1, j + radius) + 1):
+            u = row * width + col
+            if row >= 0 and u >= t0 and start <= u < end:
+                out.append(u)
+    return out
+
+
+def expand_rejections(rejected: Iterable[int], radius: int, width: int, start: int, end: int,
+                      mode: str = "local") -> list[int]:
+    """R_X (sorted) for rejected positions R_T: local expansion of radius l (Eq. 7), or raster [t_0, end)."""
+    rejected = sorted(set(rejected))
+    if not rejected:
+        return []
+    if mode not in REJECTIONS:
+        raise ValueError(f"rejection mode must be one of {REJECTIONS}, got {mode!r}")
+    if radius < 0 or width < 1:
+        raise ValueError(f"need radius >= 0 and width >= 1 (got {radius}, {width})")
+    t0 = rejected[0]
+    if not (start <= t0 and rejected[-1] < end):
+        raise ValueError(f"rejected positions must lie in the block [{start}, {end})")
+    if mode == "raster":
+        return list(range(t0, end))
+    out: set[int] = set()
+    for t in rejected:
+        out.update(neighbourhood(t, t0, radius, width, start, end))
+    return sorted(out)

@@ -1,0 +1,363 @@
+"""MuLo-SD: multi-scale local speculative decoding for visual AR models (LOSSY).
+
+Reference implementation of Peruzzo et al., "Multi-Scale Local Speculative Decoding for Image
+Generation" (Sec. 3.2-3.3, supplementary Algorithm 1); the paper has no public code. Parts: the target
+M_p (a class-conditional LlamaGen GPT on a G x G grid, under CFG), a low-resolution drafter M_q (the same
+kind of GPT on a g x g grid of the SAME VQ codebook, r = G / g a power of two) and the row-causal
+up/down-sampler pair (U_r, D_r) of `specgen.models.upsampler`. One step (Algorithm 1, numbers of Fig. 2):
+
+  7 down-sample  y = D_r(x): the accepted prefix (always whole low-res rows) -> low-res tokens; only rows
+                 new since the last step are fed to the drafter (row causality: old rows never change).
+  1 draft        `draft_rows` whole low-res rows sampled sequentially from M_q (under CFG, same
+                 temperature/top-k/top-p as the target) after the class and y.
+  2 up-sample    x~ = U_r(y + drafted rows), keeping the r * draft_rows new high-res rows: L tokens.
+  3 verify       ONE target forward over the not-yet-fed accepted tokens + x~ gives the L conditionals
+                 p_t = M_p(. | x_0 .. x_{n+t-1}) of every draft token.
+  4 accept       x~_t is accepted iff p_t(x~_t) + sum_{x in A_{k,delta}(x~_t)} p_t(x) >= tau (Eq. 5): the
+                 pooled mass of the token and of its LANTERN neighbourhood A_{k,delta} (the largest prefix
+                 of its k nearest codes whose mass stays <= delta, `accept_relaxed.pooled`).
+  5 expand       R_X = union of N(t, l) over rejected t (Eqs. 6-7, `mulo_neighbourhood`).
+  6 re-sample    every position of R_X, in raster order, is sampled from M_p given everything before it
+                 (accepted drafts and earlier re-samples); one target forward per re-sampled token
+                 except the first, whose conditional the verify forward already gave.
+
+LOSSY: accepted draft tokens are never checked against the target's distribution beyond the threshold,
+so outputs are not target samples (tau -> 0 accepts everything; tau > 1 rejects everything and gives
+exactly target-only sampling with the same generator, tested). Variants (option `rejection` /`radius`):
+`local` + radius l (the method), `local` + radius 0 (ablation: local verification without expansion),
+`raster` (ablation: standard raster-scan rejection, everything from the first rejection on is re-sampled).
+
+Choices the paper leaves open (defaults in `build_mulo`):
+- Draft length L = `draft_rows` low-res rows (default 1, i.e. L = r * G target tokens per step).
+- Pooled mass includes the draft token itself (Eq. 3's numerator form); `>=` as in Eq. 5 (Algorithm 1
+  writes `>`), so tau = 0 never rejects. At temperature 0 the acceptance mass uses the plain softmax of
+  the CFG logits (a one-hot would make tau meaningless) and re-sampling is argmax; at T > 0 both use the
+  filtered distribution of `SamplingParams`.
+- Paper defaults scaled to the codebook: k = 1000 of 16,384 codes -> round(1000 V / 16384) (`scaled_k`),
+  tau = 1e-4 at 16,384 codes -> 1e-4 * 16384 / V (`scaled_tau`: the same multiple, 1.64x, of the uniform
+  probability 1 / V; 3.2e-3 for the tiny 512-code VQ), delta = 0.1 and l = 3 unchanged. An explicit `tau`
+  is used as given.
+- The drafter samples from its own generator seeded from the decode generator's seed (it never consumes
+  the decode generator), so with everything rejected the target sees the same random stream as `ar`.
+- Tokens fed to the target but not yet committed (the last accepted run of a step) are fed at the head
+  of the next verify forward, so no forward is spent on them alone.
+- Stop ids are ignored (an image is a fixed number of tokens); `max_new_tokens` < G * G truncates.
+
+Statistics: `target_forwards` = prefill + verify forwards + re-sample forwards (so TPF shows the forwards
+saved); `steps` = verify steps; `accepted` per step = draft tokens kept (not in R_X); extras:
+`draft_tokens`, `pass_tokens` (passed Eq. 5), `rejected_tokens` (|R_T|), `resampled_tokens` (|R_X|),
+`expanded_tokens` (|R_X| - |R_T|), `resample_forwards`, `lowres_tokens`, `drafter_prefix_forwards`.
+Phases: prefill, downsample, propose (drafter), upsample, verify, accept, resample.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from specgen.decoding.sampling import SamplingParams, logits_to_probs, pick
+from specgen.decoding.stats import DecodeStats
+from specgen.errors import IncompatibleError, UsageError
+from specgen.methods.mulo_neighbourhood import REJECTIONS, expand_rejections
+
+DEFAULT_LOWRES = "tiny-image-gpt-lowres"
+DEFAULT_TAU = 1e-4  # the paper's tau, for a 16,384-code codebook (see scaled_tau)
+TAU_VOCAB = 16384
+DEFAULT_RADIUS = 3
+DEFAULT_DELTA = 0.1
+MAX_RADIUS = 64
+
+
+def scaled_tau(vocab: int, tau_ref: float = DEFAULT_TAU, vocab_ref: int = TAU_VOCAB) -> float:
+    """The paper's tau = 1e-4 on 16,384 codes as the same multiple of the uniform probability 1 / vocab."""
+    return tau_ref * vocab_ref / vocab
+
+
+def pooled_mass(probs: torch.Tensor, draft: torch.Tensor, neighbours: torch.Tensor, delta: float) -> torch.Tensor:
+    """Eq. 5 mass per draft token: p_t(x~_t) + the largest k-NN prefix mass <= delta; probs [L, V], draft [L]."""
+    own = probs.gather(1, draft[:, None])[:, 0]
+    c = probs.gather(1, neighbours[draft]).cumsum(1)  # [L, k], non-decreasing
+    pooled = torch.where(c <= delta, c, torch.zeros_like(c)).amax(1) if c.shape[1] else torch.zeros_like(own)
+    return own.double() + pooled.double()
+
+
+def drafter_seed(generator: torch.Generator | None, seed: int) -> int:
+    """A seed for the drafter's private generator, derived without consuming the decode generator."""
+    base = generator.initial_seed() if generator is not None else 0
+    return (base * 1_000_003 + 7919 * seed + 0x5EED) % (2**63)
+
+
+@dataclass
+class MuLoSDDecoder:
+    """An image method object with its own loop (`decode`), used in place of the shared decode loop."""
+
+    lowres: torch.nn.Module  # class-conditional GPT on the g x g grid
+    pair: Any  # UpDownSampler (scale r = G / g)
+    neighbours: torch.Tensor  # [V, k] nearest codes (LANTERN table)
+    grid: int  # G
+    tau: float = DEFAULT_TAU
+    delta: float = DEFAULT_DELTA
+    radius: int = DEFAULT_RADIUS
+    rejection: str = "local"
+    draft_rows: int = 1
+    seed: int = 0
+    trace: list[dict] = field(default_factory=list)  # per step of the last run: block, R_T, R_X
+
+    @property
+    def low_grid(self) -> int:
+        return self.lowres.cfg.rope_grid
+
+    @torch.inference_mode()
+    def decode(self, target, prompt: list[int], max_new_tokens: int, params: SamplingParams,
+               stop_ids: tuple[int, ...] = (), generator: torch.Generator | None = None, max_draft: int = 256,
+               rule=None) -> Any:
+        """Generate up to `max_new_tokens` (<= G * G) image tokens after `prompt` = [label]."""
+        from specgen.decoding.loop import DecodeResult
+        from specgen.image.target import CFGTarget
+
+        G, g = self.grid, self.low_grid
+        r = G // g
+        limit = min(max_new_tokens, G * G)
+        device = target.device
+        stats = DecodeStats()
+        for k in ("draft_tokens", "pass_tokens", "rejected_tokens", "resampled_tokens", "expanded_tokens",
+                  "resample_forwards", "lowres_tokens", "drafter_prefix_forwards"):
+            stats.extras[k] = 0
+        self.trace = []
+        cache = target.new_cache(1, 2 + G * G + r * G * self.draft_rows)
+        with stats.timed("prefill"):
+            first = target.prefill(torch.tensor([prompt], device=device), cache)
+        stats.target_forwards += 1
+        head = first.logits[0, -1]  # predicts image token 0 while nothing is pending
+        low = CFGTarget(self.lowres, getattr(target, "cfg_scale", 1.0))
+        lcache = low.new_cache(1, 2 + g * g)
+        with stats.timed("propose"):
+            lhead = low.prefill(torch.tensor([prompt], device=device), lcache).logits[0, -1]
+        stats.drafter_forwards += 1
+        dgen = torch.Generator().manual_seed(drafter_seed(generator, self.seed))
+        out: list[int] = []
+        pending: list[int] = []  # accepted tokens (suffix of out) not yet fed to the target
+        low_tokens: list[int] = []  # y: low-res tokens fed to the drafter (whole rows)
+        while len(out) < limit:
+            n = len(out)
+            m = n // (r * G)  # low-res rows covered by the accepted prefix
+            d = min(self.draft_rows, g - m)
+            # 7. down-sample the accepted prefix; feed its new low-res rows to the drafter
+            if m * g > len(low_tokens):
+                with stats.timed("downsample"):
+                    grid_hi = torch.tensor(out, device=device).view(1, m * r, G)
+                    y = self.pair.downsample_tokens(grid_hi)[0].flatten().tolist()
+                new = y[len(low_tokens):]
+                with stats.timed("propose"):
+                    pos = torch.arange(1 + len(low_tokens), 1 + len(y), device=device)[None]
+                    res = low.forward(torch.tensor([new], device=device), pos, lcache, None)
+                    low.commit(lcache, list(range(len(new))))
+                    lhead = res.logits[0, -1]
+                stats.drafter_forwards += 1
+                stats.extras["drafter_prefix_forwards"] += 1
+                low_tokens = y
+            # 1. draft d whole low-res rows sequentially
+            with stats.timed("propose"):
+                drafted, logits = [], lhead
+                base = len(low_tokens)
+                for i in range(d * g):
+                    tok = pick(logits, params, dgen)
+                    drafted.append(tok)
+                    if i + 1 < d * g:
+                        pos = torch.tensor([[1 + base + i]], device=device)
+                        logits = low.forward(torch.tensor([[tok]], device=device), pos, lcache, None).logits[0, -1]
+                        low.commit(lcache, [0])
+                        stats.drafter_forwards += 1
+                for row in range(lcache.batch):  # forget the drafted rows: next step feeds D_r(x) instead
+                    lcache.rollback(row, 1 + base)
+            stats.extras["lowres_tokens"] += len(drafted)
+            # 2. up-sample prefix + drafted rows, keep the new high-res rows
+            with stats.timed("upsample"):
+                y_all = torch.tensor(low_tokens + drafted, device=device).view(1, m + d, g)
+                x_hi = self.pair.upsample_tokens(y_all)[0, m * r:].flatten().tolist()
+            L = len(x_hi)
+            # 3. verify: one forward over pending + x~[:-1]
+            with stats.timed("verify"):
+                feed = pending + x_hi[:-1]
+                p0 = 1 + n - len(pending)
+                if feed:
+                    pos = torch.arange(p0, p0 + len(feed), device=device)[None]
+                    res = target.forward(torch.tensor([feed], device=device), pos, cache, None)
+                    stats.target_forwards += 1
+                    stats.target_tokens += len(feed)
+                    rows = res.logits[0, len(pending) - 1:] if pending else torch.cat([head[None], res.logits[0]])
+                else:
+                    rows = head[None]
+                lg = rows[:L].float()
+            # 4./5. accept by pooled mass, expand the rejections
+            with stats.timed("accept"):
+                probs = lg.softmax(-1) if params.greedy else logits_to_probs(lg, params)
+                mass = pooled_mass(probs, torch.tensor(x_hi, device=device), self.neighbours, self.delta)
+                passed = (mass >= self.tau).tolist()
+                rejected = [n + t for t, ok in enumerate(passed) if not ok]
+                redo = [u - n for u in expand_rejections(rejected, self.radius, G, n, n + L, self.rejection)]
+            self.trace.append({"start": n, "end": n + L, "rejected": rejected, "resampled": [n + t for t in redo]})
+            tokens = list(x_hi)
+            # 6. re-sample R_X sequentially with the target
+            with stats.timed("resample"):
+                if not redo:
+                    keep = list(range(len(feed)))
+                    fed_upto = L - 1
+                else:
+                    t0 = redo[0]
+                    keep = list(range(len(pending) + t0))  # their KV saw only accepted tokens
+                for row in range(cache.batch):
+                    cache.commit(row, keep)
+                if redo:
+                    tokens[t0] = pick(lg[t0], params, generator)
+                    fed_upto = t0
+                    for t in redo[1:]:
+                        chunk = tokens[fed_upto:t]
+                        pos = torch.arange(1 + n + fed_upto, 1 + n + t, device=device)[None]
+                        res = target.forward(torch.tensor([chunk], device=device), pos, cache, None)
+                        for row in range(cache.batch):
+                            cache.commit(row, list(range(len(chunk))))
+                        stats.target_forwards += 1
+                        stats.target_tokens += len(chunk)
+                        stats.extras["resample_forwards"] += 1
+                        tokens[t] = pick(res.logits[0, -1], params, generator)
+                        fed_upto = t
+            out.extend(tokens)
+            pending = tokens[fed_upto:]
+            stats.steps += 1
+            stats.accepted.append(L - len(redo))
+            stats.draft_sizes.append(L)
+            stats.depths.append(L)
+            stats.extras["draft_tokens"] += L
+            stats.extras["pass_tokens"] += sum(passed)
+            stats.extras["rejected_tokens"] += len(rejected)
+            stats.extras["resampled_tokens"] += len(redo)
+            stats.extras["expanded_tokens"] += len(redo) - len(rejected)
+        out = out[:limit]
+        stats.new_tokens = len(out)
+        return DecodeResult(out, stats)
+
+
+# --- building from method options --------------------------------------------------------------------------
+
+def _num(o: dict, key: str, default, kind: type):
+    value = o.get(key, default)
+    try:
+        if kind is int and (isinstance(value, bool) or isinstance(value, float) and not value.is_integer()):
+            raise ValueError
+        v = kind(value)
+    except (TypeError, ValueError):
+        raise UsageError(f"mulo-sd option {key} must be a {kind.__name__}, got {value!r}") from None
+    if kind is float and not math.isfinite(v):
+        raise UsageError(f"mulo-sd option {key} must be finite, got {value!r}")
+    return v
+
+
+def check_options(o: dict, grid: int) -> dict:
+    """Validated scalar options (one-line usage errors); `grid` is the target's G."""
+    tau = _num(o, "tau", -1.0, float) if "tau" in o else None  # None = scaled_tau(V)
+    if tau is not None and tau < 0:
+        raise UsageError(f"mulo-sd tau must be >= 0 (0 accepts every draft token, > 1 rejects every one), got {tau}")
+    radius = _num(o, "radius", DEFAULT_RADIUS, int)
+    if not 0 <= radius <= MAX_RADIUS:
+        raise UsageError(f"mulo-sd radius l must be an integer in 0..{MAX_RADIUS}, got {radius}")
+    delta = _num(o, "lantern_delta", DEFAULT_DELTA, float)
+    if not 0 <= delta <= 1:
+        raise UsageError(f"mulo-sd lantern_delta must be in [0, 1], got {delta}")
+    k = _num(o, "lantern_k", 0, int)
+    if k < 0:
+        raise UsageError(f"mulo-sd lantern_k must be >= 1 (0 = 1000 of 16,384 scaled to the codebook), got {k}")
+    rows = _num(o, "draft_rows", 1, int)
+    if rows < 1:
+        raise UsageError(f"mulo-sd draft_rows must be >= 1, got {rows}")
+    rejection = str(o.get("rejection", "local"))
+    if rejection not in REJECTIONS:
+        raise UsageError(f"mulo-sd rejection must be one of {', '.join(REJECTIONS)}, got {rejection!r}")
+    return {"tau": tau, "radius": radius, "delta": delta, "k": k, "draft_rows": rows, "rejection": rejection,
+            "seed": _num(o, "seed", 0, int)}
+
+
+_LOADED: dict[tuple[str, str], torch.nn.Module] = {}
+
+
+def _load(entry, device) -> torch.nn.Module:
+    from specgen import registry
+
+    key = (str(entry.path), str(device))
+    stamp = (entry.path / registry.WEIGHTS).stat().st_mtime_ns
+    hit = _LOADED.get(key)
+    if hit is None or getattr(hit, "_mulo_stamp", None) != stamp:
+        hit = registry.load_module(entry, device)
+        hit._mulo_stamp = stamp
+        _LOADED[key] = hit
+    return hit
+
+
+def vq_codebook_of(entry) -> torch.Tensor | None:
+    """The raw codebook [V, D] of the VQ a GPT entry was trained on (only that tensor is read), or None."""
+    from safetensors import safe_open
+
+    from specgen import registry
+
+    vq = entry.meta.get("vq")
+    if not vq:
+        return None
+    vq_entry = registry.find(vq)
+    with safe_open(str(vq_entry.path / registry.WEIGHTS), "pt") as f:
+        return f.get_tensor("quantize.embedding.weight").float()
+
+
+def same_codebook(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and torch.allclose(a.float().cpu(), b.float().cpu(), atol=1e-3, rtol=1e-3)
+
+
+def build_mulo(parts, o: dict) -> MuLoSDDecoder:
+    """A MuLoSDDecoder from `ImageParts` and method options (see MULO_OPTIONS); bad input is one line.
+
+    Options: lowres (registry name of the g x g drafter, default tiny-image-gpt-lowres), upsampler
+    (default tiny-image-upsampler-{r}x, r = G / g), tau (default 1e-4 * 16384 / V), radius l 3,
+    lantern_k 0 (= the paper's 1000 of 16,384 scaled to the codebook), lantern_delta 0.1,
+    rejection local|raster, draft_rows 1.
+    """
+    from specgen import registry
+    from specgen.image.neighbours import neighbour_table, scaled_k
+
+    opts = check_options(o, parts.grid)
+    if parts.codebook is None:
+        raise UsageError("mulo-sd needs the target's VQ codebook")
+    G, vocab = parts.grid, parts.model.cfg.vocab_size
+    device = parts.target.device
+    low_entry = registry.find(str(o.get("lowres") or DEFAULT_LOWRES))
+    if low_entry.meta.get("modality") != "image":
+        raise UsageError(f"mulo-sd low-resolution drafter {low_entry.ref} is not an image model")
+    low_vocab = low_entry.meta.get("vocab_size", low_entry.meta.get("kwargs", {}).get("vocab_size"))
+    low_cb = vq_codebook_of(low_entry)
+    if low_vocab != vocab or (low_cb is not None and not same_codebook(low_cb, parts.codebook)):
+        raise IncompatibleError(f"mulo-sd low-resolution drafter {low_entry.ref} uses another VQ codebook "
+                                f"({low_entry.meta.get('vq')}, {low_vocab} codes) than the target ({vocab} codes)")
+    lowres = _load(low_entry, device)
+    g = lowres.cfg.rope_grid
+    if g >= G or G % g or (G // g) & (G // g - 1):
+        raise IncompatibleError(f"mulo-sd needs a drafter grid g with G / g a power of two >= 2 "
+                                f"(target {G}x{G}, drafter {low_entry.ref} {g}x{g})")
+    if lowres.cfg.num_classes != parts.model.cfg.num_classes:
+        raise IncompatibleError(f"mulo-sd drafter {low_entry.ref} has {lowres.cfg.num_classes} classes, "
+                                f"the target {parts.model.cfg.num_classes}")
+    r = G // g
+    up_entry = registry.find(str(o.get("upsampler") or f"tiny-image-upsampler-{r}x"))
+    scale = up_entry.meta.get("scale", up_entry.meta.get("kwargs", {}).get("scale"))
+    if up_entry.meta.get("builder") != "mulo-updown":
+        raise UsageError(f"{up_entry.ref} is not a MuLo-SD up/down-sampler pair")
+    if scale != r:
+        raise IncompatibleError(f"up-sampler {up_entry.ref} is for {scale}x, but {g}x{g} -> {G}x{G} needs {r}x")
+    pair = _load(up_entry, device)
+    if not same_codebook(pair.codebook, parts.codebook):
+        raise IncompatibleError(f"up-sampler {up_entry.ref} was trained for another VQ codebook than the target's")
+    k = opts["k"] or scaled_k(parts.codebook.shape[0])
+    table = neighbour_table(parts.codebook, k).to(device)
+    tau = scaled_tau(vocab) if opts["tau"] is None else opts["tau"]
+    return MuLoSDDecoder(lowres, pair, table, G, tau=tau, delta=opts["delta"], radius=opts["radius"],
+                         rejection=opts["rejection"], draft_rows=min(opts["draft_rows"], g), seed=opts["seed"])

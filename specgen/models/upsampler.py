@@ -1,0 +1,212 @@
+"""MuLo-SD up-/down-sampler pair between a low-resolution token grid and the target's (2x or 4x per side).
+
+Reference implementation of the "lightweight convolutional networks composed of residual blocks, with
+re-sampling performed via pixel shuffling, all convolutions masked to be row-causal" of MuLo-SD
+(Sec. 4.1 and supplementary Sec. 7); the paper has no public code, so the layout below is our choice:
+
+  up   U_r: tokens [B, h, w] -> codebook vectors -> stem conv -> per 2x stage: residual blocks,
+            conv C -> 4C, PixelShuffle(2) -> residual blocks -> norm, SiLU, head conv -> latents
+            [B, D, r*h, r*w] (L2-normalised when the VQ is) -> nearest code -> tokens [B, r*h, r*w].
+  down D_r: tokens [B, H, W] -> codebook vectors -> stem conv -> per 2x stage: residual blocks,
+            PixelUnshuffle(2), conv 4C -> C -> residual blocks -> norm, SiLU, head -> tokens [B, H/r, W/r].
+
+Row causality (what makes the pair usable on a partially generated image): every convolution is a
+k x k kernel whose rows below the centre are masked to zero, stored as its (k//2 + 1) x k unmasked rows
+and applied with k//2 rows of zero padding on top only, so output row i sees input rows <= i. The
+normalisation is per position over channels (GroupNorm over H x W would leak later rows into earlier
+ones), and pixel (un)shuffle only regroups whole row blocks. Hence for the up-sampler, output rows
+[r*i, r*i + r) depend on input rows <= i; for the down-sampler, output row i depends on input rows
+< r*(i + 1). Running either on the first m (block) rows of an image gives exactly the first rows of its
+output on the whole image (tested), so MuLo-SD can down-sample the accepted prefix and up-sample
+"prefix + drafted rows" without ever looking at rows that do not exist yet.
+
+The pair carries a frozen copy of the VQ codebook (buffer `codebook`, raw weights as in the VQ): tokens
+are embedded with it and outputs quantised to it by the VQ's own rule (nearest code after L2
+normalisation when `l2_norm`), so decoding needs no VQ; `codebook` also lets MuLo-SD refuse a pair
+trained for another tokenizer. The 4x networks are the 2x ones plus one more 2x stage (the paper "adds
+an additional block of convolutions"): `warm_start_from` loads a 2x pair into a 4x one (stem, first stage,
+post blocks and head; the new stage keeps its initialisation).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class UpsamplerConfig:
+    """Both networks of a pair. `scale` is the per-side factor r (a power of two: 2 = one stage, 4 = two)."""
+
+    codebook_size: int = 512
+    embed_dim: int = 8  # VQ code dimension
+    l2_norm: bool = True  # the VQ normalises latents and codes before the nearest-code search
+    scale: int = 2
+    channels: int = 64
+    blocks: int = 2  # residual blocks per stage and after the last stage
+    kernel: int = 3  # odd; k x k convolutions with the rows below the centre masked
+
+    def __post_init__(self) -> None:
+        if self.scale < 2 or self.scale & (self.scale - 1):
+            raise ValueError(f"scale must be a power of two >= 2, got {self.scale}")
+        if self.kernel < 1 or self.kernel % 2 == 0:
+            raise ValueError(f"kernel must be odd, got {self.kernel}")
+
+    @property
+    def stages(self) -> int:
+        return self.scale.bit_length() - 1
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class RowCausalConv2d(nn.Module):
+    """A k x k convolution masked to rows <= the centre: output row i only sees input rows <= i."""
+
+    def __init__(self, c_in: int, c_out: int, kernel: int = 3) -> None:
+        super().__init__()
+        self.pad = kernel // 2
+        self.conv = nn.Conv2d(c_in, c_out, (kernel // 2 + 1, kernel))  # the unmasked rows of the k x k kernel
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, Cin, H, W] -> [B, Cout, H, W]
+        p = self.pad
+        return self.conv(F.pad(x, (p, p, p, 0)))
+
+
+class ChannelNorm(nn.Module):
+    """LayerNorm over channels at every position (row-causal, unlike GroupNorm over H x W)."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(channels))
+        self.bias = nn.Parameter(torch.zeros(channels))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x.permute(0, 2, 3, 1), x.shape[1:2], self.weight, self.bias, 1e-6).permute(0, 3, 1, 2)
+
+
+class ResBlock(nn.Module):
+    """norm-SiLU-conv x2 with a residual (row-causal convolutions)."""
+
+    def __init__(self, channels: int, kernel: int) -> None:
+        super().__init__()
+        self.norm1, self.conv1 = ChannelNorm(channels), RowCausalConv2d(channels, channels, kernel)
+        self.norm2, self.conv2 = ChannelNorm(channels), RowCausalConv2d(channels, channels, kernel)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.conv2(F.silu(self.norm2(self.conv1(F.silu(self.norm1(x))))))
+
+
+class UpStage(nn.Module):
+    """Residual blocks, conv C -> 4C, PixelShuffle(2): [B, C, h, w] -> [B, C, 2h, 2w]."""
+
+    def __init__(self, c: int, blocks: int, kernel: int) -> None:
+        super().__init__()
+        self.blocks = nn.Sequential(*[ResBlock(c, kernel) for _ in range(blocks)])
+        self.expand = RowCausalConv2d(c, 4 * c, kernel)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.pixel_shuffle(self.expand(self.blocks(x)), 2)
+
+
+class DownStage(nn.Module):
+    """Residual blocks, PixelUnshuffle(2), conv 4C -> C: [B, C, H, W] -> [B, C, H/2, W/2]."""
+
+    def __init__(self, c: int, blocks: int, kernel: int) -> None:
+        super().__init__()
+        self.blocks = nn.Sequential(*[ResBlock(c, kernel) for _ in range(blocks)])
+        self.reduce = RowCausalConv2d(4 * c, c, kernel)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.reduce(F.pixel_unshuffle(self.blocks(x), 2))
+
+
+class Resampler(nn.Module):
+    """One direction: stem conv, `stages` up or down stages, post blocks, head conv to the code dim."""
+
+    def __init__(self, cfg: UpsamplerConfig, direction: str) -> None:
+        super().__init__()
+        c, k = cfg.channels, cfg.kernel
+        stage = UpStage if direction == "up" else DownStage
+        self.direction = direction
+        self.stem = RowCausalConv2d(cfg.embed_dim, c, k)
+        self.stages = nn.ModuleList([stage(c, cfg.blocks, k) for _ in range(cfg.stages)])
+        self.post = nn.Sequential(*[ResBlock(c, k) for _ in range(cfg.blocks)])
+        self.norm_out = ChannelNorm(c)
+        self.head = RowCausalConv2d(c, cfg.embed_dim, k)
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:  # code vectors [B, D, h, w] -> latents [B, D, h', w']
+        h = self.stem(z)
+        for s in self.stages:
+            h = s(h)
+        return self.head(F.silu(self.norm_out(self.post(h))))
+
+
+class UpDownSampler(nn.Module):
+    """The pair (U_r, D_r) plus the frozen VQ codebook they embed from and quantise to."""
+
+    def __init__(self, cfg: UpsamplerConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.up = Resampler(cfg, "up")
+        self.down = Resampler(cfg, "down")
+        self.register_buffer("codebook", torch.zeros(cfg.codebook_size, cfg.embed_dim))
+
+    @property
+    def scale(self) -> int:
+        return self.cfg.scale
+
+    def codes(self) -> torch.Tensor:
+        """The codebook as the VQ uses it for lookup and search: [V, D] (unit rows when l2_norm)."""
+        return F.normalize(self.codebook, dim=-1) if self.cfg.l2_norm else self.codebook
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Token ids [B, h, w] -> code vectors [B, D, h, w] (what the VQ decoder would see)."""
+        return F.embedding(tokens, self.codes()).permute(0, 3, 1, 2)
+
+    def finish(self, z: torch.Tensor) -> torch.Tensor:
+        """Raw network outputs -> latents on the VQ's sphere (L2-normalised over D when l2_norm)."""
+        return F.normalize(z, dim=1) if self.cfg.l2_norm else z
+
+    def quantize(self, z: torch.Tensor) -> torch.Tensor:
+        """Latents [B, D, h, w] -> nearest code ids [B, h, w] (the VQ quantiser's rule)."""
+        b, d, h, w = z.shape
+        flat = self.finish(z).permute(0, 2, 3, 1).reshape(-1, d)
+        emb = self.codes()
+        dist = flat.pow(2).sum(1, keepdim=True) + emb.pow(2).sum(1) - 2.0 * flat @ emb.t()
+        return dist.argmin(1).view(b, h, w)
+
+    def up_latents(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Low-res ids [B, h, w] -> high-res latents [B, D, r*h, r*w]."""
+        return self.finish(self.up(self.embed(tokens)))
+
+    def down_latents(self, tokens: torch.Tensor) -> torch.Tensor:
+        """High-res ids [B, H, W] (H, W multiples of r) -> low-res latents [B, D, H/r, W/r]."""
+        return self.finish(self.down(self.embed(tokens)))
+
+    @torch.no_grad()
+    def upsample_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        """U_r on token ids: [B, h, w] -> [B, r*h, r*w]."""
+        return self.quantize(self.up_latents(tokens))
+
+    @torch.no_grad()
+    def downsample_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        """D_r on token ids: [B, H, W] -> [B, H/r, W/r]."""
+        if tokens.shape[-2] % self.scale or tokens.shape[-1] % self.scale:
+            raise ValueError(f"down-sampling needs sides divisible by {self.scale}, got {tuple(tokens.shape[-2:])}")
+        return self.quantize(self.down_latents(tokens))
+
+    def warm_start_from(self, smaller: "UpDownSampler") -> list[str]:
+        """Copy a pair with fewer stages into this one (2x -> 4x); returns the keys left at initialisation."""
+        mine, theirs = self.state_dict(), smaller.state_dict()
+        copied = {k: v for k, v in theirs.items() if k in mine and mine[k].shape == v.shape}
+        self.load_state_dict({**mine, **copied})
+        return sorted(set(mine) - set(copied))
+
+
+def build_updown(**kwargs) -> UpDownSampler:
+    """Registry builder "mulo-updown": kwargs are `UpsamplerConfig` fields."""
+    return UpDownSampler(UpsamplerConfig(**kwargs))

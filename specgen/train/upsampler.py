@@ -1,0 +1,573 @@
+"""Train a MuLo-SD up/down-sampler pair (`specgen train-upsampler`) between a low-res and the target's token grid.
+
+    specgen train-upsampler --config recipes/tiny/upsampler-2x.yaml --out RUN [key=value ...]
+    python -m specgen.train.upsampler --config recipes/tiny/upsampler-2x.yaml --out RUN
+
+Data: `num_crops` train crops (`eval_crops` held-out) of the bundled photos at `crop_size` (the target's
+image side); the low-resolution image is the crop area-downscaled by `scale`. Both are tokenised with the
+SAME VQ (high: G x G, low: G/r x G/r tokens) and cached under `token_cache` with the pixels (uint8).
+The low-resolution GPT drafter is trained on exactly these low-res token grids
+(`specgen.train.image_gpt_lowres`, same downscale), so the pair sees what the drafter produces.
+
+Objective (MuLo-SD supplementary Eq. 8, per network; the VQ is frozen):
+    L = mse_weight * MSE(Dec(z), x) + perceptual_weight * P(Dec(z), x) + commit_weight * ||z - sg(e)||^2
+        + gan_weight * L_GAN            (L_GAN only after `gan_start` steps, as the paper's 20k of 150k)
+        [+ latent_weight * ||z - e(real tokens)||^2: NOT in the paper, off by default; a shortcut for
+         CPU-budget runs of a few hundred steps, which recipes that use it say]
+with z the network's latents (L2-normalised like the VQ's), e = nearest codes, Dec = the VQ decoder fed
+z + sg(e - z) (straight-through: the decoder sees the codes MuLo-SD will decode, gradients reach z),
+x the high-res crop for U_r and the downscaled crop for D_r. P is LPIPS (VGG) when the `lpips` package
+and its VGG weights are already on this machine (nothing is downloaded); otherwise the documented offline
+substitute "vq-features": an LPIPS-style distance (channel-unit-normalised activations, squared
+difference, spatial mean, unit layer weights) on the frozen VQ encoder's activations after `conv_in`
+and after every resolution level. L_GAN: one PatchGAN per network (three convolutions, as the paper),
+hinge loss, LeCam regularisation (weight `lecam_weight`, EMA decay `lecam_decay`) and a light
+differentiable augmentation (random flip + translation by up to 1/8 of the side, same for real and fake).
+Optimisers: AdamW lr 3e-4 for the pair, 5e-4 for the discriminators, lambda_GAN 0.25 (the paper's values).
+4x: `warm_start` names a 2x pair (registry name or folder); its stem, first stage, post blocks and heads
+are copied into the 4x pair (one more 2x stage), then everything trains (the paper's second stage).
+
+Evaluation on held-out crops: token agreement with the VQ tokens of the real image at the output
+resolution, and PSNR of the decoded output against the real image, for the network and for a naive
+baseline (nearest-neighbour token repeat for U_r, top-left token of each r x r block for D_r).
+Resumable from RUN/state.safetensors; saves fp16 weights to the registry (`upsampler/<name>`) and,
+with `ship_dir`, to the package assets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+
+from specgen.errors import IncompatibleError, UsageError
+from specgen.models.upsampler import UpDownSampler, UpsamplerConfig
+
+
+@dataclass(frozen=True)
+class UpsamplerTrainConfig:
+    """Everything a run depends on (a YAML recipe sets any subset)."""
+
+    vq: str = "specgen/assets/image/vq"  # VQ folder (config.json + model.safetensors) or a registry name
+    vq_name: str = "tiny-image-vq"  # registry name of that VQ, recorded in the pair's meta["vq"]
+    scale: int = 2  # r: low-res grid = target grid / r (a power of two)
+    warm_start: str = ""  # a smaller-scale pair (registry name or folder) to start from (2x -> 4x)
+    crop_size: int = 64  # target image side in pixels (the tiny VQ: 64 -> 16 x 16 tokens)
+    num_crops: int = 4096
+    eval_crops: int = 128
+    data_seed: int = 0
+    token_cache: str = ".notes/upsampler_tokens"
+    channels: int = 64
+    blocks: int = 2
+    kernel: int = 3
+    seed: int = 0
+    steps: int = 1500
+    batch_size: int = 16
+    lr: float = 3e-4
+    disc_lr: float = 5e-4
+    weight_decay: float = 0.01
+    beta1: float = 0.9
+    beta2: float = 0.99
+    mse_weight: float = 1.0
+    perceptual: str = "auto"  # auto | lpips | vq-features | none
+    perceptual_weight: float = 1.0
+    commit_weight: float = 1.0
+    latent_weight: float = 0.0  # NOT in the paper: MSE of latents to the real image's code vectors (0 = off)
+    gan_weight: float = 0.25
+    gan_start: int = 200  # steps without the adversarial term (paper: 20k of 150k)
+    disc_channels: int = 32
+    lecam_weight: float = 0.001
+    lecam_decay: float = 0.999
+    augment: bool = True
+    grad_clip: float = 1.0
+    log_every: int = 10
+    eval_every: int = 250
+    ckpt_every: int = 25
+    num_threads: int = 1
+    name: str = "tiny-image-upsampler-2x"  # registry name ("" = do not register)
+    ship_dir: str = ""  # also write model.safetensors + config.json here
+
+
+def load_recipe(path: str | Path | None, overrides: list[str]) -> UpsamplerTrainConfig:
+    from specgen.config import load_config
+
+    return load_config(UpsamplerTrainConfig, path, overrides)
+
+
+def check_config(cfg: UpsamplerTrainConfig, vq_downsample: int) -> None:
+    """One-line usage errors for values no run could use."""
+    if cfg.scale < 2 or cfg.scale & (cfg.scale - 1):
+        raise UsageError(f"scale must be a power of two >= 2 (2 or 4 in the paper), got {cfg.scale}")
+    if cfg.crop_size % (cfg.scale * vq_downsample):
+        raise UsageError(f"crop_size {cfg.crop_size} must be a multiple of scale x VQ downsample "
+                         f"({cfg.scale} x {vq_downsample})")
+    if cfg.kernel < 1 or cfg.kernel % 2 == 0 or cfg.channels < 1 or cfg.blocks < 0:
+        raise UsageError("need an odd kernel, channels >= 1 and blocks >= 0")
+    if cfg.steps < 1 or cfg.batch_size < 1 or cfg.num_crops < 1 or cfg.eval_crops < 1:
+        raise UsageError("steps, batch_size, num_crops and eval_crops must be >= 1")
+    if cfg.perceptual not in ("auto", "lpips", "vq-features", "none"):
+        raise UsageError(f"perceptual must be auto, lpips, vq-features or none, got {cfg.perceptual!r}")
+
+
+# --- data ----------------------------------------------------------------------------------------------------
+
+def load_vq(ref: str):
+    """(VQModel eval, config doc, sha) from a folder or registry name (shared with the image-GPT trainer)."""
+    from specgen.train.image_gpt import load_vq as load
+
+    try:
+        return load(ref)
+    except Exception as e:
+        from specgen.errors import SpecgenError
+
+        if isinstance(e, SpecgenError):
+            raise
+        raise UsageError(f"cannot load the VQ {ref!r}: {e}") from None
+
+
+def downscale(images: torch.Tensor, factor: int) -> torch.Tensor:
+    """Area downscale [B, 3, S, S] -> [B, 3, S/f, S/f] (the low-resolution view of the same crop)."""
+    return F.interpolate(images, scale_factor=1.0 / factor, mode="area") if factor > 1 else images
+
+
+@torch.no_grad()
+def crop_tokens(vq, split: str, n: int, seed: int, crop: int, scale: int, log: Callable[[str], None],
+                batch: int = 64, high: bool = True) -> dict[str, torch.Tensor]:
+    """Pixels (uint8) and VQ tokens of `n` crops and of their `scale`-times downscaled views (`lo`).
+
+    With `high=False` only `lo` and `labels` are computed (the low-res GPT needs nothing else)."""
+    from specgen.data.images import ImageCrops, ImageCropsConfig
+
+    data = ImageCrops(ImageCropsConfig(split=split, num_samples=n, seed=seed, crop_size=crop))
+    px, hi, lo, labels = [], [], [], []
+    for start in range(0, n, batch):
+        images, lab = data.batch(range(start, min(n, start + batch)))
+        lo.append(vq.encode(downscale(images, scale)).to(torch.int16))
+        labels.append(lab)
+        if high:
+            hi.append(vq.encode(images).to(torch.int16))
+            px.append(((images + 1) * 127.5).round().clamp(0, 255).to(torch.uint8))
+        if (start // batch) % 16 == 0:
+            log(f"tokenised {split} {start + len(lab)}/{n}")
+    out = {"lo": torch.cat(lo), "labels": torch.cat(labels)}
+    return {**out, "pixels": torch.cat(px), "hi": torch.cat(hi)} if high else out
+
+
+def pair_dataset(cfg: UpsamplerTrainConfig, vq, digest: str, log: Callable[[str], None]) -> dict[str, torch.Tensor]:
+    key = f"vq{digest}-seed{cfg.data_seed}-crop{cfg.crop_size}-x{cfg.scale}-train{cfg.num_crops}-eval{cfg.eval_crops}"
+    path = Path(cfg.token_cache) / f"{key}.safetensors"
+    if path.is_file():
+        log(f"token cache hit: {path}")
+        return load_file(str(path))
+    log(f"tokenising crops (high {cfg.crop_size}px, low {cfg.crop_size // cfg.scale}px) -> {path}")
+    tr = crop_tokens(vq, "train", cfg.num_crops, cfg.data_seed, cfg.crop_size, cfg.scale, log)
+    ev = crop_tokens(vq, "eval", cfg.eval_crops, cfg.data_seed, cfg.crop_size, cfg.scale, log)
+    t = {**{f"train_{k}": v for k, v in tr.items()}, **{f"eval_{k}": v for k, v in ev.items()}}
+    from specgen.train.image_gpt import atomic_write
+
+    atomic_write(path, lambda p: save_file({k: v.contiguous() for k, v in t.items()}, p))
+    return t
+
+
+def to_float(px: torch.Tensor) -> torch.Tensor:
+    return px.float() / 127.5 - 1.0
+
+
+# --- losses --------------------------------------------------------------------------------------------------
+
+def vq_features(vq, x: torch.Tensor) -> list[torch.Tensor]:
+    """Activations of the frozen VQ encoder after conv_in and after every resolution level."""
+    enc = vq.encoder
+    h = enc.conv_in(x)
+    feats = [h]
+    for block in enc.conv_blocks:
+        h = block(h)
+        feats.append(h)
+        if hasattr(block, "downsample"):
+            h = block.downsample(h)
+    return feats
+
+
+class VQFeatureDistance(nn.Module):
+    """LPIPS-style distance (unit layer weights) in the frozen VQ encoder's feature space: the offline substitute."""
+
+    name = "vq-features"
+
+    def __init__(self, vq) -> None:
+        super().__init__()
+        self.vq = vq
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        total = a.new_zeros(())
+        for fa, fb in zip(vq_features(self.vq, a), vq_features(self.vq, b)):
+            na = fa / (fa.pow(2).sum(1, keepdim=True).sqrt() + 1e-10)
+            nb = fb / (fb.pow(2).sum(1, keepdim=True).sqrt() + 1e-10)
+            total = total + (na - nb).pow(2).sum(1).mean()
+        return total
+
+
+def local_lpips():
+    """LPIPS (VGG) if the package and the VGG weights are already on this machine, else None (no download)."""
+    try:
+        import lpips  # noqa: F401
+    except ImportError:
+        return None
+    hub = Path(torch.hub.get_dir()) / "checkpoints"
+    if not any(hub.glob("vgg16-*.pth")):
+        return None
+    import lpips
+
+    net = lpips.LPIPS(net="vgg", verbose=False).eval()
+
+    class _Lpips(nn.Module):
+        name = "lpips"
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = net
+
+        def forward(self, a, b):
+            return self.net(a, b).mean()
+
+    return _Lpips()
+
+
+def perceptual_loss(kind: str, vq) -> nn.Module | None:
+    if kind == "none":
+        return None
+    if kind in ("auto", "lpips"):
+        net = local_lpips()
+        if net is not None:
+            return net
+        if kind == "lpips":
+            from specgen.errors import MissingDependencyError
+
+            raise MissingDependencyError("perceptual=lpips needs the lpips package and the VGG16 weights in the "
+                                         "torch hub cache (nothing is downloaded); use perceptual=vq-features")
+    return VQFeatureDistance(vq)
+
+
+class PatchGAN(nn.Module):
+    """Three-convolution PatchGAN (Isola et al.): per-patch real/fake logits [B, 1, h, w]."""
+
+    def __init__(self, channels: int = 32) -> None:
+        super().__init__()
+        c = channels
+        self.net = nn.Sequential(
+            nn.Conv2d(3, c, 4, 2, 1), nn.LeakyReLU(0.2),
+            nn.Conv2d(c, 2 * c, 4, 2, 1), nn.GroupNorm(8 if (2 * c) % 8 == 0 else 1, 2 * c), nn.LeakyReLU(0.2),
+            nn.Conv2d(2 * c, 1, 3, 1, 1),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+def augment(x: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+    """Differentiable augmentation: random horizontal flip and translation (<= side/8, zero fill)."""
+    if float(torch.rand((), generator=g)) < 0.5:
+        x = x.flip(-1)
+    s = max(1, x.shape[-1] // 8)
+    dy, dx = (int(v) for v in torch.randint(-s, s + 1, (2,), generator=g))
+    x = F.pad(x, (s, s, s, s))
+    return x[..., s + dy : s + dy + x.shape[-2] - 2 * s, s + dx : s + dx + x.shape[-1] - 2 * s]
+
+
+class LeCam:
+    """LeCam regulariser (Tseng et al. 2021) with EMAs of the discriminator's real/fake outputs."""
+
+    def __init__(self, decay: float) -> None:
+        self.decay, self.real, self.fake = decay, 0.0, 0.0
+
+    def __call__(self, real: torch.Tensor, fake: torch.Tensor) -> torch.Tensor:
+        self.real = self.decay * self.real + (1 - self.decay) * real.mean().item()
+        self.fake = self.decay * self.fake + (1 - self.decay) * fake.mean().item()
+        return F.relu(real - self.fake).pow(2).mean() + F.relu(self.real - fake).pow(2).mean()
+
+
+# --- model, state, evaluation ---------------------------------------------------------------------------------
+
+class Trainee(nn.Module):
+    """The pair plus its two discriminators (one state dict for checkpoints)."""
+
+    def __init__(self, pcfg: UpsamplerConfig, disc_channels: int) -> None:
+        super().__init__()
+        self.pair = UpDownSampler(pcfg)
+        self.disc = nn.ModuleDict({"up": PatchGAN(disc_channels), "down": PatchGAN(disc_channels)})
+
+
+def load_pair(ref: str) -> tuple[UpDownSampler, dict]:
+    """A registered (or folder) pair and its meta."""
+    from specgen import registry
+
+    entry = registry.find(ref)
+    if entry.meta.get("builder") != "mulo-updown":
+        raise UsageError(f"{entry.ref} is not a MuLo-SD up/down-sampler pair")
+    return registry.load_module(entry), entry.meta
+
+
+def codebook_hash(codebook: torch.Tensor) -> str:
+    from specgen.image.neighbours import codebook_hash as h
+
+    return h(codebook)
+
+
+def save_state(path: Path, model: nn.Module, opts: dict[str, torch.optim.Optimizer], meta: dict) -> None:
+    from specgen.train.image_gpt import atomic_write
+
+    tensors = {f"model.{k}": v.detach().contiguous() for k, v in model.state_dict().items()}
+    for name, opt in opts.items():
+        params = [p for g in opt.param_groups for p in g["params"]]
+        for i, p in enumerate(params):
+            for k, v in opt.state.get(p, {}).items():
+                tensors[f"{name}.{i}.{k}"] = torch.as_tensor(v).detach().clone().contiguous()
+    atomic_write(path, lambda p: save_file(tensors, p, metadata={"meta": json.dumps(meta)}))
+
+
+def load_state(path: Path, model: nn.Module, opts: dict[str, torch.optim.Optimizer]) -> dict | None:
+    if not path.is_file():
+        return None
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        meta = json.loads(f.metadata()["meta"])
+    tensors = load_file(str(path))
+    model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")}, strict=True)
+    for name, opt in opts.items():
+        params = [p for g in opt.param_groups for p in g["params"]]
+        for i, p in enumerate(params):
+            st = {k.split(".", 2)[2]: v for k, v in tensors.items() if k.startswith(f"{name}.{i}.")}
+            if st:
+                opt.state[p] = st
+    return meta
+
+
+def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
+    mse = float(F.mse_loss(a.clamp(-1, 1), b.clamp(-1, 1)))
+    return 10 * math.log10(4.0 / max(mse, 1e-12))
+
+
+@torch.no_grad()
+def evaluate(pair: UpDownSampler, vq, data: dict, r: int) -> dict[str, float]:
+    """Held-out token agreement and PSNR of U_r / D_r against the real crops, next to naive baselines."""
+    hi, lo = data["eval_hi"].long(), data["eval_lo"].long()
+    x_hi = to_float(data["eval_pixels"])
+    x_lo = downscale(x_hi, r)
+    out: dict[str, float] = {}
+    up = torch.cat([pair.upsample_tokens(lo[i : i + 64]) for i in range(0, lo.shape[0], 64)])
+    down = torch.cat([pair.downsample_tokens(hi[i : i + 64]) for i in range(0, hi.shape[0], 64)])
+    naive_up = lo.repeat_interleave(r, 1).repeat_interleave(r, 2)
+    naive_down = hi[:, ::r, ::r]
+    dec = lambda t: torch.cat([vq.decode_indices(t[i : i + 64]) for i in range(0, t.shape[0], 64)])  # noqa: E731
+    out["up_token_acc"] = float((up == hi).float().mean())
+    out["up_token_acc_naive"] = float((naive_up == hi).float().mean())
+    out["up_psnr"] = psnr(dec(up), x_hi)
+    out["up_psnr_naive"] = psnr(dec(naive_up), x_hi)
+    out["up_psnr_vq_ceiling"] = psnr(dec(hi), x_hi)
+    out["down_token_acc"] = float((down == lo).float().mean())
+    out["down_token_acc_naive"] = float((naive_down == lo).float().mean())
+    out["down_psnr"] = psnr(dec(down), x_lo)
+    out["down_psnr_naive"] = psnr(dec(naive_down), x_lo)
+    out["down_psnr_vq_ceiling"] = psnr(dec(lo), x_lo)
+    return {k: round(v, 4) for k, v in out.items()}
+
+
+# --- the run ----------------------------------------------------------------------------------------------------
+
+def train(cfg: UpsamplerTrainConfig, out: Path, log: Callable[[str], None] = lambda s: None,
+          command: str = "specgen train-upsampler") -> dict[str, Any]:
+    """Run (or resume) a training run in `out`; returns {"metrics", "entry"} and registers the pair."""
+    torch.set_num_threads(cfg.num_threads)
+    vq, doc, digest = load_vq(cfg.vq)
+    for p in vq.parameters():
+        p.requires_grad_(False)
+    check_config(cfg, vq.config.downsample)
+    vcfg = vq.config
+    pcfg = UpsamplerConfig(codebook_size=vcfg.codebook_size, embed_dim=vcfg.codebook_embed_dim,
+                           l2_norm=vcfg.codebook_l2_norm, scale=cfg.scale, channels=cfg.channels,
+                           blocks=cfg.blocks, kernel=cfg.kernel)
+    warm = None
+    if cfg.warm_start:
+        warm, wmeta = load_pair(cfg.warm_start)
+        if warm.cfg.scale >= cfg.scale or (warm.cfg.channels, warm.cfg.blocks, warm.cfg.kernel) != (
+                cfg.channels, cfg.blocks, cfg.kernel):
+            raise IncompatibleError(f"warm_start {cfg.warm_start} is a {warm.cfg.scale}x pair with channels "
+                                    f"{warm.cfg.channels}, blocks {warm.cfg.blocks}, kernel {warm.cfg.kernel}; "
+                                    f"a {cfg.scale}x run needs a smaller scale and the same widths")
+        if not torch.allclose(warm.codebook.float(), vq.quantize.embedding.weight.float(), atol=1e-3):
+            raise IncompatibleError(f"warm_start {cfg.warm_start} was trained for another VQ codebook than {cfg.vq}")
+    out.mkdir(parents=True, exist_ok=True)
+    data = pair_dataset(cfg, vq, digest, log)
+    torch.manual_seed(cfg.seed)
+    model = Trainee(pcfg, cfg.disc_channels).train()
+    pair = model.pair
+    with torch.no_grad():
+        pair.codebook.copy_(vq.quantize.embedding.weight.float())
+    if warm is not None:
+        fresh = pair.warm_start_from(warm)
+        log(f"warm start from {cfg.warm_start}: {len(fresh)} tensors of the new stage(s) left at initialisation")
+    gen_params = list(pair.parameters())
+    betas = (cfg.beta1, cfg.beta2)
+    opt_g = torch.optim.AdamW(gen_params, lr=cfg.lr, betas=betas, weight_decay=cfg.weight_decay)
+    opt_d = torch.optim.AdamW(model.disc.parameters(), lr=cfg.disc_lr, betas=betas, weight_decay=cfg.weight_decay)
+    opts = {"opt_g": opt_g, "opt_d": opt_d}
+    state_path = out / "state.safetensors"
+    meta = load_state(state_path, model, opts)
+    if meta is not None and meta["config"] != json.loads(json.dumps(asdict(cfg))):
+        raise UsageError(f"{state_path} was written by a different config; use a fresh --out")
+    step = meta["step"] if meta else 0
+    history = meta["history"] if meta else []
+    elapsed = meta["elapsed"] if meta else 0.0
+    lecam = {"up": LeCam(cfg.lecam_decay), "down": LeCam(cfg.lecam_decay)}
+    if meta:
+        for k in lecam:
+            lecam[k].real, lecam[k].fake = meta.get("lecam", {}).get(k, (0.0, 0.0))
+    perc = perceptual_loss(cfg.perceptual, vq)
+    r = cfg.scale
+    n_params = sum(p.numel() for p in pair.up.parameters()), sum(p.numel() for p in pair.down.parameters())
+    log(f"{'resumed at' if meta else 'starting'} step {step}/{cfg.steps}; up {n_params[0] / 1e6:.3f}M, down "
+        f"{n_params[1] / 1e6:.3f}M params; perceptual {perc.name if perc else 'none'}; "
+        f"{data['train_hi'].shape[0]} train crops; grids {tuple(data['train_lo'].shape[1:])} <-> "
+        f"{tuple(data['train_hi'].shape[1:])}")
+    n_train = data["train_hi"].shape[0]
+    window: dict[str, list[float]] = {}
+    t_last = time.perf_counter()
+
+    def render(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Straight-through decode of latents; returns (image, commitment loss)."""
+        e = pair.embed(pair.quantize(z.detach()))
+        commit = F.mse_loss(z, e)
+        return vq.decode_latents(z + (e - z).detach()), commit
+
+    while step < cfg.steps:
+        g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
+        idx = torch.randint(0, n_train, (cfg.batch_size,), generator=g)
+        x_hi = to_float(data["train_pixels"][idx])
+        x_lo = downscale(x_hi, r)
+        gan_on = cfg.gan_weight > 0 and step >= cfg.gan_start
+        z_up = pair.up_latents(data["train_lo"][idx].long())
+        z_dn = pair.down_latents(data["train_hi"][idx].long())
+        img_up, c_up = render(z_up)
+        img_dn, c_dn = render(z_dn)
+        logs: dict[str, float] = {}
+        loss = img_up.new_zeros(())
+        if cfg.latent_weight > 0:  # optional shortcut for short CPU runs (documented deviation)
+            lat_up = F.mse_loss(z_up, pair.embed(data["train_hi"][idx].long()))
+            lat_dn = F.mse_loss(z_dn, pair.embed(data["train_lo"][idx].long()))
+            loss = loss + cfg.latent_weight * (lat_up + lat_dn)
+            logs["up_latent"], logs["down_latent"] = lat_up.item(), lat_dn.item()
+        for side, img, real, commit in (("up", img_up, x_hi, c_up), ("down", img_dn, x_lo, c_dn)):
+            mse = F.mse_loss(img, real)
+            part = cfg.mse_weight * mse + cfg.commit_weight * commit
+            logs[f"{side}_mse"], logs[f"{side}_commit"] = mse.item(), commit.item()
+            if perc is not None and cfg.perceptual_weight > 0:
+                p = perc(img, real)
+                part = part + cfg.perceptual_weight * p
+                logs[f"{side}_perc"] = p.item()
+            if gan_on:
+                for q in model.disc[side].parameters():
+                    q.requires_grad_(False)
+                adv = -model.disc[side](augment(img, g) if cfg.augment else img).mean()
+                for q in model.disc[side].parameters():
+                    q.requires_grad_(True)
+                part = part + cfg.gan_weight * adv
+                logs[f"{side}_gan"] = adv.item()
+            loss = loss + part
+        opt_g.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(gen_params, cfg.grad_clip)
+        opt_g.step()
+        if gan_on:  # discriminator step: hinge + LeCam on augmented real / fake
+            d_loss = x_hi.new_zeros(())
+            for side, img, real in (("up", img_up, x_hi), ("down", img_dn, x_lo)):
+                dr = model.disc[side](augment(real, g) if cfg.augment else real)
+                df = model.disc[side](augment(img.detach(), g) if cfg.augment else img.detach())
+                d_side = F.relu(1 - dr).mean() + F.relu(1 + df).mean()
+                d_loss = d_loss + d_side + cfg.lecam_weight * lecam[side](dr, df)
+                logs[f"{side}_disc"] = d_side.item()
+            opt_d.zero_grad(set_to_none=True)
+            d_loss.backward()
+            opt_d.step()
+        step += 1
+        for k, v in logs.items():
+            window.setdefault(k, []).append(v)
+        now = time.perf_counter()
+        elapsed += now - t_last
+        t_last = now
+        if step % cfg.log_every == 0 or step == cfg.steps:
+            log(f"step {step:5d} " + " ".join(f"{k} {sum(v) / len(v):.4f}" for k, v in sorted(window.items()))
+                + f" elapsed {elapsed / 60:.1f}m")
+            window = {}
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            pair.eval()
+            ev = evaluate(pair, vq, data, r)
+            pair.train()
+            history.append({"step": step, **ev, "elapsed_s": round(elapsed, 1)})
+            log(f"eval step {step}: {json.dumps(ev)}")
+        if step % cfg.ckpt_every == 0 or step % cfg.eval_every == 0 or step == cfg.steps:
+            save_state(state_path, model, opts, {"step": step, "history": history, "elapsed": elapsed,
+                                                 "config": asdict(cfg),
+                                                 "lecam": {k: (v.real, v.fake) for k, v in lecam.items()}})
+            t_last = time.perf_counter()
+    # metrics of the fp16 weights that ship
+    shipped = UpDownSampler(pcfg)
+    state = {k: (v.half() if v.is_floating_point() else v).contiguous() for k, v in pair.state_dict().items()}
+    shipped.load_state_dict({k: v.float() for k, v in state.items()})
+    metrics = {**evaluate(shipped.eval(), vq, data, r), "steps": step, "train_seconds": round(elapsed, 1),
+               "history": history, "perceptual": perc.name if perc else "none",
+               "params_up": n_params[0], "params_down": n_params[1], "weights": "fp16"}
+    grid_hi = cfg.crop_size // vcfg.downsample
+    meta = {"builder": "mulo-updown", "kwargs": pcfg.to_dict(), "scale": r, "vq": cfg.vq_name, "vq_sha": digest,
+            "codebook_hash": codebook_hash(vq.quantize.embedding.weight), "vocab_size": vcfg.codebook_size,
+            "grid_low": grid_hi // r, "grid_high": grid_hi, "modality": "image", "parent": None,
+            "warm_start": cfg.warm_start or None, "created_by": command, "train_config": asdict(cfg),
+            "metrics": metrics}
+    entry = None
+    if cfg.name:
+        from specgen import registry
+
+        entry = registry.save("upsampler", cfg.name, state, meta)
+    if cfg.ship_dir:
+        from specgen.train.image_gpt import ship
+
+        ship(Path(cfg.ship_dir), state, {"kind": "upsampler", "name": cfg.name or "upsampler", **meta})
+    log(f"done: {json.dumps({k: v for k, v in metrics.items() if k != 'history'})}")
+    return {"metrics": metrics, "entry": entry}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m specgen.train.upsampler", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default=None, help="YAML recipe, e.g. recipes/tiny/upsampler-2x.yaml")
+    parser.add_argument("--out", required=True, help="run directory (resumed if it holds state.safetensors)")
+    parser.add_argument("--log", default=None, help="log file (default: OUT/train.log); also echoed to stderr")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides of recipe keys")
+    args = parser.parse_args(argv)
+    cfg = load_recipe(args.config, args.overrides)
+    log_path = Path(args.log) if args.log else Path(args.out) / "train.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+
+    def log(msg: str) -> None:
+        line = f"{time.strftime('%Y-%m-%d %H:%M:%S')} {msg}"
+        with open(log_path, "a") as f:
+            f.write(line + "\n")
+        print(line, file=sys.stderr, flush=True)
+
+    res = train(cfg, Path(args.out), log, command="python -m specgen.train.upsampler")
+    print(json.dumps({k: v for k, v in res["metrics"].items() if k != "history"}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
