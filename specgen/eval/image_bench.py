@@ -38,7 +38,7 @@ class ImageBenchConfig:
 
     suite: str = "images"
     methods: list[str] = field(default_factory=lambda: ["ar", "eagle2", "adt-tree", "lantern", "adt-tree+lantern",
-                                                        "vvs@u", "vvs@d"])
+                                                        "vvs@u", "vvs@d", "mulo-sd"])
     model: str = "tiny-image-gpt"
     drafter: str = ""
     temperatures: list[float] = field(default_factory=lambda: [0.0, 1.0])
