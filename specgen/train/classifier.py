@@ -14,7 +14,6 @@ import argparse
 import json
 import math
 import os
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -26,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
+from specgen.train.script import file_logger
 from specgen.config import load_config
 from specgen.data.images import ImageCrops, ImageCropsConfig
 from specgen.eval.image_metrics import ImageClassifier, class_accuracy
@@ -239,11 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     log_path = Path(args.log) if args.log else Path(args.out) / "train.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
 
-    def log(msg: str) -> None:
-        line = f"{time.strftime('%Y-%m-%d %H:%M:%S')} {msg}"
-        with open(log_path, "a") as f:
-            f.write(line + "\n")
-        print(line, file=sys.stderr, flush=True)
+    log = file_logger(log_path)
 
     metrics = evaluate_only(cfg, Path(args.out), log) if args.evaluate_only else train(cfg, Path(args.out), log)
     log(f"done: held-out accuracy {metrics['heldout_accuracy']:.4f} (fp16 weights)"

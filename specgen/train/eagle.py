@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -33,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
+from specgen.train.script import file_logger
 from specgen.errors import UsageError
 from specgen.models.eagle import EagleNet
 from specgen.models.transformer import Transformer
@@ -270,11 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     log_path = Path(args.log) if args.log else Path(args.out) / "train.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
 
-    def log(msg: str) -> None:
-        line = f"{time.strftime('%Y-%m-%d %H:%M:%S')} {msg}"
-        with open(log_path, "a") as f:
-            f.write(line + "\n")
-        print(line, file=sys.stderr, flush=True)
+    log = file_logger(log_path)
 
     metrics = train(cfg, Path(args.out), log, command="python -m specgen.train.eagle")["metrics"]
     print(json.dumps({k: v for k, v in metrics.items() if k != "history"}))

@@ -20,7 +20,6 @@ import hashlib
 import json
 import math
 import os
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -32,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
+from specgen.train.script import file_logger
 from specgen.models.llamagen import GPT_CONFIGS, llamagen_config
 from specgen.models.transformer import Transformer, TransformerConfig
 
@@ -438,11 +438,7 @@ def main(argv: list[str] | None = None) -> int:
     log_path = Path(args.log) if args.log else Path(args.out) / "train.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
 
-    def log(msg: str) -> None:
-        line = f"{time.strftime('%Y-%m-%d %H:%M:%S')} {msg}"
-        with open(log_path, "a") as f:
-            f.write(line + "\n")
-        print(line, file=sys.stderr, flush=True)
+    log = file_logger(log_path)
 
     metrics = train(cfg, Path(args.out), log)
     print(json.dumps({k: v for k, v in metrics.items() if k != "history"}))

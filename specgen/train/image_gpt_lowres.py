@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from specgen.train.script import file_logger
 from specgen.train import image_gpt
 from specgen.train.image_gpt import ImageGPTTrainConfig
 
@@ -91,11 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     log_path = Path(args.log) if args.log else Path(args.out) / "train.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
 
-    def log(msg: str) -> None:
-        line = f"{time.strftime('%Y-%m-%d %H:%M:%S')} {msg}"
-        with open(log_path, "a") as f:
-            f.write(line + "\n")
-        print(line, file=sys.stderr, flush=True)
+    log = file_logger(log_path)
 
     metrics = train(cfg, Path(args.out), log)
     print(json.dumps({k: v for k, v in metrics.items() if k != "history"}))

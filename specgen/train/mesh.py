@@ -20,7 +20,6 @@ import argparse
 import json
 import math
 import os
-import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field, fields
@@ -31,6 +30,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from specgen.train.script import file_logger
 from specgen.mesh.pointcloud import sample_surface
 from specgen.mesh.procedural import generate_mesh, split_seeds
 from specgen.mesh.tokenizers import BPTTokenizer
@@ -341,11 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     log_path = Path(args.log) if args.log else out / "train.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
 
-    def log(msg: str) -> None:
-        line = f"{time.strftime('%Y-%m-%d %H:%M:%S')} {msg}"
-        with open(log_path, "a") as f:
-            f.write(line + "\n")
-        print(line, file=sys.stderr, flush=True)
+    log = file_logger(log_path)
 
     metrics = train(cfg, out, log)
     if args.register:

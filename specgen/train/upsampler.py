@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -50,6 +49,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
+from specgen.train.script import file_logger
 from specgen.errors import IncompatibleError, UsageError
 from specgen.models.upsampler import UpDownSampler, UpsamplerConfig
 
@@ -558,11 +558,7 @@ def main(argv: list[str] | None = None) -> int:
     log_path = Path(args.log) if args.log else Path(args.out) / "train.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
 
-    def log(msg: str) -> None:
-        line = f"{time.strftime('%Y-%m-%d %H:%M:%S')} {msg}"
-        with open(log_path, "a") as f:
-            f.write(line + "\n")
-        print(line, file=sys.stderr, flush=True)
+    log = file_logger(log_path)
 
     res = train(cfg, Path(args.out), log, command="python -m specgen.train.upsampler")
     print(json.dumps({k: v for k, v in res["metrics"].items() if k != "history"}))

@@ -6,7 +6,6 @@ import argparse
 import json
 import math
 import os
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -19,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
+from specgen.train.script import file_logger
 from specgen.data.images import ImageCrops, ImageCropsConfig
 from specgen.models.vq import VQ_CONFIGS, VQConfig, VQModel
 
@@ -364,11 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     log_path = Path(args.log) if args.log else Path(args.out) / "train.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
 
-    def log(msg: str) -> None:
-        line = f"{time.strftime('%Y-%m-%d %H:%M:%S')} {msg}"
-        with open(log_path, "a") as f:
-            f.write(line + "\n")
-        print(line, file=sys.stderr, flush=True)
+    log = file_logger(log_path)
 
     metrics = VQTrainer(cfg, args.out, log).run()
     print(json.dumps({k: v for k, v in metrics.items() if k != "history"}))
