@@ -8,13 +8,12 @@ from pathlib import Path
 import torch
 
 from specgen import registry
-from specgen.decoding.loop import decode
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.stats import DecodeStats
 from specgen.errors import IncompatibleError, UsageError
 from specgen.image.methods import ImageParts, build_image_method
 from specgen.image.target import CFGTarget
-from specgen.methods import get_method
+from specgen.methods import get_method, run_drafter
 
 
 @dataclass
@@ -130,11 +129,8 @@ def generate_images(im: ImageModel, cfg: ImageGenConfig, on_done=None) -> tuple[
     for i, label in enumerate(labels):
         drafter, rule = build_image_method(cfg.method, parts, dict(cfg.method_options))
         generator = torch.Generator().manual_seed(cfg.seed * 100_003 + i)
-        run = dict(params=params, generator=generator, rule=rule, max_draft=128)
-        if hasattr(drafter, "decode"):  # a method with its own loop (vvs): same contract as `decode`
-            res = drafter.decode(parts.target, [label], n_tokens, **run)
-        else:
-            res = decode(parts.target, drafter, [label], n_tokens, **run)
+        res = run_drafter(parts.target, drafter, [label], n_tokens, params, generator=generator, rule=rule,
+                          max_draft=128)
         samples.append(ImageSample(label, res.tokens, res.stats))
         if on_done:
             on_done(i)

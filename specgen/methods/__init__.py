@@ -94,10 +94,15 @@ def model_for(spec: MethodSpec, model: str, default: str) -> str:
 
 
 def run_drafter(target, drafter, prompt: list[int], max_new_tokens: int, params, stop_ids: tuple[int, ...] = (),
-                generator=None):
-    """The shared decode loop, or the method's own numbered loop when its drafter has one (`run`)."""
-    if hasattr(drafter, "run"):
-        return drafter.run(target, prompt, max_new_tokens, params, stop_ids, generator)
+                generator=None, **loop_options):
+    """The shared decode loop, or the method's own numbered loop when its drafter has one.
+
+    A method whose control flow differs (pcllm-mr, vvs, mulo-sd) returns an object with
+    `decode(target, prompt, max_new_tokens, params, stop_ids, generator, max_draft, rule)`, the same
+    contract as `decoding.loop.decode` minus the drafter; everything else is a Drafter for the loop.
+    """
+    if hasattr(drafter, "decode"):
+        return drafter.decode(target, prompt, max_new_tokens, params, stop_ids, generator, **loop_options)
     from specgen.decoding.loop import decode
 
-    return decode(target, drafter, prompt, max_new_tokens, params, stop_ids, generator)
+    return decode(target, drafter, prompt, max_new_tokens, params, stop_ids, generator, **loop_options)

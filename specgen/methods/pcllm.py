@@ -78,8 +78,8 @@ class MultiBlockDecoder:
             raise UsageError("pcllm-mr needs block_size >= 2, num_blocks >= 1, 0 < spawn_ratio <= 1, "
                              "pool_size, verify, ngram >= 0")
 
-    def run(self, target, prompt: list[int], max_new_tokens: int, params: SamplingParams,
-            stop_ids: tuple[int, ...] = (), generator=None) -> DecodeResult:
+    def decode(self, target, prompt: list[int], max_new_tokens: int, params: SamplingParams,
+               stop_ids: tuple[int, ...] = (), generator=None, max_draft: int = 256, rule=None) -> DecodeResult:
         if not params.greedy:
             raise UsageError("pcllm-mr is greedy only (temperature 0); use pcllm for sampling")
         n, K = self.block_size, self.num_blocks

@@ -49,7 +49,7 @@ def test_mr_stops_at_stop_token_like_ar():
     ar = decode(t, EmptyDrafter(), prompt, 40, SamplingParams()).tokens
     stop = (ar[17],)
     want = decode(t, EmptyDrafter(), prompt, 40, SamplingParams(), stop).tokens
-    got = MultiBlockDecoder(block_size=4).run(t, prompt, 40, SamplingParams(), stop).tokens
+    got = MultiBlockDecoder(block_size=4).decode(t, prompt, 40, SamplingParams(), stop).tokens
     assert got == want and got[-1] == stop[0]
 
 
@@ -58,7 +58,7 @@ def test_mr_recycles_on_a_repetitive_model():
     t = target_of(0)
     prompt = [1, 2, 3]
     ar = decode(t, EmptyDrafter(), prompt, 80, SamplingParams()).tokens
-    res = MultiBlockDecoder(block_size=6, num_blocks=2, spawn_ratio=0.5, verify=2).run(t, prompt, 80, SamplingParams())
+    res = MultiBlockDecoder(block_size=6, num_blocks=2, spawn_ratio=0.5, verify=2).decode(t, prompt, 80, SamplingParams())
     assert res.tokens == ar
     assert res.stats.tpf >= 1.0
 
@@ -75,7 +75,7 @@ def test_mr_options_and_greedy_only():
     with pytest.raises(UsageError):
         MultiBlockDecoder(block_size=1)
     with pytest.raises(UsageError, match="greedy"):
-        MultiBlockDecoder().run(target_of(0), [1, 2], 5, SamplingParams(temperature=1.0))
+        MultiBlockDecoder().decode(target_of(0), [1, 2], 5, SamplingParams(temperature=1.0))
     with pytest.raises(UsageError, match="no option"):
         get_method("pcllm-mr").check_options({"blocks": 2})
 
