@@ -70,3 +70,30 @@ def registry_progress(quiet: bool = False):
             state["bar"].stop()
 
     return cb
+
+
+def machine_label() -> str:
+    """Where a benchmark ran: architecture, CPU count, torch threads (printed with every table)."""
+    import os
+    import platform
+
+    import torch
+
+    return f"{platform.machine()}, {os.cpu_count()} cpus, torch threads {torch.get_num_threads()}"
+
+
+def check_rows_path(out) -> None:
+    """Refuse a --out file whose folder does not exist, before any work is done."""
+    from specgen.errors import UsageError
+
+    if out is not None and not out.parent.exists():
+        raise UsageError(f"output folder does not exist: {out.parent}")
+
+
+def write_rows(out, rows: list[dict]) -> None:
+    """Benchmark rows as JSONL, written atomically (temp file + rename); no-op when out is None."""
+    if out is None:
+        return
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text("".join(json.dumps(r, default=str) + "\n" for r in rows))
+    tmp.replace(out)

@@ -51,9 +51,6 @@ def benchmark(
     suite = suite or recipe_suite(config)
     if suite in OTHER_SUITES:
         return OTHER_SUITES[suite](**{k: v for k, v in locals().items() if k != "suite"})
-    import json
-    import platform
-
     from specgen.config import load_config
     from specgen.errors import UsageError
     from specgen.eval.text_bench import TextBenchConfig, check_methods, run_text_benchmark
@@ -69,18 +66,14 @@ def benchmark(
     if cfg.limit < 1 or cfg.offset < 0:
         raise UsageError("--limit must be >= 1 and --offset >= 0")
     check_methods(cfg)
-    if out is not None and not out.parent.exists():
-        raise UsageError(f"output folder does not exist: {out.parent}")
+    _output.check_rows_path(out)
     tm = load_text_model(cfg.model, cfg.device, _output.registry_progress(quiet))
     with _output.progress(f"benchmark {cfg.suite}", cfg.limit, quiet or fmt == Format.json) as advance:
         rows = run_text_benchmark(tm, cfg, on_prompt=lambda i: advance())
-    machine = f"{platform.machine()}, {__import__('os').cpu_count()} cpus, torch threads {__import__('torch').get_num_threads()}"
+    machine = _output.machine_label()
     for r in rows:
         r["machine"] = machine
-    if out is not None:
-        tmp = out.with_name(out.name + ".tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-        tmp.replace(out)
+    _output.write_rows(out, rows)
     if fmt == Format.json:
         _output.emit_json(rows)
     else:

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
-import platform
 from pathlib import Path
 
 from cli import _output
@@ -17,31 +14,24 @@ COLUMNS = ["method", "temperature", "lossless", "speedup_vs_ar", "tau", "d_bar",
 def run(overrides=None, methods=None, model=None, limit=None, seed=None, device=None, threads=None, out=None,
         config=None, fmt=Format.table, quiet=False, **_) -> None:
     """Run the image benchmark; `--limit` is the number of images per method and temperature."""
-    import torch
-
     from specgen.config import load_config
-    from specgen.errors import UsageError
     from specgen.eval.image_bench import ImageBenchConfig, check_image_methods, run_image_benchmark, write_outputs
     from specgen.image.generate import load_image_model
 
     cfg = load_config(ImageBenchConfig, config, overrides, model=model, num=limit, seed=seed, device=device,
                       threads=threads, methods=[m.strip() for m in methods.split(",") if m.strip()] if methods else None)
     check_image_methods(cfg)
-    if out is not None and not out.parent.exists():
-        raise UsageError(f"output folder does not exist: {out.parent}")
+    _output.check_rows_path(out)
     im = load_image_model(cfg.model, cfg.drafter, cfg.device, need_drafter=any(m != "ar" for m in cfg.methods))
     steps = cfg.num * len(cfg.temperatures)
     with _output.progress("benchmark images", steps, quiet or fmt == Format.json) as advance:
         rows, pixels = run_image_benchmark(im, cfg, on_step=lambda: advance())
     files = write_outputs(rows, pixels, Path(cfg.out_dir))
-    machine = f"{platform.machine()}, {os.cpu_count()} cpus, torch threads {torch.get_num_threads()}"
+    machine = _output.machine_label()
     for r in rows:
         r["machine"] = machine
         r["model"] = im.entry.ref
-    if out is not None:
-        tmp = out.with_name(out.name + ".tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-        tmp.replace(out)
+    _output.write_rows(out, rows)
     if fmt == Format.json:
         _output.emit_json(rows)
         return

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import platform
-
 from cli import _output
 from cli._options import Format
 
@@ -15,28 +12,19 @@ COLUMNS = ["row", "rule", "cd", "hd", "valid_rate", "scr", "step_latency_ms", "t
 def run(overrides=None, methods=None, model=None, limit=None, offset=None, max_new_tokens=None, threads=None,
         out=None, seed=None, device=None, config=None, fmt=Format.table, quiet=False, **_) -> None:
     """Run the mesh benchmark; `--methods` picks table rows (ar, mlp, mlp+lora, ca, ca+lora)."""
-    import os
-
-    import torch
-
     from specgen.config import load_config
-    from specgen.errors import UsageError
     from specgen.eval.mesh_bench import MeshBenchConfig, run_mesh_benchmark
 
     rows = [m.strip() for m in methods.split(",") if m.strip()] if methods else None
     cfg = load_config(MeshBenchConfig, config, overrides, model=model, limit=limit, offset=offset,
                       max_new_tokens=max_new_tokens, threads=threads, seed=seed, device=device, rows=rows)
-    if out is not None and not out.parent.exists():
-        raise UsageError(f"output folder does not exist: {out.parent}")
+    _output.check_rows_path(out)
     with _output.progress("benchmark meshes", cfg.limit, quiet or fmt == Format.json) as advance:
         result = run_mesh_benchmark(cfg, on_mesh=lambda i: advance())
-    machine = f"{platform.machine()}, {os.cpu_count()} cpus, torch threads {torch.get_num_threads()}"
+    machine = _output.machine_label()
     for r in result:
         r["machine"] = machine
-    if out is not None:
-        tmp = out.with_name(out.name + ".tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in result))
-        tmp.replace(out)
+    _output.write_rows(out, result)
     if fmt == Format.json:
         _output.emit_json(result)
     else:
