@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,7 +17,6 @@ from specgen.mesh.tokenizers import BPTTokenizer
 from tests.mesh.mesh_fixtures import register_tiny
 
 runner = CliRunner()
-ASSETS = Path(__file__).resolve().parents[2] / "specgen" / "assets" / "mesh"
 
 
 @pytest.fixture(autouse=True)
@@ -150,7 +148,6 @@ def test_benchmark_meshes_json(tiny):
         assert key in rows[1]
 
 
-@pytest.mark.skipif(not (ASSETS / "xspecmesh-ca-tiny" / "model.safetensors").is_file(), reason="no shipped weights")
 def test_shipped_models_generate_then_export(tmp_path):
     # default heads: stage 2 CA heads + their LoRA merged into the shipped backbone
     r = invoke("generate", "--method", "xspecmesh", "--num", "1", "--format", "json", "max_new_tokens=8")

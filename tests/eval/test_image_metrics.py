@@ -10,7 +10,6 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from specgen.builtins import ASSETS
 from specgen.eval.image_metrics import (
     ImageClassifier,
     class_accuracy,
@@ -118,7 +117,6 @@ def test_speed_quality_plot_and_grid(tmp_path):
     assert np.asarray(image_grid(-torch.ones(1, 3, 4, 4), pad=0)).max() == 0
 
 
-@pytest.mark.skipif(not (ASSETS / "image/classifier/model.safetensors").is_file(), reason="classifier not shipped yet")
 def test_shipped_classifier_builtin():
     from specgen import registry
     from specgen.data.images import ImageCrops, ImageCropsConfig

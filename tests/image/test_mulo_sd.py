@@ -203,14 +203,6 @@ def test_bench_rows_ablations_and_tau_sweep(mulo_registry, tmp_path):
     assert any(f.name == "mulo-sd-pareto-T1.png" for f in files)
 
 
-def _shipped(folder: str) -> bool:
-    from specgen.builtins import ASSETS
-
-    return all((ASSETS / folder / f).is_file() for f in ("model.safetensors", "config.json"))
-
-
-@pytest.mark.skipif(not all(_shipped(f) for f in ("image/vq", "image/gpt", "image/gpt-lowres", "image/upsampler-2x")),
-                    reason="tiny image GPT / low-res drafter / up-sampler not shipped yet")
 def test_shipped_mulo_sd_parts_fit():
     from specgen.image.generate import ImageGenConfig, generate_images, load_image_model
 

@@ -6,17 +6,11 @@ import pytest
 import torch
 
 from specgen import registry
-from specgen.builtins import ASSETS
 from tests.image_fixtures import one_thread
 
 _threads = pytest.fixture(autouse=True)(one_thread)
 
 
-def shipped(folder: str) -> bool:
-    return (ASSETS / folder / "model.safetensors").is_file() and (ASSETS / folder / "config.json").is_file()
-
-
-@pytest.mark.skipif(not shipped("image/vq"), reason="tiny VQ not shipped yet")
 def test_tiny_vq_builtin_roundtrip():
     entry = registry.find("tiny-image-vq")
     assert entry.kind == "vq" and entry.meta["modality"] == "image" and entry.meta["vocab_size"] == 512
@@ -28,7 +22,6 @@ def test_tiny_vq_builtin_roundtrip():
         assert vq.decode_indices(codes.view(1, 16, 16)).shape == (1, 3, 64, 64)
 
 
-@pytest.mark.skipif(not (shipped("image/gpt") and shipped("image/eagle")), reason="tiny GPT/EAGLE not shipped yet")
 def test_tiny_gpt_and_eagle_builtins_fit():
     from specgen.models.eagle import EagleNet
     from specgen.train.image_gpt import sample_c2i
