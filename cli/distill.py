@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-import time
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -52,12 +50,9 @@ def distill(
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(__import__("json").dumps(to_dict(cfg), indent=2))
 
-    def log(msg: str) -> None:
-        line = f"{time.strftime('%Y-%m-%d %H:%M:%S')} {msg}"
-        with open(out / "train.log", "a") as f:
-            f.write(line + "\n")
-        if not quiet:
-            print(line, file=sys.stderr, flush=True)
+    from specgen.train.script import file_logger
+
+    log = file_logger(out / "train.log", echo=not quiet)
 
     summary = run(cfg, out, log, _output.registry_progress(quiet))
     last = summary["history"][-1] if summary["history"] else {}

@@ -6,8 +6,6 @@ Add a kind by adding one entry to KINDS: a function (config path, overrides, out
 
 from __future__ import annotations
 
-import sys
-import time
 from pathlib import Path
 from typing import Annotated, Callable, Optional
 
@@ -44,14 +42,9 @@ def train_xspecmesh(config: Path | None, overrides: list[str], out: Path, quiet:
     if cfg.num_sequences < 1 or cfg.eval_sequences < 1 or cfg.num_heads < 1 or cfg.stages not in (1, 2):
         raise UsageError("num_sequences, eval_sequences and num_heads must be >= 1 and stages 1 or 2")
     out.mkdir(parents=True, exist_ok=True)
-    log_path = out / "train.log"
+    from specgen.train.script import file_logger
 
-    def log(msg: str) -> None:
-        line = f"{time.strftime('%Y-%m-%d %H:%M:%S')} {msg}"
-        with open(log_path, "a") as f:
-            f.write(line + "\n")
-        if not quiet:
-            print(line, file=sys.stderr, flush=True)
+    log = file_logger(out / "train.log", echo=not quiet)
 
     trainer = HeadsTrainer(cfg, out, log)
     entries = save_outputs(trainer, trainer.train())

@@ -5,8 +5,6 @@ Registered in `cli/train_heads.py` KINDS; the work is `specgen.train.eagle.train
 
 from __future__ import annotations
 
-import sys
-import time
 from pathlib import Path
 
 
@@ -16,15 +14,11 @@ def train_eagle(config: Path | None, overrides: list[str], out: Path, quiet: boo
     from specgen.train.eagle import EagleTrainConfig, train
 
     cfg = load_config(EagleTrainConfig, config, overrides)
+    from specgen.train.script import file_logger
+
     log_path = out / "train.log"
 
-    def log(msg: str) -> None:  # the run folder appears with the first log line, after validation
-        line = f"{time.strftime('%Y-%m-%d %H:%M:%S')} {msg}"
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "a") as f:
-            f.write(line + "\n")
-        if not quiet:
-            print(line, file=sys.stderr, flush=True)
+    log = file_logger(log_path, echo=not quiet)  # the run folder appears with the first log line
 
     result = train(cfg, out, log)
     e = result["entry"]

@@ -5,8 +5,6 @@ The work is `specgen.train.upsampler.train` (objective, data and choices documen
 
 from __future__ import annotations
 
-import sys
-import time
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -42,15 +40,11 @@ def train_upsampler(
     if out is None:
         raise UsageError("--out RUN_FOLDER is required (training state and logs go there)")
     cfg = load_recipe(config, list(overrides or []))
+    from specgen.train.script import file_logger
+
     log_path = out / "train.log"
 
-    def log(msg: str) -> None:  # the run folder appears with the first log line, after validation
-        line = f"{time.strftime('%Y-%m-%d %H:%M:%S')} {msg}"
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "a") as f:
-            f.write(line + "\n")
-        if not quiet:
-            print(line, file=sys.stderr, flush=True)
+    log = file_logger(log_path, echo=not quiet)  # the run folder appears with the first log line
 
     result = train(cfg, out, log)
     e = result["entry"]
