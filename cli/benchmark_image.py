@@ -15,14 +15,15 @@ def run(overrides=None, methods=None, model=None, limit=None, seed=None, device=
         config=None, fmt=Format.table, quiet=False, **_) -> None:
     """Run the image benchmark; `--limit` is the number of images per method and temperature."""
     from specgen.config import load_config
-    from specgen.eval.image_bench import ImageBenchConfig, check_image_methods, run_image_benchmark, write_outputs
+    from specgen.eval.image_bench import (ImageBenchConfig, check_image_methods, run_image_benchmark, with_extra_rows,
+                                          write_outputs)
     from specgen.image.generate import load_image_model
 
     cfg = load_config(ImageBenchConfig, config, overrides, model=model, num=limit, seed=seed, device=device,
                       threads=threads, methods=[m.strip() for m in methods.split(",") if m.strip()] if methods else None)
     check_image_methods(cfg)
     _output.check_rows_path(out)
-    im = load_image_model(cfg.model, cfg.drafter, cfg.device, need_drafter=any(m != "ar" for m in cfg.methods))
+    im = load_image_model(cfg.model, cfg.drafter, cfg.device, need_drafter=any(m != "ar" for m in with_extra_rows(cfg).methods))
     steps = cfg.num * len(cfg.temperatures)
     with _output.progress("benchmark images", steps, quiet or fmt == Format.json) as advance:
         rows, pixels = run_image_benchmark(im, cfg, on_step=lambda: advance())

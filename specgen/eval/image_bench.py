@@ -15,6 +15,10 @@ MuLo-SD (LOSSY): `mulo_ablations: true` adds `mulo-sd@raster` (raster-scan rejec
 `mulo-sd@tau=<v>` row per acceptance threshold (the paper's Pareto sweep, Fig. 8) and a
 `mulo-sd-pareto-T<t>.png` plot of those rows with `ar`. Their rows add `accept_rate` (draft tokens passing
 Eq. 5) and `resampled_share` (draft tokens re-sampled by the target after expansion).
+
+VVS (LOSSY) sweeps the same way: `vvs_intervals: [...]` adds `vvs@i=<v>` rows (VVS-U, skip every v-th step)
+and `vvs_thresholds: [...]` adds `vvs@thr=<v>` rows (VVS-D, skip when the path similarity >= v), each
+with a `<name>-pareto-T<t>.png` plot of its rows, `ar` and the never-skipping reference `lantern`.
 """
 
 from __future__ import annotations
@@ -53,6 +57,8 @@ class ImageBenchConfig:
     out_dir: str = "specgen-bench-images"
     mulo_ablations: bool = False  # add mulo-sd@raster and mulo-sd@no-expand rows (MuLo-SD Fig. 5c)
     mulo_taus: list[float] = field(default_factory=list)  # MuLo-SD Pareto sweep: one mulo-sd@tau=<v> row per value
+    vvs_intervals: list[int] = field(default_factory=list)  # VVS-U sweep: one vvs@i=<v> row per skip interval
+    vvs_thresholds: list[float] = field(default_factory=list)  # VVS-D sweep: one vvs@thr=<v> row per threshold
     # method (or method@tag entry) -> {option: value}
     method_options: dict = field(default_factory=lambda: {"vvs@u": {"schedule": "uniform"},
                                                           "vvs@d": {"schedule": "dynamic"}})
@@ -71,13 +77,48 @@ def options_of(cfg: ImageBenchConfig, entry: str) -> dict:
 MULO_ABLATIONS = {"mulo-sd@raster": {"rejection": "raster"}, "mulo-sd@no-expand": {"radius": 0}}
 
 
-def with_mulo_rows(cfg: ImageBenchConfig) -> ImageBenchConfig:
-    """cfg with the MuLo-SD ablation and tau-sweep entries (and their options) added to `methods`."""
-    if not cfg.mulo_ablations and not cfg.mulo_taus:
+@dataclass(frozen=True)
+class Sweep:
+    """A Pareto sweep: one `<method>@<tag>=<value>` row per value of a config list, setting one option."""
+
+    method: str
+    tag: str
+    option: str
+    fixed: tuple = ()  # (option, value) pairs every row of the sweep also sets
+    plot: str = ""  # file stem of the sweep's speed-quality plot
+    reference: tuple = ("ar",)  # rows drawn with the sweep for comparison
+
+    def entry(self, value) -> str:
+        return f"{self.method}@{self.tag}={value:g}"
+
+    def options(self, value) -> dict:
+        return {**dict(self.fixed), self.option: value}
+
+
+# config field -> the sweep it adds (MuLo-SD Fig. 8: tau; VVS Fig. 5/6: skip interval and similarity threshold)
+SWEEPS = {
+    "mulo_taus": Sweep("mulo-sd", "tau", "tau", plot="mulo-sd-pareto"),
+    "vvs_intervals": Sweep("vvs", "i", "interval", fixed=(("schedule", "uniform"),), plot="vvs-u-pareto",
+                           reference=("ar", "lantern")),
+    "vvs_thresholds": Sweep("vvs", "thr", "threshold", fixed=(("schedule", "dynamic"),), plot="vvs-d-pareto",
+                            reference=("ar", "lantern")),
+}
+SWEEP_CASTS = {"mulo_taus": float, "vvs_intervals": int, "vvs_thresholds": float}
+
+
+def sweep_entries(cfg: ImageBenchConfig) -> dict[str, dict]:
+    """Entry -> options of every sweep row the config asks for (in config order)."""
+    return {sweep.entry(SWEEP_CASTS[name](v)): sweep.options(SWEEP_CASTS[name](v))
+            for name, sweep in SWEEPS.items() for v in getattr(cfg, name)}
+
+
+def with_extra_rows(cfg: ImageBenchConfig) -> ImageBenchConfig:
+    """cfg with the MuLo-SD ablation entries and every sweep's entries (and their options) added to `methods`."""
+    extra = dict(MULO_ABLATIONS) if cfg.mulo_ablations else {}
+    extra.update(sweep_entries(cfg))
+    if not extra:
         return cfg
     methods, options = list(cfg.methods), dict(cfg.method_options)
-    extra = dict(MULO_ABLATIONS) if cfg.mulo_ablations else {}
-    extra.update({f"mulo-sd@tau={float(t):g}": {"tau": float(t)} for t in cfg.mulo_taus})
     for entry, o in extra.items():
         if entry not in methods:
             methods.append(entry)
@@ -86,7 +127,7 @@ def with_mulo_rows(cfg: ImageBenchConfig) -> ImageBenchConfig:
 
 
 def check_image_methods(cfg: ImageBenchConfig) -> None:
-    cfg = with_mulo_rows(cfg)
+    cfg = with_extra_rows(cfg)
     if "ar" not in cfg.methods:
         raise UsageError("the benchmark needs the 'ar' row: speedups and exact match are measured against it")
     for m in cfg.methods:
@@ -112,7 +153,7 @@ def target_nll(im: ImageModel, cfg_scale: float, label: int, tokens: list[int]) 
 
 def run_image_benchmark(im: ImageModel, cfg: ImageBenchConfig, on_step=None) -> tuple[list[dict], dict]:
     """Every method on every (temperature, image) pair; returns rows and pixels per (method, T)."""
-    cfg = with_mulo_rows(cfg)
+    cfg = with_extra_rows(cfg)
     check_image_methods(cfg)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -204,10 +245,12 @@ def write_outputs(rows: list[dict], pixels: dict, out_dir: Path) -> list[Path]:
         path = out_dir / f"speed-quality-T{t:g}.png"
         plots.speed_quality_plot(pts, x="speedup_vs_ar", y=y, label="label", path=path)
         paths.append(path)
-        sweep = [p for p in pts if p["method"] == "ar" or p["method"].startswith("mulo-sd@tau=")]
-        if len(sweep) > 1:  # MuLo-SD tau sweep (Pareto front of speed vs quality)
-            path = out_dir / f"mulo-sd-pareto-T{t:g}.png"
-            plots.speed_quality_plot(sweep, x="speedup_vs_ar", y=y, label="label", path=path,
-                                     title=f"MuLo-SD tau sweep (T={t:g}): {y} vs speedup")
-            paths.append(path)
+        for sweep in SWEEPS.values():  # Pareto fronts of speed vs quality, one plot per sweep
+            prefix = f"{sweep.method}@{sweep.tag}="
+            group = [p for p in pts if p["method"] in sweep.reference or p["method"].startswith(prefix)]
+            if any(p["method"].startswith(prefix) for p in group) and len(group) > 1:
+                path = out_dir / f"{sweep.plot}-T{t:g}.png"
+                plots.speed_quality_plot(group, x="speedup_vs_ar", y=y, label="label", path=path,
+                                         title=f"{sweep.method} {sweep.option} sweep (T={t:g}): {y} vs speedup")
+                paths.append(path)
     return paths

@@ -184,13 +184,13 @@ def test_bad_mulo_input(mulo_registry, args, needle):
 
 
 def test_bench_rows_ablations_and_tau_sweep(mulo_registry, tmp_path):
-    from specgen.eval.image_bench import ImageBenchConfig, run_image_benchmark, with_mulo_rows, write_outputs
+    from specgen.eval.image_bench import ImageBenchConfig, run_image_benchmark, with_extra_rows, write_outputs
     from specgen.image.generate import load_image_model
 
     cfg = ImageBenchConfig(methods=["ar", "mulo-sd"], model="m-gpt", num=1, temperatures=[1.0], quality=False,
                            mulo_ablations=True, mulo_taus=[0.0, 2.0],
                            method_options={"mulo-sd": {"lowres": "m-low", "upsampler": "m-up2"}})
-    full = with_mulo_rows(cfg)
+    full = with_extra_rows(cfg)
     assert full.methods == ["ar", "mulo-sd", "mulo-sd@raster", "mulo-sd@no-expand", "mulo-sd@tau=0", "mulo-sd@tau=2"]
     assert full.method_options["mulo-sd@no-expand"] == {"radius": 0}
     im = load_image_model("m-gpt", need_drafter=False)

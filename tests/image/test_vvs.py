@@ -179,3 +179,21 @@ def test_benchmark_rows_for_vvs_variants(tiny_image):  # noqa: F811
     assert set(rows) == {"ar", "vvs@u", "vvs@d"}
     assert not rows["vvs@u"]["lossless"] and rows["vvs@d"]["skipped_steps"] >= 1
     assert all(x["tpf"] > 0 for x in rows.values())
+
+
+def test_benchmark_vvs_sweeps_add_rows_and_pareto_plots(tiny_image):  # noqa: F811
+    out = tiny_image / "sweep"
+    r = runner.invoke(app, ["benchmark", "--suite", "images", "--model", "t-gpt", "--limit", "1", "--format",
+                            "json", "out_dir=" + str(out), "quality=false", "temperatures=[1.0]",
+                            "methods=[ar,lantern]", "vvs_intervals=[2,4]", "vvs_thresholds=[-1]"])
+    assert r.exit_code == 0, r.output
+    rows = {x["method"]: x for x in json.loads(r.stdout)}
+    assert set(rows) == {"ar", "lantern", "vvs@i=2", "vvs@i=4", "vvs@thr=-1"}
+    assert rows["vvs@thr=-1"]["skipped_steps"] >= 1 and not rows["vvs@i=2"]["lossless"]
+    assert (out / "vvs-u-pareto-T1.png").is_file() and (out / "vvs-d-pareto-T1.png").is_file()
+
+
+def test_benchmark_refuses_a_bad_sweep_value(tiny_image):  # noqa: F811
+    r = runner.invoke(app, ["benchmark", "--suite", "images", "--model", "t-gpt", "--limit", "1",
+                            "out_dir=" + str(tiny_image / "bad-sweep"), "methods=[ar]", "vvs_intervals=[1]"])
+    assert r.exit_code == 2 and "interval must be >= 2" in r.stderr, r.output
