@@ -25,6 +25,8 @@ EPILOG = """examples:
   specgen generate --method adt-tree                      # embedded image generator -> ./specgen-images
 
   specgen generate --method lantern --classes chelsea,coffee --num 4 --cfg-scale 3 -o out/ --format json
+
+  specgen generate --method adt-tree --model llamagen-t2i-xl --captions feats.safetensors --cfg-scale 7.5
 """
 
 
@@ -52,6 +54,7 @@ class GenerateRequest:
     classes: str | None
     cfg_scale: float | None
     point_clouds: Path | None
+    captions: Path | None = None
 
 
 RUNNERS = {"text": generate_text.run}
@@ -75,6 +78,9 @@ def generate(
     num: Annotated[Optional[int], typer.Option("--num", "-n", help="[image, mesh] Number of samples.")] = None,
     classes: Annotated[Optional[str], typer.Option("--classes", help="[image] Comma-separated class names or ids.")] = None,
     cfg_scale: Annotated[Optional[float], typer.Option("--cfg-scale", help="[image] Classifier-free guidance scale.")] = None,
+    captions: Annotated[Optional[Path], typer.Option(
+        "--captions", help="[image, t2i] Caption features: .safetensors/.npz with features [N, L<=120, C] and mask "
+                           "[N, L], or .npy (precomputed T5 features).")] = None,
     point_clouds: Annotated[Optional[Path], typer.Option("--point-clouds", help="[mesh] Point clouds (.npy/.ply) or a mesh folder.")] = None,
     seed: SeedOpt = None,
     device: DeviceOpt = None,
@@ -93,7 +99,7 @@ def generate(
         raise UsageError(f"method {spec.name} is for {spec.modality} models, and {model} is a {modality} model")
     req = GenerateRequest(method or "ar", model, list(prompt or []), prompts, max_new_tokens, temperature, top_k, top_p,
                           False if no_chat else None, seed, device, config, list(overrides or []), fmt, quiet,
-                          out_dir, num, classes, cfg_scale, point_clouds)
+                          out_dir, num, classes, cfg_scale, point_clouds, captions)
     RUNNERS[modality](req)
 
 

@@ -21,6 +21,8 @@ EPILOG_IMPORT = """examples:
   specgen registry import model.gguf --name my-llama
 
   specgen registry import weights.pt --name my-gpt --builder transformer --kwargs cfg.json
+
+  specgen registry import t2i_XL_stage1_256.pt --name t2i-xl --builder llamagen-gpt --kwargs t2i.json --vq vq16
 """
 
 
@@ -65,12 +67,13 @@ def import_cmd(
     builder: Annotated[Optional[str], typer.Option("--builder", help="Builder for raw state dicts.")] = None,
     kwargs: Annotated[Optional[Path], typer.Option("--kwargs", help="JSON file of builder kwargs.")] = None,
     parent: Annotated[Optional[str], typer.Option("--parent", help="Target this drafter/heads belongs to.")] = None,
+    vq: Annotated[Optional[str], typer.Option("--vq", help="[image GPT] VQ entry that decodes its tokens.")] = None,
     quiet: QuietOpt = False,
 ) -> None:
     """Import external weights (pickles are read with weights_only=True and converted to safetensors)."""
     from specgen.importer import import_checkpoint
 
-    entry = import_checkpoint(source, name, kind, builder, kwargs, parent, _output.registry_progress(quiet))
+    entry = import_checkpoint(source, name, kind, builder, kwargs, parent, _output.registry_progress(quiet), vq=vq)
     _output.out.print(entry.ref)
 
 

@@ -9,7 +9,7 @@ import torch
 from specgen.eval.image_metrics import build_image_classifier
 from specgen.models.eagle import build_eagle
 from specgen.models.heads import build_heads
-from specgen.models.llamagen import build_llamagen_gpt, llamagen_state
+from specgen.models.llamagen import build_llamagen_gpt, llamagen_kwargs, llamagen_state
 from specgen.models.mesh import build_mesh_gpt
 from specgen.models.transformer import Transformer, TransformerConfig
 from specgen.models.upsampler import build_updown
@@ -30,7 +30,7 @@ BUILDERS: dict[str, Callable[..., torch.nn.Module]] = {
     "transformer": build_transformer,
     "mesh_gpt": build_mesh_gpt,
     "xspecmesh_heads": build_heads,
-    "llamagen-gpt": build_llamagen_gpt,  # LlamaGen c2i GPT (Transformer with 2D RoPE + class embedding)
+    "llamagen-gpt": build_llamagen_gpt,  # LlamaGen c2i/t2i GPT (Transformer with 2D RoPE + class/caption embedding)
     "eagle": build_eagle,
     "vq": build_vq,  # one-layer EAGLE feature drafter (specgen/models/eagle.py)
     "image-classifier": build_image_classifier,  # CNN whose features give the image benchmark's FID
@@ -41,3 +41,10 @@ BUILDERS: dict[str, Callable[..., torch.nn.Module]] = {
 CONVERTERS: dict[str, Callable[[dict, dict], dict]] = {
     "llamagen-gpt": llamagen_state,  # LlamaGen containers, stray freqs_cis / kv_cache, LANTERN HF names
 }
+
+# builder -> function(kwargs) -> the full kwargs stored in the registry (short forms such as LlamaGen's call-site args)
+EXPAND_KWARGS: dict[str, Callable[[dict], dict]] = {
+    "llamagen-gpt": llamagen_kwargs,
+}
+
+IMAGE_BUILDERS = ("llamagen-gpt",)  # imports of these are image targets (modality "image", grid, optional VQ)

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from specgen import registry
-from specgen.errors import CheckpointError, UsageError
+from specgen.errors import CheckpointError, IncompatibleError, UsageError
 
 STATE_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin", ".ckpt")
 
@@ -33,8 +33,12 @@ def read_state_file(path: Path) -> dict[str, torch.Tensor]:
 
 
 def import_checkpoint(source: Path, name: str, kind: str = "target", builder: str | None = None,
-                      kwargs_path: Path | None = None, parent: str | None = None, progress=None) -> registry.Entry:
-    """Convert `source` and save it as <kind>/<name>; validates before writing anything."""
+                      kwargs_path: Path | None = None, parent: str | None = None, progress=None,
+                      vq: str | None = None) -> registry.Entry:
+    """Convert `source` and save it as <kind>/<name>; validates before writing anything.
+
+    `vq` names the VQ entry an image GPT decodes with (recorded for `generate`; its codebook must fit).
+    """
     from specgen.builtins import import_gguf_target
 
     if not source.exists():
@@ -48,24 +52,53 @@ def import_checkpoint(source: Path, name: str, kind: str = "target", builder: st
         raise UsageError(f"cannot import {source.name}: expected a folder, .gguf, or one of {', '.join(STATE_SUFFIXES)}")
     if not builder or not kwargs_path:
         raise UsageError("a raw state dict needs --builder and --kwargs (a JSON file of builder arguments)")
-    from specgen.builders import BUILDERS, CONVERTERS
+    from specgen.builders import BUILDERS, CONVERTERS, EXPAND_KWARGS, IMAGE_BUILDERS
 
     if builder not in BUILDERS:
         raise UsageError(f"unknown builder '{builder}'; builders: {', '.join(BUILDERS)}")
+    if vq and builder not in IMAGE_BUILDERS:
+        raise UsageError(f"--vq is for image GPTs (builders: {', '.join(IMAGE_BUILDERS)}), not {builder}")
     try:
         kwargs = json.loads(Path(kwargs_path).read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise UsageError(f"cannot read builder kwargs {kwargs_path}: {e}") from None
+    if not isinstance(kwargs, dict):
+        raise UsageError(f"builder kwargs {kwargs_path} must be a JSON object")
+    kwargs = EXPAND_KWARGS.get(builder, lambda k: k)(kwargs)
     state = CONVERTERS.get(builder, lambda s, k: s)(read_state_file(source), kwargs)
-    module = BUILDERS[builder](**kwargs)
-    missing, unexpected = module.load_state_dict(state, strict=False)
+    try:
+        module = BUILDERS[builder](**kwargs)
+    except (TypeError, ValueError) as e:
+        raise UsageError(f"builder kwargs {kwargs_path} do not fit builder {builder}: {e}") from None
+    try:
+        missing, unexpected = module.load_state_dict(state, strict=False)
+    except RuntimeError as e:  # a shape mismatch (wrong config for these weights)
+        detail = " ".join(str(e).split())
+        raise CheckpointError(f"{source.name} does not fit builder {builder}: {detail[:300]}") from None
     missing = [k for k in missing if k != "output.weight" or not kwargs.get("tie_embeddings", True)]
     if missing or unexpected:
         bad = (missing or unexpected)[0]
         raise CheckpointError(f"{source.name} does not fit builder {builder}: {'missing' if missing else 'unexpected'} key {bad}")
     meta = {"builder": builder, "kwargs": kwargs, "vocab_size": kwargs.get("vocab_size"), "parent": parent,
             "source": str(source), "created_by": "registry import"}
+    if builder in IMAGE_BUILDERS:
+        meta.update(image_meta(module, vq))
     return registry.save(kind, name, dict(module.state_dict()), meta)
+
+
+def image_meta(module: torch.nn.Module, vq: str | None) -> dict:
+    """Registry fields of an imported image GPT: modality, grid, conditioning, and its VQ (checked to fit)."""
+    cfg = module.cfg
+    meta = {"modality": "image", "grid": cfg.rope_grid, "conditioning": cfg.cond_kind}
+    if vq:
+        entry = registry.find(vq)
+        codes = entry.meta.get("kwargs", {}).get("codebook_size")
+        if entry.kind != "vq":
+            raise UsageError(f"--vq {vq} is a {entry.kind} entry, not a VQ tokenizer")
+        if codes is not None and codes != cfg.vocab_size:
+            raise IncompatibleError(f"VQ {entry.ref} has {codes} codes but the GPT predicts {cfg.vocab_size}")
+        meta["vq"] = entry.ref
+    return meta
 
 
 def import_hf_folder(folder: Path, name: str) -> registry.Entry:

@@ -7,6 +7,11 @@ gathers the kept pending slots into contiguous slots and advances the pointer. R
 pointer move. Positions (for RoPE) are passed separately, so a tree's siblings can share a position
 while living in distinct slots; attention masks are built from lengths, so stale slots past the
 pointer are never attended.
+
+`key_mask` [B, M] hides committed slots of the first M (a left-padded text condition, LlamaGen t2i) from
+every later query: prefix masks and caller-built masks (`hide_keys`) both apply it, so chain, tree and
+multi-level forwards all see the same keys as LlamaGen's masked causal mask. The condition slots are
+committed once by the prefill and never moved by `commit`.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ class KVCache:
     v: torch.Tensor  # [L, B, H_kv, T_max, D]
     lengths: list[int]
     cross: list[tuple[torch.Tensor, torch.Tensor]] | None = field(default=None)  # per layer [B, H, M, D]
+    key_mask: torch.Tensor | None = field(default=None)  # [B, M] bool: False = a slot no later query sees
 
     @classmethod
     def allocate(
@@ -99,15 +105,16 @@ class KVCache:
         """Empty every row (buffers are reused, not cleared)."""
         self.lengths = [0] * self.batch
         self.cross = None
+        self.key_mask = None
 
     def prefix_mask(self, s: int, tree_mask: torch.Tensor | None) -> torch.Tensor | None:
         """Boolean attention mask [B, 1, S, T] for S pending nodes, or None when all is visible.
 
         `tree_mask` [S, S] or [B, S, S] says which pending nodes see which (ancestor mask; causal
-        for a chain). Committed slots are always visible; slots of other rows' padding are not.
+        for a chain). Committed slots are visible (except `key_mask` slots); slots of other rows' padding are not.
         """
         start = self.uniform_length()
-        if start is not None and s == 1:
+        if start is not None and s == 1 and self.key_mask is None:
             return None
         total = max(self.lengths) + s
         device = self.k.device
@@ -119,4 +126,13 @@ class KVCache:
         for b, n in enumerate(self.lengths):
             mask[b, 0, :, :n] = True
             mask[b, 0, :, n : n + s] = tree_mask[b]
+        return self.hide_keys(mask)
+
+    def hide_keys(self, mask: torch.Tensor) -> torch.Tensor:
+        """`mask` [B, 1, S, T] over slots with the `key_mask` slots hidden (unchanged when there is none)."""
+        if self.key_mask is None:
+            return mask
+        m = min(self.key_mask.shape[1], mask.shape[-1])
+        mask = mask.clone()
+        mask[..., :m] &= self.key_mask[:, None, None, :m].to(mask.device)
         return mask

@@ -1,4 +1,4 @@
-"""Class-conditional image generation with any image method: the library behind `generate` for images."""
+"""Image generation with any image method (c2i classes or t2i caption features): the library behind `generate`."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from specgen import registry
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.stats import DecodeStats
 from specgen.errors import IncompatibleError, UsageError
+from specgen.image.captions import Caption, read_captions
 from specgen.image.methods import ImageParts, build_image_method
-from specgen.image.target import CFGTarget
+from specgen.image.target import cfg_target
 from specgen.methods import get_method, run_drafter
 
 
@@ -23,8 +24,9 @@ class ImageGenConfig:
     method: str = "adt-tree"
     model: str = "tiny-image-gpt"
     drafter: str = ""  # "" = the target's shipped drafter (its config's "drafter")
-    num: int = 8
-    classes: list[str] = field(default_factory=list)  # names or ids; empty = cycle through all classes
+    num: int = 0  # images; 0 = 8 (c2i) or one per caption (t2i)
+    classes: list[str] = field(default_factory=list)  # c2i: names or ids; empty = cycle through all classes
+    captions: str = ""  # t2i: caption-features file (.safetensors/.npz: features [N, L, C] + mask [N, L]; .npy)
     cfg_scale: float = 4.0
     temperature: float = 1.0
     top_k: int = 0
@@ -46,9 +48,14 @@ class ImageModel:
     grid: int
     drafter_net: torch.nn.Module | None
 
-    def parts(self, cfg_scale: float) -> ImageParts:
+    @property
+    def text_conditional(self) -> bool:
+        return self.model.cfg.cond_kind == "caption"
+
+    def parts(self, cfg_scale: float, caption: Caption | None = None) -> ImageParts:
+        """Method inputs; a t2i model's target is conditioned on `caption`."""
         codebook = self.vq.quantize.embedding.weight.detach().float()
-        return ImageParts(self.model, CFGTarget(self.model, cfg_scale), self.drafter_net, codebook, self.grid)
+        return ImageParts(self.model, cfg_target(self.model, cfg_scale, caption), self.drafter_net, codebook, self.grid)
 
 
 def load_image_model(name: str, drafter: str = "", device: str = "cpu", need_drafter: bool = True) -> ImageModel:
@@ -57,6 +64,9 @@ def load_image_model(name: str, drafter: str = "", device: str = "cpu", need_dra
     if entry.meta.get("modality") != "image":
         raise UsageError(f"{entry.ref} is not an image model")
     model = registry.load_module(entry, device)
+    if not entry.meta.get("vq"):
+        raise UsageError(f"{entry.ref} records no VQ decoder; import it with --vq NAME "
+                         "(specgen registry import ... --builder llamagen-gpt --vq NAME)")
     vq_entry = registry.find(entry.meta["vq"])
     vq = registry.load_module(vq_entry, device)
     codes = vq.quantize.embedding.weight.shape[0]
@@ -102,34 +112,65 @@ def resolve_classes(spec: list[str], names: list[str], num: int) -> list[int]:
     return [pool[i % len(pool)] for i in range(num)]
 
 
+DEFAULT_NUM = 8  # c2i images when `num` is 0
+
+
+def image_conditions(im: ImageModel, cfg: ImageGenConfig) -> list[int] | list[Caption]:
+    """What each image is conditioned on: class ids (c2i) or left-padded captions (t2i), cycled to `num`.
+
+    Checks the request against the model's conditioning before any decoding: captions for a c2i model,
+    classes for a t2i model, and a t2i model without captions are usage errors.
+    """
+    if cfg.num < 0:
+        raise UsageError(f"--num must be >= 1, got {cfg.num}")
+    if not im.text_conditional:
+        if cfg.captions:
+            raise UsageError(f"{im.entry.ref} is class-conditional (c2i): use --classes, not --captions")
+        return resolve_classes(cfg.classes, im.classes, cfg.num or DEFAULT_NUM)
+    if cfg.classes:
+        raise UsageError(f"{im.entry.ref} is text-conditional (t2i): pass caption features with --captions, "
+                         "not --classes")
+    if not cfg.captions:
+        raise UsageError(f"{im.entry.ref} is text-conditional (t2i): it needs --captions FILE "
+                         "(precomputed T5 caption features; see README)")
+    captions = read_captions(cfg.captions, im.model.cfg.n_cond, im.model.cfg.caption_dim)
+    n = cfg.num or len(captions)
+    return [captions[i % len(captions)] for i in range(n)]
+
+
 @dataclass(frozen=True)
 class ImageSample:
-    """One generated image: its class, tokens and decoding statistics."""
+    """One generated image: its class (c2i) or caption index in the features file (t2i), tokens and statistics."""
 
     label: int
     tokens: list[int]
     stats: DecodeStats
 
 
-def generate_images(im: ImageModel, cfg: ImageGenConfig, on_done=None) -> tuple[list[ImageSample], torch.Tensor]:
-    """Decode cfg.num images; returns samples and decoded pixels [N, 3, H, W] in [-1, 1]."""
+def generate_images(im: ImageModel, cfg: ImageGenConfig, on_done=None,
+                    conditions: list[int] | list[Caption] | None = None) -> tuple[list[ImageSample], torch.Tensor]:
+    """Decode the images of `conditions` (default `image_conditions(im, cfg)`); returns samples and decoded
+    pixels [N, 3, H, W] in [-1, 1]."""
     spec = get_method(cfg.method)
     if not spec.runs_on("image"):
         raise UsageError(f"method {cfg.method} is for {spec.modality}, not images")
     spec.check_options(cfg.method_options)
-    if cfg.num < 1:
-        raise UsageError(f"--num must be >= 1, got {cfg.num}")
     if not 0 < cfg.cfg_scale <= 50:
         raise UsageError(f"cfg scale must be in (0, 50], got {cfg.cfg_scale}")
     params = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
-    labels = resolve_classes(cfg.classes, im.classes, cfg.num)
-    parts = im.parts(cfg.cfg_scale)
+    conditions = image_conditions(im, cfg) if conditions is None else conditions
+    if not conditions:
+        raise UsageError("--num must be >= 1, got 0")
     n_tokens = im.grid * im.grid
     samples = []
-    for i, label in enumerate(labels):
+    for i, cond in enumerate(conditions):
+        caption = cond if isinstance(cond, Caption) else None
+        parts = im.parts(cfg.cfg_scale, caption)
+        prompt = parts.target.prompt() if caption is not None else [cond]
+        label = cond.index if caption is not None else cond
         drafter, rule = build_image_method(cfg.method, parts, dict(cfg.method_options))
         generator = torch.Generator().manual_seed(cfg.seed * 100_003 + i)
-        res = run_drafter(parts.target, drafter, [label], n_tokens, params, generator=generator, rule=rule,
+        res = run_drafter(parts.target, drafter, prompt, n_tokens, params, generator=generator, rule=rule,
                           max_draft=128)
         samples.append(ImageSample(label, res.tokens, res.stats))
         if on_done:

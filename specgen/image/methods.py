@@ -37,7 +37,7 @@ class ImageParts:
     """What a method builder needs: the loaded target, its CFG adapter, drafter net, codebook and grid."""
 
     model: torch.nn.Module
-    target: Any  # CFGTarget
+    target: Any  # CFGTarget (c2i) or CaptionCFGTarget (t2i)
     drafter_net: torch.nn.Module | None
     codebook: torch.Tensor | None  # [V, D] raw VQ codebook (LANTERN neighbours)
     grid: int
@@ -59,7 +59,8 @@ def fixed(parts: ImageParts, o: dict) -> FixedShape:
 
 def adt(parts: ImageParts, o: dict) -> AdtPolicy:
     names = {f.name for f in fields(AdtParams)} - {"grid", "n_cond"}
-    return AdtPolicy(AdtParams(grid=parts.grid, n_cond=1, **{k: v for k, v in o.items() if k in names}))
+    return AdtPolicy(AdtParams(grid=parts.grid, n_cond=parts.model.cfg.n_cond,
+                               **{k: v for k, v in o.items() if k in names}))
 
 
 def lantern_rule(parts: ImageParts, o: dict):
@@ -87,6 +88,9 @@ def vvs_decoder(parts: ImageParts, o: dict):
 
 def mulo_decoder(parts: ImageParts, o: dict):
     from specgen.methods.mulo_sd import build_mulo
+
+    if parts.model.cfg.cond_kind == "caption":
+        raise UsageError("mulo-sd supports class-conditional (c2i) targets only; its low-res drafter takes a label")
 
     return build_mulo(parts, o)
 

@@ -1,12 +1,17 @@
-"""CFG target over a class-conditional LlamaGen-style GPT: one forward scores cond and uncond branches.
+"""CFG targets over LlamaGen-style GPTs (c2i and t2i): one forward scores cond and uncond branches.
 
-The KV cache holds two rows (conditional, null class) when guidance is on (scale != 1), one row
+The KV cache holds two rows (conditional, unconditional) when guidance is on (scale != 1), one row
 otherwise. Callers see a single sequence: `forward` duplicates the tokens, returns CFG-combined
 logits [1, S, V] (uncond + scale * (cond - uncond), at the logits level as LlamaGen does) and
 per-branch features [B, S, D] (row 0 cond, row 1 uncond) for drafters that run under CFG too.
 
-Sequence layout (LlamaGen c2i): position 0 is the class condition, image token r sits at position
-1 + r; the "prompt" the decode loop passes is `[label]`.
+Sequence layouts:
+- c2i (`CFGTarget`): position 0 is the class condition (null class for the uncond row), image token r
+  sits at position 1 + r; the "prompt" the decode loop passes is `[label]`.
+- t2i (`CaptionCFGTarget`): positions 0 .. n_cond - 1 are a left-padded caption (the model's
+  `uncond_embedding` for the uncond row), image token r sits at position n_cond + r; the prompt is
+  n_cond placeholder ids (`prompt()`), the caption is the target's. Padded slots are masked as keys in
+  the prefill and, through `KVCache.key_mask`, in every later forward (chains and trees alike).
 """
 
 from __future__ import annotations
@@ -16,6 +21,9 @@ import torch
 from specgen.decoding.cache import KVCache
 from specgen.decoding.sampling import cfg_combine
 from specgen.decoding.target import TargetOut
+from specgen.errors import UsageError
+from specgen.image.captions import Caption
+from specgen.models.transformer import padded_causal_mask
 
 
 class CFGTarget:
@@ -67,3 +75,47 @@ class CFGTarget:
     def commit(self, cache: KVCache, keep: list[int]) -> None:
         for row in range(self.branches):
             cache.commit(row, keep)
+
+
+class CaptionCFGTarget(CFGTarget):
+    """Target protocol for a text-conditional Transformer (needs `cfg.caption_dim`), conditioned on one caption.
+
+    Row 0 embeds the caption's features, row 1 (CFG) the model's `uncond_embedding`; both rows use the
+    caption's padding mask, as LlamaGen's `generate` does (`cat([emb_masks, emb_masks])`).
+    """
+
+    def __init__(self, model: torch.nn.Module, cfg_scale: float, caption: Caption) -> None:
+        super().__init__(model, cfg_scale)
+        self.caption = caption
+        self.n_cond = model.cfg.n_cond
+
+    def prompt(self) -> list[int]:
+        """Placeholder ids for the n_cond condition positions (values unused; their count sets the positions)."""
+        return [0] * self.n_cond
+
+    @torch.inference_mode()
+    def prefill(self, tokens: torch.Tensor, cache: KVCache) -> TargetOut:
+        """tokens [1, n_cond] placeholders; runs the caption positions under the padding mask and commits them."""
+        n, b = self.n_cond, self.branches
+        if tokens.shape[1] != n:
+            raise ValueError(f"a t2i prefill takes {n} condition positions, got {tokens.shape[1]}")
+        emb = self.model.cls_embedding
+        captions = self.caption.features.to(self.device)[None]  # [1, n, C]
+        if self.guided:
+            captions = torch.cat([captions, emb.uncond_embedding[None].to(captions)])  # [2, n, C]
+        valid = self.caption.valid.to(self.device)[None].expand(b, n)  # [b, n]
+        positions = torch.arange(n, device=self.device).expand(b, n)  # zero RoPE rows
+        hidden = self.model.hidden_states(emb(captions), positions, cache, padded_causal_mask(valid))
+        for row in range(b):
+            cache.commit(row, list(range(n)))
+        cache.key_mask = valid.clone()  # padded slots stay hidden from every later query
+        return TargetOut(self.combine(self.model.output(hidden[:, -1:])), hidden)
+
+
+def cfg_target(model: torch.nn.Module, cfg_scale: float, caption: Caption | None = None) -> CFGTarget:
+    """The CFG adapter for the model's conditioning: a class label in the prompt (c2i) or `caption` (t2i)."""
+    if model.cfg.cond_kind != "caption":
+        return CFGTarget(model, cfg_scale)
+    if caption is None:
+        raise UsageError("a text-conditional model needs caption features")
+    return CaptionCFGTarget(model, cfg_scale, caption)

@@ -39,8 +39,8 @@ from specgen.models.transformer import Block, Transformer, TransformerConfig
 
 
 def drafter_config(target_cfg: TransformerConfig) -> TransformerConfig:
-    """The drafter's config: the target's block shape and RoPE, one layer, no class embedding."""
-    return dataclasses.replace(target_cfg, n_layers=1, num_classes=0, tie_embeddings=False, cross_dim=0)
+    """The drafter's config: the target's block shape and RoPE, one layer, no class/caption embedding."""
+    return dataclasses.replace(target_cfg, n_layers=1, num_classes=0, caption_dim=0, tie_embeddings=False, cross_dim=0)
 
 
 class EagleNet(nn.Module):
@@ -89,7 +89,7 @@ class EagleNet(nn.Module):
         rot = self.rope_table[positions]
         if cache is not None:
             cache.check_room(s)
-            mask = attn_mask if attn_mask is not None else cache.prefix_mask(s, tree_mask)
+            mask = cache.hide_keys(attn_mask) if attn_mask is not None else cache.prefix_mask(s, tree_mask)
             causal = False
         else:
             mask = None if tree_mask is None else tree_mask.view(-1, 1, s, s)

@@ -1,17 +1,21 @@
-"""LlamaGen class-conditional GPT on specgen's decoder: released configs and checkpoint conversion.
+"""LlamaGen GPTs (c2i and t2i) on specgen's decoder: released configs and checkpoint conversion.
 
-A LlamaGen c2i GPT (FoundationVision/LlamaGen `autoregressive/models/gpt.py`) is exactly
+A LlamaGen GPT (FoundationVision/LlamaGen `autoregressive/models/gpt.py`) is exactly
 `Transformer(llamagen_config(...))`: MHA, no biases, SwiGLU hidden `find_multiple(int(8*dim/3), 256)`,
-RMSNorm eps 1e-5, untied `output`, 2D RoPE over the image grid with interleaved pairs and one
-zeroed condition row, and `cls_embedding.embedding_table` with the null class at row `num_classes`.
+RMSNorm eps 1e-5, untied `output`, 2D RoPE over the image grid with interleaved pairs and zeroed
+condition rows. c2i: `cls_embedding.embedding_table` with the null class at row `num_classes`.
+t2i: `cls_embedding.cap_proj.fc1/fc2` (caption_dim -> dim -> dim, tanh-GELU) and the unconditional
+caption `cls_embedding.uncond_embedding` [cls_token_num, caption_dim].
 The parameter names of `Transformer` already are LlamaGen's, so conversion only unwraps the checkpoint
 container and drops non-weights (`freqs_cis`, `*.kv_cache.*`); LANTERN's HF port
 (`jadohu/LlamaGen-T2I` naming) is mapped back onto the fused LlamaGen names.
 
-Sequence layout (c2i, `cls_token_num = 1`): position 0 holds `cls_embedding(label)`, image token r
-(raster order) sits at position 1 + r, and the logits at position p predict image token p.
-Text-conditional (t2i) checkpoints need the caption projection and padding masks, which the decoder
-does not have: `llamagen_state` refuses them with a clear error.
+Sequence layout: positions 0 .. cls_token_num - 1 hold the condition (c2i: one class row; t2i: 120
+left-padded caption slots, padded slots masked as keys), image token r (raster order) sits at position
+cls_token_num + r, and the logits at position p predict image token p - cls_token_num + 1.
+
+The image grid is a call-site argument in LlamaGen (`block_size`), not in the weights: it comes from the
+registry config or the import kwargs (`grid`), never from a checkpoint's file name.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import re
 
 import torch
 
-from specgen.errors import CheckpointError
+from specgen.errors import CheckpointError, UsageError
 from specgen.models.transformer import Transformer, TransformerConfig
 
 
@@ -44,23 +48,62 @@ GPT_CONFIGS: dict[str, tuple[int, int, int]] = {
 }
 
 
+# model_type -> (default cls_token_num, condition field) as LlamaGen's sample_c2i.py / sample_t2i.py call it
+MODEL_TYPES: dict[str, tuple[int, str]] = {"c2i": (1, "num_classes"), "t2i": (120, "caption_dim")}
+
+
 def llamagen_config(name: str, vocab: int = 16384, grid: int = 16, num_classes: int = 1000,
-                    cls_token_num: int = 1, rope_base: float = 10000.0, norm_eps: float = 1e-5) -> TransformerConfig:
-    """The decoder config of LlamaGen c2i model `name` for a VQ codebook of `vocab` codes on a grid x grid image."""
+                    cls_token_num: int = 0, rope_base: float = 10000.0, norm_eps: float = 1e-5,
+                    model_type: str = "c2i", caption_dim: int = 2048) -> TransformerConfig:
+    """The decoder config of LlamaGen model `name` (c2i or t2i) for `vocab` VQ codes on a grid x grid image.
+
+    cls_token_num 0 = LlamaGen's default for the type (c2i 1, t2i 120); c2i uses num_classes, t2i caption_dim.
+    """
     if name not in GPT_CONFIGS:
         raise KeyError(f"unknown LlamaGen GPT '{name}'; known: {', '.join(GPT_CONFIGS)}")
+    if model_type not in MODEL_TYPES:
+        raise KeyError(f"unknown LlamaGen model type '{model_type}'; known: {', '.join(MODEL_TYPES)}")
+    default_cls, field = MODEL_TYPES[model_type]
+    cls_token_num = cls_token_num or default_cls
+    cond = {"num_classes": num_classes, "caption_dim": caption_dim}
     n_layers, n_heads, dim = GPT_CONFIGS[name]
     return TransformerConfig(
         vocab_size=vocab, dim=dim, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_heads,
         ffn_dim=find_multiple(int(2 * 4 * dim / 3), 256), norm_eps=norm_eps, rope_theta=rope_base,
         rope_layout="interleaved", rope_grid=grid, n_cond=cls_token_num, max_seq_len=cls_token_num + grid * grid,
-        tie_embeddings=False, num_classes=num_classes,
+        tie_embeddings=False, **{field: cond[field]},
     )
 
 
+# LlamaGen call-site arguments accepted by the "llamagen-gpt" builder instead of full TransformerConfig fields
+SHORT_KWARGS = ("gpt_model", "model_type", "grid", "vocab_size", "num_classes", "cls_token_num", "caption_dim",
+                "rope_base", "norm_eps")
+
+
+def llamagen_kwargs(kwargs: dict) -> dict:
+    """Full `TransformerConfig` fields from builder kwargs: unchanged, or expanded from LlamaGen's call-site form
+    `{"gpt_model": "GPT-XL", "model_type": "t2i", "grid": 32, ...}` (grid = image_size / downsample)."""
+    if "gpt_model" not in kwargs:
+        return kwargs
+    unknown = sorted(set(kwargs) - set(SHORT_KWARGS))
+    if unknown:
+        raise UsageError(f"llamagen-gpt kwargs: unknown key {unknown[0]!r}; "
+                         f"with gpt_model use {', '.join(SHORT_KWARGS)}")
+    if "grid" not in kwargs:
+        raise UsageError("llamagen-gpt kwargs need 'grid' (image_size / downsample: 16 for 256px, 32 for 512px "
+                         "with VQ-16); it is not stored in LlamaGen checkpoints")
+    k = dict(kwargs)
+    try:
+        cfg = llamagen_config(k.pop("gpt_model"), vocab=k.pop("vocab_size", 16384), grid=int(k.pop("grid")),
+                              rope_base=k.pop("rope_base", 10000.0), **k)
+    except KeyError as e:
+        raise UsageError(str(e).strip("'\"")) from None
+    return cfg.to_dict()
+
+
 def build_llamagen_gpt(**kwargs) -> Transformer:
-    """Registry builder "llamagen-gpt": kwargs are `TransformerConfig` fields."""
-    return Transformer(TransformerConfig(**kwargs))
+    """Registry builder "llamagen-gpt": `TransformerConfig` fields, or LlamaGen's call-site form (`llamagen_kwargs`)."""
+    return Transformer(TransformerConfig(**llamagen_kwargs(kwargs)))
 
 
 _CONTAINERS = ("model", "module", "state_dict")  # DDP, DeepSpeed, Lightning-style; FSDP saves the raw dict
@@ -105,9 +148,6 @@ def llamagen_state(state: dict, kwargs: dict | None = None) -> dict[str, torch.T
         key = key.removeprefix("_orig_mod.")
         if key == "freqs_cis" or key.endswith(".freqs_cis") or ".kv_cache." in key:
             continue
-        if key.startswith(("cls_embedding.cap_proj", "model.cls_embedding.cap_proj")) or key.endswith("uncond_embedding"):
-            raise CheckpointError("text-conditional (t2i) LlamaGen checkpoints are not supported yet; "
-                                  "only class-conditional (c2i) GPTs")
         m = _HF_QKV.match(key)
         if m:
             qkv.setdefault(m.group(1), {})[m.group(2)] = value

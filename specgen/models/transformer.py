@@ -9,6 +9,10 @@ checkpoints load directly; HF and GGUF loaders map their names onto these.
 the row's committed slots plus the pending nodes allowed by `tree_mask` (causal when None) and their
 keys/values are written as pending slots (see `decoding/cache.py`); without a cache the S tokens are
 the whole sequence.
+
+LlamaGen conditions (`cls_embedding`, chosen by `TransformerConfig.cond_kind`): c2i one class row per
+image (`ClassEmbedding`), t2i `n_cond` projected caption features (`CaptionEmbedding`). Padded caption
+slots are hidden as keys: `padded_causal_mask` for the condition forward, `KVCache.key_mask` after it.
 """
 
 from __future__ import annotations
@@ -44,10 +48,22 @@ class TransformerConfig:
     tie_embeddings: bool = True
     cross_dim: int = 0  # > 0: cross-attention to a condition of this width in every block
     num_classes: int = 0  # > 0: LlamaGen c2i class embedding (row num_classes = the null class for CFG)
+    caption_dim: int = 0  # > 0: LlamaGen t2i caption embedding (n_cond caption features of this width)
+
+    def __post_init__(self) -> None:
+        if self.num_classes and self.caption_dim:
+            raise ValueError("a model is class-conditional (num_classes) or text-conditional (caption_dim), not both")
+        if self.caption_dim and self.n_cond < 1:
+            raise ValueError("a text-conditional model needs n_cond >= 1 caption slots")
 
     @property
     def hd(self) -> int:
         return self.head_dim or self.dim // self.n_heads
+
+    @property
+    def cond_kind(self) -> str:
+        """Which `cls_embedding` the model has: "class" (c2i), "caption" (t2i) or "none"."""
+        return "caption" if self.caption_dim else "class" if self.num_classes else "none"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -171,6 +187,48 @@ class ClassEmbedding(nn.Module):
         return self.embedding_table(labels).unsqueeze(1)
 
 
+class CaptionEmbedding(nn.Module):
+    """LlamaGen t2i condition: caption features -> cap_proj (fc1, tanh-GELU, fc2; no biases) -> n_cond embeddings.
+
+    `uncond_embedding` [n_cond, caption_dim] is the learned unconditional caption in caption-feature space
+    (before `cap_proj`): the null row of CFG. It is a persistent buffer, as in LlamaGen's state dicts.
+    """
+
+    def __init__(self, caption_dim: int, dim: int, n_cond: int) -> None:
+        super().__init__()
+        self.cap_proj = nn.Sequential()
+        self.cap_proj.add_module("fc1", nn.Linear(caption_dim, dim, bias=False))
+        self.cap_proj.add_module("act", nn.GELU(approximate="tanh"))
+        self.cap_proj.add_module("fc2", nn.Linear(dim, dim, bias=False))
+        self.register_buffer("uncond_embedding", torch.randn(n_cond, caption_dim) / caption_dim**0.5)
+
+    def forward(self, captions: torch.Tensor) -> torch.Tensor:
+        """Condition embeddings [B, n_cond, dim] for caption features [B, n_cond, caption_dim]."""
+        return self.cap_proj(captions.to(self.cap_proj.fc1.weight.dtype))
+
+
+CONDITION_EMBEDDINGS = {  # TransformerConfig.cond_kind -> the model's `cls_embedding`
+    "class": lambda cfg: ClassEmbedding(cfg.num_classes, cfg.dim),
+    "caption": lambda cfg: CaptionEmbedding(cfg.caption_dim, cfg.dim, cfg.n_cond),
+}
+
+
+def padded_causal_mask(valid: torch.Tensor, s: int | None = None) -> torch.Tensor:
+    """LlamaGen's masked causal mask [B, S, S] over a sequence whose first M slots are a padded condition.
+
+    valid [B, M] bool marks real condition slots. Query i sees key j iff j <= i and (slot j is not padding,
+    or j == i): padded slots are never attended by other queries, and a padded query sees itself only
+    (LlamaGen multiplies the causal mask by the key mask, then sets the diagonal).
+    """
+    b, m = valid.shape
+    s = s or m
+    keys = torch.ones(b, s, dtype=torch.bool, device=valid.device)
+    keys[:, :m] = valid
+    causal = torch.ones(s, s, dtype=torch.bool, device=valid.device).tril()
+    eye = torch.eye(s, dtype=torch.bool, device=valid.device)
+    return causal & (keys[:, None, :] | eye)
+
+
 class Transformer(nn.Module):
     """Token embeddings -> blocks -> norm -> LM head; also returns the final hidden states."""
 
@@ -181,8 +239,8 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
-        if cfg.num_classes:
-            self.cls_embedding = ClassEmbedding(cfg.num_classes, cfg.dim)
+        if cfg.cond_kind in CONDITION_EMBEDDINGS:
+            self.cls_embedding = CONDITION_EMBEDDINGS[cfg.cond_kind](cfg)
         if cfg.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
         if cfg.rope_grid:
@@ -230,7 +288,7 @@ class Transformer(nn.Module):
         rot = self.rope_table[positions]  # [B, S, hd/2, 2]
         if cache is not None:
             cache.check_room(s)
-            mask = attn_mask if attn_mask is not None else cache.prefix_mask(s, tree_mask)
+            mask = cache.hide_keys(attn_mask) if attn_mask is not None else cache.prefix_mask(s, tree_mask)
             causal = False
             cross = cache.cross
         else:

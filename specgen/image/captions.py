@@ -1,0 +1,109 @@
+"""Caption features for text-conditional (t2i) LlamaGen models: read a file, left-pad to the model's slots.
+
+No text encoder ships with specgen (LlamaGen's flan-t5-xl is not available offline), so t2i generation
+takes precomputed caption features: a file with `features` [N, L, caption_dim] (L <= n_cond, LlamaGen:
+120 T5 tokens of width 2048) and an optional `mask` [N, L] (bool or 0/1; True = a real token; absent =
+all L tokens real). Formats: `.safetensors` or `.npz` (arrays `features`, `mask`), or `.npy` (features
+only). A 2-D array [L, caption_dim] is one caption.
+
+Left padding as LlamaGen's `sample_t2i.py` does it: each caption's real tokens keep their order and move
+to the last slots of the n_cond condition positions, the padded slots before them are zeroed and marked
+invalid (the model masks them as keys), so the last condition slot, which predicts image token 0, is
+always a real token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from specgen.errors import IncompatibleError, UsageError
+
+SUFFIXES = (".safetensors", ".npz", ".npy")
+
+
+@dataclass(frozen=True)
+class Caption:
+    """One left-padded caption: what a t2i model is conditioned on."""
+
+    features: torch.Tensor  # [n_cond, caption_dim] float32; zero at padded slots
+    valid: torch.Tensor  # [n_cond] bool; False = padded slot (never attended)
+    index: int = 0  # row in the features file
+
+
+def left_pad(features: torch.Tensor, mask: torch.Tensor, n_cond: int) -> list[Caption]:
+    """Captions from features [N, L, C] and mask [N, L] bool, real tokens moved to the last slots of n_cond."""
+    n, length, dim = features.shape
+    out = []
+    for i in range(n):
+        real = features[i][mask[i]]  # [k, C], in order
+        k = real.shape[0]
+        padded = torch.zeros(n_cond, dim, dtype=torch.float32)
+        padded[n_cond - k :] = real.float()
+        valid = torch.zeros(n_cond, dtype=torch.bool)
+        valid[n_cond - k :] = True
+        out.append(Caption(padded, valid, i))
+    return out
+
+
+def _read_arrays(path: Path) -> dict[str, torch.Tensor]:
+    """Name -> tensor from a caption file (no pickles: .npy/.npz are read with allow_pickle=False)."""
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            return load_file(str(path))
+        import numpy as np
+
+        if path.suffix == ".npy":
+            return {"features": torch.from_numpy(np.load(path, allow_pickle=False))}
+        with np.load(path, allow_pickle=False) as z:
+            return {k: torch.from_numpy(z[k]) for k in z.files}
+    except Exception as e:  # corrupt file, wrong format, object arrays
+        detail = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise UsageError(f"cannot read caption features {path.name}: {detail}") from None
+
+
+def read_captions(path: str | Path, n_cond: int, caption_dim: int) -> list[Caption]:
+    """Validated, left-padded captions from a features file; every problem is a one-line usage error."""
+    path = Path(path)
+    if path.suffix not in SUFFIXES:
+        raise UsageError(f"caption features must be one of {', '.join(SUFFIXES)}, got {path.name}")
+    if not path.is_file():
+        raise UsageError(f"caption features file not found: {path}")
+    arrays = _read_arrays(path)
+    if "features" not in arrays:
+        raise UsageError(f"{path.name} has no 'features' array (found: {', '.join(sorted(arrays)) or 'none'})")
+    features = arrays["features"]
+    if features.dim() == 2:
+        features = features.unsqueeze(0)
+    if features.dim() != 3 or not features.is_floating_point():
+        raise UsageError(f"{path.name}: features must be a float array [N, L, caption_dim], "
+                         f"got {features.dtype} {list(arrays['features'].shape)}")
+    n, length, dim = features.shape
+    if n < 1 or length < 1:
+        raise UsageError(f"{path.name}: no captions (features {list(features.shape)})")
+    if length > n_cond:
+        raise UsageError(f"{path.name}: captions have {length} token slots; the model takes at most {n_cond}")
+    if dim != caption_dim:
+        raise IncompatibleError(f"{path.name}: caption features are {dim} wide but the model expects {caption_dim}")
+    mask = arrays.get("mask")
+    if mask is None:
+        mask = torch.ones(n, length, dtype=torch.bool)
+    else:
+        mask = mask.unsqueeze(0) if mask.dim() == 1 and n == 1 else mask
+        if tuple(mask.shape) != (n, length):
+            raise UsageError(f"{path.name}: mask must be [N, L] = {[n, length]}, got {list(mask.shape)}")
+        if mask.dtype != torch.bool:
+            if mask.is_floating_point() or mask.is_complex() or not bool(((mask == 0) | (mask == 1)).all()):
+                raise UsageError(f"{path.name}: mask must be bool or 0/1 integers")
+            mask = mask.bool()
+    counts = mask.sum(1)
+    if int(counts.min()) == 0:
+        raise UsageError(f"{path.name}: caption {int(counts.argmin())} has no valid token (mask all false)")
+    if not bool(torch.isfinite(features[mask]).all()):
+        bad = int((~torch.isfinite(features) & mask[..., None]).flatten(1).any(1).nonzero()[0])
+        raise UsageError(f"{path.name}: caption {bad} has NaN or infinite features")
+    return left_pad(features, mask, n_cond)
