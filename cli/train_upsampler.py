@@ -34,17 +34,15 @@ def train_upsampler(
     quiet: QuietOpt = False,
 ) -> None:
     """Train and register a MuLo-SD up/down-sampler pair (2x, or 4x warm-started from 2x)."""
+    from specgen.config import load_config
     from specgen.errors import UsageError
-    from specgen.train.upsampler import load_recipe, train
+    from specgen.train.script import file_logger
+    from specgen.train.upsampler import UpsamplerTrainConfig, train
 
     if out is None:
         raise UsageError("--out RUN_FOLDER is required (training state and logs go there)")
-    cfg = load_recipe(config, list(overrides or []))
-    from specgen.train.script import file_logger
-
-    log_path = out / "train.log"
-
-    log = file_logger(log_path, echo=not quiet)  # the run folder appears with the first log line
+    cfg = load_config(UpsamplerTrainConfig, config, list(overrides or []))
+    log = file_logger(out / "train.log", echo=not quiet)  # the run folder appears with the first log line
 
     result = train(cfg, out, log)
     e = result["entry"]

@@ -10,11 +10,7 @@
 
 from __future__ import annotations
 
-import argparse
 import json
-import math
-import os
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -23,17 +19,17 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
 
-from specgen.train.script import file_logger
-from specgen.config import load_config
 from specgen.data.images import ImageCrops, ImageCropsConfig
 from specgen.eval.image_metrics import ImageClassifier, class_accuracy
+from specgen.train.checkpoint import fp16_state, write_entry, write_json
+from specgen.train.optim import OptimConfig, optimizer_step
+from specgen.train.script import parse_recipe, print_metrics, script_parser
 
 
-@dataclass
-class ClassifierTrainConfig:
-    """Everything a classifier run depends on (a YAML recipe sets any subset)."""
+@dataclass(frozen=True)
+class ClassifierTrainConfig(OptimConfig):
+    """Everything a classifier run depends on (a YAML recipe sets any subset; AdamW/schedule keys: OptimConfig)."""
 
     widths: list[int] = field(default_factory=lambda: [32, 64, 128])
     groups: int = 8
@@ -43,12 +39,10 @@ class ClassifierTrainConfig:
     seed: int = 0
     steps: int = 1200
     batch_size: int = 64
-    lr: float = 2e-3
-    min_lr: float = 5e-5
-    warmup_steps: int = 50
+    lr: float = 2e-3  # OptimConfig keys with this recipe's defaults (beta2: AdamW's own default)
+    beta2: float = 0.999
     weight_decay: float = 0.05
     label_smoothing: float = 0.1
-    grad_clip: float = 1.0
     blur_p: float = 0.25  # per image: 2x average-pool then bilinear upsample
     noise_p: float = 0.25  # per image: add N(0, noise_std^2) pixel noise
     noise_std: float = 0.05
@@ -62,14 +56,6 @@ class ClassifierTrainConfig:
     num_threads: int = 1
 
 
-def lr_at(cfg: ClassifierTrainConfig, step: int) -> float:
-    """Linear warmup then cosine decay from lr to min_lr."""
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    t = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps))
-    return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * t))
-
-
 def augment(images: torch.Tensor, cfg: ClassifierTrainConfig, gen: torch.Generator) -> torch.Tensor:
     """Random blur / noise / global jitter of images [B,3,S,S] in [-1,1] (same shape out)."""
     b = images.shape[0]
@@ -81,23 +67,6 @@ def augment(images: torch.Tensor, cfg: ClassifierTrainConfig, gen: torch.Generat
     mean = x.mean(dim=(1, 2, 3), keepdim=True)  # [B,1,1,1]
     x = (x - mean) * (1 + cfg.jitter * (2 * u() - 1)) + mean + cfg.jitter * (2 * u() - 1)
     return x.clamp(-1, 1)
-
-
-def _atomic_write(path: Path, write: Callable[[str], None]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def fp16_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {k: (v.half() if v.is_floating_point() else v).contiguous() for k, v in model.state_dict().items()}
 
 
 @torch.no_grad()
@@ -161,7 +130,7 @@ def train(cfg: ClassifierTrainConfig, out: Path, log: Callable[[str], None] = la
         log(f"VQ pool: {cfg.vq_pool} train crops reconstructed by {cfg.vq} ({time.process_time() - c:.0f}s cpu)")
     k = round(cfg.vq_fraction * cfg.batch_size) if len(pool_images) else 0  # pool images per batch
     model = ImageClassifier(**{**kwargs, "widths": tuple(cfg.widths)}).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    opt = cfg.adamw(model.parameters())
     gen = torch.Generator().manual_seed(cfg.seed)
     log(f"classifier {sum(p.numel() for p in model.parameters()) / 1e3:.1f}K params, {cfg.steps} steps x "
         f"{cfg.batch_size}; config {json.dumps(asdict(cfg))}")
@@ -171,18 +140,14 @@ def train(cfg: ClassifierTrainConfig, out: Path, log: Callable[[str], None] = la
         if k:
             pick = torch.randint(0, len(pool_images), (k,), generator=gen)
             images, labels = torch.cat([images, pool_images[pick]]), torch.cat([labels, pool_labels[pick]])  # [B,...]
-        for g in opt.param_groups:
-            g["lr"] = lr_at(cfg, step)
         logits = model(augment(images, cfg, gen))  # [B,C]
         loss = F.cross_entropy(logits, labels, label_smoothing=cfg.label_smoothing)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        opt.step()
+        optimizer_step(opt, loss, cfg.lr_at(step, cfg.steps), cfg.grad_clip)
         window.append((loss.item(), (logits.detach().argmax(-1) == labels).float().mean().item()))
         done = step + 1
         if done % cfg.log_every == 0 or done == cfg.steps:
-            log(f"step {done:5d} lr {lr_at(cfg, step):.2e} loss {sum(w[0] for w in window) / len(window):.4f} "
+            log(f"step {done:5d} lr {cfg.lr_at(step, cfg.steps):.2e} "
+                f"loss {sum(w[0] for w in window) / len(window):.4f} "
                 f"train_acc {sum(w[1] for w in window) / len(window):.3f} "
                 f"elapsed {(time.perf_counter() - t0) / 60:.1f}m cpu {(time.process_time() - c0) / 60:.1f}m")
             window = []
@@ -208,8 +173,7 @@ def train(cfg: ClassifierTrainConfig, out: Path, log: Callable[[str], None] = la
         "train_config": asdict(cfg), "data": {**asdict(data_cfg), "classes": list(train_data.classes)},
         "metrics": metrics,
     }
-    _atomic_write(out / "model.safetensors", lambda p: save_file(shipped_state, p))
-    _atomic_write(out / "config.json", lambda p: Path(p).write_text(json.dumps(doc, indent=2) + "\n"))
+    write_entry(out, shipped_state, doc, sort_keys=False)
     return metrics
 
 
@@ -220,34 +184,23 @@ def evaluate_only(cfg: ClassifierTrainConfig, out: Path, log: Callable[[str], No
     torch.set_num_threads(cfg.num_threads)
     doc = json.loads((out / "config.json").read_text())
     metrics = {**doc.get("metrics", {}), **evaluate(registry.load_module(registry.entry_at(out)), cfg)}
-    _atomic_write(out / "config.json", lambda p: Path(p).write_text(json.dumps({**doc, "metrics": metrics}, indent=2)
-                                                                     + "\n"))
+    write_json(out / "config.json", {**doc, "metrics": metrics}, sort_keys=False)
     log(f"re-evaluated {out}: {json.dumps({k: v for k, v in metrics.items() if k != 'history'})}")
     return metrics
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specgen.train.classifier", description=__doc__.splitlines()[0])
-    parser.add_argument("--config", required=True, help="YAML recipe, e.g. recipes/tiny/image-classifier.yaml")
-    parser.add_argument("--out", required=True, help="output folder for model.safetensors + config.json")
-    parser.add_argument("--log", default=None, help="log file (default: OUT/train.log); also echoed to stderr")
+    parser = script_parser("specgen.train.classifier", __doc__, "recipes/tiny/image-classifier.yaml",
+                           config_required=True, out_help="output folder for model.safetensors + config.json")
     parser.add_argument("--evaluate-only", action="store_true",
                         help="re-measure the weights already in OUT and update the metrics in OUT/config.json")
-    parser.add_argument("overrides", nargs="*", help="key=value overrides of recipe keys")
-    args = parser.parse_args(argv)
-    cfg = load_config(ClassifierTrainConfig, args.config, args.overrides)
-    log_path = Path(args.log) if args.log else Path(args.out) / "train.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-
-    log = file_logger(log_path)
-
+    cfg, args, log = parse_recipe(parser, ClassifierTrainConfig, argv)
     metrics = evaluate_only(cfg, Path(args.out), log) if args.evaluate_only else train(cfg, Path(args.out), log)
     log(f"done: held-out accuracy {metrics['heldout_accuracy']:.4f} (fp16 weights)"
         + (f", on VQ reconstructions {metrics['heldout_vq_recon_accuracy']:.4f}" if cfg.vq else "")
         + f"; unseen train-region crops {metrics['unseen_train_crops_accuracy']:.4f}"
         + (f", their VQ reconstructions {metrics['unseen_train_crops_vq_recon_accuracy']:.4f}" if cfg.vq else ""))
-    print(json.dumps({k: v for k, v in metrics.items() if k != "history"}))
-    return 0
+    return print_metrics(metrics)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ against the sampled token and against the target's own CFG top-1 (the greedy acc
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import time
@@ -30,26 +29,20 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
-from specgen.train.script import file_logger
 from specgen.errors import UsageError
 from specgen.models.eagle import EagleNet
 from specgen.models.transformer import Transformer
-from specgen.train.image_gpt import (
-    atomic_write,
-    fp16_state,
-    load_train_state,
-    lr_at,
-    sample_c2i,
-    save_train_state,
-    ship,
-)
+from specgen.train.checkpoint import fp16_state, load_train_state, publish, save_tensors, save_train_state
+from specgen.train.image_gpt import sample_c2i
+from specgen.train.optim import OptimConfig, optimizer_step
+from specgen.train.script import parse_recipe, print_metrics, script_parser
 
 
 @dataclass(frozen=True)
-class EagleTrainConfig:
-    """Everything an EAGLE drafter run depends on (a YAML recipe sets any subset)."""
+class EagleTrainConfig(OptimConfig):
+    """Everything an EAGLE drafter run depends on (a YAML recipe sets any subset; AdamW/schedule keys: OptimConfig)."""
 
     target: str = "tiny-image-gpt"  # registry name of a class-conditional image target
     name: str = "tiny-image-eagle"  # registered as draft/<name> ("" = do not register)
@@ -68,12 +61,7 @@ class EagleTrainConfig:
     seed: int = 0
     steps: int = 600
     batch_size: int = 16  # sequences (branch rows) per step
-    lr: float = 1e-3
-    min_lr: float = 5e-5
-    warmup_steps: int = 30
-    beta1: float = 0.9
-    beta2: float = 0.95
-    weight_decay: float = 0.0
+    warmup_steps: int = 30  # OptimConfig keys with this recipe's defaults
     grad_clip: float = 0.5
     log_every: int = 10
     eval_every: int = 100
@@ -121,7 +109,7 @@ def generations(model: Transformer, n_per_class: int, cfg: EagleTrainConfig, see
     if data["features"].shape[1] == 1:  # no CFG: only the conditional branch exists
         log("cfg_scale <= 1: training on the conditional branch only")
     if cfg.data_cache:
-        atomic_write(path, lambda p: save_file({k: v.contiguous() for k, v in data.items()}, p))
+        save_tensors(path, data)
     return data
 
 
@@ -193,11 +181,9 @@ def train(cfg: EagleTrainConfig, out: Path, log: Callable[[str], None] = lambda 
     eval_data = generations(target, cfg.eval_samples_per_class, cfg, cfg.seed * 2 + 2, digest, log)
     feats, tokens = rows(train_data)
     params = [p for p in net.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay)
+    opt = cfg.adamw(params)
     state_path = out / "state.safetensors"
-    meta = load_train_state(state_path, net, opt)
-    if meta is not None and (meta["config"] != json.loads(json.dumps(asdict(cfg))) or meta.get("target_sha") != digest):
-        raise UsageError(f"{state_path} belongs to a different config or target; use a fresh --out")
+    meta = load_train_state(state_path, {"model": net}, {"optim": opt}, {"config": asdict(cfg), "target_sha": digest})
     step = meta["step"] if meta else 0
     history = meta["history"] if meta else []
     elapsed = meta["elapsed"] if meta else 0.0
@@ -211,14 +197,8 @@ def train(cfg: EagleTrainConfig, out: Path, log: Callable[[str], None] = lambda 
     while step < cfg.steps:
         g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
         idx = torch.randint(0, feats.shape[0], (cfg.batch_size,), generator=g)
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, cfg.steps, cfg.warmup_steps, cfg.lr, cfg.min_lr)
         loss, parts = eagle_loss(net, target, feats[idx], tokens[idx], cfg, g)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-        opt.step()
+        optimizer_step(opt, loss, cfg.lr_at(step, cfg.steps), cfg.grad_clip)
         step += 1
         window.append({"loss": float(loss.detach()), **parts})
         now = time.perf_counter()
@@ -226,7 +206,7 @@ def train(cfg: EagleTrainConfig, out: Path, log: Callable[[str], None] = lambda 
         t_last = now
         if step % cfg.log_every == 0 or step == cfg.steps:
             avg = {k: sum(w[k] for w in window) / len(window) for k in window[0]}
-            log(f"step {step:5d} lr {lr_at(step - 1, cfg.steps, cfg.warmup_steps, cfg.lr, cfg.min_lr):.2e} "
+            log(f"step {step:5d} lr {cfg.lr_at(step - 1, cfg.steps):.2e} "
                 f"loss {avg['loss']:.4f} vloss {avg['vloss']:.4f} ploss {avg['ploss']:.4f} elapsed {elapsed / 60:.1f}m")
             window = []
         if step % cfg.eval_every == 0 or step == cfg.steps:
@@ -234,8 +214,8 @@ def train(cfg: EagleTrainConfig, out: Path, log: Callable[[str], None] = lambda 
             history.append({"step": step, **{k: round(v, 4) for k, v in ev.items()}})
             log(f"eval step {step}: {json.dumps(history[-1])}")
         if step % cfg.ckpt_every == 0 or step % cfg.eval_every == 0 or step == cfg.steps:
-            save_train_state(state_path, net, opt, {"step": step, "history": history, "elapsed": elapsed,
-                                                    "config": asdict(cfg), "target_sha": digest})
+            save_train_state(state_path, {"model": net}, {"optim": opt}, {"step": step, "history": history,
+                             "elapsed": elapsed, "config": asdict(cfg), "target_sha": digest})
             t_last = time.perf_counter()
     # metrics of the fp16 weights that ship
     shipped = EagleNet(net.cfg)
@@ -248,33 +228,14 @@ def train(cfg: EagleTrainConfig, out: Path, log: Callable[[str], None] = lambda 
             "modality": "image", "drafter": "eagle", "embedding": "copy of the target's tok_embeddings (frozen)",
             "head": "target.output", "target_sha": digest, "created_by": command, "train_config": asdict(cfg),
             "metrics": metrics}
-    saved = None
-    if cfg.name:
-        saved = registry.save("draft", cfg.name, fp16_state(net), meta, dtype=torch.float16)
-    if cfg.ship_dir:
-        ship(Path(cfg.ship_dir), fp16_state(net), {"kind": "draft", "name": cfg.name or "tiny-image-eagle", **meta})
+    saved = publish("draft", cfg.name, cfg.ship_dir, fp16_state(net), meta, "tiny-image-eagle")
     return {"metrics": metrics, "entry": saved}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specgen.train.eagle", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", default=None, help="YAML recipe, e.g. recipes/tiny/eagle-image.yaml")
-    parser.add_argument("--out", required=True, help="run directory (resumed if it holds state.safetensors)")
-    parser.add_argument("--log", default=None, help="log file (default: OUT/train.log); also echoed to stderr")
-    parser.add_argument("overrides", nargs="*", help="key=value overrides of recipe keys")
-    args = parser.parse_args(argv)
-    from specgen.config import load_config
-
-    cfg = load_config(EagleTrainConfig, args.config, args.overrides)
-    log_path = Path(args.log) if args.log else Path(args.out) / "train.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-
-    log = file_logger(log_path)
-
-    metrics = train(cfg, Path(args.out), log, command="python -m specgen.train.eagle")["metrics"]
-    print(json.dumps({k: v for k, v in metrics.items() if k != "history"}))
-    return 0
+    parser = script_parser("specgen.train.eagle", __doc__, "recipes/tiny/eagle-image.yaml")
+    cfg, args, log = parse_recipe(parser, EagleTrainConfig, argv)
+    return print_metrics(train(cfg, Path(args.out), log, command="python -m specgen.train.eagle")["metrics"])
 
 
 if __name__ == "__main__":

@@ -31,9 +31,10 @@ import torch.nn.functional as F
 from specgen.decoding.sampling import SamplingParams, logits_to_probs
 from specgen.models.heads import HeadsConfig, XSpecMeshHeads
 from specgen.models.mesh import MeshGPT
+from specgen.train.checkpoint import load_train_state, save_tensors, save_train_state
 from specgen.train.lora import apply_lora, lora_state, merge_lora
-from specgen.train.mesh import (SeedStream, atomic_write, cosine_lr, load_train_state, mesh_example,
-                                save_train_state, sequence_loss)
+from specgen.train.mesh import SeedStream, mesh_example, sequence_loss
+from specgen.train.optim import cosine_lr, optimizer_step
 
 
 @dataclass
@@ -182,7 +183,7 @@ class HeadsTrainer:
         self.num_points = int(self.target.meta.get("num_points", 2048))
 
     def labels(self) -> tuple[torch.Tensor, torch.Tensor]:
-        from safetensors.torch import load_file, save_file
+        from safetensors.torch import load_file
 
         path = self.out / "labels.safetensors"
         if path.exists():
@@ -191,7 +192,7 @@ class HeadsTrainer:
         self.model.eval()
         pcs, tokens = make_labels(self.model, self.cfg, self.num_points, self.log,
                                   int(self.target.meta.get("max_tokens", self.cfg.max_tokens)))
-        atomic_write(path, lambda p: save_file({"pcs": pcs, "tokens": tokens}, p))
+        save_tensors(path, {"pcs": pcs, "tokens": tokens})
         lengths = (tokens >= 0).sum(1).float()
         eos = (tokens == 5120).any(1).float().mean()
         self.log(f"labels: {len(tokens)} sequences, mean length {lengths.mean():.0f}, EOS reached {eos:.0%}")
@@ -207,7 +208,7 @@ class HeadsTrainer:
         total = epochs * per_epoch
         path = self.out / f"stage{stage}.safetensors"
         config = {**asdict(cfg), "stage": stage}
-        meta = load_train_state(path, params, modules, opt, config)
+        meta = load_train_state(path, modules, {"optim": opt}, {"config": config})
         step, history = (meta["step"], meta["history"]) if meta else (0, [])
         if meta:
             self.log(f"stage {stage}: resumed at step {step}/{total}")
@@ -215,13 +216,8 @@ class HeadsTrainer:
         while step < total:
             epoch, k = divmod(step, per_epoch)
             order = np.random.default_rng([cfg.seed, stage, epoch]).permutation(n)
-            for g in opt.param_groups:
-                g["lr"] = cosine_lr(step, total, lr, min_lr)
             loss, _ = step_fn(order[k * cfg.batch_size : (k + 1) * cfg.batch_size].tolist())
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-            opt.step()
+            optimizer_step(opt, loss, cosine_lr(step, total, lr, min_lr), cfg.grad_clip)
             losses.append(float(loss.detach()))
             step += 1
             if step % per_epoch == 0:
@@ -230,7 +226,8 @@ class HeadsTrainer:
                 self.log(f"stage {stage} epoch {step // per_epoch}/{epochs}: "
                          f"train_loss {history[-1]['train_loss']:.4f} "
                          f"{' '.join(f'{k} {v}' for k, v in ev.items())} ({time.perf_counter() - t0:.0f} s)")
-                save_train_state(path, params, modules, opt, {"step": step, "history": history, "config": config})
+                save_train_state(path, modules, {"optim": opt}, {"step": step, "history": history, "config": config},
+                                 packed=False)
         return history
 
     def train(self) -> dict[str, Any]:

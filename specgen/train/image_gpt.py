@@ -15,12 +15,9 @@
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import math
-import os
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
@@ -29,16 +26,18 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
-from specgen.train.script import file_logger
 from specgen.models.llamagen import GPT_CONFIGS, llamagen_config
 from specgen.models.transformer import Transformer, TransformerConfig
+from specgen.train.checkpoint import fp16_state, load_train_state, publish, save_tensors, save_train_state
+from specgen.train.optim import OptimConfig, optimizer_step
+from specgen.train.script import parse_recipe, print_metrics, script_parser
 
 
 @dataclass(frozen=True)
-class ImageGPTTrainConfig:
-    """Everything an image-GPT run depends on (a YAML recipe sets any subset)."""
+class ImageGPTTrainConfig(OptimConfig):
+    """Everything an image-GPT run depends on (a YAML recipe sets any subset; AdamW/schedule keys: OptimConfig)."""
 
     vq: str = "specgen/assets/image/vq"  # VQ folder (config.json + model.safetensors) or a registry name
     vq_name: str = "tiny-image-vq"  # registry name of that VQ, recorded in the GPT's meta["vq"]
@@ -54,13 +53,7 @@ class ImageGPTTrainConfig:
     seed: int = 0
     steps: int = 800
     batch_size: int = 16
-    lr: float = 1e-3
-    min_lr: float = 5e-5
-    warmup_steps: int = 50
-    beta1: float = 0.9
-    beta2: float = 0.95
-    weight_decay: float = 0.05
-    grad_clip: float = 1.0
+    weight_decay: float = 0.05  # an OptimConfig key with this recipe's default
     log_every: int = 10
     eval_every: int = 100
     ckpt_every: int = 20
@@ -69,12 +62,6 @@ class ImageGPTTrainConfig:
     cfg_scale: float = 4.0
     name: str = "tiny-image-gpt"  # registry target name ("" = do not register)
     ship_dir: str = ""  # also write model.safetensors + config.json here (e.g. specgen/assets/image/gpt)
-
-
-def load_recipe(path: str | None, overrides: list[str]) -> ImageGPTTrainConfig:
-    from specgen.config import load_config
-
-    return load_config(ImageGPTTrainConfig, path, overrides)
 
 
 # --- VQ and token data ----------------------------------------------------------------------------------
@@ -113,26 +100,36 @@ def tokenize(vq, split: str, n: int, seed: int, crop_size: int, log: Callable[[s
     return torch.cat(toks), torch.cat(labels), list(data.classes)
 
 
+def cached_tokens(path: Path, build: Callable[[], tuple[dict[str, torch.Tensor], dict[str, Any]]],
+                  log: Callable[[str], None]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """(token tensors, facts) cached at `path` (safetensors) and `path`.json; `build()` makes them on a miss."""
+    if path.is_file():
+        t = load_file(str(path))
+        meta = json.loads(path.with_suffix(".json").read_text())
+        log(f"token cache hit: {path}")
+        return t, meta
+    t, meta = build()
+    save_tensors(path, t)
+    path.with_suffix(".json").write_text(json.dumps(meta))
+    return t, meta
+
+
 def token_dataset(cfg: ImageGPTTrainConfig, log: Callable[[str], None]) -> dict[str, Any]:
     """Cached token grids for train/eval crops plus VQ facts (grid, codebook size, classes)."""
     vq, doc, digest = load_vq(cfg.vq)
     crop = int(doc.get("image_size", 64))
     key = f"vq{digest}-seed{cfg.data_seed}-crop{crop}-train{cfg.num_crops}-eval{cfg.eval_crops}"
     path = Path(cfg.token_cache) / f"{key}.safetensors"
-    if path.is_file():
-        t = load_file(str(path))
-        meta = json.loads(path.with_suffix(".json").read_text())
-        log(f"token cache hit: {path}")
-    else:
+
+    def build():
         log(f"tokenising crops with VQ {cfg.vq} ({digest}) -> {path}")
         tr, trl, classes = tokenize(vq, "train", cfg.num_crops, cfg.data_seed, crop, log)
         ev, evl, _ = tokenize(vq, "eval", cfg.eval_crops, cfg.data_seed, crop, log)
-        t = {"train_tokens": tr, "train_labels": trl, "eval_tokens": ev, "eval_labels": evl}
-        meta = {"classes": classes, "vq_sha": digest, "grid": crop // vq.config.downsample,
-                "codebook_size": vq.config.codebook_size}
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, lambda p: save_file({k: v.contiguous() for k, v in t.items()}, p))
-        path.with_suffix(".json").write_text(json.dumps(meta))
+        return ({"train_tokens": tr, "train_labels": trl, "eval_tokens": ev, "eval_labels": evl},
+                {"classes": classes, "vq_sha": digest, "grid": crop // vq.config.downsample,
+                 "codebook_size": vq.config.codebook_size})
+
+    t, meta = cached_tokens(path, build, log)
     return {**t, **meta, "vq_model": vq, "vq_doc": doc}
 
 
@@ -235,76 +232,16 @@ def save_grid(images: torch.Tensor, nrow: int, path: Path) -> None:
     Image.fromarray(arr).save(path)
 
 
-# --- persistence ------------------------------------------------------------------------------------------
-
-def atomic_write(path: Path, write: Callable[[str], None]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; shipped assets must be world-readable
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def save_train_state(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, meta: dict[str, Any]) -> None:
-    """Model + AdamW moments + JSON meta in one safetensors file (never pickled)."""
-    tensors = {f"model.{k}": v.detach().contiguous() for k, v in model.state_dict().items()}
-    params = [p for p in model.parameters() if p.requires_grad]
-    for i, p in enumerate(params):
-        for k, v in opt.state.get(p, {}).items():
-            tensors[f"optim.{i}.{k}"] = torch.as_tensor(v).detach().clone().contiguous()
-    atomic_write(path, lambda p: save_file(tensors, p, metadata={"meta": json.dumps(meta)}))
-
-
-def load_train_state(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any] | None:
-    if not path.is_file():
-        return None
-    from safetensors import safe_open
-
-    with safe_open(str(path), "pt") as f:
-        meta = json.loads(f.metadata()["meta"])
-    tensors = load_file(str(path))
-    model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")}, strict=True)
-    params = [p for p in model.parameters() if p.requires_grad]
-    for i, p in enumerate(params):
-        st = {k.split(".", 2)[2]: v for k, v in tensors.items() if k.startswith(f"optim.{i}.")}
-        if st:
-            opt.state[p] = st
-    return meta
-
-
-def fp16_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {k: (v.half() if v.is_floating_point() else v).contiguous() for k, v in model.state_dict().items()}
-
-
-def ship(folder: Path, state: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
-    """Write `model.safetensors` + `config.json` (registry layout) into a package asset folder."""
-    folder.mkdir(parents=True, exist_ok=True)
-    atomic_write(folder / "model.safetensors", lambda p: save_file(state, p))
-    atomic_write(folder / "config.json", lambda p: Path(p).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n"))
-
-
-def lr_at(step: int, steps: int, warmup: int, lr: float, min_lr: float) -> float:
-    """Linear warmup then cosine decay from lr to min_lr."""
-    if step < warmup:
-        return lr * (step + 1) / warmup
-    t = (step - warmup) / max(1, steps - warmup)
-    return min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * min(1.0, t)))
-
-
 # --- the run ------------------------------------------------------------------------------------------------
 
 def train(cfg: ImageGPTTrainConfig, out: Path, log: Callable[[str], None] = lambda s: None,
-          command: str = "python -m specgen.train.image_gpt") -> dict[str, Any]:
-    """Run (or resume) a training run in `out`; returns the final metrics and registers the result."""
+          command: str = "python -m specgen.train.image_gpt",
+          dataset: Callable[[Any, Callable[[str], None]], dict[str, Any]] = token_dataset) -> dict[str, Any]:
+    """Run (or resume) a training run in `out` on `dataset(cfg, log)`'s token grids; returns the final
+    metrics and registers the result."""
     torch.set_num_threads(cfg.num_threads)
     out.mkdir(parents=True, exist_ok=True)
-    data = token_dataset(cfg, log)
+    data = dataset(cfg, log)
     vocab, grid, classes = data["codebook_size"], data["grid"], data["classes"]
     mcfg = model_config(cfg, vocab, grid, len(classes))
     torch.manual_seed(cfg.seed)
@@ -314,11 +251,9 @@ def train(cfg: ImageGPTTrainConfig, out: Path, log: Callable[[str], None] = lamb
             if p.dim() > 1:
                 torch.nn.init.normal_(p, std=0.02)
         model.output.weight.zero_()
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay)
+    opt = cfg.adamw(model.parameters())
     state_path = out / "state.safetensors"
-    meta = load_train_state(state_path, model, opt)
-    if meta is not None and meta["config"] != json.loads(json.dumps(asdict(cfg))):
-        raise ValueError(f"{state_path} was written by a different config; use a fresh --out")
+    meta = load_train_state(state_path, {"model": model}, {"optim": opt}, {"config": asdict(cfg)})
     step = meta["step"] if meta else 0
     history = meta["history"] if meta else []
     elapsed = meta["elapsed"] if meta else 0.0
@@ -344,21 +279,15 @@ def train(cfg: ImageGPTTrainConfig, out: Path, log: Callable[[str], None] = lamb
         idx = torch.randint(0, n_train, (cfg.batch_size,), generator=g)
         labels = train_labels[idx].clone()
         labels[torch.rand(cfg.batch_size, generator=g) < cfg.class_dropout] = len(classes)  # null class
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, cfg.steps, cfg.warmup_steps, cfg.lr, cfg.min_lr)
         loss = c2i_loss(model, train_tokens[idx], labels)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        opt.step()
+        optimizer_step(opt, loss, cfg.lr_at(step, cfg.steps), cfg.grad_clip)
         step += 1
         window.append(float(loss))
         now = time.perf_counter()
         elapsed += now - t_last
         t_last = now
         if step % cfg.log_every == 0 or step == cfg.steps:
-            log(f"step {step:5d} lr {lr_at(step - 1, cfg.steps, cfg.warmup_steps, cfg.lr, cfg.min_lr):.2e} "
+            log(f"step {step:5d} lr {cfg.lr_at(step - 1, cfg.steps):.2e} "
                 f"loss {sum(window) / len(window):.4f} elapsed {elapsed / 60:.1f}m")
             window = []
         if step % cfg.eval_every == 0 or step == cfg.steps:
@@ -366,8 +295,8 @@ def train(cfg: ImageGPTTrainConfig, out: Path, log: Callable[[str], None] = lamb
             history.append({"step": step, "eval_loss": round(ev, 4), "elapsed_s": round(elapsed, 1)})
             log(f"eval step {step}: held-out loss {ev:.4f} (ppl {math.exp(ev):.1f})")
         if step % cfg.ckpt_every == 0 or step % cfg.eval_every == 0 or step == cfg.steps:
-            save_train_state(state_path, model, opt, {"step": step, "history": history, "elapsed": elapsed,
-                                                      "config": asdict(cfg)})
+            save_train_state(state_path, {"model": model}, {"optim": opt},
+                             {"step": step, "history": history, "elapsed": elapsed, "config": asdict(cfg)})
             t_last = time.perf_counter()
     metrics = final_eval(cfg, model, data, out, log)
     metrics.update({"steps": step, "train_seconds": round(elapsed, 1), "history": history,
@@ -417,32 +346,13 @@ def register(cfg: ImageGPTTrainConfig, model: Transformer, data: dict, metrics: 
             "classes": list(data["classes"]), "num_classes": mcfg.num_classes, "cls_token_num": mcfg.n_cond,
             "image_size": int(data["vq_doc"].get("image_size", 64)), "vq_sha": data["vq_sha"],
             "cfg_scale": cfg.cfg_scale, "created_by": command, "train_config": asdict(cfg), "metrics": metrics}
-    state = fp16_state(model)
-    if cfg.name:
-        from specgen import registry
-
-        registry.save("target", cfg.name, state, meta, dtype=torch.float16)
-    if cfg.ship_dir:
-        ship(Path(cfg.ship_dir), state, {"kind": "target", "name": cfg.name or "tiny-image-gpt", **meta})
+    publish("target", cfg.name, cfg.ship_dir, fp16_state(model), meta, "tiny-image-gpt")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specgen.train.image_gpt", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", default=None, help="YAML recipe, e.g. recipes/tiny/image-gpt.yaml")
-    parser.add_argument("--out", required=True, help="run directory (resumed if it holds state.safetensors)")
-    parser.add_argument("--log", default=None, help="log file (default: OUT/train.log); also echoed to stderr")
-    parser.add_argument("overrides", nargs="*", help="key=value overrides of recipe keys")
-    args = parser.parse_args(argv)
-    cfg = load_recipe(args.config, args.overrides)
-    log_path = Path(args.log) if args.log else Path(args.out) / "train.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-
-    log = file_logger(log_path)
-
-    metrics = train(cfg, Path(args.out), log)
-    print(json.dumps({k: v for k, v in metrics.items() if k != "history"}))
-    return 0
+    parser = script_parser("specgen.train.image_gpt", __doc__, "recipes/tiny/image-gpt.yaml")
+    cfg, args, log = parse_recipe(parser, ImageGPTTrainConfig, argv)
+    return print_metrics(train(cfg, Path(args.out), log))
 
 
 if __name__ == "__main__":

@@ -16,13 +16,9 @@ and `--register NAME` also installs it as target/NAME.
 
 from __future__ import annotations
 
-import argparse
 import json
-import math
-import os
-import tempfile
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -30,16 +26,18 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from specgen.train.script import file_logger
 from specgen.mesh.pointcloud import sample_surface
 from specgen.mesh.procedural import generate_mesh, split_seeds
 from specgen.mesh.tokenizers import BPTTokenizer
 from specgen.models.mesh import MeshGPT
+from specgen.train.checkpoint import fp16_state, load_train_state, save_train_state, write_entry
+from specgen.train.optim import OptimConfig, optimizer_step
+from specgen.train.script import parse_recipe, print_metrics, script_parser
 
 
 @dataclass(frozen=True)
-class MeshTrainConfig:
-    """Everything a mesh GPT run depends on (a YAML recipe sets any subset of these keys)."""
+class MeshTrainConfig(OptimConfig):
+    """Everything a mesh GPT run depends on (a YAML recipe sets any subset; AdamW/schedule keys: OptimConfig)."""
 
     dim: int = 256
     n_layers: int = 4
@@ -55,13 +53,8 @@ class MeshTrainConfig:
     steps: int = 3000
     batch_size: int = 8
     pool_batches: int = 8
-    lr: float = 1e-3
-    min_lr: float = 1e-4
+    min_lr: float = 1e-4  # OptimConfig keys with this recipe's defaults
     warmup_steps: int = 200
-    beta1: float = 0.9
-    beta2: float = 0.95
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
     eval_meshes: int = 32
     eval_every: int = 250
     ckpt_every: int = 50
@@ -76,26 +69,6 @@ class MeshTrainConfig:
         encoder = dict(width=self.enc_width, num_latents=self.num_latents, enc_layers=self.enc_layers,
                        n_heads=self.n_heads, out_dim=self.enc_width)
         return {"decoder": decoder, "encoder": encoder}
-
-
-def load_recipe(cls, path: str | os.PathLike | None, overrides: list[str] = ()):
-    """YAML recipe + `key=value` overrides (values parsed as YAML) -> a frozen config dataclass."""
-    import yaml
-
-    d = {}
-    if path:
-        with open(path) as f:
-            d = yaml.safe_load(f) or {}
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ValueError(f"override {item!r} is not key=value")
-        d[key.strip()] = yaml.safe_load(value)
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(d) - known)
-    if unknown:
-        raise ValueError(f"unknown keys {unknown}; known: {sorted(known)}")
-    return cls(**d)
 
 
 # -- data -----------------------------------------------------------------------------------------
@@ -172,81 +145,6 @@ def sequence_loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1).float(), tokens.flatten(), ignore_index=-1)
 
 
-# -- persistence ----------------------------------------------------------------------------------
-def atomic_write(path: Path, write: Callable[[str], None]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def save_train_state(path: Path, params: list[torch.nn.Parameter], modules: dict[str, torch.nn.Module],
-                     opt: torch.optim.Optimizer, meta: dict[str, Any]) -> None:
-    """Weights of `modules` + AdamW moments of `params` + string meta, as safetensors (no pickle)."""
-    from safetensors.torch import save_file
-
-    tensors = {f"{name}.{k}": v.detach().clone().contiguous()
-               for name, m in modules.items() for k, v in m.state_dict().items()}
-    for i, p in enumerate(params):
-        for k, v in opt.state.get(p, {}).items():
-            tensors[f"optim.{i}.{k}"] = torch.as_tensor(v).detach().clone().contiguous()
-    atomic_write(path, lambda p: save_file(tensors, p, metadata={k: json.dumps(v) for k, v in meta.items()}))
-
-
-def load_train_state(path: Path, params: list[torch.nn.Parameter], modules: dict[str, torch.nn.Module],
-                     opt: torch.optim.Optimizer, config: dict) -> dict[str, Any] | None:
-    """Restore what `save_train_state` wrote; None when there is no state; refuses another config."""
-    from safetensors import safe_open
-    from safetensors.torch import load_file
-
-    if not path.exists():
-        return None
-    with safe_open(str(path), "pt") as f:
-        meta = {k: json.loads(v) for k, v in f.metadata().items()}
-    budget_keys = ("max_minutes", "steps")  # budgets: a resumed run may change them (the caller logs it)
-    strip = lambda c: {k: v for k, v in (c or {}).items() if k not in budget_keys}  # noqa: E731
-    if strip(meta.get("config")) != strip(json.loads(json.dumps(config))):
-        raise ValueError(f"{path} was written by a different training config; use a fresh --out")
-    tensors = load_file(str(path))
-    for name, m in modules.items():
-        m.load_state_dict({k[len(name) + 1:]: v for k, v in tensors.items() if k.startswith(name + ".")}, strict=True)
-    for i, p in enumerate(params):
-        st = {k.split(".", 2)[2]: v for k, v in tensors.items() if k.startswith(f"optim.{i}.")}
-        if st:
-            opt.state[p] = st
-    return meta
-
-
-def fp16_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Shipping weights: floating tensors in fp16, tied aliases dropped (see registry.untie)."""
-    from specgen.registry import untie
-
-    state, _ = untie(module.state_dict())
-    return {k: (v.half() if v.is_floating_point() else v).contiguous() for k, v in state.items()}
-
-
-def write_entry(folder: Path, state: dict[str, torch.Tensor], meta: dict) -> None:
-    """Registry-layout files in `folder`: model.safetensors + config.json (atomic each)."""
-    from safetensors.torch import save_file
-
-    atomic_write(folder / "model.safetensors", lambda p: save_file(state, p))
-    atomic_write(folder / "config.json", lambda p: Path(p).write_text(json.dumps(meta, indent=2, sort_keys=True)))
-
-
-def cosine_lr(step: int, total: int, lr: float, min_lr: float, warmup: int = 0) -> float:
-    """Linear warmup then cosine decay from lr to min_lr over `total` steps."""
-    if step < warmup:
-        return lr * (step + 1) / warmup
-    t = (step - warmup) / max(1, total - warmup)
-    return min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * min(1.0, t)))
-
-
 # -- training -------------------------------------------------------------------------------------
 @torch.no_grad()
 def evaluate(model: MeshGPT, examples, batch_size: int = 8) -> dict[str, float]:
@@ -270,9 +168,11 @@ def train(cfg: MeshTrainConfig, out: Path, log: Callable[[str], None] = lambda s
     torch.set_num_threads(cfg.num_threads)
     torch.manual_seed(cfg.seed)
     model = MeshGPT(**cfg.model_kwargs()).train()
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay)
-    meta = load_train_state(out / "state.safetensors", params, {"model": model}, opt, asdict(cfg))
+    opt = cfg.adamw([p for p in model.parameters() if p.requires_grad])
+    state_path = out / "state.safetensors"
+    # budgets: a resumed run may change them (logged below)
+    meta = load_train_state(state_path, {"model": model}, {"optim": opt}, {"config": asdict(cfg)},
+                            loose=("max_minutes", "steps"))
     step, elapsed, history = (meta["step"], meta["elapsed"], meta["history"]) if meta else (0, 0.0, [])
     n_params = sum(p.numel() for p in model.parameters())  # the tied LM head is counted once
     log(f"{'resumed at' if meta else 'starting'} step {step}/{cfg.steps}; {n_params / 1e6:.2f}M parameters")
@@ -284,15 +184,10 @@ def train(cfg: MeshTrainConfig, out: Path, log: Callable[[str], None] = lambda s
     # machine do not eat the budget; tokens/s in the log is per CPU second.
     t_last, toks, losses = time.process_time(), 0, []
     while step < cfg.steps and not (cfg.max_minutes and elapsed > 60 * cfg.max_minutes):
-        for g in opt.param_groups:
-            g["lr"] = cosine_lr(step, cfg.steps, cfg.lr, cfg.min_lr, cfg.warmup_steps)
         pc, tokens = train_batch(cfg, stream, step)
         logits, _, _ = model.forward_train(pc, tokens)
         loss = sequence_loss(logits, tokens)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-        opt.step()
+        optimizer_step(opt, loss, cfg.lr_at(step, cfg.steps), cfg.grad_clip)
         step, toks = step + 1, toks + int((tokens >= 0).sum())
         losses.append(float(loss.detach()))
         now = time.process_time()
@@ -307,14 +202,15 @@ def train(cfg: MeshTrainConfig, out: Path, log: Callable[[str], None] = lambda s
             history.append({"step": step, "train_loss": float(np.mean(losses[-cfg.log_every:])), **ev})
             log(f"eval step {step}: val_loss {ev['val_loss']:.4f} val_acc {ev['val_acc']:.4f}")
         if step % cfg.ckpt_every == 0:
-            save_train_state(out / "state.safetensors", params, {"model": model}, opt,
-                             {"step": step, "elapsed": elapsed, "history": history, "config": asdict(cfg)})
-    save_train_state(out / "state.safetensors", params, {"model": model}, opt,
-                     {"step": step, "elapsed": elapsed, "history": history, "config": asdict(cfg)})
+            save_train_state(state_path, {"model": model}, {"optim": opt},
+                             {"step": step, "elapsed": elapsed, "history": history, "config": asdict(cfg)},
+                             packed=False)
+    save_train_state(state_path, {"model": model}, {"optim": opt},
+                     {"step": step, "elapsed": elapsed, "history": history, "config": asdict(cfg)}, packed=False)
     ev = evaluate(model, val)
     metrics = {"steps": step, "train_minutes": round(elapsed / 60, 2), **{k: round(v, 4) for k, v in ev.items()},
                "history": history}
-    write_entry(out, fp16_state(model), entry_meta(cfg, metrics))
+    write_entry(out, fp16_state(model, untie=True), entry_meta(cfg, metrics))
     log(f"done: step {step}, val_loss {ev['val_loss']:.4f}, val_acc {ev['val_acc']:.4f}; wrote {out}/model.safetensors")
     return metrics
 
@@ -329,20 +225,10 @@ def entry_meta(cfg: MeshTrainConfig, metrics: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specgen.train.mesh", description=__doc__)
-    parser.add_argument("--config", required=True, help="YAML recipe, e.g. recipes/tiny/mesh-gpt.yaml")
-    parser.add_argument("--out", required=True, help="run directory (resumed if it holds state.safetensors)")
-    parser.add_argument("--log", default=None, help="log file (default: OUT/train.log); also echoed to stderr")
+    parser = script_parser("specgen.train.mesh", __doc__, "recipes/tiny/mesh-gpt.yaml", config_required=True)
     parser.add_argument("--register", default=None, help="also install the result as target/NAME")
-    parser.add_argument("overrides", nargs="*", help="key=value overrides of recipe keys")
-    args = parser.parse_args(argv)
-    cfg = load_recipe(MeshTrainConfig, args.config, args.overrides)
+    cfg, args, log = parse_recipe(parser, MeshTrainConfig, argv)
     out = Path(args.out)
-    log_path = Path(args.log) if args.log else out / "train.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-
-    log = file_logger(log_path)
-
     metrics = train(cfg, out, log)
     if args.register:
         from specgen import registry
@@ -351,8 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         meta = json.loads((out / "config.json").read_text())
         registry.save("target", args.register, load_file(str(out / "model.safetensors")),
                       {k: v for k, v in meta.items() if k not in ("kind", "name")})
-    print(json.dumps({k: v for k, v in metrics.items() if k != "history"}))
-    return 0
+    return print_metrics(metrics)
 
 
 if __name__ == "__main__":

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
+import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 def file_logger(log_path: Path, echo: bool = True) -> Callable[[str], None]:
@@ -21,3 +26,31 @@ def file_logger(log_path: Path, echo: bool = True) -> Callable[[str], None]:
             print(line, file=sys.stderr, flush=True)
 
     return log
+
+
+def script_parser(module: str, doc: str, recipe: str, config_required: bool = False,
+                  out_help: str = "run directory (resumed if it holds state.safetensors)") -> argparse.ArgumentParser:
+    """`python -m <module> --config RECIPE --out OUT [--log FILE] [key=value ...]`; add script-specific flags to it."""
+    parser = argparse.ArgumentParser(prog=f"python -m {module}", description=doc,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=config_required, default=None, help=f"YAML recipe, e.g. {recipe}")
+    parser.add_argument("--out", required=True, help=out_help)
+    parser.add_argument("--log", default=None, help="log file (default: OUT/train.log); also echoed to stderr")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides of recipe keys")
+    return parser
+
+
+def parse_recipe(parser: argparse.ArgumentParser, cls: type[T],
+                 argv: list[str] | None) -> tuple[T, argparse.Namespace, Callable[[str], None]]:
+    """(recipe dataclass from --config + overrides, parsed arguments, logger of --log or OUT/train.log)."""
+    from specgen.config import load_config
+
+    args = parser.parse_args(argv)
+    cfg = load_config(cls, args.config, args.overrides)
+    return cfg, args, file_logger(Path(args.log) if args.log else Path(args.out) / "train.log")
+
+
+def print_metrics(metrics: dict[str, Any]) -> int:
+    """A script's last stdout line: its metrics as JSON, without the per-eval history; exit status 0."""
+    print(json.dumps({k: v for k, v in metrics.items() if k != "history"}))
+    return 0

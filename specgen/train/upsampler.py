@@ -36,7 +36,6 @@ with `ship_dir`, to the package assets.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import time
@@ -47,11 +46,13 @@ from typing import Any, Callable
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
-from specgen.train.script import file_logger
 from specgen.errors import IncompatibleError, UsageError
 from specgen.models.upsampler import UpDownSampler, UpsamplerConfig
+from specgen.train.checkpoint import fp16_state, load_train_state, publish, save_tensors, save_train_state
+from specgen.train.optim import optimizer_step
+from specgen.train.script import parse_recipe, print_metrics, script_parser
 
 
 @dataclass(frozen=True)
@@ -96,12 +97,6 @@ class UpsamplerTrainConfig:
     num_threads: int = 1
     name: str = "tiny-image-upsampler-2x"  # registry name ("" = do not register)
     ship_dir: str = ""  # also write model.safetensors + config.json here
-
-
-def load_recipe(path: str | Path | None, overrides: list[str]) -> UpsamplerTrainConfig:
-    from specgen.config import load_config
-
-    return load_config(UpsamplerTrainConfig, path, overrides)
 
 
 def check_config(cfg: UpsamplerTrainConfig, vq_downsample: int) -> None:
@@ -173,9 +168,7 @@ def pair_dataset(cfg: UpsamplerTrainConfig, vq, digest: str, log: Callable[[str]
     tr = crop_tokens(vq, "train", cfg.num_crops, cfg.data_seed, cfg.crop_size, cfg.scale, log)
     ev = crop_tokens(vq, "eval", cfg.eval_crops, cfg.data_seed, cfg.crop_size, cfg.scale, log)
     t = {**{f"train_{k}": v for k, v in tr.items()}, **{f"eval_{k}": v for k, v in ev.items()}}
-    from specgen.train.image_gpt import atomic_write
-
-    atomic_write(path, lambda p: save_file({k: v.contiguous() for k, v in t.items()}, p))
+    save_tensors(path, t)
     return t
 
 
@@ -322,36 +315,6 @@ def codebook_hash(codebook: torch.Tensor) -> str:
     return h(codebook)
 
 
-def save_state(path: Path, model: nn.Module, opts: dict[str, torch.optim.Optimizer], meta: dict) -> None:
-    from specgen.train.image_gpt import atomic_write
-
-    tensors = {f"model.{k}": v.detach().contiguous() for k, v in model.state_dict().items()}
-    for name, opt in opts.items():
-        params = [p for g in opt.param_groups for p in g["params"]]
-        for i, p in enumerate(params):
-            for k, v in opt.state.get(p, {}).items():
-                tensors[f"{name}.{i}.{k}"] = torch.as_tensor(v).detach().clone().contiguous()
-    atomic_write(path, lambda p: save_file(tensors, p, metadata={"meta": json.dumps(meta)}))
-
-
-def load_state(path: Path, model: nn.Module, opts: dict[str, torch.optim.Optimizer]) -> dict | None:
-    if not path.is_file():
-        return None
-    from safetensors import safe_open
-
-    with safe_open(str(path), "pt") as f:
-        meta = json.loads(f.metadata()["meta"])
-    tensors = load_file(str(path))
-    model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")}, strict=True)
-    for name, opt in opts.items():
-        params = [p for g in opt.param_groups for p in g["params"]]
-        for i, p in enumerate(params):
-            st = {k.split(".", 2)[2]: v for k, v in tensors.items() if k.startswith(f"{name}.{i}.")}
-            if st:
-                opt.state[p] = st
-    return meta
-
-
 def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
     mse = float(F.mse_loss(a.clamp(-1, 1), b.clamp(-1, 1)))
     return 10 * math.log10(4.0 / max(mse, 1e-12))
@@ -416,15 +379,12 @@ def train(cfg: UpsamplerTrainConfig, out: Path, log: Callable[[str], None] = lam
     if warm is not None:
         fresh = pair.warm_start_from(warm)
         log(f"warm start from {cfg.warm_start}: {len(fresh)} tensors of the new stage(s) left at initialisation")
-    gen_params = list(pair.parameters())
     betas = (cfg.beta1, cfg.beta2)
-    opt_g = torch.optim.AdamW(gen_params, lr=cfg.lr, betas=betas, weight_decay=cfg.weight_decay)
+    opt_g = torch.optim.AdamW(pair.parameters(), lr=cfg.lr, betas=betas, weight_decay=cfg.weight_decay)
     opt_d = torch.optim.AdamW(model.disc.parameters(), lr=cfg.disc_lr, betas=betas, weight_decay=cfg.weight_decay)
     opts = {"opt_g": opt_g, "opt_d": opt_d}
     state_path = out / "state.safetensors"
-    meta = load_state(state_path, model, opts)
-    if meta is not None and meta["config"] != json.loads(json.dumps(asdict(cfg))):
-        raise UsageError(f"{state_path} was written by a different config; use a fresh --out")
+    meta = load_train_state(state_path, {"model": model}, opts, {"config": asdict(cfg)})
     step = meta["step"] if meta else 0
     history = meta["history"] if meta else []
     elapsed = meta["elapsed"] if meta else 0.0
@@ -483,11 +443,7 @@ def train(cfg: UpsamplerTrainConfig, out: Path, log: Callable[[str], None] = lam
                 part = part + cfg.gan_weight * adv
                 logs[f"{side}_gan"] = adv.item()
             loss = loss + part
-        opt_g.zero_grad(set_to_none=True)
-        loss.backward()
-        if cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(gen_params, cfg.grad_clip)
-        opt_g.step()
+        optimizer_step(opt_g, loss, cfg.lr, cfg.grad_clip)
         if gan_on:  # discriminator step: hinge + LeCam on augmented real / fake
             d_loss = x_hi.new_zeros(())
             for side, img, real in (("up", img_up, x_hi), ("down", img_dn, x_lo)):
@@ -496,9 +452,7 @@ def train(cfg: UpsamplerTrainConfig, out: Path, log: Callable[[str], None] = lam
                 d_side = F.relu(1 - dr).mean() + F.relu(1 + df).mean()
                 d_loss = d_loss + d_side + cfg.lecam_weight * lecam[side](dr, df)
                 logs[f"{side}_disc"] = d_side.item()
-            opt_d.zero_grad(set_to_none=True)
-            d_loss.backward()
-            opt_d.step()
+            optimizer_step(opt_d, d_loss, cfg.disc_lr)
         step += 1
         for k, v in logs.items():
             window.setdefault(k, []).append(v)
@@ -516,13 +470,13 @@ def train(cfg: UpsamplerTrainConfig, out: Path, log: Callable[[str], None] = lam
             history.append({"step": step, **ev, "elapsed_s": round(elapsed, 1)})
             log(f"eval step {step}: {json.dumps(ev)}")
         if step % cfg.ckpt_every == 0 or step % cfg.eval_every == 0 or step == cfg.steps:
-            save_state(state_path, model, opts, {"step": step, "history": history, "elapsed": elapsed,
-                                                 "config": asdict(cfg),
-                                                 "lecam": {k: (v.real, v.fake) for k, v in lecam.items()}})
+            save_train_state(state_path, {"model": model}, opts, {
+                "step": step, "history": history, "elapsed": elapsed, "config": asdict(cfg),
+                "lecam": {k: (v.real, v.fake) for k, v in lecam.items()}})
             t_last = time.perf_counter()
     # metrics of the fp16 weights that ship
     shipped = UpDownSampler(pcfg)
-    state = {k: (v.half() if v.is_floating_point() else v).contiguous() for k, v in pair.state_dict().items()}
+    state = fp16_state(pair)
     shipped.load_state_dict({k: v.float() for k, v in state.items()})
     metrics = {**evaluate(shipped.eval(), vq, data, r), "steps": step, "train_seconds": round(elapsed, 1),
                "history": history, "perceptual": perc.name if perc else "none",
@@ -533,36 +487,15 @@ def train(cfg: UpsamplerTrainConfig, out: Path, log: Callable[[str], None] = lam
             "grid_low": grid_hi // r, "grid_high": grid_hi, "modality": "image", "parent": None,
             "warm_start": cfg.warm_start or None, "created_by": command, "train_config": asdict(cfg),
             "metrics": metrics}
-    entry = None
-    if cfg.name:
-        from specgen import registry
-
-        entry = registry.save("upsampler", cfg.name, state, meta)
-    if cfg.ship_dir:
-        from specgen.train.image_gpt import ship
-
-        ship(Path(cfg.ship_dir), state, {"kind": "upsampler", "name": cfg.name or "upsampler", **meta})
+    entry = publish("upsampler", cfg.name, cfg.ship_dir, state, meta, "upsampler")
     log(f"done: {json.dumps({k: v for k, v in metrics.items() if k != 'history'})}")
     return {"metrics": metrics, "entry": entry}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specgen.train.upsampler", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", default=None, help="YAML recipe, e.g. recipes/tiny/upsampler-2x.yaml")
-    parser.add_argument("--out", required=True, help="run directory (resumed if it holds state.safetensors)")
-    parser.add_argument("--log", default=None, help="log file (default: OUT/train.log); also echoed to stderr")
-    parser.add_argument("overrides", nargs="*", help="key=value overrides of recipe keys")
-    args = parser.parse_args(argv)
-    cfg = load_recipe(args.config, args.overrides)
-    log_path = Path(args.log) if args.log else Path(args.out) / "train.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-
-    log = file_logger(log_path)
-
-    res = train(cfg, Path(args.out), log, command="python -m specgen.train.upsampler")
-    print(json.dumps({k: v for k, v in res["metrics"].items() if k != "history"}))
-    return 0
+    parser = script_parser("specgen.train.upsampler", __doc__, "recipes/tiny/upsampler-2x.yaml")
+    cfg, args, log = parse_recipe(parser, UpsamplerTrainConfig, argv)
+    return print_metrics(train(cfg, Path(args.out), log, command="python -m specgen.train.upsampler")["metrics"])
 
 
 if __name__ == "__main__":

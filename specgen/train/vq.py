@@ -2,25 +2,23 @@
 
 from __future__ import annotations
 
-import argparse
 import json
-import math
 import os
-import tempfile
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field, fields, replace
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
 
-from specgen.train.script import file_logger
 from specgen.data.images import ImageCrops, ImageCropsConfig
 from specgen.models.vq import VQ_CONFIGS, VQConfig, VQModel
+from specgen.train.checkpoint import fp16_state, load_train_state, save_train_state, write_entry
+from specgen.train.optim import OptimConfig, optimizer_step
+from specgen.train.script import parse_recipe, print_metrics, script_parser
 
 # Loss choice (no downloaded weights): L1 + MSE on pixels, plus an L1 loss on horizontal/vertical image
 # gradients ("edge loss") standing in for LPIPS: it penalises the blur that pixel losses tolerate and needs
@@ -30,8 +28,8 @@ from specgen.models.vq import VQ_CONFIGS, VQConfig, VQModel
 
 
 @dataclass(frozen=True)
-class VQTrainConfig:
-    """Everything a VQ training run depends on (a YAML recipe sets any subset of these keys)."""
+class VQTrainConfig(OptimConfig):
+    """Everything a VQ training run depends on (a YAML recipe sets any subset; AdamW/schedule keys: OptimConfig)."""
 
     model: str = "vq-tiny"  # a VQ_CONFIGS name
     model_overrides: dict[str, Any] = field(default_factory=dict)  # VQConfig fields to change
@@ -43,13 +41,7 @@ class VQTrainConfig:
     batch_size: int = 32
     patch_size: int = 32  # train on random patch_size sub-crops of each crop for the first steps ...
     patch_fraction: float = 0.7  # ... this fraction of them; the rest use the full crop_size
-    lr: float = 1e-3
-    min_lr: float = 5e-5
-    warmup_steps: int = 100
-    beta1: float = 0.9
-    beta2: float = 0.95
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
+    warmup_steps: int = 100  # an OptimConfig key with this recipe's default
     l1_weight: float = 1.0
     mse_weight: float = 1.0
     edge_weight: float = 0.5
@@ -67,28 +59,6 @@ class VQTrainConfig:
             raise ValueError(f"unknown model {self.model!r}; known: {sorted(VQ_CONFIGS)}")
         return VQConfig.from_dict({**VQ_CONFIGS[self.model].to_dict(), **self.model_overrides})
 
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "VQTrainConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown VQ training keys {unknown}; known: {sorted(known)}")
-        return cls(**d)
-
-
-def load_recipe(path: str | os.PathLike, overrides: list[str] = ()) -> VQTrainConfig:
-    """YAML recipe + `key=value` overrides (values parsed as YAML) -> VQTrainConfig."""
-    import yaml
-
-    with open(path) as f:
-        d = yaml.safe_load(f) or {}
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ValueError(f"override {item!r} is not key=value")
-        d[key.strip()] = yaml.safe_load(value)
-    return VQTrainConfig.from_dict(d)
-
 
 def psnr(recon: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Per-image PSNR in dB of images in [-1,1] ([B,3,H,W] -> [B]), measured on the [0,1] scale."""
@@ -101,14 +71,6 @@ def edge_loss(recon: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     dx = lambda t: t[..., :, 1:] - t[..., :, :-1]  # noqa: E731
     dy = lambda t: t[..., 1:, :] - t[..., :-1, :]  # noqa: E731
     return F.l1_loss(dx(recon), dx(target)) + F.l1_loss(dy(recon), dy(target))
-
-
-def lr_at(cfg: VQTrainConfig, step: int) -> float:
-    """Linear warmup then cosine decay from lr to min_lr."""
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    t = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
-    return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * min(1.0, t)))
 
 
 def _batch(cfg: VQTrainConfig, data: ImageCrops, step: int) -> torch.Tensor:
@@ -145,25 +107,6 @@ def evaluate(model: VQModel, images: torch.Tensor, batch_size: int = 64) -> dict
     }
 
 
-def fp16_state_dict(model: VQModel) -> dict[str, torch.Tensor]:
-    """Shipping weights: every floating tensor in fp16, contiguous."""
-    return {k: (v.half() if v.is_floating_point() else v).contiguous() for k, v in model.state_dict().items()}
-
-
-def _atomic_write(path: Path, write: Callable[[str], None]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; artefacts are meant to be shipped/shared
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 class VQTrainer:
     """Owns model, optimiser and run directory: `state.safetensors` (resume), `model.safetensors`, `config.json`."""
 
@@ -173,9 +116,7 @@ class VQTrainer:
         torch.manual_seed(cfg.seed)
         self.model_cfg = cfg.model_config()
         self.model = VQModel(self.model_cfg).train()
-        self.opt = torch.optim.AdamW(
-            self.model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay
-        )
+        self.opt = cfg.adamw(self.model.parameters())
         data_cfg = ImageCropsConfig(crop_size=cfg.crop_size, seed=cfg.data_seed)
         self.train_data = ImageCrops(replace(data_cfg, split="train", num_samples=cfg.steps * cfg.batch_size))
         eval_data = ImageCrops(replace(data_cfg, split="eval", num_samples=cfg.eval_samples))
@@ -187,50 +128,23 @@ class VQTrainer:
         self.hits = torch.zeros(self.model_cfg.codebook_size)  # code hits since the last restart check
 
     # --- persistence -------------------------------------------------------------------------------------
-    def _state_tensors(self) -> dict[str, torch.Tensor]:
-        tensors = {f"model.{k}": v.detach().contiguous() for k, v in self.model.state_dict().items()}
-        for i, p in enumerate(self.model.parameters()):
-            for k, v in self.opt.state.get(p, {}).items():
-                tensors[f"optim.{i}.{k}"] = torch.as_tensor(v).detach().clone().contiguous()
-        tensors["trainer.hits"] = self.hits.clone()
-        return tensors
-
     def save_state(self) -> None:
-        meta = {
-            "step": str(self.step),
-            "elapsed": repr(self.elapsed),
-            "cpu": repr(self.cpu),
-            "history": json.dumps(self.history),
-            "config": json.dumps(asdict(self.cfg)),
-        }
-        _atomic_write(self.out / "state.safetensors", lambda p: save_file(self._state_tensors(), p, metadata=meta))
+        meta = {"step": self.step, "elapsed": self.elapsed, "cpu": self.cpu, "history": self.history,
+                "config": asdict(self.cfg)}
+        save_train_state(self.out / "state.safetensors", {"model": self.model}, {"optim": self.opt}, meta,
+                         extra={"trainer.hits": self.hits}, packed=False)
 
     def try_resume(self) -> bool:
-        path = self.out / "state.safetensors"
-        if not path.exists():
+        meta = load_train_state(self.out / "state.safetensors", {"model": self.model}, {"optim": self.opt},
+                                {"config": asdict(self.cfg)}, extra={"trainer.hits": self.hits})
+        if meta is None:
             return False
-        from safetensors import safe_open
-
-        with safe_open(str(path), "pt") as f:
-            meta = f.metadata()
-        if json.loads(meta["config"]) != json.loads(json.dumps(asdict(self.cfg))):
-            raise ValueError(f"{path} was written by a different training config; use a fresh --out")
-        tensors = load_file(str(path))
-        self.model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")}, strict=True)
-        for i, p in enumerate(self.model.parameters()):
-            st = {k.split(".", 2)[2]: v for k, v in tensors.items() if k.startswith(f"optim.{i}.")}
-            if st:
-                self.opt.state[p] = st
-        self.hits = tensors["trainer.hits"]
-        self.step = int(meta["step"])
-        self.elapsed = float(meta["elapsed"])
-        self.cpu = float(meta.get("cpu", "0"))
-        self.history = json.loads(meta["history"])
+        self.step, self.elapsed, self.cpu = meta["step"], float(meta["elapsed"]), float(meta.get("cpu", 0.0))
+        self.history = meta["history"]
         return True
 
     def export(self, metrics: dict[str, Any]) -> None:
         """Write the shipping artefacts: fp16 `model.safetensors` + `config.json`."""
-        _atomic_write(self.out / "model.safetensors", lambda p: save_file(fp16_state_dict(self.model), p))
         doc = {
             "builder": "vq",
             "kind": "vq",
@@ -245,7 +159,7 @@ class VQTrainer:
             "data": {"classes": list(self.train_data.classes), **asdict(self.train_data.config)},
             "metrics": metrics,
         }
-        _atomic_write(self.out / "config.json", lambda p: Path(p).write_text(json.dumps(doc, indent=2) + "\n"))
+        write_entry(self.out, fp16_state(self.model), doc, sort_keys=False)
 
     # --- training ----------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -270,18 +184,12 @@ class VQTrainer:
     def train_step(self) -> dict[str, float]:
         cfg = self.cfg
         images = _batch(cfg, self.train_data, self.step)  # [B,3,S,S]
-        for g in self.opt.param_groups:
-            g["lr"] = lr_at(cfg, self.step)
         out = self.model(images)
         l1 = F.l1_loss(out.recon, images)
         mse = F.mse_loss(out.recon, images)
         edge = edge_loss(out.recon, images)
         loss = cfg.l1_weight * l1 + cfg.mse_weight * mse + cfg.edge_weight * edge + cfg.codebook_weight * out.quant_loss
-        self.opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
-        self.opt.step()
+        optimizer_step(self.opt, loss, cfg.lr_at(self.step, cfg.steps), cfg.grad_clip)
         self.hits += torch.bincount(out.indices.flatten(), minlength=self.hits.numel()).float()
         restarted = 0
         self.step += 1
@@ -310,7 +218,7 @@ class VQTrainer:
             t_last, c_last = now, time.process_time()
             if self.step % cfg.log_every == 0 or self.step == cfg.steps:
                 avg = {k: sum(w[k] for w in window) / len(window) for k in window[0]}
-                self.log(f"step {self.step:5d} lr {lr_at(cfg, self.step - 1):.2e} loss {avg['loss']:.4f} "
+                self.log(f"step {self.step:5d} lr {cfg.lr_at(self.step - 1, cfg.steps):.2e} loss {avg['loss']:.4f} "
                          f"l1 {avg['l1']:.4f} mse {avg['mse']:.5f} edge {avg['edge']:.4f} "
                          f"cb {avg['codebook']:.4f} commit {avg['commit']:.4f} train_psnr {avg['psnr']:.2f} "
                          f"restarted {int(sum(w['restarted'] for w in window))} usage(win) "
@@ -345,7 +253,7 @@ class VQTrainer:
     def _final_metrics(self) -> dict[str, Any]:
         """Metrics of the shipped fp16 weights (loaded back into fp32), not of the fp32 training copy."""
         shipped = VQModel(self.model_cfg)
-        shipped.load_state_dict({k: v.float() for k, v in fp16_state_dict(self.model).items()}, strict=True)
+        shipped.load_state_dict({k: v.float() for k, v in fp16_state(self.model).items()}, strict=True)
         ev = evaluate(shipped, self.eval_images)
         m = self._metrics()
         m.update({"heldout_psnr": ev["psnr"], "heldout_l1": ev["l1"], "codebook_usage": ev["codebook_usage"],
@@ -354,21 +262,9 @@ class VQTrainer:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specgen.train.vq", description=__doc__)
-    parser.add_argument("--config", required=True, help="YAML recipe, e.g. recipes/tiny/vq-images.yaml")
-    parser.add_argument("--out", required=True, help="run directory (resumed if it holds state.safetensors)")
-    parser.add_argument("--log", default=None, help="log file (default: OUT/train.log); also echoed to stderr")
-    parser.add_argument("overrides", nargs="*", help="key=value overrides of recipe keys")
-    args = parser.parse_args(argv)
-    cfg = load_recipe(args.config, args.overrides)
-    log_path = Path(args.log) if args.log else Path(args.out) / "train.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-
-    log = file_logger(log_path)
-
-    metrics = VQTrainer(cfg, args.out, log).run()
-    print(json.dumps({k: v for k, v in metrics.items() if k != "history"}))
-    return 0
+    parser = script_parser("specgen.train.vq", __doc__, "recipes/tiny/vq-images.yaml", config_required=True)
+    cfg, args, log = parse_recipe(parser, VQTrainConfig, argv)
+    return print_metrics(VQTrainer(cfg, args.out, log).run())
 
 
 if __name__ == "__main__":

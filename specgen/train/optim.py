@@ -1,0 +1,52 @@
+"""The optimiser side of every training recipe: AdamW keys, linear warmup + cosine decay, one update step."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """AdamW + warmup/cosine recipe keys, mixed into a recipe's dataclass as plain (flat YAML) fields.
+
+    A recipe whose defaults differ redeclares just those fields (`weight_decay: float = 0.05`).
+    """
+
+    lr: float = 1e-3
+    min_lr: float = 5e-5
+    warmup_steps: int = 50
+    beta1: float = 0.9
+    beta2: float = 0.95
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0  # max global gradient norm (0 = no clipping)
+
+    def adamw(self, params: Iterable[torch.nn.Parameter]) -> torch.optim.AdamW:
+        return torch.optim.AdamW(params, lr=self.lr, betas=(self.beta1, self.beta2), weight_decay=self.weight_decay)
+
+    def lr_at(self, step: int, total: int) -> float:
+        """The learning rate of (0-based) `step` of a `total`-step run."""
+        return cosine_lr(step, total, self.lr, self.min_lr, self.warmup_steps)
+
+
+def cosine_lr(step: int, total: int, lr: float, min_lr: float, warmup: int = 0) -> float:
+    """Linear warmup to `lr` over `warmup` steps, then cosine decay to `min_lr` at step `total` (flat after)."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    t = (step - warmup) / max(1, total - warmup)
+    return min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * min(1.0, t)))
+
+
+def optimizer_step(opt: torch.optim.Optimizer, loss: torch.Tensor, lr: float, grad_clip: float = 0.0) -> None:
+    """One update at learning rate `lr`: zero grads, backward, clip the global norm of the optimiser's
+    parameters' gradients to `grad_clip` (0 = off), step."""
+    for group in opt.param_groups:
+        group["lr"] = lr
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_([p for g in opt.param_groups for p in g["params"]], grad_clip)
+    opt.step()

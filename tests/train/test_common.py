@@ -1,0 +1,193 @@
+"""The training toolkit shared by every trainer: schedule, AdamW step, atomic files, train state, recipes, scripts."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from specgen.config import load_config
+from specgen.errors import UsageError
+from specgen.train.checkpoint import (
+    StaleStateError,
+    atomic_write,
+    fp16_state,
+    load_train_state,
+    save_train_state,
+    write_entry,
+)
+from specgen.train.optim import OptimConfig, cosine_lr, optimizer_step
+from specgen.train.script import parse_recipe, print_metrics, script_parser
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_cosine_lr_warms_up_then_decays_to_min_lr():
+    lr, low = 1e-3, 1e-4
+    assert cosine_lr(0, 100, lr, low, warmup=10) == pytest.approx(lr / 10)
+    assert cosine_lr(9, 100, lr, low, warmup=10) == pytest.approx(lr)  # last warmup step reaches lr
+    assert cosine_lr(10, 100, lr, low, warmup=10) == pytest.approx(lr)  # cosine starts at lr
+    assert cosine_lr(55, 100, lr, low, warmup=10) == pytest.approx((lr + low) / 2)  # half way
+    assert cosine_lr(100, 100, lr, low, warmup=10) == pytest.approx(low)
+    assert cosine_lr(150, 100, lr, low, warmup=10) == pytest.approx(low)  # flat after the end
+    assert cosine_lr(0, 100, lr, low) == lr  # no warmup
+    lrs = [cosine_lr(s, 100, lr, low, 10) for s in range(10, 101)]
+    assert all(a >= b for a, b in itertools.pairwise(lrs))
+
+
+def test_optim_config_builds_adamw_and_schedule():
+    cfg = OptimConfig(lr=2e-3, min_lr=0.0, warmup_steps=4, beta1=0.8, beta2=0.9, weight_decay=0.1)
+    opt = cfg.adamw([torch.nn.Parameter(torch.zeros(2))])
+    group = opt.param_groups[0]
+    assert (group["lr"], group["betas"], group["weight_decay"]) == (2e-3, (0.8, 0.9), 0.1)
+    assert cfg.lr_at(7, 20) == cosine_lr(7, 20, 2e-3, 0.0, 4)
+
+
+@pytest.mark.parametrize("clip", [0.0, 1e-3])
+def test_optimizer_step_sets_lr_and_clips_the_global_norm(clip):
+    w = torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.SGD([w], lr=123.0)
+    optimizer_step(opt, (10 * w).sum(), lr=0.5, grad_clip=clip)  # grad = 10 per entry, norm 10 * sqrt(3)
+    assert opt.param_groups[0]["lr"] == 0.5
+    step = (1 - w.detach()).norm().item()  # = lr * |grad| after clipping
+    assert step == pytest.approx(0.5 * (clip if clip else 10 * math.sqrt(3)), rel=1e-4)
+
+
+def test_atomic_write_leaves_nothing_partial(tmp_path):
+    path = tmp_path / "sub" / "model.safetensors"
+    atomic_write(path, lambda p: Path(p).write_text("old"))
+    assert path.read_text() == "old" and path.stat().st_mode & 0o777 == 0o644
+
+    def fail(p: str) -> None:
+        Path(p).write_text("half")
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError):
+        atomic_write(path, fail)
+    assert path.read_text() == "old" and [p.name for p in path.parent.iterdir()] == ["model.safetensors"]
+    with pytest.raises(RuntimeError):
+        atomic_write(tmp_path / "new.json", fail)
+    assert not (tmp_path / "new.json").exists()
+
+
+def test_write_entry_and_fp16_state(tmp_path):
+    tied = torch.nn.Linear(2, 2, bias=False)
+    model = torch.nn.ModuleDict({"a": tied, "b": tied})  # b.weight aliases a.weight
+    state = fp16_state(model)
+    assert set(state) == {"a.weight", "b.weight"} and state["a.weight"].dtype == torch.float16
+    assert set(fp16_state(model, untie=True)) == {"a.weight"}
+    write_entry(tmp_path / "e", fp16_state(model, untie=True), {"z": 1, "a": [1, 2]})
+    text = (tmp_path / "e" / "config.json").read_text()
+    assert text.endswith("}\n") and text.index('"a"') < text.index('"z"')  # sorted keys, final newline
+    weights = load_file(str(tmp_path / "e" / "model.safetensors"))
+    assert list(weights) == ["a.weight"] and torch.equal(weights["a.weight"], state["a.weight"])
+    write_entry(tmp_path / "f", state, {"z": 1, "a": 2}, sort_keys=False)
+    assert list(json.loads((tmp_path / "f" / "config.json").read_text())) == ["z", "a"]
+
+
+def _trained(seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    model[0].bias.requires_grad_(False)  # a frozen parameter is skipped by the optimiser
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    return model, opt
+
+
+def _step(model: torch.nn.Module, opt: torch.optim.Optimizer, i: int) -> None:
+    x = torch.randn(16, 4, generator=torch.Generator().manual_seed(i))
+    optimizer_step(opt, model(x).pow(2).mean(), 1e-2, 1.0)
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_train_state_round_trip_resumes_exactly(tmp_path, packed):
+    model, opt = _trained()
+    for i in range(3):
+        _step(model, opt, i)
+    hits = torch.arange(5.0)
+    meta = {"step": 3, "elapsed": 1.5, "history": [{"step": 3, "loss": 0.1}], "config": {"lr": 0.01, "steps": 9}}
+    path = tmp_path / "state.safetensors"
+    save_train_state(path, {"model": model}, {"optim": opt}, meta, extra={"trainer.hits": hits}, packed=packed)
+    assert "optim.0.exp_avg" in load_file(str(path)) and "model.0.weight" in load_file(str(path))
+
+    fresh, fresh_opt = _trained(seed=1)
+    fresh_hits = torch.zeros(5)
+    got = load_train_state(path, {"model": fresh}, {"optim": fresh_opt}, {"config": meta["config"]},
+                           extra={"trainer.hits": fresh_hits})
+    assert got == meta and torch.equal(fresh_hits, hits)
+    for a, b in zip(model.state_dict().values(), fresh.state_dict().values()):
+        assert torch.equal(a, b)
+    for p, q in zip(opt.param_groups[0]["params"], fresh_opt.param_groups[0]["params"]):
+        assert all(torch.equal(opt.state[p][k], fresh_opt.state[q][k]) for k in opt.state[p])
+    _step(model, opt, 3)  # one more step of the original and of the restored run: identical weights
+    _step(fresh, fresh_opt, 3)
+    for a, b in zip(model.parameters(), fresh.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_train_state_refuses_another_config_but_not_a_new_budget(tmp_path):
+    model, opt = _trained()
+    path = tmp_path / "state.safetensors"
+    assert load_train_state(path, {"model": model}, {"optim": opt}, {"config": {}}) is None
+    save_train_state(path, {"model": model}, {"optim": opt}, {"step": 0, "config": {"lr": 0.01, "steps": 9}})
+    with pytest.raises(StaleStateError, match="different config") as err:
+        load_train_state(path, {"model": model}, {"optim": opt}, {"config": {"lr": 0.02, "steps": 9}})
+    assert isinstance(err.value, ValueError) and isinstance(err.value, UsageError)
+    with pytest.raises(StaleStateError, match="different target_sha"):
+        load_train_state(path, {"model": model}, {"optim": opt}, {"config": {"lr": 0.01, "steps": 9},
+                                                                  "target_sha": "abc"})
+    meta = load_train_state(path, {"model": model}, {"optim": opt}, {"config": {"lr": 0.01, "steps": 20}},
+                            loose=("steps",))
+    assert meta["step"] == 0
+
+
+RECIPES = {  # recipe -> (module, config class)
+    "image-gpt": ("image_gpt", "ImageGPTTrainConfig"),
+    "image-gpt-lowres": ("image_gpt_lowres", "LowresGPTTrainConfig"),
+    "vq-images": ("vq", "VQTrainConfig"),
+    "mesh-gpt": ("mesh", "MeshTrainConfig"),
+    "eagle-image": ("eagle", "EagleTrainConfig"),
+    "image-classifier": ("classifier", "ClassifierTrainConfig"),
+    "upsampler-2x": ("upsampler", "UpsamplerTrainConfig"),
+    "upsampler-4x": ("upsampler", "UpsamplerTrainConfig"),
+    "xspecmesh-heads": ("heads", "HeadsTrainConfig"),
+}
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPES))
+def test_every_recipe_key_loads_into_the_same_value(recipe):
+    import importlib
+
+    module, cls = RECIPES[recipe]
+    cls = getattr(importlib.import_module(f"specgen.train.{module}"), cls)
+    path = ROOT / "recipes" / "tiny" / f"{recipe}.yaml"
+    cfg = load_config(cls, path)
+    for key, value in yaml.safe_load(path.read_text()).items():
+        assert getattr(cfg, key) == value, key
+    assert load_config(cls, path, ["seed=3"]).seed == 3
+    with pytest.raises(UsageError, match="bad config"):
+        load_config(cls, path, ["no_such_key=1"])
+
+
+def test_script_parser_loads_recipe_overrides_and_logger(tmp_path, capsys):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("lr: 2.0e-3\nwarmup_steps: 7\n")
+    parser = script_parser("specgen.train.x", "Train x.", "recipes/tiny/x.yaml")
+    argv = ["--config", str(recipe), "--out", str(tmp_path / "run"), "min_lr=1e-5"]
+    cfg, _, log = parse_recipe(parser, OptimConfig, argv)
+    assert (cfg.lr, cfg.warmup_steps, cfg.min_lr, cfg.beta2) == (2e-3, 7, 1e-5, 0.95)
+    assert not (tmp_path / "run").exists()  # the run folder appears with the first log line
+    log("hello")
+    assert (tmp_path / "run" / "train.log").read_text().endswith(" hello\n")
+    with pytest.raises(UsageError):
+        parse_recipe(parser, OptimConfig, ["--out", str(tmp_path), "lr0=1"])
+    with pytest.raises(SystemExit):
+        parse_recipe(script_parser("m", "", "r.yaml", config_required=True), OptimConfig, ["--out", "x"])
+    capsys.readouterr()
+    assert print_metrics({"loss": 1.0, "history": [1, 2]}) == 0
+    assert json.loads(capsys.readouterr().out) == {"loss": 1.0}
