@@ -1,10 +1,16 @@
-"""Image benchmark: image methods x temperatures on the same classes and seeds, interleaved, in one process.
+"""Image benchmark: image methods x temperatures on the same conditions and seeds, interleaved, in one process.
 
 Rows (one per method and temperature): speedup vs `ar` (median of per-image wall-time ratios), tau,
-d-bar, NFE, TPF, drafter time share, exact match vs `ar` (lossless methods at T = 0 must be 1.0), and
-quality: mean target NLL of the generated tokens (teacher-forced under the CFG distribution the
-sampler uses, T = 1), class accuracy and FID in the feature space of the offline classifier trained by
-`recipes/tiny/image-classifier.yaml` (labelled "clf-FID": it is not Inception FID).
+d-bar, NFE, TPF, drafter time share, exact match vs `ar` (lossless methods at T = 0 must be 1.0), the
+images' conditions (`classes`: class names, c2i; `captions`: caption indices in the features file, t2i)
+and quality: mean target NLL of the generated tokens (teacher-forced under the CFG distribution the
+sampler uses, T = 1, with each image's class or caption), class accuracy and FID in the feature space of
+the offline classifier trained by `recipes/tiny/image-classifier.yaml` (labelled "clf-FID": it is not
+Inception FID).
+
+Text-conditional (t2i) models decode one image per caption of `captions` (a caption-features file, as
+`generate --captions`; cycled to `num`). Their rows have NLL but no class accuracy or clf-FID: both
+measure images against class labels (and the classifier's class photos), which captions do not give.
 
 A method entry may carry a variant tag, `method@tag` (e.g. `vvs@u`, `vvs@d`): its row is labelled with
 the entry and decoded by `method` with `method_options[method]` updated by `method_options[entry]`, so
@@ -31,8 +37,9 @@ import torch
 
 from specgen.decoding.stats import DecodeStats
 from specgen.errors import UsageError
-from specgen.image.generate import ImageGenConfig, ImageModel, generate_images, resolve_classes
-from specgen.image.target import CFGTarget
+from specgen.image.captions import Caption
+from specgen.image.generate import ImageGenConfig, ImageModel, conditioned, generate_images, image_conditions
+from specgen.image.methods import build_image_method
 from specgen.methods import get_method
 
 
@@ -46,8 +53,9 @@ class ImageBenchConfig:
     model: str = "tiny-image-gpt"
     drafter: str = ""
     temperatures: list[float] = field(default_factory=lambda: [0.0, 1.0])
-    num: int = 16  # images per method and temperature (classes cycled)
-    classes: list[str] = field(default_factory=list)
+    num: int = 16  # images per method and temperature (classes or captions cycled)
+    classes: list[str] = field(default_factory=list)  # c2i: names or ids; empty = cycle through all classes
+    captions: str = ""  # t2i: caption-features file, as `generate --captions` (.safetensors/.npz/.npy)
     cfg_scale: float = 4.0
     seed: int = 0
     device: str = "cpu"
@@ -140,49 +148,78 @@ def check_image_methods(cfg: ImageBenchConfig) -> None:
 
 
 @torch.inference_mode()
-def target_nll(im: ImageModel, cfg_scale: float, label: int, tokens: list[int]) -> float:
-    """Mean NLL per token of `tokens` under the target's CFG distribution at temperature 1."""
-    target = CFGTarget(im.model, cfg_scale)
-    cache = target.new_cache(1, len(tokens) + 2)
-    first = target.prefill(torch.tensor([[label]]), cache)
+def target_nll(im: ImageModel, cfg_scale: float, cond: int | Caption, tokens: list[int]) -> float:
+    """Mean NLL per token of `tokens` under the target's CFG distribution at temperature 1, given the
+    image's condition (class id, c2i; Caption, t2i)."""
+    parts, prompt, _ = conditioned(im, cfg_scale, cond)
+    target, p = parts.target, len(prompt)
+    cache = target.new_cache(1, p + len(tokens) + 1)
+    first = target.prefill(torch.tensor([prompt]), cache)
     seq = torch.tensor([tokens[:-1]])
-    out = target.forward(seq, torch.arange(1, len(tokens)).unsqueeze(0), cache, None)
+    out = target.forward(seq, torch.arange(p, p + len(tokens) - 1).unsqueeze(0), cache, None)
     logits = torch.cat([first.logits[0, -1:], out.logits[0]], 0).float()  # [N, V]
     return float(-logits.log_softmax(-1).gather(1, torch.tensor(tokens)[:, None]).mean())
+
+
+# flags of the conditioning errors: the benchmark takes them as config keys
+BENCH_FLAGS = {"num": "num (--limit)", "classes": "classes=[...]", "captions": "captions=FILE"}
+
+
+def bench_conditions(im: ImageModel, cfg: ImageBenchConfig) -> list[int] | list[Caption]:
+    """The `num` conditions every method decodes, checked against the model (as `generate` checks them)."""
+    return image_conditions(im, ImageGenConfig(num=cfg.num, classes=list(cfg.classes), captions=cfg.captions),
+                            BENCH_FLAGS)
+
+
+def check_builds(im: ImageModel, cfg: ImageBenchConfig, cond: int | Caption) -> None:
+    """Build every entry's drafter once on the model, so a method that cannot run on it (mulo-sd on t2i, no
+    EAGLE drafter, bad options) fails with one line before any image is decoded."""
+    parts = conditioned(im, cfg.cfg_scale, cond)[0]
+    for m in cfg.methods:
+        build_image_method(method_of(m), parts, options_of(cfg, m))
+
+
+def condition_names(im: ImageModel, conditions: list[int] | list[Caption]) -> dict[str, list]:
+    """What the rows record about the images' conditions: class names (c2i) or caption indices (t2i)."""
+    if im.text_conditional:
+        return {"captions": [c.index for c in conditions]}
+    return {"classes": [im.classes[c] if c < len(im.classes) else c for c in conditions]}
 
 
 def run_image_benchmark(im: ImageModel, cfg: ImageBenchConfig, on_step=None) -> tuple[list[dict], dict]:
     """Every method on every (temperature, image) pair; returns rows and pixels per (method, T)."""
     cfg = with_extra_rows(cfg)
     check_image_methods(cfg)
+    conditions = bench_conditions(im, cfg)  # [num] class ids or captions, refused before any decoding
+    check_builds(im, cfg, conditions[0])
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    labels = resolve_classes(cfg.classes, im.classes, cfg.num)
-    base = ImageGenConfig(model=cfg.model, cfg_scale=cfg.cfg_scale, seed=cfg.seed, device=cfg.device,
-                          classes=[str(l) for l in labels], num=1)
+    base = ImageGenConfig(model=cfg.model, cfg_scale=cfg.cfg_scale, seed=cfg.seed, device=cfg.device, num=1)
     # warm-up: one image per method (allocations, neighbour tables)
     for m in cfg.methods:
-        generate_images(im, replace(base, method=method_of(m), method_options=options_of(cfg, m)))
+        generate_images(im, replace(base, method=method_of(m), method_options=options_of(cfg, m)),
+                        conditions=conditions[:1])
     rows, pixels = [], {}
     for temp in cfg.temperatures:
         runs: dict[str, list] = {m: [] for m in cfg.methods}
-        for i, label in enumerate(labels):
+        for i, cond in enumerate(conditions):
             for m in cfg.methods:
-                one = replace(base, method=method_of(m), temperature=temp, classes=[str(label)],
-                              seed=cfg.seed * 7919 + i, method_options=options_of(cfg, m))
-                samples, px = generate_images(im, one)
+                one = replace(base, method=method_of(m), temperature=temp, seed=cfg.seed * 7919 + i,
+                              method_options=options_of(cfg, m))
+                samples, px = generate_images(im, one, conditions=[cond])
                 runs[m].append((samples[0], px[0]))
             if on_step:
                 on_step()
         for m, rs in runs.items():
             pixels[(m, temp)] = torch.stack([p for _, p in rs])
-            rows.append(summarise(im, cfg, m, temp, rs, runs["ar"]))
+            rows.append(summarise(im, cfg, m, temp, rs, runs["ar"], conditions))
     if cfg.quality:
-        add_classifier_metrics(cfg, rows, pixels, labels)
+        add_classifier_metrics(cfg, rows, pixels, conditions)
     return rows, pixels
 
 
-def summarise(im: ImageModel, cfg: ImageBenchConfig, method: str, temp: float, rs: list, ar: list) -> dict:
+def summarise(im: ImageModel, cfg: ImageBenchConfig, method: str, temp: float, rs: list, ar: list,
+              conditions: list[int] | list[Caption]) -> dict:
     total = DecodeStats()
     for s, _ in rs:
         total.merge(s.stats)
@@ -199,13 +236,19 @@ def summarise(im: ImageModel, cfg: ImageBenchConfig, method: str, temp: float, r
     if total.extras.get("draft_tokens"):  # mulo-sd: Eq. 5 pass rate and share re-sampled after expansion
         row["accept_rate"] = total.extras["pass_tokens"] / total.extras["draft_tokens"]
         row["resampled_share"] = total.extras["resampled_tokens"] / total.extras["draft_tokens"]
+    row.update(condition_names(im, conditions))
     if cfg.quality:
-        row["nll"] = statistics.fmean(target_nll(im, cfg.cfg_scale, s.label, s.tokens) for s, _ in rs)
+        row["nll"] = statistics.fmean(target_nll(im, cfg.cfg_scale, c, s.tokens) for (s, _), c in zip(rs, conditions))
     return row
 
 
-def add_classifier_metrics(cfg: ImageBenchConfig, rows: list[dict], pixels: dict, labels: list[int]) -> None:
-    """clf-FID and class accuracy from the offline classifier, when it is available."""
+def add_classifier_metrics(cfg: ImageBenchConfig, rows: list[dict], pixels: dict,
+                           conditions: list[int] | list[Caption]) -> None:
+    """clf-FID and class accuracy from the offline classifier, when it is available (c2i rows only)."""
+    if any(isinstance(c, Caption) for c in conditions):
+        for r in rows:
+            r["quality_note"] = "no classifier metrics: t2i images have captions, not class labels"
+        return
     try:
         from specgen import registry
         from specgen.eval import image_metrics
@@ -216,8 +259,8 @@ def add_classifier_metrics(cfg: ImageBenchConfig, rows: list[dict], pixels: dict
             r["quality_note"] = f"no classifier metrics: {str(e).splitlines()[0][:80]}"
         return
     # reference: unseen train-region crops (seed + 1; seed 0 are the GPT's own training crops)
-    ref = image_metrics.reference_features(clf, max(256, 4 * len(labels)), cfg.seed + 1)
-    y = torch.tensor(labels)
+    ref = image_metrics.reference_features(clf, max(256, 4 * len(conditions)), cfg.seed + 1)
+    y = torch.tensor(conditions)
     for r in rows:
         px = pixels[(r["method"], r["temperature"])]
         feats = image_metrics.image_features(clf, px)

@@ -113,29 +113,42 @@ def resolve_classes(spec: list[str], names: list[str], num: int) -> list[int]:
 
 
 DEFAULT_NUM = 8  # c2i images when `num` is 0
+# how each command spells the condition options in its one-line errors: name -> flag
+GENERATE_FLAGS = {"num": "--num", "classes": "--classes", "captions": "--captions FILE"}
 
 
-def image_conditions(im: ImageModel, cfg: ImageGenConfig) -> list[int] | list[Caption]:
+def image_conditions(im: ImageModel, cfg: ImageGenConfig, flags: dict[str, str] = GENERATE_FLAGS
+                     ) -> list[int] | list[Caption]:
     """What each image is conditioned on: class ids (c2i) or left-padded captions (t2i), cycled to `num`.
 
     Checks the request against the model's conditioning before any decoding: captions for a c2i model,
-    classes for a t2i model, and a t2i model without captions are usage errors.
+    classes for a t2i model, and a t2i model without captions are usage errors (naming `flags`).
     """
     if cfg.num < 0:
-        raise UsageError(f"--num must be >= 1, got {cfg.num}")
+        raise UsageError(f"{flags['num']} must be >= 1, got {cfg.num}")
     if not im.text_conditional:
         if cfg.captions:
-            raise UsageError(f"{im.entry.ref} is class-conditional (c2i): use --classes, not --captions")
+            raise UsageError(f"{im.entry.ref} is class-conditional (c2i): it takes class labels ({flags['classes']}), "
+                             f"not caption features ({flags['captions']})")
         return resolve_classes(cfg.classes, im.classes, cfg.num or DEFAULT_NUM)
     if cfg.classes:
-        raise UsageError(f"{im.entry.ref} is text-conditional (t2i): pass caption features with --captions, "
-                         "not --classes")
+        raise UsageError(f"{im.entry.ref} is text-conditional (t2i): pass caption features with {flags['captions']}, "
+                         f"not {flags['classes']}")
     if not cfg.captions:
-        raise UsageError(f"{im.entry.ref} is text-conditional (t2i): it needs --captions FILE "
+        raise UsageError(f"{im.entry.ref} is text-conditional (t2i): it needs {flags['captions']} "
                          "(precomputed T5 caption features; see README)")
     captions = read_captions(cfg.captions, im.model.cfg.n_cond, im.model.cfg.caption_dim)
     n = cfg.num or len(captions)
     return [captions[i % len(captions)] for i in range(n)]
+
+
+def conditioned(im: ImageModel, cfg_scale: float, cond: int | Caption) -> tuple[ImageParts, list[int], int]:
+    """Method inputs, decode prompt and label (class id, or caption index in its file) for one condition."""
+    caption = cond if isinstance(cond, Caption) else None
+    parts = im.parts(cfg_scale, caption)
+    if caption is None:
+        return parts, [cond], cond
+    return parts, parts.target.prompt(), caption.index
 
 
 @dataclass(frozen=True)
@@ -164,10 +177,7 @@ def generate_images(im: ImageModel, cfg: ImageGenConfig, on_done=None,
     n_tokens = im.grid * im.grid
     samples = []
     for i, cond in enumerate(conditions):
-        caption = cond if isinstance(cond, Caption) else None
-        parts = im.parts(cfg.cfg_scale, caption)
-        prompt = parts.target.prompt() if caption is not None else [cond]
-        label = cond.index if caption is not None else cond
+        parts, prompt, label = conditioned(im, cfg.cfg_scale, cond)
         drafter, rule = build_image_method(cfg.method, parts, dict(cfg.method_options))
         generator = torch.Generator().manual_seed(cfg.seed * 100_003 + i)
         res = run_drafter(parts.target, drafter, prompt, n_tokens, params, generator=generator, rule=rule,
