@@ -26,6 +26,8 @@ EPILOG = """examples:
   specgen train-heads --kind xspecmesh --out runs/quick target=mesh-gpt-tiny num_sequences=16 stage1_epochs=1 stages=1
 
   specgen train-heads --kind eagle --config recipes/tiny/eagle-image.yaml --out runs/eagle-image target=tiny-image-gpt
+
+  specgen train-heads --kind eagle --out runs/t2i-eagle target=t2i-xl captions=feats.safetensors name=t2i-xl-eagle
 """
 
 

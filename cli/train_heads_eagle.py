@@ -1,4 +1,4 @@
-"""`specgen train-heads --kind eagle`: an EAGLE feature drafter for a class-conditional image target.
+"""`specgen train-heads --kind eagle`: an EAGLE feature drafter for an image target (c2i, or t2i with captions=FILE).
 
 Registered in `cli/train_heads.py` KINDS; the work is `specgen.train.eagle.train`.
 """

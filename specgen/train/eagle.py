@@ -1,15 +1,25 @@
-"""Train an EAGLE feature drafter (`specgen/models/eagle.py`) on a class-conditional image target's own samples.
+"""Train an EAGLE feature drafter (`specgen/models/eagle.py`) on an image target's own samples (c2i or t2i).
 
     specgen train-heads --kind eagle --config recipes/tiny/eagle-image.yaml --out RUN [key=value ...]
+    specgen train-heads --kind eagle --out RUN target=<t2i target> captions=FEATURES name=<drafter> [key=value ...]
     python -m specgen.train.eagle --config recipes/tiny/eagle-image.yaml --out RUN [--log FILE] [key=value ...]
 
 Data: `samples_per_class` images per class sampled from the target with CFG (`cfg_scale`, temperature 1,
 top-k 0, top-p 1: LlamaGen's sampling), recording the tokens and the target features of *both* branches
-(conditional and null class), so the drafter learns to draft under CFG. Generations are cached under
-`data_cache` (keyed by the target's weights and the sampling settings).
+(conditional and null class), so the drafter learns to draft under CFG. A text-conditional (t2i) target
+samples `samples_per_class` images per caption of `captions` (a caption-features file, as `generate
+--captions`), the null branch being its `uncond_embedding`; padded caption slots are hidden as keys exactly
+as in decoding (`sample_t2i`). Generations are cached under `data_cache` (keyed by the target's weights,
+the sampling settings and, for t2i, the captions file's content).
 
-Objective (EAGLE): for every drafter row (f_t, x_{t+1}) at position t+1, predict f_{t+1}:
-`feature_weight * smoothL1(h, f_{t+1}) + token_weight * CE(softmax(head(f_{t+1})), log_softmax(head(h)))`
+Rows (`drafter_inputs`): the drafter never sees condition positions, in training as in decoding
+(`EagleTreeDrafter` starts from the feature of the last condition slot), so padded caption slots never reach
+it: row r pairs f_r with image token r at position `first_image_position` + r, where f_0 is the feature of
+the last condition position (c2i: the class position 0; t2i: caption slot n_cond - 1) and f_r (r >= 1) the
+feature at image token r - 1.
+
+Objective (EAGLE): for every drafter row (f_r, image token r), predict f_{r+1}:
+`feature_weight * smoothL1(h, f_{r+1}) + token_weight * CE(softmax(head(f_{r+1})), log_softmax(head(h)))`
 with the target's frozen head (weights 1.0 / 0.1 as EAGLE). Uniform noise of amplitude `feature_noise`
 is added to input features (EAGLE's robustness trick). AdamW, warmup + cosine, gradient clipping; resumable.
 
@@ -22,7 +32,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -32,10 +42,11 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from specgen.errors import UsageError
+from specgen.image.captions import Caption, read_captions
 from specgen.models.eagle import EagleNet
 from specgen.models.transformer import Transformer
 from specgen.train.checkpoint import fp16_state, load_train_state, publish, save_tensors, save_train_state
-from specgen.train.image_gpt import sample_c2i
+from specgen.train.image_gpt import sample_c2i, sample_t2i
 from specgen.train.optim import OptimConfig, optimizer_step
 from specgen.train.script import parse_recipe, print_metrics, script_parser
 
@@ -44,12 +55,13 @@ from specgen.train.script import parse_recipe, print_metrics, script_parser
 class EagleTrainConfig(OptimConfig):
     """Everything an EAGLE drafter run depends on (a YAML recipe sets any subset; AdamW/schedule keys: OptimConfig)."""
 
-    target: str = "tiny-image-gpt"  # registry name of a class-conditional image target
+    target: str = "tiny-image-gpt"  # registry name of an image target (LlamaGen c2i or t2i GPT)
     name: str = "tiny-image-eagle"  # registered as draft/<name> ("" = do not register)
     init: str = ""  # optional: warm-start from this registered drafter (must belong to `target`)
     data_cache: str = ".notes/eagle_data"
-    samples_per_class: int = 24  # training generations per class
-    eval_samples_per_class: int = 2  # held-out generations per class (other seed)
+    samples_per_class: int = 24  # training generations per class (t2i: per caption)
+    eval_samples_per_class: int = 2  # held-out generations per class or caption (other seed)
+    captions: str = ""  # t2i targets only: caption-features file (.safetensors/.npz/.npy, as `generate --captions`)
     cfg_scale: float = 4.0
     temperature: float = 1.0
     top_k: int = 0
@@ -71,7 +83,7 @@ class EagleTrainConfig(OptimConfig):
 
 
 def load_image_target(name: str):
-    """(entry, model) of a class-conditional image target; anything else is a usage error."""
+    """(entry, model) of a LlamaGen image target (c2i or t2i); anything else is a usage error."""
     from specgen import registry
 
     entry = registry.find(name)
@@ -79,29 +91,52 @@ def load_image_target(name: str):
         raise UsageError(f"{entry.ref} is a {entry.kind}, not a target; pass target=<image target>")
     model = registry.load_module(entry)
     cfg = getattr(model, "cfg", None)
-    if not isinstance(model, Transformer) or not cfg.num_classes or not cfg.rope_grid:
-        raise UsageError(f"{entry.ref} is not a class-conditional image target (LlamaGen c2i GPT)")
+    if not isinstance(model, Transformer) or cfg.cond_kind not in ("class", "caption") or not cfg.rope_grid:
+        raise UsageError(f"{entry.ref} is not an image target (LlamaGen c2i or t2i GPT)")
     for p in model.parameters():
         p.requires_grad_(False)
     return entry, model
 
 
+def training_captions(entry, model: Transformer, path: str) -> tuple[list[Caption], str]:
+    """(captions, content hash) a t2i target trains on; ([], "") for c2i. Mismatches are one-line usage errors."""
+    if model.cfg.cond_kind != "caption":
+        if path:
+            raise UsageError(f"{entry.ref} is class-conditional (c2i): its drafter trains on class labels, "
+                             f"not caption features (drop captions={path})")
+        return [], ""
+    if not path:
+        raise UsageError(f"{entry.ref} is text-conditional (t2i): pass captions=FILE (precomputed T5 caption "
+                         "features, as for generate --captions; see README)")
+    captions = read_captions(path, model.cfg.n_cond, model.cfg.caption_dim)
+    return captions, hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+
+
+def first_image_position(cfg) -> int:
+    """Position of image token 0: after the one class position (c2i) or the n_cond caption slots (t2i)."""
+    return cfg.n_cond if cfg.cond_kind == "caption" else 1
+
+
 def generations(model: Transformer, n_per_class: int, cfg: EagleTrainConfig, seed: int, digest: str,
-                log: Callable[[str], None]) -> dict[str, torch.Tensor]:
-    """Cached target samples: tokens [M, N] and features [M, 2, N, D] (branch 0 cond, 1 null; fp16)."""
-    c = model.cfg.num_classes
+                log: Callable[[str], None], captions: Sequence[Caption] = (), captions_sha: str = ""
+                ) -> dict[str, torch.Tensor]:
+    """Cached target samples: tokens [M, N], labels [M] (class, or caption index in its file) and features
+    [M, 2, N, D] (branch 0 cond, 1 null; fp16). With `captions` (t2i) they are cycled `n_per_class` times."""
     key = (f"{digest}-n{n_per_class}-cfg{cfg.cfg_scale}-t{cfg.temperature}-k{cfg.top_k}-p{cfg.top_p}-seed{seed}")
+    key += f"-cap{captions_sha}" if captions else ""
     path = Path(cfg.data_cache) / f"{key}.safetensors"
     if cfg.data_cache and path.is_file():
         log(f"generation cache hit: {path}")
         return load_file(str(path))
-    labels = torch.arange(c).repeat(n_per_class)
+    conds = list(captions) * n_per_class if captions else torch.arange(model.cfg.num_classes).repeat(n_per_class)
+    labels = torch.tensor([c.index for c in conds]) if captions else conds
+    sample = sample_t2i if captions else sample_c2i
     gen = torch.Generator().manual_seed(seed)
     toks, feats = [], []
     t0 = time.perf_counter()
     for i in range(0, labels.shape[0], cfg.gen_batch):
-        t, f = sample_c2i(model, labels[i : i + cfg.gen_batch], cfg.cfg_scale, cfg.temperature, cfg.top_k,
-                          cfg.top_p, gen, features=True)
+        t, f = sample(model, conds[i : i + cfg.gen_batch], cfg.cfg_scale, cfg.temperature, cfg.top_k,
+                      cfg.top_p, gen, features=True)
         toks.append(t)
         feats.append(f.transpose(0, 1).half())  # [b, branches, N, D]
         log(f"generated {i + t.shape[0]}/{labels.shape[0]} target samples ({time.perf_counter() - t0:.0f}s)")
@@ -120,15 +155,22 @@ def rows(data: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     return f.reshape(m * br, *f.shape[2:]), data["tokens"].repeat_interleave(br, dim=0)
 
 
+def drafter_inputs(feats: torch.Tensor, tokens: torch.Tensor, offset: int
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rows the drafter sees for full sequences, as `EagleTreeDrafter` feeds them while decoding: features
+    f_0..f_{N-2} [B, N-1, D], image tokens 0..N-2 [B, N-1] and their positions offset..offset+N-2 [B, N-1]."""
+    b, n = tokens.shape
+    positions = torch.arange(offset, offset + n - 1, device=tokens.device).expand(b, n - 1)
+    return feats[:, :-1].float(), tokens[:, :-1], positions
+
+
 def eagle_loss(net: EagleNet, target: Transformer, feats: torch.Tensor, tokens: torch.Tensor,
                cfg: EagleTrainConfig, noise: torch.Generator | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """EAGLE loss on full sequences: feats [B, N, D] = f_0..f_{N-1}, tokens [B, N] = image tokens 0..N-1."""
-    b, n, _ = feats.shape
-    inp = feats[:, :-1].float()  # f_t, t = 0..N-2
+    inp, toks, positions = drafter_inputs(feats, tokens, first_image_position(target.cfg))
     if noise is not None and cfg.feature_noise > 0:
         inp = inp + (torch.rand(inp.shape, generator=noise) - 0.5) * cfg.feature_noise
-    positions = torch.arange(1, n, device=feats.device).expand(b, n - 1)  # x_{t+1} = image token t at t+1
-    hidden = net(inp, tokens[:, :-1], positions)
+    hidden = net(inp, toks, positions)
     goal = feats[:, 1:].float()  # f_{t+1}
     vloss = F.smooth_l1_loss(hidden, goal)
     with torch.no_grad():
@@ -144,9 +186,9 @@ def evaluate(net: EagleNet, target: Transformer, data: dict[str, torch.Tensor], 
     """Top-1 next-token accuracy of the drafter (CFG-combined over branches) on held-out generations."""
     net.eval()
     f, toks = data["features"].float(), data["tokens"]
-    m, br, n, _ = f.shape
-    pos = torch.arange(1, n).expand(m, n - 1)
-    d_logits = [EagleNet.logits(net(f[:, i, :-1], toks[:, :-1], pos), target).float() for i in range(br)]
+    br = f.shape[1]
+    offset = first_image_position(target.cfg)
+    d_logits = [EagleNet.logits(net(*drafter_inputs(f[:, i], toks, offset)), target).float() for i in range(br)]
     t_logits = [target.output(f[:, i, 1:]).float() for i in range(br)]
     if br == 2:
         d, t = (x[1] + cfg_scale * (x[0] - x[1]) for x in (d_logits, t_logits))
@@ -169,6 +211,7 @@ def train(cfg: EagleTrainConfig, out: Path, log: Callable[[str], None] = lambda 
         raise UsageError("samples_per_class, eval_samples_per_class, steps and batch_size must be >= 1")
     torch.set_num_threads(cfg.num_threads)
     entry, target = load_image_target(cfg.target)
+    captions, captions_sha = training_captions(entry, target, cfg.captions)
     torch.manual_seed(cfg.seed)
     net = EagleNet.from_target(target)
     if cfg.init:
@@ -177,13 +220,16 @@ def train(cfg: EagleTrainConfig, out: Path, log: Callable[[str], None] = lambda 
         net.load_state_dict(registry.load_module(init).state_dict(), strict=True)
     out.mkdir(parents=True, exist_ok=True)
     digest = hashlib.sha256((entry.path / registry.WEIGHTS).read_bytes()).hexdigest()[:16]
-    train_data = generations(target, cfg.samples_per_class, cfg, cfg.seed * 2 + 1, digest, log)
-    eval_data = generations(target, cfg.eval_samples_per_class, cfg, cfg.seed * 2 + 2, digest, log)
+    train_data = generations(target, cfg.samples_per_class, cfg, cfg.seed * 2 + 1, digest, log, captions,
+                             captions_sha)
+    eval_data = generations(target, cfg.eval_samples_per_class, cfg, cfg.seed * 2 + 2, digest, log, captions,
+                            captions_sha)
     feats, tokens = rows(train_data)
     params = [p for p in net.parameters() if p.requires_grad]
     opt = cfg.adamw(params)
     state_path = out / "state.safetensors"
-    meta = load_train_state(state_path, {"model": net}, {"optim": opt}, {"config": asdict(cfg), "target_sha": digest})
+    record = run_record(cfg, digest, captions_sha)
+    meta = load_train_state(state_path, {"model": net}, {"optim": opt}, record)
     step = meta["step"] if meta else 0
     history = meta["history"] if meta else []
     elapsed = meta["elapsed"] if meta else 0.0
@@ -215,7 +261,7 @@ def train(cfg: EagleTrainConfig, out: Path, log: Callable[[str], None] = lambda 
             log(f"eval step {step}: {json.dumps(history[-1])}")
         if step % cfg.ckpt_every == 0 or step % cfg.eval_every == 0 or step == cfg.steps:
             save_train_state(state_path, {"model": net}, {"optim": opt}, {"step": step, "history": history,
-                             "elapsed": elapsed, "config": asdict(cfg), "target_sha": digest})
+                             "elapsed": elapsed, **record})
             t_last = time.perf_counter()
     # metrics of the fp16 weights that ship
     shipped = EagleNet(net.cfg)
@@ -226,10 +272,20 @@ def train(cfg: EagleTrainConfig, out: Path, log: Callable[[str], None] = lambda 
     log(f"done: {json.dumps({k: v for k, v in metrics.items() if k != 'history'})}")
     meta = {"builder": "eagle", "kwargs": net.cfg.to_dict(), "parent": entry.ref, "vocab_size": net.cfg.vocab_size,
             "modality": "image", "drafter": "eagle", "embedding": "copy of the target's tok_embeddings (frozen)",
-            "head": "target.output", "target_sha": digest, "created_by": command, "train_config": asdict(cfg),
-            "metrics": metrics}
+            "head": "target.output", "created_by": command, "train_config": record["config"], "metrics": metrics,
+            **{k: v for k, v in record.items() if k != "config"}}
     saved = publish("draft", cfg.name, cfg.ship_dir, fp16_state(net), meta, "tiny-image-eagle")
     return {"metrics": metrics, "entry": saved}
+
+
+def run_record(cfg: EagleTrainConfig, digest: str, captions_sha: str) -> dict[str, Any]:
+    """What a run's state must match to resume (and its drafter records): the config, the target's weights and,
+    for t2i, the captions' content; a c2i run records no `captions` key (its states predate the key)."""
+    config = asdict(cfg)
+    if not captions_sha:
+        del config["captions"]
+        return {"config": config, "target_sha": digest}
+    return {"config": config, "target_sha": digest, "captions_sha": captions_sha}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,7 +29,8 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from specgen.models.llamagen import GPT_CONFIGS, llamagen_config
-from specgen.models.transformer import Transformer, TransformerConfig
+from specgen.image.captions import Caption
+from specgen.models.transformer import Transformer, TransformerConfig, padded_causal_mask
 from specgen.train.checkpoint import fp16_state, load_train_state, publish, save_tensors, save_train_state
 from specgen.train.optim import OptimConfig, optimizer_step
 from specgen.train.script import parse_recipe, print_metrics, script_parser
@@ -163,32 +164,73 @@ def sample_c2i(model: Transformer, labels: torch.Tensor, cfg_scale: float = 4.0,
     Returns tokens [B, G*G]; with `features=True` also the target features f_t (final normed hidden at
     positions t = 0..G*G-1) of every branch: [branches, B, G*G, D] (branch 0 = cond, 1 = null class).
     """
+    cfg = model.cfg
+    lab = torch.cat([labels, torch.full_like(labels, cfg.num_classes)]) if cfg_scale > 1.0 else labels
+    cache = model.new_cache(lab.shape[0], 1 + cfg.rope_grid ** 2)
+    positions = torch.zeros(lab.shape[0], 1, dtype=torch.long, device=labels.device)
+    logits, hidden = model(None, positions, cache, embeds=model.cls_embedding(lab))
+    cache.lengths = [length + 1 for length in cache.lengths]
+    return _sample_image(model, cache, logits[:, -1], hidden[:, -1], labels.shape[0], 1, cfg_scale,
+                         temperature, top_k, top_p, generator, features)
+
+
+@torch.no_grad()
+def sample_t2i(model: Transformer, captions: list[Caption], cfg_scale: float = 4.0, temperature: float = 1.0,
+               top_k: int = 0, top_p: float = 1.0, generator: torch.Generator | None = None,
+               features: bool = False):
+    """LlamaGen `generate` for t2i, as `CaptionCFGTarget` decodes one caption: rows [captions; uncond_embedding]
+    when cfg_scale > 1, each under its caption's padding mask (padded slots hidden as keys in the condition
+    forward, then through `KVCache.key_mask`); image token r at position n_cond + r.
+
+    Returns what `sample_c2i` does; feature t = 0 is the last condition slot (which predicts image token 0).
+    """
+    cfg, device = model.cfg, model.tok_embeddings.weight.device
+    n = cfg.n_cond
+    feats = torch.stack([c.features for c in captions]).to(device)  # [B, n_cond, C]
+    valid = torch.stack([c.valid for c in captions]).to(device)  # [B, n_cond]
+    if cfg_scale > 1.0:
+        uncond = model.cls_embedding.uncond_embedding.to(feats)
+        feats = torch.cat([feats, uncond.expand_as(feats)])
+        valid = torch.cat([valid, valid])
+    rows = feats.shape[0]
+    cache = model.new_cache(rows, n + cfg.rope_grid ** 2)
+    positions = torch.arange(n, device=device).expand(rows, n)  # zero RoPE rows
+    hidden = model.hidden_states(model.cls_embedding(feats), positions, cache, padded_causal_mask(valid))
+    cache.lengths = [length + n for length in cache.lengths]
+    cache.key_mask = valid
+    hidden = hidden[:, -1]
+    return _sample_image(model, cache, model.output(hidden), hidden, len(captions), n, cfg_scale,
+                         temperature, top_k, top_p, generator, features)
+
+
+def _sample_image(model: Transformer, cache, logits: torch.Tensor, hidden: torch.Tensor, b: int, offset: int,
+                  cfg_scale: float, temperature: float, top_k: int, top_p: float,
+                  generator: torch.Generator | None, features: bool):
+    """The image-token chain after a condition forward: logits [rows, V] / hidden [rows, D] of the last
+    condition position, rows = [cond b; uncond b] under CFG; image token r at position offset + r."""
     from specgen.decoding.sampling import SamplingParams, logits_to_probs
 
-    cfg = model.cfg
-    b, n = labels.shape[0], cfg.rope_grid ** 2
+    n = model.cfg.rope_grid ** 2
     use_cfg = cfg_scale > 1.0
-    lab = torch.cat([labels, torch.full_like(labels, cfg.num_classes)]) if use_cfg else labels
-    rows = lab.shape[0]
-    cache = model.new_cache(rows, 1 + n)
+    rows = hidden.shape[0]
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
-    out = torch.empty(b, n, dtype=torch.long, device=labels.device)
+    out = torch.empty(b, n, dtype=torch.long, device=hidden.device)
     feats = []
-    x, pos = None, torch.zeros(rows, 1, dtype=torch.long, device=labels.device)
-    embeds = model.cls_embedding(lab)
     for r in range(n):
-        logits, hidden = model(x, pos, cache, embeds=embeds if r == 0 else None)
-        cache.lengths = [length + 1 for length in cache.lengths]  # a chain: commit = pointer move
+        if r:
+            logits, hidden = model(x, pos, cache)
+            cache.lengths = [length + 1 for length in cache.lengths]  # a chain: commit = pointer move
+            logits, hidden = logits[:, 0], hidden[:, 0]
         if features:
-            feats.append(hidden[:, 0])
-        logits = logits[:, 0].float()
+            feats.append(hidden)
+        logits = logits.float()
         if use_cfg:
             logits = logits[b:] + cfg_scale * (logits[:b] - logits[b:])
         probs = logits_to_probs(logits, params)
         tok = probs.argmax(-1) if params.greedy else torch.multinomial(probs, 1, generator=generator)[:, 0]
         out[:, r] = tok
         x = tok.repeat(rows // b)[:, None]
-        pos = torch.full((rows, 1), 1 + r, dtype=torch.long, device=labels.device)
+        pos = torch.full((rows, 1), offset + r, dtype=torch.long, device=hidden.device)
     if not features:
         return out
     f = torch.stack(feats, 1)  # [rows, N, D]
