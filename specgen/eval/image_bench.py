@@ -24,7 +24,8 @@ Eq. 5) and `resampled_share` (draft tokens re-sampled by the target after expans
 
 VVS (LOSSY) sweeps the same way: `vvs_intervals: [...]` adds `vvs@i=<v>` rows (VVS-U, skip every v-th step)
 and `vvs_thresholds: [...]` adds `vvs@thr=<v>` rows (VVS-D, skip when the path similarity >= v), each
-with a `<name>-pareto-T<t>.png` plot of its rows, `ar` and the never-skipping reference `lantern`.
+with a `<name>-pareto-T<t>.png` plot of its rows, `ar`, the never-skipping reference `lantern` and the
+default-setting row (`vvs@u`, `vvs@d`; `mulo-sd` for the tau sweep).
 """
 
 from __future__ import annotations
@@ -105,11 +106,11 @@ class Sweep:
 
 # config field -> the sweep it adds (MuLo-SD Fig. 8: tau; VVS Fig. 5/6: skip interval and similarity threshold)
 SWEEPS = {
-    "mulo_taus": Sweep("mulo-sd", "tau", "tau", plot="mulo-sd-pareto"),
+    "mulo_taus": Sweep("mulo-sd", "tau", "tau", plot="mulo-sd-pareto", reference=("ar", "lantern", "mulo-sd")),
     "vvs_intervals": Sweep("vvs", "i", "interval", fixed=(("schedule", "uniform"),), plot="vvs-u-pareto",
-                           reference=("ar", "lantern")),
+                           reference=("ar", "lantern", "vvs@u")),
     "vvs_thresholds": Sweep("vvs", "thr", "threshold", fixed=(("schedule", "dynamic"),), plot="vvs-d-pareto",
-                            reference=("ar", "lantern")),
+                            reference=("ar", "lantern", "vvs@d")),
 }
 SWEEP_CASTS = {"mulo_taus": float, "vvs_intervals": int, "vvs_thresholds": float}
 

@@ -23,7 +23,15 @@ output on the whole image (tested), so MuLo-SD can down-sample the accepted pref
 The pair carries a frozen copy of the VQ codebook (buffer `codebook`, raw weights as in the VQ): tokens
 are embedded with it and outputs quantised to it by the VQ's own rule (nearest code after L2
 normalisation when `l2_norm`), so decoding needs no VQ; `codebook` also lets MuLo-SD refuse a pair
-trained for another tokenizer. The 4x networks are the 2x ones plus one more 2x stage (the paper "adds
+trained for another tokenizer.
+
+Skip path (`skip`, our choice; the paper does not say): each network adds its output to the plain
+re-sampling of its input codes (nearest-neighbour repeat up, r x r average down) and its head starts at
+zero, so an untrained pair already reproduces token repeat / average pooling and training only learns
+the residual. Both skips are row-causal (up row i -> rows [r*i, r*i + r); down rows < r*(i + 1) -> row i).
+Without it the tiny CPU-trained 2x up-sampler stayed below token repeat in token accuracy (0.06 vs 0.16).
+
+The 4x networks are the 2x ones plus one more 2x stage (the paper "adds
 an additional block of convolutions"): `warm_start_from` loads a 2x pair into a 4x one (stem, first stage,
 post blocks and head; the new stage keeps its initialisation).
 """
@@ -48,6 +56,7 @@ class UpsamplerConfig:
     channels: int = 64
     blocks: int = 2  # residual blocks per stage and after the last stage
     kernel: int = 3  # odd; k x k convolutions with the rows below the centre masked
+    skip: bool = False  # add nearest-repeat (up) / average-pool (down) of the input codes; head starts at 0
 
     def __post_init__(self) -> None:
         if self.scale < 2 or self.scale & (self.scale - 1):
@@ -137,12 +146,21 @@ class Resampler(nn.Module):
         self.post = nn.Sequential(*[ResBlock(c, k) for _ in range(cfg.blocks)])
         self.norm_out = ChannelNorm(c)
         self.head = RowCausalConv2d(c, cfg.embed_dim, k)
+        self.skip, self.scale = cfg.skip, cfg.scale
+        if cfg.skip:
+            nn.init.zeros_(self.head.conv.weight)
+            nn.init.zeros_(self.head.conv.bias)
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:  # code vectors [B, D, h, w] -> latents [B, D, h', w']
         h = self.stem(z)
         for s in self.stages:
             h = s(h)
-        return self.head(F.silu(self.norm_out(self.post(h))))
+        out = self.head(F.silu(self.norm_out(self.post(h))))
+        if not self.skip:
+            return out
+        base = F.interpolate(z, scale_factor=self.scale, mode="nearest") if self.direction == "up" \
+            else F.avg_pool2d(z, self.scale)
+        return base + out
 
 
 class UpDownSampler(nn.Module):

@@ -71,6 +71,7 @@ class UpsamplerTrainConfig:
     channels: int = 64
     blocks: int = 2
     kernel: int = 3
+    skip: bool = False  # add the plain re-sampling of the input codes (specgen/models/upsampler.py); head starts at 0
     seed: int = 0
     steps: int = 1500
     batch_size: int = 16
@@ -358,7 +359,7 @@ def train(cfg: UpsamplerTrainConfig, out: Path, log: Callable[[str], None] = lam
     vcfg = vq.config
     pcfg = UpsamplerConfig(codebook_size=vcfg.codebook_size, embed_dim=vcfg.codebook_embed_dim,
                            l2_norm=vcfg.codebook_l2_norm, scale=cfg.scale, channels=cfg.channels,
-                           blocks=cfg.blocks, kernel=cfg.kernel)
+                           blocks=cfg.blocks, kernel=cfg.kernel, skip=cfg.skip)
     warm = None
     if cfg.warm_start:
         warm, wmeta = load_pair(cfg.warm_start)

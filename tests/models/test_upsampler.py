@@ -10,9 +10,9 @@ from specgen.models.upsampler import RowCausalConv2d, UpDownSampler, UpsamplerCo
 V = 64
 
 
-def pair(scale: int = 2, seed: int = 0) -> UpDownSampler:
+def pair(scale: int = 2, seed: int = 0, skip: bool = False) -> UpDownSampler:
     torch.manual_seed(seed)
-    p = UpDownSampler(UpsamplerConfig(codebook_size=V, embed_dim=8, scale=scale, channels=16, blocks=1))
+    p = UpDownSampler(UpsamplerConfig(codebook_size=V, embed_dim=8, scale=scale, channels=16, blocks=1, skip=skip))
     p.codebook.copy_(torch.randn(V, 8))
     for m in p.parameters():  # larger weights than the default init: every row must visibly react
         m.data.normal_(0, 0.3)
@@ -31,9 +31,10 @@ def test_conv_is_row_causal():
     assert torch.all(d[:4] == 0) and torch.all(d[4:7] > 0)  # row 4 reaches rows 4..6 (kernel 5: 2 rows down)
 
 
+@pytest.mark.parametrize("skip", [False, True])
 @pytest.mark.parametrize("scale", [2, 4])
-def test_up_and_down_are_row_causal(scale):
-    p = pair(scale)
+def test_up_and_down_are_row_causal(scale, skip):
+    p = pair(scale, skip=skip)
     g = 3
     low = torch.randint(0, V, (2, g, g))
     high = torch.randint(0, V, (2, g * scale, g * scale))
@@ -52,9 +53,10 @@ def test_up_and_down_are_row_causal(scale):
             assert torch.all(diff[: row // scale] == 0) and diff[row // scale :].max() > 0
 
 
-def test_prefix_runs_equal_full_runs():
+@pytest.mark.parametrize("skip", [False, True])
+def test_prefix_runs_equal_full_runs(skip):
     """Running on the first rows only gives the first rows of the full output (what MuLo-SD relies on)."""
-    p = pair(2)
+    p = pair(2, skip=skip)
     low = torch.randint(0, V, (1, 4, 4))
     high = torch.randint(0, V, (1, 8, 4 * 2))
     full_up, full_down = p.upsample_tokens(low), p.downsample_tokens(high)
@@ -86,3 +88,15 @@ def test_config_validation():
     with pytest.raises(ValueError):
         UpsamplerConfig(kernel=4)
     assert UpsamplerConfig(scale=4).stages == 2
+
+
+@pytest.mark.parametrize("scale", [2, 4])
+def test_untrained_skip_pair_is_token_repeat_and_block_average(scale):
+    """With the skip path and its zero-initialised heads, U_r repeats tokens and D_r inverts that repeat."""
+    torch.manual_seed(0)
+    p = UpDownSampler(UpsamplerConfig(codebook_size=V, embed_dim=8, scale=scale, channels=16, blocks=1, skip=True))
+    p.codebook.copy_(torch.randn(V, 8))
+    low = torch.randint(0, V, (2, 3, 3))
+    repeated = low.repeat_interleave(scale, 1).repeat_interleave(scale, 2)
+    assert torch.equal(p.upsample_tokens(low), repeated)
+    assert torch.equal(p.downsample_tokens(repeated), low)
