@@ -96,6 +96,7 @@ class Sweep:
     fixed: tuple = ()  # (option, value) pairs every row of the sweep also sets
     plot: str = ""  # file stem of the sweep's speed-quality plot
     reference: tuple = ("ar",)  # rows drawn with the sweep for comparison
+    cast: type = float  # type of the swept values
 
     def entry(self, value) -> str:
         return f"{self.method}@{self.tag}={value:g}"
@@ -108,17 +109,16 @@ class Sweep:
 SWEEPS = {
     "mulo_taus": Sweep("mulo-sd", "tau", "tau", plot="mulo-sd-pareto", reference=("ar", "lantern", "mulo-sd")),
     "vvs_intervals": Sweep("vvs", "i", "interval", fixed=(("schedule", "uniform"),), plot="vvs-u-pareto",
-                           reference=("ar", "lantern", "vvs@u")),
+                           reference=("ar", "lantern", "vvs@u"), cast=int),
     "vvs_thresholds": Sweep("vvs", "thr", "threshold", fixed=(("schedule", "dynamic"),), plot="vvs-d-pareto",
                             reference=("ar", "lantern", "vvs@d")),
 }
-SWEEP_CASTS = {"mulo_taus": float, "vvs_intervals": int, "vvs_thresholds": float}
 
 
 def sweep_entries(cfg: ImageBenchConfig) -> dict[str, dict]:
     """Entry -> options of every sweep row the config asks for (in config order)."""
-    return {sweep.entry(SWEEP_CASTS[name](v)): sweep.options(SWEEP_CASTS[name](v))
-            for name, sweep in SWEEPS.items() for v in getattr(cfg, name)}
+    values = {name: [sweep.cast(v) for v in getattr(cfg, name)] for name, sweep in SWEEPS.items()}
+    return {sweep.entry(v): sweep.options(v) for name, sweep in SWEEPS.items() for v in values[name]}
 
 
 def with_extra_rows(cfg: ImageBenchConfig) -> ImageBenchConfig:
