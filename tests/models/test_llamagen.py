@@ -122,14 +122,12 @@ def test_llamagen_checkpoint_loads_strict_and_matches_reference():
     torch.testing.assert_close(torch.cat(steps, 1), ref, atol=1e-4, rtol=1e-4)
 
 
-def test_lantern_hf_names_convert():
-    sd = llamagen_checkpoint()["model"]
-    hf = {"model.embed_tokens.weight": sd["tok_embeddings.weight"], "lm_head.weight": sd["output.weight"],
-          "model.norm.weight": sd["norm.weight"],
-          "model.cls_embedding.embedding_table.weight": sd["cls_embedding.embedding_table.weight"]}
-    for i in range(L):
+def hf_layer_names(sd: dict, layers: int, dim: int) -> dict:
+    """The decoder layers of a LlamaGen state dict under LANTERN's HF names (fused wqkv split into q, k, v)."""
+    hf = {}
+    for i in range(layers):
         p, q = f"layers.{i}.", f"model.layers.{i}."
-        for name, part in zip("qkv", sd[p + "attention.wqkv.weight"].split(D)):
+        for name, part in zip("qkv", sd[p + "attention.wqkv.weight"].split(dim)):
             hf[q + f"self_attn.{name}_proj.weight"] = part
         hf[q + "self_attn.o_proj.weight"] = sd[p + "attention.wo.weight"]
         hf[q + "mlp.gate_proj.weight"] = sd[p + "feed_forward.w1.weight"]
@@ -137,6 +135,15 @@ def test_lantern_hf_names_convert():
         hf[q + "mlp.down_proj.weight"] = sd[p + "feed_forward.w2.weight"]
         hf[q + "input_layernorm.weight"] = sd[p + "attention_norm.weight"]
         hf[q + "post_attention_layernorm.weight"] = sd[p + "ffn_norm.weight"]
+    return hf
+
+
+def test_lantern_hf_names_convert():
+    sd = llamagen_checkpoint()["model"]
+    hf = {"model.embed_tokens.weight": sd["tok_embeddings.weight"], "lm_head.weight": sd["output.weight"],
+          "model.norm.weight": sd["norm.weight"],
+          "model.cls_embedding.embedding_table.weight": sd["cls_embedding.embedding_table.weight"]}
+    hf.update(hf_layer_names(sd, L, D))
     out = llamagen_state(hf)
     want = {k: v for k, v in sd.items() if k != "freqs_cis"}
     assert out.keys() == want.keys()

@@ -18,6 +18,7 @@ from specgen.image.target import CaptionCFGTarget, cfg_target
 from specgen.models.llamagen import find_multiple, llamagen_config, llamagen_kwargs, llamagen_state
 from specgen.models.transformer import padded_causal_mask
 from tests.image_fixtures import one_thread
+from tests.models.test_llamagen import hf_layer_names
 
 _threads = pytest.fixture(autouse=True)(one_thread)
 
@@ -268,16 +269,7 @@ def test_lantern_hf_t2i_names_convert():
           "model.norm.weight": sd["norm.weight"]}
     for k in ("cap_proj.fc1.weight", "cap_proj.fc2.weight", "uncond_embedding"):
         hf["model.cls_embedding." + k] = sd["cls_embedding." + k]
-    for i in range(L):
-        p, q = f"layers.{i}.", f"model.layers.{i}."
-        for name, part in zip("qkv", sd[p + "attention.wqkv.weight"].split(D)):
-            hf[q + f"self_attn.{name}_proj.weight"] = part
-        hf[q + "self_attn.o_proj.weight"] = sd[p + "attention.wo.weight"]
-        hf[q + "mlp.gate_proj.weight"] = sd[p + "feed_forward.w1.weight"]
-        hf[q + "mlp.up_proj.weight"] = sd[p + "feed_forward.w3.weight"]
-        hf[q + "mlp.down_proj.weight"] = sd[p + "feed_forward.w2.weight"]
-        hf[q + "input_layernorm.weight"] = sd[p + "attention_norm.weight"]
-        hf[q + "post_attention_layernorm.weight"] = sd[p + "ffn_norm.weight"]
+    hf.update(hf_layer_names(sd, L, D))
     out = llamagen_state(hf)
     want = {k: v for k, v in sd.items() if k != "freqs_cis"}
     assert out.keys() == want.keys() and all(torch.equal(out[k], want[k]) for k in want)
