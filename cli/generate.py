@@ -55,6 +55,7 @@ class GenerateRequest:
     cfg_scale: float | None
     point_clouds: Path | None
     captions: Path | None = None
+    drafter: str | None = None
 
 
 RUNNERS = {"text": generate_text.run}
@@ -81,6 +82,8 @@ def generate(
     captions: Annotated[Optional[Path], typer.Option(
         "--captions", help="[image, t2i] Caption features: .safetensors/.npz with features [N, L<=120, C] and mask "
                            "[N, L], or .npy (precomputed T5 features).")] = None,
+    drafter: Annotated[Optional[str], typer.Option(
+        "--drafter", help="[image] EAGLE drafter for eagle2/adt-tree/lantern/vvs (default: the target's shipped one).")] = None,
     point_clouds: Annotated[Optional[Path], typer.Option("--point-clouds", help="[mesh] Point clouds (.npy/.ply) or a mesh folder.")] = None,
     seed: SeedOpt = None,
     device: DeviceOpt = None,
@@ -97,9 +100,14 @@ def generate(
         from specgen.errors import UsageError
 
         raise UsageError(f"method {spec.name} is for {spec.modality} models, and {model} is a {modality} model")
+    if drafter and modality != "image":
+        from specgen.errors import UsageError
+
+        raise UsageError("--drafter names an EAGLE drafter of an image model; text methods take none, mesh methods "
+                         "take method_options.heads=NAME")
     req = GenerateRequest(method or "ar", model, list(prompt or []), prompts, max_new_tokens, temperature, top_k, top_p,
                           False if no_chat else None, seed, device, config, list(overrides or []), fmt, quiet,
-                          out_dir, num, classes, cfg_scale, point_clouds, captions)
+                          out_dir, num, classes, cfg_scale, point_clouds, captions, drafter)
     RUNNERS[modality](req)
 
 

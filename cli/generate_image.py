@@ -21,7 +21,7 @@ def run(req) -> None:
                       top_p=req.top_p, seed=req.seed, device=req.device,
                       out_dir=str(req.out_dir) if req.out_dir else None,
                       classes=[c.strip() for c in req.classes.split(",") if c.strip()] if req.classes else None,
-                      captions=str(req.captions) if req.captions else None)
+                      captions=str(req.captions) if req.captions else None, drafter=req.drafter)
     prepare_out_dir(Path(cfg.out_dir))
     im = load_image_model(cfg.model, cfg.drafter, cfg.device, need_drafter=cfg.method != "ar")
     conditions = image_conditions(im, cfg)  # checks classes/captions against the model before decoding

@@ -86,6 +86,24 @@ def test_drafter_for_another_target_and_codebook_mismatch(tiny_image):
     assert r.exit_code == 2 and "codes" in r.stderr
 
 
+def test_drafter_flag(tiny_image):
+    """--drafter picks the EAGLE drafter (lossless: same tokens as ar); a foreign one and a text model refuse it."""
+    base = ["generate", "--model", "t-gpt", "--format", "json", "--classes", "dog", "-t", "0"]
+    ar = runner.invoke(app, base + ["--method", "ar", "-o", str(tiny_image / "a")])
+    tree = runner.invoke(app, base + ["--method", "adt-tree", "--drafter", "t-eagle", "-o", str(tiny_image / "d")])
+    assert ar.exit_code == 0 and tree.exit_code == 0, tree.output
+    assert [i["tokens"] for i in json.loads(tree.stdout)["images"]] == [i["tokens"] for i in json.loads(ar.stdout)["images"]]
+    other = tiny_image_gpt(1, grid=GRID, vocab=512, classes=3)
+    registry.save("target", "other2", other.state_dict(), {"builder": "transformer", "kwargs": other.cfg.to_dict(),
+                                                          "modality": "image", "vq": "vq/t-vq", "grid": GRID,
+                                                          "vocab_size": 512})
+    r = runner.invoke(app, ["generate", "--model", "other2", "--method", "eagle2", "--drafter", "t-eagle",
+                            "-o", str(tiny_image / "o2")])
+    assert r.exit_code == 2 and "trained for target/t-gpt" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    r = runner.invoke(app, ["generate", "--method", "ngram", "--drafter", "t-eagle", "--prompt", "hi"])
+    assert r.exit_code == 2 and "--drafter" in r.stderr, r.output
+
+
 def test_unwritable_output_folder(tiny_image):
     blocker = tiny_image / "file"
     blocker.write_text("x")
