@@ -182,7 +182,7 @@ def train(cfg: MeshTrainConfig, out: Path, log: Callable[[str], None] = lambda s
     stream, val = SeedStream(cfg.seed, cfg.max_tokens), eval_set(cfg.eval_meshes, cfg.num_points, cfg.max_tokens)
     # elapsed = CPU seconds of this (single-threaded) process: pauses (SIGSTOP) and other jobs on a shared
     # machine do not eat the budget; tokens/s in the log is per CPU second.
-    t_last, toks, losses = time.process_time(), 0, []
+    t_last, toks, losses, resumed_at = time.process_time(), 0, [], elapsed  # toks: since this process started
     while step < cfg.steps and not (cfg.max_minutes and elapsed > 60 * cfg.max_minutes):
         pc, tokens = train_batch(cfg, stream, step)
         logits, _, _ = model.forward_train(pc, tokens)
@@ -195,7 +195,7 @@ def train(cfg: MeshTrainConfig, out: Path, log: Callable[[str], None] = lambda s
         t_last = now
         if step % cfg.log_every == 0:
             log(f"step {step} loss {np.mean(losses[-cfg.log_every:]):.4f} lr {opt.param_groups[0]['lr']:.2e} "
-                f"tokens/s {toks / max(t_dt, 1e-9) if cfg.log_every == 1 else toks / (elapsed or 1):.0f} "
+                f"tokens/s {toks / max(t_dt, 1e-9) if cfg.log_every == 1 else toks / max(elapsed - resumed_at, 1e-9):.0f} "
                 f"elapsed {elapsed / 60:.1f} min")
         if step % cfg.eval_every == 0 or step == cfg.steps:
             ev = evaluate(model, val)
