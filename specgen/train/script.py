@@ -54,3 +54,19 @@ def print_metrics(metrics: dict[str, Any]) -> int:
     """A script's last stdout line: its metrics as JSON, without the per-eval history; exit status 0."""
     print(json.dumps({k: v for k, v in metrics.items() if k != "history"}))
     return 0
+
+
+def run_script(main: Callable[[], int]) -> int:
+    """Exit status of a training script's `main()`: a specgen error (bad recipe, stale run folder, ...) is one
+    line on stderr and its exit code (2 usage, 1 runtime), as in the CLI; SPECGEN_DEBUG=1 keeps the traceback."""
+    import os
+
+    from specgen.errors import SpecgenError
+
+    try:
+        return main()
+    except SpecgenError as e:
+        if os.environ.get("SPECGEN_DEBUG") == "1":
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code

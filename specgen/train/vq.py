@@ -268,4 +268,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from specgen.train.script import run_script
+
+    raise SystemExit(run_script(main))

@@ -191,3 +191,20 @@ def test_script_parser_loads_recipe_overrides_and_logger(tmp_path, capsys):
     capsys.readouterr()
     assert print_metrics({"loss": 1.0, "history": [1, 2]}) == 0
     assert json.loads(capsys.readouterr().out) == {"loss": 1.0}
+
+
+def test_run_script_turns_specgen_errors_into_one_line_and_exit_code(capsys, monkeypatch):
+    from specgen.errors import CheckpointError, UsageError
+    from specgen.train.script import run_script
+
+    monkeypatch.delenv("SPECGEN_DEBUG", raising=False)
+
+    def bad_recipe() -> int:
+        raise UsageError("bad config: no key 'stepz'")
+
+    def missing() -> int:
+        raise CheckpointError("no such checkpoint")
+
+    assert run_script(bad_recipe) == 2 and run_script(missing) == 1 and run_script(lambda: 0) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: bad config: no key 'stepz'", "error: no such checkpoint"]
