@@ -449,6 +449,9 @@ def export_adapter(name: str, folder: Path) -> Path:
 if __name__ == "__main__":  # python -m specgen.train.distill export ADAPTER FOLDER
     import sys
 
+    from specgen.train.script import run_script
+
     if len(sys.argv) != 4 or sys.argv[1] != "export":
-        sys.exit("usage: python -m specgen.train.distill export ADAPTER FOLDER")
-    print(export_adapter(sys.argv[2], Path(sys.argv[3])))
+        print("usage: python -m specgen.train.distill export ADAPTER FOLDER", file=sys.stderr)
+        raise SystemExit(2)
+    raise SystemExit(run_script(lambda: print(export_adapter(sys.argv[2], Path(sys.argv[3]))) or 0))
