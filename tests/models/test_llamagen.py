@@ -30,15 +30,7 @@ def llamagen_checkpoint(seed: int = 0) -> dict:
 
     sd = {"tok_embeddings.weight": r(V, D, std=1.0), "cls_embedding.embedding_table.weight": r(C + 1, D, std=1.0),
           "norm.weight": 1 + r(D, std=0.1), "output.weight": r(V, D), "freqs_cis": torch.zeros(1 + G * G, HD // 2, 2)}
-    for i in range(L):
-        p = f"layers.{i}."
-        sd[p + "attention.wqkv.weight"] = r(3 * D, D)
-        sd[p + "attention.wo.weight"] = r(D, D)
-        sd[p + "feed_forward.w1.weight"] = r(FFN, D)
-        sd[p + "feed_forward.w3.weight"] = r(FFN, D)
-        sd[p + "feed_forward.w2.weight"] = r(D, FFN, std=0.05)
-        sd[p + "attention_norm.weight"] = 1 + r(D, std=0.1)
-        sd[p + "ffn_norm.weight"] = 1 + r(D, std=0.1)
+    sd.update(layer_weights(r, L, D, FFN))
     return {"model": sd, "steps": torch.tensor(7)}
 
 
@@ -120,6 +112,21 @@ def test_llamagen_checkpoint_loads_strict_and_matches_reference():
             for row in range(3):
                 cache.commit(row, [0])
     torch.testing.assert_close(torch.cat(steps, 1), ref, atol=1e-4, rtol=1e-4)
+
+
+def layer_weights(r, layers: int, dim: int, ffn: int) -> dict:
+    """Random decoder-layer tensors in LlamaGen's key layout (fused wqkv, SwiGLU w1/w3/w2); `r(*shape, std=)` draws."""
+    sd = {}
+    for i in range(layers):
+        p = f"layers.{i}."
+        sd[p + "attention.wqkv.weight"] = r(3 * dim, dim)
+        sd[p + "attention.wo.weight"] = r(dim, dim)
+        sd[p + "feed_forward.w1.weight"] = r(ffn, dim)
+        sd[p + "feed_forward.w3.weight"] = r(ffn, dim)
+        sd[p + "feed_forward.w2.weight"] = r(dim, ffn, std=0.05)
+        sd[p + "attention_norm.weight"] = 1 + r(dim, std=0.1)
+        sd[p + "ffn_norm.weight"] = 1 + r(dim, std=0.1)
+    return sd
 
 
 def hf_layer_names(sd: dict, layers: int, dim: int) -> dict:

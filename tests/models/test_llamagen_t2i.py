@@ -18,7 +18,7 @@ from specgen.image.target import CaptionCFGTarget, cfg_target
 from specgen.models.llamagen import find_multiple, llamagen_config, llamagen_kwargs, llamagen_state
 from specgen.models.transformer import padded_causal_mask
 from tests.image_fixtures import one_thread
-from tests.models.test_llamagen import hf_layer_names
+from tests.models.test_llamagen import hf_layer_names, layer_weights
 
 _threads = pytest.fixture(autouse=True)(one_thread)
 
@@ -38,15 +38,7 @@ def t2i_checkpoint(seed: int = 0) -> dict:
     sd = {"tok_embeddings.weight": r(V, D, std=1.0), "norm.weight": 1 + r(D, std=0.1), "output.weight": r(V, D),
           "cls_embedding.cap_proj.fc1.weight": r(D, C, std=0.5), "cls_embedding.cap_proj.fc2.weight": r(D, D, std=0.3),
           "cls_embedding.uncond_embedding": r(N, C, std=1.0), "freqs_cis": torch.zeros(N + G * G, HD // 2, 2)}
-    for i in range(L):
-        p = f"layers.{i}."
-        sd[p + "attention.wqkv.weight"] = r(3 * D, D)
-        sd[p + "attention.wo.weight"] = r(D, D)
-        sd[p + "feed_forward.w1.weight"] = r(FFN, D)
-        sd[p + "feed_forward.w3.weight"] = r(FFN, D)
-        sd[p + "feed_forward.w2.weight"] = r(D, FFN, std=0.05)
-        sd[p + "attention_norm.weight"] = 1 + r(D, std=0.1)
-        sd[p + "ffn_norm.weight"] = 1 + r(D, std=0.1)
+    sd.update(layer_weights(r, L, D, FFN))
     return {"model": sd, "epoch": torch.tensor(3)}
 
 
