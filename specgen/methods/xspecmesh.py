@@ -44,7 +44,7 @@ import torch
 
 from specgen.decoding.accept_threshold import AcceptCriterion, accept_lossy
 from specgen.decoding.draft import Draft
-from specgen.decoding.sampling import SamplingParams, logits_to_probs, pick, sample
+from specgen.decoding.sampling import SamplingParams, logits_to_probs, pick, sample, sample_rows
 from specgen.decoding.stats import DecodeStats
 
 SAMPLING_MODES = ("independent", "tree")
@@ -120,7 +120,7 @@ def head_candidates(head_logits: torch.Tensor, params: SamplingParams, opts: XSp
     probs = logits_to_probs(head_logits, params)  # [D, V]
     if opts.sampling == "tree":
         return tree_sample(probs, opts.top_k_tree, generator)
-    return [sample(p, generator) for p in probs]
+    return sample_rows(probs, generator)  # one independent draw per head
 
 
 class LazyProbs:
@@ -165,11 +165,12 @@ class MeshDecoder:
         with stats.timed("prefill"):
             cond = model.encode(pc.unsqueeze(0))
             logits0, h = model.prefill(cache, cond)  # [1, V], [1, dim]
-            head_kv = self.heads.context_kv(cond) if d_max else None
+            stacked = self.heads.stacked() if d_max else None  # all D heads as one batched op per layer
+            head_kv = stacked.context_kv(self.heads.context_kv(cond)) if d_max else None
         stats.target_forwards += 1
         with stats.timed("propose"):
             first = pick(logits0[0], params, generator)
-            chain = [first] + self._heads(h, head_kv, d_max, params, opts, draft_generator)
+            chain = [first] + self._heads(stacked, h, head_kv, d_max, params, opts, draft_generator)
         out: list[int] = []
         while True:
             chain = self._trim(chain, max_tokens - len(out))
@@ -190,16 +191,17 @@ class MeshDecoder:
             if self.eos_id in chain[1 : a + 1] or len(out) >= max_tokens:
                 break
             with stats.timed("propose"):  # 5. resample x_{s*} (backbone) and x_{s*+d} (heads on h_{s*-1})
-                chain = [verdict.tokens[-1]] + self._heads(hidden[:, a], head_kv, d_max, params, opts, draft_generator)
+                chain = [verdict.tokens[-1]] + self._heads(stacked, hidden[:, a], head_kv, d_max, params, opts,
+                                                           draft_generator)
         stats.new_tokens = len(out)
         return MeshDecodeResult(out, stats)
 
-    def _heads(self, h: torch.Tensor, kv, d: int, params: SamplingParams, opts: XSpecMeshOptions,
+    def _heads(self, stacked, h: torch.Tensor, kv, d: int, params: SamplingParams, opts: XSpecMeshOptions,
                generator: torch.Generator | None) -> list[int]:
         """D candidates from the heads on one hidden state h [1, dim]."""
         if d == 0:
             return []
-        logits = self.heads.logits(h.unsqueeze(1), kv, self.model.decoder.output)[0, 0, :d]  # [D, V]
+        logits = self.model.decoder.output(stacked.features(h, kv)[:d])  # [D, V]
         return head_candidates(logits, params, opts, generator)
 
     def _trim(self, chain: list[int], room: int) -> list[int]:

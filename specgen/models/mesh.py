@@ -142,22 +142,30 @@ class MeshGPT(nn.Module):
         """Per-layer cross-attention K/V of a condition (what `set_context` stores in a cache)."""
         return [blk.cross_attention.context_kv(context) for blk in self.decoder.layers]
 
-    def inputs(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Training inputs [B, L+1, dim]: the start vector then the embeddings of tokens [B, L]."""
+    def inputs(self, tokens: torch.Tensor, table: torch.Tensor | None = None) -> torch.Tensor:
+        """Training inputs [B, L+1, dim]: the start vector then the embeddings of tokens [B, L]
+        (rows of `table` [V, dim] when given, a training-time reparametrised token table)."""
         start = self.start.view(1, 1, -1).expand(tokens.shape[0], 1, -1)
-        return torch.cat([start, self.decoder.tok_embeddings(tokens.clamp_min(0))], dim=1)
+        ids = tokens.clamp_min(0)
+        emb = self.decoder.tok_embeddings(ids) if table is None else F.embedding(ids, table)
+        return torch.cat([start, emb], dim=1)
 
-    def forward_train(self, pc: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def forward_train(self, pc: torch.Tensor, tokens: torch.Tensor, table: torch.Tensor | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Teacher-forced pass over whole sequences (no cache).
 
         tokens [B, L] (pad -1); returns logits [B, L, V] predicting tokens[:, i] at row i, hidden
         [B, L, dim] (hidden row i = h at position i, i.e. after start + tokens[:, :i]), condition.
+        `table` [V, dim] replaces the tied embedding / LM head weight (see train/mesh_embedding.py).
         """
+        if table is not None and not self.dec_cfg.tie_embeddings:
+            raise ValueError("a token table override needs tied embeddings")
         cond = self.encode(pc)
-        h = self.inputs(tokens[:, :-1])  # [B, L, dim]: start, x_1 .. x_{L-1}
+        h = self.inputs(tokens[:, :-1], table)  # [B, L, dim]: start, x_1 .. x_{L-1}
         pos = torch.arange(h.shape[1], device=h.device).expand(h.shape[0], -1)
         hidden = self.decoder.hidden_states(h, pos, None, None, self.context_kv(cond))
-        return self.decoder.output(hidden), hidden, cond
+        logits = self.decoder.output(hidden) if table is None else F.linear(hidden, table)
+        return logits, hidden, cond
 
     # -- cached decoding -------------------------------------------------------------------------
     def new_cache(self, batch: int, max_len: int) -> KVCache:

@@ -16,6 +16,7 @@ and `--register NAME` also installs it as target/NAME.
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 from dataclasses import asdict, dataclass
@@ -31,6 +32,7 @@ from specgen.mesh.procedural import generate_mesh, split_seeds
 from specgen.mesh.tokenizers import BPTTokenizer
 from specgen.models.mesh import MeshGPT
 from specgen.train.checkpoint import fp16_state, load_train_state, save_train_state, write_entry
+from specgen.train.mesh_embedding import FactoredTable
 from specgen.train.optim import OptimConfig, optimizer_step
 from specgen.train.script import parse_recipe, print_metrics, script_parser
 
@@ -60,6 +62,7 @@ class MeshTrainConfig(OptimConfig):
     ckpt_every: int = 50
     log_every: int = 25
     num_threads: int = 1
+    factored_embedding: bool = False  # train the token table as free + coordinate features @ axes (mesh_embedding.py)
     max_minutes: float = 0.0  # > 0: stop after this much training CPU time (a budget: may change on resume)
 
     def model_kwargs(self) -> dict:
@@ -147,14 +150,15 @@ def sequence_loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
 
 # -- training -------------------------------------------------------------------------------------
 @torch.no_grad()
-def evaluate(model: MeshGPT, examples, batch_size: int = 8) -> dict[str, float]:
+def evaluate(model: MeshGPT, examples, batch_size: int = 8, table: FactoredTable | None = None) -> dict[str, float]:
     """Validation loss and next-token accuracy (teacher forced)."""
     model.eval()
+    weights = None if table is None else table(model.decoder.tok_embeddings.weight)  # [V, dim]
     total = correct = 0
     loss_sum = 0.0
     for i in range(0, len(examples), batch_size):
         pc, tokens = collate(examples[i : i + batch_size])
-        logits, _, _ = model.forward_train(pc, tokens)
+        logits, _, _ = model.forward_train(pc, tokens, weights)
         mask = tokens >= 0
         loss_sum += float(F.cross_entropy(logits[mask].float(), tokens[mask], reduction="sum"))
         correct += int((logits.argmax(-1) == tokens)[mask].sum())
@@ -168,10 +172,12 @@ def train(cfg: MeshTrainConfig, out: Path, log: Callable[[str], None] = lambda s
     torch.set_num_threads(cfg.num_threads)
     torch.manual_seed(cfg.seed)
     model = MeshGPT(**cfg.model_kwargs()).train()
-    opt = cfg.adamw([p for p in model.parameters() if p.requires_grad])
+    table = FactoredTable(BPTTokenizer(), cfg.dim) if cfg.factored_embedding else None
+    modules = {"model": model} | ({"table": table} if table is not None else {})
+    opt = cfg.adamw([p for m in modules.values() for p in m.parameters() if p.requires_grad])
     state_path = out / "state.safetensors"
     # budgets: a resumed run may change them (logged below)
-    meta = load_train_state(state_path, {"model": model}, {"optim": opt}, {"config": asdict(cfg)},
+    meta = load_train_state(state_path, modules, {"optim": opt}, {"config": asdict(cfg)},
                             loose=("max_minutes", "steps"))
     step, elapsed, history = (meta["step"], meta["elapsed"], meta["history"]) if meta else (0, 0.0, [])
     n_params = sum(p.numel() for p in model.parameters())  # the tied LM head is counted once
@@ -185,7 +191,8 @@ def train(cfg: MeshTrainConfig, out: Path, log: Callable[[str], None] = lambda s
     t_last, toks, losses, resumed_at = time.process_time(), 0, [], elapsed  # toks: since this process started
     while step < cfg.steps and not (cfg.max_minutes and elapsed > 60 * cfg.max_minutes):
         pc, tokens = train_batch(cfg, stream, step)
-        logits, _, _ = model.forward_train(pc, tokens)
+        weights = None if table is None else table(model.decoder.tok_embeddings.weight)  # [V, dim]
+        logits, _, _ = model.forward_train(pc, tokens, weights)
         loss = sequence_loss(logits, tokens)
         optimizer_step(opt, loss, cfg.lr_at(step, cfg.steps), cfg.grad_clip)
         step, toks = step + 1, toks + int((tokens >= 0).sum())
@@ -198,15 +205,18 @@ def train(cfg: MeshTrainConfig, out: Path, log: Callable[[str], None] = lambda s
                 f"tokens/s {toks / max(t_dt, 1e-9) if cfg.log_every == 1 else toks / max(elapsed - resumed_at, 1e-9):.0f} "
                 f"elapsed {elapsed / 60:.1f} min")
         if step % cfg.eval_every == 0 or step == cfg.steps:
-            ev = evaluate(model, val)
+            ev = evaluate(model, val, table=table)
             history.append({"step": step, "train_loss": float(np.mean(losses[-cfg.log_every:])), **ev})
             log(f"eval step {step}: val_loss {ev['val_loss']:.4f} val_acc {ev['val_acc']:.4f}")
         if step % cfg.ckpt_every == 0:
-            save_train_state(state_path, {"model": model}, {"optim": opt},
+            save_train_state(state_path, modules, {"optim": opt},
                              {"step": step, "elapsed": elapsed, "history": history, "config": asdict(cfg)},
                              packed=False)
-    save_train_state(state_path, {"model": model}, {"optim": opt},
+    save_train_state(state_path, modules, {"optim": opt},
                      {"step": step, "elapsed": elapsed, "history": history, "config": asdict(cfg)}, packed=False)
+    if table is not None:  # the shipped model is a plain MeshGPT: fold the factored table in (a copy)
+        model = copy.deepcopy(model)
+        table.fold(model.decoder.tok_embeddings)
     ev = evaluate(model, val)
     metrics = {"steps": step, "train_minutes": round(elapsed / 60, 2), **{k: round(v, 4) for k, v in ev.items()},
                "history": history}

@@ -37,6 +37,21 @@ def test_untrained_heads_start_as_the_backbone_head():
     torch.testing.assert_close(out[:, :, 1], model.decoder.output(h))
 
 
+@pytest.mark.parametrize("kind", ["ca", "mlp"])
+def test_stacked_heads_equal_the_per_head_modules(kind):
+    heads = tiny_heads(kind)
+    with torch.no_grad():
+        for p in heads.parameters():
+            if p.dim() == 1:  # biases and norm weights too
+                p.normal_(std=0.5)
+    h, cond = torch.randn(1, 32), torch.randn(1, 8, 32)
+    with torch.no_grad():
+        ref = heads.features(h.unsqueeze(1), heads.context_kv(cond))[0, 0]  # [D, dim]
+        stacked = heads.stacked()
+        got = stacked.features(h, stacked.context_kv(heads.context_kv(cond)))
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+
+
 def test_lora_merge_equals_wrapped_and_saved_adapter():
     model = tiny_mesh_model()
     x = torch.randn(1, NUM_POINTS, 6), torch.randint(0, 5120, (1, 9))
