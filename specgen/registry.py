@@ -227,11 +227,40 @@ def load_module(entry: Entry, device: str = "cpu", dtype: torch.dtype = torch.fl
     return module.to(device=device, dtype=dtype).eval()
 
 
+_DIGESTS: dict[tuple, str] = {}
+
+
+def weights_digest(entry: Entry) -> str | None:
+    """sha256 (16 hex) over an installed entry's tensors (names, dtypes, shapes, bytes), None without
+    a weights file. Hashes tensor content, not file bytes, so a re-saved copy keeps its digest."""
+    path = entry.path / WEIGHTS
+    if not path.is_file():
+        return None
+    import hashlib
+
+    from safetensors.torch import load_file
+
+    st = path.stat()
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    if key not in _DIGESTS:
+        h = hashlib.sha256()
+        for name, t in sorted(load_file(str(path)).items()):
+            h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+            h.update(t.contiguous().view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        _DIGESTS[key] = h.hexdigest()[:16]
+    return _DIGESTS[key]
+
+
 def check_pair(drafter: Entry, target: Entry) -> None:
-    """A drafter/heads/adapter entry must name `target` as its parent and share its vocabulary."""
+    """A drafter/heads/adapter entry must name `target` as its parent and share its vocabulary; when it
+    recorded its parent's `parent_digest`, the target's weights must still be those it was trained on."""
     parent = drafter.meta.get("parent")
     if parent not in (target.ref, target.name):
         raise IncompatibleError(f"{drafter.ref} was trained for {parent}, not {target.ref}")
+    want = drafter.meta.get("parent_digest")
+    if want and weights_digest(target) not in (None, want):
+        raise IncompatibleError(f"{drafter.ref} was trained for other weights of {target.ref} (the backbone has "
+                                "changed since): retrain it, or restore the backbone it was trained with")
     dv, tv = drafter.meta.get("vocab_size"), target.meta.get("vocab_size")
     if dv is not None and tv is not None and dv != tv:
         raise IncompatibleError(f"vocabulary mismatch: {drafter.ref} has {dv} tokens, {target.ref} has {tv}")

@@ -7,7 +7,8 @@ changes on a shared machine hit every row alike):
   C mlp+lora         MLP heads, stage 2 (their LoRA merged into a copy of the backbone)
   D ca               cross-attention heads, stage 1
   E ca+lora          cross-attention heads, stage 2 (the shipped default)
-  sweep              E with delta in `deltas` (and top-K_a rows for `topk_accept`, PTS rows for `tree_k`)
+  sweep              E with delta in `deltas` (and top-K_a rows for `topk_accept`, PTS rows for `tree_k`,
+                     fewer heads for `depths`: on a CPU every verified token costs, so D < 4 can win)
 Metrics: CD / HD exactly as BPT (`mesh.metrics.mesh_distances`: each mesh normalised on its own,
 1,024 seeded surface samples, L2 Chamfer = sum of both directed means, symmetric Hausdorff)
 against the ground-truth test mesh, averaged over meshes that decode to at least one face
@@ -46,6 +47,7 @@ class MeshBenchConfig:
     deltas: list = field(default_factory=lambda: [0.1, 0.3, 0.7, 0.9])  # sweep on sweep_row (0.5 is row E)
     topk_accept: list = field(default_factory=lambda: [1])  # top-K_a rows on sweep_row
     tree_k: list = field(default_factory=lambda: [2])  # PTS rows on sweep_row
+    depths: list = field(default_factory=lambda: [2, 3])  # D rows on sweep_row (a CPU pays per verified token)
     sweep_row: str = "ca+lora"
     num_heads: int = 4
     delta: float = 0.5
@@ -84,6 +86,8 @@ def variants(cfg: MeshBenchConfig) -> list[Variant]:
                 for k in cfg.topk_accept]
         out += [Variant(f"{cfg.sweep_row} PTS K_s={k}", h, XSpecMeshOptions(**base, sampling="tree", top_k_tree=k))
                 for k in cfg.tree_k]
+        out += [Variant(f"{cfg.sweep_row} D={d}", h, XSpecMeshOptions(**{**base, "num_heads": d}))
+                for d in cfg.depths if d != cfg.num_heads]
     return out
 
 

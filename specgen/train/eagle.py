@@ -270,7 +270,8 @@ def train(cfg: EagleTrainConfig, out: Path, log: Callable[[str], None] = lambda 
     metrics = {**{k: round(v, 4) for k, v in final.items()}, "steps": step, "train_seconds": round(elapsed, 1),
                "eval_sequences": int(eval_data["tokens"].shape[0]), "history": history, "weights": "fp16"}
     log(f"done: {json.dumps({k: v for k, v in metrics.items() if k != 'history'})}")
-    meta = {"builder": "eagle", "kwargs": net.cfg.to_dict(), "parent": entry.ref, "vocab_size": net.cfg.vocab_size,
+    meta = {"builder": "eagle", "kwargs": net.cfg.to_dict(), "parent": entry.ref,
+            "parent_digest": registry.weights_digest(entry), "vocab_size": net.cfg.vocab_size,
             "modality": "image", "drafter": "eagle", "embedding": "copy of the target's tok_embeddings (frozen)",
             "head": "target.output", "created_by": command, "train_config": record["config"], "metrics": metrics,
             **{k: v for k, v in record.items() if k != "config"}}

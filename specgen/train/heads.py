@@ -292,8 +292,9 @@ def save_outputs(trainer: HeadsTrainer, result: dict) -> list:
     from specgen import registry
 
     cfg, target = trainer.cfg, trainer.target
+    digest = registry.weights_digest(target)  # a retrained backbone refuses these heads (check_pair)
     base = {"builder": "xspecmesh_heads", "kwargs": trainer.heads.cfg.to_dict(), "parent": target.name,
-            "vocab_size": target.meta.get("vocab_size"), "modality": "mesh", "method": "xspecmesh",
+            "parent_digest": digest, "vocab_size": target.meta.get("vocab_size"), "modality": "mesh", "method": "xspecmesh",
             "created_by": "specgen train-heads --kind xspecmesh", "train_config": asdict(cfg)}
     s1 = result["stage1"][-1] if result["stage1"] else {}
     entries = [registry.save("heads", f"{cfg.name}-s1", result["heads_s1"],
@@ -301,7 +302,8 @@ def save_outputs(trainer: HeadsTrainer, result: dict) -> list:
     if "lora" in result:
         s2 = result["stage2"][-1] if result["stage2"] else {}
         adapter = registry.save("adapter", f"{cfg.name}-lora", {f"decoder.{k}": v for k, v in result["lora"].items()},
-                                {"parent": target.name, "vocab_size": target.meta.get("vocab_size"),
+                                {"parent": target.name, "parent_digest": digest,
+                                 "vocab_size": target.meta.get("vocab_size"),
                                  "modality": "mesh", "lora_rank": cfg.lora_rank, "lora_alpha": cfg.lora_alpha,
                                  "created_by": base["created_by"], "metrics": s2},
                                 dtype=torch.float16)

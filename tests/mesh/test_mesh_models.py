@@ -86,3 +86,22 @@ def test_registry_round_trip_and_foreign_heads():
     with pytest.raises(IncompatibleError, match="trained for other-mesh"):
         load_mesh("tiny-mesh", "foreign-heads")
     assert registry.find("tiny-mesh").meta["modality"] == "mesh"
+
+
+def test_heads_refuse_a_retrained_backbone_of_the_same_name():
+    register_tiny("tiny-mesh", None)
+    target = registry.find("tiny-mesh")
+    digest = registry.weights_digest(target)
+    heads = tiny_heads()
+    registry.save("heads", "pinned-heads", heads.state_dict(),
+                  {"builder": "xspecmesh_heads", "kwargs": heads.cfg.to_dict(), "parent": "tiny-mesh",
+                   "parent_digest": digest, "vocab_size": 5121, "modality": "mesh"})
+    assert load_mesh(None, "pinned-heads").decoder.heads is not None
+    # a re-saved copy of the same weights keeps its digest
+    registry.save("target", "tiny-mesh", registry.read_state(target), target.meta)
+    assert registry.weights_digest(registry.find("tiny-mesh")) == digest
+    # retrained (other weights, same name): refused with one line
+    state = {k: v + 0.01 if v.is_floating_point() else v for k, v in registry.read_state(target).items()}
+    registry.save("target", "tiny-mesh", state, target.meta)
+    with pytest.raises(IncompatibleError, match="other weights of target/tiny-mesh"):
+        load_mesh(None, "pinned-heads")
