@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from specgen.decoding.sampling import SamplingParams, logits_to_probs
 from specgen.models.heads import HeadsConfig, XSpecMeshHeads
 from specgen.models.mesh import MeshGPT
-from specgen.train.checkpoint import load_train_state, save_tensors, save_train_state
+from specgen.train.checkpoint import load_train_state, save_tensors, save_train_state, write_entry
 from specgen.train.lora import apply_lora, lora_state, merge_lora
 from specgen.train.mesh import SeedStream, mesh_example, sequence_loss
 from specgen.train.optim import cosine_lr, optimizer_step
@@ -72,6 +72,7 @@ class HeadsTrainConfig:
     seed: int = 0
     num_threads: int = 1
     stages: int = 2  # 1 = stop after stage 1
+    ship_dir: str = ""  # also write every registered entry to <ship_dir>/<name> (package assets)
 
 
 # -- labels -----------------------------------------------------------------------------------------
@@ -207,7 +208,7 @@ class HeadsTrainer:
         per_epoch = (n + cfg.batch_size - 1) // cfg.batch_size
         total = epochs * per_epoch
         path = self.out / f"stage{stage}.safetensors"
-        config = {**asdict(cfg), "stage": stage}
+        config = {**{k: v for k, v in asdict(cfg).items() if k != "ship_dir"}, "stage": stage}  # shipping: not training
         meta = load_train_state(path, modules, {"optim": opt}, {"config": config})
         step, history = (meta["step"], meta["history"]) if meta else (0, [])
         if meta:
@@ -311,4 +312,7 @@ def save_outputs(trainer: HeadsTrainer, result: dict) -> list:
         entries.append(registry.save("heads", cfg.name, result["heads_s2"],
                                      {**base, "stage": 2, "adapter": adapter.name, "metrics": s2},
                                      dtype=torch.float16))
+    if cfg.ship_dir:  # package assets in registry layout: <ship_dir>/<entry name>
+        for e in entries:
+            write_entry(Path(cfg.ship_dir) / e.name, registry.read_state(e), e.meta)
     return entries

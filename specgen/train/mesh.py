@@ -64,6 +64,7 @@ class MeshTrainConfig(OptimConfig):
     num_threads: int = 1
     factored_embedding: bool = False  # train the token table as free + coordinate features @ axes (mesh_embedding.py)
     max_minutes: float = 0.0  # > 0: stop after this much training CPU time (a budget: may change on resume)
+    ship_dir: str = ""  # also write the fp16 result here in registry layout (a package asset; entry name = folder name)
 
     def model_kwargs(self) -> dict:
         decoder = dict(vocab_size=BPTTokenizer().vocab_size, dim=self.dim, n_layers=self.n_layers,
@@ -178,7 +179,7 @@ def train(cfg: MeshTrainConfig, out: Path, log: Callable[[str], None] = lambda s
     state_path = out / "state.safetensors"
     # budgets: a resumed run may change them (logged below)
     meta = load_train_state(state_path, modules, {"optim": opt}, {"config": asdict(cfg)},
-                            loose=("max_minutes", "steps"))
+                            loose=("max_minutes", "steps", "ship_dir"))
     step, elapsed, history = (meta["step"], meta["elapsed"], meta["history"]) if meta else (0, 0.0, [])
     n_params = sum(p.numel() for p in model.parameters())  # the tied LM head is counted once
     log(f"{'resumed at' if meta else 'starting'} step {step}/{cfg.steps}; {n_params / 1e6:.2f}M parameters")
@@ -221,6 +222,9 @@ def train(cfg: MeshTrainConfig, out: Path, log: Callable[[str], None] = lambda s
     metrics = {"steps": step, "train_minutes": round(elapsed / 60, 2), **{k: round(v, 4) for k, v in ev.items()},
                "history": history}
     write_entry(out, fp16_state(model, untie=True), entry_meta(cfg, metrics))
+    if cfg.ship_dir:
+        write_entry(Path(cfg.ship_dir), fp16_state(model, untie=True),
+                    {"kind": "target", "name": Path(cfg.ship_dir).name, **entry_meta(cfg, metrics)})
     log(f"done: step {step}, val_loss {ev['val_loss']:.4f}, val_acc {ev['val_acc']:.4f}; wrote {out}/model.safetensors")
     return metrics
 

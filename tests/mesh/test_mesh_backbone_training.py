@@ -45,9 +45,11 @@ def test_fold_gives_a_plain_model_with_the_same_outputs():
 
 
 def test_factored_training_exports_a_plain_backbone(tmp_path):
-    cfg = MeshTrainConfig(**TINY, steps=6, factored_embedding=True)
+    cfg = MeshTrainConfig(**TINY, steps=6, factored_embedding=True, ship_dir=str(tmp_path / "assets" / "my-mesh"))
     lines: list[str] = []
     metrics = train(cfg, tmp_path, lines.append)
+    shipped = json.loads((tmp_path / "assets" / "my-mesh" / "config.json").read_text())
+    assert (shipped["kind"], shipped["name"], shipped["builder"]) == ("target", "my-mesh", "mesh_gpt")
     losses = [float(x.split(" loss ")[1].split()[0]) for x in lines if x.startswith("step ")]
     assert len(losses) == 6 and losses[-1] < losses[0]
     state = load_file(str(tmp_path / "model.safetensors"))

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
 import torch
 
+from specgen import registry
 from specgen.config import load_config
 from specgen.methods.xspecmesh import load_mesh
 from specgen.train.heads import HeadsTrainConfig, HeadsTrainer, save_outputs
@@ -27,8 +31,15 @@ def test_heads_training_loss_decreases_and_resumes(tmp_path):
     assert refs == ["heads/t-ca-s1", "adapter/t-ca-lora", "heads/t-ca"]
     loaded = load_mesh(None, "t-ca")
     assert loaded.adapter.name == "t-ca-lora" and loaded.target.name == "tiny-mesh"
-    # a finished run resumes without training again and yields the same heads
-    again = HeadsTrainer(cfg, tmp_path).train()
+    assert loaded.heads.meta["parent_digest"] == registry.weights_digest(loaded.target)
+    # shipping into a package folder: the same three entries in registry layout; shipping is not a
+    # training setting, so the finished run resumes (without training again) and yields the same heads
+    ship = tmp_path / "assets"
+    shipped = dataclasses.replace(cfg, ship_dir=str(ship))
+    save_outputs(HeadsTrainer(shipped, tmp_path), result)
+    assert sorted(p.name for p in ship.iterdir()) == ["t-ca", "t-ca-lora", "t-ca-s1"]
+    assert json.loads((ship / "t-ca" / "config.json").read_text())["adapter"] == "t-ca-lora"
+    again = HeadsTrainer(shipped, tmp_path).train()
     for k, v in result["heads_s2"].items():
         torch.testing.assert_close(again["heads_s2"][k], v)
     torch.set_num_threads(old)

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The shipped tiny mesh family, end to end (CPU, 1 thread per job): backbone, then CA and MLP XSpecMesh heads
+# in parallel, each written into specgen/assets/mesh (ship_dir in the recipes) and registered.
+#   recipes/tiny/mesh.sh              # ~50 min backbone + ~25 min heads on a quiet 2-core machine
+# Every step resumes from its run folder: rerun the script after an interruption. Logs: recipes/tiny/logs/.
+set -euo pipefail
+LOGS=recipes/tiny/logs
+export OMP_NUM_THREADS=1
+python -m specgen.train.mesh --config recipes/tiny/mesh-gpt.yaml --out runs/mesh-gpt --log "$LOGS/mesh-gpt.log"
+# heads find mesh-gpt-tiny through the registry, which reinstalls it from the asset just written
+specgen train-heads --kind xspecmesh --config recipes/tiny/xspecmesh-heads.yaml --out runs/xspecmesh-ca \
+  > "$LOGS/xspecmesh-ca-heads.log" 2>&1 &
+specgen train-heads --kind xspecmesh --config recipes/tiny/xspecmesh-heads.yaml --out runs/xspecmesh-mlp \
+  head_kind=mlp name=xspecmesh-mlp-tiny > "$LOGS/xspecmesh-mlp-heads.log" 2>&1 &
+wait
+specgen benchmark --suite meshes --limit 8 --out runs/bench_meshes.jsonl
