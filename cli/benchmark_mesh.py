@@ -29,5 +29,6 @@ def run(overrides=None, methods=None, model=None, limit=None, offset=None, max_n
         _output.emit_json(result)
     else:
         title = (f"meshes: {cfg.model}, {cfg.limit} test point clouds from {cfg.offset}, T {cfg.temperature} "
-                 f"top-k {cfg.top_k} top-p {cfg.top_p}, D {cfg.num_heads} ({machine})")
+                 f"top-k {cfg.top_k} top-p {cfg.top_p}, D {cfg.num_heads} ({machine}); reference CD: a box "
+                 f"{result[0]['cd_box']}, another test mesh {result[0]['cd_other_mesh']}")
         _output.table(title, result, COLUMNS, _output.out)

@@ -75,3 +75,16 @@ def test_check_mesh():
     assert not bad.ok and "out of range" in bad.reason
     flat = check_mesh(np.zeros((3, 3)), np.array([[0, 1, 2]]))
     assert not flat.ok and flat.degenerate_faces == 1
+
+
+def test_benchmark_reference_distances():
+    import trimesh
+
+    from specgen.eval.mesh_bench import reference_distances
+
+    box, ball = trimesh.creation.box(extents=[2, 2, 2]), trimesh.creation.icosphere(2)
+    same = reference_distances([box, box])
+    assert same == {"cd_box": 0.0, "cd_other_mesh": 0.0}  # a cube of any size: each mesh normalised on its own
+    mixed = reference_distances([box, ball])
+    assert mixed["cd_box"] > 0 and mixed["cd_other_mesh"] > 0
+    assert reference_distances([box])["cd_other_mesh"] is None
