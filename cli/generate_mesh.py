@@ -20,6 +20,7 @@ def run(req) -> None:
     from specgen.mesh.errors import MeshInputError
     from specgen.mesh.export import EXPORT_FORMATS
     from specgen.mesh.generate import MeshGenConfig, generate_meshes, load_conditions
+    from specgen.mesh.procedural import ProceduralSpec
     from specgen.methods import get_method
     from specgen.methods.xspecmesh import XSpecMeshOptions, load_mesh
 
@@ -38,7 +39,8 @@ def run(req) -> None:
     opts = XSpecMeshOptions(**{k: v for k, v in cfg.method_options.items() if k != "seed"})
     loaded = load_mesh(cfg.model, opts.heads if cfg.method == "xspecmesh" else None, cfg.device)
     try:
-        conds = load_conditions(req.point_clouds, cfg.num, int(loaded.target.meta.get("num_points", 2048)), cfg.seed)
+        conds = load_conditions(req.point_clouds, cfg.num, int(loaded.target.meta.get("num_points", 2048)), cfg.seed,
+                                ProceduralSpec.from_meta(loaded.target.meta))
     except MeshInputError as e:
         raise UsageError(str(e)) from None
     if req.out_dir is not None:

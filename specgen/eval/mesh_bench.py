@@ -29,7 +29,7 @@ import torch
 
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.stats import DecodeStats
-from specgen.mesh.procedural import generate_mesh, split_seeds
+from specgen.mesh.procedural import ProceduralSpec, generate_mesh, split_seeds
 
 
 @dataclass
@@ -123,10 +123,10 @@ def run_mesh_benchmark(cfg: MeshBenchConfig, on_mesh: Callable[[int], None] | No
     room = ar.decoder.model.dec_cfg.max_seq_len - cfg.num_heads - 2
     max_tokens = min(cfg.max_new_tokens or 2 * int(ar.target.meta.get("max_tokens", room)), room)
     acc = {v.label: {"stats": DecodeStats(), "cd": [], "hd": [], "valid": 0, "tokens": 0} for v in vs}
-    seeds = split_seeds("test", cfg.limit, cfg.offset)
-    refs = reference_distances([generate_mesh(int(s)) for s in seeds])
+    seeds, spec = split_seeds("test", cfg.limit, cfg.offset), ProceduralSpec.from_meta(ar.target.meta)
+    refs = reference_distances([generate_mesh(int(s), spec) for s in seeds])
     for i, seed in enumerate(seeds):
-        ref = generate_mesh(int(seed))
+        ref = generate_mesh(int(seed), spec)  # the backbone's own procedural distribution (config.json)
         pc = torch.from_numpy(point_cloud(ref.vertices, ref.faces, num_points, int(seed))).to(cfg.device)
         for v in vs:
             gen = torch.Generator().manual_seed(cfg.seed + i)

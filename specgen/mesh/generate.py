@@ -17,7 +17,7 @@ import torch
 
 from specgen.mesh.errors import MeshInputError
 from specgen.mesh.pointcloud import validate_point_cloud
-from specgen.mesh.procedural import MESH_SUFFIXES, generate_mesh, load_mesh, split_seeds
+from specgen.mesh.procedural import MESH_SUFFIXES, ProceduralSpec, generate_mesh, load_mesh, split_seeds
 from specgen.mesh.quantize import normalize_bbox
 
 POINT_SUFFIXES = (".npy",)
@@ -103,14 +103,16 @@ def read_file(path: Path, num_points: int, seed: int) -> list[Condition]:
     raise MeshInputError(f"{path}: unsupported input; give .npy point clouds or {', '.join(MESH_SUFFIXES)} files")
 
 
-def load_conditions(path: Path | None, num: int, num_points: int, seed: int) -> list[Condition]:
-    """User point clouds (file or folder) or `num` procedural test meshes; all validated up front."""
+def load_conditions(path: Path | None, num: int, num_points: int, seed: int,
+                    spec: ProceduralSpec | None = None) -> list[Condition]:
+    """User point clouds (file or folder) or `num` procedural test meshes (of the model's own
+    distribution `spec`); all validated up front."""
     if path is None:
         out = []
         for s in split_seeds("test", num):
             from specgen.train.mesh import point_cloud
 
-            m = generate_mesh(int(s))
+            m = generate_mesh(int(s), spec)
             out.append(Condition(f"test-{int(s)}", point_cloud(m.vertices, m.faces, num_points, int(s)),
                                  (m.vertices, m.faces)))
         return out

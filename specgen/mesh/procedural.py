@@ -1,11 +1,12 @@
 """Deterministic procedural low-poly meshes from trimesh primitives, and loading user meshes.
 
 ``generate_mesh(seed)`` draws everything from ``np.random.default_rng(seed)``:
- 1. 1 to 4 parts, each a primitive from ``PRIMITIVES`` (uniform choice) with explicit, small
-    section counts, built at about unit size;
- 2. per part a non-uniform scale in [0.6, 1.4] per axis, a uniform random rotation (Shoemake
-    quaternion) and a translation in [-0.5, 0.5] per axis; parts are concatenated (no booleans,
-    so parts may intersect);
+ 1. 1 to 4 parts (``ProceduralSpec.max_parts``), each a primitive from ``PRIMITIVES`` (uniform
+    choice) with explicit, small section counts, built at about unit size;
+ 2. per part a non-uniform scale in [0.6, 1.4] per axis, a rotation (``ProceduralSpec.rotation``:
+    uniformly random by Shoemake's quaternion, the default, or one of the 24 axis-aligned ones) and
+    a translation in [-0.5, 0.5] per axis; parts are concatenated (no booleans, so parts may
+    intersect);
  3. a part that would take the total to 800 faces or more is skipped (the first part always
     fits: the largest primitive has 320 faces);
  4. the whole is normalised to [-0.95, 0.95] as BPT does, quantised to 7 bits, equal vertices
@@ -100,17 +101,64 @@ def random_rotation(rng: np.random.Generator) -> np.ndarray:
     )
 
 
-def generate_mesh(seed: int) -> ProceduralMesh:
-    """The procedural mesh for ``seed`` (see the module docstring for the recipe)."""
+def axis_rotation(rng: np.random.Generator) -> np.ndarray:
+    """One of the 24 rotations [3, 3] that map the coordinate axes onto themselves, uniformly."""
+    return AXIS_ROTATIONS[int(rng.integers(len(AXIS_ROTATIONS)))]
+
+
+def _axis_rotations() -> list[np.ndarray]:
+    out = []
+    for perm in ((0, 1, 2), (1, 2, 0), (2, 0, 1), (0, 2, 1), (2, 1, 0), (1, 0, 2)):
+        for signs in np.ndindex(2, 2, 2):
+            m = np.zeros((3, 3))
+            m[range(3), perm] = [1 - 2 * x for x in signs]
+            if np.linalg.det(m) > 0:
+                out.append(m)
+    return out
+
+
+AXIS_ROTATIONS = _axis_rotations()
+ROTATIONS: dict[str, Callable[[np.random.Generator], np.ndarray]] = {"uniform": random_rotation,
+                                                                      "axis": axis_rotation}
+
+
+@dataclass(frozen=True)
+class ProceduralSpec:
+    """Which procedural distribution: parts per mesh and the rotation law (the default is the full one).
+
+    A trained backbone records its spec in config.json (`procedural`), so its heads' labels, the
+    benchmark's test meshes and `generate`'s default point clouds come from the same distribution.
+    """
+
+    max_parts: int = MAX_PARTS  # 1 .. MAX_PARTS parts, uniformly
+    rotation: str = "uniform"  # "uniform" (Shoemake) | "axis" (one of the 24 axis-aligned rotations)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_parts <= MAX_PARTS or self.rotation not in ROTATIONS:
+            raise MeshInputError(f"procedural spec needs 1 <= max_parts <= {MAX_PARTS} and rotation in "
+                                 f"{', '.join(ROTATIONS)}; got {self.max_parts}, {self.rotation!r}")
+
+    @classmethod
+    def from_meta(cls, meta: dict) -> "ProceduralSpec":
+        """The spec a checkpoint's config.json records (the default for checkpoints that predate it)."""
+        return cls(**meta.get("procedural", {}))
+
+    def to_dict(self) -> dict:
+        return {"max_parts": self.max_parts, "rotation": self.rotation}
+
+
+def generate_mesh(seed: int, spec: ProceduralSpec | None = None) -> ProceduralMesh:
+    """The procedural mesh for ``seed`` under ``spec`` (see the module docstring for the recipe)."""
+    spec = spec or ProceduralSpec()
     rng = np.random.default_rng(int(seed))
     names = list(PRIMITIVES)
     vertices, faces, parts = [], [], []
     total_v = total_f = 0
-    for _ in range(_n(rng, 1, MAX_PARTS)):
+    for _ in range(_n(rng, 1, spec.max_parts)):
         name = names[int(rng.integers(len(names)))]
         part = PRIMITIVES[name](rng)
         scale = rng.uniform(0.6, 1.4, size=3)  # [3]
-        rot, shift = random_rotation(rng), rng.uniform(-0.5, 0.5, size=3)
+        rot, shift = ROTATIONS[spec.rotation](rng), rng.uniform(-0.5, 0.5, size=3)
         if total_f + len(part.faces) > MAX_FACES:
             continue
         vertices.append((np.asarray(part.vertices) * scale) @ rot.T + shift)  # [v, 3]
@@ -133,10 +181,11 @@ def split_seeds(split: str, count: int | None = None, start: int = 0) -> range:
     return seeds
 
 
-def iter_split(split: str, count: int | None = None, start: int = 0) -> Iterator[ProceduralMesh]:
+def iter_split(split: str, count: int | None = None, start: int = 0,
+               spec: ProceduralSpec | None = None) -> Iterator[ProceduralMesh]:
     """Generate the meshes of a split lazily, in seed order."""
     for seed in split_seeds(split, count, start):
-        yield generate_mesh(seed)
+        yield generate_mesh(seed, spec)
 
 
 def load_mesh(path: str | Path) -> LoadedMesh:

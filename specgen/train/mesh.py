@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from specgen.mesh.pointcloud import sample_surface
-from specgen.mesh.procedural import generate_mesh, split_seeds
+from specgen.mesh.procedural import ProceduralSpec, generate_mesh, split_seeds
 from specgen.mesh.tokenizers import BPTTokenizer
 from specgen.models.mesh import MeshGPT
 from specgen.train.checkpoint import fp16_state, load_train_state, save_train_state, write_entry
@@ -63,8 +63,13 @@ class MeshTrainConfig(OptimConfig):
     log_every: int = 25
     num_threads: int = 1
     factored_embedding: bool = False  # train the token table as free + coordinate features @ axes (mesh_embedding.py)
+    max_parts: int = 4  # procedural distribution (ProceduralSpec): parts per mesh ...
+    rotation: str = "uniform"  # ... and rotation law ("uniform" | "axis"); recorded in config.json
     max_minutes: float = 0.0  # > 0: stop after this much training CPU time (a budget: may change on resume)
     ship_dir: str = ""  # also write the fp16 result here in registry layout (a package asset; entry name = folder name)
+
+    def spec(self) -> ProceduralSpec:
+        return ProceduralSpec(self.max_parts, self.rotation)
 
     def model_kwargs(self) -> dict:
         decoder = dict(vocab_size=BPTTokenizer().vocab_size, dim=self.dim, n_layers=self.n_layers,
@@ -81,9 +86,10 @@ def point_cloud(vertices: np.ndarray, faces: np.ndarray, num_points: int, seed) 
     return sample_surface(vertices, faces, num_points, seed).as_array(np.float32)
 
 
-def mesh_example(seed: int, num_points: int, pc_seed) -> tuple[np.ndarray, np.ndarray]:
+def mesh_example(seed: int, num_points: int, pc_seed, spec: ProceduralSpec | None = None
+                 ) -> tuple[np.ndarray, np.ndarray]:
     """(point cloud [N, 6], BPT tokens [L] with EOS) of procedural mesh `seed`."""
-    m = generate_mesh(seed)
+    m = generate_mesh(seed, spec)
     return point_cloud(m.vertices, m.faces, num_points, pc_seed), BPTTokenizer().encode(m.vertices, m.faces)
 
 
@@ -99,8 +105,8 @@ def collate(items: list[tuple[np.ndarray, np.ndarray]]) -> tuple[torch.Tensor, t
 class SeedStream:
     """Train seeds in a fixed shuffled order, skipping meshes longer than max_tokens (lengths cached)."""
 
-    def __init__(self, seed: int, max_tokens: int) -> None:
-        self.rng_seed, self.max_tokens = seed, max_tokens
+    def __init__(self, seed: int, max_tokens: int, spec: ProceduralSpec | None = None) -> None:
+        self.rng_seed, self.max_tokens, self.spec = seed, max_tokens, spec
         self.lengths: dict[int, int] = {}
 
     def seed_at(self, i: int) -> int:
@@ -116,7 +122,7 @@ class SeedStream:
             s = self.seed_at(i)
             i += 1
             if s not in self.lengths:
-                m = generate_mesh(s)
+                m = generate_mesh(s, self.spec)
                 self.lengths[s] = len(BPTTokenizer().encode(m.vertices, m.faces))
             if self.lengths[s] <= self.max_tokens:
                 out.append(s)
@@ -129,14 +135,15 @@ def train_batch(cfg: MeshTrainConfig, stream: SeedStream, step: int) -> tuple[to
     order = np.random.default_rng([cfg.seed, step // cfg.pool_batches, 7]).permutation(cfg.pool_batches)
     k = int(order[step % cfg.pool_batches])
     seeds = pool[k * cfg.batch_size : (k + 1) * cfg.batch_size]
-    return collate([mesh_example(s, cfg.num_points, [s, step]) for s in seeds])
+    return collate([mesh_example(s, cfg.num_points, [s, step], stream.spec) for s in seeds])
 
 
-def eval_set(count: int, num_points: int, max_tokens: int) -> list[tuple[np.ndarray, np.ndarray]]:
+def eval_set(count: int, num_points: int, max_tokens: int, spec: ProceduralSpec | None = None
+             ) -> list[tuple[np.ndarray, np.ndarray]]:
     """Fixed validation examples (first `count` validation seeds within max_tokens)."""
     out = []
     for s in split_seeds("validation"):
-        pc, t = mesh_example(int(s), num_points, int(s))
+        pc, t = mesh_example(int(s), num_points, int(s), spec)
         if len(t) <= max_tokens:
             out.append((pc, t))
         if len(out) == count:
@@ -186,7 +193,8 @@ def train(cfg: MeshTrainConfig, out: Path, log: Callable[[str], None] = lambda s
     if meta and (meta["config"]["steps"], meta["config"]["max_minutes"]) != (cfg.steps, cfg.max_minutes):
         log(f"budget changed on resume: steps {meta['config']['steps']} -> {cfg.steps}, "
             f"max_minutes {meta['config']['max_minutes']} -> {cfg.max_minutes} (cosine now ends at step {cfg.steps})")
-    stream, val = SeedStream(cfg.seed, cfg.max_tokens), eval_set(cfg.eval_meshes, cfg.num_points, cfg.max_tokens)
+    stream = SeedStream(cfg.seed, cfg.max_tokens, cfg.spec())
+    val = eval_set(cfg.eval_meshes, cfg.num_points, cfg.max_tokens, cfg.spec())
     # elapsed = CPU seconds of this (single-threaded) process: pauses (SIGSTOP) and other jobs on a shared
     # machine do not eat the budget; tokens/s in the log is per CPU second.
     t_last, toks, losses, resumed_at = time.process_time(), 0, [], elapsed  # toks: since this process started
@@ -235,6 +243,7 @@ def entry_meta(cfg: MeshTrainConfig, metrics: dict) -> dict:
     return {"kind": "target", "builder": "mesh_gpt", "kwargs": MeshGPT(**cfg.model_kwargs()).builder_kwargs(),
             "vocab_size": BPTTokenizer().vocab_size, "modality": "mesh", "tokenizer": "bpt",
             "num_points": cfg.num_points, "max_tokens": cfg.max_tokens, "tied": tied,
+            "procedural": cfg.spec().to_dict(),  # the distribution heads, benchmark and generate draw from
             "created_by": "python -m specgen.train.mesh", "train_config": asdict(cfg), "metrics": metrics}
 
 

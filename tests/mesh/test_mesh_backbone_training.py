@@ -45,11 +45,13 @@ def test_fold_gives_a_plain_model_with_the_same_outputs():
 
 
 def test_factored_training_exports_a_plain_backbone(tmp_path):
-    cfg = MeshTrainConfig(**TINY, steps=6, factored_embedding=True, ship_dir=str(tmp_path / "assets" / "my-mesh"))
+    cfg = MeshTrainConfig(**TINY, steps=6, factored_embedding=True, ship_dir=str(tmp_path / "assets" / "my-mesh"),
+                          max_parts=1, rotation="axis")
     lines: list[str] = []
     metrics = train(cfg, tmp_path, lines.append)
     shipped = json.loads((tmp_path / "assets" / "my-mesh" / "config.json").read_text())
     assert (shipped["kind"], shipped["name"], shipped["builder"]) == ("target", "my-mesh", "mesh_gpt")
+    assert shipped["procedural"] == {"max_parts": 1, "rotation": "axis"}  # heads / benchmark / generate use it
     losses = [float(x.split(" loss ")[1].split()[0]) for x in lines if x.startswith("step ")]
     assert len(losses) == 6 and losses[-1] < losses[0]
     state = load_file(str(tmp_path / "model.safetensors"))
@@ -58,5 +60,5 @@ def test_factored_training_exports_a_plain_backbone(tmp_path):
     model = MeshGPT(**meta["kwargs"])
     state["decoder.output.weight"] = state["decoder.tok_embeddings.weight"]
     model.load_state_dict({k: v.float() for k, v in state.items()})
-    ev = evaluate(model, eval_set(cfg.eval_meshes, cfg.num_points, cfg.max_tokens))
+    ev = evaluate(model, eval_set(cfg.eval_meshes, cfg.num_points, cfg.max_tokens, cfg.spec()))
     assert abs(ev["val_loss"] - metrics["val_loss"]) < 2e-2  # fp16 export of the folded table

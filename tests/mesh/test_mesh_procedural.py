@@ -1,5 +1,6 @@
 """Procedural dataset: determinism, face bound, splits, and reading user mesh folders."""
 
+import hashlib
 import itertools
 
 import numpy as np
@@ -10,6 +11,7 @@ from specgen.mesh.errors import MeshInputError
 from specgen.mesh.procedural import (
     MAX_FACES,
     SPLITS,
+    ProceduralSpec,
     generate_mesh,
     iter_split,
     load_mesh,
@@ -68,3 +70,26 @@ def test_load_errors_are_mesh_input_errors(tmp_path):
         load_mesh(tmp_path / "bad.stl")
     with pytest.raises(MeshInputError, match="unsupported"):
         load_mesh(tmp_path / "x.fbx")
+
+
+def test_axis_aligned_single_part_spec():
+    spec = ProceduralSpec(max_parts=1, rotation="axis")
+    assert ProceduralSpec.from_meta({"procedural": spec.to_dict()}) == spec
+    assert ProceduralSpec.from_meta({}) == ProceduralSpec()  # checkpoints without the key: the full distribution
+    meshes = [generate_mesh(s, spec) for s in range(40)]
+    assert all(len(m.parts) == 1 for m in meshes)
+    boxes = [m for m in meshes if m.parts == ("box",)]
+    assert boxes
+    for m in boxes:  # an axis-aligned box keeps two coordinate values per axis
+        assert [len(np.unique(m.vertices[:, a])) for a in range(3)] == [2, 2, 2]
+    # the default spec is the full distribution, unchanged: digest of meshes made before ProceduralSpec existed
+    h = hashlib.sha256()
+    for s in (0, 7, 1_010_000, 1_010_003):
+        m = generate_mesh(s, ProceduralSpec())
+        h.update(m.vertices.tobytes())
+        h.update(m.faces.tobytes())
+    assert h.hexdigest()[:16] == "1618843c8a35018d"
+    with pytest.raises(MeshInputError, match="max_parts"):
+        ProceduralSpec(max_parts=0)
+    with pytest.raises(MeshInputError, match="rotation"):
+        ProceduralSpec(rotation="random")
