@@ -158,7 +158,8 @@ def materialize_distilled(name: str) -> Callable[[Progress], None]:
         src = ASSETS / "text" / name
         if not (src / "adapter.json").is_file() or not (src / "adapter.safetensors").is_file():
             raise CheckpointError(f"the {name} adapter is not shipped in this build ({src}); "
-                                  "train it with its recipe in recipes/tiny/")
+                                  "train it with its recipe in recipes/tiny/ and decode the "
+                                  "registered result (generate --model NAME, benchmark targets.<method>=NAME)")
         meta = json.loads((src / "adapter.json").read_text())
         base = registry.find(meta["parent"], progress)
         state = {k: v.float() for k, v in load_file(str(src / "adapter.safetensors")).items()}

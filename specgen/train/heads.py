@@ -185,18 +185,37 @@ class HeadsTrainer:
                                                   dc.n_heads, cfg.inner_dim, dc.vocab_size).to_dict())
         self.num_points = int(self.target.meta.get("num_points", 2048))
 
+    def label_settings(self) -> dict[str, str]:
+        """What the labels depend on, stored with them: a rerun with other settings is refused."""
+        from specgen import registry
+
+        keys = ("num_sequences", "eval_sequences", "label_seed", "label_temperature", "label_top_k",
+                "label_top_p", "label_batch", "max_tokens")
+        settings = {k: str(getattr(self.cfg, k)) for k in keys}
+        return {**settings, "target": self.target.ref, "target_digest": registry.weights_digest(self.target)}
+
     def labels(self) -> tuple[torch.Tensor, torch.Tensor]:
+        from safetensors import safe_open
         from safetensors.torch import load_file
 
-        path = self.out / "labels.safetensors"
+        from specgen.errors import UsageError
+
+        path, want = self.out / "labels.safetensors", self.label_settings()
         if path.exists():
+            with safe_open(str(path), "pt") as f:
+                have = f.metadata() or {}
+            diff = [k for k in want if k in have and have[k] != want[k]]  # files without metadata predate the check
+            if diff:
+                k = diff[0]
+                raise UsageError(f"{path} holds labels made with {k} {have[k]}, not {want[k]}; "
+                                 "use a new --out (or delete that file to regenerate the labels)")
             t = load_file(str(path))
             return t["pcs"], t["tokens"]
         self.model.eval()
         pcs, tokens = make_labels(self.model, self.cfg, self.num_points, self.log,
                                   int(self.target.meta.get("max_tokens", self.cfg.max_tokens)),
                                   ProceduralSpec.from_meta(self.target.meta))
-        save_tensors(path, {"pcs": pcs, "tokens": tokens})
+        save_tensors(path, {"pcs": pcs, "tokens": tokens}, metadata=want)
         lengths = (tokens >= 0).sum(1).float()
         eos = (tokens == 5120).any(1).float().mean()
         self.log(f"labels: {len(tokens)} sequences, mean length {lengths.mean():.0f}, EOS reached {eos:.0%}")

@@ -5,10 +5,12 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import pytest
 import torch
 
 from specgen import registry
 from specgen.config import load_config
+from specgen.errors import UsageError
 from specgen.methods.xspecmesh import load_mesh
 from specgen.train.heads import HeadsTrainConfig, HeadsTrainer, save_outputs
 from tests.mesh.mesh_fixtures import register_tiny
@@ -42,4 +44,8 @@ def test_heads_training_loss_decreases_and_resumes(tmp_path):
     again = HeadsTrainer(shipped, tmp_path).train()
     for k, v in result["heads_s2"].items():
         torch.testing.assert_close(again["heads_s2"][k], v)
+    # labels record what made them: the same folder with more sequences is refused, not reused
+    more = HeadsTrainer(dataclasses.replace(cfg, num_sequences=16), tmp_path)
+    with pytest.raises(UsageError, match="num_sequences 8, not 16"):
+        more.labels()
     torch.set_num_threads(old)

@@ -1,0 +1,68 @@
+"""Tile ground truth and generated mesh previews into one image (the README's mesh gallery).
+
+    specgen generate --method ar --model mesh-gpt-tiny --num 6 --out-dir runs/gallery/ar preview=true
+    specgen generate --method xspecmesh --num 6 --out-dir runs/gallery/xspecmesh preview=true
+    python recipes/tiny/mesh_gallery.py runs/gallery/ar runs/gallery/xspecmesh --out docs/mesh_gallery.png
+
+Row 1 renders the procedural test meshes the point clouds were sampled from (`test-<seed>` names,
+under the backbone's recorded ProceduralSpec); each further row is one `--out-dir` of `generate`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+from PIL import Image, ImageDraw
+
+from specgen import registry
+from specgen.mesh.export import render_png
+from specgen.mesh.procedural import ProceduralSpec, generate_mesh
+
+TILE = 200  # pixels per preview
+
+
+def ground_truth(names: list[str], model: str, tmp: Path) -> list[Path]:
+    """Render the procedural test mesh behind each `test-<seed>` name."""
+    spec = ProceduralSpec.from_meta(registry.find(model).meta)
+    paths = []
+    for name in names:
+        mesh = generate_mesh(int(name.split("-")[-1]), spec)
+        paths.append(render_png(mesh.vertices, mesh.faces, tmp / f"{name}.png"))
+    return paths
+
+
+def tile(rows: list[tuple[str, list[Path]]], out: Path) -> None:
+    """One labelled row of previews per (label, paths); a missing preview stays blank."""
+    label_w, cols = 110, max(len(p) for _, p in rows)
+    sheet = Image.new("RGB", (label_w + cols * TILE, len(rows) * TILE), "white")
+    draw = ImageDraw.Draw(sheet)
+    for r, (label, paths) in enumerate(rows):
+        draw.text((8, r * TILE + TILE // 2), label, fill="black")
+        for c, path in enumerate(paths):
+            if path.exists():
+                im = Image.open(path).convert("RGB").resize((TILE, TILE))
+                sheet.paste(im, (label_w + c * TILE, r * TILE))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    sheet.save(out, optimize=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("dirs", nargs="+", type=Path, help="generate --out-dir folders (one row each)")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--model", default="mesh-gpt-tiny", help="backbone whose ProceduralSpec made the test meshes")
+    args = ap.parse_args()
+    names = sorted(p.stem for p in args.dirs[0].glob("test-*.obj"))
+    if not names:
+        raise SystemExit(f"error: no test-<seed>.obj files in {args.dirs[0]}")
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = [("ground truth", ground_truth(names, args.model, Path(tmp)))]
+        rows += [(d.name, [d / f"{n}.png" for n in names]) for d in args.dirs]
+        tile(rows, args.out)
+    print(f"wrote {args.out} ({len(names)} meshes x {len(rows)} rows)")
+
+
+if __name__ == "__main__":
+    main()
