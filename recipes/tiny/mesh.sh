@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The shipped tiny mesh family, end to end (CPU, 1 thread per job): backbone, then CA and MLP XSpecMesh heads
 # in parallel, each written into specgen/assets/mesh (ship_dir in the recipes) and registered.
-#   recipes/tiny/mesh.sh              # ~50 min backbone + ~25 min heads on a quiet 2-core machine
+#   recipes/tiny/mesh.sh              # ~40 min backbone + ~40 min heads + ~5 min benchmark and gallery (2 cores)
 # Every step resumes from its run folder: rerun the script after an interruption. Logs: recipes/tiny/logs/.
 set -euo pipefail
 LOGS=recipes/tiny/logs
@@ -10,7 +10,13 @@ python -m specgen.train.mesh --config recipes/tiny/mesh-gpt.yaml --out runs/mesh
 # heads find mesh-gpt-tiny through the registry, which reinstalls it from the asset just written
 specgen train-heads --kind xspecmesh --config recipes/tiny/xspecmesh-heads.yaml --out runs/xspecmesh-ca \
   > "$LOGS/xspecmesh-ca-heads.log" 2>&1 &
+ca=$!
 specgen train-heads --kind xspecmesh --config recipes/tiny/xspecmesh-heads.yaml --out runs/xspecmesh-mlp \
   head_kind=mlp name=xspecmesh-mlp-tiny > "$LOGS/xspecmesh-mlp-heads.log" 2>&1 &
-wait
-specgen benchmark --suite meshes --limit 8 --out runs/bench_meshes.jsonl
+mlp=$!
+wait "$ca" && wait "$mlp"   # a failed heads run stops the script (set -e)
+specgen benchmark --suite meshes --limit 16 threads=1 --out runs/bench_meshes.jsonl
+# the README's gallery
+specgen generate --method ar --model mesh-gpt-tiny --num 6 --out-dir runs/gallery/ar preview=true > /dev/null
+specgen generate --method xspecmesh --num 6 --out-dir runs/gallery/xspecmesh preview=true > /dev/null
+python recipes/tiny/mesh_gallery.py runs/gallery/ar runs/gallery/xspecmesh --out docs/mesh_gallery.png
