@@ -15,7 +15,7 @@ specgen train-heads --kind xspecmesh --config recipes/tiny/xspecmesh-heads.yaml 
   head_kind=mlp name=xspecmesh-mlp-tiny > "$LOGS/xspecmesh-mlp-heads.log" 2>&1 &
 mlp=$!
 wait "$ca" && wait "$mlp"   # a failed heads run stops the script (set -e)
-specgen benchmark --suite meshes --limit 16 threads=1 --out runs/bench_meshes.jsonl
+specgen benchmark --suite meshes --limit 32 threads=1 'deltas=[0.1,0.3,0.7,0.9,1.0]' --out runs/bench_meshes.jsonl
 # the README's gallery
 specgen generate --method ar --model mesh-gpt-tiny --num 6 --out-dir runs/gallery/ar preview=true > /dev/null
 specgen generate --method xspecmesh --num 6 --out-dir runs/gallery/xspecmesh preview=true > /dev/null
