@@ -180,6 +180,9 @@ def summarize(cfg: MeshBenchConfig, vs: list[Variant], acc: dict, loaded: dict) 
             "tokens_per_s": round(a["tokens"] / st.wall_time, 2) if st.wall_time else 0.0,
             "mean_tokens": round(a["tokens"] / cfg.limit, 1), "wall_s": round(st.wall_time, 2),
             "nfe": st.target_forwards,
+            # where a step's time goes (propose = heads + sampling, verify = the backbone forward)
+            "phase_ms_per_step": {k: round(1000 * t / max(st.steps, 1), 3)
+                                  for k, t in sorted(st.times.items()) if k != "prefill"},
         })
     ar = next((r for r in rows if r["heads"] is None), None)
     for r in rows:

@@ -148,6 +148,9 @@ def test_benchmark_meshes_json(tiny):
     assert rows[0]["speedup_vs_ar"] == 1.0 and rows[0]["rule"] == "lossless" and "lossy" in rows[1]["rule"]
     for key in ("cd", "hd", "valid_rate", "scr", "step_latency_ms", "speedup_scr_lat"):
         assert key in rows[1]
+    phases = rows[1]["phase_ms_per_step"]  # where a step's time goes; the loop's own overhead is the rest
+    assert {"propose", "verify", "accept", "commit"} <= set(phases)
+    assert sum(phases.values()) <= rows[1]["step_latency_ms"] + 0.01
 
 
 def test_shipped_models_generate_then_export(tmp_path):
