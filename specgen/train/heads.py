@@ -33,7 +33,7 @@ from specgen.mesh.procedural import ProceduralSpec
 from specgen.models.heads import HeadsConfig, XSpecMeshHeads
 from specgen.models.mesh import MeshGPT
 from specgen.train.checkpoint import load_train_state, save_tensors, save_train_state, write_entry
-from specgen.train.lora import apply_lora, lora_state, merge_lora
+from specgen.train.lora import apply_lora, lora_disabled, lora_state, merge_lora
 from specgen.train.mesh import SeedStream, mesh_example, sequence_loss
 from specgen.train.optim import cosine_lr, optimizer_step
 
@@ -67,6 +67,7 @@ class HeadsTrainConfig:
     lora_alpha: float = 32.0
     lora_targets: list = field(default_factory=lambda: ["wqkv", "wo", "wq", "w1", "w2", "w3"])
     backbone_weight: float = 50.0  # lambda
+    backbone_loss: str = "ce"  # "ce": paper, CE on the labels; "kl": KL(frozen backbone || LoRA backbone), no drift
     beta1: float = 0.9
     beta2: float = 0.99
     grad_clip: float = 1.0
@@ -74,6 +75,13 @@ class HeadsTrainConfig:
     num_threads: int = 1
     stages: int = 2  # 1 = stop after stage 1
     ship_dir: str = ""  # also write every registered entry to <ship_dir>/<name> (package assets)
+
+
+#: Settings stage 1 does not read: a finished stage 1 is reused when only these change.
+STAGE2_KEYS = ("stages", "stage2_epochs", "stage2_lr", "stage2_min_lr", "lora_rank", "lora_alpha", "lora_targets",
+               "backbone_weight", "backbone_loss")
+NAMING_KEYS = ("name",)
+BACKBONE_LOSSES = ("ce", "kl")
 
 
 # -- labels -----------------------------------------------------------------------------------------
@@ -145,6 +153,24 @@ def heads_loss(heads: XSpecMeshHeads, hidden: torch.Tensor, cond: torch.Tensor, 
     return total, accs
 
 
+def backbone_term(model: MeshGPT, pcs: torch.Tensor, tokens: torch.Tensor, logits: torch.Tensor,
+                  kind: str) -> torch.Tensor:
+    """Stage 2's L_backbone on logits [B, L, V] of the LoRA backbone.
+
+    "ce" (paper): mean CE on the label tokens. Labels sampled at T < 1 make its minimiser a sharper model
+    than the backbone (measured: the merged backbone's own meshes got worse). "kl": mean over label
+    positions of KL(p_frozen || p_lora) at T 1, whose minimiser is the unchanged backbone.
+    """
+    if kind == "ce":
+        return sequence_loss(logits, tokens)
+    with torch.no_grad(), lora_disabled(model):
+        ref, _, _ = model.forward_train(pcs, tokens)  # [B, L, V], the frozen backbone
+    mask = (tokens >= 0).float()  # [B, L]
+    kl = F.kl_div(F.log_softmax(logits.float(), -1), F.log_softmax(ref.float(), -1), log_target=True,
+                  reduction="none").sum(-1)  # [B, L]
+    return (kl * mask).sum() / mask.sum().clamp(min=1)
+
+
 @torch.no_grad()
 def backbone_features(model: MeshGPT, pcs: torch.Tensor, tokens: torch.Tensor, batch: int = 8):
     """Frozen backbone's hidden [S, L, dim] and condition [S, M, cross] for every labelled sequence."""
@@ -171,6 +197,8 @@ class HeadsTrainer:
         from specgen import registry
         from specgen.errors import UsageError
 
+        if cfg.backbone_loss not in BACKBONE_LOSSES:
+            raise UsageError(f"unknown backbone_loss {cfg.backbone_loss!r}; choose from {', '.join(BACKBONE_LOSSES)}")
         self.cfg, self.out, self.log = cfg, Path(out), log
         torch.set_num_threads(cfg.num_threads)
         torch.manual_seed(cfg.seed)
@@ -231,7 +259,8 @@ class HeadsTrainer:
         total = epochs * per_epoch
         path = self.out / f"stage{stage}.safetensors"
         config = {**{k: v for k, v in asdict(cfg).items() if k != "ship_dir"}, "stage": stage}  # shipping: not training
-        meta = load_train_state(path, modules, {"optim": opt}, {"config": config})
+        loose = NAMING_KEYS + (STAGE2_KEYS if stage == 1 else ())  # stage 1 resumes under new stage-2 settings
+        meta = load_train_state(path, modules, {"optim": opt}, {"config": config}, loose=loose)
         step, history = (meta["step"], meta["history"]) if meta else (0, [])
         if meta:
             self.log(f"stage {stage}: resumed at step {step}/{total}")
@@ -290,7 +319,7 @@ class HeadsTrainer:
         def s2_loss(idx):
             t = trim(tokens[idx])
             logits, h, c = self.model.forward_train(pcs[idx], t)
-            bb = sequence_loss(logits, t)
+            bb = backbone_term(self.model, pcs[idx], t, logits, cfg.backbone_loss)
             mhd, accs = heads_loss(self.heads, h, c, t, lm_head, cfg.weight_decay_d)
             return cfg.backbone_weight * bb + mhd, [float(bb.detach()), float(mhd.detach())] + accs
 

@@ -12,6 +12,8 @@ W_merge = W_origin + AB).
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 
@@ -64,6 +66,20 @@ def lora_state(model: nn.Module) -> dict[str, torch.Tensor]:
             out[f"{name}.lora_A"] = m.lora_A.detach().clone()
             out[f"{name}.lora_B"] = m.lora_B.detach().clone()
     return out
+
+
+@contextlib.contextmanager
+def lora_disabled(model: nn.Module):
+    """Run the model as its frozen base (every LoRALinear's update scaled to zero) inside the block."""
+    layers = [m for m in model.modules() if isinstance(m, LoRALinear)]
+    scales = [m.scale for m in layers]
+    for m in layers:
+        m.scale = 0.0
+    try:
+        yield model
+    finally:
+        for m, sc in zip(layers, scales):
+            m.scale = sc
 
 
 def merge_lora(model: nn.Module) -> None:

@@ -49,3 +49,42 @@ def test_heads_training_loss_decreases_and_resumes(tmp_path):
     with pytest.raises(UsageError, match="num_sequences 8, not 16"):
         more.labels()
     torch.set_num_threads(old)
+
+
+def test_stage2_kl_backbone_loss_reuses_stage1(tmp_path):
+    """backbone_loss=kl: zero at the start of stage 2 (the LoRA starts as the identity), and a finished
+    stage 1 is reused when only stage-2 settings and the name change."""
+    import shutil
+
+    from specgen.train.heads import backbone_term
+    from specgen.train.lora import apply_lora, lora_disabled
+
+    old = torch.get_num_threads()
+    register_tiny("tiny-mesh", None)
+    cfg = load_config(HeadsTrainConfig, None, [
+        "target=tiny-mesh", "name=t-ce", "num_sequences=8", "eval_sequences=4", "label_batch=12", "max_tokens=24",
+        "batch_size=4", "num_heads=2", "inner_dim=16", "stage1_epochs=3", "stage1_lr=3e-3", "stage2_epochs=1",
+        "lora_rank=4", "stages=1"])
+    first = HeadsTrainer(cfg, tmp_path / "ce").train()
+    (tmp_path / "kl").mkdir()
+    for f in ("labels.safetensors", "stage1.safetensors"):
+        shutil.copy(tmp_path / "ce" / f, tmp_path / "kl" / f)
+    kl_cfg = dataclasses.replace(cfg, name="t-kl", backbone_loss="kl", stages=2)
+    trainer = HeadsTrainer(kl_cfg, tmp_path / "kl")
+    pcs, tokens = trainer.labels()
+    apply_lora(trainer.model.decoder, ("wqkv", "w1"), 4, 8.0)
+    for p in trainer.model.parameters():  # a nonzero update: KL > 0; disabled, the model is its base again
+        if p.requires_grad:
+            torch.nn.init.normal_(p, std=0.05)
+    t = tokens[:2, : int((tokens[:2] >= 0).sum(1).max())]
+    logits, _, _ = trainer.model.forward_train(pcs[:2], t)
+    assert float(backbone_term(trainer.model, pcs[:2], t, logits, "kl").detach()) > 0
+    with lora_disabled(trainer.model):
+        base, _, _ = trainer.model.forward_train(pcs[:2], t)
+    assert float(backbone_term(trainer.model, pcs[:2], t, base, "kl").detach()) < 1e-6
+    result = HeadsTrainer(kl_cfg, tmp_path / "kl").train()
+    assert result["stage1"] == first["stage1"]  # resumed, not retrained
+    assert result["stage2"][0]["eval_backbone"] >= 0 and result["lora"]
+    with pytest.raises(UsageError, match="backbone_loss"):
+        HeadsTrainer(dataclasses.replace(cfg, backbone_loss="mse"), tmp_path / "x")
+    torch.set_num_threads(old)
