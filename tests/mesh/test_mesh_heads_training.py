@@ -15,14 +15,19 @@ from specgen.methods.xspecmesh import load_mesh
 from specgen.train.heads import HeadsTrainConfig, HeadsTrainer, save_outputs
 from tests.mesh.mesh_fixtures import register_tiny
 
+TINY = ["target=tiny-mesh", "num_sequences=8", "eval_sequences=4", "label_batch=12", "max_tokens=24", "batch_size=4",
+        "num_heads=2", "inner_dim=16", "stage1_lr=3e-3", "lora_rank=4"]
+
+
+def tiny_config(*overrides: str) -> HeadsTrainConfig:
+    """Heads training on the tiny registered backbone, in seconds."""
+    register_tiny("tiny-mesh", None)
+    return load_config(HeadsTrainConfig, None, TINY + list(overrides))
+
 
 def test_heads_training_loss_decreases_and_resumes(tmp_path):
     old = torch.get_num_threads()
-    register_tiny("tiny-mesh", None)
-    cfg = load_config(HeadsTrainConfig, None, [
-        "target=tiny-mesh", "name=t-ca", "num_sequences=8", "eval_sequences=4", "label_batch=12", "max_tokens=24",
-        "batch_size=4", "num_heads=2", "inner_dim=16", "stage1_epochs=6", "stage1_lr=3e-3", "stage1_min_lr=1e-3",
-        "stage2_epochs=2", "lora_rank=4"])
+    cfg = tiny_config("name=t-ca", "stage1_epochs=6", "stage1_min_lr=1e-3", "stage2_epochs=2")
     trainer = HeadsTrainer(cfg, tmp_path)
     result = trainer.train()
     s1 = result["stage1"]
@@ -60,11 +65,7 @@ def test_stage2_kl_backbone_loss_reuses_stage1(tmp_path):
     from specgen.train.lora import apply_lora, lora_disabled
 
     old = torch.get_num_threads()
-    register_tiny("tiny-mesh", None)
-    cfg = load_config(HeadsTrainConfig, None, [
-        "target=tiny-mesh", "name=t-ce", "num_sequences=8", "eval_sequences=4", "label_batch=12", "max_tokens=24",
-        "batch_size=4", "num_heads=2", "inner_dim=16", "stage1_epochs=3", "stage1_lr=3e-3", "stage2_epochs=1",
-        "lora_rank=4", "stages=1"])
+    cfg = tiny_config("name=t-ce", "stage1_epochs=3", "stage2_epochs=1", "stages=1")
     first = HeadsTrainer(cfg, tmp_path / "ce").train()
     (tmp_path / "kl").mkdir()
     for f in ("labels.safetensors", "stage1.safetensors"):
