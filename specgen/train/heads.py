@@ -11,7 +11,8 @@
    clipping 1.0, cosine lr 5e-4 -> 5e-5 over the stage (paper: 30 epochs; recipe: fewer);
    the frozen backbone's hidden states are computed once per sequence;
 2. stage 2: heads + LoRA (rank 16, alpha 32) on the backbone decoder's linear layers,
-   L = lambda * L_backbone + L_mhd with lambda = 50, cosine lr 1e-4 -> 1e-5 (paper: 10 epochs).
+   L = lambda * L_backbone + L_mhd with lambda = 50, cosine lr 1e-4 -> 1e-5 (paper: 10 epochs);
+   L_backbone = CE on the labels (paper) or, with `backbone_loss: kl`, KL from the frozen backbone.
    The point encoder, embeddings/LM head and the condition K/V projections stay frozen.
 Outputs (registry): heads/<name>-s1 (stage 1), adapter/<name>-lora and heads/<name> (stage 2; its
 config names the adapter, which is merged into the backbone's weights at load).
@@ -81,7 +82,6 @@ class HeadsTrainConfig:
 STAGE2_KEYS = ("stages", "stage2_epochs", "stage2_lr", "stage2_min_lr", "lora_rank", "lora_alpha", "lora_targets",
                "backbone_weight", "backbone_loss")
 NAMING_KEYS = ("name",)
-BACKBONE_LOSSES = ("ce", "kl")
 
 
 # -- labels -----------------------------------------------------------------------------------------
@@ -153,22 +153,32 @@ def heads_loss(heads: XSpecMeshHeads, hidden: torch.Tensor, cond: torch.Tensor, 
     return total, accs
 
 
-def backbone_term(model: MeshGPT, pcs: torch.Tensor, tokens: torch.Tensor, logits: torch.Tensor,
-                  kind: str) -> torch.Tensor:
-    """Stage 2's L_backbone on logits [B, L, V] of the LoRA backbone.
+def ce_term(model: MeshGPT, pcs: torch.Tensor, tokens: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """The paper's L_backbone: mean CE of the LoRA backbone's logits [B, L, V] on the label tokens.
 
-    "ce" (paper): mean CE on the label tokens. Labels sampled at T < 1 make its minimiser a sharper model
-    than the backbone (measured: the merged backbone's own meshes got worse). "kl": mean over label
-    positions of KL(p_frozen || p_lora) at T 1, whose minimiser is the unchanged backbone.
-    """
-    if kind == "ce":
-        return sequence_loss(logits, tokens)
+    Labels sampled at T < 1 make its minimiser a sharper model than the backbone (measured: the merged
+    backbone's own meshes got worse, and more of the heads' tokens passed)."""
+    return sequence_loss(logits, tokens)
+
+
+def kl_term(model: MeshGPT, pcs: torch.Tensor, tokens: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """Mean over label positions of KL(p_frozen || p_lora) at T 1; its minimiser is the unchanged backbone."""
     with torch.no_grad(), lora_disabled(model):
         ref, _, _ = model.forward_train(pcs, tokens)  # [B, L, V], the frozen backbone
     mask = (tokens >= 0).float()  # [B, L]
     kl = F.kl_div(F.log_softmax(logits.float(), -1), F.log_softmax(ref.float(), -1), log_target=True,
                   reduction="none").sum(-1)  # [B, L]
     return (kl * mask).sum() / mask.sum().clamp(min=1)
+
+
+#: Stage 2's backbone term (`backbone_loss`), on the LoRA backbone's logits [B, L, V].
+BACKBONE_LOSSES = {"ce": ce_term, "kl": kl_term}
+
+
+def backbone_term(model: MeshGPT, pcs: torch.Tensor, tokens: torch.Tensor, logits: torch.Tensor,
+                  kind: str) -> torch.Tensor:
+    """Stage 2's L_backbone of kind `backbone_loss`."""
+    return BACKBONE_LOSSES[kind](model, pcs, tokens, logits)
 
 
 @torch.no_grad()
