@@ -14,9 +14,12 @@ import argparse
 import tempfile
 from pathlib import Path
 
+import numpy as np
+import torch
 from PIL import Image, ImageDraw
 
 from specgen import registry
+from specgen.eval.plots import image_grid
 from specgen.mesh.export import render_png
 from specgen.mesh.procedural import ProceduralSpec, generate_mesh
 
@@ -34,16 +37,24 @@ def ground_truth(names: list[str], model: str, tmp: Path) -> list[Path]:
 
 
 def tile(rows: list[tuple[str, list[Path]]], out: Path) -> None:
-    """One labelled row of previews per (label, paths); a missing preview stays blank."""
+    """One labelled row of previews per (label, paths), tiled by `image_grid`; a missing preview stays blank."""
     label_w, cols = 110, max(len(p) for _, p in rows)
-    sheet = Image.new("RGB", (label_w + cols * TILE, len(rows) * TILE), "white")
+    blank = torch.ones(3, TILE, TILE)  # white in [-1, 1]
+    tiles = []
+    for _, paths in rows:
+        for c in range(cols):
+            path = paths[c] if c < len(paths) else None
+            if path is None or not path.exists():
+                tiles.append(blank)
+                continue
+            im = np.asarray(Image.open(path).convert("RGB").resize((TILE, TILE)), dtype=np.float32)  # [H, W, 3]
+            tiles.append(torch.from_numpy(im).permute(2, 0, 1) / 127.5 - 1)  # [3, H, W]
+    grid = image_grid(torch.stack(tiles), nrow=cols, pad=0)
+    sheet = Image.new("RGB", (label_w + grid.width, grid.height), "white")
+    sheet.paste(grid, (label_w, 0))
     draw = ImageDraw.Draw(sheet)
-    for r, (label, paths) in enumerate(rows):
+    for r, (label, _) in enumerate(rows):
         draw.text((8, r * TILE + TILE // 2), label, fill="black")
-        for c, path in enumerate(paths):
-            if path.exists():
-                im = Image.open(path).convert("RGB").resize((TILE, TILE))
-                sheet.paste(im, (label_w + c * TILE, r * TILE))
     out.parent.mkdir(parents=True, exist_ok=True)
     sheet.save(out, optimize=True)
 
