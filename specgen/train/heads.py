@@ -7,7 +7,9 @@
    `OUT/labels.safetensors` and reused on resume;
 1. stage 1: heads only, backbone frozen: L_mhd = sum_d w(d) L_d, w(d) = decay^d (paper 0.8^d),
    L_d = mean cross-entropy of head d's prediction of y_{s+d+1} from h_s (the paper's eq. 5 sums
-   over s; we average, which only rescales the learning rate); AdamW (0.9, 0.99), global-norm
+   over s; we average, which only rescales the learning rate); with `head_targets: soft` the target
+   is the backbone's label-sampling distribution at that position instead of its one sample
+   (same minimiser, less variance: `soft_targets`); AdamW (0.9, 0.99), global-norm
    clipping 1.0, cosine lr 5e-4 -> 5e-5 over the stage (paper: 30 epochs; recipe: fewer);
    the frozen backbone's hidden states are computed once per sequence;
 2. stage 2: heads + LoRA (rank 16, alpha 32) on the backbone decoder's linear layers,
@@ -69,6 +71,7 @@ class HeadsTrainConfig:
     lora_targets: list = field(default_factory=lambda: ["wqkv", "wo", "wq", "w1", "w2", "w3"])
     backbone_weight: float = 50.0  # lambda
     backbone_loss: str = "ce"  # "ce": paper, CE on the labels; "kl": KL(frozen backbone || LoRA backbone), no drift
+    head_targets: str = "hard"  # "hard": paper, CE on the sampled labels; "soft": the distribution they were sampled from
     beta1: float = 0.9
     beta2: float = 0.99
     grad_clip: float = 1.0
@@ -134,11 +137,33 @@ def make_labels(model: MeshGPT, cfg: HeadsTrainConfig, num_points: int, log: Cal
 
 
 # -- losses -----------------------------------------------------------------------------------------
+def soft_targets(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The distributions the labels were sampled from: backbone logits [B, L, V] -> probs [B, L, V] (detached).
+
+    Head d's hard label at row i is one draw x_{i+d} ~ p(. | x_{<i+d}) (temperature, top-k, top-p of the
+    labels); this row of probabilities is that draw's conditional expectation. Cross-entropy against it
+    has the same minimiser as against the draw (the tokens between i and i+d are still the sampled
+    ones) and a lower-variance gradient: a Rao-Blackwellised label. Medusa-2's self-distillation
+    uses the model's distribution the same way.
+    """
+    return logits_to_probs(logits.detach(), params)
+
+
+def soft_cross_entropy(logits: torch.Tensor, probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Mean over real tokens (tokens [B, L] >= 0) of -sum_v probs log softmax(logits); [B, L, V] inputs."""
+    mask = (tokens >= 0).float()  # [B, L]
+    ce = -(probs * F.log_softmax(logits.float(), -1)).sum(-1)  # [B, L]
+    return (ce * mask).sum() / mask.sum().clamp(min=1)
+
+
 def heads_loss(heads: XSpecMeshHeads, hidden: torch.Tensor, cond: torch.Tensor, tokens: torch.Tensor,
-               lm_head: torch.nn.Module, decay: float) -> tuple[torch.Tensor, list[float]]:
+               lm_head: torch.nn.Module, decay: float, soft: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, list[float]]:
     """L_mhd = sum_d decay^d * CE(head d at row i, tokens[:, i + d]); also per-head accuracies.
 
     hidden [B, L, dim]: row i = h after start + tokens[:, :i] (backbone predicts tokens[:, i]).
+    soft [B, L, V] (optional): row j = the distribution tokens[:, j] was drawn from; replaces the
+    one-hot targets (accuracies still count the drawn tokens).
     """
     kv = heads.context_kv(cond)
     total, accs = hidden.new_zeros(()), []
@@ -147,7 +172,8 @@ def heads_loss(heads: XSpecMeshHeads, hidden: torch.Tensor, cond: torch.Tensor, 
             break
         logits = lm_head(head(hidden[:, : tokens.shape[1] - d], kv[d - 1]))  # [B, L-d, V]
         target = tokens[:, d:]
-        total = total + decay**d * sequence_loss(logits, target)
+        loss = sequence_loss(logits, target) if soft is None else soft_cross_entropy(logits, soft[:, d:], target)
+        total = total + decay**d * loss
         mask = target >= 0
         accs.append(float((logits.argmax(-1) == target)[mask].float().mean()) if mask.any() else 0.0)
     return total, accs
@@ -173,6 +199,8 @@ def kl_term(model: MeshGPT, pcs: torch.Tensor, tokens: torch.Tensor, logits: tor
 
 #: Stage 2's backbone term (`backbone_loss`), on the LoRA backbone's logits [B, L, V].
 BACKBONE_LOSSES = {"ce": ce_term, "kl": kl_term}
+#: What the heads are trained towards (`head_targets`); eval losses always use the hard labels.
+HEAD_TARGETS = ("hard", "soft")
 
 
 def backbone_term(model: MeshGPT, pcs: torch.Tensor, tokens: torch.Tensor, logits: torch.Tensor,
@@ -209,6 +237,8 @@ class HeadsTrainer:
 
         if cfg.backbone_loss not in BACKBONE_LOSSES:
             raise UsageError(f"unknown backbone_loss {cfg.backbone_loss!r}; choose from {', '.join(BACKBONE_LOSSES)}")
+        if cfg.head_targets not in HEAD_TARGETS:
+            raise UsageError(f"unknown head_targets {cfg.head_targets!r}; choose from {', '.join(HEAD_TARGETS)}")
         self.cfg, self.out, self.log = cfg, Path(out), log
         torch.set_num_threads(cfg.num_threads)
         torch.manual_seed(cfg.seed)
@@ -301,13 +331,18 @@ class HeadsTrainer:
         self.model.eval()
         hidden, cond = backbone_features(self.model, pcs, tokens)
         ev_idx = list(range(n, len(tokens)))
+        label_params = SamplingParams(cfg.label_temperature, cfg.label_top_k, cfg.label_top_p)
+        use_soft = cfg.head_targets == "soft"
 
         def s1_step(idx):
             t = trim(tokens[idx])
-            return heads_loss(self.heads, hidden[idx, : t.shape[1]], cond[idx], t, lm_head, cfg.weight_decay_d)
+            h = hidden[idx, : t.shape[1]]  # [B, L, dim]
+            with torch.no_grad():
+                targets = soft_targets(lm_head(h), label_params) if use_soft else None  # [B, L, V]
+            return heads_loss(self.heads, h, cond[idx], t, lm_head, cfg.weight_decay_d, targets)
 
         def s1_eval():
-            with torch.no_grad():
+            with torch.no_grad():  # hard labels: comparable across head_targets
                 t = trim(tokens[ev_idx])
                 loss, accs = heads_loss(self.heads, hidden[ev_idx, : t.shape[1]], cond[ev_idx], t, lm_head,
                                         cfg.weight_decay_d)
@@ -326,16 +361,18 @@ class HeadsTrainer:
         lora_params = [p for p in self.model.parameters() if p.requires_grad]
         self.model.train()
 
-        def s2_loss(idx):
+        def s2_loss(idx, hard=False):
             t = trim(tokens[idx])
             logits, h, c = self.model.forward_train(pcs[idx], t)
             bb = backbone_term(self.model, pcs[idx], t, logits, cfg.backbone_loss)
-            mhd, accs = heads_loss(self.heads, h, c, t, lm_head, cfg.weight_decay_d)
+            # soft targets: the LoRA backbone's own label distribution (detached), the one it will sample from
+            targets = soft_targets(logits, label_params) if use_soft and not hard else None
+            mhd, accs = heads_loss(self.heads, h, c, t, lm_head, cfg.weight_decay_d, targets)
             return cfg.backbone_weight * bb + mhd, [float(bb.detach()), float(mhd.detach())] + accs
 
         def s2_eval():
             with torch.no_grad():
-                _, parts = s2_loss(ev_idx)
+                _, parts = s2_loss(ev_idx, hard=True)
             return {"eval_backbone": round(parts[0], 4), "eval_mhd": round(parts[1], 4),
                     "eval_head_acc": [round(a, 3) for a in parts[2:]]}
 

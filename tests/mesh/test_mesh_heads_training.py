@@ -89,3 +89,30 @@ def test_stage2_kl_backbone_loss_reuses_stage1(tmp_path):
     with pytest.raises(UsageError, match="backbone_loss"):
         HeadsTrainer(dataclasses.replace(cfg, backbone_loss="mse"), tmp_path / "x")
     torch.set_num_threads(old)
+
+
+def test_soft_targets_are_the_label_distribution_and_train(tmp_path):
+    """head_targets=soft: the target rows are the filtered, tempered distributions the labels were drawn
+    from, cross-entropy against a one-hot row is the hard loss, and training with them lowers the loss."""
+    from specgen.decoding.sampling import SamplingParams, logits_to_probs
+    from specgen.train.heads import soft_cross_entropy, soft_targets
+    from specgen.train.mesh import sequence_loss
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 5, 40, generator=g)
+    tokens = torch.tensor([[3, 7, 1, -1, -1], [0, 39, 2, 5, 6]])
+    one_hot = torch.nn.functional.one_hot(tokens.clamp_min(0), 40).float()
+    torch.testing.assert_close(soft_cross_entropy(logits, one_hot, tokens), sequence_loss(logits, tokens))
+    params = SamplingParams(0.5, 10, 0.9)
+    probs = soft_targets(logits, params)
+    torch.testing.assert_close(probs, logits_to_probs(logits, params))
+    assert ((probs > 0).sum(-1) <= 10).all()  # top-k filtered, like the labels
+    old = torch.get_num_threads()
+    cfg = tiny_config("name=t-soft", "stage1_epochs=6", "stage1_min_lr=1e-3", "stage2_epochs=1", "head_targets=soft")
+    result = HeadsTrainer(cfg, tmp_path).train()
+    s1 = result["stage1"]
+    assert s1[-1]["eval_mhd"] < s1[0]["eval_mhd"]  # eval is the hard-label loss in both modes
+    assert result["lora"] and len(result["stage2"]) == 1
+    with pytest.raises(UsageError, match="head_targets"):
+        HeadsTrainer(dataclasses.replace(cfg, head_targets="dense"), tmp_path / "x")
+    torch.set_num_threads(old)
