@@ -15,6 +15,7 @@ from specgen.image.captions import Caption, read_captions
 from specgen.image.methods import ImageParts, build_image_method
 from specgen.image.target import cfg_target
 from specgen.methods import get_method, run_drafter
+from specgen.models.layout import decode_layout
 
 
 @dataclass
@@ -63,7 +64,7 @@ def load_image_model(name: str, drafter: str = "", device: str = "cpu", need_dra
     entry = registry.find(name)
     if entry.meta.get("modality") != "image":
         raise UsageError(f"{entry.ref} is not an image model")
-    model = registry.load_module(entry, device)
+    model = decode_layout(registry.load_module(entry, device))
     if not entry.meta.get("vq"):
         raise UsageError(f"{entry.ref} records no VQ decoder; import it with --vq NAME "
                          "(specgen registry import ... --builder llamagen-gpt --vq NAME)")
@@ -77,7 +78,7 @@ def load_image_model(name: str, drafter: str = "", device: str = "cpu", need_dra
     if need_drafter and drafter:
         d_entry = registry.find(drafter)
         registry.check_pair(d_entry, entry)
-        net = registry.load_module(d_entry, device)
+        net = decode_layout(registry.load_module(d_entry, device))
     grid = int(entry.meta.get("grid") or model.cfg.rope_grid)
     return ImageModel(entry, model, vq, list(entry.meta.get("classes", [])), grid, net)
 

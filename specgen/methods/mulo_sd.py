@@ -62,6 +62,7 @@ from specgen.decoding.sampling import SamplingParams, logits_to_probs, pick
 from specgen.decoding.stats import DecodeStats
 from specgen.errors import IncompatibleError, UsageError
 from specgen.methods.mulo_neighbourhood import REJECTIONS, expand_rejections
+from specgen.models.layout import decode_layout
 
 DEFAULT_LOWRES = "tiny-image-gpt-lowres"
 DEFAULT_TAU = 1e-4  # the paper's tau, for a 16,384-code codebook (see scaled_tau)
@@ -290,7 +291,7 @@ def _load(entry, device) -> torch.nn.Module:
     stamp = (entry.path / registry.WEIGHTS).stat().st_mtime_ns
     hit = _LOADED.get(key)
     if hit is None or getattr(hit, "_mulo_stamp", None) != stamp:
-        hit = registry.load_module(entry, device)
+        hit = decode_layout(registry.load_module(entry, device))
         hit._mulo_stamp = stamp
         _LOADED[key] = hit
     return hit

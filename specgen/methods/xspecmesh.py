@@ -46,6 +46,7 @@ from specgen.decoding.accept_threshold import AcceptCriterion, accept_lossy
 from specgen.decoding.draft import Draft
 from specgen.decoding.sampling import SamplingParams, logits_to_probs, pick, sample, sample_rows
 from specgen.decoding.stats import DecodeStats
+from specgen.models.layout import decode_layout
 
 SAMPLING_MODES = ("independent", "tree")
 #: Branches of the top-K_s probability tree lighter than this are pruned (appendix A.4).
@@ -268,4 +269,5 @@ def load_mesh(target: str | None = None, heads: str | None = None, device: str =
             a_entry = registry.find(h_entry.meta["adapter"])
             merge_adapter(model, a_entry, t_entry)
         head_module = registry.load_module(h_entry, device)
+    decode_layout(model)  # after the LoRA merge (models/layout.py)
     return LoadedMesh(MeshDecoder(model, head_module, t_entry.meta.get("eos_id", 5120)), t_entry, h_entry, a_entry)

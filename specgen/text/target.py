@@ -9,6 +9,7 @@ import torch
 from specgen import registry
 from specgen.decoding.target import ModelTarget
 from specgen.errors import UsageError
+from specgen.models.layout import decode_layout
 from specgen.models.tokenizer import TextTokenizer
 
 
@@ -22,22 +23,25 @@ class TextModel:
     entry: registry.Entry
 
 
-def load_text_model(name: str, device: str = "cpu", progress=None) -> TextModel:
+def load_text_model(name: str, device: str = "cpu", progress=None, decode: bool = True) -> TextModel:
     """Resolve `name` in the registry (materialising built-ins) and load it for decoding.
 
     A LoRA adapter entry (`adapter/<name>`, written by `specgen distill`) loads its parent target
-    with the adapter merged into the weights (no run-time cost).
+    with the adapter merged into the weights (no run-time cost). `decode` stores the weights in the
+    decode layout (`models/layout.py`); training callers pass False.
     """
     entry = registry.find(name, progress)
+    finish = decode_layout if decode else (lambda m: m)
     if entry.kind == "adapter":
         base = registry.find(entry.meta.get("parent", ""), progress)
         module, tokenizer = merged_module(entry, base, device)
+        module = finish(module)
         target = ModelTarget(module)
         target.device = device
         return TextModel(module, target, tokenizer, entry)
     if entry.meta.get("modality", "text") != "text" or not entry.meta.get("tokenizer"):
         raise UsageError(f"{entry.ref} is not a text model with a tokenizer")
-    module = registry.load_module(entry, device)
+    module = finish(registry.load_module(entry, device))
     target = ModelTarget(module)
     target.device = device
     return TextModel(module, target, TextTokenizer.load(entry.path), entry)

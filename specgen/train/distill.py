@@ -267,7 +267,7 @@ def distill(cfg: DistillConfig, out: Path, log: Callable[[str], None] = lambda s
     meta = read_meta(Path(cfg.trajectories))
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    tm = load_text_model(cfg.model, "cpu", progress)
+    tm = load_text_model(cfg.model, "cpu", progress, decode=False)
     tok_hash = tokenizer_hash(tm.tokenizer)
     init = None
     if cfg.init_adapter:  # a later progressive round: continue an adapter of this model
