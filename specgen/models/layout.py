@@ -2,14 +2,15 @@
 
 `nn.Linear` keeps its weight [out, in] row-major, and `F.linear(x, W)` for a few rows x [M, in] becomes
 a GEMV/GEMM over that layout. On this project's CPU (AMD EPYC, torch 2.13 with MKL) the same product
-runs much faster when W's storage is [in, out] contiguous (W is then the transposed view of it): one
-core, weights streamed from memory, measured side by side (`recipes/tiny/logs/weight-layout.log`,
-made by `python -m specgen.models.layout`):
+runs faster when W's storage is [in, out] contiguous (W is then the transposed view of it). One core,
+weights streamed from memory, row vs column-major side by side (`python -m specgen.models.layout`,
+`recipes/tiny/logs/weight-layout.log`, measured while two training jobs shared the 2 cores):
 
-    SmolLM2-135M forward, 200-token prefix:  1 new token 1.18x faster, 2 tokens 1.53x, 8-16 tokens 1.0x
-    tiny image GPT (CFG batch 2):            1 token 1.32x, 4 tokens 1.29x, 30 tokens 1.10x
-    tiny mesh GPT:                            1 token 1.17x, 5 tokens 1.0x
+    SmolLM2-135M, 200-token prefix:  1 new token 1.38x faster, 2 tokens 1.62x, 8 1.07x, 16 1.02x
+    tiny image GPT, CFG batch 2:     1 token 1.18x, 4 tokens 1.34x, 30 tokens 1.06x
+    tiny mesh GPT:                   1 token 1.11x, 5 tokens 1.08x
 
+(on a quiet core, SmolLM2 1 token 1.18x, 2 tokens 1.53x, 16 tokens 0.98x).
 One-token steps (AR baselines, drafters) gain most; wide verification forwards gain little. Every
 decoder loads its weights this way, so baselines and speculative methods are measured on the same,
 faster layout (a slower AR would inflate every speedup). Values are unchanged (same numbers, other
