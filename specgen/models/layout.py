@@ -45,9 +45,8 @@ def decode_layout(module: nn.Module, layout: str | None = None) -> nn.Module:
     if (layout or layout_name()) != "col":
         return module
     for lin in module.modules():
-        w = lin.weight if isinstance(lin, nn.Linear) else None
-        if w is not None and w.device.type == "cpu" and w.dim() == 2 and w.stride(0) != 1:
-            w.data = w.data.t().contiguous().t()  # same values, storage [in, out]
+        if isinstance(lin, nn.Linear) and lin.weight.device.type == "cpu" and lin.weight.stride(0) != 1:
+            lin.weight.data = lin.weight.data.t().contiguous().t()  # same values, storage [in, out]
     return module
 
 

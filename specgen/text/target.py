@@ -31,21 +31,18 @@ def load_text_model(name: str, device: str = "cpu", progress=None, decode: bool 
     decode layout (`models/layout.py`); training callers pass False.
     """
     entry = registry.find(name, progress)
-    finish = decode_layout if decode else (lambda m: m)
     if entry.kind == "adapter":
         base = registry.find(entry.meta.get("parent", ""), progress)
         module, tokenizer = merged_module(entry, base, device)
-        module = finish(module)
-        target = ModelTarget(module)
-        target.device = device
-        return TextModel(module, target, tokenizer, entry)
-    if entry.meta.get("modality", "text") != "text" or not entry.meta.get("tokenizer"):
+    elif entry.meta.get("modality", "text") != "text" or not entry.meta.get("tokenizer"):
         raise UsageError(f"{entry.ref} is not a text model with a tokenizer")
-    module = finish(registry.load_module(entry, device))
+    else:
+        module, tokenizer = registry.load_module(entry, device), TextTokenizer.load(entry.path)
+    if decode:
+        decode_layout(module)
     target = ModelTarget(module)
     target.device = device
-    return TextModel(module, target, TextTokenizer.load(entry.path), entry)
-
+    return TextModel(module, target, tokenizer, entry)
 
 def merged_module(adapter: registry.Entry, base: registry.Entry, device: str = "cpu",
                   state: dict | None = None) -> tuple[torch.nn.Module, TextTokenizer]:
