@@ -3,8 +3,9 @@
 One decoding step, with s = the position of the first not-yet-verified candidate:
   1 propose  candidates x_s .. x_{s+D}: x_s was sampled from the backbone p^(0)_s (so it is valid),
              x_{s+d} from head d applied to h_{s-1} (the hidden state that produced p^(0)_s);
-  2 verify   ONE backbone forward over x_{s:s+D} under a causal mask -> p^(0)_{s+1 .. s+D+1} and
-             h_{s .. s+D} (the condition's cross-attention K/V were computed once per mesh);
+  2 verify   ONE backbone forward over x_{s:s+D} under a causal mask -> h_{s .. s+D}, hence
+             p^(0)_{s+1 .. s+D+1} (the condition's cross-attention K/V were computed once per mesh;
+             the LM head runs only on the rows step 3 reads);
   3 accept   keep x_{s+1}, ... while the rule passes (p^(0)(x) > delta, or x in top-K_a), stop at the
              first rejected position s* (lossy: `decoding/accept_threshold.py`);
   4 commit   keep the KV of x_s .. x_{s*-1} (a pointer move: the chain is contiguous);
@@ -17,7 +18,8 @@ Choices the paper leaves open (this is the reference implementation):
   vector alone and draw the first candidates from its outputs (random tokens pass p > delta with
   negligible probability in a 5121-way vocabulary); this also makes "accept nothing" exactly AR.
 - Heads run on h_{s*-1} only (the one row line 11 uses), not on all D + 1 rows of line 5: same
-  distributions, D times less head work.
+  distributions, D times less head work. Heads built with `token_input` (beyond the paper,
+  `models/heads.py`) also read E(x_{s*}): the backbone sample line 11 draws before them.
 - Random streams: the backbone's own samples (x_s, the recovered tokens) use `generator`, head
   candidates use a separate `draft_generator`. With a rule that accepts nothing (delta >= 1) the
   output is therefore AR sampling with the same seed, token for token.
@@ -125,20 +127,22 @@ def head_candidates(head_logits: torch.Tensor, params: SamplingParams, opts: XSp
 
 
 class LazyProbs:
-    """Filtered, tempered distributions of logits [S, V], one row at a time and only when read.
+    """Filtered, tempered distributions of hidden rows [S, dim], one row at a time and only when read.
 
-    The rule stops at the first rejection, so rows after it never pay for their top-k/top-p filter.
+    The rule stops at the first rejection, so rows after it pay neither the LM head nor the top-k/top-p
+    filter. On a CPU the LM head ([V, dim], 5,121 x 256 for BPT) costs about as much per row as a
+    backbone layer (MKL's skinny matmuls scale with rows), and a step reads SCR + 1 of the D + 1 rows.
     """
 
-    def __init__(self, logits: torch.Tensor, params: SamplingParams) -> None:
-        self.logits, self.params, self.rows = logits, params, {}
+    def __init__(self, hidden: torch.Tensor, lm_head: torch.nn.Module, params: SamplingParams) -> None:
+        self.hidden, self.lm_head, self.params, self.rows = hidden, lm_head, params, {}
 
     def __len__(self) -> int:
-        return self.logits.shape[0]
+        return self.hidden.shape[0]
 
     def __getitem__(self, i: int) -> torch.Tensor:
         if i not in self.rows:
-            self.rows[i] = logits_to_probs(self.logits[i], self.params)
+            self.rows[i] = logits_to_probs(self.lm_head(self.hidden[i : i + 1])[0], self.params)  # [V]
         return self.rows[i]
 
 
@@ -171,7 +175,7 @@ class MeshDecoder:
         stats.target_forwards += 1
         with stats.timed("propose"):
             first = pick(logits0[0], params, generator)
-            chain = [first] + self._heads(stacked, h, head_kv, d_max, params, opts, draft_generator)
+            chain = [first] + self._heads(stacked, h, first, head_kv, d_max, params, opts, draft_generator)
         out: list[int] = []
         while True:
             chain = self._trim(chain, max_tokens - len(out))
@@ -179,10 +183,10 @@ class MeshDecoder:
                 out.append(chain[0])  # a backbone sample: committed without another forward
                 break
             start = len(out) + 1  # position of chain[0]
-            with stats.timed("verify"):  # 2. one backbone forward over x_{s:s+D}
-                logits, hidden = model.step(torch.tensor([chain], device=device), start, cache)
+            with stats.timed("verify"):  # 2. one backbone forward over x_{s:s+D} (LM head: lazily, in 3.)
+                hidden = model.step_hidden(torch.tensor([chain], device=device), start, cache)  # [1, S, dim]
             with stats.timed("accept"):  # 3. lossy rule on the filtered, tempered p^(0)
-                probs = LazyProbs(logits[0], params)  # rows [V] computed only as far as the rule reads
+                probs = LazyProbs(hidden[0], model.decoder.output, params)  # rows [V] only as far as the rule reads
                 verdict = accept_lossy(Draft.chain(chain[1:]), probs, rule, generator, params.greedy)
             a = verdict.num_accepted
             with stats.timed("commit"):  # 4. keep x_s .. x_{s*-1}
@@ -192,17 +196,18 @@ class MeshDecoder:
             if self.eos_id in chain[1 : a + 1] or len(out) >= max_tokens:
                 break
             with stats.timed("propose"):  # 5. resample x_{s*} (backbone) and x_{s*+d} (heads on h_{s*-1})
-                chain = [verdict.tokens[-1]] + self._heads(stacked, hidden[:, a], head_kv, d_max, params, opts,
-                                                           draft_generator)
+                x = verdict.tokens[-1]
+                chain = [x] + self._heads(stacked, hidden[:, a], x, head_kv, d_max, params, opts, draft_generator)
         stats.new_tokens = len(out)
         return MeshDecodeResult(out, stats)
 
-    def _heads(self, stacked, h: torch.Tensor, kv, d: int, params: SamplingParams, opts: XSpecMeshOptions,
-               generator: torch.Generator | None) -> list[int]:
-        """D candidates from the heads on one hidden state h [1, dim]."""
+    def _heads(self, stacked, h: torch.Tensor, token: int, kv, d: int, params: SamplingParams,
+               opts: XSpecMeshOptions, generator: torch.Generator | None) -> list[int]:
+        """D candidates from the heads on one hidden state h [1, dim] (and x_{s*} = token, for token_input heads)."""
         if d == 0:
             return []
-        logits = self.model.decoder.output(stacked.features(h, kv)[:d])  # [D, V]
+        emb = self.model.decoder.tok_embeddings(torch.tensor([token], device=h.device)) if stacked.token_input else None
+        logits = self.model.decoder.output(stacked.features(h, kv, emb)[:d])  # [D, V]
         return head_candidates(logits, params, opts, generator)
 
     def _trim(self, chain: list[int], room: int) -> list[int]:

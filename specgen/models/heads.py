@@ -17,6 +17,13 @@ a head open; our choices (reference implementation, no public code exists):
   sharing it keeps that prior and the shipped files small. The LM head is not trained by the heads.
 - The residual branches' output projections start at zero, so an untrained head predicts the
   backbone's next-token distribution (Medusa's initialisation).
+- `token_input=True` (BEYOND THE PAPER, off by default): each head also sees the embedding of x_{s+1},
+  the token the backbone sampled from h_s. Algorithm 1 already knows that token when its heads run
+  (line 11 resamples x_{s*} from the backbone first, then the heads on h_{s*-1}), so the loop needs no
+  extra forward. Without it, head 1 must guess x_{s+2} while marginalising over the still-unknown
+  x_{s+1}; with it, the heads are Hydra-style (sequentially dependent on the first token). Head d adds
+  Linear_d(E(x_{s+1})) to h_s before its body (E = the backbone's frozen token embedding; the
+  projection starts at zero, so an untrained head is still the backbone's LM head).
 
 Build with builder "xspecmesh_heads" (kwargs = HeadsConfig fields).
 """
@@ -45,6 +52,7 @@ class HeadsConfig:
     n_heads: int = 4  # attention heads inside a CA head
     inner_dim: int = 128  # attention width inside a CA head
     vocab_size: int = 5121
+    token_input: bool = False  # beyond the paper: heads also see E(x_{s+1}) (module docstring)
 
     def __post_init__(self) -> None:
         if self.kind not in HEAD_KINDS:
@@ -115,6 +123,11 @@ class XSpecMeshHeads(nn.Module):
         self.cfg = HeadsConfig(**kwargs)
         body = CrossHead if self.cfg.kind == "ca" else MLPHead
         self.heads = nn.ModuleList(body(self.cfg) for _ in range(self.cfg.num_heads))
+        if self.cfg.token_input:  # Linear_d(E(x_{s+1})) added to h_s, zero at start
+            self.tok = nn.ModuleList(nn.Linear(self.cfg.dim, self.cfg.dim, bias=False)
+                                     for _ in range(self.cfg.num_heads))
+            for lin in self.tok:
+                nn.init.zeros_(lin.weight)
 
     @property
     def num_heads(self) -> int:
@@ -124,13 +137,22 @@ class XSpecMeshHeads(nn.Module):
         """Per-head condition K/V (None for MLP heads); compute once per mesh."""
         return [head.context_kv(cond) for head in self.heads]
 
-    def features(self, hidden: torch.Tensor, kv: list) -> torch.Tensor:
-        """Head outputs before the LM head: hidden [B, S, dim] -> [B, S, D, dim]."""
-        return torch.stack([head(hidden, kv[d]) for d, head in enumerate(self.heads)], dim=2)
+    def head_features(self, d: int, hidden: torch.Tensor, kv, emb: torch.Tensor | None = None) -> torch.Tensor:
+        """Head d + 1 (index d) on hidden [B, S, dim]; emb [B, S, dim] = E(x_{s+1}) per row (token_input)."""
+        if self.cfg.token_input:
+            if emb is None:
+                raise ValueError("these heads take the next token's embedding (token_input); pass emb")
+            hidden = hidden + self.tok[d](emb)
+        return self.heads[d](hidden, kv)
 
-    def logits(self, hidden: torch.Tensor, kv: list, lm_head: nn.Module) -> torch.Tensor:
+    def features(self, hidden: torch.Tensor, kv: list, emb: torch.Tensor | None = None) -> torch.Tensor:
+        """Head outputs before the LM head: hidden [B, S, dim] (+ emb [B, S, dim]) -> [B, S, D, dim]."""
+        return torch.stack([self.head_features(d, hidden, kv[d], emb) for d in range(self.num_heads)], dim=2)
+
+    def logits(self, hidden: torch.Tensor, kv: list, lm_head: nn.Module, emb: torch.Tensor | None = None
+               ) -> torch.Tensor:
         """Logits [B, S, D, V]: [..., d - 1, :] is head d's distribution of token s + d + 1."""
-        return lm_head(self.features(hidden, kv))
+        return lm_head(self.features(hidden, kv, emb))
 
     def stacked(self) -> "StackedHeads":
         """The weights stacked for one-row decoding (see StackedHeads)."""
@@ -155,6 +177,7 @@ class StackedHeads:
     norm_w: torch.Tensor | None = None  # [D, dim]        (CA heads only, below)
     wq: torch.Tensor | None = None  # [D, inner, dim]
     wo: torch.Tensor | None = None  # [D, dim, inner]
+    tok_w: torch.Tensor | None = None  # [D, dim, dim]     (token_input heads only)
 
     def context_kv(self, per_head: list) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Per-head condition K/V ([1, H, M, hd] each, from `XSpecMeshHeads.context_kv`) -> [D, H, M, hd] x 2."""
@@ -162,12 +185,19 @@ class StackedHeads:
             return None
         return torch.cat([k for k, _ in per_head]), torch.cat([v for _, v in per_head])
 
-    def features(self, h: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
-        """One hidden state h [1, dim] -> head features [D, dim] (before the LM head)."""
+    @property
+    def token_input(self) -> bool:
+        return self.tok_w is not None
+
+    def features(self, h: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor] | None,
+                 emb: torch.Tensor | None = None) -> torch.Tensor:
+        """One hidden state h [1, dim] (+ E(x_{s+1}) emb [1, dim]) -> head features [D, dim] (before the LM head)."""
         z = h.expand(self.res_b.shape[0], -1)  # [D, dim]
+        if self.tok_w is not None:
+            z = z + torch.einsum("k,dok->do", emb[0], self.tok_w)  # [D, dim]
         if self.kind == "ca":
-            hf = h.float()
-            xn = self.norm_w * (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + self.eps)).to(h.dtype)  # [D, dim]
+            zf = z.float()
+            xn = self.norm_w * (zf * torch.rsqrt(zf.pow(2).mean(-1, keepdim=True) + self.eps)).to(h.dtype)  # [D, dim]
             q = torch.einsum("dk,dik->di", xn, self.wq)  # [D, inner]
             d, inner = q.shape
             q = q.view(d, self.n_heads, 1, inner // self.n_heads)  # [D, H, 1, hd]
@@ -182,6 +212,8 @@ def stack_heads(heads: XSpecMeshHeads) -> StackedHeads:
     stack = lambda get: torch.stack([get(x).detach() for x in hs])  # noqa: E731
     common = dict(kind=cfg.kind, n_heads=cfg.n_heads, res_w=stack(lambda x: x.res.linear.weight),
                   res_b=stack(lambda x: x.res.linear.bias))
+    if cfg.token_input:
+        common["tok_w"] = torch.stack([lin.weight.detach() for lin in heads.tok])
     if cfg.kind != "ca":
         return StackedHeads(eps=0.0, **common)
     return StackedHeads(eps=hs[0].norm.eps, norm_w=stack(lambda x: x.norm.weight), wq=stack(lambda x: x.wq.weight),

@@ -196,6 +196,13 @@ class MeshGPT(nn.Module):
         pos = torch.arange(start, start + s, device=tokens.device).expand(b, s)
         return self.decoder(tokens, pos, cache)
 
+    @torch.inference_mode()
+    def step_hidden(self, tokens: torch.Tensor, start: int, cache: KVCache) -> torch.Tensor:
+        """`step` without the LM head: hidden [B, S, dim] (callers apply `decoder.output` to the rows they read)."""
+        b, s = tokens.shape
+        pos = torch.arange(start, start + s, device=tokens.device).expand(b, s)
+        return self.decoder.hidden_states(self.decoder.tok_embeddings(tokens), pos, cache)
+
 
 def build_mesh_gpt(decoder: dict, encoder: dict) -> MeshGPT:
     return MeshGPT(decoder, encoder)

@@ -48,6 +48,7 @@ class HeadsTrainConfig:
     target: str = "mesh-gpt-tiny"  # backbone (registry name)
     name: str = "xspecmesh-ca-tiny"  # output heads name (stage 1 gets "-s1", the adapter "-lora")
     head_kind: str = "ca"  # "ca" | "mlp"
+    token_input: bool = False  # beyond the paper: heads also see E(x_{s+1}) (models/heads.py)
     num_heads: int = 4
     inner_dim: int = 128
     num_sequences: int = 256
@@ -157,20 +158,24 @@ def soft_cross_entropy(logits: torch.Tensor, probs: torch.Tensor, tokens: torch.
 
 
 def heads_loss(heads: XSpecMeshHeads, hidden: torch.Tensor, cond: torch.Tensor, tokens: torch.Tensor,
-               lm_head: torch.nn.Module, decay: float, soft: torch.Tensor | None = None
-               ) -> tuple[torch.Tensor, list[float]]:
+               lm_head: torch.nn.Module, decay: float, soft: torch.Tensor | None = None,
+               embed: torch.nn.Module | None = None) -> tuple[torch.Tensor, list[float]]:
     """L_mhd = sum_d decay^d * CE(head d at row i, tokens[:, i + d]); also per-head accuracies.
 
     hidden [B, L, dim]: row i = h after start + tokens[:, :i] (backbone predicts tokens[:, i]).
     soft [B, L, V] (optional): row j = the distribution tokens[:, j] was drawn from; replaces the
     one-hot targets (accuracies still count the drawn tokens).
+    embed: the backbone's token embedding, read by `token_input` heads (row i sees E(tokens[:, i])).
     """
     kv = heads.context_kv(cond)
+    emb = embed(tokens.clamp(min=0)) if heads.cfg.token_input else None  # [B, L, dim]; padding masked below
     total, accs = hidden.new_zeros(()), []
-    for d, head in enumerate(heads.heads, start=1):
+    for d in range(1, heads.num_heads + 1):
         if tokens.shape[1] <= d:
             break
-        logits = lm_head(head(hidden[:, : tokens.shape[1] - d], kv[d - 1]))  # [B, L-d, V]
+        rows = tokens.shape[1] - d
+        feats = heads.head_features(d - 1, hidden[:, :rows], kv[d - 1], None if emb is None else emb[:, :rows])
+        logits = lm_head(feats)  # [B, L-d, V]
         target = tokens[:, d:]
         loss = sequence_loss(logits, target) if soft is None else soft_cross_entropy(logits, soft[:, d:], target)
         total = total + decay**d * loss
@@ -249,8 +254,8 @@ class HeadsTrainer:
         for p in self.model.parameters():
             p.requires_grad_(False)
         dc = self.model.dec_cfg
-        self.heads = XSpecMeshHeads(**HeadsConfig(cfg.num_heads, cfg.head_kind, dc.dim, dc.cross_dim,
-                                                  dc.n_heads, cfg.inner_dim, dc.vocab_size).to_dict())
+        self.heads = XSpecMeshHeads(**HeadsConfig(cfg.num_heads, cfg.head_kind, dc.dim, dc.cross_dim, dc.n_heads,
+                                                  cfg.inner_dim, dc.vocab_size, cfg.token_input).to_dict())
         self.num_points = int(self.target.meta.get("num_points", 2048))
 
     def label_settings(self) -> dict[str, str]:
@@ -326,7 +331,7 @@ class HeadsTrainer:
         cfg = self.cfg
         pcs, tokens = self.labels()
         n = cfg.num_sequences
-        lm_head = self.model.decoder.output
+        lm_head, embed = self.model.decoder.output, self.model.decoder.tok_embeddings  # both frozen (tied)
         # stage 1: frozen backbone features, computed once
         self.model.eval()
         hidden, cond = backbone_features(self.model, pcs, tokens)
@@ -339,13 +344,13 @@ class HeadsTrainer:
             h = hidden[idx, : t.shape[1]]  # [B, L, dim]
             with torch.no_grad():
                 targets = soft_targets(lm_head(h), label_params) if use_soft else None  # [B, L, V]
-            return heads_loss(self.heads, h, cond[idx], t, lm_head, cfg.weight_decay_d, targets)
+            return heads_loss(self.heads, h, cond[idx], t, lm_head, cfg.weight_decay_d, targets, embed)
 
         def s1_eval():
             with torch.no_grad():  # hard labels: comparable across head_targets
                 t = trim(tokens[ev_idx])
                 loss, accs = heads_loss(self.heads, hidden[ev_idx, : t.shape[1]], cond[ev_idx], t, lm_head,
-                                        cfg.weight_decay_d)
+                                        cfg.weight_decay_d, embed=embed)
             return {"eval_mhd": round(float(loss), 4), "eval_head_acc": [round(a, 3) for a in accs]}
 
         self.log(f"stage 1: {cfg.head_kind} heads x{cfg.num_heads}, "
@@ -367,7 +372,7 @@ class HeadsTrainer:
             bb = backbone_term(self.model, pcs[idx], t, logits, cfg.backbone_loss)
             # soft targets: the LoRA backbone's own label distribution (detached), the one it will sample from
             targets = soft_targets(logits, label_params) if use_soft and not hard else None
-            mhd, accs = heads_loss(self.heads, h, c, t, lm_head, cfg.weight_decay_d, targets)
+            mhd, accs = heads_loss(self.heads, h, c, t, lm_head, cfg.weight_decay_d, targets, embed)
             return cfg.backbone_weight * bb + mhd, [float(bb.detach()), float(mhd.detach())] + accs
 
         def s2_eval():

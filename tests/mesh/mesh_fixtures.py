@@ -23,9 +23,10 @@ def tiny_mesh_model(seed: int = 0) -> MeshGPT:
     return MeshGPT(**tiny_kwargs()).eval()
 
 
-def tiny_heads(kind: str = "ca", seed: int = 1, num_heads: int = 3, scramble: bool = True) -> XSpecMeshHeads:
+def tiny_heads(kind: str = "ca", seed: int = 1, num_heads: int = 3, scramble: bool = True,
+               token_input: bool = False) -> XSpecMeshHeads:
     torch.manual_seed(seed)
-    heads = XSpecMeshHeads(**HeadsConfig(num_heads, kind, 32, 32, 2, 16, 5121).to_dict())
+    heads = XSpecMeshHeads(**HeadsConfig(num_heads, kind, 32, 32, 2, 16, 5121, token_input).to_dict())
     if scramble:  # leave the zero init so heads predict something other than the backbone
         for p in heads.parameters():
             if p.dim() > 1:

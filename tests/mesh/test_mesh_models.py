@@ -29,26 +29,38 @@ def test_cached_decoding_matches_teacher_forcing():
     torch.testing.assert_close(one[0, 0], logits[0, 6], atol=1e-4, rtol=1e-4)
 
 
-def test_untrained_heads_start_as_the_backbone_head():
-    model, heads = tiny_mesh_model(), tiny_heads(scramble=False)
-    h, cond = torch.randn(2, 3, 32), torch.randn(2, 8, 32)
-    out = heads.logits(h, heads.context_kv(cond), model.decoder.output)  # [B, S, D, V]
+@pytest.mark.parametrize("token_input", [False, True])
+def test_untrained_heads_start_as_the_backbone_head(token_input):
+    model, heads = tiny_mesh_model(), tiny_heads(scramble=False, token_input=token_input)
+    h, cond, emb = torch.randn(2, 3, 32), torch.randn(2, 8, 32), torch.randn(2, 3, 32)
+    out = heads.logits(h, heads.context_kv(cond), model.decoder.output, emb)  # [B, S, D, V]
     assert out.shape == (2, 3, 3, 5121)
     torch.testing.assert_close(out[:, :, 1], model.decoder.output(h))
 
 
+def test_token_input_heads_read_the_next_token():
+    heads, h, cond = tiny_heads(token_input=True), torch.randn(1, 2, 32), torch.randn(1, 8, 32)
+    kv = heads.context_kv(cond)
+    with torch.no_grad():
+        a, b = heads.features(h, kv, torch.randn(1, 2, 32)), heads.features(h, kv, torch.randn(1, 2, 32))
+    assert not torch.allclose(a, b)  # the embedding moves every head
+    with pytest.raises(ValueError, match="token_input"):
+        heads.features(h, kv)
+
+
+@pytest.mark.parametrize("token_input", [False, True])
 @pytest.mark.parametrize("kind", ["ca", "mlp"])
-def test_stacked_heads_equal_the_per_head_modules(kind):
-    heads = tiny_heads(kind)
+def test_stacked_heads_equal_the_per_head_modules(kind, token_input):
+    heads = tiny_heads(kind, token_input=token_input)
     with torch.no_grad():
         for p in heads.parameters():
             if p.dim() == 1:  # biases and norm weights too
                 p.normal_(std=0.5)
-    h, cond = torch.randn(1, 32), torch.randn(1, 8, 32)
+    h, cond, emb = torch.randn(1, 32), torch.randn(1, 8, 32), torch.randn(1, 32)
     with torch.no_grad():
-        ref = heads.features(h.unsqueeze(1), heads.context_kv(cond))[0, 0]  # [D, dim]
+        ref = heads.features(h.unsqueeze(1), heads.context_kv(cond), emb.unsqueeze(1))[0, 0]  # [D, dim]
         stacked = heads.stacked()
-        got = stacked.features(h, stacked.context_kv(heads.context_kv(cond)))
+        got = stacked.features(h, stacked.context_kv(heads.context_kv(cond)), emb)
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
 
 

@@ -38,11 +38,12 @@ def run(model, heads, pc, params, opts=None, n=120, seed=3):
 
 
 @pytest.mark.parametrize("sampling", ["independent", "tree"])
-@pytest.mark.parametrize("kind", ["ca", "mlp"])
+@pytest.mark.parametrize("kind", ["ca", "mlp", "ca+token"])
 def test_delta_accepting_nothing_equals_ar_sampling(setup, kind, sampling):
     model, pc = setup
     ar = run(model, None, pc, SAMPLED)
-    xs = run(model, tiny_heads(kind), pc, SAMPLED, XSpecMeshOptions(delta=1.0, sampling=sampling))
+    heads = tiny_heads(kind.split("+")[0], token_input=kind.endswith("+token"))
+    xs = run(model, heads, pc, SAMPLED, XSpecMeshOptions(delta=1.0, sampling=sampling))
     assert xs.tokens == ar.tokens and len(ar.tokens) == 120
     assert xs.stats.tau == 1.0 and xs.stats.steps == ar.stats.steps
 
