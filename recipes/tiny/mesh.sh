@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The shipped tiny mesh family, end to end (CPU, 1 thread per job): backbone, then CA and MLP XSpecMesh heads
 # in parallel, each written into specgen/assets/mesh (ship_dir in the recipes) and registered.
-#   recipes/tiny/mesh.sh              # ~65 min backbone + ~40 min heads + ~5 min benchmark and gallery (2 cores)
+#   recipes/tiny/mesh.sh              # ~65 min backbone + ~60 min heads + ~10 min benchmark and gallery (2 cores)
 # Every step resumes from its run folder: rerun the script after an interruption. Logs: recipes/tiny/logs/.
 set -euo pipefail
 LOGS=recipes/tiny/logs

@@ -100,11 +100,14 @@ def save_train_state(path: Path, modules: Mapping[str, torch.nn.Module], optims:
 
 def load_train_state(path: Path, modules: Mapping[str, torch.nn.Module], optims: Mapping[str, torch.optim.Optimizer],
                      expect: Mapping[str, Any], loose: tuple[str, ...] = (),
-                     extra: Mapping[str, torch.Tensor] | None = None) -> dict[str, Any] | None:
+                     extra: Mapping[str, torch.Tensor] | None = None,
+                     added: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
     """Restore what `save_train_state` wrote (in place) and return its meta; None when there is no file.
 
     Every `expect` item must equal the saved meta's (compared as JSON; `loose` names keys of dict values,
     such as budgets, that may change on resume), else StaleStateError, before anything is loaded.
+    `added` maps keys of dict values introduced after a state was written to the value they implicitly
+    had then (a saved dict without the key is compared as if it held that value).
     """
     if not path.is_file():
         return None
@@ -117,7 +120,10 @@ def load_train_state(path: Path, modules: Mapping[str, torch.nn.Module], optims:
     def strip(v: Any) -> Any:
         return {k: x for k, x in v.items() if k not in loose} if isinstance(v, dict) else v
 
-    stale = [k for k, v in expect.items() if strip(meta.get(k)) != strip(json.loads(json.dumps(v)))]
+    def fill(v: Any) -> Any:
+        return {**(added or {}), **v} if isinstance(v, dict) else v
+
+    stale = [k for k, v in expect.items() if strip(fill(meta.get(k))) != strip(json.loads(json.dumps(v)))]
     if stale:
         raise StaleStateError(f"{path} was written by a different {' and '.join(stale)}; use a fresh --out")
     tensors = load_file(str(path))

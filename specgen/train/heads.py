@@ -86,6 +86,8 @@ class HeadsTrainConfig:
 STAGE2_KEYS = ("stages", "stage2_epochs", "stage2_lr", "stage2_min_lr", "lora_rank", "lora_alpha", "lora_targets",
                "backbone_weight", "backbone_loss")
 NAMING_KEYS = ("name",)
+#: Settings added after heads were shipped, with the value older training states implicitly used.
+ADDED_KEYS = {"token_input": False}
 
 
 # -- labels -----------------------------------------------------------------------------------------
@@ -305,7 +307,7 @@ class HeadsTrainer:
         path = self.out / f"stage{stage}.safetensors"
         config = {**{k: v for k, v in asdict(cfg).items() if k != "ship_dir"}, "stage": stage}  # shipping: not training
         loose = NAMING_KEYS + (STAGE2_KEYS if stage == 1 else ())  # stage 1 resumes under new stage-2 settings
-        meta = load_train_state(path, modules, {"optim": opt}, {"config": config}, loose=loose)
+        meta = load_train_state(path, modules, {"optim": opt}, {"config": config}, loose=loose, added=ADDED_KEYS)
         step, history = (meta["step"], meta["history"]) if meta else (0, [])
         if meta:
             self.log(f"stage {stage}: resumed at step {step}/{total}")

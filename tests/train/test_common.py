@@ -144,6 +144,13 @@ def test_train_state_refuses_another_config_but_not_a_new_budget(tmp_path):
     meta = load_train_state(path, {"model": model}, {"optim": opt}, {"config": {"lr": 0.01, "steps": 20}},
                             loose=("steps",))
     assert meta["step"] == 0
+    # a setting added later: a state without it resumes under its old implicit value only
+    newer = {"lr": 0.01, "steps": 9, "token_input": False}
+    assert load_train_state(path, {"model": model}, {"optim": opt}, {"config": newer},
+                            added={"token_input": False})["step"] == 0
+    with pytest.raises(StaleStateError, match="different config"):
+        load_train_state(path, {"model": model}, {"optim": opt}, {"config": {**newer, "token_input": True}},
+                         added={"token_input": False})
 
 
 RECIPES = {  # recipe -> (module, config class)
