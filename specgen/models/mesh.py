@@ -192,9 +192,8 @@ class MeshGPT(nn.Module):
 
         Returns logits [B, S, V] and hidden [B, S, dim].
         """
-        b, s = tokens.shape
-        pos = torch.arange(start, start + s, device=tokens.device).expand(b, s)
-        return self.decoder(tokens, pos, cache)
+        hidden = self.step_hidden(tokens, start, cache)
+        return self.decoder.output(hidden), hidden
 
     @torch.inference_mode()
     def step_hidden(self, tokens: torch.Tensor, start: int, cache: KVCache) -> torch.Tensor:
