@@ -209,11 +209,11 @@ class StackedHeads:
 def stack_heads(heads: XSpecMeshHeads) -> StackedHeads:
     """Detached stacked copies of a head stack's weights."""
     hs, cfg = list(heads.heads), heads.cfg
-    stack = lambda get: torch.stack([get(x).detach() for x in hs])  # noqa: E731
+    stack = lambda get, mods=hs: torch.stack([get(x).detach() for x in mods])  # noqa: E731
     common = dict(kind=cfg.kind, n_heads=cfg.n_heads, res_w=stack(lambda x: x.res.linear.weight),
                   res_b=stack(lambda x: x.res.linear.bias))
     if cfg.token_input:
-        common["tok_w"] = torch.stack([lin.weight.detach() for lin in heads.tok])
+        common["tok_w"] = stack(lambda lin: lin.weight, heads.tok)
     if cfg.kind != "ca":
         return StackedHeads(eps=0.0, **common)
     return StackedHeads(eps=hs[0].norm.eps, norm_w=stack(lambda x: x.norm.weight), wq=stack(lambda x: x.wq.weight),

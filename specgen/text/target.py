@@ -44,6 +44,7 @@ def load_text_model(name: str, device: str = "cpu", progress=None, decode: bool 
     target.device = device
     return TextModel(module, target, tokenizer, entry)
 
+
 def merged_module(adapter: registry.Entry, base: registry.Entry, device: str = "cpu",
                   state: dict | None = None) -> tuple[torch.nn.Module, TextTokenizer]:
     """`base` with the LoRA `adapter` merged in; refuses an adapter trained for another base (one line)."""
