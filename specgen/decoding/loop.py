@@ -83,7 +83,8 @@ def decode(
     stats.target_forwards += 1
     with stats.timed("propose"):
         drafter.reset(prompt, first)
-    while len(out) < max_new_tokens and out[-1] not in stop_ids:
+    stopped = hit_stop(out, stop_ids)
+    while len(out) < max_new_tokens and not stopped:
         budget = min(max_draft, max_new_tokens - len(out) - 1)
         with stats.timed("propose"):
             draft = drafter.propose(prompt + out, budget, stats)  # 1. propose
@@ -100,9 +101,16 @@ def decode(
             drafter.on_accept(draft, verdict, result)  # 5. update the drafter
         stats.record_step(draft.size, draft.tree.max_depth(), verdict.num_accepted)
         out.extend(verdict.tokens)
+        stopped = hit_stop(verdict.tokens, stop_ids)
     out = truncate(out, max_new_tokens, stop_ids)
     stats.new_tokens = len(out)
     return DecodeResult(out, stats)
+
+
+def hit_stop(tokens: list[int], stop_ids: tuple[int, ...]) -> bool:
+    """Whether a step emitted a stop token anywhere: a multi-token step can accept one mid-chunk, and
+    checking only the last token would keep decoding (and counting forwards) past the end of the text."""
+    return any(t in stop_ids for t in tokens)
 
 
 def truncate(tokens: list[int], limit: int, stop_ids: tuple[int, ...]) -> list[int]:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from specgen.decoding.draft import Draft
-from specgen.decoding.loop import DecodeResult, truncate, verify_inputs
+from specgen.decoding.loop import DecodeResult, hit_stop, truncate, verify_inputs
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.stats import DecodeStats
 from specgen.decoding.tree import DraftTree
@@ -104,7 +104,8 @@ class MultiBlockDecoder:
         # window[k] guesses position root + 1 + k; segs = contiguous blocks over it, segs[0] is the RA block.
         # seg: [length, progress]: RA progress = tokens committed since it became RA; pseudo = frozen prefix.
         window, segs = fill(n - 1), [[n - 1, 0]]
-        while len(out) < max_new_tokens and out[-1] not in stop_ids:
+        stopped = hit_stop(out, stop_ids)
+        while len(out) < max_new_tokens and not stopped:
             budget = max_new_tokens - len(out) - 1  # guesses that can still be committed besides the bonus
             # 1. propose: the main chain and recycled n-grams that continue the root
             with stats.timed("propose"):
@@ -140,6 +141,7 @@ class MultiBlockDecoder:
             accepted = branches[b][:m]
             text += [root] + accepted
             out += accepted + [bonus]
+            stopped = hit_stop(accepted + [bonus], stop_ids)
             if b:
                 stats.extras["recycled_tokens"] = stats.extras.get("recycled_tokens", 0.0) + m
             # 5. update: Jacobi step on the window, recycle the rejected tail, shift, promote, spawn

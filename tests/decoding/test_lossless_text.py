@@ -72,6 +72,35 @@ def test_stop_token_and_budget():
     assert run(model, NgramDrafter(min_ngram=1), prompt, n=5) == ar[:5]
 
 
+class OracleDrafter:
+    """Proposes the true continuation, `k` tokens at a time (every draft is accepted)."""
+
+    def __init__(self, truth: list[int], prompt_len: int, k: int):
+        self.truth, self.p, self.k = truth, prompt_len, k
+
+    def reset(self, prompt, first):
+        pass
+
+    def propose(self, seq, budget, stats):
+        done = len(seq) - self.p
+        return Draft.chain(self.truth[done : done + min(self.k, budget)])
+
+    def on_accept(self, draft, verdict, out):
+        pass
+
+
+def test_a_stop_token_inside_an_accepted_chunk_ends_decoding():
+    """A step that accepts [.., stop, x, ..] ends the text there: no forwards are spent after it."""
+    model = tiny_model(3)
+    prompt = [1, 2, 3, 4]
+    ar = run(model, EmptyDrafter(), prompt, n=30)
+    stop = ar[7]
+    assert ar[20] != stop  # the chunk's last token is not the stop token
+    result = decode(ModelTarget(model), OracleDrafter(ar, len(prompt), 19), prompt, 30, GREEDY, stop_ids=(stop,))
+    assert result.tokens == ar[: ar.index(stop) + 1]
+    assert result.stats.target_forwards == 2  # prefill + one verify of 19 drafts (tokens 2..21)
+
+
 def test_tree_drafts_equal_ar_and_accept_some():
     model = tiny_model(4)
     prompt = list(range(10))
