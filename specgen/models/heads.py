@@ -17,6 +17,9 @@ a head open; our choices (reference implementation, no public code exists):
   sharing it keeps that prior and the shipped files small. The LM head is not trained by the heads.
 - The residual branches' output projections start at zero, so an untrained head predicts the
   backbone's next-token distribution (Medusa's initialisation).
+- `res_layers` (default 1, Medusa-1's one residual block): the number of residual blocks per head
+  (Medusa's `medusa_num_layers`); extra blocks are zero-initialised too, so a deeper untrained head is
+  still the backbone's LM head.
 - `token_input=True` (BEYOND THE PAPER, off by default): each head also sees the embedding of x_{s+1},
   the token the backbone sampled from h_s. Algorithm 1 already knows that token when its heads run
   (line 11 resamples x_{s*} from the backbone first, then the heads on h_{s*-1}), so the loop needs no
@@ -53,10 +56,13 @@ class HeadsConfig:
     inner_dim: int = 128  # attention width inside a CA head
     vocab_size: int = 5121
     token_input: bool = False  # beyond the paper: heads also see E(x_{s+1}) (module docstring)
+    res_layers: int = 1  # residual blocks per head (Medusa's medusa_num_layers)
 
     def __post_init__(self) -> None:
         if self.kind not in HEAD_KINDS:
             raise ValueError(f"unknown head kind {self.kind!r}; kinds: {', '.join(HEAD_KINDS)}")
+        if self.res_layers < 1:
+            raise ValueError(f"res_layers must be >= 1, got {self.res_layers}")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -75,8 +81,16 @@ class ResBlock(nn.Module):
         return x + F.silu(self.linear(x))
 
 
+def residual_body(head: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A head's residual blocks in a row: `res` (Medusa-1's one block; key kept so old files load), then `more`."""
+    x = head.res(x)
+    for block in head.more:
+        x = block(x)
+    return x
+
+
 class CrossHead(nn.Module):
-    """One cross-attention head body: h -> h + CrossAttn(norm h, c) -> ResBlock."""
+    """One cross-attention head body: h -> h + CrossAttn(norm h, c) -> res_layers ResBlocks."""
 
     def __init__(self, cfg: HeadsConfig) -> None:
         super().__init__()
@@ -87,6 +101,7 @@ class CrossHead(nn.Module):
         self.wo = nn.Linear(cfg.inner_dim, cfg.dim, bias=False)
         nn.init.zeros_(self.wo.weight)
         self.res = ResBlock(cfg.dim)
+        self.more = nn.ModuleList(ResBlock(cfg.dim) for _ in range(cfg.res_layers - 1))
 
     def context_kv(self, cond: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys/values [B, H, M, hd] of the condition [B, M, cross_dim]."""
@@ -98,21 +113,22 @@ class CrossHead(nn.Module):
         b, s, _ = h.shape
         q = self.wq(self.norm(h)).view(b, s, self.n, self.hd).transpose(1, 2)  # [B, H, S, hd]
         y = F.scaled_dot_product_attention(q, kv[0], kv[1]).transpose(1, 2).reshape(b, s, -1)
-        return self.res(h + self.wo(y))
+        return residual_body(self, h + self.wo(y))
 
 
 class MLPHead(nn.Module):
-    """One MLP head body (ablation): Medusa's residual block, no condition."""
+    """One MLP head body (ablation): Medusa's residual block(s), no condition."""
 
     def __init__(self, cfg: HeadsConfig) -> None:
         super().__init__()
         self.res = ResBlock(cfg.dim)
+        self.more = nn.ModuleList(ResBlock(cfg.dim) for _ in range(cfg.res_layers - 1))
 
     def context_kv(self, cond: torch.Tensor) -> None:
         return None
 
     def forward(self, h: torch.Tensor, kv: None) -> torch.Tensor:
-        return self.res(h)
+        return residual_body(self, h)
 
 
 class XSpecMeshHeads(nn.Module):
@@ -178,6 +194,8 @@ class StackedHeads:
     wq: torch.Tensor | None = None  # [D, inner, dim]
     wo: torch.Tensor | None = None  # [D, dim, inner]
     tok_w: torch.Tensor | None = None  # [D, dim, dim]     (token_input heads only)
+    more_w: torch.Tensor | None = None  # [L-1, D, dim, dim] (res_layers = L > 1 only)
+    more_b: torch.Tensor | None = None  # [L-1, D, dim]
 
     def context_kv(self, per_head: list) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Per-head condition K/V ([1, H, M, hd] each, from `XSpecMeshHeads.context_kv`) -> [D, H, M, hd] x 2."""
@@ -203,7 +221,10 @@ class StackedHeads:
             q = q.view(d, self.n_heads, 1, inner // self.n_heads)  # [D, H, 1, hd]
             y = F.scaled_dot_product_attention(q, kv[0], kv[1]).reshape(d, inner)  # [D, inner]
             z = z + torch.einsum("di,doi->do", y, self.wo)  # [D, dim]
-        return z + F.silu(torch.einsum("dk,dok->do", z, self.res_w) + self.res_b)
+        z = z + F.silu(torch.einsum("dk,dok->do", z, self.res_w) + self.res_b)
+        for w, b in zip(self.more_w if self.more_w is not None else (), self.more_b if self.more_b is not None else ()):
+            z = z + F.silu(torch.einsum("dk,dok->do", z, w) + b)  # [D, dim]
+        return z
 
 
 def stack_heads(heads: XSpecMeshHeads) -> StackedHeads:
@@ -214,6 +235,9 @@ def stack_heads(heads: XSpecMeshHeads) -> StackedHeads:
                   res_b=stack(lambda x: x.res.linear.bias))
     if cfg.token_input:
         common["tok_w"] = stack(lambda lin: lin.weight, heads.tok)
+    if cfg.res_layers > 1:  # [L-1, D, ...]: layer-major, each layer batched over the D heads
+        common["more_w"] = torch.stack([stack(lambda x, i=i: x.more[i].linear.weight) for i in range(cfg.res_layers - 1)])
+        common["more_b"] = torch.stack([stack(lambda x, i=i: x.more[i].linear.bias) for i in range(cfg.res_layers - 1)])
     if cfg.kind != "ca":
         return StackedHeads(eps=0.0, **common)
     return StackedHeads(eps=hs[0].norm.eps, norm_w=stack(lambda x: x.norm.weight), wq=stack(lambda x: x.wq.weight),

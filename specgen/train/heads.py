@@ -51,6 +51,7 @@ class HeadsTrainConfig:
     token_input: bool = False  # beyond the paper: heads also see E(x_{s+1}) (models/heads.py)
     num_heads: int = 4
     inner_dim: int = 128
+    res_layers: int = 1  # residual blocks per head (Medusa's medusa_num_layers; paper: unspecified)
     num_sequences: int = 256
     eval_sequences: int = 32
     label_seed: int = 1
@@ -87,7 +88,7 @@ STAGE2_KEYS = ("stages", "stage2_epochs", "stage2_lr", "stage2_min_lr", "lora_ra
                "backbone_weight", "backbone_loss")
 NAMING_KEYS = ("name",)
 #: Settings added after heads were shipped, with the value older training states implicitly used.
-ADDED_KEYS = {"token_input": False}
+ADDED_KEYS = {"token_input": False, "res_layers": 1}
 
 
 # -- labels -----------------------------------------------------------------------------------------
@@ -257,7 +258,8 @@ class HeadsTrainer:
             p.requires_grad_(False)
         dc = self.model.dec_cfg
         self.heads = XSpecMeshHeads(**HeadsConfig(cfg.num_heads, cfg.head_kind, dc.dim, dc.cross_dim, dc.n_heads,
-                                                  cfg.inner_dim, dc.vocab_size, cfg.token_input).to_dict())
+                                                  cfg.inner_dim, dc.vocab_size, cfg.token_input,
+                                                  cfg.res_layers).to_dict())
         self.num_points = int(self.target.meta.get("num_points", 2048))
 
     def label_settings(self) -> dict[str, str]:

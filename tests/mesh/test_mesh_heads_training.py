@@ -118,24 +118,27 @@ def test_soft_targets_are_the_label_distribution_and_train(tmp_path):
     torch.set_num_threads(old)
 
 
-def test_token_input_heads_train_register_and_decode(tmp_path):
-    """token_input heads (beyond the paper): both stages lower the loss, the registered heads keep the
-    flag, and `load_mesh` decodes with them (the loop feeds E(x_{s*}) to the heads)."""
+@pytest.mark.parametrize("option,key", [("token_input=true", "tok."), ("res_layers=2", "heads.0.more.0.")])
+def test_variant_heads_train_register_and_decode(tmp_path, option, key):
+    """Heads beyond the paper's defaults (token_input: beyond the paper; res_layers: Medusa's deeper
+    heads): both stages lower the loss, the registered heads keep the setting, and `load_mesh` decodes
+    with them (for token_input the loop feeds E(x_{s*}) to the heads)."""
     from specgen.decoding.sampling import SamplingParams
     from specgen.mesh.procedural import generate_mesh
     from specgen.methods.xspecmesh import XSpecMeshOptions
     from specgen.train.mesh import point_cloud
 
     old = torch.get_num_threads()
-    cfg = tiny_config("name=t-tok", "stage1_epochs=6", "stage1_min_lr=1e-3", "stage2_epochs=1", "token_input=true")
+    cfg = tiny_config("name=t-var", "stage1_epochs=6", "stage1_min_lr=1e-3", "stage2_epochs=1", option)
     trainer = HeadsTrainer(cfg, tmp_path)
     result = trainer.train()
     s1 = result["stage1"]
     assert s1[-1]["eval_mhd"] < s1[0]["eval_mhd"]
-    assert any(k.startswith("tok.") for k in result["heads_s1"])
+    assert any(k.startswith(key) for k in result["heads_s1"])
     save_outputs(trainer, result)
-    loaded = load_mesh(None, "t-tok")
-    assert loaded.decoder.heads.cfg.token_input
+    loaded = load_mesh(None, "t-var")
+    field, value = option.split("=")
+    assert str(getattr(loaded.decoder.heads.cfg, field)).lower() == value
     g = generate_mesh(3)
     pc = torch.from_numpy(point_cloud(g.vertices, g.faces, 256, 0))
     gens = torch.Generator().manual_seed(0), torch.Generator().manual_seed(1)

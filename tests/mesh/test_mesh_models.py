@@ -8,6 +8,7 @@ import torch
 from specgen import registry
 from specgen.errors import IncompatibleError
 from specgen.methods.xspecmesh import load_mesh
+from specgen.models.heads import HeadsConfig
 from specgen.train.lora import apply_lora, lora_state, merge_lora, merge_lora_state
 from tests.mesh.mesh_fixtures import NUM_POINTS, register_tiny, tiny_heads, tiny_mesh_model
 
@@ -29,9 +30,9 @@ def test_cached_decoding_matches_teacher_forcing():
     torch.testing.assert_close(one[0, 0], logits[0, 6], atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("token_input", [False, True])
-def test_untrained_heads_start_as_the_backbone_head(token_input):
-    model, heads = tiny_mesh_model(), tiny_heads(scramble=False, token_input=token_input)
+@pytest.mark.parametrize("token_input,res_layers", [(False, 1), (True, 1), (False, 3)])
+def test_untrained_heads_start_as_the_backbone_head(token_input, res_layers):
+    model, heads = tiny_mesh_model(), tiny_heads(scramble=False, token_input=token_input, res_layers=res_layers)
     h, cond, emb = torch.randn(2, 3, 32), torch.randn(2, 8, 32), torch.randn(2, 3, 32)
     out = heads.logits(h, heads.context_kv(cond), model.decoder.output, emb)  # [B, S, D, V]
     assert out.shape == (2, 3, 3, 5121)
@@ -48,10 +49,10 @@ def test_token_input_heads_read_the_next_token():
         heads.features(h, kv)
 
 
-@pytest.mark.parametrize("token_input", [False, True])
+@pytest.mark.parametrize("token_input,res_layers", [(False, 1), (True, 1), (False, 3), (True, 2)])
 @pytest.mark.parametrize("kind", ["ca", "mlp"])
-def test_stacked_heads_equal_the_per_head_modules(kind, token_input):
-    heads = tiny_heads(kind, token_input=token_input)
+def test_stacked_heads_equal_the_per_head_modules(kind, token_input, res_layers):
+    heads = tiny_heads(kind, token_input=token_input, res_layers=res_layers)
     with torch.no_grad():
         for p in heads.parameters():
             if p.dim() == 1:  # biases and norm weights too
@@ -62,6 +63,16 @@ def test_stacked_heads_equal_the_per_head_modules(kind, token_input):
         stacked = heads.stacked()
         got = stacked.features(h, stacked.context_kv(heads.context_kv(cond)), emb)
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_deeper_heads_keep_the_one_block_keys():
+    """res_layers > 1 only adds `more.*` keys: heads saved before the option existed still load."""
+    one, three = tiny_heads(res_layers=1).state_dict(), tiny_heads(res_layers=3).state_dict()
+    assert set(one) < set(three)
+    assert {k for k in three if k not in one} == {f"heads.{d}.more.{i}.linear.{w}" for d in range(3)
+                                                  for i in range(2) for w in ("weight", "bias")}
+    with pytest.raises(ValueError, match="res_layers"):
+        HeadsConfig(res_layers=0)
 
 
 def test_lora_merge_equals_wrapped_and_saved_adapter():
