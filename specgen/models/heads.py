@@ -222,8 +222,9 @@ class StackedHeads:
             y = F.scaled_dot_product_attention(q, kv[0], kv[1]).reshape(d, inner)  # [D, inner]
             z = z + torch.einsum("di,doi->do", y, self.wo)  # [D, dim]
         z = z + F.silu(torch.einsum("dk,dok->do", z, self.res_w) + self.res_b)
-        for w, b in zip(self.more_w if self.more_w is not None else (), self.more_b if self.more_b is not None else ()):
-            z = z + F.silu(torch.einsum("dk,dok->do", z, w) + b)  # [D, dim]
+        if self.more_w is not None:  # res_layers > 1: the extra blocks, each batched over the D heads
+            for w, b in zip(self.more_w, self.more_b):
+                z = z + F.silu(torch.einsum("dk,dok->do", z, w) + b)  # [D, dim]
         return z
 
 
