@@ -221,11 +221,16 @@ class StackedHeads:
             q = q.view(d, self.n_heads, 1, inner // self.n_heads)  # [D, H, 1, hd]
             y = F.scaled_dot_product_attention(q, kv[0], kv[1]).reshape(d, inner)  # [D, inner]
             z = z + torch.einsum("di,doi->do", y, self.wo)  # [D, dim]
-        z = z + F.silu(torch.einsum("dk,dok->do", z, self.res_w) + self.res_b)
+        z = stacked_res(z, self.res_w, self.res_b)
         if self.more_w is not None:  # res_layers > 1: the extra blocks, each batched over the D heads
             for w, b in zip(self.more_w, self.more_b):
-                z = z + F.silu(torch.einsum("dk,dok->do", z, w) + b)  # [D, dim]
+                z = stacked_res(z, w, b)
         return z
+
+
+def stacked_res(z: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """One ResBlock of each of the D heads at once: z [D, dim], w [D, dim, dim], b [D, dim] -> [D, dim]."""
+    return z + F.silu(torch.einsum("dk,dok->do", z, w) + b)
 
 
 def stack_heads(heads: XSpecMeshHeads) -> StackedHeads:
@@ -236,9 +241,9 @@ def stack_heads(heads: XSpecMeshHeads) -> StackedHeads:
                   res_b=stack(lambda x: x.res.linear.bias))
     if cfg.token_input:
         common["tok_w"] = stack(lambda lin: lin.weight, heads.tok)
-    if cfg.res_layers > 1:  # [L-1, D, ...]: layer-major, each layer batched over the D heads
-        common["more_w"] = torch.stack([stack(lambda x, i=i: x.more[i].linear.weight) for i in range(cfg.res_layers - 1)])
-        common["more_b"] = torch.stack([stack(lambda x, i=i: x.more[i].linear.bias) for i in range(cfg.res_layers - 1)])
+    if cfg.res_layers > 1:  # [D, L-1, ...] -> layer-major [L-1, D, ...], each layer batched over the D heads
+        common["more_w"] = stack(lambda x: torch.stack([b.linear.weight for b in x.more])).transpose(0, 1).contiguous()
+        common["more_b"] = stack(lambda x: torch.stack([b.linear.bias for b in x.more])).transpose(0, 1).contiguous()
     if cfg.kind != "ca":
         return StackedHeads(eps=0.0, **common)
     return StackedHeads(eps=hs[0].norm.eps, norm_w=stack(lambda x: x.norm.weight), wq=stack(lambda x: x.wq.weight),
