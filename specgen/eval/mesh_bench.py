@@ -8,7 +8,8 @@ changes on a shared machine hit every row alike):
   D ca               cross-attention heads, stage 1
   E ca+lora          cross-attention heads, stage 2 (the shipped default)
   sweep              E with delta in `deltas` (and top-K_a rows for `topk_accept`, PTS rows for `tree_k`,
-                     fewer heads for `depths`: on a CPU every verified token costs, so D < 4 can win)
+                     fewer heads for `depths`: on a CPU every verified token costs, so D < 4 can win;
+                     heads in another precision for `draft_dtypes`: candidates only, acceptance stays float32)
 Metrics: CD / HD exactly as BPT (`mesh.metrics.mesh_distances`: each mesh normalised on its own,
 1,024 seeded surface samples, L2 Chamfer = sum of both directed means, symmetric Hausdorff)
 against the ground-truth test mesh, averaged over meshes that decode to at least one face
@@ -48,6 +49,7 @@ class MeshBenchConfig:
     topk_accept: list = field(default_factory=lambda: [1])  # top-K_a rows on sweep_row
     tree_k: list = field(default_factory=lambda: [2])  # PTS rows on sweep_row
     depths: list = field(default_factory=lambda: [2, 3])  # D rows on sweep_row (a CPU pays per verified token)
+    draft_dtypes: list = field(default_factory=list)  # e.g. [bfloat16]: sweep_row with its heads in that precision
     sweep_row: str = "ca+lora"
     num_heads: int = 4
     delta: float = 0.5
@@ -88,6 +90,7 @@ def variants(cfg: MeshBenchConfig) -> list[Variant]:
                 for k in cfg.tree_k]
         out += [Variant(f"{cfg.sweep_row} D={d}", h, XSpecMeshOptions(**{**base, "num_heads": d}))
                 for d in cfg.depths if d != cfg.num_heads]
+        out += [Variant(f"{cfg.sweep_row} {t}", h, XSpecMeshOptions(**base, draft_dtype=t)) for t in cfg.draft_dtypes]
     return out
 
 

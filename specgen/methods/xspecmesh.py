@@ -40,6 +40,7 @@ Choices the paper leaves open (this is the reference implementation):
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -51,6 +52,8 @@ from specgen.decoding.stats import DecodeStats
 from specgen.models.layout import decode_layout
 
 SAMPLING_MODES = ("independent", "tree")
+#: Precision of the heads' forward (candidates only; the backbone, hence acceptance, stays float32).
+DRAFT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 #: Branches of the top-K_s probability tree lighter than this are pruned (appendix A.4).
 TREE_PRUNE = 1e-5
 
@@ -66,12 +69,15 @@ class XSpecMeshOptions:
     top_k_accept: int = 1  # K_a
     sampling: str = "independent"  # "independent" | "tree" (top-K_s probability tree)
     top_k_tree: int = 2  # K_s
+    draft_dtype: str = "float32"  # heads (and their use of the LM head) in "bfloat16": beyond the paper, README
 
     def __post_init__(self) -> None:
         from specgen.errors import UsageError
 
         if self.sampling not in SAMPLING_MODES:
             raise UsageError(f"unknown sampling {self.sampling!r}; choose from {', '.join(SAMPLING_MODES)}")
+        if self.draft_dtype not in DRAFT_DTYPES:
+            raise UsageError(f"unknown draft_dtype {self.draft_dtype!r}; choose from {', '.join(DRAFT_DTYPES)}")
         if self.num_heads < 0 or self.top_k_tree < 1:
             raise UsageError("num_heads must be >= 0 and top_k_tree >= 1")
         try:
@@ -84,7 +90,8 @@ class XSpecMeshOptions:
 
     def label(self) -> str:
         s = "IS" if self.sampling == "independent" else f"PTS(K_s={self.top_k_tree})"
-        return f"{self.criterion_rule().label()}, {s}"
+        bf = ", bf16 heads" if self.draft_dtype == "bfloat16" else ""
+        return f"{self.criterion_rule().label()}, {s}{bf}"
 
 
 OPTION_NAMES = tuple(XSpecMeshOptions.__dataclass_fields__)
@@ -151,6 +158,7 @@ class MeshDecoder:
 
     def __init__(self, model, heads=None, eos_id: int = 5120) -> None:
         self.model, self.heads, self.eos_id = model, heads, eos_id
+        self._draft_out: torch.nn.Module | None = None  # the LM head in the draft dtype (see _lm_head)
 
     @torch.inference_mode()
     def generate(self, pc: torch.Tensor, params: SamplingParams, max_tokens: int,
@@ -170,12 +178,15 @@ class MeshDecoder:
         with stats.timed("prefill"):
             cond = model.encode(pc.unsqueeze(0))
             logits0, h = model.prefill(cache, cond)  # [1, V], [1, dim]
-            stacked = self.heads.stacked() if d_max else None  # all D heads as one batched op per layer
+            dtype = DRAFT_DTYPES[opts.draft_dtype]
+            stacked = self.heads.stacked().to(dtype) if d_max else None  # all D heads as one batched op per layer
             head_kv = stacked.context_kv(self.heads.context_kv(cond)) if d_max else None
+            head_kv = None if head_kv is None else tuple(t.to(dtype) for t in head_kv)
         stats.target_forwards += 1
+        past = h  # [W', dim] the latest committed hidden states, newest first (history heads read them all)
         with stats.timed("propose"):
             first = pick(logits0[0], params, generator)
-            chain = [first] + self._heads(stacked, h, first, head_kv, d_max, params, opts, draft_generator)
+            chain = [first] + self._heads(stacked, past, first, head_kv, d_max, params, opts, draft_generator)
         out: list[int] = []
         while True:
             chain = self._trim(chain, max_tokens - len(out))
@@ -197,18 +208,41 @@ class MeshDecoder:
                 break
             with stats.timed("propose"):  # 5. resample x_{s*} (backbone) and x_{s*+d} (heads on h_{s*-1})
                 x = verdict.tokens[-1]
-                chain = [x] + self._heads(stacked, hidden[:, a], x, head_kv, d_max, params, opts, draft_generator)
+                if stacked is not None and stacked.history:  # h of the committed x_s .. x_{s*-1}, newest first
+                    past = torch.cat([hidden[0, : a + 1].flip(0), past])[: stacked.history]
+                else:
+                    past = hidden[0, a : a + 1]
+                chain = [x] + self._heads(stacked, past, x, head_kv, d_max, params, opts, draft_generator)
         stats.new_tokens = len(out)
         return MeshDecodeResult(out, stats)
 
-    def _heads(self, stacked, h: torch.Tensor, token: int, kv, d: int, params: SamplingParams,
+    def _heads(self, stacked, past: torch.Tensor, token: int, kv, d: int, params: SamplingParams,
                opts: XSpecMeshOptions, generator: torch.Generator | None) -> list[int]:
-        """D candidates from the heads on one hidden state h [1, dim] (and x_{s*} = token, for token_input heads)."""
+        """D candidates from the heads on h_{s*-1} = past[0] (past [W', dim]: latest hidden states, newest first;
+        history heads read them all) and x_{s*} = token (token_input heads)."""
         if d == 0:
             return []
+        dtype = stacked.res_w.dtype
+        past = past.to(dtype)
+        h = past[:1]  # [1, dim]
         emb = self.model.decoder.tok_embeddings(torch.tensor([token], device=h.device)) if stacked.token_input else None
-        logits = self.model.decoder.output(stacked.features(h, kv, emb)[:d])  # [D, V]
+        emb = None if emb is None else emb.to(dtype)
+        logits = self._lm_head(dtype)(stacked.features(h, kv, emb, past)[:d]).float()  # [D, V]
         return head_candidates(logits, params, opts, generator)
+
+    def _lm_head(self, dtype: torch.dtype):
+        """The backbone's LM head for the heads' features; a cached copy in `dtype` for low-precision drafting.
+
+        Only candidates come from it: acceptance reads the backbone's float32 distribution, so a bfloat16
+        draft changes which tokens are proposed, never the rule that admits them.
+        """
+        out = self.model.decoder.output
+        if dtype == self.model.decoder.tok_embeddings.weight.dtype:  # drafting in the backbone's own precision
+            return out
+        if self._draft_out is None or self._draft_out.weight.dtype != dtype:
+            self._draft_out = copy.deepcopy(out).to(dtype)
+            self._draft_out.weight.data = self._draft_out.weight.data.contiguous()  # row-major: faster in bf16 here
+        return self._draft_out
 
     def _trim(self, chain: list[int], room: int) -> list[int]:
         """Drop candidates after an EOS candidate and beyond the token budget."""

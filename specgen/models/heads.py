@@ -27,13 +27,21 @@ a head open; our choices (reference implementation, no public code exists):
   x_{s+1}; with it, the heads are Hydra-style (sequentially dependent on the first token). Head d adds
   Linear_d(E(x_{s+1})) to h_s before its body (E = the backbone's frozen token embedding; the
   projection starts at zero, so an untrained head is still the backbone's LM head).
+- `history=W > 0` (BEYOND THE PAPER, CA heads only, off by default): a head's cross-attention memory
+  is the condition plus the W most recent final hidden states h_s, h_{s-1}, .., h_{s-W+1} (fewer at
+  the start), each projected by the head's own `wkv_h` after its RMSNorm and tagged with a learned
+  offset vector `pos_h[k]` (random small init). The paper's heads see one hidden state, which the
+  backbone shapes to predict ONE token; the heads of a 4-layer backbone then cannot recover the
+  local context (the patch's previous vertices) that tokens s + 2 .. need. Keys/values of an
+  offset-tagged row are wkv_h(norm h) + wkv_h(pos_h[k]) (no bias), so each hidden state is projected
+  once, not once per window slot.
 
 Build with builder "xspecmesh_heads" (kwargs = HeadsConfig fields).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields, replace
 
 import torch
 import torch.nn.functional as F
@@ -57,12 +65,15 @@ class HeadsConfig:
     vocab_size: int = 5121
     token_input: bool = False  # beyond the paper: heads also see E(x_{s+1}) (module docstring)
     res_layers: int = 1  # residual blocks per head (Medusa's medusa_num_layers)
+    history: int = 0  # beyond the paper: CA heads also attend to the last `history` hidden states (docstring)
 
     def __post_init__(self) -> None:
         if self.kind not in HEAD_KINDS:
             raise ValueError(f"unknown head kind {self.kind!r}; kinds: {', '.join(HEAD_KINDS)}")
         if self.res_layers < 1:
             raise ValueError(f"res_layers must be >= 1, got {self.res_layers}")
+        if self.history < 0 or (self.history and self.kind != "ca"):
+            raise ValueError(f"history must be >= 0 and needs cross-attention heads, got {self.history} ({self.kind})")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -89,17 +100,28 @@ def residual_body(head: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def history_window(x: torch.Tensor, w: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows x [B, S, C] -> windows [B, S, W, C] (slot k of row s = x[:, s - k]) and validity [S, W] (s - k >= 0)."""
+    s = x.shape[1]
+    win = F.pad(x, (0, 0, w - 1, 0)).unfold(1, w, 1).flip(-1).transpose(-1, -2)  # [B, S, W, C]
+    valid = torch.arange(s, device=x.device)[:, None] >= torch.arange(w, device=x.device)[None]  # [S, W]
+    return win, valid
+
+
 class CrossHead(nn.Module):
-    """One cross-attention head body: h -> h + CrossAttn(norm h, c) -> res_layers ResBlocks."""
+    """One cross-attention head body: h -> h + CrossAttn(norm h, c [+ recent h]) -> res_layers ResBlocks."""
 
     def __init__(self, cfg: HeadsConfig) -> None:
         super().__init__()
-        self.n, self.hd = cfg.n_heads, cfg.inner_dim // cfg.n_heads
+        self.n, self.hd, self.history = cfg.n_heads, cfg.inner_dim // cfg.n_heads, cfg.history
         self.norm = RMSNorm(cfg.dim, 1e-5)
         self.wq = nn.Linear(cfg.dim, cfg.inner_dim, bias=False)
         self.wkv = nn.Linear(cfg.cross_dim, 2 * cfg.inner_dim, bias=False)
         self.wo = nn.Linear(cfg.inner_dim, cfg.dim, bias=False)
         nn.init.zeros_(self.wo.weight)
+        if cfg.history:  # beyond the paper (module docstring)
+            self.wkv_h = nn.Linear(cfg.dim, 2 * cfg.inner_dim, bias=False)
+            self.pos_h = nn.Parameter(torch.randn(cfg.history, cfg.dim) * 0.02)
         self.res = ResBlock(cfg.dim)
         self.more = nn.ModuleList(ResBlock(cfg.dim) for _ in range(cfg.res_layers - 1))
 
@@ -109,11 +131,32 @@ class CrossHead(nn.Module):
         k, v = self.wkv(cond).view(b, m, 2, self.n, self.hd).unbind(2)
         return k.transpose(1, 2), v.transpose(1, 2)
 
-    def forward(self, h: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor] | None,
+                past: torch.Tensor | None = None) -> torch.Tensor:
+        """h [B, S, dim] -> [B, S, dim]; past [B, S, dim] = the hidden rows the history window reads (default h)."""
         b, s, _ = h.shape
         q = self.wq(self.norm(h)).view(b, s, self.n, self.hd).transpose(1, 2)  # [B, H, S, hd]
-        y = F.scaled_dot_product_attention(q, kv[0], kv[1]).transpose(1, 2).reshape(b, s, -1)
-        return residual_body(self, h + self.wo(y))
+        if self.history:
+            y = self.attend_with_history(q, kv, h if past is None else past)
+        else:
+            y = F.scaled_dot_product_attention(q, kv[0], kv[1])  # [B, H, S, hd]
+        return residual_body(self, h + self.wo(y.transpose(1, 2).reshape(b, s, -1)))
+
+    def attend_with_history(self, q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor],
+                            past: torch.Tensor) -> torch.Tensor:
+        """Softmax over the condition's M keys and row s's W window keys at once; q [B, H, S, hd] -> [B, H, S, hd]."""
+        b, s, _ = past.shape
+        w = self.history
+        rows, valid = history_window(self.wkv_h(self.norm(past)), w)  # [B, S, W, 2 inner], [S, W]
+        rows = rows + self.wkv_h(self.pos_h)  # + offset tags, [W, 2 inner]
+        kh, vh = rows.view(b, s, w, 2, self.n, self.hd).permute(3, 0, 4, 1, 2, 5)  # [B, H, S, W, hd] each
+        scale = self.hd**-0.5
+        s_cond = q @ kv[0].transpose(-1, -2) * scale  # [B, H, S, M]
+        s_hist = torch.einsum("bhsd,bhswd->bhsw", q, kh) * scale  # [B, H, S, W]
+        s_hist = s_hist.masked_fill(~valid, float("-inf"))
+        att = torch.cat([s_cond, s_hist], -1).softmax(-1)
+        m = s_cond.shape[-1]
+        return att[..., :m] @ kv[1] + torch.einsum("bhsw,bhswd->bhsd", att[..., m:], vh)
 
 
 class MLPHead(nn.Module):
@@ -127,7 +170,7 @@ class MLPHead(nn.Module):
     def context_kv(self, cond: torch.Tensor) -> None:
         return None
 
-    def forward(self, h: torch.Tensor, kv: None) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, kv: None, past: None = None) -> torch.Tensor:
         return residual_body(self, h)
 
 
@@ -158,7 +201,7 @@ class XSpecMeshHeads(nn.Module):
         if self.cfg.token_input:
             if emb is None:
                 raise ValueError("these heads take the next token's embedding (token_input); pass emb")
-            hidden = hidden + self.tok[d](emb)
+            return self.heads[d](hidden + self.tok[d](emb), kv, hidden)
         return self.heads[d](hidden, kv)
 
     def features(self, hidden: torch.Tensor, kv: list, emb: torch.Tensor | None = None) -> torch.Tensor:
@@ -196,6 +239,8 @@ class StackedHeads:
     tok_w: torch.Tensor | None = None  # [D, dim, dim]     (token_input heads only)
     more_w: torch.Tensor | None = None  # [L-1, D, dim, dim] (res_layers = L > 1 only)
     more_b: torch.Tensor | None = None  # [L-1, D, dim]
+    wkv_h: torch.Tensor | None = None  # [D, 2 inner, dim]  (history heads only)
+    pos_kv: torch.Tensor | None = None  # [D, W, 2 inner]    wkv_h(pos_h), the offset tags' K/V
 
     def context_kv(self, per_head: list) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Per-head condition K/V ([1, H, M, hd] each, from `XSpecMeshHeads.context_kv`) -> [D, H, M, hd] x 2."""
@@ -207,9 +252,21 @@ class StackedHeads:
     def token_input(self) -> bool:
         return self.tok_w is not None
 
+    def to(self, dtype: torch.dtype) -> "StackedHeads":
+        """A copy with every weight in `dtype` (the loop's bfloat16 drafting)."""
+        cast = {f.name: getattr(self, f.name).to(dtype) for f in fields(self) if isinstance(getattr(self, f.name), torch.Tensor)}
+        return replace(self, **cast)
+
+    @property
+    def history(self) -> int:
+        return 0 if self.pos_kv is None else self.pos_kv.shape[1]
+
     def features(self, h: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor] | None,
-                 emb: torch.Tensor | None = None) -> torch.Tensor:
-        """One hidden state h [1, dim] (+ E(x_{s+1}) emb [1, dim]) -> head features [D, dim] (before the LM head)."""
+                 emb: torch.Tensor | None = None, past: torch.Tensor | None = None) -> torch.Tensor:
+        """One hidden state h [1, dim] (+ E(x_{s+1}) emb [1, dim]) -> head features [D, dim] (before the LM head).
+
+        past [W', dim] (history heads): the latest hidden states, most recent (= h) first, W' <= history.
+        """
         z = h.expand(self.res_b.shape[0], -1)  # [D, dim]
         if self.tok_w is not None:
             z = z + torch.einsum("k,dok->do", emb[0], self.tok_w)  # [D, dim]
@@ -219,13 +276,27 @@ class StackedHeads:
             q = torch.einsum("dk,dik->di", xn, self.wq)  # [D, inner]
             d, inner = q.shape
             q = q.view(d, self.n_heads, 1, inner // self.n_heads)  # [D, H, 1, hd]
-            y = F.scaled_dot_product_attention(q, kv[0], kv[1]).reshape(d, inner)  # [D, inner]
+            k, v = kv if not self.history else self.with_history(kv, past)  # [D, H, M (+ W'), hd]
+            y = F.scaled_dot_product_attention(q, k, v).reshape(d, inner)  # [D, inner]
             z = z + torch.einsum("di,doi->do", y, self.wo)  # [D, dim]
         z = stacked_res(z, self.res_w, self.res_b)
         if self.more_w is not None:  # res_layers > 1: the extra blocks, each batched over the D heads
             for w, b in zip(self.more_w, self.more_b):
                 z = stacked_res(z, w, b)
         return z
+
+    def with_history(self, kv: tuple[torch.Tensor, torch.Tensor], past: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Condition K/V [D, H, M, hd] x 2 extended by the window rows past [W', dim] -> [D, H, M + W', hd] x 2."""
+        if past is None:
+            raise ValueError("these heads attend to recent hidden states (history); pass past")
+        w = min(past.shape[0], self.history)
+        pf = past[:w].float()
+        pn = self.norm_w[:, None] * (pf * torch.rsqrt(pf.pow(2).mean(-1, keepdim=True) + self.eps)).to(past.dtype)  # [D, W', dim]
+        rows = torch.einsum("dwk,dok->dwo", pn, self.wkv_h) + self.pos_kv[:, :w]  # [D, W', 2 inner]
+        d, h, _, hd = kv[0].shape
+        kh, vh = rows.view(d, w, 2, h, hd).permute(2, 0, 3, 1, 4)  # [D, H, W', hd] each
+        return torch.cat([kv[0], kh], 2), torch.cat([kv[1], vh], 2)
 
 
 def stacked_res(z: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -246,6 +317,9 @@ def stack_heads(heads: XSpecMeshHeads) -> StackedHeads:
         common["more_b"] = stack(lambda x: torch.stack([b.linear.bias for b in x.more])).transpose(0, 1).contiguous()
     if cfg.kind != "ca":
         return StackedHeads(eps=0.0, **common)
+    if cfg.history:
+        common["wkv_h"] = stack(lambda x: x.wkv_h.weight)
+        common["pos_kv"] = stack(lambda x: x.wkv_h(x.pos_h))
     return StackedHeads(eps=hs[0].norm.eps, norm_w=stack(lambda x: x.norm.weight), wq=stack(lambda x: x.wq.weight),
                         wo=stack(lambda x: x.wo.weight), **common)
 

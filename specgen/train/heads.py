@@ -52,6 +52,7 @@ class HeadsTrainConfig:
     num_heads: int = 4
     inner_dim: int = 128
     res_layers: int = 1  # residual blocks per head (Medusa's medusa_num_layers; paper: unspecified)
+    history: int = 0  # beyond the paper: CA heads also attend to the last `history` hidden states (models/heads.py)
     num_sequences: int = 256
     eval_sequences: int = 32
     label_seed: int = 1
@@ -88,7 +89,7 @@ STAGE2_KEYS = ("stages", "stage2_epochs", "stage2_lr", "stage2_min_lr", "lora_ra
                "backbone_weight", "backbone_loss")
 NAMING_KEYS = ("name",)
 #: Settings added after heads were shipped, with the value older training states implicitly used.
-ADDED_KEYS = {"token_input": False, "res_layers": 1}
+ADDED_KEYS = {"token_input": False, "res_layers": 1, "history": 0}
 
 
 # -- labels -----------------------------------------------------------------------------------------
@@ -259,7 +260,7 @@ class HeadsTrainer:
         dc = self.model.dec_cfg
         self.heads = XSpecMeshHeads(**HeadsConfig(cfg.num_heads, cfg.head_kind, dc.dim, dc.cross_dim, dc.n_heads,
                                                   cfg.inner_dim, dc.vocab_size, cfg.token_input,
-                                                  cfg.res_layers).to_dict())
+                                                  cfg.res_layers, cfg.history).to_dict())
         self.num_points = int(self.target.meta.get("num_points", 2048))
 
     def label_settings(self) -> dict[str, str]:

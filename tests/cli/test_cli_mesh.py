@@ -139,11 +139,12 @@ def test_mesh_usage_errors(tiny, tmp_path):
 def test_benchmark_meshes_json(tiny):
     r = invoke("benchmark", "--suite", "meshes", "--model", "tiny-mesh", "--limit", "1", "--format", "json",
                "max_new_tokens=12", "num_heads=2", "heads={ca: tiny-heads}", "rows=[ar,ca]", "deltas=[0.9]",
-               "topk_accept=[]", "tree_k=[2]", "depths=[1,2]", "sweep_row=ca")
+               "topk_accept=[]", "tree_k=[2]", "depths=[1,2]", "sweep_row=ca", "draft_dtypes=[bfloat16]")
     assert r.exit_code == 0, r.output
     rows = json.loads(r.stdout)
-    assert [x["row"] for x in rows] == ["ar", "ca", "ca p>0.9", "ca PTS K_s=2", "ca D=1"]  # D=2 is row ca
-    assert rows[-1]["scr"] <= 2.0  # one head: at most 2 tokens per step
+    assert [x["row"] for x in rows] == ["ar", "ca", "ca p>0.9", "ca PTS K_s=2", "ca D=1", "ca bfloat16"]  # D=2 is row ca
+    assert "bf16 heads" in rows[-1]["rule"]
+    assert rows[-2]["scr"] <= 2.0  # one head: at most 2 tokens per step
     assert rows[0]["cd_box"] > 0 and rows[0]["cd_other_mesh"] is None  # one test mesh: no "other"
     assert rows[0]["speedup_vs_ar"] == 1.0 and rows[0]["rule"] == "lossless" and "lossy" in rows[1]["rule"]
     for key in ("cd", "hd", "valid_rate", "scr", "step_latency_ms", "speedup_scr_lat"):

@@ -24,9 +24,10 @@ def tiny_mesh_model(seed: int = 0) -> MeshGPT:
 
 
 def tiny_heads(kind: str = "ca", seed: int = 1, num_heads: int = 3, scramble: bool = True,
-               token_input: bool = False, res_layers: int = 1) -> XSpecMeshHeads:
+               token_input: bool = False, res_layers: int = 1, history: int = 0) -> XSpecMeshHeads:
     torch.manual_seed(seed)
-    heads = XSpecMeshHeads(**HeadsConfig(num_heads, kind, 32, 32, 2, 16, 5121, token_input, res_layers).to_dict())
+    heads = XSpecMeshHeads(**HeadsConfig(num_heads, kind, 32, 32, 2, 16, 5121, token_input, res_layers,
+                                         history).to_dict())
     if scramble:  # leave the zero init so heads predict something other than the backbone
         for p in heads.parameters():
             if p.dim() > 1:

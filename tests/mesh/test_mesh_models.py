@@ -30,9 +30,10 @@ def test_cached_decoding_matches_teacher_forcing():
     torch.testing.assert_close(one[0, 0], logits[0, 6], atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("token_input,res_layers", [(False, 1), (True, 1), (False, 3)])
-def test_untrained_heads_start_as_the_backbone_head(token_input, res_layers):
-    model, heads = tiny_mesh_model(), tiny_heads(scramble=False, token_input=token_input, res_layers=res_layers)
+@pytest.mark.parametrize("token_input,res_layers,history", [(False, 1, 0), (True, 1, 0), (False, 3, 0), (True, 1, 4)])
+def test_untrained_heads_start_as_the_backbone_head(token_input, res_layers, history):
+    model = tiny_mesh_model()
+    heads = tiny_heads(scramble=False, token_input=token_input, res_layers=res_layers, history=history)
     h, cond, emb = torch.randn(2, 3, 32), torch.randn(2, 8, 32), torch.randn(2, 3, 32)
     out = heads.logits(h, heads.context_kv(cond), model.decoder.output, emb)  # [B, S, D, V]
     assert out.shape == (2, 3, 3, 5121)
@@ -49,20 +50,41 @@ def test_token_input_heads_read_the_next_token():
         heads.features(h, kv)
 
 
-@pytest.mark.parametrize("token_input,res_layers", [(False, 1), (True, 1), (False, 3), (True, 2)])
-@pytest.mark.parametrize("kind", ["ca", "mlp"])
-def test_stacked_heads_equal_the_per_head_modules(kind, token_input, res_layers):
-    heads = tiny_heads(kind, token_input=token_input, res_layers=res_layers)
+PLAIN_VARIANTS = [(False, 1, 0), (True, 1, 0), (False, 3, 0), (True, 2, 0)]
+
+
+@pytest.mark.parametrize("kind,token_input,res_layers,history", [(k, *v) for k in ("ca", "mlp") for v in PLAIN_VARIANTS]
+                         + [("ca", False, 1, 3), ("ca", True, 2, 8)])
+def test_stacked_heads_equal_the_per_head_modules(kind, token_input, res_layers, history):
+    """Decode-time stacked heads on the last row (+ its window, newest first) == the training-time modules on a
+    5-row sequence; history 3 cuts the window, history 8 is longer than the sequence (start of a mesh)."""
+    heads = tiny_heads(kind, token_input=token_input, res_layers=res_layers, history=history)
     with torch.no_grad():
         for p in heads.parameters():
             if p.dim() == 1:  # biases and norm weights too
                 p.normal_(std=0.5)
-    h, cond, emb = torch.randn(1, 32), torch.randn(1, 8, 32), torch.randn(1, 32)
+    seq, cond, emb = torch.randn(1, 5, 32), torch.randn(1, 8, 32), torch.randn(1, 5, 32)
     with torch.no_grad():
-        ref = heads.features(h.unsqueeze(1), heads.context_kv(cond), emb.unsqueeze(1))[0, 0]  # [D, dim]
+        ref = heads.features(seq, heads.context_kv(cond), emb)[0, -1]  # [D, dim]
         stacked = heads.stacked()
-        got = stacked.features(h, stacked.context_kv(heads.context_kv(cond)), emb)
+        got = stacked.features(seq[0, -1:], stacked.context_kv(heads.context_kv(cond)), emb[0, -1:], seq[0].flip(0))
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_history_heads_read_earlier_hidden_states_only():
+    """Row s of a history head depends on rows s - W + 1 .. s and on no later row (causal); the window slides."""
+    heads, cond = tiny_heads(history=2), torch.randn(1, 8, 32)
+    kv = heads.context_kv(cond)
+    seq = torch.randn(1, 6, 32)
+    with torch.no_grad():
+        base = heads.features(seq, kv)
+        moved = seq.clone()
+        moved[0, 2] += 1.0
+        out = heads.features(moved, kv)
+    changed = [bool(not torch.allclose(out[0, s], base[0, s])) for s in range(6)]
+    assert changed == [False, False, True, True, False, False]
+    with pytest.raises(ValueError, match="history"):
+        HeadsConfig(kind="mlp", history=2)
 
 
 def test_deeper_heads_keep_the_one_block_keys():

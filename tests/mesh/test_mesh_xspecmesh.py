@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -38,14 +40,54 @@ def run(model, heads, pc, params, opts=None, n=120, seed=3):
 
 
 @pytest.mark.parametrize("sampling", ["independent", "tree"])
-@pytest.mark.parametrize("kind", ["ca", "mlp", "ca+token"])
+@pytest.mark.parametrize("kind", ["ca", "mlp", "ca+token", "ca+history"])
 def test_delta_accepting_nothing_equals_ar_sampling(setup, kind, sampling):
     model, pc = setup
     ar = run(model, None, pc, SAMPLED)
-    heads = tiny_heads(kind.split("+")[0], token_input=kind.endswith("+token"))
+    heads = tiny_heads(kind.split("+")[0], token_input=kind.endswith("+token"), history=4 * kind.endswith("+history"))
     xs = run(model, heads, pc, SAMPLED, XSpecMeshOptions(delta=1.0, sampling=sampling))
     assert xs.tokens == ar.tokens and len(ar.tokens) == 120
     assert xs.stats.tau == 1.0 and xs.stats.steps == ar.stats.steps
+
+
+def test_history_heads_read_the_committed_hidden_states(setup, monkeypatch):
+    """The loop's window for history heads is the hidden states of the committed tokens, newest first: each
+    call's `past` equals teacher-forced rows i, i-1, .. of the decoded sequence (W = 3, some tokens accepted)."""
+    from specgen.models.heads import StackedHeads
+
+    model, pc = setup
+    seen, features = [], StackedHeads.features
+    monkeypatch.setattr(StackedHeads, "features",
+                        lambda self, h, kv, emb=None, past=None: seen.append(past.clone()) or features(self, h, kv, emb, past))
+    res = run(model, tiny_heads(scramble=False, history=3), pc, SAMPLED, XSpecMeshOptions(criterion="topk", top_k_accept=50),
+              n=40)
+    assert res.stats.tau > 1.5 and len(seen) == res.stats.steps + 1  # after the prefill, then after every step
+    with torch.no_grad():
+        _, hidden, _ = model.forward_train(pc.unsqueeze(0), torch.tensor([res.tokens]))  # row i: after i tokens
+    rows = hidden[0]
+    for past in seen:
+        i = int((rows - past[0]).abs().amax(-1).argmin())
+        expect = rows[max(0, i - 2) : i + 1].flip(0)
+        torch.testing.assert_close(past, expect, atol=1e-4, rtol=1e-4)
+    assert seen[0].shape[0] == 1 and max(p.shape[0] for p in seen) == 3
+
+
+@pytest.mark.parametrize("history", [0, 3])
+def test_bfloat16_drafting_changes_candidates_not_the_rule(setup, history):
+    """bf16 heads propose (nearly) the same tokens; acceptance stays float32, so accept-nothing is still AR
+    sampling and greedy is still greedy AR."""
+    model, pc = setup
+    bf16 = dict(draft_dtype="bfloat16")
+    heads = tiny_heads(history=history)
+    ar, greedy_ar = run(model, None, pc, SAMPLED), run(model, None, pc, SamplingParams(0.0))
+    assert run(model, heads, pc, SAMPLED, XSpecMeshOptions(delta=1.0, **bf16)).tokens == ar.tokens
+    assert run(model, heads, pc, SamplingParams(0.0), XSpecMeshOptions(delta=0.5, **bf16)).tokens == greedy_ar.tokens
+    loose = XSpecMeshOptions(criterion="topk", top_k_accept=50)
+    a = run(model, tiny_heads(scramble=False, history=history), pc, SAMPLED, loose)
+    b = run(model, tiny_heads(scramble=False, history=history), pc, SAMPLED, dataclasses.replace(loose, **bf16))
+    assert b.stats.tau > 1.5 and abs(b.stats.tau - a.stats.tau) < 0.5
+    with pytest.raises(UsageError, match="draft_dtype"):
+        XSpecMeshOptions(draft_dtype="int4")
 
 
 def test_greedy_threshold_is_greedy_ar(setup):
