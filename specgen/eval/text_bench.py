@@ -10,6 +10,10 @@ exact match is taken against the greedy AR of the model they decode (an extra `a
 interleaved like every other row). Quality that can move on a 135M model: `nll_base` = the original
 model's mean per-token NLL of each row's outputs (teacher-forced), and for `ar@<model>` rows the
 exact-match rate / mean matching-prefix length of the distilled model's greedy output vs the original's.
+
+Variant rows: `method:tag` (e.g. `pcllm:n8`) runs `method` with `method_options[method]` updated by
+`method_options["method:tag"]` (and `targets["method:tag"]` if given), so one run can compare settings
+of one method side by side, e.g. block sizes against the measured cost of wider forwards.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ class TextBenchConfig:
     threads: int = 0  # 0 = torch default
     warmup: bool = True  # one discarded run of every method before timing
     execute: bool = True  # run pass@1 (subprocesses)
-    method_options: dict = field(default_factory=dict)  # method -> {option: value}
+    method_options: dict = field(default_factory=dict)  # method (or variant row method:tag) -> {option: value}
     targets: dict = field(default_factory=dict)  # method -> model it decodes (default: its MethodSpec.target)
     nll: bool = True  # the original model's mean per-token NLL of every row's outputs
 
@@ -76,9 +80,20 @@ def hf_run(hf_model, prompt: list[int], cfg: TextBenchConfig, stop_ids: tuple[in
     return Run(new, seconds, calls[0], calls[0] - 1, 0)
 
 
+def row_method(row: str) -> str:
+    """The method a row runs: `pcllm:n8` -> `pcllm` (a variant row), `ar@NAME` -> `ar`."""
+    return row.split("@")[0].split(":")[0]
+
+
+def row_options(row: str, cfg: TextBenchConfig) -> dict:
+    """A row's method options: the method's own, updated by the variant row's."""
+    base = row_method(row)
+    return {**cfg.method_options.get(base, {}), **(cfg.method_options.get(row, {}) if row != base else {})}
+
+
 def specgen_run(model: TextModel, method: str, prompt: list[int], cfg: TextBenchConfig) -> Run:
-    spec = get_method(method.split("@")[0])
-    options = {"seed": cfg.seed, **cfg.method_options.get(method, {})}
+    spec = get_method(row_method(method))
+    options = {"seed": cfg.seed, **row_options(method, cfg)}
     drafter = spec.make_drafter(options)
     t0 = time.perf_counter()
     res = run_drafter(model.target, drafter, prompt, cfg.max_new_tokens, SamplingParams(), model.tokenizer.stop_ids)
@@ -92,7 +107,8 @@ def decoded_model(method: str, cfg: TextBenchConfig) -> str:
         return cfg.model
     if "@" in method:
         return method.split("@", 1)[1]
-    return cfg.targets.get(method) or model_for(get_method(method), cfg.model, TextBenchConfig.model)
+    base = row_method(method)
+    return cfg.targets.get(method) or cfg.targets.get(base) or model_for(get_method(base), cfg.model, TextBenchConfig.model)
 
 
 @torch.inference_mode()
@@ -115,10 +131,10 @@ def check_methods(cfg: TextBenchConfig) -> None:
         raise UsageError("the benchmark needs the 'ar' row: speedups and exact match are measured against it")
     for m in cfg.methods:
         if m not in EXTERNAL:
-            spec = get_method(m)
+            spec = get_method(row_method(m))
             if not spec.runs_on("text"):
                 raise UsageError(f"method {m} is for {spec.modality}; the humaneval suite is text")
-            spec.check_options(cfg.method_options.get(m, {}))
+            spec.check_options(row_options(m, cfg))
 
 
 def run_text_benchmark(model: TextModel, cfg: TextBenchConfig, on_prompt=None) -> list[dict]:
@@ -185,7 +201,7 @@ def summarise(model: TextModel, problems, runs: dict[str, list[Run]], cfg: TextB
         row = {
             "method": m,
             "model": decoded,
-            "lossless": True if m in EXTERNAL else get_method(m.split("@")[0]).lossless,
+            "lossless": True if m in EXTERNAL else get_method(row_method(m)).lossless,
             "prompts": len(rs),
             "tokens_per_s": statistics.median(tps),
             "aggregate_tokens_per_s": tokens / sum(r.seconds for r in rs),

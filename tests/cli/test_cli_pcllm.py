@@ -57,13 +57,19 @@ def test_collect_distill_generate_benchmark(traj, tmp_path):
             assert r.exit_code == 0, r.output
             outs[method, model] = json.loads(r.stdout)["token_ids"]
     assert len(set(map(tuple, outs.values()))) == 1  # lossless w.r.t. the distilled model's own greedy AR
-    r = invoke("benchmark", "--suite", "humaneval", "--model", "tiny-text", "--methods", "ar,pcllm,pcllm-mr",
+    r = invoke("benchmark", "--suite", "humaneval", "--model", "tiny-text", "--methods", "ar,pcllm,pcllm-mr,pcllm:n1",
                "--limit", 1, "--max-new-tokens", 8, "--format", "json", "targets.pcllm=tiny-pc",
                "targets.pcllm-mr=tiny-pc", "execute=false", "warmup=false",
-               "method_options.pcllm.block_size=4", "method_options.pcllm-mr.block_size=4")
+               "method_options.pcllm.block_size=4", "method_options.pcllm-mr.block_size=4",
+               "method_options.pcllm:n1.block_size=1")
     assert r.exit_code == 0, r.output
     rows = {x["method"]: x for x in json.loads(r.stdout)}
-    assert set(rows) == {"ar", "pcllm", "pcllm-mr", "ar@tiny-pc"}
+    assert set(rows) == {"ar", "pcllm", "pcllm-mr", "pcllm:n1", "ar@tiny-pc"}
+    variant = rows["pcllm:n1"]  # a variant row: pcllm's target and options, its own block size (1 = plain AR)
+    assert variant["model"] == "tiny-pc" and variant["tpf"] == 1.0 and variant["exact_match_vs_own_ar"] == 1.0
+    r = invoke("benchmark", "--suite", "humaneval", "--model", "tiny-text", "--methods", "ar,pcllm:x",
+               "--limit", 1, "targets.pcllm=tiny-pc", "method_options.pcllm:x.blok_size=2")
+    one_line_error(r, 2, "method pcllm has no option 'blok_size'")  # the variant's own options are read
     assert rows["pcllm"]["exact_match_vs_own_ar"] == 1.0 and rows["pcllm-mr"]["exact_match_vs_own_ar"] == 1.0
     assert rows["pcllm"]["model"] == "tiny-pc" and rows["ar"]["model"] == "tiny-text"
     assert "prefix_vs_ar" in rows["ar@tiny-pc"] and rows["ar"]["nll_base"] > 0
