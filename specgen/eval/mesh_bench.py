@@ -9,7 +9,8 @@ changes on a shared machine hit every row alike):
   E ca+lora          cross-attention heads, stage 2 (the shipped default)
   sweep              E with delta in `deltas` (and top-K_a rows for `topk_accept`, PTS rows for `tree_k`,
                      fewer heads for `depths`: on a CPU every verified token costs, so D < 4 can win;
-                     heads in another precision for `draft_dtypes`: candidates only, acceptance stays float32)
+                     the heads' LM-head projection in another precision for `draft_dtypes`: candidates only,
+                     acceptance stays float32)
 Metrics: CD / HD exactly as BPT (`mesh.metrics.mesh_distances`: each mesh normalised on its own,
 1,024 seeded surface samples, L2 Chamfer = sum of both directed means, symmetric Hausdorff)
 against the ground-truth test mesh, averaged over meshes that decode to at least one face

@@ -41,7 +41,7 @@ Build with builder "xspecmesh_heads" (kwargs = HeadsConfig fields).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
@@ -251,11 +251,6 @@ class StackedHeads:
     @property
     def token_input(self) -> bool:
         return self.tok_w is not None
-
-    def to(self, dtype: torch.dtype) -> "StackedHeads":
-        """A copy with every weight in `dtype` (the loop's bfloat16 drafting)."""
-        cast = {f.name: getattr(self, f.name).to(dtype) for f in fields(self) if isinstance(getattr(self, f.name), torch.Tensor)}
-        return replace(self, **cast)
 
     @property
     def history(self) -> int:

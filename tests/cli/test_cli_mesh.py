@@ -143,7 +143,7 @@ def test_benchmark_meshes_json(tiny):
     assert r.exit_code == 0, r.output
     rows = json.loads(r.stdout)
     assert [x["row"] for x in rows] == ["ar", "ca", "ca p>0.9", "ca PTS K_s=2", "ca D=1", "ca bfloat16"]  # D=2 is row ca
-    assert "bf16 heads" in rows[-1]["rule"]
+    assert "bf16 head logits" in rows[-1]["rule"]
     assert rows[-2]["scr"] <= 2.0  # one head: at most 2 tokens per step
     assert rows[0]["cd_box"] > 0 and rows[0]["cd_other_mesh"] is None  # one test mesh: no "other"
     assert rows[0]["speedup_vs_ar"] == 1.0 and rows[0]["rule"] == "lossless" and "lossy" in rows[1]["rule"]

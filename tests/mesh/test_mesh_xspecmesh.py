@@ -74,7 +74,7 @@ def test_history_heads_read_the_committed_hidden_states(setup, monkeypatch):
 
 @pytest.mark.parametrize("history", [0, 3])
 def test_bfloat16_drafting_changes_candidates_not_the_rule(setup, history):
-    """bf16 heads propose (nearly) the same tokens; acceptance stays float32, so accept-nothing is still AR
+    """bf16 head logits propose (nearly) the same tokens; acceptance stays float32, so accept-nothing is still AR
     sampling and greedy is still greedy AR."""
     model, pc = setup
     bf16 = dict(draft_dtype="bfloat16")
