@@ -50,7 +50,7 @@ class MeshBenchConfig:
     topk_accept: list = field(default_factory=lambda: [1])  # top-K_a rows on sweep_row
     tree_k: list = field(default_factory=lambda: [2])  # PTS rows on sweep_row
     depths: list = field(default_factory=lambda: [2, 3])  # D rows on sweep_row (a CPU pays per verified token)
-    draft_dtypes: list = field(default_factory=list)  # e.g. [bfloat16]: sweep_row with its heads in that precision
+    draft_dtypes: list = field(default_factory=list)  # e.g. [bfloat16]: sweep_row, its heads' LM-head product in that dtype
     sweep_row: str = "ca+lora"
     num_heads: int = 4
     delta: float = 0.5

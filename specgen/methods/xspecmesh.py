@@ -183,10 +183,10 @@ class MeshDecoder:
             stacked = self.heads.stacked() if d_max else None  # all D heads as one batched op per layer
             head_kv = stacked.context_kv(self.heads.context_kv(cond)) if d_max else None
         stats.target_forwards += 1
-        past = h  # [W', dim] the latest committed hidden states, newest first (history heads read them all)
         with stats.timed("propose"):
+            past = self._window(stacked, h, None)  # history heads: projected window of committed hidden states
             first = pick(logits0[0], params, generator)
-            chain = [first] + self._heads(stacked, past, first, head_kv, d_max, params, opts, draft_generator)
+            chain = [first] + self._heads(stacked, h, past, first, head_kv, d_max, params, opts, draft_generator)
         out: list[int] = []
         while True:
             chain = self._trim(chain, max_tokens - len(out))
@@ -208,26 +208,31 @@ class MeshDecoder:
                 break
             with stats.timed("propose"):  # 5. resample x_{s*} (backbone) and x_{s*+d} (heads on h_{s*-1})
                 x = verdict.tokens[-1]
-                if stacked is not None and stacked.history:  # h of the committed x_s .. x_{s*-1}, newest first
-                    past = torch.cat([hidden[0, : a + 1].flip(0), past])[: stacked.history]
-                else:
-                    past = hidden[0, a : a + 1]
-                chain = [x] + self._heads(stacked, past, x, head_kv, d_max, params, opts, draft_generator)
+                past = self._window(stacked, hidden[0, : a + 1], past)  # + h of the committed x_s .. x_{s*-1}
+                chain = [x] + self._heads(stacked, hidden[:, a], past, x, head_kv, d_max, params, opts, draft_generator)
         stats.new_tokens = len(out)
         return MeshDecodeResult(out, stats)
 
-    def _heads(self, stacked, past: torch.Tensor, token: int, kv, d: int, params: SamplingParams,
-               opts: XSpecMeshOptions, generator: torch.Generator | None) -> list[int]:
-        """D candidates from the heads on h_{s*-1} = past[0] (past [W', dim]: latest hidden states, newest first;
-        history heads read them all) and x_{s*} = token (token_input heads)."""
+    def _heads(self, stacked, h: torch.Tensor, past: torch.Tensor | None, token: int, kv, d: int,
+               params: SamplingParams, opts: XSpecMeshOptions, generator: torch.Generator | None) -> list[int]:
+        """D candidates from the heads on h_{s*-1} = h [1, dim], the projected window `past` (history heads)
+        and x_{s*} = token (token_input heads)."""
         if d == 0:
             return []
-        h = past[:1]  # [1, dim]
         emb = self.model.decoder.tok_embeddings(torch.tensor([token], device=h.device)) if stacked.token_input else None
         dtype = DRAFT_DTYPES[opts.draft_dtype]
         feats = stacked.features(h, kv, emb, past)[:d].to(dtype)  # [D, dim]
         logits = self._lm_head(dtype)(feats).float()  # [D, V]
         return head_candidates(logits, params, opts, generator)
+
+    @staticmethod
+    def _window(stacked, rows: torch.Tensor, past: torch.Tensor | None) -> torch.Tensor | None:
+        """History heads: window K/V rows [D, W', 2 inner] after committing hidden rows [n, dim] (in position order);
+        the newest first, at most `history`. Each hidden state is projected once. None for other heads."""
+        if stacked is None or not stacked.history:
+            return None
+        new = stacked.project_history(rows.flip(0))  # [D, n, 2 inner], newest first
+        return (new if past is None else torch.cat([new, past], 1))[:, : stacked.history]
 
     def _lm_head(self, dtype: torch.dtype):
         """The backbone's LM head for the heads' features; a cached copy in `dtype` for low-precision drafting.

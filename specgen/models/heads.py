@@ -260,7 +260,7 @@ class StackedHeads:
                  emb: torch.Tensor | None = None, past: torch.Tensor | None = None) -> torch.Tensor:
         """One hidden state h [1, dim] (+ E(x_{s+1}) emb [1, dim]) -> head features [D, dim] (before the LM head).
 
-        past [W', dim] (history heads): the latest hidden states, most recent (= h) first, W' <= history.
+        past [D, W', 2 inner] (history heads): `project_history` of the latest hidden states, newest (= h) first.
         """
         z = h.expand(self.res_b.shape[0], -1)  # [D, dim]
         if self.tok_w is not None:
@@ -280,15 +280,22 @@ class StackedHeads:
                 z = stacked_res(z, w, b)
         return z
 
-    def with_history(self, kv: tuple[torch.Tensor, torch.Tensor], past: torch.Tensor
+    def project_history(self, rows: torch.Tensor) -> torch.Tensor:
+        """Hidden states rows [n, dim] -> each head's window K/V rows [D, n, 2 inner] (RMSNorm, wkv_h; no offset tag).
+
+        The loop projects each committed hidden state once and keeps the last `history` of them.
+        """
+        rf = rows.float()
+        rn = self.norm_w[:, None] * (rf * torch.rsqrt(rf.pow(2).mean(-1, keepdim=True) + self.eps)).to(rows.dtype)  # [D, n, dim]
+        return torch.einsum("dwk,dok->dwo", rn, self.wkv_h)
+
+    def with_history(self, kv: tuple[torch.Tensor, torch.Tensor], past: torch.Tensor | None
                      ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Condition K/V [D, H, M, hd] x 2 extended by the window rows past [W', dim] -> [D, H, M + W', hd] x 2."""
+        """Condition K/V [D, H, M, hd] x 2 extended by the window past [D, W', 2 inner] -> [D, H, M + W', hd] x 2."""
         if past is None:
             raise ValueError("these heads attend to recent hidden states (history); pass past")
-        w = min(past.shape[0], self.history)
-        pf = past[:w].float()
-        pn = self.norm_w[:, None] * (pf * torch.rsqrt(pf.pow(2).mean(-1, keepdim=True) + self.eps)).to(past.dtype)  # [D, W', dim]
-        rows = torch.einsum("dwk,dok->dwo", pn, self.wkv_h) + self.pos_kv[:, :w]  # [D, W', 2 inner]
+        w = min(past.shape[1], self.history)
+        rows = past[:, :w] + self.pos_kv[:, :w]  # + offset tags, [D, W', 2 inner]
         d, h, _, hd = kv[0].shape
         kh, vh = rows.view(d, w, 2, h, hd).permute(2, 0, 3, 1, 4)  # [D, H, W', hd] each
         return torch.cat([kv[0], kh], 2), torch.cat([kv[1], vh], 2)

@@ -67,7 +67,8 @@ def test_stacked_heads_equal_the_per_head_modules(kind, token_input, res_layers,
     with torch.no_grad():
         ref = heads.features(seq, heads.context_kv(cond), emb)[0, -1]  # [D, dim]
         stacked = heads.stacked()
-        got = stacked.features(seq[0, -1:], stacked.context_kv(heads.context_kv(cond)), emb[0, -1:], seq[0].flip(0))
+        past = stacked.project_history(seq[0].flip(0)) if history else None  # the loop's window, newest first
+        got = stacked.features(seq[0, -1:], stacked.context_kv(heads.context_kv(cond)), emb[0, -1:], past)
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
 
 

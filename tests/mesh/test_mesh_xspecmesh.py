@@ -51,25 +51,26 @@ def test_delta_accepting_nothing_equals_ar_sampling(setup, kind, sampling):
 
 
 def test_history_heads_read_the_committed_hidden_states(setup, monkeypatch):
-    """The loop's window for history heads is the hidden states of the committed tokens, newest first: each
-    call's `past` equals teacher-forced rows i, i-1, .. of the decoded sequence (W = 3, some tokens accepted)."""
+    """The loop's window for history heads holds the committed tokens' hidden states, newest first: at each call
+    the heads get h = teacher-forced row i and the projected rows i, i-1, i-2 (W = 3; some tokens accepted)."""
     from specgen.models.heads import StackedHeads
 
     model, pc = setup
     seen, features = [], StackedHeads.features
-    monkeypatch.setattr(StackedHeads, "features",
-                        lambda self, h, kv, emb=None, past=None: seen.append(past.clone()) or features(self, h, kv, emb, past))
+    monkeypatch.setattr(StackedHeads, "features", lambda self, h, kv, emb=None, past=None:
+                        seen.append((self, h.clone(), past.clone())) or features(self, h, kv, emb, past))
     res = run(model, tiny_heads(scramble=False, history=3), pc, SAMPLED, XSpecMeshOptions(criterion="topk", top_k_accept=50),
               n=40)
     assert res.stats.tau > 1.5 and len(seen) == res.stats.steps + 1  # after the prefill, then after every step
     with torch.no_grad():
         _, hidden, _ = model.forward_train(pc.unsqueeze(0), torch.tensor([res.tokens]))  # row i: after i tokens
     rows = hidden[0]
-    for past in seen:
-        i = int((rows - past[0]).abs().amax(-1).argmin())
-        expect = rows[max(0, i - 2) : i + 1].flip(0)
+    for stacked, h, past in seen:
+        i = int((rows - h[0]).abs().amax(-1).argmin())
+        torch.testing.assert_close(h[0], rows[i], atol=1e-4, rtol=1e-4)
+        expect = stacked.project_history(rows[max(0, i - 2) : i + 1].flip(0))
         torch.testing.assert_close(past, expect, atol=1e-4, rtol=1e-4)
-    assert seen[0].shape[0] == 1 and max(p.shape[0] for p in seen) == 3
+    assert seen[0][2].shape[1] == 1 and max(p.shape[1] for _, _, p in seen) == 3
 
 
 @pytest.mark.parametrize("history", [0, 3])
