@@ -1,4 +1,4 @@
-"""Decode-time weight layout: store Linear weights column-major on CPU, where small-batch matmuls run faster.
+"""Decode-time weight layout: column-major Linear weights on CPU, plus a oneDNN-packed copy for multi-row products.
 
 `nn.Linear` keeps its weight [out, in] row-major, and `F.linear(x, W)` for a few rows x [M, in] becomes
 a GEMV/GEMM over that layout. On this project's CPU (AMD EPYC, torch 2.13 with MKL) the same product
@@ -14,8 +14,15 @@ weights streamed from memory, row vs column-major side by side (`python -m specg
 One-token steps (AR baselines, drafters) gain most; wide verification forwards gain little. Every
 decoder loads its weights this way, so baselines and speculative methods are measured on the same,
 faster layout (a slower AR would inflate every speedup). Values are unchanged (same numbers, other
-strides); training keeps the default layout. `SPECGEN_WEIGHT_LAYOUT=row` restores PyTorch's layout,
-e.g. to measure the difference or on a CPU where it is slower.
+strides); training keeps the default layout.
+
+Layouts (`SPECGEN_WEIGHT_LAYOUT`):
+- `packed` (default where this torch has oneDNN): column-major, and every Linear becomes a
+  `PackedLinear` (`models/packed_linear.py`): one-row products stay on MKL's GEMV over the column-major
+  weight, products of two or more rows (verification, Jacobi blocks, prefill) run on a oneDNN-packed
+  copy, which reuses the weight across rows instead of paying per row (up to 4x on one core);
+- `col`: column-major only (the previous default);
+- `row`: PyTorch's layout, e.g. to measure the difference or on a CPU where it is slower.
 """
 
 from __future__ import annotations
@@ -25,75 +32,101 @@ import os
 import torch
 from torch import nn
 
-LAYOUTS = ("col", "row")
+from specgen.models import packed_linear
+
+LAYOUTS = ("packed", "col", "row")
 ENV = "SPECGEN_WEIGHT_LAYOUT"
 
 
+def default_layout() -> str:
+    """`packed` where this torch build has oneDNN's packed linear, else `col`."""
+    return "packed" if packed_linear.available() else "col"
+
+
 def layout_name() -> str:
-    """The layout to use: `SPECGEN_WEIGHT_LAYOUT` (col | row), default col."""
-    name = os.environ.get(ENV, "col").strip().lower() or "col"
+    """The layout to use: `SPECGEN_WEIGHT_LAYOUT` (packed | col | row), default `default_layout()`."""
+    name = os.environ.get(ENV, "").strip().lower() or default_layout()
     if name not in LAYOUTS:
         from specgen.errors import UsageError
 
         raise UsageError(f"{ENV}={name!r}; choose from {', '.join(LAYOUTS)}")
+    if name == "packed" and not packed_linear.available():
+        from specgen.errors import UsageError
+
+        raise UsageError(f"{ENV}=packed needs a torch build with oneDNN (mkldnn); use col or row")
     return name
 
 
 @torch.no_grad()
 def decode_layout(module: nn.Module, layout: str | None = None) -> nn.Module:
-    """Re-store every CPU Linear weight of `module` column-major (in place; ties stay ties); returns it."""
-    if (layout or layout_name()) != "col":
+    """Re-store every CPU Linear weight of `module` column-major (in place; ties stay ties) and, for the
+    `packed` layout, make each a PackedLinear; returns the module."""
+    layout = layout or layout_name()
+    if layout == "row":
         return module
     for lin in module.modules():
         if isinstance(lin, nn.Linear) and lin.weight.device.type == "cpu" and lin.weight.stride(0) != 1:
             lin.weight.data = lin.weight.data.t().contiguous().t()  # same values, storage [in, out]
-    return module
+    return packed_linear.pack_linears(module) if layout == "packed" else module
 
 
-def _measure(model: nn.Module, shapes: list[tuple[int, int]], prefix: int, repeat: int) -> dict:
-    """ms per forward of `model` (a Transformer) for (batch, new tokens) after a prefix, per layout."""
+def _forward_ms(model: nn.Module, b: int, s: int, prefix: int, repeat: int) -> float:
+    """ms per cached forward of `model` (a Transformer) over s new tokens in each of b rows after a prefix."""
     import time
 
-    out = {}
-    for layout in ("row", "col"):
-        if layout == "col":
-            decode_layout(model, "col")
+    cache = model.new_cache(b, prefix + s + 1)
+    if model.cfg.cross_dim:  # a mesh decoder: a random condition in place of a point cloud's
+        model.set_context(cache, torch.randn(b, 64, model.cfg.cross_dim, generator=torch.Generator().manual_seed(0)))
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, model.cfg.vocab_size, (b, prefix), generator=gen)
+    with torch.inference_mode():
+        model(ids, torch.arange(prefix).expand(b, -1), cache)
+        for r in range(b):
+            cache.commit(r, list(range(prefix)))
+        new = torch.randint(0, model.cfg.vocab_size, (b, s), generator=gen)
+        pos = torch.arange(prefix, prefix + s).expand(b, -1)
+        model(new, pos, cache)
+        t = time.perf_counter()
+        for _ in range(repeat):
+            model(new, pos, cache)
+    return (time.perf_counter() - t) / repeat * 1e3
+
+
+def measure(load, shapes: list[tuple[int, int]], prefix: int, repeat: int, rounds: int = 3) -> dict:
+    """Best-of-rounds ms per forward for each (layout, batch, new tokens); one model copy per layout from
+    `load()`, layouts interleaved within each round so load changes hit them alike."""
+    models = {layout: decode_layout(load(), layout) for layout in LAYOUTS if layout != "packed" or packed_linear.available()}
+    out: dict = {}
+    for _ in range(rounds):
         for b, s in shapes:
-            cache = model.new_cache(b, prefix + s + 1)
-            if model.cfg.cross_dim:  # a mesh decoder: a random condition in place of a point cloud's
-                model.set_context(cache, torch.randn(b, 64, model.cfg.cross_dim))
-            ids = torch.randint(0, model.cfg.vocab_size, (b, prefix))
-            with torch.inference_mode():
-                model(ids, torch.arange(prefix).expand(b, -1), cache)
-                for r in range(b):
-                    cache.commit(r, list(range(prefix)))
-                new, pos = torch.randint(0, model.cfg.vocab_size, (b, s)), torch.arange(prefix, prefix + s).expand(b, -1)
-                for _ in range(2):
-                    model(new, pos, cache)
-                t = time.perf_counter()
-                for _ in range(repeat):
-                    model(new, pos, cache)
-            out[(layout, b, s)] = (time.perf_counter() - t) / repeat * 1e3
+            for layout, model in models.items():
+                ms = _forward_ms(model, b, s, prefix, repeat)
+                out[(layout, b, s)] = min(ms, out.get((layout, b, s), ms))
     return out
 
 
 def main() -> None:
-    """Print the row/col timings of the built-in decoders (one thread): `python -m specgen.models.layout`."""
+    """Print per-layout forward times and c(n) = time(n tokens) / time(1 token) of the built-in decoders
+    (one thread): `python -m specgen.models.layout`."""
     from specgen import registry
 
     torch.set_num_threads(1)
-    cases = {"smollm2-135m": ([(1, 1), (1, 2), (1, 8), (1, 16)], 200, 10),
-             "tiny-image-gpt": ([(2, 1), (2, 4), (2, 30)], 100, 50),
-             "mesh-gpt-tiny": ([(1, 1), (1, 5)], 60, 100)}
+    cases = {"smollm2-135m": ([(1, 1), (1, 2), (1, 4), (1, 8), (1, 16), (1, 32)], 200, 5),
+             "tiny-image-gpt": ([(2, 1), (2, 4), (2, 30), (2, 60)], 100, 30),
+             "mesh-gpt-tiny": ([(1, 1), (1, 3), (1, 5)], 60, 100)}
     for name, (shapes, prefix, repeat) in cases.items():
         entry = registry.find(name)
-        model = registry.load_module(entry)
-        model = getattr(model, "decoder", model)  # MeshGPT: time its Transformer
-        ms = _measure(model, shapes, prefix, repeat)
+        ms = measure(lambda: _decoder(registry.load_module(entry)), shapes, prefix, repeat)
+        layouts = sorted({k[0] for k in ms}, key=LAYOUTS.index)
         for b, s in shapes:
-            row, col = ms[("row", b, s)], ms[("col", b, s)]
-            print(f"{name}: batch {b}, {s} new tokens after {prefix}: row-major {row:.2f} ms, "
-                  f"column-major {col:.2f} ms, {row / col:.2f}x")
+            cells = ", ".join(f"{lay} {ms[(lay, b, s)]:.2f} ms (c {ms[(lay, b, s)] / ms[(lay, b, 1)]:.2f})"
+                              for lay in layouts)
+            print(f"{name}: batch {b}, {s} new tokens after {prefix}: {cells}", flush=True)
+
+
+def _decoder(model: nn.Module) -> nn.Module:
+    """The Transformer to time: MeshGPT's decoder, else the model itself."""
+    return getattr(model, "decoder", model)
 
 
 if __name__ == "__main__":

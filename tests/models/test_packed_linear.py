@@ -1,0 +1,104 @@
+"""PackedLinear: same products as nn.Linear on either kernel, repacked when weights change, safe to copy."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specgen.models import packed_linear
+from specgen.models.layout import ENV, decode_layout, layout_name
+from specgen.models.packed_linear import PackedLinear, min_rows_for, pack_linears
+from tests.conftest import tiny_model
+
+pytestmark = pytest.mark.skipif(not packed_linear.available(), reason="this torch build has no oneDNN")
+
+
+def packed(in_f: int = 24, out_f: int = 40, bias: bool = True, min_rows: int = 3) -> tuple[nn.Linear, PackedLinear]:
+    torch.manual_seed(0)
+    ref = nn.Linear(in_f, out_f, bias=bias)
+    lin = copy.deepcopy(ref)
+    pack_linears(lin, min_rows)
+    return ref, lin
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_every_row_count_matches_nn_linear(bias):
+    ref, lin = packed(bias=bias)
+    assert isinstance(lin, PackedLinear) and lin.min_rows == 3
+    with torch.inference_mode():
+        for rows in range(1, 7):
+            x = torch.randn(rows, 24)
+            y = lin(x)
+            if rows < 3:  # MKL path: the very same call as nn.Linear
+                assert torch.equal(y, ref(x))
+            else:  # oneDNN path: float32 rounding only
+                torch.testing.assert_close(y, ref(x), rtol=1e-5, atol=1e-5)
+        x3 = torch.randn(2, 5, 24)  # [B, S, in]: rows = B * S
+        torch.testing.assert_close(lin(x3), ref(x3), rtol=1e-5, atol=1e-5)
+        xt = torch.randn(24, 4).t()  # a non-contiguous input
+        torch.testing.assert_close(lin(xt), ref(xt), rtol=1e-5, atol=1e-5)
+
+
+def test_a_changed_weight_is_repacked():
+    ref, lin = packed()
+    x = torch.randn(5, 24)
+    with torch.inference_mode():
+        lin(x)  # packs
+    with torch.no_grad():
+        lin.weight.add_(0.5)  # in place, like a LoRA merge
+        ref.weight.add_(0.5)
+    with torch.inference_mode():
+        torch.testing.assert_close(lin(x), ref(x), rtol=1e-5, atol=1e-5)
+    lin.weight.data = torch.zeros_like(lin.weight)  # storage replaced
+    with torch.inference_mode():
+        torch.testing.assert_close(lin(x), lin.bias.expand(5, -1), rtol=0, atol=0)
+
+
+def test_gradients_fall_back_to_autograd():
+    ref, lin = packed()
+    x = torch.randn(6, 24, requires_grad=True)
+    lin(x).square().sum().backward()
+    g = x.grad.clone()
+    x.grad = None
+    ref(x).square().sum().backward()
+    torch.testing.assert_close(g, x.grad)
+    assert lin.weight.grad is not None
+
+
+def test_deepcopy_and_dtype_change():
+    ref, lin = packed()
+    x = torch.randn(5, 24)
+    with torch.inference_mode():
+        lin(x)  # holds a packed (opaque, storage-less) copy now
+    bf = copy.deepcopy(lin).to(torch.bfloat16)
+    with torch.inference_mode():
+        torch.testing.assert_close(bf(x.bfloat16()).float(), F.linear(x.bfloat16(), ref.weight.bfloat16(),
+                                   ref.bias.bfloat16()).float(), rtol=2e-2, atol=2e-2)
+        torch.testing.assert_close(lin(x), ref(x), rtol=1e-5, atol=1e-5)  # the original is untouched
+
+
+def test_decode_layout_packs_by_default_and_keeps_the_model(monkeypatch):
+    monkeypatch.delenv(ENV, raising=False)
+    assert layout_name() == "packed"
+    row = tiny_model(3, tie_embeddings=True)
+    dec = decode_layout(tiny_model(3, tie_embeddings=True))
+    assert all(type(m) is PackedLinear for m in dec.modules() if isinstance(m, nn.Linear))
+    assert dec.output.weight is dec.tok_embeddings.weight
+    for (name, a), (_, b) in zip(row.state_dict().items(), dec.state_dict().items()):
+        assert torch.equal(a, b), name
+    monkeypatch.setenv(ENV, "col")
+    col = decode_layout(tiny_model(3))
+    assert not any(type(m) is PackedLinear for m in col.modules())
+
+
+def test_large_models_send_every_product_to_onednn(monkeypatch):
+    model = tiny_model(3)
+    assert min_rows_for(model) == packed_linear.SMALL_MODEL_MIN_ROWS
+    monkeypatch.setattr(packed_linear, "STREAMED_BYTES", 1024)  # "larger than the cache"
+    assert min_rows_for(model) == 1
+    pack_linears(model)
+    assert model.layers[0].attention.wqkv.min_rows == 1
