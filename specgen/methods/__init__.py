@@ -40,8 +40,10 @@ METHODS: dict[str, MethodSpec] = {
     for spec in [
         MethodSpec("ar", "text", True, "autoregressive baseline on the same static-cache loop",
                    lambda o: EmptyDrafter(), modalities=("text", "image", "mesh")),
+        # Jacobi block sizes default to 4: TPF barely moves with n on these models while a verify of n tokens
+        # costs more with n on a CPU (README "Verification is not free on a CPU"); GPU recipes set n themselves.
         MethodSpec("jacobi", "text", True, "Jacobi fixed-point iteration over a block of n tokens",
-                   lambda o: JacobiDrafter(block_size=o.get("block_size", 8), seed=o.get("seed", 0)),
+                   lambda o: JacobiDrafter(block_size=o.get("block_size", 4), seed=o.get("seed", 0)),
                    options=("block_size",)),
         MethodSpec("ngram", "text", True, "prompt-lookup n-gram drafts verified by the target",
                    lambda o: NgramDrafter(num_draft=o.get("num_draft", 4), max_ngram=o.get("max_ngram", 3),
@@ -51,7 +53,7 @@ METHODS: dict[str, MethodSpec] = {
                    lambda o: JacobiDrafter(block_size=o.get("block_size", 16), seed=o.get("seed", 0)),
                    options=JACOBI_OPTIONS, target="smollm2-135m-cllm"),
         MethodSpec("pcllm", "text", True, "Jacobi decoding of the pcLLM-distilled model (progressive consistency distillation)",
-                   lambda o: JacobiDrafter(block_size=o.get("block_size", 16), seed=o.get("seed", 0)),
+                   lambda o: JacobiDrafter(block_size=o.get("block_size", 4), seed=o.get("seed", 0)),
                    options=JACOBI_OPTIONS, target="smollm2-135m-pcllm"),
         MethodSpec("pcllm-mr", "text", True, "pcLLM multi-block decoding + rejection recycling (greedy only)",
                    lambda o: MultiBlockDecoder(**{k: o[k] for k in (*MR_OPTIONS, "seed") if k in o}),

@@ -15,7 +15,7 @@ weight across rows. One core, microseconds per product (`recipes/tiny/logs/packe
 Whole decoders, one core, ms per cached forward over n new tokens (`python -m specgen.models.layout`):
 SmolLM2-135M streams its 0.5 GB of weights from memory every forward, and there oneDNN is faster even for
 one row (22.8 vs 27.5 ms); the tiny image and mesh GPTs live in the cache, where MKL's GEMV stays faster
-for one or two rows (mesh: 1.18 vs 1.44 ms for one token, 1.54 vs 1.61 for two; 2.54 vs 1.90 for five).
+for up to three rows (mesh: 1.18 vs 1.44 ms for one token, 1.54 vs 1.61 for two; 2.54 vs 1.90 for five).
 So `pack_linears` picks the smallest row count sent to oneDNN per model: 1 for a model whose Linear
 weights exceed `STREAMED_BYTES` (twice this CPU's 32 MB last-level cache), else `SMALL_MODEL_MIN_ROWS`.
 AR baselines therefore keep their fastest kernel and every multi-token forward (verification, Jacobi
@@ -23,7 +23,8 @@ blocks, prefill) gets its own; outputs agree to float32 rounding (the two kernel
 orders, as MKL's own GEMV and GEMM already did).
 
 The packed copy is made on first use and remade whenever the weight changes (a LoRA merge, `.data`
-replaced, a dtype change): it is keyed by the weight's storage pointer, version counter and dtype. It
+replaced, a dtype change): it is keyed by the weight's storage pointer, version counter and dtype (a
+weight made under `torch.inference_mode` has no version counter: only a new storage or dtype repacks it). It
 is never saved (not a parameter or buffer) and is dropped by deepcopy/pickle. Products that need
 gradients, other devices or dtypes fall back to `F.linear`.
 """
@@ -36,8 +37,9 @@ from torch import nn
 
 #: A model whose Linear weights exceed this streams them from memory each forward: oneDNN for every product.
 STREAMED_BYTES = 64 * 2**20
-#: Otherwise products of at least this many rows use the packed weight (fewer: MKL's GEMV, faster there).
-SMALL_MODEL_MIN_ROWS = 3
+#: Otherwise products of at least this many rows use the packed weight (fewer: MKL's GEMV; at 3 rows the
+#: two measured alike on the mesh GPT, 1.45-1.83 vs 1.62-1.77 ms, at 4 oneDNN won, 2.25 vs 1.76 ms).
+SMALL_MODEL_MIN_ROWS = 4
 #: The row count oneDNN tunes the packed layout for (2 .. 64 measured alike for 2 .. 16 rows; 1 is slower).
 PACK_HINT = 16
 PACKABLE = (torch.float32, torch.bfloat16)
@@ -64,7 +66,7 @@ class PackedLinear(nn.Linear):
     def packed_weight(self) -> torch.Tensor:
         """The oneDNN-packed copy of `weight` (opaque tensor), remade when the weight changed."""
         w = self.weight
-        key = (w.data_ptr(), w._version, w.dtype)
+        key = (w.data_ptr(), None if w.is_inference() else w._version, w.dtype)  # inference tensors have no version
         if self._packed is None or self._packed[0] != key:
             with torch.no_grad():
                 self._packed = (key, torch.ops.mkldnn._reorder_linear_weight(w.detach(), PACK_HINT))

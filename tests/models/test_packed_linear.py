@@ -58,6 +58,16 @@ def test_a_changed_weight_is_repacked():
         torch.testing.assert_close(lin(x), lin.bias.expand(5, -1), rtol=0, atol=0)
 
 
+def test_weights_made_under_inference_mode_pack():
+    """A copy made inside a decode loop (e.g. XSpecMesh's bf16 LM head) has inference-tensor weights."""
+    ref, lin = packed()
+    x = torch.randn(5, 24)
+    with torch.inference_mode():
+        copy_ = copy.deepcopy(lin).to(torch.float64).to(torch.float32)  # weights re-made: inference tensors
+        assert copy_.weight.is_inference()
+        torch.testing.assert_close(copy_(x), ref(x), rtol=1e-5, atol=1e-5)
+
+
 def test_gradients_fall_back_to_autograd():
     ref, lin = packed()
     x = torch.randn(6, 24, requires_grad=True)
