@@ -53,8 +53,9 @@ from specgen.models.layout import decode_layout
 
 SAMPLING_MODES = ("independent", "tree")
 #: Precision of the heads' LM-head projection (candidates only; the backbone, hence acceptance, stays float32).
-#: bfloat16 runs the [D, dim] x [dim, 5121] product ~2-3x faster on a CPU with AVX512-BF16; the head bodies
-#: stay float32 (their small batched einsums are slower in bfloat16 on the same CPU).
+#: bfloat16 ran the [D, dim] x [dim, 5121] product ~2-3x faster than MKL's float32 on a CPU with AVX512-BF16;
+#: with the packed decode layout (models/packed_linear.py) float32 runs on oneDNN and bf16 no longer pays
+#: (0.65x vs 0.68x of AR, README). The head bodies stay float32 (small batched einsums are slower in bf16).
 DRAFT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 #: Branches of the top-K_s probability tree lighter than this are pruned (appendix A.4).
 TREE_PRUNE = 1e-5

@@ -5,17 +5,19 @@ about one single-row product *per row* for the small, cache-resident matrices of
 forward over n tokens then costs nearly n times the weight work of an AR step, which is most of the
 c(n) that makes speculative and Jacobi decoding lose on a CPU. oneDNN's GEMM over a weight packed once
 for it (`torch.ops.mkldnn._reorder_linear_weight`, what torch.compile's CPU backend uses) reuses the
-weight across rows. One core, microseconds per product (`recipes/tiny/logs/packed-linear.log`):
+weight across rows. One core, microseconds per product (`python -m specgen.models.packed_linear`, log
+`recipes/tiny/logs/packed-linear.log`):
 
-    256 x 768 (mesh wqkv)      1 row:  MKL col-major 9.9, oneDNN 19.1 | 5 rows: 43.8 vs 21.2
-    256 x 5121 (BPT LM head)   1 row:  75.2 vs 62.6                     | 5 rows: 356.4 vs 71.7
-    576 x 1536 (SmolLM2 w1)    1 row:  45.6 vs 45.9 | 4 rows: 186.5 vs 48.4 | 16 rows: 361.6 vs 128.6
-    576 x 49152 (SmolLM2 head) 1 row:  4,042 vs 3,628 | 16 rows: 17,522 vs 5,850
+    256 x 768 (mesh wqkv)      1 row:  MKL column-major 9.0, oneDNN 18.7 | 5 rows: 43.0 vs 20.3
+    256 x 5121 (BPT LM head)   1 row:  65.0 vs 66.6                     | 5 rows: 352.6 vs 73.5
+    576 x 1536 (SmolLM2 w1)    1 row:  38.4 vs 49.6 | 4 rows: 175.5 vs 48.6 | 16 rows: 333.3 vs 125.8
+    576 x 49152 (SmolLM2 head) 1 row:  4,169 vs 2,875 | 16 rows: 16,913 vs 6,173
 
-Whole decoders, one core, ms per cached forward over n new tokens (`python -m specgen.models.layout`):
-SmolLM2-135M streams its 0.5 GB of weights from memory every forward, and there oneDNN is faster even for
-one row (22.8 vs 27.5 ms); the tiny image and mesh GPTs live in the cache, where MKL's GEMV stays faster
-for up to three rows (mesh: 1.18 vs 1.44 ms for one token, 1.54 vs 1.61 for two; 2.54 vs 1.90 for five).
+Whole decoders, one core, ms per cached forward over n new tokens: SmolLM2-135M streams its 0.5 GB of
+weights from memory every forward, and there oneDNN is faster even for one row (23.7 vs 29.6 ms,
+`python -m specgen.models.layout`, log `recipes/tiny/logs/packed-linear-layouts.log`); the tiny image and
+mesh GPTs live in the cache, where MKL's GEMV stays faster for up to three rows (mesh, oneDNN for every
+product in an ad-hoc run: 1.18 vs 1.44 ms for one token, 1.54 vs 1.61 for two; 2.54 vs 1.90 for five).
 So `pack_linears` picks the smallest row count sent to oneDNN per model: 1 for a model whose Linear
 weights exceed `STREAMED_BYTES` (twice this CPU's 32 MB last-level cache), else `SMALL_MODEL_MIN_ROWS`.
 AR baselines therefore keep their fastest kernel and every multi-token forward (verification, Jacobi
@@ -94,3 +96,42 @@ def pack_linears(module: nn.Module, min_rows: int | None = None) -> nn.Module:
             lin.__class__ = PackedLinear
             lin.min_rows = rows
     return module
+
+
+def _product_us(f, repeat: int) -> float:
+    """Best-of-5 microseconds per call of f()."""
+    import time
+
+    for _ in range(max(3, repeat // 10)):
+        f()
+    best = float("inf")
+    for _ in range(5):
+        t = time.perf_counter()
+        for _ in range(repeat):
+            f()
+        best = min(best, (time.perf_counter() - t) / repeat)
+    return best * 1e6
+
+
+def main() -> None:
+    """Time single products, MKL on the column-major weight vs oneDNN packed, one thread:
+    `python -m specgen.models.packed_linear` (the table in this module's docstring)."""
+    torch.set_num_threads(1)
+    shapes = {"mesh wqkv": (256, 768), "BPT LM head": (256, 5121), "SmolLM2 wqkv": (576, 960),
+              "SmolLM2 w1": (576, 1536), "SmolLM2 w2": (1536, 576), "SmolLM2 LM head": (576, 49152)}
+    gen = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        for name, (n_in, n_out) in shapes.items():
+            w = torch.randn(n_out, n_in, generator=gen).t().contiguous().t()  # column-major, as decode_layout stores it
+            packed = torch.ops.mkldnn._reorder_linear_weight(w, PACK_HINT)
+            repeat = 20 if n_out > 10_000 else 1000
+            for rows in (1, 2, 4, 5, 8, 16):
+                x = torch.randn(rows, n_in, generator=gen)
+                mkl = _product_us(lambda: F.linear(x, w), repeat)
+                dnnl = _product_us(lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""), repeat)
+                print(f"{name} {n_in} x {n_out}, {rows} rows: MKL column-major {mkl:.1f} us, oneDNN packed {dnnl:.1f} us "
+                      f"({mkl / dnnl:.2f}x)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
