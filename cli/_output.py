@@ -73,13 +73,17 @@ def registry_progress(quiet: bool = False):
 
 
 def machine_label() -> str:
-    """Where a benchmark ran: architecture, CPU count, torch threads (printed with every table)."""
+    """Where and how a benchmark ran: architecture, CPU count, torch threads, decode weight layout (printed with
+    every table and stored in every JSON row: the layout changes what a multi-token verify costs)."""
     import os
     import platform
 
     import torch
 
-    return f"{platform.machine()}, {os.cpu_count()} cpus, torch threads {torch.get_num_threads()}"
+    from specgen.models.layout import layout_name
+
+    return (f"{platform.machine()}, {os.cpu_count()} cpus, torch threads {torch.get_num_threads()}, "
+            f"{layout_name()} layout")
 
 
 def check_rows_path(out) -> None:
