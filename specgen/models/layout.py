@@ -18,9 +18,10 @@ strides); training keeps the default layout.
 
 Layouts (`SPECGEN_WEIGHT_LAYOUT`):
 - `packed` (default where this torch has oneDNN): column-major, and every Linear becomes a
-  `PackedLinear` (`models/packed_linear.py`): one-row products stay on MKL's GEMV over the column-major
-  weight, products of two or more rows (verification, Jacobi blocks, prefill) run on a oneDNN-packed
-  copy, which reuses the weight across rows instead of paying per row (up to 4x on one core);
+  `PackedLinear` (`models/packed_linear.py`): products of several rows (verification, Jacobi blocks,
+  prefill) run on a oneDNN-packed copy, which reuses the weight across rows instead of paying per row
+  (up to 4x on one core); few-row products of a cache-resident model stay on MKL's GEMV over the
+  column-major weight, which is faster there;
 - `col`: column-major only (the previous default);
 - `row`: PyTorch's layout, e.g. to measure the difference or on a CPU where it is slower.
 """
@@ -95,7 +96,8 @@ def _forward_ms(model: nn.Module, b: int, s: int, prefix: int, repeat: int) -> f
 def measure(load, shapes: list[tuple[int, int]], prefix: int, repeat: int, rounds: int = 3) -> dict:
     """Best-of-rounds ms per forward for each (layout, batch, new tokens); one model copy per layout from
     `load()`, layouts interleaved within each round so load changes hit them alike."""
-    models = {layout: decode_layout(load(), layout) for layout in LAYOUTS if layout != "packed" or packed_linear.available()}
+    layouts = [lay for lay in LAYOUTS if lay != "packed" or packed_linear.available()]
+    models = {layout: decode_layout(load(), layout) for layout in layouts}
     out: dict = {}
     for _ in range(rounds):
         for b, s in shapes:

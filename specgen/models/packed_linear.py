@@ -129,8 +129,8 @@ def main() -> None:
                 x = torch.randn(rows, n_in, generator=gen)
                 mkl = _product_us(lambda: F.linear(x, w), repeat)
                 dnnl = _product_us(lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""), repeat)
-                print(f"{name} {n_in} x {n_out}, {rows} rows: MKL column-major {mkl:.1f} us, oneDNN packed {dnnl:.1f} us "
-                      f"({mkl / dnnl:.2f}x)", flush=True)
+                print(f"{name} {n_in} x {n_out}, {rows} rows: MKL column-major {mkl:.1f} us, "
+                      f"oneDNN packed {dnnl:.1f} us ({mkl / dnnl:.2f}x)", flush=True)
 
 
 if __name__ == "__main__":
