@@ -64,7 +64,7 @@ def longest_branch(branches: list[list[int]], offsets: list[int], argmax: list[i
 class MultiBlockDecoder:
     """pcLLM (MR): K blocks of n refined at once + rejection-recycling candidates; greedy and lossless."""
 
-    block_size: int = 8  # n
+    block_size: int = 4  # n (CPU default: measured fastest, README; paper 64 in recipes/full)
     num_blocks: int = 2  # K (real-active + pseudo-active)
     spawn_ratio: float = 0.85  # r: spawn when the newest block has ceil(r n) accepted tokens
     pool_size: int = 4  # n-gram pool entries (deque)
