@@ -24,7 +24,10 @@ AR baselines therefore keep their fastest kernel and every multi-token forward (
 blocks, prefill) gets its own; outputs agree to float32 rounding (the two kernels sum in different
 orders, as MKL's own GEMV and GEMM already did).
 
-The packed copy is made on first use and remade whenever the weight changes (a LoRA merge, `.data`
+The packed copy doubles the memory of the linear weights, so `pack_linears` leaves a model whose linear
+weights exceed `MAX_MEMORY_SHARE` of this machine's RAM as it is (column-major, MKL for every product):
+a 3B-parameter float32 model would otherwise need 24 GB instead of 12. The packed copy is made on first use
+and remade whenever the weight changes (a LoRA merge, `.data`
 replaced, a dtype change): it is keyed by the weight's storage pointer, version counter and dtype (a
 weight made under `torch.inference_mode` has no version counter: only a new storage or dtype repacks it). It
 is never saved (not a parameter or buffer) and is dropped by deepcopy/pickle. Products that need
@@ -42,6 +45,8 @@ STREAMED_BYTES = 64 * 2**20
 #: Otherwise products of at least this many rows use the packed weight (fewer: MKL's GEMV; at 3 rows the
 #: two measured alike on the mesh GPT, 1.45-1.83 vs 1.62-1.77 ms, at 4 oneDNN won, 2.25 vs 1.76 ms).
 SMALL_MODEL_MIN_ROWS = 4
+#: A model whose linear weights exceed this share of the machine's RAM is not packed (the copy doubles them).
+MAX_MEMORY_SHARE = 0.25
 #: The row count oneDNN tunes the packed layout for (2 .. 64 measured alike for 2 .. 16 rows; 1 is slower).
 PACK_HINT = 16
 PACKABLE = (torch.float32, torch.bfloat16)
@@ -81,15 +86,38 @@ class PackedLinear(nn.Linear):
         return state
 
 
+def linear_bytes(module: nn.Module) -> int:
+    """Bytes of the Linear weights of `module` (a tied weight counted once)."""
+    weights = {id(m.weight): m.weight for m in module.modules() if isinstance(m, nn.Linear)}
+    return sum(w.numel() * w.element_size() for w in weights.values())
+
+
 def min_rows_for(module: nn.Module) -> int:
     """Smallest product sent to oneDNN in `module`: 1 when its Linear weights are streamed from memory."""
-    weights = {id(m.weight): m.weight for m in module.modules() if isinstance(m, nn.Linear)}  # ties once
-    size = sum(w.numel() * w.element_size() for w in weights.values())
-    return 1 if size > STREAMED_BYTES else SMALL_MODEL_MIN_ROWS
+    return 1 if linear_bytes(module) > STREAMED_BYTES else SMALL_MODEL_MIN_ROWS
+
+
+def ram_bytes() -> int:
+    """Physical memory of this machine (0 when the OS does not say)."""
+    import os
+
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return 0
+
+
+def fits(module: nn.Module) -> bool:
+    """Whether a packed copy of `module`'s linear weights fits the memory budget (`MAX_MEMORY_SHARE` of RAM)."""
+    ram = ram_bytes()
+    return not ram or linear_bytes(module) <= MAX_MEMORY_SHARE * ram
 
 
 def pack_linears(module: nn.Module, min_rows: int | None = None) -> nn.Module:
-    """Turn every CPU nn.Linear of `module` into a PackedLinear in place (parameters, ties and names unchanged)."""
+    """Turn every CPU nn.Linear of `module` into a PackedLinear in place (parameters, ties and names unchanged);
+    a module too large to copy (`fits`) is returned as it is."""
+    if not fits(module):
+        return module
     rows = min_rows or min_rows_for(module)
     for lin in module.modules():
         if type(lin) in (nn.Linear, PackedLinear) and lin.weight.device.type == "cpu":

@@ -127,3 +127,13 @@ def test_decoding_on_packed_weights_stays_lossless(min_rows):
     for drafter in (JacobiDrafter(block_size=4), JacobiDrafter(block_size=9), NgramDrafter(),
                     RandomTreeDrafter(ar, len(prompt))):
         assert run(model, drafter, prompt) == ar
+
+
+def test_a_model_too_large_to_copy_is_not_packed(monkeypatch):
+    model = tiny_model(3)
+    monkeypatch.setattr(packed_linear, "ram_bytes", lambda: packed_linear.linear_bytes(model) * 2)  # copy > 25% of RAM
+    pack_linears(model)
+    assert not any(type(m) is PackedLinear for m in model.modules())
+    monkeypatch.setattr(packed_linear, "ram_bytes", lambda: packed_linear.linear_bytes(model) * 8)
+    pack_linears(model)
+    assert all(type(m) is PackedLinear for m in model.modules() if isinstance(m, nn.Linear))
