@@ -127,8 +127,9 @@ def tree_sample(probs: torch.Tensor, k: int, generator: torch.Generator | None) 
 
 def head_candidates(head_logits: torch.Tensor, params: SamplingParams, opts: XSpecMeshOptions,
                     generator: torch.Generator | None) -> list[int]:
-    """Candidates x_{s*+1 .. s*+D} from head logits [D, V] (greedy: argmaxes)."""
-    if params.greedy:
+    """Candidates x_{s*+1 .. s*+D} from head logits [D, V] (greedy, or the K_s = 1 tree: argmaxes)."""
+    if params.greedy or (opts.sampling == "tree" and opts.top_k_tree == 1):
+        # the K_s = 1 tree's one path is every head's most probable token, and the filters keep each row's max
         return head_logits.argmax(-1).tolist()
     probs = logits_to_probs(head_logits, params)  # [D, V]
     if opts.sampling == "tree":

@@ -12,7 +12,7 @@ from specgen.decoding.draft import Draft
 from specgen.decoding.sampling import SamplingParams
 from specgen.errors import UsageError
 from specgen.mesh.procedural import generate_mesh
-from specgen.methods.xspecmesh import MeshDecoder, XSpecMeshOptions, tree_sample
+from specgen.methods.xspecmesh import MeshDecoder, XSpecMeshOptions, head_candidates, tree_sample
 from specgen.train.mesh import point_cloud
 from tests.mesh.mesh_fixtures import NUM_POINTS, tiny_heads, tiny_mesh_model
 
@@ -162,3 +162,15 @@ def test_tree_sampling_prunes_and_follows_weights():
     tiny = torch.full((4, 6), 1 / 6)
     tiny[:, 0] = 0.001
     assert len(tree_sample(torch.softmax(torch.randn(4, 6), -1) * 1e-3, 2, g)) == 4  # all pruned -> top-1 path
+
+
+def test_a_one_branch_tree_proposes_the_heads_argmaxes():
+    """K_s = 1 takes the argmax shortcut; it equals the tree sampler's one path under the run's filters."""
+    from specgen.decoding.sampling import SamplingParams, logits_to_probs
+
+    g = torch.Generator().manual_seed(3)
+    params, opts = SamplingParams(0.5, 50, 0.95), XSpecMeshOptions(sampling="tree", top_k_tree=1)
+    for _ in range(20):
+        logits = torch.randn(4, 300, generator=g) * 3
+        fast = head_candidates(logits, params, opts, torch.Generator().manual_seed(0))
+        assert fast == tree_sample(logits_to_probs(logits, params), 1, torch.Generator().manual_seed(0))
