@@ -33,10 +33,11 @@ def test_every_row_count_matches_nn_linear(bias):
         for rows in range(1, 7):
             x = torch.randn(rows, 24)
             y = lin(x)
-            if rows < 3:  # MKL path: the very same call as nn.Linear
-                assert torch.equal(y, ref(x))
+            if rows < 3:  # MKL path: the very same call as nn.Linear (nothing packed yet)
+                assert torch.equal(y, ref(x)) and lin._packed is None
             else:  # oneDNN path: float32 rounding only
                 torch.testing.assert_close(y, ref(x), rtol=1e-5, atol=1e-5)
+                assert lin._packed is not None
         x3 = torch.randn(2, 5, 24)  # [B, S, in]: rows = B * S
         torch.testing.assert_close(lin(x3), ref(x3), rtol=1e-5, atol=1e-5)
         xt = torch.randn(24, 4).t()  # a non-contiguous input
