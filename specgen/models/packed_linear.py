@@ -94,7 +94,11 @@ def linear_bytes(module: nn.Module) -> int:
 
 def min_rows_for(module: nn.Module) -> int:
     """Smallest product sent to oneDNN in `module`: 1 when its Linear weights are streamed from memory."""
-    return 1 if linear_bytes(module) > STREAMED_BYTES else SMALL_MODEL_MIN_ROWS
+    return _min_rows(linear_bytes(module))
+
+
+def _min_rows(weight_bytes: int) -> int:
+    return 1 if weight_bytes > STREAMED_BYTES else SMALL_MODEL_MIN_ROWS
 
 
 def ram_bytes() -> int:
@@ -107,18 +111,13 @@ def ram_bytes() -> int:
         return 0
 
 
-def fits(module: nn.Module) -> bool:
-    """Whether a packed copy of `module`'s linear weights fits the memory budget (`MAX_MEMORY_SHARE` of RAM)."""
-    ram = ram_bytes()
-    return not ram or linear_bytes(module) <= MAX_MEMORY_SHARE * ram
-
-
 def pack_linears(module: nn.Module, min_rows: int | None = None) -> nn.Module:
     """Turn every CPU nn.Linear of `module` into a PackedLinear in place (parameters, ties and names unchanged);
-    a module too large to copy (`fits`) is returned as it is."""
-    if not fits(module):
+    a module whose linear weights exceed `MAX_MEMORY_SHARE` of RAM is returned as it is (the copy doubles them)."""
+    size, ram = linear_bytes(module), ram_bytes()
+    if ram and size > MAX_MEMORY_SHARE * ram:
         return module
-    rows = min_rows or min_rows_for(module)
+    rows = min_rows or _min_rows(size)
     for lin in module.modules():
         if type(lin) in (nn.Linear, PackedLinear) and lin.weight.device.type == "cpu":
             lin.__class__ = PackedLinear
