@@ -51,6 +51,8 @@ class MeshBenchConfig:
     tree_k: list = field(default_factory=lambda: [2])  # PTS rows on sweep_row
     depths: list = field(default_factory=lambda: [2, 3])  # D rows on sweep_row (a CPU pays per verified token)
     draft_dtypes: list = field(default_factory=list)  # e.g. [bfloat16]: sweep_row, its heads' LM-head product in that dtype
+    lookups: list = field(default_factory=list)  # e.g. [2]: sweep_row with n-gram lookup candidates (beyond the paper)
+    options: dict = field(default_factory=dict)  # more XSpecMesh options for every heads row, e.g. {top_k_tree: 1}
     sweep_row: str = "ca+lora"
     num_heads: int = 4
     delta: float = 0.5
@@ -74,9 +76,13 @@ class Variant:
 
 def variants(cfg: MeshBenchConfig) -> list[Variant]:
     from specgen.errors import UsageError
-    from specgen.methods.xspecmesh import XSpecMeshOptions
+    from specgen.methods.xspecmesh import OPTION_NAMES, XSpecMeshOptions
 
-    base = dict(num_heads=cfg.num_heads, delta=cfg.delta)
+    unknown = sorted(set(cfg.options) - set(OPTION_NAMES) - {"heads"})
+    if unknown or "heads" in cfg.options:
+        raise UsageError(f"`options` has no XSpecMesh option {(unknown or ['heads'])[0]!r} (heads come from `heads`); "
+                         f"its options: {', '.join(o for o in OPTION_NAMES if o != 'heads')}")
+    base = {"num_heads": cfg.num_heads, "delta": cfg.delta, **cfg.options}
     out = []
     for r in cfg.rows:
         if r != "ar" and r not in cfg.heads:
@@ -85,13 +91,14 @@ def variants(cfg: MeshBenchConfig) -> list[Variant]:
     if cfg.sweep_row in cfg.heads:
         h = cfg.heads[cfg.sweep_row]
         out += [Variant(f"{cfg.sweep_row} p>{d:g}", h, XSpecMeshOptions(**{**base, "delta": d})) for d in cfg.deltas]
-        out += [Variant(f"{cfg.sweep_row} top-{k}", h, XSpecMeshOptions(**base, criterion="topk", top_k_accept=k))
+        out += [Variant(f"{cfg.sweep_row} top-{k}", h, XSpecMeshOptions(**{**base, "criterion": "topk", "top_k_accept": k}))
                 for k in cfg.topk_accept]
-        out += [Variant(f"{cfg.sweep_row} PTS K_s={k}", h, XSpecMeshOptions(**base, sampling="tree", top_k_tree=k))
+        out += [Variant(f"{cfg.sweep_row} PTS K_s={k}", h, XSpecMeshOptions(**{**base, "sampling": "tree", "top_k_tree": k}))
                 for k in cfg.tree_k]
         out += [Variant(f"{cfg.sweep_row} D={d}", h, XSpecMeshOptions(**{**base, "num_heads": d}))
                 for d in cfg.depths if d != cfg.num_heads]
-        out += [Variant(f"{cfg.sweep_row} {t}", h, XSpecMeshOptions(**base, draft_dtype=t)) for t in cfg.draft_dtypes]
+        out += [Variant(f"{cfg.sweep_row} {t}", h, XSpecMeshOptions(**{**base, "draft_dtype": t})) for t in cfg.draft_dtypes]
+        out += [Variant(f"{cfg.sweep_row} lookup {n}", h, XSpecMeshOptions(**{**base, "lookup": n})) for n in cfg.lookups]
     return out
 
 

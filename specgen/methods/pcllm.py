@@ -38,8 +38,9 @@ from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.stats import DecodeStats
 from specgen.decoding.tree import DraftTree
 from specgen.errors import UsageError
+from specgen.methods.text import lookup
 
-MR_OPTIONS = ("block_size", "num_blocks", "spawn_ratio", "pool_size", "verify", "ngram")
+MR_OPTIONS = ("block_size", "num_blocks", "spawn_ratio", "pool_size", "verify", "ngram", "lookup")
 JACOBI_OPTIONS = ("block_size",)
 
 
@@ -70,13 +71,14 @@ class MultiBlockDecoder:
     pool_size: int = 4  # n-gram pool entries (deque)
     verify: int = 1  # recycling candidates verified per step (tree branches)
     ngram: int = 0  # candidate length (0 = n - 1)
+    lookup: int = 0  # prompt-lookup branch of up to this many tokens (0 = off, the paper; specgen extension)
     seed: int = 0
 
     def __post_init__(self) -> None:
         if self.block_size < 2 or self.num_blocks < 1 or not 0 < self.spawn_ratio <= 1 or self.pool_size < 0 \
-                or self.verify < 0 or self.ngram < 0:
+                or self.verify < 0 or self.ngram < 0 or self.lookup < 0:
             raise UsageError("pcllm-mr needs block_size >= 2, num_blocks >= 1, 0 < spawn_ratio <= 1, "
-                             "pool_size, verify, ngram >= 0")
+                             "pool_size, verify, ngram, lookup >= 0")
 
     def decode(self, target, prompt: list[int], max_new_tokens: int, params: SamplingParams,
                stop_ids: tuple[int, ...] = (), generator=None, max_draft: int = 256, rule=None) -> DecodeResult:
@@ -119,6 +121,10 @@ class MultiBlockDecoder:
                         c = entry[i + 1 : i + 1 + min(cand_len, budget)]
                         if c and c != main[: len(c)] and c not in cands:
                             cands.append(c)
+                if self.lookup:  # what followed the sequence's n-gram suffix earlier (prompt lookup)
+                    c = lookup(text + [root], min(self.lookup, budget), 3, 2)
+                    if c and c != main[: len(c)] and c not in cands:
+                        cands.append(c)
                 branches = [main] + cands
                 parents: list[int] = []
                 offsets: list[int] = []

@@ -49,6 +49,7 @@ from specgen.decoding.accept_threshold import AcceptCriterion, accept_lossy
 from specgen.decoding.draft import Draft
 from specgen.decoding.sampling import SamplingParams, logits_to_probs, pick, sample, sample_rows
 from specgen.decoding.stats import DecodeStats
+from specgen.methods.text import lookup
 from specgen.models.layout import decode_layout
 
 SAMPLING_MODES = ("independent", "tree")
@@ -73,6 +74,7 @@ class XSpecMeshOptions:
     sampling: str = "independent"  # "independent" | "tree" (top-K_s probability tree)
     top_k_tree: int = 2  # K_s
     draft_dtype: str = "float32"  # "bfloat16": the heads' LM-head projection in bf16 (beyond the paper, README)
+    lookup: int = 0  # > 0: candidates first from n-gram lookup (n = lookup .. 1) over the mesh so far (beyond the paper)
 
     def __post_init__(self) -> None:
         from specgen.errors import UsageError
@@ -81,8 +83,8 @@ class XSpecMeshOptions:
             raise UsageError(f"unknown sampling {self.sampling!r}; choose from {', '.join(SAMPLING_MODES)}")
         if self.draft_dtype not in DRAFT_DTYPES:
             raise UsageError(f"unknown draft_dtype {self.draft_dtype!r}; choose from {', '.join(DRAFT_DTYPES)}")
-        if self.num_heads < 0 or self.top_k_tree < 1:
-            raise UsageError("num_heads must be >= 0 and top_k_tree >= 1")
+        if self.num_heads < 0 or self.top_k_tree < 1 or self.lookup < 0:
+            raise UsageError("num_heads and lookup must be >= 0 and top_k_tree >= 1")
         try:
             self.criterion_rule()
         except ValueError as e:
@@ -94,7 +96,8 @@ class XSpecMeshOptions:
     def label(self) -> str:
         s = "IS" if self.sampling == "independent" else f"PTS(K_s={self.top_k_tree})"
         bf = ", bf16 head logits" if self.draft_dtype == "bfloat16" else ""
-        return f"{self.criterion_rule().label()}, {s}{bf}"
+        lk = f", lookup {self.lookup}-gram" if self.lookup else ""
+        return f"{self.criterion_rule().label()}, {s}{bf}{lk}"
 
 
 OPTION_NAMES = tuple(XSpecMeshOptions.__dataclass_fields__)
@@ -188,7 +191,7 @@ class MeshDecoder:
         with stats.timed("propose"):
             past = self._window(stacked, h, None)  # history heads: projected window of committed hidden states
             first = pick(logits0[0], params, generator)
-            chain = [first] + self._heads(stacked, h, past, first, head_kv, d_max, params, opts, draft_generator)
+            chain = [first] + self._candidates([first], stacked, h, past, head_kv, d_max, params, opts, draft_generator)
         out: list[int] = []
         while True:
             chain = self._trim(chain, max_tokens - len(out))
@@ -211,9 +214,19 @@ class MeshDecoder:
             with stats.timed("propose"):  # 5. resample x_{s*} (backbone) and x_{s*+d} (heads on h_{s*-1})
                 x = verdict.tokens[-1]
                 past = self._window(stacked, hidden[0, : a + 1], past)  # + h of the committed x_s .. x_{s*-1}
-                chain = [x] + self._heads(stacked, hidden[:, a], past, x, head_kv, d_max, params, opts, draft_generator)
+                chain = [x] + self._candidates(out + [x], stacked, hidden[:, a], past, head_kv, d_max, params, opts,
+                                               draft_generator)
         stats.new_tokens = len(out)
         return MeshDecodeResult(out, stats)
+
+    def _candidates(self, seq: list[int], stacked, h: torch.Tensor, past, kv, d: int, params: SamplingParams,
+                    opts: XSpecMeshOptions, generator: torch.Generator | None) -> list[int]:
+        """D candidates after seq (committed tokens + x_{s*}): the heads', or with `lookup` what followed the
+        latest earlier occurrence of seq's longest n-gram suffix (n <= lookup), heads filling the rest."""
+        found = lookup(seq, d, opts.lookup, 1) if opts.lookup and d else []
+        if len(found) == d:  # the heads are not run at all
+            return found
+        return found + self._heads(stacked, h, past, seq[-1], kv, d, params, opts, generator)[len(found):]
 
     def _heads(self, stacked, h: torch.Tensor, past: torch.Tensor | None, token: int, kv, d: int,
                params: SamplingParams, opts: XSpecMeshOptions, generator: torch.Generator | None) -> list[int]:

@@ -139,12 +139,14 @@ def test_mesh_usage_errors(tiny, tmp_path):
 def test_benchmark_meshes_json(tiny):
     r = invoke("benchmark", "--suite", "meshes", "--model", "tiny-mesh", "--limit", "1", "--format", "json",
                "max_new_tokens=12", "num_heads=2", "heads={ca: tiny-heads}", "rows=[ar,ca]", "deltas=[0.9]",
-               "topk_accept=[]", "tree_k=[2]", "depths=[1,2]", "sweep_row=ca", "draft_dtypes=[bfloat16]")
+               "topk_accept=[]", "tree_k=[2]", "depths=[1,2]", "sweep_row=ca", "draft_dtypes=[bfloat16]",
+               "lookups=[2]")
     assert r.exit_code == 0, r.output
     rows = json.loads(r.stdout)
-    assert [x["row"] for x in rows] == ["ar", "ca", "ca p>0.9", "ca PTS K_s=2", "ca D=1", "ca bfloat16"]  # D=2 is row ca
-    assert "bf16 head logits" in rows[-1]["rule"]
-    assert rows[-2]["scr"] <= 2.0  # one head: at most 2 tokens per step
+    assert [x["row"] for x in rows] == ["ar", "ca", "ca p>0.9", "ca PTS K_s=2", "ca D=1", "ca bfloat16",
+                                        "ca lookup 2"]  # D=2 is row ca
+    assert "bf16 head logits" in rows[-2]["rule"] and "lookup 2-gram" in rows[-1]["rule"]
+    assert rows[-3]["scr"] <= 2.0  # one head: at most 2 tokens per step
     assert rows[0]["cd_box"] > 0 and rows[0]["cd_other_mesh"] is None  # one test mesh: no "other"
     assert rows[0]["speedup_vs_ar"] == 1.0 and rows[0]["rule"] == "lossless" and "lossy" in rows[1]["rule"]
     assert rows[0]["machine"].endswith(" layout")  # the decode weight layout a table was measured with
@@ -153,6 +155,17 @@ def test_benchmark_meshes_json(tiny):
     phases = rows[1]["phase_ms_per_step"]  # where a step's time goes; the loop's own overhead is the rest
     assert {"propose", "verify", "accept", "commit"} <= set(phases)
     assert sum(phases.values()) <= rows[1]["step_latency_ms"] + 0.01
+
+
+def test_benchmark_meshes_options_apply_to_every_heads_row(tiny):
+    r = invoke("benchmark", "--suite", "meshes", "--model", "tiny-mesh", "--limit", "1", "--format", "json",
+               "max_new_tokens=8", "num_heads=2", "heads={ca: tiny-heads}", "rows=[ar,ca]", "deltas=[]",
+               "topk_accept=[]", "tree_k=[1]", "depths=[1]", "sweep_row=ca", "options={lookup: 1}")
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.stdout)
+    assert [x["rule"] for x in rows] == ["lossless"] + [f"p>0.5, {s}, lookup 1-gram (lossy)" for s in ("IS", "PTS(K_s=1)", "IS")]
+    one_error_line(invoke("benchmark", "--suite", "meshes", "--model", "tiny-mesh", "--limit", "1",
+                          "heads={ca: tiny-heads}", "rows=[ar,ca]", "options={lookahead: 1}"), 2, "lookahead")
 
 
 def test_shipped_models_generate_then_export(tmp_path):

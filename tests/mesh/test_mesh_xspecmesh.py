@@ -174,3 +174,23 @@ def test_a_one_branch_tree_proposes_the_heads_argmaxes():
         logits = torch.randn(4, 300, generator=g) * 3
         fast = head_candidates(logits, params, opts, torch.Generator().manual_seed(0))
         assert fast == tree_sample(logits_to_probs(logits, params), 1, torch.Generator().manual_seed(0))
+
+
+def test_lookup_candidates_change_the_draft_not_the_rule(setup, monkeypatch):
+    """n-gram lookup (beyond the paper) only changes which candidates are verified: accept-nothing is still AR
+    sampling, greedy is still greedy AR; where the mesh so far repeats, lookup tokens are accepted and the heads
+    are skipped when lookup fills all D slots."""
+    from specgen.models.heads import StackedHeads
+
+    model, pc = setup
+    ar, greedy_ar = run(model, None, pc, SAMPLED), run(model, None, pc, SamplingParams(0.0))
+    assert run(model, tiny_heads(), pc, SAMPLED, XSpecMeshOptions(delta=1.0, lookup=2)).tokens == ar.tokens
+    greedy = [run(model, tiny_heads(), pc, SamplingParams(0.0), XSpecMeshOptions(lookup=k)) for k in (0, 1, 3)]
+    assert all(r.tokens == greedy_ar.tokens for r in greedy)
+    assert greedy[1].stats.tau > greedy[0].stats.tau  # the tiny model loops: its own history predicts it
+    calls, features = [], StackedHeads.features
+    monkeypatch.setattr(StackedHeads, "features", lambda self, *a, **k: calls.append(1) or features(self, *a, **k))
+    res = run(model, tiny_heads(), pc, SamplingParams(0.0), XSpecMeshOptions(lookup=1))
+    assert res.tokens == greedy_ar.tokens and len(calls) < res.stats.steps
+    with pytest.raises(UsageError, match="lookup"):
+        XSpecMeshOptions(lookup=-1)

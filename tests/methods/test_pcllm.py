@@ -19,6 +19,8 @@ CONFIGS = [
     {"block_size": 4, "num_blocks": 3, "spawn_ratio": 0.3, "verify": 2},
     {"block_size": 3, "pool_size": 0, "verify": 0},
     {"block_size": 6, "ngram": 12, "verify": 3, "spawn_ratio": 0.5},
+    {"lookup": 8},
+    {"block_size": 3, "num_blocks": 1, "pool_size": 0, "verify": 0, "lookup": 5},
 ]
 
 
@@ -61,6 +63,18 @@ def test_mr_recycles_on_a_repetitive_model():
     res = MultiBlockDecoder(block_size=6, num_blocks=2, spawn_ratio=0.5, verify=2).decode(t, prompt, 80, SamplingParams())
     assert res.tokens == ar
     assert res.stats.tpf >= 1.0
+
+
+def test_mr_lookup_branch_commits_prompt_continuations():
+    """A looping model repeats its own text: the prompt-lookup branch must win steps, output unchanged."""
+    t = target_of(0)
+    prompt = [1, 2, 3]
+    ar = decode(t, EmptyDrafter(), prompt, 80, SamplingParams()).tokens
+    plain = MultiBlockDecoder(block_size=3, num_blocks=1, verify=0).decode(t, prompt, 80, SamplingParams())
+    res = MultiBlockDecoder(block_size=3, num_blocks=1, verify=0, lookup=8).decode(t, prompt, 80, SamplingParams())
+    assert res.tokens == plain.tokens == ar
+    assert res.stats.extras.get("recycled_tokens", 0) > 0  # only the lookup branch can be a non-main winner here
+    assert res.stats.target_forwards < plain.stats.target_forwards
 
 
 def test_longest_branch_prefers_longest_then_main():
