@@ -7,7 +7,9 @@ Algorithm 1 in a loop of its own (numbered like `decoding/loop.py`), on the same
   window   guesses for the positions after the root (the last correct, uncommitted token): the
            real-active (RA) block's remaining guesses, then up to K - 1 pseudo-active blocks of n.
   1 propose  the main chain (root + window) plus up to `verify` rejection-recycling candidates: n-grams
-             from the pool that start with the root token, as sibling branches of the draft tree.
+             from the pool that start with the root token, as sibling branches of the draft tree; with
+             `lookup` > 0 (beyond the paper) one more branch: what followed the latest earlier occurrence
+             of the sequence's 3- or 2-gram suffix (prompt lookup, `methods/text.py`), up to `lookup` tokens.
   2 verify   one target forward over the tree (tree mask, shared KV prefix).
   3 accept   greedy: the branch with the longest prefix equal to the target's argmax wins; its tokens
              plus the argmax after them are committed. This is the only way a token is committed, so
@@ -20,7 +22,9 @@ Algorithm 1 in a loop of its own (numbered like `decoding/loop.py`), on the same
              promoted (its tokens are verified again, now behind a clean context).
 
 Differences from Jacobi Forcing's reference (documented in README): candidates are verified as tree
-branches in the same forward instead of extra batch rows, and the pool holds rejected RA tails.
+branches in the same forward instead of extra batch rows, and the pool holds rejected RA tails. The
+lookup branch is specgen's (off by default): like the recycled n-grams it only adds candidates, so
+greedy output still equals the model's own greedy AR.
 """
 
 from __future__ import annotations
