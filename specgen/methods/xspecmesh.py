@@ -34,6 +34,10 @@ Choices the paper leaves open (this is the reference implementation):
   path is used. The draft stays a single chain, as in the paper.
 - EOS: the run stops after the first committed EOS (5120) or at `max_tokens` committed tokens;
   head candidates after an EOS candidate are dropped.
+- Lookup candidates (beyond the paper, `lookup` > 0, off by default): x_{s*+1 ..} are first taken from
+  what followed the latest earlier occurrence of the longest n-gram suffix (n <= lookup) of the mesh so
+  far (BPT sequences revisit shared vertices); heads fill the rest and are not run when lookup fills
+  all D. Only the candidates change, so the accept rule and both random streams are untouched.
 - SCR = committed tokens / decoding steps (the prefill that yields the first candidate is not a
   decoding step), i.e. `DecodeStats.tau`; step latency = wall time / steps.
 """

@@ -46,9 +46,11 @@ def load_text_model(name: str, device: str = "cpu", progress=None, decode: bool 
 
 
 def merged_module(adapter: registry.Entry, base: registry.Entry, device: str = "cpu",
-                  state: dict | None = None) -> tuple[torch.nn.Module, TextTokenizer]:
-    """`base` with the LoRA `adapter` merged in; refuses an adapter trained for another base (one line)."""
+                  state: dict | None = None, scale: float | None = None) -> tuple[torch.nn.Module, TextTokenizer]:
+    """`base` with the LoRA `adapter` merged in at `scale` (default: its `merge_scale`, else 1; text/merge.py);
+    refuses an adapter trained for another base (one line)."""
     from specgen.errors import IncompatibleError
+    from specgen.text.merge import merge_scale
     from specgen.text.trajectories import tokenizer_hash
     from specgen.train.lora import merge_lora_state
 
@@ -61,7 +63,7 @@ def merged_module(adapter: registry.Entry, base: registry.Entry, device: str = "
     module = registry.load_module(base, device)
     try:
         merge_lora_state(module, registry.read_state(adapter) if state is None else state,
-                         adapter.meta["lora_rank"], adapter.meta["lora_alpha"])
+                         adapter.meta["lora_rank"], adapter.meta["lora_alpha"] * merge_scale(adapter.meta, scale))
     except (ValueError, KeyError) as e:
         raise IncompatibleError(f"{adapter.ref} does not fit {base.ref}: {e}") from None
     return module.eval(), tokenizer

@@ -412,8 +412,13 @@ def copy_tokenizer(src: Path, dst: Path) -> None:
             shutil.copy2(f, Path(dst) / f.name)
 
 
-def export_adapter(name: str, folder: Path) -> Path:
-    """Write adapter `name` as a shippable asset: adapter.safetensors (fp16) + adapter.json (atomic folder swap)."""
+def export_adapter(name: str, folder: Path, merge_scale: float | None = None) -> Path:
+    """Write adapter `name` as a shippable asset: adapter.safetensors (fp16) + adapter.json (atomic folder swap).
+
+    `merge_scale` (text/merge.py) is recorded for the built-in that merges it (recipes/tiny/pcllm_merge_scale.py
+    chooses it on held-out prompts)."""
+    from specgen.text.merge import merge_scale as checked_scale
+
     from safetensors.torch import save_file
 
     from specgen import registry
@@ -430,6 +435,8 @@ def export_adapter(name: str, folder: Path) -> Path:
         keep = ("parent", "lora_rank", "lora_alpha", "lora_targets", "tokenizer_hash", "vocab_size", "objective",
                 "block_size", "trajectories", "metrics", "config", "init_adapter")
         meta = {k: entry.meta[k] for k in keep if k in entry.meta}
+        if merge_scale is not None:
+            meta["merge_scale"] = checked_scale({}, merge_scale)
         (tmp / "adapter.json").write_text(json.dumps({**meta, "exported_from": entry.ref, "dtype": "float16"},
                                                      indent=2, sort_keys=True))
         for f in tmp.iterdir():  # shipped files: world-readable like the rest of the package
@@ -451,7 +458,16 @@ if __name__ == "__main__":  # python -m specgen.train.distill export ADAPTER FOL
 
     from specgen.train.script import run_script
 
-    if len(sys.argv) != 4 or sys.argv[1] != "export":
-        print("usage: python -m specgen.train.distill export ADAPTER FOLDER", file=sys.stderr)
+    if len(sys.argv) not in (4, 5) or sys.argv[1] != "export":
+        print("usage: python -m specgen.train.distill export ADAPTER FOLDER [MERGE_SCALE]", file=sys.stderr)
         raise SystemExit(2)
-    raise SystemExit(run_script(lambda: print(export_adapter(sys.argv[2], Path(sys.argv[3]))) or 0))
+
+    def export() -> int:
+        try:
+            scale = float(sys.argv[4]) if len(sys.argv) == 5 else None
+        except ValueError:
+            raise UsageError(f"MERGE_SCALE must be a number, got {sys.argv[4]!r}") from None
+        print(export_adapter(sys.argv[2], Path(sys.argv[3]), scale))
+        return 0
+
+    raise SystemExit(run_script(export))

@@ -130,3 +130,30 @@ def test_builtin_distilled_targets_listed():
     r = invoke("registry", "list", "--format", "json")
     refs = {x["ref"] for x in json.loads(r.stdout)}
     assert {"target/smollm2-135m-pcllm", "target/smollm2-135m-cllm"} <= refs
+
+
+def test_registry_merge_interpolates_in_weight_space(traj, tmp_path):
+    """`registry merge --scale s` = base + s x the adapter's delta: 0 is the base, 1 the distilled target, 0.5 halfway;
+    the adapter's recorded merge_scale is the default; bad scales and non-adapters are one line."""
+    import torch
+
+    r = invoke("distill", "--out", tmp_path / "run", "--trajectories", traj, "--model", "tiny-text", "--name", "tiny-pc",
+               "--steps", 2, *DISTILL)
+    assert r.exit_code == 0, r.output
+    for s, name in ((0, "tiny-pc-0"), (0.5, "tiny-pc-half"), (None, "tiny-pc-default")):
+        r = invoke("registry", "merge", "adapter/tiny-pc-lora", "--name", name, *(() if s is None else ("--scale", s)))
+        assert r.exit_code == 0 and r.stdout.strip() == f"target/{name}", r.output
+    w = {n: registry.read_state(registry.find(n)) for n in ("tiny-text", "tiny-pc", "tiny-pc-0", "tiny-pc-half",
+                                                              "tiny-pc-default")}
+    key = next(k for k in w["tiny-text"] if k.endswith("wqkv.weight"))
+    assert not torch.equal(w["tiny-pc"][key], w["tiny-text"][key])
+    torch.testing.assert_close(w["tiny-pc-0"][key], w["tiny-text"][key])
+    torch.testing.assert_close(w["tiny-pc-default"][key], w["tiny-pc"][key])
+    torch.testing.assert_close(w["tiny-pc-half"][key], (w["tiny-text"][key] + w["tiny-pc"][key]) / 2)
+    assert registry.find("tiny-pc-half").meta["merge_scale"] == 0.5
+    r = invoke("generate", "--model", "tiny-pc-half", "--method", "pcllm-mr", "--no-chat", "--prompt", "SORT A LIST",
+               "--max-new-tokens", 12, "--format", "json", "method_options.lookup=8")
+    assert r.exit_code == 0, r.output
+    one_line_error(invoke("registry", "merge", "adapter/tiny-pc-lora", "--name", "x", "--scale", -1), 2, "merge scale")
+    one_line_error(invoke("registry", "merge", "tiny-text", "--name", "x"), 2, "not a LoRA adapter")
+    one_line_error(invoke("registry", "merge", "adapter/nope", "--name", "x"), 2, "nope")

@@ -1,0 +1,73 @@
+"""Text targets as base + scale x LoRA adapter: the merge every distilled model goes through, and scaled variants.
+
+A LoRA adapter is merged into its base's weights at load, W' = W + scale * (alpha / r) B A, so
+inference pays nothing. `scale` interpolates in weight space between the base (0) and the distilled
+model (1), as WiSE-FT does between a zero-shot and a fine-tuned model: on the tiny pcLLM recipe a
+smaller scale keeps answers closer to the original model's while the prompt-lookup branch still finds
+its drafts (README). An adapter's `merge_scale` (adapter.json) is the scale it is merged with by default.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+
+from specgen import registry
+from specgen.errors import UsageError
+
+
+def merge_scale(meta: dict, scale: float | None = None) -> float:
+    """The scale an adapter is merged with: `scale` if given, else its recorded `merge_scale`, else 1."""
+    s = float(meta.get("merge_scale", 1.0) if scale is None else scale)
+    if not math.isfinite(s) or s < 0:
+        raise UsageError(f"merge scale must be a finite number >= 0, got {s}")
+    return s
+
+
+def shipped_adapter(name: str) -> tuple[registry.Entry, dict[str, torch.Tensor]]:
+    """(entry, float32 state) of the adapter shipped for built-in distilled target `name` (specgen/assets/text/)."""
+    from safetensors.torch import load_file
+
+    from specgen.builtins import ASSETS
+    from specgen.errors import CheckpointError
+
+    src = ASSETS / "text" / name
+    if not (src / "adapter.json").is_file() or not (src / "adapter.safetensors").is_file():
+        raise CheckpointError(f"the {name} adapter is not shipped in this build ({src}); "
+                              "train it with its recipe in recipes/tiny/ and decode the "
+                              "registered result (generate --model NAME, benchmark targets.<method>=NAME)")
+    meta = json.loads((src / "adapter.json").read_text())
+    state = {k: v.float() for k, v in load_file(str(src / "adapter.safetensors")).items()}
+    return registry.Entry("adapter", name, src, meta), state
+
+
+def adapter_source(source: str, progress=None) -> tuple[registry.Entry, dict[str, torch.Tensor] | None]:
+    """An adapter to merge: a registry adapter entry (state read at merge), or a built-in distilled target's
+    shipped adapter (`smollm2-135m-pcllm`)."""
+    from specgen.builtins import TEXT_DISTILLED
+
+    if source in dict(TEXT_DISTILLED) or source.removeprefix("target/") in dict(TEXT_DISTILLED):
+        return shipped_adapter(source.removeprefix("target/"))
+    entry = registry.find(source, progress)
+    if entry.kind != "adapter":
+        known = ", ".join(n for n, _ in TEXT_DISTILLED)
+        raise UsageError(f"{entry.ref} is not a LoRA adapter; give adapter/<name> (from `specgen distill`) or one of {known}")
+    return entry, None
+
+
+def register_merged(adapter: registry.Entry, state: dict | None, name: str, scale: float | None = None,
+                    extra_meta: dict | None = None, progress=None) -> registry.Entry:
+    """Register target/<name> = the adapter's base with the adapter merged at `scale` (default: its merge_scale)."""
+    from specgen.text.target import merged_module
+    from specgen.train.distill import copy_tokenizer
+
+    s = merge_scale(adapter.meta, scale)
+    base = registry.find(adapter.meta.get("parent", ""), progress)
+    module, _ = merged_module(adapter, base, "cpu", state, scale=s)
+    meta = {"builder": "transformer", "kwargs": module.cfg.to_dict(), "vocab_size": module.cfg.vocab_size,
+            "modality": "text", "tokenizer": True, "distilled_from": base.ref, "merge_scale": s,
+            "adapter": adapter.meta, **(extra_meta or {})}
+    return registry.save("target", name, module.state_dict(), meta, extra=lambda d: copy_tokenizer(Path(base.path), d))
