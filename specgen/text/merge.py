@@ -66,6 +66,9 @@ def register_merged(adapter: registry.Entry, state: dict | None, name: str, scal
 
     s = merge_scale(adapter.meta, scale)
     base = registry.find(adapter.meta.get("parent", ""), progress)
+    if base.meta.get("modality", "text") != "text" or not base.meta.get("tokenizer"):
+        raise UsageError(f"{adapter.ref} adapts {base.ref}, not a text model with a tokenizer; registry merge makes "
+                         "text targets (mesh LoRA adapters are merged when their heads load)")
     module, _ = merged_module(adapter, base, "cpu", state, scale=s)
     meta = {"builder": "transformer", "kwargs": module.cfg.to_dict(), "vocab_size": module.cfg.vocab_size,
             "modality": "text", "tokenizer": True, "distilled_from": base.ref, "merge_scale": s,

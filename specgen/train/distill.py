@@ -417,11 +417,10 @@ def export_adapter(name: str, folder: Path, merge_scale: float | None = None) ->
 
     `merge_scale` (text/merge.py) is recorded for the built-in that merges it (recipes/tiny/pcllm_merge_scale.py
     chooses it on held-out prompts)."""
-    from specgen.text.merge import merge_scale as checked_scale
-
     from safetensors.torch import save_file
 
     from specgen import registry
+    from specgen.text.merge import merge_scale as checked_scale
 
     entry = registry.find(name)
     if entry.kind != "adapter":

@@ -157,3 +157,6 @@ def test_registry_merge_interpolates_in_weight_space(traj, tmp_path):
     one_line_error(invoke("registry", "merge", "adapter/tiny-pc-lora", "--name", "x", "--scale", -1), 2, "merge scale")
     one_line_error(invoke("registry", "merge", "tiny-text", "--name", "x"), 2, "not a LoRA adapter")
     one_line_error(invoke("registry", "merge", "adapter/nope", "--name", "x"), 2, "nope")
+    registry.save("target", "tiny-no-tok", {}, {"builder": "transformer", "modality": "mesh"})
+    registry.save("adapter", "mesh-lora", {}, {"parent": "target/tiny-no-tok", "lora_rank": 2, "lora_alpha": 4.0})
+    one_line_error(invoke("registry", "merge", "adapter/mesh-lora", "--name", "x"), 2, "not a text model")
