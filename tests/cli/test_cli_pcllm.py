@@ -151,6 +151,10 @@ def test_registry_merge_interpolates_in_weight_space(traj, tmp_path):
     torch.testing.assert_close(w["tiny-pc-default"][key], w["tiny-pc"][key])
     torch.testing.assert_close(w["tiny-pc-half"][key], (w["tiny-text"][key] + w["tiny-pc"][key]) / 2)
     assert registry.find("tiny-pc-half").meta["merge_scale"] == 0.5
+    from specgen.train.distill import export_adapter  # the recipe's ship step records the chosen scale
+
+    shipped = export_adapter("adapter/tiny-pc-lora", tmp_path / "asset", 0.5)
+    assert json.loads((shipped / "adapter.json").read_text())["merge_scale"] == 0.5
     r = invoke("generate", "--model", "tiny-pc-half", "--method", "pcllm-mr", "--no-chat", "--prompt", "SORT A LIST",
                "--max-new-tokens", 12, "--format", "json", "method_options.lookup=8")
     assert r.exit_code == 0, r.output
