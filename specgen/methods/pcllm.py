@@ -117,18 +117,19 @@ class MultiBlockDecoder:
             with stats.timed("propose"):
                 main = window[:budget]
                 cands: list[list[int]] = []
+
+                def add(c: list[int]) -> None:  # a new branch only if it could accept more than main
+                    if c and c != main[: len(c)] and c not in cands:
+                        cands.append(c)
+
                 for entry in reversed(pool):
                     if len(cands) >= self.verify:
                         break
                     if root in entry[:-1]:
                         i = entry.index(root)
-                        c = entry[i + 1 : i + 1 + min(cand_len, budget)]
-                        if c and c != main[: len(c)] and c not in cands:
-                            cands.append(c)
+                        add(entry[i + 1 : i + 1 + min(cand_len, budget)])
                 if self.lookup:  # what followed the sequence's n-gram suffix earlier (prompt lookup)
-                    c = lookup(text + [root], min(self.lookup, budget), 3, 2)
-                    if c and c != main[: len(c)] and c not in cands:
-                        cands.append(c)
+                    add(lookup(text + [root], min(self.lookup, budget), 3, 2))
                 branches = [main] + cands
                 parents: list[int] = []
                 offsets: list[int] = []

@@ -195,7 +195,7 @@ class MeshDecoder:
         with stats.timed("propose"):
             past = self._window(stacked, h, None)  # history heads: projected window of committed hidden states
             first = pick(logits0[0], params, generator)
-            chain = [first] + self._candidates([first], stacked, h, past, head_kv, d_max, params, opts, draft_generator)
+            chain = [first] + self._candidates([], first, stacked, h, past, head_kv, d_max, params, opts, draft_generator)
         out: list[int] = []
         while True:
             chain = self._trim(chain, max_tokens - len(out))
@@ -215,22 +215,22 @@ class MeshDecoder:
             out.extend(chain[: a + 1])
             if self.eos_id in chain[1 : a + 1] or len(out) >= max_tokens:
                 break
-            with stats.timed("propose"):  # 5. resample x_{s*} (backbone) and x_{s*+d} (heads on h_{s*-1})
+            with stats.timed("propose"):  # 5. resample x_{s*} (backbone), then x_{s*+d} (lookup / heads on h_{s*-1})
                 x = verdict.tokens[-1]
                 past = self._window(stacked, hidden[0, : a + 1], past)  # + h of the committed x_s .. x_{s*-1}
-                chain = [x] + self._candidates(out + [x], stacked, hidden[:, a], past, head_kv, d_max, params, opts,
+                chain = [x] + self._candidates(out, x, stacked, hidden[:, a], past, head_kv, d_max, params, opts,
                                                draft_generator)
         stats.new_tokens = len(out)
         return MeshDecodeResult(out, stats)
 
-    def _candidates(self, seq: list[int], stacked, h: torch.Tensor, past, kv, d: int, params: SamplingParams,
+    def _candidates(self, out: list[int], x: int, stacked, h: torch.Tensor, past, kv, d: int, params: SamplingParams,
                     opts: XSpecMeshOptions, generator: torch.Generator | None) -> list[int]:
-        """D candidates after seq (committed tokens + x_{s*}): the heads', or with `lookup` what followed the
-        latest earlier occurrence of seq's longest n-gram suffix (n <= lookup), heads filling the rest."""
-        found = lookup(seq, d, opts.lookup, 1) if opts.lookup and d else []
+        """D candidates after the committed tokens `out` + x = x_{s*}: the heads', or with `lookup` what followed
+        the latest earlier occurrence of the longest n-gram suffix (n <= lookup), heads filling the rest."""
+        found = lookup(out + [x], d, opts.lookup, 1) if opts.lookup and d else []
         if len(found) == d:  # the heads are not run at all
             return found
-        return found + self._heads(stacked, h, past, seq[-1], kv, d, params, opts, generator)[len(found):]
+        return found + self._heads(stacked, h, past, x, kv, d, params, opts, generator)[len(found):]
 
     def _heads(self, stacked, h: torch.Tensor, past: torch.Tensor | None, token: int, kv, d: int,
                params: SamplingParams, opts: XSpecMeshOptions, generator: torch.Generator | None) -> list[int]:

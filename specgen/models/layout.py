@@ -46,14 +46,12 @@ def default_layout() -> str:
 
 def layout_name() -> str:
     """The layout to use: `SPECGEN_WEIGHT_LAYOUT` (packed | col | row), default `default_layout()`."""
+    from specgen.errors import UsageError
+
     name = os.environ.get(ENV, "").strip().lower() or default_layout()
     if name not in LAYOUTS:
-        from specgen.errors import UsageError
-
         raise UsageError(f"{ENV}={name!r}; choose from {', '.join(LAYOUTS)}")
     if name == "packed" and not packed_linear.available():
-        from specgen.errors import UsageError
-
         raise UsageError(f"{ENV}=packed needs a torch build with oneDNN (mkldnn); use col or row")
     return name
 

@@ -49,8 +49,9 @@ def adapter_source(source: str, progress=None) -> tuple[registry.Entry, dict[str
     shipped adapter (`smollm2-135m-pcllm`)."""
     from specgen.builtins import TEXT_DISTILLED
 
-    if source in dict(TEXT_DISTILLED) or source.removeprefix("target/") in dict(TEXT_DISTILLED):
-        return shipped_adapter(source.removeprefix("target/"))
+    builtin = source.removeprefix("target/")
+    if builtin in dict(TEXT_DISTILLED):
+        return shipped_adapter(builtin)
     entry = registry.find(source, progress)
     if entry.kind != "adapter":
         known = ", ".join(n for n, _ in TEXT_DISTILLED)
