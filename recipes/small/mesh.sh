@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The larger mesh family (NOT shipped), end to end on a CPU: backbone (~80 min on 2 threads), CA heads + LoRA
-# (~40 min), the benchmark (~10 min). Every step resumes from its run folder: rerun after an interruption.
+# The larger mesh family (NOT shipped), end to end on a CPU: backbone (~70 min on 2 threads), CA heads + LoRA
+# (~45 min), the benchmarks (~10 min). Every step resumes from its run folder: rerun after an interruption.
 set -euo pipefail
 LOGS=recipes/small/logs
 export OMP_NUM_THREADS=2
@@ -9,5 +9,7 @@ python -m specgen.train.mesh --config recipes/small/mesh-gpt.yaml --out runs/mes
 specgen train-heads --kind xspecmesh --config recipes/small/xspecmesh-heads.yaml --out runs/xspecmesh-ca-small \
   > "$LOGS/xspecmesh-ca-small-heads.log" 2>&1
 specgen benchmark --config recipes/small/bench-meshes.yaml --out runs/bench-meshes-small.jsonl \
-  2>&1 | tee "$LOGS/bench-meshes-small.log"
+  > "$LOGS/bench-meshes-small.log" 2>&1
+specgen benchmark --config recipes/small/bench-meshes-lookup.yaml --out runs/bench-meshes-small-lookup.jsonl \
+  > "$LOGS/bench-meshes-small-lookup.log" 2>&1
 python recipes/tiny/mesh_oracle_speed.py --heads xspecmesh-ca-small | tee "$LOGS/mesh-oracle-speed-small.log"

@@ -100,6 +100,27 @@ def test_greedy_threshold_is_greedy_ar(setup):
         assert run(model, tiny_heads(), pc, greedy, opts).tokens == ar.tokens
 
 
+class _PerfectCandidates(MeshDecoder):
+    """Candidates = the next D tokens of a known sequence (recipes/tiny/mesh_oracle_speed.py's premise)."""
+
+    reference: list[int] = []
+
+    def _candidates(self, out, x, stacked, h, past, kv, d, params, opts, generator):
+        return self.reference[len(out) + 1 : len(out) + 1 + d]
+
+
+@pytest.mark.parametrize("d", [1, 2, 4])
+def test_perfect_candidates_accept_all_d_and_stay_greedy_ar(setup, d):
+    model, pc = setup
+    greedy = SamplingParams(0.0)
+    ar = run(model, None, pc, greedy, n=60)
+    oracle = _PerfectCandidates(model, tiny_heads(num_heads=d))
+    oracle.reference = ar.tokens
+    res = oracle.generate(pc, greedy, 60, XSpecMeshOptions(num_heads=d))
+    assert res.tokens == ar.tokens
+    assert res.stats.accepted[:-1] == [d] * (res.stats.steps - 1)  # every step but the last takes all D
+
+
 def test_loose_rules_accept_more(setup):
     model, pc = setup
     strict = run(model, tiny_heads(scramble=False), pc, SAMPLED, XSpecMeshOptions(delta=0.9))
