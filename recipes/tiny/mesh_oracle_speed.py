@@ -20,9 +20,8 @@ import time
 import torch
 
 from specgen.decoding.sampling import SamplingParams
-from specgen.mesh.procedural import ProceduralSpec, generate_mesh, split_seeds
+from specgen.eval.mesh_bench import benchmark_clouds, token_budget
 from specgen.methods.xspecmesh import MeshDecoder, XSpecMeshOptions, load_mesh
-from specgen.train.mesh import point_cloud
 
 
 class OracleDecoder(MeshDecoder):
@@ -46,16 +45,12 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     loaded = load_mesh(None, args.heads)
     model, heads = loaded.decoder.model, loaded.decoder.heads
-    ar, oracle = MeshDecoder(model), OracleDecoder(model, heads, loaded.decoder.eos_id)
-    spec = ProceduralSpec.from_meta(loaded.target.meta)
+    eos = loaded.decoder.eos_id
+    ar, oracle = MeshDecoder(model, None, eos), OracleDecoder(model, heads, eos)
     greedy = SamplingParams(0.0)
     depths = [int(d) for d in args.depths.split(",")]
-    room = model.dec_cfg.max_seq_len - max(depths) - 2
-    max_tokens = min(2 * int(loaded.target.meta.get("max_tokens", room)), room)
-    pcs = []
-    for seed in split_seeds("test", args.meshes, 0):
-        ref = generate_mesh(int(seed), spec)
-        pcs.append(torch.from_numpy(point_cloud(ref.vertices, ref.faces, int(loaded.target.meta.get("num_points", 2048)), int(seed))))
+    max_tokens = token_budget(model, loaded.target.meta, max(depths))
+    pcs = [pc for _, pc in benchmark_clouds(loaded.target.meta, args.meshes)]
     refs = [ar.generate(pc, greedy, max_tokens).tokens for pc in pcs]
     acc = {d: [0, 0.0, 0] for d in [0, *depths]}  # D -> tokens, seconds, steps
     for rep in range(args.repeats + 1):

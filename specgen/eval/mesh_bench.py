@@ -120,7 +120,6 @@ def run_mesh_benchmark(cfg: MeshBenchConfig, on_mesh: Callable[[int], None] | No
     from specgen.mesh.generate import decode_tokens
     from specgen.mesh.metrics import mesh_distances
     from specgen.methods.xspecmesh import load_mesh
-    from specgen.train.mesh import point_cloud
 
     if cfg.limit < 1 or cfg.offset < 0:
         raise UsageError("--limit must be >= 1 and --offset >= 0")
@@ -130,15 +129,11 @@ def run_mesh_benchmark(cfg: MeshBenchConfig, on_mesh: Callable[[int], None] | No
     vs = variants(cfg)
     loaded = {h: load_mesh(cfg.model, h, cfg.device) for h in dict.fromkeys(v.heads for v in vs)}
     ar = loaded[None] if None in loaded else load_mesh(cfg.model, None, cfg.device)
-    num_points = int(ar.target.meta.get("num_points", 2048))
-    room = ar.decoder.model.dec_cfg.max_seq_len - cfg.num_heads - 2
-    max_tokens = min(cfg.max_new_tokens or 2 * int(ar.target.meta.get("max_tokens", room)), room)
+    max_tokens = token_budget(ar.decoder.model, ar.target.meta, cfg.num_heads, cfg.max_new_tokens)
     acc = {v.label: {"stats": DecodeStats(), "cd": [], "hd": [], "valid": 0, "tokens": 0} for v in vs}
-    seeds, spec = split_seeds("test", cfg.limit, cfg.offset), ProceduralSpec.from_meta(ar.target.meta)
-    refs = reference_distances([generate_mesh(int(s), spec) for s in seeds])
-    for i, seed in enumerate(seeds):
-        ref = generate_mesh(int(seed), spec)  # the backbone's own procedural distribution (config.json)
-        pc = torch.from_numpy(point_cloud(ref.vertices, ref.faces, num_points, int(seed))).to(cfg.device)
+    clouds = benchmark_clouds(ar.target.meta, cfg.limit, cfg.offset, cfg.device)
+    refs = reference_distances([ref for ref, _ in clouds])
+    for i, (ref, pc) in enumerate(clouds):
         for v in vs:
             gen = torch.Generator().manual_seed(cfg.seed + i)
             dgen = torch.Generator().manual_seed(10_000_019 + cfg.seed + i)
@@ -155,6 +150,26 @@ def run_mesh_benchmark(cfg: MeshBenchConfig, on_mesh: Callable[[int], None] | No
         if on_mesh:
             on_mesh(i)
     return [{**r, **refs} for r in summarize(cfg, vs, acc, loaded)]
+
+
+def benchmark_clouds(meta: dict, limit: int, offset: int = 0, device: str = "cpu") -> list[tuple[object, torch.Tensor]]:
+    """(ground-truth mesh, point cloud [N, 6]) of `limit` test-split meshes from `offset`, drawn from the
+    backbone's own procedural distribution and point count (its config.json `meta`)."""
+    from specgen.train.mesh import point_cloud
+
+    spec, num_points = ProceduralSpec.from_meta(meta), int(meta.get("num_points", 2048))
+    out = []
+    for seed in split_seeds("test", limit, offset):
+        ref = generate_mesh(int(seed), spec)
+        out.append((ref, torch.from_numpy(point_cloud(ref.vertices, ref.faces, num_points, int(seed))).to(device)))
+    return out
+
+
+def token_budget(model, meta: dict, num_heads: int, max_new_tokens: int = 0) -> int:
+    """Committed-token limit of a run: `max_new_tokens`, else twice the backbone's training length limit, within
+    its context (room for the D + 1 verified tokens and the start vector)."""
+    room = model.dec_cfg.max_seq_len - num_heads - 2
+    return min(max_new_tokens or 2 * int(meta.get("max_tokens", room)), room)
 
 
 def reference_distances(meshes: list) -> dict[str, float]:
