@@ -29,7 +29,7 @@ class OracleDecoder(MeshDecoder):
 
     reference: list[int] = []
 
-    def _candidates(self, out, x, stacked, h, past, kv, d, params, opts, generator) -> list[int]:
+    def _candidates(self, out, x, stacked, h, past, kv, d, params, opts, generator, memory=None) -> list[int]:
         n = len(out) + 1  # committed tokens + x_{s*}
         return self.reference[n : n + d]
 

@@ -53,6 +53,7 @@ class MeshBenchConfig:
     draft_dtypes: list = field(default_factory=list)  # e.g. [bfloat16]: sweep_row, its heads' LM-head product in that dtype
     lookups: list = field(default_factory=list)  # e.g. [2]: sweep_row with n-gram lookup candidates (beyond the paper)
     options: dict = field(default_factory=dict)  # more XSpecMesh options for every heads row, e.g. {top_k_tree: 1}
+    row_options: dict = field(default_factory=dict)  # row -> options over `options` for that row (and its sweeps)
     sweep_row: str = "ca+lora"
     num_heads: int = 4
     delta: float = 0.5
@@ -79,17 +80,20 @@ def variants(cfg: MeshBenchConfig) -> list[Variant]:
     from specgen.methods.xspecmesh import OPTION_NAMES, XSpecMeshOptions
 
     allowed = [o for o in OPTION_NAMES if o != "heads"]  # heads come from `heads`
-    unknown = sorted(set(cfg.options) - set(allowed))
-    if unknown:
-        raise UsageError(f"`options` has no XSpecMesh option {unknown[0]!r}; its options: {', '.join(allowed)}")
-    base = {"num_heads": cfg.num_heads, "delta": cfg.delta, **cfg.options}
+    for where, opts in [("options", cfg.options), *((f"row_options.{r}", o) for r, o in cfg.row_options.items())]:
+        unknown = sorted(set(opts or {}) - set(allowed))
+        if unknown:
+            raise UsageError(f"`{where}` has no XSpecMesh option {unknown[0]!r}; its options: {', '.join(allowed)}")
+    common = {"num_heads": cfg.num_heads, "delta": cfg.delta, **cfg.options}
     out = []
     for r in cfg.rows:
         if r != "ar" and r not in cfg.heads:
             raise UsageError(f"row {r!r} has no heads in `heads`; known rows: ar, {', '.join(cfg.heads)}")
-        out.append(Variant(r, None if r == "ar" else cfg.heads[r], XSpecMeshOptions(**base)))
+        out.append(Variant(r, None if r == "ar" else cfg.heads[r],
+                           XSpecMeshOptions(**{**common, **(cfg.row_options.get(r) or {})})))
     if cfg.sweep_row in cfg.heads:
         h = cfg.heads[cfg.sweep_row]
+        base = {**common, **(cfg.row_options.get(cfg.sweep_row) or {})}
         out += [Variant(f"{cfg.sweep_row} p>{d:g}", h, XSpecMeshOptions(**{**base, "delta": d})) for d in cfg.deltas]
         out += [Variant(f"{cfg.sweep_row} top-{k}", h, XSpecMeshOptions(**{**base, "criterion": "topk", "top_k_accept": k}))
                 for k in cfg.topk_accept]

@@ -38,6 +38,10 @@ Choices the paper leaves open (this is the reference implementation):
   what followed the latest earlier occurrence of the longest n-gram suffix (n <= lookup) of the mesh so
   far (BPT sequences revisit shared vertices); heads fill the rest and are not run when lookup fills
   all D. Only the candidates change, so the accept rule and both random streams are untouched.
+- Vertex lookup (beyond the paper, `vertex_lookup`, off by default; BPT vocabularies only): a candidate
+  whose predecessor is a block token already followed by an offset in this mesh is that offset, every
+  other candidate the head's (`mesh/vertex_lookup.py`). The heads keep the blocks, the mesh's own vertices
+  supply the offsets; exclusive with `lookup`. Again only the candidates change.
 - SCR = committed tokens / decoding steps (the prefill that yields the first candidate is not a
   decoding step), i.e. `DecodeStats.tau`; step latency = wall time / steps.
 """
@@ -45,6 +49,7 @@ Choices the paper leaves open (this is the reference implementation):
 from __future__ import annotations
 
 import copy
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -53,6 +58,7 @@ from specgen.decoding.accept_threshold import AcceptCriterion, accept_lossy
 from specgen.decoding.draft import Draft
 from specgen.decoding.sampling import SamplingParams, logits_to_probs, pick, sample, sample_rows
 from specgen.decoding.stats import DecodeStats
+from specgen.mesh.vertex_lookup import VertexMemory
 from specgen.methods.text import lookup
 from specgen.models.layout import decode_layout
 
@@ -79,6 +85,7 @@ class XSpecMeshOptions:
     top_k_tree: int = 2  # K_s
     draft_dtype: str = "float32"  # "bfloat16": the heads' LM-head projection in bf16 (beyond the paper, README)
     lookup: int = 0  # > 0: candidates first from n-gram lookup (n = lookup .. 1) over the mesh so far (beyond the paper)
+    vertex_lookup: bool = False  # offsets after known blocks from the mesh so far, heads elsewhere (beyond the paper)
 
     def __post_init__(self) -> None:
         from specgen.errors import UsageError
@@ -89,6 +96,8 @@ class XSpecMeshOptions:
             raise UsageError(f"unknown draft_dtype {self.draft_dtype!r}; choose from {', '.join(DRAFT_DTYPES)}")
         if self.num_heads < 0 or self.top_k_tree < 1 or self.lookup < 0:
             raise UsageError("num_heads and lookup must be >= 0 and top_k_tree >= 1")
+        if self.lookup and self.vertex_lookup:
+            raise UsageError("lookup and vertex_lookup are exclusive; choose one candidate source besides the heads")
         try:
             self.criterion_rule()
         except ValueError as e:
@@ -100,7 +109,7 @@ class XSpecMeshOptions:
     def label(self) -> str:
         s = "IS" if self.sampling == "independent" else f"PTS(K_s={self.top_k_tree})"
         bf = ", bf16 head logits" if self.draft_dtype == "bfloat16" else ""
-        lk = f", lookup {self.lookup}-gram" if self.lookup else ""
+        lk = f", lookup {self.lookup}-gram" if self.lookup else ", vertex lookup" if self.vertex_lookup else ""
         return f"{self.criterion_rule().label()}, {s}{bf}{lk}"
 
 
@@ -195,7 +204,9 @@ class MeshDecoder:
         with stats.timed("propose"):
             past = self._window(stacked, h, None)  # history heads: projected window of committed hidden states
             first = pick(logits0[0], params, generator)
-            chain = [first] + self._candidates([], first, stacked, h, past, head_kv, d_max, params, opts, draft_generator)
+            memory = self._vertex_memory() if opts.vertex_lookup and d_max else None
+            chain = [first] + self._candidates([], first, stacked, h, past, head_kv, d_max, params, opts,
+                                               draft_generator, memory)
         out: list[int] = []
         while True:
             chain = self._trim(chain, max_tokens - len(out))
@@ -219,18 +230,32 @@ class MeshDecoder:
                 x = verdict.tokens[-1]
                 past = self._window(stacked, hidden[0, : a + 1], past)  # + h of the committed x_s .. x_{s*-1}
                 chain = [x] + self._candidates(out, x, stacked, hidden[:, a], past, head_kv, d_max, params, opts,
-                                               draft_generator)
+                                               draft_generator, memory)
         stats.new_tokens = len(out)
         return MeshDecodeResult(out, stats)
 
     def _candidates(self, out: list[int], x: int, stacked, h: torch.Tensor, past, kv, d: int, params: SamplingParams,
-                    opts: XSpecMeshOptions, generator: torch.Generator | None) -> list[int]:
-        """D candidates after the committed tokens `out` + x = x_{s*}: the heads', or with `lookup` what followed
-        the latest earlier occurrence of the longest n-gram suffix (n <= lookup), heads filling the rest."""
+                    opts: XSpecMeshOptions, generator: torch.Generator | None,
+                    memory: VertexMemory | None = None) -> list[int]:
+        """D candidates after the committed tokens `out` + x = x_{s*}: the heads'; with `lookup` what followed
+        the latest earlier occurrence of the longest n-gram suffix (n <= lookup), heads filling the rest; with a
+        vertex `memory` the offsets of known blocks, heads elsewhere. Heads run only if a position needs them."""
+        heads = functools.cache(lambda: self._heads(stacked, h, past, x, kv, d, params, opts, generator))
+        if memory is not None:
+            memory.read(out + [x])
+            return memory.propose(x, heads, d)
         found = lookup(out + [x], d, opts.lookup, 1) if opts.lookup and d else []
-        if len(found) == d:  # the heads are not run at all
-            return found
-        return found + self._heads(stacked, h, past, x, kv, d, params, opts, generator)[len(found):]
+        return found if len(found) == d else found + heads()[len(found):]
+
+    def _vertex_memory(self) -> VertexMemory:
+        """An empty per-mesh vertex memory; the backbone must use BPT's 8 x 16 vocabulary."""
+        memory = VertexMemory()
+        if self.model.vocab_size != memory.tokenizer.vocab_size:
+            from specgen.errors import UsageError
+
+            raise UsageError(f"vertex_lookup needs a BPT backbone ({memory.tokenizer.vocab_size} tokens), "
+                             f"this one has {self.model.vocab_size}")
+        return memory
 
     def _heads(self, stacked, h: torch.Tensor, past: torch.Tensor | None, token: int, kv, d: int,
                params: SamplingParams, opts: XSpecMeshOptions, generator: torch.Generator | None) -> list[int]:

@@ -168,6 +168,19 @@ def test_benchmark_meshes_options_apply_to_every_heads_row(tiny):
                           "heads={ca: tiny-heads}", "rows=[ar,ca]", "options={lookahead: 1}"), 2, "lookahead")
 
 
+def test_benchmark_meshes_row_options_override_options_for_one_row(tiny):
+    r = invoke("benchmark", "--suite", "meshes", "--model", "tiny-mesh", "--limit", "1", "--format", "json",
+               "max_new_tokens=8", "num_heads=2", "heads={ca: tiny-heads, cav: tiny-heads}", "rows=[ar,ca,cav]",
+               "deltas=[]", "topk_accept=[]", "tree_k=[]", "depths=[1]", "sweep_row=cav", "options={lookup: 1}",
+               "row_options={cav: {lookup: 0, vertex_lookup: true}}")
+    assert r.exit_code == 0, r.output
+    rules = [x["rule"] for x in json.loads(r.stdout)]
+    assert rules[1:] == ["p>0.5, IS, lookup 1-gram (lossy)"] + ["p>0.5, IS, vertex lookup (lossy)"] * 2  # + cav D=1
+    one_error_line(invoke("benchmark", "--suite", "meshes", "--model", "tiny-mesh", "--limit", "1",
+                          "heads={ca: tiny-heads}", "rows=[ar,ca]", "row_options={ca: {vertex: 1}}"), 2,
+                   "row_options.ca")
+
+
 def test_shipped_models_generate_then_export(tmp_path):
     # default heads: stage 2 CA heads + their LoRA merged into the shipped backbone
     r = invoke("generate", "--method", "xspecmesh", "--num", "1", "--format", "json", "max_new_tokens=8")

@@ -105,7 +105,7 @@ class _PerfectCandidates(MeshDecoder):
 
     reference: list[int] = []
 
-    def _candidates(self, out, x, stacked, h, past, kv, d, params, opts, generator):
+    def _candidates(self, out, x, stacked, h, past, kv, d, params, opts, generator, memory=None):
         return self.reference[len(out) + 1 : len(out) + 1 + d]
 
 

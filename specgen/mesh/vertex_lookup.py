@@ -1,0 +1,59 @@
+"""Vertex lookup (beyond XSpecMesh): a BPT block token seen earlier in the mesh proposes the offset that followed it.
+
+A BPT sequence names each vertex as `block, offset` (`mesh/tokenizers/bpt.py`) and revisits most
+vertices, since each is shared by several faces. Once a block has been emitted followed by an
+offset, the next time that block appears the offset after it is, on the procedural meshes, the
+same one (one vertex per coarse block; measured on held-out labels of both backbones, README). So a
+candidate whose predecessor (x_{s*} or the previous candidate) is such a block is that offset, and
+every other candidate is the head's token for its position: the heads keep the blocks (where they
+are right 27-56% of the time against 14% for copying what followed the last occurrence of the
+preceding offset, which `lookup` n-grams do), the mesh supplies the offsets (where heads are right
+10-15%). A special block (a patch centre, id + special_base) looks up its plain block.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from specgen.mesh.tokenizers import BPTTokenizer
+
+
+@dataclass
+class VertexMemory:
+    """Latest offset emitted right after each block id in one mesh's token sequence so far."""
+
+    tokenizer: BPTTokenizer = field(default_factory=BPTTokenizer)
+    offsets: dict[int, int] = field(default_factory=dict)  # block id -> offset token
+    read_upto: int = 0  # tokens of the sequence already read
+
+    def block_id(self, token: int) -> int | None:
+        """Block id of a plain or special block token; None for offsets, EOS and anything else."""
+        t = self.tokenizer
+        if 0 <= token < t.offset_base:
+            return token
+        if t.special_base <= token < t.eos_id:
+            return token - t.special_base
+        return None
+
+    def is_offset(self, token: int) -> bool:
+        return self.tokenizer.offset_base <= token < self.tokenizer.special_base
+
+    def read(self, seq: list[int]) -> None:
+        """Learn the block -> offset pairs of seq, which extends every sequence read before (decoding appends)."""
+        for p in range(max(self.read_upto - 1, 0), len(seq) - 1):
+            b = self.block_id(seq[p])
+            if b is not None and self.is_offset(seq[p + 1]):
+                self.offsets[b] = seq[p + 1]
+        self.read_upto = len(seq)
+
+    def propose(self, last: int, heads: Callable[[], list[int]], d: int) -> list[int]:
+        """D candidates after token `last`: the remembered offset after a known block, else the head's token.
+
+        `heads()` gives the D head tokens; it is called only when some position needs it.
+        """
+        out: list[int] = []
+        for j in range(d):
+            b = self.block_id(out[-1] if out else last)
+            out.append(self.offsets[b] if b in self.offsets else heads()[j])
+        return out

@@ -1,0 +1,98 @@
+"""Vertex lookup candidates (beyond XSpecMesh): the memory's pairs, its proposals, and its place in the loop."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specgen.decoding.sampling import SamplingParams
+from specgen.errors import UsageError
+from specgen.mesh.tokenizers import BPTTokenizer
+from specgen.mesh.vertex_lookup import VertexMemory
+from specgen.methods.xspecmesh import MeshDecoder, XSpecMeshOptions
+from tests.mesh.mesh_fixtures import tiny_heads, tiny_mesh_model
+from tests.mesh.test_mesh_xspecmesh import SAMPLED, run, setup  # noqa: F401  (setup is a fixture)
+
+TOK = BPTTokenizer()
+OFF, SPECIAL, EOS = TOK.offset_base, TOK.special_base, TOK.eos_id  # 512, 4608, 5120
+
+
+def heads_stub(tokens: list[int]):
+    """A `heads()` callable returning fixed head tokens and counting its calls."""
+    calls: list[int] = []
+
+    def heads() -> list[int]:
+        calls.append(1)
+        return tokens
+
+    return heads, calls
+
+
+def test_memory_pairs_blocks_with_the_offset_that_followed_them_latest():
+    m = VertexMemory()
+    m.read([7, OFF + 1, OFF + 2, 9, OFF + 3, SPECIAL + 7, OFF + 4, 9])  # 7's latest offset is OFF + 4 (as a centre)
+    assert m.offsets == {7: OFF + 4, 9: OFF + 3}
+    m.read([7, OFF + 1, OFF + 2, 9, OFF + 3, SPECIAL + 7, OFF + 4, 9, OFF + 5])  # the pair across the old end counts
+    assert m.offsets[9] == OFF + 5 and m.read_upto == 9
+
+
+def test_memory_ignores_pairs_that_are_not_block_then_offset():
+    m = VertexMemory()
+    m.read([OFF + 1, OFF + 2, 3, 4, OFF + 6, EOS])  # offset->offset, block->block, offset->EOS
+    assert m.offsets == {4: OFF + 6}
+
+
+def test_propose_offsets_after_known_blocks_and_head_tokens_elsewhere():
+    m = VertexMemory()
+    m.read([3, OFF + 30, 5, OFF + 50])
+    heads, calls = heads_stub([5, 99, 3, 77])
+    # x = block 3 (known): its offset; then head 2's token 99 (a block with no offset yet) -> head 3's token 3
+    # (block 3 again) -> its offset, not head 4's 77
+    assert m.propose(3, heads, 4) == [OFF + 30, 99, 3, OFF + 30]
+    assert m.propose(SPECIAL + 5, heads, 2) == [OFF + 50, 99]  # a special block looks up its plain block
+    assert m.propose(OFF + 1, heads, 3) == [5, OFF + 50, 3]  # after an offset: the head's block, then lookup
+
+
+def test_heads_run_only_when_a_position_needs_them():
+    m = VertexMemory()
+    m.read([3, OFF + 30])
+    heads, calls = heads_stub([1, 2])
+    assert m.propose(3, heads, 1) == [OFF + 30] and not calls
+    m.propose(OFF + 30, heads, 1)
+    assert len(calls) == 1
+
+
+def test_vertex_lookup_changes_the_draft_not_the_rule(setup):  # noqa: F811
+    """Accept-nothing is still AR sampling with the same seed and greedy is still greedy AR."""
+    model, pc = setup
+    on = XSpecMeshOptions(vertex_lookup=True)
+    assert run(model, tiny_heads(), pc, SAMPLED, XSpecMeshOptions(delta=1.0, vertex_lookup=True)).tokens == \
+        run(model, None, pc, SAMPLED).tokens
+    assert run(model, tiny_heads(), pc, SamplingParams(0.0), on).tokens == run(model, None, pc, SamplingParams(0.0)).tokens
+
+
+def test_loop_feeds_the_memory_the_mesh_so_far_and_proposes_after_x(setup, monkeypatch):  # noqa: F811
+    """Each step the memory reads the committed tokens + x_{s*} and proposes the D candidates after x_{s*}."""
+    model, pc = setup
+    seen, propose = [], VertexMemory.propose
+    monkeypatch.setattr(VertexMemory, "propose",
+                        lambda self, last, heads, d: seen.append((self.read_upto, last)) or propose(self, last, heads, d))
+    res = run(model, tiny_heads(), pc, SamplingParams(0.0), XSpecMeshOptions(vertex_lookup=True), n=40)
+    assert seen[0] == (1, res.tokens[0]) and len(seen) >= res.stats.steps  # + the proposal after the last step
+    assert all(res.tokens[n - 1] == last for n, last in seen)  # x_{s*} is the newest token read
+    assert all(a < b for (a, _), (b, _) in zip(seen, seen[1:]))
+
+
+def test_vertex_lookup_options_are_checked():
+    with pytest.raises(UsageError, match="exclusive"):
+        XSpecMeshOptions(lookup=1, vertex_lookup=True)
+    assert "vertex lookup" in XSpecMeshOptions(vertex_lookup=True).label()
+    torch.manual_seed(0)
+    kwargs = tiny_mesh_model().builder_kwargs()
+    kwargs["decoder"] = {**kwargs["decoder"], "vocab_size": 300}
+    from specgen.models.mesh import MeshGPT
+
+    other = MeshGPT(**kwargs).eval()
+    with pytest.raises(UsageError, match="BPT"):
+        MeshDecoder(other, tiny_heads()).generate(torch.zeros(64, 6), SamplingParams(0.0), 8,
+                                                  XSpecMeshOptions(vertex_lookup=True))
