@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The larger mesh family (NOT shipped), end to end on a CPU: backbone (~70 min on 2 threads), CA heads + LoRA
-# (~45 min), the benchmarks (~10 min). Every step resumes from its run folder: rerun after an interruption.
+# (~45 min), the benchmarks (~15 min). Every step resumes from its run folder: rerun after an interruption.
 set -euo pipefail
 LOGS=recipes/small/logs
 export OMP_NUM_THREADS=2
@@ -13,3 +13,7 @@ specgen benchmark --config recipes/small/bench-meshes.yaml --out runs/bench-mesh
 specgen benchmark --config recipes/small/bench-meshes-lookup.yaml --out runs/bench-meshes-small-lookup.jsonl \
   > "$LOGS/bench-meshes-small-lookup.log" 2>&1
 python recipes/tiny/mesh_oracle_speed.py --heads xspecmesh-ca-small | tee "$LOGS/mesh-oracle-speed-small.log"
+specgen benchmark --config recipes/small/bench-meshes-vertex.yaml --out runs/bench-meshes-small-vertex.jsonl \
+  > "$LOGS/bench-meshes-small-vertex.log" 2>&1
+python recipes/tiny/mesh_head_accuracy.py runs/xspecmesh-ca-small/labels.safetensors --heads xspecmesh-ca-small \
+  | tee "$LOGS/mesh-head-accuracy-small.log"
