@@ -219,7 +219,7 @@ class MeshDecoder:
                 out.append(chain[0])  # a backbone sample: committed without another forward
                 break
             start = len(out) + 1  # position of chain[0]
-            with stats.timed("verify"):  # 2. one backbone forward over x_{s:s+D} (LM head: lazily, in 3.)
+            with stats.timed("verify"):  # 2. one backbone forward over x_{s:s+D} (LM head: in 3., on first read)
                 hidden = model.step_hidden(torch.tensor([chain], device=device), start, cache)  # [1, S, dim]
             with stats.timed("accept"):  # 3. lossy rule on the filtered, tempered p^(0)
                 probs = LazyProbs(hidden[0], model.decoder.output, params)  # filtered rows [V] only as far as the rule reads
