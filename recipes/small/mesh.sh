@@ -17,3 +17,5 @@ specgen benchmark --config recipes/small/bench-meshes-vertex.yaml --out runs/ben
   > "$LOGS/bench-meshes-small-vertex.log" 2>&1
 python recipes/tiny/mesh_head_accuracy.py runs/xspecmesh-ca-small/labels.safetensors --heads xspecmesh-ca-small \
   | tee "$LOGS/mesh-head-accuracy-small.log"
+python recipes/tiny/mesh_candidate_replay.py runs/xspecmesh-ca-small/labels.safetensors --heads xspecmesh-ca-small \
+  | tee "$LOGS/mesh-candidate-replay-small.log"
