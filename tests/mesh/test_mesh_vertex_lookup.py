@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -14,6 +16,7 @@ from tests.mesh.mesh_fixtures import tiny_heads, tiny_mesh_model
 from tests.mesh.test_mesh_xspecmesh import SAMPLED, run, setup  # noqa: F401  (setup is a fixture)
 
 TOK = BPTTokenizer()
+BENCH_RECIPES = sorted((Path(__file__).resolve().parents[2] / "recipes").glob("*/bench-meshes*.yaml"))
 OFF, SPECIAL, EOS = TOK.offset_base, TOK.special_base, TOK.eos_id  # 512, 4608, 5120
 
 
@@ -96,3 +99,15 @@ def test_vertex_lookup_options_are_checked():
     with pytest.raises(UsageError, match="BPT"):
         MeshDecoder(other, tiny_heads()).generate(torch.zeros(64, 6), SamplingParams(0.0), 8,
                                                   XSpecMeshOptions(vertex_lookup=True))
+
+
+@pytest.mark.parametrize("path", BENCH_RECIPES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_mesh_benchmark_recipes_build_their_rows(path):
+    """Every mesh benchmark recipe loads and names valid XSpecMesh options for each of its rows."""
+    from specgen.config import load_config
+    from specgen.eval.mesh_bench import MeshBenchConfig, variants
+
+    assert len(BENCH_RECIPES) >= 10
+    cfg = load_config(MeshBenchConfig, path)
+    rows = variants(cfg)
+    assert rows[0].label == "ar" and len({v.label for v in rows}) == len(rows)
