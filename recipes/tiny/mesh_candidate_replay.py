@@ -22,12 +22,11 @@ import argparse
 from typing import Callable
 
 import torch
-from safetensors.torch import load_file
 
 from specgen.decoding.sampling import SamplingParams, logits_to_probs
+from specgen.eval.mesh_labels import held_out
 from specgen.mesh.vertex_lookup import VertexMemory
 from specgen.methods.text import lookup
-from specgen.methods.xspecmesh import load_mesh
 
 Source = Callable[[list[int], int, list[int], int], list[int]]  # (sequence, i, head tokens at row i, D) -> candidates
 
@@ -71,16 +70,12 @@ def main() -> None:
     ap.add_argument("--delta", type=float, default=0.5)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    loaded = load_mesh(None, args.heads)
-    model, heads = loaded.decoder.model, loaded.decoder.heads
-    t = load_file(args.labels)
-    pcs, tokens = t["pcs"][-args.sequences :], t["tokens"][-args.sequences :]
-    tokens = tokens[:, : int((tokens >= 0).sum(1).max())]  # [S, L], -1 = padding
+    ho = held_out(args.labels, args.heads, args.sequences)
+    model, heads, tokens, hidden = ho.model, ho.heads, ho.tokens, ho.hidden  # tokens [S, L], hidden [S, L, dim]
     with torch.inference_mode():
-        logits, hidden, cond = model.forward_train(pcs, tokens)  # [S, L, V], [S, L, dim]
-        probs = logits_to_probs(logits.flatten(0, 1), SamplingParams(0.5, 50, 0.95))
+        probs = logits_to_probs(ho.logits.flatten(0, 1), SamplingParams(0.5, 50, 0.95))  # [S*L, V]
         confident = (probs.amax(-1) > args.delta).view(tokens.shape)  # [S, L]
-        kv = heads.context_kv(cond)
+        kv = heads.context_kv(ho.cond)
         guesses = torch.stack([model.decoder.output(heads.head_features(k, hidden, kv[k])).argmax(-1)
                                for k in range(heads.num_heads)], -1)  # [S, L, D]: head k+1 at row i -> token i+k+1
     seqs = [row[row >= 0].tolist() for row in tokens]

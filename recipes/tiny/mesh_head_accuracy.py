@@ -17,10 +17,9 @@ from __future__ import annotations
 import argparse
 
 import torch
-from safetensors.torch import load_file
 
 from specgen.decoding.sampling import SamplingParams, logits_to_probs
-from specgen.methods.xspecmesh import load_mesh
+from specgen.eval.mesh_labels import held_out
 
 #: BPT token kinds by id range (8 x 16 split): [0, 512) block, [512, 4608) offset, [4608, 5120) special, 5120 EOS.
 KINDS = {"block": (0, 512), "offset": (512, 4608), "special": (4608, 5120), "eos": (5120, 5121)}
@@ -36,16 +35,13 @@ def main() -> None:
     ap.add_argument("--top-p", type=float, default=0.95)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    loaded = load_mesh(None, args.heads)
-    model, heads = loaded.decoder.model, loaded.decoder.heads
-    t = load_file(args.labels)
-    pcs, tokens = t["pcs"][-args.sequences :], t["tokens"][-args.sequences :]
-    tokens = tokens[:, : int((tokens >= 0).sum(1).max())]  # [S, L], -1 = padding
+    ho = held_out(args.labels, args.heads, args.sequences)
+    model, heads, tokens, hidden = ho.model, ho.heads, ho.tokens, ho.hidden  # tokens [S, L], hidden [S, L, dim]
     params = SamplingParams(args.temperature, args.top_k, args.top_p)
     with torch.inference_mode():
-        logits, hidden, cond = model.forward_train(pcs, tokens)  # [S, L, V], [S, L, dim]
+        logits = ho.logits  # [S, L, V]
         top = logits_to_probs(logits.flatten(0, 1), params).amax(-1).view(tokens.shape)  # [S, L]
-        kv = heads.context_kv(cond)
+        kv = heads.context_kv(ho.cond)
         print(f"{args.heads} on {len(tokens)} held-out label sequences ({int((tokens >= 0).sum())} tokens)")
         print("head  target    share  head acc  backbone top-p")
         for d in range(1, heads.num_heads + 1):

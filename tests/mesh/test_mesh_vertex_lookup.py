@@ -111,3 +111,20 @@ def test_mesh_benchmark_recipes_build_their_rows(path):
     cfg = load_config(MeshBenchConfig, path)
     rows = variants(cfg)
     assert rows[0].label == "ar" and len({v.label for v in rows}) == len(rows)
+
+
+def test_held_out_scores_the_last_label_rows_teacher_forced(tmp_path):
+    """The recipes' held-out helper: the last rows, trimmed to their longest sequence, one pass of the heads' backbone."""
+    from safetensors.torch import save_file
+
+    from specgen.eval.mesh_labels import held_out
+    from tests.mesh.mesh_fixtures import NUM_POINTS, register_tiny
+
+    register_tiny("tiny-mesh", "tiny-heads")
+    tokens = torch.full((3, 9), -1, dtype=torch.long)
+    tokens[0, :9], tokens[1, :4], tokens[2, :6] = torch.arange(9), torch.tensor([3, OFF + 1, 3, EOS]), 7
+    path = tmp_path / "labels.safetensors"
+    save_file({"pcs": torch.randn(3, NUM_POINTS, 6), "tokens": tokens}, str(path))
+    ho = held_out(str(path), "tiny-heads", 2)
+    assert torch.equal(ho.tokens, tokens[1:, :6]) and ho.logits.shape == (2, 6, 5121)
+    assert ho.hidden.shape[:2] == (2, 6) and ho.heads.num_heads == 3
