@@ -54,6 +54,7 @@ class MeshBenchConfig:
     lookups: list = field(default_factory=list)  # e.g. [2]: sweep_row with n-gram lookup candidates (beyond the paper)
     options: dict = field(default_factory=dict)  # more XSpecMesh options for every heads row, e.g. {top_k_tree: 1}
     row_options: dict = field(default_factory=dict)  # row -> options over `options` for that row (and its sweeps)
+    merged_ar: list = field(default_factory=list)  # heads rows whose LoRA-merged backbone also decodes plain AR ("ar+ROW")
     sweep_row: str = "ca+lora"
     num_heads: int = 4
     delta: float = 0.5
@@ -73,6 +74,7 @@ class Variant:
     label: str
     heads: str | None
     opts: object  # XSpecMeshOptions
+    plain: bool = False  # AR on the backbone these heads load (their LoRA merged), heads unused
 
 
 def variants(cfg: MeshBenchConfig) -> list[Variant]:
@@ -91,6 +93,10 @@ def variants(cfg: MeshBenchConfig) -> list[Variant]:
             raise UsageError(f"row {r!r} has no heads in `heads`; known rows: ar, {', '.join(cfg.heads)}")
         out.append(Variant(r, None if r == "ar" else cfg.heads[r],
                            XSpecMeshOptions(**{**common, **(cfg.row_options.get(r) or {})})))
+    for r in cfg.merged_ar:
+        if r not in cfg.heads:
+            raise UsageError(f"merged_ar row {r!r} has no heads in `heads`; known rows: {', '.join(cfg.heads)}")
+        out.append(Variant(f"ar+{r}", cfg.heads[r], XSpecMeshOptions(**common), plain=True))
     if cfg.sweep_row in cfg.heads:
         h = cfg.heads[cfg.sweep_row]
         base = {**common, **(cfg.row_options.get(cfg.sweep_row) or {})}
@@ -123,7 +129,7 @@ def run_mesh_benchmark(cfg: MeshBenchConfig, on_mesh: Callable[[int], None] | No
     from specgen.errors import UsageError
     from specgen.mesh.generate import decode_tokens
     from specgen.mesh.metrics import mesh_distances
-    from specgen.methods.xspecmesh import load_mesh
+    from specgen.methods.xspecmesh import MeshDecoder, load_mesh
 
     if cfg.limit < 1 or cfg.offset < 0:
         raise UsageError("--limit must be >= 1 and --offset >= 0")
@@ -133,6 +139,8 @@ def run_mesh_benchmark(cfg: MeshBenchConfig, on_mesh: Callable[[int], None] | No
     vs = variants(cfg)
     loaded = {h: load_mesh(cfg.model, h, cfg.device) for h in dict.fromkeys(v.heads for v in vs)}
     ar = loaded[None] if None in loaded else load_mesh(cfg.model, None, cfg.device)
+    decoders = {v.label: MeshDecoder(loaded[v.heads].decoder.model, None, loaded[v.heads].decoder.eos_id) if v.plain
+                else loaded[v.heads].decoder for v in vs}
     max_tokens = token_budget(ar.decoder.model, ar.target.meta, cfg.num_heads, cfg.max_new_tokens)
     acc = {v.label: {"stats": DecodeStats(), "cd": [], "hd": [], "valid": 0, "tokens": 0} for v in vs}
     clouds = benchmark_clouds(ar.target.meta, cfg.limit, cfg.offset, cfg.device)
@@ -141,7 +149,7 @@ def run_mesh_benchmark(cfg: MeshBenchConfig, on_mesh: Callable[[int], None] | No
         for v in vs:
             gen = torch.Generator().manual_seed(cfg.seed + i)
             dgen = torch.Generator().manual_seed(10_000_019 + cfg.seed + i)
-            res = loaded[v.heads].decoder.generate(pc, params, max_tokens, v.opts, gen, dgen)
+            res = decoders[v.label].generate(pc, params, max_tokens, v.opts, gen, dgen)
             a = acc[v.label]
             a["stats"].merge(res.stats)
             a["tokens"] += len(res.tokens)
@@ -199,8 +207,8 @@ def summarize(cfg: MeshBenchConfig, vs: list[Variant], acc: dict, loaded: dict) 
         a, st = acc[v.label], acc[v.label]["stats"]
         decode_s = st.wall_time - st.times.get("prefill", 0.0)
         rows.append({
-            "method": "ar" if v.heads is None else "xspecmesh", "row": v.label, "heads": v.heads,
-            "rule": "lossless" if v.heads is None else f"{v.opts.label()} (lossy)",
+            "method": "ar" if v.heads is None or v.plain else "xspecmesh", "row": v.label, "heads": v.heads,
+            "rule": "lossless" if v.heads is None or v.plain else f"{v.opts.label()} (lossy)",
             "meshes": cfg.limit, "scored": len(a["cd"]),
             "cd": round(float(np.mean(a["cd"])), 4) if a["cd"] else None,
             "hd": round(float(np.mean(a["hd"])), 4) if a["hd"] else None,

@@ -172,10 +172,14 @@ def test_benchmark_meshes_row_options_override_options_for_one_row(tiny):
     r = invoke("benchmark", "--suite", "meshes", "--model", "tiny-mesh", "--limit", "1", "--format", "json",
                "max_new_tokens=8", "num_heads=2", "heads={ca: tiny-heads, cav: tiny-heads}", "rows=[ar,ca,cav]",
                "deltas=[]", "topk_accept=[]", "tree_k=[]", "depths=[1]", "sweep_row=cav", "options={lookup: 1}",
-               "row_options={cav: {lookup: 0, vertex_lookup: true}}")
+               "row_options={cav: {lookup: 0, vertex_lookup: true}}", "merged_ar=[cav]")
     assert r.exit_code == 0, r.output
-    rules = [x["rule"] for x in json.loads(r.stdout)]
-    assert rules[1:] == ["p>0.5, IS, lookup 1-gram (lossy)"] + ["p>0.5, IS, vertex lookup (lossy)"] * 2  # + cav D=1
+    rows = json.loads(r.stdout)
+    assert [x["rule"] for x in rows] == ["lossless", "p>0.5, IS, lookup 1-gram (lossy)", "p>0.5, IS, vertex lookup (lossy)",
+                                         "lossless", "p>0.5, IS, vertex lookup (lossy)"]  # ar+cav, then cav D=1
+    assert rows[3]["row"] == "ar+cav" and rows[3]["method"] == "ar" and rows[3]["scr"] == 1.0
+    # tiny-heads carry no adapter, so their backbone is the target itself: same seeds, same tokens as row ar
+    assert rows[3]["heads"] == "tiny-heads" and (rows[3]["mean_tokens"], rows[3]["cd"]) == (rows[0]["mean_tokens"], rows[0]["cd"])
     one_error_line(invoke("benchmark", "--suite", "meshes", "--model", "tiny-mesh", "--limit", "1",
                           "heads={ca: tiny-heads}", "rows=[ar,ca]", "row_options={ca: {vertex: 1}}"), 2,
                    "row_options.ca")
