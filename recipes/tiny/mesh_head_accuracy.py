@@ -20,9 +20,10 @@ import torch
 
 from specgen.decoding.sampling import SamplingParams, logits_to_probs
 from specgen.eval.mesh_labels import held_out
+from specgen.mesh.tokenizers import BPTTokenizer
 
-#: BPT token kinds by id range (8 x 16 split): [0, 512) block, [512, 4608) offset, [4608, 5120) special, 5120 EOS.
-KINDS = {"block": (0, 512), "offset": (512, 4608), "special": (4608, 5120), "eos": (5120, 5121)}
+#: Names of `BPTTokenizer.kinds` codes.
+KINDS = {0: "block", 1: "offset", 2: "special", 3: "eos"}
 
 
 def main() -> None:
@@ -41,6 +42,7 @@ def main() -> None:
     with torch.inference_mode():
         logits = ho.logits  # [S, L, V]
         top = logits_to_probs(logits.flatten(0, 1), params).amax(-1).view(tokens.shape)  # [S, L]
+        kinds = torch.from_numpy(BPTTokenizer().kinds(tokens.numpy().ravel())).view(tokens.shape)  # [S, L], -1 = pad
         kv = heads.context_kv(ho.cond)
         print(f"{args.heads} on {len(tokens)} held-out label sequences ({int((tokens >= 0).sum())} tokens)")
         print("head  target    share  head acc  backbone top-p")
@@ -48,10 +50,10 @@ def main() -> None:
             rows = tokens.shape[1] - d
             feats = heads.head_features(d - 1, hidden[:, :rows], kv[d - 1])  # [S, L-d, dim]
             hit = model.decoder.output(feats).argmax(-1) == tokens[:, d:]  # [S, L-d]
-            target, conf = tokens[:, d:], top[:, d:]
+            target, kind_of, conf = tokens[:, d:], kinds[:, d:], top[:, d:]
             real = target >= 0
-            for kind, (lo, hi) in KINDS.items():
-                m = real & (target >= lo) & (target < hi)
+            for code, kind in KINDS.items():
+                m = real & (kind_of == code)
                 if m.any():
                     print(f"{d:4d}  {kind:8s} {float(m.sum() / real.sum()):5.2f}  {float(hit[m].float().mean()):8.3f}"
                           f"  {float(conf[m].mean()):14.2f}")

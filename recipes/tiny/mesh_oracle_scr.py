@@ -15,10 +15,10 @@ from __future__ import annotations
 import argparse
 
 import torch
-from safetensors.torch import load_file
 
 from specgen import registry
 from specgen.decoding.sampling import SamplingParams, logits_to_probs
+from specgen.eval.mesh_labels import held_out_labels
 
 
 def oracle_scr(confident: list[bool], depth: int) -> tuple[int, int]:
@@ -45,9 +45,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     model = registry.load_module(registry.find(args.model)).float().eval()
-    t = load_file(args.labels)
-    pcs, tokens = t["pcs"][-args.sequences :], t["tokens"][-args.sequences :]
-    tokens = tokens[:, : int((tokens >= 0).sum(1).max())]  # [S, L], -1 = padding
+    pcs, tokens = held_out_labels(args.labels, args.sequences)  # tokens [S, L], -1 = padding
     with torch.no_grad():
         logits, _, _ = model.forward_train(pcs, tokens)  # [S, L, V]: row i predicts tokens[:, i]
     probs = logits_to_probs(logits, SamplingParams(args.temperature, args.top_k, args.top_p))

@@ -19,17 +19,23 @@ class HeldOut:
     cond: torch.Tensor  # [S, M, cross_dim]
 
 
+def held_out_labels(labels: str, sequences: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(point clouds [S, N, 6], tokens [S, L]) of the last `sequences` rows of labels.safetensors (a run's eval
+    split), trimmed to the longest sequence (-1 = padding)."""
+    from safetensors.torch import load_file
+
+    t = load_file(labels)
+    pcs, tokens = t["pcs"][-sequences:], t["tokens"][-sequences:]
+    return pcs, tokens[:, : int((tokens >= 0).sum(1).max())]
+
+
 @torch.inference_mode()
 def held_out(labels: str, heads: str, sequences: int) -> HeldOut:
     """Score the last `sequences` rows of labels.safetensors with the backbone of registry heads `heads`."""
-    from safetensors.torch import load_file
-
     from specgen.methods.xspecmesh import load_mesh
 
     loaded = load_mesh(None, heads)
     model = loaded.decoder.model
-    t = load_file(labels)
-    pcs, tokens = t["pcs"][-sequences:], t["tokens"][-sequences:]
-    tokens = tokens[:, : int((tokens >= 0).sum(1).max())]
+    pcs, tokens = held_out_labels(labels, sequences)
     logits, hidden, cond = model.forward_train(pcs, tokens)
     return HeldOut(model, loaded.decoder.heads, tokens, logits, hidden, cond)
