@@ -47,19 +47,29 @@ def run(req) -> None:
         req.out_dir.mkdir(parents=True, exist_ok=True)
     with _output.progress(f"{cfg.method} meshes", len(conds), req.quiet or req.fmt == Format.json) as advance:
         samples = generate_meshes(loaded, conds, cfg, opts, on_done=lambda i: advance())
-    rows = [row(s, cfg, loaded, req.out_dir) for s in samples]
+    rows = [row(s, cfg, loaded, req.out_dir, opts) for s in samples]
     for r in rows:
         if req.fmt == Format.json:
             _output.emit_json(r)
         elif r["error"] and not req.quiet:
             _output.err.print(f"warning: {r['name']}: {r['error']}; nothing written for it", markup=False)
     if req.fmt == Format.table:
-        label = cfg.method + (f" ({opts.label()}, lossy)" if cfg.method == "xspecmesh" else "")
+        label = cfg.method + (f" ({opts.label()}, {fidelity(opts, loaded)})" if cfg.method == "xspecmesh" else "")
         _output.table(f"{label} on {loaded.target.ref}", [{**r, **r["stats"]} for r in rows], COLUMNS, _output.out)
 
 
-def row(s, cfg, loaded, out_dir) -> dict:
-    """The JSON row of one sample; writes its mesh (and preview) when out_dir is given and it is valid."""
+def fidelity(opts, loaded) -> str:
+    """Whose distribution an xspecmesh run keeps: the model's, the LoRA-merged model's, or none (lossy rules)."""
+    if not opts.lossless:
+        return "lossy"
+    return "lossless w.r.t. the LoRA-merged backbone" if loaded.adapter else "lossless"
+
+
+def row(s, cfg, loaded, out_dir, opts) -> dict:
+    """The JSON row of one sample; writes its mesh (and preview) when out_dir is given and it is valid.
+
+    `lossless` is true when the mesh is distributed as the named model's own samples (ar, or xspecmesh with
+    criterion rejection and heads that merge no adapter)."""
     from specgen.mesh.export import export_mesh, render_png
 
     files = []
@@ -70,7 +80,8 @@ def row(s, cfg, loaded, out_dir) -> dict:
             files.append(str(render_png(s.vertices, s.faces, out_dir / f"{s.name}.png")))
     return {"name": s.name, "method": cfg.method, "model": loaded.target.ref,
             "heads": loaded.heads.ref if loaded.heads else None,
-            "adapter": loaded.adapter.ref if loaded.adapter else None, "lossless": cfg.method == "ar",
+            "adapter": loaded.adapter.ref if loaded.adapter else None,
+            "lossless": cfg.method == "ar" or fidelity(opts, loaded) == "lossless",
             "token_ids": s.tokens, "num_tokens": len(s.tokens),
             "faces": 0 if s.faces is None else len(s.faces), "vertices": 0 if s.vertices is None else len(s.vertices),
             "valid": not s.error, "error": s.error, "degenerate_removed": s.degenerate_removed,

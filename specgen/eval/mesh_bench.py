@@ -208,7 +208,7 @@ def summarize(cfg: MeshBenchConfig, vs: list[Variant], acc: dict, loaded: dict) 
         decode_s = st.wall_time - st.times.get("prefill", 0.0)
         rows.append({
             "method": "ar" if v.heads is None or v.plain else "xspecmesh", "row": v.label, "heads": v.heads,
-            "rule": "lossless" if v.heads is None or v.plain else f"{v.opts.label()} (lossy)",
+            "rule": "lossless" if v.heads is None or v.plain else v.opts.label() + ("" if v.opts.lossless else " (lossy)"),
             "meshes": cfg.limit, "scored": len(a["cd"]),
             "cd": round(float(np.mean(a["cd"])), 4) if a["cd"] else None,
             "hd": round(float(np.mean(a["hd"])), 4) if a["hd"] else None,

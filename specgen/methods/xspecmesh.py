@@ -1,4 +1,7 @@
-"""XSpecMesh (Algorithm 1): multi-head speculative decoding of point-cloud-conditioned mesh GPTs. LOSSY.
+"""XSpecMesh (Algorithm 1): multi-head speculative decoding of point-cloud-conditioned mesh GPTs.
+
+LOSSY with the paper's rules (criterion "threshold" or "topk"); LOSSLESS with criterion "rejection"
+(beyond the paper: speculative rejection sampling of deterministic candidates, see below).
 
 One decoding step, with s = the position of the first not-yet-verified candidate:
   1 propose  candidates x_s .. x_{s+D}: x_s was sampled from the backbone p^(0)_s (so it is valid),
@@ -7,7 +10,8 @@ One decoding step, with s = the position of the first not-yet-verified candidate
              p^(0)_{s+1 .. s+D+1} (the condition's cross-attention K/V were computed once per mesh;
              the top-k/top-p filters run only on the rows step 3 reads);
   3 accept   keep x_{s+1}, ... while the rule passes (p^(0)(x) > delta, or x in top-K_a), stop at the
-             first rejected position s* (lossy: `decoding/accept_threshold.py`);
+             first rejected position s* (lossy: `decoding/accept_threshold.py`); or, with "rejection",
+             keep x with probability p^(0)(x) (lossless: `decoding/accept.py`);
   4 commit   keep the KV of x_s .. x_{s*-1} (a pointer move: the chain is contiguous);
   5 update   resample x_{s*} from p^(0)_{s*} and x_{s*+d} from head d on h_{s*-1} (line 11).
 `ar` on meshes is this loop with D = 0 (no heads): one token per backbone forward, same cache,
@@ -42,6 +46,14 @@ Choices the paper leaves open (this is the reference implementation):
   whose predecessor is a block token already followed by an offset in this mesh is that offset, every
   other candidate the head's (`mesh/vertex_lookup.py`). The heads keep the blocks, the mesh's own vertices
   supply the offsets; exclusive with `lookup`. Again only the candidates change.
+- Lossless acceptance (beyond the paper, `criterion: rejection`): the paper's rules accept any candidate
+  the backbone finds likely enough, so the output drifts from the backbone's own samples (with argmax
+  candidates, meshes grow ~15% longer: README). With deterministic candidates (argmax heads = the K_s = 1
+  tree, vertex / n-gram lookup, or greedy) standard speculative sampling applies with q = one-hot:
+  accept x with probability p^(0)(x), on rejection sample p^(0) with x removed. Every committed token is
+  then distributed exactly as the backbone's (tested statistically), so the output is the backbone's
+  sampling distribution; at temperature 0 it is greedy AR token for token. Sampled candidates would need
+  each head's q; they are refused with this rule (their acceptance min(1, p/q) is lower anyway).
 - SCR = committed tokens / decoding steps (the prefill that yields the first candidate is not a
   decoding step), i.e. `DecodeStats.tau`; step latency = wall time / steps.
 """
@@ -54,8 +66,9 @@ from dataclasses import dataclass
 
 import torch
 
-from specgen.decoding.accept_threshold import AcceptCriterion, accept_lossy
-from specgen.decoding.draft import Draft
+from specgen.decoding.accept import accept_rejection
+from specgen.decoding.accept_threshold import CRITERIA as LOSSY_CRITERIA, AcceptCriterion, accept_lossy
+from specgen.decoding.draft import Draft, Verdict
 from specgen.decoding.sampling import SamplingParams, logits_to_probs, pick, sample, sample_rows
 from specgen.decoding.stats import DecodeStats
 from specgen.mesh.vertex_lookup import VertexMemory
@@ -63,6 +76,8 @@ from specgen.methods.text import lookup
 from specgen.models.layout import decode_layout
 
 SAMPLING_MODES = ("independent", "tree")
+#: The lossless acceptance rule (beyond the paper): speculative rejection sampling of deterministic candidates.
+LOSSLESS_CRITERION = "rejection"
 #: Precision of the heads' LM-head projection (candidates only; the backbone, hence acceptance, stays float32).
 #: bfloat16 ran the [D, dim] x [dim, 5121] product ~2-3x faster than MKL's float32 on a CPU with AVX512-BF16;
 #: with the packed decode layout (models/packed_linear.py) float32 runs on oneDNN and bf16 no longer pays
@@ -78,7 +93,7 @@ class XSpecMeshOptions:
 
     heads: str = "xspecmesh-ca-tiny"  # registry name of the heads (they name their backbone + adapter)
     num_heads: int = 0  # D; 0 = every head the checkpoint has (paper: 4)
-    criterion: str = "threshold"  # "threshold" (p > delta) | "topk" (top-K_a)
+    criterion: str = "threshold"  # "threshold" (p > delta) | "topk" (top-K_a), both lossy | "rejection" (lossless)
     delta: float = 0.5
     top_k_accept: int = 1  # K_a
     sampling: str = "independent"  # "independent" | "tree" (top-K_s probability tree)
@@ -98,10 +113,22 @@ class XSpecMeshOptions:
             raise UsageError("num_heads and lookup must be >= 0 and top_k_tree >= 1")
         if self.lookup and self.vertex_lookup:
             raise UsageError("lookup and vertex_lookup are exclusive; choose one candidate source besides the heads")
+        if self.lossless:
+            if not (self.sampling == "tree" and self.top_k_tree == 1):
+                raise UsageError("criterion rejection (lossless) needs deterministic candidates: "
+                                 "sampling=tree top_k_tree=1 (the heads' argmaxes)")
+            return
         try:
             self.criterion_rule()
         except ValueError as e:
-            raise UsageError(str(e)) from None
+            choices = ", ".join((*LOSSY_CRITERIA, LOSSLESS_CRITERION))
+            raise UsageError(f"{e}" if self.criterion in LOSSY_CRITERIA else
+                             f"unknown acceptance criterion {self.criterion!r}; choose from {choices}") from None
+
+    @property
+    def lossless(self) -> bool:
+        """Does decoding preserve the backbone's distribution (greedy: its output)?"""
+        return self.criterion == LOSSLESS_CRITERION
 
     def criterion_rule(self) -> AcceptCriterion:
         return AcceptCriterion(self.criterion, self.delta, self.top_k_accept)
@@ -110,7 +137,14 @@ class XSpecMeshOptions:
         s = "IS" if self.sampling == "independent" else f"PTS(K_s={self.top_k_tree})"
         bf = ", bf16 head logits" if self.draft_dtype == "bfloat16" else ""
         lk = f", lookup {self.lookup}-gram" if self.lookup else ", vertex lookup" if self.vertex_lookup else ""
-        return f"{self.criterion_rule().label()}, {s}{bf}{lk}"
+        rule = "rejection sampling" if self.lossless else self.criterion_rule().label()
+        return f"{rule}, {s}{bf}{lk}"
+
+    def accept(self, candidates: list[int], probs, generator: torch.Generator | None, greedy: bool) -> Verdict:
+        """Verdict on the chain of candidates x_{s+1 ..} given the backbone's filtered rows probs [D + 1, V]."""
+        if self.lossless:  # deterministic candidates: q = one-hot, accept with probability p(x)
+            return accept_rejection(Draft.chain(candidates), probs, generator)
+        return accept_lossy(Draft.chain(candidates), probs, self.criterion_rule(), generator, greedy)
 
 
 OPTION_NAMES = tuple(XSpecMeshOptions.__dataclass_fields__)
@@ -196,7 +230,7 @@ class MeshDecoder:
             from specgen.errors import UsageError
 
             raise UsageError(f"num_heads {d_max} > the {self.heads.num_heads} heads of this checkpoint")
-        rule, stats = opts.criterion_rule(), DecodeStats()
+        stats = DecodeStats()
         model, device = self.model, pc.device
         cache = model.new_cache(1, max_tokens + d_max + 2)
         # 0. condition once per mesh, prefill the start vector (position 0)
@@ -221,9 +255,9 @@ class MeshDecoder:
             start = len(out) + 1  # position of chain[0]
             with stats.timed("verify"):  # 2. one backbone forward over x_{s:s+D} (LM head: in 3., on first read)
                 hidden = model.step_hidden(torch.tensor([chain], device=device), start, cache)  # [1, S, dim]
-            with stats.timed("accept"):  # 3. lossy rule on the filtered, tempered p^(0)
+            with stats.timed("accept"):  # 3. the rule on the filtered, tempered p^(0)
                 probs = LazyProbs(hidden[0], model.decoder.output, params)  # filtered rows [V] only as far as the rule reads
-                verdict = accept_lossy(Draft.chain(chain[1:]), probs, rule, generator, params.greedy)
+                verdict = opts.accept(chain[1:], probs, generator, params.greedy)
             a = verdict.num_accepted
             with stats.timed("commit"):  # 4. keep x_s .. x_{s*-1}
                 cache.commit(0, list(range(a + 1)))

@@ -54,6 +54,26 @@ def test_help_has_examples():
         assert h.exit_code == 0 and "examples" in h.stdout
 
 
+def test_generate_marks_rejection_lossless_only_without_an_adapter(tiny):
+    """tiny-heads merge no adapter: criterion rejection keeps the model's distribution; the paper's rule does not."""
+    opts = ["method_options.heads=tiny-heads", "method_options.sampling=tree", "method_options.top_k_tree=1"]
+    rows = {}
+    for crit in ("rejection", "threshold"):
+        r = invoke("generate", "--method", "xspecmesh", "--num", "1", "--format", "json", "max_new_tokens=20",
+                   *opts, f"method_options.criterion={crit}")
+        assert r.exit_code == 0, r.output
+        rows[crit] = json.loads(r.stdout.splitlines()[0])
+    assert rows["rejection"]["lossless"] is True and rows["threshold"]["lossless"] is False
+    t = invoke("generate", "--method", "xspecmesh", "--num", "1", "max_new_tokens=20", *opts,
+               "method_options.criterion=rejection")
+    assert t.exit_code == 0 and "rejection sampling" in t.stdout and "lossless" in t.stdout
+    one_error_line(invoke("generate", "--method", "xspecmesh", "--num", "1", "method_options.heads=tiny-heads",
+                          "method_options.criterion=rejection"), 2, "deterministic candidates")
+    shipped = invoke("generate", "--method", "xspecmesh", "--num", "1", "--format", "json", "max_new_tokens=20",
+                     *opts[1:], "method_options.criterion=rejection")  # the shipped stage-2 heads merge their LoRA
+    assert shipped.exit_code == 0 and json.loads(shipped.stdout.splitlines()[0])["lossless"] is False
+
+
 def test_generate_json_then_export_reports_bad_sequences(tiny, tmp_path):
     r = invoke("generate", "--method", "xspecmesh", "--num", "2", "--format", "json", "max_new_tokens=30",
                "method_options.heads=tiny-heads", "method_options.delta=0.3")

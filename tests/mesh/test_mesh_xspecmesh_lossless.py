@@ -1,0 +1,117 @@
+"""Lossless XSpecMesh (criterion "rejection"): the backbone's sampling distribution, greedy AR, option errors."""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+
+import pytest
+import torch
+
+from specgen.decoding.sampling import SamplingParams, logits_to_probs
+from specgen.errors import UsageError
+from specgen.mesh.procedural import generate_mesh
+from specgen.methods.xspecmesh import MeshDecoder, XSpecMeshOptions
+from specgen.train.mesh import point_cloud
+from tests.mesh.mesh_fixtures import NUM_POINTS, tiny_heads, tiny_mesh_model
+
+#: A 3-token support per position (top-k 3) at a high temperature, so the joint of the first 3 tokens has 27 cells
+#: of comparable mass and the second-choice candidates below are accepted often but not always.
+TOP3 = SamplingParams(3.0, 3, 1.0)
+LOSSLESS = XSpecMeshOptions(criterion="rejection", sampling="tree", top_k_tree=1)
+
+
+@pytest.fixture(scope="module")
+def setup():
+    torch.set_num_threads(1)
+    g = generate_mesh(11)
+    pc = torch.from_numpy(point_cloud(g.vertices, g.faces, NUM_POINTS, 0))
+    return tiny_mesh_model(), pc
+
+
+class ExactBackbone:
+    """The backbone's filtered next-token distribution after any prefix, by a teacher-forced pass (memoised)."""
+
+    def __init__(self, model, pc: torch.Tensor, params: SamplingParams) -> None:
+        self.model, self.pc, self.params, self.memo = model, pc, params, {}
+
+    def __call__(self, prefix: tuple[int, ...]) -> torch.Tensor:
+        if prefix not in self.memo:
+            with torch.no_grad():
+                logits, _, _ = self.model.forward_train(self.pc.unsqueeze(0), torch.tensor([[*prefix, 0]]))
+            self.memo[prefix] = logits_to_probs(logits[0, -1], self.params)  # [V]
+        return self.memo[prefix]
+
+    def joint(self, n: int) -> dict[tuple[int, ...], float]:
+        """P(x_1 .. x_n) over the filtered supports."""
+        out: dict[tuple[int, ...], float] = {(): 1.0}
+        for _ in range(n):
+            out = {pre + (t,): w * float(self(pre)[t]) for pre, w in out.items()
+                   for t in self(pre).nonzero().flatten().tolist()}
+        return out
+
+
+class SecondChoice(MeshDecoder):
+    """Deterministic candidates inside the backbone's support: each is its SECOND most likely token after the
+    prefix and the candidates before it, so the exact rule accepts it sometimes and rejects it sometimes."""
+
+    exact: ExactBackbone
+
+    def _candidates(self, out, x, stacked, h, past, kv, d, params, opts, generator, memory=None):
+        chain = (*out, x)
+        for _ in range(d):
+            chain += (int(self.exact(chain).topk(2).indices[1]),)
+        return list(chain[len(out) + 1 :])
+
+
+def tv_to_backbone(setup, opts: XSpecMeshOptions, n: int = 2500) -> tuple[float, float]:
+    """(total variation between the first 3 decoded tokens and the backbone's joint, mean tokens per step)."""
+    model, pc = setup
+    dec = SecondChoice(model, tiny_heads(num_heads=2))
+    dec.exact = ExactBackbone(model, pc, TOP3)
+    want = dec.exact.joint(3)
+    g, counts, taus = torch.Generator().manual_seed(0), Counter(), []
+    for _ in range(n):
+        res = dec.generate(pc, TOP3, 3, opts, g)
+        counts[tuple(res.tokens)] += 1
+        taus.append(res.stats.tau)
+    assert set(counts) <= set(want)  # every decoded triple is in the backbone's support
+    tv = 0.5 * sum(abs(counts[k] / n - w) for k, w in want.items())
+    return tv, sum(taus) / n
+
+
+def test_rejection_keeps_the_backbone_distribution_and_the_paper_rule_does_not(setup):
+    """27 cells, 2,500 decodes: sampling noise alone gives TV ~ 0.03. The lossy p > delta rule on the same
+    candidates is far off (the test can fail), the rejection rule is not, and it still accepts candidates."""
+    lossless_tv, lossless_tau = tv_to_backbone(setup, LOSSLESS)
+    lossy_tv, _ = tv_to_backbone(setup, XSpecMeshOptions(delta=0.2, sampling="tree", top_k_tree=1))
+    assert lossless_tv < 0.06
+    assert lossy_tv > 0.15
+    assert lossless_tau > 1.2
+
+
+def test_rejection_at_temperature_zero_is_greedy_ar(setup):
+    model, pc = setup
+    greedy = SamplingParams(0.0)
+    ar = MeshDecoder(model).generate(pc, greedy, 80).tokens
+    for opts in (LOSSLESS, XSpecMeshOptions(criterion="rejection", sampling="tree", top_k_tree=1, vertex_lookup=True)):
+        res = MeshDecoder(model, tiny_heads()).generate(pc, greedy, 80, opts, torch.Generator().manual_seed(1))
+        assert res.tokens == ar
+
+
+def test_rejection_labels_and_option_errors():
+    assert LOSSLESS.lossless and not XSpecMeshOptions().lossless
+    assert LOSSLESS.label().startswith("rejection sampling")
+    for bad in (dict(), dict(sampling="tree", top_k_tree=2)):  # sampled candidates have no one-hot q
+        with pytest.raises(UsageError, match="deterministic candidates"):
+            XSpecMeshOptions(criterion="rejection", **bad)
+    with pytest.raises(UsageError, match="threshold, topk, rejection"):
+        XSpecMeshOptions(criterion="nope")
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_exact_joint_is_normalised(setup, k):
+    model, pc = setup
+    joint = ExactBackbone(model, pc, TOP3).joint(k)
+    assert len(joint) == 3**k and abs(sum(joint.values()) - 1.0) < 1e-5
+    assert all(len(t) == k for t in itertools.islice(joint, 3))
