@@ -57,3 +57,18 @@ class VertexMemory:
             b = self.block_id(out[-1] if out else last)
             out.append(self.offsets[b] if b in self.offsets else heads()[j])
         return out
+
+    def known_rows(self, seq: list[int]) -> list[int]:
+        """For each position t of seq, the first row i whose memory (having read seq[: i + 1]) proposes the token
+        at t, i.e. knows an offset for the block seq[t - 1]; len(seq) where it never does. Training uses it to
+        skip the targets a head would never be asked for (`train/heads.py`, `skip_known_offsets`)."""
+        first_end: dict[int, int] = {}  # block id -> index of the offset that completed its first pair
+        out = [len(seq)] * len(seq)
+        for t in range(1, len(seq)):
+            b = self.block_id(seq[t - 1])
+            if b is not None and b in first_end:
+                out[t] = first_end[b]
+            if b is not None and self.is_offset(seq[t]):
+                first_end.setdefault(b, t)
+        return out
+

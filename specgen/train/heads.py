@@ -75,6 +75,7 @@ class HeadsTrainConfig:
     backbone_weight: float = 50.0  # lambda
     backbone_loss: str = "ce"  # "ce": paper, CE on the labels; "kl": KL(frozen backbone || LoRA backbone), no drift
     head_targets: str = "hard"  # "hard": paper, CE on the sampled labels; "soft": the distribution they were sampled from
+    skip_known_offsets: bool = False  # beyond the paper: no head loss where vertex lookup supplies the candidate
     beta1: float = 0.9
     beta2: float = 0.99
     grad_clip: float = 1.0
@@ -89,7 +90,7 @@ STAGE2_KEYS = ("stages", "stage2_epochs", "stage2_lr", "stage2_min_lr", "lora_ra
                "backbone_weight", "backbone_loss")
 NAMING_KEYS = ("name",)
 #: Settings added after heads were shipped, with the value older training states implicitly used.
-ADDED_KEYS = {"token_input": False, "res_layers": 1, "history": 0}
+ADDED_KEYS = {"token_input": False, "res_layers": 1, "history": 0, "skip_known_offsets": False}
 
 
 # -- labels -----------------------------------------------------------------------------------------
@@ -163,13 +164,16 @@ def soft_cross_entropy(logits: torch.Tensor, probs: torch.Tensor, tokens: torch.
 
 def heads_loss(heads: XSpecMeshHeads, hidden: torch.Tensor, cond: torch.Tensor, tokens: torch.Tensor,
                lm_head: torch.nn.Module, decay: float, soft: torch.Tensor | None = None,
-               embed: torch.nn.Module | None = None) -> tuple[torch.Tensor, list[float]]:
+               embed: torch.nn.Module | None = None, known: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, list[float]]:
     """L_mhd = sum_d decay^d * CE(head d at row i, tokens[:, i + d]); also per-head accuracies.
 
     hidden [B, L, dim]: row i = h after start + tokens[:, :i] (backbone predicts tokens[:, i]).
     soft [B, L, V] (optional): row j = the distribution tokens[:, j] was drawn from; replaces the
     one-hot targets (accuracies still count the drawn tokens).
     embed: the backbone's token embedding, read by `token_input` heads (row i sees E(tokens[:, i])).
+    known [B, L] (optional, `skip_known_offsets`): target j is skipped for head d when known[:, j] <= j - d,
+    i.e. vertex lookup at row j - d already supplies it (`known_rows`); losses and accuracies use the rest.
     """
     kv = heads.context_kv(cond)
     emb = embed(tokens.clamp(min=0)) if heads.cfg.token_input else None  # [B, L, dim]; padding masked below
@@ -181,6 +185,9 @@ def heads_loss(heads: XSpecMeshHeads, hidden: torch.Tensor, cond: torch.Tensor, 
         feats = heads.head_features(d - 1, hidden[:, :rows], kv[d - 1], None if emb is None else emb[:, :rows])
         logits = lm_head(feats)  # [B, L-d, V]
         target = tokens[:, d:]
+        if known is not None:  # [B, L - d]: vertex lookup proposes these, the head is never asked
+            rows_i = torch.arange(rows, device=tokens.device)
+            target = target.masked_fill(known[:, d:] <= rows_i, -1)
         loss = sequence_loss(logits, target) if soft is None else soft_cross_entropy(logits, soft[:, d:], target)
         total = total + decay**d * loss
         mask = target >= 0
@@ -231,6 +238,19 @@ def backbone_features(model: MeshGPT, pcs: torch.Tensor, tokens: torch.Tensor, b
     return torch.cat(hs), torch.cat(cs)
 
 
+def known_rows(tokens: torch.Tensor) -> torch.Tensor:
+    """Per label position, the first row whose vertex memory proposes it (`VertexMemory.known_rows`) [S, L];
+    L where none does (padding included)."""
+    from specgen.mesh.vertex_lookup import VertexMemory
+
+    out = torch.full_like(tokens, tokens.shape[1])
+    for r, row in enumerate(tokens.tolist()):
+        seq = [t for t in row if t >= 0]
+        rows = torch.tensor(VertexMemory().known_rows(seq), dtype=tokens.dtype)  # len(seq) = never
+        out[r, : len(seq)] = rows.masked_fill(rows >= len(seq), tokens.shape[1])
+    return out
+
+
 def trim(tokens: torch.Tensor) -> torch.Tensor:
     """Drop all-padding columns at the end of tokens [B, L]."""
     return tokens[:, : max(1, int((tokens >= 0).sum(1).max()))]
@@ -262,6 +282,9 @@ class HeadsTrainer:
                                                   cfg.inner_dim, dc.vocab_size, cfg.token_input,
                                                   cfg.res_layers, cfg.history).to_dict())
         self.num_points = int(self.target.meta.get("num_points", 2048))
+        if cfg.skip_known_offsets and self.model.vocab_size != 5121:
+            raise UsageError(f"skip_known_offsets needs a BPT backbone (5121 tokens); {self.target.ref} has "
+                             f"{self.model.vocab_size}")
 
     def label_settings(self) -> dict[str, str]:
         """What the labels depend on, stored with them: a rerun with other settings is refused."""
@@ -343,19 +366,23 @@ class HeadsTrainer:
         ev_idx = list(range(n, len(tokens)))
         label_params = SamplingParams(cfg.label_temperature, cfg.label_top_k, cfg.label_top_p)
         use_soft = cfg.head_targets == "soft"
+        known = known_rows(tokens) if cfg.skip_known_offsets else None  # [S, L]
+
+        def skip(idx, t):  # the rows of `known` for a batch trimmed to t [B, L]
+            return None if known is None else known[idx, : t.shape[1]]
 
         def s1_step(idx):
             t = trim(tokens[idx])
             h = hidden[idx, : t.shape[1]]  # [B, L, dim]
             with torch.no_grad():
                 targets = soft_targets(lm_head(h), label_params) if use_soft else None  # [B, L, V]
-            return heads_loss(self.heads, h, cond[idx], t, lm_head, cfg.weight_decay_d, targets, embed)
+            return heads_loss(self.heads, h, cond[idx], t, lm_head, cfg.weight_decay_d, targets, embed, skip(idx, t))
 
         def s1_eval():
             with torch.no_grad():  # hard labels: comparable across head_targets
                 t = trim(tokens[ev_idx])
                 loss, accs = heads_loss(self.heads, hidden[ev_idx, : t.shape[1]], cond[ev_idx], t, lm_head,
-                                        cfg.weight_decay_d, embed=embed)
+                                        cfg.weight_decay_d, embed=embed, known=skip(ev_idx, t))
             return {"eval_mhd": round(float(loss), 4), "eval_head_acc": [round(a, 3) for a in accs]}
 
         self.log(f"stage 1: {cfg.head_kind} heads x{cfg.num_heads}, "
@@ -377,7 +404,7 @@ class HeadsTrainer:
             bb = backbone_term(self.model, pcs[idx], t, logits, cfg.backbone_loss)
             # soft targets: the LoRA backbone's own label distribution (detached), the one it will sample from
             targets = soft_targets(logits, label_params) if use_soft and not hard else None
-            mhd, accs = heads_loss(self.heads, h, c, t, lm_head, cfg.weight_decay_d, targets, embed)
+            mhd, accs = heads_loss(self.heads, h, c, t, lm_head, cfg.weight_decay_d, targets, embed, skip(idx, t))
             return cfg.backbone_weight * bb + mhd, [float(bb.detach()), float(mhd.detach())] + accs
 
         def s2_eval():

@@ -118,6 +118,16 @@ def test_soft_targets_are_the_label_distribution_and_train(tmp_path):
     torch.set_num_threads(old)
 
 
+def test_skip_known_offsets_trains_on_the_remaining_targets(tmp_path):
+    """skip_known_offsets (beyond the paper): stage 1 trains and lowers its eval loss (on the same masked targets)."""
+    old = torch.get_num_threads()
+    cfg = tiny_config("name=t-skip", "stage1_epochs=4", "stage1_min_lr=1e-3", "stages=1", "skip_known_offsets=true")
+    result = HeadsTrainer(cfg, tmp_path).train()
+    s1 = result["stage1"]
+    assert s1[-1]["eval_mhd"] < s1[0]["eval_mhd"] and "stage2" not in result
+    torch.set_num_threads(old)
+
+
 @pytest.mark.parametrize("option,key", [("token_input=true", "tok."), ("res_layers=2", "heads.0.more.0."),
                                         ("history=4", "heads.0.wkv_h.")])
 def test_variant_heads_train_register_and_decode(tmp_path, option, key):

@@ -128,3 +128,35 @@ def test_held_out_scores_the_last_label_rows_teacher_forced(tmp_path):
     ho = held_out(str(path), "tiny-heads", 2)
     assert torch.equal(ho.tokens, tokens[1:, :6]) and ho.logits.shape == (2, 6, 5121)
     assert ho.hidden.shape[:2] == (2, 6) and ho.heads.num_heads == 3
+
+
+def test_known_rows_say_from_which_row_the_memory_proposes_each_position():
+    seq = [3, OFF + 30, 5, OFF + 50, 3, OFF + 31, SPECIAL + 5, OFF + 50, 3]
+    rows = VertexMemory().known_rows(seq)
+    # position 5 follows block 3, whose first pair (3, OFF+30) ends at index 1: from row 1 on, the memory proposes it;
+    # position 7 follows a special 5 (plain block 5, pair ending at 3); position 1 and 3 complete first pairs
+    assert rows == [9, 9, 9, 9, 9, 1, 9, 3, 9]
+    for i in range(len(seq)):  # the same facts, from the memory the loop keeps: read seq[:i + 1], propose after t - 1
+        m = VertexMemory()
+        m.read(seq[: i + 1])
+        for t in range(i + 1, len(seq)):
+            b = m.block_id(seq[t - 1])
+            assert (b in m.offsets) == (rows[t] <= i)
+
+
+def test_skip_known_offsets_masks_only_the_targets_the_memory_supplies():
+    from specgen.train.heads import heads_loss, known_rows
+
+    tokens = torch.tensor([[3, OFF + 30, 5, OFF + 50, 3, OFF + 30, 7, -1]])
+    known = known_rows(tokens)
+    assert known.tolist() == [[8, 8, 8, 8, 8, 1, 8, 8]]
+    heads = tiny_heads(num_heads=2, scramble=False)
+    model = tiny_mesh_model()
+    hidden, cond = torch.randn(1, 8, 32), torch.randn(1, 8, 32)
+    out = model.decoder.output
+    full, _ = heads_loss(heads, hidden, cond, tokens, out, 0.8)
+    skipped, _ = heads_loss(heads, hidden, cond, tokens, out, 0.8, known=known)
+    never = torch.full_like(known, 8)
+    same, _ = heads_loss(heads, hidden, cond, tokens, out, 0.8, known=never)
+    torch.testing.assert_close(same, full)  # nothing known: the paper's loss
+    assert not torch.allclose(skipped, full)  # position 5 dropped for heads 1 (row 4 >= 1) and 2 (row 3 >= 1)
