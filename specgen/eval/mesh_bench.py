@@ -200,6 +200,11 @@ def reference_distances(meshes: list) -> dict[str, float]:
             "cd_other_mesh": round(float(np.mean(cd_other)), 4) if len(meshes) > 1 else None}
 
 
+def rule_label(opts) -> str:
+    """A heads row's rule, marked `(lossy)` unless it keeps the (LoRA-merged) backbone's distribution."""
+    return opts.label() + ("" if opts.lossless else " (lossy)")
+
+
 def summarize(cfg: MeshBenchConfig, vs: list[Variant], acc: dict, loaded: dict) -> list[dict]:
     """One row per variant with the metrics of the module docstring."""
     rows = []
@@ -208,7 +213,7 @@ def summarize(cfg: MeshBenchConfig, vs: list[Variant], acc: dict, loaded: dict) 
         decode_s = st.wall_time - st.times.get("prefill", 0.0)
         rows.append({
             "method": "ar" if v.heads is None or v.plain else "xspecmesh", "row": v.label, "heads": v.heads,
-            "rule": "lossless" if v.heads is None or v.plain else v.opts.label() + ("" if v.opts.lossless else " (lossy)"),
+            "rule": "lossless" if v.heads is None or v.plain else rule_label(v.opts),
             "meshes": cfg.limit, "scored": len(a["cd"]),
             "cd": round(float(np.mean(a["cd"])), 4) if a["cd"] else None,
             "hd": round(float(np.mean(a["hd"])), 4) if a["hd"] else None,

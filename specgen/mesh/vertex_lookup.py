@@ -71,4 +71,3 @@ class VertexMemory:
             if b is not None and self.is_offset(seq[t]):
                 first_end.setdefault(b, t)
         return out
-

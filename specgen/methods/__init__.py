@@ -58,7 +58,8 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("pcllm-mr", "text", True, "pcLLM multi-block decoding + rejection recycling (greedy only)",
                    lambda o: MultiBlockDecoder(**{k: o[k] for k in (*MR_OPTIONS, "seed") if k in o}),
                    options=MR_OPTIONS, target="smollm2-135m-pcllm"),
-        MethodSpec("xspecmesh", "mesh", False, "XSpecMesh multi-head speculative decoding (LOSSY: p > delta or top-K_a; lossless with criterion=rejection)",
+        MethodSpec("xspecmesh", "mesh", False,
+                   "XSpecMesh multi-head speculative decoding (LOSSY: p > delta / top-K_a; lossless: criterion=rejection)",
                    lambda o: XSpecMeshOptions(**{k: v for k, v in o.items() if k != "seed"}), options=XSPECMESH_OPTIONS),
     ]
 }

@@ -47,13 +47,16 @@ Choices the paper leaves open (this is the reference implementation):
   other candidate the head's (`mesh/vertex_lookup.py`). The heads keep the blocks, the mesh's own vertices
   supply the offsets; exclusive with `lookup`. Again only the candidates change.
 - Lossless acceptance (beyond the paper, `criterion: rejection`): the paper's rules accept any candidate
-  the backbone finds likely enough, so the output drifts from the backbone's own samples (with argmax
-  candidates, meshes grow ~15% longer: README). With deterministic candidates (argmax heads = the K_s = 1
-  tree, vertex / n-gram lookup, or greedy) standard speculative sampling applies with q = one-hot:
-  accept x with probability p^(0)(x), on rejection sample p^(0) with x removed. Every committed token is
-  then distributed exactly as the backbone's (tested statistically), so the output is the backbone's
-  sampling distribution; at temperature 0 it is greedy AR token for token. Sampled candidates would need
-  each head's q; they are refused with this rule (their acceptance min(1, p/q) is lower anyway).
+  the backbone finds likely enough, so the output drifts from the backbone's own samples (README: with
+  argmax candidates some point clouds' meshes grow a quarter longer). With deterministic candidates
+  (argmax heads = the K_s = 1 tree, vertex / n-gram lookup, or greedy) standard speculative sampling
+  applies with q = one-hot: accept x with probability p^(0)(x), on rejection sample p^(0) with x
+  removed. Every committed token is then distributed exactly as the backbone's given the tokens before
+  it (tested statistically), so the output is the backbone's sampling distribution; at temperature 0 it
+  is greedy AR token for token. A candidate may depend on more than the prefix (on where earlier steps
+  ended, hence which head proposed it), but given that history it is fixed, which is all the argument
+  needs. Sampled candidates would need each head's q; they are refused with this rule (their
+  acceptance min(1, p/q) is lower anyway).
 - SCR = committed tokens / decoding steps (the prefill that yields the first candidate is not a
   decoding step), i.e. `DecodeStats.tau`; step latency = wall time / steps.
 """
