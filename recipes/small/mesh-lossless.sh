@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Lossless XSpecMesh on the larger backbone (NOT shipped): which heads make it fastest? Needs recipes/small/mesh.sh
+# first (backbone, CA heads + LoRA, their labels in runs/xspecmesh-ca-small). Three more heads from the same labels
+# (~45 min each stage 1 on 1 thread, the first two in parallel; the KL stage 2 ~40 min on 2 threads), then one
+# benchmark of all of them (~8 min). Every step resumes from its run folder.
+set -euo pipefail
+LOGS=recipes/small/logs
+HEADS="specgen train-heads --kind xspecmesh --config recipes/small/xspecmesh-heads.yaml"
+for run in e16 skip kl; do  # reuse the recipe's labels (and, for kl, its finished stage 1)
+  mkdir -p runs/xspecmesh-ca-small-$run
+  cp -n runs/xspecmesh-ca-small/labels.safetensors runs/xspecmesh-ca-small-$run/
+done
+cp -n runs/xspecmesh-ca-small/stage1.safetensors runs/xspecmesh-ca-small-kl/
+OMP_NUM_THREADS=1 $HEADS --out runs/xspecmesh-ca-small-e16 name=xspecmesh-ca-small-e16 stages=1 stage1_epochs=16 \
+  num_threads=1 > "$LOGS/xspecmesh-ca-small-e16-heads.log" 2>&1 &
+OMP_NUM_THREADS=1 $HEADS --out runs/xspecmesh-ca-small-skip name=xspecmesh-ca-small-skip stages=1 stage1_epochs=16 \
+  num_threads=1 skip_known_offsets=true > "$LOGS/xspecmesh-ca-small-skip-heads.log" 2>&1 &
+wait
+OMP_NUM_THREADS=2 $HEADS --out runs/xspecmesh-ca-small-kl name=xspecmesh-ca-small-kl backbone_loss=kl \
+  > "$LOGS/xspecmesh-ca-small-kl-heads.log" 2>&1
+specgen benchmark --config recipes/small/bench-meshes-lossless.yaml --out runs/bench-meshes-small-lossless.jsonl \
+  > "$LOGS/bench-meshes-small-lossless.log" 2>&1
+specgen benchmark --config recipes/small/bench-meshes-lossless-heads.yaml \
+  --out runs/bench-meshes-small-lossless-heads.jsonl > "$LOGS/bench-meshes-small-lossless-heads.log" 2>&1
