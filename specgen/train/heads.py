@@ -88,7 +88,8 @@ class HeadsTrainConfig:
 #: Settings stage 1 does not read: a finished stage 1 is reused when only these change.
 STAGE2_KEYS = ("stages", "stage2_epochs", "stage2_lr", "stage2_min_lr", "lora_rank", "lora_alpha", "lora_targets",
                "backbone_weight", "backbone_loss")
-NAMING_KEYS = ("name",)
+#: Settings that never change what training computes (names, CPU threads): resuming ignores them.
+NAMING_KEYS = ("name", "num_threads")
 #: Settings added after heads were shipped, with the value older training states implicitly used.
 ADDED_KEYS = {"token_input": False, "res_layers": 1, "history": 0, "skip_known_offsets": False}
 
