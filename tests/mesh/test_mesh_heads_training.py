@@ -39,10 +39,10 @@ def test_heads_training_loss_decreases_and_resumes(tmp_path):
     loaded = load_mesh(None, "t-ca")
     assert loaded.adapter.name == "t-ca-lora" and loaded.target.name == "tiny-mesh"
     assert loaded.heads.meta["parent_digest"] == registry.weights_digest(loaded.target)
-    # shipping into a package folder: the same three entries in registry layout; shipping is not a
-    # training setting, so the finished run resumes (without training again) and yields the same heads
+    # shipping into a package folder: the same three entries in registry layout; shipping and the thread count
+    # are not training settings, so the finished run resumes (without training again) and yields the same heads
     ship = tmp_path / "assets"
-    shipped = dataclasses.replace(cfg, ship_dir=str(ship))
+    shipped = dataclasses.replace(cfg, ship_dir=str(ship), num_threads=cfg.num_threads + 1)
     save_outputs(HeadsTrainer(shipped, tmp_path), result)
     assert sorted(p.name for p in ship.iterdir()) == ["t-ca", "t-ca-lora", "t-ca-s1"]
     assert json.loads((ship / "t-ca" / "config.json").read_text())["adapter"] == "t-ca-lora"
