@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Lossless XSpecMesh on the larger backbone (NOT shipped): which heads make it fastest? Needs recipes/small/mesh.sh
-# first (backbone, CA heads + LoRA, their labels in runs/xspecmesh-ca-small). Three more heads from the same labels
-# (~45 min each stage 1 on 1 thread, the first two in parallel; the KL stage 2 ~40 min on 2 threads), then one
-# benchmark of all of them (~8 min). Every step resumes from its run folder.
+# first (backbone, CA heads + LoRA, their labels in runs/xspecmesh-ca-small). Four more heads from the same labels
+# (16-epoch stage 1 with / without skip_known_offsets, ~45 min each on 1 thread, in parallel; a KL stage 2 on the
+# recipe's stage 1, ~40 min on 2 threads, and a 2-epoch one on the skip heads, ~20 min), then the benchmarks
+# (~12 min). Every step resumes from its run folder.
 set -euo pipefail
 LOGS=recipes/small/logs
 HEADS="specgen train-heads --kind xspecmesh --config recipes/small/xspecmesh-heads.yaml"
-for run in e16 skip kl; do  # reuse the recipe's labels (and, for kl, its finished stage 1)
+for run in e16 skip kl skipkl; do  # reuse the recipe's labels (and, for kl, its finished stage 1)
   mkdir -p runs/xspecmesh-ca-small-$run
   cp -n runs/xspecmesh-ca-small/labels.safetensors runs/xspecmesh-ca-small-$run/
 done
@@ -18,7 +19,12 @@ OMP_NUM_THREADS=1 $HEADS --out runs/xspecmesh-ca-small-skip name=xspecmesh-ca-sm
 wait
 OMP_NUM_THREADS=2 $HEADS --out runs/xspecmesh-ca-small-kl name=xspecmesh-ca-small-kl backbone_loss=kl \
   > "$LOGS/xspecmesh-ca-small-kl-heads.log" 2>&1
+cp -n runs/xspecmesh-ca-small-skip/stage1.safetensors runs/xspecmesh-ca-small-skipkl/  # stage 2 on the skip heads
+OMP_NUM_THREADS=2 $HEADS --out runs/xspecmesh-ca-small-skipkl name=xspecmesh-ca-small-skipkl stage1_epochs=16 \
+  skip_known_offsets=true backbone_loss=kl stage2_epochs=2 > "$LOGS/xspecmesh-ca-small-skipkl-heads.log" 2>&1
 specgen benchmark --config recipes/small/bench-meshes-lossless.yaml --out runs/bench-meshes-small-lossless.jsonl \
   > "$LOGS/bench-meshes-small-lossless.log" 2>&1
 specgen benchmark --config recipes/small/bench-meshes-lossless-heads.yaml \
   --out runs/bench-meshes-small-lossless-heads.jsonl > "$LOGS/bench-meshes-small-lossless-heads.log" 2>&1
+specgen benchmark --config recipes/small/bench-meshes-lossless-skipkl.yaml \
+  --out runs/bench-meshes-small-lossless-skipkl.jsonl > "$LOGS/bench-meshes-small-lossless-skipkl.log" 2>&1
