@@ -143,14 +143,17 @@ class XSpecMeshOptions:
         rule = "rejection sampling" if self.lossless else self.criterion_rule().label()
         return f"{rule}, {s}{bf}{lk}"
 
-    def accept(self, candidates: list[int], probs, generator: torch.Generator | None, greedy: bool) -> Verdict:
-        """Verdict on the chain of candidates x_{s+1 ..} given the backbone's filtered rows probs [D + 1, V]."""
-        if self.lossless:  # deterministic candidates: q = one-hot, accept with probability p(x)
-            return accept_rejection(Draft.chain(candidates), probs, generator)
-        return accept_lossy(Draft.chain(candidates), probs, self.criterion_rule(), generator, greedy)
-
 
 OPTION_NAMES = tuple(XSpecMeshOptions.__dataclass_fields__)
+
+
+def accept_chain(candidates: list[int], probs, rule: AcceptCriterion | None, generator: torch.Generator | None,
+                 greedy: bool) -> Verdict:
+    """Verdict on the chain of candidates x_{s+1 ..} given the backbone's filtered rows probs [D + 1, V];
+    rule None = lossless rejection sampling (deterministic candidates: q = one-hot, accept with probability p(x))."""
+    if rule is None:
+        return accept_rejection(Draft.chain(candidates), probs, generator)
+    return accept_lossy(Draft.chain(candidates), probs, rule, generator, greedy)
 
 
 @dataclass(frozen=True)
@@ -233,7 +236,7 @@ class MeshDecoder:
             from specgen.errors import UsageError
 
             raise UsageError(f"num_heads {d_max} > the {self.heads.num_heads} heads of this checkpoint")
-        stats = DecodeStats()
+        rule, stats = None if opts.lossless else opts.criterion_rule(), DecodeStats()  # the rule: once per mesh
         model, device = self.model, pc.device
         cache = model.new_cache(1, max_tokens + d_max + 2)
         # 0. condition once per mesh, prefill the start vector (position 0)
@@ -260,7 +263,7 @@ class MeshDecoder:
                 hidden = model.step_hidden(torch.tensor([chain], device=device), start, cache)  # [1, S, dim]
             with stats.timed("accept"):  # 3. the rule on the filtered, tempered p^(0)
                 probs = LazyProbs(hidden[0], model.decoder.output, params)  # filtered rows [V] only as far as the rule reads
-                verdict = opts.accept(chain[1:], probs, generator, params.greedy)
+                verdict = accept_chain(chain[1:], probs, rule, generator, params.greedy)
             a = verdict.num_accepted
             with stats.timed("commit"):  # 4. keep x_s .. x_{s*-1}
                 cache.commit(0, list(range(a + 1)))

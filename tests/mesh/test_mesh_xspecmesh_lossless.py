@@ -10,23 +10,14 @@ import torch
 
 from specgen.decoding.sampling import SamplingParams, logits_to_probs
 from specgen.errors import UsageError
-from specgen.mesh.procedural import generate_mesh
 from specgen.methods.xspecmesh import MeshDecoder, XSpecMeshOptions
-from specgen.train.mesh import point_cloud
-from tests.mesh.mesh_fixtures import NUM_POINTS, tiny_heads, tiny_mesh_model
+from tests.mesh.mesh_fixtures import tiny_heads
+from tests.mesh.test_mesh_xspecmesh import one_thread, setup  # noqa: F401  (fixtures: the tiny model, 1 thread)
 
 #: A 3-token support per position (top-k 3) at a high temperature, so the joint of the first 3 tokens has 27 cells
 #: of comparable mass and the second-choice candidates below are accepted often but not always.
 TOP3 = SamplingParams(3.0, 3, 1.0)
 LOSSLESS = XSpecMeshOptions(criterion="rejection", sampling="tree", top_k_tree=1)
-
-
-@pytest.fixture(scope="module")
-def setup():
-    torch.set_num_threads(1)
-    g = generate_mesh(11)
-    pc = torch.from_numpy(point_cloud(g.vertices, g.faces, NUM_POINTS, 0))
-    return tiny_mesh_model(), pc
 
 
 class ExactBackbone:
