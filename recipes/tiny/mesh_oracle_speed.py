@@ -21,7 +21,7 @@ import torch
 
 from specgen.decoding.sampling import SamplingParams
 from specgen.eval.mesh_bench import benchmark_clouds, token_budget
-from specgen.methods.xspecmesh import MeshDecoder, XSpecMeshOptions, load_mesh
+from specgen.methods.xspecmesh import MeshDecoder, Proposal, XSpecMeshOptions, load_mesh
 
 
 class OracleDecoder(MeshDecoder):
@@ -29,9 +29,10 @@ class OracleDecoder(MeshDecoder):
 
     reference: list[int] = []
 
-    def _candidates(self, out, x, stacked, h, past, kv, d, params, opts, generator, memory=None) -> list[int]:
+    def _candidates(self, out, x, stacked, h, past, kv, d, params, opts, generator, memory=None) -> Proposal:
         n = len(out) + 1  # committed tokens + x_{s*}
-        return self.reference[n : n + d]
+        tokens = self.reference[n : n + d]
+        return Proposal(tokens, [1.0] * len(tokens))
 
 
 def main() -> None:

@@ -47,6 +47,10 @@ class VertexMemory:
                 self.offsets[b] = seq[p + 1]
         self.read_upto = len(seq)
 
+    def knows(self, prev: int) -> bool:
+        """Is `prev` a block this mesh already followed by an offset (so the token after it comes from memory)?"""
+        return self.block_id(prev) in self.offsets
+
     def propose(self, last: int, heads: Callable[[], list[int]], d: int) -> list[int]:
         """D candidates after token `last`: the remembered offset after a known block, else the head's token.
 
@@ -54,8 +58,8 @@ class VertexMemory:
         """
         out: list[int] = []
         for j in range(d):
-            b = self.block_id(out[-1] if out else last)
-            out.append(self.offsets[b] if b in self.offsets else heads()[j])
+            prev = out[-1] if out else last
+            out.append(self.offsets[self.block_id(prev)] if self.knows(prev) else heads()[j])
         return out
 
     def known_rows(self, seq: list[int]) -> list[int]:

@@ -57,6 +57,14 @@ Choices the paper leaves open (this is the reference implementation):
   ended, hence which head proposed it), but given that history it is fixed, which is all the argument
   needs. Sampled candidates would need each head's q; they are refused with this rule (their
   acceptance min(1, p/q) is lower anyway).
+- Path cut (beyond the paper, `min_path_prob` > 0, off by default): the chain ends before the first
+  candidate at which the running product of the proposers' probabilities of their candidates falls below
+  `min_path_prob` (EAGLE-2's path confidence, applied to a chain). A head's probability of its token is
+  softmax(head logits / T) at the run's temperature T (1 when greedy), unfiltered; a lookup candidate counts
+  1. Each verified token costs a backbone forward more work (on the small backbone a 5-token verify costs
+  1.25 one-token forwards, 3 tokens 1.17), so dropping the tail a head is unsure of saves more than the few
+  tokens it would have added. The cut is a function of the history, like the candidates, so every rule keeps
+  its properties (rejection stays lossless, accept-nothing stays AR, greedy stays greedy AR).
 - SCR = committed tokens / decoding steps (the prefill that yields the first candidate is not a
   decoding step), i.e. `DecodeStats.tau`; step latency = wall time / steps.
 """
@@ -104,6 +112,7 @@ class XSpecMeshOptions:
     draft_dtype: str = "float32"  # "bfloat16": the heads' LM-head projection in bf16 (beyond the paper, README)
     lookup: int = 0  # > 0: candidates first from n-gram lookup (n = lookup .. 1) over the mesh so far (beyond the paper)
     vertex_lookup: bool = False  # offsets after known blocks from the mesh so far, heads elsewhere (beyond the paper)
+    min_path_prob: float = 0.0  # > 0: cut the chain where the candidates' running probability drops below it (beyond)
 
     def __post_init__(self) -> None:
         from specgen.errors import UsageError
@@ -114,6 +123,8 @@ class XSpecMeshOptions:
             raise UsageError(f"unknown draft_dtype {self.draft_dtype!r}; choose from {', '.join(DRAFT_DTYPES)}")
         if self.num_heads < 0 or self.top_k_tree < 1 or self.lookup < 0:
             raise UsageError("num_heads and lookup must be >= 0 and top_k_tree >= 1")
+        if not 0.0 <= self.min_path_prob < 1.0:
+            raise UsageError(f"min_path_prob must be in [0, 1) (0 = no cut), got {self.min_path_prob}")
         if self.lookup and self.vertex_lookup:
             raise UsageError("lookup and vertex_lookup are exclusive; choose one candidate source besides the heads")
         if self.lossless:
@@ -140,8 +151,9 @@ class XSpecMeshOptions:
         s = "IS" if self.sampling == "independent" else f"PTS(K_s={self.top_k_tree})"
         bf = ", bf16 head logits" if self.draft_dtype == "bfloat16" else ""
         lk = f", lookup {self.lookup}-gram" if self.lookup else ", vertex lookup" if self.vertex_lookup else ""
+        cut = f", path cut {self.min_path_prob:g}" if self.min_path_prob else ""
         rule = "rejection sampling" if self.lossless else self.criterion_rule().label()
-        return f"{rule}, {s}{bf}{lk}"
+        return f"{rule}, {s}{bf}{lk}{cut}"
 
 
 OPTION_NAMES = tuple(XSpecMeshOptions.__dataclass_fields__)
@@ -154,6 +166,23 @@ def accept_chain(candidates: list[int], probs, rule: AcceptCriterion | None, gen
     if rule is None:
         return accept_rejection(Draft.chain(candidates), probs, generator)
     return accept_lossy(Draft.chain(candidates), probs, rule, generator, greedy)
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """Candidates x_{s*+1 ..} and the probability their proposer gave each (a head's tempered softmax; lookup: 1)."""
+
+    tokens: list[int]
+    probs: list[float]
+
+    def cut(self, min_path_prob: float) -> list[int]:
+        """The candidates before the first one at which the running product of probs is below min_path_prob."""
+        path = 1.0
+        for j, p in enumerate(self.probs):
+            path *= p
+            if path < min_path_prob:
+                return self.tokens[:j]
+        return self.tokens
 
 
 @dataclass(frozen=True)
@@ -182,15 +211,21 @@ def tree_sample(probs: torch.Tensor, k: int, generator: torch.Generator | None) 
 
 
 def head_candidates(head_logits: torch.Tensor, params: SamplingParams, opts: XSpecMeshOptions,
-                    generator: torch.Generator | None) -> list[int]:
-    """Candidates x_{s*+1 .. s*+D} from head logits [D, V] (greedy, or the K_s = 1 tree: argmaxes)."""
+                    generator: torch.Generator | None) -> Proposal:
+    """Candidates x_{s*+1 .. s*+D} from head logits [D, V] (greedy, or the K_s = 1 tree: argmaxes), and each
+    head's tempered probability of its token (for `min_path_prob`)."""
     if params.greedy or (opts.sampling == "tree" and opts.top_k_tree == 1):
         # the K_s = 1 tree's one path is every head's most probable token, and the filters keep each row's max
-        return head_logits.argmax(-1).tolist()
-    probs = logits_to_probs(head_logits, params)  # [D, V]
-    if opts.sampling == "tree":
-        return tree_sample(probs, opts.top_k_tree, generator)
-    return sample_rows(probs, generator)  # one independent draw per head
+        tokens = head_logits.argmax(-1).tolist()
+    elif opts.sampling == "tree":
+        tokens = tree_sample(logits_to_probs(head_logits, params), opts.top_k_tree, generator)
+    else:
+        tokens = sample_rows(logits_to_probs(head_logits, params), generator)  # one independent draw per head
+    if not opts.min_path_prob:
+        return Proposal(tokens, [1.0] * len(tokens))
+    scaled = head_logits / (params.temperature or 1.0)  # [D, V]
+    chosen = scaled.gather(-1, torch.tensor(tokens, device=scaled.device)[:, None])[:, 0]  # [D]
+    return Proposal(tokens, (chosen - scaled.logsumexp(-1)).exp().tolist())
 
 
 class LazyProbs:
@@ -251,7 +286,7 @@ class MeshDecoder:
             first = pick(logits0[0], params, generator)
             memory = self._vertex_memory() if opts.vertex_lookup and d_max else None
             chain = [first] + self._candidates([], first, stacked, h, past, head_kv, d_max, params, opts,
-                                               draft_generator, memory)
+                                               draft_generator, memory).cut(opts.min_path_prob)
         out: list[int] = []
         while True:
             chain = self._trim(chain, max_tokens - len(out))
@@ -271,26 +306,30 @@ class MeshDecoder:
             out.extend(chain[: a + 1])
             if self.eos_id in chain[1 : a + 1] or len(out) >= max_tokens:
                 break
-            with stats.timed("propose"):  # 5. resample x_{s*} (backbone), then x_{s*+d} (lookup / heads on h_{s*-1})
+            with stats.timed("propose"):  # 5. resample x_{s*} (backbone), then x_{s*+d} (lookup / heads on h_{s*-1}); cut
                 x = verdict.tokens[-1]
                 past = self._window(stacked, hidden[0, : a + 1], past)  # + h of the committed x_s .. x_{s*-1}
                 chain = [x] + self._candidates(out, x, stacked, hidden[:, a], past, head_kv, d_max, params, opts,
-                                               draft_generator, memory)
+                                               draft_generator, memory).cut(opts.min_path_prob)
         stats.new_tokens = len(out)
         return MeshDecodeResult(out, stats)
 
     def _candidates(self, out: list[int], x: int, stacked, h: torch.Tensor, past, kv, d: int, params: SamplingParams,
                     opts: XSpecMeshOptions, generator: torch.Generator | None,
-                    memory: VertexMemory | None = None) -> list[int]:
+                    memory: VertexMemory | None = None) -> Proposal:
         """D candidates after the committed tokens `out` + x = x_{s*}: the heads'; with `lookup` what followed
         the latest earlier occurrence of the longest n-gram suffix (n <= lookup), heads filling the rest; with a
         vertex `memory` the offsets of known blocks, heads elsewhere. Heads run only if a position needs them."""
         heads = functools.cache(lambda: self._heads(stacked, h, past, x, kv, d, params, opts, generator))
         if memory is not None:
             memory.read(out + [x])
-            return memory.propose(x, heads, d)
+            tokens = memory.propose(x, lambda: heads().tokens, d)
+            return Proposal(tokens, [1.0 if memory.knows(prev) else heads().probs[j]
+                                     for j, prev in enumerate([x] + tokens[:-1])])
         found = lookup(out + [x], d, opts.lookup, 1) if opts.lookup and d else []
-        return found if len(found) == d else found + heads()[len(found):]
+        if len(found) == d:
+            return Proposal(found, [1.0] * d)
+        return Proposal(found + heads().tokens[len(found):], [1.0] * len(found) + heads().probs[len(found):])
 
     def _vertex_memory(self) -> VertexMemory:
         """An empty per-mesh vertex memory; the backbone must use BPT's 8 x 16 vocabulary."""
@@ -303,11 +342,11 @@ class MeshDecoder:
         return memory
 
     def _heads(self, stacked, h: torch.Tensor, past: torch.Tensor | None, token: int, kv, d: int,
-               params: SamplingParams, opts: XSpecMeshOptions, generator: torch.Generator | None) -> list[int]:
+               params: SamplingParams, opts: XSpecMeshOptions, generator: torch.Generator | None) -> Proposal:
         """D candidates from the heads on h_{s*-1} = h [1, dim], the projected window `past` (history heads)
         and x_{s*} = token (token_input heads)."""
         if d == 0:
-            return []
+            return Proposal([], [])
         emb = self.model.decoder.tok_embeddings(torch.tensor([token], device=h.device)) if stacked.token_input else None
         dtype = DRAFT_DTYPES[opts.draft_dtype]
         feats = stacked.features(h, kv, emb, past)[:d].to(dtype)  # [D, dim]

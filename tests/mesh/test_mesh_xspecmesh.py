@@ -12,7 +12,7 @@ from specgen.decoding.draft import Draft
 from specgen.decoding.sampling import SamplingParams
 from specgen.errors import UsageError
 from specgen.mesh.procedural import generate_mesh
-from specgen.methods.xspecmesh import MeshDecoder, XSpecMeshOptions, head_candidates, tree_sample
+from specgen.methods.xspecmesh import MeshDecoder, Proposal, XSpecMeshOptions, head_candidates, tree_sample
 from specgen.train.mesh import point_cloud
 from tests.mesh.mesh_fixtures import NUM_POINTS, tiny_heads, tiny_mesh_model
 
@@ -106,7 +106,8 @@ class _PerfectCandidates(MeshDecoder):
     reference: list[int] = []
 
     def _candidates(self, out, x, stacked, h, past, kv, d, params, opts, generator, memory=None):
-        return self.reference[len(out) + 1 : len(out) + 1 + d]
+        tokens = self.reference[len(out) + 1 : len(out) + 1 + d]
+        return Proposal(tokens, [1.0] * len(tokens))
 
 
 @pytest.mark.parametrize("d", [1, 2, 4])
@@ -193,7 +194,7 @@ def test_a_one_branch_tree_proposes_the_heads_argmaxes():
     params, opts = SamplingParams(0.5, 50, 0.95), XSpecMeshOptions(sampling="tree", top_k_tree=1)
     for _ in range(20):
         logits = torch.randn(4, 300, generator=g) * 3
-        fast = head_candidates(logits, params, opts, torch.Generator().manual_seed(0))
+        fast = head_candidates(logits, params, opts, torch.Generator().manual_seed(0)).tokens
         assert fast == tree_sample(logits_to_probs(logits, params), 1, torch.Generator().manual_seed(0))
 
 
@@ -215,3 +216,31 @@ def test_lookup_candidates_change_the_draft_not_the_rule(setup, monkeypatch):
     assert res.tokens == greedy_ar.tokens and len(calls) < res.stats.steps
     with pytest.raises(UsageError, match="lookup"):
         XSpecMeshOptions(lookup=-1)
+
+
+def test_proposal_cut_stops_where_the_running_probability_drops():
+    p = Proposal([7, 8, 9, 10], [0.9, 1.0, 0.5, 0.9])  # running: 0.9, 0.9, 0.45, 0.405
+    assert p.cut(0.0) == [7, 8, 9, 10] and p.cut(0.41) == [7, 8, 9] and p.cut(0.5) == [7, 8] and p.cut(0.95) == []
+
+
+def test_head_probabilities_are_the_tempered_softmax_of_their_tokens():
+    logits, params = torch.randn(4, 300, generator=torch.Generator().manual_seed(5)) * 3, SamplingParams(0.5, 50, 0.95)
+    for opts in (XSpecMeshOptions(sampling="tree", top_k_tree=1, min_path_prob=0.1), XSpecMeshOptions(min_path_prob=0.1)):
+        prop = head_candidates(logits, params, opts, torch.Generator().manual_seed(0))
+        want = (logits / 0.5).softmax(-1)[torch.arange(4), torch.tensor(prop.tokens)]
+        torch.testing.assert_close(torch.tensor(prop.probs), want)
+    assert head_candidates(logits, params, XSpecMeshOptions(), None).probs == [1.0] * 4  # no cut: not computed
+
+
+@pytest.mark.parametrize("extra", [{}, {"vertex_lookup": True, "sampling": "tree", "top_k_tree": 1}])
+def test_a_path_cut_changes_the_draft_not_the_rule(setup, extra):
+    """min_path_prob (beyond the paper) only shortens what is verified: accept-nothing is still AR sampling,
+    greedy still greedy AR, and a high cut verifies fewer candidates per step."""
+    model, pc = setup
+    ar, greedy_ar = run(model, None, pc, SAMPLED), run(model, None, pc, SamplingParams(0.0))
+    cut = XSpecMeshOptions(min_path_prob=0.3, **extra)
+    assert run(model, tiny_heads(), pc, SAMPLED, dataclasses.replace(cut, delta=1.0)).tokens == ar.tokens
+    assert run(model, tiny_heads(), pc, SamplingParams(0.0), cut).tokens == greedy_ar.tokens
+    whole = run(model, tiny_heads(scramble=False), pc, SAMPLED, XSpecMeshOptions(**extra))
+    short = run(model, tiny_heads(scramble=False), pc, SAMPLED, cut)
+    assert short.stats.d_bar < whole.stats.d_bar

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections import Counter
 
@@ -10,7 +11,7 @@ import torch
 
 from specgen.decoding.sampling import SamplingParams, logits_to_probs
 from specgen.errors import UsageError
-from specgen.methods.xspecmesh import MeshDecoder, XSpecMeshOptions
+from specgen.methods.xspecmesh import MeshDecoder, Proposal, XSpecMeshOptions
 from tests.mesh.mesh_fixtures import tiny_heads
 from tests.mesh.test_mesh_xspecmesh import one_thread, setup  # noqa: F401  (fixtures: the tiny model, 1 thread)
 
@@ -44,41 +45,54 @@ class ExactBackbone:
 
 class SecondChoice(MeshDecoder):
     """Deterministic candidates inside the backbone's support: each is its SECOND most likely token after the
-    prefix and the candidates before it, so the exact rule accepts it sometimes and rejects it sometimes."""
+    prefix and the candidates before it, so the exact rule accepts it sometimes and rejects it sometimes. Its
+    "proposer probability" is (id mod 5 + 1) / 5, a function of the history like a head's, so `min_path_prob` 0.15
+    cuts some chains and not others (the backbone's own probabilities are all ~1/3 at this temperature)."""
 
     exact: ExactBackbone
 
     def _candidates(self, out, x, stacked, h, past, kv, d, params, opts, generator, memory=None):
-        chain = (*out, x)
+        chain, probs = (*out, x), []
         for _ in range(d):
             chain += (int(self.exact(chain).topk(2).indices[1]),)
-        return list(chain[len(out) + 1 :])
+            probs.append((chain[-1] % 5 + 1) / 5)
+        return Proposal(list(chain[len(out) + 1 :]), probs)
 
 
-def tv_to_backbone(setup, opts: XSpecMeshOptions, n: int = 2500) -> tuple[float, float]:
-    """(total variation between the first 3 decoded tokens and the backbone's joint, mean tokens per step)."""
+def tv_to_backbone(setup, opts: XSpecMeshOptions, n: int = 2500) -> tuple[float, float, Counter]:
+    """(total variation between the first 3 decoded tokens and the backbone's joint, mean tokens per step,
+    how many first steps verified 0, 1 or 2 candidates)."""
     model, pc = setup
     dec = SecondChoice(model, tiny_heads(num_heads=2))
     dec.exact = ExactBackbone(model, pc, TOP3)
     want = dec.exact.joint(3)
-    g, counts, taus = torch.Generator().manual_seed(0), Counter(), []
+    g, counts, taus, drafted = torch.Generator().manual_seed(0), Counter(), [], Counter()
     for _ in range(n):
         res = dec.generate(pc, TOP3, 3, opts, g)
         counts[tuple(res.tokens)] += 1
         taus.append(res.stats.tau)
+        drafted[res.stats.draft_sizes[0]] += 1
     assert set(counts) <= set(want)  # every decoded triple is in the backbone's support
     tv = 0.5 * sum(abs(counts[k] / n - w) for k, w in want.items())
-    return tv, sum(taus) / n
+    return tv, sum(taus) / n, drafted
 
 
 def test_rejection_keeps_the_backbone_distribution_and_the_paper_rule_does_not(setup):
     """27 cells, 2,500 decodes: sampling noise alone gives TV ~ 0.03. The lossy p > delta rule on the same
     candidates is far off (the test can fail), the rejection rule is not, and it still accepts candidates."""
-    lossless_tv, lossless_tau = tv_to_backbone(setup, LOSSLESS)
-    lossy_tv, _ = tv_to_backbone(setup, XSpecMeshOptions(delta=0.2, sampling="tree", top_k_tree=1))
+    lossless_tv, lossless_tau, _ = tv_to_backbone(setup, LOSSLESS)
+    lossy_tv, _, _ = tv_to_backbone(setup, XSpecMeshOptions(delta=0.2, sampling="tree", top_k_tree=1))
     assert lossless_tv < 0.06
     assert lossy_tv > 0.15
     assert lossless_tau > 1.2
+
+
+def test_a_path_cut_keeps_rejection_lossless(setup):
+    """min_path_prob (beyond the paper) shortens some chains (the candidates' running probability falls below it)
+    and leaves others whole; the output is still the backbone's joint (TV as above)."""
+    tv, tau, sizes = tv_to_backbone(setup, dataclasses.replace(LOSSLESS, min_path_prob=0.15))
+    assert tv < 0.06 and tau > 1.1
+    assert sizes[1] > 0.1 * sum(sizes.values()) and sizes[2] > 0.1 * sum(sizes.values())  # some cut, some whole
 
 
 def test_rejection_at_temperature_zero_is_greedy_ar(setup):
@@ -98,6 +112,10 @@ def test_rejection_labels_and_option_errors():
             XSpecMeshOptions(criterion="rejection", **bad)
     with pytest.raises(UsageError, match="threshold, topk, rejection"):
         XSpecMeshOptions(criterion="nope")
+    for bad in (-0.1, 1.0):
+        with pytest.raises(UsageError, match="min_path_prob"):
+            XSpecMeshOptions(min_path_prob=bad)
+    assert XSpecMeshOptions(min_path_prob=0.3).label().endswith("path cut 0.3")
 
 
 @pytest.mark.parametrize("k", [1, 2])
