@@ -10,7 +10,7 @@ changes on a shared machine hit every row alike):
   sweep              E with delta in `deltas` (and top-K_a rows for `topk_accept`, PTS rows for `tree_k`,
                      fewer heads for `depths`: on a CPU every verified token costs, so D < 4 can win;
                      the heads' LM-head projection in another precision for `draft_dtypes`: candidates only,
-                     acceptance stays float32)
+                     acceptance stays float32; n-gram lookup for `lookups`, a path cut for `path_cuts`)
 Metrics: CD / HD exactly as BPT (`mesh.metrics.mesh_distances`: each mesh normalised on its own,
 1,024 seeded surface samples, L2 Chamfer = sum of both directed means, symmetric Hausdorff)
 against the ground-truth test mesh, averaged over meshes that decode to at least one face
@@ -52,6 +52,7 @@ class MeshBenchConfig:
     depths: list = field(default_factory=lambda: [2, 3])  # D rows on sweep_row (a CPU pays per verified token)
     draft_dtypes: list = field(default_factory=list)  # e.g. [bfloat16]: sweep_row, its heads' LM-head product in that dtype
     lookups: list = field(default_factory=list)  # e.g. [2]: sweep_row with n-gram lookup candidates (beyond the paper)
+    path_cuts: list = field(default_factory=list)  # e.g. [0.3]: sweep_row with min_path_prob (beyond the paper)
     options: dict = field(default_factory=dict)  # more XSpecMesh options for every heads row, e.g. {top_k_tree: 1}
     row_options: dict = field(default_factory=dict)  # row -> options over `options` for that row (and its sweeps)
     merged_ar: list = field(default_factory=list)  # heads rows whose LoRA-merged backbone also decodes plain AR ("ar+ROW")
@@ -109,6 +110,8 @@ def variants(cfg: MeshBenchConfig) -> list[Variant]:
                 for d in cfg.depths if d != cfg.num_heads]
         out += [Variant(f"{cfg.sweep_row} {t}", h, XSpecMeshOptions(**{**base, "draft_dtype": t})) for t in cfg.draft_dtypes]
         out += [Variant(f"{cfg.sweep_row} lookup {n}", h, XSpecMeshOptions(**{**base, "lookup": n})) for n in cfg.lookups]
+        out += [Variant(f"{cfg.sweep_row} cut {c:g}", h, XSpecMeshOptions(**{**base, "min_path_prob": c}))
+                for c in cfg.path_cuts]
     return out
 
 

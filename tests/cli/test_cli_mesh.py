@@ -160,13 +160,14 @@ def test_benchmark_meshes_json(tiny):
     r = invoke("benchmark", "--suite", "meshes", "--model", "tiny-mesh", "--limit", "1", "--format", "json",
                "max_new_tokens=12", "num_heads=2", "heads={ca: tiny-heads}", "rows=[ar,ca]", "deltas=[0.9]",
                "topk_accept=[]", "tree_k=[2]", "depths=[1,2]", "sweep_row=ca", "draft_dtypes=[bfloat16]",
-               "lookups=[2]")
+               "lookups=[2]", "path_cuts=[0.3]")
     assert r.exit_code == 0, r.output
     rows = json.loads(r.stdout)
     assert [x["row"] for x in rows] == ["ar", "ca", "ca p>0.9", "ca PTS K_s=2", "ca D=1", "ca bfloat16",
-                                        "ca lookup 2"]  # D=2 is row ca
-    assert "bf16 head logits" in rows[-2]["rule"] and "lookup 2-gram" in rows[-1]["rule"]
-    assert rows[-3]["scr"] <= 2.0  # one head: at most 2 tokens per step
+                                        "ca lookup 2", "ca cut 0.3"]  # D=2 is row ca
+    assert "bf16 head logits" in rows[-3]["rule"] and "lookup 2-gram" in rows[-2]["rule"]
+    assert rows[-1]["rule"].endswith("path cut 0.3 (lossy)")
+    assert rows[-4]["scr"] <= 2.0  # one head: at most 2 tokens per step
     assert rows[0]["cd_box"] > 0 and rows[0]["cd_other_mesh"] is None  # one test mesh: no "other"
     assert rows[0]["speedup_vs_ar"] == 1.0 and rows[0]["rule"] == "lossless" and "lossy" in rows[1]["rule"]
     assert rows[0]["machine"].endswith(" layout")  # the decode weight layout a table was measured with
