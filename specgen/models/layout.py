@@ -20,8 +20,10 @@ Layouts (`SPECGEN_WEIGHT_LAYOUT`):
 - `packed` (default where this torch has oneDNN): column-major, and every Linear becomes a
   `PackedLinear` (`models/packed_linear.py`): products of several rows (verification, Jacobi blocks,
   prefill) run on a oneDNN-packed copy, which reuses the weight across rows instead of paying per row
-  (up to 4x on one core); few-row products of a cache-resident model stay on MKL's GEMV over the
-  column-major weight, which is faster there;
+  (up to 4x on one core); products of fewer rows than the crossover measured for the model on this
+  machine (`models/kernel_choice.py`) stay on MKL's GEMV over the column-major weight, which is faster
+  there (1 token of SmolLM2 on the 2026-11-25 machine: 40.1 ms packed vs 39.6 ms col; 46.1 ms when a
+  constant sent it to oneDNN, log `recipes/tiny/logs/layouts-measured-crossover.log`);
 - `col`: column-major only (the previous default);
 - `row`: PyTorch's layout, e.g. to measure the difference or on a CPU where it is slower.
 """

@@ -13,16 +13,12 @@ weight across rows. One core, microseconds per product (`python -m specgen.model
     576 x 1536 (SmolLM2 w1)    1 row:  38.4 vs 49.6 | 4 rows: 175.5 vs 48.6 | 16 rows: 333.3 vs 125.8
     576 x 49152 (SmolLM2 head) 1 row:  4,169 vs 2,875 | 16 rows: 16,913 vs 6,173
 
-Whole decoders, one core, ms per cached forward over n new tokens: SmolLM2-135M streams its 0.5 GB of
-weights from memory every forward, and there oneDNN is faster even for one row (23.7 vs 29.6 ms,
-`python -m specgen.models.layout`, log `recipes/tiny/logs/packed-linear-layouts.log`); the tiny image and
-mesh GPTs live in the cache, where MKL's GEMV stays faster for up to three rows (mesh, oneDNN for every
-product in an ad-hoc run: 1.18 vs 1.44 ms for one token, 1.54 vs 1.61 for two; 2.54 vs 1.90 for five).
-So `pack_linears` picks the smallest row count sent to oneDNN per model: 1 for a model whose Linear
-weights exceed `STREAMED_BYTES` (twice this CPU's 32 MB last-level cache), else `SMALL_MODEL_MIN_ROWS`.
-AR baselines therefore keep their fastest kernel and every multi-token forward (verification, Jacobi
-blocks, prefill) gets its own; outputs agree to float32 rounding (the two kernels sum in different
-orders, as MKL's own GEMV and GEMM already did).
+Which kernel a product of r rows uses depends on the machine (whole decoders: on one machine oneDNN was
+faster for SmolLM2's 1-token step, on another MKL; for the cache-resident tiny models MKL's GEMV wins up to
+three rows), so `pack_linears` gives each model a `KernelChoice` (`models/kernel_choice.py`) that measures
+the crossover on this machine at the thread count decoding runs with: AR baselines keep their fastest kernel
+and every multi-token forward (verification, Jacobi blocks, prefill) gets its own; outputs agree to float32
+rounding (the two kernels sum in different orders, as MKL's own GEMV and GEMM already did).
 
 The packed copy doubles the memory of the linear weights, so `pack_linears` leaves a model whose linear
 weights exceed `MAX_MEMORY_SHARE` of this machine's RAM as it is (column-major, MKL for every product):
@@ -40,11 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-#: A model whose Linear weights exceed this streams them from memory each forward: oneDNN for every product.
-STREAMED_BYTES = 64 * 2**20
-#: Otherwise products of at least this many rows use the packed weight (fewer: MKL's GEMV; at 3 rows the
-#: two measured alike on the mesh GPT, 1.45-1.83 vs 1.62-1.77 ms, at 4 oneDNN won, 2.25 vs 1.76 ms).
-SMALL_MODEL_MIN_ROWS = 4
+from specgen.models.kernel_choice import FALLBACK_MIN_ROWS, KernelChoice, pinned_min_rows
+
 #: A model whose linear weights exceed this share of the machine's RAM is not packed (the copy doubles them).
 MAX_MEMORY_SHARE = 0.25
 #: The row count oneDNN tunes the packed layout for (2 .. 64 measured alike for 2 .. 16 rows; 1 is slower).
@@ -60,8 +53,13 @@ def available() -> bool:
 class PackedLinear(nn.Linear):
     """nn.Linear (same parameters, same state dict) that sends products of >= `min_rows` rows to oneDNN."""
 
-    min_rows: int = SMALL_MODEL_MIN_ROWS
+    _choice: KernelChoice | None = None  # shared by the model's PackedLinears (pack_linears)
     _packed: tuple | None = None  # (key, packed weight); key = (storage pointer, version, dtype) of `weight`
+
+    @property
+    def min_rows(self) -> int:
+        """The smallest product (in rows) sent to oneDNN: pinned, or measured on this machine (kernel_choice.py)."""
+        return self._choice.min_rows() if self._choice is not None else FALLBACK_MIN_ROWS
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., in] -> [..., out]
         w = self.weight
@@ -92,15 +90,6 @@ def linear_bytes(module: nn.Module) -> int:
     return sum(w.numel() * w.element_size() for w in weights.values())
 
 
-def min_rows_for(module: nn.Module) -> int:
-    """Smallest product sent to oneDNN in `module`: 1 when its Linear weights are streamed from memory."""
-    return _min_rows(linear_bytes(module))
-
-
-def _min_rows(weight_bytes: int) -> int:
-    return 1 if weight_bytes > STREAMED_BYTES else SMALL_MODEL_MIN_ROWS
-
-
 def ram_bytes() -> int:
     """Physical memory of this machine (0 when the OS does not say)."""
     import os
@@ -112,16 +101,20 @@ def ram_bytes() -> int:
 
 
 def pack_linears(module: nn.Module, min_rows: int | None = None) -> nn.Module:
-    """Turn every CPU nn.Linear of `module` into a PackedLinear in place (parameters, ties and names unchanged);
-    a module whose linear weights exceed `MAX_MEMORY_SHARE` of RAM is returned as it is (the copy doubles them)."""
+    """Turn every CPU nn.Linear of `module` into a PackedLinear in place (parameters, ties and names unchanged),
+    all sharing one KernelChoice: `min_rows` if given, else `SPECGEN_PACKED_MIN_ROWS`, else measured on first
+    use. A module whose linear weights exceed `MAX_MEMORY_SHARE` of RAM is returned as it is (the copy doubles them)."""
     size, ram = linear_bytes(module), ram_bytes()
     if ram and size > MAX_MEMORY_SHARE * ram:
         return module
-    rows = min_rows or _min_rows(size)
-    for lin in module.modules():
-        if type(lin) in (nn.Linear, PackedLinear) and lin.weight.device.type == "cpu":
-            lin.__class__ = PackedLinear
-            lin.min_rows = rows
+    linears = [lin for lin in module.modules()
+               if type(lin) in (nn.Linear, PackedLinear) and lin.weight.device.type == "cpu"]
+    if not linears:
+        return module
+    choice = KernelChoice(linears, min_rows or pinned_min_rows())
+    for lin in linears:
+        lin.__class__ = PackedLinear
+        lin._choice = choice
     return module
 
 

@@ -12,7 +12,7 @@ from torch import nn
 from specgen.errors import UsageError
 from specgen.models import packed_linear
 from specgen.models.layout import ENV, decode_layout, layout_name
-from specgen.models.packed_linear import PackedLinear, min_rows_for, pack_linears
+from specgen.models.packed_linear import PackedLinear, pack_linears
 from tests.conftest import tiny_model
 
 # oneDNN ships in torch's x86 CPU wheels (this project's machine and CI); on a build without it the tests that
@@ -113,16 +113,6 @@ def test_decode_layout_packs_by_default_and_keeps_the_model(monkeypatch):
     monkeypatch.setenv(ENV, "col")
     col = decode_layout(tiny_model(3))
     assert not any(type(m) is PackedLinear for m in col.modules())
-
-
-@needs_onednn
-def test_large_models_send_every_product_to_onednn(monkeypatch):
-    model = tiny_model(3)
-    assert min_rows_for(model) == packed_linear.SMALL_MODEL_MIN_ROWS
-    monkeypatch.setattr(packed_linear, "STREAMED_BYTES", 1024)  # "larger than the cache"
-    assert min_rows_for(model) == 1
-    pack_linears(model)
-    assert model.layers[0].attention.wqkv.min_rows == 1
 
 
 @needs_onednn

@@ -1,0 +1,136 @@
+"""Which kernel runs a few-row product on this machine: the row count from which oneDNN beats MKL, measured per model.
+
+A decoder's products have 1 row (an AR step), a few (verification, Jacobi blocks) or many (prefill). MKL's GEMV
+over the column-major weight and oneDNN's GEMM over a packed copy (`models/packed_linear.py`) trade places at a
+row count that depends on the CPU, the thread count and whether the model's weights fit in the cache, and two
+machines of this project, both sold as AMD EPYC, disagree on it for one row (whole decoders, one thread, ms per
+1-token forward, `python -m specgen.models.layout`):
+
+    machine          SmolLM2-135M (streamed)      mesh GPT 512x8x1024 (streamed)   tiny mesh GPT (cached)
+    earlier one      oneDNN 23.7 < MKL 29.6       -                                MKL 1.18 < oneDNN 1.44
+    2026-11-25       MKL 39.0 < oneDNN 46.1       MKL 9.4 < oneDNN 10.6            MKL = oneDNN within noise
+
+A constant tuned on one machine would make AR (the baseline of every speedup) up to 18% slower on another and
+inflate every ratio. So the choice is measured: one pass of r-row products over all of a model's linear weights
+(the weight traffic of one forward, from memory when they exceed the cache and from the cache when they do
+not), MKL vs oneDNN, for r in `ROWS`, interleaved, best of `ROUNDS`; products of at least `min_rows` rows go to
+oneDNN, where `min_rows` is the smallest measured r from which oneDNN is faster at every larger measured r.
+The measurement runs on the model's first product at each thread count (tens of ms for the tiny models, ~1-2 s
+for SmolLM2; benchmarks warm up first), is shared by every model with the same weight shapes in the process,
+and can be pinned with `SPECGEN_PACKED_MIN_ROWS=N` (reproducing a run, or skipping the measurement).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import weakref
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+ENV = "SPECGEN_PACKED_MIN_ROWS"
+#: Row counts timed: AR steps, verification of a few tokens, Jacobi blocks; more rows always favoured oneDNN.
+ROWS = (1, 2, 3, 4, 6, 8)
+ROUNDS = 3
+#: Used when the weights to measure are gone (a copy outlived its model): the crossover of cache-resident models.
+FALLBACK_MIN_ROWS = 4
+_MEASURED: dict[tuple, int] = {}  # (weight signature, threads) -> min_rows, for this process
+
+
+@dataclass(frozen=True)
+class Timing:
+    """ms of one pass over a model's linear weights per row count, on each kernel."""
+
+    rows: tuple[int, ...]
+    mkl_ms: tuple[float, ...]
+    dnn_ms: tuple[float, ...]
+
+    @property
+    def min_rows(self) -> int:
+        """The smallest row count from which oneDNN is faster at every larger measured count (else past the last)."""
+        best = self.rows[-1] + 1
+        for r, mkl, dnn in reversed(list(zip(self.rows, self.mkl_ms, self.dnn_ms))):
+            if dnn >= mkl:
+                break
+            best = r
+        return best
+
+
+def pinned_min_rows() -> int | None:
+    """`SPECGEN_PACKED_MIN_ROWS` as a positive int, None when unset."""
+    from specgen.errors import UsageError
+
+    raw = os.environ.get(ENV, "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise UsageError(f"{ENV} must be a positive integer (products of at least that many rows use oneDNN), got {raw!r}")
+    return int(raw)
+
+
+@torch.inference_mode()
+def time_passes(linears: list, rows: tuple[int, ...] = ROWS, rounds: int = ROUNDS) -> Timing:
+    """Best-of-`rounds` ms of r-row products over every distinct weight of `linears` (PackedLinears), per kernel."""
+    weights = list({id(lin.weight): lin for lin in linears}.values())  # tied weights count once
+    inputs = {(lin.in_features, lin.weight.dtype): torch.randn(max(rows), lin.in_features).to(lin.weight.dtype)
+              for lin in weights}
+    packed = [lin.packed_weight() for lin in weights]
+
+    def one_pass(r: int, onednn: bool) -> float:
+        t = time.perf_counter()
+        for lin, p in zip(weights, packed):
+            x = inputs[(lin.in_features, lin.weight.dtype)][:r]  # [r, in]
+            if onednn:
+                torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], "")
+            else:
+                F.linear(x, lin.weight)
+        return (time.perf_counter() - t) * 1e3
+
+    best = {(r, k): float("inf") for r in rows for k in (False, True)}
+    for r in rows:  # warm-up: touch every weight once per kernel
+        one_pass(r, False), one_pass(r, True)
+    for _ in range(rounds):
+        for r in rows:
+            for k in (False, True):
+                best[(r, k)] = min(best[(r, k)], one_pass(r, k))
+    return Timing(rows, tuple(best[(r, False)] for r in rows), tuple(best[(r, True)] for r in rows))
+
+
+class KernelChoice:
+    """Shared by one model's PackedLinears: the smallest product sent to oneDNN at the current thread count."""
+
+    def __init__(self, linears: list, fixed: int | None = None) -> None:
+        self.fixed = fixed
+        self._linears = [weakref.ref(lin) for lin in linears]  # weak: a copied layer must not drag the model along
+        self.signature = tuple((lin.in_features, lin.out_features, lin.weight.dtype) for lin in
+                               {id(lin.weight): lin for lin in linears}.values())
+        self._threads = -1
+        self._min_rows = FALLBACK_MIN_ROWS
+
+    def min_rows(self) -> int:
+        """Pinned, else measured once per thread count (and shared by models with the same weight shapes)."""
+        if self.fixed is not None:
+            return self.fixed
+        threads = torch.get_num_threads()
+        if threads != self._threads:
+            self._min_rows, self._threads = self._measure(threads), threads
+        return self._min_rows
+
+    def _measure(self, threads: int) -> int:
+        key = (self.signature, threads)
+        if key not in _MEASURED:
+            linears = [ref() for ref in self._linears]
+            if not linears or any(lin is None for lin in linears):
+                return FALLBACK_MIN_ROWS
+            _MEASURED[key] = time_passes(linears).min_rows
+        return _MEASURED[key]
+
+    def __deepcopy__(self, memo: dict) -> KernelChoice:
+        """Shared, not copied: a copied layer (e.g. a bfloat16 draft LM head) keeps its model's measurement."""
+        return self
+
+    def __getstate__(self) -> dict:
+        """Pickled without the (unpicklable) weak references: an unpickled model measures nothing, uses the fallback."""
+        return {**self.__dict__, "_linears": []}

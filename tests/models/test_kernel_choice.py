@@ -1,0 +1,98 @@
+"""KernelChoice: the oneDNN/MKL crossover is measured once per weight shapes and thread count, or pinned."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from specgen.errors import UsageError
+from specgen.models import kernel_choice, packed_linear
+from specgen.models.kernel_choice import ENV, Timing, time_passes
+from specgen.models.packed_linear import PackedLinear, pack_linears
+from tests.conftest import tiny_model
+
+needs_onednn = pytest.mark.skipif(not packed_linear.available(), reason="this torch build has no oneDNN")
+
+
+@pytest.mark.parametrize("mkl, dnn, want", [
+    ((1, 2, 3, 4), (2, 3, 1, 1), 3),  # oneDNN wins from 3 rows
+    ((1, 2, 3, 4), (0.5, 1, 1, 1), 1),  # even one row (weights streamed from memory on some machines)
+    ((1, 2, 3, 4), (0.5, 3, 1, 1), 3),  # a win at 1 row that does not hold at 2 is not taken
+    ((1, 2, 3, 4), (2, 3, 4, 5), 5),  # never: past the last measured count
+    ((1, 2, 3, 4), (2, 3, 4, 4), 5),  # a tie is not a win
+])
+def test_min_rows_is_where_onednn_starts_winning_for_good(mkl, dnn, want):
+    assert Timing((1, 2, 3, 4), mkl, dnn).min_rows == want
+
+
+@needs_onednn
+def test_time_passes_times_both_kernels_on_every_row_count():
+    model = pack_linears(tiny_model(2), 4)
+    lins = [m for m in model.modules() if isinstance(m, PackedLinear)]
+    t = time_passes(lins, rows=(1, 3), rounds=1)
+    assert t.rows == (1, 3) and len(t.mkl_ms) == len(t.dnn_ms) == 2
+    assert all(ms > 0 for ms in t.mkl_ms + t.dnn_ms)
+
+
+@needs_onednn
+def test_the_crossover_is_measured_once_per_shapes_and_thread_count(monkeypatch):
+    calls = []
+
+    def fake(linears, rows=kernel_choice.ROWS, rounds=kernel_choice.ROUNDS):
+        calls.append(torch.get_num_threads())
+        return Timing((1, 2), (1.0, 2.0), (2.0, 1.0))  # oneDNN from 2 rows
+
+    monkeypatch.setattr(kernel_choice, "time_passes", fake)
+    monkeypatch.setattr(kernel_choice, "_MEASURED", {})
+    monkeypatch.delenv(ENV, raising=False)
+    a, b = pack_linears(tiny_model(2)), pack_linears(tiny_model(2))  # same shapes: one measurement
+    assert calls == []  # nothing measured before the first product
+    with torch.inference_mode():
+        a(torch.zeros(1, 3, dtype=torch.long), torch.arange(3)[None])
+    assert a.layers[0].attention.wqkv.min_rows == 2 and b.layers[1].feed_forward.w2.min_rows == 2
+    assert len(calls) == 1
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1 if threads != 1 else 2)
+        assert a.layers[0].attention.wqkv.min_rows == 2 and len(calls) == 2  # another thread count: measured again
+    finally:
+        torch.set_num_threads(threads)
+
+
+@needs_onednn
+def test_products_follow_the_measured_crossover(monkeypatch):
+    monkeypatch.setattr(kernel_choice, "time_passes", lambda *a, **k: Timing((1, 2), (1.0, 2.0), (2.0, 1.0)))
+    monkeypatch.setattr(kernel_choice, "_MEASURED", {})
+    monkeypatch.delenv(ENV, raising=False)
+    torch.manual_seed(0)
+    ref = nn.Linear(16, 8)
+    lin = pack_linears(copy.deepcopy(ref))
+    with torch.inference_mode():
+        assert torch.equal(lin(torch.ones(1, 16)), ref(torch.ones(1, 16))) and lin._packed is None  # 1 row: MKL
+        torch.testing.assert_close(lin(torch.ones(2, 16)), ref(torch.ones(2, 16)))
+        assert lin._packed is not None  # 2 rows: oneDNN
+
+
+@needs_onednn
+def test_pinned_by_the_environment(monkeypatch):
+    monkeypatch.setenv(ENV, "3")
+    model = pack_linears(tiny_model(1))
+    assert model.layers[0].attention.wqkv.min_rows == 3
+    monkeypatch.setenv(ENV, "zero")
+    with pytest.raises(UsageError, match=ENV):
+        pack_linears(tiny_model(1))
+
+
+@needs_onednn
+def test_a_copied_layer_shares_the_measurement_and_outlives_its_model(monkeypatch):
+    monkeypatch.setattr(kernel_choice, "_MEASURED", {})
+    model = pack_linears(tiny_model(1), 2)
+    head = copy.deepcopy(model.output).to(torch.bfloat16)  # as the bfloat16 draft LM head is made
+    assert head._choice is model.output._choice and head.min_rows == 2
+    orphan = pack_linears(copy.deepcopy(nn.Linear(8, 8)))  # measured lazily ...
+    choice = orphan._choice
+    choice._linears = [lambda: None]  # ... but its weights are gone
+    assert choice.min_rows() == kernel_choice.FALLBACK_MIN_ROWS
