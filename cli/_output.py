@@ -73,17 +73,21 @@ def registry_progress(quiet: bool = False):
 
 
 def machine_label() -> str:
-    """Where and how a benchmark ran: architecture, CPU count, torch threads, decode weight layout (printed with
-    every table and stored in every JSON row: the layout changes what a multi-token verify costs)."""
+    """Where and how a benchmark ran: architecture, CPU count, torch threads, decode weight layout and the packed
+    layout's measured kernel crossover (printed with every table and stored in every JSON row: they change
+    what a multi-token verify costs)."""
     import os
     import platform
 
     import torch
 
+    from specgen.models.kernel_choice import describe
     from specgen.models.layout import layout_name
 
+    layout = layout_name()
+    crossover = describe() if layout == "packed" else ""
     return (f"{platform.machine()}, {os.cpu_count()} cpus, torch threads {torch.get_num_threads()}, "
-            f"{layout_name()} layout")
+            f"{layout} layout" + (f", {crossover}" if crossover else ""))
 
 
 def check_rows_path(out) -> None:

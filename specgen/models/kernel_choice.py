@@ -100,6 +100,17 @@ def time_passes(linears: list, rows: tuple[int, ...] = ROWS, rounds: int = ROUND
     return Timing(rows, tuple(best[(r, False)] for r in rows), tuple(best[(r, True)] for r in rows))
 
 
+def describe() -> str:
+    """The crossovers in use at the current thread count, for benchmark headers: 'oneDNN from 2 rows' (several
+    models: '2 / 4 rows'), the pinned value, or '' when nothing was measured yet."""
+    pinned = pinned_min_rows()
+    if pinned is not None:
+        return f"oneDNN from {pinned} rows (pinned)"
+    threads = torch.get_num_threads()
+    rows = sorted({r for (_, t), r in _MEASURED.items() if t == threads})
+    return f"oneDNN from {' / '.join(map(str, rows))} rows" if rows else ""
+
+
 class KernelChoice:
     """Shared by one model's PackedLinears: the smallest product sent to oneDNN at the current thread count."""
 

@@ -112,3 +112,14 @@ def test_decode_layout_measures_at_load_not_in_the_first_timed_product(monkeypat
     with torch.inference_mode():
         model(torch.zeros(1, 3, dtype=torch.long), torch.arange(3)[None])
     assert calls == [1] and model.output.min_rows == 2  # oneDNN never won: past the last measured count
+
+
+def test_describe_names_the_crossovers_in_use(monkeypatch):
+    monkeypatch.delenv(ENV, raising=False)
+    threads = torch.get_num_threads()
+    monkeypatch.setattr(kernel_choice, "_MEASURED", {})
+    assert kernel_choice.describe() == ""
+    monkeypatch.setattr(kernel_choice, "_MEASURED", {("a", threads): 4, ("b", threads): 2, ("c", threads + 1): 1})
+    assert kernel_choice.describe() == "oneDNN from 2 / 4 rows"
+    monkeypatch.setenv(ENV, "3")
+    assert kernel_choice.describe() == "oneDNN from 3 rows (pinned)"
