@@ -28,3 +28,5 @@ specgen benchmark --config recipes/small/bench-meshes-lossless-heads.yaml \
   --out runs/bench-meshes-small-lossless-heads.jsonl > "$LOGS/bench-meshes-small-lossless-heads.log" 2>&1
 specgen benchmark --config recipes/small/bench-meshes-lossless-skipkl.yaml \
   --out runs/bench-meshes-small-lossless-skipkl.jsonl > "$LOGS/bench-meshes-small-lossless-skipkl.log" 2>&1
+specgen benchmark --config recipes/small/bench-meshes-lossless-cut.yaml \
+  --out runs/bench-meshes-small-lossless-cut.jsonl > "$LOGS/bench-meshes-small-lossless-cut.log" 2>&1
