@@ -63,8 +63,9 @@ Choices the paper leaves open (this is the reference implementation):
   softmax(head logits / T) at the run's temperature T (1 when greedy), unfiltered; a lookup candidate counts
   1. Each verified token costs a backbone forward more work (on the small backbone a 5-token verify costs
   1.25 one-token forwards, 3 tokens 1.17), so dropping the tail a head is unsure of can save more than the
-  few tokens it would have added (measured on the tiny backbone: it does not; README, mesh choices). The cut is a function of the history, like the candidates, so every rule keeps
-  its properties (rejection stays lossless, accept-nothing stays AR, greedy stays greedy AR).
+  few tokens it would have added (measured on the tiny backbone: it does not; README, mesh choices). The
+  cut is a function of the history, like the candidates, so every rule keeps its properties (rejection
+  stays lossless, accept-nothing stays AR, greedy stays greedy AR).
 - SCR = committed tokens / decoding steps (the prefill that yields the first candidate is not a
   decoding step), i.e. `DecodeStats.tau`; step latency = wall time / steps.
 """
