@@ -307,7 +307,7 @@ class MeshDecoder:
             out.extend(chain[: a + 1])
             if self.eos_id in chain[1 : a + 1] or len(out) >= max_tokens:
                 break
-            with stats.timed("propose"):  # 5. resample x_{s*} (backbone), then x_{s*+d} (lookup / heads on h_{s*-1}); cut
+            with stats.timed("propose"):  # 5. resample x_{s*} (backbone), x_{s*+d} (lookup / heads on h_{s*-1}); cut
                 x = verdict.tokens[-1]
                 past = self._window(stacked, hidden[0, : a + 1], past)  # + h of the committed x_s .. x_{s*-1}
                 chain = [x] + self._candidates(out, x, stacked, hidden[:, a], past, head_kv, d_max, params, opts,

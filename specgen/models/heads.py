@@ -324,7 +324,8 @@ def stack_heads(heads: XSpecMeshHeads) -> StackedHeads:
     if cfg.token_input:
         common["tok_w"] = weights(lambda lin: lin.weight, heads.tok)
     if cfg.res_layers > 1:  # [D, L-1, ...] -> layer-major [L-1, D, ...], each layer batched over the D heads
-        common["more_w"] = stack(lambda x: torch.stack([b.linear.weight.t() for b in x.more])).transpose(0, 1).contiguous()
+        more_w = stack(lambda x: torch.stack([b.linear.weight.t() for b in x.more]))  # [D, L-1, in, out]
+        common["more_w"] = more_w.transpose(0, 1).contiguous()
         common["more_b"] = stack(lambda x: torch.stack([b.linear.bias for b in x.more])).transpose(0, 1).contiguous()
     if cfg.kind != "ca":
         return StackedHeads(eps=0.0, **common)

@@ -68,7 +68,8 @@ def pinned_min_rows() -> int | None:
     if not raw:
         return None
     if not raw.isdigit() or int(raw) < 1:
-        raise UsageError(f"{ENV} must be a positive integer (products of at least that many rows use oneDNN), got {raw!r}")
+        raise UsageError(f"{ENV} must be a positive integer (products of at least that many rows use oneDNN), "
+                         f"got {raw!r}")
     return int(raw)
 
 
