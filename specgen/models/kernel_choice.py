@@ -60,6 +60,11 @@ class Timing:
         return best
 
 
+def distinct(linears: list) -> list:
+    """`linears` with each weight once (tied layers, e.g. an LM head sharing the embedding, count once)."""
+    return list({id(lin.weight): lin for lin in linears}.values())
+
+
 def pinned_min_rows() -> int | None:
     """`SPECGEN_PACKED_MIN_ROWS` as a positive int, None when unset."""
     from specgen.errors import UsageError
@@ -76,7 +81,7 @@ def pinned_min_rows() -> int | None:
 @torch.inference_mode()
 def time_passes(linears: list, rows: tuple[int, ...] = ROWS, rounds: int = ROUNDS) -> Timing:
     """Best-of-`rounds` ms of r-row products over every distinct weight of `linears` (PackedLinears), per kernel."""
-    weights = list({id(lin.weight): lin for lin in linears}.values())  # tied weights count once
+    weights = distinct(linears)
     inputs = {(lin.in_features, lin.weight.dtype): torch.randn(max(rows), lin.in_features).to(lin.weight.dtype)
               for lin in weights}
     packed = [lin.packed_weight() for lin in weights]
@@ -117,9 +122,9 @@ class KernelChoice:
 
     def __init__(self, linears: list, fixed: int | None = None) -> None:
         self.fixed = fixed
+        linears = distinct(linears)
         self._linears = [weakref.ref(lin) for lin in linears]  # weak: a copied layer must not drag the model along
-        self.signature = tuple((lin.in_features, lin.out_features, lin.weight.dtype) for lin in
-                               {id(lin.weight): lin for lin in linears}.values())
+        self.signature = tuple((lin.in_features, lin.out_features, lin.weight.dtype) for lin in linears)
         self._threads = -1
         self._min_rows = FALLBACK_MIN_ROWS
 

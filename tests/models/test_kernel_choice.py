@@ -9,12 +9,10 @@ import torch
 from torch import nn
 
 from specgen.errors import UsageError
-from specgen.models import kernel_choice, packed_linear
+from specgen.models import kernel_choice
 from specgen.models.kernel_choice import ENV, Timing, time_passes
 from specgen.models.packed_linear import PackedLinear, pack_linears
-from tests.conftest import tiny_model
-
-needs_onednn = pytest.mark.skipif(not packed_linear.available(), reason="this torch build has no oneDNN")
+from tests.conftest import needs_onednn, tiny_model
 
 
 @pytest.mark.parametrize("mkl, dnn, want", [

@@ -13,11 +13,7 @@ from specgen.errors import UsageError
 from specgen.models import packed_linear
 from specgen.models.layout import ENV, decode_layout, layout_name
 from specgen.models.packed_linear import PackedLinear, pack_linears
-from tests.conftest import tiny_model
-
-# oneDNN ships in torch's x86 CPU wheels (this project's machine and CI); on a build without it the tests that
-# call it cannot run, and `test_builds_without_onednn_fall_back_to_column_major` checks what specgen does there.
-needs_onednn = pytest.mark.skipif(not packed_linear.available(), reason="this torch build has no oneDNN")
+from tests.conftest import needs_onednn, tiny_model
 
 
 def packed(in_f: int = 24, out_f: int = 40, bias: bool = True, min_rows: int = 3) -> tuple[nn.Linear, PackedLinear]:
