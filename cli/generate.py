@@ -18,6 +18,8 @@ EPILOG = """examples:
 
   specgen generate --method ngram --prompts prompts.txt --format json | jq .completion
 
+  specgen generate --method ngram --prompts prompts.txt --batch-size 16 method_options.budget=auto
+
   echo "Sort a list in Python" | specgen generate --method jacobi --prompts - method_options.block_size=4
 
   specgen generate --config recipes/tiny/generate-text.yaml max_new_tokens=64
@@ -56,6 +58,7 @@ class GenerateRequest:
     point_clouds: Path | None
     captions: Path | None = None
     drafter: str | None = None
+    batch_size: int | None = None
 
 
 RUNNERS = {"text": generate_text.run}
@@ -85,6 +88,8 @@ def generate(
     drafter: Annotated[Optional[str], typer.Option(
         "--drafter", help="[image] EAGLE drafter for eagle2/adt-tree/lantern/vvs (default: the target's shipped one).")] = None,
     point_clouds: Annotated[Optional[Path], typer.Option("--point-clouds", help="[mesh] Point clouds (.npy/.ply) or a mesh folder.")] = None,
+    batch_size: Annotated[Optional[int], typer.Option(
+        "--batch-size", "-b", help="[text] Sequences decoded together (continuous batching; clamped to the prompt count).")] = None,
     seed: SeedOpt = None,
     device: DeviceOpt = None,
     config: ConfigOpt = None,
@@ -105,9 +110,13 @@ def generate(
 
         raise UsageError("--drafter names an EAGLE drafter of an image model; text methods take none, mesh methods "
                          "take method_options.heads=NAME")
+    if batch_size is not None and batch_size != 1 and modality != "text":
+        from specgen.errors import UsageError
+
+        raise UsageError(f"--batch-size is for text prompts for now; {modality} samples are decoded one at a time")
     req = GenerateRequest(method or "ar", model, list(prompt or []), prompts, max_new_tokens, temperature, top_k, top_p,
                           False if no_chat else None, seed, device, config, list(overrides or []), fmt, quiet,
-                          out_dir, num, classes, cfg_scale, point_clouds, captions, drafter)
+                          out_dir, num, classes, cfg_scale, point_clouds, captions, drafter, batch_size)
     RUNNERS[modality](req)
 
 

@@ -75,10 +75,12 @@ class KVCache:
             self.k[layer, :, :, start : start + s] = k_new
             self.v[layer, :, :, start : start + s] = v_new
             end = start + s
-        else:
-            for b, n in enumerate(self.lengths):
-                self.k[layer, b, :, n : n + s] = k_new[b]
-                self.v[layer, b, :, n : n + s] = v_new[b]
+        else:  # ragged rows (a batch): row b's nodes go to slots [lengths[b], lengths[b] + S), one scatter
+            b, h, _, d = k_new.shape
+            slots = torch.tensor(self.lengths, device=self.k.device)[:, None] + torch.arange(s, device=self.k.device)
+            index = slots[:, None, :, None].expand(b, h, s, d)  # [B, H_kv, S, D]
+            self.k[layer].scatter_(2, index, k_new)
+            self.v[layer].scatter_(2, index, v_new)
             end = max(self.lengths) + s
         return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
 
@@ -101,6 +103,41 @@ class KVCache:
             raise ValueError(f"cannot roll row {row} forward from {self.lengths[row]} to {length}")
         self.lengths[row] = length
 
+    def rows(self, start: int, stop: int) -> "KVCache":
+        """A cache over rows [start, stop) sharing this one's buffers (writes land here); its lengths are a copy:
+        hand the view back with `absorb` after committing through it."""
+        return KVCache(
+            self.k[:, start:stop], self.v[:, start:stop], self.lengths[start:stop],
+            None if self.cross is None else [(k[start:stop], v[start:stop]) for k, v in self.cross],
+            None if self.key_mask is None else self.key_mask[start:stop],
+        )
+
+    def absorb(self, view: "KVCache", start: int) -> None:
+        """Take back the lengths, condition and key mask of `view` = `rows(start, start + view.batch)`."""
+        stop = start + view.batch
+        self.lengths[start:stop] = view.lengths
+        if view.key_mask is not None:
+            if self.key_mask is None or self.key_mask.shape[1] != view.key_mask.shape[1]:
+                self.key_mask = torch.ones(self.batch, view.key_mask.shape[1], dtype=torch.bool, device=self.k.device)
+            self.key_mask[start:stop] = view.key_mask
+        if view.cross is not None:
+            if self.cross is None:
+                self.cross = [(k.new_zeros((self.batch, *k.shape[1:])), v.new_zeros((self.batch, *v.shape[1:])))
+                              for k, v in view.cross]
+            for (k, v), (vk, vv) in zip(self.cross, view.cross):
+                k[start:stop], v[start:stop] = vk, vv
+
+    def move_row(self, src: int, dst: int) -> None:
+        """Copy row `src` (committed slots, length, condition, key mask) into row `dst` (compacting a batch)."""
+        n = self.lengths[src]
+        self.k[:, dst, :, :n] = self.k[:, src, :, :n]
+        self.v[:, dst, :, :n] = self.v[:, src, :, :n]
+        self.lengths[dst] = n
+        if self.key_mask is not None:
+            self.key_mask[dst] = self.key_mask[src]
+        for k, v in self.cross or ():
+            k[dst], v[dst] = k[src], v[src]
+
     def reset(self) -> None:
         """Empty every row (buffers are reused, not cleared)."""
         self.lengths = [0] * self.batch
@@ -120,12 +157,16 @@ class KVCache:
         device = self.k.device
         if tree_mask is None:
             tree_mask = torch.ones(s, s, dtype=torch.bool, device=device).tril()
+        tree_mask = tree_mask.to(device)
         if tree_mask.dim() == 2:
             tree_mask = tree_mask.unsqueeze(0).expand(self.batch, s, s)
-        mask = torch.zeros(self.batch, 1, s, total, dtype=torch.bool, device=device)
-        for b, n in enumerate(self.lengths):
-            mask[b, 0, :, :n] = True
-            mask[b, 0, :, n : n + s] = tree_mask[b]
+        elif tree_mask.shape[0] != self.batch:  # one mask per sequence over several branch rows each (CFG)
+            tree_mask = tree_mask.repeat_interleave(self.batch // tree_mask.shape[0], 0)
+        lengths = torch.tensor(self.lengths, device=device)
+        rel = torch.arange(total, device=device)[None, :] - lengths[:, None]  # [B, T]: slot - row length
+        pending = tree_mask.gather(2, rel.clamp(0, s - 1)[:, None, :].expand(self.batch, s, total))  # [B, S, T]
+        pending &= ((rel >= 0) & (rel < s))[:, None, :]
+        mask = (pending | (rel < 0)[:, None, :]).unsqueeze(1)  # committed slots (rel < 0) are visible
         return self.hide_keys(mask)
 
     def hide_keys(self, mask: torch.Tensor) -> torch.Tensor:

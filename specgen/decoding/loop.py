@@ -1,26 +1,41 @@
-"""The decode loop shared by every draft-and-verify method (AR is the empty draft).
+"""The decode loop shared by every draft-and-verify method (AR is the empty draft), over a batch of rows.
 
-Each step: 1 propose -> 2 verify (one target forward over root + draft) -> 3 accept (pure rule)
--> 4 commit (keep the accepted path's KV) -> 5 update the drafter. One row at a time for now; the
-cache and the stats keep per-row state so batching can be added without changing the contract.
+`decode_batch` decodes many prompts together, each in a slot of one static KV cache: every step
+1 proposes a draft per live row -> 2 verifies all of them in one target forward (drafts padded to the
+longest, per-row masks, positions and cache lengths; `verify.py`) -> 3 accepts per row (a pure rule,
+the row's own generator) -> 4 commits each row's accepted path -> 5 updates each row's drafter. A row
+that emits a stop token or reaches its budget leaves at once (it consumes no further forwards) and a
+queued prompt is prefilled into its slot (continuous batching); with nothing queued, the last live row
+moves into the hole so that live rows stay the contiguous slots [0, n_live) every forward runs over.
+
+Invariants: a row's tokens depend only on its prompt, its drafter and its generator, never on which
+rows share its batch (rows only share the forward, whose per-row outputs are computed under per-row
+masks); outputs are returned in input order whatever order rows finish in. `decode` is one prompt.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Protocol
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Protocol, Sequence
 
 import torch
 
 from specgen.decoding.accept import accept_greedy, accept_rejection
+from specgen.decoding.budget import DraftBudget, FixedBudget
+from specgen.decoding.cache import KVCache
 from specgen.decoding.draft import Draft, Verdict
 from specgen.decoding.sampling import SamplingParams, logits_to_probs, pick
 from specgen.decoding.stats import DecodeStats
 from specgen.decoding.target import Target, TargetOut
+from specgen.decoding.verify import verify_batch
+
+Rule = Callable[[Draft, torch.Tensor, SamplingParams, "torch.Generator | None"], Verdict]
 
 
 class Drafter(Protocol):
-    """Proposes drafts and re-synchronises after each verdict."""
+    """Proposes drafts for one row and re-synchronises after each verdict."""
 
     def reset(self, prompt: list[int], first: TargetOut) -> None:
         """Start a new sequence; `first` is the prefill output."""
@@ -31,7 +46,7 @@ class Drafter(Protocol):
         ...
 
     def on_accept(self, draft: Draft, verdict: Verdict, out: TargetOut) -> None:
-        """Learn the outcome; `out` is the verify forward (row 0 = root)."""
+        """Learn the outcome; `out` is this row's slice of the verify forward (input 0 = root)."""
         ...
 
 
@@ -43,8 +58,29 @@ class DecodeResult:
     stats: DecodeStats
 
 
+@dataclass(frozen=True)
+class BatchResult:
+    """Per-prompt results in input order, and the whole batch's statistics (forwards, phases, wall time)."""
+
+    results: list[DecodeResult]
+    stats: DecodeStats
+
+
+@dataclass
+class Row:
+    """One sequence in a slot: its prompt, output so far, drafter, generator stream and statistics."""
+
+    index: int  # position in the input
+    prompt: list[int]
+    drafter: Drafter
+    generator: torch.Generator | None
+    out: list[int] = field(default_factory=list)
+    stats: DecodeStats = field(default_factory=DecodeStats)
+    done: bool = False
+
+
 def verify_inputs(root: int, draft: Draft, start: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Tokens [1, N+1], positions [1, N+1] and ancestor mask [N+1, N+1] for root + draft."""
+    """Tokens [1, N+1], positions [1, N+1] and ancestor mask [N+1, N+1] for root + draft (one row)."""
     tokens = torch.tensor([(root,) + draft.tokens], device=device)
     positions = (start + draft.tree.offsets()).unsqueeze(0).to(device)
     return tokens, positions, draft.tree.mask().to(device)
@@ -66,45 +102,163 @@ def decode(
     stop_ids: tuple[int, ...] = (),
     generator: torch.Generator | None = None,
     max_draft: int = 256,
-    rule: Callable[[Draft, torch.Tensor, SamplingParams, torch.Generator | None], Verdict] | None = None,
+    rule: Rule | None = None,
 ) -> DecodeResult:
-    """Generate up to `max_new_tokens` after `prompt`, stopping after any of `stop_ids`.
+    """Generate up to `max_new_tokens` after one `prompt`, stopping after any of `stop_ids` (a batch of one).
 
     `rule` is the accept rule (default `judge`: lossless); relaxed methods pass their own.
     """
-    rule = rule or judge
-    stats = DecodeStats()
-    device = target.device if hasattr(target, "device") else "cpu"
-    cache = target.new_cache(1, len(prompt) + max_new_tokens + max_draft + 1)
-    # 0. prefill the prompt and pick the first token from its last position
-    with stats.timed("prefill"):
-        first = target.prefill(torch.tensor([prompt], device=device), cache)
-        out = [pick(first.logits[0, -1], params, generator)]
-    stats.target_forwards += 1
-    with stats.timed("propose"):
-        drafter.reset(prompt, first)
-    stopped = hit_stop(out, stop_ids)
-    while len(out) < max_new_tokens and not stopped:
-        budget = min(max_draft, max_new_tokens - len(out) - 1)
-        with stats.timed("propose"):
-            draft = drafter.propose(prompt + out, budget, stats)  # 1. propose
-        with stats.timed("verify"):
-            tokens, positions, mask = verify_inputs(out[-1], draft, cache.lengths[0], device)
-            result = target.forward(tokens, positions, cache, mask)  # 2. verify
-        with stats.timed("accept"):
-            verdict = rule(draft, result.logits[0], params, generator)  # 3. accept
-        with stats.timed("commit"):
-            keep = [0] + [i + 1 for i in verdict.path]
-            for row in range(cache.batch):  # 4. commit root + path (every branch row, e.g. CFG)
-                cache.commit(row, keep)
-        with stats.timed("propose"):
-            drafter.on_accept(draft, verdict, result)  # 5. update the drafter
-        stats.record_step(draft.size, draft.tree.max_depth(), verdict.num_accepted)
-        out.extend(verdict.tokens)
-        stopped = hit_stop(verdict.tokens, stop_ids)
-    out = truncate(out, max_new_tokens, stop_ids)
-    stats.new_tokens = len(out)
-    return DecodeResult(out, stats)
+    batch = decode_batch(target, lambda i: drafter, [prompt], max_new_tokens, params, stop_ids, [generator],
+                         max_draft=max_draft, rule=rule)
+    return batch.results[0]
+
+
+def decode_batch(
+    target: Target,
+    make_drafter: Callable[[int], Drafter],
+    prompts: Sequence[list[int]],
+    max_new_tokens: int,
+    params: SamplingParams,
+    stop_ids: tuple[int, ...] = (),
+    generators: Sequence[torch.Generator | None] | None = None,
+    batch_size: int = 0,
+    max_draft: int = 256,
+    rule: Rule | None = None,
+    budget: DraftBudget | None = None,
+    on_done: Callable[[int], None] | None = None,
+) -> BatchResult:
+    """Decode every prompt, at most `batch_size` (0: all) at a time; `make_drafter(i)` builds prompt i's drafter.
+
+    `generators[i]` is prompt i's random stream (sampling stays lossless per row); `budget` caps draft
+    sizes by the number of live rows (default: `max_draft`); `on_done(i)` is called when prompt i finishes.
+    """
+    rule, budget = rule or judge, budget or FixedBudget(max_draft)
+    generators = list(generators) if generators is not None else [None] * len(prompts)
+    width = min(batch_size or len(prompts), len(prompts))
+    branches = getattr(target, "branches", 1)  # cache rows per sequence (CFG: cond + uncond)
+    device = getattr(target, "device", "cpu")
+    cache = target.new_cache(width, max(map(len, prompts)) + max_new_tokens + max_draft + 1)
+    queue, slots, results = deque(range(len(prompts))), [], [None] * len(prompts)
+    total, t0 = DecodeStats(), time.perf_counter()
+
+    def admit(i: int, slot: int) -> Row:
+        """0. prefill prompt i into `slot` (its own rows of the cache) and pick its first token."""
+        row = Row(i, list(prompts[i]), make_drafter(i), generators[i])
+        with timed([total, row.stats, *live()], "prefill"):
+            rows = range(slot * branches, (slot + 1) * branches)
+            for r in rows:
+                cache.rollback(r, 0)
+            view = cache.rows(rows.start, rows.stop)
+            first = target.prefill(torch.tensor([row.prompt], device=device), view)
+            cache.absorb(view, rows.start)
+            row.out.append(pick(first.logits[0, -1], params, row.generator))
+        total.target_forwards += 1
+        row.stats.target_forwards += 1
+        with timed([row.stats], "propose"):
+            row.drafter.reset(row.prompt, first)
+        row.done = len(row.out) >= max_new_tokens or hit_stop(row.out, stop_ids)
+        return row
+
+    def live() -> list[DecodeStats]:
+        return [r.stats for r in slots if r is not None and not r.done]
+
+    def finish(row: Row) -> None:
+        row.out = truncate(row.out, max_new_tokens, stop_ids)
+        row.stats.new_tokens = len(row.out)
+        row.stats.extras["latency_s"] = time.perf_counter() - t0  # queueing included
+        results[row.index] = DecodeResult(row.out, row.stats)
+        if on_done:
+            on_done(row.index)
+
+    while queue or slots:
+        refill(slots, queue, admit, cache, branches, finish)
+        if not slots:
+            break
+        n = len(slots)
+        stats = [total] + [r.stats for r in slots]
+        with timed(stats, "propose"):  # 1. propose (each row its own drafter)
+            cap = budget.cap(n)
+            drafts = [r.drafter.propose(r.prompt + r.out, min(cap, max_new_tokens - len(r.out) - 1), r.stats)
+                      for r in slots]
+        with timed(stats, "verify"):  # 2. verify every live row in one forward
+            view = cache.rows(0, n * branches)
+            batch = verify_batch([r.out[-1] for r in slots], drafts, view.lengths[::branches], device)
+            out = target.forward(batch.tokens, batch.positions, view, batch.tree_mask)
+        with timed(stats, "accept"):  # 3. accept per row, each with its own generator stream
+            verdicts = [rule(d, out.logits[i, : batch.sizes[i]], params, r.generator)
+                        for i, (r, d) in enumerate(zip(slots, drafts))]
+        with timed(stats, "commit"):  # 4. commit root + accepted path on every branch row of each sequence
+            for i, v in enumerate(verdicts):
+                keep = [0] + [j + 1 for j in v.path]
+                for r in range(i * branches, (i + 1) * branches):
+                    view.commit(r, keep)
+            cache.absorb(view, 0)
+        total.target_forwards += 1
+        total.steps += 1
+        with timed(stats, "propose"):  # 5. update each row's drafter; rows that finished leave
+            for i, (r, d, v) in enumerate(zip(slots, drafts, verdicts)):
+                r.drafter.on_accept(d, v, row_out(out, i, batch.sizes[i], branches))
+                r.stats.record_step(d.size, d.tree.max_depth(), v.num_accepted)
+                total.accepted.append(v.num_accepted)
+                total.draft_sizes.append(d.size)
+                total.depths.append(d.tree.max_depth())
+                total.target_tokens += d.size + 1
+                budget.observe(d.size, v.num_accepted)
+                r.out.extend(v.tokens)
+                r.done = len(r.out) >= max_new_tokens or hit_stop(v.tokens, stop_ids)
+    total.new_tokens = sum(len(r.tokens) for r in results)
+    return BatchResult(results, total)
+
+
+def refill(slots: list[Row], queue: deque, admit, cache: KVCache, branches: int, finish) -> None:
+    """Retire finished rows, prefill queued prompts into free slots, and compact the live rows to [0, n).
+
+    A row can finish in its own prefill (stop token first, or a budget of one), so admission repeats
+    until every slot holds a live row or the queue is empty.
+    """
+    while True:
+        for i, row in enumerate(slots):
+            if row is not None and row.done:
+                finish(row)
+                slots[i] = None
+        holes = [i for i, row in enumerate(slots) if row is None]
+        if not holes and queue and len(slots) < cache.batch // branches:
+            holes = [len(slots)]
+            slots.append(None)
+        if not holes or not queue:
+            break
+        for i in holes:
+            if queue:
+                slots[i] = admit(queue.popleft(), i)
+    while None in slots:  # nothing queued: move the last live row into the first hole
+        while slots and slots[-1] is None:
+            slots.pop()
+        if None not in slots:
+            break
+        hole, src = slots.index(None), len(slots) - 1
+        for b in range(branches):
+            cache.move_row(src * branches + b, hole * branches + b)
+        slots[hole] = slots.pop()
+
+
+def row_out(out: TargetOut, i: int, size: int, branches: int) -> TargetOut:
+    """Row i's slice of a batched forward: logits [1, S_i, V], features [branches, S_i, D] (padding dropped)."""
+    return TargetOut(out.logits[i : i + 1, :size], out.features[i * branches : (i + 1) * branches, :size])
+
+
+class timed:
+    """Add the wall time of a block to phase `phase` of every stats object given (each row lives through it)."""
+
+    def __init__(self, stats: list[DecodeStats], phase: str) -> None:
+        self.stats, self.phase = stats, phase
+
+    def __enter__(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def __exit__(self, *exc) -> None:
+        dt = time.perf_counter() - self.t0
+        for s in self.stats:
+            s.times[self.phase] = s.times.get(self.phase, 0.0) + dt
 
 
 def hit_stop(tokens: list[int], stop_ids: tuple[int, ...]) -> bool:

@@ -1,9 +1,10 @@
 """CFG targets over LlamaGen-style GPTs (c2i and t2i): one forward scores cond and uncond branches.
 
-The KV cache holds two rows (conditional, unconditional) when guidance is on (scale != 1), one row
-otherwise. Callers see a single sequence: `forward` duplicates the tokens, returns CFG-combined
-logits [1, S, V] (uncond + scale * (cond - uncond), at the logits level as LlamaGen does) and
-per-branch features [B, S, D] (row 0 cond, row 1 uncond) for drafters that run under CFG too.
+The KV cache holds two rows per sequence (conditional, unconditional; sequence i in rows 2i, 2i + 1) when
+guidance is on (scale != 1), one row otherwise. Callers see n sequences: `forward` duplicates each row's
+tokens, returns CFG-combined logits [n, S, V] (uncond + scale * (cond - uncond), at the logits level as
+LlamaGen does) and per-branch features [n * branches, S, D] (cond, uncond of each sequence) for drafters
+that run under CFG too. `prefill` starts one sequence (the decode loop prefills each in its own rows).
 
 Sequence layouts:
 - c2i (`CFGTarget`): position 0 is the class condition (null class for the uncond row), image token r
@@ -48,10 +49,11 @@ class CFGTarget:
         return self.model.new_cache(self.branches * batch, max_len)  # slots, not positions: trees need room
 
     def combine(self, logits: torch.Tensor) -> torch.Tensor:
-        """[branches, S, V] -> [1, S, V] CFG-combined logits."""
+        """[n * branches, S, V] (rows cond_0, uncond_0, cond_1, ...) -> [n, S, V] CFG-combined logits."""
         if not self.guided:
             return logits
-        return cfg_combine(logits[0:1], logits[1:2], self.cfg_scale)
+        pairs = logits.view(-1, 2, *logits.shape[1:])  # [n, 2, S, V]
+        return cfg_combine(pairs[:, 0], pairs[:, 1], self.cfg_scale)
 
     @torch.inference_mode()
     def prefill(self, tokens: torch.Tensor, cache: KVCache) -> TargetOut:
@@ -68,8 +70,11 @@ class CFGTarget:
 
     @torch.inference_mode()
     def forward(self, tokens, positions, cache, tree_mask) -> TargetOut:
+        """n sequences: tokens/positions [n, S], tree_mask [S, S] or [n, S, S]; each row runs on its branch rows."""
         b = self.branches
-        logits, hidden = self.model(tokens.expand(b, -1), positions.expand(b, -1), cache, tree_mask)
+        if tree_mask is not None and tree_mask.dim() == 3:
+            tree_mask = tree_mask.repeat_interleave(b, 0)
+        logits, hidden = self.model(tokens.repeat_interleave(b, 0), positions.repeat_interleave(b, 0), cache, tree_mask)
         return TargetOut(self.combine(logits), hidden)
 
     def commit(self, cache: KVCache, keep: list[int]) -> None:

@@ -33,7 +33,14 @@ class MethodSpec:
         if unknown:
             known = ", ".join(self.options) or "none"
             raise UsageError(f"method {self.name} has no option {unknown[0]!r}; its options: {known}")
+        from specgen.methods.option_checks import check_option_values
 
+        check_option_values(self.name, options)
+
+
+#: Options of the shared batched loop itself, for text methods that draft on it: `budget` = "fixed" (the method's own
+#: draft size) or "auto" (capped per number of live rows from the measured cost curve, decoding/budget.py).
+LOOP_OPTIONS = ("budget",)
 
 METHODS: dict[str, MethodSpec] = {
     spec.name: spec
@@ -44,17 +51,17 @@ METHODS: dict[str, MethodSpec] = {
         # costs more with n on a CPU (README "Verification is not free on a CPU"); GPU recipes set n themselves.
         MethodSpec("jacobi", "text", True, "Jacobi fixed-point iteration over a block of n tokens",
                    lambda o: JacobiDrafter(block_size=o.get("block_size", 4), seed=o.get("seed", 0)),
-                   options=("block_size",)),
+                   options=("block_size", *LOOP_OPTIONS)),
         MethodSpec("ngram", "text", True, "prompt-lookup n-gram drafts verified by the target",
                    lambda o: NgramDrafter(num_draft=o.get("num_draft", 4), max_ngram=o.get("max_ngram", 3),
                                           min_ngram=o.get("min_ngram", 2)),
-                   options=("num_draft", "max_ngram", "min_ngram")),
+                   options=("num_draft", "max_ngram", "min_ngram", *LOOP_OPTIONS)),
         MethodSpec("cllm", "text", True, "Jacobi decoding of the CLLM-distilled model (consistency-distillation baseline)",
                    lambda o: JacobiDrafter(block_size=o.get("block_size", 16), seed=o.get("seed", 0)),
-                   options=JACOBI_OPTIONS, target="smollm2-135m-cllm"),
+                   options=(*JACOBI_OPTIONS, *LOOP_OPTIONS), target="smollm2-135m-cllm"),
         MethodSpec("pcllm", "text", True, "Jacobi decoding of the pcLLM-distilled model (progressive consistency distillation)",
                    lambda o: JacobiDrafter(block_size=o.get("block_size", 4), seed=o.get("seed", 0)),
-                   options=JACOBI_OPTIONS, target="smollm2-135m-pcllm"),
+                   options=(*JACOBI_OPTIONS, *LOOP_OPTIONS), target="smollm2-135m-pcllm"),
         MethodSpec("pcllm-mr", "text", True, "pcLLM multi-block decoding + rejection recycling (greedy only)",
                    lambda o: MultiBlockDecoder(**{k: o[k] for k in (*MR_OPTIONS, "seed") if k in o}),
                    options=MR_OPTIONS, target="smollm2-135m-pcllm"),
@@ -109,3 +116,29 @@ def run_drafter(target, drafter, prompt: list[int], max_new_tokens: int, params,
     from specgen.decoding.loop import decode
 
     return decode(target, drafter, prompt, max_new_tokens, params, stop_ids, generator, **loop_options)
+
+
+def run_batch(target, make_drafter: Callable[[int], Any], prompts: list[list[int]], max_new_tokens: int, params,
+              stop_ids: tuple[int, ...] = (), generators=None, batch_size: int = 0, on_done=None, **loop_options):
+    """Decode `prompts` together on the shared batched loop (`decoding.loop.decode_batch`); a `BatchResult`.
+
+    Methods with a loop of their own (an object with `decode`, e.g. pcllm-mr) are not batched yet: their
+    prompts run one after another, and the batch statistics are the sum of theirs.
+    """
+    from specgen.decoding.loop import BatchResult, decode_batch
+    from specgen.decoding.stats import DecodeStats
+
+    generators = list(generators) if generators is not None else [None] * len(prompts)
+    first = make_drafter(0)
+    if not hasattr(first, "decode"):
+        return decode_batch(target, lambda i: first if i == 0 else make_drafter(i), prompts, max_new_tokens, params,
+                            stop_ids, generators, batch_size=batch_size, on_done=on_done, **loop_options)
+    results, total = [], DecodeStats()
+    for i, prompt in enumerate(prompts):
+        res = run_drafter(target, first if i == 0 else make_drafter(i), prompt, max_new_tokens, params, stop_ids,
+                          generators[i], **{k: v for k, v in loop_options.items() if k != "budget"})
+        results.append(res)
+        total.merge(res.stats)
+        if on_done:
+            on_done(i)
+    return BatchResult(results, total)

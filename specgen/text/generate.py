@@ -8,7 +8,8 @@ import torch
 
 from specgen.decoding.sampling import SamplingParams
 from specgen.errors import UsageError
-from specgen.methods import get_method, run_drafter
+from specgen.limits import check_prompt_fits
+from specgen.methods import get_method, run_batch
 from specgen.text.target import TextModel
 
 
@@ -25,6 +26,7 @@ class TextGenConfig:
     seed: int = 0
     chat: bool = True
     device: str = "cpu"
+    batch_size: int = 1  # prompts decoded together (continuous batching over the prompt list)
     method_options: dict = field(default_factory=dict)  # e.g. block_size, num_draft, max_ngram
 
 
@@ -39,21 +41,46 @@ class TextResult:
 
 
 def generate_text(model: TextModel, cfg: TextGenConfig, prompts: list[str], on_done=None) -> list[TextResult]:
-    """Decode every prompt with cfg.method; `on_done(i)` is called after each prompt."""
+    """Decode every prompt with cfg.method, `cfg.batch_size` at a time; `on_done(i)` is called as prompt i finishes.
+
+    Prompt i samples from its own generator (seed + i), so its output does not depend on the batch size.
+    """
     spec = get_method(cfg.method)
     if not spec.runs_on("text"):
         raise UsageError(f"method {cfg.method} is for {spec.modality}, not text")
     spec.check_options(cfg.method_options)
-    if cfg.max_new_tokens < 1:
-        raise UsageError(f"max-new-tokens must be >= 1, got {cfg.max_new_tokens}")
+    options = dict(cfg.method_options)
+    budget = options.pop("budget", "fixed")
+    check_batching(cfg.max_new_tokens, cfg.batch_size, budget)
     params = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
-    results = []
-    for i, prompt in enumerate(prompts):
-        generator = torch.Generator().manual_seed(cfg.seed + i)
-        drafter = spec.make_drafter({"seed": cfg.seed, **cfg.method_options})
-        ids = model.tokenizer.encode(prompt, chat=cfg.chat)
-        out = run_drafter(model.target, drafter, ids, cfg.max_new_tokens, params, model.tokenizer.stop_ids, generator)
-        results.append(TextResult(prompt, model.tokenizer.decode(out.tokens), out.tokens, out.stats.summary()))
-        if on_done:
-            on_done(i)
-    return results
+    ids = [model.tokenizer.encode(p, chat=cfg.chat) for p in prompts]
+    generators = [torch.Generator().manual_seed(cfg.seed + i) for i in range(len(prompts))]
+    batch = run_batch(model.target, lambda i: spec.make_drafter({"seed": cfg.seed, **options}), ids,
+                      cfg.max_new_tokens, params, model.tokenizer.stop_ids, generators, cfg.batch_size,
+                      on_done=on_done, budget=draft_budget(model, budget))
+    return [TextResult(p, model.tokenizer.decode(r.tokens), r.tokens, r.stats.summary())
+            for p, r in zip(prompts, batch.results)]
+
+
+BUDGETS = ("fixed", "auto")
+
+
+def check_batching(max_new_tokens: int, batch_size: int, budget: str) -> None:
+    """Refuse a token budget, batch size or draft budget that cannot run (before any model work)."""
+    if max_new_tokens < 1:
+        raise UsageError(f"max-new-tokens must be >= 1, got {max_new_tokens}")
+    if batch_size < 1:
+        raise UsageError(f"batch-size must be >= 1, got {batch_size}")
+    if budget not in BUDGETS:
+        raise UsageError(f"method_options.budget must be one of {', '.join(BUDGETS)}, got {budget!r}")
+
+
+def draft_budget(model: TextModel, kind: str, limit: int = 16):
+    """None (`fixed`: each method's own draft size) or an `AutoBudget` over this model's measured cost curve
+    (`auto`: it caps the method's own draft size per step, never raises it)."""
+    if kind == "fixed":
+        return None
+    from specgen.decoding.budget import AutoBudget
+    from specgen.decoding.cost import measure_cost
+
+    return AutoBudget(limit, measure_cost(model.module))

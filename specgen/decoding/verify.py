@@ -1,0 +1,43 @@
+"""Verify inputs for a batch: each row's root + draft tree, padded into one forward with per-row masks and positions.
+
+Row i feeds S_i = N_i + 1 nodes (its last committed token, then its draft); the batch is padded to
+S = max S_i. A padding node repeats the row's root token at the root's position and sees only itself
+and the committed prefix: no real node sees it (the tree mask hides it), so it changes no real
+node's output, and it is never committed (commit keeps the accepted path only).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specgen.decoding.draft import Draft
+
+
+@dataclass(frozen=True)
+class VerifyBatch:
+    """One verify forward's inputs; `sizes[i]` = S_i real nodes of row i (the rest is padding)."""
+
+    tokens: torch.Tensor  # [B, S]
+    positions: torch.Tensor  # [B, S]
+    tree_mask: torch.Tensor | None  # [B, S, S] ancestor masks (padding: itself only); None = causal chains
+    sizes: tuple[int, ...]  # [B]
+
+
+def verify_batch(roots: list[int], drafts: list[Draft], starts: list[int], device) -> VerifyBatch:
+    """Pad every row's root + draft to S = the largest; starts[i] = the position of row i's root."""
+    sizes = tuple(d.size + 1 for d in drafts)
+    s = max(sizes)
+    if all(d.tree.is_chain for d in drafts) and len(set(sizes)) == 1:  # equal chains: the causal mask says it all
+        tokens = torch.tensor([(r,) + d.tokens for r, d in zip(roots, drafts)], device=device)
+        positions = torch.tensor(starts, device=device)[:, None] + torch.arange(s, device=device)
+        return VerifyBatch(tokens, positions, None, sizes)
+    tokens = torch.tensor([(r,) + d.tokens + (r,) * (s - n) for r, d, n in zip(roots, drafts, sizes)], device=device)
+    offsets = torch.zeros(len(drafts), s, dtype=torch.long)
+    mask = torch.eye(s, dtype=torch.bool).repeat(len(drafts), 1, 1)  # [B, S, S]: padding sees itself
+    for i, (d, n) in enumerate(zip(drafts, sizes)):
+        offsets[i, :n] = d.tree.offsets()
+        mask[i, :n, :n] = d.tree.mask()
+    positions = torch.tensor(starts)[:, None] + offsets
+    return VerifyBatch(tokens, positions.to(device), mask.to(device), sizes)

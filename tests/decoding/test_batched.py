@@ -1,0 +1,159 @@
+"""The batched loop: every lossless text method in the method table gives, at every batch size, exactly what each
+prompt gives alone (= AR), in input order, whatever shares its batch; sampling keeps each row's distribution."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections import Counter
+
+import pytest
+import torch
+
+from specgen.decoding.accept import accept_greedy
+from specgen.decoding.draft import Verdict
+from specgen.decoding.loop import decode, decode_batch
+from specgen.decoding.sampling import SamplingParams
+from specgen.decoding.target import ModelTarget
+from specgen.methods import METHODS, run_batch
+from specgen.methods.text import EmptyDrafter, JacobiDrafter
+from tests.conftest import tiny_model
+from tests.decoding.test_lossless_text import OracleDrafter
+
+GREEDY = SamplingParams()
+LOSSLESS_TEXT = sorted(name for name, spec in METHODS.items() if spec.runs_on("text") and spec.lossless)
+
+
+def ragged_prompts(n: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(64) for _ in range(rng.randrange(2, 20))] for _ in range(n)]
+
+
+def drafter_of(name: str, seed: int = 0):
+    return lambda i: METHODS[name].make_drafter({"seed": seed})
+
+
+def alone(target, name: str, prompts, n: int, stop=()) -> list[list[int]]:
+    return [run_batch(target, drafter_of(name), [p], n, GREEDY, stop).results[0].tokens for p in prompts]
+
+
+@pytest.mark.parametrize("method", LOSSLESS_TEXT)
+def test_every_lossless_method_batched_equals_alone_and_ar(method):
+    target = ModelTarget(tiny_model(7))
+    prompts = ragged_prompts(8)
+    ar = alone(target, "ar", prompts, 24)
+    assert alone(target, method, prompts, 24) == ar
+    for batch_size in (1, 3, 8):
+        res = run_batch(target, drafter_of(method), prompts, 24, GREEDY, batch_size=batch_size)
+        assert [r.tokens for r in res.results] == ar, batch_size
+    order = list(range(8))
+    random.Random(1).shuffle(order)
+    shuffled = run_batch(target, drafter_of(method), [prompts[i] for i in order], 24, GREEDY, batch_size=3)
+    assert [r.tokens for r in shuffled.results] == [ar[i] for i in order]
+
+
+def test_continuous_batching_returns_each_output_once_in_input_order():
+    """11 prompts through 3 slots; rows with longer oracle chunks finish first, queued prompts take their slots."""
+    target = ModelTarget(tiny_model(8))
+    prompts = ragged_prompts(11, seed=2)
+    ar = [decode(target, EmptyDrafter(), p, 30, GREEDY).tokens for p in prompts]
+    done: list[int] = []
+    res = decode_batch(target, lambda i: OracleDrafter(ar[i], len(prompts[i]), k=i % 4), prompts, 30, GREEDY,
+                       batch_size=3, on_done=done.append)
+    assert sorted(done) == list(range(11)) and done != list(range(11))  # each once; not finished in input order
+    assert [r.tokens for r in res.results] == ar
+
+
+def test_a_row_that_stops_early_stops_consuming_forwards():
+    target = ModelTarget(tiny_model(3))
+    short, long = [1, 2, 3, 4], [5, 6, 7, 8, 9, 10]
+    ar_short = decode(target, EmptyDrafter(), short, 30, GREEDY).tokens
+    stop = ar_short[2]
+    ar_long = decode(target, EmptyDrafter(), long, 30, GREEDY, stop_ids=(stop,)).tokens
+    assert len(ar_long) > 10  # the long row runs well past the short one
+    res = decode_batch(target, lambda i: EmptyDrafter(), [short, long], 30, GREEDY, (stop,), batch_size=2)
+    a, b = res.results
+    assert a.tokens == ar_short[: ar_short.index(stop) + 1]
+    assert a.stats.target_forwards == len(a.tokens)  # prefill + one AR step per further token, then it left
+    assert b.tokens == ar_long
+    assert res.stats.target_forwards == 2 + (len(b.tokens) - 1)  # two prefills, then the long row's steps only
+
+
+def test_oracle_chunks_in_a_batch_commit_tree_paths_per_row():
+    """Rows with drafts of different sizes (padded into one forward) each accept their own full chunk."""
+    target = ModelTarget(tiny_model(4))
+    prompts = ragged_prompts(4, seed=5)
+    ar = [decode(target, EmptyDrafter(), p, 20, GREEDY).tokens for p in prompts]
+    res = decode_batch(target, lambda i: OracleDrafter(ar[i], len(prompts[i]), k=1 + 2 * i), prompts, 20, GREEDY,
+                       batch_size=4)
+    assert [r.tokens for r in res.results] == ar
+    steps = [r.stats.steps for r in res.results]
+    assert steps == sorted(steps, reverse=True) and steps[3] < steps[0]  # longer oracle chunks, fewer steps
+
+
+# -- sampling: each row of a batch is distributed exactly as the target ------------------------------------
+
+
+def exact_joint(model, prompt: list[int], n: int) -> dict[tuple[int, ...], float]:
+    """p(t_1..t_n | prompt) for every sequence over the tiny vocabulary (teacher-forced, no cache)."""
+    v = model.cfg.vocab_size
+    seqs = list(itertools.product(range(v), repeat=n))
+    ids = torch.tensor([prompt + list(s) for s in seqs])
+    with torch.inference_mode():
+        logits, _ = model(ids, torch.arange(ids.shape[1]).expand_as(ids))
+    logp = logits[:, len(prompt) - 1 : -1].float().log_softmax(-1)
+    tok = ids[:, len(prompt):]
+    joint = logp.gather(-1, tok[..., None])[..., 0].sum(-1).exp()
+    return {s: float(p) for s, p in zip(seqs, joint)}
+
+
+def sample_rows(target, prompt, rule=None, copies=600, seed=0) -> Counter:
+    """`copies` rows of `prompt`, interleaved with ragged other prompts, in batches of 8, each its own stream."""
+    prompts, mine = [], []
+    others = ragged_prompts(copies // 2, seed=seed)
+    for i in range(copies):
+        mine.append(len(prompts))
+        prompts.append(list(prompt))
+        if i % 2:
+            prompts.append([t % 4 for t in others[i // 2]])
+    generators = [torch.Generator().manual_seed(10_000 * seed + i) for i in range(len(prompts))]
+    res = decode_batch(target, lambda i: JacobiDrafter(block_size=3, seed=i), prompts, 3,
+                       SamplingParams(temperature=1.0), generators=generators, batch_size=8, rule=rule)
+    return Counter(tuple(res.results[i].tokens) for i in mine)
+
+
+def tv(counts: Counter, exact: dict) -> float:
+    n = sum(counts.values())
+    return 0.5 * sum(abs(counts[k] / n - p) for k, p in exact.items())
+
+
+@pytest.fixture(scope="module")
+def flat_model():
+    model = tiny_model(5, vocab_size=4, dim=16)
+    for p in model.parameters():  # flatter logits so many sequences have mass
+        p.data.mul_(0.5)
+    return model
+
+
+def test_rejection_sampling_in_a_batch_keeps_each_rows_distribution(flat_model):
+    exact = exact_joint(flat_model, [1, 2, 3], 3)
+    target = ModelTarget(flat_model)
+    got = tv(sample_rows(target, [1, 2, 3]), exact)
+    # noise level: the TV of 600 exact draws from the same distribution (a few repeats, the largest)
+    g = torch.Generator().manual_seed(0)
+    keys, probs = list(exact), torch.tensor(list(exact.values()))
+    noise = max(tv(Counter(keys[i] for i in torch.multinomial(probs, 600, True, generator=g).tolist()), exact)
+                for _ in range(5))
+    assert got < 1.5 * noise + 0.02, (got, noise)
+
+
+def test_the_sampling_test_can_fail(flat_model):
+    """Control: a rule that accepts every draft token is far from the target in the same test."""
+
+    def accept_all(draft, logits, params, generator):
+        path = tuple(range(draft.size)) if draft.tree.is_chain else ()
+        greedy = accept_greedy(draft, logits.argmax(-1).tolist())
+        return Verdict(path, tuple(draft.tokens[i] for i in path) + (greedy.tokens[-1],))
+
+    exact = exact_joint(flat_model, [1, 2, 3], 3)
+    assert tv(sample_rows(ModelTarget(flat_model), [1, 2, 3], rule=accept_all, copies=300), exact) > 0.2
