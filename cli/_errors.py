@@ -1,12 +1,14 @@
-"""Error boundary for commands: SpecgenError and unexpected failures become one line + exit code."""
+"""Error boundary for commands: SpecgenError, Click usage errors and unexpected failures become one line + exit code."""
 
 from __future__ import annotations
 
 import functools
 import os
 import sys
+import warnings
 
 import typer
+from typer.core import TyperGroup
 
 from specgen.errors import SpecgenError
 
@@ -15,34 +17,75 @@ def debug() -> bool:
     return os.environ.get("SPECGEN_DEBUG") == "1"
 
 
+def one_line(text: str) -> str:
+    """Collapse a possibly multi-line message into one line."""
+    return " ".join(str(text).split())
+
+
 def fail(message: str, code: int) -> typer.Exit:
-    """Print `error: message` on stderr and return the Exit to raise."""
+    """Print `error: message` (one line) on stderr and return the Exit to raise."""
     hint = "" if debug() else " (SPECGEN_DEBUG=1 shows a traceback)" if code == 1 else ""
-    print(f"error: {message}{hint}", file=sys.stderr)
+    print(f"error: {one_line(message)}{hint}", file=sys.stderr, flush=True)
     return typer.Exit(code)
 
 
 def command(fn):
-    """Wrap a command so errors exit 2 (usage) or 1 (runtime) with one line; traceback only when debugging."""
+    """Wrap a command so errors exit 2 (usage) or 1 (runtime) with one line; traceback only when debugging.
+
+    Python warnings raised while the command runs (torch, pyarrow, ...) are held back: on failure the error
+    line is all that is printed; on success they follow as `warning:` lines (all of them with SPECGEN_DEBUG=1).
+    """
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        try:
+        if debug():
             return fn(*args, **kwargs)
-        except SpecgenError as e:
-            if debug():
-                raise
-            raise fail(str(e), e.exit_code) from None
-        except KeyboardInterrupt:
-            raise fail("interrupted", 130) from None
-        except Exception as e:  # unexpected: still one line unless SPECGEN_DEBUG=1
-            if debug() or is_cli_control(e):
-                raise
-            raise fail(f"{type(e).__name__}: {e}", 1) from None
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("default")
+            try:
+                result = fn(*args, **kwargs)
+            except SpecgenError as e:
+                raise fail(str(e), e.exit_code) from None
+            except KeyboardInterrupt:
+                raise fail("interrupted", 130) from None
+            except MemoryError:
+                raise fail("out of memory: use a smaller model, batch or token budget", 1) from None
+            except Exception as e:  # unexpected: still one line unless SPECGEN_DEBUG=1
+                if is_cli_control(e):
+                    raise
+                raise fail(f"{type(e).__name__}: {e}", 1) from None
+        for message in dict.fromkeys(f"{w.category.__name__}: {one_line(w.message)}" for w in caught):
+            print(f"warning: {message}", file=sys.stderr)
+        return result
 
     return wrapper
 
 
-def is_cli_control(e: Exception) -> bool:
+def is_cli_control(e: BaseException) -> bool:
     """Typer's own exits and usage errors (its click is private, so match by module)."""
     return isinstance(e, (typer.Exit, typer.Abort)) or type(e).__module__.startswith("typer")
+
+
+class OneLineGroup(TyperGroup):
+    """The app's group: Click's own usage errors (bad int, bad choice, unknown option, missing value) print
+    one `error:` line naming the command's --help and exit 2, instead of a usage block and a boxed panel."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        from typer._click.exceptions import ClickException, NoArgsIsHelpError
+
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except NoArgsIsHelpError as e:
+            e.show()
+            sys.exit(e.exit_code)
+        except ClickException as e:
+            ctx = getattr(e, "ctx", None)
+            where = f" (see {ctx.command_path} --help)" if ctx is not None else ""
+            print(f"error: {one_line(e.format_message())}{where}", file=sys.stderr, flush=True)
+            sys.exit(e.exit_code)
+        except typer.Abort:
+            print("error: aborted", file=sys.stderr, flush=True)
+            sys.exit(1)
+        sys.exit(rv if isinstance(rv, int) else 0)

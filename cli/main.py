@@ -6,9 +6,11 @@ import typer
 
 from cli import benchmark, collect_trajectories, distill, export_mesh, generate, registry_cmd, train_heads
 from cli import train_upsampler
+from cli._errors import OneLineGroup
 
 app = typer.Typer(
     name="specgen",
+    cls=OneLineGroup,
     help="Speculative and parallel decoding for autoregressive generators (text, image, mesh).",
     no_args_is_help=True,
     pretty_exceptions_enable=False,

@@ -15,30 +15,80 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
                 **explicit: Any) -> T:
     """Merge dataclass defaults <- YAML file <- `key=value` overrides <- explicit non-None values.
 
-    Unknown keys and values of the wrong type are usage errors (one line).
+    Unknown keys, values of the wrong type and out-of-range values (`specgen.config_checks`) are usage
+    errors of one line naming the recipe file or the override; nothing is loaded before they pass.
     """
     from omegaconf import OmegaConf
+
+    from specgen.config_checks import check_config
+
+    merged = guarded("defaults", lambda: OmegaConf.structured(cls))
+    if path is not None:
+        merged = guarded(f"config file {path}", lambda: OmegaConf.merge(merged, read_recipe(Path(path))))
+    for item in overrides or []:
+        merged = merge_override(merged, item)
+    given = {k: v for k, v in explicit.items() if v is not None}
+    for key, value in given.items():
+        merged = guarded(f"option {key.replace('_', '-')}", lambda: OmegaConf.merge(merged, {key: value}))
+    cfg = guarded("config", lambda: OmegaConf.to_object(merged))
+    check_config(cfg)
+    return cfg
+
+
+def read_recipe(p: Path) -> Any:
+    """A recipe file's mapping; unreadable, non-UTF-8, malformed or non-mapping files are usage errors."""
+    import yaml
+    from omegaconf import OmegaConf
+
+    if not p.is_file():
+        raise UsageError(f"config file not found: {p}")
+    try:
+        doc = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise UsageError(f"config file {p} is not UTF-8 text (a YAML recipe is expected)") from None
+    except OSError as e:
+        raise UsageError(f"cannot read config file {p}: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        where = getattr(e, "problem_mark", None)
+        at = f" at line {where.line + 1}" if where is not None else ""
+        raise UsageError(f"config file {p} is not valid YAML{at}: {getattr(e, 'problem', None) or e}") from None
+    if doc is None:
+        doc = {}
+    if not isinstance(doc, dict):
+        raise UsageError(f"config file {p} must be a mapping of recipe keys, not a {type(doc).__name__}")
+    return OmegaConf.create(doc)
+
+
+def merge_override(merged: Any, item: str) -> Any:
+    """Merge one `key=value`; `key=` (what the shell leaves of key="") is None or the empty string."""
+    from omegaconf import OmegaConf
+
+    key, eq, value = item.partition("=")
+    if not eq or not key.strip():
+        raise UsageError(f"override {item!r} is not key=value")
+    if value == "":
+        for empty in (None, ""):
+            try:
+                return OmegaConf.merge(merged, OmegaConf.from_dotlist([f"{key}={'' if empty is None else chr(39) * 2}"]))
+            except Exception:  # noqa: BLE001 - try the next reading of an empty value
+                continue
+        raise UsageError(f"override {item!r} has no value: give {key} a value")
+    return guarded(f"override {item!r}", lambda: OmegaConf.merge(merged, OmegaConf.from_dotlist([item])))
+
+
+def guarded(source: str, merge: Any) -> Any:
+    """Run one OmegaConf step; any failure is a one-line usage error naming `source`."""
     from omegaconf.errors import OmegaConfBaseException
 
     try:
-        merged = OmegaConf.structured(cls)
-        if path is not None:
-            p = Path(path)
-            if not p.is_file():
-                raise UsageError(f"config file not found: {p}")
-            merged = OmegaConf.merge(merged, OmegaConf.load(p))
-        for item in overrides or []:
-            if "=" not in item:
-                raise UsageError(f"override '{item}' is not key=value")
-        if overrides:
-            merged = OmegaConf.merge(merged, OmegaConf.from_dotlist(list(overrides)))
-        given = {k: v for k, v in explicit.items() if v is not None}
-        if given:
-            merged = OmegaConf.merge(merged, given)
-        return OmegaConf.to_object(merged)
+        return merge()
+    except UsageError:
+        raise
     except OmegaConfBaseException as e:
-        msg = str(e).splitlines()[0]
-        raise UsageError(f"bad config: {msg}") from None
+        raise UsageError(f"bad config: {source}: {str(e).splitlines()[0]}") from None
+    except (TypeError, ValueError, AttributeError) as e:  # e.g. a list where a mapping is expected
+        detail = "a list where a mapping is expected, or the reverse" if "container types" in str(e) else str(e)
+        raise UsageError(f"bad config: {source}: {detail.splitlines()[0] if detail else type(e).__name__}") from None
 
 
 def to_dict(cfg: Any) -> dict:

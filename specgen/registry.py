@@ -10,19 +10,25 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import socket
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import torch
 
-from specgen.errors import CheckpointError, IncompatibleError, UnknownNameError, UsageError
+from specgen.errors import CheckpointError, IncompatibleError, RuntimeFailure, UnknownNameError, UsageError
 
 KINDS = ("target", "draft", "heads", "adapter", "upsampler", "vq", "classifier")
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
+MAX_NAME = 100
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
+STALE_FOREIGN_S = 24 * 3600  # temporaries of another host (shared home) older than this are removed too
 
 
 def home() -> Path:
@@ -35,6 +41,49 @@ def home() -> Path:
 
 def checkpoints_dir() -> Path:
     return home() / "checkpoints"
+
+
+def check_home() -> Path:
+    """The registry root, refused in one line when it is not a writable folder (before any work)."""
+    root = home()
+    probe = root
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise UsageError(f"SPECGEN_HOME {root} is not a folder ({probe} is a file); point SPECGEN_HOME at a folder")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise UsageError(f"SPECGEN_HOME {root} is not writable ({probe}); point SPECGEN_HOME at a folder you can write")
+    return root
+
+
+def check_name(name: str, what: str = "checkpoint name") -> str:
+    """A registry name: letters, digits, '.', '_', '+', '-' (not first), at most MAX_NAME characters."""
+    if not isinstance(name, str) or not name:
+        raise UsageError(f"empty {what}")
+    if len(name) > MAX_NAME:
+        raise UsageError(f"{what} is {len(name)} characters long; at most {MAX_NAME} are allowed")
+    if not NAME_RE.fullmatch(name):
+        raise UsageError(f"invalid {what} {name!r}: use letters, digits, '.', '_', '+' and '-' (not first)")
+    return name
+
+
+def installed_meta(name: str) -> dict | None:
+    """config.json of an installed entry named `name` (a path, kind/name or bare name) without materialising
+    anything; None when it is not installed, is ambiguous, or is unreadable."""
+    path = Path(name).expanduser()
+    if (path / CONFIG).is_file():
+        candidates = [path]
+    else:
+        kind, _, bare = name.rpartition("/")
+        kinds = [kind] if kind in KINDS else list(KINDS) if not kind else []
+        candidates = [checkpoints_dir() / k / bare for k in kinds if bare and (checkpoints_dir() / k / bare / CONFIG).is_file()]
+    if len(candidates) != 1:
+        return None
+    try:
+        meta = json.loads((candidates[0] / CONFIG).read_text())
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) else None
 
 
 @dataclass(frozen=True)
@@ -55,13 +104,20 @@ class Entry:
     def installed(self) -> bool:
         return (self.path / CONFIG).is_file()
 
+    @property
+    def corrupt(self) -> str:
+        """Why an installed entry cannot be used ("" when it can): unreadable config.json or no weights."""
+        return self.meta.get("corrupt", "") if self.installed else ""
+
 
 def entry_at(folder: Path) -> Entry:
     """Read the entry stored in `folder` (must hold config.json)."""
     try:
         meta = json.loads((folder / CONFIG).read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"unreadable {CONFIG} in {folder}: {e}") from None
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"unreadable {CONFIG} in {folder}: {' '.join(str(e).split())}") from None
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"unreadable {CONFIG} in {folder}: not a JSON object")
     from specgen.builtins import BUILTINS
 
     return Entry(meta.get("kind", folder.parent.name), meta.get("name", folder.name), folder, meta,
@@ -76,10 +132,15 @@ def list_entries(kind: str | None = None) -> list[Entry]:
     root = checkpoints_dir()
     if root.is_dir():
         for cfg in sorted(root.glob(f"*/*/{CONFIG}")):
+            if cfg.parent.name.startswith("."):
+                continue  # a temporary of a write in progress (or of a killed writer)
             try:
                 e = entry_at(cfg.parent)
-            except CheckpointError:
-                continue
+                if not (cfg.parent / WEIGHTS).is_file():
+                    e = Entry(e.kind, e.name, e.path, {**e.meta, "corrupt": f"no {WEIGHTS}"}, e.builtin)
+            except CheckpointError as err:
+                folder = cfg.parent
+                e = Entry(folder.parent.name, folder.name, folder, {"corrupt": str(err)}, folder.name in BUILTINS)
             found[e.ref] = e
     for b in BUILTINS.values():
         ref = f"{b.kind}/{b.name}"
@@ -102,6 +163,12 @@ def find(name: str, progress: Callable[[str, int, int], None] | None = None) -> 
     if len(matches) > 1:
         raise UsageError(f"'{name}' is ambiguous: {', '.join(e.ref for e in matches)}; use kind/name")
     entry = matches[0]
+    if entry.corrupt and entry.builtin and BUILTINS[entry.name].kind == entry.kind:
+        BUILTINS[entry.name].materialize(progress)  # a damaged built-in is re-created from the package
+        return entry_at(entry.path)
+    if entry.corrupt:
+        raise CheckpointError(f"corrupt entry {entry.ref} ({entry.corrupt}); remove it with `specgen registry remove "
+                              f"{entry.ref}` and import it again")
     if not entry.installed:
         if entry.name not in BUILTINS:
             raise CheckpointError(f"{entry.ref} is incomplete on disk; remove it with `specgen registry remove`")
@@ -129,18 +196,27 @@ def save(
     meta: dict,
     extra: Callable[[Path], None] | None = None,
     dtype: torch.dtype | None = None,
+    overwrite: bool = True,
 ) -> Entry:
-    """Atomically write weights + config.json (and `extra(folder)` files) as <kind>/<name>."""
+    """Atomically write weights + config.json (and `extra(folder)` files) as <kind>/<name>.
+
+    The files go to a hidden temporary folder (named after this host and process) renamed into place under
+    a lock on the kind's folder, so concurrent writers of one name never see each other's halves: with `overwrite` the
+    last one wins, without it the first one wins and the others get a one-line UsageError. Temporaries of
+    writers that died (SIGKILL) are removed by the next write. Folders and files follow the umask.
+    """
     from safetensors.torch import save_file
 
-    if kind not in KINDS:
-        raise UsageError(f"unknown checkpoint kind '{kind}'; kinds: {', '.join(KINDS)}")
-    if not name or "/" in name or name.startswith("."):
-        raise UsageError(f"invalid checkpoint name '{name}'")
+    check_new(kind, name, overwrite)
     final = checkpoints_dir() / kind / name
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=final.parent))
     try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"cannot create {final.parent} in SPECGEN_HOME: {e.strerror}") from None
+    remove_stale_temporaries(final.parent)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-{socket.gethostname()}-{os.getpid()}-", dir=final.parent))
+    try:
+        os.chmod(tmp, 0o777 & ~current_umask())
         state, tied = untie(state)
         tensors = {k: (v.to(dtype) if dtype and v.is_floating_point() else v).contiguous() for k, v in state.items()}
         save_file(tensors, str(tmp / WEIGHTS))
@@ -150,17 +226,100 @@ def save(
 
         meta = {"kind": kind, "name": name, "specgen_version": __version__, **meta, **({"tied": tied} if tied else {})}
         (tmp / CONFIG).write_text(json.dumps(meta, indent=2, sort_keys=True, default=str))
-        if final.exists():
-            old = final.with_name(f".{name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(final, old)
-            os.replace(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, final)
+        with name_lock(final):
+            if final.exists() and not overwrite:
+                raise UsageError(f"{kind}/{name} already exists (another process wrote it meanwhile); "
+                                 "choose another name or pass --force to replace it")
+            if final.exists():
+                old = Path(tempfile.mkdtemp(prefix=f".{name}.old-{socket.gethostname()}-{os.getpid()}-",
+                                            dir=final.parent))
+                os.replace(final, old)  # an empty folder as rename target: replaced atomically
+                os.replace(tmp, final)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(tmp, final)
+    except OSError as e:
+        raise RuntimeFailure(f"cannot write {kind}/{name} in {final.parent}: {e.strerror or e}") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return entry_at(final)
+
+
+def check_new(kind: str, name: str, overwrite: bool = True) -> Path:
+    """Refuse, before any work, a write of <kind>/<name> that cannot succeed: bad kind or name, a registry home
+    that is not a writable folder, an existing entry without `overwrite`, or a built-in's name for another kind."""
+    if kind not in KINDS:
+        raise UsageError(f"unknown checkpoint kind '{kind}'; kinds: {', '.join(KINDS)}")
+    check_name(name)
+    check_home()
+    final = checkpoints_dir() / kind / name
+    if not overwrite and final.exists():
+        raise UsageError(f"{kind}/{name} already exists; choose another name or pass --force to replace it")
+    return final
+
+
+def current_umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+class name_lock:
+    """An exclusive flock on the kind's folder (no lock file is left behind), held while an entry is swapped."""
+
+    def __init__(self, final: Path) -> None:
+        self.path = final.parent
+
+    def __enter__(self) -> "name_lock":
+        import fcntl
+
+        self.fd = os.open(self.path, os.O_RDONLY)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import fcntl
+
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        os.close(self.fd)
+
+
+TEMP_RE = re.compile(r"\.(?P<name>.+)\.(?:tmp|old)-(?P<host>[^-]+(?:-[^-]+)*)-(?P<pid>\d+)-[^-]+$")
+
+
+def remove_stale_temporaries(folder: Path) -> list[Path]:
+    """Remove hidden temporary folders of writers that are gone: this host's dead processes, another host's
+    after a day, and those of older specgen versions (`.<name>.<random>`) after an hour. Returns them."""
+    removed = []
+    host, now = socket.gethostname(), time.time()
+    for p in folder.glob(".*"):
+        if not p.is_dir():
+            continue
+        m = TEMP_RE.fullmatch(p.name)
+        try:
+            age = now - p.stat().st_mtime
+        except OSError:
+            continue
+        if m and m["host"] == host:
+            stale = not pid_alive(int(m["pid"]))
+        elif m:
+            stale = age > STALE_FOREIGN_S
+        else:
+            stale = age > 3600  # a legacy temporary (no pid in its name)
+        if stale:
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+    return removed
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def untie(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -213,11 +372,18 @@ def load_module(entry: Entry, device: str = "cpu", dtype: torch.dtype = torch.fl
     builder = entry.meta.get("builder")
     if builder not in BUILDERS:
         raise CheckpointError(f"{entry.ref}: unknown builder {builder!r}")
-    module = BUILDERS[builder](**entry.meta.get("kwargs", {}))
+    kwargs = entry.meta.get("kwargs", {})
+    check_declared_size(entry, builder, kwargs)
+    try:
+        module = BUILDERS[builder](**kwargs)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise CheckpointError(f"corrupt entry {entry.ref}: its {CONFIG} does not build a {builder} ({one_line(e)}); "
+                              f"remove it with `specgen registry remove {entry.ref}` and import it again") from None
     state = read_state(entry)
     for dropped, kept in entry.meta.get("tied", {}).items():
         state[dropped] = state[kept]
-    if getattr(getattr(module, "cfg", None), "tie_embeddings", False) and "output.weight" not in state:
+    if (getattr(getattr(module, "cfg", None), "tie_embeddings", False) and "output.weight" not in state
+            and "tok_embeddings.weight" in state):  # quantized targets tie their int8 buffers via "tied"
         state["output.weight"] = state["tok_embeddings.weight"]
     try:
         module.load_state_dict(state, strict=True)
@@ -225,6 +391,47 @@ def load_module(entry: Entry, device: str = "cpu", dtype: torch.dtype = torch.fl
         first = str(e).splitlines()[0] if str(e) else "state dict mismatch"
         raise CheckpointError(f"{entry.ref}: weights do not fit its config ({first})") from None
     return module.to(device=device, dtype=dtype).eval()
+
+
+def one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())[:200] or type(e).__name__
+
+
+def check_declared_size(entry: Entry, builder: str, kwargs: dict) -> None:
+    """Build the module on the meta device (no memory) and compare its size with the stored weights and this
+    machine's memory, so a config.json declaring huge sizes is a one-line error, not an allocation failure."""
+    from specgen.builders import BUILDERS
+    from specgen.limits import check_declared_size as check
+
+    if not isinstance(kwargs, dict):
+        raise CheckpointError(f"corrupt entry {entry.ref}: kwargs in its {CONFIG} is not an object")
+    try:
+        with torch.device("meta"):
+            module = BUILDERS[builder](**kwargs)
+    except (TypeError, ValueError, RuntimeError, OverflowError) as e:
+        raise CheckpointError(f"corrupt entry {entry.ref}: its {CONFIG} does not build a {builder} ({one_line(e)}); "
+                              f"remove it with `specgen registry remove {entry.ref}` and import it again") from None
+    except Exception:  # noqa: BLE001 - a builder that cannot run on the meta device: checked when built
+        return
+    declared = sum(p.numel() for p in module.parameters())
+    check(entry.ref, declared, stored_numel(entry))
+
+
+def stored_numel(entry: Entry) -> int | None:
+    """Number of values in the entry's weights file, read from its header only (None when unreadable)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(entry.path / WEIGHTS), "pt") as f:
+            total = 0
+            for k in f.keys():
+                n = 1
+                for d in f.get_slice(k).get_shape():
+                    n *= d
+                total += n
+            return total
+    except Exception:  # noqa: BLE001 - unreadable weights are reported by read_state
+        return None
 
 
 _DIGESTS: dict[tuple, str] = {}

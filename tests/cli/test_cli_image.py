@@ -57,8 +57,8 @@ def test_generate_images_json(tiny_image, method):
 
 @pytest.mark.parametrize("args,needle", [
     (["--method", "adt-tree", "--classes", "dgo"], "did you mean dog"),
-    (["--method", "adt-tree", "--cfg-scale", "-1"], "cfg scale"),
-    (["--method", "eagle2", "method_options.depth=0"], "tree bounds"),
+    (["--method", "adt-tree", "--cfg-scale", "-1"], "cfg_scale"),
+    (["--method", "eagle2", "method_options.depth=0"], "depth"),
     (["--method", "adt-tree", "method_options.d0=20"], "bounds"),
     (["--method", "adt-tree", "method_options.init=diagonal"], "init must be"),
     (["--method", "lantern", "method_options.lantern_delta=2"], "delta"),

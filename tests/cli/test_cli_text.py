@@ -70,7 +70,7 @@ def test_generate_reads_stdin_and_overrides(tiny_target):
     (["generate", "--prompt", "x", "--model", "smollm3"], 2, "unknown checkpoint"),
     (["generate", "--prompt", "x", "no_such_key=1"], 2, "bad config"),
     (["generate", "--prompt", "x", "--temperature", "-1"], 2, "temperature"),
-    (["generate", "--prompt", "x", "--top-p", "1.5"], 2, "top-p"),
+    (["generate", "--prompt", "x", "--top-p", "1.5"], 2, "top_p"),
     (["generate", "--prompts", "/nonexistent/prompts.txt"], 2, "prompts.txt"),
     (["generate", "--prompt", "x", "method_options.block_sise=3", "--method", "jacobi"], 2, "no option"),
     (["generate"], 2, "no prompt"),

@@ -1,0 +1,162 @@
+"""Range checks of recipe values by field name, run by `load_config` on every command's config before any work.
+
+One table for every config dataclass: a field named `temperature` is checked the same way in `generate`,
+`benchmark`, `distill` and the trainers. Numbers must be finite and (unless signed) >= 0; some must be >= 1
+or lie in a unit interval; device names must exist on this machine; registry names must be valid; no string
+may hold control characters; a token budget must fit the named model's context; method options go through
+`specgen.methods.option_checks`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from specgen.errors import UsageError
+
+SIGNED = {"seed", "label_seed", "data_seed"}  # any integer
+AT_LEAST_ONE = {"batch_size", "grad_accum", "block_size", "label_batch", "gen_batch", "crop_size", "num_crops",
+                "eval_crops", "lora_rank", "num_sequences", "eval_sequences", "inner_dim", "channels", "blocks",
+                "kernel", "disc_channels", "scale", "log_every", "eval_every", "ckpt_every", "shard_every", "window",
+                "steps"}
+POSITIVE = {"lr", "disc_lr", "stage1_lr", "stage2_lr", "lora_alpha"}  # > 0
+OPEN_UNIT = {"top_p", "label_top_p"}  # (0, 1]
+UNIT = {"delta", "min_lr_ratio", "lecam_decay"}  # [0, 1]
+HALF_OPEN_UNIT = {"beta1", "beta2"}  # [0, 1)
+UNIT_LISTS = {"deltas"}
+POSITIVE_INT_LISTS = {"topk_accept", "tree_k", "depths", "vvs_intervals"}
+NONEMPTY_LISTS = {"temperatures", "methods", "rows"}
+NAMES = {"name", "vq_name"}  # registry names this command creates ("" = do not register)
+MAX_THREADS = 4096
+
+
+def check_config(cfg: Any) -> None:
+    """Refuse the first out-of-range value of a config dataclass with a one-line UsageError naming its key."""
+    if not dataclasses.is_dataclass(cfg):
+        return
+    for f in dataclasses.fields(cfg):
+        check_value(f.name, getattr(cfg, f.name))
+    if isinstance(getattr(cfg, "device", None), str):
+        check_device(cfg.device)
+    for key in ("threads", "num_threads"):
+        if isinstance(getattr(cfg, key, None), int) and getattr(cfg, key) > MAX_THREADS:
+            raise UsageError(f"{key} must be at most {MAX_THREADS}, got {getattr(cfg, key)}")
+    check_method_options(cfg)
+    check_token_budget(cfg)
+
+
+def is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def check_value(key: str, value: Any) -> None:
+    """One field: numbers by the tables above, lists element-wise, strings free of control characters."""
+    if isinstance(value, str):
+        check_text(key, value)
+        if key in NAMES and value:
+            from specgen.registry import check_name
+
+            check_name(value, key)
+    elif is_number(value):
+        check_number(key, value)
+    elif isinstance(value, (list, tuple)):
+        if key in NONEMPTY_LISTS and not value:
+            raise UsageError(f"{key} must not be empty")
+        for item in value:
+            if isinstance(item, str):
+                check_text(key, item)
+            elif is_number(item):
+                check_list_number(key, item)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            if isinstance(k, str):
+                check_text(key, k)
+            if isinstance(v, str):
+                check_text(f"{key}.{k}", v)
+
+
+def check_text(key: str, value: str) -> None:
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise UsageError(f"{key} must not contain control characters, got {value!r}")
+
+
+def check_number(key: str, v: float) -> None:
+    if not math.isfinite(v):
+        raise UsageError(f"{key} must be a finite number, got {v}")
+    if key in SIGNED:
+        return
+    if key in OPEN_UNIT and not 0 < v <= 1:
+        raise UsageError(f"{key} must be in (0, 1], got {v}")
+    if key in UNIT and not 0 <= v <= 1:
+        raise UsageError(f"{key} must be in [0, 1], got {v}")
+    if key in HALF_OPEN_UNIT and not 0 <= v < 1:
+        raise UsageError(f"{key} must be in [0, 1), got {v}")
+    if key in POSITIVE and not v > 0:
+        raise UsageError(f"{key} must be > 0, got {v}")
+    if key in AT_LEAST_ONE and v < 1:
+        raise UsageError(f"{key} must be >= 1, got {v}")
+    if v < 0:
+        raise UsageError(f"{key} must be >= 0, got {v}")
+
+
+def check_list_number(key: str, v: float) -> None:
+    if not math.isfinite(v):
+        raise UsageError(f"every value of {key} must be a finite number, got {v}")
+    if key in UNIT_LISTS and not 0 <= v <= 1:
+        raise UsageError(f"every value of {key} must be in [0, 1], got {v}")
+    if key in POSITIVE_INT_LISTS and v < 1:
+        raise UsageError(f"every value of {key} must be >= 1, got {v}")
+    if v < 0 and key not in ("mulo_taus", "vvs_thresholds"):
+        raise UsageError(f"every value of {key} must be >= 0, got {v}")
+
+
+def check_device(device: str) -> None:
+    """A torch device string that exists on this machine (cpu, cuda, cuda:N, mps)."""
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise UsageError(f"unknown device {device!r}; use cpu, cuda, cuda:N or mps") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UsageError(f"device {device!r}: no CUDA GPU is available to this torch; use --device cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise UsageError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    elif dev.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise UsageError(f"device {device!r}: MPS is not available here; use --device cpu")
+    elif dev.type not in ("cpu", "cuda", "mps"):
+        raise UsageError(f"unsupported device {device!r}; use cpu, cuda, cuda:N or mps")
+
+
+def check_method_options(cfg: Any) -> None:
+    """Value checks of method options: flat (`method_options.block_size`) when the config names one method,
+    per method (`method_options.ngram.num_draft`) in benchmark configs; mesh benchmark `options`/`row_options`."""
+    from specgen.methods.option_checks import check_option_values
+
+    options = getattr(cfg, "method_options", None)
+    if isinstance(options, dict) and isinstance(getattr(cfg, "method", None), str):
+        check_option_values(cfg.method, options)
+    elif isinstance(options, dict):
+        for method, opts in options.items():
+            if isinstance(opts, dict):
+                check_option_values(str(method), opts)
+    if isinstance(getattr(cfg, "options", None), dict):
+        check_option_values("xspecmesh", {k: v for k, v in cfg.options.items() if not isinstance(v, dict)})
+    for row, opts in (getattr(cfg, "row_options", None) or {}).items():
+        if isinstance(opts, dict):
+            check_option_values(f"xspecmesh ({row})", opts)
+
+
+def check_token_budget(cfg: Any) -> None:
+    """max_new_tokens against the context of the named model when it is installed (nothing is loaded)."""
+    budget = getattr(cfg, "max_new_tokens", None)
+    model = getattr(cfg, "model", None) or getattr(cfg, "target", None)
+    if not isinstance(budget, int) or budget <= 0:
+        return
+    from specgen import registry
+    from specgen.limits import check_budget
+
+    meta = registry.installed_meta(model) if isinstance(model, str) and model else None
+    check_budget(budget, meta, (meta or {}).get("kind", "target") + "/" + str((meta or {}).get("name", model)))

@@ -1,0 +1,58 @@
+"""Resource limits checked before allocating: token budgets against a model's context, sizes against memory."""
+
+from __future__ import annotations
+
+import os
+
+from specgen.errors import CheckpointError, UsageError
+
+# The largest token budget accepted when the model's context is not known yet (a built-in not materialised).
+MAX_TOKENS_UNKNOWN_CONTEXT = 1 << 16
+
+
+def context_of(meta: dict) -> int | None:
+    """The context length (max_seq_len) a registry entry's config declares, or None."""
+    value = (meta.get("kwargs") or {}).get("max_seq_len") if isinstance(meta, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def check_budget(max_new_tokens: int, meta: dict | None, ref: str) -> None:
+    """Refuse a token budget that cannot fit the model's context (prompt included) before anything is allocated."""
+    context = context_of(meta) if meta else None
+    if context is not None and max_new_tokens >= context:
+        raise UsageError(f"max-new-tokens {max_new_tokens} does not fit {ref}: its context is {context} tokens, "
+                         f"prompt included; use at most {context - 1}")
+    if context is None and max_new_tokens > MAX_TOKENS_UNKNOWN_CONTEXT:
+        raise UsageError(f"max-new-tokens {max_new_tokens} is more than any supported context "
+                         f"(at most {MAX_TOKENS_UNKNOWN_CONTEXT})")
+
+
+def check_prompt_fits(prompt_tokens: int, max_new_tokens: int, entry) -> None:
+    """Refuse a prompt that leaves no room in the registry entry's context for the token budget (before decoding)."""
+    context = context_of(entry.meta)
+    if context is not None and prompt_tokens + max_new_tokens >= context:
+        room = max(context - 1 - max_new_tokens, 0)
+        raise UsageError(f"prompt of {prompt_tokens} tokens + max-new-tokens {max_new_tokens} does not fit "
+                         f"{entry.ref}'s context of {context} tokens; shorten the prompt to at most {room} tokens "
+                         "or lower --max-new-tokens")
+
+
+def available_memory() -> int | None:
+    """Bytes of physical memory on this machine (None when unknown)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_declared_size(ref: str, declared_params: int, stored_params: int | None, bytes_per_param: int = 4) -> None:
+    """A registry entry whose config.json declares a module larger than its weights or than this machine's
+    memory is corrupt (or not for this machine): one line, before the module is allocated."""
+    if stored_params is not None and declared_params > 8 * stored_params + (1 << 20):
+        raise CheckpointError(f"corrupt entry {ref}: its config.json declares {declared_params:,} parameters but "
+                              f"its weights hold {stored_params:,}; repair or remove it "
+                              f"(`specgen registry remove {ref}`)")
+    mem = available_memory()
+    if mem is not None and declared_params * bytes_per_param > mem:
+        raise CheckpointError(f"{ref} needs {declared_params * bytes_per_param / 2**30:.1f} GiB for its weights, "
+                              f"more than this machine's {mem / 2**30:.1f} GiB")
