@@ -11,6 +11,7 @@ from specgen.models.eagle import build_eagle
 from specgen.models.heads import build_heads
 from specgen.models.llamagen import build_llamagen_gpt, llamagen_kwargs, llamagen_state
 from specgen.models.mesh import build_mesh_gpt
+from specgen.models.quantize import build_quantized_transformer
 from specgen.models.transformer import Transformer, TransformerConfig
 from specgen.models.upsampler import build_updown
 
@@ -35,6 +36,7 @@ BUILDERS: dict[str, Callable[..., torch.nn.Module]] = {
     "vq": build_vq,  # one-layer EAGLE feature drafter (specgen/models/eagle.py)
     "image-classifier": build_image_classifier,  # CNN whose features give the image benchmark's FID
     "mulo-updown": build_updown,  # MuLo-SD row-causal up/down-sampler pair (specgen/models/upsampler.py)
+    "quantized-transformer": build_quantized_transformer,  # int8/int4 weight-only text target (models/quantize.py)
 }
 
 # builder -> function(state, kwargs) mapping an external layout's keys onto the builder's names

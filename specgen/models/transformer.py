@@ -229,6 +229,13 @@ def padded_causal_mask(valid: torch.Tensor, s: int | None = None) -> torch.Tenso
     return causal & (keys[:, None, :] | eye)
 
 
+def rope_table(cfg: TransformerConfig) -> torch.Tensor:
+    """The model's RoPE table [P, hd/2, 2] (float32): 1D over max_seq_len, or LlamaGen 2D."""
+    if cfg.rope_grid:
+        return table_2d(cfg.rope_grid, cfg.hd, cfg.rope_theta, cfg.n_cond)
+    return table_1d(cfg.max_seq_len, cfg.hd, cfg.rope_theta)
+
+
 class Transformer(nn.Module):
     """Token embeddings -> blocks -> norm -> LM head; also returns the final hidden states."""
 
@@ -243,15 +250,12 @@ class Transformer(nn.Module):
             self.cls_embedding = CONDITION_EMBEDDINGS[cfg.cond_kind](cfg)
         if cfg.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
-        if cfg.rope_grid:
-            table = table_2d(cfg.rope_grid, cfg.hd, cfg.rope_theta, cfg.n_cond)
-        else:
-            table = table_1d(cfg.max_seq_len, cfg.hd, cfg.rope_theta)
-        self.register_buffer("rope_table", table, persistent=False)  # [P, hd/2, 2]
+        self.register_buffer("rope_table", rope_table(cfg), persistent=False)  # [P, hd/2, 2]
 
     def new_cache(self, batch: int = 1, max_len: int | None = None) -> KVCache:
-        """A cache sized for this model (on its device and dtype)."""
-        p = self.tok_embeddings.weight
+        """A cache sized for this model, on its device, in its activation dtype (that of the final norm: a
+        quantized model has no float embedding weight)."""
+        p = self.norm.weight
         return KVCache.allocate(
             self.cfg.n_layers, batch, self.cfg.n_kv_heads, max_len or self.cfg.max_seq_len,
             self.cfg.hd, p.dtype, p.device,
@@ -285,7 +289,7 @@ class Transformer(nn.Module):
         s = h.shape[1]
         if int(positions.max()) >= self.rope_table.shape[0]:
             raise ValueError(f"position {int(positions.max())} exceeds the model's {self.rope_table.shape[0]}")
-        rot = self.rope_table[positions]  # [B, S, hd/2, 2]
+        rot = self.rope_table[positions].to(h.dtype)  # [B, S, hd/2, 2]; in the activation dtype, as HF casts cos/sin
         if cache is not None:
             cache.check_room(s)
             mask = cache.hide_keys(attn_mask) if attn_mask is not None else cache.prefix_mask(s, tree_mask)

@@ -15,34 +15,54 @@ from specgen.models.tokenizer import TextTokenizer
 
 @dataclass
 class TextModel:
-    """A loaded text target: module, loop adapter, tokenizer and registry entry."""
+    """A loaded text target: module, loop adapter, tokenizer and registry entry (for a quantized target, the
+    stored quantized entry; `precision` says what runs: float32, bfloat16, int8 or int4)."""
 
     module: torch.nn.Module
     target: ModelTarget
     tokenizer: TextTokenizer
     entry: registry.Entry
+    precision: str = "float32"
 
 
-def load_text_model(name: str, device: str = "cpu", progress=None, decode: bool = True) -> TextModel:
+def load_text_model(name: str, device: str = "cpu", progress=None, decode: bool = True,
+                    dtype: str | None = None, quantize: str | None = None) -> TextModel:
     """Resolve `name` in the registry (materialising built-ins) and load it for decoding.
 
     A LoRA adapter entry (`adapter/<name>`, written by `specgen distill`) loads its parent target
     with the adapter merged into the weights (no run-time cost). `decode` stores the weights in the
     decode layout (`models/layout.py`); training callers pass False.
+
+    Precision (`text/precision.py`): `dtype` "float32" | "bfloat16" (weights, activations, KV cache) and
+    `quantize` None | "int8" | "int4" (weight-only; bfloat16 activations), or a `+bf16` / `+int8` / `+int4`
+    suffix on `name`. A quantized target is computed once from the float32 weights and stored as a derived
+    registry entry (`<name>-int8`), which later loads read directly; naming that entry loads it as well.
     """
+    from specgen.text import precision as prec
+
+    name, dtype, quantize = prec.resolve(name, dtype, quantize)
     entry = registry.find(name, progress)
-    if entry.kind == "adapter":
+    if entry.meta.get("quantized"):
+        prec.check_quantized_entry(entry, quantize, progress)
+        quantize = entry.meta["quantized"]["mode"]
+        module, tokenizer = registry.load_module(entry, device, prec.DTYPES[dtype]), TextTokenizer.load(entry.path)
+    elif entry.kind == "adapter":
         base = registry.find(entry.meta.get("parent", ""), progress)
         module, tokenizer = merged_module(entry, base, device)
+        module = prec.in_memory(module, dtype, quantize)  # a merge is not stored: quantized here, each load
     elif entry.meta.get("modality", "text") != "text" or not entry.meta.get("tokenizer"):
         raise UsageError(f"{entry.ref} is not a text model with a tokenizer")
+    elif quantize:
+        entry = prec.quantized_entry(entry, quantize, progress)
+        module, tokenizer = registry.load_module(entry, device, prec.DTYPES[dtype]), TextTokenizer.load(entry.path)
     else:
-        module, tokenizer = registry.load_module(entry, device), TextTokenizer.load(entry.path)
+        module = registry.load_module(entry, device, prec.DTYPES[dtype])
+        tokenizer = TextTokenizer.load(entry.path)
     if decode:
         decode_layout(module)
     target = ModelTarget(module)
     target.device = device
-    return TextModel(module, target, tokenizer, entry)
+    return TextModel(module, target, tokenizer, entry, quantize or dtype)
 
 
 def merged_module(adapter: registry.Entry, base: registry.Entry, device: str = "cpu",

@@ -1,0 +1,284 @@
+"""Weight-only int8 / int4 quantization of a Transformer for CPU decoding (torch's own packed kernels).
+
+int8: per-output-channel symmetric scales, q = round(w / s) in [-127, 127]; the product runs
+`torch.ops.aten._weight_int8pack_mm` (bfloat16 activations; float32 activations are 10x+ slower,
+`docs/logs/linear-kernels.log`). int4: group-wise asymmetric scales as gpt-fast does,
+w ~ (q - 8) * scale + zero with q in [0, 15] per `group` consecutive input columns; the product runs
+`torch.ops.aten._weight_int4pack_mm_for_cpu` on a copy made by `_convert_weight_to_int4pack_for_cpu`.
+Scales and zeros are stored in bfloat16 (the kernels' dtype) and q is computed against those rounded
+values, so `dequantize_*` is exactly the weight the kernels multiply by.
+
+Embedding and LM head: SmolLM2 ties them; one int8 table [V, dim] with one scale per vocabulary row is
+both the head's per-output-channel quantization and a per-row quantized embedding, so the tie (and its
+memory saving) survives. The head stays int8 under `int4` too: it is a fifth of the weights and the
+logits are what greedy decoding compares (llama.cpp's Q4 files keep the output tensor at higher precision
+for the same reason).
+
+Kernels per row count: each quantized kernel computes every row of a product independently (row i of an
+M-row product is bitwise row i of a 1-row product), so AR steps and verification forwards agree exactly.
+Above a crossover measured per model (`models/kernel_choice.py`, rows `WIDE_ROWS`: prefill sizes) a
+product is cheaper as dequantize-to-bfloat16 + F.linear, which reuses the weight across rows; that is
+the only other kernel, and only prompt-sized products reach it. The float32 weights are never kept.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+MODES = ("int8", "int4")
+GROUPS = (32, 64, 128, 256)  # int4 group sizes the CPU kernel accepts
+DEFAULT_GROUP = 32
+ACT_DTYPE = torch.bfloat16  # activations of a quantized target: the kernels' dtype
+#: Row counts timed for the quantized-vs-dequantized crossover (verification widths stay below them).
+WIDE_ROWS = (16, 32, 64, 128)
+
+
+def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q int8 [out, in], scales bf16 [out]) of w [out, in]: symmetric per output channel."""
+    w = w.detach().float()
+    s = (w.abs().amax(1) / 127).clamp(min=1e-12).to(torch.bfloat16)  # [out]
+    q = torch.round(w / s.float()[:, None]).clamp(-127, 127).to(torch.int8)
+    return q, s
+
+
+def dequantize_int8(q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """float32 [out, in] = q * s."""
+    return q.float() * s.float()[:, None]
+
+
+def quantize_int4(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(q uint8 [out, in/2] two nibbles per byte (low = even column), scales bf16 [out, in/g], zeros bf16
+    [out, in/g]) of w [out, in]: asymmetric per group of `group` input columns, w ~ (q - 8) * scale + zero."""
+    out, k = w.shape
+    check_int4_shape(k, group)
+    wg = w.detach().float().view(out, k // group, group)
+    lo, hi = wg.amin(-1), wg.amax(-1)  # [out, in/g]
+    scale = ((hi - lo) / 15).clamp(min=1e-6).to(torch.bfloat16)
+    zero = (lo + 8 * scale.float()).to(torch.bfloat16)
+    low = zero.float() - 8 * scale.float()  # the value q = 0 stands for, after rounding scale and zero
+    q = torch.round((wg - low[..., None]) / scale.float()[..., None]).clamp(0, 15).to(torch.uint8).view(out, k)
+    return q[:, 0::2] | (q[:, 1::2] << 4), scale, zero
+
+
+def unpack_int4(q4: torch.Tensor) -> torch.Tensor:
+    """uint8 [out, in] nibble values of q4 [out, in/2]."""
+    return torch.stack([q4 & 15, q4 >> 4], dim=-1).flatten(-2)
+
+
+def dequantize_int4(q4: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
+    """float32 [out, in] = (q - 8) * scale + zero per group."""
+    q = unpack_int4(q4).float()  # [out, in]
+    out, k = q.shape
+    g = k // scale.shape[1]
+    w = (q.view(out, -1, g) - 8) * scale.float()[..., None] + zero.float()[..., None]
+    return w.view(out, k)
+
+
+def check_int4_shape(in_features: int, group: int) -> None:
+    """One-line error when `group` is not a kernel group size or does not divide the input width."""
+    from specgen.errors import UsageError
+
+    if group not in GROUPS:
+        raise UsageError(f"int4 group size must be one of {', '.join(map(str, GROUPS))}, got {group}")
+    if in_features % group:
+        raise UsageError(f"int4 needs input widths divisible by the group size {group}; this model has a "
+                         f"{in_features}-wide layer (try a group size that divides it, e.g. 32)")
+
+
+class QuantizedLinear(nn.Module):
+    """Linear with int8 or int4 weights (buffers, saved in the state dict) and bfloat16 products.
+
+    forward: x [..., in] (any float dtype) -> [..., out] in x's dtype; shape-agnostic, so batched [B, S, in]
+    inputs work. Products of fewer than `min_rows` rows run the quantized kernel, wider ones dequantize.
+    """
+
+    _choice = None  # KernelChoice shared by the model's quantized layers (choose_kernels)
+    _kernel: tuple | None = None  # (key, int4 kernel weight, scales-and-zeros [in/g, out, 2])
+
+    def __init__(self, in_features: int, out_features: int, mode: str, group: int = 0, bias: bool = False) -> None:
+        super().__init__()
+        if mode not in MODES:
+            raise ValueError(f"mode {mode!r} not in {MODES}")
+        self.in_features, self.out_features, self.mode = in_features, out_features, mode
+        self.group = group if mode == "int4" else 0
+        if mode == "int8":
+            self.register_buffer("qweight", torch.zeros(out_features, in_features, dtype=torch.int8))
+            self.register_buffer("scales", torch.ones(out_features, dtype=ACT_DTYPE))
+        else:
+            check_int4_shape(in_features, group)
+            self.register_buffer("qweight", torch.zeros(out_features, in_features // 2, dtype=torch.uint8))
+            self.register_buffer("scales", torch.ones(out_features, in_features // group, dtype=ACT_DTYPE))
+            self.register_buffer("zeros", torch.zeros(out_features, in_features // group, dtype=ACT_DTYPE))
+        self.register_buffer("bias", torch.zeros(out_features, dtype=ACT_DTYPE) if bias else None)
+
+    @classmethod
+    @torch.no_grad()
+    def from_linear(cls, lin: nn.Linear, mode: str, group: int = 0) -> QuantizedLinear:
+        """Quantize an nn.Linear (its weight is read once, not kept)."""
+        q = cls(lin.in_features, lin.out_features, mode, group, lin.bias is not None)
+        if mode == "int8":
+            q.qweight, q.scales = quantize_int8(lin.weight)
+        else:
+            q.qweight, q.scales, q.zeros = quantize_int4(lin.weight, group)
+        if lin.bias is not None:
+            q.bias = lin.bias.detach().to(ACT_DTYPE)
+        return q
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        return ACT_DTYPE
+
+    def dequantize(self) -> torch.Tensor:
+        """The float32 weight [out, in] the kernels multiply by."""
+        if self.mode == "int8":
+            return dequantize_int8(self.qweight, self.scales)
+        return dequantize_int4(self.qweight, self.scales, self.zeros)
+
+    @property
+    def min_rows(self) -> int:
+        return self._choice.min_rows() if self._choice is not None else WIDE_ROWS[-1] + 1
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., in] -> [..., out]
+        x2 = x.reshape(-1, self.in_features).to(ACT_DTYPE).contiguous()  # [M, in]
+        y = self.wide_product(x2) if x2.shape[0] >= self.min_rows else self.narrow_product(x2)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+    def narrow_product(self, x: torch.Tensor) -> torch.Tensor:
+        """[M, out] bf16 by the quantized kernel (x [M, in] bf16 contiguous): rows are independent."""
+        if self.mode == "int8":
+            return torch.ops.aten._weight_int8pack_mm(x, self.qweight, self.scales)
+        _, packed, sz = self.kernel_weight()
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, self.group, sz)
+
+    def wide_product(self, x: torch.Tensor) -> torch.Tensor:
+        """[M, out] bf16 by dequantizing to bfloat16 and one GEMM (cheaper for prompt-sized M)."""
+        return F.linear(x, self.dequantize().to(ACT_DTYPE))
+
+    def kernel_weight(self) -> tuple:
+        """(key, packed int4 weight, scales-and-zeros [in/g, out, 2] bf16), remade when the buffers change."""
+        key = (self.qweight.data_ptr(), self.scales.data_ptr(), self.zeros.data_ptr())
+        if self._kernel is None or self._kernel[0] != key:
+            q = unpack_int4(self.qweight).to(torch.int32)  # [out, in], values 0..15
+            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+            sz = torch.stack([self.scales, self.zeros], -1).transpose(0, 1).contiguous()
+            self._kernel = (key, packed, sz)
+        return self._kernel
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.pop("_kernel", None)
+        return state
+
+    def extra_repr(self) -> str:
+        g = f", group={self.group}" if self.group else ""
+        return f"in_features={self.in_features}, out_features={self.out_features}, mode={self.mode}{g}"
+
+
+class QuantizedEmbedding(nn.Module):
+    """Embedding rows from an int8 table with one scale per row; shares the given head's buffers (the same
+    tensors under two names: tied, as the float model ties `tok_embeddings.weight` and `output.weight`)."""
+
+    def __init__(self, head: QuantizedLinear) -> None:
+        super().__init__()
+        if head.mode != "int8":
+            raise ValueError("a quantized embedding is int8 (one scale per row)")
+        self.register_buffer("qweight", head.qweight)
+        self.register_buffer("scales", head.scales)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:  # ids [...] -> [..., dim] bf16
+        return self.qweight[ids].to(ACT_DTYPE) * self.scales[ids].unsqueeze(-1)
+
+
+def quantize_transformer(model: nn.Module, mode: str, group: int = DEFAULT_GROUP) -> nn.Module:
+    """Replace every Linear of a text Transformer by a QuantizedLinear in place (head and embedding int8,
+    tied when the model ties them); norms go to bfloat16. Returns the model (its float weights are freed)."""
+    from specgen.models.transformer import Transformer
+
+    if not isinstance(model, Transformer) or model.cfg.cross_dim or model.cfg.cond_kind != "none":
+        raise ValueError("quantization covers text Transformers (no cross-attention, no condition embedding)")
+    if mode == "int4":
+        for name, lin in model.layers.named_modules():
+            if isinstance(lin, nn.Linear):
+                check_int4_shape(lin.in_features, group)
+    with torch.no_grad():
+        for blk in model.layers:
+            for parent in (blk.attention, blk.feed_forward):
+                for name, lin in list(parent.named_children()):
+                    if isinstance(lin, nn.Linear):
+                        setattr(parent, name, QuantizedLinear.from_linear(lin, mode, group))
+        head = QuantizedLinear.from_linear(model.output, "int8")
+        if model.cfg.tie_embeddings:
+            emb = QuantizedEmbedding(head)
+        else:
+            emb = QuantizedEmbedding(QuantizedLinear.from_linear(_as_linear(model.tok_embeddings.weight), "int8"))
+        model.output, model.tok_embeddings = head, emb
+    for p in model.parameters():  # norms: the activation dtype
+        p.data = p.data.to(ACT_DTYPE)
+    model.quantized = (mode, group if mode == "int4" else 0)
+    return model
+
+
+def _as_linear(table: torch.Tensor) -> nn.Linear:
+    lin = nn.Linear(table.shape[1], table.shape[0], bias=False, device="meta")
+    lin.weight = nn.Parameter(table.detach(), requires_grad=False)
+    return lin
+
+
+def build_quantized_transformer(quantize: str, group: int = 0, **kwargs) -> nn.Module:
+    """Registry builder: the module of a quantized entry with empty buffers, ready for load_state_dict.
+
+    The float Transformer is built on the meta device and never allocated (a quantized load's memory is its
+    quantized weights); norms and the RoPE table are then made for real.
+    """
+    from specgen.models.transformer import Transformer, TransformerConfig, rope_table
+
+    cfg = TransformerConfig(**kwargs)
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    for blk in model.layers:
+        for parent in (blk.attention, blk.feed_forward):
+            for name, lin in list(parent.named_children()):
+                if isinstance(lin, nn.Linear):
+                    setattr(parent, name, QuantizedLinear(lin.in_features, lin.out_features, quantize, group,
+                                                          lin.bias is not None))
+    model.output = QuantizedLinear(cfg.dim, cfg.vocab_size, "int8")
+    table = model.output if cfg.tie_embeddings else QuantizedLinear(cfg.dim, cfg.vocab_size, "int8")
+    model.tok_embeddings = QuantizedEmbedding(table)
+    for mod in model.modules():  # the norms (still on meta): real bf16 ones
+        for name, p in list(mod.named_parameters(recurse=False)):
+            setattr(mod, name, nn.Parameter(torch.ones(p.shape, dtype=ACT_DTYPE), requires_grad=False))
+    model.register_buffer("rope_table", rope_table(cfg), persistent=False)
+    model.quantized = (quantize, group if quantize == "int4" else 0)
+    return model.eval()
+
+
+def quantized_layers(module: nn.Module) -> list[QuantizedLinear]:
+    return [m for m in module.modules() if isinstance(m, QuantizedLinear)]
+
+
+def choose_kernels(module: nn.Module) -> nn.Module:
+    """Give the quantized layers of `module` one shared KernelChoice (quantized kernel vs dequantize +
+    GEMM, crossover measured over `WIDE_ROWS` at the current thread count) and measure it now."""
+    from specgen.models.kernel_choice import KernelChoice
+
+    layers = quantized_layers(module)
+    if layers:
+        choice = KernelChoice(layers, rows=WIDE_ROWS, label="dequantized bf16")
+        for lin in layers:
+            lin._choice = choice
+        layers[0].min_rows  # noqa: B018 - the first read measures
+    return module
+
+
+def quantized_bytes(module: nn.Module) -> int:
+    """Bytes of the quantized layers' weights, scales and zeros (tied tensors once)."""
+    seen = {}
+    for lin in quantized_layers(module):
+        for t in (lin.qweight, lin.scales, getattr(lin, "zeros", None)):
+            if t is not None:
+                seen[t.data_ptr()] = t.numel() * t.element_size()
+    return sum(seen.values())

@@ -1,0 +1,129 @@
+"""Precision of a text target: dtype / quantize options, `NAME+int8` suffixes, and stored quantized entries."""
+
+from __future__ import annotations
+
+import shutil
+
+import torch
+
+from specgen import registry
+from specgen.errors import IncompatibleError, UsageError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+QUANTIZE = ("int8", "int4")
+SUFFIXES = {"f32": ("dtype", "float32"), "float32": ("dtype", "float32"), "bf16": ("dtype", "bfloat16"),
+            "bfloat16": ("dtype", "bfloat16"), "int8": ("quantize", "int8"), "int4": ("quantize", "int4")}
+
+
+def split_name(name: str) -> tuple[str, str | None, str | None]:
+    """`smollm2-135m+int8` -> ("smollm2-135m", None, "int8"); `NAME+bf16` -> (NAME, "bfloat16", None)."""
+    base, *tags = name.split("+")
+    found: dict[str, str] = {}
+    for tag in tags:
+        if tag.lower() not in SUFFIXES:
+            raise UsageError(f"unknown precision suffix '+{tag}' in '{name}'; use one of "
+                             f"{', '.join('+' + s for s in SUFFIXES)}")
+        key, value = SUFFIXES[tag.lower()]
+        if found.get(key, value) != value:
+            raise UsageError(f"'{name}' names two {key}s")
+        found[key] = value
+    return base, found.get("dtype"), found.get("quantize")
+
+
+def resolve(name: str, dtype: str | None, quantize: str | None) -> tuple[str, str, str | None]:
+    """(registry name, dtype, quantize) from a name with optional suffix and explicit options (which must agree).
+
+    dtype defaults to float32, or bfloat16 for a quantized target: the int8/int4 kernels take bfloat16
+    activations (with float32 ones the same op is 10x+ slower, docs/logs/linear-kernels.log), so a quantized
+    target with float32 activations is refused rather than silently slow.
+    """
+    base, sdtype, squant = split_name(name)
+    if quantize in ("", "none", "None"):
+        quantize = None
+    for key, given, named in (("dtype", dtype, sdtype), ("quantize", quantize, squant)):
+        if given and named and given != named:
+            raise UsageError(f"--{key} {given} contradicts the model name '{name}'")
+    dtype, quantize = dtype or sdtype, quantize or squant
+    if quantize is not None and quantize not in QUANTIZE:
+        raise UsageError(f"--quantize must be one of {', '.join(QUANTIZE)} (or none), got {quantize!r}")
+    if dtype is not None and dtype not in DTYPES:
+        raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if quantize and dtype == "float32":
+        raise UsageError(f"--quantize {quantize} runs bfloat16 activations (the kernels' dtype); drop --dtype float32")
+    return base, dtype or ("bfloat16" if quantize else "float32"), quantize
+
+
+def derived_name(base: registry.Entry, quantize: str, group: int) -> str:
+    return f"{base.name}-{quantize}" + (f"-g{group}" if quantize == "int4" else "")
+
+
+def quantized_entry(base: registry.Entry, quantize: str, progress=None) -> registry.Entry:
+    """The stored quantized entry of `base` (target/<base>-int8, ...), made and saved on first use and remade
+    when the base weights changed since (its recorded base digest differs)."""
+    from specgen.models.quantize import DEFAULT_GROUP
+
+    group = DEFAULT_GROUP if quantize == "int4" else 0
+    folder = registry.checkpoints_dir() / "target" / derived_name(base, quantize, group)
+    if (folder / registry.CONFIG).is_file():
+        entry = registry.entry_at(folder)
+        info = entry.meta.get("quantized") or {}
+        if info.get("base") != base.ref:
+            raise IncompatibleError(f"{entry.ref} is not a quantized copy of {base.ref} (it was made from "
+                                    f"{info.get('base', 'no recorded base')}); remove it or rename {base.ref}")
+        if info.get("base_digest") == registry.weights_digest(base):
+            return entry
+    return save_quantized(base, quantize, group, progress)
+
+
+def save_quantized(base: registry.Entry, quantize: str, group: int, progress=None) -> registry.Entry:
+    """Quantize `base` (float32, read once) and store the result as a derived target entry (safetensors)."""
+    from specgen.models.quantize import quantize_transformer
+
+    if progress:
+        progress(f"quantizing {base.ref} to {quantize}", 0, 1)
+    module = registry.load_module(base, "cpu")
+    try:
+        quantize_transformer(module, quantize, group)
+    except ValueError as e:
+        raise IncompatibleError(f"{base.ref} cannot be quantized: {e}") from None
+    meta = {k: v for k, v in base.meta.items() if k not in ("kind", "name", "tied", "builtin", "asset_sha")}
+    meta.update(builder="quantized-transformer", kwargs={**base.meta.get("kwargs", {}), "quantize": quantize,
+                                                         "group": group},
+                description=f"{base.ref} with {quantize} weights (derived; specgen/models/quantize.py)",
+                quantized={"mode": quantize, "group": group, "base": base.ref,
+                           "base_digest": registry.weights_digest(base)})
+
+    def copy_tokenizer(folder):
+        for f in base.path.iterdir():
+            if f.is_file() and f.name not in (registry.WEIGHTS, registry.CONFIG):
+                shutil.copy2(f, folder / f.name)
+
+    entry = registry.save("target", derived_name(base, quantize, group), module.state_dict(), meta, copy_tokenizer)
+    if progress:
+        progress(f"quantizing {base.ref} to {quantize}", 1, 1)
+    return entry
+
+
+def check_quantized_entry(entry: registry.Entry, quantize: str | None, progress=None) -> registry.Entry:
+    """A stored quantized entry named directly: its mode must be the one asked for and its base must still hold
+    the weights it was made from. Returns the base entry."""
+    info = entry.meta["quantized"]
+    if quantize and quantize != info.get("mode"):
+        raise IncompatibleError(f"{entry.ref} holds {info.get('mode')} weights, not {quantize}")
+    base = registry.find(info.get("base", ""), progress)
+    if info.get("base_digest") not in (None, registry.weights_digest(base)):
+        raise IncompatibleError(f"{entry.ref} was quantized from other weights of {base.ref} (changed since); "
+                                f"remove it and load {base.name} with --quantize {info.get('mode')}")
+    return base
+
+
+def in_memory(module: torch.nn.Module, dtype: str, quantize: str | None) -> torch.nn.Module:
+    """`module` (float32) at the given precision, without storing anything (merged adapters)."""
+    from specgen.models.quantize import DEFAULT_GROUP, quantize_transformer
+
+    if quantize:
+        try:
+            return quantize_transformer(module, quantize, DEFAULT_GROUP)
+        except ValueError as e:
+            raise IncompatibleError(f"cannot quantize this model: {e}") from None
+    return module.to(DTYPES[dtype])
