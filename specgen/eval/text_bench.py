@@ -14,6 +14,14 @@ exact-match rate / mean matching-prefix length of the distilled model's greedy o
 Variant rows: `method:tag` (e.g. `pcllm:n8`) runs `method` with `method_options[method]` updated by
 `method_options["method:tag"]` (and `targets["method:tag"]` if given), so one run can compare settings
 of one method side by side, e.g. block sizes against the measured cost of wider forwards.
+
+Batch sizes (`batch_sizes: [1, 4, 16]`): batch 1 runs every method interleaved per prompt, as above. A batch
+size B > 1 runs each method over all prompts through B slots of the batched loop (continuous batching; the
+`hf` row: transformers `generate` on left-padded static batches of B), methods one after another. Its rows
+report throughput (tokens over the batch's wall time), per-sequence latency (median, p90; queueing
+included), speedup vs `ar` at the same B and vs batch-1 `ar` (when batch 1 ran), exact match vs `ar` at
+the same B and at B = 1, and c(B): the measured cost of a B-row product pass relative to one row
+(`decoding/cost.py`), which bounds what batching can gain.
 """
 
 from __future__ import annotations
@@ -24,13 +32,15 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specgen.decoding.cost import measure_cost
 from specgen.decoding.sampling import SamplingParams
 from specgen.errors import UsageError
 from specgen.eval import humaneval
-from specgen.methods import get_method, model_for, run_drafter
-from specgen.text.target import TextModel
+from specgen.eval.latency import percentile
+from specgen.methods import get_method, model_for, run_batch
+from specgen.text.target import TextModel, load_original
 
-EXTERNAL = ("hf",)  # rows not decoded by specgen's loop
+EXTERNAL = ("hf", "llamacpp")  # rows not decoded by specgen's loop (llamacpp: eval/llamacpp_row.py, optional)
 
 
 @dataclass
@@ -51,17 +61,47 @@ class TextBenchConfig:
     method_options: dict = field(default_factory=dict)  # method (or variant row method:tag) -> {option: value}
     targets: dict = field(default_factory=dict)  # method -> model it decodes (default: its MethodSpec.target)
     nll: bool = True  # the original model's mean per-token NLL of every row's outputs
+    dtype: str | None = None  # precision of `model` for every row: float32 | bfloat16 (per row: targets NAME+bf16)
+    quantize: str | None = None  # int8 | int4 weights for every row (per row: targets NAME+int8); quality vs float32
+    batch_sizes: list[int] = field(default_factory=lambda: [1])  # 1: interleaved per prompt; B > 1: B slots
 
 
 @dataclass(frozen=True)
 class Run:
-    """One method on one prompt."""
+    """One method on one prompt (batched: `seconds` is the sequence's latency, queueing included)."""
 
     tokens: list[int]
     seconds: float
     forwards: int
     steps: int
     accepted: int
+
+
+def hf_batch_runs(hf_model, prompts: list[list[int]], batch: int, cfg: "TextBenchConfig",
+                  stop_ids: tuple[int, ...]) -> tuple[list[Run], float]:
+    """transformers `generate` (greedy) on left-padded static batches of `batch` prompts; (runs, total seconds).
+
+    A static batch ends with its longest row, so every row of it reports the batch's wall time as latency.
+    """
+    pad = stop_ids[0] if stop_ids else 0
+    runs, total = [], 0.0
+    for start in range(0, len(prompts), batch):
+        chunk = prompts[start : start + batch]
+        width = max(map(len, chunk))
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in chunk])  # [b, width], left padded
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk])
+        calls = [0]
+        handle = hf_model.register_forward_pre_hook(lambda *a: calls.__setitem__(0, calls[0] + 1))
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = hf_model.generate(ids, attention_mask=mask, max_new_tokens=cfg.max_new_tokens, do_sample=False,
+                                    eos_token_id=list(stop_ids) or None, pad_token_id=pad)
+        total += time.perf_counter() - t0
+        handle.remove()
+        for row in out[:, width:].tolist():
+            cut = next((i + 1 for i, t in enumerate(row) if t in stop_ids), len(row))
+            runs.append(Run(row[:cut], total, calls[0], calls[0] - 1, 0))
+    return runs, total
 
 
 def hf_run(hf_model, prompt: list[int], cfg: TextBenchConfig, stop_ids: tuple[int, ...]) -> Run:
@@ -92,13 +132,25 @@ def row_options(row: str, cfg: TextBenchConfig) -> dict:
 
 
 def specgen_run(model: TextModel, method: str, prompt: list[int], cfg: TextBenchConfig) -> Run:
+    runs, _ = specgen_batch(model, method, [prompt], 1, cfg)
+    return runs[0]
+
+
+def specgen_batch(model: TextModel, method: str, prompts: list[list[int]], batch: int, cfg: TextBenchConfig,
+                  on_done=None) -> tuple[list[Run], float]:
+    """`method` over `prompts` through `batch` slots of the batched loop; (runs in prompt order, wall seconds)."""
+    from specgen.text.generate import draft_budget
+
     spec = get_method(row_method(method))
     options = {"seed": cfg.seed, **row_options(method, cfg)}
-    drafter = spec.make_drafter(options)
+    budget = draft_budget(model, options.pop("budget", "fixed"))
     t0 = time.perf_counter()
-    res = run_drafter(model.target, drafter, prompt, cfg.max_new_tokens, SamplingParams(), model.tokenizer.stop_ids)
+    res = run_batch(model.target, lambda i: spec.make_drafter(options), prompts, cfg.max_new_tokens, SamplingParams(),
+                    model.tokenizer.stop_ids, batch_size=batch, on_done=on_done, budget=budget)
     seconds = time.perf_counter() - t0
-    return Run(res.tokens, seconds, res.stats.target_forwards, res.stats.steps, sum(res.stats.accepted))
+    latency = (lambda r: r.stats.extras.get("latency_s", seconds)) if batch > 1 else (lambda r: seconds)
+    return [Run(r.tokens, latency(r), r.stats.target_forwards, r.stats.steps, sum(r.stats.accepted))
+            for r in res.results], seconds
 
 
 def decoded_model(method: str, cfg: TextBenchConfig) -> str:
@@ -127,6 +179,9 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 def check_methods(cfg: TextBenchConfig) -> None:
+    if not cfg.batch_sizes or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1
+                                      for b in cfg.batch_sizes):
+        raise UsageError(f"batch_sizes must be integers >= 1, got {cfg.batch_sizes}")
     if "ar" not in cfg.methods:
         raise UsageError("the benchmark needs the 'ar' row: speedups and exact match are measured against it")
     for m in cfg.methods:
@@ -149,36 +204,76 @@ def run_text_benchmark(model: TextModel, cfg: TextBenchConfig, on_prompt=None) -
 
     prompts = [model.tokenizer.encode(humaneval.build_user_message(p)) for p in problems]
     models = {cfg.model: model}
+    original = load_original(model, cfg.device)  # quality reference (nll_base, hf row): the float32 weights
     order = list(cfg.methods)
     for m in cfg.methods:  # each distilled model also gets its own greedy AR row (exact-match reference)
         name = decoded_model(m, cfg)
         if name not in models:
             models[name] = load_text_model(name, cfg.device)
             check_same_tokenizer(model, models[name])
-            order.append(f"ar@{name}")
+            if f"ar@{name}" not in order:  # listed explicitly (e.g. ar@smollm2-135m+bf16): run it once
+                order.append(f"ar@{name}")
     hf_model = None
     if "hf" in cfg.methods:
         from specgen.models.hf_export import to_hf
 
-        hf_model = to_hf(model.module)
+        hf_model = to_hf(original.module)
+    llama, skipped = None, []
+    if "llamacpp" in order:
+        from specgen.eval import llamacpp_row
+
+        reason = llamacpp_row.unavailable()
+        if reason:
+            order.remove("llamacpp")
+            skipped.append({"method": "llamacpp", "skipped": reason})
+        else:
+            llama = llamacpp_row.LlamaCppRow(cfg.method_options.get("llamacpp", {}), torch.get_num_threads(),
+                                             model.module.cfg.max_seq_len, model.module.cfg.vocab_size)
     stop = model.tokenizer.stop_ids
 
     def one(method: str, prompt: list[int]) -> Run:
         if method == "hf":
             return hf_run(hf_model, prompt, cfg, stop)
+        if method == "llamacpp":
+            tokens, seconds, forwards = llama.run(prompt, cfg.max_new_tokens, stop)
+            return Run(tokens, seconds, forwards, forwards - 1, 0)
         return specgen_run(models[decoded_model(method, cfg)], method, prompt, cfg)
 
     if cfg.warmup:
         warm = model.tokenizer.encode("Write a Python function that adds two numbers.")
         for m in order:
             one(m, warm)
-    runs: dict[str, list[Run]] = {m: [] for m in order}
-    for i, prompt in enumerate(prompts):
-        for m in order:
-            runs[m].append(one(m, prompt))
-        if on_prompt:
-            on_prompt(i)
-    return summarise(model, problems, runs, cfg, prompts)
+    rows, reference = [], None
+    cost = measure_cost(model.module) if any(b > 1 for b in cfg.batch_sizes) else None
+    for batch in cfg.batch_sizes:
+        if batch == 1:
+            runs: dict[str, list[Run]] = {m: [] for m in order}
+            for i, prompt in enumerate(prompts):
+                for m in order:
+                    runs[m].append(one(m, prompt))
+                if on_prompt:
+                    on_prompt(i)
+            walls = {m: sum(r.seconds for r in rs) for m, rs in runs.items()}
+        else:
+            runs, walls = {}, {}
+            for m in order:
+                if m == "hf":
+                    runs[m], walls[m] = hf_batch_runs(hf_model, prompts, batch, cfg, stop)
+                elif m == "llamacpp":  # one sequence at a time (the row's runner has no batch)
+                    runs[m] = [one(m, p) for p in prompts]
+                    walls[m] = sum(r.seconds for r in runs[m])
+                else:
+                    done = (lambda i: on_prompt(i)) if on_prompt and m == order[0] else None
+                    runs[m], walls[m] = specgen_batch(models[decoded_model(m, cfg)], m, prompts, batch, cfg, done)
+        batch_rows = summarise(original, problems, runs, cfg, prompts, walls, reference)
+        for row in batch_rows:
+            row["batch_size"] = batch
+            if cost is not None:
+                row["c_batch"] = round(cost(batch), 3)
+        rows += batch_rows
+        if batch == 1:
+            reference = {"runs": runs["ar"], "tokens_per_s": batch_rows[0]["throughput_tokens_per_s"]}
+    return rows + skipped  # a skipped row carries its one-line reason ("skipped")
 
 
 def check_same_tokenizer(base: TextModel, other: TextModel) -> None:
@@ -189,8 +284,12 @@ def check_same_tokenizer(base: TextModel, other: TextModel) -> None:
 
 
 def summarise(model: TextModel, problems, runs: dict[str, list[Run]], cfg: TextBenchConfig,
-              prompts: list[list[int]] | None = None) -> list[dict]:
+              prompts: list[list[int]] | None = None, walls: dict[str, float] | None = None,
+              reference: dict | None = None) -> list[dict]:
+    """One row per method. `walls`: each method's wall seconds over all prompts (throughput); `reference`:
+    batch-1 `ar` (its runs and throughput) when these runs are batched."""
     ar = runs["ar"]
+    walls = walls or {m: sum(r.seconds for r in rs) for m, rs in runs.items()}
     rows = []
     for m, rs in runs.items():
         tps = [len(r.tokens) / r.seconds for r in rs]
@@ -201,7 +300,7 @@ def summarise(model: TextModel, problems, runs: dict[str, list[Run]], cfg: TextB
         row = {
             "method": m,
             "model": decoded,
-            "lossless": True if m in EXTERNAL else get_method(row_method(m)).lossless,
+            "lossless": (m == "hf") if m in EXTERNAL else get_method(row_method(m)).lossless,  # llamacpp: its GGUF
             "prompts": len(rs),
             "tokens_per_s": statistics.median(tps),
             "aggregate_tokens_per_s": tokens / sum(r.seconds for r in rs),
@@ -212,7 +311,14 @@ def summarise(model: TextModel, problems, runs: dict[str, list[Run]], cfg: TextB
             "exact_match_vs_ar": sum(r.tokens == a.tokens for r, a in zip(rs, ar)) / len(rs),
             "exact_match_vs_own_ar": sum(r.tokens == a.tokens for r, a in zip(rs, own)) / len(rs),
             "new_tokens": tokens,
+            "throughput_tokens_per_s": tokens / walls[m],
+            "latency_median_s": percentile([r.seconds for r in rs], 50),
+            "latency_p90_s": percentile([r.seconds for r in rs], 90),
         }
+        row["throughput_vs_ar"] = row["throughput_tokens_per_s"] / (sum(len(r.tokens) for r in ar) / walls["ar"])
+        if reference is not None:
+            row["throughput_vs_ar_b1"] = row["throughput_tokens_per_s"] / reference["tokens_per_s"]
+            row["exact_match_vs_ar_b1"] = sum(r.tokens == a.tokens for r, a in zip(rs, reference["runs"])) / len(rs)
         if m.startswith("ar@"):
             row["prefix_vs_ar"] = statistics.mean(common_prefix(r.tokens, a.tokens) for r, a in zip(rs, ar))
         if cfg.nll and prompts is not None:

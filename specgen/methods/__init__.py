@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from specgen.errors import UnknownNameError, UsageError
-from specgen.methods.pcllm import JACOBI_OPTIONS, MR_OPTIONS, MultiBlockDecoder
+from specgen.methods.pcllm import JACOBI_OPTIONS, MR_OPTIONS, MultiBlockDrafter
 from specgen.methods.text import EmptyDrafter, JacobiDrafter, NgramDrafter
 from specgen.methods.xspecmesh import OPTION_NAMES as XSPECMESH_OPTIONS, XSpecMeshOptions
 
@@ -62,9 +62,9 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("pcllm", "text", True, "Jacobi decoding of the pcLLM-distilled model (progressive consistency distillation)",
                    lambda o: JacobiDrafter(block_size=o.get("block_size", 4), seed=o.get("seed", 0)),
                    options=(*JACOBI_OPTIONS, *LOOP_OPTIONS), target="smollm2-135m-pcllm"),
-        MethodSpec("pcllm-mr", "text", True, "pcLLM multi-block decoding + rejection recycling (greedy only)",
-                   lambda o: MultiBlockDecoder(**{k: o[k] for k in (*MR_OPTIONS, "seed") if k in o}),
-                   options=MR_OPTIONS, target="smollm2-135m-pcllm"),
+        MethodSpec("pcllm-mr", "text", True, "pcLLM multi-block decoding + rejection recycling",
+                   lambda o: MultiBlockDrafter(**{k: o[k] for k in (*MR_OPTIONS, "seed") if k in o}),
+                   options=(*MR_OPTIONS, *LOOP_OPTIONS), target="smollm2-135m-pcllm"),
         MethodSpec("xspecmesh", "mesh", False,
                    "XSpecMesh multi-head speculative decoding (LOSSY: p > delta / top-K_a; lossless: criterion=rejection)",
                    lambda o: XSpecMeshOptions(**{k: v for k, v in o.items() if k != "seed"}), options=XSPECMESH_OPTIONS),

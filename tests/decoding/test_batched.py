@@ -107,7 +107,7 @@ def exact_joint(model, prompt: list[int], n: int) -> dict[tuple[int, ...], float
     return {s: float(p) for s, p in zip(seqs, joint)}
 
 
-def sample_rows(target, prompt, rule=None, copies=600, seed=0) -> Counter:
+def sample_rows(target, prompt, method="jacobi", rule=None, copies=600, seed=0) -> Counter:
     """`copies` rows of `prompt`, interleaved with ragged other prompts, in batches of 8, each its own stream."""
     prompts, mine = [], []
     others = ragged_prompts(copies // 2, seed=seed)
@@ -117,7 +117,8 @@ def sample_rows(target, prompt, rule=None, copies=600, seed=0) -> Counter:
         if i % 2:
             prompts.append([t % 4 for t in others[i // 2]])
     generators = [torch.Generator().manual_seed(10_000 * seed + i) for i in range(len(prompts))]
-    res = decode_batch(target, lambda i: JacobiDrafter(block_size=3, seed=i), prompts, 3,
+    spec = METHODS[method]
+    res = decode_batch(target, lambda i: spec.make_drafter({"seed": i, "block_size": 3}), prompts, 3,
                        SamplingParams(temperature=1.0), generators=generators, batch_size=8, rule=rule)
     return Counter(tuple(res.results[i].tokens) for i in mine)
 
@@ -135,10 +136,11 @@ def flat_model():
     return model
 
 
-def test_rejection_sampling_in_a_batch_keeps_each_rows_distribution(flat_model):
+@pytest.mark.parametrize("method", LOSSLESS_TEXT)
+def test_rejection_sampling_in_a_batch_keeps_each_rows_distribution(flat_model, method):
     exact = exact_joint(flat_model, [1, 2, 3], 3)
     target = ModelTarget(flat_model)
-    got = tv(sample_rows(target, [1, 2, 3]), exact)
+    got = tv(sample_rows(target, [1, 2, 3], method), exact)
     # noise level: the TV of 600 exact draws from the same distribution (a few repeats, the largest)
     g = torch.Generator().manual_seed(0)
     keys, probs = list(exact), torch.tensor(list(exact.values()))

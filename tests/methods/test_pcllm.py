@@ -9,7 +9,7 @@ from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.target import ModelTarget
 from specgen.errors import UsageError
 from specgen.methods import get_method, model_for, run_drafter
-from specgen.methods.pcllm import MultiBlockDecoder, longest_branch
+from specgen.methods.pcllm import MultiBlockDrafter, longest_branch
 from specgen.methods.text import EmptyDrafter
 from tests.conftest import tiny_model
 
@@ -51,7 +51,7 @@ def test_mr_stops_at_stop_token_like_ar():
     ar = decode(t, EmptyDrafter(), prompt, 40, SamplingParams()).tokens
     stop = (ar[17],)
     want = decode(t, EmptyDrafter(), prompt, 40, SamplingParams(), stop).tokens
-    got = MultiBlockDecoder(block_size=4).decode(t, prompt, 40, SamplingParams(), stop).tokens
+    got = decode(t, MultiBlockDrafter(block_size=4), prompt, 40, SamplingParams(), stop).tokens
     assert got == want and got[-1] == stop[0]
 
 
@@ -60,7 +60,7 @@ def test_mr_recycles_on_a_repetitive_model():
     t = target_of(0)
     prompt = [1, 2, 3]
     ar = decode(t, EmptyDrafter(), prompt, 80, SamplingParams()).tokens
-    res = MultiBlockDecoder(block_size=6, num_blocks=2, spawn_ratio=0.5, verify=2).decode(t, prompt, 80, SamplingParams())
+    res = decode(t, MultiBlockDrafter(block_size=6, num_blocks=2, spawn_ratio=0.5, verify=2), prompt, 80, SamplingParams())
     assert res.tokens == ar
     assert res.stats.tpf >= 1.0
 
@@ -70,8 +70,8 @@ def test_mr_lookup_branch_commits_prompt_continuations():
     t = target_of(0)
     prompt = [1, 2, 3]
     ar = decode(t, EmptyDrafter(), prompt, 80, SamplingParams()).tokens
-    plain = MultiBlockDecoder(block_size=3, num_blocks=1, verify=0).decode(t, prompt, 80, SamplingParams())
-    res = MultiBlockDecoder(block_size=3, num_blocks=1, verify=0, lookup=8).decode(t, prompt, 80, SamplingParams())
+    plain = decode(t, MultiBlockDrafter(block_size=3, num_blocks=1, verify=0), prompt, 80, SamplingParams())
+    res = decode(t, MultiBlockDrafter(block_size=3, num_blocks=1, verify=0, lookup=8), prompt, 80, SamplingParams())
     assert res.tokens == plain.tokens == ar
     assert res.stats.extras.get("recycled_tokens", 0) > 0  # only the lookup branch can be a non-main winner here
     assert res.stats.target_forwards < plain.stats.target_forwards
@@ -85,11 +85,9 @@ def test_longest_branch_prefers_longest_then_main():
     assert longest_branch([[4], [3]], [0, 1], [5, 0, 0]) == (0, 0)
 
 
-def test_mr_options_and_greedy_only():
+def test_mr_options():
     with pytest.raises(UsageError):
-        MultiBlockDecoder(block_size=1)
-    with pytest.raises(UsageError, match="greedy"):
-        MultiBlockDecoder().decode(target_of(0), [1, 2], 5, SamplingParams(temperature=1.0))
+        MultiBlockDrafter(block_size=1)
     with pytest.raises(UsageError, match="no option"):
         get_method("pcllm-mr").check_options({"blocks": 2})
 
