@@ -22,3 +22,7 @@ DeviceOpt = Annotated[Optional[str], typer.Option("--device", help="Torch device
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or tables on stderr.")]
 ModelOpt = Annotated[Optional[str], typer.Option("--model", "-m", help="Target: registry name, kind/name, or a checkpoint folder.")]
 MethodOpt = Annotated[Optional[str], typer.Option("--method", help="Decoding method (see `specgen generate --help`).")]
+DtypeOpt = Annotated[Optional[str], typer.Option(
+    "--dtype", help="[text] Weights/activations/KV cache: float32 or bfloat16 (quantized: bfloat16 activations).")]
+QuantizeOpt = Annotated[Optional[str], typer.Option(
+    "--quantize", help="[text] Weight-only int8 or int4 (stored once as a derived registry entry; README).")]

@@ -10,7 +10,8 @@ import typer
 
 from cli import generate_image, generate_mesh, generate_text
 from cli._errors import command
-from cli._options import ConfigOpt, DeviceOpt, Format, FormatOpt, MethodOpt, ModelOpt, OverridesArg, QuietOpt, SeedOpt
+from cli._options import (ConfigOpt, DeviceOpt, DtypeOpt, Format, FormatOpt, MethodOpt, ModelOpt, OverridesArg,
+                          QuantizeOpt, QuietOpt, SeedOpt)
 
 EPILOG = """examples:
 
@@ -59,6 +60,8 @@ class GenerateRequest:
     captions: Path | None = None
     drafter: str | None = None
     batch_size: int | None = None
+    dtype: str | None = None
+    quantize: str | None = None
 
 
 RUNNERS = {"text": generate_text.run}
@@ -92,6 +95,8 @@ def generate(
         "--batch-size", "-b", help="[text] Sequences decoded together (continuous batching; clamped to the prompt count).")] = None,
     seed: SeedOpt = None,
     device: DeviceOpt = None,
+    dtype: DtypeOpt = None,
+    quantize: QuantizeOpt = None,
     config: ConfigOpt = None,
     fmt: FormatOpt = Format.table,
     quiet: QuietOpt = False,
@@ -110,13 +115,17 @@ def generate(
 
         raise UsageError("--drafter names an EAGLE drafter of an image model; text methods take none, mesh methods "
                          "take method_options.heads=NAME")
+    if (dtype or quantize) and modality != "text":
+        from specgen.errors import UsageError
+
+        raise UsageError(f"--dtype/--quantize are for text targets for now, not {modality}")
     if batch_size is not None and batch_size != 1 and modality != "text":
         from specgen.errors import UsageError
 
         raise UsageError(f"--batch-size is for text prompts for now; {modality} samples are decoded one at a time")
     req = GenerateRequest(method or "ar", model, list(prompt or []), prompts, max_new_tokens, temperature, top_k, top_p,
                           False if no_chat else None, seed, device, config, list(overrides or []), fmt, quiet,
-                          out_dir, num, classes, cfg_scale, point_clouds, captions, drafter, batch_size)
+                          out_dir, num, classes, cfg_scale, point_clouds, captions, drafter, batch_size, dtype, quantize)
     RUNNERS[modality](req)
 
 
@@ -124,4 +133,6 @@ def model_modality(name: str) -> str:
     """The modality recorded in a checkpoint's config (text when absent)."""
     from specgen import registry
 
-    return registry.find(name).meta.get("modality", "text")
+    from specgen.text.precision import split_name
+
+    return registry.find(split_name(name)[0]).meta.get("modality", "text")  # NAME+int8: NAME's

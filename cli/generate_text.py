@@ -20,7 +20,7 @@ def run(req) -> None:
     cfg = load_config(TextGenConfig, req.config, req.overrides, method=req.method, model=req.model,
                       max_new_tokens=req.max_new_tokens, temperature=req.temperature, top_k=req.top_k,
                       top_p=req.top_p, seed=req.seed, device=req.device, chat=req.chat,
-                      batch_size=req.batch_size)
+                      batch_size=req.batch_size, dtype=req.dtype, quantize=req.quantize)
     texts = list(req.prompts)
     if req.prompts_file:
         texts += read_prompts(req.prompts_file)
@@ -32,7 +32,8 @@ def run(req) -> None:
     from specgen.methods import model_for
 
     model = model_for(get_method(cfg.method), cfg.model, TextGenConfig.model)  # distilled methods: their model
-    tm = load_text_model(model, cfg.device, _output.registry_progress(req.quiet))
+    tm = load_text_model(model, cfg.device, _output.registry_progress(req.quiet), dtype=cfg.dtype,
+                         quantize=cfg.quantize)
     with _output.progress(cfg.method, len(texts), req.quiet or req.fmt == Format.json) as advance:
         results = generate_text(tm, cfg, texts, on_done=lambda i: advance())
     for r in results:

@@ -52,7 +52,7 @@ def kernels(layers: int) -> dict[str, list]:
     gen = torch.Generator().manual_seed(0)
     ws = [torch.randn(o, i, generator=gen) / i**0.5 for o, i in shapes(layers)]
     out: dict[str, list] = {k: [] for k in ("f32 F.linear", "f32 oneDNN packed", "bf16 F.linear", "bf16 oneDNN packed",
-                                            "int8 x bf16", "int8 x f32", "int4 g32", "int4 g64", "int4 g128")}
+                                            "int8 x bf16", "int8 x f32", "int4 g32", "int4 g64")}
     for w in ws:
         col = w.t().contiguous().t()
         b = col.bfloat16()

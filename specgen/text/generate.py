@@ -27,6 +27,8 @@ class TextGenConfig:
     chat: bool = True
     device: str = "cpu"
     batch_size: int = 1  # prompts decoded together (continuous batching over the prompt list)
+    dtype: str | None = None  # float32 | bfloat16 (default float32; bfloat16 when quantized)
+    quantize: str | None = None  # None | int8 | int4: weight-only quantized target (text/precision.py)
     method_options: dict = field(default_factory=dict)  # e.g. block_size, num_draft, max_ngram
 
 

@@ -65,6 +65,14 @@ def load_text_model(name: str, device: str = "cpu", progress=None, decode: bool 
     return TextModel(module, target, tokenizer, entry, quantize or dtype)
 
 
+def load_original(model: TextModel, device: str = "cpu") -> TextModel:
+    """The float32 model `model` was made from (itself when it is float32): the quality reference of benchmarks."""
+    if model.precision == "float32":
+        return model
+    info = model.entry.meta.get("quantized")
+    return load_text_model(info["base"] if info else model.entry.ref, device)
+
+
 def merged_module(adapter: registry.Entry, base: registry.Entry, device: str = "cpu",
                   state: dict | None = None, scale: float | None = None) -> tuple[torch.nn.Module, TextTokenizer]:
     """`base` with the LoRA `adapter` merged in at `scale` (default: its `merge_scale`, else 1; text/merge.py);
