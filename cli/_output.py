@@ -41,9 +41,10 @@ def fmt(v: Any) -> str:
 
 @contextmanager
 def progress(description: str, total: int | None, quiet: bool = False):
-    """A transient stderr progress bar; yields advance(n=1, **fields)."""
+    """A transient stderr progress bar; yields advance(n=1, **fields). Off when stderr is not a terminal (a bar
+    there is noise, and Rich ends it with a blank line that would precede an error line)."""
     bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   TextColumn("{task.fields[info]}"), console=err, transient=True, disable=quiet)
+                   TextColumn("{task.fields[info]}"), console=err, transient=True, disable=quiet or not err.is_terminal)
     with bar:
         task = bar.add_task(description, total=total, info="")
 
@@ -58,7 +59,7 @@ def registry_progress(quiet: bool = False):
     state: dict = {}
 
     def cb(label: str, done: int, total: int) -> None:
-        if quiet:
+        if quiet or not err.is_terminal:
             return
         if "bar" not in state:
             state["bar"] = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -91,17 +92,47 @@ def machine_label() -> str:
 
 
 def check_rows_path(out) -> None:
-    """Refuse a --out file whose folder does not exist, before any work is done."""
+    """Refuse a --out destination before any work is done: an existing file or folder (rows never replace a
+    file), a missing or non-folder parent, or a folder this user cannot write."""
+    import os
+
     from specgen.errors import UsageError
 
-    if out is not None and not out.parent.exists():
+    if out is None:
+        return
+    if out.is_dir():
+        raise UsageError(f"--out {out} is a folder; name a new JSONL file")
+    if out.exists() or out.is_symlink():
+        raise UsageError(f"--out {out} already exists; rows never replace a file: remove it or name a new file")
+    if not out.parent.exists():
         raise UsageError(f"output folder does not exist: {out.parent}")
+    if not out.parent.is_dir():
+        raise UsageError(f"--out {out}: {out.parent} is not a folder")
+    if not os.access(out.parent, os.W_OK | os.X_OK):
+        raise UsageError(f"--out {out}: folder {out.parent} is not writable")
 
 
 def write_rows(out, rows: list[dict]) -> None:
-    """Benchmark rows as JSONL, written atomically (temp file + rename); no-op when out is None."""
+    """Benchmark rows as JSONL, written to a hidden temporary and linked into place only if `out` still does not
+    exist (no partial file, never a replaced one, no temporary left); no-op when out is None."""
     if out is None:
         return
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text("".join(json.dumps(r, default=str) + "\n" for r in rows))
-    tmp.replace(out)
+    import os
+    import tempfile
+
+    from specgen.errors import RuntimeFailure
+
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write("".join(json.dumps(r, default=str) + "\n" for r in rows))
+        from specgen.paths import umask
+
+        os.chmod(tmp, 0o666 & ~umask())
+        try:
+            os.link(tmp, out)
+        except FileExistsError:
+            raise RuntimeFailure(f"--out {out} was created by someone else meanwhile; it was left as it is") from None
+    finally:
+        os.unlink(tmp)
+

@@ -23,6 +23,10 @@ EPILOG = """examples:
 """
 
 
+#: Settings a resumed collection must keep (the rest, such as --limit, may grow or change).
+RESUME_STRICT = ("prompts", "prompt_field", "block_size", "max_new_tokens", "chat")  # the target: checked on load
+
+
 @command
 def collect_trajectories(
     overrides: OverridesArg = None,
@@ -55,7 +59,12 @@ def collect_trajectories(
         return
     cfg = load_config(CollectConfig, config, overrides, model=model, prompts=prompts, limit=limit,
                       block_size=block_size, max_new_tokens=max_new_tokens, seed=seed, device=device)
-    with _output.progress("collect", None, quiet or fmt == Format.json) as advance:
+    from specgen.text.trajectories import META
+    from specgen.train.run_folder import check_resume, run_folder
+
+    check_resume(out, asdict(cfg), only=RESUME_STRICT, record=META, section="config")  # before the model loads
+    with run_folder(out, disposable=(META,)), \
+            _output.progress("collect", None, quiet or fmt == Format.json) as advance:
         def on_prompt(blocks: int, iters: int, seconds: float) -> None:
             advance(1, info=f"{blocks / max(seconds, 1e-9):.2f} blocks/s, {iters / max(blocks, 1):.2f} it/block")
 

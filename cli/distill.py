@@ -23,6 +23,10 @@ EPILOG = """examples:
 """
 
 
+#: Settings a resumed run may change (budget, logging, registration); any other change is refused up front.
+RESUME_LOOSE = ("steps", "max_minutes", "log_every", "ckpt_every", "register", "name", "threads")
+
+
 @command
 def distill(
     overrides: OverridesArg = None,
@@ -47,14 +51,13 @@ def distill(
         raise UsageError("--out RUN_FOLDER is required (checkpoint and log go there)")
     cfg = load_config(DistillConfig, config, overrides, trajectories=trajectories, model=model, objective=objective,
                       name=name, steps=steps, seed=seed, device=device)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(__import__("json").dumps(to_dict(cfg), indent=2))
-
+    from specgen.train.run_folder import check_resume, run_folder
     from specgen.train.script import file_logger
 
-    log = file_logger(out / "train.log", echo=not quiet)
-
-    summary = run(cfg, out, log, _output.registry_progress(quiet))
+    check_resume(out, to_dict(cfg), loose=RESUME_LOOSE)  # before anything is loaded or written
+    with run_folder(out, to_dict(cfg)):
+        log = file_logger(out / "train.log", echo=not quiet)
+        summary = run(cfg, out, log, _output.registry_progress(quiet))
     last = summary["history"][-1] if summary["history"] else {}
     row = {"name": summary["name"], "objective": summary["objective"], "steps": summary["steps"],
            "loss": last.get("loss"), "pc": last.get("pc"), "ar": last.get("ar"),

@@ -3,7 +3,8 @@
 Input lines: JSON objects with `token_ids` (what `specgen generate --format json` writes; `name` is
 used for the file name when present), or bare JSON arrays of token ids. Each sequence is decoded
 strictly; cleaning removes (and counts) degenerate and duplicate faces. A sequence that does not
-decode is reported with the position of the first bad token and skipped; the others are written.
+decode is reported with the position of the first bad token and skipped; the others are written. Files
+already in the output folder are kept: a taken name gets a number (`-1`, `-2`, ...).
 Exit 1 when no sequence could be written, 2 for usage errors (unknown format, unreadable input).
 """
 
@@ -32,17 +33,25 @@ EPILOG = """examples:
 COLUMNS = ["name", "valid", "faces", "vertices", "degenerate_removed", "duplicate_removed", "file", "error"]
 
 
-def read_sequences(source: str) -> list[tuple[str, list[int]]]:
-    """(name, tokens) per non-empty line of a file or stdin ("-")."""
+def read_sequences(source: str | None) -> list[tuple[str, list[int]]]:
+    """(name, tokens) per non-empty line of a file or stdin ("-", or no argument when stdin is not a terminal)."""
     from specgen.errors import UsageError
 
-    if source == "-":
-        text = sys.stdin.read()
-    else:
-        p = Path(source)
-        if not p.is_file():
-            raise UsageError(f"no such file: {p}")
-        text = p.read_text()
+    if source is None and sys.stdin.isatty():
+        raise UsageError("no input: name a JSONL file from `specgen generate --format json`, or pipe one in "
+                         "(specgen generate ... -f json | specgen export-mesh -o out/)")
+    try:
+        if source in (None, "-"):
+            text = sys.stdin.read()
+        else:
+            p = Path(source)
+            if not p.is_file():
+                raise UsageError(f"no such file: {p}")
+            text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise UsageError(f"{source or 'stdin'} is not UTF-8 text (JSON lines of token ids are expected)") from None
+    except OSError as e:
+        raise UsageError(f"cannot read {source}: {e.strerror}") from None
     out = []
     for n, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
@@ -67,9 +76,11 @@ def safe_name(name: str) -> str:
 
 @command
 def export_mesh(
-    source: Annotated[str, typer.Argument(
-        help="JSONL from `generate --format json` (token_ids per line), or - for stdin.")] = "-",
-    out_dir: Annotated[Path, typer.Option("--out-dir", "-o", help="Folder for the mesh files.")] = Path("meshes"),
+    source: Annotated[Optional[str], typer.Argument(
+        help="JSONL from `generate --format json` (token_ids per line), or - for stdin (the default when stdin is "
+             "a pipe; on a terminal a file must be named).", show_default=False)] = None,
+    out_dir: Annotated[Path, typer.Option("--out-dir", "-o", help="Folder for the mesh files; files already there "
+                                                                  "are kept (new names get -1, -2, ...).")] = Path("meshes"),
     mesh_format: Annotated[str, typer.Option("--mesh-format", help="obj, ply, stl, off or glb.")] = "obj",
     preview: Annotated[bool, typer.Option("--preview", help="Also write a PNG preview per mesh.")] = False,
     fmt: FormatOpt = Format.table,
@@ -83,6 +94,9 @@ def export_mesh(
     if mesh_format.lower() not in EXPORT_FORMATS:
         raise UsageError(f"unknown mesh format {mesh_format!r}; choose from {', '.join(EXPORT_FORMATS)}")
     mesh_format = mesh_format.lower()
+    from specgen.paths import check_output_dir, free_stem
+
+    check_output_dir(out_dir, "--out-dir")  # before reading: a file or unwritable path is refused up front
     seqs = read_sequences(source)
     rows, used = [], set()
     for name, tokens in seqs:
@@ -94,10 +108,11 @@ def export_mesh(
              "degenerate_removed": deg, "duplicate_removed": dup, "file": "-", "preview": None}
         if not err:
             out_dir.mkdir(parents=True, exist_ok=True)
-            rep = write(v, f, out_dir / f"{name}.{mesh_format}", mesh_format)
+            stem = free_stem(out_dir, name, (f".{mesh_format}", ".png"))  # earlier files are never replaced
+            rep = write(v, f, out_dir / f"{stem}.{mesh_format}", mesh_format)
             r.update(faces=rep.num_faces, vertices=rep.num_vertices, file=str(rep.path))
             if preview:
-                r["preview"] = str(render_png(v, f, out_dir / f"{name}.png"))
+                r["preview"] = str(render_png(v, f, out_dir / f"{stem}.png"))
         rows.append(r)
     bad = [r for r in rows if not r["valid"]]
     if len(bad) == len(rows):

@@ -44,7 +44,9 @@ def run(req) -> None:
     except MeshInputError as e:
         raise UsageError(str(e)) from None
     if req.out_dir is not None:
-        req.out_dir.mkdir(parents=True, exist_ok=True)
+        from specgen.paths import check_output_dir
+
+        check_output_dir(req.out_dir, "--out-dir")  # created with the first mesh file
     with _output.progress(f"{cfg.method} meshes", len(conds), req.quiet or req.fmt == Format.json) as advance:
         samples = generate_meshes(loaded, conds, cfg, opts, on_done=lambda i: advance())
     rows = [row(s, cfg, loaded, req.out_dir, opts) for s in samples]
@@ -72,12 +74,16 @@ def row(s, cfg, loaded, out_dir, opts) -> dict:
     criterion rejection and heads that merge no adapter)."""
     from specgen.mesh.export import export_mesh, render_png
 
+    from specgen.paths import free_stem
+
     files = []
     if out_dir is not None and not s.error:
-        rep = export_mesh(s.vertices, s.faces, out_dir / f"{s.name}.{cfg.mesh_format}", cfg.mesh_format)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        stem = free_stem(out_dir, s.name, (f".{cfg.mesh_format}", ".png"))  # earlier files are never replaced
+        rep = export_mesh(s.vertices, s.faces, out_dir / f"{stem}.{cfg.mesh_format}", cfg.mesh_format)
         files.append(str(rep.path))
         if cfg.preview:
-            files.append(str(render_png(s.vertices, s.faces, out_dir / f"{s.name}.png")))
+            files.append(str(render_png(s.vertices, s.faces, out_dir / f"{stem}.png")))
     return {"name": s.name, "method": cfg.method, "model": loaded.target.ref,
             "heads": loaded.heads.ref if loaded.heads else None,
             "adapter": loaded.adapter.ref if loaded.adapter else None,

@@ -37,14 +37,24 @@ def list_cmd(
     from specgen import registry
 
     rows = [{"ref": e.ref, "kind": e.kind, "name": e.name, "installed": e.installed, "builtin": e.builtin,
-             "parent": e.meta.get("parent"), "path": str(e.path)} for e in registry.list_entries(kind)]
+             "parent": e.meta.get("parent"), "path": str(e.path), "status": status(e)}
+            for e in registry.list_entries(kind)]
     if fmt == Format.json:
         _output.emit_json(rows)
     elif quiet:
         for r in rows:
             _output.out.print(r["ref"])
     else:
-        _output.table(f"checkpoints in {registry.home()}", rows, ["ref", "installed", "builtin", "parent"], _output.out)
+        _output.table(f"checkpoints in {registry.home()}", rows, ["ref", "installed", "builtin", "parent", "status"],
+                      _output.out)
+
+
+def status(e) -> str:
+    """ok, or why an entry is corrupt and how to repair it."""
+    if not e.corrupt:
+        return "ok"
+    fix = "re-created on next use" if e.builtin else f"remove with `specgen registry remove {e.ref}` and import again"
+    return f"corrupt ({e.corrupt}); {fix}"
 
 
 @app.command("show", epilog="examples:\n\n  specgen registry show smollm2-135m")
@@ -68,12 +78,17 @@ def import_cmd(
     kwargs: Annotated[Optional[Path], typer.Option("--kwargs", help="JSON file of builder kwargs.")] = None,
     parent: Annotated[Optional[str], typer.Option("--parent", help="Target this drafter/heads belongs to.")] = None,
     vq: Annotated[Optional[str], typer.Option("--vq", help="[image GPT] VQ entry that decodes its tokens.")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing entry of this name (never a built-in).")] = False,
     quiet: QuietOpt = False,
 ) -> None:
-    """Import external weights (pickles are read with weights_only=True and converted to safetensors)."""
+    """Import external weights (pickles are read with weights_only=True and converted to safetensors).
+
+    An existing name is refused unless --force; built-in names are always refused.
+    """
     from specgen.importer import import_checkpoint
 
-    entry = import_checkpoint(source, name, kind, builder, kwargs, parent, _output.registry_progress(quiet), vq=vq)
+    entry = import_checkpoint(source, name, kind, builder, kwargs, parent, _output.registry_progress(quiet), vq=vq,
+                              force=force)
     _output.out.print(entry.ref)
 
 
@@ -92,11 +107,22 @@ def merge(
     name: Annotated[str, typer.Option("--name", help="Target name to create.")],
     scale: Annotated[Optional[float], typer.Option("--scale", help="W + scale * (alpha/r) B A; default: the "
                                                    "adapter's merge_scale (0 = the base, 1 = the adapter as trained).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing target of this name (never a built-in).")] = False,
     quiet: QuietOpt = False,
 ) -> None:
-    """Register a text target = an adapter's base with the adapter merged at a scale (weight-space interpolation)."""
+    """Register a text target = an adapter's base with the adapter merged at a scale (weight-space interpolation).
+
+    An existing name is refused unless --force; built-in names are always refused.
+    """
+    import math
+
+    from specgen.errors import UsageError
+    from specgen.importer import check_destination
     from specgen.text.merge import adapter_source, register_merged
 
+    if scale is not None and not math.isfinite(scale):
+        raise UsageError(f"--scale must be a finite number, got {scale}")
+    check_destination("target", name, force)
     adapter, state = adapter_source(source, _output.registry_progress(quiet))
     entry = register_merged(adapter, state, name, scale, {"created_by": "registry merge"}, _output.registry_progress(quiet))
     _output.out.print(entry.ref)

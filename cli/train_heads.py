@@ -43,13 +43,18 @@ def train_xspecmesh(config: Path | None, overrides: list[str], out: Path, quiet:
         raise UsageError(f"unknown head_kind {cfg.head_kind!r}; choose from {', '.join(HEAD_KINDS)}")
     if cfg.num_sequences < 1 or cfg.eval_sequences < 1 or cfg.num_heads < 1 or cfg.stages not in (1, 2):
         raise UsageError("num_sequences, eval_sequences and num_heads must be >= 1 and stages 1 or 2")
-    out.mkdir(parents=True, exist_ok=True)
+    from dataclasses import asdict
+
+    from specgen.train.heads import NAMING_KEYS, STAGE2_KEYS
+    from specgen.train.run_folder import check_resume, run_folder
     from specgen.train.script import file_logger
 
-    log = file_logger(out / "train.log", echo=not quiet)
-
-    trainer = HeadsTrainer(cfg, out, log)
-    entries = save_outputs(trainer, trainer.train())
+    loose = NAMING_KEYS + ("ship_dir",) + (() if (out / "stage2.safetensors").exists() else STAGE2_KEYS)
+    check_resume(out, asdict(cfg), loose=loose)  # the trainer's own check comes only after the target loads
+    with run_folder(out, asdict(cfg)):
+        log = file_logger(out / "train.log", echo=not quiet)
+        trainer = HeadsTrainer(cfg, out, log)
+        entries = save_outputs(trainer, trainer.train())
     return [{"ref": e.ref, "stage": e.meta.get("stage", "-"), "parent": e.meta.get("parent"),
              "metrics": e.meta.get("metrics", {}), "path": str(e.path)} for e in entries]
 

@@ -14,13 +14,15 @@ def train_eagle(config: Path | None, overrides: list[str], out: Path, quiet: boo
     from specgen.train.eagle import EagleTrainConfig, train
 
     cfg = load_config(EagleTrainConfig, config, overrides)
+    from dataclasses import asdict
+
+    from specgen.train.run_folder import check_resume, run_folder
     from specgen.train.script import file_logger
 
-    log_path = out / "train.log"
-
-    log = file_logger(log_path, echo=not quiet)  # the run folder appears with the first log line
-
-    result = train(cfg, out, log)
+    check_resume(out, asdict(cfg), loose=("ship_dir",))  # before the target loads and samples are generated
+    with run_folder(out, asdict(cfg)):
+        log = file_logger(out / "train.log", echo=not quiet)
+        result = train(cfg, out, log)
     e = result["entry"]
     m = {k: v for k, v in result["metrics"].items() if k != "history"}
     return [{"ref": e.ref if e else "-", "stage": "-", "parent": e.meta.get("parent") if e else cfg.target,

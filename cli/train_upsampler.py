@@ -42,9 +42,14 @@ def train_upsampler(
     if out is None:
         raise UsageError("--out RUN_FOLDER is required (training state and logs go there)")
     cfg = load_config(UpsamplerTrainConfig, config, list(overrides or []))
-    log = file_logger(out / "train.log", echo=not quiet)  # the run folder appears with the first log line
+    from dataclasses import asdict
 
-    result = train(cfg, out, log)
+    from specgen.train.run_folder import check_resume, run_folder
+
+    check_resume(out, asdict(cfg))  # the trainer's state check comes only after the VQ and data load
+    with run_folder(out, asdict(cfg)):
+        log = file_logger(out / "train.log", echo=not quiet)
+        result = train(cfg, out, log)
     e = result["entry"]
     m = {k: v for k, v in result["metrics"].items() if k != "history"}
     rows = [{"ref": e.ref if e else "-", "scale": f"{cfg.scale}x", "up_token_acc": m["up_token_acc"],

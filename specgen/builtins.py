@@ -57,7 +57,8 @@ def smollm2_gguf_path() -> Path:
     return path
 
 
-def import_gguf_target(gguf: Path, name: str, progress: Progress = None, created_by: str = "builtin") -> None:
+def import_gguf_target(gguf: Path, name: str, progress: Progress = None, created_by: str = "builtin",
+                       overwrite: bool = True) -> None:
     """Dequantise a GGUF Llama-family model and its tokenizer into the registry as target/<name>."""
     from specgen import registry
     from specgen.models.llama import load_gguf
@@ -72,7 +73,7 @@ def import_gguf_target(gguf: Path, name: str, progress: Progress = None, created
     registry.save("target", name, state, {
         "builder": "transformer", "kwargs": cfg.to_dict(), "vocab_size": cfg.vocab_size, "modality": "text",
         "tokenizer": True, "source": str(gguf), "created_by": created_by,
-    }, extra=tokenizer)
+    }, extra=tokenizer, overwrite=overwrite)
 
 
 def materialize_smollm2(progress: Progress) -> None:

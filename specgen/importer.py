@@ -32,21 +32,47 @@ def read_state_file(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
+def check_destination(kind: str, name: str, force: bool = False) -> None:
+    """Before any conversion: a valid new name (an existing one only with `force`), never a built-in's."""
+    from specgen.builtins import BUILTINS
+
+    registry.check_name(name)
+    if name in BUILTINS:
+        raise UsageError(f"'{name}' is a built-in entry and is never overwritten; choose another name")
+    registry.check_new(kind, name, overwrite=force)
+
+
+def check_parent(parent: str | None) -> None:
+    """--parent must name an existing entry (installed or built-in)."""
+    if parent is None:
+        return
+    from specgen.errors import UnknownNameError
+
+    entries = registry.list_entries()
+    if not any(parent in (e.ref, e.name) for e in entries):
+        raise UnknownNameError("parent checkpoint", parent, [e.name for e in entries])
+
+
 def import_checkpoint(source: Path, name: str, kind: str = "target", builder: str | None = None,
                       kwargs_path: Path | None = None, parent: str | None = None, progress=None,
-                      vq: str | None = None) -> registry.Entry:
+                      vq: str | None = None, force: bool = False) -> registry.Entry:
     """Convert `source` and save it as <kind>/<name>; validates before writing anything.
 
+    An existing <kind>/<name> is replaced only with `force`; built-in names are always refused.
     `vq` names the VQ entry an image GPT decodes with (recorded for `generate`; its codebook must fit).
     """
     from specgen.builtins import import_gguf_target
 
     if not source.exists():
         raise UsageError(f"no such file or folder: {source}")
+    if (source.is_dir() or source.suffix == ".gguf") and kind != "target":
+        raise UsageError(f"a {'folder' if source.is_dir() else 'GGUF file'} imports as a text target, not --kind {kind}")
+    check_destination(kind, name, force)
+    check_parent(parent)
     if source.is_dir():
-        return import_hf_folder(source, name)
+        return import_hf_folder(source, name, overwrite=force)
     if source.suffix == ".gguf":
-        import_gguf_target(source, name, progress, created_by="registry import")
+        import_gguf_target(source, name, progress, created_by="registry import", overwrite=force)
         return registry.find(f"target/{name}")
     if source.suffix not in STATE_SUFFIXES:
         raise UsageError(f"cannot import {source.name}: expected a folder, .gguf, or one of {', '.join(STATE_SUFFIXES)}")
@@ -83,7 +109,7 @@ def import_checkpoint(source: Path, name: str, kind: str = "target", builder: st
             "source": str(source), "created_by": "registry import"}
     if builder in IMAGE_BUILDERS:
         meta.update(image_meta(module, vq))
-    return registry.save(kind, name, dict(module.state_dict()), meta)
+    return registry.save(kind, name, dict(module.state_dict()), meta, overwrite=force)
 
 
 def image_meta(module: torch.nn.Module, vq: str | None) -> dict:
@@ -101,7 +127,7 @@ def image_meta(module: torch.nn.Module, vq: str | None) -> dict:
     return meta
 
 
-def import_hf_folder(folder: Path, name: str) -> registry.Entry:
+def import_hf_folder(folder: Path, name: str, overwrite: bool = False) -> registry.Entry:
     """An HF Llama/Qwen2 folder with its tokenizer."""
     from specgen.models.llama import load_hf_folder
 
@@ -117,4 +143,4 @@ def import_hf_folder(folder: Path, name: str) -> registry.Entry:
     return registry.save("target", name, state, {
         "builder": "transformer", "kwargs": cfg.to_dict(), "vocab_size": cfg.vocab_size, "modality": "text",
         "tokenizer": has_tok, "source": str(folder), "created_by": "registry import",
-    }, extra=tokenizer)
+    }, extra=tokenizer, overwrite=overwrite)

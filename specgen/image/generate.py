@@ -14,7 +14,7 @@ from specgen.errors import IncompatibleError, UsageError
 from specgen.image.captions import Caption, read_captions
 from specgen.image.methods import ImageParts, build_image_method
 from specgen.image.target import cfg_target
-from specgen.methods import get_method, run_drafter
+from specgen.methods import get_method, run_batch, run_drafter
 from specgen.models.layout import decode_layout
 
 
@@ -35,6 +35,7 @@ class ImageGenConfig:
     seed: int = 0
     device: str = "cpu"
     out_dir: str = "specgen-images"
+    batch_size: int = 1  # c2i images decoded together (B images x the CFG pair per forward; continuous batching)
     method_options: dict = field(default_factory=dict)
 
 
@@ -176,16 +177,28 @@ def generate_images(im: ImageModel, cfg: ImageGenConfig, on_done=None,
     if not conditions:
         raise UsageError("--num must be >= 1, got 0")
     n_tokens = im.grid * im.grid
-    samples = []
-    for i, cond in enumerate(conditions):
-        parts, prompt, label = conditioned(im, cfg.cfg_scale, cond)
-        drafter, rule = build_image_method(cfg.method, parts, dict(cfg.method_options))
-        generator = torch.Generator().manual_seed(cfg.seed * 100_003 + i)
-        res = run_drafter(parts.target, drafter, prompt, n_tokens, params, generator=generator, rule=rule,
-                          max_draft=128)
-        samples.append(ImageSample(label, res.tokens, res.stats))
-        if on_done:
-            on_done(i)
+    if cfg.batch_size < 1:
+        raise UsageError(f"batch-size must be >= 1, got {cfg.batch_size}")
+    seeds = [torch.Generator().manual_seed(cfg.seed * 100_003 + i) for i in range(len(conditions))]
+    if not im.text_conditional:  # c2i: one CFG target for every class, so the images share the batched loop
+        parts = im.parts(cfg.cfg_scale, None)
+        rule = build_image_method(cfg.method, parts, dict(cfg.method_options))[1]
+        batch = run_batch(parts.target, lambda i: build_image_method(cfg.method, parts, dict(cfg.method_options))[0],
+                          [[c] for c in conditions], n_tokens, params, (), seeds, cfg.batch_size, on_done=on_done,
+                          rule=rule, max_draft=128)
+        samples = [ImageSample(c, r.tokens, r.stats) for c, r in zip(conditions, batch.results)]
+    else:  # t2i: the caption lives in the target, one image at a time
+        if cfg.batch_size > 1:
+            raise UsageError("--batch-size is for class-conditional models for now; t2i captions decode one at a time")
+        samples = []
+        for i, cond in enumerate(conditions):
+            parts, prompt, label = conditioned(im, cfg.cfg_scale, cond)
+            drafter, rule = build_image_method(cfg.method, parts, dict(cfg.method_options))
+            res = run_drafter(parts.target, drafter, prompt, n_tokens, params, generator=seeds[i], rule=rule,
+                              max_draft=128)
+            samples.append(ImageSample(label, res.tokens, res.stats))
+            if on_done:
+                on_done(i)
     with torch.inference_mode():
         idx = torch.tensor([s.tokens for s in samples]).view(-1, im.grid, im.grid)
         pixels = im.vq.decode_indices(idx.to(next(im.vq.parameters()).device)).float().clamp(-1, 1).cpu()
@@ -206,11 +219,14 @@ def prepare_out_dir(out_dir: Path) -> Path:
 
 
 def write_pngs(pixels: torch.Tensor, labels: list[int], names: list[str], out_dir: Path, method: str) -> list[Path]:
-    """Write one PNG per image plus a grid, atomically (no partial files on failure)."""
+    """Write one PNG per image plus a grid, atomically (no partial files on failure); a name already taken in
+    `out_dir` (an earlier run) gets a number (`-1`, `-2`, ...) instead of being replaced."""
     import os
     import tempfile
 
     from PIL import Image
+
+    from specgen.paths import link_into_place
 
     prepare_out_dir(out_dir)
     arrays = ((pixels.permute(0, 2, 3, 1) + 1) * 127.5).round().clamp(0, 255).byte().numpy()
@@ -229,7 +245,7 @@ def write_pngs(pixels: torch.Tensor, labels: list[int], names: list[str], out_di
             os.close(fd)
             try:
                 im.save(tmp, format="PNG")
-                os.replace(tmp, path)
+                path = link_into_place(tmp, path)
             finally:
                 Path(tmp).unlink(missing_ok=True)
             written.append(path)

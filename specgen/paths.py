@@ -1,0 +1,58 @@
+"""Output paths that never replace earlier files: numbered names, and folders checked before any work."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from specgen.errors import UsageError
+
+
+def check_output_dir(folder: Path, flag: str = "--out-dir") -> Path:
+    """Refuse, before any work and without creating anything, an output folder that is a file or cannot be
+    created or written (the folder itself appears when the first file is written)."""
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"cannot create output folder {folder}: {flag} names a file")
+    probe = folder
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise UsageError(f"cannot create output folder {folder}: {probe} is a file")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise UsageError(f"cannot create output folder {folder}: {probe} is not writable")
+    return folder
+
+
+def free_stem(folder: Path, stem: str, suffixes: tuple[str, ...]) -> str:
+    """`stem`, or `stem-1`, `stem-2`, ... : the first for which no `folder/stem+suffix` exists for any suffix
+    (so a mesh and its preview keep one name, and an earlier run's files are never replaced)."""
+    candidate, n = stem, 0
+    while any((folder / f"{candidate}{s}").exists() for s in suffixes):
+        n += 1
+        candidate = f"{stem}-{n}"
+    return candidate
+
+
+def link_into_place(tmp: str | Path, path: Path) -> Path:
+    """Give the finished temporary file `tmp` the first free numbered name of `path` (atomic, never replacing a
+    file, even one created meanwhile by another process), remove `tmp`, and return the name used."""
+    stem, suffix = path.name[: len(path.name) - len(path.suffix)], path.suffix
+    os.chmod(tmp, 0o666 & ~umask())  # a mkstemp file is 0600: the result follows the umask like any output
+    n = 0
+    while True:
+        target = path if n == 0 else path.with_name(f"{stem}-{n}{suffix}")
+        try:
+            os.link(tmp, target)
+        except FileExistsError:
+            n += 1
+            continue
+        os.unlink(tmp)
+        return target
+
+
+def umask() -> int:
+    """The process umask (read without changing it for longer than the call)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask

@@ -1,0 +1,81 @@
+"""Run folders of resumable commands: a changed config is refused up front, and a failed fresh run leaves nothing.
+
+A command records its resolved config in OUT/config.json. Rerun on the same OUT, it compares the new config
+with the record BEFORE loading anything: keys that change what training computes must be equal (the error
+names them; the record is not touched), `loose` keys (budgets, logging, names) may change. A run that fails
+in a folder it created removes the folder again when it holds only disposable files (config.json, train.log).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from specgen.errors import UsageError
+
+RECORD = "config.json"
+DISPOSABLE = ("config.json", "train.log")
+
+
+def differing(old: dict, new: dict, loose: tuple[str, ...] = (), only: tuple[str, ...] | None = None) -> list[str]:
+    """Keys recorded in both configs whose values differ (compared as JSON), except `loose` ones."""
+    keys = [k for k in (only if only is not None else sorted(new)) if k in old and k in new and k not in loose]
+    return [k for k in keys if json.dumps(old[k], sort_keys=True) != json.dumps(new[k], sort_keys=True, default=str)]
+
+
+def check_resume(out: Path, new: dict[str, Any], loose: tuple[str, ...] = (), only: tuple[str, ...] | None = None,
+                 record: str = RECORD, section: str | None = None) -> bool:
+    """True when OUT already records a run with compatible settings, False when it records none; a UsageError
+    naming the differing keys (old -> new) otherwise. Reads only the record: nothing is loaded or written."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file, not a run folder")
+    path = out / record
+    if not path.is_file():
+        return False
+    try:
+        old = json.loads(path.read_text())
+        old = old.get(section, {}) if section else old
+    except (OSError, ValueError, AttributeError):
+        raise UsageError(f"{path} is unreadable, so this run cannot be resumed safely; use a fresh --out") from None
+    if not isinstance(old, dict):
+        raise UsageError(f"{path} is not a config record; use a fresh --out")
+    diff = differing(old, new, loose, only)
+    if diff:
+        shown = "; ".join(f"{k}={old[k]!r}, now {new[k]!r}" for k in diff[:4]) + ("; ..." if len(diff) > 4 else "")
+        raise UsageError(f"{out} holds a run with a different config ({shown}); rerun with its settings to resume, "
+                         "or use a fresh --out")
+    return True
+
+
+@contextmanager
+def run_folder(out: Path, record: dict[str, Any] | None = None,
+               disposable: tuple[str, ...] = DISPOSABLE) -> Iterator[Path]:
+    """Write `record` to OUT/config.json (after the caller's `check_resume`), run the body, and when it fails
+    remove OUT if this call created it and it holds nothing but `disposable` files."""
+    from specgen.train.checkpoint import write_json
+
+    out = Path(out)
+    existed = out.exists()
+    try:
+        if record is not None:
+            write_json(out / RECORD, record)
+        yield out
+    except BaseException:
+        if not existed:
+            remove_if_disposable(out, disposable)
+        raise
+
+
+def remove_if_disposable(out: Path, disposable: tuple[str, ...] = DISPOSABLE) -> bool:
+    """Remove OUT when it holds only `disposable` files (or nothing); True when removed."""
+    if not out.is_dir():
+        return False
+    if any(p.name not in disposable or p.is_dir() for p in out.iterdir()):
+        return False
+    shutil.rmtree(out, ignore_errors=True)
+    return True
