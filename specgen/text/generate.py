@@ -56,6 +56,8 @@ def generate_text(model: TextModel, cfg: TextGenConfig, prompts: list[str], on_d
     check_batching(cfg.max_new_tokens, cfg.batch_size, budget)
     params = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
     ids = [model.tokenizer.encode(p, chat=cfg.chat) for p in prompts]
+    for prompt_ids in ids:  # every prompt fits the context before any is decoded
+        check_prompt_fits(len(prompt_ids), cfg.max_new_tokens, model.entry)
     generators = [torch.Generator().manual_seed(cfg.seed + i) for i in range(len(prompts))]
     batch = run_batch(model.target, lambda i: spec.make_drafter({"seed": cfg.seed, **options}), ids,
                       cfg.max_new_tokens, params, model.tokenizer.stop_ids, generators, cfg.batch_size,
