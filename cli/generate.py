@@ -81,8 +81,9 @@ def generate(
     top_k: Annotated[Optional[int], typer.Option("--top-k", help="Keep the k most likely tokens (0 = off).")] = None,
     top_p: Annotated[Optional[float], typer.Option("--top-p", help="Nucleus sampling mass in (0, 1].")] = None,
     no_chat: Annotated[bool, typer.Option("--no-chat", help="[text] Feed prompts raw, without the chat template.")] = False,
-    out_dir: Annotated[Optional[Path], typer.Option("--out-dir", "-o", help="[image, mesh] Output folder.")] = None,
-    num: Annotated[Optional[int], typer.Option("--num", "-n", help="[image, mesh] Number of samples.")] = None,
+    out_dir: Annotated[Optional[Path], typer.Option("--out-dir", "-o", help="[image, mesh] Output folder; files already "
+                                                     "there are kept (new names get -1, -2, ...).")] = None,
+    num: Annotated[Optional[int], typer.Option("--num", "-n", help="[image, mesh] Number of samples (>= 1).")] = None,
     classes: Annotated[Optional[str], typer.Option("--classes", help="[image] Comma-separated class names or ids.")] = None,
     cfg_scale: Annotated[Optional[float], typer.Option("--cfg-scale", help="[image] Classifier-free guidance scale.")] = None,
     captions: Annotated[Optional[Path], typer.Option(
@@ -92,7 +93,8 @@ def generate(
         "--drafter", help="[image] EAGLE drafter for eagle2/adt-tree/lantern/vvs (default: the target's shipped one).")] = None,
     point_clouds: Annotated[Optional[Path], typer.Option("--point-clouds", help="[mesh] Point clouds (.npy/.ply) or a mesh folder.")] = None,
     batch_size: Annotated[Optional[int], typer.Option(
-        "--batch-size", "-b", help="[text] Sequences decoded together (continuous batching; clamped to the prompt count).")] = None,
+        "--batch-size", "-b", help="[text, image c2i] Sequences decoded together (continuous batching; clamped to "
+                                   "the number of prompts or images).")] = None,
     seed: SeedOpt = None,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
@@ -119,10 +121,10 @@ def generate(
         from specgen.errors import UsageError
 
         raise UsageError(f"--dtype/--quantize are for text targets for now, not {modality}")
-    if batch_size is not None and batch_size != 1 and modality != "text":
+    if batch_size is not None and batch_size != 1 and modality == "mesh":
         from specgen.errors import UsageError
 
-        raise UsageError(f"--batch-size is for text prompts for now; {modality} samples are decoded one at a time")
+        raise UsageError("--batch-size is for text prompts and images for now; meshes are decoded one at a time")
     req = GenerateRequest(method or "ar", model, list(prompt or []), prompts, max_new_tokens, temperature, top_k, top_p,
                           False if no_chat else None, seed, device, config, list(overrides or []), fmt, quiet,
                           out_dir, num, classes, cfg_scale, point_clouds, captions, drafter, batch_size, dtype, quantize)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -190,12 +192,13 @@ def generate_images(im: ImageModel, cfg: ImageGenConfig, on_done=None,
     else:  # t2i: the caption lives in the target, one image at a time
         if cfg.batch_size > 1:
             raise UsageError("--batch-size is for class-conditional models for now; t2i captions decode one at a time")
-        samples = []
+        samples, t0 = [], time.perf_counter()
         for i, cond in enumerate(conditions):
             parts, prompt, label = conditioned(im, cfg.cfg_scale, cond)
             drafter, rule = build_image_method(cfg.method, parts, dict(cfg.method_options))
             res = run_drafter(parts.target, drafter, prompt, n_tokens, params, generator=seeds[i], rule=rule,
                               max_draft=128)
+            res.stats.extras["latency_s"] = time.perf_counter() - t0  # as the batched loop: queueing included
             samples.append(ImageSample(label, res.tokens, res.stats))
             if on_done:
                 on_done(i)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -133,10 +134,11 @@ def run_batch(target, make_drafter: Callable[[int], Any], prompts: list[list[int
     if not hasattr(first, "decode"):
         return decode_batch(target, lambda i: first if i == 0 else make_drafter(i), prompts, max_new_tokens, params,
                             stop_ids, generators, batch_size=batch_size, on_done=on_done, **loop_options)
-    results, total = [], DecodeStats()
+    results, total, t0 = [], DecodeStats(), time.perf_counter()
     for i, prompt in enumerate(prompts):
         res = run_drafter(target, first if i == 0 else make_drafter(i), prompt, max_new_tokens, params, stop_ids,
                           generators[i], **{k: v for k, v in loop_options.items() if k != "budget"})
+        res.stats.extras["latency_s"] = time.perf_counter() - t0  # as the batched loop: queueing included
         results.append(res)
         total.merge(res.stats)
         if on_done:

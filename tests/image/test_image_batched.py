@@ -1,0 +1,70 @@
+"""Batched images: every lossless image method in the method table, B images x the CFG pair per forward, gives each
+image exactly what it gets alone (= AR), in input order; the CFG target scores n sequences per forward."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from specgen.decoding.loop import decode
+from specgen.decoding.sampling import SamplingParams
+from specgen.image.methods import ImageParts, build_image_method
+from specgen.image.target import CFGTarget
+from specgen.methods import METHODS, run_batch
+from specgen.methods.text import EmptyDrafter
+from tests.image.helpers import TinyEagle, tiny_image_gpt
+
+GRID = 4
+LOSSLESS_IMAGE = sorted(name for name, spec in METHODS.items() if spec.runs_on("image") and spec.lossless)
+OPTIONS = {"eagle2": {"depth": 3, "top_k": 3, "total_tokens": 8}, "adt-tree": {"total_tokens": 8, "k0": 3}}
+
+
+@pytest.fixture(autouse=True)
+def single_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("method", LOSSLESS_IMAGE)
+@pytest.mark.parametrize("cfg_scale", [1.0, 3.0])
+def test_lossless_image_methods_batched_equal_alone_and_ar(method, cfg_scale):
+    model = tiny_image_gpt(5)
+    target = CFGTarget(model, cfg_scale)
+    parts = ImageParts(model, target, TinyEagle(model).eval(), None, GRID)
+    labels = [0, 2, 1, 1, 0, 2, 2]
+    n = GRID * GRID
+    ar = [decode(target, EmptyDrafter(), [c], n, SamplingParams()).tokens for c in labels]
+
+    def make(i):
+        return build_image_method(method, parts, dict(OPTIONS.get(method, {})))[0]
+
+    for batch_size in (1, 3, 8):
+        res = run_batch(target, make, [[c] for c in labels], n, SamplingParams(), batch_size=batch_size, max_draft=32)
+        assert [r.tokens for r in res.results] == ar, batch_size
+    order = list(range(len(labels)))
+    random.Random(0).shuffle(order)
+    res = run_batch(target, make, [[labels[i]] for i in order], n, SamplingParams(), batch_size=3, max_draft=32)
+    assert [r.tokens for r in res.results] == [ar[i] for i in order]
+
+
+def test_cfg_target_scores_n_sequences_like_one_at_a_time():
+    """A forward over 2 sequences (4 cache rows) gives each sequence the CFG logits it gets alone."""
+    model = tiny_image_gpt(6)
+    target = CFGTarget(model, 2.5)
+    tokens = torch.tensor([[3, 4, 5], [7, 8, 9]])
+    positions = torch.tensor([[1, 2, 3], [1, 2, 3]])
+    both = target.new_cache(2, 8)
+    for i, label in enumerate((0, 2)):
+        view = both.rows(2 * i, 2 * i + 2)
+        target.prefill(torch.tensor([[label]]), view)
+        both.absorb(view, 2 * i)
+    joint = target.forward(tokens, positions, both, None).logits  # [2, 3, V]
+    for i, label in enumerate((0, 2)):
+        one = target.new_cache(1, 8)
+        target.prefill(torch.tensor([[label]]), one)
+        alone = target.forward(tokens[i : i + 1], positions[i : i + 1], one, None).logits
+        torch.testing.assert_close(joint[i : i + 1], alone, rtol=1e-5, atol=1e-5)
