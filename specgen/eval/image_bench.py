@@ -68,6 +68,7 @@ class ImageBenchConfig:
     mulo_taus: list[float] = field(default_factory=list)  # MuLo-SD Pareto sweep: one mulo-sd@tau=<v> row per value
     vvs_intervals: list[int] = field(default_factory=list)  # VVS-U sweep: one vvs@i=<v> row per skip interval
     vvs_thresholds: list[float] = field(default_factory=list)  # VVS-D sweep: one vvs@thr=<v> row per threshold
+    batch_sizes: list[int] = field(default_factory=lambda: [1])  # B > 1: `method@bB` rows, B images per forward
     # method (or method@tag entry) -> {option: value}
     method_options: dict = field(default_factory=lambda: {"vvs@u": {"schedule": "uniform"},
                                                           "vvs@d": {"schedule": "dynamic"}})
@@ -146,6 +147,9 @@ def check_image_methods(cfg: ImageBenchConfig) -> None:
         spec.check_options(options_of(cfg, m))
     if cfg.num < 1 or not cfg.temperatures:
         raise UsageError("the images suite needs num >= 1 and at least one temperature")
+    if not cfg.batch_sizes or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1
+                                      for b in cfg.batch_sizes):
+        raise UsageError(f"batch_sizes must be integers >= 1, got {cfg.batch_sizes}")
 
 
 @torch.inference_mode()
@@ -193,6 +197,8 @@ def run_image_benchmark(im: ImageModel, cfg: ImageBenchConfig, on_step=None) -> 
     check_image_methods(cfg)
     conditions = bench_conditions(im, cfg)  # [num] class ids or captions, refused before any decoding
     check_builds(im, cfg, conditions[0])
+    if im.text_conditional and max(cfg.batch_sizes) > 1:
+        raise UsageError("batch_sizes > 1 need a class-conditional model; t2i captions decode one at a time")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     base = ImageGenConfig(model=cfg.model, cfg_scale=cfg.cfg_scale, seed=cfg.seed, device=cfg.device, num=1)
@@ -214,9 +220,36 @@ def run_image_benchmark(im: ImageModel, cfg: ImageBenchConfig, on_step=None) -> 
         for m, rs in runs.items():
             pixels[(m, temp)] = torch.stack([p for _, p in rs])
             rows.append(summarise(im, cfg, m, temp, rs, runs["ar"], conditions))
+        ar_b1 = rows[-len(runs) + list(runs).index("ar")]["images_per_s"] if "ar" in runs else None
+        for b in (b for b in cfg.batch_sizes if b > 1):
+            rows += batched_rows(im, cfg, replace(base, temperature=temp), b, conditions, pixels, ar_b1)
     if cfg.quality:
         add_classifier_metrics(cfg, rows, pixels, conditions)
     return rows, pixels
+
+
+def batched_rows(im: ImageModel, cfg: ImageBenchConfig, base: ImageGenConfig, batch: int,
+                 conditions: list[int] | list[Caption], pixels: dict, ar_b1: float | None) -> list[dict]:
+    """`method@b<B>` rows: every method over all images through B slots (methods one after another); images/s from
+    the batch's wall time, speedup vs `ar` at the same B (`speedup_vs_ar`) and vs batch-1 `ar` (`vs_ar_b1`)."""
+    runs, walls = {}, {}
+    for m in cfg.methods:
+        one = replace(base, method=method_of(m), method_options=options_of(cfg, m), num=len(conditions),
+                      batch_size=batch, seed=cfg.seed)
+        samples, px = generate_images(im, one, conditions=conditions)
+        runs[m] = list(zip(samples, px))
+        walls[m] = max(s.stats.extras["latency_s"] for s in samples)
+    rows = []
+    for m, rs in runs.items():
+        name = f"{m}@b{batch}"
+        pixels[(name, base.temperature)] = torch.stack([p for _, p in rs])
+        row = summarise(im, cfg, m, base.temperature, rs, runs.get("ar", rs), conditions)
+        row.update(method=name, batch_size=batch, images_per_s=len(rs) / walls[m],
+                   speedup_vs_ar=walls.get("ar", walls[m]) / walls[m])
+        if ar_b1:
+            row["vs_ar_b1"] = row["images_per_s"] / ar_b1
+        rows.append(row)
+    return rows
 
 
 def summarise(im: ImageModel, cfg: ImageBenchConfig, method: str, temp: float, rs: list, ar: list,
@@ -265,7 +298,11 @@ def add_classifier_metrics(cfg: ImageBenchConfig, rows: list[dict], pixels: dict
     for r in rows:
         px = pixels[(r["method"], r["temperature"])]
         feats = image_metrics.image_features(clf, px)
-        r["clf_fid"] = image_metrics.fid_from_features(feats, ref)
+        if len(feats) >= 2:
+            r["clf_fid"] = image_metrics.fid_from_features(feats, ref)
+        else:  # a Gaussian needs two samples: report what can be computed, mark FID n/a
+            r["clf_fid"] = None
+            r["quality_note"] = "clf_fid n/a: it needs at least 2 images per row (--limit >= 2)"
         r["class_accuracy"] = image_metrics.class_accuracy(clf, px, y)
 
 
