@@ -5,7 +5,7 @@
 # recipe's stage 1, ~40 min on 2 threads, and a 2-epoch one on the skip heads, ~20 min), then the benchmarks
 # (~12 min). Every step resumes from its run folder.
 set -euo pipefail
-LOGS=recipes/small/logs
+LOGS=docs/logs/small
 HEADS="specgen train-heads --kind xspecmesh --config recipes/small/xspecmesh-heads.yaml"
 for run in e16 skip kl skipkl; do  # reuse the recipe's labels (and, for kl, its finished stage 1)
   mkdir -p runs/xspecmesh-ca-small-$run

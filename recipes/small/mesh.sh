@@ -2,7 +2,7 @@
 # The larger mesh family (NOT shipped), end to end on a CPU: backbone (~70 min on 2 threads), CA heads + LoRA
 # (~45 min), the benchmarks (~15 min). Every step resumes from its run folder: rerun after an interruption.
 set -euo pipefail
-LOGS=recipes/small/logs
+LOGS=docs/logs/small
 export OMP_NUM_THREADS=2
 python -m specgen.train.mesh --config recipes/small/mesh-gpt.yaml --out runs/mesh-gpt-small \
   --register mesh-gpt-small --log "$LOGS/mesh-gpt-small.log"

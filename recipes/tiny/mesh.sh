@@ -2,9 +2,9 @@
 # The shipped tiny mesh family, end to end (CPU, 1 thread per job): backbone, then CA and MLP XSpecMesh heads
 # in parallel, each written into specgen/assets/mesh (ship_dir in the recipes) and registered.
 #   recipes/tiny/mesh.sh              # ~65 min backbone + ~60 min heads + ~10 min benchmark and gallery (2 cores)
-# Every step resumes from its run folder: rerun the script after an interruption. Logs: recipes/tiny/logs/.
+# Every step resumes from its run folder: rerun the script after an interruption. Logs: docs/logs/tiny/.
 set -euo pipefail
-LOGS=recipes/tiny/logs
+LOGS=docs/logs/tiny
 export OMP_NUM_THREADS=1
 python -m specgen.train.mesh --config recipes/tiny/mesh-gpt.yaml --out runs/mesh-gpt --log "$LOGS/mesh-gpt.log"
 # heads find mesh-gpt-tiny through the registry, which reinstalls it from the asset just written

