@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -26,28 +26,13 @@ from specgen.decoding.accept import accept_greedy, accept_rejection
 from specgen.decoding.budget import DraftBudget, FixedBudget
 from specgen.decoding.cache import KVCache
 from specgen.decoding.draft import Draft, Verdict
+from specgen.decoding.pool import Drafter, DrafterPool, EachRow, row_out  # noqa: F401 (Drafter, row_out: re-exported)
 from specgen.decoding.sampling import SamplingParams, logits_to_probs, pick
 from specgen.decoding.stats import DecodeStats
-from specgen.decoding.target import Target, TargetOut
+from specgen.decoding.target import Target
 from specgen.decoding.verify import verify_batch
 
 Rule = Callable[[Draft, torch.Tensor, SamplingParams, "torch.Generator | None"], Verdict]
-
-
-class Drafter(Protocol):
-    """Proposes drafts for one row and re-synchronises after each verdict."""
-
-    def reset(self, prompt: list[int], first: TargetOut) -> None:
-        """Start a new sequence; `first` is the prefill output."""
-        ...
-
-    def propose(self, seq: list[int], budget: int, stats: DecodeStats) -> Draft:
-        """A draft of at most `budget` nodes (depth) following `seq` (prompt + generated)."""
-        ...
-
-    def on_accept(self, draft: Draft, verdict: Verdict, out: TargetOut) -> None:
-        """Learn the outcome; `out` is this row's slice of the verify forward (input 0 = root)."""
-        ...
 
 
 @dataclass(frozen=True)
@@ -68,11 +53,10 @@ class BatchResult:
 
 @dataclass
 class Row:
-    """One sequence in a slot: its prompt, output so far, drafter, generator stream and statistics."""
+    """One sequence in a slot: its prompt, output so far, generator stream and statistics (its drafter: the pool's)."""
 
     index: int  # position in the input
     prompt: list[int]
-    drafter: Drafter
     generator: torch.Generator | None
     out: list[int] = field(default_factory=list)
     stats: DecodeStats = field(default_factory=DecodeStats)
@@ -115,7 +99,7 @@ def decode(
 
 def decode_batch(
     target: Target,
-    make_drafter: Callable[[int], Drafter],
+    make_drafter: Callable[[int], Drafter] | DrafterPool,
     prompts: Sequence[list[int]],
     max_new_tokens: int,
     params: SamplingParams,
@@ -127,7 +111,8 @@ def decode_batch(
     budget: DraftBudget | None = None,
     on_done: Callable[[int], None] | None = None,
 ) -> BatchResult:
-    """Decode every prompt, at most `batch_size` (0: all) at a time; `make_drafter(i)` builds prompt i's drafter.
+    """Decode every prompt, at most `batch_size` (0: all) at a time; `make_drafter(i)` builds prompt i's drafter
+    (or `make_drafter` is a `DrafterPool` that drafts for all live rows at once).
 
     `generators[i]` is prompt i's random stream (sampling stays lossless per row); `budget` caps draft
     sizes by the number of live rows (default: `max_draft`); `on_done(i)` is called when prompt i finishes.
@@ -137,13 +122,16 @@ def decode_batch(
     width = min(batch_size or len(prompts), len(prompts))
     branches = getattr(target, "branches", 1)  # cache rows per sequence (CFG: cond + uncond)
     device = getattr(target, "device", "cpu")
-    cache = target.new_cache(width, max(map(len, prompts)) + max_new_tokens + max_draft + 1)
+    max_len = max(map(len, prompts)) + max_new_tokens + max_draft + 1
+    cache = target.new_cache(width, max_len)
+    pool = make_drafter if hasattr(make_drafter, "admit") else EachRow(make_drafter)
+    pool.open(width, max_len)
     queue, slots, results = deque(range(len(prompts))), [], [None] * len(prompts)
     total, t0 = DecodeStats(), time.perf_counter()
 
     def admit(i: int, slot: int) -> Row:
         """0. prefill prompt i into `slot` (its own rows of the cache) and pick its first token."""
-        row = Row(i, list(prompts[i]), make_drafter(i), generators[i])
+        row = Row(i, list(prompts[i]), generators[i])
         with timed([total, row.stats, *live()], "prefill"):
             rows = range(slot * branches, (slot + 1) * branches)
             for r in rows:
@@ -155,7 +143,7 @@ def decode_batch(
         total.target_forwards += 1
         row.stats.target_forwards += 1
         with timed([row.stats], "propose"):
-            row.drafter.reset(row.prompt, first)
+            pool.admit(slot, i, row.prompt, first)
         row.done = len(row.out) >= max_new_tokens or hit_stop(row.out, stop_ids)
         return row
 
@@ -171,15 +159,15 @@ def decode_batch(
             on_done(row.index)
 
     while queue or slots:
-        refill(slots, queue, admit, cache, branches, finish)
+        refill(slots, queue, admit, cache, branches, finish, pool)
         if not slots:
             break
         n = len(slots)
         stats = [total] + [r.stats for r in slots]
         with timed(stats, "propose"):  # 1. propose (each row its own drafter)
             cap = budget.cap(n)
-            drafts = [r.drafter.propose(r.prompt + r.out, min(cap, max_new_tokens - len(r.out) - 1), r.stats)
-                      for r in slots]
+            drafts = pool.propose([r.prompt + r.out for r in slots],
+                                  [min(cap, max_new_tokens - len(r.out) - 1) for r in slots], [r.stats for r in slots])
         with timed(stats, "verify"):  # 2. verify every live row in one forward
             view = cache.rows(0, n * branches)
             batch = verify_batch([r.out[-1] for r in slots], drafts, view.lengths[::branches], device)
@@ -195,9 +183,9 @@ def decode_batch(
             cache.absorb(view, 0)
         total.target_forwards += 1
         total.steps += 1
-        with timed(stats, "propose"):  # 5. update each row's drafter; rows that finished leave
-            for i, (r, d, v) in enumerate(zip(slots, drafts, verdicts)):
-                r.drafter.on_accept(d, v, row_out(out, i, batch.sizes[i], branches))
+        with timed(stats, "propose"):  # 5. update the drafters; rows that finished leave
+            pool.on_accept(drafts, verdicts, out, batch.sizes, branches)
+            for r, d, v in zip(slots, drafts, verdicts):
                 r.stats.record_step(d.size, d.tree.max_depth(), v.num_accepted)
                 total.accepted.append(v.num_accepted)
                 total.draft_sizes.append(d.size)
@@ -210,7 +198,7 @@ def decode_batch(
     return BatchResult(results, total)
 
 
-def refill(slots: list[Row], queue: deque, admit, cache: KVCache, branches: int, finish) -> None:
+def refill(slots: list[Row], queue: deque, admit, cache: KVCache, branches: int, finish, pool: DrafterPool) -> None:
     """Retire finished rows, prefill queued prompts into free slots, and compact the live rows to [0, n).
 
     A row can finish in its own prefill (stop token first, or a budget of one), so admission repeats
@@ -238,12 +226,8 @@ def refill(slots: list[Row], queue: deque, admit, cache: KVCache, branches: int,
         hole, src = slots.index(None), len(slots) - 1
         for b in range(branches):
             cache.move_row(src * branches + b, hole * branches + b)
+        pool.move(src, hole)
         slots[hole] = slots.pop()
-
-
-def row_out(out: TargetOut, i: int, size: int, branches: int) -> TargetOut:
-    """Row i's slice of a batched forward: logits [1, S_i, V], features [branches, S_i, D] (padding dropped)."""
-    return TargetOut(out.logits[i : i + 1, :size], out.features[i * branches : (i + 1) * branches, :size])
 
 
 class timed:

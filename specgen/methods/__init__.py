@@ -132,8 +132,11 @@ def run_batch(target, make_drafter: Callable[[int], Any], prompts: list[list[int
     generators = list(generators) if generators is not None else [None] * len(prompts)
     first = make_drafter(0)
     if not hasattr(first, "decode"):
-        return decode_batch(target, lambda i: first if i == 0 else make_drafter(i), prompts, max_new_tokens, params,
-                            stop_ids, generators, batch_size=batch_size, on_done=on_done, **loop_options)
+        drafters = lambda i: first if i == 0 else make_drafter(i)  # noqa: E731
+        if hasattr(first, "batch_pool"):  # a drafter that grows every row's draft in one forward per level
+            drafters = first.batch_pool(drafters)
+        return decode_batch(target, drafters, prompts, max_new_tokens, params, stop_ids, generators,
+                            batch_size=batch_size, on_done=on_done, **loop_options)
     results, total, t0 = [], DecodeStats(), time.perf_counter()
     for i, prompt in enumerate(prompts):
         res = run_drafter(target, first if i == 0 else make_drafter(i), prompt, max_new_tokens, params, stop_ids,

@@ -78,6 +78,13 @@ class EagleTreeDrafter:
     max_len: int = 4096
     shapes: list[TreeShape] = field(default_factory=list)  # shape of every proposed tree (stats)
 
+    @staticmethod
+    def batch_pool(make: Callable[[int], "EagleTreeDrafter"]):
+        """The DrafterPool that grows every live row's tree together (methods/eagle_batch.py)."""
+        from specgen.methods.eagle_batch import EagleBatch
+
+        return EagleBatch(make)
+
     def reset(self, prompt: list[int], first: TargetOut) -> None:
         self.branches = first.features.shape[0]
         self.cache = self.net.new_cache(self.branches, self.max_len)

@@ -1,0 +1,87 @@
+"""Drafters of a batch: the loop talks to one `DrafterPool` that drafts for every live slot at once.
+
+`EachRow` is the pool of any per-row `Drafter` (one object per slot, called in turn). A method whose
+drafter runs a network (EAGLE) provides a pool of its own that runs one drafter forward per tree level
+over every live row (`methods/eagle_batch.py`). Slots are the loop's: live rows occupy [0, n) and the
+loop moves the last row into a freed slot, telling the pool with `move`.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Protocol, Sequence
+
+from specgen.decoding.draft import Draft, Verdict
+from specgen.decoding.stats import DecodeStats
+from specgen.decoding.target import TargetOut
+
+
+class Drafter(Protocol):
+    """Proposes drafts for one row and re-synchronises after each verdict."""
+
+    def reset(self, prompt: list[int], first: TargetOut) -> None:
+        """Start a new sequence; `first` is the prefill output."""
+        ...
+
+    def propose(self, seq: list[int], budget: int, stats: DecodeStats) -> Draft:
+        """A draft of at most `budget` nodes (depth) following `seq` (prompt + generated)."""
+        ...
+
+    def on_accept(self, draft: Draft, verdict: Verdict, out: TargetOut) -> None:
+        """Learn the outcome; `out` is this row's slice of the verify forward (input 0 = root)."""
+        ...
+
+
+class DrafterPool(Protocol):
+    """Drafts for the live slots [0, n) of a batch."""
+
+    def open(self, width: int, max_len: int) -> None:
+        """Before the first admission: at most `width` slots, sequences of at most `max_len` positions."""
+        ...
+
+    def admit(self, slot: int, index: int, prompt: list[int], first: TargetOut) -> None:
+        """Prompt `index` starts in `slot`; `first` is its prefill output."""
+        ...
+
+    def propose(self, seqs: Sequence[list[int]], budgets: Sequence[int], stats: Sequence[DecodeStats]) -> list[Draft]:
+        """One draft per live slot, in slot order."""
+        ...
+
+    def on_accept(self, drafts: Sequence[Draft], verdicts: Sequence[Verdict], out: TargetOut,
+                  sizes: Sequence[int], branches: int) -> None:
+        """Learn every live slot's outcome from the batched verify forward `out` (slot i: its first sizes[i] inputs)."""
+        ...
+
+    def move(self, src: int, dst: int) -> None:
+        """Slot `src`'s sequence continues in slot `dst`."""
+        ...
+
+
+def row_out(out: TargetOut, i: int, size: int, branches: int) -> TargetOut:
+    """Row i's slice of a batched forward: logits [1, S_i, V], features [branches, S_i, D] (padding dropped)."""
+    return TargetOut(out.logits[i : i + 1, :size], out.features[i * branches : (i + 1) * branches, :size])
+
+
+class EachRow:
+    """The pool of per-row Drafters: `make(index)` builds prompt index's drafter; each drafts in turn."""
+
+    def __init__(self, make: Callable[[int], Drafter]) -> None:
+        self.make = make
+        self.slots: list[Drafter | None] = []
+
+    def open(self, width: int, max_len: int) -> None:
+        self.slots = [None] * width
+
+    def admit(self, slot: int, index: int, prompt: list[int], first: TargetOut) -> None:
+        drafter = self.make(index)
+        drafter.reset(prompt, first)
+        self.slots[slot] = drafter
+
+    def propose(self, seqs, budgets, stats) -> list[Draft]:
+        return [d.propose(seq, b, s) for d, seq, b, s in zip(self.slots, seqs, budgets, stats)]
+
+    def on_accept(self, drafts, verdicts, out, sizes, branches) -> None:
+        for i, (draft, verdict) in enumerate(zip(drafts, verdicts)):
+            self.slots[i].on_accept(draft, verdict, row_out(out, i, sizes[i], branches))
+
+    def move(self, src: int, dst: int) -> None:
+        self.slots[dst], self.slots[src] = self.slots[src], None

@@ -1,0 +1,178 @@
+"""EAGLE trees for a whole batch: one drafter forward per tree level over every live row (a `DrafterPool`).
+
+The trees are those of `EagleTreeDrafter` (methods/eagle.py: catch-up over the newly committed pairs,
+top-k children of the root, depth - 1 beam levels, the `total_tokens` best nodes), grown for all rows
+together: each level feeds every row's frontier (padded to the widest) through the drafter net over
+one drafter cache with a row per (sequence, CFG branch), under per-row masks over each row's own
+committed prefix and written ancestors. Each row keeps its own shape policy (ADT-Tree adapts per
+image), so depths differ: a row past its depth rides along as padding and commits nothing.
+Padding inputs see only themselves and are never committed, so every row's tree is the one it would
+grow alone (up to the float rounding of a wider product).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+
+from specgen.decoding.draft import Draft, Verdict
+from specgen.decoding.stats import DecodeStats
+from specgen.decoding.target import TargetOut
+from specgen.methods.eagle import EagleTreeDrafter, TreeShape
+
+
+class EagleBatch:
+    """DrafterPool over `make(index)` -> EagleTreeDrafter (each row's policy and state; the net runs batched)."""
+
+    def __init__(self, make: Callable[[int], EagleTreeDrafter]) -> None:
+        self.make = make
+        self.cache = None
+
+    def open(self, width: int, max_len: int) -> None:
+        self.width = width
+        self.rows: list[EagleTreeDrafter | None] = [None] * width
+
+    def admit(self, slot: int, index: int, prompt: list[int], first: TargetOut) -> None:
+        d = self.make(index)
+        d.policy.reset()
+        d.shapes, d.last_shape = [], None
+        d.pending = first.features[:, -1:]  # [br, 1, D]: f of the last prompt position
+        if self.cache is None:
+            self.net, self.head, self.combine, self.br = d.net, d.head, d.combine, first.features.shape[0]
+            self.cache = d.net.new_cache(self.width * self.br, d.max_len)
+        for r in range(slot * self.br, (slot + 1) * self.br):
+            self.cache.rollback(r, 0)
+        self.rows[slot] = d
+
+    def move(self, src: int, dst: int) -> None:
+        for b in range(self.br):
+            self.cache.move_row(src * self.br + b, dst * self.br + b)
+        self.rows[dst], self.rows[src] = self.rows[src], None
+
+    def logprobs(self, hidden: torch.Tensor) -> torch.Tensor:
+        """CFG-combined log-probs [n, S, V] of drafter hidden states [n * br, S, D]."""
+        return self.combine(self.head(hidden)).float().log_softmax(-1)
+
+    @torch.inference_mode()
+    def propose(self, seqs: Sequence[list[int]], budgets: Sequence[int], stats: Sequence[DecodeStats]) -> list[Draft]:
+        n, br = len(seqs), self.br
+        rows = self.rows[:n]
+        view = self.cache.rows(0, n * br)
+        root_hidden = self.catch_up(rows, seqs, view)  # 1. [n * br, 1, D]
+        for s in stats:
+            s.drafter_forwards += 1
+        shapes = []
+        for d, seq, budget in zip(rows, seqs, budgets):
+            shape = d.policy.shape(len(seq))
+            d.last_index, d.last_shape = len(seq), shape
+            d.shapes.append(shape)
+            shapes.append(TreeShape(min(shape.depth, budget), shape.top_k, shape.total_tokens))
+        trees = self.grow(root_hidden, [len(s) - 1 for s in seqs], shapes, view, stats)  # 2.
+        self.cache.absorb(view, 0)
+        return [EagleTreeDrafter.select(*tree, shape.total_tokens) if shape.depth > 0 else Draft.empty()
+                for tree, shape in zip(trees, shapes)]  # 3.
+
+    def catch_up(self, rows, seqs, view) -> torch.Tensor:
+        """Run the pairs (f_p, x_{p+1}) committed since the last step, every row padded to the most; commit them."""
+        br, ms = self.br, [d.pending.shape[1] for d in rows]
+        n, width = len(rows), max(ms)
+        dim, device = rows[0].pending.shape[-1], rows[0].pending.device
+        feats = torch.zeros(n * br, width, dim, dtype=rows[0].pending.dtype, device=device)
+        toks = torch.zeros(n * br, width, dtype=torch.long, device=device)
+        pos = torch.zeros(n * br, width, dtype=torch.long, device=device)
+        tree = torch.eye(width, dtype=torch.bool, device=device).repeat(n, 1, 1)  # [n, M, M]: padding sees itself
+        for i, (d, seq, m) in enumerate(zip(rows, seqs, ms)):
+            root = len(seq) - 1
+            part = slice(i * br, (i + 1) * br)
+            feats[part, :m] = d.pending
+            toks[part, :m] = torch.tensor(seq[-m:], device=device)
+            pos[part] = root
+            pos[part, :m] = torch.arange(root - m + 1, root + 1, device=device)
+            tree[i, :m, :m] = torch.ones(m, m, dtype=torch.bool, device=device).tril()
+        hidden = self.net(feats, toks, pos, view, tree_mask=tree)  # [n * br, M, D]
+        last = torch.tensor([m - 1 for m in ms for _ in range(br)], device=device)
+        for i, m in enumerate(ms):
+            for r in range(i * br, (i + 1) * br):
+                view.commit(r, list(range(m)))
+        return hidden[torch.arange(n * br, device=device), last].unsqueeze(1)
+
+    def grow(self, root_hidden: torch.Tensor, root_pos: list[int], shapes: list[TreeShape], view,
+             stats: Sequence[DecodeStats]) -> list[tuple[list[int], list[int], list[float]]]:
+        """Expand every row's tree level by level (one drafter forward per level); (tokens, parents, scores) per row."""
+        n, br, device = len(shapes), self.br, root_hidden.device
+        lp = self.logprobs(root_hidden)[:, 0]  # [n, V]
+        tokens, scores, parents, frontier, slot_of, grown = [], [], [], [], [], [0] * n
+        for i, shape in enumerate(shapes):
+            top = lp[i].topk(min(shape.top_k, lp.shape[-1]))
+            tokens.append(top.indices.tolist())
+            scores.append(top.values.tolist())
+            parents.append([-1] * len(tokens[i]))
+            frontier.append(list(range(len(tokens[i]))) if shape.depth > 0 else [])
+            slot_of.append({})
+        hidden = [root_hidden[i * br : (i + 1) * br].expand(-1, len(frontier[i]), -1) for i in range(n)]  # [br, k, D]
+        for level in range(1, max(s.depth for s in shapes)):
+            live = [i for i, s in enumerate(shapes) if s.depth > level]
+            width = max(len(frontier[i]) for i in live)
+            out = self.level(live, width, frontier, hidden, tokens, parents, slot_of, grown, root_pos, level, view)
+            lp = self.logprobs(out)  # [n, width, V]
+            for i in live:
+                stats[i].drafter_forwards += 1
+                k, f = shapes[i].top_k, frontier[i]
+                child = lp[i, : len(f)].topk(min(k, lp.shape[-1]), dim=-1)  # [|f|, k]
+                cand = torch.tensor([scores[i][j] for j in f], device=device)[:, None] + child.values
+                first_new = len(tokens[i])
+                for j, node in enumerate(f):
+                    tokens[i] += child.indices[j].tolist()
+                    parents[i] += [node] * child.indices.shape[1]
+                scores[i] += cand.flatten().tolist()
+                best = cand.flatten().topk(min(k, cand.numel())).indices.tolist()
+                frontier[i] = [first_new + b for b in best]
+                hidden[i] = out[i * br : (i + 1) * br, [b // child.indices.shape[1] for b in best]]
+        for i, g in enumerate(grown):  # the drafter cache keeps only committed pairs
+            for r in range(i * br, (i + 1) * br):
+                view.rollback(r, view.lengths[r] - g)
+        return [(tokens[i], parents[i], scores[i]) for i in range(n)]
+
+    def level(self, live, width, frontier, hidden, tokens, parents, slot_of, grown, root_pos, level, view):
+        """One drafter forward over every live row's frontier (padded to `width`); commits the real nodes."""
+        n, br = len(frontier), self.br
+        device, dim = hidden[live[0]].device, hidden[live[0]].shape[-1]
+        feats = torch.zeros(n * br, width, dim, dtype=hidden[live[0]].dtype, device=device)
+        toks = torch.zeros(n * br, width, dtype=torch.long, device=device)
+        pos = torch.zeros(n * br, width, dtype=torch.long, device=device)
+        total = max(view.lengths) + width
+        mask = torch.zeros(n * br, 1, width, total, dtype=torch.bool, device=device)
+        for i in range(n):
+            part, base = slice(i * br, (i + 1) * br), view.lengths[i * br]
+            mask[part, 0, torch.arange(width), base + torch.arange(width)] = True  # every input sees itself
+            if i not in live:  # a row past its depth (its budget may end at the root): padding at the root's position
+                pos[part] = root_pos[i]
+                continue
+            pos[part] = root_pos[i] + level
+            f = frontier[i]
+            feats[part, : len(f)] = hidden[i]
+            toks[part, : len(f)] = torch.tensor([tokens[i][j] for j in f], device=device)
+            mask[part, 0, : len(f), : base - grown[i]] = True  # the committed prefix (not earlier levels)
+            for j, node in enumerate(f):
+                anc = parents[i][node]
+                while anc >= 0:
+                    mask[part, 0, j, slot_of[i][anc]] = True
+                    anc = parents[i][anc]
+        out = self.net(feats, toks, pos, view, attn_mask=mask)  # [n * br, width, D]
+        for i in live:
+            base = view.lengths[i * br]
+            for j, node in enumerate(frontier[i]):
+                slot_of[i][node] = base + j
+            for r in range(i * br, (i + 1) * br):
+                view.commit(r, list(range(len(frontier[i]))))
+            grown[i] += len(frontier[i])
+        return out
+
+    def on_accept(self, drafts: Sequence[Draft], verdicts: Sequence[Verdict], out: TargetOut,
+                  sizes: Sequence[int], branches: int) -> None:
+        for i, (d, verdict) in enumerate(zip(self.rows, verdicts)):
+            keep = [0] + [j + 1 for j in verdict.path]
+            d.pending = out.features[i * branches : (i + 1) * branches, keep]  # [br, a + 1, D]
+            if d.last_shape is not None:
+                d.policy.observe(d.last_index, d.last_shape, verdict.num_accepted, len(verdict.tokens))
