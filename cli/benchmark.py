@@ -136,6 +136,6 @@ def recipe_suite(config: Path | None) -> str | None:
 
     try:
         doc = yaml.safe_load(config.read_text()) or {}
-    except yaml.YAMLError:
-        return None  # the config loader reports the syntax error
+    except (yaml.YAMLError, UnicodeDecodeError, OSError):
+        return None  # the config loader reports the syntax error (or the unreadable file)
     return doc.get("suite") if isinstance(doc, dict) else None

@@ -27,7 +27,14 @@ app.add_typer(registry_cmd.app, name="registry")
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point. SIGTERM (timeout, kill, a cluster's pre-emption) unwinds like Ctrl-C, so a
+    command's cleanup runs (a fresh run folder that failed is removed, temporaries are deleted)."""
+    import signal
+
+    def terminate(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, terminate)
     app()
 
 

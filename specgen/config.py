@@ -78,12 +78,15 @@ def merge_override(merged: Any, item: str) -> Any:
 
 def guarded(source: str, merge: Any) -> Any:
     """Run one OmegaConf step; any failure is a one-line usage error naming `source`."""
+    import yaml
     from omegaconf.errors import OmegaConfBaseException
 
     try:
         return merge()
     except UsageError:
         raise
+    except yaml.YAMLError as e:  # an override value YAML cannot read (control characters, stray quotes)
+        raise UsageError(f"bad config: {source}: not a YAML value ({getattr(e, 'problem', None) or e})") from None
     except OmegaConfBaseException as e:
         raise UsageError(f"bad config: {source}: {str(e).splitlines()[0]}") from None
     except (TypeError, ValueError, AttributeError) as e:  # e.g. a list where a mapping is expected

@@ -1,0 +1,273 @@
+"""Issue 23, table-driven: bad input -> exit code + one `error:` line naming the problem, for every command.
+
+Every case here is refused before a model is loaded or a run starts (they take milliseconds), and leaves no file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from cli.main import app
+from specgen import registry
+from tests.pcllm_fixtures import save_tiny_text
+
+runner = CliRunner()
+
+
+def invoke(*args, input=None):
+    return runner.invoke(app, [str(a) for a in args], input=input)
+
+
+def files_under(root):
+    """Every path under root, except built-in registry entries (materialised on first use, a cache)."""
+    from specgen.builtins import BUILTINS
+
+    def builtin(p):
+        parts = p.relative_to(root).parts
+        return len(parts) >= 4 and parts[1] == "checkpoints" and parts[3] in BUILTINS
+
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if not builtin(p)) if root.exists() else []
+
+
+@pytest.fixture
+def tiny(tmp_path, monkeypatch):
+    """target/tiny-text installed (context 1024), a scratch cwd, and a file that is not a folder."""
+    save_tiny_text()
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    (cwd / "afile").write_text("x")
+    (cwd / "binary.yaml").write_bytes(b"\xff\xfe\x00\x80")
+    (cwd / "list.yaml").write_text("- a\n- b\n")
+    return tmp_path
+
+
+def check_refusal(tmp_path, args, code, needle):
+    before = files_under(tmp_path)
+    r = invoke(*args)
+    assert r.exit_code == code, (args, r.output)
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), (args, r.stderr)
+    assert needle in lines[0], (args, lines[0])
+    assert "Traceback" not in r.output and "╭" not in r.output
+    assert files_under(tmp_path) == before, args  # nothing created, nothing left behind
+
+
+# ---- Click's own usage errors: one line, exit 2, for every command --------------------------------------------
+COMMANDS = [["generate"], ["benchmark"], ["train-heads"], ["collect-trajectories"], ["distill"], ["export-mesh"],
+            ["train-upsampler"], ["registry", "list"], ["registry", "import", "x", "--name", "y"],
+            ["registry", "merge", "x", "--name", "y"], ["registry", "show", "x"], ["registry", "remove", "x"]]
+
+
+@pytest.mark.parametrize("cmd", COMMANDS, ids=lambda c: " ".join(c[:2]))
+@pytest.mark.parametrize("extra,needle", [(["--bogus"], "No such option: --bogus"),
+                                          (["--format"], "requires an argument")])
+def test_click_usage_errors_are_one_line(tiny, cmd, extra, needle):
+    if extra == ["--format"] and cmd[0] == "registry" and cmd[1] in ("import", "merge", "remove"):
+        extra, needle = ["--quiet", "--nope"], "No such option"
+    check_refusal(tiny, [*cmd, *extra], 2, needle)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["generate", "--max-new-tokens", "abc"], "--max-new-tokens"),
+    (["generate", "--format", "xml"], "--format"),
+    (["benchmark", "--limit", "1.5"], "--limit"),
+    (["benchmark", "--threads", "x"], "--threads"),
+    (["collect-trajectories", "--block-size", "four"], "--block-size"),
+    (["distill", "--steps", ""], "--steps"),
+    (["export-mesh", "-f", "yaml"], "--format"),
+    (["registry", "merge", "x", "--name", "y", "--scale", "big"], "--scale"),
+])
+def test_bad_option_values_are_one_line(tiny, args, needle):
+    check_refusal(tiny, args, 2, needle)
+
+
+# ---- numbers and method options, checked before any model is loaded -------------------------------------------
+GEN = ["generate", "--model", "tiny-text", "--prompt", "hi"]
+IMG = ["generate", "--model", "tiny-image-gpt", "--method", "ar"]
+MESH = ["generate", "--method", "xspecmesh"]
+
+
+@pytest.mark.parametrize("args,needle", [
+    ([*GEN, "--temperature", "inf"], "temperature must be a finite number"),
+    ([*GEN, "--temperature", "nan"], "temperature must be a finite number"),
+    ([*GEN, "--temperature", "-0.5"], "temperature must be >= 0"),
+    ([*GEN, "--top-p", "0"], "top_p must be in (0, 1]"),
+    ([*GEN, "--top-p", "1.01"], "top_p must be in (0, 1]"),
+    ([*GEN, "--top-k", "-1"], "top_k must be >= 0"),
+    ([*GEN, "--method", "jacobi", "method_options.block_size=0"], "block_size of jacobi must be an integer >= 1"),
+    ([*GEN, "--method", "jacobi", "method_options.block_size=abc"], "got 'abc'"),
+    ([*GEN, "--method", "ngram", "method_options.num_draft=-3"], "num_draft of ngram"),
+    ([*GEN, "--method", "pcllm-mr", "method_options.spawn_ratio=2"], "spawn_ratio"),
+    ([*MESH, "method_options.delta=2"], "delta of xspecmesh must be a number in [0, 1]"),
+    ([*MESH, "method_options.delta=.nan"], "delta of xspecmesh"),
+    ([*MESH, "method_options.delta=nan"], "delta of xspecmesh"),
+    ([*MESH, "--num", "0"], "--num must be >= 1"),
+    ([*IMG, "--num", "0"], "--num must be >= 1"),
+    ([*IMG, "--num", "-2"], "--num must be >= 1"),
+    ([*IMG, "--classes", ","], "names no class"),
+    ([*IMG, "--cfg-scale", "nan"], "cfg_scale must be a finite number"),
+    ([*IMG, "--method", "eagle2", "method_options.depth=0"], "depth"),
+    (["benchmark", "--suite", "meshes", "deltas=[0.5,2]"], "deltas must be in [0, 1]"),
+    (["benchmark", "--suite", "meshes", "delta=nan"], "delta must be a finite number"),
+    (["benchmark", "--suite", "images", "temperatures=[]"], "temperatures must not be empty"),
+    (["benchmark", "--suite", "images", "temperatures=[1.0,.inf]"], "temperatures must be a finite number"),
+    (["benchmark", "--model", "tiny-text", "--threads", "-3"], "threads must be >= 0"),
+    (["benchmark", "--suite", "images", "--threads", "-3"], "threads must be >= 0"),
+    (["benchmark", "--suite", "meshes", "--threads", "-3"], "threads must be >= 0"),
+    (["benchmark", "--model", "tiny-text", "method_options.ngram.num_draft=0"], "num_draft of ngram"),
+    ([*GEN, "--device", "tpu9"], "device"),
+    (["distill", "--out", "run", "lr=-1e-4"], "lr must be > 0"),
+    (["distill", "--out", "run", "lora_rank=0"], "lora_rank must be >= 1"),
+    (["train-heads", "--out", "run", "stage1_lr=-1"], "stage1_lr must be > 0"),
+    (["train-heads", "--out", "run", "stage2_lr=nan"], "stage2_lr must be a finite number"),
+    (["train-heads", "--kind", "eagle", "--out", "run", "lr=-1"], "lr must be > 0"),
+    (["train-heads", "--kind", "eagle", "--out", "run", "beta2=1.5"], "beta2 must be in [0, 1)"),
+    (["train-upsampler", "--out", "run", "lr=-0.1"], "lr must be > 0"),
+    (["train-upsampler", "--out", "run", "disc_lr=-1"], "disc_lr must be > 0"),
+    (["collect-trajectories", "--out", "run", "--model", "tiny-text", "--block-size", "0"], "block_size must be >= 1"),
+    (["collect-trajectories", "--out", "run", "threads=-3"], "threads must be >= 0"),
+])
+def test_nonsense_numbers_are_refused(tiny, args, needle):
+    check_refusal(tiny, args, 2, needle)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+@pytest.mark.parametrize("cmd", [GEN, ["benchmark", "--model", "tiny-text"], ["distill", "--out", "run"],
+                                 ["collect-trajectories", "--out", "run"]], ids=lambda c: c[0])
+def test_cuda_without_cuda_is_one_line(tiny, cmd):
+    check_refusal(tiny, [*cmd, "--device", "cuda"], 2, "no CUDA GPU")
+
+
+# ---- recipes and overrides: wrong types, bad files, names ------------------------------------------------------
+@pytest.mark.parametrize("args,needle", [
+    ([*GEN, "method_options=[1,2]"], "override 'method_options=[1,2]'"),
+    ([*GEN, "max_new_tokens=lots"], "override 'max_new_tokens=lots'"),
+    ([*GEN, "max_new_tokens="], "max_new_tokens"),
+    ([*GEN, "--config", "binary.yaml"], "is not UTF-8"),
+    ([*GEN, "--config", "list.yaml"], "must be a mapping"),
+    (["benchmark", "--config", "binary.yaml"], "is not UTF-8"),
+    (["distill", "--out", "run", "--config", "list.yaml"], "must be a mapping"),
+    (["train-heads", "--out", "run", "lora_targets={a: 1}"], "lora_targets"),
+    (["train-upsampler", "--out", "run", "name=a b\x01"], "control characters"),
+    (["train-upsampler", "--out", "run", "name=" + "n" * 101], "at most 100"),
+    (["train-heads", "--kind", "eagle", "--out", "run", "name=../escape"], "invalid name"),
+])
+def test_bad_recipes_and_overrides(tiny, args, needle):
+    check_refusal(tiny, args, 2, needle)
+
+
+def test_empty_override_is_the_empty_string():
+    from specgen.config import load_config
+    from specgen.train.eagle import EagleTrainConfig
+
+    assert load_config(EagleTrainConfig, None, ["ship_dir="]).ship_dir == ""  # what the shell leaves of ship_dir=""
+    with pytest.raises(Exception, match="steps"):
+        load_config(EagleTrainConfig, None, ["steps="])
+
+
+# ---- resources: token budgets and prompts against the model's context ------------------------------------------
+@pytest.mark.parametrize("args,needle", [
+    ([*GEN, "--max-new-tokens", "1000000000"], "its context is 1024 tokens"),
+    (["collect-trajectories", "--out", "run", "--model", "tiny-text", "--max-new-tokens", "5000"], "context is 1024"),
+    (["benchmark", "--model", "tiny-text", "--max-new-tokens", "99999"], "context is 1024"),
+    ([*GEN[:3], "--no-chat", "--prompt", "A" * 1100, "--max-new-tokens", "8"], "prompt of 1100 tokens"),
+])
+def test_budgets_beyond_the_context_are_refused(tiny, args, needle):
+    check_refusal(tiny, args, 2, needle)
+
+
+def test_declared_sizes_beyond_the_weights_are_a_corrupt_entry(tiny):
+    entry = registry.find("tiny-text")
+    meta = json.loads((entry.path / "config.json").read_text())
+    meta["kwargs"].update(dim=1 << 16, ffn_dim=1 << 18)
+    (entry.path / "config.json").write_text(json.dumps(meta))
+    r = invoke(*GEN)
+    assert r.exit_code == 1 and "corrupt entry target/tiny-text" in r.stderr and "declares" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+# ---- names, registry destinations, output destinations --------------------------------------------------------
+@pytest.fixture
+def pt_file(tiny):
+    from tests.conftest import tiny_model
+
+    model = tiny_model(3)
+    torch.save(model.state_dict(), tiny / "w.pt")
+    (tiny / "kw.json").write_text(json.dumps(model.cfg.to_dict()))
+    return ["registry", "import", tiny / "w.pt", "--builder", "transformer", "--kwargs", tiny / "kw.json"]
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--name", "tiny-text"], "already exists"),
+    (["--name", "smollm2-135m", "--force"], "is a built-in entry"),
+    (["--name", "tiny-image-vq", "--kind", "vq", "--force"], "is a built-in entry"),
+    (["--name", "a\tb"], "invalid checkpoint name"),
+    (["--name", "x" * 300], "at most 100"),
+    (["--name", ".hidden"], "invalid checkpoint name"),
+    (["--name", "ok", "--parent", "nothing-like-it"], "unknown parent checkpoint"),
+])
+def test_registry_import_refusals(tiny, pt_file, extra, needle):
+    before = (registry.find("tiny-text").path / "model.safetensors").read_bytes()
+    check_refusal(tiny, [*pt_file, *extra], 2, needle)
+    assert (registry.find("tiny-text").path / "model.safetensors").read_bytes() == before
+
+
+def test_registry_import_force_replaces_and_merge_refuses_builtins(tiny, pt_file):
+    r = invoke(*pt_file, "--name", "tiny-text", "--force")
+    assert r.exit_code == 0, r.output
+    check_refusal(tiny, ["registry", "merge", "x", "--name", "smollm2-135m-pcllm"], 2, "is a built-in entry")
+    check_refusal(tiny, ["registry", "merge", "x", "--name", "tiny-text"], 2, "already exists")
+
+
+def test_unusable_specgen_home_is_one_line(tiny, pt_file, monkeypatch):
+    monkeypatch.setenv("SPECGEN_HOME", str(tiny / "cwd" / "afile"))
+    check_refusal(tiny, [*pt_file, "--name", "fresh"], 2, "is not a folder")
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["benchmark", "--model", "tiny-text", "--out", "."], "is a folder"),
+    (["benchmark", "--model", "tiny-text", "--out", "afile"], "already exists"),
+    (["benchmark", "--suite", "images", "--out", "afile"], "already exists"),
+    (["benchmark", "--suite", "meshes", "--out", "."], "is a folder"),
+    (["benchmark", "--model", "tiny-text", "--out", "no/such/dir/rows.jsonl"], "does not exist"),
+    (["export-mesh", "x.jsonl", "-o", "afile"], "names a file"),
+    (["export-mesh", "x.jsonl", "-o", "afile/sub"], "is a file"),
+    ([*IMG, "-o", "afile"], "names a file"),
+    (["generate", "--method", "ar", "--model", "mesh-gpt-tiny", "-o", "afile/x"], "is a file"),
+    (["distill", "--out", "afile", "--trajectories", "t", "--model", "tiny-text"], "is a file"),
+])
+def test_output_destinations_are_checked_first(tiny, args, needle):
+    check_refusal(tiny, args, 2, needle)
+    assert (tiny / "cwd" / "afile").read_text() == "x"
+
+
+def test_export_mesh_refuses_a_terminal(monkeypatch):
+    import sys
+
+    from cli.export_mesh import read_sequences
+    from specgen.errors import UsageError
+
+    class Tty:
+        def isatty(self):
+            return True
+
+        def read(self):  # pragma: no cover - must not be reached
+            raise AssertionError("read a terminal")
+
+    monkeypatch.setattr(sys, "stdin", Tty())
+    with pytest.raises(UsageError, match="no input"):
+        read_sequences(None)
+
+
+def test_infinities_never_reach_the_sampler():
+    from specgen.config_checks import check_number
+
+    for bad in (math.inf, -math.inf, math.nan):
+        with pytest.raises(Exception, match="finite"):
+            check_number("temperature", bad)
