@@ -216,7 +216,6 @@ def save(
     remove_stale_temporaries(final.parent)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-{socket.gethostname()}-{os.getpid()}-", dir=final.parent))
     try:
-        os.chmod(tmp, 0o777 & ~current_umask())
         state, tied = untie(state)
         tensors = {k: (v.to(dtype) if dtype and v.is_floating_point() else v).contiguous() for k, v in state.items()}
         save_file(tensors, str(tmp / WEIGHTS))
@@ -226,6 +225,7 @@ def save(
 
         meta = {"kind": kind, "name": name, "specgen_version": __version__, **meta, **({"tied": tied} if tied else {})}
         (tmp / CONFIG).write_text(json.dumps(meta, indent=2, sort_keys=True, default=str))
+        follow_umask(tmp)
         with name_lock(final):
             if final.exists() and not overwrite:
                 raise UsageError(f"{kind}/{name} already exists (another process wrote it meanwhile); "
@@ -256,6 +256,15 @@ def check_new(kind: str, name: str, overwrite: bool = True) -> Path:
     if not overwrite and final.exists():
         raise UsageError(f"{kind}/{name} already exists; choose another name or pass --force to replace it")
     return final
+
+
+def follow_umask(folder: Path) -> None:
+    """Permissions of a finished temporary folder as if made under the umask (mkdtemp and safetensors use 0700/0600),
+    so a SPECGEN_HOME shared by a group works."""
+    mask = current_umask()
+    os.chmod(folder, 0o777 & ~mask)
+    for p in folder.rglob("*"):
+        os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~mask)
 
 
 def current_umask() -> int:

@@ -35,7 +35,9 @@ def atomic_write(path: Path, write: Callable[[str], None]) -> None:
     os.close(fd)
     try:
         write(tmp)
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; shipped assets must be world-readable
+        from specgen.paths import umask
+
+        os.chmod(tmp, 0o666 & ~umask())  # mkstemp makes 0600: follow the umask (shipped assets: world-readable)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

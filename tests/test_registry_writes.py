@@ -1,0 +1,163 @@
+"""Issue 23: registry writes lose nothing and leave nothing: SIGKILL mid-write, concurrent writers, umask, corrupt
+entries, built-ins re-created from the package."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from specgen import registry
+from specgen.errors import CheckpointError, UsageError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+WRITER = textwrap.dedent("""
+    import sys, time, torch
+    from specgen import registry
+    from specgen.errors import UsageError
+    name, count, overwrite, pause = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", float(sys.argv[4])
+    state = {"w": torch.full((64, 64), float(len(sys.argv)))}
+    failures = []
+    for i in range(count):
+        try:
+            registry.save("target", name, state, {"i": i}, extra=lambda d: time.sleep(pause), overwrite=overwrite)
+            print("saved", flush=True)
+        except UsageError as e:
+            print("refused", e, flush=True)
+        except Exception as e:
+            print("FAILED", type(e).__name__, e, flush=True)
+""")
+
+
+def writer(home: Path, name: str, count: int = 1, overwrite: bool = True, pause: float = 0.0) -> subprocess.Popen:
+    env = {**os.environ, "SPECGEN_HOME": str(home), "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, "-c", WRITER, name, str(count), "1" if overwrite else "0", str(pause)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def hidden(kind_dir: Path) -> list[str]:
+    return sorted(p.name for p in kind_dir.iterdir() if p.name.startswith(".")) if kind_dir.is_dir() else []
+
+
+def test_sigkill_mid_write_leaves_a_temporary_that_the_next_write_removes(specgen_home):
+    p = writer(specgen_home, "killed", pause=60)
+    kind_dir = specgen_home / "checkpoints" / "target"
+    deadline = time.time() + 60
+    while not hidden(kind_dir) and time.time() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.3)  # inside the pause: weights written, entry not yet renamed into place
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    assert hidden(kind_dir) and not (kind_dir / "killed").exists()
+    assert "target/killed" not in {e.ref for e in registry.list_entries()}  # the half-written entry is invisible
+    registry.save("target", "other", {"w": torch.zeros(2)}, {})
+    assert hidden(kind_dir) == []
+    assert registry.find("other").installed
+
+
+def test_live_and_foreign_temporaries_are_kept(specgen_home):
+    kind_dir = specgen_home / "checkpoints" / "target"
+    kind_dir.mkdir(parents=True)
+    host = socket.gethostname()
+    mine = kind_dir / f".x.tmp-{host}-{os.getpid()}-abcdefgh"  # a live writer (this process)
+    foreign = kind_dir / ".x.tmp-some-other-host-1-abcdefgh"  # another machine sharing the home, recent
+    dead = kind_dir / f".x.tmp-{host}-{dead_pid()}-abcdefgh"
+    for d in (mine, foreign, dead):
+        d.mkdir()
+    registry.save("target", "y", {"w": torch.zeros(2)}, {})
+    assert mine.is_dir() and foreign.is_dir() and not dead.exists()
+
+
+def dead_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def test_concurrent_overwriting_writers_never_fail(specgen_home):
+    procs = [writer(specgen_home, "shared", count=15) for _ in range(2)]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    lines = [line for out in outs for line in out.splitlines()]
+    assert lines.count("saved") == 30, lines  # no "Directory not empty", no failure of any kind
+    entry = registry.find("shared")
+    assert registry.read_state(entry)["w"].shape == (64, 64)
+    assert hidden(specgen_home / "checkpoints" / "target") == []
+
+
+def test_concurrent_new_writers_one_wins_the_other_is_told(specgen_home):
+    procs = [writer(specgen_home, "once", overwrite=False, pause=1.0) for _ in range(2)]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    lines = sorted(line.split(" ")[0] for out in outs for line in out.splitlines())
+    assert lines == ["refused", "saved"], outs
+    assert any("already exists" in out for out in outs)
+    assert hidden(specgen_home / "checkpoints" / "target") == []
+
+
+@pytest.mark.parametrize("mask,dir_mode,file_mode", [(0o022, 0o755, 0o644), (0o002, 0o775, 0o664),
+                                                      (0o077, 0o700, 0o600)])
+def test_entries_follow_the_umask(specgen_home, mask, dir_mode, file_mode):
+    old = os.umask(mask)
+    try:
+        entry = registry.save("target", "perm", {"w": torch.zeros(2)}, {})
+    finally:
+        os.umask(old)
+    assert entry.path.stat().st_mode & 0o777 == dir_mode
+    assert (entry.path / "model.safetensors").stat().st_mode & 0o777 == file_mode
+    assert (entry.path / "config.json").stat().st_mode & 0o777 == file_mode
+
+
+def test_overwrite_false_refuses_before_writing(specgen_home):
+    registry.save("target", "kept", {"w": torch.ones(2)}, {})
+    with pytest.raises(UsageError, match="already exists"):
+        registry.save("target", "kept", {"w": torch.zeros(2)}, {}, overwrite=False)
+    assert registry.read_state(registry.find("kept"))["w"].tolist() == [1.0, 1.0]
+
+
+def test_corrupt_entries_are_listed_with_a_repair(specgen_home):
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    good = registry.save("target", "fine", {"w": torch.zeros(2)}, {})
+    broken = good.path.parent / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("{not json")
+    noweights = registry.save("target", "noweights", {"w": torch.zeros(2)}, {})
+    (noweights.path / "model.safetensors").unlink()
+    r = CliRunner().invoke(app, ["registry", "list", "--format", "json"])
+    rows = {x["ref"]: x for x in json.loads(r.stdout)}
+    assert rows["target/fine"]["status"] == "ok"
+    assert rows["target/broken"]["status"].startswith("corrupt") and "registry remove" in rows["target/broken"]["status"]
+    assert "no model.safetensors" in rows["target/noweights"]["status"]
+    with pytest.raises(CheckpointError, match="corrupt entry target/broken.*registry remove"):
+        registry.find("broken")
+    r = CliRunner().invoke(app, ["registry", "remove", "broken"])
+    assert r.exit_code == 0 and not broken.exists()
+
+
+def test_a_damaged_builtin_is_recreated_from_the_package(specgen_home):
+    entry = registry.find("tiny-image-vq")
+    want = registry.read_state(entry)
+    (entry.path / "model.safetensors").unlink()
+    again = registry.find("tiny-image-vq")
+    assert torch.equal(registry.read_state(again)["quantize.embedding.weight"], want["quantize.embedding.weight"])
+    (again.path / "config.json").write_text("garbage")
+    assert registry.find("tiny-image-vq").meta["kind"] == "vq"
+
+
+def test_names_are_checked():
+    for bad in ("", "a/b", ".x", "a\nb", "x" * 101, "a b", "-x"):
+        with pytest.raises(UsageError):
+            registry.check_name(bad)
+    for ok in ("smollm2-135m", "t2i-xl", "tiny-image-upsampler-2x", "m+int8", "a.b_c"):
+        assert registry.check_name(ok) == ok
