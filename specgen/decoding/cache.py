@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specgen.decoding.memory import check_cache_fits
+
 
 @dataclass
 class KVCache:
@@ -43,6 +45,7 @@ class KVCache:
         device: torch.device | str = "cpu",
     ) -> "KVCache":
         shape = (n_layers, batch, n_kv_heads, max_len, head_dim)
+        check_cache_fits(shape, dtype, device)  # refuse before allocating, naming what fits
         return cls(
             k=torch.zeros(shape, dtype=dtype, device=device),
             v=torch.zeros(shape, dtype=dtype, device=device),

@@ -1,0 +1,44 @@
+"""Free memory of a device, so a cache that cannot fit is refused before it is allocated (one line, with what fits)."""
+
+from __future__ import annotations
+
+import torch
+
+#: Share of the free memory a cache may take: the model's activations and the drafter need the rest.
+HEADROOM = 0.8
+
+
+def free_bytes(device: torch.device | str) -> int | None:
+    """Bytes free on `device` (CPU: MemAvailable; CUDA: the driver's count); None when unknown."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    if device.type != "cpu":
+        return None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def check_cache_fits(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> None:
+    """Refuse a K + V cache of `shape` [L, B, H, T, D] that would not fit, naming its size and the rows that fit."""
+    from specgen.errors import UsageError
+
+    layers, rows, heads, slots, dim = shape
+    per_row = 2 * layers * heads * slots * dim * torch.empty((), dtype=dtype).element_size()
+    free = free_bytes(device)
+    if free is None or per_row * rows <= HEADROOM * free:
+        return
+    fit = int(HEADROOM * free // per_row)
+    raise UsageError(f"a KV cache of {rows} rows x {slots} slots needs {size(per_row * rows)} but {size(free)} is "
+                     f"free: at most {fit} rows of {slots} slots fit (lower the batch size or the token budget)")
+
+
+def size(n: float) -> str:
+    """Bytes as 'x.y MiB' / 'x.y GiB'."""
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
