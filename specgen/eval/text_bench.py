@@ -75,6 +75,8 @@ class Run:
     forwards: int
     steps: int
     accepted: int
+    draft_seconds: float = 0.0  # time in the drafter (specgen rows)
+    verify_tokens: int = 0  # tokens fed to verify forwards, prefill excluded (specgen rows)
 
 
 def hf_batch_runs(hf_model, prompts: list[list[int]], batch: int, cfg: "TextBenchConfig",
@@ -149,8 +151,8 @@ def specgen_batch(model: TextModel, method: str, prompts: list[list[int]], batch
                     model.tokenizer.stop_ids, batch_size=batch, on_done=on_done, budget=budget)
     seconds = time.perf_counter() - t0
     latency = (lambda r: r.stats.extras.get("latency_s", seconds)) if batch > 1 else (lambda r: seconds)
-    return [Run(r.tokens, latency(r), r.stats.target_forwards, r.stats.steps, sum(r.stats.accepted))
-            for r in res.results], seconds
+    return [Run(r.tokens, latency(r), r.stats.target_forwards, r.stats.steps, sum(r.stats.accepted),
+                r.stats.times.get("propose", 0.0), r.stats.target_tokens) for r in res.results], seconds
 
 
 def decoded_model(method: str, cfg: TextBenchConfig) -> str:
@@ -244,7 +246,7 @@ def run_text_benchmark(model: TextModel, cfg: TextBenchConfig, on_prompt=None) -
         for m in order:
             one(m, warm)
     rows, reference = [], None
-    cost = measure_cost(model.module) if any(b > 1 for b in cfg.batch_sizes) else None
+    cost = measure_cost(model.module)  # c(B) of batched rows, c(N) of the efficiency of speculative rows
     for batch in cfg.batch_sizes:
         if batch == 1:
             runs: dict[str, list[Run]] = {m: [] for m in order}
@@ -268,12 +270,30 @@ def run_text_benchmark(model: TextModel, cfg: TextBenchConfig, on_prompt=None) -
         batch_rows = summarise(original, problems, runs, cfg, prompts, walls, reference)
         for row in batch_rows:
             row["batch_size"] = batch
-            if cost is not None:
-                row["c_batch"] = round(cost(batch), 3)
+            row["c_batch"] = round(cost(batch), 3)
+            if batch == 1 and row["method"] in runs:
+                row.update(efficiency(runs[row["method"]], runs["ar"], row["speedup_vs_ar"], cost))
         rows += batch_rows
         if batch == 1:
             reference = {"runs": runs["ar"], "tokens_per_s": batch_rows[0]["throughput_tokens_per_s"]}
     return rows + skipped  # a skipped row carries its one-line reason ("skipped")
+
+
+def efficiency(rs: list[Run], ar: list[Run], speedup: float, cost) -> dict:
+    """How much of what acceptance allows a speculative row delivers (batch 1): eta = speedup / predicted, where
+    predicted = tau / (c(N) + d): N = mean tokens per verify forward, c(N) its measured cost relative to one
+    token (`decoding/cost.py`: weight products only), d = drafter time per step in AR steps. {} for rows without
+    verify steps or drafts (AR, external rows)."""
+    steps = sum(r.steps for r in rs)
+    tokens = sum(r.verify_tokens for r in rs)
+    if not steps or tokens <= steps:
+        return {}
+    t_ar = sum(r.seconds for r in ar) / sum(r.forwards for r in ar)  # seconds per AR forward
+    tau = (sum(r.accepted for r in rs) + steps) / steps
+    n, d = tokens / steps, sum(r.draft_seconds for r in rs) / steps / t_ar
+    predicted = tau / (cost(n) + d)
+    return {"verify_tokens": round(n, 3), "draft_cost": round(d, 4), "predicted_speedup": round(predicted, 4),
+            "efficiency": round(speedup / predicted, 4)}
 
 
 def check_same_tokenizer(base: TextModel, other: TextModel) -> None:
