@@ -38,8 +38,7 @@ ROWS = (1, 2, 3, 4, 8)
 ROUNDS = 2
 #: Used when the weights to measure are gone (a copy outlived its model): the crossover of cache-resident models.
 FALLBACK_MIN_ROWS = 4
-LABEL = "oneDNN"  # the wide kernel of PackedLinears; QuantizedLinears' is named by quantize.choose_kernels
-_MEASURED: dict[tuple, int] = {}  # (weight signature, threads, wide-kernel label) -> min_rows, for this process
+_MEASURED: dict[tuple, int] = {}  # (weight signature, threads) -> min_rows, for this process
 
 
 @dataclass(frozen=True)
@@ -61,14 +60,9 @@ class Timing:
         return best
 
 
-def weight_of(lin) -> torch.Tensor:
-    """The tensor that identifies a layer's weight: `weight`, or a QuantizedLinear's `qweight`."""
-    return lin.qweight if hasattr(lin, "qweight") else lin.weight
-
-
 def distinct(linears: list) -> list:
     """`linears` with each weight once (tied layers, e.g. an LM head sharing the embedding, count once)."""
-    return list({id(weight_of(lin)): lin for lin in linears}.values())
+    return list({id(lin.weight): lin for lin in linears}.values())
 
 
 def pinned_min_rows() -> int | None:
@@ -86,18 +80,20 @@ def pinned_min_rows() -> int | None:
 
 @torch.inference_mode()
 def time_passes(linears: list, rows: tuple[int, ...] = ROWS, rounds: int = ROUNDS) -> Timing:
-    """Best-of-`rounds` ms of r-row products over every distinct weight of `linears`, per kernel: the layers'
-    `narrow_product` (`mkl_ms`: MKL for PackedLinears, the quantized kernel for QuantizedLinears) and
-    `wide_product` (`dnn_ms`: oneDNN packed, resp. dequantize + GEMM)."""
+    """Best-of-`rounds` ms of r-row products over every distinct weight of `linears` (PackedLinears), per kernel."""
     weights = distinct(linears)
-    inputs = {(lin.in_features, lin.compute_dtype): torch.randn(max(rows), lin.in_features).to(lin.compute_dtype)
+    inputs = {(lin.in_features, lin.weight.dtype): torch.randn(max(rows), lin.in_features).to(lin.weight.dtype)
               for lin in weights}
+    packed = [lin.packed_weight() for lin in weights]
 
-    def one_pass(r: int, wide: bool) -> float:
+    def one_pass(r: int, onednn: bool) -> float:
         t = time.perf_counter()
-        for lin in weights:
-            x = inputs[(lin.in_features, lin.compute_dtype)][:r]  # [r, in]
-            lin.wide_product(x) if wide else lin.narrow_product(x)
+        for lin, p in zip(weights, packed):
+            x = inputs[(lin.in_features, lin.weight.dtype)][:r]  # [r, in]
+            if onednn:
+                torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], "")
+            else:
+                F.linear(x, lin.weight)
         return (time.perf_counter() - t) * 1e3
 
     best = {(r, k): float("inf") for r in rows for k in (False, True)}
@@ -112,31 +108,23 @@ def time_passes(linears: list, rows: tuple[int, ...] = ROWS, rounds: int = ROUND
 
 def describe() -> str:
     """The crossovers in use at the current thread count, for benchmark headers: 'oneDNN from 2 rows' (several
-    models: '2 / 4 rows'), the pinned value, or '' when nothing was measured yet; quantized models add
-    '; dequantized bf16 from 64 rows'."""
+    models: '2 / 4 rows'), the pinned value, or '' when nothing was measured yet."""
     pinned = pinned_min_rows()
+    if pinned is not None:
+        return f"oneDNN from {pinned} rows (pinned)"
     threads = torch.get_num_threads()
-    parts = []
-    for label in dict.fromkeys([LABEL, *(lab for (_, _, lab) in _MEASURED)]):
-        if label == LABEL and pinned is not None:
-            parts.append(f"{LABEL} from {pinned} rows (pinned)")
-            continue
-        rows = sorted({r for (_, t, lab), r in _MEASURED.items() if t == threads and lab == label})
-        if rows:
-            parts.append(f"{label} from {' / '.join(map(str, rows))} rows")
-    return "; ".join(parts)
+    rows = sorted({r for (_, t), r in _MEASURED.items() if t == threads})
+    return f"oneDNN from {' / '.join(map(str, rows))} rows" if rows else ""
 
 
 class KernelChoice:
     """Shared by one model's PackedLinears: the smallest product sent to oneDNN at the current thread count."""
 
-    def __init__(self, linears: list, fixed: int | None = None, rows: tuple[int, ...] = ROWS,
-                 label: str = LABEL) -> None:
-        self.fixed, self.rows, self.label = fixed, rows, label
+    def __init__(self, linears: list, fixed: int | None = None) -> None:
+        self.fixed = fixed
         linears = distinct(linears)
         self._linears = [weakref.ref(lin) for lin in linears]  # weak: a copied layer must not drag the model along
-        self.signature = tuple((lin.in_features, lin.out_features, getattr(lin, "mode", None) or lin.weight.dtype)
-                               for lin in linears)
+        self.signature = tuple((lin.in_features, lin.out_features, lin.weight.dtype) for lin in linears)
         self._threads = -1
         self._min_rows = FALLBACK_MIN_ROWS
 
@@ -150,12 +138,12 @@ class KernelChoice:
         return self._min_rows
 
     def _measure(self, threads: int) -> int:
-        key = (self.signature, threads, self.label)
+        key = (self.signature, threads)
         if key not in _MEASURED:
             linears = [ref() for ref in self._linears]
             if not linears or any(lin is None for lin in linears):
-                return FALLBACK_MIN_ROWS if self.label == LABEL else self.rows[-1] + 1
-            _MEASURED[key] = time_passes(linears, self.rows).min_rows
+                return FALLBACK_MIN_ROWS
+            _MEASURED[key] = time_passes(linears).min_rows
         return _MEASURED[key]
 
     def __deepcopy__(self, memo: dict) -> KernelChoice:

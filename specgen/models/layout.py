@@ -63,9 +63,6 @@ def decode_layout(module: nn.Module, layout: str | None = None) -> nn.Module:
     """Re-store every CPU Linear weight of `module` column-major (in place; ties stay ties) and, for the
     `packed` layout, make each a PackedLinear; returns the module."""
     layout = layout or layout_name()
-    from specgen.models.quantize import choose_kernels
-
-    choose_kernels(module)  # quantized layers (any layout): their own crossover, measured now
     if layout == "row":
         return module
     for lin in module.modules():

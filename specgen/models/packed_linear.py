@@ -68,18 +68,6 @@ class PackedLinear(nn.Linear):
             return F.linear(x, w, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight(), self.bias, "none", [], "")
 
-    @property
-    def compute_dtype(self) -> torch.dtype:
-        return self.weight.dtype
-
-    def narrow_product(self, x: torch.Tensor) -> torch.Tensor:
-        """x [M, in] -> [M, out] by MKL over the (column-major) weight, no bias (kernel_choice times it)."""
-        return F.linear(x, self.weight)
-
-    def wide_product(self, x: torch.Tensor) -> torch.Tensor:
-        """x [M, in] -> [M, out] by oneDNN over the packed copy, no bias (kernel_choice times it)."""
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight(), None, "none", [], "")
-
     def packed_weight(self) -> torch.Tensor:
         """The oneDNN-packed copy of `weight` (opaque tensor), remade when the weight changed."""
         w = self.weight

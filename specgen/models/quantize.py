@@ -14,25 +14,25 @@ memory saving) survives. The head stays int8 under `int4` too: it is a fifth of 
 logits are what greedy decoding compares (llama.cpp's Q4 files keep the output tensor at higher precision
 for the same reason).
 
-Kernels per row count: each quantized kernel computes every row of a product independently (row i of an
-M-row product is bitwise row i of a 1-row product), so AR steps and verification forwards agree exactly.
-Above a crossover measured per model (`models/kernel_choice.py`, rows `WIDE_ROWS`: prefill sizes) a
-product is cheaper as dequantize-to-bfloat16 + F.linear, which reuses the weight across rows; that is
-the only other kernel, and only prompt-sized products reach it. The float32 weights are never kept.
+One kernel at every row count (the kernel choice of `models/kernel_choice.py` does not apply to these
+layers): each quantized kernel computes every row of a product independently, so row i of an M-row
+product is bitwise row i of a 1-row product. An AR step, a verification forward of any width and a
+batched forward of any composition therefore compute the same numbers for a row, and greedy speculation
+is token-identical to AR by construction, even though bfloat16 logits tie often. Dequantize + GEMM would
+save little on prompt prefill and rounds differently (docs/logs/quantized-prefill.log), and switching
+kernels by row count would make a row's output depend on its batch partners and verify width, so the
+quantized kernel runs every product. The float32 weights are never kept.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 MODES = ("int8", "int4")
 GROUPS = (32, 64, 128, 256)  # int4 group sizes the CPU kernel accepts
 DEFAULT_GROUP = 32
 ACT_DTYPE = torch.bfloat16  # activations of a quantized target: the kernels' dtype
-#: Row counts timed for the quantized-vs-dequantized crossover (verification widths stay below them).
-WIDE_ROWS = (16, 32, 64, 128)
 
 
 def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -91,10 +91,9 @@ class QuantizedLinear(nn.Module):
     """Linear with int8 or int4 weights (buffers, saved in the state dict) and bfloat16 products.
 
     forward: x [..., in] (any float dtype) -> [..., out] in x's dtype; shape-agnostic, so batched [B, S, in]
-    inputs work. Products of fewer than `min_rows` rows run the quantized kernel, wider ones dequantize.
+    inputs work. Every product runs the quantized kernel (rows independent: see the module docstring).
     """
 
-    _choice = None  # KernelChoice shared by the model's quantized layers (choose_kernels)
     _kernel: tuple | None = None  # (key, int4 kernel weight, scales-and-zeros [in/g, out, 2])
 
     def __init__(self, in_features: int, out_features: int, mode: str, group: int = 0, bias: bool = False) -> None:
@@ -126,37 +125,25 @@ class QuantizedLinear(nn.Module):
             q.bias = lin.bias.detach().to(ACT_DTYPE)
         return q
 
-    @property
-    def compute_dtype(self) -> torch.dtype:
-        return ACT_DTYPE
-
     def dequantize(self) -> torch.Tensor:
         """The float32 weight [out, in] the kernels multiply by."""
         if self.mode == "int8":
             return dequantize_int8(self.qweight, self.scales)
         return dequantize_int4(self.qweight, self.scales, self.zeros)
 
-    @property
-    def min_rows(self) -> int:
-        return self._choice.min_rows() if self._choice is not None else WIDE_ROWS[-1] + 1
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., in] -> [..., out]
         x2 = x.reshape(-1, self.in_features).to(ACT_DTYPE).contiguous()  # [M, in]
-        y = self.wide_product(x2) if x2.shape[0] >= self.min_rows else self.narrow_product(x2)
+        y = self.product(x2)
         if self.bias is not None:
             y = y + self.bias
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
-    def narrow_product(self, x: torch.Tensor) -> torch.Tensor:
+    def product(self, x: torch.Tensor) -> torch.Tensor:
         """[M, out] bf16 by the quantized kernel (x [M, in] bf16 contiguous): rows are independent."""
         if self.mode == "int8":
             return torch.ops.aten._weight_int8pack_mm(x, self.qweight, self.scales)
         _, packed, sz = self.kernel_weight()
         return torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, self.group, sz)
-
-    def wide_product(self, x: torch.Tensor) -> torch.Tensor:
-        """[M, out] bf16 by dequantizing to bfloat16 and one GEMM (cheaper for prompt-sized M)."""
-        return F.linear(x, self.dequantize().to(ACT_DTYPE))
 
     def kernel_weight(self) -> tuple:
         """(key, packed int4 weight, scales-and-zeros [in/g, out, 2] bf16), remade when the buffers change."""
@@ -258,20 +245,6 @@ def build_quantized_transformer(quantize: str, group: int = 0, **kwargs) -> nn.M
 
 def quantized_layers(module: nn.Module) -> list[QuantizedLinear]:
     return [m for m in module.modules() if isinstance(m, QuantizedLinear)]
-
-
-def choose_kernels(module: nn.Module) -> nn.Module:
-    """Give the quantized layers of `module` one shared KernelChoice (quantized kernel vs dequantize +
-    GEMM, crossover measured over `WIDE_ROWS` at the current thread count) and measure it now."""
-    from specgen.models.kernel_choice import KernelChoice
-
-    layers = quantized_layers(module)
-    if layers:
-        choice = KernelChoice(layers, rows=WIDE_ROWS, label="dequantized bf16")
-        for lin in layers:
-            lin._choice = choice
-        layers[0].min_rows  # noqa: B018 - the first read measures
-    return module
 
 
 def quantized_bytes(module: nn.Module) -> int:

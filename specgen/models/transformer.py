@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specgen.decoding.cache import KVCache
+from specgen.models.attention import chunk_bias, invariant_attention
 from specgen.models.rope import apply_rope, table_1d, table_2d
 
 
@@ -111,10 +112,15 @@ class Attention(nn.Module):
         v = v.view(b, s, -1, hd).transpose(1, 2)
         if cache is not None:
             k, v = cache.write(layer, k, v)  # [B, Hkv, T, hd]
+        if cache is not None and x.dtype != torch.float32:  # low precision: `mask` is chunk_bias (hidden_states)
+            y = invariant_attention(q, k, v, mask)  # a query's result never depends on the forward's width
+            return self.wo(y.transpose(1, 2).reshape(b, s, self.q_dim))
         gqa = self.cfg.n_heads != self.cfg.n_kv_heads
+        if x.dtype != torch.float32:  # no cache (teacher forcing, training): float32 math, as SDPA's bf16 kernels
+            q, k, v = q.float(), k.float(), v.float()  # accumulate anyway
         y = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=causal and mask is None, enable_gqa=gqa
-        )
+        ).to(x.dtype)
         return self.wo(y.transpose(1, 2).reshape(b, s, self.q_dim))
 
 
@@ -294,6 +300,10 @@ class Transformer(nn.Module):
             cache.check_room(s)
             mask = cache.hide_keys(attn_mask) if attn_mask is not None else cache.prefix_mask(s, tree_mask)
             causal = False
+            if h.dtype != torch.float32:  # low precision: batch/width-invariant attention (models/attention.py)
+                t = mask.shape[-1] if mask is not None else max(cache.lengths) + s
+                group = self.cfg.n_heads // self.cfg.n_kv_heads
+                mask = chunk_bias(mask, h.shape[0], s, t, group, h.device)
             cross = cache.cross
         else:
             mask = None if tree_mask is None else tree_mask.view(-1, 1, s, s)

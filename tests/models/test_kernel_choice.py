@@ -117,8 +117,7 @@ def test_describe_names_the_crossovers_in_use(monkeypatch):
     threads = torch.get_num_threads()
     monkeypatch.setattr(kernel_choice, "_MEASURED", {})
     assert kernel_choice.describe() == ""
-    measured = {("a", threads, "oneDNN"): 4, ("b", threads, "oneDNN"): 2, ("c", threads + 1, "oneDNN"): 1}
-    monkeypatch.setattr(kernel_choice, "_MEASURED", measured)
+    monkeypatch.setattr(kernel_choice, "_MEASURED", {("a", threads): 4, ("b", threads): 2, ("c", threads + 1): 1})
     assert kernel_choice.describe() == "oneDNN from 2 / 4 rows"
     monkeypatch.setenv(ENV, "3")
     assert kernel_choice.describe() == "oneDNN from 3 rows (pinned)"

@@ -1,0 +1,64 @@
+"""Invariant attention: SDPA's values, and a query's result independent of the forward's width and batch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specgen.models.attention import chunk_bias, invariant_attention
+
+
+def attention(q, k, v, mask):
+    return invariant_attention(q, k, v, chunk_bias(mask, q.shape[0], q.shape[2], k.shape[2], q.shape[1] // k.shape[1]))
+
+
+def case(seed=0, b=2, h=6, hkv=2, s=20, t=300, d=32, dtype=torch.bfloat16):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(b, n, m, d, generator=g).to(dtype) for n, m in ((h, s), (hkv, t), (hkv, t)))
+    vis = torch.zeros(b, 1, s, t, dtype=torch.bool)
+    for i in range(s):
+        vis[:, :, i, : t - s + 1 + i] = True  # causal after a committed prefix
+    return q, k, v, vis
+
+
+@pytest.mark.parametrize("t", [7, 128, 300])
+def test_values_equal_sdpa_in_float32(t):
+    q, k, v, vis = case(t=t, s=min(20, t))
+    want = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=vis, enable_gqa=True)
+    got = attention(q, k, v, vis)
+    assert got.dtype == torch.bfloat16
+    assert (got.float() - want).abs().max() < 2**-7 * want.abs().max()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_query_gets_the_same_bits_at_every_width_and_in_any_batch(seed):
+    q, k, v, vis = case(seed)
+    s, t = q.shape[2], k.shape[2]
+    full = attention(q, k, v, vis)
+    for w in (1, 2, 3, 5, 8):  # AR steps (w = 1, keys [0, n]) and verification forwards of w tokens
+        parts = [attention(q[:, :, i : i + w], k[:, :, : t - s + i + w], v[:, :, : t - s + i + w],
+                           vis[:, :, i : i + w, : t - s + i + w]) for i in range(0, s - w + 1, w)]
+        got = torch.cat(parts, 2)
+        assert torch.equal(got, full[:, :, : got.shape[2]]), w
+    assert torch.equal(attention(q[1:], k[1:], v[1:], vis[1:]), full[1:])  # alone vs in a batch of 2
+    one = attention(q[:, :, -1:], k, v, None)  # no mask (every slot visible) = the last query's mask
+    assert torch.equal(one, full[:, :, -1:])
+
+
+def test_the_invariance_test_can_fail_on_sdpa():
+    """SDPA itself is not width-invariant in bfloat16 (why models/attention.py exists)."""
+    q, k, v, vis = case(0, s=24, t=200)
+    s, t = 24, 200
+    full = F.scaled_dot_product_attention(q, k, v, attn_mask=vis, enable_gqa=True)
+    steps = torch.cat([F.scaled_dot_product_attention(q[:, :, i : i + 1], k[:, :, : t - s + i + 1],
+                                                      v[:, :, : t - s + i + 1], enable_gqa=True)
+                       for i in range(s)], 2)
+    assert not torch.equal(steps, full)
+
+
+def test_a_query_that_sees_nothing_gets_zeros():
+    q, k, v, vis = case(s=3, t=5)
+    vis[0, :, 1] = False
+    out = attention(q, k, v, vis)
+    assert torch.equal(out[0, :, 1], torch.zeros_like(out[0, :, 1])) and torch.isfinite(out).all()

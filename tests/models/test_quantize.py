@@ -1,0 +1,253 @@
+"""Weight-only int8/int4 quantization: error bounds, kernels vs dequantized weights, row independence, lossless
+greedy speculation on the quantized model, and stored quantized entries that reload bit for bit."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specgen.decoding.sampling import SamplingParams
+from specgen.decoding.target import ModelTarget
+from specgen.errors import UsageError
+from specgen.methods import METHODS, run_batch
+from specgen.models.quantize import (
+    QuantizedEmbedding,
+    QuantizedLinear,
+    build_quantized_transformer,
+    dequantize_int4,
+    dequantize_int8,
+    quantize_int4,
+    quantize_int8,
+    quantize_transformer,
+    quantized_bytes,
+)
+from tests.conftest import tiny_model
+
+GREEDY = SamplingParams()
+LOSSLESS_TEXT = sorted(name for name, spec in METHODS.items() if spec.runs_on("text") and spec.lossless)
+MODES = [("int8", 0), ("int4", 32)]
+
+
+def weights(out=96, k=64, seed=0, offset=0.0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(out, k, generator=g) * torch.rand(out, 1, generator=g) * 2 + offset
+
+
+@pytest.mark.parametrize("offset", [0.0, 3.0])
+def test_int8_round_trip_is_within_half_a_step_per_channel(offset):
+    w = weights(offset=offset)
+    q, s = quantize_int8(w)
+    assert q.dtype == torch.int8 and s.dtype == torch.bfloat16 and q.abs().max() <= 127
+    err = (dequantize_int8(q, s) - w).abs()  # [out, in]
+    assert (err <= s.float()[:, None] * 0.5 + 1e-6).all()
+    assert q.abs().amax(1).min() >= 126  # the scale uses the range: the largest weight maps to ~127
+
+
+@pytest.mark.parametrize("offset", [0.0, 3.0])
+@pytest.mark.parametrize("group", [32, 64])
+def test_int4_round_trip_is_within_half_a_step_per_group(group, offset):
+    w = weights(offset=offset)
+    q4, scale, zero = quantize_int4(w, group)
+    assert q4.shape == (96, 32) and scale.shape == zero.shape == (96, 64 // group)
+    step = scale.float().repeat_interleave(group, dim=1)  # [out, in]
+    # half a step, plus what rounding scale and zero to bfloat16 moves the grid (2^-8 relative)
+    slack = (zero.float().abs() + 15 * scale.float()).repeat_interleave(group, dim=1) * 2**-8
+    err = (dequantize_int4(q4, scale, zero) - w).abs()
+    assert (err <= 0.5 * step + slack).all()
+    assert err.mean() < 0.3 * step.mean()  # a real fit, not only within bounds
+
+
+def test_int4_refuses_widths_not_divisible_by_the_group():
+    with pytest.raises(UsageError, match="divisible by the group size 32"):
+        quantize_int4(weights(k=48), 32)
+    with pytest.raises(UsageError, match="group size must be one of"):
+        quantize_int4(weights(), 48)
+    with pytest.raises(UsageError, match="divisible"):
+        quantize_transformer(tiny_model(0, dim=48, n_heads=4), "int4", 32)
+
+
+@pytest.mark.parametrize("mode,group", MODES)
+def test_quantized_linear_equals_the_dequantized_float_product(mode, group):
+    lin = torch.nn.Linear(64, 96, bias=True)
+    torch.nn.init.normal_(lin.weight, std=0.5)
+    q = QuantizedLinear.from_linear(lin, mode, group)
+    x = torch.randn(3, 5, 64)  # batched [B, S, in]
+    with torch.inference_mode():
+        y = q(x)
+        ref = F.linear(x.bfloat16().float(), q.dequantize(), lin.bias.bfloat16().float())
+    assert y.shape == (3, 5, 96) and y.dtype == torch.float32
+    # the kernels return bfloat16: agreement to bfloat16 rounding of the outputs
+    assert torch.allclose(y, ref, rtol=2**-7, atol=2**-7 * ref.abs().max().item())
+    assert (y - ref).abs().max() > 0 or mode == "int8"  # (bf16 outputs are rounded, exact match is not expected)
+
+
+@pytest.mark.parametrize("mode,group", MODES)
+def test_every_row_of_a_product_is_bitwise_the_row_alone(mode, group):
+    """What makes speculation lossless on a quantized target: a row's result never depends on the product's size."""
+    lin = torch.nn.Linear(64, 96, bias=False)
+    q = QuantizedLinear.from_linear(lin, mode, group)
+    x = torch.randn(70, 64)
+    with torch.inference_mode():
+        alone = torch.cat([q(x[i : i + 1]) for i in range(70)])
+        for m in (2, 3, 8, 17, 70):
+            assert torch.equal(q(x[:m]), alone[:m]), m
+
+
+@pytest.mark.parametrize("mode,group", MODES)
+def test_quantized_model_equals_its_dequantized_float_model(mode, group):
+    model = tiny_model(3)
+    qm = quantize_transformer(copy.deepcopy(model), mode, group)
+    ref = copy.deepcopy(model)
+    with torch.no_grad():  # the float model with exactly the weights the kernels use
+        for name, mod in qm.named_modules():
+            if isinstance(mod, QuantizedLinear):
+                ref.get_submodule(name).weight.copy_(mod.dequantize())
+        ref.tok_embeddings.weight.copy_(qm.output.dequantize())
+    ids = torch.randint(0, 64, (2, 9))
+    pos = torch.arange(9).expand(2, 9)
+    with torch.inference_mode():
+        logits, _ = qm(ids, pos)
+        want, _ = ref.to(torch.bfloat16)(ids, pos)
+        f32, _ = model(ids, pos)
+    assert logits.dtype == torch.bfloat16
+    assert (logits.float() - want.float()).abs().max() < 0.05 * want.float().abs().max()
+    if mode == "int8":  # and near the original float32 model (bf16 activations + rounding; 4 bits of random
+        assert (logits.float() - f32).abs().max() < 0.1 * f32.abs().max()  # Gaussian weights are not near it)
+
+
+def test_tied_embedding_and_head_share_one_int8_table():
+    qm = quantize_transformer(tiny_model(0), "int4", 32)
+    assert isinstance(qm.tok_embeddings, QuantizedEmbedding)
+    assert qm.tok_embeddings.qweight is qm.output.qweight and qm.output.mode == "int8"
+    assert not any(p.dtype == torch.float32 for p in qm.parameters())  # no float32 weights are kept
+    f32_bytes = sum(p.numel() * 4 for p in tiny_model(0).parameters() if p.dim() > 1)  # tied table once
+    assert quantized_bytes(qm) < 0.3 * f32_bytes  # int4 body + int8 table (+ scales): well under float32
+    ids = torch.tensor([[1, 5, 63]])
+    with torch.inference_mode():
+        emb = qm.tok_embeddings(ids)  # [1, 3, dim]
+    want = qm.output.dequantize()[ids[0]].bfloat16()
+    assert torch.allclose(emb[0].float(), want.float(), rtol=2**-7, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def quantized_targets():
+    return {mode: ModelTarget(quantize_transformer(tiny_model(7), mode, group)) for mode, group in MODES}
+
+
+def ragged(n: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(5)
+    return [torch.randint(0, 64, (int(torch.randint(2, 20, (), generator=g)),), generator=g).tolist() for _ in range(n)]
+
+
+@pytest.mark.parametrize("mode", [m for m, _ in MODES])
+@pytest.mark.parametrize("method", LOSSLESS_TEXT)
+def test_every_lossless_method_equals_ar_on_the_quantized_model(quantized_targets, method, mode):
+    target = quantized_targets[mode]
+    prompts = ragged(4)
+
+    def drafter(i):
+        return METHODS[method].make_drafter({"seed": 0})
+
+    ar = [run_batch(target, lambda i: METHODS["ar"].make_drafter({}), [p], 24, GREEDY).results[0].tokens
+          for p in prompts]
+    alone = [run_batch(target, drafter, [p], 24, GREEDY).results[0].tokens for p in prompts]
+    assert alone == ar
+    batched = run_batch(target, drafter, prompts, 24, GREEDY, batch_size=3)
+    assert [r.tokens for r in batched.results] == ar
+
+
+def test_quantized_greedy_differs_from_float_somewhere():
+    """The equality above is not vacuous: the quantized model is another model (int4 here)."""
+    prompts = ragged(6)
+    q = ModelTarget(quantize_transformer(tiny_model(7), "int4", 32))
+    f = ModelTarget(tiny_model(7))
+    ar = lambda t, p: run_batch(t, lambda i: METHODS["ar"].make_drafter({}), [p], 24, GREEDY).results[0].tokens  # noqa: E731
+    assert any(ar(q, p) != ar(f, p) for p in prompts)
+
+
+@pytest.mark.parametrize("mode,group", MODES)
+def test_builder_skeleton_loads_the_state_bit_for_bit(mode, group):
+    qm = quantize_transformer(tiny_model(2), mode, group)
+    fresh = build_quantized_transformer(mode, group, **qm.cfg.to_dict())
+    fresh.load_state_dict(qm.state_dict(), strict=True)
+    assert fresh.tok_embeddings.qweight is fresh.output.qweight
+    ids, pos = torch.randint(0, 64, (1, 6)), torch.arange(6)[None]
+    with torch.inference_mode():
+        assert torch.equal(fresh(ids, pos)[0], qm(ids, pos)[0])
+
+
+def tiny_entry(name="tiny", seed=2):
+    from specgen import registry
+
+    model = tiny_model(seed)
+    meta = {"builder": "transformer", "kwargs": model.cfg.to_dict(), "modality": "text", "vocab_size": 64}
+    return registry.save("target", name, model.state_dict(), meta), model
+
+
+@pytest.mark.parametrize("mode,group", MODES)
+def test_stored_quantized_entry_reloads_bit_for_bit_and_is_made_once(mode, group):
+    from specgen import registry
+    from specgen.text import precision
+
+    base, model = tiny_entry()
+    entry = precision.quantized_entry(base, mode)
+    assert entry.ref == f"target/tiny-{mode}" + ("-g32" if mode == "int4" else "")
+    assert entry.meta["quantized"]["base"] == "target/tiny" and entry.meta["builder"] == "quantized-transformer"
+    loaded = registry.load_module(entry, "cpu", torch.bfloat16)
+    want = quantize_transformer(model, mode, group).state_dict()
+    got = loaded.state_dict()
+    assert got.keys() == want.keys()
+    assert all(torch.equal(got[k], want[k]) and got[k].dtype == want[k].dtype for k in want)
+    assert loaded.tok_embeddings.qweight is loaded.output.qweight  # the tie survives the round trip
+    stamp = (entry.path / registry.WEIGHTS).stat().st_mtime_ns
+    again = precision.quantized_entry(base, mode)  # stored: read, not recomputed
+    assert (again.path / registry.WEIGHTS).stat().st_mtime_ns == stamp
+
+
+def test_a_changed_base_is_requantized_and_a_foreign_entry_refused():
+    from specgen import registry
+    from specgen.errors import IncompatibleError
+    from specgen.text import precision
+
+    base, _ = tiny_entry(seed=2)
+    first = registry.read_state(precision.quantized_entry(base, "int8"))
+    base, _ = tiny_entry(seed=3)  # same name, other weights
+    second = registry.read_state(precision.quantized_entry(base, "int8"))
+    assert not torch.equal(first["tok_embeddings.qweight"], second["tok_embeddings.qweight"])
+    other, _ = tiny_entry("other", seed=4)
+    foreign = precision.quantized_entry(other, "int8")
+    registry.save("target", "tiny-int8", registry.read_state(foreign), foreign.meta)  # other's weights, our name
+    with pytest.raises(IncompatibleError, match="not a quantized copy of target/tiny"):
+        precision.quantized_entry(base, "int8")
+    with pytest.raises(IncompatibleError, match="holds int8 weights, not int4"):
+        precision.check_quantized_entry(foreign, "int4")
+
+
+@pytest.mark.parametrize("name,dtype,quantize,want", [
+    ("m", None, None, ("m", "float32", None)),
+    ("m+int8", None, None, ("m", "bfloat16", "int8")),
+    ("m", None, "int4", ("m", "bfloat16", "int4")),
+    ("m+bf16", None, None, ("m", "bfloat16", None)),
+    ("m", "bfloat16", "none", ("m", "bfloat16", None)),
+])
+def test_precision_names_and_options_resolve(name, dtype, quantize, want):
+    from specgen.text.precision import resolve
+
+    assert resolve(name, dtype, quantize) == want
+
+
+@pytest.mark.parametrize("name,dtype,quantize,match", [
+    ("m", None, "int5", "--quantize must be one of"),
+    ("m", "float16", None, "--dtype must be one of"),
+    ("m", "float32", "int8", "runs bfloat16 activations"),
+    ("m+int8", None, "int4", "contradicts the model name"),
+    ("m+fp8", None, None, "unknown precision suffix"),
+])
+def test_bad_precision_input_is_one_usage_error(name, dtype, quantize, match):
+    from specgen.text.precision import resolve
+
+    with pytest.raises(UsageError, match=match):
+        resolve(name, dtype, quantize)
