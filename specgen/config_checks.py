@@ -19,7 +19,7 @@ SIGNED = {"seed", "label_seed", "data_seed"}  # any integer
 AT_LEAST_ONE = {"batch_size", "grad_accum", "block_size", "label_batch", "gen_batch", "crop_size", "num_crops",
                 "eval_crops", "lora_rank", "num_sequences", "eval_sequences", "inner_dim", "channels", "blocks",
                 "kernel", "disc_channels", "scale", "log_every", "eval_every", "ckpt_every", "shard_every", "window",
-                "steps"}
+                "steps", "num_threads"}
 POSITIVE = {"lr", "disc_lr", "stage1_lr", "stage2_lr", "lora_alpha"}  # > 0
 OPEN_UNIT = {"top_p", "label_top_p"}  # (0, 1]
 UNIT = {"delta", "min_lr_ratio", "lecam_decay"}  # [0, 1]
@@ -27,6 +27,7 @@ HALF_OPEN_UNIT = {"beta1", "beta2"}  # [0, 1)
 UNIT_LISTS = {"deltas"}
 POSITIVE_INT_LISTS = {"topk_accept", "tree_k", "depths", "vvs_intervals"}
 NONEMPTY_LISTS = {"temperatures", "methods", "rows"}
+ZERO_BUDGET_IS_CONTEXT = {"MeshGenConfig", "MeshBenchConfig"}  # max_new_tokens 0 = the model's whole context
 NAMES = {"name", "vq_name"}  # registry names this command creates ("" = do not register)
 MAX_THREADS = 4096
 
@@ -42,6 +43,8 @@ def check_config(cfg: Any) -> None:
     for key in ("threads", "num_threads"):
         if isinstance(getattr(cfg, key, None), int) and getattr(cfg, key) > MAX_THREADS:
             raise UsageError(f"{key} must be at most {MAX_THREADS}, got {getattr(cfg, key)}")
+    if getattr(cfg, "max_new_tokens", None) == 0 and type(cfg).__name__ not in ZERO_BUDGET_IS_CONTEXT:
+        raise UsageError("max-new-tokens must be >= 1, got 0")
     check_method_options(cfg)
     check_token_budget(cfg)
 

@@ -1,0 +1,140 @@
+"""Issue 23, fuzzed: random option values and overrides for every command on a tiny model.
+
+Whatever the input, a command exits 0, 1 or 2, never prints a traceback, prints at most one (error) line on
+stderr when it fails, and a failure leaves no new file behind. Each example runs in a fresh SPECGEN_HOME and
+working folder; the trainers are pointed at inputs that do not exist, so a valid configuration ends at its
+first load (fast) instead of training.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from cli.main import app
+
+NUMBERS = ["-3", "-0", "0", "1", "2", "0.5", "2.5", "1e9", "1e400", "nan", "inf", "-inf", "abc", ""]
+TEXTS = ["", "x", "a\x01b", "é", "../up", "n" * 120, "smollm2-135m", "tiny-text", "-", "[1,2]", "{a: 1}", "null",
+         "afile", "."]
+VALUES = st.one_of(st.sampled_from(NUMBERS + TEXTS), st.text(max_size=6))
+
+# command -> (fixed arguments, {option: values}, override keys)
+COMMANDS = {
+    "generate": (["generate", "--model", "tiny-text", "--no-chat", "--prompt", "HI", "--max-new-tokens", "2"],
+                 {"--temperature": NUMBERS, "--top-p": NUMBERS, "--top-k": NUMBERS, "--seed": NUMBERS,
+                  "--max-new-tokens": ["-3", "0", "1", "3", "abc", "1000000000"],
+                  "--method": ["ar", "jacobi", "ngram", "pcllm-mr", "xspecmesh", "adt-tree", "nope", ""],
+                  "--device": ["cpu", "cuda", "meta:0", "x"], "--format": ["json", "table", "xml"]},
+                 ["method_options.block_size", "method_options.num_draft", "method_options", "max_new_tokens",
+                  "temperature", "top_p", "chat", "seed", "nope"]),
+    "benchmark": (["benchmark", "--model", "tiny-text", "--limit", "1", "--max-new-tokens", "2", "--methods", "ar",
+                   "warmup=false", "execute=false", "nll=false"],
+                  {"--limit": ["-3", "0", "1", "abc"], "--offset": ["-1", "0", "3", "100000"],
+                   "--threads": ["-3", "0", "1", "99999", "x"], "--max-new-tokens": ["0", "1", "2", "5000"],
+                   "--methods": ["ar", "ar,ngram", "ngram", "nope", ""], "--out": ["rows.jsonl", ".", "afile", "no/x"],
+                   "--suite": ["humaneval", "imagenet"]},
+                  ["method_options.ngram.num_draft", "methods", "limit", "threads", "suite"]),
+    "export-mesh": (["export-mesh", "seq.jsonl"],
+                    {"-o": ["out", "afile", "afile/sub", "."], "--mesh-format": ["obj", "ply", "xyz", ""],
+                     "--format": ["json", "table", "x"]}, []),
+    "registry": (["registry", "import", "w.pt", "--builder", "transformer", "--kwargs", "kw.json"],
+                 {"--name": TEXTS + ["fresh"], "--kind": ["target", "draft", "nope"], "--parent": TEXTS,
+                  "--builder": ["transformer", "nope"]}, []),
+    "distill": (["distill", "--out", "run", "--trajectories", "empty", "--model", "tiny-text"],
+                {"--steps": NUMBERS, "--objective": ["pcllm", "cllm", "x"], "--name": TEXTS, "--seed": NUMBERS},
+                ["lr", "lora_rank", "block_size", "window", "warmup_steps", "lora_targets", "max_minutes", "name"]),
+    "train-heads": (["train-heads", "--out", "run", "target=no-such-target"],
+                    {"--kind": ["xspecmesh", "eagle", "nope"]},
+                    ["stage1_lr", "stage2_lr", "num_heads", "head_kind", "batch_size", "beta1", "name", "ship_dir"]),
+    "train-upsampler": (["train-upsampler", "--out", "run", "vq=no-such-vq"], {},
+                        ["lr", "disc_lr", "steps", "scale", "lecam_decay", "name", "num_threads", "warm_start"]),
+    "collect-trajectories": (["collect-trajectories", "--out", "run", "--model", "no-such-target"],
+                             {"--block-size": NUMBERS, "--max-new-tokens": NUMBERS, "--limit": NUMBERS,
+                              "--prompts": ["stdlib", "nope.txt", ""]},
+                             ["threads", "shard_every", "offset", "chat", "prompt_field"]),
+}
+
+
+@contextmanager
+def scratch():
+    """A fresh SPECGEN_HOME with target/tiny-text, and a working folder with the inputs the commands name."""
+    import json
+
+    import torch
+
+    from tests.conftest import tiny_model
+    from tests.pcllm_fixtures import save_tiny_text
+
+    with tempfile.TemporaryDirectory() as d:
+        root = Path(d)
+        old_env, old_cwd = os.environ.get("SPECGEN_HOME"), os.getcwd()
+        os.environ["SPECGEN_HOME"] = str(root / "home")
+        work = root / "work"
+        work.mkdir()
+        os.chdir(work)
+        try:
+            save_tiny_text()
+            (work / "afile").write_text("x")
+            (work / "empty").mkdir()
+            from tests.cli.test_cli_mesh import good_line
+
+            (work / "seq.jsonl").write_text(good_line("m") + '\n{"token_ids": [1, 2, 3], "name": "bad"}\n[5, 6]\n')
+            model = tiny_model(1)
+            torch.save(model.state_dict(), work / "w.pt")
+            (work / "kw.json").write_text(json.dumps(model.cfg.to_dict()))
+            yield root
+        finally:
+            os.chdir(old_cwd)
+            if old_env is None:
+                os.environ.pop("SPECGEN_HOME", None)
+            else:
+                os.environ["SPECGEN_HOME"] = old_env
+
+
+def snapshot(root: Path) -> set[str]:
+    """Files and folders under root, except built-in registry entries (a cache materialised on first use)."""
+    from specgen.builtins import BUILTINS
+
+    paths = set()
+    for p in root.rglob("*"):
+        parts = p.relative_to(root).parts
+        if len(parts) >= 4 and parts[:2] == ("home", "checkpoints") and parts[3] in BUILTINS:
+            continue
+        paths.add(str(p.relative_to(root)))
+    return paths
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+@settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "8")), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                HealthCheck.too_slow], derandomize=not os.environ.get("FUZZ_EXAMPLES"))
+@given(data=st.data())
+def test_random_inputs_exit_cleanly(command, data):
+    fixed, options, keys = COMMANDS[command]
+    args = list(fixed)
+    if options:
+        for opt in data.draw(st.lists(st.sampled_from(sorted(options)), max_size=3, unique=True), label="options"):
+            args += [opt, data.draw(st.one_of(st.sampled_from(options[opt]), VALUES), label=opt)]
+    if keys:
+        for key in data.draw(st.lists(st.sampled_from(keys), max_size=2, unique=True), label="overrides"):
+            args.append(f"{key}={data.draw(VALUES, label=key)}")
+    with scratch() as root:
+        before = snapshot(root)
+        r = CliRunner().invoke(app, args)
+        after = snapshot(root)
+    if os.environ.get("FUZZ_LOG"):
+        print(r.exit_code, args, (r.stderr.strip().splitlines() or [""])[-1][:100], file=open(os.environ["FUZZ_LOG"], "a"))
+    assert r.exit_code in (0, 1, 2), (args, r.output)
+    assert "Traceback" not in r.output and "╭" not in r.output, (args, r.output)
+    if r.exit_code:
+        lines = [x for x in r.stderr.splitlines() if x.strip()]
+        assert len(lines) == 1 and lines[0].startswith("error:"), (args, r.stderr)
+        assert not re.match(r"error: \w+(Error|Exception|Warning): ", lines[0]), (args, lines[0])  # a raw exception
+        assert after == before, (args, sorted(after - before))
