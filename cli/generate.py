@@ -93,7 +93,7 @@ def generate(
         "--drafter", help="[image] EAGLE drafter for eagle2/adt-tree/lantern/vvs (default: the target's shipped one).")] = None,
     point_clouds: Annotated[Optional[Path], typer.Option("--point-clouds", help="[mesh] Point clouds (.npy/.ply) or a mesh folder.")] = None,
     batch_size: Annotated[Optional[int], typer.Option(
-        "--batch-size", "-b", help="[text, image c2i] Sequences decoded together (continuous batching; clamped to "
+        "--batch-size", "-b", help="[text, image] Sequences decoded together (continuous batching; clamped to "
                                    "the number of prompts or images).")] = None,
     seed: SeedOpt = None,
     device: DeviceOpt = None,

@@ -119,7 +119,9 @@ class KVCache:
         """Take back the lengths, condition and key mask of `view` = `rows(start, start + view.batch)`."""
         stop = start + view.batch
         self.lengths[start:stop] = view.lengths
-        if view.key_mask is not None:
+        if view.key_mask is None and self.key_mask is not None:
+            self.key_mask[start:stop] = True  # the view's rows hide nothing
+        elif view.key_mask is not None:
             if self.key_mask is None or self.key_mask.shape[1] != view.key_mask.shape[1]:
                 self.key_mask = torch.ones(self.batch, view.key_mask.shape[1], dtype=torch.bool, device=self.k.device)
             self.key_mask[start:stop] = view.key_mask

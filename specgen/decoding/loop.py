@@ -137,6 +137,7 @@ def decode_batch(
             for r in rows:
                 cache.rollback(r, 0)
             view = cache.rows(rows.start, rows.stop)
+            view.key_mask, view.cross = None, None  # a new sequence: no condition of the slot's previous one
             first = target.prefill(torch.tensor([row.prompt], device=device), view)
             cache.absorb(view, rows.start)
             row.out.append(pick(first.logits[0, -1], params, row.generator))

@@ -197,8 +197,6 @@ def run_image_benchmark(im: ImageModel, cfg: ImageBenchConfig, on_step=None) -> 
     check_image_methods(cfg)
     conditions = bench_conditions(im, cfg)  # [num] class ids or captions, refused before any decoding
     check_builds(im, cfg, conditions[0])
-    if im.text_conditional and max(cfg.batch_sizes) > 1:
-        raise UsageError("batch_sizes > 1 need a class-conditional model; t2i captions decode one at a time")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     base = ImageGenConfig(model=cfg.model, cfg_scale=cfg.cfg_scale, seed=cfg.seed, device=cfg.device, num=1)

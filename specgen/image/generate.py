@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +15,7 @@ from specgen.errors import IncompatibleError, UsageError
 from specgen.image.captions import Caption, read_captions
 from specgen.image.methods import ImageParts, build_image_method
 from specgen.image.target import cfg_target
-from specgen.methods import get_method, run_batch, run_drafter
+from specgen.methods import get_method, run_batch
 from specgen.models.layout import decode_layout
 
 
@@ -37,7 +36,7 @@ class ImageGenConfig:
     seed: int = 0
     device: str = "cpu"
     out_dir: str = "specgen-images"
-    batch_size: int = 1  # c2i images decoded together (B images x the CFG pair per forward; continuous batching)
+    batch_size: int = 1  # images decoded together (B images x the CFG pair per forward; continuous batching)
     method_options: dict = field(default_factory=dict)
 
 
@@ -56,8 +55,8 @@ class ImageModel:
     def text_conditional(self) -> bool:
         return self.model.cfg.cond_kind == "caption"
 
-    def parts(self, cfg_scale: float, caption: Caption | None = None) -> ImageParts:
-        """Method inputs; a t2i model's target is conditioned on `caption`."""
+    def parts(self, cfg_scale: float, caption: Caption | list[Caption] | None = None) -> ImageParts:
+        """Method inputs; a t2i model's target is conditioned on `caption` (a list: one per sequence)."""
         codebook = self.vq.quantize.embedding.weight.detach().float()
         return ImageParts(self.model, cfg_target(self.model, cfg_scale, caption), self.drafter_net, codebook, self.grid)
 
@@ -182,26 +181,15 @@ def generate_images(im: ImageModel, cfg: ImageGenConfig, on_done=None,
     if cfg.batch_size < 1:
         raise UsageError(f"batch-size must be >= 1, got {cfg.batch_size}")
     seeds = [torch.Generator().manual_seed(cfg.seed * 100_003 + i) for i in range(len(conditions))]
-    if not im.text_conditional:  # c2i: one CFG target for every class, so the images share the batched loop
-        parts = im.parts(cfg.cfg_scale, None)
-        rule = build_image_method(cfg.method, parts, dict(cfg.method_options))[1]
-        batch = run_batch(parts.target, lambda i: build_image_method(cfg.method, parts, dict(cfg.method_options))[0],
-                          [[c] for c in conditions], n_tokens, params, (), seeds, cfg.batch_size, on_done=on_done,
-                          rule=rule, max_draft=128)
-        samples = [ImageSample(c, r.tokens, r.stats) for c, r in zip(conditions, batch.results)]
-    else:  # t2i: the caption lives in the target, one image at a time
-        if cfg.batch_size > 1:
-            raise UsageError("--batch-size is for class-conditional models for now; t2i captions decode one at a time")
-        samples, t0 = [], time.perf_counter()
-        for i, cond in enumerate(conditions):
-            parts, prompt, label = conditioned(im, cfg.cfg_scale, cond)
-            drafter, rule = build_image_method(cfg.method, parts, dict(cfg.method_options))
-            res = run_drafter(parts.target, drafter, prompt, n_tokens, params, generator=seeds[i], rule=rule,
-                              max_draft=128)
-            res.stats.extras["latency_s"] = time.perf_counter() - t0  # as the batched loop: queueing included
-            samples.append(ImageSample(label, res.tokens, res.stats))
-            if on_done:
-                on_done(i)
+    # one CFG target for every image (c2i: the class is the prompt; t2i: the prompt names a caption of the target)
+    parts = im.parts(cfg.cfg_scale, list(conditions) if im.text_conditional else None)
+    prompts = [parts.target.prompt(i) for i in range(len(conditions))] if im.text_conditional else \
+        [[c] for c in conditions]
+    rule = build_image_method(cfg.method, parts, dict(cfg.method_options))[1]
+    batch = run_batch(parts.target, lambda i: build_image_method(cfg.method, parts, dict(cfg.method_options))[0],
+                      prompts, n_tokens, params, (), seeds, cfg.batch_size, on_done=on_done, rule=rule, max_draft=128)
+    samples = [ImageSample(c.index if isinstance(c, Caption) else c, r.tokens, r.stats)
+               for c, r in zip(conditions, batch.results)]
     with torch.inference_mode():
         idx = torch.tensor([s.tokens for s in samples]).view(-1, im.grid, im.grid)
         pixels = im.vq.decode_indices(idx.to(next(im.vq.parameters()).device)).float().clamp(-1, 1).cpu()

@@ -83,20 +83,25 @@ class CFGTarget:
 
 
 class CaptionCFGTarget(CFGTarget):
-    """Target protocol for a text-conditional Transformer (needs `cfg.caption_dim`), conditioned on one caption.
+    """Target protocol for a text-conditional Transformer (needs `cfg.caption_dim`), conditioned on captions.
 
-    Row 0 embeds the caption's features, row 1 (CFG) the model's `uncond_embedding`; both rows use the
-    caption's padding mask, as LlamaGen's `generate` does (`cat([emb_masks, emb_masks])`).
+    Row 0 of a sequence embeds its caption's features, row 1 (CFG) the model's `uncond_embedding`; both rows
+    use the caption's padding mask, as LlamaGen's `generate` does (`cat([emb_masks, emb_masks])`). A sequence's
+    prompt is n_cond copies of its caption's index in `captions` (`prompt(i)`), so one target serves a batch.
     """
 
-    def __init__(self, model: torch.nn.Module, cfg_scale: float, caption: Caption) -> None:
+    def __init__(self, model: torch.nn.Module, cfg_scale: float, caption: Caption | list[Caption]) -> None:
         super().__init__(model, cfg_scale)
-        self.caption = caption
+        self.captions = list(caption) if isinstance(caption, (list, tuple)) else [caption]
         self.n_cond = model.cfg.n_cond
 
-    def prompt(self) -> list[int]:
-        """Placeholder ids for the n_cond condition positions (values unused; their count sets the positions)."""
-        return [0] * self.n_cond
+    @property
+    def caption(self) -> Caption:
+        return self.captions[0]
+
+    def prompt(self, i: int = 0) -> list[int]:
+        """The n_cond condition positions of caption i (the ids name the caption; their count sets the positions)."""
+        return [i] * self.n_cond
 
     @torch.inference_mode()
     def prefill(self, tokens: torch.Tensor, cache: KVCache) -> TargetOut:
@@ -105,10 +110,11 @@ class CaptionCFGTarget(CFGTarget):
         if tokens.shape[1] != n:
             raise ValueError(f"a t2i prefill takes {n} condition positions, got {tokens.shape[1]}")
         emb = self.model.cls_embedding
-        captions = self.caption.features.to(self.device)[None]  # [1, n, C]
+        caption = self.captions[int(tokens[0, 0])]
+        captions = caption.features.to(self.device)[None]  # [1, n, C]
         if self.guided:
             captions = torch.cat([captions, emb.uncond_embedding[None].to(captions)])  # [2, n, C]
-        valid = self.caption.valid.to(self.device)[None].expand(b, n)  # [b, n]
+        valid = caption.valid.to(self.device)[None].expand(b, n)  # [b, n]
         positions = torch.arange(n, device=self.device).expand(b, n)  # zero RoPE rows
         hidden = self.model.hidden_states(emb(captions), positions, cache, padded_causal_mask(valid))
         for row in range(b):
@@ -117,10 +123,10 @@ class CaptionCFGTarget(CFGTarget):
         return TargetOut(self.combine(self.model.output(hidden[:, -1:])), hidden)
 
 
-def cfg_target(model: torch.nn.Module, cfg_scale: float, caption: Caption | None = None) -> CFGTarget:
-    """The CFG adapter for the model's conditioning: a class label in the prompt (c2i) or `caption` (t2i)."""
+def cfg_target(model: torch.nn.Module, cfg_scale: float, caption: Caption | list[Caption] | None = None) -> CFGTarget:
+    """The CFG adapter for the model's conditioning: a class label in the prompt (c2i) or `caption`(s) (t2i)."""
     if model.cfg.cond_kind != "caption":
         return CFGTarget(model, cfg_scale)
-    if caption is None:
+    if caption is None or (isinstance(caption, (list, tuple)) and not caption):
         raise UsageError("a text-conditional model needs caption features")
     return CaptionCFGTarget(model, cfg_scale, caption)

@@ -68,3 +68,22 @@ def test_cfg_target_scores_n_sequences_like_one_at_a_time():
         target.prefill(torch.tensor([[label]]), one)
         alone = target.forward(tokens[i : i + 1], positions[i : i + 1], one, None).logits
         torch.testing.assert_close(joint[i : i + 1], alone, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("method", LOSSLESS_IMAGE)
+def test_t2i_captions_batched_equal_each_alone(method):
+    """Captions with different padding share one forward: each row's key mask hides its own padded slots."""
+    from specgen.image.target import CaptionCFGTarget
+    from tests.image.test_t2i_generate import N_COND, caption, tiny_t2i_gpt
+
+    model = tiny_t2i_gpt(3)
+    caps = [caption(i, n_valid) for i, n_valid in enumerate([2, 6, 4, 1, 5])]
+    target = CaptionCFGTarget(model, 3.0, caps)
+    parts = ImageParts(model, target, TinyEagle(model).eval(), None, GRID)
+    n = GRID * GRID
+    alone = [decode(CaptionCFGTarget(model, 3.0, c), EmptyDrafter(), [0] * N_COND, n, SamplingParams()).tokens
+             for c in caps]
+    options = {"eagle2": OPTIONS["eagle2"], "adt-tree": {**OPTIONS["adt-tree"], "grid": GRID}}.get(method, {})
+    res = run_batch(target, lambda i: build_image_method(method, parts, dict(options))[0],
+                    [target.prompt(i) for i in range(len(caps))], n, SamplingParams(), batch_size=3, max_draft=32)
+    assert [r.tokens for r in res.results] == alone
