@@ -108,10 +108,10 @@ IMAGE_METHODS: dict[str, Builder] = {
 assert set(IMAGE_METHOD_OPTIONS) <= set(IMAGE_METHODS)
 
 
-# CPU defaults, chosen from measurements on 2 cores with the embedded 16x16 generator (README, "Image
-# benchmark"): a 60-node verify costs several 1-token forwards here, so trees are kept to 16 nodes and
-# narrow. The papers' GPU settings (EAGLE-2/LANTERN depth 4, top_k 10, 60 nodes; ADT-Tree for LlamaGen
-# l_k 10, top_k in (3, 40)) are the dataclass defaults and `recipes/full/` values: pass them explicitly.
+# CPU defaults, chosen from measurements on 2 cores with the embedded 16x16 generator (docs/results/image.md):
+# a 60-node verify costs several 1-token forwards there, so trees are kept to 16 nodes and narrow. The papers'
+# GPU settings (EAGLE-2/LANTERN depth 4, top_k 10, 60 nodes; ADT-Tree for LlamaGen l_k 10, top_k in (3, 40))
+# are the dataclass defaults: pass them explicitly (docs/methods/eagle2.md, adt-tree.md).
 SMALL_TREE = {"depth": 6, "top_k": 4, "total_tokens": 16}
 SMALL_ADT = {"total_tokens": 16, "k0": 4, "l_k": 2, "k_min": 1, "k_max": 12}
 CPU_DEFAULTS: dict[str, dict] = {

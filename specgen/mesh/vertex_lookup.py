@@ -3,12 +3,12 @@
 A BPT sequence names each vertex as `block, offset` (`mesh/tokenizers/bpt.py`) and revisits most
 vertices, since each is shared by several faces. Once a block has been emitted followed by an
 offset, the next time that block appears the offset after it is, on the procedural meshes, the
-same one (one vertex per coarse block; measured on held-out labels of both backbones, README). So a
-candidate whose predecessor (x_{s*} or the previous candidate) is such a block is that offset, and
-every other candidate is the head's token for its position: the heads keep the blocks (where they
-are right 27-56% of the time against 14% for copying what followed the last occurrence of the
-preceding offset, which `lookup` n-grams do), the mesh supplies the offsets (where heads are right
-10-15%). A special block (a patch centre, id + special_base) looks up its plain block.
+same one (one vertex per coarse block; measured on held-out labels of both backbones,
+docs/results/mesh.md). So a candidate whose predecessor (x_{s*} or the previous candidate) is such a
+block is that offset, and every other candidate is the head's token for its position: the heads keep
+the blocks (where they beat copying what followed the last occurrence of the preceding offset, which
+`lookup` n-grams do), the mesh supplies the offsets (where heads are rarely right). A special block
+(a patch centre, id + special_base) looks up its plain block.
 """
 
 from __future__ import annotations

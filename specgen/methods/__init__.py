@@ -49,7 +49,7 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("ar", "text", True, "autoregressive baseline on the same static-cache loop",
                    lambda o: EmptyDrafter(), modalities=("text", "image", "mesh")),
         # Jacobi block sizes default to 4: TPF barely moves with n on these models while a verify of n tokens
-        # costs more with n on a CPU (README "Verification is not free on a CPU"); GPU recipes set n themselves.
+        # costs more with n on a CPU (docs/results/text.md, "Verify cost c(n)"); GPU recipes set n themselves.
         MethodSpec("jacobi", "text", True, "Jacobi fixed-point iteration over a block of n tokens",
                    lambda o: JacobiDrafter(block_size=o.get("block_size", 4), seed=o.get("seed", 0)),
                    options=("block_size", *LOOP_OPTIONS)),

@@ -24,7 +24,7 @@ Algorithm 1 as a Drafter of the shared (batched) loop, whose steps it fills in:
              tokens and fewer than K blocks are active; when the RA block is done the next block is
              promoted (its tokens are verified again, now behind a clean context).
 
-Differences from Jacobi Forcing's reference (documented in README): candidates are verified as tree
+Differences from Jacobi Forcing's reference (documented in docs/methods/pcllm.md): candidates are verified as tree
 branches in the same forward instead of extra batch rows, and the pool holds rejected RA tails.
 The winning branch of a step is the earliest whose prefix equals the accepted path (ties keep the
 main chain, as `longest_branch` says); its later positions' argmaxes update the window. The
@@ -70,7 +70,7 @@ def longest_branch(branches: list[list[int]], offsets: list[int], argmax: list[i
 class MultiBlockDrafter:
     """pcLLM (MR) as a Drafter: K blocks of n refined at once + rejection-recycling candidates, one prefix tree."""
 
-    block_size: int = 4  # n (CPU default: measured fastest, README; paper 64 in recipes/full)
+    block_size: int = 4  # n (CPU default: measured fastest, docs/results/text.md; paper 64 in recipes/full)
     num_blocks: int = 2  # K (real-active + pseudo-active)
     spawn_ratio: float = 0.85  # r: spawn when the newest block has ceil(r n) accepted tokens
     pool_size: int = 4  # n-gram pool entries (deque)

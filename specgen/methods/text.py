@@ -62,7 +62,7 @@ class NgramDrafter:
 
     Tries n = max_ngram down to min_ngram and takes the most recent earlier occurrence. No match
     means an empty draft (a plain AR step, cost 1), so the method never pays for hopeless drafts.
-    `num_draft` is small by default because verification is not free on a CPU (see README).
+    `num_draft` is small by default because verification is not free on a CPU (docs/results/text.md).
     """
 
     num_draft: int = 4

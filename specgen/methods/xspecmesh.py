@@ -61,9 +61,8 @@ Choices the paper leaves open (this is the reference implementation):
   candidate at which the running product of the proposers' probabilities of their candidates falls below
   `min_path_prob` (EAGLE-2's path confidence, applied to a chain). A head's probability of its token is
   softmax(head logits / T) at the run's temperature T (1 when greedy), unfiltered; a lookup candidate counts
-  1. Each verified token costs a backbone forward more work (on the small backbone a 5-token verify costs
-  1.25 one-token forwards, 3 tokens 1.17), so dropping the tail a head is unsure of can save more than the
-  few tokens it would have added (measured on the tiny backbone: it does not; README, mesh choices). The
+  1. Each verified token costs a backbone forward more work, so dropping the tail a head is unsure of can
+  save more than the few tokens it would have added (whether it does is measured in docs/results/mesh.md). The
   cut is a function of the history, like the candidates, so every rule keeps its properties (rejection
   stays lossless, accept-nothing stays AR, greedy stays greedy AR).
 - SCR = committed tokens / decoding steps (the prefill that yields the first candidate is not a
@@ -91,9 +90,9 @@ SAMPLING_MODES = ("independent", "tree")
 #: The lossless acceptance rule (beyond the paper): speculative rejection sampling of deterministic candidates.
 LOSSLESS_CRITERION = "rejection"
 #: Precision of the heads' LM-head projection (candidates only; the backbone, hence acceptance, stays float32).
-#: bfloat16 ran the [D, dim] x [dim, 5121] product ~2-3x faster than MKL's float32 on a CPU with AVX512-BF16;
-#: with the packed decode layout (models/packed_linear.py) float32 runs on oneDNN and bf16 no longer pays
-#: (0.65x vs 0.68x of AR, README). The head bodies stay float32 (small batched einsums are slower in bf16).
+#: bfloat16 pays only where float32 runs on a slow few-row kernel; with the packed decode layout
+#: (models/packed_linear.py) float32 runs on oneDNN, so float32 is the default (docs/results/mesh.md).
+#: The head bodies stay float32 (small batched einsums are slower in bf16).
 DRAFT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 #: Branches of the top-K_s probability tree lighter than this are pruned (appendix A.4).
 TREE_PRUNE = 1e-5
@@ -110,7 +109,7 @@ class XSpecMeshOptions:
     top_k_accept: int = 1  # K_a
     sampling: str = "independent"  # "independent" | "tree" (top-K_s probability tree)
     top_k_tree: int = 2  # K_s
-    draft_dtype: str = "float32"  # "bfloat16": the heads' LM-head projection in bf16 (beyond the paper, README)
+    draft_dtype: str = "float32"  # "bfloat16": the heads' LM-head projection in bf16 (beyond the paper)
     lookup: int = 0  # > 0: candidates first from n-gram lookup (n = lookup .. 1) over the mesh so far (beyond the paper)
     vertex_lookup: bool = False  # offsets after known blocks from the mesh so far, heads elsewhere (beyond the paper)
     min_path_prob: float = 0.0  # > 0: cut the chain where the candidates' running probability drops below it (beyond)
@@ -234,9 +233,8 @@ class LazyProbs:
 
     The rule stops at the first rejection, so rows after it never pay the top-k/top-p filter. The LM head
     ([V, dim], 5,121 x 512 for the small BPT backbone) runs once over all S rows: with the packed decode
-    layout (`models/layout.py`) streaming its weight dominates, so S rows cost about one (cold cache, one
-    thread: 0.40 ms for 1 row, 0.51 ms for 5, 0.94 ms for 3 separate 1-row products; tiny backbone 0.28 /
-    0.32 / 0.56 ms), and a step reads SCR + 1 rows, 2-3 with lookup candidates.
+    layout (`models/layout.py`) streaming its weight dominates, so S rows cost about one (measured:
+    docs/methods/xspecmesh.md, "verify's LM head"), and a step reads SCR + 1 rows, more with lookup candidates.
     """
 
     def __init__(self, hidden: torch.Tensor, lm_head: torch.nn.Module, params: SamplingParams) -> None:

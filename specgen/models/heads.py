@@ -224,10 +224,9 @@ class StackedHeads:
 
     `features(h, kv)` equals `XSpecMeshHeads.features` on a single hidden state but runs each layer of
     all D heads as one batched op (a tiny backbone's decode step is dominated by per-op overhead on a
-    CPU: 4 CA heads took 0.94 ms one by one). Weights are stored input-major, [D, in, out] (nn.Linear's
-    transpose), so each layer is one `bmm` of [D, 1, in] rows: after a backbone forward has evicted them
-    from the caches, the small backbone's [4, 512, 512] residual weights took 0.18 ms that way against
-    0.35 ms for the same product as an einsum over out-major weights (1 thread). Built per generation
+    CPU). Weights are stored input-major, [D, in, out] (nn.Linear's transpose), so each layer is one `bmm`
+    of [D, 1, in] rows, which reads cold weights faster than an einsum over out-major weights
+    (docs/results/mesh.md, "Timings from code comments"). Built per generation
     (`XSpecMeshHeads.stacked`), so it always reflects the current weights; inference only (no autograd).
     """
 

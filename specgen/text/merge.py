@@ -4,7 +4,8 @@ A LoRA adapter is merged into its base's weights at load, W' = W + scale * (alph
 inference pays nothing. `scale` interpolates in weight space between the base (0) and the distilled
 model (1), as WiSE-FT does between a zero-shot and a fine-tuned model: on the tiny pcLLM recipe a
 smaller scale keeps answers closer to the original model's while the prompt-lookup branch still finds
-its drafts (README). An adapter's `merge_scale` (adapter.json) is the scale it is merged with by default.
+its drafts (docs/results/text.md, merge scale). An adapter's `merge_scale` (adapter.json) is the scale
+it is merged with by default.
 """
 
 from __future__ import annotations

@@ -107,7 +107,7 @@ def training_captions(entry, model: Transformer, path: str) -> tuple[list[Captio
         return [], ""
     if not path:
         raise UsageError(f"{entry.ref} is text-conditional (t2i): pass captions=FILE (precomputed T5 caption "
-                         "features, as for generate --captions; see README)")
+                         "features, as for generate --captions; see docs/methods/eagle2.md)")
     captions = read_captions(path, model.cfg.n_cond, model.cfg.caption_dim)
     return captions, hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
 
