@@ -2,16 +2,9 @@
 
 `nn.Linear` keeps its weight [out, in] row-major, and `F.linear(x, W)` for a few rows x [M, in] becomes
 a GEMV/GEMM over that layout. On this project's CPU (AMD EPYC, torch 2.13 with MKL) the same product
-runs faster when W's storage is [in, out] contiguous (W is then the transposed view of it). One core,
-weights streamed from memory, row vs column-major side by side (`python -m specgen.models.layout`,
-`recipes/tiny/logs/weight-layout.log`, measured while two training jobs shared the 2 cores):
-
-    SmolLM2-135M, 200-token prefix:  1 new token 1.38x faster, 2 tokens 1.62x, 8 1.07x, 16 1.02x
-    tiny image GPT, CFG batch 2:     1 token 1.18x, 4 tokens 1.34x, 30 tokens 1.06x
-    tiny mesh GPT:                   1 token 1.11x, 5 tokens 1.08x
-
-(on a quiet core, SmolLM2 1 token 1.18x, 2 tokens 1.53x, 16 tokens 0.98x).
-One-token steps (AR baselines, drafters) gain most; wide verification forwards gain little. Every
+runs faster when W's storage is [in, out] contiguous (W is then the transposed view of it): one-token
+steps (AR baselines, drafters) gain most, wide verification forwards little (`python -m specgen.models.layout`
+measures it; numbers in docs/results/text.md, "Kernel micro-benchmarks"). Every
 decoder loads its weights this way, so baselines and speculative methods are measured on the same,
 faster layout (a slower AR would inflate every speedup). Values are unchanged (same numbers, other
 strides); training keeps the default layout.
@@ -22,8 +15,7 @@ Layouts (`SPECGEN_WEIGHT_LAYOUT`):
   prefill) run on a oneDNN-packed copy, which reuses the weight across rows instead of paying per row
   (up to 4x on one core); products of fewer rows than the crossover measured for the model on this
   machine (`models/kernel_choice.py`) stay on MKL's GEMV over the column-major weight, which is faster
-  there (1 token of SmolLM2 on the 2026-11-25 machine: 40.1 ms packed vs 39.6 ms col; 46.1 ms when a
-  constant sent it to oneDNN, log `recipes/tiny/logs/layouts-measured-crossover.log`);
+  there (a constant crossover slowed SmolLM2's AR step on one machine: docs/results/text.md);
 - `col`: column-major only (the previous default);
 - `row`: PyTorch's layout, e.g. to measure the difference or on a CPU where it is slower.
 """

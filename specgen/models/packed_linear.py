@@ -5,13 +5,8 @@ about one single-row product *per row* for the small, cache-resident matrices of
 forward over n tokens then costs nearly n times the weight work of an AR step, which is most of the
 c(n) that makes speculative and Jacobi decoding lose on a CPU. oneDNN's GEMM over a weight packed once
 for it (`torch.ops.mkldnn._reorder_linear_weight`, what torch.compile's CPU backend uses) reuses the
-weight across rows. One core, microseconds per product (`python -m specgen.models.packed_linear`, log
-`recipes/tiny/logs/packed-linear.log`):
-
-    256 x 768 (mesh wqkv)      1 row:  MKL column-major 9.0, oneDNN 18.7 | 5 rows: 43.0 vs 20.3
-    256 x 5121 (BPT LM head)   1 row:  65.0 vs 66.6                     | 5 rows: 352.6 vs 73.5
-    576 x 1536 (SmolLM2 w1)    1 row:  38.4 vs 49.6 | 4 rows: 175.5 vs 48.6 | 16 rows: 333.3 vs 125.8
-    576 x 49152 (SmolLM2 head) 1 row:  4,169 vs 2,875 | 16 rows: 16,913 vs 6,173
+weight across rows (`python -m specgen.models.packed_linear` times both kernels per row count; numbers in
+docs/results/text.md, "Kernel micro-benchmarks").
 
 Which kernel a product of r rows uses depends on the machine (whole decoders: on one machine oneDNN was
 faster for SmolLM2's 1-token step, on another MKL; for the cache-resident tiny models MKL's GEMV wins up to
