@@ -3,15 +3,11 @@
 A decoder's products have 1 row (an AR step), a few (verification, Jacobi blocks) or many (prefill). MKL's GEMV
 over the column-major weight and oneDNN's GEMM over a packed copy (`models/packed_linear.py`) trade places at a
 row count that depends on the CPU, the thread count and whether the model's weights fit in the cache, and two
-machines of this project, both sold as AMD EPYC, disagree on it for one row (whole decoders, one thread, ms per
-1-token forward, `python -m specgen.models.layout`):
+machines of this project, both sold as AMD EPYC, disagree on it for one row (`python -m specgen.models.layout`;
+numbers in docs/results/text.md, "Kernel micro-benchmarks").
 
-    machine          SmolLM2-135M (streamed)      mesh GPT 512x8x1024 (streamed)   tiny mesh GPT (cached)
-    earlier one      oneDNN 23.7 < MKL 29.6       -                                MKL 1.18 < oneDNN 1.44
-    2026-11-25       MKL 39.0 < oneDNN 46.1       MKL 9.4 < oneDNN 10.6            MKL = oneDNN within noise
-
-A constant tuned on one machine would make AR (the baseline of every speedup) up to 18% slower on another and
-inflate every ratio. So the choice is measured: one pass of r-row products over all of a model's linear weights
+A constant tuned on one machine would make AR (the baseline of every speedup) slower on another and inflate
+every ratio. So the choice is measured: one pass of r-row products over all of a model's linear weights
 (the weight traffic of one forward, from memory when they exceed the cache and from the cache when they do
 not), MKL vs oneDNN, for r in `ROWS`, interleaved, best of `ROUNDS`; products of at least `min_rows` rows go to
 oneDNN, where `min_rows` is the smallest measured r from which oneDNN is faster at every larger measured r.
