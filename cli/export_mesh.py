@@ -79,8 +79,8 @@ def export_mesh(
     source: Annotated[Optional[str], typer.Argument(
         help="JSONL from `generate --format json` (token_ids per line), or - for stdin (the default when stdin is "
              "a pipe; on a terminal a file must be named).", show_default=False)] = None,
-    out_dir: Annotated[Path, typer.Option("--out-dir", "-o", help="Folder for the mesh files; files already there "
-                                                                  "are kept (new names get -1, -2, ...).")] = Path("meshes"),
+    out_dir: Annotated[Path, typer.Option("--out-dir", "-o", help="Folder for the mesh files; files already there are "
+                                          "kept (new names get -1, -2, ...).")] = Path("meshes"),
     mesh_format: Annotated[str, typer.Option("--mesh-format", help="obj, ply, stl, off or glb.")] = "obj",
     preview: Annotated[bool, typer.Option("--preview", help="Also write a PNG preview per mesh.")] = False,
     fmt: FormatOpt = Format.table,

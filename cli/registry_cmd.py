@@ -78,7 +78,8 @@ def import_cmd(
     kwargs: Annotated[Optional[Path], typer.Option("--kwargs", help="JSON file of builder kwargs.")] = None,
     parent: Annotated[Optional[str], typer.Option("--parent", help="Target this drafter/heads belongs to.")] = None,
     vq: Annotated[Optional[str], typer.Option("--vq", help="[image GPT] VQ entry that decodes its tokens.")] = None,
-    force: Annotated[bool, typer.Option("--force", help="Replace an existing entry of this name (never a built-in).")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing entry of this name (never a "
+                                                        "built-in).")] = False,
     quiet: QuietOpt = False,
 ) -> None:
     """Import external weights (pickles are read with weights_only=True and converted to safetensors).

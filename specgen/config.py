@@ -67,9 +67,9 @@ def merge_override(merged: Any, item: str) -> Any:
     if not eq or not key.strip():
         raise UsageError(f"override {item!r} is not key=value")
     if value == "":
-        for empty in (None, ""):
+        for empty in (f"{key}=", f"{key}=''"):  # None (optional fields), then the empty string
             try:
-                return OmegaConf.merge(merged, OmegaConf.from_dotlist([f"{key}={'' if empty is None else chr(39) * 2}"]))
+                return OmegaConf.merge(merged, OmegaConf.from_dotlist([empty]))
             except Exception:  # noqa: BLE001 - try the next reading of an empty value
                 continue
         raise UsageError(f"override {item!r} has no value: give {key} a value")

@@ -66,7 +66,8 @@ def import_checkpoint(source: Path, name: str, kind: str = "target", builder: st
     if not source.exists():
         raise UsageError(f"no such file or folder: {source}")
     if (source.is_dir() or source.suffix == ".gguf") and kind != "target":
-        raise UsageError(f"a {'folder' if source.is_dir() else 'GGUF file'} imports as a text target, not --kind {kind}")
+        what = "folder" if source.is_dir() else "GGUF file"
+        raise UsageError(f"a {what} imports as a text target, not --kind {kind}")
     check_destination(kind, name, force)
     check_parent(parent)
     if source.is_dir():

@@ -76,7 +76,8 @@ def installed_meta(name: str) -> dict | None:
     else:
         kind, _, bare = name.rpartition("/")
         kinds = [kind] if kind in KINDS else list(KINDS) if not kind else []
-        candidates = [checkpoints_dir() / k / bare for k in kinds if bare and (checkpoints_dir() / k / bare / CONFIG).is_file()]
+        folders = [checkpoints_dir() / k / bare for k in kinds] if bare else []
+        candidates = [f for f in folders if (f / CONFIG).is_file()]
     if len(candidates) != 1:
         return None
     try:

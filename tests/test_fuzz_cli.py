@@ -35,6 +35,18 @@ COMMANDS = {
                   "--device": ["cpu", "cuda", "meta:0", "x"], "--format": ["json", "table", "xml"]},
                  ["method_options.block_size", "method_options.num_draft", "method_options", "max_new_tokens",
                   "temperature", "top_p", "chat", "seed", "nope"]),
+    "generate-image": (["generate", "--model", "tiny-image-gpt", "--method", "ar", "--num", "1", "-o", "imgs"],
+                       {"--cfg-scale": NUMBERS, "--temperature": NUMBERS, "--top-k": NUMBERS, "--top-p": NUMBERS,
+                        "--num": ["-1", "0", "1", "2", "abc"], "--classes": ["0", "1,2", ",", "nope", "99", ""],
+                        "--method": ["ar", "adt-tree", "lantern", "xspecmesh", "nope"], "-o": ["imgs", "afile", "."]},
+                       ["method_options.depth", "method_options.total_tokens", "method_options.lantern_delta",
+                        "classes", "num"]),
+    "generate-mesh": (["generate", "--method", "xspecmesh", "--num", "1", "--max-new-tokens", "24"],
+                      {"--temperature": NUMBERS, "--top-p": NUMBERS, "--num": ["-1", "0", "1", "abc"],
+                       "--max-new-tokens": ["-1", "0", "8", "24", "100000"], "-o": ["meshes", "afile", "."],
+                       "--method": ["ar", "xspecmesh", "jacobi"]},
+                      ["method_options.delta", "method_options.criterion", "method_options.num_heads",
+                       "method_options.top_k_tree", "mesh_format"]),
     "benchmark": (["benchmark", "--model", "tiny-text", "--limit", "1", "--max-new-tokens", "2", "--methods", "ar",
                    "warmup=false", "execute=false", "nll=false"],
                   {"--limit": ["-3", "0", "1", "abc"], "--offset": ["-1", "0", "3", "100000"],
@@ -112,9 +124,14 @@ def snapshot(root: Path) -> set[str]:
     return paths
 
 
+#: FUZZ_EXAMPLES=N: N random examples per command (a bug hunt); default: a few fixed ones (fast, reproducible).
+#: FUZZ_LOG=FILE: append each example's exit code, arguments and last stderr line to FILE.
+EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "8"))
+
+
 @pytest.mark.parametrize("command", sorted(COMMANDS))
-@settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "8")), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                HealthCheck.too_slow], derandomize=not os.environ.get("FUZZ_EXAMPLES"))
+@settings(max_examples=EXAMPLES, deadline=None, derandomize="FUZZ_EXAMPLES" not in os.environ,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(data=st.data())
 def test_random_inputs_exit_cleanly(command, data):
     fixed, options, keys = COMMANDS[command]
@@ -130,7 +147,8 @@ def test_random_inputs_exit_cleanly(command, data):
         r = CliRunner().invoke(app, args)
         after = snapshot(root)
     if os.environ.get("FUZZ_LOG"):
-        print(r.exit_code, args, (r.stderr.strip().splitlines() or [""])[-1][:100], file=open(os.environ["FUZZ_LOG"], "a"))
+        with open(os.environ["FUZZ_LOG"], "a") as log:
+            print(r.exit_code, args, (r.stderr.strip().splitlines() or [""])[-1][:100], file=log)
     assert r.exit_code in (0, 1, 2), (args, r.output)
     assert "Traceback" not in r.output and "╭" not in r.output, (args, r.output)
     if r.exit_code:

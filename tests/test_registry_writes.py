@@ -137,7 +137,8 @@ def test_corrupt_entries_are_listed_with_a_repair(specgen_home):
     r = CliRunner().invoke(app, ["registry", "list", "--format", "json"])
     rows = {x["ref"]: x for x in json.loads(r.stdout)}
     assert rows["target/fine"]["status"] == "ok"
-    assert rows["target/broken"]["status"].startswith("corrupt") and "registry remove" in rows["target/broken"]["status"]
+    status = rows["target/broken"]["status"]
+    assert status.startswith("corrupt") and "registry remove" in status
     assert "no model.safetensors" in rows["target/noweights"]["status"]
     with pytest.raises(CheckpointError, match="corrupt entry target/broken.*registry remove"):
         registry.find("broken")
