@@ -40,12 +40,14 @@ def load_text_model(name: str, device: str = "cpu", progress=None, decode: bool 
     """
     from specgen.text import precision as prec
 
+    asked = prec.split_name(name)[1] or dtype
     name, dtype, quantize = prec.resolve(name, dtype, quantize)
     entry = registry.find(name, progress)
-    if entry.meta.get("quantized"):
-        prec.check_quantized_entry(entry, quantize, progress)
+    if entry.meta.get("quantized"):  # a stored quantized entry named directly; the tokenizer is its base's
+        base = prec.check_quantized_entry(entry, quantize, progress)
         quantize = entry.meta["quantized"]["mode"]
-        module, tokenizer = registry.load_module(entry, device, prec.DTYPES[dtype]), TextTokenizer.load(entry.path)
+        dtype = prec.resolve(name, asked, quantize)[1]  # its activations: bfloat16 (float32 asked for: refused)
+        module, tokenizer = registry.load_module(entry, device, prec.DTYPES[dtype]), TextTokenizer.load(base.path)
     elif entry.kind == "adapter":
         base = registry.find(entry.meta.get("parent", ""), progress)
         module, tokenizer = merged_module(entry, base, device)
@@ -53,8 +55,8 @@ def load_text_model(name: str, device: str = "cpu", progress=None, decode: bool 
     elif entry.meta.get("modality", "text") != "text" or not entry.meta.get("tokenizer"):
         raise UsageError(f"{entry.ref} is not a text model with a tokenizer")
     elif quantize:
-        entry = prec.quantized_entry(entry, quantize, progress)
-        module, tokenizer = registry.load_module(entry, device, prec.DTYPES[dtype]), TextTokenizer.load(entry.path)
+        base, entry = entry, prec.quantized_entry(entry, quantize, progress)
+        module, tokenizer = registry.load_module(entry, device, prec.DTYPES[dtype]), TextTokenizer.load(base.path)
     else:
         module = registry.load_module(entry, device, prec.DTYPES[dtype])
         tokenizer = TextTokenizer.load(entry.path)
