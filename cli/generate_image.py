@@ -19,6 +19,8 @@ def run(req) -> None:
 
     if req.num is not None and req.num < 1:
         raise UsageError(f"--num must be >= 1, got {req.num} (leave it out for the default)")
+    if req.drafter and (req.method or "ar") == "ar":
+        raise UsageError("--drafter is not used by method ar; pick a speculative method (e.g. --method adt-tree)")
     if req.classes is not None and not [c for c in req.classes.split(",") if c.strip()]:
         raise UsageError(f"--classes {req.classes!r} names no class; give names or ids, comma-separated")
     cfg = load_config(ImageGenConfig, req.config, req.overrides, method=req.method, model=req.model,

@@ -29,6 +29,11 @@ POSITIVE_INT_LISTS = {"topk_accept", "tree_k", "depths", "vvs_intervals"}
 NONEMPTY_LISTS = {"temperatures", "methods", "rows"}
 ZERO_BUDGET_IS_CONTEXT = {"MeshGenConfig", "MeshBenchConfig"}  # max_new_tokens 0 = the model's whole context
 NAMES = {"name", "vq_name"}  # registry names this command creates ("" = do not register)
+TEMPERATURES = {"temperature", "label_temperature", "temperatures"}
+MIN_TEMPERATURE = 1e-3  # 0 is greedy; a positive temperature below this overflows logits / T into inf and NaN
+POSITIVE_BY_CLASS = {"DistillConfig": {"temperature"}}  # a KL temperature divides: 0 is not greedy there
+MAX_INT = 2 ** 62  # beyond this torch's int64 arithmetic (seed + i, sizes) overflows
+MAX_SAMPLES = 100_000  # images/meshes per command (`num`)
 MAX_THREADS = 4096
 
 
@@ -38,6 +43,11 @@ def check_config(cfg: Any) -> None:
         return
     for f in dataclasses.fields(cfg):
         check_value(f.name, getattr(cfg, f.name))
+    for key in POSITIVE_BY_CLASS.get(type(cfg).__name__, ()):
+        if not getattr(cfg, key) > 0:
+            raise UsageError(f"{key} must be > 0, got {getattr(cfg, key)}")
+    if isinstance(getattr(cfg, "num", None), int) and cfg.num > MAX_SAMPLES:
+        raise UsageError(f"num must be at most {MAX_SAMPLES}, got {cfg.num}")
     if isinstance(getattr(cfg, "device", None), str):
         check_device(cfg.device)
     for key in ("threads", "num_threads"):
@@ -87,8 +97,13 @@ def check_text(key: str, value: str) -> None:
 def check_number(key: str, v: float) -> None:
     if not math.isfinite(v):
         raise UsageError(f"{key} must be a finite number, got {v}")
+    if isinstance(v, int) and abs(v) >= MAX_INT:
+        raise UsageError(f"{key} must be less than 2**62 in size, got {v}")
     if key in SIGNED:
         return
+    if key in TEMPERATURES and 0 < v < MIN_TEMPERATURE:
+        raise UsageError(f"{key} {v} is greedy in effect and overflows the sampler: use 0 (greedy) or "
+                         f">= {MIN_TEMPERATURE}")
     if key in OPEN_UNIT and not 0 < v <= 1:
         raise UsageError(f"{key} must be in (0, 1], got {v}")
     if key in UNIT and not 0 <= v <= 1:
@@ -106,6 +121,8 @@ def check_number(key: str, v: float) -> None:
 def check_list_number(key: str, v: float) -> None:
     if not math.isfinite(v):
         raise UsageError(f"every value of {key} must be a finite number, got {v}")
+    if key in TEMPERATURES and 0 < v < MIN_TEMPERATURE:
+        raise UsageError(f"every value of {key} must be 0 (greedy) or >= {MIN_TEMPERATURE}, got {v}")
     if key in UNIT_LISTS and not 0 <= v <= 1:
         raise UsageError(f"every value of {key} must be in [0, 1], got {v}")
     if key in POSITIVE_INT_LISTS and v < 1:

@@ -42,3 +42,11 @@ class IncompatibleError(UsageError):
 
 class MissingDependencyError(RuntimeFailure):
     """An optional package that this feature needs is not installed; the message says how."""
+
+
+class ContextOverflowError(UsageError, ValueError):
+    """A sequence (prompt + token budget) runs past the model's context; raised before the position is computed."""
+
+    def __init__(self, position: int, context: int) -> None:
+        super().__init__(f"this needs position {position}, beyond the model's context of {context} tokens: use shorter "
+                         "prompts or a smaller --max-new-tokens")

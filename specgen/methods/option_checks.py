@@ -22,8 +22,11 @@ def is_number(v: Any) -> bool:
     return (is_int(v) or isinstance(v, float)) and math.isfinite(v)
 
 
+MAX_INT = 2 ** 31 - 1  # sizes beyond this are not sizes (and overflow int32 kernels)
+
+
 def int_at_least(lo: int) -> tuple[Callable[[Any], bool], str]:
-    return (lambda v: is_int(v) and v >= lo), f"an integer >= {lo}"
+    return (lambda v: is_int(v) and lo <= v <= MAX_INT), f"an integer in [{lo}, 2**31)"
 
 
 def number_in(lo: float, hi: float, lo_open: bool = False, hi_open: bool = False) -> tuple[Callable[[Any], bool], str]:

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specgen.decoding.cache import KVCache
+from specgen.errors import ContextOverflowError
 from specgen.models.attention import chunk_bias, invariant_attention
 from specgen.models.rope import apply_rope, table_1d, table_2d
 
@@ -294,7 +295,7 @@ class Transformer(nn.Module):
         """
         s = h.shape[1]
         if int(positions.max()) >= self.rope_table.shape[0]:
-            raise ValueError(f"position {int(positions.max())} exceeds the model's {self.rope_table.shape[0]}")
+            raise ContextOverflowError(int(positions.max()), self.rope_table.shape[0])  # a usage error (and ValueError)
         rot = self.rope_table[positions].to(h.dtype)  # [B, S, hd/2, 2]; in the activation dtype, as HF casts cos/sin
         if cache is not None:
             cache.check_room(s)

@@ -100,7 +100,14 @@ MESH = ["generate", "--method", "xspecmesh"]
     ([*GEN, "--top-p", "0"], "top_p must be in (0, 1]"),
     ([*GEN, "--top-p", "1.01"], "top_p must be in (0, 1]"),
     ([*GEN, "--top-k", "-1"], "top_k must be >= 0"),
-    ([*GEN, "--method", "jacobi", "method_options.block_size=0"], "block_size of jacobi must be an integer >= 1"),
+    ([*GEN, "--method", "jacobi", "method_options.block_size=0"], "block_size of jacobi must be an integer in [1, "),
+    ([*GEN, "--method", "jacobi", "method_options.block_size=99999999999"], "block_size of jacobi"),
+    ([*GEN, "--temperature", "1e-300"], "use 0 (greedy) or >= 0.001"),
+    ([*IMG, "--temperature", "1e-40"], "use 0 (greedy) or >= 0.001"),
+    ([*GEN, "--seed", "99999999999999999999999"], "seed must be less than 2**62"),
+    ([*IMG, "--num", "100000000"], "num must be at most"),
+    ([*IMG, "--drafter", "tiny-image-eagle"], "--drafter is not used by method ar"),
+    (["distill", "--out", "run", "temperature=0"], "temperature must be > 0"),
     ([*GEN, "--method", "jacobi", "method_options.block_size=abc"], "got 'abc'"),
     ([*GEN, "--method", "ngram", "method_options.num_draft=-3"], "num_draft of ngram"),
     ([*GEN, "--method", "pcllm-mr", "method_options.spawn_ratio=2"], "spawn_ratio"),
@@ -174,12 +181,20 @@ def test_empty_override_is_the_empty_string():
 # ---- resources: token budgets and prompts against the model's context ------------------------------------------
 @pytest.mark.parametrize("args,needle", [
     ([*GEN, "--max-new-tokens", "1000000000"], "its context is 1024 tokens"),
+    (["benchmark", "--model", "tiny-text", "--max-new-tokens", "0"], "max-new-tokens must be >= 1"),
     (["collect-trajectories", "--out", "run", "--model", "tiny-text", "--max-new-tokens", "5000"], "context is 1024"),
     (["benchmark", "--model", "tiny-text", "--max-new-tokens", "99999"], "context is 1024"),
     ([*GEN[:3], "--no-chat", "--prompt", "A" * 1100, "--max-new-tokens", "8"], "prompt of 1100 tokens"),
 ])
 def test_budgets_beyond_the_context_are_refused(tiny, args, needle):
     check_refusal(tiny, args, 2, needle)
+
+
+def test_a_sequence_past_the_context_is_a_usage_error(tiny):
+    r = invoke("benchmark", "--model", "tiny-text", "--limit", "200", "--max-new-tokens", "2", "--methods", "ar",
+               "warmup=false", "execute=false", "nll=false")  # some HumanEval prompts are longer than 1024 characters
+    assert r.exit_code == 2 and "beyond the model's context of 1024 tokens" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
 
 
 def test_declared_sizes_beyond_the_weights_are_a_corrupt_entry(tiny):
