@@ -62,7 +62,8 @@ def collect_trajectories(
     from specgen.text.trajectories import META
     from specgen.train.run_folder import check_resume, run_folder
 
-    check_resume(out, asdict(cfg), only=RESUME_STRICT, record=META, section="config")  # before the model loads
+    check_resume(out, asdict(cfg), only=RESUME_STRICT, record=META, section="config",  # before the model loads
+                 run_files=("shards", "merged"))
     with run_folder(out, disposable=(META,)), \
             _output.progress("collect", None, quiet or fmt == Format.json) as advance:
         def on_prompt(blocks: int, iters: int, seconds: float) -> None:

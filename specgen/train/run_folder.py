@@ -19,6 +19,7 @@ from specgen.errors import UsageError
 
 RECORD = "config.json"
 DISPOSABLE = ("config.json", "train.log")
+RUN_FILES = ("train.log", "state.safetensors", "stage1.safetensors", "stage2.safetensors", "checkpoint")
 
 
 def differing(old: dict, new: dict, loose: tuple[str, ...] = (), only: tuple[str, ...] | None = None) -> list[str]:
@@ -28,22 +29,28 @@ def differing(old: dict, new: dict, loose: tuple[str, ...] = (), only: tuple[str
 
 
 def check_resume(out: Path, new: dict[str, Any], loose: tuple[str, ...] = (), only: tuple[str, ...] | None = None,
-                 record: str = RECORD, section: str | None = None) -> bool:
+                 record: str = RECORD, section: str | None = None, run_files: tuple[str, ...] = RUN_FILES) -> bool:
     """True when OUT already records a run with compatible settings, False when it records none; a UsageError
-    naming the differing keys (old -> new) otherwise. Reads only the record: nothing is loaded or written."""
+    naming the differing keys (old -> new) otherwise. Reads only the record: nothing is loaded or written.
+
+    A folder holding other files and no run of this command (no record, none of `run_files`), or a record that
+    is not this command's (another program's config.json), is refused: writing there would replace its files.
+    """
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file, not a run folder")
     path = out / record
     if not path.is_file():
+        if out.is_dir() and any(out.iterdir()) and not any((out / f).exists() for f in run_files):
+            raise UsageError(f"--out {out} holds other files and no run of this command; use an empty or new folder")
         return False
     try:
         old = json.loads(path.read_text())
         old = old.get(section, {}) if section else old
     except (OSError, ValueError, AttributeError):
         raise UsageError(f"{path} is unreadable, so this run cannot be resumed safely; use a fresh --out") from None
-    if not isinstance(old, dict):
-        raise UsageError(f"{path} is not a config record; use a fresh --out")
+    if not isinstance(old, dict) or len(set(old) & set(new)) * 2 < len(new):
+        raise UsageError(f"{path} is not a run record of this command; use an empty or new --out")
     diff = differing(old, new, loose, only)
     if diff:
         shown = "; ".join(f"{k}={old[k]!r}, now {new[k]!r}" for k in diff[:4]) + ("; ..." if len(diff) > 4 else "")

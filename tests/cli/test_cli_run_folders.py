@@ -96,9 +96,22 @@ def test_failed_fresh_runs_leave_no_folder(tmp_path, args, code):
 def test_failed_resume_keeps_the_folder(tmp_path):
     out = tmp_path / "run"
     out.mkdir()
-    (out / "notes.txt").write_text("mine")
-    r = invoke("collect-trajectories", "--out", out, "--model", "no-such-target")
-    assert r.exit_code == 2 and (out / "notes.txt").read_text() == "mine"
+    (out / "train.log").write_text("an earlier run")
+    r = invoke("train-upsampler", "--out", out, "vq=no-such-vq")
+    assert r.exit_code == 2 and (out / "train.log").read_text().startswith("an earlier run")
+
+
+@pytest.mark.parametrize("cmd", [["distill", "--trajectories", "t"], ["train-heads"], ["train-heads", "--kind", "eagle"],
+                                 ["train-upsampler"], ["collect-trajectories"]], ids=lambda c: " ".join(c[:3]))
+@pytest.mark.parametrize("foreign", [{"notes.txt": "mine"}, {"config.json": '{"model_type": "llama", "vocab": 3}'}])
+def test_a_folder_of_other_files_is_never_written_into(tmp_path, cmd, foreign):
+    out = tmp_path / "hf-model"
+    out.mkdir()
+    for name, text in foreign.items():
+        (out / name).write_text(text)
+    r = invoke(cmd[0], "--out", out, *cmd[1:])
+    assert r.exit_code == 2 and "use an empty or new" in r.stderr, r.output
+    assert {p.name: p.read_text() for p in out.iterdir()} == foreign
 
 
 def test_pngs_never_replace_earlier_ones(tmp_path):
