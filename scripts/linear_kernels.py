@@ -1,4 +1,4 @@
-"""Which CPU kernel runs SmolLM2-135M's linear layers fastest at 1/2/4/8/16 rows: float32, bfloat16, int8 and int4 weights.
+"""Which CPU kernel runs SmolLM2-135M's linear layers fastest at 1-16 rows: float32, bfloat16, int8, int4 weights.
 
 One question: the cost of one pass over every linear weight of a SmolLM2-135M-shaped decoder (30 blocks of
 wqkv 576->960, wo 576->576, w1/w3 576->1536, w2 1536->576, plus the 576->49152 LM head), i.e. the weight traffic of
@@ -94,7 +94,8 @@ def main() -> None:
     print(f"# torch {torch.__version__}, {platform.processor() or platform.machine()}, {args.threads} thread(s), "
           f"{args.layers} blocks + LM head, best of {args.rounds} rounds; ms per pass over all linear weights")
     ks = kernels(args.layers)
-    xs = {r: {d: {k: torch.randn(r, k).to(t) for k in (DIM, FFN)} for d, t in (("f32", torch.float32), ("bf16", torch.bfloat16))}
+    dtypes = (("f32", torch.float32), ("bf16", torch.bfloat16))
+    xs = {r: {d: {k: torch.randn(r, k).to(t) for k in (DIM, FFN)} for d, t in dtypes}
           for r in ROWS}  # contiguous [r, in] inputs per input width
     best = {(k, r): float("inf") for k in ks for r in ROWS}
     for k, fs in ks.items():  # warm-up (first touch, oneDNN primitive creation)

@@ -13,8 +13,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-INSTALL = ("pip install llama-cpp-python (compiles llama.cpp; on CPUs where its repacked AMX/AVX512 path crashes, "
-           "build with CMAKE_ARGS=\"-DGGML_NATIVE=OFF -DGGML_AVX512=ON\" or run with GGML_NO_REPACK=1; README)")
+INSTALL = ("pip install llama-cpp-python: it compiles llama.cpp; where its repacked AMX/AVX512 path crashes, build with "
+           "CMAKE_ARGS=\"-DGGML_CPU_REPACK=OFF\" or set method_options.llamacpp.repack=false; README)")
 
 
 def unavailable() -> str | None:

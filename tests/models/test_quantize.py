@@ -164,7 +164,10 @@ def test_quantized_greedy_differs_from_float_somewhere():
     prompts = ragged(6)
     q = ModelTarget(quantize_transformer(tiny_model(7), "int4", 32))
     f = ModelTarget(tiny_model(7))
-    ar = lambda t, p: run_batch(t, lambda i: METHODS["ar"].make_drafter({}), [p], 24, GREEDY).results[0].tokens  # noqa: E731
+
+    def ar(target, prompt):
+        return run_batch(target, lambda i: METHODS["ar"].make_drafter({}), [prompt], 24, GREEDY).results[0].tokens
+
     assert any(ar(q, p) != ar(f, p) for p in prompts)
 
 
