@@ -118,8 +118,8 @@ def snapshot(root: Path) -> set[str]:
     paths = set()
     for p in root.rglob("*"):
         parts = p.relative_to(root).parts
-        if len(parts) >= 4 and parts[:2] == ("home", "checkpoints") and parts[3] in BUILTINS:
-            continue
+        if parts[:2] == ("home", "checkpoints") and (len(parts) == 3 or len(parts) >= 4 and parts[3] in BUILTINS):
+            continue  # a kind folder, or a built-in entry
         paths.add(str(p.relative_to(root)))
     return paths
 

@@ -29,7 +29,7 @@ def files_under(root):
 
     def builtin(p):
         parts = p.relative_to(root).parts
-        return len(parts) >= 4 and parts[1] == "checkpoints" and parts[3] in BUILTINS
+        return parts[1:2] == ("checkpoints",) and (len(parts) == 3 or len(parts) >= 4 and parts[3] in BUILTINS)
 
     return sorted(str(p.relative_to(root)) for p in root.rglob("*") if not builtin(p)) if root.exists() else []
 
