@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from specgen.models.quantize import QuantizedLinear
+
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
@@ -44,8 +46,9 @@ class CostCurve:
 @torch.inference_mode()
 def measure_cost(module: nn.Module, rows: tuple[int, ...] = ROWS, rounds: int = 3) -> CostCurve:
     """Best-of-`rounds` time of an m-row pass over `module`'s linear layers (each weight once), relative to m = 1."""
-    linears = list({id(lin.weight): lin for lin in module.modules() if isinstance(lin, nn.Linear)}.values())
-    weight = linears[0].weight
+    linears = list({id(getattr(lin, "qweight", getattr(lin, "weight", None))): lin for lin in module.modules()
+                    if isinstance(lin, (nn.Linear, QuantizedLinear))}.values())  # quantized targets: their own layers
+    weight = next(module.parameters())  # the activation dtype (a quantized model's norms; else the weights')
     inputs = {lin.in_features: torch.randn(max(rows), lin.in_features, dtype=weight.dtype, device=weight.device)
               for lin in linears}
 
