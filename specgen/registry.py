@@ -201,10 +201,10 @@ def save(
 ) -> Entry:
     """Atomically write weights + config.json (and `extra(folder)` files) as <kind>/<name>.
 
-    The files go to a hidden temporary folder (named after this host and process) renamed into place under
-    a lock on the kind's folder, so concurrent writers of one name never see each other's halves: with `overwrite` the
-    last one wins, without it the first one wins and the others get a one-line UsageError. Temporaries of
-    writers that died (SIGKILL) are removed by the next write. Folders and files follow the umask.
+    The files go to a hidden temporary folder (named after this host and process) renamed into place under a
+    lock on the kind's folder, so concurrent writers of one name never see each other's halves: with
+    `overwrite` the last one wins, without it the first one wins and the others get a one-line UsageError.
+    Temporaries of writers that died (SIGKILL) are removed by the next write. Files follow the umask.
     """
     from safetensors.torch import save_file
 
@@ -248,7 +248,7 @@ def save(
 
 def check_new(kind: str, name: str, overwrite: bool = True) -> Path:
     """Refuse, before any work, a write of <kind>/<name> that cannot succeed: bad kind or name, a registry home
-    that is not a writable folder, an existing entry without `overwrite`, or a built-in's name for another kind."""
+    that is not a writable folder, or an existing entry without `overwrite`."""
     if kind not in KINDS:
         raise UsageError(f"unknown checkpoint kind '{kind}'; kinds: {', '.join(KINDS)}")
     check_name(name)
@@ -260,8 +260,8 @@ def check_new(kind: str, name: str, overwrite: bool = True) -> Path:
 
 
 def follow_umask(folder: Path) -> None:
-    """Permissions of a finished temporary folder as if made under the umask (mkdtemp and safetensors use 0700/0600),
-    so a SPECGEN_HOME shared by a group works."""
+    """Permissions of a finished temporary folder as if made under the umask (mkdtemp and safetensors make
+    0700/0600), so a SPECGEN_HOME shared by a group works."""
     mask = current_umask()
     os.chmod(folder, 0o777 & ~mask)
     for p in folder.rglob("*"):
@@ -298,8 +298,8 @@ TEMP_RE = re.compile(r"\.(?P<name>.+)\.(?:tmp|old)-(?P<host>[^-]+(?:-[^-]+)*)-(?
 
 
 def remove_stale_temporaries(folder: Path) -> list[Path]:
-    """Remove hidden temporary folders of writers that are gone: this host's dead processes, another host's
-    after a day, and those of older specgen versions (`.<name>.<random>`) after an hour. Returns them."""
+    """Remove hidden temporary folders of writers that are gone: this host's dead processes, any after a day,
+    and those of older specgen versions (`.<name>.<random>`) after an hour. Returns them."""
     removed = []
     host, now = socket.gethostname(), time.time()
     for p in folder.glob(".*"):
@@ -311,7 +311,7 @@ def remove_stale_temporaries(folder: Path) -> list[Path]:
         except OSError:
             continue
         if m and m["host"] == host:
-            stale = not pid_alive(int(m["pid"]))
+            stale = not pid_alive(int(m["pid"])) or age > STALE_FOREIGN_S  # (a day: the pid was reused)
         elif m:
             stale = age > STALE_FOREIGN_S
         else:

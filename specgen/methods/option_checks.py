@@ -26,14 +26,19 @@ MAX_INT = 2 ** 31 - 1  # sizes beyond this are not sizes (and overflow int32 ker
 
 
 def int_at_least(lo: int) -> tuple[Callable[[Any], bool], str]:
-    return (lambda v: is_int(v) and lo <= v <= MAX_INT), f"an integer in [{lo}, 2**31)"
+    return (lambda v: is_int(v) and lo <= v <= MAX_INT), f">= {lo} (an integer below 2**31)"
+
+
+def integer() -> tuple[Callable[[Any], bool], str]:
+    """Any integer (the method checks its range itself)."""
+    return (lambda v: is_int(v) and abs(v) <= MAX_INT), "an integer"
 
 
 def number_in(lo: float, hi: float, lo_open: bool = False, hi_open: bool = False) -> tuple[Callable[[Any], bool], str]:
     def ok(v: Any) -> bool:
         return is_number(v) and (v > lo if lo_open else v >= lo) and (v < hi if hi_open else v <= hi)
 
-    return ok, f"a number in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
+    return ok, f"in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'} (a finite number)"
 
 
 def text() -> tuple[Callable[[Any], bool], str]:
@@ -44,8 +49,8 @@ def flag() -> tuple[Callable[[Any], bool], str]:
     return (lambda v: isinstance(v, bool)), "true or false"
 
 
-NONNEG_NUMBER = ((lambda v: is_number(v) and v >= 0), "a finite number >= 0")
-POS_NUMBER = ((lambda v: is_number(v) and v > 0), "a finite number > 0")
+NONNEG_NUMBER = ((lambda v: is_number(v) and v >= 0), ">= 0 (a finite number)")
+POS_NUMBER = ((lambda v: is_number(v) and v > 0), "> 0 (a finite number)")
 ANY_NUMBER = (is_number, "a finite number")
 
 CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
@@ -98,7 +103,7 @@ CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "lowres": text(),
     "upsampler": text(),
     "tau": NONNEG_NUMBER,
-    "radius": int_at_least(0),
+    "radius": integer(),
     "rejection": text(),
     "draft_rows": int_at_least(1),
 }
@@ -109,4 +114,4 @@ def check_option_values(method: str, options: dict[str, Any]) -> None:
     for name, value in options.items():
         ok, expected = CHECKS.get(name, (lambda v: True, ""))
         if not ok(value):
-            raise UsageError(f"method_options.{name} of {method} must be {expected}, got {value!r}")
+            raise UsageError(f"{name} must be {expected} (method_options.{name} of {method}), got {value!r}")

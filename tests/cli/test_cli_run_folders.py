@@ -101,8 +101,8 @@ def test_failed_resume_keeps_the_folder(tmp_path):
     assert r.exit_code == 2 and (out / "train.log").read_text().startswith("an earlier run")
 
 
-@pytest.mark.parametrize("cmd", [["distill", "--trajectories", "t"], ["train-heads"], ["train-heads", "--kind", "eagle"],
-                                 ["train-upsampler"], ["collect-trajectories"]], ids=lambda c: " ".join(c[:3]))
+@pytest.mark.parametrize("cmd", [["distill", "--trajectories", "t"], ["train-heads"], ["train-heads", "--kind",
+                                 "eagle"], ["train-upsampler"], ["collect-trajectories"]], ids=lambda c: " ".join(c[:3]))
 @pytest.mark.parametrize("foreign", [{"notes.txt": "mine"}, {"config.json": '{"model_type": "llama", "vocab": 3}'}])
 def test_a_folder_of_other_files_is_never_written_into(tmp_path, cmd, foreign):
     out = tmp_path / "hf-model"
