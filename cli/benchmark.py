@@ -47,8 +47,8 @@ def benchmark(
     max_new_tokens: Annotated[Optional[int], typer.Option("--max-new-tokens", help="Token budget per prompt.")] = None,
     threads: Annotated[Optional[int], typer.Option("--threads", help="torch threads (0 = default).")] = None,
     batch_size: Annotated[Optional[str], typer.Option(
-        "--batch-size", help="[humaneval, images] Batch sizes, comma-separated (e.g. 1,4,16): B slots of continuous "
-                            "batching.")] = None,
+        "--batch-size", help="Batch sizes, comma-separated (e.g. 1,4,16): B slots of continuous batching (B > 1 "
+                            "rows add throughput and latency).")] = None,
     out: Annotated[Optional[Path], typer.Option("--out", help="Also write the rows as JSONL to this new file (an "
                                                 "existing file or a folder is refused before any work).")] = None,
     seed: SeedOpt = None,
@@ -62,12 +62,7 @@ def benchmark(
     """Measure speed (ratios from one run), acceptance and quality of methods on a suite."""
     suite = suite or recipe_suite(config)
     if suite in OTHER_SUITES:
-        if batch_size is not None and suite != "images":
-            from specgen.errors import UsageError
-
-            raise UsageError(f"--batch-size is for the humaneval and images suites for now; the {suite} suite decodes "
-                             "one at a time")
-        if batch_size is not None:  # the images suite reads batch sizes from its config
+        if batch_size is not None:  # the images and meshes suites read batch sizes from their configs
             overrides = [*(overrides or []), f"batch_sizes=[{','.join(map(str, parse_batch_sizes(batch_size)))}]"]
         if dtype or quantize:
             from specgen.errors import UsageError

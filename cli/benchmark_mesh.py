@@ -5,7 +5,7 @@ from __future__ import annotations
 from cli import _output
 from cli._options import Format
 
-COLUMNS = ["row", "rule", "cd", "hd", "valid_rate", "scr", "step_latency_ms", "tokens_per_s", "speedup_vs_ar",
+COLUMNS = ["row", "rule", "cd", "hd", "valid_rate", "scr", "step_latency_ms", "tokens_per_s", "meshes_per_s", "speedup_vs_ar", "vs_ar_b1",
            "speedup_scr_lat", "mean_tokens"]
 
 

@@ -93,8 +93,8 @@ def generate(
         "--drafter", help="[image] EAGLE drafter for eagle2/adt-tree/lantern/vvs (default: the target's shipped one).")] = None,
     point_clouds: Annotated[Optional[Path], typer.Option("--point-clouds", help="[mesh] Point clouds (.npy/.ply) or a mesh folder.")] = None,
     batch_size: Annotated[Optional[int], typer.Option(
-        "--batch-size", "-b", help="[text, image] Sequences decoded together (continuous batching; clamped to "
-                                   "the number of prompts or images).")] = None,
+        "--batch-size", "-b", help="Sequences decoded together: prompts, images or point clouds (continuous "
+                                   "batching; clamped to their number).")] = None,
     seed: SeedOpt = None,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
@@ -121,10 +121,6 @@ def generate(
         from specgen.errors import UsageError
 
         raise UsageError(f"--dtype/--quantize are for text targets for now, not {modality}")
-    if batch_size is not None and batch_size != 1 and modality == "mesh":
-        from specgen.errors import UsageError
-
-        raise UsageError("--batch-size is for text prompts and images for now; meshes are decoded one at a time")
     req = GenerateRequest(method or "ar", model, list(prompt or []), prompts, max_new_tokens, temperature, top_k, top_p,
                           False if no_chat else None, seed, device, config, list(overrides or []), fmt, quiet,
                           out_dir, num, classes, cfg_scale, point_clouds, captions, drafter, batch_size, dtype, quantize)

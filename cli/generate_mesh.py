@@ -26,7 +26,8 @@ def run(req) -> None:
 
     cfg = load_config(MeshGenConfig, req.config, req.overrides, method=req.method, model=req.model,
                       max_new_tokens=req.max_new_tokens, temperature=req.temperature, top_k=req.top_k,
-                      top_p=req.top_p, seed=req.seed, device=req.device, num=req.num)
+                      top_p=req.top_p, seed=req.seed, device=req.device, num=req.num,
+                      batch_size=req.batch_size)
     spec = get_method(cfg.method)
     if not spec.runs_on("mesh"):
         raise UsageError(f"method {cfg.method} does not run on meshes; use ar or xspecmesh")

@@ -57,6 +57,7 @@ class MeshBenchConfig:
     row_options: dict = field(default_factory=dict)  # row -> options over `options` for that row (and its sweeps)
     merged_ar: list = field(default_factory=list)  # heads rows whose LoRA-merged backbone also decodes plain AR ("ar+ROW")
     sweep_row: str = "ca+lora"
+    batch_sizes: list = field(default_factory=lambda: [1])  # B > 1: ROW@bB rows, B point clouds per forward
     num_heads: int = 4
     delta: float = 0.5
     temperature: float = 0.5
@@ -145,26 +146,60 @@ def run_mesh_benchmark(cfg: MeshBenchConfig, on_mesh: Callable[[int], None] | No
     decoders = {v.label: MeshDecoder(loaded[v.heads].decoder.model, None, loaded[v.heads].decoder.eos_id) if v.plain
                 else loaded[v.heads].decoder for v in vs}
     max_tokens = token_budget(ar.decoder.model, ar.target.meta, cfg.num_heads, cfg.max_new_tokens)
-    acc = {v.label: {"stats": DecodeStats(), "cd": [], "hd": [], "valid": 0, "tokens": 0} for v in vs}
     clouds = benchmark_clouds(ar.target.meta, cfg.limit, cfg.offset, cfg.device)
     refs = reference_distances([ref for ref, _ in clouds])
+
+    def streams(i: int) -> tuple[torch.Generator, torch.Generator]:
+        return torch.Generator().manual_seed(cfg.seed + i), torch.Generator().manual_seed(10_000_019 + cfg.seed + i)
+
+    def record(a: dict, res, ref) -> None:
+        a["stats"].merge(res.stats)
+        a["tokens"] += len(res.tokens)
+        a["valid"] += not decode_tokens(res.tokens)[2]
+        mesh = tolerant_mesh(res.tokens)
+        if mesh is not None:
+            d = mesh_distances(mesh[0], mesh[1], ref.vertices, ref.faces)
+            a["cd"].append(d.chamfer)
+            a["hd"].append(d.hausdorff)
+
+    acc = {v.label: new_acc() for v in vs}
     for i, (ref, pc) in enumerate(clouds):
         for v in vs:
-            gen = torch.Generator().manual_seed(cfg.seed + i)
-            dgen = torch.Generator().manual_seed(10_000_019 + cfg.seed + i)
-            res = decoders[v.label].generate(pc, params, max_tokens, v.opts, gen, dgen)
-            a = acc[v.label]
-            a["stats"].merge(res.stats)
-            a["tokens"] += len(res.tokens)
-            a["valid"] += not decode_tokens(res.tokens)[2]
-            mesh = tolerant_mesh(res.tokens)
-            if mesh is not None:
-                d = mesh_distances(mesh[0], mesh[1], ref.vertices, ref.faces)
-                a["cd"].append(d.chamfer)
-                a["hd"].append(d.hausdorff)
+            record(acc[v.label], decoders[v.label].generate(pc, params, max_tokens, v.opts, *streams(i)), ref)
         if on_mesh:
             on_mesh(i)
-    return [{**r, **refs} for r in summarize(cfg, vs, acc, loaded)]
+    rows = summarize(cfg, vs, acc, loaded)
+    for batch in (b for b in cfg.batch_sizes if b > 1):  # every variant over all clouds through B slots
+        acc = {v.label: new_acc() for v in vs}
+        for v in vs:
+            gens, dgens = zip(*(streams(i) for i in range(len(clouds))))
+            results = decoders[v.label].generate_batch([pc for _, pc in clouds], params, max_tokens, v.opts, gens,
+                                                       dgens, batch)
+            for (ref, _), res in zip(clouds, results):
+                record(acc[v.label], res, ref)
+            acc[v.label]["wall"] = max(r.stats.extras["latency_s"] for r in results)
+        rows += batched_rows(summarize(cfg, vs, acc, loaded), acc, batch, rows)
+    return [{**r, **refs} for r in rows]
+
+
+def new_acc() -> dict:
+    return {"stats": DecodeStats(), "cd": [], "hd": [], "valid": 0, "tokens": 0}
+
+
+def batched_rows(rows: list[dict], acc: dict, batch: int, single: list[dict]) -> list[dict]:
+    """`ROW@bB` rows: tokens/s and meshes/s over the batch's wall time (not the sum of per-mesh latencies), speedup
+    vs AR at the same B and vs batch-1 AR (`vs_ar_b1`); step latency is a per-sequence measure and left out."""
+    ar_b1 = next((r for r in single if r["heads"] is None), None)
+    for r in rows:
+        a = acc[r["row"]]
+        r.update(row=f"{r['row']}@b{batch}", batch_size=batch, wall_s=round(a["wall"], 2),
+                 tokens_per_s=round(a["tokens"] / a["wall"], 2), meshes_per_s=round(r["meshes"] / a["wall"], 3),
+                 step_latency_ms=None, speedup_scr_lat=None)
+    ar = next((r for r in rows if r["heads"] is None), None)
+    for r in rows:
+        r["speedup_vs_ar"] = round(r["tokens_per_s"] / ar["tokens_per_s"], 3) if ar else None
+        r["vs_ar_b1"] = round(r["tokens_per_s"] / ar_b1["tokens_per_s"], 3) if ar_b1 else None
+    return rows
 
 
 def benchmark_clouds(meta: dict, limit: int, offset: int = 0, device: str = "cpu") -> list[tuple[object, torch.Tensor]]:
@@ -225,6 +260,7 @@ def summarize(cfg: MeshBenchConfig, vs: list[Variant], acc: dict, loaded: dict) 
             "step_latency_ms": round(1000 * decode_s / max(st.steps, 1), 3),
             "tokens_per_s": round(a["tokens"] / st.wall_time, 2) if st.wall_time else 0.0,
             "mean_tokens": round(a["tokens"] / cfg.limit, 1), "wall_s": round(st.wall_time, 2),
+            "meshes_per_s": round(cfg.limit / st.wall_time, 3) if st.wall_time else 0.0, "batch_size": 1,
             "nfe": st.target_forwards,
             # where a step's time goes (propose = heads + sampling, verify = the backbone forward)
             "phase_ms_per_step": {k: round(1000 * t / max(st.steps, 1), 3)

@@ -38,6 +38,7 @@ class MeshGenConfig:
     device: str = "cpu"
     mesh_format: str = "obj"  # with --out-dir: obj | ply | stl | off | glb
     preview: bool = False  # with --out-dir: also a PNG per mesh
+    batch_size: int = 1  # point clouds decoded together (continuous batching on the shared loop)
     method_options: dict = field(default_factory=dict)  # xspecmesh: heads, num_heads, delta, criterion, ...
 
 
@@ -171,16 +172,18 @@ def generate_meshes(loaded, conds: list[Condition], cfg: MeshGenConfig, opts, on
 
     params = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
     max_tokens = resolve_max_tokens(loaded, cfg, opts)
+    if cfg.batch_size < 1:
+        from specgen.errors import UsageError
+
+        raise UsageError(f"batch-size must be >= 1, got {cfg.batch_size}")
+    gens = [torch.Generator().manual_seed(cfg.seed + i) for i in range(len(conds))]
+    draft_gens = [torch.Generator().manual_seed(10_000_019 + cfg.seed + i) for i in range(len(conds))]
+    results = loaded.decoder.generate_batch([torch.from_numpy(c.points).to(cfg.device) for c in conds], params,
+                                            max_tokens, opts, gens, draft_gens, cfg.batch_size, on_done)
     out = []
-    for i, c in enumerate(conds):
-        gen = torch.Generator().manual_seed(cfg.seed + i)
-        draft_gen = torch.Generator().manual_seed(10_000_019 + cfg.seed + i)
-        res = loaded.decoder.generate(torch.from_numpy(c.points).to(cfg.device), params, max_tokens, opts, gen,
-                                      draft_gen)
+    for c, res in zip(conds, results):
         v, f, err, deg, dup = decode_tokens(res.tokens)
         out.append(MeshSample(c.name, res.tokens, v, f, err, deg, dup, step_summary(res.stats)))
-        if on_done:
-            on_done(i)
     return out
 
 

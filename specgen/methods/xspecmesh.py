@@ -228,90 +228,46 @@ def head_candidates(head_logits: torch.Tensor, params: SamplingParams, opts: XSp
     return Proposal(tokens, (chosen - scaled.logsumexp(-1)).exp().tolist())
 
 
-class LazyProbs:
-    """Filtered, tempered distributions of hidden rows [S, dim]: one LM-head product, filters only when read.
-
-    The rule stops at the first rejection, so rows after it never pay the top-k/top-p filter. The LM head
-    ([V, dim], 5,121 x 512 for the small BPT backbone) runs once over all S rows: with the packed decode
-    layout (`models/layout.py`) streaming its weight dominates, so S rows cost about one (measured:
-    docs/methods/xspecmesh.md, "verify's LM head"), and a step reads SCR + 1 rows, more with lookup candidates.
-    """
-
-    def __init__(self, hidden: torch.Tensor, lm_head: torch.nn.Module, params: SamplingParams) -> None:
-        self.hidden, self.lm_head, self.params, self.rows = hidden, lm_head, params, {}
-        self.logits: torch.Tensor | None = None  # [S, V] once any row is read
-
-    def __len__(self) -> int:
-        return self.hidden.shape[0]
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        if i not in self.rows:
-            if self.logits is None:
-                self.logits = self.lm_head(self.hidden)  # [S, V]
-            self.rows[i] = logits_to_probs(self.logits[i], self.params)  # [V]
-        return self.rows[i]
-
-
 class MeshDecoder:
-    """A backbone (MeshGPT, adapter already merged) and optional heads; decodes one point cloud at a time."""
+    """A backbone (MeshGPT, adapter already merged) and optional heads; decodes point clouds on the batched loop."""
 
     def __init__(self, model, heads=None, eos_id: int = 5120) -> None:
         self.model, self.heads, self.eos_id = model, heads, eos_id
         self._draft_out: torch.nn.Module | None = None  # the LM head in the draft dtype (see _lm_head)
 
-    @torch.inference_mode()
     def generate(self, pc: torch.Tensor, params: SamplingParams, max_tokens: int,
                  opts: XSpecMeshOptions | None = None, generator: torch.Generator | None = None,
                  draft_generator: torch.Generator | None = None) -> MeshDecodeResult:
         """Decode the mesh of point cloud pc [N, 6]; AR when there are no heads or num_heads == 0."""
+        return self.generate_batch([pc], params, max_tokens, opts, [generator], [draft_generator])[0]
+
+    @torch.inference_mode()
+    def generate_batch(self, pcs: list[torch.Tensor], params: SamplingParams, max_tokens: int,
+                       opts: XSpecMeshOptions | None = None, generators=None, draft_generators=None,
+                       batch_size: int = 1, on_done=None) -> list[MeshDecodeResult]:
+        """Decode the meshes of point clouds pcs[i] [N_i, 6], `batch_size` at a time, on the shared batched loop
+        (`decoding/loop.py`: continuous batching, per-row acceptance). Cloud i samples from generators[i] (the
+        backbone's samples) and draft_generators[i] (head candidates), so its mesh does not depend on the batch."""
+        from specgen.decoding.loop import decode_batch
+        from specgen.mesh.target import MeshTarget
+        from specgen.methods.text import EmptyDrafter
+        from specgen.methods.xspecmesh_pool import XSpecMeshPool, mesh_rule
+
         opts = opts or XSpecMeshOptions()
         d_max = 0 if self.heads is None else (opts.num_heads or self.heads.num_heads)
         if self.heads is not None and d_max > self.heads.num_heads:
             from specgen.errors import UsageError
 
             raise UsageError(f"num_heads {d_max} > the {self.heads.num_heads} heads of this checkpoint")
-        rule, stats = None if opts.lossless else opts.criterion_rule(), DecodeStats()  # the rule: once per mesh
-        model, device = self.model, pc.device
-        cache = model.new_cache(1, max_tokens + d_max + 2)
-        # 0. condition once per mesh, prefill the start vector (position 0)
-        with stats.timed("prefill"):
-            cond = model.encode(pc.unsqueeze(0))
-            logits0, h = model.prefill(cache, cond)  # [1, V], [1, dim]
-            stacked = self.heads.stacked() if d_max else None  # all D heads as one batched op per layer
-            head_kv = stacked.context_kv(self.heads.context_kv(cond)) if d_max else None
-        stats.target_forwards += 1
-        with stats.timed("propose"):
-            past = self._window(stacked, h, None)  # history heads: projected window of committed hidden states
-            first = pick(logits0[0], params, generator)
-            memory = self._vertex_memory() if opts.vertex_lookup and d_max else None
-            chain = [first] + self._candidates([], first, stacked, h, past, head_kv, d_max, params, opts,
-                                               draft_generator, memory).cut(opts.min_path_prob)
-        out: list[int] = []
-        while True:
-            chain = self._trim(chain, max_tokens - len(out))
-            if chain[0] == self.eos_id or len(out) + 1 >= max_tokens:
-                out.append(chain[0])  # a backbone sample: committed without another forward
-                break
-            start = len(out) + 1  # position of chain[0]
-            with stats.timed("verify"):  # 2. one backbone forward over x_{s:s+D} (LM head: in 3., on first read)
-                hidden = model.step_hidden(torch.tensor([chain], device=device), start, cache)  # [1, S, dim]
-            with stats.timed("accept"):  # 3. the rule on the filtered, tempered p^(0)
-                probs = LazyProbs(hidden[0], model.decoder.output, params)  # filtered rows [V] only as far as the rule reads
-                verdict = accept_chain(chain[1:], probs, rule, generator, params.greedy)
-            a = verdict.num_accepted
-            with stats.timed("commit"):  # 4. keep x_s .. x_{s*-1}
-                cache.commit(0, list(range(a + 1)))
-            stats.record_step(len(chain) - 1, len(chain) - 1, a)
-            out.extend(chain[: a + 1])
-            if self.eos_id in chain[1 : a + 1] or len(out) >= max_tokens:
-                break
-            with stats.timed("propose"):  # 5. resample x_{s*} (backbone), x_{s*+d} (lookup / heads on h_{s*-1}); cut
-                x = verdict.tokens[-1]
-                past = self._window(stacked, hidden[0, : a + 1], past)  # + h of the committed x_s .. x_{s*-1}
-                chain = [x] + self._candidates(out, x, stacked, hidden[:, a], past, head_kv, d_max, params, opts,
-                                               draft_generator, memory).cut(opts.min_path_prob)
-        stats.new_tokens = len(out)
-        return MeshDecodeResult(out, stats)
+        generators = list(generators) if generators is not None else [None] * len(pcs)
+        draft_generators = list(draft_generators) if draft_generators is not None else [None] * len(pcs)
+        target = MeshTarget(self.model, pcs)
+        pool = XSpecMeshPool(self, target, opts, params, d_max, draft_generators) if d_max else \
+            (lambda i: EmptyDrafter())  # AR: the empty draft on the same loop
+        batch = decode_batch(target, pool, [[i] for i in range(len(pcs))], max_tokens, params, (self.eos_id,),
+                             generators, batch_size=batch_size, max_draft=d_max, rule=mesh_rule(opts),
+                             on_done=on_done)
+        return [MeshDecodeResult(r.tokens, r.stats) for r in batch.results]
 
     def _candidates(self, out: list[int], x: int, stacked, h: torch.Tensor, past, kv, d: int, params: SamplingParams,
                     opts: XSpecMeshOptions, generator: torch.Generator | None,
@@ -374,12 +330,6 @@ class MeshDecoder:
             self._draft_out = copy.deepcopy(out).to(dtype)
             self._draft_out.weight.data = self._draft_out.weight.data.contiguous()  # row-major: faster in bf16 here
         return self._draft_out
-
-    def _trim(self, chain: list[int], room: int) -> list[int]:
-        """Drop candidates after an EOS candidate and beyond the token budget."""
-        if self.eos_id in chain[1:]:
-            chain = chain[: chain.index(self.eos_id, 1) + 1]
-        return chain[: max(1, room)]
 
 
 # -- loading ----------------------------------------------------------------------------------------

@@ -40,7 +40,7 @@ def test_batch_table_reports_throughput_and_latency(tiny_target):  # noqa: F811
     (["generate", "method_options.budget=sometimes", "--method", "ngram"], "budget must be one of"),
     (["benchmark", "--suite", "humaneval", "--batch-size", "1,x"], "comma-separated integers"),
     (["benchmark", "--suite", "humaneval", "--batch-size", "0"], "comma-separated integers"),
-    (["benchmark", "--suite", "meshes", "--batch-size", "4"], "humaneval and images suites"),
+    (["benchmark", "--suite", "meshes", "--batch-size", "4,y"], "comma-separated integers"),
 ])
 def test_bad_batch_input_is_one_line(tiny_target, args, needle):  # noqa: F811
     if args[0] == "generate":

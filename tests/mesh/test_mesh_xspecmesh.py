@@ -61,7 +61,7 @@ def test_history_heads_read_the_committed_hidden_states(setup, monkeypatch):
                         seen.append((self, h.clone(), past.clone())) or features(self, h, kv, emb, past))
     res = run(model, tiny_heads(scramble=False, history=3), pc, SAMPLED, XSpecMeshOptions(criterion="topk", top_k_accept=50),
               n=40)
-    assert res.stats.tau > 1.5 and len(seen) == res.stats.steps + 1  # after the prefill, then after every step
+    assert res.stats.tau > 1.5 and len(seen) == res.stats.steps  # before every verify step (none after the last)
     with torch.no_grad():
         _, hidden, _ = model.forward_train(pc.unsqueeze(0), torch.tensor([res.tokens]))  # row i: after i tokens
     rows = hidden[0]

@@ -1,0 +1,45 @@
+"""The Target of the decode loop for point-cloud-conditioned mesh GPTs: one point cloud per sequence.
+
+A sequence's prompt is `[i]`, naming cloud i of the target's `clouds` (as a c2i prompt names its class).
+Its prefill encodes the cloud, stores the condition's cross-attention K/V in the sequence's cache row
+once (`MeshGPT.prefill`), and runs the learned start vector at position 0; mesh token r sits at
+position r. `conditions[i]` keeps each cloud's encoding for drafters that attend to it (XSpecMesh heads).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specgen.decoding.cache import KVCache
+from specgen.decoding.target import TargetOut
+
+
+class MeshTarget:
+    """Target protocol over a `MeshGPT` and the point clouds [N_i, 6] of the sequences it decodes."""
+
+    branches = 1
+
+    def __init__(self, model: torch.nn.Module, clouds: list[torch.Tensor]) -> None:
+        self.model, self.clouds = model, clouds
+        self.vocab_size = model.vocab_size
+        self.device = model.start.device
+        self.conditions: dict[int, torch.Tensor] = {}  # cloud index -> condition [1, M, cross_dim]
+
+    def new_cache(self, batch: int, max_len: int) -> KVCache:
+        return self.model.new_cache(batch, max_len)
+
+    @torch.inference_mode()
+    def prefill(self, tokens: torch.Tensor, cache: KVCache) -> TargetOut:
+        """tokens [1, 1] = the cloud's index; logits [1, 1, V] of mesh token 1, features [1, 1, dim] (the start's h)."""
+        i = int(tokens[0, 0])
+        cond = self.model.encode(self.clouds[i].to(self.device).unsqueeze(0))
+        self.conditions[i] = cond
+        logits, hidden = self.model.prefill(cache, cond)  # [1, V], [1, dim]
+        return TargetOut(logits[:, None], hidden[:, None])
+
+    @torch.inference_mode()
+    def forward(self, tokens, positions, cache, tree_mask) -> TargetOut:
+        """Score chains tokens [n, S] at positions [n, S] over each row's cache and condition."""
+        dec = self.model.decoder
+        hidden = dec.hidden_states(dec.tok_embeddings(tokens), positions, cache, tree_mask)  # [n, S, dim]
+        return TargetOut(dec.output(hidden), hidden)

@@ -1,0 +1,64 @@
+"""Meshes on the batched loop: each point cloud's mesh does not depend on which clouds share its batch (greedy and
+sampled, lossy and lossless rules), lossless XSpecMesh equals AR, and AR is the loop's empty draft."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specgen.decoding.sampling import SamplingParams
+from specgen.mesh.procedural import generate_mesh
+from specgen.methods.xspecmesh import MeshDecoder, XSpecMeshOptions
+from specgen.train.mesh import point_cloud
+from tests.mesh.mesh_fixtures import NUM_POINTS, tiny_heads, tiny_mesh_model
+
+SAMPLED = SamplingParams(1.0, 50, 0.95)
+LOSSLESS = XSpecMeshOptions(criterion="rejection", sampling="tree", top_k_tree=1)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture(scope="module")
+def clouds():
+    out = []
+    for seed in range(11, 17):
+        g = generate_mesh(seed)
+        out.append(torch.from_numpy(point_cloud(g.vertices, g.faces, NUM_POINTS, seed)))
+    return out
+
+
+def streams(indices):
+    """Cloud i's two random streams (backbone samples, head candidates), whatever batch it is in."""
+    return ([torch.Generator().manual_seed(3 + i) for i in indices],
+            [torch.Generator().manual_seed(100 + i) for i in indices])
+
+
+def decode_all(decoder, clouds, params, opts, batch_size, indices=None):
+    indices = list(range(len(clouds))) if indices is None else indices
+    gens, dgens = streams(indices)
+    return [r.tokens for r in decoder.generate_batch(clouds, params, 60, opts, gens, dgens, batch_size)]
+
+
+@pytest.mark.parametrize("params", [SamplingParams(), SAMPLED], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("opts", [LOSSLESS, XSpecMeshOptions(delta=0.05), XSpecMeshOptions(vertex_lookup=True)],
+                         ids=["rejection", "threshold", "vertex-lookup"])
+def test_each_mesh_is_independent_of_its_batch(clouds, params, opts):
+    decoder = MeshDecoder(tiny_mesh_model(), tiny_heads())
+    alone = [decode_all(decoder, [pc], params, opts, 1, [i])[0] for i, pc in enumerate(clouds)]
+    for batch_size in (3, 8):
+        assert decode_all(decoder, clouds, params, opts, batch_size) == alone, batch_size
+    order = [4, 0, 5, 2, 1, 3]
+    assert decode_all(decoder, [clouds[i] for i in order], params, opts, 3, order) == [alone[i] for i in order]
+
+
+def test_lossless_xspecmesh_batched_is_greedy_ar(clouds):
+    model = tiny_mesh_model()
+    ar = decode_all(MeshDecoder(model, None), clouds, SamplingParams(), None, 1)
+    xs = decode_all(MeshDecoder(model, tiny_heads()), clouds, SamplingParams(), LOSSLESS, 4)
+    assert xs == ar and decode_all(MeshDecoder(model, None), clouds, SamplingParams(), None, 6) == ar
