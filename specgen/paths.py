@@ -34,6 +34,12 @@ def free_stem(folder: Path, stem: str, suffixes: tuple[str, ...]) -> str:
     return candidate
 
 
+def free_path(path: Path) -> Path:
+    """`path`, or the first of `stem-1.ext`, `stem-2.ext`, ... that does not exist yet."""
+    stem, suffix = path.name[: len(path.name) - len(path.suffix)], path.suffix
+    return path.with_name(f"{free_stem(path.parent, stem, (suffix,))}{suffix}")
+
+
 def link_into_place(tmp: str | Path, path: Path) -> Path:
     """Give the finished temporary file `tmp` the first free numbered name of `path` (atomic, never replacing a
     file, even one created meanwhile by another process), remove `tmp`, and return the name used."""

@@ -305,30 +305,31 @@ def add_classifier_metrics(cfg: ImageBenchConfig, rows: list[dict], pixels: dict
 
 
 def write_outputs(rows: list[dict], pixels: dict, out_dir: Path) -> list[Path]:
-    """A PNG grid per (method, temperature) and a speed-quality plot; returns the paths written."""
+    """A PNG grid per (method, temperature) and a speed-quality plot; returns the paths written. Files of an
+    earlier run in `out_dir` are kept: a taken name gets a number (`-1`, `-2`, ...)."""
     from specgen.eval import plots
     from specgen.image.generate import prepare_out_dir
+    from specgen.paths import free_path, link_into_place
 
     prepare_out_dir(out_dir)
     paths = []
     for (m, t), px in pixels.items():
         path = out_dir / f"{m}-T{t:g}-grid.png"
         grid = plots.image_grid(px, nrow=min(8, len(px)))
-        tmp = path.with_suffix(".png.tmp")
+        tmp = path.with_name(f".{path.name}.tmp")
         grid.save(tmp, format="PNG")
-        tmp.replace(path)
-        paths.append(path)
-    y = "clf_fid" if all("clf_fid" in r for r in rows) else "nll"
+        paths.append(link_into_place(tmp, path))
+    y = "clf_fid" if all(r.get("clf_fid") is not None for r in rows) else "nll"
     for t in sorted({r["temperature"] for r in rows}):
         pts = [dict(r, label=f"{r['method']}") for r in rows if r["temperature"] == t]
-        path = out_dir / f"speed-quality-T{t:g}.png"
+        path = free_path(out_dir / f"speed-quality-T{t:g}.png")
         plots.speed_quality_plot(pts, x="speedup_vs_ar", y=y, label="label", path=path)
         paths.append(path)
         for sweep in SWEEPS.values():  # Pareto fronts of speed vs quality, one plot per sweep
             prefix = f"{sweep.method}@{sweep.tag}="
             group = [p for p in pts if p["method"] in sweep.reference or p["method"].startswith(prefix)]
             if any(p["method"].startswith(prefix) for p in group) and len(group) > 1:
-                path = out_dir / f"{sweep.plot}-T{t:g}.png"
+                path = free_path(out_dir / f"{sweep.plot}-T{t:g}.png")
                 plots.speed_quality_plot(group, x="speedup_vs_ar", y=y, label="label", path=path,
                                          title=f"{sweep.method} {sweep.option} sweep (T={t:g}): {y} vs speedup")
                 paths.append(path)

@@ -181,3 +181,17 @@ def test_image_benchmark_of_one_image_marks_fid_na():
     add_classifier_metrics(ImageBenchConfig(num=1), rows, {("ar", 1.0): torch.zeros(1, 3, 64, 64)}, [0])
     assert rows[0]["clf_fid"] is None and "n/a" in rows[0]["quality_note"]
     assert rows[0]["class_accuracy"] is not None
+
+
+def test_one_image_benchmark_runs_and_keeps_earlier_grids(tmp_path):
+    out = tmp_path / "bench"
+    args = ["benchmark", "--suite", "images", "--limit", "1", "--format", "json", f"out_dir={out}", "methods=[ar]",
+            "temperatures=[1.0]"]
+    r = invoke(*args)
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.stdout)
+    assert rows[0]["clf_fid"] is None and rows[0]["class_accuracy"] is not None
+    first = (out / "ar-T1-grid.png").read_bytes()
+    assert invoke(*args).exit_code == 0
+    assert (out / "ar-T1-grid.png").read_bytes() == first and (out / "ar-T1-grid-1.png").is_file()
+    assert (out / "speed-quality-T1-1.png").is_file() and not list(out.glob(".*"))
