@@ -26,6 +26,7 @@ from specgen.errors import CheckpointError, IncompatibleError, RuntimeFailure, U
 KINDS = ("target", "draft", "heads", "adapter", "upsampler", "vq", "classifier")
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 MAX_NAME = 100
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
 STALE_FOREIGN_S = 24 * 3600  # temporaries of another host (shared home) older than this are removed too
@@ -137,8 +138,9 @@ def list_entries(kind: str | None = None) -> list[Entry]:
                 continue  # a temporary of a write in progress (or of a killed writer)
             try:
                 e = entry_at(cfg.parent)
-                if not (cfg.parent / WEIGHTS).is_file():
-                    e = Entry(e.kind, e.name, e.path, {**e.meta, "corrupt": f"no {WEIGHTS}"}, e.builtin)
+                missing = missing_files(e)
+                if missing:
+                    e = Entry(e.kind, e.name, e.path, {**e.meta, "corrupt": missing}, e.builtin)
             except CheckpointError as err:
                 folder = cfg.parent
                 e = Entry(folder.parent.name, folder.name, folder, {"corrupt": str(err)}, folder.name in BUILTINS)
@@ -148,6 +150,15 @@ def list_entries(kind: str | None = None) -> list[Entry]:
         if ref not in found:
             found[ref] = Entry(b.kind, b.name, checkpoints_dir() / b.kind / b.name, {"description": b.description}, True)
     return [e for _, e in sorted(found.items()) if kind is None or e.kind == kind]
+
+
+def missing_files(e: Entry) -> str:
+    """What an installed entry lacks ("" when complete): its weights, or the tokenizer its config promises."""
+    if not (e.path / WEIGHTS).is_file():
+        return f"no {WEIGHTS}"
+    if e.meta.get("tokenizer") is True and not any((e.path / f).is_file() for f in TOKENIZER_FILES):
+        return "its tokenizer files are missing"
+    return ""
 
 
 def find(name: str, progress: Callable[[str, int, int], None] | None = None) -> Entry:

@@ -134,12 +134,14 @@ def test_corrupt_entries_are_listed_with_a_repair(specgen_home):
     (broken / "config.json").write_text("{not json")
     noweights = registry.save("target", "noweights", {"w": torch.zeros(2)}, {})
     (noweights.path / "model.safetensors").unlink()
+    registry.save("target", "notok", {"w": torch.zeros(2)}, {"tokenizer": True})
     r = CliRunner().invoke(app, ["registry", "list", "--format", "json"])
     rows = {x["ref"]: x for x in json.loads(r.stdout)}
     assert rows["target/fine"]["status"] == "ok"
     status = rows["target/broken"]["status"]
     assert status.startswith("corrupt") and "registry remove" in status
     assert "no model.safetensors" in rows["target/noweights"]["status"]
+    assert "tokenizer files are missing" in rows["target/notok"]["status"]
     with pytest.raises(CheckpointError, match="corrupt entry target/broken.*registry remove"):
         registry.find("broken")
     r = CliRunner().invoke(app, ["registry", "remove", "broken"])
