@@ -117,6 +117,8 @@ def decode_batch(
     `generators[i]` is prompt i's random stream (sampling stays lossless per row); `budget` caps draft
     sizes by the number of live rows (default: `max_draft`); `on_done(i)` is called when prompt i finishes.
     """
+    if not prompts:
+        return BatchResult([], DecodeStats())
     rule, budget = rule or judge, budget or FixedBudget(max_draft)
     generators = list(generators) if generators is not None else [None] * len(prompts)
     width = min(batch_size or len(prompts), len(prompts))
@@ -165,7 +167,7 @@ def decode_batch(
             break
         n = len(slots)
         stats = [total] + [r.stats for r in slots]
-        with timed(stats, "propose"):  # 1. propose (each row its own drafter)
+        with timed(stats, "propose"):  # 1. propose: the pool drafts for every live row
             cap = budget.cap(n)
             drafts = pool.propose([r.prompt + r.out for r in slots],
                                   [min(cap, max_new_tokens - len(r.out) - 1) for r in slots], [r.stats for r in slots])

@@ -15,18 +15,14 @@ from specgen.image.target import CFGTarget
 from specgen.methods import METHODS, run_batch
 from specgen.methods.text import EmptyDrafter
 from tests.image.helpers import TinyEagle, tiny_image_gpt
+from tests.image_fixtures import one_thread
 
 GRID = 4
 LOSSLESS_IMAGE = sorted(name for name, spec in METHODS.items() if spec.runs_on("image") and spec.lossless)
 OPTIONS = {"eagle2": {"depth": 3, "top_k": 3, "total_tokens": 8}, "adt-tree": {"total_tokens": 8, "k0": 3}}
 
 
-@pytest.fixture(autouse=True)
-def single_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+_threads = pytest.fixture(autouse=True)(one_thread)  # tiny models: one thread
 
 
 @pytest.mark.parametrize("method", LOSSLESS_IMAGE)

@@ -10,18 +10,14 @@ from specgen.decoding.sampling import SamplingParams
 from specgen.mesh.procedural import generate_mesh
 from specgen.methods.xspecmesh import MeshDecoder, XSpecMeshOptions
 from specgen.train.mesh import point_cloud
+from tests.image_fixtures import one_thread
 from tests.mesh.mesh_fixtures import NUM_POINTS, tiny_heads, tiny_mesh_model
 
 SAMPLED = SamplingParams(1.0, 50, 0.95)
 LOSSLESS = XSpecMeshOptions(criterion="rejection", sampling="tree", top_k_tree=1)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+_threads = pytest.fixture(autouse=True)(one_thread)  # tiny models: one thread
 
 
 @pytest.fixture(scope="module")
