@@ -13,6 +13,10 @@ from typer.core import TyperGroup
 from specgen.errors import SpecgenError
 
 
+#: Library exceptions documented as bad user input (one-line messages), by qualified name: exit 2 like UsageError.
+USAGE_EXCEPTIONS = ("specgen.mesh.errors.MeshInputError",)
+
+
 def debug() -> bool:
     return os.environ.get("SPECGEN_DEBUG") == "1"
 
@@ -53,6 +57,8 @@ def command(fn):
             except Exception as e:  # unexpected: still one line unless SPECGEN_DEBUG=1
                 if is_cli_control(e):
                     raise
+                if f"{type(e).__module__}.{type(e).__name__}" in USAGE_EXCEPTIONS:
+                    raise fail(str(e), 2) from None
                 raise fail(f"{type(e).__name__}: {e}", 1) from None
         for message in dict.fromkeys(f"{w.category.__name__}: {one_line(w.message)}" for w in caught):
             print(f"warning: {message}", file=sys.stderr)

@@ -29,6 +29,8 @@ def check_budget(max_new_tokens: int, meta: dict | None, ref: str) -> None:
 
 def check_prompt_fits(prompt_tokens: int, max_new_tokens: int, entry) -> None:
     """Refuse a prompt that leaves no room in the registry entry's context for the token budget (before decoding)."""
+    if prompt_tokens == 0:
+        raise UsageError("a prompt is empty (no tokens to condition on); give it some text")
     context = context_of(entry.meta)
     if context is not None and prompt_tokens + max_new_tokens >= context:
         room = max(context - 1 - max_new_tokens, 0)

@@ -111,7 +111,11 @@ def read_prompts(
     if fmt not in (None, "text", "jsonl"):
         raise PromptSourceError(f"unknown prompt format '{fmt}' (use text or jsonl)")
     if str(source) == "-":
-        name, text = "<stdin>", sys.stdin.read()
+        try:
+            name, text = "<stdin>", sys.stdin.read()
+            text.encode("utf-8")  # bytes that are not UTF-8 arrive as surrogates (surrogateescape) or raise
+        except UnicodeError:
+            raise PromptSourceError("<stdin>: not UTF-8 text") from None
     else:
         path = Path(source).expanduser()
         name = str(path)

@@ -169,6 +169,27 @@ def test_bad_recipes_and_overrides(tiny, args, needle):
     check_refusal(tiny, args, 2, needle)
 
 
+@pytest.mark.parametrize("args,stdin,needle", [
+    ([*GEN[:3], "--prompts", "-"], b"\xff\xfeA\n", "not UTF-8"),
+    ([*GEN[:3], "--no-chat", "--prompt", ""], None, "a prompt is empty"),
+    (["export-mesh", "-"], b"\xff\xfe\n", "not UTF-8"),
+    (["benchmark", "--suite", "meshes", "--limit", "100000"], None, "only 10000 seeds"),
+])
+def test_bad_input_streams(tiny, args, stdin, needle):
+    before = files_under(tiny)
+    r = invoke(*args, input=stdin)
+    assert r.exit_code == 2, r.output
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and needle in lines[0], r.stderr
+    assert files_under(tiny) == before
+
+
+def test_import_kwargs_declaring_huge_sizes(tiny, pt_file):
+    kw = json.loads((tiny / "kw.json").read_text())
+    (tiny / "kw.json").write_text(json.dumps({**kw, "dim": 1 << 16, "ffn_dim": 1 << 18, "n_layers": 64}))
+    check_refusal(tiny, [*pt_file, "--name", "huge"], 2, "the kwargs do not describe these weights")
+
+
 def test_empty_override_is_the_empty_string():
     from specgen.config import load_config
     from specgen.train.eagle import EagleTrainConfig
