@@ -63,6 +63,8 @@ def read_sequences(source: str | None) -> list[tuple[str, list[int]]]:
         tokens = obj.get("token_ids") if isinstance(obj, dict) else obj
         if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
             raise UsageError(f"line {n}: expected a JSON list of integer token ids or an object with token_ids")
+        if any(abs(t) >= 2 ** 31 for t in tokens):
+            raise UsageError(f"line {n}: a token id beyond 2**31 is no token of any mesh tokenizer")
         name = obj.get("name") if isinstance(obj, dict) and obj.get("name") else f"mesh-{len(out):03d}"
         out.append((safe_name(str(name)), tokens))
     if not out:

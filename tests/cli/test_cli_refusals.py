@@ -173,6 +173,7 @@ def test_bad_recipes_and_overrides(tiny, args, needle):
     ([*GEN[:3], "--prompts", "-"], b"\xff\xfeA\n", "not UTF-8"),
     ([*GEN[:3], "--no-chat", "--prompt", ""], None, "a prompt is empty"),
     (["export-mesh", "-"], b"\xff\xfe\n", "not UTF-8"),
+    (["export-mesh", "-"], b"[99999999999999999999999, 1]\n", "beyond 2**31"),
     (["benchmark", "--suite", "meshes", "--limit", "100000"], None, "only 10000 seeds"),
 ])
 def test_bad_input_streams(tiny, args, stdin, needle):
