@@ -51,9 +51,11 @@ def distill(
         raise UsageError("--out RUN_FOLDER is required (checkpoint and log go there)")
     cfg = load_config(DistillConfig, config, overrides, trajectories=trajectories, model=model, objective=objective,
                       name=name, steps=steps, seed=seed, device=device)
+    from specgen.registry import check_name
     from specgen.train.run_folder import check_resume, run_folder
     from specgen.train.script import file_logger
 
+    check_name(cfg.name + "-lora", "name (+ -lora: target/NAME, adapter/NAME-lora)")  # registered after training
     check_resume(out, to_dict(cfg), loose=RESUME_LOOSE)  # before anything is loaded or written
     with run_folder(out, to_dict(cfg)):
         log = file_logger(out / "train.log", echo=not quiet)

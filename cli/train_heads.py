@@ -43,6 +43,9 @@ def train_xspecmesh(config: Path | None, overrides: list[str], out: Path, quiet:
         raise UsageError(f"unknown head_kind {cfg.head_kind!r}; choose from {', '.join(HEAD_KINDS)}")
     if cfg.num_sequences < 1 or cfg.eval_sequences < 1 or cfg.num_heads < 1 or cfg.stages not in (1, 2):
         raise UsageError("num_sequences, eval_sequences and num_heads must be >= 1 and stages 1 or 2")
+    from specgen.registry import check_name
+
+    check_name(cfg.name + "-lora", "name (+ -s1/-lora: heads/NAME-s1, adapter/NAME-lora)")  # before training
     from dataclasses import asdict
 
     from specgen.train.heads import NAMING_KEYS, STAGE2_KEYS

@@ -164,6 +164,8 @@ def test_cuda_without_cuda_is_one_line(tiny, cmd):
     (["train-upsampler", "--out", "run", "name=a b\x01"], "control characters"),
     (["train-upsampler", "--out", "run", "name=" + "n" * 101], "at most 100"),
     (["train-heads", "--kind", "eagle", "--out", "run", "name=../escape"], "invalid name"),
+    (["train-heads", "--out", "run", "name="], "invalid name (+ -s1/-lora"),
+    (["distill", "--out", "run", "name=" + "n" * 98], "at most 100"),
 ])
 def test_bad_recipes_and_overrides(tiny, args, needle):
     check_refusal(tiny, args, 2, needle)
