@@ -1,10 +1,12 @@
-"""The measured cost curve c(m) of a forward over m new tokens, for the `auto` draft budget.
+"""The measured cost curve c(m) of a forward over m new tokens, for the `auto` draft budget and benchmark rows.
 
-A decode step's cost on a CPU is mostly its products with the model's weights (attention over the
-cache is the same per row whatever the draft size). So c(m) is measured as one pass of m-row products
-through every linear layer of the model, in the layout it decodes with (packed / kernel choice included),
-at the current thread count, for m in `ROWS`; between measured points it is interpolated linearly, and
-past the last it grows linearly with the last slope. Relative units: c(1) = 1.
+c(m) = time of one forward of the model over m new tokens after a `PREFIX`-token cache, relative to one
+token, measured at load in the layout the model decodes with (packed / kernel choice included) and at the
+current thread count, for m in `ROWS`; between measured points it is interpolated linearly, and past the last
+it grows with the last slope. A whole forward, not only its weight products: the per-forward work that does
+not grow with m (norms, RoPE, attention over the prefix, Python) is what makes a few extra tokens nearly free.
+A batch of B rows x k tokens is costed as c(B k): the weight products dominate on a CPU, and attention over
+B caches costs more than over one, so this slightly favours speculation at large B.
 """
 
 from __future__ import annotations
@@ -43,22 +45,31 @@ class CostCurve:
         return ", ".join(f"c({r})={c:.2f}" for r, c in zip(self.rows, self.cost))
 
 
-@torch.inference_mode()
-def measure_cost(module: nn.Module, rows: tuple[int, ...] = ROWS, rounds: int = 3) -> CostCurve:
-    """Best-of-`rounds` time of an m-row pass over `module`'s linear layers (each weight once), relative to m = 1."""
-    linears = list({id(getattr(lin, "qweight", getattr(lin, "weight", None))): lin for lin in module.modules()
-                    if isinstance(lin, (nn.Linear, QuantizedLinear))}.values())  # quantized targets: their own layers
-    weight = next(module.parameters())  # the activation dtype (a quantized model's norms; else the weights')
-    inputs = {lin.in_features: torch.randn(max(rows), lin.in_features, dtype=weight.dtype, device=weight.device)
-              for lin in linears}
+PREFIX = 128
 
-    def one_pass(m: int) -> float:
+
+@torch.inference_mode()
+def measure_cost(module: nn.Module, rows: tuple[int, ...] = ROWS, rounds: int = 5, prefix: int = PREFIX) -> CostCurve:
+    """Best-of-`rounds` time of a forward of `module` (a `Transformer`) over m new tokens after `prefix` cached ones,
+    relative to m = 1."""
+    device = module.tok_embeddings.weight.device
+    prefix = min(prefix, module.cfg.max_seq_len - max(rows) - 1)
+    rows = tuple(m for m in rows if prefix + m < module.cfg.max_seq_len)
+    cache = module.new_cache(1, prefix + max(rows))
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, module.cfg.vocab_size, (1, prefix + max(rows)), generator=g).to(device)
+    positions = torch.arange(prefix + max(rows), device=device)[None]
+    module(ids[:, :prefix], positions[:, :prefix], cache)
+    cache.commit(0, list(range(prefix)))
+
+    def one(m: int) -> float:
         t = time.perf_counter()
-        for lin in linears:
-            lin(inputs[lin.in_features][:m])
+        module(ids[:, prefix : prefix + m], positions[:, prefix : prefix + m], cache)  # pending: never committed
         return time.perf_counter() - t
 
-    for m in rows:  # warm-up: every kernel and weight touched once
-        one_pass(m)
-    best = {m: min(one_pass(m) for _ in range(rounds)) for m in rows}
-    return CostCurve(tuple(rows), tuple(best[m] / best[rows[0]] for m in rows))
+    for m in rows:  # warm-up: every kernel touched once
+        one(m)
+    best = [min(one(m) for _ in range(rounds)) for m in rows]
+    for i in reversed(range(len(best) - 1)):  # fewer tokens never cost more (they could be padded): drop noise spikes
+        best[i] = min(best[i], best[i + 1])
+    return CostCurve(tuple(rows), tuple(b / best[0] for b in best))

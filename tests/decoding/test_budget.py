@@ -19,9 +19,10 @@ def test_cost_curve_interpolates_and_extrapolates():
     assert "c(4)=2.00" in c.describe()
 
 
-def test_measured_cost_is_relative_to_one_row():
-    curve = measure_cost(tiny_model(0), rows=(1, 2, 8), rounds=1)
-    assert curve.rows == (1, 2, 8) and curve.cost[0] == 1.0 and all(c > 0 for c in curve.cost)
+def test_measured_cost_is_relative_to_one_token_and_never_falls():
+    curve = measure_cost(tiny_model(0), rows=(1, 2, 8, 64), rounds=1)
+    assert curve.rows == (1, 2, 8, 64) and all(c > 0 for c in curve.cost)
+    assert list(curve.cost) == sorted(curve.cost) and curve.cost[0] <= 1.0
 
 
 def test_auto_budget_drafts_when_verification_is_cheap_and_acceptance_high():
@@ -41,14 +42,23 @@ def test_auto_budget_shrinks_as_the_batch_fills_the_product():
     assert knee.cap(4) <= knee.cap(1)
 
 
-def test_auto_budget_learns_the_acceptance_rate():
+def test_auto_budget_learns_the_acceptance_rate_and_retries_after_ar_steps():
     b = AutoBudget(8, CostCurve((1, 2, 4, 8, 16), (1.0, 1.3, 1.8, 2.8, 5.0)), prior=0.9)
     before = b.cap(1)
+    b.observe(4, 0)
+    assert b.rate() == pytest.approx(7.2 / 9) and b.cap(1) > 0  # one rejection does not stop drafting
     for _ in range(50):
-        b.observe(4, 0)  # every draft rejected at its first token: rate -> 0
-    assert b.rate() == 0.0 and b.cap(1) == 0 < before
+        b.observe(4, 0)  # every draft rejected at its first token: the rate falls towards 0
+    low = b.rate()
+    assert low < 0.15 and b.cap(1) == 0 < before  # an AR step: it forgets the oldest rejection
+    forgot = b.rate()
+    assert forgot > low
     b.observe(0, 0)  # an empty draft says nothing about acceptance
-    assert b.rate() == 0.0
+    assert b.rate() == forgot
+    steps = 0
+    while b.cap(1) == 0:  # AR steps forget old observations until drafting is worth a try again
+        steps += 1
+    assert 0 < steps <= 50 and b.rate() > low
     assert FixedBudget(5).cap(100) == 5
 
 
