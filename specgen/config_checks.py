@@ -35,6 +35,7 @@ POSITIVE_BY_CLASS = {"DistillConfig": {"temperature"}}  # a KL temperature divid
 MAX_INT = 2 ** 62  # beyond this torch's int64 arithmetic (seed + i, sizes) overflows
 MAX_SAMPLES = 100_000  # images/meshes per command (`num`)
 MAX_THREADS = 4096
+AUTO_DEVICE = {"DistillConfig"}  # configs whose device may be "auto"
 
 
 def check_config(cfg: Any) -> None:
@@ -49,7 +50,7 @@ def check_config(cfg: Any) -> None:
     if isinstance(getattr(cfg, "num", None), int) and cfg.num > MAX_SAMPLES:
         raise UsageError(f"num must be at most {MAX_SAMPLES}, got {cfg.num}")
     if isinstance(getattr(cfg, "device", None), str):
-        check_device(cfg.device)
+        check_device(cfg.device, allow_auto=type(cfg).__name__ in AUTO_DEVICE)
     for key in ("threads", "num_threads"):
         if isinstance(getattr(cfg, key, None), int) and getattr(cfg, key) > MAX_THREADS:
             raise UsageError(f"{key} must be at most {MAX_THREADS}, got {getattr(cfg, key)}")
@@ -131,10 +132,13 @@ def check_list_number(key: str, v: float) -> None:
         raise UsageError(f"every value of {key} must be >= 0, got {v}")
 
 
-def check_device(device: str) -> None:
-    """A torch device string that exists on this machine (cpu, cuda, cuda:N, mps)."""
+def check_device(device: str, allow_auto: bool = False) -> None:
+    """A torch device string that exists on this machine (cpu, cuda, cuda:N, mps); "auto" where the command
+    lets a library pick (distill hands it to accelerate)."""
     import torch
 
+    if device == "auto" and allow_auto:
+        return
     try:
         dev = torch.device(device)
     except (RuntimeError, ValueError):

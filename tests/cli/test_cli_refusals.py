@@ -100,7 +100,8 @@ MESH = ["generate", "--method", "xspecmesh"]
     ([*GEN, "--top-p", "0"], "top_p must be in (0, 1]"),
     ([*GEN, "--top-p", "1.01"], "top_p must be in (0, 1]"),
     ([*GEN, "--top-k", "-1"], "top_k must be >= 0"),
-    ([*GEN, "--method", "jacobi", "method_options.block_size=0"], "block_size must be >= 1 (an integer below 2**31) (method_options.block_size of jacobi)"),
+    ([*GEN, "--method", "jacobi", "method_options.block_size=0"],
+     "block_size must be >= 1 (an integer below 2**31) (method_options.block_size of jacobi)"),
     ([*GEN, "--method", "jacobi", "method_options.block_size=99999999999"], "method_options.block_size of jacobi"),
     ([*GEN, "--temperature", "1e-300"], "use 0 (greedy) or >= 0.001"),
     ([*IMG, "--temperature", "1e-40"], "use 0 (greedy) or >= 0.001"),
@@ -111,7 +112,8 @@ MESH = ["generate", "--method", "xspecmesh"]
     ([*GEN, "--method", "jacobi", "method_options.block_size=abc"], "got 'abc'"),
     ([*GEN, "--method", "ngram", "method_options.num_draft=-3"], "num_draft must be >= 1"),
     ([*GEN, "--method", "pcllm-mr", "method_options.spawn_ratio=2"], "spawn_ratio"),
-    ([*MESH, "method_options.delta=2"], "delta must be in [0, 1] (a finite number) (method_options.delta of xspecmesh)"),
+    ([*MESH, "method_options.delta=2"],
+     "delta must be in [0, 1] (a finite number) (method_options.delta of xspecmesh)"),
     ([*MESH, "method_options.delta=.nan"], "delta of xspecmesh"),
     ([*MESH, "method_options.delta=nan"], "delta of xspecmesh"),
     ([*MESH, "--num", "0"], "--num must be >= 1"),
@@ -310,3 +312,36 @@ def test_infinities_never_reach_the_sampler():
     for bad in (math.inf, -math.inf, math.nan):
         with pytest.raises(Exception, match="finite"):
             check_number("temperature", bad)
+
+
+CONFIG_MODULES = ["specgen.text.generate", "specgen.eval.text_bench", "specgen.image.generate",
+                  "specgen.eval.image_bench", "specgen.mesh.generate", "specgen.eval.mesh_bench",
+                  "specgen.train.distill", "specgen.text.trajectories", "specgen.train.heads", "specgen.train.eagle",
+                  "specgen.train.upsampler", "specgen.train.vq", "specgen.train.image_gpt",
+                  "specgen.train.image_gpt_lowres", "specgen.train.classifier", "specgen.train.mesh",
+                  "specgen.train.mesh_embedding"]
+
+
+def test_every_default_and_shipped_recipe_passes_the_checks():
+    """The checks refuse nonsense, never a configuration the project ships (no false refusals)."""
+    import dataclasses
+    import importlib
+    from pathlib import Path
+
+    import yaml
+
+    from specgen.config import load_config
+
+    classes = [c for m in CONFIG_MODULES for c in vars(importlib.import_module(m)).values()
+               if isinstance(c, type) and dataclasses.is_dataclass(c) and c.__name__.endswith("Config")
+               and c.__module__ == m]
+    for cls in classes:
+        load_config(cls)
+    recipes = sorted((Path(__file__).resolve().parents[2] / "recipes").rglob("*.yaml"))
+    loaded = 0
+    for recipe in recipes:
+        keys = set(yaml.safe_load(recipe.read_text()) or {})
+        for cls in [c for c in classes if keys <= {f.name for f in dataclasses.fields(c)}]:
+            load_config(cls, recipe)
+            loaded += 1
+    assert len(classes) >= 15 and loaded >= len(recipes) > 20
