@@ -36,6 +36,8 @@ def collect_trajectories(
     limit: Annotated[Optional[int], typer.Option("--limit", help="Use only this many prompts (0 = all).")] = None,
     block_size: Annotated[Optional[int], typer.Option("--block-size", "-n", help="Jacobi block size n.")] = None,
     max_new_tokens: Annotated[Optional[int], typer.Option("--max-new-tokens", help="Answer tokens per prompt.")] = None,
+    batch_size: Annotated[Optional[int], typer.Option(
+        "--batch-size", "-b", help="Prompts decoded together (continuous batching; the records do not change).")] = None,
     merge: Annotated[bool, typer.Option("--merge", help="Only merge the shards of every rank into merged/train.parquet.")] = False,
     seed: SeedOpt = None,
     device: DeviceOpt = None,
@@ -58,7 +60,8 @@ def collect_trajectories(
         _output.emit_json(row) if fmt == Format.json else _output.out.print(str(path))
         return
     cfg = load_config(CollectConfig, config, overrides, model=model, prompts=prompts, limit=limit,
-                      block_size=block_size, max_new_tokens=max_new_tokens, seed=seed, device=device)
+                      block_size=block_size, max_new_tokens=max_new_tokens, seed=seed, device=device,
+                      batch_size=batch_size)
     from specgen.text.trajectories import META
     from specgen.train.run_folder import check_resume, run_folder
 

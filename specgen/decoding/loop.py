@@ -188,7 +188,8 @@ def decode_batch(
         total.steps += 1
         with timed(stats, "propose"):  # 5. update the drafters; rows that finished leave
             pool.on_accept(drafts, verdicts, out, batch.sizes, branches)
-            for r, d, v in zip(slots, drafts, verdicts):
+            ended = getattr(pool, "finished", lambda slot: False)
+            for i, (r, d, v) in enumerate(zip(slots, drafts, verdicts)):
                 r.stats.record_step(d.size, d.tree.max_depth(), v.num_accepted)
                 total.accepted.append(v.num_accepted)
                 total.draft_sizes.append(d.size)
@@ -196,7 +197,7 @@ def decode_batch(
                 total.target_tokens += d.size + 1
                 budget.observe(d.size, v.num_accepted)
                 r.out.extend(v.tokens)
-                r.done = len(r.out) >= max_new_tokens or hit_stop(v.tokens, stop_ids)
+                r.done = len(r.out) >= max_new_tokens or hit_stop(v.tokens, stop_ids) or ended(i)
     total.new_tokens = sum(len(r.tokens) for r in results)
     return BatchResult(results, total)
 

@@ -55,6 +55,8 @@ class DrafterPool(Protocol):
         """Slot `src`'s sequence continues in slot `dst`."""
         ...
 
+    # optional: `finished(slot) -> bool`, asked after each step, ends a row early (its drafter says it is done)
+
 
 def row_out(out: TargetOut, i: int, size: int, branches: int) -> TargetOut:
     """Row i's slice of a batched forward: logits [1, S_i, V], features [branches, S_i, D] (padding dropped)."""
@@ -85,3 +87,8 @@ class EachRow:
 
     def move(self, src: int, dst: int) -> None:
         self.slots[dst], self.slots[src] = self.slots[src], None
+
+    def finished(self, slot: int) -> bool:
+        """A Drafter with `finished()` may end its row (e.g. block Jacobi after a block with a stop token)."""
+        done = getattr(self.slots[slot], "finished", None)
+        return bool(done and done())

@@ -33,7 +33,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import random
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -65,6 +64,7 @@ class CollectConfig:
     device: str = "cpu"
     threads: int = 0
     shard_every: int = 8  # prompts per shard file (the unit of resumption)
+    batch_size: int = 1  # prompts decoded together (within a shard's prompts; changes no record)
 
 
 def tokenizer_hash(tokenizer) -> str:
@@ -90,47 +90,28 @@ def rank_and_world() -> tuple[int, int]:
 # Jacobi on one prompt
 
 
-@torch.inference_mode()
 def jacobi_trajectories(target, prompt: list[int], block_size: int, max_new_tokens: int,
                         stop_ids: tuple[int, ...], seed: int = 0) -> list[dict]:
     """Greedy Jacobi decoding of `prompt`; returns one dict per block (trajectory, fixed point, iterations)."""
-    n = block_size
-    device = getattr(target, "device", "cpu")
-    cache = target.new_cache(1, len(prompt) + max_new_tokens + 2 * n + 2)
-    first = target.prefill(torch.tensor([prompt], device=device), cache)
-    nxt = int(first.logits[0, -1].argmax())  # the correct token after everything committed
-    rng = random.Random(seed)
-    text = list(prompt)
-    blocks: list[dict] = []
-    while len(text) - len(prompt) < max_new_tokens:
-        accepted: list[int] = []  # tokens of this block already in the cache
-        guesses = [rng.choice(text) for _ in range(n - 1)]
-        states = [[nxt] + guesses]
-        iterations = 0
-        while True:
-            feed = [nxt] + guesses  # n - len(accepted) tokens
-            start = cache.lengths[0]
-            out = target.forward(torch.tensor([feed], device=device),
-                                 torch.arange(start, start + len(feed), device=device).unsqueeze(0), cache, None)
-            iterations += 1
-            argmax = out.logits[0].argmax(-1).tolist()  # argmax[i] follows feed[i]
-            m = 0
-            while m < len(guesses) and guesses[m] == argmax[m]:
-                m += 1
-            cache.commit(0, list(range(m + 1)))  # nxt + the m converged guesses
-            accepted += feed[: m + 1]
-            nxt = argmax[m]
-            guesses = argmax[m + 1 :][: n - len(accepted) - 1] if len(accepted) < n else []
-            state = (accepted + [nxt] + guesses)[:n]
-            if state != states[-1]:
-                states.append(state)
-            if len(accepted) == n:
-                break
-        blocks.append({"trajectory": states, "fixed_point": accepted, "iterations": iterations})
-        text += accepted
-        if any(t in stop_ids for t in accepted):
-            break
-    return blocks
+    return jacobi_trajectories_batch(target, [prompt], block_size, max_new_tokens, stop_ids, [seed])[0]
+
+
+def jacobi_trajectories_batch(target, prompts: list[list[int]], block_size: int, max_new_tokens: int,
+                              stop_ids: tuple[int, ...], seeds: list[int], batch_size: int = 1) -> list[list[dict]]:
+    """Block Jacobi decoding (`text/jacobi_blocks.py`) of every prompt on the batched loop, `batch_size` at a time.
+
+    Whole blocks are decoded until `max_new_tokens` tokens are reached or a block holds a stop token, so the
+    loop's budget is the covering number of blocks (+ the pending next token) and it stops nothing itself.
+    """
+    from specgen.decoding.loop import decode_batch
+    from specgen.decoding.sampling import SamplingParams
+    from specgen.text.jacobi_blocks import JacobiBlocks
+
+    drafters = [JacobiBlocks(block_size, seed, stop_ids) for seed in seeds]
+    budget = -(-max_new_tokens // block_size) * block_size + 1
+    decode_batch(target, lambda i: drafters[i], prompts, budget, SamplingParams(), (), batch_size=batch_size,
+                 max_draft=block_size)
+    return [d.blocks for d in drafters]
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -272,8 +253,8 @@ def collect(cfg: CollectConfig, out: Path, on_prompt: Callable[[int, int, float]
 
     if cfg.block_size < 2:
         raise UsageError(f"block_size must be >= 2, got {cfg.block_size}")
-    if cfg.max_new_tokens < 1 or cfg.shard_every < 1:
-        raise UsageError("max_new_tokens and shard_every must be >= 1")
+    if cfg.max_new_tokens < 1 or cfg.shard_every < 1 or cfg.batch_size < 1:
+        raise UsageError("max_new_tokens, shard_every and batch_size must be >= 1")
     rank, world = rank_and_world()
     texts, source, fingerprint = load_prompt_texts(cfg)
     if cfg.threads:
@@ -305,18 +286,18 @@ def collect(cfg: CollectConfig, out: Path, on_prompt: Callable[[int, int, float]
             write_parquet_atomic(pending, out / SHARDS / f"rank{rank:02d}-{chunk:05d}.parquet")
             chunk, pending = chunk + 1, []
 
-    for done, i in enumerate(todo, start=1):
-        ids = tm.tokenizer.encode(texts[i], chat=cfg.chat)
-        recs = jacobi_trajectories(tm.target, ids, cfg.block_size, cfg.max_new_tokens, tm.tokenizer.stop_ids,
-                                   seed=cfg.seed * 1_000_003 + cfg.offset + i)
-        for b, r in enumerate(recs):
-            pending.append({"data_id": cfg.offset + i, "block": b, "prompt_ids": ids, **r})
-            blocks += 1
-            iters += r["iterations"]
-        if done % cfg.shard_every == 0:
-            flush()
-        if on_prompt:
-            on_prompt(blocks, iters, time.perf_counter() - t0)
-    flush()
+    for start in range(0, len(todo), cfg.shard_every):  # one shard's prompts at a time, decoded in batches
+        chunk_ids = todo[start : start + cfg.shard_every]
+        ids = [tm.tokenizer.encode(texts[i], chat=cfg.chat) for i in chunk_ids]
+        recs = jacobi_trajectories_batch(tm.target, ids, cfg.block_size, cfg.max_new_tokens, tm.tokenizer.stop_ids,
+                                         [cfg.seed * 1_000_003 + cfg.offset + i for i in chunk_ids], cfg.batch_size)
+        for i, prompt_ids, prompt_recs in zip(chunk_ids, ids, recs):
+            for b, r in enumerate(prompt_recs):
+                pending.append({"data_id": cfg.offset + i, "block": b, "prompt_ids": prompt_ids, **r})
+                blocks += 1
+                iters += r["iterations"]
+            if on_prompt:
+                on_prompt(blocks, iters, time.perf_counter() - t0)
+        flush()
     return CollectSummary(str(out), rank, world, len(todo), len(mine) - len(todo), blocks,
                           iters / blocks if blocks else 0.0, time.perf_counter() - t0)
