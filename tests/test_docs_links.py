@@ -1,0 +1,52 @@
+"""Every relative link in README.md and docs/**/*.md resolves: the file (or folder) exists, and a #anchor names a
+heading (GitHub's slug rule) or an explicit <a id> of the target page."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+FENCE = re.compile(r"^```.*?^```", re.S | re.M)
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower().replace("`", ""))
+    return text.replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    text = FENCE.sub("", page.read_text())
+    seen: dict[str, int] = {}
+    out = set(re.findall(r'<a id="([^"]+)"', text))
+    for heading in re.findall(r"^#{1,6} (.+)$", text, re.M):
+        s = slug(heading)
+        n = seen.get(s, 0)
+        out.add(s if n == 0 else f"{s}-{n}")
+        seen[s] = n + 1
+    return out
+
+
+def links(page: Path) -> list[str]:
+    return [t for t in LINK.findall(FENCE.sub("", page.read_text())) if not re.match(r"[a-z]+:", t)]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_relative_links_resolve(page):
+    broken = []
+    for target in links(page):
+        path, _, anchor = target.partition("#")
+        dest = (page.parent / path).resolve() if path else page
+        if not dest.exists():
+            broken.append(f"{target} (no such file)")
+        elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+            broken.append(f"{target} (no such anchor)")
+    assert not broken, f"{page.relative_to(ROOT)}: " + ", ".join(broken)
+
+
+def test_slug_follows_github():
+    assert slug("Measured again on the 2026-11-25 machine: 1.71×") == "measured-again-on-the-2026-11-25-machine-171"
+    assert slug("Options (`method_options.*`)") == "options-method_options"
