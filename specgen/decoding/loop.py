@@ -176,8 +176,12 @@ def decode_batch(
             batch = verify_batch([r.out[-1] for r in slots], drafts, view.lengths[::branches], device)
             out = target.forward(batch.tokens, batch.positions, view, batch.tree_mask)
         with timed(stats, "accept"):  # 3. accept per row, each with its own generator stream
-            verdicts = [rule(d, out.logits[i, : batch.sizes[i]], params, r.generator)
-                        for i, (r, d) in enumerate(zip(slots, drafts))]
+            if rule is judge and params.greedy:  # one device-to-host copy for the whole batch, not one per row
+                argmax = out.logits.argmax(-1).tolist()  # [n][S]
+                verdicts = [accept_greedy(d, argmax[i][: batch.sizes[i]]) for i, d in enumerate(drafts)]
+            else:
+                verdicts = [rule(d, out.logits[i, : batch.sizes[i]], params, r.generator)
+                            for i, (r, d) in enumerate(zip(slots, drafts))]
         with timed(stats, "commit"):  # 4. commit root + accepted path on every branch row of each sequence
             for i, v in enumerate(verdicts):
                 keep = [0] + [j + 1 for j in v.path]
