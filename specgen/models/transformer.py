@@ -25,7 +25,7 @@ from torch import nn
 
 from specgen.decoding.cache import KVCache
 from specgen.errors import ContextOverflowError
-from specgen.models.attention import chunk_bias, invariant_attention
+from specgen.models.attention import invariant_attention, plan
 from specgen.models.rope import apply_rope, table_1d, table_2d
 
 
@@ -113,7 +113,7 @@ class Attention(nn.Module):
         v = v.view(b, s, -1, hd).transpose(1, 2)
         if cache is not None:
             k, v = cache.write(layer, k, v)  # [B, Hkv, T, hd]
-        if cache is not None and x.dtype != torch.float32:  # low precision: `mask` is chunk_bias (hidden_states)
+        if cache is not None and x.dtype != torch.float32:  # low precision: `mask` is an AttentionPlan (hidden_states)
             y = invariant_attention(q, k, v, mask)  # a query's result never depends on the forward's width
             return self.wo(y.transpose(1, 2).reshape(b, s, self.q_dim))
         gqa = self.cfg.n_heads != self.cfg.n_kv_heads
@@ -303,8 +303,7 @@ class Transformer(nn.Module):
             causal = False
             if h.dtype != torch.float32:  # low precision: batch/width-invariant attention (models/attention.py)
                 t = mask.shape[-1] if mask is not None else max(cache.lengths) + s
-                group = self.cfg.n_heads // self.cfg.n_kv_heads
-                mask = chunk_bias(mask, h.shape[0], s, t, group, h.device)
+                mask = plan(mask, h.shape[0], s, t, self.cfg.n_heads, self.cfg.n_kv_heads, self.cfg.hd, h.device)
             cross = cache.cross
         else:
             mask = None if tree_mask is None else tree_mask.view(-1, 1, s, s)

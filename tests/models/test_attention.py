@@ -6,11 +6,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specgen.models.attention import chunk_bias, invariant_attention
+from specgen.models.attention import invariant_attention, plan
 
 
 def attention(q, k, v, mask):
-    return invariant_attention(q, k, v, chunk_bias(mask, q.shape[0], q.shape[2], k.shape[2], q.shape[1] // k.shape[1]))
+    b, h, s, d = q.shape
+    return invariant_attention(q, k, v, plan(mask, b, s, k.shape[2], h, k.shape[1], d))
 
 
 def case(seed=0, b=2, h=6, hkv=2, s=20, t=300, d=32, dtype=torch.bfloat16):
