@@ -12,6 +12,7 @@ from cli import generate_image, generate_mesh, generate_text
 from cli._errors import command
 from cli._options import (ConfigOpt, DeviceOpt, DtypeOpt, Format, FormatOpt, MethodOpt, ModelOpt, OverridesArg,
                           QuantizeOpt, QuietOpt, SeedOpt)
+from cli.generate_checks import check_modality_options
 
 EPILOG = """examples:
 
@@ -124,6 +125,7 @@ def generate(
     req = GenerateRequest(method or "ar", model, list(prompt or []), prompts, max_new_tokens, temperature, top_k, top_p,
                           False if no_chat else None, seed, device, config, list(overrides or []), fmt, quiet,
                           out_dir, num, classes, cfg_scale, point_clouds, captions, drafter, batch_size, dtype, quantize)
+    check_modality_options(modality, req)  # an option of another modality is refused, not ignored
     RUNNERS[modality](req)
 
 
