@@ -12,9 +12,14 @@ COLUMNS = ["method", "temperature", "lossless", "images_per_s", "speedup_vs_ar",
 
 
 def run(overrides=None, methods=None, model=None, limit=None, seed=None, device=None, threads=None, out=None,
-        config=None, fmt=Format.table, quiet=False, **_) -> None:
+        config=None, fmt=Format.table, quiet=False, offset=None, max_new_tokens=None, **_) -> None:
     """Run the image benchmark; `--limit` is the number of images per method and temperature."""
     from specgen.config import load_config
+    from specgen.errors import UsageError
+
+    if offset is not None or max_new_tokens is not None:  # refused, not silently ignored
+        raise UsageError(f"{'--offset' if offset is not None else '--max-new-tokens'} is not an option of the images "
+                         "suite (its images have a fixed number of tokens; --limit is the number of images)")
     from specgen.eval.image_bench import (ImageBenchConfig, check_image_methods, run_image_benchmark, with_extra_rows,
                                           write_outputs)
     from specgen.image.generate import load_image_model

@@ -133,6 +133,8 @@ MESH = ["generate", "--method", "xspecmesh"]
     (["benchmark", "--suite", "images", "temperatures=[1.0,.inf]"], "temperatures must be a finite number"),
     (["benchmark", "--model", "tiny-text", "--threads", "-3"], "threads must be >= 0"),
     (["benchmark", "--suite", "images", "--threads", "-3"], "threads must be >= 0"),
+    (["benchmark", "--suite", "images", "--max-new-tokens", "5"], "is not an option of the images suite"),
+    (["benchmark", "--suite", "images", "--offset", "3"], "is not an option of the images suite"),
     (["benchmark", "--suite", "meshes", "--threads", "-3"], "threads must be >= 0"),
     (["benchmark", "--model", "tiny-text", "method_options.ngram.num_draft=0"], "num_draft of ngram"),
     ([*GEN, "--device", "tpu9"], "device"),
