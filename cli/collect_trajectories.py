@@ -55,6 +55,12 @@ def collect_trajectories(
     if out is None:
         raise UsageError("--out FOLDER is required")
     if merge:
+        extra = [flag for flag, v in (("--model", model), ("--prompts", prompts), ("--limit", limit),
+                                      ("--block-size", block_size), ("--max-new-tokens", max_new_tokens),
+                                      ("--seed", seed), ("--device", device), ("--config", config),
+                                      ("overrides", overrides or None)) if v is not None]
+        if extra:
+            raise UsageError(f"--merge only merges the shards in --out; {extra[0]} would be ignored")
         path = merge_shards(out)
         row = {"merged": str(path)}
         _output.emit_json(row) if fmt == Format.json else _output.out.print(str(path))

@@ -148,6 +148,7 @@ MESH = ["generate", "--method", "xspecmesh"]
     (["train-upsampler", "--out", "run", "disc_lr=-1"], "disc_lr must be > 0"),
     (["collect-trajectories", "--out", "run", "--model", "tiny-text", "--block-size", "0"], "block_size must be >= 1"),
     (["collect-trajectories", "--out", "run", "threads=-3"], "threads must be >= 0"),
+    (["collect-trajectories", "--out", "run", "--merge", "--limit", "5"], "--limit would be ignored"),
 ])
 def test_nonsense_numbers_are_refused(tiny, args, needle):
     check_refusal(tiny, args, 2, needle)
