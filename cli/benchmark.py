@@ -60,6 +60,10 @@ def benchmark(
     quiet: QuietOpt = False,
 ) -> None:
     """Measure speed (ratios from one run), acceptance and quality of methods on a suite."""
+    if methods is not None and not [m for m in methods.split(",") if m.strip()]:
+        from specgen.errors import UsageError
+
+        raise UsageError(f"--methods {methods!r} names no method; give a comma-separated list such as ar,ngram")
     suite = suite or recipe_suite(config)
     if suite in OTHER_SUITES:
         if batch_size is not None:  # the images and meshes suites read batch sizes from their configs

@@ -135,6 +135,8 @@ MESH = ["generate", "--method", "xspecmesh"]
     (["benchmark", "--suite", "images", "--threads", "-3"], "threads must be >= 0"),
     (["benchmark", "--suite", "images", "--max-new-tokens", "5"], "is not an option of the images suite"),
     (["benchmark", "--suite", "images", "--offset", "3"], "is not an option of the images suite"),
+    (["benchmark", "--methods", " , "], "names no method"),
+    (["benchmark", "--suite", "meshes", "--methods", ""], "names no method"),
     (["benchmark", "--suite", "meshes", "--threads", "-3"], "threads must be >= 0"),
     (["benchmark", "--model", "tiny-text", "method_options.ngram.num_draft=0"], "num_draft of ngram"),
     ([*GEN, "--device", "tpu9"], "device"),
