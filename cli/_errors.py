@@ -52,6 +52,9 @@ def command(fn):
                 raise fail(str(e), e.exit_code) from None
             except KeyboardInterrupt:
                 raise fail("interrupted", 130) from None
+            except BrokenPipeError:  # the reader of stdout left (`| head`): no message, as Unix filters do
+                silence_stdout()
+                raise typer.Exit(1) from None
             except MemoryError:
                 raise fail("out of memory: use a smaller model, batch or token budget", 1) from None
             except Exception as e:  # unexpected: still one line unless SPECGEN_DEBUG=1
@@ -65,6 +68,15 @@ def command(fn):
         return result
 
     return wrapper
+
+
+def silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush does not report the broken pipe again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # not a real file (tests): nothing to flush
+        pass
 
 
 def is_cli_control(e: BaseException) -> bool:

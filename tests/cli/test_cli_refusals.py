@@ -355,3 +355,18 @@ def test_every_default_and_shipped_recipe_passes_the_checks():
             load_config(cls, recipe)
             loaded += 1
     assert len(classes) >= 15 and loaded >= len(recipes) > 20
+
+
+def test_a_closed_stdout_is_no_error_message(tiny):
+    """`specgen ... | head` closing the pipe early: exit 1 without a message (as Unix filters do), no traceback."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    p = subprocess.Popen([sys.executable, "-m", "cli.main", "registry", "list", "--format", "json"], cwd=root,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(root)})
+    p.stdout.close()  # before the child (still importing) writes anything
+    err = p.stderr.read().decode()
+    assert p.wait() == 1 and err == "", err
