@@ -30,6 +30,7 @@ EPILOG = """examples:
 COLUMNS = ["method", "model", "tokens_per_s", "speedup_vs_ar", "tpf", "tau", "efficiency", "nfe", "exact_match_vs_ar",
            "exact_match_vs_own_ar", "prefix_vs_ar", "nll_base", "pass_at_1"]
 BATCH_COLUMNS = ["batch_size", "method", "model", "throughput_tokens_per_s", "throughput_vs_ar", "throughput_vs_ar_b1",
+                 "decode_tokens_per_s",
                  "latency_median_s", "latency_p90_s", "tpf", "tau", "c_batch", "exact_match_vs_ar",
                  "exact_match_vs_ar_b1", "nll_base", "pass_at_1"]
 SUITES = ("humaneval", "images", "meshes")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 import time
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -73,3 +74,15 @@ def measure_cost(module: nn.Module, rows: tuple[int, ...] = ROWS, rounds: int = 
     for i in reversed(range(len(best) - 1)):  # fewer tokens never cost more (they could be padded): drop noise spikes
         best[i] = min(best[i], best[i + 1])
     return CostCurve(tuple(rows), tuple(b / best[0] for b in best))
+
+
+_CURVES: "weakref.WeakKeyDictionary[nn.Module, dict[int, CostCurve]]" = weakref.WeakKeyDictionary()
+
+
+def cost_of(module: nn.Module) -> CostCurve:
+    """`measure_cost(module)` once per model and thread count in this process (a run of many prompts measures once)."""
+    per_threads = _CURVES.setdefault(module, {})
+    threads = torch.get_num_threads()
+    if threads not in per_threads:
+        per_threads[threads] = measure_cost(module)
+    return per_threads[threads]

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specgen.decoding.cost import measure_cost
+from specgen.decoding.cost import cost_of
 from specgen.decoding.sampling import SamplingParams
 from specgen.errors import UsageError
 from specgen.eval import humaneval
@@ -77,6 +77,7 @@ class Run:
     accepted: int
     draft_seconds: float = 0.0  # time in the drafter (specgen rows)
     verify_tokens: int = 0  # tokens fed to verify forwards, prefill excluded (specgen rows)
+    prefill_seconds: float | None = None  # prompt prefill (specgen rows; batched: the batch's, shared equally)
 
 
 def hf_batch_runs(hf_model, prompts: list[list[int]], batch: int, cfg: "TextBenchConfig",
@@ -151,8 +152,9 @@ def specgen_batch(model: TextModel, method: str, prompts: list[list[int]], batch
                     model.tokenizer.stop_ids, batch_size=batch, on_done=on_done, budget=budget)
     seconds = time.perf_counter() - t0
     latency = (lambda r: r.stats.extras.get("latency_s", seconds)) if batch > 1 else (lambda r: seconds)
+    prefill = res.stats.times.get("prefill", 0.0) / len(prompts)
     return [Run(r.tokens, latency(r), r.stats.target_forwards, r.stats.steps, sum(r.stats.accepted),
-                r.stats.times.get("propose", 0.0), r.stats.target_tokens) for r in res.results], seconds
+                r.stats.times.get("propose", 0.0), r.stats.target_tokens, prefill) for r in res.results], seconds
 
 
 def decoded_model(method: str, cfg: TextBenchConfig) -> str:
@@ -246,7 +248,7 @@ def run_text_benchmark(model: TextModel, cfg: TextBenchConfig, on_prompt=None) -
         for m in order:
             one(m, warm)
     rows, reference = [], None
-    cost = measure_cost(model.module)  # c(B) of batched rows, c(N) of the efficiency of speculative rows
+    cost = cost_of(model.module)  # c(B) of batched rows, c(N) of the efficiency of speculative rows
     for batch in cfg.batch_sizes:
         if batch == 1:
             runs: dict[str, list[Run]] = {m: [] for m in order}
@@ -332,6 +334,9 @@ def summarise(model: TextModel, problems, runs: dict[str, list[Run]], cfg: TextB
             "exact_match_vs_own_ar": sum(r.tokens == a.tokens for r, a in zip(rs, own)) / len(rs),
             "new_tokens": tokens,
             "throughput_tokens_per_s": tokens / walls[m],
+            # the same without the prompts' prefill (compute-bound on a CPU, so batching cannot amortise it)
+            "decode_tokens_per_s": (tokens / (walls[m] - sum(r.prefill_seconds for r in rs))
+                                    if all(r.prefill_seconds is not None for r in rs) else None),
             "latency_median_s": percentile([r.seconds for r in rs], 50),
             "latency_p90_s": percentile([r.seconds for r in rs], 90),
         }

@@ -85,6 +85,6 @@ def draft_budget(model: TextModel, kind: str, limit: int = 16):
     if kind == "fixed":
         return None
     from specgen.decoding.budget import AutoBudget
-    from specgen.decoding.cost import measure_cost
+    from specgen.decoding.cost import cost_of
 
-    return AutoBudget(limit, measure_cost(model.module))
+    return AutoBudget(limit, cost_of(model.module))
