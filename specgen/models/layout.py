@@ -55,6 +55,9 @@ def decode_layout(module: nn.Module, layout: str | None = None) -> nn.Module:
     """Re-store every CPU Linear weight of `module` column-major (in place; ties stay ties) and, for the
     `packed` layout, make each a PackedLinear; returns the module."""
     layout = layout or layout_name()
+    from specgen.models.quantize import prepare_kernels
+
+    prepare_kernels(module)  # int4 layers: their kernel copies now (any layout)
     if layout == "row":
         return module
     for lin in module.modules():

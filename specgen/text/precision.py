@@ -70,9 +70,23 @@ def quantized_entry(base: registry.Entry, quantize: str, progress=None) -> regis
         if info.get("base") != base.ref:
             raise IncompatibleError(f"{entry.ref} is not a quantized copy of {base.ref} (it was made from "
                                     f"{info.get('base', 'no recorded base')}); remove it or rename {base.ref}")
-        if info.get("base_digest") == registry.weights_digest(base):
+        if base_unchanged(info, base):
             return entry
     return save_quantized(base, quantize, group, progress)
+
+
+def weights_stat(entry: registry.Entry) -> list[int]:
+    """(size, mtime_ns) of an entry's weights file: a cheap check that it is the file a copy was made from."""
+    st = (entry.path / registry.WEIGHTS).stat()
+    return [st.st_size, st.st_mtime_ns]
+
+
+def base_unchanged(info: dict, base: registry.Entry) -> bool:
+    """The base still holds the weights the quantized copy was made from: the same weights file (size and mtime
+    as recorded, no read), else the same tensor digest (hashing reads the whole float32 file)."""
+    if info.get("base_file") and info["base_file"] == weights_stat(base):
+        return True
+    return info.get("base_digest") in (None, registry.weights_digest(base))
 
 
 def save_quantized(base: registry.Entry, quantize: str, group: int, progress=None) -> registry.Entry:
@@ -91,7 +105,7 @@ def save_quantized(base: registry.Entry, quantize: str, group: int, progress=Non
                                                          "group": group},
                 description=f"{base.ref} with {quantize} weights (derived; specgen/models/quantize.py)",
                 quantized={"mode": quantize, "group": group, "base": base.ref,
-                           "base_digest": registry.weights_digest(base)})
+                           "base_digest": registry.weights_digest(base), "base_file": weights_stat(base)})
 
     def copy_tokenizer(folder):
         for f in base.path.iterdir():
@@ -111,7 +125,7 @@ def check_quantized_entry(entry: registry.Entry, quantize: str | None, progress=
     if quantize and quantize != info.get("mode"):
         raise IncompatibleError(f"{entry.ref} holds {info.get('mode')} weights, not {quantize}")
     base = registry.find(info.get("base", ""), progress)
-    if info.get("base_digest") not in (None, registry.weights_digest(base)):
+    if not base_unchanged(info, base):
         raise IncompatibleError(f"{entry.ref} was quantized from other weights of {base.ref} (changed since); "
                                 f"remove it and load {base.name} with --quantize {info.get('mode')}")
     return base
