@@ -49,7 +49,8 @@ def main() -> None:
     for spec in (*SPECS, "llamacpp"):
         out = subprocess.run([sys.executable, "-c", CHILD, spec], capture_output=True, text=True)
         if out.returncode:
-            print(f"| {spec} | failed: {out.stderr.strip().splitlines()[-1] if out.stderr.strip() else out.returncode} |")
+            last = out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}"
+            print(f"| {spec} | failed: {last} |")
             continue
         row = json.loads(out.stdout.strip().splitlines()[-1])
         print(f"| {spec} | {row['peak_rss_mb']:.0f} |", flush=True)
