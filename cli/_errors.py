@@ -44,8 +44,7 @@ def command(fn):
     def wrapper(*args, **kwargs):
         if debug():
             return fn(*args, **kwargs)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("default")
+        with warnings.catch_warnings(record=True) as caught:  # the active filters decide what is recorded
             try:
                 result = fn(*args, **kwargs)
             except SpecgenError as e:
