@@ -135,4 +135,4 @@ def model_modality(name: str) -> str:
 
     from specgen.text.precision import split_name
 
-    return registry.find(split_name(name)[0]).meta.get("modality", "text")  # NAME+int8: NAME's
+    return registry.modality_of(split_name(name)[0])  # NAME+int8: NAME's; a built-in is not materialised yet

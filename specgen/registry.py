@@ -190,6 +190,23 @@ def find(name: str, progress: Callable[[str, int, int], None] | None = None) -> 
     return entry_at(entry.path)
 
 
+def modality_of(name: str) -> str:
+    """The modality of an entry ("text" when its config records none) without materialising a built-in: an
+    installed entry's config.json, else the built-in's shipped config, else `find` (which may materialise)."""
+    meta = installed_meta(name)
+    if meta is None:
+        from specgen.builtins import ASSETS, BUILTINS
+
+        kind, _, bare = name.rpartition("/")
+        b = BUILTINS.get(bare)
+        if b is not None and kind in ("", b.kind):
+            shipped = ASSETS / b.asset / CONFIG if b.asset else None
+            meta = json.loads(shipped.read_text()) if shipped is not None and shipped.is_file() else {}
+    if meta is None:
+        meta = find(name).meta
+    return meta.get("modality", "text")
+
+
 def stale_builtin(entry: Entry, builtin) -> bool:
     """An installed built-in made from shipped files that have changed since (asset_sha differs)."""
     if entry.kind != builtin.kind or not builtin.asset:

@@ -370,3 +370,12 @@ def test_a_closed_stdout_is_no_error_message(tiny):
     p.stdout.close()  # before the child (still importing) writes anything
     err = p.stderr.read().decode()
     assert p.wait() == 1 and err == "", err
+
+
+@pytest.mark.parametrize("args", [[*IMG, "--num", "0"], [*MESH, "method_options.delta=2"],
+                                  ["generate", "--model", "smollm2-135m", "--prompt", "x", "--top-p", "0"]],
+                         ids=["image", "mesh", "text"])
+def test_a_refusal_materialises_no_builtin(specgen_home, args):
+    r = invoke(*args)
+    assert r.exit_code == 2, r.output
+    assert not (specgen_home / "checkpoints").exists() or not any((specgen_home / "checkpoints").rglob("config.json"))
