@@ -25,4 +25,4 @@ MethodOpt = Annotated[Optional[str], typer.Option("--method", help="Decoding met
 DtypeOpt = Annotated[Optional[str], typer.Option(
     "--dtype", help="[text] Weights/activations/KV cache: float32 or bfloat16 (quantized: bfloat16 activations).")]
 QuantizeOpt = Annotated[Optional[str], typer.Option(
-    "--quantize", help="[text] Weight-only int8 or int4 (stored once as a derived registry entry; README).")]
+    "--quantize", help="[text] Weight-only int8 or int4 (stored once as a derived registry entry; docs/precision.md).")]

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 INSTALL = ("pip install llama-cpp-python: it compiles llama.cpp; where its repacked AMX/AVX512 path crashes, build with "
-           "CMAKE_ARGS=\"-DGGML_CPU_REPACK=OFF\" or set method_options.llamacpp.repack=false; README)")
+           "CMAKE_ARGS=\"-DGGML_CPU_REPACK=OFF\" or set method_options.llamacpp.repack=false; docs/precision.md)")
 
 
 def unavailable() -> str | None:

@@ -139,7 +139,7 @@ def image_conditions(im: ImageModel, cfg: ImageGenConfig, flags: dict[str, str] 
                          f"not {flags['classes']}")
     if not cfg.captions:
         raise UsageError(f"{im.entry.ref} is text-conditional (t2i): it needs {flags['captions']} "
-                         "(precomputed T5 caption features; see README)")
+                         "(precomputed T5 caption features; see docs/methods/eagle2.md)")
     captions = read_captions(cfg.captions, im.model.cfg.n_cond, im.model.cfg.caption_dim)
     n = cfg.num or len(captions)
     return [captions[i % len(captions)] for i in range(n)]

@@ -47,7 +47,7 @@ Choices the paper leaves open (this is the reference implementation):
   other candidate the head's (`mesh/vertex_lookup.py`). The heads keep the blocks, the mesh's own vertices
   supply the offsets; exclusive with `lookup`. Again only the candidates change.
 - Lossless acceptance (beyond the paper, `criterion: rejection`): the paper's rules accept any candidate
-  the backbone finds likely enough, so the output drifts from the backbone's own samples (README: with
+  the backbone finds likely enough, so the output drifts from the backbone's own samples (docs/results/mesh.md: with
   argmax candidates some point clouds' meshes grow a quarter longer). With deterministic candidates
   (argmax heads = the K_s = 1 tree, vertex / n-gram lookup, or greedy) standard speculative sampling
   applies with q = one-hot: accept x with probability p^(0)(x), on rejection sample p^(0) with x
