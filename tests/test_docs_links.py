@@ -47,6 +47,11 @@ def test_relative_links_resolve(page):
     assert not broken, f"{page.relative_to(ROOT)}: " + ", ".join(broken)
 
 
+def test_readme_stays_a_front_door():
+    """Issue 26: the README is the way in (<= 15 KB); measured tables and method details live in docs/."""
+    assert len((ROOT / "README.md").read_bytes()) <= 15 * 1024
+
+
 def test_slug_follows_github():
     assert slug("Measured again on the 2026-11-25 machine: 1.71×") == "measured-again-on-the-2026-11-25-machine-171"
     assert slug("Options (`method_options.*`)") == "options-method_options"
