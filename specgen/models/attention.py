@@ -13,6 +13,12 @@ key lands in the same chunk in every forward); per chunk, q.k^T and p.v are floa
 (a sequential scan). Slots a query cannot see get p = 0 exactly, so chunks past its keys add exact zeros. Queries
 are padded to `MIN_ROWS` GEMM rows: MKL computes products of fewer rows on another path. Each GEMM row is one
 query (row-independent products), so padding rows and other queries never touch a query's numbers.
+
+Trees: a slot order is the same as AR's only if a query's keys sit where AR puts them (the prefix, then its
+ancestors at consecutive slots). In a draft tree a side branch's ancestors sit at other slots, with siblings between
+them, so a chunk's sums group its terms differently (pcllm-mr with a lookup branch on an int4 SmolLM2 disagreed with
+AR on 7 of 30 prompts). `tree_attention` gives each query its own copy of the keys with its visible slots moved to
+the front in order, i.e. AR's layout, and runs one query per GEMM, at the cost of that copy per query and layer.
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ class AttentionPlan:
     k: torch.Tensor  # [B, Hkv, N*CHUNK, D]
     v: torch.Tensor  # [B, Hkv, N*CHUNK, D]
     rows: int  # G*S
+    order: torch.Tensor | None = None  # [B, S, T] trees: each query's visible slots first, ascending (else None)
+    tree_bias: torch.Tensor | None = None  # [B, 1, S, N, RG, CHUNK] the compacted visibility, RG = max(G, MIN_ROWS)
 
 
 def plan(
@@ -52,9 +60,20 @@ def plan(
     vis = F.pad(vis, (0, 0, 0, max(0, MIN_ROWS - rows)), value=True)  # padding rows: finite, then dropped
     bias = torch.zeros(vis.shape, dtype=torch.float32, device=device).masked_fill_(~vis, float("-inf"))
     f32 = dict(dtype=torch.float32, device=device)
-    return AttentionPlan(bias, torch.zeros(b, kv_heads, 1, vis.shape[3], head_dim, **f32),
-                         torch.zeros(b, kv_heads, n * CHUNK, head_dim, **f32),
-                         torch.zeros(b, kv_heads, n * CHUNK, head_dim, **f32), rows)
+    out = AttentionPlan(bias, torch.zeros(b, kv_heads, 1, vis.shape[3], head_dim, **f32),
+                        torch.zeros(b, kv_heads, n * CHUNK, head_dim, **f32),
+                        torch.zeros(b, kv_heads, n * CHUNK, head_dim, **f32), rows)
+    seen = mask[:, 0]  # [B, S, T]
+    count = seen.sum(-1, keepdim=True)  # [B, S, 1]
+    compact = torch.arange(t, device=seen.device) < count  # [B, S, T]: visible slots [0, count) as in AR
+    if not torch.equal(seen, compact):  # a tree: some query's keys are not the slots AR would give them
+        out.order = torch.sort((~seen).to(torch.int8), dim=-1, stable=True).indices  # [B, S, T]
+        rg = max(group, MIN_ROWS)
+        tvis = F.pad(compact, (0, n * CHUNK - t), value=False).view(b, 1, s, n, 1, CHUNK)
+        tvis = tvis.expand(b, 1, s, n, group, CHUNK)
+        tvis = F.pad(tvis, (0, 0, 0, rg - group), value=True)  # padding rows: finite, then dropped
+        out.tree_bias = torch.zeros(tvis.shape, **f32).masked_fill_(~tvis, float("-inf"))
+    return out
 
 
 def invariant_attention(
@@ -64,6 +83,8 @@ def invariant_attention(
     p: AttentionPlan,
 ) -> torch.Tensor:
     """Softmax attention [B, H, S, D] in float32 (returned in q's dtype), GQA when Hkv < H."""
+    if p.order is not None:
+        return tree_attention(q, k, v, p)
     b, h, s, d = q.shape
     hkv, t = k.shape[1], k.shape[2]
     n, rows = p.bias.shape[2], p.rows
@@ -78,3 +99,28 @@ def invariant_attention(
     out = torch.matmul(w, p.v.view(b, hkv, n, CHUNK, d)).cumsum(2)[:, :, -1, :rows]  # [B, Hkv, G*S, D]
     out = out / denom.clamp_(min=torch.finfo(torch.float32).tiny).unsqueeze(-1)  # a query seeing nothing: 0
     return out.view(b, hkv, h // hkv, s, d).reshape(b, h, s, d).to(q.dtype)
+
+
+def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: AttentionPlan) -> torch.Tensor:
+    """`invariant_attention` for tree masks: each query attends over its own copy of the keys with its visible slots
+    moved to the front in slot order, i.e. exactly where AR has them (the committed prefix, then its ancestors), so
+    every GEMM and chunk sum sees the same numbers in the same places as the query's AR step. One query per GEMM
+    (its G grouped heads, padded to MIN_ROWS rows, as an AR step)."""
+    b, h, s, d = q.shape
+    hkv, t = k.shape[1], k.shape[2]
+    group, n, rg = h // hkv, p.tree_bias.shape[3], p.tree_bias.shape[4]
+    index = p.order[:, None, :, :, None].expand(b, hkv, s, t, d)  # [B, Hkv, S, T, D]
+    kq = torch.zeros(b, hkv, s, n * CHUNK, d, dtype=torch.float32, device=q.device)
+    vq = torch.zeros_like(kq)
+    kq[:, :, :, :t] = k.float().unsqueeze(2).expand(b, hkv, s, t, d).gather(3, index)
+    vq[:, :, :, :t] = v.float().unsqueeze(2).expand(b, hkv, s, t, d).gather(3, index)
+    qq = torch.zeros(b, hkv, s, 1, rg, d, dtype=torch.float32, device=q.device)
+    qq[:, :, :, 0, :group] = q.float().view(b, hkv, group, s, d).transpose(2, 3)  # rows: the query's G heads
+    kf = kq.view(b, hkv, s, n, CHUNK, d)
+    scores = torch.matmul(qq, kf.transpose(-1, -2)).mul_(d**-0.5).add_(p.tree_bias.squeeze(1).unsqueeze(1))
+    top = scores.amax(dim=(3, 5), keepdim=True).clamp_(min=-1e30)  # [B, Hkv, S, 1, RG, 1]
+    w = torch.exp_(scores.sub_(top))
+    denom = w.sum(-1).cumsum(3)[:, :, :, -1, :group]  # [B, Hkv, S, G]
+    out = torch.matmul(w, vq.view(b, hkv, s, n, CHUNK, d)).cumsum(3)[:, :, :, -1, :group]  # [B, Hkv, S, G, D]
+    out = out / denom.clamp_(min=torch.finfo(torch.float32).tiny).unsqueeze(-1)
+    return out.transpose(2, 3).reshape(b, h, s, d).to(q.dtype)

@@ -63,3 +63,31 @@ def test_a_query_that_sees_nothing_gets_zeros():
     vis[0, :, 1] = False
     out = attention(q, k, v, vis)
     assert torch.equal(out[0, :, 1], torch.zeros_like(out[0, :, 1])) and torch.isfinite(out).all()
+
+
+def test_a_tree_query_gets_exactly_its_ar_result():
+    """A side-branch query (its ancestors at other cache slots than AR gives them, siblings between them) gets
+    bitwise the float32 result of the same query over AR's key layout (prefix, then its ancestors in order)."""
+    from specgen.models.attention import invariant_attention, plan
+
+    g = torch.Generator().manual_seed(0)
+    heads, kv_heads, d, prefix, s = 9, 3, 64, 180, 10
+    q = torch.randn(1, heads, s, d, generator=g)
+    k = torch.randn(1, kv_heads, prefix + s, d, generator=g)
+    v = torch.randn(1, kv_heads, prefix + s, d, generator=g)
+    parents = [-1, 0, 1, 2, 3, -1, 5, 6, 7, 8]  # main chain at inputs 0..4, a side branch at inputs 5..9
+    tree = torch.zeros(s, s, dtype=torch.bool)
+    for i, par in enumerate(parents):
+        tree[i, i] = True
+        while par >= 0:
+            tree[i, par] = True
+            par = parents[par]
+    mask = torch.ones(1, 1, s, prefix + s, dtype=torch.bool)
+    mask[..., prefix:] = tree
+    out = invariant_attention(q, k, v, plan(mask, 1, s, prefix + s, heads, kv_heads, d))
+    for i in range(5, s):  # each side-branch query against AR: keys = prefix + its path, contiguous
+        path = [j for j in range(s) if tree[i, j]]
+        keys = list(range(prefix)) + [prefix + j for j in path]
+        ar = invariant_attention(q[:, :, i : i + 1], k[:, :, keys], v[:, :, keys],
+                                 plan(None, 1, 1, len(keys), heads, kv_heads, d))
+        assert torch.equal(ar[:, :, 0], out[:, :, i]), i
