@@ -8,15 +8,21 @@ from pathlib import Path
 from specgen.errors import UsageError
 
 
+def nearest_existing(path: Path) -> Path:
+    """`path` itself if it exists, else its nearest existing parent (what creating it would write into)."""
+    probe = Path(path)
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    return probe
+
+
 def check_output_dir(folder: Path, flag: str = "--out-dir") -> Path:
     """Refuse, before any work and without creating anything, an output folder that is a file or cannot be
     created or written (the folder itself appears when the first file is written)."""
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise UsageError(f"cannot create output folder {folder}: {flag} names a file")
-    probe = folder
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
+    probe = nearest_existing(folder)
     if not probe.is_dir():
         raise UsageError(f"cannot create output folder {folder}: {probe} is a file")
     if not os.access(probe, os.W_OK | os.X_OK):

@@ -46,10 +46,10 @@ def checkpoints_dir() -> Path:
 
 def check_home() -> Path:
     """The registry root, refused in one line when it is not a writable folder (before any work)."""
+    from specgen.paths import nearest_existing
+
     root = home()
-    probe = root
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
+    probe = nearest_existing(root)
     if not probe.is_dir():
         raise UsageError(f"SPECGEN_HOME {root} is not a folder ({probe} is a file); point SPECGEN_HOME at a folder")
     if not os.access(probe, os.W_OK | os.X_OK):
