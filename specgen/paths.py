@@ -16,17 +16,26 @@ def nearest_existing(path: Path) -> Path:
     return probe
 
 
+def creation_blocker(path: Path) -> tuple[Path, str] | None:
+    """Why a folder `path` cannot be created or written: (the nearest existing path, "a file" or "not writable"),
+    or None when it can."""
+    probe = nearest_existing(path)
+    if not probe.is_dir():
+        return probe, "a file"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return probe, "not writable"
+    return None
+
+
 def check_output_dir(folder: Path, flag: str = "--out-dir") -> Path:
     """Refuse, before any work and without creating anything, an output folder that is a file or cannot be
     created or written (the folder itself appears when the first file is written)."""
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise UsageError(f"cannot create output folder {folder}: {flag} names a file")
-    probe = nearest_existing(folder)
-    if not probe.is_dir():
-        raise UsageError(f"cannot create output folder {folder}: {probe} is a file")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise UsageError(f"cannot create output folder {folder}: {probe} is not writable")
+    blocker = creation_blocker(folder)
+    if blocker:
+        raise UsageError(f"cannot create output folder {folder}: {blocker[0]} is {blocker[1]}")
     return folder
 
 

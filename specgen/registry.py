@@ -46,14 +46,15 @@ def checkpoints_dir() -> Path:
 
 def check_home() -> Path:
     """The registry root, refused in one line when it is not a writable folder (before any work)."""
-    from specgen.paths import nearest_existing
+    from specgen.paths import creation_blocker
 
     root = home()
-    probe = nearest_existing(root)
-    if not probe.is_dir():
-        raise UsageError(f"SPECGEN_HOME {root} is not a folder ({probe} is a file); point SPECGEN_HOME at a folder")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise UsageError(f"SPECGEN_HOME {root} is not writable ({probe}); point SPECGEN_HOME at a folder you can write")
+    blocker = creation_blocker(root)
+    if blocker and blocker[1] == "a file":
+        raise UsageError(f"SPECGEN_HOME {root} is not a folder ({blocker[0]} is a file); point SPECGEN_HOME at a folder")
+    if blocker:
+        raise UsageError(f"SPECGEN_HOME {root} is not writable ({blocker[0]}); point SPECGEN_HOME at a folder you can "
+                         "write")
     return root
 
 
