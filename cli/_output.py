@@ -91,19 +91,26 @@ def machine_label() -> str:
             f"{layout} layout" + (f", {crossover}" if crossover else ""))
 
 
-def check_rows_path(out) -> None:
-    """Refuse a --out destination before any work is done: an existing file or folder (rows never replace a
-    file), a missing or non-folder parent, or a folder this user cannot write."""
+def check_rows_path(out, append: bool = False) -> None:
+    """Refuse a --out destination before any work is done: an existing file (rows never replace a file; with
+    `append` they are added to it) or folder, a missing or non-folder parent, or a folder this user cannot write."""
     import os
 
     from specgen.errors import UsageError
 
     if out is None:
+        if append:
+            raise UsageError("--append adds rows to the --out file; name one with --out FILE")
         return
     if out.is_dir():
         raise UsageError(f"--out {out} is a folder; name a new JSONL file")
+    if append and out.is_file():
+        if not os.access(out, os.W_OK):
+            raise UsageError(f"--out {out} is not writable")
+        return
     if out.exists() or out.is_symlink():
-        raise UsageError(f"--out {out} already exists; rows never replace a file: remove it or name a new file")
+        raise UsageError(f"--out {out} already exists; rows never replace a file: add --append, remove it or "
+                         "name a new file")
     if not out.parent.exists():
         raise UsageError(f"output folder does not exist: {out.parent}")
     if not out.parent.is_dir():
@@ -112,13 +119,22 @@ def check_rows_path(out) -> None:
         raise UsageError(f"--out {out}: folder {out.parent} is not writable")
 
 
-def write_rows(out, rows: list[dict]) -> None:
+def write_rows(out, rows: list[dict], append: bool = False) -> None:
     """Benchmark rows as JSONL, written to a hidden temporary and linked into place only if `out` still does not
-    exist (no partial file, never a replaced one, no temporary left); no-op when out is None."""
+    exist (no partial file, never a replaced one, no temporary left), or with `append` added to the end of an
+    existing file in one write; no-op when out is None."""
     if out is None:
         return
     import os
     import tempfile
+
+    if append and out.is_file():
+        fd = os.open(out, os.O_WRONLY | os.O_APPEND)
+        try:
+            os.write(fd, "".join(json.dumps(r, default=str) + "\n" for r in rows).encode())
+        finally:
+            os.close(fd)
+        return
 
     from specgen.errors import RuntimeFailure
 

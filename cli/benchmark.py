@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from cli import _output, benchmark_image, benchmark_mesh
+from cli import benchmark_image, benchmark_mesh, benchmark_runs, benchmark_text
 from cli._errors import command
 from cli._options import (ConfigOpt, DeviceOpt, DtypeOpt, Format, FormatOpt, ModelOpt, OverridesArg, QuantizeOpt,
                           QuietOpt, SeedOpt)
@@ -25,14 +25,16 @@ EPILOG = """examples:
   specgen benchmark --suite humaneval --methods ar,ngram,hf --limit 32 --batch-size 1,4,16   # throughput
 
   specgen benchmark --suite images --limit 16        # ar, eagle2, adt-tree, lantern, adt-tree+lantern at T=0 and T=1
+
+  specgen benchmark --config recipes/tiny/bench-humaneval.yaml --run-dir runs/he   # rerun to resume after a kill
+
+  specgen benchmark --config recipes/tiny/bench-humaneval.yaml --run-dir runs/he --shard 0/4   # one of 4 jobs
+
+  torchrun --nproc-per-node 2 -m cli.main benchmark --config recipes/tiny/bench-humaneval.yaml --run-dir runs/he
+
+  specgen benchmark report runs/he --format json     # the merged table of a finished run folder
 """
 
-COLUMNS = ["method", "model", "tokens_per_s", "speedup_vs_ar", "tpf", "tau", "efficiency", "nfe", "exact_match_vs_ar",
-           "exact_match_vs_own_ar", "prefix_vs_ar", "nll_base", "pass_at_1"]
-BATCH_COLUMNS = ["batch_size", "method", "model", "throughput_tokens_per_s", "throughput_vs_ar", "throughput_vs_ar_b1",
-                 "decode_tokens_per_s",
-                 "latency_median_s", "latency_p90_s", "tpf", "tau", "c_batch", "exact_match_vs_ar",
-                 "exact_match_vs_ar_b1", "nll_base", "pass_at_1"]
 SUITES = ("humaneval", "images", "meshes")
 OTHER_SUITES = {"meshes": benchmark_mesh.run, "images": benchmark_image.run}  # suites with their own runner: name -> run(**options)
 
@@ -51,7 +53,14 @@ def benchmark(
         "--batch-size", help="Batch sizes, comma-separated (e.g. 1,4,16): B slots of continuous batching (B > 1 "
                             "rows add throughput and latency).")] = None,
     out: Annotated[Optional[Path], typer.Option("--out", help="Also write the rows as JSONL to this new file (an "
-                                                "existing file or a folder is refused before any work).")] = None,
+                                                "existing file is refused before any work, unless --append).")] = None,
+    append: Annotated[bool, typer.Option("--append", help="Add the rows to the end of an existing --out file.")] = False,
+    run_dir: Annotated[Optional[Path], typer.Option(
+        "--run-dir", help="Run folder: config, machine and per-item records; rerunning the same command resumes "
+                          "(humaneval suite).")] = None,
+    shard: Annotated[Optional[str], typer.Option(
+        "--shard", help="I/N: measure only shard I of N (0-based; a Slurm array job), into --run-dir. Under "
+                        "torchrun/accelerate launch the ranks are the shards.")] = None,
     seed: SeedOpt = None,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
@@ -60,7 +69,11 @@ def benchmark(
     fmt: FormatOpt = Format.table,
     quiet: QuietOpt = False,
 ) -> None:
-    """Measure speed (ratios from one run), acceptance and quality of methods on a suite."""
+    """Measure speed (ratios from one run), acceptance and quality of methods on a suite.
+
+    `specgen benchmark report RUN_DIR` prints the table of a finished --run-dir (shards merged)."""
+    if overrides and overrides[0] == "report":  # a subcommand in the overrides' place: no override is a bare word
+        return benchmark_runs.report(overrides[1:], fmt, out, append, quiet)
     if methods is not None and not [m for m in methods.split(",") if m.strip()]:
         from specgen.errors import UsageError
 
@@ -73,12 +86,16 @@ def benchmark(
             from specgen.errors import UsageError
 
             raise UsageError(f"--dtype/--quantize are for the humaneval suite for now, not {suite}")
+        if run_dir or shard or append:
+            from specgen.errors import UsageError
+
+            raise UsageError(f"--run-dir/--shard/--append are for the humaneval suite for now, not {suite}")
         return OTHER_SUITES[suite](**{k: v for k, v in locals().items()
-                                      if k not in ("suite", "batch_size", "dtype", "quantize")})
+                                      if k not in ("suite", "batch_size", "dtype", "quantize", "run_dir", "shard",
+                                                   "append")})
     from specgen.config import load_config
     from specgen.errors import UsageError
-    from specgen.eval.text_bench import TextBenchConfig, check_methods, run_text_benchmark
-    from specgen.text.target import load_text_model
+    from specgen.eval.text_bench import TextBenchConfig
 
     cfg = load_config(TextBenchConfig, config, overrides, suite=suite, model=model, limit=limit, offset=offset,
                       max_new_tokens=max_new_tokens, threads=threads, seed=seed, device=device,
@@ -90,31 +107,7 @@ def benchmark(
         raise UnknownNameError("suite", cfg.suite, list(SUITES))
     if cfg.limit < 1 or cfg.offset < 0:
         raise UsageError("--limit must be >= 1 and --offset >= 0")
-    check_methods(cfg)
-    _output.check_rows_path(out)
-    tm = load_text_model(cfg.model, cfg.device, _output.registry_progress(quiet), dtype=cfg.dtype, quantize=cfg.quantize)
-    with _output.progress(f"benchmark {cfg.suite}", cfg.limit * len(cfg.batch_sizes),
-                          quiet or fmt == Format.json) as advance:
-        rows = run_text_benchmark(tm, cfg, on_prompt=lambda i: advance())
-    for r in rows:  # a row that cannot run here (llamacpp without llama-cpp-python): its one line, then dropped
-        if r.get("skipped"):
-            _output.err.print(r["skipped"], markup=False, soft_wrap=True)
-    rows = [r for r in rows if not r.get("skipped")]
-    machine = _output.machine_label()
-    for r in rows:
-        r["machine"] = machine
-    _output.write_rows(out, rows)
-    if fmt == Format.json:
-        _output.emit_json(rows)
-    else:
-        title = (f"{cfg.suite}: {tm.entry.ref}, {cfg.limit} prompts from {cfg.offset}, greedy, "
-                 f"max {cfg.max_new_tokens} new tokens ({machine})")
-        single = [r for r in rows if r["batch_size"] == 1]
-        if single:
-            _output.table(title, single, COLUMNS, _output.out)
-        if len(single) < len(rows):
-            _output.table(f"{title}, batched (throughput over the batch, latency per sequence)", rows, BATCH_COLUMNS,
-                          _output.out)
+    benchmark_text.run(cfg, out, append, run_dir, shard, fmt, quiet)
 
 
 def parse_batch_sizes(text: str | None) -> list[int] | None:

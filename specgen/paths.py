@@ -77,3 +77,24 @@ def umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
+
+
+def write_new(path: Path, text: str) -> bool:
+    """Write `text` to `path` only if no file is there yet: a hidden temporary linked into place, so a reader
+    sees the whole file or none. False when the name was taken (by another process, possibly meanwhile)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    try:
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        tmp.unlink()
+
+
+def replace_text(path: Path, text: str) -> None:
+    """Replace `path` with `text` atomically (a reader sees the old file or the new one, never a mix)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)

@@ -19,7 +19,8 @@ import argparse
 import torch
 
 from specgen.data.stdlib_prompts import stdlib_prompts
-from specgen.eval.text_bench import base_nll, common_prefix
+from specgen.eval.text_bench import base_nll
+from specgen.eval.text_rows import common_prefix
 from specgen.text.generate import TextGenConfig, generate_text
 from specgen.text.merge import adapter_source, register_merged
 from specgen.text.target import load_text_model

@@ -26,9 +26,8 @@ the same B and at B = 1, and c(B): the measured cost of a B-row product pass rel
 
 from __future__ import annotations
 
-import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
@@ -36,7 +35,8 @@ from specgen.decoding.cost import cost_of
 from specgen.decoding.sampling import SamplingParams
 from specgen.errors import UsageError
 from specgen.eval import humaneval
-from specgen.eval.latency import percentile
+from specgen.eval.run_dir import MemoryRun, Shard
+from specgen.eval.text_rows import Run, text_rows
 from specgen.methods import get_method, model_for, run_batch
 from specgen.text.target import TextModel, load_original
 
@@ -64,20 +64,6 @@ class TextBenchConfig:
     dtype: str | None = None  # precision of `model` for every row: float32 | bfloat16 (per row: targets NAME+bf16)
     quantize: str | None = None  # int8 | int4 weights for every row (per row: targets NAME+int8); quality vs float32
     batch_sizes: list[int] = field(default_factory=lambda: [1])  # 1: interleaved per prompt; B > 1: B slots
-
-
-@dataclass(frozen=True)
-class Run:
-    """One method on one prompt (batched: `seconds` is the sequence's latency, queueing included)."""
-
-    tokens: list[int]
-    seconds: float
-    forwards: int
-    steps: int
-    accepted: int
-    draft_seconds: float = 0.0  # time in the drafter (specgen rows)
-    verify_tokens: int = 0  # tokens fed to verify forwards, prefill excluded (specgen rows)
-    prefill_seconds: float | None = None  # prompt prefill (specgen rows; batched: the batch's, shared equally)
 
 
 def hf_batch_runs(hf_model, prompts: list[list[int]], batch: int, cfg: "TextBenchConfig",
@@ -178,10 +164,6 @@ def base_nll(model: TextModel, prompt: list[int], tokens: list[int]) -> tuple[fl
     return float(-logp.gather(-1, ids[0, len(prompt):, None]).sum()), len(tokens)
 
 
-def common_prefix(a: list[int], b: list[int]) -> int:
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-
-
 def check_methods(cfg: TextBenchConfig) -> None:
     if not cfg.batch_sizes or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1
                                       for b in cfg.batch_sizes):
@@ -196,44 +178,98 @@ def check_methods(cfg: TextBenchConfig) -> None:
             spec.check_options(row_options(m, cfg))
 
 
-def run_text_benchmark(model: TextModel, cfg: TextBenchConfig, on_prompt=None) -> list[dict]:
-    """Run every method on every prompt (interleaved) and summarise one row per method."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a run measures, known from the config alone: rows in order, each row's model and losslessness."""
+
+    order: list[str]  # cfg.methods, then an `ar@NAME` row per other model a row decodes (its exact-match reference)
+    meta: dict[str, dict]  # row -> {"model", "lossless"}
+    n_prompts: int
+
+
+def plan(cfg: TextBenchConfig, skipped: tuple[str, ...] = ()) -> Plan:
+    """The run's rows without loading a model; `skipped`: external rows that cannot run on some shard."""
+    order = [m for m in cfg.methods if m not in skipped]
+    for m in cfg.methods:
+        name = decoded_model(m, cfg)
+        if name != cfg.model and f"ar@{name}" not in order:
+            order.append(f"ar@{name}")
+    meta = {m: {"model": decoded_model(m, cfg),
+                "lossless": (m == "hf") if m in EXTERNAL else get_method(row_method(m)).lossless}  # llamacpp: GGUF
+            for m in order}
+    n_prompts = len(humaneval.load_problems(cfg.limit, cfg.offset))
+    if not n_prompts:
+        raise UsageError(f"no HumanEval problems at offset {cfg.offset}")
+    return Plan(order, meta, n_prompts)
+
+
+def items_left(cfg: TextBenchConfig, p: Plan, done: dict, shard: Shard) -> tuple[list[int], list[tuple[int, str]]]:
+    """This shard's items without a record: batch-1 prompt positions, and (batch size, row) pairs."""
+    mine = [i for i in range(p.n_prompts) if shard.owns(i)]
+    single = [i for i in mine if f"b1/p{i}" not in done] if 1 in cfg.batch_sizes else []
+    batched = [(b, m) for b in cfg.batch_sizes if b > 1 for m in p.order if mine and f"b{b}/{m}/{shard.label}" not in done]
+    return single, batched
+
+
+def with_quality(runs: dict[str, Run], prompt: list[int], problem, original: TextModel | None,
+                 cfg: TextBenchConfig) -> dict[str, Run]:
+    """Each run with the original model's NLL of its tokens and whether its completion passes the tests."""
+    out = {}
+    for m, r in runs.items():
+        nll, count = base_nll(original, prompt, r.tokens) if cfg.nll else (None, 0)
+        out[m] = replace(r, nll_sum=nll, nll_count=count)
+    if cfg.execute:
+        completions = [original.tokenizer.decode(r.tokens) for r in out.values()]
+        passed = humaneval.check_completions([problem] * len(out), completions)
+        out = {m: replace(r, passed=ok) for (m, r), ok in zip(out.items(), passed)}
+    return out
+
+
+def measure(model: TextModel, cfg: TextBenchConfig, sink=None, shard: Shard = Shard(), on_prompt=None,
+            machine: str = "") -> None:
+    """Measure this shard's items that `sink` (a RunDir or MemoryRun) has no record of, one record per item:
+    at batch 1 a prompt with every row interleaved on it, at B > 1 one row over the shard's prompts."""
     check_methods(cfg)
+    sink = MemoryRun() if sink is None else sink
+    p = plan(cfg)
+    mine = [i for i in range(p.n_prompts) if shard.owns(i)]
+    todo, todo_batched = items_left(cfg, p, sink.records(), shard)
+    if not todo and not todo_batched:
+        return
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    sink.start_shard(shard)
     problems = humaneval.load_problems(cfg.limit, cfg.offset)
-    if not problems:
-        raise UsageError(f"no HumanEval problems at offset {cfg.offset}")
+    prompts = [model.tokenizer.encode(humaneval.build_user_message(q)) for q in problems]
     from specgen.text.target import load_text_model
 
-    prompts = [model.tokenizer.encode(humaneval.build_user_message(p)) for p in problems]
     models = {cfg.model: model}
+    for name in {p.meta[m]["model"] for m in p.order} - {cfg.model}:
+        models[name] = load_text_model(name, cfg.device)
+        check_same_tokenizer(model, models[name])
     original = load_original(model, cfg.device)  # quality reference (nll_base, hf row): the float32 weights
-    order = list(cfg.methods)
-    for m in cfg.methods:  # each distilled model also gets its own greedy AR row (exact-match reference)
-        name = decoded_model(m, cfg)
-        if name not in models:
-            models[name] = load_text_model(name, cfg.device)
-            check_same_tokenizer(model, models[name])
-            if f"ar@{name}" not in order:  # listed explicitly (e.g. ar@smollm2-135m+bf16): run it once
-                order.append(f"ar@{name}")
     hf_model = None
-    if "hf" in cfg.methods:
+    if "hf" in p.order:
         from specgen.models.hf_export import to_hf
 
         hf_model = to_hf(original.module)
-    llama, skipped = None, []
+    order, llama, skipped = list(p.order), None, {}
     if "llamacpp" in order:
         from specgen.eval import llamacpp_row
 
         reason = llamacpp_row.unavailable()
         if reason:
             order.remove("llamacpp")
-            skipped.append({"method": "llamacpp", "skipped": reason})
+            skipped["llamacpp"] = reason
         else:
             llama = llamacpp_row.LlamaCppRow(cfg.method_options.get("llamacpp", {}), torch.get_num_threads(),
                                              model.module.cfg.max_seq_len, model.module.cfg.vocab_size)
     stop = model.tokenizer.stop_ids
+    cost = cost_of(model.module)  # c(B) of batched rows, c(N) of the efficiency of speculative rows
+    sink.write_machine(shard, {"machine": machine, "versions": versions(), "cost_rows": list(cost.rows),
+                               "cost": list(cost.cost), "skipped": skipped})
 
     def one(method: str, prompt: list[int]) -> Run:
         if method == "hf":
@@ -247,55 +283,58 @@ def run_text_benchmark(model: TextModel, cfg: TextBenchConfig, on_prompt=None) -
         warm = model.tokenizer.encode("Write a Python function that adds two numbers.")
         for m in order:
             one(m, warm)
-    rows, reference = [], None
-    cost = cost_of(model.module)  # c(B) of batched rows, c(N) of the efficiency of speculative rows
-    for batch in cfg.batch_sizes:
-        if batch == 1:
-            runs: dict[str, list[Run]] = {m: [] for m in order}
-            for i, prompt in enumerate(prompts):
-                for m in order:
-                    runs[m].append(one(m, prompt))
-                if on_prompt:
-                    on_prompt(i)
-            walls = {m: sum(r.seconds for r in rs) for m, rs in runs.items()}
+    for i in todo:  # 1. batch 1: every row on one prompt, interleaved, then its record
+        runs = with_quality({m: replace(one(m, prompts[i]), shard=shard.label) for m in order}, prompts[i],
+                            problems[i], original, cfg)
+        sink.append(shard, {"item": f"b1/p{i}", "shard": shard.label, "prompt": i,
+                            "runs": {m: asdict(r) for m, r in runs.items()}})
+        if on_prompt:
+            on_prompt(i)
+    batch_prompts = [prompts[i] for i in mine]
+    for b, m in todo_batched:  # 2. batch B: one row over the shard's prompts through B slots, then its record
+        if m == "hf":
+            runs, wall = hf_batch_runs(hf_model, batch_prompts, b, cfg, stop)
+        elif m == "llamacpp":  # one sequence at a time (the row's runner has no batch)
+            runs = [one(m, q) for q in batch_prompts]
+            wall = sum(r.seconds for r in runs)
         else:
-            runs, walls = {}, {}
-            for m in order:
-                if m == "hf":
-                    runs[m], walls[m] = hf_batch_runs(hf_model, prompts, batch, cfg, stop)
-                elif m == "llamacpp":  # one sequence at a time (the row's runner has no batch)
-                    runs[m] = [one(m, p) for p in prompts]
-                    walls[m] = sum(r.seconds for r in runs[m])
-                else:
-                    done = (lambda i: on_prompt(i)) if on_prompt and m == order[0] else None
-                    runs[m], walls[m] = specgen_batch(models[decoded_model(m, cfg)], m, prompts, batch, cfg, done)
-        batch_rows = summarise(original, problems, runs, cfg, prompts, walls, reference)
-        for row in batch_rows:
-            row["batch_size"] = batch
-            row["c_batch"] = round(cost(batch), 3)
-            if batch == 1 and row["method"] in runs:
-                row.update(efficiency(runs[row["method"]], runs["ar"], row["speedup_vs_ar"], cost))
-        rows += batch_rows
-        if batch == 1:
-            reference = {"runs": runs["ar"], "tokens_per_s": batch_rows[0]["throughput_tokens_per_s"]}
-    return rows + skipped  # a skipped row carries its one-line reason ("skipped")
+            done_one = (lambda j: on_prompt(j)) if on_prompt and m == order[0] else None
+            runs, wall = specgen_batch(models[decoded_model(m, cfg)], m, batch_prompts, b, cfg, done_one)
+        runs = [with_quality({m: replace(r, shard=shard.label)}, q, problems[i], original, cfg)[m]
+                for r, q, i in zip(runs, batch_prompts, mine)]
+        sink.append(shard, {"item": f"b{b}/{m}/{shard.label}", "shard": shard.label, "batch_size": b, "method": m,
+                            "prompts": mine, "wall": wall, "runs": [asdict(r) for r in runs]})
 
 
-def efficiency(rs: list[Run], ar: list[Run], speedup: float, cost) -> dict:
-    """How much of what acceptance allows a speculative row delivers (batch 1): eta = speedup / predicted, where
-    predicted = tau / (c(N) + d): N = mean tokens per verify forward, c(N) its measured cost relative to one
-    token (`decoding/cost.py`: weight products only), d = drafter time per step in AR steps. {} for rows without
-    verify steps or drafts (AR, external rows)."""
-    steps = sum(r.steps for r in rs)
-    tokens = sum(r.verify_tokens for r in rs)
-    if not steps or tokens <= steps:
-        return {}
-    t_ar = sum(r.seconds for r in ar) / sum(r.forwards for r in ar)  # seconds per AR forward
-    tau = (sum(r.accepted for r in rs) + steps) / steps
-    n, d = tokens / steps, sum(r.draft_seconds for r in rs) / steps / t_ar
-    predicted = tau / (cost(n) + d)
-    return {"verify_tokens": round(n, 3), "draft_cost": round(d, 4), "predicted_speedup": round(predicted, 4),
-            "efficiency": round(speedup / predicted, 4)}
+def rows_of(cfg: TextBenchConfig, sink) -> list[dict]:
+    """The table rows of a finished run (single-process, or every shard's records merged), then one row per
+    external row a shard could not run (its one-line reason under "skipped")."""
+    machines = sink.machines()
+    skipped = {m: why for info in machines.values() for m, why in (info.get("skipped") or {}).items()}
+    p = plan(cfg, tuple(skipped))
+    rows = text_rows(sink.records(), p.order, p.meta, p.n_prompts, list(cfg.batch_sizes), machines)
+    return rows + [{"method": m, "skipped": why} for m, why in skipped.items()]
+
+
+def run_text_benchmark(model: TextModel, cfg: TextBenchConfig, on_prompt=None) -> list[dict]:
+    """Run every method on every prompt (interleaved) in this process and summarise one row per method."""
+    sink = MemoryRun()
+    measure(model, cfg, sink, on_prompt=on_prompt)
+    return rows_of(cfg, sink)
+
+
+def versions() -> dict[str, str]:
+    """Library versions a shard ran with (stored in its machine file)."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": platform.python_version()}
+    for pkg in ("specgen", "torch", "transformers"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = "-"
+    return out
 
 
 def check_same_tokenizer(base: TextModel, other: TextModel) -> None:
@@ -303,54 +342,3 @@ def check_same_tokenizer(base: TextModel, other: TextModel) -> None:
 
     if tokenizer_hash(base.tokenizer) != tokenizer_hash(other.tokenizer):
         raise UsageError(f"{other.entry.ref} does not share the tokenizer of {base.entry.ref}; cannot compare them")
-
-
-def summarise(model: TextModel, problems, runs: dict[str, list[Run]], cfg: TextBenchConfig,
-              prompts: list[list[int]] | None = None, walls: dict[str, float] | None = None,
-              reference: dict | None = None) -> list[dict]:
-    """One row per method. `walls`: each method's wall seconds over all prompts (throughput); `reference`:
-    batch-1 `ar` (its runs and throughput) when these runs are batched."""
-    ar = runs["ar"]
-    walls = walls or {m: sum(r.seconds for r in rs) for m, rs in runs.items()}
-    rows = []
-    for m, rs in runs.items():
-        tps = [len(r.tokens) / r.seconds for r in rs]
-        ratio = [t / (len(a.tokens) / a.seconds) for t, a in zip(tps, ar)]
-        tokens, forwards, steps = sum(len(r.tokens) for r in rs), sum(r.forwards for r in rs), sum(r.steps for r in rs)
-        decoded = decoded_model(m, cfg)
-        own = runs["ar"] if decoded == cfg.model else runs[f"ar@{decoded}"]
-        row = {
-            "method": m,
-            "model": decoded,
-            "lossless": (m == "hf") if m in EXTERNAL else get_method(row_method(m)).lossless,  # llamacpp: its GGUF
-            "prompts": len(rs),
-            "tokens_per_s": statistics.median(tps),
-            "aggregate_tokens_per_s": tokens / sum(r.seconds for r in rs),
-            "speedup_vs_ar": statistics.median(ratio),
-            "tpf": tokens / forwards,
-            "tau": (sum(r.accepted for r in rs) + steps) / steps if steps else None,
-            "nfe": forwards,
-            "exact_match_vs_ar": sum(r.tokens == a.tokens for r, a in zip(rs, ar)) / len(rs),
-            "exact_match_vs_own_ar": sum(r.tokens == a.tokens for r, a in zip(rs, own)) / len(rs),
-            "new_tokens": tokens,
-            "throughput_tokens_per_s": tokens / walls[m],
-            # the same without the prompts' prefill (compute-bound on a CPU, so batching cannot amortise it)
-            "decode_tokens_per_s": (tokens / (walls[m] - sum(r.prefill_seconds for r in rs))
-                                    if all(r.prefill_seconds is not None for r in rs) else None),
-            "latency_median_s": percentile([r.seconds for r in rs], 50),
-            "latency_p90_s": percentile([r.seconds for r in rs], 90),
-        }
-        row["throughput_vs_ar"] = row["throughput_tokens_per_s"] / (sum(len(r.tokens) for r in ar) / walls["ar"])
-        if reference is not None:
-            row["throughput_vs_ar_b1"] = row["throughput_tokens_per_s"] / reference["tokens_per_s"]
-            row["exact_match_vs_ar_b1"] = sum(r.tokens == a.tokens for r, a in zip(rs, reference["runs"])) / len(rs)
-        if m.startswith("ar@"):
-            row["prefix_vs_ar"] = statistics.mean(common_prefix(r.tokens, a.tokens) for r, a in zip(rs, ar))
-        if cfg.nll and prompts is not None:
-            parts = [base_nll(model, p, r.tokens) for p, r in zip(prompts, rs)]
-            row["nll_base"] = sum(x for x, _ in parts) / max(1, sum(c for _, c in parts))
-        if cfg.execute:
-            completions = [model.tokenizer.decode(r.tokens) for r in rs]
-            row["pass_at_1"] = humaneval.pass_at_1(humaneval.check_completions(problems, completions))
-        rows.append(row)
-    return rows

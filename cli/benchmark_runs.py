@@ -1,0 +1,65 @@
+"""Run folders of `specgen benchmark`: shard selection (`--shard I/N` or a launcher's ranks), resuming, merging,
+and `specgen benchmark report RUN_DIR`."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+from cli import _output
+from specgen.errors import UsageError
+from specgen.eval.run_dir import MemoryRun, RunDir, RunNotFinished, Shard, launcher_shard, parse_shard, wait_for_ranks
+
+
+def shard_of(shard: str | None, run_dir: Path | None) -> tuple[Shard, bool]:
+    """(this process's shard, whether a launcher started it); several shards need a folder to meet in."""
+    launched = launcher_shard()
+    if shard is not None and launched is not None:
+        raise UsageError("--shard and a launcher's ranks (RANK/WORLD_SIZE) both split the items; use one of them")
+    chosen = parse_shard(shard) if shard is not None else launched or Shard()
+    if chosen.count > 1 and run_dir is None:
+        raise UsageError(f"shard {chosen.index}/{chosen.count}: a sharded run needs --run-dir DIR, the folder "
+                         "where the shards' records meet (report merges them)")
+    return chosen, launched is not None
+
+
+def sink_for(run_dir: Path | None, suite: str, cfg) -> RunDir | MemoryRun:
+    """The run folder (created, or reopened to resume; another config is refused) or an in-memory run."""
+    return RunDir.open(run_dir, suite, asdict(cfg)) if run_dir is not None else MemoryRun()
+
+
+def merged_rows(sink, rows_of, shard: Shard, launched: bool, quiet: bool) -> list[dict] | None:
+    """The finished run's rows; None on a launcher rank other than 0, or when other shards are not done yet
+    (said in one line: their records are merged by the last shard to finish or by `benchmark report`)."""
+    if launched:
+        wait_for_ranks()
+        if shard.index != 0:
+            return None
+    try:
+        return rows_of(sink)
+    except RunNotFinished as e:
+        if not quiet:
+            _output.err.print(f"shard {shard.index}/{shard.count} is done; {e}. "
+                              f"`specgen benchmark report {sink.path}` prints the table once every shard is done.",
+                              markup=False, soft_wrap=True)
+        return None
+
+
+def machine_of(sink) -> str:
+    """The machine label of the shards that measured a run (one label when they agree)."""
+    labels = sorted({info.get("machine") or "?" for info in sink.machines().values()})
+    return "; ".join(labels) or _output.machine_label()
+
+
+def report(args: list[str], fmt, out: Path | None, append: bool, quiet: bool) -> None:
+    """`specgen benchmark report RUN_DIR`: the table of a finished run folder (also one copied from a cluster)."""
+    from cli import benchmark_text
+
+    if len(args) != 1:
+        raise UsageError("usage: specgen benchmark report RUN_DIR [--format json] [--out FILE [--append]]")
+    run = RunDir.existing(Path(args[0]))
+    printers = {"humaneval": benchmark_text.report}
+    if run.suite not in printers:
+        raise UsageError(f"{run.path} holds a {run.suite} run; report reads {', '.join(printers)} runs")
+    _output.check_rows_path(out, append)
+    printers[run.suite](run, fmt, out, append, quiet)

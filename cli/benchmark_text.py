@@ -1,0 +1,74 @@
+"""Text suite of `specgen benchmark` (`--suite humaneval`): measure into a run (folder or memory), print the rows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cli import _output, benchmark_runs
+from cli._options import Format
+
+COLUMNS = ["method", "model", "tokens_per_s", "speedup_vs_ar", "tpf", "tau", "efficiency", "nfe", "exact_match_vs_ar",
+           "exact_match_vs_own_ar", "prefix_vs_ar", "nll_base", "pass_at_1"]
+BATCH_COLUMNS = ["batch_size", "method", "model", "throughput_tokens_per_s", "throughput_vs_ar", "throughput_vs_ar_b1",
+                 "decode_tokens_per_s",
+                 "latency_median_s", "latency_p90_s", "tpf", "tau", "c_batch", "exact_match_vs_ar",
+                 "exact_match_vs_ar_b1", "nll_base", "pass_at_1"]
+
+
+def run(cfg, out: Path | None, append: bool, run_dir: Path | None, shard: str | None, fmt, quiet: bool) -> None:
+    """Measure this process's items of the run (all of them unless sharded), then print the merged rows."""
+    from specgen.eval.text_bench import check_methods, measure, plan, rows_of
+    from specgen.text.target import load_text_model
+
+    check_methods(cfg)
+    plan(cfg)  # refuses an empty prompt range before anything is written
+    this, launched = benchmark_runs.shard_of(shard, run_dir)
+    _output.check_rows_path(out, append)
+    sink = benchmark_runs.sink_for(run_dir, cfg.suite, cfg)
+    if pending(cfg, sink, this):
+        tm = load_text_model(cfg.model, cfg.device, _output.registry_progress(quiet), dtype=cfg.dtype,
+                             quantize=cfg.quantize)
+        with _output.progress(f"benchmark {cfg.suite}", cfg.limit * len(cfg.batch_sizes),
+                              quiet or fmt == Format.json) as advance:
+            measure(tm, cfg, sink, this, on_prompt=lambda i: advance(), machine=_output.machine_label())
+    rows = benchmark_runs.merged_rows(sink, lambda s: rows_of(cfg, s), this, launched, quiet)
+    if rows is not None:
+        show(rows, cfg, benchmark_runs.machine_of(sink), fmt, out, append)
+
+
+def pending(cfg, sink, shard) -> bool:
+    """Whether this shard has items without a record (a finished shard rerun loads no model)."""
+    from specgen.eval.text_bench import items_left, plan
+
+    return any(items_left(cfg, plan(cfg), sink.records(), shard))
+
+
+def report(run, fmt, out: Path | None, append: bool, quiet: bool) -> None:
+    """The rows of a finished text run folder, printed as a benchmark run prints them."""
+    from specgen.config import load_config
+    from specgen.eval.text_bench import TextBenchConfig, rows_of
+
+    cfg = load_config(TextBenchConfig, **run.config)  # checked like a recipe: a tampered run.json is one line
+    show(rows_of(cfg, run), cfg, benchmark_runs.machine_of(run), fmt, out, append)
+
+
+def show(rows: list[dict], cfg, machine: str, fmt, out: Path | None, append: bool) -> None:
+    """Skipped rows as their one line each, then the rows as JSONL (`--out`), JSON or tables on stdout."""
+    for r in rows:  # a row that cannot run here (llamacpp without llama-cpp-python): its one line, then dropped
+        if r.get("skipped"):
+            _output.err.print(r["skipped"], markup=False, soft_wrap=True)
+    rows = [r for r in rows if not r.get("skipped")]
+    for r in rows:
+        r["machine"] = machine
+    _output.write_rows(out, rows, append)
+    if fmt == Format.json:
+        _output.emit_json(rows)
+        return
+    title = (f"{cfg.suite}: {cfg.model}, {cfg.limit} prompts from {cfg.offset}, greedy, "
+             f"max {cfg.max_new_tokens} new tokens ({machine})")
+    single = [r for r in rows if r["batch_size"] == 1]
+    if single:
+        _output.table(title, single, COLUMNS, _output.out)
+    if len(single) < len(rows):
+        _output.table(f"{title}, batched (throughput over the batch, latency per sequence)", rows, BATCH_COLUMNS,
+                      _output.out)

@@ -1,0 +1,234 @@
+"""A benchmark run folder (`--run-dir`): the config, each shard's machine, and per-item records, so a killed run
+resumes where it stopped, shards of a cluster job land side by side, and `benchmark report` merges them.
+
+Layout (every file is written by one process; nothing is ever rewritten in place):
+
+    run.json                 suite and config; created once (atomic link), compared on every later open
+    machine-<I>-of-<N>.json  shard I's machine, library versions and cost curve (replaced atomically)
+    records-<I>-of-<N>.jsonl shard I's items, one JSON line each, appended with one write and fsync
+
+A record line that did not finish (the process was killed mid-write: no newline, or not JSON) is not a
+record: readers skip it, and the shard's next run cuts it off before appending, so the item is redone.
+An item found in several files (a run resumed with another shard count) counts once: the first file wins.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from specgen.errors import UsageError
+from specgen.paths import replace_text, write_new
+
+FORMAT = 1  # run.json layout version
+
+
+class RunNotFinished(UsageError):
+    """The run folder lacks records of some items (a shard still running, or killed: rerun it to finish)."""
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Shard `index` of `count` (0-based): it owns the items whose position i has i % count == index."""
+
+    index: int = 0
+    count: int = 1
+
+    @property
+    def label(self) -> str:
+        return f"{self.index}-of-{self.count}"
+
+    def owns(self, position: int) -> bool:
+        return position % self.count == self.index
+
+
+def parse_shard(text: str) -> Shard:
+    """'I/N' (0 <= I < N, the Slurm array form `$SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT`) -> Shard."""
+    index, slash, count = text.partition("/")
+    try:
+        shard = Shard(int(index), int(count))
+    except ValueError:
+        raise UsageError(f"--shard takes I/N with 0 <= I < N (e.g. 0/4), got {text!r}") from None
+    if not slash or shard.count < 1 or not 0 <= shard.index < shard.count:
+        raise UsageError(f"--shard {text}: the shard index must satisfy 0 <= I < N (e.g. 0/4 .. 3/4)")
+    return shard
+
+
+def launcher_shard() -> Shard | None:
+    """The shard of this process under `torchrun` / `accelerate launch` (RANK, WORLD_SIZE), else None."""
+    rank, world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
+    if rank is None or world is None:
+        return None
+    try:
+        return Shard(int(rank), int(world)) if int(world) > 1 else None
+    except ValueError:
+        raise UsageError(f"RANK={rank!r} / WORLD_SIZE={world!r} from the launcher are not integers") from None
+
+
+def wait_for_ranks() -> None:
+    """Block until every launcher rank got here (gloo; torchrun/accelerate set the rendezvous variables), so
+    rank 0 merges only finished shards. A benchmark shard may take hours: the timeout is a week."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", timeout=timedelta(days=7))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def flatten(doc: Any, prefix: str = "") -> dict[str, Any]:
+    """{'a': {'b': 1}} -> {'a.b': 1}: config keys as a user writes them in overrides."""
+    if isinstance(doc, dict) and doc:
+        return {k: v for key, sub in doc.items() for k, v in flatten(sub, f"{prefix}{key}.").items()}
+    return {prefix.rstrip("."): doc}
+
+
+def json_ready(obj: Any) -> Any:
+    """The value as it reads back from JSON (tuples -> lists, paths -> strings), so configs compare equal."""
+    return json.loads(json.dumps(obj, default=str))
+
+
+def read_lines(path: Path) -> Iterator[tuple[int, dict]]:
+    """(end offset, record) of every complete JSON line of `path`; a torn or corrupt line is skipped."""
+    offset = 0
+    with open(path, "rb") as f:
+        for raw in f:
+            offset += len(raw)
+            if not raw.endswith(b"\n"):
+                return  # torn tail: the writer was killed mid-line
+            try:
+                rec = json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                continue
+            if isinstance(rec, dict) and isinstance(rec.get("item"), str):
+                yield offset, rec
+
+
+class RunDir:
+    """One benchmark run's folder; see the module docstring for what it holds."""
+
+    def __init__(self, path: Path, suite: str, config: dict) -> None:
+        self.path, self.suite, self.config = Path(path), suite, json_ready(config)
+
+    # -- opening -------------------------------------------------------------------------------------------
+    @classmethod
+    def open(cls, path: Path, suite: str, config: dict) -> "RunDir":
+        """Create the folder (or reopen it): a folder holding another suite's run or another config is refused,
+        naming the keys that differ, before anything is written."""
+        path = Path(path)
+        if path.exists() and not path.is_dir():
+            raise UsageError(f"--run-dir {path} is a file; name a folder (new or from an earlier run)")
+        if not path.exists():
+            if not path.parent.is_dir():
+                raise UsageError(f"--run-dir {path}: folder {path.parent} does not exist")
+            path.mkdir(exist_ok=True)
+        run = cls(path, suite, config)
+        doc = {"format": FORMAT, "suite": suite, "config": run.config}
+        if not write_new(path / "run.json", json.dumps(doc, indent=1, sort_keys=True) + "\n"):
+            run.check_same(cls.read_doc(path))
+        return run
+
+    @classmethod
+    def existing(cls, path: Path) -> "RunDir":
+        """An existing run folder as it is (for `benchmark report`)."""
+        doc = cls.read_doc(Path(path))
+        return cls(Path(path), doc["suite"], doc["config"])
+
+    @staticmethod
+    def read_doc(path: Path) -> dict:
+        file = path / "run.json"
+        if not file.is_file():
+            raise UsageError(f"{path} is not a benchmark run folder (no run.json); "
+                             "make one with `specgen benchmark --run-dir DIR ...`")
+        try:
+            doc = json.loads(file.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError, OSError) as e:
+            raise UsageError(f"{file} is unreadable ({type(e).__name__}); it is not a specgen run file") from None
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(doc.get("config"), dict):
+            raise UsageError(f"{file} is not a specgen run file of format {FORMAT}")
+        return doc
+
+    def check_same(self, doc: dict) -> None:
+        if doc.get("suite") != self.suite:
+            raise UsageError(f"--run-dir {self.path} holds a {doc.get('suite')} run, not {self.suite}; "
+                             "name another folder")
+        old, new = flatten(doc["config"]), flatten(self.config)
+        changed = sorted(k for k in old.keys() | new.keys() if old.get(k, "<unset>") != new.get(k, "<unset>"))
+        if changed:
+            shown = ", ".join(f"{k} ({old.get(k, '<unset>')!r} -> {new.get(k, '<unset>')!r})" for k in changed[:4])
+            more = f" and {len(changed) - 4} more" if len(changed) > 4 else ""
+            raise UsageError(f"--run-dir {self.path} was started with another config: {shown}{more}; rerun with "
+                             "the same options to resume, or name a new folder")
+
+    # -- writing -------------------------------------------------------------------------------------------
+    def write_machine(self, shard: Shard, info: dict) -> None:
+        replace_text(self.path / f"machine-{shard.label}.json", json.dumps(json_ready(info), indent=1) + "\n")
+
+    def start_shard(self, shard: Shard) -> None:
+        """Cut a torn last line off this shard's record file, so the next append starts on a line of its own."""
+        file = self.path / f"records-{shard.label}.jsonl"
+        if not file.exists():
+            return
+        good = 0
+        for good, _ in read_lines(file):
+            pass
+        if good < file.stat().st_size:
+            with open(file, "r+b") as f:
+                f.truncate(good)
+
+    def append(self, shard: Shard, record: dict) -> None:
+        """One record as one line, one write, flushed to disk before the next item starts."""
+        data = (json.dumps(json_ready(record), separators=(",", ":")) + "\n").encode()
+        fd = os.open(self.path / f"records-{shard.label}.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    # -- reading -------------------------------------------------------------------------------------------
+    def records(self) -> dict[str, dict]:
+        """item key -> record over every shard file (sorted by name: the first file holding an item wins)."""
+        found: dict[str, dict] = {}
+        for file in sorted(self.path.glob("records-*.jsonl")):
+            for _, rec in read_lines(file):
+                found.setdefault(rec["item"], rec)
+        return found
+
+    def machines(self) -> dict[str, dict]:
+        """shard label -> its machine file."""
+        out = {}
+        for file in sorted(self.path.glob("machine-*.json")):
+            try:
+                out[file.stem.removeprefix("machine-")] = json.loads(file.read_text())
+            except (json.JSONDecodeError, OSError):
+                continue  # a machine file is replaced atomically; an unreadable one is not ours
+        return out
+
+
+class MemoryRun:
+    """A run kept in memory (no `--run-dir`): the same interface as RunDir, so every run goes through records."""
+
+    def __init__(self) -> None:
+        self._records: dict[str, dict] = {}
+        self._machines: dict[str, dict] = {}
+
+    def write_machine(self, shard: Shard, info: dict) -> None:
+        self._machines[shard.label] = json_ready(info)
+
+    def start_shard(self, shard: Shard) -> None:
+        pass
+
+    def append(self, shard: Shard, record: dict) -> None:
+        self._records.setdefault(record["item"], json_ready(record))
+
+    def records(self) -> dict[str, dict]:
+        return dict(self._records)
+
+    def machines(self) -> dict[str, dict]:
+        return dict(self._machines)

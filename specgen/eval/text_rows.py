@@ -1,0 +1,203 @@
+"""The text benchmark's table rows from its per-item records (no model needed: `benchmark report` uses it too).
+
+A record is one item of work (eval/text_bench.py): at batch 1 one prompt with every method's `Run` on it,
+at batch B > 1 one method over one shard's prompts. Each run carries the shard that measured it. Speedups are
+ratios of times from one shard (one device): per prompt at batch 1, per shard for batched throughput, and
+combined over shards weighted by prompts; a time from one device is never divided by one from another.
+With one shard the rows are those of a single-process run by construction (both go through this module).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Callable
+
+from specgen.decoding.cost import CostCurve
+from specgen.eval.latency import percentile
+from specgen.eval.run_dir import RunNotFinished
+
+
+@dataclass(frozen=True)
+class Run:
+    """One method on one prompt (batched: `seconds` is the sequence's latency, queueing included)."""
+
+    tokens: list[int]
+    seconds: float
+    forwards: int
+    steps: int
+    accepted: int
+    draft_seconds: float = 0.0  # time in the drafter (specgen rows)
+    verify_tokens: int = 0  # tokens fed to verify forwards, prefill excluded (specgen rows)
+    prefill_seconds: float | None = None  # prompt prefill (specgen rows; batched: the batch's, shared equally)
+    nll_sum: float | None = None  # the original model's -log p of `tokens` (teacher-forced), when measured
+    nll_count: int = 0
+    passed: bool | None = None  # HumanEval tests pass on the completion, when executed
+    shard: str = "0-of-1"  # the shard (process, device) that measured it
+
+
+@dataclass(frozen=True)
+class Measured:
+    """Runs of one batch size, ready to summarise: method -> runs in prompt order; method -> shard -> wall."""
+
+    runs: dict[str, list[Run]]
+    walls: dict[str, dict[str, float]]
+
+
+def collect(records: dict[str, dict], order: list[str], n_prompts: int, batch: int) -> Measured | None:
+    """The runs of `batch` from the records, or None while some item is missing (other shards still running)."""
+    if batch == 1:
+        items = [records.get(f"b1/p{i}") for i in range(n_prompts)]
+        if any(r is None for r in items):
+            return None
+        runs = {m: [Run(**r["runs"][m]) for r in items] for m in order}
+        walls: dict[str, dict[str, float]] = {m: {} for m in order}
+        for m, rs in runs.items():
+            for r in rs:
+                walls[m][r.shard] = walls[m].get(r.shard, 0.0) + r.seconds
+        return Measured(runs, walls)
+    runs, walls = {}, {}
+    for m in order:
+        by_prompt: dict[int, Run] = {}
+        walls[m] = {}
+        for key, rec in sorted(records.items()):
+            if key.startswith(f"b{batch}/{m}/"):
+                for i, run in zip(rec["prompts"], rec["runs"]):
+                    by_prompt.setdefault(i, Run(**run))
+                walls[m][rec["shard"]] = rec["wall"]
+        if len(by_prompt) < n_prompts:
+            return None
+        runs[m] = [by_prompt[i] for i in range(n_prompts)]
+    return Measured(runs, walls)
+
+
+def missing(records: dict[str, dict], order: list[str], n_prompts: int, batches: list[int]) -> int:
+    """How many of the run's items no record holds yet (batched items count one per prompt and method)."""
+    gone = sum(f"b1/p{i}" not in records for i in range(n_prompts)) if 1 in batches else 0
+    for b in (b for b in batches if b > 1):
+        for m in order:
+            have = {i for k, r in records.items() if k.startswith(f"b{b}/{m}/") for i in r["prompts"]}
+            gone += n_prompts - len(have & set(range(n_prompts)))
+    return gone
+
+
+def per_shard(runs: list[Run], walls: dict[str, float], fn: Callable[[str, list[Run], float], float | None]):
+    """fn(shard, its runs, its wall) combined over shards, weighted by each shard's number of runs."""
+    parts = [(fn(s, [r for r in runs if r.shard == s], w), sum(r.shard == s for r in runs)) for s, w in walls.items()]
+    parts = [(v, n) for v, n in parts if v is not None and n]
+    return sum(v * n for v, n in parts) / sum(n for _, n in parts) if parts else None
+
+
+def efficiency(rs: list[Run], ar: list[Run], speedup: float, cost: Callable[[float], float]) -> dict:
+    """How much of what acceptance allows a speculative row delivers (batch 1): eta = speedup / predicted, where
+    predicted = tau / (c(N) + d): N = mean tokens per verify forward, c(N) its measured cost relative to one
+    token (`decoding/cost.py`), d = drafter time per step in AR steps of the same shard. {} for rows without
+    verify steps or drafts (AR, external rows)."""
+    steps = sum(r.steps for r in rs)
+    tokens = sum(r.verify_tokens for r in rs)
+    if not steps or tokens <= steps:
+        return {}
+    t_ar = sum(r.seconds for r in ar) / sum(r.forwards for r in ar)  # seconds per AR forward
+    tau = (sum(r.accepted for r in rs) + steps) / steps
+    n, d = tokens / steps, sum(r.draft_seconds for r in rs) / steps / t_ar
+    predicted = tau / (cost(n) + d)
+    return {"verify_tokens": round(n, 3), "draft_cost": round(d, 4), "predicted_speedup": round(predicted, 4),
+            "efficiency": round(speedup / predicted, 4)}
+
+
+def curves(machines: dict[str, dict]) -> dict[str, CostCurve]:
+    """shard -> its measured cost curve (from its machine file)."""
+    out = {}
+    for shard, info in machines.items():
+        if info.get("cost_rows"):
+            out[shard] = CostCurve(tuple(info["cost_rows"]), tuple(info["cost"]))
+    return out
+
+
+def batch_rows(measured: Measured, batch: int, meta: dict[str, dict], costs: dict[str, CostCurve],
+               reference: Measured | None) -> list[dict]:
+    """One row per method of one batch size. `meta`: method -> {model, lossless}; `reference`: batch-1 runs."""
+    runs, walls, ar = measured.runs, measured.walls, measured.runs["ar"]
+    rows = []
+    for m, rs in runs.items():
+        tps = [len(r.tokens) / r.seconds for r in rs]
+        ratio = [t / (len(a.tokens) / a.seconds) for t, a in zip(tps, ar)]  # same prompt, same shard
+        tokens, forwards, steps = sum(len(r.tokens) for r in rs), sum(r.forwards for r in rs), sum(r.steps for r in rs)
+        own = runs["ar"] if f"ar@{meta[m]['model']}" not in runs else runs[f"ar@{meta[m]['model']}"]
+        shard_tokens = lambda s, xs: sum(len(r.tokens) for r in xs)  # noqa: E731
+        row = {
+            "method": m, **meta[m], "prompts": len(rs),
+            "tokens_per_s": statistics.median(tps),
+            "aggregate_tokens_per_s": tokens / sum(r.seconds for r in rs),
+            "speedup_vs_ar": statistics.median(ratio),
+            "tpf": tokens / forwards,
+            "tau": (sum(r.accepted for r in rs) + steps) / steps if steps else None,
+            "nfe": forwards,
+            "exact_match_vs_ar": sum(r.tokens == a.tokens for r, a in zip(rs, ar)) / len(rs),
+            "exact_match_vs_own_ar": sum(r.tokens == a.tokens for r, a in zip(rs, own)) / len(rs),
+            "new_tokens": tokens,
+            # shards run side by side: the run's throughput is the sum of theirs
+            "throughput_tokens_per_s": sum(shard_tokens(s, [r for r in rs if r.shard == s]) / w
+                                           for s, w in walls[m].items()),
+            # the same without the prompts' prefill (compute-bound on a CPU, so batching cannot amortise it)
+            "decode_tokens_per_s": (sum(shard_tokens(s, xs := [r for r in rs if r.shard == s])
+                                        / (w - sum(r.prefill_seconds for r in xs)) for s, w in walls[m].items())
+                                    if all(r.prefill_seconds is not None for r in rs) else None),
+            "latency_median_s": percentile([r.seconds for r in rs], 50),
+            "latency_p90_s": percentile([r.seconds for r in rs], 90),
+            "c_batch": round(per_shard(rs, walls[m], lambda s, xs, w: costs[s](batch) if s in costs else None) or 0, 3)
+            if costs else None,
+        }
+
+        def vs_ar(s: str, xs: list[Run], w: float) -> float:
+            ar_s = [a for a in ar if a.shard == s]
+            return (shard_tokens(s, xs) / w) / (shard_tokens(s, ar_s) / walls["ar"][s])
+
+        row["throughput_vs_ar"] = per_shard(rs, walls[m], vs_ar)
+        if reference is not None:
+            ref = reference.runs["ar"]
+
+            def vs_ar_b1(s: str, xs: list[Run], w: float) -> float:
+                ref_s = [a for a in ref if a.shard == s]
+                return (shard_tokens(s, xs) / w) / (shard_tokens(s, ref_s) / sum(a.seconds for a in ref_s))
+
+            row["throughput_vs_ar_b1"] = per_shard(rs, walls[m], vs_ar_b1)
+            row["exact_match_vs_ar_b1"] = sum(r.tokens == a.tokens for r, a in zip(rs, ref)) / len(rs)
+        if m.startswith("ar@"):
+            row["prefix_vs_ar"] = statistics.mean(common_prefix(r.tokens, a.tokens) for r, a in zip(rs, ar))
+        if all(r.nll_sum is not None for r in rs):
+            row["nll_base"] = sum(r.nll_sum for r in rs) / max(1, sum(r.nll_count for r in rs))
+        if all(r.passed is not None for r in rs):
+            row["pass_at_1"] = sum(map(bool, (r.passed for r in rs))) / len(rs)
+        if batch == 1 and costs:
+            parts = [(efficiency([r for r in rs if r.shard == s], [a for a in ar if a.shard == s], 1.0, costs[s]),
+                      sum(r.shard == s for r in rs)) for s in walls[m] if s in costs]
+            parts = [(p, n) for p, n in parts if p]
+            if parts:  # eta = measured speedup / the prompt-weighted predicted speedup over shards
+                predicted = sum(p["predicted_speedup"] * n for p, n in parts) / sum(n for _, n in parts)
+                row.update(parts[0][0] if len(parts) == 1 else {}, predicted_speedup=round(predicted, 4),
+                           efficiency=round(row["speedup_vs_ar"] / predicted, 4))
+        row["batch_size"] = batch
+        rows.append(row)
+    return rows
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def text_rows(records: dict[str, dict], order: list[str], meta: dict[str, dict], n_prompts: int,
+              batches: list[int], machines: dict[str, dict]) -> list[dict]:
+    """Every row of a finished run (batch sizes in `batches` order); refuses a run with missing items."""
+    gone = missing(records, order, n_prompts, batches)
+    if gone:
+        raise RunNotFinished(f"the run is not finished: {gone} of its items have no record yet "
+                         "(rerun the same command, or wait for the other shards)")
+    costs = curves(machines)
+    rows, reference = [], None
+    for batch in batches:
+        measured = collect(records, order, n_prompts, batch)
+        rows += batch_rows(measured, batch, meta, costs, reference if batch > 1 else None)
+        if batch == 1:
+            reference = measured
+    return rows

@@ -1,0 +1,159 @@
+"""Benchmark run folders: shards (--shard, torchrun) merge into the single-process rows, runs resume after a kill,
+and bad run folders, shard specs and --out files are one line each."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.cli.test_cli_text import invoke, tiny_target  # noqa: F401
+from tests.models.test_quantized_cli import long_tiny_target  # noqa: F401
+
+
+
+def bench(limit: int = 5, tokens: int = 8, batch: str = "1,2", *extra: str) -> list[str]:
+    return ["benchmark", "--suite", "humaneval", "--model", "tiny-long", "--methods", "ar,ngram,jacobi", "--limit",
+            str(limit), "--max-new-tokens", str(tokens), "--batch-size", batch, "warmup=false", *extra]
+
+
+ARGS = bench()
+# columns that do not depend on timing: a merged run must reproduce them exactly
+EXACT = ["method", "batch_size", "model", "lossless", "prompts", "new_tokens", "tpf", "tau", "nfe", "exact_match_vs_ar",
+         "exact_match_vs_own_ar", "exact_match_vs_ar_b1", "nll_base", "pass_at_1"]
+
+
+def exact(rows: list[dict]) -> list[dict]:
+    return [{k: r.get(k) for k in EXACT} for r in rows]
+
+
+def rows_of(result) -> list[dict]:
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def records(run: Path) -> list[str]:
+    """Item keys of every complete record line in the run folder (duplicates kept, to count them)."""
+    keys = []
+    for f in sorted(run.glob("records-*.jsonl")):
+        for line in f.read_text().splitlines(keepends=True):
+            if line.endswith("\n"):
+                keys.append(json.loads(line)["item"])
+    return keys
+
+
+@pytest.fixture
+def single(long_tiny_target):  # noqa: F811
+    return rows_of(invoke(*ARGS, "--format", "json"))
+
+
+def test_two_shards_merge_into_the_single_process_rows(single, tmp_path):
+    run = tmp_path / "run"
+    first = invoke(*ARGS, "--run-dir", run, "--shard", "0/2", "--format", "json")
+    assert first.exit_code == 0 and first.stdout == "" and "shard 0/2 is done" in first.stderr, first.output
+    merged = rows_of(invoke(*ARGS, "--run-dir", run, "--shard", "1/2", "--format", "json"))  # the last shard merges
+    assert exact(merged) == exact(single)
+    assert sorted(records(run)) == sorted(set(records(run)))  # every item once
+    copy = tmp_path / "copied"  # a folder copied from a cluster reports the same rows
+    os.system(f"cp -r {run} {copy}")
+    assert rows_of(invoke("benchmark", "report", str(copy), "--format", "json")) == merged
+    table = invoke("benchmark", "report", str(copy))
+    assert table.exit_code == 0 and "batched" in table.stdout and "ngram" in table.stdout
+
+
+def test_torchrun_two_gloo_ranks_give_the_single_process_rows(single, tmp_path):
+    run = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "cli.main",
+           *map(str, ARGS), "--run-dir", str(run), "--format", "json"]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=Path(__file__).parents[2])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert exact(json.loads(done.stdout)) == exact(single)  # rank 0 alone prints, after every rank is done
+    assert {f.name for f in run.glob("records-*")} == {"records-0-of-2.jsonl", "records-1-of-2.jsonl"}
+
+
+def test_a_torn_record_is_redone_and_every_item_counts_once(single, tmp_path):
+    run = tmp_path / "run"
+    assert invoke(*ARGS, "--run-dir", run, "--shard", "0/2").exit_code == 0
+    file = run / "records-0-of-2.jsonl"
+    lines = file.read_text().splitlines(keepends=True)
+    assert len(lines) == 3 + 3  # prompts 0, 2, 4 at batch 1; ar, ngram, jacobi at batch 2
+    file.write_text(lines[0] + lines[1][: len(lines[1]) // 2])  # killed while writing the second record
+    r = invoke(*ARGS, "--run-dir", run, "--shard", "1/2")
+    assert r.exit_code == 0 and "items have no record yet" in r.stderr
+    report = invoke("benchmark", "report", str(run))
+    assert report.exit_code == 2 and "the run is not finished: 11 of its items" in report.output  # 2 prompts + 3 rows x 3 prompts
+    merged = rows_of(invoke(*ARGS, "--run-dir", run, "--shard", "0/2", "--format", "json"))  # resume
+    assert exact(merged) == exact(single)
+    assert sorted(records(run)) == sorted(set(records(run))) and len(records(run)) == 5 + 2 * 3
+    assert file.read_text().endswith("\n")
+
+
+def test_a_killed_run_resumes_where_it_stopped(long_tiny_target, tmp_path):  # noqa: F811
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "cli.main", *bench(12, 24, "1", "execute=false"), "--run-dir", str(run)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=Path(__file__).parents[2])
+    deadline = time.time() + 120
+    while not records(run) and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run ended before it could be killed"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    before = records(run)
+    assert 1 <= len(before) < 12
+    done = subprocess.run(cmd + ["--format", "json"], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).parents[2])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert sorted(records(run)) == sorted(f"b1/p{i}" for i in range(12))  # every item exactly once
+    assert records(run)[: len(before)] == before  # finished items were kept, not redone
+    assert [r["prompts"] for r in json.loads(done.stdout)] == [12, 12, 12]
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--shard", "3/2"], "0 <= I < N"),
+    (["--shard", "x"], "--shard takes I/N"),
+    (["--shard", "0/2"], "needs --run-dir"),
+    (["--append"], "--append adds rows to the --out file"),
+])
+def test_bad_shard_options_are_one_line(long_tiny_target, extra, needle):  # noqa: F811
+    r = invoke(*ARGS, *extra)
+    assert r.exit_code == 2 and needle in r.output and len(r.output.strip().splitlines()) == 1, r.output
+
+
+def test_a_changed_config_or_another_folder_is_refused(long_tiny_target, tmp_path):  # noqa: F811
+    run = tmp_path / "run"
+    assert invoke(*ARGS, "--run-dir", run, "--shard", "0/2", "execute=false").exit_code == 0
+    r = invoke(*bench(6), "--run-dir", run, "--shard", "1/2", "execute=false")
+    assert r.exit_code == 2 and "another config: limit (5 -> 6)" in r.output and len(r.output.splitlines()) == 1
+    assert sorted(p.name for p in run.iterdir()) == ["machine-0-of-2.json", "records-0-of-2.jsonl", "run.json"]
+    doc = json.loads((run / "run.json").read_text())
+    (tmp_path / "images").mkdir()
+    (tmp_path / "images" / "run.json").write_text(json.dumps({**doc, "suite": "images"}))
+    r = invoke(*ARGS, "--run-dir", tmp_path / "images")
+    assert r.exit_code == 2 and "holds a images run, not humaneval" in r.output
+    for folder, needle in [(tmp_path, "not a benchmark run folder"), (run, "not finished")]:
+        r = invoke("benchmark", "report", str(folder))
+        assert r.exit_code == 2 and needle in r.output and len(r.output.strip().splitlines()) == 1, r.output
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "run.json").write_text("{not json")
+    r = invoke("benchmark", "report", str(tmp_path / "bad"))
+    assert r.exit_code == 2 and "unreadable" in r.output
+    r = invoke("benchmark", "report")
+    assert r.exit_code == 2 and "usage: specgen benchmark report RUN_DIR" in r.output
+
+
+def test_out_never_replaces_a_file_and_append_adds(long_tiny_target, tmp_path):  # noqa: F811
+    out = tmp_path / "rows.jsonl"
+    out.write_text("kept\n")
+    args = bench(1, 8, "1", "execute=false")
+    r = invoke(*args, "--out", out)
+    assert r.exit_code == 2 and "already exists" in r.output and out.read_text() == "kept\n"
+    assert invoke(*args, "--out", out, "--append").exit_code == 0
+    lines = out.read_text().splitlines()
+    assert lines[0] == "kept" and [json.loads(x)["method"] for x in lines[1:]] == ["ar", "ngram", "jacobi"]
