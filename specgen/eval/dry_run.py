@@ -1,0 +1,447 @@
+"""Dry run of a recipe: everything that can be checked without a GPU and without loading weights.
+
+`check_recipe(path, overrides)` tells which command a recipe is for (its `suite` key for `specgen benchmark`,
+else the command its header comment names, else the config whose keys it uses), then checks, one row each:
+
+  recipe     the YAML parses and which command / config dataclass it is for
+  config     its keys and values are valid for that dataclass (`specgen.config.load_config`, unknown keys refused)
+  device     the device key names a torch device (a GPU absent here is fine: it is checked on the GPU node)
+  suite      the benchmark suite exists
+  method M   every method / row exists, runs on the suite's modality and knows its method options
+  entry R    every registry entry the recipe names exists: installed (weights file present, its size, and for
+             safetensors the tensor names and shapes the entry's builder expects, read from the header only),
+             a built-in (materialised on first use), or missing (the detail names the import command)
+  file K     every file or folder the recipe names (trajectories, prompts, captions) exists
+
+Rows are `{"check": str, "ok": bool, "detail": str}`; a recipe that cannot be parsed at all is a one-line
+`UsageError`. `specgen benchmark --dry-run` prints the rows as a table and exits 1 when any row is not ok.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from specgen.errors import UsageError
+
+#: recipe kind -> (module, config dataclass, the command that reads it)
+KINDS: dict[str, tuple[str, str, str]] = {
+    "humaneval": ("specgen.eval.text_bench", "TextBenchConfig", "specgen benchmark"),
+    "images": ("specgen.eval.image_bench", "ImageBenchConfig", "specgen benchmark"),
+    "meshes": ("specgen.eval.mesh_bench", "MeshBenchConfig", "specgen benchmark"),
+    "distill": ("specgen.train.distill", "DistillConfig", "specgen distill"),
+    "collect-trajectories": ("specgen.text.trajectories", "CollectConfig", "specgen collect-trajectories"),
+    "eagle": ("specgen.train.eagle", "EagleTrainConfig", "specgen train-heads --kind eagle"),
+    "xspecmesh": ("specgen.train.heads", "HeadsTrainConfig", "specgen train-heads --kind xspecmesh"),
+    "upsampler": ("specgen.train.upsampler", "UpsamplerTrainConfig", "specgen train-upsampler"),
+    "mesh-gpt": ("specgen.train.mesh", "MeshTrainConfig", "python -m specgen.train.mesh"),
+    "image-gpt-lowres": ("specgen.train.image_gpt_lowres", "LowresGPTTrainConfig",
+                         "python -m specgen.train.image_gpt_lowres"),
+    "image-gpt": ("specgen.train.image_gpt", "ImageGPTTrainConfig", "python -m specgen.train.image_gpt"),
+    "vq": ("specgen.train.vq", "VQTrainConfig", "python -m specgen.train.vq"),
+    "classifier": ("specgen.train.classifier", "ClassifierTrainConfig", "python -m specgen.train.classifier"),
+}
+SUITES = ("humaneval", "images", "meshes")
+
+#: header-comment marker -> kind (most specific first: the first marker found in the header wins)
+MARKERS: list[tuple[str, str]] = [
+    ("train-heads --kind eagle", "eagle"),
+    ("train-heads --kind xspecmesh", "xspecmesh"),
+    ("train-upsampler", "upsampler"),
+    ("specgen.train.upsampler", "upsampler"),
+    ("collect-trajectories", "collect-trajectories"),
+    ("specgen distill", "distill"),
+    ("cli.main distill", "distill"),
+    ("specgen.train.image_gpt_lowres", "image-gpt-lowres"),
+    ("specgen.train.image_gpt ", "image-gpt"),
+    ("specgen.train.mesh ", "mesh-gpt"),
+    ("specgen.train.vq ", "vq"),
+    ("specgen.train.classifier", "classifier"),
+]
+
+IMPORT_RE = re.compile(r"specgen registry import\s[^`\n]*?--name[ =](?P<name>[A-Za-z0-9][A-Za-z0-9._+-]*)[^`\n]*")
+
+
+def row(check: str, ok: bool, detail: str) -> dict:
+    return {"check": check, "ok": bool(ok), "detail": detail}
+
+
+def config_class(kind: str) -> type:
+    module, cls, _ = KINDS[kind]
+    return getattr(importlib.import_module(module), cls)
+
+
+def header(path: Path) -> str:
+    """The recipe's comment lines (where recipes name their command, checkpoints and import commands)."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return "\n".join(line.lstrip("# ").rstrip() for line in lines if line.lstrip().startswith("#"))
+
+
+def recipe_kind(doc: dict, comments: str, overrides: list[str], file_name: str = "") -> str:
+    """Which config a recipe is for: `suite` (benchmark), the command its header runs it with (a header line naming
+    the recipe's own file first, then the first line naming a command), or the config its keys fit best."""
+    suite = next((o.partition("=")[2] for o in overrides if o.partition("=")[0].strip() == "suite"), None)
+    suite = suite or doc.get("suite")
+    if suite is not None:
+        if suite not in SUITES:
+            raise UsageError(f"unknown suite {suite!r}; suites: {', '.join(SUITES)}")
+        return str(suite)
+    head = comments.split("\n")
+    own = [line for line in head if file_name and file_name in line]
+    for line in own + head[:12]:
+        for marker, kind in MARKERS:
+            if marker in line + " ":
+                return kind
+    keys = set(doc)
+    fits = []
+    for kind in KINDS:
+        if kind in SUITES:
+            continue
+        fields = {f.name for f in dataclasses.fields(config_class(kind))}
+        fits.append((len(keys & fields) - len(keys - fields), kind))
+    fits.sort(key=lambda f: -f[0])
+    if not keys or (len(fits) > 1 and fits[0][0] == fits[1][0]):
+        raise UsageError("cannot tell which command this recipe is for: give it a `suite` key (benchmark) or a "
+                         "header comment naming the command (e.g. `# specgen distill --config ...`)")
+    return fits[0][1]
+
+
+def check_recipe(path: Path, overrides: list[str] | None = None) -> list[dict]:
+    """Check a recipe without a GPU and without loading weights; one `{"check", "ok", "detail"}` row per check.
+
+    Raises `UsageError` (one line) for a recipe that cannot be parsed: a missing or unreadable file, invalid YAML,
+    not a mapping, or no way to tell which command it is for.
+    """
+    from specgen.config import read_recipe
+
+    path = Path(path)
+    overrides = list(overrides or [])
+    doc = read_recipe(path)  # UsageError: missing, not UTF-8, invalid YAML, not a mapping
+    from omegaconf import OmegaConf
+
+    raw = OmegaConf.to_container(doc)
+    comments = header(path)
+    kind = recipe_kind(raw, comments, overrides, path.name)
+    cls = config_class(kind)
+    command = KINDS[kind][2]
+    rows = [row("recipe", True, f"{path.name}: for `{command}` ({cls.__name__}"
+                + (f", suite {kind})" if kind in SUITES else ")"))]
+    if kind in SUITES:
+        rows.append(row("suite", True, kind))
+    cfg, device_rows = load_checked(cls, path, overrides, raw, rows)
+    if cfg is None:
+        return rows
+    rows += device_rows
+    rows += method_rows(kind, cfg)
+    hints = import_hints(comments)
+    names = entry_names(kind, cfg)
+    for role, name in names:
+        rows.append(check_entry(role, name, hints, comments))
+    vq = image_vq(kind, cfg)
+    if vq:
+        names.append(("vq", vq))
+        rows.append(check_entry("vq", vq, hints, comments))
+    checked = {n.rpartition("/")[2] for _, n in names}
+    for name in hints:  # the header's other prerequisites (e.g. the VQ an image GPT is imported with)
+        if name not in checked:
+            rows.append(check_entry("imported", name, hints, comments))
+    for role, value in file_names(kind, cfg):
+        p = Path(value).expanduser()
+        rows.append(row(f"file {role}", p.exists(), f"{value}: {describe_path(p)}" if p.exists()
+                        else f"{value}: not found (it is made by an earlier step, or copied to the node)"))
+    return rows
+
+
+def load_checked(cls: type, path: Path, overrides: list[str], raw: dict, rows: list[dict]):
+    """(config or None, device rows): keys and values through `load_config`, the device checked apart (a recipe
+    for a GPU node names cuda, which this machine may lack)."""
+    from specgen.config import load_config
+
+    fields = {f.name for f in dataclasses.fields(cls)}
+    explicit = {"device": "cpu"} if "device" in fields else {}
+    try:
+        cfg = load_config(cls, path, overrides, **explicit)
+    except UsageError as e:
+        rows.append(row("config", False, str(e)))
+        return None, []
+    rows.append(row("config", True, f"{len(raw)} keys valid for {cls.__name__}"
+                    + (f", {len(overrides)} override(s)" if overrides else "")))
+    if not explicit:
+        return cfg, []
+    default = next(f.default for f in dataclasses.fields(cls) if f.name == "device")
+    given = [o.partition("=")[2] for o in overrides if o.partition("=")[0].strip() == "device"]
+    device = str(given[-1] if given else raw.get("device", default))
+    cfg = dataclasses.replace(cfg, device=device)
+    return cfg, [device_row(device, cls.__name__)]
+
+
+def device_row(device: str, cls_name: str) -> dict:
+    """The device key: a GPU this machine lacks is fine (the recipe is for a GPU node), a malformed name is not."""
+    import torch
+
+    from specgen.config_checks import AUTO_DEVICE, check_device
+
+    try:
+        parsed = None if device == "auto" else torch.device(device)
+    except (RuntimeError, ValueError):
+        return row("device", False, f"unknown device {device!r}; use cpu, cuda, cuda:N or mps")
+    if parsed is not None and parsed.type == "cuda" and not torch.cuda.is_available():
+        return row("device", True, f"{device}: no GPU on this machine; checked when the recipe runs on the node")
+    try:
+        check_device(device, allow_auto=cls_name in AUTO_DEVICE)
+    except UsageError as e:
+        if parsed is not None and parsed.type == "cuda" and parsed.index is not None:
+            return row("device", True, f"{device}: {e}; checked when the recipe runs on the node")
+        return row("device", False, str(e))
+    return row("device", True, device)
+
+
+def method_rows(kind: str, cfg: Any) -> list[dict]:
+    """One row per benchmark method / mesh row: it exists, runs on the suite, knows its options."""
+    from specgen.errors import SpecgenError
+    from specgen.methods import get_method
+
+    out = []
+    if kind == "humaneval":
+        from specgen.eval.text_bench import EXTERNAL, row_method, row_options
+
+        if "ar" not in cfg.methods:
+            out.append(row("methods", False, "no 'ar' row: speedups and exact match are measured against it"))
+        for m in cfg.methods:
+            if m in EXTERNAL:
+                out.append(row(f"method {m}", True, "external baseline (transformers / llama.cpp)"))
+                continue
+            try:
+                spec = get_method(row_method(m))
+                if not spec.runs_on("text"):
+                    raise UsageError(f"method {m} is for {spec.modality}; the humaneval suite is text")
+                spec.check_options(row_options(m, cfg))
+                out.append(row(f"method {m}", True, ("lossless" if spec.lossless else "LOSSY") + ", options ok"))
+            except SpecgenError as e:
+                out.append(row(f"method {m}", False, str(e)))
+    elif kind == "images":
+        from specgen.eval.image_bench import method_of, options_of, with_extra_rows
+
+        full = with_extra_rows(cfg)
+        if "ar" not in full.methods:
+            out.append(row("methods", False, "no 'ar' row: speedups and exact match are measured against it"))
+        for m in full.methods:
+            try:
+                spec = get_method(method_of(m))
+                if not spec.runs_on("image"):
+                    raise UsageError(f"method {m} is for {spec.modality}; the images suite is image methods")
+                spec.check_options(options_of(full, m))
+                out.append(row(f"method {m}", True, ("lossless" if spec.lossless else "LOSSY") + ", options ok"))
+            except SpecgenError as e:
+                out.append(row(f"method {m}", False, str(e)))
+    elif kind == "meshes":
+        from specgen.eval.mesh_bench import variants
+
+        try:
+            vs = variants(cfg)
+            out.append(row("rows", True, f"{len(vs)} rows: {', '.join(v.label for v in vs)}"))
+        except (SpecgenError, TypeError, ValueError) as e:
+            out.append(row("rows", False, str(e).splitlines()[0]))
+    return out
+
+
+def entry_names(kind: str, cfg: Any) -> list[tuple[str, str]]:
+    """(role, registry name) of every entry the recipe reads, in order, without duplicates."""
+    names: list[tuple[str, str]] = []
+    if kind == "humaneval":
+        from specgen.eval.text_bench import EXTERNAL, decoded_model
+
+        names.append(("model", cfg.model))
+        for m in cfg.methods:
+            if m not in EXTERNAL:
+                try:
+                    names.append((f"{m} target", decoded_model(m, cfg)))
+                except Exception:  # noqa: BLE001 - an unknown method has its own failing row
+                    continue
+    elif kind == "images":
+        from specgen.eval.image_bench import method_of, options_of, with_extra_rows
+
+        names.append(("model", cfg.model))
+        if cfg.drafter:
+            names.append(("drafter", cfg.drafter))
+        if cfg.quality and cfg.classifier:
+            names.append(("classifier", cfg.classifier))
+        full = with_extra_rows(cfg)
+        for m in full.methods:
+            if method_of(m) == "mulo-sd":
+                o = options_of(full, m)
+                names.append((f"{m} lowres", str(o.get("lowres") or "tiny-image-gpt-lowres")))
+                if o.get("upsampler"):
+                    names.append((f"{m} upsampler", str(o["upsampler"])))
+    elif kind == "meshes":
+        names.append(("model", cfg.model))
+        for r in [*cfg.rows, *cfg.merged_ar]:
+            if r != "ar" and r in cfg.heads:
+                names.append((f"heads {r}", cfg.heads[r]))
+    elif kind in ("distill", "collect-trajectories"):
+        names.append(("model", cfg.model))
+        if getattr(cfg, "init_adapter", ""):
+            names.append(("init_adapter", cfg.init_adapter))
+    elif kind in ("eagle", "xspecmesh"):
+        names.append(("target", cfg.target))
+        if getattr(cfg, "init", ""):
+            names.append(("init", cfg.init))
+    elif kind in ("upsampler", "image-gpt", "image-gpt-lowres"):
+        names.append(("vq", cfg.vq))
+        if getattr(cfg, "warm_start", ""):
+            names.append(("warm_start", cfg.warm_start))
+    seen, out = set(), []
+    for role, name in names:
+        if name and name not in seen:
+            seen.add(name)
+            out.append((role, name))
+    return out
+
+
+def file_names(kind: str, cfg: Any) -> list[tuple[str, str]]:
+    """(key, path) of the files and folders a recipe reads."""
+    out = []
+    if kind == "distill":
+        out.append(("trajectories", cfg.trajectories))
+    if kind == "collect-trajectories" and cfg.prompts != "stdlib":
+        out.append(("prompts", cfg.prompts))
+    if kind in ("images", "eagle") and cfg.captions:
+        out.append(("captions", cfg.captions))
+    return [(k, v) for k, v in out if v]
+
+
+def import_hints(comments: str) -> dict[str, str]:
+    """Registry name -> the `specgen registry import ...` command the recipe's header gives for it."""
+    hints = {}
+    for m in IMPORT_RE.finditer(comments):
+        hints.setdefault(m.group("name"), " ".join(m.group(0).split()))
+    return hints
+
+
+def image_vq(kind: str, cfg: Any) -> str:
+    """The VQ entry an installed image target records (its `--vq` at import), or ""."""
+    if kind not in ("images", "eagle"):
+        return ""
+    from specgen import registry
+
+    meta = registry.installed_meta(cfg.model if kind == "images" else cfg.target) or {}
+    return str(meta.get("vq") or "")
+
+
+def check_entry(role: str, name: str, hints: dict[str, str], comments: str = "") -> dict:
+    """Does `name` resolve in the registry, and do its weights fit its builder (headers only)? Nothing is
+    materialised or loaded."""
+    from specgen import registry
+    from specgen.builtins import BUILTINS
+    from specgen.text.precision import split_name
+
+    try:
+        base = split_name(name)[0] if "+" in name else name
+    except UsageError:
+        base = name
+    suffix = f" (its {name[len(base) + 1:]} copy is made from it on first use)" if base != name else ""
+    check = f"entry {role}"
+    folder = Path(base).expanduser()
+    meta = registry.installed_meta(base)
+    if meta is not None:
+        where = folder if (folder / registry.CONFIG).is_file() else registry.find_installed(base).path
+        ok, detail = check_weights(where, meta)
+        return row(check, ok, f"{base}: {detail}{suffix}")
+    bare = base.rpartition("/")[2]
+    if bare in BUILTINS and base in (bare, f"{BUILTINS[bare].kind}/{bare}"):
+        return row(check, True, f"{base}: built-in, materialised on first use{suffix}")
+    how = hints.get(bare) or hints.get(base)
+    if how:
+        return row(check, False, f"{base}: not in the registry ({registry.checkpoints_dir()}); import it: `{how}`")
+    said = next((line.strip() for line in comments.split("\n")
+                 if re.search(rf"(^|[\s/(`]){re.escape(bare)}($|[\s)`,.;:])", line)), "")
+    if said:
+        return row(check, False, f"{base}: not in the registry ({registry.checkpoints_dir()}); the recipe's header: "
+                   f"{said}")
+    return row(check, False, f"{base}: not in the registry ({registry.checkpoints_dir()}); import it "
+               f"(`specgen registry import FILE --name {bare} ...`, docs/registry.md) or run the step that registers it "
+               "(see the recipe's header)")
+
+
+def check_weights(folder: Path, meta: dict) -> tuple[bool, str]:
+    """(ok, detail) of an installed entry's model.safetensors against the module its builder makes (meta device)."""
+    from specgen import registry
+
+    weights = folder / registry.WEIGHTS
+    if not weights.is_file():
+        return False, f"installed at {folder} but has no {registry.WEIGHTS}"
+    size = human_size(weights.stat().st_size)
+    try:
+        stored = header_shapes(weights)
+    except Exception as e:  # noqa: BLE001 - any unreadable header
+        return False, f"{weights}: unreadable safetensors header ({registry.one_line(e)})"
+    expected = expected_shapes(meta)
+    if expected is None:
+        return True, f"installed, {size}, {len(stored)} tensors (builder {meta.get('builder')!r}: shapes not checked)"
+    tied = set((meta.get("tied") or {}).keys())
+    if "output.weight" in expected and "output.weight" not in stored and "tok_embeddings.weight" in stored:
+        tied.add("output.weight")  # tied embeddings are stored once
+    for key, shape in expected.items():
+        if key in tied:
+            continue
+        if key not in stored:
+            return False, f"{weights}: missing tensor {key} (builder {meta['builder']} expects shape {list(shape)})"
+        if tuple(stored[key]) != tuple(shape):
+            return False, (f"{weights}: tensor {key} has shape {list(stored[key])}, builder {meta['builder']} "
+                           f"expects {list(shape)}")
+    extra = sorted(set(stored) - set(expected))
+    if extra:
+        return False, f"{weights}: unexpected tensor {extra[0]} (not in builder {meta['builder']})"
+    return True, f"installed, {size}, {len(stored)} tensors match builder {meta['builder']}"
+
+
+def header_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> shape from a safetensors header (no tensor data is read)."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+
+
+def expected_shapes(meta: dict) -> dict[str, tuple[int, ...]] | None:
+    """Tensor name -> shape of the module `meta` describes, built on the meta device; None when not buildable."""
+    import torch
+
+    from specgen.builders import BUILDERS
+
+    builder, kwargs = meta.get("builder"), meta.get("kwargs")
+    if builder not in BUILDERS or not isinstance(kwargs, dict):
+        return None
+    try:
+        with torch.device("meta"):
+            module = BUILDERS[builder](**kwargs)
+    except Exception:  # noqa: BLE001 - a builder that cannot run on the meta device
+        return None
+    return {k: tuple(v.shape) for k, v in module.state_dict().items()}
+
+
+def describe_path(p: Path) -> str:
+    if p.is_dir():
+        return f"folder, {sum(1 for _ in p.iterdir())} entries"
+    return f"file, {human_size(p.stat().st_size)}"
+
+
+def human_size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def all_ok(rows: list[dict]) -> bool:
+    """True when every row passed (the exit status of `benchmark --dry-run`)."""
+    return all(r["ok"] for r in rows)
+
+
+def rows_json(rows: list[dict]) -> str:
+    return json.dumps(rows, indent=2)

@@ -1,0 +1,156 @@
+"""`specgen.eval.dry_run.check_recipe`: recipes checked without a GPU and without loading weights."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from specgen.builtins import BUILTINS
+from specgen.errors import UsageError
+from specgen.eval.dry_run import all_ok, check_recipe
+from tests.conftest import tiny_config, tiny_model
+
+ROOT = Path(__file__).resolve().parents[2]
+FULL = sorted((ROOT / "recipes" / "full").glob("*.yaml"))
+TINY = sorted((ROOT / "recipes" / "tiny").glob("bench-*.yaml"))
+
+
+def by_check(rows: list[dict]) -> dict[str, dict]:
+    return {r["check"]: r for r in rows}
+
+
+def test_there_are_full_recipes_for_every_paper():
+    names = {p.name for p in FULL}
+    assert {"bench-pcllm-qwen2.5-coder.yaml", "bench-llamagen-c2i-l.yaml", "bench-llamagen-c2i-b.yaml",
+            "bench-mulo-sd-llamagen-c2i-l.yaml", "bench-meshes-bpt.yaml"} <= names
+
+
+@pytest.mark.parametrize("path", FULL, ids=lambda p: p.name)
+def test_full_recipes_parse_and_their_keys_are_valid(path):
+    rows = check_recipe(path)
+    checks = by_check(rows)
+    assert checks["recipe"]["ok"] and checks["config"]["ok"], rows
+    assert all(r["ok"] for r in rows if r["check"].startswith(("method", "rows", "suite", "device"))), rows
+    # the checkpoints are not here: each missing entry names itself and how to get it
+    missing = [r for r in rows if r["check"].startswith("entry") and not r["ok"]]
+    if path.name.startswith("bench-"):
+        assert missing, "a full benchmark names checkpoints this machine does not have"
+    for r in missing:
+        name = r["detail"].split(":")[0]
+        assert name in r["detail"][len(name):], r
+        assert "specgen registry import" in r["detail"] or "recipe's header" in r["detail"], r
+
+
+def test_full_recipe_names_the_import_command_of_a_missing_checkpoint():
+    rows = check_recipe(ROOT / "recipes" / "full" / "bench-llamagen-c2i-l.yaml")
+    model = by_check(rows)["entry model"]
+    assert not model["ok"]
+    assert "llamagen-c2i-l-256" in model["detail"]
+    assert "specgen registry import c2i_L_256.pt --name llamagen-c2i-l-256" in model["detail"]
+    vq = by_check(rows)["entry imported"]
+    assert not vq["ok"] and "vq_ds16_c2i.pt" in vq["detail"] and "vq16-c2i" in vq["detail"]
+    assert by_check(rows)["device"]["ok"]  # cuda: a GPU this machine lacks is fine for a dry run
+    assert not all_ok(rows)
+
+
+@pytest.mark.parametrize("path", TINY, ids=lambda p: p.name)
+def test_tiny_bench_recipes_pass_with_their_built_in_entries(path):
+    rows = check_recipe(path)
+    checks = by_check(rows)
+    assert checks["recipe"]["ok"] and checks["config"]["ok"] and checks["device"]["ok"], rows
+    assert all(r["ok"] for r in rows if r["check"].startswith(("method", "rows", "suite"))), rows
+    for r in rows:
+        if r["check"].startswith("entry") and r["detail"].split(":")[0] in BUILTINS:
+            assert r["ok"] and "built-in, materialised on first use" in r["detail"], r
+
+
+def test_a_misspelled_key_fails_naming_the_key(tmp_path):
+    recipe = tmp_path / "bench.yaml"
+    recipe.write_text("suite: humaneval\nmethods: [ar, ngram]\nlimt: 5\n")
+    rows = check_recipe(recipe)
+    config = by_check(rows)["config"]
+    assert not config["ok"] and "limt" in config["detail"]
+
+
+def test_overrides_are_checked_too(tmp_path):
+    recipe = tmp_path / "bench.yaml"
+    recipe.write_text("suite: humaneval\nmethods: [ar, ngram]\n")
+    assert by_check(check_recipe(recipe, ["limit=3"]))["config"]["ok"]
+    bad = by_check(check_recipe(recipe, ["max_new_tokenz=3"]))["config"]
+    assert not bad["ok"] and "max_new_tokenz" in bad["detail"]
+
+
+def test_unknown_method_and_bad_method_option_fail_their_rows(tmp_path):
+    recipe = tmp_path / "bench.yaml"
+    recipe.write_text("suite: images\nmethods: [ar, eagle3]\n")
+    rows = by_check(check_recipe(recipe))
+    assert not rows["method eagle3"]["ok"] and "eagle3" in rows["method eagle3"]["detail"]
+    recipe.write_text("suite: humaneval\nmethods: [ar, ngram]\nmethod_options:\n  ngram: {num_drafts: 3}\n")
+    rows = check_recipe(recipe)
+    assert not all_ok(rows) and any("num_drafts" in r["detail"] for r in rows if not r["ok"])
+
+
+def install(home: Path, name: str, state: dict, kwargs: dict) -> Path:
+    folder = home / "checkpoints" / "target" / name
+    folder.mkdir(parents=True)
+    state = {k: v.contiguous() for k, v in state.items() if k != "output.weight"}  # tied: stored once
+    save_file(state, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps({"kind": "target", "name": name, "builder": "transformer",
+                                                    "kwargs": kwargs, "vocab_size": kwargs["vocab_size"]}))
+    return folder
+
+
+def test_installed_safetensors_are_checked_against_the_builder_headers_only(tmp_path, specgen_home):
+    kwargs = tiny_config().to_dict()
+    state = tiny_model().state_dict()
+    install(specgen_home, "good-tiny", state, kwargs)
+    bad = dict(state)
+    bad["layers.1.feed_forward.w2.weight"] = torch.zeros(3, 5)
+    install(specgen_home, "bad-tiny", bad, kwargs)
+    recipe = tmp_path / "bench.yaml"
+    recipe.write_text("suite: humaneval\nmethods: [ar]\nmax_new_tokens: 16\nmodel: good-tiny\n")
+    good = by_check(check_recipe(recipe))["entry model"]
+    assert good["ok"] and "installed" in good["detail"] and "match builder transformer" in good["detail"]
+    row = by_check(check_recipe(recipe, ["model=bad-tiny"]))["entry model"]
+    assert not row["ok"]
+    assert "layers.1.feed_forward.w2.weight" in row["detail"] and "[3, 5]" in row["detail"]
+
+
+def test_a_missing_tensor_is_named(tmp_path, specgen_home):
+    state = tiny_model().state_dict()
+    state.pop("norm.weight")
+    install(specgen_home, "short-tiny", state, tiny_config().to_dict())
+    recipe = tmp_path / "bench.yaml"
+    recipe.write_text("suite: humaneval\nmethods: [ar]\nmax_new_tokens: 16\nmodel: short-tiny\n")
+    row = by_check(check_recipe(recipe))["entry model"]
+    assert not row["ok"] and "missing tensor norm.weight" in row["detail"]
+
+
+def test_a_training_recipe_is_recognised_from_its_header(tmp_path):
+    recipe = tmp_path / "heads.yaml"
+    recipe.write_text("# specgen train-heads --kind xspecmesh --config heads.yaml --out runs/x\n"
+                      "target: mesh-gpt-tiny\nnum_heads: 2\n")
+    rows = by_check(check_recipe(recipe))
+    assert rows["recipe"]["ok"] and "HeadsTrainConfig" in rows["recipe"]["detail"]
+    assert rows["entry target"]["ok"] and "built-in" in rows["entry target"]["detail"]
+
+
+def test_unparseable_recipes_are_one_line_usage_errors(tmp_path):
+    with pytest.raises(UsageError, match="not found"):
+        check_recipe(tmp_path / "missing.yaml")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("suite: [humaneval\n")
+    with pytest.raises(UsageError, match="not valid YAML"):
+        check_recipe(broken)
+    listed = tmp_path / "list.yaml"
+    listed.write_text("- a\n- b\n")
+    with pytest.raises(UsageError, match="mapping"):
+        check_recipe(listed)
+    unknown = tmp_path / "suite.yaml"
+    unknown.write_text("suite: mbpp\n")
+    with pytest.raises(UsageError, match="unknown suite 'mbpp'"):
+        check_recipe(unknown)
