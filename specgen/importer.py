@@ -151,10 +151,12 @@ def image_meta(module: torch.nn.Module, vq: str | None) -> dict:
 
 
 def import_hf_folder(folder: Path, name: str, overwrite: bool = False) -> registry.Entry:
-    """An HF Llama/Qwen2 folder with its tokenizer."""
+    """An HF Llama / Mistral / Qwen2 / Qwen3 folder with its tokenizer (docs/architectures.md: what loads exactly,
+    what is refused). `source_context` records the checkpoint's own context when specgen's (max_seq_len) is capped."""
     from specgen.models.llama import load_hf_folder
 
     cfg, state = load_hf_folder(folder)
+    declared = json.loads((folder / "config.json").read_text()).get("max_position_embeddings")  # read by the loader
     has_tok = (folder / "tokenizer.json").is_file() or (folder / "tokenizer_config.json").is_file()
 
     def tokenizer(dest: Path) -> None:
@@ -166,4 +168,5 @@ def import_hf_folder(folder: Path, name: str, overwrite: bool = False) -> regist
     return registry.save("target", name, state, {
         "builder": "transformer", "kwargs": cfg.to_dict(), "vocab_size": cfg.vocab_size, "modality": "text",
         "tokenizer": has_tok, "source": str(folder), "created_by": "registry import",
+        **({"source_context": declared} if isinstance(declared, int) and declared > cfg.max_seq_len else {}),
     }, extra=tokenizer, overwrite=overwrite)

@@ -1,4 +1,7 @@
-"""Build a `transformers` LlamaForCausalLM / Qwen2ForCausalLM holding the same weights as a specgen Transformer.
+"""Build a `transformers` Llama / Qwen2 / Qwen3 causal LM holding the same weights as a specgen Transformer.
+
+The architecture follows the config: q/k norms -> Qwen3 (with QKV bias: attention_bias and a zero o_proj bias),
+QKV bias -> Qwen2, else Llama; `rope_scaling` travels as the HF rope parameters of the same type.
 
 Used for the `hf` benchmark row (transformers' own `generate` on identical weights) and by the tests
 that prove specgen's logits equal transformers'.
@@ -31,6 +34,13 @@ def hf_state(model: Transformer) -> dict[str, torch.Tensor]:
             if cfg.rope_layout == "interleaved":
                 q, k = interleaved_to_half(q, cfg.n_heads), interleaved_to_half(k, cfg.n_kv_heads)
             out |= {h + f"self_attn.q_proj.{kind}": q, h + f"self_attn.k_proj.{kind}": k, h + f"self_attn.v_proj.{kind}": v}
+        if cfg.qk_norm:
+            q_norm, k_norm = sd[p + "attention.q_norm.weight"], sd[p + "attention.k_norm.weight"]
+            if cfg.rope_layout == "interleaved":  # the norm weight follows its rows
+                q_norm, k_norm = interleaved_to_half(q_norm, 1), interleaved_to_half(k_norm, 1)
+            out |= {h + "self_attn.q_norm.weight": q_norm, h + "self_attn.k_norm.weight": k_norm}
+            if cfg.qkv_bias:  # Qwen3's attention_bias also biases o_proj: zero, as specgen has none
+                out[h + "self_attn.o_proj.bias"] = sd[p + "attention.wo.weight"].new_zeros(cfg.dim)
         out |= {h + "self_attn.o_proj.weight": sd[p + "attention.wo.weight"],
                 h + "mlp.gate_proj.weight": sd[p + "feed_forward.w1.weight"],
                 h + "mlp.up_proj.weight": sd[p + "feed_forward.w3.weight"],
@@ -45,11 +55,19 @@ def to_hf(model: Transformer):
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     cfg = model.cfg
+    if cfg.rope_grid or cfg.cross_dim or cfg.cond_kind != "none":
+        raise ValueError("to_hf exports text Transformers (1D RoPE, no cross-attention or condition embedding)")
     common = dict(vocab_size=cfg.vocab_size, hidden_size=cfg.dim, intermediate_size=cfg.ffn_dim,
                   num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_kv_heads,
                   head_dim=cfg.hd, rms_norm_eps=cfg.norm_eps, rope_theta=cfg.rope_theta,
                   max_position_embeddings=cfg.max_seq_len, tie_word_embeddings=cfg.tie_embeddings)
-    if cfg.qkv_bias:
+    if cfg.rope_scaling:  # transformers 4.x reads `rope_scaling`; 5.x moves it into rope_parameters
+        common["rope_scaling"] = dict(cfg.rope_scaling)
+    if cfg.qk_norm:
+        from transformers import Qwen3Config, Qwen3ForCausalLM
+
+        hf = Qwen3ForCausalLM(Qwen3Config(**common, attention_bias=cfg.qkv_bias))
+    elif cfg.qkv_bias:
         hf = Qwen2ForCausalLM(Qwen2Config(**common))
     else:
         hf = LlamaForCausalLM(LlamaConfig(**common, attention_bias=False, mlp_bias=False))

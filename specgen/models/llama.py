@@ -1,13 +1,23 @@
-"""Llama-family weights (Llama, SmolLM2, Qwen2) from HF safetensors folders and GGUF files.
+"""Llama-family weights (Llama 2/3.x, SmolLM2, Mistral, Qwen2/2.5, Qwen3) from HF safetensors folders and GGUF files.
 
 Both loaders return a `TransformerConfig` and a state dict in specgen's parameter names. No weight
 permutation is needed: HF checkpoints keep q/k in the `rotate_half` layout ("half"), GGUF llama
 files store them in Meta's interleaved layout ("interleaved"), and GGUF qwen2 uses NeoX ("half").
+
+A checkpoint loads exactly or not at all: every config key that changes the math is either carried into
+the `TransformerConfig` or refused with one line naming it (docs/architectures.md lists both).
+
+Context: a model's RoPE table holds `max_seq_len` positions, so a longer context is capped at
+`MAX_CONTEXT` (and at a sliding window, below which sliding attention equals full attention). The cap is
+never silent in effect: every decode path refuses a sequence past `max_seq_len` with one line
+(`limits.check_prompt_fits` before decoding, `ContextOverflowError` in `Transformer.hidden_states`), and
+the import records the checkpoint's own context (registry meta `source_context`).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Callable
 
@@ -16,23 +26,140 @@ import torch
 from specgen.errors import CheckpointError, UsageError
 from specgen.models.transformer import TransformerConfig
 
-HF_ARCHITECTURES = {"LlamaForCausalLM": False, "Qwen2ForCausalLM": True}  # name -> qkv bias
+MAX_CONTEXT = 8192  # the longest context specgen builds RoPE tables for (see the module docstring)
+
+# name -> transformers' class defaults of the math keys a config.json may leave out
+HF_ARCHITECTURES = {
+    "LlamaForCausalLM": {"max_position_embeddings": 2048},
+    "MistralForCausalLM": {"max_position_embeddings": 131072, "num_key_value_heads": 8},
+    "Qwen2ForCausalLM": {"max_position_embeddings": 32768, "num_key_value_heads": 32},
+    "Qwen3ForCausalLM": {"max_position_embeddings": 32768, "num_key_value_heads": 32, "head_dim": 128},
+}
 GGUF_LAYOUTS = {"llama": "interleaved", "qwen2": "half"}
 
 
+def refuse(key: str, value, why: str) -> UsageError:
+    return UsageError(f"config.json sets {key}={json.dumps(value)}: {why}; specgen refuses rather than decode wrong "
+                      "(docs/architectures.md)")
+
+
 def hf_config(raw: dict) -> TransformerConfig:
-    """TransformerConfig from an HF `config.json` dict."""
+    """TransformerConfig from an HF `config.json` dict; a key that changes the math and is not implemented is
+    refused with one line naming it."""
     arch = (raw.get("architectures") or ["?"])[0]
     if arch not in HF_ARCHITECTURES:
         raise UsageError(f"unsupported architecture {arch}; supported: {', '.join(HF_ARCHITECTURES)}")
+    defaults = HF_ARCHITECTURES[arch]
+    check_unsupported(raw, arch)
+    n_heads = raw["num_attention_heads"]
+    head_dim = raw.get("head_dim") or defaults.get("head_dim", 0)
+    context = int(raw.get("max_position_embeddings") or defaults["max_position_embeddings"])
+    scaling, theta = rope_scaling(raw, context)
+    window = sliding_window(raw, arch)
     return TransformerConfig(
-        vocab_size=raw["vocab_size"], dim=raw["hidden_size"], n_layers=raw["num_hidden_layers"],
-        n_heads=raw["num_attention_heads"], n_kv_heads=raw.get("num_key_value_heads", raw["num_attention_heads"]),
-        ffn_dim=raw["intermediate_size"], head_dim=raw.get("head_dim") or 0, norm_eps=raw.get("rms_norm_eps", 1e-6),
-        rope_theta=float(raw.get("rope_theta", 10000.0)), rope_layout="half",
-        max_seq_len=min(raw.get("max_position_embeddings", 2048), 8192),
-        qkv_bias=HF_ARCHITECTURES[arch], tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        vocab_size=raw["vocab_size"], dim=raw["hidden_size"], n_layers=raw["num_hidden_layers"], n_heads=n_heads,
+        n_kv_heads=raw.get("num_key_value_heads") or defaults.get("num_key_value_heads", n_heads),
+        ffn_dim=raw["intermediate_size"], head_dim=head_dim, norm_eps=raw.get("rms_norm_eps", 1e-6),
+        rope_theta=theta, rope_layout="half", rope_scaling=scaling,
+        max_seq_len=min(context, MAX_CONTEXT, window or context),
+        qkv_bias=arch == "Qwen2ForCausalLM", qk_norm=arch == "Qwen3ForCausalLM",
+        tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
     )
+
+
+def check_unsupported(raw: dict, arch: str) -> None:
+    """Refuse keys whose math specgen's decoder does not have (activation, biases, quantized weights)."""
+    if raw.get("hidden_act", "silu") not in ("silu", "swish"):
+        raise refuse("hidden_act", raw["hidden_act"], "specgen's MLP is SwiGLU (silu) only")
+    if arch in ("LlamaForCausalLM", "Qwen3ForCausalLM") and raw.get("attention_bias"):
+        raise refuse("attention_bias", True, "biases on q/k/v and o_proj are not implemented")
+    if arch == "LlamaForCausalLM" and raw.get("mlp_bias"):
+        raise refuse("mlp_bias", True, "MLP biases are not implemented")
+    if raw.get("quantization_config"):
+        quant = raw["quantization_config"]
+        method = quant.get("quant_method", "?") if isinstance(quant, dict) else "?"
+        raise refuse("quantization_config", {"quant_method": method}, "pre-quantized HF weights are not loaded; "
+                     "import the float checkpoint (specgen quantizes it itself)")
+    if float(raw.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise refuse("partial_rotary_factor", raw["partial_rotary_factor"], "partial RoPE is not implemented")
+
+
+def rope_scaling(raw: dict, context: int) -> tuple[dict | None, float]:
+    """(TransformerConfig.rope_scaling, rope_theta) from `rope_scaling` (transformers 4) or `rope_parameters` (5);
+    like transformers, a non-empty `rope_scaling` wins."""
+    key = "rope_scaling" if raw.get("rope_scaling") else "rope_parameters"
+    params = raw.get(key) or {}
+    if not isinstance(params, dict) or any(isinstance(v, dict) for v in params.values()):
+        raise refuse(key, params, "per-layer RoPE parameters are not implemented")
+    theta = float(params.get("rope_theta") or raw.get("rope_theta") or 10000.0)
+    kind = params.get("rope_type", params.get("type", "default"))
+    if float(params.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise refuse(f"{key}.partial_rotary_factor", params["partial_rotary_factor"],
+                     "partial RoPE is not implemented")
+
+    def need(name: str):
+        if params.get(name) is None:
+            raise UsageError(f"config.json {key} of type {kind} lacks {name}")
+        return params[name]
+
+    if kind == "default":
+        return None, theta
+    if kind == "dynamic":
+        # Dynamic NTK raises the base only once a sequence runs past max_position_embeddings; specgen's context is
+        # at most that (hf_config caps it), and below it transformers computes the default table: exact.
+        return None, theta
+    if kind == "linear":
+        return {"rope_type": "linear", "factor": float(need("factor"))}, theta
+    # a top-level original_max_position_embeddings wins, as in transformers (Phi-3 style configs)
+    original = int(raw.get("original_max_position_embeddings") or params.get("original_max_position_embeddings")
+                   or context)
+    if kind == "llama3":
+        return {"rope_type": "llama3", "factor": float(need("factor")),
+                "low_freq_factor": float(need("low_freq_factor")), "high_freq_factor": float(need("high_freq_factor")),
+                "original_max_position_embeddings": original}, theta
+    if kind == "yarn":
+        factor = float(params.get("factor") or context / original)
+        attention = params.get("attention_factor")
+        if attention is None:  # YaRN's mscale (0.1 ln s + 1), DeepSeek's ratio form when mscale and mscale_all_dim
+            def mscale(scale: float, m: float = 1.0) -> float:
+                return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+            m, m_all = params.get("mscale"), params.get("mscale_all_dim")
+            attention = float(mscale(factor, m) / mscale(factor, m_all)) if m and m_all else mscale(factor)
+        return {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": original,
+                "attention_factor": float(attention), "beta_fast": float(params.get("beta_fast") or 32),
+                "beta_slow": float(params.get("beta_slow") or 1),
+                "truncate": bool(params.get("truncate", True))}, theta
+    why = ("its frequencies switch with the sequence length (short/long factors), which a static table cannot hold"
+           if kind == "longrope" else
+           "this RoPE type is not implemented (supported: default, linear, dynamic, llama3, yarn)")
+    raise refuse(f"{key}.rope_type", kind, why)
+
+
+def sliding_window(raw: dict, arch: str) -> int | None:
+    """The sliding-attention window some layer uses, or None (full attention everywhere).
+
+    Below the window sliding attention is full attention, so hf_config caps the context at it: exact for every
+    sequence specgen accepts, and longer ones are refused by the context check.
+    """
+    if arch == "MistralForCausalLM":
+        window = raw.get("sliding_window", 4096)  # MistralConfig's default: every layer slides
+    elif arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM"):
+        kinds = set(raw.get("layer_types") or [])
+        if kinds - {"full_attention", "sliding_attention"}:
+            raise refuse("layer_types", sorted(kinds),
+                         "only full_attention and sliding_attention layers are implemented")
+        if not raw.get("use_sliding_window", False):
+            return None
+        window = raw.get("sliding_window", 4096)
+        # layers at or past max_window_layers slide (transformers 4.x), or those layer_types marks (5.x): either
+        first = raw.get("max_window_layers", 28)
+        window = window if "sliding_attention" in kinds or raw["num_hidden_layers"] > first else None
+    else:
+        return None
+    if window is not None and (not isinstance(window, int) or window < 1):
+        raise refuse("sliding_window", window, "not a positive window")
+    return window
 
 
 def layer_map(n_layers: int, fmt: str) -> dict[str, tuple[str, ...]]:
@@ -44,6 +171,8 @@ def layer_map(n_layers: int, fmt: str) -> dict[str, tuple[str, ...]]:
         per = {"attention_norm.weight": ("input_layernorm.weight",), "ffn_norm.weight": ("post_attention_layernorm.weight",),
                "attention.wqkv.weight": ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
                "attention.wqkv.bias": ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"),
+               "attention.q_norm.weight": ("self_attn.q_norm.weight",),
+               "attention.k_norm.weight": ("self_attn.k_norm.weight",),
                "attention.wo.weight": ("self_attn.o_proj.weight",), "feed_forward.w1.weight": ("mlp.gate_proj.weight",),
                "feed_forward.w3.weight": ("mlp.up_proj.weight",), "feed_forward.w2.weight": ("mlp.down_proj.weight",)}
         prefix = "model.layers.{i}."
@@ -53,6 +182,7 @@ def layer_map(n_layers: int, fmt: str) -> dict[str, tuple[str, ...]]:
         per = {"attention_norm.weight": ("attn_norm.weight",), "ffn_norm.weight": ("ffn_norm.weight",),
                "attention.wqkv.weight": ("attn_q.weight", "attn_k.weight", "attn_v.weight"),
                "attention.wqkv.bias": ("attn_q.bias", "attn_k.bias", "attn_v.bias"),
+               "attention.q_norm.weight": ("attn_q_norm.weight",), "attention.k_norm.weight": ("attn_k_norm.weight",),
                "attention.wo.weight": ("attn_output.weight",), "feed_forward.w1.weight": ("ffn_gate.weight",),
                "feed_forward.w3.weight": ("ffn_up.weight",), "feed_forward.w2.weight": ("ffn_down.weight",)}
         prefix = "blk.{i}."
@@ -62,13 +192,31 @@ def layer_map(n_layers: int, fmt: str) -> dict[str, tuple[str, ...]]:
     return names
 
 
+def used(ours: str, cfg: TransformerConfig) -> bool:
+    """Whether the model built from `cfg` has parameter `ours` (an entry of `layer_map`)."""
+    optional = {".output.weight": not cfg.tie_embeddings, ".wqkv.bias": cfg.qkv_bias, ".q_norm.weight": cfg.qk_norm,
+                ".k_norm.weight": cfg.qk_norm}
+    return all(on for suffix, on in optional.items() if f".{ours}".endswith(suffix))
+
+
+def check_all_used(names, cfg: TransformerConfig, fmt: str, source: str) -> None:
+    """Refuse a checkpoint holding a tensor the model would ignore (a bias, a norm or a RoPE factor it lacks):
+    ignoring it would decode silently wrong. Precomputed RoPE buffers (`rotary_emb.inv_freq`) and a tied
+    checkpoint's own head copy are ignored as transformers ignores them."""
+    wanted = {t for ours, theirs in layer_map(cfg.n_layers, fmt).items() if used(ours, cfg) for t in theirs}
+    extra = sorted(n for n in names if n not in wanted and not n.endswith("rotary_emb.inv_freq")
+                   and not (cfg.tie_embeddings and n in ("lm_head.weight", "output.weight")))
+    if extra:
+        raise CheckpointError(f"{source} holds tensor {extra[0]}"
+                              f"{f' (and {len(extra) - 1} more)' if len(extra) > 1 else ''} that specgen's model for "
+                              "its config has no place for; refusing rather than ignoring it (docs/architectures.md)")
+
+
 def remap(cfg: TransformerConfig, get: Callable[[str], torch.Tensor | None], fmt: str) -> dict[str, torch.Tensor]:
     """Build specgen's state dict by pulling source tensors through `get` (None = absent)."""
     state: dict[str, torch.Tensor] = {}
     for ours, theirs in layer_map(cfg.n_layers, fmt).items():
-        if ours == "output.weight" and cfg.tie_embeddings:
-            continue
-        if ours.endswith("wqkv.bias") and not cfg.qkv_bias:
+        if not used(ours, cfg):
             continue
         parts = [get(t) for t in theirs]
         if any(p is None for p in parts):
@@ -85,7 +233,16 @@ def load_hf_folder(folder: Path) -> tuple[TransformerConfig, dict[str, torch.Ten
     cfg_path = folder / "config.json"
     if not cfg_path.is_file():
         raise UsageError(f"{folder} has no config.json: not an HF model folder")
-    cfg = hf_config(json.loads(cfg_path.read_text()))
+    try:
+        raw = json.loads(cfg_path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"cannot read {cfg_path}: {e}") from None
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{cfg_path} is not a JSON object")
+    try:
+        cfg = hf_config(raw)
+    except KeyError as e:
+        raise CheckpointError(f"{cfg_path} lacks {e.args[0]}") from None
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise UsageError(f"{folder} has no .safetensors weights (pickled .bin files are never loaded)")
@@ -96,8 +253,9 @@ def load_hf_folder(folder: Path) -> tuple[TransformerConfig, dict[str, torch.Ten
                 index.update({k: f for k in h.keys()})
     except Exception as e:  # safetensors raises its own error types
         raise CheckpointError(f"cannot read {f.name}: {e}") from None
-    if "lm_head.weight" not in index and not cfg.tie_embeddings:
-        cfg = TransformerConfig(**{**cfg.to_dict(), "tie_embeddings": True})
+    if "lm_head.weight" not in index and not cfg.tie_embeddings:  # transformers would start from a random head
+        raise CheckpointError(f"{folder.name} has no lm_head.weight but its config.json sets tie_word_embeddings=false")
+    check_all_used(index, cfg, "hf", folder.name)
 
     def get(name: str) -> torch.Tensor | None:
         if name not in index:
@@ -127,16 +285,28 @@ def load_gguf(path: Path, progress: Callable[[int, int], None] | None = None) ->
         raise UsageError(f"unsupported GGUF architecture {arch!r}; supported: {', '.join(GGUF_LAYOUTS)}")
     tensors = {t.name: t for t in reader.tensors}
     n_heads = gguf_field(reader, f"{arch}.attention.head_count")
+    dim = gguf_field(reader, f"{arch}.embedding_length")
+    head_dim = int(gguf_field(reader, f"{arch}.attention.key_length", dim // n_heads))
+    if int(gguf_field(reader, f"{arch}.rope.dimension_count", head_dim)) != head_dim:
+        raise UsageError(f"GGUF file {path.name} sets {arch}.rope.dimension_count below the head size (partial RoPE), "
+                         "which specgen does not implement (docs/architectures.md)")
+    scaling = gguf_field(reader, f"{arch}.rope.scaling.type", "none")
+    if scaling != "none" or f"{arch}.attention.sliding_window" in reader.fields:
+        key = f"{arch}.rope.scaling.type" if scaling != "none" else f"{arch}.attention.sliding_window"
+        raise UsageError(f"GGUF file {path.name} sets {key}, which specgen's GGUF loader does not implement; "
+                         "import the HF folder instead (docs/architectures.md)")
     cfg = TransformerConfig(
-        vocab_size=int(tensors["token_embd.weight"].shape[-1]), dim=gguf_field(reader, f"{arch}.embedding_length"),
+        vocab_size=int(tensors["token_embd.weight"].shape[-1]), dim=dim,
         n_layers=gguf_field(reader, f"{arch}.block_count"), n_heads=n_heads,
         n_kv_heads=gguf_field(reader, f"{arch}.attention.head_count_kv", n_heads),
         ffn_dim=gguf_field(reader, f"{arch}.feed_forward_length"),
+        head_dim=0 if head_dim == dim // n_heads else head_dim,  # 0: dim // n_heads, as before key_length was read
         norm_eps=float(gguf_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
         rope_theta=float(gguf_field(reader, f"{arch}.rope.freq_base", 10000.0)), rope_layout=GGUF_LAYOUTS[arch],
-        max_seq_len=min(int(gguf_field(reader, f"{arch}.context_length", 2048)), 8192),
+        max_seq_len=min(int(gguf_field(reader, f"{arch}.context_length", 2048)), MAX_CONTEXT),
         qkv_bias="blk.0.attn_q.bias" in tensors, tie_embeddings="output.weight" not in tensors,
     )
+    check_all_used(tensors, cfg, "gguf", path.name)  # e.g. Llama 3's rope_freqs.weight (llama3 RoPE scaling)
     done = [0]
 
     def get(name: str) -> torch.Tensor | None:

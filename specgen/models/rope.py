@@ -6,11 +6,21 @@ positions it is given (tree nodes share positions; LlamaGen's condition tokens m
 Layouts of the rotated pairs inside a head of width D:
 - "half": pairs are (x[i], x[i + D/2]) (HF `rotate_half`, NeoX; HF Llama/Qwen2 safetensors, GGUF qwen2).
 - "interleaved": pairs are (x[2i], x[2i+1]) (Meta/gpt-fast, GGUF llama, LlamaGen).
+
+Context extension (`scaling`, a dict as in HF's `rope_parameters`, see `scaled_inv_freq`): "linear",
+"llama3" and "yarn" are static rescalings of the inverse frequencies (yarn also multiplies cos and sin
+by an attention factor), computed with the same float32 operations as transformers so tables agree bit
+for bit. Scalings that depend on the sequence length (dynamic NTK, longrope) are not tables; the HF
+loader (models/llama.py) handles or refuses them.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
+
+SCALINGS = ("linear", "llama3", "yarn")  # the `rope_type`s a table can carry
 
 
 def inv_freq(dim: int, theta: float) -> torch.Tensor:
@@ -18,10 +28,51 @@ def inv_freq(dim: int, theta: float) -> torch.Tensor:
     return 1.0 / (theta ** (torch.arange(0, dim, 2)[: dim // 2].float() / dim))
 
 
-def table_1d(max_pos: int, head_dim: int, theta: float) -> torch.Tensor:
-    """Standard Llama table [max_pos, head_dim/2, 2]."""
-    angles = torch.outer(torch.arange(max_pos).float(), inv_freq(head_dim, theta))
-    return torch.stack([angles.cos(), angles.sin()], dim=-1).float()
+def scaled_inv_freq(dim: int, theta: float, scaling: dict) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies [dim/2] and the cos/sin (attention) factor of a context-extended RoPE.
+
+    `scaling["rope_type"]`:
+    - "linear": positions / factor, i.e. inv_freq / factor.
+    - "llama3": Llama 3.1's frequency-dependent scaling: wavelengths above original / low_freq_factor are
+      divided by `factor`, those below original / high_freq_factor are kept, those between are interpolated.
+    - "yarn": NTK-by-parts (interpolate low frequencies by `factor`, keep high ones, linear ramp between
+      the correction dims of beta_fast/beta_slow) and cos/sin scaled by `attention_factor`.
+    """
+    kind, base = scaling["rope_type"], inv_freq(dim, theta)
+    if kind == "linear":
+        return base / scaling["factor"], 1.0
+    if kind == "llama3":
+        factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+        old = scaling["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / base
+        out = torch.where(wavelen > old / low, base / factor, base)
+        smooth = (old / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * out / factor + smooth * out
+        medium = ~(wavelen < old / high) * ~(wavelen > old / low)
+        return torch.where(medium, smoothed, out), 1.0
+    if kind == "yarn":
+        factor, old = scaling["factor"], scaling["original_max_position_embeddings"]
+
+        def correction_dim(rotations: float) -> float:
+            return (dim * math.log(old / (rotations * 2 * math.pi))) / (2 * math.log(theta))
+
+        low, high = correction_dim(scaling["beta_fast"]), correction_dim(scaling["beta_slow"])
+        if scaling["truncate"]:
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, dim - 1)
+        ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low or 0.001), 0, 1)
+        keep = 1 - ramp  # 1: extrapolate (the original frequency), 0: interpolate (divided by factor)
+        pos_freqs = theta ** (torch.arange(0, dim, 2).float() / dim)
+        return (1.0 / (factor * pos_freqs)) * (1 - keep) + (1.0 / pos_freqs) * keep, scaling["attention_factor"]
+    raise ValueError(f"unknown RoPE scaling {kind!r}; tables support {', '.join(SCALINGS)}")
+
+
+def table_1d(max_pos: int, head_dim: int, theta: float, scaling: dict | None = None) -> torch.Tensor:
+    """Standard Llama table [max_pos, head_dim/2, 2]; `scaling` (see `scaled_inv_freq`) extends its context."""
+    freq, factor = scaled_inv_freq(head_dim, theta, scaling) if scaling else (inv_freq(head_dim, theta), 1.0)
+    angles = torch.outer(torch.arange(max_pos).float(), freq)
+    table = torch.stack([angles.cos(), angles.sin()], dim=-1).float()
+    return table * factor if factor != 1.0 else table
 
 
 def table_2d(grid: int, head_dim: int, theta: float, n_cond: int) -> torch.Tensor:

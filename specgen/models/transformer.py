@@ -1,9 +1,10 @@
 """The one decoder specgen owns: Llama-family blocks over a static KV cache with arbitrary masks.
 
-RMSNorm, SwiGLU, GQA, 1D or LlamaGen-2D RoPE, optional QKV bias (Qwen2), optional cross-attention
-to a condition in every block (mesh decoder). Parameter names follow LlamaGen/gpt-fast
-(`tok_embeddings`, `layers.N.attention.wqkv`, `feed_forward.w1/w2/w3`, `norm`, `output`) so LlamaGen
-checkpoints load directly; HF and GGUF loaders map their names onto these.
+RMSNorm, SwiGLU, GQA, 1D or LlamaGen-2D RoPE (1D optionally context-extended: linear, llama3, yarn),
+optional QKV bias (Qwen2), optional per-head q/k RMSNorm before RoPE (Qwen3), optional cross-attention
+to a condition in every block (mesh decoder); docs/architectures.md lists the HF configs this covers.
+Parameter names follow LlamaGen/gpt-fast (`tok_embeddings`, `layers.N.attention.wqkv`, `feed_forward.w1/w2/w3`,
+`norm`, `output`) so LlamaGen checkpoints load directly; HF and GGUF loaders map their names onto these.
 
 `forward(tokens, positions, cache, tree_mask)` runs S new nodes per row. With a cache they attend to
 the row's committed slots plus the pending nodes allowed by `tree_mask` (causal when None) and their
@@ -26,7 +27,7 @@ from torch import nn
 from specgen.decoding.cache import KVCache
 from specgen.errors import ContextOverflowError
 from specgen.models.attention import invariant_attention, plan
-from specgen.models.rope import apply_rope, table_1d, table_2d
+from specgen.models.rope import SCALINGS, apply_rope, table_1d, table_2d
 
 
 @dataclass(frozen=True)
@@ -51,12 +52,16 @@ class TransformerConfig:
     cross_dim: int = 0  # > 0: cross-attention to a condition of this width in every block
     num_classes: int = 0  # > 0: LlamaGen c2i class embedding (row num_classes = the null class for CFG)
     caption_dim: int = 0  # > 0: LlamaGen t2i caption embedding (n_cond caption features of this width)
+    rope_scaling: dict | None = None  # 1D context extension, as HF's rope_parameters (models/rope.scaled_inv_freq)
+    qk_norm: bool = False  # Qwen3: RMSNorm over each head of q and k (weights [hd]) before RoPE
 
     def __post_init__(self) -> None:
         if self.num_classes and self.caption_dim:
             raise ValueError("a model is class-conditional (num_classes) or text-conditional (caption_dim), not both")
         if self.caption_dim and self.n_cond < 1:
             raise ValueError("a text-conditional model needs n_cond >= 1 caption slots")
+        if self.rope_scaling and (self.rope_grid or self.rope_scaling.get("rope_type") not in SCALINGS):
+            raise ValueError(f"rope_scaling {self.rope_scaling} is not a 1D scaling of {', '.join(SCALINGS)}")
 
     @property
     def hd(self) -> int:
@@ -95,6 +100,9 @@ class Attention(nn.Module):
         self.kv_dim = cfg.n_kv_heads * cfg.hd
         self.wqkv = nn.Linear(cfg.dim, self.q_dim + 2 * self.kv_dim, bias=cfg.qkv_bias)
         self.wo = nn.Linear(self.q_dim, cfg.dim, bias=False)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(cfg.hd, cfg.norm_eps)
+            self.k_norm = RMSNorm(cfg.hd, cfg.norm_eps)
 
     def forward(
         self,
@@ -108,8 +116,11 @@ class Attention(nn.Module):
         b, s, _ = x.shape
         hd, layout = self.cfg.hd, self.cfg.rope_layout
         q, k, v = self.wqkv(x).split([self.q_dim, self.kv_dim, self.kv_dim], dim=-1)
-        q = apply_rope(q.view(b, s, -1, hd).transpose(1, 2), rot, layout)  # [B, H, S, hd]
-        k = apply_rope(k.view(b, s, -1, hd).transpose(1, 2), rot, layout)  # [B, Hkv, S, hd]
+        q, k = q.view(b, s, -1, hd), k.view(b, s, -1, hd)
+        if self.cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = apply_rope(q.transpose(1, 2), rot, layout)  # [B, H, S, hd]
+        k = apply_rope(k.transpose(1, 2), rot, layout)  # [B, Hkv, S, hd]
         v = v.view(b, s, -1, hd).transpose(1, 2)
         if cache is not None:
             k, v = cache.write(layer, k, v)  # [B, Hkv, T, hd]
@@ -240,7 +251,7 @@ def rope_table(cfg: TransformerConfig) -> torch.Tensor:
     """The model's RoPE table [P, hd/2, 2] (float32): 1D over max_seq_len, or LlamaGen 2D."""
     if cfg.rope_grid:
         return table_2d(cfg.rope_grid, cfg.hd, cfg.rope_theta, cfg.n_cond)
-    return table_1d(cfg.max_seq_len, cfg.hd, cfg.rope_theta)
+    return table_1d(cfg.max_seq_len, cfg.hd, cfg.rope_theta, cfg.rope_scaling)
 
 
 class Transformer(nn.Module):

@@ -1,0 +1,248 @@
+"""HF configs load exactly or are refused: for every implemented architecture / RoPE scaling, specgen's logits
+(loaded through the HF folder loader) equal transformers' on the same saved folder, on sequences long enough for
+the scaling to matter; every refused key is named by its one-line error."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from specgen.decoding.loop import decode
+from specgen.decoding.sampling import SamplingParams
+from specgen.decoding.target import ModelTarget
+from specgen.errors import CheckpointError, ContextOverflowError, UsageError
+from specgen.methods.text import EmptyDrafter
+from specgen.models.hf_export import to_hf
+from specgen.models.llama import hf_config, load_hf_folder
+from specgen.models.transformer import Transformer
+
+transformers = pytest.importorskip("transformers")
+
+SHAPE = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, rms_norm_eps=1e-6, rope_theta=100.0, max_position_embeddings=256)
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 32}
+
+
+def hf_model(arch: str, **over):
+    """A random tiny transformers model with large weights (so RoPE differences show in the logits)."""
+    config_cls = getattr(transformers, arch.replace("ForCausalLM", "Config"))
+    cfg = config_cls(**{**SHAPE, **over})
+    cfg.architectures = [arch]
+    torch.manual_seed(0)
+    model = getattr(transformers, arch)(cfg).float().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1 + 0.2 * torch.randn_like(p))
+            else:
+                p.normal_(0, 0.3)
+    return model
+
+
+def load(folder) -> Transformer:
+    cfg, state = load_hf_folder(folder)
+    model = Transformer(cfg)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    assert not unexpected and missing == (["output.weight"] if cfg.tie_embeddings else [])
+    return model.eval()
+
+
+def tokens(n: int) -> torch.Tensor:
+    return torch.randint(0, 64, (1, n), generator=torch.Generator().manual_seed(1))
+
+
+def logits(model, x: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        if isinstance(model, Transformer):
+            return model(x, torch.arange(x.shape[1])[None])[0]
+        return model(x).logits
+
+
+def assert_same(ours, theirs, x):
+    torch.testing.assert_close(logits(ours, x), logits(theirs, x), atol=1e-4, rtol=1e-4)
+
+
+CASES = {  # name -> (architecture, config overrides, sequence length)
+    "llama-head-dim": ("LlamaForCausalLM", dict(head_dim=16), 40),
+    "llama-linear": ("LlamaForCausalLM", dict(rope_scaling={"rope_type": "linear", "factor": 4.0}), 96),
+    "llama3": ("LlamaForCausalLM", dict(rope_scaling=LLAMA3), 96),
+    "llama-yarn": ("LlamaForCausalLM", dict(rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                                          "original_max_position_embeddings": 32}), 96),
+    "llama-yarn-mscale": ("LlamaForCausalLM", dict(rope_scaling={
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32, "mscale": 0.8,
+        "mscale_all_dim": 0.5, "beta_fast": 16, "beta_slow": 2}), 96),
+    "llama-tied": ("LlamaForCausalLM", dict(tie_word_embeddings=True), 40),
+    "qwen2": ("Qwen2ForCausalLM", dict(tie_word_embeddings=True), 64),
+    "qwen3": ("Qwen3ForCausalLM", dict(head_dim=16), 64),
+    "qwen3-llama3-rope": ("Qwen3ForCausalLM", dict(head_dim=8, rope_scaling=LLAMA3), 96),
+    "mistral": ("MistralForCausalLM", dict(sliding_window=None), 64),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_logits_equal_transformers(case, tmp_path):
+    arch, over, n = CASES[case]
+    theirs = hf_model(arch, **over)
+    theirs.save_pretrained(tmp_path)
+    ours = load(tmp_path)
+    assert ours.cfg.max_seq_len == 256
+    assert_same(ours, theirs, tokens(n))
+    assert_same(to_hf(ours), theirs, tokens(n))  # the `hf` benchmark row's export carries the same math
+    if "rope_scaling" in over:  # the scaling matters at this length: unscaled RoPE is visibly wrong
+        plain = Transformer(type(ours.cfg)(**{**ours.cfg.to_dict(), "rope_scaling": None}))
+        plain.load_state_dict(ours.state_dict())
+        assert (logits(plain.eval(), tokens(n)) - logits(theirs, tokens(n))).abs().max() > 1e-2
+
+
+def test_legacy_rope_scaling_key_reads_the_same(tmp_path):
+    """transformers 4.x configs: `rope_scaling` with `type`, `rope_theta` at the top level."""
+    theirs = hf_model("LlamaForCausalLM", rope_scaling=LLAMA3)
+    theirs.save_pretrained(tmp_path)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    legacy = {k: v for k, v in raw.items() if k != "rope_parameters"}
+    legacy["rope_scaling"] = {**{k: v for k, v in LLAMA3.items() if k != "rope_type"}, "type": "llama3"}
+    legacy["rope_theta"] = raw["rope_parameters"]["rope_theta"]
+    assert hf_config(legacy) == hf_config(raw)
+    assert hf_config(raw).rope_scaling["original_max_position_embeddings"] == 32
+
+
+def test_dynamic_ntk_is_exact_within_the_context(tmp_path):
+    """Dynamic NTK changes nothing up to max_position_embeddings, which specgen's context never exceeds."""
+    theirs = hf_model("LlamaForCausalLM", max_position_embeddings=48,
+                      rope_scaling={"rope_type": "dynamic", "factor": 4.0})
+    theirs.save_pretrained(tmp_path)
+    ours = load(tmp_path)
+    assert ours.cfg.max_seq_len == 48 and ours.cfg.rope_scaling is None
+    assert_same(ours, theirs, tokens(48))
+    with pytest.raises(ContextOverflowError):
+        logits(ours, tokens(49))
+
+
+@pytest.mark.parametrize("arch,over", [
+    ("MistralForCausalLM", dict(sliding_window=24)),
+    ("Qwen2ForCausalLM", dict(use_sliding_window=True, sliding_window=24, max_window_layers=1)),
+])
+def test_sliding_window_caps_the_context(arch, over, tmp_path):
+    """Below its window sliding attention is full attention: the context is capped there, longer is refused."""
+    theirs = hf_model(arch, **over)
+    theirs.save_pretrained(tmp_path)
+    ours = load(tmp_path)
+    assert ours.cfg.max_seq_len == 24
+    assert_same(ours, theirs, tokens(24))
+    with pytest.raises(ContextOverflowError):
+        logits(ours, tokens(25))
+
+
+def test_qwen2_window_unused_when_sliding_is_off():
+    raw = {**SHAPE, "architectures": ["Qwen2ForCausalLM"], "use_sliding_window": False, "sliding_window": 16}
+    assert hf_config(raw).max_seq_len == 256
+    raw |= {"use_sliding_window": True, "max_window_layers": 2}  # no layer at or past max_window_layers
+    assert hf_config(raw).max_seq_len == 256
+
+
+def test_context_above_the_cap_is_capped_and_refused_beyond():
+    raw = {**SHAPE, "architectures": ["LlamaForCausalLM"], "max_position_embeddings": 131072}
+    assert hf_config(raw).max_seq_len == 8192
+
+
+def test_greedy_decode_equals_transformers_greedy(tmp_path):
+    """AR through specgen's decode loop (KV cache) on a Llama 3 scaled checkpoint equals transformers' greedy
+    continuation (full forwards)."""
+    theirs = hf_model("LlamaForCausalLM", rope_scaling=LLAMA3)
+    theirs.save_pretrained(tmp_path)
+    ours = load(tmp_path)
+    prompt = tokens(40)
+    got = decode(ModelTarget(ours), EmptyDrafter(), prompt[0].tolist(), 8, SamplingParams()).tokens
+    seq = prompt
+    for _ in range(8):
+        seq = torch.cat([seq, logits(theirs, seq)[:, -1:].argmax(-1)], 1)
+    assert list(got) == seq[0, 40:].tolist()
+
+
+def raw_llama(**over) -> dict:
+    return {**SHAPE, "architectures": ["LlamaForCausalLM"], **over}
+
+
+@pytest.mark.parametrize("over,named", [
+    (dict(hidden_act="gelu"), "hidden_act"),
+    (dict(attention_bias=True), "attention_bias"),
+    (dict(mlp_bias=True), "mlp_bias"),
+    (dict(partial_rotary_factor=0.5), "partial_rotary_factor"),
+    (dict(quantization_config={"quant_method": "fp8"}), "quantization_config"),
+    (dict(rope_scaling={"rope_type": "longrope", "short_factor": [1.0], "long_factor": [2.0]}), "rope_type"),
+    (dict(rope_scaling={"type": "su"}), "rope_type"),
+    (dict(rope_parameters={"full_attention": {"rope_type": "default"}}), "rope_parameters"),
+    (dict(rope_scaling={"rope_type": "linear"}), "factor"),
+    (dict(architectures=["GemmaForCausalLM"]), "GemmaForCausalLM"),
+    (dict(architectures=["Qwen3ForCausalLM"], attention_bias=True), "attention_bias"),
+    (dict(architectures=["Qwen2ForCausalLM"], layer_types=["full_attention", "chunked_attention"]), "layer_types"),
+])
+def test_refusals_name_the_key(over, named):
+    with pytest.raises(UsageError) as err:
+        hf_config(raw_llama(**over))
+    message = str(err.value)
+    assert named in message and "\n" not in message
+
+
+def test_untied_checkpoint_without_head_is_refused(tmp_path):
+    theirs = hf_model("LlamaForCausalLM", tie_word_embeddings=True)
+    theirs.save_pretrained(tmp_path)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**raw, "tie_word_embeddings": False}))
+    with pytest.raises(CheckpointError, match="tie_word_embeddings"):
+        load_hf_folder(tmp_path)
+
+
+def test_tensor_the_model_would_ignore_is_refused(tmp_path):
+    """A Qwen3 checkpoint labelled Qwen2 carries q/k norms a Qwen2 model lacks: refused, not dropped."""
+    theirs = hf_model("Qwen3ForCausalLM", head_dim=8)
+    theirs.save_pretrained(tmp_path)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**raw, "architectures": ["LlamaForCausalLM"]}))
+    with pytest.raises(CheckpointError, match="_norm.weight"):
+        load_hf_folder(tmp_path)
+
+
+@pytest.mark.parametrize("extra", ["rope_freqs", "scaling_type"])
+def test_gguf_llama3_scaling_is_refused(extra, tmp_path):
+    """A Llama 3 GGUF carries its RoPE scaling as rope_freqs.weight (or a scaling type): refused, not ignored."""
+    import numpy as np
+    from gguf import GGUFWriter
+
+    from specgen.models.llama import load_gguf
+
+    path = tmp_path / "tiny.gguf"
+    w = GGUFWriter(str(path), "llama")
+    for key, value in dict(block_count=1, context_length=64, embedding_length=8, feed_forward_length=16,
+                           head_count=2, head_count_kv=2, layer_norm_rms_eps=1e-5, rope_freq_base=10000.0).items():
+        getattr(w, f"add_{key}")(value)
+    if extra == "scaling_type":
+        w.add_string("llama.rope.scaling.type", "linear")
+    w.add_tensor("token_embd.weight", np.zeros((16, 8), dtype=np.float32))
+    if extra == "rope_freqs":
+        w.add_tensor("rope_freqs.weight", np.ones(2, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises((UsageError, CheckpointError), match="rope_freqs.weight|rope.scaling.type"):
+        load_gguf(path)
+
+
+def test_registry_import_keeps_the_math(tmp_path, specgen_home):
+    """`registry import` of a Qwen3 folder with YaRN: the registry entry rebuilds the same model (its config.json
+    carries qk_norm and rope_scaling) and records the checkpoint's own context when specgen's is capped."""
+    from specgen import registry
+    from specgen.importer import import_checkpoint
+
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}
+    theirs = hf_model("Qwen3ForCausalLM", head_dim=8, rope_scaling=yarn, max_position_embeddings=32768)
+    theirs.save_pretrained(tmp_path / "qwen3")
+    entry = import_checkpoint(tmp_path / "qwen3", "tiny-qwen3")
+    assert entry.meta["source_context"] == 32768 and entry.meta["kwargs"]["max_seq_len"] == 8192
+    ours = registry.load_module(registry.find("target/tiny-qwen3")).eval()
+    assert ours.cfg.qk_norm and ours.cfg.rope_scaling["rope_type"] == "yarn"
+    assert_same(ours, theirs, tokens(96))
