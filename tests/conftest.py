@@ -15,6 +15,16 @@ torch.set_num_threads(1)  # tiny models: threads only add spin-waiting (and the 
 needs_onednn = pytest.mark.skipif(not packed_linear.available(), reason="this torch build has no oneDNN")
 
 
+def pytest_collection_modifyitems(config, items):
+    """`gpu` tests (pyproject.toml markers) are skipped on a machine without CUDA, with the reason shown."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU: torch.cuda.is_available() is False here")
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(skip)
+
+
 @pytest.fixture(autouse=True)
 def specgen_home(tmp_path, monkeypatch):
     """Every test gets its own registry home."""

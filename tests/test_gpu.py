@@ -1,0 +1,97 @@
+"""CUDA checks (marker `gpu`: skipped by tests/conftest.py where torch.cuda.is_available() is False).
+
+They run on a GPU node: `pytest -m gpu tests/test_gpu.py`. Greedy comparisons across devices or methods are only
+meaningful where no step is a near-tie; every test first checks on the CPU that each greedy step's top-1 logit
+leads the runner-up by MARGIN (float32 rounding differences between kernels are ~1e-6), so a failure below is a
+real disagreement, not a tie broken differently.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specgen.decoding.loop import decode
+from specgen.decoding.sampling import SamplingParams
+from specgen.decoding.target import ModelTarget
+from specgen.methods.text import EmptyDrafter, JacobiDrafter, NgramDrafter
+from tests.conftest import tiny_model
+
+pytestmark = pytest.mark.gpu
+
+PROMPT = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2]  # repeats, so n-gram drafts get accepted
+NEW = 48
+MARGIN = 1e-3
+
+
+@pytest.fixture(autouse=True)
+def exact_float32_matmuls():
+    """TF32 would round float32 matmuls to 10-bit mantissas on the GPU: keep float32 float32 here."""
+    old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+
+
+def target_on(model: torch.nn.Module, device: str, dtype: torch.dtype = torch.float32) -> ModelTarget:
+    target = ModelTarget(model.to(device=device, dtype=dtype).eval())
+    target.device = device  # the decode loop makes its token tensors there
+    return target
+
+
+def greedy(target: ModelTarget, drafter=None, new: int = NEW):
+    return decode(target, drafter or EmptyDrafter(), PROMPT, new, SamplingParams())
+
+
+def min_margin(model: torch.nn.Module, tokens: list[int]) -> float:
+    """Smallest top-1 minus top-2 logit over the greedy steps that produced `tokens` (CPU, float32)."""
+    target = target_on(model, "cpu")
+    seq = torch.tensor([PROMPT + tokens[:-1]])
+    with torch.inference_mode():
+        hidden = target.prefill(seq, target.new_cache(1, seq.shape[1] + 1)).features  # final normed hidden states
+        logits = model.output(hidden)[0, len(PROMPT) - 1:].float()
+    assert logits.argmax(-1).tolist() == tokens  # the margins are those of the steps that chose `tokens`
+    top = logits.topk(2, dim=-1).values
+    return float((top[:, 0] - top[:, 1]).min())
+
+
+def cpu_reference(seed: int) -> tuple[torch.nn.Module, list[int]]:
+    model = tiny_model(seed)
+    tokens = greedy(target_on(model, "cpu")).tokens
+    assert len(tokens) == NEW
+    assert min_margin(model, tokens) > MARGIN, "near-tie in the reference: pick another seed"
+    return model, tokens
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_ar_greedy_on_cuda_equals_cpu(seed):
+    model, cpu_tokens = cpu_reference(seed)
+    res = greedy(target_on(model, "cuda"))
+    assert res.tokens == cpu_tokens
+
+
+@pytest.mark.parametrize("make", [lambda: NgramDrafter(num_draft=4, max_ngram=3, min_ngram=1),
+                                  lambda: JacobiDrafter(block_size=4, seed=0)], ids=["ngram", "jacobi"])
+def test_lossless_method_on_cuda_equals_ar_on_cuda(make):
+    model, cpu_tokens = cpu_reference(0)
+    target = target_on(model, "cuda")
+    ar = greedy(target)
+    spec = greedy(target, make())
+    assert spec.tokens == ar.tokens == cpu_tokens
+    assert spec.stats.target_forwards <= ar.stats.target_forwards  # drafts were verified, never more forwards
+
+
+def test_bf16_on_cuda_runs():
+    if not torch.cuda.is_bf16_supported():
+        pytest.skip("this GPU has no bfloat16")
+    model = tiny_model(0)
+    target = target_on(model, "cuda", torch.bfloat16)
+    cache = target.new_cache(1, 8)
+    assert cache.k.dtype == torch.bfloat16 and cache.k.device.type == "cuda"
+    res = greedy(target)
+    assert len(res.tokens) == NEW and all(0 <= t < model.cfg.vocab_size for t in res.tokens)
+    seq = torch.tensor([PROMPT], device="cuda")
+    logits = target.prefill(seq, target.new_cache(1, len(PROMPT) + 1)).logits
+    assert logits.device.type == "cuda" and torch.isfinite(logits.float()).all()
+    spec = greedy(target, NgramDrafter(num_draft=4, max_ngram=3, min_ngram=1))
+    assert len(spec.tokens) == NEW  # a lossless method runs in bfloat16 on the GPU too
