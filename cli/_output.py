@@ -25,7 +25,7 @@ def table(title: str, rows: Iterable[dict], columns: list[str], console: Console
     """Render dict rows as a Rich table (missing values show as '-')."""
     t = Table(title=title)
     for c in columns:
-        t.add_column(c, justify="left" if c in ("method", "prompt", "name", "kind", "ref") else "right")
+        t.add_column(c, justify="left" if c in ("method", "prompt", "name", "kind", "ref", "check", "detail") else "right")
     for r in rows:
         t.add_row(*[fmt(r.get(c)) for c in columns])
     console.print(t)

@@ -33,6 +33,8 @@ EPILOG = """examples:
   torchrun --nproc-per-node 2 -m cli.main benchmark --config recipes/tiny/bench-humaneval.yaml --run-dir runs/he
 
   specgen benchmark report runs/he --format json     # the merged table of a finished run folder
+
+  specgen benchmark --config recipes/full/bench-llamagen-c2i-l.yaml --dry-run   # check a GPU recipe here first
 """
 
 SUITES = ("humaneval", "images", "meshes")
@@ -57,10 +59,13 @@ def benchmark(
     append: Annotated[bool, typer.Option("--append", help="Add the rows to the end of an existing --out file.")] = False,
     run_dir: Annotated[Optional[Path], typer.Option(
         "--run-dir", help="Run folder: config, machine and per-item records; rerunning the same command resumes "
-                          "(humaneval suite).")] = None,
+                          "(humaneval and images suites).")] = None,
     shard: Annotated[Optional[str], typer.Option(
         "--shard", help="I/N: measure only shard I of N (0-based; a Slurm array job), into --run-dir. Under "
                         "torchrun/accelerate launch the ranks are the shards.")] = None,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="Check the --config recipe (keys, methods, registry entries and checkpoint shapes, files) "
+                          "without loading a model; exit 1 if a check fails.")] = False,
     seed: SeedOpt = None,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
@@ -74,6 +79,8 @@ def benchmark(
     `specgen benchmark report RUN_DIR` prints the table of a finished --run-dir (shards merged)."""
     if overrides and overrides[0] == "report":  # a subcommand in the overrides' place: no override is a bare word
         return benchmark_runs.report(overrides[1:], fmt, out, append, quiet)
+    if dry_run:
+        return print_dry_run(config, overrides, fmt)
     if methods is not None and not [m for m in methods.split(",") if m.strip()]:
         from specgen.errors import UsageError
 
@@ -86,13 +93,12 @@ def benchmark(
             from specgen.errors import UsageError
 
             raise UsageError(f"--dtype/--quantize are for the humaneval suite for now, not {suite}")
-        if run_dir or shard or append:
+        if suite == "meshes" and (run_dir or shard or append):
             from specgen.errors import UsageError
 
-            raise UsageError(f"--run-dir/--shard/--append are for the humaneval suite for now, not {suite}")
+            raise UsageError("--run-dir/--shard/--append are for the humaneval and images suites for now, not meshes")
         return OTHER_SUITES[suite](**{k: v for k, v in locals().items()
-                                      if k not in ("suite", "batch_size", "dtype", "quantize", "run_dir", "shard",
-                                                   "append")})
+                                      if k not in ("suite", "batch_size", "dtype", "quantize")})
     from specgen.config import load_config
     from specgen.errors import UsageError
     from specgen.eval.text_bench import TextBenchConfig
@@ -108,6 +114,24 @@ def benchmark(
     if cfg.limit < 1 or cfg.offset < 0:
         raise UsageError("--limit must be >= 1 and --offset >= 0")
     benchmark_text.run(cfg, out, append, run_dir, shard, fmt, quiet)
+
+
+def print_dry_run(config: Path | None, overrides: list[str] | None, fmt) -> None:
+    """`--dry-run`: the recipe's checks as a table (or JSON); exit 1 when one fails."""
+    from cli import _output
+    from specgen.errors import UsageError
+    from specgen.eval.dry_run import all_ok, check_recipe
+
+    if config is None:
+        raise UsageError("--dry-run checks a recipe: give it with --config FILE")
+    rows = check_recipe(config, overrides)
+    if fmt == Format.json:
+        _output.emit_json(rows)
+    else:
+        _output.table(f"dry run of {config}", [{**r, "ok": "ok" if r["ok"] else "FAIL"} for r in rows],
+                      ["check", "ok", "detail"], _output.out)
+    if not all_ok(rows):
+        raise typer.Exit(1)
 
 
 def parse_batch_sizes(text: str | None) -> list[int] | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cli import _output
+from cli import _output, benchmark_runs
 from cli._options import Format
 
 COLUMNS = ["method", "temperature", "lossless", "images_per_s", "speedup_vs_ar", "vs_ar_b1", "tau", "d_bar", "nfe",
@@ -12,7 +12,8 @@ COLUMNS = ["method", "temperature", "lossless", "images_per_s", "speedup_vs_ar",
 
 
 def run(overrides=None, methods=None, model=None, limit=None, seed=None, device=None, threads=None, out=None,
-        config=None, fmt=Format.table, quiet=False, offset=None, max_new_tokens=None, **_) -> None:
+        config=None, fmt=Format.table, quiet=False, offset=None, max_new_tokens=None, run_dir=None, shard=None,
+        append=False, **_) -> None:
     """Run the image benchmark; `--limit` is the number of images per method and temperature."""
     from specgen.config import load_config
     from specgen.errors import UsageError
@@ -20,28 +21,54 @@ def run(overrides=None, methods=None, model=None, limit=None, seed=None, device=
     if offset is not None or max_new_tokens is not None:  # refused, not silently ignored
         raise UsageError(f"{'--offset' if offset is not None else '--max-new-tokens'} is not an option of the images "
                          "suite (its images have a fixed number of tokens; --limit is the number of images)")
-    from specgen.eval.image_bench import (ImageBenchConfig, check_image_methods, run_image_benchmark, with_extra_rows,
-                                          write_outputs)
+    from specgen.eval.image_bench import ImageBenchConfig, check_image_methods, items_left, measure_images, with_extra_rows
     from specgen.image.generate import load_image_model
 
     cfg = load_config(ImageBenchConfig, config, overrides, model=model, num=limit, seed=seed, device=device,
                       threads=threads, methods=[m.strip() for m in methods.split(",") if m.strip()] if methods else None)
     check_image_methods(cfg)
-    _output.check_rows_path(out)
-    im = load_image_model(cfg.model, cfg.drafter, cfg.device, need_drafter=any(m != "ar" for m in with_extra_rows(cfg).methods))
-    steps = cfg.num * len(cfg.temperatures)
-    with _output.progress("benchmark images", steps, quiet or fmt == Format.json) as advance:
-        rows, pixels = run_image_benchmark(im, cfg, on_step=lambda: advance())
+    this, launched = benchmark_runs.shard_of(shard, run_dir)
+    _output.check_rows_path(out, append)
+    sink = benchmark_runs.sink_for(run_dir, "images", cfg)
+    if any(items_left(with_extra_rows(cfg), sink.records(), this)):
+        im = load_image_model(cfg.model, cfg.drafter, cfg.device,
+                              need_drafter=any(m != "ar" for m in with_extra_rows(cfg).methods))
+        steps = len([i for i in range(cfg.num) if this.owns(i)]) * len(cfg.temperatures)
+        with _output.progress("benchmark images", steps, quiet or fmt == Format.json) as advance:
+            measure_images(im, cfg, sink, this, on_step=lambda: advance(), machine=_output.machine_label())
+    merged = benchmark_runs.merged_rows(sink, lambda s: rows_and_pixels(cfg, s), this, launched, quiet)
+    if merged is not None:
+        show(*merged, cfg, benchmark_runs.machine_of(sink), fmt, out, append, quiet)
+
+
+def rows_and_pixels(cfg, sink):
+    from specgen.eval.image_bench import image_rows_of
+
+    return image_rows_of(cfg, sink)
+
+
+def report(run, fmt, out: Path | None, append: bool, quiet: bool) -> None:
+    """The rows (and grids, plots) of a finished images run folder."""
+    from specgen.config import load_config
+    from specgen.eval.image_bench import ImageBenchConfig
+
+    cfg = load_config(ImageBenchConfig, **run.config)  # checked like a recipe: a tampered run.json is one line
+    show(*rows_and_pixels(cfg, run), cfg, benchmark_runs.machine_of(run), fmt, out, append, quiet)
+
+
+def show(rows: list[dict], pixels: dict, cfg, machine: str, fmt, out: Path | None, append: bool, quiet: bool) -> None:
+    """Grids and plots into cfg.out_dir, then the rows as JSONL (`--out`), JSON or a table on stdout."""
+    from specgen.eval.image_bench import write_outputs
+
     files = write_outputs(rows, pixels, Path(cfg.out_dir))
-    machine = _output.machine_label()
     for r in rows:
         r["machine"] = machine
-        r["model"] = im.entry.ref
-    _output.write_rows(out, rows)
+        r["model"] = cfg.model
+    _output.write_rows(out, rows, append)
     if fmt == Format.json:
         _output.emit_json(rows)
         return
-    _output.table(f"images: {im.entry.ref}, {cfg.num} images per row, cfg {cfg.cfg_scale} ({machine}); "
+    _output.table(f"images: {cfg.model}, {cfg.num} images per row, cfg {cfg.cfg_scale} ({machine}); "
                   "lantern and vvs rows are LOSSY; clf_fid/class_accuracy use the offline tiny classifier, not Inception",
                   rows, COLUMNS, _output.out)
     if not quiet:

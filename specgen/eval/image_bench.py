@@ -30,14 +30,14 @@ default-setting row (`vvs@u`, `vvs@d`; `mulo-sd` for the tau sweep).
 
 from __future__ import annotations
 
-import statistics
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
 
-from specgen.decoding.stats import DecodeStats
 from specgen.errors import UsageError
+from specgen.eval.image_rows import image_rows, method_of, png_of
+from specgen.eval.run_dir import MemoryRun, Shard
 from specgen.image.captions import Caption
 from specgen.image.generate import ImageGenConfig, ImageModel, conditioned, generate_images, image_conditions
 from specgen.image.methods import build_image_method
@@ -72,11 +72,6 @@ class ImageBenchConfig:
     # method (or method@tag entry) -> {option: value}
     method_options: dict = field(default_factory=lambda: {"vvs@u": {"schedule": "uniform"},
                                                           "vvs@d": {"schedule": "dynamic"}})
-
-
-def method_of(entry: str) -> str:
-    """The method of a benchmark entry `method[@tag]`."""
-    return entry.split("@", 1)[0]
 
 
 def options_of(cfg: ImageBenchConfig, entry: str) -> dict:
@@ -191,117 +186,111 @@ def condition_names(im: ImageModel, conditions: list[int] | list[Caption]) -> di
     return {"classes": [im.classes[c] if c < len(im.classes) else c for c in conditions]}
 
 
-def run_image_benchmark(im: ImageModel, cfg: ImageBenchConfig, on_step=None) -> tuple[list[dict], dict]:
-    """Every method on every (temperature, image) pair; returns rows and pixels per (method, T)."""
-    cfg = with_extra_rows(cfg)
-    check_image_methods(cfg)
-    conditions = bench_conditions(im, cfg)  # [num] class ids or captions, refused before any decoding
-    check_builds(im, cfg, conditions[0])
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    base = ImageGenConfig(model=cfg.model, cfg_scale=cfg.cfg_scale, seed=cfg.seed, device=cfg.device, num=1)
-    # warm-up: one image per method (allocations, neighbour tables)
-    for m in cfg.methods:
-        generate_images(im, replace(base, method=method_of(m), method_options=options_of(cfg, m)),
-                        conditions=conditions[:1])
-    rows, pixels = [], {}
-    for temp in cfg.temperatures:
-        runs: dict[str, list] = {m: [] for m in cfg.methods}
-        for i, cond in enumerate(conditions):
-            for m in cfg.methods:
-                one = replace(base, method=method_of(m), temperature=temp, seed=cfg.seed * 7919 + i,
-                              method_options=options_of(cfg, m))
-                samples, px = generate_images(im, one, conditions=[cond])
-                runs[m].append((samples[0], px[0]))
-            if on_step:
-                on_step()
-        for m, rs in runs.items():
-            pixels[(m, temp)] = torch.stack([p for _, p in rs])
-            rows.append(summarise(im, cfg, m, temp, rs, runs["ar"], conditions))
-        ar_b1 = rows[-len(runs) + list(runs).index("ar")]["images_per_s"] if "ar" in runs else None
-        for b in (b for b in cfg.batch_sizes if b > 1):
-            rows += batched_rows(im, cfg, replace(base, temperature=temp), b, conditions, pixels, ar_b1)
-    if cfg.quality:
-        add_classifier_metrics(cfg, rows, pixels, conditions)
-    return rows, pixels
-
-
-def batched_rows(im: ImageModel, cfg: ImageBenchConfig, base: ImageGenConfig, batch: int,
-                 conditions: list[int] | list[Caption], pixels: dict, ar_b1: float | None) -> list[dict]:
-    """`method@b<B>` rows: every method over all images through B slots (methods one after another); images/s from
-    the batch's wall time, speedup vs `ar` at the same B (`speedup_vs_ar`) and vs batch-1 `ar` (`vs_ar_b1`)."""
-    runs, walls = {}, {}
-    for m in cfg.methods:
-        one = replace(base, method=method_of(m), method_options=options_of(cfg, m), num=len(conditions),
-                      batch_size=batch, seed=cfg.seed)
-        samples, px = generate_images(im, one, conditions=conditions)
-        runs[m] = list(zip(samples, px))
-        walls[m] = max(s.stats.extras["latency_s"] for s in samples)
-    rows = []
-    for m, rs in runs.items():
-        name = f"{m}@b{batch}"
-        pixels[(name, base.temperature)] = torch.stack([p for _, p in rs])
-        row = summarise(im, cfg, m, base.temperature, rs, runs.get("ar", rs), conditions)
-        row.update(method=name, batch_size=batch, images_per_s=len(rs) / walls[m],
-                   speedup_vs_ar=walls.get("ar", walls[m]) / walls[m])
-        if ar_b1:
-            row["vs_ar_b1"] = row["images_per_s"] / ar_b1
-        rows.append(row)
-    return rows
-
-
-def summarise(im: ImageModel, cfg: ImageBenchConfig, method: str, temp: float, rs: list, ar: list,
-              conditions: list[int] | list[Caption]) -> dict:
-    total = DecodeStats()
-    for s, _ in rs:
-        total.merge(s.stats)
-    ratio = [a.stats.wall_time / s.stats.wall_time for (s, _), (a, _) in zip(rs, ar)]
-    row = {
-        "method": method, "temperature": temp, "lossless": get_method(method_of(method)).lossless, "images": len(rs),
-        "speedup_vs_ar": statistics.median(ratio), "tau": total.tau, "d_bar": total.d_bar,
-        "nfe": total.target_forwards, "tpf": total.tpf, "drafter_share": total.drafter_share,
-        "images_per_s": len(rs) / total.wall_time if total.wall_time else 0.0,
-        "exact_match_vs_ar": sum(s.tokens == a.tokens for (s, _), (a, _) in zip(rs, ar)) / len(rs),
-    }
-    if "skipped_steps" in total.extras:  # vvs: target forwards saved by skipped verifications
-        row["skipped_steps"] = int(total.extras["skipped_steps"])
-    if total.extras.get("draft_tokens"):  # mulo-sd: Eq. 5 pass rate and share re-sampled after expansion
-        row["accept_rate"] = total.extras["pass_tokens"] / total.extras["draft_tokens"]
-        row["resampled_share"] = total.extras["resampled_tokens"] / total.extras["draft_tokens"]
-    row.update(condition_names(im, conditions))
-    if cfg.quality:
-        row["nll"] = statistics.fmean(target_nll(im, cfg.cfg_scale, c, s.tokens) for (s, _), c in zip(rs, conditions))
-    return row
-
-
-def add_classifier_metrics(cfg: ImageBenchConfig, rows: list[dict], pixels: dict,
-                           conditions: list[int] | list[Caption]) -> None:
-    """clf-FID and class accuracy from the offline classifier, when it is available (c2i rows only)."""
+def classifier_state(im: ImageModel, cfg: ImageBenchConfig, conditions) -> tuple[object, dict]:
+    """(the offline classifier or None, what the machine file says of it: reference features or why not)."""
+    if not cfg.quality:
+        return None, {}
     if any(isinstance(c, Caption) for c in conditions):
-        for r in rows:
-            r["quality_note"] = "no classifier metrics: t2i images have captions, not class labels"
-        return
+        return None, {"quality_note": "no classifier metrics: t2i images have captions, not class labels"}
     try:
         from specgen import registry
         from specgen.eval import image_metrics
 
         clf = registry.load_module(registry.find(cfg.classifier), cfg.device)
     except Exception as e:  # the classifier is optional: say why it is missing, never fake a number
-        for r in rows:
-            r["quality_note"] = f"no classifier metrics: {str(e).splitlines()[0][:80]}"
-        return
+        return None, {"quality_note": f"no classifier metrics: {str(e).splitlines()[0][:80]}"}
     # reference: unseen train-region crops (seed + 1; seed 0 are the GPT's own training crops)
     ref = image_metrics.reference_features(clf, max(256, 4 * len(conditions)), cfg.seed + 1)
-    y = torch.tensor(conditions)
-    for r in rows:
-        px = pixels[(r["method"], r["temperature"])]
-        feats = image_metrics.image_features(clf, px)
-        if len(feats) >= 2:
-            r["clf_fid"] = image_metrics.fid_from_features(feats, ref)
-        else:  # a Gaussian needs two samples: report what can be computed, mark FID n/a
-            r["clf_fid"] = None
-            r["quality_note"] = "clf_fid n/a: it needs at least 2 images per row (--limit >= 2)"
-        r["class_accuracy"] = image_metrics.class_accuracy(clf, px, y)
+    return clf, {"reference_features": ref.tolist()}
+
+
+@torch.inference_mode()
+def decode_one(im: ImageModel, tokens: list[int]) -> torch.Tensor:
+    """One image's pixels [3, H, W] in [-1, 1] from its tokens (as `generate_images` decodes a batch of one)."""
+    idx = torch.tensor([tokens]).view(1, im.grid, im.grid)
+    return im.vq.decode_indices(idx.to(next(im.vq.parameters()).device)).float().clamp(-1, 1).cpu()[0]
+
+
+def image_record(im: ImageModel, cfg: ImageBenchConfig, sample, pixels: torch.Tensor, cond, clf, shard: Shard) -> dict:
+    """What a record keeps of one image: tokens, statistics, NLL, classifier features and verdict, PNG."""
+    from specgen.eval import image_metrics
+
+    out = {"tokens": sample.tokens, "stats": asdict(sample.stats), "shard": shard.label, "png": png_of(pixels)}
+    if cfg.quality:
+        out["nll"] = target_nll(im, cfg.cfg_scale, cond, sample.tokens)
+    if clf is not None:
+        out["features"] = image_metrics.image_features(clf, pixels[None])[0].tolist()
+        out["correct"] = image_metrics.class_accuracy(clf, pixels[None], torch.tensor([cond])) == 1.0
+    return out
+
+
+def items_left(cfg: ImageBenchConfig, done: dict, shard: Shard) -> tuple[list, list]:
+    """This shard's items without a record: (temperature, image index) and (temperature, batch size, entry)."""
+    mine = [i for i in range(cfg.num) if shard.owns(i)]
+    single = [(t, i) for t in cfg.temperatures for i in mine if f"T{t:g}/i{i}" not in done]
+    batched = [(t, b, m) for t in cfg.temperatures for b in cfg.batch_sizes if b > 1 for m in cfg.methods
+               if mine and f"T{t:g}/b{b}/{m}/{shard.label}" not in done]
+    return single, batched
+
+
+def measure_images(im: ImageModel, cfg: ImageBenchConfig, sink=None, shard: Shard = Shard(), on_step=None,
+                   machine: str = "") -> None:
+    """Decode this shard's images that `sink` has no record of: at batch 1 one (temperature, image) with every
+    method interleaved on it per record, at B > 1 one method over the shard's images per record."""
+    cfg = with_extra_rows(cfg)
+    check_image_methods(cfg)
+    sink = MemoryRun() if sink is None else sink
+    conditions = bench_conditions(im, cfg)  # [num] class ids or captions, refused before any decoding
+    check_builds(im, cfg, conditions[0])
+    single, batched = items_left(cfg, sink.records(), shard)
+    if not single and not batched:
+        return
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    sink.start_shard(shard)
+    clf, quality = classifier_state(im, cfg, conditions)
+    sink.write_machine(shard, {"machine": machine, "conditions": condition_names(im, conditions), **quality})
+    base = ImageGenConfig(model=cfg.model, cfg_scale=cfg.cfg_scale, seed=cfg.seed, device=cfg.device, num=1)
+    # warm-up: one image per method (allocations, neighbour tables)
+    for m in cfg.methods:
+        generate_images(im, replace(base, method=method_of(m), method_options=options_of(cfg, m)),
+                        conditions=conditions[:1])
+    for temp, i in single:  # 1. batch 1: every method on one image, interleaved, then its record
+        runs = {}
+        for m in cfg.methods:
+            one = replace(base, method=method_of(m), temperature=temp, seed=cfg.seed * 7919 + i,
+                          method_options=options_of(cfg, m))
+            samples, px = generate_images(im, one, conditions=[conditions[i]])
+            runs[m] = image_record(im, cfg, samples[0], px[0], conditions[i], clf, shard)
+        sink.append(shard, {"item": f"T{temp:g}/i{i}", "shard": shard.label, "temperature": temp, "index": i,
+                            "runs": runs})
+        if on_step:
+            on_step()
+    mine = [i for i in range(cfg.num) if shard.owns(i)]
+    for temp, b, m in batched:  # 2. batch B: one method over the shard's images through B slots, then its record
+        one = replace(base, method=method_of(m), method_options=options_of(cfg, m), num=len(mine), batch_size=b,
+                      seed=cfg.seed, temperature=temp)
+        samples, _ = generate_images(im, one, conditions=[conditions[i] for i in mine], indices=mine)
+        wall = max(s.stats.extras["latency_s"] for s in samples)
+        # each image's pixels decoded alone, as at batch 1: a VQ decode's rounding depends on its batch
+        runs = [image_record(im, cfg, s, decode_one(im, s.tokens), conditions[i], clf, shard)
+                for s, i in zip(samples, mine)]
+        sink.append(shard, {"item": f"T{temp:g}/b{b}/{m}/{shard.label}", "shard": shard.label, "temperature": temp,
+                            "batch_size": b, "method": m, "indices": mine, "wall": wall, "runs": runs})
+
+
+def image_rows_of(cfg: ImageBenchConfig, sink) -> tuple[list[dict], dict]:
+    """(rows, pixels per (row, temperature)) of a finished run: single-process, or every shard merged."""
+    cfg = with_extra_rows(cfg)
+    return image_rows(sink.records(), list(cfg.methods), cfg.num, list(cfg.temperatures), list(cfg.batch_sizes),
+                      sink.machines())
+
+
+def run_image_benchmark(im: ImageModel, cfg: ImageBenchConfig, on_step=None) -> tuple[list[dict], dict]:
+    """Every method on every (temperature, image) pair in this process; returns rows and pixels per (row, T)."""
+    sink = MemoryRun()
+    measure_images(im, cfg, sink, on_step=on_step)
+    return image_rows_of(cfg, sink)
 
 
 def write_outputs(rows: list[dict], pixels: dict, out_dir: Path) -> list[Path]:

@@ -175,12 +175,14 @@ def test_warnings_never_precede_the_error_line(capsys, monkeypatch):
 
 
 def test_image_benchmark_of_one_image_marks_fid_na():
-    from specgen.eval.image_bench import ImageBenchConfig, add_classifier_metrics
+    from specgen.decoding.stats import DecodeStats
+    from specgen.eval.image_rows import Image, classifier_columns
 
     rows = [{"method": "ar", "temperature": 1.0}]
-    add_classifier_metrics(ImageBenchConfig(num=1), rows, {("ar", 1.0): torch.zeros(1, 3, 64, 64)}, [0])
+    one = Image([1], DecodeStats(), "0-of-1", features=[0.0, 1.0], correct=True)
+    classifier_columns(rows, {("ar", 1.0): [one]}, [[0.0, 0.0], [1.0, 1.0]], None)
     assert rows[0]["clf_fid"] is None and "n/a" in rows[0]["quality_note"]
-    assert rows[0]["class_accuracy"] is not None
+    assert rows[0]["class_accuracy"] == 1.0
 
 
 def test_one_image_benchmark_runs_and_keeps_earlier_grids(tmp_path):

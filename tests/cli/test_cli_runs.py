@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli.test_cli_image import tiny_image  # noqa: F401
 from tests.cli.test_cli_text import invoke, tiny_target  # noqa: F401
 from tests.models.test_quantized_cli import long_tiny_target  # noqa: F401
 
@@ -157,3 +158,28 @@ def test_out_never_replaces_a_file_and_append_adds(long_tiny_target, tmp_path): 
     assert invoke(*args, "--out", out, "--append").exit_code == 0
     lines = out.read_text().splitlines()
     assert lines[0] == "kept" and [json.loads(x)["method"] for x in lines[1:]] == ["ar", "ngram", "jacobi"]
+
+
+IMAGES = ["benchmark", "--suite", "images", "--model", "t-gpt", "--limit", "3", "methods=[ar,adt-tree,lantern]",
+          "temperatures=[0.0,1.0]", "batch_sizes=[1,2]", "classifier=tiny-image-classifier"]
+IMAGE_EXACT = ["method", "temperature", "lossless", "images", "tau", "d_bar", "nfe", "tpf", "exact_match_vs_ar", "nll",
+               "clf_fid", "class_accuracy", "classes"]
+
+
+def test_image_shards_and_torchrun_ranks_give_the_single_process_rows(tiny_image, tmp_path):  # noqa: F811
+    pick = lambda rows: [{k: r.get(k) for k in IMAGE_EXACT} for r in rows]  # noqa: E731
+    single = rows_of(invoke(*IMAGES, f"out_dir={tmp_path / 'one'}", "--format", "json"))
+    assert single[0]["clf_fid"] is not None and len(single) == 12  # 3 methods x 2 temperatures x 2 batch sizes
+    run = tmp_path / "run"
+    assert invoke(*IMAGES, f"out_dir={tmp_path / 'two'}", "--run-dir", run, "--shard", "1/2").exit_code == 0
+    merged = rows_of(invoke(*IMAGES, f"out_dir={tmp_path / 'two'}", "--run-dir", run, "--shard", "0/2",
+                            "--format", "json"))
+    assert pick(merged) == pick(single)
+    assert (tmp_path / "two" / "adt-tree@b2-T1-grid.png").is_file()
+    assert pick(rows_of(invoke("benchmark", "report", str(run), "--format", "json"))) == pick(single)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "cli.main", *IMAGES,
+           f"out_dir={tmp_path / 'three'}", "--run-dir", str(tmp_path / "ranks"), "--format", "json"]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=Path(__file__).parents[2])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert pick(json.loads(done.stdout)) == pick(single)
