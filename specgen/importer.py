@@ -21,9 +21,17 @@ def read_state_file(path: Path) -> dict[str, torch.Tensor]:
 
             state = load_file(str(path))
         else:
-            state = torch.load(str(path), map_location="cpu", weights_only=True)
+            import argparse
+
+            # training scripts (LlamaGen's among them) save their argparse.Namespace beside the weights: a plain
+            # record of options, admitted by name; any other object is still refused by weights_only
+            with torch.serialization.safe_globals([argparse.Namespace]):
+                state = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as e:  # corrupt file, or a pickle with non-tensor objects refused by weights_only
-        raise CheckpointError(f"cannot read {path.name} as a state dict: {str(e).splitlines()[0]}") from None
+        import re
+
+        first = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip().splitlines()[0]  # torch colours its message
+        raise CheckpointError(f"cannot read {path.name} as a state dict: {first}") from None
     for wrapper in ("model", "state_dict", "module"):
         if isinstance(state, dict) and isinstance(state.get(wrapper), dict):
             state = state[wrapper]

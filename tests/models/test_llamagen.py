@@ -174,3 +174,22 @@ def test_registry_import_of_a_llamagen_pt(tmp_path):
     entry = import_checkpoint(path, "llamagen-tiny", builder="llamagen-gpt", kwargs_path=kw)
     model = registry.load_module(entry)
     torch.testing.assert_close(model.output.weight, ckpt["model"]["output.weight"])
+
+
+def test_a_pt_with_its_training_args_imports_and_other_objects_are_refused(tmp_path):
+    """LlamaGen's training scripts save `args` (an argparse.Namespace) beside the weights: admitted by name;
+    any other Python object in the pickle is still refused, in one line without terminal colours."""
+    import argparse
+    from collections import OrderedDict
+
+    from specgen.importer import read_state_file
+
+    ckpt = llamagen_checkpoint()
+    path = tmp_path / "c2i_args.pt"
+    torch.save({**ckpt, "args": argparse.Namespace(gpt_model="GPT-B", image_size=256)}, path)
+    assert set(read_state_file(path)) == set(ckpt["model"])
+    bad = tmp_path / "c2i_other.pt"
+    torch.save({**ckpt, "sampler": OrderedDict, "hook": print}, bad)
+    with pytest.raises(CheckpointError, match="cannot read c2i_other.pt as a state dict") as err:
+        read_state_file(bad)
+    assert "\x1b" not in str(err.value) and "\n" not in str(err.value)
