@@ -59,7 +59,7 @@ def benchmark(
     append: Annotated[bool, typer.Option("--append", help="Add the rows to the end of an existing --out file.")] = False,
     run_dir: Annotated[Optional[Path], typer.Option(
         "--run-dir", help="Run folder: config, machine and per-item records; rerunning the same command resumes "
-                          "(humaneval and images suites).")] = None,
+                          "(every suite).")] = None,
     shard: Annotated[Optional[str], typer.Option(
         "--shard", help="I/N: measure only shard I of N (0-based; a Slurm array job), into --run-dir. Under "
                         "torchrun/accelerate launch the ranks are the shards.")] = None,
@@ -93,10 +93,6 @@ def benchmark(
             from specgen.errors import UsageError
 
             raise UsageError(f"--dtype/--quantize are for the humaneval suite for now, not {suite}")
-        if suite == "meshes" and (run_dir or shard or append):
-            from specgen.errors import UsageError
-
-            raise UsageError("--run-dir/--shard/--append are for the humaneval and images suites for now, not meshes")
         return OTHER_SUITES[suite](**{k: v for k, v in locals().items()
                                       if k not in ("suite", "batch_size", "dtype", "quantize")})
     from specgen.config import load_config

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from cli import _output
+from pathlib import Path
+
+from cli import _output, benchmark_runs
 from cli._options import Format
 
 COLUMNS = ["row", "rule", "cd", "hd", "valid_rate", "scr", "step_latency_ms", "tokens_per_s", "meshes_per_s", "speedup_vs_ar", "vs_ar_b1",
@@ -10,21 +12,46 @@ COLUMNS = ["row", "rule", "cd", "hd", "valid_rate", "scr", "step_latency_ms", "t
 
 
 def run(overrides=None, methods=None, model=None, limit=None, offset=None, max_new_tokens=None, threads=None,
-        out=None, seed=None, device=None, config=None, fmt=Format.table, quiet=False, **_) -> None:
+        out=None, seed=None, device=None, config=None, fmt=Format.table, quiet=False, run_dir=None, shard=None,
+        append=False, **_) -> None:
     """Run the mesh benchmark; `--methods` picks table rows (ar, mlp, mlp+lora, ca, ca+lora)."""
     from specgen.config import load_config
-    from specgen.eval.mesh_bench import MeshBenchConfig, run_mesh_benchmark
+    from specgen.eval.mesh_bench import MeshBenchConfig, items_left, measure_meshes, variants
 
     rows = [m.strip() for m in methods.split(",") if m.strip()] if methods else None
     cfg = load_config(MeshBenchConfig, config, overrides, model=model, limit=limit, offset=offset,
                       max_new_tokens=max_new_tokens, threads=threads, seed=seed, device=device, rows=rows)
-    _output.check_rows_path(out)
-    with _output.progress("benchmark meshes", cfg.limit, quiet or fmt == Format.json) as advance:
-        result = run_mesh_benchmark(cfg, on_mesh=lambda i: advance())
-    machine = _output.machine_label()
+    labels = [v.label for v in variants(cfg)]  # bad rows or options: one line before anything is written
+    this, launched = benchmark_runs.shard_of(shard, run_dir)
+    _output.check_rows_path(out, append)
+    sink = benchmark_runs.sink_for(run_dir, "meshes", cfg)
+    if any(items_left(cfg, labels, sink.records(), this)):
+        with _output.progress("benchmark meshes", cfg.limit, quiet or fmt == Format.json) as advance:
+            measure_meshes(cfg, sink, this, on_mesh=lambda i: advance(), machine=_output.machine_label())
+    result = benchmark_runs.merged_rows(sink, lambda s: rows_of(cfg, s), this, launched, quiet)
+    if result is not None:
+        show(result, cfg, benchmark_runs.machine_of(sink), fmt, out, append)
+
+
+def rows_of(cfg, sink) -> list[dict]:
+    from specgen.eval.mesh_bench import mesh_rows_of
+
+    return mesh_rows_of(cfg, sink)
+
+
+def report(run, fmt, out: Path | None, append: bool, quiet: bool) -> None:
+    """The rows of a finished meshes run folder."""
+    from specgen.config import load_config
+    from specgen.eval.mesh_bench import MeshBenchConfig
+
+    cfg = load_config(MeshBenchConfig, **run.config)  # checked like a recipe: a tampered run.json is one line
+    show(rows_of(cfg, run), cfg, benchmark_runs.machine_of(run), fmt, out, append)
+
+
+def show(result: list[dict], cfg, machine: str, fmt, out: Path | None, append: bool) -> None:
     for r in result:
         r["machine"] = machine
-    _output.write_rows(out, result)
+    _output.write_rows(out, result, append)
     if fmt == Format.json:
         _output.emit_json(result)
     else:

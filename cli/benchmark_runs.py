@@ -53,12 +53,12 @@ def machine_of(sink) -> str:
 
 def report(args: list[str], fmt, out: Path | None, append: bool, quiet: bool) -> None:
     """`specgen benchmark report RUN_DIR`: the table of a finished run folder (also one copied from a cluster)."""
-    from cli import benchmark_image, benchmark_text
+    from cli import benchmark_image, benchmark_mesh, benchmark_text
 
     if len(args) != 1:
         raise UsageError("usage: specgen benchmark report RUN_DIR [--format json] [--out FILE [--append]]")
     run = RunDir.existing(Path(args[0]))
-    printers = {"humaneval": benchmark_text.report, "images": benchmark_image.report}
+    printers = {"humaneval": benchmark_text.report, "images": benchmark_image.report, "meshes": benchmark_mesh.report}
     if run.suite not in printers:
         raise UsageError(f"{run.path} holds a {run.suite} run; report reads {', '.join(printers)} runs")
     _output.check_rows_path(out, append)

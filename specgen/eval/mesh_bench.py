@@ -23,7 +23,7 @@ SCR x (AR step latency / step latency).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -31,6 +31,7 @@ import torch
 
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.stats import DecodeStats
+from specgen.eval.run_dir import MemoryRun, Shard
 from specgen.mesh.procedural import ProceduralSpec, generate_mesh, split_seeds
 
 
@@ -128,78 +129,149 @@ def tolerant_mesh(tokens: list[int]):
     return (c.vertices, c.faces) if len(c.faces) else None
 
 
-def run_mesh_benchmark(cfg: MeshBenchConfig, on_mesh: Callable[[int], None] | None = None) -> list[dict]:
-    """Every variant on every test mesh; returns one summary row per variant (AR first)."""
-    from specgen.errors import UsageError
+def mesh_run(res, ref, shard: Shard) -> dict:
+    """What a record keeps of one decoded mesh: token count, statistics, strict validity, CD/HD (tolerant decode)."""
     from specgen.mesh.generate import decode_tokens
     from specgen.mesh.metrics import mesh_distances
+
+    out = {"tokens": len(res.tokens), "stats": asdict(res.stats), "valid": not decode_tokens(res.tokens)[2],
+           "cd": None, "hd": None, "shard": shard.label}
+    mesh = tolerant_mesh(res.tokens)
+    if mesh is not None:
+        d = mesh_distances(mesh[0], mesh[1], ref.vertices, ref.faces)
+        out.update(cd=d.chamfer, hd=d.hausdorff)
+    return out
+
+
+def items_left(cfg: MeshBenchConfig, labels: list[str], done: dict, shard: Shard) -> tuple[list[int], list]:
+    """This shard's items without a record: mesh indices (batch 1) and (batch size, row label) pairs."""
+    mine = [i for i in range(cfg.limit) if shard.owns(i)]
+    single = [i for i in mine if f"m{i}" not in done]
+    batched = [(b, v) for b in cfg.batch_sizes if b > 1 for v in labels if mine and f"b{b}/{v}/{shard.label}" not in done]
+    return single, batched
+
+
+def measure_meshes(cfg: MeshBenchConfig, sink=None, shard: Shard = Shard(), on_mesh: Callable[[int], None] | None = None,
+                   machine: str = "") -> None:
+    """Decode this shard's meshes that `sink` has no record of: one record per mesh with every row interleaved on
+    it (batch 1), or per row over the shard's point clouds through B slots."""
+    from specgen.errors import UsageError
     from specgen.methods.xspecmesh import MeshDecoder, load_mesh
 
     if cfg.limit < 1 or cfg.offset < 0:
         raise UsageError("--limit must be >= 1 and --offset >= 0")
+    sink = MemoryRun() if sink is None else sink
+    vs = variants(cfg)
+    single, batched = items_left(cfg, [v.label for v in vs], sink.records(), shard)
+    if not single and not batched:
+        return
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    sink.start_shard(shard)
     params = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
-    vs = variants(cfg)
     loaded = {h: load_mesh(cfg.model, h, cfg.device) for h in dict.fromkeys(v.heads for v in vs)}
     ar = loaded[None] if None in loaded else load_mesh(cfg.model, None, cfg.device)
     decoders = {v.label: MeshDecoder(loaded[v.heads].decoder.model, None, loaded[v.heads].decoder.eos_id) if v.plain
                 else loaded[v.heads].decoder for v in vs}
     max_tokens = token_budget(ar.decoder.model, ar.target.meta, cfg.num_heads, cfg.max_new_tokens)
     clouds = benchmark_clouds(ar.target.meta, cfg.limit, cfg.offset, cfg.device)
-    refs = reference_distances([ref for ref, _ in clouds])
+    sink.write_machine(shard, {"machine": machine, "references": reference_distances([ref for ref, _ in clouds])})
 
     def streams(i: int) -> tuple[torch.Generator, torch.Generator]:
         return torch.Generator().manual_seed(cfg.seed + i), torch.Generator().manual_seed(10_000_019 + cfg.seed + i)
 
-    def record(a: dict, res, ref) -> None:
-        a["stats"].merge(res.stats)
-        a["tokens"] += len(res.tokens)
-        a["valid"] += not decode_tokens(res.tokens)[2]
-        mesh = tolerant_mesh(res.tokens)
-        if mesh is not None:
-            d = mesh_distances(mesh[0], mesh[1], ref.vertices, ref.faces)
-            a["cd"].append(d.chamfer)
-            a["hd"].append(d.hausdorff)
-
-    acc = {v.label: new_acc() for v in vs}
-    for i, (ref, pc) in enumerate(clouds):
-        for v in vs:
-            record(acc[v.label], decoders[v.label].generate(pc, params, max_tokens, v.opts, *streams(i)), ref)
+    for i in single:  # 1. batch 1: every row on one point cloud, interleaved, then its record
+        ref, pc = clouds[i]
+        runs = {v.label: mesh_run(decoders[v.label].generate(pc, params, max_tokens, v.opts, *streams(i)), ref, shard)
+                for v in vs}
+        sink.append(shard, {"item": f"m{i}", "shard": shard.label, "index": i, "runs": runs})
         if on_mesh:
             on_mesh(i)
-    rows = summarize(cfg, vs, acc, loaded)
-    for batch in (b for b in cfg.batch_sizes if b > 1):  # every variant over all clouds through B slots
-        acc = {v.label: new_acc() for v in vs}
-        for v in vs:
-            gens, dgens = zip(*(streams(i) for i in range(len(clouds))))
-            results = decoders[v.label].generate_batch([pc for _, pc in clouds], params, max_tokens, v.opts, gens,
-                                                       dgens, batch)
-            for (ref, _), res in zip(clouds, results):
-                record(acc[v.label], res, ref)
-            acc[v.label]["wall"] = max(r.stats.extras["latency_s"] for r in results)
-        rows += batched_rows(summarize(cfg, vs, acc, loaded), acc, batch, rows)
-    return [{**r, **refs} for r in rows]
+    mine = [i for i in range(cfg.limit) if shard.owns(i)]
+    by_label = {v.label: v for v in vs}
+    for b, label in batched:  # 2. batch B: one row over the shard's point clouds through B slots, then its record
+        v = by_label[label]
+        gens, dgens = zip(*(streams(i) for i in mine))
+        results = decoders[label].generate_batch([clouds[i][1] for i in mine], params, max_tokens, v.opts, gens,
+                                                 dgens, b)
+        sink.append(shard, {"item": f"b{b}/{label}/{shard.label}", "shard": shard.label, "batch_size": b,
+                            "row": label, "indices": mine, "wall": max(r.stats.extras["latency_s"] for r in results),
+                            "runs": [mesh_run(r, clouds[i][0], shard) for r, i in zip(results, mine)]})
 
 
-def new_acc() -> dict:
-    return {"stats": DecodeStats(), "cd": [], "hd": [], "valid": 0, "tokens": 0}
+def mesh_rows_of(cfg: MeshBenchConfig, sink) -> list[dict]:
+    """One summary row per variant (AR first), batched rows after; a run with missing items is refused."""
+    from specgen.eval.run_dir import RunNotFinished
+
+    vs, records = variants(cfg), sink.records()
+    labels = [v.label for v in vs]
+    gone = sum(f"m{i}" not in records for i in range(cfg.limit))
+    for b in (b for b in cfg.batch_sizes if b > 1):
+        for label in labels:
+            have = {i for k, r in records.items() if k.startswith(f"b{b}/{label}/") for i in r["indices"]}
+            gone += cfg.limit - len(have & set(range(cfg.limit)))
+    if gone:
+        raise RunNotFinished(f"the run is not finished: {gone} of its meshes have no record yet "
+                             "(rerun the same command, or wait for the other shards)")
+    info = next(iter(sink.machines().values()))
+    runs = {label: [records[f"m{i}"]["runs"][label] for i in range(cfg.limit)] for label in labels}
+    rows = summarize(cfg, vs, runs)
+    for b in (b for b in cfg.batch_sizes if b > 1):
+        runs, walls = {}, {}
+        for label in labels:
+            by_index, walls[label] = {}, {}
+            for key, rec in sorted(records.items()):
+                if key.startswith(f"b{b}/{label}/"):
+                    for i, run in zip(rec["indices"], rec["runs"]):
+                        by_index.setdefault(i, run)
+                    walls[label][rec["shard"]] = rec["wall"]
+            runs[label] = [by_index[i] for i in range(cfg.limit)]
+        rows += batched_rows(summarize(cfg, vs, runs), runs, walls, b, rows)
+    return [{**r, **info["references"]} for r in rows]
 
 
-def batched_rows(rows: list[dict], acc: dict, batch: int, single: list[dict]) -> list[dict]:
-    """`ROW@bB` rows: tokens/s and meshes/s over the batch's wall time (not the sum of per-mesh latencies), speedup
-    vs AR at the same B and vs batch-1 AR (`vs_ar_b1`); step latency is a per-sequence measure and left out."""
+def run_mesh_benchmark(cfg: MeshBenchConfig, on_mesh: Callable[[int], None] | None = None) -> list[dict]:
+    """Every variant on every test mesh in this process; returns one summary row per variant (AR first)."""
+    sink = MemoryRun()
+    measure_meshes(cfg, sink, on_mesh=on_mesh)
+    return mesh_rows_of(cfg, sink)
+
+
+def batched_rows(rows: list[dict], runs: dict, walls: dict, batch: int, single: list[dict]) -> list[dict]:
+    """`ROW@bB` rows: tokens/s and meshes/s over each shard's wall time (not the sum of per-mesh latencies; summed
+    over shards, which run side by side), speedup vs AR at the same B and vs batch-1 AR (`vs_ar_b1`), per shard and
+    weighted by its meshes; step latency is a per-sequence measure and left out."""
+    ar_label = next((r["row"] for r in rows if r["heads"] is None), None)
+
+    def shard_rate(label: str, s: str) -> float:
+        return sum(x["tokens"] for x in runs[label] if x["shard"] == s) / walls[label][s]
+
+    def b1_rate(s: str) -> float:  # batch-1 AR tokens/s on shard s
+        xs = [x for x in runs[ar_label] if x["shard"] == s]
+        return sum(x["tokens"] for x in xs) / sum(stats_of(x).wall_time for x in xs) if xs else 0.0
+
+    def weighted(label: str, value) -> float:
+        parts = [(value(s), sum(x["shard"] == s for x in runs[label])) for s in walls[label]]
+        return sum(v * n for v, n in parts) / sum(n for _, n in parts)
+
     ar_b1 = next((r for r in single if r["heads"] is None), None)
     for r in rows:
-        a = acc[r["row"]]
-        r.update(row=f"{r['row']}@b{batch}", batch_size=batch, wall_s=round(a["wall"], 2),
-                 tokens_per_s=round(a["tokens"] / a["wall"], 2), meshes_per_s=round(r["meshes"] / a["wall"], 3),
-                 step_latency_ms=None, speedup_scr_lat=None)
-    ar = next((r for r in rows if r["heads"] is None), None)
-    for r in rows:
-        r["speedup_vs_ar"] = round(r["tokens_per_s"] / ar["tokens_per_s"], 3) if ar else None
-        r["vs_ar_b1"] = round(r["tokens_per_s"] / ar_b1["tokens_per_s"], 3) if ar_b1 else None
+        label = r["row"]
+        wall = max(walls[label].values())
+        r.update(row=f"{label}@b{batch}", batch_size=batch, wall_s=round(wall, 2),
+                 tokens_per_s=round(sum(shard_rate(label, s) for s in walls[label]), 2),
+                 meshes_per_s=round(sum(sum(x["shard"] == s for x in runs[label]) / w for s, w in walls[label].items()), 3),
+                 step_latency_ms=None, speedup_scr_lat=None,
+                 speedup_vs_ar=round(weighted(label, lambda s: shard_rate(label, s) / shard_rate(ar_label, s)), 3)
+                 if ar_label else None,
+                 vs_ar_b1=None)
+        if ar_b1 is not None and ar_label:
+            r["vs_ar_b1"] = round(weighted(label, lambda s: shard_rate(label, s) / b1_rate(s)), 3)
     return rows
+
+
+def stats_of(run: dict) -> DecodeStats:
+    return DecodeStats(**run["stats"])
 
 
 def benchmark_clouds(meta: dict, limit: int, offset: int = 0, device: str = "cpu") -> list[tuple[object, torch.Tensor]]:
@@ -243,23 +315,27 @@ def rule_label(opts) -> str:
     return opts.label() + ("" if opts.lossless else " (lossy)")
 
 
-def summarize(cfg: MeshBenchConfig, vs: list[Variant], acc: dict, loaded: dict) -> list[dict]:
-    """One row per variant with the metrics of the module docstring."""
+def summarize(cfg: MeshBenchConfig, vs: list[Variant], runs: dict[str, list[dict]]) -> list[dict]:
+    """One row per variant with the metrics of the module docstring (runs: label -> records in mesh order)."""
     rows = []
     for v in vs:
-        a, st = acc[v.label], acc[v.label]["stats"]
+        xs, st = runs[v.label], DecodeStats()
+        for x in xs:
+            st.merge(stats_of(x))
+        cd, hd = [x["cd"] for x in xs if x["cd"] is not None], [x["hd"] for x in xs if x["hd"] is not None]
+        tokens = sum(x["tokens"] for x in xs)
         decode_s = st.wall_time - st.times.get("prefill", 0.0)
         rows.append({
             "method": "ar" if v.heads is None or v.plain else "xspecmesh", "row": v.label, "heads": v.heads,
             "rule": "lossless" if v.heads is None or v.plain else rule_label(v.opts),
-            "meshes": cfg.limit, "scored": len(a["cd"]),
-            "cd": round(float(np.mean(a["cd"])), 4) if a["cd"] else None,
-            "hd": round(float(np.mean(a["hd"])), 4) if a["hd"] else None,
-            "valid_rate": round(a["valid"] / cfg.limit, 3),
+            "meshes": cfg.limit, "scored": len(cd),
+            "cd": round(float(np.mean(cd)), 4) if cd else None,
+            "hd": round(float(np.mean(hd)), 4) if hd else None,
+            "valid_rate": round(sum(x["valid"] for x in xs) / cfg.limit, 3),
             "scr": round(st.tau, 3) if st.steps else 1.0,
             "step_latency_ms": round(1000 * decode_s / max(st.steps, 1), 3),
-            "tokens_per_s": round(a["tokens"] / st.wall_time, 2) if st.wall_time else 0.0,
-            "mean_tokens": round(a["tokens"] / cfg.limit, 1), "wall_s": round(st.wall_time, 2),
+            "tokens_per_s": round(tokens / st.wall_time, 2) if st.wall_time else 0.0,
+            "mean_tokens": round(tokens / cfg.limit, 1), "wall_s": round(st.wall_time, 2),
             "meshes_per_s": round(cfg.limit / st.wall_time, 3) if st.wall_time else 0.0, "batch_size": 1,
             "nfe": st.target_forwards,
             # where a step's time goes (propose = heads + sampling, verify = the backbone forward)
@@ -267,8 +343,16 @@ def summarize(cfg: MeshBenchConfig, vs: list[Variant], acc: dict, loaded: dict) 
                                   for k, t in sorted(st.times.items()) if k != "prefill"},
         })
     ar = next((r for r in rows if r["heads"] is None), None)
+
+    def rate(label: str, s: str) -> float:  # tokens/s of a row on shard s
+        xs = [x for x in runs[label] if x["shard"] == s]
+        return sum(x["tokens"] for x in xs) / sum(stats_of(x).wall_time for x in xs)
+
     for r in rows:
-        r["speedup_vs_ar"] = round(r["tokens_per_s"] / ar["tokens_per_s"], 3) if ar and ar["tokens_per_s"] else None
+        shards = sorted({x["shard"] for x in runs[r["row"]]})  # per-shard tokens/s ratios, weighted by meshes
+        r["speedup_vs_ar"] = (round(sum(rate(r["row"], s) / rate(ar["row"], s) * sum(x["shard"] == s for x in
+                                                                                     runs[r["row"]]) for s in shards)
+                                    / cfg.limit, 3) if ar and ar["tokens_per_s"] else None)
         r["speedup_scr_lat"] = (round(r["scr"] * ar["step_latency_ms"] / r["step_latency_ms"], 3)
                                 if ar and r["step_latency_ms"] else None)
         r["cd_vs_ar"] = round(r["cd"] / ar["cd"], 3) if ar and ar["cd"] and r["cd"] is not None else None

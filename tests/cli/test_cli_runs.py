@@ -183,3 +183,16 @@ def test_image_shards_and_torchrun_ranks_give_the_single_process_rows(tiny_image
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=Path(__file__).parents[2])
     assert done.returncode == 0, done.stderr[-2000:]
     assert pick(json.loads(done.stdout)) == pick(single)
+
+
+def test_mesh_shards_give_the_single_process_rows(tmp_path):
+    args = ["benchmark", "--suite", "meshes", "--limit", "3", "--max-new-tokens", "120", "rows=[ar,ca+lora]",
+            "deltas=[0.3]", "topk_accept=[]", "tree_k=[]", "depths=[]", "batch_sizes=[1,2]", "--format", "json"]
+    keep = ["row", "rule", "meshes", "scored", "cd", "hd", "valid_rate", "scr", "mean_tokens", "nfe", "cd_vs_ar"]
+    pick = lambda rows: [{k: r.get(k) for k in keep} for r in rows]  # noqa: E731
+    single = rows_of(invoke(*args))
+    assert [r["row"] for r in single] == ["ar", "ca+lora", "ca+lora p>0.3", "ar@b2", "ca+lora@b2", "ca+lora p>0.3@b2"]
+    run = tmp_path / "run"
+    assert invoke(*args, "--run-dir", run, "--shard", "0/2").stdout == ""
+    assert pick(rows_of(invoke(*args, "--run-dir", run, "--shard", "1/2"))) == pick(single)
+    assert pick(rows_of(invoke("benchmark", "report", str(run), "--format", "json"))) == pick(single)
