@@ -35,7 +35,9 @@ POSITIVE_BY_CLASS = {"DistillConfig": {"temperature"}}  # a KL temperature divid
 MAX_INT = 2 ** 62  # beyond this torch's int64 arithmetic (seed + i, sizes) overflows
 MAX_SAMPLES = 100_000  # images/meshes per command (`num`)
 MAX_THREADS = 4096
-AUTO_DEVICE = {"DistillConfig"}  # configs whose device may be "auto"
+# configs whose device may be "auto" (cuda when present, else cpu): their commands resolve it (specgen/devices.py)
+# before any tensor is made; a config not named here takes cpu, cuda, cuda:N or mps only
+AUTO_DEVICE = {"DistillConfig", "TextGenConfig", "ImageGenConfig", "MeshGenConfig", "CollectConfig"}
 
 
 def check_config(cfg: Any) -> None:
@@ -133,25 +135,10 @@ def check_list_number(key: str, v: float) -> None:
 
 
 def check_device(device: str, allow_auto: bool = False) -> None:
-    """A torch device string that exists on this machine (cpu, cuda, cuda:N, mps); "auto" where the command
-    lets a library pick (distill hands it to accelerate)."""
-    import torch
+    """`specgen.devices.check_device` (the one device check; imported here lazily: torch loads on first use)."""
+    from specgen.devices import check_device as check
 
-    if device == "auto" and allow_auto:
-        return
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, ValueError):
-        raise UsageError(f"unknown device {device!r}; use cpu, cuda, cuda:N or mps") from None
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise UsageError(f"device {device!r}: no CUDA GPU is available to this torch; use --device cpu")
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise UsageError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
-    elif dev.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        raise UsageError(f"device {device!r}: MPS is not available here; use --device cpu")
-    elif dev.type not in ("cpu", "cuda", "mps"):
-        raise UsageError(f"unsupported device {device!r}; use cpu, cuda, cuda:N or mps")
+    check(device, allow_auto)
 
 
 def check_method_options(cfg: Any) -> None:

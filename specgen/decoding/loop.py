@@ -15,7 +15,6 @@ masks); outputs are returned in input order whatever order rows finish in. `deco
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -31,6 +30,7 @@ from specgen.decoding.sampling import SamplingParams, logits_to_probs, pick
 from specgen.decoding.stats import DecodeStats
 from specgen.decoding.target import Target
 from specgen.decoding.verify import verify_batch
+from specgen.devices import now
 
 Rule = Callable[[Draft, torch.Tensor, SamplingParams, "torch.Generator | None"], Verdict]
 
@@ -129,12 +129,12 @@ def decode_batch(
     pool = make_drafter if hasattr(make_drafter, "admit") else EachRow(make_drafter)
     pool.open(width, max_len)
     queue, slots, results = deque(range(len(prompts))), [], [None] * len(prompts)
-    total, t0 = DecodeStats(), time.perf_counter()
+    total, t0 = DecodeStats(), now(device)  # CUDA: after queued work (devices.now)
 
     def admit(i: int, slot: int) -> Row:
         """0. prefill prompt i into `slot` (its own rows of the cache) and pick its first token."""
         row = Row(i, list(prompts[i]), generators[i])
-        with timed([total, row.stats, *live()], "prefill"):
+        with timed([total, row.stats, *live()], "prefill", device):
             rows = range(slot * branches, (slot + 1) * branches)
             for r in rows:
                 cache.rollback(r, 0)
@@ -145,7 +145,7 @@ def decode_batch(
             row.out.append(pick(first.logits[0, -1], params, row.generator))
         total.target_forwards += 1
         row.stats.target_forwards += 1
-        with timed([row.stats], "propose"):
+        with timed([row.stats], "propose", device):
             pool.admit(slot, i, row.prompt, first)
         row.done = len(row.out) >= max_new_tokens or hit_stop(row.out, stop_ids)
         return row
@@ -156,7 +156,7 @@ def decode_batch(
     def finish(row: Row) -> None:
         row.out = truncate(row.out, max_new_tokens, stop_ids)
         row.stats.new_tokens = len(row.out)
-        row.stats.extras["latency_s"] = time.perf_counter() - t0  # queueing included
+        row.stats.extras["latency_s"] = now(device) - t0  # queueing included
         results[row.index] = DecodeResult(row.out, row.stats)
         if on_done:
             on_done(row.index)
@@ -167,22 +167,22 @@ def decode_batch(
             break
         n = len(slots)
         stats = [total] + [r.stats for r in slots]
-        with timed(stats, "propose"):  # 1. propose: the pool drafts for every live row
+        with timed(stats, "propose", device):  # 1. propose: the pool drafts for every live row
             cap = budget.cap(n)
             drafts = pool.propose([r.prompt + r.out for r in slots],
                                   [min(cap, max_new_tokens - len(r.out) - 1) for r in slots], [r.stats for r in slots])
-        with timed(stats, "verify"):  # 2. verify every live row in one forward
+        with timed(stats, "verify", device):  # 2. verify every live row in one forward
             view = cache.rows(0, n * branches)
             batch = verify_batch([r.out[-1] for r in slots], drafts, view.lengths[::branches], device)
             out = target.forward(batch.tokens, batch.positions, view, batch.tree_mask)
-        with timed(stats, "accept"):  # 3. accept per row, each with its own generator stream
+        with timed(stats, "accept", device):  # 3. accept per row, each with its own generator stream
             if rule is judge and params.greedy:  # one device-to-host copy for the whole batch, not one per row
                 argmax = out.logits.argmax(-1).tolist()  # [n][S]
                 verdicts = [accept_greedy(d, argmax[i][: batch.sizes[i]]) for i, d in enumerate(drafts)]
             else:
                 verdicts = [rule(d, out.logits[i, : batch.sizes[i]], params, r.generator)
                             for i, (r, d) in enumerate(zip(slots, drafts))]
-        with timed(stats, "commit"):  # 4. commit root + accepted path on every branch row of each sequence
+        with timed(stats, "commit", device):  # 4. commit root + accepted path on every branch row of each sequence
             for i, v in enumerate(verdicts):
                 keep = [0] + [j + 1 for j in v.path]
                 for r in range(i * branches, (i + 1) * branches):
@@ -190,7 +190,7 @@ def decode_batch(
             cache.absorb(view, 0)
         total.target_forwards += 1
         total.steps += 1
-        with timed(stats, "propose"):  # 5. update the drafters; rows that finished leave
+        with timed(stats, "propose", device):  # 5. update the drafters; rows that finished leave
             pool.on_accept(drafts, verdicts, out, batch.sizes, branches)
             ended = getattr(pool, "finished", lambda slot: False)
             for i, (r, d, v) in enumerate(zip(slots, drafts, verdicts)):
@@ -239,16 +239,19 @@ def refill(slots: list[Row], queue: deque, admit, cache: KVCache, branches: int,
 
 
 class timed:
-    """Add the wall time of a block to phase `phase` of every stats object given (each row lives through it)."""
+    """Add the wall time of a block to phase `phase` of every stats object given (each row lives through it).
 
-    def __init__(self, stats: list[DecodeStats], phase: str) -> None:
-        self.stats, self.phase = stats, phase
+    On a GPU kernels run asynchronously: the clock is read after `device`'s queued work is done (`devices.now`),
+    so a phase is charged for its own kernels, not for launching them (a no-op on cpu)."""
+
+    def __init__(self, stats: list[DecodeStats], phase: str, device=None) -> None:
+        self.stats, self.phase, self.device = stats, phase, device
 
     def __enter__(self) -> None:
-        self.t0 = time.perf_counter()
+        self.t0 = now(self.device)
 
     def __exit__(self, *exc) -> None:
-        dt = time.perf_counter() - self.t0
+        dt = now(self.device) - self.t0
         for s in self.stats:
             s.times[self.phase] = s.times.get(self.phase, 0.0) + dt
 

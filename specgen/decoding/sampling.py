@@ -69,9 +69,17 @@ def _filtered_top(values: torch.Tensor, indices: torch.Tensor, logits: torch.Ten
     return torch.zeros_like(logits).scatter(-1, indices, p)
 
 
+def on_generator(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """`probs` on the generator's device: seeded streams are CPU generators, and a draw from CUDA probabilities with
+    one would fail; the same stream then gives the same draws on every device (a no-op on cpu)."""
+    if generator is None or generator.device == probs.device:
+        return probs
+    return probs.to(generator.device)
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     """Draw one token id from probs [V]."""
-    return int(torch.multinomial(probs, 1, generator=generator))
+    return int(torch.multinomial(on_generator(probs, generator), 1, generator=generator))
 
 
 def sample_rows(probs: torch.Tensor, generator: torch.Generator | None) -> list[int]:
@@ -82,6 +90,7 @@ def sample_rows(probs: torch.Tensor, generator: torch.Generator | None) -> list[
     does not rise at them, and a uniform rounded up to the total falls back to the row's last
     positive id.
     """
+    probs = on_generator(probs, generator)
     cdf = probs.float().cumsum(-1)  # [R, V]
     u = torch.rand(probs.shape[0], 1, generator=generator, device=probs.device) * cdf[:, -1:]  # [R, 1]
     idx = torch.searchsorted(cdf, u, right=True)[:, 0].clamp_max(probs.shape[-1] - 1)  # [R]

@@ -8,9 +8,10 @@ Definitions (used everywhere in specgen):
 
 from __future__ import annotations
 
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+
+from specgen.devices import now
 
 
 @dataclass
@@ -29,12 +30,14 @@ class DecodeStats:
     extras: dict[str, float] = field(default_factory=dict)  # method-specific counters
 
     @contextmanager
-    def timed(self, phase: str):
-        t0 = time.perf_counter()
+    def timed(self, phase: str, device=None):
+        """Add the block's wall time to `phase`; on a GPU the clock is read after its queued kernels finish
+        (`devices.now`; device None = the CUDA device in use, if any)."""
+        t0 = now(device)
         try:
             yield
         finally:
-            self.times[phase] = self.times.get(phase, 0.0) + time.perf_counter() - t0
+            self.times[phase] = self.times.get(phase, 0.0) + now(device) - t0
 
     def record_step(self, draft_size: int, depth: int, accepted: int) -> None:
         self.steps += 1

@@ -1,0 +1,138 @@
+"""Devices and dtypes of every command that runs a model: one parser, one check, and clocks that are honest on GPUs.
+
+- `check_device(spec)` / `resolve_device(spec)`: "auto" (cuda when this torch sees a GPU, else cpu), "cpu", "cuda",
+  "cuda:N" (and "mps" where present); anything else, or a device this machine lacks, is a one-line UsageError.
+- `resolve_dtype(name, device)`: "float32" | "bfloat16" | "float16" -> torch dtype (None = float32).
+- `synchronize(device)` and `now(device)`: CUDA kernels run asynchronously, so a wall clock read right after a
+  forward measures the launch, not the work; `now` waits for the device first (a no-op on cpu).
+
+Library code takes device strings ("cpu", "cuda:0"); a loader passes them through `resolve_device` so that "auto"
+works everywhere. The CPU-only parts (the packed weight layout, `models/layout.py`, and its kernel measurement,
+`models/kernel_choice.py`) are applied only when `is_cpu` says so.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import torch
+
+from specgen.errors import UsageError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DEVICE_HELP = "use cpu, cuda, cuda:N or auto"
+
+
+def cuda_available() -> bool:
+    return torch.cuda.is_available()
+
+
+def check_device(device: str, allow_auto: bool = True) -> None:
+    """A torch device string that exists on this machine (cpu, cuda, cuda:N, mps), or "auto" (when allowed)."""
+    if device == "auto":
+        if allow_auto:
+            return
+        raise UsageError(f"device 'auto' is not accepted here; {DEVICE_HELP.replace(' or auto', '')}")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise UsageError(f"unknown device {device!r}; {DEVICE_HELP}") from None
+    if dev.type == "cuda":
+        if not cuda_available():
+            raise UsageError(f"device {device!r}: no CUDA GPU is available to this torch; use --device cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise UsageError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    elif dev.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise UsageError(f"device {device!r}: MPS is not available here; use --device cpu")
+    elif dev.type not in ("cpu", "cuda", "mps"):
+        raise UsageError(f"unsupported device {device!r}; {DEVICE_HELP}")
+
+
+def resolve_device(spec: str | torch.device | None = "auto") -> torch.device:
+    """The torch.device for `spec` ("auto"/None/"" = cuda when available, else cpu); a missing one is a UsageError."""
+    if isinstance(spec, torch.device):
+        spec = str(spec)
+    spec = (spec or "auto").strip().lower()
+    if spec == "auto":
+        return torch.device("cuda") if cuda_available() else torch.device("cpu")
+    check_device(spec)
+    return torch.device(spec)
+
+
+def device_name(spec: str | torch.device | None) -> str:
+    """`resolve_device` as the string configs and loaders carry ("cpu", "cuda", "cuda:1")."""
+    return str(resolve_device(spec))
+
+
+def cpu_only(spec: str | None, command: str) -> torch.device:
+    """The device of a command that runs on the CPU only (the trainers of draft heads and up-samplers): None and
+    "auto" are cpu; a missing device is the usual one-line refusal, and a present GPU a one-line refusal too
+    (rather than training on the CPU while the user thinks it is the GPU)."""
+    if spec in (None, "", "auto"):
+        return torch.device("cpu")
+    dev = resolve_device(spec)
+    if dev.type != "cpu":
+        raise UsageError(f"{command} trains on the CPU only for now; use --device cpu (or leave --device out)")
+    return dev
+
+
+def is_cpu(device: str | torch.device | None) -> bool:
+    """Whether `device` (a string, torch.device, or None = cpu) is the CPU: the packed layout applies only there."""
+    return device is None or torch.device(device).type == "cpu"
+
+
+def module_device(module: torch.nn.Module) -> torch.device:
+    """The device of a module's first parameter or buffer (cpu for a module without any)."""
+    for t in module.parameters():
+        return t.device
+    for t in module.buffers():
+        return t.device
+    return torch.device("cpu")
+
+
+@functools.lru_cache(maxsize=1)
+def native_float16_cpu() -> bool:
+    """Whether this CPU has native float16 kernels (oneDNN's float16 path: AVX512-FP16 or AVX-NE-CONVERT).
+
+    Without them torch still runs float16 on the CPU, by conversion, and slowly: a [4, 576] x [576, 2048] product
+    took 387 us in float16 vs 200 float32 and 80 bfloat16 on this project's AMD EPYC (one thread), and oneDNN's
+    packed layout refuses float16 there. A speed toolkit refuses that rather than run 5x slower than bfloat16."""
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(8, 8, dtype=torch.float16), 16)
+        return True
+    except (RuntimeError, AttributeError, NotImplementedError):
+        return False
+
+
+def resolve_dtype(name: str | None, device: str | torch.device | None = "cpu") -> torch.dtype:
+    """float32 (None) | bfloat16 | float16 -> torch dtype, checked against the device it will run on."""
+    if name is None or name == "":
+        return torch.float32
+    if name not in DTYPES:
+        raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}, got {name!r}")
+    if name == "float16" and is_cpu(device) and not native_float16_cpu():
+        raise UsageError("float16 needs a CUDA device (this CPU has no native float16 kernels); use bfloat16 on CPU")
+    return DTYPES[name]
+
+
+def synchronize(device: str | torch.device | None = None) -> None:
+    """Wait until `device`'s queued kernels are done: cuda/cuda:N and mps wait, cpu returns at once. None = the
+    current CUDA device if this process has used CUDA at all (so library timers are honest without knowing the
+    device), else nothing."""
+    if device is None:
+        if torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+        return
+    dev = torch.device(device)
+    if dev.type == "cuda" and torch.cuda.is_initialized():
+        torch.cuda.synchronize(dev)
+    elif dev.type == "mps" and hasattr(torch, "mps"):
+        torch.mps.synchronize()
+
+
+def now(device: str | torch.device | None = None) -> float:
+    """`time.perf_counter()` after `device` finished its queued work (`synchronize`): read it before and after a timed
+    block. On cpu it is `time.perf_counter()`."""
+    synchronize(device)
+    return time.perf_counter()
