@@ -61,6 +61,11 @@ def distinct(linears: list) -> list:
     return list({id(lin.weight): lin for lin in linears}.values())
 
 
+def cpu_packable(w: torch.Tensor) -> bool:
+    """The measurement times CPU kernels (MKL vs oneDNN): only CPU weights of a packable dtype are ever measured."""
+    return w.device.type == "cpu" and w.dtype in (torch.float32, torch.bfloat16)
+
+
 def pinned_min_rows() -> int | None:
     """`SPECGEN_PACKED_MIN_ROWS` as a positive int, None when unset."""
     from specgen.errors import UsageError
@@ -138,6 +143,8 @@ class KernelChoice:
         if key not in _MEASURED:
             linears = [ref() for ref in self._linears]
             if not linears or any(lin is None for lin in linears):
+                return FALLBACK_MIN_ROWS
+            if not all(cpu_packable(lin.weight) for lin in linears):  # CPU kernels only: never timed on a GPU
                 return FALLBACK_MIN_ROWS
             _MEASURED[key] = time_passes(linears).min_rows
         return _MEASURED[key]

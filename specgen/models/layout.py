@@ -50,6 +50,15 @@ def layout_name() -> str:
     return name
 
 
+def applies_to(module: nn.Module) -> bool:
+    """Whether the CPU layout applies: only to a module whose weights live on the CPU. Column-major storage and the
+    oneDNN-packed copies are CPU kernel choices (MKL GEMV vs oneDNN GEMM), measured on this CPU; a model on cuda
+    keeps PyTorch's layout and cuBLAS picks its own kernels (fence: `specgen/devices.py`, tests/test_devices.py)."""
+    from specgen.devices import is_cpu, module_device
+
+    return is_cpu(module_device(module))
+
+
 @torch.no_grad()
 def decode_layout(module: nn.Module, layout: str | None = None) -> nn.Module:
     """Re-store every CPU Linear weight of `module` column-major (in place; ties stay ties) and, for the
@@ -58,7 +67,7 @@ def decode_layout(module: nn.Module, layout: str | None = None) -> nn.Module:
     from specgen.models.quantize import prepare_kernels
 
     prepare_kernels(module)  # int4 layers: their kernel copies now (any layout)
-    if layout == "row":
+    if layout == "row" or not applies_to(module):
         return module
     for lin in module.modules():
         if isinstance(lin, nn.Linear) and lin.weight.device.type == "cpu" and lin.weight.stride(0) != 1:

@@ -45,6 +45,12 @@ def available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
+def packable(w: torch.Tensor) -> bool:
+    """Whether oneDNN's packed CPU kernel may take this weight: on the CPU and float32/bfloat16. The packed layout is
+    a CPU layout: a weight on cuda (or any other device) is never packed or measured (`specgen/devices.py`)."""
+    return w.device.type == "cpu" and w.dtype in PACKABLE
+
+
 class PackedLinear(nn.Linear):
     """nn.Linear (same parameters, same state dict) that sends products of >= `min_rows` rows to oneDNN."""
 
@@ -58,8 +64,11 @@ class PackedLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., in] -> [..., out]
         w = self.weight
-        if (x.numel() < self.min_rows * self.in_features or x.dtype != w.dtype or w.dtype not in PACKABLE
-                or x.device.type != "cpu" or (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))):
+        # CPU only: the device and dtype are checked before `min_rows`, whose first read measures the kernels on
+        # this CPU (a model moved to a GPU after packing must never run, or measure, oneDNN's CPU kernels)
+        if (x.device.type != "cpu" or w.device.type != "cpu" or x.dtype != w.dtype or w.dtype not in PACKABLE
+                or (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))
+                or x.numel() < self.min_rows * self.in_features):
             return F.linear(x, w, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight(), self.bias, "none", [], "")
 
@@ -102,8 +111,8 @@ def pack_linears(module: nn.Module, min_rows: int | None = None) -> nn.Module:
     size, ram = linear_bytes(module), ram_bytes()
     if ram and size > MAX_MEMORY_SHARE * ram:
         return module
-    linears = [lin for lin in module.modules()
-               if type(lin) in (nn.Linear, PackedLinear) and lin.weight.device.type == "cpu"]
+    linears = [lin for lin in module.modules()  # CPU weights of a packable dtype only (float16 needs AVX512-FP16)
+               if type(lin) in (nn.Linear, PackedLinear) and packable(lin.weight)]
     if not linears:
         return module
     choice = KernelChoice(linears, min_rows or pinned_min_rows())
