@@ -34,7 +34,8 @@ class ImageGenConfig:
     top_k: int = 0
     top_p: float = 1.0
     seed: int = 0
-    device: str = "cpu"
+    device: str = "cpu"  # cpu | cuda | cuda:N | auto (specgen/devices.py)
+    dtype: str = "float32"  # float32 | bfloat16 | float16: the GPT's and drafter's weights, activations, KV cache
     out_dir: str = "specgen-images"
     batch_size: int = 1  # images decoded together (B images x the CFG pair per forward; continuous batching)
     method_options: dict = field(default_factory=dict)
@@ -61,12 +62,22 @@ class ImageModel:
         return ImageParts(self.model, cfg_target(self.model, cfg_scale, caption), self.drafter_net, codebook, self.grid)
 
 
-def load_image_model(name: str, drafter: str = "", device: str = "cpu", need_drafter: bool = True) -> ImageModel:
-    """Target + VQ (+ drafter), with compatibility checks (codebook size, drafter parent)."""
+def load_image_model(name: str, drafter: str = "", device: str = "cpu", need_drafter: bool = True,
+                     dtype: str | None = None) -> ImageModel:
+    """Target + VQ (+ drafter), with compatibility checks (codebook size, drafter parent).
+
+    `device`: cpu, cuda, cuda:N or auto. `dtype` (float32 | bfloat16 | float16; None = float32) is the GPT's and the
+    EAGLE drafter's: weights, activations and KV cache (the cache follows the weights). The VQ decoder stays float32
+    (it runs once per image, after decoding, on integer codes); accept rules read the logits in float32
+    (`decoding/sampling.py`), so a lossless method equals AR of the same dtype token for token."""
+    from specgen.devices import device_name, resolve_dtype
+
+    device = device_name(device)
+    torch_dtype = resolve_dtype(dtype, device)
     entry = registry.find(name)
     if entry.meta.get("modality") != "image":
         raise UsageError(f"{entry.ref} is not an image model")
-    model = decode_layout(registry.load_module(entry, device))
+    model = decode_layout(registry.load_module(entry, device, torch_dtype))
     if not entry.meta.get("vq"):
         raise UsageError(f"{entry.ref} records no VQ decoder; import it with --vq NAME "
                          "(specgen registry import ... --builder llamagen-gpt --vq NAME)")
@@ -80,7 +91,7 @@ def load_image_model(name: str, drafter: str = "", device: str = "cpu", need_dra
     if need_drafter and drafter:
         d_entry = registry.find(drafter)
         registry.check_pair(d_entry, entry)
-        net = decode_layout(registry.load_module(d_entry, device))
+        net = decode_layout(registry.load_module(d_entry, device, torch_dtype))
     grid = int(entry.meta.get("grid") or model.cfg.rope_grid)
     return ImageModel(entry, model, vq, list(entry.meta.get("classes", [])), grid, net)
 
@@ -164,9 +175,11 @@ class ImageSample:
 
 
 def generate_images(im: ImageModel, cfg: ImageGenConfig, on_done=None,
-                    conditions: list[int] | list[Caption] | None = None) -> tuple[list[ImageSample], torch.Tensor]:
+                    conditions: list[int] | list[Caption] | None = None,
+                    indices: list[int] | None = None) -> tuple[list[ImageSample], torch.Tensor]:
     """Decode the images of `conditions` (default `image_conditions(im, cfg)`); returns samples and decoded
-    pixels [N, 3, H, W] in [-1, 1]."""
+    pixels [N, 3, H, W] in [-1, 1]. Image j samples from seed `cfg.seed * 100003 + indices[j]` (default: j), so a
+    shard decoding some images of a run draws each from the seed the whole run gives it."""
     spec = get_method(cfg.method)
     if not spec.runs_on("image"):
         raise UsageError(f"method {cfg.method} is for {spec.modality}, not images")
@@ -180,7 +193,7 @@ def generate_images(im: ImageModel, cfg: ImageGenConfig, on_done=None,
     n_tokens = im.grid * im.grid
     if cfg.batch_size < 1:
         raise UsageError(f"batch-size must be >= 1, got {cfg.batch_size}")
-    seeds = [torch.Generator().manual_seed(cfg.seed * 100_003 + i) for i in range(len(conditions))]
+    seeds = [torch.Generator().manual_seed(cfg.seed * 100_003 + i) for i in (indices or range(len(conditions)))]
     # one CFG target for every image (c2i: the class is the prompt; t2i: the prompt names a caption of the target)
     parts = im.parts(cfg.cfg_scale, list(conditions) if im.text_conditional else None)
     prompts = [parts.target.prompt(i) for i in range(len(conditions))] if im.text_conditional else \

@@ -36,6 +36,7 @@ class CFGTarget:
         self.vocab_size = model.cfg.vocab_size
         self.null_class = model.cfg.num_classes
         self.device = model.tok_embeddings.weight.device
+        self.dtype = model.tok_embeddings.weight.dtype  # caption features arrive float32: cast to the model's dtype
 
     @property
     def guided(self) -> bool:
@@ -111,7 +112,7 @@ class CaptionCFGTarget(CFGTarget):
             raise ValueError(f"a t2i prefill takes {n} condition positions, got {tokens.shape[1]}")
         emb = self.model.cls_embedding
         caption = self.captions[int(tokens[0, 0])]
-        captions = caption.features.to(self.device)[None]  # [1, n, C]
+        captions = caption.features.to(self.device, self.dtype)[None]  # [1, n, C]
         if self.guided:
             captions = torch.cat([captions, emb.uncond_embedding[None].to(captions)])  # [2, n, C]
         valid = caption.valid.to(self.device)[None].expand(b, n)  # [b, n]

@@ -35,7 +35,8 @@ class MeshGenConfig:
     top_k: int = 50
     top_p: float = 0.95
     seed: int = 0
-    device: str = "cpu"
+    device: str = "cpu"  # cpu | cuda | cuda:N | auto (specgen/devices.py)
+    dtype: str = "float32"  # float32 | bfloat16 | float16: backbone's and heads' weights, activations, KV cache
     mesh_format: str = "obj"  # with --out-dir: obj | ply | stl | off | glb
     preview: bool = False  # with --out-dir: also a PNG per mesh
     batch_size: int = 1  # point clouds decoded together (continuous batching on the shared loop)
@@ -166,6 +167,26 @@ def decode_tokens(tokens: list[int]) -> tuple[np.ndarray | None, np.ndarray | No
     return c.vertices, c.faces, "", c.degenerate_removed, c.duplicate_removed
 
 
+def load_mesh_model(target: str | None = None, heads: str | None = None, device: str = "cpu",
+                    dtype: str | None = None):
+    """`methods.xspecmesh.load_mesh` on `device` (cpu, cuda, cuda:N or auto) in `dtype` (float32 | bfloat16 |
+    float16; None = float32): the backbone's and the heads' weights, activations and KV cache (the cache follows
+    the weights; point clouds are cast on entry, `mesh/target.py`). A LoRA adapter is merged in float32 first.
+    Accept rules read logits in float32 (`decoding/sampling.py`): lossless XSpecMesh equals AR of the same dtype."""
+    from specgen.devices import device_name, resolve_dtype
+    from specgen.methods.xspecmesh import load_mesh
+    from specgen.models.layout import decode_layout
+
+    device = device_name(device)
+    torch_dtype = resolve_dtype(dtype, device)
+    loaded = load_mesh(target, heads, device)
+    if torch_dtype != torch.float32:
+        decode_layout(loaded.decoder.model.to(torch_dtype))  # re-measured for the new dtype's kernels
+        if loaded.decoder.heads is not None:
+            loaded.decoder.heads.to(torch_dtype)
+    return loaded
+
+
 def generate_meshes(loaded, conds: list[Condition], cfg: MeshGenConfig, opts, on_done=None) -> list[MeshSample]:
     """Decode every condition with `loaded.decoder` (heads present = xspecmesh, absent = ar)."""
     from specgen.decoding.sampling import SamplingParams
@@ -178,7 +199,10 @@ def generate_meshes(loaded, conds: list[Condition], cfg: MeshGenConfig, opts, on
         raise UsageError(f"batch-size must be >= 1, got {cfg.batch_size}")
     gens = [torch.Generator().manual_seed(cfg.seed + i) for i in range(len(conds))]
     draft_gens = [torch.Generator().manual_seed(10_000_019 + cfg.seed + i) for i in range(len(conds))]
-    results = loaded.decoder.generate_batch([torch.from_numpy(c.points).to(cfg.device) for c in conds], params,
+    from specgen.devices import device_name
+
+    device = device_name(cfg.device)  # "auto" -> cuda or cpu
+    results = loaded.decoder.generate_batch([torch.from_numpy(c.points).to(device) for c in conds], params,
                                             max_tokens, opts, gens, draft_gens, cfg.batch_size, on_done)
     out = []
     for c, res in zip(conds, results):

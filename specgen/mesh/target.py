@@ -23,6 +23,7 @@ class MeshTarget:
         self.model, self.clouds = model, clouds
         self.vocab_size = model.vocab_size
         self.device = model.start.device
+        self.dtype = model.start.dtype  # clouds arrive as float32: the encoder runs in the model's dtype
         self.conditions: dict[int, torch.Tensor] = {}  # cloud index -> condition [1, M, cross_dim]
 
     def new_cache(self, batch: int, max_len: int) -> KVCache:
@@ -32,7 +33,7 @@ class MeshTarget:
     def prefill(self, tokens: torch.Tensor, cache: KVCache) -> TargetOut:
         """tokens [1, 1] = the cloud's index; logits [1, 1, V] of mesh token 1, features [1, 1, dim] (the start's h)."""
         i = int(tokens[0, 0])
-        cond = self.model.encode(self.clouds[i].to(self.device).unsqueeze(0))
+        cond = self.model.encode(self.clouds[i].to(self.device, self.dtype).unsqueeze(0))
         self.conditions[i] = cond
         logits, hidden = self.model.prefill(cache, cond)  # [1, V], [1, dim]
         return TargetOut(logits[:, None], hidden[:, None])

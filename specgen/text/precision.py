@@ -7,12 +7,13 @@ import shutil
 import torch
 
 from specgen import registry
+from specgen.devices import DTYPES  # float32 | bfloat16 | float16: one table for every modality
 from specgen.errors import IncompatibleError, UsageError
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 QUANTIZE = ("int8", "int4")
 SUFFIXES = {"f32": ("dtype", "float32"), "float32": ("dtype", "float32"), "bf16": ("dtype", "bfloat16"),
-            "bfloat16": ("dtype", "bfloat16"), "int8": ("quantize", "int8"), "int4": ("quantize", "int4")}
+            "bfloat16": ("dtype", "bfloat16"), "f16": ("dtype", "float16"), "float16": ("dtype", "float16"),
+            "int8": ("quantize", "int8"), "int4": ("quantize", "int4")}
 
 
 def split_name(name: str) -> tuple[str, str | None, str | None]:

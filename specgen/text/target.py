@@ -33,15 +33,22 @@ def load_text_model(name: str, device: str = "cpu", progress=None, decode: bool 
     with the adapter merged into the weights (no run-time cost). `decode` stores the weights in the
     decode layout (`models/layout.py`); training callers pass False.
 
-    Precision (`text/precision.py`): `dtype` "float32" | "bfloat16" (weights, activations, KV cache) and
+    `device`: cpu, cuda, cuda:N or auto (`specgen/devices.py`); quantized targets run on cpu only (their kernels).
+    Precision (`text/precision.py`): `dtype` "float32" | "bfloat16" | "float16" (weights, activations, KV cache) and
     `quantize` None | "int8" | "int4" (weight-only; bfloat16 activations), or a `+bf16` / `+int8` / `+int4`
     suffix on `name`. A quantized target is computed once from the float32 weights and stored as a derived
     registry entry (`<name>-int8`), which later loads read directly; naming that entry loads it as well.
     """
+    from specgen.devices import device_name, is_cpu, resolve_dtype
     from specgen.text import precision as prec
 
+    device = device_name(device)
     asked = prec.split_name(name)[1] or dtype
     name, dtype, quantize = prec.resolve(name, dtype, quantize)
+    resolve_dtype(dtype, device)  # float16 where this CPU cannot run it: one line
+    if quantize and not is_cpu(device):
+        raise UsageError(f"--quantize {quantize} uses CPU kernels (torch's int8/int4 pack matmuls); use --device cpu, "
+                         f"or --dtype bfloat16 on {device}")
     entry = registry.find(name, progress)
     if entry.meta.get("quantized"):  # a stored quantized entry named directly; the tokenizer is its base's
         base = prec.check_quantized_entry(entry, quantize, progress)

@@ -61,7 +61,8 @@ class CollectConfig:
     max_new_tokens: int = 128
     chat: bool = True
     seed: int = 0
-    device: str = "cpu"
+    device: str = "cpu"  # cpu | cuda | cuda:N | auto
+    dtype: str = "float32"  # float32 | bfloat16 | float16: the target's weights, activations and KV cache
     threads: int = 0
     shard_every: int = 8  # prompts per shard file (the unit of resumption)
     batch_size: int = 1  # prompts decoded together (within a shard's prompts; changes no record)
@@ -259,7 +260,7 @@ def collect(cfg: CollectConfig, out: Path, on_prompt: Callable[[int, int, float]
     texts, source, fingerprint = load_prompt_texts(cfg)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    tm = load_text_model(cfg.model, cfg.device, progress)
+    tm = load_text_model(cfg.model, cfg.device, progress, dtype=cfg.dtype)
     meta = {"target": tm.entry.ref, "tokenizer_hash": tokenizer_hash(tm.tokenizer), "block_size": cfg.block_size,
             "max_new_tokens": cfg.max_new_tokens, "prompt_source": source, "prompt_fingerprint": fingerprint,
             "chat": cfg.chat, "vocab_size": tm.target.vocab_size, "offset": cfg.offset, "seed": cfg.seed,

@@ -244,7 +244,7 @@ def test_precision_names_and_options_resolve(name, dtype, quantize, want):
 
 @pytest.mark.parametrize("name,dtype,quantize,match", [
     ("m", None, "int5", "--quantize must be one of"),
-    ("m", "float16", None, "--dtype must be one of"),
+    ("m", "float64", None, "--dtype must be one of"),
     ("m", "float32", "int8", "runs bfloat16 activations"),
     ("m+int8", None, "int4", "contradicts the model name"),
     ("m+fp8", None, None, "unknown precision suffix"),

@@ -35,7 +35,7 @@ def test_generate_quantized_is_lossless_and_stored_once(tiny_target, quantize): 
 @pytest.mark.parametrize("extra,needle", [
     (["--quantize", "int5"], "--quantize must be one of"),
     (["--quantize", "int8", "--dtype", "float32"], "runs bfloat16 activations"),
-    (["--dtype", "float16"], "--dtype must be one of"),
+    (["--dtype", "float64"], "--dtype must be one of"),
 ])
 def test_bad_precision_is_one_line_exit_2(tiny_target, extra, needle):  # noqa: F811
     r = invoke(*GEN, *extra)
