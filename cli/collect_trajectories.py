@@ -9,7 +9,7 @@ import typer
 
 from cli import _output
 from cli._errors import command
-from cli._options import ConfigOpt, DeviceOpt, Format, FormatOpt, ModelOpt, OverridesArg, QuietOpt, SeedOpt
+from cli._options import ConfigOpt, DeviceOpt, DtypeOpt, Format, FormatOpt, ModelOpt, OverridesArg, QuietOpt, SeedOpt
 
 EPILOG = """examples:
 
@@ -24,7 +24,7 @@ EPILOG = """examples:
 
 
 #: Settings a resumed collection must keep (the rest, such as --limit, may grow or change).
-RESUME_STRICT = ("prompts", "prompt_field", "block_size", "max_new_tokens", "chat")  # the target: checked on load
+RESUME_STRICT = ("prompts", "prompt_field", "block_size", "max_new_tokens", "chat", "dtype")  # the target: checked on load
 
 
 @command
@@ -41,6 +41,7 @@ def collect_trajectories(
     merge: Annotated[bool, typer.Option("--merge", help="Only merge the shards of every rank into merged/train.parquet.")] = False,
     seed: SeedOpt = None,
     device: DeviceOpt = None,
+    dtype: DtypeOpt = None,
     config: ConfigOpt = None,
     fmt: FormatOpt = Format.table,
     quiet: QuietOpt = False,
@@ -57,7 +58,8 @@ def collect_trajectories(
     if merge:
         extra = [flag for flag, v in (("--model", model), ("--prompts", prompts), ("--limit", limit),
                                       ("--block-size", block_size), ("--max-new-tokens", max_new_tokens),
-                                      ("--seed", seed), ("--device", device), ("--config", config),
+                                      ("--seed", seed), ("--device", device), ("--dtype", dtype),
+                                      ("--config", config),
                                       ("overrides", overrides or None)) if v is not None]
         if extra:
             raise UsageError(f"--merge only merges the shards in --out; {extra[0]} would be ignored")
@@ -67,7 +69,11 @@ def collect_trajectories(
         return
     cfg = load_config(CollectConfig, config, overrides, model=model, prompts=prompts, limit=limit,
                       block_size=block_size, max_new_tokens=max_new_tokens, seed=seed, device=device,
-                      batch_size=batch_size)
+                      batch_size=batch_size, dtype=dtype)
+    from specgen.devices import device_name, resolve_dtype
+
+    cfg.device = device_name(cfg.device)  # "auto" -> cuda or cpu
+    resolve_dtype(cfg.dtype, cfg.device)  # float16 on a CPU without float16 kernels: one line, before the model loads
     from specgen.text.trajectories import META
     from specgen.train.run_folder import check_resume, run_folder
 

@@ -27,6 +27,10 @@ EPILOG = """examples:
 RESUME_LOOSE = ("steps", "max_minutes", "log_every", "ckpt_every", "register", "name", "threads")
 
 
+#: --dtype -> accelerate's mixed_precision (autocast; the LoRA/trained weights stay float32)
+MIXED_PRECISION = {"float32": "no", "bfloat16": "bf16", "float16": "fp16"}
+
+
 @command
 def distill(
     overrides: OverridesArg = None,
@@ -38,6 +42,9 @@ def distill(
     steps: Annotated[Optional[int], typer.Option("--steps", help="Optimizer steps.")] = None,
     seed: SeedOpt = None,
     device: DeviceOpt = None,
+    dtype: Annotated[Optional[str], typer.Option(
+        "--dtype", help="Autocast dtype of the forward passes: float32, bfloat16 or float16 (the trained weights stay "
+                        "float32; sets mixed_precision).")] = None,
     config: ConfigOpt = None,
     fmt: FormatOpt = Format.table,
     quiet: QuietOpt = False,
@@ -49,8 +56,15 @@ def distill(
 
     if out is None:
         raise UsageError("--out RUN_FOLDER is required (checkpoint and log go there)")
+    if dtype and dtype not in MIXED_PRECISION:
+        raise UsageError(f"--dtype must be one of {', '.join(MIXED_PRECISION)}, got {dtype!r}")
     cfg = load_config(DistillConfig, config, overrides, trajectories=trajectories, model=model, objective=objective,
-                      name=name, steps=steps, seed=seed, device=device)
+                      name=name, steps=steps, seed=seed, device=device,
+                      mixed_precision=MIXED_PRECISION[dtype] if dtype else None)
+    if dtype:
+        from specgen.devices import resolve_device, resolve_dtype
+
+        resolve_dtype(dtype, resolve_device(cfg.device))  # float16 on a CPU without float16 kernels: one line
     from specgen.registry import check_name
     from specgen.train.run_folder import check_resume, run_folder
     from specgen.train.script import file_logger

@@ -118,10 +118,6 @@ def generate(
 
         raise UsageError("--drafter names an EAGLE drafter of an image model; text methods take none, mesh methods "
                          "take method_options.heads=NAME")
-    if (dtype or quantize) and modality != "text":
-        from specgen.errors import UsageError
-
-        raise UsageError(f"--dtype/--quantize are for text targets for now, not {modality}")
     req = GenerateRequest(method or "ar", model, list(prompt or []), prompts, max_new_tokens, temperature, top_k, top_p,
                           False if no_chat else None, seed, device, config, list(overrides or []), fmt, quiet,
                           out_dir, num, classes, cfg_scale, point_clouds, captions, drafter, batch_size, dtype, quantize)

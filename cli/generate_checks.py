@@ -16,6 +16,7 @@ MODALITY_OPTIONS = {
     "cfg_scale": ("--cfg-scale", ("image",)),
     "captions": ("--captions", ("image",)),
     "point_clouds": ("--point-clouds", ("mesh",)),
+    "quantize": ("--quantize", ("text",)),  # weight-only int8/int4 kernels exist for text targets (--dtype: all)
 }
 
 

@@ -15,6 +15,7 @@ COLUMNS = ["name", "method", "num_tokens", "faces", "vertices", "valid", "scr", 
 
 def run(req) -> None:
     from specgen.config import load_config
+    from specgen.devices import device_name
     from specgen.decoding.sampling import SamplingParams
     from specgen.errors import UsageError
     from specgen.mesh.errors import MeshInputError
@@ -22,12 +23,13 @@ def run(req) -> None:
     from specgen.mesh.generate import MeshGenConfig, generate_meshes, load_conditions
     from specgen.mesh.procedural import ProceduralSpec
     from specgen.methods import get_method
-    from specgen.methods.xspecmesh import XSpecMeshOptions, load_mesh
+    from specgen.mesh.generate import load_mesh_model
+    from specgen.methods.xspecmesh import XSpecMeshOptions
 
     cfg = load_config(MeshGenConfig, req.config, req.overrides, method=req.method, model=req.model,
                       max_new_tokens=req.max_new_tokens, temperature=req.temperature, top_k=req.top_k,
                       top_p=req.top_p, seed=req.seed, device=req.device, num=req.num,
-                      batch_size=req.batch_size)
+                      batch_size=req.batch_size, dtype=req.dtype)
     spec = get_method(cfg.method)
     if not spec.runs_on("mesh"):
         raise UsageError(f"method {cfg.method} does not run on meshes; use ar or xspecmesh")
@@ -38,7 +40,8 @@ def run(req) -> None:
         raise UsageError("--num must be >= 1")
     SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
     opts = XSpecMeshOptions(**{k: v for k, v in cfg.method_options.items() if k != "seed"})
-    loaded = load_mesh(cfg.model, opts.heads if cfg.method == "xspecmesh" else None, cfg.device)
+    cfg.device = device_name(cfg.device)  # "auto" -> cuda or cpu, before any tensor (the clouds) moves there
+    loaded = load_mesh_model(cfg.model, opts.heads if cfg.method == "xspecmesh" else None, cfg.device, cfg.dtype)
     try:
         conds = load_conditions(req.point_clouds, cfg.num, int(loaded.target.meta.get("num_points", 2048)), cfg.seed,
                                 ProceduralSpec.from_meta(loaded.target.meta))

@@ -13,7 +13,7 @@ import typer
 
 from cli import _output
 from cli._errors import command
-from cli._options import ConfigOpt, Format, FormatOpt, OverridesArg, QuietOpt
+from cli._options import ConfigOpt, DeviceOpt, Format, FormatOpt, OverridesArg, QuietOpt
 from cli.train_heads_eagle import train_eagle
 
 EPILOG = """examples:
@@ -71,12 +71,16 @@ def train_heads(
     overrides: OverridesArg = None,
     kind: Annotated[str, typer.Option("--kind", help=f"Which heads: {', '.join(KINDS)}.")] = "xspecmesh",
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Run folder (resumed if it holds state).")] = None,
+    device: DeviceOpt = None,
     config: ConfigOpt = None,
     fmt: FormatOpt = Format.table,
     quiet: QuietOpt = False,
 ) -> None:
-    """Train draft heads by distillation from a target model and register them."""
+    """Train draft heads by distillation from a target model and register them (on the CPU)."""
+    from specgen.devices import cpu_only
     from specgen.errors import UnknownNameError, UsageError
+
+    cpu_only(device, "train-heads")  # before anything loads: cpu, auto; a GPU (or a missing one) is one line
 
     if kind not in KINDS:
         raise UnknownNameError("heads kind", kind, list(KINDS))

@@ -12,7 +12,7 @@ import typer
 
 from cli import _output
 from cli._errors import command
-from cli._options import ConfigOpt, Format, FormatOpt, OverridesArg, QuietOpt
+from cli._options import ConfigOpt, DeviceOpt, Format, FormatOpt, OverridesArg, QuietOpt
 
 EPILOG = """examples:
 
@@ -29,11 +29,15 @@ EPILOG = """examples:
 def train_upsampler(
     overrides: OverridesArg = None,
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Run folder (resumed if it holds state).")] = None,
+    device: DeviceOpt = None,
     config: ConfigOpt = None,
     fmt: FormatOpt = Format.table,
     quiet: QuietOpt = False,
 ) -> None:
-    """Train and register a MuLo-SD up/down-sampler pair (2x, or 4x warm-started from 2x)."""
+    """Train and register a MuLo-SD up/down-sampler pair (2x, or 4x warm-started from 2x), on the CPU."""
+    from specgen.devices import cpu_only
+
+    cpu_only(device, "train-upsampler")  # before anything loads: cpu, auto; a GPU (or a missing one) is one line
     from specgen.config import load_config
     from specgen.errors import UsageError
     from specgen.train.script import file_logger

@@ -1,0 +1,233 @@
+"""Devices and dtypes (specgen/devices.py): parsing, one-line refusals for every command that runs a model, honest
+CUDA clocks in the decoding loop, and the fence that keeps the packed CPU layout and its measurement off other
+devices (a "meta" tensor stands in for a non-cpu device here)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from specgen import devices
+from specgen.errors import UsageError
+from tests.cli.test_cli_refusals import check_refusal, invoke, tiny  # noqa: F401  (fixture)
+
+NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+NO_FP16 = pytest.mark.skipif(devices.native_float16_cpu(), reason="this CPU has native float16 kernels")
+
+
+# ---- parsing -----------------------------------------------------------------------------------------------------
+@NO_CUDA
+def test_auto_is_cpu_here_and_cuda_is_one_usage_error():
+    assert devices.resolve_device("auto") == torch.device("cpu")
+    assert devices.resolve_device(None) == torch.device("cpu") and devices.device_name("auto") == "cpu"
+    for spec in ("cuda", "cuda:0", "cuda:3"):
+        with pytest.raises(UsageError, match="no CUDA GPU"):
+            devices.resolve_device(spec)
+
+
+def test_device_names():
+    assert devices.resolve_device("cpu") == torch.device("cpu")
+    assert devices.resolve_device(torch.device("cpu")) == torch.device("cpu")
+    for spec, needle in (("tpu9", "unknown device"), ("meta:0", "unsupported device"), ("x", "unknown device")):
+        with pytest.raises(UsageError, match=needle):
+            devices.resolve_device(spec)
+    with pytest.raises(UsageError, match="not accepted here"):
+        devices.check_device("auto", allow_auto=False)
+    assert devices.is_cpu("cpu") and devices.is_cpu(None) and not devices.is_cpu("meta")
+
+
+def test_config_checks_use_the_same_check():
+    from specgen.config_checks import check_config
+    from specgen.image.generate import ImageGenConfig
+    from specgen.mesh.generate import MeshGenConfig
+
+    check_config(ImageGenConfig(device="auto"))  # generate resolves auto itself
+    check_config(MeshGenConfig(device="cpu"))
+    with pytest.raises(UsageError, match="unknown device"):
+        check_config(MeshGenConfig(device="tpu9"))
+
+
+def test_dtypes():
+    assert devices.resolve_dtype(None) == torch.float32
+    assert devices.resolve_dtype("bfloat16", "cpu") == torch.bfloat16
+    with pytest.raises(UsageError, match="--dtype must be one of float32, bfloat16, float16"):
+        devices.resolve_dtype("float64")
+    assert devices.resolve_dtype("float16", "cuda") == torch.float16  # a GPU runs it (the device is not checked here)
+
+
+@NO_FP16
+def test_float16_on_a_cpu_without_float16_kernels_is_one_line():
+    with pytest.raises(UsageError, match="float16 needs a CUDA device .*; use bfloat16 on CPU"):
+        devices.resolve_dtype("float16", "cpu")
+
+
+def test_cpu_only_trainers():
+    assert devices.cpu_only(None, "x") == torch.device("cpu") and devices.cpu_only("auto", "x").type == "cpu"
+    with pytest.raises(UsageError, match="unknown device"):
+        devices.cpu_only("tpu9", "x")
+
+
+# ---- clocks ------------------------------------------------------------------------------------------------------
+def test_now_synchronises_cuda_only(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append(device))
+    devices.now("cpu")
+    assert calls == []  # cpu: no wait
+    devices.now("cuda:0")
+    devices.now(None)  # the CUDA device in use, when the process has used CUDA
+    assert calls == [torch.device("cuda:0"), None]
+
+
+def test_decode_loop_reads_the_clock_through_devices_now(monkeypatch):
+    """Every phase of the loop (prefill, propose, verify, accept, commit) and the latency read `now(device)`."""
+    from specgen.decoding import loop
+    from specgen.decoding.sampling import SamplingParams
+    from specgen.decoding.target import ModelTarget
+    from specgen.methods import METHODS, run_batch
+    from tests.conftest import tiny_model
+
+    seen = []
+
+    def fake_now(device=None):
+        seen.append(device)
+        return float(len(seen))
+
+    monkeypatch.setattr(loop, "now", fake_now)
+    target = ModelTarget(tiny_model(0))
+    res = run_batch(target, lambda i: METHODS["ngram"].make_drafter({}), [[1, 2, 3, 1, 2]], 6, SamplingParams())
+    assert len(seen) > 10 and set(seen) == {"cpu"}  # ModelTarget.device
+    assert set(res.stats.times) >= {"prefill", "propose", "verify", "accept", "commit"}
+    assert res.results[0].stats.extras["latency_s"] > 0
+
+
+def test_stats_timed_reads_devices_now(monkeypatch):
+    from specgen.decoding import stats as stats_mod
+
+    ticks = iter([1.0, 3.5])
+    monkeypatch.setattr(stats_mod, "now", lambda device=None: next(ticks))
+    s = stats_mod.DecodeStats()
+    with s.timed("verify", "cpu"):
+        pass
+    assert s.times == {"verify": 2.5}
+
+
+# ---- the packed CPU layout and its kernel measurement stay on the CPU ----------------------------------------------
+def tiny_linears(device="cpu") -> nn.Module:
+    return nn.Sequential(nn.Linear(16, 32), nn.Linear(32, 8)).to(device)
+
+
+def test_layout_is_not_applied_off_the_cpu(monkeypatch):
+    from specgen.models import kernel_choice, layout, packed_linear
+
+    monkeypatch.setattr(kernel_choice, "time_passes", lambda *a, **k: pytest.fail("measured off the CPU"))
+    m = tiny_linears("meta")  # a non-cpu device type (no memory, no kernels)
+    strides = [lin.weight.stride() for lin in m]
+    assert not layout.applies_to(m) and layout.applies_to(tiny_linears())
+    for name in layout.LAYOUTS:
+        out = layout.decode_layout(m, name)
+        assert out is m and all(type(lin) is nn.Linear for lin in m), name  # no PackedLinear
+        assert [lin.weight.stride() for lin in m] == strides, name  # not re-stored column-major
+    packed_linear.pack_linears(m)
+    assert all(type(lin) is nn.Linear for lin in m)
+
+
+def test_packed_linear_moved_off_the_cpu_neither_measures_nor_packs(monkeypatch):
+    """A model packed on the CPU and then moved (e.g. .to("cuda")) runs F.linear; `min_rows` is never read there."""
+    from specgen.models import kernel_choice, packed_linear
+
+    m = packed_linear.pack_linears(tiny_linears())
+    if not packed_linear.available():
+        pytest.skip("this torch build has no oneDNN")
+    assert all(isinstance(lin, packed_linear.PackedLinear) for lin in m)
+    monkeypatch.setattr(kernel_choice, "time_passes", lambda *a, **k: pytest.fail("measured off the CPU"))
+    monkeypatch.setattr(packed_linear.PackedLinear, "packed_weight", lambda self: pytest.fail("packed off the CPU"))
+    m.to("meta")
+    with torch.inference_mode():
+        y = m(torch.empty(8, 16, device="meta"))
+    assert y.shape == (8, 8) and y.device.type == "meta"
+    choice = m[0]._choice
+    assert choice._measure(1) == kernel_choice.FALLBACK_MIN_ROWS  # a direct read does not time GPU weights either
+
+
+def test_float16_weights_are_not_packed():
+    """oneDNN's packed float16 path needs AVX512-FP16: float16 linears stay nn.Linear (F.linear)."""
+    from specgen.models import packed_linear
+
+    m = packed_linear.pack_linears(tiny_linears().half())
+    assert all(type(lin) is nn.Linear for lin in m)
+
+
+# ---- the CLI: every command that runs a model ---------------------------------------------------------------------
+GEN_TEXT = ["generate", "--model", "tiny-text", "--prompt", "hi", "--no-chat", "--max-new-tokens", "3"]
+GEN_IMAGE = ["generate", "--model", "tiny-image-gpt", "--method", "ar", "--num", "1", "-o", "imgs"]
+GEN_MESH = ["generate", "--model", "mesh-gpt-tiny", "--method", "ar", "--num", "1", "--max-new-tokens", "8"]
+COMMANDS = [GEN_TEXT, GEN_IMAGE, GEN_MESH, ["train-heads", "--out", "run"],
+            ["train-heads", "--kind", "eagle", "--out", "run"], ["train-upsampler", "--out", "run"],
+            ["collect-trajectories", "--out", "run"], ["distill", "--out", "run"]]
+IDS = ["generate-text", "generate-image", "generate-mesh", "train-heads", "train-heads-eagle", "train-upsampler",
+       "collect-trajectories", "distill"]
+
+
+@NO_CUDA
+@pytest.mark.parametrize("cmd", COMMANDS, ids=IDS)
+def test_cuda_request_without_cuda_is_one_line(tiny, cmd):  # noqa: F811
+    check_refusal(tiny, [*cmd, "--device", "cuda"], 2, "no CUDA GPU")
+
+
+@pytest.mark.parametrize("cmd", COMMANDS, ids=IDS)
+def test_unknown_device_is_one_line(tiny, cmd):  # noqa: F811
+    check_refusal(tiny, [*cmd, "--device", "tpu9"], 2, "unknown device 'tpu9'")
+
+
+@NO_FP16
+@pytest.mark.parametrize("cmd", [GEN_TEXT, GEN_IMAGE, GEN_MESH, ["collect-trajectories", "--out", "run"]],
+                         ids=["generate-text", "generate-image", "generate-mesh", "collect-trajectories"])
+def test_float16_on_this_cpu_is_one_line(tiny, cmd):  # noqa: F811
+    check_refusal(tiny, [*cmd, "--dtype", "float16"], 2, "float16 needs a CUDA device")
+
+
+def test_quantize_is_for_text_models(tiny):  # noqa: F811
+    check_refusal(tiny, [*GEN_MESH, "--quantize", "int8"], 2, "--quantize is for text models")
+
+
+@NO_CUDA
+def test_device_auto_is_cpu_here(tiny):  # noqa: F811
+    import json
+
+    outs = []
+    for device in ("auto", "cpu"):
+        r = invoke(*GEN_TEXT, "--device", device, "--format", "json")
+        assert r.exit_code == 0, r.output
+        outs.append(json.loads(r.stdout.splitlines()[0])["token_ids"])
+    assert outs[0] == outs[1]
+    r = invoke(*GEN_MESH, "--device", "auto", "--dtype", "bfloat16", "--format", "json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout.splitlines()[0])["num_tokens"] > 0
+
+
+# ---- on a GPU ----------------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_gpu_greedy_lossless_equals_ar_in_each_dtype(dtype):
+    from specgen.decoding.sampling import SamplingParams
+    from specgen.decoding.target import ModelTarget
+    from specgen.methods import METHODS, run_batch
+    from specgen.models.layout import decode_layout
+    from tests.conftest import tiny_model
+
+    model = decode_layout(tiny_model(0).to("cuda", dtype))
+    assert all(type(m) is not __import__("specgen.models.packed_linear").models.packed_linear.PackedLinear
+               for m in model.modules())
+    target = ModelTarget(model)
+    target.device = "cuda"
+    prompt = [[1, 2, 3, 1, 2, 3, 1]]
+    ar = run_batch(target, lambda i: METHODS["ar"].make_drafter({}), prompt, 16, SamplingParams()).results[0].tokens
+    for name in ("ngram", "jacobi"):
+        got = run_batch(target, lambda i: METHODS[name].make_drafter({}), prompt, 16, SamplingParams())
+        assert got.results[0].tokens == ar, name
+    sampled = [run_batch(target, lambda i: METHODS["ar"].make_drafter({}), prompt, 8, SamplingParams(1.0),
+                         generators=[torch.Generator().manual_seed(0)]).results[0].tokens for _ in range(2)]
+    assert sampled[0] == sampled[1]  # CPU generators drive CUDA sampling (decoding/sampling.on_generator)
