@@ -7,8 +7,8 @@ from pathlib import Path
 from cli import _output, benchmark_runs
 from cli._options import Format
 
-COLUMNS = ["method", "model", "tokens_per_s", "speedup_vs_ar", "tpf", "tau", "efficiency", "nfe", "exact_match_vs_ar",
-           "exact_match_vs_own_ar", "prefix_vs_ar", "nll_base", "pass_at_1"]
+COLUMNS = ["method", "model", "tokens_per_s", "speedup_vs_ar", "tpf", "tau", "efficiency", "weight_mb_per_token",
+           "bandwidth_share", "nfe", "exact_match_vs_ar", "exact_match_vs_own_ar", "prefix_vs_ar", "nll_base", "pass_at_1"]
 BATCH_COLUMNS = ["batch_size", "method", "model", "throughput_tokens_per_s", "throughput_vs_ar", "throughput_vs_ar_b1",
                  "decode_tokens_per_s",
                  "latency_median_s", "latency_p90_s", "tpf", "tau", "c_batch", "exact_match_vs_ar",
@@ -33,7 +33,17 @@ def run(cfg, out: Path | None, append: bool, run_dir: Path | None, shard: str | 
             measure(tm, cfg, sink, this, on_prompt=lambda i: advance(), machine=_output.machine_label())
     rows = benchmark_runs.merged_rows(sink, lambda s: rows_of(cfg, s), this, launched, quiet)
     if rows is not None:
-        show(rows, cfg, benchmark_runs.machine_of(sink), fmt, out, append)
+        show(rows, cfg, benchmark_runs.machine_of(sink), fmt, out, append, roofline_note(sink))
+
+
+def roofline_note(sink) -> str:
+    """The AR roofline of the run's first shard: its copy bandwidth / the bytes one AR forward streams."""
+    info = next(iter(sink.machines().values()), {})
+    bandwidth, ar = info.get("bandwidth_gbs"), (info.get("streamed_bytes") or {}).get("ar")
+    if not bandwidth or not ar:
+        return ""
+    return (f"; AR roofline {bandwidth * 1e9 / ar:.0f} tokens/s = {bandwidth:.1f} GB/s copy bandwidth / "
+            f"{ar / 1e6:.1f} MB of weights per step")
 
 
 def pending(cfg, sink, shard) -> bool:
@@ -49,10 +59,10 @@ def report(run, fmt, out: Path | None, append: bool, quiet: bool) -> None:
     from specgen.eval.text_bench import TextBenchConfig, rows_of
 
     cfg = load_config(TextBenchConfig, **run.config)  # checked like a recipe: a tampered run.json is one line
-    show(rows_of(cfg, run), cfg, benchmark_runs.machine_of(run), fmt, out, append)
+    show(rows_of(cfg, run), cfg, benchmark_runs.machine_of(run), fmt, out, append, roofline_note(run))
 
 
-def show(rows: list[dict], cfg, machine: str, fmt, out: Path | None, append: bool) -> None:
+def show(rows: list[dict], cfg, machine: str, fmt, out: Path | None, append: bool, note: str = "") -> None:
     """Skipped rows as their one line each, then the rows as JSONL (`--out`), JSON or tables on stdout."""
     for r in rows:  # a row that cannot run here (llamacpp without llama-cpp-python): its one line, then dropped
         if r.get("skipped"):
@@ -65,7 +75,7 @@ def show(rows: list[dict], cfg, machine: str, fmt, out: Path | None, append: boo
         _output.emit_json(rows)
         return
     title = (f"{cfg.suite}: {cfg.model}, {cfg.limit} prompts from {cfg.offset}, greedy, "
-             f"max {cfg.max_new_tokens} new tokens ({machine})")
+             f"max {cfg.max_new_tokens} new tokens ({machine}{note})")
     single = [r for r in rows if r["batch_size"] == 1]
     if single:
         _output.table(title, single, COLUMNS, _output.out)

@@ -35,6 +35,7 @@ from specgen.decoding.cost import cost_of
 from specgen.decoding.sampling import SamplingParams
 from specgen.errors import UsageError
 from specgen.eval import humaneval
+from specgen.eval.roofline import copy_bandwidth, streamed_bytes
 from specgen.eval.run_dir import MemoryRun, Shard
 from specgen.eval.text_rows import Run, text_rows
 from specgen.methods import get_method, model_for, run_batch
@@ -268,8 +269,11 @@ def measure(model: TextModel, cfg: TextBenchConfig, sink=None, shard: Shard = Sh
                                              model.module.cfg.max_seq_len, model.module.cfg.vocab_size)
     stop = model.tokenizer.stop_ids
     cost = cost_of(model.module)  # c(B) of batched rows, c(N) of the efficiency of speculative rows
+    streamed = {m: streamed_bytes(original.module if m == "hf" else models[p.meta[m]["model"]].module)
+                for m in order if m != "llamacpp"}  # weights one forward of the row reads (the roofline)
     sink.write_machine(shard, {"machine": machine, "versions": versions(), "cost_rows": list(cost.rows),
-                               "cost": list(cost.cost), "skipped": skipped})
+                               "cost": list(cost.cost), "skipped": skipped, "streamed_bytes": streamed,
+                               "bandwidth_gbs": copy_bandwidth()})
 
     def one(method: str, prompt: list[int]) -> Run:
         if method == "hf":

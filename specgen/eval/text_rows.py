@@ -114,8 +114,23 @@ def curves(machines: dict[str, dict]) -> dict[str, CostCurve]:
     return out
 
 
+def roofline(row: str, rs: list[Run], walls: dict[str, float], machines: dict[str, dict]) -> dict:
+    """Weight bytes a batch-1 row streams per generated token (one forward's weights / TPF), and the share of its
+    shard's measured copy bandwidth that this rate of bytes uses (weighted over shards). {} when not measured."""
+    infos = {s: machines.get(s, {}) for s in walls}
+    if not all(i.get("bandwidth_gbs") and (i.get("streamed_bytes") or {}).get(row) for i in infos.values()):
+        return {}
+    tokens, forwards = sum(len(r.tokens) for r in rs), sum(r.forwards for r in rs)
+    per_token = next(iter(infos.values()))["streamed_bytes"][row] * forwards / max(tokens, 1)
+
+    def share(s: str, xs: list[Run], w: float) -> float:
+        return per_token * sum(len(r.tokens) for r in xs) / w / (infos[s]["bandwidth_gbs"] * 1e9)
+
+    return {"weight_mb_per_token": round(per_token / 1e6, 2), "bandwidth_share": round(per_shard(rs, walls, share), 4)}
+
+
 def batch_rows(measured: Measured, batch: int, meta: dict[str, dict], costs: dict[str, CostCurve],
-               reference: Measured | None) -> list[dict]:
+               reference: Measured | None, machines: dict[str, dict] | None = None) -> list[dict]:
     """One row per method of one batch size. `meta`: method -> {model, lossless}; `reference`: batch-1 runs."""
     runs, walls, ar = measured.runs, measured.walls, measured.runs["ar"]
     rows = []
@@ -169,6 +184,8 @@ def batch_rows(measured: Measured, batch: int, meta: dict[str, dict], costs: dic
             row["nll_base"] = sum(r.nll_sum for r in rs) / max(1, sum(r.nll_count for r in rs))
         if all(r.passed is not None for r in rs):
             row["pass_at_1"] = sum(map(bool, (r.passed for r in rs))) / len(rs)
+        if batch == 1:
+            row.update(roofline(m, rs, walls[m], machines or {}))
         if batch == 1 and costs:
             parts = [(efficiency([r for r in rs if r.shard == s], [a for a in ar if a.shard == s], 1.0, costs[s]),
                       sum(r.shard == s for r in rs)) for s in walls[m] if s in costs]
@@ -197,7 +214,7 @@ def text_rows(records: dict[str, dict], order: list[str], meta: dict[str, dict],
     rows, reference = [], None
     for batch in batches:
         measured = collect(records, order, n_prompts, batch)
-        rows += batch_rows(measured, batch, meta, costs, reference if batch > 1 else None)
+        rows += batch_rows(measured, batch, meta, costs, reference if batch > 1 else None, machines)
         if batch == 1:
             reference = measured
     return rows

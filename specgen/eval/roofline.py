@@ -1,0 +1,43 @@
+"""The memory roofline of a decode step: bytes of weights a forward streams, and the machine's copy bandwidth.
+
+A decode step at batch 1 is bound by reading every weight once, so `bandwidth / streamed_bytes` is the fastest AR
+can run (the implied limit printed with the text benchmark), and `bytes per token x tokens/s / bandwidth` is the
+share of the machine's bandwidth a row uses.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+def streamed_bytes(module: torch.nn.Module) -> int:
+    """Bytes of weights one forward reads: every parameter and buffer once (shared storage counted once), without
+    position tables (`rope`) and without the token-embedding table unless it is also the LM head (tied): a step
+    reads one row of it."""
+    def storages(name: str) -> set[int]:
+        sub = getattr(module, name, None)
+        return {t.data_ptr() for t in [*sub.parameters(), *sub.buffers()]} if sub is not None else set()
+
+    lookup_only = storages("tok_embeddings") - storages("output")  # an embedding table the LM head does not share
+    seen, total = set(), 0
+    for name, t in [*module.named_parameters(), *module.named_buffers()]:
+        if "rope" in name or t.data_ptr() in seen or t.data_ptr() in lookup_only:
+            continue
+        seen.add(t.data_ptr())
+        total += t.numel() * t.element_size()
+    return total
+
+
+def copy_bandwidth(megabytes: int = 256, rounds: int = 5) -> float:
+    """The machine's memory bandwidth in GB/s as torch sees it with its current threads: best of `rounds` copies of
+    a `megabytes` tensor (a copy reads and writes each byte: 2 x size per copy)."""
+    src = torch.ones(megabytes * 2**20 // 4)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * src.numel() * 4 / best / 1e9
