@@ -415,7 +415,7 @@ def copy_tokenizer(src: Path, dst: Path) -> None:
 def export_adapter(name: str, folder: Path, merge_scale: float | None = None) -> Path:
     """Write adapter `name` as a shippable asset: adapter.safetensors (fp16) + adapter.json (atomic folder swap).
 
-    `merge_scale` (text/merge.py) is recorded for the built-in that merges it (recipes/tiny/pcllm_merge_scale.py
+    `merge_scale` (text/merge.py) is recorded for the built-in that merges it (scripts/pcllm_merge_scale.py
     chooses it on held-out prompts)."""
     from safetensors.torch import save_file
 

@@ -101,7 +101,7 @@ def test_greedy_threshold_is_greedy_ar(setup):
 
 
 class _PerfectCandidates(MeshDecoder):
-    """Candidates = the next D tokens of a known sequence (recipes/tiny/mesh_oracle_speed.py's premise)."""
+    """Candidates = the next D tokens of a known sequence (scripts/mesh_oracle_speed.py's premise)."""
 
     reference: list[int] = []
 

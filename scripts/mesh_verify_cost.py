@@ -1,6 +1,6 @@
 """What verifying S tokens in one mesh-GPT forward costs on this machine, relative to one token.
 
-    python recipes/tiny/mesh_verify_cost.py --models mesh-gpt-tiny,512x8x1024,768x12x2048
+    python scripts/mesh_verify_cost.py --models mesh-gpt-tiny,512x8x1024,768x12x2048
 
 A model is a registry name or DIMxLAYERSxFFN: the tiny backbone's architecture (encoder, vocabulary,
 cross-attention) at that width and depth with random weights, since only the cost is measured. Each

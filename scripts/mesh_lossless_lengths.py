@@ -1,6 +1,6 @@
 """Does lossless XSpecMesh sample the backbone's meshes? Mesh lengths over many seeds, against AR, on real models.
 
-    python recipes/tiny/mesh_lossless_lengths.py --heads xspecmesh-ca-tiny --clouds 3 --samples 150
+    python scripts/mesh_lossless_lengths.py --heads xspecmesh-ca-tiny --clouds 3 --samples 150
 
 The unit test (`tests/mesh/test_mesh_xspecmesh_lossless.py`) checks the exact joint of the first tokens on a
 random model. This checks a whole-mesh statistic on trained models: for each of `--clouds` test point

@@ -1,6 +1,6 @@
 """Choose the merge scale of a distilled text adapter on held-out training-distribution prompts (never HumanEval).
 
-    python recipes/tiny/pcllm_merge_scale.py --adapter smollm2-135m-pcllm --scales 0.25,0.5,0.75,1
+    python scripts/pcllm_merge_scale.py --adapter smollm2-135m-pcllm --scales 0.25,0.5,0.75,1
 
 For every scale s, target = base + s x adapter (specgen/text/merge.py; registered as <adapter>-scale<s>)
 decodes `--prompts` built-in stdlib prompts from `--offset` (3,000 by default: the shipped adapter trained

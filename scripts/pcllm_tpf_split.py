@@ -1,6 +1,6 @@
 """Does distillation transfer? Jacobi TPF of each model on training prompts vs held-out HumanEval prompts.
 
-    python recipes/tiny/pcllm_tpf_split.py --models smollm2-135m,smollm2-135m-pcllm --prompts 16
+    python scripts/pcllm_tpf_split.py --models smollm2-135m,smollm2-135m-pcllm --prompts 16
 
 Decodes the first `--prompts` built-in stdlib prompts (the distilled model's training data; the recipe
 trains on the first 464) and the first `--prompts` HumanEval problems with greedy Jacobi (block 16, one

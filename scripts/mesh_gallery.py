@@ -2,7 +2,7 @@
 
     specgen generate --method ar --model mesh-gpt-tiny --num 6 --out-dir runs/gallery/ar preview=true
     specgen generate --method xspecmesh --num 6 --out-dir runs/gallery/xspecmesh preview=true
-    python recipes/tiny/mesh_gallery.py runs/gallery/ar runs/gallery/xspecmesh --out docs/mesh_gallery.png
+    python scripts/mesh_gallery.py runs/gallery/ar runs/gallery/xspecmesh --out docs/mesh_gallery.png
 
 Row 1 renders the procedural test meshes the point clouds were sampled from (`test-<seed>` names,
 under the backbone's recorded ProceduralSpec); each further row is one `--out-dir` of `generate`.

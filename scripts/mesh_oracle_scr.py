@@ -1,6 +1,6 @@
 """Upper bound on XSpecMesh's SCR for a backbone: how far would perfect heads get under the threshold rule?
 
-    python recipes/tiny/mesh_oracle_scr.py runs/xspecmesh-ca/labels.safetensors --model mesh-gpt-tiny
+    python scripts/mesh_oracle_scr.py runs/xspecmesh-ca/labels.safetensors --model mesh-gpt-tiny
 
 Reads the held-out label sequences of a `train-heads` run (the backbone's own samples: the last
 `--sequences` rows) and scores them with the backbone under the label sampling filter (T 0.5, top-k 50,

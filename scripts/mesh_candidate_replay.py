@@ -1,6 +1,6 @@
 """Which candidate source would XSpecMesh accept most? Algorithm 1 replayed over held-out label sequences.
 
-    python recipes/tiny/mesh_candidate_replay.py runs/xspecmesh-ca-small/labels.safetensors --heads xspecmesh-ca-small
+    python scripts/mesh_candidate_replay.py runs/xspecmesh-ca-small/labels.safetensors --heads xspecmesh-ca-small
 
 The label sequences are the backbone's own samples (the last `--sequences` rows of a `train-heads` run's
 labels). One teacher-forced pass gives every hidden row, the heads' argmax at every row and the

@@ -1,6 +1,6 @@
 """Where XSpecMesh heads miss: per-head top-1 accuracy split by the BPT kind of the token they predict.
 
-    python recipes/tiny/mesh_head_accuracy.py runs/xspecmesh-ca-small/labels.safetensors --heads xspecmesh-ca-small
+    python scripts/mesh_head_accuracy.py runs/xspecmesh-ca-small/labels.safetensors --heads xspecmesh-ca-small
 
 Reads the held-out label sequences of a `train-heads` run (the backbone's own samples: the last
 `--sequences` rows), runs the backbone (its heads' LoRA adapter merged) teacher-forced over them and

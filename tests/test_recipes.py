@@ -1,0 +1,107 @@
+"""Every `--config` command quoted in the docs and the pipeline scripts loads: its recipe exists and parses, and its
+`key=value` overrides fit the command's config (`specgen.eval.dry_run.check_recipe`, no weights loaded).
+
+One-off benchmark sweeps live as overrides of a kept recipe in docs/results/*.md (issue 26 item 3), so a renamed
+key or a moved recipe breaks a quoted command silently unless something loads them all; mesh benchmark commands
+also build their rows (`variants`), which checks every row's heads and XSpecMesh options.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from specgen.eval.dry_run import check_recipe
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").rglob("*.md") if "logs" not in p.parts)]
+SCRIPTS = sorted((ROOT / "recipes").glob("*/run-*.sh"))
+FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.S | re.M)
+SPAN = re.compile(r"`([^`]+)`")
+SHELL_STOP = {">", ">>", "|", "&", "&&", ";", "2>&1", "||"}
+
+
+def command_lines(text: str) -> list[str]:
+    """Shell lines (continuations joined) of fenced blocks, plus inline code spans (which may wrap lines)."""
+    out = []
+    for block in FENCE.findall(text):
+        out += block.replace("\\\n", " ").splitlines()
+    out += [s.replace("\n", " ") for s in SPAN.findall(FENCE.sub("", text))]
+    return out
+
+
+def config_commands(text: str, shell: bool = False) -> list[tuple[str, list[str]]]:
+    """(recipe, overrides) of every `specgen ... --config RECIPE key=value ...` command in a page (or a shell script)."""
+    found = []
+    for line in text.replace("\\\n", " ").splitlines() if shell else command_lines(text):
+        line = line.split(" #", 1)[0]
+        start = line.find("specgen ")
+        if start < 0 or not re.search(r"(^|\s)(--config|-c)\s", line):
+            continue
+        try:
+            argv = shlex.split(line[start:])
+        except ValueError:  # an unbalanced quote: not a whole command
+            continue
+        recipe, overrides, i = None, [], 2
+        while i < len(argv) and argv[i] not in SHELL_STOP and not argv[i].startswith((">", "2>")):
+            a = argv[i]
+            if a in ("--config", "-c"):
+                recipe, i = argv[i + 1], i + 2
+            elif a.startswith("-"):  # another option: skip its value if it takes one
+                takes = i + 1 < len(argv) and not argv[i + 1].startswith("-") and "=" not in argv[i + 1]
+                i += 2 if takes and argv[i + 1] not in SHELL_STOP else 1
+            else:
+                if "=" in a and "$" not in a:  # a shell variable's value is the script's business
+                    overrides.append(a)
+                i += 1
+        if recipe and re.fullmatch(r"recipes/[a-z]+/[a-z0-9_.\-]+\.yaml", recipe):  # not `...`, `X.yaml` or `$R/...`
+            found.append((recipe, overrides))
+    return found
+
+
+def cases():
+    out = []
+    for page in [*DOCS, *SCRIPTS]:
+        for n, (recipe, overrides) in enumerate(config_commands(page.read_text(), page.suffix == ".sh")):
+            out.append(pytest.param(recipe, overrides, id=f"{page.relative_to(ROOT)}:{n}:{Path(recipe).name}"))
+    return out
+
+
+CASES = cases()
+
+
+def test_the_results_docs_and_pipelines_quote_commands():
+    pages = {c.id.split(":")[0] for c in CASES}
+    assert {"docs/results/mesh.md", "docs/results/text.md", "recipes/small/run-mesh-lossless.sh"} <= pages
+    mesh = [c for c in CASES if c.id.startswith("docs/results/mesh.md")]
+    assert len(mesh) >= 18  # table 3 + every sweep that was once its own recipe
+
+
+@pytest.mark.parametrize("recipe,overrides", CASES)
+def test_quoted_config_command_loads(recipe, overrides):
+    rows = check_recipe(ROOT / recipe, overrides)
+    checks = {r["check"]: r for r in rows}
+    assert checks["recipe"]["ok"] and checks["config"]["ok"], rows
+    assert all(r["ok"] for r in rows if r["check"].startswith(("method", "rows", "suite"))), rows
+    if checks.get("suite", {}).get("detail") == "meshes":
+        from specgen.config import load_config
+        from specgen.eval.mesh_bench import MeshBenchConfig, variants
+
+        labels = [v.label for v in variants(load_config(MeshBenchConfig, ROOT / recipe, overrides))]
+        assert labels[0] == "ar" and len(set(labels)) == len(labels), labels
+
+
+def test_overrides_are_parsed_like_the_shell():
+    text = """```bash
+specgen benchmark --config recipes/tiny/bench-meshes.yaml \\
+  'rows=[ar,ca+lora]' 'options={sampling: tree, top_k_tree: 1}' --out runs/x.jsonl \\
+  > "$LOGS/x.log" 2>&1
+```
+and `specgen benchmark --config
+recipes/small/bench-meshes.yaml limit=64` inline; `specgen benchmark --suite meshes --limit 32` has no recipe."""
+    assert config_commands(text) == [
+        ("recipes/tiny/bench-meshes.yaml", ["rows=[ar,ca+lora]", "options={sampling: tree, top_k_tree: 1}"]),
+        ("recipes/small/bench-meshes.yaml", ["limit=64"])]
