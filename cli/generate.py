@@ -127,8 +127,8 @@ def generate(
 
 def model_modality(name: str) -> str:
     """The modality recorded in a checkpoint's config (text when absent)."""
-    from specgen import registry
+    from specgen import checkpoints
 
     from specgen.text.precision import split_name
 
-    return registry.modality_of(split_name(name)[0])  # NAME+int8: NAME's; a built-in is not materialised yet
+    return checkpoints.modality_of(split_name(name)[0])  # NAME+int8: NAME's; a built-in is not materialised yet

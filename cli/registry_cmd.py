@@ -34,11 +34,11 @@ def list_cmd(
     quiet: QuietOpt = False,
 ) -> None:
     """List installed checkpoints and built-in defaults."""
-    from specgen import registry
+    from specgen import checkpoints, registry
 
     rows = [{"ref": e.ref, "kind": e.kind, "name": e.name, "installed": e.installed, "builtin": e.builtin,
              "parent": e.meta.get("parent"), "path": str(e.path), "status": status(e)}
-            for e in registry.list_entries(kind)]
+            for e in checkpoints.list_entries(kind)]
     if fmt == Format.json:
         _output.emit_json(rows)
     elif quiet:
@@ -62,9 +62,9 @@ def status(e) -> str:
 def show(name: Annotated[str, typer.Argument(help="Registry name, kind/name or folder.")],
          fmt: FormatOpt = Format.json) -> None:
     """Print an entry's config.json (materialising a built-in first)."""
-    from specgen import registry
+    from specgen import checkpoints
 
-    entry = registry.find(name, _output.registry_progress())
+    entry = checkpoints.find(name, _output.registry_progress())
     _output.emit_json({"ref": entry.ref, "path": str(entry.path), **entry.meta})
 
 

@@ -18,10 +18,10 @@ torch.set_num_threads(1)
 from specgen.eval import humaneval
 spec = sys.argv[1]
 if spec == "llamacpp":
-    from specgen import registry
+    from specgen import checkpoints
     from specgen.eval.llamacpp_row import LlamaCppRow
     from specgen.models.tokenizer import TextTokenizer
-    tok = TextTokenizer.load(registry.find("smollm2-135m").path)  # the tokenizer only, no weights
+    tok = TextTokenizer.load(checkpoints.find("smollm2-135m").path)  # the tokenizer only, no weights
     row = LlamaCppRow({}, 1, 2048, 49152)
     row.run(tok.encode(humaneval.build_user_message(humaneval.load_problems(1, 0)[0])), 64, tok.stop_ids)
     print(json.dumps({"spec": spec, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))

@@ -13,12 +13,12 @@ from collections import defaultdict
 
 import torch
 
-from specgen import registry
+from specgen import checkpoints, registry
 from specgen.models.quantize import dequantize_int4, dequantize_int8, quantize_int4, quantize_int8
 
 
 def main() -> None:
-    state = registry.read_state(registry.find("smollm2-135m"))
+    state = registry.read_state(checkpoints.find("smollm2-135m"))
     err: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
     for name, w in state.items():
         if w.dim() != 2:

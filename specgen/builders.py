@@ -6,7 +6,7 @@ from typing import Callable
 
 import torch
 
-from specgen.eval.image_metrics import build_image_classifier
+from specgen.models.classifier import build_image_classifier
 from specgen.models.eagle import build_eagle
 from specgen.models.heads import build_heads
 from specgen.models.llamagen import build_llamagen_gpt, llamagen_kwargs, llamagen_state

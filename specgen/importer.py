@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from specgen import registry
+from specgen import checkpoints, registry
 from specgen.errors import CheckpointError, IncompatibleError, UsageError
 
 STATE_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin", ".ckpt")
@@ -56,7 +56,7 @@ def check_parent(parent: str | None) -> None:
         return
     from specgen.errors import UnknownNameError
 
-    entries = registry.list_entries()
+    entries = checkpoints.list_entries()
     if not any(parent in (e.ref, e.name) for e in entries):
         raise UnknownNameError("parent checkpoint", parent, [e.name for e in entries])
 
@@ -82,7 +82,7 @@ def import_checkpoint(source: Path, name: str, kind: str = "target", builder: st
         return import_hf_folder(source, name, overwrite=force)
     if source.suffix == ".gguf":
         import_gguf_target(source, name, progress, created_by="registry import", overwrite=force)
-        return registry.find(f"target/{name}")
+        return checkpoints.find(f"target/{name}")
     if source.suffix not in STATE_SUFFIXES:
         raise UsageError(f"cannot import {source.name}: expected a folder, .gguf, or one of {', '.join(STATE_SUFFIXES)}")
     if not builder or not kwargs_path:
@@ -148,7 +148,7 @@ def image_meta(module: torch.nn.Module, vq: str | None) -> dict:
     cfg = module.cfg
     meta = {"modality": "image", "grid": cfg.rope_grid, "conditioning": cfg.cond_kind}
     if vq:
-        entry = registry.find(vq)
+        entry = checkpoints.find(vq)
         codes = entry.meta.get("kwargs", {}).get("codebook_size")
         if entry.kind != "vq":
             raise UsageError(f"--vq {vq} is a {entry.kind} entry, not a VQ tokenizer")

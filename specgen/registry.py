@@ -1,9 +1,10 @@
-"""Checkpoint registry: $SPECGEN_HOME/checkpoints/<kind>/<name>/{config.json, model.safetensors}.
+"""Checkpoint registry store: $SPECGEN_HOME/checkpoints/<kind>/<name>/{config.json, model.safetensors}.
 
 Writes are atomic (a temporary folder renamed into place), weights are safetensors only (nothing is
 ever unpickled), and `config.json` carries the builder, its kwargs, the parent target, vocabulary
-size, the creating command and metrics. Built-in entries (the embedded defaults) are materialised on
-first use (`specgen/builtins.py`). An unknown name is an error that lists near matches.
+size, the creating command and metrics. This is the lowest layer: it imports only `errors` and `paths`.
+Finding an entry by name with built-ins materialised on first use, and building modules, live one layer
+up in `specgen/checkpoints.py`.
 """
 
 from __future__ import annotations
@@ -121,36 +122,28 @@ def entry_at(folder: Path) -> Entry:
         raise CheckpointError(f"unreadable {CONFIG} in {folder}: {' '.join(str(e).split())}") from None
     if not isinstance(meta, dict):
         raise CheckpointError(f"unreadable {CONFIG} in {folder}: not a JSON object")
-    from specgen.builtins import BUILTINS
-
-    return Entry(meta.get("kind", folder.parent.name), meta.get("name", folder.name), folder, meta,
-                 meta.get("name", folder.name) in BUILTINS)
+    return Entry(meta.get("kind", folder.parent.name), meta.get("name", folder.name), folder, meta)
 
 
-def list_entries(kind: str | None = None) -> list[Entry]:
-    """Installed entries plus built-ins (materialised or not), sorted by kind and name."""
-    from specgen.builtins import BUILTINS
-
+def installed_entries() -> list[Entry]:
+    """Entries installed in the store, sorted by kind and name; a damaged one carries why in `meta["corrupt"]`."""
     found: dict[str, Entry] = {}
     root = checkpoints_dir()
-    if root.is_dir():
-        for cfg in sorted(root.glob(f"*/*/{CONFIG}")):
-            if cfg.parent.name.startswith("."):
-                continue  # a temporary of a write in progress (or of a killed writer)
-            try:
-                e = entry_at(cfg.parent)
-                missing = missing_files(e)
-                if missing:
-                    e = Entry(e.kind, e.name, e.path, {**e.meta, "corrupt": missing}, e.builtin)
-            except CheckpointError as err:
-                folder = cfg.parent
-                e = Entry(folder.parent.name, folder.name, folder, {"corrupt": str(err)}, folder.name in BUILTINS)
-            found[e.ref] = e
-    for b in BUILTINS.values():
-        ref = f"{b.kind}/{b.name}"
-        if ref not in found:
-            found[ref] = Entry(b.kind, b.name, checkpoints_dir() / b.kind / b.name, {"description": b.description}, True)
-    return [e for _, e in sorted(found.items()) if kind is None or e.kind == kind]
+    if not root.is_dir():
+        return []
+    for cfg in sorted(root.glob(f"*/*/{CONFIG}")):
+        if cfg.parent.name.startswith("."):
+            continue  # a temporary of a write in progress (or of a killed writer)
+        try:
+            e = entry_at(cfg.parent)
+            missing = missing_files(e)
+            if missing:
+                e = Entry(e.kind, e.name, e.path, {**e.meta, "corrupt": missing})
+        except CheckpointError as err:
+            folder = cfg.parent
+            e = Entry(folder.parent.name, folder.name, folder, {"corrupt": str(err)})
+        found[e.ref] = e
+    return [e for _, e in sorted(found.items())]
 
 
 def missing_files(e: Entry) -> str:
@@ -160,63 +153,6 @@ def missing_files(e: Entry) -> str:
     if e.meta.get("tokenizer") is True and not any((e.path / f).is_file() for f in TOKENIZER_FILES):
         return "its tokenizer files are missing"
     return ""
-
-
-def find(name: str, progress: Callable[[str, int, int], None] | None = None) -> Entry:
-    """Resolve a path, `kind/name`, or a bare name; materialise built-ins on first use."""
-    from specgen.builtins import BUILTINS
-
-    path = Path(name).expanduser()
-    if (path / CONFIG).is_file() and (path / WEIGHTS).is_file():
-        return entry_at(path)
-    entries = list_entries()
-    matches = [e for e in entries if name in (e.ref, e.name)]
-    if not matches:
-        raise UnknownNameError("checkpoint", name, [e.name for e in entries] + [e.ref for e in entries])
-    if len(matches) > 1:
-        raise UsageError(f"'{name}' is ambiguous: {', '.join(e.ref for e in matches)}; use kind/name")
-    entry = matches[0]
-    if entry.corrupt and entry.builtin and BUILTINS[entry.name].kind == entry.kind:
-        BUILTINS[entry.name].materialize(progress)  # a damaged built-in is re-created from the package
-        return entry_at(entry.path)
-    if entry.corrupt:
-        raise CheckpointError(f"corrupt entry {entry.ref} ({entry.corrupt}); remove it with `specgen registry remove "
-                              f"{entry.ref}` and import it again")
-    if not entry.installed:
-        if entry.name not in BUILTINS:
-            raise CheckpointError(f"{entry.ref} is incomplete on disk; remove it with `specgen registry remove`")
-        BUILTINS[entry.name].materialize(progress)
-    elif entry.builtin and stale_builtin(entry, BUILTINS[entry.name]):
-        BUILTINS[entry.name].materialize(progress)  # the package ships other weights now (upgrade, new recipe run)
-    return entry_at(entry.path)
-
-
-def modality_of(name: str) -> str:
-    """The modality of an entry ("text" when its config records none) without materialising a built-in: an
-    installed entry's config.json, else the built-in's shipped config, else `find` (which may materialise)."""
-    meta = installed_meta(name)
-    if meta is None:
-        from specgen.builtins import ASSETS, BUILTINS
-
-        kind, _, bare = name.rpartition("/")
-        b = BUILTINS.get(bare)
-        if b is not None and kind in ("", b.kind):
-            shipped = ASSETS / b.asset / CONFIG if b.asset else None
-            meta = json.loads(shipped.read_text()) if shipped is not None and shipped.is_file() else {}
-    if meta is None:
-        meta = find(name).meta
-    return meta.get("modality", "text")
-
-
-def stale_builtin(entry: Entry, builtin) -> bool:
-    """An installed built-in made from shipped files that have changed since (asset_sha differs)."""
-    if entry.kind != builtin.kind or not builtin.asset:
-        return False
-    from specgen.builtins import ASSETS
-
-    if not (ASSETS / builtin.asset).is_dir():
-        return False  # not shipped in this build: keep what is installed
-    return entry.meta.get("asset_sha") != builtin.fingerprint()
 
 
 def save(
@@ -383,9 +319,11 @@ def remove(name: str) -> Entry:
 
 
 def find_installed(name: str) -> Entry:
-    entries = [e for e in list_entries() if e.installed and name in (e.ref, e.name)]
+    """An installed entry by `kind/name` or bare name (built-ins are not materialised: see checkpoints.find)."""
+    installed = installed_entries()
+    entries = [e for e in installed if name in (e.ref, e.name)]
     if not entries:
-        raise UnknownNameError("installed checkpoint", name, [e.ref for e in list_entries() if e.installed])
+        raise UnknownNameError("installed checkpoint", name, [e.ref for e in installed])
     if len(entries) > 1:
         raise UsageError(f"'{name}' is ambiguous: {', '.join(e.ref for e in entries)}; use kind/name")
     return entries[0]
@@ -404,56 +342,8 @@ def read_state(entry: Entry) -> dict[str, torch.Tensor]:
         raise CheckpointError(f"corrupt or truncated weights in {path}: {e}") from None
 
 
-def load_module(entry: Entry, device: str = "cpu", dtype: torch.dtype = torch.float32) -> torch.nn.Module:
-    """Build the entry's module with its builder and load its weights strictly."""
-    from specgen.builders import BUILDERS
-
-    builder = entry.meta.get("builder")
-    if builder not in BUILDERS:
-        raise CheckpointError(f"{entry.ref}: unknown builder {builder!r}")
-    kwargs = entry.meta.get("kwargs", {})
-    check_declared_size(entry, builder, kwargs)
-    try:
-        module = BUILDERS[builder](**kwargs)
-    except (TypeError, ValueError, RuntimeError) as e:
-        raise CheckpointError(f"corrupt entry {entry.ref}: its {CONFIG} does not build a {builder} ({one_line(e)}); "
-                              f"remove it with `specgen registry remove {entry.ref}` and import it again") from None
-    state = read_state(entry)
-    for dropped, kept in entry.meta.get("tied", {}).items():
-        state[dropped] = state[kept]
-    if (getattr(getattr(module, "cfg", None), "tie_embeddings", False) and "output.weight" not in state
-            and "tok_embeddings.weight" in state):  # quantized targets tie their int8 buffers via "tied"
-        state["output.weight"] = state["tok_embeddings.weight"]
-    try:
-        module.load_state_dict(state, strict=True)
-    except RuntimeError as e:
-        first = str(e).splitlines()[0] if str(e) else "state dict mismatch"
-        raise CheckpointError(f"{entry.ref}: weights do not fit its config ({first})") from None
-    return module.to(device=device, dtype=dtype).eval()
-
-
 def one_line(e: BaseException) -> str:
     return " ".join(str(e).split())[:200] or type(e).__name__
-
-
-def check_declared_size(entry: Entry, builder: str, kwargs: dict) -> None:
-    """Build the module on the meta device (no memory) and compare its size with the stored weights and this
-    machine's memory, so a config.json declaring huge sizes is a one-line error, not an allocation failure."""
-    from specgen.builders import BUILDERS
-    from specgen.limits import check_declared_size as check
-
-    if not isinstance(kwargs, dict):
-        raise CheckpointError(f"corrupt entry {entry.ref}: kwargs in its {CONFIG} is not an object")
-    try:
-        with torch.device("meta"):
-            module = BUILDERS[builder](**kwargs)
-    except (TypeError, ValueError, RuntimeError, OverflowError) as e:
-        raise CheckpointError(f"corrupt entry {entry.ref}: its {CONFIG} does not build a {builder} ({one_line(e)}); "
-                              f"remove it with `specgen registry remove {entry.ref}` and import it again") from None
-    except Exception:  # noqa: BLE001 - a builder that cannot run on the meta device: checked when built
-        return
-    declared = sum(p.numel() for p in module.parameters())
-    check(entry.ref, declared, stored_numel(entry))
 
 
 def stored_numel(entry: Entry) -> int | None:

@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from specgen import registry
+from specgen import checkpoints, registry
 from specgen.errors import CheckpointError, UsageError
 
 ROOT = Path(__file__).resolve().parents[1]
 
 WRITER = textwrap.dedent("""
     import sys, time, torch
-    from specgen import registry
+    from specgen import checkpoints, registry
     from specgen.errors import UsageError
     name, count, overwrite, pause = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", float(sys.argv[4])
     state = {"w": torch.full((64, 64), float(len(sys.argv)))}
@@ -59,10 +59,10 @@ def test_sigkill_mid_write_leaves_a_temporary_that_the_next_write_removes(specge
     p.send_signal(signal.SIGKILL)
     p.wait()
     assert hidden(kind_dir) and not (kind_dir / "killed").exists()
-    assert "target/killed" not in {e.ref for e in registry.list_entries()}  # the half-written entry is invisible
+    assert "target/killed" not in {e.ref for e in checkpoints.list_entries()}  # the half-written entry is invisible
     registry.save("target", "other", {"w": torch.zeros(2)}, {})
     assert hidden(kind_dir) == []
-    assert registry.find("other").installed
+    assert checkpoints.find("other").installed
 
 
 def test_live_and_foreign_temporaries_are_kept(specgen_home):
@@ -89,7 +89,7 @@ def test_concurrent_overwriting_writers_never_fail(specgen_home):
     outs = [p.communicate(timeout=300)[0] for p in procs]
     lines = [line for out in outs for line in out.splitlines()]
     assert lines.count("saved") == 30, lines  # no "Directory not empty", no failure of any kind
-    entry = registry.find("shared")
+    entry = checkpoints.find("shared")
     assert registry.read_state(entry)["w"].shape == (64, 64)
     assert hidden(specgen_home / "checkpoints" / "target") == []
 
@@ -120,7 +120,7 @@ def test_overwrite_false_refuses_before_writing(specgen_home):
     registry.save("target", "kept", {"w": torch.ones(2)}, {})
     with pytest.raises(UsageError, match="already exists"):
         registry.save("target", "kept", {"w": torch.zeros(2)}, {}, overwrite=False)
-    assert registry.read_state(registry.find("kept"))["w"].tolist() == [1.0, 1.0]
+    assert registry.read_state(checkpoints.find("kept"))["w"].tolist() == [1.0, 1.0]
 
 
 def test_corrupt_entries_are_listed_with_a_repair(specgen_home):
@@ -143,19 +143,19 @@ def test_corrupt_entries_are_listed_with_a_repair(specgen_home):
     assert "no model.safetensors" in rows["target/noweights"]["status"]
     assert "tokenizer files are missing" in rows["target/notok"]["status"]
     with pytest.raises(CheckpointError, match="corrupt entry target/broken.*registry remove"):
-        registry.find("broken")
+        checkpoints.find("broken")
     r = CliRunner().invoke(app, ["registry", "remove", "broken"])
     assert r.exit_code == 0 and not broken.exists()
 
 
 def test_a_damaged_builtin_is_recreated_from_the_package(specgen_home):
-    entry = registry.find("tiny-image-vq")
+    entry = checkpoints.find("tiny-image-vq")
     want = registry.read_state(entry)
     (entry.path / "model.safetensors").unlink()
-    again = registry.find("tiny-image-vq")
+    again = checkpoints.find("tiny-image-vq")
     assert torch.equal(registry.read_state(again)["quantize.embedding.weight"], want["quantize.embedding.weight"])
     (again.path / "config.json").write_text("garbage")
-    assert registry.find("tiny-image-vq").meta["kind"] == "vq"
+    assert checkpoints.find("tiny-image-vq").meta["kind"] == "vq"
 
 
 def test_names_are_checked():

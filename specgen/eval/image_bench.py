@@ -193,10 +193,10 @@ def classifier_state(im: ImageModel, cfg: ImageBenchConfig, conditions) -> tuple
     if any(isinstance(c, Caption) for c in conditions):
         return None, {"quality_note": "no classifier metrics: t2i images have captions, not class labels"}
     try:
-        from specgen import registry
+        from specgen import checkpoints
         from specgen.eval import image_metrics
 
-        clf = registry.load_module(registry.find(cfg.classifier), cfg.device)
+        clf = checkpoints.load_module(checkpoints.find(cfg.classifier), cfg.device)
     except Exception as e:  # the classifier is optional: say why it is missing, never fake a number
         return None, {"quality_note": f"no classifier metrics: {str(e).splitlines()[0][:80]}"}
     # reference: unseen train-region crops (seed + 1; seed 0 are the GPT's own training crops)

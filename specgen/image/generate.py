@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from specgen import registry
+from specgen import checkpoints, registry
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.stats import DecodeStats
 from specgen.errors import IncompatibleError, UsageError
@@ -74,33 +74,33 @@ def load_image_model(name: str, drafter: str = "", device: str = "cpu", need_dra
 
     device = device_name(device)
     torch_dtype = resolve_dtype(dtype, device)
-    entry = registry.find(name)
+    entry = checkpoints.find(name)
     if entry.meta.get("modality") != "image":
         raise UsageError(f"{entry.ref} is not an image model")
-    model = decode_layout(registry.load_module(entry, device, torch_dtype))
+    model = decode_layout(checkpoints.load_module(entry, device, torch_dtype))
     if not entry.meta.get("vq"):
         raise UsageError(f"{entry.ref} records no VQ decoder; import it with --vq NAME "
                          "(specgen registry import ... --builder llamagen-gpt --vq NAME)")
-    vq_entry = registry.find(entry.meta["vq"])
-    vq = registry.load_module(vq_entry, device)
+    vq_entry = checkpoints.find(entry.meta["vq"])
+    vq = checkpoints.load_module(vq_entry, device)
     codes = vq.quantize.embedding.weight.shape[0]
     if codes != model.cfg.vocab_size:
         raise IncompatibleError(f"VQ {vq_entry.ref} has {codes} codes but {entry.ref} predicts {model.cfg.vocab_size}")
     net = None
     drafter = drafter or entry.meta.get("drafter", "") or (default_drafter(entry) if need_drafter else "")
     if need_drafter and drafter:
-        d_entry = registry.find(drafter)
+        d_entry = checkpoints.find(drafter)
         registry.check_pair(d_entry, entry)
-        net = decode_layout(registry.load_module(d_entry, device, torch_dtype))
+        net = decode_layout(checkpoints.load_module(d_entry, device, torch_dtype))
     grid = int(entry.meta.get("grid") or model.cfg.rope_grid)
     return ImageModel(entry, model, vq, list(entry.meta.get("classes", [])), grid, net)
 
 
 def default_drafter(target: registry.Entry) -> str:
     """The first draft entry (installed or built-in) trained for `target`, or "" when there is none."""
-    for e in registry.list_entries("draft"):
+    for e in checkpoints.list_entries("draft"):
         try:
-            if registry.find(e.ref).meta.get("parent") in (target.ref, target.name):
+            if checkpoints.find(e.ref).meta.get("parent") in (target.ref, target.name):
                 return e.ref
         except Exception:  # a broken entry is not a candidate; the user can still name one explicitly
             continue

@@ -285,13 +285,13 @@ _LOADED: dict[tuple[str, str], torch.nn.Module] = {}
 
 
 def _load(entry, device) -> torch.nn.Module:
-    from specgen import registry
+    from specgen import checkpoints, registry
 
     key = (str(entry.path), str(device))
     stamp = (entry.path / registry.WEIGHTS).stat().st_mtime_ns
     hit = _LOADED.get(key)
     if hit is None or getattr(hit, "_mulo_stamp", None) != stamp:
-        hit = decode_layout(registry.load_module(entry, device))
+        hit = decode_layout(checkpoints.load_module(entry, device))
         hit._mulo_stamp = stamp
         _LOADED[key] = hit
     return hit
@@ -301,12 +301,12 @@ def vq_codebook_of(entry) -> torch.Tensor | None:
     """The raw codebook [V, D] of the VQ a GPT entry was trained on (only that tensor is read), or None."""
     from safetensors import safe_open
 
-    from specgen import registry
+    from specgen import checkpoints, registry
 
     vq = entry.meta.get("vq")
     if not vq:
         return None
-    vq_entry = registry.find(vq)
+    vq_entry = checkpoints.find(vq)
     with safe_open(str(vq_entry.path / registry.WEIGHTS), "pt") as f:
         return f.get_tensor("quantize.embedding.weight").float()
 
@@ -323,7 +323,7 @@ def build_mulo(parts, o: dict) -> MuLoSDDecoder:
     lantern_k 0 (= the paper's 1000 of 16,384 scaled to the codebook), lantern_delta 0.1,
     rejection local|raster, draft_rows 1.
     """
-    from specgen import registry
+    from specgen import checkpoints
     from specgen.image.neighbours import neighbour_table, scaled_k
 
     opts = check_options(o, parts.grid)
@@ -331,7 +331,7 @@ def build_mulo(parts, o: dict) -> MuLoSDDecoder:
         raise UsageError("mulo-sd needs the target's VQ codebook")
     G, vocab = parts.grid, parts.model.cfg.vocab_size
     device = parts.target.device
-    low_entry = registry.find(str(o.get("lowres") or DEFAULT_LOWRES))
+    low_entry = checkpoints.find(str(o.get("lowres") or DEFAULT_LOWRES))
     if low_entry.meta.get("modality") != "image":
         raise UsageError(f"mulo-sd low-resolution drafter {low_entry.ref} is not an image model")
     low_vocab = low_entry.meta.get("vocab_size", low_entry.meta.get("kwargs", {}).get("vocab_size"))
@@ -348,7 +348,7 @@ def build_mulo(parts, o: dict) -> MuLoSDDecoder:
         raise IncompatibleError(f"mulo-sd drafter {low_entry.ref} has {lowres.cfg.num_classes} classes, "
                                 f"the target {parts.model.cfg.num_classes}")
     r = G // g
-    up_entry = registry.find(str(o.get("upsampler") or f"tiny-image-upsampler-{r}x"))
+    up_entry = checkpoints.find(str(o.get("upsampler") or f"tiny-image-upsampler-{r}x"))
     scale = up_entry.meta.get("scale", up_entry.meta.get("kwargs", {}).get("scale"))
     if up_entry.meta.get("builder") != "mulo-updown":
         raise UsageError(f"{up_entry.ref} is not a MuLo-SD up/down-sampler pair")

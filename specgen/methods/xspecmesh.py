@@ -348,13 +348,13 @@ class LoadedMesh:
 
 def load_target(name: str, device: str = "cpu"):
     """(MeshGPT, entry) of a mesh backbone; a non-mesh checkpoint is a usage error."""
-    from specgen import registry
+    from specgen import checkpoints
     from specgen.errors import UsageError
 
-    entry = registry.find(name)
+    entry = checkpoints.find(name)
     if entry.meta.get("modality") != "mesh":
         raise UsageError(f"{entry.ref} is a {entry.meta.get('modality', 'text')} model, not a mesh model")
-    return registry.load_module(entry, device), entry
+    return checkpoints.load_module(entry, device), entry
 
 
 def merge_adapter(model, adapter, target) -> None:
@@ -377,17 +377,17 @@ def load_mesh(target: str | None = None, heads: str | None = None, device: str =
     Without `target`, the heads' parent is used. Heads trained for another backbone (or another
     vocabulary) are an IncompatibleError (usage, exit 2).
     """
-    from specgen import registry
+    from specgen import checkpoints, registry
 
-    h_entry = registry.find(heads) if heads else None
+    h_entry = checkpoints.find(heads) if heads else None
     t_name = target or (h_entry.meta.get("parent") if h_entry else None) or DEFAULT_TARGET
     model, t_entry = load_target(t_name, device)
     head_module = a_entry = None
     if h_entry is not None:
         registry.check_pair(h_entry, t_entry)
         if h_entry.meta.get("adapter"):
-            a_entry = registry.find(h_entry.meta["adapter"])
+            a_entry = checkpoints.find(h_entry.meta["adapter"])
             merge_adapter(model, a_entry, t_entry)
-        head_module = registry.load_module(h_entry, device)
+        head_module = checkpoints.load_module(h_entry, device)
     decode_layout(model)  # after the LoRA merge (models/layout.py)
     return LoadedMesh(MeshDecoder(model, head_module, t_entry.meta.get("eos_id", 5120)), t_entry, h_entry, a_entry)

@@ -118,15 +118,15 @@ def measure(load, shapes: list[tuple[int, int]], prefix: int, repeat: int, round
 def main() -> None:
     """Print per-layout forward times and c(n) = time(n tokens) / time(1 token) of the built-in decoders
     (one thread): `python -m specgen.models.layout`."""
-    from specgen import registry
+    from specgen import checkpoints
 
     torch.set_num_threads(1)
     cases = {"smollm2-135m": ([(1, 1), (1, 2), (1, 4), (1, 8), (1, 16), (1, 32)], 200, 5),
              "tiny-image-gpt": ([(2, 1), (2, 4), (2, 30), (2, 60)], 100, 30),
              "mesh-gpt-tiny": ([(1, 1), (1, 3), (1, 5)], 60, 100)}
     for name, (shapes, prefix, repeat) in cases.items():
-        entry = registry.find(name)
-        ms = measure(lambda: _decoder(registry.load_module(entry)), shapes, prefix, repeat)
+        entry = checkpoints.find(name)
+        ms = measure(lambda: _decoder(checkpoints.load_module(entry)), shapes, prefix, repeat)
         layouts = sorted({k[0] for k in ms}, key=LAYOUTS.index)
         for b, s in shapes:
             cells = ", ".join(f"{lay} {ms[(lay, b, s)]:.2f} ms (c {ms[(lay, b, s)] / ms[(lay, b, 1)]:.2f})"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from specgen import registry
+from specgen import checkpoints, registry
 from specgen.errors import UsageError
 
 
@@ -53,7 +53,7 @@ def adapter_source(source: str, progress=None) -> tuple[registry.Entry, dict[str
     builtin = source.removeprefix("target/")
     if builtin in dict(TEXT_DISTILLED):
         return shipped_adapter(builtin)
-    entry = registry.find(source, progress)
+    entry = checkpoints.find(source, progress)
     if entry.kind != "adapter":
         known = ", ".join(n for n, _ in TEXT_DISTILLED)
         raise UsageError(f"{entry.ref} is not a LoRA adapter; give adapter/<name> (from `specgen distill`) or one of {known}")
@@ -67,7 +67,7 @@ def register_merged(adapter: registry.Entry, state: dict | None, name: str, scal
     from specgen.train.distill import copy_tokenizer
 
     s = merge_scale(adapter.meta, scale)
-    base = registry.find(adapter.meta.get("parent", ""), progress)
+    base = checkpoints.find(adapter.meta.get("parent", ""), progress)
     if base.meta.get("modality", "text") != "text" or not base.meta.get("tokenizer"):
         raise UsageError(f"{adapter.ref} adapts {base.ref}, not a text model with a tokenizer; registry merge makes "
                          "text targets (mesh LoRA adapters are merged when their heads load)")

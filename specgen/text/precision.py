@@ -6,7 +6,7 @@ import shutil
 
 import torch
 
-from specgen import registry
+from specgen import checkpoints, registry
 from specgen.devices import DTYPES  # float32 | bfloat16 | float16: one table for every modality
 from specgen.errors import IncompatibleError, UsageError
 
@@ -96,7 +96,7 @@ def save_quantized(base: registry.Entry, quantize: str, group: int, progress=Non
 
     if progress:
         progress(f"quantizing {base.ref} to {quantize}", 0, 1)
-    module = registry.load_module(base, "cpu")
+    module = checkpoints.load_module(base, "cpu")
     try:
         quantize_transformer(module, quantize, group)
     except ValueError as e:
@@ -125,7 +125,7 @@ def check_quantized_entry(entry: registry.Entry, quantize: str | None, progress=
     info = entry.meta["quantized"]
     if quantize and quantize != info.get("mode"):
         raise IncompatibleError(f"{entry.ref} holds {info.get('mode')} weights, not {quantize}")
-    base = registry.find(info.get("base", ""), progress)
+    base = checkpoints.find(info.get("base", ""), progress)
     if not base_unchanged(info, base):
         raise IncompatibleError(f"{entry.ref} was quantized from other weights of {base.ref} (changed since); "
                                 f"remove it and load {base.name} with --quantize {info.get('mode')}")

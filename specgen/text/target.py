@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specgen import registry
+from specgen import checkpoints, registry
 from specgen.decoding.target import ModelTarget
 from specgen.errors import UsageError
 from specgen.models.layout import decode_layout
@@ -49,23 +49,23 @@ def load_text_model(name: str, device: str = "cpu", progress=None, decode: bool 
     if quantize and not is_cpu(device):
         raise UsageError(f"--quantize {quantize} uses CPU kernels (torch's int8/int4 pack matmuls); use --device cpu, "
                          f"or --dtype bfloat16 on {device}")
-    entry = registry.find(name, progress)
+    entry = checkpoints.find(name, progress)
     if entry.meta.get("quantized"):  # a stored quantized entry named directly; the tokenizer is its base's
         base = prec.check_quantized_entry(entry, quantize, progress)
         quantize = entry.meta["quantized"]["mode"]
         dtype = prec.resolve(name, asked, quantize)[1]  # its activations: bfloat16 (float32 asked for: refused)
-        module, tokenizer = registry.load_module(entry, device, prec.DTYPES[dtype]), TextTokenizer.load(base.path)
+        module, tokenizer = checkpoints.load_module(entry, device, prec.DTYPES[dtype]), TextTokenizer.load(base.path)
     elif entry.kind == "adapter":
-        base = registry.find(entry.meta.get("parent", ""), progress)
+        base = checkpoints.find(entry.meta.get("parent", ""), progress)
         module, tokenizer = merged_module(entry, base, device)
         module = prec.in_memory(module, dtype, quantize)  # a merge is not stored: quantized here, each load
     elif entry.meta.get("modality", "text") != "text" or not entry.meta.get("tokenizer"):
         raise UsageError(f"{entry.ref} is not a text model with a tokenizer")
     elif quantize:
         base, entry = entry, prec.quantized_entry(entry, quantize, progress)
-        module, tokenizer = registry.load_module(entry, device, prec.DTYPES[dtype]), TextTokenizer.load(base.path)
+        module, tokenizer = checkpoints.load_module(entry, device, prec.DTYPES[dtype]), TextTokenizer.load(base.path)
     else:
-        module = registry.load_module(entry, device, prec.DTYPES[dtype])
+        module = checkpoints.load_module(entry, device, prec.DTYPES[dtype])
         tokenizer = TextTokenizer.load(entry.path)
     if decode:
         decode_layout(module)
@@ -97,7 +97,7 @@ def merged_module(adapter: registry.Entry, base: registry.Entry, device: str = "
     if want and want != tokenizer_hash(tokenizer):
         raise IncompatibleError(f"{adapter.ref} was trained with tokenizer {want}, but {base.ref} has "
                                 f"{tokenizer_hash(tokenizer)}")
-    module = registry.load_module(base, device)
+    module = checkpoints.load_module(base, device)
     try:
         merge_lora_state(module, registry.read_state(adapter) if state is None else state,
                          adapter.meta["lora_rank"], adapter.meta["lora_alpha"] * merge_scale(adapter.meta, scale))

@@ -21,7 +21,8 @@ import torch
 import torch.nn.functional as F
 
 from specgen.data.images import ImageCrops, ImageCropsConfig
-from specgen.eval.image_metrics import ImageClassifier, class_accuracy
+from specgen.eval.image_metrics import class_accuracy
+from specgen.models.classifier import ImageClassifier
 from specgen.train.checkpoint import fp16_state, write_entry, write_json
 from specgen.train.optim import OptimConfig, optimizer_step
 from specgen.train.script import parse_recipe, print_metrics, script_parser
@@ -105,9 +106,9 @@ def evaluate(model: ImageClassifier, cfg: ClassifierTrainConfig) -> dict[str, An
 @torch.no_grad()
 def vq_reconstructions(vq_dir: str, images: torch.Tensor) -> torch.Tensor:
     """Images [N,3,S,S] passed through the VQ in `vq_dir` (config.json + model.safetensors) -> [N,3,S,S]."""
-    from specgen import registry
+    from specgen import checkpoints, registry
 
-    vq = registry.load_module(registry.entry_at(Path(vq_dir)))
+    vq = checkpoints.load_module(registry.entry_at(Path(vq_dir)))
     return torch.cat([vq(c).recon.clamp(-1, 1) for c in images.split(64)])
 
 
@@ -179,11 +180,11 @@ def train(cfg: ClassifierTrainConfig, out: Path, log: Callable[[str], None] = la
 
 def evaluate_only(cfg: ClassifierTrainConfig, out: Path, log: Callable[[str], None]) -> dict[str, Any]:
     """Re-measure OUT's shipped weights with `evaluate` and merge the result into OUT/config.json's metrics."""
-    from specgen import registry
+    from specgen import checkpoints, registry
 
     torch.set_num_threads(cfg.num_threads)
     doc = json.loads((out / "config.json").read_text())
-    metrics = {**doc.get("metrics", {}), **evaluate(registry.load_module(registry.entry_at(out)), cfg)}
+    metrics = {**doc.get("metrics", {}), **evaluate(checkpoints.load_module(registry.entry_at(out)), cfg)}
     write_json(out / "config.json", {**doc, "metrics": metrics}, sort_keys=False)
     log(f"re-evaluated {out}: {json.dumps({k: v for k, v in metrics.items() if k != 'history'})}")
     return metrics

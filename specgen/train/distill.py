@@ -258,7 +258,7 @@ def distill(cfg: DistillConfig, out: Path, log: Callable[[str], None] = lambda s
     """Train (resuming from OUT/checkpoint when present) and register the result; returns a summary."""
     from accelerate import Accelerator
 
-    from specgen import registry
+    from specgen import checkpoints, registry
     from specgen.text.target import load_text_model
     from specgen.text.trajectories import load_records, read_meta, tokenizer_hash
     from specgen.train.lora import apply_lora, lora_state, merge_lora_state
@@ -271,7 +271,7 @@ def distill(cfg: DistillConfig, out: Path, log: Callable[[str], None] = lambda s
     tok_hash = tokenizer_hash(tm.tokenizer)
     init = None
     if cfg.init_adapter:  # a later progressive round: continue an adapter of this model
-        init = registry.find(cfg.init_adapter)
+        init = checkpoints.find(cfg.init_adapter)
         registry.check_pair(init, tm.entry)
     derived = (init.meta.get("merged_target", ""),) if init is not None else ()
     check_trajectories(meta, tm.entry.ref, tok_hash, cfg, derived)
@@ -419,10 +419,10 @@ def export_adapter(name: str, folder: Path, merge_scale: float | None = None) ->
     chooses it on held-out prompts)."""
     from safetensors.torch import save_file
 
-    from specgen import registry
+    from specgen import checkpoints, registry
     from specgen.text.merge import merge_scale as checked_scale
 
-    entry = registry.find(name)
+    entry = checkpoints.find(name)
     if entry.kind != "adapter":
         raise UsageError(f"{entry.ref} is not an adapter")
     folder = Path(folder)

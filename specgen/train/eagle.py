@@ -84,12 +84,12 @@ class EagleTrainConfig(OptimConfig):
 
 def load_image_target(name: str):
     """(entry, model) of a LlamaGen image target (c2i or t2i); anything else is a usage error."""
-    from specgen import registry
+    from specgen import checkpoints
 
-    entry = registry.find(name)
+    entry = checkpoints.find(name)
     if entry.kind != "target":
         raise UsageError(f"{entry.ref} is a {entry.kind}, not a target; pass target=<image target>")
-    model = registry.load_module(entry)
+    model = checkpoints.load_module(entry)
     cfg = getattr(model, "cfg", None)
     if not isinstance(model, Transformer) or cfg.cond_kind not in ("class", "caption") or not cfg.rope_grid:
         raise UsageError(f"{entry.ref} is not an image target (LlamaGen c2i or t2i GPT)")
@@ -205,7 +205,7 @@ def evaluate(net: EagleNet, target: Transformer, data: dict[str, torch.Tensor], 
 def train(cfg: EagleTrainConfig, out: Path, log: Callable[[str], None] = lambda s: None,
           command: str = "specgen train-heads --kind eagle") -> dict[str, Any]:
     """Generate (or reuse) target samples, train (or resume) the drafter, register it; returns metrics."""
-    from specgen import registry
+    from specgen import checkpoints, registry
 
     if cfg.samples_per_class < 1 or cfg.eval_samples_per_class < 1 or cfg.steps < 1 or cfg.batch_size < 1:
         raise UsageError("samples_per_class, eval_samples_per_class, steps and batch_size must be >= 1")
@@ -215,9 +215,9 @@ def train(cfg: EagleTrainConfig, out: Path, log: Callable[[str], None] = lambda 
     torch.manual_seed(cfg.seed)
     net = EagleNet.from_target(target)
     if cfg.init:
-        init = registry.find(cfg.init)
+        init = checkpoints.find(cfg.init)
         registry.check_pair(init, entry)
-        net.load_state_dict(registry.load_module(init).state_dict(), strict=True)
+        net.load_state_dict(checkpoints.load_module(init).state_dict(), strict=True)
     out.mkdir(parents=True, exist_ok=True)
     digest = hashlib.sha256((entry.path / registry.WEIGHTS).read_bytes()).hexdigest()[:16]
     train_data = generations(target, cfg.samples_per_class, cfg, cfg.seed * 2 + 1, digest, log, captions,

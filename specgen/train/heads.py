@@ -262,7 +262,7 @@ class HeadsTrainer:
     """Owns backbone, heads, optimiser and run directory (labels + per-stage resumable state)."""
 
     def __init__(self, cfg: HeadsTrainConfig, out: Path, log: Callable[[str], None] = lambda s: None) -> None:
-        from specgen import registry
+        from specgen import checkpoints
         from specgen.errors import UsageError
 
         if cfg.backbone_loss not in BACKBONE_LOSSES:
@@ -272,10 +272,10 @@ class HeadsTrainer:
         self.cfg, self.out, self.log = cfg, Path(out), log
         torch.set_num_threads(cfg.num_threads)
         torch.manual_seed(cfg.seed)
-        self.target = registry.find(cfg.target)
+        self.target = checkpoints.find(cfg.target)
         if self.target.meta.get("modality") != "mesh":
             raise UsageError(f"{self.target.ref} is not a mesh model; XSpecMesh heads need a mesh backbone")
-        self.model = registry.load_module(self.target).float()
+        self.model = checkpoints.load_module(self.target).float()
         for p in self.model.parameters():
             p.requires_grad_(False)
         dc = self.model.dec_cfg

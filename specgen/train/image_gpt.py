@@ -73,9 +73,9 @@ def load_vq(ref: str):
 
     folder = Path(ref)
     if not (folder / "config.json").is_file():
-        from specgen import registry
+        from specgen import checkpoints
 
-        folder = registry.find(ref).path
+        folder = checkpoints.find(ref).path
     doc = json.loads((folder / "config.json").read_text())
     cfg = VQConfig.from_dict(doc.get("config") or doc.get("kwargs"))
     model = VQModel(cfg)

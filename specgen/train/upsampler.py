@@ -302,12 +302,12 @@ class Trainee(nn.Module):
 
 def load_pair(ref: str) -> tuple[UpDownSampler, dict]:
     """A registered (or folder) pair and its meta."""
-    from specgen import registry
+    from specgen import checkpoints
 
-    entry = registry.find(ref)
+    entry = checkpoints.find(ref)
     if entry.meta.get("builder") != "mulo-updown":
         raise UsageError(f"{entry.ref} is not a MuLo-SD up/down-sampler pair")
-    return registry.load_module(entry), entry.meta
+    return checkpoints.load_module(entry), entry.meta
 
 
 def codebook_hash(codebook: torch.Tensor) -> str:

@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
-from specgen import registry
+from specgen import checkpoints, registry
 from tests.pcllm_fixtures import save_tiny_text, write_prompts
 
 runner = CliRunner()
@@ -107,8 +107,8 @@ def test_bad_inputs_are_one_line(traj, tmp_path):
     assert r.exit_code == 0, r.output
     one_line_error(invoke("distill", "--out", tmp_path / "c", "--trajectories", traj, "--model", "other-text",
                           "init_adapter=tiny-pc-lora", *DISTILL), 2, "trained for target/tiny-text, not target/other-text")
-    meta = registry.find("adapter/tiny-pc-lora").meta
-    (registry.find("adapter/tiny-pc-lora").path / "config.json").write_text(json.dumps({**meta, "parent": "target/other-text"}))
+    meta = checkpoints.find("adapter/tiny-pc-lora").meta
+    (checkpoints.find("adapter/tiny-pc-lora").path / "config.json").write_text(json.dumps({**meta, "parent": "target/other-text"}))
     one_line_error(invoke("generate", "--model", "adapter/tiny-pc-lora", "--prompt", "x", "--no-chat"), 2,
                    "was trained with tokenizer")
 
@@ -143,14 +143,14 @@ def test_registry_merge_interpolates_in_weight_space(traj, tmp_path):
     for s, name in ((0, "tiny-pc-0"), (0.5, "tiny-pc-half"), (None, "tiny-pc-default")):
         r = invoke("registry", "merge", "adapter/tiny-pc-lora", "--name", name, *(() if s is None else ("--scale", s)))
         assert r.exit_code == 0 and r.stdout.strip() == f"target/{name}", r.output
-    w = {n: registry.read_state(registry.find(n)) for n in ("tiny-text", "tiny-pc", "tiny-pc-0", "tiny-pc-half",
+    w = {n: registry.read_state(checkpoints.find(n)) for n in ("tiny-text", "tiny-pc", "tiny-pc-0", "tiny-pc-half",
                                                               "tiny-pc-default")}
     key = next(k for k in w["tiny-text"] if k.endswith("wqkv.weight"))
     assert not torch.equal(w["tiny-pc"][key], w["tiny-text"][key])
     torch.testing.assert_close(w["tiny-pc-0"][key], w["tiny-text"][key])
     torch.testing.assert_close(w["tiny-pc-default"][key], w["tiny-pc"][key])
     torch.testing.assert_close(w["tiny-pc-half"][key], (w["tiny-text"][key] + w["tiny-pc"][key]) / 2)
-    assert registry.find("tiny-pc-half").meta["merge_scale"] == 0.5
+    assert checkpoints.find("tiny-pc-half").meta["merge_scale"] == 0.5
     from specgen.train.distill import export_adapter  # the recipe's ship step records the chosen scale
 
     shipped = export_adapter("adapter/tiny-pc-lora", tmp_path / "asset", 0.5)

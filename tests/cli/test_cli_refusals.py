@@ -13,7 +13,7 @@ import torch
 from typer.testing import CliRunner
 
 from cli.main import app
-from specgen import registry
+from specgen import checkpoints
 from tests.pcllm_fixtures import save_tiny_text
 
 runner = CliRunner()
@@ -234,7 +234,7 @@ def test_a_sequence_past_the_context_is_a_usage_error(tiny):
 
 
 def test_declared_sizes_beyond_the_weights_are_a_corrupt_entry(tiny):
-    entry = registry.find("tiny-text")
+    entry = checkpoints.find("tiny-text")
     meta = json.loads((entry.path / "config.json").read_text())
     meta["kwargs"].update(dim=1 << 16, ffn_dim=1 << 18)
     (entry.path / "config.json").write_text(json.dumps(meta))
@@ -264,9 +264,9 @@ def pt_file(tiny):
     (["--name", "ok", "--parent", "nothing-like-it"], "unknown parent checkpoint"),
 ])
 def test_registry_import_refusals(tiny, pt_file, extra, needle):
-    before = (registry.find("tiny-text").path / "model.safetensors").read_bytes()
+    before = (checkpoints.find("tiny-text").path / "model.safetensors").read_bytes()
     check_refusal(tiny, [*pt_file, *extra], 2, needle)
-    assert (registry.find("tiny-text").path / "model.safetensors").read_bytes() == before
+    assert (checkpoints.find("tiny-text").path / "model.safetensors").read_bytes() == before
 
 
 def test_registry_import_force_replaces_and_merge_refuses_builtins(tiny, pt_file):
@@ -352,7 +352,8 @@ def test_every_default_and_shipped_recipe_passes_the_checks():
     for recipe in recipes:
         keys = set(yaml.safe_load(recipe.read_text()) or {})
         for cls in [c for c in classes if keys <= {f.name for f in dataclasses.fields(c)}]:
-            load_config(cls, recipe)
+            on_cpu = ["device=cpu"] if keys & {"device"} else []  # recipes/full name cuda, refused where there is none
+            load_config(cls, recipe, on_cpu)
             loaded += 1
     assert len(classes) >= 15 and loaded >= len(recipes) > 20
 

@@ -9,7 +9,7 @@ import torch
 from typer.testing import CliRunner
 
 from cli.main import app
-from specgen import registry
+from specgen import checkpoints, registry
 from tests.conftest import tiny_model
 
 runner = CliRunner()
@@ -118,7 +118,7 @@ def test_registry_import_pt_and_safetensors(tmp_path):
     kwargs.write_text(json.dumps(model.cfg.to_dict()))
     r = invoke("registry", "import", str(pt), "--name", "imported", "--builder", "transformer", "--kwargs", str(kwargs))
     assert r.exit_code == 0, r.output
-    loaded = registry.load_module(registry.find("imported"))
+    loaded = checkpoints.load_module(checkpoints.find("imported"))
     torch.testing.assert_close(loaded.tok_embeddings.weight, model.tok_embeddings.weight)
     # a pickle with arbitrary objects is refused (weights_only) and nothing is written
     evil = tmp_path / "evil.pt"

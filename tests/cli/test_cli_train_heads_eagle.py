@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
-from specgen import registry
+from specgen import checkpoints, registry
 from tests.image_fixtures import one_thread, register_tiny_image_target
 
 runner = CliRunner()
@@ -26,9 +26,9 @@ def test_train_heads_eagle_end_to_end(tmp_path):
     row = json.loads(r.stdout.splitlines()[0])[0]
     assert row["ref"] == "draft/tiny-img-eagle" and row["parent"] == "target/tiny-img"
     assert 0.0 <= row["metrics"]["top1_vs_target_top1"] <= 1.0
-    entry = registry.find("draft/tiny-img-eagle")
-    registry.check_pair(entry, registry.find("tiny-img"))
-    drafter = registry.load_module(entry)
+    entry = checkpoints.find("draft/tiny-img-eagle")
+    registry.check_pair(entry, checkpoints.find("tiny-img"))
+    drafter = checkpoints.load_module(entry)
     assert drafter.cfg.n_layers == 1 and entry.meta["builder"] == "eagle"
     assert (out / "state.safetensors").is_file() and (out / "train.log").is_file()
     # rerun resumes from the finished state (no new training steps) and re-registers
@@ -49,7 +49,7 @@ def test_drafter_of_another_target_is_a_usage_error(tmp_path):
     assert r.exit_code == 2
     err = r.stderr.strip().splitlines()
     assert len(err) == 1 and "trained for target/img-a, not target/img-b" in err[0]
-    assert not [e for e in registry.list_entries("draft") if e.installed and e.name != "eagle-a"]
+    assert not [e for e in checkpoints.list_entries("draft") if e.installed and e.name != "eagle-a"]
     assert not (tmp_path / "b").exists()  # nothing written for the refused run
 
 

@@ -9,7 +9,7 @@ import torch
 from typer.testing import CliRunner
 
 from cli.main import app
-from specgen import registry
+from specgen import checkpoints, registry
 from specgen.models.vq import VQ_CONFIGS, VQModel
 
 runner = CliRunner()
@@ -35,11 +35,11 @@ def test_train_register_resume_and_warm_start(tiny_vq):
     assert r.exit_code == 0, r.output
     row = json.loads(r.stdout)[0]
     assert row["ref"] == "upsampler/t-up2" and row["scale"] == "2x"
-    meta = registry.find("t-up2").meta
+    meta = checkpoints.find("t-up2").meta
     assert meta["scale"] == 2 and meta["grid_low"] == 8 and meta["grid_high"] == 16 and meta["vq"] == "t-vq"
     assert meta["metrics"]["perceptual"] in ("vq-features", "lpips")
     assert "up_gan" in (tiny_vq / "u2" / "train.log").read_text()  # the adversarial term switched on at step 1
-    pair = registry.load_module(registry.find("t-up2"))
+    pair = checkpoints.load_module(checkpoints.find("t-up2"))
     assert pair.upsample_tokens(torch.zeros(1, 2, 8, dtype=torch.long)).shape == (1, 4, 16)
     # resume: more steps continue from the saved state; another config in the same folder is refused
     r = run(tiny_vq, "u2", "steps=4", "gan_start=1", "name=t-up2")
@@ -47,7 +47,7 @@ def test_train_register_resume_and_warm_start(tiny_vq):
     # 4x warm-started from the 2x pair
     r = run(tiny_vq, "u4", "steps=2", "scale=4", "warm_start=t-up2", "name=t-up4")
     assert r.exit_code == 0, r.output
-    assert registry.find("t-up4").meta["grid_low"] == 4 and "warm start" in (tiny_vq / "u4" / "train.log").read_text()
+    assert checkpoints.find("t-up4").meta["grid_low"] == 4 and "warm start" in (tiny_vq / "u4" / "train.log").read_text()
 
 
 @pytest.mark.parametrize("args,needle", [

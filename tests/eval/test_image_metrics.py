@@ -118,13 +118,13 @@ def test_speed_quality_plot_and_grid(tmp_path):
 
 
 def test_shipped_classifier_builtin():
-    from specgen import registry
+    from specgen import checkpoints
     from specgen.data.images import ImageCrops, ImageCropsConfig
 
-    entry = registry.find("tiny-image-classifier")
+    entry = checkpoints.find("tiny-image-classifier")
     assert entry.kind == "classifier" and entry.meta["builder"] == "image-classifier"
     assert entry.meta["metrics"]["unseen_train_crops_vq_recon_accuracy"] >= 0.95
-    clf = registry.load_module(entry)
+    clf = checkpoints.load_module(entry)
     assert isinstance(clf, ImageClassifier) and clf.num_classes == 16
     images, labels = ImageCrops(ImageCropsConfig(split="train", num_samples=64, seed=11)).batch(range(64))
     assert class_accuracy(clf, images, labels) >= 0.95  # unseen crops of the region the generators learn
@@ -155,11 +155,11 @@ def test_clip_score_runs_offline_on_a_local_folder(tmp_path, monkeypatch):
 
 
 def test_training_writes_a_loadable_checkpoint(tmp_path):
-    from specgen import registry
+    from specgen import checkpoints, registry
     from specgen.train.classifier import ClassifierTrainConfig, train
 
     cfg = ClassifierTrainConfig(widths=[8, 16], steps=3, batch_size=16, eval_samples=16, eval_every=3, vq="")
     metrics = train(cfg, tmp_path)
     assert 0.0 <= metrics["heldout_accuracy"] <= 1.0 and len(metrics["heldout_per_class"]) == 16
-    clf = registry.load_module(registry.entry_at(tmp_path))  # builder "image-classifier" + fp16 weights
+    clf = checkpoints.load_module(registry.entry_at(tmp_path))  # builder "image-classifier" + fp16 weights
     assert isinstance(clf, ImageClassifier) and clf.features(torch.zeros(1, 3, 64, 64)).shape == (1, 16)

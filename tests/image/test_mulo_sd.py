@@ -9,7 +9,7 @@ import torch
 from typer.testing import CliRunner
 
 from cli.main import app
-from specgen import registry
+from specgen import checkpoints, registry
 from specgen.decoding.loop import decode
 from specgen.decoding.sampling import SamplingParams
 from specgen.image.neighbours import compute_neighbours
@@ -206,7 +206,7 @@ def test_bench_rows_ablations_and_tau_sweep(mulo_registry, tmp_path):
 def test_shipped_mulo_sd_parts_fit():
     from specgen.image.generate import ImageGenConfig, generate_images, load_image_model
 
-    low, up = registry.find("tiny-image-gpt-lowres"), registry.find("tiny-image-upsampler-2x")
+    low, up = checkpoints.find("tiny-image-gpt-lowres"), checkpoints.find("tiny-image-upsampler-2x")
     assert low.meta["grid"] == 8 and low.meta["vq"] == up.meta["vq"] == "tiny-image-vq" and up.meta["scale"] == 2
     im = load_image_model("tiny-image-gpt", need_drafter=False)
     samples, px = generate_images(im, ImageGenConfig(method="mulo-sd", num=1, seed=0))

@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 from typer.testing import CliRunner
 
 from cli.main import app
-from specgen import registry
+from specgen import checkpoints, registry
 from specgen.decoding.loop import decode
 from specgen.decoding.sampling import SamplingParams
 from specgen.image.target import CaptionCFGTarget
@@ -117,10 +117,10 @@ def test_train_heads_eagle_on_a_t2i_target(t2i_registry):  # noqa: F811
     assert r.exit_code == 0, r.output
     row = json.loads(r.stdout.splitlines()[0])[0]
     assert row["ref"] == "draft/t2i-trained" and row["parent"] == "target/t2i-gpt"
-    entry = registry.find("draft/t2i-trained")
-    registry.check_pair(entry, registry.find("t2i-gpt"))
+    entry = checkpoints.find("draft/t2i-trained")
+    registry.check_pair(entry, checkpoints.find("t2i-gpt"))
     assert entry.meta["captions_sha"] == sha and entry.meta["train_config"]["captions"] == str(caps)
-    assert registry.load_module(entry).cfg.n_cond == N_COND
+    assert checkpoints.load_module(entry).cfg.n_cond == N_COND
     assert sorted(p.name.split("-seed")[1] for p in (t2i_registry / "cache").iterdir()) == [
         f"1-cap{sha}.safetensors", f"2-cap{sha}.safetensors"]  # train and held-out seeds, keyed by the captions
     log = (out / "train.log").read_text()
@@ -164,4 +164,4 @@ def test_condition_mismatches_are_one_line_usage_errors(t2i_registry, target, ma
     assert r.exit_code == 2, r.output
     assert needle in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert not out.exists() and not (t2i_registry / "cache").exists()  # refused before any work
-    assert "bad-eagle" not in [e.name for e in registry.list_entries("draft")]
+    assert "bad-eagle" not in [e.name for e in checkpoints.list_entries("draft")]

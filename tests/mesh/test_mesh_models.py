@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specgen import registry
+from specgen import checkpoints, registry
 from specgen.errors import IncompatibleError
 from specgen.methods.xspecmesh import load_mesh
 from specgen.models.heads import HeadsConfig
@@ -131,12 +131,12 @@ def test_registry_round_trip_and_foreign_heads():
         torch.testing.assert_close(a, b, msg=k)
     with pytest.raises(IncompatibleError, match="trained for other-mesh"):
         load_mesh("tiny-mesh", "foreign-heads")
-    assert registry.find("tiny-mesh").meta["modality"] == "mesh"
+    assert checkpoints.find("tiny-mesh").meta["modality"] == "mesh"
 
 
 def test_heads_refuse_a_retrained_backbone_of_the_same_name():
     register_tiny("tiny-mesh", None)
-    target = registry.find("tiny-mesh")
+    target = checkpoints.find("tiny-mesh")
     digest = registry.weights_digest(target)
     heads = tiny_heads()
     registry.save("heads", "pinned-heads", heads.state_dict(),
@@ -145,7 +145,7 @@ def test_heads_refuse_a_retrained_backbone_of_the_same_name():
     assert load_mesh(None, "pinned-heads").decoder.heads is not None
     # a re-saved copy of the same weights keeps its digest
     registry.save("target", "tiny-mesh", registry.read_state(target), target.meta)
-    assert registry.weights_digest(registry.find("tiny-mesh")) == digest
+    assert registry.weights_digest(checkpoints.find("tiny-mesh")) == digest
     # retrained (other weights, same name): refused with one line
     state = {k: v + 0.01 if v.is_floating_point() else v for k, v in registry.read_state(target).items()}
     registry.save("target", "tiny-mesh", state, target.meta)

@@ -235,7 +235,7 @@ def test_gguf_llama3_scaling_is_refused(extra, tmp_path):
 def test_registry_import_keeps_the_math(tmp_path, specgen_home):
     """`registry import` of a Qwen3 folder with YaRN: the registry entry rebuilds the same model (its config.json
     carries qk_norm and rope_scaling) and records the checkpoint's own context when specgen's is capped."""
-    from specgen import registry
+    from specgen import checkpoints
     from specgen.importer import import_checkpoint
 
     yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}
@@ -243,6 +243,6 @@ def test_registry_import_keeps_the_math(tmp_path, specgen_home):
     theirs.save_pretrained(tmp_path / "qwen3")
     entry = import_checkpoint(tmp_path / "qwen3", "tiny-qwen3")
     assert entry.meta["source_context"] == 32768 and entry.meta["kwargs"]["max_seq_len"] == 8192
-    ours = registry.load_module(registry.find("target/tiny-qwen3")).eval()
+    ours = checkpoints.load_module(checkpoints.find("target/tiny-qwen3")).eval()
     assert ours.cfg.qk_norm and ours.cfg.rope_scaling["rope_type"] == "yarn"
     assert_same(ours, theirs, tokens(96))

@@ -5,16 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specgen import registry
+from specgen import checkpoints, registry
 from tests.image_fixtures import one_thread
 
 _threads = pytest.fixture(autouse=True)(one_thread)
 
 
 def test_tiny_vq_builtin_roundtrip():
-    entry = registry.find("tiny-image-vq")
+    entry = checkpoints.find("tiny-image-vq")
     assert entry.kind == "vq" and entry.meta["modality"] == "image" and entry.meta["vocab_size"] == 512
-    vq = registry.load_module(entry)
+    vq = checkpoints.load_module(entry)
     img = torch.rand(1, 3, 64, 64) * 2 - 1
     with torch.no_grad():
         codes = vq.encode(img)
@@ -26,12 +26,12 @@ def test_tiny_gpt_and_eagle_builtins_fit():
     from specgen.models.eagle import EagleNet
     from specgen.train.image_gpt import sample_c2i
 
-    gpt_entry, eagle_entry = registry.find("tiny-image-gpt"), registry.find("tiny-image-eagle")
+    gpt_entry, eagle_entry = checkpoints.find("tiny-image-gpt"), checkpoints.find("tiny-image-eagle")
     registry.check_pair(eagle_entry, gpt_entry)
     meta = gpt_entry.meta
     assert meta["modality"] == "image" and meta["vq"] == "tiny-image-vq" and meta["grid"] == 16
     assert len(meta["classes"]) == meta["kwargs"]["num_classes"] == 16
-    gpt, eagle = registry.load_module(gpt_entry), registry.load_module(eagle_entry)
+    gpt, eagle = checkpoints.load_module(gpt_entry), checkpoints.load_module(eagle_entry)
     assert isinstance(eagle, EagleNet)
     toks, feats = sample_c2i(gpt, torch.tensor([0]), cfg_scale=4.0, generator=torch.Generator().manual_seed(0),
                              features=True)
@@ -48,20 +48,20 @@ def test_a_builtin_is_reinstalled_when_the_shipped_weights_change(tmp_path, monk
 
     from safetensors.torch import load_file, save_file
 
-    from specgen import builtins, registry
+    from specgen import builtins, checkpoints
 
     assets = tmp_path / "assets"
     shutil.copytree(builtins.ASSETS / "image" / "classifier", assets / "image" / "classifier")
     monkeypatch.setattr(builtins, "ASSETS", assets)
-    first = registry.find("tiny-image-classifier")
+    first = checkpoints.find("tiny-image-classifier")
     assert first.meta["asset_sha"] == builtins.BUILTINS["tiny-image-classifier"].fingerprint()
-    assert registry.find("tiny-image-classifier").meta["asset_sha"] == first.meta["asset_sha"]  # unchanged: kept
+    assert checkpoints.find("tiny-image-classifier").meta["asset_sha"] == first.meta["asset_sha"]  # unchanged: kept
 
     weights = assets / "image" / "classifier" / "model.safetensors"
     state = load_file(str(weights))
     key = sorted(state)[0]
     state[key] = state[key] + 1
     save_file(state, str(weights))
-    again = registry.find("tiny-image-classifier")
+    again = checkpoints.find("tiny-image-classifier")
     assert again.meta["asset_sha"] != first.meta["asset_sha"]
     assert torch.equal(load_file(str(again.path / "model.safetensors"))[key], state[key])

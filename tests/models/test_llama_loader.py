@@ -52,11 +52,11 @@ def test_smollm2_gguf_matches_transformers_gguf_loader():
     """The built-in GGUF conversion equals transformers' own GGUF loading of the same file."""
     from transformers import AutoModelForCausalLM
 
-    from specgen import registry
+    from specgen import checkpoints
     from specgen.builtins import smollm2_gguf_path
 
     path = smollm2_gguf_path()
-    ours = registry.load_module(registry.find("smollm2-135m"))
+    ours = checkpoints.load_module(checkpoints.find("smollm2-135m"))
     theirs = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, torch_dtype=torch.float32).eval()
     tokens = torch.randint(0, 49152, (1, 32), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():

@@ -163,7 +163,7 @@ def test_incomplete_checkpoints_are_refused():  # t2i checkpoints load: tests/mo
 
 
 def test_registry_import_of_a_llamagen_pt(tmp_path):
-    from specgen import registry
+    from specgen import checkpoints
     from specgen.importer import import_checkpoint
 
     ckpt = llamagen_checkpoint()
@@ -172,7 +172,7 @@ def test_registry_import_of_a_llamagen_pt(tmp_path):
     kw = tmp_path / "kwargs.json"
     kw.write_text(json.dumps(config_kwargs()))
     entry = import_checkpoint(path, "llamagen-tiny", builder="llamagen-gpt", kwargs_path=kw)
-    model = registry.load_module(entry)
+    model = checkpoints.load_module(entry)
     torch.testing.assert_close(model.output.weight, ckpt["model"]["output.weight"])
 
 

@@ -269,7 +269,7 @@ def test_lantern_hf_t2i_names_convert():
 
 def test_registry_import_of_a_t2i_pt_with_vq(tmp_path):
     from cli.main import app
-    from specgen import registry
+    from specgen import checkpoints, registry
     from specgen.models.vq import VQ_CONFIGS, VQModel
 
     vq_cfg = VQ_CONFIGS["vq-tiny"]
@@ -288,10 +288,10 @@ def test_registry_import_of_a_t2i_pt_with_vq(tmp_path):
     r = runner.invoke(app, ["registry", "import", str(path), "--name", "t2i-tiny", "--builder", "llamagen-gpt",
                             "--kwargs", str(kw), "--vq", "t-vq48"])
     assert r.exit_code == 0, r.output
-    entry = registry.find("t2i-tiny")
+    entry = checkpoints.find("t2i-tiny")
     assert entry.meta["modality"] == "image" and entry.meta["vq"] == "vq/t-vq48" and entry.meta["grid"] == G
     assert entry.meta["conditioning"] == "caption"
-    model = registry.load_module(entry)
+    model = checkpoints.load_module(entry)
     torch.testing.assert_close(model.cls_embedding.uncond_embedding, ckpt["model"]["cls_embedding.uncond_embedding"])
     # a config whose cls_token_num does not fit the checkpoint: one line, no traceback, nothing written
     kw.write_text(json.dumps({**config_kwargs(), "n_cond": N + 1, "max_seq_len": N + 1 + G * G}))
@@ -299,4 +299,4 @@ def test_registry_import_of_a_t2i_pt_with_vq(tmp_path):
                             "--kwargs", str(kw)])
     assert r.exit_code == 1 and "does not fit" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     with pytest.raises(Exception):
-        registry.find("bad")
+        checkpoints.find("bad")

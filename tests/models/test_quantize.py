@@ -192,14 +192,14 @@ def tiny_entry(name="tiny", seed=2):
 
 @pytest.mark.parametrize("mode,group", MODES)
 def test_stored_quantized_entry_reloads_bit_for_bit_and_is_made_once(mode, group):
-    from specgen import registry
+    from specgen import checkpoints, registry
     from specgen.text import precision
 
     base, model = tiny_entry()
     entry = precision.quantized_entry(base, mode)
     assert entry.ref == f"target/tiny-{mode}" + ("-g32" if mode == "int4" else "")
     assert entry.meta["quantized"]["base"] == "target/tiny" and entry.meta["builder"] == "quantized-transformer"
-    loaded = registry.load_module(entry, "cpu", torch.bfloat16)
+    loaded = checkpoints.load_module(entry, "cpu", torch.bfloat16)
     want = quantize_transformer(model, mode, group).state_dict()
     got = loaded.state_dict()
     assert got.keys() == want.keys()

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from specgen import registry
+from specgen import checkpoints, registry
 from tests.cli.test_cli_text import invoke, tiny_target  # noqa: F401 - the fixture
 
 GEN = ["generate", "--model", "tiny-text", "--no-chat", "--max-new-tokens", "12", "--format", "json",
@@ -23,7 +23,7 @@ def tokens(result) -> list[int]:
 def test_generate_quantized_is_lossless_and_stored_once(tiny_target, quantize):  # noqa: F811
     ar = tokens(invoke(*GEN, "--quantize", quantize))
     suffix = "-g32" if quantize == "int4" else ""
-    entry = registry.find(f"tiny-text-{quantize}{suffix}")
+    entry = checkpoints.find(f"tiny-text-{quantize}{suffix}")
     assert entry.meta["quantized"]["base"] == "target/tiny-text"
     assert tokens(invoke(*GEN, "--quantize", quantize, "--method", "ngram")) == ar
     assert tokens(invoke(*GEN, "--quantize", quantize, "--method", "jacobi")) == ar

@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from specgen import builtins, registry
+from specgen import builtins, checkpoints, registry
 from specgen.errors import UsageError
 from specgen.text.merge import merge_scale
 from tests.pcllm_fixtures import save_tiny_text
@@ -27,7 +27,7 @@ def test_builtin_merges_at_the_shipped_merge_scale(tmp_path, monkeypatch):
     monkeypatch.setattr(builtins, "ASSETS", tmp_path)
     monkeypatch.setattr(builtins, "asset_fingerprint", lambda folder: "test")
     builtins.materialize_distilled("tiny-shipped")(None)
-    entry = registry.find("target/tiny-shipped")
+    entry = checkpoints.find("target/tiny-shipped")
     assert entry.meta["merge_scale"] == 0.25 and entry.meta["distilled_from"] == base.ref
     torch.testing.assert_close(registry.read_state(entry)[key], w + 0.25 * (4.0 / 2) * b @ a)
 

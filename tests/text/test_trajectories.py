@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow.parquet as pq
 import pytest
 
-from specgen import registry
+from specgen import checkpoints, registry
 from specgen.decoding.loop import decode
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.target import ModelTarget
@@ -123,7 +123,7 @@ def test_refuses_mismatched_folder_and_humaneval(tiny_text, tmp_path):
     meta = {"builder": "transformer", "kwargs": model.cfg.to_dict(), "vocab_size": 64, "modality": "text",
             "tokenizer": True}
     registry.save("target", "other-text", model.state_dict(), meta,
-                  extra=lambda d: __import__("shutil").copytree(registry.find("tiny-text").path, d, dirs_exist_ok=True,
+                  extra=lambda d: __import__("shutil").copytree(checkpoints.find("tiny-text").path, d, dirs_exist_ok=True,
                                                                 ignore=lambda *_: ["config.json", "model.safetensors"]))
     with pytest.raises(IncompatibleError, match="target/tiny-text.*target/other-text"):
         T.collect(cfg(tiny_text, limit=2, model="other-text"), out)

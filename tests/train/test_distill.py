@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from specgen import registry
+from specgen import checkpoints
 from specgen.errors import IncompatibleError, UsageError
 from specgen.text.target import load_text_model
 from specgen.text.trajectories import load_records
@@ -106,7 +106,7 @@ def test_init_adapter_must_belong_to_the_model(traj, tmp_path):
     with pytest.raises(IncompatibleError, match="trained for target/tiny-text, not target/other-text"):
         distill(config(traj, model="other-text", init_adapter="tiny-pc-lora"), tmp_path / "b")
     cont = distill(config(traj, steps=3, name="tiny-pc2", init_adapter="tiny-pc-lora"), tmp_path / "c")
-    assert cont["steps"] == 3 and registry.find("adapter/tiny-pc2-lora").meta["init_adapter"] == "tiny-pc-lora"
+    assert cont["steps"] == 3 and checkpoints.find("adapter/tiny-pc2-lora").meta["init_adapter"] == "tiny-pc-lora"
 
 
 @pytest.mark.slow
@@ -120,4 +120,4 @@ def test_two_process_gloo(traj, tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     log = (tmp_path / "ddp" / "train.log").read_text()
     assert "2 process(es)" in log and "step 6/6" in log
-    assert registry.find("target/tiny-ddp").meta["metrics"]["steps"] == 6
+    assert checkpoints.find("target/tiny-ddp").meta["metrics"]["steps"] == 6

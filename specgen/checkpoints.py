@@ -1,0 +1,135 @@
+"""Checkpoints above the registry store: find an entry by name (materialising a built-in on first use), list
+installed and built-in entries, and build an entry's module with its builder.
+
+Layers: `registry` (the store: paths, atomic writes, metadata) imports only `errors` and `paths`; this module
+adds what needs the package's models and embedded defaults (`builders`, `builtins`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from specgen import registry
+from specgen.builders import BUILDERS
+from specgen.builtins import ASSETS, BUILTINS
+from specgen.errors import CheckpointError, UnknownNameError, UsageError
+from specgen.limits import check_declared_size as check_size
+from specgen.registry import CONFIG, Entry, entry_at, one_line
+
+Progress = Callable[[str, int, int], None]
+
+
+def marked(entry: Entry) -> Entry:
+    """The entry with `builtin` set when its name is an embedded default's."""
+    return dataclasses.replace(entry, builtin=entry.name in BUILTINS)
+
+
+def list_entries(kind: str | None = None) -> list[Entry]:
+    """Installed entries plus built-ins (materialised or not), sorted by kind and name."""
+    found = {e.ref: marked(e) for e in registry.installed_entries()}
+    for b in BUILTINS.values():
+        ref = f"{b.kind}/{b.name}"
+        if ref not in found:
+            found[ref] = Entry(b.kind, b.name, registry.checkpoints_dir() / b.kind / b.name,
+                               {"description": b.description}, True)
+    return [e for _, e in sorted(found.items()) if kind is None or e.kind == kind]
+
+
+def find(name: str, progress: Progress | None = None) -> Entry:
+    """Resolve a path, `kind/name`, or a bare name; materialise built-ins on first use (and again when damaged
+    or when the package ships other weights)."""
+    path = Path(name).expanduser()
+    if (path / CONFIG).is_file() and (path / registry.WEIGHTS).is_file():
+        return marked(entry_at(path))
+    entries = list_entries()
+    matches = [e for e in entries if name in (e.ref, e.name)]
+    if not matches:
+        raise UnknownNameError("checkpoint", name, [e.name for e in entries] + [e.ref for e in entries])
+    if len(matches) > 1:
+        raise UsageError(f"'{name}' is ambiguous: {', '.join(e.ref for e in matches)}; use kind/name")
+    entry = matches[0]
+    if entry.corrupt and entry.builtin and BUILTINS[entry.name].kind == entry.kind:
+        BUILTINS[entry.name].materialize(progress)  # a damaged built-in is re-created from the package
+        return marked(entry_at(entry.path))
+    if entry.corrupt:
+        raise CheckpointError(f"corrupt entry {entry.ref} ({entry.corrupt}); remove it with `specgen registry remove "
+                              f"{entry.ref}` and import it again")
+    if not entry.installed:
+        if entry.name not in BUILTINS:
+            raise CheckpointError(f"{entry.ref} is incomplete on disk; remove it with `specgen registry remove`")
+        BUILTINS[entry.name].materialize(progress)
+    elif entry.builtin and stale_builtin(entry, BUILTINS[entry.name]):
+        BUILTINS[entry.name].materialize(progress)  # the package ships other weights now (upgrade, new recipe run)
+    return marked(entry_at(entry.path))
+
+
+def modality_of(name: str) -> str:
+    """The modality of an entry ("text" when its config records none) without materialising a built-in: an
+    installed entry's config.json, else the built-in's shipped config, else `find` (which may materialise)."""
+    meta = registry.installed_meta(name)
+    if meta is None:
+        kind, _, bare = name.rpartition("/")
+        b = BUILTINS.get(bare)
+        if b is not None and kind in ("", b.kind):
+            shipped = ASSETS / b.asset / CONFIG if b.asset else None
+            meta = json.loads(shipped.read_text()) if shipped is not None and shipped.is_file() else {}
+    if meta is None:
+        meta = find(name).meta
+    return meta.get("modality", "text")
+
+
+def stale_builtin(entry: Entry, builtin) -> bool:
+    """An installed built-in made from shipped files that have changed since (asset_sha differs)."""
+    if entry.kind != builtin.kind or not builtin.asset:
+        return False
+    if not (ASSETS / builtin.asset).is_dir():
+        return False  # not shipped in this build: keep what is installed
+    return entry.meta.get("asset_sha") != builtin.fingerprint()
+
+
+def load_module(entry: Entry, device: str = "cpu", dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """Build the entry's module with its builder and load its weights strictly."""
+    builder = entry.meta.get("builder")
+    if builder not in BUILDERS:
+        raise CheckpointError(f"{entry.ref}: unknown builder {builder!r}")
+    kwargs = entry.meta.get("kwargs", {})
+    check_declared_size(entry, builder, kwargs)
+    try:
+        module = BUILDERS[builder](**kwargs)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise CheckpointError(f"corrupt entry {entry.ref}: its {CONFIG} does not build a {builder} ({one_line(e)}); "
+                              f"remove it with `specgen registry remove {entry.ref}` and import it again") from None
+    state = registry.read_state(entry)
+    for dropped, kept in entry.meta.get("tied", {}).items():
+        state[dropped] = state[kept]
+    if (getattr(getattr(module, "cfg", None), "tie_embeddings", False) and "output.weight" not in state
+            and "tok_embeddings.weight" in state):  # quantized targets tie their int8 buffers via "tied"
+        state["output.weight"] = state["tok_embeddings.weight"]
+    try:
+        module.load_state_dict(state, strict=True)
+    except RuntimeError as e:
+        first = str(e).splitlines()[0] if str(e) else "state dict mismatch"
+        raise CheckpointError(f"{entry.ref}: weights do not fit its config ({first})") from None
+    return module.to(device=device, dtype=dtype).eval()
+
+
+def check_declared_size(entry: Entry, builder: str, kwargs: dict) -> None:
+    """Build the module on the meta device (no memory) and compare its size with the stored weights and this
+    machine's memory, so a config.json declaring huge sizes is a one-line error, not an allocation failure."""
+    if not isinstance(kwargs, dict):
+        raise CheckpointError(f"corrupt entry {entry.ref}: kwargs in its {CONFIG} is not an object")
+    try:
+        with torch.device("meta"):
+            module = BUILDERS[builder](**kwargs)
+    except (TypeError, ValueError, RuntimeError, OverflowError) as e:
+        raise CheckpointError(f"corrupt entry {entry.ref}: its {CONFIG} does not build a {builder} ({one_line(e)}); "
+                              f"remove it with `specgen registry remove {entry.ref}` and import it again") from None
+    except Exception:  # noqa: BLE001 - a builder that cannot run on the meta device: checked when built
+        return
+    declared = sum(p.numel() for p in module.parameters())
+    check_size(entry.ref, declared, registry.stored_numel(entry))
