@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
-from specgen import registry
+from specgen import checkpoints
 from specgen.eval.plots import image_grid
 from specgen.mesh.export import render_png
 from specgen.mesh.procedural import ProceduralSpec, generate_mesh
@@ -28,7 +28,7 @@ TILE = 200  # pixels per preview
 
 def ground_truth(names: list[str], model: str, tmp: Path) -> list[Path]:
     """Render the procedural test mesh behind each `test-<seed>` name."""
-    spec = ProceduralSpec.from_meta(registry.find(model).meta)
+    spec = ProceduralSpec.from_meta(checkpoints.find(model).meta)
     paths = []
     for name in names:
         mesh = generate_mesh(int(name.split("-")[-1]), spec)

@@ -16,7 +16,7 @@ import argparse
 
 import torch
 
-from specgen import registry
+from specgen import checkpoints
 from specgen.decoding.sampling import SamplingParams, logits_to_probs
 from specgen.eval.mesh_labels import held_out_labels
 
@@ -44,7 +44,7 @@ def main() -> None:
     ap.add_argument("--top-p", type=float, default=0.95)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    model = registry.load_module(registry.find(args.model)).float().eval()
+    model = checkpoints.load_module(checkpoints.find(args.model)).float().eval()
     pcs, tokens = held_out_labels(args.labels, args.sequences)  # tokens [S, L], -1 = padding
     with torch.no_grad():
         logits, _, _ = model.forward_train(pcs, tokens)  # [S, L, V]: row i predicts tokens[:, i]

@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from specgen import registry
+from specgen import checkpoints
 from specgen.models.layout import decode_layout
 from specgen.models.mesh import MeshGPT
 
@@ -26,7 +26,7 @@ from specgen.models.mesh import MeshGPT
 def build(spec: str, template: MeshGPT) -> MeshGPT:
     """A registered mesh GPT, or the template's architecture at DIMxLAYERSxFFN with random weights."""
     if "x" not in spec:
-        return registry.load_module(registry.find(spec)).float().eval()
+        return checkpoints.load_module(checkpoints.find(spec)).float().eval()
     dim, layers, ffn = (int(v) for v in spec.split("x"))
     kw = template.builder_kwargs()
     return MeshGPT({**kw["decoder"], "dim": dim, "n_layers": layers, "ffn_dim": ffn, "n_heads": dim // 64},
@@ -62,7 +62,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     rows = [int(r) for r in args.rows.split(",")]
-    template = registry.load_module(registry.find("mesh-gpt-tiny")).float().eval()
+    template = checkpoints.load_module(checkpoints.find("mesh-gpt-tiny")).float().eval()
     print(f"{args.threads} thread(s); median of {args.repeats} forwards after 60 committed tokens")
     print(f"{'model':>16}  {'params':>7}  " + "  ".join(f"{f'{s} tok ms (x)':>15}" for s in rows))
     for spec in args.models.split(","):
