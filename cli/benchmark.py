@@ -89,12 +89,11 @@ def benchmark(
     if suite in OTHER_SUITES:
         if batch_size is not None:  # the images and meshes suites read batch sizes from their configs
             overrides = [*(overrides or []), f"batch_sizes=[{','.join(map(str, parse_batch_sizes(batch_size)))}]"]
-        if dtype or quantize:
+        if quantize:
             from specgen.errors import UsageError
 
-            raise UsageError(f"--dtype/--quantize are for the humaneval suite for now, not {suite}")
-        return OTHER_SUITES[suite](**{k: v for k, v in locals().items()
-                                      if k not in ("suite", "batch_size", "dtype", "quantize")})
+            raise UsageError(f"--quantize is for the humaneval suite (text targets), not {suite}")
+        return OTHER_SUITES[suite](**{k: v for k, v in locals().items() if k not in ("suite", "batch_size", "quantize")})
     from specgen.config import load_config
     from specgen.errors import UsageError
     from specgen.eval.text_bench import TextBenchConfig

@@ -13,7 +13,7 @@ COLUMNS = ["method", "temperature", "lossless", "images_per_s", "speedup_vs_ar",
 
 def run(overrides=None, methods=None, model=None, limit=None, seed=None, device=None, threads=None, out=None,
         config=None, fmt=Format.table, quiet=False, offset=None, max_new_tokens=None, run_dir=None, shard=None,
-        append=False, **_) -> None:
+        append=False, dtype=None, **_) -> None:
     """Run the image benchmark; `--limit` is the number of images per method and temperature."""
     from specgen.config import load_config
     from specgen.errors import UsageError
@@ -25,14 +25,18 @@ def run(overrides=None, methods=None, model=None, limit=None, seed=None, device=
     from specgen.image.generate import load_image_model
 
     cfg = load_config(ImageBenchConfig, config, overrides, model=model, num=limit, seed=seed, device=device,
-                      threads=threads, methods=[m.strip() for m in methods.split(",") if m.strip()] if methods else None)
+                      threads=threads, methods=[m.strip() for m in methods.split(",") if m.strip()] if methods else None,
+                      dtype=dtype)
     check_image_methods(cfg)
+    from specgen.devices import device_name
+
+    cfg.device = device_name(cfg.device)  # "auto" -> what it means here, recorded in the run folder
     this, launched = benchmark_runs.shard_of(shard, run_dir)
     _output.check_rows_path(out, append)
     sink = benchmark_runs.sink_for(run_dir, "images", cfg)
     if any(items_left(with_extra_rows(cfg), sink.records(), this)):
         im = load_image_model(cfg.model, cfg.drafter, cfg.device,
-                              need_drafter=any(m != "ar" for m in with_extra_rows(cfg).methods))
+                              need_drafter=any(m != "ar" for m in with_extra_rows(cfg).methods), dtype=cfg.dtype)
         steps = len([i for i in range(cfg.num) if this.owns(i)]) * len(cfg.temperatures)
         with _output.progress("benchmark images", steps, quiet or fmt == Format.json) as advance:
             measure_images(im, cfg, sink, this, on_step=lambda: advance(), machine=_output.machine_label())

@@ -13,15 +13,18 @@ COLUMNS = ["row", "rule", "cd", "hd", "valid_rate", "scr", "step_latency_ms", "t
 
 def run(overrides=None, methods=None, model=None, limit=None, offset=None, max_new_tokens=None, threads=None,
         out=None, seed=None, device=None, config=None, fmt=Format.table, quiet=False, run_dir=None, shard=None,
-        append=False, **_) -> None:
+        append=False, dtype=None, **_) -> None:
     """Run the mesh benchmark; `--methods` picks table rows (ar, mlp, mlp+lora, ca, ca+lora)."""
     from specgen.config import load_config
     from specgen.eval.mesh_bench import MeshBenchConfig, items_left, measure_meshes, variants
 
     rows = [m.strip() for m in methods.split(",") if m.strip()] if methods else None
     cfg = load_config(MeshBenchConfig, config, overrides, model=model, limit=limit, offset=offset,
-                      max_new_tokens=max_new_tokens, threads=threads, seed=seed, device=device, rows=rows)
+                      max_new_tokens=max_new_tokens, threads=threads, seed=seed, device=device, rows=rows, dtype=dtype)
     labels = [v.label for v in variants(cfg)]  # bad rows or options: one line before anything is written
+    from specgen.devices import device_name
+
+    cfg.device = device_name(cfg.device)  # "auto" -> what it means here, recorded in the run folder
     this, launched = benchmark_runs.shard_of(shard, run_dir)
     _output.check_rows_path(out, append)
     sink = benchmark_runs.sink_for(run_dir, "meshes", cfg)

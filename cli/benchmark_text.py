@@ -20,8 +20,11 @@ def run(cfg, out: Path | None, append: bool, run_dir: Path | None, shard: str | 
     from specgen.eval.text_bench import check_methods, measure, plan, rows_of
     from specgen.text.target import load_text_model
 
+    from specgen.devices import device_name
+
     check_methods(cfg)
     plan(cfg)  # refuses an empty prompt range before anything is written
+    cfg.device = device_name(cfg.device)  # "auto" -> what it means here, recorded in the run folder
     this, launched = benchmark_runs.shard_of(shard, run_dir)
     _output.check_rows_path(out, append)
     sink = benchmark_runs.sink_for(run_dir, cfg.suite, cfg)

@@ -37,7 +37,8 @@ MAX_SAMPLES = 100_000  # images/meshes per command (`num`)
 MAX_THREADS = 4096
 # configs whose device may be "auto" (cuda when present, else cpu): their commands resolve it (specgen/devices.py)
 # before any tensor is made; a config not named here takes cpu, cuda, cuda:N or mps only
-AUTO_DEVICE = {"DistillConfig", "TextGenConfig", "ImageGenConfig", "MeshGenConfig", "CollectConfig"}
+AUTO_DEVICE = {"DistillConfig", "TextGenConfig", "ImageGenConfig", "MeshGenConfig", "CollectConfig", "TextBenchConfig",
+               "ImageBenchConfig", "MeshBenchConfig"}
 
 
 def check_config(cfg: Any) -> None:

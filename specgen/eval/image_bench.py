@@ -59,7 +59,8 @@ class ImageBenchConfig:
     captions: str = ""  # t2i: caption-features file, as `generate --captions` (.safetensors/.npz/.npy)
     cfg_scale: float = 4.0
     seed: int = 0
-    device: str = "cpu"
+    device: str = "cpu"  # cpu | cuda | cuda:N | auto
+    dtype: str = "float32"  # the GPT's and drafter's weights, activations and KV cache (the VQ and classifier: float32)
     threads: int = 0
     quality: bool = True
     classifier: str = "tiny-image-classifier"
@@ -250,7 +251,8 @@ def measure_images(im: ImageModel, cfg: ImageBenchConfig, sink=None, shard: Shar
     sink.start_shard(shard)
     clf, quality = classifier_state(im, cfg, conditions)
     sink.write_machine(shard, {"machine": machine, "conditions": condition_names(im, conditions), **quality})
-    base = ImageGenConfig(model=cfg.model, cfg_scale=cfg.cfg_scale, seed=cfg.seed, device=cfg.device, num=1)
+    base = ImageGenConfig(model=cfg.model, cfg_scale=cfg.cfg_scale, seed=cfg.seed, device=cfg.device, num=1,
+                          dtype=cfg.dtype)
     # warm-up: one image per method (allocations, neighbour tables)
     for m in cfg.methods:
         generate_images(im, replace(base, method=method_of(m), method_options=options_of(cfg, m)),

@@ -67,7 +67,8 @@ class MeshBenchConfig:
     max_new_tokens: int = 0
     seed: int = 0
     threads: int = 1
-    device: str = "cpu"
+    device: str = "cpu"  # cpu | cuda | cuda:N | auto
+    dtype: str = "float32"  # backbone and heads: weights, activations, KV cache (LoRA merged in float32 first)
 
 
 @dataclass(frozen=True)
@@ -156,7 +157,8 @@ def measure_meshes(cfg: MeshBenchConfig, sink=None, shard: Shard = Shard(), on_m
     """Decode this shard's meshes that `sink` has no record of: one record per mesh with every row interleaved on
     it (batch 1), or per row over the shard's point clouds through B slots."""
     from specgen.errors import UsageError
-    from specgen.methods.xspecmesh import MeshDecoder, load_mesh
+    from specgen.mesh.generate import load_mesh_model
+    from specgen.methods.xspecmesh import MeshDecoder
 
     if cfg.limit < 1 or cfg.offset < 0:
         raise UsageError("--limit must be >= 1 and --offset >= 0")
@@ -169,8 +171,8 @@ def measure_meshes(cfg: MeshBenchConfig, sink=None, shard: Shard = Shard(), on_m
         torch.set_num_threads(cfg.threads)
     sink.start_shard(shard)
     params = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
-    loaded = {h: load_mesh(cfg.model, h, cfg.device) for h in dict.fromkeys(v.heads for v in vs)}
-    ar = loaded[None] if None in loaded else load_mesh(cfg.model, None, cfg.device)
+    loaded = {h: load_mesh_model(cfg.model, h, cfg.device, cfg.dtype) for h in dict.fromkeys(v.heads for v in vs)}
+    ar = loaded[None] if None in loaded else load_mesh_model(cfg.model, None, cfg.device, cfg.dtype)
     decoders = {v.label: MeshDecoder(loaded[v.heads].decoder.model, None, loaded[v.heads].decoder.eos_id) if v.plain
                 else loaded[v.heads].decoder for v in vs}
     max_tokens = token_budget(ar.decoder.model, ar.target.meta, cfg.num_heads, cfg.max_new_tokens)

@@ -26,13 +26,13 @@ the same B and at B = 1, and c(B): the measured cost of a B-row product pass rel
 
 from __future__ import annotations
 
-import time
 from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
 from specgen.decoding.cost import cost_of
 from specgen.decoding.sampling import SamplingParams
+from specgen.devices import now
 from specgen.errors import UsageError
 from specgen.eval import humaneval
 from specgen.eval.roofline import copy_bandwidth, streamed_bytes
@@ -78,15 +78,15 @@ def hf_batch_runs(hf_model, prompts: list[list[int]], batch: int, cfg: "TextBenc
     for start in range(0, len(prompts), batch):
         chunk = prompts[start : start + batch]
         width = max(map(len, chunk))
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p in chunk])  # [b, width], left padded
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk])
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in chunk], device=hf_model.device)  # [b, width], left pad
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk], device=hf_model.device)
         calls = [0]
         handle = hf_model.register_forward_pre_hook(lambda *a: calls.__setitem__(0, calls[0] + 1))
-        t0 = time.perf_counter()
+        t0 = now(hf_model.device)  # GPU clocks are read after the queued kernels finish
         with torch.inference_mode():
             out = hf_model.generate(ids, attention_mask=mask, max_new_tokens=cfg.max_new_tokens, do_sample=False,
                                     eos_token_id=list(stop_ids) or None, pad_token_id=pad)
-        total += time.perf_counter() - t0
+        total += now(hf_model.device) - t0
         handle.remove()
         for row in out[:, width:].tolist():
             cut = next((i + 1 for i, t in enumerate(row) if t in stop_ids), len(row))
@@ -98,13 +98,13 @@ def hf_run(hf_model, prompt: list[int], cfg: TextBenchConfig, stop_ids: tuple[in
     """transformers `generate` (greedy), counting forwards with a pre-forward hook."""
     calls = [0]
     handle = hf_model.register_forward_pre_hook(lambda *a: calls.__setitem__(0, calls[0] + 1))
-    ids = torch.tensor([prompt])
-    t0 = time.perf_counter()
+    ids = torch.tensor([prompt], device=hf_model.device)
+    t0 = now(hf_model.device)
     with torch.inference_mode():
         out = hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=cfg.max_new_tokens,
                                 do_sample=False, eos_token_id=list(stop_ids) or None,
                                 pad_token_id=stop_ids[0] if stop_ids else None)
-    seconds = time.perf_counter() - t0
+    seconds = now(hf_model.device) - t0
     handle.remove()
     new = out[0, len(prompt):].tolist()
     return Run(new, seconds, calls[0], calls[0] - 1, 0)
@@ -134,10 +134,11 @@ def specgen_batch(model: TextModel, method: str, prompts: list[list[int]], batch
     spec = get_method(row_method(method))
     options = {"seed": cfg.seed, **row_options(method, cfg)}
     budget = draft_budget(model, options.pop("budget", "fixed"))
-    t0 = time.perf_counter()
+    device = next(model.module.parameters()).device
+    t0 = now(device)
     res = run_batch(model.target, lambda i: spec.make_drafter(options), prompts, cfg.max_new_tokens, SamplingParams(),
                     model.tokenizer.stop_ids, batch_size=batch, on_done=on_done, budget=budget)
-    seconds = time.perf_counter() - t0
+    seconds = now(device) - t0
     latency = (lambda r: r.stats.extras.get("latency_s", seconds)) if batch > 1 else (lambda r: seconds)
     prefill = res.stats.times.get("prefill", 0.0) / len(prompts)
     return [Run(r.tokens, latency(r), r.stats.target_forwards, r.stats.steps, sum(r.stats.accepted),
