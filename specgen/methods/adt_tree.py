@@ -24,7 +24,7 @@ import random
 from dataclasses import dataclass, field
 
 from specgen.errors import UsageError
-from specgen.methods.eagle import TreeShape
+from specgen.methods.eagle_tree import TreeShape
 
 INITS = ("horizontal", "vertical", "random")
 

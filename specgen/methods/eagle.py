@@ -25,16 +25,7 @@ import torch
 from specgen.decoding.draft import Draft, Verdict
 from specgen.decoding.stats import DecodeStats
 from specgen.decoding.target import TargetOut
-from specgen.decoding.tree import DraftTree
-
-
-@dataclass(frozen=True)
-class TreeShape:
-    """Depth (levels), width (top-k per expansion and beam size) and node budget of one draft tree."""
-
-    depth: int
-    top_k: int
-    total_tokens: int
+from specgen.methods.eagle_tree import TreeShape, select_nodes
 
 
 class ShapePolicy(Protocol):
@@ -155,7 +146,7 @@ class EagleTreeDrafter:
             frontier = [first_new + b for b in best]
             width = child.indices.shape[1]
             frontier_hidden = out[:, [b // width for b in best]]
-        return self.select(tokens, parents, scores, shape.total_tokens)
+        return select_nodes(tokens, parents, scores, shape.total_tokens)
 
     def level_mask(self, frontier, parents, slot_of, base, device) -> torch.Tensor:
         """[B, 1, S, base + S]: committed prefix, written ancestors, and the node itself."""
@@ -170,20 +161,6 @@ class EagleTreeDrafter:
                 mask[:, 0, j, slot_of[anc]] = True
                 anc = parents[anc]
         return mask
-
-    @staticmethod
-    def select(tokens: list[int], parents: list[int], scores: list[float], total: int) -> Draft:
-        """Keep the `total` best-scored nodes and their ancestors, in recording (topological) order."""
-        order = sorted(range(len(tokens)), key=lambda i: (-scores[i], i))[:total]
-        keep = set(order)
-        for i in order:
-            p = parents[i]
-            while p >= 0 and p not in keep:
-                keep.add(p)
-                p = parents[p]
-        kept = sorted(keep)
-        new_id = {old: new for new, old in enumerate(kept)}
-        return Draft(tuple(tokens[i] for i in kept), DraftTree(tuple(new_id.get(parents[i], -1) for i in kept)))
 
     def on_accept(self, draft: Draft, verdict: Verdict, out: TargetOut) -> None:
         rows = [0] + [i + 1 for i in verdict.path]

@@ -12,14 +12,17 @@ grow alone (up to the float rounding of a wider product).
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 
 from specgen.decoding.draft import Draft, Verdict
 from specgen.decoding.stats import DecodeStats
 from specgen.decoding.target import TargetOut
-from specgen.methods.eagle import EagleTreeDrafter, TreeShape
+from specgen.methods.eagle_tree import TreeShape, select_nodes
+
+if TYPE_CHECKING:  # the one-row drafter builds this pool (batch_pool): a runtime import would be a circle
+    from specgen.methods.eagle import EagleTreeDrafter
 
 
 class EagleBatch:
@@ -70,7 +73,7 @@ class EagleBatch:
             shapes.append(TreeShape(min(shape.depth, budget), shape.top_k, shape.total_tokens))
         trees = self.grow(root_hidden, [len(s) - 1 for s in seqs], shapes, view, stats)  # 2.
         self.cache.absorb(view, 0)
-        return [EagleTreeDrafter.select(*tree, shape.total_tokens) if shape.depth > 0 else Draft.empty()
+        return [select_nodes(*tree, shape.total_tokens) if shape.depth > 0 else Draft.empty()
                 for tree, shape in zip(trees, shapes)]  # 3.
 
     def catch_up(self, rows, seqs, view) -> torch.Tensor:

@@ -77,10 +77,8 @@ from dataclasses import dataclass
 
 import torch
 
-from specgen.decoding.accept import accept_rejection
-from specgen.decoding.accept_threshold import CRITERIA as LOSSY_CRITERIA, AcceptCriterion, accept_lossy
-from specgen.decoding.draft import Draft, Verdict
-from specgen.decoding.sampling import SamplingParams, logits_to_probs, pick, sample, sample_rows
+from specgen.decoding.accept_threshold import CRITERIA as LOSSY_CRITERIA, AcceptCriterion
+from specgen.decoding.sampling import SamplingParams, logits_to_probs, sample, sample_rows
 from specgen.decoding.stats import DecodeStats
 from specgen.mesh.vertex_lookup import VertexMemory
 from specgen.methods.text import lookup
@@ -157,15 +155,6 @@ class XSpecMeshOptions:
 
 
 OPTION_NAMES = tuple(XSpecMeshOptions.__dataclass_fields__)
-
-
-def accept_chain(candidates: list[int], probs, rule: AcceptCriterion | None, generator: torch.Generator | None,
-                 greedy: bool) -> Verdict:
-    """Verdict on the chain of candidates x_{s+1 ..} given the backbone's filtered rows probs [D + 1, V];
-    rule None = lossless rejection sampling (deterministic candidates: q = one-hot, accept with probability p(x))."""
-    if rule is None:
-        return accept_rejection(Draft.chain(candidates), probs, generator)
-    return accept_lossy(Draft.chain(candidates), probs, rule, generator, greedy)
 
 
 @dataclass(frozen=True)

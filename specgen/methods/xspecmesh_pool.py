@@ -17,6 +17,8 @@ from typing import Sequence
 
 import torch
 
+from specgen.decoding.accept import accept_rejection
+from specgen.decoding.accept_threshold import AcceptCriterion, accept_lossy
 from specgen.decoding.draft import Draft, Verdict
 from specgen.decoding.sampling import SamplingParams, logits_to_probs
 from specgen.decoding.stats import DecodeStats
@@ -39,10 +41,17 @@ class LazyRows:
         return self.rows[i]
 
 
+def accept_chain(candidates: list[int], probs, rule: AcceptCriterion | None, generator: torch.Generator | None,
+                 greedy: bool) -> Verdict:
+    """Verdict on the chain of candidates x_{s+1 ..} given the backbone's filtered rows probs [D + 1, V];
+    rule None = lossless rejection sampling (deterministic candidates: q = one-hot, accept with probability p(x))."""
+    if rule is None:
+        return accept_rejection(Draft.chain(candidates), probs, generator)
+    return accept_lossy(Draft.chain(candidates), probs, rule, generator, greedy)
+
+
 def mesh_rule(opts):
     """The loop's accept rule for XSpecMesh candidates: lossless rejection, or the paper's lossy criterion."""
-    from specgen.methods.xspecmesh import accept_chain
-
     criterion = None if opts.lossless else opts.criterion_rule()  # built once per run
 
     def rule(draft: Draft, logits: torch.Tensor, params: SamplingParams, generator) -> Verdict:
