@@ -1,5 +1,6 @@
-"""The package's layers: no import circle among module-level imports, and the registry store imports no model,
-training or evaluation code (it is the lowest layer; `checkpoints` builds modules above it)."""
+"""The package's layers: no import circle among module-level imports, the registry store imports no model,
+training or evaluation code (it is the lowest layer; `checkpoints` builds modules above it), and the one circle
+through function-local imports is the documented one (below), so a new circle fails here."""
 
 from __future__ import annotations
 
@@ -19,10 +20,24 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def top_level_imports(path: Path, modules: set[str]) -> set[str]:
-    """specgen modules a file imports at module level (function-local imports are resolved at call time)."""
+# Materialising the merged built-in (base + pcLLM adapter, `builtins` -> `text.merge`) needs its base found and
+# loaded first (`checkpoints.find`, `text.target`): a recursion of built-ins, so these modules call each other at
+# run time through function-local imports. Nothing else may.
+ALLOWED_RUNTIME_CIRCLE = {"specgen.builtins", "specgen.checkpoints", "specgen.models.layout", "specgen.text.merge",
+                          "specgen.text.precision", "specgen.text.target", "specgen.text.trajectories",
+                          "specgen.train.distill"}
+
+
+def top_level_imports(path: Path, modules: set[str], everywhere: bool = False) -> set[str]:
+    """specgen modules a file imports at module level (or anywhere, function-local imports included)."""
     found = set()
-    for node in ast.parse(path.read_text()).body:
+    tree = ast.parse(path.read_text())
+    typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
+                   and isinstance(block.test, ast.Name) and block.test.id == "TYPE_CHECKING"
+                   for n in ast.walk(block)}  # `if TYPE_CHECKING:` imports never run
+    for node in (ast.walk(tree) if everywhere else tree.body):
+        if id(node) in typing_only:
+            continue
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -33,27 +48,48 @@ def top_level_imports(path: Path, modules: set[str]) -> set[str]:
     return found
 
 
-def graph() -> dict[str, set[str]]:
+def graph(everywhere: bool = False) -> dict[str, set[str]]:
     files = {module_name(p): p for p in PACKAGE.rglob("*.py")}
-    return {m: top_level_imports(p, set(files)) - {m} for m, p in files.items()}
+    return {m: top_level_imports(p, set(files), everywhere) - {m, "specgen"} for m, p in files.items()}
+
+
+def circles(edges: dict[str, set[str]]) -> list[set[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = set()
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.add(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(comp)
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
 
 
 def test_module_level_imports_form_no_circle():
-    edges, state, cycles = graph(), {}, []
+    assert circles(graph()) == []
 
-    def visit(m: str, path: list[str]) -> None:
-        state[m] = "open"
-        for n in sorted(edges[m]):
-            if state.get(n) == "open":
-                cycles.append(path[path.index(n):] + [n] if n in path else [m, n])
-            elif n not in state:
-                visit(n, path + [n])
-        state[m] = "done"
 
-    for m in sorted(edges):
-        if m not in state:
-            visit(m, [m])
-    assert not cycles, f"import circles: {cycles[:3]}"
+def test_function_local_imports_close_only_the_documented_circle():
+    assert circles(graph(everywhere=True)) in ([], [ALLOWED_RUNTIME_CIRCLE])
 
 
 def test_the_registry_store_imports_only_errors_and_paths():
