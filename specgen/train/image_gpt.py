@@ -28,11 +28,14 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from specgen.models.llamagen import GPT_CONFIGS, llamagen_config
+from specgen import devices
+from specgen.errors import UsageError
 from specgen.image.captions import Caption
+from specgen.models.llamagen import GPT_CONFIGS, llamagen_config
 from specgen.models.transformer import Transformer, TransformerConfig, padded_causal_mask
 from specgen.train.checkpoint import fp16_state, load_train_state, publish, save_tensors, save_train_state
-from specgen.train.optim import OptimConfig, optimizer_step
+from specgen.train.loop import At, Optim, Progress, TrainTask
+from specgen.train.optim import OptimConfig
 from specgen.train.script import parse_recipe, print_metrics, script_parser
 
 
@@ -53,7 +56,8 @@ class ImageGPTTrainConfig(OptimConfig):
     class_dropout: float = 0.1
     seed: int = 0
     steps: int = 800
-    batch_size: int = 16
+    batch_size: int = 16  # crops per micro-batch (an optimiser step: grad_accum x processes of them)
+    grad_accum: int = 1  # micro-batches per optimiser step
     weight_decay: float = 0.05  # an OptimConfig key with this recipe's default
     log_every: int = 10
     eval_every: int = 100
@@ -278,9 +282,14 @@ def save_grid(images: torch.Tensor, nrow: int, path: Path) -> None:
 
 def train(cfg: ImageGPTTrainConfig, out: Path, log: Callable[[str], None] = lambda s: None,
           command: str = "python -m specgen.train.image_gpt",
-          dataset: Callable[[Any, Callable[[str], None]], dict[str, Any]] = token_dataset) -> dict[str, Any]:
-    """Run (or resume) a training run in `out` on `dataset(cfg, log)`'s token grids; returns the final
-    metrics and registers the result."""
+          dataset: Callable[[Any, Callable[[str], None]], dict[str, Any]] = token_dataset,
+          device: str = "cpu", mixed_precision: str = "no") -> dict[str, Any]:
+    """Run (or resume) a training run in `out` on `dataset(cfg, log)`'s token grids on the shared loop
+    (`specgen.train.loop`); returns the final metrics and registers the result."""
+    from specgen.train.loop import Loop, LoopOptions, StateFile
+
+    if cfg.steps < 1 or cfg.batch_size < 1 or cfg.grad_accum < 1:
+        raise UsageError("steps, batch_size and grad_accum must be >= 1")
     torch.set_num_threads(cfg.num_threads)
     out.mkdir(parents=True, exist_ok=True)
     data = dataset(cfg, log)
@@ -293,59 +302,66 @@ def train(cfg: ImageGPTTrainConfig, out: Path, log: Callable[[str], None] = lamb
             if p.dim() > 1:
                 torch.nn.init.normal_(p, std=0.02)
         model.output.weight.zero_()
-    opt = cfg.adamw(model.parameters())
-    state_path = out / "state.safetensors"
-    meta = load_train_state(state_path, {"model": model}, {"optim": opt}, {"config": asdict(cfg)})
-    step = meta["step"] if meta else 0
-    history = meta["history"] if meta else []
-    elapsed = meta["elapsed"] if meta else 0.0
+    loop = Loop(LoopOptions(steps=cfg.steps, grad_accum=cfg.grad_accum, log_every=cfg.log_every,
+                            eval_every=cfg.eval_every, ckpt_every=cfg.ckpt_every, device=device,
+                            mixed_precision=mixed_precision), log)
+    task = C2ITask(cfg, model, data)
     n_params = sum(p.numel() for p in model.parameters())
-    log(f"{'resumed at' if meta else 'starting'} step {step}/{cfg.steps}; {n_params / 1e6:.2f}M params; "
-        f"config {mcfg.to_dict()}; {data['train_tokens'].shape[0]} train crops, {len(classes)} classes")
-    train_tokens, train_labels = data["train_tokens"].long(), data["train_labels"]
-    eval_tokens, eval_labels = data["eval_tokens"].long(), data["eval_labels"]
-    n_train = train_tokens.shape[0]
+    loop.log(f"{n_params / 1e6:.2f}M params; config {mcfg.to_dict()}; {data['train_tokens'].shape[0]} train crops, "
+             f"{len(classes)} classes")
+    progress = loop.run(task, StateFile(out / "state.safetensors", {"config": asdict(cfg)}, added=ADDED_KEYS))
+    model.cpu()
+    metrics = {}
+    if loop.is_main:
+        metrics = final_eval(cfg, model, data, out, log)
+        metrics.update({"steps": progress.step, "train_seconds": round(progress.elapsed, 1),
+                        "history": progress.history, "params": n_params, "weights": "fp16"})
+        register(cfg, model, data, metrics, command)
+        log(f"done: {json.dumps({k: v for k, v in metrics.items() if k != 'history'})}")
+    return metrics
 
-    def evaluate() -> float:
+
+#: Keys added after states were written, with the value those states implicitly used (they still resume).
+ADDED_KEYS = {"grad_accum": 1}
+
+
+class C2ITask(TrainTask):
+    """LlamaGen's c2i objective on token grids: the data of a step is a function of (seed, step)."""
+
+    def __init__(self, cfg: ImageGPTTrainConfig, model: Transformer, data: dict[str, Any]) -> None:
+        self.cfg, self.model = cfg, model
+        self.null_class = len(data["classes"])
+        self.train_tokens, self.train_labels = data["train_tokens"].long(), data["train_labels"]
+        self.eval_tokens, self.eval_labels = data["eval_tokens"].long(), data["eval_labels"]
+        self.modules = {"model": model}
+        self.optims = {"optim": Optim(cfg.adamw(model.parameters()), lambda s: cfg.lr_at(s, cfg.steps), cfg.grad_clip)}
+
+    def batch(self, at: At) -> tuple[torch.Tensor, torch.Tensor]:
+        """Shard `at.shard` of the step's `at.shards * batch_size` crops (one generator per step: resume-safe)."""
+        cfg, b = self.cfg, self.cfg.batch_size
+        g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + at.step)
+        idx = torch.randint(0, self.train_tokens.shape[0], (b * at.shards,), generator=g)
+        labels = self.train_labels[idx].clone()
+        labels[torch.rand(b * at.shards, generator=g) < cfg.class_dropout] = self.null_class  # null class
+        keep = slice(at.shard * b, (at.shard + 1) * b)
+        return self.train_tokens[idx[keep]], labels[keep]
+
+    def loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        loss = c2i_loss(self.model, *batch)
+        return loss, {"loss": float(loss.detach())}
+
+    def evaluate(self, progress: Progress) -> dict[str, Any]:
+        model, device = self.model, devices.module_device(self.model)
         model.eval()
         with torch.no_grad():
-            losses = [float(c2i_loss(model, eval_tokens[i : i + 64], eval_labels[i : i + 64]))
-                      for i in range(0, eval_tokens.shape[0], 64)]
+            losses = [float(c2i_loss(model, self.eval_tokens[i : i + 64].to(device), self.eval_labels[i : i + 64].to(device)))
+                      for i in range(0, self.eval_tokens.shape[0], 64)]
         model.train()
-        return sum(losses) / len(losses)
+        ev = sum(losses) / len(losses)
+        return {"step": progress.step, "eval_loss": round(ev, 4), "elapsed_s": round(progress.elapsed, 1)}
 
-    window: list[float] = []
-    t_last = time.perf_counter()
-    while step < cfg.steps:
-        g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)  # data order: a function of the step
-        idx = torch.randint(0, n_train, (cfg.batch_size,), generator=g)
-        labels = train_labels[idx].clone()
-        labels[torch.rand(cfg.batch_size, generator=g) < cfg.class_dropout] = len(classes)  # null class
-        loss = c2i_loss(model, train_tokens[idx], labels)
-        optimizer_step(opt, loss, cfg.lr_at(step, cfg.steps), cfg.grad_clip)
-        step += 1
-        window.append(float(loss))
-        now = time.perf_counter()
-        elapsed += now - t_last
-        t_last = now
-        if step % cfg.log_every == 0 or step == cfg.steps:
-            log(f"step {step:5d} lr {cfg.lr_at(step - 1, cfg.steps):.2e} "
-                f"loss {sum(window) / len(window):.4f} elapsed {elapsed / 60:.1f}m")
-            window = []
-        if step % cfg.eval_every == 0 or step == cfg.steps:
-            ev = evaluate()
-            history.append({"step": step, "eval_loss": round(ev, 4), "elapsed_s": round(elapsed, 1)})
-            log(f"eval step {step}: held-out loss {ev:.4f} (ppl {math.exp(ev):.1f})")
-        if step % cfg.ckpt_every == 0 or step % cfg.eval_every == 0 or step == cfg.steps:
-            save_train_state(state_path, {"model": model}, {"optim": opt},
-                             {"step": step, "history": history, "elapsed": elapsed, "config": asdict(cfg)})
-            t_last = time.perf_counter()
-    metrics = final_eval(cfg, model, data, out, log)
-    metrics.update({"steps": step, "train_seconds": round(elapsed, 1), "history": history,
-                    "params": n_params, "weights": "fp16"})
-    register(cfg, model, data, metrics, command)
-    log(f"done: {json.dumps({k: v for k, v in metrics.items() if k != 'history'})}")
-    return metrics
+    def meta(self) -> dict[str, Any]:
+        return {"config": asdict(self.cfg)}
 
 
 def final_eval(cfg: ImageGPTTrainConfig, model: Transformer, data: dict, out: Path,

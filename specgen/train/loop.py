@@ -1,0 +1,406 @@
+"""The one training loop of every trainer: resume, log/eval/checkpoint cadence, gradient accumulation, accelerate.
+
+A trainer keeps its model, data and loss in a `TrainTask` and hands it to `Loop(options).run(task, checkpoint)`:
+
+- `task.modules` (saved in the train state, moved to the device), `task.optims` (name -> `Optim`: optimiser,
+  learning rate of each step, gradient-clipping norm), `task.batch(at)` (the data of one micro-batch, a pure
+  function of `at` = step, micro-batch and rank, so a resumed or multi-process run sees the data an
+  uninterrupted one does), `task.loss(batch)` -> (a loss per optimiser, floats to log), `task.evaluate(progress)`
+  -> a history record, and optionally `after_step`, `extra_tensors` / `meta` / `restore` (what else a state holds).
+- One step: learning rates set, gradients zeroed, per micro-batch `backward(loss / grad_accum)` (under
+  accelerate's autocast and loss scaling), then per optimiser that got a loss: gradients averaged over the
+  processes, clipped (global norm of its parameters), stepped. `after_step`, then the cadence: a log line every
+  `log_every` steps (means of the window since the last one), `evaluate` every `eval_every`, the state every
+  `ckpt_every` and with every evaluation, and always when the loop stops (finished, `stop_after`, time budget).
+- The loop draws no random numbers: a trainer's numerics (its seeds, the order of its draws, its optimiser
+  steps) are the same on the loop as in a loop of its own, so retraining reproduces shipped weights bit for bit.
+  The global torch RNG state travels in the train state, so a resumed run equals an uninterrupted one even when
+  a model draws from it (dropout).
+- Processes: run under `accelerate launch` or `torchrun`, accelerate's `Accelerator` reads the rank and world
+  size; the loop then broadcasts rank 0's weights at the start and averages gradients over the processes before
+  clipping (DDP's rule, done on the parameters themselves, so any module method may compute the loss). Rank 0
+  evaluates, logs and writes the state; everyone waits for it.
+
+A `Checkpoint` reads and writes the state: `StateFile` (one `state.safetensors`, `specgen.train.checkpoint`) or a
+trainer's own format (distillation keeps its `checkpoint/` folder). docs/training.md shows how to add a trainer.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from specgen.errors import UsageError
+
+#: The tensor of the global torch RNG state in a train state (absent in states written before the loop).
+RNG_KEY = "loop.torch_rng"
+#: --dtype / recipe spellings -> accelerate's mixed_precision
+MIXED_PRECISION = {"no": "no", "float32": "no", "bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16"}
+
+
+@dataclass(frozen=True)
+class LoopOptions:
+    """How long, how often, where: the loop's part of a recipe."""
+
+    steps: int  # length of the schedule (the last step logs, evaluates and checkpoints)
+    stop_after: int = 0  # > 0: stop at this step of the `steps`-long schedule (a snapshot; rerun to go on)
+    grad_accum: int = 1  # micro-batches per optimiser step (per process)
+    log_every: int = 0  # 0: only the last step (with log_last)
+    eval_every: int = 0  # 0: only the last step (with eval_last)
+    ckpt_every: int = 0  # 0: only with evaluations and when the loop stops
+    log_last: bool = True
+    eval_last: bool = True
+    eval_first: bool = False  # log an evaluation before the first step of a fresh run
+    max_minutes: float = 0.0  # > 0: stop (checkpointed) once the budget clock passes this
+    budget: str = "session"  # session: wall time of this invocation | cpu: process CPU time summed over sessions
+    device: str = "cpu"  # cpu | cuda | cuda:N | auto (specgen.devices)
+    mixed_precision: str = "no"  # no | bf16 | fp16 (accelerate's autocast; fp16 adds loss scaling)
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.grad_accum < 1 or min(self.log_every, self.eval_every, self.ckpt_every) < 0:
+            raise UsageError("steps and grad_accum must be >= 1, log/eval/ckpt cadences >= 0")
+        if self.budget not in BUDGETS:
+            raise UsageError(f"budget must be one of {', '.join(BUDGETS)}, got {self.budget!r}")
+        if self.mixed_precision not in MIXED_PRECISION:
+            raise UsageError(f"mixed_precision must be one of {', '.join(MIXED_PRECISION)}, got {self.mixed_precision!r}")
+
+
+@dataclass(frozen=True)
+class Optim:
+    """One optimiser the loop steps: its learning rate at (0-based) step s is `lr(s)`; `grad_clip` 0 = no clipping."""
+
+    optimizer: torch.optim.Optimizer
+    lr: Callable[[int], float]
+    grad_clip: float = 0.0
+
+    def params(self) -> list[torch.nn.Parameter]:
+        return [p for g in self.optimizer.param_groups for p in g["params"]]
+
+
+@dataclass(frozen=True)
+class At:
+    """Which micro-batch: of optimiser step `step`, micro-batch `micro` of `accum`, on process `rank` of `world`.
+
+    `shard` / `shards` number the micro-batches of one step over all processes: a trainer that draws one batch
+    per step draws `shards` of them and keeps slice `shard` (one process, no accumulation: shard 0 of 1)."""
+
+    step: int
+    micro: int = 0
+    accum: int = 1
+    rank: int = 0
+    world: int = 1
+
+    @property
+    def shard(self) -> int:
+        return self.micro * self.world + self.rank
+
+    @property
+    def shards(self) -> int:
+        return self.accum * self.world
+
+
+@dataclass
+class Progress:
+    """Where a run stands (restored on resume): what `evaluate` and the trainer's summary read."""
+
+    step: int = 0
+    steps: int = 0
+    history: list[dict] = field(default_factory=list)
+    elapsed: float = 0.0  # wall seconds of training over all sessions (checkpoint writes excluded)
+    cpu: float = 0.0  # process CPU seconds over all sessions
+    window: list[dict] = field(default_factory=list)  # logged floats of the steps since the last log line
+    last_log: dict[str, float] = field(default_factory=dict)  # means of the last log line
+    recent: list[dict] = field(default_factory=list)  # logged floats of every step of this session
+    resumed: bool = False
+    stopped_early: bool = False  # the time budget ran out
+    session_start: float = field(default_factory=time.perf_counter)
+    world: int = 1
+    device: str = "cpu"
+
+    def recent_mean(self, key: str, last: int) -> float:
+        """Mean of `key` over the last `last` steps of this session (nan without any)."""
+        vals = [r[key] for r in self.recent[-last:] if key in r]
+        return sum(vals) / len(vals) if vals else float("nan")
+
+
+def _session_minutes(p: Progress) -> float:
+    return (time.perf_counter() - p.session_start) / 60
+
+
+def _cpu_minutes(p: Progress) -> float:
+    return p.cpu / 60
+
+
+#: budget clock name -> minutes it has run
+BUDGETS: dict[str, Callable[[Progress], float]] = {"session": _session_minutes, "cpu": _cpu_minutes}
+
+
+class TrainTask:
+    """A trainer's model, data and loss (subclass and fill in; the defaults do nothing)."""
+
+    modules: dict[str, torch.nn.Module]  # saved in the state (in this order), moved to the loop's device
+    optims: dict[str, Optim]  # stepped in this order
+
+    def batch(self, at: At) -> Any:
+        """The micro-batch `at` (tensors on the CPU are moved to the device by the loop)."""
+        raise NotImplementedError
+
+    def loss(self, batch: Any) -> tuple[torch.Tensor | dict[str, torch.Tensor], dict[str, float]]:
+        """(loss, or {optimiser name: loss} for the optimisers to step this step; floats to log)."""
+        raise NotImplementedError
+
+    def evaluate(self, progress: Progress) -> dict | None:
+        """A history record after `progress.step` steps (None: nothing to record)."""
+        return None
+
+    def after_step(self, progress: Progress) -> None:
+        """Called after every optimiser step (progress.step already counts it)."""
+
+    def extra_tensors(self) -> dict[str, torch.Tensor]:
+        """Further tensors of the state, restored in place on resume (e.g. code-usage counters)."""
+        return {}
+
+    def meta(self) -> dict[str, Any]:
+        """JSON the state records besides the loop's (config, ...); `restore` gets it back on resume."""
+        return {}
+
+    def restore(self, meta: dict[str, Any]) -> None:
+        """Take back what `meta` wrote (called after the weights and optimiser moments are loaded)."""
+
+
+class Checkpoint(Protocol):
+    def load(self, task: TrainTask) -> dict[str, Any] | None: ...
+
+    def save(self, task: TrainTask, meta: dict[str, Any]) -> None: ...
+
+
+@dataclass(frozen=True)
+class StateFile:
+    """The train state as one safetensors file (`specgen.train.checkpoint.save_train_state`'s layout).
+
+    `expect` must equal the saved meta to resume (else StaleStateError); `loose` names keys of its dict values
+    that may change (budgets), `added` keys introduced later with the value older states implicitly had."""
+
+    path: Path
+    expect: Mapping[str, Any] = field(default_factory=dict)
+    loose: tuple[str, ...] = ()
+    added: Mapping[str, Any] | None = None
+    packed: bool = True
+
+    def load(self, task: TrainTask) -> dict[str, Any] | None:
+        from specgen.train.checkpoint import load_train_state
+
+        optims = {k: o.optimizer for k, o in task.optims.items()}
+        meta = load_train_state(Path(self.path), task.modules, optims, self.expect, self.loose,
+                                extra=task.extra_tensors(), added=self.added)
+        if meta is not None:
+            from safetensors import safe_open
+
+            with safe_open(str(self.path), "pt") as f:
+                if RNG_KEY in f.keys():
+                    meta["torch_rng"] = f.get_tensor(RNG_KEY)
+        return meta
+
+    def save(self, task: TrainTask, meta: dict[str, Any]) -> None:
+        from specgen.train.checkpoint import save_train_state
+
+        extra = {**task.extra_tensors(), RNG_KEY: torch.get_rng_state()}
+        save_train_state(Path(self.path), task.modules, {k: o.optimizer for k, o in task.optims.items()},
+                         meta, extra=extra, packed=self.packed)
+
+
+def accelerator(device: str = "cpu", mixed_precision: str = "no"):
+    """accelerate's Accelerator for `device` (cpu | cuda | cuda:N | auto; a missing GPU is a one-line UsageError).
+
+    Under `accelerate launch` / `torchrun` it joins the process group (gloo on the CPU, nccl on GPUs)."""
+    from accelerate import Accelerator
+
+    from specgen.devices import resolve_device
+
+    dev = resolve_device(device)
+    if dev.type == "cuda" and dev.index is not None:
+        torch.cuda.set_device(dev)
+    return Accelerator(cpu=dev.type == "cpu", mixed_precision=MIXED_PRECISION[mixed_precision])
+
+
+class Loop:
+    """Runs `TrainTask`s under one Accelerator (see the module docstring)."""
+
+    def __init__(self, options: LoopOptions, log: Callable[[str], None] = lambda s: None) -> None:
+        self.options, self.acc = options, accelerator(options.device, options.mixed_precision)
+        self._log = log
+
+    @property
+    def device(self) -> torch.device:
+        return self.acc.device
+
+    @property
+    def rank(self) -> int:
+        return self.acc.process_index
+
+    @property
+    def world(self) -> int:
+        return self.acc.num_processes
+
+    @property
+    def is_main(self) -> bool:
+        return self.acc.is_main_process
+
+    def log(self, msg: str) -> None:
+        if self.is_main:
+            self._log(msg)
+
+    # -- processes --------------------------------------------------------------------------------------------
+    def _broadcast(self, modules: Mapping[str, torch.nn.Module]) -> None:
+        """Rank 0's weights and buffers everywhere (DDP's start)."""
+        if self.world == 1:
+            return
+        import torch.distributed as dist
+
+        for m in modules.values():
+            for t in list(m.parameters()) + list(m.buffers()):
+                dist.broadcast(t.data, 0)
+
+    def _average_grads(self, params: list[torch.nn.Parameter]) -> None:
+        """Mean of every parameter's gradient over the processes (a missing gradient counts as zeros)."""
+        if self.world == 1:
+            return
+        import torch.distributed as dist
+        from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        flat = _flatten_dense_tensors(grads)
+        dist.all_reduce(flat)
+        flat /= self.world
+        for p, g in zip(params, _unflatten_dense_tensors(flat, grads)):
+            p.grad = g
+
+    def _wait(self) -> None:
+        if self.world > 1:
+            self.acc.wait_for_everyone()
+
+    # -- the run ----------------------------------------------------------------------------------------------
+    def run(self, task: TrainTask, checkpoint: Checkpoint | None = None) -> Progress:
+        """Train `task` to `options.steps` (or `stop_after`, or the time budget), resuming from `checkpoint`."""
+        o = self.options
+        p = Progress(steps=o.steps, world=self.world, device=str(self.device))
+        for m in task.modules.values():
+            m.to(self.device)
+        meta = checkpoint.load(task) if checkpoint is not None else None
+        if meta is not None:
+            p.resumed = True
+            p.step, p.history = int(meta["step"]), list(meta.get("history", []))
+            p.elapsed, p.cpu = float(meta.get("elapsed", 0.0)), float(meta.get("cpu", 0.0))
+            p.window = list(meta.get("window", []))
+            if "torch_rng" in meta:
+                torch.set_rng_state(meta.pop("torch_rng"))
+            task.restore(meta)
+        self._broadcast(task.modules)
+        stop = min(o.stop_after or o.steps, o.steps)
+        self.log(f"{'resumed at' if p.resumed else 'starting'} step {p.step}/{o.steps}; {self.world} process(es) "
+                 f"on {self.device}")
+        if o.eval_first and not p.resumed and self.is_main:
+            ev = task.evaluate(p)
+            if ev is not None:
+                self.log(f"eval step {p.step} (untrained): {json.dumps(ev)}")
+        scaler = self.acc.scaler
+        saved_at = p.step
+        t_last, c_last = time.perf_counter(), time.process_time()
+        while p.step < stop:
+            if o.max_minutes > 0 and BUDGETS[o.budget](p) > o.max_minutes:
+                p.stopped_early = True
+                self.log(f"max_minutes={o.max_minutes} reached at step {p.step}: checkpointed; run again to continue")
+                break
+            step = p.step
+            for opt in task.optims.values():
+                for group in opt.optimizer.param_groups:
+                    group["lr"] = opt.lr(step)
+                opt.optimizer.zero_grad(set_to_none=True)
+            logs: dict[str, float] = {}
+            stepped: set[str] = set()
+            for micro in range(o.grad_accum):
+                batch = _to_device(task.batch(At(step, micro, o.grad_accum, self.rank, self.world)), self.device)
+                with self.acc.autocast():
+                    losses, parts = task.loss(batch)
+                if isinstance(losses, torch.Tensor):
+                    losses = {next(iter(task.optims)): losses}
+                for name, loss in losses.items():
+                    self.acc.backward(loss / o.grad_accum)
+                    stepped.add(name)
+                for k, v in parts.items():
+                    logs[k] = logs.get(k, 0.0) + v / o.grad_accum
+            for name, opt in task.optims.items():
+                if name not in stepped:
+                    continue
+                params = opt.params()
+                self._average_grads(params)
+                if scaler is not None:
+                    scaler.unscale_(opt.optimizer)
+                if opt.grad_clip > 0:
+                    torch.nn.utils.clip_grad_norm_(params, opt.grad_clip)
+                if scaler is not None:
+                    scaler.step(opt.optimizer)
+                else:
+                    opt.optimizer.step()
+            if scaler is not None:
+                scaler.update()
+            p.step += 1
+            task.after_step(p)
+            p.window.append(logs)
+            p.recent.append(logs)
+            now, cnow = time.perf_counter(), time.process_time()
+            p.elapsed, p.cpu = p.elapsed + now - t_last, p.cpu + cnow - c_last
+            t_last, c_last = now, cnow
+            s = p.step
+            if (o.log_every and s % o.log_every == 0) or (o.log_last and s == o.steps):
+                p.last_log = _means(p.window)
+                lr = next(iter(task.optims.values())).lr(s - 1) if task.optims else 0.0
+                self.log(f"step {s}/{o.steps} lr {lr:.2e} " + " ".join(f"{k} {v:.4f}" for k, v in p.last_log.items())
+                         + f" elapsed {p.elapsed / 60:.1f}m cpu {p.cpu / 60:.1f}m")
+                p.window = []
+            evaluated = False
+            if (o.eval_every and s % o.eval_every == 0) or (o.eval_last and s == o.steps):
+                evaluated = True
+                if self.is_main:
+                    ev = task.evaluate(p)
+                    if ev is not None:
+                        p.history.append(ev)
+                        self.log(f"eval step {s}: {json.dumps(ev)}")
+            if checkpoint is not None and ((o.ckpt_every and s % o.ckpt_every == 0) or evaluated or s == o.steps):
+                self._save(task, checkpoint, p)
+                saved_at = s
+                t_last, c_last = time.perf_counter(), time.process_time()
+        if checkpoint is not None and saved_at != p.step:
+            self._save(task, checkpoint, p)
+        return p
+
+    def _save(self, task: TrainTask, checkpoint: Checkpoint, p: Progress) -> None:
+        self._wait()
+        if self.is_main:
+            checkpoint.save(task, {"step": p.step, "history": p.history, "elapsed": p.elapsed, "cpu": p.cpu,
+                                   "window": p.window, **task.meta()})
+        self._wait()
+
+
+def _means(window: list[dict[str, float]]) -> dict[str, float]:
+    """Per key, the mean over the steps that logged it (keys in first-seen order)."""
+    keys: dict[str, list[float]] = {}
+    for w in window:
+        for k, v in w.items():
+            keys.setdefault(k, []).append(v)
+    return {k: sum(v) / len(v) for k, v in keys.items()}
+
+
+def _to_device(batch: Any, device: torch.device) -> Any:
+    """Tensors of a (nested) batch on `device`; unchanged on the CPU."""
+    if device.type == "cpu":
+        return batch
+    from accelerate.utils import send_to_device
+
+    return send_to_device(batch, device)
