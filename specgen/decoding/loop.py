@@ -11,6 +11,13 @@ moves into the hole so that live rows stay the contiguous slots [0, n_live) ever
 Invariants: a row's tokens depend only on its prompt, its drafter and its generator, never on which
 rows share its batch (rows only share the forward, whose per-row outputs are computed under per-row
 masks); outputs are returned in input order whatever order rows finish in. `decode` is one prompt.
+
+Methods whose control flow differs (VVS skips verifications, MuLo-SD re-samples rejected positions with
+extra forwards) run on the same loop through a `StepPolicy` (`pool.py`): a pool with `plan`/`settle`
+hooks that says, per row and step, what the row feeds the shared forward (or that it sits out and
+commits tokens without one), and turns the row's logits into the cache slots to keep and the tokens to
+emit. Prefill, the batched forward, per-row commits, statistics, stop/budget truncation and continuous
+batching stay the loop's; a pool without `plan` takes the unchanged draft-verify-accept path.
 """
 
 from __future__ import annotations
@@ -25,7 +32,8 @@ from specgen.decoding.accept import accept_greedy, accept_rejection
 from specgen.decoding.budget import DraftBudget, FixedBudget
 from specgen.decoding.cache import KVCache
 from specgen.decoding.draft import Draft, Verdict
-from specgen.decoding.pool import Drafter, DrafterPool, EachRow, row_out  # noqa: F401 (Drafter, row_out: re-exported)
+from specgen.decoding.pool import (Drafter, DrafterPool, EachRow, RowStep, StepPolicy,  # noqa: F401 (re-exported)
+                                   row_out)
 from specgen.decoding.sampling import SamplingParams, logits_to_probs, pick
 from specgen.decoding.stats import DecodeStats
 from specgen.decoding.target import Target
@@ -124,9 +132,10 @@ def decode_batch(
     width = min(batch_size or len(prompts), len(prompts))
     branches = getattr(target, "branches", 1)  # cache rows per sequence (CFG: cond + uncond)
     device = getattr(target, "device", "cpu")
-    max_len = max(map(len, prompts)) + max_new_tokens + max_draft + 1
-    cache = target.new_cache(width, max_len)
     pool = make_drafter if hasattr(make_drafter, "admit") else EachRow(make_drafter)
+    stepper = hasattr(pool, "plan")  # a StepPolicy: the method's own step logic through the hooks below
+    max_len = max(map(len, prompts)) + max_new_tokens + max(max_draft, getattr(pool, "max_feed", 0)) + 1
+    cache = target.new_cache(width, max_len)
     pool.open(width, max_len)
     queue, slots, results = deque(range(len(prompts))), [], [None] * len(prompts)
     total, t0 = DecodeStats(), now(device)  # CUDA: after queued work (devices.now)
@@ -142,11 +151,14 @@ def decode_batch(
             view.key_mask, view.cross = None, None  # a new sequence: no condition of the slot's previous one
             first = target.prefill(torch.tensor([row.prompt], device=device), view)
             cache.absorb(view, rows.start)
-            row.out.append(pick(first.logits[0, -1], params, row.generator))
+            if not stepper:
+                row.out.append(pick(first.logits[0, -1], params, row.generator))
         total.target_forwards += 1
         row.stats.target_forwards += 1
         with timed([row.stats], "propose", device):
             pool.admit(slot, i, row.prompt, first)
+            if stepper:  # the policy picks the first token(s) (MuLo-SD drafts token 0 too)
+                row.out.extend(pool.start(slot, first, params, row.generator, row.stats))
         row.done = len(row.out) >= max_new_tokens or hit_stop(row.out, stop_ids)
         return row
 
@@ -161,12 +173,50 @@ def decode_batch(
         if on_done:
             on_done(row.index)
 
+    def policy_step(slots: list[Row], stats: list[DecodeStats]) -> None:
+        """One step under a StepPolicy: plan per row -> one forward over the rows that feed -> settle -> commit."""
+        clock = lambda phase: timed(stats, phase, device)  # noqa: E731  (the policy charges its own phases)
+        n, gens = len(slots), [r.generator for r in slots]
+        steps = pool.plan([r.prompt + r.out for r in slots], [min(max_draft, max_new_tokens - len(r.out) - 1) for r in slots],
+                          [r.stats for r in slots], gens, params, clock)
+        fed = [i for i, st in enumerate(steps) if st.root is not None]
+        if fed:  # rows [lo, hi) share the forward; a row in the span that sits out feeds one padding node
+            lo, hi = fed[0], fed[-1] + 1
+            with timed(stats, "verify", device):
+                view = cache.rows(lo * branches, hi * branches)
+                roots = [steps[i].root if steps[i].root is not None else 0 for i in range(lo, hi)]
+                drafts = [steps[i].draft if steps[i].root is not None else Draft.empty() for i in range(lo, hi)]
+                batch = verify_batch(roots, drafts, view.lengths[::branches], device)
+                out = target.forward(batch.tokens, batch.positions, view, batch.tree_mask)
+            total.target_forwards += 1
+            for i in fed:
+                slots[i].stats.target_forwards += 1
+                slots[i].stats.target_tokens += batch.sizes[i - lo]
+                total.target_tokens += batch.sizes[i - lo]
+            outcomes = pool.settle(fed, lo, out, batch.sizes, params, [gens[i] for i in fed],
+                                   [slots[i].stats for i in fed], clock)
+            with timed(stats, "commit", device):
+                for i, (keep, _) in zip(fed, outcomes):
+                    for r in range((i - lo) * branches, (i - lo + 1) * branches):
+                        view.commit(r, keep)
+                cache.absorb(view, lo * branches)
+            for i, (_, tokens) in zip(fed, outcomes):
+                steps[i].tokens.extend(tokens)
+        total.steps += 1
+        ended = getattr(pool, "finished", lambda slot: False)
+        for i, (r, st) in enumerate(zip(slots, steps)):
+            r.out.extend(st.tokens)
+            r.done = len(r.out) >= max_new_tokens or hit_stop(st.tokens, stop_ids) or ended(i)
+
     while queue or slots:
         refill(slots, queue, admit, cache, branches, finish, pool)
         if not slots:
             break
         n = len(slots)
         stats = [total] + [r.stats for r in slots]
+        if stepper:
+            policy_step(slots, stats)
+            continue
         with timed(stats, "propose", device):  # 1. propose: the pool drafts for every live row
             cap = budget.cap(n)
             drafts = pool.propose([r.prompt + r.out for r in slots],

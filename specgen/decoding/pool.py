@@ -4,11 +4,19 @@
 drafter runs a network (EAGLE) provides a pool of its own that runs one drafter forward per tree level
 over every live row (`methods/eagle_batch.py`). Slots are the loop's: live rows occupy [0, n) and the
 loop moves the last row into a freed slot, telling the pool with `move`.
+
+A `StepPolicy` is a pool that keeps a method's own step logic on the shared loop (VVS, MuLo-SD): instead
+of `propose`/`on_accept` it answers `plan` (per row: what to feed the shared forward, or tokens to emit
+without one) and `settle` (per fed row: which fed nodes to keep in the cache, which tokens to emit).
 """
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
+
+import torch
 
 from specgen.decoding.draft import Draft, Verdict
 from specgen.decoding.stats import DecodeStats
@@ -56,6 +64,50 @@ class DrafterPool(Protocol):
         ...
 
     # optional: `finished(slot) -> bool`, asked after each step, ends a row early (its drafter says it is done)
+
+
+@dataclass
+class RowStep:
+    """One row's part of a step under a StepPolicy.
+
+    `root` is None: the row sits out the forward this step (no logits, nothing committed to the cache).
+    Otherwise the row feeds `root` then `draft` (a tree hanging from root) at its cache length, exactly as a
+    verify does; `settle` then says what to keep. `tokens` are emitted now, without a forward (VVS skipped
+    steps); `settle`'s tokens are appended to them.
+    """
+
+    root: int | None = None
+    draft: Draft = field(default_factory=Draft.empty)
+    tokens: list[int] = field(default_factory=list)
+
+
+class StepPolicy(DrafterPool, Protocol):
+    """A DrafterPool whose rows follow the method's own step logic (hooks of `loop.decode_batch`).
+
+    `clock(phase)` is a context manager that charges the block's wall time to `phase` of every live row and
+    of the batch; the loop times the forward ("verify") and the commits itself, the policy everything else.
+    Optional: `max_feed` (most nodes one row feeds: sizes the cache) and `finished(slot)` (end a row).
+    """
+
+    def start(self, slot: int, first: TargetOut, params, generator: torch.Generator | None,
+              stats: DecodeStats) -> list[int]:
+        """The first output tokens of the sequence just admitted to `slot` (after `admit`); may be none."""
+        ...
+
+    def plan(self, seqs: Sequence[list[int]], budgets: Sequence[int], stats: Sequence[DecodeStats],
+             generators: Sequence[torch.Generator | None], params,
+             clock: Callable[[str], AbstractContextManager]) -> list[RowStep]:
+        """One RowStep per live slot; budgets[i] = tokens slot i may still add beyond one."""
+        ...
+
+    def settle(self, rows: Sequence[int], lo: int, out: TargetOut, sizes: Sequence[int], params,
+               generators: Sequence[torch.Generator | None], stats: Sequence[DecodeStats],
+               clock: Callable[[str], AbstractContextManager]) -> list[tuple[list[int], list[int]]]:
+        """(keep, tokens) per fed slot in `rows`: fed node indices to commit (ascending) and tokens to emit.
+
+        Slot rows[j] is row rows[j] - lo of the forward `out` (logits [., S, V], features per CFG branch);
+        its first sizes[rows[j] - lo] inputs are real."""
+        ...
 
 
 def row_out(out: TargetOut, i: int, size: int, branches: int) -> TargetOut:

@@ -123,14 +123,20 @@ def run_batch(target, make_drafter: Callable[[int], Any], prompts: list[list[int
               stop_ids: tuple[int, ...] = (), generators=None, batch_size: int = 0, on_done=None, **loop_options):
     """Decode `prompts` together on the shared batched loop (`decoding.loop.decode_batch`); a `BatchResult`.
 
-    Methods with a loop of their own (an object with `decode`, e.g. pcllm-mr) are not batched yet: their
-    prompts run one after another, and the batch statistics are the sum of theirs.
+    A method object with its own step logic (vvs, mulo-sd) runs on that loop through its `batch_policy`
+    (a `StepPolicy` of the loop's hooks). Other objects with a loop of their own (`decode` only) are not
+    batched: their prompts run one after another, and the batch statistics are the sum of theirs.
     """
     from specgen.decoding.loop import BatchResult, decode_batch
     from specgen.decoding.stats import DecodeStats
 
     generators = list(generators) if generators is not None else [None] * len(prompts)
     first = make_drafter(0)
+    if hasattr(first, "batch_policy"):  # the method's own steps through the shared loop's hooks
+        policy = first.batch_policy(lambda i: first if i == 0 else make_drafter(i), target, loop_options.get("rule"))
+        return decode_batch(target, policy, prompts, max_new_tokens, params, stop_ids, generators,
+                            batch_size=batch_size, on_done=on_done,
+                            **{k: v for k, v in loop_options.items() if k not in ("rule", "budget")})
     if not hasattr(first, "decode"):
         drafters = lambda i: first if i == 0 else make_drafter(i)  # noqa: E731
         if hasattr(first, "batch_pool"):  # a drafter that grows every row's draft in one forward per level

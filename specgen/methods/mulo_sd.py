@@ -54,10 +54,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
+from specgen.decoding.draft import Draft
+from specgen.decoding.pool import RowStep
 from specgen.decoding.sampling import SamplingParams, logits_to_probs, pick
 from specgen.decoding.stats import DecodeStats
 from specgen.errors import IncompatibleError, UsageError
@@ -70,6 +72,8 @@ TAU_VOCAB = 16384
 DEFAULT_RADIUS = 3
 DEFAULT_DELTA = 0.1
 MAX_RADIUS = 64
+EXTRAS = ("draft_tokens", "pass_tokens", "rejected_tokens", "resampled_tokens", "expanded_tokens",
+          "resample_forwards", "lowres_tokens", "drafter_prefix_forwards")
 
 
 def scaled_tau(vocab: int, tau_ref: float = DEFAULT_TAU, vocab_ref: int = TAU_VOCAB) -> float:
@@ -110,6 +114,10 @@ class MuLoSDDecoder:
     @property
     def low_grid(self) -> int:
         return self.lowres.cfg.rope_grid
+
+    def batch_policy(self, make: Callable[[int], "MuLoSDDecoder"], target, rule=None) -> "MuLoBatch":
+        """The StepPolicy that runs MuLo-SD rows on the shared batched loop (`make(0)` is this decoder)."""
+        return MuLoBatch(make, target)
 
     @torch.inference_mode()
     def decode(self, target, prompt: list[int], max_new_tokens: int, params: SamplingParams,
@@ -241,6 +249,177 @@ class MuLoSDDecoder:
         stats.new_tokens = len(out)
         return DecodeResult(out, stats)
 
+
+@dataclass
+class MuLoRow:
+    """One image's MuLo-SD state in a slot (`MuLoSDDecoder.decode`'s locals, kept across loop steps)."""
+
+    dec: MuLoSDDecoder
+    low: Any  # CFGTarget over the low-res drafter
+    lcache: Any
+    lhead: torch.Tensor  # drafter logits after the fed low-res prefix
+    head: torch.Tensor | None = None  # target logits for image token 0 (nothing fed yet)
+    dgen: torch.Generator | None = None
+    n: int = 0  # image tokens emitted (whole blocks)
+    pending: list[int] = field(default_factory=list)  # emitted tokens not yet fed to the target
+    low_tokens: list[int] = field(default_factory=list)  # y fed to the drafter
+    block: list[int] | None = None  # the block being settled (draft tokens, re-sampled in place)
+    redo: list[int] = field(default_factory=list)  # block positions still to re-sample (after the first)
+    fed_upto: int = 0
+    feed: int = 0  # nodes fed this step
+
+
+class MuLoBatch:
+    """StepPolicy (`decoding/pool.py`): MuLo-SD rows on the shared batched loop, same steps as `MuLoSDDecoder.decode`.
+
+    A row alternates between a draft step (7 down-sample, 1 draft, 2 up-sample; it feeds pending + x~[:-1],
+    3-5 accept by pooled mass and expand; 6 the first re-sample from the verify logits) and re-sample steps
+    (one per further position of R_X: it feeds the tokens since the last re-sampled one, and the last logits
+    give the next one). Every step of every row shares the loop's one forward with the other rows, whichever
+    kind of step they are in. Each row keeps its own drafter cache and generators (the drafter's derived from
+    the row's), so a row's output does not depend on its batch mates. The block's tokens are emitted once R_X
+    is done.
+    """
+
+    def __init__(self, make: Callable[[int], MuLoSDDecoder], target) -> None:
+        self.make, self.target = make, target
+        dec = make(0)
+        self.max_feed = 2 * (dec.grid // dec.low_grid) * dec.grid * dec.draft_rows  # pending + a block
+
+    def open(self, width: int, max_len: int) -> None:
+        self.rows: list[MuLoRow | None] = [None] * width
+
+    def admit(self, slot: int, index: int, prompt: list[int], first) -> None:
+        from specgen.image.target import CFGTarget
+
+        dec = self.make(index)
+        dec.trace = []
+        low = CFGTarget(dec.lowres, getattr(self.target, "cfg_scale", 1.0))
+        lcache = low.new_cache(1, 2 + dec.low_grid ** 2)
+        lhead = low.prefill(torch.tensor([prompt], device=self.target.device), lcache).logits[0, -1]
+        self.rows[slot] = MuLoRow(dec, low, lcache, lhead, first.logits[0, -1])
+
+    def start(self, slot: int, first, params, generator, stats) -> list[int]:
+        row = self.rows[slot]
+        row.dgen = torch.Generator().manual_seed(drafter_seed(generator, row.dec.seed))
+        for k in EXTRAS:
+            stats.extras[k] = 0
+        stats.drafter_forwards += 1  # the drafter's prefill
+        return []  # token 0 is drafted too
+
+    def move(self, src: int, dst: int) -> None:
+        self.rows[dst], self.rows[src] = self.rows[src], None
+
+    def finished(self, slot: int) -> bool:
+        row = self.rows[slot]
+        return row.n >= row.dec.grid ** 2
+
+    def plan(self, seqs, budgets, stats, generators, params, clock) -> list[RowStep]:
+        steps = []
+        for row, seq, s in zip(self.rows[: len(seqs)], seqs, stats):
+            if row.redo:  # 6. re-sample: feed the tokens since the last re-sampled one
+                chunk = row.block[row.fed_upto : row.redo[0]]
+            else:
+                row.block = self.draft(row, seq, params, s, clock)
+                chunk = row.pending + row.block[:-1]  # 3. verify pending + x~[:-1]
+            row.feed = len(chunk)
+            steps.append(RowStep(chunk[0], Draft.chain(chunk[1:])))
+        return steps
+
+    def draft(self, row: MuLoRow, seq: list[int], params, stats, clock) -> list[int]:
+        """7. down-sample the accepted prefix (feed its new rows to the drafter), 1. draft, 2. up-sample: x~."""
+        dec, device = row.dec, self.target.device
+        G, g = dec.grid, dec.low_grid
+        r, n, low, lcache = G // g, row.n, row.low, row.lcache
+        m = n // (r * G)
+        d = min(dec.draft_rows, g - m)
+        if m * g > len(row.low_tokens):
+            with clock("downsample"):
+                grid_hi = torch.tensor(seq[len(seq) - n :], device=device).view(1, m * r, G)
+                y = dec.pair.downsample_tokens(grid_hi)[0].flatten().tolist()
+            new = y[len(row.low_tokens):]
+            with clock("propose"):
+                pos = torch.arange(1 + len(row.low_tokens), 1 + len(y), device=device)[None]
+                res = low.forward(torch.tensor([new], device=device), pos, lcache, None)
+                low.commit(lcache, list(range(len(new))))
+                row.lhead = res.logits[0, -1]
+            stats.drafter_forwards += 1
+            stats.extras["drafter_prefix_forwards"] += 1
+            row.low_tokens = y
+        with clock("propose"):
+            drafted, logits = [], row.lhead
+            base = len(row.low_tokens)
+            for i in range(d * g):
+                tok = pick(logits, params, row.dgen)
+                drafted.append(tok)
+                if i + 1 < d * g:
+                    pos = torch.tensor([[1 + base + i]], device=device)
+                    logits = low.forward(torch.tensor([[tok]], device=device), pos, lcache, None).logits[0, -1]
+                    low.commit(lcache, [0])
+                    stats.drafter_forwards += 1
+            for b in range(lcache.batch):  # forget the drafted rows: next step feeds D_r(x) instead
+                lcache.rollback(b, 1 + base)
+        stats.extras["lowres_tokens"] += len(drafted)
+        with clock("upsample"):
+            y_all = torch.tensor(row.low_tokens + drafted, device=device).view(1, m + d, g)
+            return dec.pair.upsample_tokens(y_all)[0, m * r :].flatten().tolist()
+
+    def settle(self, fed, lo, out, sizes, params, generators, stats, clock) -> list[tuple[list[int], list[int]]]:
+        results = []
+        for i, gen, s in zip(fed, generators, stats):
+            row, j = self.rows[i], i - lo
+            if row.redo:  # 6. the last logits of the chunk give the next re-sampled token
+                t = row.redo.pop(0)
+                with clock("resample"):
+                    row.block[t] = pick(out.logits[j, sizes[j] - 1], params, gen)
+                row.fed_upto = t
+                s.extras["resample_forwards"] += 1
+                results.append((list(range(row.feed)), self.emit(row)))
+                continue
+            results.append(self.verify(row, out.logits[j, : sizes[j]], params, gen, s, clock))
+        return results
+
+    def verify(self, row: MuLoRow, logits: torch.Tensor, params, gen, stats, clock) -> tuple[list[int], list[int]]:
+        """3.-6. the pooled-mass rule on a block's verify logits, the expansion, and the first re-sample."""
+        dec, x_hi, n, P = row.dec, row.block, row.n, len(row.pending)
+        L = len(x_hi)
+        rows = logits[P - 1 :] if P else torch.cat([row.head[None], logits])
+        lg = rows[:L].float()
+        with clock("accept"):  # 4./5. accept by pooled mass, expand the rejections
+            probs = lg.softmax(-1) if params.greedy else logits_to_probs(lg, params)
+            mass = pooled_mass(probs, torch.tensor(x_hi, device=lg.device), dec.neighbours, dec.delta)
+            passed = (mass >= dec.tau).tolist()
+            rejected = [n + t for t, ok in enumerate(passed) if not ok]
+            redo = [u - n for u in expand_rejections(rejected, dec.radius, dec.grid, n, n + L, dec.rejection)]
+        dec.trace.append({"start": n, "end": n + L, "rejected": rejected, "resampled": [n + t for t in redo]})
+        stats.steps += 1
+        stats.accepted.append(L - len(redo))
+        stats.draft_sizes.append(L)
+        stats.depths.append(L)
+        x = stats.extras
+        x["draft_tokens"] += L
+        x["pass_tokens"] += sum(passed)
+        x["rejected_tokens"] += len(rejected)
+        x["resampled_tokens"] += len(redo)
+        x["expanded_tokens"] += len(redo) - len(rejected)
+        if not redo:
+            row.fed_upto = L - 1
+            return list(range(row.feed)), self.emit(row)
+        t0 = redo[0]
+        with clock("resample"):
+            x_hi[t0] = pick(lg[t0], params, gen)
+        row.fed_upto, row.redo = t0, redo[1:]
+        return list(range(P + t0)), self.emit(row)  # their KV saw only accepted tokens
+
+    @staticmethod
+    def emit(row: MuLoRow) -> list[int]:
+        """The block's tokens once its re-sampling is done (nothing before)."""
+        if row.redo:
+            return []
+        tokens, row.block = row.block, None
+        row.pending = tokens[row.fed_upto :]
+        row.n += len(tokens)
+        return tokens
 
 # --- building from method options --------------------------------------------------------------------------
 

@@ -58,15 +58,18 @@ import torch
 
 from specgen.decoding.draft import Draft, Verdict
 from specgen.decoding.loop import DecodeResult, judge, truncate, verify_inputs
+from specgen.decoding.pool import RowStep
 from specgen.decoding.sampling import SamplingParams, pick
 from specgen.decoding.stats import DecodeStats
 from specgen.decoding.target import TargetOut
 from specgen.decoding.tree import DraftTree
 from specgen.errors import UsageError
 from specgen.methods.eagle import EagleTreeDrafter
+from specgen.methods.eagle_batch import EagleBatch
 from specgen.methods.vvs_schedule import DynamicSkip, NeverSkip, SkipSchedule, UniformSkip, may_skip
 
 SCHEDULES = ("uniform", "dynamic", "none")
+EXTRAS = ("skipped_steps", "unverified_tokens", "post_verified_tokens", "unverified_tail")
 
 
 def after_chain(chain: list[int] | tuple[int, ...], draft: Draft) -> Draft:
@@ -118,6 +121,10 @@ class VVSDecoder:
     seed: int = 0
     trace: list[bool] = field(default_factory=list)  # per draft step of the last run: skipped?
     cache: Any = None  # the target KV cache of the last run (inspection, tests)
+
+    def batch_policy(self, make: Callable[[int], "VVSDecoder"], target=None, rule=None) -> "VVSBatch":
+        """The StepPolicy that runs VVS rows on the shared batched loop (`make(0)` is this decoder)."""
+        return VVSBatch(make, rule)
 
     @torch.inference_mode()
     def decode(
@@ -201,6 +208,120 @@ class VVSDecoder:
             for row in range(d.cache.batch):
                 d.cache.rollback(row, d.cache.lengths[row] - g)
             d.pending = torch.cat([result.features[:, :g], d.pending], 1)
+
+
+@dataclass
+class VVSRow:
+    """One sequence's VVS state in a slot: its decoder (schedule, options), feature cache and path generator."""
+
+    dec: VVSDecoder
+    feats: FeatureCache
+    paths_rng: torch.Generator
+    unverified: list[int] = field(default_factory=list)  # x°: tokens of the last (skipped) step
+    verified_run: int = 0
+    draft: Draft | None = None  # this step's tree C_t
+
+
+class VVSBatch:
+    """StepPolicy (`decoding/pool.py`): VVS rows on the shared batched loop, same steps as `VVSDecoder.decode`.
+
+    Every live row's tree is grown together (`EagleBatch`: one drafter forward per level). A row whose
+    schedule skips emits its sampled path at once and sits out the forward; the others feed root + x° + C_t
+    and share it. Each row keeps its own schedule, feature cache and generator, so a row's output does not
+    depend on its batch mates.
+    """
+
+    def __init__(self, make: Callable[[int], VVSDecoder], rule=None) -> None:
+        self.make, self.rule = make, rule or judge
+        self.eagle = EagleBatch(lambda index: self._next.drafter)
+        shape = make(0).drafter.policy.shape(0)
+        self.max_feed = shape.total_tokens + shape.depth + 1  # root + x° (<= depth) + C_t
+
+    def open(self, width: int, max_len: int) -> None:
+        self.max_len, self.rows = max_len, [None] * width
+        self.eagle.open(width, max_len)
+
+    def admit(self, slot: int, index: int, prompt: list[int], first: TargetOut) -> None:
+        dec = self._next = self.make(index)
+        self.eagle.admit(slot, index, prompt, first)
+        dec.schedule.reset()
+        dec.trace = []
+        self.rows[slot] = VVSRow(dec, FeatureCache(first.features, self.max_len), None)
+
+    def start(self, slot: int, first: TargetOut, params, generator, stats: DecodeStats) -> list[int]:
+        row = self.rows[slot]
+        row.paths_rng = generator or torch.Generator().manual_seed(row.dec.seed)
+        for k in EXTRAS:
+            stats.extras[k] = 0
+        return [pick(first.logits[0, -1], params, generator)]
+
+    def move(self, src: int, dst: int) -> None:
+        self.eagle.move(src, dst)
+        self.rows[dst], self.rows[src] = self.rows[src], None
+
+    def plan(self, seqs, budgets, stats, generators, params, clock) -> list[RowStep]:
+        n = len(seqs)
+        rows = self.rows[:n]
+        with clock("propose"):  # 1. propose: every row's tree, one drafter forward per level
+            drafts = self.eagle.propose(seqs, budgets, stats)
+        with clock("schedule"):
+            skips = []
+            for row, d in zip(rows, drafts):
+                row.draft = d
+                skip = not row.unverified and may_skip(d, row.verified_run) and \
+                    row.dec.schedule.decide(d, row.verified_run)
+                row.dec.trace.append(skip)
+                skips.append(skip)
+        steps = []
+        for i, (row, d, seq, skip, s) in enumerate(zip(rows, drafts, seqs, skips, stats)):
+            if skip:  # 3'. accept a path unverified; 5'. the drafter continues from stale features
+                with clock("accept"):
+                    tokens = [d.tokens[j] for j in sample_path(d, row.paths_rng)]
+                self.eagle.rows[i].pending = row.feats.recent(len(tokens), row.dec.staleness)
+                row.unverified, row.verified_run = tokens, 0
+                s.extras["skipped_steps"] += 1
+                s.extras["unverified_tokens"] += len(tokens)
+                s.extras["unverified_tail"] = len(tokens)  # stays if the row ends here
+                steps.append(RowStep(tokens=list(tokens)))
+            else:  # 2. verify root + x° (post-verification) + C_t
+                g = len(row.unverified)
+                steps.append(RowStep(seq[-1 - g], after_chain(row.unverified, d)))
+        return steps
+
+    def settle(self, fed, lo, out, sizes, params, generators, stats, clock) -> list[tuple[list[int], list[int]]]:
+        br = out.features.shape[0] // out.logits.shape[0]
+        results = []
+        for i, gen, s in zip(fed, generators, stats):
+            row, j = self.rows[i], i - lo
+            d, g = row.draft, len(row.unverified)
+            with clock("accept"):  # 3. the rule judges C_t only, on the logits from x°'s last token on
+                verdict = self.rule(d, out.logits[j, g : sizes[j]], params, gen)
+            keep = list(range(g + 1)) + [g + 1 + k for k in verdict.path]
+            feats = out.features[j * br : (j + 1) * br, : sizes[j]]
+            with clock("propose"):  # 5. fresh features: feature cache and drafter
+                row.feats.write(row.feats.length, feats[:, keep])
+                self.update(i, d, verdict, feats, g, row.dec.refresh)
+            s.steps += 1
+            s.draft_sizes.append(d.size)
+            s.depths.append(d.tree.max_depth())
+            s.accepted.append(verdict.num_accepted)
+            s.extras["post_verified_tokens"] += g
+            s.extras["unverified_tail"] = 0
+            row.unverified, row.verified_run = [], row.verified_run + 1
+            results.append((keep, list(verdict.tokens)))
+        return results
+
+    def update(self, slot: int, draft: Draft, verdict: Verdict, feats: torch.Tensor, g: int, refresh: bool) -> None:
+        """`VVSDecoder.update` for the row in `slot` of the batched drafter."""
+        d = self.eagle.rows[slot]
+        d.pending = feats[:, [g] + [g + 1 + k for k in verdict.path]]
+        if d.last_shape is not None:
+            d.policy.observe(d.last_index, d.last_shape, verdict.num_accepted, len(verdict.tokens))
+        if g and refresh:  # recompute the drafter's entries of x° from their fresh features
+            cache, br = self.eagle.cache, self.eagle.br
+            for r in range(slot * br, (slot + 1) * br):
+                cache.rollback(r, cache.lengths[r] - g)
+            d.pending = torch.cat([feats[:, :g], d.pending], 1)
 
 
 def _option(o: dict, key: str, default, kind: type):
