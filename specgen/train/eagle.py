@@ -47,7 +47,8 @@ from specgen.models.eagle import EagleNet
 from specgen.models.transformer import Transformer
 from specgen.train.checkpoint import fp16_state, load_train_state, publish, save_tensors, save_train_state
 from specgen.train.image_gpt import sample_c2i, sample_t2i
-from specgen.train.optim import OptimConfig, optimizer_step
+from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask
+from specgen.train.optim import OptimConfig
 from specgen.train.script import parse_recipe, print_metrics, script_parser
 
 
@@ -72,7 +73,8 @@ class EagleTrainConfig(OptimConfig):
     feature_noise: float = 0.1  # uniform noise in [-a/2, a/2] on input features during training
     seed: int = 0
     steps: int = 600
-    batch_size: int = 16  # sequences (branch rows) per step
+    batch_size: int = 16  # sequences (branch rows) per micro-batch (a step: grad_accum x processes of them)
+    grad_accum: int = 1  # micro-batches per optimiser step
     warmup_steps: int = 30  # OptimConfig keys with this recipe's defaults
     grad_clip: float = 0.5
     log_every: int = 10
@@ -169,7 +171,7 @@ def eagle_loss(net: EagleNet, target: Transformer, feats: torch.Tensor, tokens: 
     """EAGLE loss on full sequences: feats [B, N, D] = f_0..f_{N-1}, tokens [B, N] = image tokens 0..N-1."""
     inp, toks, positions = drafter_inputs(feats, tokens, first_image_position(target.cfg))
     if noise is not None and cfg.feature_noise > 0:
-        inp = inp + (torch.rand(inp.shape, generator=noise) - 0.5) * cfg.feature_noise
+        inp = inp + ((torch.rand(inp.shape, generator=noise) - 0.5) * cfg.feature_noise).to(inp.device)
     hidden = net(inp, toks, positions)
     goal = feats[:, 1:].float()  # f_{t+1}
     vloss = F.smooth_l1_loss(hidden, goal)
@@ -185,7 +187,8 @@ def eagle_loss(net: EagleNet, target: Transformer, feats: torch.Tensor, tokens: 
 def evaluate(net: EagleNet, target: Transformer, data: dict[str, torch.Tensor], cfg_scale: float) -> dict[str, float]:
     """Top-1 next-token accuracy of the drafter (CFG-combined over branches) on held-out generations."""
     net.eval()
-    f, toks = data["features"].float(), data["tokens"]
+    device = next(net.parameters()).device
+    f, toks = data["features"].float().to(device), data["tokens"].to(device)
     br = f.shape[1]
     offset = first_image_position(target.cfg)
     d_logits = [EagleNet.logits(net(*drafter_inputs(f[:, i], toks, offset)), target).float() for i in range(br)]
@@ -203,12 +206,14 @@ def evaluate(net: EagleNet, target: Transformer, data: dict[str, torch.Tensor], 
 
 
 def train(cfg: EagleTrainConfig, out: Path, log: Callable[[str], None] = lambda s: None,
-          command: str = "specgen train-heads --kind eagle") -> dict[str, Any]:
-    """Generate (or reuse) target samples, train (or resume) the drafter, register it; returns metrics."""
+          command: str = "specgen train-heads --kind eagle", device: str = "cpu",
+          mixed_precision: str = "no") -> dict[str, Any]:
+    """Generate (or reuse) target samples, train (or resume) the drafter on the shared loop, register it;
+    returns metrics."""
     from specgen import checkpoints, registry
 
-    if cfg.samples_per_class < 1 or cfg.eval_samples_per_class < 1 or cfg.steps < 1 or cfg.batch_size < 1:
-        raise UsageError("samples_per_class, eval_samples_per_class, steps and batch_size must be >= 1")
+    if min(cfg.samples_per_class, cfg.eval_samples_per_class, cfg.steps, cfg.batch_size, cfg.grad_accum) < 1:
+        raise UsageError("samples_per_class, eval_samples_per_class, steps, batch_size and grad_accum must be >= 1")
     torch.set_num_threads(cfg.num_threads)
     entry, target = load_image_target(cfg.target)
     captions, captions_sha = training_captions(entry, target, cfg.captions)
@@ -225,44 +230,20 @@ def train(cfg: EagleTrainConfig, out: Path, log: Callable[[str], None] = lambda 
     eval_data = generations(target, cfg.eval_samples_per_class, cfg, cfg.seed * 2 + 2, digest, log, captions,
                             captions_sha)
     feats, tokens = rows(train_data)
-    params = [p for p in net.parameters() if p.requires_grad]
-    opt = cfg.adamw(params)
-    state_path = out / "state.safetensors"
+    loop = Loop(LoopOptions(steps=cfg.steps, grad_accum=cfg.grad_accum, log_every=cfg.log_every,
+                            eval_every=cfg.eval_every, ckpt_every=cfg.ckpt_every, eval_first=True, device=device,
+                            mixed_precision=mixed_precision), log)
+    target.to(loop.device)  # the frozen head and embeddings the loss reads (samples were drawn on the CPU)
+    task = EagleTask(cfg, net, target, feats, tokens, eval_data)
     record = run_record(cfg, digest, captions_sha)
-    meta = load_train_state(state_path, {"model": net}, {"optim": opt}, record)
-    step = meta["step"] if meta else 0
-    history = meta["history"] if meta else []
-    elapsed = meta["elapsed"] if meta else 0.0
-    log(f"{'resumed at' if meta else 'starting'} step {step}/{cfg.steps}; drafter for {entry.ref} "
-        f"({sum(p.numel() for p in params) / 1e6:.2f}M trainable params); {feats.shape[0]} training rows")
-    if not history:
-        ev = evaluate(net, target, eval_data, cfg.cfg_scale)
-        log(f"eval step {step} (untrained): {json.dumps({k: round(v, 4) for k, v in ev.items()})}")
-    window: list[dict[str, float]] = []
-    t_last = time.perf_counter()
-    while step < cfg.steps:
-        g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
-        idx = torch.randint(0, feats.shape[0], (cfg.batch_size,), generator=g)
-        loss, parts = eagle_loss(net, target, feats[idx], tokens[idx], cfg, g)
-        optimizer_step(opt, loss, cfg.lr_at(step, cfg.steps), cfg.grad_clip)
-        step += 1
-        window.append({"loss": float(loss.detach()), **parts})
-        now = time.perf_counter()
-        elapsed += now - t_last
-        t_last = now
-        if step % cfg.log_every == 0 or step == cfg.steps:
-            avg = {k: sum(w[k] for w in window) / len(window) for k in window[0]}
-            log(f"step {step:5d} lr {cfg.lr_at(step - 1, cfg.steps):.2e} "
-                f"loss {avg['loss']:.4f} vloss {avg['vloss']:.4f} ploss {avg['ploss']:.4f} elapsed {elapsed / 60:.1f}m")
-            window = []
-        if step % cfg.eval_every == 0 or step == cfg.steps:
-            ev = evaluate(net, target, eval_data, cfg.cfg_scale)
-            history.append({"step": step, **{k: round(v, 4) for k, v in ev.items()}})
-            log(f"eval step {step}: {json.dumps(history[-1])}")
-        if step % cfg.ckpt_every == 0 or step % cfg.eval_every == 0 or step == cfg.steps:
-            save_train_state(state_path, {"model": net}, {"optim": opt}, {"step": step, "history": history,
-                             "elapsed": elapsed, **record})
-            t_last = time.perf_counter()
+    task.record = record
+    n_params = sum(p.numel() for p in net.parameters() if p.requires_grad)
+    loop.log(f"drafter for {entry.ref} ({n_params / 1e6:.2f}M trainable params); {feats.shape[0]} training rows")
+    progress = loop.run(task, StateFile(out / "state.safetensors", record, added=ADDED_KEYS))
+    net.cpu(), target.cpu()
+    step, history, elapsed = progress.step, progress.history, progress.elapsed
+    if not loop.is_main:
+        return {"metrics": {}, "entry": None}
     # metrics of the fp16 weights that ship
     shipped = EagleNet(net.cfg)
     shipped.load_state_dict({k: v.float() for k, v in fp16_state(net).items()}, strict=True)
@@ -277,6 +258,44 @@ def train(cfg: EagleTrainConfig, out: Path, log: Callable[[str], None] = lambda 
             **{k: v for k, v in record.items() if k != "config"}}
     saved = publish("draft", cfg.name, cfg.ship_dir, fp16_state(net), meta, "tiny-image-eagle")
     return {"metrics": metrics, "entry": saved}
+
+
+#: Keys added after states were written, with the value those states implicitly used (they still resume).
+ADDED_KEYS = {"grad_accum": 1}
+
+
+class EagleTask(TrainTask):
+    """The EAGLE objective on the target's sampled rows; a step's rows and feature noise come from one generator
+    seeded by (seed, step), so a resumed run draws what an uninterrupted one does."""
+
+    def __init__(self, cfg: EagleTrainConfig, net: EagleNet, target: Transformer, feats: torch.Tensor,
+                 tokens: torch.Tensor, eval_data: dict[str, torch.Tensor]) -> None:
+        self.cfg, self.net, self.target, self.feats, self.tokens, self.eval_data = cfg, net, target, feats, tokens, eval_data
+        self.record: dict[str, Any] = {}
+        self.modules = {"model": net}
+        params = [p for p in net.parameters() if p.requires_grad]
+        self.optims = {"optim": Optim(cfg.adamw(params), lambda s: cfg.lr_at(s, cfg.steps), cfg.grad_clip)}
+
+    def batch(self, at: At):
+        """Shard `at.shard` of the step's `at.shards * batch_size` rows, and the generator of its feature noise."""
+        cfg, b = self.cfg, self.cfg.batch_size
+        g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + at.step)
+        idx = torch.randint(0, self.feats.shape[0], (b * at.shards,), generator=g)[at.shard * b : (at.shard + 1) * b]
+        if at.shard:  # shard 0 draws its noise right after the rows (as one process always did); others their own
+            g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + at.step + 7_919 * at.shard * cfg.steps)
+        return self.feats[idx], self.tokens[idx], g
+
+    def loss(self, batch):
+        feats, tokens, g = batch
+        loss, parts = eagle_loss(self.net, self.target, feats, tokens, self.cfg, g)
+        return loss, {"loss": float(loss.detach()), **parts}
+
+    def evaluate(self, progress: Progress) -> dict[str, Any]:
+        ev = evaluate(self.net, self.target, self.eval_data, self.cfg.cfg_scale)
+        return {"step": progress.step, **{k: round(v, 4) for k, v in ev.items()}}
+
+    def meta(self) -> dict[str, Any]:
+        return dict(self.record)
 
 
 def run_record(cfg: EagleTrainConfig, digest: str, captions_sha: str) -> dict[str, Any]:
