@@ -1,7 +1,8 @@
 """`specgen train-heads`: train draft heads for a target; `--kind` picks the trainer from KINDS.
 
-Add a kind by adding one entry to KINDS: a function (config path, overrides, out dir, quiet) -> rows
-(one dict per registered entry) that does the work and returns what to print.
+Add a kind by adding one entry to KINDS: a function (config path, overrides, out dir, quiet, device) -> rows
+(one dict per registered entry) that does the work and returns what to print. Every kind trains on the shared
+loop (specgen/train/loop.py), so it runs under `accelerate launch` / `torchrun` too.
 """
 
 from __future__ import annotations
@@ -31,10 +32,13 @@ EPILOG = """examples:
 """
 
 
-def train_xspecmesh(config: Path | None, overrides: list[str], out: Path, quiet: bool) -> list[dict]:
+def train_xspecmesh(config: Path | None, overrides: list[str], out: Path, quiet: bool, device: str = "cpu") -> list[dict]:
     """XSpecMesh heads (stage 1), then LoRA + heads (stage 2); registers the results."""
     from specgen.config import load_config
     from specgen.errors import UsageError
+
+    if device != "cpu":
+        raise UsageError("train-heads --kind xspecmesh trains on the CPU only for now; use --device cpu")
     from specgen.models.heads import HEAD_KINDS
     from specgen.train.heads import HeadsTrainConfig, HeadsTrainer, save_outputs
 
@@ -62,7 +66,7 @@ def train_xspecmesh(config: Path | None, overrides: list[str], out: Path, quiet:
              "metrics": e.meta.get("metrics", {}), "path": str(e.path)} for e in entries]
 
 
-KINDS: dict[str, Callable[[Path | None, list[str], Path, bool], list[dict]]] = {"xspecmesh": train_xspecmesh}
+KINDS: dict[str, Callable[[Path | None, list[str], Path, bool, str], list[dict]]] = {"xspecmesh": train_xspecmesh}
 KINDS["eagle"] = train_eagle
 
 
@@ -76,17 +80,18 @@ def train_heads(
     fmt: FormatOpt = Format.table,
     quiet: QuietOpt = False,
 ) -> None:
-    """Train draft heads by distillation from a target model and register them (on the CPU)."""
-    from specgen.devices import cpu_only
+    """Train draft heads by distillation from a target model and register them; resumable, and under
+    `accelerate launch` / `torchrun` data-parallel (specgen/train/loop.py)."""
+    from specgen.devices import train_device
     from specgen.errors import UnknownNameError, UsageError
 
-    cpu_only(device, "train-heads")  # before anything loads: cpu, auto; a GPU (or a missing one) is one line
+    dev = train_device(device)  # before anything loads: a missing device is one line
 
     if kind not in KINDS:
         raise UnknownNameError("heads kind", kind, list(KINDS))
     if out is None:
         raise UsageError("--out RUN_FOLDER is required (training state and logs go there)")
-    rows = KINDS[kind](config, list(overrides or []), out, quiet)
+    rows = KINDS[kind](config, list(overrides or []), out, quiet, dev)
     if fmt == Format.json:
         _output.emit_json(rows)
     else:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def train_eagle(config: Path | None, overrides: list[str], out: Path, quiet: bool) -> list[dict]:
+def train_eagle(config: Path | None, overrides: list[str], out: Path, quiet: bool, device: str = "cpu") -> list[dict]:
     """`specgen train-heads --kind eagle`: train and register an EAGLE drafter; one row per registered entry."""
     from specgen.config import load_config
     from specgen.train.eagle import EagleTrainConfig, train
@@ -22,7 +22,7 @@ def train_eagle(config: Path | None, overrides: list[str], out: Path, quiet: boo
     check_resume(out, asdict(cfg), loose=("ship_dir",))  # before the target loads and samples are generated
     with run_folder(out, asdict(cfg)):
         log = file_logger(out / "train.log", echo=not quiet)
-        result = train(cfg, out, log)
+        result = train(cfg, out, log, device=device)
     e = result["entry"]
     m = {k: v for k, v in result["metrics"].items() if k != "history"}
     return [{"ref": e.ref if e else "-", "stage": "-", "parent": e.meta.get("parent") if e else cfg.target,

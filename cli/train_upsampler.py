@@ -22,6 +22,8 @@ EPILOG = """examples:
       warm_start=tiny-image-upsampler-2x
 
   specgen train-upsampler --out runs/quick steps=20 num_crops=256 name=my-upsampler-2x
+
+  accelerate launch --num_processes 2 -m cli.main train-upsampler -c recipes/tiny/upsampler-2x.yaml --out runs/u2 --device cuda
 """
 
 
@@ -34,10 +36,11 @@ def train_upsampler(
     fmt: FormatOpt = Format.table,
     quiet: QuietOpt = False,
 ) -> None:
-    """Train and register a MuLo-SD up/down-sampler pair (2x, or 4x warm-started from 2x), on the CPU."""
-    from specgen.devices import cpu_only
+    """Train and register a MuLo-SD up/down-sampler pair (2x, or 4x warm-started from 2x); resumable, and under
+    `accelerate launch` / `torchrun` data-parallel (specgen/train/loop.py)."""
+    from specgen.devices import train_device
 
-    cpu_only(device, "train-upsampler")  # before anything loads: cpu, auto; a GPU (or a missing one) is one line
+    dev = train_device(device)  # before anything loads: a missing device is one line
     from specgen.config import load_config
     from specgen.errors import UsageError
     from specgen.train.script import file_logger
@@ -53,7 +56,7 @@ def train_upsampler(
     check_resume(out, asdict(cfg))  # the trainer's state check comes only after the VQ and data load
     with run_folder(out, asdict(cfg)):
         log = file_logger(out / "train.log", echo=not quiet)
-        result = train(cfg, out, log)
+        result = train(cfg, out, log, device=dev)
     e = result["entry"]
     m = {k: v for k, v in result["metrics"].items() if k != "history"}
     rows = [{"ref": e.ref if e else "-", "scale": f"{cfg.scale}x", "up_token_acc": m["up_token_acc"],

@@ -65,16 +65,11 @@ def device_name(spec: str | torch.device | None) -> str:
     return str(resolve_device(spec))
 
 
-def cpu_only(spec: str | None, command: str) -> torch.device:
-    """The device of a command that runs on the CPU only (the trainers of draft heads and up-samplers): None and
-    "auto" are cpu; a missing device is the usual one-line refusal, and a present GPU a one-line refusal too
-    (rather than training on the CPU while the user thinks it is the GPU)."""
-    if spec in (None, "", "auto"):
-        return torch.device("cpu")
-    dev = resolve_device(spec)
-    if dev.type != "cpu":
-        raise UsageError(f"{command} trains on the CPU only for now; use --device cpu (or leave --device out)")
-    return dev
+def train_device(spec: str | None) -> str:
+    """The device string of a training command (`specgen.train.loop` runs it under accelerate): None is "cpu" (the
+    tiny recipes' shipped weights are CPU numerics, reproduced bit for bit there), "auto" is cuda when present;
+    a missing device is the usual one-line refusal, before anything loads."""
+    return "cpu" if spec in (None, "") else device_name(spec)
 
 
 def is_cpu(device: str | torch.device | None) -> bool:

@@ -62,10 +62,10 @@ def test_float16_on_a_cpu_without_float16_kernels_is_one_line():
         devices.resolve_dtype("float16", "cpu")
 
 
-def test_cpu_only_trainers():
-    assert devices.cpu_only(None, "x") == torch.device("cpu") and devices.cpu_only("auto", "x").type == "cpu"
+def test_train_device():
+    assert devices.train_device(None) == "cpu" and devices.train_device("auto") == devices.device_name("auto")
     with pytest.raises(UsageError, match="unknown device"):
-        devices.cpu_only("tpu9", "x")
+        devices.train_device("tpu9")
 
 
 # ---- clocks ------------------------------------------------------------------------------------------------------

@@ -45,7 +45,7 @@ from specgen.errors import UsageError
 from specgen.image.captions import Caption, read_captions
 from specgen.models.eagle import EagleNet
 from specgen.models.transformer import Transformer
-from specgen.train.checkpoint import fp16_state, load_train_state, publish, save_tensors, save_train_state
+from specgen.train.checkpoint import fp16_state, publish, save_tensors
 from specgen.train.image_gpt import sample_c2i, sample_t2i
 from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask
 from specgen.train.optim import OptimConfig

@@ -33,7 +33,7 @@ from specgen.errors import UsageError
 from specgen.image.captions import Caption
 from specgen.models.llamagen import GPT_CONFIGS, llamagen_config
 from specgen.models.transformer import Transformer, TransformerConfig, padded_causal_mask
-from specgen.train.checkpoint import fp16_state, load_train_state, publish, save_tensors, save_train_state
+from specgen.train.checkpoint import fp16_state, publish, save_tensors
 from specgen.train.loop import At, Optim, Progress, TrainTask
 from specgen.train.optim import OptimConfig
 from specgen.train.script import parse_recipe, print_metrics, script_parser

@@ -203,7 +203,7 @@ class StateFile:
             from safetensors import safe_open
 
             with safe_open(str(self.path), "pt") as f:
-                if RNG_KEY in f.keys():
+                if RNG_KEY in f.keys():  # noqa: SIM118 (safe_open has keys(), no __contains__)
                     meta["torch_rng"] = f.get_tensor(RNG_KEY)
         return meta
 

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -50,8 +49,8 @@ from safetensors.torch import load_file
 
 from specgen.errors import IncompatibleError, UsageError
 from specgen.models.upsampler import UpDownSampler, UpsamplerConfig
-from specgen.train.checkpoint import fp16_state, load_train_state, publish, save_tensors, save_train_state
-from specgen.train.optim import optimizer_step
+from specgen.train.checkpoint import fp16_state, publish, save_tensors
+from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask
 from specgen.train.script import parse_recipe, print_metrics, script_parser
 
 
@@ -324,8 +323,9 @@ def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
 @torch.no_grad()
 def evaluate(pair: UpDownSampler, vq, data: dict, r: int) -> dict[str, float]:
     """Held-out token agreement and PSNR of U_r / D_r against the real crops, next to naive baselines."""
-    hi, lo = data["eval_hi"].long(), data["eval_lo"].long()
-    x_hi = to_float(data["eval_pixels"])
+    device = pair.codebook.device
+    hi, lo = data["eval_hi"].long().to(device), data["eval_lo"].long().to(device)
+    x_hi = to_float(data["eval_pixels"].to(device))
     x_lo = downscale(x_hi, r)
     out: dict[str, float] = {}
     up = torch.cat([pair.upsample_tokens(lo[i : i + 64]) for i in range(0, lo.shape[0], 64)])
@@ -346,11 +346,105 @@ def evaluate(pair: UpDownSampler, vq, data: dict, r: int) -> dict[str, float]:
     return {k: round(v, 4) for k, v in out.items()}
 
 
+class PairTask(TrainTask):
+    """The pair's objective (generator step) and, once the GAN is on, the discriminators' hinge + LeCam step.
+
+    A step's crops and augmentations come from one generator seeded by (seed, step). The two losses reach
+    disjoint parameters (the discriminators are frozen inside the generator's adversarial term, the generator's
+    images detached in the discriminators'), so computing both before either optimiser steps changes nothing."""
+
+    def __init__(self, cfg: UpsamplerTrainConfig, model: Trainee, vq, data: dict[str, torch.Tensor],
+                 perc: nn.Module | None) -> None:
+        self.cfg, self.model, self.pair, self.vq, self.data, self.perc = cfg, model, model.pair, vq, data, perc
+        betas = (cfg.beta1, cfg.beta2)
+        opt_g = torch.optim.AdamW(model.pair.parameters(), lr=cfg.lr, betas=betas, weight_decay=cfg.weight_decay)
+        opt_d = torch.optim.AdamW(model.disc.parameters(), lr=cfg.disc_lr, betas=betas, weight_decay=cfg.weight_decay)
+        self.modules = {"model": model}
+        self.optims = {"opt_g": Optim(opt_g, lambda s: cfg.lr, cfg.grad_clip), "opt_d": Optim(opt_d, lambda s: cfg.disc_lr)}
+        self.lecam = {"up": LeCam(cfg.lecam_decay), "down": LeCam(cfg.lecam_decay)}
+
+    def batch(self, at: At):
+        cfg, b = self.cfg, self.cfg.batch_size
+        g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + at.step)
+        idx = torch.randint(0, self.data["train_hi"].shape[0], (b * at.shards,), generator=g)
+        idx = idx[at.shard * b : (at.shard + 1) * b]
+        if at.shard:  # shard 0 augments with the rows' generator (as one process always did); others their own
+            g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + at.step + 7_919 * at.shard * cfg.steps)
+        d = self.data
+        return d["train_pixels"][idx], d["train_lo"][idx].long(), d["train_hi"][idx].long(), g, at.step
+
+    def render(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Straight-through decode of latents; returns (image, commitment loss)."""
+        pair = self.pair
+        e = pair.embed(pair.quantize(z.detach()))
+        commit = F.mse_loss(z, e)
+        return self.vq.decode_latents(z + (e - z).detach()), commit
+
+    def loss(self, batch):
+        cfg, pair, model, perc = self.cfg, self.pair, self.model, self.perc
+        pixels, lo, hi, g, step = batch
+        x_hi = to_float(pixels)
+        x_lo = downscale(x_hi, cfg.scale)
+        gan_on = cfg.gan_weight > 0 and step >= cfg.gan_start
+        z_up = pair.up_latents(lo)
+        z_dn = pair.down_latents(hi)
+        img_up, c_up = self.render(z_up)
+        img_dn, c_dn = self.render(z_dn)
+        logs: dict[str, float] = {}
+        loss = img_up.new_zeros(())
+        if cfg.latent_weight > 0:  # optional shortcut for short CPU runs (documented deviation)
+            lat_up = F.mse_loss(z_up, pair.embed(hi))
+            lat_dn = F.mse_loss(z_dn, pair.embed(lo))
+            loss = loss + cfg.latent_weight * (lat_up + lat_dn)
+            logs["up_latent"], logs["down_latent"] = lat_up.item(), lat_dn.item()
+        for side, img, real, commit in (("up", img_up, x_hi, c_up), ("down", img_dn, x_lo, c_dn)):
+            mse = F.mse_loss(img, real)
+            part = cfg.mse_weight * mse + cfg.commit_weight * commit
+            logs[f"{side}_mse"], logs[f"{side}_commit"] = mse.item(), commit.item()
+            if perc is not None and cfg.perceptual_weight > 0:
+                p = perc(img, real)
+                part = part + cfg.perceptual_weight * p
+                logs[f"{side}_perc"] = p.item()
+            if gan_on:
+                for q in model.disc[side].parameters():
+                    q.requires_grad_(False)
+                adv = -model.disc[side](augment(img, g) if cfg.augment else img).mean()
+                for q in model.disc[side].parameters():
+                    q.requires_grad_(True)
+                part = part + cfg.gan_weight * adv
+                logs[f"{side}_gan"] = adv.item()
+            loss = loss + part
+        if not gan_on:
+            return {"opt_g": loss}, logs
+        d_loss = x_hi.new_zeros(())  # discriminator step: hinge + LeCam on augmented real / fake
+        for side, img, real in (("up", img_up, x_hi), ("down", img_dn, x_lo)):
+            dr = model.disc[side](augment(real, g) if cfg.augment else real)
+            df = model.disc[side](augment(img.detach(), g) if cfg.augment else img.detach())
+            d_side = F.relu(1 - dr).mean() + F.relu(1 + df).mean()
+            d_loss = d_loss + d_side + cfg.lecam_weight * self.lecam[side](dr, df)
+            logs[f"{side}_disc"] = d_side.item()
+        return {"opt_g": loss, "opt_d": d_loss}, logs
+
+    def evaluate(self, progress: Progress) -> dict[str, Any]:
+        self.pair.eval()
+        ev = evaluate(self.pair, self.vq, self.data, self.cfg.scale)
+        self.pair.train()
+        return {"step": progress.step, **ev, "elapsed_s": round(progress.elapsed, 1)}
+
+    def meta(self) -> dict[str, Any]:
+        return {"config": asdict(self.cfg), "lecam": {k: (v.real, v.fake) for k, v in self.lecam.items()}}
+
+    def restore(self, meta: dict[str, Any]) -> None:
+        for k, v in self.lecam.items():
+            v.real, v.fake = meta.get("lecam", {}).get(k, (0.0, 0.0))
+
+
 # --- the run ----------------------------------------------------------------------------------------------------
 
 def train(cfg: UpsamplerTrainConfig, out: Path, log: Callable[[str], None] = lambda s: None,
-          command: str = "specgen train-upsampler") -> dict[str, Any]:
-    """Run (or resume) a training run in `out`; returns {"metrics", "entry"} and registers the pair."""
+          command: str = "specgen train-upsampler", device: str = "cpu", mixed_precision: str = "no") -> dict[str, Any]:
+    """Run (or resume) a training run in `out` on the shared loop; returns {"metrics", "entry"} and registers the
+    pair."""
     torch.set_num_threads(cfg.num_threads)
     vq, doc, digest = load_vq(cfg.vq)
     for p in vq.parameters():
@@ -380,101 +474,23 @@ def train(cfg: UpsamplerTrainConfig, out: Path, log: Callable[[str], None] = lam
     if warm is not None:
         fresh = pair.warm_start_from(warm)
         log(f"warm start from {cfg.warm_start}: {len(fresh)} tensors of the new stage(s) left at initialisation")
-    betas = (cfg.beta1, cfg.beta2)
-    opt_g = torch.optim.AdamW(pair.parameters(), lr=cfg.lr, betas=betas, weight_decay=cfg.weight_decay)
-    opt_d = torch.optim.AdamW(model.disc.parameters(), lr=cfg.disc_lr, betas=betas, weight_decay=cfg.weight_decay)
-    opts = {"opt_g": opt_g, "opt_d": opt_d}
-    state_path = out / "state.safetensors"
-    meta = load_train_state(state_path, {"model": model}, opts, {"config": asdict(cfg)})
-    step = meta["step"] if meta else 0
-    history = meta["history"] if meta else []
-    elapsed = meta["elapsed"] if meta else 0.0
-    lecam = {"up": LeCam(cfg.lecam_decay), "down": LeCam(cfg.lecam_decay)}
-    if meta:
-        for k in lecam:
-            lecam[k].real, lecam[k].fake = meta.get("lecam", {}).get(k, (0.0, 0.0))
+    loop = Loop(LoopOptions(steps=cfg.steps, log_every=cfg.log_every, eval_every=cfg.eval_every,
+                            ckpt_every=cfg.ckpt_every, device=device, mixed_precision=mixed_precision), log)
     perc = perceptual_loss(cfg.perceptual, vq)
+    vq.to(loop.device)
+    if perc is not None:
+        perc.to(loop.device)
+    task = PairTask(cfg, model, vq, data, perc)
     r = cfg.scale
     n_params = sum(p.numel() for p in pair.up.parameters()), sum(p.numel() for p in pair.down.parameters())
-    log(f"{'resumed at' if meta else 'starting'} step {step}/{cfg.steps}; up {n_params[0] / 1e6:.3f}M, down "
-        f"{n_params[1] / 1e6:.3f}M params; perceptual {perc.name if perc else 'none'}; "
-        f"{data['train_hi'].shape[0]} train crops; grids {tuple(data['train_lo'].shape[1:])} <-> "
-        f"{tuple(data['train_hi'].shape[1:])}")
-    n_train = data["train_hi"].shape[0]
-    window: dict[str, list[float]] = {}
-    t_last = time.perf_counter()
-
-    def render(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Straight-through decode of latents; returns (image, commitment loss)."""
-        e = pair.embed(pair.quantize(z.detach()))
-        commit = F.mse_loss(z, e)
-        return vq.decode_latents(z + (e - z).detach()), commit
-
-    while step < cfg.steps:
-        g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
-        idx = torch.randint(0, n_train, (cfg.batch_size,), generator=g)
-        x_hi = to_float(data["train_pixels"][idx])
-        x_lo = downscale(x_hi, r)
-        gan_on = cfg.gan_weight > 0 and step >= cfg.gan_start
-        z_up = pair.up_latents(data["train_lo"][idx].long())
-        z_dn = pair.down_latents(data["train_hi"][idx].long())
-        img_up, c_up = render(z_up)
-        img_dn, c_dn = render(z_dn)
-        logs: dict[str, float] = {}
-        loss = img_up.new_zeros(())
-        if cfg.latent_weight > 0:  # optional shortcut for short CPU runs (documented deviation)
-            lat_up = F.mse_loss(z_up, pair.embed(data["train_hi"][idx].long()))
-            lat_dn = F.mse_loss(z_dn, pair.embed(data["train_lo"][idx].long()))
-            loss = loss + cfg.latent_weight * (lat_up + lat_dn)
-            logs["up_latent"], logs["down_latent"] = lat_up.item(), lat_dn.item()
-        for side, img, real, commit in (("up", img_up, x_hi, c_up), ("down", img_dn, x_lo, c_dn)):
-            mse = F.mse_loss(img, real)
-            part = cfg.mse_weight * mse + cfg.commit_weight * commit
-            logs[f"{side}_mse"], logs[f"{side}_commit"] = mse.item(), commit.item()
-            if perc is not None and cfg.perceptual_weight > 0:
-                p = perc(img, real)
-                part = part + cfg.perceptual_weight * p
-                logs[f"{side}_perc"] = p.item()
-            if gan_on:
-                for q in model.disc[side].parameters():
-                    q.requires_grad_(False)
-                adv = -model.disc[side](augment(img, g) if cfg.augment else img).mean()
-                for q in model.disc[side].parameters():
-                    q.requires_grad_(True)
-                part = part + cfg.gan_weight * adv
-                logs[f"{side}_gan"] = adv.item()
-            loss = loss + part
-        optimizer_step(opt_g, loss, cfg.lr, cfg.grad_clip)
-        if gan_on:  # discriminator step: hinge + LeCam on augmented real / fake
-            d_loss = x_hi.new_zeros(())
-            for side, img, real in (("up", img_up, x_hi), ("down", img_dn, x_lo)):
-                dr = model.disc[side](augment(real, g) if cfg.augment else real)
-                df = model.disc[side](augment(img.detach(), g) if cfg.augment else img.detach())
-                d_side = F.relu(1 - dr).mean() + F.relu(1 + df).mean()
-                d_loss = d_loss + d_side + cfg.lecam_weight * lecam[side](dr, df)
-                logs[f"{side}_disc"] = d_side.item()
-            optimizer_step(opt_d, d_loss, cfg.disc_lr)
-        step += 1
-        for k, v in logs.items():
-            window.setdefault(k, []).append(v)
-        now = time.perf_counter()
-        elapsed += now - t_last
-        t_last = now
-        if step % cfg.log_every == 0 or step == cfg.steps:
-            log(f"step {step:5d} " + " ".join(f"{k} {sum(v) / len(v):.4f}" for k, v in sorted(window.items()))
-                + f" elapsed {elapsed / 60:.1f}m")
-            window = {}
-        if step % cfg.eval_every == 0 or step == cfg.steps:
-            pair.eval()
-            ev = evaluate(pair, vq, data, r)
-            pair.train()
-            history.append({"step": step, **ev, "elapsed_s": round(elapsed, 1)})
-            log(f"eval step {step}: {json.dumps(ev)}")
-        if step % cfg.ckpt_every == 0 or step % cfg.eval_every == 0 or step == cfg.steps:
-            save_train_state(state_path, {"model": model}, opts, {
-                "step": step, "history": history, "elapsed": elapsed, "config": asdict(cfg),
-                "lecam": {k: (v.real, v.fake) for k, v in lecam.items()}})
-            t_last = time.perf_counter()
+    loop.log(f"up {n_params[0] / 1e6:.3f}M, down {n_params[1] / 1e6:.3f}M params; perceptual "
+             f"{perc.name if perc else 'none'}; {data['train_hi'].shape[0]} train crops; grids "
+             f"{tuple(data['train_lo'].shape[1:])} <-> {tuple(data['train_hi'].shape[1:])}")
+    progress = loop.run(task, StateFile(out / "state.safetensors", {"config": asdict(cfg)}))
+    model.cpu(), vq.cpu()
+    step, history, elapsed = progress.step, progress.history, progress.elapsed
+    if not loop.is_main:
+        return {"metrics": {}, "entry": None}
     # metrics of the fp16 weights that ship
     shipped = UpDownSampler(pcfg)
     state = fp16_state(pair)
