@@ -255,8 +255,6 @@ class MuLoRow:
     """One image's MuLo-SD state in a slot (`MuLoSDDecoder.decode`'s locals, kept across loop steps)."""
 
     dec: MuLoSDDecoder
-    low: Any  # CFGTarget over the low-res drafter
-    lcache: Any
     lhead: torch.Tensor  # drafter logits after the fed low-res prefix
     head: torch.Tensor | None = None  # target logits for image token 0 (nothing fed yet)
     dgen: torch.Generator | None = None
@@ -287,17 +285,27 @@ class MuLoBatch:
         self.max_feed = 2 * (dec.grid // dec.low_grid) * dec.grid * dec.draft_rows  # pending + a block
 
     def open(self, width: int, max_len: int) -> None:
+        from specgen.image.target import CFGTarget
+
+        dec = self.make(0)
+        self.lowres = dec.lowres
+        self.low = CFGTarget(dec.lowres, getattr(self.target, "cfg_scale", 1.0))  # one drafter cache for the batch
+        self.br = self.low.branches
+        self.lcache = self.low.new_cache(width, 2 + dec.low_grid ** 2)
         self.rows: list[MuLoRow | None] = [None] * width
 
     def admit(self, slot: int, index: int, prompt: list[int], first) -> None:
-        from specgen.image.target import CFGTarget
-
         dec = self.make(index)
+        if dec.lowres is not self.lowres:
+            raise ValueError("mulo-sd rows of one batch must share the low-resolution drafter")
         dec.trace = []
-        low = CFGTarget(dec.lowres, getattr(self.target, "cfg_scale", 1.0))
-        lcache = low.new_cache(1, 2 + dec.low_grid ** 2)
-        lhead = low.prefill(torch.tensor([prompt], device=self.target.device), lcache).logits[0, -1]
-        self.rows[slot] = MuLoRow(dec, low, lcache, lhead, first.logits[0, -1])
+        rows = range(slot * self.br, (slot + 1) * self.br)
+        for r in rows:
+            self.lcache.rollback(r, 0)
+        view = self.lcache.rows(rows.start, rows.stop)
+        lhead = self.low.prefill(torch.tensor([prompt], device=self.target.device), view).logits[0, -1]
+        self.lcache.absorb(view, rows.start)
+        self.rows[slot] = MuLoRow(dec, lhead, first.logits[0, -1])
 
     def start(self, slot: int, first, params, generator, stats) -> list[int]:
         row = self.rows[slot]
@@ -308,6 +316,8 @@ class MuLoBatch:
         return []  # token 0 is drafted too
 
     def move(self, src: int, dst: int) -> None:
+        for b in range(self.br):
+            self.lcache.move_row(src * self.br + b, dst * self.br + b)
         self.rows[dst], self.rows[src] = self.rows[src], None
 
     def finished(self, slot: int) -> bool:
@@ -315,54 +325,92 @@ class MuLoBatch:
         return row.n >= row.dec.grid ** 2
 
     def plan(self, seqs, budgets, stats, generators, params, clock) -> list[RowStep]:
+        rows = self.rows[: len(seqs)]
+        # Rows verify together: while any row re-samples (a short feed), the others wait instead of drafting, so a
+        # verify (r * G tokens or more) never pads re-sampling rows to its length. Waiting changes no row's output.
+        drafting = [] if any(row.redo for row in rows) else list(range(len(rows)))
+        if drafting:
+            for i, x_hi in zip(drafting, self.draft(drafting, seqs, params, stats, clock)):
+                rows[i].block = x_hi
         steps = []
-        for row, seq, s in zip(self.rows[: len(seqs)], seqs, stats):
+        for row in rows:
             if row.redo:  # 6. re-sample: feed the tokens since the last re-sampled one
                 chunk = row.block[row.fed_upto : row.redo[0]]
-            else:
-                row.block = self.draft(row, seq, params, s, clock)
-                chunk = row.pending + row.block[:-1]  # 3. verify pending + x~[:-1]
+            elif not drafting:
+                steps.append(RowStep())  # waits (sits out the forward)
+                continue
+            else:  # 3. verify: pending + x~[:-1]
+                chunk = row.pending + row.block[:-1]
             row.feed = len(chunk)
             steps.append(RowStep(chunk[0], Draft.chain(chunk[1:])))
         return steps
 
-    def draft(self, row: MuLoRow, seq: list[int], params, stats, clock) -> list[int]:
-        """7. down-sample the accepted prefix (feed its new rows to the drafter), 1. draft, 2. up-sample: x~."""
-        dec, device = row.dec, self.target.device
-        G, g = dec.grid, dec.low_grid
-        r, n, low, lcache = G // g, row.n, row.low, row.lcache
-        m = n // (r * G)
-        d = min(dec.draft_rows, g - m)
-        if m * g > len(row.low_tokens):
-            with clock("downsample"):
-                grid_hi = torch.tensor(seq[len(seq) - n :], device=device).view(1, m * r, G)
-                y = dec.pair.downsample_tokens(grid_hi)[0].flatten().tolist()
-            new = y[len(row.low_tokens):]
-            with clock("propose"):
-                pos = torch.arange(1 + len(row.low_tokens), 1 + len(y), device=device)[None]
-                res = low.forward(torch.tensor([new], device=device), pos, lcache, None)
-                low.commit(lcache, list(range(len(new))))
-                row.lhead = res.logits[0, -1]
-            stats.drafter_forwards += 1
-            stats.extras["drafter_prefix_forwards"] += 1
-            row.low_tokens = y
+    def low_forward(self, feeds: dict[int, list[int]]) -> dict[int, torch.Tensor]:
+        """One drafter forward over the slots in `feeds` (each feeds its chain at its drafter-cache length, slots
+        in between feed one padding node); commits the chains; the drafter logits [S_i, V] of each slot."""
+        from specgen.decoding.verify import verify_batch
+
+        lo, hi = min(feeds), max(feeds) + 1
+        view = self.lcache.rows(lo * self.br, hi * self.br)
+        roots = [feeds[i][0] if i in feeds else 0 for i in range(lo, hi)]
+        chains = [Draft.chain(feeds[i][1:]) if i in feeds else Draft.empty() for i in range(lo, hi)]
+        batch = verify_batch(roots, chains, view.lengths[:: self.br], self.target.device)
+        logits = self.low.forward(batch.tokens, batch.positions, view, batch.tree_mask).logits
+        for i, chain in feeds.items():
+            for r in range((i - lo) * self.br, (i - lo + 1) * self.br):
+                view.commit(r, list(range(len(chain))))
+        self.lcache.absorb(view, lo * self.br)
+        return {i: logits[i - lo, : len(chain)] for i, chain in feeds.items()}
+
+    def draft(self, slots: list[int], seqs, params, stats, clock) -> list[list[int]]:
+        """7. down-sample each row's accepted prefix and feed its new low-res rows to the drafter, 1. draft
+        whole low-res rows (one drafter forward per drafted token over every drafting row), 2. up-sample: x~ per
+        row."""
+        device, rows = self.target.device, self.rows
+        feeds, shape = {}, {}
+        for i in slots:
+            row, seq = rows[i], seqs[i]
+            G, g = row.dec.grid, row.dec.low_grid
+            r, n = G // g, row.n
+            m = n // (r * G)
+            shape[i] = (m, min(row.dec.draft_rows, g - m), g, r)
+            if m * g > len(row.low_tokens):
+                with clock("downsample"):
+                    grid_hi = torch.tensor(seq[len(seq) - n :], device=device).view(1, m * r, G)
+                    y = row.dec.pair.downsample_tokens(grid_hi)[0].flatten().tolist()
+                feeds[i] = y[len(row.low_tokens) :]
+                row.low_tokens = y
+                stats[i].drafter_forwards += 1
+                stats[i].extras["drafter_prefix_forwards"] += 1
         with clock("propose"):
-            drafted, logits = [], row.lhead
-            base = len(row.low_tokens)
-            for i in range(d * g):
-                tok = pick(logits, params, row.dgen)
-                drafted.append(tok)
-                if i + 1 < d * g:
-                    pos = torch.tensor([[1 + base + i]], device=device)
-                    logits = low.forward(torch.tensor([[tok]], device=device), pos, lcache, None).logits[0, -1]
-                    low.commit(lcache, [0])
-                    stats.drafter_forwards += 1
-            for b in range(lcache.batch):  # forget the drafted rows: next step feeds D_r(x) instead
-                lcache.rollback(b, 1 + base)
-        stats.extras["lowres_tokens"] += len(drafted)
-        with clock("upsample"):
-            y_all = torch.tensor(row.low_tokens + drafted, device=device).view(1, m + d, g)
-            return dec.pair.upsample_tokens(y_all)[0, m * r :].flatten().tolist()
+            if feeds:
+                for i, logits in self.low_forward(feeds).items():
+                    rows[i].lhead = logits[-1]
+            base = {i: len(rows[i].low_tokens) for i in slots}
+            drafted = {i: [] for i in slots}
+            logits = {i: rows[i].lhead for i in slots}
+            for k in range(max(d * g for _, d, g, _ in shape.values())):
+                feeds = {}
+                for i in slots:
+                    total = shape[i][1] * shape[i][2]
+                    if k < total:
+                        drafted[i].append(pick(logits[i], params, rows[i].dgen))
+                        if k + 1 < total:
+                            feeds[i] = [drafted[i][-1]]
+                            stats[i].drafter_forwards += 1
+                if feeds:
+                    logits = {i: lg[-1] for i, lg in self.low_forward(feeds).items()}
+            for i in slots:  # forget the drafted rows: next step feeds D_r(x) instead
+                for b in range(i * self.br, (i + 1) * self.br):
+                    self.lcache.rollback(b, 1 + base[i])
+        out = []
+        for i in slots:
+            m, d, g, r = shape[i]
+            stats[i].extras["lowres_tokens"] += len(drafted[i])
+            with clock("upsample"):
+                y_all = torch.tensor(rows[i].low_tokens + drafted[i], device=device).view(1, m + d, g)
+                out.append(rows[i].dec.pair.upsample_tokens(y_all)[0, m * r :].flatten().tolist())
+        return out
 
     def settle(self, fed, lo, out, sizes, params, generators, stats, clock) -> list[tuple[list[int], list[int]]]:
         results = []
