@@ -159,8 +159,9 @@ class TrainTask:
         """A history record after `progress.step` steps (None: nothing to record)."""
         return None
 
-    def after_step(self, progress: Progress) -> None:
-        """Called after every optimiser step (progress.step already counts it)."""
+    def after_step(self, progress: Progress) -> dict[str, float] | None:
+        """Called after every optimiser step (progress.step already counts it); may return more floats to log."""
+        return None
 
     def extra_tensors(self) -> dict[str, torch.Tensor]:
         """Further tensors of the state, restored in place on resume (e.g. code-usage counters)."""
@@ -351,7 +352,7 @@ class Loop:
             if scaler is not None:
                 scaler.update()
             p.step += 1
-            task.after_step(p)
+            logs.update(task.after_step(p) or {})
             p.window.append(logs)
             p.recent.append(logs)
             now, cnow = time.perf_counter(), time.process_time()

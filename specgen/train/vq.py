@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -14,10 +13,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from specgen import devices
 from specgen.data.images import ImageCrops, ImageCropsConfig
+from specgen.errors import UsageError
 from specgen.models.vq import VQ_CONFIGS, VQConfig, VQModel
-from specgen.train.checkpoint import fp16_state, load_train_state, save_train_state, write_entry
-from specgen.train.optim import OptimConfig, optimizer_step
+from specgen.train.checkpoint import fp16_state, write_entry
+from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask
+from specgen.train.optim import OptimConfig
 from specgen.train.script import parse_recipe, print_metrics, script_parser
 
 # Loss choice (no downloaded weights): L1 + MSE on pixels, plus an L1 loss on horizontal/vertical image
@@ -107,16 +109,22 @@ def evaluate(model: VQModel, images: torch.Tensor, batch_size: int = 64) -> dict
     }
 
 
-class VQTrainer:
-    """Owns model, optimiser and run directory: `state.safetensors` (resume), `model.safetensors`, `config.json`."""
+class VQTrainer(TrainTask):
+    """Owns model, optimiser and run directory: `state.safetensors` (resume), `model.safetensors`, `config.json`.
 
-    def __init__(self, cfg: VQTrainConfig, out_dir: str | os.PathLike, log: Callable[[str], None] = lambda s: None):
-        self.cfg, self.out, self.log = cfg, Path(out_dir), log
+    Trains on the shared loop (`specgen.train.loop`) in one process: dead-code restarts count code hits per
+    process, so several processes would restart different codes."""
+
+    def __init__(self, cfg: VQTrainConfig, out_dir: str | os.PathLike, log: Callable[[str], None] = lambda s: None,
+                 device: str = "cpu"):
+        self.cfg, self.out, self.log, self.device = cfg, Path(out_dir), log, device
         torch.set_num_threads(cfg.num_threads)
         torch.manual_seed(cfg.seed)
         self.model_cfg = cfg.model_config()
         self.model = VQModel(self.model_cfg).train()
         self.opt = cfg.adamw(self.model.parameters())
+        self.modules = {"model": self.model}
+        self.optims = {"optim": Optim(self.opt, lambda s: cfg.lr_at(s, cfg.steps), cfg.grad_clip)}
         data_cfg = ImageCropsConfig(crop_size=cfg.crop_size, seed=cfg.data_seed)
         self.train_data = ImageCrops(replace(data_cfg, split="train", num_samples=cfg.steps * cfg.batch_size))
         eval_data = ImageCrops(replace(data_cfg, split="eval", num_samples=cfg.eval_samples))
@@ -126,22 +134,26 @@ class VQTrainer:
         self.cpu = 0.0  # process CPU time summed over sessions (= compute time with num_threads=1)
         self.history: list[dict[str, float]] = []
         self.hits = torch.zeros(self.model_cfg.codebook_size)  # code hits since the last restart check
+        self._out = None  # the last step's VQ output (code hits, latents for restarts)
 
     # --- persistence -------------------------------------------------------------------------------------
-    def save_state(self) -> None:
-        meta = {"step": self.step, "elapsed": self.elapsed, "cpu": self.cpu, "history": self.history,
-                "config": asdict(self.cfg)}
-        save_train_state(self.out / "state.safetensors", {"model": self.model}, {"optim": self.opt}, meta,
-                         extra={"trainer.hits": self.hits}, packed=False)
+    def state_file(self) -> StateFile:
+        return StateFile(self.out / "state.safetensors", {"config": asdict(self.cfg)}, packed=False)
 
     def try_resume(self) -> bool:
-        meta = load_train_state(self.out / "state.safetensors", {"model": self.model}, {"optim": self.opt},
-                                {"config": asdict(self.cfg)}, extra={"trainer.hits": self.hits})
+        """Load OUT/state.safetensors into this trainer, as the loop does first; False when there is none."""
+        meta = self.state_file().load(self)
         if meta is None:
             return False
         self.step, self.elapsed, self.cpu = meta["step"], float(meta["elapsed"]), float(meta.get("cpu", 0.0))
         self.history = meta["history"]
         return True
+
+    def extra_tensors(self) -> dict[str, torch.Tensor]:
+        return {"trainer.hits": self.hits}
+
+    def meta(self) -> dict[str, Any]:
+        return {"config": asdict(self.cfg)}
 
     def export(self, metrics: dict[str, Any]) -> None:
         """Write the shipping artefacts: fp16 `model.safetensors` + `config.json`."""
@@ -171,70 +183,65 @@ class VQTrainer:
             return 0
         gen = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + self.step)  # reproducible across resumes
         pool = latents.permute(0, 2, 3, 1).reshape(-1, latents.shape[1])  # [N,D]
-        pick = torch.randint(0, pool.shape[0], (dead.numel(),), generator=gen)
-        new = pool[pick] + 0.01 * torch.randn(dead.numel(), pool.shape[1], generator=gen)  # [n_dead,D]
+        pick = torch.randint(0, pool.shape[0], (dead.numel(),), generator=gen).to(pool.device)
+        new = pool[pick] + 0.01 * torch.randn(dead.numel(), pool.shape[1], generator=gen).to(pool.device)  # [n_dead,D]
         weight = self.model.quantize.embedding.weight
-        weight[dead] = F.normalize(new, dim=-1) if self.model_cfg.codebook_l2_norm else new
+        weight[dead.to(weight.device)] = F.normalize(new, dim=-1) if self.model_cfg.codebook_l2_norm else new
         state = self.opt.state.get(weight, {})
         for key in ("exp_avg", "exp_avg_sq"):
             if key in state:
-                state[key][dead] = 0.0
+                state[key][dead.to(weight.device)] = 0.0
         return int(dead.numel())
 
-    def train_step(self) -> dict[str, float]:
+    def batch(self, at: At) -> torch.Tensor:
+        if at.shards > 1:
+            raise UsageError("the VQ trainer runs in one process without grad accumulation (dead-code restarts "
+                             "count code hits per process)")
+        return _batch(self.cfg, self.train_data, at.step)  # [B,3,S,S]
+
+    def loss(self, images: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
         cfg = self.cfg
-        images = _batch(cfg, self.train_data, self.step)  # [B,3,S,S]
         out = self.model(images)
         l1 = F.l1_loss(out.recon, images)
         mse = F.mse_loss(out.recon, images)
         edge = edge_loss(out.recon, images)
         loss = cfg.l1_weight * l1 + cfg.mse_weight * mse + cfg.edge_weight * edge + cfg.codebook_weight * out.quant_loss
-        optimizer_step(self.opt, loss, cfg.lr_at(self.step, cfg.steps), cfg.grad_clip)
-        self.hits += torch.bincount(out.indices.flatten(), minlength=self.hits.numel()).float()
-        restarted = 0
-        self.step += 1
-        if cfg.restart_every and self.step % cfg.restart_every == 0 and self.step < cfg.restart_until * cfg.steps:
-            restarted = self._restart_dead_codes(out.latents.detach())
-        return {
+        self._out = out
+        return loss, {
             "loss": float(loss.detach()), "l1": float(l1.detach()), "mse": float(mse.detach()),
             "edge": float(edge.detach()),
             "codebook": float(out.codebook_loss.detach()), "commit": float(out.commit_loss.detach()),
-            "psnr": float(psnr(out.recon.detach(), images).mean()), "restarted": restarted,
+            "psnr": float(psnr(out.recon.detach(), images).mean()),
         }
+
+    def after_step(self, progress: Progress) -> dict[str, float]:
+        """Count the step's code hits; every `restart_every` steps (before `restart_until`) re-seed unused codes."""
+        cfg, out = self.cfg, self._out
+        self.step, self._out = progress.step, None
+        self.hits += torch.bincount(out.indices.flatten(), minlength=self.hits.numel()).float().cpu()
+        restarted = 0
+        if cfg.restart_every and self.step % cfg.restart_every == 0 and self.step < cfg.restart_until * cfg.steps:
+            restarted = self._restart_dead_codes(out.latents.detach())
+        return {"restarted": restarted}
+
+    def evaluate(self, progress: Progress) -> dict[str, Any]:
+        """Held-out metrics; the fp16 export is rewritten with them (a usable VQ at every evaluation)."""
+        self.step, self.elapsed, self.cpu = progress.step, progress.elapsed, progress.cpu
+        ev = evaluate(self.model, self.eval_images.to(devices.module_device(self.model)))
+        record = {"step": self.step, "elapsed_s": round(self.elapsed, 1), "cpu_s": round(self.cpu, 1), **ev}
+        self.history = [*progress.history, record]
+        self.export(self._metrics())
+        return record
 
     def run(self) -> dict[str, Any]:
         cfg = self.cfg
-        resumed = self.try_resume()
-        self.log(f"{'resumed at' if resumed else 'starting'} step {self.step}/{cfg.steps}; model {cfg.model} "
-                 f"({sum(p.numel() for p in self.model.parameters()) / 1e6:.2f}M params) "
+        loop = Loop(LoopOptions(steps=cfg.steps, stop_after=cfg.stop_after, log_every=cfg.log_every,
+                                eval_every=cfg.eval_every, ckpt_every=cfg.ckpt_every, device=self.device), self.log)
+        loop.log(f"model {cfg.model} ({sum(p.numel() for p in self.model.parameters()) / 1e6:.2f}M params) "
                  f"config {self.model_cfg.to_dict()}")
-        window: list[dict[str, float]] = []
-        t_last, c_last = time.perf_counter(), time.process_time()
-        while self.step < (cfg.stop_after or cfg.steps):
-            window.append(self.train_step())
-            now = time.perf_counter()
-            self.elapsed += now - t_last
-            self.cpu += time.process_time() - c_last
-            t_last, c_last = now, time.process_time()
-            if self.step % cfg.log_every == 0 or self.step == cfg.steps:
-                avg = {k: sum(w[k] for w in window) / len(window) for k in window[0]}
-                self.log(f"step {self.step:5d} lr {cfg.lr_at(self.step - 1, cfg.steps):.2e} loss {avg['loss']:.4f} "
-                         f"l1 {avg['l1']:.4f} mse {avg['mse']:.5f} edge {avg['edge']:.4f} "
-                         f"cb {avg['codebook']:.4f} commit {avg['commit']:.4f} train_psnr {avg['psnr']:.2f} "
-                         f"restarted {int(sum(w['restarted'] for w in window))} usage(win) "
-                         f"{self.model.quantize.usage():.3f} elapsed {self.elapsed / 60:.1f}m cpu {self.cpu / 60:.1f}m")
-                window = []
-            if self.step % cfg.eval_every == 0 or self.step == cfg.steps:
-                ev = evaluate(self.model, self.eval_images)
-                self.history.append(
-                    {"step": self.step, "elapsed_s": round(self.elapsed, 1), "cpu_s": round(self.cpu, 1), **ev}
-                )
-                self.log(f"eval step {self.step}: held-out PSNR {ev['psnr']:.2f} dB, L1 {ev['l1']:.4f}, "
-                         f"codebook usage {ev['codebook_usage']:.3f}, perplexity {ev['codebook_perplexity']:.1f}")
-                self.save_state()
-                self.export(self._metrics())
-            elif self.step % cfg.ckpt_every == 0:
-                self.save_state()
+        progress = loop.run(self, self.state_file())
+        self.step, self.elapsed, self.cpu, self.history = progress.step, progress.elapsed, progress.cpu, progress.history
+        self.model.cpu()
         metrics = self._final_metrics()
         self.export(metrics)
         self.log(f"done: {json.dumps(metrics)}")
