@@ -160,8 +160,9 @@ def base_nll(model: TextModel, prompt: list[int], tokens: list[int]) -> tuple[fl
     """(sum of -log p, count) of `tokens` after `prompt` under `model` (one teacher-forced forward)."""
     if not tokens:
         return 0.0, 0
-    ids = torch.tensor([prompt + tokens])
-    logits, _ = model.module(ids, torch.arange(ids.shape[1])[None])
+    device = next(model.module.parameters()).device
+    ids = torch.tensor([prompt + tokens], device=device)
+    logits, _ = model.module(ids, torch.arange(ids.shape[1], device=device)[None])
     logp = torch.log_softmax(logits[0, len(prompt) - 1 : -1].float(), -1)
     return float(-logp.gather(-1, ids[0, len(prompt):, None]).sum()), len(tokens)
 
@@ -178,8 +179,6 @@ def check_methods(cfg: TextBenchConfig) -> None:
             if not spec.runs_on("text"):
                 raise UsageError(f"method {m} is for {spec.modality}; the humaneval suite is text")
             spec.check_options(row_options(m, cfg))
-
-
 
 
 @dataclass(frozen=True)
