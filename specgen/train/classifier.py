@@ -21,10 +21,12 @@ import torch
 import torch.nn.functional as F
 
 from specgen.data.images import ImageCrops, ImageCropsConfig
+from specgen.errors import UsageError
 from specgen.eval.image_metrics import class_accuracy
 from specgen.models.classifier import ImageClassifier
 from specgen.train.checkpoint import fp16_state, write_entry, write_json
-from specgen.train.optim import OptimConfig, optimizer_step
+from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, TrainTask
+from specgen.train.optim import OptimConfig
 from specgen.train.script import parse_recipe, print_metrics, script_parser
 
 
@@ -60,10 +62,10 @@ class ClassifierTrainConfig(OptimConfig):
 def augment(images: torch.Tensor, cfg: ClassifierTrainConfig, gen: torch.Generator) -> torch.Tensor:
     """Random blur / noise / global jitter of images [B,3,S,S] in [-1,1] (same shape out)."""
     b = images.shape[0]
-    u = lambda: torch.rand(b, 1, 1, 1, generator=gen)  # noqa: E731
+    u = lambda: torch.rand(b, 1, 1, 1, generator=gen).to(images.device)  # noqa: E731
     blurred = F.interpolate(F.avg_pool2d(images, 2), size=images.shape[-2:], mode="bilinear", align_corners=False)
     x = torch.where(u() < cfg.blur_p, blurred, images)
-    noise = torch.randn(x.shape, generator=gen) * cfg.noise_std
+    noise = torch.randn(x.shape, generator=gen).to(x.device) * cfg.noise_std
     x = torch.where(u() < cfg.noise_p, x + noise, x)
     mean = x.mean(dim=(1, 2, 3), keepdim=True)  # [B,1,1,1]
     x = (x - mean) * (1 + cfg.jitter * (2 * u() - 1)) + mean + cfg.jitter * (2 * u() - 1)
@@ -112,8 +114,47 @@ def vq_reconstructions(vq_dir: str, images: torch.Tensor) -> torch.Tensor:
     return torch.cat([vq(c).recon.clamp(-1, 1) for c in images.split(64)])
 
 
-def train(cfg: ClassifierTrainConfig, out: Path, log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
-    """Train, evaluate the fp16 weights, write OUT/{model.safetensors, config.json}; return the metrics."""
+class ClassifierTask(TrainTask):
+    """Cross-entropy on augmented train crops, a share of every batch from the VQ pool. One generator streams over
+    the whole run (pool picks, then augmentations, every step) and dropout draws from the global RNG: the run
+    is one uninterrupted process (no resume, no data parallelism), as it always was."""
+
+    def __init__(self, cfg: ClassifierTrainConfig, model: ImageClassifier, train_data: ImageCrops,
+                 pool_images: torch.Tensor, pool_labels: torch.Tensor, k: int, eval_images: torch.Tensor,
+                 eval_labels: torch.Tensor) -> None:
+        self.cfg, self.model, self.train_data, self.k = cfg, model, train_data, k
+        self.pool_images, self.pool_labels, self.eval_images, self.eval_labels = pool_images, pool_labels, eval_images, eval_labels
+        self.gen = torch.Generator().manual_seed(cfg.seed)
+        self.modules = {"model": model}
+        self.optims = {"optim": Optim(cfg.adamw(model.parameters()), lambda s: cfg.lr_at(s, cfg.steps), cfg.grad_clip)}
+
+    def batch(self, at: At) -> tuple[torch.Tensor, torch.Tensor]:
+        if at.shards > 1:
+            raise UsageError("the classifier trainer runs in one process without grad accumulation")
+        b, k = self.cfg.batch_size, self.k
+        images, labels = self.train_data.batch(range(at.step * b, (at.step + 1) * b - k))  # [B-k,...]
+        if k:
+            pick = torch.randint(0, len(self.pool_images), (k,), generator=self.gen)
+            images, labels = torch.cat([images, self.pool_images[pick]]), torch.cat([labels, self.pool_labels[pick]])
+        return images, labels  # [B,...]
+
+    def loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        images, labels = batch
+        logits = self.model(augment(images, self.cfg, self.gen))  # [B,C]
+        loss = F.cross_entropy(logits, labels, label_smoothing=self.cfg.label_smoothing)
+        return loss, {"loss": loss.item(), "train_acc": (logits.detach().argmax(-1) == labels).float().mean().item()}
+
+    def evaluate(self, progress: Progress) -> dict[str, Any]:
+        self.model.eval()
+        acc = class_accuracy(self.model, self.eval_images, self.eval_labels)
+        self.model.train()
+        return {"step": progress.step, "heldout_accuracy": acc, "cpu_s": round(progress.cpu, 1)}
+
+
+def train(cfg: ClassifierTrainConfig, out: Path, log: Callable[[str], None] = lambda s: None,
+          device: str = "cpu") -> dict[str, Any]:
+    """Train on the shared loop, evaluate the fp16 weights, write OUT/{model.safetensors, config.json}; return the
+    metrics."""
     torch.set_num_threads(cfg.num_threads)
     torch.manual_seed(cfg.seed)
     data_cfg = ImageCropsConfig(crop_size=cfg.crop_size, seed=cfg.data_seed)
@@ -131,40 +172,20 @@ def train(cfg: ClassifierTrainConfig, out: Path, log: Callable[[str], None] = la
         log(f"VQ pool: {cfg.vq_pool} train crops reconstructed by {cfg.vq} ({time.process_time() - c:.0f}s cpu)")
     k = round(cfg.vq_fraction * cfg.batch_size) if len(pool_images) else 0  # pool images per batch
     model = ImageClassifier(**{**kwargs, "widths": tuple(cfg.widths)}).train()
-    opt = cfg.adamw(model.parameters())
-    gen = torch.Generator().manual_seed(cfg.seed)
+    task = ClassifierTask(cfg, model, train_data, pool_images, pool_labels, k, eval_images, eval_labels)
     log(f"classifier {sum(p.numel() for p in model.parameters()) / 1e3:.1f}K params, {cfg.steps} steps x "
         f"{cfg.batch_size}; config {json.dumps(asdict(cfg))}")
-    history, window, t0, c0 = [], [], time.perf_counter(), time.process_time()
-    for step in range(cfg.steps):
-        images, labels = train_data.batch(range(step * cfg.batch_size, (step + 1) * cfg.batch_size - k))  # [B-k,...]
-        if k:
-            pick = torch.randint(0, len(pool_images), (k,), generator=gen)
-            images, labels = torch.cat([images, pool_images[pick]]), torch.cat([labels, pool_labels[pick]])  # [B,...]
-        logits = model(augment(images, cfg, gen))  # [B,C]
-        loss = F.cross_entropy(logits, labels, label_smoothing=cfg.label_smoothing)
-        optimizer_step(opt, loss, cfg.lr_at(step, cfg.steps), cfg.grad_clip)
-        window.append((loss.item(), (logits.detach().argmax(-1) == labels).float().mean().item()))
-        done = step + 1
-        if done % cfg.log_every == 0 or done == cfg.steps:
-            log(f"step {done:5d} lr {cfg.lr_at(step, cfg.steps):.2e} "
-                f"loss {sum(w[0] for w in window) / len(window):.4f} "
-                f"train_acc {sum(w[1] for w in window) / len(window):.3f} "
-                f"elapsed {(time.perf_counter() - t0) / 60:.1f}m cpu {(time.process_time() - c0) / 60:.1f}m")
-            window = []
-        if done % cfg.eval_every == 0 or done == cfg.steps:
-            model.eval()
-            acc = class_accuracy(model, eval_images, eval_labels)
-            model.train()
-            history.append({"step": done, "heldout_accuracy": acc, "cpu_s": round(time.process_time() - c0, 1)})
-            log(f"eval step {done}: held-out accuracy {acc:.4f} ({cfg.eval_samples} eval-split crops)")
+    loop = Loop(LoopOptions(steps=cfg.steps, log_every=cfg.log_every, eval_every=cfg.eval_every, device=device), log)
+    progress = loop.run(task)  # no train state: OUT is the shipped folder, and a run takes minutes
+    model.cpu()
+    history = progress.history
     shipped_state = fp16_state(model)
     shipped = ImageClassifier(**{**kwargs, "widths": tuple(cfg.widths)})
     shipped.load_state_dict({k: v.float() for k, v in shipped_state.items()}, strict=True)
     shipped.eval()
     metrics: dict[str, Any] = {
-        **evaluate(shipped, cfg), "weights": "fp16", "train_seconds": round(time.perf_counter() - t0, 1),
-        "train_cpu_seconds": round(time.process_time() - c0, 1), "history": history,
+        **evaluate(shipped, cfg), "weights": "fp16", "train_seconds": round(progress.elapsed, 1),
+        "train_cpu_seconds": round(progress.cpu, 1), "history": history,
     }
     doc = {
         "builder": "image-classifier", "kind": "classifier", "kwargs": kwargs, "modality": "image",
