@@ -171,8 +171,8 @@ class TrainTask:
         """JSON the state records besides the loop's (config, ...); `restore` gets it back on resume."""
         return {}
 
-    def restore(self, meta: dict[str, Any]) -> None:
-        """Take back what `meta` wrote (called after the weights and optimiser moments are loaded)."""
+    def restore(self, meta: dict[str, Any], progress: Progress) -> None:
+        """Take back what `meta` wrote (called after the weights, optimiser moments and `progress` are loaded)."""
 
 
 class Checkpoint(Protocol):
@@ -301,7 +301,7 @@ class Loop:
             p.window = list(meta.get("window", []))
             if "torch_rng" in meta:
                 torch.set_rng_state(meta.pop("torch_rng"))
-            task.restore(meta)
+            task.restore(meta, p)
         self._broadcast(task.modules)
         stop = min(o.stop_after or o.steps, o.steps)
         self.log(f"{'resumed at' if p.resumed else 'starting'} step {p.step}/{o.steps}; {self.world} process(es) "

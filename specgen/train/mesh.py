@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import copy
 import json
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -31,9 +30,10 @@ from specgen.mesh.pointcloud import sample_surface
 from specgen.mesh.procedural import ProceduralSpec, generate_mesh, split_seeds
 from specgen.mesh.tokenizers import BPTTokenizer
 from specgen.models.mesh import MeshGPT
-from specgen.train.checkpoint import fp16_state, load_train_state, save_train_state, write_entry
+from specgen.train.checkpoint import fp16_state, write_entry
 from specgen.train.mesh_embedding import FactoredTable
-from specgen.train.optim import OptimConfig, optimizer_step
+from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask
+from specgen.train.optim import OptimConfig
 from specgen.train.script import parse_recipe, print_metrics, script_parser
 
 
@@ -164,8 +164,9 @@ def evaluate(model: MeshGPT, examples, batch_size: int = 8, table: FactoredTable
     weights = None if table is None else table(model.decoder.tok_embeddings.weight)  # [V, dim]
     total = correct = 0
     loss_sum = 0.0
+    device = next(model.parameters()).device
     for i in range(0, len(examples), batch_size):
-        pc, tokens = collate(examples[i : i + batch_size])
+        pc, tokens = (t.to(device) for t in collate(examples[i : i + batch_size]))
         logits, _, _ = model.forward_train(pc, tokens, weights)
         mask = tokens >= 0
         loss_sum += float(F.cross_entropy(logits[mask].float(), tokens[mask], reduction="sum"))
@@ -175,59 +176,77 @@ def evaluate(model: MeshGPT, examples, batch_size: int = 8, table: FactoredTable
     return {"val_loss": loss_sum / total, "val_acc": correct / total}
 
 
-def train(cfg: MeshTrainConfig, out: Path, log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
-    """Run (or resume) training into `out`; returns the final metrics."""
+class MeshTask(TrainTask):
+    """Next-token cross-entropy of the mesh GPT (and its factored token table) on procedural meshes; the batch
+    of a step is a pure function of (config, step)."""
+
+    def __init__(self, cfg: MeshTrainConfig, model: MeshGPT, table: FactoredTable | None,
+                 log: Callable[[str], None]) -> None:
+        self.cfg, self.model, self.table, self.log = cfg, model, table, log
+        self.modules = {"model": model} | ({"table": table} if table is not None else {})
+        opt = cfg.adamw([p for m in self.modules.values() for p in m.parameters() if p.requires_grad])
+        self.optims = {"optim": Optim(opt, lambda s: cfg.lr_at(s, cfg.steps), cfg.grad_clip)}
+        self.stream = SeedStream(cfg.seed, cfg.max_tokens, cfg.spec())
+        self.val = eval_set(cfg.eval_meshes, cfg.num_points, cfg.max_tokens, cfg.spec())
+
+    def batch(self, at: At) -> tuple[torch.Tensor, torch.Tensor]:
+        """One process, no accumulation: the batch of the step; else shard k of step s is the batch of s * shards + k."""
+        return train_batch(self.cfg, self.stream, at.step * at.shards + at.shard)
+
+    def loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        pc, tokens = batch
+        weights = None if self.table is None else self.table(self.model.decoder.tok_embeddings.weight)  # [V, dim]
+        logits, _, _ = self.model.forward_train(pc, tokens, weights)
+        loss = sequence_loss(logits, tokens)
+        return loss, {"loss": float(loss.detach()), "tokens": float((tokens >= 0).sum())}
+
+    def evaluate(self, progress: Progress) -> dict[str, Any]:
+        ev = evaluate(self.model, self.val, table=self.table)
+        return {"step": progress.step, "train_loss": progress.recent_mean("loss", self.cfg.log_every), **ev}
+
+    def meta(self) -> dict[str, Any]:
+        return {"config": asdict(self.cfg)}
+
+    def restore(self, meta: dict[str, Any], progress: Progress) -> None:
+        if "cpu" not in meta:  # a state written before the shared loop: its `elapsed` counted CPU seconds
+            progress.cpu = float(meta.get("elapsed", 0.0))
+        old = meta["config"]
+        if (old["steps"], old["max_minutes"]) != (self.cfg.steps, self.cfg.max_minutes):
+            self.log(f"budget changed on resume: steps {old['steps']} -> {self.cfg.steps}, max_minutes "
+                     f"{old['max_minutes']} -> {self.cfg.max_minutes} (cosine now ends at step {self.cfg.steps})")
+
+
+def train(cfg: MeshTrainConfig, out: Path, log: Callable[[str], None] = lambda s: None,
+          device: str = "cpu") -> dict[str, Any]:
+    """Run (or resume) training into `out` on the shared loop; returns the final metrics.
+
+    `max_minutes` counts the CPU time of the training process over all sessions: pauses (SIGSTOP) and other
+    jobs on a shared machine do not eat the budget."""
     torch.set_num_threads(cfg.num_threads)
     torch.manual_seed(cfg.seed)
     model = MeshGPT(**cfg.model_kwargs()).train()
     table = FactoredTable(BPTTokenizer(), cfg.dim) if cfg.factored_embedding else None
-    modules = {"model": model} | ({"table": table} if table is not None else {})
-    opt = cfg.adamw([p for m in modules.values() for p in m.parameters() if p.requires_grad])
-    state_path = out / "state.safetensors"
-    # budgets: a resumed run may change them (logged below)
-    meta = load_train_state(state_path, modules, {"optim": opt}, {"config": asdict(cfg)},
-                            loose=("max_minutes", "steps", "ship_dir"))
-    step, elapsed, history = (meta["step"], meta["elapsed"], meta["history"]) if meta else (0, 0.0, [])
+    loop = Loop(LoopOptions(steps=cfg.steps, log_every=cfg.log_every, eval_every=cfg.eval_every,
+                            ckpt_every=cfg.ckpt_every, log_last=False, max_minutes=cfg.max_minutes, budget="cpu",
+                            device=device), log)
+    task = MeshTask(cfg, model, table, loop.log)
     n_params = sum(p.numel() for p in model.parameters())  # the tied LM head is counted once
-    log(f"{'resumed at' if meta else 'starting'} step {step}/{cfg.steps}; {n_params / 1e6:.2f}M parameters")
-    if meta and (meta["config"]["steps"], meta["config"]["max_minutes"]) != (cfg.steps, cfg.max_minutes):
-        log(f"budget changed on resume: steps {meta['config']['steps']} -> {cfg.steps}, "
-            f"max_minutes {meta['config']['max_minutes']} -> {cfg.max_minutes} (cosine now ends at step {cfg.steps})")
-    stream = SeedStream(cfg.seed, cfg.max_tokens, cfg.spec())
-    val = eval_set(cfg.eval_meshes, cfg.num_points, cfg.max_tokens, cfg.spec())
-    # elapsed = CPU seconds of this (single-threaded) process: pauses (SIGSTOP) and other jobs on a shared
-    # machine do not eat the budget; tokens/s in the log is per CPU second.
-    t_last, toks, losses, resumed_at = time.process_time(), 0, [], elapsed  # toks: since this process started
-    while step < cfg.steps and not (cfg.max_minutes and elapsed > 60 * cfg.max_minutes):
-        pc, tokens = train_batch(cfg, stream, step)
-        weights = None if table is None else table(model.decoder.tok_embeddings.weight)  # [V, dim]
-        logits, _, _ = model.forward_train(pc, tokens, weights)
-        loss = sequence_loss(logits, tokens)
-        optimizer_step(opt, loss, cfg.lr_at(step, cfg.steps), cfg.grad_clip)
-        step, toks = step + 1, toks + int((tokens >= 0).sum())
-        losses.append(float(loss.detach()))
-        now = time.process_time()
-        elapsed, t_dt = elapsed + now - t_last, now - t_last
-        t_last = now
-        if step % cfg.log_every == 0:
-            log(f"step {step} loss {np.mean(losses[-cfg.log_every:]):.4f} lr {opt.param_groups[0]['lr']:.2e} "
-                f"tokens/s {toks / max(t_dt, 1e-9) if cfg.log_every == 1 else toks / max(elapsed - resumed_at, 1e-9):.0f} "
-                f"elapsed {elapsed / 60:.1f} min")
-        if step % cfg.eval_every == 0 or step == cfg.steps:
-            ev = evaluate(model, val, table=table)
-            history.append({"step": step, "train_loss": float(np.mean(losses[-cfg.log_every:])), **ev})
-            log(f"eval step {step}: val_loss {ev['val_loss']:.4f} val_acc {ev['val_acc']:.4f}")
-        if step % cfg.ckpt_every == 0:
-            save_train_state(state_path, modules, {"optim": opt},
-                             {"step": step, "elapsed": elapsed, "history": history, "config": asdict(cfg)},
-                             packed=False)
-    save_train_state(state_path, modules, {"optim": opt},
-                     {"step": step, "elapsed": elapsed, "history": history, "config": asdict(cfg)}, packed=False)
+    loop.log(f"{n_params / 1e6:.2f}M parameters")
+    # budgets (steps, max_minutes) may change on resume; the cosine follows `steps`
+    state = StateFile(out / "state.safetensors", {"config": asdict(cfg)}, loose=("max_minutes", "steps", "ship_dir"),
+                      packed=False)
+    progress = loop.run(task, state)
+    step, history = progress.step, progress.history
+    model.cpu()
+    if table is not None:
+        table.cpu()
+    if not loop.is_main:
+        return {}
     if table is not None:  # the shipped model is a plain MeshGPT: fold the factored table in (a copy)
         model = copy.deepcopy(model)
         table.fold(model.decoder.tok_embeddings)
-    ev = evaluate(model, val)
-    metrics = {"steps": step, "train_minutes": round(elapsed / 60, 2), **{k: round(v, 4) for k, v in ev.items()},
+    ev = evaluate(model, task.val)
+    metrics = {"steps": step, "train_minutes": round(progress.cpu / 60, 2), **{k: round(v, 4) for k, v in ev.items()},
                "history": history}
     write_entry(out, fp16_state(model, untie=True), entry_meta(cfg, metrics))
     if cfg.ship_dir:

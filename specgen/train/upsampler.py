@@ -434,7 +434,7 @@ class PairTask(TrainTask):
     def meta(self) -> dict[str, Any]:
         return {"config": asdict(self.cfg), "lecam": {k: (v.real, v.fake) for k, v in self.lecam.items()}}
 
-    def restore(self, meta: dict[str, Any]) -> None:
+    def restore(self, meta: dict[str, Any], progress: Progress) -> None:
         for k, v in self.lecam.items():
             v.real, v.fake = meta.get("lecam", {}).get(k, (0.0, 0.0))
 
