@@ -97,7 +97,9 @@ def drafter_seed(generator: torch.Generator | None, seed: int) -> int:
 
 @dataclass
 class MuLoSDDecoder:
-    """An image method object with its own loop (`decode`), used in place of the shared decode loop."""
+    """An image method object: `batch_policy` runs it on the shared batched loop (`MuLoBatch`, what `run_batch`,
+    `generate` and `benchmark` use); `decode` is its one-sequence loop, kept as the reference the batched path is
+    tested against (same tokens and counters per row)."""
 
     lowres: torch.nn.Module  # class-conditional GPT on the g x g grid
     pair: Any  # UpDownSampler (scale r = G / g)

@@ -112,7 +112,9 @@ class FeatureCache:
 
 @dataclass
 class VVSDecoder:
-    """An image method object with its own loop (`decode`), used in place of the shared decode loop."""
+    """An image method object: `batch_policy` runs it on the shared batched loop (`VVSBatch`, what `run_batch`,
+    `generate` and `benchmark` use); `decode` is its one-sequence loop, kept as the reference the batched path is
+    tested against (same tokens and counters per row)."""
 
     drafter: EagleTreeDrafter
     schedule: SkipSchedule = field(default_factory=NeverSkip)
