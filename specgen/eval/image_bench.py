@@ -61,6 +61,8 @@ class ImageBenchConfig:
     seed: int = 0
     device: str = "cpu"  # cpu | cuda | cuda:N | auto
     dtype: str = "float32"  # the GPT's and drafter's weights, activations and KV cache (the VQ and classifier: float32)
+    dtypes: dict = field(default_factory=dict)  # entry -> its own dtype (e.g. {"ar@bf16": bfloat16}): rows at several
+    #                                             precisions interleaved in one run; NLL is always under `dtype`'s model
     threads: int = 0
     quality: bool = True
     classifier: str = "tiny-image-classifier"
@@ -143,6 +145,12 @@ def check_image_methods(cfg: ImageBenchConfig) -> None:
         spec.check_options(options_of(cfg, m))
     if cfg.num < 1 or not cfg.temperatures:
         raise UsageError("the images suite needs num >= 1 and at least one temperature")
+    from specgen.devices import resolve_dtype
+
+    for entry, dtype in {"": cfg.dtype, **cfg.dtypes}.items():
+        if entry and entry not in cfg.methods:
+            raise UsageError(f"dtypes.{entry}: no such row; rows: {', '.join(cfg.methods)}")
+        resolve_dtype(dtype, cfg.device)
     if not cfg.batch_sizes or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1
                                       for b in cfg.batch_sizes):
         raise UsageError(f"batch_sizes must be integers >= 1, got {cfg.batch_sizes}")
@@ -225,6 +233,18 @@ def image_record(im: ImageModel, cfg: ImageBenchConfig, sample, pixels: torch.Te
     return out
 
 
+def entry_models(im: ImageModel, cfg: ImageBenchConfig) -> dict[str, ImageModel]:
+    """entry -> the model it decodes: `im`, or `im`'s checkpoints loaded once per other dtype in `dtypes`."""
+    from specgen.image.generate import load_image_model
+
+    by_dtype = {cfg.dtype: im}
+    for entry, dtype in cfg.dtypes.items():
+        if dtype not in by_dtype:
+            by_dtype[dtype] = load_image_model(cfg.model, cfg.drafter, cfg.device, need_drafter=im.drafter_net is not None,
+                                               dtype=dtype)
+    return {m: by_dtype[cfg.dtypes.get(m, cfg.dtype)] for m in cfg.methods}
+
+
 def items_left(cfg: ImageBenchConfig, done: dict, shard: Shard) -> tuple[list, list]:
     """This shard's items without a record: (temperature, image index) and (temperature, batch size, entry)."""
     mine = [i for i in range(cfg.num) if shard.owns(i)]
@@ -253,16 +273,17 @@ def measure_images(im: ImageModel, cfg: ImageBenchConfig, sink=None, shard: Shar
     sink.write_machine(shard, {"machine": machine, "conditions": condition_names(im, conditions), **quality})
     base = ImageGenConfig(model=cfg.model, cfg_scale=cfg.cfg_scale, seed=cfg.seed, device=cfg.device, num=1,
                           dtype=cfg.dtype)
+    models = entry_models(im, cfg)  # entry -> the model it decodes (its `dtypes` precision, else `im`)
     # warm-up: one image per method (allocations, neighbour tables)
     for m in cfg.methods:
-        generate_images(im, replace(base, method=method_of(m), method_options=options_of(cfg, m)),
+        generate_images(models[m], replace(base, method=method_of(m), method_options=options_of(cfg, m)),
                         conditions=conditions[:1])
     for temp, i in single:  # 1. batch 1: every method on one image, interleaved, then its record
         runs = {}
         for m in cfg.methods:
             one = replace(base, method=method_of(m), temperature=temp, seed=cfg.seed * 7919 + i,
                           method_options=options_of(cfg, m))
-            samples, px = generate_images(im, one, conditions=[conditions[i]])
+            samples, px = generate_images(models[m], one, conditions=[conditions[i]])
             runs[m] = image_record(im, cfg, samples[0], px[0], conditions[i], clf, shard)
         sink.append(shard, {"item": f"T{temp:g}/i{i}", "shard": shard.label, "temperature": temp, "index": i,
                             "runs": runs})
@@ -272,7 +293,7 @@ def measure_images(im: ImageModel, cfg: ImageBenchConfig, sink=None, shard: Shar
     for temp, b, m in batched:  # 2. batch B: one method over the shard's images through B slots, then its record
         one = replace(base, method=method_of(m), method_options=options_of(cfg, m), num=len(mine), batch_size=b,
                       seed=cfg.seed, temperature=temp)
-        samples, _ = generate_images(im, one, conditions=[conditions[i] for i in mine], indices=mine)
+        samples, _ = generate_images(models[m], one, conditions=[conditions[i] for i in mine], indices=mine)
         wall = max(s.stats.extras["latency_s"] for s in samples)
         # each image's pixels decoded alone, as at batch 1: a VQ decode's rounding depends on its batch
         runs = [image_record(im, cfg, s, decode_one(im, s.tokens), conditions[i], clf, shard)
@@ -285,7 +306,7 @@ def image_rows_of(cfg: ImageBenchConfig, sink) -> tuple[list[dict], dict]:
     """(rows, pixels per (row, temperature)) of a finished run: single-process, or every shard merged."""
     cfg = with_extra_rows(cfg)
     return image_rows(sink.records(), list(cfg.methods), cfg.num, list(cfg.temperatures), list(cfg.batch_sizes),
-                      sink.machines())
+                      sink.machines(), {m: cfg.dtypes.get(m, cfg.dtype) for m in cfg.methods})
 
 
 def run_image_benchmark(im: ImageModel, cfg: ImageBenchConfig, on_step=None) -> tuple[list[dict], dict]:

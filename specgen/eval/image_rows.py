@@ -163,8 +163,11 @@ def classifier_columns(rows: list[dict], images: dict, reference: list | None, n
 
 
 def image_rows(records: dict[str, dict], order: list[str], num: int, temps: list[float], batches: list[int],
-               machines: dict[str, dict]) -> tuple[list[dict], dict]:
-    """(rows, pixels per (row, temperature)) of a finished run; refuses one with missing items."""
+               machines: dict[str, dict], dtype_of: dict[str, str] | None = None) -> tuple[list[dict], dict]:
+    """(rows, pixels per (row, temperature)) of a finished run; refuses one with missing items. `dtype_of`: entry ->
+    the precision it decoded at; each row is labelled with it, and a row whose precision differs from `ar`'s is
+    also compared with the `ar` entry of its own precision (`exact_match_vs_own_ar`: 1.0 for lossless methods)."""
+    dtype_of = dtype_of or {}
     gone = missing(records, order, num, temps, batches)
     if gone:
         raise RunNotFinished(f"the run is not finished: {gone} of its images have no record yet "
@@ -177,12 +180,19 @@ def image_rows(records: dict[str, dict], order: list[str], num: int, temps: list
         for m in order:
             images[(m, t)] = single[m]
             rows.append(summarise(m, t, single[m], single["ar"], names))
+            own = next((a for a in order if method_of(a) == "ar" and dtype_of.get(a) == dtype_of.get(m)), None)
+            if dtype_of:
+                rows[-1]["dtype"] = dtype_of.get(m)
+            if own and own != "ar":
+                rows[-1]["exact_match_vs_own_ar"] = sum(s.tokens == a.tokens for s, a in zip(single[m], single[own])) / num
         for b in (b for b in batches if b > 1):
             got = collect(records, order, num, t, b)
             for m in order:
                 images[(f"{m}@b{b}", t)] = got["images"][m]
                 rows.append(batched_row(m, t, b, got["images"][m], got["images"]["ar"], got["walls"], names,
                                         single.get("ar")))
+                if dtype_of:
+                    rows[-1]["dtype"] = dtype_of.get(m)
     classifier_columns(rows, images, reference, note)
     pixels = {k: torch.stack([pixels_of(s.png) for s in rs]) for k, rs in images.items()}
     return rows, pixels

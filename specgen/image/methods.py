@@ -1,6 +1,8 @@
 """Image methods by name: each builder returns (drafter, accept rule) for the shared decode loop.
 
-A "drafter" with a `decode` method (vvs) runs its own loop with the rule instead of the shared one.
+vvs and mulo-sd keep their own step logic as a step policy of the shared batched loop (`decoding/pool.py`:
+`plan` says per row what to feed or emit without a forward, `settle` judges it); their one-row `decode` loops
+remain only as the reference the tests compare them with.
 
 | method            | tree shape                          | acceptance                       |
 |-------------------|-------------------------------------|----------------------------------|
@@ -10,7 +12,7 @@ A "drafter" with a `decode` method (vvs) runs its own loop with the rule instead
 | lantern           | EAGLE-2                             | LANTERN relaxed (LOSSY)          |
 | adt-tree+lantern  | ADT-Tree                            | LANTERN relaxed (LOSSY)          |
 | vvs               | EAGLE-2, some verifications skipped | LANTERN relaxed + unverified tokens (LOSSY) |
-| mulo-sd           | low-res rows, up-sampled (own loop) | pooled mass >= tau, local re-sampling (LOSSY) |
+| mulo-sd           | low-res rows, up-sampled            | pooled mass >= tau, local re-sampling (LOSSY) |
 """
 
 from __future__ import annotations

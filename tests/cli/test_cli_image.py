@@ -134,3 +134,17 @@ def test_benchmark_suite_comes_from_the_recipe(tiny_image):
     r = runner.invoke(app, ["benchmark", "--config", str(cfg), "--format", "json"])
     assert r.exit_code == 0, r.output
     assert [x["method"] for x in json.loads(r.stdout)] == ["ar"]
+
+
+def test_image_benchmark_rows_at_several_precisions_in_one_run(tiny_image):
+    """`dtypes` gives entries their own precision: bf16 rows run interleaved with float32 ones, and a lossless
+    bf16 row equals AR of the same precision (exact_match_vs_own_ar), whatever it does against float32 AR."""
+    r = runner.invoke(app, ["benchmark", "--suite", "images", "--model", "t-gpt", "--limit", "2", "--format", "json",
+                            "out_dir=" + str(tiny_image / "b"), "quality=false", "temperatures=[0.0]",
+                            "methods=[ar,ar@bf16,adt-tree@bf16]", "dtypes={ar@bf16: bfloat16, adt-tree@bf16: bfloat16}"])
+    assert r.exit_code == 0, r.output
+    rows = {x["method"]: x for x in json.loads(r.stdout)}
+    assert [rows[m]["dtype"] for m in ("ar", "ar@bf16", "adt-tree@bf16")] == ["float32", "bfloat16", "bfloat16"]
+    assert rows["adt-tree@bf16"]["exact_match_vs_own_ar"] == 1.0 and rows["ar@bf16"]["exact_match_vs_own_ar"] == 1.0
+    r = runner.invoke(app, ["benchmark", "--suite", "images", "--model", "t-gpt", "methods=[ar]", "dtypes={x: bfloat16}"])
+    assert r.exit_code == 2 and "dtypes.x: no such row" in r.stderr
