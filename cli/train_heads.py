@@ -32,13 +32,11 @@ EPILOG = """examples:
 """
 
 
-def train_xspecmesh(config: Path | None, overrides: list[str], out: Path, quiet: bool, device: str = "cpu") -> list[dict]:
+def train_xspecmesh(config: Path | None, overrides: list[str], out: Path, quiet: bool,
+                    device: str = "cpu") -> list[dict]:
     """XSpecMesh heads (stage 1), then LoRA + heads (stage 2); registers the results."""
     from specgen.config import load_config
     from specgen.errors import UsageError
-
-    if device != "cpu":
-        raise UsageError("train-heads --kind xspecmesh trains on the CPU only for now; use --device cpu")
     from specgen.models.heads import HEAD_KINDS
     from specgen.train.heads import HeadsTrainConfig, HeadsTrainer, save_outputs
 
@@ -60,8 +58,9 @@ def train_xspecmesh(config: Path | None, overrides: list[str], out: Path, quiet:
     check_resume(out, asdict(cfg), loose=loose)  # the trainer's own check comes only after the target loads
     with run_folder(out, asdict(cfg)):
         log = file_logger(out / "train.log", echo=not quiet)
-        trainer = HeadsTrainer(cfg, out, log)
-        entries = save_outputs(trainer, trainer.train())
+        trainer = HeadsTrainer(cfg, out, log, device)
+        result = trainer.train()
+        entries = save_outputs(trainer, result) if trainer.is_main else []  # rank 0 registers
     return [{"ref": e.ref, "stage": e.meta.get("stage", "-"), "parent": e.meta.get("parent"),
              "metrics": e.meta.get("metrics", {}), "path": str(e.path)} for e in entries]
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def train_eagle(config: Path | None, overrides: list[str], out: Path, quiet: bool, device: str = "cpu") -> list[dict]:
+def train_eagle(config: Path | None, overrides: list[str], out: Path, quiet: bool,
+                device: str = "cpu") -> list[dict]:
     """`specgen train-heads --kind eagle`: train and register an EAGLE drafter; one row per registered entry."""
     from specgen.config import load_config
     from specgen.train.eagle import EagleTrainConfig, train

@@ -23,7 +23,8 @@ EPILOG = """examples:
 
   specgen train-upsampler --out runs/quick steps=20 num_crops=256 name=my-upsampler-2x
 
-  accelerate launch --num_processes 2 -m cli.main train-upsampler -c recipes/tiny/upsampler-2x.yaml --out runs/u2 --device cuda
+  accelerate launch --num_processes 2 -m cli.main train-upsampler -c recipes/tiny/upsampler-2x.yaml \\
+      --out runs/u2 --device cuda
 """
 
 

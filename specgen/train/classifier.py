@@ -123,7 +123,8 @@ class ClassifierTask(TrainTask):
                  pool_images: torch.Tensor, pool_labels: torch.Tensor, k: int, eval_images: torch.Tensor,
                  eval_labels: torch.Tensor) -> None:
         self.cfg, self.model, self.train_data, self.k = cfg, model, train_data, k
-        self.pool_images, self.pool_labels, self.eval_images, self.eval_labels = pool_images, pool_labels, eval_images, eval_labels
+        self.pool_images, self.pool_labels = pool_images, pool_labels
+        self.eval_images, self.eval_labels = eval_images, eval_labels
         self.gen = torch.Generator().manual_seed(cfg.seed)
         self.modules = {"model": model}
         self.optims = {"optim": Optim(cfg.adamw(model.parameters()), lambda s: cfg.lr_at(s, cfg.steps), cfg.grad_clip)}

@@ -270,7 +270,8 @@ class EagleTask(TrainTask):
 
     def __init__(self, cfg: EagleTrainConfig, net: EagleNet, target: Transformer, feats: torch.Tensor,
                  tokens: torch.Tensor, eval_data: dict[str, torch.Tensor]) -> None:
-        self.cfg, self.net, self.target, self.feats, self.tokens, self.eval_data = cfg, net, target, feats, tokens, eval_data
+        self.cfg, self.net, self.target, self.eval_data = cfg, net, target, eval_data
+        self.feats, self.tokens = feats, tokens  # [R, N, D] fp16, [R, N]
         self.record: dict[str, Any] = {}
         self.modules = {"model": net}
         params = [p for p in net.parameters() if p.requires_grad]

@@ -31,14 +31,16 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from specgen import devices
 from specgen.decoding.sampling import SamplingParams, logits_to_probs
 from specgen.mesh.procedural import ProceduralSpec
 from specgen.models.heads import HeadsConfig, XSpecMeshHeads
 from specgen.models.mesh import MeshGPT
-from specgen.train.checkpoint import load_train_state, save_tensors, save_train_state, write_entry
+from specgen.train.checkpoint import save_tensors, write_entry
+from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask
 from specgen.train.lora import apply_lora, lora_disabled, lora_state, merge_lora
 from specgen.train.mesh import SeedStream, mesh_example, sequence_loss
-from specgen.train.optim import cosine_lr, optimizer_step
+from specgen.train.optim import cosine_lr
 
 
 @dataclass
@@ -258,10 +260,40 @@ def trim(tokens: torch.Tensor) -> torch.Tensor:
 
 
 # -- training ---------------------------------------------------------------------------------------
+class StageTask(TrainTask):
+    """One stage of heads training: a step's sequences are a slice of the epoch's seeded permutation."""
+
+    def __init__(self, cfg: HeadsTrainConfig, stage: int, per_epoch: int, optim: Optim,
+                 step_fn: Callable[[list[int]], tuple[torch.Tensor, list[float]]], modules: dict,
+                 eval_fn: Callable[[], dict], config: dict[str, Any]) -> None:
+        self.cfg, self.stage, self.per_epoch, self.step_fn, self.eval_fn = cfg, stage, per_epoch, step_fn, eval_fn
+        self.modules, self.optims, self.config = modules, {"optim": optim}, config
+
+    def batch(self, at: At) -> list[int]:
+        """One process, no accumulation: batch k of epoch e; else shard j of step s is batch s * shards + j."""
+        cfg = self.cfg
+        epoch, k = divmod(at.step * at.shards + at.shard, self.per_epoch)
+        order = np.random.default_rng([cfg.seed, self.stage, epoch]).permutation(cfg.num_sequences)
+        return order[k * cfg.batch_size : (k + 1) * cfg.batch_size].tolist()
+
+    def loss(self, idx: list[int]) -> tuple[torch.Tensor, dict[str, float]]:
+        loss, _ = self.step_fn(idx)
+        return loss, {"loss": float(loss.detach())}
+
+    def evaluate(self, progress: Progress) -> dict[str, Any]:
+        ev = self.eval_fn()
+        return {"epoch": progress.step // self.per_epoch,
+                "train_loss": progress.recent_mean("loss", self.per_epoch), **ev}
+
+    def meta(self) -> dict[str, Any]:
+        return {"config": self.config}
+
+
 class HeadsTrainer:
     """Owns backbone, heads, optimiser and run directory (labels + per-stage resumable state)."""
 
-    def __init__(self, cfg: HeadsTrainConfig, out: Path, log: Callable[[str], None] = lambda s: None) -> None:
+    def __init__(self, cfg: HeadsTrainConfig, out: Path, log: Callable[[str], None] = lambda s: None,
+                 device: str = "cpu") -> None:
         from specgen import checkpoints
         from specgen.errors import UsageError
 
@@ -269,7 +301,7 @@ class HeadsTrainer:
             raise UsageError(f"unknown backbone_loss {cfg.backbone_loss!r}; choose from {', '.join(BACKBONE_LOSSES)}")
         if cfg.head_targets not in HEAD_TARGETS:
             raise UsageError(f"unknown head_targets {cfg.head_targets!r}; choose from {', '.join(HEAD_TARGETS)}")
-        self.cfg, self.out, self.log = cfg, Path(out), log
+        self.cfg, self.out, self.log, self.device, self.is_main = cfg, Path(out), log, device, True
         torch.set_num_threads(cfg.num_threads)
         torch.manual_seed(cfg.seed)
         self.target = checkpoints.find(cfg.target)
@@ -326,39 +358,29 @@ class HeadsTrainer:
     def run_stage(self, stage: int, params: list, epochs: int, lr: float, min_lr: float,
                   step_fn: Callable[[list[int]], tuple[torch.Tensor, list[float]]], modules: dict,
                   eval_fn: Callable[[], dict]) -> list[dict]:
-        """Generic epoch loop with cosine lr, clipping and resumable state `stage{N}.safetensors`."""
+        """One stage on the shared loop: epochs of shuffled batches, cosine lr, clipping, an evaluation and the
+        resumable state `stage{N}.safetensors` after every epoch."""
         cfg, n = self.cfg, self.cfg.num_sequences
         opt = torch.optim.AdamW(params, lr=lr, betas=(cfg.beta1, cfg.beta2), weight_decay=0.0)
         per_epoch = (n + cfg.batch_size - 1) // cfg.batch_size
         total = epochs * per_epoch
-        path = self.out / f"stage{stage}.safetensors"
         config = {**{k: v for k, v in asdict(cfg).items() if k != "ship_dir"}, "stage": stage}  # shipping: not training
         loose = NAMING_KEYS + (STAGE2_KEYS if stage == 1 else ())  # stage 1 resumes under new stage-2 settings
-        meta = load_train_state(path, modules, {"optim": opt}, {"config": config}, loose=loose, added=ADDED_KEYS)
-        step, history = (meta["step"], meta["history"]) if meta else (0, [])
-        if meta:
-            self.log(f"stage {stage}: resumed at step {step}/{total}")
-        losses, t0 = [], time.perf_counter()
-        while step < total:
-            epoch, k = divmod(step, per_epoch)
-            order = np.random.default_rng([cfg.seed, stage, epoch]).permutation(n)
-            loss, _ = step_fn(order[k * cfg.batch_size : (k + 1) * cfg.batch_size].tolist())
-            optimizer_step(opt, loss, cosine_lr(step, total, lr, min_lr), cfg.grad_clip)
-            losses.append(float(loss.detach()))
-            step += 1
-            if step % per_epoch == 0:
-                ev = eval_fn()
-                history.append({"epoch": step // per_epoch, "train_loss": float(np.mean(losses[-per_epoch:])), **ev})
-                self.log(f"stage {stage} epoch {step // per_epoch}/{epochs}: "
-                         f"train_loss {history[-1]['train_loss']:.4f} "
-                         f"{' '.join(f'{k} {v}' for k, v in ev.items())} ({time.perf_counter() - t0:.0f} s)")
-                save_train_state(path, modules, {"optim": opt}, {"step": step, "history": history, "config": config},
-                                 packed=False)
-        return history
+        task = StageTask(cfg, stage, per_epoch, Optim(opt, lambda s: cosine_lr(s, total, lr, min_lr), cfg.grad_clip),
+                         step_fn, modules, eval_fn, config)
+        loop = Loop(LoopOptions(steps=total, log_every=per_epoch, eval_every=per_epoch, device=self.device), self.log)
+        self.is_main = loop.is_main
+        state = StateFile(self.out / f"stage{stage}.safetensors", {"config": config}, loose=loose, added=ADDED_KEYS,
+                          packed=False)
+        self.log(f"stage {stage}: {epochs} epochs of {per_epoch} steps")
+        return loop.run(task, state).history
 
     def train(self) -> dict[str, Any]:
         cfg = self.cfg
-        pcs, tokens = self.labels()
+        pcs, tokens = self.labels()  # sampled on the CPU (cached in OUT); training follows `device`
+        dev = devices.resolve_device(self.device)
+        self.model.to(dev), self.heads.to(dev)
+        pcs, tokens = pcs.to(dev), tokens.to(dev)
         n = cfg.num_sequences
         lm_head, embed = self.model.decoder.output, self.model.decoder.tok_embeddings  # both frozen (tied)
         # stage 1: frozen backbone features, computed once
@@ -390,12 +412,13 @@ class HeadsTrainer:
                  f"{sum(p.numel() for p in self.heads.parameters()) / 1e6:.2f}M parameters")
         h1 = self.run_stage(1, list(self.heads.parameters()), cfg.stage1_epochs, cfg.stage1_lr, cfg.stage1_min_lr,
                             s1_step, {"heads": self.heads}, s1_eval)
-        result = {"stage1": h1, "heads_s1": {k: v.detach().clone() for k, v in self.heads.state_dict().items()}}
+        result = {"stage1": h1, "heads_s1": {k: v.detach().cpu().clone() for k, v in self.heads.state_dict().items()}}
         if cfg.stages < 2:
             return result
         # stage 2: LoRA on the backbone decoder + heads, lambda * L_backbone + L_mhd
         del hidden
-        apply_lora(self.model.decoder, tuple(cfg.lora_targets), cfg.lora_rank, cfg.lora_alpha)
+        apply_lora(self.model.decoder, tuple(cfg.lora_targets), cfg.lora_rank, cfg.lora_alpha)  # on the CPU RNG
+        self.model.to(dev)
         lora_params = [p for p in self.model.parameters() if p.requires_grad]
         self.model.train()
 
@@ -418,6 +441,7 @@ class HeadsTrainer:
                  f"lambda {cfg.backbone_weight}; before: {s2_eval()}")
         h2 = self.run_stage(2, list(self.heads.parameters()) + lora_params, cfg.stage2_epochs, cfg.stage2_lr,
                             cfg.stage2_min_lr, s2_loss, {"heads": self.heads, "model": self.model}, s2_eval)
+        self.model.cpu(), self.heads.cpu()
         result.update(stage2=h2, lora=lora_state(self.model.decoder),
                       heads_s2={k: v.detach().clone() for k, v in self.heads.state_dict().items()})
         merge_lora(self.model.decoder)

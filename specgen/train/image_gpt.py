@@ -354,7 +354,8 @@ class C2ITask(TrainTask):
         model, device = self.model, devices.module_device(self.model)
         model.eval()
         with torch.no_grad():
-            losses = [float(c2i_loss(model, self.eval_tokens[i : i + 64].to(device), self.eval_labels[i : i + 64].to(device)))
+            losses = [float(c2i_loss(model, self.eval_tokens[i : i + 64].to(device),
+                                     self.eval_labels[i : i + 64].to(device)))
                       for i in range(0, self.eval_tokens.shape[0], 64)]
         model.train()
         ev = sum(losses) / len(losses)

@@ -68,7 +68,8 @@ class LoopOptions:
         if self.budget not in BUDGETS:
             raise UsageError(f"budget must be one of {', '.join(BUDGETS)}, got {self.budget!r}")
         if self.mixed_precision not in MIXED_PRECISION:
-            raise UsageError(f"mixed_precision must be one of {', '.join(MIXED_PRECISION)}, got {self.mixed_precision!r}")
+            raise UsageError(f"mixed_precision must be one of {', '.join(MIXED_PRECISION)}, "
+                             f"got {self.mixed_precision!r}")
 
 
 @dataclass(frozen=True)

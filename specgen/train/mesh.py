@@ -190,7 +190,7 @@ class MeshTask(TrainTask):
         self.val = eval_set(cfg.eval_meshes, cfg.num_points, cfg.max_tokens, cfg.spec())
 
     def batch(self, at: At) -> tuple[torch.Tensor, torch.Tensor]:
-        """One process, no accumulation: the batch of the step; else shard k of step s is the batch of s * shards + k."""
+        """One process, no accumulation: the step's batch; else shard k of step s is the batch of s * shards + k."""
         return train_batch(self.cfg, self.stream, at.step * at.shards + at.shard)
 
     def loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:

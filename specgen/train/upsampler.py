@@ -360,7 +360,8 @@ class PairTask(TrainTask):
         opt_g = torch.optim.AdamW(model.pair.parameters(), lr=cfg.lr, betas=betas, weight_decay=cfg.weight_decay)
         opt_d = torch.optim.AdamW(model.disc.parameters(), lr=cfg.disc_lr, betas=betas, weight_decay=cfg.weight_decay)
         self.modules = {"model": model}
-        self.optims = {"opt_g": Optim(opt_g, lambda s: cfg.lr, cfg.grad_clip), "opt_d": Optim(opt_d, lambda s: cfg.disc_lr)}
+        self.optims = {"opt_g": Optim(opt_g, lambda s: cfg.lr, cfg.grad_clip),
+                       "opt_d": Optim(opt_d, lambda s: cfg.disc_lr)}
         self.lecam = {"up": LeCam(cfg.lecam_decay), "down": LeCam(cfg.lecam_decay)}
 
     def batch(self, at: At):

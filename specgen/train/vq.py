@@ -240,7 +240,8 @@ class VQTrainer(TrainTask):
         loop.log(f"model {cfg.model} ({sum(p.numel() for p in self.model.parameters()) / 1e6:.2f}M params) "
                  f"config {self.model_cfg.to_dict()}")
         progress = loop.run(self, self.state_file())
-        self.step, self.elapsed, self.cpu, self.history = progress.step, progress.elapsed, progress.cpu, progress.history
+        self.step, self.elapsed, self.cpu = progress.step, progress.elapsed, progress.cpu
+        self.history = progress.history
         self.model.cpu()
         metrics = self._final_metrics()
         self.export(metrics)

@@ -74,7 +74,7 @@ def test_resume_equals_an_uninterrupted_run(tmp_path):
     a, b = load_file(str(tmp_path / "a.safetensors")), load_file(str(tmp_path / "b.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     with pytest.raises(StaleStateError):
-        Loop(LoopOptions(steps=10)).run(Regression(), StateFile(tmp_path / "b.safetensors", expect={"config": {"x": 1}}))
+        Loop(LoopOptions(steps=10)).run(Regression(), StateFile(tmp_path / "b.safetensors", {"config": {"x": 1}}))
 
 
 def test_gradient_accumulation_equals_one_big_batch():
@@ -90,7 +90,8 @@ def test_gradient_accumulation_equals_one_big_batch():
 def test_time_budget_stops_checkpointed(tmp_path):
     p = Loop(LoopOptions(steps=10, max_minutes=1e-9)).run(Regression(), StateFile(tmp_path / "s.safetensors"))
     assert p.stopped_early and p.step == 0
-    p = Loop(LoopOptions(steps=10, max_minutes=1e-9, budget="cpu")).run(Regression(), StateFile(tmp_path / "s.safetensors"))
+    cpu_budget = LoopOptions(steps=10, max_minutes=1e-9, budget="cpu")
+    p = Loop(cpu_budget).run(Regression(), StateFile(tmp_path / "s.safetensors"))
     assert p.stopped_early and p.step == 1  # CPU time starts at 0: one step, then the budget is spent
     assert (tmp_path / "s.safetensors").is_file()
 
