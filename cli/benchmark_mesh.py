@@ -7,7 +7,7 @@ from pathlib import Path
 from cli import _output, benchmark_runs
 from cli._options import Format
 
-COLUMNS = ["row", "rule", "cd", "hd", "valid_rate", "scr", "step_latency_ms", "tokens_per_s", "meshes_per_s", "speedup_vs_ar", "vs_ar_b1",
+COLUMNS = ["row", "dtype", "rule", "cd", "hd", "valid_rate", "scr", "step_latency_ms", "tokens_per_s", "meshes_per_s", "speedup_vs_ar", "vs_ar_b1",
            "speedup_scr_lat", "mean_tokens"]
 
 

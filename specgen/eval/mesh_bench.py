@@ -69,6 +69,7 @@ class MeshBenchConfig:
     threads: int = 1
     device: str = "cpu"  # cpu | cuda | cuda:N | auto
     dtype: str = "float32"  # backbone and heads: weights, activations, KV cache (LoRA merged in float32 first)
+    dtypes: dict = field(default_factory=dict)  # row label -> its own dtype: rows at several precisions in one run
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,13 @@ def variants(cfg: MeshBenchConfig) -> list[Variant]:
         out += [Variant(f"{cfg.sweep_row} lookup {n}", h, XSpecMeshOptions(**{**base, "lookup": n})) for n in cfg.lookups]
         out += [Variant(f"{cfg.sweep_row} cut {c:g}", h, XSpecMeshOptions(**{**base, "min_path_prob": c}))
                 for c in cfg.path_cuts]
+    unknown = sorted(set(cfg.dtypes) - {v.label for v in out})
+    if unknown:
+        raise UsageError(f"dtypes.{unknown[0]}: no such row; rows: {', '.join(v.label for v in out)}")
+    from specgen.devices import resolve_dtype
+
+    for d in {cfg.dtype, *cfg.dtypes.values()}:
+        resolve_dtype(d, cfg.device)
     return out
 
 
@@ -171,10 +179,13 @@ def measure_meshes(cfg: MeshBenchConfig, sink=None, shard: Shard = Shard(), on_m
         torch.set_num_threads(cfg.threads)
     sink.start_shard(shard)
     params = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
-    loaded = {h: load_mesh_model(cfg.model, h, cfg.device, cfg.dtype) for h in dict.fromkeys(v.heads for v in vs)}
-    ar = loaded[None] if None in loaded else load_mesh_model(cfg.model, None, cfg.device, cfg.dtype)
-    decoders = {v.label: MeshDecoder(loaded[v.heads].decoder.model, None, loaded[v.heads].decoder.eos_id) if v.plain
-                else loaded[v.heads].decoder for v in vs}
+    dtype_of = {v.label: cfg.dtypes.get(v.label, cfg.dtype) for v in vs}
+    loaded = {(h, d): load_mesh_model(cfg.model, h, cfg.device, d)
+              for h, d in dict.fromkeys((v.heads, dtype_of[v.label]) for v in vs)}  # once per (heads, dtype)
+    ar = loaded.get((None, cfg.dtype)) or load_mesh_model(cfg.model, None, cfg.device, cfg.dtype)
+    own = {v.label: loaded[v.heads, dtype_of[v.label]] for v in vs}
+    decoders = {v.label: MeshDecoder(own[v.label].decoder.model, None, own[v.label].decoder.eos_id) if v.plain
+                else own[v.label].decoder for v in vs}
     max_tokens = token_budget(ar.decoder.model, ar.target.meta, cfg.num_heads, cfg.max_new_tokens)
     clouds = benchmark_clouds(ar.target.meta, cfg.limit, cfg.offset, cfg.device)
     sink.write_machine(shard, {"machine": machine, "references": reference_distances([ref for ref, _ in clouds])})
@@ -339,7 +350,7 @@ def summarize(cfg: MeshBenchConfig, vs: list[Variant], runs: dict[str, list[dict
             "tokens_per_s": round(tokens / st.wall_time, 2) if st.wall_time else 0.0,
             "mean_tokens": round(tokens / cfg.limit, 1), "wall_s": round(st.wall_time, 2),
             "meshes_per_s": round(cfg.limit / st.wall_time, 3) if st.wall_time else 0.0, "batch_size": 1,
-            "nfe": st.target_forwards,
+            "nfe": st.target_forwards, "dtype": cfg.dtypes.get(v.label, cfg.dtype),
             # where a step's time goes (propose = heads + sampling, verify = the backbone forward)
             "phase_ms_per_step": {k: round(1000 * t / max(st.steps, 1), 3)
                                   for k, t in sorted(st.times.items()) if k != "prefill"},

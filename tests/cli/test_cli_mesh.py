@@ -225,3 +225,14 @@ def test_shipped_models_generate_then_export(tmp_path):
     for x in out:
         if x["valid"]:
             assert len(trimesh.load(x["file"], force="mesh", process=False).faces) == x["faces"]
+
+
+def test_mesh_benchmark_rows_at_several_precisions_in_one_run():
+    """`dtypes` gives a row its own precision (its backbone and heads loaded once in that dtype); unknown rows fail."""
+    args = ["benchmark", "--suite", "meshes", "--limit", "1", "--max-new-tokens", "40", "rows=[ar,ca+lora]",
+            "deltas=[]", "topk_accept=[]", "tree_k=[]", "depths=[]", "--format", "json"]
+    r = CliRunner().invoke(app, [*args, "dtypes={ca+lora: bfloat16}"])
+    assert r.exit_code == 0, r.output
+    assert [(x["row"], x["dtype"]) for x in json.loads(r.stdout)] == [("ar", "float32"), ("ca+lora", "bfloat16")]
+    r = CliRunner().invoke(app, [*args, "dtypes={nope: bfloat16}"])
+    assert r.exit_code == 2 and "dtypes.nope: no such row" in r.stderr
