@@ -3,7 +3,7 @@
 A decoder's products have 1 row (an AR step), a few (verification, Jacobi blocks) or many (prefill). MKL's GEMV
 over the column-major weight and oneDNN's GEMM over a packed copy (`models/packed_linear.py`) trade places at a
 row count that depends on the CPU, the thread count and whether the model's weights fit in the cache, and two
-machines of this project, both sold as AMD EPYC, disagree on it for one row (`python -m specgen.models.layout`;
+machines of this project, both sold as AMD EPYC, disagree on it for one row (`python scripts/layout_forward_times.py`;
 numbers in docs/results/text.md, "Kernel micro-benchmarks").
 
 A constant tuned on one machine would make AR (the baseline of every speedup) slower on another and inflate
