@@ -29,16 +29,17 @@ import os
 import random
 import shutil
 import tempfile
-import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from specgen.errors import IncompatibleError, UsageError
 from specgen.train import packing
+from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, TrainTask
 
 CKPT = "checkpoint"
 
@@ -171,8 +172,8 @@ def cllm_losses(model, blocks: list[dict], cfg: DistillConfig, rng: random.Rando
 # checkpoints (atomic folder swap; safetensors + JSON only)
 
 
-def save_checkpoint(folder: Path, model, optimizer, step: int, history: list[dict], cfg: DistillConfig,
-                    window: list[dict] | None = None) -> None:
+def save_checkpoint(folder: Path, model, optimizer, meta: dict[str, Any]) -> None:
+    """Trainable weights, AdamW state and `meta` (step, history, log window, config, ...) as a folder swapped in."""
     from safetensors.torch import save_file
 
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -184,8 +185,7 @@ def save_checkpoint(folder: Path, model, optimizer, step: int, history: list[dic
         flat = {f"{i}.{k}": v.detach().cpu().contiguous() for i, st in osd["state"].items()
                 for k, v in st.items() if torch.is_tensor(v)}
         save_file(flat or {"_empty": torch.zeros(1)}, str(tmp / "optimizer.safetensors"))
-        (tmp / "state.json").write_text(json.dumps({"step": step, "history": history, "window": window or [],
-                                                    "config": asdict(cfg)}))
+        (tmp / "state.json").write_text(json.dumps(meta))
         old = folder.with_name(f".{folder.name}.old")
         if folder.exists():
             shutil.rmtree(old, ignore_errors=True)
@@ -196,7 +196,8 @@ def save_checkpoint(folder: Path, model, optimizer, step: int, history: list[dic
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def load_checkpoint(folder: Path, model, optimizer) -> tuple[int, list[dict], list[dict]]:
+def load_checkpoint(folder: Path, model, optimizer) -> dict[str, Any]:
+    """Restore what `save_checkpoint` wrote (in place); returns its meta."""
     from safetensors.torch import load_file
 
     from specgen.errors import CheckpointError
@@ -223,7 +224,74 @@ def load_checkpoint(folder: Path, model, optimizer) -> tuple[int, list[dict], li
         per.setdefault(int(i), {})[k] = v
     osd["state"] = per
     optimizer.load_state_dict(osd)
-    return int(state["step"]), list(state.get("history", [])), list(state.get("window", []))
+    return {**state, "step": int(state["step"]), "history": list(state.get("history", [])),
+            "window": list(state.get("window", []))}
+
+
+@dataclass(frozen=True)
+class CheckpointFolder:
+    """The loop's `Checkpoint` for distillation: OUT/checkpoint/ (trainable weights only, so a LoRA run's state
+    is the adapter's size, not the model's)."""
+
+    folder: Path
+
+    def load(self, task: DistillTask) -> dict[str, Any] | None:
+        if not (self.folder / "state.json").is_file():
+            return None
+        return load_checkpoint(self.folder, task.model, task.optims["optim"].optimizer)
+
+    def save(self, task: DistillTask, meta: dict[str, Any]) -> None:
+        save_checkpoint(self.folder, task.model, task.optims["optim"].optimizer, meta)
+
+
+class DistillTask(TrainTask):
+    """pcLLM or CLLM losses on the trajectories: micro-batch `at` trains on prompt `sample_index(...)` with a
+    random.Random seeded by (seed, prompt, step), so a resumed or multi-process run sees what one process does."""
+
+    def __init__(self, cfg: DistillConfig, model, params: list, groups: list[list[dict]],
+                 stop_ids: tuple[int, ...], on_step: Callable[[int], None] | None = None,
+                 log: Callable[[str], None] = lambda s: None) -> None:
+        self.cfg, self.model, self.groups, self.stop_ids, self.on_step = cfg, model, groups, stop_ids, on_step
+        self.log = log
+        opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+        self.modules = {"model": model}
+        self.optims = {"optim": Optim(opt, lambda s: lr_at(s, cfg), cfg.grad_clip)}
+
+    def batch(self, at: At):
+        cfg, groups = self.cfg, self.groups
+        idx = sample_index(at.step, at.micro, at.rank, at.world, at.accum, len(groups), cfg.seed)
+        rng = random.Random(cfg.seed * 1_000_003 + idx * 7919 + at.step)
+        if cfg.objective == "pcllm":
+            start = rng.randrange(0, len(groups[idx]), cfg.max_blocks) if cfg.max_blocks else 0
+            sample = packing.build_sample(groups[idx], cfg.schedule, cfg.window, rng, cfg.max_blocks, self.stop_ids,
+                                          start)
+            return sample, packing.noise_aware_mask(sample.segments, cfg.mask, cfg.window), None
+        return (groups[idx][: cfg.max_blocks] if cfg.max_blocks else groups[idx]), None, rng
+
+    def loss(self, batch):
+        device = next(self.model.parameters()).device
+        if self.cfg.objective == "pcllm":
+            sample, mask, _ = batch
+            losses = pcllm_losses(self.model, sample, mask, self.cfg, device)
+        else:
+            blocks, _, rng = batch
+            losses = cllm_losses(self.model, blocks, self.cfg, rng, device, self.stop_ids)
+        return losses["loss"], {k: float(losses[k].detach()) for k in ("loss", "pc", "ar")}
+
+    def evaluate(self, progress: Progress) -> dict[str, Any]:
+        """The history record of a log line: its mean losses and learning rate."""
+        return {"step": progress.step, **{k: round(v, 5) for k, v in progress.last_log.items()},
+                "lr": lr_at(progress.step - 1, self.cfg), "elapsed_s": round(progress.elapsed, 1)}
+
+    def after_step(self, progress: Progress) -> None:
+        if self.on_step:
+            self.on_step(progress.step)
+
+    def meta(self) -> dict[str, Any]:
+        return {"config": asdict(self.cfg)}
+
+    def restore(self, meta: dict[str, Any], progress: Progress) -> None:
+        self.log(f"resumed from the checkpoint at step {progress.step}")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -255,13 +323,12 @@ def lr_at(step: int, cfg: DistillConfig) -> float:
 
 def distill(cfg: DistillConfig, out: Path, log: Callable[[str], None] = lambda s: None, progress=None,
             on_step: Callable[[int], None] | None = None) -> dict:
-    """Train (resuming from OUT/checkpoint when present) and register the result; returns a summary."""
-    from accelerate import Accelerator
-
+    """Train on the shared loop (resuming from OUT/checkpoint when present) and register the result; returns a
+    summary."""
     from specgen import checkpoints, registry
     from specgen.text.target import load_text_model
     from specgen.text.trajectories import load_records, read_meta, tokenizer_hash
-    from specgen.train.lora import apply_lora, lora_state, merge_lora_state
+    from specgen.train.lora import apply_lora, merge_lora_state
 
     check_config(cfg)
     meta = read_meta(Path(cfg.trajectories))
@@ -295,83 +362,19 @@ def distill(cfg: DistillConfig, out: Path, log: Callable[[str], None] = lambda s
             if bad:
                 raise IncompatibleError(f"{init.ref} adapts {bad[0]}, which this run's lora_targets do not wrap")
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
-    acc = Accelerator(cpu=cfg.device == "cpu", gradient_accumulation_steps=1, mixed_precision=cfg.mixed_precision)
-    out = Path(out)
-    ckpt = out / CKPT
-    step, history, window = 0, [], []
-    if (ckpt / "state.json").is_file():
-        step, history, window = load_checkpoint(ckpt, model, optimizer)
-        log(f"resumed from {ckpt} at step {step}")
-    model, optimizer = acc.prepare(model, optimizer)
-    device = acc.device
-    world, rank = acc.num_processes, acc.process_index
-    t0 = time.perf_counter()
-    log(f"{cfg.objective} on {tm.entry.ref}: {len(groups)} prompts, {sum(len(g) for g in groups)} blocks, "
-        f"{sum(p.numel() for p in params):,} trainable parameters ({cfg.finetune}), {world} process(es) on {device}")
-    stopped_early = False
-    while step < cfg.steps:
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, cfg)
-        parts = {"loss": 0.0, "pc": 0.0, "ar": 0.0}
-        for micro in range(cfg.grad_accum):
-            idx = sample_index(step, micro, rank, world, cfg.grad_accum, len(groups), cfg.seed)
-            rng = random.Random(cfg.seed * 1_000_003 + idx * 7919 + step)
-            sync = micro == cfg.grad_accum - 1
-            ctx = acc.no_sync(model) if (world > 1 and not sync) else _null()
-            with ctx:
-                if cfg.objective == "pcllm":
-                    start = rng.randrange(0, len(groups[idx]), cfg.max_blocks) if cfg.max_blocks else 0
-                    sample = packing.build_sample(groups[idx], cfg.schedule, cfg.window, rng, cfg.max_blocks,
-                                                  stop_ids, start)
-                    mask = packing.noise_aware_mask(sample.segments, cfg.mask, cfg.window)
-                    losses = pcllm_losses(model, sample, mask, cfg, device)
-                else:
-                    blocks = groups[idx][: cfg.max_blocks] if cfg.max_blocks else groups[idx]
-                    losses = cllm_losses(model, blocks, cfg, rng, device, stop_ids)
-                acc.backward(losses["loss"] / cfg.grad_accum)
-            for k in parts:
-                parts[k] += float(losses[k].detach()) / cfg.grad_accum
-        if cfg.grad_clip > 0:
-            acc.clip_grad_norm_(params, cfg.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        step += 1
-        window.append(parts)
-        if step % cfg.log_every == 0 or step == cfg.steps:
-            mean = {k: sum(w[k] for w in window) / len(window) for k in parts}
-            history.append({"step": step, **{k: round(v, 5) for k, v in mean.items()}, "lr": lr_at(step - 1, cfg),
-                            "elapsed_s": round(time.perf_counter() - t0, 1)})
-            log(f"step {step}/{cfg.steps} loss {mean['loss']:.4f} pc {mean['pc']:.4f} ar {mean['ar']:.4f} "
-                f"lr {lr_at(step - 1, cfg):.2e} {time.perf_counter() - t0:.0f}s")
-            window = []
-        over = cfg.max_minutes > 0 and time.perf_counter() - t0 > cfg.max_minutes * 60
-        if step % cfg.ckpt_every == 0 or step == cfg.steps or over:
-            acc.wait_for_everyone()
-            if acc.is_main_process:
-                save_checkpoint(ckpt, acc.unwrap_model(model), optimizer, step, history, cfg, window)
-            acc.wait_for_everyone()
-        if on_step:
-            on_step(step)
-        if over:
-            log(f"max_minutes={cfg.max_minutes} reached at step {step}: checkpointed; run again to continue")
-            stopped_early = True
-            break
-    summary = {"name": cfg.name, "objective": cfg.objective, "steps": step, "target": tm.entry.ref,
-               "history": history, "finished": not stopped_early, "entries": []}
-    if acc.is_main_process and cfg.register:
-        trained = acc.unwrap_model(model)
-        summary["entries"] = register(trained, tm, cfg, meta, tok_hash, history, step)
-    acc.wait_for_everyone()
+    loop = Loop(LoopOptions(steps=cfg.steps, grad_accum=cfg.grad_accum, log_every=cfg.log_every,
+                            eval_every=cfg.log_every, ckpt_every=cfg.ckpt_every, ckpt_at_eval=False,
+                            max_minutes=cfg.max_minutes, device=cfg.device, mixed_precision=cfg.mixed_precision), log)
+    task = DistillTask(cfg, model, params, groups, stop_ids, on_step, loop.log)
+    loop.log(f"{cfg.objective} on {tm.entry.ref}: {len(groups)} prompts, {sum(len(g) for g in groups)} blocks, "
+             f"{sum(p.numel() for p in params):,} trainable parameters ({cfg.finetune})")
+    done = loop.run(task, CheckpointFolder(Path(out) / CKPT))
+    summary = {"name": cfg.name, "objective": cfg.objective, "steps": done.step, "target": tm.entry.ref,
+               "history": done.history, "finished": not done.stopped_early, "entries": []}
+    if loop.is_main and cfg.register:
+        summary["entries"] = register(model.cpu(), tm, cfg, meta, tok_hash, done.history, done.step)
+    loop.wait()
     return summary
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        return False
 
 
 def register(model, tm, cfg: DistillConfig, traj_meta: dict, tok_hash: str, history: list[dict], step: int) -> list[str]:

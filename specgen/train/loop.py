@@ -11,7 +11,8 @@ A trainer keeps its model, data and loss in a `TrainTask` and hands it to `Loop(
   accelerate's autocast and loss scaling), then per optimiser that got a loss: gradients averaged over the
   processes, clipped (global norm of its parameters), stepped. `after_step`, then the cadence: a log line every
   `log_every` steps (means of the window since the last one), `evaluate` every `eval_every`, the state every
-  `ckpt_every` and with every evaluation, and always when the loop stops (finished, `stop_after`, time budget).
+  `ckpt_every` and with every evaluation, and always when the loop stops (finished, `stop_after`, time budget:
+  checked after each step, so every session makes progress).
 - The loop draws no random numbers: a trainer's numerics (its seeds, the order of its draws, its optimiser
   steps) are the same on the loop as in a loop of its own, so retraining reproduces shipped weights bit for bit.
   The global torch RNG state travels in the train state, so a resumed run equals an uninterrupted one even when
@@ -53,11 +54,12 @@ class LoopOptions:
     grad_accum: int = 1  # micro-batches per optimiser step (per process)
     log_every: int = 0  # 0: only the last step (with log_last)
     eval_every: int = 0  # 0: only the last step (with eval_last)
-    ckpt_every: int = 0  # 0: only with evaluations and when the loop stops
+    ckpt_every: int = 0  # 0: only with evaluations (ckpt_at_eval) and when the loop stops
+    ckpt_at_eval: bool = True  # also write the state with every evaluation
     log_last: bool = True
     eval_last: bool = True
     eval_first: bool = False  # log an evaluation before the first step of a fresh run
-    max_minutes: float = 0.0  # > 0: stop (checkpointed) once the budget clock passes this
+    max_minutes: float = 0.0  # > 0: stop (checkpointed) after the step at which the budget clock passes this
     budget: str = "session"  # session: wall time of this invocation | cpu: process CPU time summed over sessions
     device: str = "cpu"  # cpu | cuda | cuda:N | auto (specgen.devices)
     mixed_precision: str = "no"  # no | bf16 | fp16 (accelerate's autocast; fp16 adds loss scaling)
@@ -283,7 +285,8 @@ class Loop:
         for p, g in zip(params, _unflatten_dense_tensors(flat, grads)):
             p.grad = g
 
-    def _wait(self) -> None:
+    def wait(self) -> None:
+        """All processes here (a no-op in one process)."""
         if self.world > 1:
             self.acc.wait_for_everyone()
 
@@ -315,10 +318,6 @@ class Loop:
         saved_at = p.step
         t_last, c_last = time.perf_counter(), time.process_time()
         while p.step < stop:
-            if o.max_minutes > 0 and BUDGETS[o.budget](p) > o.max_minutes:
-                p.stopped_early = True
-                self.log(f"max_minutes={o.max_minutes} reached at step {p.step}: checkpointed; run again to continue")
-                break
             step = p.step
             for opt in task.optims.values():
                 for group in opt.optimizer.param_groups:
@@ -374,20 +373,26 @@ class Loop:
                     if ev is not None:
                         p.history.append(ev)
                         self.log(f"eval step {s}: {json.dumps(ev)}")
-            if checkpoint is not None and ((o.ckpt_every and s % o.ckpt_every == 0) or evaluated or s == o.steps):
+            if checkpoint is not None and ((o.ckpt_every and s % o.ckpt_every == 0) or (evaluated and o.ckpt_at_eval)
+                                           or s == o.steps):
                 self._save(task, checkpoint, p)
                 saved_at = s
                 t_last, c_last = time.perf_counter(), time.process_time()
+            if o.max_minutes > 0 and s < stop and BUDGETS[o.budget](p) > o.max_minutes:  # every session steps once
+                p.stopped_early = True
+                self.log(f"max_minutes={o.max_minutes} reached at step {s}: checkpointed; run again to continue")
+                break
         if checkpoint is not None and saved_at != p.step:
             self._save(task, checkpoint, p)
+        self.wait()
         return p
 
     def _save(self, task: TrainTask, checkpoint: Checkpoint, p: Progress) -> None:
-        self._wait()
+        self.wait()
         if self.is_main:
             checkpoint.save(task, {"step": p.step, "history": p.history, "elapsed": p.elapsed, "cpu": p.cpu,
                                    "window": p.window, **task.meta()})
-        self._wait()
+        self.wait()
 
 
 def _means(window: list[dict[str, float]]) -> dict[str, float]:
