@@ -342,7 +342,7 @@ def versions() -> dict[str, str]:
 
 
 def check_same_tokenizer(base: TextModel, other: TextModel) -> None:
-    from specgen.text.trajectories import tokenizer_hash
+    from specgen.models.tokenizer import tokenizer_hash
 
     if tokenizer_hash(base.tokenizer) != tokenizer_hash(other.tokenizer):
         raise UsageError(f"{other.entry.ref} does not share the tokenizer of {base.entry.ref}; cannot compare them")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,3 +39,11 @@ class TextTokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return self.hf.decode(ids, skip_special_tokens=True)
+
+
+def tokenizer_hash(tokenizer) -> str:
+    """A short hash of the vocabulary (id <-> token) and the special tokens: equal hashes tokenize alike."""
+    hf = tokenizer.hf
+    vocab = sorted(hf.get_vocab().items(), key=lambda kv: kv[1])
+    blob = json.dumps([vocab, hf.eos_token, getattr(hf, "chat_template", None)], ensure_ascii=False)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]

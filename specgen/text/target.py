@@ -88,7 +88,7 @@ def merged_module(adapter: registry.Entry, base: registry.Entry, device: str = "
     refuses an adapter trained for another base (one line)."""
     from specgen.errors import IncompatibleError
     from specgen.text.merge import merge_scale
-    from specgen.text.trajectories import tokenizer_hash
+    from specgen.models.tokenizer import tokenizer_hash
     from specgen.train.lora import merge_lora_state
 
     registry.check_pair(adapter, base)

@@ -41,6 +41,7 @@ from typing import Callable
 import torch
 
 from specgen.errors import IncompatibleError, RuntimeFailure, UsageError
+from specgen.models.tokenizer import tokenizer_hash
 
 META = "trajectories.json"
 SHARDS = "shards"
@@ -66,14 +67,6 @@ class CollectConfig:
     threads: int = 0
     shard_every: int = 8  # prompts per shard file (the unit of resumption)
     batch_size: int = 1  # prompts decoded together (within a shard's prompts; changes no record)
-
-
-def tokenizer_hash(tokenizer) -> str:
-    """A short hash of the vocabulary (id <-> token) and the special tokens: equal hashes tokenize alike."""
-    hf = tokenizer.hf
-    vocab = sorted(hf.get_vocab().items(), key=lambda kv: kv[1])
-    blob = json.dumps([vocab, hf.eos_token, getattr(hf, "chat_template", None)], ensure_ascii=False)
-    return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
 
 
 def rank_and_world() -> tuple[int, int]:
