@@ -60,7 +60,9 @@ def train_xspecmesh(config: Path | None, overrides: list[str], out: Path, quiet:
         log = file_logger(out / "train.log", echo=not quiet)
         trainer = HeadsTrainer(cfg, out, log, device)
         result = trainer.train()
-        entries = save_outputs(trainer, result) if trainer.is_main else []  # rank 0 registers
+        if not trainer.is_main:  # another process of a data-parallel run: rank 0 registers and reports
+            return []
+        entries = save_outputs(trainer, result)
     return [{"ref": e.ref, "stage": e.meta.get("stage", "-"), "parent": e.meta.get("parent"),
              "metrics": e.meta.get("metrics", {}), "path": str(e.path)} for e in entries]
 
@@ -91,6 +93,8 @@ def train_heads(
     if out is None:
         raise UsageError("--out RUN_FOLDER is required (training state and logs go there)")
     rows = KINDS[kind](config, list(overrides or []), out, quiet, dev)
+    if not rows:  # another process of a data-parallel run
+        return
     if fmt == Format.json:
         _output.emit_json(rows)
     else:

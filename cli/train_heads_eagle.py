@@ -24,6 +24,8 @@ def train_eagle(config: Path | None, overrides: list[str], out: Path, quiet: boo
     with run_folder(out, asdict(cfg)):
         log = file_logger(out / "train.log", echo=not quiet)
         result = train(cfg, out, log, device=device)
+    if not result["main"]:  # another process of a data-parallel run: rank 0 reports
+        return []
     e = result["entry"]
     m = {k: v for k, v in result["metrics"].items() if k != "history"}
     return [{"ref": e.ref if e else "-", "stage": "-", "parent": e.meta.get("parent") if e else cfg.target,

@@ -58,6 +58,8 @@ def train_upsampler(
     with run_folder(out, asdict(cfg)):
         log = file_logger(out / "train.log", echo=not quiet)
         result = train(cfg, out, log, device=dev)
+    if not result["main"]:  # another process of a data-parallel run: rank 0 reports
+        return
     e = result["entry"]
     m = {k: v for k, v in result["metrics"].items() if k != "history"}
     rows = [{"ref": e.ref if e else "-", "scale": f"{cfg.scale}x", "up_token_acc": m["up_token_acc"],

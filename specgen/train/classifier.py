@@ -218,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--evaluate-only", action="store_true",
                         help="re-measure the weights already in OUT and update the metrics in OUT/config.json")
     cfg, args, log = parse_recipe(parser, ClassifierTrainConfig, argv)
-    metrics = evaluate_only(cfg, Path(args.out), log) if args.evaluate_only else train(cfg, Path(args.out), log)
+    out = Path(args.out)
+    metrics = evaluate_only(cfg, out, log) if args.evaluate_only else train(cfg, out, log, args.device)
     log(f"done: held-out accuracy {metrics['heldout_accuracy']:.4f} (fp16 weights)"
         + (f", on VQ reconstructions {metrics['heldout_vq_recon_accuracy']:.4f}" if cfg.vq else "")
         + f"; unseen train-region crops {metrics['unseen_train_crops_accuracy']:.4f}"

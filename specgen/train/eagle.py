@@ -242,8 +242,8 @@ def train(cfg: EagleTrainConfig, out: Path, log: Callable[[str], None] = lambda 
     progress = loop.run(task, StateFile(out / "state.safetensors", record, added=ADDED_KEYS))
     net.cpu(), target.cpu()
     step, history, elapsed = progress.step, progress.history, progress.elapsed
-    if not loop.is_main:
-        return {"metrics": {}, "entry": None}
+    if not loop.is_main:  # rank 0 measures and registers
+        return {"metrics": {}, "entry": None, "main": False}
     # metrics of the fp16 weights that ship
     shipped = EagleNet(net.cfg)
     shipped.load_state_dict({k: v.float() for k, v in fp16_state(net).items()}, strict=True)
@@ -257,7 +257,7 @@ def train(cfg: EagleTrainConfig, out: Path, log: Callable[[str], None] = lambda 
             "head": "target.output", "created_by": command, "train_config": record["config"], "metrics": metrics,
             **{k: v for k, v in record.items() if k != "config"}}
     saved = publish("draft", cfg.name, cfg.ship_dir, fp16_state(net), meta, "tiny-image-eagle")
-    return {"metrics": metrics, "entry": saved}
+    return {"metrics": metrics, "entry": saved, "main": True}
 
 
 #: Keys added after states were written, with the value those states implicitly used (they still resume).
@@ -312,7 +312,8 @@ def run_record(cfg: EagleTrainConfig, digest: str, captions_sha: str) -> dict[st
 def main(argv: list[str] | None = None) -> int:
     parser = script_parser("specgen.train.eagle", __doc__, "recipes/tiny/eagle-image.yaml")
     cfg, args, log = parse_recipe(parser, EagleTrainConfig, argv)
-    return print_metrics(train(cfg, Path(args.out), log, command="python -m specgen.train.eagle")["metrics"])
+    return print_metrics(train(cfg, Path(args.out), log, command="python -m specgen.train.eagle",
+                               device=args.device)["metrics"])
 
 
 if __name__ == "__main__":

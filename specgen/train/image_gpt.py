@@ -411,7 +411,7 @@ def register(cfg: ImageGPTTrainConfig, model: Transformer, data: dict, metrics: 
 def main(argv: list[str] | None = None) -> int:
     parser = script_parser("specgen.train.image_gpt", __doc__, "recipes/tiny/image-gpt.yaml")
     cfg, args, log = parse_recipe(parser, ImageGPTTrainConfig, argv)
-    return print_metrics(train(cfg, Path(args.out), log))
+    return print_metrics(train(cfg, Path(args.out), log, device=args.device))
 
 
 if __name__ == "__main__":

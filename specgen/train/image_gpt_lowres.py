@@ -59,16 +59,17 @@ def lowres_token_dataset(cfg: LowresGPTTrainConfig, log: Callable[[str], None]) 
     return {**t, **meta, "vq_model": vq, "vq_doc": {**doc, "image_size": crop // r}}
 
 
-def train(cfg: LowresGPTTrainConfig, out: Path, log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+def train(cfg: LowresGPTTrainConfig, out: Path, log: Callable[[str], None] = lambda s: None,
+          device: str = "cpu") -> dict[str, Any]:
     """`image_gpt.train` on the low-res token dataset."""
     return image_gpt.train(cfg, out, log, command="python -m specgen.train.image_gpt_lowres",
-                           dataset=lowres_token_dataset)
+                           dataset=lowres_token_dataset, device=device)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = script_parser("specgen.train.image_gpt_lowres", __doc__, "recipes/tiny/image-gpt-lowres.yaml")
     cfg, args, log = parse_recipe(parser, LowresGPTTrainConfig, argv)
-    return print_metrics(train(cfg, Path(args.out), log))
+    return print_metrics(train(cfg, Path(args.out), log, device=args.device))
 
 
 if __name__ == "__main__":

@@ -271,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--register", default=None, help="also install the result as target/NAME")
     cfg, args, log = parse_recipe(parser, MeshTrainConfig, argv)
     out = Path(args.out)
-    metrics = train(cfg, out, log)
+    metrics = train(cfg, out, log, device=args.device)
     if args.register:
         from specgen import registry
         from safetensors.torch import load_file

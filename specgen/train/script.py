@@ -36,16 +36,23 @@ def script_parser(module: str, doc: str, recipe: str, config_required: bool = Fa
     parser.add_argument("--config", required=config_required, default=None, help=f"YAML recipe, e.g. {recipe}")
     parser.add_argument("--out", required=True, help=out_help)
     parser.add_argument("--log", default=None, help="log file (default: OUT/train.log); also echoed to stderr")
+    parser.add_argument("--device", default=None, help="cpu (default: the tiny recipes' numerics), cuda, cuda:N or "
+                        "auto; under `accelerate launch` / `torchrun` every process trains (specgen/train/loop.py)")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of recipe keys")
     return parser
 
 
 def parse_recipe(parser: argparse.ArgumentParser, cls: type[T],
                  argv: list[str] | None) -> tuple[T, argparse.Namespace, Callable[[str], None]]:
-    """(recipe dataclass from --config + overrides, parsed arguments, logger of --log or OUT/train.log)."""
+    """(recipe dataclass from --config + overrides, parsed arguments (--device resolved), logger of --log or
+    OUT/train.log)."""
     from specgen.config import load_config
 
     args = parser.parse_args(argv)
+    if hasattr(args, "device"):
+        from specgen.devices import train_device
+
+        args.device = train_device(args.device)  # a missing device: one line, before anything loads
     cfg = load_config(cls, args.config, args.overrides)
     return cfg, args, file_logger(Path(args.log) if args.log else Path(args.out) / "train.log")
 

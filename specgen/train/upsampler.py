@@ -490,8 +490,8 @@ def train(cfg: UpsamplerTrainConfig, out: Path, log: Callable[[str], None] = lam
     progress = loop.run(task, StateFile(out / "state.safetensors", {"config": asdict(cfg)}))
     model.cpu(), vq.cpu()
     step, history, elapsed = progress.step, progress.history, progress.elapsed
-    if not loop.is_main:
-        return {"metrics": {}, "entry": None}
+    if not loop.is_main:  # rank 0 measures and registers
+        return {"metrics": {}, "entry": None, "main": False}
     # metrics of the fp16 weights that ship
     shipped = UpDownSampler(pcfg)
     state = fp16_state(pair)
@@ -507,13 +507,14 @@ def train(cfg: UpsamplerTrainConfig, out: Path, log: Callable[[str], None] = lam
             "metrics": metrics}
     entry = publish("upsampler", cfg.name, cfg.ship_dir, state, meta, "upsampler")
     log(f"done: {json.dumps({k: v for k, v in metrics.items() if k != 'history'})}")
-    return {"metrics": metrics, "entry": entry}
+    return {"metrics": metrics, "entry": entry, "main": True}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = script_parser("specgen.train.upsampler", __doc__, "recipes/tiny/upsampler-2x.yaml")
     cfg, args, log = parse_recipe(parser, UpsamplerTrainConfig, argv)
-    return print_metrics(train(cfg, Path(args.out), log, command="python -m specgen.train.upsampler")["metrics"])
+    result = train(cfg, Path(args.out), log, command="python -m specgen.train.upsampler", device=args.device)
+    return print_metrics(result["metrics"])
 
 
 if __name__ == "__main__":

@@ -272,7 +272,7 @@ class VQTrainer(TrainTask):
 def main(argv: list[str] | None = None) -> int:
     parser = script_parser("specgen.train.vq", __doc__, "recipes/tiny/vq-images.yaml", config_required=True)
     cfg, args, log = parse_recipe(parser, VQTrainConfig, argv)
-    return print_metrics(VQTrainer(cfg, args.out, log).run())
+    return print_metrics(VQTrainer(cfg, args.out, log, args.device).run())
 
 
 if __name__ == "__main__":
