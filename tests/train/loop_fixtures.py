@@ -1,8 +1,8 @@
 """A tiny `TrainTask` for the loop's tests (linear regression with dropout), runnable as a script:
 
-    python -m tests.train.loop_fixtures OUT STEPS [grad_accum] [sleep_s]      (also under torchrun: DDP; no dropout)
+    python -m tests.train.loop_fixtures OUT STEPS [grad_accum] [sleep_s] [stop_after]   (also under torchrun: DDP; no dropout)
 
-writes OUT/state.safetensors (resumable) and, at the end, OUT/weights-rank<R>.safetensors and OUT/log-rank<R>.txt.
+writes OUT/state.safetensors (resumable; rank 0 writes it, every rank resumes from it) and, at the end, OUT/weights-rank<R>.safetensors and OUT/log-rank<R>.txt.
 """
 
 from __future__ import annotations
@@ -48,19 +48,20 @@ class Regression(TrainTask):
         return {"step": progress.step, "w0": round(float(self.model[1].weight[0, 0].detach()), 4)}
 
 
-def main(out: str, steps: int, accum: int = 1, sleep: float = 0.0) -> None:
+def main(out: str, steps: int, accum: int = 1, sleep: float = 0.0, stop_after: int = 0) -> None:
     from safetensors.torch import save_file
 
     out_dir = Path(out)
     lines: list[str] = []
-    loop = Loop(LoopOptions(steps=steps, grad_accum=accum, log_every=1, ckpt_every=1), lines.append)
+    loop = Loop(LoopOptions(steps=steps, stop_after=stop_after, grad_accum=accum, log_every=1, ckpt_every=1),
+                lines.append)
     task = Regression(sleep=sleep, dropout=0.0)
-    progress = loop.run(task, StateFile(out_dir / f"state{'-rank%d' % loop.rank if loop.rank else ''}.safetensors"))
+    progress = loop.run(task, StateFile(out_dir / "state.safetensors"))  # one state: rank 0 writes, every rank reads
     state = {k: v.contiguous() for k, v in task.model.state_dict().items()}
     save_file(state, str(out_dir / f"weights-rank{loop.rank}.safetensors"))
     (out_dir / f"log-rank{loop.rank}.txt").write_text("\n".join(lines + [f"world {loop.world} step {progress.step}"]))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), *(int(sys.argv[3]),) if len(sys.argv) > 3 else (),
-         *(float(sys.argv[4]),) if len(sys.argv) > 4 else ())
+    args = sys.argv[1:] + ["1", "0", "0"][len(sys.argv) - 3:]
+    main(args[0], int(args[1]), int(args[2]), float(args[3]), int(args[4]))

@@ -142,3 +142,19 @@ def test_two_gloo_processes_average_gradients(tmp_path):
         torch.testing.assert_close(r0[k], single[k], rtol=1e-5, atol=1e-6)
     start = Regression(dropout=0.0).model.state_dict()
     assert not torch.equal(r0["1.weight"], start["1.weight"])
+
+
+@pytest.mark.slow
+def test_two_processes_resume_from_rank_0s_state(tmp_path):
+    """2 gloo processes stopped at step 3 and relaunched end where an uninterrupted 2-process run does."""
+    whole, part = tmp_path / "whole", tmp_path / "part"
+    whole.mkdir(), part.mkdir()
+    for out, extra in ((whole, ()), (part, ("1", "0", "3")), (part, ())):
+        proc = _script(out, 6, *extra, ddp=True)
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err[-2000:]
+    assert "resumed at step 3/6" in (part / "log-rank0.txt").read_text()
+    for r in (0, 1):
+        a = load_file(str(whole / f"weights-rank{r}.safetensors"))
+        b = load_file(str(part / f"weights-rank{r}.safetensors"))
+        assert all(torch.equal(a[k], b[k]) for k in a)
