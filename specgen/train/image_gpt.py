@@ -29,8 +29,12 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from specgen import devices
+from specgen.decoding.sampling import SamplingParams
 from specgen.errors import UsageError
 from specgen.image.captions import Caption
+from specgen.image.methods import ImageParts, build_image_method
+from specgen.image.target import cfg_target
+from specgen.methods import run_batch
 from specgen.models.llamagen import GPT_CONFIGS, llamagen_config
 from specgen.models.transformer import Transformer, TransformerConfig, padded_causal_mask
 from specgen.train.checkpoint import fp16_state, publish, save_tensors
@@ -167,7 +171,11 @@ def sample_c2i(model: Transformer, labels: torch.Tensor, cfg_scale: float = 4.0,
 
     Returns tokens [B, G*G]; with `features=True` also the target features f_t (final normed hidden at
     positions t = 0..G*G-1) of every branch: [branches, B, G*G, D] (branch 0 = cond, 1 = null class).
+    Without features it is `decode_c2i` (the shared decoding loop: the same tokens); the features, which EAGLE's
+    training data needs and the decoding loop does not expose, come from the chain here.
     """
+    if not features:
+        return decode_c2i(model, labels, cfg_scale, temperature, top_k, top_p, generator)
     cfg = model.cfg
     lab = torch.cat([labels, torch.full_like(labels, cfg.num_classes)]) if cfg_scale > 1.0 else labels
     cache = model.new_cache(lab.shape[0], 1 + cfg.rope_grid ** 2)
@@ -176,6 +184,22 @@ def sample_c2i(model: Transformer, labels: torch.Tensor, cfg_scale: float = 4.0,
     cache.lengths = [length + 1 for length in cache.lengths]
     return _sample_image(model, cache, logits[:, -1], hidden[:, -1], labels.shape[0], 1, cfg_scale,
                          temperature, top_k, top_p, generator, features)
+
+
+def decode_c2i(model: Transformer, labels: torch.Tensor, cfg_scale: float = 4.0, temperature: float = 1.0,
+               top_k: int = 0, top_p: float = 1.0, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Class-conditional AR samples, tokens [B, G*G], on the shared batched decoding loop (`methods.run_batch`,
+    the image AR method and CFG target `generate` uses), all rows in one batch.
+
+    Every row draws from the one `generator`, as the chain of `_sample_image` does: each step the loop draws the
+    rows' tokens in row order, and torch's multinomial of a [B, V] batch consumes a generator row after row, so
+    the tokens are the same (checked on the tiny recipe's final-evaluation batches: 2 x 32 images, CFG 4)."""
+    parts = ImageParts(model, cfg_target(model, cfg_scale), None, None, model.cfg.rope_grid)
+    rule = build_image_method("ar", parts, {})[1]
+    res = run_batch(parts.target, lambda i: build_image_method("ar", parts, {})[0], [[int(c)] for c in labels],
+                    model.cfg.rope_grid ** 2, SamplingParams(temperature, top_k, top_p), (),
+                    [generator] * len(labels), len(labels), rule=rule)
+    return torch.tensor([r.tokens for r in res.results], dtype=torch.long, device=labels.device)
 
 
 @torch.no_grad()
@@ -212,7 +236,7 @@ def _sample_image(model: Transformer, cache, logits: torch.Tensor, hidden: torch
                   generator: torch.Generator | None, features: bool):
     """The image-token chain after a condition forward: logits [rows, V] / hidden [rows, D] of the last
     condition position, rows = [cond b; uncond b] under CFG; image token r at position offset + r."""
-    from specgen.decoding.sampling import SamplingParams, logits_to_probs
+    from specgen.decoding.sampling import logits_to_probs
 
     n = model.cfg.rope_grid ** 2
     use_cfg = cfg_scale > 1.0
