@@ -53,7 +53,8 @@ class MeshTrainConfig(OptimConfig):
     max_tokens: int = 640  # skip training meshes with longer BPT sequences (EOS included)
     seed: int = 0
     steps: int = 3000
-    batch_size: int = 8
+    batch_size: int = 8  # meshes per micro-batch (an optimiser step: grad_accum x processes of them)
+    grad_accum: int = 1  # micro-batches per optimiser step
     pool_batches: int = 8
     min_lr: float = 1e-4  # OptimConfig keys with this recipe's defaults
     warmup_steps: int = 200
@@ -226,15 +227,15 @@ def train(cfg: MeshTrainConfig, out: Path, log: Callable[[str], None] = lambda s
     torch.manual_seed(cfg.seed)
     model = MeshGPT(**cfg.model_kwargs()).train()
     table = FactoredTable(BPTTokenizer(), cfg.dim) if cfg.factored_embedding else None
-    loop = Loop(LoopOptions(steps=cfg.steps, log_every=cfg.log_every, eval_every=cfg.eval_every,
-                            ckpt_every=cfg.ckpt_every, log_last=False, max_minutes=cfg.max_minutes, budget="cpu",
-                            device=device), log)
+    loop = Loop(LoopOptions(steps=cfg.steps, grad_accum=cfg.grad_accum, log_every=cfg.log_every,
+                            eval_every=cfg.eval_every, ckpt_every=cfg.ckpt_every, log_last=False,
+                            max_minutes=cfg.max_minutes, budget="cpu", device=device), log)
     task = MeshTask(cfg, model, table, loop.log)
     n_params = sum(p.numel() for p in model.parameters())  # the tied LM head is counted once
     loop.log(f"{n_params / 1e6:.2f}M parameters")
     # budgets (steps, max_minutes) may change on resume; the cosine follows `steps`
-    state = StateFile(out / "state.safetensors", {"config": asdict(cfg)}, loose=("max_minutes", "steps", "ship_dir"),
-                      packed=False)
+    state = StateFile(out / "state.safetensors", {"config": asdict(cfg)},
+                      loose=("max_minutes", "steps", "ship_dir"), added={"grad_accum": 1}, packed=False)
     progress = loop.run(task, state)
     step, history = progress.step, progress.history
     model.cpu()

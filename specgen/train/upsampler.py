@@ -73,7 +73,8 @@ class UpsamplerTrainConfig:
     skip: bool = False  # add the plain re-sampling of the input codes (specgen/models/upsampler.py); head starts at 0
     seed: int = 0
     steps: int = 1500
-    batch_size: int = 16
+    batch_size: int = 16  # crops per micro-batch (an optimiser step: grad_accum x processes of them)
+    grad_accum: int = 1  # micro-batches per optimiser step
     lr: float = 3e-4
     disc_lr: float = 5e-4
     weight_decay: float = 0.01
@@ -108,8 +109,8 @@ def check_config(cfg: UpsamplerTrainConfig, vq_downsample: int) -> None:
                          f"({cfg.scale} x {vq_downsample})")
     if cfg.kernel < 1 or cfg.kernel % 2 == 0 or cfg.channels < 1 or cfg.blocks < 0:
         raise UsageError("need an odd kernel, channels >= 1 and blocks >= 0")
-    if cfg.steps < 1 or cfg.batch_size < 1 or cfg.num_crops < 1 or cfg.eval_crops < 1:
-        raise UsageError("steps, batch_size, num_crops and eval_crops must be >= 1")
+    if min(cfg.steps, cfg.batch_size, cfg.grad_accum, cfg.num_crops, cfg.eval_crops) < 1:
+        raise UsageError("steps, batch_size, grad_accum, num_crops and eval_crops must be >= 1")
     if cfg.perceptual not in ("auto", "lpips", "vq-features", "none"):
         raise UsageError(f"perceptual must be auto, lpips, vq-features or none, got {cfg.perceptual!r}")
 
@@ -475,8 +476,9 @@ def train(cfg: UpsamplerTrainConfig, out: Path, log: Callable[[str], None] = lam
     if warm is not None:
         fresh = pair.warm_start_from(warm)
         log(f"warm start from {cfg.warm_start}: {len(fresh)} tensors of the new stage(s) left at initialisation")
-    loop = Loop(LoopOptions(steps=cfg.steps, log_every=cfg.log_every, eval_every=cfg.eval_every,
-                            ckpt_every=cfg.ckpt_every, device=device, mixed_precision=mixed_precision), log)
+    loop = Loop(LoopOptions(steps=cfg.steps, grad_accum=cfg.grad_accum, log_every=cfg.log_every,
+                            eval_every=cfg.eval_every, ckpt_every=cfg.ckpt_every, device=device,
+                            mixed_precision=mixed_precision), log)
     perc = perceptual_loss(cfg.perceptual, vq)
     vq.to(loop.device)
     if perc is not None:
@@ -487,7 +489,7 @@ def train(cfg: UpsamplerTrainConfig, out: Path, log: Callable[[str], None] = lam
     loop.log(f"up {n_params[0] / 1e6:.3f}M, down {n_params[1] / 1e6:.3f}M params; perceptual "
              f"{perc.name if perc else 'none'}; {data['train_hi'].shape[0]} train crops; grids "
              f"{tuple(data['train_lo'].shape[1:])} <-> {tuple(data['train_hi'].shape[1:])}")
-    progress = loop.run(task, StateFile(out / "state.safetensors", {"config": asdict(cfg)}))
+    progress = loop.run(task, StateFile(out / "state.safetensors", {"config": asdict(cfg)}, added={"grad_accum": 1}))
     model.cpu(), vq.cpu()
     step, history, elapsed = progress.step, progress.history, progress.elapsed
     if not loop.is_main:  # rank 0 measures and registers
