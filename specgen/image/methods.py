@@ -1,4 +1,7 @@
-"""Image methods by name: each builder returns (drafter, accept rule) for the shared decode loop.
+"""Image method builders: each returns (drafter, accept rule) for the shared decode loop.
+
+`specgen.methods.METHODS` names each image method's builder here (`MethodSpec.build_image`) and its options class
+(names, defaults, checks: `specgen.methods.options`); `build_image_method` fills in those defaults.
 
 vvs and mulo-sd keep their own step logic as a step policy of the shared batched loop (`decoding/pool.py`:
 `plan` says per row what to feed or emit without a forward, `settle` judges it); their one-row `decode` loops
@@ -25,13 +28,15 @@ import torch
 
 from specgen.decoding.accept_relaxed import accept_lantern
 from specgen.errors import UsageError
-from specgen.image.options import IMAGE_METHOD_OPTIONS
+from specgen.methods import METHODS, get_method
 from specgen.methods.adt_tree import AdtParams, AdtPolicy
 from specgen.methods.eagle import EagleTreeDrafter, FixedShape, TreeShape
+from specgen.methods.options import defaults
 from specgen.methods.text import EmptyDrafter
 
-# Defaults: EAGLE-2/LANTERN for LlamaGen (depth 4, top_k 10, total_token 59 + root); LANTERN delta 0.1 and
-# k = 1000 of 16,384 codes scaled to the codebook (lantern_k 0). Recipes may override them.
+# A builder called without the table's defaults (tests) falls back to EAGLE-2/LANTERN for LlamaGen (depth 4,
+# top_k 10, total_token 59 + root; `AdtParams`' paper defaults); LANTERN delta 0.1 and k = 1000 of 16,384 codes
+# scaled to the codebook (lantern_k 0).
 
 
 @dataclass
@@ -97,31 +102,45 @@ def mulo_decoder(parts: ImageParts, o: dict):
     return build_mulo(parts, o)
 
 
+def ar(p: ImageParts, o: dict):
+    return EmptyDrafter(), None
+
+
+def eagle2(p: ImageParts, o: dict):
+    return eagle_drafter(p, fixed(p, o)), None
+
+
+def adt_tree(p: ImageParts, o: dict):
+    return eagle_drafter(p, adt(p, o)), None
+
+
+def lantern(p: ImageParts, o: dict):
+    return eagle_drafter(p, fixed(p, o)), lantern_rule(p, o)
+
+
+def adt_tree_lantern(p: ImageParts, o: dict):
+    return eagle_drafter(p, adt(p, o)), lantern_rule(p, o)
+
+
+def vvs(p: ImageParts, o: dict):
+    return vvs_decoder(p, o), lantern_rule(p, o)
+
+
+def mulo_sd(p: ImageParts, o: dict):
+    return mulo_decoder(p, o), None  # its own acceptance (pooled mass >= tau)
+
+
 Builder = Callable[[ImageParts, dict], tuple[Any, Any]]
-IMAGE_METHODS: dict[str, Builder] = {
-    "ar": lambda p, o: (EmptyDrafter(), None),
-    "eagle2": lambda p, o: (eagle_drafter(p, fixed(p, o)), None),
-    "adt-tree": lambda p, o: (eagle_drafter(p, adt(p, o)), None),
-    "lantern": lambda p, o: (eagle_drafter(p, fixed(p, o)), lantern_rule(p, o)),
-    "adt-tree+lantern": lambda p, o: (eagle_drafter(p, adt(p, o)), lantern_rule(p, o)),
-    "vvs": lambda p, o: (vvs_decoder(p, o), lantern_rule(p, o)),
-    "mulo-sd": lambda p, o: (mulo_decoder(p, o), None),  # its own acceptance (pooled mass >= tau)
-}
-assert set(IMAGE_METHOD_OPTIONS) <= set(IMAGE_METHODS)
-
-
-# CPU defaults, chosen from measurements on 2 cores with the embedded 16x16 generator (docs/results/image.md):
-# a 60-node verify costs several 1-token forwards there, so trees are kept to 16 nodes and narrow. The papers'
-# GPU settings (EAGLE-2/LANTERN depth 4, top_k 10, 60 nodes; ADT-Tree for LlamaGen l_k 10, top_k in (3, 40))
-# are the dataclass defaults: pass them explicitly (docs/methods/eagle2.md, adt-tree.md).
-SMALL_TREE = {"depth": 6, "top_k": 4, "total_tokens": 16}
-SMALL_ADT = {"total_tokens": 16, "k0": 4, "l_k": 2, "k_min": 1, "k_max": 12}
-CPU_DEFAULTS: dict[str, dict] = {
-    "eagle2": SMALL_TREE, "lantern": SMALL_TREE, "vvs": SMALL_TREE,
-    "adt-tree": SMALL_ADT, "adt-tree+lantern": SMALL_ADT,
-}
 
 
 def build_image_method(name: str, parts: ImageParts, options: dict):
-    """(drafter, rule) for an image method; rule None = the lossless default. User options win over CPU defaults."""
-    return IMAGE_METHODS[name](parts, {**CPU_DEFAULTS.get(name, {}), **options})
+    """(drafter, rule) for an image method; rule None = the lossless default. Given options win over the method's
+    defaults (its options class; values as given, checked by `MethodSpec.check_options` before)."""
+    spec = get_method(name)
+    base = {k: v for k, v in defaults(spec.options_type).items() if v is not None}
+    return IMAGE_METHODS[name](parts, {**base, **options})
+
+
+#: Method name -> builder, read off the method table (tests call a builder with their own options).
+IMAGE_METHODS: dict[str, Builder] = {name: globals()[spec.build_image] for name, spec in METHODS.items()
+                                     if spec.build_image}

@@ -1,4 +1,10 @@
-"""Decoding methods by name: METHODS maps a CLI name to its spec (modality, losslessness, drafter factory)."""
+"""Decoding methods by name: METHODS, one entry per method (modalities, losslessness, options class, factory).
+
+An entry's options class (`specgen.methods.options`, or `XSpecMeshOptions` for xspecmesh) holds the option names,
+their defaults and checks. Text and mesh methods build their drafter from it (`make_drafter`); an image method
+names its builder, a function of `specgen.image.methods` (`build_image`), which returns (drafter, accept rule)
+from the loaded target's parts (that module reads this table, never the reverse: the layers stay one-way).
+"""
 
 from __future__ import annotations
 
@@ -7,89 +13,99 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from specgen.errors import UnknownNameError, UsageError
-from specgen.methods.pcllm import JACOBI_OPTIONS, MR_OPTIONS, MultiBlockDrafter
+from specgen.methods import options as O
+from specgen.methods.pcllm import MultiBlockDrafter
 from specgen.methods.text import EmptyDrafter, JacobiDrafter, NgramDrafter
-from specgen.methods.xspecmesh import OPTION_NAMES as XSPECMESH_OPTIONS, XSpecMeshOptions
+from specgen.methods.xspecmesh import XSpecMeshOptions
 
 
 @dataclass(frozen=True)
 class MethodSpec:
-    """What a method is and how to build its drafter from the method options dict."""
+    """One method: what it is, its options class and how to build it."""
 
     name: str
     modality: str  # "text" | "image" | "mesh": the default modality (decides the default model)
     lossless: bool
     summary: str
-    make_drafter: Callable[[dict[str, Any]], Any]
-    options: tuple[str, ...] = ()  # method option names accepted in `method_options`
+    options_type: type = O.NoOptions  # frozen dataclass of the method options (`method_options.*`)
+    drafter: Callable[[Any, int], Any] | None = None  # (options, seed) -> drafter (text, mesh)
+    build_image: str = ""  # function of specgen.image.methods: (ImageParts, options dict) -> (drafter, rule)
     target: str = "base"  # which model it decodes: "base" or a distilled variant's registry name
     modalities: tuple[str, ...] = ()  # every modality it runs on (empty: just `modality`)
+
+    @property
+    def options(self) -> tuple[str, ...]:
+        """Method option names accepted in `method_options` (besides `seed`)."""
+        return tuple(O.checks_of(self.options_type))
 
     def runs_on(self, modality: str) -> bool:
         return modality in (self.modalities or (self.modality,))
 
-    def check_options(self, options: dict[str, Any]) -> None:
-        """Refuse option names this method does not know (a typo must not be ignored)."""
+    def parse_options(self, options: dict[str, Any]) -> Any:
+        """The options as a validated `options_type`; an unknown name (a typo must not be ignored) or a bad value
+        is one usage error."""
         unknown = sorted(set(options) - set(self.options) - {"seed"})
         if unknown:
             known = ", ".join(self.options) or "none"
             raise UsageError(f"method {self.name} has no option {unknown[0]!r}; its options: {known}")
-        from specgen.methods.option_checks import check_option_values
+        return O.parse(self.options_type, self.name, options)
 
-        check_option_values(self.name, options)
+    def check_options(self, options: dict[str, Any]) -> None:
+        """Refuse unknown option names and bad values (before any model is loaded)."""
+        self.parse_options(options)
+
+    def make_drafter(self, options: dict[str, Any]) -> Any:
+        """The drafter (text) or decoder options (mesh) from an options dict; `seed` and names this method does not
+        know (the loop's `budget` for mesh, a shared test dict) are ignored, values are not checked again."""
+        if self.drafter is None:
+            raise UsageError(f"method {self.name} is built from the loaded image target (specgen.image.methods)")
+        return self.drafter(O.build(self.options_type, options), options.get("seed", 0))
 
 
-#: Options of the shared batched loop itself, for text methods that draft on it: `budget` = "fixed" (the method's own
-#: draft size) or "auto" (capped per number of live rows from the measured cost curve, decoding/budget.py).
-LOOP_OPTIONS = ("budget",)
+def jacobi(o: O.JacobiOptions, seed: int) -> JacobiDrafter:
+    return JacobiDrafter(block_size=o.block_size, seed=seed)
+
+
+def multi_block(o: O.MultiBlockOptions, seed: int) -> MultiBlockDrafter:
+    return MultiBlockDrafter(**{k: v for k, v in o.as_dict().items() if k != "budget"}, seed=seed)
+
 
 METHODS: dict[str, MethodSpec] = {
     spec.name: spec
     for spec in [
         MethodSpec("ar", "text", True, "autoregressive baseline on the same static-cache loop",
-                   lambda o: EmptyDrafter(), modalities=("text", "image", "mesh")),
-        # Jacobi block sizes default to 4: TPF barely moves with n on these models while a verify of n tokens
-        # costs more with n on a CPU (docs/results/text.md, "Verify cost c(n)"); GPU recipes set n themselves.
+                   drafter=lambda o, seed: EmptyDrafter(), build_image="ar", modalities=("text", "image", "mesh")),
         MethodSpec("jacobi", "text", True, "Jacobi fixed-point iteration over a block of n tokens",
-                   lambda o: JacobiDrafter(block_size=o.get("block_size", 4), seed=o.get("seed", 0)),
-                   options=("block_size", *LOOP_OPTIONS)),
-        MethodSpec("ngram", "text", True, "prompt-lookup n-gram drafts verified by the target",
-                   lambda o: NgramDrafter(num_draft=o.get("num_draft", 4), max_ngram=o.get("max_ngram", 3),
-                                          min_ngram=o.get("min_ngram", 2)),
-                   options=("num_draft", "max_ngram", "min_ngram", *LOOP_OPTIONS)),
+                   O.JacobiOptions, jacobi),
+        MethodSpec("ngram", "text", True, "prompt-lookup n-gram drafts verified by the target", O.NgramOptions,
+                   lambda o, seed: NgramDrafter(num_draft=o.num_draft, max_ngram=o.max_ngram, min_ngram=o.min_ngram)),
         MethodSpec("cllm", "text", True, "Jacobi decoding of the CLLM-distilled model (consistency-distillation baseline)",
-                   lambda o: JacobiDrafter(block_size=o.get("block_size", 16), seed=o.get("seed", 0)),
-                   options=(*JACOBI_OPTIONS, *LOOP_OPTIONS), target="smollm2-135m-cllm"),
+                   O.CllmOptions, jacobi, target="smollm2-135m-cllm"),
         MethodSpec("pcllm", "text", True, "Jacobi decoding of the pcLLM-distilled model (progressive consistency distillation)",
-                   lambda o: JacobiDrafter(block_size=o.get("block_size", 4), seed=o.get("seed", 0)),
-                   options=(*JACOBI_OPTIONS, *LOOP_OPTIONS), target="smollm2-135m-pcllm"),
+                   O.JacobiOptions, jacobi, target="smollm2-135m-pcllm"),
         MethodSpec("pcllm-mr", "text", True, "pcLLM multi-block decoding + rejection recycling",
-                   lambda o: MultiBlockDrafter(**{k: o[k] for k in (*MR_OPTIONS, "seed") if k in o}),
-                   options=(*MR_OPTIONS, *LOOP_OPTIONS), target="smollm2-135m-pcllm"),
+                   O.MultiBlockOptions, multi_block, target="smollm2-135m-pcllm"),
         MethodSpec("xspecmesh", "mesh", False,
                    "XSpecMesh multi-head speculative decoding (LOSSY: p > delta / top-K_a; lossless: criterion=rejection)",
-                   lambda o: XSpecMeshOptions(**{k: v for k, v in o.items() if k != "seed"}), options=XSPECMESH_OPTIONS),
+                   XSpecMeshOptions, lambda o, seed: o),
+        MethodSpec("eagle2", "image", True, "EAGLE-2 dynamic draft trees from a feature drafter, under CFG",
+                   O.TreeOptions, build_image="eagle2"),
+        MethodSpec("adt-tree", "image", True,
+                   "ADT-Tree: adjacency-adaptive draft-tree depth and width (default image method)",
+                   O.AdtOptions, build_image="adt_tree"),
+        MethodSpec("lantern", "image", False,
+                   "LOSSY: EAGLE-2 trees with LANTERN relaxed acceptance over VQ latent neighbours",
+                   O.LanternTreeOptions, build_image="lantern"),
+        MethodSpec("adt-tree+lantern", "image", False, "LOSSY: ADT-Tree trees with LANTERN relaxed acceptance",
+                   O.AdtLanternOptions, build_image="adt_tree_lantern"),
+        MethodSpec("vvs", "image", False,
+                   "LOSSY: VVS partial verification skipping (unverified tokens) on EAGLE-2 + LANTERN",
+                   O.VvsOptions, build_image="vvs"),
+        MethodSpec("mulo-sd", "image", False,
+                   "LOSSY: MuLo-SD low-res drafter + up-sampler, pooled-mass threshold, local re-sampling",
+                   O.MuloOptions, build_image="mulo_sd"),
     ]
 }
-
-
-def image_specs() -> list[MethodSpec]:
-    """Image methods (built by specgen.image.methods; the drafter factory is not used for them)."""
-    from specgen.image.options import IMAGE_METHOD_OPTIONS
-
-    about = {
-        "eagle2": (True, "EAGLE-2 dynamic draft trees from a feature drafter, under CFG"),
-        "adt-tree": (True, "ADT-Tree: adjacency-adaptive draft-tree depth and width (default image method)"),
-        "lantern": (False, "LOSSY: EAGLE-2 trees with LANTERN relaxed acceptance over VQ latent neighbours"),
-        "adt-tree+lantern": (False, "LOSSY: ADT-Tree trees with LANTERN relaxed acceptance"),
-        "vvs": (False, "LOSSY: VVS partial verification skipping (unverified tokens) on EAGLE-2 + LANTERN"),
-        "mulo-sd": (False, "LOSSY: MuLo-SD low-res drafter + up-sampler, pooled-mass threshold, local re-sampling"),
-    }
-    return [MethodSpec(name, "image", lossless, summary, None, options=IMAGE_METHOD_OPTIONS[name])
-            for name, (lossless, summary) in about.items()]
-
-
-METHODS.update({spec.name: spec for spec in image_specs()})
 
 
 def get_method(name: str) -> MethodSpec:

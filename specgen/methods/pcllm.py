@@ -45,9 +45,6 @@ from specgen.decoding.tree import DraftTree
 from specgen.errors import UsageError
 from specgen.methods.text import lookup
 
-MR_OPTIONS = ("block_size", "num_blocks", "spawn_ratio", "pool_size", "verify", "ngram", "lookup")
-JACOBI_OPTIONS = ("block_size",)
-
 
 def longest_branch(branches: list[list[int]], offsets: list[int], argmax: list[int]) -> tuple[int, int]:
     """(branch index, accepted count) of the branch with the longest greedy-correct prefix.
@@ -68,7 +65,10 @@ def longest_branch(branches: list[list[int]], offsets: list[int], argmax: list[i
 
 @dataclass
 class MultiBlockDrafter:
-    """pcLLM (MR) as a Drafter: K blocks of n refined at once + rejection-recycling candidates, one prefix tree."""
+    """pcLLM (MR) as a Drafter: K blocks of n refined at once + rejection-recycling candidates, one prefix tree.
+
+    The defaults are `methods.options.MultiBlockOptions`' (the method table builds this from those; tested equal).
+    """
 
     block_size: int = 4  # n (CPU default: measured fastest, docs/results/text.md; paper 64 in recipes/full)
     num_blocks: int = 2  # K (real-active + pseudo-active)

@@ -35,7 +35,7 @@ class JacobiDrafter:
     construction: a guess is only committed if it equals the target's argmax.
     """
 
-    block_size: int = 4  # CPU default (methods/__init__.py)
+    block_size: int = 4  # CPU default (methods/options.py: JacobiOptions, tested equal)
     seed: int = 0
 
     def reset(self, prompt: list[int], first: TargetOut) -> None:

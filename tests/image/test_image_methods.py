@@ -93,6 +93,6 @@ def test_adt_policy_scripted_acceptances():
 def test_option_names_match_the_parameters():
     from dataclasses import fields
 
-    from specgen.image.options import ADT_OPTIONS
+    from specgen.methods.options import AdtOptions
 
-    assert set(ADT_OPTIONS) == {f.name for f in fields(AdtParams)} - {"grid", "n_cond"}
+    assert set(AdtOptions.names()) == {f.name for f in fields(AdtParams)} - {"grid", "n_cond"}

@@ -1,0 +1,305 @@
+"""Method options (`method_options.NAME=VALUE`) as frozen dataclasses: one class per method family.
+
+A field's default is the method's default; its `check` metadata says what a single value must be (type and range),
+so a wrong type (`block_size=abc`), a value out of range (`block_size=0`) or NaN (`delta=nan`) is one usage error
+naming the option, before a model is loaded. `validate()` runs the field checks and then `check()`, the rules
+between options that a family states itself. Checks that need the loaded model or live with a method's own code
+(pcllm-mr spawn rules, adt-tree bounds, vvs interval >= 2, mulo-sd radius) stay there.
+
+This module imports nothing heavy: `specgen.config_checks` reads `CHECKS` on every command's config.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any
+
+from specgen.errors import UsageError
+
+Check = tuple[Callable[[Any], bool], str]  # (predicate, what a value must be)
+
+
+def is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def is_number(v: Any) -> bool:
+    return (is_int(v) or isinstance(v, float)) and math.isfinite(v)
+
+
+MAX_INT = 2 ** 31 - 1  # sizes beyond this are not sizes (and overflow int32 kernels)
+
+
+def int_at_least(lo: int) -> Check:
+    return (lambda v: is_int(v) and lo <= v <= MAX_INT), f">= {lo} (an integer below 2**31)"
+
+
+def integer() -> Check:
+    """Any integer (the method checks its range itself)."""
+    return (lambda v: is_int(v) and abs(v) <= MAX_INT), "an integer"
+
+
+def number_in(lo: float, hi: float, lo_open: bool = False, hi_open: bool = False) -> Check:
+    def ok(v: Any) -> bool:
+        return is_number(v) and (v > lo if lo_open else v >= lo) and (v < hi if hi_open else v <= hi)
+
+    return ok, f"in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'} (a finite number)"
+
+
+def text() -> Check:
+    return (lambda v: isinstance(v, str)), "a string"
+
+
+def flag() -> Check:
+    return (lambda v: isinstance(v, bool)), "true or false"
+
+
+NONNEG_NUMBER: Check = ((lambda v: is_number(v) and v >= 0), ">= 0 (a finite number)")
+POS_NUMBER: Check = ((lambda v: is_number(v) and v > 0), "> 0 (a finite number)")
+ANY_NUMBER: Check = (is_number, "a finite number")
+SEED: Check = int_at_least(0)  # `seed` is accepted by every method
+
+
+def opt(default: Any, check: Check | None = None) -> Any:
+    """A dataclass field with its default and its single-value check (None: any value, e.g. `budget`)."""
+    return field(default=default, metadata={"check": check})
+
+
+def check_value(name: str, value: Any, check: Check | None, method: str) -> None:
+    if check is not None and not check[0](value):
+        raise UsageError(f"{name} must be {check[1]} (method_options.{name} of {method}), got {value!r}")
+
+
+class Options:
+    """Base of the option dataclasses: names, defaults, `validate()`."""
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    def check(self) -> None:
+        """Rules between options (a family overrides it); single values are checked by their fields."""
+
+    def validate(self, method: str = "") -> None:
+        """Every field against its check (a None that is the field's default means "derived"), then `check()`."""
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not (value is None and f.default is None):
+                check_value(f.name, value, f.metadata.get("check"), method or type(self).__name__)
+        self.check()
+
+    def as_dict(self) -> dict[str, Any]:
+        """The options as a builder reads them (None = derived by the builder: left out)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+
+# --- ar -------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class NoOptions(Options):
+    """A method without options (ar)."""
+
+
+# --- text: the shared batched loop's option, Jacobi, n-gram, pcLLM multi-block ------------------------------------
+
+#: `budget` = "fixed" (the method's own draft size) or "auto" (capped per number of live rows from the measured
+#: cost curve, decoding/budget.py); `specgen.text.generate` checks the value and takes it out before the drafter.
+BUDGET_DEFAULT = "fixed"
+
+
+@dataclass(frozen=True)
+class JacobiOptions(Options):
+    """Jacobi decoding (`jacobi`, `pcllm`): a block of n tokens = the root plus n - 1 guesses.
+
+    n defaults to 4: TPF barely moves with n on these models while a verify of n tokens costs more with n on a
+    CPU (docs/results/text.md, "Verify cost c(n)"); GPU recipes set n themselves.
+    """
+
+    block_size: int = opt(4, int_at_least(1))
+    budget: str = opt(BUDGET_DEFAULT)
+
+
+@dataclass(frozen=True)
+class CllmOptions(JacobiOptions):
+    """Jacobi decoding of the CLLM-distilled model: the CLLM baseline's block of 16."""
+
+    block_size: int = opt(16, int_at_least(1))
+
+
+@dataclass(frozen=True)
+class NgramOptions(Options):
+    """Prompt lookup (`ngram`): up to num_draft tokens after the latest earlier max_ngram..min_ngram-gram suffix."""
+
+    num_draft: int = opt(4, int_at_least(1))
+    max_ngram: int = opt(3, int_at_least(1))
+    min_ngram: int = opt(2, int_at_least(1))
+    budget: str = opt(BUDGET_DEFAULT)
+
+
+@dataclass(frozen=True)
+class MultiBlockOptions(Options):
+    """pcLLM multi-block decoding + rejection recycling (`pcllm-mr`, `methods/pcllm.py`; its drafter checks the
+    rules between them)."""
+
+    block_size: int = opt(4, int_at_least(1))  # n (CPU default: measured fastest; paper 64 in recipes/full)
+    num_blocks: int = opt(2, int_at_least(1))  # K (real-active + pseudo-active)
+    spawn_ratio: float = opt(0.85, number_in(0, 1, lo_open=True))  # r: spawn at ceil(r n) accepted tokens
+    pool_size: int = opt(4, int_at_least(0))  # n-gram pool entries
+    verify: int = opt(1, int_at_least(1))  # recycling candidates verified per step
+    ngram: int = opt(0, int_at_least(0))  # candidate length (0 = n - 1)
+    lookup: int = opt(0, int_at_least(0))  # prompt-lookup branch of up to this many tokens (0 = off, the paper)
+    budget: str = opt(BUDGET_DEFAULT)
+
+
+# --- image: EAGLE-2 trees, ADT-Tree, LANTERN, VVS, MuLo-SD ---------------------------------------------------------
+# Tree defaults are the CPU ones, chosen from measurements on 2 cores with the embedded 16x16 generator
+# (docs/results/image.md): a 60-node verify costs several 1-token forwards there, so trees are kept to 16 nodes and
+# narrow. The papers' GPU settings (EAGLE-2/LANTERN depth 4, top_k 10, 60 nodes; ADT-Tree for LlamaGen l_k 10,
+# k0 10, k in (3, 40)) are passed explicitly (docs/methods/eagle2.md, adt-tree.md, recipes/full).
+
+@dataclass(frozen=True)
+class TreeOptions(Options):
+    """EAGLE-2 fixed tree shape (`eagle2`)."""
+
+    depth: int = opt(6, int_at_least(1))
+    top_k: int = opt(4, int_at_least(1))
+    total_tokens: int = opt(16, int_at_least(1))
+
+
+def lantern_k() -> Any:  # 0 = 1000 of 16,384 codes scaled to the codebook
+    return opt(0, int_at_least(0))
+
+
+def lantern_delta() -> Any:
+    return opt(0.1, NONNEG_NUMBER)
+
+
+@dataclass(frozen=True)
+class LanternTreeOptions(TreeOptions):
+    """EAGLE-2 trees with LANTERN relaxed acceptance (`lantern`): k latent neighbours, total mass delta."""
+
+    lantern_k: int = lantern_k()
+    lantern_delta: float = lantern_delta()
+
+
+@dataclass(frozen=True)
+class AdtOptions(Options):
+    """ADT-Tree (`adt-tree`): `methods/adt_tree.AdtParams` less the target's grid, with the CPU tree defaults."""
+
+    beta: float = opt(1.0, POS_NUMBER)
+    l_d: int = opt(1, int_at_least(0))
+    l_k: int = opt(2, int_at_least(0))
+    d_min: int = opt(0, int_at_least(0))
+    d_max: int = opt(10, int_at_least(1))
+    k_min: int = opt(1, int_at_least(0))
+    k_max: int = opt(12, int_at_least(1))
+    d0: int = opt(4, int_at_least(1))
+    k0: int = opt(4, int_at_least(1))
+    total_tokens: int = opt(16, int_at_least(1))
+    init: str = opt("horizontal", text())
+    seed: int = opt(0, SEED)
+
+
+@dataclass(frozen=True)
+class AdtLanternOptions(AdtOptions):
+    """ADT-Tree trees with LANTERN relaxed acceptance (`adt-tree+lantern`)."""
+
+    lantern_k: int = lantern_k()
+    lantern_delta: float = lantern_delta()
+
+
+@dataclass(frozen=True)
+class VvsOptions(LanternTreeOptions):
+    """VVS partial verification skipping on EAGLE-2 + LANTERN (`vvs`; `methods/vvs.build_vvs` checks the rest)."""
+
+    schedule: str = opt("uniform", text())  # uniform | dynamic | none
+    interval: int = opt(3, int_at_least(1))  # the paper's ablation setting (its sweep is 2-4)
+    threshold: float = opt(0.75, ANY_NUMBER)  # dynamic schedule
+    alpha: float = opt(0.8, NONNEG_NUMBER)
+    stride: int = opt(2, int_at_least(1))
+    staleness: int = opt(0, int_at_least(0))
+    refresh: bool = opt(True, flag())
+
+
+@dataclass(frozen=True)
+class MuloOptions(Options):
+    """MuLo-SD (`mulo-sd`; `methods/mulo_sd.check_options` checks the rest). None = derived when it is built:
+    upsampler tiny-image-upsampler-{r}x for r = G / g, tau 1e-4 * 16384 / V."""
+
+    lowres: str = opt("tiny-image-gpt-lowres", text())
+    upsampler: str | None = opt(None, text())
+    tau: float | None = opt(None, NONNEG_NUMBER)
+    radius: int = opt(3, integer())
+    rejection: str = opt("local", text())  # local | raster
+    draft_rows: int = opt(1, int_at_least(1))
+    lantern_k: int = lantern_k()
+    lantern_delta: float = lantern_delta()
+
+
+# --- mesh: XSpecMeshOptions (methods/xspecmesh.py) checks the rules between its options itself -------------------
+
+#: Single-value checks of `XSpecMeshOptions`' fields (that class lives with the method, which imports torch).
+XSPECMESH_CHECKS: dict[str, Check] = {
+    "heads": text(),
+    "num_heads": int_at_least(0),
+    "criterion": text(),
+    "delta": number_in(0, 1),
+    "top_k_accept": int_at_least(1),
+    "sampling": text(),
+    "top_k_tree": int_at_least(1),
+    "draft_dtype": text(),
+    "lookup": int_at_least(0),
+    "vertex_lookup": flag(),
+    "min_path_prob": number_in(0, 1, hi_open=True),
+}
+
+FAMILIES: tuple[type[Options], ...] = (NoOptions, JacobiOptions, CllmOptions, NgramOptions, MultiBlockOptions,
+                                       TreeOptions, LanternTreeOptions, AdtOptions, AdtLanternOptions, VvsOptions,
+                                       MuloOptions)
+
+
+def checks_of(cls: type) -> dict[str, Check | None]:
+    """Option name -> its single-value check, for one options class."""
+    if cls.__name__ == "XSpecMeshOptions":
+        return {f.name: XSPECMESH_CHECKS.get(f.name) for f in fields(cls)}
+    return {f.name: f.metadata.get("check") for f in fields(cls)}
+
+
+def _by_name() -> dict[str, Check]:
+    """Every option name's check across the families (a name means the same thing in every family)."""
+    table: dict[str, Check] = {"seed": SEED, **XSPECMESH_CHECKS}
+    for cls in FAMILIES:
+        for name, check in checks_of(cls).items():
+            if check is not None:
+                assert table.setdefault(name, check)[1] == check[1], f"option {name} is checked two ways"
+    return table
+
+
+#: Option name -> (predicate, expectation), for configs that name options without one method (benchmark suites).
+CHECKS: dict[str, Check] = _by_name()
+
+
+def parse(cls: type, method: str, options: dict[str, Any]) -> Any:
+    """Given options (names already known to `cls`, plus `seed`) as a validated `cls`; the first bad value, in the
+    order given, is one usage error naming it."""
+    checks = checks_of(cls)
+    for name, value in options.items():
+        check_value(name, value, SEED if name == "seed" else checks.get(name), method)
+    opts = build(cls, options)
+    if isinstance(opts, Options):
+        opts.check()
+    return opts
+
+
+def build(cls: type, options: dict[str, Any]) -> Any:
+    """`cls` from the options it knows (others, e.g. `seed`, are the caller's); values as given, no checks here
+    beyond the class's own construction."""
+    names = {f.name for f in fields(cls)}
+    return cls(**{k: v for k, v in options.items() if k in names})
+
+
+def defaults(cls: type) -> dict[str, Any]:
+    """Field name -> default (None = derived when the method is built)."""
+    return {f.name: f.default for f in fields(cls) if f.default is not MISSING}
