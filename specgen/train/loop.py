@@ -155,7 +155,8 @@ class TrainTask:
         raise NotImplementedError
 
     def loss(self, batch: Any) -> tuple[torch.Tensor | dict[str, torch.Tensor], dict[str, float]]:
-        """(loss, or {optimiser name: loss} for the optimisers to step this step; floats to log)."""
+        """(loss, or {optimiser name: loss} for the optimisers to step this step; floats to log). Which optimisers
+        get a loss may depend on the step, never on the data: every process must average the same gradients."""
         raise NotImplementedError
 
     def evaluate(self, progress: Progress) -> dict | None:
