@@ -11,9 +11,12 @@ interleaved like every other row). Quality that can move on a 135M model: `nll_b
 model's mean per-token NLL of each row's outputs (teacher-forced), and for `ar@<model>` rows the
 exact-match rate / mean matching-prefix length of the distilled model's greedy output vs the original's.
 
-Variant rows: `method:tag` (e.g. `pcllm:n8`) runs `method` with `method_options[method]` updated by
-`method_options["method:tag"]` (and `targets["method:tag"]` if given), so one run can compare settings
-of one method side by side, e.g. block sizes against the measured cost of wider forwards.
+Variant rows: `method@tag` (e.g. `pcllm@n8`, the images suite's spelling) or `method:tag` (e.g. `pcllm:n8`)
+runs `method` with `method_options[method]` updated by `method_options["method@tag"]` (and `targets[row]` if
+given), so one run can compare settings of one method side by side, e.g. block sizes against the measured cost of
+wider forwards. `method@NAME` where NAME names a registry model (installed, a built-in, or a checkpoint folder;
+`+int8`-style precision suffixes allowed), and `ar@` with anything, is `method` decoding NAME instead (the
+`ar@<model>` reference rows); `method:tag` is always a variant, whatever the tag.
 
 Batch sizes (`batch_sizes: [1, 4, 16]`): batch 1 runs every method interleaved per prompt, as above. A batch
 size B > 1 runs each method over all prompts through B slots of the batched loop (continuous batching; the
@@ -59,7 +62,7 @@ class TextBenchConfig:
     threads: int = 0  # 0 = torch default
     warmup: bool = True  # one discarded run of every method before timing
     execute: bool = True  # run pass@1 (subprocesses)
-    method_options: dict = field(default_factory=dict)  # method (or variant row method:tag) -> {option: value}
+    method_options: dict = field(default_factory=dict)  # method (or variant row method@tag) -> {option: value}
     targets: dict = field(default_factory=dict)  # method -> model it decodes (default: its MethodSpec.target)
     nll: bool = True  # the original model's mean per-token NLL of every row's outputs
     dtype: str | None = None  # precision of `model` for every row: float32 | bfloat16 (per row: targets NAME+bf16)
@@ -111,8 +114,30 @@ def hf_run(hf_model, prompt: list[int], cfg: TextBenchConfig, stop_ids: tuple[in
 
 
 def row_method(row: str) -> str:
-    """The method a row runs: `pcllm:n8` -> `pcllm` (a variant row), `ar@NAME` -> `ar`."""
+    """The method a row runs: `pcllm@n8`, `pcllm:n8` -> `pcllm` (variant rows), `ar@NAME` -> `ar`."""
     return row.split("@")[0].split(":")[0]
+
+
+def is_model_name(name: str) -> bool:
+    """Does `name` name a registry model (installed, a built-in, or a checkpoint folder; `NAME+int8`-style
+    precision suffixes allowed)? Nothing is materialised."""
+    from specgen import registry
+    from specgen.builtins import BUILTINS
+
+    base = name.split("+")[0]
+    if registry.installed_meta(base) is not None:
+        return True
+    kind, _, bare = base.rpartition("/")
+    return bare in BUILTINS and kind in ("", BUILTINS[bare].kind)
+
+
+def row_model(row: str) -> str | None:
+    """The model an `method@NAME` row names (`ar@` rows always; others when NAME is a registry model), or None:
+    a variant row (`method@tag`, `method:tag`) or a plain method."""
+    method, at, tag = row.partition("@")
+    if not at:
+        return None
+    return tag if method == "ar" or is_model_name(tag) else None
 
 
 def row_options(row: str, cfg: TextBenchConfig) -> dict:
@@ -149,8 +174,9 @@ def decoded_model(method: str, cfg: TextBenchConfig) -> str:
     """The model a row decodes: `targets.<method>`, else the method's distilled target, else cfg.model."""
     if method in EXTERNAL:
         return cfg.model
-    if "@" in method:
-        return method.split("@", 1)[1]
+    named = row_model(method)
+    if named:
+        return named
     base = row_method(method)
     return cfg.targets.get(method) or cfg.targets.get(base) or model_for(get_method(base), cfg.model, TextBenchConfig.model)
 
@@ -179,6 +205,9 @@ def check_methods(cfg: TextBenchConfig) -> None:
             if not spec.runs_on("text"):
                 raise UsageError(f"method {m} is for {spec.modality}; the humaneval suite is text")
             spec.check_options(row_options(m, cfg))
+            if "@" in m and row_model(m) is None and m not in cfg.method_options and m not in cfg.targets:
+                raise UsageError(f"row {m}: {m.partition('@')[2]!r} is not a registry model, and a variant row "
+                                 f"needs method_options.{m} or targets.{m} of its own")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,39 @@
+"""Text benchmark rows: `method@tag` variant rows (the images suite's spelling), `method:tag`, `method@MODEL`."""
+
+import pytest
+
+from specgen.errors import UsageError
+from specgen.eval.text_bench import TextBenchConfig, check_methods, decoded_model, row_method, row_model, row_options
+
+
+def cfg(**kw) -> TextBenchConfig:
+    return TextBenchConfig(**{"methods": ["ar"], **kw})
+
+
+def test_at_tag_is_a_variant_row_like_colon_tag():
+    c = cfg(method_options={"pcllm": {"block_size": 4}, "pcllm@n8": {"block_size": 8}, "pcllm:n8": {"block_size": 8}})
+    for row in ("pcllm@n8", "pcllm:n8"):
+        assert row_method(row) == "pcllm" and row_model(row) is None
+        assert row_options(row, c) == {"block_size": 8}
+        assert decoded_model(row, c) == "smollm2-135m-pcllm"  # the method's distilled target, as the plain row
+    assert decoded_model("pcllm@n8", cfg(targets={"pcllm@n8": "other"})) == "other"
+
+
+@pytest.mark.parametrize("row, model", [
+    ("ar@anything", "anything"),  # ar@ rows always name the model (the exact-match reference rows)
+    ("pcllm@smollm2-135m", "smollm2-135m"),  # a built-in
+    ("jacobi@target/smollm2-135m+int8", "target/smollm2-135m+int8"),  # kind/name with a precision suffix
+    ("jacobi@smollm2-135m-pcllm+bf16", "smollm2-135m-pcllm+bf16"),
+])
+def test_at_model_name_decodes_that_model(row, model):
+    assert row_model(row) == model and decoded_model(row, cfg()) == model
+
+
+def test_a_variant_row_without_options_of_its_own_is_refused():
+    """`pcllm@nosuchmodel` is no model; with nothing of its own it would silently repeat `pcllm`."""
+    check_methods(cfg(methods=["ar", "pcllm@n8"], method_options={"pcllm@n8": {"block_size": 8}}))
+    check_methods(cfg(methods=["ar", "pcllm:n8"]))  # the older spelling keeps working as it did
+    with pytest.raises(UsageError, match="row pcllm@nosuchmodel: 'nosuchmodel' is not a registry model"):
+        check_methods(cfg(methods=["ar", "pcllm@nosuchmodel"]))
+    with pytest.raises(UsageError, match="method pcllm@n8|has no option"):
+        check_methods(cfg(methods=["ar", "pcllm@n8"], method_options={"pcllm@n8": {"blocks": 8}}))
