@@ -96,11 +96,20 @@ def test_time_budget_stops_checkpointed(tmp_path):
     assert (tmp_path / "s.safetensors").is_file()
 
 
+def _free_port() -> int:
+    """A port nobody listens on now (consecutive launches on one fixed port can hit its TIME_WAIT)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def _script(out: Path, steps: int, *extra: str, env: dict | None = None, ddp: bool = False, **kw):
     cmd = [sys.executable, "-m", "tests.train.loop_fixtures", str(out), str(steps), *extra]
     if ddp:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29547",
-               *cmd[1:]]
+        port = str(_free_port())
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", port, *cmd[1:]]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **(env or {})}
     return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
 
