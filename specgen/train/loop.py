@@ -231,7 +231,16 @@ def accelerator(device: str = "cpu", mixed_precision: str = "no"):
     dev = resolve_device(device)
     if dev.type == "cuda" and dev.index is not None:
         torch.cuda.set_device(dev)
-    return Accelerator(cpu=dev.type == "cpu", mixed_precision=MIXED_PRECISION[mixed_precision])
+    options = {"cpu": dev.type == "cpu", "mixed_precision": MIXED_PRECISION[mixed_precision]}
+    try:
+        return Accelerator(**options)
+    except ValueError as e:  # one process training twice with other settings (tests, notebooks)
+        if "already been initialized" not in str(e):
+            raise
+        from accelerate.state import AcceleratorState
+
+        AcceleratorState._reset_state()  # accelerate's settings only; the process group (PartialState) stays
+        return Accelerator(**options)
 
 
 class Loop:

@@ -87,6 +87,20 @@ def test_gradient_accumulation_equals_one_big_batch():
     assert not torch.equal(weights(big)["1.weight"], Regression(dropout=0.0).model[1].weight)  # it trained
 
 
+def test_mixed_precision_autocasts_and_keeps_float32_weights():
+    """bf16 autocast (accelerate) after a float32 run in the same process: it trains, the weights stay float32, and
+    its steps differ from float32's (the matmuls really ran in bfloat16)."""
+    ref, bf16 = Regression(dropout=0.0), Regression(dropout=0.0)
+    Loop(LoopOptions(steps=4)).run(ref)
+    loop = Loop(LoopOptions(steps=4, mixed_precision="bf16"))
+    assert loop.acc.mixed_precision == "bf16"
+    loop.run(bf16)
+    w, w_ref = bf16.model[1].weight, ref.model[1].weight
+    assert w.dtype == torch.float32 and not torch.equal(w, Regression(dropout=0.0).model[1].weight)
+    assert not torch.equal(w, w_ref) and torch.allclose(w, w_ref, atol=0.05)
+    Loop(LoopOptions(steps=1))  # and back
+
+
 def test_time_budget_stops_checkpointed(tmp_path):
     p = Loop(LoopOptions(steps=10, max_minutes=1e-9)).run(Regression(), StateFile(tmp_path / "s.safetensors"))
     assert p.stopped_early and p.step == 1  # the budget is checked after a step: every session makes progress
