@@ -31,6 +31,7 @@ default-setting row (`vvs@u`, `vvs@d`; `mulo-sd` for the tau sweep).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
+from typing import Callable
 from pathlib import Path
 
 import torch
@@ -255,7 +256,7 @@ def items_left(cfg: ImageBenchConfig, done: dict, shard: Shard) -> tuple[list, l
 
 
 def measure_images(im: ImageModel, cfg: ImageBenchConfig, sink=None, shard: Shard = Shard(), on_step=None,
-                   machine: str = "") -> None:
+                   machine: str | Callable[[], str] = "") -> None:
     """Decode this shard's images that `sink` has no record of: at batch 1 one (temperature, image) with every
     method interleaved on it per record, at B > 1 one method over the shard's images per record."""
     cfg = with_extra_rows(cfg)
@@ -270,7 +271,7 @@ def measure_images(im: ImageModel, cfg: ImageBenchConfig, sink=None, shard: Shar
         torch.set_num_threads(cfg.threads)
     sink.start_shard(shard)
     clf, quality = classifier_state(im, cfg, conditions)
-    sink.write_machine(shard, {"machine": machine, "conditions": condition_names(im, conditions), **quality})
+    sink.write_machine(shard, {"machine": machine() if callable(machine) else machine, "conditions": condition_names(im, conditions), **quality})
     base = ImageGenConfig(model=cfg.model, cfg_scale=cfg.cfg_scale, seed=cfg.seed, device=cfg.device, num=1,
                           dtype=cfg.dtype)
     models = entry_models(im, cfg)  # entry -> the model it decodes (its `dtypes` precision, else `im`)

@@ -161,7 +161,7 @@ def items_left(cfg: MeshBenchConfig, labels: list[str], done: dict, shard: Shard
 
 
 def measure_meshes(cfg: MeshBenchConfig, sink=None, shard: Shard = Shard(), on_mesh: Callable[[int], None] | None = None,
-                   machine: str = "") -> None:
+                   machine: str | Callable[[], str] = "") -> None:
     """Decode this shard's meshes that `sink` has no record of: one record per mesh with every row interleaved on
     it (batch 1), or per row over the shard's point clouds through B slots."""
     from specgen.errors import UsageError
@@ -188,7 +188,7 @@ def measure_meshes(cfg: MeshBenchConfig, sink=None, shard: Shard = Shard(), on_m
                 else own[v.label].decoder for v in vs}
     max_tokens = token_budget(ar.decoder.model, ar.target.meta, cfg.num_heads, cfg.max_new_tokens)
     clouds = benchmark_clouds(ar.target.meta, cfg.limit, cfg.offset, cfg.device)
-    sink.write_machine(shard, {"machine": machine, "references": reference_distances([ref for ref, _ in clouds])})
+    sink.write_machine(shard, {"machine": machine() if callable(machine) else machine, "references": reference_distances([ref for ref, _ in clouds])})
 
     def streams(i: int) -> tuple[torch.Generator, torch.Generator]:
         return torch.Generator().manual_seed(cfg.seed + i), torch.Generator().manual_seed(10_000_019 + cfg.seed + i)

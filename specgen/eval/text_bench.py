@@ -30,6 +30,7 @@ the same B and at B = 1, and c(B): the measured cost of a B-row product pass rel
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
+from typing import Callable
 
 import torch
 
@@ -258,7 +259,7 @@ def with_quality(runs: dict[str, Run], prompt: list[int], problem, original: Tex
 
 
 def measure(model: TextModel, cfg: TextBenchConfig, sink=None, shard: Shard = Shard(), on_prompt=None,
-            machine: str = "") -> None:
+            machine: str | Callable[[], str] = "") -> None:
     """Measure this shard's items that `sink` (a RunDir or MemoryRun) has no record of, one record per item:
     at batch 1 a prompt with every row interleaved on it, at B > 1 one row over the shard's prompts."""
     check_methods(cfg)
@@ -300,7 +301,7 @@ def measure(model: TextModel, cfg: TextBenchConfig, sink=None, shard: Shard = Sh
     cost = cost_of(model.module)  # c(B) of batched rows, c(N) of the efficiency of speculative rows
     streamed = {m: streamed_bytes(original.module if m == "hf" else models[p.meta[m]["model"]].module)
                 for m in order if m != "llamacpp"}  # weights one forward of the row reads (the roofline)
-    sink.write_machine(shard, {"machine": machine, "versions": versions(), "cost_rows": list(cost.rows),
+    sink.write_machine(shard, {"machine": machine() if callable(machine) else machine, "versions": versions(), "cost_rows": list(cost.rows),
                                "cost": list(cost.cost), "skipped": skipped, "streamed_bytes": streamed,
                                "bandwidth_gbs": copy_bandwidth()})
 
