@@ -200,10 +200,24 @@ def device_row(device: str, cls_name: str) -> dict:
     return row("device", True, device)
 
 
+def method_check(entry: str, method: str, options, modality: str, suite_says: str) -> dict:
+    """The row of one benchmark entry: its method exists, runs on the suite's modality and knows its options."""
+    from specgen.errors import SpecgenError
+    from specgen.methods import get_method
+
+    try:
+        spec = get_method(method)
+        if not spec.runs_on(modality):
+            raise UsageError(f"method {entry} is for {spec.modality}; {suite_says}")
+        spec.check_options(options())
+        return row(f"method {entry}", True, ("lossless" if spec.lossless else "LOSSY") + ", options ok")
+    except SpecgenError as e:
+        return row(f"method {entry}", False, str(e))
+
+
 def method_rows(kind: str, cfg: Any) -> list[dict]:
     """One row per benchmark method / mesh row: it exists, runs on the suite, knows its options."""
     from specgen.errors import SpecgenError
-    from specgen.methods import get_method
 
     out = []
     if kind == "humaneval":
@@ -215,14 +229,7 @@ def method_rows(kind: str, cfg: Any) -> list[dict]:
             if m in EXTERNAL:
                 out.append(row(f"method {m}", True, "external baseline (transformers / llama.cpp)"))
                 continue
-            try:
-                spec = get_method(row_method(m))
-                if not spec.runs_on("text"):
-                    raise UsageError(f"method {m} is for {spec.modality}; the humaneval suite is text")
-                spec.check_options(row_options(m, cfg))
-                out.append(row(f"method {m}", True, ("lossless" if spec.lossless else "LOSSY") + ", options ok"))
-            except SpecgenError as e:
-                out.append(row(f"method {m}", False, str(e)))
+            out.append(method_check(m, row_method(m), lambda: row_options(m, cfg), "text", "the humaneval suite is text"))
     elif kind == "images":
         from specgen.eval.image_bench import method_of, options_of, with_extra_rows
 
@@ -230,14 +237,8 @@ def method_rows(kind: str, cfg: Any) -> list[dict]:
         if "ar" not in full.methods:
             out.append(row("methods", False, "no 'ar' row: speedups and exact match are measured against it"))
         for m in full.methods:
-            try:
-                spec = get_method(method_of(m))
-                if not spec.runs_on("image"):
-                    raise UsageError(f"method {m} is for {spec.modality}; the images suite is image methods")
-                spec.check_options(options_of(full, m))
-                out.append(row(f"method {m}", True, ("lossless" if spec.lossless else "LOSSY") + ", options ok"))
-            except SpecgenError as e:
-                out.append(row(f"method {m}", False, str(e)))
+            out.append(method_check(m, method_of(m), lambda: options_of(full, m), "image",
+                                    "the images suite is image methods"))
     elif kind == "meshes":
         from specgen.eval.mesh_bench import variants
 
