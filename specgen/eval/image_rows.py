@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from specgen.decoding.stats import DecodeStats
-from specgen.eval.run_dir import RunNotFinished
+from specgen.eval.run_dir import RunNotFinished, batched, unrecorded
 from specgen.methods import get_method
 
 
@@ -71,15 +71,10 @@ def collect(records: dict[str, dict], order: list[str], num: int, temp: float, b
         return {"images": {m: [Image.of(r["runs"][m]) for r in items] for m in order}, "walls": None}
     images, walls = {}, {}
     for m in order:
-        by_index, walls[m] = {}, {}
-        for key, rec in sorted(records.items()):
-            if key.startswith(f"T{temp:g}/b{batch}/{m}/"):
-                for i, run in zip(rec["indices"], rec["runs"]):
-                    by_index.setdefault(i, Image.of(run))
-                walls[m][rec["shard"]] = rec["wall"]
+        by_index, walls[m] = batched(records, f"T{temp:g}/b{batch}/{m}/")
         if len(by_index) < num:
             return None
-        images[m] = [by_index[i] for i in range(num)]
+        images[m] = [Image.of(by_index[i]) for i in range(num)]
     return {"images": images, "walls": walls}
 
 
@@ -90,8 +85,7 @@ def missing(records: dict[str, dict], order: list[str], num: int, temps: list[fl
         gone += sum(f"T{t:g}/i{i}" not in records for i in range(num))
         for b in (b for b in batches if b > 1):
             for m in order:
-                have = {i for k, r in records.items() if k.startswith(f"T{t:g}/b{b}/{m}/") for i in r["indices"]}
-                gone += num - len(have & set(range(num)))
+                gone += unrecorded(records, f"T{t:g}/b{b}/{m}/", num)
     return gone
 
 

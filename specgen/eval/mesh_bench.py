@@ -214,15 +214,14 @@ def measure_meshes(cfg: MeshBenchConfig, sink=None, shard: Shard = Shard(), on_m
 
 def mesh_rows_of(cfg: MeshBenchConfig, sink) -> list[dict]:
     """One summary row per variant (AR first), batched rows after; a run with missing items is refused."""
-    from specgen.eval.run_dir import RunNotFinished
+    from specgen.eval.run_dir import RunNotFinished, batched, unrecorded
 
     vs, records = variants(cfg), sink.records()
     labels = [v.label for v in vs]
     gone = sum(f"m{i}" not in records for i in range(cfg.limit))
     for b in (b for b in cfg.batch_sizes if b > 1):
         for label in labels:
-            have = {i for k, r in records.items() if k.startswith(f"b{b}/{label}/") for i in r["indices"]}
-            gone += cfg.limit - len(have & set(range(cfg.limit)))
+            gone += unrecorded(records, f"b{b}/{label}/", cfg.limit)
     if gone:
         raise RunNotFinished(f"the run is not finished: {gone} of its meshes have no record yet "
                              "(rerun the same command, or wait for the other shards)")
@@ -232,12 +231,7 @@ def mesh_rows_of(cfg: MeshBenchConfig, sink) -> list[dict]:
     for b in (b for b in cfg.batch_sizes if b > 1):
         runs, walls = {}, {}
         for label in labels:
-            by_index, walls[label] = {}, {}
-            for key, rec in sorted(records.items()):
-                if key.startswith(f"b{b}/{label}/"):
-                    for i, run in zip(rec["indices"], rec["runs"]):
-                        by_index.setdefault(i, run)
-                    walls[label][rec["shard"]] = rec["wall"]
+            by_index, walls[label] = batched(records, f"b{b}/{label}/")
             runs[label] = [by_index[i] for i in range(cfg.limit)]
         rows += batched_rows(summarize(cfg, vs, runs), runs, walls, b, rows)
     return [{**r, **info["references"]} for r in rows]

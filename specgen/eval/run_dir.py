@@ -211,6 +211,24 @@ class RunDir:
         return out
 
 
+def batched(records: dict[str, dict], prefix: str) -> tuple[dict[int, dict], dict[str, float]]:
+    """One batched row's runs by item index and its wall seconds per shard, from the records whose keys start with
+    `prefix` (one record per shard; the first record holding an index wins)."""
+    by_index: dict[int, dict] = {}
+    walls: dict[str, float] = {}
+    for key, rec in sorted(records.items()):
+        if key.startswith(prefix):
+            for i, run in zip(rec["indices"], rec["runs"]):
+                by_index.setdefault(i, run)
+            walls[rec["shard"]] = rec["wall"]
+    return by_index, walls
+
+
+def unrecorded(records: dict[str, dict], prefix: str, n: int) -> int:
+    """How many of the items 0 .. n-1 of a batched row no record holds yet."""
+    return n - len(set(batched(records, prefix)[0]) & set(range(n)))
+
+
 class MemoryRun:
     """A run kept in memory (no `--run-dir`): the same interface as RunDir, so every run goes through records."""
 

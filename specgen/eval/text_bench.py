@@ -337,7 +337,7 @@ def measure(model: TextModel, cfg: TextBenchConfig, sink=None, shard: Shard = Sh
         runs = [with_quality({m: replace(r, shard=shard.label)}, q, problems[i], original, cfg)[m]
                 for r, q, i in zip(runs, batch_prompts, mine)]
         sink.append(shard, {"item": f"b{b}/{m}/{shard.label}", "shard": shard.label, "batch_size": b, "method": m,
-                            "prompts": mine, "wall": wall, "runs": [asdict(r) for r in runs]})
+                            "indices": mine, "wall": wall, "runs": [asdict(r) for r in runs]})
 
 
 def rows_of(cfg: TextBenchConfig, sink) -> list[dict]:

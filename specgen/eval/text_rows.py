@@ -15,7 +15,7 @@ from typing import Callable
 
 from specgen.decoding.cost import CostCurve
 from specgen.eval.latency import percentile
-from specgen.eval.run_dir import RunNotFinished
+from specgen.eval.run_dir import RunNotFinished, batched, unrecorded
 
 
 @dataclass(frozen=True)
@@ -58,16 +58,10 @@ def collect(records: dict[str, dict], order: list[str], n_prompts: int, batch: i
         return Measured(runs, walls)
     runs, walls = {}, {}
     for m in order:
-        by_prompt: dict[int, Run] = {}
-        walls[m] = {}
-        for key, rec in sorted(records.items()):
-            if key.startswith(f"b{batch}/{m}/"):
-                for i, run in zip(rec["prompts"], rec["runs"]):
-                    by_prompt.setdefault(i, Run(**run))
-                walls[m][rec["shard"]] = rec["wall"]
+        by_prompt, walls[m] = batched(records, f"b{batch}/{m}/")
         if len(by_prompt) < n_prompts:
             return None
-        runs[m] = [by_prompt[i] for i in range(n_prompts)]
+        runs[m] = [Run(**by_prompt[i]) for i in range(n_prompts)]
     return Measured(runs, walls)
 
 
@@ -76,8 +70,7 @@ def missing(records: dict[str, dict], order: list[str], n_prompts: int, batches:
     gone = sum(f"b1/p{i}" not in records for i in range(n_prompts)) if 1 in batches else 0
     for b in (b for b in batches if b > 1):
         for m in order:
-            have = {i for k, r in records.items() if k.startswith(f"b{b}/{m}/") for i in r["prompts"]}
-            gone += n_prompts - len(have & set(range(n_prompts)))
+            gone += unrecorded(records, f"b{b}/{m}/", n_prompts)
     return gone
 
 
