@@ -7,8 +7,9 @@ from pathlib import Path
 from cli import _output, benchmark_runs
 from cli._options import Format
 
-COLUMNS = ["method", "temperature", "dtype", "lossless", "images_per_s", "speedup_vs_ar", "vs_ar_b1", "tau", "d_bar", "nfe",
-           "tpf", "drafter_share", "exact_match_vs_ar", "exact_match_vs_own_ar", "nll", "clf_fid", "class_accuracy"]
+COLUMNS = ["method", "temperature", "dtype", "lossless", "images_per_s", "speedup_vs_ar", "vs_ar_b1", "tau", "d_bar",
+           "nfe", "tpf", "drafter_share", "exact_match_vs_ar", "exact_match_vs_own_ar", "nll", "clf_fid",
+           "class_accuracy"]
 
 
 def run(overrides=None, methods=None, model=None, limit=None, seed=None, device=None, threads=None, out=None,
@@ -21,25 +22,25 @@ def run(overrides=None, methods=None, model=None, limit=None, seed=None, device=
     if offset is not None or max_new_tokens is not None:  # refused, not silently ignored
         raise UsageError(f"{'--offset' if offset is not None else '--max-new-tokens'} is not an option of the images "
                          "suite (its images have a fixed number of tokens; --limit is the number of images)")
-    from specgen.eval.image_bench import ImageBenchConfig, check_image_methods, items_left, measure_images, with_extra_rows
+    from specgen.eval.image_bench import (ImageBenchConfig, check_image_methods, items_left, measure_images,
+                                          with_extra_rows)
     from specgen.image.generate import load_image_model
 
+    rows = [m.strip() for m in methods.split(",") if m.strip()] if methods else None
     cfg = load_config(ImageBenchConfig, config, overrides, model=model, num=limit, seed=seed, device=device,
-                      threads=threads, methods=[m.strip() for m in methods.split(",") if m.strip()] if methods else None,
-                      dtype=dtype)
+                      threads=threads, methods=rows, dtype=dtype)
     check_image_methods(cfg)
-    from specgen.devices import device_name
-
-    cfg.device = device_name(cfg.device)  # "auto" -> what it means here, recorded in the run folder
     this, launched = benchmark_runs.shard_of(shard, run_dir)
     _output.check_rows_path(out, append)
     sink = benchmark_runs.sink_for(run_dir, "images", cfg)
+    cfg.device = benchmark_runs.process_device(cfg.device)
     if any(items_left(with_extra_rows(cfg), sink.records(), this)):
         im = load_image_model(cfg.model, cfg.drafter, cfg.device,
                               need_drafter=any(m != "ar" for m in with_extra_rows(cfg).methods), dtype=cfg.dtype)
         steps = len([i for i in range(cfg.num) if this.owns(i)]) * len(cfg.temperatures)
         with _output.progress("benchmark images", steps, quiet or fmt == Format.json) as advance:
-            measure_images(im, cfg, sink, this, on_step=lambda: advance(), machine=_output.machine_label)  # read after the run set its threads
+            # the machine label is read once the run has set its threads
+            measure_images(im, cfg, sink, this, on_step=lambda: advance(), machine=_output.machine_label)
     merged = benchmark_runs.merged_rows(sink, lambda s: rows_and_pixels(cfg, s), this, launched, quiet)
     if merged is not None:
         show(*merged, cfg, benchmark_runs.machine_of(sink), fmt, out, append, quiet)
@@ -72,8 +73,8 @@ def show(rows: list[dict], pixels: dict, cfg, machine: str, fmt, out: Path | Non
     if fmt == Format.json:
         _output.emit_json(rows)
         return
-    _output.table(f"images: {cfg.model}, {cfg.num} images per row, cfg {cfg.cfg_scale} ({machine}); "
-                  "lantern and vvs rows are LOSSY; clf_fid/class_accuracy use the offline tiny classifier, not Inception",
+    _output.table(f"images: {cfg.model}, {cfg.num} images per row, cfg {cfg.cfg_scale} ({machine}); lantern and vvs "
+                  "rows are LOSSY; clf_fid/class_accuracy use the offline tiny classifier, not Inception",
                   rows, COLUMNS, _output.out)
     if not quiet:
         _output.err.print("wrote " + ", ".join(str(f) for f in files))

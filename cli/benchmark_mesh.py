@@ -22,15 +22,14 @@ def run(overrides=None, methods=None, model=None, limit=None, offset=None, max_n
     cfg = load_config(MeshBenchConfig, config, overrides, model=model, limit=limit, offset=offset,
                       max_new_tokens=max_new_tokens, threads=threads, seed=seed, device=device, rows=rows, dtype=dtype)
     labels = [v.label for v in variants(cfg)]  # bad rows or options: one line before anything is written
-    from specgen.devices import device_name
-
-    cfg.device = device_name(cfg.device)  # "auto" -> what it means here, recorded in the run folder
     this, launched = benchmark_runs.shard_of(shard, run_dir)
     _output.check_rows_path(out, append)
     sink = benchmark_runs.sink_for(run_dir, "meshes", cfg)
+    cfg.device = benchmark_runs.process_device(cfg.device)
     if any(items_left(cfg, labels, sink.records(), this)):
         with _output.progress("benchmark meshes", cfg.limit, quiet or fmt == Format.json) as advance:
-            measure_meshes(cfg, sink, this, on_mesh=lambda i: advance(), machine=_output.machine_label)  # read after the run set its threads
+            # the machine label is read once the run has set its threads
+            measure_meshes(cfg, sink, this, on_mesh=lambda i: advance(), machine=_output.machine_label)
     result = benchmark_runs.merged_rows(sink, lambda s: rows_of(cfg, s), this, launched, quiet)
     if result is not None:
         show(result, cfg, benchmark_runs.machine_of(sink), fmt, out, append)

@@ -3,6 +3,7 @@ and `specgen benchmark report RUN_DIR`."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict
 from pathlib import Path
 
@@ -21,6 +22,21 @@ def shard_of(shard: str | None, run_dir: Path | None) -> tuple[Shard, bool]:
         raise UsageError(f"shard {chosen.index}/{chosen.count}: a sharded run needs --run-dir DIR, the folder "
                          "where the shards' records meet (report merges them)")
     return chosen, launched is not None
+
+
+def process_device(device: str) -> str:
+    """The device this process measures on: `auto` resolved, and under a launcher a bare `cuda` becomes this rank's
+    own GPU (LOCAL_RANK), so the ranks of one node do not all share GPU 0. Resolved after the run folder recorded
+    the config as given, so every rank records the same config."""
+    import torch
+
+    from specgen.devices import device_name
+
+    name = device_name(device)
+    local = os.environ.get("LOCAL_RANK")
+    if name == "cuda" and local is not None and torch.cuda.device_count() > 1:
+        return f"cuda:{int(local) % torch.cuda.device_count()}"
+    return name
 
 
 def sink_for(run_dir: Path | None, suite: str, cfg) -> RunDir | MemoryRun:

@@ -8,7 +8,8 @@ from cli import _output, benchmark_runs
 from cli._options import Format
 
 COLUMNS = ["method", "model", "tokens_per_s", "speedup_vs_ar", "tpf", "tau", "efficiency", "weight_mb_per_token",
-           "bandwidth_share", "nfe", "exact_match_vs_ar", "exact_match_vs_own_ar", "prefix_vs_ar", "nll_base", "pass_at_1"]
+           "bandwidth_share", "nfe", "exact_match_vs_ar", "exact_match_vs_own_ar", "prefix_vs_ar", "nll_base",
+           "pass_at_1"]
 BATCH_COLUMNS = ["batch_size", "method", "model", "throughput_tokens_per_s", "throughput_vs_ar", "throughput_vs_ar_b1",
                  "decode_tokens_per_s",
                  "latency_median_s", "latency_p90_s", "tpf", "tau", "c_batch", "exact_match_vs_ar",
@@ -20,20 +21,19 @@ def run(cfg, out: Path | None, append: bool, run_dir: Path | None, shard: str | 
     from specgen.eval.text_bench import check_methods, measure, plan, rows_of
     from specgen.text.target import load_text_model
 
-    from specgen.devices import device_name
-
     check_methods(cfg)
     plan(cfg)  # refuses an empty prompt range before anything is written
-    cfg.device = device_name(cfg.device)  # "auto" -> what it means here, recorded in the run folder
     this, launched = benchmark_runs.shard_of(shard, run_dir)
     _output.check_rows_path(out, append)
     sink = benchmark_runs.sink_for(run_dir, cfg.suite, cfg)
+    cfg.device = benchmark_runs.process_device(cfg.device)
     if pending(cfg, sink, this):
         tm = load_text_model(cfg.model, cfg.device, _output.registry_progress(quiet), dtype=cfg.dtype,
                              quantize=cfg.quantize)
         with _output.progress(f"benchmark {cfg.suite}", cfg.limit * len(cfg.batch_sizes),
                               quiet or fmt == Format.json) as advance:
-            measure(tm, cfg, sink, this, on_prompt=lambda i: advance(), machine=_output.machine_label)  # read after the run set its threads
+            # the machine label is read once the run has set its threads
+            measure(tm, cfg, sink, this, on_prompt=lambda i: advance(), machine=_output.machine_label)
     rows = benchmark_runs.merged_rows(sink, lambda s: rows_of(cfg, s), this, launched, quiet)
     if rows is not None:
         show(rows, cfg, benchmark_runs.machine_of(sink), fmt, out, append, roofline_note(sink))

@@ -241,8 +241,8 @@ def entry_models(im: ImageModel, cfg: ImageBenchConfig) -> dict[str, ImageModel]
     by_dtype = {cfg.dtype: im}
     for entry, dtype in cfg.dtypes.items():
         if dtype not in by_dtype:
-            by_dtype[dtype] = load_image_model(cfg.model, cfg.drafter, cfg.device, need_drafter=im.drafter_net is not None,
-                                               dtype=dtype)
+            by_dtype[dtype] = load_image_model(cfg.model, cfg.drafter, cfg.device, dtype=dtype,
+                                               need_drafter=im.drafter_net is not None)
     return {m: by_dtype[cfg.dtypes.get(m, cfg.dtype)] for m in cfg.methods}
 
 
@@ -271,7 +271,8 @@ def measure_images(im: ImageModel, cfg: ImageBenchConfig, sink=None, shard: Shar
         torch.set_num_threads(cfg.threads)
     sink.start_shard(shard)
     clf, quality = classifier_state(im, cfg, conditions)
-    sink.write_machine(shard, {"machine": machine() if callable(machine) else machine, "conditions": condition_names(im, conditions), **quality})
+    sink.write_machine(shard, {"machine": machine() if callable(machine) else machine,
+                               "conditions": condition_names(im, conditions), **quality})
     base = ImageGenConfig(model=cfg.model, cfg_scale=cfg.cfg_scale, seed=cfg.seed, device=cfg.device, num=1,
                           dtype=cfg.dtype)
     models = entry_models(im, cfg)  # entry -> the model it decodes (its `dtypes` precision, else `im`)

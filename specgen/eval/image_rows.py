@@ -178,7 +178,8 @@ def image_rows(records: dict[str, dict], order: list[str], num: int, temps: list
             if dtype_of:
                 rows[-1]["dtype"] = dtype_of.get(m)
             if own and own != "ar":
-                rows[-1]["exact_match_vs_own_ar"] = sum(s.tokens == a.tokens for s, a in zip(single[m], single[own])) / num
+                same = sum(s.tokens == a.tokens for s, a in zip(single[m], single[own]))
+                rows[-1]["exact_match_vs_own_ar"] = same / num
         for b in (b for b in batches if b > 1):
             got = collect(records, order, num, t, b)
             for m in order:

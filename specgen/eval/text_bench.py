@@ -82,7 +82,8 @@ def hf_batch_runs(hf_model, prompts: list[list[int]], batch: int, cfg: "TextBenc
     for start in range(0, len(prompts), batch):
         chunk = prompts[start : start + batch]
         width = max(map(len, chunk))
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p in chunk], device=hf_model.device)  # [b, width], left pad
+        # [b, width], left padded
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in chunk], device=hf_model.device)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk], device=hf_model.device)
         calls = [0]
         handle = hf_model.register_forward_pre_hook(lambda *a: calls.__setitem__(0, calls[0] + 1))
@@ -240,7 +241,8 @@ def items_left(cfg: TextBenchConfig, p: Plan, done: dict, shard: Shard) -> tuple
     """This shard's items without a record: batch-1 prompt positions, and (batch size, row) pairs."""
     mine = [i for i in range(p.n_prompts) if shard.owns(i)]
     single = [i for i in mine if f"b1/p{i}" not in done] if 1 in cfg.batch_sizes else []
-    batched = [(b, m) for b in cfg.batch_sizes if b > 1 for m in p.order if mine and f"b{b}/{m}/{shard.label}" not in done]
+    batched = [(b, m) for b in cfg.batch_sizes if b > 1 for m in p.order
+               if mine and f"b{b}/{m}/{shard.label}" not in done]
     return single, batched
 
 
@@ -301,9 +303,9 @@ def measure(model: TextModel, cfg: TextBenchConfig, sink=None, shard: Shard = Sh
     cost = cost_of(model.module)  # c(B) of batched rows, c(N) of the efficiency of speculative rows
     streamed = {m: streamed_bytes(original.module if m == "hf" else models[p.meta[m]["model"]].module)
                 for m in order if m != "llamacpp"}  # weights one forward of the row reads (the roofline)
-    sink.write_machine(shard, {"machine": machine() if callable(machine) else machine, "versions": versions(), "cost_rows": list(cost.rows),
-                               "cost": list(cost.cost), "skipped": skipped, "streamed_bytes": streamed,
-                               "bandwidth_gbs": copy_bandwidth()})
+    sink.write_machine(shard, {"machine": machine() if callable(machine) else machine, "versions": versions(),
+                               "cost_rows": list(cost.rows), "cost": list(cost.cost), "skipped": skipped,
+                               "streamed_bytes": streamed, "bandwidth_gbs": copy_bandwidth()})
 
     def one(method: str, prompt: list[int]) -> Run:
         if method == "hf":

@@ -196,3 +196,17 @@ def test_mesh_shards_give_the_single_process_rows(tmp_path):
     assert invoke(*args, "--run-dir", run, "--shard", "0/2").stdout == ""
     assert pick(rows_of(invoke(*args, "--run-dir", run, "--shard", "1/2"))) == pick(single)
     assert pick(rows_of(invoke("benchmark", "report", str(run), "--format", "json"))) == pick(single)
+
+
+def test_launcher_ranks_each_take_their_own_gpu(monkeypatch):
+    """Under torchrun a bare `cuda` (or `auto` on a GPU node) is this rank's local GPU, so ranks do not share GPU 0."""
+    import torch
+
+    from cli import benchmark_runs
+
+    monkeypatch.setattr("specgen.devices.device_name", lambda d: "cpu" if d == "cpu" else "cuda")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setenv("LOCAL_RANK", "2")
+    assert benchmark_runs.process_device("auto") == "cuda:2" and benchmark_runs.process_device("cpu") == "cpu"
+    monkeypatch.delenv("LOCAL_RANK")
+    assert benchmark_runs.process_device("auto") == "cuda"  # one process: torch's current GPU
