@@ -44,6 +44,7 @@ class AttentionPlan:
     rows: int  # G*S
     order: torch.Tensor | None = None  # [B, S, T] trees: each query's visible slots first, ascending (else None)
     tree_bias: torch.Tensor | None = None  # [B, 1, S, N, RG, CHUNK] the compacted visibility, RG = max(G, MIN_ROWS)
+    shared_chunks: int = 0  # trees: leading chunks in AR's layout for every query (the committed prefix)
 
 
 def plan(
@@ -68,6 +69,9 @@ def plan(
     compact = torch.arange(t, device=seen.device) < count  # [B, S, T]: visible slots [0, count) as in AR
     if not torch.equal(seen, compact):  # a tree: some query's keys are not the slots AR would give them
         out.order = torch.sort((~seen).to(torch.int8), dim=-1, stable=True).indices  # [B, S, T]
+        moved = (out.order != torch.arange(t, device=seen.device)) | ~compact  # [B, S, T]
+        first = int(torch.where(moved.any(-1), moved.float().argmax(-1), t).min())  # [B, S] -> the earliest
+        out.shared_chunks = first // CHUNK  # leading chunks every query sees exactly where the cache has them
         rg = max(group, MIN_ROWS)
         tvis = F.pad(compact, (0, n * CHUNK - t), value=False).view(b, 1, s, n, 1, CHUNK)
         tvis = tvis.expand(b, 1, s, n, group, CHUNK)
@@ -105,22 +109,41 @@ def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Attenti
     """`invariant_attention` for tree masks: each query attends over its own copy of the keys with its visible slots
     moved to the front in slot order, i.e. exactly where AR has them (the committed prefix, then its ancestors), so
     every GEMM and chunk sum sees the same numbers in the same places as the query's AR step. One query per GEMM
-    (its G grouped heads, padded to MIN_ROWS rows, as an AR step)."""
+    row block (its G grouped heads, padded to MIN_ROWS rows, as an AR step).
+
+    The leading `p.shared_chunks` chunks (the committed prefix) are where AR has them for every query, so they are
+    read from the cache once, all queries' rows in one GEMM per chunk (products are row-independent above MIN_ROWS
+    rows), and only the chunks from the first tree slot on are copied per query."""
     b, h, s, d = q.shape
     hkv, t = k.shape[1], k.shape[2]
     group, n, rg = h // hkv, p.tree_bias.shape[3], p.tree_bias.shape[4]
-    index = p.order[:, None, :, :, None].expand(b, hkv, s, t, d)  # [B, Hkv, S, T, D]
-    kq = torch.zeros(b, hkv, s, n * CHUNK, d, dtype=torch.float32, device=q.device)
+    c0 = p.shared_chunks
+    lo = c0 * CHUNK  # slots [0, lo): shared; [lo, t): per query
+    index = p.order[:, None, :, lo:, None].expand(b, hkv, s, t - lo, d)  # [B, Hkv, S, T - lo, D]
+    kq = torch.zeros(b, hkv, s, (n - c0) * CHUNK, d, dtype=torch.float32, device=q.device)
     vq = torch.zeros_like(kq)
-    kq[:, :, :, :t] = k.float().unsqueeze(2).expand(b, hkv, s, t, d).gather(3, index)
-    vq[:, :, :, :t] = v.float().unsqueeze(2).expand(b, hkv, s, t, d).gather(3, index)
+    kq[:, :, :, : t - lo] = k.float().unsqueeze(2).expand(b, hkv, s, t, d).gather(3, index)
+    vq[:, :, :, : t - lo] = v.float().unsqueeze(2).expand(b, hkv, s, t, d).gather(3, index)
     qq = torch.zeros(b, hkv, s, 1, rg, d, dtype=torch.float32, device=q.device)
     qq[:, :, :, 0, :group] = q.float().view(b, hkv, group, s, d).transpose(2, 3)  # rows: the query's G heads
-    kf = kq.view(b, hkv, s, n, CHUNK, d)
-    scores = torch.matmul(qq, kf.transpose(-1, -2)).mul_(d**-0.5).add_(p.tree_bias.squeeze(1).unsqueeze(1))
+    tail = torch.matmul(qq, kq.view(b, hkv, s, n - c0, CHUNK, d).transpose(-1, -2))  # [B, Hkv, S, N - c0, RG, C]
+    if c0:
+        ks, vs = k[:, :, :lo].float(), v[:, :, :lo].float()  # [B, Hkv, lo, D]
+        rows = qq.view(b, hkv, 1, s * rg, d)  # every query's rows, one GEMM per shared chunk
+        head = torch.matmul(rows, ks.view(b, hkv, c0, CHUNK, d).transpose(-1, -2))  # [B, Hkv, c0, S*RG, C]
+        head = head.view(b, hkv, c0, s, rg, CHUNK).permute(0, 1, 3, 2, 4, 5)  # [B, Hkv, S, c0, RG, C]
+        scores = torch.cat([head, tail], 3)
+    else:
+        scores = tail
+    scores = scores.mul_(d**-0.5).add_(p.tree_bias.squeeze(1).unsqueeze(1))  # [B, Hkv, S, N, RG, C]
     top = scores.amax(dim=(3, 5), keepdim=True).clamp_(min=-1e30)  # [B, Hkv, S, 1, RG, 1]
     w = torch.exp_(scores.sub_(top))
     denom = w.sum(-1).cumsum(3)[:, :, :, -1, :group]  # [B, Hkv, S, G]
-    out = torch.matmul(w, vq.view(b, hkv, s, n, CHUNK, d)).cumsum(3)[:, :, :, -1, :group]  # [B, Hkv, S, G, D]
+    out = torch.matmul(w[:, :, :, c0:], vq.view(b, hkv, s, n - c0, CHUNK, d))  # [B, Hkv, S, N - c0, RG, D]
+    if c0:
+        ws = w[:, :, :, :c0].permute(0, 1, 3, 2, 4, 5).reshape(b, hkv, c0, s * rg, CHUNK)
+        head = torch.matmul(ws, vs.view(b, hkv, c0, CHUNK, d))  # [B, Hkv, c0, S*RG, D]
+        out = torch.cat([head.view(b, hkv, c0, s, rg, d).permute(0, 1, 3, 2, 4, 5), out], 3)
+    out = out.cumsum(3)[:, :, :, -1, :group]  # [B, Hkv, S, G, D]
     out = out / denom.clamp_(min=torch.finfo(torch.float32).tiny).unsqueeze(-1)
     return out.transpose(2, 3).reshape(b, h, s, d).to(q.dtype)

@@ -65,13 +65,14 @@ def test_a_query_that_sees_nothing_gets_zeros():
     assert torch.equal(out[0, :, 1], torch.zeros_like(out[0, :, 1])) and torch.isfinite(out).all()
 
 
-def test_a_tree_query_gets_exactly_its_ar_result():
+@pytest.mark.parametrize("prefix", [60, 180, 300])  # 0, 1 and 2 leading chunks shared by every query
+def test_a_tree_query_gets_exactly_its_ar_result(prefix):
     """A side-branch query (its ancestors at other cache slots than AR gives them, siblings between them) gets
     bitwise the float32 result of the same query over AR's key layout (prefix, then its ancestors in order)."""
-    from specgen.models.attention import invariant_attention, plan
+    from specgen.models.attention import CHUNK, invariant_attention, plan
 
     g = torch.Generator().manual_seed(0)
-    heads, kv_heads, d, prefix, s = 9, 3, 64, 180, 10
+    heads, kv_heads, d, s = 9, 3, 64, 10
     q = torch.randn(1, heads, s, d, generator=g)
     k = torch.randn(1, kv_heads, prefix + s, d, generator=g)
     v = torch.randn(1, kv_heads, prefix + s, d, generator=g)
@@ -84,7 +85,9 @@ def test_a_tree_query_gets_exactly_its_ar_result():
             par = parents[par]
     mask = torch.ones(1, 1, s, prefix + s, dtype=torch.bool)
     mask[..., prefix:] = tree
-    out = invariant_attention(q, k, v, plan(mask, 1, s, prefix + s, heads, kv_heads, d))
+    tree_plan = plan(mask, 1, s, prefix + s, heads, kv_heads, d)
+    assert tree_plan.shared_chunks == prefix // CHUNK
+    out = invariant_attention(q, k, v, tree_plan)
     for i in range(5, s):  # each side-branch query against AR: keys = prefix + its path, contiguous
         path = [j for j in range(s) if tree[i, j]]
         keys = list(range(prefix)) + [prefix + j for j in path]
