@@ -119,11 +119,14 @@ def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Attenti
     group, n, rg = h // hkv, p.tree_bias.shape[3], p.tree_bias.shape[4]
     c0 = p.shared_chunks
     lo = c0 * CHUNK  # slots [0, lo): shared; [lo, t): per query
-    index = p.order[:, None, :, lo:, None].expand(b, hkv, s, t - lo, d)  # [B, Hkv, S, T - lo, D]
-    kq = torch.zeros(b, hkv, s, (n - c0) * CHUNK, d, dtype=torch.float32, device=q.device)
-    vq = torch.zeros_like(kq)
-    kq[:, :, :, : t - lo] = k.float().unsqueeze(2).expand(b, hkv, s, t, d).gather(3, index)
-    vq[:, :, :, : t - lo] = v.float().unsqueeze(2).expand(b, hkv, s, t, d).gather(3, index)
+    # each query's slots from lo on, in its AR order: whole [Hkv, D] rows picked from the cache by slot
+    rows = (p.order[:, :, lo:] + torch.arange(b, device=q.device)[:, None, None] * t).reshape(-1)  # [B*S*(T-lo)]
+    kq = torch.empty(b, hkv, s, (n - c0) * CHUNK, d, dtype=torch.float32, device=q.device)
+    vq = torch.empty_like(kq)
+    for dst, src in ((kq, k), (vq, v)):
+        picked = src.transpose(1, 2).reshape(b * t, hkv, d).index_select(0, rows)  # [B*S*(T-lo), Hkv, D]
+        dst[:, :, :, : t - lo] = picked.view(b, s, t - lo, hkv, d).permute(0, 3, 1, 2, 4)  # cast to float32 here
+        dst[:, :, :, t - lo :] = 0  # padding past the keys: finite, and hidden (p = 0 exactly)
     qq = torch.zeros(b, hkv, s, 1, rg, d, dtype=torch.float32, device=q.device)
     qq[:, :, :, 0, :group] = q.float().view(b, hkv, group, s, d).transpose(2, 3)  # rows: the query's G heads
     tail = torch.matmul(qq, kq.view(b, hkv, s, n - c0, CHUNK, d).transpose(-1, -2))  # [B, Hkv, S, N - c0, RG, C]
