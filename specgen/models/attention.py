@@ -17,8 +17,8 @@ query (row-independent products), so padding rows and other queries never touch 
 Trees: a slot order is the same as AR's only if a query's keys sit where AR puts them (the prefix, then its
 ancestors at consecutive slots). In a draft tree a side branch's ancestors sit at other slots, with siblings between
 them, so a chunk's sums group its terms differently (pcllm-mr with a lookup branch on an int4 SmolLM2 disagreed with
-AR on 7 of 30 prompts). `tree_attention` gives each query its own copy of the keys with its visible slots moved to
-the front in order, i.e. AR's layout, and runs one query per GEMM, at the cost of that copy per query and layer.
+AR on 7 of 30 prompts). `tree_attention` gives each query AR's layout: its scores reordered into it, and its values
+past the shared prefix copied into it, per layer.
 """
 
 from __future__ import annotations
@@ -106,38 +106,38 @@ def invariant_attention(
 
 
 def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: AttentionPlan) -> torch.Tensor:
-    """`invariant_attention` for tree masks: each query attends over its own copy of the keys with its visible slots
-    moved to the front in slot order, i.e. exactly where AR has them (the committed prefix, then its ancestors), so
-    every GEMM and chunk sum sees the same numbers in the same places as the query's AR step. One query per GEMM
-    row block (its G grouped heads, padded to MIN_ROWS rows, as an AR step).
+    """`invariant_attention` for tree masks: every query computes exactly what its AR step computes, i.e. attention
+    over its visible slots moved to the front in slot order (the committed prefix, then its ancestors).
 
-    The leading `p.shared_chunks` chunks (the committed prefix) are where AR has them for every query, so they are
-    read from the cache once, all queries' rows in one GEMM per chunk (products are row-independent above MIN_ROWS
-    rows), and only the chunks from the first tree slot on are copied per query."""
+    Scores: a score is one dot product over D, the same wherever its key sits in a GEMM, so all queries' rows are
+    scored against the cache's own chunks in one GEMM per chunk (products are row-independent above MIN_ROWS rows),
+    and each query's columns are then reordered into its AR layout. Values: p.v sums over a chunk, so its order must
+    be AR's; the leading `p.shared_chunks` chunks (the committed prefix) are where the cache has them for every
+    query and are used in place, and only the chunks from the first tree slot on are copied per query."""
     b, h, s, d = q.shape
     hkv, t = k.shape[1], k.shape[2]
     group, n, rg = h // hkv, p.tree_bias.shape[3], p.tree_bias.shape[4]
     c0 = p.shared_chunks
     lo = c0 * CHUNK  # slots [0, lo): shared; [lo, t): per query
-    # each query's slots from lo on, in its AR order: whole [Hkv, D] rows picked from the cache by slot
-    rows = (p.order[:, :, lo:] + torch.arange(b, device=q.device)[:, None, None] * t).reshape(-1)  # [B*S*(T-lo)]
-    kq = torch.empty(b, hkv, s, (n - c0) * CHUNK, d, dtype=torch.float32, device=q.device)
-    vq = torch.empty_like(kq)
-    for dst, src in ((kq, k), (vq, v)):
-        picked = src.transpose(1, 2).reshape(b * t, hkv, d).index_select(0, rows)  # [B*S*(T-lo), Hkv, D]
-        dst[:, :, :, : t - lo] = picked.view(b, s, t - lo, hkv, d).permute(0, 3, 1, 2, 4)  # cast to float32 here
-        dst[:, :, :, t - lo :] = 0  # padding past the keys: finite, and hidden (p = 0 exactly)
-    qq = torch.zeros(b, hkv, s, 1, rg, d, dtype=torch.float32, device=q.device)
-    qq[:, :, :, 0, :group] = q.float().view(b, hkv, group, s, d).transpose(2, 3)  # rows: the query's G heads
-    tail = torch.matmul(qq, kq.view(b, hkv, s, n - c0, CHUNK, d).transpose(-1, -2))  # [B, Hkv, S, N - c0, RG, C]
-    if c0:
-        ks, vs = k[:, :, :lo].float(), v[:, :, :lo].float()  # [B, Hkv, lo, D]
-        rows = qq.view(b, hkv, 1, s * rg, d)  # every query's rows, one GEMM per shared chunk
-        head = torch.matmul(rows, ks.view(b, hkv, c0, CHUNK, d).transpose(-1, -2))  # [B, Hkv, c0, S*RG, C]
-        head = head.view(b, hkv, c0, s, rg, CHUNK).permute(0, 1, 3, 2, 4, 5)  # [B, Hkv, S, c0, RG, C]
-        scores = torch.cat([head, tail], 3)
-    else:
-        scores = tail
+    qq = torch.zeros(b, hkv, s, rg, d, dtype=torch.float32, device=q.device)
+    qq[:, :, :, :group] = q.float().view(b, hkv, group, s, d).transpose(2, 3)  # rows: the query's G heads
+    q_rows = qq.view(b, hkv, 1, s * rg, d)  # every query's rows in one GEMM per chunk (row-independent products)
+    kc = torch.zeros(b, hkv, n * CHUNK, d, dtype=torch.float32, device=q.device)
+    kc[:, :, :t] = k  # the cache's own layout, padded to whole chunks
+    raw = torch.matmul(q_rows, kc.view(b, hkv, n, CHUNK, d).transpose(-1, -2))  # [B, Hkv, N, S*RG, C]
+    raw = raw.view(b, hkv, n, s, rg, CHUNK).permute(0, 1, 3, 4, 2, 5).reshape(b, hkv, s, rg, n * CHUNK)
+    # a score is one dot product, wherever its key sits in a GEMM: reorder each query's columns into AR's layout
+    cols = torch.zeros(b, s, n * CHUNK, dtype=torch.long, device=q.device)  # padding: any slot (hidden: -inf)
+    cols[:, :, :t] = p.order
+    scores = raw.gather(4, cols[:, None, :, None, :].expand(b, hkv, s, rg, n * CHUNK))
+    scores = scores.view(b, hkv, s, rg, n, CHUNK).transpose(3, 4)  # [B, Hkv, S, N, RG, C]
+    # each query's values from lo on, in its AR order (p.v sums over a chunk: its order must be AR's): whole
+    # [Hkv, D] rows picked from the cache by slot
+    pick = (p.order[:, :, lo:] + torch.arange(b, device=q.device)[:, None, None] * t).reshape(-1)  # [B*S*(T-lo)]
+    vq = torch.empty(b, hkv, s, (n - c0) * CHUNK, d, dtype=torch.float32, device=q.device)
+    picked = v.transpose(1, 2).reshape(b * t, hkv, d).index_select(0, pick)  # [B*S*(T-lo), Hkv, D]
+    vq[:, :, :, : t - lo] = picked.view(b, s, t - lo, hkv, d).permute(0, 3, 1, 2, 4)  # cast to float32 here
+    vq[:, :, :, t - lo :] = 0  # padding past the keys: finite, and hidden (p = 0 exactly)
     scores = scores.mul_(d**-0.5).add_(p.tree_bias.squeeze(1).unsqueeze(1))  # [B, Hkv, S, N, RG, C]
     top = scores.amax(dim=(3, 5), keepdim=True).clamp_(min=-1e30)  # [B, Hkv, S, 1, RG, 1]
     w = torch.exp_(scores.sub_(top))
@@ -145,6 +145,7 @@ def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Attenti
     out = torch.matmul(w[:, :, :, c0:], vq.view(b, hkv, s, n - c0, CHUNK, d))  # [B, Hkv, S, N - c0, RG, D]
     if c0:
         ws = w[:, :, :, :c0].permute(0, 1, 3, 2, 4, 5).reshape(b, hkv, c0, s * rg, CHUNK)
+        vs = v[:, :, :lo].float()  # [B, Hkv, lo, D]: the shared chunks, where the cache has them
         head = torch.matmul(ws, vs.view(b, hkv, c0, CHUNK, d))  # [B, Hkv, c0, S*RG, D]
         out = torch.cat([head.view(b, hkv, c0, s, rg, d).permute(0, 1, 3, 2, 4, 5), out], 3)
     out = out.cumsum(3)[:, :, :, -1, :group]  # [B, Hkv, S, G, D]
