@@ -230,6 +230,13 @@ def method_rows(kind: str, cfg: Any) -> list[dict]:
                 out.append(row(f"method {m}", True, "external baseline (transformers / llama.cpp)"))
                 continue
             out.append(method_check(m, row_method(m), lambda: row_options(m, cfg), "text", "the humaneval suite is text"))
+        if all(r["ok"] for r in out):  # then the run's own whole-table checks (batch sizes, variant rows)
+            from specgen.eval.text_bench import check_methods
+
+            try:
+                check_methods(cfg)
+            except SpecgenError as e:
+                out.append(row("rows", False, str(e)))
     elif kind == "images":
         from specgen.eval.image_bench import method_of, options_of, with_extra_rows
 

@@ -154,3 +154,11 @@ def test_unparseable_recipes_are_one_line_usage_errors(tmp_path):
     unknown.write_text("suite: mbpp\n")
     with pytest.raises(UsageError, match="unknown suite 'mbpp'"):
         check_recipe(unknown)
+
+
+def test_a_text_variant_row_that_changes_nothing_fails_the_rows_check(tmp_path):
+    """The run's whole-table checks run too: `ngram@fast` is no model and has no options of its own."""
+    recipe = tmp_path / "noop.yaml"
+    recipe.write_text("suite: humaneval\nmethods: [ar, 'ngram@fast']\n")
+    rows = by_check(check_recipe(recipe))
+    assert not rows["rows"]["ok"] and "ngram@fast" in rows["rows"]["detail"] and not all_ok(list(rows.values()))
