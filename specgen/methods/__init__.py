@@ -8,7 +8,6 @@ from the loaded target's parts (that module reads this table, never the reverse:
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -120,31 +119,14 @@ def model_for(spec: MethodSpec, model: str, default: str) -> str:
     return spec.target if spec.target != "base" and model == default else model
 
 
-def run_drafter(target, drafter, prompt: list[int], max_new_tokens: int, params, stop_ids: tuple[int, ...] = (),
-                generator=None, **loop_options):
-    """The shared decode loop, or the method's own numbered loop when its drafter has one.
-
-    A method whose control flow differs (pcllm-mr, vvs, mulo-sd) returns an object with
-    `decode(target, prompt, max_new_tokens, params, stop_ids, generator, max_draft, rule)`, the same
-    contract as `decoding.loop.decode` minus the drafter; everything else is a Drafter for the loop.
-    """
-    if hasattr(drafter, "decode"):
-        return drafter.decode(target, prompt, max_new_tokens, params, stop_ids, generator, **loop_options)
-    from specgen.decoding.loop import decode
-
-    return decode(target, drafter, prompt, max_new_tokens, params, stop_ids, generator, **loop_options)
-
-
 def run_batch(target, make_drafter: Callable[[int], Any], prompts: list[list[int]], max_new_tokens: int, params,
               stop_ids: tuple[int, ...] = (), generators=None, batch_size: int = 0, on_done=None, **loop_options):
     """Decode `prompts` together on the shared batched loop (`decoding.loop.decode_batch`); a `BatchResult`.
 
     A method object with its own step logic (vvs, mulo-sd) runs on that loop through its `batch_policy`
-    (a `StepPolicy` of the loop's hooks). Other objects with a loop of their own (`decode` only) are not
-    batched: their prompts run one after another, and the batch statistics are the sum of theirs.
+    (a `StepPolicy` of the loop's hooks); every other method is a Drafter (or a pool of them) for the loop.
     """
-    from specgen.decoding.loop import BatchResult, decode_batch
-    from specgen.decoding.stats import DecodeStats
+    from specgen.decoding.loop import decode_batch
 
     generators = list(generators) if generators is not None else [None] * len(prompts)
     first = make_drafter(0)
@@ -153,19 +135,8 @@ def run_batch(target, make_drafter: Callable[[int], Any], prompts: list[list[int
         return decode_batch(target, policy, prompts, max_new_tokens, params, stop_ids, generators,
                             batch_size=batch_size, on_done=on_done,
                             **{k: v for k, v in loop_options.items() if k not in ("rule", "budget")})
-    if not hasattr(first, "decode"):
-        drafters = lambda i: first if i == 0 else make_drafter(i)  # noqa: E731
-        if hasattr(first, "batch_pool"):  # a drafter that grows every row's draft in one forward per level
-            drafters = first.batch_pool(drafters)
-        return decode_batch(target, drafters, prompts, max_new_tokens, params, stop_ids, generators,
-                            batch_size=batch_size, on_done=on_done, **loop_options)
-    results, total, t0 = [], DecodeStats(), time.perf_counter()
-    for i, prompt in enumerate(prompts):
-        res = run_drafter(target, first if i == 0 else make_drafter(i), prompt, max_new_tokens, params, stop_ids,
-                          generators[i], **{k: v for k, v in loop_options.items() if k != "budget"})
-        res.stats.extras["latency_s"] = time.perf_counter() - t0  # as the batched loop: queueing included
-        results.append(res)
-        total.merge(res.stats)
-        if on_done:
-            on_done(i)
-    return BatchResult(results, total)
+    drafters = lambda i: first if i == 0 else make_drafter(i)  # noqa: E731
+    if hasattr(first, "batch_pool"):  # a drafter that grows every row's draft in one forward per level
+        drafters = first.batch_pool(drafters)
+    return decode_batch(target, drafters, prompts, max_new_tokens, params, stop_ids, generators,
+                        batch_size=batch_size, on_done=on_done, **loop_options)
