@@ -237,13 +237,6 @@ def mesh_rows_of(cfg: MeshBenchConfig, sink) -> list[dict]:
     return [{**r, **info["references"]} for r in rows]
 
 
-def run_mesh_benchmark(cfg: MeshBenchConfig, on_mesh: Callable[[int], None] | None = None) -> list[dict]:
-    """Every variant on every test mesh in this process; returns one summary row per variant (AR first)."""
-    sink = MemoryRun()
-    measure_meshes(cfg, sink, on_mesh=on_mesh)
-    return mesh_rows_of(cfg, sink)
-
-
 def batched_rows(rows: list[dict], runs: dict, walls: dict, batch: int, single: list[dict]) -> list[dict]:
     """`ROW@bB` rows: tokens/s and meshes/s over each shard's wall time (not the sum of per-mesh latencies; summed
     over shards, which run side by side), speedup vs AR at the same B and vs batch-1 AR (`vs_ar_b1`), per shard and

@@ -352,13 +352,6 @@ def rows_of(cfg: TextBenchConfig, sink) -> list[dict]:
     return rows + [{"method": m, "skipped": why} for m, why in skipped.items()]
 
 
-def run_text_benchmark(model: TextModel, cfg: TextBenchConfig, on_prompt=None) -> list[dict]:
-    """Run every method on every prompt (interleaved) in this process and summarise one row per method."""
-    sink = MemoryRun()
-    measure(model, cfg, sink, on_prompt=on_prompt)
-    return rows_of(cfg, sink)
-
-
 def versions() -> dict[str, str]:
     """Library versions a shard ran with (stored in its machine file)."""
     import platform
