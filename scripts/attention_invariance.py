@@ -20,7 +20,8 @@ import torch.nn.functional as F
 
 from specgen.decoding.sampling import SamplingParams
 from specgen.eval import humaneval
-from specgen.methods import get_method, run_drafter
+from specgen.decoding.loop import decode
+from specgen.methods import get_method
 from specgen.models import transformer as T
 from specgen.text.target import load_text_model
 
@@ -103,7 +104,7 @@ def main() -> None:
             for name in speed:
                 use(name)
                 t = time.perf_counter()
-                out = run_drafter(tm.target, get_method("ar").make_drafter({}), ids, 64, SamplingParams(),
+                out = decode(tm.target, get_method("ar").make_drafter({}), ids, 64, SamplingParams(),
                                   tm.tokenizer.stop_ids)
                 speed[name].append(len(out.tokens) / (time.perf_counter() - t))
     use("invariant")

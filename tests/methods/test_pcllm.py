@@ -8,7 +8,7 @@ from specgen.decoding.loop import decode
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.target import ModelTarget
 from specgen.errors import UsageError
-from specgen.methods import get_method, model_for, run_drafter
+from specgen.methods import get_method, model_for
 from specgen.methods.pcllm import MultiBlockDrafter, longest_branch
 from specgen.methods.text import EmptyDrafter
 from tests.conftest import tiny_model
@@ -38,9 +38,9 @@ def test_methods_equal_ar(seed):
         ar = decode(t, EmptyDrafter(), prompt, 48, SamplingParams()).tokens
         for name in ("pcllm", "cllm"):
             d = get_method(name).make_drafter({"block_size": 5, "seed": p})
-            assert run_drafter(t, d, prompt, 48, SamplingParams()).tokens == ar
+            assert decode(t, d, prompt, 48, SamplingParams()).tokens == ar
         for cfg in CONFIGS:
-            res = run_drafter(t, get_method("pcllm-mr").make_drafter({**cfg, "seed": p}), prompt, 48, SamplingParams())
+            res = decode(t, get_method("pcllm-mr").make_drafter({**cfg, "seed": p}), prompt, 48, SamplingParams())
             assert res.tokens == ar, cfg
             assert res.stats.new_tokens == 48 and res.stats.target_forwards <= 48
 
