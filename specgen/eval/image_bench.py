@@ -40,7 +40,8 @@ from specgen.errors import UsageError
 from specgen.eval.image_rows import image_rows, method_of, png_of
 from specgen.eval.run_dir import MemoryRun, Shard
 from specgen.image.captions import Caption
-from specgen.image.generate import ImageGenConfig, ImageModel, conditioned, generate_images, image_conditions
+from specgen.image.generate import (ImageGenConfig, ImageModel, conditioned, decode_pixels, generate_images,
+                                    image_conditions)
 from specgen.image.methods import build_image_method
 from specgen.methods import get_method
 
@@ -214,13 +215,6 @@ def classifier_state(im: ImageModel, cfg: ImageBenchConfig, conditions) -> tuple
     return clf, {"reference_features": ref.tolist()}
 
 
-@torch.inference_mode()
-def decode_one(im: ImageModel, tokens: list[int]) -> torch.Tensor:
-    """One image's pixels [3, H, W] in [-1, 1] from its tokens (as `generate_images` decodes a batch of one)."""
-    idx = torch.tensor([tokens]).view(1, im.grid, im.grid)
-    return im.vq.decode_indices(idx.to(next(im.vq.parameters()).device)).float().clamp(-1, 1).cpu()[0]
-
-
 def image_record(im: ImageModel, cfg: ImageBenchConfig, sample, pixels: torch.Tensor, cond, clf, shard: Shard) -> dict:
     """What a record keeps of one image: tokens, statistics, NLL, classifier features and verdict, PNG."""
     from specgen.eval import image_metrics
@@ -298,7 +292,7 @@ def measure_images(im: ImageModel, cfg: ImageBenchConfig, sink=None, shard: Shar
         samples, _ = generate_images(models[m], one, conditions=[conditions[i] for i in mine], indices=mine)
         wall = max(s.stats.extras["latency_s"] for s in samples)
         # each image's pixels decoded alone, as at batch 1: a VQ decode's rounding depends on its batch
-        runs = [image_record(im, cfg, s, decode_one(im, s.tokens), conditions[i], clf, shard)
+        runs = [image_record(im, cfg, s, decode_pixels(im, [s.tokens])[0], conditions[i], clf, shard)
                 for s, i in zip(samples, mine)]
         sink.append(shard, {"item": f"T{temp:g}/b{b}/{m}/{shard.label}", "shard": shard.label, "temperature": temp,
                             "batch_size": b, "method": m, "indices": mine, "wall": wall, "runs": runs})

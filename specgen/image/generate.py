@@ -203,10 +203,14 @@ def generate_images(im: ImageModel, cfg: ImageGenConfig, on_done=None,
                       prompts, n_tokens, params, (), seeds, cfg.batch_size, on_done=on_done, rule=rule, max_draft=128)
     samples = [ImageSample(c.index if isinstance(c, Caption) else c, r.tokens, r.stats)
                for c, r in zip(conditions, batch.results)]
-    with torch.inference_mode():
-        idx = torch.tensor([s.tokens for s in samples]).view(-1, im.grid, im.grid)
-        pixels = im.vq.decode_indices(idx.to(next(im.vq.parameters()).device)).float().clamp(-1, 1).cpu()
-    return samples, pixels
+    return samples, decode_pixels(im, [s.tokens for s in samples])
+
+
+@torch.inference_mode()
+def decode_pixels(im: ImageModel, tokens: list[list[int]]) -> torch.Tensor:
+    """Pixels [N, 3, H, W] in [-1, 1] (float32, CPU) of N token grids, decoded by the VQ in one batch."""
+    idx = torch.tensor(tokens).view(-1, im.grid, im.grid)
+    return im.vq.decode_indices(idx.to(next(im.vq.parameters()).device)).float().clamp(-1, 1).cpu()
 
 
 def prepare_out_dir(out_dir: Path) -> Path:
