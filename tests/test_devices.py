@@ -208,19 +208,18 @@ def test_device_auto_is_cpu_here(tiny):  # noqa: F811
 
 
 # ---- on a GPU ----------------------------------------------------------------------------------------------------
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.gpu  # skipped without CUDA by tests/conftest.py
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_gpu_greedy_lossless_equals_ar_in_each_dtype(dtype):
     from specgen.decoding.sampling import SamplingParams
     from specgen.decoding.target import ModelTarget
     from specgen.methods import METHODS, run_batch
     from specgen.models.layout import decode_layout
+    from specgen.models.packed_linear import PackedLinear
     from tests.conftest import tiny_model
 
     model = decode_layout(tiny_model(0).to("cuda", dtype))
-    assert all(type(m) is not __import__("specgen.models.packed_linear").models.packed_linear.PackedLinear
-               for m in model.modules())
+    assert all(type(m) is not PackedLinear for m in model.modules())
     target = ModelTarget(model)
     target.device = "cuda"
     prompt = [[1, 2, 3, 1, 2, 3, 1]]

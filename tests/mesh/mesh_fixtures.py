@@ -46,3 +46,15 @@ def register_tiny(target: str = "tiny-mesh", heads: str | None = "tiny-heads", p
         registry.save("heads", heads, h.state_dict(),
                       {"builder": "xspecmesh_heads", "kwargs": h.cfg.to_dict(), "parent": parent or target,
                        "vocab_size": 5121, "modality": "mesh"})
+
+
+def procedural_clouds(seeds) -> list[torch.Tensor]:
+    """Point clouds [NUM_POINTS, 6] (float32) of the procedural test meshes of `seeds`."""
+    from specgen.mesh.procedural import generate_mesh
+    from specgen.train.mesh import point_cloud
+
+    out = []
+    for seed in seeds:
+        g = generate_mesh(seed)
+        out.append(torch.from_numpy(point_cloud(g.vertices, g.faces, NUM_POINTS, seed)))
+    return out

@@ -7,11 +7,9 @@ import pytest
 import torch
 
 from specgen.decoding.sampling import SamplingParams
-from specgen.mesh.procedural import generate_mesh
 from specgen.methods.xspecmesh import MeshDecoder, XSpecMeshOptions
-from specgen.train.mesh import point_cloud
 from tests.image_fixtures import one_thread
-from tests.mesh.mesh_fixtures import NUM_POINTS, tiny_heads, tiny_mesh_model
+from tests.mesh.mesh_fixtures import procedural_clouds, tiny_heads, tiny_mesh_model
 
 SAMPLED = SamplingParams(1.0, 50, 0.95)
 LOSSLESS = XSpecMeshOptions(criterion="rejection", sampling="tree", top_k_tree=1)
@@ -22,11 +20,7 @@ _threads = pytest.fixture(autouse=True)(one_thread)  # tiny models: one thread
 
 @pytest.fixture(scope="module")
 def clouds():
-    out = []
-    for seed in range(11, 17):
-        g = generate_mesh(seed)
-        out.append(torch.from_numpy(point_cloud(g.vertices, g.faces, NUM_POINTS, seed)))
-    return out
+    return procedural_clouds(range(11, 17))
 
 
 def streams(indices):

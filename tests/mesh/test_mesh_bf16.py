@@ -7,12 +7,10 @@ import pytest
 import torch
 
 from specgen.decoding.sampling import SamplingParams
-from specgen.mesh.procedural import generate_mesh
 from specgen.methods import METHODS
 from specgen.methods.xspecmesh import MeshDecoder, XSpecMeshOptions
-from specgen.train.mesh import point_cloud
 from tests.image_fixtures import one_thread
-from tests.mesh.mesh_fixtures import NUM_POINTS, tiny_heads, tiny_mesh_model
+from tests.mesh.mesh_fixtures import procedural_clouds, tiny_heads, tiny_mesh_model
 
 BF16 = torch.bfloat16
 LOSSLESS = XSpecMeshOptions(criterion="rejection", sampling="tree", top_k_tree=1)
@@ -23,11 +21,7 @@ _threads = pytest.fixture(autouse=True)(one_thread)  # tiny models: one thread
 
 @pytest.fixture(scope="module")
 def clouds():
-    out = []
-    for seed in range(11, 14):
-        g = generate_mesh(seed)
-        out.append(torch.from_numpy(point_cloud(g.vertices, g.faces, NUM_POINTS, seed)))  # float32
-    return out
+    return procedural_clouds(range(11, 14))
 
 
 def decode_all(decoder, clouds, opts, batch_size):
