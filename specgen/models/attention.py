@@ -45,6 +45,8 @@ class AttentionPlan:
     order: torch.Tensor | None = None  # [B, S, T] trees: each query's visible slots first, ascending (else None)
     tree_bias: torch.Tensor | None = None  # [B, 1, S, N, RG, CHUNK] the compacted visibility, RG = max(G, MIN_ROWS)
     shared_chunks: int = 0  # trees: leading chunks in AR's layout for every query (the committed prefix)
+    score_cols: torch.Tensor | None = None  # [B, S, N*CHUNK] trees: cache slot of each AR-layout column (pad: 0)
+    value_rows: torch.Tensor | None = None  # [B*S*(T - lo)] trees: flat (batch, slot) rows of the values past lo
 
 
 def plan(
@@ -72,6 +74,9 @@ def plan(
         moved = (out.order != torch.arange(t, device=seen.device)) | ~compact  # [B, S, T]
         first = int(torch.where(moved.any(-1), moved.float().argmax(-1), t).min())  # [B, S] -> the earliest
         out.shared_chunks = first // CHUNK  # leading chunks every query sees exactly where the cache has them
+        out.score_cols = F.pad(out.order, (0, n * CHUNK - t))  # padding columns: slot 0, hidden by the bias (-inf)
+        lo = out.shared_chunks * CHUNK
+        out.value_rows = (out.order[:, :, lo:] + torch.arange(b, device=seen.device)[:, None, None] * t).reshape(-1)
         rg = max(group, MIN_ROWS)
         tvis = F.pad(compact, (0, n * CHUNK - t), value=False).view(b, 1, s, n, 1, CHUNK)
         tvis = tvis.expand(b, 1, s, n, group, CHUNK)
@@ -127,15 +132,12 @@ def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Attenti
     raw = torch.matmul(q_rows, kc.view(b, hkv, n, CHUNK, d).transpose(-1, -2))  # [B, Hkv, N, S*RG, C]
     raw = raw.view(b, hkv, n, s, rg, CHUNK).permute(0, 1, 3, 4, 2, 5).reshape(b, hkv, s, rg, n * CHUNK)
     # a score is one dot product, wherever its key sits in a GEMM: reorder each query's columns into AR's layout
-    cols = torch.zeros(b, s, n * CHUNK, dtype=torch.long, device=q.device)  # padding: any slot (hidden: -inf)
-    cols[:, :, :t] = p.order
-    scores = raw.gather(4, cols[:, None, :, None, :].expand(b, hkv, s, rg, n * CHUNK))
+    scores = raw.gather(4, p.score_cols[:, None, :, None, :].expand(b, hkv, s, rg, n * CHUNK))
     scores = scores.view(b, hkv, s, rg, n, CHUNK).transpose(3, 4)  # [B, Hkv, S, N, RG, C]
     # each query's values from lo on, in its AR order (p.v sums over a chunk: its order must be AR's): whole
     # [Hkv, D] rows picked from the cache by slot
-    pick = (p.order[:, :, lo:] + torch.arange(b, device=q.device)[:, None, None] * t).reshape(-1)  # [B*S*(T-lo)]
     vq = torch.empty(b, hkv, s, (n - c0) * CHUNK, d, dtype=torch.float32, device=q.device)
-    picked = v.transpose(1, 2).reshape(b * t, hkv, d).index_select(0, pick)  # [B*S*(T-lo), Hkv, D]
+    picked = v.transpose(1, 2).reshape(b * t, hkv, d).index_select(0, p.value_rows)  # [B*S*(T-lo), Hkv, D]
     vq[:, :, :, : t - lo] = picked.view(b, s, t - lo, hkv, d).permute(0, 3, 1, 2, 4)  # cast to float32 here
     vq[:, :, :, t - lo :] = 0  # padding past the keys: finite, and hidden (p = 0 exactly)
     scores = scores.mul_(d**-0.5).add_(p.tree_bias.squeeze(1).unsqueeze(1))  # [B, Hkv, S, N, RG, C]
