@@ -4,7 +4,7 @@ One table for every config dataclass: a field named `temperature` is checked the
 `benchmark`, `distill` and the trainers. Numbers must be finite and (unless signed) >= 0; some must be >= 1
 or lie in a unit interval; device names must exist on this machine; registry names must be valid; no string
 may hold control characters; a token budget must fit the named model's context; method options go through
-`specgen.methods.option_checks`.
+`specgen.methods.options.check_option_values`.
 """
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ def check_device(device: str, allow_auto: bool = False) -> None:
 def check_method_options(cfg: Any) -> None:
     """Value checks of method options: flat (`method_options.block_size`) when the config names one method,
     per method (`method_options.ngram.num_draft`) in benchmark configs; mesh benchmark `options`/`row_options`."""
-    from specgen.methods.option_checks import check_option_values
+    from specgen.methods.options import check_option_values
 
     options = getattr(cfg, "method_options", None)
     if isinstance(options, dict) and isinstance(getattr(cfg, "method", None), str):

@@ -303,3 +303,12 @@ def build(cls: type, options: dict[str, Any]) -> Any:
 def defaults(cls: type) -> dict[str, Any]:
     """Field name -> default (None = derived when the method is built)."""
     return {f.name: f.default for f in fields(cls) if f.default is not MISSING}
+
+
+def check_option_values(method: str, options: dict[str, Any]) -> None:
+    """Refuse the first option whose value fails the check its name has in the option classes (others pass): for
+    configs that hold options of several methods or rows (`specgen.config_checks`: benchmark
+    `method_options.NAME.*`, mesh `options` / `row_options`); `MethodSpec.check_options` checks one method's
+    options against its own class."""
+    for name, value in options.items():
+        check_value(name, value, CHECKS.get(name), method)

@@ -8,7 +8,7 @@ import pytest
 from specgen.errors import UsageError
 from specgen.methods import METHODS, get_method
 from specgen.methods import options as O
-from specgen.methods.option_checks import check_option_values
+from specgen.methods.options import check_option_values
 
 
 @pytest.mark.parametrize("name", sorted(METHODS))
