@@ -12,13 +12,13 @@ B caches costs more than over one, so this slightly favours speculation at large
 from __future__ import annotations
 
 import bisect
-import time
 import weakref
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from specgen.devices import now
 from specgen.models.quantize import QuantizedLinear
 
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -64,9 +64,9 @@ def measure_cost(module: nn.Module, rows: tuple[int, ...] = ROWS, rounds: int = 
     cache.commit(0, list(range(prefix)))
 
     def one(m: int) -> float:
-        t = time.perf_counter()
+        t = now(device)  # synchronised: on a GPU the forward is only queued when it returns
         module(ids[:, prefix : prefix + m], positions[:, prefix : prefix + m], cache)  # pending: never committed
-        return time.perf_counter() - t
+        return now(device) - t
 
     for m in rows:  # warm-up: every kernel touched once
         one(m)

@@ -7,9 +7,9 @@ share of the machine's bandwidth a row uses.
 
 from __future__ import annotations
 
-import time
-
 import torch
+
+from specgen.devices import now
 
 
 def streamed_bytes(module: torch.nn.Module) -> int:
@@ -30,14 +30,14 @@ def streamed_bytes(module: torch.nn.Module) -> int:
     return total
 
 
-def copy_bandwidth(megabytes: int = 256, rounds: int = 5) -> float:
-    """The machine's memory bandwidth in GB/s as torch sees it with its current threads: best of `rounds` copies of
-    a `megabytes` tensor (a copy reads and writes each byte: 2 x size per copy)."""
-    src = torch.ones(megabytes * 2**20 // 4)
+def copy_bandwidth(megabytes: int = 256, rounds: int = 5, device: str | torch.device = "cpu") -> float:
+    """The memory bandwidth of `device` in GB/s as torch sees it (on cpu: with its current threads): best of `rounds`
+    copies of a `megabytes` tensor (a copy reads and writes each byte: 2 x size per copy)."""
+    src = torch.ones(megabytes * 2**20 // 4, device=device)
     dst = torch.empty_like(src)
     best = float("inf")
     for _ in range(rounds):
-        t0 = time.perf_counter()
+        t0 = now(device)
         dst.copy_(src)
-        best = min(best, time.perf_counter() - t0)
+        best = min(best, now(device) - t0)
     return 2 * src.numel() * 4 / best / 1e9

@@ -305,7 +305,7 @@ def measure(model: TextModel, cfg: TextBenchConfig, sink=None, shard: Shard = Sh
                 for m in order if m != "llamacpp"}  # weights one forward of the row reads (the roofline)
     sink.write_machine(shard, {"machine": machine() if callable(machine) else machine, "versions": versions(),
                                "cost_rows": list(cost.rows), "cost": list(cost.cost), "skipped": skipped,
-                               "streamed_bytes": streamed, "bandwidth_gbs": copy_bandwidth()})
+                               "streamed_bytes": streamed, "bandwidth_gbs": copy_bandwidth(device=next(model.module.parameters()).device)})
 
     def one(method: str, prompt: list[int]) -> Run:
         if method == "hf":

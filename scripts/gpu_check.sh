@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The checks a CUDA machine runs (the project's CI has none): the gpu-marked tests, batched AR throughput against
+# transformers, and the image and mesh batch benchmarks with --device cuda. Each step has its own time limit and
+# log under $OUT (default runs/gpu-check), and a failing step does not stop the next.
+#
+# On a bare GPU machine with PyTorch but without this project's lighter dependencies, put their wheels in .whl/
+# (omegaconf, antlr4-python3-runtime, trimesh, gguf) and they are installed to /tmp/site first.
+# Run from the repository root: `bash scripts/gpu_check.sh`.
+OUT=${OUT:-runs/gpu-check}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 COLUMNS=250
+if [ -d .whl ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        && export PYTHONPATH=/tmp/site:$PWD
+fi
+specgen() { python3 -c 'import sys; from cli.main import main; sys.argv[0] = "specgen"; main()' "$@"; }
+step() {  # step NAME SECONDS COMMAND...: run with a limit, log to $OUT/NAME.log, print the tail
+    local name=$1 limit=$2; shift 2
+    echo "== $name"
+    local t0=$SECONDS
+    timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+    echo "rc $? after $((SECONDS - t0)) s"
+    tail -n 25 "$OUT/$name.log"
+}
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name())'
+step gpu-tests 150 python3 -m pytest -m gpu tests -q -p no:cacheprovider
+step batch-throughput 150 python3 scripts/gpu_batch_throughput.py --device cuda --dtype bfloat16 \
+    --json "$OUT/batch-throughput.json"
+step images 150 specgen benchmark --config recipes/tiny/bench-images-batch.yaml --device cuda --threads 0 \
+    --batch-size 1,8,16 out_dir="$OUT/images" --out "$OUT/images.jsonl"
+step meshes 100 specgen benchmark --config recipes/tiny/bench-meshes-batch.yaml --device cuda --threads 0 \
+    --batch-size 1,8,16 --out "$OUT/meshes.jsonl"
