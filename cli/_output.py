@@ -73,22 +73,25 @@ def registry_progress(quiet: bool = False):
     return cb
 
 
-def machine_label() -> str:
+def machine_label(device: str | None = None) -> str:
     """Where and how a benchmark ran: architecture, CPU count, torch threads, decode weight layout and the packed
     layout's measured kernel crossover (printed with every table and stored in every JSON row: they change
-    what a multi-token verify costs)."""
+    what a multi-token verify costs); on a GPU, the GPU and the torch / CUDA versions instead of the layout."""
     import os
     import platform
 
     import torch
 
+    from specgen.devices import is_cpu
     from specgen.models.kernel_choice import describe
     from specgen.models.layout import layout_name
 
+    host = f"{platform.machine()}, {os.cpu_count()} cpus, torch threads {torch.get_num_threads()}"
+    if not is_cpu(device):
+        return f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}, CUDA {torch.version.cuda}; host {host}"
     layout = layout_name()
     crossover = describe() if layout == "packed" else ""
-    return (f"{platform.machine()}, {os.cpu_count()} cpus, torch threads {torch.get_num_threads()}, "
-            f"{layout} layout" + (f", {crossover}" if crossover else ""))
+    return f"{host}, {layout} layout" + (f", {crossover}" if crossover else "")
 
 
 def check_rows_path(out, append: bool = False) -> None:

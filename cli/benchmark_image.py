@@ -40,7 +40,7 @@ def run(overrides=None, methods=None, model=None, limit=None, seed=None, device=
         steps = len([i for i in range(cfg.num) if this.owns(i)]) * len(cfg.temperatures)
         with _output.progress("benchmark images", steps, quiet or fmt == Format.json) as advance:
             # the machine label is read once the run has set its threads
-            measure_images(im, cfg, sink, this, on_step=lambda: advance(), machine=_output.machine_label)
+            measure_images(im, cfg, sink, this, on_step=lambda: advance(), machine=lambda: _output.machine_label(cfg.device))
     merged = benchmark_runs.merged_rows(sink, lambda s: rows_and_pixels(cfg, s), this, launched, quiet)
     if merged is not None:
         show(*merged, cfg, benchmark_runs.machine_of(sink), fmt, out, append, quiet)

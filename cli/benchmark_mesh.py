@@ -29,7 +29,7 @@ def run(overrides=None, methods=None, model=None, limit=None, offset=None, max_n
     if any(items_left(cfg, labels, sink.records(), this)):
         with _output.progress("benchmark meshes", cfg.limit, quiet or fmt == Format.json) as advance:
             # the machine label is read once the run has set its threads
-            measure_meshes(cfg, sink, this, on_mesh=lambda i: advance(), machine=_output.machine_label)
+            measure_meshes(cfg, sink, this, on_mesh=lambda i: advance(), machine=lambda: _output.machine_label(cfg.device))
     result = benchmark_runs.merged_rows(sink, lambda s: rows_of(cfg, s), this, launched, quiet)
     if result is not None:
         show(result, cfg, benchmark_runs.machine_of(sink), fmt, out, append)

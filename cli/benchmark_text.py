@@ -33,7 +33,7 @@ def run(cfg, out: Path | None, append: bool, run_dir: Path | None, shard: str | 
         with _output.progress(f"benchmark {cfg.suite}", cfg.limit * len(cfg.batch_sizes),
                               quiet or fmt == Format.json) as advance:
             # the machine label is read once the run has set its threads
-            measure(tm, cfg, sink, this, on_prompt=lambda i: advance(), machine=_output.machine_label)
+            measure(tm, cfg, sink, this, on_prompt=lambda i: advance(), machine=lambda: _output.machine_label(cfg.device))
     rows = benchmark_runs.merged_rows(sink, lambda s: rows_of(cfg, s), this, launched, quiet)
     if rows is not None:
         show(rows, cfg, benchmark_runs.machine_of(sink), fmt, out, append, roofline_note(sink))

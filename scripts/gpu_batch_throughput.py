@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from specgen.decoding.cost import measure_cost
+from specgen.decoding.cost import PREFIX, measure_cost
 from specgen.decoding.loop import decode_batch
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.target import ModelTarget
@@ -61,14 +61,43 @@ def prompts_of(n: int, lengths: tuple[int, int], vocab: int) -> list[list[int]]:
     return [[rng.randrange(vocab) for _ in range(rng.randint(*lengths))] for _ in range(n)]
 
 
+def forward_seconds(model: Transformer, device: str, rounds: int = 20) -> float:
+    """Median wall time of one single-token forward after a PREFIX-token cache (synchronised clock)."""
+    cache = model.new_cache(1, PREFIX + 1)
+    ids = torch.randint(0, model.cfg.vocab_size, (1, PREFIX + 1), device=device)
+    pos = torch.arange(PREFIX + 1, device=device)[None]
+    with torch.inference_mode():
+        model(ids[:, :PREFIX], pos[:, :PREFIX], cache)
+        cache.commit(0, list(range(PREFIX)))
+        times = []
+        for _ in range(rounds):
+            t0 = now(device)
+            model(ids[:, PREFIX:], pos[:, PREFIX:], cache)
+            times.append(now(device) - t0)
+    return sorted(times)[rounds // 2]
+
+
+def profile(model: Transformer, device: str) -> None:
+    """The torch profiler's top ops (self CPU time) over 5 single-token forwards: launch-bound or kernel-bound?"""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    forward_seconds(model, device, rounds=3)  # warm
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if "cuda" in device else [])
+    with torch_profile(activities=activities) as prof:
+        forward_seconds(model, device, rounds=5)
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=40))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
-    ap.add_argument("--batches", default="1,4,16,64")
+    ap.add_argument("--batches", default="1,16,64")
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--gguf", default="")
     ap.add_argument("--json", default="", help="also write the rows here")
+    ap.add_argument("--profile", action="store_true", help="print the torch profiler's top ops of 5 one-token forwards")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
     model = model_of(args).to(device=args.device, dtype=dtype).eval()
@@ -79,11 +108,14 @@ def main() -> None:
     curve = measure_cost(model, rows=tuple(sorted({1, *batches})))
     print(f"device {torch.cuda.get_device_name() if 'cuda' in args.device else args.device}, dtype {args.dtype}, "
           f"torch {torch.__version__}, {'weights ' + args.gguf if args.gguf else 'random weights'} (SmolLM2-135M shape)")
+    print(f"one forward of 1 new token after {PREFIX} cached: {1e3 * forward_seconds(model, args.device):.2f} ms")
+    if args.profile:
+        profile(model, args.device)
     print("c(B): " + ", ".join(f"c({m})={c:.2f}" for m, c in zip(curve.rows, curve.cost)))
     print(f"{'batch':>5} {'prompts':>7} {'specgen tok/s':>14} {'hf tok/s':>9} {'specgen/hf':>10} {'exact':>6}")
     rows, base = [], None
     for b in batches:
-        prompts = prompts_of(max(8, 2 * b), (64, 256), SMOLLM2.vocab_size)
+        prompts = prompts_of(max(4, 2 * b), (64, 256), SMOLLM2.vocab_size)
         decode_batch(target, lambda i: EmptyDrafter(), prompts[:b], 4, SamplingParams(), batch_size=b)  # warm-up
         t0 = now(args.device)
         res = decode_batch(target, lambda i: EmptyDrafter(), prompts, args.new, SamplingParams(), batch_size=b)
@@ -96,9 +128,12 @@ def main() -> None:
                "exact": exact}
         base = base or row["specgen_tok_s"]
         row["specgen_vs_b1"] = row["specgen_tok_s"] / base
+        steps = max(res.stats.steps, 1)
+        row["ms_per_step"] = {k: 1e3 * v / steps for k, v in sorted(res.stats.times.items())}
         rows.append(row)
         print(f"{b:>5} {len(prompts):>7} {row['specgen_tok_s']:>14.1f} {row['hf_tok_s']:>9.1f} "
-              f"{row['specgen_tok_s'] / row['hf_tok_s']:>10.2f} {exact:>6.2f}", flush=True)
+              f"{row['specgen_tok_s'] / row['hf_tok_s']:>10.2f} {exact:>6.2f}   specgen ms per step: "
+              + ", ".join(f"{k} {v:.2f}" for k, v in row["ms_per_step"].items()), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"cost": dict(zip(curve.rows, curve.cost)), "rows": rows}, indent=1))
 

@@ -102,7 +102,10 @@ def merge_lora_state(model: nn.Module, state: dict[str, torch.Tensor], rank: int
             layer = model.get_submodule(path)
         except AttributeError:
             raise ValueError(f"adapter layer {path} is not in the model") from None
-        a, b = state[f"{path}.lora_A"].float(), state[f"{path}.lora_B"].float()
+        if not isinstance(layer, nn.Linear):
+            raise ValueError(f"adapter layer {path} does not fit the model's weight")
+        # the adapter is read on the host; the model may already be on its device
+        a, b = (state[f"{path}.lora_{n}"].to(layer.weight.device, torch.float32) for n in "AB")
         if not isinstance(layer, nn.Linear) or tuple(layer.weight.shape) != (b.shape[0], a.shape[1]):
             raise ValueError(f"adapter layer {path} does not fit the model's weight")
         with torch.no_grad():
