@@ -95,3 +95,39 @@ def test_bf16_on_cuda_runs():
     assert logits.device.type == "cuda" and torch.isfinite(logits.float()).all()
     spec = greedy(target, NgramDrafter(num_draft=4, max_ngram=3, min_ngram=1))
     assert len(spec.tokens) == NEW  # a lossless method runs in bfloat16 on the GPU too
+
+
+def test_lora_merge_onto_a_cuda_model_equals_the_cpu_merge():
+    """A saved adapter is read on the host; the model it merges into may already be on the GPU (mesh benchmark)."""
+    from specgen.train.lora import merge_lora_state
+
+    gen = torch.Generator().manual_seed(0)
+    dim = tiny_model(0).cfg.dim
+    state = {"layers.0.attention.wo.lora_A": torch.randn(4, dim, generator=gen),
+             "layers.0.attention.wo.lora_B": torch.randn(dim, 4, generator=gen)}
+    cpu, gpu = tiny_model(0), tiny_model(0).to("cuda")
+    assert merge_lora_state(cpu, state, rank=4, alpha=8.0) == merge_lora_state(gpu, state, rank=4, alpha=8.0) == 1
+    torch.testing.assert_close(gpu.layers[0].attention.wo.weight.cpu(), cpu.layers[0].attention.wo.weight)
+
+
+@pytest.mark.parametrize("suite,args", [
+    ("images", ["--config", "recipes/tiny/bench-images-batch.yaml", "--batch-size", "1,2", "num=2"]),
+    ("meshes", ["--config", "recipes/tiny/bench-meshes-batch.yaml", "--batch-size", "1,2", "--limit", "2"]),
+], ids=["images", "meshes"])
+def test_benchmark_suites_run_on_cuda(suite, args, tmp_path):
+    """The shipped tiny image and mesh models through `specgen benchmark --device cuda` (quality columns included):
+    every tensor the suite makes meets the model on its device; lossless image rows (T = 0) equal AR there too."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    out = tmp_path / "rows.jsonl"
+    extra = [f"out_dir={tmp_path / 'img'}"] if suite == "images" else []
+    r = CliRunner().invoke(app, ["benchmark", "--device", "cuda", "--threads", "0", "--out", str(out), *args, *extra])
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) >= 6  # three rows (the recipe's) at each of two batch sizes
+    if suite == "images":
+        assert all(row["exact_match_vs_ar"] == 1.0 for row in rows)
