@@ -143,22 +143,34 @@ def check_device(device: str, allow_auto: bool = False) -> None:
 
 
 def check_method_options(cfg: Any) -> None:
-    """Value checks of method options: flat (`method_options.block_size`) when the config names one method,
-    per method (`method_options.ngram.num_draft`) in benchmark configs; mesh benchmark `options`/`row_options`."""
+    """Value checks of method options: flat (`method_options.block_size`) when the config names one method; in
+    benchmark configs per row or method (`options.ngram.num_draft`, older name `method_options`), on the meshes
+    suite also bare (`options.delta`: every row is xspecmesh; older per-row name `row_options`), and every
+    value of `sweep.ROW.OPTION` lists."""
+    from specgen.eval.sweeps import sweeps_of
     from specgen.methods.options import check_option_values
 
     options = getattr(cfg, "method_options", None)
     if isinstance(options, dict) and isinstance(getattr(cfg, "method", None), str):
         check_option_values(cfg.method, options)
-    elif isinstance(options, dict):
-        for method, opts in options.items():
+        return
+    mesh = isinstance(getattr(cfg, "heads", None), dict)  # the meshes benchmark: its rows are XSpecMesh heads
+
+    def method(row: str) -> str:
+        return f"xspecmesh ({row})" if mesh else row
+
+    for table in (getattr(cfg, k, None) for k in ("method_options", "options", "row_options")):
+        if not isinstance(table, dict):
+            continue
+        bare = {k: v for k, v in table.items() if not isinstance(v, dict)}
+        if mesh and bare:
+            check_option_values("xspecmesh", bare)
+        for row, opts in table.items():
             if isinstance(opts, dict):
-                check_option_values(str(method), opts)
-    if isinstance(getattr(cfg, "options", None), dict):
-        check_option_values("xspecmesh", {k: v for k, v in cfg.options.items() if not isinstance(v, dict)})
-    for row, opts in (getattr(cfg, "row_options", None) or {}).items():
-        if isinstance(opts, dict):
-            check_option_values(f"xspecmesh ({row})", opts)
+                check_option_values(method(str(row)), opts)
+    for sweep in sweeps_of(getattr(cfg, "sweep", None)):
+        for value in sweep.values:
+            check_option_values(method(sweep.row), {sweep.option: value})
 
 
 def check_token_budget(cfg: Any) -> None:

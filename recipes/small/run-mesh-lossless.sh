@@ -26,9 +26,9 @@ OMP_NUM_THREADS=2 $HEADS --out runs/xspecmesh-ca-small-skipkl name=xspecmesh-ca-
 specgen benchmark --config recipes/small/bench-meshes.yaml \
   'rows=[ar,vertex,lossless,lossless-s1]' \
   'heads={vertex: xspecmesh-ca-small, lossless: xspecmesh-ca-small, lossless-s1: xspecmesh-ca-small-s1}' \
-  'row_options.vertex={sampling: tree, top_k_tree: 1, vertex_lookup: true, draft_dtype: bfloat16}' \
-  'row_options.lossless={criterion: rejection, sampling: tree, top_k_tree: 1, vertex_lookup: true, draft_dtype: bfloat16}' \
-  'row_options.lossless-s1={criterion: rejection, sampling: tree, top_k_tree: 1, vertex_lookup: true, draft_dtype: bfloat16}' \
+  'options.vertex={sampling: tree, top_k_tree: 1, vertex_lookup: true, draft_dtype: bfloat16}' \
+  'options.lossless={criterion: rejection, sampling: tree, top_k_tree: 1, vertex_lookup: true, draft_dtype: bfloat16}' \
+  'options.lossless-s1={criterion: rejection, sampling: tree, top_k_tree: 1, vertex_lookup: true, draft_dtype: bfloat16}' \
   'merged_ar=[lossless]' sweep_row=none 'tree_k=[]' 'depths=[]' 'lookups=[]' --out runs/bench-meshes-small-lossless.jsonl \
   > "$LOGS/bench-meshes-small-lossless.log" 2>&1
 # which heads: s1, e16, skip (stage 1, the original backbone's distribution), kl and ce (stage 2); 64 meshes

@@ -19,8 +19,8 @@ python scripts/mesh_oracle_speed.py --heads xspecmesh-ca-small | tee "$LOGS/mesh
 # vertex lookup (argmax candidates, D 4 / 2 / 1, bf16 head logits), its independent-sampling row, n-gram lookup
 specgen benchmark --config recipes/small/bench-meshes.yaml \
   'rows=[ar,vertex,vertex-is,ngram]' 'heads={vertex: xspecmesh-ca-small, vertex-is: xspecmesh-ca-small, ngram: xspecmesh-ca-small}' \
-  'row_options.vertex={sampling: tree, top_k_tree: 1, vertex_lookup: true}' 'row_options.vertex-is={vertex_lookup: true}' \
-  'row_options.ngram={sampling: tree, top_k_tree: 1, lookup: 1}' sweep_row=vertex \
+  'options.vertex={sampling: tree, top_k_tree: 1, vertex_lookup: true}' 'options.vertex-is={vertex_lookup: true}' \
+  'options.ngram={sampling: tree, top_k_tree: 1, lookup: 1}' sweep_row=vertex \
   'tree_k=[]' 'depths=[2,1]' 'draft_dtypes=[bfloat16]' 'lookups=[]' --out runs/bench-meshes-small-vertex.jsonl \
   > "$LOGS/bench-meshes-small-vertex.log" 2>&1
 python scripts/mesh_head_accuracy.py runs/xspecmesh-ca-small/labels.safetensors --heads xspecmesh-ca-small \

@@ -26,7 +26,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from specgen.errors import UsageError
+from specgen.errors import SpecgenError, UsageError
 
 #: recipe kind -> (module, config dataclass, the command that reads it)
 KINDS: dict[str, tuple[str, str, str]] = {
@@ -136,6 +136,10 @@ def check_recipe(path: Path, overrides: list[str] | None = None) -> list[dict]:
     if cfg is None:
         return rows
     rows += device_rows
+    try:
+        cfg = with_swept_rows(kind, cfg)
+    except SpecgenError as e:  # a bad sweep: its row says why, and the rows it would add cannot be checked
+        return rows + [row("rows", False, str(e))]
     rows += method_rows(kind, cfg)
     hints = import_hints(comments)
     names = entry_names(kind, cfg)
@@ -213,6 +217,20 @@ def method_check(entry: str, method: str, options, modality: str, suite_says: st
         return row(f"method {entry}", True, ("lossless" if spec.lossless else "LOSSY") + ", options ok")
     except SpecgenError as e:
         return row(f"method {entry}", False, str(e))
+
+
+def with_swept_rows(kind: str, cfg: Any) -> Any:
+    """A humaneval or images config with its `sweep` (and older sweep keys') rows in `methods`; others as they are
+    (the meshes suite's `variants` expands its own)."""
+    if kind == "humaneval":
+        from specgen.eval.text_bench import with_sweeps
+
+        return with_sweeps(cfg)
+    if kind == "images":
+        from specgen.eval.image_bench import with_extra_rows
+
+        return with_extra_rows(cfg)
+    return cfg
 
 
 def method_rows(kind: str, cfg: Any) -> list[dict]:

@@ -12,20 +12,25 @@ Text-conditional (t2i) models decode one image per caption of `captions` (a capt
 `generate --captions`; cycled to `num`). Their rows have NLL but no class accuracy or clf-FID: both
 measure images against class labels (and the classifier's class photos), which captions do not give.
 
-A method entry may carry a variant tag, `method@tag` (e.g. `vvs@u`, `vvs@d`): its row is labelled with
-the entry and decoded by `method` with `method_options[method]` updated by `method_options[entry]`, so
-one run can hold several settings of a method (VVS-U and VVS-D are `vvs` with schedule uniform/dynamic).
+Rows follow the one variant syntax of every suite (specgen/eval/sweeps.py). An entry `method@tag` (e.g. `vvs@u`,
+`vvs@d`) is labelled with the entry and decoded by `method` with `options[method]` updated by `options[entry]`,
+so one run can hold several settings of a method (VVS-U and VVS-D are `vvs` with schedule uniform/dynamic);
+`sweep: {row: {option: [values]}}` adds one row per value (`row@option=<v>`, or `row=<v>` for a tagged row) and
+a `<sweep>-pareto-T<t>.png` speed-quality plot of its rows with `ar`, `lantern` and the row it varies.
 
 MuLo-SD (LOSSY): `mulo_ablations: true` adds `mulo-sd@raster` (raster-scan rejection) and `mulo-sd@no-expand`
-(local verification without expansion, l = 0), the paper's Fig. 5c; `mulo_taus: [...]` adds one
-`mulo-sd@tau=<v>` row per acceptance threshold (the paper's Pareto sweep, Fig. 8) and a
-`mulo-sd-pareto-T<t>.png` plot of those rows with `ar`. Their rows add `accept_rate` (draft tokens passing
-Eq. 5) and `resampled_share` (draft tokens re-sampled by the target after expansion).
+(local verification without expansion, l = 0), the paper's Fig. 5c; `sweep.mulo-sd.tau=[...]` is the paper's
+Pareto sweep (Fig. 8), rows `mulo-sd@tau=<v>` and the plot `mulo-sd-pareto-T<t>.png`. Their rows add
+`accept_rate` (draft tokens passing Eq. 5) and `resampled_share` (draft tokens re-sampled by the target after
+expansion).
 
-VVS (LOSSY) sweeps the same way: `vvs_intervals: [...]` adds `vvs@i=<v>` rows (VVS-U, skip every v-th step)
-and `vvs_thresholds: [...]` adds `vvs@thr=<v>` rows (VVS-D, skip when the path similarity >= v), each
-with a `<name>-pareto-T<t>.png` plot of its rows, `ar`, the never-skipping reference `lantern` and the
-default-setting row (`vvs@u`, `vvs@d`; `mulo-sd` for the tau sweep).
+VVS (LOSSY) sweeps the same way: `options.vvs@i.schedule=uniform` with `sweep.vvs@i.interval=[...]` adds `vvs@i=<v>`
+rows (VVS-U, skip every v-th step), `options.vvs@thr.schedule=dynamic` with `sweep.vvs@thr.threshold=[...]`
+`vvs@thr=<v>` rows (VVS-D, skip when the path similarity >= v); their plots `vvs-u-pareto` and `vvs-d-pareto`
+draw the default-setting rows `vvs@u`, `vvs@d` with them.
+
+Older keys, still read with the same rows: `method_options` (= `options`), `mulo_taus`, `vvs_intervals`,
+`vvs_thresholds` (= the three sweeps above; OLD_SWEEPS).
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ import torch
 from specgen.errors import UsageError
 from specgen.eval.image_rows import image_rows, method_of, png_of
 from specgen.eval.run_dir import MemoryRun, Shard
+from specgen.eval.sweeps import (Sweep, SweptRow, expand, merged_table, method_bases, method_check, sweeps_of,
+                                 with_swept)
 from specgen.image.captions import Caption
 from specgen.image.generate import (ImageGenConfig, ImageModel, conditioned, decode_pixels, generate_images,
                                     image_conditions)
@@ -70,70 +77,75 @@ class ImageBenchConfig:
     classifier: str = "tiny-image-classifier"
     out_dir: str = "specgen-bench-images"
     mulo_ablations: bool = False  # add mulo-sd@raster and mulo-sd@no-expand rows (MuLo-SD Fig. 5c)
-    mulo_taus: list[float] = field(default_factory=list)  # MuLo-SD Pareto sweep: one mulo-sd@tau=<v> row per value
-    vvs_intervals: list[int] = field(default_factory=list)  # VVS-U sweep: one vvs@i=<v> row per skip interval
-    vvs_thresholds: list[float] = field(default_factory=list)  # VVS-D sweep: one vvs@thr=<v> row per threshold
     batch_sizes: list[int] = field(default_factory=lambda: [1])  # B > 1: `method@bB` rows, B images per forward
     # method (or method@tag entry) -> {option: value}
-    method_options: dict = field(default_factory=lambda: {"vvs@u": {"schedule": "uniform"},
-                                                          "vvs@d": {"schedule": "dynamic"}})
+    options: dict = field(default_factory=lambda: {"vvs@u": {"schedule": "uniform"}, "vvs@d": {"schedule": "dynamic"}})
+    sweep: dict = field(default_factory=dict)  # row -> {option: [values]}: one row per value (specgen/eval/sweeps.py)
+    # older spellings, read as well (OLD_SWEEPS): `method_options` is `options`, the lists are sweeps
+    method_options: dict = field(default_factory=dict)
+    mulo_taus: list[float] = field(default_factory=list)  # = sweep.mulo-sd.tau: mulo-sd@tau=<v> rows
+    vvs_intervals: list[int] = field(default_factory=list)  # = sweep.vvs@i.interval (schedule uniform)
+    vvs_thresholds: list[float] = field(default_factory=list)  # = sweep.vvs@thr.threshold (schedule dynamic)
+
+
+def options_table(cfg: ImageBenchConfig) -> dict:
+    """entry -> {option: value} of `options` and its older name `method_options` (a disagreement is refused)."""
+    return merged_table(cfg.method_options, cfg.options, "method_options")
 
 
 def options_of(cfg: ImageBenchConfig, entry: str) -> dict:
     """Options of an entry: the method's, updated by the entry's own (`method@tag`)."""
-    return {**cfg.method_options.get(method_of(entry), {}), **cfg.method_options.get(entry, {})}
+    table = options_table(cfg)
+    return {**table.get(method_of(entry), {}), **table.get(entry, {})}
 
 
 MULO_ABLATIONS = {"mulo-sd@raster": {"rejection": "raster"}, "mulo-sd@no-expand": {"radius": 0}}
 
-
-@dataclass(frozen=True)
-class Sweep:
-    """A Pareto sweep: one `<method>@<tag>=<value>` row per value of a config list, setting one option."""
-
-    method: str
-    tag: str
-    option: str
-    fixed: tuple = ()  # (option, value) pairs every row of the sweep also sets
-    plot: str = ""  # file stem of the sweep's speed-quality plot
-    reference: tuple = ("ar",)  # rows drawn with the sweep for comparison
-    cast: type = float  # type of the swept values
-
-    def entry(self, value) -> str:
-        return f"{self.method}@{self.tag}={value:g}"
-
-    def options(self, value) -> dict:
-        return {**dict(self.fixed), self.option: value}
-
-
-# config field -> the sweep it adds (MuLo-SD Fig. 8: tau; VVS Fig. 5/6: skip interval and similarity threshold)
-SWEEPS = {
-    "mulo_taus": Sweep("mulo-sd", "tau", "tau", plot="mulo-sd-pareto", reference=("ar", "lantern", "mulo-sd")),
-    "vvs_intervals": Sweep("vvs", "i", "interval", fixed=(("schedule", "uniform"),), plot="vvs-u-pareto",
-                           reference=("ar", "lantern", "vvs@u"), cast=int),
-    "vvs_thresholds": Sweep("vvs", "thr", "threshold", fixed=(("schedule", "dynamic"),), plot="vvs-d-pareto",
-                            reference=("ar", "lantern", "vvs@d")),
+# older sweep keys -> (the sweep each spells, with the row names it always gave; the type of its values)
+OLD_SWEEPS = {
+    "mulo_taus": (Sweep("mulo-sd", "tau", (), key="mulo_taus"), float),
+    "vvs_intervals": (Sweep("vvs", "interval", (), (("schedule", "uniform"),), "vvs@i={}", "vvs_intervals"), int),
+    "vvs_thresholds": (Sweep("vvs", "threshold", (), (("schedule", "dynamic"),), "vvs@thr={}", "vvs_thresholds"),
+                       float),
 }
 
 
-def sweep_entries(cfg: ImageBenchConfig) -> dict[str, dict]:
-    """Entry -> options of every sweep row the config asks for (in config order)."""
-    values = {name: [sweep.cast(v) for v in getattr(cfg, name)] for name, sweep in SWEEPS.items()}
-    return {sweep.entry(v): sweep.options(v) for name, sweep in SWEEPS.items() for v in values[name]}
+@dataclass(frozen=True)
+class Plot:
+    """The speed-quality plot of one sweep's rows (named `<sweep>=<value>`) and the rows drawn with them."""
+
+    stem: str
+    reference: tuple
+
+
+# the sweeps the papers plot, under the file names they always had; any other sweep `S` gets `S-pareto`
+PLOTS = {"mulo-sd@tau": Plot("mulo-sd-pareto", ("ar", "lantern", "mulo-sd")),
+         "vvs@i": Plot("vvs-u-pareto", ("ar", "lantern", "vvs@u")),
+         "vvs@thr": Plot("vvs-d-pareto", ("ar", "lantern", "vvs@d"))}
+
+
+def plot_of(sweep: str) -> Plot:
+    """The plot of sweep `S` (rows `S=<v>`): a known one, else `S-pareto` with `ar`, `lantern` and the swept row."""
+    base = sweep.partition("@")[0]  # `eagle2@top_k` varies eagle2; `vvs@u` (a tagged row's sweep) varies vvs@u
+    return PLOTS.get(sweep) or Plot(sweep.replace("@", "-") + "-pareto", ("ar", "lantern", base, sweep))
+
+
+def sweeps_in(cfg: ImageBenchConfig) -> list[Sweep]:
+    """The config's sweeps: the older keys' (in OLD_SWEEPS order), then `sweep`'s."""
+    old = [replace(s, values=tuple(cast(v) for v in getattr(cfg, key))) for key, (s, cast) in OLD_SWEEPS.items()
+           if getattr(cfg, key)]
+    return old + sweeps_of(cfg.sweep)
 
 
 def with_extra_rows(cfg: ImageBenchConfig) -> ImageBenchConfig:
-    """cfg with the MuLo-SD ablation entries and every sweep's entries (and their options) added to `methods`."""
-    extra = dict(MULO_ABLATIONS) if cfg.mulo_ablations else {}
-    extra.update(sweep_entries(cfg))
-    if not extra:
-        return cfg
-    methods, options = list(cfg.methods), dict(cfg.method_options)
-    for entry, o in extra.items():
-        if entry not in methods:
-            methods.append(entry)
-        options[entry] = {**o, **options.get(entry, {})}
-    return replace(cfg, methods=methods, method_options=options)
+    """cfg with the MuLo-SD ablation entries and every sweep's entries added to `methods`, and `options` holding
+    every entry's options (`method_options` folded in)."""
+    table = options_table(cfg)
+    extra = [SweptRow(m, "mulo-sd", o) for m, o in MULO_ABLATIONS.items()] if cfg.mulo_ablations else []
+    extra += expand(sweeps_in(cfg), method_bases(cfg.methods, table, "image"), method_check(method_of))
+    methods, options = with_swept(cfg.methods, table, extra, method_of)
+    return replace(cfg, methods=methods, options=options, method_options={}, sweep={}, mulo_taus=[],
+                   vvs_intervals=[], vvs_thresholds=[])
 
 
 def check_image_methods(cfg: ImageBenchConfig) -> None:
@@ -164,12 +176,13 @@ def target_nll(im: ImageModel, cfg_scale: float, cond: int | Caption, tokens: li
     image's condition (class id, c2i; Caption, t2i)."""
     parts, prompt, _ = conditioned(im, cfg_scale, cond)
     target, p = parts.target, len(prompt)
+    device = getattr(target, "device", "cpu")
     cache = target.new_cache(1, p + len(tokens) + 1)
-    first = target.prefill(torch.tensor([prompt]), cache)
-    seq = torch.tensor([tokens[:-1]])
-    out = target.forward(seq, torch.arange(p, p + len(tokens) - 1).unsqueeze(0), cache, None)
+    first = target.prefill(torch.tensor([prompt], device=device), cache)
+    seq = torch.tensor([tokens[:-1]], device=device)
+    out = target.forward(seq, torch.arange(p, p + len(tokens) - 1, device=device).unsqueeze(0), cache, None)
     logits = torch.cat([first.logits[0, -1:], out.logits[0]], 0).float()  # [N, V]
-    return float(-logits.log_softmax(-1).gather(1, torch.tensor(tokens)[:, None]).mean())
+    return float(-logits.log_softmax(-1).gather(1, torch.tensor(tokens, device=device)[:, None]).mean())
 
 
 # flags of the conditioning errors: the benchmark takes them as config keys
@@ -312,6 +325,11 @@ def run_image_benchmark(im: ImageModel, cfg: ImageBenchConfig, on_step=None) -> 
     return image_rows_of(cfg, sink)
 
 
+def swept_groups(names) -> list[str]:
+    """The sweeps among row names, in order: `S` of every `S=<value>` row whose `S` has a tag (`mulo-sd@tau`)."""
+    return list(dict.fromkeys(n.partition("=")[0] for n in names if "=" in n and "@" in n.partition("=")[0]))
+
+
 def write_outputs(rows: list[dict], pixels: dict, out_dir: Path) -> list[Path]:
     """A PNG grid per (method, temperature) and a speed-quality plot; returns the paths written. Files of an
     earlier run in `out_dir` are kept: a taken name gets a number (`-1`, `-2`, ...)."""
@@ -333,12 +351,12 @@ def write_outputs(rows: list[dict], pixels: dict, out_dir: Path) -> list[Path]:
         path = free_path(out_dir / f"speed-quality-T{t:g}.png")
         plots.speed_quality_plot(pts, x="speedup_vs_ar", y=y, label="label", path=path)
         paths.append(path)
-        for sweep in SWEEPS.values():  # Pareto fronts of speed vs quality, one plot per sweep
-            prefix = f"{sweep.method}@{sweep.tag}="
-            group = [p for p in pts if p["method"] in sweep.reference or p["method"].startswith(prefix)]
-            if any(p["method"].startswith(prefix) for p in group) and len(group) > 1:
-                path = free_path(out_dir / f"{sweep.plot}-T{t:g}.png")
+        for sweep in swept_groups(p["method"] for p in pts):  # Pareto fronts of speed vs quality, one per sweep
+            plot = plot_of(sweep)
+            group = [p for p in pts if p["method"] in plot.reference or p["method"].startswith(f"{sweep}=")]
+            if len(group) > 1:
+                path = free_path(out_dir / f"{plot.stem}-T{t:g}.png")
                 plots.speed_quality_plot(group, x="speedup_vs_ar", y=y, label="label", path=path,
-                                         title=f"{sweep.method} {sweep.option} sweep (T={t:g}): {y} vs speedup")
+                                         title=f"{sweep} sweep (T={t:g}): {y} vs speedup")
                 paths.append(path)
     return paths

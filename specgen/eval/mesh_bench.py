@@ -11,6 +11,11 @@ changes on a shared machine hit every row alike):
                      fewer heads for `depths`: on a CPU every verified token costs, so D < 4 can win;
                      the heads' LM-head projection in another precision for `draft_dtypes`: candidates only,
                      acceptance stays float32; n-gram lookup for `lookups`, a path cut for `path_cuts`)
+Rows follow the one variant syntax of every suite (specgen/eval/sweeps.py): `options` holds XSpecMesh options,
+bare for every heads row (`options.delta=0.3`) or per row (`options.vertex.num_heads=1`; `row_options` is its
+older name, read as well), and `sweep: {row: {option: [values]}}` adds one row per value, `row@option=<v>`, on
+that row's heads and options. The per-key sweeps above (OLD_SWEEPS) act on `sweep_row` and keep the row names
+they always had (`ca+lora p>0.3`, `ca+lora PTS K_s=2`, ...), so recorded tables stay comparable.
 Metrics: CD / HD exactly as BPT (`mesh.metrics.mesh_distances`: each mesh normalised on its own,
 1,024 seeded surface samples, L2 Chamfer = sum of both directed means, symmetric Hausdorff)
 against the ground-truth test mesh, averaged over meshes that decode to at least one face
@@ -32,6 +37,7 @@ import torch
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.stats import DecodeStats
 from specgen.eval.run_dir import MemoryRun, Shard
+from specgen.eval.sweeps import Sweep, expand, merged_table, sweeps_of
 from specgen.mesh.procedural import ProceduralSpec, generate_mesh, split_seeds
 
 
@@ -54,8 +60,10 @@ class MeshBenchConfig:
     draft_dtypes: list = field(default_factory=list)  # e.g. [bfloat16]: sweep_row, its heads' LM-head product in that dtype
     lookups: list = field(default_factory=list)  # e.g. [2]: sweep_row with n-gram lookup candidates (beyond the paper)
     path_cuts: list = field(default_factory=list)  # e.g. [0.3]: sweep_row with min_path_prob (beyond the paper)
-    options: dict = field(default_factory=dict)  # more XSpecMesh options for every heads row, e.g. {top_k_tree: 1}
-    row_options: dict = field(default_factory=dict)  # row -> options over `options` for that row (and its sweeps)
+    # XSpecMesh options: bare ones for every heads row ({top_k_tree: 1}), mappings per row ({vertex: {num_heads: 1}})
+    options: dict = field(default_factory=dict)
+    sweep: dict = field(default_factory=dict)  # row -> {option: [values]}: one row per value (specgen/eval/sweeps.py)
+    row_options: dict = field(default_factory=dict)  # the older name of `options`' per-row mappings, read as well
     merged_ar: list = field(default_factory=list)  # heads rows whose LoRA-merged backbone also decodes plain AR ("ar+ROW")
     sweep_row: str = "ca+lora"
     batch_sizes: list = field(default_factory=lambda: [1])  # B > 1: ROW@bB rows, B point clouds per forward
@@ -82,43 +90,72 @@ class Variant:
     plain: bool = False  # AR on the backbone these heads load (their LoRA merged), heads unused
 
 
+# older sweep keys -> (the option each sets on `sweep_row`, the settings it adds, the row names it always gave)
+OLD_SWEEPS = {
+    "deltas": ("delta", (), "{} p>"),
+    "topk_accept": ("top_k_accept", (("criterion", "topk"),), "{} top-"),
+    "tree_k": ("top_k_tree", (("sampling", "tree"),), "{} PTS K_s="),
+    "depths": ("num_heads", (), "{} D="),
+    "draft_dtypes": ("draft_dtype", (), "{} "),
+    "lookups": ("lookup", (), "{} lookup "),
+    "path_cuts": ("min_path_prob", (), "{} cut "),
+}
+
+
+def mesh_sweeps(cfg: MeshBenchConfig) -> list[Sweep]:
+    """The older keys' sweeps on `sweep_row` (none when it names no heads: `sweep_row=none`), then `sweep`'s."""
+    old = []
+    if cfg.sweep_row in cfg.heads:
+        for key, (option, fixed, label) in OLD_SWEEPS.items():
+            # depths: D = num_heads is the sweep row itself
+            values = [d for d in cfg.depths if d != cfg.num_heads] if key == "depths" else getattr(cfg, key)
+            if values:
+                old.append(Sweep(cfg.sweep_row, option, tuple(values), fixed, label.format(cfg.sweep_row) + "{}", key))
+    return old + sweeps_of(cfg.sweep)
+
+
 def variants(cfg: MeshBenchConfig) -> list[Variant]:
     from specgen.errors import UsageError
     from specgen.methods.xspecmesh import OPTION_NAMES, XSpecMeshOptions
 
     allowed = [o for o in OPTION_NAMES if o != "heads"]  # heads come from `heads`
-    for where, opts in [("options", cfg.options), *((f"row_options.{r}", o) for r, o in cfg.row_options.items())]:
-        unknown = sorted(set(opts or {}) - set(allowed))
+    bare = {k: v for k, v in cfg.options.items() if not isinstance(v, dict)}
+    rows_options = {k: v for k, v in cfg.options.items() if isinstance(v, dict)}
+
+    def check(where: str, opts: dict) -> None:
+        unknown = sorted(set(opts) - set(allowed))
         if unknown:
-            raise UsageError(f"`{where}` has no XSpecMesh option {unknown[0]!r}; its options: {', '.join(allowed)}")
-    common = {"num_heads": cfg.num_heads, "delta": cfg.delta, **cfg.options}
+            whose = f"`{where}` has no XSpecMesh option" if where else "XSpecMesh has no option"
+            raise UsageError(f"{whose} {unknown[0]!r}; its options: {', '.join(allowed)}")
+
+    check("options", bare)
+    for name, table in (("row_options", cfg.row_options), ("options", rows_options)):
+        for r, o in table.items():
+            check(f"{name}.{r}", o or {})
+    per_row = merged_table(cfg.row_options, rows_options, "row_options")
+    common = {"num_heads": cfg.num_heads, "delta": cfg.delta, **bare}
+
+    def options_of(row: str, over: dict | None = None) -> object:
+        return XSpecMeshOptions(**{**common, **per_row.get(row, {}), **(over or {})})
+
     out = []
     for r in cfg.rows:
         if r != "ar" and r not in cfg.heads:
             raise UsageError(f"row {r!r} has no heads in `heads`; known rows: ar, {', '.join(cfg.heads)}")
-        out.append(Variant(r, None if r == "ar" else cfg.heads[r],
-                           XSpecMeshOptions(**{**common, **(cfg.row_options.get(r) or {})})))
+        out.append(Variant(r, None if r == "ar" else cfg.heads[r], options_of(r)))
     for r in cfg.merged_ar:
         if r not in cfg.heads:
             raise UsageError(f"merged_ar row {r!r} has no heads in `heads`; known rows: {', '.join(cfg.heads)}")
         out.append(Variant(f"ar+{r}", cfg.heads[r], XSpecMeshOptions(**common), plain=True))
-    if cfg.sweep_row in cfg.heads:
-        h = cfg.heads[cfg.sweep_row]
-        base = {**common, **(cfg.row_options.get(cfg.sweep_row) or {})}
-        out += [Variant(f"{cfg.sweep_row} p>{d:g}", h, XSpecMeshOptions(**{**base, "delta": d})) for d in cfg.deltas]
-        out += [Variant(f"{cfg.sweep_row} top-{k}", h, XSpecMeshOptions(**{**base, "criterion": "topk", "top_k_accept": k}))
-                for k in cfg.topk_accept]
-        out += [Variant(f"{cfg.sweep_row} PTS K_s={k}", h, XSpecMeshOptions(**{**base, "sampling": "tree", "top_k_tree": k}))
-                for k in cfg.tree_k]
-        out += [Variant(f"{cfg.sweep_row} D={d}", h, XSpecMeshOptions(**{**base, "num_heads": d}))
-                for d in cfg.depths if d != cfg.num_heads]
-        out += [Variant(f"{cfg.sweep_row} {t}", h, XSpecMeshOptions(**{**base, "draft_dtype": t})) for t in cfg.draft_dtypes]
-        out += [Variant(f"{cfg.sweep_row} lookup {n}", h, XSpecMeshOptions(**{**base, "lookup": n})) for n in cfg.lookups]
-        out += [Variant(f"{cfg.sweep_row} cut {c:g}", h, XSpecMeshOptions(**{**base, "min_path_prob": c}))
-                for c in cfg.path_cuts]
-    unknown = sorted(set(cfg.dtypes) - {v.label for v in out})
+    for s in expand(mesh_sweeps(cfg), cfg.heads, lambda row, o: check("", o)):
+        out.append(Variant(s.name, cfg.heads[s.base], options_of(s.base, {**s.options, **per_row.get(s.name, {})})))
+    labels = [v.label for v in out]
+    twice = next((x for x in labels if labels.count(x) > 1), None)
+    if twice is not None:
+        raise UsageError(f"row {twice!r} is given twice; rows: {', '.join(labels)}")
+    unknown = sorted(set(cfg.dtypes) - set(labels))
     if unknown:
-        raise UsageError(f"dtypes.{unknown[0]}: no such row; rows: {', '.join(v.label for v in out)}")
+        raise UsageError(f"dtypes.{unknown[0]}: no such row; rows: {', '.join(labels)}")
     from specgen.devices import resolve_dtype
 
     for d in {cfg.dtype, *cfg.dtypes.values()}:

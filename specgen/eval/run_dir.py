@@ -158,7 +158,9 @@ class RunDir:
             raise UsageError(f"--run-dir {self.path} holds a {doc.get('suite')} run, not {self.suite}; "
                              "name another folder")
         old, new = flatten(doc["config"]), flatten(self.config)
-        changed = sorted(k for k in old.keys() | new.keys() if old.get(k, "<unset>") != new.get(k, "<unset>"))
+        # a key added to the config since the run started, left empty (e.g. `sweep: {}`), changes nothing
+        added = {k for k in new.keys() - old.keys() if new[k] in ({}, [])}
+        changed = sorted(k for k in old.keys() | new.keys() - added if old.get(k, "<unset>") != new.get(k, "<unset>"))
         if changed:
             shown = ", ".join(f"{k} ({old.get(k, '<unset>')!r} -> {new.get(k, '<unset>')!r})" for k in changed[:4])
             more = f" and {len(changed) - 4} more" if len(changed) > 4 else ""

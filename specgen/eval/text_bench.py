@@ -11,12 +11,15 @@ interleaved like every other row). Quality that can move on a 135M model: `nll_b
 model's mean per-token NLL of each row's outputs (teacher-forced), and for `ar@<model>` rows the
 exact-match rate / mean matching-prefix length of the distilled model's greedy output vs the original's.
 
-Variant rows: `method@tag` (e.g. `pcllm@n8`, the images suite's spelling) or `method:tag` (e.g. `pcllm:n8`)
-runs `method` with `method_options[method]` updated by `method_options["method@tag"]` (and `targets[row]` if
-given), so one run can compare settings of one method side by side, e.g. block sizes against the measured cost of
-wider forwards. `method@NAME` where NAME names a registry model (installed, a built-in, or a checkpoint folder;
-`+int8`-style precision suffixes allowed), and `ar@` with anything, is `method` decoding NAME instead (the
-`ar@<model>` reference rows); `method:tag` is always a variant, whatever the tag.
+Variant rows (the one syntax of every suite, specgen/eval/sweeps.py): `method@tag` (e.g. `pcllm@n8`) or
+`method:tag` (e.g. `pcllm:n8`) runs `method` with `options[method]` updated by `options["method@tag"]` (and
+`targets[row]` if given; `method_options` is the older name of `options`, read as well), so one run can compare
+settings of one method side by side, e.g. block sizes against the measured cost of wider forwards. `method@NAME`
+where NAME names a registry model (installed, a built-in, or a checkpoint folder; `+int8`-style precision suffixes
+allowed), and `ar@` with anything, is `method` decoding NAME instead (the `ar@<model>` reference rows);
+`method:tag` is always a variant, whatever the tag. `sweep: {row: {option: [values]}}` adds one variant row per
+value, `row@option=<v>` (`row=<v>` for a row with an `@` tag), decoding what `row` decodes (its `targets` entry)
+with that option set over `row`'s options.
 
 Batch sizes (`batch_sizes: [1, 4, 16]`): batch 1 runs every method interleaved per prompt, as above. A batch
 size B > 1 runs each method over all prompts through B slots of the batched loop (continuous batching; the
@@ -41,6 +44,7 @@ from specgen.errors import UsageError
 from specgen.eval import humaneval
 from specgen.eval.roofline import copy_bandwidth, streamed_bytes
 from specgen.eval.run_dir import MemoryRun, Shard
+from specgen.eval.sweeps import expand, merged_table, method_bases, method_check, sweeps_of, with_swept
 from specgen.eval.text_rows import Run, text_rows
 from specgen.methods import get_method, model_for, run_batch
 from specgen.text.target import TextModel, load_original
@@ -63,7 +67,9 @@ class TextBenchConfig:
     threads: int = 0  # 0 = torch default
     warmup: bool = True  # one discarded run of every method before timing
     execute: bool = True  # run pass@1 (subprocesses)
-    method_options: dict = field(default_factory=dict)  # method (or variant row method@tag) -> {option: value}
+    options: dict = field(default_factory=dict)  # method (or variant row method@tag) -> {option: value}
+    sweep: dict = field(default_factory=dict)  # row -> {option: [values]}: one row per value (specgen/eval/sweeps.py)
+    method_options: dict = field(default_factory=dict)  # the older name of `options`, read as well
     targets: dict = field(default_factory=dict)  # method -> model it decodes (default: its MethodSpec.target)
     nll: bool = True  # the original model's mean per-token NLL of every row's outputs
     dtype: str | None = None  # precision of `model` for every row: float32 | bfloat16 (per row: targets NAME+bf16)
@@ -142,10 +148,26 @@ def row_model(row: str) -> str | None:
     return tag if method == "ar" or is_model_name(tag) else None
 
 
+def options_table(cfg: TextBenchConfig) -> dict:
+    """row -> {option: value} of `options` and its older name `method_options` (a disagreement is refused)."""
+    return merged_table(cfg.method_options, cfg.options, "method_options")
+
+
 def row_options(row: str, cfg: TextBenchConfig) -> dict:
     """A row's method options: the method's own, updated by the variant row's."""
-    base = row_method(row)
-    return {**cfg.method_options.get(base, {}), **(cfg.method_options.get(row, {}) if row != base else {})}
+    base, table = row_method(row), options_table(cfg)
+    return {**table.get(base, {}), **(table.get(row, {}) if row != base else {})}
+
+
+def with_sweeps(cfg: TextBenchConfig) -> TextBenchConfig:
+    """cfg with every `sweep` row added to `methods` (its options in `options`, `method_options` folded in, its
+    base row's `targets` entry copied); a config without sweeps comes back with the same rows."""
+    table = options_table(cfg)
+    bases = [m for m in method_bases(cfg.methods, table, "text") if m not in EXTERNAL]
+    swept = expand(sweeps_of(cfg.sweep), bases, method_check(row_method))
+    methods, options = with_swept(cfg.methods, table, swept, row_method)
+    targets = {**{r.name: cfg.targets[r.base] for r in swept if r.base in cfg.targets}, **cfg.targets}
+    return replace(cfg, methods=methods, options=options, method_options={}, sweep={}, targets=targets)
 
 
 def specgen_run(model: TextModel, method: str, prompt: list[int], cfg: TextBenchConfig) -> Run:
@@ -196,6 +218,7 @@ def base_nll(model: TextModel, prompt: list[int], tokens: list[int]) -> tuple[fl
 
 
 def check_methods(cfg: TextBenchConfig) -> None:
+    cfg = with_sweeps(cfg)
     if not cfg.batch_sizes or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1
                                       for b in cfg.batch_sizes):
         raise UsageError(f"batch_sizes must be integers >= 1, got {cfg.batch_sizes}")
@@ -207,9 +230,9 @@ def check_methods(cfg: TextBenchConfig) -> None:
             if not spec.runs_on("text"):
                 raise UsageError(f"method {m} is for {spec.modality}; the humaneval suite is text")
             spec.check_options(row_options(m, cfg))
-            if "@" in m and row_model(m) is None and m not in cfg.method_options and m not in cfg.targets:
+            if "@" in m and row_model(m) is None and m not in cfg.options and m not in cfg.targets:
                 raise UsageError(f"row {m}: {m.partition('@')[2]!r} is not a registry model, and a variant row "
-                                 f"needs method_options.{m} or targets.{m} of its own")
+                                 f"needs options.{m} or targets.{m} of its own")
 
 
 @dataclass(frozen=True)
@@ -223,6 +246,7 @@ class Plan:
 
 def plan(cfg: TextBenchConfig, skipped: tuple[str, ...] = ()) -> Plan:
     """The run's rows without loading a model; `skipped`: external rows that cannot run on some shard."""
+    cfg = with_sweeps(cfg)
     order = [m for m in cfg.methods if m not in skipped]
     for m in cfg.methods:
         name = decoded_model(m, cfg)
@@ -264,6 +288,7 @@ def measure(model: TextModel, cfg: TextBenchConfig, sink=None, shard: Shard = Sh
             machine: str | Callable[[], str] = "") -> None:
     """Measure this shard's items that `sink` (a RunDir or MemoryRun) has no record of, one record per item:
     at batch 1 a prompt with every row interleaved on it, at B > 1 one row over the shard's prompts."""
+    cfg = with_sweeps(cfg)
     check_methods(cfg)
     sink = MemoryRun() if sink is None else sink
     p = plan(cfg)
@@ -297,7 +322,7 @@ def measure(model: TextModel, cfg: TextBenchConfig, sink=None, shard: Shard = Sh
             order.remove("llamacpp")
             skipped["llamacpp"] = reason
         else:
-            llama = llamacpp_row.LlamaCppRow(cfg.method_options.get("llamacpp", {}), torch.get_num_threads(),
+            llama = llamacpp_row.LlamaCppRow(cfg.options.get("llamacpp", {}), torch.get_num_threads(),
                                              model.module.cfg.max_seq_len, model.module.cfg.vocab_size)
     stop = model.tokenizer.stop_ids
     cost = cost_of(model.module)  # c(B) of batched rows, c(N) of the efficiency of speculative rows

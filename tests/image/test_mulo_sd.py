@@ -192,7 +192,7 @@ def test_bench_rows_ablations_and_tau_sweep(mulo_registry, tmp_path):
                            method_options={"mulo-sd": {"lowres": "m-low", "upsampler": "m-up2"}})
     full = with_extra_rows(cfg)
     assert full.methods == ["ar", "mulo-sd", "mulo-sd@raster", "mulo-sd@no-expand", "mulo-sd@tau=0", "mulo-sd@tau=2"]
-    assert full.method_options["mulo-sd@no-expand"] == {"radius": 0}
+    assert full.options["mulo-sd@no-expand"] == {"radius": 0}
     im = load_image_model("m-gpt", need_drafter=False)
     rows, pixels = run_image_benchmark(im, cfg)
     by = {r["method"]: r for r in rows}

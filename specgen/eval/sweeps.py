@@ -1,0 +1,168 @@
+"""One variant syntax for the rows of every benchmark suite: `row@tag` rows, per-row `options`, `sweep` lists.
+
+Every suite (humaneval, images, meshes) reads the same three recipe keys:
+
+  rows           `methods` (humaneval, images) or `rows` (meshes); `name@tag` is a variant of row/method `name`
+  options        row -> {option: value}: `options.ngram:d8.num_draft=8`, `options.vvs@u.schedule=uniform`,
+                 `options.vertex.num_heads=1`; humaneval/images also take a method name (every row of the method
+                 starts from it), meshes a bare option (`options.delta=0.3`: every heads row)
+  sweep          row -> {option: [values]}: one row per value, the swept row's options with that option set,
+                 named `row@option=value` (`sweep.mulo-sd.tau=[1e-3,1e-2]` adds `mulo-sd@tau=0.001`,
+                 `mulo-sd@tau=0.01`); a tagged row names the sweep by its tag, `row@tag=value`
+                 (`sweep.vvs@i.interval=[2,5]` with `options.vvs@i.schedule=uniform` adds `vvs@i=2`, `vvs@i=5`)
+
+A sweep's row is a row of the table, an `options` entry, or (humaneval, images) a method. `sweep` is also read
+written flat, `{"row.option": [values]}`. The older per-suite keys (`method_options`, `row_options`, the images
+suite's `mulo_taus`/`vvs_*` and the meshes suite's `deltas`, `tree_k`, ...) still work: each suite translates them
+into `options` entries and `Sweep`s here, with the row names they always had, so recorded results stay comparable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+from specgen.errors import UsageError
+
+SCALARS = (str, int, float, bool)  # what a swept value may be (a list or mapping is no single setting)
+
+
+def value_text(value: Any) -> str:
+    """A value as a row name spells it: floats in %g (`0.001`, `1e-05`), booleans lower case."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """One option of one row set to each of `values`: one row per value, starting from the row's own options."""
+
+    row: str  # the row (or `options` entry, or method) whose options every swept row copies
+    option: str
+    values: tuple
+    fixed: tuple = ()  # (option, value) pairs every swept row also sets (how the older keys spelt their sweeps)
+    label: str = ""  # row name with `{}` for the value; "" = `row@option={}`, or `row={}` when the row has a tag
+    key: str = ""  # the recipe key it was written as, for messages; "" = `sweep.row.option`
+
+    @property
+    def where(self) -> str:
+        return self.key or f"sweep.{self.row}.{self.option}"
+
+    def name(self, value: Any) -> str:
+        template = self.label or (f"{self.row}={{}}" if "@" in self.row else f"{self.row}@{self.option}={{}}")
+        return template.format(value_text(value))
+
+    def options(self, value: Any) -> dict:
+        return {**dict(self.fixed), self.option: value}
+
+
+@dataclass(frozen=True)
+class SweptRow:
+    """One row a sweep adds: its name, the row it copies, and the options it sets over that row's."""
+
+    name: str
+    base: str
+    options: dict
+
+
+def sweeps_of(spec: Any) -> list[Sweep]:
+    """The `sweep` recipe key as Sweeps: `{row: {option: [values]}}` or flat `{"row.option": [values]}`.
+
+    A key naming no option, a value that is not a non-empty list of scalars: one-line usage errors."""
+    if not spec:
+        return []
+    if not isinstance(spec, dict):
+        raise UsageError(f"sweep must map rows to {{option: [values]}}, e.g. sweep.mulo-sd.tau=[1e-3,1e-2]; got {spec!r}")
+    out = []
+    for key, sub in spec.items():
+        if isinstance(sub, dict):
+            pairs = [(str(key), str(option), values) for option, values in sub.items()]
+        else:
+            row, dot, option = str(key).rpartition(".")  # option names have no dot; row names may
+            if not (dot and row and option):
+                raise UsageError(f"sweep.{key} names no option: write sweep.ROW.OPTION=[values], "
+                                 f"e.g. sweep.{key}.OPTION=[1,2]")
+            pairs = [(row, option, sub)]
+        for row, option, values in pairs:
+            out.append(Sweep(row, option, swept_values(f"sweep.{row}.{option}", values)))
+    return out
+
+
+def swept_values(where: str, values: Any) -> tuple:
+    if not isinstance(values, (list, tuple)):
+        raise UsageError(f"{where} must be a list of values, e.g. {where}=[1,2]; got {values!r}")
+    if not values:
+        raise UsageError(f"{where} is empty: give it at least one value, or leave it out")
+    bad = next((v for v in values if not isinstance(v, SCALARS)), None)
+    if bad is not None:
+        raise UsageError(f"every value of {where} must be a number, string or boolean; got {bad!r}")
+    return tuple(values)
+
+
+def expand(sweeps: Iterable[Sweep], bases: Iterable[str], check: Callable[[str, dict], None]) -> list[SweptRow]:
+    """The rows of `sweeps` in order; a row outside `bases`, options `check(row, options)` refuses, or one name
+    given twice with other settings is a usage error. The same row twice with the same settings is one row."""
+    known, out = list(dict.fromkeys(bases)), {}
+    for s in sweeps:
+        if s.row not in known:
+            raise UsageError(f"{s.where}: no row {s.row!r} to sweep; known: {', '.join(known)}")
+        for v in s.values:
+            try:
+                check(s.row, s.options(v))
+            except UsageError as e:
+                raise UsageError(f"{s.where}: {e}") from None
+            row = SweptRow(s.name(v), s.row, s.options(v))
+            if row.name in out and out[row.name] != row:
+                raise UsageError(f"sweep row {row.name} is given twice with different settings; give each value once")
+            out[row.name] = row
+    return list(out.values())
+
+
+def merged_table(old: dict | None, new: dict | None, old_name: str, new_name: str = "options") -> dict:
+    """One row -> {option: value} table from the older key (`method_options`, `row_options`) and `options`;
+    a setting both give with different values is refused (which one wins would be a guess), and so is an entry
+    that is no mapping (a bare `options.OPTION` means nothing where rows are of several methods)."""
+    for name, table in ((old_name, old), (new_name, new)):
+        bad = next((k for k, v in (table or {}).items() if not isinstance(v, dict)), None)
+        if bad is not None:
+            raise UsageError(f"{name}.{bad} must map a row's options to values, e.g. {new_name}.ROW.{bad}=VALUE; "
+                             f"got {table[bad]!r}")
+    out = {k: dict(v) for k, v in (old or {}).items()}
+    for key, value in (new or {}).items():
+        for option, v in value.items():
+            if option in out.get(key, {}) and out[key][option] != v:
+                raise UsageError(f"{old_name}.{key}.{option} ({out[key][option]!r}) and {new_name}.{key}.{option} "
+                                 f"({v!r}) disagree: {old_name} is the older name of {new_name}; set it once")
+        out[key] = {**out.get(key, {}), **value}
+    return out
+
+
+def with_swept(rows: list[str], table: dict, swept: list[SweptRow], method_of: Callable[[str], str]) -> tuple[list, dict]:
+    """(rows, options table) with the swept rows added after `rows` (a name already there is not repeated).
+
+    A swept row's entry is its base's own entry (a method's entry every row of the method reads anyway) with the
+    swept option set; an entry the recipe gives for the swept row's name itself goes over that."""
+    rows, table = list(rows), dict(table)
+    for r in swept:
+        own = table.get(r.base, {}) if r.base != method_of(r.base) else {}
+        table[r.name] = {**own, **r.options, **table.get(r.name, {})}
+        if r.name not in rows:
+            rows.append(r.name)
+    return rows, table
+
+
+def method_bases(rows: list[str], table: dict, modality: str) -> list[str]:
+    """What a humaneval/images sweep may vary: a row, an `options` entry, or a method of the suite's modality."""
+    from specgen.methods import METHODS
+
+    return [*rows, *table, *(name for name, spec in METHODS.items() if spec.runs_on(modality))]
+
+
+def method_check(method_of: Callable[[str], str]) -> Callable[[str, dict], None]:
+    """check(row, options) of humaneval/images sweeps: the options of the row's method (names and values)."""
+    from specgen.methods import get_method
+
+    return lambda row, options: get_method(method_of(row)).check_options(options)
