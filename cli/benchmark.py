@@ -18,7 +18,9 @@ EPILOG = """examples:
 
   specgen benchmark --suite humaneval --methods ar,ngram --limit 5 --format json | jq '.[] | .speedup_vs_ar'
 
-  specgen benchmark --config recipes/tiny/bench-humaneval.yaml --out rows.jsonl method_options.ngram.num_draft=3
+  specgen benchmark --config recipes/tiny/bench-humaneval.yaml --out rows.jsonl options.ngram.num_draft=3
+
+  specgen benchmark --config recipes/tiny/bench-humaneval.yaml 'sweep.ngram.num_draft=[2,8]'   # rows ngram@num_draft=2, =8
 
   specgen benchmark --suite humaneval --methods ar,jacobi,cllm,pcllm,pcllm-mr --limit 20   # distilled models vs the original AR
 
