@@ -217,6 +217,7 @@ def decode_batch(
         if stepper:
             policy_step(slots, stats)
             continue
+        step_start = now(device)
         with timed(stats, "propose", device):  # 1. propose: the pool drafts for every live row
             cap = budget.cap(n)
             drafts = pool.propose([r.prompt + r.out for r in slots],
@@ -252,6 +253,7 @@ def decode_batch(
                 budget.observe(d.size, v.num_accepted)
                 r.out.extend(v.tokens)
                 r.done = len(r.out) >= max_new_tokens or hit_stop(v.tokens, stop_ids) or ended(i)
+        budget.observe_step(now(device) - step_start)  # 6. the whole step's time, for a measured budget
     total.new_tokens = sum(len(r.tokens) for r in results)
     return BatchResult(results, total)
 

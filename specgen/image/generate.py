@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from specgen import checkpoints, registry
+from specgen.decoding.budget import MeasuredBudget
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.stats import DecodeStats
 from specgen.errors import IncompatibleError, UsageError
@@ -127,6 +128,7 @@ def resolve_classes(spec: list[str], names: list[str], num: int) -> list[int]:
 
 
 DEFAULT_NUM = 8  # c2i images when `num` is 0
+MAX_DRAFT = 128  # the loop's cap on draft nodes per row: above every tree the methods grow (their own shape rules)
 # how each command spells the condition options in its one-line errors: name -> flag
 GENERATE_FLAGS = {"num": "--num", "classes": "--classes", "captions": "--captions FILE"}
 
@@ -198,9 +200,12 @@ def generate_images(im: ImageModel, cfg: ImageGenConfig, on_done=None,
     parts = im.parts(cfg.cfg_scale, list(conditions) if im.text_conditional else None)
     prompts = [parts.target.prompt(i) for i in range(len(conditions))] if im.text_conditional else \
         [[c] for c in conditions]
-    rule = build_image_method(cfg.method, parts, dict(cfg.method_options))[1]
-    batch = run_batch(parts.target, lambda i: build_image_method(cfg.method, parts, dict(cfg.method_options))[0],
-                      prompts, n_tokens, params, (), seeds, cfg.batch_size, on_done=on_done, rule=rule, max_draft=128)
+    options = dict(cfg.method_options)
+    budget = MeasuredBudget(MAX_DRAFT) if options.pop("budget", "fixed") == "auto" else None
+    rule = build_image_method(cfg.method, parts, options)[1]
+    batch = run_batch(parts.target, lambda i: build_image_method(cfg.method, parts, dict(options))[0],
+                      prompts, n_tokens, params, (), seeds, cfg.batch_size, on_done=on_done, rule=rule,
+                      max_draft=MAX_DRAFT, budget=budget)
     samples = [ImageSample(c.index if isinstance(c, Caption) else c, r.tokens, r.stats)
                for c, r in zip(conditions, batch.results)]
     return samples, decode_pixels(im, [s.tokens for s in samples])

@@ -68,7 +68,9 @@ class EagleBatch:
         shapes = []
         for d, seq, budget in zip(rows, seqs, budgets):
             shape = d.policy.shape(len(seq))
-            d.last_index, d.last_shape = len(seq), shape
+            # a step the loop's budget cut to AR is no evidence about the policy's tree: it does not observe it
+            cut = budget <= 0 < shape.depth
+            d.last_index, d.last_shape = len(seq), None if cut else shape
             d.shapes.append(shape)
             shapes.append(TreeShape(min(shape.depth, budget), shape.top_k, shape.total_tokens))
         trees = self.grow(root_hidden, [len(s) - 1 for s in seqs], shapes, view, stats)  # 2.

@@ -104,9 +104,16 @@ class NoOptions(Options):
 
 # --- text: the shared batched loop's option, Jacobi, n-gram, pcLLM multi-block ------------------------------------
 
-#: `budget` = "fixed" (the method's own draft size) or "auto" (capped per number of live rows from the measured
-#: cost curve, decoding/budget.py); `specgen.text.generate` checks the value and takes it out before the drafter.
+#: `budget` = "fixed" (the method's own draft size) or "auto": text methods cap their draft per number of live rows
+#: from the measured cost curve (`AutoBudget`), tree methods choose per number of live rows between batched AR and
+#: their own tree from measured throughput (`MeasuredBudget`; decoding/budget.py). The loop applies it; the
+#: drafters never see it.
 BUDGET_DEFAULT = "fixed"
+BUDGETS = ("fixed", "auto")
+
+
+def budget_opt() -> Any:
+    return opt(BUDGET_DEFAULT, ((lambda v: v in BUDGETS), " or ".join(BUDGETS)))
 
 
 @dataclass(frozen=True)
@@ -118,7 +125,7 @@ class JacobiOptions(Options):
     """
 
     block_size: int = opt(4, int_at_least(1))
-    budget: str = opt(BUDGET_DEFAULT)
+    budget: str = budget_opt()
 
 
 @dataclass(frozen=True)
@@ -135,7 +142,7 @@ class NgramOptions(Options):
     num_draft: int = opt(4, int_at_least(1))
     max_ngram: int = opt(3, int_at_least(1))
     min_ngram: int = opt(2, int_at_least(1))
-    budget: str = opt(BUDGET_DEFAULT)
+    budget: str = budget_opt()
 
 
 @dataclass(frozen=True)
@@ -150,7 +157,7 @@ class MultiBlockOptions(Options):
     verify: int = opt(1, int_at_least(1))  # recycling candidates verified per step
     ngram: int = opt(0, int_at_least(0))  # candidate length (0 = n - 1)
     lookup: int = opt(0, int_at_least(0))  # prompt-lookup branch of up to this many tokens (0 = off, the paper)
-    budget: str = opt(BUDGET_DEFAULT)
+    budget: str = budget_opt()
 
 
 # --- image: EAGLE-2 trees, ADT-Tree, LANTERN, VVS, MuLo-SD ---------------------------------------------------------
@@ -160,12 +167,19 @@ class MultiBlockOptions(Options):
 # k0 10, k in (3, 40)) are passed explicitly (docs/methods/eagle2.md, adt-tree.md, recipes/full).
 
 @dataclass(frozen=True)
-class TreeOptions(Options):
-    """EAGLE-2 fixed tree shape (`eagle2`)."""
+class TreeShapeOptions(Options):
+    """An EAGLE-2 fixed tree shape (VVS's drafts too)."""
 
     depth: int = opt(6, int_at_least(1))
     top_k: int = opt(4, int_at_least(1))
     total_tokens: int = opt(16, int_at_least(1))
+
+
+@dataclass(frozen=True)
+class TreeOptions(TreeShapeOptions):
+    """EAGLE-2 (`eagle2`): its tree shape, and the loop's draft budget."""
+
+    budget: str = budget_opt()
 
 
 def lantern_k() -> Any:  # 0 = 1000 of 16,384 codes scaled to the codebook
@@ -198,6 +212,7 @@ class AdtOptions(Options):
     d0: int = opt(4, int_at_least(1))
     k0: int = opt(4, int_at_least(1))
     total_tokens: int = opt(16, int_at_least(1))
+    budget: str = budget_opt()
     init: str = opt("horizontal", text())
     seed: int = opt(0, SEED)
 
@@ -211,8 +226,12 @@ class AdtLanternOptions(AdtOptions):
 
 
 @dataclass(frozen=True)
-class VvsOptions(LanternTreeOptions):
-    """VVS partial verification skipping on EAGLE-2 + LANTERN (`vvs`; `methods/vvs.build_vvs` checks the rest)."""
+class VvsOptions(TreeShapeOptions):
+    """VVS partial verification skipping on EAGLE-2 + LANTERN (`vvs`; `methods/vvs.build_vvs` checks the rest).
+    No `budget`: its own step logic decides what each step drafts and verifies."""
+
+    lantern_k: int = lantern_k()
+    lantern_delta: float = lantern_delta()
 
     schedule: str = opt("uniform", text())  # uniform | dynamic | none
     interval: int = opt(3, int_at_least(1))  # the paper's ablation setting (its sweep is 2-4)

@@ -10,6 +10,7 @@ from specgen.decoding.sampling import SamplingParams
 from specgen.errors import UsageError
 from specgen.limits import check_prompt_fits
 from specgen.methods import get_method, run_batch
+from specgen.methods.options import BUDGETS
 from specgen.text.target import TextModel
 
 
@@ -66,16 +67,13 @@ def generate_text(model: TextModel, cfg: TextGenConfig, prompts: list[str], on_d
             for p, r in zip(prompts, batch.results)]
 
 
-BUDGETS = ("fixed", "auto")
-
-
 def check_batching(max_new_tokens: int, batch_size: int, budget: str) -> None:
     """Refuse a token budget, batch size or draft budget that cannot run (before any model work)."""
     if max_new_tokens < 1:
         raise UsageError(f"max-new-tokens must be >= 1, got {max_new_tokens}")
     if batch_size < 1:
         raise UsageError(f"batch-size must be >= 1, got {batch_size}")
-    if budget not in BUDGETS:
+    if budget not in BUDGETS:  # the option's own check refuses it first where options are validated
         raise UsageError(f"method_options.budget must be one of {', '.join(BUDGETS)}, got {budget!r}")
 
 

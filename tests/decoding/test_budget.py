@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from specgen.decoding import memory
-from specgen.decoding.budget import AutoBudget, FixedBudget
+from specgen.decoding.budget import AutoBudget, FixedBudget, MeasuredBudget
 from specgen.decoding.cache import KVCache
 from specgen.decoding.cost import CostCurve, measure_cost
 from specgen.errors import UsageError
@@ -67,3 +67,37 @@ def test_a_cache_that_cannot_fit_is_refused_before_allocating(monkeypatch):
     with pytest.raises(UsageError, match=r"needs 256.0 MiB but 10.0 MiB is free: at most 2 rows of 4096 slots fit"):
         KVCache.allocate(2, 64, 2, 4096, 32)  # K + V: 4 MiB per row, 256 MiB in all; 80% of 10 MiB holds 2 rows
     assert KVCache.allocate(2, 1, 2, 4096, 32).batch == 1
+
+
+def run_steps(budget: MeasuredBudget, live_rows: int, steps: int, seconds_of, accepted_of) -> list[int]:
+    """Drive a budget like the loop does: cap, one observe per row, the step's time; the caps it chose."""
+    caps = []
+    for _ in range(steps):
+        cap = budget.cap(live_rows)
+        for _ in range(live_rows):
+            budget.observe(cap, accepted_of(cap))
+        budget.observe_step(seconds_of(cap, live_rows))
+        caps.append(cap)
+    return caps
+
+
+def test_measured_budget_keeps_the_faster_choice_per_batch_size_and_probes_the_other():
+    # a tree step commits 3 tokens per row, an AR step 1: at B = 1 the tree makes 3 tokens/s and AR 2; at B = 8 the
+    # tree 6 and AR 13.3
+    seconds = {(1, 16): 1.0, (1, 0): 0.5, (8, 16): 4.0, (8, 0): 0.6}
+    budget = MeasuredBudget(16, probe_every=4)
+    caps1 = run_steps(budget, 1, 12, lambda cap, b: seconds[(b, cap)], lambda cap: 2 if cap else 0)
+    assert caps1[:2] == [16, 0]  # both measured first, the draft first
+    assert caps1[2:] == [0 if (i + 3) % 4 == 0 else 16 for i in range(10)]  # tree (3 tok/s) over AR (2); probes AR
+    caps8 = run_steps(budget, 8, 12, lambda cap, b: seconds[(b, cap)], lambda cap: 2 if cap else 0)
+    assert caps8[:2] == [16, 0]
+    assert caps8[2:] == [16 if (i + 3) % 4 == 0 else 0 for i in range(10)]  # AR (13.3 tok/s) over the tree (6)
+
+
+def test_measured_budget_follows_a_change_in_acceptance():
+    budget = MeasuredBudget(16, probe_every=4, decay=0.5)
+    good = run_steps(budget, 1, 8, lambda cap, b: 1.0, lambda cap: 3 if cap else 0)
+    assert good[2:] == [16, 0, 16, 16, 16, 0]  # the tree (3 tokens/s) over AR (1); AR probed at steps 4 and 8
+    # the images' flat region ends: the tree commits 1 token per step and costs 2 s, AR 1 token in 1 s
+    bad = run_steps(budget, 1, 16, lambda cap, b: 2.0 if cap else 1.0, lambda cap: 0)
+    assert bad[-8:].count(0) == 6  # AR now, the tree probed once in 4 steps

@@ -8,6 +8,7 @@ import random
 import pytest
 import torch
 
+from specgen.decoding.budget import FixedBudget, MeasuredBudget
 from specgen.decoding.loop import decode
 from specgen.decoding.sampling import SamplingParams
 from specgen.image.methods import ImageParts, build_image_method
@@ -41,6 +42,10 @@ def test_lossless_image_methods_batched_equal_alone_and_ar(method, cfg_scale):
     for batch_size in (1, 3, 8):
         res = run_batch(target, make, [[c] for c in labels], n, SamplingParams(), batch_size=batch_size, max_draft=32)
         assert [r.tokens for r in res.results] == ar, batch_size
+    if "budget" in METHODS[method].options_type.names():  # `budget=auto`: steps switch between AR and the tree
+        res = run_batch(target, make, [[c] for c in labels], n, SamplingParams(), batch_size=3, max_draft=32,
+                        budget=MeasuredBudget(32, probe_every=2))
+        assert [r.tokens for r in res.results] == ar
     order = list(range(len(labels)))
     random.Random(0).shuffle(order)
     res = run_batch(target, make, [[labels[i]] for i in order], n, SamplingParams(), batch_size=3, max_draft=32)
@@ -83,3 +88,24 @@ def test_t2i_captions_batched_equal_each_alone(method):
     res = run_batch(target, lambda i: build_image_method(method, parts, dict(options))[0],
                     [target.prompt(i) for i in range(len(caps))], n, SamplingParams(), batch_size=3, max_draft=32)
     assert [r.tokens for r in res.results] == alone
+
+
+def test_steps_the_budget_cuts_to_ar_are_not_shown_to_the_tree_policy():
+    """ADT-Tree adapts its next tree to how its trees fared: a step the loop's budget ran as AR (no tree) must not
+    count as a tree that failed."""
+    model = tiny_image_gpt(5)
+    target = CFGTarget(model, 3.0)
+    parts = ImageParts(model, target, TinyEagle(model).eval(), None, GRID)
+    seen = []
+
+    def make(i):
+        drafter = build_image_method("adt-tree", parts, dict(OPTIONS["adt-tree"]))[0]
+        observe = drafter.policy.observe
+        drafter.policy.observe = lambda *a: (seen.append(a), observe(*a))
+        return drafter
+
+    n = GRID * GRID
+    run_batch(target, make, [[0], [1]], n, SamplingParams(), batch_size=2, max_draft=32, budget=FixedBudget(0))
+    assert seen == []
+    run_batch(target, make, [[0], [1]], n, SamplingParams(), batch_size=2, max_draft=32, budget=FixedBudget(32))
+    assert seen

@@ -96,7 +96,7 @@ def test_image_defaults_are_the_cpu_defaults_over_the_papers():
     assert (O.TreeOptions().depth, O.TreeOptions().top_k, O.TreeOptions().total_tokens) == (6, 4, 16)
     small_adt = {"total_tokens": 16, "k0": 4, "l_k": 2, "k_min": 1, "k_max": 12}
     paper = {f.name: getattr(AdtParams(), f.name) for f in fields(AdtParams) if f.name not in ("grid", "n_cond")}
-    assert O.defaults(O.AdtOptions) == {**paper, **small_adt}
+    assert O.defaults(O.AdtOptions) == {**paper, **small_adt, "budget": "fixed"}  # budget: the loop's
     for cls in (O.AdtLanternOptions, O.LanternTreeOptions, O.VvsOptions, O.MuloOptions):
         assert (O.defaults(cls)["lantern_k"], O.defaults(cls)["lantern_delta"]) == (0, 0.1)
 
