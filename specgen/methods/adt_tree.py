@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 
 from specgen.errors import UsageError
 from specgen.methods.eagle_tree import TreeShape
+from specgen.methods.options import ADT_INITS, check_adt_bounds
 
-INITS = ("horizontal", "vertical", "random")
+INITS = ADT_INITS
 
 
 @dataclass(frozen=True)
@@ -51,12 +52,9 @@ class AdtParams:
     def __post_init__(self) -> None:
         if self.init not in INITS:
             raise UsageError(f"adt-tree init must be one of {', '.join(INITS)}, got {self.init!r}")
-        if not (self.d_max - self.d_min >= 2 and self.k_max - self.k_min >= 2):
-            raise UsageError("adt-tree bounds must leave room: d_max - d_min >= 2 and k_max - k_min >= 2")
         if self.l_d < 0 or self.l_k < 0 or self.beta <= 0 or self.total_tokens < 1:
             raise UsageError("adt-tree needs l_d, l_k >= 0, beta > 0 and total_tokens >= 1")
-        if not (self.d_min < self.d0 < self.d_max and self.k_min < self.k0 < self.k_max):
-            raise UsageError(f"adt-tree start shape ({self.d0}, {self.k0}) must lie inside the bounds")
+        check_adt_bounds(self.d_min, self.d_max, self.k_min, self.k_max, self.d0, self.k0)
 
 
 def adapt(depth: int, top_k: int, alpha: float, p: AdtParams) -> tuple[int, int]:

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-REJECTIONS = ("local", "raster")
+from specgen.methods.options import MULO_REJECTIONS
+
+REJECTIONS = MULO_REJECTIONS
 
 
 def neighbourhood(t: int, t0: int, radius: int, width: int, start: int, end: int) -> list[int]:

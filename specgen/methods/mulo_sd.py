@@ -64,6 +64,7 @@ from specgen.decoding.sampling import SamplingParams, logits_to_probs, pick
 from specgen.decoding.stats import DecodeStats
 from specgen.errors import IncompatibleError, UsageError
 from specgen.methods.mulo_neighbourhood import REJECTIONS, expand_rejections
+from specgen.methods.options import MULO_MAX_RADIUS
 from specgen.models.layout import decode_layout
 
 DEFAULT_LOWRES = "tiny-image-gpt-lowres"
@@ -71,7 +72,7 @@ DEFAULT_TAU = 1e-4  # the paper's tau, for a 16,384-code codebook (see scaled_ta
 TAU_VOCAB = 16384
 DEFAULT_RADIUS = 3
 DEFAULT_DELTA = 0.1
-MAX_RADIUS = 64
+MAX_RADIUS = MULO_MAX_RADIUS
 EXTRAS = ("draft_tokens", "pass_tokens", "rejected_tokens", "resampled_tokens", "expanded_tokens",
           "resample_forwards", "lowres_tokens", "drafter_prefix_forwards")
 

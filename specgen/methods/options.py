@@ -56,6 +56,14 @@ def flag() -> Check:
     return (lambda v: isinstance(v, bool)), "true or false"
 
 
+def one_of(*choices: str) -> Check:
+    return (lambda v: v in choices), "one of " + ", ".join(choices)
+
+
+def int_in(lo: int, hi: int) -> Check:
+    return (lambda v: is_int(v) and lo <= v <= hi), f"an integer in {lo}..{hi}"
+
+
 NONNEG_NUMBER: Check = ((lambda v: is_number(v) and v >= 0), ">= 0 (a finite number)")
 POS_NUMBER: Check = ((lambda v: is_number(v) and v > 0), "> 0 (a finite number)")
 ANY_NUMBER: Check = (is_number, "a finite number")
@@ -147,8 +155,7 @@ class NgramOptions(Options):
 
 @dataclass(frozen=True)
 class MultiBlockOptions(Options):
-    """pcLLM multi-block decoding + rejection recycling (`pcllm-mr`, `methods/pcllm.py`; its drafter checks the
-    rules between them)."""
+    """pcLLM multi-block decoding + rejection recycling (`pcllm-mr`, `methods/pcllm.py`)."""
 
     block_size: int = opt(4, int_at_least(1))  # n (CPU default: measured fastest; paper 64 in recipes/full)
     num_blocks: int = opt(2, int_at_least(1))  # K (real-active + pseudo-active)
@@ -159,8 +166,19 @@ class MultiBlockOptions(Options):
     lookup: int = opt(0, int_at_least(0))  # prompt-lookup branch of up to this many tokens (0 = off, the paper)
     budget: str = budget_opt()
 
+    def check(self) -> None:
+        """A block is the root plus at least one guess (`block_size` means n >= 1 for Jacobi, where 1 is AR)."""
+        if self.block_size < 2:
+            raise UsageError(f"pcllm-mr needs block_size >= 2 (method_options.block_size), got {self.block_size}")
 
-# --- image: EAGLE-2 trees, ADT-Tree, LANTERN, VVS, MuLo-SD ---------------------------------------------------------
+
+# --- image: EAGLE-2 trees, ADT-Tree, LANTERN, VVS, MuLo-SD
+# The choices of the image methods' string options live here (the methods import them): this module is light, so
+# `specgen.config_checks` and `--dry-run` refuse a bad value before a model loads.
+ADT_INITS = ("horizontal", "vertical", "random")  # ADT-Tree's first-row/column start of each image
+VVS_SCHEDULES = ("uniform", "dynamic", "none")  # VVS skip schedules
+MULO_REJECTIONS = ("local", "raster")  # MuLo-SD re-sampling after a rejection
+MULO_MAX_RADIUS = 64  # MuLo-SD neighbourhood radius l ---------------------------------------------------------
 # Tree defaults are the CPU ones, chosen from measurements on 2 cores with the embedded 16x16 generator
 # (docs/results/image.md): a 60-node verify costs several 1-token forwards there, so trees are kept to 16 nodes and
 # narrow. The papers' GPU settings (EAGLE-2/LANTERN depth 4, top_k 10, 60 nodes; ADT-Tree for LlamaGen l_k 10,
@@ -186,8 +204,8 @@ def lantern_k() -> Any:  # 0 = 1000 of 16,384 codes scaled to the codebook
     return opt(0, int_at_least(0))
 
 
-def lantern_delta() -> Any:
-    return opt(0.1, NONNEG_NUMBER)
+def lantern_delta() -> Any:  # a probability mass
+    return opt(0.1, number_in(0, 1))
 
 
 @dataclass(frozen=True)
@@ -196,6 +214,14 @@ class LanternTreeOptions(TreeOptions):
 
     lantern_k: int = lantern_k()
     lantern_delta: float = lantern_delta()
+
+
+def check_adt_bounds(d_min: int, d_max: int, k_min: int, k_max: int, d0: int, k0: int) -> None:
+    """ADT-Tree's depth and width bounds leave room to adapt, and the first tree lies strictly inside them."""
+    if not (d_max - d_min >= 2 and k_max - k_min >= 2):
+        raise UsageError("adt-tree bounds must leave room: d_max - d_min >= 2 and k_max - k_min >= 2")
+    if not (d_min < d0 < d_max and k_min < k0 < k_max):
+        raise UsageError(f"adt-tree start shape ({d0}, {k0}) must lie inside the bounds")
 
 
 @dataclass(frozen=True)
@@ -213,8 +239,12 @@ class AdtOptions(Options):
     k0: int = opt(4, int_at_least(1))
     total_tokens: int = opt(16, int_at_least(1))
     budget: str = budget_opt()
-    init: str = opt("horizontal", text())
+    init: str = opt("horizontal", one_of(*ADT_INITS))
     seed: int = opt(0, SEED)
+
+    def check(self) -> None:
+        """The paper's bounds leave room to adapt and hold the first tree (also `AdtParams`' own check)."""
+        check_adt_bounds(self.d_min, self.d_max, self.k_min, self.k_max, self.d0, self.k0)
 
 
 @dataclass(frozen=True)
@@ -233,10 +263,10 @@ class VvsOptions(TreeShapeOptions):
     lantern_k: int = lantern_k()
     lantern_delta: float = lantern_delta()
 
-    schedule: str = opt("uniform", text())  # uniform | dynamic | none
-    interval: int = opt(3, int_at_least(1))  # the paper's ablation setting (its sweep is 2-4)
-    threshold: float = opt(0.75, ANY_NUMBER)  # dynamic schedule
-    alpha: float = opt(0.8, NONNEG_NUMBER)
+    schedule: str = opt("uniform", one_of(*VVS_SCHEDULES))
+    interval: int = opt(3, int_at_least(2))  # never two skipped steps in a row; the paper's ablation setting 3
+    threshold: float = opt(0.75, number_in(-1, 1))  # dynamic schedule: cosine similarity
+    alpha: float = opt(0.8, number_in(0, 1, lo_open=True))
     stride: int = opt(2, int_at_least(1))
     staleness: int = opt(0, int_at_least(0))
     refresh: bool = opt(True, flag())
@@ -250,8 +280,8 @@ class MuloOptions(Options):
     lowres: str = opt("tiny-image-gpt-lowres", text())
     upsampler: str | None = opt(None, text())
     tau: float | None = opt(None, NONNEG_NUMBER)
-    radius: int = opt(3, integer())
-    rejection: str = opt("local", text())  # local | raster
+    radius: int = opt(3, int_in(0, MULO_MAX_RADIUS))
+    rejection: str = opt("local", one_of(*MULO_REJECTIONS))
     draft_rows: int = opt(1, int_at_least(1))
     lantern_k: int = lantern_k()
     lantern_delta: float = lantern_delta()

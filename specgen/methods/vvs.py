@@ -66,9 +66,10 @@ from specgen.decoding.tree import DraftTree
 from specgen.errors import UsageError
 from specgen.methods.eagle import EagleTreeDrafter
 from specgen.methods.eagle_batch import EagleBatch
+from specgen.methods.options import VVS_SCHEDULES
 from specgen.methods.vvs_schedule import DynamicSkip, NeverSkip, SkipSchedule, UniformSkip, may_skip
 
-SCHEDULES = ("uniform", "dynamic", "none")
+SCHEDULES = VVS_SCHEDULES
 EXTRAS = ("skipped_steps", "unverified_tokens", "post_verified_tokens", "unverified_tail")
 
 

@@ -45,10 +45,23 @@ def test_unknown_option_is_one_line_naming_the_known_ones():
     ("pcllm-mr", {"spawn_ratio": 0}, "spawn_ratio must be in (0, 1] (a finite number)"),
     ("xspecmesh", {"delta": float("nan")}, "delta must be in [0, 1] (a finite number) (method_options.delta of xspecmesh)"),
     ("xspecmesh", {"vertex_lookup": 1}, "vertex_lookup must be true or false"),
-    ("lantern", {"lantern_delta": -0.1}, "lantern_delta must be >= 0"),
+    ("lantern", {"lantern_delta": -0.1}, "lantern_delta must be in [0, 1]"),
     ("vvs", {"refresh": "yes"}, "refresh must be true or false"),
     ("mulo-sd", {"tau": -1}, "tau must be >= 0 (a finite number)"),
     ("adt-tree", {"beta": 0}, "beta must be > 0"),
+    # choices and rules between options: refused with the other options, before any model loads
+    ("adt-tree", {"init": "diagonal"}, "init must be one of horizontal, vertical, random"),
+    ("adt-tree", {"d_min": 3, "d_max": 4}, "adt-tree bounds must leave room"),
+    ("adt-tree", {"d0": 12}, "adt-tree start shape (12, 4) must lie inside the bounds"),
+    ("adt-tree+lantern", {"lantern_delta": 1.5}, "lantern_delta must be in [0, 1]"),
+    ("eagle2", {"budget": "sometimes"}, "budget must be fixed or auto"),
+    ("pcllm-mr", {"block_size": 1}, "pcllm-mr needs block_size >= 2"),
+    ("vvs", {"interval": 1}, "interval must be >= 2"),
+    ("vvs", {"schedule": "often"}, "schedule must be one of uniform, dynamic, none"),
+    ("vvs", {"alpha": 0}, "alpha must be in (0, 1]"),
+    ("vvs", {"budget": "auto"}, "budget"),  # VVS's own steps decide what it drafts: no budget option
+    ("mulo-sd", {"rejection": "global"}, "rejection must be one of local, raster"),
+    ("mulo-sd", {"radius": 65}, "radius must be an integer in 0..64"),
 ])
 def test_bad_value_is_one_line(method, options, message):
     with pytest.raises(UsageError) as e:
@@ -58,7 +71,7 @@ def test_bad_value_is_one_line(method, options, message):
 
 def test_values_of_several_methods_are_checked_by_name():
     check_option_values("ngram", {"num_draft": 2, "budget": "auto", "unknown": object()})
-    with pytest.raises(UsageError, match=r"radius must be an integer \(method_options.radius of mulo-sd\)"):
+    with pytest.raises(UsageError, match=r"radius must be an integer in 0..64 \(method_options.radius of mulo-sd\)"):
         check_option_values("mulo-sd", {"radius": 1.5})
 
 
