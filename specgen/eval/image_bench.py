@@ -50,7 +50,7 @@ from specgen.image.captions import Caption
 from specgen.image.generate import (ImageGenConfig, ImageModel, conditioned, decode_pixels, generate_images,
                                     image_conditions)
 from specgen.image.methods import build_image_method
-from specgen.methods import get_method
+from specgen.methods import METHODS, get_method
 
 
 @dataclass
@@ -142,7 +142,8 @@ def with_extra_rows(cfg: ImageBenchConfig) -> ImageBenchConfig:
     every entry's options (`method_options` folded in)."""
     table = options_table(cfg)
     extra = [SweptRow(m, "mulo-sd", o) for m, o in MULO_ABLATIONS.items()] if cfg.mulo_ablations else []
-    extra += expand(sweeps_in(cfg), method_bases(cfg.methods, table, "image"), method_check(method_of))
+    extra += expand(sweeps_in(cfg), method_bases(cfg.methods, table, METHODS, "image"),
+                    method_check(method_of, get_method))
     methods, options = with_swept(cfg.methods, table, extra, method_of)
     return replace(cfg, methods=methods, options=options, method_options={}, sweep={}, mulo_taus=[],
                    vvs_intervals=[], vvs_thresholds=[])

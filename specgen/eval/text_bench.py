@@ -46,7 +46,7 @@ from specgen.eval.roofline import copy_bandwidth, streamed_bytes
 from specgen.eval.run_dir import MemoryRun, Shard
 from specgen.eval.sweeps import expand, merged_table, method_bases, method_check, sweeps_of, with_swept
 from specgen.eval.text_rows import Run, text_rows
-from specgen.methods import get_method, model_for, run_batch
+from specgen.methods import METHODS, get_method, model_for, run_batch
 from specgen.text.target import TextModel, load_original
 
 EXTERNAL = ("hf", "llamacpp")  # rows not decoded by specgen's loop (llamacpp: eval/llamacpp_row.py, optional)
@@ -163,8 +163,8 @@ def with_sweeps(cfg: TextBenchConfig) -> TextBenchConfig:
     """cfg with every `sweep` row added to `methods` (its options in `options`, `method_options` folded in, its
     base row's `targets` entry copied); a config without sweeps comes back with the same rows."""
     table = options_table(cfg)
-    bases = [m for m in method_bases(cfg.methods, table, "text") if m not in EXTERNAL]
-    swept = expand(sweeps_of(cfg.sweep), bases, method_check(row_method))
+    bases = [m for m in method_bases(cfg.methods, table, METHODS, "text") if m not in EXTERNAL]
+    swept = expand(sweeps_of(cfg.sweep), bases, method_check(row_method, get_method))
     methods, options = with_swept(cfg.methods, table, swept, row_method)
     targets = {**{r.name: cfg.targets[r.base] for r in swept if r.base in cfg.targets}, **cfg.targets}
     return replace(cfg, methods=methods, options=options, method_options={}, sweep={}, targets=targets)

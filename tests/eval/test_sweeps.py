@@ -137,7 +137,7 @@ def test_images_bad_sweeps_are_refused(sweep, needle):
 def test_images_old_sweep_key_errors_name_the_key():
     from specgen.eval.image_bench import ImageBenchConfig, with_extra_rows
 
-    with pytest.raises(UsageError, match=r"^vvs_intervals: interval must be >= 1"):
+    with pytest.raises(UsageError, match=r"^vvs_intervals: interval must be >= "):
         with_extra_rows(ImageBenchConfig(methods=["ar"], vvs_intervals=[0]))
 
 
