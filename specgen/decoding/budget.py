@@ -104,35 +104,88 @@ class AutoBudget:
 class MeasuredBudget:
     """Per number of live rows B, the faster of batched AR (cap 0) and the method's own draft (cap `limit`).
 
-    Model: none beyond measurement. Each choice's throughput at B (tokens committed by all rows per second of
-    the whole step, drafting included) is a running mean with weight `decay` on the past; the first steps at a
-    new B try the draft, then AR, then keep the faster, and every `probe_every`-th step at B tries the other
-    once so a changed acceptance rate (an image's flat regions, a row mix) is noticed. So at every batch size
-    the loop runs at about the better of batched AR and the fixed setting, less the probes' share (1 step in
-    `probe_every`). For draft trees: the drafter's levels are most of a tree's cost and differ per
-    machine (a launch-bound GPU, a CPU), which the verify cost curve of `AutoBudget` does not capture.
+    Model: none beyond measurement. Each choice keeps, per B, decayed sums of the tokens its steps committed (all
+    rows), their seconds (the whole step, drafting included) and their count; its throughput is tokens / seconds
+    (a ratio of sums: one lucky or unlucky step moves it little); a row count never seen starts from a near one
+    measured (`borrow`). The choice follows the ratio of the two rates: first from the measuring phase, then
+    moved halfway by each try of the other against the leader's recent rate, since steps cost more as the
+    sequences grow and a rate measured earlier would flatter the choice that ran then. The first step after a switch is not measured:
+    it carries one-off costs (a tree drafter catches up on every token committed while AR ran), which would make
+    the choice that is tried rarely look slower than it runs. At a new B the draft runs until it has `tries`
+    measured steps, then AR; then the faster one runs, and the other is tried again (1 + `tries` steps)
+    once a step of it would cost at most `probe_share` of the time run since it was last tried. While its last try
+    found it far behind (below `far` of the leader's rate), each try halves that share for the next one (down to
+    `probe_share / 64`), so a choice that keeps losing by far costs less and less; a close one, or one whose
+    last try did well, is tried at the full share, so a changed acceptance rate (an image's flat regions, a new
+    row mix) is followed. For draft trees the drafter's levels are most of a step's cost and differ
+    per machine (a launch-bound GPU, a CPU), which the verify cost curve of `AutoBudget` does not capture.
 
-    Lossless either way (AR is the empty draft). Greedy outputs do not depend on it; sampled outputs do, by
-    timing, since a step's draft decides how a row's random stream is consumed (each row keeps the target's
-    distribution).
+    One budget may serve several decode calls (a benchmark decodes its images one call each): what it measured
+    carries over. Lossless either way (AR is the empty draft). Greedy outputs do not depend on it; sampled outputs
+    do, by timing, since a step's draft decides how a row's random stream is consumed (each row keeps the
+    target's distribution).
     """
 
     limit: int
-    probe_every: int = 16
-    decay: float = 0.7
-    _rate: dict[tuple[int, int], float] = field(default_factory=dict)  # (live rows, cap) -> tokens per second
-    _steps: dict[int, int] = field(default_factory=dict)  # live rows -> steps sized at that count
-    _open: list = field(default_factory=list)  # [live rows, cap, tokens] of the step being measured
+    probe_share: float = 0.05
+    tries: int = 3  # measured steps of each choice at a new row count, and of the other in each later try
+    memory: float = 0.9  # weight of the past in a choice's sums, per measured step of that choice
+    far: float = 0.75  # a choice below this share of the other's rate is "far behind" (its tries back off)
+    _sums: dict[tuple[int, int], list[float]] = field(default_factory=dict)  # (B, cap) -> [tokens, seconds, steps]
+    _count: dict[tuple[int, int], int] = field(default_factory=dict)  # (B, cap) -> steps measured
+    _since: dict[int, float] = field(default_factory=dict)  # B -> seconds run at B since the other was tried
+    _share: dict[int, float] = field(default_factory=dict)  # B -> the current probe share at B
+    _leader: dict[int, int] = field(default_factory=dict)  # B -> the choice that led when the other was tried
+    _probe: dict[int, int] = field(default_factory=dict)  # B -> steps of the running try still to come
+    _ratio: dict[int, float] = field(default_factory=dict)  # B -> draft rate / AR rate (measured side by side)
+    _acc: dict[int, list[float]] = field(default_factory=dict)  # B -> [tokens, seconds] of the running try
+    _last: int | None = None  # the cap of the previous step (any B): a step after a switch is not measured
+    _open: list = field(default_factory=list)  # [live rows, cap, tokens, measured] of the step under way
+
+    def rate(self, live_rows: int, cap: int) -> float | None:
+        """Tokens per second of `cap`-sized steps at `live_rows` rows so far (None: never measured)."""
+        sums = self._sums.get((live_rows, cap))
+        return sums[0] / sums[1] if sums else None
+
+    def borrow(self, b: int) -> None:
+        """Start a new row count from the nearest one measured if it is near (within a quarter, or one row): tokens
+        scale with the rows, a step's seconds are kept, and the tries that follow correct both. The tail of a run,
+        where rows end one by one, then pays no measuring at each count."""
+        known = {k for k, c in self._sums if min(self._count.get((k, x), 0) for x in (self.limit, 0)) >= self.tries}
+        if b in known or not known:
+            return
+        near = min(known, key=lambda k: (abs(k - b), k))
+        if abs(near - b) > max(1, b // 4):  # too far: speculation pays differently there
+            return
+        for c in (self.limit, 0):
+            tokens, seconds, steps = self._sums[(near, c)]
+            self._sums[(b, c)] = [tokens * b / near, seconds, steps]
+            self._count[(b, c)] = self.tries
+        if near in self._ratio:
+            self._ratio[b] = self._ratio[near]
 
     def cap(self, live_rows: int) -> int:
-        step = self._steps[live_rows] = self._steps.get(live_rows, 0) + 1
-        draft, ar = self._rate.get((live_rows, self.limit)), self._rate.get((live_rows, 0))
-        if draft is None or ar is None:
-            choice = self.limit if draft is None else 0  # measure both first, the draft first
+        b, draft, ar = live_rows, self.limit, 0
+        self.borrow(b)
+        if min(self._count.get((b, c), 0) for c in (draft, ar)) < self.tries:  # measure both first, the draft first
+            choice = draft if self._count.get((b, draft), 0) < self.tries else ar
+            self._since[b] = 0.0  # the time to the first try counts from the end of measuring
         else:
-            best, other = (self.limit, 0) if draft >= ar else (0, self.limit)
-            choice = other if step % self.probe_every == 0 else best
-        self._open = [live_rows, choice, 0]
+            ratio = self._ratio.setdefault(b, self.rate(b, draft) / self.rate(b, ar))
+            best = draft if ratio >= 1 else ar
+            other = draft + ar - best
+            if self._leader.setdefault(b, best) != best:  # the last try changed the choice: watch closely again
+                self._leader[b], self._share[b] = best, self.probe_share
+            _, seconds, steps = self._sums[(b, other)]
+            share = self._share.setdefault(b, self.probe_share)
+            if self._probe.get(b, 0) > 0:  # a try's measured steps
+                choice, self._probe[b] = other, self._probe[b] - 1
+            elif seconds / steps <= share * self._since.get(b, 0.0):  # a try is due: 1 + `tries` steps
+                choice, self._probe[b], self._since[b], self._acc[b] = other, self.tries, 0.0, [0.0, 0.0]
+            else:
+                choice = best
+        self._open = [b, choice, 0, choice == self._last]
+        self._last = choice
         return choice
 
     def observe(self, draft_size: int, accepted: int) -> None:
@@ -142,7 +195,23 @@ class MeasuredBudget:
     def observe_step(self, seconds: float) -> None:
         if not self._open or seconds <= 0:
             return
-        b, choice, tokens = self._open
-        old, new = self._rate.get((b, choice)), tokens / seconds
-        self._rate[(b, choice)] = new if old is None else self.decay * old + (1 - self.decay) * new
+        b, choice, tokens, measured = self._open
         self._open = []
+        self._since[b] = self._since.get(b, 0.0) + seconds
+        if measured and b in self._acc and choice != self._leader.get(b, choice):
+            acc = self._acc[b]
+            acc[0], acc[1] = acc[0] + tokens, acc[1] + seconds
+        if measured and b in self._acc and choice != self._leader.get(b, choice) and not self._probe.get(b):
+            # a whole try against the leader's recent rate: both measured at about the same point of the sequences
+            # (a rate measured long ago, earlier in every sequence, where steps were cheaper, would flatter it)
+            tokens_, seconds_ = self._acc.pop(b)
+            r = tokens_ / seconds_ / self.rate(b, self._leader[b])  # the other's speed relative to the leader's
+            self._ratio[b] = 0.5 * self._ratio[b] + 0.5 * (r if choice == self.limit else 1 / r)
+            # far behind: the next try waits twice as long; close (or ahead): as long as ever
+            share = self._share.get(b, self.probe_share)
+            self._share[b] = max(share / 2, self.probe_share / 64) if r < self.far else self.probe_share
+        if measured:
+            sums = self._sums.setdefault((b, choice), [0.0, 0.0, 0.0])
+            for i, x in enumerate((tokens, seconds, 1.0)):
+                sums[i] = self.memory * sums[i] + x
+            self._count[(b, choice)] = self._count.get((b, choice), 0) + 1

@@ -52,6 +52,8 @@ class ImageModel:
     classes: list[str]
     grid: int
     drafter_net: torch.nn.Module | None
+    # method row -> its `budget=auto` MeasuredBudget: what it measured carries over between decode calls
+    budgets: dict = field(default_factory=dict, repr=False)
 
     @property
     def text_conditional(self) -> bool:
@@ -201,7 +203,10 @@ def generate_images(im: ImageModel, cfg: ImageGenConfig, on_done=None,
     prompts = [parts.target.prompt(i) for i in range(len(conditions))] if im.text_conditional else \
         [[c] for c in conditions]
     options = dict(cfg.method_options)
-    budget = MeasuredBudget(MAX_DRAFT) if options.pop("budget", "fixed") == "auto" else None
+    budget = None
+    if options.pop("budget", "fixed") == "auto":  # one per method and options on this model, shared by its calls
+        key = (cfg.method, repr(sorted(options.items())), cfg.cfg_scale, cfg.temperature)
+        budget = im.budgets.setdefault(key, MeasuredBudget(MAX_DRAFT))
     rule = build_image_method(cfg.method, parts, options)[1]
     batch = run_batch(parts.target, lambda i: build_image_method(cfg.method, parts, dict(options))[0],
                       prompts, n_tokens, params, (), seeds, cfg.batch_size, on_done=on_done, rule=rule,

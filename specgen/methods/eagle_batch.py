@@ -28,9 +28,11 @@ if TYPE_CHECKING:  # the one-row drafter builds this pool (batch_pool): a runtim
 class EagleBatch:
     """DrafterPool over `make(index)` -> EagleTreeDrafter (each row's policy and state; the net runs batched)."""
 
-    def __init__(self, make: Callable[[int], EagleTreeDrafter]) -> None:
+    def __init__(self, make: Callable[[int], EagleTreeDrafter], skip_ar_steps: bool = True) -> None:
         self.make = make
         self.cache = None
+        # a step whose every row may draft nothing skips the drafter (VVS, which sets the features itself: False)
+        self.skip_ar_steps = skip_ar_steps
 
     def open(self, width: int, max_len: int) -> None:
         self.width = width
@@ -41,6 +43,7 @@ class EagleBatch:
         d.policy.reset()
         d.shapes, d.last_shape = [], None
         d.pending = first.features[:, -1:]  # [br, 1, D]: f of the last prompt position
+        d.owed = False  # True after a step without drafting: `pending` waits for the next catch-up, which grows it
         if self.cache is None:
             self.net, self.head, self.combine, self.br = d.net, d.head, d.combine, first.features.shape[0]
             self.cache = d.net.new_cache(self.width * self.br, d.max_len)
@@ -61,6 +64,10 @@ class EagleBatch:
     def propose(self, seqs: Sequence[list[int]], budgets: Sequence[int], stats: Sequence[DecodeStats]) -> list[Draft]:
         n, br = len(seqs), self.br
         rows = self.rows[:n]
+        if self.skip_ar_steps and all(b <= 0 for b in budgets):  # a batched AR step: no drafter work at all;
+            for d in rows:  # the pairs committed meanwhile are caught up by the next step that drafts
+                d.owed, d.last_shape = True, None
+            return [Draft.empty() for _ in range(n)]
         view = self.cache.rows(0, n * br)
         root_hidden = self.catch_up(rows, seqs, view)  # 1. [n * br, 1, D]
         for s in stats:
@@ -178,6 +185,9 @@ class EagleBatch:
                   sizes: Sequence[int], branches: int) -> None:
         for i, (d, verdict) in enumerate(zip(self.rows, verdicts)):
             keep = [0] + [j + 1 for j in verdict.path]
-            d.pending = out.features[i * branches : (i + 1) * branches, keep]  # [br, a + 1, D]
+            new = out.features[i * branches : (i + 1) * branches, keep]  # [br, a + 1, D]
+            # after steps without drafting the drafter still owes the pairs of those steps: f lines up with the tokens
+            d.pending = torch.cat([d.pending, new], 1) if d.owed else new
+            d.owed = False
             if d.last_shape is not None:
                 d.policy.observe(d.last_index, d.last_shape, verdict.num_accepted, len(verdict.tokens))

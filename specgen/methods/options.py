@@ -120,8 +120,11 @@ BUDGET_DEFAULT = "fixed"
 BUDGETS = ("fixed", "auto")
 
 
+BUDGET_CHECK: Check = ((lambda v: v in BUDGETS), " or ".join(BUDGETS))
+
+
 def budget_opt() -> Any:
-    return opt(BUDGET_DEFAULT, ((lambda v: v in BUDGETS), " or ".join(BUDGETS)))
+    return opt(BUDGET_DEFAULT, BUDGET_CHECK)
 
 
 @dataclass(frozen=True)
@@ -302,6 +305,7 @@ XSPECMESH_CHECKS: dict[str, Check] = {
     "lookup": int_at_least(0),
     "vertex_lookup": flag(),
     "min_path_prob": number_in(0, 1, hi_open=True),
+    "budget": BUDGET_CHECK,
 }
 
 FAMILIES: tuple[type[Options], ...] = (NoOptions, JacobiOptions, CllmOptions, NgramOptions, MultiBlockOptions,

@@ -236,7 +236,7 @@ class VVSBatch:
 
     def __init__(self, make: Callable[[int], VVSDecoder], rule=None) -> None:
         self.make, self.rule = make, rule or judge
-        self.eagle = EagleBatch(lambda index: self._next.drafter)
+        self.eagle = EagleBatch(lambda index: self._next.drafter, skip_ar_steps=False)
         shape = make(0).drafter.policy.shape(0)
         self.max_feed = shape.total_tokens + shape.depth + 1  # root + x° (<= depth) + C_t
 

@@ -81,6 +81,7 @@ from specgen.decoding.accept_threshold import CRITERIA as LOSSY_CRITERIA, Accept
 from specgen.decoding.sampling import SamplingParams, logits_to_probs, sample, sample_rows
 from specgen.decoding.stats import DecodeStats
 from specgen.mesh.vertex_lookup import VertexMemory
+from specgen.methods.options import BUDGETS
 from specgen.methods.text import lookup
 from specgen.models.layout import decode_layout
 
@@ -111,6 +112,7 @@ class XSpecMeshOptions:
     lookup: int = 0  # > 0: candidates first from n-gram lookup (n = lookup .. 1) over the mesh so far (beyond the paper)
     vertex_lookup: bool = False  # offsets after known blocks from the mesh so far, heads elsewhere (beyond the paper)
     min_path_prob: float = 0.0  # > 0: cut the chain where the candidates' running probability drops below it (beyond)
+    budget: str = "fixed"  # "auto": per batch size, the faster of batched AR and the heads (decoding/budget.py)
 
     def __post_init__(self) -> None:
         from specgen.errors import UsageError
@@ -123,6 +125,8 @@ class XSpecMeshOptions:
             raise UsageError("num_heads and lookup must be >= 0 and top_k_tree >= 1")
         if not 0.0 <= self.min_path_prob < 1.0:
             raise UsageError(f"min_path_prob must be in [0, 1) (0 = no cut), got {self.min_path_prob}")
+        if self.budget not in BUDGETS:
+            raise UsageError(f"budget must be {' or '.join(BUDGETS)}, got {self.budget!r}")
         if self.lookup and self.vertex_lookup:
             raise UsageError("lookup and vertex_lookup are exclusive; choose one candidate source besides the heads")
         if self.lossless:
@@ -150,8 +154,9 @@ class XSpecMeshOptions:
         bf = ", bf16 head logits" if self.draft_dtype == "bfloat16" else ""
         lk = f", lookup {self.lookup}-gram" if self.lookup else ", vertex lookup" if self.vertex_lookup else ""
         cut = f", path cut {self.min_path_prob:g}" if self.min_path_prob else ""
+        auto = ", budget auto" if self.budget == "auto" else ""
         rule = "rejection sampling" if self.lossless else self.criterion_rule().label()
-        return f"{rule}, {s}{bf}{lk}{cut}"
+        return f"{rule}, {s}{bf}{lk}{cut}{auto}"
 
 
 OPTION_NAMES = tuple(XSpecMeshOptions.__dataclass_fields__)
@@ -223,6 +228,7 @@ class MeshDecoder:
     def __init__(self, model, heads=None, eos_id: int = 5120) -> None:
         self.model, self.heads, self.eos_id = model, heads, eos_id
         self._draft_out: torch.nn.Module | None = None  # the LM head in the draft dtype (see _lm_head)
+        self.budgets: dict = {}  # options -> the `budget=auto` MeasuredBudget: it learns across generate calls
 
     def generate(self, pc: torch.Tensor, params: SamplingParams, max_tokens: int,
                  opts: XSpecMeshOptions | None = None, generator: torch.Generator | None = None,
@@ -237,6 +243,7 @@ class MeshDecoder:
         """Decode the meshes of point clouds pcs[i] [N_i, 6], `batch_size` at a time, on the shared batched loop
         (`decoding/loop.py`: continuous batching, per-row acceptance). Cloud i samples from generators[i] (the
         backbone's samples) and draft_generators[i] (head candidates), so its mesh does not depend on the batch."""
+        from specgen.decoding.budget import MeasuredBudget
         from specgen.decoding.loop import decode_batch
         from specgen.mesh.target import MeshTarget
         from specgen.methods.text import EmptyDrafter
@@ -253,9 +260,11 @@ class MeshDecoder:
         target = MeshTarget(self.model, pcs)
         pool = XSpecMeshPool(self, target, opts, params, d_max, draft_generators) if d_max else \
             (lambda i: EmptyDrafter())  # AR: the empty draft on the same loop
+        budget = self.budgets.setdefault(repr((opts, params)), MeasuredBudget(d_max)) \
+            if opts.budget == "auto" and d_max else None
         batch = decode_batch(target, pool, [[i] for i in range(len(pcs))], max_tokens, params, (self.eos_id,),
                              generators, batch_size=batch_size, max_draft=d_max, rule=mesh_rule(opts),
-                             on_done=on_done)
+                             on_done=on_done, budget=budget)
         return [MeshDecodeResult(r.tokens, r.stats) for r in batch.results]
 
     def _candidates(self, out: list[int], x: int, stacked, h: torch.Tensor, past, kv, d: int, params: SamplingParams,

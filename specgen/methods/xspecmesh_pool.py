@@ -98,6 +98,9 @@ class XSpecMeshPool:
         """1. x_{s*+1 ..} after each row's root x_{s*} = seq[-1] (seq = [cloud index] + the mesh so far)."""
         drafts = []
         for r, seq, budget in zip(self.rows, seqs, budgets):
+            if budget <= 0:  # the loop's budget runs this step as AR: the heads are not run at all
+                drafts.append(Draft.empty())
+                continue
             mesh, x = seq[1:-1], seq[-1]
             proposal = self.decoder._candidates(mesh, x, self.stacked, r.h, r.past, r.head_kv, self.d, self.params,
                                                 self.opts, r.generator, r.memory)

@@ -82,22 +82,44 @@ def run_steps(budget: MeasuredBudget, live_rows: int, steps: int, seconds_of, ac
 
 
 def test_measured_budget_keeps_the_faster_choice_per_batch_size_and_probes_the_other():
-    # a tree step commits 3 tokens per row, an AR step 1: at B = 1 the tree makes 3 tokens/s and AR 2; at B = 8 the
-    # tree 6 and AR 13.3
+    # a tree step commits 3 tokens per row, an AR step 1: at B = 1 the tree makes 3 tokens/s (1 s steps) and AR 2
+    # (0.5 s steps); at B = 8 the tree 6 (4 s steps) and AR 13.3 (0.6 s steps)
     seconds = {(1, 16): 1.0, (1, 0): 0.5, (8, 16): 4.0, (8, 0): 0.6}
-    budget = MeasuredBudget(16, probe_every=4)
-    caps1 = run_steps(budget, 1, 12, lambda cap, b: seconds[(b, cap)], lambda cap: 2 if cap else 0)
-    assert caps1[:2] == [16, 0]  # both measured first, the draft first
-    assert caps1[2:] == [0 if (i + 3) % 4 == 0 else 16 for i in range(10)]  # tree (3 tok/s) over AR (2); probes AR
+    budget = MeasuredBudget(16, probe_share=0.25, tries=2)
+    caps1 = run_steps(budget, 1, 20, lambda cap, b: seconds[(b, cap)], lambda cap: 2 if cap else 0)
+    # 2 measured steps of each, the first after a switch unmeasured (the tree first); then the tree, and AR tried
+    # (1 + 2 steps) once its 0.5 s step is at most a quarter of the time since it was last tried, then an eighth
+    # (it stayed far behind)
+    assert caps1 == [16, 16, 16, 0, 0, 0, 16, 16, 0, 0, 0, 16, 16, 16, 0, 0, 0, 16, 16, 16]
     caps8 = run_steps(budget, 8, 12, lambda cap, b: seconds[(b, cap)], lambda cap: 2 if cap else 0)
-    assert caps8[:2] == [16, 0]
-    assert caps8[2:] == [16 if (i + 3) % 4 == 0 else 0 for i in range(10)]  # AR (13.3 tok/s) over the tree (6)
+    assert caps8 == [16, 16, 0, 0, 0] + [0] * 7  # AR; a 4 s tree step is not due before 16 s of AR steps
+    caps8 = run_steps(budget, 8, 60, lambda cap, b: seconds[(b, cap)], lambda cap: 2 if cap else 0)
+    assert caps8.count(16) == 6 and "16, 16, 16" in str(caps8)  # ... then tried (3 steps) twice, and AR again
+    assert budget.rate(1, 16) == pytest.approx(3.0) and budget.rate(8, 0) == pytest.approx(8 / 0.6)
+
+
+def test_measured_budget_does_not_measure_the_step_after_a_switch():
+    """A tree drafter catches up on the tokens AR committed meanwhile: that one-off cost is not the tree's rate."""
+    budget = MeasuredBudget(16, tries=1)
+    first = iter([50.0, 1.0, 9.0, 1.0])  # the first step of each choice is slow
+    run_steps(budget, 1, 4, lambda cap, b: next(first), lambda cap: 3 if cap else 0)
+    assert budget.rate(1, 16) == pytest.approx(4.0) and budget.rate(1, 0) == pytest.approx(1.0)
 
 
 def test_measured_budget_follows_a_change_in_acceptance():
-    budget = MeasuredBudget(16, probe_every=4, decay=0.5)
-    good = run_steps(budget, 1, 8, lambda cap, b: 1.0, lambda cap: 3 if cap else 0)
-    assert good[2:] == [16, 0, 16, 16, 16, 0]  # the tree (3 tokens/s) over AR (1); AR probed at steps 4 and 8
-    # the images' flat region ends: the tree commits 1 token per step and costs 2 s, AR 1 token in 1 s
-    bad = run_steps(budget, 1, 16, lambda cap, b: 2.0 if cap else 1.0, lambda cap: 0)
-    assert bad[-8:].count(0) == 6  # AR now, the tree probed once in 4 steps
+    budget = MeasuredBudget(16, probe_share=0.2, memory=0.5)
+    good = run_steps(budget, 1, 20, lambda cap, b: 1.0, lambda cap: 3 if cap else 0)
+    assert good[8:].count(16) >= 8  # the tree (4 tokens/s) over AR (1)
+    # the image's flat region ends: the tree commits 1 token per step and costs 2 s, AR 1 token in 1 s
+    bad = run_steps(budget, 1, 60, lambda cap, b: 2.0 if cap else 1.0, lambda cap: 0)
+    assert bad[-30:].count(0) >= 20  # AR now, the tree tried (1 + 3 steps) less and less often
+
+
+def test_measured_budget_starts_a_new_row_count_from_a_near_one():
+    """Rows end one by one at the end of a run: 7 live rows start from what 8 measured (no measuring phase)."""
+    budget = MeasuredBudget(16, tries=2)
+    run_steps(budget, 8, 12, lambda cap, b: 4.0 if cap else 0.6, lambda cap: 2 if cap else 0)
+    assert run_steps(budget, 7, 5, lambda cap, b: 4.0 if cap else 0.6, lambda cap: 2 if cap else 0) == [0] * 5
+    assert budget.rate(7, 0) == pytest.approx(budget.rate(8, 0) * 7 / 8)
+    run_steps(budget, 2, 3, lambda cap, b: 1.0, lambda cap: 2 if cap else 0)  # too far from 8: measured afresh
+    assert budget.rate(2, 16) == pytest.approx(6.0)

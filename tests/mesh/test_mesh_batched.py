@@ -3,6 +3,8 @@ sampled, lossy and lossless rules), lossless XSpecMesh equals AR, and AR is the 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -52,3 +54,14 @@ def test_lossless_xspecmesh_batched_is_greedy_ar(clouds):
     ar = decode_all(MeshDecoder(model, None), clouds, SamplingParams(), None, 1)
     xs = decode_all(MeshDecoder(model, tiny_heads()), clouds, SamplingParams(), LOSSLESS, 4)
     assert xs == ar and decode_all(MeshDecoder(model, None), clouds, SamplingParams(), None, 6) == ar
+    # budget=auto: each step is AR or the heads' draft, whichever measured faster at its batch size
+    auto = replace(LOSSLESS, budget="auto")
+    assert decode_all(MeshDecoder(model, tiny_heads()), clouds, SamplingParams(), auto, 4) == ar
+
+
+def test_auto_budget_is_a_checked_option_and_named_in_the_row_label():
+    from specgen.errors import UsageError
+
+    assert "budget auto" in XSpecMeshOptions(budget="auto").label()
+    with pytest.raises(UsageError, match="budget must be fixed or auto"):
+        XSpecMeshOptions(budget="sometimes")
