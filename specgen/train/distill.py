@@ -380,6 +380,7 @@ def distill(cfg: DistillConfig, out: Path, log: Callable[[str], None] = lambda s
 def register(model, tm, cfg: DistillConfig, traj_meta: dict, tok_hash: str, history: list[dict], step: int) -> list[str]:
     """adapter/<name>-lora (LoRA only) and target/<name> (weights with the adapter merged), tokenizer copied."""
     from specgen import registry
+    from specgen.models.tokenizer import copy_tokenizer
     from specgen.train.lora import lora_state, merge_lora
 
     common = {"objective": cfg.objective, "block_size": cfg.block_size, "tokenizer_hash": tok_hash,
@@ -406,15 +407,6 @@ def register(model, tm, cfg: DistillConfig, traj_meta: dict, tok_hash: str, hist
     return refs
 
 
-def copy_tokenizer(src: Path, dst: Path) -> None:
-    """Copy every tokenizer file of a registry entry folder (all but its config and weights)."""
-    from specgen.registry import CONFIG, WEIGHTS
-
-    for f in Path(src).iterdir():
-        if f.is_file() and f.name not in (CONFIG, WEIGHTS) and not f.name.startswith("."):
-            shutil.copy2(f, Path(dst) / f.name)
-
-
 def export_adapter(name: str, folder: Path, merge_scale: float | None = None) -> Path:
     """Write adapter `name` as a shippable asset: adapter.safetensors (fp16) + adapter.json (atomic folder swap).
 
@@ -423,7 +415,7 @@ def export_adapter(name: str, folder: Path, merge_scale: float | None = None) ->
     from safetensors.torch import save_file
 
     from specgen import checkpoints, registry
-    from specgen.text.merge import merge_scale as checked_scale
+    from specgen.train.lora import merge_scale as checked_scale
 
     entry = checkpoints.find(name)
     if entry.kind != "adapter":

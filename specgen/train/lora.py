@@ -13,9 +13,12 @@ W_merge = W_origin + AB).
 from __future__ import annotations
 
 import contextlib
+import math
 
 import torch
 from torch import nn
+
+from specgen.errors import UsageError
 
 
 class LoRALinear(nn.Module):
@@ -111,3 +114,11 @@ def merge_lora_state(model: nn.Module, state: dict[str, torch.Tensor], rank: int
         with torch.no_grad():
             layer.weight += (b @ a * scale).to(layer.weight.dtype)
     return len(paths)
+
+
+def merge_scale(meta: dict, scale: float | None = None) -> float:
+    """The scale an adapter is merged with: `scale` if given, else its recorded `merge_scale`, else 1."""
+    s = float(meta.get("merge_scale", 1.0) if scale is None else scale)
+    if not math.isfinite(s) or s < 0:
+        raise UsageError(f"merge scale must be a finite number >= 0, got {s}")
+    return s
