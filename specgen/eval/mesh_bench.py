@@ -263,18 +263,19 @@ def mesh_rows_of(cfg: MeshBenchConfig, sink) -> list[dict]:
         raise RunNotFinished(f"the run is not finished: {gone} of its meshes have no record yet "
                              "(rerun the same command, or wait for the other shards)")
     info = next(iter(sink.machines().values()))
-    runs = {label: [records[f"m{i}"]["runs"][label] for i in range(cfg.limit)] for label in labels}
-    rows = summarize(cfg, vs, runs)
+    single = {label: [records[f"m{i}"]["runs"][label] for i in range(cfg.limit)] for label in labels}
+    rows = summarize(cfg, vs, single)
+    ar_b1 = next((single[v.label] for v in vs if v.heads is None), None)  # batch-1 AR's runs
     for b in (b for b in cfg.batch_sizes if b > 1):
         runs, walls = {}, {}
         for label in labels:
             by_index, walls[label] = batched(records, f"b{b}/{label}/")
             runs[label] = [by_index[i] for i in range(cfg.limit)]
-        rows += batched_rows(summarize(cfg, vs, runs), runs, walls, b, rows)
+        rows += batched_rows(summarize(cfg, vs, runs), runs, walls, b, ar_b1)
     return [{**r, **info["references"]} for r in rows]
 
 
-def batched_rows(rows: list[dict], runs: dict, walls: dict, batch: int, single: list[dict]) -> list[dict]:
+def batched_rows(rows: list[dict], runs: dict, walls: dict, batch: int, ar_b1: list[dict] | None) -> list[dict]:
     """`ROW@bB` rows: tokens/s and meshes/s over each shard's wall time (not the sum of per-mesh latencies; summed
     over shards, which run side by side), speedup vs AR at the same B and vs batch-1 AR (`vs_ar_b1`), per shard and
     weighted by its meshes; step latency is a per-sequence measure and left out."""
@@ -283,15 +284,14 @@ def batched_rows(rows: list[dict], runs: dict, walls: dict, batch: int, single: 
     def shard_rate(label: str, s: str) -> float:
         return sum(x["tokens"] for x in runs[label] if x["shard"] == s) / walls[label][s]
 
-    def b1_rate(s: str) -> float:  # batch-1 AR tokens/s on shard s
-        xs = [x for x in runs[ar_label] if x["shard"] == s]
+    def b1_rate(s: str) -> float:  # batch-1 AR tokens/s on shard s: its meshes' tokens over their decode times
+        xs = [x for x in ar_b1 if x["shard"] == s]
         return sum(x["tokens"] for x in xs) / sum(stats_of(x).wall_time for x in xs) if xs else 0.0
 
     def weighted(label: str, value) -> float:
         parts = [(value(s), sum(x["shard"] == s for x in runs[label])) for s in walls[label]]
         return sum(v * n for v, n in parts) / sum(n for _, n in parts)
 
-    ar_b1 = next((r for r in single if r["heads"] is None), None)
     for r in rows:
         label = r["row"]
         wall = max(walls[label].values())

@@ -180,6 +180,18 @@ def test_benchmark_meshes_json(tiny):
     assert sum(phases.values()) <= rows[1]["step_latency_ms"] + 0.01
 
 
+def test_benchmark_meshes_batched_rows_compare_with_batch_one_ar(tiny):
+    """`vs_ar_b1` of a batched row is its tokens/s over batch-1 AR's (one shard: exactly that ratio)."""
+    r = invoke("benchmark", "--suite", "meshes", "--model", "tiny-mesh", "--limit", "3", "--format", "json",
+               "max_new_tokens=12", "num_heads=2", "heads={ca: tiny-heads}", "rows=[ar,ca]", "deltas=[]",
+               "topk_accept=[]", "tree_k=[]", "depths=[]", "sweep_row=ca", "--batch-size", "1,3")
+    assert r.exit_code == 0, r.output
+    rows = {x["row"]: x for x in json.loads(r.stdout)}
+    for label in ("ar@b3", "ca@b3"):
+        assert rows[label]["vs_ar_b1"] == pytest.approx(rows[label]["tokens_per_s"] / rows["ar"]["tokens_per_s"],
+                                                        rel=0.01)
+
+
 def test_benchmark_meshes_options_apply_to_every_heads_row(tiny):
     r = invoke("benchmark", "--suite", "meshes", "--model", "tiny-mesh", "--limit", "1", "--format", "json",
                "max_new_tokens=8", "num_heads=2", "heads={ca: tiny-heads}", "rows=[ar,ca]", "deltas=[]",
