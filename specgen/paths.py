@@ -1,8 +1,14 @@
-"""Output paths that never replace earlier files: numbered names, and folders checked before any work."""
+"""Output paths that never replace earlier files (numbered names, folders checked before any work), and the one
+set of atomic writers: a file or a folder is filled under a hidden temporary name beside it and renamed into place,
+so a reader sees the old one or the new one, never a half."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
 from specgen.errors import UsageError
@@ -95,6 +101,82 @@ def write_new(path: Path, text: str) -> bool:
 
 def replace_text(path: Path, text: str) -> None:
     """Replace `path` with `text` atomically (a reader sees the old file or the new one, never a mix)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    atomic_write_text(path, text)
+
+
+def atomic_write(path: str | Path, write: Callable[[Path], None], *, keep_suffix: bool = False,
+                 mode: int | None = None) -> Path:
+    """`write(tmp)` fills a hidden temporary file beside `path` (`.<name>.<random>.tmp`, or `.<name>.<random><suffix>`
+    with `keep_suffix`, for writers that choose the format from the name), which is then given `mode` (default: the
+    umask's, as for any new file), fsynced and renamed over `path` (atomic: same folder). On any failure the temporary
+    is removed and the exception re-raised, leaving an earlier `path` untouched. Creates the parent folder."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix if keep_suffix else ".tmp")
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        write(tmp)
+        os.chmod(tmp, 0o666 & ~umask() if mode is None else mode)  # mkstemp makes 0600
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def atomic_write_bytes(path: str | Path, data: bytes, **kw) -> Path:
+    """`data` as the file `path`, atomically (see `atomic_write`)."""
+    return atomic_write(path, lambda tmp: tmp.write_bytes(data), **kw)
+
+
+def atomic_write_text(path: str | Path, text: str, **kw) -> Path:
+    """`text` (UTF-8) as the file `path`, atomically (see `atomic_write`)."""
+    return atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"), **kw)
+
+
+def atomic_dir(folder: str | Path, fill: Callable[[Path], None], *, tag: str = "-",
+               guard: Callable[[], AbstractContextManager] | None = None) -> Path:
+    """`fill(tmp)` fills a hidden temporary folder beside `folder` (`.<name>.tmp<tag><random>`, made 0700 by mkdtemp:
+    `fill` sets other permissions), which then replaces `folder` (see `swap_dir`; inside `guard()`, e.g. a lock
+    that also re-checks the target, when given). On any failure the temporary folder is removed and the exception
+    re-raised; an earlier `folder` is left as it was. Creates the parent folder."""
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp{tag}", dir=folder.parent))
+    try:
+        fill(tmp)
+        with guard() if guard else nullcontext():
+            swap_dir(tmp, folder, old_prefix=f".{folder.name}.old{tag}")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
+def swap_dir(tmp: Path, folder: Path, old_prefix: str) -> None:
+    """Rename the finished folder `tmp` to `folder` (same parent). An existing `folder` is first renamed onto a fresh
+    empty folder `<old_prefix><random>` (a rename onto an empty folder replaces it atomically, and the unique name
+    never meets another writer's), then removed; if `tmp` cannot take its place it is renamed back."""
+    if not folder.exists():
+        os.replace(tmp, folder)
+        return
+    old = Path(tempfile.mkdtemp(prefix=old_prefix, dir=folder.parent))
+    try:
+        os.replace(folder, old)
+    except BaseException:
+        old.rmdir()
+        raise
+    try:
+        os.replace(tmp, folder)
+    except BaseException:
+        try:
+            os.replace(old, folder)  # the old folder back in place
+        except OSError:
+            pass  # (another writer's folder took the name meanwhile: the old one stays aside, as a temporary)
+        raise
+    shutil.rmtree(old, ignore_errors=True)

@@ -14,11 +14,11 @@ import os
 import re
 import shutil
 import socket
-import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
@@ -173,6 +173,8 @@ def save(
     """
     from safetensors.torch import save_file
 
+    from specgen.paths import atomic_dir
+
     check_new(kind, name, overwrite)
     final = checkpoints_dir() / kind / name
     try:
@@ -180,34 +182,31 @@ def save(
     except OSError as e:
         raise UsageError(f"cannot create {final.parent} in SPECGEN_HOME: {e.strerror}") from None
     remove_stale_temporaries(final.parent)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-{socket.gethostname()}-{os.getpid()}-", dir=final.parent))
-    try:
-        state, tied = untie(state)
-        tensors = {k: (v.to(dtype) if dtype and v.is_floating_point() else v).contiguous() for k, v in state.items()}
+
+    def fill(tmp: Path) -> None:
+        untied, tied = untie(state)
+        tensors = {k: (v.to(dtype) if dtype and v.is_floating_point() else v).contiguous() for k, v in untied.items()}
         save_file(tensors, str(tmp / WEIGHTS))
         if extra:
             extra(tmp)
         from specgen import __version__
 
-        meta = {"kind": kind, "name": name, "specgen_version": __version__, **meta, **({"tied": tied} if tied else {})}
-        (tmp / CONFIG).write_text(json.dumps(meta, indent=2, sort_keys=True, default=str))
+        doc = {"kind": kind, "name": name, "specgen_version": __version__, **meta, **({"tied": tied} if tied else {})}
+        (tmp / CONFIG).write_text(json.dumps(doc, indent=2, sort_keys=True, default=str))
         follow_umask(tmp)
+
+    @contextmanager
+    def locked() -> Iterator[None]:  # the swap (old entry renamed onto an empty folder, then removed) under the lock
         with name_lock(final):
             if final.exists() and not overwrite:
                 raise UsageError(f"{kind}/{name} already exists (another process wrote it meanwhile); "
                                  "choose another name or pass --force to replace it")
-            if final.exists():
-                old = Path(tempfile.mkdtemp(prefix=f".{name}.old-{socket.gethostname()}-{os.getpid()}-",
-                                            dir=final.parent))
-                os.replace(final, old)  # an empty folder as rename target: replaced atomically
-                os.replace(tmp, final)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                os.replace(tmp, final)
+            yield
+
+    try:  # temporaries .<name>.tmp-<host>-<pid>-<random> and .<name>.old-...: see remove_stale_temporaries
+        atomic_dir(final, fill, tag=f"-{socket.gethostname()}-{os.getpid()}-", guard=locked)
     except OSError as e:
         raise RuntimeFailure(f"cannot write {kind}/{name} in {final.parent}: {e.strerror or e}") from None
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return entry_at(final)
 
 

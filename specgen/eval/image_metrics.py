@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import os
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -20,6 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from specgen.models.classifier import ImageClassifier
+from specgen.paths import atomic_write
 
 FEATURE_SPACE = "tiny-image-classifier"  # label for tables: "FID (tiny-image-classifier features)"
 Array = torch.Tensor | np.ndarray
@@ -98,15 +97,8 @@ def reference_features(classifier: ImageClassifier, n: int = 1024, seed: int = 0
             pass
     images, _ = ImageCrops(data_cfg).batch(range(n))  # [n,3,S,S]
     feats = image_features(classifier, images, batch_size)  # [n,F]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    os.close(fd)
-    try:
-        save_file({"features": feats.contiguous()}, tmp, metadata={"n": str(n), "seed": str(seed), "split": split})
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    atomic_write(path, lambda tmp: save_file({"features": feats.contiguous()}, str(tmp),
+                                             metadata={"n": str(n), "seed": str(seed), "split": split}))
     return feats
 
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
 from PIL import Image
+
+from specgen.paths import atomic_write
 
 
 def speed_quality_plot(rows: Sequence[Mapping], x: str = "speedup_vs_ar", y: str = "fid", label: str = "method",
@@ -34,18 +35,7 @@ def speed_quality_plot(rows: Sequence[Mapping], x: str = "speedup_vs_ar", y: str
     ax.set_title(title or f"{y} vs {x}", fontsize=10)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
-    os.close(fd)
-    try:
-        fig.savefig(tmp, format="png")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
+    return atomic_write(path, lambda tmp: fig.savefig(tmp, format="png"), keep_suffix=True, mode=0o644)
 
 
 def image_grid(images: torch.Tensor, nrow: int = 8, pad: int = 2) -> Image.Image:

@@ -7,13 +7,11 @@ excluded. The table is an artefact in $SPECGEN_HOME/artefacts/neighbours/<sha256
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
-from pathlib import Path
 
 import torch
 
 from specgen import registry
+from specgen.paths import atomic_write
 
 
 def codebook_hash(codebook: torch.Tensor) -> str:
@@ -42,11 +40,7 @@ def neighbour_table(codebook: torch.Tensor, k: int) -> torch.Tensor:
         except Exception:  # a corrupt cache entry is recomputed
             path.unlink(missing_ok=True)
     table = compute_neighbours(codebook, k)
-    folder.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
-    os.close(fd)
-    save_file({"neighbours": table.contiguous()}, tmp)
-    os.replace(tmp, path)
+    atomic_write(path, lambda tmp: save_file({"neighbours": table.contiguous()}, str(tmp)))
     return table
 
 

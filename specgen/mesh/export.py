@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import io
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +13,7 @@ from specgen.mesh.errors import MeshInputError
 from specgen.mesh.pointcloud import face_areas_normals
 from specgen.mesh.quantize import clean_faces, remove_unreferenced
 from specgen.mesh.types import as_mesh
+from specgen.paths import atomic_write_bytes
 
 
 @dataclass(frozen=True)
@@ -85,24 +84,6 @@ def clean_mesh(vertices: np.ndarray, faces: np.ndarray) -> CleanedMesh:
     )
 
 
-def atomic_write(path: str | Path, data: bytes) -> Path:
-    """Write ``data`` to a temp file beside ``path``, fsync, then ``os.replace`` it into place."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return target
-
-
 def resolve_format(path: str | Path, fmt: str | None = None) -> str:
     """The export format name: ``fmt`` if given, else from the path's suffix."""
     name = (fmt or Path(path).suffix.lstrip(".")).lower()
@@ -134,7 +115,7 @@ def export_mesh(
     if fix_normals:
         mesh.fix_normals()
     data = mesh.export(file_type=EXPORT_FORMATS[name].file_type)
-    target = atomic_write(path, data.encode("utf-8") if isinstance(data, str) else bytes(data))
+    target = atomic_write_bytes(path, data.encode("utf-8") if isinstance(data, str) else bytes(data))
     return ExportReport(
         path=target,
         format=name,
@@ -185,4 +166,4 @@ def render_png(
     ax.set_axis_off()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)
-    return atomic_write(path, buf.getvalue())
+    return atomic_write_bytes(path, buf.getvalue())

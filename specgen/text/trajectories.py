@@ -42,6 +42,7 @@ import torch
 
 from specgen.errors import IncompatibleError, RuntimeFailure, UsageError
 from specgen.models.tokenizer import tokenizer_hash
+from specgen.paths import atomic_write, atomic_write_text
 
 META = "trajectories.json"
 SHARDS = "shards"
@@ -138,11 +139,8 @@ def write_parquet_atomic(rows: list[dict], path: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    path.parent.mkdir(parents=True, exist_ok=True)
     table = pa.Table.from_pylist(rows, schema=schema())
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    pq.write_table(table, tmp)
-    os.replace(tmp, path)
+    atomic_write(path, lambda tmp: pq.write_table(table, tmp))
 
 
 def schema():
@@ -264,10 +262,7 @@ def collect(cfg: CollectConfig, out: Path, on_prompt: Callable[[int, int, float]
     elif out.exists() and any(out.iterdir()):
         raise UsageError(f"{out} exists and is not a trajectory folder; use an empty or new --out")
     else:
-        out.mkdir(parents=True, exist_ok=True)
-        tmp = out / f".{META}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps(meta, indent=2, sort_keys=True))
-        os.replace(tmp, out / META)
+        atomic_write_text(out / META, json.dumps(meta, indent=2, sort_keys=True))
     have = done_ids(out)
     mine = [i for i in range(len(texts)) if (cfg.offset + i) % world == rank]
     todo = [i for i in mine if cfg.offset + i not in have]

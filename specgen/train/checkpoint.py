@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from specgen.errors import UsageError
+from specgen.paths import atomic_write, atomic_write_text
 
 if TYPE_CHECKING:
     from specgen.registry import Entry
@@ -28,32 +27,16 @@ class StaleStateError(UsageError, ValueError):
     """The run folder holds the resume state of another config (or target); the message says which."""
 
 
-def atomic_write(path: Path, write: Callable[[str], None]) -> None:
-    """`write(tmp)` to a temporary file next to `path`, then rename it into place (nothing partial is left)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    os.close(fd)
-    try:
-        write(tmp)
-        from specgen.paths import umask
-
-        os.chmod(tmp, 0o666 & ~umask())  # mkstemp makes 0600: follow the umask (shipped assets: world-readable)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def save_tensors(path: Path, tensors: Mapping[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
     from safetensors.torch import save_file
 
-    atomic_write(path, lambda p: save_file({k: v.contiguous() for k, v in tensors.items()}, p, metadata=metadata))
+    atomic_write(path, lambda p: save_file({k: v.contiguous() for k, v in tensors.items()}, str(p),
+                                            metadata=metadata))
 
 
 def write_json(path: Path, doc: Any, sort_keys: bool = True) -> None:
     """Indented JSON with a final newline."""
-    atomic_write(path, lambda p: Path(p).write_text(json.dumps(doc, indent=2, sort_keys=sort_keys) + "\n"))
+    atomic_write_text(path, json.dumps(doc, indent=2, sort_keys=sort_keys) + "\n")
 
 
 def write_entry(folder: Path, state: Mapping[str, torch.Tensor], meta: dict, sort_keys: bool = True) -> None:

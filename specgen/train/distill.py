@@ -25,10 +25,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
-import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -38,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from specgen.errors import IncompatibleError, UsageError
+from specgen.paths import atomic_dir
 from specgen.train import packing
 from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, TrainTask
 
@@ -176,9 +174,7 @@ def save_checkpoint(folder: Path, model, optimizer, meta: dict[str, Any]) -> Non
     """Trainable weights, AdamW state and `meta` (step, history, log window, config, ...) as a folder swapped in."""
     from safetensors.torch import save_file
 
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".checkpoint.", dir=folder.parent))
-    try:
+    def fill(tmp: Path) -> None:
         trainable = {n: p.detach().cpu().contiguous() for n, p in model.named_parameters() if p.requires_grad}
         save_file(trainable, str(tmp / "trainable.safetensors"))
         osd = optimizer.state_dict()
@@ -186,14 +182,8 @@ def save_checkpoint(folder: Path, model, optimizer, meta: dict[str, Any]) -> Non
                 for k, v in st.items() if torch.is_tensor(v)}
         save_file(flat or {"_empty": torch.zeros(1)}, str(tmp / "optimizer.safetensors"))
         (tmp / "state.json").write_text(json.dumps(meta))
-        old = folder.with_name(f".{folder.name}.old")
-        if folder.exists():
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(folder, old)
-        os.replace(tmp, folder)
-        shutil.rmtree(old, ignore_errors=True)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    atomic_dir(folder, fill)
 
 
 def load_checkpoint(folder: Path, model, optimizer) -> dict[str, Any]:
@@ -420,10 +410,7 @@ def export_adapter(name: str, folder: Path, merge_scale: float | None = None) ->
     entry = checkpoints.find(name)
     if entry.kind != "adapter":
         raise UsageError(f"{entry.ref} is not an adapter")
-    folder = Path(folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
-    try:
+    def fill(tmp: Path) -> None:
         state = {k: v.to(torch.float16).contiguous() for k, v in registry.read_state(entry).items()}
         save_file(state, str(tmp / "adapter.safetensors"))
         keep = ("parent", "lora_rank", "lora_alpha", "lora_targets", "tokenizer_hash", "vocab_size", "objective",
@@ -436,15 +423,8 @@ def export_adapter(name: str, folder: Path, merge_scale: float | None = None) ->
         for f in tmp.iterdir():  # shipped files: world-readable like the rest of the package
             f.chmod(0o644)
         tmp.chmod(0o755)
-        old = folder.with_name(f".{folder.name}.old")
-        if folder.exists():
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(folder, old)
-        os.replace(tmp, folder)
-        shutil.rmtree(old, ignore_errors=True)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return folder
+
+    return atomic_dir(folder, fill)
 
 
 if __name__ == "__main__":  # python -m specgen.train.distill export ADAPTER FOLDER
