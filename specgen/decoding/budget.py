@@ -104,21 +104,21 @@ class AutoBudget:
 class MeasuredBudget:
     """Per number of live rows B, the faster of batched AR (cap 0) and the method's own draft (cap `limit`).
 
-    Model: none beyond measurement. Each choice keeps, per B, decayed sums of the tokens its steps committed (all
-    rows), their seconds (the whole step, drafting included) and their count; its throughput is tokens / seconds
-    (a ratio of sums: one lucky or unlucky step moves it little); a row count never seen starts from a near one
-    measured (`borrow`). The choice follows the ratio of the two rates: first from the measuring phase, then
-    moved halfway by each try of the other against the leader's recent rate, since steps cost more as the
-    sequences grow and a rate measured earlier would flatter the choice that ran then. The first step after a switch is not measured:
-    it carries one-off costs (a tree drafter catches up on every token committed while AR ran), which would make
-    the choice that is tried rarely look slower than it runs. At a new B the draft runs until it has `tries`
-    measured steps, then AR; then the faster one runs, and the other is tried again (1 + `tries` steps)
-    once a step of it would cost at most `probe_share` of the time run since it was last tried. While its last try
-    found it far behind (below `far` of the leader's rate), each try halves that share for the next one (down to
-    `probe_share / 64`), so a choice that keeps losing by far costs less and less; a close one, or one whose
-    last try did well, is tried at the full share, so a changed acceptance rate (an image's flat regions, a new
-    row mix) is followed. For draft trees the drafter's levels are most of a step's cost and differ
-    per machine (a launch-bound GPU, a CPU), which the verify cost curve of `AutoBudget` does not capture.
+    No model beyond measurement; for draft trees the drafter's levels are most of a step's cost and differ per
+    machine (a launch-bound GPU, a CPU), which the verify cost curve of `AutoBudget` does not capture.
+    1. Rates: each choice keeps, per B, decayed sums of the tokens its steps committed (all rows), their seconds
+       (the whole step, drafting included) and their count; its throughput is tokens / seconds (a ratio of sums:
+       one lucky or unlucky step moves it little). The first step after a switch is not measured: it carries
+       one-off costs (a tree drafter catches up on every token committed while AR ran).
+    2. Measuring: at a new B the draft runs until it has `tries` measured steps, then AR; a B never seen starts
+       from a near one already measured instead (`borrow`: the tail of a run, where rows end one by one).
+    3. Choosing: the faster by the ratio of the two rates runs. The other is tried again (1 + `tries` steps) once
+       a step of it would cost at most `probe_share` of the time run since its last try; a try moves the ratio
+       halfway to what it found against the leader's recent rate (steps cost more as sequences grow: a rate
+       measured earlier would flatter the choice that ran then).
+    4. Backing off: a try that found the other far behind (below `far` of the leader's rate) halves that share for
+       the next one (down to `probe_share / 64`); a close one keeps it, so a changed acceptance rate (an image's
+       flat regions, a new row mix) is followed.
 
     One budget may serve several decode calls (a benchmark decodes its images one call each): what it measured
     carries over. Lossless either way (AR is the empty draft). Greedy outputs do not depend on it; sampled outputs

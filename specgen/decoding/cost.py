@@ -19,7 +19,6 @@ import torch
 from torch import nn
 
 from specgen.devices import now
-from specgen.models.quantize import QuantizedLinear
 
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
 

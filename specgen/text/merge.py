@@ -11,7 +11,6 @@ it is merged with by default.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import torch
