@@ -91,17 +91,18 @@ class EagleBatch:
         n, width = len(rows), max(ms)
         dim, device = rows[0].pending.shape[-1], rows[0].pending.device
         feats = torch.zeros(n * br, width, dim, dtype=rows[0].pending.dtype, device=device)
-        toks = torch.zeros(n * br, width, dtype=torch.long, device=device)
-        pos = torch.zeros(n * br, width, dtype=torch.long, device=device)
-        tree = torch.eye(width, dtype=torch.bool, device=device).repeat(n, 1, 1)  # [n, M, M]: padding sees itself
+        toks = torch.zeros(n * br, width, dtype=torch.long)  # host-built (as in `level`), copied once
+        pos = torch.zeros(n * br, width, dtype=torch.long)
+        tree = torch.eye(width, dtype=torch.bool).repeat(n, 1, 1)  # [n, M, M]: padding sees itself
         for i, (d, seq, m) in enumerate(zip(rows, seqs, ms)):
             root = len(seq) - 1
             part = slice(i * br, (i + 1) * br)
             feats[part, :m] = d.pending
-            toks[part, :m] = torch.tensor(seq[-m:], device=device)
+            toks[part, :m] = torch.tensor(seq[-m:])
             pos[part] = root
-            pos[part, :m] = torch.arange(root - m + 1, root + 1, device=device)
-            tree[i, :m, :m] = torch.ones(m, m, dtype=torch.bool, device=device).tril()
+            pos[part, :m] = torch.arange(root - m + 1, root + 1)
+            tree[i, :m, :m] = torch.ones(m, m, dtype=torch.bool).tril()
+        toks, pos, tree = (t.to(device) for t in (toks, pos, tree))
         hidden = self.net(feats, toks, pos, view, tree_mask=tree)  # [n * br, M, D]
         last = torch.tensor([m - 1 for m in ms for _ in range(br)], device=device)
         for i, m in enumerate(ms):
@@ -112,7 +113,7 @@ class EagleBatch:
     def grow(self, root_hidden: torch.Tensor, root_pos: list[int], shapes: list[TreeShape], view,
              stats: Sequence[DecodeStats]) -> list[tuple[list[int], list[int], list[float]]]:
         """Expand every row's tree level by level (one drafter forward per level); (tokens, parents, scores) per row."""
-        n, br, device = len(shapes), self.br, root_hidden.device
+        n, br = len(shapes), self.br
         lp = self.logprobs(root_hidden)[:, 0]  # [n, V]
         tokens, scores, parents, frontier, slot_of, grown = [], [], [], [], [], [0] * n
         for i, shape in enumerate(shapes):
@@ -132,15 +133,18 @@ class EagleBatch:
                 stats[i].drafter_forwards += 1
                 k, f = shapes[i].top_k, frontier[i]
                 child = lp[i, : len(f)].topk(min(k, lp.shape[-1]), dim=-1)  # [|f|, k]
-                cand = torch.tensor([scores[i][j] for j in f], device=device)[:, None] + child.values
+                # the beam is chosen on the host: one copy of the children per row and level, not one per node
+                values, children = child.values.cpu(), child.indices.tolist()
+                cand = torch.tensor([scores[i][j] for j in f])[:, None] + values  # [|f|, k]
                 first_new = len(tokens[i])
-                for j, node in enumerate(f):
-                    tokens[i] += child.indices[j].tolist()
-                    parents[i] += [node] * child.indices.shape[1]
+                for node, kids in zip(f, children):
+                    tokens[i] += kids
+                    parents[i] += [node] * len(kids)
                 scores[i] += cand.flatten().tolist()
                 best = cand.flatten().topk(min(k, cand.numel())).indices.tolist()
                 frontier[i] = [first_new + b for b in best]
-                hidden[i] = out[i * br : (i + 1) * br, [b // child.indices.shape[1] for b in best]]
+                width_k = values.shape[1]
+                hidden[i] = out[i * br : (i + 1) * br, [b // width_k for b in best]]
         for i, g in enumerate(grown):  # the drafter cache keeps only committed pairs
             for r in range(i * br, (i + 1) * br):
                 view.rollback(r, view.lengths[r] - g)
@@ -151,10 +155,12 @@ class EagleBatch:
         n, br = len(frontier), self.br
         device, dim = hidden[live[0]].device, hidden[live[0]].shape[-1]
         feats = torch.zeros(n * br, width, dim, dtype=hidden[live[0]].dtype, device=device)
-        toks = torch.zeros(n * br, width, dtype=torch.long, device=device)
-        pos = torch.zeros(n * br, width, dtype=torch.long, device=device)
+        # tokens, positions and the mask are built on the host (one element at a time: on a GPU each would be a
+        # kernel launch) and copied to the device once
+        toks = torch.zeros(n * br, width, dtype=torch.long)
+        pos = torch.zeros(n * br, width, dtype=torch.long)
         total = max(view.lengths) + width
-        mask = torch.zeros(n * br, 1, width, total, dtype=torch.bool, device=device)
+        mask = torch.zeros(n * br, 1, width, total, dtype=torch.bool)
         for i in range(n):
             part, base = slice(i * br, (i + 1) * br), view.lengths[i * br]
             mask[part, 0, torch.arange(width), base + torch.arange(width)] = True  # every input sees itself
@@ -164,13 +170,14 @@ class EagleBatch:
             pos[part] = root_pos[i] + level
             f = frontier[i]
             feats[part, : len(f)] = hidden[i]
-            toks[part, : len(f)] = torch.tensor([tokens[i][j] for j in f], device=device)
+            toks[part, : len(f)] = torch.tensor([tokens[i][j] for j in f])
             mask[part, 0, : len(f), : base - grown[i]] = True  # the committed prefix (not earlier levels)
             for j, node in enumerate(f):
                 anc = parents[i][node]
                 while anc >= 0:
                     mask[part, 0, j, slot_of[i][anc]] = True
                     anc = parents[i][anc]
+        toks, pos, mask = (t.to(device) for t in (toks, pos, mask))
         out = self.net(feats, toks, pos, view, attn_mask=mask)  # [n * br, width, D]
         for i in live:
             base = view.lengths[i * br]
