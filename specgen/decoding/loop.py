@@ -176,7 +176,7 @@ def decode_batch(
     def policy_step(slots: list[Row], stats: list[DecodeStats]) -> None:
         """One step under a StepPolicy: plan per row -> one forward over the rows that feed -> settle -> commit."""
         clock = lambda phase: timed(stats, phase, device)  # noqa: E731  (the policy charges its own phases)
-        n, gens = len(slots), [r.generator for r in slots]
+        gens = [r.generator for r in slots]
         steps = pool.plan([r.prompt + r.out for r in slots], [min(max_draft, max_new_tokens - len(r.out) - 1) for r in slots],
                           [r.stats for r in slots], gens, params, clock)
         fed = [i for i, st in enumerate(steps) if st.root is not None]
@@ -217,7 +217,7 @@ def decode_batch(
         if stepper:
             policy_step(slots, stats)
             continue
-        step_start = now(device)
+        before = sum(total.times.values())  # the step's time: what its phases add to `total` (no further clock)
         with timed(stats, "propose", device):  # 1. propose: the pool drafts for every live row
             cap = budget.cap(n)
             drafts = pool.propose([r.prompt + r.out for r in slots],
@@ -253,7 +253,7 @@ def decode_batch(
                 budget.observe(d.size, v.num_accepted)
                 r.out.extend(v.tokens)
                 r.done = len(r.out) >= max_new_tokens or hit_stop(v.tokens, stop_ids) or ended(i)
-        budget.observe_step(now(device) - step_start)  # 6. the whole step's time, for a measured budget
+        budget.observe_step(sum(total.times.values()) - before)  # 6. the whole step's time, for a measured budget
     total.new_tokens = sum(len(r.tokens) for r in results)
     return BatchResult(results, total)
 
