@@ -151,8 +151,10 @@ class MeasuredBudget:
         """Start a new row count from the nearest one measured if it is near (within a quarter, or one row): tokens
         scale with the rows, a step's seconds are kept, and the tries that follow correct both. The tail of a run,
         where rows end one by one, then pays no measuring at each count."""
+        if (b, self.limit) in self._sums or (b, 0) in self._sums:  # seen before: measured, or being measured
+            return
         known = {k for k, c in self._sums if min(self._count.get((k, x), 0) for x in (self.limit, 0)) >= self.tries}
-        if b in known or not known:
+        if not known:
             return
         near = min(known, key=lambda k: (abs(k - b), k))
         if abs(near - b) > max(1, b // 4):  # too far: speculation pays differently there
