@@ -28,7 +28,7 @@ def run(req) -> None:
         raise UsageError("no prompt given: use --prompt TEXT or --prompts FILE (or - for stdin)")
     get_method(cfg.method).check_options(cfg.method_options)
     SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)  # validate before loading the model
-    check_batching(cfg.max_new_tokens, cfg.batch_size, cfg.method_options.get("budget", "fixed"))
+    check_batching(cfg.max_new_tokens, cfg.batch_size)
     from specgen.methods import model_for
 
     model = model_for(get_method(cfg.method), cfg.model, TextGenConfig.model)  # distilled methods: their model

@@ -10,7 +10,6 @@ from specgen.decoding.sampling import SamplingParams
 from specgen.errors import UsageError
 from specgen.limits import check_prompt_fits
 from specgen.methods import get_method, run_batch
-from specgen.methods.options import BUDGETS
 from specgen.text.target import TextModel
 
 
@@ -54,7 +53,7 @@ def generate_text(model: TextModel, cfg: TextGenConfig, prompts: list[str], on_d
     spec.check_options(cfg.method_options)
     options = dict(cfg.method_options)
     budget = options.pop("budget", "fixed")
-    check_batching(cfg.max_new_tokens, cfg.batch_size, budget)
+    check_batching(cfg.max_new_tokens, cfg.batch_size)
     params = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
     ids = [model.tokenizer.encode(p, chat=cfg.chat) for p in prompts]
     for prompt_ids in ids:  # every prompt fits the context before any is decoded
@@ -67,14 +66,13 @@ def generate_text(model: TextModel, cfg: TextGenConfig, prompts: list[str], on_d
             for p, r in zip(prompts, batch.results)]
 
 
-def check_batching(max_new_tokens: int, batch_size: int, budget: str) -> None:
-    """Refuse a token budget, batch size or draft budget that cannot run (before any model work)."""
+def check_batching(max_new_tokens: int, batch_size: int) -> None:
+    """Refuse a token budget or batch size that cannot run (before any model work; `budget` is a checked method
+    option)."""
     if max_new_tokens < 1:
         raise UsageError(f"max-new-tokens must be >= 1, got {max_new_tokens}")
     if batch_size < 1:
         raise UsageError(f"batch-size must be >= 1, got {batch_size}")
-    if budget not in BUDGETS:  # the option's own check refuses it first where options are validated
-        raise UsageError(f"method_options.budget must be one of {', '.join(BUDGETS)}, got {budget!r}")
 
 
 def draft_budget(model: TextModel, kind: str, limit: int = 16):
