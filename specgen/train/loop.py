@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -144,20 +145,20 @@ def _cpu_minutes(p: Progress) -> float:
 BUDGETS: dict[str, Callable[[Progress], float]] = {"session": _session_minutes, "cpu": _cpu_minutes}
 
 
-class TrainTask:
-    """A trainer's model, data and loss (subclass and fill in; the defaults do nothing)."""
+class TrainTask(ABC):
+    """A trainer's model, data and loss: a subclass gives `batch` and `loss`; the other hooks default to nothing."""
 
     modules: dict[str, torch.nn.Module]  # saved in the state (in this order), moved to the loop's device
     optims: dict[str, Optim]  # stepped in this order
 
+    @abstractmethod
     def batch(self, at: At) -> Any:
         """The micro-batch `at` (tensors on the CPU are moved to the device by the loop)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def loss(self, batch: Any) -> tuple[torch.Tensor | dict[str, torch.Tensor], dict[str, float]]:
         """(loss, or {optimiser name: loss} for the optimisers to step this step; floats to log). Which optimisers
         get a loss may depend on the step, never on the data: every process must average the same gradients."""
-        raise NotImplementedError
 
     def evaluate(self, progress: Progress) -> dict | None:
         """A history record after `progress.step` steps (None: nothing to record)."""
