@@ -33,6 +33,10 @@ class KVCache:
     cross: list[tuple[torch.Tensor, torch.Tensor]] | None = field(default=None)  # per layer [B, H, M, D]
     key_mask: torch.Tensor | None = field(default=None)  # [B, M] bool: False = a slot no later query sees
 
+    def __post_init__(self) -> None:
+        # per-layer views [B, H_kv, T_max, D], made once: `write` runs in every layer of every forward
+        self._layers = tuple((self.k[i], self.v[i]) for i in range(self.k.shape[0]))  # select: writable views
+
     @classmethod
     def allocate(
         cls,
@@ -73,19 +77,20 @@ class KVCache:
     def write(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store pending keys/values [B, H_kv, S, D]; return the visible prefix [B, H_kv, T, D]."""
         s = k_new.shape[2]
+        k, v = self._layers[layer]
         start = self.uniform_length()
         if start is not None:
-            self.k[layer, :, :, start : start + s] = k_new
-            self.v[layer, :, :, start : start + s] = v_new
+            k.narrow(2, start, s).copy_(k_new)
+            v.narrow(2, start, s).copy_(v_new)
             end = start + s
         else:  # ragged rows (a batch): row b's nodes go to slots [lengths[b], lengths[b] + S), one scatter
             b, h, _, d = k_new.shape
             slots = torch.tensor(self.lengths, device=self.k.device)[:, None] + torch.arange(s, device=self.k.device)
             index = slots[:, None, :, None].expand(b, h, s, d)  # [B, H_kv, S, D]
-            self.k[layer].scatter_(2, index, k_new)
-            self.v[layer].scatter_(2, index, v_new)
+            k.scatter_(2, index, k_new)
+            v.scatter_(2, index, v_new)
             end = max(self.lengths) + s
-        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+        return k.narrow(2, 0, end), v.narrow(2, 0, end)
 
     def commit(self, row: int, keep: list[int]) -> None:
         """Keep pending nodes `keep` (indices into the last write, ascending) and advance the row.

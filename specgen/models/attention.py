@@ -35,10 +35,11 @@ MIN_ROWS = 4  # GEMM rows below which MKL's float32 products take another code p
 @dataclass
 class AttentionPlan:
     """What every layer of one forward shares: the additive mask and float32 staging buffers (zero-padded past
-    the real keys and query rows; each layer overwrites only the real part, so the padding stays finite)."""
+    the real keys and query rows; each layer overwrites only the real part, so the padding stays finite), with the
+    views each layer reads made once here (a layer's attention is ~30 small ops; a view made per layer is one more)."""
 
-    bias: torch.Tensor  # [B, 1, N, R, CHUNK] 0 visible / -inf hidden; R = max(G*S, MIN_ROWS), rows ordered (g, s)
-    q: torch.Tensor  # [B, Hkv, 1, R, D]
+    bias: torch.Tensor  # [B, 1, R, N*CHUNK] 0 visible / -inf hidden; R = max(G*S, MIN_ROWS), rows ordered (g, s)
+    q: torch.Tensor  # [B, Hkv, R, D]
     k: torch.Tensor  # [B, Hkv, N*CHUNK, D]
     v: torch.Tensor  # [B, Hkv, N*CHUNK, D]
     rows: int  # G*S
@@ -47,6 +48,14 @@ class AttentionPlan:
     shared_chunks: int = 0  # trees: leading chunks in AR's layout for every query (the committed prefix)
     score_cols: torch.Tensor | None = None  # [B, S, N*CHUNK] trees: cache slot of each AR-layout column (pad: 0)
     value_rows: torch.Tensor | None = None  # [B*S*(T - lo)] trees: flat (batch, slot) rows of the values past lo
+
+    def __post_init__(self) -> None:
+        b, hkv, r, d = self.q.shape
+        t = self.k.shape[2]
+        self.q_real = self.q[:, :, : self.rows]  # [B, Hkv, G*S, D]: written by each layer
+        self.q3 = self.q.view(b * hkv, r, d)
+        self.kt3 = self.k.view(b * hkv, t, d).transpose(1, 2)  # [B*Hkv, D, N*CHUNK]
+        self.v3 = self.v.view(b * hkv * (t // CHUNK), CHUNK, d)  # [B*Hkv*N, CHUNK, D]
 
 
 def plan(
@@ -58,12 +67,12 @@ def plan(
     rows = group * s
     if mask is None:
         mask = torch.ones(b, 1, s, t, dtype=torch.bool, device=device)
-    vis = F.pad(mask, (0, n * CHUNK - t), value=False).view(mask.shape[0], 1, s, n, CHUNK).permute(0, 1, 3, 2, 4)
-    vis = vis.unsqueeze(3).expand(-1, 1, n, group, s, CHUNK).reshape(-1, 1, n, rows, CHUNK)
+    vis = F.pad(mask, (0, n * CHUNK - t), value=False)  # [B, 1, S, N*C]
+    vis = vis.unsqueeze(2).expand(-1, 1, group, s, n * CHUNK).reshape(-1, 1, rows, n * CHUNK)  # rows (g, s)
     vis = F.pad(vis, (0, 0, 0, max(0, MIN_ROWS - rows)), value=True)  # padding rows: finite, then dropped
     bias = torch.zeros(vis.shape, dtype=torch.float32, device=device).masked_fill_(~vis, float("-inf"))
     f32 = dict(dtype=torch.float32, device=device)
-    out = AttentionPlan(bias, torch.zeros(b, kv_heads, 1, vis.shape[3], head_dim, **f32),
+    out = AttentionPlan(bias, torch.zeros(b, kv_heads, vis.shape[2], head_dim, **f32),
                         torch.zeros(b, kv_heads, n * CHUNK, head_dim, **f32),
                         torch.zeros(b, kv_heads, n * CHUNK, head_dim, **f32), rows)
     seen = mask[:, 0]  # [B, S, T]
@@ -91,23 +100,28 @@ def invariant_attention(
     v: torch.Tensor,  # [B, Hkv, T, D]
     p: AttentionPlan,
 ) -> torch.Tensor:
-    """Softmax attention [B, H, S, D] in float32 (returned in q's dtype), GQA when Hkv < H."""
+    """Softmax attention [B, H, S, D] in float32 (returned in q's dtype), GQA when Hkv < H.
+
+    Scores: one GEMM per (batch, kv head) over all N*CHUNK slots (a score is one dot product over D, the same in
+    any GEMM width: tests/models/test_attention.py). Values: one GEMM per chunk (inner size CHUNK in every
+    forward), chunk results added in slot order."""
     if p.order is not None:
         return tree_attention(q, k, v, p)
     b, h, s, d = q.shape
     hkv, t = k.shape[1], k.shape[2]
-    n, rows = p.bias.shape[2], p.rows
-    p.q[:, :, 0, :rows].copy_(q.reshape(b, hkv, rows, d))  # rows ordered (g, s); padding rows stay 0
-    p.k[:, :, :t].copy_(k)
-    p.v[:, :, :t].copy_(v)
-    kf = p.k.view(b, hkv, n, CHUNK, d)  # [B, Hkv, N, C, D]
-    scores = torch.matmul(p.q, kf.transpose(-1, -2)).mul_(d**-0.5).add_(p.bias)  # [B, Hkv, N, R, C]
-    top = scores.amax(dim=(2, 4), keepdim=True).clamp_(min=-1e30)  # [B, Hkv, 1, R, 1]; exact (a max)
-    w = torch.exp_(scores.sub_(top))  # hidden slots: exactly 0
-    denom = w.sum(-1).cumsum(2)[:, :, -1, :rows]  # [B, Hkv, G*S]: chunk sums added in slot order
-    out = torch.matmul(w, p.v.view(b, hkv, n, CHUNK, d)).cumsum(2)[:, :, -1, :rows]  # [B, Hkv, G*S, D]
+    r, nc, rows = p.q.shape[2], p.k.shape[2], p.rows
+    n = nc // CHUNK
+    p.q_real.copy_(q.reshape(b, hkv, rows, d))  # rows ordered (g, s); padding rows stay 0
+    p.k.narrow(2, 0, t).copy_(k)
+    p.v.narrow(2, 0, t).copy_(v)
+    scores = torch.bmm(p.q3, p.kt3).view(b, hkv, r, nc).mul_(d**-0.5).add_(p.bias)  # [B, Hkv, R, N*C]
+    top = scores.amax(-1, keepdim=True).clamp_(min=-1e30)  # [B, Hkv, R, 1]; exact (a max)
+    w = scores.sub_(top).exp_().view(b * hkv, r, n, CHUNK)  # hidden slots: exactly 0
+    denom = w.sum(-1).cumsum(-1)[:, :rows, -1]  # [B*Hkv, G*S]: chunk sums added in slot order
+    per_chunk = torch.bmm(w.transpose(1, 2).reshape(b * hkv * n, r, CHUNK), p.v3)  # [B*Hkv*N, R, D]
+    out = per_chunk.view(b * hkv, n, r, d).cumsum(1)[:, -1, :rows]  # [B*Hkv, G*S, D]
     out = out / denom.clamp_(min=torch.finfo(torch.float32).tiny).unsqueeze(-1)  # a query seeing nothing: 0
-    return out.view(b, hkv, h // hkv, s, d).reshape(b, h, s, d).to(q.dtype)
+    return out.view(b, h, s, d).to(q.dtype)
 
 
 def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: AttentionPlan) -> torch.Tensor:

@@ -34,7 +34,8 @@ import torch
 from torch import nn
 
 from specgen.decoding.cache import KVCache
-from specgen.models.rope import table_1d, table_2d
+from specgen.models.attention import plan
+from specgen.models.rope import rotation, table_1d, table_2d
 from specgen.models.transformer import Block, Transformer, TransformerConfig
 
 
@@ -86,14 +87,12 @@ class EagleNet(nn.Module):
         if int(positions.max()) >= self.rope_table.shape[0]:
             raise ValueError(f"position {int(positions.max())} exceeds the drafter's {self.rope_table.shape[0]}")
         h = self.fc(torch.cat([self.tok_embeddings(tokens), features.to(self.fc.weight.dtype)], dim=-1))
-        rot = self.rope_table[positions].to(h.dtype)  # in the activation dtype, as Transformer.hidden_states
+        rot = rotation(self.rope_table[positions].to(h.dtype), self.cfg.rope_layout)  # as Transformer.hidden_states
         if cache is not None:
             cache.check_room(s)
             mask = cache.hide_keys(attn_mask) if attn_mask is not None else cache.prefix_mask(s, tree_mask)
             causal = False
             if h.dtype != torch.float32:  # low precision: the block takes an attention plan (as hidden_states)
-                from specgen.models.attention import plan
-
                 t = mask.shape[-1] if mask is not None else max(cache.lengths) + s
                 c = self.cfg
                 mask = plan(mask, h.shape[0], s, t, c.n_heads, c.n_kv_heads, c.hd, h.device)

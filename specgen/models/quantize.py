@@ -94,7 +94,8 @@ class QuantizedLinear(nn.Module):
     inputs work. Every product runs the quantized kernel (rows independent: see the module docstring).
     """
 
-    _kernel: tuple | None = None  # (key, int4 kernel weight, scales-and-zeros [in/g, out, 2])
+    _kernel: tuple | None = None  # int4: (packed kernel weight, scales-and-zeros [in/g, out, 2]); dropped when the
+    # buffers are replaced (assignment, load_state_dict, .to()), remade at the next product
 
     def __init__(self, in_features: int, out_features: int, mode: str, group: int = 0, bias: bool = False) -> None:
         super().__init__()
@@ -132,28 +133,45 @@ class QuantizedLinear(nn.Module):
         return dequantize_int4(self.qweight, self.scales, self.zeros)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., in] -> [..., out]
-        x2 = x.reshape(-1, self.in_features).to(ACT_DTYPE).contiguous()  # [M, in]
-        y = self.product(x2)
+        # a hot path (every layer of every decode step): no conversion op unless x needs one
+        x2 = x.reshape(-1, self.in_features)  # [M, in]
+        if x2.dtype != ACT_DTYPE:
+            x2 = x2.to(ACT_DTYPE)
+        y = self.product(x2.contiguous())
         if self.bias is not None:
             y = y + self.bias
-        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+        if x.dtype != ACT_DTYPE:
+            y = y.to(x.dtype)
+        return y.view(*x.shape[:-1], self.out_features)
 
     def product(self, x: torch.Tensor) -> torch.Tensor:
         """[M, out] bf16 by the quantized kernel (x [M, in] bf16 contiguous): rows are independent."""
         if self.mode == "int8":
             return torch.ops.aten._weight_int8pack_mm(x, self.qweight, self.scales)
-        _, packed, sz = self.kernel_weight()
+        packed, sz = self._kernel or self.kernel_weight()
         return torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, self.group, sz)
 
     def kernel_weight(self) -> tuple:
-        """(key, packed int4 weight, scales-and-zeros [in/g, out, 2] bf16), remade when the buffers change."""
-        key = (self.qweight.data_ptr(), self.scales.data_ptr(), self.zeros.data_ptr())
-        if self._kernel is None or self._kernel[0] != key:
+        """(packed int4 weight, scales-and-zeros [in/g, out, 2] bf16), made once per set of buffers."""
+        if self._kernel is None:
             q = unpack_int4(self.qweight).to(torch.int32)  # [out, in], values 0..15
             packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
             sz = torch.stack([self.scales, self.zeros], -1).transpose(0, 1).contiguous()
-            self._kernel = (key, packed, sz)
+            self._kernel = (packed, sz)
         return self._kernel
+
+    def __setattr__(self, name: str, value) -> None:
+        if name in ("qweight", "scales", "zeros"):
+            self.__dict__.pop("_kernel", None)
+        super().__setattr__(name, value)
+
+    def _load_from_state_dict(self, *args, **kwargs) -> None:
+        self.__dict__.pop("_kernel", None)  # the buffers are overwritten in place
+        super()._load_from_state_dict(*args, **kwargs)
+
+    def _apply(self, fn, recurse: bool = True):
+        self.__dict__.pop("_kernel", None)  # .to() / .cpu() may replace the buffers
+        return super()._apply(fn, recurse)
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)

@@ -17,6 +17,7 @@ loader (models/llama.py) handles or refuses them.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -91,11 +92,31 @@ def table_2d(grid: int, head_dim: int, theta: float, n_cond: int) -> torch.Tenso
     return torch.cat([torch.zeros(n_cond, half, 2), table], dim=0)
 
 
-def apply_rope(x: torch.Tensor, rot: torch.Tensor, layout: str) -> torch.Tensor:
-    """Rotate x [B, H, S, D] with rot [B, S, D/2, 2] (cos, sin) in the given pair layout."""
+@dataclass(frozen=True)
+class Rotation:
+    """A forward's rotation, made once and used by every layer: `cos` [B, 1, S, D] and `sin` [B, 1, S, D] with each
+    pair's (cos, sin) spread over the pair's two slots and sin negated on the slot whose partner is subtracted."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    layout: str  # "half" | "interleaved"
+
+
+def rotation(rot: torch.Tensor, layout: str) -> Rotation:
+    """The Rotation of table rows rot [B, S, D/2, 2] (cos, sin) in a pair layout."""
     cos, sin = rot[..., 0].unsqueeze(1), rot[..., 1].unsqueeze(1)  # [B, 1, S, D/2]
     if layout == "half":
-        a, b = x.chunk(2, dim=-1)
-        return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
-    a, b = x[..., 0::2], x[..., 1::2]
-    return torch.stack([a * cos - b * sin, b * cos + a * sin], dim=-1).flatten(-2)
+        return Rotation(torch.cat([cos, cos], -1), torch.cat([-sin, sin], -1), layout)
+    return Rotation(torch.stack([cos, cos], -1).flatten(-2), torch.stack([-sin, sin], -1).flatten(-2), layout)
+
+
+def rotate(x: torch.Tensor, r: Rotation) -> torch.Tensor:
+    """x [B, H, S, D] rotated: each pair (a, b) -> (a cos - b sin, b cos + a sin), computed as x * cos + partner(x) *
+    sin, where partner(x) swaps the two slots of every pair. Bitwise the per-pair formula: b * (-sin) is -(b sin)
+    exactly and a + (-y) is a - y, so each slot sees the same two rounded products and one rounded sum."""
+    d = x.shape[-1]
+    if r.layout == "half":
+        partner = x.roll(d // 2, -1)
+    else:
+        partner = x.unflatten(-1, (d // 2, 2)).flip(-1).flatten(-2)
+    return x * r.cos + partner * r.sin

@@ -27,7 +27,7 @@ from torch import nn
 from specgen.decoding.cache import KVCache
 from specgen.errors import ContextOverflowError
 from specgen.models.attention import invariant_attention, plan
-from specgen.models.rope import SCALINGS, apply_rope, table_1d, table_2d
+from specgen.models.rope import SCALINGS, Rotation, rotate, rotation, table_1d, table_2d
 
 
 @dataclass(frozen=True)
@@ -85,8 +85,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        # F.rms_norm of float32 is bitwise x * rsqrt(mean(x^2) + eps) (tests/models/test_rope_norm.py pins it), HF's formula
+        xf = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
         return self.weight * xf.to(x.dtype)
 
 
@@ -107,21 +107,21 @@ class Attention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,  # [B, S, dim]
-        rot: torch.Tensor,  # [B, S, hd/2, 2]
+        rot: Rotation,  # the forward's RoPE (cos, sin [B, 1, S, hd])
         layer: int,
         cache: KVCache | None,
         mask: torch.Tensor | None,  # [B, 1, S, T] bool, or None
         causal: bool,
     ) -> torch.Tensor:
         b, s, _ = x.shape
-        hd, layout = self.cfg.hd, self.cfg.rope_layout
-        q, k, v = self.wqkv(x).split([self.q_dim, self.kv_dim, self.kv_dim], dim=-1)
-        q, k = q.view(b, s, -1, hd), k.view(b, s, -1, hd)
+        h, hkv, hd = self.cfg.n_heads, self.cfg.n_kv_heads, self.cfg.hd
+        qkv = self.wqkv(x).view(b, s, h + 2 * hkv, hd).transpose(1, 2)  # [B, H + 2 Hkv, S, hd]
         if self.cfg.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = apply_rope(q.transpose(1, 2), rot, layout)  # [B, H, S, hd]
-        k = apply_rope(k.transpose(1, 2), rot, layout)  # [B, Hkv, S, hd]
-        v = v.view(b, s, -1, hd).transpose(1, 2)
+            qk = torch.cat([self.q_norm(qkv[:, :h]), self.k_norm(qkv[:, h : h + hkv])], 1)
+        else:
+            qk = qkv[:, : h + hkv]
+        qk = rotate(qk, rot)  # [B, H + Hkv, S, hd]: q and k rotated together
+        q, k, v = qk[:, :h], qk[:, h:], qkv[:, h + hkv :]
         if cache is not None:
             k, v = cache.write(layer, k, v)  # [B, Hkv, T, hd]
         if cache is not None and x.dtype != torch.float32:  # low precision: `mask` is an AttentionPlan (hidden_states)
@@ -307,7 +307,8 @@ class Transformer(nn.Module):
         s = h.shape[1]
         if int(positions.max()) >= self.rope_table.shape[0]:
             raise ContextOverflowError(int(positions.max()), self.rope_table.shape[0])  # a usage error (and ValueError)
-        rot = self.rope_table[positions].to(h.dtype)  # [B, S, hd/2, 2]; in the activation dtype, as HF casts cos/sin
+        # in the activation dtype, as HF casts cos/sin; made once for every layer
+        rot = rotation(self.rope_table[positions].to(h.dtype), self.cfg.rope_layout)
         if cache is not None:
             cache.check_room(s)
             mask = cache.hide_keys(attn_mask) if attn_mask is not None else cache.prefix_mask(s, tree_mask)

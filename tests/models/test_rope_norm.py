@@ -1,0 +1,51 @@
+"""The fused forms the decoder uses compute bit for bit what the textbook formulas compute (HF's RMSNorm, the
+per-pair RoPE rotation), in float32 and bfloat16: a change of torch that breaks this fails here, not as a token
+difference against transformers somewhere else."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specgen.models.rope import rotate, rotation, table_1d
+
+
+def pairwise_rope(x: torch.Tensor, rot: torch.Tensor, layout: str) -> torch.Tensor:
+    """The per-pair formula on x [B, H, S, D] with rot [B, S, D/2, 2]: (a, b) -> (a cos - b sin, b cos + a sin)."""
+    cos, sin = rot[..., 0].unsqueeze(1), rot[..., 1].unsqueeze(1)
+    if layout == "half":
+        a, b = x.chunk(2, dim=-1)
+        return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
+    a, b = x[..., 0::2], x[..., 1::2]
+    return torch.stack([a * cos - b * sin, b * cos + a * sin], dim=-1).flatten(-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize("head_dim", [8, 64, 128])
+def test_rotate_is_the_pairwise_formula(dtype, layout, head_dim):
+    gen = torch.Generator().manual_seed(head_dim)
+    table = table_1d(512, head_dim, 10000.0)
+    positions = torch.randint(0, 512, (3, 5), generator=gen)
+    rot = table[positions].to(dtype)  # [B, S, D/2, 2]
+    x = (torch.randn(3, 4, 5, head_dim, generator=gen) * 3).to(dtype)
+    assert torch.equal(rotate(x, rotation(rot, layout)), pairwise_rope(x, rot, layout))
+
+
+def test_rotate_differs_between_layouts():
+    """Control: the comparison above can fail (the two layouts rotate different pairs)."""
+    table = table_1d(64, 16, 10000.0)
+    rot = table[torch.arange(1, 6)[None]]
+    x = torch.randn(1, 2, 5, 16)
+    assert not torch.equal(rotate(x, rotation(rot, "half")), pairwise_rope(x, rot, "interleaved"))
+
+
+@pytest.mark.parametrize("dim", [16, 64, 576, 960])
+@pytest.mark.parametrize("rows", [1, 3, 300])
+def test_rms_norm_is_hf_formula(dim, rows):
+    gen = torch.Generator().manual_seed(dim + rows)
+    for scale in (1e-3, 1.0, 50.0):
+        x = torch.randn(rows, dim, generator=gen) * scale
+        for eps in (1e-5, 1e-6):
+            assert torch.equal(F.rms_norm(x, (dim,), eps=eps), x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
