@@ -16,7 +16,6 @@ MODALITY_OPTIONS = {
     "cfg_scale": ("--cfg-scale", ("image",)),
     "captions": ("--captions", ("image",)),
     "point_clouds": ("--point-clouds", ("mesh",)),
-    "quantize": ("--quantize", ("text",)),  # weight-only int8/int4 kernels exist for text targets (--dtype: all)
 }
 
 

@@ -29,9 +29,10 @@ def run(req) -> None:
                       out_dir=str(req.out_dir) if req.out_dir else None,
                       classes=[c.strip() for c in req.classes.split(",") if c.strip()] if req.classes else None,
                       captions=str(req.captions) if req.captions else None, drafter=req.drafter,
-                      batch_size=req.batch_size, dtype=req.dtype)
+                      batch_size=req.batch_size, dtype=req.dtype, quantize=req.quantize)
     check_output_dir(Path(cfg.out_dir), "--out-dir")  # created with the first PNG: a failed run leaves no folder
-    im = load_image_model(cfg.model, cfg.drafter, cfg.device, need_drafter=cfg.method != "ar", dtype=cfg.dtype)
+    im = load_image_model(cfg.model, cfg.drafter, cfg.device, need_drafter=cfg.method != "ar", dtype=cfg.dtype,
+                          quantize=cfg.quantize)
     conditions = image_conditions(im, cfg)  # checks classes/captions against the model before decoding
     with _output.progress(f"{cfg.method}: images", len(conditions), req.quiet or req.fmt == Format.json) as advance:
         samples, pixels = generate_images(im, cfg, on_done=lambda i: advance(), conditions=conditions)

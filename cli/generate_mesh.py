@@ -29,7 +29,7 @@ def run(req) -> None:
     cfg = load_config(MeshGenConfig, req.config, req.overrides, method=req.method, model=req.model,
                       max_new_tokens=req.max_new_tokens, temperature=req.temperature, top_k=req.top_k,
                       top_p=req.top_p, seed=req.seed, device=req.device, num=req.num,
-                      batch_size=req.batch_size, dtype=req.dtype)
+                      batch_size=req.batch_size, dtype=req.dtype, quantize=req.quantize)
     spec = get_method(cfg.method)
     if not spec.runs_on("mesh"):
         raise UsageError(f"method {cfg.method} does not run on meshes; use ar or xspecmesh")
@@ -41,7 +41,8 @@ def run(req) -> None:
     SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
     opts = XSpecMeshOptions(**{k: v for k, v in cfg.method_options.items() if k != "seed"})
     cfg.device = device_name(cfg.device)  # "auto" -> cuda or cpu, before any tensor (the clouds) moves there
-    loaded = load_mesh_model(cfg.model, opts.heads if cfg.method == "xspecmesh" else None, cfg.device, cfg.dtype)
+    loaded = load_mesh_model(cfg.model, opts.heads if cfg.method == "xspecmesh" else None, cfg.device, cfg.dtype,
+                             cfg.quantize)
     try:
         conds = load_conditions(req.point_clouds, cfg.num, int(loaded.target.meta.get("num_points", 2048)), cfg.seed,
                                 ProceduralSpec.from_meta(loaded.target.meta))

@@ -188,8 +188,9 @@ def test_float16_on_this_cpu_is_one_line(tiny, cmd):  # noqa: F811
     check_refusal(tiny, [*cmd, "--dtype", "float16"], 2, "float16 needs a CUDA device")
 
 
-def test_quantize_is_for_text_models(tiny):  # noqa: F811
-    check_refusal(tiny, [*GEN_MESH, "--quantize", "int8"], 2, "--quantize is for text models")
+@pytest.mark.parametrize("cmd", [GEN_IMAGE, GEN_MESH], ids=["generate-image", "generate-mesh"])
+def test_quantize_with_float32_activations_is_one_line(tiny, cmd):  # noqa: F811
+    check_refusal(tiny, [*cmd, "--quantize", "int8", "--dtype", "float32"], 2, "runs bfloat16 activations")
 
 
 @NO_CUDA

@@ -70,8 +70,9 @@ class ImageBenchConfig:
     seed: int = 0
     device: str = "cpu"  # cpu | cuda | cuda:N | auto
     dtype: str = "float32"  # the GPT's and drafter's weights, activations and KV cache (the VQ and classifier: float32)
-    dtypes: dict = field(default_factory=dict)  # entry -> its own dtype (e.g. {"ar@bf16": bfloat16}): rows at several
-    #                                             precisions interleaved in one run; NLL is always under `dtype`'s model
+    dtypes: dict = field(default_factory=dict)  # entry -> its own precision (e.g. {"ar@bf16": bfloat16, "ar@int8":
+    #   int8}, int8/int4 = weight-only quantized GPT): rows at several precisions interleaved in one run; NLL is
+    #   always under `dtype`'s model
     threads: int = 0
     quality: bool = True
     classifier: str = "tiny-image-classifier"
@@ -160,12 +161,17 @@ def check_image_methods(cfg: ImageBenchConfig) -> None:
         spec.check_options(options_of(cfg, m))
     if cfg.num < 1 or not cfg.temperatures:
         raise UsageError("the images suite needs num >= 1 and at least one temperature")
-    from specgen.devices import resolve_dtype
+    from specgen.devices import is_cpu, resolve_dtype
+    from specgen.text.precision import QUANTIZE
 
     for entry, dtype in {"": cfg.dtype, **cfg.dtypes}.items():
         if entry and entry not in cfg.methods:
             raise UsageError(f"dtypes.{entry}: no such row; rows: {', '.join(cfg.methods)}")
-        resolve_dtype(dtype, cfg.device)
+        if dtype in QUANTIZE and (not entry or not is_cpu(cfg.device)):
+            raise UsageError(f"{'dtypes.' + entry if entry else 'dtype'}: {dtype} is a per-row precision on the cpu "
+                             "(the model `dtype` runs is the float one the quality columns are measured under)")
+        if dtype not in QUANTIZE:
+            resolve_dtype(dtype, cfg.device)
     if not cfg.batch_sizes or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1
                                       for b in cfg.batch_sizes):
         raise UsageError(f"batch_sizes must be integers >= 1, got {cfg.batch_sizes}")

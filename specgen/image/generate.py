@@ -36,7 +36,9 @@ class ImageGenConfig:
     top_p: float = 1.0
     seed: int = 0
     device: str = "cpu"  # cpu | cuda | cuda:N | auto (specgen/devices.py)
-    dtype: str = "float32"  # float32 | bfloat16 | float16: the GPT's and drafter's weights, activations, KV cache
+    dtype: str | None = None  # float32 | bfloat16 | float16: GPT's and drafter's weights, activations, KV cache
+    #                           (default float32; bfloat16 when quantized)
+    quantize: str | None = None  # int8 | int4: the GPT's block weights, weight-only, quantized at load (CPU)
     out_dir: str = "specgen-images"
     batch_size: int = 1  # images decoded together (B images x the CFG pair per forward; continuous batching)
     method_options: dict = field(default_factory=dict)
@@ -66,21 +68,38 @@ class ImageModel:
 
 
 def load_image_model(name: str, drafter: str = "", device: str = "cpu", need_drafter: bool = True,
-                     dtype: str | None = None) -> ImageModel:
+                     dtype: str | None = None, quantize: str | None = None) -> ImageModel:
     """Target + VQ (+ drafter), with compatibility checks (codebook size, drafter parent).
 
     `device`: cpu, cuda, cuda:N or auto. `dtype` (float32 | bfloat16 | float16; None = float32) is the GPT's and the
     EAGLE drafter's: weights, activations and KV cache (the cache follows the weights). The VQ decoder stays float32
     (it runs once per image, after decoding, on integer codes); accept rules read the logits in float32
-    (`decoding/sampling.py`), so a lossless method equals AR of the same dtype token for token."""
-    from specgen.devices import device_name, resolve_dtype
+    (`decoding/sampling.py`), so a lossless method equals AR of the same dtype token for token.
+
+    `quantize` (int8 | int4; CPU): the GPT's block weights weight-only quantized at load, in memory (an image GPT
+    quantizes in well under a second; text targets store theirs), with bfloat16 activations; the drafter runs at
+    bfloat16. Lossless methods equal AR of the same quantized GPT."""
+    from specgen.devices import device_name, is_cpu, resolve_dtype
+    from specgen.text.precision import QUANTIZE, resolve
 
     device = device_name(device)
+    if dtype in QUANTIZE:  # a benchmark row's precision (`dtypes: {ar@int8: int8}`) may name a quantization
+        dtype, quantize = None, dtype
+    if quantize:
+        dtype = resolve("", dtype, quantize)[1]  # bfloat16 activations; --dtype float32 with --quantize: one line
+        if not is_cpu(device):
+            raise UsageError(f"--quantize {quantize} uses CPU kernels (torch's int8/int4 pack matmuls); use --device "
+                             f"cpu, or --dtype bfloat16 on {device}")
     torch_dtype = resolve_dtype(dtype, device)
     entry = checkpoints.find(name)
     if entry.meta.get("modality") != "image":
         raise UsageError(f"{entry.ref} is not an image model")
-    model = decode_layout(checkpoints.load_module(entry, device, torch_dtype))
+    if quantize:
+        from specgen.text.precision import in_memory
+
+        model = decode_layout(in_memory(checkpoints.load_module(entry, device), dtype, quantize))
+    else:
+        model = decode_layout(checkpoints.load_module(entry, device, torch_dtype))
     if not entry.meta.get("vq"):
         raise UsageError(f"{entry.ref} records no VQ decoder; import it with --vq NAME "
                          "(specgen registry import ... --builder llamagen-gpt --vq NAME)")

@@ -36,7 +36,9 @@ class MeshGenConfig:
     top_p: float = 0.95
     seed: int = 0
     device: str = "cpu"  # cpu | cuda | cuda:N | auto (specgen/devices.py)
-    dtype: str = "float32"  # float32 | bfloat16 | float16: backbone's and heads' weights, activations, KV cache
+    dtype: str | None = None  # float32 | bfloat16 | float16: backbone's and heads' weights, activations, KV cache
+    #                           (default float32; bfloat16 when quantized)
+    quantize: str | None = None  # int8 | int4: the backbone decoder's weights, weight-only, quantized at load (CPU)
     mesh_format: str = "obj"  # with --out-dir: obj | ply | stl | off | glb
     preview: bool = False  # with --out-dir: also a PNG per mesh
     batch_size: int = 1  # point clouds decoded together (continuous batching on the shared loop)
@@ -168,19 +170,37 @@ def decode_tokens(tokens: list[int]) -> tuple[np.ndarray | None, np.ndarray | No
 
 
 def load_mesh_model(target: str | None = None, heads: str | None = None, device: str = "cpu",
-                    dtype: str | None = None):
+                    dtype: str | None = None, quantize: str | None = None):
     """`methods.xspecmesh.load_mesh` on `device` (cpu, cuda, cuda:N or auto) in `dtype` (float32 | bfloat16 |
     float16; None = float32): the backbone's and the heads' weights, activations and KV cache (the cache follows
     the weights; point clouds are cast on entry, `mesh/target.py`). A LoRA adapter is merged in float32 first.
-    Accept rules read logits in float32 (`decoding/sampling.py`): lossless XSpecMesh equals AR of the same dtype."""
-    from specgen.devices import device_name, resolve_dtype
+    Accept rules read logits in float32 (`decoding/sampling.py`): lossless XSpecMesh equals AR of the same dtype.
+
+    `quantize` (int8 | int4, CPU; `dtype` may name it too, as benchmark rows do): the backbone decoder's weights
+    weight-only quantized at load, in memory, after the merge (self- and cross-attention, MLP, LM head); the point
+    encoder and the heads run at bfloat16, the activations' dtype."""
+    from specgen.devices import device_name, is_cpu, resolve_dtype
     from specgen.methods.xspecmesh import load_mesh
     from specgen.models.layout import decode_layout
+    from specgen.text.precision import QUANTIZE, in_memory, resolve
 
     device = device_name(device)
+    if dtype in QUANTIZE:
+        dtype, quantize = None, dtype
+    if quantize:
+        dtype = resolve("", dtype, quantize)[1]  # bfloat16 activations; --dtype float32 with --quantize: one line
+        if not is_cpu(device):
+            from specgen.errors import UsageError
+
+            raise UsageError(f"--quantize {quantize} uses CPU kernels (torch's int8/int4 pack matmuls); use --device "
+                             f"cpu, or --dtype bfloat16 on {device}")
     torch_dtype = resolve_dtype(dtype, device)
     loaded = load_mesh(target, heads, device)
-    if torch_dtype != torch.float32:
+    if quantize:
+        decode_layout(in_memory(loaded.decoder.model, dtype, quantize))
+        if loaded.decoder.heads is not None:
+            loaded.decoder.heads.to(torch_dtype)
+    elif torch_dtype != torch.float32:
         decode_layout(loaded.decoder.model.to(torch_dtype))  # re-measured for the new dtype's kernels
         if loaded.decoder.heads is not None:
             loaded.decoder.heads.to(torch_dtype)

@@ -37,7 +37,7 @@ ACT_DTYPE = torch.bfloat16  # activations of a quantized target: the kernels' dt
 
 def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(q int8 [out, in], scales bf16 [out]) of w [out, in]: symmetric per output channel."""
-    w = w.detach().float()
+    w = w.detach().float().contiguous()  # row-major q, whatever layout the float weight had (models/layout.py)
     s = (w.abs().amax(1) / 127).clamp(min=1e-12).to(torch.bfloat16)  # [out]
     q = torch.round(w / s.float()[:, None]).clamp(-127, 127).to(torch.int8)
     return q, s
@@ -53,7 +53,7 @@ def quantize_int4(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tens
     [out, in/g]) of w [out, in]: asymmetric per group of `group` input columns, w ~ (q - 8) * scale + zero."""
     out, k = w.shape
     check_int4_shape(k, group)
-    wg = w.detach().float().view(out, k // group, group)
+    wg = w.detach().float().contiguous().view(out, k // group, group)
     lo, hi = wg.amin(-1), wg.amax(-1)  # [out, in/g]
     scale = ((hi - lo) / 15).clamp(min=1e-6).to(torch.bfloat16)
     zero = (lo + 8 * scale.float()).to(torch.bfloat16)
@@ -199,19 +199,20 @@ class QuantizedEmbedding(nn.Module):
 
 
 def quantize_transformer(model: nn.Module, mode: str, group: int = DEFAULT_GROUP) -> nn.Module:
-    """Replace every Linear of a text Transformer by a QuantizedLinear in place (head and embedding int8,
-    tied when the model ties them); norms go to bfloat16. Returns the model (its float weights are freed)."""
+    """Replace every Linear of a decoder's blocks by a QuantizedLinear in place (head and embedding int8, tied when
+    the model ties them); norms and a LlamaGen condition embedding (class table, caption projection: run once per
+    sequence) go to bfloat16. Returns the model (its float weights are freed)."""
     from specgen.models.transformer import Transformer
 
-    if not isinstance(model, Transformer) or model.cfg.cross_dim or model.cfg.cond_kind != "none":
-        raise ValueError("quantization covers text Transformers (no cross-attention, no condition embedding)")
+    if not isinstance(model, Transformer):
+        raise ValueError("quantization covers specgen's decoder Transformer (text, image and mesh GPTs)")
     if mode == "int4":
         for name, lin in model.layers.named_modules():
             if isinstance(lin, nn.Linear):
                 check_int4_shape(lin.in_features, group)
     with torch.no_grad():
         for blk in model.layers:
-            for parent in (blk.attention, blk.feed_forward):
+            for parent in block_parents(blk):
                 for name, lin in list(parent.named_children()):
                     if isinstance(lin, nn.Linear):
                         setattr(parent, name, QuantizedLinear.from_linear(lin, mode, group))
@@ -221,9 +222,36 @@ def quantize_transformer(model: nn.Module, mode: str, group: int = DEFAULT_GROUP
         else:
             emb = QuantizedEmbedding(QuantizedLinear.from_linear(_as_linear(model.tok_embeddings.weight), "int8"))
         model.output, model.tok_embeddings = head, emb
-    for p in model.parameters():  # norms: the activation dtype
+    for p in model.parameters():  # norms and the condition embedding: the activation dtype
         p.data = p.data.to(ACT_DTYPE)
+    if model.cfg.cond_kind == "caption":  # the learned null caption: in the dtype of the features it stands for
+        model.cls_embedding.uncond_embedding = model.cls_embedding.uncond_embedding.to(ACT_DTYPE)
     model.quantized = (mode, group if mode == "int4" else 0)
+    return model
+
+
+def block_parents(blk: nn.Module) -> tuple[nn.Module, ...]:
+    """The modules of a decoder block whose Linear children are quantized (cross-attention too: the mesh GPT)."""
+    return (blk.attention, blk.feed_forward) + ((blk.cross_attention,) if hasattr(blk, "cross_attention") else ())
+
+
+def quantize_model(model: nn.Module, mode: str, group: int = DEFAULT_GROUP) -> nn.Module:
+    """`quantize_transformer` for a decoder Transformer, or for a model holding one as `decoder` (the mesh GPT: its
+    point-cloud encoder and other parameters go to the activation dtype, as `.to(bfloat16)` would)."""
+    from specgen.models.transformer import Transformer
+
+    if isinstance(model, Transformer):
+        return quantize_transformer(model, mode, group)
+    decoder = getattr(model, "decoder", None)
+    if not isinstance(decoder, Transformer):
+        raise ValueError(f"{type(model).__name__} has no decoder Transformer to quantize")
+    quantize_transformer(decoder, mode, group)
+    for name, child in model.named_children():
+        if child is not decoder:
+            child.to(ACT_DTYPE)
+    for p in model.parameters(recurse=False):
+        p.data = p.data.to(ACT_DTYPE)
+    model.quantized = decoder.quantized
     return model
 
 
@@ -245,7 +273,7 @@ def build_quantized_transformer(quantize: str, group: int = 0, **kwargs) -> nn.M
     with torch.device("meta"):
         model = Transformer(cfg)
     for blk in model.layers:
-        for parent in (blk.attention, blk.feed_forward):
+        for parent in block_parents(blk):
             for name, lin in list(parent.named_children()):
                 if isinstance(lin, nn.Linear):
                     setattr(parent, name, QuantizedLinear(lin.in_features, lin.out_features, quantize, group,

@@ -85,7 +85,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # F.rms_norm of float32 is bitwise x * rsqrt(mean(x^2) + eps) (tests/models/test_rope_norm.py pins it), HF's formula
+        # HF's formula: F.rms_norm of float32 is bitwise x * rsqrt(mean(x^2) + eps) (tests/models/test_rope_norm.py)
         xf = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
         return self.weight * xf.to(x.dtype)
 

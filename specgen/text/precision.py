@@ -1,4 +1,5 @@
-"""Precision of a text target: dtype / quantize options, `NAME+int8` suffixes, and stored quantized entries."""
+"""Precision of a target: dtype / quantize options, `NAME+int8` suffixes, stored quantized text entries, and
+quantization in memory (image and mesh GPTs)."""
 
 from __future__ import annotations
 
@@ -128,12 +129,13 @@ def check_quantized_entry(entry: registry.Entry, quantize: str | None, progress=
 
 
 def in_memory(module: torch.nn.Module, dtype: str, quantize: str | None) -> torch.nn.Module:
-    """`module` (float32) at the given precision, without storing anything (merged adapters)."""
-    from specgen.models.quantize import DEFAULT_GROUP, quantize_transformer
+    """`module` (float32) at the given precision, without storing anything (text: merged adapters; image and mesh
+    GPTs, which quantize at load)."""
+    from specgen.models.quantize import DEFAULT_GROUP, quantize_model
 
     if quantize:
         try:
-            return quantize_transformer(module, quantize, DEFAULT_GROUP)
+            return quantize_model(module, quantize, DEFAULT_GROUP)
         except ValueError as e:
             raise IncompatibleError(f"cannot quantize this model: {e}") from None
     return module.to(DTYPES[dtype])

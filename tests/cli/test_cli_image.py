@@ -148,3 +148,23 @@ def test_image_benchmark_rows_at_several_precisions_in_one_run(tiny_image):
     assert rows["adt-tree@bf16"]["exact_match_vs_own_ar"] == 1.0 and rows["ar@bf16"]["exact_match_vs_own_ar"] == 1.0
     r = runner.invoke(app, ["benchmark", "--suite", "images", "--model", "t-gpt", "methods=[ar]", "dtypes={x: bfloat16}"])
     assert r.exit_code == 2 and "dtypes.x: no such row" in r.stderr
+
+
+def test_image_rows_and_generate_with_int8_weights(tiny_image):
+    """An int8 row (`dtypes` may name a quantization) runs beside float32 ones and its lossless ADT-Tree row equals
+    AR of the same int8 GPT; `generate --quantize int8` decodes the same tokens; int8 as the run's own dtype (the
+    model the quality columns are measured under) is refused in one line."""
+    r = runner.invoke(app, ["benchmark", "--suite", "images", "--model", "t-gpt", "--limit", "2", "--format", "json",
+                            "out_dir=" + str(tiny_image / "b"), "quality=false", "temperatures=[0.0]",
+                            "methods=[ar,ar@int8,adt-tree@int8]", "dtypes={ar@int8: int8, adt-tree@int8: int8}"])
+    assert r.exit_code == 0, r.output
+    rows = {x["method"]: x for x in json.loads(r.stdout)}
+    assert rows["adt-tree@int8"]["dtype"] == "int8" and rows["adt-tree@int8"]["exact_match_vs_own_ar"] == 1.0
+    out = [runner.invoke(app, ["generate", "--model", "t-gpt", "--num", "2", "--temperature", "0", "--quantize",
+                               "int8", "--method", m, "-o", str(tiny_image / m), "--format", "json"]) for m in
+           ("ar", "adt-tree")]
+    assert all(o.exit_code == 0 for o in out), [o.output for o in out]
+    ar, tree = ([i["tokens"] for i in json.loads(o.stdout)["images"]] for o in out)
+    assert tree == ar
+    r = runner.invoke(app, ["benchmark", "--suite", "images", "--model", "t-gpt", "methods=[ar]", "dtype=int8"])
+    assert r.exit_code == 2 and "per-row precision" in r.stderr

@@ -248,3 +248,8 @@ def test_mesh_benchmark_rows_at_several_precisions_in_one_run():
     assert [(x["row"], x["dtype"]) for x in json.loads(r.stdout)] == [("ar", "float32"), ("ca+lora", "bfloat16")]
     r = CliRunner().invoke(app, [*args, "dtypes={nope: bfloat16}"])
     assert r.exit_code == 2 and "dtypes.nope: no such row" in r.stderr
+    r = CliRunner().invoke(app, [*args, "dtypes={ca+lora: int8}"])  # a quantized row: the decoder int8 at load
+    assert r.exit_code == 0, r.output
+    assert [(x["row"], x["dtype"]) for x in json.loads(r.stdout)] == [("ar", "float32"), ("ca+lora", "int8")]
+    r = CliRunner().invoke(app, [*args, "dtype=int8"])
+    assert r.exit_code == 2 and "per-row precision" in r.stderr
