@@ -79,17 +79,11 @@ def load_image_model(name: str, drafter: str = "", device: str = "cpu", need_dra
     `quantize` (int8 | int4; CPU): the GPT's block weights weight-only quantized at load, in memory (an image GPT
     quantizes in well under a second; text targets store theirs), with bfloat16 activations; the drafter runs at
     bfloat16. Lossless methods equal AR of the same quantized GPT."""
-    from specgen.devices import device_name, is_cpu, resolve_dtype
-    from specgen.text.precision import QUANTIZE, resolve
+    from specgen.devices import device_name, resolve_dtype
+    from specgen.text.precision import load_precision
 
     device = device_name(device)
-    if dtype in QUANTIZE:  # a benchmark row's precision (`dtypes: {ar@int8: int8}`) may name a quantization
-        dtype, quantize = None, dtype
-    if quantize:
-        dtype = resolve("", dtype, quantize)[1]  # bfloat16 activations; --dtype float32 with --quantize: one line
-        if not is_cpu(device):
-            raise UsageError(f"--quantize {quantize} uses CPU kernels (torch's int8/int4 pack matmuls); use --device "
-                             f"cpu, or --dtype bfloat16 on {device}")
+    dtype, quantize = load_precision(dtype, quantize, device)
     torch_dtype = resolve_dtype(dtype, device)
     entry = checkpoints.find(name)
     if entry.meta.get("modality") != "image":

@@ -179,21 +179,13 @@ def load_mesh_model(target: str | None = None, heads: str | None = None, device:
     `quantize` (int8 | int4, CPU; `dtype` may name it too, as benchmark rows do): the backbone decoder's weights
     weight-only quantized at load, in memory, after the merge (self- and cross-attention, MLP, LM head); the point
     encoder and the heads run at bfloat16, the activations' dtype."""
-    from specgen.devices import device_name, is_cpu, resolve_dtype
+    from specgen.devices import device_name, resolve_dtype
     from specgen.methods.xspecmesh import load_mesh
     from specgen.models.layout import decode_layout
-    from specgen.text.precision import QUANTIZE, in_memory, resolve
+    from specgen.text.precision import in_memory, load_precision
 
     device = device_name(device)
-    if dtype in QUANTIZE:
-        dtype, quantize = None, dtype
-    if quantize:
-        dtype = resolve("", dtype, quantize)[1]  # bfloat16 activations; --dtype float32 with --quantize: one line
-        if not is_cpu(device):
-            from specgen.errors import UsageError
-
-            raise UsageError(f"--quantize {quantize} uses CPU kernels (torch's int8/int4 pack matmuls); use --device "
-                             f"cpu, or --dtype bfloat16 on {device}")
+    dtype, quantize = load_precision(dtype, quantize, device)
     torch_dtype = resolve_dtype(dtype, device)
     loaded = load_mesh(target, heads, device)
     if quantize:

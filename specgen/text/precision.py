@@ -54,6 +54,22 @@ def resolve(name: str, dtype: str | None, quantize: str | None) -> tuple[str, st
     return base, dtype or ("bfloat16" if quantize else "float32"), quantize
 
 
+def load_precision(dtype: str | None, quantize: str | None, device: str) -> tuple[str | None, str | None]:
+    """(dtype, quantize) of an image or mesh GPT loaded on `device`: `dtype` may name a quantization (a benchmark
+    row's precision, `dtypes: {ar@int8: int8}`); a quantized GPT runs bfloat16 activations (float32 asked for: one
+    line) on the CPU (its kernels: another device is one line)."""
+    from specgen.devices import is_cpu
+
+    if dtype in QUANTIZE:
+        dtype, quantize = None, dtype
+    if not quantize:
+        return dtype, None
+    if not is_cpu(device):
+        raise UsageError(f"--quantize {quantize} uses CPU kernels (torch's int8/int4 pack matmuls); use --device cpu, "
+                         f"or --dtype bfloat16 on {device}")
+    return resolve("", dtype, quantize)[1], quantize
+
+
 def derived_name(base: registry.Entry, quantize: str, group: int) -> str:
     return f"{base.name}-{quantize}" + (f"-g{group}" if quantize == "int4" else "")
 

@@ -22,12 +22,10 @@ BF16 = torch.bfloat16
 _threads = pytest.fixture(autouse=True)(one_thread)  # tiny models: one thread
 
 
-@pytest.mark.parametrize("method", LOSSLESS_IMAGE)
-@pytest.mark.parametrize("cfg_scale", [1.0, 3.0])
-def test_lossless_image_methods_in_bf16_equal_bf16_ar(method, cfg_scale):
-    model = tiny_image_gpt(5).to(BF16)
+def check_lossless(model, drafter, method: str, cfg_scale: float) -> None:
+    """Greedy `method` on `model` (any precision) equals AR of the same model, at batch 1 and 3 (CFG when > 1)."""
     target = CFGTarget(model, cfg_scale)
-    parts = ImageParts(model, target, TinyEagle(model).eval().to(BF16), None, GRID)
+    parts = ImageParts(model, target, drafter, None, GRID)
     labels = [0, 2, 1]
     n = GRID * GRID
     ar = [decode(target, EmptyDrafter(), [c], n, SamplingParams()).tokens for c in labels]
@@ -38,6 +36,13 @@ def test_lossless_image_methods_in_bf16_equal_bf16_ar(method, cfg_scale):
     for batch_size in (1, 3):
         res = run_batch(target, make, [[c] for c in labels], n, SamplingParams(), batch_size=batch_size, max_draft=32)
         assert [r.tokens for r in res.results] == ar, (method, batch_size)
+
+
+@pytest.mark.parametrize("method", LOSSLESS_IMAGE)
+@pytest.mark.parametrize("cfg_scale", [1.0, 3.0])
+def test_lossless_image_methods_in_bf16_equal_bf16_ar(method, cfg_scale):
+    model = tiny_image_gpt(5).to(BF16)
+    check_lossless(model, TinyEagle(model).eval().to(BF16), method, cfg_scale)
 
 
 def test_bf16_target_runs_in_bf16():

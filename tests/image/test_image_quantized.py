@@ -6,19 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specgen.decoding.loop import decode
-from specgen.decoding.sampling import SamplingParams
 from specgen.errors import UsageError
-from specgen.image.methods import ImageParts, build_image_method
-from specgen.image.target import CFGTarget
-from specgen.methods import run_batch
-from specgen.methods.text import EmptyDrafter
 from specgen.models.quantize import QuantizedLinear, quantize_transformer
 from tests.image.helpers import TinyEagle, tiny_image_gpt
-from tests.image.test_image_batched import LOSSLESS_IMAGE, OPTIONS
+from tests.image.test_image_batched import LOSSLESS_IMAGE
+from tests.image.test_image_bf16 import check_lossless
 from tests.image_fixtures import one_thread
 
-GRID = 4
 BF16 = torch.bfloat16
 
 _threads = pytest.fixture(autouse=True)(one_thread)  # tiny models: one thread
@@ -29,19 +23,7 @@ _threads = pytest.fixture(autouse=True)(one_thread)  # tiny models: one thread
 def test_lossless_image_methods_on_a_quantized_gpt_equal_its_ar(method, mode):
     model = tiny_image_gpt(5)
     drafter = TinyEagle(model).eval().to(BF16)  # made from the float model: its own bf16 embedding copy
-    quantize_transformer(model, mode, 32)
-    target = CFGTarget(model, 3.0)
-    parts = ImageParts(model, target, drafter, None, GRID)
-    labels = [0, 2, 1]
-    n = GRID * GRID
-    ar = [decode(target, EmptyDrafter(), [c], n, SamplingParams()).tokens for c in labels]
-
-    def make(i):
-        return build_image_method(method, parts, dict(OPTIONS.get(method, {})))[0]
-
-    for batch_size in (1, 3):
-        res = run_batch(target, make, [[c] for c in labels], n, SamplingParams(), batch_size=batch_size, max_draft=32)
-        assert [r.tokens for r in res.results] == ar, (method, mode, batch_size)
+    check_lossless(quantize_transformer(model, mode, 32), drafter, method, 3.0)
 
 
 def test_quantized_image_gpt_is_close_to_its_float_model():
