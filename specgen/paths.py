@@ -99,11 +99,6 @@ def write_new(path: Path, text: str) -> bool:
         tmp.unlink()
 
 
-def replace_text(path: Path, text: str) -> None:
-    """Replace `path` with `text` atomically (a reader sees the old file or the new one, never a mix)."""
-    atomic_write_text(path, text)
-
-
 def atomic_write(path: str | Path, write: Callable[[Path], None], *, keep_suffix: bool = False,
                  mode: int | None = None) -> Path:
     """`write(tmp)` fills a hidden temporary file beside `path` (`.<name>.<random>.tmp`, or `.<name>.<random><suffix>`

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from specgen.paths import atomic_dir, atomic_write, atomic_write_bytes, atomic_write_text, replace_text
+from specgen.paths import atomic_dir, atomic_write, atomic_write_bytes, atomic_write_text
 
 
 def names(folder: Path) -> list[str]:
@@ -30,7 +30,7 @@ def test_atomic_write_creates_and_replaces(tmp_path):
     tmp = seen[0]  # a hidden name beside the target, ending in .tmp (never matching a glob of *.json)
     assert isinstance(tmp, Path) and tmp.parent == path.parent and tmp.name.startswith(".a.json.")
     assert tmp.name.endswith(".tmp")
-    replace_text(path, "four")
+    atomic_write_text(path, "four")
     assert path.read_text() == "four" and names(path.parent) == ["a.json"]
 
 

@@ -200,18 +200,19 @@ class MeasuredBudget:
         b, choice, tokens, measured = self._open
         self._open = []
         self._since[b] = self._since.get(b, 0.0) + seconds
-        if measured and b in self._acc and choice != self._leader.get(b, choice):
+        if measured and b in self._acc and choice != self._leader.get(b, choice):  # a step of a try
             acc = self._acc[b]
             acc[0], acc[1] = acc[0] + tokens, acc[1] + seconds
-        if measured and b in self._acc and choice != self._leader.get(b, choice) and not self._probe.get(b):
-            # a whole try against the leader's recent rate: both measured at about the same point of the sequences
-            # (a rate measured long ago, earlier in every sequence, where steps were cheaper, would flatter it)
-            tokens_, seconds_ = self._acc.pop(b)
-            r = tokens_ / seconds_ / self.rate(b, self._leader[b])  # the other's speed relative to the leader's
-            self._ratio[b] = 0.5 * self._ratio[b] + 0.5 * (r if choice == self.limit else 1 / r)
-            # far behind: the next try waits twice as long; close (or ahead): as long as ever
-            share = self._share.get(b, self.probe_share)
-            self._share[b] = max(share / 2, self.probe_share / 64) if r < self.far else self.probe_share
+            if not self._probe.get(b):
+                # a whole try against the leader's recent rate: both measured at about the same point of the
+                # sequences (a rate measured long ago, earlier in every sequence, where steps were cheaper, would
+                # flatter it)
+                tokens_, seconds_ = self._acc.pop(b)
+                r = tokens_ / seconds_ / self.rate(b, self._leader[b])  # the other's speed relative to the leader's
+                self._ratio[b] = 0.5 * self._ratio[b] + 0.5 * (r if choice == self.limit else 1 / r)
+                # far behind: the next try waits twice as long; close (or ahead): as long as ever
+                share = self._share.get(b, self.probe_share)
+                self._share[b] = max(share / 2, self.probe_share / 64) if r < self.far else self.probe_share
         if measured:
             sums = self._sums.setdefault((b, choice), [0.0, 0.0, 0.0])
             for i, x in enumerate((tokens, seconds, 1.0)):

@@ -52,7 +52,7 @@ PREFIX = 128
 def measure_cost(module: nn.Module, rows: tuple[int, ...] = ROWS, rounds: int = 5, prefix: int = PREFIX) -> CostCurve:
     """Best-of-`rounds` time of a forward of `module` (a `Transformer`) over m new tokens after `prefix` cached ones,
     relative to m = 1."""
-    device = module.norm.weight.device  # a quantized module has no float embedding weight
+    device = module.device
     prefix = min(prefix, module.cfg.max_seq_len - max(rows) - 1)
     rows = tuple(m for m in rows if prefix + m < module.cfg.max_seq_len)
     cache = module.new_cache(1, prefix + max(rows))

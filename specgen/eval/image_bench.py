@@ -161,17 +161,12 @@ def check_image_methods(cfg: ImageBenchConfig) -> None:
         spec.check_options(options_of(cfg, m))
     if cfg.num < 1 or not cfg.temperatures:
         raise UsageError("the images suite needs num >= 1 and at least one temperature")
-    from specgen.devices import is_cpu, resolve_dtype
-    from specgen.text.precision import QUANTIZE
+    from specgen.text.precision import check_row_precision
 
     for entry, dtype in {"": cfg.dtype, **cfg.dtypes}.items():
         if entry and entry not in cfg.methods:
             raise UsageError(f"dtypes.{entry}: no such row; rows: {', '.join(cfg.methods)}")
-        if dtype in QUANTIZE and (not entry or not is_cpu(cfg.device)):
-            raise UsageError(f"{'dtypes.' + entry if entry else 'dtype'}: {dtype} is a per-row precision on the cpu "
-                             "(the model `dtype` runs is the float one the quality columns are measured under)")
-        if dtype not in QUANTIZE:
-            resolve_dtype(dtype, cfg.device)
+        check_row_precision(entry, dtype, cfg.device)
     if not cfg.batch_sizes or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1
                                       for b in cfg.batch_sizes):
         raise UsageError(f"batch_sizes must be integers >= 1, got {cfg.batch_sizes}")

@@ -156,15 +156,10 @@ def variants(cfg: MeshBenchConfig) -> list[Variant]:
     unknown = sorted(set(cfg.dtypes) - set(labels))
     if unknown:
         raise UsageError(f"dtypes.{unknown[0]}: no such row; rows: {', '.join(labels)}")
-    from specgen.devices import is_cpu, resolve_dtype
-    from specgen.text.precision import QUANTIZE
+    from specgen.text.precision import check_row_precision
 
     for row, d in {"": cfg.dtype, **cfg.dtypes}.items():
-        if d in QUANTIZE and (not row or not is_cpu(cfg.device)):
-            raise UsageError(f"{'dtypes.' + row if row else 'dtype'}: {d} is a per-row precision on the cpu (the "
-                             "model `dtype` runs is the float one the quality columns are measured under)")
-        if d not in QUANTIZE:
-            resolve_dtype(d, cfg.device)
+        check_row_precision(row, d, cfg.device)
     return out
 
 

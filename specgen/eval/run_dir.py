@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from specgen.errors import UsageError
-from specgen.paths import replace_text, write_new
+from specgen.paths import atomic_write_text, write_new
 
 FORMAT = 1  # run.json layout version
 
@@ -169,7 +169,7 @@ class RunDir:
 
     # -- writing -------------------------------------------------------------------------------------------
     def write_machine(self, shard: Shard, info: dict) -> None:
-        replace_text(self.path / f"machine-{shard.label}.json", json.dumps(json_ready(info), indent=1) + "\n")
+        atomic_write_text(self.path / f"machine-{shard.label}.json", json.dumps(json_ready(info), indent=1) + "\n")
 
     def start_shard(self, shard: Shard) -> None:
         """Cut a torn last line off this shard's record file, so the next append starts on a line of its own."""

@@ -35,9 +35,8 @@ class CFGTarget:
         self.cfg_scale = float(cfg_scale)
         self.vocab_size = model.cfg.vocab_size
         self.null_class = model.cfg.num_classes
-        # the final norm's: a quantized model has no float embedding weight (its activations are bfloat16)
-        self.device = model.norm.weight.device
-        self.dtype = model.norm.weight.dtype  # caption features arrive float32: cast to the model's dtype
+        self.device = model.device
+        self.dtype = model.dtype  # caption features arrive float32: cast to the model's activation dtype
 
     @property
     def guided(self) -> bool:

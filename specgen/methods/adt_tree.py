@@ -27,8 +27,6 @@ from specgen.errors import UsageError
 from specgen.methods.eagle_tree import TreeShape
 from specgen.methods.options import ADT_INITS, check_adt_bounds
 
-INITS = ADT_INITS
-
 
 @dataclass(frozen=True)
 class AdtParams:
@@ -50,8 +48,8 @@ class AdtParams:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.init not in INITS:
-            raise UsageError(f"adt-tree init must be one of {', '.join(INITS)}, got {self.init!r}")
+        if self.init not in ADT_INITS:
+            raise UsageError(f"adt-tree init must be one of {', '.join(ADT_INITS)}, got {self.init!r}")
         if self.l_d < 0 or self.l_k < 0 or self.beta <= 0 or self.total_tokens < 1:
             raise UsageError("adt-tree needs l_d, l_k >= 0, beta > 0 and total_tokens >= 1")
         check_adt_bounds(self.d_min, self.d_max, self.k_min, self.k_max, self.d0, self.k0)

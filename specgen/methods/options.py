@@ -175,13 +175,13 @@ class MultiBlockOptions(Options):
             raise UsageError(f"pcllm-mr needs block_size >= 2 (method_options.block_size), got {self.block_size}")
 
 
-# --- image: EAGLE-2 trees, ADT-Tree, LANTERN, VVS, MuLo-SD
+# --- image: EAGLE-2 trees, ADT-Tree, LANTERN, VVS, MuLo-SD ---------------------------------------------------------
 # The choices of the image methods' string options live here (the methods import them): this module is light, so
 # `specgen.config_checks` and `--dry-run` refuse a bad value before a model loads.
 ADT_INITS = ("horizontal", "vertical", "random")  # ADT-Tree's first-row/column start of each image
 VVS_SCHEDULES = ("uniform", "dynamic", "none")  # VVS skip schedules
 MULO_REJECTIONS = ("local", "raster")  # MuLo-SD re-sampling after a rejection
-MULO_MAX_RADIUS = 64  # MuLo-SD neighbourhood radius l ---------------------------------------------------------
+MULO_MAX_RADIUS = 64  # MuLo-SD neighbourhood radius l
 # Tree defaults are the CPU ones, chosen from measurements on 2 cores with the embedded 16x16 generator
 # (docs/results/image.md): a 60-node verify costs several 1-token forwards there, so trees are kept to 16 nodes and
 # narrow. The papers' GPU settings (EAGLE-2/LANTERN depth 4, top_k 10, 60 nodes; ADT-Tree for LlamaGen l_k 10,

@@ -69,7 +69,6 @@ from specgen.methods.eagle_batch import EagleBatch
 from specgen.methods.options import VVS_SCHEDULES
 from specgen.methods.vvs_schedule import DynamicSkip, NeverSkip, SkipSchedule, UniformSkip, may_skip
 
-SCHEDULES = VVS_SCHEDULES
 EXTRAS = ("skipped_steps", "unverified_tokens", "post_verified_tokens", "unverified_tail")
 
 
@@ -350,8 +349,8 @@ def build_vvs(drafter: EagleTreeDrafter, codebook: torch.Tensor | None, o: dict)
     threshold 0.75 / alpha 0.8 / stride 2 for the dynamic schedule, staleness 0, refresh true.
     """
     schedule = str(o.get("schedule", "uniform"))
-    if schedule not in SCHEDULES:
-        raise UsageError(f"vvs schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
+    if schedule not in VVS_SCHEDULES:
+        raise UsageError(f"vvs schedule must be one of {', '.join(VVS_SCHEDULES)}, got {schedule!r}")
     interval = _option(o, "interval", 3, int)
     if interval < 2:
         raise UsageError(f"vvs skip interval must be >= 2 (never two skipped steps in a row), got {interval}")

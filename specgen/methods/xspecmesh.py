@@ -322,7 +322,7 @@ class MeshDecoder:
         draft changes which tokens are proposed, never the rule that admits them.
         """
         out = self.model.decoder.output
-        if dtype == self.model.decoder.norm.weight.dtype or not hasattr(out, "weight"):
+        if dtype == self.model.decoder.dtype or not hasattr(out, "weight"):
             return out  # drafting in the backbone's own precision, or with its quantized head (no float copy)
         if self._draft_out is None or self._draft_out.weight.dtype != dtype:
             self._draft_out = copy.deepcopy(out).to(dtype)

@@ -104,7 +104,7 @@ class EagleNet(nn.Module):
     @staticmethod
     def logits(hidden: torch.Tensor, target: Transformer) -> torch.Tensor:
         """Drafter logits [B, S, V]: the target's LM head on predicted features."""
-        return target.output(hidden.to(target.norm.weight.dtype))  # the target's activation dtype (also when quantized)
+        return target.output(hidden.to(target.dtype))
 
 
 def build_eagle(**kwargs) -> EagleNet:

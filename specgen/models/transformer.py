@@ -270,13 +270,20 @@ class Transformer(nn.Module):
             self.output.weight = self.tok_embeddings.weight
         self.register_buffer("rope_table", rope_table(cfg), persistent=False)  # [P, hd/2, 2]
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The activations' dtype: the final norm's (a quantized model has no float embedding or head weight)."""
+        return self.norm.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.norm.weight.device
+
     def new_cache(self, batch: int = 1, max_len: int | None = None) -> KVCache:
-        """A cache sized for this model, on its device, in its activation dtype (that of the final norm: a
-        quantized model has no float embedding weight)."""
-        p = self.norm.weight
+        """A cache sized for this model, on its device, in its activation dtype."""
         return KVCache.allocate(
             self.cfg.n_layers, batch, self.cfg.n_kv_heads, max_len or self.cfg.max_seq_len,
-            self.cfg.hd, p.dtype, p.device,
+            self.cfg.hd, self.dtype, self.device,
         )
 
     def set_context(self, cache: KVCache, context: torch.Tensor) -> None:

@@ -70,6 +70,18 @@ def load_precision(dtype: str | None, quantize: str | None, device: str) -> tupl
     return resolve("", dtype, quantize)[1], quantize
 
 
+def check_row_precision(row: str, precision: str, device: str) -> None:
+    """A benchmark row's precision (images and meshes `dtypes`; row "" = the run's own `dtype`): a float dtype this
+    device runs, or int8/int4 for a row on the cpu (the run's own model is the float one quality is measured under)."""
+    from specgen.devices import is_cpu, resolve_dtype
+
+    if precision not in QUANTIZE:
+        resolve_dtype(precision, device)
+    elif not row or not is_cpu(device):
+        raise UsageError(f"{'dtypes.' + row if row else 'dtype'}: {precision} is a per-row precision on the cpu "
+                         "(the model `dtype` runs is the float one the quality columns are measured under)")
+
+
 def derived_name(base: registry.Entry, quantize: str, group: int) -> str:
     return f"{base.name}-{quantize}" + (f"-g{group}" if quantize == "int4" else "")
 

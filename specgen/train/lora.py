@@ -109,7 +109,7 @@ def merge_lora_state(model: nn.Module, state: dict[str, torch.Tensor], rank: int
             raise ValueError(f"adapter layer {path} does not fit the model's weight")
         # the adapter is read on the host; the model may already be on its device
         a, b = (state[f"{path}.lora_{n}"].to(layer.weight.device, torch.float32) for n in "AB")
-        if not isinstance(layer, nn.Linear) or tuple(layer.weight.shape) != (b.shape[0], a.shape[1]):
+        if tuple(layer.weight.shape) != (b.shape[0], a.shape[1]):
             raise ValueError(f"adapter layer {path} does not fit the model's weight")
         with torch.no_grad():
             layer.weight += (b @ a * scale).to(layer.weight.dtype)
