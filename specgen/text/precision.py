@@ -88,8 +88,8 @@ def derived_name(base: registry.Entry, quantize: str, group: int) -> str:
 
 def quantized_entry(base: registry.Entry, quantize: str, progress=None) -> registry.Entry:
     """The stored quantized entry of `base` (target/<base>-int8, ...), made and saved on first use and remade
-    when the base weights changed since (its recorded base digest differs)."""
-    from specgen.models.quantize import DEFAULT_GROUP
+    when the base weights changed since (its recorded base digest differs) or the quantizers did (VERSION)."""
+    from specgen.models.quantize import DEFAULT_GROUP, VERSION
 
     group = DEFAULT_GROUP if quantize == "int4" else 0
     folder = registry.checkpoints_dir() / "target" / derived_name(base, quantize, group)
@@ -99,7 +99,7 @@ def quantized_entry(base: registry.Entry, quantize: str, progress=None) -> regis
         if info.get("base") != base.ref:
             raise IncompatibleError(f"{entry.ref} is not a quantized copy of {base.ref} (it was made from "
                                     f"{info.get('base', 'no recorded base')}); remove it or rename {base.ref}")
-        if base_unchanged(info, base):
+        if base_unchanged(info, base) and info.get("version", 1) == VERSION:
             return entry
     return save_quantized(base, quantize, group, progress)
 
@@ -120,7 +120,7 @@ def base_unchanged(info: dict, base: registry.Entry) -> bool:
 
 def save_quantized(base: registry.Entry, quantize: str, group: int, progress=None) -> registry.Entry:
     """Quantize `base` (float32, read once) and store the result as a derived target entry (safetensors)."""
-    from specgen.models.quantize import quantize_transformer
+    from specgen.models.quantize import VERSION, quantize_transformer
 
     if progress:
         progress(f"quantizing {base.ref} to {quantize}", 0, 1)
@@ -133,7 +133,7 @@ def save_quantized(base: registry.Entry, quantize: str, group: int, progress=Non
     meta.update(builder="quantized-transformer", kwargs={**base.meta.get("kwargs", {}), "quantize": quantize,
                                                          "group": group},
                 description=f"{base.ref} with {quantize} weights (derived; specgen/models/quantize.py)",
-                quantized={"mode": quantize, "group": group, "base": base.ref,
+                quantized={"mode": quantize, "group": group, "base": base.ref, "version": VERSION,
                            "base_digest": registry.weights_digest(base), "base_file": weights_stat(base)})
 
     entry = registry.save("target", derived_name(base, quantize, group), module.state_dict(), meta,
