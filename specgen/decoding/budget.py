@@ -113,7 +113,11 @@ class MeasuredBudget:
     2. Measuring: at a new B the draft runs until it has `tries` measured steps, then AR; a B never seen starts
        from a near one already measured instead (`borrow`: the tail of a run, where rows end one by one).
     3. Choosing: the faster by the ratio of the two rates runs. The other is tried again (1 + `tries` steps) once
-       a step of it would cost at most `probe_share` of the time run since its last try; a try moves the ratio
+       its last try's wall time, the unmeasured switch step with its catch-up included (before one has run:
+       1 + `tries` of its mean steps), is at most `probe_share` of the time run since; so tries cost about that
+       share of the run, not a multiple of it (a tree's catch-up after a long run of AR steps can cost more than
+       the try's own steps: counting one step made tries at batch 8 cost 13-27% of batched AR's speed,
+       docs/results/batching.md). A try moves the ratio
        halfway to what it found against the leader's recent rate (steps cost more as sequences grow: a rate
        measured earlier would flatter the choice that ran then).
     4. Backing off: a try that found the other far behind (below `far` of the leader's rate) halves that share for
@@ -139,6 +143,8 @@ class MeasuredBudget:
     _probe: dict[int, int] = field(default_factory=dict)  # B -> steps of the running try still to come
     _ratio: dict[int, float] = field(default_factory=dict)  # B -> draft rate / AR rate (measured side by side)
     _acc: dict[int, list[float]] = field(default_factory=dict)  # B -> [tokens, seconds] of the running try
+    _try_time: dict[int, float] = field(default_factory=dict)  # B -> wall seconds of the running try, all its steps
+    _try_cost: dict[int, float] = field(default_factory=dict)  # B -> wall seconds of the last whole try
     _last: int | None = None  # the cap of the previous step (any B): a step after a switch is not measured
     _open: list = field(default_factory=list)  # [live rows, cap, tokens, measured] of the step under way
 
@@ -180,10 +186,12 @@ class MeasuredBudget:
                 self._leader[b], self._share[b] = best, self.probe_share
             _, seconds, steps = self._sums[(b, other)]
             share = self._share.setdefault(b, self.probe_share)
+            try_cost = self._try_cost.get(b, (1 + self.tries) * seconds / steps)
             if self._probe.get(b, 0) > 0:  # a try's measured steps
                 choice, self._probe[b] = other, self._probe[b] - 1
-            elif seconds / steps <= share * self._since.get(b, 0.0):  # a try is due: 1 + `tries` steps
+            elif try_cost <= share * self._since.get(b, 0.0):  # a try is due: 1 + `tries` steps
                 choice, self._probe[b], self._since[b], self._acc[b] = other, self.tries, 0.0, [0.0, 0.0]
+                self._try_time[b] = 0.0
             else:
                 choice = best
         self._open = [b, choice, 0, choice == self._last]
@@ -200,6 +208,10 @@ class MeasuredBudget:
         b, choice, tokens, measured = self._open
         self._open = []
         self._since[b] = self._since.get(b, 0.0) + seconds
+        if b in self._try_time and choice != self._leader.get(b, choice):  # any step of a try, its first included
+            self._try_time[b] += seconds
+            if not self._probe.get(b):
+                self._try_cost[b] = self._try_time.pop(b)
         if measured and b in self._acc and choice != self._leader.get(b, choice):  # a step of a try
             acc = self._acc[b]
             acc[0], acc[1] = acc[0] + tokens, acc[1] + seconds
