@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from specgen import devices
+from specgen.decoding.recorder import FeatureRecorder
 from specgen.decoding.sampling import SamplingParams
 from specgen.errors import UsageError
 from specgen.image.captions import Caption
@@ -36,7 +37,7 @@ from specgen.image.methods import ImageParts, build_image_method
 from specgen.image.target import cfg_target
 from specgen.methods import run_batch
 from specgen.models.llamagen import GPT_CONFIGS, llamagen_config
-from specgen.models.transformer import Transformer, TransformerConfig, padded_causal_mask
+from specgen.models.transformer import Transformer, TransformerConfig
 from specgen.train.checkpoint import fp16_state, publish, save_tensors
 from specgen.train.loop import At, Optim, Progress, TrainTask
 from specgen.train.optim import OptimConfig
@@ -167,102 +168,43 @@ def c2i_loss(model: Transformer, tokens: torch.Tensor, labels: torch.Tensor) -> 
 def sample_c2i(model: Transformer, labels: torch.Tensor, cfg_scale: float = 4.0, temperature: float = 1.0,
                top_k: int = 0, top_p: float = 1.0, generator: torch.Generator | None = None,
                features: bool = False):
-    """LlamaGen `generate` for c2i on a static cache: batch [cond; null] when cfg_scale > 1, logits-level CFG.
-
-    Returns tokens [B, G*G]; with `features=True` also the target features f_t (final normed hidden at
-    positions t = 0..G*G-1) of every branch: [branches, B, G*G, D] (branch 0 = cond, 1 = null class).
-    Without features it is `decode_c2i` (the shared decoding loop: the same tokens); the features, which EAGLE's
-    training data needs and the decoding loop does not expose, come from the chain here.
-    """
-    if not features:
-        return decode_c2i(model, labels, cfg_scale, temperature, top_k, top_p, generator)
-    cfg = model.cfg
-    lab = torch.cat([labels, torch.full_like(labels, cfg.num_classes)]) if cfg_scale > 1.0 else labels
-    cache = model.new_cache(lab.shape[0], 1 + cfg.rope_grid ** 2)
-    positions = torch.zeros(lab.shape[0], 1, dtype=torch.long, device=labels.device)
-    logits, hidden = model(None, positions, cache, embeds=model.cls_embedding(lab))
-    cache.lengths = [length + 1 for length in cache.lengths]
-    return _sample_image(model, cache, logits[:, -1], hidden[:, -1], labels.shape[0], 1, cfg_scale,
-                         temperature, top_k, top_p, generator, features)
-
-
-def decode_c2i(model: Transformer, labels: torch.Tensor, cfg_scale: float = 4.0, temperature: float = 1.0,
-               top_k: int = 0, top_p: float = 1.0, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Class-conditional AR samples, tokens [B, G*G], on the shared batched decoding loop (`methods.run_batch`,
-    the image AR method and CFG target `generate` uses), all rows in one batch.
-
-    Every row draws from the one `generator`, as the chain of `_sample_image` does: each step the loop draws the
-    rows' tokens in row order, and torch's multinomial of a [B, V] batch consumes a generator row after row, so
-    the tokens are the same (checked on the tiny recipe's final-evaluation batches: 2 x 32 images, CFG 4)."""
-    parts = ImageParts(model, cfg_target(model, cfg_scale), None, None, model.cfg.rope_grid)
-    rule = build_image_method("ar", parts, {})[1]
-    res = run_batch(parts.target, lambda i: build_image_method("ar", parts, {})[0], [[int(c)] for c in labels],
-                    model.cfg.rope_grid ** 2, SamplingParams(temperature, top_k, top_p), (),
-                    [generator] * len(labels), len(labels), rule=rule)
-    return torch.tensor([r.tokens for r in res.results], dtype=torch.long, device=labels.device)
+    """Class-conditional AR samples (LlamaGen `generate`, logits-level CFG over the [cond; null] pair), tokens
+    [B, G*G], on the shared batched decoding loop (`decode_images`)."""
+    prompts = [[int(c)] for c in labels]
+    return decode_images(model, cfg_target(model, cfg_scale), prompts, temperature, top_k, top_p, generator, features)
 
 
 @torch.no_grad()
 def sample_t2i(model: Transformer, captions: list[Caption], cfg_scale: float = 4.0, temperature: float = 1.0,
                top_k: int = 0, top_p: float = 1.0, generator: torch.Generator | None = None,
                features: bool = False):
-    """LlamaGen `generate` for t2i, as `CaptionCFGTarget` decodes one caption: rows [captions; uncond_embedding]
-    when cfg_scale > 1, each under its caption's padding mask (padded slots hidden as keys in the condition
-    forward, then through `KVCache.key_mask`); image token r at position n_cond + r.
-
-    Returns what `sample_c2i` does; feature t = 0 is the last condition slot (which predicts image token 0).
-    """
-    cfg, device = model.cfg, model.tok_embeddings.weight.device
-    n = cfg.n_cond
-    feats = torch.stack([c.features for c in captions]).to(device)  # [B, n_cond, C]
-    valid = torch.stack([c.valid for c in captions]).to(device)  # [B, n_cond]
-    if cfg_scale > 1.0:
-        uncond = model.cls_embedding.uncond_embedding.to(feats)
-        feats = torch.cat([feats, uncond.expand_as(feats)])
-        valid = torch.cat([valid, valid])
-    rows = feats.shape[0]
-    cache = model.new_cache(rows, n + cfg.rope_grid ** 2)
-    positions = torch.arange(n, device=device).expand(rows, n)  # zero RoPE rows
-    hidden = model.hidden_states(model.cls_embedding(feats), positions, cache, padded_causal_mask(valid))
-    cache.lengths = [length + n for length in cache.lengths]
-    cache.key_mask = valid
-    hidden = hidden[:, -1]
-    return _sample_image(model, cache, model.output(hidden), hidden, len(captions), n, cfg_scale,
-                         temperature, top_k, top_p, generator, features)
+    """Text-conditional AR samples as `CaptionCFGTarget` decodes a caption ([caption; uncond_embedding] rows under
+    its padding mask; image token r at position n_cond + r), on the shared loop; f_0 is the last condition slot's."""
+    target = cfg_target(model, cfg_scale, list(captions))
+    prompts = [target.prompt(i) for i in range(len(captions))]
+    return decode_images(model, target, prompts, temperature, top_k, top_p, generator, features)
 
 
-def _sample_image(model: Transformer, cache, logits: torch.Tensor, hidden: torch.Tensor, b: int, offset: int,
-                  cfg_scale: float, temperature: float, top_k: int, top_p: float,
-                  generator: torch.Generator | None, features: bool):
-    """The image-token chain after a condition forward: logits [rows, V] / hidden [rows, D] of the last
-    condition position, rows = [cond b; uncond b] under CFG; image token r at position offset + r."""
-    from specgen.decoding.sampling import logits_to_probs
+def decode_images(model: Transformer, target, prompts: list[list[int]], temperature: float, top_k: int,
+                  top_p: float, generator: torch.Generator | None, features: bool):
+    """AR images for `prompts` of a CFG `target`, all rows in one batch of the shared loop (`methods.run_batch`, the
+    image AR method `generate` runs). Returns tokens [B, G*G]; with `features` also the target's features
+    f_t [branches, B, G*G, D] (branch 0 cond, 1 null; t = 0 from the prefill) that the loop's forwards computed,
+    recorded by `FeatureRecorder` (EAGLE's training data).
 
+    Every row draws from the one `generator`: each step the loop draws the rows' tokens in row order, as
+    torch's multinomial of a [B, V] batch consumes a generator row after row, so the tokens are those of
+    LlamaGen's batched chain (tests/train/test_train_samplers.py pins them against one written out there)."""
     n = model.cfg.rope_grid ** 2
-    use_cfg = cfg_scale > 1.0
-    rows = hidden.shape[0]
-    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
-    out = torch.empty(b, n, dtype=torch.long, device=hidden.device)
-    feats = []
-    for r in range(n):
-        if r:
-            logits, hidden = model(x, pos, cache)
-            cache.lengths = [length + 1 for length in cache.lengths]  # a chain: commit = pointer move
-            logits, hidden = logits[:, 0], hidden[:, 0]
-        if features:
-            feats.append(hidden)
-        logits = logits.float()
-        if use_cfg:
-            logits = logits[b:] + cfg_scale * (logits[:b] - logits[b:])
-        probs = logits_to_probs(logits, params)
-        tok = probs.argmax(-1) if params.greedy else torch.multinomial(probs, 1, generator=generator)[:, 0]
-        out[:, r] = tok
-        x = tok.repeat(rows // b)[:, None]
-        pos = torch.full((rows, 1), offset + r, dtype=torch.long, device=hidden.device)
+    parts = ImageParts(model, target, None, None, model.cfg.rope_grid)
+    rule = build_image_method("ar", parts, {})[1]
+    recorders = [FeatureRecorder() for _ in prompts]
+    res = run_batch(parts.target, recorders.__getitem__, prompts, n, SamplingParams(temperature, top_k, top_p), (),
+                    [generator] * len(prompts), len(prompts), rule=rule)
+    tokens = torch.tensor([r.tokens for r in res.results], dtype=torch.long, device=model.device)
     if not features:
-        return out
-    f = torch.stack(feats, 1)  # [rows, N, D]
-    return out, f.view(rows // b, b, n, -1)
+        return tokens
+    return tokens, torch.stack([r.stacked(n) for r in recorders], 1)  # [branches, B, N, D]
 
 
 # --- evaluation -------------------------------------------------------------------------------------------

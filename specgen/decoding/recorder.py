@@ -1,0 +1,34 @@
+"""AR decoding that keeps the target's features: the empty draft plus a record of every hidden state it decoded from.
+
+EAGLE drafters train on the target's features f_t (the final hidden state that predicts token t). Recording them
+from the shared loop's own forwards, rather than from a private sampling loop, means the training data comes from
+exactly the forwards that decoding runs (same batching, same kernels) and no second loop has to be kept equal.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specgen.decoding.draft import Draft
+from specgen.decoding.target import TargetOut
+
+
+class FeatureRecorder:
+    """Drafter that proposes nothing (AR) and keeps f_t [branches, D] for t = 0, 1, ...: f_0 from the prefill's
+    last position, f_t from the forward that fed token t - 1 (its root, input 0)."""
+
+    def __init__(self) -> None:
+        self.features: list[torch.Tensor] = []
+
+    def reset(self, prompt: list[int], first: TargetOut) -> None:
+        self.features = [first.features[:, -1]]  # [branches, D]
+
+    def propose(self, seq: list[int], budget: int, stats) -> Draft:
+        return Draft.empty()
+
+    def on_accept(self, draft: Draft, verdict, out: TargetOut) -> None:
+        self.features.append(out.features[:, 0])  # the root's: it predicts the token this step commits
+
+    def stacked(self, n: int) -> torch.Tensor:
+        """f_0..f_{n-1} [branches, n, D] (a final forward past the last token, if any, is not one of them)."""
+        return torch.stack(self.features[:n], 1)
