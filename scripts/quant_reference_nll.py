@@ -5,6 +5,8 @@ greedy paths diverge, so on 30 prompts it is noisy. This is the low-variance mea
 teacher-forced, each precision scores the same text, the prompt + canonical solution of problems [offset,
 offset + limit) (the benchmark's held-out prompts by default), NLL per token of the solution, no chat template.
 
+The last row is a what-if, not a shipped mode: int4 with the LM head in int4 too (groups of 32) instead of int8.
+
 Run: `python scripts/quant_reference_nll.py > docs/logs/quant-reference-nll.log`
 """
 
@@ -15,15 +17,25 @@ import argparse
 import torch
 
 from specgen.eval import humaneval
+from specgen.models.quantize import QuantizedLinear
 from specgen.text.target import load_text_model
 
 MODELS = ("smollm2-135m", "smollm2-135m+bf16", "smollm2-135m+int8", "smollm2-135m+int4")
 
 
+def int4_head(model):
+    """`model` (an int4 text model) with its LM head re-quantized to int4 from the float32 original's."""
+    original = load_text_model("smollm2-135m", decode=False).module.output  # nn.Linear [V, dim]
+    model.module.output = QuantizedLinear.from_linear(original, "int4", 32)  # the embedding keeps its int8 table
+    return model
+
+
 @torch.inference_mode()
-def reference_nll(name: str, problems: list[humaneval.Problem]) -> tuple[float, int]:
+def reference_nll(name: str, problems: list[humaneval.Problem], head4: bool = False) -> tuple[float, int]:
     """(mean NLL per solution token, token count) of the canonical solutions under model `name`."""
     model = load_text_model(name)
+    if head4:
+        model = int4_head(model)
     total, count = 0.0, 0
     for p in problems:
         start = len(model.tokenizer.encode(p.prompt))
@@ -45,11 +57,13 @@ def main() -> None:
     problems = humaneval.load_problems(args.limit, args.offset)
     print(f"HumanEval problems {args.offset}..{args.offset + len(problems) - 1}: prompt + canonical solution, "
           "NLL per solution token (teacher-forced)")
+    names = args.models.split(",")
     base = None
-    for name in args.models.split(","):
-        nll, count = reference_nll(name, problems)
+    for name, head4 in [(n, False) for n in names] + [("smollm2-135m+int4", True)]:
+        nll, count = reference_nll(name, problems, head4)
         base = nll if base is None else base
-        print(f"{name:24s} {nll:.4f}  ({count} tokens)  {100 * (nll / base - 1):+.2f}% vs {args.models.split(',')[0]}")
+        label = name + (" (int4 head)" if head4 else "")
+        print(f"{label:32s} {nll:.4f}  ({count} tokens)  {100 * (nll / base - 1):+.2f}% vs {names[0]}")
 
 
 if __name__ == "__main__":
