@@ -113,13 +113,23 @@ def load_image_model(name: str, drafter: str = "", device: str = "cpu", need_dra
 
 
 def default_drafter(target: registry.Entry) -> str:
-    """The first draft entry (installed or built-in) trained for `target`, or "" when there is none."""
+    """The drafter used when none is named: the built-in draft entry trained for `target` (the shipped one, which
+    the documented numbers measure), else the one installed entry trained for it, else "". Several installed ones
+    and no built-in: one line asking for --drafter (a drafter trained for a quick test must not silently replace
+    the shipped one in later runs)."""
+    trained = []
     for e in checkpoints.list_entries("draft"):
         try:
             if checkpoints.find(e.ref).meta.get("parent") in (target.ref, target.name):
-                return e.ref
+                trained.append(e)
         except Exception:  # a broken entry is not a candidate; the user can still name one explicitly
             continue
+    shipped = [e for e in trained if e.builtin]
+    if shipped or len(trained) == 1:
+        return (shipped or trained)[0].ref
+    if trained:
+        raise UsageError(f"{len(trained)} drafters were trained for {target.ref} ({', '.join(e.ref for e in trained)})"
+                         "; name one with --drafter NAME")
     return ""
 
 

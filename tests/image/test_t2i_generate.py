@@ -211,3 +211,24 @@ def test_conditioning_mismatches_on_the_command_line(t2i_registry):
     r = gen(t2i_registry / "b", "--method", "ar", "--captions", str(t2i_registry / "caps.safetensors"), model="c2i-gpt")
     assert r.exit_code == 2 and "class-conditional" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert not list((t2i_registry / "b").glob("*.png"))
+
+
+def test_the_default_drafter_is_the_shipped_one_then_the_only_one_trained(t2i_registry):
+    """A drafter trained for a quick test must not silently replace the shipped one (built-in first); with
+    several installed and none shipped, `generate` asks for --drafter in one line."""
+    from specgen import checkpoints
+    from specgen.image.generate import default_drafter
+
+    assert default_drafter(checkpoints.find("target/t2i-gpt")) == "draft/t2i-eagle"  # the only one trained
+    assert default_drafter(checkpoints.find("target/c2i-gpt")) == ""  # none
+    twin = registry.read_state(checkpoints.find("draft/t2i-eagle"))
+    meta = {k: v for k, v in checkpoints.find("draft/t2i-eagle").meta.items() if k not in ("kind", "name")}
+    registry.save("draft", "a-quick-one", twin, meta)
+    r = gen(t2i_registry / "two", "--method", "eagle2", "--captions", str(t2i_registry / "caps.safetensors"))
+    assert r.exit_code != 0 and "2 drafters were trained for target/t2i-gpt" in r.output
+    assert "--drafter NAME" in r.output and "Traceback" not in r.output
+    assert gen(t2i_registry / "named", "--method", "eagle2", "--captions", str(t2i_registry / "caps.safetensors"),
+               "--drafter", "a-quick-one").exit_code == 0
+    shipped = checkpoints.find("target/tiny-image-gpt")  # the built-in target and its shipped drafter
+    registry.save("draft", "b-quick-one", twin, {**meta, "parent": "target/tiny-image-gpt"})
+    assert default_drafter(shipped) == "draft/tiny-image-eagle"
