@@ -116,8 +116,8 @@ class MeasuredBudget:
        its last try's wall time, the unmeasured switch step with its catch-up included (before one has run:
        1 + `tries` of its mean steps), is at most `probe_share` of the time run since; so tries cost about that
        share of the run, not a multiple of it (a tree's catch-up after a long run of AR steps can cost more than
-       the try's own steps: counting one step made tries at batch 8 cost 13-27% of batched AR's speed,
-       docs/results/batching.md). A try moves the ratio
+       the try's own steps: counting one mean step let tries take twice their share in
+       tests/decoding/test_budget.py). A try moves the ratio
        halfway to what it found against the leader's recent rate (steps cost more as sequences grow: a rate
        measured earlier would flatter the choice that ran then).
     4. Backing off: a try that found the other far behind (below `far` of the leader's rate) halves that share for
