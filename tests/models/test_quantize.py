@@ -61,24 +61,28 @@ def test_int4_round_trip_is_within_half_a_step_per_group(group, offset):
     assert inside.float().mean() > 0.9 and err.mean() < 0.3 * step.mean()  # a real fit, not only within bounds
 
 
-def min_max_int4_error(w: torch.Tensor, group: int) -> torch.Tensor:
-    """[out, in/g] squared error per group of plain min-max int4 (bfloat16 scale and zero, nearest level)."""
+def min_max_int4_error(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """([out, in/g] squared error, [out, in/g] largest error) per group of plain min-max int4 (bfloat16 scale and
+    zero, nearest level)."""
     wg = w.view(w.shape[0], -1, group)
     lo, hi = wg.amin(-1), wg.amax(-1)
     scale = ((hi - lo) / 15).clamp(min=1e-6).to(torch.bfloat16).float()
     zero = (lo + 8 * scale).to(torch.bfloat16).float()
     q = torch.round((wg - zero[..., None]) / scale[..., None] + 8).clamp(0, 15)
-    return ((q - 8) * scale[..., None] + zero[..., None] - wg).square().sum(-1)
+    diff = (q - 8) * scale[..., None] + zero[..., None] - wg
+    return diff.square().sum(-1), diff.abs().amax(-1)
 
 
 @pytest.mark.parametrize("offset", [0.0, 3.0])
-def test_int4_refits_never_lose_to_min_max_and_win_overall(offset):
+def test_int4_refits_never_lose_to_min_max_on_either_measure(offset):
+    """Per group, neither the squared error nor the largest error grows (a pure least-squares fit would clamp
+    outliers); on Gaussian weights the refits still find ~2% less squared error."""
     w = weights(out=256, k=128, offset=offset)
-    q4, scale, zero = quantize_int4(w, 32)
-    err = (dequantize_int4(q4, scale, zero) - w).square().view(256, 4, 32).sum(-1)  # [out, groups]
-    base = min_max_int4_error(w, 32)
-    assert (err <= base * (1 + 1e-6)).all()
-    assert err.sum() < 0.97 * base.sum()
+    diff = (dequantize_int4(*quantize_int4(w, 32)) - w).view(256, 4, 32)  # [out, groups, g]
+    base_sq, base_max = min_max_int4_error(w, 32)
+    assert (diff.square().sum(-1) <= base_sq * (1 + 1e-6)).all()
+    assert (diff.abs().amax(-1) <= base_max * (1 + 1e-6)).all()
+    assert diff.square().sum() < 0.99 * base_sq.sum()
 
 
 def test_int4_nearly_recovers_weights_already_on_a_4bit_grid():
@@ -92,7 +96,7 @@ def test_int4_nearly_recovers_weights_already_on_a_4bit_grid():
     w = (q * d + m).view(512, 256)
     rel = lambda err_sq: (err_sq.sum() / w.square().sum()).sqrt()  # noqa: E731
     refined = (dequantize_int4(*quantize_int4(w, 32)) - w).square()
-    assert rel(refined) < 0.6 * rel(min_max_int4_error(w, 32)) and rel(refined) < 3e-3
+    assert rel(refined) < 0.6 * rel(min_max_int4_error(w, 32)[0]) and rel(refined) < 3e-3
 
 
 def test_int4_refuses_widths_not_divisible_by_the_group():
