@@ -60,7 +60,7 @@ def quantize_int4(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tens
        only when its squared error falls and its largest error does not grow, so it is never worse than min-max
        on either. Why: bfloat16 keeps 8 mantissa bits, so min-max scales round by up to 0.4% and the top level
        (q - 8 = 7) misses by up to 3% of a step; on the Q4_1 weights of the shipped GGUF (already on a 4-bit
-       grid) the fit halves the relative RMS error (0.40% -> 0.18%). Why the largest error: a pure least-squares
+       grid) the fit halves the relative RMS error (0.40% -> 0.19%). Why the largest error: a pure least-squares
        fit shrinks the grid and clamps a group's outliers, which matter most in an LM head (an int4 SmolLM2 head
        lost 3.9% NLL with it, 2.7% with min-max: docs/logs/quant-reference-nll.log).
     """
