@@ -55,7 +55,8 @@ def test_int4_round_trip_is_within_half_a_step_per_group(group, offset):
     err = (dequantize_int4(q4, scale, zero) - w).abs()
     step, mid = (t.float().repeat_interleave(group, dim=1) for t in (scale, zero))  # [out, in]
     # every weight inside the grid [mid - 8 step, mid + 7 step] is at its nearest level; the least-squares
-    # refit may leave a group's extremes just outside the grid, clamped to its end level
+    # refit may leave a group's extremes just outside the grid, clamped to its end level (no further off than
+    # min-max leaves its largest error: test below)
     inside = (w >= mid - 8 * step) & (w <= mid + 7 * step)
     assert (err[inside] <= 0.5 * step[inside] * (1 + 1e-5)).all()
     assert inside.float().mean() > 0.9 and err.mean() < 0.3 * step.mean()  # a real fit, not only within bounds
@@ -280,7 +281,7 @@ def test_an_entry_made_by_older_quantizers_is_remade():
     assert entry.meta["quantized"]["version"] == VERSION
     config = entry.path / registry.CONFIG
     meta = json.loads(config.read_text())
-    meta["quantized"]["version"] = VERSION - 1  # as the min-max int4 of version 1 wrote it
+    meta["quantized"]["version"] = VERSION - 1  # as an older quantizer wrote it
     config.write_text(json.dumps(meta))
     stamp = (entry.path / registry.WEIGHTS).stat().st_mtime_ns
     again = precision.quantized_entry(base, "int4")
