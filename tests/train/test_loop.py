@@ -4,6 +4,7 @@ time budget, and DDP with 2 gloo processes (rank 0's weights everywhere, gradien
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -153,8 +154,15 @@ def test_two_gloo_processes_average_gradients(tmp_path):
     those equal one process accumulating the same 2 shards per step (the average of the ranks' gradients)."""
     ddp, one = tmp_path / "ddp", tmp_path / "one"
     ddp.mkdir(), one.mkdir()
-    proc = _script(ddp, 6, ddp=True)
-    _, err = proc.communicate(timeout=120)
+    for attempt in range(2):
+        proc = _script(ddp, 6, ddp=True)
+        _, err = proc.communicate(timeout=120)
+        # once more only when a rank died of SIGABRT before any result: a rare abort inside gloo seen once in ~15
+        # runs on a 2-core VM (2026-11-26), not reproduced in 14 reruns; a wrong result still fails below
+        if proc.returncode == 0 or "Signal 6 (SIGABRT)" not in err or (ddp / "weights-rank0.safetensors").exists():
+            break
+        shutil.rmtree(ddp)
+        ddp.mkdir()
     assert proc.returncode == 0, err[-2000:]
     assert _script(one, 6, "2").wait(60) == 0
     assert "2 process(es)" in (ddp / "log-rank0.txt").read_text()
