@@ -17,6 +17,7 @@ import argparse
 import torch
 
 from specgen.eval import humaneval
+from specgen.eval.text_bench import base_nll
 from specgen.models.quantize import QuantizedLinear
 from specgen.text.target import load_text_model
 
@@ -30,20 +31,18 @@ def int4_head(model):
     return model
 
 
-@torch.inference_mode()
 def reference_nll(name: str, problems: list[humaneval.Problem], head4: bool = False) -> tuple[float, int]:
-    """(mean NLL per solution token, token count) of the canonical solutions under model `name`."""
+    """(mean NLL per solution token, token count) of the canonical solutions under model `name` (the benchmark's
+    teacher-forced `base_nll`, here of the reference text instead of a row's outputs)."""
     model = load_text_model(name)
     if head4:
         model = int4_head(model)
     total, count = 0.0, 0
     for p in problems:
         start = len(model.tokenizer.encode(p.prompt))
-        ids = torch.tensor([model.tokenizer.encode(p.prompt + p.canonical_solution)])  # [1, T]
-        logits, _ = model.module(ids, torch.arange(ids.shape[1])[None])  # [1, T, V]
-        logp = torch.log_softmax(logits[0, start - 1 : -1].float(), -1)
-        total -= float(logp.gather(-1, ids[0, start:, None]).sum())
-        count += ids.shape[1] - start
+        ids = model.tokenizer.encode(p.prompt + p.canonical_solution)
+        nll, n = base_nll(model, ids[:start], ids[start:])
+        total, count = total + nll, count + n
     return total / count, count
 
 

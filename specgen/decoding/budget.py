@@ -142,8 +142,8 @@ class MeasuredBudget:
     _leader: dict[int, int] = field(default_factory=dict)  # B -> the choice that led when the other was tried
     _probe: dict[int, int] = field(default_factory=dict)  # B -> steps of the running try still to come
     _ratio: dict[int, float] = field(default_factory=dict)  # B -> draft rate / AR rate (measured side by side)
-    _acc: dict[int, list[float]] = field(default_factory=dict)  # B -> [tokens, seconds] of the running try
-    _try_time: dict[int, float] = field(default_factory=dict)  # B -> wall seconds of the running try, all its steps
+    _acc: dict[int, list[float]] = field(default_factory=dict)  # B -> the running try's [tokens, seconds] of its
+    # measured steps and the wall seconds of all its steps (the unmeasured first one too)
     _try_cost: dict[int, float] = field(default_factory=dict)  # B -> wall seconds of the last whole try
     _last: int | None = None  # the cap of the previous step (any B): a step after a switch is not measured
     _open: list = field(default_factory=list)  # [live rows, cap, tokens, measured] of the step under way
@@ -190,8 +190,7 @@ class MeasuredBudget:
             if self._probe.get(b, 0) > 0:  # a try's measured steps
                 choice, self._probe[b] = other, self._probe[b] - 1
             elif try_cost <= share * self._since.get(b, 0.0):  # a try is due: 1 + `tries` steps
-                choice, self._probe[b], self._since[b], self._acc[b] = other, self.tries, 0.0, [0.0, 0.0]
-                self._try_time[b] = 0.0
+                choice, self._probe[b], self._since[b], self._acc[b] = other, self.tries, 0.0, [0.0, 0.0, 0.0]
             else:
                 choice = best
         self._open = [b, choice, 0, choice == self._last]
@@ -208,23 +207,22 @@ class MeasuredBudget:
         b, choice, tokens, measured = self._open
         self._open = []
         self._since[b] = self._since.get(b, 0.0) + seconds
-        if b in self._try_time and choice != self._leader.get(b, choice):  # any step of a try, its first included
-            self._try_time[b] += seconds
-            if not self._probe.get(b):
-                self._try_cost[b] = self._try_time.pop(b)
-        if measured and b in self._acc and choice != self._leader.get(b, choice):  # a step of a try
+        if b in self._acc and choice != self._leader.get(b, choice):  # a step of a try (its unmeasured first too)
             acc = self._acc[b]
-            acc[0], acc[1] = acc[0] + tokens, acc[1] + seconds
+            acc[2] += seconds
+            if measured:
+                acc[0], acc[1] = acc[0] + tokens, acc[1] + seconds
             if not self._probe.get(b):
-                # a whole try against the leader's recent rate: both measured at about the same point of the
-                # sequences (a rate measured long ago, earlier in every sequence, where steps were cheaper, would
-                # flatter it)
-                tokens_, seconds_ = self._acc.pop(b)
-                r = tokens_ / seconds_ / self.rate(b, self._leader[b])  # the other's speed relative to the leader's
-                self._ratio[b] = 0.5 * self._ratio[b] + 0.5 * (r if choice == self.limit else 1 / r)
-                # far behind: the next try waits twice as long; close (or ahead): as long as ever
-                share = self._share.get(b, self.probe_share)
-                self._share[b] = max(share / 2, self.probe_share / 64) if r < self.far else self.probe_share
+                tokens_, seconds_, self._try_cost[b] = self._acc.pop(b)
+                if seconds_ > 0:  # a measured step in it (tries >= 1)
+                    # a whole try against the leader's recent rate: both measured at about the same point of the
+                    # sequences (a rate measured long ago, earlier in every sequence, where steps were cheaper, would
+                    # flatter it)
+                    r = tokens_ / seconds_ / self.rate(b, self._leader[b])  # the other's speed relative to the leader's
+                    self._ratio[b] = 0.5 * self._ratio[b] + 0.5 * (r if choice == self.limit else 1 / r)
+                    # far behind: the next try waits twice as long; close (or ahead): as long as ever
+                    share = self._share.get(b, self.probe_share)
+                    self._share[b] = max(share / 2, self.probe_share / 64) if r < self.far else self.probe_share
         if measured:
             sums = self._sums.setdefault((b, choice), [0.0, 0.0, 0.0])
             for i, x in enumerate((tokens, seconds, 1.0)):

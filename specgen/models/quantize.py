@@ -71,24 +71,28 @@ def quantize_int4(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tens
     scale = ((hi - lo) / 15).clamp(min=1e-6).to(torch.bfloat16).float()
     zero = (lo + 8 * scale).to(torch.bfloat16).float()
     q = levels(wg, scale, zero)
-    err, worst = group_error(wg, q, scale, zero)
+    best = (*group_error(wg, q, scale, zero), scale, zero, q)  # (err, worst, scale, zero, q) per group
     for _ in range(REFINE_STEPS):
+        q = best[4]
         u = q - 8  # [out, G, g]
         um, wm = u.mean(-1, keepdim=True), wg.mean(-1, keepdim=True)
         var = (u - um).square().sum(-1)
-        fit = torch.where(var > 0, ((u - um) * (wg - wm)).sum(-1) / var.clamp(min=1e-12), scale)
+        fit = torch.where(var > 0, ((u - um) * (wg - wm)).sum(-1) / var.clamp(min=1e-12), best[2])
         for s in bf16_either_side(fit.clamp(min=1e-6)):
             for z in bf16_either_side((wg - u * s[..., None]).mean(-1)):
-                e, m = group_error(wg, q, s, z)
-                better = (e < err) & (m <= worst)
-                err, worst = torch.where(better, e, err), torch.where(better, m, worst)
-                scale, zero = torch.where(better, s, scale), torch.where(better, z, zero)
-        q2 = levels(wg, scale, zero)
-        e, m = group_error(wg, q2, scale, zero)
-        better = (e < err) & (m <= worst)
-        err, worst, q = torch.where(better, e, err), torch.where(better, m, worst), torch.where(better[..., None], q2, q)
+                best = keep_better(best, (*group_error(wg, q, s, z), s, z, q))
+        q2 = levels(wg, best[2], best[3])
+        best = keep_better(best, (*group_error(wg, q2, best[2], best[3]), best[2], best[3], q2))
+    _, _, scale, zero, q = best
     q = q.to(torch.uint8).view(out, k)
     return q[:, 0::2] | (q[:, 1::2] << 4), scale.to(torch.bfloat16), zero.to(torch.bfloat16)
+
+
+def keep_better(best: tuple, candidate: tuple) -> tuple:
+    """Per group, `candidate` where its squared error is lower and its largest error no higher, else `best`; both
+    (err [out, G], worst [out, G], scale [out, G], zero [out, G], q [out, G, g])."""
+    better = (candidate[0] < best[0]) & (candidate[1] <= best[1])  # [out, G]
+    return tuple(torch.where(better if b.dim() == 2 else better[..., None], c, b) for b, c in zip(best, candidate))
 
 
 def levels(wg: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
@@ -98,7 +102,8 @@ def levels(wg: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.T
 
 def group_error(wg: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
                 zero: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """([out, G] squared error, [out, G] largest absolute error) of each group's reconstruction (q - 8) * scale + zero."""
+    """([out, G] squared error, [out, G] largest absolute error) of each group's reconstruction
+    (q - 8) * scale + zero."""
     diff = (q - 8) * scale[..., None] + zero[..., None] - wg
     return diff.square().sum(-1), diff.abs().amax(-1)
 

@@ -154,7 +154,7 @@ def test_two_gloo_processes_average_gradients(tmp_path):
     those equal one process accumulating the same 2 shards per step (the average of the ranks' gradients)."""
     ddp, one = tmp_path / "ddp", tmp_path / "one"
     ddp.mkdir(), one.mkdir()
-    for attempt in range(2):
+    for _ in range(2):
         proc = _script(ddp, 6, ddp=True)
         _, err = proc.communicate(timeout=120)
         # once more only when a rank died of SIGABRT before any result: a rare abort inside gloo seen once in ~15
