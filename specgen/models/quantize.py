@@ -35,6 +35,8 @@ DEFAULT_GROUP = 32
 REFINE_STEPS = 3  # least-squares refits of int4 scales and zeros (quantize_int4)
 VERSION = 3  # of the quantizers above; stored entries record it and are remade when it differs (3: int4 refits)
 ACT_DTYPE = torch.bfloat16  # activations of a quantized target: the kernels' dtype
+INT8_MM = torch.ops.aten._weight_int8pack_mm  # x [M, in] bf16, q int8 [out, in], scales bf16 [out] -> [M, out] bf16
+INT4_MM = torch.ops.aten._weight_int4pack_mm_for_cpu  # x [M, in] bf16, packed, group, scales-and-zeros -> [M, out]
 
 
 def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -149,7 +151,7 @@ class QuantizedLinear(nn.Module):
     inputs work. Every product runs the quantized kernel (rows independent: see the module docstring).
     """
 
-    _kernel: tuple | None = None  # int4: (packed kernel weight, scales-and-zeros [in/g, out, 2]); dropped when the
+    _kernel: tuple | None = None  # (op, weight operands, bias) of `kernel_weight`; dropped when the
     # buffers are replaced (assignment, load_state_dict, .to()), remade at the next product
 
     def __init__(self, in_features: int, out_features: int, mode: str, group: int = 0, bias: bool = False) -> None:
@@ -188,35 +190,39 @@ class QuantizedLinear(nn.Module):
         return dequantize_int4(self.qweight, self.scales, self.zeros)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., in] -> [..., out]
-        # a hot path (every layer of every decode step): no conversion op unless x needs one
+        # a hot path (every layer of every decode step): no conversion op unless x needs one, and no buffer lookup
+        # (nn.Module's __getattr__): the kernel's operands and the bias are read from `_kernel`
+        op, operands, bias = self._kernel or self.kernel_weight()
         x2 = x.reshape(-1, self.in_features)  # [M, in]
         if x2.dtype != ACT_DTYPE:
             x2 = x2.to(ACT_DTYPE)
-        y = self.product(x2.contiguous())
-        if self.bias is not None:
-            y = y + self.bias
+        y = op(x2.contiguous(), *operands)
+        if bias is not None:
+            y = y + bias
         if x.dtype != ACT_DTYPE:
             y = y.to(x.dtype)
         return y.view(*x.shape[:-1], self.out_features)
 
     def product(self, x: torch.Tensor) -> torch.Tensor:
         """[M, out] bf16 by the quantized kernel (x [M, in] bf16 contiguous): rows are independent."""
-        if self.mode == "int8":
-            return torch.ops.aten._weight_int8pack_mm(x, self.qweight, self.scales)
-        packed, sz = self._kernel or self.kernel_weight()
-        return torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, self.group, sz)
+        op, operands, _ = self._kernel or self.kernel_weight()
+        return op(x, *operands)
 
     def kernel_weight(self) -> tuple:
-        """(packed int4 weight, scales-and-zeros [in/g, out, 2] bf16), made once per set of buffers."""
+        """(kernel op, its weight operands, bias), made once per set of buffers: int8 (qweight, scales); int4 (packed
+        int4 weight, group, scales-and-zeros [in/g, out, 2] bf16)."""
         if self._kernel is None:
-            q = unpack_int4(self.qweight).to(torch.int32)  # [out, in], values 0..15
-            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
-            sz = torch.stack([self.scales, self.zeros], -1).transpose(0, 1).contiguous()
-            self._kernel = (packed, sz)
+            if self.mode == "int8":
+                self._kernel = (INT8_MM, (self.qweight, self.scales), self.bias)
+            else:
+                q = unpack_int4(self.qweight).to(torch.int32)  # [out, in], values 0..15
+                packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+                sz = torch.stack([self.scales, self.zeros], -1).transpose(0, 1).contiguous()
+                self._kernel = (INT4_MM, (packed, self.group, sz), self.bias)
         return self._kernel
 
     def __setattr__(self, name: str, value) -> None:
-        if name in ("qweight", "scales", "zeros"):
+        if name in ("qweight", "scales", "zeros", "bias"):
             self.__dict__.pop("_kernel", None)
         super().__setattr__(name, value)
 
