@@ -32,6 +32,7 @@ class KVCache:
     lengths: list[int]
     cross: list[tuple[torch.Tensor, torch.Tensor]] | None = field(default=None)  # per layer [B, H, M, D]
     key_mask: torch.Tensor | None = field(default=None)  # [B, M] bool: False = a slot no later query sees
+    _ragged: tuple | None = field(default=None, repr=False, compare=False)  # (key, index) of `ragged_rows`
 
     def __post_init__(self) -> None:
         # per-layer views [B, H_kv, T_max, D], made once: `write` runs in every layer of every forward
@@ -83,14 +84,26 @@ class KVCache:
             k.narrow(2, start, s).copy_(k_new)
             v.narrow(2, start, s).copy_(v_new)
             end = start + s
-        else:  # ragged rows (a batch): row b's nodes go to slots [lengths[b], lengths[b] + S), one scatter
-            b, h, _, d = k_new.shape
-            slots = torch.tensor(self.lengths, device=self.k.device)[:, None] + torch.arange(s, device=self.k.device)
-            index = slots[:, None, :, None].expand(b, h, s, d)  # [B, H_kv, S, D]
-            k.scatter_(2, index, k_new)
-            v.scatter_(2, index, v_new)
+        else:  # ragged rows (a batch): row b's nodes go to slots [lengths[b], lengths[b] + S), whole D-vectors
+            d = k_new.shape[-1]
+            index = self.ragged_rows(s)  # made by the forward's first layer, used by all of them
+            k.view(-1, d).index_copy_(0, index, k_new.reshape(-1, d))  # a layer's rows [B, H_kv, T_max] flat
+            v.view(-1, d).index_copy_(0, index, v_new.reshape(-1, d))
             end = max(self.lengths) + s
         return k.narrow(2, 0, end), v.narrow(2, 0, end)
+
+    def ragged_rows(self, s: int) -> torch.Tensor:
+        """[B*H_kv*S] rows of a layer's flat [B*H_kv*T_max, D] view where S pending nodes go: (b, h, j) -> slot
+        lengths[b] + j. Kept until the lengths or S change: one forward's layers share it (a scatter with a
+        [B, H_kv, S, D] index cost ~4x more per layer at image batch shapes)."""
+        key = (tuple(self.lengths), s)
+        if self._ragged is None or self._ragged[0] != key:
+            b, h, t = self.k.shape[1], self.k.shape[2], self.k.shape[3]
+            dev = self.k.device
+            slots = torch.tensor(self.lengths, device=dev)[:, None] + torch.arange(s, device=dev)  # [B, S]
+            base = (torch.arange(b, device=dev)[:, None] * h + torch.arange(h, device=dev)) * t  # [B, H_kv]
+            self._ragged = (key, (base[:, :, None] + slots[:, None, :]).reshape(-1))
+        return self._ragged[1]
 
     def commit(self, row: int, keep: list[int]) -> None:
         """Keep pending nodes `keep` (indices into the last write, ascending) and advance the row.

@@ -323,6 +323,8 @@ class Transformer(nn.Module):
             if h.dtype != torch.float32:  # low precision: batch/width-invariant attention (models/attention.py)
                 t = mask.shape[-1] if mask is not None else max(cache.lengths) + s
                 mask = plan(mask, h.shape[0], s, t, self.cfg.n_heads, self.cfg.n_kv_heads, self.cfg.hd, h.device)
+            elif mask is not None:  # SDPA turns a bool mask into this (0 / -inf) in every layer; once per forward here
+                mask = torch.zeros(mask.shape, dtype=h.dtype, device=h.device).masked_fill_(~mask, float("-inf"))
             cross = cache.cross
         else:
             mask = None if tree_mask is None else tree_mask.view(-1, 1, s, s)
