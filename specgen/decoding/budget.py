@@ -122,7 +122,9 @@ class MeasuredBudget:
        measured earlier would flatter the choice that ran then).
     4. Backing off: a try that found the other far behind (below `far` of the leader's rate) halves that share for
        the next one (down to `probe_share / 64`); a close one keeps it, so a changed acceptance rate (an image's
-       flat regions, a new row mix) is followed.
+       flat regions, a new row mix) is followed. The measuring phase counts as the first try: a tree measured far
+       behind batched AR (0.42-0.51 of it at batch 8 on images) waits twice as long before it is tried again, where
+       a full-share try with the drafter's catch-up cost ~7% of a 16-image run (scripts/auto_budget_trace.py).
 
     One budget may serve several decode calls (a benchmark decodes its images one call each): what it measured
     carries over. Lossless either way (AR is the empty draft). Greedy outputs do not depend on it; sampled outputs
@@ -169,8 +171,9 @@ class MeasuredBudget:
             tokens, seconds, steps = self._sums[(near, c)]
             self._sums[(b, c)] = [tokens * b / near, seconds, steps]
             self._count[(b, c)] = self.tries
-        if near in self._ratio:
-            self._ratio[b] = self._ratio[near]
+        for table in (self._ratio, self._share):  # what the near count found, and how often it tries
+            if near in table:
+                table[b] = table[near]
 
     def cap(self, live_rows: int) -> int:
         b, draft, ar = live_rows, self.limit, 0
@@ -179,7 +182,11 @@ class MeasuredBudget:
             choice = draft if self._count.get((b, draft), 0) < self.tries else ar
             self._since[b] = 0.0  # the time to the first try counts from the end of measuring
         else:
-            ratio = self._ratio.setdefault(b, self.rate(b, draft) / self.rate(b, ar))
+            if b not in self._ratio:  # measuring just ended: it was the first try, and backs off as one
+                self._ratio[b] = self.rate(b, draft) / self.rate(b, ar)
+                self._share[b] = self.probe_share / 2 if min(self._ratio[b], 1 / self._ratio[b]) < self.far \
+                    else self.probe_share
+            ratio = self._ratio[b]
             best = draft if ratio >= 1 else ar
             other = draft + ar - best
             if self._leader.setdefault(b, best) != best:  # the last try changed the choice: watch closely again

@@ -86,14 +86,16 @@ def test_measured_budget_keeps_the_faster_choice_per_batch_size_and_probes_the_o
     # (0.5 s steps); at B = 8 the tree 6 (4 s steps) and AR 13.3 (0.6 s steps)
     seconds = {(1, 16): 1.0, (1, 0): 0.5, (8, 16): 4.0, (8, 0): 0.6}
     budget = MeasuredBudget(16, probe_share=0.25, tries=2)
-    caps1 = run_steps(budget, 1, 20, lambda cap, b: seconds[(b, cap)], lambda cap: 2 if cap else 0)
-    # 2 measured steps of each, the first after a switch unmeasured (the tree first); then the tree, and AR tried
-    # (1 + 2 steps, 1.5 s) once that is at most a quarter of the time since it was last tried (6 s of tree
-    # steps), then an eighth (it stayed far behind: 12 s)
-    assert caps1 == [16, 16, 16, 0, 0, 0] + [16] * 6 + [0, 0, 0] + [16] * 5
+    caps1 = run_steps(budget, 1, 24, lambda cap, b: seconds[(b, cap)], lambda cap: 2 if cap else 0)
+    # 2 measured steps of each, the first after a switch unmeasured (the tree first); then the tree. Measuring found
+    # AR far behind (2/3 of the tree's rate), so it counts as a try that backs off: AR (1 + 2 steps, 1.5 s) is
+    # tried once that is at most an eighth of the time run since (12 s of tree steps), not a quarter
+    assert caps1 == [16, 16, 16, 0, 0, 0] + [16] * 12 + [0, 0, 0] + [16] * 3
     caps8 = run_steps(budget, 8, 12, lambda cap, b: seconds[(b, cap)], lambda cap: 2 if cap else 0)
-    assert caps8 == [16, 16, 0, 0, 0] + [0] * 7  # AR; a tree try (3 x 4 s) is not due before 48 s of AR steps
-    caps8 = run_steps(budget, 8, 150, lambda cap, b: seconds[(b, cap)], lambda cap: 2 if cap else 0)
+    assert caps8 == [16, 16, 0, 0, 0] + [0] * 7  # AR; a tree try (3 x 4 s) is not due before 96 s of AR steps
+    caps8 = run_steps(budget, 8, 140, lambda cap, b: seconds[(b, cap)], lambda cap: 2 if cap else 0)
+    assert caps8 == [0] * 140  # 84 s more: still not due
+    caps8 = run_steps(budget, 8, 30, lambda cap, b: seconds[(b, cap)], lambda cap: 2 if cap else 0)
     assert caps8.count(16) == 3 and "16, 16, 16" in str(caps8)  # ... then tried once (3 steps), and AR again
     assert budget.rate(1, 16) == pytest.approx(3.0) and budget.rate(8, 0) == pytest.approx(8 / 0.6)
 
