@@ -4,7 +4,8 @@ Three measurements, 1 thread:
 1. The same decode with the budget forced to AR (cap 0: the tree drafter's pool runs, never drafts) and with the
    real `MeasuredBudget`: total time, target forward time, drafter time, and every tree step (index, live rows, ms).
 2. One batched AR forward (16 rows = 8 images x the CFG pair) over rows of equal cache length against rows whose
-   lengths differ by up to 3 (what tree steps leave behind): ragged rows write by scatter and attend under a mask.
+   lengths differ by up to 3 (what tree steps leave behind): ragged rows write by a row index and attend under a
+   mask.
 
 Run: `python scripts/auto_budget_trace.py > docs/logs/tiny/auto-budget-trace.log`
 """
@@ -67,8 +68,9 @@ def decode(im, forced: bool) -> float:
 
 @torch.inference_mode()
 def step_ms(model, lengths: list[int], reps: int = 200) -> float:
-    """ms of one AR forward of len(lengths) rows at these cache lengths."""
-    cache = model.new_cache(len(lengths), max(lengths) + 8)
+    """ms of one AR forward of len(lengths) rows at these cache lengths, in a cache as long as the decode's (the
+    class token, 256 image tokens, `MAX_DRAFT` and one: a longer cache costs more under a mask)."""
+    cache = model.new_cache(len(lengths), 1 + 256 + gen.MAX_DRAFT + 1)
     cache.lengths = list(lengths)
     x, pos = torch.zeros(len(lengths), 1, dtype=torch.long), torch.tensor(lengths)[:, None]
     for _ in range(10):
