@@ -307,6 +307,9 @@ def measure(model: TextModel, cfg: TextBenchConfig, sink=None, shard: Shard = Sh
     for name in {p.meta[m]["model"] for m in p.order} - {cfg.model}:
         models[name] = load_text_model(name, cfg.device)
         check_same_tokenizer(model, models[name])
+    for m in p.order:  # a row's assets (a static n-gram cache) fit the models' one tokenizer
+        if m not in EXTERNAL:
+            get_method(row_method(m)).check_model(row_options(m, cfg), model.tokenizer)
     original = load_original(model, cfg.device)  # quality reference (nll_base, hf row): the float32 weights
     hf_model = None
     if "hf" in p.order:

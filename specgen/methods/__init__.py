@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from specgen.errors import UnknownNameError, UsageError
+from specgen.methods import ngram_cache
 from specgen.methods import options as O
 from specgen.methods.pcllm import MultiBlockDrafter
 from specgen.methods.text import EmptyDrafter, JacobiDrafter, NgramDrafter
@@ -31,6 +32,7 @@ class MethodSpec:
     build_image: str = ""  # function of specgen.image.methods: (ImageParts, options dict) -> (drafter, rule)
     target: str = "base"  # which model it decodes: "base" or a distilled variant's registry name
     modalities: tuple[str, ...] = ()  # every modality it runs on (empty: just `modality`)
+    model_check: Callable[[Any, str], None] | None = None  # (options, target's tokenizer hash): assets fit the model
 
     @property
     def options(self) -> tuple[str, ...]:
@@ -53,12 +55,30 @@ class MethodSpec:
         """Refuse unknown option names and bad values (before any model is loaded)."""
         self.parse_options(options)
 
+    def check_model(self, options: dict[str, Any], tokenizer: Any) -> None:
+        """Refuse, in one line, method assets made for another model than the one with this (text) tokenizer."""
+        if self.model_check is not None:
+            from specgen.models.tokenizer import tokenizer_hash
+
+            self.model_check(self.parse_options(options), tokenizer_hash(tokenizer))
+
     def make_drafter(self, options: dict[str, Any]) -> Any:
         """The drafter (text) or decoder options (mesh) from an options dict; `seed` and names this method does not
         know (the loop's `budget` for mesh, a shared test dict) are ignored, values are not checked again."""
         if self.drafter is None:
             raise UsageError(f"method {self.name} is built from the loaded image target (specgen.image.methods)")
         return self.drafter(O.build(self.options_type, options), options.get("seed", 0))
+
+
+def ngram(o: O.NgramOptions, seed: int) -> NgramDrafter:
+    return NgramDrafter(num_draft=o.num_draft, max_ngram=o.max_ngram, min_ngram=o.min_ngram,
+                        cache=ngram_cache.load(o.cache) if o.cache else None)
+
+
+def ngram_cache_fits(o: O.NgramOptions, tokenizer: str) -> None:
+    """A static n-gram cache must come from the target's tokenizer (its ids would mean other tokens)."""
+    if o.cache:
+        ngram_cache.load(o.cache).check_tokenizer(tokenizer)
 
 
 def jacobi(o: O.JacobiOptions, seed: int) -> JacobiDrafter:
@@ -76,8 +96,8 @@ METHODS: dict[str, MethodSpec] = {
                    drafter=lambda o, seed: EmptyDrafter(), build_image="ar", modalities=("text", "image", "mesh")),
         MethodSpec("jacobi", "text", True, "Jacobi fixed-point iteration over a block of n tokens",
                    O.JacobiOptions, jacobi),
-        MethodSpec("ngram", "text", True, "prompt-lookup n-gram drafts verified by the target", O.NgramOptions,
-                   lambda o, seed: NgramDrafter(num_draft=o.num_draft, max_ngram=o.max_ngram, min_ngram=o.min_ngram)),
+        MethodSpec("ngram", "text", True, "prompt-lookup n-gram drafts verified by the target (and a static n-gram "
+                   "cache: option cache)", O.NgramOptions, ngram, model_check=ngram_cache_fits),
         MethodSpec("cllm", "text", True, "Jacobi decoding of the CLLM-distilled model (consistency-distillation baseline)",
                    O.CllmOptions, jacobi, target="smollm2-135m-cllm"),
         MethodSpec("pcllm", "text", True, "Jacobi decoding of the pcLLM-distilled model (progressive consistency distillation)",

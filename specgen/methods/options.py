@@ -148,11 +148,13 @@ class CllmOptions(JacobiOptions):
 
 @dataclass(frozen=True)
 class NgramOptions(Options):
-    """Prompt lookup (`ngram`): up to num_draft tokens after the latest earlier max_ngram..min_ngram-gram suffix."""
+    """Prompt lookup (`ngram`): up to num_draft tokens after the latest earlier max_ngram..min_ngram-gram suffix;
+    `cache`: a static n-gram cache (a shipped name such as smollm2-135m, or a file) drafts where that finds none."""
 
     num_draft: int = opt(4, int_at_least(1))
     max_ngram: int = opt(3, int_at_least(1))
     min_ngram: int = opt(2, int_at_least(1))
+    cache: str = opt("", text())
     budget: str = budget_opt()
 
 

@@ -1,4 +1,5 @@
-"""Text drafters on the shared loop: AR (empty draft), Jacobi fixed-point guesses, n-gram prompt lookup."""
+"""Text drafters on the shared loop: AR (empty draft), Jacobi fixed-point guesses, n-gram prompt lookup (and a
+static n-gram cache)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import dataclass
 from specgen.decoding.draft import Draft, Verdict
 from specgen.decoding.stats import DecodeStats
 from specgen.decoding.target import TargetOut
+from specgen.methods.ngram_cache import NgramCache
 
 
 class EmptyDrafter:
@@ -60,14 +62,17 @@ class JacobiDrafter:
 class NgramDrafter:
     """Prompt lookup: match the longest recent n-gram suffix earlier in the sequence and propose what followed.
 
-    Tries n = max_ngram down to min_ngram and takes the most recent earlier occurrence. No match
-    means an empty draft (a plain AR step, cost 1), so the method never pays for hopeless drafts.
-    `num_draft` is small by default because verification is not free on a CPU (docs/results/text.md).
+    Tries n = max_ngram down to min_ngram and takes the most recent earlier occurrence. With a static `cache`
+    (text/ngram_cache.py: the target's own answers to other prompts), a sequence with no earlier match drafts from
+    the cache instead. No match at all means an empty draft (a plain AR step, cost 1), so the method never pays for
+    hopeless drafts. `num_draft` is small by default because verification is not free on a CPU
+    (docs/results/text.md).
     """
 
     num_draft: int = 4
     max_ngram: int = 3
     min_ngram: int = 2
+    cache: NgramCache | None = None
 
     def reset(self, prompt: list[int], first: TargetOut) -> None:
         pass
@@ -76,7 +81,10 @@ class NgramDrafter:
         k = min(self.num_draft, budget)
         if k <= 0:
             return Draft.empty()
-        return Draft.chain(lookup(seq, k, self.max_ngram, self.min_ngram))
+        draft = lookup(seq, k, self.max_ngram, self.min_ngram)
+        if not draft and self.cache is not None:  # the sequence's own n-grams first: they are the closer evidence
+            draft = self.cache.draft(seq, k)
+        return Draft.chain(draft)
 
     def on_accept(self, draft: Draft, verdict: Verdict, out: TargetOut) -> None:
         pass

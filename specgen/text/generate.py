@@ -54,6 +54,7 @@ def generate_text(model: TextModel, cfg: TextGenConfig, prompts: list[str], on_d
     options = dict(cfg.method_options)
     budget = options.pop("budget", "fixed")
     check_batching(cfg.max_new_tokens, cfg.batch_size)
+    spec.check_model(cfg.method_options, model.tokenizer)
     params = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
     ids = [model.tokenizer.encode(p, chat=cfg.chat) for p in prompts]
     for prompt_ids in ids:  # every prompt fits the context before any is decoded

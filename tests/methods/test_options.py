@@ -30,7 +30,7 @@ def test_options_are_frozen():
 
 def test_unknown_option_is_one_line_naming_the_known_ones():
     with pytest.raises(UsageError, match=r"^method ngram has no option 'blocks'; its options: num_draft, max_ngram, "
-                                         r"min_ngram, budget$"):
+                                         r"min_ngram, cache, budget$"):
         get_method("ngram").check_options({"blocks": 2})
     with pytest.raises(UsageError, match="method ar has no option 'depth'; its options: none"):
         get_method("ar").check_options({"depth": 2})

@@ -1,0 +1,119 @@
+"""A static n-gram cache: how a target's own greedy answers continued each n-gram, as drafts for `ngram`.
+
+Prompt lookup (`ngram`) drafts only from the sequence at hand, so a step with no earlier match is a plain AR step.
+A small model's answers repeat its own phrasing across prompts ("Here is a Python function", a fence, a docstring
+layout), which no single prompt contains. The cache holds those: greedy answers of the target to the built-in
+stdlib prompts (never HumanEval), and for each n-gram (n = `MAX_NGRAM` .. `MIN_NGRAM`) the token that most often
+followed it, kept where it followed at least `MIN_COUNT` times and at least `MIN_SHARE` of the time. Drafting
+follows the table token by token from the longest n-gram that has an entry (llama.cpp's static lookup cache and
+REST's datastore are the same idea; here the datastore is the target's own outputs). Drafts are only proposals:
+outputs stay exactly the target's, whatever the cache holds.
+
+A cache file is safetensors: `tokens` int32 [N], the answers' token ids with -1 between answers, and metadata
+(`tokenizer`: the hash of the tokenizer that made it, and how). The table is built at load (~0.1 s). A cache made
+by another tokenizer is refused with one line (its ids would mean other tokens).
+
+Build one: `python -m specgen.text.ngram_cache --model NAME --limit 1500 --out FILE` (recipes/tiny/
+ngram-cache-smollm2.sh makes the shipped `smollm2-135m` cache).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+from specgen.errors import CheckpointError, UsageError
+
+MAX_NGRAM, MIN_NGRAM = 4, 2  # n-gram lengths looked up, longest first
+MIN_COUNT, MIN_SHARE = 2, 0.5  # an entry: seen at least this often, and this share of its n-gram's continuations
+SHIPPED = Path(__file__).resolve().parent.parent / "assets" / "text" / "ngram"  # <name>.safetensors
+
+
+@dataclass(frozen=True)
+class NgramCache:
+    """n-gram (a tuple of MIN_NGRAM..MAX_NGRAM token ids) -> the token that most often followed it."""
+
+    table: dict[tuple[int, ...], int] = field(repr=False)
+    tokenizer: str  # tokenizer_hash of the model whose answers made it
+    source: str  # where it was read from (for messages)
+
+    def next_token(self, seq: list[int]) -> int | None:
+        """The cached continuation of seq's longest suffix that has one, else None."""
+        for n in range(min(MAX_NGRAM, len(seq)), MIN_NGRAM - 1, -1):
+            hit = self.table.get(tuple(seq[-n:]))
+            if hit is not None:
+                return hit
+        return None
+
+    def draft(self, seq: list[int], k: int) -> list[int]:
+        """Up to k tokens, each the cached continuation of the sequence drafted so far."""
+        out, drafted = list(seq[-MAX_NGRAM:]), []
+        while len(drafted) < k:
+            nxt = self.next_token(out)
+            if nxt is None:
+                break
+            drafted.append(nxt)
+            out.append(nxt)
+        return drafted
+
+    def check_tokenizer(self, tokenizer: str) -> None:
+        """One line when the cache was made by another tokenizer than the target's."""
+        if tokenizer != self.tokenizer:
+            raise UsageError(f"n-gram cache {self.source} was made with another tokenizer ({self.tokenizer}) than the "
+                             f"target's ({tokenizer}); build one for this model (python -m specgen.text.ngram_cache)")
+
+
+def build_table(answers: list[list[int]]) -> dict[tuple[int, ...], int]:
+    """The cache's table from token streams (see the module docstring for what is kept)."""
+    follow: dict[tuple[int, ...], Counter] = {}
+    for seq in answers:
+        for n in range(MIN_NGRAM, MAX_NGRAM + 1):
+            for i in range(len(seq) - n):
+                follow.setdefault(tuple(seq[i : i + n]), Counter())[seq[i + n]] += 1
+    table = {}
+    for key, counts in follow.items():
+        (token, count), total = counts.most_common(1)[0], sum(counts.values())
+        if count >= MIN_COUNT and count >= MIN_SHARE * total:
+            table[key] = token
+    return table
+
+
+def save(path: Path, answers: list[list[int]], tokenizer: str, how: str) -> None:
+    """Write answers (token streams) as a cache file."""
+    import torch
+    from safetensors.torch import save_file
+
+    flat: list[int] = []
+    for seq in answers:
+        flat.extend(seq)
+        flat.append(-1)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file({"tokens": torch.tensor(flat, dtype=torch.int32)}, str(path), {"tokenizer": tokenizer, "how": how})
+
+
+@lru_cache(maxsize=4)
+def load(ref: str) -> NgramCache:
+    """A cache by shipped name (`specgen/assets/text/ngram/<name>.safetensors`) or file path; one line if neither."""
+    from safetensors import safe_open
+
+    path = SHIPPED / f"{ref}.safetensors" if "/" not in ref and not ref.endswith(".safetensors") else Path(ref)
+    if not path.is_file():
+        shipped = ", ".join(sorted(p.stem for p in SHIPPED.glob("*.safetensors"))) or "none"
+        raise UsageError(f"no n-gram cache {ref!r}: give a shipped name ({shipped}) or a .safetensors file")
+    try:
+        with safe_open(str(path), "pt") as f:
+            meta, tokens = f.metadata() or {}, f.get_tensor("tokens").tolist()
+    except Exception as e:  # safetensors raises its own error types for a damaged file
+        raise CheckpointError(f"cannot read n-gram cache {path}: {e}") from None
+    if "tokenizer" not in meta:
+        raise CheckpointError(f"{path} is not an n-gram cache (no tokenizer in its metadata)")
+    answers, cur = [], []
+    for t in tokens:
+        if t < 0:
+            answers.append(cur)
+            cur = []
+        else:
+            cur.append(t)
+    return NgramCache(build_table(answers + [cur]), meta["tokenizer"], str(path))

@@ -1,0 +1,49 @@
+"""Build a static n-gram cache (specgen/methods/ngram_cache.py) from a target's greedy answers to stdlib prompts.
+
+Run: `python -m specgen.text.ngram_cache --model smollm2-135m --limit 1500 --out FILE`
+(recipes/tiny/ngram-cache-smollm2.sh makes the shipped one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+from pathlib import Path
+
+
+def main() -> None:
+    """Decode the built-in stdlib prompts greedily with a target and save its answers as a cache file."""
+    import torch
+
+    from specgen.data.stdlib_prompts import stdlib_fingerprint, stdlib_prompts
+    from specgen.decoding.sampling import SamplingParams
+    from specgen.methods import run_batch
+    from specgen.methods.ngram_cache import save
+    from specgen.methods.text import EmptyDrafter
+    from specgen.models.tokenizer import tokenizer_hash
+    from specgen.text.target import load_text_model
+
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--limit", type=int, default=1500, help="stdlib prompts decoded (the first LIMIT, shuffled)")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--batch-size", type=int, default=30)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    model = load_text_model(args.model, "cpu")
+    texts = stdlib_prompts()
+    random.Random(0).shuffle(texts)  # a fixed reshuffle of the set's own order: the shipped cache's prompts
+    prompts = [model.tokenizer.encode(p) for p in texts[: args.limit]]
+    batch = run_batch(model.target, lambda i: EmptyDrafter(), prompts, args.max_new_tokens, SamplingParams(),
+                      model.tokenizer.stop_ids, batch_size=args.batch_size)
+    answers = [r.tokens for r in batch.results]
+    how = (f"greedy answers of {args.model} to {len(prompts)} stdlib prompts ({stdlib_fingerprint()}, reshuffled "
+           f"with seed 0), {args.max_new_tokens} new tokens, batch {args.batch_size}, {args.threads} thread(s)")
+    save(args.out, answers, tokenizer_hash(model.tokenizer), how)
+    print(f"wrote {args.out}: {sum(map(len, answers))} tokens ({how})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""The static n-gram cache: what it keeps, how it drafts, its file, and that `ngram` with it still equals AR."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from specgen.decoding.loop import decode
+from specgen.decoding.sampling import SamplingParams
+from specgen.decoding.stats import DecodeStats
+from specgen.decoding.target import ModelTarget
+from specgen.errors import CheckpointError, UsageError
+from specgen.methods import get_method
+from specgen.methods import ngram_cache as C
+from specgen.methods.text import EmptyDrafter, NgramDrafter
+from tests.conftest import tiny_model
+
+
+def test_a_continuation_is_kept_only_when_seen_often_and_mostly():
+    table = C.build_table([[1, 2, 3], [1, 2, 3], [1, 2, 4], [5, 6, 7], [8, 9, 1, 8, 9, 2]])
+    assert table[(1, 2)] == 3  # 2 of 3 times: count >= MIN_COUNT and share >= MIN_SHARE
+    assert (5, 6) not in table  # seen once
+    assert (8, 9) not in table  # 1 and 2, once each: neither is the most common often enough
+    assert C.build_table([[1, 2, 3], [1, 2, 4], [1, 2, 5], [1, 2, 3]])[(1, 2)] == 3  # 2 of 4: share 0.5 is enough
+    assert (1, 2) not in C.build_table([[1, 2, 3], [1, 2, 3], [1, 2, 4], [1, 2, 5], [1, 2, 6]])  # 2 of 5
+
+
+def test_drafts_follow_the_longest_n_gram_with_an_entry():
+    cache = C.NgramCache({(1, 2): 3, (2, 3): 4, (9, 2, 3): 7, (3, 4): 5}, "tok", "test")
+    assert cache.draft([0, 1, 2], 3) == [3, 4, 5]  # (1, 2) -> 3, then (2, 3) -> 4, then (3, 4) -> 5
+    assert cache.draft([9, 2, 3], 3) == [7]  # (9, 2, 3) wins over (2, 3); nothing follows (3, 7)
+    assert cache.draft([0, 1, 2], 1) == [3]
+    assert cache.draft([5, 6], 3) == []
+
+
+def test_the_drafter_prefers_the_sequence_own_n_grams():
+    cache = C.NgramCache({(1, 2): 8, (2, 8): 9}, "tok", "test")
+    drafter, stats = NgramDrafter(num_draft=2, cache=cache), DecodeStats()
+    assert drafter.propose([1, 2, 3, 4, 1, 2], 2, stats).tokens == (3, 4)  # an earlier match in the sequence
+    assert drafter.propose([5, 1, 2], 2, stats).tokens == (8, 9)  # none: the cache
+    assert drafter.propose([5, 6, 7], 2, stats).tokens == ()  # neither: an AR step
+
+
+def test_a_cache_file_round_trips_and_is_refused_for_another_tokenizer(tmp_path):
+    answers = [[1, 2, 3, 4], [1, 2, 3, 5], [7, 1, 2, 3]]
+    path = tmp_path / "c.safetensors"
+    C.save(path, answers, "abc", "test answers")
+    cache = C.load(str(path))
+    assert cache.table == C.build_table(answers) and cache.table[(1, 2)] == 3
+    cache.check_tokenizer("abc")
+    with pytest.raises(UsageError, match="another tokenizer"):
+        cache.check_tokenizer("xyz")
+    with pytest.raises(UsageError, match="no n-gram cache"):
+        C.load(str(tmp_path / "missing.safetensors"))
+    save_file({"tokens": torch.zeros(3, dtype=torch.int32)}, str(tmp_path / "bare.safetensors"))
+    with pytest.raises(CheckpointError, match="not an n-gram cache"):
+        C.load(str(tmp_path / "bare.safetensors"))
+    (tmp_path / "junk.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(CheckpointError, match="cannot read"):
+        C.load(str(tmp_path / "junk.safetensors"))
+
+
+def test_the_method_option_checks_the_cache_against_the_target_tokenizer(tmp_path, monkeypatch):
+    path = tmp_path / "c.safetensors"
+    C.save(path, [[1, 2, 3], [1, 2, 3]], "abc", "test")
+    spec = get_method("ngram")
+    assert spec.make_drafter({"cache": str(path)}).cache.table == {(1, 2): 3}
+    monkeypatch.setattr("specgen.models.tokenizer.tokenizer_hash", lambda tok: tok)
+    spec.check_model({"cache": str(path)}, "abc")
+    spec.check_model({}, "xyz")  # no cache: nothing to check
+    with pytest.raises(UsageError, match="another tokenizer"):
+        spec.check_model({"cache": str(path)}, "xyz")
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_ngram_with_a_cache_equals_ar_and_drafts_from_it(seed):
+    """A cache made of the target's own greedy answers to other prompts: drafts that are often right, outputs that
+    are exactly AR's (a cache of noise too)."""
+    model = tiny_model(seed)
+    g = torch.Generator().manual_seed(seed)
+    prompts = [[int(t) for t in torch.randint(0, 64, (8,), generator=g)] for _ in range(6)]
+
+    def run(drafter, prompt):
+        return decode(ModelTarget(model), drafter, prompt, 30, SamplingParams())
+
+    answers = [run(EmptyDrafter(), p).tokens for p in prompts[1:]]
+    noise = [[int(t) for t in torch.randint(0, 64, (30,), generator=g)] * 2 for _ in range(4)]
+    ar = run(EmptyDrafter(), prompts[0])
+    for streams in (answers, noise):
+        cache = C.NgramCache(C.build_table(streams), "tok", "test")
+        out = run(NgramDrafter(num_draft=4, cache=cache), prompts[0])
+        assert out.tokens == ar.tokens
+    cache = C.NgramCache(C.build_table(answers + [ar.tokens]), "tok", "test")  # it has seen this answer too
+    out = run(NgramDrafter(num_draft=4, cache=cache), prompts[0])
+    assert out.tokens == ar.tokens and out.stats.target_forwards < ar.stats.target_forwards
