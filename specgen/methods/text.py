@@ -63,7 +63,7 @@ class NgramDrafter:
     """Prompt lookup: match the longest recent n-gram suffix earlier in the sequence and propose what followed.
 
     Tries n = max_ngram down to min_ngram and takes the most recent earlier occurrence. With a static `cache`
-    (text/ngram_cache.py: the target's own answers to other prompts), a sequence with no earlier match drafts from
+    (methods/ngram_cache.py: the target's own answers to other prompts), a sequence with no earlier match drafts from
     the cache instead. No match at all means an empty draft (a plain AR step, cost 1), so the method never pays for
     hopeless drafts. `num_draft` is small by default because verification is not free on a CPU
     (docs/results/text.md).

@@ -116,6 +116,8 @@ MESH = ["generate", "--method", "xspecmesh"]
     (["distill", "--out", "run", "temperature=0"], "temperature must be > 0"),
     ([*GEN, "--method", "jacobi", "method_options.block_size=abc"], "got 'abc'"),
     ([*GEN, "--method", "ngram", "method_options.num_draft=-3"], "num_draft must be >= 1"),
+    ([*GEN, "--method", "ngram", "method_options.cache=nope"], "no n-gram cache 'nope'"),
+    ([*GEN, "--method", "ngram", "method_options.cache=smollm2-135m"], "was made with another tokenizer"),
     ([*GEN, "--method", "pcllm-mr", "method_options.spawn_ratio=2"], "spawn_ratio"),
     ([*MESH, "method_options.delta=2"],
      "delta must be in [0, 1] (a finite number) (method_options.delta of xspecmesh)"),
