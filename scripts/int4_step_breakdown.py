@@ -1,0 +1,90 @@
+"""How much of an int4 SmolLM2-135M decode step is kernels and how much is everything else (1 thread)?
+
+One AR forward (1 new token over a 138-token cached prompt) is timed whole, then again with parts replaced by stubs
+that return a tensor of the right shape at once: first the quantized products (int4 layers and the int8 LM head),
+then also the attention core (`invariant_attention`), the whole attention block, and the feed-forward. The
+differences split the step; the profiler would inflate the many small ops it wraps. Also counts the aten ops of one
+forward. Run: `python scripts/int4_step_breakdown.py > docs/logs/int4-step-breakdown.log`. Cited by
+docs/results/precision.md (the static n-gram cache section).
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import specgen.models.transformer as T
+from specgen.models import quantize as Q
+from specgen.text.target import load_text_model
+
+
+class CountOps(TorchDispatchMode):
+    """Counts aten ops by name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: collections.Counter = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[func.overloadpacket.__name__] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    tm = load_text_model("smollm2-135m", "cpu", quantize="int4")
+    model = tm.target.model
+    prompt = torch.tensor([tm.tokenizer.encode("def fib(n):\n    '''Return the n-th Fibonacci number.'''\n" * 6)])
+    cache = model.new_cache(1, 512)
+    with torch.inference_mode():
+        tm.target.prefill(prompt, cache)
+    tok, pos = torch.tensor([[5]]), torch.tensor([[prompt.shape[1]]])
+
+    @torch.inference_mode()
+    def forward_ms(reps: int = 100) -> float:
+        for _ in range(5):
+            model(tok, pos, cache)
+        best = float("inf")
+        for _ in range(3):
+            t = time.perf_counter()
+            for _ in range(reps):
+                model(tok, pos, cache)
+            best = min(best, (time.perf_counter() - t) / reps * 1e3)
+        return best
+
+    with torch.inference_mode(), CountOps() as counted:
+        model(tok, pos, cache)
+    print(f"prompt {prompt.shape[1]} tokens; one AR forward runs {sum(counted.ops.values())} aten ops "
+          f"({counted.ops['_weight_int4pack_mm_for_cpu']} int4 products, {model.cfg.n_layers} layers); "
+          "ms per forward, best of 3 x 100, 1 thread")
+    whole = forward_ms()
+    print(f"whole forward                          {whole:6.2f}")
+    zeros: dict = {}
+
+    def stub(self, x):  # the product's shape, no work
+        key = (x.shape[0], self.out_features)
+        return zeros.setdefault(key, torch.zeros(key, dtype=Q.ACT_DTYPE))
+
+    Q.QuantizedLinear.product = stub
+    Q.QuantizedLinear.forward = lambda self, x: stub(self, x.reshape(-1, self.in_features)).view(
+        *x.shape[:-1], self.out_features)
+    rest = forward_ms()
+    print(f"  quantized products stubbed           {rest:6.2f}   (products {whole - rest:5.2f})")
+    T.invariant_attention = lambda q, k, v, p: q
+    no_core = forward_ms()
+    print(f"  + attention core stubbed             {no_core:6.2f}   (attention core {rest - no_core:5.2f})")
+    T.Attention.forward = lambda self, x, rot, layer, cache, mask, causal: x
+    no_attn = forward_ms()
+    print(f"  + attention block stubbed            {no_attn:6.2f}   (qkv split, RoPE, KV write, wo glue "
+          f"{no_core - no_attn:5.2f})")
+    T.FeedForward.forward = lambda self, x: x
+    floor = forward_ms()
+    print(f"  + feed-forward stubbed               {floor:6.2f}   (feed-forward glue {no_attn - floor:5.2f}; what is "
+          "left: norms, residuals, embedding, RoPE table, plan)")
+
+
+if __name__ == "__main__":
+    main()
