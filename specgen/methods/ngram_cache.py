@@ -10,8 +10,9 @@ REST's datastore are the same idea; here the datastore is the target's own outpu
 outputs stay exactly the target's, whatever the cache holds.
 
 A cache file is safetensors: `tokens` int32 [N], the answers' token ids with -1 between answers, and metadata
-(`tokenizer`: the hash of the tokenizer that made it, and how). The table is built at load (~0.1 s). A cache made
-by another tokenizer is refused with one line (its ids would mean other tokens).
+(`tokenizer`: the hash of the tokenizer that made it, and how). The table is built at load, once per process
+(~1 s for the shipped one). A cache made by another tokenizer is refused with one line (its ids would mean other
+tokens).
 
 Build one: `python -m specgen.text.ngram_cache --model NAME --limit 1500 --out FILE` (recipes/tiny/
 ngram-cache-smollm2.sh makes the shipped `smollm2-135m` cache).
