@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The shipped n-gram cache of SmolLM2-135M-Instruct (specgen/assets/text/ngram/smollm2-135m.safetensors):
 # greedy answers of the float32 target to 1,500 of the built-in stdlib prompts (never HumanEval), 128 new tokens,
-# 30 prompts per batch, 1 thread (~13 min on one core of the 2-core dev VM). Used by `ngram` with
+# 30 prompts per batch, 1 thread (~17 min on one core of the 2-core AMD EPYC dev VM). Used by `ngram` with
 # method_options.cache=smollm2-135m (specgen/text/ngram_cache.py).
 set -euo pipefail
 python -m specgen.text.ngram_cache --model smollm2-135m --limit 1500 --max-new-tokens 128 --batch-size 30 \
