@@ -68,7 +68,6 @@ def main() -> None:
         key = (x.shape[0], self.out_features)
         return zeros.setdefault(key, torch.zeros(key, dtype=Q.ACT_DTYPE))
 
-    Q.QuantizedLinear.product = stub
     Q.QuantizedLinear.forward = lambda self, x: stub(self, x.reshape(-1, self.in_features)).view(
         *x.shape[:-1], self.out_features)
     rest = forward_ms()

@@ -151,7 +151,7 @@ class QuantizedLinear(nn.Module):
     inputs work. Every product runs the quantized kernel (rows independent: see the module docstring).
     """
 
-    _kernel: tuple | None = None  # (op, weight operands, bias) of `kernel_weight`; dropped when the
+    _kernel: tuple | None = None  # (op, weight operands, bias) of `kernel`; dropped when the
     # buffers are replaced (assignment, load_state_dict, .to()), remade at the next product
 
     def __init__(self, in_features: int, out_features: int, mode: str, group: int = 0, bias: bool = False) -> None:
@@ -192,7 +192,7 @@ class QuantizedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., in] -> [..., out]
         # a hot path (every layer of every decode step): no conversion op unless x needs one, and no buffer lookup
         # (nn.Module's __getattr__): the kernel's operands and the bias are read from `_kernel`
-        op, operands, bias = self._kernel or self.kernel_weight()
+        op, operands, bias = self._kernel or self.kernel()
         x2 = x.reshape(-1, self.in_features)  # [M, in]
         if x2.dtype != ACT_DTYPE:
             x2 = x2.to(ACT_DTYPE)
@@ -203,14 +203,9 @@ class QuantizedLinear(nn.Module):
             y = y.to(x.dtype)
         return y.view(*x.shape[:-1], self.out_features)
 
-    def product(self, x: torch.Tensor) -> torch.Tensor:
-        """[M, out] bf16 by the quantized kernel (x [M, in] bf16 contiguous): rows are independent."""
-        op, operands, _ = self._kernel or self.kernel_weight()
-        return op(x, *operands)
-
-    def kernel_weight(self) -> tuple:
+    def kernel(self) -> tuple:
         """(kernel op, its weight operands, bias), made once per set of buffers: int8 (qweight, scales); int4 (packed
-        int4 weight, group, scales-and-zeros [in/g, out, 2] bf16)."""
+        int4 weight, group, scales-and-zeros [in/g, out, 2] bf16). The op computes each row of x [M, in] bf16 alone."""
         if self._kernel is None:
             if self.mode == "int8":
                 self._kernel = (INT8_MM, (self.qweight, self.scales), self.bias)
@@ -360,7 +355,7 @@ def prepare_kernels(module: nn.Module) -> nn.Module:
     a weight), and glibc keeps those freed buffers in the heap, ~190 MB of resident memory for SmolLM2."""
     layers = [lin for lin in quantized_layers(module) if lin.mode == "int4"]
     for lin in layers:
-        lin.kernel_weight()
+        lin.kernel()
     if layers:
         _trim_heap()
     return module
