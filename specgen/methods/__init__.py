@@ -32,7 +32,7 @@ class MethodSpec:
     build_image: str = ""  # function of specgen.image.methods: (ImageParts, options dict) -> (drafter, rule)
     target: str = "base"  # which model it decodes: "base" or a distilled variant's registry name
     modalities: tuple[str, ...] = ()  # every modality it runs on (empty: just `modality`)
-    model_check: Callable[[Any, str], None] | None = None  # (options, target's tokenizer hash): assets fit the model
+    model_check: Callable[[Any, Any], None] | None = None  # (options, target's text tokenizer): assets fit the model
 
     @property
     def options(self) -> tuple[str, ...]:
@@ -58,9 +58,7 @@ class MethodSpec:
     def check_model(self, options: dict[str, Any], tokenizer: Any) -> None:
         """Refuse, in one line, method assets made for another model than the one with this (text) tokenizer."""
         if self.model_check is not None:
-            from specgen.models.tokenizer import tokenizer_hash
-
-            self.model_check(self.parse_options(options), tokenizer_hash(tokenizer))
+            self.model_check(self.parse_options(options), tokenizer)
 
     def make_drafter(self, options: dict[str, Any]) -> Any:
         """The drafter (text) or decoder options (mesh) from an options dict; `seed` and names this method does not
@@ -75,10 +73,13 @@ def ngram(o: O.NgramOptions, seed: int) -> NgramDrafter:
                         cache=ngram_cache.load(o.cache) if o.cache else None)
 
 
-def ngram_cache_fits(o: O.NgramOptions, tokenizer: str) -> None:
-    """A static n-gram cache must come from the target's tokenizer (its ids would mean other tokens)."""
+def ngram_cache_fits(o: O.NgramOptions, tokenizer: Any) -> None:
+    """A static n-gram cache must come from the target's tokenizer (its ids would mean other tokens); the
+    tokenizer's hash (~60 ms over SmolLM2's vocabulary) is only computed when there is a cache to check."""
     if o.cache:
-        ngram_cache.load(o.cache).check_tokenizer(tokenizer)
+        from specgen.models.tokenizer import tokenizer_hash
+
+        ngram_cache.load(o.cache).check_tokenizer(tokenizer_hash(tokenizer))
 
 
 def jacobi(o: O.JacobiOptions, seed: int) -> JacobiDrafter:
