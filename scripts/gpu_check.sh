@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The checks a CUDA machine runs (the project's CI has none): the gpu-marked tests, batched AR throughput against
-# transformers, and the image and mesh batch benchmarks with --device cuda. Each step has its own time limit and
+# The checks a CUDA machine runs (the project's CI has none): the gpu-marked tests, host syncs per decode step,
+# the image and mesh batch benchmarks with --device cuda, and batched AR throughput against transformers. Each step has its own time limit and
 # log under $OUT (default runs/gpu-check), and a failing step does not stop the next.
 #
 # On a bare GPU machine with PyTorch but without this project's lighter dependencies, put their wheels in .whl/
@@ -27,9 +27,10 @@ step() {  # step NAME SECONDS COMMAND...: run with a limit, log to $OUT/NAME.log
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name())'
 [ -n "$SKIP_TESTS" ] || step gpu-tests 150 python3 -m pytest -m gpu tests -q -p no:cacheprovider
-step batch-throughput 150 python3 scripts/gpu_batch_throughput.py --device cuda --dtype bfloat16 --profile \
-    --json "$OUT/batch-throughput.json"
-step images 130 specgen benchmark --config recipes/tiny/bench-images-batch.yaml --device cuda --threads 0 \
-    --batch-size 1,8 num=8 out_dir="$OUT/images" --out "$OUT/images.jsonl"
+step sync-count 120 python3 scripts/gpu_sync_count.py --device cuda
+step images 150 specgen benchmark --config recipes/tiny/bench-images-batch.yaml --device cuda --threads 0 \
+    --batch-size 1,8 num=8 out_dir=/tmp/gpu-check-images --out "$OUT/images.jsonl"
 step meshes 100 specgen benchmark --config recipes/tiny/bench-meshes-batch.yaml --device cuda --threads 0 \
     --batch-size 1,8 --limit 8 --out "$OUT/meshes.jsonl"
+step batch-throughput 120 python3 scripts/gpu_batch_throughput.py --device cuda --dtype bfloat16 --profile \
+    --json "$OUT/batch-throughput.json"

@@ -1,0 +1,167 @@
+"""Host syncs per decode step on a CUDA device: how often the loop makes the host wait for the GPU, and where.
+
+Two kinds are counted for each case (a method, a batch size, a temperature), per decode step:
+- implicit: every synchronising CUDA operation the step runs (a device-to-host read: `.tolist()`, `.item()`,
+  `bool(t)`, a data-dependent shape), made visible by `torch.cuda.set_sync_debug_mode("warn")`; each is charged to
+  the innermost `specgen/` source line on the stack, so the table names the lines;
+- explicit: the clock reads of the loop's phase timer (`devices.synchronize`, which waits for the queue on purpose,
+  so that each phase is charged for its own kernels).
+
+An accept rule must read something of the verify logits on the host (greedy: the argmax of every row; rejection
+sampling: the probabilities along the draft), so the floor for a lossless method is one implicit sync a step.
+Run on a CUDA machine: `python scripts/gpu_sync_count.py` (log: docs/logs/gpu/sync-count.log).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import traceback
+import warnings
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+import specgen.devices as devices
+from specgen.decoding.loop import decode_batch
+from specgen.decoding.sampling import SamplingParams
+from specgen.decoding.target import ModelTarget
+from specgen.methods.text import EmptyDrafter, JacobiDrafter, NgramDrafter
+from specgen.models.transformer import Transformer, TransformerConfig
+
+ROOT = str(Path(__file__).resolve().parents[1])
+SMALL = TransformerConfig(vocab_size=49152, dim=256, n_layers=4, n_heads=4, n_kv_heads=2, ffn_dim=768,
+                          norm_eps=1e-5, rope_theta=100000.0, max_seq_len=1024, tie_embeddings=True)
+
+
+@dataclass(frozen=True)
+class Count:
+    """One case's syncs: decode steps, implicit and explicit syncs, and the implicit ones by source line."""
+
+    steps: int
+    implicit: int
+    explicit: int
+    lines: Counter
+
+
+class SyncCounter:
+    """Counts implicit CUDA syncs (sync debug mode warnings) by source line, and explicit `devices.synchronize`."""
+
+    def __enter__(self) -> SyncCounter:
+        self.lines, self.explicit = Counter(), 0
+        self._sync, self._show = devices.synchronize, warnings.showwarning
+        self._filters = warnings.catch_warnings()
+        self._filters.__enter__()
+        warnings.simplefilter("always")
+        warnings.showwarning = self.on_warning
+
+        def counted(device=None):
+            self.explicit += 1
+            self._sync(device)
+
+        devices.synchronize = counted  # `devices.now` looks the name up at call time
+        if torch.cuda.is_available():
+            torch.cuda.set_sync_debug_mode("warn")
+        return self
+
+    def on_warning(self, message, category, filename, lineno, file=None, line=None) -> None:
+        if "synchroniz" not in str(message):
+            return self._show(message, category, filename, lineno, file, line)
+        ours = [f for f in traceback.extract_stack()[:-1] if f.filename.startswith(ROOT + "/specgen/")]
+        where = ours[-1] if ours else None
+        self.lines[f"{where.filename[len(ROOT) + 1:]}:{where.lineno}" if where else f"{filename}:{lineno}"] += 1
+
+    def __exit__(self, *exc) -> None:
+        if torch.cuda.is_available():
+            torch.cuda.set_sync_debug_mode("default")
+        devices.synchronize = self._sync
+        warnings.showwarning = self._show
+        self._filters.__exit__(*exc)
+
+
+def count(run) -> Count:
+    """Run `run()` (returns DecodeStats) once to warm up, then again under the counter."""
+    run()
+    with SyncCounter() as c:
+        stats = run()
+    return Count(stats.steps, sum(c.lines.values()), c.explicit, c.lines)
+
+
+def wall_ms_per_step(run, device: str, synced: bool, rounds: int = 3) -> float:
+    """Median wall ms per step of `run()`, with the phase clock's syncs (`synced`) or with them made no-ops (the
+    decode is then timed by one sync at its end): what the explicit syncs cost."""
+    real, times = devices.synchronize, []
+    try:
+        if not synced:
+            devices.synchronize = lambda device=None: None
+        for _ in range(rounds):
+            real(device)
+            t0 = time.perf_counter()
+            stats = run()
+            real(device)
+            times.append(1e3 * (time.perf_counter() - t0) / max(stats.steps, 1))
+    finally:
+        devices.synchronize = real
+    return sorted(times)[rounds // 2]
+
+
+def text_cases(device: str) -> dict:
+    torch.manual_seed(0)
+    model = Transformer(SMALL).to(device).eval()
+    target = ModelTarget(model)
+    target.device = device
+    g = torch.Generator().manual_seed(0)
+    base = torch.randint(0, SMALL.vocab_size, (24,), generator=g).tolist()
+    prompts = [base * 3 + base[: 5 + i] for i in range(8)]  # repeats: the n-gram drafter finds matches
+
+    def run(make, b: int, temperature: float):
+        params = SamplingParams(temperature)
+        gens = [torch.Generator().manual_seed(i) for i in range(b)]
+        return lambda: decode_batch(target, lambda i: make(), prompts[:b], 48, params, generators=gens).stats
+
+    return {"text ar B1 T0": run(EmptyDrafter, 1, 0.0), "text ar B4 T0": run(EmptyDrafter, 4, 0.0),
+            "text ar B1 T1": run(EmptyDrafter, 1, 1.0), "text ngram B1 T0": run(NgramDrafter, 1, 0.0),
+            "text ngram B4 T1": run(NgramDrafter, 4, 1.0), "text jacobi B1 T0": run(JacobiDrafter, 1, 0.0)}
+
+
+def image_cases(device: str) -> dict:
+    from specgen.image.generate import ImageGenConfig, generate_images, load_image_model
+
+    im = load_image_model("tiny-image-gpt", device=device)
+
+    def run(method: str, b: int, temperature: float):
+        cfg = ImageGenConfig(method=method, num=b, temperature=temperature, batch_size=b, device=device)
+
+        def go():
+            samples, _ = generate_images(im, cfg)
+            steps = max(s.stats.steps for s in samples)  # every row starts at once: the longest is the batch's
+            return type("S", (), {"steps": steps})
+
+        return go
+
+    return {"image ar B1 T0": run("ar", 1, 0.0), "image adt-tree B1 T0": run("adt-tree", 1, 0.0),
+            "image adt-tree B4 T0": run("adt-tree", 4, 0.0), "image eagle2 B1 T1": run("eagle2", 1, 1.0)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--top", type=int, default=4, help="source lines shown per case")
+    args = ap.parse_args()
+    gpu = torch.cuda.get_device_name(args.device) if "cuda" in args.device else args.device
+    print(f"device {gpu}, torch {torch.__version__}")
+    print(f"{'case':<22} {'steps':>5} {'implicit/step':>13} {'explicit/step':>13} {'ms/step synced':>14} "
+          f"{'unsynced':>8}  top implicit lines (per step)")
+    for name, run in {**text_cases(args.device), **image_cases(args.device)}.items():
+        c = count(run)
+        steps = max(c.steps, 1)
+        synced, unsynced = (wall_ms_per_step(run, args.device, s) for s in (True, False))
+        top = ", ".join(f"{line} {n / steps:.2f}" for line, n in c.lines.most_common(args.top))
+        print(f"{name:<22} {c.steps:>5} {c.implicit / steps:>13.2f} {c.explicit / steps:>13.2f} {synced:>14.2f} "
+              f"{unsynced:>8.2f}  {top}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
