@@ -4,18 +4,19 @@ Two kinds are counted for each case (a method, a batch size, a temperature), per
 - implicit: every synchronising CUDA operation the step runs (a device-to-host read: `.tolist()`, `.item()`,
   `bool(t)`, a data-dependent shape), made visible by `torch.cuda.set_sync_debug_mode("warn")`; each is charged to
   the innermost `specgen/` source line on the stack, so the table names the lines;
-- explicit: the clock reads of the loop's phase timer (`devices.synchronize`, which waits for the queue on purpose,
-  so that each phase is charged for its own kernels).
+- explicit: waits for the device's queue on purpose (`devices.synchronize`, behind `devices.now`): the decode loop
+  makes them at its start and at each row's end; its phase clock reads the host time and never waits.
 
 An accept rule must read something of the verify logits on the host (greedy: the argmax of every row; rejection
 sampling: the probabilities along the draft), so the floor for a lossless method is one implicit sync a step.
-Run on a CUDA machine: `python scripts/gpu_sync_count.py` (log: docs/logs/gpu/sync-count.log).
+A host-to-device copy of a plain host tensor also waits (pageable memory); the loop's go through
+`devices.host_tensor` / `to_device` (non-blocking). Run on a CUDA machine: `python scripts/gpu_sync_count.py`
+(logs: docs/logs/gpu/).
 """
 
 from __future__ import annotations
 
 import argparse
-import time
 import traceback
 import warnings
 from collections import Counter
@@ -89,21 +90,13 @@ def count(run) -> Count:
     return Count(stats.steps, sum(c.lines.values()), c.explicit, c.lines)
 
 
-def wall_ms_per_step(run, device: str, synced: bool, rounds: int = 3) -> float:
-    """Median wall ms per step of `run()`, with the phase clock's syncs (`synced`) or with them made no-ops (the
-    decode is then timed by one sync at its end): what the explicit syncs cost."""
-    real, times = devices.synchronize, []
-    try:
-        if not synced:
-            devices.synchronize = lambda device=None: None
-        for _ in range(rounds):
-            real(device)
-            t0 = time.perf_counter()
-            stats = run()
-            real(device)
-            times.append(1e3 * (time.perf_counter() - t0) / max(stats.steps, 1))
-    finally:
-        devices.synchronize = real
+def wall_ms_per_step(run, device: str, rounds: int = 3) -> float:
+    """Median wall ms per decode step of `run()` (the device is waited for at both ends)."""
+    times = []
+    for _ in range(rounds):
+        t0 = devices.now(device)
+        stats = run()
+        times.append(1e3 * (devices.now(device) - t0) / max(stats.steps, 1))
     return sorted(times)[rounds // 2]
 
 
@@ -152,15 +145,15 @@ def main() -> None:
     args = ap.parse_args()
     gpu = torch.cuda.get_device_name(args.device) if "cuda" in args.device else args.device
     print(f"device {gpu}, torch {torch.__version__}")
-    print(f"{'case':<22} {'steps':>5} {'implicit/step':>13} {'explicit/step':>13} {'ms/step synced':>14} "
-          f"{'unsynced':>8}  top implicit lines (per step)")
+    print(f"{'case':<22} {'steps':>5} {'implicit/step':>13} {'explicit/step':>13} {'ms/step':>8}  "
+          "top implicit lines (per step)")
     for name, run in {**text_cases(args.device), **image_cases(args.device)}.items():
         c = count(run)
         steps = max(c.steps, 1)
-        synced, unsynced = (wall_ms_per_step(run, args.device, s) for s in (True, False))
+        ms = wall_ms_per_step(run, args.device)
         top = ", ".join(f"{line} {n / steps:.2f}" for line, n in c.lines.most_common(args.top))
-        print(f"{name:<22} {c.steps:>5} {c.implicit / steps:>13.2f} {c.explicit / steps:>13.2f} {synced:>14.2f} "
-              f"{unsynced:>8.2f}  {top}", flush=True)
+        print(f"{name:<22} {c.steps:>5} {c.implicit / steps:>13.2f} {c.explicit / steps:>13.2f} {ms:>8.2f}  {top}",
+              flush=True)
 
 
 if __name__ == "__main__":

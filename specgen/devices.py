@@ -5,6 +5,8 @@
 - `resolve_dtype(name, device)`: "float32" | "bfloat16" | "float16" -> torch dtype (None = float32).
 - `synchronize(device)` and `now(device)`: CUDA kernels run asynchronously, so a wall clock read right after a
   forward measures the launch, not the work; `now` waits for the device first (a no-op on cpu).
+- `host_tensor(data, device)` / `to_device(t, device)`: host data queued to the device without making the host wait
+  (a host sync per decode step costs launch-bound GPU steps ~0.1 ms each: docs/results/gpu.md).
 
 Library code takes device strings ("cpu", "cuda:0"); a loader passes them through `resolve_device` so that "auto"
 works everywhere. The CPU-only parts (the packed weight layout, `models/layout.py`, and its kernel measurement,
@@ -124,6 +126,22 @@ def synchronize(device: str | torch.device | None = None) -> None:
         torch.cuda.synchronize(dev)
     elif dev.type == "mps" and hasattr(torch, "mps"):
         torch.mps.synchronize()
+
+
+def host_tensor(data, device, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """`torch.tensor(data)` made on the host and queued to `device` without making the host wait (`to_device`)."""
+    return to_device(torch.tensor(data, dtype=dtype), device)
+
+
+def to_device(t: torch.Tensor, device) -> torch.Tensor:
+    """A host tensor queued to `device` without making the host wait: a copy from ordinary (pageable) memory blocks
+    the host until the GPU has run everything queued before it, a host sync per call (scripts/gpu_sync_count.py).
+    On cuda the tensor is first copied into page-locked memory from torch's caching host allocator, which keeps
+    that block until the copy has run; elsewhere `t.to(device)` (a no-op where it already is)."""
+    dev = torch.device(device)
+    if dev.type != "cuda" or t.device.type != "cpu":
+        return t.to(dev)
+    return t.pin_memory().to(dev, non_blocking=True)
 
 
 def now(device: str | torch.device | None = None) -> float:

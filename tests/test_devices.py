@@ -80,8 +80,10 @@ def test_now_synchronises_cuda_only(monkeypatch):
     assert calls == [torch.device("cuda:0"), None]
 
 
-def test_decode_loop_reads_the_clock_through_devices_now(monkeypatch):
-    """Every phase of the loop (prefill, propose, verify, accept, commit) and the latency read `now(device)`."""
+def test_decode_loop_waits_for_the_device_only_at_its_ends(monkeypatch):
+    """The batch's start and each row's latency read `now(device)` (a synchronised clock); the phases (prefill,
+    propose, verify, accept, commit) read the host clock and never wait: on a GPU ten waits a step cost ~30% of a
+    launch-bound AR step (docs/results/gpu.md)."""
     from specgen.decoding import loop
     from specgen.decoding.sampling import SamplingParams
     from specgen.decoding.target import ModelTarget
@@ -95,11 +97,13 @@ def test_decode_loop_reads_the_clock_through_devices_now(monkeypatch):
         return float(len(seen))
 
     monkeypatch.setattr(loop, "now", fake_now)
+    monkeypatch.setattr(devices, "synchronize", lambda device=None: seen.append(("sync", device)))
     target = ModelTarget(tiny_model(0))
-    res = run_batch(target, lambda i: METHODS["ngram"].make_drafter({}), [[1, 2, 3, 1, 2]], 6, SamplingParams())
-    assert len(seen) > 10 and set(seen) == {"cpu"}  # ModelTarget.device
+    prompts = [[1, 2, 3, 1, 2], [4, 5, 6]]
+    res = run_batch(target, lambda i: METHODS["ngram"].make_drafter({}), prompts, 6, SamplingParams())
+    assert seen == ["cpu"] * (1 + len(prompts))  # the start, then one latency per row; no phase synchronised
     assert set(res.stats.times) >= {"prefill", "propose", "verify", "accept", "commit"}
-    assert res.results[0].stats.extras["latency_s"] > 0
+    assert all(r.stats.extras["latency_s"] > 0 for r in res.results)
 
 
 def test_stats_timed_reads_devices_now(monkeypatch):

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specgen.decoding.memory import check_cache_fits
+from specgen.devices import host_tensor
 
 
 @dataclass
@@ -100,7 +101,7 @@ class KVCache:
         if self._ragged is None or self._ragged[0] != key:
             b, h, t = self.k.shape[1], self.k.shape[2], self.k.shape[3]
             dev = self.k.device
-            slots = torch.tensor(self.lengths, device=dev)[:, None] + torch.arange(s, device=dev)  # [B, S]
+            slots = host_tensor(self.lengths, dev)[:, None] + torch.arange(s, device=dev)  # [B, S]
             base = (torch.arange(b, device=dev)[:, None] * h + torch.arange(h, device=dev)) * t  # [B, H_kv]
             self._ragged = (key, (base[:, :, None] + slots[:, None, :]).reshape(-1))
         return self._ragged[1]
@@ -113,7 +114,7 @@ class KVCache:
         """
         n = self.lengths[row]
         if keep != list(range(len(keep))):
-            src = torch.tensor([n + i for i in keep], device=self.k.device)
+            src = host_tensor([n + i for i in keep], self.k.device)
             self.k[:, row, :, n : n + len(keep)] = self.k[:, row, :, src]
             self.v[:, row, :, n : n + len(keep)] = self.v[:, row, :, src]
         self.lengths[row] = n + len(keep)
@@ -185,7 +186,7 @@ class KVCache:
             tree_mask = tree_mask.unsqueeze(0).expand(self.batch, s, s)
         elif tree_mask.shape[0] != self.batch:  # one mask per sequence over several branch rows each (CFG)
             tree_mask = tree_mask.repeat_interleave(self.batch // tree_mask.shape[0], 0)
-        lengths = torch.tensor(self.lengths, device=device)
+        lengths = host_tensor(self.lengths, device)
         rel = torch.arange(total, device=device)[None, :] - lengths[:, None]  # [B, T]: slot - row length
         pending = tree_mask.gather(2, rel.clamp(0, s - 1)[:, None, :].expand(self.batch, s, total))  # [B, S, T]
         pending &= ((rel >= 0) & (rel < s))[:, None, :]

@@ -22,8 +22,9 @@ batching stay the loop's; a pool without `plan` takes the unchanged draft-verify
 
 from __future__ import annotations
 
+import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 import torch
@@ -79,10 +80,16 @@ def verify_inputs(root: int, draft: Draft, start: int, device) -> tuple[torch.Te
 
 
 def judge(draft: Draft, logits: torch.Tensor, params: SamplingParams, generator) -> Verdict:
-    """Lossless acceptance: greedy match at temperature 0, tree rejection sampling otherwise."""
+    """Lossless acceptance: greedy match at temperature 0, tree rejection sampling otherwise.
+
+    Rejection sampling reads p and q one node at a time, so both move to the generator's device (the host, for the
+    seeded CPU streams) in one copy each first: on a GPU each read of a device value would make the host wait."""
     if params.greedy:
         return accept_greedy(draft, logits.argmax(-1).tolist())
-    return accept_rejection(draft, logits_to_probs(logits, params), generator)
+    host = generator.device if generator is not None else torch.device("cpu")
+    if draft.probs is not None and draft.probs.device != host:
+        draft = replace(draft, probs=draft.probs.to(host))
+    return accept_rejection(draft, logits_to_probs(logits, params).to(host), generator)
 
 
 def decode(
@@ -143,7 +150,7 @@ def decode_batch(
     def admit(i: int, slot: int) -> Row:
         """0. prefill prompt i into `slot` (its own rows of the cache) and pick its first token."""
         row = Row(i, list(prompts[i]), generators[i])
-        with timed([total, row.stats, *live()], "prefill", device):
+        with timed([total, row.stats, *live()], "prefill"):
             rows = range(slot * branches, (slot + 1) * branches)
             for r in rows:
                 cache.rollback(r, 0)
@@ -155,7 +162,7 @@ def decode_batch(
                 row.out.append(pick(first.logits[0, -1], params, row.generator))
         total.target_forwards += 1
         row.stats.target_forwards += 1
-        with timed([row.stats], "propose", device):
+        with timed([row.stats], "propose"):
             pool.admit(slot, i, row.prompt, first)
             if stepper:  # the policy picks the first token(s) (MuLo-SD drafts token 0 too)
                 row.out.extend(pool.start(slot, first, params, row.generator, row.stats))
@@ -175,14 +182,14 @@ def decode_batch(
 
     def policy_step(slots: list[Row], stats: list[DecodeStats]) -> None:
         """One step under a StepPolicy: plan per row -> one forward over the rows that feed -> settle -> commit."""
-        clock = lambda phase: timed(stats, phase, device)  # noqa: E731  (the policy charges its own phases)
+        clock = lambda phase: timed(stats, phase)  # noqa: E731  (the policy charges its own phases)
         gens = [r.generator for r in slots]
         steps = pool.plan([r.prompt + r.out for r in slots], [min(max_draft, max_new_tokens - len(r.out) - 1) for r in slots],
                           [r.stats for r in slots], gens, params, clock)
         fed = [i for i, st in enumerate(steps) if st.root is not None]
         if fed:  # rows [lo, hi) share the forward; a row in the span that sits out feeds one padding node
             lo, hi = fed[0], fed[-1] + 1
-            with timed(stats, "verify", device):
+            with timed(stats, "verify"):
                 view = cache.rows(lo * branches, hi * branches)
                 roots = [steps[i].root if steps[i].root is not None else 0 for i in range(lo, hi)]
                 drafts = [steps[i].draft if steps[i].root is not None else Draft.empty() for i in range(lo, hi)]
@@ -195,7 +202,7 @@ def decode_batch(
                 total.target_tokens += batch.sizes[i - lo]
             outcomes = pool.settle(fed, lo, out, batch.sizes, params, [gens[i] for i in fed],
                                    [slots[i].stats for i in fed], clock)
-            with timed(stats, "commit", device):
+            with timed(stats, "commit"):
                 for i, (keep, _) in zip(fed, outcomes):
                     for r in range((i - lo) * branches, (i - lo + 1) * branches):
                         view.commit(r, keep)
@@ -218,22 +225,22 @@ def decode_batch(
             policy_step(slots, stats)
             continue
         before = sum(total.times.values())  # the step's time: what its phases add to `total` (no further clock)
-        with timed(stats, "propose", device):  # 1. propose: the pool drafts for every live row
+        with timed(stats, "propose"):  # 1. propose: the pool drafts for every live row
             cap = budget.cap(n)
             drafts = pool.propose([r.prompt + r.out for r in slots],
                                   [min(cap, max_new_tokens - len(r.out) - 1) for r in slots], [r.stats for r in slots])
-        with timed(stats, "verify", device):  # 2. verify every live row in one forward
+        with timed(stats, "verify"):  # 2. verify every live row in one forward
             view = cache.rows(0, n * branches)
             batch = verify_batch([r.out[-1] for r in slots], drafts, view.lengths[::branches], device)
             out = target.forward(batch.tokens, batch.positions, view, batch.tree_mask)
-        with timed(stats, "accept", device):  # 3. accept per row, each with its own generator stream
+        with timed(stats, "accept"):  # 3. accept per row, each with its own generator stream
             if rule is judge and params.greedy:  # one device-to-host copy for the whole batch, not one per row
                 argmax = out.logits.argmax(-1).tolist()  # [n][S]
                 verdicts = [accept_greedy(d, argmax[i][: batch.sizes[i]]) for i, d in enumerate(drafts)]
             else:
                 verdicts = [rule(d, out.logits[i, : batch.sizes[i]], params, r.generator)
                             for i, (r, d) in enumerate(zip(slots, drafts))]
-        with timed(stats, "commit", device):  # 4. commit root + accepted path on every branch row of each sequence
+        with timed(stats, "commit"):  # 4. commit root + accepted path on every branch row of each sequence
             for i, v in enumerate(verdicts):
                 keep = [0] + [j + 1 for j in v.path]
                 for r in range(i * branches, (i + 1) * branches):
@@ -241,7 +248,7 @@ def decode_batch(
             cache.absorb(view, 0)
         total.target_forwards += 1
         total.steps += 1
-        with timed(stats, "propose", device):  # 5. update the drafters; rows that finished leave
+        with timed(stats, "propose"):  # 5. update the drafters; rows that finished leave
             pool.on_accept(drafts, verdicts, out, batch.sizes, branches)
             ended = getattr(pool, "finished", lambda slot: False)
             for i, (r, d, v) in enumerate(zip(slots, drafts, verdicts)):
@@ -291,19 +298,22 @@ def refill(slots: list[Row], queue: deque, admit, cache: KVCache, branches: int,
 
 
 class timed:
-    """Add the wall time of a block to phase `phase` of every stats object given (each row lives through it).
+    """Add the host time of a block to phase `phase` of every stats object given (each row lives through it).
 
-    On a GPU kernels run asynchronously: the clock is read after `device`'s queued work is done (`devices.now`),
-    so a phase is charged for its own kernels, not for launching them (a no-op on cpu)."""
+    The clock does not wait for the device: on a GPU, where kernels run asynchronously, waiting at every phase
+    boundary cost ~30% of a launch-bound AR step (10 host syncs a step, docs/results/gpu.md). So a phase is charged
+    for the host's time in it, and the host waits where the step needs a value anyway: the accept rule's read of the
+    verify logits (charged to `accept`) and the drafter's reads of its own outputs (`propose`). A step's total, and
+    so the throughput `budget=auto` measures, stays its wall time; on cpu each phase is exactly its own time."""
 
-    def __init__(self, stats: list[DecodeStats], phase: str, device=None) -> None:
-        self.stats, self.phase, self.device = stats, phase, device
+    def __init__(self, stats: list[DecodeStats], phase: str) -> None:
+        self.stats, self.phase = stats, phase
 
     def __enter__(self) -> None:
-        self.t0 = now(self.device)
+        self.t0 = time.perf_counter()
 
     def __exit__(self, *exc) -> None:
-        dt = now(self.device) - self.t0
+        dt = time.perf_counter() - self.t0
         for s in self.stats:
             s.times[self.phase] = s.times.get(self.phase, 0.0) + dt
 

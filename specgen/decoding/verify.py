@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from specgen.decoding.draft import Draft
+from specgen.devices import host_tensor, to_device
 
 
 @dataclass(frozen=True)
@@ -30,14 +31,14 @@ def verify_batch(roots: list[int], drafts: list[Draft], starts: list[int], devic
     sizes = tuple(d.size + 1 for d in drafts)
     s = max(sizes)
     if all(d.tree.is_chain for d in drafts) and len(set(sizes)) == 1:  # equal chains: the causal mask says it all
-        tokens = torch.tensor([(r,) + d.tokens for r, d in zip(roots, drafts)], device=device)
-        positions = torch.tensor(starts, device=device)[:, None] + torch.arange(s, device=device)
+        tokens = host_tensor([(r,) + d.tokens for r, d in zip(roots, drafts)], device)
+        positions = to_device(torch.tensor(starts)[:, None] + torch.arange(s), device)
         return VerifyBatch(tokens, positions, None, sizes)
-    tokens = torch.tensor([(r,) + d.tokens + (r,) * (s - n) for r, d, n in zip(roots, drafts, sizes)], device=device)
+    tokens = host_tensor([(r,) + d.tokens + (r,) * (s - n) for r, d, n in zip(roots, drafts, sizes)], device)
     offsets = torch.zeros(len(drafts), s, dtype=torch.long)
     mask = torch.eye(s, dtype=torch.bool).repeat(len(drafts), 1, 1)  # [B, S, S]: padding sees itself
     for i, (d, n) in enumerate(zip(drafts, sizes)):
         offsets[i, :n] = d.tree.offsets()
         mask[i, :n, :n] = d.tree.mask()
     positions = torch.tensor(starts)[:, None] + offsets
-    return VerifyBatch(tokens, positions.to(device), mask.to(device), sizes)
+    return VerifyBatch(tokens, to_device(positions, device), to_device(mask, device), sizes)

@@ -19,6 +19,7 @@ import torch
 from specgen.decoding.draft import Draft, Verdict
 from specgen.decoding.stats import DecodeStats
 from specgen.decoding.target import TargetOut
+from specgen.devices import host_tensor, to_device
 from specgen.methods.eagle_tree import TreeShape, select_nodes
 
 if TYPE_CHECKING:  # the one-row drafter builds this pool (batch_pool): a runtime import would be a circle
@@ -102,9 +103,9 @@ class EagleBatch:
             pos[part] = root
             pos[part, :m] = torch.arange(root - m + 1, root + 1)
             tree[i, :m, :m] = torch.ones(m, m, dtype=torch.bool).tril()
-        toks, pos, tree = (t.to(device) for t in (toks, pos, tree))
+        toks, pos, tree = (to_device(t, device) for t in (toks, pos, tree))
         hidden = self.net(feats, toks, pos, view, tree_mask=tree)  # [n * br, M, D]
-        last = torch.tensor([m - 1 for m in ms for _ in range(br)], device=device)
+        last = host_tensor([m - 1 for m in ms for _ in range(br)], device)
         for i, m in enumerate(ms):
             for r in range(i * br, (i + 1) * br):
                 view.commit(r, list(range(m)))
@@ -116,10 +117,11 @@ class EagleBatch:
         n, br = len(shapes), self.br
         lp = self.logprobs(root_hidden)[:, 0]  # [n, V]
         tokens, scores, parents, frontier, slot_of, grown = [], [], [], [], [], [0] * n
+        top_values, top_ids = topk_to_host(lp, max(s.top_k for s in shapes))  # [n][K] each: one copy for all rows
         for i, shape in enumerate(shapes):
-            top = lp[i].topk(min(shape.top_k, lp.shape[-1]))
-            tokens.append(top.indices.tolist())
-            scores.append(top.values.tolist())
+            k = min(shape.top_k, lp.shape[-1])
+            tokens.append(top_ids[i][:k])
+            scores.append(top_values[i][:k])
             parents.append([-1] * len(tokens[i]))
             frontier.append(list(range(len(tokens[i]))) if shape.depth > 0 else [])
             slot_of.append({})
@@ -129,12 +131,15 @@ class EagleBatch:
             width = max(len(frontier[i]) for i in live)
             out = self.level(live, width, frontier, hidden, tokens, parents, slot_of, grown, root_pos, level, view)
             lp = self.logprobs(out)  # [n, width, V]
-            for i in live:
+            # the beams are chosen on the host: one copy of every live row's children per level, not one per node
+            lp_live = lp.index_select(0, host_tensor(live, lp.device))  # [|live|, width, V]
+            child_values, child_ids = topk_to_host(lp_live, max(shapes[i].top_k for i in live))  # [|live|][width][K]
+            for row, i in enumerate(live):
                 stats[i].drafter_forwards += 1
-                k, f = shapes[i].top_k, frontier[i]
-                child = lp[i, : len(f)].topk(min(k, lp.shape[-1]), dim=-1)  # [|f|, k]
-                # the beam is chosen on the host: one copy of the children per row and level, not one per node
-                values, children = child.values.cpu(), child.indices.tolist()
+                f = frontier[i]
+                k = min(shapes[i].top_k, lp.shape[-1])
+                values = torch.tensor([v[:k] for v in child_values[row][: len(f)]])  # [|f|, k]
+                children = [c[:k] for c in child_ids[row][: len(f)]]
                 cand = torch.tensor([scores[i][j] for j in f])[:, None] + values  # [|f|, k]
                 first_new = len(tokens[i])
                 for node, kids in zip(f, children):
@@ -144,7 +149,7 @@ class EagleBatch:
                 best = cand.flatten().topk(min(k, cand.numel())).indices.tolist()
                 frontier[i] = [first_new + b for b in best]
                 width_k = values.shape[1]
-                hidden[i] = out[i * br : (i + 1) * br, [b // width_k for b in best]]
+                hidden[i] = out[i * br : (i + 1) * br, host_tensor([b // width_k for b in best], out.device)]
         for i, g in enumerate(grown):  # the drafter cache keeps only committed pairs
             for r in range(i * br, (i + 1) * br):
                 view.rollback(r, view.lengths[r] - g)
@@ -177,7 +182,7 @@ class EagleBatch:
                 while anc >= 0:
                     mask[part, 0, j, slot_of[i][anc]] = True
                     anc = parents[i][anc]
-        toks, pos, mask = (t.to(device) for t in (toks, pos, mask))
+        toks, pos, mask = (to_device(t, device) for t in (toks, pos, mask))
         out = self.net(feats, toks, pos, view, attn_mask=mask)  # [n * br, width, D]
         for i in live:
             base = view.lengths[i * br]
@@ -198,3 +203,11 @@ class EagleBatch:
             d.owed = False
             if d.last_shape is not None:
                 d.policy.observe(d.last_index, d.last_shape, verdict.num_accepted, len(verdict.tokens))
+
+
+def topk_to_host(x: torch.Tensor, k: int) -> tuple[list, list]:
+    """(values, ids) of `x.topk(k)` over the last dim as nested lists, read in one device-to-host copy (on a GPU each
+    copy makes the host wait): both go as float64, which holds a float32 value and an id below 2**53 exactly."""
+    top = x.topk(min(k, x.shape[-1]), dim=-1)
+    both = torch.stack([top.values.double(), top.indices.double()]).cpu()  # [2, ..., k]
+    return both[0].tolist(), both[1].long().tolist()

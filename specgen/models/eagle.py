@@ -35,7 +35,7 @@ from torch import nn
 
 from specgen.decoding.cache import KVCache
 from specgen.models.attention import plan
-from specgen.models.rope import rotation, table_1d, table_2d
+from specgen.models.rope import check_positions, rotation, table_1d, table_2d
 from specgen.models.transformer import Block, Transformer, TransformerConfig
 
 
@@ -84,8 +84,8 @@ class EagleNet(nn.Module):
     ) -> torch.Tensor:
         """Predicted next features [B, S, D] (approximating f_{t+1}); not normed again (features are)."""
         s = tokens.shape[1]
-        if int(positions.max()) >= self.rope_table.shape[0]:
-            raise ValueError(f"position {int(positions.max())} exceeds the drafter's {self.rope_table.shape[0]}")
+        limit = self.rope_table.shape[0]
+        check_positions(positions, limit, lambda top: ValueError(f"position {top} exceeds the drafter's {limit}"))
         h = self.fc(torch.cat([self.tok_embeddings(tokens), features.to(self.fc.weight.dtype)], dim=-1))
         rot = rotation(self.rope_table[positions].to(h.dtype), self.cfg.rope_layout)  # as Transformer.hidden_states
         if cache is not None:

@@ -102,6 +102,19 @@ class Rotation:
     layout: str  # "half" | "interleaved"
 
 
+def check_positions(positions: torch.Tensor, limit: int, overflow) -> None:
+    """Refuse a position at or past `limit` (the RoPE table's length): on the host, `raise overflow(top position)`.
+    On a GPU, reading the maximum back would make the host wait in every forward, so the check is queued as a
+    device-side assert instead; decode paths refuse a sequence that cannot fit before they start
+    (`limits.check_prompt_fits`), so this guard only catches a caller's bug there."""
+    if positions.device.type == "cpu":
+        top = int(positions.max())
+        if top >= limit:
+            raise overflow(top)
+    else:
+        torch._assert_async(positions.max() < limit, f"a position is past the RoPE table's {limit}")
+
+
 def rotation(rot: torch.Tensor, layout: str) -> Rotation:
     """The Rotation of table rows rot [B, S, D/2, 2] (cos, sin) in a pair layout."""
     cos, sin = rot[..., 0].unsqueeze(1), rot[..., 1].unsqueeze(1)  # [B, 1, S, D/2]

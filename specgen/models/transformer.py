@@ -27,7 +27,7 @@ from torch import nn
 from specgen.decoding.cache import KVCache
 from specgen.errors import ContextOverflowError
 from specgen.models.attention import invariant_attention, plan
-from specgen.models.rope import SCALINGS, Rotation, rotate, rotation, table_1d, table_2d
+from specgen.models.rope import SCALINGS, Rotation, check_positions, rotate, rotation, table_1d, table_2d
 
 
 @dataclass(frozen=True)
@@ -312,8 +312,8 @@ class Transformer(nn.Module):
         earlier forwards (multi-level draft trees); otherwise the mask comes from the cache lengths.
         """
         s = h.shape[1]
-        if int(positions.max()) >= self.rope_table.shape[0]:
-            raise ContextOverflowError(int(positions.max()), self.rope_table.shape[0])  # a usage error (and ValueError)
+        limit = self.rope_table.shape[0]
+        check_positions(positions, limit, lambda top: ContextOverflowError(top, limit))  # a usage error, a ValueError
         # in the activation dtype, as HF casts cos/sin; made once for every layer
         rot = rotation(self.rope_table[positions].to(h.dtype), self.cfg.rope_layout)
         if cache is not None:
