@@ -7,12 +7,16 @@ Three measurements, 1 thread:
    lengths differ by up to 3 (what tree steps leave behind): ragged rows write by a row index and attend under a
    mask.
 
-Run: `python scripts/auto_budget_trace.py > docs/logs/tiny/auto-budget-trace.log`
+Run: `python scripts/auto_budget_trace.py > docs/logs/tiny/auto-budget-trace.log`; on a GPU
+`python scripts/auto_budget_trace.py --device cuda --method eagle2 --threads 0` (part 1 only; the step times the
+budget saw are then host times that include the waits for the device's reads).
 """
 
 from __future__ import annotations
 
+import argparse
 import collections
+import statistics
 import time
 
 import torch
@@ -20,6 +24,7 @@ import torch
 import specgen.image.generate as gen
 from specgen.decoding.budget import MeasuredBudget
 from specgen.image.target import CFGTarget
+from specgen.devices import now
 from specgen.methods.eagle_batch import EagleBatch
 
 SECONDS: dict[str, float] = collections.defaultdict(float)
@@ -54,16 +59,24 @@ class Traced(MeasuredBudget):
         super().observe_step(seconds)
 
 
-def decode(im, forced: bool) -> float:
+def decode(im, forced: bool, method: str, device: str) -> float:
     Traced.forced = forced
     im.budgets.clear()
     SECONDS.clear()
     STEPS.clear()
-    cfg = gen.ImageGenConfig(method="adt-tree", num=16, temperature=0.0, batch_size=8,
+    cfg = gen.ImageGenConfig(method=method, num=16, temperature=0.0, batch_size=8, device=device,
                              method_options={"budget": "auto"})
-    t = time.perf_counter()
+    t = now(device)
     gen.generate_images(im, cfg)
-    return time.perf_counter() - t
+    return now(device) - t
+
+
+def step_summary() -> str:
+    """Median ms of the AR and the tree steps the budget saw at 8 live rows."""
+    ar = [1e3 * s for b, c, s in STEPS if b == 8 and not c]
+    tree = [1e3 * s for b, c, s in STEPS if b == 8 and c]
+    med = lambda xs: f"{statistics.median(xs):.2f}" if xs else "-"  # noqa: E731
+    return f"at 8 rows: AR steps {len(ar)} median {med(ar)} ms, tree steps {len(tree)} median {med(tree)} ms"
 
 
 @torch.inference_mode()
@@ -82,19 +95,27 @@ def step_ms(model, lengths: list[int], reps: int = 200) -> float:
 
 
 def main() -> None:
-    torch.set_num_threads(1)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--method", default="adt-tree")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (0: leave torch's default)")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     for cls, name in [(CFGTarget, "prefill"), (CFGTarget, "forward"), (EagleBatch, "propose"),
                       (EagleBatch, "on_accept")]:
         timed(cls, name)
     gen.MeasuredBudget = Traced
-    im = gen.load_image_model("tiny-image-gpt")
-    print("# 1. adt-tree@auto at batch 8, 16 images: forced AR vs the measured budget (s)")
+    im = gen.load_image_model("tiny-image-gpt", device=args.device)
+    print(f"# 1. {args.method}@auto at batch 8, 16 images on {args.device}: forced AR vs the measured budget (s)")
     for forced in (True, False, True, False):
-        total = decode(im, forced)
+        total = decode(im, forced, args.method, args.device)
         tree = [(i, b, round(s * 1e3)) for i, (b, c, s) in enumerate(STEPS) if c]
         print(f"{'forced AR' if forced else 'auto':9s} total {total:.2f}  steps {len(STEPS)}  "
               + "  ".join(f"{k} {v:.2f}" for k, v in SECONDS.items())
-              + f"  tree steps (index, rows, ms) {tree}")
+              + f"  {step_summary()}  tree steps (index, rows, ms) {tree[:12]}{' ...' if len(tree) > 12 else ''}")
+    if args.device != "cpu":
+        return
     print("# 2. one AR forward, 8 images x 2 CFG rows: equal cache lengths vs lengths differing by up to 3 (ms)")
     for n in (50, 150, 250):
         same, ragged = step_ms(im.model, [n] * 16), step_ms(im.model, [n + (i // 2) % 4 for i in range(16)])

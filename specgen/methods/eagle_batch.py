@@ -197,7 +197,8 @@ class EagleBatch:
                   sizes: Sequence[int], branches: int) -> None:
         for i, (d, verdict) in enumerate(zip(self.rows, verdicts)):
             keep = [0] + [j + 1 for j in verdict.path]
-            new = out.features[i * branches : (i + 1) * branches, keep]  # [br, a + 1, D]
+            rows = out.features[i * branches : (i + 1) * branches]  # [br, S, D]
+            new = rows.index_select(1, host_tensor(keep, rows.device))  # [br, a + 1, D] (no host wait for the index)
             # after steps without drafting the drafter still owes the pairs of those steps: f lines up with the tokens
             d.pending = torch.cat([d.pending, new], 1) if d.owed else new
             d.owed = False
