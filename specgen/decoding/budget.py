@@ -11,7 +11,9 @@ which the verify cost curve does not see.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
+from statistics import median
 from typing import Callable, Protocol
 
 
@@ -106,10 +108,13 @@ class MeasuredBudget:
 
     No model beyond measurement; for draft trees the drafter's levels are most of a step's cost and differ per
     machine (a launch-bound GPU, a CPU), which the verify cost curve of `AutoBudget` does not capture.
-    1. Rates: each choice keeps, per B, decayed sums of the tokens its steps committed (all rows), their seconds
-       (the whole step, drafting included) and their count; its throughput is tokens / seconds (a ratio of sums:
-       one lucky or unlucky step moves it little). The first step after a switch is not measured: it carries
-       one-off costs (a tree drafter catches up on every token committed while AR ran).
+    1. Rates: each choice keeps, per B, its last `window` measured steps: the tokens each committed (all rows)
+       and its seconds (the whole step, drafting included). Its throughput is the mean tokens over the median
+       seconds: a step's cost is steady for a choice, so the median ignores one-off stalls (on a GPU a first
+       allocation or a host hiccup made one of three AR steps cost several, and the budget kept a tree at 0.46x
+       batched AR: docs/results/gpu.md), while the tokens, which do vary, are averaged. The first step after a
+       switch is not measured: it carries one-off costs (a tree drafter catches up on every token committed
+       while AR ran).
     2. Measuring: at a new B the draft runs until it has `tries` measured steps, then AR; a B never seen starts
        from a near one already measured instead (`borrow`: the tail of a run, where rows end one by one).
     3. Choosing: the faster by the ratio of the two rates runs. The other is tried again (1 + `tries` steps) once
@@ -135,41 +140,40 @@ class MeasuredBudget:
     limit: int
     probe_share: float = 0.05
     tries: int = 3  # measured steps of each choice at a new row count, and of the other in each later try
-    memory: float = 0.9  # weight of the past in a choice's sums, per measured step of that choice
+    window: int = 10  # measured steps a choice's rate is taken over
     far: float = 0.75  # a choice below this share of the other's rate is "far behind" (its tries back off)
-    _sums: dict[tuple[int, int], list[float]] = field(default_factory=dict)  # (B, cap) -> [tokens, seconds, steps]
+    _steps: dict[tuple[int, int], deque] = field(default_factory=dict)  # (B, cap) -> its last measured (tokens, s)
     _count: dict[tuple[int, int], int] = field(default_factory=dict)  # (B, cap) -> steps measured
     _since: dict[int, float] = field(default_factory=dict)  # B -> seconds run at B since the other was tried
     _share: dict[int, float] = field(default_factory=dict)  # B -> the current probe share at B
     _leader: dict[int, int] = field(default_factory=dict)  # B -> the choice that led when the other was tried
     _probe: dict[int, int] = field(default_factory=dict)  # B -> steps of the running try still to come
     _ratio: dict[int, float] = field(default_factory=dict)  # B -> draft rate / AR rate (measured side by side)
-    _acc: dict[int, list[float]] = field(default_factory=dict)  # B -> the running try's [tokens, seconds] of its
-    # measured steps and the wall seconds of all its steps (the unmeasured first one too)
+    _acc: dict[int, list] = field(default_factory=dict)  # B -> the running try's measured (tokens, seconds) steps
+    # and the wall seconds of all its steps (the unmeasured first one too)
     _try_cost: dict[int, float] = field(default_factory=dict)  # B -> wall seconds of the last whole try
     _last: int | None = None  # the cap of the previous step (any B): a step after a switch is not measured
     _open: list = field(default_factory=list)  # [live rows, cap, tokens, measured] of the step under way
 
     def rate(self, live_rows: int, cap: int) -> float | None:
         """Tokens per second of `cap`-sized steps at `live_rows` rows so far (None: never measured)."""
-        sums = self._sums.get((live_rows, cap))
-        return sums[0] / sums[1] if sums else None
+        steps = self._steps.get((live_rows, cap))
+        return steady_rate(steps) if steps else None
 
     def borrow(self, b: int) -> None:
         """Start a new row count from the nearest one measured if it is near (within a quarter, or one row): tokens
         scale with the rows, a step's seconds are kept, and the tries that follow correct both. The tail of a run,
         where rows end one by one, then pays no measuring at each count."""
-        if (b, self.limit) in self._sums or (b, 0) in self._sums:  # seen before: measured, or being measured
+        if (b, self.limit) in self._steps or (b, 0) in self._steps:  # seen before: measured, or being measured
             return
-        known = {k for k, c in self._sums if min(self._count.get((k, x), 0) for x in (self.limit, 0)) >= self.tries}
+        known = {k for k, c in self._steps if min(self._count.get((k, x), 0) for x in (self.limit, 0)) >= self.tries}
         if not known:
             return
         near = min(known, key=lambda k: (abs(k - b), k))
         if abs(near - b) > max(1, b // 4):  # too far: speculation pays differently there
             return
         for c in (self.limit, 0):
-            tokens, seconds, steps = self._sums[(near, c)]
-            self._sums[(b, c)] = [tokens * b / near, seconds, steps]
+            self._steps[(b, c)] = deque(((t * b / near, s) for t, s in self._steps[(near, c)]), self.window)
             self._count[(b, c)] = self.tries
         for table in (self._ratio, self._share):  # what the near count found, and how often it tries
             if near in table:
@@ -191,13 +195,12 @@ class MeasuredBudget:
             other = draft + ar - best
             if self._leader.setdefault(b, best) != best:  # the last try changed the choice: watch closely again
                 self._leader[b], self._share[b] = best, self.probe_share
-            _, seconds, steps = self._sums[(b, other)]
             share = self._share.setdefault(b, self.probe_share)
-            try_cost = self._try_cost.get(b, (1 + self.tries) * seconds / steps)
+            try_cost = self._try_cost.get(b, (1 + self.tries) * median([s for _, s in self._steps[(b, other)]]))
             if self._probe.get(b, 0) > 0:  # a try's measured steps
                 choice, self._probe[b] = other, self._probe[b] - 1
             elif try_cost <= share * self._since.get(b, 0.0):  # a try is due: 1 + `tries` steps
-                choice, self._probe[b], self._since[b], self._acc[b] = other, self.tries, 0.0, [0.0, 0.0, 0.0]
+                choice, self._probe[b], self._since[b], self._acc[b] = other, self.tries, 0.0, [[], 0.0]
             else:
                 choice = best
         self._open = [b, choice, 0, choice == self._last]
@@ -216,22 +219,25 @@ class MeasuredBudget:
         self._since[b] = self._since.get(b, 0.0) + seconds
         if b in self._acc and choice != self._leader.get(b, choice):  # a step of a try (its unmeasured first too)
             acc = self._acc[b]
-            acc[2] += seconds
+            acc[1] += seconds
             if measured:
-                acc[0], acc[1] = acc[0] + tokens, acc[1] + seconds
+                acc[0].append((tokens, seconds))
             if not self._probe.get(b):
-                tokens_, seconds_, self._try_cost[b] = self._acc.pop(b)
-                if seconds_ > 0:  # a measured step in it (tries >= 1)
+                tried, self._try_cost[b] = self._acc.pop(b)
+                if tried:  # a measured step in it (tries >= 1)
                     # a whole try against the leader's recent rate: both measured at about the same point of the
                     # sequences (a rate measured long ago, earlier in every sequence, where steps were cheaper, would
                     # flatter it)
-                    r = tokens_ / seconds_ / self.rate(b, self._leader[b])  # the other's speed relative to the leader's
+                    r = steady_rate(tried) / self.rate(b, self._leader[b])  # the other's speed relative to the leader
                     self._ratio[b] = 0.5 * self._ratio[b] + 0.5 * (r if choice == self.limit else 1 / r)
                     # far behind: the next try waits twice as long; close (or ahead): as long as ever
                     share = self._share.get(b, self.probe_share)
                     self._share[b] = max(share / 2, self.probe_share / 64) if r < self.far else self.probe_share
         if measured:
-            sums = self._sums.setdefault((b, choice), [0.0, 0.0, 0.0])
-            for i, x in enumerate((tokens, seconds, 1.0)):
-                sums[i] = self.memory * sums[i] + x
+            self._steps.setdefault((b, choice), deque(maxlen=self.window)).append((tokens, seconds))
             self._count[(b, choice)] = self._count.get((b, choice), 0) + 1
+
+
+def steady_rate(steps) -> float:
+    """Tokens per second of measured (tokens, seconds) steps: mean tokens over median seconds (a stall is ignored)."""
+    return sum(t for t, _ in steps) / len(steps) / median([s for _, s in steps])
