@@ -6,7 +6,7 @@
 - `synchronize(device)` and `now(device)`: CUDA kernels run asynchronously, so a wall clock read right after a
   forward measures the launch, not the work; `now` waits for the device first (a no-op on cpu).
 - `host_tensor(data, device)` / `to_device(t, device)`: host data queued to the device without making the host wait
-  (a host sync per decode step costs launch-bound GPU steps ~0.1 ms each: docs/results/gpu.md).
+  (each wait stalls a launch-bound GPU step: docs/results/gpu.md).
 
 Library code takes device strings ("cpu", "cuda:0"); a loader passes them through `resolve_device` so that "auto"
 works everywhere. The CPU-only parts (the packed weight layout, `models/layout.py`, and its kernel measurement,

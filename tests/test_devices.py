@@ -82,7 +82,7 @@ def test_now_synchronises_cuda_only(monkeypatch):
 
 def test_decode_loop_waits_for_the_device_only_at_its_ends(monkeypatch):
     """The batch's start and each row's latency read `now(device)` (a synchronised clock); the phases (prefill,
-    propose, verify, accept, commit) read the host clock and never wait: on a GPU ten waits a step cost ~30% of a
+    propose, verify, accept, commit) read the host clock and never wait: on a GPU ten waits a step slowed a
     launch-bound AR step (docs/results/gpu.md)."""
     from specgen.decoding import loop
     from specgen.decoding.sampling import SamplingParams
