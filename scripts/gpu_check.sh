@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The checks a CUDA machine runs (the project's CI has none): the gpu-marked tests, host syncs per decode step,
-# the image and mesh batch benchmarks with --device cuda, and batched AR throughput against transformers. Each step has its own time limit and
-# log under $OUT (default runs/gpu-check), and a failing step does not stop the next.
+# the image and mesh batch benchmarks with --device cuda, and batched AR throughput against transformers. Each
+# step has its own time limit and log under $OUT (default runs/gpu-check), and a failing step does not stop the next.
 #
 # On a bare GPU machine with PyTorch but without this project's lighter dependencies, put their wheels in .whl/
 # (omegaconf, antlr4-python3-runtime, trimesh, gguf) and they are installed to /tmp/site first.

@@ -112,9 +112,9 @@ class MeasuredBudget:
        and its seconds (the whole step, drafting included). Its throughput is the mean tokens over the median
        seconds: a step's cost is steady for a choice, so the median ignores one-off stalls (on a GPU a first
        allocation or a host hiccup made one of three AR steps cost several, and the budget kept a tree at under
-       half batched AR's speed: docs/results/gpu.md), while the tokens, which do vary, are averaged. The first step after a
-       switch is not measured: it carries one-off costs (a tree drafter catches up on every token committed
-       while AR ran).
+       half batched AR's speed: docs/results/gpu.md), while the tokens, which do vary, are averaged. The first
+       step after a switch is not measured: it carries one-off costs (a tree drafter catches up on every token
+       committed while AR ran).
     2. Measuring: at a new B the draft runs until it has `tries` measured steps, then AR; a B never seen starts
        from a near one already measured instead (`borrow`: the tail of a run, where rows end one by one).
     3. Choosing: the faster by the ratio of the two rates runs. The other is tried again (1 + `tries` steps) once
