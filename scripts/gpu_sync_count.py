@@ -28,6 +28,7 @@ import torch
 import specgen.devices as devices
 from specgen.decoding.loop import decode_batch
 from specgen.decoding.sampling import SamplingParams
+from specgen.decoding.stats import DecodeStats
 from specgen.decoding.target import ModelTarget
 from specgen.methods.text import EmptyDrafter, JacobiDrafter, NgramDrafter
 from specgen.models.transformer import Transformer, TransformerConfig
@@ -129,8 +130,7 @@ def image_cases(device: str) -> dict:
 
         def go():
             samples, _ = generate_images(im, cfg)
-            steps = max(s.stats.steps for s in samples)  # every row starts at once: the longest is the batch's
-            return type("S", (), {"steps": steps})
+            return DecodeStats(steps=max(s.stats.steps for s in samples))  # rows start together: the longest
 
         return go
 

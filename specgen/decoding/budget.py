@@ -196,7 +196,9 @@ class MeasuredBudget:
             if self._leader.setdefault(b, best) != best:  # the last try changed the choice: watch closely again
                 self._leader[b], self._share[b] = best, self.probe_share
             share = self._share.setdefault(b, self.probe_share)
-            try_cost = self._try_cost.get(b, (1 + self.tries) * median([s for _, s in self._steps[(b, other)]]))
+            try_cost = self._try_cost.get(b)
+            if try_cost is None:  # no whole try yet: 1 + `tries` of its typical steps
+                try_cost = (1 + self.tries) * median([s for _, s in self._steps[(b, other)]])
             if self._probe.get(b, 0) > 0:  # a try's measured steps
                 choice, self._probe[b] = other, self._probe[b] - 1
             elif try_cost <= share * self._since.get(b, 0.0):  # a try is due: 1 + `tries` steps

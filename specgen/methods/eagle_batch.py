@@ -117,11 +117,11 @@ class EagleBatch:
         n, br = len(shapes), self.br
         lp = self.logprobs(root_hidden)[:, 0]  # [n, V]
         tokens, scores, parents, frontier, slot_of, grown = [], [], [], [], [], [0] * n
-        top_values, top_ids = topk_to_host(lp, max(s.top_k for s in shapes))  # [n][K] each: one copy for all rows
+        top_values, top_ids = topk_to_host(lp, max(s.top_k for s in shapes))  # [n, K] each: one copy for all rows
         for i, shape in enumerate(shapes):
             k = min(shape.top_k, lp.shape[-1])
-            tokens.append(top_ids[i][:k])
-            scores.append(top_values[i][:k])
+            tokens.append(top_ids[i, :k].tolist())
+            scores.append(top_values[i, :k].tolist())
             parents.append([-1] * len(tokens[i]))
             frontier.append(list(range(len(tokens[i]))) if shape.depth > 0 else [])
             slot_of.append({})
@@ -131,15 +131,15 @@ class EagleBatch:
             width = max(len(frontier[i]) for i in live)
             out = self.level(live, width, frontier, hidden, tokens, parents, slot_of, grown, root_pos, level, view)
             lp = self.logprobs(out)  # [n, width, V]
-            # the beams are chosen on the host: one copy of every live row's children per level, not one per node
-            lp_live = lp.index_select(0, host_tensor(live, lp.device))  # [|live|, width, V]
-            child_values, child_ids = topk_to_host(lp_live, max(shapes[i].top_k for i in live))  # [|live|][width][K]
-            for row, i in enumerate(live):
+            # the beams are chosen on the host: one copy of every row's children per level, not one per row or node
+            # (a row past its depth is padding here: its children are read and ignored)
+            child_values, child_ids = topk_to_host(lp, max(shapes[i].top_k for i in live))  # [n, width, K] each
+            for i in live:
                 stats[i].drafter_forwards += 1
                 f = frontier[i]
                 k = min(shapes[i].top_k, lp.shape[-1])
-                values = torch.tensor([v[:k] for v in child_values[row][: len(f)]])  # [|f|, k]
-                children = [c[:k] for c in child_ids[row][: len(f)]]
+                values = child_values[i, : len(f), :k]  # [|f|, k]
+                children = child_ids[i, : len(f), :k].tolist()
                 cand = torch.tensor([scores[i][j] for j in f])[:, None] + values  # [|f|, k]
                 first_new = len(tokens[i])
                 for node, kids in zip(f, children):
@@ -206,9 +206,10 @@ class EagleBatch:
                 d.policy.observe(d.last_index, d.last_shape, verdict.num_accepted, len(verdict.tokens))
 
 
-def topk_to_host(x: torch.Tensor, k: int) -> tuple[list, list]:
-    """(values, ids) of `x.topk(k)` over the last dim as nested lists, read in one device-to-host copy (on a GPU each
-    copy makes the host wait): both go as float64, which holds a float32 value and an id below 2**53 exactly."""
+def topk_to_host(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values float32, ids long) of `x.topk(k)` over the last dim, on the host, read in one device-to-host copy (on
+    a GPU each copy makes the host wait): both go as float64, which holds a float32 value and an id below 2**53
+    exactly."""
     top = x.topk(min(k, x.shape[-1]), dim=-1)
     both = torch.stack([top.values.double(), top.indices.double()]).cpu()  # [2, ..., k]
-    return both[0].tolist(), both[1].long().tolist()
+    return both[0].float(), both[1].long()
