@@ -2,12 +2,12 @@
 
 The trees are those of `EagleTreeDrafter` (methods/eagle.py: catch-up over the newly committed pairs,
 top-k children of the root, depth - 1 beam levels, the `total_tokens` best nodes), grown for all rows
-together: each level feeds every row's frontier (padded to the widest) through the drafter net over
-one drafter cache with a row per (sequence, CFG branch), under per-row masks over each row's own
-committed prefix and written ancestors. Each row keeps its own shape policy (ADT-Tree adapts per
-image), so depths differ: a row past its depth rides along as padding and commits nothing.
-Padding inputs see only themselves and are never committed, so every row's tree is the one it would
-grow alone (up to the float rounding of a wider product).
+together (methods/eagle_grow.py, as tensor programs): each level feeds every row's frontier (padded to
+the widest) through the drafter net over one drafter cache with a row per (sequence, CFG branch), under
+per-row masks over each row's own committed prefix and written ancestors. Each row keeps its own shape
+policy (ADT-Tree adapts per image), so depths differ: a row past its depth rides along as padding.
+Padding is never seen by a row's own nodes, so every row's tree is the one it would grow alone (up to
+the float rounding of a wider product).
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from specgen.decoding.draft import Draft, Verdict
 from specgen.decoding.stats import DecodeStats
 from specgen.decoding.target import TargetOut
 from specgen.devices import host_tensor, to_device
-from specgen.methods.eagle_tree import TreeShape, select_nodes
+from specgen.methods.eagle_grow import grow_trees
+from specgen.methods.eagle_tree import TreeShape
 
 if TYPE_CHECKING:  # the one-row drafter builds this pool (batch_pool): a runtime import would be a circle
     from specgen.methods.eagle import EagleTreeDrafter
@@ -81,10 +82,20 @@ class EagleBatch:
             d.last_index, d.last_shape = len(seq), None if cut else shape
             d.shapes.append(shape)
             shapes.append(TreeShape(min(shape.depth, budget), shape.top_k, shape.total_tokens))
-        trees = self.grow(root_hidden, [len(s) - 1 for s in seqs], shapes, view, stats)  # 2.
+        prefix = list(view.lengths[::br])  # [n]: each sequence's committed drafter slots
+
+        def forward(feats, toks, pos, mask):  # one level; every row keeps its W written slots until the rollback
+            out = self.net(feats, toks, pos, view, attn_mask=mask)
+            view.lengths = [length + toks.shape[1] for length in view.lengths]
+            return out
+
+        drafts, forwards = grow_trees(forward, self.logprobs, root_hidden, [len(s) - 1 for s in seqs], prefix,
+                                      shapes, br)  # 2.-3.
+        view.lengths = [length for length in prefix for _ in range(br)]  # the drafter cache keeps committed pairs
         self.cache.absorb(view, 0)
-        return [select_nodes(*tree, shape.total_tokens) if shape.depth > 0 else Draft.empty()
-                for tree, shape in zip(trees, shapes)]  # 3.
+        for s, f in zip(stats, forwards):
+            s.drafter_forwards += f
+        return drafts
 
     def catch_up(self, rows, seqs, view) -> torch.Tensor:
         """Run the pairs (f_p, x_{p+1}) committed since the last step, every row padded to the most; commit them."""
@@ -111,88 +122,6 @@ class EagleBatch:
                 view.commit(r, list(range(m)))
         return hidden[torch.arange(n * br, device=device), last].unsqueeze(1)
 
-    def grow(self, root_hidden: torch.Tensor, root_pos: list[int], shapes: list[TreeShape], view,
-             stats: Sequence[DecodeStats]) -> list[tuple[list[int], list[int], list[float]]]:
-        """Expand every row's tree level by level (one drafter forward per level); (tokens, parents, scores) per row."""
-        n, br = len(shapes), self.br
-        lp = self.logprobs(root_hidden)[:, 0]  # [n, V]
-        tokens, scores, parents, frontier, slot_of, grown = [], [], [], [], [], [0] * n
-        top_values, top_ids = topk_to_host(lp, max(s.top_k for s in shapes))  # [n, K] each: one copy for all rows
-        for i, shape in enumerate(shapes):
-            k = min(shape.top_k, lp.shape[-1])
-            tokens.append(top_ids[i, :k].tolist())
-            scores.append(top_values[i, :k].tolist())
-            parents.append([-1] * len(tokens[i]))
-            frontier.append(list(range(len(tokens[i]))) if shape.depth > 0 else [])
-            slot_of.append({})
-        hidden = [root_hidden[i * br : (i + 1) * br].expand(-1, len(frontier[i]), -1) for i in range(n)]  # [br, k, D]
-        for level in range(1, max(s.depth for s in shapes)):
-            live = [i for i, s in enumerate(shapes) if s.depth > level]
-            width = max(len(frontier[i]) for i in live)
-            out = self.level(live, width, frontier, hidden, tokens, parents, slot_of, grown, root_pos, level, view)
-            lp = self.logprobs(out)  # [n, width, V]
-            # the beams are chosen on the host: one copy of every row's children per level, not one per row or node
-            # (a row past its depth is padding here: its children are read and ignored)
-            child_values, child_ids = topk_to_host(lp, max(shapes[i].top_k for i in live))  # [n, width, K] each
-            for i in live:
-                stats[i].drafter_forwards += 1
-                f = frontier[i]
-                k = min(shapes[i].top_k, lp.shape[-1])
-                values = child_values[i, : len(f), :k]  # [|f|, k]
-                children = child_ids[i, : len(f), :k].tolist()
-                cand = torch.tensor([scores[i][j] for j in f])[:, None] + values  # [|f|, k]
-                first_new = len(tokens[i])
-                for node, kids in zip(f, children):
-                    tokens[i] += kids
-                    parents[i] += [node] * len(kids)
-                scores[i] += cand.flatten().tolist()
-                best = cand.flatten().topk(min(k, cand.numel())).indices.tolist()
-                frontier[i] = [first_new + b for b in best]
-                width_k = values.shape[1]
-                hidden[i] = out[i * br : (i + 1) * br, host_tensor([b // width_k for b in best], out.device)]
-        for i, g in enumerate(grown):  # the drafter cache keeps only committed pairs
-            for r in range(i * br, (i + 1) * br):
-                view.rollback(r, view.lengths[r] - g)
-        return [(tokens[i], parents[i], scores[i]) for i in range(n)]
-
-    def level(self, live, width, frontier, hidden, tokens, parents, slot_of, grown, root_pos, level, view):
-        """One drafter forward over every live row's frontier (padded to `width`); commits the real nodes."""
-        n, br = len(frontier), self.br
-        device, dim = hidden[live[0]].device, hidden[live[0]].shape[-1]
-        feats = torch.zeros(n * br, width, dim, dtype=hidden[live[0]].dtype, device=device)
-        # tokens, positions and the mask are built on the host (one element at a time: on a GPU each would be a
-        # kernel launch) and copied to the device once
-        toks = torch.zeros(n * br, width, dtype=torch.long)
-        pos = torch.zeros(n * br, width, dtype=torch.long)
-        total = max(view.lengths) + width
-        mask = torch.zeros(n * br, 1, width, total, dtype=torch.bool)
-        for i in range(n):
-            part, base = slice(i * br, (i + 1) * br), view.lengths[i * br]
-            mask[part, 0, torch.arange(width), base + torch.arange(width)] = True  # every input sees itself
-            if i not in live:  # a row past its depth (its budget may end at the root): padding at the root's position
-                pos[part] = root_pos[i]
-                continue
-            pos[part] = root_pos[i] + level
-            f = frontier[i]
-            feats[part, : len(f)] = hidden[i]
-            toks[part, : len(f)] = torch.tensor([tokens[i][j] for j in f])
-            mask[part, 0, : len(f), : base - grown[i]] = True  # the committed prefix (not earlier levels)
-            for j, node in enumerate(f):
-                anc = parents[i][node]
-                while anc >= 0:
-                    mask[part, 0, j, slot_of[i][anc]] = True
-                    anc = parents[i][anc]
-        toks, pos, mask = (to_device(t, device) for t in (toks, pos, mask))
-        out = self.net(feats, toks, pos, view, attn_mask=mask)  # [n * br, width, D]
-        for i in live:
-            base = view.lengths[i * br]
-            for j, node in enumerate(frontier[i]):
-                slot_of[i][node] = base + j
-            for r in range(i * br, (i + 1) * br):
-                view.commit(r, list(range(len(frontier[i]))))
-            grown[i] += len(frontier[i])
-        return out
-
     def on_accept(self, drafts: Sequence[Draft], verdicts: Sequence[Verdict], out: TargetOut,
                   sizes: Sequence[int], branches: int) -> None:
         for i, (d, verdict) in enumerate(zip(self.rows, verdicts)):
@@ -205,11 +134,3 @@ class EagleBatch:
             if d.last_shape is not None:
                 d.policy.observe(d.last_index, d.last_shape, verdict.num_accepted, len(verdict.tokens))
 
-
-def topk_to_host(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(values float32, ids long) of `x.topk(k)` over the last dim, on the host, read in one device-to-host copy (on
-    a GPU each copy makes the host wait): both go as float64, which holds a float32 value and an id below 2**53
-    exactly."""
-    top = x.topk(min(k, x.shape[-1]), dim=-1)
-    both = torch.stack([top.values.double(), top.indices.double()]).cpu()  # [2, ..., k]
-    return both[0].float(), both[1].long()

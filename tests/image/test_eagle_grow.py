@@ -1,0 +1,99 @@
+"""The batched EAGLE tree growth (methods/eagle_grow.py) grows, for every row of a batch, the tree that row's one-row
+drafter (methods/eagle.py) grows alone, and its node selection equals `select_nodes`."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from specgen.decoding.loop import decode
+from specgen.decoding.sampling import SamplingParams
+from specgen.image.methods import ImageParts, build_image_method
+from specgen.image.target import CFGTarget
+from specgen.methods import run_batch
+from specgen.methods.eagle import EagleTreeDrafter
+from specgen.methods.eagle_batch import EagleBatch
+from specgen.methods.eagle_grow import select_batch
+from specgen.methods.eagle_tree import select_nodes
+from tests.image.helpers import TinyEagle, tiny_image_gpt
+from tests.image_fixtures import one_thread
+
+GRID = 4
+_threads = pytest.fixture(autouse=True)(one_thread)  # tiny models: one thread
+
+# rows of one batch get different shapes: ADT-Tree adapts per image, and eagle2 here is given a wide, deep tree
+SHAPES = {"eagle2": {"depth": 4, "top_k": 5, "total_tokens": 12},
+          "adt-tree": {"total_tokens": 10, "k0": 3, "k_max": 7, "d0": 3}}
+
+
+@pytest.mark.parametrize("method", sorted(SHAPES))
+def test_batched_trees_are_the_trees_each_row_grows_alone(method, monkeypatch):
+    model = tiny_image_gpt(5)
+    target = CFGTarget(model, 3.0)
+    parts = ImageParts(model, target, TinyEagle(model).eval(), None, GRID)
+    labels, n = [0, 2, 1, 1, 2], GRID * GRID
+    made: dict[int, EagleTreeDrafter] = {}
+
+    def make(i):
+        made[i] = build_image_method(method, parts, dict(SHAPES[method]))[0]
+        made[i].seen = []
+        return made[i]
+
+    one_row = EagleTreeDrafter.propose
+
+    def record_one(self, seq, budget, stats):
+        draft = one_row(self, seq, budget, stats)
+        self.seen.append(draft)
+        return draft
+
+    monkeypatch.setattr(EagleTreeDrafter, "propose", record_one)
+    alone = []
+    for i, c in enumerate(labels):
+        decode(target, make(i), [c], n, SamplingParams(), max_draft=32)
+        alone.append(made[i].seen)
+    monkeypatch.setattr(EagleTreeDrafter, "propose", one_row)
+    pooled = EagleBatch.propose
+
+    def record_pool(self, seqs, budgets, stats):
+        drafts = pooled(self, seqs, budgets, stats)
+        for d, draft in zip(self.rows, drafts):
+            d.seen.append(draft)
+        return drafts
+
+    monkeypatch.setattr(EagleBatch, "propose", record_pool)
+    made.clear()
+    run_batch(target, make, [[c] for c in labels], n, SamplingParams(), batch_size=3, max_draft=32)
+    assert any(len(d.tokens) > 3 for seen in alone for d in seen)  # the trees branch and go deep
+    assert [made[i].seen for i in range(len(labels))] == alone
+
+
+def test_select_batch_equals_select_nodes_with_ties_and_padding():
+    rng = random.Random(0)
+    rows, want, totals = [], [], []
+    for _ in range(40):
+        size = rng.randint(1, 30)
+        parents = [-1 if j == 0 or rng.random() < 0.2 else rng.randrange(j) for j in range(size)]
+        scores = [float(rng.choice([-0.5, -1.0, -1.25, -2.0])) for _ in range(size)]  # many ties
+        tokens = [rng.randrange(100) for _ in range(size)]
+        total = rng.randint(1, size + 2)
+        want.append(select_nodes(tokens, parents, scores, total))
+        pad = sorted(rng.sample(range(size + 5), 5))  # padding slots interleaved with the row's own
+        slot, row = iter(range(size)), []
+        new = {}
+        for s in range(size + 5):
+            if s in pad:
+                row.append((7, -1, 0.0, False))  # best score of all: padding must never be picked
+            else:
+                j = next(slot)
+                new[j] = s
+                row.append((tokens[j], new[parents[j]] if parents[j] >= 0 else -1, scores[j], True))
+        rows.append(row)
+        totals.append(total)
+    width = max(map(len, rows))
+    rows = [r + [(0, -1, 0.0, False)] * (width - len(r)) for r in rows]
+    cols = list(zip(*[list(zip(*r)) for r in rows]))  # per field: n rows of `width` values
+    got = select_batch(torch.tensor(cols[0]), torch.tensor(cols[1]), torch.tensor(cols[2], dtype=torch.float64),
+                       torch.tensor(cols[3]), totals)
+    assert got == want
