@@ -8,7 +8,7 @@ from cli import _output, benchmark_runs
 from cli._options import Format
 
 COLUMNS = ["method", "temperature", "dtype", "lossless", "images_per_s", "speedup_vs_ar", "vs_ar_b1", "tau", "d_bar",
-           "nfe", "tpf", "drafter_share", "exact_match_vs_ar", "exact_match_vs_own_ar", "nll", "clf_fid",
+           "nfe", "tpf", "drafter_share", "efficiency", "exact_match_vs_ar", "exact_match_vs_own_ar", "nll", "clf_fid",
            "class_accuracy"]
 
 

@@ -52,9 +52,10 @@ PREFIX = 128
 def measure_cost(module: nn.Module, rows: tuple[int, ...] = ROWS, rounds: int = 5, prefix: int = PREFIX) -> CostCurve:
     """Best-of-`rounds` time of a forward of `module` (a `Transformer`) over m new tokens after `prefix` cached ones,
     relative to m = 1."""
-    device = module.device
-    prefix = min(prefix, module.cfg.max_seq_len - max(rows) - 1)
-    rows = tuple(m for m in rows if prefix + m < module.cfg.max_seq_len)
+    device, limit = module.device, module.cfg.max_seq_len
+    rows = tuple(m for m in rows if 2 * m < limit) or rows[:1]  # a short model (an image grid) measures fewer
+    prefix = max(1, min(prefix, limit - max(rows) - 1))
+    rows = tuple(m for m in rows if prefix + m < limit) or rows[:1]
     cache = module.new_cache(1, prefix + max(rows))
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, module.cfg.vocab_size, (1, prefix + max(rows)), generator=g).to(device)

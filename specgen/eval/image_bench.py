@@ -41,6 +41,7 @@ from pathlib import Path
 
 import torch
 
+from specgen.decoding.cost import cost_of
 from specgen.errors import UsageError
 from specgen.eval.image_rows import image_rows, method_of, png_of
 from specgen.eval.run_dir import MemoryRun, Shard
@@ -280,8 +281,11 @@ def measure_images(im: ImageModel, cfg: ImageBenchConfig, sink=None, shard: Shar
         torch.set_num_threads(cfg.threads)
     sink.start_shard(shard)
     clf, quality = classifier_state(im, cfg, conditions)
+    cost = cost_of(im.model)  # c(m) of the efficiency of drafting rows; each image runs its CFG branches
     sink.write_machine(shard, {"machine": machine() if callable(machine) else machine,
-                               "conditions": condition_names(im, conditions), **quality})
+                               "conditions": condition_names(im, conditions), **quality,
+                               "cost_rows": list(cost.rows), "cost": list(cost.cost),
+                               "branches": 2 if cfg.cfg_scale != 1.0 else 1})
     base = ImageGenConfig(model=cfg.model, cfg_scale=cfg.cfg_scale, seed=cfg.seed, device=cfg.device, num=1,
                           dtype=cfg.dtype)
     models = entry_models(im, cfg)  # entry -> the model it decodes (its `dtypes` precision, else `im`)

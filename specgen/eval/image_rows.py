@@ -3,7 +3,9 @@
 A record is one item: at batch 1 one (temperature, image) with every method's image of it, at batch B > 1 one
 method over one shard's images. Each image carries its tokens, decode statistics, target NLL, classifier
 features and whether the classifier names its class (both computed where it was decoded), and its pixels as
-a PNG. Speedups are wall-time ratios of one shard: per image at batch 1, per shard for batched rows.
+a PNG. Speedups are wall-time ratios of one shard: per image at batch 1, per shard for batched rows. Batch-1 rows
+of drafting methods add `efficiency` (eta, as text rows): the share of the speedup their acceptance allows that
+they deliver, from the target's cost curve in the shard's machine file.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from specgen.decoding.cost import CostCurve
 from specgen.decoding.stats import DecodeStats
 from specgen.eval.run_dir import RunNotFinished, batched, unrecorded
 from specgen.methods import get_method
@@ -113,6 +116,38 @@ def summarise(method: str, temp: float, rs: list[Image], ar: list[Image], names:
     return row
 
 
+def efficiency(rs: list[Image], ar: list[Image], machines: dict[str, dict], speedup: float) -> dict:
+    """eta = speedup / predicted of a batch-1 row, predicted = tau / (c(b N) / c(b) + d), weighted over shards by
+    images: a verify of N tokens per image runs b N rows (b = the CFG branches, 1 or 2) where an AR step runs b, and
+    d = drafter seconds per step over AR's seconds per target forward (same shard). {} for rows without drafts, for
+    methods with their own steps (vvs skips verifications, mulo-sd drafts from another model: the model does not
+    describe them), or without a cost curve in the machine files."""
+    parts = []
+    for shard, info in machines.items():
+        mine, theirs = [s.stats for s in rs if s.shard == shard], [a.stats for a in ar if a.shard == shard]
+        if not mine or not info.get("cost_rows"):
+            continue
+        total, base = DecodeStats(), DecodeStats()
+        for s in mine:
+            total.merge(s)
+        for a in theirs:
+            base.merge(a)
+        own_steps = {"skipped_steps", "draft_tokens"} & total.extras.keys()
+        if not total.steps or total.target_tokens <= total.steps or own_steps:
+            return {}
+        cost, b = CostCurve(tuple(info["cost_rows"]), tuple(info["cost"])), info.get("branches", 1)
+        n = total.target_tokens / total.steps
+        d = total.times.get("propose", 0.0) / total.steps / (base.wall_time / base.target_forwards)
+        parts.append((total.tau / (cost(b * n) / cost(b) + d), len(mine), n, d))
+    if not parts:
+        return {}
+    count = sum(p[1] for p in parts)
+    predicted = sum(p[0] * p[1] for p in parts) / count
+    return {"verify_tokens": round(sum(p[2] * p[1] for p in parts) / count, 3),
+            "draft_cost": round(sum(p[3] * p[1] for p in parts) / count, 4),
+            "predicted_speedup": round(predicted, 4), "efficiency": round(speedup / predicted, 4)}
+
+
 def batched_row(method: str, temp: float, batch: int, rs: list[Image], ar: list[Image], walls: dict, names: dict,
                 ar_b1: list[Image] | None) -> dict:
     """A `method@b<B>` row: images/s from each shard's wall time (summed over shards, which run side by side),
@@ -174,6 +209,7 @@ def image_rows(records: dict[str, dict], order: list[str], num: int, temps: list
         for m in order:
             images[(m, t)] = single[m]
             rows.append(summarise(m, t, single[m], single["ar"], names))
+            rows[-1].update(efficiency(single[m], single["ar"], machines, rows[-1]["speedup_vs_ar"]))
             own = next((a for a in order if method_of(a) == "ar" and dtype_of.get(a) == dtype_of.get(m)), None)
             if dtype_of:
                 rows[-1]["dtype"] = dtype_of.get(m)

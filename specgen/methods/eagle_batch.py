@@ -45,7 +45,9 @@ class EagleBatch:
         d.policy.reset()
         d.shapes, d.last_shape = [], None
         d.pending = first.features[:, -1:]  # [br, 1, D]: f of the last prompt position
-        d.owed = False  # True after a step without drafting: `pending` waits for the next catch-up, which grows it
+        d.owed = False  # True after a step without drafting: that step's pairs wait for the next catch-up
+        d.backlog = []  # [br, a + 1, D] pairs of such steps, in order, joined to `pending` by the catch-up (joining
+        # them step by step copied the whole backlog each AR step: quadratic in a long run of AR steps)
         if self.cache is None:
             self.net, self.head, self.combine, self.br = d.net, d.head, d.combine, first.features.shape[0]
             self.cache = d.net.new_cache(self.width * self.br, d.max_len)
@@ -99,6 +101,9 @@ class EagleBatch:
 
     def catch_up(self, rows, seqs, view) -> torch.Tensor:
         """Run the pairs (f_p, x_{p+1}) committed since the last step, every row padded to the most; commit them."""
+        for d in rows:
+            if d.backlog:
+                d.pending, d.backlog = torch.cat([d.pending, *d.backlog], 1), []
         br, ms = self.br, [d.pending.shape[1] for d in rows]
         n, width = len(rows), max(ms)
         dim, device = rows[0].pending.shape[-1], rows[0].pending.device
@@ -129,7 +134,10 @@ class EagleBatch:
             rows = out.features[i * branches : (i + 1) * branches]  # [br, S, D]
             new = rows.index_select(1, host_tensor(keep, rows.device))  # [br, a + 1, D] (no host wait for the index)
             # after steps without drafting the drafter still owes the pairs of those steps: f lines up with the tokens
-            d.pending = torch.cat([d.pending, new], 1) if d.owed else new
+            if d.owed:
+                d.backlog.append(new)
+            else:
+                d.pending = new
             d.owed = False
             if d.last_shape is not None:
                 d.policy.observe(d.last_index, d.last_shape, verdict.num_accepted, len(verdict.tokens))
