@@ -14,7 +14,7 @@ A cache file is safetensors: `tokens` int32 [N], the answers' token ids with -1 
 (~1 s for the shipped one). A cache made by another tokenizer is refused with one line (its ids would mean other
 tokens).
 
-Build one: `python -m specgen.text.ngram_cache --model NAME --limit 1500 --out FILE` (recipes/tiny/
+Build one: `python -m specgen.text.ngram_cache --model NAME --limit 3348 --out FILE` (recipes/tiny/
 ngram-cache-smollm2.sh makes the shipped `smollm2-135m` cache).
 """
 
