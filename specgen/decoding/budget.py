@@ -131,6 +131,16 @@ class MeasuredBudget:
        behind batched AR (0.42-0.51 of it at batch 8 on images) waits twice as long before it is tried again, where
        a full-share try with the drafter's catch-up cost ~7% of a 16-image run (scripts/auto_budget_trace.py).
 
+    5. Predicting (with a `cost` curve: the target's c(m), decoding/cost.py): at a new B with no near count to start
+       from, the draft's speed relative to AR is first predicted from the nearest count k where both were measured:
+       ratio(B) = ratio(k) * [c(b B) / c(b k)] / [c(b B n) / c(b k n)], b = forward rows per sequence (2 under
+       CFG), n = tokens per row of the draft's verify at k; the draft step's seconds scale as c(b B n) / c(b k n).
+       A draft predicted far behind is not measured: B starts as if measuring had found it so (AR leads, tries at
+       half the share), and a later try corrects a wrong prediction. On a CPU a tree that is 1.5x AR at batch 1 is
+       predicted at ~0.5 at batch 8 (its verify becomes compute-bound), so batch 8 skips the measuring phase and
+       the ragged rows its tree steps leave; where c is flat (a launch-bound GPU) the prediction stays close and B
+       is measured as before.
+
     One budget may serve several decode calls (a benchmark decodes its images one call each): what it measured
     carries over. Lossless either way (AR is the empty draft). Greedy outputs do not depend on it; sampled outputs
     do, by timing, since a step's draft decides how a row's random stream is consumed (each row keeps the
@@ -142,6 +152,8 @@ class MeasuredBudget:
     tries: int = 3  # measured steps of each choice at a new row count, and of the other in each later try
     window: int = 10  # measured steps a choice's rate is taken over
     far: float = 0.75  # a choice below this share of the other's rate is "far behind" (its tries back off)
+    cost: Callable[[int], float] | None = None  # c(m) of the target's forward over m rows x tokens (5. predicting)
+    rows_per_sequence: int = 1  # forward rows of one sequence (2 under CFG)
     _steps: dict[tuple[int, int], deque] = field(default_factory=dict)  # (B, cap) -> its last measured (tokens, s)
     _count: dict[tuple[int, int], int] = field(default_factory=dict)  # (B, cap) -> steps measured
     _since: dict[int, float] = field(default_factory=dict)  # B -> seconds run at B since the other was tried
@@ -152,8 +164,9 @@ class MeasuredBudget:
     _acc: dict[int, list] = field(default_factory=dict)  # B -> the running try's measured (tokens, seconds) steps
     # and the wall seconds of all its steps (the unmeasured first one too)
     _try_cost: dict[int, float] = field(default_factory=dict)  # B -> wall seconds of the last whole try
+    _verify: dict[tuple[int, int], list] = field(default_factory=dict)  # (B, cap) -> [tokens verified, rows]
     _last: int | None = None  # the cap of the previous step (any B): a step after a switch is not measured
-    _open: list = field(default_factory=list)  # [live rows, cap, tokens, measured] of the step under way
+    _open: list = field(default_factory=list)  # [live rows, cap, tokens, measured, verified, rows] of the step
 
     def rate(self, live_rows: int, cap: int) -> float | None:
         """Tokens per second of `cap`-sized steps at `live_rows` rows so far (None: never measured)."""
@@ -179,10 +192,30 @@ class MeasuredBudget:
             if near in table:
                 table[b] = table[near]
 
+    def predict(self, b: int) -> tuple[float, float] | None:
+        """(draft rate / AR rate, a draft step's seconds) at b rows from the nearest count where both were measured,
+        scaled by the cost curve (5. in the class docstring); None without a curve or such a count."""
+        known = [k for k in self._ratio if (k, self.limit) in self._steps and self._verify.get((k, self.limit))]
+        if self.cost is None or not known:
+            return None
+        k = min(known, key=lambda x: (abs(x - b), x))
+        verified, rows = self._verify[(k, self.limit)]
+        c, m = self.cost, self.rows_per_sequence
+        tree = c(m * b * verified / rows) / c(m * k * verified / rows)  # a draft step at b over one at k
+        ar = c(m * b) / c(m * k)
+        step = median([s for _, s in self._steps[(k, self.limit)]]) * tree
+        return self._ratio[k] * ar / tree, step
+
     def cap(self, live_rows: int) -> int:
         b, draft, ar = live_rows, self.limit, 0
         self.borrow(b)
-        if min(self._count.get((b, c), 0) for c in (draft, ar)) < self.tries:  # measure both first, the draft first
+        if b not in self._ratio and not any((b, c) in self._count for c in (draft, ar)):
+            guess = self.predict(b)
+            if guess is not None and guess[0] < self.far:  # predicted far behind: AR leads, as if measured so
+                self._ratio[b], self._share[b], self._leader[b] = guess[0], self.probe_share / 2, ar
+                self._try_cost[b], self._since[b] = (1 + self.tries) * guess[1], 0.0
+        if b not in self._ratio and min(self._count.get((b, c), 0) for c in (draft, ar)) < self.tries:
+            # measure both first, the draft first
             choice = draft if self._count.get((b, draft), 0) < self.tries else ar
             self._since[b] = 0.0  # the time to the first try counts from the end of measuring
         else:
@@ -201,23 +234,28 @@ class MeasuredBudget:
                 try_cost = (1 + self.tries) * median([s for _, s in self._steps[(b, other)]])
             if self._probe.get(b, 0) > 0:  # a try's measured steps
                 choice, self._probe[b] = other, self._probe[b] - 1
-            elif try_cost <= share * self._since.get(b, 0.0):  # a try is due: 1 + `tries` steps
+            elif try_cost <= share * self._since.get(b, 0.0) and self.rate(b, best) is not None:  # a try is due:
+                # 1 + `tries` steps (once the leader has a rate at b to compare it with)
                 choice, self._probe[b], self._since[b], self._acc[b] = other, self.tries, 0.0, [[], 0.0]
             else:
                 choice = best
-        self._open = [b, choice, 0, choice == self._last]
+        self._open = [b, choice, 0, choice == self._last, 0, 0]
         self._last = choice
         return choice
 
     def observe(self, draft_size: int, accepted: int) -> None:
         if self._open:
             self._open[2] += accepted + 1  # the row's accepted tokens and its bonus / corrected token
+            self._open[4] += draft_size + 1  # the row's tokens in the verify (root + draft)
+            self._open[5] += 1
 
     def observe_step(self, seconds: float) -> None:
         if not self._open or seconds <= 0:
             return
-        b, choice, tokens, measured = self._open
+        b, choice, tokens, measured, verified, rows = self._open
         self._open = []
+        seen = self._verify.setdefault((b, choice), [0, 0])
+        seen[0], seen[1] = seen[0] + verified, seen[1] + rows
         self._since[b] = self._since.get(b, 0.0) + seconds
         if b in self._acc and choice != self._leader.get(b, choice):  # a step of a try (its unmeasured first too)
             acc = self._acc[b]

@@ -10,6 +10,7 @@ import torch
 
 from specgen import checkpoints, registry
 from specgen.decoding.budget import MeasuredBudget
+from specgen.decoding.cost import cost_of
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.stats import DecodeStats
 from specgen.errors import IncompatibleError, UsageError
@@ -229,7 +230,9 @@ def generate_images(im: ImageModel, cfg: ImageGenConfig, on_done=None,
     budget = None
     if options.pop("budget", "fixed") == "auto":  # one per method and options on this model, shared by its calls
         key = (cfg.method, repr(sorted(options.items())), cfg.cfg_scale, cfg.temperature)
-        budget = im.budgets.setdefault(key, MeasuredBudget(MAX_DRAFT))
+        if key not in im.budgets:  # the cost curve predicts a new batch size from a measured one (MeasuredBudget 5.)
+            im.budgets[key] = MeasuredBudget(MAX_DRAFT, cost=cost_of(im.model), rows_per_sequence=parts.target.branches)
+        budget = im.budgets[key]
     rule = build_image_method(cfg.method, parts, options)[1]
     batch = run_batch(parts.target, lambda i: build_image_method(cfg.method, parts, dict(options))[0],
                       prompts, n_tokens, params, (), seeds, cfg.batch_size, on_done=on_done, rule=rule,

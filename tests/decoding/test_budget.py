@@ -167,3 +167,28 @@ def test_measured_budget_is_not_fooled_by_one_stalled_step():
     # the control: with a sum of seconds the stalled step makes AR's rate 8 / 16.3 ms, below the tree's 29 / 30 ms
     steps = [(8, 0.0044), (8, 0.0044), (8, 0.040)]
     assert sum(t for t, _ in steps) / sum(s for _, s in steps) < 29 / 0.030 < steady_rate(steps)
+
+
+def test_measured_budget_predicts_a_new_batch_size_from_the_cost_curve():
+    """With the target's cost curve, a batch size is first predicted from one already measured (MeasuredBudget 5.):
+    a tree 1.2x AR at batch 1 whose 17-token verify (x 2 CFG rows) becomes compute-bound at batch 8 is predicted at
+    0.6x there and not measured; where the curve is flat (a launch-bound GPU) batch 8 is measured as before; and a
+    wrong prediction is corrected by a later try."""
+    knee = CostCurve((1, 4, 1024), (1.0, 1.0, 256.0))  # flat to 4 rows, then linear
+    tree_b1 = lambda cap, b: 1.0 if cap else 0.4  # noqa: E731: 3 tokens a tree step, 1 an AR step: 3 vs 2.5 tokens/s
+    accepted = lambda cap: 2 if cap else 0  # noqa: E731
+    budget = MeasuredBudget(16, cost=knee, rows_per_sequence=2)
+    run_steps(budget, 1, 40, tree_b1, accepted)
+    ratio, step = budget.predict(8)
+    assert ratio == pytest.approx(1.2 * (knee(16) / knee(2)) / (knee(272) / knee(34)), rel=0.02) and ratio < 0.75
+    assert step == pytest.approx(1.0 * knee(272) / knee(34))
+    assert run_steps(budget, 8, 50, lambda cap, b: 8.0 if cap else 1.6, accepted) == [0] * 50  # no measuring
+    flat = MeasuredBudget(16, cost=CostCurve((1, 1024), (1.0, 1.0)), rows_per_sequence=2)
+    run_steps(flat, 1, 40, tree_b1, accepted)
+    assert run_steps(flat, 8, 3, lambda cap, b: 1.0 if cap else 0.4, accepted) == [16] * 3  # measured, tree first
+    # the prediction is wrong here: at batch 8 the tree commits 24 tokens in 1.5 s, AR 8 in 0.9 s
+    wrong = MeasuredBudget(16, cost=knee, rows_per_sequence=2)
+    run_steps(wrong, 1, 40, tree_b1, accepted)
+    caps = run_steps(wrong, 8, 3000, lambda cap, b: 1.5 if cap else 0.9, accepted)
+    first = caps.index(16)
+    assert first > 100 and caps[-100:].count(16) > 90  # AR first, then a try finds the tree ahead: it leads
