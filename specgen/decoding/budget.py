@@ -136,10 +136,10 @@ class MeasuredBudget:
        ratio(B) = ratio(k) * [c(b B) / c(b k)] / [c(b B n) / c(b k n)], b = forward rows per sequence (2 under
        CFG), n = tokens per row of the draft's verify at k; the draft step's seconds scale as c(b B n) / c(b k n).
        A draft predicted far behind is not measured: B starts as if measuring had found it so (AR leads, tries at
-       half the share), and a later try corrects a wrong prediction. On a CPU a tree that is 1.5x AR at batch 1 is
-       predicted at ~0.5 at batch 8 (its verify becomes compute-bound), so batch 8 skips the measuring phase and
-       the ragged rows its tree steps leave; where c is flat (a launch-bound GPU) the prediction stays close and B
-       is measured as before.
+       half the share), and a later try corrects a wrong prediction. On a CPU an image tree's verify becomes
+       compute-bound as rows are added, so batch 8 is predicted far behind after batch 1 and skips the measuring
+       phase and the ragged rows its tree steps leave (docs/results/batching.md); where c is flat (a launch-bound
+       GPU) the prediction stays close and B is measured as before.
 
     One budget may serve several decode calls (a benchmark decodes its images one call each): what it measured
     carries over. Lossless either way (AR is the empty draft). Greedy outputs do not depend on it; sampled outputs
