@@ -81,8 +81,9 @@ def grow_trees(forward: Forward, logprobs: LogProbs, root_hidden: torch.Tensor, 
         recorded += width * width
         width = nxt
     tokens, parents, scores, valid = (torch.cat(p, 1) for p in zip(*parts))  # [n, N] each
-    both = torch.stack([tokens.double(), parents.double(), scores.double(), valid.double()]).cpu()  # one read
-    drafts = select_batch(both[0].long(), both[1].long(), both[2], both[3].bool(), [s.total_tokens for s in shapes])
+    # 4. one read of every row's nodes (float64 holds float32 scores and ids exactly), then each row's best nodes
+    host = torch.stack([tokens.double(), parents.double(), scores.double(), valid.double()]).cpu()  # [4, n, N]
+    drafts = select_batch(host[0].long(), host[1].long(), host[2], host[3].bool(), [s.total_tokens for s in shapes])
     return [d if s.depth > 0 else Draft.empty() for d, s in zip(drafts, shapes)], forwards
 
 
