@@ -203,7 +203,7 @@ class MeasuredBudget:
         c, m = self.cost, self.rows_per_sequence
         tree = c(m * b * verified / rows) / c(m * k * verified / rows)  # a draft step at b over one at k
         ar = c(m * b) / c(m * k)
-        step = median([s for _, s in self._steps[(k, self.limit)]]) * tree
+        step = typical_seconds(self._steps[(k, self.limit)]) * tree
         return self._ratio[k] * ar / tree, step
 
     def cap(self, live_rows: int) -> int:
@@ -231,7 +231,7 @@ class MeasuredBudget:
             share = self._share.setdefault(b, self.probe_share)
             try_cost = self._try_cost.get(b)
             if try_cost is None:  # no whole try yet: 1 + `tries` of its typical steps
-                try_cost = (1 + self.tries) * median([s for _, s in self._steps[(b, other)]])
+                try_cost = (1 + self.tries) * typical_seconds(self._steps[(b, other)])
             if self._probe.get(b, 0) > 0:  # a try's measured steps
                 choice, self._probe[b] = other, self._probe[b] - 1
             elif try_cost <= share * self._since.get(b, 0.0) and self.rate(b, best) is not None:  # a try is due:
@@ -280,4 +280,9 @@ class MeasuredBudget:
 
 def steady_rate(steps) -> float:
     """Tokens per second of measured (tokens, seconds) steps: mean tokens over median seconds (a stall is ignored)."""
-    return sum(t for t, _ in steps) / len(steps) / median([s for _, s in steps])
+    return sum(t for t, _ in steps) / len(steps) / typical_seconds(steps)
+
+
+def typical_seconds(steps) -> float:
+    """The median seconds of measured (tokens, seconds) steps: a step's cost without one-off stalls."""
+    return median([s for _, s in steps])

@@ -51,6 +51,7 @@ from specgen.image.captions import Caption
 from specgen.image.generate import (ImageGenConfig, ImageModel, conditioned, decode_pixels, generate_images,
                                     image_conditions)
 from specgen.image.methods import build_image_method
+from specgen.image.target import cfg_target
 from specgen.methods import METHODS, get_method
 
 
@@ -285,7 +286,8 @@ def measure_images(im: ImageModel, cfg: ImageBenchConfig, sink=None, shard: Shar
     sink.write_machine(shard, {"machine": machine() if callable(machine) else machine,
                                "conditions": condition_names(im, conditions), **quality,
                                "cost_rows": list(cost.rows), "cost": list(cost.cost),
-                               "branches": 2 if cfg.cfg_scale != 1.0 else 1})
+                               "branches": cfg_target(im.model, cfg.cfg_scale, conditions if im.text_conditional
+                                                      else None).branches})
     base = ImageGenConfig(model=cfg.model, cfg_scale=cfg.cfg_scale, seed=cfg.seed, device=cfg.device, num=1,
                           dtype=cfg.dtype)
     models = entry_models(im, cfg)  # entry -> the model it decodes (its `dtypes` precision, else `im`)

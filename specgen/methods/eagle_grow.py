@@ -38,12 +38,12 @@ def grow_trees(forward: Forward, logprobs: LogProbs, root_hidden: torch.Tensor, 
     `prefix[i]`: row i's committed drafter slots (every branch row of a sequence has the same).
     """
     n, br, device = len(shapes), branches, root_hidden.device
+    if all(s.depth <= 0 for s in shapes):  # every row's budget ends at the root: no tree to score
+        return [Draft.empty() for _ in shapes], [0] * n
     lp = logprobs(root_hidden)[:, 0]  # 1. [n, V]: the root's children
     vocab = lp.shape[-1]
     k = [min(s.top_k, vocab) if s.depth > 0 else 0 for s in shapes]
     depth = [s.depth for s in shapes]
-    if max(k) == 0:
-        return [Draft.empty() for _ in shapes], [0] * n
     kk, dd = host_tensor(k, device), host_tensor(depth, device)  # [n] each
     top = lp.topk(max(k), dim=-1)  # [n, w0]
     slots = torch.arange(top.indices.shape[1], device=device)
