@@ -5,7 +5,8 @@
 #
 # On a bare GPU machine with PyTorch but without this project's lighter dependencies, put their wheels in .whl/
 # (omegaconf, antlr4-python3-runtime, trimesh, gguf) and they are installed to /tmp/site first.
-# Run from the repository root: `bash scripts/gpu_check.sh`.
+# Run from the repository root: `bash scripts/gpu_check.sh`; `ONLY="sync-count images"` runs the named steps alone
+# (a 15-minute GPU lease fits about four).
 OUT=${OUT:-runs/gpu-check}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 COLUMNS=250
@@ -18,6 +19,7 @@ printf '#!/bin/sh\nexec python3 -m cli.main "$@"\n' >/tmp/specgen-bin/specgen &&
 export PATH=/tmp/specgen-bin:$PATH PYTHONPATH=${PYTHONPATH:-$PWD}
 step() {  # step NAME SECONDS COMMAND...: run with a limit, log to $OUT/NAME.log, print the tail
     local name=$1 limit=$2; shift 2
+    case " ${ONLY:-$name} " in *" $name "*) ;; *) return ;; esac
     echo "== $name"
     local t0=$SECONDS
     timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
@@ -34,3 +36,4 @@ step meshes 100 specgen benchmark --config recipes/tiny/bench-meshes-batch.yaml 
     --batch-size 1,8 --limit 8 --out "$OUT/meshes.jsonl"
 step batch-throughput 120 python3 scripts/gpu_batch_throughput.py --device cuda --dtype bfloat16 --profile \
     --json "$OUT/batch-throughput.json"
+step auto-trace 100 python3 scripts/auto_budget_trace.py --device cuda --method eagle2 --threads 0

@@ -92,6 +92,24 @@ def judge(draft: Draft, logits: torch.Tensor, params: SamplingParams, generator)
     return accept_rejection(draft, logits_to_probs(logits, params).to(host), generator)
 
 
+def judge_batch(drafts: Sequence[Draft], logits: torch.Tensor, sizes: Sequence[int], params: SamplingParams,
+                generators: Sequence[torch.Generator | None]) -> list[Verdict]:
+    """`judge` for every row of a verify forward (logits [n, S, V]) with one device-to-host copy of its reads.
+
+    Greedy reads the argmax [n, S]; sampling the filtered p [n, S, V] (a softmax per position: each row's p is the
+    one `judge` computes from its own slice, bit for bit). On a GPU a copy per row made the host wait per row."""
+    if params.greedy:
+        argmax = logits.argmax(-1).tolist()  # [n][S]
+        return [accept_greedy(d, argmax[i][: sizes[i]]) for i, d in enumerate(drafts)]
+    hosts = {g.device if g is not None else torch.device("cpu") for g in generators}
+    if len(hosts) > 1:  # rows drawing on different devices: each row's own copy
+        return [judge(d, logits[i, : sizes[i]], params, g) for i, (d, g) in enumerate(zip(drafts, generators))]
+    host = hosts.pop()
+    probs = logits_to_probs(logits, params).to(host)  # [n, S, V]
+    return [accept_rejection(d if d.probs is None or d.probs.device == host else replace(d, probs=d.probs.to(host)),
+                             probs[i, : sizes[i]], g) for i, (d, g) in enumerate(zip(drafts, generators))]
+
+
 def decode(
     target: Target,
     drafter: Drafter,
@@ -234,9 +252,8 @@ def decode_batch(
             batch = verify_batch([r.out[-1] for r in slots], drafts, view.lengths[::branches], device)
             out = target.forward(batch.tokens, batch.positions, view, batch.tree_mask)
         with timed(stats, "accept"):  # 3. accept per row, each with its own generator stream
-            if rule is judge and params.greedy:  # one device-to-host copy for the whole batch, not one per row
-                argmax = out.logits.argmax(-1).tolist()  # [n][S]
-                verdicts = [accept_greedy(d, argmax[i][: batch.sizes[i]]) for i, d in enumerate(drafts)]
+            if rule is judge:  # one device-to-host copy for the whole batch, not one per row
+                verdicts = judge_batch(drafts, out.logits, batch.sizes, params, [r.generator for r in slots])
             else:
                 verdicts = [rule(d, out.logits[i, : batch.sizes[i]], params, r.generator)
                             for i, (r, d) in enumerate(zip(slots, drafts))]
