@@ -8,6 +8,7 @@ from typing import Protocol
 import torch
 
 from specgen.decoding.cache import KVCache
+from specgen.models.prompt import prompt_mode
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,8 @@ class ModelTarget:
     def prefill(self, tokens: torch.Tensor, cache: KVCache) -> TargetOut:
         b, p = tokens.shape
         positions = torch.arange(p, device=tokens.device).expand(b, p)
-        hidden = self.model.hidden_states(self.model.tok_embeddings(tokens), positions, cache)
+        with prompt_mode():  # every method prefills alike and no step recomputes a prompt: its faster kernels
+            hidden = self.model.hidden_states(self.model.tok_embeddings(tokens), positions, cache)
         for row in range(b):
             cache.commit(row, list(range(p)))
         return TargetOut(self.model.output(hidden[:, -1:]), hidden)

@@ -19,15 +19,19 @@ layers): each quantized kernel computes every row of a product independently, so
 product is bitwise row i of a 1-row product. An AR step, a verification forward of any width and a
 batched forward of any composition therefore compute the same numbers for a row, and greedy speculation
 is token-identical to AR by construction, even though bfloat16 logits tie often. Dequantize + GEMM would
-save little on prompt prefill and rounds differently (docs/logs/quantized-prefill.log), and switching
-kernels by row count would make a row's output depend on its batch partners and verify width, so the
-quantized kernel runs every product. The float32 weights are never kept.
+rounds differently, and switching kernels by row count would make a row's output depend on its batch partners
+and verify width, so the quantized kernel runs every product of a decode step. A prompt's prefill is the one
+exception (`models/prompt.py`: no step recomputes it, and every method prefills alike): there products of
+`PROMPT_MIN_ROWS` rows or more dequantize to bfloat16 for one GEMM. The float32 weights are never kept.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+
+from specgen.models import prompt
 
 MODES = ("int8", "int4")
 GROUPS = (32, 64, 128, 256)  # int4 group sizes the CPU kernel accepts
@@ -35,6 +39,9 @@ DEFAULT_GROUP = 32
 REFINE_STEPS = 3  # least-squares refits of int4 scales and zeros (quantize_int4)
 VERSION = 3  # of the quantizers above; stored entries record it and are remade when it differs (3: int4 refits)
 ACT_DTYPE = torch.bfloat16  # activations of a quantized target: the kernels' dtype
+# products of at least this many rows (per mode) in a prompt prefill dequantize to bfloat16 for one GEMM (models/prompt.py):
+# `python scripts/quantized_prefill.py` times both kernels per row count (docs/logs/quantized-prefill.log)
+PROMPT_MIN_ROWS = {"int8": 24, "int4": 64}
 INT8_MM = torch.ops.aten._weight_int8pack_mm  # x [M, in] bf16, q int8 [out, in], scales bf16 [out] -> [M, out] bf16
 INT4_MM = torch.ops.aten._weight_int4pack_mm_for_cpu  # x [M, in] bf16, packed, group, scales-and-zeros -> [M, out]
 
@@ -148,7 +155,8 @@ class QuantizedLinear(nn.Module):
     """Linear with int8 or int4 weights (buffers, saved in the state dict) and bfloat16 products.
 
     forward: x [..., in] (any float dtype) -> [..., out] in x's dtype; shape-agnostic, so batched [B, S, in]
-    inputs work. Every product runs the quantized kernel (rows independent: see the module docstring).
+    inputs work. Every product runs the quantized kernel (rows independent: see the module docstring), except a
+    prompt prefill's (`models/prompt.py`).
     """
 
     _kernel: tuple | None = None  # (op, weight operands, bias) of `kernel`; dropped when the
@@ -196,12 +204,30 @@ class QuantizedLinear(nn.Module):
         x2 = x.reshape(-1, self.in_features)  # [M, in]
         if x2.dtype != ACT_DTYPE:
             x2 = x2.to(ACT_DTYPE)
-        y = op(x2.contiguous(), *operands)
+        if x2.shape[0] >= PROMPT_MIN_ROWS[self.mode] and prompt.active():  # a prompt's prefill (models/prompt.py)
+            y = F.linear(x2, self.prompt_weight())  # [M, out]; the same weights, one bf16 GEMM
+        else:
+            y = op(x2.contiguous(), *operands)
         if bias is not None:
             y = y + bias
         if x.dtype != ACT_DTYPE:
             y = y.to(x.dtype)
         return y.view(*x.shape[:-1], self.out_features)
+
+    def prompt_weight(self) -> torch.Tensor:
+        """The weight [out, in] in bfloat16 for a prompt's GEMM, written into a workspace shared by every layer of this
+        shape (a fresh 2-4 MB weight per product made the allocator map and fault in new pages each time: a 168-token
+        prefill took 0.46-0.96 s instead of ~0.35). Computed in float32, as `dequantize`, then rounded once."""
+        w32, w16 = workspace(self.out_features, self.in_features)
+        if self.mode == "int8":
+            w32.copy_(self.qweight).mul_(self.scales.float()[:, None])
+        else:
+            pairs = w32.view(self.out_features, -1, 2)  # [out, in/2, 2]: low nibble = even column
+            pairs[..., 0].copy_(self.qweight & 15)
+            pairs[..., 1].copy_(self.qweight >> 4)
+            s, z = self.scales.float()[..., None], self.zeros.float()[..., None]  # [out, in/g, 1]
+            w32.view(self.out_features, -1, self.group).mul_(s).add_(z - 8 * s)  # (q - 8) * s + z
+        return w16.copy_(w32)
 
     def kernel(self) -> tuple:
         """(kernel op, its weight operands, bias), made once per set of buffers: int8 (qweight, scales); int4 (packed
@@ -237,6 +263,16 @@ class QuantizedLinear(nn.Module):
     def extra_repr(self) -> str:
         g = f", group={self.group}" if self.group else ""
         return f"in_features={self.in_features}, out_features={self.out_features}, mode={self.mode}{g}"
+
+
+_WORKSPACE: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def workspace(out: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 and bfloat16 [out, k] buffers for `QuantizedLinear.prompt_weight`, one pair per shape per process."""
+    if (out, k) not in _WORKSPACE:
+        _WORKSPACE[(out, k)] = torch.empty(out, k), torch.empty(out, k, dtype=ACT_DTYPE)
+    return _WORKSPACE[(out, k)]
 
 
 class QuantizedEmbedding(nn.Module):

@@ -26,7 +26,8 @@ from torch import nn
 
 from specgen.decoding.cache import KVCache
 from specgen.errors import ContextOverflowError
-from specgen.models.attention import invariant_attention, plan
+from specgen.models import prompt
+from specgen.models.attention import AttentionPlan, invariant_attention, plan
 from specgen.models.rope import SCALINGS, Rotation, check_positions, rotate, rotation, table_1d, table_2d
 
 
@@ -124,12 +125,12 @@ class Attention(nn.Module):
         q, k, v = qk[:, :h], qk[:, h:], qkv[:, h + hkv :]
         if cache is not None:
             k, v = cache.write(layer, k, v)  # [B, Hkv, T, hd]
-        if cache is not None and x.dtype != torch.float32:  # low precision: `mask` is an AttentionPlan (hidden_states)
+        if isinstance(mask, AttentionPlan):  # low precision with a cache (hidden_states; not a prompt prefill)
             y = invariant_attention(q, k, v, mask)  # a query's result never depends on the forward's width
             return self.wo(y.transpose(1, 2).reshape(b, s, self.q_dim))
         gqa = self.cfg.n_heads != self.cfg.n_kv_heads
-        if x.dtype != torch.float32:  # no cache (teacher forcing, training): float32 math, as SDPA's bf16 kernels
-            q, k, v = q.float(), k.float(), v.float()  # accumulate anyway
+        if x.dtype != torch.float32:  # no cache (teacher forcing, training) or a prompt prefill: float32 math, as
+            q, k, v = q.float(), k.float(), v.float()  # SDPA's bf16 kernels accumulate anyway
         y = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=causal and mask is None, enable_gqa=gqa
         ).to(x.dtype)
@@ -320,11 +321,12 @@ class Transformer(nn.Module):
             cache.check_room(s)
             mask = cache.hide_keys(attn_mask) if attn_mask is not None else cache.prefix_mask(s, tree_mask)
             causal = False
-            if h.dtype != torch.float32:  # low precision: batch/width-invariant attention (models/attention.py)
-                t = mask.shape[-1] if mask is not None else max(cache.lengths) + s
+            if h.dtype != torch.float32 and not prompt.active():  # low precision: batch/width-invariant attention
+                t = mask.shape[-1] if mask is not None else max(cache.lengths) + s  # (models/attention.py)
                 mask = plan(mask, h.shape[0], s, t, self.cfg.n_heads, self.cfg.n_kv_heads, self.cfg.hd, h.device)
             elif mask is not None:  # SDPA turns a bool mask into this (0 / -inf) in every layer; once per forward here
-                mask = torch.zeros(mask.shape, dtype=h.dtype, device=h.device).masked_fill_(~mask, float("-inf"))
+                # (float32: a low-precision prompt prefill attends in float32, models/prompt.py)
+                mask = torch.zeros(mask.shape, dtype=torch.float32, device=h.device).masked_fill_(~mask, float("-inf"))
             cross = cache.cross
         else:
             mask = None if tree_mask is None else tree_mask.view(-1, 1, s, s)
