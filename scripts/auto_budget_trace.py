@@ -1,6 +1,6 @@
 """Where does `budget=auto` lose time against batched AR at batch 8 (tiny image GPT, ADT-Tree, 16 images, T = 0)?
 
-Three measurements, 1 thread:
+Two measurements, 1 thread:
 1. The same decode with the budget forced to AR (cap 0: the tree drafter's pool runs, never drafts) and with the
    real `MeasuredBudget`: total time, target forward time, drafter time, and every tree step (index, live rows, ms).
 2. One batched AR forward (16 rows = 8 images x the CFG pair) over rows of equal cache length against rows whose
@@ -8,8 +8,8 @@ Three measurements, 1 thread:
    mask.
 
 Run: `python scripts/auto_budget_trace.py > docs/logs/tiny/auto-budget-trace.log`; on a GPU
-`python scripts/auto_budget_trace.py --device cuda --method eagle2 --threads 0` (part 1 only; the step times the
-budget saw are then host times that include the waits for the device's reads).
+`python scripts/auto_budget_trace.py --device cuda --method eagle2 --threads 0` (the step times the budget saw are
+then host times that include the waits for the device's reads); `--parts 2` times the one forward only.
 """
 
 from __future__ import annotations
@@ -85,13 +85,15 @@ def step_ms(model, lengths: list[int], reps: int = 200) -> float:
     class token, 256 image tokens, `MAX_DRAFT` and one: a longer cache costs more under a mask)."""
     cache = model.new_cache(len(lengths), 1 + 256 + gen.MAX_DRAFT + 1)
     cache.lengths = list(lengths)
-    x, pos = torch.zeros(len(lengths), 1, dtype=torch.long), torch.tensor(lengths)[:, None]
+    device = cache.k.device
+    x = torch.zeros(len(lengths), 1, dtype=torch.long, device=device)
+    pos = torch.tensor(lengths, device=device)[:, None]
     for _ in range(10):
         model(x, pos, cache)
-    t = time.perf_counter()
+    t = now(device)  # waits for the queued work on a GPU
     for _ in range(reps):
         model(x, pos, cache)
-    return (time.perf_counter() - t) / reps * 1e3
+    return (now(device) - t) / reps * 1e3
 
 
 def main() -> None:
@@ -99,7 +101,9 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--method", default="adt-tree")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (0: leave torch's default)")
+    ap.add_argument("--parts", default="1,2", help="which measurements (1: the decodes, 2: one AR forward)")
     args = ap.parse_args()
+    parts = args.parts.split(",")
     if args.threads:
         torch.set_num_threads(args.threads)
     for cls, name in [(CFGTarget, "prefill"), (CFGTarget, "forward"), (EagleBatch, "propose"),
@@ -107,16 +111,18 @@ def main() -> None:
         timed(cls, name)
     gen.MeasuredBudget = Traced
     im = gen.load_image_model("tiny-image-gpt", device=args.device)
-    print(f"# 1. {args.method}@auto at batch 8, 16 images on {args.device}: forced AR vs the measured budget (s)")
-    for forced in (True, False, True, False):
+    if "1" in parts:
+        print(f"# 1. {args.method}@auto at batch 8, 16 images on {args.device}: forced AR vs the measured budget (s)")
+    for forced in (True, False, True, False) if "1" in parts else ():
         total = decode(im, forced, args.method, args.device)
         tree = [(i, b, round(s * 1e3)) for i, (b, c, s) in enumerate(STEPS) if c]
         print(f"{'forced AR' if forced else 'auto':9s} total {total:.2f}  steps {len(STEPS)}  "
               + "  ".join(f"{k} {v:.2f}" for k, v in SECONDS.items())
               + f"  {step_summary()}  tree steps (index, rows, ms) {tree[:12]}{' ...' if len(tree) > 12 else ''}")
-    if args.device != "cpu":
+    if "2" not in parts:
         return
-    print("# 2. one AR forward, 8 images x 2 CFG rows: equal cache lengths vs lengths differing by up to 3 (ms)")
+    print(f"# 2. one AR forward on {args.device}, 8 images x 2 CFG rows: equal cache lengths vs lengths differing by up"
+          " to 3 (ms)")
     for n in (50, 150, 250):
         same, ragged = step_ms(im.model, [n] * 16), step_ms(im.model, [n + (i // 2) % 4 for i in range(16)])
         print(f"length {n}: equal {same:.2f}  ragged {ragged:.2f}")

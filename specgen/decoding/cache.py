@@ -179,6 +179,10 @@ class KVCache:
             return None
         total = max(self.lengths) + s
         device = self.k.device
+        lengths = host_tensor(self.lengths, device)
+        if s == 1:  # one node per row (a batched AR step over ragged rows): its slot and the committed ones, 3 ops
+            mask = torch.arange(total, device=device)[None, :] <= lengths[:, None]  # [B, T]
+            return self.hide_keys(mask[:, None, None, :])
         if tree_mask is None:
             tree_mask = torch.ones(s, s, dtype=torch.bool, device=device).tril()
         tree_mask = tree_mask.to(device)
@@ -186,7 +190,6 @@ class KVCache:
             tree_mask = tree_mask.unsqueeze(0).expand(self.batch, s, s)
         elif tree_mask.shape[0] != self.batch:  # one mask per sequence over several branch rows each (CFG)
             tree_mask = tree_mask.repeat_interleave(self.batch // tree_mask.shape[0], 0)
-        lengths = host_tensor(self.lengths, device)
         rel = torch.arange(total, device=device)[None, :] - lengths[:, None]  # [B, T]: slot - row length
         pending = tree_mask.gather(2, rel.clamp(0, s - 1)[:, None, :].expand(self.batch, s, total))  # [B, S, T]
         pending &= ((rel >= 0) & (rel < s))[:, None, :]

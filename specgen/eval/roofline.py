@@ -15,13 +15,17 @@ from specgen.devices import now
 def streamed_bytes(module: torch.nn.Module) -> int:
     """Bytes of weights one forward reads: every parameter and buffer once (shared storage counted once), without
     position tables (`rope`) and without the token-embedding table unless it is also the LM head (tied): a step
-    reads one row of it."""
+    reads one row of it. A layer with a `streamed_bytes()` (quantized layers) counts what its kernel reads instead."""
     def storages(name: str) -> set[int]:
         sub = getattr(module, name, None)
         return {t.data_ptr() for t in [*sub.parameters(), *sub.buffers()]} if sub is not None else set()
 
     lookup_only = storages("tok_embeddings") - storages("output")  # an embedding table the LM head does not share
     seen, total = set(), 0
+    for sub in module.modules():  # a layer that says what its product reads (a quantized one: models/quantize.py)
+        if hasattr(sub, "streamed_bytes") and sub is not module:
+            total += sub.streamed_bytes()
+            seen |= {t.data_ptr() for t in sub.buffers()}
     for name, t in [*module.named_parameters(), *module.named_buffers()]:
         if "rope" in name or t.data_ptr() in seen or t.data_ptr() in lookup_only:
             continue

@@ -12,15 +12,16 @@ Embedding and LM head: SmolLM2 ties them; one int8 table [V, dim] with one scale
 both the head's per-output-channel quantization and a per-row quantized embedding, so the tie (and its
 memory saving) survives. The head stays int8 under `int4` too: it is a fifth of the weights and the
 logits are what greedy decoding compares (llama.cpp's Q4 files keep the output tensor at higher precision
-for the same reason).
+for the same reason). Its product runs on a bfloat16 copy of that int8 table through oneDNN's packed GEMM, always
+`HEAD_ROWS` rows at a time (`blocked_head`): torch's int8 kernel read the 49152-row table at ~5 GB/s on this CPU.
 
 One kernel at every row count (the kernel choice of `models/kernel_choice.py` does not apply to these
 layers): each quantized kernel computes every row of a product independently, so row i of an M-row
 product is bitwise row i of a 1-row product. An AR step, a verification forward of any width and a
 batched forward of any composition therefore compute the same numbers for a row, and greedy speculation
-is token-identical to AR by construction, even though bfloat16 logits tie often. Dequantize + GEMM would
-rounds differently, and switching kernels by row count would make a row's output depend on its batch partners
-and verify width, so the quantized kernel runs every product of a decode step. A prompt's prefill is the one
+is token-identical to AR by construction, even though bfloat16 logits tie often (the blocked head gets the same
+property from products of one shape). Switching kernels by row count would make a row's output depend on its batch
+partners and verify width, so one kernel per layer runs every product of a decode step. A prompt's prefill is the one
 exception (`models/prompt.py`: no step recomputes it, and every method prefills alike): there products of
 `PROMPT_MIN_ROWS` rows or more dequantize to bfloat16 for one GEMM. The float32 weights are never kept.
 """
@@ -42,6 +43,9 @@ ACT_DTYPE = torch.bfloat16  # activations of a quantized target: the kernels' dt
 # products of at least this many rows (per mode) in a prompt prefill dequantize to bfloat16 for one GEMM (models/prompt.py):
 # `python scripts/quantized_prefill.py` times both kernels per row count (docs/logs/quantized-prefill.log)
 PROMPT_MIN_ROWS = {"int8": 24, "int4": 64}
+# rows of every product of the LM head's bfloat16 kernel (`blocked_head`): oneDNN's packed GEMM is fastest from 4 rows
+# here (`python scripts/int8_head_kernels.py`) and a product of one shape computes each row the same way
+HEAD_ROWS = 4
 INT8_MM = torch.ops.aten._weight_int8pack_mm  # x [M, in] bf16, q int8 [out, in], scales bf16 [out] -> [M, out] bf16
 INT4_MM = torch.ops.aten._weight_int4pack_mm_for_cpu  # x [M, in] bf16, packed, group, scales-and-zeros -> [M, out]
 
@@ -161,6 +165,8 @@ class QuantizedLinear(nn.Module):
 
     _kernel: tuple | None = None  # (op, weight operands, bias) of `kernel`; dropped when the
     # buffers are replaced (assignment, load_state_dict, .to()), remade at the next product
+    head_rows: int = 0  # > 0: an int8 LM head run by `blocked_head` in products of exactly this many rows (the builders
+    # set it; not saved: the stored buffers are the int8 table either way)
 
     def __init__(self, in_features: int, out_features: int, mode: str, group: int = 0, bias: bool = False) -> None:
         super().__init__()
@@ -233,7 +239,10 @@ class QuantizedLinear(nn.Module):
         """(kernel op, its weight operands, bias), made once per set of buffers: int8 (qweight, scales); int4 (packed
         int4 weight, group, scales-and-zeros [in/g, out, 2] bf16). The op computes each row of x [M, in] bf16 alone."""
         if self._kernel is None:
-            if self.mode == "int8":
+            if self.mode == "int8" and self.head_rows:
+                packed = torch.ops.mkldnn._reorder_linear_weight(self.dequantize().to(ACT_DTYPE), self.head_rows)
+                self._kernel = (blocked_head, (packed, self.head_rows), self.bias)
+            elif self.mode == "int8":
                 self._kernel = (INT8_MM, (self.qweight, self.scales), self.bias)
             else:
                 q = unpack_int4(self.qweight).to(torch.int32)  # [out, in], values 0..15
@@ -242,8 +251,14 @@ class QuantizedLinear(nn.Module):
                 self._kernel = (INT4_MM, (packed, self.group, sz), self.bias)
         return self._kernel
 
+    def streamed_bytes(self) -> int:
+        """Bytes one product reads: the packed bfloat16 copy for a blocked head, else the quantized buffers."""
+        if self.mode == "int8" and self.head_rows:
+            return self.out_features * self.in_features * 2
+        return sum(t.numel() * t.element_size() for t in self.buffers())
+
     def __setattr__(self, name: str, value) -> None:
-        if name in ("qweight", "scales", "zeros", "bias"):
+        if name in ("qweight", "scales", "zeros", "bias", "head_rows"):
             self.__dict__.pop("_kernel", None)
         super().__setattr__(name, value)
 
@@ -263,6 +278,27 @@ class QuantizedLinear(nn.Module):
     def extra_repr(self) -> str:
         g = f", group={self.group}" if self.group else ""
         return f"in_features={self.in_features}, out_features={self.out_features}, mode={self.mode}{g}"
+
+
+def blocked_head(x: torch.Tensor, packed: torch.Tensor, rows: int) -> torch.Tensor:
+    """x [M, in] bf16 -> [M, out] bf16 by oneDNN's packed GEMM in products of exactly `rows` rows (the last one
+    zero-padded): every row is computed by a product of one shape whatever M is, so a verify forward's logits are
+    bitwise an AR step's (the property the quantized kernels have row by row; a GEMM of M rows may switch code paths
+    with M). Used for the LM head, where this bf16 copy of the int8 table beats the int8 kernel from 1 row up."""
+    m = x.shape[0]
+    pad = -m % rows
+    if pad:
+        x = torch.cat([x, x.new_zeros(pad, x.shape[1])])  # [M + pad, in]
+    outs = [torch.ops.mkldnn._linear_pointwise(x[i : i + rows], packed, None, "none", [], "")
+            for i in range(0, m + pad, rows)]  # each [rows, out]
+    return (outs[0] if len(outs) == 1 else torch.cat(outs))[:m]
+
+
+def head_rows() -> int:
+    """`HEAD_ROWS` where torch has oneDNN's packed linear (x86 CPU builds), else 0 (the int8 kernel)."""
+    from specgen.models.packed_linear import available
+
+    return HEAD_ROWS if available() else 0
 
 
 _WORKSPACE: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
@@ -313,6 +349,7 @@ def quantize_transformer(model: nn.Module, mode: str, group: int = DEFAULT_GROUP
             emb = QuantizedEmbedding(head)
         else:
             emb = QuantizedEmbedding(QuantizedLinear.from_linear(_as_linear(model.tok_embeddings.weight), "int8"))
+        head.head_rows = head_rows()
         model.output, model.tok_embeddings = head, emb
     for p in model.parameters():  # norms and the condition embedding: the activation dtype
         p.data = p.data.to(ACT_DTYPE)
@@ -371,6 +408,7 @@ def build_quantized_transformer(quantize: str, group: int = 0, **kwargs) -> nn.M
                     setattr(parent, name, QuantizedLinear(lin.in_features, lin.out_features, quantize, group,
                                                           lin.bias is not None))
     model.output = QuantizedLinear(cfg.dim, cfg.vocab_size, "int8")
+    model.output.head_rows = head_rows()
     table = model.output if cfg.tie_embeddings else QuantizedLinear(cfg.dim, cfg.vocab_size, "int8")
     model.tok_embeddings = QuantizedEmbedding(table)
     for mod in model.modules():  # the norms (still on meta): real bf16 ones
@@ -386,10 +424,10 @@ def quantized_layers(module: nn.Module) -> list[QuantizedLinear]:
 
 
 def prepare_kernels(module: nn.Module) -> nn.Module:
-    """Make the int4 kernel copies of every int4 layer now (at load, not in the first timed forward), then hand the
+    """Make the kernel copies of every int4 layer and of a blocked head now (at load, not in the first timed forward), then hand the
     freed conversion buffers back to the OS: `_convert_weight_to_int4pack_for_cpu` takes int32 [out, in] (4 bytes
     a weight), and glibc keeps those freed buffers in the heap, ~190 MB of resident memory for SmolLM2."""
-    layers = [lin for lin in quantized_layers(module) if lin.mode == "int4"]
+    layers = [lin for lin in quantized_layers(module) if lin.mode == "int4" or lin.head_rows]
     for lin in layers:
         lin.kernel()
     if layers:

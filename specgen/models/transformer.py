@@ -137,6 +137,16 @@ class Attention(nn.Module):
         return self.wo(y.transpose(1, 2).reshape(b, s, self.q_dim))
 
 
+def additive_mask(mask: torch.Tensor) -> torch.Tensor:
+    """float32 0 / -inf [B, 1, S, T] of a bool mask (float32: a low-precision prompt prefill attends in float32,
+    models/prompt.py). On a GPU its rows are laid out 16-aligned (a view into a wider buffer): the memory-efficient
+    SDPA kernel otherwise pads an unaligned mask in every layer, ops that cost host time in a launch-bound step."""
+    t = mask.shape[-1]
+    width = -(-t // 16) * 16 if mask.device.type == "cuda" else t
+    out = torch.zeros(*mask.shape[:-1], width, dtype=torch.float32, device=mask.device)[..., :t]
+    return out.masked_fill_(~mask, float("-inf"))
+
+
 class CrossAttention(nn.Module):
     """Attention from the sequence to a fixed condition; keys/values are computed once per condition."""
 
@@ -325,8 +335,7 @@ class Transformer(nn.Module):
                 t = mask.shape[-1] if mask is not None else max(cache.lengths) + s  # (models/attention.py)
                 mask = plan(mask, h.shape[0], s, t, self.cfg.n_heads, self.cfg.n_kv_heads, self.cfg.hd, h.device)
             elif mask is not None:  # SDPA turns a bool mask into this (0 / -inf) in every layer; once per forward here
-                # (float32: a low-precision prompt prefill attends in float32, models/prompt.py)
-                mask = torch.zeros(mask.shape, dtype=torch.float32, device=h.device).masked_fill_(~mask, float("-inf"))
+                mask = additive_mask(mask)
             cross = cache.cross
         else:
             mask = None if tree_mask is None else tree_mask.view(-1, 1, s, s)

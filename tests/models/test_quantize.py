@@ -137,6 +137,31 @@ def test_every_row_of_a_product_is_bitwise_the_row_alone(mode, group):
             assert torch.equal(q(x[:m]), alone[:m]), m
 
 
+@pytest.mark.skipif(not quantize.head_rows(), reason="needs oneDNN's packed linear (x86 CPU builds of torch)")
+def test_a_blocked_head_computes_every_row_bitwise_as_alone_and_near_the_int8_kernel():
+    """The LM head's bf16 products run in blocks of HEAD_ROWS rows: a row's logits never depend on the product's
+    size (a verify forward equals an AR step), and they are the int8 table's logits to bf16 rounding."""
+    lin = torch.nn.Linear(64, 300, bias=False)
+    torch.nn.init.normal_(lin.weight, std=0.5)
+    head = QuantizedLinear.from_linear(lin, "int8")
+    x = torch.randn(70, 64)
+    with torch.inference_mode():
+        int8 = head(x)
+        head.head_rows = quantize.HEAD_ROWS
+        alone = torch.cat([head(x[i : i + 1]) for i in range(70)])
+        for m in (2, 3, 4, 5, 8, 17, 70):
+            assert torch.equal(head(x[:m]), alone[:m]), m
+    assert head.kernel()[0] is quantize.blocked_head
+    assert (alone - int8).abs().max() < 2**-6 * int8.abs().max()
+    assert head.streamed_bytes() == 300 * 64 * 2
+
+
+def test_quantized_models_run_their_head_blocked():
+    qm = quantize_transformer(tiny_model(3), "int4", 32)
+    assert qm.output.head_rows == quantize.head_rows()
+    assert build_quantized_transformer("int4", 32, **vars(tiny_model(3).cfg)).output.head_rows == quantize.head_rows()
+
+
 @pytest.mark.parametrize("mode,group", MODES)
 def test_quantized_model_equals_its_dequantized_float_model(mode, group):
     model = tiny_model(3)
