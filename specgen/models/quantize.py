@@ -40,8 +40,8 @@ DEFAULT_GROUP = 32
 REFINE_STEPS = 3  # least-squares refits of int4 scales and zeros (quantize_int4)
 VERSION = 3  # of the quantizers above; stored entries record it and are remade when it differs (3: int4 refits)
 ACT_DTYPE = torch.bfloat16  # activations of a quantized target: the kernels' dtype
-# products of at least this many rows (per mode) in a prompt prefill dequantize to bfloat16 for one GEMM (models/prompt.py):
-# `python scripts/quantized_prefill.py` times both kernels per row count (docs/logs/quantized-prefill.log)
+# products of at least this many rows (per mode) in a prompt prefill dequantize to bfloat16 for one GEMM
+# (models/prompt.py): `python scripts/quantized_prefill.py` times both kernels per row count
 PROMPT_MIN_ROWS = {"int8": 24, "int4": 64}
 # rows of every product of the LM head's bfloat16 kernel (`blocked_head`): oneDNN's packed GEMM is fastest from 4 rows
 # here (`python scripts/int8_head_kernels.py`) and a product of one shape computes each row the same way
@@ -165,8 +165,8 @@ class QuantizedLinear(nn.Module):
 
     _kernel: tuple | None = None  # (op, weight operands, bias) of `kernel`; dropped when the
     # buffers are replaced (assignment, load_state_dict, .to()), remade at the next product
-    head_rows: int = 0  # > 0: an int8 LM head run by `blocked_head` in products of exactly this many rows (the builders
-    # set it; not saved: the stored buffers are the int8 table either way)
+    head_rows: int = 0  # > 0: an int8 LM head run by `blocked_head` in products of exactly this many rows (set by
+    # the builders; not saved: the stored buffers are the int8 table either way)
 
     def __init__(self, in_features: int, out_features: int, mode: str, group: int = 0, bias: bool = False) -> None:
         super().__init__()
@@ -424,9 +424,10 @@ def quantized_layers(module: nn.Module) -> list[QuantizedLinear]:
 
 
 def prepare_kernels(module: nn.Module) -> nn.Module:
-    """Make the kernel copies of every int4 layer and of a blocked head now (at load, not in the first timed forward), then hand the
-    freed conversion buffers back to the OS: `_convert_weight_to_int4pack_for_cpu` takes int32 [out, in] (4 bytes
-    a weight), and glibc keeps those freed buffers in the heap, ~190 MB of resident memory for SmolLM2."""
+    """Make the kernel copies of every int4 layer and of a blocked head now (at load, not in the first timed
+    forward), then hand the freed conversion buffers back to the OS: `_convert_weight_to_int4pack_for_cpu` takes
+    int32 [out, in] (4 bytes a weight), and glibc keeps those freed buffers in the heap, ~190 MB of resident memory
+    for SmolLM2."""
     layers = [lin for lin in quantized_layers(module) if lin.mode == "int4" or lin.head_rows]
     for lin in layers:
         lin.kernel()
