@@ -240,7 +240,7 @@ class QuantizedLinear(nn.Module):
         int4 weight, group, scales-and-zeros [in/g, out, 2] bf16). The op computes each row of x [M, in] bf16 alone."""
         if self._kernel is None:
             if self.mode == "int8" and self.head_rows:
-                packed = torch.ops.mkldnn._reorder_linear_weight(self.dequantize().to(ACT_DTYPE), self.head_rows)
+                packed = torch.ops.mkldnn._reorder_linear_weight(self.bf16_weight(), self.head_rows)
                 self._kernel = (blocked_head, (packed, self.head_rows), self.bias)
             elif self.mode == "int8":
                 self._kernel = (INT8_MM, (self.qweight, self.scales), self.bias)
@@ -250,6 +250,16 @@ class QuantizedLinear(nn.Module):
                 sz = torch.stack([self.scales, self.zeros], -1).transpose(0, 1).contiguous()
                 self._kernel = (INT4_MM, (packed, self.group, sz), self.bias)
         return self._kernel
+
+    def bf16_weight(self, chunk: int = 4096) -> torch.Tensor:
+        """`dequantize()` rounded to bfloat16, made `chunk` output rows at a time: the float32 copy of a 49152-row
+        head alone is 113 MB, which would set the process's peak memory."""
+        out = torch.empty(self.out_features, self.in_features, dtype=ACT_DTYPE)
+        for i in range(0, self.out_features, chunk):
+            rows = slice(i, i + chunk)
+            out[rows] = dequantize_int8(self.qweight[rows], self.scales[rows]) if self.mode == "int8" else \
+                dequantize_int4(self.qweight[rows], self.scales[rows], self.zeros[rows])
+        return out
 
     def streamed_bytes(self) -> int:
         """Bytes one product reads: the packed bfloat16 copy for a blocked head, else the quantized buffers."""
@@ -428,10 +438,15 @@ def prepare_kernels(module: nn.Module) -> nn.Module:
     forward), then hand the freed conversion buffers back to the OS: `_convert_weight_to_int4pack_for_cpu` takes
     int32 [out, in] (4 bytes a weight), and glibc keeps those freed buffers in the heap, ~190 MB of resident memory
     for SmolLM2."""
-    layers = [lin for lin in quantized_layers(module) if lin.mode == "int4" or lin.head_rows]
-    for lin in layers:
+    int4 = [lin for lin in quantized_layers(module) if lin.mode == "int4"]
+    for lin in int4:
         lin.kernel()
-    if layers:
+    if int4:
+        _trim_heap()
+    heads = [lin for lin in quantized_layers(module) if lin.head_rows]  # after the trim: its copies would otherwise
+    for lin in heads:  # add to the int4 conversion buffers glibc still held (peak RSS +300 MB instead of +60)
+        lin.kernel()
+    if heads:
         _trim_heap()
     return module
 
