@@ -21,9 +21,8 @@ import torch
 from specgen.decoding.cost import cost_of
 from specgen.decoding.sampling import SamplingParams
 from specgen.eval import humaneval
-from specgen.methods import ngram_cache
+from specgen.methods import ngram_cache, run_batch
 from specgen.methods.text import EmptyDrafter, lookup
-from specgen.methods import run_batch
 from specgen.text.target import load_text_model
 
 
