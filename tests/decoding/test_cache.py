@@ -70,3 +70,19 @@ def test_rollback_and_per_row_lengths():
         torch.testing.assert_close(logits[row, 0], ref[0, -1], atol=1e-5, rtol=1e-5)
     cache.rollback(0, 2)
     assert cache.lengths == [2, 2]
+
+
+def test_one_node_mask_over_ragged_rows_is_the_tree_masks_one_node_case():
+    """A batched AR step over rows of different lengths takes a 3-op mask; it must be what the general pending-node
+    mask gives for a one-node tree (a two-node chain's first row), with hidden key slots still hidden."""
+    cache = tiny_model(0).new_cache(3, 16)
+    cache.lengths = [5, 2, 9]
+    one = cache.prefix_mask(1, None)  # [B, 1, 1, T]
+    two = cache.prefix_mask(2, None)  # [B, 1, 2, T + 1]: node 0 of a chain sees exactly what a lone node sees
+    assert one.shape == (3, 1, 1, 10)
+    assert torch.equal(one[:, :, 0], two[:, :, 0, :10])
+    assert torch.equal(one[:, 0, 0].sum(-1), torch.tensor([6, 3, 10]))
+    cache.key_mask = torch.ones(3, 16, dtype=torch.bool)
+    cache.key_mask[:, 1] = False  # a hidden condition slot (t2i padding)
+    hidden = cache.prefix_mask(1, None)
+    assert not hidden[:, 0, 0, 1].any() and torch.equal(hidden[:, 0, 0, 2:], one[:, 0, 0, 2:])
