@@ -87,9 +87,12 @@ def judge(draft: Draft, logits: torch.Tensor, params: SamplingParams, generator)
     if params.greedy:
         return accept_greedy(draft, logits.argmax(-1).tolist())
     host = generator.device if generator is not None else torch.device("cpu")
-    if draft.probs is not None and draft.probs.device != host:
-        draft = replace(draft, probs=draft.probs.to(host))
-    return accept_rejection(draft, logits_to_probs(logits, params).to(host), generator)
+    return accept_rejection(probs_on(draft, host), logits_to_probs(logits, params).to(host), generator)
+
+
+def probs_on(draft: Draft, host: torch.device) -> Draft:
+    """`draft` with its q (if any) on the device the rejection rule reads it from."""
+    return draft if draft.probs is None or draft.probs.device == host else replace(draft, probs=draft.probs.to(host))
 
 
 def judge_batch(drafts: Sequence[Draft], logits: torch.Tensor, sizes: Sequence[int], params: SamplingParams,
@@ -106,8 +109,8 @@ def judge_batch(drafts: Sequence[Draft], logits: torch.Tensor, sizes: Sequence[i
         return [judge(d, logits[i, : sizes[i]], params, g) for i, (d, g) in enumerate(zip(drafts, generators))]
     host = hosts.pop()
     probs = logits_to_probs(logits, params).to(host)  # [n, S, V]
-    return [accept_rejection(d if d.probs is None or d.probs.device == host else replace(d, probs=d.probs.to(host)),
-                             probs[i, : sizes[i]], g) for i, (d, g) in enumerate(zip(drafts, generators))]
+    return [accept_rejection(probs_on(d, host), probs[i, : sizes[i]], g)
+            for i, (d, g) in enumerate(zip(drafts, generators))]
 
 
 def decode(

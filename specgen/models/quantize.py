@@ -228,9 +228,7 @@ class QuantizedLinear(nn.Module):
         if self.mode == "int8":
             w32.copy_(self.qweight).mul_(self.scales.float()[:, None])
         else:
-            pairs = w32.view(self.out_features, -1, 2)  # [out, in/2, 2]: low nibble = even column
-            pairs[..., 0].copy_(self.qweight & 15)
-            pairs[..., 1].copy_(self.qweight >> 4)
+            w32.copy_(unpack_int4(self.qweight))  # [out, in] nibble values
             s, z = self.scales.float()[..., None], self.zeros.float()[..., None]  # [out, in/g, 1]
             w32.view(self.out_features, -1, self.group).mul_(s).add_(z - 8 * s)  # (q - 8) * s + z
         return w16.copy_(w32)
