@@ -10,6 +10,7 @@ docs/results/precision.md (the static n-gram cache section).
 
 from __future__ import annotations
 
+import argparse
 import collections
 import time
 
@@ -34,7 +35,10 @@ class CountOps(TorchDispatchMode):
 
 
 def main() -> None:
-    torch.set_num_threads(1)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=1)
+    threads = ap.parse_args().threads
+    torch.set_num_threads(threads)
     tm = load_text_model("smollm2-135m", "cpu", quantize="int4")
     model = tm.target.model
     prompt = torch.tensor([tm.tokenizer.encode("def fib(n):\n    '''Return the n-th Fibonacci number.'''\n" * 6)])
@@ -59,7 +63,7 @@ def main() -> None:
         model(tok, pos, cache)
     print(f"prompt {prompt.shape[1]} tokens; one AR forward runs {sum(counted.ops.values())} aten ops "
           f"({counted.ops['_weight_int4pack_mm_for_cpu']} int4 products, {model.cfg.n_layers} layers); "
-          "ms per forward, best of 3 x 100, 1 thread")
+          f"ms per forward, best of 3 x 100, {threads} thread(s)")
     whole = forward_ms()
     print(f"whole forward                          {whole:6.2f}")
     zeros: dict = {}
@@ -79,7 +83,7 @@ def main() -> None:
     no_attn = forward_ms()
     print(f"  + attention block stubbed            {no_attn:6.2f}   (qkv split, RoPE, KV write, wo glue "
           f"{no_core - no_attn:5.2f})")
-    T.FeedForward.forward = lambda self, x: x
+    Q.QuantizedFeedForward.forward = lambda self, x: x
     floor = forward_ms()
     print(f"  + feed-forward stubbed               {floor:6.2f}   (feed-forward glue {no_attn - floor:5.2f}; what is "
           "left: norms, residuals, embedding, RoPE table, plan)")

@@ -9,10 +9,11 @@ verifying forward computes exactly what AR computes, so low-precision targets us
 
 How the order is fixed: keys are cut into chunks of `CHUNK` slots aligned at slot 0 (the cache slot index, so a
 key lands in the same chunk in every forward); per chunk, q.k^T and p.v are float32 GEMMs with the same inner size
-(D, resp. CHUNK) for every forward, the softmax max is exact, and chunk sums are added in slot order by `cumsum`
-(a sequential scan). Slots a query cannot see get p = 0 exactly, so chunks past its keys add exact zeros. Queries
-are padded to `MIN_ROWS` GEMM rows: MKL computes products of fewer rows on another path. Each GEMM row is one
-query (row-independent products), so padding rows and other queries never touch a query's numbers.
+(D, resp. CHUNK) for every forward, the softmax max is exact, the softmax sums come out of the p.v GEMM (a column
+of ones beside the values), and chunk results are added in slot order by `cumsum` (a sequential scan). Slots a
+query cannot see get p = 0 exactly, so chunks past its keys add exact zeros. Queries are padded to `MIN_ROWS` GEMM
+rows: MKL computes products of fewer rows on another path. Each GEMM row is one query (row-independent products),
+so padding rows and other queries never touch a query's numbers.
 
 Trees: a slot order is the same as AR's only if a query's keys sit where AR puts them (the prefix, then its
 ancestors at consecutive slots). In a draft tree a side branch's ancestors sit at other slots, with siblings between
@@ -36,26 +37,27 @@ MIN_ROWS = 4  # GEMM rows below which MKL's float32 products take another code p
 class AttentionPlan:
     """What every layer of one forward shares: the additive mask and float32 staging buffers (zero-padded past
     the real keys and query rows; each layer overwrites only the real part, so the padding stays finite), with the
-    views each layer reads made once here (a layer's attention is ~30 small ops; a view made per layer is one more)."""
+    views each layer reads made once here (a layer's attention is ~20 small ops; a view made per layer is one more)."""
 
-    bias: torch.Tensor  # [B, 1, R, N*CHUNK] 0 visible / -inf hidden; R = max(G*S, MIN_ROWS), rows ordered (g, s)
-    q: torch.Tensor  # [B, Hkv, R, D]
+    bias: torch.Tensor  # [B, 1, N, R, CHUNK] 0 visible / -inf hidden; R = max(G*S, MIN_ROWS), rows ordered (g, s)
+    q: torch.Tensor  # [B, Hkv, N, R, D]: the query rows once per key chunk (one GEMM per chunk, scores in chunk layout)
     k: torch.Tensor  # [B, Hkv, N*CHUNK, D]
-    v: torch.Tensor  # [B, Hkv, N*CHUNK, D]
+    v: torch.Tensor  # [B, Hkv, N*CHUNK, D + 1]: the values and a column of ones (the softmax sums, by the same GEMM)
     rows: int  # G*S
     order: torch.Tensor | None = None  # [B, S, T] trees: each query's visible slots first, ascending (else None)
     tree_bias: torch.Tensor | None = None  # [B, 1, S, N, RG, CHUNK] the compacted visibility, RG = max(G, MIN_ROWS)
     shared_chunks: int = 0  # trees: leading chunks in AR's layout for every query (the committed prefix)
     score_cols: torch.Tensor | None = None  # [B, S, N*CHUNK] trees: cache slot of each AR-layout column (pad: 0)
     value_rows: torch.Tensor | None = None  # [B*S*(T - lo)] trees: flat (batch, slot) rows of the values past lo
+    out: torch.Tensor | None = None  # [B, S, H, D] in the queries' dtype: every layer's result (made by the first)
 
     def __post_init__(self) -> None:
-        b, hkv, r, d = self.q.shape
-        t = self.k.shape[2]
-        self.q_real = self.q[:, :, : self.rows]  # [B, Hkv, G*S, D]: written by each layer
-        self.q3 = self.q.view(b * hkv, r, d)
-        self.kt3 = self.k.view(b * hkv, t, d).transpose(1, 2)  # [B*Hkv, D, N*CHUNK]
-        self.v3 = self.v.view(b * hkv * (t // CHUNK), CHUNK, d)  # [B*Hkv*N, CHUNK, D]
+        b, hkv, n, r, d = self.q.shape
+        self.q_real = self.q[:, :, :, : self.rows]  # [B, Hkv, N, G*S, D]: written by each layer
+        self.q3 = self.q.view(b * hkv * n, r, d)
+        self.kt3 = self.k.view(b * hkv * n, CHUNK, d).transpose(1, 2)  # [B*Hkv*N, D, CHUNK]
+        self.v3 = self.v.view(b * hkv * n, CHUNK, d + 1)  # [B*Hkv*N, CHUNK, D + 1]
+        self.v_real = self.v[..., :d]  # [B, Hkv, N*CHUNK, D]: written by each layer
 
 
 def plan(
@@ -70,11 +72,14 @@ def plan(
     vis = F.pad(mask, (0, n * CHUNK - t), value=False)  # [B, 1, S, N*C]
     vis = vis.unsqueeze(2).expand(-1, 1, group, s, n * CHUNK).reshape(-1, 1, rows, n * CHUNK)  # rows (g, s)
     vis = F.pad(vis, (0, 0, 0, max(0, MIN_ROWS - rows)), value=True)  # padding rows: finite, then dropped
+    r = vis.shape[2]
+    vis = vis.view(-1, 1, r, n, CHUNK).transpose(2, 3)  # [B, 1, N, R, C]: the scores' chunk layout
     bias = torch.zeros(vis.shape, dtype=torch.float32, device=device).masked_fill_(~vis, float("-inf"))
     f32 = dict(dtype=torch.float32, device=device)
-    out = AttentionPlan(bias, torch.zeros(b, kv_heads, vis.shape[2], head_dim, **f32),
-                        torch.zeros(b, kv_heads, n * CHUNK, head_dim, **f32),
-                        torch.zeros(b, kv_heads, n * CHUNK, head_dim, **f32), rows)
+    v = torch.zeros(b, kv_heads, n * CHUNK, head_dim + 1, **f32)
+    v[..., head_dim] = 1
+    out = AttentionPlan(bias, torch.zeros(b, kv_heads, n, r, head_dim, **f32),
+                        torch.zeros(b, kv_heads, n * CHUNK, head_dim, **f32), v, rows)
     seen = mask[:, 0]  # [B, S, T]
     count = seen.sum(-1, keepdim=True)  # [B, S, 1]
     compact = torch.arange(t, device=seen.device) < count  # [B, S, T]: visible slots [0, count) as in AR
@@ -85,7 +90,8 @@ def plan(
         out.shared_chunks = first // CHUNK  # leading chunks every query sees exactly where the cache has them
         out.score_cols = F.pad(out.order, (0, n * CHUNK - t))  # padding columns: slot 0, hidden by the bias (-inf)
         lo = out.shared_chunks * CHUNK
-        out.value_rows = (out.order[:, :, lo:] + torch.arange(b, device=seen.device)[:, None, None] * t).reshape(-1)
+        batch_rows = torch.arange(b, device=seen.device)[:, None, None] * (n * CHUNK)  # rows of p.v's (b, slot) view
+        out.value_rows = (out.order[:, :, lo:] + batch_rows).reshape(-1)
         rg = max(group, MIN_ROWS)
         tvis = F.pad(compact, (0, n * CHUNK - t), value=False).view(b, 1, s, n, 1, CHUNK)
         tvis = tvis.expand(b, 1, s, n, group, CHUNK)
@@ -102,26 +108,33 @@ def invariant_attention(
 ) -> torch.Tensor:
     """Softmax attention [B, H, S, D] in float32 (returned in q's dtype), GQA when Hkv < H.
 
-    Scores: one GEMM per (batch, kv head) over all N*CHUNK slots (a score is one dot product over D, the same in
-    any GEMM width: tests/models/test_attention.py). Values: one GEMM per chunk (inner size CHUNK in every
-    forward), chunk results added in slot order."""
+    Scores: one GEMM per (batch, kv head, chunk) (a score is one dot product over D, the same in any GEMM:
+    tests/models/test_attention.py). Values and softmax sums: one GEMM per chunk against [v | 1] (inner size CHUNK
+    in every forward), chunk results added in slot order. The result is written into `p.out` and returned as a
+    [B, H, S, D] view of it (valid until the next layer's attention)."""
     if p.order is not None:
         return tree_attention(q, k, v, p)
     b, h, s, d = q.shape
     hkv, t = k.shape[1], k.shape[2]
-    r, nc, rows = p.q.shape[2], p.k.shape[2], p.rows
-    n = nc // CHUNK
-    p.q_real.copy_(q.reshape(b, hkv, rows, d))  # rows ordered (g, s); padding rows stay 0
+    n, r, rows, g = p.q.shape[2], p.q.shape[3], p.rows, h // hkv
+    # 1. stage q (rows ordered (g, s), once per chunk), k and v in float32; padding rows and slots stay 0
+    p.q_real.copy_(q.reshape(b, hkv, 1, rows, d))
     p.k.narrow(2, 0, t).copy_(k)
-    p.v.narrow(2, 0, t).copy_(v)
-    scores = torch.bmm(p.q3, p.kt3).view(b, hkv, r, nc).mul_(d**-0.5).add_(p.bias)  # [B, Hkv, R, N*C]
-    top = scores.amax(-1, keepdim=True).clamp_(min=-1e30)  # [B, Hkv, R, 1]; exact (a max)
-    w = scores.sub_(top).exp_().view(b * hkv, r, n, CHUNK)  # hidden slots: exactly 0
-    denom = w.sum(-1).cumsum(-1)[:, :rows, -1]  # [B*Hkv, G*S]: chunk sums added in slot order
-    per_chunk = torch.bmm(w.transpose(1, 2).reshape(b * hkv * n, r, CHUNK), p.v3)  # [B*Hkv*N, R, D]
-    out = per_chunk.view(b * hkv, n, r, d).cumsum(1)[:, -1, :rows]  # [B*Hkv, G*S, D]
-    out = out / denom.clamp_(min=torch.finfo(torch.float32).tiny).unsqueeze(-1)  # a query seeing nothing: 0
-    return out.view(b, h, s, d).to(q.dtype)
+    p.v_real.narrow(2, 0, t).copy_(v)
+    # 2. scaled, masked scores in chunk layout; the row max over every chunk (exact: a max)
+    scores = torch.add(p.bias, torch.bmm(p.q3, p.kt3).view(b, hkv, n, r, CHUNK), alpha=d**-0.5)  # [B, Hkv, N, R, C]
+    top = scores.amax((2, 4), keepdim=True).clamp_(min=-1e30)  # [B, Hkv, 1, R, 1]
+    w = scores.sub_(top).exp_().view(b * hkv * n, r, CHUNK)  # hidden slots: exactly 0
+    # 3. per chunk [p.v | p.1] -> [numerator | softmax sum]; chunks added in slot order (a sequential scan)
+    acc = torch.bmm(w, p.v3).view(b * hkv, n, r, d + 1)
+    total = acc[:, 0] if n == 1 else acc.cumsum(1)[:, -1]  # [B*Hkv, R, D + 1]
+    num = total[:, :rows, :d].view(b, hkv, g, s, d)
+    den = total[:, :rows, d:].clamp_(min=torch.finfo(torch.float32).tiny).view(b, hkv, g, s, 1)  # sees nothing: 0
+    # 4. divide into the [B, S, H, D] result (rounded once to q's dtype), the layout the output projection reads
+    if p.out is None or p.out.dtype != q.dtype:
+        p.out = torch.empty(b, s, h, d, dtype=q.dtype, device=q.device)
+    torch.div(num, den, out=p.out.view(b, s, hkv, g, d).permute(0, 2, 3, 1, 4))
+    return p.out.transpose(1, 2)
 
 
 def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: AttentionPlan) -> torch.Tensor:
@@ -130,40 +143,38 @@ def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Attenti
 
     Scores: a score is one dot product over D, the same wherever its key sits in a GEMM, so all queries' rows are
     scored against the cache's own chunks in one GEMM per chunk (products are row-independent above MIN_ROWS rows),
-    and each query's columns are then reordered into its AR layout. Values: p.v sums over a chunk, so its order must
-    be AR's; the leading `p.shared_chunks` chunks (the committed prefix) are where the cache has them for every
+    and each query's columns are then reordered into its AR layout. Values: [v | 1] sums over a chunk, so its order
+    must be AR's; the leading `p.shared_chunks` chunks (the committed prefix) are where the cache has them for every
     query and are used in place, and only the chunks from the first tree slot on are copied per query."""
     b, h, s, d = q.shape
     hkv, t = k.shape[1], k.shape[2]
     group, n, rg = h // hkv, p.tree_bias.shape[3], p.tree_bias.shape[4]
     c0 = p.shared_chunks
     lo = c0 * CHUNK  # slots [0, lo): shared; [lo, t): per query
+    p.k.narrow(2, 0, t).copy_(k)  # the cache's own layout, padded to whole chunks
+    p.v_real.narrow(2, 0, t).copy_(v)
     qq = torch.zeros(b, hkv, s, rg, d, dtype=torch.float32, device=q.device)
     qq[:, :, :, :group] = q.float().view(b, hkv, group, s, d).transpose(2, 3)  # rows: the query's G heads
     q_rows = qq.view(b, hkv, 1, s * rg, d)  # every query's rows in one GEMM per chunk (row-independent products)
-    kc = torch.zeros(b, hkv, n * CHUNK, d, dtype=torch.float32, device=q.device)
-    kc[:, :, :t] = k  # the cache's own layout, padded to whole chunks
-    raw = torch.matmul(q_rows, kc.view(b, hkv, n, CHUNK, d).transpose(-1, -2))  # [B, Hkv, N, S*RG, C]
+    raw = torch.matmul(q_rows, p.k.view(b, hkv, n, CHUNK, d).transpose(-1, -2))  # [B, Hkv, N, S*RG, C]
     raw = raw.view(b, hkv, n, s, rg, CHUNK).permute(0, 1, 3, 4, 2, 5).reshape(b, hkv, s, rg, n * CHUNK)
     # a score is one dot product, wherever its key sits in a GEMM: reorder each query's columns into AR's layout
     scores = raw.gather(4, p.score_cols[:, None, :, None, :].expand(b, hkv, s, rg, n * CHUNK))
     scores = scores.view(b, hkv, s, rg, n, CHUNK).transpose(3, 4)  # [B, Hkv, S, N, RG, C]
-    # each query's values from lo on, in its AR order (p.v sums over a chunk: its order must be AR's): whole
-    # [Hkv, D] rows picked from the cache by slot
-    vq = torch.empty(b, hkv, s, (n - c0) * CHUNK, d, dtype=torch.float32, device=q.device)
-    picked = v.transpose(1, 2).reshape(b * t, hkv, d).index_select(0, p.value_rows)  # [B*S*(T-lo), Hkv, D]
-    vq[:, :, :, : t - lo] = picked.view(b, s, t - lo, hkv, d).permute(0, 3, 1, 2, 4)  # cast to float32 here
+    # each query's [v | 1] from lo on, in its AR order: whole [Hkv, D + 1] rows picked from p.v by (batch, slot)
+    e = d + 1
+    vq = torch.empty(b, hkv, s, (n - c0) * CHUNK, e, dtype=torch.float32, device=q.device)
+    picked = p.v.transpose(1, 2).reshape(b * n * CHUNK, hkv, e).index_select(0, p.value_rows)  # [B*S*(T-lo), Hkv, E]
+    vq[:, :, :, : t - lo] = picked.view(b, s, t - lo, hkv, e).permute(0, 3, 1, 2, 4)
     vq[:, :, :, t - lo :] = 0  # padding past the keys: finite, and hidden (p = 0 exactly)
-    scores = scores.mul_(d**-0.5).add_(p.tree_bias.squeeze(1).unsqueeze(1))  # [B, Hkv, S, N, RG, C]
+    scores = torch.add(p.tree_bias.squeeze(1).unsqueeze(1), scores, alpha=d**-0.5)  # [B, Hkv, S, N, RG, C]
     top = scores.amax(dim=(3, 5), keepdim=True).clamp_(min=-1e30)  # [B, Hkv, S, 1, RG, 1]
     w = torch.exp_(scores.sub_(top))
-    denom = w.sum(-1).cumsum(3)[:, :, :, -1, :group]  # [B, Hkv, S, G]
-    out = torch.matmul(w[:, :, :, c0:], vq.view(b, hkv, s, n - c0, CHUNK, d))  # [B, Hkv, S, N - c0, RG, D]
+    acc = torch.matmul(w[:, :, :, c0:], vq.view(b, hkv, s, n - c0, CHUNK, e))  # [B, Hkv, S, N - c0, RG, E]
     if c0:
         ws = w[:, :, :, :c0].permute(0, 1, 3, 2, 4, 5).reshape(b, hkv, c0, s * rg, CHUNK)
-        vs = v[:, :, :lo].float()  # [B, Hkv, lo, D]: the shared chunks, where the cache has them
-        head = torch.matmul(ws, vs.view(b, hkv, c0, CHUNK, d))  # [B, Hkv, c0, S*RG, D]
-        out = torch.cat([head.view(b, hkv, c0, s, rg, d).permute(0, 1, 3, 2, 4, 5), out], 3)
-    out = out.cumsum(3)[:, :, :, -1, :group]  # [B, Hkv, S, G, D]
-    out = out / denom.clamp_(min=torch.finfo(torch.float32).tiny).unsqueeze(-1)
+        head = torch.matmul(ws, p.v[:, :, :lo].view(b, hkv, c0, CHUNK, e))  # [B, Hkv, c0, S*RG, E]: in place
+        acc = torch.cat([head.view(b, hkv, c0, s, rg, e).permute(0, 1, 3, 2, 4, 5), acc], 3)
+    total = acc.cumsum(3)[:, :, :, -1, :group]  # [B, Hkv, S, G, E]
+    out = total[..., :d] / total[..., d:].clamp_(min=torch.finfo(torch.float32).tiny)
     return out.transpose(2, 3).reshape(b, h, s, d).to(q.dtype)

@@ -38,7 +38,7 @@ MODES = ("int8", "int4")
 GROUPS = (32, 64, 128, 256)  # int4 group sizes the CPU kernel accepts
 DEFAULT_GROUP = 32
 REFINE_STEPS = 3  # least-squares refits of int4 scales and zeros (quantize_int4)
-VERSION = 3  # of the quantizers above; stored entries record it and are remade when it differs (3: int4 refits)
+VERSION = 4  # of the quantized layout; stored entries record it and are remade when it differs (3: int4 refits; 4: w13)
 ACT_DTYPE = torch.bfloat16  # activations of a quantized target: the kernels' dtype
 # products of at least this many rows (per mode) in a prompt prefill dequantize to bfloat16 for one GEMM
 # (models/prompt.py): `python scripts/quantized_prefill.py` times both kernels per row count
@@ -319,6 +319,29 @@ def workspace(out: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return _WORKSPACE[(out, k)]
 
 
+class QuantizedFeedForward(nn.Module):
+    """SwiGLU w2(silu(w1 x) * w3 x) with the gate and up projections stored as one quantized layer `w13` = [w1; w3]:
+    one kernel call per layer instead of two (a decode step of a small model is dominated by per-call costs). Bitwise
+    the unfused form: quantization and the kernels treat every output row alone, so each half of the fused product
+    is exactly w1 x and w3 x (tests/models/test_quantize.py)."""
+
+    def __init__(self, w13: QuantizedLinear, w2: QuantizedLinear) -> None:
+        super().__init__()
+        self.w13, self.w2 = w13, w2
+        self.hidden = w2.in_features
+
+    @classmethod
+    @torch.no_grad()
+    def from_float(cls, ffn: nn.Module, mode: str, group: int = 0) -> QuantizedFeedForward:
+        """Quantize a FeedForward (w1, w3, w2 nn.Linear without biases); its float weights are not kept."""
+        gate_up = _as_linear(torch.cat([ffn.w1.weight, ffn.w3.weight]))  # [2 * hidden, dim]
+        return cls(QuantizedLinear.from_linear(gate_up, mode, group), QuantizedLinear.from_linear(ffn.w2, mode, group))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., dim] -> [..., dim]
+        gate, up = self.w13(x).split(self.hidden, -1)  # [..., hidden] each
+        return self.w2(F.silu(gate) * up)
+
+
 class QuantizedEmbedding(nn.Module):
     """Embedding rows from an int8 table with one scale per row; shares the given head's buffers (the same
     tensors under two names: tied, as the float model ties `tok_embeddings.weight` and `output.weight`)."""
@@ -352,6 +375,7 @@ def quantize_transformer(model: nn.Module, mode: str, group: int = DEFAULT_GROUP
                 for name, lin in list(parent.named_children()):
                     if isinstance(lin, nn.Linear):
                         setattr(parent, name, QuantizedLinear.from_linear(lin, mode, group))
+            blk.feed_forward = QuantizedFeedForward.from_float(blk.feed_forward, mode, group)
         head = QuantizedLinear.from_linear(model.output, "int8")
         if model.cfg.tie_embeddings:
             emb = QuantizedEmbedding(head)
@@ -368,8 +392,9 @@ def quantize_transformer(model: nn.Module, mode: str, group: int = DEFAULT_GROUP
 
 
 def block_parents(blk: nn.Module) -> tuple[nn.Module, ...]:
-    """The modules of a decoder block whose Linear children are quantized (cross-attention too: the mesh GPT)."""
-    return (blk.attention, blk.feed_forward) + ((blk.cross_attention,) if hasattr(blk, "cross_attention") else ())
+    """The modules of a decoder block whose Linear children are quantized one by one (cross-attention too: the mesh
+    GPT); the feed-forward becomes a `QuantizedFeedForward`."""
+    return (blk.attention,) + ((blk.cross_attention,) if hasattr(blk, "cross_attention") else ())
 
 
 def quantize_model(model: nn.Module, mode: str, group: int = DEFAULT_GROUP) -> nn.Module:
@@ -415,6 +440,8 @@ def build_quantized_transformer(quantize: str, group: int = 0, **kwargs) -> nn.M
                 if isinstance(lin, nn.Linear):
                     setattr(parent, name, QuantizedLinear(lin.in_features, lin.out_features, quantize, group,
                                                           lin.bias is not None))
+        blk.feed_forward = QuantizedFeedForward(QuantizedLinear(cfg.dim, 2 * cfg.ffn_dim, quantize, group),
+                                                QuantizedLinear(cfg.ffn_dim, cfg.dim, quantize, group))
     model.output = QuantizedLinear(cfg.dim, cfg.vocab_size, "int8")
     model.output.head_rows = head_rows()
     table = model.output if cfg.tie_embeddings else QuantizedLinear(cfg.dim, cfg.vocab_size, "int8")

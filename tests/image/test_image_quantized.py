@@ -46,7 +46,7 @@ def test_load_image_model_quantized_and_greedy_adt_tree_equals_ar():
     from specgen.image.generate import ImageGenConfig, generate_images, load_image_model
 
     im = load_image_model("tiny-image-gpt", dtype="int8")
-    assert isinstance(im.model.layers[0].feed_forward.w1, QuantizedLinear)
+    assert isinstance(im.model.layers[0].feed_forward.w13, QuantizedLinear)
     assert next(im.drafter_net.parameters()).dtype == BF16 and next(im.vq.parameters()).dtype == torch.float32
     base = dict(num=2, temperature=0.0, seed=0)
     ar, px = generate_images(im, ImageGenConfig(method="ar", **base))

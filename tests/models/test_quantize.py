@@ -16,6 +16,7 @@ from specgen.methods import METHODS, run_batch
 from specgen.models import quantize
 from specgen.models.quantize import (
     QuantizedEmbedding,
+    QuantizedFeedForward,
     QuantizedLinear,
     build_quantized_transformer,
     dequantize_int4,
@@ -156,6 +157,19 @@ def test_a_blocked_head_computes_every_row_bitwise_as_alone_and_near_the_int8_ke
     assert head.streamed_bytes() == 300 * 64 * 2
 
 
+@pytest.mark.parametrize("mode,group", MODES)
+def test_the_fused_gate_up_product_is_bitwise_two_separate_ones(mode, group):
+    """A quantized feed-forward stores w1 and w3 as one layer w13: the same numbers as quantizing and running them
+    one by one (every output row is quantized and computed alone), one kernel call fewer per layer."""
+    ffn = tiny_model(4).layers[0].feed_forward
+    fused = QuantizedFeedForward.from_float(ffn, mode, group)
+    w1, w3, w2 = (QuantizedLinear.from_linear(lin, mode, group) for lin in (ffn.w1, ffn.w3, ffn.w2))
+    assert torch.equal(fused.w13.qweight, torch.cat([w1.qweight, w3.qweight]))
+    x = torch.randn(2, 7, ffn.w1.in_features).bfloat16()
+    with torch.inference_mode():
+        assert torch.equal(fused(x), w2(F.silu(w1(x)) * w3(x)))
+
+
 def test_quantized_models_run_their_head_blocked():
     qm = quantize_transformer(tiny_model(3), "int4", 32)
     assert qm.output.head_rows == quantize.head_rows()
@@ -169,7 +183,11 @@ def test_quantized_model_equals_its_dequantized_float_model(mode, group):
     ref = copy.deepcopy(model)
     with torch.no_grad():  # the float model with exactly the weights the kernels use
         for name, mod in qm.named_modules():
-            if isinstance(mod, QuantizedLinear):
+            if isinstance(mod, QuantizedLinear) and name.endswith(".w13"):  # the fused gate and up projections
+                gate, up = mod.dequantize().chunk(2)
+                ref.get_submodule(name[:-2] + "1").weight.copy_(gate)
+                ref.get_submodule(name[:-2] + "3").weight.copy_(up)
+            elif isinstance(mod, QuantizedLinear):
                 ref.get_submodule(name).weight.copy_(mod.dequantize())
         ref.tok_embeddings.weight.copy_(qm.output.dequantize())
     ids = torch.randint(0, 64, (2, 9))
