@@ -1,10 +1,10 @@
-"""How much of an int4 SmolLM2-135M decode step is kernels and how much is everything else (1 thread)?
+"""How much of an int4 SmolLM2-135M decode step is kernels and how much is everything else (`--threads N`, default 1)?
 
 One AR forward (1 new token over a 138-token cached prompt) is timed whole, then again with parts replaced by stubs
 that return a tensor of the right shape at once: first the quantized products (int4 layers and the int8 LM head),
 then also the attention core (`invariant_attention`), the whole attention block, and the feed-forward. The
 differences split the step; the profiler would inflate the many small ops it wraps. Also counts the aten ops of one
-forward. Run: `python scripts/int4_step_breakdown.py > docs/logs/int4-step-breakdown.log`. Cited by
+forward. Run: `python scripts/int4_step_breakdown.py [--threads 2] > docs/logs/int4-step-breakdown.log`. Cited by
 docs/results/precision.md (the static n-gram cache section).
 """
 
