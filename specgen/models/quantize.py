@@ -197,11 +197,11 @@ class QuantizedLinear(nn.Module):
             q.bias = lin.bias.detach().to(ACT_DTYPE)
         return q
 
-    def dequantize(self) -> torch.Tensor:
-        """The float32 weight [out, in] the kernels multiply by."""
+    def dequantize(self, rows: slice = slice(None)) -> torch.Tensor:
+        """The float32 weight [out, in] the kernels multiply by (its output rows `rows` only)."""
         if self.mode == "int8":
-            return dequantize_int8(self.qweight, self.scales)
-        return dequantize_int4(self.qweight, self.scales, self.zeros)
+            return dequantize_int8(self.qweight[rows], self.scales[rows])
+        return dequantize_int4(self.qweight[rows], self.scales[rows], self.zeros[rows])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., in] -> [..., out]
         # a hot path (every layer of every decode step): no conversion op unless x needs one, and no buffer lookup
@@ -254,9 +254,7 @@ class QuantizedLinear(nn.Module):
         head alone is 113 MB, which would set the process's peak memory."""
         out = torch.empty(self.out_features, self.in_features, dtype=ACT_DTYPE)
         for i in range(0, self.out_features, chunk):
-            rows = slice(i, i + chunk)
-            out[rows] = dequantize_int8(self.qweight[rows], self.scales[rows]) if self.mode == "int8" else \
-                dequantize_int4(self.qweight[rows], self.scales[rows], self.zeros[rows])
+            out[i : i + chunk] = self.dequantize(slice(i, i + chunk))
         return out
 
     def streamed_bytes(self) -> int:
