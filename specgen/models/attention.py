@@ -90,8 +90,7 @@ def plan(
         out.shared_chunks = first // CHUNK  # leading chunks every query sees exactly where the cache has them
         out.score_cols = F.pad(out.order, (0, n * CHUNK - t))  # padding columns: slot 0, hidden by the bias (-inf)
         lo = out.shared_chunks * CHUNK
-        batch_rows = torch.arange(b, device=seen.device)[:, None, None] * (n * CHUNK)  # rows of p.v's (b, slot) view
-        out.value_rows = (out.order[:, :, lo:] + batch_rows).reshape(-1)
+        out.value_rows = (out.order[:, :, lo:] + torch.arange(b, device=seen.device)[:, None, None] * t).reshape(-1)
         rg = max(group, MIN_ROWS)
         tvis = F.pad(compact, (0, n * CHUNK - t), value=False).view(b, 1, s, n, 1, CHUNK)
         tvis = tvis.expand(b, 1, s, n, group, CHUNK)
@@ -152,7 +151,7 @@ def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Attenti
     c0 = p.shared_chunks
     lo = c0 * CHUNK  # slots [0, lo): shared; [lo, t): per query
     p.k.narrow(2, 0, t).copy_(k)  # the cache's own layout, padded to whole chunks
-    p.v_real.narrow(2, 0, t).copy_(v)
+    p.v_real.narrow(2, 0, lo).copy_(v[:, :, :lo])  # the shared chunks, used in place (p.v's ones column beside them)
     qq = torch.zeros(b, hkv, s, rg, d, dtype=torch.float32, device=q.device)
     qq[:, :, :, :group] = q.float().view(b, hkv, group, s, d).transpose(2, 3)  # rows: the query's G heads
     q_rows = qq.view(b, hkv, 1, s * rg, d)  # every query's rows in one GEMM per chunk (row-independent products)
@@ -161,11 +160,12 @@ def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Attenti
     # a score is one dot product, wherever its key sits in a GEMM: reorder each query's columns into AR's layout
     scores = raw.gather(4, p.score_cols[:, None, :, None, :].expand(b, hkv, s, rg, n * CHUNK))
     scores = scores.view(b, hkv, s, rg, n, CHUNK).transpose(3, 4)  # [B, Hkv, S, N, RG, C]
-    # each query's [v | 1] from lo on, in its AR order: whole [Hkv, D + 1] rows picked from p.v by (batch, slot)
+    # each query's [v | 1] from lo on, in its AR order: whole [Hkv, D] rows picked from the cache by slot
     e = d + 1
     vq = torch.empty(b, hkv, s, (n - c0) * CHUNK, e, dtype=torch.float32, device=q.device)
-    picked = p.v.transpose(1, 2).reshape(b * n * CHUNK, hkv, e).index_select(0, p.value_rows)  # [B*S*(T-lo), Hkv, E]
-    vq[:, :, :, : t - lo] = picked.view(b, s, t - lo, hkv, e).permute(0, 3, 1, 2, 4)
+    picked = v.transpose(1, 2).reshape(b * t, hkv, d).index_select(0, p.value_rows)  # [B*S*(T-lo), Hkv, D]
+    vq[:, :, :, : t - lo, :d] = picked.view(b, s, t - lo, hkv, d).permute(0, 3, 1, 2, 4)  # cast to float32 here
+    vq[:, :, :, : t - lo, d] = 1  # the softmax sums' column, as p.v's
     vq[:, :, :, t - lo :] = 0  # padding past the keys: finite, and hidden (p = 0 exactly)
     scores = torch.add(p.tree_bias.squeeze(1).unsqueeze(1), scores, alpha=d**-0.5)  # [B, Hkv, S, N, RG, C]
     top = scores.amax(dim=(3, 5), keepdim=True).clamp_(min=-1e30)  # [B, Hkv, S, 1, RG, 1]
