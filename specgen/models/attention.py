@@ -20,14 +20,22 @@ ancestors at consecutive slots). In a draft tree a side branch's ancestors sit a
 them, so a chunk's sums group its terms differently (pcllm-mr with a lookup branch on an int4 SmolLM2 disagreed with
 AR on 7 of 30 prompts). `tree_attention` gives each query AR's layout: its scores reordered into it, and its values
 past the shared prefix copied into it, per layer.
+
+Native path: on a CPU with a C compiler, bfloat16 forwards run `specgen/native/attention.c` instead (`NativePlan`),
+one call a layer. It takes each query's visible slots as a list in ascending slot order, which is AR's order for
+trees too, and computes each (query, kv head) alone in a fixed order: invariant by construction, with none of the
+staging above. Which path a process runs is decided once (`specgen.native.attention`), so all forwards agree.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import ctypes
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+
+from specgen import native
 
 CHUNK = 128  # key slots per chunk
 MIN_ROWS = 4  # GEMM rows below which MKL's float32 products take another code path
@@ -60,11 +68,63 @@ class AttentionPlan:
         self.v_real = self.v[..., :d]  # [B, Hkv, N*CHUNK, D]: written by each layer
 
 
+@dataclass
+class NativePlan:
+    """A forward's plan for the native kernel: each query's visible slots as an ascending list, and the output."""
+
+    idx: torch.Tensor  # [B, S, T] int32: query (b, s)'s visible slots first, ascending (the rest: unread)
+    count: torch.Tensor  # [B, S] int32: how many slots query (b, s) sees
+    out: torch.Tensor  # [B, S, H, D] bfloat16: every layer's result (the layout the output projection reads)
+    strides: dict = field(default_factory=dict)  # tensor strides -> ctypes int64[3], made once per layout
+
+
+def native_plan(mask: torch.Tensor | None, b: int, s: int, t: int, heads: int, head_dim: int) -> NativePlan:
+    """The native kernel's plan of a forward of S queries over T key slots (CPU, bfloat16)."""
+    if mask is None:
+        idx = torch.arange(t, dtype=torch.int32).expand(b, s, t).contiguous()
+        count = torch.full((b, s), t, dtype=torch.int32)
+    else:
+        seen = mask[:, 0]  # [B, S, T]
+        idx = torch.sort((~seen).to(torch.int8), dim=-1, stable=True).indices.to(torch.int32)
+        count = seen.sum(-1, dtype=torch.int32)
+    return NativePlan(idx, count, torch.empty(b, s, heads, head_dim, dtype=torch.bfloat16))
+
+
+def native_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: NativePlan) -> torch.Tensor:
+    """`invariant_attention` by the native kernel: [B, H, S, D] bfloat16, a view of `p.out`."""
+    b, h, s, d = q.shape
+    hkv, t = k.shape[1], k.shape[2]
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    if k.stride(-1) != 1 or v.stride(-1) != 1:
+        k, v = k.contiguous(), v.contiguous()
+    qs, ks, vs = (p.strides.get(x.stride()) or p.strides.setdefault(x.stride(), (ctypes.c_int64 * 3)(*x.stride()[:3]))
+                  for x in (q, k, v))
+    status = native.attention().specgen_attend_bf16(
+        q.data_ptr(), qs, k.data_ptr(), ks, v.data_ptr(), vs, p.idx.data_ptr(), p.count.data_ptr(), p.out.data_ptr(),
+        b, h, hkv, s, d, t, d**-0.5)
+    if status != 0:
+        raise MemoryError(f"native attention failed (status {status}): no scratch memory, or over 64 heads per kv head")
+    return p.out.transpose(1, 2)
+
+
+PLANS = (AttentionPlan, NativePlan)  # what `plan` returns; a layer given one attends with `invariant_attention`
+
+
+def uses_native(dtype: torch.dtype, device: torch.device | str) -> bool:
+    """Whether forwards in `dtype` on `device` run the native kernel (decided once per process)."""
+    return dtype == torch.bfloat16 and torch.device(device).type == "cpu" and native.attention() is not None
+
+
 def plan(
     mask: torch.Tensor | None,  # [B, 1, S, T] bool (True = visible), None = every slot visible
     b: int, s: int, t: int, heads: int, kv_heads: int, head_dim: int, device: torch.device | str = "cpu",
-) -> AttentionPlan:
-    """The plan of a forward of S queries over T key slots (made once, used by every layer)."""
+    dtype: torch.dtype = torch.float32,
+) -> AttentionPlan | NativePlan:
+    """The plan of a forward of S queries over T key slots (made once, used by every layer); the native kernel's
+    for bfloat16 on a CPU where it was built."""
+    if uses_native(dtype, device):
+        return native_plan(mask, b, s, t, heads, head_dim)
     n, group = -(-t // CHUNK), heads // kv_heads
     rows = group * s
     if mask is None:
@@ -103,7 +163,7 @@ def invariant_attention(
     q: torch.Tensor,  # [B, H, S, D]
     k: torch.Tensor,  # [B, Hkv, T, D] (slots 0 .. T-1 of the cache)
     v: torch.Tensor,  # [B, Hkv, T, D]
-    p: AttentionPlan,
+    p: AttentionPlan | NativePlan,
 ) -> torch.Tensor:
     """Softmax attention [B, H, S, D] in float32 (returned in q's dtype), GQA when Hkv < H.
 
@@ -111,6 +171,8 @@ def invariant_attention(
     tests/models/test_attention.py). Values and softmax sums: one GEMM per chunk against [v | 1] (inner size CHUNK
     in every forward), chunk results added in slot order. The result is written into `p.out` and returned as a
     [B, H, S, D] view of it (valid until the next layer's attention)."""
+    if isinstance(p, NativePlan):
+        return native_attention(q, k, v, p)
     if p.order is not None:
         return tree_attention(q, k, v, p)
     b, h, s, d = q.shape

@@ -27,7 +27,7 @@ from torch import nn
 from specgen.decoding.cache import KVCache
 from specgen.errors import ContextOverflowError
 from specgen.models import prompt
-from specgen.models.attention import AttentionPlan, invariant_attention, plan
+from specgen.models.attention import PLANS, invariant_attention, plan
 from specgen.models.rope import SCALINGS, Rotation, check_positions, rotate, rotation, table_1d, table_2d
 
 
@@ -125,7 +125,7 @@ class Attention(nn.Module):
         q, k, v = qk[:, :h], qk[:, h:], qkv[:, h + hkv :]
         if cache is not None:
             k, v = cache.write(layer, k, v)  # [B, Hkv, T, hd]
-        if isinstance(mask, AttentionPlan):  # low precision with a cache (hidden_states; not a prompt prefill)
+        if isinstance(mask, PLANS):  # low precision with a cache (hidden_states; not a prompt prefill)
             y = invariant_attention(q, k, v, mask)  # a query's result never depends on the forward's width
             return self.wo(y.transpose(1, 2).reshape(b, s, self.q_dim))
         gqa = self.cfg.n_heads != self.cfg.n_kv_heads
@@ -333,7 +333,8 @@ class Transformer(nn.Module):
             causal = False
             if h.dtype != torch.float32 and not prompt.active():  # low precision: batch/width-invariant attention
                 t = mask.shape[-1] if mask is not None else max(cache.lengths) + s  # (models/attention.py)
-                mask = plan(mask, h.shape[0], s, t, self.cfg.n_heads, self.cfg.n_kv_heads, self.cfg.hd, h.device)
+                mask = plan(mask, h.shape[0], s, t, self.cfg.n_heads, self.cfg.n_kv_heads, self.cfg.hd, h.device,
+                            h.dtype)
             elif mask is not None:  # SDPA turns a bool mask into this (0 / -inf) in every layer; once per forward here
                 mask = additive_mask(mask)
             cross = cache.cross

@@ -1,4 +1,5 @@
-"""Invariant attention: SDPA's values, and a query's result independent of the forward's width and batch."""
+"""Invariant attention, both paths (torch's chunked GEMMs and the native C kernel): SDPA's values, and a query's
+result independent of the forward's width, its batch and (trees) where its keys sit in the cache."""
 
 from __future__ import annotations
 
@@ -6,12 +7,30 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specgen.models.attention import invariant_attention, plan
+from specgen import native
+from specgen.models import attention as A
+from specgen.models.attention import NativePlan, invariant_attention, plan
+
+
+@pytest.fixture(params=["torch", "native"], autouse=True)
+def backend(request, monkeypatch):
+    """Every test runs on both paths; the native one needs a C compiler (CI has one)."""
+    if request.param == "native" and native.attention() is None:
+        pytest.skip("no C compiler: the native kernel is not built here")
+    if request.param == "torch":
+        monkeypatch.setattr(A, "uses_native", lambda dtype, device: False)
+    return request.param
 
 
 def attention(q, k, v, mask):
     b, h, s, d = q.shape
-    return invariant_attention(q, k, v, plan(mask, b, s, k.shape[2], h, k.shape[1], d))
+    return invariant_attention(q, k, v, plan(mask, b, s, k.shape[2], h, k.shape[1], d, q.device, q.dtype))
+
+
+def test_bfloat16_on_a_cpu_takes_the_native_path_where_it_is_built(backend):
+    p = plan(None, 1, 1, 5, 4, 2, 16, "cpu", torch.bfloat16)
+    assert isinstance(p, NativePlan) == (backend == "native")
+    assert not isinstance(plan(None, 1, 1, 5, 4, 2, 16, "cpu", torch.float32), NativePlan)
 
 
 def case(seed=0, b=2, h=6, hkv=2, s=20, t=300, d=32, dtype=torch.bfloat16):
@@ -30,6 +49,17 @@ def test_values_equal_sdpa_in_float32(t):
     got = attention(q, k, v, vis)
     assert got.dtype == torch.bfloat16
     assert (got.float() - want).abs().max() < 2**-7 * want.abs().max()
+
+
+@pytest.mark.parametrize("d", [8, 24, 80])  # head sizes off the native kernel's 16-lane blocks (a padded tail)
+def test_odd_head_sizes_keep_values_and_invariance(d):
+    q, k, v, vis = case(1, b=1, h=4, hkv=1, s=6, t=40, d=d)
+    want = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=vis, enable_gqa=True)
+    full = attention(q, k, v, vis)
+    assert (full.float() - want).abs().max() < 2**-7 * want.abs().max()
+    for i in range(6):
+        one = attention(q[:, :, i : i + 1], k[:, :, : 35 + i], v[:, :, : 35 + i], None)
+        assert torch.equal(one, full[:, :, i : i + 1]), i
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -69,14 +99,11 @@ def test_a_query_that_sees_nothing_gets_zeros():
 @pytest.mark.parametrize("prefix", [60, 180, 300])  # 0, 1 and 2 leading chunks shared by every query
 def test_a_tree_query_gets_exactly_its_ar_result(prefix):
     """A side-branch query (its ancestors at other cache slots than AR gives them, siblings between them) gets
-    bitwise the float32 result of the same query over AR's key layout (prefix, then its ancestors in order)."""
-    from specgen.models.attention import CHUNK, invariant_attention, plan
-
+    bitwise the result of the same query over AR's key layout (prefix, then its ancestors in order)."""
     g = torch.Generator().manual_seed(0)
     heads, kv_heads, d, s = 9, 3, 64, 10
-    q = torch.randn(1, heads, s, d, generator=g)
-    k = torch.randn(1, kv_heads, prefix + s, d, generator=g)
-    v = torch.randn(1, kv_heads, prefix + s, d, generator=g)
+    q, k, v = (torch.randn(1, n, m, d, generator=g).bfloat16()
+               for n, m in ((heads, s), (kv_heads, prefix + s), (kv_heads, prefix + s)))
     parents = [-1, 0, 1, 2, 3, -1, 5, 6, 7, 8]  # main chain at inputs 0..4, a side branch at inputs 5..9
     tree = torch.zeros(s, s, dtype=torch.bool)
     for i, par in enumerate(parents):
@@ -86,12 +113,11 @@ def test_a_tree_query_gets_exactly_its_ar_result(prefix):
             par = parents[par]
     mask = torch.ones(1, 1, s, prefix + s, dtype=torch.bool)
     mask[..., prefix:] = tree
-    tree_plan = plan(mask, 1, s, prefix + s, heads, kv_heads, d)
-    assert tree_plan.shared_chunks == prefix // CHUNK
+    tree_plan = plan(mask, 1, s, prefix + s, heads, kv_heads, d, "cpu", torch.bfloat16)
+    assert isinstance(tree_plan, NativePlan) or tree_plan.shared_chunks == prefix // A.CHUNK
     out = invariant_attention(q, k, v, tree_plan)
     for i in range(5, s):  # each side-branch query against AR: keys = prefix + its path, contiguous
         path = [j for j in range(s) if tree[i, j]]
         keys = list(range(prefix)) + [prefix + j for j in path]
-        ar = invariant_attention(q[:, :, i : i + 1], k[:, :, keys], v[:, :, keys],
-                                 plan(None, 1, 1, len(keys), heads, kv_heads, d))
+        ar = attention(q[:, :, i : i + 1], k[:, :, keys], v[:, :, keys], None)
         assert torch.equal(ar[:, :, 0], out[:, :, i]), i

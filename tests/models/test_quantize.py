@@ -13,6 +13,8 @@ from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.target import ModelTarget
 from specgen.errors import UsageError
 from specgen.methods import METHODS, run_batch
+from specgen import native
+from specgen.models import attention as attention_module
 from specgen.models import quantize
 from specgen.models.quantize import (
     QuantizedEmbedding,
@@ -226,13 +228,19 @@ def ragged(n: int) -> list[list[int]]:
     return [torch.randint(0, 64, (int(torch.randint(2, 20, (), generator=g)),), generator=g).tolist() for _ in range(n)]
 
 
+@pytest.mark.parametrize("attention", ["native", "torch"])
 @pytest.mark.parametrize("prompt_gemm", [False, True])
 @pytest.mark.parametrize("mode", [m for m, _ in MODES])
 @pytest.mark.parametrize("method", LOSSLESS_TEXT)
 def test_every_lossless_method_equals_ar_on_the_quantized_model(quantized_targets, method, mode, prompt_gemm,
-                                                                  monkeypatch):
+                                                                  attention, monkeypatch):
     """Prompt prefills (models/prompt.py) run SDPA, and with `prompt_gemm` also the dequantized GEMM (these
-    prompts are shorter than the real crossover): the state after a prefill is the same for every method."""
+    prompts are shorter than the real crossover): the state after a prefill is the same for every method. Steps
+    attend with the native kernel where it is built, else (and with `attention="torch"`) the chunked torch path."""
+    if attention == "native" and native.attention() is None:
+        pytest.skip("no C compiler: the native attention kernel is not built here")
+    if attention == "torch":
+        monkeypatch.setattr(attention_module, "uses_native", lambda dtype, device: False)
     monkeypatch.setitem(quantize.PROMPT_MIN_ROWS, mode, 2 if prompt_gemm else 10**9)
     target = quantized_targets[mode]
     prompts = ragged(4)

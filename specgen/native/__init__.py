@@ -1,0 +1,96 @@
+"""Native CPU kernels, compiled once per machine from the C sources beside this file and loaded with ctypes.
+
+Why: a low-precision SmolLM2 decode step runs ~2,300 small aten ops, and on this kind of CPU their dispatch costs
+as much as the quantized products (docs/results/precision.md). `attention.c` does a layer's attention in one call.
+
+How: the first use compiles `attention.c` with the system C compiler (`$CC`, else `cc`) into a shared library under
+`$SPECGEN_CACHE` (default `~/.cache/specgen/native`), named by a hash of the source, the flags, the compiler's
+version and this CPU's model and flags (`-march=native` code must not run on another CPU kind sharing a home
+directory). Without a compiler, or with `SPECGEN_NATIVE=0`, nothing is built and callers use their torch path.
+
+Which path runs is decided once per process (`attention()`), so every forward of a model computes the same way: a
+speculative method is lossless against AR of the model that runs, whichever path that is. The two paths round
+differently, so a quantized model's greedy outputs may differ between a machine with a compiler and one without.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+SOURCE_DIR = Path(__file__).parent
+FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-shared", "-fPIC")
+COMPILE_TIMEOUT_S = 120
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SPECGEN_CACHE") or Path.home() / ".cache" / "specgen" / "native")
+
+
+def cpu_signature() -> str:
+    """This CPU's model name and flags (the part of /proc/cpuinfo that decides what -march=native emits)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor() or platform.machine()
+    keep = [ln for ln in lines if ln.split(":")[0].strip() in ("model name", "flags", "Features", "CPU part")]
+    return "\n".join(sorted(set(keep)))
+
+
+def build(name: str) -> Path | None:
+    """Compile `<name>.c` into the cache (once per source, flags, compiler and CPU); None without a compiler or when
+    the compile fails."""
+    cc = shutil.which(os.environ.get("CC", "cc"))
+    if cc is None:
+        return None
+    try:
+        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout.splitlines()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    source = (SOURCE_DIR / f"{name}.c").read_bytes()
+    key = hashlib.sha256(b"\0".join([source, " ".join(FLAGS).encode(), (version or [""])[0].encode(),
+                                     cpu_signature().encode()])).hexdigest()[:16]
+    out = cache_dir() / f"{name}-{key}.so"
+    if out.is_file():
+        return out
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+        os.close(fd)
+        done = subprocess.run([cc, *FLAGS, "-o", tmp, str(SOURCE_DIR / f"{name}.c")], capture_output=True,
+                              timeout=COMPILE_TIMEOUT_S)
+        if done.returncode != 0:
+            os.unlink(tmp)
+            return None
+        os.replace(tmp, out)  # atomic: a concurrent process sees the whole library or none
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out
+
+
+@functools.cache
+def attention() -> ctypes.CDLL | None:
+    """The compiled attention library, or None (no compiler, a failed build, or `SPECGEN_NATIVE=0`)."""
+    if os.environ.get("SPECGEN_NATIVE", "1") == "0":
+        return None
+    path = build("attention")
+    if path is None:
+        return None
+    lib = ctypes.CDLL(str(path))
+    fn = lib.specgen_attend_bf16
+    p = ctypes.c_void_p
+    fn.argtypes = [p, p, p, p, p, p, p, p, p] + [ctypes.c_int] * 6 + [ctypes.c_float]
+    fn.restype = ctypes.c_int
+    return lib
+
+
+def describe() -> str:
+    """One phrase for benchmark headers: which attention path low-precision targets run on the CPU."""
+    return "native C (specgen/native)" if attention() is not None else "torch (no C compiler, or SPECGEN_NATIVE=0)"

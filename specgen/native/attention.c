@@ -1,0 +1,232 @@
+/* Width-invariant softmax attention over bfloat16 queries, keys and values (specgen/native/__init__.py loads it).
+ *
+ * One (batch row, kv head, query) at a time, with the query's G heads of that kv head together (they share the
+ * keys). A query's visible slots come as a list in ascending slot order (`idx`, `count`), which is the order AR
+ * stores the same keys in: its committed prefix, then its ancestors. Every number a query gets is a fixed function
+ * of its own q, that list's keys and values, and the list's length: nothing depends on the other queries, the
+ * forward's width, the batch, or where in the cache the keys sit. So a token scored in a verify forward or a draft
+ * tree gets exactly its AR step's result, bit for bit (tests/models/test_native_attention.py).
+ *
+ * Arithmetic (all float32): q is scaled by 1/sqrt(D) first; a score is a dot product over D in 16 lanes (lane l
+ * adds d = l, l + 16, ... in order, with fmaf) summed by a fixed tree; p = exp(score - max) with a polynomial exp
+ * (libm's may differ between its vector and scalar forms); the softmax sum is 16 lanes over the list index, summed
+ * by the same tree; the values are accumulated in list order. Built with -ffp-contract=off so the compiler fuses
+ * nothing this text does not say. A query that sees no key gets zeros.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LANES 16
+typedef float v16f __attribute__((vector_size(64)));  /* GCC/Clang vectors: lane-wise IEEE ops on any x86 */
+typedef uint16_t v16h __attribute__((vector_size(32)));
+typedef uint32_t v16u __attribute__((vector_size(64)));
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+/* a * b + c rounded once (one instruction kind per build: the same arithmetic for every lane, key and query) */
+static inline v16f fma16(v16f a, v16f b, v16f c) { return (v16f)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c); }
+#elif defined(__FMA__)
+#include <immintrin.h>
+static inline v16f fma16(v16f a, v16f b, v16f c) {
+    __m256 x[2], y[2], z[2], r[2];
+    memcpy(x, &a, sizeof x), memcpy(y, &b, sizeof y), memcpy(z, &c, sizeof z);
+    for (int i = 0; i < 2; i++) r[i] = _mm256_fmadd_ps(x[i], y[i], z[i]);
+    v16f out;
+    memcpy(&out, r, sizeof out);
+    return out;
+}
+#else
+static inline v16f fma16(v16f a, v16f b, v16f c) { return a * b + c; }  /* -ffp-contract=off: two roundings */
+#endif
+
+static inline float bf16_to_f32(uint16_t x) {
+    uint32_t u = (uint32_t)x << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* round to nearest even, as torch converts float32 to bfloat16 (NaN -> 0x7FC0) */
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* a bfloat16 row of d values as float32 vectors, zero past d (zeros add exact zeros to every sum below) */
+static inline void load_row(const uint16_t *src, int d, v16f *dst, int blocks) {
+    int e = 0;
+    for (; e + LANES <= d; e += LANES) {
+        v16h h;
+        memcpy(&h, src + e, sizeof h);
+        v16u u = __builtin_convertvector(h, v16u) << 16;
+        memcpy(&dst[e / LANES], &u, sizeof u);
+    }
+    if (e < d) {
+        float tail[LANES] = {0};
+        for (int l = 0; e + l < d; l++) tail[l] = bf16_to_f32(src[e + l]);
+        memcpy(&dst[e / LANES], tail, sizeof tail);
+    }
+    (void)blocks;
+}
+
+/* e^x for x <= 0 (a score minus its row max): Cody-Waite reduction to r in [-ln2/2, ln2/2], degree-6 Taylor,
+ * scaled by 2^k through the exponent bits. Below -87 it returns e^-87 (~1.6e-38): negligible beside the max's 1. */
+static inline float exp_nonpositive(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    float kf = x * 1.44269504f + 12582912.0f;  /* round to nearest by the 1.5 * 2^23 trick */
+    kf = kf - 12582912.0f;
+    float r = x - kf * 0.693145751953125f;
+    r = r - kf * 1.428606765330187e-06f;
+    float p = 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    int32_t k = (int32_t)kf;
+    uint32_t bits = (uint32_t)(k + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+/* Lane i of the result: the 16 lanes of a[i] summed by a fixed tree (l + 8, then + 4, then (0 + 2) + (1 + 3)). */
+static inline v16f transpose_sum(const v16f *a) {
+    v16f t[8], u[4], w[2];
+    for (int p = 0; p < 8; p++)
+        t[p] = __builtin_shufflevector(a[2 * p], a[2 * p + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23)
+             + __builtin_shufflevector(a[2 * p], a[2 * p + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29,
+                                       30, 31);
+    for (int p = 0; p < 4; p++)
+        u[p] = __builtin_shufflevector(t[2 * p], t[2 * p + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27)
+             + __builtin_shufflevector(t[2 * p], t[2 * p + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30,
+                                       31);
+    for (int p = 0; p < 2; p++)
+        w[p] = __builtin_shufflevector(u[2 * p], u[2 * p + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29)
+             + __builtin_shufflevector(u[2 * p], u[2 * p + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30,
+                                       31);
+    return __builtin_shufflevector(w[0], w[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30)
+         + __builtin_shufflevector(w[0], w[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+}
+
+static inline float lane_sum(v16f a) {
+    v16f one[LANES] = {a};
+    return transpose_sum(one)[0];
+}
+
+/* One (row, kv head, query): its G heads over its `n` visible slots; `blocks` = D/16 rounded up (a constant in each
+ * inlined copy). Scratch: qf [G][blocks], kbuf [16][blocks] and o [G][blocks] vectors; sc [G][n rounded up to 16]. */
+static inline __attribute__((always_inline)) void attend_one(
+        const uint16_t *q, int64_t q_head, const uint16_t *k, int64_t k_slot, const uint16_t *v, int64_t v_slot,
+        const int32_t *idx, int n, uint16_t *out, int g, int d, const int blocks, float scale,
+        v16f *qf, v16f *kbuf, v16f *o, float *sc) {
+    if (n == 0) {
+        memset(out, 0, sizeof(uint16_t) * (size_t)g * d);
+        return;
+    }
+    int64_t stride = (n + LANES - 1) / LANES * LANES;  /* of sc's rows */
+    for (int j = 0; j < g; j++) {
+        load_row(q + j * q_head, d, qf + j * blocks, blocks);
+        for (int c = 0; c < blocks; c++) qf[j * blocks + c] *= scale;
+    }
+    /* 1. scores, 16 keys of the list at a time: lane l of a key's dot product adds d = l, l + 16, ... in order, and
+     *    its 16 lanes are summed by transpose_sum's tree; a short last block is padded with zero products */
+    for (int i0 = 0; i0 < n; i0 += LANES) {
+        int m = n - i0 < LANES ? n - i0 : LANES;
+        for (int i = 0; i < m; i++) load_row(k + (int64_t)idx[i0 + i] * k_slot, d, kbuf + i * blocks, blocks);
+        for (int j = 0; j < g; j++) {
+            const v16f *qj = qf + j * blocks;
+            v16f acc[LANES];
+            for (int i = 0; i < LANES; i++) {
+                if (i < m) {
+                    const v16f *kr = kbuf + i * blocks;
+                    acc[i] = qj[0] * kr[0];
+                    for (int c = 1; c < blocks; c++) acc[i] = fma16(qj[c], kr[c], acc[i]);
+                } else {
+                    acc[i] = (v16f){0};
+                }
+            }
+            v16f sums = transpose_sum(acc);
+            memcpy(sc + j * stride + i0, &sums, sizeof sums);  /* lanes past n: scratch, never read */
+        }
+    }
+    /* 2. p = exp(score - max) in place; the softmax sums in 16 lanes over the list index */
+    float sums[64];  /* g <= 64 (checked by the caller) */
+    for (int j = 0; j < g; j++) {
+        float *s = sc + j * stride;
+        float top = s[0];
+        for (int i = 1; i < n; i++) top = s[i] > top ? s[i] : top;
+        for (int i = 0; i < n; i++) s[i] = exp_nonpositive(s[i] - top);
+        for (int i = n; i < stride; i++) s[i] = 0.0f;
+        v16f acc = {0};
+        for (int i = 0; i < stride; i += LANES) {
+            v16f x;
+            memcpy(&x, s + i, sizeof x);
+            acc = acc + x;
+        }
+        sums[j] = lane_sum(acc);
+    }
+    /* 3. values, accumulated in list order (16 value rows converted at a time, then each head's sums in registers) */
+    for (int c = 0; c < g * blocks; c++) o[c] = (v16f){0};
+    for (int i0 = 0; i0 < n; i0 += LANES) {
+        int m = n - i0 < LANES ? n - i0 : LANES;
+        for (int i = 0; i < m; i++) load_row(v + (int64_t)idx[i0 + i] * v_slot, d, kbuf + i * blocks, blocks);
+        for (int j = 0; j < g; j++) {
+            v16f a[blocks];
+            for (int c = 0; c < blocks; c++) a[c] = o[j * blocks + c];
+            const float *pj = sc + j * stride + i0;
+            for (int i = 0; i < m; i++)
+                for (int c = 0; c < blocks; c++) a[c] = fma16((v16f){0} + pj[i], kbuf[i * blocks + c], a[c]);
+            for (int c = 0; c < blocks; c++) o[j * blocks + c] = a[c];
+        }
+    }
+    /* 4. divide, round once to bfloat16 */
+    for (int j = 0; j < g; j++) {
+        float row[LANES];
+        for (int c = 0; c < blocks; c++) {
+            v16f r = o[j * blocks + c] / sums[j];
+            memcpy(row, &r, sizeof row);
+            for (int l = 0; l < LANES && c * LANES + l < d; l++) out[j * d + c * LANES + l] = f32_to_bf16(row[l]);
+        }
+    }
+}
+
+/* q [B, H, S, D] (strides qs[0..2], D contiguous); k, v [B, Hkv, T, D] (strides ks[0..2] and vs[0..2]);
+ * idx [B, S, T] int32 and count [B, S] int32 (contiguous); out [B, S, H, D] contiguous. Returns 0, or -1 when
+ * scratch memory cannot be had or G > 64. */
+int specgen_attend_bf16(const uint16_t *q, const int64_t *qs, const uint16_t *k, const int64_t *ks,
+                        const uint16_t *v, const int64_t *vs, const int32_t *idx, const int32_t *count, uint16_t *out,
+                        int b, int h, int hkv, int s, int d, int t, float scale) {
+    int g = h / hkv;
+    if (g > 64) return -1;
+    int blocks = (d + LANES - 1) / LANES;
+    size_t vecs = (size_t)(2 * g + LANES) * blocks + (size_t)g * ((t + LANES - 1) / LANES + 1);
+    v16f *scratch = aligned_alloc(64, sizeof(v16f) * vecs);
+    if (!scratch) return -1;
+    v16f *qf = scratch, *o = qf + (size_t)g * blocks, *kbuf = o + (size_t)g * blocks;
+    float *sc = (float *)(kbuf + LANES * blocks);
+#define LOOP(BLOCKS)                                                                                               \
+    for (int bi = 0; bi < b; bi++)                                                                                 \
+        for (int kh = 0; kh < hkv; kh++)                                                                           \
+            for (int si = 0; si < s; si++)                                                                         \
+                attend_one(q + bi * qs[0] + (int64_t)kh * g * qs[1] + si * qs[2], qs[1],                            \
+                           k + bi * ks[0] + kh * ks[1], ks[2], v + bi * vs[0] + kh * vs[1], vs[2],                  \
+                           idx + ((int64_t)bi * s + si) * t, count[bi * s + si],                                    \
+                           out + (((int64_t)bi * s + si) * h + (int64_t)kh * g) * d, g, d, BLOCKS, scale,           \
+                           qf, kbuf, o, sc)
+    switch (blocks) {  /* one inlined copy per head size in 16s: its loops over D fully unrolled */
+        case 1: LOOP(1); break;
+        case 2: LOOP(2); break;
+        case 4: LOOP(4); break;
+        case 8: LOOP(8); break;
+        default: LOOP(blocks); break;
+    }
+#undef LOOP
+    free(scratch);
+    return 0;
+}

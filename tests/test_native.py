@@ -1,0 +1,43 @@
+"""Native kernels: built once per machine into the cache, skipped cleanly (torch path) without a compiler."""
+
+from __future__ import annotations
+
+import pytest
+
+from specgen import native
+
+
+@pytest.fixture
+def fresh(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECGEN_CACHE", str(tmp_path))
+    native.attention.cache_clear()
+    yield tmp_path
+    native.attention.cache_clear()
+
+
+def test_no_compiler_means_the_torch_path(fresh, monkeypatch):
+    monkeypatch.setenv("CC", str(fresh / "no-such-compiler"))
+    assert native.build("attention") is None and native.attention() is None
+    assert native.describe().startswith("torch")
+
+
+def test_specgen_native_0_turns_it_off(fresh, monkeypatch):
+    monkeypatch.setenv("SPECGEN_NATIVE", "0")
+    assert native.attention() is None
+
+
+def test_a_build_is_cached_by_source_flags_compiler_and_cpu(fresh):
+    first = native.build("attention")
+    if first is None:
+        pytest.skip("no C compiler here")
+    assert first.parent == fresh and native.build("attention") == first  # the second call compiles nothing
+    assert native.attention() is not None and native.describe().startswith("native")
+    assert [p.name for p in fresh.iterdir()] == [first.name]  # no temporary file left behind
+
+
+def test_a_failed_compile_leaves_nothing_and_falls_back(fresh, monkeypatch, tmp_path_factory):
+    src = tmp_path_factory.mktemp("src")
+    (src / "attention.c").write_text("this is not C\n")
+    monkeypatch.setattr(native, "SOURCE_DIR", src)
+    assert native.build("attention") is None
+    assert list(fresh.iterdir()) == []
