@@ -9,11 +9,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from specgen import native
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.target import ModelTarget
 from specgen.errors import UsageError
 from specgen.methods import METHODS, run_batch
-from specgen import native
 from specgen.models import attention as attention_module
 from specgen.models import quantize
 from specgen.models.quantize import (
