@@ -76,6 +76,11 @@ class KVCache:
         if max(self.lengths) + new > self.max_len:
             raise ValueError(f"KV cache overflow: {max(self.lengths)} + {new} > {self.max_len} slots")
 
+    def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer i's whole keys and values [B, H_kv, T_max, D] (writable views; a native kernel writes pending slots
+        [lengths[b], lengths[b] + S) itself, as `write` does)."""
+        return self._layers[i]
+
     def write(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store pending keys/values [B, H_kv, S, D]; return the visible prefix [B, H_kv, T, D]."""
         s = k_new.shape[2]

@@ -75,11 +75,18 @@ class NativePlan:
     idx: torch.Tensor  # [B, S, T] int32: query (b, s)'s visible slots first, ascending (the rest: unread)
     count: torch.Tensor  # [B, S] int32: how many slots query (b, s) sees
     out: torch.Tensor  # [B, S, H, D] bfloat16: every layer's result (the layout the output projection reads)
+    slots: torch.Tensor | None = None  # [B, S] int32: the cache slot of each new token (lengths[b] + s)
+    qbuf: torch.Tensor | None = None  # [B, H, S, D] bfloat16: the rotated queries (native_self_attention)
     strides: dict = field(default_factory=dict)  # tensor strides -> ctypes int64[3], made once per layout
 
+    def c_strides(self, x: torch.Tensor):
+        return self.strides.get(x.stride()) or self.strides.setdefault(x.stride(), (ctypes.c_int64 * 3)(*x.stride()[:3]))
 
-def native_plan(mask: torch.Tensor | None, b: int, s: int, t: int, heads: int, head_dim: int) -> NativePlan:
-    """The native kernel's plan of a forward of S queries over T key slots (CPU, bfloat16)."""
+
+def native_plan(mask: torch.Tensor | None, b: int, s: int, t: int, heads: int, head_dim: int,
+                lengths: list[int] | None = None) -> NativePlan:
+    """The native kernel's plan of a forward of S queries over T key slots (CPU, bfloat16); with the cache's
+    `lengths`, also where the forward's new keys go (native_self_attention writes them)."""
     if mask is None:
         idx = torch.arange(t, dtype=torch.int32).expand(b, s, t).contiguous()
         count = torch.full((b, s), t, dtype=torch.int32)
@@ -87,7 +94,11 @@ def native_plan(mask: torch.Tensor | None, b: int, s: int, t: int, heads: int, h
         seen = mask[:, 0]  # [B, S, T]
         idx = torch.sort((~seen).to(torch.int8), dim=-1, stable=True).indices.to(torch.int32)
         count = seen.sum(-1, dtype=torch.int32)
-    return NativePlan(idx, count, torch.empty(b, s, heads, head_dim, dtype=torch.bfloat16))
+    p = NativePlan(idx, count, torch.empty(b, s, heads, head_dim, dtype=torch.bfloat16))
+    if lengths is not None:
+        p.slots = (torch.tensor(lengths, dtype=torch.int32)[:, None] + torch.arange(s, dtype=torch.int32)).contiguous()
+        p.qbuf = torch.empty(b, heads, s, head_dim, dtype=torch.bfloat16)
+    return p
 
 
 def native_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: NativePlan) -> torch.Tensor:
@@ -98,14 +109,36 @@ def native_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Nativ
         q = q.contiguous()
     if k.stride(-1) != 1 or v.stride(-1) != 1:
         k, v = k.contiguous(), v.contiguous()
-    qs, ks, vs = (p.strides.get(x.stride()) or p.strides.setdefault(x.stride(), (ctypes.c_int64 * 3)(*x.stride()[:3]))
-                  for x in (q, k, v))
     status = native.attention().specgen_attend_bf16(
-        q.data_ptr(), qs, k.data_ptr(), ks, v.data_ptr(), vs, p.idx.data_ptr(), p.count.data_ptr(), p.out.data_ptr(),
-        b, h, hkv, s, d, t, d**-0.5)
+        q.data_ptr(), p.c_strides(q), k.data_ptr(), p.c_strides(k), v.data_ptr(), p.c_strides(v), p.idx.data_ptr(),
+        p.count.data_ptr(), p.out.data_ptr(), b, h, hkv, s, d, t, d**-0.5)
+    check(status)
+    return p.out.transpose(1, 2)
+
+
+def native_self_attention(
+    qkv: torch.Tensor,  # [B, S, (H + 2 Hkv) * D] bfloat16: the fused projection's output
+    rot,  # rope.Rotation: cos, sin [B, 1, S, D] bfloat16
+    kc: torch.Tensor,  # [B, Hkv, T_max, D] the cache layer's keys (written at p.slots)
+    vc: torch.Tensor,  # [B, Hkv, T_max, D] and values
+    p: NativePlan,
+) -> torch.Tensor:
+    """RoPE, the cache write and attention in one native call (bitwise what rotate, KVCache.write and
+    native_attention compute); returns [B, S, H * D], a view of `p.out`."""
+    b, s, h, d = p.out.shape
+    hkv = kc.shape[1]
+    cos, sin = rot.cos.contiguous(), rot.sin.contiguous()  # no-ops: rope.rotation makes them contiguous
+    status = native.attention().specgen_rope_write_attend_bf16(
+        qkv.contiguous().data_ptr(), cos.data_ptr(), sin.data_ptr(), int(rot.layout == "half"), kc.data_ptr(),
+        p.c_strides(kc), vc.data_ptr(), p.c_strides(vc), p.slots.data_ptr(), p.qbuf.data_ptr(), p.idx.data_ptr(),
+        p.count.data_ptr(), p.out.data_ptr(), b, h, hkv, s, d, p.idx.shape[-1], d**-0.5)
+    check(status)
+    return p.out.view(b, s, h * d)
+
+
+def check(status: int) -> None:
     if status != 0:
         raise MemoryError(f"native attention failed (status {status}): no scratch memory, or over 64 heads per kv head")
-    return p.out.transpose(1, 2)
 
 
 PLANS = (AttentionPlan, NativePlan)  # what `plan` returns; a layer given one attends with `invariant_attention`
@@ -119,12 +152,12 @@ def uses_native(dtype: torch.dtype, device: torch.device | str) -> bool:
 def plan(
     mask: torch.Tensor | None,  # [B, 1, S, T] bool (True = visible), None = every slot visible
     b: int, s: int, t: int, heads: int, kv_heads: int, head_dim: int, device: torch.device | str = "cpu",
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype = torch.float32, lengths: list[int] | None = None,
 ) -> AttentionPlan | NativePlan:
     """The plan of a forward of S queries over T key slots (made once, used by every layer); the native kernel's
-    for bfloat16 on a CPU where it was built."""
+    for bfloat16 on a CPU where it was built (given the cache `lengths`, its layers may use native_self_attention)."""
     if uses_native(dtype, device):
-        return native_plan(mask, b, s, t, heads, head_dim)
+        return native_plan(mask, b, s, t, heads, head_dim, lengths)
     n, group = -(-t // CHUNK), heads // kv_heads
     rows = group * s
     if mask is None:

@@ -95,7 +95,7 @@ class EagleNet(nn.Module):
             if h.dtype != torch.float32:  # low precision: the block takes an attention plan (as hidden_states)
                 t = mask.shape[-1] if mask is not None else max(cache.lengths) + s
                 c = self.cfg
-                mask = plan(mask, h.shape[0], s, t, c.n_heads, c.n_kv_heads, c.hd, h.device, h.dtype)
+                mask = plan(mask, h.shape[0], s, t, c.n_heads, c.n_kv_heads, c.hd, h.device, h.dtype, cache.lengths)
         else:
             mask = None if tree_mask is None else tree_mask.view(-1, 1, s, s)
             causal = tree_mask is None

@@ -27,7 +27,7 @@ from torch import nn
 from specgen.decoding.cache import KVCache
 from specgen.errors import ContextOverflowError
 from specgen.models import prompt
-from specgen.models.attention import PLANS, invariant_attention, plan
+from specgen.models.attention import PLANS, NativePlan, invariant_attention, native_self_attention, plan
 from specgen.models.rope import SCALINGS, Rotation, check_positions, rotate, rotation, table_1d, table_2d
 
 
@@ -116,6 +116,8 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         b, s, _ = x.shape
         h, hkv, hd = self.cfg.n_heads, self.cfg.n_kv_heads, self.cfg.hd
+        if isinstance(mask, NativePlan) and mask.slots is not None and not self.cfg.qk_norm:  # one native call
+            return self.wo(native_self_attention(self.wqkv(x), rot, *cache.layer(layer), mask))  # (attention.py)
         qkv = self.wqkv(x).view(b, s, h + 2 * hkv, hd).transpose(1, 2)  # [B, H + 2 Hkv, S, hd]
         if self.cfg.qk_norm:
             qk = torch.cat([self.q_norm(qkv[:, :h]), self.k_norm(qkv[:, h : h + hkv])], 1)
@@ -334,7 +336,7 @@ class Transformer(nn.Module):
             if h.dtype != torch.float32 and not prompt.active():  # low precision: batch/width-invariant attention
                 t = mask.shape[-1] if mask is not None else max(cache.lengths) + s  # (models/attention.py)
                 mask = plan(mask, h.shape[0], s, t, self.cfg.n_heads, self.cfg.n_kv_heads, self.cfg.hd, h.device,
-                            h.dtype)
+                            h.dtype, cache.lengths)
             elif mask is not None:  # SDPA turns a bool mask into this (0 / -inf) in every layer; once per forward here
                 mask = additive_mask(mask)
             cross = cache.cross

@@ -84,10 +84,12 @@ def attention() -> ctypes.CDLL | None:
     if path is None:
         return None
     lib = ctypes.CDLL(str(path))
-    fn = lib.specgen_attend_bf16
-    p = ctypes.c_void_p
-    fn.argtypes = [p, p, p, p, p, p, p, p, p] + [ctypes.c_int] * 6 + [ctypes.c_float]
-    fn.restype = ctypes.c_int
+    p, i = ctypes.c_void_p, ctypes.c_int
+    signatures = {"specgen_attend_bf16": [p] * 9 + [i] * 6 + [ctypes.c_float],
+                  "specgen_rope_write_attend_bf16": [p] * 3 + [i] + [p] * 9 + [i] * 6 + [ctypes.c_float]}
+    for name, args in signatures.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, i
     return lib
 
 

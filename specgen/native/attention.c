@@ -230,3 +230,43 @@ int specgen_attend_bf16(const uint16_t *q, const int64_t *qs, const uint16_t *k,
     free(scratch);
     return 0;
 }
+
+static inline float round_bf16(float x) { return bf16_to_f32(f32_to_bf16(x)); }
+
+/* x [D] rotated by RoPE exactly as torch's `rope.rotate` computes it in bfloat16: x * cos and partner(x) * sin each
+ * rounded to bfloat16, their sum rounded again. partner(e) = e + D/2 mod D ("half") or e ^ 1 ("interleaved"); cos
+ * and sin [D] carry their layout's signs (rope.rotation). */
+static void rotate_row(const uint16_t *x, const uint16_t *cs, const uint16_t *sn, int d, int half, uint16_t *dst) {
+    for (int e = 0; e < d; e++) {
+        int p = half ? (e + d / 2) % d : e ^ 1;
+        float a = round_bf16(bf16_to_f32(x[e]) * bf16_to_f32(cs[e]));
+        float b = round_bf16(bf16_to_f32(x[p]) * bf16_to_f32(sn[e]));
+        dst[e] = f32_to_bf16(a + b);
+    }
+}
+
+/* A self-attention layer's work between its two products, in one call: the fused projection's output qkv
+ * [B, S, H + 2 Hkv, D] (contiguous) has its q and k rotated (cos, sin [B, S, D]), k and v are written to the cache
+ * layer (kc, vc [B, Hkv, T_max, D], strides ks, vs) at slot slots[b, s], and the queries (staged in qbuf
+ * [B, H, S, D]) attend as in specgen_attend_bf16, into out [B, S, H, D]. */
+int specgen_rope_write_attend_bf16(const uint16_t *qkv, const uint16_t *cs, const uint16_t *sn, int half,
+                                   uint16_t *kc, const int64_t *ks, uint16_t *vc, const int64_t *vs,
+                                   const int32_t *slots, uint16_t *qbuf, const int32_t *idx, const int32_t *count,
+                                   uint16_t *out, int b, int h, int hkv, int s, int d, int t, float scale) {
+    int w = h + 2 * hkv;
+    for (int bi = 0; bi < b; bi++)
+        for (int si = 0; si < s; si++) {
+            int64_t bs = (int64_t)bi * s + si;
+            const uint16_t *row = qkv + bs * w * d, *c = cs + bs * d, *sn_row = sn + bs * d;
+            int64_t slot = slots[bs];
+            for (int hh = 0; hh < h; hh++)
+                rotate_row(row + (int64_t)hh * d, c, sn_row, d, half, qbuf + (((int64_t)bi * h + hh) * s + si) * d);
+            for (int g = 0; g < hkv; g++) {
+                rotate_row(row + (int64_t)(h + g) * d, c, sn_row, d, half, kc + bi * ks[0] + g * ks[1] + slot * ks[2]);
+                memcpy(vc + bi * vs[0] + g * vs[1] + slot * vs[2], row + (int64_t)(h + hkv + g) * d,
+                       sizeof(uint16_t) * d);
+            }
+        }
+    int64_t qs[3] = {(int64_t)h * s * d, (int64_t)s * d, d};
+    return specgen_attend_bf16(qbuf, qs, kc, ks, vc, vs, idx, count, out, b, h, hkv, s, d, t, scale);
+}

@@ -121,3 +121,34 @@ def test_a_tree_query_gets_exactly_its_ar_result(prefix):
         keys = list(range(prefix)) + [prefix + j for j in path]
         ar = attention(q[:, :, i : i + 1], k[:, :, keys], v[:, :, keys], None)
         assert torch.equal(ar[:, :, 0], out[:, :, i]), i
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_the_fused_native_layer_equals_rotate_write_and_attend(backend, layout):
+    """native_self_attention (RoPE, cache write and attention in one call) is bitwise the unfused steps: torch's
+    bfloat16 `rotate`, `KVCache.write` and the attention kernel, over ragged rows."""
+    if backend != "native":
+        pytest.skip("the fused layer exists on the native path only")
+    from specgen.decoding.cache import KVCache
+    from specgen.models.attention import native_self_attention
+    from specgen.models.rope import rotate, rotation
+
+    g = torch.Generator().manual_seed(3)
+    b, h, hkv, s, d, lengths = 2, 6, 2, 3, 32, [9, 5]
+    qkv = torch.randn(b, s, (h + 2 * hkv) * d, generator=g).bfloat16()
+    rot = rotation(torch.randn(b, s, d // 2, 2, generator=g).bfloat16(), layout)
+    caches = [KVCache.allocate(1, b, hkv, 16, d, torch.bfloat16) for _ in range(2)]
+    caches[0].k.normal_(generator=g), caches[0].v.normal_(generator=g)  # stale slots past the lengths too
+    for c in caches:
+        c.k.copy_(caches[0].k), c.v.copy_(caches[0].v)
+        c.lengths = list(lengths)
+    mask = caches[0].prefix_mask(s, None)
+    t = mask.shape[-1]
+    fused = native_self_attention(qkv, rot, *caches[0].layer(0), plan(mask, b, s, t, h, hkv, d, "cpu", torch.bfloat16,
+                                                                         lengths))
+    x = qkv.view(b, s, h + 2 * hkv, d).transpose(1, 2)
+    qk = rotate(x[:, : h + hkv], rot)
+    k, v = caches[1].write(0, qk[:, h:], x[:, h + hkv :])
+    want = attention(qk[:, :h], k, v, mask)
+    assert torch.equal(fused.view(b, s, h, d).transpose(1, 2), want)
+    assert torch.equal(caches[0].k, caches[1].k) and torch.equal(caches[0].v, caches[1].v)
