@@ -2,7 +2,8 @@
 
 One AR forward (1 new token over a 138-token cached prompt) is timed whole, then again with parts replaced by stubs
 that return a tensor of the right shape at once: first the quantized products (int4 layers and the int8 LM head),
-then also the attention core (`invariant_attention`), the whole attention block, and the feed-forward. The
+then also the attention core (`invariant_attention`; on the native path `native_self_attention`, which also does
+RoPE and the KV write), the whole attention block, and the feed-forward. The
 differences split the step; the profiler would inflate the many small ops it wraps. Also counts the aten ops of one
 forward. Run: `python scripts/int4_step_breakdown.py [--threads 2] > docs/logs/int4-step-breakdown.log`. Cited by
 docs/results/precision.md (the static n-gram cache section).
@@ -18,6 +19,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import specgen.models.transformer as T
+from specgen import native
 from specgen.models import quantize as Q
 from specgen.text.target import load_text_model
 
@@ -63,7 +65,7 @@ def main() -> None:
         model(tok, pos, cache)
     print(f"prompt {prompt.shape[1]} tokens; one AR forward runs {sum(counted.ops.values())} aten ops "
           f"({counted.ops['_weight_int4pack_mm_for_cpu']} int4 products, {model.cfg.n_layers} layers); "
-          f"ms per forward, best of 3 x 100, {threads} thread(s)")
+          f"ms per forward, best of 3 x 100, {threads} thread(s); attention and row ops: {native.describe()}")
     whole = forward_ms()
     print(f"whole forward                          {whole:6.2f}")
     zeros: dict = {}
@@ -77,8 +79,10 @@ def main() -> None:
     rest = forward_ms()
     print(f"  quantized products stubbed           {rest:6.2f}   (products {whole - rest:5.2f})")
     T.invariant_attention = lambda q, k, v, p: q
+    T.native_self_attention = lambda qkv, rot, kc, vc, p: p.out.view(*qkv.shape[:2], -1)  # its result buffer
     no_core = forward_ms()
-    print(f"  + attention core stubbed             {no_core:6.2f}   (attention core {rest - no_core:5.2f})")
+    print(f"  + attention core stubbed             {no_core:6.2f}   (attention core {rest - no_core:5.2f}; native: "
+          "with RoPE and the KV write)")
     T.Attention.forward = lambda self, x, rot, layer, cache, mask, causal: x
     no_attn = forward_ms()
     print(f"  + attention block stubbed            {no_attn:6.2f}   (qkv split, RoPE, KV write, wo glue "

@@ -10,9 +10,9 @@ from specgen import native
 @pytest.fixture
 def fresh(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECGEN_CACHE", str(tmp_path))
-    native.attention.cache_clear()
+    native.library.cache_clear()
     yield tmp_path
-    native.attention.cache_clear()
+    native.library.cache_clear()
 
 
 def test_no_compiler_means_the_torch_path(fresh, monkeypatch):

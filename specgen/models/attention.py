@@ -80,7 +80,9 @@ class NativePlan:
     strides: dict = field(default_factory=dict)  # tensor strides -> ctypes int64[3], made once per layout
 
     def c_strides(self, x: torch.Tensor):
-        return self.strides.get(x.stride()) or self.strides.setdefault(x.stride(), (ctypes.c_int64 * 3)(*x.stride()[:3]))
+        """x's first three strides as a C int64[3], made once per layout."""
+        got = self.strides.get(x.stride())
+        return got if got is not None else self.strides.setdefault(x.stride(), (ctypes.c_int64 * 3)(*x.stride()[:3]))
 
 
 def native_plan(mask: torch.Tensor | None, b: int, s: int, t: int, heads: int, head_dim: int,

@@ -29,6 +29,7 @@ from specgen.errors import ContextOverflowError
 from specgen.models import prompt
 from specgen.models.attention import PLANS, NativePlan, invariant_attention, native_self_attention, plan
 from specgen.models.rope import SCALINGS, Rotation, check_positions, rotate, rotation, table_1d, table_2d
+from specgen.native import ops as native_ops
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if native_ops.usable(x, self.weight):  # the same formula in one pass (its float32 sum in a fixed order)
+            return native_ops.rms_norm(x, self.weight, self.eps)
         # HF's formula: F.rms_norm of float32 is bitwise x * rsqrt(mean(x^2) + eps) (tests/models/test_rope_norm.py)
         xf = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
         return self.weight * xf.to(x.dtype)
@@ -182,7 +185,8 @@ class FeedForward(nn.Module):
         self.w2 = nn.Linear(cfg.ffn_dim, cfg.dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        gate, up = self.w1(x), self.w3(x)
+        return self.w2(native_ops.silu_mul(gate, up) if native_ops.usable(gate) else F.silu(gate) * up)
 
 
 class Block(nn.Module):
@@ -199,7 +203,11 @@ class Block(nn.Module):
         self.feed_forward = FeedForward(cfg)
 
     def forward(self, x, rot, layer, cache, mask, causal, cross_kv):
-        x = x + self.attention(self.attention_norm(x), rot, layer, cache, mask, causal)
+        a = self.attention(self.attention_norm(x), rot, layer, cache, mask, causal)
+        if cross_kv is None and native_ops.usable(x, self.ffn_norm.weight):  # the add and the norm in one pass,
+            x, normed = native_ops.add_rms_norm(x, a, self.ffn_norm.weight, self.ffn_norm.eps)  # bitwise both apart
+            return x + self.feed_forward(normed)
+        x = x + a
         if cross_kv is not None:
             x = x + self.cross_attention(self.cross_norm(x), cross_kv)
         return x + self.feed_forward(self.ffn_norm(x))

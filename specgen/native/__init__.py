@@ -1,15 +1,16 @@
 """Native CPU kernels, compiled once per machine from the C sources beside this file and loaded with ctypes.
 
-Why: a low-precision SmolLM2 decode step runs ~2,300 small aten ops, and on this kind of CPU their dispatch costs
-as much as the quantized products (docs/results/precision.md). `attention.c` does a layer's attention in one call.
+Why: a low-precision SmolLM2 decode step ran ~2,300 small aten ops, and on this kind of CPU their dispatch cost
+as much as the quantized products (docs/results/precision.md). `attention.c` does a layer's RoPE, cache write and
+attention in one call; `glue.c` the norms, residual adds and the SiLU-gated product around the products.
 
-How: the first use compiles `attention.c` with the system C compiler (`$CC`, else `cc`) into a shared library under
+How: the first use compiles each source with the system C compiler (`$CC`, else `cc`) into a shared library under
 `$SPECGEN_CACHE` (default `~/.cache/specgen/native`), named by a hash of the source, the flags, the compiler's
 version and this CPU's model and flags (`-march=native` code must not run on another CPU kind sharing a home
 directory). Without a compiler, or with `SPECGEN_NATIVE=0`, nothing is built and callers use their torch path.
 
-Which path runs is decided once per process (`attention()`), so every forward of a model computes the same way: a
-speculative method is lossless against AR of the model that runs, whichever path that is. The two paths round
+Which path runs is decided once per process (`library()` is cached), so every forward of a model computes the same
+way: a speculative method is lossless against AR of the model that runs, whichever path that is. The two paths round
 differently, so a quantized model's greedy outputs may differ between a machine with a compiler and one without.
 """
 
@@ -75,24 +76,42 @@ def build(name: str) -> Path | None:
     return out
 
 
+PTR, INT, FLOAT = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+SIGNATURES = {  # library -> function -> (argument types, return type)
+    "attention": {"specgen_attend_bf16": ([PTR] * 9 + [INT] * 6 + [FLOAT], INT),
+                  "specgen_rope_write_attend_bf16": ([PTR] * 3 + [INT] + [PTR] * 9 + [INT] * 6 + [FLOAT], INT)},
+    "glue": {"specgen_rms_norm_bf16": ([PTR] * 3 + [INT, INT, FLOAT], INT),
+             "specgen_add_rms_norm_bf16": ([PTR] * 5 + [INT, INT, FLOAT], INT),
+             "specgen_silu_mul_bf16": ([PTR, PTR, ctypes.c_int64, PTR, INT, INT], None)},
+}
+
+
 @functools.cache
-def attention() -> ctypes.CDLL | None:
-    """The compiled attention library, or None (no compiler, a failed build, or `SPECGEN_NATIVE=0`)."""
+def library(name: str) -> ctypes.CDLL | None:
+    """The compiled library `name` (a key of SIGNATURES), or None (no compiler, a failed build, or
+    `SPECGEN_NATIVE=0`). Cached: a process decides once."""
     if os.environ.get("SPECGEN_NATIVE", "1") == "0":
         return None
-    path = build("attention")
+    path = build(name)
     if path is None:
         return None
     lib = ctypes.CDLL(str(path))
-    p, i = ctypes.c_void_p, ctypes.c_int
-    signatures = {"specgen_attend_bf16": [p] * 9 + [i] * 6 + [ctypes.c_float],
-                  "specgen_rope_write_attend_bf16": [p] * 3 + [i] + [p] * 9 + [i] * 6 + [ctypes.c_float]}
-    for name, args in signatures.items():
-        fn = getattr(lib, name)
-        fn.argtypes, fn.restype = args, i
+    for fn_name, (args, result) in SIGNATURES[name].items():
+        fn = getattr(lib, fn_name)
+        fn.argtypes, fn.restype = args, result
     return lib
 
 
+def attention() -> ctypes.CDLL | None:
+    """The attention kernels (attention.c), or None."""
+    return library("attention")
+
+
+def glue() -> ctypes.CDLL | None:
+    """The row-wise kernels between products (glue.c: RMSNorm, residual add + RMSNorm, SiLU-gated product), or None."""
+    return library("glue")
+
+
 def describe() -> str:
-    """One phrase for benchmark headers: which attention path low-precision targets run on the CPU."""
+    """One phrase for benchmark headers: which path bfloat16 and quantized targets run on the CPU."""
     return "native C (specgen/native)" if attention() is not None else "torch (no C compiler, or SPECGEN_NATIVE=0)"

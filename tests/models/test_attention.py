@@ -8,8 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from specgen import native
-from specgen.models import attention as A
-from specgen.models.attention import NativePlan, invariant_attention, plan
+from specgen.models.attention import CHUNK, NativePlan, invariant_attention, plan
 
 
 @pytest.fixture(params=["torch", "native"], autouse=True)
@@ -18,7 +17,7 @@ def backend(request, monkeypatch):
     if request.param == "native" and native.attention() is None:
         pytest.skip("no C compiler: the native kernel is not built here")
     if request.param == "torch":
-        monkeypatch.setattr(A, "uses_native", lambda dtype, device: False)
+        monkeypatch.setattr(native, "library", lambda name: None)  # as without a compiler
     return request.param
 
 
@@ -114,7 +113,7 @@ def test_a_tree_query_gets_exactly_its_ar_result(prefix):
     mask = torch.ones(1, 1, s, prefix + s, dtype=torch.bool)
     mask[..., prefix:] = tree
     tree_plan = plan(mask, 1, s, prefix + s, heads, kv_heads, d, "cpu", torch.bfloat16)
-    assert isinstance(tree_plan, NativePlan) or tree_plan.shared_chunks == prefix // A.CHUNK
+    assert isinstance(tree_plan, NativePlan) or tree_plan.shared_chunks == prefix // CHUNK
     out = invariant_attention(q, k, v, tree_plan)
     for i in range(5, s):  # each side-branch query against AR: keys = prefix + its path, contiguous
         path = [j for j in range(s) if tree[i, j]]

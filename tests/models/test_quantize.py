@@ -14,7 +14,6 @@ from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.target import ModelTarget
 from specgen.errors import UsageError
 from specgen.methods import METHODS, run_batch
-from specgen.models import attention as attention_module
 from specgen.models import quantize
 from specgen.models.quantize import (
     QuantizedEmbedding,
@@ -235,12 +234,12 @@ def ragged(n: int) -> list[list[int]]:
 def test_every_lossless_method_equals_ar_on_the_quantized_model(quantized_targets, method, mode, prompt_gemm,
                                                                   attention, monkeypatch):
     """Prompt prefills (models/prompt.py) run SDPA, and with `prompt_gemm` also the dequantized GEMM (these
-    prompts are shorter than the real crossover): the state after a prefill is the same for every method. Steps
-    attend with the native kernel where it is built, else (and with `attention="torch"`) the chunked torch path."""
+    prompts are shorter than the real crossover): the state after a prefill is the same for every method. Forwards
+    run the native kernels where they are built, else (and with `attention="torch"`) the torch paths."""
     if attention == "native" and native.attention() is None:
         pytest.skip("no C compiler: the native attention kernel is not built here")
-    if attention == "torch":
-        monkeypatch.setattr(attention_module, "uses_native", lambda dtype, device: False)
+    if attention == "torch":  # as without a compiler: no native kernel at all
+        monkeypatch.setattr(native, "library", lambda name: None)
     monkeypatch.setitem(quantize.PROMPT_MIN_ROWS, mode, 2 if prompt_gemm else 10**9)
     target = quantized_targets[mode]
     prompts = ragged(4)
