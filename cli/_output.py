@@ -82,6 +82,7 @@ def machine_label(device: str | None = None) -> str:
 
     import torch
 
+    from specgen import native
     from specgen.devices import is_cpu
     from specgen.models.kernel_choice import describe
     from specgen.models.layout import layout_name
@@ -91,7 +92,8 @@ def machine_label(device: str | None = None) -> str:
         return f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}, CUDA {torch.version.cuda}; host {host}"
     layout = layout_name()
     crossover = describe() if layout == "packed" else ""
-    return f"{host}, {layout} layout" + (f", {crossover}" if crossover else "")
+    kernels = "native C" if native.attention() is not None else "torch"  # bf16/quantized attention and row ops
+    return f"{host}, {layout} layout" + (f", {crossover}" if crossover else "") + f", low-precision kernels {kernels}"
 
 
 def check_rows_path(out, append: bool = False) -> None:
