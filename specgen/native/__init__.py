@@ -46,8 +46,8 @@ def cpu_signature() -> str:
 
 
 def build(name: str) -> Path | None:
-    """Compile `<name>.c` into the cache (once per source, flags, compiler and CPU); None without a compiler or when
-    the compile fails."""
+    """Compile `<name>.c` into the cache (once per source and shared headers, flags, compiler and CPU); None without
+    a compiler or when the compile fails."""
     cc = shutil.which(os.environ.get("CC", "cc"))
     if cc is None:
         return None
@@ -55,8 +55,8 @@ def build(name: str) -> Path | None:
         version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout.splitlines()
     except (OSError, subprocess.SubprocessError):
         return None
-    source = (SOURCE_DIR / f"{name}.c").read_bytes()
-    key = hashlib.sha256(b"\0".join([source, " ".join(FLAGS).encode(), (version or [""])[0].encode(),
+    sources = [(SOURCE_DIR / f"{name}.c").read_bytes()] + [h.read_bytes() for h in sorted(SOURCE_DIR.glob("*.h"))]
+    key = hashlib.sha256(b"\0".join([*sources, " ".join(FLAGS).encode(), (version or [""])[0].encode(),
                                      cpu_signature().encode()])).hexdigest()[:16]
     out = cache_dir() / f"{name}-{key}.so"
     if out.is_file():

@@ -18,6 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common.h"
+
 #define LANES 16
 typedef float v16f __attribute__((vector_size(64)));  /* GCC/Clang vectors: lane-wise IEEE ops on any x86 */
 typedef uint16_t v16h __attribute__((vector_size(32)));
@@ -41,21 +43,6 @@ static inline v16f fma16(v16f a, v16f b, v16f c) {
 static inline v16f fma16(v16f a, v16f b, v16f c) { return a * b + c; }  /* -ffp-contract=off: two roundings */
 #endif
 
-static inline float bf16_to_f32(uint16_t x) {
-    uint32_t u = (uint32_t)x << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-/* round to nearest even, as torch converts float32 to bfloat16 (NaN -> 0x7FC0) */
-static inline uint16_t f32_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
 /* a bfloat16 row of d values as float32 vectors, zero past d (zeros add exact zeros to every sum below) */
 static inline void load_row(const uint16_t *src, int d, v16f *dst, int blocks) {
     int e = 0;
@@ -71,28 +58,6 @@ static inline void load_row(const uint16_t *src, int d, v16f *dst, int blocks) {
         memcpy(&dst[e / LANES], tail, sizeof tail);
     }
     (void)blocks;
-}
-
-/* e^x for x <= 0 (a score minus its row max): Cody-Waite reduction to r in [-ln2/2, ln2/2], degree-6 Taylor,
- * scaled by 2^k through the exponent bits. Below -87 it returns e^-87 (~1.6e-38): negligible beside the max's 1. */
-static inline float exp_nonpositive(float x) {
-    x = x < -87.0f ? -87.0f : x;
-    float kf = x * 1.44269504f + 12582912.0f;  /* round to nearest by the 1.5 * 2^23 trick */
-    kf = kf - 12582912.0f;
-    float r = x - kf * 0.693145751953125f;
-    r = r - kf * 1.428606765330187e-06f;
-    float p = 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    int32_t k = (int32_t)kf;
-    uint32_t bits = (uint32_t)(k + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
 }
 
 /* Lane i of the result: the 16 lanes of a[i] summed by a fixed tree (l + 8, then + 4, then (0 + 2) + (1 + 3)). */
@@ -231,7 +196,6 @@ int specgen_attend_bf16(const uint16_t *q, const int64_t *qs, const uint16_t *k,
     return 0;
 }
 
-static inline float round_bf16(float x) { return bf16_to_f32(f32_to_bf16(x)); }
 
 /* x [D] rotated by RoPE exactly as torch's `rope.rotate` computes it in bfloat16: x * cos and partner(x) * sin each
  * rounded to bfloat16, their sum rounded again. partner(e) = e + D/2 mod D ("half") or e ^ 1 ("interleaved"); cos

@@ -10,24 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common.h"
+
 #define LANES 16
-
-static inline float bf16_to_f32(uint16_t x) {
-    uint32_t u = (uint32_t)x << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-/* round to nearest even, as torch converts float32 to bfloat16 (NaN -> 0x7FC0) */
-static inline uint16_t f32_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
-static inline float round_bf16(float x) { return bf16_to_f32(f32_to_bf16(x)); }
 
 /* sum of x[0..n) in 16 lanes (lane l adds l, l + 16, ... in order), the lanes summed by a fixed tree */
 static float lane_sum(const float *x, int n) {
@@ -77,27 +62,6 @@ int specgen_add_rms_norm_bf16(const uint16_t *x, const uint16_t *a, const uint16
     }
     free(scratch);
     return 0;
-}
-
-/* e^x for x <= 0: as attention.c's exp_nonpositive */
-static inline float exp_nonpositive(float x) {
-    x = x < -87.0f ? -87.0f : x;
-    float kf = x * 1.44269504f + 12582912.0f;
-    kf = kf - 12582912.0f;
-    float r = x - kf * 0.693145751953125f;
-    r = r - kf * 1.428606765330187e-06f;
-    float p = 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    int32_t k = (int32_t)kf;
-    uint32_t bits = (uint32_t)(k + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
 }
 
 /* out [rows, hidden] = bfloat16(bfloat16(silu(gate)) * up), gate and up rows at a row stride (the halves of one
