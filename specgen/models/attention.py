@@ -107,6 +107,8 @@ def native_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Nativ
     """`invariant_attention` by the native kernel: [B, H, S, D] bfloat16, a view of `p.out`."""
     b, h, s, d = q.shape
     hkv, t = k.shape[1], k.shape[2]
+    if not q.dtype == k.dtype == v.dtype == torch.bfloat16:  # the kernel reads raw bfloat16
+        raise TypeError(f"native attention takes bfloat16 only, got {q.dtype} queries, {k.dtype} keys")
     if q.stride(-1) != 1:
         q = q.contiguous()
     if k.stride(-1) != 1 or v.stride(-1) != 1:
@@ -129,6 +131,8 @@ def native_self_attention(
     native_attention compute); returns [B, S, H * D], a view of `p.out`."""
     b, s, h, d = p.out.shape
     hkv = kc.shape[1]
+    if not qkv.dtype == kc.dtype == vc.dtype == rot.cos.dtype == torch.bfloat16:  # the kernel reads raw bfloat16
+        raise TypeError(f"native attention takes bfloat16 only, got {qkv.dtype} activations, {kc.dtype} cache")
     cos, sin = rot.cos.contiguous(), rot.sin.contiguous()  # no-ops: rope.rotation makes them contiguous
     status = native.attention().specgen_rope_write_attend_bf16(
         qkv.contiguous().data_ptr(), cos.data_ptr(), sin.data_ptr(), int(rot.layout == "half"), kc.data_ptr(),

@@ -34,6 +34,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def add_rms_norm(x: torch.Tensor, a: torch.Tensor, weight: torch.Tensor, eps: float
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + a, RMSNorm(x + a)): a residual add and the pre-norm after it, in one pass ([..., dim] bfloat16 each)."""
+    if a.dtype != torch.bfloat16:  # the kernel reads raw bfloat16 (x and weight were checked by `usable`)
+        raise TypeError(f"add_rms_norm takes bfloat16, got {a.dtype}")
     x, a = x.contiguous(), a.contiguous()
     total, out = torch.empty_like(x), torch.empty_like(x)
     dim = x.shape[-1]
@@ -45,6 +47,8 @@ def add_rms_norm(x: torch.Tensor, a: torch.Tensor, weight: torch.Tensor, eps: fl
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """bfloat16(silu(gate)) * up, as `F.silu(gate) * up` rounds it: [..., hidden] bfloat16. gate and up may be the two
     halves of one fused product (views with the same row stride)."""
+    if not gate.dtype == up.dtype == torch.bfloat16:  # the kernel reads raw bfloat16
+        raise TypeError(f"silu_mul takes bfloat16, got {gate.dtype} and {up.dtype}")
     hidden = gate.shape[-1]
     g, u = gate.reshape(-1, hidden), up.reshape(-1, hidden)  # views where the layout allows
     if g.stride() != u.stride() or g.stride(1) != 1:
