@@ -21,7 +21,8 @@ them, so a chunk's sums group its terms differently (pcllm-mr with a lookup bran
 AR on 7 of 30 prompts). `tree_attention` gives each query AR's layout: its scores reordered into it, and its values
 past the shared prefix copied into it, per layer.
 
-Native path: on a CPU with a C compiler, bfloat16 forwards run `specgen/native/attention.c` instead (`NativePlan`),
+Native path: on a CPU with a C compiler, cached bfloat16 and float32 forwards (decode steps, verifies, trees; not
+a text prompt's prefill) run `specgen/native/attention.c` instead (`NativePlan`),
 one call a layer. It takes each query's visible slots as a list in ascending slot order, which is AR's order for
 trees too, and computes each (query, kv head) alone in a fixed order: invariant by construction, with none of the
 staging above. Which path a process runs is decided once (`specgen.native.attention`), so all forwards agree.
@@ -74,9 +75,9 @@ class NativePlan:
 
     idx: torch.Tensor  # [B, S, T] int32: query (b, s)'s visible slots first, ascending (the rest: unread)
     count: torch.Tensor  # [B, S] int32: how many slots query (b, s) sees
-    out: torch.Tensor  # [B, S, H, D] bfloat16: every layer's result (the layout the output projection reads)
+    out: torch.Tensor  # [B, S, H, D] in the activation dtype: every layer's result (the output projection's layout)
     slots: torch.Tensor | None = None  # [B, S] int32: the cache slot of each new token (lengths[b] + s)
-    qbuf: torch.Tensor | None = None  # [B, H, S, D] bfloat16: the rotated queries (native_self_attention)
+    qbuf: torch.Tensor | None = None  # [B, H, S, D]: the rotated queries (native_self_attention)
     strides: dict = field(default_factory=dict)  # tensor strides -> ctypes int64[3], made once per layout
 
     def c_strides(self, x: torch.Tensor):
@@ -86,9 +87,9 @@ class NativePlan:
 
 
 def native_plan(mask: torch.Tensor | None, b: int, s: int, t: int, heads: int, head_dim: int,
-                lengths: list[int] | None = None) -> NativePlan:
-    """The native kernel's plan of a forward of S queries over T key slots (CPU, bfloat16); with the cache's
-    `lengths`, also where the forward's new keys go (native_self_attention writes them)."""
+                lengths: list[int] | None = None, dtype: torch.dtype = torch.bfloat16) -> NativePlan:
+    """The native kernel's plan of a forward of S queries over T key slots (CPU, bfloat16 or float32); with the
+    cache's `lengths`, also where the forward's new keys go (native_self_attention writes them)."""
     if mask is None:
         idx = torch.arange(t, dtype=torch.int32).expand(b, s, t).contiguous()
         count = torch.full((b, s), t, dtype=torch.int32)
@@ -96,33 +97,33 @@ def native_plan(mask: torch.Tensor | None, b: int, s: int, t: int, heads: int, h
         seen = mask[:, 0]  # [B, S, T]
         idx = torch.sort((~seen).to(torch.int8), dim=-1, stable=True).indices.to(torch.int32)
         count = seen.sum(-1, dtype=torch.int32)
-    p = NativePlan(idx, count, torch.empty(b, s, heads, head_dim, dtype=torch.bfloat16))
+    p = NativePlan(idx, count, torch.empty(b, s, heads, head_dim, dtype=dtype))
     if lengths is not None:
         p.slots = (torch.tensor(lengths, dtype=torch.int32)[:, None] + torch.arange(s, dtype=torch.int32)).contiguous()
-        p.qbuf = torch.empty(b, heads, s, head_dim, dtype=torch.bfloat16)
+        p.qbuf = torch.empty(b, heads, s, head_dim, dtype=dtype)
     return p
 
 
 def native_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: NativePlan) -> torch.Tensor:
-    """`invariant_attention` by the native kernel: [B, H, S, D] bfloat16, a view of `p.out`."""
+    """`invariant_attention` by the native kernel: [B, H, S, D] in q's dtype, a view of `p.out`."""
     b, h, s, d = q.shape
     hkv, t = k.shape[1], k.shape[2]
-    if not q.dtype == k.dtype == v.dtype == torch.bfloat16:  # the kernel reads raw bfloat16
-        raise TypeError(f"native attention takes bfloat16 only, got {q.dtype} queries, {k.dtype} keys")
+    if not q.dtype == k.dtype == v.dtype == p.out.dtype:  # the kernel reads raw elements of one dtype
+        raise TypeError(f"native attention takes one dtype, got {q.dtype} queries, {k.dtype} keys, {p.out.dtype} plan")
     if q.stride(-1) != 1:
         q = q.contiguous()
     if k.stride(-1) != 1 or v.stride(-1) != 1:
         k, v = k.contiguous(), v.contiguous()
-    status = native.attention().specgen_attend_bf16(
+    status = native.attention().specgen_attend(
         q.data_ptr(), p.c_strides(q), k.data_ptr(), p.c_strides(k), v.data_ptr(), p.c_strides(v), p.idx.data_ptr(),
-        p.count.data_ptr(), p.out.data_ptr(), b, h, hkv, s, d, t, d**-0.5)
+        p.count.data_ptr(), p.out.data_ptr(), q.element_size(), b, h, hkv, s, d, t, d**-0.5)
     check(status)
     return p.out.transpose(1, 2)
 
 
 def native_self_attention(
-    qkv: torch.Tensor,  # [B, S, (H + 2 Hkv) * D] bfloat16: the fused projection's output
-    rot,  # rope.Rotation: cos, sin [B, 1, S, D] bfloat16
+    qkv: torch.Tensor,  # [B, S, (H + 2 Hkv) * D]: the fused projection's output (bfloat16 or float32)
+    rot,  # rope.Rotation: cos, sin [B, 1, S, D] in qkv's dtype
     kc: torch.Tensor,  # [B, Hkv, T_max, D] the cache layer's keys (written at p.slots)
     vc: torch.Tensor,  # [B, Hkv, T_max, D] and values
     p: NativePlan,
@@ -131,13 +132,13 @@ def native_self_attention(
     native_attention compute); returns [B, S, H * D], a view of `p.out`."""
     b, s, h, d = p.out.shape
     hkv = kc.shape[1]
-    if not qkv.dtype == kc.dtype == vc.dtype == rot.cos.dtype == torch.bfloat16:  # the kernel reads raw bfloat16
-        raise TypeError(f"native attention takes bfloat16 only, got {qkv.dtype} activations, {kc.dtype} cache")
+    if not qkv.dtype == kc.dtype == vc.dtype == rot.cos.dtype == p.out.dtype:  # raw elements of one dtype
+        raise TypeError(f"native attention takes one dtype, got {qkv.dtype} activations, {kc.dtype} cache")
     cos, sin = rot.cos.contiguous(), rot.sin.contiguous()  # no-ops: rope.rotation makes them contiguous
-    status = native.attention().specgen_rope_write_attend_bf16(
+    status = native.attention().specgen_rope_write_attend(
         qkv.contiguous().data_ptr(), cos.data_ptr(), sin.data_ptr(), int(rot.layout == "half"), kc.data_ptr(),
         p.c_strides(kc), vc.data_ptr(), p.c_strides(vc), p.slots.data_ptr(), p.qbuf.data_ptr(), p.idx.data_ptr(),
-        p.count.data_ptr(), p.out.data_ptr(), b, h, hkv, s, d, p.idx.shape[-1], d**-0.5)
+        p.count.data_ptr(), p.out.data_ptr(), qkv.element_size(), b, h, hkv, s, d, p.idx.shape[-1], d**-0.5)
     check(status)
     return p.out.view(b, s, h * d)
 
@@ -147,12 +148,15 @@ def check(status: int) -> None:
         raise MemoryError(f"native attention failed (status {status}): no scratch memory, or over 64 heads per kv head")
 
 
+NATIVE_DTYPES = (torch.bfloat16, torch.float32)
 PLANS = (AttentionPlan, NativePlan)  # what `plan` returns; a layer given one attends with `invariant_attention`
 
 
 def uses_native(dtype: torch.dtype, device: torch.device | str) -> bool:
-    """Whether forwards in `dtype` on `device` run the native kernel (decided once per process)."""
-    return dtype == torch.bfloat16 and torch.device(device).type == "cpu" and native.attention() is not None
+    """Whether cached forwards in `dtype` on `device` run the native kernel: a CPU where it was built (decided once
+    per process), grad mode off (it has no backward; decoding runs under inference mode)."""
+    return (dtype in NATIVE_DTYPES and torch.device(device).type == "cpu" and not torch.is_grad_enabled()
+            and native.attention() is not None)
 
 
 def plan(
@@ -161,9 +165,10 @@ def plan(
     dtype: torch.dtype = torch.float32, lengths: list[int] | None = None,
 ) -> AttentionPlan | NativePlan:
     """The plan of a forward of S queries over T key slots (made once, used by every layer); the native kernel's
-    for bfloat16 on a CPU where it was built (given the cache `lengths`, its layers may use native_self_attention)."""
+    for bfloat16 or float32 on a CPU where it was built (given the cache `lengths`, its layers may use
+    native_self_attention)."""
     if uses_native(dtype, device):
-        return native_plan(mask, b, s, t, heads, head_dim, lengths)
+        return native_plan(mask, b, s, t, heads, head_dim, lengths, dtype)
     n, group = -(-t // CHUNK), heads // kv_heads
     rows = group * s
     if mask is None:

@@ -338,7 +338,7 @@ class QuantizedFeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., dim] -> [..., dim]
         gate, up = self.w13(x).split(self.hidden, -1)  # [..., hidden] each
-        return self.w2(native_ops.silu_mul(gate, up) if native_ops.usable(gate) else F.silu(gate) * up)
+        return self.w2(native_ops.silu_mul(gate, up) if native_ops.usable(gate, up) else F.silu(gate) * up)
 
 
 class QuantizedEmbedding(nn.Module):

@@ -27,7 +27,8 @@ from torch import nn
 from specgen.decoding.cache import KVCache
 from specgen.errors import ContextOverflowError
 from specgen.models import prompt
-from specgen.models.attention import PLANS, NativePlan, invariant_attention, native_self_attention, plan
+from specgen.models.attention import (PLANS, NativePlan, invariant_attention, native_self_attention, plan,
+                                      uses_native)
 from specgen.models.rope import SCALINGS, Rotation, check_positions, rotate, rotation, table_1d, table_2d
 from specgen.native import ops as native_ops
 
@@ -186,7 +187,7 @@ class FeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.w1(x), self.w3(x)
-        return self.w2(native_ops.silu_mul(gate, up) if native_ops.usable(gate) else F.silu(gate) * up)
+        return self.w2(native_ops.silu_mul(gate, up) if native_ops.usable(gate, up) else F.silu(gate) * up)
 
 
 class Block(nn.Module):
@@ -204,7 +205,7 @@ class Block(nn.Module):
 
     def forward(self, x, rot, layer, cache, mask, causal, cross_kv):
         a = self.attention(self.attention_norm(x), rot, layer, cache, mask, causal)
-        if cross_kv is None and native_ops.usable(x, self.ffn_norm.weight):  # the add and the norm in one pass,
+        if cross_kv is None and native_ops.usable(x, a, self.ffn_norm.weight):  # the add and the norm in one pass,
             x, normed = native_ops.add_rms_norm(x, a, self.ffn_norm.weight, self.ffn_norm.eps)  # bitwise both apart
             return x + self.feed_forward(normed)
         x = x + a
@@ -341,8 +342,9 @@ class Transformer(nn.Module):
             cache.check_room(s)
             mask = cache.hide_keys(attn_mask) if attn_mask is not None else cache.prefix_mask(s, tree_mask)
             causal = False
-            if h.dtype != torch.float32 and not prompt.active():  # low precision: batch/width-invariant attention
-                t = mask.shape[-1] if mask is not None else max(cache.lengths) + s  # (models/attention.py)
+            invariant = h.dtype != torch.float32 or uses_native(h.dtype, h.device)  # the native kernel, or low
+            if invariant and not prompt.active():  # precision: batch/width-invariant attention (models/attention.py)
+                t = mask.shape[-1] if mask is not None else max(cache.lengths) + s
                 mask = plan(mask, h.shape[0], s, t, self.cfg.n_heads, self.cfg.n_kv_heads, self.cfg.hd, h.device,
                             h.dtype, cache.lengths)
             elif mask is not None:  # SDPA turns a bool mask into this (0 / -inf) in every layer; once per forward here

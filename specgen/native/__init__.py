@@ -77,12 +77,12 @@ def build(name: str) -> Path | None:
 
 
 PTR, INT, FLOAT = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
-SIGNATURES = {  # library -> function -> (argument types, return type)
-    "attention": {"specgen_attend_bf16": ([PTR] * 9 + [INT] * 6 + [FLOAT], INT),
-                  "specgen_rope_write_attend_bf16": ([PTR] * 3 + [INT] + [PTR] * 9 + [INT] * 6 + [FLOAT], INT)},
-    "glue": {"specgen_rms_norm_bf16": ([PTR] * 3 + [INT, INT, FLOAT], INT),
-             "specgen_add_rms_norm_bf16": ([PTR] * 5 + [INT, INT, FLOAT], INT),
-             "specgen_silu_mul_bf16": ([PTR, PTR, ctypes.c_int64, PTR, INT, INT], None)},
+SIGNATURES = {  # library -> function -> (argument types, return type); `es`: element size, 2 bfloat16 / 4 float32
+    "attention": {"specgen_attend": ([PTR] * 9 + [INT] * 7 + [FLOAT], INT),
+                  "specgen_rope_write_attend": ([PTR] * 3 + [INT] + [PTR] * 9 + [INT] * 7 + [FLOAT], INT)},
+    "glue": {"specgen_rms_norm": ([PTR] * 3 + [INT, INT, FLOAT, INT], INT),
+             "specgen_add_rms_norm": ([PTR] * 5 + [INT, INT, FLOAT, INT], INT),
+             "specgen_silu_mul": ([PTR, PTR, ctypes.c_int64, PTR, INT, INT, INT], None)},
 }
 
 

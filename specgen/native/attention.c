@@ -43,21 +43,25 @@ static inline v16f fma16(v16f a, v16f b, v16f c) {
 static inline v16f fma16(v16f a, v16f b, v16f c) { return a * b + c; }  /* -ffp-contract=off: two roundings */
 #endif
 
-/* a bfloat16 row of d values as float32 vectors, zero past d (zeros add exact zeros to every sum below) */
-static inline void load_row(const uint16_t *src, int d, v16f *dst, int blocks) {
+/* a row of d values (es = 2: bfloat16, 4: float32) as float32 vectors, zero past d (zeros add exact zeros to every
+ * sum below) */
+static inline void load_row(const void *src, int es, int d, v16f *dst) {
     int e = 0;
-    for (; e + LANES <= d; e += LANES) {
-        v16h h;
-        memcpy(&h, src + e, sizeof h);
-        v16u u = __builtin_convertvector(h, v16u) << 16;
-        memcpy(&dst[e / LANES], &u, sizeof u);
+    if (es == 4) {
+        for (; e + LANES <= d; e += LANES) memcpy(&dst[e / LANES], (const float *)src + e, sizeof(v16f));
+    } else {
+        for (; e + LANES <= d; e += LANES) {
+            v16h h;
+            memcpy(&h, (const uint16_t *)src + e, sizeof h);
+            v16u u = __builtin_convertvector(h, v16u) << 16;
+            memcpy(&dst[e / LANES], &u, sizeof u);
+        }
     }
     if (e < d) {
         float tail[LANES] = {0};
-        for (int l = 0; e + l < d; l++) tail[l] = bf16_to_f32(src[e + l]);
+        for (int l = 0; e + l < d; l++) tail[l] = load1(src, e + l, es);
         memcpy(&dst[e / LANES], tail, sizeof tail);
     }
-    (void)blocks;
 }
 
 /* Lane i of the result: the 16 lanes of a[i] summed by a fixed tree (l + 8, then + 4, then (0 + 2) + (1 + 3)). */
@@ -87,23 +91,23 @@ static inline float lane_sum(v16f a) {
 /* One (row, kv head, query): its G heads over its `n` visible slots; `blocks` = D/16 rounded up (a constant in each
  * inlined copy). Scratch: qf [G][blocks], kbuf [16][blocks] and o [G][blocks] vectors; sc [G][n rounded up to 16]. */
 static inline __attribute__((always_inline)) void attend_one(
-        const uint16_t *q, int64_t q_head, const uint16_t *k, int64_t k_slot, const uint16_t *v, int64_t v_slot,
-        const int32_t *idx, int n, uint16_t *out, int g, int d, const int blocks, float scale,
+        const void *q, int64_t q_head, const void *k, int64_t k_slot, const void *v, int64_t v_slot,
+        const int32_t *idx, int n, void *out, int es, int g, int d, const int blocks, float scale,
         v16f *qf, v16f *kbuf, v16f *o, float *sc) {
     if (n == 0) {
-        memset(out, 0, sizeof(uint16_t) * (size_t)g * d);
+        memset(out, 0, (size_t)es * g * d);
         return;
     }
     int64_t stride = (n + LANES - 1) / LANES * LANES;  /* of sc's rows */
     for (int j = 0; j < g; j++) {
-        load_row(q + j * q_head, d, qf + j * blocks, blocks);
+        load_row(AT(q, j * q_head), es, d, qf + j * blocks);
         for (int c = 0; c < blocks; c++) qf[j * blocks + c] *= scale;
     }
     /* 1. scores, 16 keys of the list at a time: lane l of a key's dot product adds d = l, l + 16, ... in order, and
      *    its 16 lanes are summed by transpose_sum's tree; a short last block is padded with zero products */
     for (int i0 = 0; i0 < n; i0 += LANES) {
         int m = n - i0 < LANES ? n - i0 : LANES;
-        for (int i = 0; i < m; i++) load_row(k + (int64_t)idx[i0 + i] * k_slot, d, kbuf + i * blocks, blocks);
+        for (int i = 0; i < m; i++) load_row(AT(k, idx[i0 + i] * k_slot), es, d, kbuf + i * blocks);
         for (int j = 0; j < g; j++) {
             const v16f *qj = qf + j * blocks;
             v16f acc[LANES];
@@ -140,7 +144,7 @@ static inline __attribute__((always_inline)) void attend_one(
     for (int c = 0; c < g * blocks; c++) o[c] = (v16f){0};
     for (int i0 = 0; i0 < n; i0 += LANES) {
         int m = n - i0 < LANES ? n - i0 : LANES;
-        for (int i = 0; i < m; i++) load_row(v + (int64_t)idx[i0 + i] * v_slot, d, kbuf + i * blocks, blocks);
+        for (int i = 0; i < m; i++) load_row(AT(v, idx[i0 + i] * v_slot), es, d, kbuf + i * blocks);
         for (int j = 0; j < g; j++) {
             v16f a[blocks];
             for (int c = 0; c < blocks; c++) a[c] = o[j * blocks + c];
@@ -150,23 +154,23 @@ static inline __attribute__((always_inline)) void attend_one(
             for (int c = 0; c < blocks; c++) o[j * blocks + c] = a[c];
         }
     }
-    /* 4. divide, round once to bfloat16 */
+    /* 4. divide (rounded once to bfloat16 when es = 2) */
     for (int j = 0; j < g; j++) {
         float row[LANES];
         for (int c = 0; c < blocks; c++) {
             v16f r = o[j * blocks + c] / sums[j];
             memcpy(row, &r, sizeof row);
-            for (int l = 0; l < LANES && c * LANES + l < d; l++) out[j * d + c * LANES + l] = f32_to_bf16(row[l]);
+            for (int l = 0; l < LANES && c * LANES + l < d; l++) store(out, j * d + c * LANES + l, row[l], es);
         }
     }
 }
 
-/* q [B, H, S, D] (strides qs[0..2], D contiguous); k, v [B, Hkv, T, D] (strides ks[0..2] and vs[0..2]);
- * idx [B, S, T] int32 and count [B, S] int32 (contiguous); out [B, S, H, D] contiguous. Returns 0, or -1 when
- * scratch memory cannot be had or G > 64. */
-int specgen_attend_bf16(const uint16_t *q, const int64_t *qs, const uint16_t *k, const int64_t *ks,
-                        const uint16_t *v, const int64_t *vs, const int32_t *idx, const int32_t *count, uint16_t *out,
-                        int b, int h, int hkv, int s, int d, int t, float scale) {
+/* q [B, H, S, D] (strides qs[0..2] in elements, D contiguous); k, v [B, Hkv, T, D] (strides ks[0..2], vs[0..2]);
+ * idx [B, S, T] int32 and count [B, S] int32 (contiguous); out [B, S, H, D] contiguous; every tensor bfloat16
+ * (es = 2) or float32 (es = 4). Returns 0, or -1 when scratch memory cannot be had or G > 64. */
+int specgen_attend(const void *q, const int64_t *qs, const void *k, const int64_t *ks, const void *v,
+                   const int64_t *vs, const int32_t *idx, const int32_t *count, void *out, int es,
+                   int b, int h, int hkv, int s, int d, int t, float scale) {
     int g = h / hkv;
     if (g > 64) return -1;
     int blocks = (d + LANES - 1) / LANES;
@@ -179,11 +183,11 @@ int specgen_attend_bf16(const uint16_t *q, const int64_t *qs, const uint16_t *k,
     for (int bi = 0; bi < b; bi++)                                                                                 \
         for (int kh = 0; kh < hkv; kh++)                                                                           \
             for (int si = 0; si < s; si++)                                                                         \
-                attend_one(q + bi * qs[0] + (int64_t)kh * g * qs[1] + si * qs[2], qs[1],                            \
-                           k + bi * ks[0] + kh * ks[1], ks[2], v + bi * vs[0] + kh * vs[1], vs[2],                  \
+                attend_one(AT(q, bi * qs[0] + (int64_t)kh * g * qs[1] + si * qs[2]), qs[1],                        \
+                           AT(k, bi * ks[0] + kh * ks[1]), ks[2], AT(v, bi * vs[0] + kh * vs[1]), vs[2],            \
                            idx + ((int64_t)bi * s + si) * t, count[bi * s + si],                                    \
-                           out + (((int64_t)bi * s + si) * h + (int64_t)kh * g) * d, g, d, BLOCKS, scale,           \
-                           qf, kbuf, o, sc)
+                           (char *)out + ((((int64_t)bi * s + si) * h + (int64_t)kh * g) * d) * es, es, g, d,       \
+                           BLOCKS, scale, qf, kbuf, o, sc)
     switch (blocks) {  /* one inlined copy per head size in 16s: its loops over D fully unrolled */
         case 1: LOOP(1); break;
         case 2: LOOP(2); break;
@@ -196,41 +200,42 @@ int specgen_attend_bf16(const uint16_t *q, const int64_t *qs, const uint16_t *k,
     return 0;
 }
 
-
-/* x [D] rotated by RoPE exactly as torch's `rope.rotate` computes it in bfloat16: x * cos and partner(x) * sin each
- * rounded to bfloat16, their sum rounded again. partner(e) = e + D/2 mod D ("half") or e ^ 1 ("interleaved"); cos
- * and sin [D] carry their layout's signs (rope.rotation). */
-static void rotate_row(const uint16_t *x, const uint16_t *cs, const uint16_t *sn, int d, int half, uint16_t *dst) {
+/* x [D] rotated by RoPE exactly as torch's `rope.rotate` computes it in the tensors' dtype: x * cos and
+ * partner(x) * sin each rounded to it, their sum rounded again. partner(e) = e + D/2 mod D ("half") or e ^ 1
+ * ("interleaved"); cos and sin [D] carry their layout's signs (rope.rotation). */
+static void rotate_row(const void *x, const void *cs, const void *sn, int es, int d, int half, void *dst) {
     for (int e = 0; e < d; e++) {
         int p = half ? (e + d / 2) % d : e ^ 1;
-        float a = round_bf16(bf16_to_f32(x[e]) * bf16_to_f32(cs[e]));
-        float b = round_bf16(bf16_to_f32(x[p]) * bf16_to_f32(sn[e]));
-        dst[e] = f32_to_bf16(a + b);
+        float a = rnd(load1(x, e, es) * load1(cs, e, es), es);
+        float b = rnd(load1(x, p, es) * load1(sn, e, es), es);
+        store(dst, e, a + b, es);
     }
 }
 
 /* A self-attention layer's work between its two products, in one call: the fused projection's output qkv
  * [B, S, H + 2 Hkv, D] (contiguous) has its q and k rotated (cos, sin [B, S, D]), k and v are written to the cache
  * layer (kc, vc [B, Hkv, T_max, D], strides ks, vs) at slot slots[b, s], and the queries (staged in qbuf
- * [B, H, S, D]) attend as in specgen_attend_bf16, into out [B, S, H, D]. */
-int specgen_rope_write_attend_bf16(const uint16_t *qkv, const uint16_t *cs, const uint16_t *sn, int half,
-                                   uint16_t *kc, const int64_t *ks, uint16_t *vc, const int64_t *vs,
-                                   const int32_t *slots, uint16_t *qbuf, const int32_t *idx, const int32_t *count,
-                                   uint16_t *out, int b, int h, int hkv, int s, int d, int t, float scale) {
+ * [B, H, S, D]) attend as in specgen_attend, into out [B, S, H, D]; es as there. */
+int specgen_rope_write_attend(const void *qkv, const void *cs, const void *sn, int half, void *kc, const int64_t *ks,
+                              void *vc, const int64_t *vs, const int32_t *slots, void *qbuf, const int32_t *idx,
+                              const int32_t *count, void *out, int es, int b, int h, int hkv, int s, int d, int t,
+                              float scale) {
     int w = h + 2 * hkv;
     for (int bi = 0; bi < b; bi++)
         for (int si = 0; si < s; si++) {
             int64_t bs = (int64_t)bi * s + si;
-            const uint16_t *row = qkv + bs * w * d, *c = cs + bs * d, *sn_row = sn + bs * d;
+            const void *row = AT(qkv, bs * w * d), *c = AT(cs, bs * d), *sn_row = AT(sn, bs * d);
             int64_t slot = slots[bs];
             for (int hh = 0; hh < h; hh++)
-                rotate_row(row + (int64_t)hh * d, c, sn_row, d, half, qbuf + (((int64_t)bi * h + hh) * s + si) * d);
+                rotate_row(AT(row, (int64_t)hh * d), c, sn_row, es, d, half,
+                           (char *)qbuf + (((int64_t)bi * h + hh) * s + si) * d * es);
             for (int g = 0; g < hkv; g++) {
-                rotate_row(row + (int64_t)(h + g) * d, c, sn_row, d, half, kc + bi * ks[0] + g * ks[1] + slot * ks[2]);
-                memcpy(vc + bi * vs[0] + g * vs[1] + slot * vs[2], row + (int64_t)(h + hkv + g) * d,
-                       sizeof(uint16_t) * d);
+                rotate_row(AT(row, (int64_t)(h + g) * d), c, sn_row, es, d, half,
+                           (char *)kc + (bi * ks[0] + g * ks[1] + slot * ks[2]) * es);
+                memcpy((char *)vc + (bi * vs[0] + g * vs[1] + slot * vs[2]) * es, AT(row, (int64_t)(h + hkv + g) * d),
+                       (size_t)es * d);
             }
         }
     int64_t qs[3] = {(int64_t)h * s * d, (int64_t)s * d, d};
-    return specgen_attend_bf16(qbuf, qs, kc, ks, vc, vs, idx, count, out, b, h, hkv, s, d, t, scale);
+    return specgen_attend(qbuf, qs, kc, ks, vc, vs, idx, count, out, es, b, h, hkv, s, d, t, scale);
 }

@@ -1,4 +1,5 @@
-/* Scalar helpers shared by specgen's native kernels: bfloat16 <-> float32 as torch converts, and a fixed exp. */
+/* Scalar helpers shared by specgen's native kernels: bfloat16 <-> float32 as torch converts, element access for
+ * either dtype, and a fixed exp. */
 #ifndef SPECGEN_COMMON_H
 #define SPECGEN_COMMON_H
 
@@ -21,6 +22,18 @@ static inline uint16_t f32_to_bf16(float f) {
 }
 
 static inline float round_bf16(float x) { return bf16_to_f32(f32_to_bf16(x)); }
+
+/* Element i of a bfloat16 (es = 2) or float32 (es = 4) array; storing rounds to the array's dtype, as torch does. */
+#define AT(ptr, i) ((const char *)(ptr) + (int64_t)(i) * es)
+static inline float load1(const void *src, int64_t i, int es) {
+    return es == 4 ? ((const float *)src)[i] : bf16_to_f32(((const uint16_t *)src)[i]);
+}
+static inline void store(void *dst, int64_t i, float x, int es) {
+    if (es == 4) ((float *)dst)[i] = x;
+    else ((uint16_t *)dst)[i] = f32_to_bf16(x);
+}
+/* x rounded to the dtype (a torch op's result in it) */
+static inline float rnd(float x, int es) { return es == 4 ? x : round_bf16(x); }
 
 /* e^x for x <= 0 (a score minus its row max, or -|x| for SiLU): Cody-Waite reduction to r in [-ln2/2, ln2/2],
  * degree-6 Taylor, scaled by 2^k through the exponent bits. Only basic float operations: libm's exp may differ

@@ -1,8 +1,9 @@
-/* The small row-wise ops between a layer's products, for bfloat16 activations (specgen/native/__init__.py loads it).
+/* The small row-wise ops between a layer's products, for bfloat16 or float32 activations (`es` = 2 or 4: the element
+ * size; specgen/native/__init__.py loads it).
  *
  * Each output row is a fixed function of its input row (no dependence on the number of rows), so these keep a
  * forward width-invariant like the attention kernel. Sums run in 16 lanes summed by a fixed tree; rounding follows
- * the torch expressions they replace (float32 math, bfloat16 results where torch rounds), though the float32 sums
+ * the torch expressions they replace (float32 math, results rounded to the dtype where torch rounds), though the sums
  * may differ from torch's in the last bits. Built with -ffp-contract=off.
  */
 #include <math.h>
@@ -26,56 +27,57 @@ static float lane_sum(const float *x, int n) {
     return acc[0];
 }
 
-/* weight * bfloat16(x * rsqrt(mean(x^2) + eps)), as RMSNorm.forward: one row of `dim`; sq: float32 scratch [dim] */
-static void norm_row(const float *x, const uint16_t *w, int dim, float eps, uint16_t *out, float *sq) {
+/* weight * rnd(x * rsqrt(mean(x^2) + eps)), as RMSNorm.forward (rnd: rounding to bfloat16 when es = 2, as its
+ * `.to(x.dtype)`): one row of `dim`; sq: float32 scratch [dim] */
+static void norm_row(const float *x, const void *w, int dim, float eps, void *out, float *sq, int es) {
     for (int e = 0; e < dim; e++) sq[e] = x[e] * x[e];
     float r = 1.0f / sqrtf(lane_sum(sq, dim) / (float)dim + eps);
-    for (int e = 0; e < dim; e++) out[e] = f32_to_bf16(bf16_to_f32(w[e]) * round_bf16(x[e] * r));
+    for (int e = 0; e < dim; e++) store(out, e, load1(w, e, es) * rnd(x[e] * r, es), es);
 }
 
-/* out [rows, dim] = RMSNorm(x [rows, dim]) with weight w [dim]. Returns 0, or -1 without scratch memory. */
-int specgen_rms_norm_bf16(const uint16_t *x, const uint16_t *w, uint16_t *out, int rows, int dim, float eps) {
+/* out [rows, dim] = RMSNorm(x [rows, dim]) with weight w [dim]; all bfloat16 (es = 2) or float32 (es = 4). Returns 0,
+ * or -1 without scratch memory. */
+int specgen_rms_norm(const void *x, const void *w, void *out, int rows, int dim, float eps, int es) {
     float *scratch = malloc(sizeof(float) * 2 * (size_t)dim);
     if (!scratch) return -1;
     for (int i = 0; i < rows; i++) {
-        const uint16_t *xi = x + (int64_t)i * dim;
-        for (int e = 0; e < dim; e++) scratch[e] = bf16_to_f32(xi[e]);
-        norm_row(scratch, w, dim, eps, out + (int64_t)i * dim, scratch + dim);
+        const void *xi = AT(x, (int64_t)i * dim);
+        for (int e = 0; e < dim; e++) scratch[e] = load1(xi, e, es);
+        norm_row(scratch, w, dim, eps, (char *)out + (int64_t)i * dim * es, scratch + dim, es);
     }
     free(scratch);
     return 0;
 }
 
-/* sum = x + a (rounded to bfloat16, as `x + a`), out = RMSNorm(sum): a residual add and the next pre-norm */
-int specgen_add_rms_norm_bf16(const uint16_t *x, const uint16_t *a, const uint16_t *w, uint16_t *sum, uint16_t *out,
-                              int rows, int dim, float eps) {
+/* sum = x + a (rounded to the dtype, as `x + a`), out = RMSNorm(sum): a residual add and the next pre-norm */
+int specgen_add_rms_norm(const void *x, const void *a, const void *w, void *sum, void *out, int rows, int dim,
+                         float eps, int es) {
     float *scratch = malloc(sizeof(float) * 2 * (size_t)dim);
     if (!scratch) return -1;
     for (int i = 0; i < rows; i++) {
-        const uint16_t *xi = x + (int64_t)i * dim, *ai = a + (int64_t)i * dim;
-        uint16_t *si = sum + (int64_t)i * dim;
+        const void *xi = AT(x, (int64_t)i * dim), *ai = AT(a, (int64_t)i * dim);
+        void *si = (char *)sum + (int64_t)i * dim * es;
         for (int e = 0; e < dim; e++) {
-            si[e] = f32_to_bf16(bf16_to_f32(xi[e]) + bf16_to_f32(ai[e]));
-            scratch[e] = bf16_to_f32(si[e]);
+            store(si, e, load1(xi, e, es) + load1(ai, e, es), es);
+            scratch[e] = load1(si, e, es);
         }
-        norm_row(scratch, w, dim, eps, out + (int64_t)i * dim, scratch + dim);
+        norm_row(scratch, w, dim, eps, (char *)out + (int64_t)i * dim * es, scratch + dim, es);
     }
     free(scratch);
     return 0;
 }
 
-/* out [rows, hidden] = bfloat16(bfloat16(silu(gate)) * up), gate and up rows at a row stride (the halves of one
+/* out [rows, hidden] = rnd(rnd(silu(gate)) * up), gate and up rows at a row stride in elements (the halves of one
  * fused gate/up product): silu(x) = x / (1 + e^-x), written with e^-|x| so the exp never overflows */
-void specgen_silu_mul_bf16(const uint16_t *gate, const uint16_t *up, int64_t stride, uint16_t *out, int rows,
-                           int hidden) {
+void specgen_silu_mul(const void *gate, const void *up, int64_t stride, void *out, int rows, int hidden, int es) {
     for (int i = 0; i < rows; i++) {
-        const uint16_t *g = gate + i * stride, *u = up + i * stride;
-        uint16_t *o = out + (int64_t)i * hidden;
+        const void *g = AT(gate, i * stride), *u = AT(up, i * stride);
+        void *o = (char *)out + (int64_t)i * hidden * es;
         for (int e = 0; e < hidden; e++) {
-            float x = bf16_to_f32(g[e]);
+            float x = load1(g, e, es);
             float z = exp_nonpositive(x < 0.0f ? x : -x);  /* e^-|x| */
             float s = x < 0.0f ? x * z / (1.0f + z) : x / (1.0f + z);
-            o[e] = f32_to_bf16(round_bf16(s) * bf16_to_f32(u[e]));
+            store(o, e, rnd(s, es) * load1(u, e, es), es);
         }
     }
 }

@@ -1,4 +1,4 @@
-"""torch wrappers of glue.c's row kernels (bfloat16 on a CPU, inference only) and the rule for when they run."""
+"""torch wrappers of glue.c's row kernels (bfloat16 or float32 on a CPU, inference only) and when they run."""
 
 from __future__ import annotations
 
@@ -6,15 +6,17 @@ import torch
 
 from specgen.native import glue
 
+DTYPES = (torch.bfloat16, torch.float32)
 
-def usable(x: torch.Tensor, weight: torch.Tensor | None = None) -> bool:
-    """Whether an op on `x` (and `weight`) runs natively: bfloat16 on a CPU where glue.c was built, with no gradient
-    to track (the kernels have no backward). Every decode forward of a model gives the same answer."""
-    if x.dtype != torch.bfloat16 or x.device.type != "cpu" or glue() is None:
+
+def usable(*tensors: torch.Tensor) -> bool:
+    """Whether an op on these tensors (one dtype) runs natively: bfloat16 or float32 on a CPU where glue.c was built,
+    with grad mode off (the kernels have no backward; every decode forward runs under inference mode, so a model's
+    decode steps all give the same answer)."""
+    if torch.is_grad_enabled() or glue() is None:
         return False
-    if weight is not None and weight.dtype != torch.bfloat16:
-        return False
-    return not (torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad)))
+    first = tensors[0]
+    return first.dtype in DTYPES and all(t.dtype == first.dtype and t.device.type == "cpu" for t in tensors)
 
 
 def check(status: int) -> None:
@@ -23,36 +25,34 @@ def check(status: int) -> None:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """weight * bfloat16(RMSNorm_float32(x)) over the last dim, as transformer.RMSNorm: [..., dim] bfloat16."""
+    """weight * RMSNorm_float32(x) rounded to x's dtype, over the last dim, as transformer.RMSNorm: [..., dim]."""
     x = x.contiguous()
     out = torch.empty_like(x)
     dim = x.shape[-1]
-    check(glue().specgen_rms_norm_bf16(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // dim, dim, eps))
+    check(glue().specgen_rms_norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // dim, dim, eps,
+                                  x.element_size()))
     return out
 
 
 def add_rms_norm(x: torch.Tensor, a: torch.Tensor, weight: torch.Tensor, eps: float
                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x + a, RMSNorm(x + a)): a residual add and the pre-norm after it, in one pass ([..., dim] bfloat16 each)."""
-    if a.dtype != torch.bfloat16:  # the kernel reads raw bfloat16 (x and weight were checked by `usable`)
-        raise TypeError(f"add_rms_norm takes bfloat16, got {a.dtype}")
+    """(x + a, RMSNorm(x + a)): a residual add and the pre-norm after it, in one pass ([..., dim] each)."""
     x, a = x.contiguous(), a.contiguous()
     total, out = torch.empty_like(x), torch.empty_like(x)
     dim = x.shape[-1]
-    check(glue().specgen_add_rms_norm_bf16(x.data_ptr(), a.data_ptr(), weight.data_ptr(), total.data_ptr(),
-                                           out.data_ptr(), x.numel() // dim, dim, eps))
+    check(glue().specgen_add_rms_norm(x.data_ptr(), a.data_ptr(), weight.data_ptr(), total.data_ptr(), out.data_ptr(),
+                                      x.numel() // dim, dim, eps, x.element_size()))
     return total, out
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """bfloat16(silu(gate)) * up, as `F.silu(gate) * up` rounds it: [..., hidden] bfloat16. gate and up may be the two
-    halves of one fused product (views with the same row stride)."""
-    if not gate.dtype == up.dtype == torch.bfloat16:  # the kernel reads raw bfloat16
-        raise TypeError(f"silu_mul takes bfloat16, got {gate.dtype} and {up.dtype}")
+    """silu(gate) * up, rounded as `F.silu(gate) * up` rounds it: [..., hidden]. gate and up may be the two halves of
+    one fused product (views with the same row stride)."""
     hidden = gate.shape[-1]
     g, u = gate.reshape(-1, hidden), up.reshape(-1, hidden)  # views where the layout allows
     if g.stride() != u.stride() or g.stride(1) != 1:
         g, u = g.contiguous(), u.contiguous()
     out = gate.new_empty(gate.shape)
-    glue().specgen_silu_mul_bf16(g.data_ptr(), u.data_ptr(), g.stride(0), out.data_ptr(), g.shape[0], hidden)
+    glue().specgen_silu_mul(g.data_ptr(), u.data_ptr(), g.stride(0), out.data_ptr(), g.shape[0], hidden,
+                            gate.element_size())
     return out

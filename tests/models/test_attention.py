@@ -18,7 +18,8 @@ def backend(request, monkeypatch):
         pytest.skip("no C compiler: the native kernel is not built here")
     if request.param == "torch":
         monkeypatch.setattr(native, "library", lambda name: None)  # as without a compiler
-    return request.param
+    with torch.inference_mode():  # as decoding runs (the native path needs grad mode off)
+        yield request.param
 
 
 def attention(q, k, v, mask):
@@ -26,10 +27,11 @@ def attention(q, k, v, mask):
     return invariant_attention(q, k, v, plan(mask, b, s, k.shape[2], h, k.shape[1], d, q.device, q.dtype))
 
 
-def test_bfloat16_on_a_cpu_takes_the_native_path_where_it_is_built(backend):
-    p = plan(None, 1, 1, 5, 4, 2, 16, "cpu", torch.bfloat16)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_bfloat16_and_float32_on_a_cpu_take_the_native_path_where_it_is_built(backend, dtype):
+    p = plan(None, 1, 1, 5, 4, 2, 16, "cpu", dtype)
     assert isinstance(p, NativePlan) == (backend == "native")
-    assert not isinstance(plan(None, 1, 1, 5, 4, 2, 16, "cpu", torch.float32), NativePlan)
+    assert not isinstance(plan(None, 1, 1, 5, 4, 2, 16, "cpu", torch.float16), NativePlan)
 
 
 def case(seed=0, b=2, h=6, hkv=2, s=20, t=300, d=32, dtype=torch.bfloat16):
@@ -62,10 +64,11 @@ def test_odd_head_sizes_keep_values_and_invariance(d, h, hkv):
         assert torch.equal(one, full[:, :, i : i + 1]), i
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("t", [140, 300])  # 140: the forwards' key counts cross a chunk boundary (1 or 2 chunks)
-def test_a_query_gets_the_same_bits_at_every_width_and_in_any_batch(seed, t):
-    q, k, v, vis = case(seed, t=t)
+def test_a_query_gets_the_same_bits_at_every_width_and_in_any_batch(seed, t, dtype):
+    q, k, v, vis = case(seed, t=t, dtype=dtype)
     s, t = q.shape[2], k.shape[2]
     full = attention(q, k, v, vis)
     for w in (1, 2, 3, 5, 8):  # AR steps (w = 1, keys [0, n]) and verification forwards of w tokens
@@ -96,13 +99,14 @@ def test_a_query_that_sees_nothing_gets_zeros():
     assert torch.equal(out[0, :, 1], torch.zeros_like(out[0, :, 1])) and torch.isfinite(out).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("prefix", [60, 180, 300])  # 0, 1 and 2 leading chunks shared by every query
-def test_a_tree_query_gets_exactly_its_ar_result(prefix):
+def test_a_tree_query_gets_exactly_its_ar_result(prefix, dtype):
     """A side-branch query (its ancestors at other cache slots than AR gives them, siblings between them) gets
     bitwise the result of the same query over AR's key layout (prefix, then its ancestors in order)."""
     g = torch.Generator().manual_seed(0)
     heads, kv_heads, d, s = 9, 3, 64, 10
-    q, k, v = (torch.randn(1, n, m, d, generator=g).bfloat16()
+    q, k, v = (torch.randn(1, n, m, d, generator=g).to(dtype)
                for n, m in ((heads, s), (kv_heads, prefix + s), (kv_heads, prefix + s)))
     parents = [-1, 0, 1, 2, 3, -1, 5, 6, 7, 8]  # main chain at inputs 0..4, a side branch at inputs 5..9
     tree = torch.zeros(s, s, dtype=torch.bool)
@@ -113,7 +117,7 @@ def test_a_tree_query_gets_exactly_its_ar_result(prefix):
             par = parents[par]
     mask = torch.ones(1, 1, s, prefix + s, dtype=torch.bool)
     mask[..., prefix:] = tree
-    tree_plan = plan(mask, 1, s, prefix + s, heads, kv_heads, d, "cpu", torch.bfloat16)
+    tree_plan = plan(mask, 1, s, prefix + s, heads, kv_heads, d, "cpu", dtype)
     assert isinstance(tree_plan, NativePlan) or tree_plan.shared_chunks == prefix // CHUNK
     out = invariant_attention(q, k, v, tree_plan)
     for i in range(5, s):  # each side-branch query against AR: keys = prefix + its path, contiguous
@@ -123,10 +127,11 @@ def test_a_tree_query_gets_exactly_its_ar_result(prefix):
         assert torch.equal(ar[:, :, 0], out[:, :, i]), i
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
-def test_the_fused_native_layer_equals_rotate_write_and_attend(backend, layout):
+def test_the_fused_native_layer_equals_rotate_write_and_attend(backend, layout, dtype):
     """native_self_attention (RoPE, cache write and attention in one call) is bitwise the unfused steps: torch's
-    bfloat16 `rotate`, `KVCache.write` and the attention kernel, over ragged rows."""
+    `rotate` in the same dtype, `KVCache.write` and the attention kernel, over ragged rows."""
     if backend != "native":
         pytest.skip("the fused layer exists on the native path only")
     from specgen.decoding.cache import KVCache
@@ -135,17 +140,16 @@ def test_the_fused_native_layer_equals_rotate_write_and_attend(backend, layout):
 
     g = torch.Generator().manual_seed(3)
     b, h, hkv, s, d, lengths = 2, 6, 2, 3, 32, [9, 5]
-    qkv = torch.randn(b, s, (h + 2 * hkv) * d, generator=g).bfloat16()
-    rot = rotation(torch.randn(b, s, d // 2, 2, generator=g).bfloat16(), layout)
-    caches = [KVCache.allocate(1, b, hkv, 16, d, torch.bfloat16) for _ in range(2)]
+    qkv = torch.randn(b, s, (h + 2 * hkv) * d, generator=g).to(dtype)
+    rot = rotation(torch.randn(b, s, d // 2, 2, generator=g).to(dtype), layout)
+    caches = [KVCache.allocate(1, b, hkv, 16, d, dtype) for _ in range(2)]
     caches[0].k.normal_(generator=g), caches[0].v.normal_(generator=g)  # stale slots past the lengths too
     for c in caches:
         c.k.copy_(caches[0].k), c.v.copy_(caches[0].v)
         c.lengths = list(lengths)
     mask = caches[0].prefix_mask(s, None)
     t = mask.shape[-1]
-    fused = native_self_attention(qkv, rot, *caches[0].layer(0), plan(mask, b, s, t, h, hkv, d, "cpu", torch.bfloat16,
-                                                                         lengths))
+    fused = native_self_attention(qkv, rot, *caches[0].layer(0), plan(mask, b, s, t, h, hkv, d, "cpu", dtype, lengths))
     x = qkv.view(b, s, h + 2 * hkv, d).transpose(1, 2)
     qk = rotate(x[:, : h + hkv], rot)
     k, v = caches[1].write(0, qk[:, h:], x[:, h + hkv :])
