@@ -27,8 +27,7 @@ from torch import nn
 from specgen.decoding.cache import KVCache
 from specgen.errors import ContextOverflowError
 from specgen.models import prompt
-from specgen.models.attention import (PLANS, NativePlan, invariant_attention, native_self_attention, plan,
-                                      uses_native)
+from specgen.models.attention import PLANS, NativePlan, invariant_attention, native_self_attention, plan, uses_native
 from specgen.models.rope import SCALINGS, Rotation, check_positions, rotate, rotation, table_1d, table_2d
 from specgen.native import ops as native_ops
 

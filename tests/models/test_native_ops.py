@@ -1,4 +1,5 @@
-"""glue.c's row kernels (bfloat16, float32): near the torch expressions they replace, every row as alone, and used only where they may."""
+"""glue.c's row kernels (bfloat16, float32): near the torch expressions they replace, every row as alone, and used
+only where they may."""
 
 from __future__ import annotations
 
