@@ -21,8 +21,8 @@ them, so a chunk's sums group its terms differently (pcllm-mr with a lookup bran
 AR on 7 of 30 prompts). `tree_attention` gives each query AR's layout: its scores reordered into it, and its values
 past the shared prefix copied into it, per layer.
 
-Native path: on a CPU with a C compiler, cached bfloat16 and float32 forwards (decode steps, verifies, trees; not
-a text prompt's prefill) run `specgen/native/attention.c` instead (`NativePlan`),
+Native path: on a CPU with a C compiler, cached bfloat16 forwards (decode steps, verifies, trees; not a text
+prompt's prefill) run `specgen/native/attention.c` instead (`NativePlan`),
 one call a layer. It takes each query's visible slots as a list in ascending slot order, which is AR's order for
 trees too, and computes each (query, kv head) alone in a fixed order: invariant by construction, with none of the
 staging above. Which path a process runs is decided once (`specgen.native.attention`), so all forwards agree.
@@ -148,7 +148,7 @@ def check(status: int) -> None:
         raise MemoryError(f"native attention failed (status {status}): no scratch memory, or over 64 heads per kv head")
 
 
-NATIVE_DTYPES = (torch.bfloat16, torch.float32)
+NATIVE_DTYPES = (torch.bfloat16,)  # float32 keeps SDPA: for wide trees of small heads it is faster (docs/LOG.md)
 PLANS = (AttentionPlan, NativePlan)  # what `plan` returns; a layer given one attends with `invariant_attention`
 
 
@@ -165,7 +165,7 @@ def plan(
     dtype: torch.dtype = torch.float32, lengths: list[int] | None = None,
 ) -> AttentionPlan | NativePlan:
     """The plan of a forward of S queries over T key slots (made once, used by every layer); the native kernel's
-    for bfloat16 or float32 on a CPU where it was built (given the cache `lengths`, its layers may use
+    for NATIVE_DTYPES on a CPU where it was built (given the cache `lengths`, its layers may use
     native_self_attention)."""
     if uses_native(dtype, device):
         return native_plan(mask, b, s, t, heads, head_dim, lengths, dtype)

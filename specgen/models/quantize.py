@@ -33,7 +33,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from specgen.models import prompt
-from specgen.native import ops as native_ops
 
 MODES = ("int8", "int4")
 GROUPS = (32, 64, 128, 256)  # int4 group sizes the CPU kernel accepts
@@ -338,7 +337,7 @@ class QuantizedFeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., dim] -> [..., dim]
         gate, up = self.w13(x).split(self.hidden, -1)  # [..., hidden] each
-        return self.w2(native_ops.silu_mul(gate, up) if native_ops.usable(gate, up) else F.silu(gate) * up)
+        return self.w2(F.silu(gate) * up)
 
 
 class QuantizedEmbedding(nn.Module):

@@ -185,8 +185,7 @@ class FeedForward(nn.Module):
         self.w2 = nn.Linear(cfg.ffn_dim, cfg.dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.w1(x), self.w3(x)
-        return self.w2(native_ops.silu_mul(gate, up) if native_ops.usable(gate, up) else F.silu(gate) * up)
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
 class Block(nn.Module):

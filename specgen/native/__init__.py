@@ -2,7 +2,7 @@
 
 Why: a low-precision SmolLM2 decode step ran ~2,300 small aten ops, and on this kind of CPU their dispatch cost
 as much as the quantized products (docs/results/precision.md). `attention.c` does a layer's RoPE, cache write and
-attention in one call; `glue.c` the norms, residual adds and the SiLU-gated product around the products.
+attention in one call; `glue.c` the norms and residual adds around the products.
 
 How: the first use compiles each source with the system C compiler (`$CC`, else `cc`) into a shared library under
 `$SPECGEN_CACHE` (default `~/.cache/specgen/native`), named by a hash of the source, the flags, the compiler's
@@ -81,8 +81,7 @@ SIGNATURES = {  # library -> function -> (argument types, return type); `es`: el
     "attention": {"specgen_attend": ([PTR] * 9 + [INT] * 7 + [FLOAT], INT),
                   "specgen_rope_write_attend": ([PTR] * 3 + [INT] + [PTR] * 9 + [INT] * 7 + [FLOAT], INT)},
     "glue": {"specgen_rms_norm": ([PTR] * 3 + [INT, INT, FLOAT, INT], INT),
-             "specgen_add_rms_norm": ([PTR] * 5 + [INT, INT, FLOAT, INT], INT),
-             "specgen_silu_mul": ([PTR, PTR, ctypes.c_int64, PTR, INT, INT, INT], None)},
+             "specgen_add_rms_norm": ([PTR] * 5 + [INT, INT, FLOAT, INT], INT)},
 }
 
 
@@ -108,7 +107,7 @@ def attention() -> ctypes.CDLL | None:
 
 
 def glue() -> ctypes.CDLL | None:
-    """The row-wise kernels between products (glue.c: RMSNorm, residual add + RMSNorm, SiLU-gated product), or None."""
+    """The row-wise kernels between products (glue.c: RMSNorm, residual add + RMSNorm), or None."""
     return library("glue")
 
 

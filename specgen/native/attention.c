@@ -64,6 +64,30 @@ static inline void load_row(const void *src, int es, int d, v16f *dst) {
     }
 }
 
+/* e^x for x <= 0 (a score minus its row max): Cody-Waite reduction to r in [-ln2/2, ln2/2], degree-6 Taylor,
+ * scaled by 2^k through the exponent bits. Only basic float operations: libm's exp may differ between its vector
+ * and scalar forms, and this must give one value per input wherever the compiler vectorizes. Below -87 it returns
+ * e^-87 (~1.6e-38): negligible beside the max's 1. */
+static inline float exp_nonpositive(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    float kf = x * 1.44269504f + 12582912.0f;  /* round to nearest by the 1.5 * 2^23 trick */
+    kf = kf - 12582912.0f;
+    float r = x - kf * 0.693145751953125f;
+    r = r - kf * 1.428606765330187e-06f;
+    float p = 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    int32_t k = (int32_t)kf;
+    uint32_t bits = (uint32_t)(k + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
 /* Lane i of the result: the 16 lanes of a[i] summed by a fixed tree (l + 8, then + 4, then (0 + 2) + (1 + 3)). */
 static inline v16f transpose_sum(const v16f *a) {
     v16f t[8], u[4], w[2];

@@ -1,4 +1,4 @@
-/* The small row-wise ops between a layer's products, for bfloat16 or float32 activations (`es` = 2 or 4: the element
+/* The norms between a layer's products, for bfloat16 or float32 activations (`es` = 2 or 4: the element
  * size; specgen/native/__init__.py loads it).
  *
  * Each output row is a fixed function of its input row (no dependence on the number of rows), so these keep a
@@ -65,19 +65,4 @@ int specgen_add_rms_norm(const void *x, const void *a, const void *w, void *sum,
     }
     free(scratch);
     return 0;
-}
-
-/* out [rows, hidden] = rnd(rnd(silu(gate)) * up), gate and up rows at a row stride in elements (the halves of one
- * fused gate/up product): silu(x) = x / (1 + e^-x), written with e^-|x| so the exp never overflows */
-void specgen_silu_mul(const void *gate, const void *up, int64_t stride, void *out, int rows, int hidden, int es) {
-    for (int i = 0; i < rows; i++) {
-        const void *g = AT(gate, i * stride), *u = AT(up, i * stride);
-        void *o = (char *)out + (int64_t)i * hidden * es;
-        for (int e = 0; e < hidden; e++) {
-            float x = load1(g, e, es);
-            float z = exp_nonpositive(x < 0.0f ? x : -x);  /* e^-|x| */
-            float s = x < 0.0f ? x * z / (1.0f + z) : x / (1.0f + z);
-            store(o, e, rnd(s, es) * load1(u, e, es), es);
-        }
-    }
 }

@@ -1,4 +1,4 @@
-"""torch wrappers of glue.c's row kernels (bfloat16 or float32 on a CPU, inference only) and when they run."""
+"""torch wrappers of glue.c's row kernels (bfloat16 on a CPU, inference only) and when they run."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import torch
 
 from specgen.native import glue
 
-DTYPES = (torch.bfloat16, torch.float32)
+DTYPES = (torch.bfloat16,)  # float32 keeps torch's ops (the kernels take it too: tests; see models/attention.py)
 
 
 def usable(*tensors: torch.Tensor) -> bool:
-    """Whether an op on these tensors (one dtype) runs natively: bfloat16 or float32 on a CPU where glue.c was built,
+    """Whether an op on these tensors (one dtype) runs natively: bfloat16 on a CPU where glue.c was built,
     with grad mode off (the kernels have no backward; every decode forward runs under inference mode, so a model's
     decode steps all give the same answer)."""
     if torch.is_grad_enabled() or glue() is None:
@@ -43,16 +43,3 @@ def add_rms_norm(x: torch.Tensor, a: torch.Tensor, weight: torch.Tensor, eps: fl
     check(glue().specgen_add_rms_norm(x.data_ptr(), a.data_ptr(), weight.data_ptr(), total.data_ptr(), out.data_ptr(),
                                       x.numel() // dim, dim, eps, x.element_size()))
     return total, out
-
-
-def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up, rounded as `F.silu(gate) * up` rounds it: [..., hidden]. gate and up may be the two halves of
-    one fused product (views with the same row stride)."""
-    hidden = gate.shape[-1]
-    g, u = gate.reshape(-1, hidden), up.reshape(-1, hidden)  # views where the layout allows
-    if g.stride() != u.stride() or g.stride(1) != 1:
-        g, u = g.contiguous(), u.contiguous()
-    out = gate.new_empty(gate.shape)
-    glue().specgen_silu_mul(g.data_ptr(), u.data_ptr(), g.stride(0), out.data_ptr(), g.shape[0], hidden,
-                            gate.element_size())
-    return out
