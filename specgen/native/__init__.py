@@ -94,7 +94,10 @@ def library(name: str) -> ctypes.CDLL | None:
     path = build(name)
     if path is None:
         return None
-    lib = ctypes.CDLL(str(path))
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError:  # a damaged or foreign library in the cache: the torch path, as without a compiler
+        return None
     for fn_name, (args, result) in SIGNATURES[name].items():
         fn = getattr(lib, fn_name)
         fn.argtypes, fn.restype = args, result
