@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from specgen import native
-from specgen.models.attention import CHUNK, NativePlan, invariant_attention, plan
+from specgen.models.attention import CHUNK, NativePlan, invariant_attention, native_plan, plan
 
 
 @pytest.fixture(params=["torch", "native"], autouse=True)
@@ -22,9 +22,16 @@ def backend(request, monkeypatch):
         yield request.param
 
 
+def make_plan(mask, b, s, t, h, hkv, d, dtype):
+    """The backend's plan: on the native backend the kernel's for either dtype (models give it bfloat16 only)."""
+    if native.attention() is not None:
+        return native_plan(mask, b, s, t, h, d, dtype=dtype)
+    return plan(mask, b, s, t, h, hkv, d, "cpu", dtype)
+
+
 def attention(q, k, v, mask):
     b, h, s, d = q.shape
-    return invariant_attention(q, k, v, plan(mask, b, s, k.shape[2], h, k.shape[1], d, q.device, q.dtype))
+    return invariant_attention(q, k, v, make_plan(mask, b, s, k.shape[2], h, k.shape[1], d, q.dtype))
 
 
 def test_bfloat16_on_a_cpu_takes_the_native_path_where_it_is_built(backend):
@@ -117,7 +124,7 @@ def test_a_tree_query_gets_exactly_its_ar_result(prefix, dtype):
             par = parents[par]
     mask = torch.ones(1, 1, s, prefix + s, dtype=torch.bool)
     mask[..., prefix:] = tree
-    tree_plan = plan(mask, 1, s, prefix + s, heads, kv_heads, d, "cpu", dtype)
+    tree_plan = make_plan(mask, 1, s, prefix + s, heads, kv_heads, d, dtype)
     assert isinstance(tree_plan, NativePlan) or tree_plan.shared_chunks == prefix // CHUNK
     out = invariant_attention(q, k, v, tree_plan)
     for i in range(5, s):  # each side-branch query against AR: keys = prefix + its path, contiguous
@@ -135,7 +142,7 @@ def test_the_fused_native_layer_equals_rotate_write_and_attend(backend, layout, 
     if backend != "native":
         pytest.skip("the fused layer exists on the native path only")
     from specgen.decoding.cache import KVCache
-    from specgen.models.attention import native_attention, native_plan, native_self_attention
+    from specgen.models.attention import native_attention, native_self_attention
     from specgen.models.rope import rotate, rotation
 
     g = torch.Generator().manual_seed(3)
