@@ -92,8 +92,7 @@ def machine_label(device: str | None = None) -> str:
         return f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}, CUDA {torch.version.cuda}; host {host}"
     layout = layout_name()
     crossover = describe() if layout == "packed" else ""
-    kernels = "native C" if native.attention() is not None else "torch"  # decode steps' attention and row ops
-    return f"{host}, {layout} layout" + (f", {crossover}" if crossover else "") + f", step kernels {kernels}"
+    return f"{host}, {layout} layout" + (f", {crossover}" if crossover else "") + f", step kernels {native.describe()}"
 
 
 def check_rows_path(out, append: bool = False) -> None:

@@ -115,5 +115,5 @@ def glue() -> ctypes.CDLL | None:
 
 
 def describe() -> str:
-    """One phrase for benchmark headers: which path bfloat16 and quantized targets run on the CPU."""
-    return "native C (specgen/native)" if attention() is not None else "torch (no C compiler, or SPECGEN_NATIVE=0)"
+    """Which path bfloat16 and quantized decode steps run on the CPU, for machine labels: "native C" or "torch"."""
+    return "native C" if attention() is not None else "torch"

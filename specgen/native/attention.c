@@ -1,14 +1,15 @@
-/* Width-invariant softmax attention over bfloat16 queries, keys and values (specgen/native/__init__.py loads it).
+/* Width-invariant softmax attention over bfloat16 (or float32) queries, keys and values (specgen/native/__init__.py
+ * loads it).
  *
  * One (batch row, kv head, query) at a time, with the query's G heads of that kv head together (they share the
  * keys). A query's visible slots come as a list in ascending slot order (`idx`, `count`), which is the order AR
  * stores the same keys in: its committed prefix, then its ancestors. Every number a query gets is a fixed function
  * of its own q, that list's keys and values, and the list's length: nothing depends on the other queries, the
  * forward's width, the batch, or where in the cache the keys sit. So a token scored in a verify forward or a draft
- * tree gets exactly its AR step's result, bit for bit (tests/models/test_native_attention.py).
+ * tree gets exactly its AR step's result, bit for bit (tests/models/test_attention.py).
  *
  * Arithmetic (all float32): q is scaled by 1/sqrt(D) first; a score is a dot product over D in 16 lanes (lane l
- * adds d = l, l + 16, ... in order, with fmaf) summed by a fixed tree; p = exp(score - max) with a polynomial exp
+ * adds d = l, l + 16, ... in order, with fma16) summed by a fixed tree; p = exp(score - max) with a polynomial exp
  * (libm's may differ between its vector and scalar forms); the softmax sum is 16 lanes over the list index, summed
  * by the same tree; the values are accumulated in list order. Built with -ffp-contract=off so the compiler fuses
  * nothing this text does not say. A query that sees no key gets zeros.
