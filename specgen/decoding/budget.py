@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import Callable, Protocol
 
+from specgen.decoding.step_times import StepTimes
+
 
 class DraftBudget(Protocol):
     """Caps draft sizes by the number of live rows and learns from each row's outcome."""
@@ -65,6 +67,11 @@ class AutoBudget:
     drafting. Rows that drafted nothing (no n-gram match) tell nothing and are not counted. A step that chose
     k = 0 learns nothing either, so it forgets the oldest observation: after a run of AR steps the rate drifts
     back to the prior and drafting is tried again.
+
+    The cost: the curve's, replaced by the measured wall times of the steps run so far at each number of live rows
+    and width where there are some (`StepTimes`, decoding/step_times.py): the curve times one row's forward, and a
+    batch's step also reads B caches, pads ragged rows and drafts, which the curve misjudges at large B. At each B
+    the first steps are batched AR (width 0), the reference the drafting widths are then measured against.
     """
 
     limit: int
@@ -73,25 +80,41 @@ class AutoBudget:
     weight: float = 8.0  # pseudo-tries behind the prior
     draft_cost: float = 0.0
     window: int = 256
+    times: StepTimes = field(default_factory=StepTimes)
     _history: list[tuple[int, int]] = field(default_factory=list)
+    _step: tuple[int, int] | None = None  # (live rows, widest draft so far) of the step the last cap sized
 
     def rate(self) -> float:
         tried = sum(n for n, _ in self._history)
         return (sum(a for _, a in self._history) + self.prior * self.weight) / (tried + self.weight)
 
-    def cap(self, live_rows: int) -> int:
+    def model(self, live_rows: int) -> list[float]:
+        """The curve's cost of a step of each width k = 0 .. limit at `live_rows` rows."""
+        return [self.cost(live_rows * (k + 1)) + live_rows * self.draft_cost * k for k in range(self.limit + 1)]
+
+    def best(self, live_rows: int) -> int:
+        """The width with the most expected tokens per unit of estimated cost at `live_rows` rows."""
         a = min(self.rate(), 0.999)
         best, best_k, expected = -1.0, 0, 0.0
-        for k in range(self.limit + 1):
+        for k, cost in enumerate(self.times.estimate(live_rows, self.model(live_rows))):
             expected += a**k  # E(k) = sum_{j <= k} a^j
-            speed = live_rows * expected / (self.cost(live_rows * (k + 1)) + live_rows * self.draft_cost * k)
+            speed = live_rows * expected / cost
             if speed > best * 1.0001:  # ties go to the shorter draft
                 best, best_k = speed, k
+        return best_k
+
+    def cap(self, live_rows: int) -> int:
+        best_k = self.best(live_rows)
+        if best_k and 0 not in self.times.measured(live_rows):
+            best_k = 0  # batched AR first: the reference the wider widths' measured costs are judged against
         if best_k == 0 and self._history:
             self._history.pop(0)  # nothing will be learnt this step: forget, drifting back to the prior
+        self._step = (live_rows, 0)
         return best_k
 
     def observe(self, draft_size: int, accepted: int) -> None:
+        if self._step is not None:
+            self._step = (self._step[0], max(self._step[1], min(draft_size, self.limit)))
         if draft_size == 0:
             return
         self._history.append((accepted + (accepted < draft_size), accepted))  # (tried, accepted)
@@ -99,7 +122,9 @@ class AutoBudget:
             self._history.pop(0)
 
     def observe_step(self, seconds: float) -> None:
-        pass
+        if self._step is not None:
+            self.times.add(*self._step, seconds)
+            self._step = None
 
 
 @dataclass

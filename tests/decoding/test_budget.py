@@ -8,6 +8,7 @@ from specgen.decoding import memory
 from specgen.decoding.budget import AutoBudget, FixedBudget, MeasuredBudget, steady_rate
 from specgen.decoding.cache import KVCache
 from specgen.decoding.cost import CostCurve, measure_cost
+from specgen.decoding.step_times import StepTimes
 from specgen.errors import UsageError
 from tests.conftest import tiny_model
 
@@ -27,23 +28,25 @@ def test_measured_cost_is_relative_to_one_token_and_never_falls():
 
 def test_auto_budget_drafts_when_verification_is_cheap_and_acceptance_high():
     flat = AutoBudget(8, CostCurve((1, 1024), (1.0, 1.0)), prior=0.9)
-    assert flat.cap(1) == 8  # free verification: draft as much as allowed
+    assert flat.best(1) == 8  # free verification: draft as much as allowed
 
 
 def test_auto_budget_is_batched_ar_when_each_token_costs_a_forward():
     linear = AutoBudget(8, CostCurve((1, 1024), (1.0, 1024.0)), prior=0.9)
-    assert linear.cap(1) == 0 and linear.cap(16) == 0  # k tokens cost k forwards and E(k) < k + 1
+    assert linear.best(1) == 0 and linear.best(16) == 0  # k tokens cost k forwards and E(k) < k + 1
 
 
 def test_auto_budget_shrinks_as_the_batch_fills_the_product():
     """c(m) flat up to 16 rows, then linear: one row drafts, a batch of 16 does not."""
     knee = AutoBudget(8, CostCurve((1, 16, 1024), (1.0, 1.0, 64.0)), prior=0.7)
-    assert knee.cap(1) >= 4 and knee.cap(16) == 0
-    assert knee.cap(4) <= knee.cap(1)
+    assert knee.best(1) >= 4 and knee.best(16) == 0
+    assert knee.best(4) <= knee.best(1)
 
 
 def test_auto_budget_learns_the_acceptance_rate_and_retries_after_ar_steps():
     b = AutoBudget(8, CostCurve((1, 2, 4, 8, 16), (1.0, 1.3, 1.8, 2.8, 5.0)), prior=0.9)
+    for _ in range(2):
+        b.times.add(1, 0, 1.0)  # batched AR measured (it runs first): drafting is judged by the curve's shape
     before = b.cap(1)
     b.observe(4, 0)
     assert b.rate() == pytest.approx(7.2 / 9) and b.cap(1) > 0  # one rejection does not stop drafting
@@ -60,6 +63,35 @@ def test_auto_budget_learns_the_acceptance_rate_and_retries_after_ar_steps():
         steps += 1
     assert 0 < steps <= 50 and b.rate() > low
     assert FixedBudget(5).cap(100) == 5
+
+
+def test_auto_budget_follows_measured_step_times_where_the_curve_misjudges_them():
+    """The curve says verifying 16 x 5 tokens is nearly free; the measured steps say each draft token adds a whole
+    AR step's cost at 16 rows (attention over 16 caches): after measuring AR and one draft width the budget stays
+    with batched AR there, while one row, where the curve is right, drafts 4 after its two AR steps."""
+    budget = AutoBudget(4, CostCurve((1, 128), (1.0, 1.1)), prior=0.8)
+    seconds = lambda cap, b: 1.0 + (0.02 if b == 1 else 1.0) * cap  # noqa: E731
+    accepted = lambda cap: min(cap, 2)  # noqa: E731
+    assert run_steps(budget, 16, 64, seconds, accepted) == [0, 0, 4, 4] + [0] * 60  # 2 tokens in 5 s < 1 in 1 s
+    assert budget.times.measured(16) == {0: 1.0, 4: 5.0}
+    assert run_steps(budget, 1, 20, seconds, accepted) == [0, 0] + [4] * 18
+    curve_only = AutoBudget(4, CostCurve((1, 128), (1.0, 1.1)), prior=0.8)
+    assert curve_only.best(16) == 4  # what the curve alone would run
+
+
+def test_step_times_interpolate_between_measured_widths_and_expire():
+    times = StepTimes(min_steps=2, memory=10)
+    model = [1.0, 1.1, 1.2, 1.3, 1.4, 1.5]
+    assert times.estimate(4, model) == model  # nothing measured: the curve
+    for width, seconds in [(4, 5.0), (4, 5.0), (0, 1.0), (0, 1.0), (0, 1.0)]:
+        times.add(4, width, seconds)
+    est = times.estimate(4, model)
+    assert est[:5] == [1.0, 2.0, 3.0, 4.0, 5.0] and est[5] == pytest.approx(5.0 * 1.5 / 1.4)  # past 4: the curve
+    for _ in range(8):
+        times.add(4, 0, 1.0)
+    assert times.measured(4) == {0: 1.0}  # width 4's steps are more than 10 steps old
+    assert times.estimate(4, model) == pytest.approx(model)  # so width 4 is judged by the curve again
+    assert times.estimate(3, model) == model  # per row count
 
 
 def test_a_cache_that_cannot_fit_is_refused_before_allocating(monkeypatch):
