@@ -68,10 +68,11 @@ class AutoBudget:
     k = 0 learns nothing either, so it forgets the oldest observation: after a run of AR steps the rate drifts
     back to the prior and drafting is tried again.
 
-    The cost: the curve's, replaced by the measured wall times of the steps run so far at each number of live rows
-    and width where there are some (`StepTimes`, decoding/step_times.py): the curve times one row's forward, and a
-    batch's step also reads B caches, pads ragged rows and drafts, which the curve misjudges at large B. At each B
-    the first steps are batched AR (width 0), the reference the drafting widths are then measured against.
+    Measured steps override both terms (`StepTimes`, decoding/step_times.py): per number of live rows and width, the
+    wall time of the steps run so far replaces the curve's cost (the curve times one row's forward; a batch's step
+    also reads B caches, pads ragged rows and drafts, which it misjudges at large B), and their committed tokens
+    replace B E(k) (which assumes every row drafts k tokens). At each B the first steps are batched AR (width 0),
+    the reference the drafting widths are then measured against.
     """
 
     limit: int
@@ -82,7 +83,7 @@ class AutoBudget:
     window: int = 256
     times: StepTimes = field(default_factory=StepTimes)
     _history: list[tuple[int, int]] = field(default_factory=list)
-    _step: tuple[int, int] | None = None  # (live rows, widest draft so far) of the step the last cap sized
+    _step: tuple[int, int, int] | None = None  # (live rows, widest draft, tokens) so far of the step the cap sized
 
     def rate(self) -> float:
         tried = sum(n for n, _ in self._history)
@@ -95,12 +96,12 @@ class AutoBudget:
     def best(self, live_rows: int) -> int:
         """The width with the most expected tokens per unit of estimated cost at `live_rows` rows."""
         a = min(self.rate(), 0.999)
-        best, best_k, expected = -1.0, 0, 0.0
+        expected = [live_rows * sum(a**j for j in range(k + 1)) for k in range(self.limit + 1)]  # B E(k)
+        tokens = self.times.tokens(live_rows, expected)
+        best, best_k = -1.0, 0
         for k, cost in enumerate(self.times.estimate(live_rows, self.model(live_rows))):
-            expected += a**k  # E(k) = sum_{j <= k} a^j
-            speed = live_rows * expected / cost
-            if speed > best * 1.0001:  # ties go to the shorter draft
-                best, best_k = speed, k
+            if tokens[k] / cost > best * 1.0001:  # ties go to the shorter draft
+                best, best_k = tokens[k] / cost, k
         return best_k
 
     def cap(self, live_rows: int) -> int:
@@ -109,12 +110,13 @@ class AutoBudget:
             best_k = 0  # batched AR first: the reference the wider widths' measured costs are judged against
         if best_k == 0 and self._history:
             self._history.pop(0)  # nothing will be learnt this step: forget, drifting back to the prior
-        self._step = (live_rows, 0)
+        self._step = (live_rows, 0, 0)
         return best_k
 
     def observe(self, draft_size: int, accepted: int) -> None:
         if self._step is not None:
-            self._step = (self._step[0], max(self._step[1], min(draft_size, self.limit)))
+            rows, width, tokens = self._step
+            self._step = (rows, max(width, min(draft_size, self.limit)), tokens + accepted + 1)
         if draft_size == 0:
             return
         self._history.append((accepted + (accepted < draft_size), accepted))  # (tried, accepted)
@@ -123,7 +125,8 @@ class AutoBudget:
 
     def observe_step(self, seconds: float) -> None:
         if self._step is not None:
-            self.times.add(*self._step, seconds)
+            rows, width, tokens = self._step
+            self.times.add(rows, width, seconds, tokens)
             self._step = None
 
 

@@ -17,7 +17,7 @@ class StepTimes:
     B longer caches, pads ragged rows and drafts, so the curve can misjudge what a wider verify adds at large B (at
     2 threads it under-costed drafting at batch 16, and the curve-only budget drafted where drafting lost:
     docs/results/batching.md). `estimate` keeps what was measured at B and fills the widths between:
-    1. a width with `min_steps` fresh steps at B: their median seconds;
+    1. a width with `min_steps` fresh steps at B: their median seconds (and, for `tokens`, their mean tokens);
     2. a width between two measured ones: interpolated linearly in k between them;
     3. a width below the narrowest or above the widest measured one: that one's seconds scaled by the curve,
        model(k) / model(k');
@@ -34,23 +34,25 @@ class StepTimes:
     clock: int = 0
     _steps: dict[int, dict[int, deque]] = field(default_factory=dict)
 
-    def add(self, rows: int, width: int, seconds: float) -> None:
+    def add(self, rows: int, width: int, seconds: float, tokens: int) -> None:
         self.clock += 1
         per_width = self._steps.setdefault(rows, {})
-        per_width.setdefault(width, deque(maxlen=self.keep)).append((self.clock, seconds))
+        per_width.setdefault(width, deque(maxlen=self.keep)).append((self.clock, seconds, tokens))
 
-    def measured(self, rows: int) -> dict[int, float]:
-        """width -> median seconds of its fresh steps at `rows` live rows (widths with at least `min_steps`)."""
+    def measured(self, rows: int) -> dict[int, Measure]:
+        """width -> its fresh steps at `rows` live rows (widths with at least `min_steps`): the median seconds (one
+        stalled step does not decide) and the mean tokens committed (they vary from step to step)."""
         out = {}
         for k, steps in self._steps.get(rows, {}).items():
-            fresh = [s for t, s in steps if self.clock - t < self.memory]
+            fresh = [(s, n) for t, s, n in steps if self.clock - t < self.memory]
             if len(fresh) >= self.min_steps:
-                out[k] = median(fresh)
+                out[k] = Measure(median(s for s, _ in fresh), sum(n for _, n in fresh) / len(fresh))
         return out
 
     def estimate(self, rows: int, model: list[float]) -> list[float]:
-        """The cost of a step of each width k = 0 .. len(model) - 1 at `rows` live rows (`model`: the curve's)."""
-        here = self.measured(rows)
+        """The seconds of a step of each width k = 0 .. len(model) - 1 at `rows` live rows (`model`: the curve's
+        cost of each, in any unit)."""
+        here = {k: m.seconds for k, m in self.measured(rows).items()}
         if not here:
             return list(model)
         widths = sorted(here)
@@ -66,3 +68,25 @@ class StepTimes:
                 n = widths[0] if i == 0 else widths[-1]
                 out.append(here[n] * cost / model[n])
         return out
+
+    def tokens(self, rows: int, expected: list[float]) -> list[float]:
+        """Tokens a step of each width commits at `rows` live rows: measured where a width ran; else `expected[k]`
+        (the acceptance model's) times what the nearest drafting width measured over what the model expected of it
+        (the model assumes every row drafts k tokens; an n-gram row without a match drafts none)."""
+        here = self.measured(rows)
+        out = [here[k].tokens if k in here else e for k, e in enumerate(expected)]
+        drafting = [k for k in here if k > 0]
+        if drafting:
+            for k, e in enumerate(expected):
+                if k > 0 and k not in here:
+                    n = min(drafting, key=lambda w: (abs(w - k), w))
+                    out[k] = e * here[n].tokens / expected[n]
+        return out
+
+
+@dataclass(frozen=True)
+class Measure:
+    """A width's fresh steps at one row count."""
+
+    seconds: float  # median wall time of a step
+    tokens: float  # mean tokens committed by a step (all rows)

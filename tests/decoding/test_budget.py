@@ -8,7 +8,7 @@ from specgen.decoding import memory
 from specgen.decoding.budget import AutoBudget, FixedBudget, MeasuredBudget, steady_rate
 from specgen.decoding.cache import KVCache
 from specgen.decoding.cost import CostCurve, measure_cost
-from specgen.decoding.step_times import StepTimes
+from specgen.decoding.step_times import Measure, StepTimes
 from specgen.errors import UsageError
 from tests.conftest import tiny_model
 
@@ -46,7 +46,7 @@ def test_auto_budget_shrinks_as_the_batch_fills_the_product():
 def test_auto_budget_learns_the_acceptance_rate_and_retries_after_ar_steps():
     b = AutoBudget(8, CostCurve((1, 2, 4, 8, 16), (1.0, 1.3, 1.8, 2.8, 5.0)), prior=0.9)
     for _ in range(2):
-        b.times.add(1, 0, 1.0)  # batched AR measured (it runs first): drafting is judged by the curve's shape
+        b.times.add(1, 0, 1.0, 1)  # batched AR measured (it runs first): drafting is judged by the curve's shape
     before = b.cap(1)
     b.observe(4, 0)
     assert b.rate() == pytest.approx(7.2 / 9) and b.cap(1) > 0  # one rejection does not stop drafting
@@ -73,7 +73,7 @@ def test_auto_budget_follows_measured_step_times_where_the_curve_misjudges_them(
     seconds = lambda cap, b: 1.0 + (0.02 if b == 1 else 1.0) * cap  # noqa: E731
     accepted = lambda cap: min(cap, 2)  # noqa: E731
     assert run_steps(budget, 16, 64, seconds, accepted) == [0, 0, 4, 4] + [0] * 60  # 2 tokens in 5 s < 1 in 1 s
-    assert budget.times.measured(16) == {0: 1.0, 4: 5.0}
+    assert budget.times.measured(16) == {0: Measure(1.0, 16.0), 4: Measure(5.0, 48.0)}
     assert run_steps(budget, 1, 20, seconds, accepted) == [0, 0] + [4] * 18
     curve_only = AutoBudget(4, CostCurve((1, 128), (1.0, 1.1)), prior=0.8)
     assert curve_only.best(16) == 4  # what the curve alone would run
@@ -83,13 +83,15 @@ def test_step_times_interpolate_between_measured_widths_and_expire():
     times = StepTimes(min_steps=2, memory=10)
     model = [1.0, 1.1, 1.2, 1.3, 1.4, 1.5]
     assert times.estimate(4, model) == model  # nothing measured: the curve
-    for width, seconds in [(4, 5.0), (4, 5.0), (0, 1.0), (0, 1.0), (0, 1.0)]:
-        times.add(4, width, seconds)
+    for width, seconds, tokens in [(4, 5.0, 8), (4, 5.0, 12), (0, 1.0, 4), (0, 1.0, 4), (0, 1.0, 4)]:
+        times.add(4, width, seconds, tokens)
     est = times.estimate(4, model)
     assert est[:5] == [1.0, 2.0, 3.0, 4.0, 5.0] and est[5] == pytest.approx(5.0 * 1.5 / 1.4)  # past 4: the curve
+    # tokens: measured at widths 0 and 4; the others scaled by what width 4 measured against the model (10 of 20)
+    assert times.tokens(4, [4.0, 8.0, 12.0, 16.0, 20.0, 24.0]) == [4.0, 4.0, 6.0, 8.0, 10.0, 12.0]
     for _ in range(8):
-        times.add(4, 0, 1.0)
-    assert times.measured(4) == {0: 1.0}  # width 4's steps are more than 10 steps old
+        times.add(4, 0, 1.0, 4)
+    assert times.measured(4) == {0: Measure(1.0, 4.0)}  # width 4's steps are more than 10 steps old
     assert times.estimate(4, model) == pytest.approx(model)  # so width 4 is judged by the curve again
     assert times.estimate(3, model) == model  # per row count
 
