@@ -99,14 +99,14 @@ class AutoBudget:
         expected = [live_rows * sum(a**j for j in range(k + 1)) for k in range(self.limit + 1)]  # B E(k)
         tokens = self.times.tokens(live_rows, expected)
         best, best_k = -1.0, 0
-        for k, cost in enumerate(self.times.estimate(live_rows, self.model(live_rows))):
+        for k, cost in enumerate(self.times.estimate(live_rows, self.model)):
             if tokens[k] / cost > best * 1.0001:  # ties go to the shorter draft
                 best, best_k = tokens[k] / cost, k
         return best_k
 
     def cap(self, live_rows: int) -> int:
         best_k = self.best(live_rows)
-        if best_k and 0 not in self.times.measured(live_rows):
+        if best_k and 0 not in self.times.measured(self.times.source(live_rows)):
             best_k = 0  # batched AR first: the reference the wider widths' measured costs are judged against
         if best_k == 0 and self._history:
             self._history.pop(0)  # nothing will be learnt this step: forget, drifting back to the prior

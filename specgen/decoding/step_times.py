@@ -6,6 +6,9 @@ import bisect
 from collections import deque
 from dataclasses import dataclass, field
 from statistics import median
+from typing import Callable
+
+Model = Callable[[int], list[float]]  # live rows B -> the cost curve's cost of a step of each width at B
 
 
 @dataclass
@@ -23,9 +26,10 @@ class StepTimes:
        model(k) / model(k');
     4. nothing measured at B: the curve alone.
     Step 3 keeps the curve's shape, the very thing that can be wrong, so a budget should measure width 0 (batched AR)
-    at each B before trusting the rest (AutoBudget does). A step stays fresh for `memory` steps: a width no longer
-    chosen expires, and the estimate for it falls back to steps 2-3, so it is tried again if they favour it (a
-    step's cost drifts as caches grow and rows change).
+    and a drafting width at each B before trusting the rest (AutoBudget measures AR first); until then a count
+    within a quarter of B that has both stands for it (`source`). A step stays fresh for `memory` steps: a width no
+    longer chosen expires, and the estimate for it falls back to steps 2-3, so it is tried again if they favour it
+    (a step's cost drifts as caches grow and rows change).
     """
 
     min_steps: int = 2
@@ -49,39 +53,67 @@ class StepTimes:
                 out[k] = Measure(median(s for s, _ in fresh), sum(n for _, n in fresh) / len(fresh))
         return out
 
-    def estimate(self, rows: int, model: list[float]) -> list[float]:
-        """The seconds of a step of each width k = 0 .. len(model) - 1 at `rows` live rows (`model`: the curve's
-        cost of each, in any unit)."""
-        here = {k: m.seconds for k, m in self.measured(rows).items()}
+    def complete(self, rows: int) -> bool:
+        """Whether `rows` has measured batched AR (width 0) and a drafting width."""
+        widths = self.measured(rows)
+        return 0 in widths and any(k > 0 for k in widths)
+
+    def source(self, rows: int) -> int:
+        """The row count whose measurements stand for `rows`: `rows` itself once `complete`, else the nearest complete
+        count within a quarter of it (at least 1), else `rows`. Rows end one by one in a run's tail, and a step's
+        costs change little from one count to the next: measuring both widths afresh at each count cost 2 drafting
+        steps per count where drafting loses."""
+        if self.complete(rows):
+            return rows
+        near = [b for b in self._steps if abs(b - rows) <= max(1, rows // 4) and self.complete(b)]
+        return min(near, key=lambda b: (abs(b - rows), b)) if near else rows
+
+    def estimate(self, rows: int, model: Model) -> list[float]:
+        """The seconds of a step of each width k = 0, 1, ... at `rows` live rows (`model(B)`: the curve's cost of
+        each width at B rows, in any unit); from `source(rows)`'s measurements, scaled by the curve when that is
+        another count."""
+        src = self.source(rows)
+        here = {k: m.seconds for k, m in self.measured(src).items()}
         if not here:
-            return list(model)
-        widths = sorted(here)
-        out = []
-        for k, cost in enumerate(model):
-            i = bisect.bisect_left(widths, k)
-            if i < len(widths) and widths[i] == k:
-                out.append(here[k])
-            elif 0 < i < len(widths):
-                lo, hi = widths[i - 1], widths[i]
-                out.append(here[lo] + (here[hi] - here[lo]) * (k - lo) / (hi - lo))
-            else:
-                n = widths[0] if i == 0 else widths[-1]
-                out.append(here[n] * cost / model[n])
-        return out
+            return list(model(rows))
+        at_src = anchored(model(src), here)
+        if src == rows:
+            return at_src
+        return [cost * e / m for cost, e, m in zip(model(rows), at_src, model(src))]
 
     def tokens(self, rows: int, expected: list[float]) -> list[float]:
-        """Tokens a step of each width commits at `rows` live rows: measured where a width ran; else `expected[k]`
-        (the acceptance model's) times what the nearest drafting width measured over what the model expected of it
-        (the model assumes every row drafts k tokens; an n-gram row without a match drafts none)."""
-        here = self.measured(rows)
-        out = [here[k].tokens if k in here else e for k, e in enumerate(expected)]
+        """Tokens a step of each width commits at `rows` live rows: measured where a width ran (at `source(rows)`,
+        per row); else `expected[k]` (the acceptance model's) times what the nearest drafting width measured over
+        what the model expected of it (the model assumes every row drafts k tokens; an n-gram row without a match
+        drafts none)."""
+        src = self.source(rows)
+        here = {k: m.tokens * rows / src for k, m in self.measured(src).items()}
+        out = [here.get(k, e) for k, e in enumerate(expected)]
         drafting = [k for k in here if k > 0]
         if drafting:
             for k, e in enumerate(expected):
                 if k > 0 and k not in here:
                     n = min(drafting, key=lambda w: (abs(w - k), w))
-                    out[k] = e * here[n].tokens / expected[n]
+                    out[k] = e * here[n] / expected[n]
         return out
+
+
+def anchored(model: list[float], measured: dict[int, float]) -> list[float]:
+    """Each width's measured seconds; between two measured widths, interpolated linearly; below the narrowest or
+    above the widest, that one's seconds scaled by the curve, model[k] / model[k']."""
+    widths = sorted(measured)
+    out = []
+    for k, cost in enumerate(model):
+        i = bisect.bisect_left(widths, k)
+        if i < len(widths) and widths[i] == k:
+            out.append(measured[k])
+        elif 0 < i < len(widths):
+            lo, hi = widths[i - 1], widths[i]
+            out.append(measured[lo] + (measured[hi] - measured[lo]) * (k - lo) / (hi - lo))
+        else:
+            n = widths[0] if i == 0 else widths[-1]
+            out.append(measured[n] * cost / model[n])
+    return out
 
 
 @dataclass(frozen=True)

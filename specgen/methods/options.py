@@ -113,9 +113,9 @@ class NoOptions(Options):
 # --- text: the shared batched loop's option, Jacobi, n-gram, pcLLM multi-block ------------------------------------
 
 #: `budget` = "fixed" (the method's own draft size) or "auto": text methods cap their draft per number of live rows
-#: from the measured cost curve (`AutoBudget`), tree methods choose per number of live rows between batched AR and
-#: their own tree from measured throughput (`MeasuredBudget`; decoding/budget.py). The loop applies it; the
-#: drafters never see it.
+#: from the measured cost curve and step times (`AutoBudget`), tree methods choose per number of live rows between
+#: batched AR and their own tree from measured throughput (`MeasuredBudget`; decoding/budget.py). The loop applies
+#: it; the drafters never see it.
 BUDGET_DEFAULT = "fixed"
 BUDGETS = ("fixed", "auto")
 

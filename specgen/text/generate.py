@@ -77,8 +77,8 @@ def check_batching(max_new_tokens: int, batch_size: int) -> None:
 
 
 def draft_budget(model: TextModel, kind: str, limit: int = 16):
-    """None (`fixed`: each method's own draft size) or an `AutoBudget` over this model's measured cost curve
-    (`auto`: it caps the method's own draft size per step, never raises it)."""
+    """None (`fixed`: each method's own draft size) or an `AutoBudget` over this model's measured cost curve,
+    corrected by the run's step times (`auto`: it caps the method's own draft size per step, never raises it)."""
     if kind == "fixed":
         return None
     from specgen.decoding.budget import AutoBudget

@@ -82,18 +82,32 @@ def test_auto_budget_follows_measured_step_times_where_the_curve_misjudges_them(
 def test_step_times_interpolate_between_measured_widths_and_expire():
     times = StepTimes(min_steps=2, memory=10)
     model = [1.0, 1.1, 1.2, 1.3, 1.4, 1.5]
-    assert times.estimate(4, model) == model  # nothing measured: the curve
+    curve = lambda b: model  # noqa: E731
+    assert times.estimate(4, curve) == model  # nothing measured: the curve
     for width, seconds, tokens in [(4, 5.0, 8), (4, 5.0, 12), (0, 1.0, 4), (0, 1.0, 4), (0, 1.0, 4)]:
         times.add(4, width, seconds, tokens)
-    est = times.estimate(4, model)
+    est = times.estimate(4, curve)
     assert est[:5] == [1.0, 2.0, 3.0, 4.0, 5.0] and est[5] == pytest.approx(5.0 * 1.5 / 1.4)  # past 4: the curve
     # tokens: measured at widths 0 and 4; the others scaled by what width 4 measured against the model (10 of 20)
     assert times.tokens(4, [4.0, 8.0, 12.0, 16.0, 20.0, 24.0]) == [4.0, 4.0, 6.0, 8.0, 10.0, 12.0]
     for _ in range(8):
         times.add(4, 0, 1.0, 4)
     assert times.measured(4) == {0: Measure(1.0, 4.0)}  # width 4's steps are more than 10 steps old
-    assert times.estimate(4, model) == pytest.approx(model)  # so width 4 is judged by the curve again
-    assert times.estimate(3, model) == model  # per row count
+    assert times.estimate(4, curve) == pytest.approx(model)  # so width 4 is judged by the curve again
+    assert times.estimate(2, curve) == model  # per row count
+
+
+def test_a_count_without_both_widths_measured_borrows_a_near_one():
+    times = StepTimes(min_steps=1)
+    for width, seconds, tokens in [(0, 1.0, 16), (4, 4.0, 32)]:
+        times.add(16, width, seconds, tokens)
+    curve = lambda b: [b * 1.0, b * 1.1, b * 1.2, b * 1.3, b * 1.4]  # noqa: E731
+    assert times.source(16) == 16 and times.source(13) == 16 and times.source(12) == 12  # within a quarter of B
+    est = times.estimate(15, curve)  # 16's measured costs, scaled by the curve from 16 to 15 rows
+    assert est[0] == pytest.approx(15 / 16) and est[4] == pytest.approx(4.0 * 15 / 16)
+    assert times.tokens(15, [15.0, 30.0, 45.0, 60.0, 75.0]) == pytest.approx([15.0, 12.0, 18.0, 24.0, 30.0])
+    budget = AutoBudget(4, CostCurve((1, 128), (1.0, 1.1)), prior=0.8, times=times)
+    assert budget.cap(15) == 0  # no AR-first step: 16 rows stand for 15, and there drafting lost
 
 
 def test_a_cache_that_cannot_fit_is_refused_before_allocating(monkeypatch):
