@@ -72,7 +72,8 @@ class AutoBudget:
     wall time of the steps run so far replaces the curve's cost (the curve times one row's forward; a batch's step
     also reads B caches, pads ragged rows and drafts, which it misjudges at large B), and their committed tokens
     replace B E(k) (which assumes every row drafts k tokens). At each B the first steps are batched AR (width 0),
-    the reference the drafting widths are then measured against.
+    the reference the drafting widths are then measured against, unless a near count measured both already
+    (`StepTimes.source`).
     """
 
     limit: int
