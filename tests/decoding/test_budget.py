@@ -107,7 +107,8 @@ def test_a_count_without_both_widths_measured_borrows_a_near_one():
     assert est[0] == pytest.approx(15 / 16) and est[4] == pytest.approx(4.0 * 15 / 16)
     assert times.tokens(15, [15.0, 30.0, 45.0, 60.0, 75.0]) == pytest.approx([15.0, 12.0, 18.0, 24.0, 30.0])
     budget = AutoBudget(4, CostCurve((1, 128), (1.0, 1.1)), prior=0.8, times=times)
-    assert budget.cap(15) == 0  # no AR-first step: 16 rows stand for 15, and there drafting lost
+    assert budget.best(15) == 0  # 16 rows stand for 15, and there drafting lost
+    assert budget.best(8) == 4 and budget.cap(8) == 0  # too far to borrow: the curve's pick, after AR first
 
 
 def test_a_cache_that_cannot_fit_is_refused_before_allocating(monkeypatch):
