@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import accumulate
 from statistics import median
 from typing import Callable, Protocol
 
@@ -97,7 +98,7 @@ class AutoBudget:
     def best(self, live_rows: int) -> int:
         """The width with the most expected tokens per unit of estimated cost at `live_rows` rows."""
         a = min(self.rate(), 0.999)
-        expected = [live_rows * sum(a**j for j in range(k + 1)) for k in range(self.limit + 1)]  # B E(k)
+        expected = [live_rows * e for e in accumulate(a**k for k in range(self.limit + 1))]  # B E(k), running sums
         tokens = self.times.tokens(live_rows, expected)
         best, best_k = -1.0, 0
         for k, cost in enumerate(self.times.estimate(live_rows, self.model)):

@@ -37,20 +37,25 @@ class StepTimes:
     keep: int = 16  # steps kept per (B, width)
     clock: int = 0
     _steps: dict[int, dict[int, deque]] = field(default_factory=dict)
+    _memo: dict = field(default_factory=dict, repr=False)  # measured / source per row count, until the next step
 
     def add(self, rows: int, width: int, seconds: float, tokens: int) -> None:
         self.clock += 1
+        self._memo.clear()  # a new step: every count's freshness moves
         per_width = self._steps.setdefault(rows, {})
         per_width.setdefault(width, deque(maxlen=self.keep)).append((self.clock, seconds, tokens))
 
     def measured(self, rows: int) -> dict[int, Measure]:
         """width -> its fresh steps at `rows` live rows (widths with at least `min_steps`): the median seconds (one
         stalled step does not decide) and the mean tokens committed (they vary from step to step)."""
+        if ("measured", rows) in self._memo:  # a budget step asks several times, and `source` for every count
+            return self._memo[("measured", rows)]
         out = {}
         for k, steps in self._steps.get(rows, {}).items():
             fresh = [(s, n) for t, s, n in steps if self.clock - t < self.memory]
             if len(fresh) >= self.min_steps:
                 out[k] = Measure(median(s for s, _ in fresh), sum(n for _, n in fresh) / len(fresh))
+        self._memo[("measured", rows)] = out
         return out
 
     def complete(self, rows: int) -> bool:
@@ -63,10 +68,13 @@ class StepTimes:
         count within a quarter of it (at least 1), else `rows`. Rows end one by one in a run's tail, and a step's
         costs change little from one count to the next: measuring both widths afresh at each count cost 2 drafting
         steps per count where drafting loses."""
-        if self.complete(rows):
-            return rows
-        near = [b for b in self._steps if abs(b - rows) <= max(1, rows // 4) and self.complete(b)]
-        return min(near, key=lambda b: (abs(b - rows), b)) if near else rows
+        if ("source", rows) not in self._memo:
+            src = rows
+            if not self.complete(rows):
+                near = [b for b in self._steps if abs(b - rows) <= max(1, rows // 4) and self.complete(b)]
+                src = min(near, key=lambda b: (abs(b - rows), b)) if near else rows
+            self._memo[("source", rows)] = src
+        return self._memo[("source", rows)]
 
     def estimate(self, rows: int, model: Model) -> list[float]:
         """The seconds of a step of each width k = 0, 1, ... at `rows` live rows (`model(B)`: the curve's cost of

@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from specgen import native
+from specgen.native import ops as native_ops
 
 CHUNK = 128  # key slots per chunk
 MIN_ROWS = 4  # GEMM rows below which MKL's float32 products take another code path
@@ -148,7 +149,7 @@ def check(status: int) -> None:
         raise MemoryError(f"native attention failed (status {status}): no scratch memory, or over 64 heads per kv head")
 
 
-NATIVE_DTYPES = (torch.bfloat16,)  # float32 keeps SDPA: for wide trees of small heads it is faster (docs/LOG.md)
+NATIVE_DTYPES = native_ops.DTYPES  # one policy for the attention and the norms around it
 PLANS = (AttentionPlan, NativePlan)  # what `plan` returns; a layer given one attends with `invariant_attention`
 
 

@@ -6,7 +6,10 @@ import torch
 
 from specgen.native import glue
 
-DTYPES = (torch.bfloat16,)  # float32 keeps torch's ops (the kernels take it too: tests; see models/attention.py)
+# The activation dtypes whose decode steps run the native kernels, attention (models/attention.py) and norms alike.
+# float32 keeps SDPA and torch's ops, though the C takes it too (tested): for wide trees of small heads SDPA is
+# faster (docs/LOG.md, session 26).
+DTYPES = (torch.bfloat16,)
 
 
 def usable(*tensors: torch.Tensor) -> bool:
