@@ -21,11 +21,12 @@ them, so a chunk's sums group its terms differently (pcllm-mr with a lookup bran
 AR on 7 of 30 prompts). `tree_attention` gives each query AR's layout: its scores reordered into it, and its values
 past the shared prefix copied into it, per layer.
 
-Native path: on a CPU with a C compiler, cached bfloat16 forwards (decode steps, verifies, trees; not a text
-prompt's prefill) run `specgen/native/attention.c` instead (`NativePlan`),
-one call a layer. It takes each query's visible slots as a list in ascending slot order, which is AR's order for
-trees too, and computes each (query, kv head) alone in a fixed order: invariant by construction, with none of the
-staging above. Which path a process runs is decided once (`specgen.native.attention`), so all forwards agree.
+Native path: on a CPU with a C compiler, cached bfloat16 and float32 forwards (decode steps, verifies, trees; not a
+text prompt's prefill) run `specgen/native/attention.c` instead (`NativePlan`), one call a layer. It takes each
+query's visible slots as a list in ascending slot order, which is AR's order for trees too, and computes each
+(query, kv head) in a fixed order: invariant by construction, with none of the staging above. Which path a process
+runs is decided once (`specgen.native.attention`), so all forwards agree. Without the kernel, float32 keeps SDPA
+(`planned`): the chunked path costs more than float32's rare last-bit flips.
 """
 
 from __future__ import annotations
@@ -76,6 +77,7 @@ class NativePlan:
 
     idx: torch.Tensor  # [B, S, T] int32: query (b, s)'s visible slots first, ascending (the rest: unread)
     count: torch.Tensor  # [B, S] int32: how many slots query (b, s) sees
+    shared: torch.Tensor  # [B] int32: the leading list entries 0, 1, ... every query of row b has (read once for all)
     out: torch.Tensor  # [B, S, H, D] in the activation dtype: every layer's result (the output projection's layout)
     slots: torch.Tensor | None = None  # [B, S] int32: the cache slot of each new token (lengths[b] + s)
     qbuf: torch.Tensor | None = None  # [B, H, S, D]: the rotated queries (native_self_attention)
@@ -94,11 +96,14 @@ def native_plan(mask: torch.Tensor | None, b: int, s: int, t: int, heads: int, h
     if mask is None:
         idx = torch.arange(t, dtype=torch.int32).expand(b, s, t).contiguous()
         count = torch.full((b, s), t, dtype=torch.int32)
+        shared = torch.full((b,), t, dtype=torch.int32)
     else:
         seen = mask[:, 0]  # [B, S, T]
         idx = torch.sort((~seen).to(torch.int8), dim=-1, stable=True).indices.to(torch.int32)
         count = seen.sum(-1, dtype=torch.int32)
-    p = NativePlan(idx, count, torch.empty(b, s, heads, head_dim, dtype=dtype))
+        in_place = (idx == torch.arange(t, dtype=torch.int32)).to(torch.int32).cummin(-1).values.sum(-1)  # [B, S]
+        shared = torch.minimum(in_place, count).amin(-1).to(torch.int32)  # hidden slots past count are no keys
+    p = NativePlan(idx, count, shared, torch.empty(b, s, heads, head_dim, dtype=dtype))
     if lengths is not None:
         p.slots = (torch.tensor(lengths, dtype=torch.int32)[:, None] + torch.arange(s, dtype=torch.int32)).contiguous()
         p.qbuf = torch.empty(b, heads, s, head_dim, dtype=dtype)
@@ -117,7 +122,7 @@ def native_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Nativ
         k, v = k.contiguous(), v.contiguous()
     status = native.attention().specgen_attend(
         q.data_ptr(), p.c_strides(q), k.data_ptr(), p.c_strides(k), v.data_ptr(), p.c_strides(v), p.idx.data_ptr(),
-        p.count.data_ptr(), p.out.data_ptr(), q.element_size(), b, h, hkv, s, d, t, d**-0.5)
+        p.count.data_ptr(), p.shared.data_ptr(), p.out.data_ptr(), q.element_size(), b, h, hkv, s, d, t, d**-0.5)
     check(status)
     return p.out.transpose(1, 2)
 
@@ -139,7 +144,8 @@ def native_self_attention(
     status = native.attention().specgen_rope_write_attend(
         qkv.contiguous().data_ptr(), cos.data_ptr(), sin.data_ptr(), int(rot.layout == "half"), kc.data_ptr(),
         p.c_strides(kc), vc.data_ptr(), p.c_strides(vc), p.slots.data_ptr(), p.qbuf.data_ptr(), p.idx.data_ptr(),
-        p.count.data_ptr(), p.out.data_ptr(), qkv.element_size(), b, h, hkv, s, d, p.idx.shape[-1], d**-0.5)
+        p.count.data_ptr(), p.shared.data_ptr(), p.out.data_ptr(), qkv.element_size(), b, h, hkv, s, d,
+        p.idx.shape[-1], d**-0.5)
     check(status)
     return p.out.view(b, s, h * d)
 
@@ -158,6 +164,13 @@ def uses_native(dtype: torch.dtype, device: torch.device | str) -> bool:
     per process), grad mode off (it has no backward; decoding runs under inference mode)."""
     return (dtype in NATIVE_DTYPES and torch.device(device).type == "cpu" and not torch.is_grad_enabled()
             and native.attention() is not None)
+
+
+def planned(dtype: torch.dtype, device: torch.device | str) -> bool:
+    """Whether cached forwards in `dtype` on `device` attend through a `plan` (`invariant_attention`): low precision
+    always (SDPA's width-dependent rounding flips its argmaxes), float32 where the native kernel runs (there it is
+    invariant at no cost: docs/results/batching.md); otherwise float32 keeps SDPA."""
+    return dtype != torch.float32 or uses_native(dtype, device)
 
 
 def plan(

@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from specgen.decoding.cache import KVCache
-from specgen.models.attention import plan
+from specgen.models.attention import plan, planned
 from specgen.models.rope import check_positions, rotation, table_1d, table_2d
 from specgen.models.transformer import Block, Transformer, TransformerConfig
 
@@ -92,7 +92,7 @@ class EagleNet(nn.Module):
             cache.check_room(s)
             mask = cache.hide_keys(attn_mask) if attn_mask is not None else cache.prefix_mask(s, tree_mask)
             causal = False
-            if h.dtype != torch.float32:  # low precision: the block takes an attention plan (as hidden_states)
+            if planned(h.dtype, h.device):  # the block takes an attention plan (as Transformer.hidden_states)
                 t = mask.shape[-1] if mask is not None else max(cache.lengths) + s
                 c = self.cfg
                 mask = plan(mask, h.shape[0], s, t, c.n_heads, c.n_kv_heads, c.hd, h.device, h.dtype, cache.lengths)

@@ -27,7 +27,7 @@ from torch import nn
 from specgen.decoding.cache import KVCache
 from specgen.errors import ContextOverflowError
 from specgen.models import prompt
-from specgen.models.attention import PLANS, NativePlan, invariant_attention, native_self_attention, plan
+from specgen.models.attention import PLANS, NativePlan, invariant_attention, native_self_attention, plan, planned
 from specgen.models.rope import SCALINGS, Rotation, check_positions, rotate, rotation, table_1d, table_2d
 from specgen.native import ops as native_ops
 
@@ -340,7 +340,7 @@ class Transformer(nn.Module):
             cache.check_room(s)
             mask = cache.hide_keys(attn_mask) if attn_mask is not None else cache.prefix_mask(s, tree_mask)
             causal = False
-            if h.dtype != torch.float32 and not prompt.active():  # low precision: batch/width-invariant attention
+            if planned(h.dtype, h.device) and not prompt.active():  # batch/width-invariant attention
                 t = mask.shape[-1] if mask is not None else max(cache.lengths) + s  # (models/attention.py)
                 mask = plan(mask, h.shape[0], s, t, self.cfg.n_heads, self.cfg.n_kv_heads, self.cfg.hd, h.device,
                             h.dtype, cache.lengths)

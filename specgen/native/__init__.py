@@ -78,8 +78,8 @@ def build(name: str) -> Path | None:
 
 PTR, INT, FLOAT = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
 SIGNATURES = {  # library -> function -> (argument types, return type); `es`: element size, 2 bfloat16 / 4 float32
-    "attention": {"specgen_attend": ([PTR] * 9 + [INT] * 7 + [FLOAT], INT),
-                  "specgen_rope_write_attend": ([PTR] * 3 + [INT] + [PTR] * 9 + [INT] * 7 + [FLOAT], INT)},
+    "attention": {"specgen_attend": ([PTR] * 10 + [INT] * 7 + [FLOAT], INT),
+                  "specgen_rope_write_attend": ([PTR] * 3 + [INT] + [PTR] * 10 + [INT] * 7 + [FLOAT], INT)},
     "glue": {"specgen_rms_norm": ([PTR] * 3 + [INT, INT, FLOAT, INT], INT),
              "specgen_add_rms_norm": ([PTR] * 5 + [INT, INT, FLOAT, INT], INT)},
 }

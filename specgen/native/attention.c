@@ -1,12 +1,16 @@
-/* Width-invariant softmax attention over bfloat16 (or float32) queries, keys and values (specgen/native/__init__.py
+/* Width-invariant softmax attention over bfloat16 or float32 queries, keys and values (specgen/native/__init__.py
  * loads it).
  *
- * One (batch row, kv head, query) at a time, with the query's G heads of that kv head together (they share the
- * keys). A query's visible slots come as a list in ascending slot order (`idx`, `count`), which is the order AR
- * stores the same keys in: its committed prefix, then its ancestors. Every number a query gets is a fixed function
- * of its own q, that list's keys and values, and the list's length: nothing depends on the other queries, the
- * forward's width, the batch, or where in the cache the keys sit. So a token scored in a verify forward or a draft
- * tree gets exactly its AR step's result, bit for bit (tests/models/test_attention.py).
+ * A query's visible slots come as a list in ascending slot order (`idx`, `count`), which is the order AR stores
+ * the same keys in: its committed prefix, then its ancestors. Every number a query gets is a fixed function of its
+ * own q, that list's keys and values, and the list's length: nothing depends on the other queries, the forward's
+ * width, the batch, or where in the cache the keys sit. So a token scored in a verify forward or a draft tree gets
+ * exactly its AR step's result, bit for bit (tests/models/test_attention.py).
+ *
+ * Work goes one (batch row, kv head) at a time, with all its queries' G heads as rows: the list entries every query
+ * shares (the committed prefix) are read once, 16 keys or values at a time, for all rows, and the rest of each
+ * list once for its query's G heads. Sharing a read changes no number: a score depends on its q and key alone, and
+ * each row's sums run in its own list order.
  *
  * Arithmetic (all float32): q is scaled by 1/sqrt(D) first; a score is a dot product over D in 16 lanes (lane l
  * adds d = l, l + 16, ... in order, with fma16) summed by a fixed tree; p = exp(score - max) with a polynomial exp
@@ -113,106 +117,176 @@ static inline float lane_sum(v16f a) {
     return transpose_sum(one)[0];
 }
 
-/* One (row, kv head, query): its G heads over its `n` visible slots; `blocks` = D/16 rounded up (a constant in each
- * inlined copy). Scratch: qf [G][blocks], kbuf [16][blocks] and o [G][blocks] vectors; sc [G][n rounded up to 16]. */
-static inline __attribute__((always_inline)) void attend_one(
-        const void *q, int64_t q_head, const void *k, int64_t k_slot, const void *v, int64_t v_slot,
-        const int32_t *idx, int n, void *out, int es, int g, int d, const int blocks, float scale,
-        v16f *qf, v16f *kbuf, v16f *o, float *sc) {
-    if (n == 0) {
-        memset(out, 0, (size_t)es * g * d);
-        return;
+/* An unaligned 16-float load */
+static inline v16f ld(const float *p) {
+    v16f x;
+    memcpy(&x, p, sizeof x);
+    return x;
+}
+
+/* Rows slots[0 .. m) of a cache layer (slot stride `slot`) as float32 row pointers: straight into the cache when it
+ * is float32 and D a multiple of 16 (nothing to convert or pad), else converted into buf [16][blocks]. */
+static inline void rows_of(const void *base, int64_t slot, const int32_t *slots, int m, int es, int d, int blocks,
+                           v16f *buf, const float **rows) {
+    for (int i = 0; i < m; i++) {
+        if (es == 4 && d % LANES == 0) {
+            rows[i] = (const float *)base + slots[i] * slot;
+        } else {
+            load_row(AT(base, slots[i] * slot), es, d, buf + i * blocks);
+            rows[i] = (const float *)(buf + i * blocks);
+        }
     }
-    int64_t stride = (n + LANES - 1) / LANES * LANES;  /* of sc's rows */
-    for (int j = 0; j < g; j++) {
-        load_row(AT(q, j * q_head), es, d, qf + j * blocks);
-        for (int c = 0; c < blocks; c++) qf[j * blocks + c] *= scale;
-    }
-    /* 1. scores, 16 keys of the list at a time: lane l of a key's dot product adds d = l, l + 16, ... in order, and
-     *    its 16 lanes are summed by transpose_sum's tree; a short last block is padded with zero products */
-    for (int i0 = 0; i0 < n; i0 += LANES) {
-        int m = n - i0 < LANES ? n - i0 : LANES;
-        for (int i = 0; i < m; i++) load_row(AT(k, idx[i0 + i] * k_slot), es, d, kbuf + i * blocks);
-        for (int j = 0; j < g; j++) {
-            const v16f *qj = qf + j * blocks;
-            v16f acc[LANES];
-            for (int i = 0; i < LANES; i++) {
-                if (i < m) {
-                    const v16f *kr = kbuf + i * blocks;
-                    acc[i] = qj[0] * kr[0];
-                    for (int c = 1; c < blocks; c++) acc[i] = fma16(qj[c], kr[c], acc[i]);
-                } else {
-                    acc[i] = (v16f){0};
-                }
+}
+
+/* Scores of query rows [r0, r1) (row r's scaled q: qf + r * blocks) against the m <= 16 keys `krows`, stored at
+ * sc + r * stride + at (16 lanes; past m: scratch). Lane l of a key's dot product adds d = l, l + 16, ... in order
+ * and its 16 lanes are summed by transpose_sum's tree, so a score is the same wherever its key sits in a block. */
+static inline __attribute__((always_inline)) void score_block(const v16f *qf, int r0, int r1, const float **krows,
+                                                              int m, const int blocks, float *sc, int64_t stride,
+                                                              int64_t at) {
+    for (int r = r0; r < r1; r++) {
+        const v16f *qr = qf + r * blocks;
+        v16f acc[LANES];
+        for (int i = 0; i < LANES; i++) {
+            if (i < m) {
+                acc[i] = qr[0] * ld(krows[i]);
+                for (int c = 1; c < blocks; c++) acc[i] = fma16(qr[c], ld(krows[i] + c * LANES), acc[i]);
+            } else {
+                acc[i] = (v16f){0};
             }
-            v16f sums = transpose_sum(acc);
-            memcpy(sc + j * stride + i0, &sums, sizeof sums);  /* lanes past n: scratch, never read */
         }
+        v16f sums = transpose_sum(acc);
+        memcpy(sc + r * stride + at, &sums, sizeof sums);
     }
-    /* 2. p = exp(score - max) in place; the softmax sums in 16 lanes over the list index */
-    float sums[64];  /* g <= 64 (checked by the caller) */
-    for (int j = 0; j < g; j++) {
-        float *s = sc + j * stride;
-        float top = s[0];
-        for (int i = 1; i < n; i++) top = s[i] > top ? s[i] : top;
-        for (int i = 0; i < n; i++) s[i] = exp_nonpositive(s[i] - top);
-        for (int i = n; i < stride; i++) s[i] = 0.0f;
-        v16f acc = {0};
-        for (int i = 0; i < stride; i += LANES) {
-            v16f x;
-            memcpy(&x, s + i, sizeof x);
-            acc = acc + x;
-        }
-        sums[j] = lane_sum(acc);
+}
+
+/* o[r] += p[r][at + i] * v_i for the m <= 16 value rows `vrows`, i in order, for rows [r0, r1) (one rounding per
+ * FMA: each row's sum runs in its list order, whichever rows share the block). */
+static inline __attribute__((always_inline)) void value_block(v16f *o, int r0, int r1, const float **vrows, int m,
+                                                              const int blocks, const float *sc, int64_t stride,
+                                                              int64_t at) {
+    for (int r = r0; r < r1; r++) {
+        v16f a[blocks];
+        for (int c = 0; c < blocks; c++) a[c] = o[r * blocks + c];
+        const float *pr = sc + r * stride + at;
+        for (int i = 0; i < m; i++)
+            for (int c = 0; c < blocks; c++) a[c] = fma16((v16f){0} + pr[i], ld(vrows[i] + c * LANES), a[c]);
+        for (int c = 0; c < blocks; c++) o[r * blocks + c] = a[c];
     }
-    /* 3. values, accumulated in list order (16 value rows converted at a time, then each head's sums in registers) */
-    for (int c = 0; c < g * blocks; c++) o[c] = (v16f){0};
-    for (int i0 = 0; i0 < n; i0 += LANES) {
-        int m = n - i0 < LANES ? n - i0 : LANES;
-        for (int i = 0; i < m; i++) load_row(AT(v, idx[i0 + i] * v_slot), es, d, kbuf + i * blocks);
+}
+
+/* The row max of s[0 .. n), n >= 1 (exact in any order: a max rounds nothing) */
+static inline float row_max(const float *s, int n) {
+    v16f top = (v16f){0} + s[0];
+    int i = 0;
+    for (; i + LANES <= n; i += LANES) {
+        v16f x = ld(s + i);
+        v16u gt = (v16u)(x > top);
+        top = (v16f)(((v16u)x & gt) | ((v16u)top & ~gt));
+    }
+    float lanes[LANES], best;
+    memcpy(lanes, &top, sizeof lanes);
+    best = lanes[0];
+    for (int l = 1; l < LANES; l++) best = lanes[l] > best ? lanes[l] : best;
+    for (; i < n; i++) best = s[i] > best ? s[i] : best;
+    return best;
+}
+
+/* One (batch row, kv head): its S queries' G heads (rows r = query * G + head), each over its `count` visible slots
+ * listed ascending in `idx` [S][T]. The first `shared` entries of every list are the slots 0 .. shared - 1 (the
+ * committed prefix): those keys and values are read once for all rows; each query's rest of its list is its own.
+ * Every row's numbers are what it would get alone (the score of a key, the order of every sum), so sharing the
+ * reads changes no bit. Scratch: qf, o [S*G][blocks], kbuf [16][blocks] vectors; sc [S*G][stride], sums [S*G]. */
+static inline __attribute__((always_inline)) void attend_group(
+        const void *q, int64_t q_head, int64_t q_step, const void *k, int64_t k_slot, const void *v, int64_t v_slot,
+        const int32_t *idx, const int32_t *count, int s, int t, int shared, void *out, int64_t out_step, int es,
+        int g, int d, const int blocks, float scale, v16f *qf, v16f *kbuf, v16f *o, float *sc, int64_t stride,
+        float *sums) {
+    const int rows = s * g;
+    const float *kv[LANES];
+    for (int si = 0; si < s; si++)
         for (int j = 0; j < g; j++) {
-            v16f a[blocks];
-            for (int c = 0; c < blocks; c++) a[c] = o[j * blocks + c];
-            const float *pj = sc + j * stride + i0;
-            for (int i = 0; i < m; i++)
-                for (int c = 0; c < blocks; c++) a[c] = fma16((v16f){0} + pj[i], kbuf[i * blocks + c], a[c]);
-            for (int c = 0; c < blocks; c++) o[j * blocks + c] = a[c];
+            v16f *qr = qf + (si * g + j) * blocks;
+            load_row(AT(q, si * q_step + j * q_head), es, d, qr);
+            for (int c = 0; c < blocks; c++) qr[c] *= scale;
         }
+    /* 1. scores: the shared slots for every row, 16 keys at a time; then each query's own rest */
+    for (int i0 = 0; i0 < shared; i0 += LANES) {
+        int m = shared - i0 < LANES ? shared - i0 : LANES;
+        rows_of(k, k_slot, idx + i0, m, es, d, blocks, kbuf, kv);
+        score_block(qf, 0, rows, kv, m, blocks, sc, stride, i0);
     }
-    /* 4. divide (rounded once to bfloat16 when es = 2) */
-    for (int j = 0; j < g; j++) {
+    for (int si = 0; si < s; si++)
+        for (int i0 = shared; i0 < count[si]; i0 += LANES) {
+            int m = count[si] - i0 < LANES ? count[si] - i0 : LANES;
+            rows_of(k, k_slot, idx + (int64_t)si * t + i0, m, es, d, blocks, kbuf, kv);
+            score_block(qf, si * g, si * g + g, kv, m, blocks, sc, stride, i0);
+        }
+    /* 2. p = exp(score - max) in place; the softmax sums in 16 lanes over the list index */
+    for (int r = 0; r < rows; r++) {
+        int n = count[r / g];
+        float *sr = sc + r * stride;
+        if (n == 0) continue;
+        float top = row_max(sr, n);
+        for (int i = 0; i < n; i++) sr[i] = exp_nonpositive(sr[i] - top);
+        int end = (n + LANES - 1) / LANES * LANES;
+        for (int i = n; i < end; i++) sr[i] = 0.0f;
+        v16f acc = {0};
+        for (int i = 0; i < end; i += LANES) acc = acc + ld(sr + i);
+        sums[r] = lane_sum(acc);
+    }
+    /* 3. values, accumulated in list order: the shared rows once for every row, then each query's own */
+    for (int c = 0; c < rows * blocks; c++) o[c] = (v16f){0};
+    for (int i0 = 0; i0 < shared; i0 += LANES) {
+        int m = shared - i0 < LANES ? shared - i0 : LANES;
+        rows_of(v, v_slot, idx + i0, m, es, d, blocks, kbuf, kv);
+        value_block(o, 0, rows, kv, m, blocks, sc, stride, i0);
+    }
+    for (int si = 0; si < s; si++)
+        for (int i0 = shared; i0 < count[si]; i0 += LANES) {
+            int m = count[si] - i0 < LANES ? count[si] - i0 : LANES;
+            rows_of(v, v_slot, idx + (int64_t)si * t + i0, m, es, d, blocks, kbuf, kv);
+            value_block(o, si * g, si * g + g, kv, m, blocks, sc, stride, i0);
+        }
+    /* 4. divide (rounded once to bfloat16 when es = 2); a query that sees nothing gets zeros */
+    for (int r = 0; r < rows; r++) {
+        char *dst = (char *)out + ((r / g) * out_step + (r % g) * d) * es;
+        if (count[r / g] == 0) {
+            memset(dst, 0, (size_t)es * d);
+            continue;
+        }
         float row[LANES];
         for (int c = 0; c < blocks; c++) {
-            v16f r = o[j * blocks + c] / sums[j];
-            memcpy(row, &r, sizeof row);
-            for (int l = 0; l < LANES && c * LANES + l < d; l++) store(out, j * d + c * LANES + l, row[l], es);
+            v16f x = o[r * blocks + c] / sums[r];
+            memcpy(row, &x, sizeof row);
+            for (int l = 0; l < LANES && c * LANES + l < d; l++) store(dst, c * LANES + l, row[l], es);
         }
     }
 }
 
 /* q [B, H, S, D] (strides qs[0..2] in elements, D contiguous); k, v [B, Hkv, T, D] (strides ks[0..2], vs[0..2]);
- * idx [B, S, T] int32 and count [B, S] int32 (contiguous); out [B, S, H, D] contiguous; every tensor bfloat16
- * (es = 2) or float32 (es = 4). Returns 0, or -1 when scratch memory cannot be had or G > 64. */
+ * idx [B, S, T] int32, count [B, S] int32 (contiguous) and shared [B] int32: how many leading entries of every list
+ * of row b are the slots 0, 1, ... (models/attention.py:native_plan); out [B, S, H, D] contiguous; every tensor
+ * bfloat16 (es = 2) or float32 (es = 4). Returns 0, or -1 when scratch memory cannot be had or G > 64. */
 int specgen_attend(const void *q, const int64_t *qs, const void *k, const int64_t *ks, const void *v,
-                   const int64_t *vs, const int32_t *idx, const int32_t *count, void *out, int es,
-                   int b, int h, int hkv, int s, int d, int t, float scale) {
+                   const int64_t *vs, const int32_t *idx, const int32_t *count, const int32_t *shared, void *out,
+                   int es, int b, int h, int hkv, int s, int d, int t, float scale) {
     int g = h / hkv;
     if (g > 64) return -1;
     int blocks = (d + LANES - 1) / LANES;
-    size_t vecs = (size_t)(2 * g + LANES) * blocks + (size_t)g * ((t + LANES - 1) / LANES + 1);
+    int64_t rows = (int64_t)s * g, stride = ((int64_t)t + LANES - 1) / LANES * LANES + LANES;
+    size_t vecs = (size_t)(2 * rows + LANES) * blocks + (size_t)(rows * stride + rows) / LANES + 1;
     v16f *scratch = aligned_alloc(64, sizeof(v16f) * vecs);
     if (!scratch) return -1;
-    v16f *qf = scratch, *o = qf + (size_t)g * blocks, *kbuf = o + (size_t)g * blocks;
-    float *sc = (float *)(kbuf + LANES * blocks);
+    v16f *qf = scratch, *o = qf + rows * blocks, *kbuf = o + rows * blocks;
+    float *sc = (float *)(kbuf + LANES * blocks), *sums = sc + rows * stride;
 #define LOOP(BLOCKS)                                                                                               \
     for (int bi = 0; bi < b; bi++)                                                                                 \
         for (int kh = 0; kh < hkv; kh++)                                                                           \
-            for (int si = 0; si < s; si++)                                                                         \
-                attend_one(AT(q, bi * qs[0] + (int64_t)kh * g * qs[1] + si * qs[2]), qs[1],                        \
-                           AT(k, bi * ks[0] + kh * ks[1]), ks[2], AT(v, bi * vs[0] + kh * vs[1]), vs[2],            \
-                           idx + ((int64_t)bi * s + si) * t, count[bi * s + si],                                    \
-                           (char *)out + ((((int64_t)bi * s + si) * h + (int64_t)kh * g) * d) * es, es, g, d,       \
-                           BLOCKS, scale, qf, kbuf, o, sc)
+            attend_group(AT(q, bi * qs[0] + (int64_t)kh * g * qs[1]), qs[1], qs[2], AT(k, bi * ks[0] + kh * ks[1]),  \
+                         ks[2], AT(v, bi * vs[0] + kh * vs[1]), vs[2], idx + (int64_t)bi * s * t, count + bi * s, s, \
+                         t, shared[bi], (char *)out + (((int64_t)bi * s * h + (int64_t)kh * g) * d) * es,          \
+                         (int64_t)h * d, es, g, d, BLOCKS, scale, qf, kbuf, o, sc, stride, sums)
     switch (blocks) {  /* one inlined copy per head size in 16s: its loops over D fully unrolled */
         case 1: LOOP(1); break;
         case 2: LOOP(2); break;
@@ -243,8 +317,8 @@ static void rotate_row(const void *x, const void *cs, const void *sn, int es, in
  * [B, H, S, D]) attend as in specgen_attend, into out [B, S, H, D]; es as there. */
 int specgen_rope_write_attend(const void *qkv, const void *cs, const void *sn, int half, void *kc, const int64_t *ks,
                               void *vc, const int64_t *vs, const int32_t *slots, void *qbuf, const int32_t *idx,
-                              const int32_t *count, void *out, int es, int b, int h, int hkv, int s, int d, int t,
-                              float scale) {
+                              const int32_t *count, const int32_t *shared, void *out, int es, int b, int h, int hkv,
+                              int s, int d, int t, float scale) {
     int w = h + 2 * hkv;
     for (int bi = 0; bi < b; bi++)
         for (int si = 0; si < s; si++) {
@@ -262,5 +336,5 @@ int specgen_rope_write_attend(const void *qkv, const void *cs, const void *sn, i
             }
         }
     int64_t qs[3] = {(int64_t)h * s * d, (int64_t)s * d, d};
-    return specgen_attend(qbuf, qs, kc, ks, vc, vs, idx, count, out, es, b, h, hkv, s, d, t, scale);
+    return specgen_attend(qbuf, qs, kc, ks, vc, vs, idx, count, shared, out, es, b, h, hkv, s, d, t, scale);
 }

@@ -1,4 +1,4 @@
-"""torch wrappers of glue.c's row kernels (bfloat16 on a CPU, inference only) and when they run."""
+"""torch wrappers of glue.c's row kernels (bfloat16 or float32 on a CPU, inference only) and when they run."""
 
 from __future__ import annotations
 
@@ -7,13 +7,11 @@ import torch
 from specgen.native import glue
 
 # The activation dtypes whose decode steps run the native kernels, attention (models/attention.py) and norms alike.
-# float32 keeps SDPA and torch's ops, though the C takes it too (tested): for wide trees of small heads SDPA is
-# faster (docs/LOG.md, session 26).
-DTYPES = (torch.bfloat16,)
+DTYPES = (torch.bfloat16, torch.float32)
 
 
 def usable(*tensors: torch.Tensor) -> bool:
-    """Whether an op on these tensors (one dtype) runs natively: bfloat16 on a CPU where glue.c was built,
+    """Whether an op on these tensors (one dtype) runs natively: DTYPES on a CPU where glue.c was built,
     with grad mode off (the kernels have no backward; every decode forward runs under inference mode, so a model's
     decode steps all give the same answer)."""
     if torch.is_grad_enabled() or glue() is None:

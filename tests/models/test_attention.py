@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from specgen import native
-from specgen.models.attention import CHUNK, NativePlan, invariant_attention, native_plan, plan
+from specgen.models.attention import CHUNK, NativePlan, invariant_attention, native_plan, plan, planned
 
 
 @pytest.fixture(params=["torch", "native"], autouse=True)
@@ -23,7 +23,7 @@ def backend(request, monkeypatch):
 
 
 def make_plan(mask, b, s, t, h, hkv, d, dtype):
-    """The backend's plan: on the native backend the kernel's for either dtype (models give it bfloat16 only)."""
+    """The backend's plan: on the native backend the kernel's for either dtype."""
     if native.attention() is not None:
         return native_plan(mask, b, s, t, h, d, dtype=dtype)
     return plan(mask, b, s, t, h, hkv, d, "cpu", dtype)
@@ -34,11 +34,11 @@ def attention(q, k, v, mask):
     return invariant_attention(q, k, v, make_plan(mask, b, s, k.shape[2], h, k.shape[1], d, q.dtype))
 
 
-def test_bfloat16_on_a_cpu_takes_the_native_path_where_it_is_built(backend):
-    p = plan(None, 1, 1, 5, 4, 2, 16, "cpu", torch.bfloat16)
-    assert isinstance(p, NativePlan) == (backend == "native")
-    for other in (torch.float32, torch.float16):  # float32 keeps SDPA in models (the kernel takes it: tests below)
-        assert not isinstance(plan(None, 1, 1, 5, 4, 2, 16, "cpu", other), NativePlan)
+def test_bfloat16_and_float32_on_a_cpu_take_the_native_path_where_it_is_built(backend):
+    for dtype in (torch.bfloat16, torch.float32):
+        assert isinstance(plan(None, 1, 1, 5, 4, 2, 16, "cpu", dtype), NativePlan) == (backend == "native")
+        assert planned(dtype, "cpu") == (dtype != torch.float32 or backend == "native")  # else float32 keeps SDPA
+    assert not isinstance(plan(None, 1, 1, 5, 4, 2, 16, "cpu", torch.float16), NativePlan)
 
 
 def case(seed=0, b=2, h=6, hkv=2, s=20, t=300, d=32, dtype=torch.bfloat16):
@@ -132,6 +132,22 @@ def test_a_tree_query_gets_exactly_its_ar_result(prefix, dtype):
         keys = list(range(prefix)) + [prefix + j for j in path]
         ar = attention(q[:, :, i : i + 1], k[:, :, keys], v[:, :, keys], None)
         assert torch.equal(ar[:, :, 0], out[:, :, i]), i
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_native_keys_read_once_for_every_query_change_no_bit(backend, dtype):
+    """The kernel reads the slots every query of a row sees (`shared`) once for all of them: the result is bitwise
+    what it is when each query reads its whole list itself (shared = 0), for ragged rows and a tree alike."""
+    if backend != "native":
+        pytest.skip("the native kernel's read sharing")
+    q, k, v, vis = case(b=3, s=6, t=90, d=64, dtype=dtype)
+    vis[1, :, :, :20] = False  # row 1: its lists start past slot 0 (nothing shared)
+    vis[2, :, 3, 84] = False  # row 2: a tree (query 3 skips a sibling)
+    p = native_plan(vis, 3, 6, 90, 6, 64, dtype=dtype)
+    assert p.shared.tolist() == [85, 0, 84]
+    shared = invariant_attention(q, k, v, p).clone()
+    p.shared.zero_()
+    assert torch.equal(invariant_attention(q, k, v, p), shared)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

@@ -42,9 +42,9 @@ def test_the_fused_add_and_norm_is_bitwise_the_add_then_the_norm(dtype):
     assert torch.equal(total, x + a) and torch.equal(normed, ops.rms_norm(x + a, w, 1e-5))
 
 
-def test_models_take_them_on_bfloat16_cpu_tensors_with_grad_mode_off():
+def test_models_take_them_on_bfloat16_and_float32_cpu_tensors_with_grad_mode_off():
     x, w = bf16(2, 8), bf16(8)
-    with torch.inference_mode():  # float32 keeps torch's ops in models (the kernels take it: tests above)
-        assert ops.usable(x, w) and not ops.usable(x.float(), w.float()) and not ops.usable(x.half())
+    with torch.inference_mode():
+        assert ops.usable(x, w) and ops.usable(x.float(), w.float()) and not ops.usable(x.half())
         assert not ops.usable(x, w.float())  # one dtype
     assert not ops.usable(x, w)  # grad mode on: no backward here
