@@ -2,15 +2,16 @@
 
 SmolLM2-135M's heads (9 query / 3 kv heads of 64) in bfloat16: the native kernel (`specgen/native/attention.c`)
 against the chunked invariant torch attention it replaces (`models/attention.py`), for AR steps (1 query), n-gram
-verifies (4), wide trees (16, 40) and batches (16 rows x 1 query), causal after a committed prefix. Also float32
-with the tiny image GPT's shape (8 heads of 32, 2 CFG rows) against SDPA, the path float32 keeps. Each time is the
-mean of 300 calls after a warm-up, 1 thread. Run:
+verifies (4), wide trees (16, 40) and batches (16 rows x 1 query), causal after a committed prefix. Also float32,
+the native kernel against SDPA (the path float32 takes without it), in SmolLM2's shape and the tiny image GPT's
+(8 heads of 32, 2 CFG rows). Each time is the mean of 300 calls after a warm-up, 1 thread. Run:
 `python scripts/native_attention_times.py > docs/logs/native-attention-times.log`
 """
 
 from __future__ import annotations
 
 import time
+from unittest import mock
 
 import torch
 
@@ -19,6 +20,7 @@ from specgen.models import attention as A
 from specgen.models.transformer import additive_mask
 
 BF16_SHAPES = [(1, 1, 139), (1, 1, 400), (1, 4, 140), (1, 4, 400), (1, 16, 400), (1, 40, 400), (16, 1, 300)]
+FP32_TEXT_SHAPES = [(1, 1, 300), (1, 4, 300), (1, 16, 300), (16, 1, 300), (16, 4, 300)]
 FP32_SHAPES = [(2, 1, 150), (2, 17, 150), (2, 17, 250), (22, 1, 150)]  # (batch rows, queries, keys)
 
 
@@ -50,17 +52,20 @@ def main() -> None:
     for b, s, t in BF16_SHAPES:
         q, k, v, mask = inputs(b, 9, 3, 64, s, t, torch.bfloat16)
         nat = A.native_plan(mask, b, s, t, 9, 64)
-        chunked = A.plan(mask, b, s, t, 9, 3, 64, "cpu", torch.float32)  # float32 plan dtype: the torch chunked path
+        with mock.patch.object(A, "uses_native", lambda *_: False):  # the torch chunked path, as without a compiler
+            chunked = A.plan(mask, b, s, t, 9, 3, 64, "cpu", torch.bfloat16)
         times = (mean_us(lambda: A.invariant_attention(q, k, v, nat)),
                  mean_us(lambda: A.invariant_attention(q, k, v, chunked)))
         print(f"| bfloat16 | 9/3 x 64 | {b} | {s} | {t} | {times[0]:.1f} | {times[1]:.1f} | chunked invariant |")
-    for b, s, t in FP32_SHAPES:
-        q, k, v, mask = inputs(b, 8, 8, 32, s, t, torch.float32)
-        nat = A.native_plan(mask, b, s, t, 8, 32, dtype=torch.float32)
-        am = additive_mask(mask)
-        sdpa = torch.nn.functional.scaled_dot_product_attention
-        times = mean_us(lambda: A.native_attention(q, k, v, nat)), mean_us(lambda: sdpa(q, k, v, attn_mask=am))
-        print(f"| float32 | 8/8 x 32 | {b} | {s} | {t} | {times[0]:.1f} | {times[1]:.1f} | SDPA |")
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    for (h, hkv, d), shapes in (((9, 3, 64), FP32_TEXT_SHAPES), ((8, 8, 32), FP32_SHAPES)):
+        for b, s, t in shapes:
+            q, k, v, mask = inputs(b, h, hkv, d, s, t, torch.float32)
+            nat = A.native_plan(mask, b, s, t, h, d, dtype=torch.float32)
+            am = additive_mask(mask)
+            times = (mean_us(lambda: A.native_attention(q, k, v, nat)),
+                     mean_us(lambda: sdpa(q, k, v, attn_mask=am, enable_gqa=hkv < h)))
+            print(f"| float32 | {h}/{hkv} x {d} | {b} | {s} | {t} | {times[0]:.1f} | {times[1]:.1f} | SDPA |")
 
 
 if __name__ == "__main__":

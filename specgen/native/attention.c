@@ -138,34 +138,54 @@ static inline void rows_of(const void *base, int64_t slot, const int32_t *slots,
     }
 }
 
-/* Scores of query rows [r0, r1) (row r's scaled q: qf + r * blocks) against the m <= 16 keys `krows`, stored at
- * sc + r * stride + at (16 lanes; past m: scratch). Lane l of a key's dot product adds d = l, l + 16, ... in order
- * and its 16 lanes are summed by transpose_sum's tree, so a score is the same wherever its key sits in a block. */
+/* Scores of one query row (its scaled q: qr) against the m <= 16 keys `krows`, stored at dst (16 lanes; past m:
+ * scratch). Lane l of a key's dot product adds d = l, l + 16, ... in order and its 16 lanes are summed by
+ * transpose_sum's tree, so a score is the same wherever its key sits in a block. */
+static inline __attribute__((always_inline)) void score_row(const v16f *qr, const float **krows, const int m,
+                                                            const int blocks, float *dst) {
+    v16f acc[LANES];
+    for (int i = 0; i < LANES; i++) {
+        if (i < m) {
+            acc[i] = qr[0] * ld(krows[i]);
+            for (int c = 1; c < blocks; c++) acc[i] = fma16(qr[c], ld(krows[i] + c * LANES), acc[i]);
+        } else {
+            acc[i] = (v16f){0};
+        }
+    }
+    v16f sums = transpose_sum(acc);
+    memcpy(dst, &sums, sizeof sums);
+}
+
+/* score_row for rows [r0, r1); a whole block of 16 keys takes a copy with no per-key test */
 static inline __attribute__((always_inline)) void score_block(const v16f *qf, int r0, int r1, const float **krows,
                                                               int m, const int blocks, float *sc, int64_t stride,
                                                               int64_t at) {
-    for (int r = r0; r < r1; r++) {
-        const v16f *qr = qf + r * blocks;
-        v16f acc[LANES];
-        for (int i = 0; i < LANES; i++) {
-            if (i < m) {
-                acc[i] = qr[0] * ld(krows[i]);
-                for (int c = 1; c < blocks; c++) acc[i] = fma16(qr[c], ld(krows[i] + c * LANES), acc[i]);
-            } else {
-                acc[i] = (v16f){0};
-            }
-        }
-        v16f sums = transpose_sum(acc);
-        memcpy(sc + r * stride + at, &sums, sizeof sums);
-    }
+    if (m == LANES)
+        for (int r = r0; r < r1; r++) score_row(qf + r * blocks, krows, LANES, blocks, sc + r * stride + at);
+    else
+        for (int r = r0; r < r1; r++) score_row(qf + r * blocks, krows, m, blocks, sc + r * stride + at);
 }
 
 /* o[r] += p[r][at + i] * v_i for the m <= 16 value rows `vrows`, i in order, for rows [r0, r1) (one rounding per
- * FMA: each row's sum runs in its list order, whichever rows share the block). */
+ * FMA: each row's sum runs in its list order, whichever rows share the block). Two rows at a time: twice the
+ * independent FMA chains, so the FMA latency does not set the pace. */
 static inline __attribute__((always_inline)) void value_block(v16f *o, int r0, int r1, const float **vrows, int m,
                                                               const int blocks, const float *sc, int64_t stride,
                                                               int64_t at) {
-    for (int r = r0; r < r1; r++) {
+    int r = r0;
+    for (; r + 1 < r1; r += 2) {
+        v16f a[blocks], b[blocks];
+        for (int c = 0; c < blocks; c++) a[c] = o[r * blocks + c], b[c] = o[(r + 1) * blocks + c];
+        const float *pa = sc + r * stride + at, *pb = pa + stride;
+        for (int i = 0; i < m; i++)
+            for (int c = 0; c < blocks; c++) {
+                v16f x = ld(vrows[i] + c * LANES);
+                a[c] = fma16((v16f){0} + pa[i], x, a[c]);
+                b[c] = fma16((v16f){0} + pb[i], x, b[c]);
+            }
+        for (int c = 0; c < blocks; c++) o[r * blocks + c] = a[c], o[(r + 1) * blocks + c] = b[c];
+    }
+    for (; r < r1; r++) {
         v16f a[blocks];
         for (int c = 0; c < blocks; c++) a[c] = o[r * blocks + c];
         const float *pr = sc + r * stride + at;
@@ -267,7 +287,8 @@ static inline __attribute__((always_inline)) void attend_group(
 /* q [B, H, S, D] (strides qs[0..2] in elements, D contiguous); k, v [B, Hkv, T, D] (strides ks[0..2], vs[0..2]);
  * idx [B, S, T] int32, count [B, S] int32 (contiguous) and shared [B] int32: how many leading entries of every list
  * of row b are the slots 0, 1, ... (models/attention.py:native_plan); out [B, S, H, D] contiguous; every tensor
- * bfloat16 (es = 2) or float32 (es = 4). Returns 0, or -1 when scratch memory cannot be had or G > 64. */
+ * bfloat16 (es = 2) or float32 (es = 4). One thread: a second one on this work gained ~14% at 16 rows and lost
+ * on 3 groups (docs/LOG.md, session 28). Returns 0, or -1 when scratch memory cannot be had or G > 64. */
 int specgen_attend(const void *q, const int64_t *qs, const void *k, const int64_t *ks, const void *v,
                    const int64_t *vs, const int32_t *idx, const int32_t *count, const int32_t *shared, void *out,
                    int es, int b, int h, int hkv, int s, int d, int t, float scale) {
