@@ -168,8 +168,8 @@ def uses_native(dtype: torch.dtype, device: torch.device | str) -> bool:
 
 def planned(dtype: torch.dtype, device: torch.device | str) -> bool:
     """Whether cached forwards in `dtype` on `device` attend through a `plan` (`invariant_attention`): low precision
-    always (SDPA's width-dependent rounding flips its argmaxes), float32 where the native kernel runs (there it is
-    invariant at no cost: docs/results/batching.md); otherwise float32 keeps SDPA."""
+    always (SDPA's width-dependent rounding flips its argmaxes), float32 where the native kernel runs (invariant,
+    and no slower than SDPA: docs/logs/native-attention-times.log); otherwise float32 keeps SDPA."""
     return dtype != torch.float32 or uses_native(dtype, device)
 
 
