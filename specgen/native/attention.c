@@ -284,6 +284,8 @@ static inline __attribute__((always_inline)) void attend_group(
     }
 }
 
+#define QUERY_BLOCK 64 /* queries of a (row, kv head) computed together: bounds the scratch at 64 G x T scores */
+
 /* q [B, H, S, D] (strides qs[0..2] in elements, D contiguous); k, v [B, Hkv, T, D] (strides ks[0..2], vs[0..2]);
  * idx [B, S, T] int32, count [B, S] int32 (contiguous) and shared [B] int32: how many leading entries of every list
  * of row b are the slots 0, 1, ... (models/attention.py:native_plan); out [B, S, H, D] contiguous; every tensor
@@ -294,20 +296,25 @@ int specgen_attend(const void *q, const int64_t *qs, const void *k, const int64_
                    int es, int b, int h, int hkv, int s, int d, int t, float scale) {
     int g = h / hkv;
     if (g > 64) return -1;
-    int blocks = (d + LANES - 1) / LANES;
-    int64_t rows = (int64_t)s * g, stride = ((int64_t)t + LANES - 1) / LANES * LANES + LANES;
+    int blocks = (d + LANES - 1) / LANES, qb = s < QUERY_BLOCK ? s : QUERY_BLOCK;
+    int64_t rows = (int64_t)qb * g, stride = ((int64_t)t + LANES - 1) / LANES * LANES + LANES;
     size_t vecs = (size_t)(2 * rows + LANES) * blocks + (size_t)(rows * stride + rows) / LANES + 1;
     v16f *scratch = aligned_alloc(64, sizeof(v16f) * vecs);
     if (!scratch) return -1;
     v16f *qf = scratch, *o = qf + rows * blocks, *kbuf = o + rows * blocks;
     float *sc = (float *)(kbuf + LANES * blocks), *sums = sc + rows * stride;
+    /* a block of a row's queries shares at least the row's `shared` entries */
 #define LOOP(BLOCKS)                                                                                               \
     for (int bi = 0; bi < b; bi++)                                                                                 \
         for (int kh = 0; kh < hkv; kh++)                                                                           \
-            attend_group(AT(q, bi * qs[0] + (int64_t)kh * g * qs[1]), qs[1], qs[2], AT(k, bi * ks[0] + kh * ks[1]),  \
-                         ks[2], AT(v, bi * vs[0] + kh * vs[1]), vs[2], idx + (int64_t)bi * s * t, count + bi * s, s, \
-                         t, shared[bi], (char *)out + (((int64_t)bi * s * h + (int64_t)kh * g) * d) * es,          \
-                         (int64_t)h * d, es, g, d, BLOCKS, scale, qf, kbuf, o, sc, stride, sums)
+            for (int s0 = 0; s0 < s; s0 += qb) {                                                                   \
+                int64_t bs = (int64_t)bi * s + s0;                                                                 \
+                attend_group(AT(q, bi * qs[0] + (int64_t)kh * g * qs[1] + s0 * qs[2]), qs[1], qs[2],               \
+                             AT(k, bi * ks[0] + kh * ks[1]), ks[2], AT(v, bi * vs[0] + kh * vs[1]), vs[2],         \
+                             idx + bs * t, count + bs, s - s0 < qb ? s - s0 : qb, t, shared[bi],                   \
+                             (char *)out + ((bs * h + (int64_t)kh * g) * d) * es, (int64_t)h * d, es, g, d, BLOCKS, \
+                             scale, qf, kbuf, o, sc, stride, sums);                                                \
+            }
     switch (blocks) {  /* one inlined copy per head size in 16s: its loops over D fully unrolled */
         case 1: LOOP(1); break;
         case 2: LOOP(2); break;

@@ -88,6 +88,17 @@ def test_a_query_gets_the_same_bits_at_every_width_and_in_any_batch(seed, t, dty
     assert torch.equal(one, full[:, :, -1:])
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_a_forward_wider_than_a_query_block_gives_each_query_its_result_alone(dtype):
+    """150 queries (the native kernel computes 64 at a time, native/attention.c QUERY_BLOCK): each query's bits are
+    its AR step's."""
+    q, k, v, vis = case(4, b=1, s=150, t=200, dtype=dtype)
+    full = attention(q, k, v, vis)
+    for i in range(0, 150, 13):
+        one = attention(q[:, :, i : i + 1], k[:, :, : 51 + i], v[:, :, : 51 + i], None)
+        assert torch.equal(one, full[:, :, i : i + 1]), i
+
+
 def test_the_invariance_test_can_fail_on_sdpa():
     """SDPA itself is not width-invariant in bfloat16 (why models/attention.py exists)."""
     q, k, v, vis = case(0, s=24, t=200)
