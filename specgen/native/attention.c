@@ -212,6 +212,26 @@ static inline float row_max(const float *s, int n) {
     return best;
 }
 
+/* The lists' entries 16 at a time, keys (values = 0: score_block) or values (1: value_block): the `shared` leading
+ * entries once for all S * G rows, then each query's own rest for its G rows. */
+static inline __attribute__((always_inline)) void each_block(
+        const int values, const void *base, int64_t slot, const int32_t *idx, const int32_t *count, int s, int t,
+        int shared, int g, int es, int d, const int blocks, v16f *kbuf, const v16f *qf, v16f *o, float *sc,
+        int64_t stride) {
+    const float *kv[LANES];
+    for (int si = -1; si < s; si++) {  /* -1: the shared entries */
+        int r0 = si < 0 ? 0 : si * g, r1 = si < 0 ? s * g : r0 + g, from = si < 0 ? 0 : shared;
+        int to = si < 0 ? shared : count[si];
+        const int32_t *list = idx + (si < 0 ? 0 : (int64_t)si * t);
+        for (int i0 = from; i0 < to; i0 += LANES) {
+            int m = to - i0 < LANES ? to - i0 : LANES;
+            rows_of(base, slot, list + i0, m, es, d, blocks, kbuf, kv);
+            if (values) value_block(o, r0, r1, kv, m, blocks, sc, stride, i0);
+            else score_block(qf, r0, r1, kv, m, blocks, sc, stride, i0);
+        }
+    }
+}
+
 /* One (batch row, kv head): its S queries' G heads (rows r = query * G + head), each over its `count` visible slots
  * listed ascending in `idx` [S][T]. The first `shared` entries of every list are the slots 0 .. shared - 1 (the
  * committed prefix): those keys and values are read once for all rows; each query's rest of its list is its own.
@@ -223,7 +243,6 @@ static inline __attribute__((always_inline)) void attend_group(
         int g, int d, const int blocks, float scale, v16f *qf, v16f *kbuf, v16f *o, float *sc, int64_t stride,
         float *sums) {
     const int rows = s * g;
-    const float *kv[LANES];
     for (int si = 0; si < s; si++)
         for (int j = 0; j < g; j++) {
             v16f *qr = qf + (si * g + j) * blocks;
@@ -231,17 +250,7 @@ static inline __attribute__((always_inline)) void attend_group(
             for (int c = 0; c < blocks; c++) qr[c] *= scale;
         }
     /* 1. scores: the shared slots for every row, 16 keys at a time; then each query's own rest */
-    for (int i0 = 0; i0 < shared; i0 += LANES) {
-        int m = shared - i0 < LANES ? shared - i0 : LANES;
-        rows_of(k, k_slot, idx + i0, m, es, d, blocks, kbuf, kv);
-        score_block(qf, 0, rows, kv, m, blocks, sc, stride, i0);
-    }
-    for (int si = 0; si < s; si++)
-        for (int i0 = shared; i0 < count[si]; i0 += LANES) {
-            int m = count[si] - i0 < LANES ? count[si] - i0 : LANES;
-            rows_of(k, k_slot, idx + (int64_t)si * t + i0, m, es, d, blocks, kbuf, kv);
-            score_block(qf, si * g, si * g + g, kv, m, blocks, sc, stride, i0);
-        }
+    each_block(0, k, k_slot, idx, count, s, t, shared, g, es, d, blocks, kbuf, qf, o, sc, stride);
     /* 2. p = exp(score - max) in place; the softmax sums in 16 lanes over the list index */
     for (int r = 0; r < rows; r++) {
         int n = count[r / g];
@@ -257,17 +266,7 @@ static inline __attribute__((always_inline)) void attend_group(
     }
     /* 3. values, accumulated in list order: the shared rows once for every row, then each query's own */
     for (int c = 0; c < rows * blocks; c++) o[c] = (v16f){0};
-    for (int i0 = 0; i0 < shared; i0 += LANES) {
-        int m = shared - i0 < LANES ? shared - i0 : LANES;
-        rows_of(v, v_slot, idx + i0, m, es, d, blocks, kbuf, kv);
-        value_block(o, 0, rows, kv, m, blocks, sc, stride, i0);
-    }
-    for (int si = 0; si < s; si++)
-        for (int i0 = shared; i0 < count[si]; i0 += LANES) {
-            int m = count[si] - i0 < LANES ? count[si] - i0 : LANES;
-            rows_of(v, v_slot, idx + (int64_t)si * t + i0, m, es, d, blocks, kbuf, kv);
-            value_block(o, si * g, si * g + g, kv, m, blocks, sc, stride, i0);
-        }
+    each_block(1, v, v_slot, idx, count, s, t, shared, g, es, d, blocks, kbuf, qf, o, sc, stride);
     /* 4. divide (rounded once to bfloat16 when es = 2); a query that sees nothing gets zeros */
     for (int r = 0; r < rows; r++) {
         char *dst = (char *)out + ((r / g) * out_step + (r % g) * d) * es;
