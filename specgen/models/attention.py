@@ -152,7 +152,7 @@ def native_self_attention(
 
 def check(status: int) -> None:
     if status != 0:
-        raise MemoryError(f"native attention failed (status {status}): no scratch memory, or over 64 heads per kv head")
+        raise MemoryError(f"native attention failed (status {status}): no scratch memory")
 
 
 NATIVE_DTYPES = native_ops.DTYPES  # one policy for the attention and the norms around it

@@ -289,12 +289,11 @@ static inline __attribute__((always_inline)) void attend_group(
  * idx [B, S, T] int32, count [B, S] int32 (contiguous) and shared [B] int32: how many leading entries of every list
  * of row b are the slots 0, 1, ... (models/attention.py:native_plan); out [B, S, H, D] contiguous; every tensor
  * bfloat16 (es = 2) or float32 (es = 4). One thread: a second one on this work gained ~14% at 16 rows and lost
- * on 3 groups (docs/LOG.md, session 28). Returns 0, or -1 when scratch memory cannot be had or G > 64. */
+ * on 3 groups (docs/LOG.md, session 28). Returns 0, or -1 when scratch memory cannot be had. */
 int specgen_attend(const void *q, const int64_t *qs, const void *k, const int64_t *ks, const void *v,
                    const int64_t *vs, const int32_t *idx, const int32_t *count, const int32_t *shared, void *out,
                    int es, int b, int h, int hkv, int s, int d, int t, float scale) {
     int g = h / hkv;
-    if (g > 64) return -1;
     int blocks = (d + LANES - 1) / LANES, qb = s < QUERY_BLOCK ? s : QUERY_BLOCK;
     int64_t rows = (int64_t)qb * g, stride = ((int64_t)t + LANES - 1) / LANES * LANES + LANES;
     size_t vecs = (size_t)(2 * rows + LANES) * blocks + (size_t)(rows * stride + rows) / LANES + 1;

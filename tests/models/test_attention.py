@@ -59,7 +59,7 @@ def test_values_equal_sdpa_in_float32(t):
     assert (got.float() - want).abs().max() < 2**-7 * want.abs().max()
 
 
-@pytest.mark.parametrize("h,hkv", [(4, 1), (2, 2)])  # 4 query heads per kv head; plain multi-head attention
+@pytest.mark.parametrize("h,hkv", [(4, 1), (2, 2), (72, 1)])  # GQA; plain multi-head; 72 heads on one kv head
 @pytest.mark.parametrize("d", [8, 24, 80])  # head sizes off the native kernel's 16-lane blocks (a padded tail)
 def test_odd_head_sizes_keep_values_and_invariance(d, h, hkv):
     q, k, v, vis = case(1, b=1, h=h, hkv=hkv, s=6, t=40, d=d)
