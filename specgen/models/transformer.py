@@ -130,7 +130,7 @@ class Attention(nn.Module):
         q, k, v = qk[:, :h], qk[:, h:], qkv[:, h + hkv :]
         if cache is not None:
             k, v = cache.write(layer, k, v)  # [B, Hkv, T, hd]
-        if isinstance(mask, PLANS):  # low precision with a cache (hidden_states; not a prompt prefill)
+        if isinstance(mask, PLANS):  # a planned forward with a cache (hidden_states: `planned`; not a prompt prefill)
             y = invariant_attention(q, k, v, mask)  # a query's result never depends on the forward's width
             return self.wo(y.transpose(1, 2).reshape(b, s, self.q_dim))
         gqa = self.cfg.n_heads != self.cfg.n_kv_heads

@@ -115,5 +115,5 @@ def glue() -> ctypes.CDLL | None:
 
 
 def describe() -> str:
-    """Which path bfloat16 and quantized decode steps run on the CPU, for machine labels: "native C" or "torch"."""
+    """Which path CPU decode steps (float32, bfloat16, quantized) run, for machine labels: "native C" or "torch"."""
     return "native C" if attention() is not None else "torch"
