@@ -7,6 +7,7 @@ does not depend on the values). Kernels, each interleaved per round, best of `--
 
     f32 F.linear          MKL over the column-major float32 weight (specgen's decode layout)
     f32 oneDNN packed     torch.ops.mkldnn._linear_pointwise over the packed float32 copy (packed_linear.py)
+    f32 native tiled      specgen/native/tiled.c over the tiled float32 copy (when a C compiler built it)
     bf16 F.linear         bfloat16 weights and activations
     bf16 oneDNN packed    the packed bfloat16 copy
     int8 x bf16           torch.ops.aten._weight_int8pack_mm, int8 per-channel weights, bfloat16 activations
@@ -25,8 +26,10 @@ import time
 import torch
 import torch.nn.functional as F
 
+from specgen.native import tiled_linear
+
 DIM, FFN, QKV, VOCAB, LAYERS = 576, 1536, 960, 49152, 30
-ROWS = (1, 2, 4, 8, 16)
+ROWS = (1, 2, 4, 8, 16, 32)
 
 
 def shapes(layers: int) -> list[tuple[int, int]]:
@@ -51,8 +54,9 @@ def kernels(layers: int) -> dict[str, list]:
     """kernel name -> list of callables f(x_by_dtype) (one per weight)."""
     gen = torch.Generator().manual_seed(0)
     ws = [torch.randn(o, i, generator=gen) / i**0.5 for o, i in shapes(layers)]
-    out: dict[str, list] = {k: [] for k in ("f32 F.linear", "f32 oneDNN packed", "bf16 F.linear", "bf16 oneDNN packed",
-                                            "int8 x bf16", "int8 x f32", "int4 g32", "int4 g64")}
+    names = ("f32 F.linear", "f32 oneDNN packed", "f32 native tiled", "bf16 F.linear", "bf16 oneDNN packed",
+             "int8 x bf16", "int8 x f32", "int4 g32", "int4 g64")
+    out: dict[str, list] = {k: [] for k in names if k != "f32 native tiled" or tiled_linear.available()}
     for w in ws:
         col = w.t().contiguous().t()
         b = col.bfloat16()
@@ -63,6 +67,9 @@ def kernels(layers: int) -> dict[str, list]:
         out["f32 F.linear"].append(lambda x, w=col: F.linear(x["f32"][w.shape[1]], w))
         out["f32 oneDNN packed"].append(
             lambda x, p=pf, k=w.shape[1]: torch.ops.mkldnn._linear_pointwise(x["f32"][k], p, None, "none", [], ""))
+        if "f32 native tiled" in out:
+            out["f32 native tiled"].append(lambda x, t=tiled_linear.tile(w, None)[0], o=w.shape[0], k=w.shape[1]:
+                                           tiled_linear.linear(x["f32"][k], t, None, o))
         out["bf16 F.linear"].append(lambda x, w=b: F.linear(x["bf16"][w.shape[1]], w))
         out["bf16 oneDNN packed"].append(
             lambda x, p=pb, k=w.shape[1]: torch.ops.mkldnn._linear_pointwise(x["bf16"][k], p, None, "none", [], ""))

@@ -152,7 +152,8 @@ def test_packed_linear_moved_off_the_cpu_neither_measures_nor_packs(monkeypatch)
         y = m(torch.empty(8, 16, device="meta"))
     assert y.shape == (8, 8) and y.device.type == "meta"
     choice = m[0]._choice
-    assert choice._measure(1) == kernel_choice.FALLBACK_MIN_ROWS  # a direct read does not time GPU weights either
+    # a direct read does not time GPU weights either
+    assert choice._measure(1) == kernel_choice.Plan(kernel_choice.FALLBACK_MIN_ROWS)
 
 
 def test_float16_weights_are_not_packed():

@@ -1,21 +1,27 @@
-"""Which kernel runs a few-row product on this machine: the row count from which oneDNN beats MKL, measured per model.
+"""Which kernel runs a product of r rows on this machine: MKL, oneDNN or the native tiled loop, measured per model.
 
-A decoder's products have 1 row (an AR step), a few (verification, Jacobi blocks) or many (prefill). MKL's GEMV
-over the column-major weight and oneDNN's GEMM over a packed copy (`models/packed_linear.py`) trade places at a
-row count that depends on the CPU, the thread count and whether the model's weights fit in the cache, and two
-machines of this project, both sold as AMD EPYC, disagree on it for one row (`python scripts/layout_forward_times.py`;
-numbers in docs/results/text.md, "Kernel micro-benchmarks").
+A decoder's products have 1 row (an AR step), a few (verification, Jacobi blocks) or many (prefill). Three
+float32 kernels trade places at row counts that depend on the CPU, the thread count and whether the model's
+weights fit in the cache: MKL's GEMV over the column-major weight, oneDNN's GEMM over a packed copy
+(`models/packed_linear.py`) and `native/tiled.c` over a tiled copy (one thread; bit-for-bit the same row
+results at every row count). Two machines of this project, both sold as AMD EPYC, disagree on MKL vs oneDNN for
+one row, and on one of them MKL and oneDNN stream a large model's weights at half the memory bandwidth that
+tiled.c reaches (`python scripts/layout_forward_times.py`, `python scripts/linear_kernels.py`; numbers in
+docs/results/text.md, "Kernel micro-benchmarks").
 
 A constant tuned on one machine would make AR (the baseline of every speedup) slower on another and inflate
 every ratio. So the choice is measured: one pass of r-row products over all of a model's linear weights
 (the weight traffic of one forward, from memory when they exceed the cache and from the cache when they do
-not), MKL vs oneDNN, for r in `ROWS`, interleaved, best of `ROUNDS`; products of at least `min_rows` rows go to
-oneDNN, where `min_rows` is the smallest measured r from which oneDNN is faster at every larger measured r.
-`decode_layout` measures at load, at the thread count of that moment; a later thread count is measured on the
-first product that runs under it (benchmarks warm up first). One measurement takes 20 passes: tens of ms for
-the tiny models, ~1 s for SmolLM2 on one idle core (many times that on oversubscribed cores, like everything
-else). It is shared by every model with the same weight shapes in the process and can be pinned with
-`SPECGEN_PACKED_MIN_ROWS=N` (reproducing a run, or skipping the measurement).
+not), per kernel, for r in `ROWS` (MKL only up to `MKL_MAX_ROWS`: more rows always favoured oneDNN),
+interleaved, best of `ROUNDS`. The `Plan`: products of at least `min_rows` rows go to oneDNN, where `min_rows`
+is the smallest measured r from which oneDNN beats MKL at every larger measured r; the native loop takes the
+first run of consecutive measured counts where it beats both (and every larger count too when that run reaches
+the last one), for float32 products where tiled.c was built. `decode_layout` measures at load, at the thread
+count of that moment; a later thread count is measured on the first product that runs under it (benchmarks
+warm up first). One measurement takes ~60 passes: tens of ms for the tiny models, ~3 s for SmolLM2 on one idle
+core. It is shared by every model with the same weight shapes in the process; copies a plan never uses are
+dropped. `SPECGEN_PACKED_MIN_ROWS=N` pins the two-kernel choice (oneDNN from N rows, no native loop), e.g. to
+reproduce a run or skip the measurement; `SPECGEN_NATIVE=0` leaves the native loop out.
 """
 
 from __future__ import annotations
@@ -29,21 +35,55 @@ import torch
 import torch.nn.functional as F
 
 ENV = "SPECGEN_PACKED_MIN_ROWS"
-#: Row counts timed: AR steps, verification of a few tokens, Jacobi blocks; more rows always favoured oneDNN.
-ROWS = (1, 2, 3, 4, 8)
+#: Row counts timed: AR steps, verification of a few tokens, Jacobi blocks, batched steps.
+ROWS = (1, 2, 3, 4, 8, 16, 32)
+#: MKL is timed up to here: from 8 rows on oneDNN always beat it (by ~2x at 16 on every machine measured).
+MKL_MAX_ROWS = 8
 ROUNDS = 2
 #: Used when the weights to measure are gone (a copy outlived its model): the crossover of cache-resident models.
 FALLBACK_MIN_ROWS = 4
-_MEASURED: dict[tuple, int] = {}  # (weight signature, threads) -> min_rows, for this process
+_MEASURED: dict[tuple, Plan] = {}  # (weight signature, threads) -> plan, for this process
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The kernel of an r-row product: native for `native` = (lo, hi) with lo <= r <= hi (hi None: no bound), else
+    oneDNN from `min_rows` rows, else MKL."""
+
+    min_rows: int
+    native: tuple[int, int | None] | None = None
+
+    def kernel(self, rows: int) -> str:
+        """"native", "onednn" or "mkl"."""
+        if self.native is not None and self.native[0] <= rows and (self.native[1] is None or rows <= self.native[1]):
+            return "native"
+        return "onednn" if rows >= self.min_rows else "mkl"
+
+    @property
+    def uses_onednn(self) -> bool:
+        """False when the native loop takes every row count (oneDNN's packed copies can go)."""
+        return self.native != (1, None)
+
+    def describe(self) -> str:
+        """'native 1-16 rows, oneDNN from 2 rows' (the native part first: it wins where both name a count)."""
+        parts = []
+        if self.native is not None:
+            lo, hi = self.native
+            parts.append(f"native from {lo} rows" if hi is None else f"native {lo}-{hi} rows")
+        if self.uses_onednn:
+            parts.append(f"oneDNN from {self.min_rows} rows")
+        return ", ".join(parts)
 
 
 @dataclass(frozen=True)
 class Timing:
-    """ms of one pass over a model's linear weights per row count, on each kernel."""
+    """ms of one pass over a model's linear weights per row count, on each kernel (inf: not timed there; no
+    `native_ms`: the native loop was not timed)."""
 
     rows: tuple[int, ...]
     mkl_ms: tuple[float, ...]
     dnn_ms: tuple[float, ...]
+    native_ms: tuple[float, ...] = ()
 
     @property
     def min_rows(self) -> int:
@@ -54,6 +94,23 @@ class Timing:
                 break
             best = r
         return best
+
+    @property
+    def native(self) -> tuple[int, int | None] | None:
+        """The first run of consecutive measured counts where the native loop beats both others: (lo, hi), hi None
+        when the run reaches the last count; None when it never wins."""
+        wins = [nat < min(mkl, dnn) for mkl, dnn, nat in zip(self.mkl_ms, self.dnn_ms, self.native_ms)]
+        if not any(wins):
+            return None
+        lo = wins.index(True)
+        hi = lo
+        while hi + 1 < len(wins) and wins[hi + 1]:
+            hi += 1
+        return self.rows[lo], (None if hi == len(self.rows) - 1 else self.rows[hi])
+
+    @property
+    def plan(self) -> Plan:
+        return Plan(self.min_rows, self.native)
 
 
 def distinct(linears: list) -> list:
@@ -79,47 +136,61 @@ def pinned_min_rows() -> int | None:
     return int(raw)
 
 
+def native_timeable(weights: list) -> bool:
+    """Whether the native loop can take these weights: float32 on the CPU, and tiled.c built here."""
+    from specgen.native import tiled_linear
+
+    return tiled_linear.available() and all(lin.weight.dtype == torch.float32 for lin in weights)
+
+
 @torch.inference_mode()
 def time_passes(linears: list, rows: tuple[int, ...] = ROWS, rounds: int = ROUNDS) -> Timing:
     """Best-of-`rounds` ms of r-row products over every distinct weight of `linears` (PackedLinears), per kernel."""
+    from specgen.native import tiled_linear
+
     weights = distinct(linears)
     inputs = {(lin.in_features, lin.weight.dtype): torch.randn(max(rows), lin.in_features).to(lin.weight.dtype)
               for lin in weights}
     packed = [lin.packed_weight() for lin in weights]
+    kernels = ("mkl", "onednn", "native") if native_timeable(weights) else ("mkl", "onednn")
+    tiles = [lin.tiled_weight() for lin in weights] if "native" in kernels else []
 
-    def one_pass(r: int, onednn: bool) -> float:
+    def one_pass(r: int, kernel: str) -> float:
         t = time.perf_counter()
-        for lin, p in zip(weights, packed):
+        for i, lin in enumerate(weights):
             x = inputs[(lin.in_features, lin.weight.dtype)][:r]  # [r, in]
-            if onednn:
-                torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], "")
+            if kernel == "onednn":
+                torch.ops.mkldnn._linear_pointwise(x, packed[i], None, "none", [], "")
+            elif kernel == "native":
+                tiled_linear.linear(x, tiles[i][0], None, lin.out_features)
             else:
                 F.linear(x, lin.weight)
         return (time.perf_counter() - t) * 1e3
 
-    best = {(r, k): float("inf") for r in rows for k in (False, True)}
-    for r in rows:  # warm-up: touch every weight once per kernel
-        one_pass(r, False), one_pass(r, True)
+    timed = [(r, k) for r in rows for k in kernels if k != "mkl" or r <= MKL_MAX_ROWS]
+    best = {(r, k): float("inf") for r in rows for k in kernels}
+    for r, k in timed:  # warm-up: touch every weight once per kernel
+        one_pass(r, k)
     for _ in range(rounds):
-        for r in rows:
-            for k in (False, True):
-                best[(r, k)] = min(best[(r, k)], one_pass(r, k))
-    return Timing(rows, tuple(best[(r, False)] for r in rows), tuple(best[(r, True)] for r in rows))
+        for r, k in timed:
+            best[(r, k)] = min(best[(r, k)], one_pass(r, k))
+    per = {k: tuple(best[(r, k)] for r in rows) for k in kernels}
+    return Timing(rows, per["mkl"], per["onednn"], per.get("native", ()))
 
 
 def describe() -> str:
-    """The crossovers in use at the current thread count, for benchmark headers: 'oneDNN from 2 rows' (several
-    models: '2 / 4 rows'), the pinned value, or '' when nothing was measured yet."""
+    """The kernel plans in use at the current thread count, for benchmark headers: 'native from 1 rows' or 'oneDNN
+    from 2 rows' (several models: joined by ' / '), the pinned value, or '' when nothing was measured yet."""
     pinned = pinned_min_rows()
     if pinned is not None:
         return f"oneDNN from {pinned} rows (pinned)"
     threads = torch.get_num_threads()
-    rows = sorted({r for (_, t), r in _MEASURED.items() if t == threads})
-    return f"oneDNN from {' / '.join(map(str, rows))} rows" if rows else ""
+    plans = sorted({p.describe() for (_, t), p in _MEASURED.items() if t == threads})
+    return " / ".join(plans)
 
 
 class KernelChoice:
-    """Shared by one model's PackedLinears: the smallest product sent to oneDNN at the current thread count."""
+    """Shared by one model's PackedLinears: the kernel plan at the current thread count."""
 
     def __init__(self, linears: list, fixed: int | None = None) -> None:
         self.fixed = fixed
@@ -127,27 +198,37 @@ class KernelChoice:
         self._linears = [weakref.ref(lin) for lin in linears]  # weak: a copied layer must not drag the model along
         self.signature = tuple((lin.in_features, lin.out_features, lin.weight.dtype) for lin in linears)
         self._threads = -1
-        self._min_rows = FALLBACK_MIN_ROWS
+        self._plan = Plan(FALLBACK_MIN_ROWS)
 
     def min_rows(self) -> int:
+        """The smallest product sent to oneDNN (outside the native loop's rows)."""
+        return self.plan().min_rows
+
+    def plan(self) -> Plan:
         """Pinned, else measured once per thread count (and shared by models with the same weight shapes)."""
         if self.fixed is not None:
-            return self.fixed
+            return Plan(self.fixed)
         threads = torch.get_num_threads()
         if threads != self._threads:
-            self._min_rows, self._threads = self._measure(threads), threads
-        return self._min_rows
+            self._plan, self._threads = self._measure(threads), threads
+        return self._plan
 
-    def _measure(self, threads: int) -> int:
+    def _measure(self, threads: int) -> Plan:
         key = (self.signature, threads)
+        linears = [ref() for ref in self._linears]
+        if not linears or any(lin is None for lin in linears):
+            return _MEASURED.get(key, Plan(FALLBACK_MIN_ROWS))
         if key not in _MEASURED:
-            linears = [ref() for ref in self._linears]
-            if not linears or any(lin is None for lin in linears):
-                return FALLBACK_MIN_ROWS
             if not all(cpu_packable(lin.weight) for lin in linears):  # CPU kernels only: never timed on a GPU
-                return FALLBACK_MIN_ROWS
-            _MEASURED[key] = time_passes(linears).min_rows
-        return _MEASURED[key]
+                return Plan(FALLBACK_MIN_ROWS)
+            _MEASURED[key] = time_passes(linears).plan
+        plan = _MEASURED[key]
+        for lin in linears:  # the copies this plan never reads (remade on use should another thread count need them)
+            if plan.native is None:
+                lin._tiled = None
+            if not plan.uses_onednn:
+                lin._packed = None
+        return plan
 
     def __deepcopy__(self, memo: dict) -> KernelChoice:
         """Shared, not copied: a copied layer (e.g. a bfloat16 draft LM head) keeps its model's measurement."""

@@ -1,4 +1,4 @@
-"""PackedLinear: an nn.Linear whose multi-row products run on a oneDNN-packed copy of its weight (CPU decoding).
+"""PackedLinear: an nn.Linear whose CPU products run on the fastest of MKL, oneDNN (packed) and native/tiled.c.
 
 Why: on this project's CPU (AMD EPYC with AVX-512, torch 2.13) MKL's `F.linear` on a few rows costs
 about one single-row product *per row* for the small, cache-resident matrices of a decoder: a verify
@@ -10,14 +10,16 @@ docs/results/text.md, "Kernel micro-benchmarks").
 
 Which kernel a product of r rows uses depends on the machine (whole decoders: on one machine oneDNN was
 faster for SmolLM2's 1-token step, on another MKL; for the cache-resident tiny models MKL's GEMV wins up to
-three rows), so `pack_linears` gives each model a `KernelChoice` (`models/kernel_choice.py`) that measures
-the crossover on this machine at the thread count decoding runs with: AR baselines keep their fastest kernel
-and every multi-token forward (verification, Jacobi blocks, prefill) gets its own; outputs agree to float32
-rounding (the two kernels sum in different orders, as MKL's own GEMV and GEMM already did).
+three rows; on another, MKL and oneDNN read SmolLM2's weights at half the memory bandwidth that the native
+loop `native/tiled.c` reaches at 1-32 rows), so `pack_linears` gives each model a `KernelChoice`
+(`models/kernel_choice.py`) that measures the three on this machine at the thread count decoding runs with:
+AR baselines keep their fastest kernel and every multi-token forward (verification, Jacobi blocks, prefill)
+gets its own; outputs agree to float32 rounding (the kernels sum in different orders, as MKL's own GEMV and
+GEMM already did; the native loop alone gives a row the same bits at every row count).
 
-The packed copy doubles the memory of the linear weights, so `pack_linears` leaves a model whose linear
-weights exceed `MAX_MEMORY_SHARE` of this machine's RAM as it is (column-major, MKL for every product):
-a 3B-parameter float32 model would otherwise need 24 GB instead of 12. The packed copy is made on first use
+The packed and tiled copies can triple the memory of the linear weights (a plan drops the copies it never
+reads), so `pack_linears` leaves a model whose linear weights exceed `MAX_MEMORY_SHARE` of this machine's RAM
+as it is (column-major, MKL for every product). A copy is made on first use
 and remade whenever the weight changes (a LoRA merge, `.data`
 replaced, a dtype change): it is keyed by the weight's storage pointer, version counter and dtype (a
 weight made under `torch.inference_mode` has no version counter: only a new storage or dtype repacks it). It
@@ -31,9 +33,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specgen.models.kernel_choice import FALLBACK_MIN_ROWS, KernelChoice, pinned_min_rows
+from specgen.models.kernel_choice import FALLBACK_MIN_ROWS, KernelChoice, Plan, pinned_min_rows
+from specgen.native import tiled_linear
 
-#: A model whose linear weights exceed this share of the machine's RAM is not packed (the copy doubles them).
+#: A model whose linear weights exceed this share of the machine's RAM is not packed (its copies up to triple them).
 MAX_MEMORY_SHARE = 0.25
 #: The row count oneDNN tunes the packed layout for (2 .. 64 measured alike for 2 .. 16 rows; 1 is slower).
 PACK_HINT = 16
@@ -52,10 +55,12 @@ def packable(w: torch.Tensor) -> bool:
 
 
 class PackedLinear(nn.Linear):
-    """nn.Linear (same parameters, same state dict) that sends products of >= `min_rows` rows to oneDNN."""
+    """nn.Linear (same parameters, same state dict) whose CPU products take the kernel its model's plan names for
+    their row count: MKL, oneDNN (packed copy) or native/tiled.c (tiled copy)."""
 
     _choice: KernelChoice | None = None  # shared by the model's PackedLinears (pack_linears)
     _packed: tuple | None = None  # (key, packed weight); key = (storage pointer, version, dtype) of `weight`
+    _tiled: tuple | None = None  # (key, (tiles, padded bias)) for native/tiled.c, keyed as `_packed`
 
     @property
     def min_rows(self) -> int:
@@ -64,11 +69,16 @@ class PackedLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., in] -> [..., out]
         w = self.weight
-        # CPU only: the device and dtype are checked before `min_rows`, whose first read measures the kernels on
+        # CPU only: the device and dtype are checked before the plan, whose first read measures the kernels on
         # this CPU (a model moved to a GPU after packing must never run, or measure, oneDNN's CPU kernels)
         if (x.device.type != "cpu" or w.device.type != "cpu" or x.dtype != w.dtype or w.dtype not in PACKABLE
-                or (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))
-                or x.numel() < self.min_rows * self.in_features):
+                or (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))):
+            return F.linear(x, w, self.bias)
+        plan = self._choice.plan() if self._choice is not None else Plan(FALLBACK_MIN_ROWS)
+        kernel = plan.kernel(x.numel() // self.in_features)
+        if kernel == "native" and tiled_linear.usable(x, w):  # a plan shared with a bfloat16 copy: not for it
+            return tiled_linear.linear(x, *self.tiled_weight(), self.out_features)
+        if x.numel() < plan.min_rows * self.in_features:
             return F.linear(x, w, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight(), self.bias, "none", [], "")
 
@@ -81,10 +91,19 @@ class PackedLinear(nn.Linear):
                 self._packed = (key, torch.ops.mkldnn._reorder_linear_weight(w.detach(), PACK_HINT))
         return self._packed[1]
 
+    def tiled_weight(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(tiles, padded bias) of `weight` for native/tiled.c, remade when the weight changed."""
+        w = self.weight
+        key = (w.data_ptr(), None if w.is_inference() else w._version, w.dtype)
+        if self._tiled is None or self._tiled[0] != key:
+            self._tiled = (key, tiled_linear.tile(w.detach(), self.bias))
+        return self._tiled[1]
+
     def __getstate__(self) -> dict:
-        """deepcopy / pickle without the packed copy (an opaque tensor has no storage); it is remade on use."""
+        """deepcopy / pickle without the packed and tiled copies (an opaque tensor has no storage); remade on use."""
         state = dict(self.__dict__)
         state.pop("_packed", None)
+        state.pop("_tiled", None)
         return state
 
 
@@ -107,7 +126,8 @@ def ram_bytes() -> int:
 def pack_linears(module: nn.Module, min_rows: int | None = None) -> nn.Module:
     """Turn every CPU nn.Linear of `module` into a PackedLinear in place (parameters, ties and names unchanged),
     all sharing one KernelChoice: `min_rows` if given, else `SPECGEN_PACKED_MIN_ROWS`, else measured on first
-    use. A module whose linear weights exceed `MAX_MEMORY_SHARE` of RAM is returned as it is (the copy doubles them)."""
+    use. A module whose linear weights exceed `MAX_MEMORY_SHARE` of RAM is returned as it is (copies up to triple
+    them)."""
     size, ram = linear_bytes(module), ram_bytes()
     if ram and size > MAX_MEMORY_SHARE * ram:
         return module

@@ -2,7 +2,9 @@
 
 Why: a low-precision SmolLM2 decode step ran ~2,300 small aten ops, and on this kind of CPU their dispatch cost
 as much as the quantized products (docs/results/precision.md). `attention.c` does a layer's RoPE, cache write and
-attention in one call; `glue.c` the norms and residual adds around the products.
+attention in one call; `glue.c` the norms and residual adds around the products; `tiled.c` float32 linear products
+of a few rows, where MKL and oneDNN left half the memory bandwidth unused (`models/kernel_choice.py` decides per
+machine whether they run).
 
 How: the first use compiles each source with the system C compiler (`$CC`, else `cc`) into a shared library under
 `$SPECGEN_CACHE` (default `~/.cache/specgen/native`), named by a hash of the source, the flags, the compiler's
@@ -82,6 +84,7 @@ SIGNATURES = {  # library -> function -> (argument types, return type); `es`: el
                   "specgen_rope_write_attend": ([PTR] * 3 + [INT] + [PTR] * 10 + [INT] * 7 + [FLOAT], INT)},
     "glue": {"specgen_rms_norm": ([PTR] * 3 + [INT, INT, FLOAT, INT], INT),
              "specgen_add_rms_norm": ([PTR] * 5 + [INT, INT, FLOAT, INT], INT)},
+    "tiled": {"specgen_tiled_linear": ([PTR] * 4 + [INT] * 3, INT), "specgen_tiled_width": ([], INT)},
 }
 
 
@@ -112,6 +115,11 @@ def attention() -> ctypes.CDLL | None:
 def glue() -> ctypes.CDLL | None:
     """The row-wise kernels between products (glue.c: RMSNorm, residual add + RMSNorm), or None."""
     return library("glue")
+
+
+def tiled() -> ctypes.CDLL | None:
+    """The float32 linear products over tiled weights (tiled.c), or None."""
+    return library("tiled")
 
 
 def describe() -> str:

@@ -24,29 +24,7 @@
 #include <string.h>
 
 #include "common.h"
-
-#define LANES 16
-typedef float v16f __attribute__((vector_size(64)));  /* GCC/Clang vectors: lane-wise IEEE ops on any x86 */
-typedef uint16_t v16h __attribute__((vector_size(32)));
-typedef uint32_t v16u __attribute__((vector_size(64)));
-
-#if defined(__AVX512F__)
-#include <immintrin.h>
-/* a * b + c rounded once (one instruction kind per build: the same arithmetic for every lane, key and query) */
-static inline v16f fma16(v16f a, v16f b, v16f c) { return (v16f)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c); }
-#elif defined(__FMA__)
-#include <immintrin.h>
-static inline v16f fma16(v16f a, v16f b, v16f c) {
-    __m256 x[2], y[2], z[2], r[2];
-    memcpy(x, &a, sizeof x), memcpy(y, &b, sizeof y), memcpy(z, &c, sizeof z);
-    for (int i = 0; i < 2; i++) r[i] = _mm256_fmadd_ps(x[i], y[i], z[i]);
-    v16f out;
-    memcpy(&out, r, sizeof out);
-    return out;
-}
-#else
-static inline v16f fma16(v16f a, v16f b, v16f c) { return a * b + c; }  /* -ffp-contract=off: two roundings */
-#endif
+#include "vec16.h"
 
 /* a row of d values (es = 2: bfloat16, 4: float32) as float32 vectors, zero past d (zeros add exact zeros to every
  * sum below) */
@@ -115,13 +93,6 @@ static inline v16f transpose_sum(const v16f *a) {
 static inline float lane_sum(v16f a) {
     v16f one[LANES] = {a};
     return transpose_sum(one)[0];
-}
-
-/* An unaligned 16-float load */
-static inline v16f ld(const float *p) {
-    v16f x;
-    memcpy(&x, p, sizeof x);
-    return x;
 }
 
 /* Rows slots[0 .. m) of a cache layer (slot stride `slot`) as float32 row pointers: straight into the cache when it

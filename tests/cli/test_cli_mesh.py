@@ -172,7 +172,7 @@ def test_benchmark_meshes_json(tiny):
     assert rows[0]["cd_box"] > 0 and rows[0]["cd_other_mesh"] is None  # one test mesh: no "other"
     assert rows[0]["speedup_vs_ar"] == 1.0 and rows[0]["rule"] == "lossless" and "lossy" in rows[1]["rule"]
     # the decode weight layout a table was measured with, and (packed) the measured kernel crossover
-    layout = r" ((col|row) layout|packed layout(, oneDNN from [\d /]+ rows)?)"
+    layout = r" ((col|row) layout|packed layout(, (native|oneDNN) [-\w /,]+ rows)?)"
     assert re.search(layout + r", step kernels (native C|torch)$", rows[0]["machine"])
     for key in ("cd", "hd", "valid_rate", "scr", "step_latency_ms", "speedup_scr_lat"):
         assert key in rows[1]

@@ -8,9 +8,10 @@ import pytest
 import torch
 from torch import nn
 
+from specgen import native
 from specgen.errors import UsageError
 from specgen.models import kernel_choice
-from specgen.models.kernel_choice import ENV, Timing, time_passes
+from specgen.models.kernel_choice import ENV, Plan, Timing, time_passes
 from specgen.models.packed_linear import PackedLinear, pack_linears
 from tests.conftest import needs_onednn, tiny_model
 
@@ -26,6 +27,29 @@ def test_min_rows_is_where_onednn_starts_winning_for_good(mkl, dnn, want):
     assert Timing((1, 2, 3, 4), mkl, dnn).min_rows == want
 
 
+INF = float("inf")
+
+
+@pytest.mark.parametrize("native_ms, want", [
+    ((), None),  # not timed (no compiler, or bfloat16 weights)
+    ((3, 3, 3, 3), None),  # never the fastest
+    ((0.5, 0.5, 0.5, 0.5), (1, None)),  # from one row on, past the last measured count
+    ((2, 0.5, 0.5, 2), (2, 3)),  # a run in the middle: only there
+    ((0.5, 3, 0.5, 0.5), (1, 1)),  # the first run only
+    ((1, 1, 0.5, 0.5), (3, None)),  # a tie is not a win
+])
+def test_the_native_loop_takes_its_first_run_of_wins(native_ms, want):
+    t = Timing((1, 2, 3, 4), (1, 2, INF, INF), (2, 1, 1, 1), native_ms)
+    assert t.native == want and t.plan == Plan(2, want)
+
+
+def test_a_plan_names_one_kernel_per_row_count():
+    plan = Plan(3, (2, 4))
+    assert [plan.kernel(r) for r in (1, 2, 4, 5, 100)] == ["mkl", "native", "native", "onednn", "onednn"]
+    assert Plan(3).kernel(2) == "mkl" and Plan(1, (1, None)).kernel(10_000) == "native"
+    assert Plan(1, (1, None)).uses_onednn is False and Plan(1, (1, 8)).uses_onednn
+
+
 @needs_onednn
 def test_time_passes_times_both_kernels_on_every_row_count():
     model = pack_linears(tiny_model(2), 4)
@@ -33,6 +57,39 @@ def test_time_passes_times_both_kernels_on_every_row_count():
     t = time_passes(lins, rows=(1, 3), rounds=1)
     assert t.rows == (1, 3) and len(t.mkl_ms) == len(t.dnn_ms) == 2
     assert all(ms > 0 for ms in t.mkl_ms + t.dnn_ms)
+    assert len(t.native_ms) == (2 if native.tiled() is not None else 0)
+    assert all(ms > 0 for ms in t.native_ms)
+    wide = time_passes(lins, rows=(1, kernel_choice.MKL_MAX_ROWS + 1), rounds=1)
+    assert wide.mkl_ms[1] == INF and wide.dnn_ms[1] < INF  # MKL is not timed where oneDNN always won
+
+
+@needs_onednn
+@pytest.mark.skipif(native.tiled() is None, reason="no C compiler: the native kernels are not built here")
+def test_products_follow_a_plan_with_the_native_loop_and_drop_unread_copies(monkeypatch):
+    monkeypatch.setattr(kernel_choice, "time_passes",
+                        lambda *a, **k: Timing((1, 2, 3), (1.0, 2.0, 3.0), (2.0, 3.0, 1.0), (0.5, 1.0, 2.0)))
+    monkeypatch.setattr(kernel_choice, "_MEASURED", {})
+    monkeypatch.delenv(ENV, raising=False)
+    torch.manual_seed(0)
+    ref = nn.Linear(16, 8)
+    lin = pack_linears(copy.deepcopy(ref))
+    x = torch.randn(3, 16)
+    with torch.inference_mode():
+        assert lin._choice.plan() == Plan(3, (1, 2))
+        torch.testing.assert_close(lin(x[:2]), ref(x[:2]))
+        assert lin._tiled is not None and lin._packed is None  # 1-2 rows: native
+        torch.testing.assert_close(lin(x), ref(x))
+        assert lin._packed is not None  # 3 rows: oneDNN
+        half = copy.deepcopy(lin).to(torch.bfloat16)  # a bfloat16 copy shares the plan, not the native loop
+        torch.testing.assert_close(half(x[:1].bfloat16()), copy.deepcopy(ref).to(torch.bfloat16)(x[:1].bfloat16()))
+    everywhere = Timing((1, 2), (1.0, 2.0), (2.0, 1.0), (0.5, 0.5))
+    monkeypatch.setattr(kernel_choice, "time_passes", lambda *a, **k: everywhere)
+    monkeypatch.setattr(kernel_choice, "_MEASURED", {})
+    lin = pack_linears(copy.deepcopy(ref))
+    lin._packed = ("stale", None)
+    with torch.inference_mode():
+        torch.testing.assert_close(lin(x), ref(x))
+    assert lin._choice.plan() == Plan(2, (1, None)) and lin._packed is None  # oneDNN never read: its copy is gone
 
 
 @needs_onednn
@@ -117,7 +174,8 @@ def test_describe_names_the_crossovers_in_use(monkeypatch):
     threads = torch.get_num_threads()
     monkeypatch.setattr(kernel_choice, "_MEASURED", {})
     assert kernel_choice.describe() == ""
-    monkeypatch.setattr(kernel_choice, "_MEASURED", {("a", threads): 4, ("b", threads): 2, ("c", threads + 1): 1})
-    assert kernel_choice.describe() == "oneDNN from 2 / 4 rows"
+    monkeypatch.setattr(kernel_choice, "_MEASURED", {("a", threads): Plan(4), ("b", threads): Plan(2, (1, 2)),
+                                                     ("c", threads + 1): Plan(1), ("d", threads): Plan(3, (1, None))})
+    assert kernel_choice.describe() == "native 1-2 rows, oneDNN from 2 rows / native from 1 rows / oneDNN from 4 rows"
     monkeypatch.setenv(ENV, "3")
     assert kernel_choice.describe() == "oneDNN from 3 rows (pinned)"

@@ -1,0 +1,82 @@
+/* Float32 linear products over a tiled copy of the weight (specgen/native/__init__.py loads it; the torch side is
+ * specgen/native/tiled_linear.py).
+ *
+ * out[M, N] = x[M, K] @ W^T (+ bias), W [N, K] stored as tiles [N_pad / TILE][K][TILE] (zeros past N): the TILE
+ * columns of one tile sit side by side for each k, so a product streams the weight once, front to back, with no
+ * stride for the prefetcher to miss. Rows go in register blocks of up to MR; a block holds MR x NV 16-lane
+ * accumulators and reads one tile row per k for all its rows (the weight is read from memory once per product,
+ * later blocks of rows find the tile in the L2 cache).
+ *
+ * Why: at one to a few rows a decode step is a pass over all weights, and MKL's GEMV over the column-major weight
+ * and oneDNN's packed GEMM reached half this core's memory bandwidth on the project's VM; this loop reaches most of
+ * it (models/kernel_choice.py measures all three per machine and row count and picks).
+ *
+ * Arithmetic: out[m, n] = (sum over k = 0, 1, ..., K - 1 in order of x[m, k] * W[n, k], each step one fma16, from
+ * 0) + bias[n]. The same sequence for every row whatever the row count or the row's place in a block: a row's
+ * result does not depend on which other rows share the product (bit for bit), so a token scored in a verify forward
+ * gets the numbers of its AR step wherever both products run here.
+ */
+#include <stdint.h>
+#include <string.h>
+
+#include "vec16.h"
+
+#define NV 3                /* vectors per tile (48 columns; x 8 rows = 24 accumulators, in registers on AVX-512) */
+#define TILE (LANES * NV)
+#define MR 8                /* rows per register block */
+
+/* rows [0, R) of x (row stride ldx) times one tile (K rows of TILE floats) into out (row stride ldo), the first
+ * `cols` columns (a last, partial tile writes only the columns that exist). R is a constant at every call site
+ * (the switch below), so the accumulators stay in registers. */
+static inline __attribute__((always_inline)) void block(const float *x, int64_t ldx, const float *tile, int K,
+                                                        const float *bias, float *out, int64_t ldo, int cols, int R) {
+    v16f acc[MR][NV] = {{{0}}};
+    for (int k = 0; k < K; k++) {
+        v16f w[NV];
+#pragma GCC unroll 3
+        for (int j = 0; j < NV; j++) w[j] = ld(tile + (int64_t)k * TILE + LANES * j);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            v16f b = x[r * ldx + k] - (v16f){0};  /* broadcast (x - 0 = x for every float, -0 included) */
+#pragma GCC unroll 3
+            for (int j = 0; j < NV; j++) acc[r][j] = fma16(b, w[j], acc[r][j]);
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        float row[TILE];
+        for (int j = 0; j < NV; j++) {
+            v16f y = acc[r][j];
+            if (bias) y += ld(bias + LANES * j);
+            memcpy(row + LANES * j, &y, sizeof y);
+        }
+        memcpy(out + r * ldo, row, (size_t)cols * sizeof(float));
+    }
+}
+
+/* out [M, N] = x [M, K] @ W^T + bias over tiles [ceil(N / TILE)][K][TILE]; bias: NULL or [ceil(N / TILE) * TILE]
+ * (zero-padded like the tiles). Returns 0. */
+int specgen_tiled_linear(const float *x, const float *tiles, const float *bias, float *out, int M, int K, int N) {
+    for (int n = 0; n < N; n += TILE) {
+        const float *tile = tiles + (int64_t)(n / TILE) * K * TILE;
+        const float *b = bias ? bias + n : NULL;
+        int cols = N - n < TILE ? N - n : TILE;
+        for (int m = 0; m < M; m += MR) {
+            const float *xm = x + (int64_t)m * K;
+            float *om = out + (int64_t)m * N + n;
+            switch (M - m < MR ? M - m : MR) {
+                case 1: block(xm, K, tile, K, b, om, N, cols, 1); break;
+                case 2: block(xm, K, tile, K, b, om, N, cols, 2); break;
+                case 3: block(xm, K, tile, K, b, om, N, cols, 3); break;
+                case 4: block(xm, K, tile, K, b, om, N, cols, 4); break;
+                case 5: block(xm, K, tile, K, b, om, N, cols, 5); break;
+                case 6: block(xm, K, tile, K, b, om, N, cols, 6); break;
+                case 7: block(xm, K, tile, K, b, om, N, cols, 7); break;
+                default: block(xm, K, tile, K, b, om, N, cols, 8); break;
+            }
+        }
+    }
+    return 0;
+}
+
+/* The tile width, for the torch side to lay the weight out. */
+int specgen_tiled_width(void) { return TILE; }

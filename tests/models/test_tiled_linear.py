@@ -1,0 +1,60 @@
+"""native/tiled.c: float32 products equal to F.linear up to rounding, and the same bits for a row at every row count."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specgen import native
+from specgen.native import tiled_linear
+
+pytestmark = pytest.mark.skipif(native.tiled() is None, reason="no C compiler: the native kernels are not built here")
+
+
+@pytest.mark.parametrize("rows, k, n, bias", [
+    (1, 24, 40, True),  # n < one tile
+    (5, 33, 100, False),  # n past two tiles, k odd
+    (17, 64, 96, True),  # rows past two register blocks, n whole tiles
+    (8, 1, 7, True),  # k = 1
+    (3, 576, 960, False),  # SmolLM2's wqkv
+])
+def test_products_equal_f_linear(rows, k, n, bias):
+    torch.manual_seed(rows * 1000 + k)
+    w, x = torch.randn(n, k), torch.randn(rows, k)
+    b = torch.randn(n) if bias else None
+    with torch.inference_mode():
+        got = tiled_linear.linear(x, *tiled_linear.tile(w, b), n)
+    assert got.shape == (rows, n)
+    torch.testing.assert_close(got, F.linear(x, w, b), rtol=1e-5, atol=1e-4 * k ** 0.5)
+
+
+def test_a_row_gets_the_same_bits_alone_in_any_batch_and_any_place():
+    torch.manual_seed(0)
+    n, k = 100, 70
+    w, b, x = torch.randn(n, k), torch.randn(n), torch.randn(13, k)
+    tiles = tiled_linear.tile(w, b)
+    with torch.inference_mode():
+        alone = torch.cat([tiled_linear.linear(x[i:i + 1], *tiles, n) for i in range(13)])
+        together = tiled_linear.linear(x, *tiles, n)
+        order = torch.randperm(13)
+        shuffled = tiled_linear.linear(x[order], *tiles, n)
+    assert torch.equal(together, alone) and torch.equal(shuffled, alone[order])
+
+
+def test_leading_dims_and_empty_inputs():
+    w = torch.randn(20, 8)
+    tiles = tiled_linear.tile(w, None)
+    x = torch.randn(2, 3, 8)
+    with torch.inference_mode():
+        assert tiled_linear.linear(x, *tiles, 20).shape == (2, 3, 20)
+        assert tiled_linear.linear(x[:, :0], *tiles, 20).shape == (2, 0, 20)
+        torch.testing.assert_close(tiled_linear.linear(x, *tiles, 20), x @ w.T)
+
+
+def test_usable_only_for_float32_cpu_without_grad():
+    w = torch.randn(4, 4)
+    with torch.inference_mode():
+        assert tiled_linear.usable(torch.randn(1, 4), w)
+        assert not tiled_linear.usable(torch.randn(1, 4).bfloat16(), w.bfloat16())
+    assert not tiled_linear.usable(torch.randn(1, 4), w)  # grad mode on: autograd needs torch's product
