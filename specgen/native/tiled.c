@@ -8,8 +8,8 @@
  * later blocks of rows find the tile in the L2 cache).
  *
  * Why: at one to a few rows a decode step is a pass over all weights, and MKL's GEMV over the column-major weight
- * and oneDNN's packed GEMM reached half this core's memory bandwidth on the project's VM; this loop reaches most of
- * it (models/kernel_choice.py measures all three per machine and row count and picks).
+ * and oneDNN's packed GEMM reached half this core's memory bandwidth on the 2026-11-27 VM; this loop reaches most
+ * of it (models/kernel_choice.py measures all three per machine and row count and picks).
  *
  * Arithmetic: out[m, n] = (sum over k = 0, 1, ..., K - 1 in order of x[m, k] * W[n, k], each step one fma16, from
  * 0) + bias[n]. The same sequence for every row whatever the row count or the row's place in a block: a row's
@@ -27,7 +27,8 @@
 
 /* rows [0, R) of x (row stride ldx) times one tile (K rows of TILE floats) into out (row stride ldo), the first
  * `cols` columns (a last, partial tile writes only the columns that exist). R is a constant at every call site
- * (the switch below), so the accumulators stay in registers. */
+ * (the switch below) and the loops over rows and vectors unroll fully, so the accumulators stay in registers
+ * (without the pragmas GCC kept them in memory and a pass cost ~R times one row's). */
 static inline __attribute__((always_inline)) void block(const float *x, int64_t ldx, const float *tile, int K,
                                                         const float *bias, float *out, int64_t ldo, int cols, int R) {
     v16f acc[MR][NV] = {{{0}}};

@@ -58,3 +58,40 @@ def test_usable_only_for_float32_cpu_without_grad():
         assert tiled_linear.usable(torch.randn(1, 4), w)
         assert not tiled_linear.usable(torch.randn(1, 4).bfloat16(), w.bfloat16())
     assert not tiled_linear.usable(torch.randn(1, 4), w)  # grad mode on: autograd needs torch's product
+
+
+def verify_vs_steps(monkeypatch, timing) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits [5, V] of 5 tokens scored in one verify forward and in 5 one-token AR steps, after a 4-token prompt,
+    on a tiny float32 model whose kernel plan comes from `timing`."""
+    from specgen.decoding.target import ModelTarget
+    from specgen.models import kernel_choice
+    from specgen.models.layout import decode_layout
+    from tests.conftest import tiny_model
+
+    monkeypatch.setattr(kernel_choice, "time_passes", lambda *a, **k: timing)
+    monkeypatch.setattr(kernel_choice, "_MEASURED", {})
+    monkeypatch.delenv(kernel_choice.ENV, raising=False)
+    target = ModelTarget(decode_layout(tiny_model(0), "packed"))
+    prompt, tokens = torch.tensor([[3, 1, 4, 1]]), torch.tensor([[5, 9, 2, 6, 5]])
+    caches = [target.model.new_cache(1, 32) for _ in range(2)]
+    for cache in caches:
+        target.prefill(prompt, cache)
+    steps = []
+    for i in range(5):
+        steps.append(target.forward(tokens[:, i:i + 1], torch.tensor([[4 + i]]), caches[0], None).logits[0, 0])
+        caches[0].commit(0, [0])
+    chain = torch.tril(torch.ones(5, 5, dtype=torch.bool))
+    verify = target.forward(tokens, torch.arange(4, 9)[None], caches[1], chain).logits[0]
+    return torch.stack(steps), verify
+
+
+def test_a_verify_forward_scores_every_token_as_its_ar_step_did(monkeypatch):
+    """With every product on the tiled loop (and attention and norms native), a float32 verify forward gives each
+    token the logits of its own AR step, bit for bit; with MKL for one row and oneDNN for more, it need not."""
+    from specgen.models.kernel_choice import Timing
+
+    steps, verify = verify_vs_steps(monkeypatch, Timing((1, 2), (1.0, 1.0), (1.0, 1.0), (0.5, 0.5)))
+    assert torch.equal(steps, verify)
+    steps, verify = verify_vs_steps(monkeypatch, Timing((1, 2), (1.0, 2.0), (2.0, 1.0)))  # control: MKL | oneDNN
+    torch.testing.assert_close(steps, verify, rtol=1e-4, atol=1e-4)
+    assert not torch.equal(steps, verify)  # the test above can fail
