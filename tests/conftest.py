@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specgen import native
 from specgen.models import packed_linear
 from specgen.models.transformer import Transformer, TransformerConfig
 
@@ -13,6 +14,9 @@ torch.set_num_threads(1)  # tiny models: threads only add spin-waiting (and the 
 # oneDNN ships in torch's x86 CPU wheels (this project's machine and CI); on a build without it the tests that
 # call it cannot run, and `test_builds_without_onednn_fall_back_to_column_major` checks what specgen does there.
 needs_onednn = pytest.mark.skipif(not packed_linear.available(), reason="this torch build has no oneDNN")
+# specgen/native's C kernels are compiled at first use; without a C compiler the tests that call them cannot run
+needs_native = pytest.mark.skipif(native.glue() is None or native.tiled() is None,
+                                  reason="no C compiler: the native kernels are not built here")
 
 
 def pytest_collection_modifyitems(config, items):

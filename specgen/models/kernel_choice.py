@@ -34,6 +34,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from specgen.native import tiled_linear
+
 ENV = "SPECGEN_PACKED_MIN_ROWS"
 #: Row counts timed: AR steps, verification of a few tokens, Jacobi blocks, batched steps.
 ROWS = (1, 2, 3, 4, 8, 16, 32)
@@ -138,16 +140,12 @@ def pinned_min_rows() -> int | None:
 
 def native_timeable(weights: list) -> bool:
     """Whether the native loop can take these weights: float32 on the CPU, and tiled.c built here."""
-    from specgen.native import tiled_linear
-
     return tiled_linear.available() and all(lin.weight.dtype == torch.float32 for lin in weights)
 
 
 @torch.inference_mode()
 def time_passes(linears: list, rows: tuple[int, ...] = ROWS, rounds: int = ROUNDS) -> Timing:
     """Best-of-`rounds` ms of r-row products over every distinct weight of `linears` (PackedLinears), per kernel."""
-    from specgen.native import tiled_linear
-
     weights = distinct(linears)
     inputs = {(lin.in_features, lin.weight.dtype): torch.randn(max(rows), lin.in_features).to(lin.weight.dtype)
               for lin in weights}

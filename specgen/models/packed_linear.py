@@ -76,29 +76,33 @@ class PackedLinear(nn.Linear):
                 or (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))):
             return F.linear(x, w, self.bias)
         plan = self._choice.plan() if self._choice is not None else Plan(FALLBACK_MIN_ROWS)
-        kernel = plan.kernel(x.numel() // self.in_features)
-        if kernel == "native" and tiled_linear.usable(x, w):  # a plan shared with a bfloat16 copy: not for it
+        rows = x.numel() // self.in_features
+        if plan.kernel(rows) == "native" and tiled_linear.usable(x, w):  # a plan shared with a bfloat16 copy: not it
             return tiled_linear.linear(x, *self.tiled_weight(), self.out_features)
-        if x.numel() < plan.min_rows * self.in_features:
+        if rows < plan.min_rows:
             return F.linear(x, w, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight(), self.bias, "none", [], "")
 
     def packed_weight(self) -> torch.Tensor:
         """The oneDNN-packed copy of `weight` (opaque tensor), remade when the weight changed."""
-        w = self.weight
-        key = (w.data_ptr(), None if w.is_inference() else w._version, w.dtype)  # inference tensors have no version
+        key = self.weight_key()
         if self._packed is None or self._packed[0] != key:
             with torch.no_grad():
-                self._packed = (key, torch.ops.mkldnn._reorder_linear_weight(w.detach(), PACK_HINT))
+                self._packed = (key, torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), PACK_HINT))
         return self._packed[1]
 
     def tiled_weight(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(tiles, padded bias) of `weight` for native/tiled.c, remade when the weight changed."""
-        w = self.weight
-        key = (w.data_ptr(), None if w.is_inference() else w._version, w.dtype)
+        key = self.weight_key()
         if self._tiled is None or self._tiled[0] != key:
-            self._tiled = (key, tiled_linear.tile(w.detach(), self.bias))
+            self._tiled = (key, tiled_linear.tile(self.weight.detach(), self.bias))
         return self._tiled[1]
+
+    def weight_key(self) -> tuple:
+        """What a copy of `weight` is valid for: its storage, version counter and dtype (an inference tensor has no
+        version counter: only a new storage or dtype remakes its copies)."""
+        w = self.weight
+        return w.data_ptr(), None if w.is_inference() else w._version, w.dtype
 
     def __getstate__(self) -> dict:
         """deepcopy / pickle without the packed and tiled copies (an opaque tensor has no storage); remade on use."""

@@ -13,7 +13,7 @@ from specgen.errors import UsageError
 from specgen.models import kernel_choice
 from specgen.models.kernel_choice import ENV, Plan, Timing, time_passes
 from specgen.models.packed_linear import PackedLinear, pack_linears
-from tests.conftest import needs_onednn, tiny_model
+from tests.conftest import needs_native, needs_onednn, tiny_model
 
 
 @pytest.mark.parametrize("mkl, dnn, want", [
@@ -64,7 +64,7 @@ def test_time_passes_times_both_kernels_on_every_row_count():
 
 
 @needs_onednn
-@pytest.mark.skipif(native.tiled() is None, reason="no C compiler: the native kernels are not built here")
+@needs_native
 def test_products_follow_a_plan_with_the_native_loop_and_drop_unread_copies(monkeypatch):
     monkeypatch.setattr(kernel_choice, "time_passes",
                         lambda *a, **k: Timing((1, 2, 3), (1.0, 2.0, 3.0), (2.0, 3.0, 1.0), (0.5, 1.0, 2.0)))

@@ -7,10 +7,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specgen import native
 from specgen.native import ops
+from tests.conftest import needs_native
 
-pytestmark = pytest.mark.skipif(native.glue() is None, reason="no C compiler: the native kernels are not built here")
+pytestmark = needs_native
 
 
 def bf16(*shape, seed=0, scale=1.0):

@@ -6,10 +6,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specgen import native
+from specgen.decoding.target import ModelTarget
+from specgen.models import kernel_choice
+from specgen.models.kernel_choice import Timing
+from specgen.models.layout import decode_layout
 from specgen.native import tiled_linear
+from tests.conftest import needs_native, tiny_model
 
-pytestmark = pytest.mark.skipif(native.tiled() is None, reason="no C compiler: the native kernels are not built here")
+pytestmark = needs_native
 
 
 @pytest.mark.parametrize("rows, k, n, bias", [
@@ -63,11 +67,6 @@ def test_usable_only_for_float32_cpu_without_grad():
 def verify_vs_steps(monkeypatch, timing) -> tuple[torch.Tensor, torch.Tensor]:
     """Logits [5, V] of 5 tokens scored in one verify forward and in 5 one-token AR steps, after a 4-token prompt,
     on a tiny float32 model whose kernel plan comes from `timing`."""
-    from specgen.decoding.target import ModelTarget
-    from specgen.models import kernel_choice
-    from specgen.models.layout import decode_layout
-    from tests.conftest import tiny_model
-
     monkeypatch.setattr(kernel_choice, "time_passes", lambda *a, **k: timing)
     monkeypatch.setattr(kernel_choice, "_MEASURED", {})
     monkeypatch.delenv(kernel_choice.ENV, raising=False)
@@ -88,8 +87,6 @@ def verify_vs_steps(monkeypatch, timing) -> tuple[torch.Tensor, torch.Tensor]:
 def test_a_verify_forward_scores_every_token_as_its_ar_step_did(monkeypatch):
     """With every product on the tiled loop (and attention and norms native), a float32 verify forward gives each
     token the logits of its own AR step, bit for bit; with MKL for one row and oneDNN for more, it need not."""
-    from specgen.models.kernel_choice import Timing
-
     steps, verify = verify_vs_steps(monkeypatch, Timing((1, 2), (1.0, 1.0), (1.0, 1.0), (0.5, 0.5)))
     assert torch.equal(steps, verify)
     steps, verify = verify_vs_steps(monkeypatch, Timing((1, 2), (1.0, 2.0), (2.0, 1.0)))  # control: MKL | oneDNN
