@@ -34,6 +34,6 @@ step images 150 specgen benchmark --config recipes/tiny/bench-images-batch.yaml 
     --batch-size 1,8 num=8 out_dir=/tmp/gpu-check-images --out "$OUT/images.jsonl"
 step meshes 100 specgen benchmark --config recipes/tiny/bench-meshes-batch.yaml --device cuda --threads 0 \
     --batch-size 1,8 --limit 8 --out "$OUT/meshes.jsonl"
-step batch-throughput 120 python3 scripts/gpu_batch_throughput.py --device cuda --dtype bfloat16 --profile \
-    --json "$OUT/batch-throughput.json"
+step batch-throughput 150 python3 scripts/gpu_batch_throughput.py --device cuda --dtype bfloat16 --batches 1,4,16 \
+    --profile --json "$OUT/batch-throughput.json"
 step auto-trace 100 python3 scripts/auto_budget_trace.py --device cuda --method eagle2 --threads 0

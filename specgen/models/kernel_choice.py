@@ -3,10 +3,10 @@
 A decoder's products have 1 row (an AR step), a few (verification, Jacobi blocks) or many (prefill). Three
 float32 kernels trade places at row counts that depend on the CPU, the thread count and whether the model's
 weights fit in the cache: MKL's GEMV over the column-major weight, oneDNN's GEMM over a packed copy
-(`models/packed_linear.py`) and `native/tiled.c` over a tiled copy (one thread; bit-for-bit the same row
-results at every row count). Two machines of this project, both sold as AMD EPYC, disagree on MKL vs oneDNN for
-one row, and on one of them MKL and oneDNN stream a large model's weights at half the memory bandwidth that
-tiled.c reaches (`python scripts/layout_forward_times.py`, `python scripts/linear_kernels.py`; numbers in
+(`models/packed_linear.py`) and `native/tiled.c` over a tiled copy (on torch's threads; bit-for-bit the same
+row results at every row count and thread count). Two machines of this project, both sold as AMD EPYC, disagree
+on MKL vs oneDNN for one row, and on one of them MKL and oneDNN stream a large model's weights at half the memory
+bandwidth that tiled.c reaches (`python scripts/layout_forward_times.py`, `python scripts/linear_kernels.py`; numbers in
 docs/results/text.md, "Kernel micro-benchmarks").
 
 A constant tuned on one machine would make AR (the baseline of every speedup) slower on another and inflate

@@ -30,6 +30,8 @@ from pathlib import Path
 
 SOURCE_DIR = Path(__file__).parent
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-shared", "-fPIC")
+#: Libraries that split their work over threads where the process's OpenMP runtime is libgomp (`openmp_flags`).
+THREADED = ("tiled",)
 COMPILE_TIMEOUT_S = 120
 
 
@@ -47,9 +49,31 @@ def cpu_signature() -> str:
     return "\n".join(sorted(set(keep)))
 
 
+def openmp_flags() -> tuple[str, ...]:
+    """("-fopenmp",) where torch runs its threads on libgomp, already loaded in this process (Linux wheels bundle it,
+    with the soname a GCC build links against): the library then joins torch's thread pool and follows
+    torch.set_num_threads. Elsewhere () and a one-thread library: a second OpenMP runtime beside torch's would
+    oversubscribe the cores, each pool spin-waiting on the other's."""
+    import torch  # noqa: F401  (loads torch's OpenMP runtime first, so the check below sees it)
+
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return ()
+    return ("-fopenmp",) if "libgomp" in maps else ()
+
+
 def build(name: str) -> Path | None:
     """Compile `<name>.c` into the cache (once per source and shared headers, flags, compiler and CPU); None without
-    a compiler or when the compile fails."""
+    a compiler or when the compile fails. A THREADED library is built with OpenMP where `openmp_flags` allows, and
+    without it when that build fails."""
+    if name in THREADED and openmp_flags():
+        return compile_library(name, FLAGS + openmp_flags()) or compile_library(name, FLAGS)
+    return compile_library(name, FLAGS)
+
+
+def compile_library(name: str, flags: tuple[str, ...]) -> Path | None:
+    """`<name>.c` compiled with `flags` into the cache, or None."""
     cc = shutil.which(os.environ.get("CC", "cc"))
     if cc is None:
         return None
@@ -58,7 +82,7 @@ def build(name: str) -> Path | None:
     except (OSError, subprocess.SubprocessError):
         return None
     sources = [(SOURCE_DIR / f"{name}.c").read_bytes()] + [h.read_bytes() for h in sorted(SOURCE_DIR.glob("*.h"))]
-    key = hashlib.sha256(b"\0".join([*sources, " ".join(FLAGS).encode(), (version or [""])[0].encode(),
+    key = hashlib.sha256(b"\0".join([*sources, " ".join(flags).encode(), (version or [""])[0].encode(),
                                      cpu_signature().encode()])).hexdigest()[:16]
     out = cache_dir() / f"{name}-{key}.so"
     if out.is_file():
@@ -67,7 +91,7 @@ def build(name: str) -> Path | None:
         out.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
         os.close(fd)
-        done = subprocess.run([cc, *FLAGS, "-o", tmp, str(SOURCE_DIR / f"{name}.c")], capture_output=True,
+        done = subprocess.run([cc, *flags, "-o", tmp, str(SOURCE_DIR / f"{name}.c")], capture_output=True,
                               timeout=COMPILE_TIMEOUT_S)
         if done.returncode != 0:
             os.unlink(tmp)
@@ -84,7 +108,8 @@ SIGNATURES = {  # library -> function -> (argument types, return type); `es`: el
                   "specgen_rope_write_attend": ([PTR] * 3 + [INT] + [PTR] * 10 + [INT] * 7 + [FLOAT], INT)},
     "glue": {"specgen_rms_norm": ([PTR] * 3 + [INT, INT, FLOAT, INT], INT),
              "specgen_add_rms_norm": ([PTR] * 5 + [INT, INT, FLOAT, INT], INT)},
-    "tiled": {"specgen_tiled_linear": ([PTR] * 4 + [INT] * 3, INT), "specgen_tiled_width": ([], INT)},
+    "tiled": {"specgen_tiled_linear": ([PTR] * 4 + [INT] * 3, INT), "specgen_tiled_width": ([], INT),
+              "specgen_tiled_threads": ([], INT)},
 }
 
 

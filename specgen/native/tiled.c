@@ -21,6 +21,10 @@
 
 #include "vec16.h"
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #define NV 3                /* vectors per tile (48 columns; x 8 rows = 24 accumulators, in registers on AVX-512) */
 #define TILE (LANES * NV)
 #define MR 8                /* rows per register block */
@@ -55,10 +59,19 @@ static inline __attribute__((always_inline)) void block(const float *x, int64_t 
 }
 
 /* out [M, N] = x [M, K] @ W^T + bias over tiles [ceil(N / TILE)][K][TILE]; bias: NULL or [ceil(N / TILE) * TILE]
- * (zero-padded like the tiles). Returns 0. */
+ * (zero-padded like the tiles). Returns 0.
+ *
+ * Threads: built with OpenMP (only where the process's OpenMP runtime is torch's libgomp, so both share one pool and
+ * one thread count, torch.set_num_threads), the tiles are split among the threads, each tile computed whole by one
+ * of them: the sums above do not depend on the thread count either. Products under PARALLEL_MIN multiply-adds stay
+ * on the calling thread (waking the pool would cost more than it saves). */
+#define PARALLEL_MIN (1 << 16)
 int specgen_tiled_linear(const float *x, const float *tiles, const float *bias, float *out, int M, int K, int N) {
-    for (int n = 0; n < N; n += TILE) {
-        const float *tile = tiles + (int64_t)(n / TILE) * K * TILE;
+    int n_tiles = (N + TILE - 1) / TILE;
+#pragma omp parallel for schedule(static) if ((int64_t)M * K * N >= PARALLEL_MIN && n_tiles > 1)
+    for (int t = 0; t < n_tiles; t++) {
+        int n = t * TILE;
+        const float *tile = tiles + (int64_t)t * K * TILE;
         const float *b = bias ? bias + n : NULL;
         int cols = N - n < TILE ? N - n : TILE;
         for (int m = 0; m < M; m += MR) {
@@ -81,3 +94,12 @@ int specgen_tiled_linear(const float *x, const float *tiles, const float *bias, 
 
 /* The tile width, for the torch side to lay the weight out. */
 int specgen_tiled_width(void) { return TILE; }
+
+/* How many threads a large product runs on now: the OpenMP pool's size, 1 in a build without OpenMP. */
+int specgen_tiled_threads(void) {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}

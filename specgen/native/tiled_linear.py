@@ -12,6 +12,11 @@ def available() -> bool:
     return tiled() is not None
 
 
+def threads() -> int:
+    """How many threads a large product runs on now (torch's thread count in an OpenMP build, else 1)."""
+    return tiled().specgen_tiled_threads()
+
+
 def usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether a product of x and weight may run here: float32 both, on the CPU, no gradient wanted."""
     return (available() and x.dtype == weight.dtype == torch.float32 and x.device.type == weight.device.type == "cpu"

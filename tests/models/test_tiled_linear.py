@@ -46,6 +46,36 @@ def test_a_row_gets_the_same_bits_alone_in_any_batch_and_any_place():
     assert torch.equal(together, alone) and torch.equal(shuffled, alone[order])
 
 
+def test_the_same_bits_at_every_thread_count():
+    """Large products split their tiles among torch's threads (OpenMP builds); each tile has one owner, so a product
+    at 2 threads equals the one at 1 bit for bit (the test holds trivially in a one-thread build)."""
+    torch.manual_seed(1)
+    n, k = 48 * 7 + 5, 300  # 8 tiles, the last partial; 13 x 300 x 341 multiply-adds: past the parallel threshold
+    w, b, x = torch.randn(n, k), torch.randn(n), torch.randn(13, k)
+    tiles = tiled_linear.tile(w, b)
+    before = torch.get_num_threads()
+    try:
+        with torch.inference_mode():
+            torch.set_num_threads(1)
+            one = tiled_linear.linear(x, *tiles, n)
+            torch.set_num_threads(2)
+            two = tiled_linear.linear(x, *tiles, n)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one, two)
+
+
+def test_threads_follow_torch():
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert tiled_linear.threads() == 1
+        torch.set_num_threads(2)
+        assert tiled_linear.threads() in (1, 2)  # 1: built without OpenMP (torch's runtime is not libgomp)
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_leading_dims_and_empty_inputs():
     w = torch.randn(20, 8)
     tiles = tiled_linear.tile(w, None)
