@@ -108,8 +108,8 @@ SIGNATURES = {  # library -> function -> (argument types, return type); `es`: el
                   "specgen_rope_write_attend": ([PTR] * 3 + [INT] + [PTR] * 10 + [INT] * 7 + [FLOAT], INT)},
     "glue": {"specgen_rms_norm": ([PTR] * 3 + [INT, INT, FLOAT, INT], INT),
              "specgen_add_rms_norm": ([PTR] * 5 + [INT, INT, FLOAT, INT], INT)},
-    "tiled": {"specgen_tiled_linear": ([PTR] * 4 + [INT] * 3, INT), "specgen_tiled_width": ([], INT),
-              "specgen_tiled_threads": ([], INT)},
+    "tiled": {"specgen_tiled_linear": ([PTR] * 4 + [INT] * 4, INT), "specgen_tiled_width": ([], INT),
+              "specgen_tiled_openmp": ([], INT)},
 }
 
 

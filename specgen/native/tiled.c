@@ -21,10 +21,6 @@
 
 #include "vec16.h"
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
 #define NV 3                /* vectors per tile (48 columns; x 8 rows = 24 accumulators, in registers on AVX-512) */
 #define TILE (LANES * NV)
 #define MR 8                /* rows per register block */
@@ -61,14 +57,17 @@ static inline __attribute__((always_inline)) void block(const float *x, int64_t 
 /* out [M, N] = x [M, K] @ W^T + bias over tiles [ceil(N / TILE)][K][TILE]; bias: NULL or [ceil(N / TILE) * TILE]
  * (zero-padded like the tiles). Returns 0.
  *
- * Threads: built with OpenMP (only where the process's OpenMP runtime is torch's libgomp, so both share one pool and
- * one thread count, torch.set_num_threads), the tiles are split among the threads, each tile computed whole by one
- * of them: the sums above do not depend on the thread count either. Products under PARALLEL_MIN multiply-adds stay
- * on the calling thread (waking the pool would cost more than it saves). */
+ * Threads: built with OpenMP (only where the process's OpenMP runtime is torch's libgomp, so both share one pool),
+ * the tiles are split among `threads` threads (the caller passes torch.get_num_threads(): OpenMP's own default on a
+ * thread torch never set up is every core), each tile computed whole by one of them: the sums above do not depend
+ * on the thread count either. Products under PARALLEL_MIN multiply-adds stay on the calling thread (waking the pool
+ * would cost more than it saves). */
 #define PARALLEL_MIN (1 << 16)
-int specgen_tiled_linear(const float *x, const float *tiles, const float *bias, float *out, int M, int K, int N) {
+int specgen_tiled_linear(const float *x, const float *tiles, const float *bias, float *out, int M, int K, int N,
+                         int threads) {
     int n_tiles = (N + TILE - 1) / TILE;
-#pragma omp parallel for schedule(static) if ((int64_t)M * K * N >= PARALLEL_MIN && n_tiles > 1)
+#pragma omp parallel for num_threads(threads) schedule(static) \
+    if ((int64_t)M * K * N >= PARALLEL_MIN && n_tiles > 1 && threads > 1)
     for (int t = 0; t < n_tiles; t++) {
         int n = t * TILE;
         const float *tile = tiles + (int64_t)t * K * TILE;
@@ -95,11 +94,11 @@ int specgen_tiled_linear(const float *x, const float *tiles, const float *bias, 
 /* The tile width, for the torch side to lay the weight out. */
 int specgen_tiled_width(void) { return TILE; }
 
-/* How many threads a large product runs on now: the OpenMP pool's size, 1 in a build without OpenMP. */
-int specgen_tiled_threads(void) {
+/* 1 in a build with OpenMP (specgen_tiled_linear uses its `threads`), 0 without (it runs on the calling thread). */
+int specgen_tiled_openmp(void) {
 #ifdef _OPENMP
-    return omp_get_max_threads();
-#else
     return 1;
+#else
+    return 0;
 #endif
 }

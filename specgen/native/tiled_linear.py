@@ -13,8 +13,8 @@ def available() -> bool:
 
 
 def threads() -> int:
-    """How many threads a large product runs on now (torch's thread count in an OpenMP build, else 1)."""
-    return tiled().specgen_tiled_threads()
+    """How many threads a large product runs on now: torch's thread count in an OpenMP build, else 1."""
+    return torch.get_num_threads() if tiled().specgen_tiled_openmp() else 1
 
 
 def usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -43,5 +43,5 @@ def linear(x: torch.Tensor, tiles: torch.Tensor, bias: torch.Tensor | None, out_
     rows = x.reshape(-1, k).contiguous()  # [M, K]
     out = torch.empty(rows.shape[0], out_features, dtype=x.dtype)
     tiled().specgen_tiled_linear(rows.data_ptr(), tiles.data_ptr(), 0 if bias is None else bias.data_ptr(),
-                                 out.data_ptr(), rows.shape[0], k, out_features)
+                                 out.data_ptr(), rows.shape[0], k, out_features, torch.get_num_threads())
     return out.reshape(*x.shape[:-1], out_features)
