@@ -50,17 +50,22 @@ def cpu_signature() -> str:
 
 
 def openmp_flags() -> tuple[str, ...]:
-    """("-fopenmp",) where torch runs its threads on libgomp, already loaded in this process (Linux wheels bundle it,
-    with the soname a GCC build links against): the library then joins torch's thread pool and follows
-    torch.set_num_threads. Elsewhere () and a one-thread library: a second OpenMP runtime beside torch's would
-    oversubscribe the cores, each pool spin-waiting on the other's."""
+    """("-fopenmp",) where torch runs its threads on a libgomp already loaded in this process under the file name
+    (and soname) `libgomp.so.1` that a GCC build links against: the library then joins torch's thread pool. Elsewhere
+    () and a one-thread library: a wheel whose libgomp carries a hashed name (libgomp-<hash>.so.1), or another
+    runtime (libiomp5, libomp), would leave ours loading a second OpenMP runtime whose threads spin against torch's."""
     import torch  # noqa: F401  (loads torch's OpenMP runtime first, so the check below sees it)
 
     try:
         maps = Path("/proc/self/maps").read_text()
     except OSError:
         return ()
-    return ("-fopenmp",) if "libgomp" in maps else ()
+    return ("-fopenmp",) if plain_libgomp_loaded(maps) else ()
+
+
+def plain_libgomp_loaded(maps: str) -> bool:
+    """Whether a /proc/<pid>/maps text maps a file named exactly libgomp.so.1."""
+    return any(Path(f).name == "libgomp.so.1" for f in maps.split() if f.startswith("/"))
 
 
 def build(name: str) -> Path | None:

@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from specgen import native
 from specgen.decoding.target import ModelTarget
 from specgen.models import kernel_choice
 from specgen.models.kernel_choice import Timing
@@ -74,6 +75,15 @@ def test_threads_follow_torch():
         assert tiled_linear.threads() in (1, 2)  # 1: built without OpenMP (torch's runtime is not libgomp)
     finally:
         torch.set_num_threads(before)
+
+
+def test_openmp_only_beside_a_plainly_named_libgomp():
+    """A libgomp under another name (a wheel's hashed copy) or another runtime would leave the -fopenmp build loading
+    a second OpenMP runtime beside torch's: only libgomp.so.1 itself counts."""
+    line = "7f00-7f01 r-xp 00000000 fe:00 42    {}\n"
+    assert native.plain_libgomp_loaded(line.format("/site-packages/torch/lib/libgomp.so.1"))
+    assert not native.plain_libgomp_loaded(line.format("/site-packages/torch.libs/libgomp-a34b3233.so.1"))
+    assert not native.plain_libgomp_loaded(line.format("/opt/intel/lib/libiomp5.so") + "[heap]\n")
 
 
 def test_leading_dims_and_empty_inputs():
