@@ -97,12 +97,11 @@ def native_plan(mask: torch.Tensor | None, b: int, s: int, t: int, heads: int, h
         idx = torch.arange(t, dtype=torch.int32).expand(b, s, t).contiguous()
         count = torch.full((b, s), t, dtype=torch.int32)
         shared = torch.full((b,), t, dtype=torch.int32)
-    else:
-        seen = mask[:, 0]  # [B, S, T]
-        idx = torch.sort((~seen).to(torch.int8), dim=-1, stable=True).indices.to(torch.int32)
-        count = seen.sum(-1, dtype=torch.int32)
-        in_place = (idx == torch.arange(t, dtype=torch.int32)).to(torch.int32).cummin(-1).values.sum(-1)  # [B, S]
-        shared = torch.minimum(in_place, count).amin(-1).to(torch.int32)  # hidden slots past count are no keys
+    else:  # attention.c's specgen_plan: visible slots ascending, then hidden ones; the leading run all rows see
+        seen = mask[:, 0].expand(b, s, t).contiguous()  # [B, S, T] bool
+        idx, count = torch.empty(b, s, t, dtype=torch.int32), torch.empty(b, s, dtype=torch.int32)
+        shared = torch.empty(b, dtype=torch.int32)
+        native.attention().specgen_plan(seen.data_ptr(), b, s, t, idx.data_ptr(), count.data_ptr(), shared.data_ptr())
     p = NativePlan(idx, count, shared, torch.empty(b, s, heads, head_dim, dtype=dtype))
     if lengths is not None:
         p.slots = (torch.tensor(lengths, dtype=torch.int32)[:, None] + torch.arange(s, dtype=torch.int32)).contiguous()

@@ -110,7 +110,8 @@ def compile_library(name: str, flags: tuple[str, ...]) -> Path | None:
 PTR, INT, FLOAT = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
 SIGNATURES = {  # library -> function -> (argument types, return type); `es`: element size, 2 bfloat16 / 4 float32
     "attention": {"specgen_attend": ([PTR] * 10 + [INT] * 7 + [FLOAT], INT),
-                  "specgen_rope_write_attend": ([PTR] * 3 + [INT] + [PTR] * 10 + [INT] * 7 + [FLOAT], INT)},
+                  "specgen_rope_write_attend": ([PTR] * 3 + [INT] + [PTR] * 10 + [INT] * 7 + [FLOAT], INT),
+                  "specgen_plan": ([PTR, INT, INT, INT, PTR, PTR, PTR], INT)},
     "glue": {"specgen_rms_norm": ([PTR] * 3 + [INT, INT, FLOAT, INT], INT),
              "specgen_add_rms_norm": ([PTR] * 5 + [INT, INT, FLOAT, INT], INT)},
     "tiled": {"specgen_tiled_linear": ([PTR] * 4 + [INT] * 4, INT), "specgen_tiled_width": ([], INT),

@@ -161,6 +161,30 @@ def test_native_keys_read_once_for_every_query_change_no_bit(backend, dtype):
     assert torch.equal(invariant_attention(q, k, v, p), shared)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_native_plan_lists_equal_a_stable_sort_of_the_mask(backend, seed):
+    """attention.c's specgen_plan against the torch ops it replaced: idx = a stable sort of the hidden flags (visible
+    slots ascending, then hidden ones), count = visible slots, shared = the leading run of slots every query of a
+    row sees; over random trees, ragged prefixes, a row that sees nothing and a broadcast mask."""
+    if backend != "native":
+        pytest.skip("the native kernel's plan")
+    g = torch.Generator().manual_seed(seed)
+    b, s, t = 4, 7, 40
+    vis = torch.rand(b, 1, s, t, generator=g) < 0.6
+    vis[:2, :, :, :12] = True  # rows 0-1: a committed prefix every query sees
+    vis[2, :, 0] = False  # row 2: nothing shared
+    vis[3, 0, 5] = False  # row 3: query 5 sees no key at all (shared 0)
+    for mask, rows in ((vis, b), (vis[:1], 3)):  # a [1, 1, S, T] mask broadcast over 3 rows
+        p = native_plan(mask, rows, s, t, 2, 8)
+        seen = mask[:, 0].expand(rows, s, t)
+        idx = torch.sort((~seen).to(torch.int8), dim=-1, stable=True).indices.to(torch.int32)
+        count = seen.sum(-1, dtype=torch.int32)
+        lead = seen.to(torch.int32).cummin(-1).values.sum(-1)  # [rows, S]: leading visible run
+        assert torch.equal(p.idx, idx) and torch.equal(p.count, count)
+        assert torch.equal(p.shared, lead.amin(-1).to(torch.int32))
+    assert native_plan(vis, b, s, t, 2, 8).shared[:2].min() >= 12
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
 def test_the_fused_native_layer_equals_rotate_write_and_attend(backend, layout, dtype):
