@@ -26,7 +26,7 @@ from torch import nn
 
 from specgen.decoding.cache import KVCache
 from specgen.errors import ContextOverflowError
-from specgen.models import prompt
+from specgen.models import native_block, prompt
 from specgen.models.attention import PLANS, NativePlan, invariant_attention, native_self_attention, plan, planned
 from specgen.models.rope import SCALINGS, Rotation, check_positions, rotate, rotation, table_1d, table_2d
 from specgen.native import ops as native_ops
@@ -202,6 +202,8 @@ class Block(nn.Module):
         self.feed_forward = FeedForward(cfg)
 
     def forward(self, x, rot, layer, cache, mask, causal, cross_kv):
+        if native_block.usable(self, x, mask, cross_kv):  # the same kernels without the module calls, bit for bit
+            return native_block.forward(self, x, rot, layer, cache, mask)
         a = self.attention(self.attention_norm(x), rot, layer, cache, mask, causal)
         if cross_kv is None and native_ops.usable(x, a, self.ffn_norm.weight):  # the add and the norm in one pass,
             x, normed = native_ops.add_rms_norm(x, a, self.ffn_norm.weight, self.ffn_norm.eps)  # bitwise both apart

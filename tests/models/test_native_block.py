@@ -1,0 +1,86 @@
+"""models/native_block.py: a block's decode forward without its modules computes, bit for bit, what the modules do."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specgen.decoding.target import ModelTarget
+from specgen.models import kernel_choice, native_block
+from specgen.models.kernel_choice import Timing
+from specgen.models.layout import decode_layout
+from tests.conftest import needs_native, tiny_model
+
+pytestmark = needs_native
+
+NATIVE = Timing((1, 2), (1.0, 1.0), (1.0, 1.0), (0.5, 0.5))  # the tiled loop wins at every row count
+MKL_ONEDNN = Timing((1, 2), (1.0, 2.0), (2.0, 1.0))  # MKL for one row, oneDNN for more: no tiled loop
+
+
+def decode(monkeypatch, timing, fast: bool, **over) -> tuple[list[torch.Tensor], list[torch.Tensor], int]:
+    """(logits of a prefill, three AR steps and a 4-node tree verify; every layer's cache keys and values; how many
+    block forwards took the native path) on a tiny float32 model whose kernel plan comes from `timing`."""
+    monkeypatch.setattr(kernel_choice, "time_passes", lambda *a, **k: timing)
+    monkeypatch.setattr(kernel_choice, "_MEASURED", {})
+    monkeypatch.delenv(kernel_choice.ENV, raising=False)
+    taken, real_usable = [], native_block.usable
+
+    def spy(*args) -> bool:  # counts the block forwards that take the native path; `fast` False: none does
+        ok = fast and real_usable(*args)
+        taken.extend([1] if ok else [])
+        return ok
+
+    monkeypatch.setattr(native_block, "usable", spy)
+    target = ModelTarget(decode_layout(tiny_model(1, **over), "packed"))
+    cache = target.model.new_cache(2, 32)
+    logits = [target.prefill(torch.tensor([[3, 1, 4, 1], [2, 7, 1, 8]]), cache).logits]
+    for i in range(3):
+        out = target.forward(torch.tensor([[5 + i], [9 - i]]), torch.tensor([[4 + i], [4 + i]]), cache, None)
+        logits.append(out.logits)
+        for row in range(2):
+            cache.commit(row, [0])
+    tree = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool)
+    tokens, positions = torch.tensor([[2, 6, 5, 3]] * 2), torch.tensor([[7, 8, 8, 9]] * 2)
+    logits.append(target.forward(tokens, positions, cache, tree).logits)
+    kv = [t.clone() for layer in range(target.model.cfg.n_layers) for t in cache.layer(layer)]
+    return logits, kv, len(taken)
+
+
+@pytest.mark.parametrize("over", [{}, {"qkv_bias": True}, {"n_kv_heads": 4}])
+def test_the_native_block_equals_the_module_path_bit_for_bit(monkeypatch, over):
+    """Prefill, AR steps over two rows and a tree verify: the same logits and cache contents with the block in one
+    run of native calls as through its modules (the same kernels in the same order)."""
+    fast_logits, fast_kv, taken = decode(monkeypatch, NATIVE, True, **over)
+    slow_logits, slow_kv, none = decode(monkeypatch, NATIVE, False, **over)
+    assert taken > 0 and none == 0
+    assert all(torch.equal(a, b) for a, b in zip(fast_logits, slow_logits))
+    assert all(torch.equal(a, b) for a, b in zip(fast_kv, slow_kv))
+
+
+def test_the_native_block_only_where_every_product_is_on_the_tiled_loop(monkeypatch):
+    """A plan that sends products to MKL or oneDNN keeps the module path (which picks those kernels per product)."""
+    _, _, taken = decode(monkeypatch, MKL_ONEDNN, True)
+    assert taken == 0
+
+
+def test_not_usable_with_gradients_other_dtypes_or_q_k_norms(monkeypatch):
+    monkeypatch.setattr(kernel_choice, "time_passes", lambda *a, **k: NATIVE)
+    monkeypatch.setattr(kernel_choice, "_MEASURED", {})
+    monkeypatch.delenv(kernel_choice.ENV, raising=False)
+    from specgen.models.attention import native_plan
+
+    model = decode_layout(tiny_model(2), "packed")
+    blk = model.layers[0]
+    x = torch.randn(1, 1, model.cfg.dim)
+    plan = native_plan(None, 1, 1, 1, model.cfg.n_heads, model.cfg.hd, [0], torch.float32)
+    with torch.inference_mode():
+        assert native_block.usable(blk, x, plan, None)
+        assert not native_block.usable(blk, x.bfloat16(), plan, None)
+        assert not native_block.usable(blk, x, None, None)  # no plan: SDPA's path (e.g. a prompt prefill)
+        assert not native_block.usable(blk, x, plan, ["cross kv"])
+        blk.feed_forward.w2 = torch.nn.Linear(model.cfg.ffn_dim, model.cfg.dim, bias=False)  # e.g. a LoRA wrapper
+        assert not native_block.usable(blk, x, plan, None)
+    qk = decode_layout(tiny_model(2, qk_norm=True), "packed")
+    with torch.inference_mode():
+        assert not native_block.usable(qk.layers[0], x, plan, None)
+    assert not native_block.usable(model.layers[1], x, plan, None)  # grad mode on
