@@ -203,7 +203,7 @@ class Block(nn.Module):
 
     def forward(self, x, rot, layer, cache, mask, causal, cross_kv):
         if native_block.usable(self, x, mask, cross_kv):  # the same kernels without the module calls, bit for bit
-            return native_block.forward(self, x, rot, layer, cache, mask)
+            return native_block.forward(self, x, rot, layer, cache, mask, cross_kv)
         a = self.attention(self.attention_norm(x), rot, layer, cache, mask, causal)
         if cross_kv is None and native_ops.usable(x, a, self.ffn_norm.weight):  # the add and the norm in one pass,
             x, normed = native_ops.add_rms_norm(x, a, self.ffn_norm.weight, self.ffn_norm.eps)  # bitwise both apart

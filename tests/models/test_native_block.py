@@ -15,6 +15,7 @@ pytestmark = needs_native
 
 NATIVE = Timing((1, 2), (1.0, 1.0), (1.0, 1.0), (0.5, 0.5))  # the tiled loop wins at every row count
 MKL_ONEDNN = Timing((1, 2), (1.0, 2.0), (2.0, 1.0))  # MKL for one row, oneDNN for more: no tiled loop
+REAL_USABLE = native_block.usable
 
 
 def decode(monkeypatch, timing, fast: bool, **over) -> tuple[list[torch.Tensor], list[torch.Tensor], int]:
@@ -23,10 +24,10 @@ def decode(monkeypatch, timing, fast: bool, **over) -> tuple[list[torch.Tensor],
     monkeypatch.setattr(kernel_choice, "time_passes", lambda *a, **k: timing)
     monkeypatch.setattr(kernel_choice, "_MEASURED", {})
     monkeypatch.delenv(kernel_choice.ENV, raising=False)
-    taken, real_usable = [], native_block.usable
+    taken = []
 
     def spy(*args) -> bool:  # counts the block forwards that take the native path; `fast` False: none does
-        ok = fast and real_usable(*args)
+        ok = fast and REAL_USABLE(*args)
         taken.extend([1] if ok else [])
         return ok
 
@@ -57,6 +58,36 @@ def test_the_native_block_equals_the_module_path_bit_for_bit(monkeypatch, over):
     assert all(torch.equal(a, b) for a, b in zip(fast_kv, slow_kv))
 
 
+def test_a_cross_attention_block_equals_its_modules_bit_for_bit(monkeypatch):
+    """The mesh decoder's blocks (self-attention, cross-attention to a condition, SwiGLU): AR steps over two rows and
+    a tree verify give the same logits and cache through the native run as through the modules."""
+    def run(fast: bool) -> tuple[list[torch.Tensor], int]:
+        monkeypatch.setattr(kernel_choice, "time_passes", lambda *a, **k: NATIVE)
+        monkeypatch.setattr(kernel_choice, "_MEASURED", {})
+        monkeypatch.delenv(kernel_choice.ENV, raising=False)
+        taken = []
+        monkeypatch.setattr(native_block, "usable", lambda *a: fast and REAL_USABLE(*a) and not taken.append(1))
+        model = decode_layout(tiny_model(3, cross_dim=24), "packed")
+        cache = model.new_cache(2, 32)
+        with torch.inference_mode():
+            model.set_context(cache, torch.randn(2, 5, 24, generator=torch.Generator().manual_seed(0)))
+            out = [model(torch.tensor([[1, 2, 3], [4, 5, 6]]), torch.arange(3).expand(2, 3), cache)[0]]
+            for row in range(2):
+                cache.commit(row, [0, 1, 2])
+            for i in range(2):
+                out.append(model(torch.tensor([[7 + i], [9 - i]]), torch.tensor([[3 + i]] * 2), cache)[0])
+                for row in range(2):
+                    cache.commit(row, [0])
+            tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+            out.append(model(torch.tensor([[2, 6, 5]] * 2), torch.tensor([[5, 6, 6]] * 2), cache, tree)[0])
+        return out + [t.clone() for layer in range(model.cfg.n_layers) for t in cache.layer(layer)], len(taken)
+
+    fast, taken = run(True)
+    slow, none = run(False)
+    assert taken > 0 and none == 0
+    assert all(torch.equal(a, b) for a, b in zip(fast, slow))
+
+
 def test_the_native_block_only_where_every_product_is_on_the_tiled_loop(monkeypatch):
     """A plan that sends products to MKL or oneDNN keeps the module path (which picks those kernels per product)."""
     _, _, taken = decode(monkeypatch, MKL_ONEDNN, True)
@@ -77,7 +108,7 @@ def test_not_usable_with_gradients_other_dtypes_or_q_k_norms(monkeypatch):
         assert native_block.usable(blk, x, plan, None)
         assert not native_block.usable(blk, x.bfloat16(), plan, None)
         assert not native_block.usable(blk, x, None, None)  # no plan: SDPA's path (e.g. a prompt prefill)
-        assert not native_block.usable(blk, x, plan, ["cross kv"])
+        assert not native_block.usable(blk, x, plan, ["cross kv"])  # a condition for a block without cross-attention
         blk.feed_forward.w2 = torch.nn.Linear(model.cfg.ffn_dim, model.cfg.dim, bias=False)  # e.g. a LoRA wrapper
         assert not native_block.usable(blk, x, plan, None)
     qk = decode_layout(tiny_model(2, qk_norm=True), "packed")
