@@ -15,7 +15,7 @@ torch.set_num_threads(1)  # tiny models: threads only add spin-waiting (and the 
 # call it cannot run, and `test_builds_without_onednn_fall_back_to_column_major` checks what specgen does there.
 needs_onednn = pytest.mark.skipif(not packed_linear.available(), reason="this torch build has no oneDNN")
 # specgen/native's C kernels are compiled at first use; without a C compiler the tests that call them cannot run
-needs_native = pytest.mark.skipif(native.glue() is None or native.tiled() is None,
+needs_native = pytest.mark.skipif(any(lib() is None for lib in (native.attention, native.glue, native.tiled)),
                                   reason="no C compiler: the native kernels are not built here")
 
 

@@ -72,9 +72,8 @@ def build(name: str) -> Path | None:
     """Compile `<name>.c` into the cache (once per source and shared headers, flags, compiler and CPU); None without
     a compiler or when the compile fails. A THREADED library is built with OpenMP where `openmp_flags` allows, and
     without it when that build fails."""
-    if name in THREADED and openmp_flags():
-        return compile_library(name, FLAGS + openmp_flags()) or compile_library(name, FLAGS)
-    return compile_library(name, FLAGS)
+    extra = openmp_flags() if name in THREADED else ()
+    return (extra and compile_library(name, FLAGS + extra)) or compile_library(name, FLAGS)
 
 
 def compile_library(name: str, flags: tuple[str, ...]) -> Path | None:

@@ -39,9 +39,17 @@ def tile(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor,
 def linear(x: torch.Tensor, tiles: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
     """x [..., K] @ W^T + b -> [..., N] over `tile(W, b)`'s outputs. Each output row is a fixed function of its input
     row (tiled.c: the same sums at every row count)."""
-    k = x.shape[-1]
-    rows = x.reshape(-1, k).contiguous()  # [M, K]
-    out = torch.empty(rows.shape[0], out_features, dtype=x.dtype)
-    tiled().specgen_tiled_linear(rows.data_ptr(), tiles.data_ptr(), 0 if bias is None else bias.data_ptr(),
-                                 out.data_ptr(), rows.shape[0], k, out_features, torch.get_num_threads())
+    rows = x.reshape(-1, x.shape[-1]).contiguous()  # [M, K]
+    out = linear_rows(rows, tiles, bias, out_features, torch.get_num_threads())
     return out.reshape(*x.shape[:-1], out_features)
+
+
+def linear_rows(x: torch.Tensor, tiles: torch.Tensor, bias: torch.Tensor | None, out_features: int,
+                threads: int) -> torch.Tensor:
+    """`linear` of contiguous float32 x [..., K] as rows: [M, N] (M = x.numel() / K), on `threads` threads."""
+    k = tiles.shape[1]
+    m = x.numel() // k
+    out = torch.empty(m, out_features, dtype=x.dtype)
+    tiled().specgen_tiled_linear(x.data_ptr(), tiles.data_ptr(), 0 if bias is None else bias.data_ptr(),
+                                 out.data_ptr(), m, k, out_features, threads)
+    return out
