@@ -88,18 +88,27 @@ def module_device(module: torch.nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-@functools.lru_cache(maxsize=1)
+@functools.cache
+def onednn_packs(dtype: torch.dtype) -> bool:
+    """Whether oneDNN's packed linear layout (`models/packed_linear.py`) takes `dtype` weights on this CPU.
+
+    float32 packs on every x86 CPU; bfloat16 needs AVX512-BW/VL/DQ or AVX-NE-CONVERT (an AVX2-only EPYC refuses it,
+    and every bfloat16 or quantized model crashed there until the products asked first), float16 AVX512-FP16 or
+    AVX-NE-CONVERT. Asked of oneDNN itself, once per dtype, with an 8 x 8 weight."""
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(8, 8, dtype=dtype), 16)
+        return True
+    except (RuntimeError, AttributeError, NotImplementedError):
+        return False
+
+
 def native_float16_cpu() -> bool:
     """Whether this CPU has native float16 kernels (oneDNN's float16 path: AVX512-FP16 or AVX-NE-CONVERT).
 
     Without them torch still runs float16 on the CPU, by conversion, and slowly: a [4, 576] x [576, 2048] product
     took 387 us in float16 vs 200 float32 and 80 bfloat16 on this project's AMD EPYC (one thread), and oneDNN's
     packed layout refuses float16 there. A speed toolkit refuses that rather than run 5x slower than bfloat16."""
-    try:
-        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(8, 8, dtype=torch.float16), 16)
-        return True
-    except (RuntimeError, AttributeError, NotImplementedError):
-        return False
+    return onednn_packs(torch.float16)
 
 
 def resolve_dtype(name: str | None, device: str | torch.device | None = "cpu") -> torch.dtype:

@@ -27,12 +27,28 @@ def test_specgen_native_0_turns_it_off(fresh, monkeypatch):
 
 
 def test_a_build_is_cached_by_source_flags_compiler_and_cpu(fresh):
-    first = native.build("attention")
+    first = native.build("glue")
     if first is None:
         pytest.skip("no C compiler here")
-    assert first.parent == fresh and native.build("attention") == first  # the second call compiles nothing
-    assert native.attention() is not None and native.describe().startswith("native")
+    assert first.parent == fresh and native.build("glue") == first  # the second call compiles nothing
+    assert native.glue() is not None
     assert [p.name for p in fresh.iterdir()] == [first.name]  # no temporary file left behind
+    assert native.describe().startswith("native")
+
+
+def test_sixteen_lane_kernels_only_where_the_cpu_has_sixteen_lanes(fresh, monkeypatch):
+    """attention.c (vec16.h's 16-lane vectors) ran 2-10x slower than torch on an AVX2-only CPU: not loaded there,
+    while the row kernels and the tiled products (written for any vector width) still are."""
+    if native.build("glue") is None:
+        pytest.skip("no C compiler here")
+    flags = "flags\t\t: fpu sse2 avx avx2 fma"
+    monkeypatch.setattr(native, "cpu_signature", lambda: f"model name\t: an AVX2 CPU\n{flags}")
+    assert not native.sixteen_lanes()
+    assert native.attention() is None and native.glue() is not None and native.tiled() is not None
+    assert native.describe() == "native C (glue, tiled)"
+    native.library.cache_clear()
+    monkeypatch.setattr(native, "cpu_signature", lambda: f"model name\t: an AVX-512 CPU\n{flags} avx512f avx512bw")
+    assert native.sixteen_lanes() and native.attention() is not None and native.describe() == "native C"
 
 
 def test_a_failed_compile_leaves_nothing_and_falls_back(fresh, monkeypatch, tmp_path_factory):

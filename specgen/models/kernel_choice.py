@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from specgen.devices import onednn_packs
 from specgen.native import tiled_linear
 
 ENV = "SPECGEN_PACKED_MIN_ROWS"
@@ -121,8 +122,9 @@ def distinct(linears: list) -> list:
 
 
 def cpu_packable(w: torch.Tensor) -> bool:
-    """The measurement times CPU kernels (MKL vs oneDNN): only CPU weights of a packable dtype are ever measured."""
-    return w.device.type == "cpu" and w.dtype in (torch.float32, torch.bfloat16)
+    """A CPU weight in float32 or bfloat16 that this CPU's oneDNN packs (`devices.onednn_packs`: an AVX2-only CPU
+    refuses bfloat16). The measurement times CPU kernels (MKL vs oneDNN): only such weights are ever measured."""
+    return w.device.type == "cpu" and w.dtype in (torch.float32, torch.bfloat16) and onednn_packs(w.dtype)
 
 
 def pinned_min_rows() -> int | None:

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specgen.models.kernel_choice import FALLBACK_MIN_ROWS, KernelChoice, Plan, pinned_min_rows
+from specgen.models.kernel_choice import FALLBACK_MIN_ROWS, KernelChoice, Plan, cpu_packable, pinned_min_rows
 from specgen.native import tiled_linear
 
 #: A model whose linear weights exceed this share of the machine's RAM is not packed: the weights and their two
@@ -41,7 +41,6 @@ from specgen.native import tiled_linear
 MAX_MEMORY_SHARE = 1 / 6
 #: The row count oneDNN tunes the packed layout for (2 .. 64 measured alike for 2 .. 16 rows; 1 is slower).
 PACK_HINT = 16
-PACKABLE = (torch.float32, torch.bfloat16)
 
 
 def available() -> bool:
@@ -50,9 +49,10 @@ def available() -> bool:
 
 
 def packable(w: torch.Tensor) -> bool:
-    """Whether oneDNN's packed CPU kernel may take this weight: on the CPU and float32/bfloat16. The packed layout is
-    a CPU layout: a weight on cuda (or any other device) is never packed or measured (`specgen/devices.py`)."""
-    return w.device.type == "cpu" and w.dtype in PACKABLE
+    """Whether oneDNN's packed CPU kernel may take this weight: on the CPU, float32 or bfloat16, in a dtype this CPU's
+    oneDNN packs (`kernel_choice.cpu_packable`). The packed layout is a CPU layout: a weight on cuda (or any other
+    device) is never packed or measured (`specgen/devices.py`)."""
+    return cpu_packable(w)
 
 
 class PackedLinear(nn.Linear):
@@ -72,7 +72,7 @@ class PackedLinear(nn.Linear):
         w = self.weight
         # CPU only: the device and dtype are checked before the plan, whose first read measures the kernels on
         # this CPU (a model moved to a GPU after packing must never run, or measure, oneDNN's CPU kernels)
-        if (x.device.type != "cpu" or w.device.type != "cpu" or x.dtype != w.dtype or w.dtype not in PACKABLE
+        if (x.device.type != "cpu" or x.dtype != w.dtype or not packable(w)
                 or (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))):
             return F.linear(x, w, self.bias)
         plan = self._choice.plan() if self._choice is not None else Plan(FALLBACK_MIN_ROWS)
@@ -136,7 +136,7 @@ def pack_linears(module: nn.Module, min_rows: int | None = None) -> nn.Module:
     size, ram = linear_bytes(module), ram_bytes()
     if ram and size > MAX_MEMORY_SHARE * ram:
         return module
-    linears = [lin for lin in module.modules()  # CPU weights of a packable dtype only (float16 needs AVX512-FP16)
+    linears = [lin for lin in module.modules()  # CPU weights oneDNN packs here only
                if type(lin) in (nn.Linear, PackedLinear) and packable(lin.weight)]
     if not linears:
         return module

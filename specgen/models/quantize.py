@@ -301,10 +301,12 @@ def blocked_head(x: torch.Tensor, packed: torch.Tensor, rows: int) -> torch.Tens
 
 
 def head_rows() -> int:
-    """`HEAD_ROWS` where torch has oneDNN's packed linear (x86 CPU builds), else 0 (the int8 kernel)."""
+    """`HEAD_ROWS` where torch has oneDNN's packed linear (x86 CPU builds) and it packs bfloat16 on this CPU (not on
+    an AVX2-only one), else 0 (the int8 kernel)."""
+    from specgen.devices import onednn_packs
     from specgen.models.packed_linear import available
 
-    return HEAD_ROWS if available() else 0
+    return HEAD_ROWS if available() and onednn_packs(ACT_DTYPE) else 0
 
 
 _WORKSPACE: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}

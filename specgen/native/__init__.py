@@ -9,7 +9,8 @@ machine whether they run).
 How: the first use compiles each source with the system C compiler (`$CC`, else `cc`) into a shared library under
 `$SPECGEN_CACHE` (default `~/.cache/specgen/native`), named by a hash of the source, the flags, the compiler's
 version and this CPU's model and flags (`-march=native` code must not run on another CPU kind sharing a home
-directory). Without a compiler, or with `SPECGEN_NATIVE=0`, nothing is built and callers use their torch path.
+directory). Without a compiler, or with `SPECGEN_NATIVE=0`, nothing is built and callers use their torch path;
+`attention.c`, written in 16-lane vectors, is loaded only where the CPU has them (AVX-512: `SIXTEEN_LANE`).
 
 Which path runs is decided once per process (`library()` is cached), so every forward of a model computes the same
 way: a speculative method is lossless against AR of the model that runs, whichever path that is. The two paths round
@@ -32,6 +33,10 @@ SOURCE_DIR = Path(__file__).parent
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-shared", "-fPIC")
 #: Libraries that split their work over threads where the process's OpenMP runtime is libgomp (`openmp_flags`).
 THREADED = ("tiled",)
+#: Libraries written in vec16.h's 16-lane vectors, loaded only where the CPU has them (`sixteen_lanes`): on an
+#: AVX2-only EPYC, GCC split every 16-lane operation into xmm pieces and scalars through the stack, and attention.c
+#: ran 2-10x slower than the torch paths it replaces (docs/results/text.md, "An AVX2-only CPU").
+SIXTEEN_LANE = ("attention",)
 COMPILE_TIMEOUT_S = 120
 
 
@@ -47,6 +52,12 @@ def cpu_signature() -> str:
         return platform.processor() or platform.machine()
     keep = [ln for ln in lines if ln.split(":")[0].strip() in ("model name", "flags", "Features", "CPU part")]
     return "\n".join(sorted(set(keep)))
+
+
+def sixteen_lanes() -> bool:
+    """Whether this CPU has 16-lane float32 vectors (AVX-512F), which SIXTEEN_LANE libraries are written in."""
+    flags = [ln.split(":", 1)[1].split() for ln in cpu_signature().splitlines() if ln.startswith("flags")]
+    return any("avx512f" in f for f in flags)
 
 
 def openmp_flags() -> tuple[str, ...]:
@@ -120,9 +131,9 @@ SIGNATURES = {  # library -> function -> (argument types, return type); `es`: el
 
 @functools.cache
 def library(name: str) -> ctypes.CDLL | None:
-    """The compiled library `name` (a key of SIGNATURES), or None (no compiler, a failed build, or
-    `SPECGEN_NATIVE=0`). Cached: a process decides once."""
-    if os.environ.get("SPECGEN_NATIVE", "1") == "0":
+    """The compiled library `name` (a key of SIGNATURES), or None (no compiler, a failed build, `SPECGEN_NATIVE=0`,
+    or a SIXTEEN_LANE library on a CPU without 16-lane vectors). Cached: a process decides once."""
+    if os.environ.get("SPECGEN_NATIVE", "1") == "0" or (name in SIXTEEN_LANE and not sixteen_lanes()):
         return None
     path = build(name)
     if path is None:
@@ -153,5 +164,9 @@ def tiled() -> ctypes.CDLL | None:
 
 
 def describe() -> str:
-    """Which path CPU decode steps (float32, bfloat16, quantized) run, for machine labels: "native C" or "torch"."""
-    return "native C" if attention() is not None else "torch"
+    """Which path CPU decode steps (float32, bfloat16, quantized) run, for machine labels: "native C", "torch", or
+    the libraries built where only some are ("native C (glue, tiled)": no attention.c on an AVX2-only CPU)."""
+    built = [name for name in SIGNATURES if library(name) is not None]
+    if len(built) == len(SIGNATURES):
+        return "native C"
+    return f"native C ({', '.join(built)})" if built else "torch"

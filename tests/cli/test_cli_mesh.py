@@ -173,7 +173,7 @@ def test_benchmark_meshes_json(tiny):
     assert rows[0]["speedup_vs_ar"] == 1.0 and rows[0]["rule"] == "lossless" and "lossy" in rows[1]["rule"]
     # the decode weight layout a table was measured with, and (packed) the measured kernel crossover
     layout = r" ((col|row) layout|packed layout(, (native|oneDNN) [-\w /,]+ rows)?)"
-    assert re.search(layout + r", step kernels (native C|torch)$", rows[0]["machine"])
+    assert re.search(layout + r", step kernels (native C( \([a-z, ]+\))?|torch)$", rows[0]["machine"])
     for key in ("cd", "hd", "valid_rate", "scr", "step_latency_ms", "speedup_scr_lat"):
         assert key in rows[1]
     phases = rows[1]["phase_ms_per_step"]  # where a step's time goes; the loop's own overhead is the rest

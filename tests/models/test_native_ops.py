@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 
 from specgen.native import ops
-from tests.conftest import needs_native
+from tests.conftest import needs_tiled
 
-pytestmark = needs_native
+pytestmark = needs_tiled
 
 
 def bf16(*shape, seed=0, scale=1.0):

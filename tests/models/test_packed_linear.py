@@ -97,6 +97,27 @@ def test_deepcopy_and_dtype_change():
 
 
 @needs_onednn
+def test_a_cpu_whose_onednn_refuses_bfloat16_runs_it_unpacked(monkeypatch):
+    """An AVX2-only CPU: oneDNN packs float32 but raises on bfloat16 weights. Nothing bfloat16 may be packed or sent
+    to oneDNN there (every bfloat16 and quantized model crashed on such a CPU), and float32 still packs."""
+    from specgen.models import kernel_choice, quantize
+
+    monkeypatch.setattr(kernel_choice, "onednn_packs", lambda dtype: dtype == torch.float32)
+    ref, lin = packed()
+    bf = copy.deepcopy(lin).to(torch.bfloat16)  # packed as float32, then turned bfloat16
+    x = torch.randn(5, 24)
+    with torch.inference_mode():
+        torch.testing.assert_close(bf(x.bfloat16()), F.linear(x.bfloat16(), bf.weight, bf.bias))
+        assert bf._packed is None
+        lin(x)
+        assert lin._packed is not None  # float32 still on oneDNN from min_rows
+    model = pack_linears(tiny_model(1).to(torch.bfloat16))
+    assert not any(type(m) is PackedLinear for m in model.modules())
+    monkeypatch.setattr("specgen.devices.onednn_packs", lambda dtype: dtype == torch.float32)
+    assert quantize.head_rows() == 0  # the int8 head on the int8 kernel, not on a bfloat16 oneDNN copy
+
+
+@needs_onednn
 def test_decode_layout_packs_by_default_and_keeps_the_model(monkeypatch):
     monkeypatch.delenv(ENV, raising=False)
     assert layout_name() == "packed"

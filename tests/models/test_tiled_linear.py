@@ -12,9 +12,9 @@ from specgen.models import kernel_choice
 from specgen.models.kernel_choice import Timing
 from specgen.models.layout import decode_layout
 from specgen.native import tiled_linear
-from tests.conftest import needs_native, tiny_model
+from tests.conftest import needs_native, needs_tiled, tiny_model
 
-pytestmark = needs_native
+pytestmark = needs_tiled
 
 
 @pytest.mark.parametrize("rows, k, n, bias", [
@@ -45,6 +45,31 @@ def test_a_row_gets_the_same_bits_alone_in_any_batch_and_any_place():
         order = torch.randperm(13)
         shuffled = tiled_linear.linear(x[order], *tiles, n)
     assert torch.equal(together, alone) and torch.equal(shuffled, alone[order])
+
+
+def test_the_vector_width_changes_no_sum():
+    """tiled.c picks its register block by the instruction set it is built for (AVX-512: 48-column tiles, AVX2:
+    16). A build without AVX-512 (the only build on an AVX2-only CPU) computes the same bits as this CPU's own build:
+    every output is the same fused multiply-add chain over k, whatever the tile it sits in."""
+    import ctypes
+
+    path = native.compile_library("tiled", native.FLAGS + ("-mno-avx512f",))
+    if path is None:
+        pytest.skip("this compiler cannot build tiled.c without AVX-512")
+    lib = ctypes.CDLL(str(path))
+    lib.specgen_tiled_linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
+    torch.manual_seed(3)
+    n, k = 100, 70
+    w, b, x = torch.randn(n, k), torch.randn(n), torch.randn(13, k)
+    with torch.inference_mode():
+        own = tiled_linear.linear(x, *tiled_linear.tile(w, b), n)
+        width = lib.specgen_tiled_width()
+        pad = -n % width
+        tiles = torch.cat([w, w.new_zeros(pad, k)]).reshape(-1, width, k).transpose(1, 2).contiguous()
+        bias = torch.cat([b, b.new_zeros(pad)])
+        other = torch.empty(13, n)
+        lib.specgen_tiled_linear(x.data_ptr(), tiles.data_ptr(), bias.data_ptr(), other.data_ptr(), 13, k, n, 1)
+    assert torch.equal(own, other)
 
 
 def test_the_same_bits_at_every_thread_count():
@@ -124,6 +149,7 @@ def verify_vs_steps(monkeypatch, timing) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.stack(steps), verify
 
 
+@needs_native  # the attention's invariance too
 def test_a_verify_forward_scores_every_token_as_its_ar_step_did(monkeypatch):
     """With every product on the tiled loop (and attention and norms native), a float32 verify forward gives each
     token the logits of its own AR step, bit for bit; with MKL for one row and oneDNN for more, it need not."""
