@@ -26,6 +26,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from specgen.devices import onednn_packs
 from specgen.native import tiled_linear
 
 DIM, FFN, QKV, VOCAB, LAYERS = 576, 1536, 960, 49152, 30
@@ -56,11 +57,12 @@ def kernels(layers: int) -> dict[str, list]:
     ws = [torch.randn(o, i, generator=gen) / i**0.5 for o, i in shapes(layers)]
     names = ("f32 F.linear", "f32 oneDNN packed", "f32 native tiled", "bf16 F.linear", "bf16 oneDNN packed",
              "int8 x bf16", "int8 x f32", "int4 g32", "int4 g64")
-    out: dict[str, list] = {k: [] for k in names if k != "f32 native tiled" or tiled_linear.available()}
+    out: dict[str, list] = {k: [] for k in names if (k != "f32 native tiled" or tiled_linear.available())
+                            and (k != "bf16 oneDNN packed" or onednn_packs(torch.bfloat16))}  # not on AVX2 alone
     for w in ws:
         col = w.t().contiguous().t()
         b = col.bfloat16()
-        pf, pb = (torch.ops.mkldnn._reorder_linear_weight(t, 16) for t in (col, b))
+        pf = torch.ops.mkldnn._reorder_linear_weight(col, 16)
         s = w.abs().amax(1) / 127
         q = torch.round(w / s[:, None]).clamp(-127, 127).to(torch.int8)
         sb = s.bfloat16()
@@ -71,8 +73,9 @@ def kernels(layers: int) -> dict[str, list]:
             out["f32 native tiled"].append(lambda x, t=tiled_linear.tile(w, None)[0], o=w.shape[0], k=w.shape[1]:
                                            tiled_linear.linear(x["f32"][k], t, None, o))
         out["bf16 F.linear"].append(lambda x, w=b: F.linear(x["bf16"][w.shape[1]], w))
-        out["bf16 oneDNN packed"].append(
-            lambda x, p=pb, k=w.shape[1]: torch.ops.mkldnn._linear_pointwise(x["bf16"][k], p, None, "none", [], ""))
+        if "bf16 oneDNN packed" in out:
+            out["bf16 oneDNN packed"].append(lambda x, p=torch.ops.mkldnn._reorder_linear_weight(b, 16), k=w.shape[1]:
+                                             torch.ops.mkldnn._linear_pointwise(x["bf16"][k], p, None, "none", [], ""))
         out["int8 x bf16"].append(lambda x, q=q, s=sb: torch.ops.aten._weight_int8pack_mm(x["bf16"][q.shape[1]], q, s))
         out["int8 x f32"].append(lambda x, q=q, s=s: torch.ops.aten._weight_int8pack_mm(x["f32"][q.shape[1]], q, s))
         for g in (32, 64):  # 576 is not a multiple of 128

@@ -210,7 +210,7 @@ class QuantizedLinear(nn.Module):
         x2 = x.reshape(-1, self.in_features)  # [M, in]
         if x2.dtype != ACT_DTYPE:
             x2 = x2.to(ACT_DTYPE)
-        if x2.shape[0] >= PROMPT_MIN_ROWS[self.mode] and prompt.active():  # a prompt's prefill (models/prompt.py)
+        if x2.shape[0] >= PROMPT_MIN_ROWS[self.mode] and prompt.active() and bf16_gemm():  # a prompt (prompt.py)
             y = F.linear(x2, self.prompt_weight())  # [M, out]; the same weights, one bf16 GEMM
         else:
             y = op(x2.contiguous(), *operands)
@@ -298,6 +298,16 @@ def blocked_head(x: torch.Tensor, packed: torch.Tensor, rows: int) -> torch.Tens
     outs = [torch.ops.mkldnn._linear_pointwise(x[i : i + rows], packed, None, "none", [], "")
             for i in range(0, m + pad, rows)]  # each [rows, out]
     return (outs[0] if len(outs) == 1 else torch.cat(outs))[:m]
+
+
+def bf16_gemm() -> bool:
+    """Whether this CPU has a fast bfloat16 GEMM for prompt mode: where oneDNN packs bfloat16 (AVX512-BF16 class
+    CPUs). On an AVX2-only one torch's bfloat16 GEMM is a slow fallback (a pass over SmolLM2's weights took ~10x
+    float32's) and the prompt GEMM made a quantized prefill ~3x slower than the quantized kernels
+    (docs/results/text.md, "An AVX2-only CPU")."""
+    from specgen.devices import onednn_packs
+
+    return onednn_packs(ACT_DTYPE)
 
 
 def head_rows() -> int:

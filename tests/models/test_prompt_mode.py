@@ -31,6 +31,24 @@ def test_prompt_weight_is_the_dequantized_weight_bit_for_bit(mode, group):
     assert torch.equal(wb, b.dequantize().to(torch.bfloat16)) and not torch.equal(wa, wb)
 
 
+@pytest.fixture(autouse=True)
+def fast_bf16_gemm(monkeypatch):
+    """Every test here runs the prompt GEMM as on a CPU with a fast bfloat16 GEMM (on an AVX2-only CPU it is off:
+    test_no_prompt_gemm_without_a_fast_bfloat16_gemm)."""
+    monkeypatch.setattr(quantize, "bf16_gemm", lambda: True)
+
+
+@pytest.mark.parametrize("mode,group", MODES)
+def test_no_prompt_gemm_without_a_fast_bfloat16_gemm(mode, group, monkeypatch):
+    monkeypatch.setattr(quantize, "bf16_gemm", lambda: False)
+    q = layer(mode, group)
+    x = torch.randn(quantize.PROMPT_MIN_ROWS[mode] + 3, 64).bfloat16()
+    with torch.inference_mode():
+        kernel = q(x)
+        with prompt.prompt_mode():
+            assert torch.equal(q(x), kernel)
+
+
 @pytest.mark.parametrize("mode,group", MODES)
 def test_only_a_prompt_product_of_enough_rows_leaves_the_kernel(mode, group):
     q = layer(mode, group)
