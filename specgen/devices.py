@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import time
+import warnings
 
 import torch
 
@@ -119,6 +120,9 @@ def resolve_dtype(name: str | None, device: str | torch.device | None = "cpu") -
         raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}, got {name!r}")
     if name == "float16" and is_cpu(device) and not native_float16_cpu():
         raise UsageError("float16 needs a CUDA device (this CPU has no native float16 kernels); use bfloat16 on CPU")
+    if name == "bfloat16" and is_cpu(device) and not onednn_packs(torch.bfloat16):  # runs, but slowly: say so
+        warnings.warn("bfloat16 weights on this CPU (no AVX-512 bfloat16 support) run torch's slow fallback, ~10x "
+                      "float32's time: float32 or --quantize int8|int4 is faster here", stacklevel=2)
     return DTYPES[name]
 
 

@@ -236,3 +236,18 @@ def test_gpu_greedy_lossless_equals_ar_in_each_dtype(dtype):
     sampled = [run_batch(target, lambda i: METHODS["ar"].make_drafter({}), prompt, 8, SamplingParams(1.0),
                          generators=[torch.Generator().manual_seed(0)]).results[0].tokens for _ in range(2)]
     assert sampled[0] == sampled[1]  # CPU generators drive CUDA sampling (decoding/sampling.on_generator)
+
+
+def test_bfloat16_on_a_cpu_without_its_kernels_runs_with_a_warning(monkeypatch):
+    """An AVX2-only CPU: oneDNN refuses bfloat16 and torch's fallback GEMM took ~10x float32's time. Not refused (it
+    computes the same numbers), but said once, as the CLI prints Python warnings after a command succeeds."""
+    import warnings
+
+    monkeypatch.setattr(devices, "onednn_packs", lambda dtype: dtype == torch.float32)
+    with pytest.warns(UserWarning, match="bfloat16 weights on this CPU"):
+        assert devices.resolve_dtype("bfloat16", "cpu") is torch.bfloat16
+    monkeypatch.setattr(devices, "onednn_packs", lambda dtype: True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert devices.resolve_dtype("bfloat16", "cpu") is torch.bfloat16
+        assert devices.resolve_dtype("bfloat16", "meta") is torch.bfloat16
