@@ -55,9 +55,10 @@ def cpu_signature() -> str:
 
 
 def sixteen_lanes() -> bool:
-    """Whether this CPU has 16-lane float32 vectors (AVX-512F), which SIXTEEN_LANE libraries are written in."""
-    flags = [ln.split(":", 1)[1].split() for ln in cpu_signature().splitlines() if ln.startswith("flags")]
-    return any("avx512f" in f for f in flags)
+    """Whether vec16.h's 16-lane vectors live in registers on this CPU: AVX-512F (one zmm), or AVX2 + FMA (two ymm
+    halves). Elsewhere GCC's generic 64-byte vectors go through the stack, and SIXTEEN_LANE libraries are not loaded."""
+    flags = [set(ln.split(":", 1)[1].split()) for ln in cpu_signature().splitlines() if ln.startswith("flags")]
+    return any("avx512f" in f or {"avx2", "fma"} <= f for f in flags)
 
 
 def openmp_flags() -> tuple[str, ...]:

@@ -33,12 +33,7 @@ static inline void load_row(const void *src, int es, int d, v16f *dst) {
     if (es == 4) {
         for (; e + LANES <= d; e += LANES) memcpy(&dst[e / LANES], (const float *)src + e, sizeof(v16f));
     } else {
-        for (; e + LANES <= d; e += LANES) {
-            v16h h;
-            memcpy(&h, (const uint16_t *)src + e, sizeof h);
-            v16u u = __builtin_convertvector(h, v16u) << 16;
-            memcpy(&dst[e / LANES], &u, sizeof u);
-        }
+        for (; e + LANES <= d; e += LANES) dst[e / LANES] = ld_bf16((const uint16_t *)src + e);
     }
     if (e < d) {
         float tail[LANES] = {0};
@@ -72,6 +67,13 @@ static inline float exp_nonpositive(float x) {
 }
 
 /* Lane i of the result: the 16 lanes of a[i] summed by a fixed tree (l + 8, then + 4, then (0 + 2) + (1 + 3)). */
+#if VEC16_HALVES
+static inline v16f transpose_sum(const v16f *a) {  /* the same tree one vector at a time (vec16.h: tree_sum) */
+    float out[LANES];
+    for (int i = 0; i < LANES; i++) out[i] = tree_sum(a[i]);
+    return ld(out);
+}
+#else
 static inline v16f transpose_sum(const v16f *a) {
     v16f t[8], u[4], w[2];
     for (int p = 0; p < 8; p++)
@@ -89,10 +91,14 @@ static inline v16f transpose_sum(const v16f *a) {
     return __builtin_shufflevector(w[0], w[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30)
          + __builtin_shufflevector(w[0], w[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
 }
+#endif
 
 static inline float lane_sum(v16f a) {
     v16f one[LANES] = {a};
-    return transpose_sum(one)[0];
+    v16f sums = transpose_sum(one);
+    float first;
+    memcpy(&first, &sums, sizeof first);
+    return first;
 }
 
 /* Rows slots[0 .. m) of a cache layer (slot stride `slot`) as float32 row pointers: straight into the cache when it
@@ -117,10 +123,10 @@ static inline __attribute__((always_inline)) void score_row(const v16f *qr, cons
     v16f acc[LANES];
     for (int i = 0; i < LANES; i++) {
         if (i < m) {
-            acc[i] = qr[0] * ld(krows[i]);
+            acc[i] = vmul(qr[0], ld(krows[i]));
             for (int c = 1; c < blocks; c++) acc[i] = fma16(qr[c], ld(krows[i] + c * LANES), acc[i]);
         } else {
-            acc[i] = (v16f){0};
+            acc[i] = vzero();
         }
     }
     v16f sums = transpose_sum(acc);
@@ -151,8 +157,8 @@ static inline __attribute__((always_inline)) void value_block(v16f *o, int r0, i
         for (int i = 0; i < m; i++)
             for (int c = 0; c < blocks; c++) {
                 v16f x = ld(vrows[i] + c * LANES);
-                a[c] = fma16((v16f){0} + pa[i], x, a[c]);
-                b[c] = fma16((v16f){0} + pb[i], x, b[c]);
+                a[c] = fma16(vzplus(pa[i]), x, a[c]);
+                b[c] = fma16(vzplus(pb[i]), x, b[c]);
             }
         for (int c = 0; c < blocks; c++) o[r * blocks + c] = a[c], o[(r + 1) * blocks + c] = b[c];
     }
@@ -161,19 +167,17 @@ static inline __attribute__((always_inline)) void value_block(v16f *o, int r0, i
         for (int c = 0; c < blocks; c++) a[c] = o[r * blocks + c];
         const float *pr = sc + r * stride + at;
         for (int i = 0; i < m; i++)
-            for (int c = 0; c < blocks; c++) a[c] = fma16((v16f){0} + pr[i], ld(vrows[i] + c * LANES), a[c]);
+            for (int c = 0; c < blocks; c++) a[c] = fma16(vzplus(pr[i]), ld(vrows[i] + c * LANES), a[c]);
         for (int c = 0; c < blocks; c++) o[r * blocks + c] = a[c];
     }
 }
 
 /* The row max of s[0 .. n), n >= 1 (exact in any order: a max rounds nothing) */
 static inline float row_max(const float *s, int n) {
-    v16f top = (v16f){0} + s[0];
+    v16f top = vzplus(s[0]);
     int i = 0;
     for (; i + LANES <= n; i += LANES) {
-        v16f x = ld(s + i);
-        v16u gt = (v16u)(x > top);
-        top = (v16f)(((v16u)x & gt) | ((v16u)top & ~gt));
+        top = vmaxkeep(top, ld(s + i));
     }
     float lanes[LANES], best;
     memcpy(lanes, &top, sizeof lanes);
@@ -218,7 +222,7 @@ static inline __attribute__((always_inline)) void attend_group(
         for (int j = 0; j < g; j++) {
             v16f *qr = qf + (si * g + j) * blocks;
             load_row(AT(q, si * q_step + j * q_head), es, d, qr);
-            for (int c = 0; c < blocks; c++) qr[c] *= scale;
+            for (int c = 0; c < blocks; c++) qr[c] = vscale(qr[c], scale);
         }
     /* 1. scores: the shared slots for every row, 16 keys at a time; then each query's own rest */
     each_block(0, k, k_slot, idx, count, s, t, shared, g, es, d, blocks, kbuf, qf, o, sc, stride);
@@ -231,12 +235,12 @@ static inline __attribute__((always_inline)) void attend_group(
         for (int i = 0; i < n; i++) sr[i] = exp_nonpositive(sr[i] - top);
         int end = (n + LANES - 1) / LANES * LANES;
         for (int i = n; i < end; i++) sr[i] = 0.0f;
-        v16f acc = {0};
-        for (int i = 0; i < end; i += LANES) acc = acc + ld(sr + i);
+        v16f acc = vzero();
+        for (int i = 0; i < end; i += LANES) acc = vadd(acc, ld(sr + i));
         sums[r] = lane_sum(acc);
     }
     /* 3. values, accumulated in list order: the shared rows once for every row, then each query's own */
-    for (int c = 0; c < rows * blocks; c++) o[c] = (v16f){0};
+    for (int c = 0; c < rows * blocks; c++) o[c] = vzero();
     each_block(1, v, v_slot, idx, count, s, t, shared, g, es, d, blocks, kbuf, qf, o, sc, stride);
     /* 4. divide (rounded once to bfloat16 when es = 2); a query that sees nothing gets zeros */
     for (int r = 0; r < rows; r++) {
@@ -247,7 +251,7 @@ static inline __attribute__((always_inline)) void attend_group(
         }
         float row[LANES];
         for (int c = 0; c < blocks; c++) {
-            v16f x = o[r * blocks + c] / sums[r];
+            v16f x = vdiv1(o[r * blocks + c], sums[r]);
             memcpy(row, &x, sizeof row);
             for (int l = 0; l < LANES && c * LANES + l < d; l++) store(dst, c * LANES + l, row[l], es);
         }
