@@ -195,6 +195,8 @@ def save(
         (tmp / CONFIG).write_text(json.dumps(doc, indent=2, sort_keys=True, default=str))
         follow_umask(tmp)
 
+    written: list[Entry] = []
+
     @contextmanager
     def locked() -> Iterator[None]:  # the swap (old entry renamed onto an empty folder, then removed) under the lock
         with name_lock(final):
@@ -202,12 +204,15 @@ def save(
                 raise UsageError(f"{kind}/{name} already exists (another process wrote it meanwhile); "
                                  "choose another name or pass --force to replace it")
             yield
+            # read back under the lock too: outside it a concurrent writer's swap may have the folder renamed away
+            # (a reader then found no config.json, ~1 in 10 runs of the two-writer test on a busy machine)
+            written.append(entry_at(final))
 
     try:  # temporaries .<name>.tmp-<host>-<pid>-<random> and .<name>.old-...: see remove_stale_temporaries
         atomic_dir(final, fill, tag=f"-{socket.gethostname()}-{os.getpid()}-", guard=locked)
     except OSError as e:
         raise RuntimeFailure(f"cannot write {kind}/{name} in {final.parent}: {e.strerror or e}") from None
-    return entry_at(final)
+    return written[0]
 
 
 def check_new(kind: str, name: str, overwrite: bool = True) -> Path:

@@ -10,7 +10,8 @@ How: the first use compiles each source with the system C compiler (`$CC`, else 
 `$SPECGEN_CACHE` (default `~/.cache/specgen/native`), named by a hash of the source, the flags, the compiler's
 version and this CPU's model and flags (`-march=native` code must not run on another CPU kind sharing a home
 directory). Without a compiler, or with `SPECGEN_NATIVE=0`, nothing is built and callers use their torch path;
-`attention.c`, written in 16-lane vectors, is loaded only where the CPU has them (AVX-512: `SIXTEEN_LANE`).
+`attention.c`, written in vec16.h's 16-lane vectors, is loaded only where those live in registers (AVX-512, or AVX2 +
+FMA as two halves: `SIXTEEN_LANE`).
 
 Which path runs is decided once per process (`library()` is cached), so every forward of a model computes the same
 way: a speculative method is lossless against AR of the model that runs, whichever path that is. The two paths round
@@ -33,9 +34,9 @@ SOURCE_DIR = Path(__file__).parent
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-shared", "-fPIC")
 #: Libraries that split their work over threads where the process's OpenMP runtime is libgomp (`openmp_flags`).
 THREADED = ("tiled",)
-#: Libraries written in vec16.h's 16-lane vectors, loaded only where the CPU has them (`sixteen_lanes`): on an
-#: AVX2-only EPYC, GCC split every 16-lane operation into xmm pieces and scalars through the stack, and attention.c
-#: ran 2-10x slower than the torch paths it replaces (docs/results/text.md, "An AVX2-only CPU").
+#: Libraries written in vec16.h's 16-lane vectors, loaded only where those live in registers (`sixteen_lanes`): as
+#: GCC's generic vectors on an AVX2-only EPYC every operation went through the stack, and attention.c ran 2-10x slower
+#: than the torch paths it replaces, until vec16.h got its two-halves form (docs/results/text.md, "An AVX2-only CPU").
 SIXTEEN_LANE = ("attention",)
 COMPILE_TIMEOUT_S = 120
 
