@@ -48,11 +48,9 @@ def available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
-def packable(w: torch.Tensor) -> bool:
-    """Whether oneDNN's packed CPU kernel may take this weight: on the CPU, float32 or bfloat16, in a dtype this CPU's
-    oneDNN packs (`kernel_choice.cpu_packable`). The packed layout is a CPU layout: a weight on cuda (or any other
-    device) is never packed or measured (`specgen/devices.py`)."""
-    return cpu_packable(w)
+#: Whether oneDNN's packed CPU kernel may take a weight: a CPU weight in a dtype this CPU's oneDNN packs. One test with
+#: the kernel measurement's (a weight on cuda, or any other device, is never packed or measured: `specgen/devices.py`).
+packable = cpu_packable
 
 
 class PackedLinear(nn.Linear):

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specgen import devices
 from specgen.models import prompt
 
 MODES = ("int8", "int4")
@@ -305,18 +306,15 @@ def bf16_gemm() -> bool:
     CPUs). On an AVX2-only one torch's bfloat16 GEMM is a slow fallback (a pass over SmolLM2's weights took ~10x
     float32's) and the prompt GEMM made a quantized prefill ~3x slower than the quantized kernels
     (docs/results/text.md, "An AVX2-only CPU")."""
-    from specgen.devices import onednn_packs
-
-    return onednn_packs(ACT_DTYPE)
+    return devices.onednn_packs(ACT_DTYPE)
 
 
 def head_rows() -> int:
     """`HEAD_ROWS` where torch has oneDNN's packed linear (x86 CPU builds) and it packs bfloat16 on this CPU (not on
     an AVX2-only one), else 0 (the int8 kernel)."""
-    from specgen.devices import onednn_packs
     from specgen.models.packed_linear import available
 
-    return HEAD_ROWS if available() and onednn_packs(ACT_DTYPE) else 0
+    return HEAD_ROWS if available() and devices.onednn_packs(ACT_DTYPE) else 0
 
 
 _WORKSPACE: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
