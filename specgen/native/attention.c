@@ -42,33 +42,12 @@ static inline void load_row(const void *src, int es, int d, v16f *dst) {
     }
 }
 
-/* e^x for x <= 0 (a score minus its row max): Cody-Waite reduction to r in [-ln2/2, ln2/2], degree-6 Taylor,
- * scaled by 2^k through the exponent bits. Only basic float operations: libm's exp may differ between its vector
- * and scalar forms, and this must give one value per input wherever the compiler vectorizes. Below -87 it returns
- * e^-87 (~1.6e-38): negligible beside the max's 1. */
-static inline float exp_nonpositive(float x) {
-    x = x < -87.0f ? -87.0f : x;
-    float kf = x * 1.44269504f + 12582912.0f;  /* round to nearest by the 1.5 * 2^23 trick */
-    kf = kf - 12582912.0f;
-    float r = x - kf * 0.693145751953125f;
-    r = r - kf * 1.428606765330187e-06f;
-    float p = 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    int32_t k = (int32_t)kf;
-    uint32_t bits = (uint32_t)(k + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
-}
-
-/* exp_nonpositive on EXP_LANES lanes: the same operations in the same order, lane by lane (GCC vectors the width
- * of the machine's registers: zmm with AVX-512, else ymm). GCC left the scalar loop unvectorized on AVX2, where it was
- * ~45% of a 17-query tree's attention (perf); with AVX-512 it vectorized it 16 wide, as this does. */
+/* e^x for x <= 0 (a score minus its row max), EXP_LANES at a time: Cody-Waite reduction to r in [-ln2/2, ln2/2],
+ * degree-6 Taylor, scaled by 2^k through the exponent bits. Only basic float operations, lane by lane (libm's exp may
+ * differ between its vector and scalar forms; this gives one value per input in any lane and any build). Below -87
+ * it returns e^-87 (~1.6e-38): negligible beside the max's 1. GCC vectors of the register width (zmm with AVX-512,
+ * else ymm): GCC left a scalar loop of this unvectorized on AVX2, where it was ~45% of a 17-query tree's attention
+ * (perf). */
 #if defined(__AVX512F__)
 #define EXP_LANES 16
 #else
@@ -76,11 +55,11 @@ static inline float exp_nonpositive(float x) {
 #endif
 typedef float vexpf __attribute__((vector_size(4 * EXP_LANES)));
 typedef int32_t vexpi __attribute__((vector_size(4 * EXP_LANES)));
-static inline vexpf expv_nonpositive(vexpf x) {
+static inline vexpf exp_nonpositive(vexpf x) {
     const vexpf floor87 = (vexpf){0} - 87.0f;
     vexpi below = x < floor87;  /* all ones where x < -87 */
     x = (vexpf)(((vexpi)x & ~below) | ((vexpi)floor87 & below));
-    vexpf kf = x * 1.44269504f + 12582912.0f;
+    vexpf kf = x * 1.44269504f + 12582912.0f;  /* round to nearest by the 1.5 * 2^23 trick */
     kf = kf - 12582912.0f;
     vexpf r = x - kf * 0.693145751953125f;
     r = r - kf * 1.428606765330187e-06f;
@@ -95,16 +74,22 @@ static inline vexpf expv_nonpositive(vexpf x) {
     return p * (vexpf)bits;
 }
 
-/* s[i] = exp_nonpositive(s[i] - top) for i < n, EXP_LANES at a time */
+/* s[i] = e^(s[i] - top) for i < n (s[i] <= top); a last partial vector through a zero-padded copy */
 static inline void exp_shifted(float *s, int n, float top) {
+    vexpf x;
     int i = 0;
     for (; i + EXP_LANES <= n; i += EXP_LANES) {
-        vexpf x;
         memcpy(&x, s + i, sizeof x);
-        x = expv_nonpositive(x - top);
+        x = exp_nonpositive(x - top);
         memcpy(s + i, &x, sizeof x);
     }
-    for (; i < n; i++) s[i] = exp_nonpositive(s[i] - top);
+    if (i < n) {
+        float lanes[EXP_LANES] = {0};
+        memcpy(lanes, s + i, sizeof(float) * (n - i));
+        memcpy(&x, lanes, sizeof x);
+        x = exp_nonpositive(x - top);
+        memcpy(s + i, &x, sizeof(float) * (n - i));
+    }
 }
 
 /* Lane i of the result: the 16 lanes of a[i] summed by a fixed tree (l + 8, then + 4, then (0 + 2) + (1 + 3)). */
