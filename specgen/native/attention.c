@@ -92,14 +92,11 @@ static inline void exp_shifted(float *s, int n, float top) {
     }
 }
 
-/* Lane i of the result: the 16 lanes of a[i] summed by a fixed tree (l + 8, then + 4, then (0 + 2) + (1 + 3)). */
 #if VEC16_HALVES
-static inline v16f transpose_sum(const v16f *a) {  /* the same tree one vector at a time (vec16.h: tree_sum) */
-    float out[LANES];
-    for (int i = 0; i < LANES; i++) out[i] = tree_sum(a[i]);
-    return ld(out);
-}
+static inline float lane_sum(v16f a) { return tree_sum(a); }  /* transpose_sum's tree (vec16.h) */
 #else
+/* Lane i of the result: the 16 lanes of a[i] summed by a fixed tree (l + 8, then + 4, then (0 + 2) + (1 + 3)). In
+ * ymm halves the same tree is vec16.h's tree_sum (one vector) and tree_sum8 below (eight keys' scores). */
 static inline v16f transpose_sum(const v16f *a) {
     v16f t[8], u[4], w[2];
     for (int p = 0; p < 8; p++)
@@ -117,17 +114,10 @@ static inline v16f transpose_sum(const v16f *a) {
     return __builtin_shufflevector(w[0], w[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30)
          + __builtin_shufflevector(w[0], w[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
 }
-#endif
 
-#if VEC16_HALVES
-static inline float lane_sum(v16f a) { return tree_sum(a); }
-#else
 static inline float lane_sum(v16f a) {
     v16f one[LANES] = {a};
-    v16f sums = transpose_sum(one);
-    float first;
-    memcpy(&first, &sums, sizeof first);
-    return first;
+    return transpose_sum(one)[0];
 }
 #endif
 
@@ -168,7 +158,7 @@ static inline __m256 tree_sum8(const __m256 *s8) {
  * stack). Each score is tree_sum of the same accumulator, so the bits equal the 16-lane form's. */
 static inline __attribute__((always_inline)) void score_row(const v16f *qr, const float **krows, const int m,
                                                             const int blocks, float *dst) {
-    for (int k0 = 0; k0 < LANES; k0 += 8) {
+    for (int k0 = 0; k0 < m; k0 += 8) {  /* lanes past m are scratch: a group with no key is skipped */
         __m256 s8[8];
         for (int i = 0; i < 8; i++) {
             if (k0 + i < m) {
