@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# The checks a CUDA machine runs (the project's CI has none): the gpu-marked tests, host syncs per decode step,
-# the image and mesh batch benchmarks with --device cuda, and batched AR throughput against transformers. Each
-# step has its own time limit and log under $OUT (default runs/gpu-check), and a failing step does not stop the next.
+# The checks a CUDA machine runs (the project's CI has none), in one call of under 10 minutes: the gpu-marked tests,
+# captured steps against eager ones and the peers (`gpu_graphs.py`: text, image, mesh, paper shapes; its table is the
+# summary printed last) and host syncs per decode step. More steps by name: images, meshes, batch-throughput,
+# auto-trace. Each step has its own time limit and log under $OUT (default runs/gpu-check); a failing step does not
+# stop the next.
 #
 # On a bare GPU machine with PyTorch but without this project's lighter dependencies, put their wheels in .whl/
 # (omegaconf, antlr4-python3-runtime, trimesh, gguf) and they are installed to /tmp/site first.
-# Run from the repository root: `bash scripts/gpu_check.sh`; `ONLY="sync-count images"` runs the named steps alone
-# (a 15-minute GPU lease fits about four).
+# Run from the repository root: `bash scripts/gpu_check.sh`; `ONLY="sync-count images"` runs the named steps alone.
 OUT=${OUT:-runs/gpu-check}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 COLUMNS=250
@@ -19,7 +20,7 @@ printf '#!/bin/sh\nexec python3 -m cli.main "$@"\n' >/tmp/specgen-bin/specgen &&
 export PATH=/tmp/specgen-bin:$PATH PYTHONPATH=${PYTHONPATH:-$PWD}
 step() {  # step NAME SECONDS COMMAND...: run with a limit, log to $OUT/NAME.log, print the tail
     local name=$1 limit=$2; shift 2
-    case " ${ONLY:-$name} " in *" $name "*) ;; *) return ;; esac
+    case " ${ONLY:-gpu-tests graphs sync-count} " in *" $name "*) ;; *) return ;; esac
     echo "== $name"
     local t0=$SECONDS
     timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
@@ -29,6 +30,7 @@ step() {  # step NAME SECONDS COMMAND...: run with a limit, log to $OUT/NAME.log
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name())'
 [ -n "$SKIP_TESTS" ] || step gpu-tests 150 python3 -m pytest -m gpu tests -q -p no:cacheprovider
+step graphs 330 python3 scripts/gpu_graphs.py --json "$OUT/graphs.json"
 step sync-count 120 python3 scripts/gpu_sync_count.py --device cuda
 step images 150 specgen benchmark --config recipes/tiny/bench-images-batch.yaml --device cuda --threads 0 \
     --batch-size 1,8 num=8 out_dir=/tmp/gpu-check-images --out "$OUT/images.jsonl"
@@ -37,3 +39,6 @@ step meshes 100 specgen benchmark --config recipes/tiny/bench-meshes-batch.yaml 
 step batch-throughput 150 python3 scripts/gpu_batch_throughput.py --device cuda --dtype bfloat16 --batches 1,4,16 \
     --profile --json "$OUT/batch-throughput.json"
 step auto-trace 100 python3 scripts/auto_budget_trace.py --device cuda --method eagle2 --threads 0
+echo "== summary"
+grep -E "passed|failed" "$OUT/gpu-tests.log" 2>/dev/null | tail -n 1
+sed -n '/^| suite /,$p' "$OUT/graphs.log" 2>/dev/null

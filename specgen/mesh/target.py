@@ -41,6 +41,5 @@ class MeshTarget:
     @torch.inference_mode()
     def forward(self, tokens, positions, cache, tree_mask) -> TargetOut:
         """Score chains tokens [n, S] at positions [n, S] over each row's cache and condition."""
-        dec = self.model.decoder
-        hidden = dec.hidden_states(dec.tok_embeddings(tokens), positions, cache, tree_mask)  # [n, S, dim]
-        return TargetOut(dec.output(hidden), hidden)
+        logits, hidden = self.model.decoder(tokens, positions, cache, tree_mask)  # [n, S, V], [n, S, dim]
+        return TargetOut(logits, hidden)

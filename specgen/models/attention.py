@@ -182,22 +182,12 @@ def plan(
     native_self_attention)."""
     if uses_native(dtype, device):
         return native_plan(mask, b, s, t, heads, head_dim, lengths, dtype)
+    out = chain_plan(mask, b, s, t, heads, kv_heads, head_dim, device)
     n, group = -(-t // CHUNK), heads // kv_heads
-    rows = group * s
     if mask is None:
-        mask = torch.ones(b, 1, s, t, dtype=torch.bool, device=device)
-    vis = F.pad(mask, (0, n * CHUNK - t), value=False)  # [B, 1, S, N*C]
-    vis = vis.unsqueeze(2).expand(-1, 1, group, s, n * CHUNK).reshape(-1, 1, rows, n * CHUNK)  # rows (g, s)
-    vis = F.pad(vis, (0, 0, 0, max(0, MIN_ROWS - rows)), value=True)  # padding rows: finite, then dropped
-    r = vis.shape[2]
-    vis = vis.view(-1, 1, r, n, CHUNK).transpose(2, 3)  # [B, 1, N, R, C]: the scores' chunk layout
-    bias = torch.zeros(vis.shape, dtype=torch.float32, device=device).masked_fill_(~vis, float("-inf"))
-    f32 = dict(dtype=torch.float32, device=device)
-    v = torch.zeros(b, kv_heads, n * CHUNK, head_dim + 1, **f32)
-    v[..., head_dim] = 1
-    out = AttentionPlan(bias, torch.zeros(b, kv_heads, n, r, head_dim, **f32),
-                        torch.zeros(b, kv_heads, n * CHUNK, head_dim, **f32), v, rows)
+        return out
     seen = mask[:, 0]  # [B, S, T]
+    f32 = dict(dtype=torch.float32, device=device)
     count = seen.sum(-1, keepdim=True)  # [B, S, 1]
     compact = torch.arange(t, device=seen.device) < count  # [B, S, T]: visible slots [0, count) as in AR
     if not torch.equal(seen, compact):  # a tree: some query's keys are not the slots AR would give them
@@ -214,6 +204,29 @@ def plan(
         tvis = F.pad(tvis, (0, 0, 0, rg - group), value=True)  # padding rows: finite, then dropped
         out.tree_bias = torch.zeros(tvis.shape, **f32).masked_fill_(~tvis, float("-inf"))
     return out
+
+
+def chain_plan(
+    mask: torch.Tensor | None,  # [B, 1, S, T] bool (True = visible), None = every slot visible
+    b: int, s: int, t: int, heads: int, kv_heads: int, head_dim: int, device: torch.device | str = "cpu",
+) -> AttentionPlan:
+    """The chunked plan with every key in its cache slot (exact for queries whose keys sit where AR puts them: AR
+    steps and chains). Device ops only, no host read: a captured forward (models/graphs.py) builds it in its graph."""
+    n, group = -(-t // CHUNK), heads // kv_heads
+    rows = group * s
+    if mask is None:
+        mask = torch.ones(b, 1, s, t, dtype=torch.bool, device=device)
+    vis = F.pad(mask, (0, n * CHUNK - t), value=False)  # [B, 1, S, N*C]
+    vis = vis.unsqueeze(2).expand(-1, 1, group, s, n * CHUNK).reshape(-1, 1, rows, n * CHUNK)  # rows (g, s)
+    vis = F.pad(vis, (0, 0, 0, max(0, MIN_ROWS - rows)), value=True)  # padding rows: finite, then dropped
+    r = vis.shape[2]
+    vis = vis.view(-1, 1, r, n, CHUNK).transpose(2, 3)  # [B, 1, N, R, C]: the scores' chunk layout
+    f32 = dict(dtype=torch.float32, device=device)
+    bias = torch.zeros(vis.shape, **f32).masked_fill_(~vis, float("-inf"))
+    v = torch.zeros(b, kv_heads, n * CHUNK, head_dim + 1, **f32)
+    v[..., head_dim] = 1
+    return AttentionPlan(bias, torch.zeros(b, kv_heads, n, r, head_dim, **f32),
+                         torch.zeros(b, kv_heads, n * CHUNK, head_dim, **f32), v, rows)
 
 
 def invariant_attention(

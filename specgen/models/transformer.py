@@ -291,6 +291,7 @@ class Transformer(nn.Module):
         if cfg.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
         self.register_buffer("rope_table", rope_table(cfg), persistent=False)  # [P, hd/2, 2]
+        self.graphs = None  # models/graphs.StepGraphs: cached forwards as CUDA-graph replays (graphs.attach)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -302,7 +303,10 @@ class Transformer(nn.Module):
         return self.norm.weight.device
 
     def new_cache(self, batch: int = 1, max_len: int | None = None) -> KVCache:
-        """A cache sized for this model, on its device, in its activation dtype."""
+        """A cache sized for this model, on its device, in its activation dtype (with captured steps: a view of their
+        static cache)."""
+        if self.graphs is not None:
+            return self.graphs.new_cache(batch, max_len or self.cfg.max_seq_len)
         return KVCache.allocate(
             self.cfg.n_layers, batch, self.cfg.n_kv_heads, max_len or self.cfg.max_seq_len,
             self.cfg.hd, self.dtype, self.device,
@@ -323,6 +327,10 @@ class Transformer(nn.Module):
         attn_mask: torch.Tensor | None = None,  # [B, 1, S, T] over cache slots: overrides tree_mask
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits [B, S, V] and final hidden states [B, S, dim] (after the final norm)."""
+        if self.graphs is not None and cache is not None and embeds is None and attn_mask is None:
+            replayed = self.graphs.forward(tokens, positions, cache, tree_mask)  # None: this call runs eagerly
+            if replayed is not None:
+                return replayed
         h = self.tok_embeddings(tokens) if embeds is None else embeds
         hidden = self.hidden_states(h, positions, cache, tree_mask, context_kv, attn_mask)
         return self.output(hidden), hidden

@@ -1,0 +1,297 @@
+"""Captured steps on a GPU: graphs on against graphs off and the peers, in one run, one table (issue 46's rows).
+
+Rows (all greedy, batch 1 unless named):
+- text, SmolLM2-135M's shape with random weights (the real file does not travel to a rented GPU), bfloat16: specgen AR
+  with `--graphs off` and `on`, n-gram with graphs, transformers eager `generate` and `generate` with its static cache
+  under `torch.compile(mode="reduce-overhead")`, AR at batch 16; the GPU's share of a captured step's wall time.
+- image, the shipped tiny c2i GPT, float32, T 0, CFG 4: AR, EAGLE-2, ADT-Tree with graphs off and on.
+- mesh, the shipped tiny mesh GPT + XSpecMesh heads, float32, T 0: AR and lossless XSpecMesh (criterion=rejection).
+Every lossless row reports `exact`: the share of outputs equal to the same run's graphs-off AR, token for token.
+
+Run: `python scripts/gpu_graphs.py --json runs/gpu-graphs.json` (on a CUDA machine; ~4 minutes on an H100).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import json
+import random
+import time
+
+import torch
+
+from specgen.decoding.loop import decode_batch
+from specgen.decoding.sampling import SamplingParams
+from specgen.decoding.target import ModelTarget
+from specgen.devices import synchronize
+from specgen.methods.text import EmptyDrafter, NgramDrafter
+from specgen.models import graphs
+from specgen.models.transformer import Transformer, TransformerConfig
+
+SMOLLM2 = TransformerConfig(vocab_size=49152, dim=576, n_layers=30, n_heads=9, n_kv_heads=3, ffn_dim=1536,
+                            norm_eps=1e-5, rope_theta=100000.0, max_seq_len=2048, tie_embeddings=True)
+ROWS: list[dict] = []
+DEVICE = "cuda"  # --smoke: a tiny CPU run of every row (static steps uncaptured), to check the script itself
+
+
+def attach(model, mode: str):
+    return graphs.attach(model, mode, capture=None if DEVICE == "cuda" else False)
+
+
+def timed(fn):
+    synchronize(DEVICE)
+    t0 = time.perf_counter()
+    out = fn()
+    synchronize(DEVICE)
+    return out, time.perf_counter() - t0
+
+
+def row(**kw) -> dict:
+    ROWS.append(kw)
+    print(json.dumps(kw), flush=True)
+    return kw
+
+
+def prompts_of(n: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(vocab) for _ in range(rng.randint(64, 256))] for _ in range(n)]
+
+
+def text_rows(new: int) -> None:
+    torch.manual_seed(0)
+    cfg = SMOLLM2 if DEVICE == "cuda" else dataclasses.replace(SMOLLM2, n_layers=2, vocab_size=512)
+    model = Transformer(cfg).to(DEVICE, torch.bfloat16).eval()
+    target = ModelTarget(model)
+    target.device = DEVICE
+    prompts = prompts_of(4, cfg.vocab_size)
+
+    def run(drafter, ps, b=1, n=new):
+        return decode_batch(target, lambda i: drafter(), ps, n, SamplingParams(), batch_size=b)
+
+    attach(model, "off")
+    run(EmptyDrafter, prompts[:1], n=4)
+    ar, s_off = timed(lambda: run(EmptyDrafter, prompts))
+    base = [r.tokens for r in ar.results]
+    tokens = len(prompts) * new
+    row(suite="text", row="ar --graphs off", tok_s=tokens / s_off, vs_off=1.0, exact=1.0)
+    g = attach(model, "on")
+    t0 = time.perf_counter()
+    run(EmptyDrafter, prompts[:1], n=4)
+    capture_s = time.perf_counter() - t0
+    res, s_on = timed(lambda: run(EmptyDrafter, prompts))
+    row(suite="text", row="ar --graphs on", tok_s=tokens / s_on, vs_off=s_off / s_on, exact=exact(res, base),
+        capture_s=capture_s, **g.describe())
+    busy(model, target, prompts[0], s_on / (tokens / len(prompts) * len(prompts)))
+    ng = lambda: NgramDrafter(num_draft=4, max_ngram=3, min_ngram=1)  # noqa: E731
+    res, s = timed(lambda: run(ng, prompts))
+    row(suite="text", row="ngram --graphs on (random weights)", tok_s=tokens / s, vs_off=s_off / s,
+        exact=exact(res, base), tpf=res.stats.tpf)
+    big = prompts_of(16, cfg.vocab_size, seed=1)
+    run(EmptyDrafter, big, b=16, n=4)
+    res, s16 = timed(lambda: run(EmptyDrafter, big, b=16))
+    row(suite="text", row="ar --graphs on, batch 16", tok_s=16 * new / s16, vs_b1=(16 * new / s16) / (tokens / s_on))
+    hf_rows(model, prompts, new, base, s_on)
+
+
+def busy(model, target, prompt, step_wall: float) -> None:
+    """GPU time of one captured AR step (100 back-to-back replays, CUDA events) over its wall time in a decode."""
+    b = graphs.Bucket(1, 1)
+    entry = model.graphs.graphs.get(b)
+    if DEVICE != "cuda" or entry is None or entry[1] is None:
+        return
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(100):
+        entry[1].replay()
+    end.record()
+    synchronize(DEVICE)
+    gpu = start.elapsed_time(end) / 100 / 1e3
+    row(suite="text", row="captured AR step: GPU time / wall time", gpu_ms=1e3 * gpu, wall_ms=1e3 * step_wall,
+        busy=gpu / step_wall)
+
+
+def hf_rows(model, prompts, new: int, base, s_ours: float) -> None:
+    try:
+        from specgen.models.hf_export import to_hf
+
+        model.graphs = None  # the captures point at the parameters: copy, never convert, the captured model
+        hf = to_hf(copy.deepcopy(model).float()).to(DEVICE, torch.bfloat16).eval()
+    except Exception as e:  # noqa: BLE001  (a peer that cannot load is a row saying so)
+        row(suite="text", row="hf", error=str(e)[:200])
+        return
+    tokens = len(prompts) * new
+
+    def gen(p, n, **kw):
+        ids = torch.tensor([p], device=DEVICE)
+        with torch.inference_mode():
+            return hf.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, **kw)[0, len(p):].tolist()
+
+    gen(prompts[0], 4)
+    outs, s = timed(lambda: [gen(p, new) for p in prompts])
+    row(suite="text", row="hf eager generate", tok_s=tokens / s, ours_vs=s / s_ours,
+        exact=sum(o == b for o, b in zip(outs, base)) / len(base))
+    try:
+        outs, s = timed(lambda: [gen(p, new, prompt_lookup_num_tokens=4) for p in prompts])
+        row(suite="text", row="hf prompt lookup (4 tokens; beside ngram)", tok_s=tokens / s, ours_vs=s / s_ours,
+            exact=sum(o == b for o, b in zip(outs, base)) / len(base))
+    except Exception as e:  # noqa: BLE001
+        row(suite="text", row="hf prompt lookup", error=str(e)[:200])
+    if DEVICE != "cuda":
+        return
+    try:
+        hf.generation_config.cache_implementation = "static"
+        hf.forward = torch.compile(hf.forward, mode="reduce-overhead", fullgraph=True)
+        _, compile_s = timed(lambda: [gen(p, new) for p in prompts[:2]])
+        outs, s = timed(lambda: [gen(p, new) for p in prompts])
+        row(suite="text", row="hf-compiled (static cache + torch.compile)", tok_s=tokens / s, ours_vs=s / s_ours,
+            exact=sum(o == b for o, b in zip(outs, base)) / len(base), warmup_s=compile_s)
+    except Exception as e:  # noqa: BLE001
+        row(suite="text", row="hf-compiled", error=str(e)[:300])
+
+
+def exact(res, base) -> float:
+    return sum(r.tokens == b for r, b in zip(res.results, base)) / len(base)
+
+
+def image_rows(num: int) -> None:
+    from specgen.image.generate import ImageGenConfig, generate_images, load_image_model
+
+    im = load_image_model("tiny-image-gpt", device=DEVICE)
+    base, s_ar = None, {}
+    for mode in ("off", "on"):
+        attach(im.model, mode)
+        for method in ("ar", "eagle2", "adt-tree"):
+            cfg = ImageGenConfig(method=method, num=num, temperature=0.0, device=DEVICE, batch_size=1)
+            generate_images(im, ImageGenConfig(method=method, num=1, temperature=0.0, device=DEVICE))  # warm, capture
+            (samples, _), s = timed(lambda: generate_images(im, cfg))
+            toks = [x.tokens for x in samples]
+            base = base or toks
+            s_ar.setdefault(mode, s)
+            times = [x.stats.times for x in samples]
+            share = sum(t.get("propose", 0) for t in times) / max(sum(sum(t.values()) for t in times), 1e-9)
+            tpf = sum(len(x.tokens) for x in samples) / max(sum(x.stats.target_forwards for x in samples), 1)
+            row(suite="image", row=f"{method} --graphs {mode}", images_s=num / s, vs_ar=s_ar[mode] / s,
+                vs_ar_off=s_ar["off"] / s, exact=sum(t == b for t, b in zip(toks, base)) / num, tpf=tpf,
+                drafter_share=share, **(im.model.graphs.describe() if im.model.graphs else {}))
+
+
+def mesh_rows(num: int) -> None:
+    from specgen.decoding.sampling import SamplingParams as SP
+    from specgen.mesh.generate import load_mesh_model
+    from specgen.eval.mesh_bench import benchmark_clouds
+    from specgen.methods.xspecmesh import MeshDecoder, XSpecMeshOptions
+
+    loaded = load_mesh_model(heads="xspecmesh-ca-tiny", device=DEVICE)
+    dec = loaded.decoder
+    ar_dec = MeshDecoder(dec.model, None, dec.eos_id)
+    clouds = [pc for _, pc in benchmark_clouds(loaded.target.meta, num, 0, DEVICE)]
+    opts = XSpecMeshOptions(criterion="rejection", sampling="tree", top_k_tree=1)
+    params = SP()
+    budget = 512
+    base, s_ar = None, {}
+    for mode in ("off", "on"):
+        attach(dec.model.decoder, mode)
+        for name, d in (("ar", ar_dec), ("xspecmesh criterion=rejection", dec)):
+            d.generate_batch(clouds[:1], params, 16, opts)
+            res, s = timed(lambda: d.generate_batch(clouds, params, budget, opts))
+            toks = [r.tokens for r in res]
+            base = base or toks
+            s_ar.setdefault(mode, s)
+            row(suite="mesh", row=f"{name} --graphs {mode}", meshes_s=num / s, vs_ar=s_ar[mode] / s,
+                vs_ar_off=s_ar["off"] / s, exact=sum(t == b for t, b in zip(toks, base)) / num)
+
+
+# Paper shapes with random weights (what the papers decode; the weights do not change a forward's cost):
+# name -> (config, cache rows per sequence (CFG: 2), cached prefix, frontier width of a drafter level)
+def scale_shapes() -> dict:
+    from specgen.models.llamagen import llamagen_config
+
+    qwen7b = TransformerConfig(vocab_size=152064, dim=3584, n_layers=28, n_heads=28, n_kv_heads=4, ffn_dim=18944,
+                               qkv_bias=True, rope_theta=1e6, max_seq_len=4096, tie_embeddings=False)
+    bpt = TransformerConfig(vocab_size=4737, dim=1024, n_layers=24, n_heads=16, n_kv_heads=16, ffn_dim=4096,
+                            cross_dim=1024, max_seq_len=10240, tie_embeddings=False)
+    shapes = {f"LlamaGen-{n[4:]} c2i (CFG)": (llamagen_config(n, vocab=16384, grid=16, num_classes=1000), 2, 128, 10)
+              for n in ("GPT-B", "GPT-L", "GPT-XL")}
+    shapes["Qwen2.5-Coder-7B shape"] = (qwen7b, 1, 512, 8)
+    shapes["BPT decoder shape (cross-attn to 257 latents)"] = (bpt, 1, 2048, 4)
+    return shapes
+
+
+def scale_rows() -> None:
+    """c(N) = a captured verify of N chain nodes over one step, and one drafter level (a 1-layer decoder of the
+    target's width + its head over the frontier) over one step, at the papers' shapes, bfloat16."""
+    for name, (cfg, rows, prefix, frontier) in scale_shapes().items():
+        if DEVICE != "cuda":
+            cfg = dataclasses.replace(cfg, n_layers=1, vocab_size=min(cfg.vocab_size, 512))
+        times = {}
+        for label, c, nodes in (("target", cfg, (1, 4, 8, 16, 32, 64)), ("drafter", dataclasses.replace(cfg, n_layers=1),
+                                                                      (frontier,))):
+            torch.set_default_dtype(torch.bfloat16)
+            try:
+                with torch.device(DEVICE):
+                    model = Transformer(c).eval()
+            finally:
+                torch.set_default_dtype(torch.float32)
+            attach(model, "on")
+            cache = model.new_cache(rows, prefix + 128)
+            cache.lengths = [prefix] * rows
+            if c.cross_dim:
+                cache.cross = [(torch.randn(rows, c.n_heads, 257, c.hd, device=DEVICE, dtype=torch.bfloat16),) * 2
+                               for _ in range(c.n_layers)]
+            with torch.inference_mode():
+                for n in nodes:
+                    tok = torch.randint(0, c.vocab_size, (rows, n), device=DEVICE)
+                    pos = prefix + torch.arange(n, device=DEVICE).expand(rows, n)
+                    for _ in range(3):
+                        model(tok, pos, cache, None)
+                    reps = 20 if DEVICE == "cuda" else 1
+                    _, s = timed(lambda: [model(tok, pos, cache, None) for _ in range(reps)])
+                    times[(label, n)] = s / reps
+            del model, cache
+            torch.cuda.empty_cache() if DEVICE == "cuda" else None
+        one = times[("target", 1)]
+        row(suite="scale", row=name, step_ms=1e3 * one, **{f"c({n})": times[("target", n)] / one for n in
+                                                          (4, 8, 16, 32, 64)},
+            drafter_level=times[("drafter", frontier)] / one, frontier=frontier)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--new", type=int, default=128)
+    ap.add_argument("--images", type=int, default=8)
+    ap.add_argument("--meshes", type=int, default=8)
+    ap.add_argument("--only", default="text,image,mesh,scale")
+    ap.add_argument("--json", default="")
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU (checks the script, measures nothing)")
+    args = ap.parse_args()
+    global DEVICE
+    if args.smoke:
+        DEVICE, args.new, args.images, args.meshes = "cpu", 8, 2, 2
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False  # float32 stays float32
+    name = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (smoke)"
+    print(f"device {name}, torch {torch.__version__}, cuda {torch.version.cuda}", flush=True)
+    suites = {"text": lambda: text_rows(args.new), "image": lambda: image_rows(args.images),
+              "mesh": lambda: mesh_rows(args.meshes), "scale": scale_rows}
+    for name in args.only.split(","):
+        try:
+            suites[name]()
+        except Exception as e:  # noqa: BLE001  (one suite's failure must not lose the others' rows)
+            import traceback
+
+            traceback.print_exc()
+            row(suite=name, row="failed", error=f"{type(e).__name__}: {str(e)[:300]}")
+    print("\n| suite | row | speed | vs | exact | notes |\n|---|---|---:|---:|---:|---|")
+    for r in ROWS:
+        speed = next((f"{r[k]:.2f} {k}" for k in ("tok_s", "images_s", "meshes_s") if k in r), "")
+        vs = next((f"{r[k]:.2f} {k}" for k in ("vs_off", "vs_ar", "vs_b1", "ours_vs", "busy", "c(64)") if k in r), "")
+        rest = {k: v for k, v in r.items() if k not in ("suite", "row", "tok_s", "images_s", "meshes_s", "exact")}
+        print(f"| {r['suite']} | {r['row']} | {speed} | {vs} | {r.get('exact', '')} | {json.dumps(rest)[:160]} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": name, "rows": ROWS}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

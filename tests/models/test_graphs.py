@@ -1,0 +1,115 @@
+"""Captured steps on the CPU: the static step reads nothing on the host, keeps its bucket's shapes, and decodes what
+the eager forward decodes (the CUDA replay itself runs in tests/test_gpu.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from specgen.decoding.loop import decode, decode_batch
+from specgen.decoding.sampling import SamplingParams
+from specgen.decoding.target import ModelTarget
+from specgen.errors import UsageError
+from specgen.image.target import CFGTarget
+from specgen.methods.text import EmptyDrafter, JacobiDrafter, NgramDrafter
+from specgen.models import graphs
+from specgen.models.graphs import Bucket, StaticInputs, static_forward
+from specgen.native import ops as native_ops
+from tests.conftest import tiny_model
+from tests.image_fixtures import tiny_image_target
+
+PROMPT = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2]
+DRAFTERS = {"ar": EmptyDrafter, "ngram": lambda: NgramDrafter(num_draft=4, max_ngram=3, min_ngram=1),
+            "jacobi": lambda: JacobiDrafter(block_size=4, seed=0)}
+
+
+def static_target(model, capture=False) -> ModelTarget:
+    graphs.attach(model, "on", capture=capture)
+    return ModelTarget(model)
+
+
+def fake_step(model, bucket: Bucket, step=static_forward):
+    """Run a bucket's step under FakeTensorMode: a read of a tensor value on the host raises there."""
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode, torch.inference_mode():
+        cfg = model.cfg
+        k = torch.zeros(cfg.n_layers, bucket.rows + 1, cfg.n_kv_heads, 64, cfg.hd, dtype=model.dtype)
+        x = StaticInputs(bucket, "cpu")
+        x.tokens, x.positions, x.meta, x.tree = (mode.from_tensor(t) for t in (x.tokens, x.positions, x.meta, x.tree))
+        return step(model, x, mode.from_tensor(k), mode.from_tensor(k.clone()), None)
+
+
+@pytest.fixture
+def no_native(monkeypatch):
+    """The CPU's native kernels take raw pointers, which fake tensors lack; a CUDA step never calls them."""
+    monkeypatch.setattr(native_ops, "usable", lambda *t: False)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bucket", [Bucket(1, 1), Bucket(2, 8)])
+def test_static_step_reads_nothing_on_the_host_and_keeps_the_bucket_shape(no_native, dtype, bucket):
+    model = tiny_model(0).to(dtype)
+    logits, hidden = fake_step(model, bucket)
+    assert logits.shape == (bucket.rows, bucket.nodes, model.cfg.vocab_size)
+    assert hidden.shape == (bucket.rows, bucket.nodes, model.cfg.dim)
+
+
+def test_a_step_that_reads_the_host_fails_the_check(no_native):
+    """The control: the same harness refuses a step that reads a value (as `.item()` would sync a GPU)."""
+    def reads(model, x, k, v, cross):
+        if int(x.meta[0, 0]) > 0:
+            pass
+        return static_forward(model, x, k, v, cross)
+
+    with pytest.raises(Exception, match="[Dd]ata.dependent|item|local_scalar"):
+        fake_step(tiny_model(0), Bucket(1, 4), reads)
+
+
+@pytest.mark.parametrize("name", DRAFTERS)
+@pytest.mark.parametrize("batch", [1, 3])
+def test_static_steps_decode_what_eager_ar_decodes(name, batch):
+    prompts = [PROMPT, PROMPT[:7], [3, 1, 4, 1, 5]][:batch]
+    eager = decode_batch(ModelTarget(tiny_model(0)), lambda i: EmptyDrafter(), prompts, 24, SamplingParams())
+    model = tiny_model(0)
+    target = static_target(model)
+    got = decode_batch(target, lambda i: DRAFTERS[name](), prompts, 24, SamplingParams())
+    assert [r.tokens for r in got.results] == [r.tokens for r in eager.results]
+    assert model.graphs.replays > 0 and model.graphs.eager_calls == 0
+
+
+def test_a_tree_verify_scores_each_node_as_the_eager_forward_does():
+    torch.manual_seed(0)
+    model = tiny_model(1)
+    target = static_target(model)
+    cache = target.new_cache(2, 64)
+    target.prefill(torch.tensor([PROMPT, PROMPT[::-1]]), cache)
+    parents = [-1, 0, 0, 1, 1, 2]  # a root with two children, each with children
+    mask = torch.zeros(6, 6, dtype=torch.bool)
+    for i, p in enumerate(parents):
+        mask[i, i] = True
+        while p >= 0:
+            mask[i, p], p = True, parents[p]
+    tokens = torch.randint(0, model.cfg.vocab_size, (2, 6))
+    positions = torch.tensor([[12, 13, 13, 14, 14, 14]] * 2)
+    got = target.forward(tokens, positions, cache, mask).logits
+    model.graphs = None
+    want = target.forward(tokens, positions, cache, mask).logits
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
+
+
+def test_image_cfg_steps_decode_what_eager_decodes():
+    eager = decode(CFGTarget(tiny_image_target(0), 3.0), EmptyDrafter(), [1], 16, SamplingParams())
+    model = tiny_image_target(0)
+    graphs.attach(model, "on", capture=False)
+    got = decode(CFGTarget(model, 3.0), EmptyDrafter(), [1], 16, SamplingParams())
+    assert got.tokens == eager.tokens and model.graphs.replays == 15
+
+
+def test_graphs_on_a_cpu_are_refused_and_auto_is_off():
+    model = tiny_model(0)
+    with pytest.raises(UsageError, match="--graphs on needs a CUDA device"):
+        graphs.attach(model, "on")
+    assert graphs.attach(model, "auto") is None and model.graphs is None
+    with pytest.raises(UsageError, match="--graphs 'maybe'"):
+        graphs.attach(model, "maybe")
