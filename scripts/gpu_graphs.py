@@ -162,6 +162,7 @@ def image_rows(num: int) -> None:
     base, s_ar = None, {}
     for mode in ("off", "on"):
         attach(im.model, mode)
+        attach(im.drafter_net, mode)  # the EAGLE drafter's levels too
         for method in ("ar", "eagle2", "adt-tree"):
             cfg = ImageGenConfig(method=method, num=num, temperature=0.0, device=DEVICE, batch_size=1)
             generate_images(im, ImageGenConfig(method=method, num=1, temperature=0.0, device=DEVICE))  # warm, capture

@@ -58,6 +58,7 @@ class EagleNet(nn.Module):
         else:
             table = table_1d(cfg.max_seq_len, cfg.hd, cfg.rope_theta)
         self.register_buffer("rope_table", table, persistent=False)  # [P, hd/2, 2], the target's table
+        self.graphs = None  # models/graphs.StepGraphs: cached forwards as CUDA-graph replays (graphs.attach)
 
     @classmethod
     def from_target(cls, target: Transformer) -> EagleNet:
@@ -70,6 +71,8 @@ class EagleNet(nn.Module):
 
     def new_cache(self, batch: int = 1, max_len: int | None = None) -> KVCache:
         p = self.fc.weight
+        if self.graphs is not None:
+            return self.graphs.new_cache(batch, max_len or self.cfg.max_seq_len)
         return KVCache.allocate(1, batch, self.cfg.n_kv_heads, max_len or self.cfg.max_seq_len, self.cfg.hd,
                                 p.dtype, p.device)
 
@@ -83,6 +86,11 @@ class EagleNet(nn.Module):
         attn_mask: torch.Tensor | None = None,  # [B, 1, S, T] over cache slots (multi-level trees)
     ) -> torch.Tensor:
         """Predicted next features [B, S, D] (approximating f_{t+1}); not normed again (features are)."""
+        if self.graphs is not None and cache is not None:
+            replayed = self.graphs.forward(tokens, positions, cache, tree_mask, features.to(self.fc.weight.dtype),
+                                           attn_mask)  # None: this call runs eagerly
+            if replayed is not None:
+                return replayed[0]
         s = tokens.shape[1]
         limit = self.rope_table.shape[0]
         check_positions(positions, limit, lambda top: ValueError(f"position {top} exceeds the drafter's {limit}"))

@@ -1,13 +1,13 @@
-"""Captured decode steps: a Transformer's cached forwards (AR steps, verifies) as CUDA-graph replays per bucket.
+"""Captured decode steps: cached forwards (AR steps, verifies, EAGLE drafter levels) as CUDA-graph replays per bucket.
 
-`attach(model, mode)` gives a model a `StepGraphs`; from then on `Transformer.forward` over a cache goes through
-`StepGraphs.forward`, which pads the call to a bucket (rows, nodes), copies its inputs into the bucket's static
-buffers and replays the bucket's graph (captured on first use). Prefill stays eager. Why CUDA graphs and not
+`attach(module, mode)` gives a Transformer or an EAGLE drafter a `StepGraphs`; from then on its forward over a cache
+goes through `StepGraphs.forward`, which pads the call to a bucket (rows, nodes), copies its inputs into the bucket's
+static buffers and replays the bucket's graph (captured on first use). Prefill stays eager. Why CUDA graphs and not
 `torch.compile(mode="reduce-overhead")`: the step is the model's own eager code captured as it is, so the captured
 forward computes what the eager one computes kernel for kernel, with no compiler that fuses or reorders a reduction,
 and no compile time at start-up.
 
-Invariants of the step function (`static_forward`; tests/models/test_graphs.py checks them on the CPU):
+Invariants of the step functions (`target_step`, `eagle_step`; tests/models/test_graphs.py checks them):
 - It reads nothing on the host. Inputs live in static device buffers (tokens, positions, row lengths, the tree
   mask, the cache row each input row writes); the attention mask and the cache-write index are computed from them on
   the device, and the cache is the whole static buffer: every forward attends over all T slots of its rows.
@@ -16,8 +16,9 @@ Invariants of the step function (`static_forward`; tests/models/test_graphs.py c
 - A query's sums do not depend on T: in the chunked attention (low precision) hidden slots add exact zeros in a fixed
   chunk order aligned at slot 0, and in float32 SDPA hidden slots are -inf. A bucket is shared by AR steps and
   verifies of the same padded shape.
-- Trees in low precision are left eager: the chunked attention is exact there only in AR's key layout
-  (`attention.tree_attention`), which a static step does not build.
+- A target's trees in low precision are left eager: the chunked attention is exact there only in AR's key layout
+  (`attention.tree_attention`), which a static step does not build. A drafter's are captured: a drafter decides only
+  what is proposed, and the verify decides what is kept.
 
 The cache the loop sees is a view over the static buffer's first rows (`new_cache`), so eager prefills and commits
 land where the graphs read.
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -43,22 +45,27 @@ MODES = ("auto", "on", "off")
 
 @dataclass(frozen=True)
 class Bucket:
-    """A captured shape: `rows` cache rows (CFG branches counted) by `nodes` new nodes each."""
+    """A captured shape: `rows` cache rows (CFG branches counted) by `nodes` new nodes each; `masked`: the caller
+    gives the visibility over cache slots itself (a drafter level's `attn_mask`) instead of a tree mask."""
 
     rows: int
     nodes: int
+    masked: bool = False
 
 
 class StaticInputs:
     """One bucket's input buffers on the device; a call copies its real part in and pads the rest."""
 
-    def __init__(self, b: Bucket, device) -> None:
+    def __init__(self, b: Bucket, device, slots: int, features: tuple | None = None) -> None:
         self.tokens = torch.zeros(b.rows, b.nodes, dtype=torch.long, device=device)  # [R, S]
         self.positions = torch.zeros(b.rows, b.nodes, dtype=torch.long, device=device)  # [R, S]
         self.meta = torch.zeros(2, b.rows, dtype=torch.long, device=device)  # [2, R]: lengths, cache row written
         self.tree = torch.zeros(b.rows, b.nodes, b.nodes, dtype=torch.bool, device=device)  # [R, S, S]
         self.eye = torch.eye(b.nodes, dtype=torch.bool, device=device).expand(b.rows, -1, -1)  # padding: itself
         self.causal = torch.ones(b.nodes, b.nodes, dtype=torch.bool, device=device).tril()
+        self.visible = torch.zeros(b.rows, 1, b.nodes, slots, dtype=torch.bool, device=device) if b.masked else None
+        self.features = None if features is None else torch.zeros(b.rows, b.nodes, features[0], dtype=features[1],
+                                                                   device=device)  # [R, S, D] (EAGLE's inputs)
 
 
 class StaticCache:
@@ -76,47 +83,80 @@ class StaticCache:
         return k[: self.rows], v[: self.rows]
 
 
-def static_forward(model, x: StaticInputs, k: torch.Tensor, v: torch.Tensor, cross) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logits [R, S, V] and hidden [R, S, dim] of one bucket's inputs: device ops only (see the module doc)."""
-    cfg = model.cfg
+def visibility(x: StaticInputs, t: int) -> torch.Tensor:
+    """[R, 1, S, T] bool: each node sees its row's committed slots and the pending slots its tree mask names (or the
+    staged `visible`), and always its own slot, so that a padding node's key and value stay finite."""
     r, s = x.tokens.shape
-    t = k.shape[3]
-    lengths, write_rows = x.meta[0], x.meta[1]  # [R], [R]
-    dev = x.tokens.device
-    # 1. embeddings and the RoPE rotation of the bucket's positions
-    h = model.tok_embeddings(x.tokens)  # [R, S, dim]
-    rot = rotation(model.rope_table[x.positions].to(h.dtype), cfg.rope_layout)
-    # 2. what each node sees: its row's committed slots, and pending slots by the tree mask
-    rel = torch.arange(t, device=dev)[None, :] - lengths[:, None]  # [R, T]: slot - row length
+    lengths = x.meta[0]  # [R]
+    rel = torch.arange(t, device=x.tokens.device)[None, :] - lengths[:, None]  # [R, T]: slot - row length
+    own = (rel[:, None, :] == torch.arange(s, device=x.tokens.device)[None, :, None]).unsqueeze(1)  # [R, 1, S, T]
+    if x.visible is not None:
+        return x.visible | own
     pending = x.tree.gather(2, rel.clamp(0, s - 1)[:, None, :].expand(r, s, t))  # [R, S, T]
-    visible = ((pending & ((rel >= 0) & (rel < s))[:, None, :]) | (rel < 0)[:, None, :]).unsqueeze(1)  # [R, 1, S, T]
-    if h.dtype == torch.float32:
-        mask = additive_mask(visible)
-    else:
-        mask = chain_plan(visible, r, s, t, cfg.n_heads, cfg.n_kv_heads, cfg.hd, dev)
-    # 3. where each node's key and value go: row write_rows[b], slot lengths[b] + j, in a layer's flat rows
-    hkv = k.shape[2]
-    slots = lengths[:, None] + torch.arange(s, device=dev)  # [R, S]
-    base = (write_rows[:, None] * hkv + torch.arange(hkv, device=dev)) * t  # [R, Hkv]
-    cache = StaticCache(k, v, (base[:, :, None] + slots[:, None, :]).reshape(-1), r)
-    # 4. the blocks, the final norm and the head
+    return ((pending & ((rel >= 0) & (rel < s))[:, None, :]) | (rel < 0)[:, None, :]).unsqueeze(1) | own
+
+
+def attention_mask(visible: torch.Tensor, cfg, dtype: torch.dtype):
+    """What a block attends with: SDPA's additive mask in float32, the chunked invariant plan otherwise."""
+    r, _, s, t = visible.shape
+    if dtype == torch.float32:
+        return additive_mask(visible)
+    return chain_plan(visible, r, s, t, cfg.n_heads, cfg.n_kv_heads, cfg.hd, visible.device)
+
+
+def static_cache(x: StaticInputs, k: torch.Tensor, v: torch.Tensor) -> StaticCache:
+    """Where each node's key and value go: row write_rows[b], slot lengths[b] + j, in a layer's flat rows."""
+    r, s = x.tokens.shape
+    hkv, t = k.shape[2], k.shape[3]
+    slots = x.meta[0][:, None] + torch.arange(s, device=k.device)  # [R, S]
+    base = (x.meta[1][:, None] * hkv + torch.arange(hkv, device=k.device)) * t  # [R, Hkv]
+    return StaticCache(k, v, (base[:, :, None] + slots[:, None, :]).reshape(-1), r)
+
+
+def target_step(model, x: StaticInputs, k: torch.Tensor, v: torch.Tensor, cross) -> tuple[torch.Tensor, ...]:
+    """A Transformer's cached forward on one bucket: logits [R, S, V] and hidden [R, S, dim]; device ops only."""
+    h = model.tok_embeddings(x.tokens)  # [R, S, dim]
+    rot = rotation(model.rope_table[x.positions].to(h.dtype), model.cfg.rope_layout)
+    mask = attention_mask(visibility(x, k.shape[3]), model.cfg, h.dtype)
+    cache = static_cache(x, k, v)
     for i, blk in enumerate(model.layers):
         h = blk(h, rot, i, cache, mask, False, None if cross is None else cross[i])
     hidden = model.norm(h)
     return model.output(hidden), hidden
 
 
+def eagle_step(net, x: StaticInputs, k: torch.Tensor, v: torch.Tensor, cross) -> tuple[torch.Tensor, ...]:
+    """An EAGLE drafter's cached forward on one bucket: predicted features [R, S, D]; device ops only."""
+    h = net.fc(torch.cat([net.tok_embeddings(x.tokens), x.features], dim=-1))  # [R, S, D]
+    rot = rotation(net.rope_table[x.positions].to(h.dtype), net.cfg.rope_layout)
+    mask = attention_mask(visibility(x, k.shape[3]), net.cfg, h.dtype)
+    return (net.layers[0](h, rot, 0, static_cache(x, k, v), mask, False, None),)
+
+
+@dataclass(frozen=True)
+class StepKind:
+    """How a module's cached forward is captured: its step function, the width of its extra input rows (EAGLE's
+    features; 0: none) and whether its low-precision trees must stay eager (a target's logits decide the output; a
+    drafter's only decide what is proposed, which the verify checks)."""
+
+    step: Callable
+    features: bool = False
+    exact_trees: bool = True
+
+
 class StepGraphs:
-    """A model's static cache and its captured steps, one CUDA graph per bucket (`capture=False`: the same static
+    """A module's static cache and its captured steps, one CUDA graph per bucket (`capture=False`: the same static
     step run eagerly, which is what the CPU tests exercise)."""
 
-    def __init__(self, model, capture: bool = True) -> None:
-        self.model, self.capture = model, capture
+    def __init__(self, model, kind: StepKind, capture: bool = True) -> None:
+        self.model, self.kind, self.capture = model, kind, capture
+        param = next(model.parameters())
+        self.dtype, self.device = param.dtype, param.device
         self.k = self.v = None  # [L, C + 1, Hkv, T, D]: C cache rows and one scratch row for padding rows
         self.cross = None  # per layer (k, v) [C, H, M, D]: the conditions (cross-attention models)
-        self.graphs: dict[Bucket, tuple] = {}  # bucket -> (inputs, graph or None, logits, hidden)
+        self.graphs: dict[Bucket, tuple] = {}  # bucket -> (inputs, graph or None, outputs)
         self.pool = None
-        self.graph_bytes = 0  # device memory the captures took
+        self.graph_bytes = 0  # device memory the captures' pool holds
         self.replays = 0
         self.eager_calls = 0
 
@@ -125,13 +165,13 @@ class StepGraphs:
         return 0 if self.k is None else self.k.shape[1] - 1
 
     def new_cache(self, batch: int, max_len: int) -> KVCache:
-        """A cache over the static buffer's first `batch` rows, with room for the largest node bucket's padding."""
-        need = max_len + NODE_BUCKETS[-1]
+        """A cache over the static buffer's first `batch` rows, with room for the largest node bucket's padding;
+        lengths are rounded up so that later calls of similar sizes keep the captures."""
+        need = -(-(max_len + NODE_BUCKETS[-1]) // 512) * 512
         if self.k is None or batch > self.capacity or need > self.k.shape[3]:
             self.reset()
             cfg = self.model.cfg
-            base = KVCache.allocate(cfg.n_layers, batch + 1, cfg.n_kv_heads, need, cfg.hd, self.model.dtype,
-                                    self.model.device)
+            base = KVCache.allocate(cfg.n_layers, batch + 1, cfg.n_kv_heads, need, cfg.hd, self.dtype, self.device)
             self.k, self.v = base.k, base.v
         cache = KVCache(self.k[:, :batch], self.v[:, :batch], [0] * batch)
         if self.cross is not None:
@@ -140,43 +180,47 @@ class StepGraphs:
 
     def reset(self) -> None:
         """Drop the captures and the static buffers (a larger cache was asked for)."""
-        self.graphs.clear()
-        self.k = self.v = self.cross = None
+        self.graphs.clear()  # their pool goes with them: the next capture opens a new one
+        self.k = self.v = self.cross = self.pool = None
         self.graph_bytes = 0
 
-    def bucket(self, n: int, s: int) -> Bucket | None:
+    def bucket(self, n: int, s: int, masked: bool) -> Bucket | None:
         rows = next((r for r in ROW_BUCKETS if r >= n), None)
         nodes = next((m for m in NODE_BUCKETS if m >= s), None)
         if rows is None or nodes is None:
             return None
-        return Bucket(min(rows, self.capacity), nodes)
+        return Bucket(min(rows, self.capacity), nodes, masked)
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache,
-                tree_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Logits [n, S, V] and hidden [n, S, dim] by a replay, or None where this call must run eagerly."""
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache, tree_mask: torch.Tensor | None,
+                features: torch.Tensor | None = None, attn_mask: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, ...] | None:
+        """The step's outputs for the real [n, S] part by a replay, or None where this call must run eagerly."""
         n, s = tokens.shape
-        b = self.bucket(n, s) if self.servable(cache, tree_mask) else None
+        b = self.bucket(n, s, attn_mask is not None) if self.servable(cache, tree_mask) else None
         if b is None or max(cache.lengths) + b.nodes > self.k.shape[3]:
             self.eager_calls += 1
             return None
-        x, graph, logits, hidden = self.graphs.get(b) or (StaticInputs(b, tokens.device), None, None, None)
-        self.stage(x, b, tokens, positions, cache.lengths, tree_mask)
-        if graph is None and logits is None:
-            logits, hidden, graph = self.record(x, b)
-            self.graphs[b] = (x, graph, logits, hidden)
+        if b not in self.graphs:
+            width = (features.shape[-1], features.dtype) if self.kind.features else None
+            self.graphs[b] = (StaticInputs(b, tokens.device, self.k.shape[3], width), None, None)
+        x, graph, outs = self.graphs[b]
+        self.stage(x, b, tokens, positions, cache.lengths, tree_mask, features, attn_mask)
+        if outs is None:
+            outs, graph = self.record(x, b)
+            self.graphs[b] = (x, graph, outs)
         elif graph is not None:
             graph.replay()
         else:
-            logits, hidden = static_forward(self.model, x, self.k, self.v, self.cross)
+            outs = self.kind.step(self.model, x, self.k, self.v, self.cross)
         self.replays += 1
-        return logits[:n, :s].clone(), hidden[:n, :s].clone()
+        return tuple(o[:n, :s].clone() for o in outs)
 
     def servable(self, cache: KVCache, tree_mask: torch.Tensor | None) -> bool:
         """Whether a call runs on the static buffer: its cache is the buffer's first rows, no key mask (t2i captions
-        stay eager), conditions in the static buffers, and no low-precision tree (module doc)."""
+        stay eager), conditions in the static buffers, and no low-precision tree of a target (module doc)."""
         if self.k is None or cache.k.data_ptr() != self.k.data_ptr() or cache.key_mask is not None:
             return False
-        if tree_mask is not None and self.model.dtype != torch.float32:
+        if tree_mask is not None and self.kind.exact_trees and self.dtype != torch.float32:
             return False
         if cache.cross is not None:
             self.adopt_cross(cache)
@@ -189,6 +233,7 @@ class StepGraphs:
         shape = cache.cross[0][0].shape[1:]
         if self.cross is None or self.cross[0][0].shape[1:] != shape:
             self.graphs.clear()
+            self.pool = None
             self.cross = [(k.new_zeros(self.capacity, *shape), v.new_zeros(self.capacity, *shape))
                           for k, v in cache.cross]
         rows = cache.cross[0][0].shape[0]
@@ -197,7 +242,8 @@ class StepGraphs:
             v[:rows].copy_(cv)
         cache.cross = [(k[:rows], v[:rows]) for k, v in self.cross]
 
-    def stage(self, x: StaticInputs, b: Bucket, tokens, positions, lengths: list[int], tree_mask) -> None:
+    def stage(self, x: StaticInputs, b: Bucket, tokens, positions, lengths: list[int], tree_mask, features,
+              attn_mask) -> None:
         """Copy a call's inputs into the bucket's buffers: real rows and nodes first, padding after them."""
         n, s = tokens.shape
         x.tokens.zero_()
@@ -207,32 +253,40 @@ class StepGraphs:
         rows = list(range(n)) + [self.capacity] * (b.rows - n)  # padding rows write into the scratch row
         meta = torch.tensor([list(lengths) + [0] * (b.rows - n), rows], dtype=torch.long)
         x.meta.copy_(meta.pin_memory() if x.meta.is_cuda else meta, non_blocking=True)
+        if x.features is not None:
+            x.features.zero_()
+            x.features[:n, :s].copy_(features)
+        if x.visible is not None:  # the caller's visibility over slots [0, T); the rest hidden
+            x.visible.zero_()
+            x.visible[:n, :, :s, : attn_mask.shape[-1]].copy_(attn_mask)
+            return
+        if tree_mask is not None and tree_mask.dim() == 3 and tree_mask.shape[0] != n:  # per sequence: its branches
+            tree_mask = tree_mask.repeat_interleave(n // tree_mask.shape[0], 0)
         x.tree.copy_(x.eye)
         x.tree[:n, :s, :s].copy_(x.causal[:s, :s] if tree_mask is None else tree_mask.expand(n, s, s))
 
     def record(self, x: StaticInputs, b: Bucket):
-        """The bucket's first call: run it (warm-up) and capture it; (logits, hidden, graph)."""
+        """The bucket's first call: run it (warm-up) and capture it; (outputs, graph)."""
+        step = self.kind.step
         if not self.capture:
-            logits, hidden = static_forward(self.model, x, self.k, self.v, self.cross)
-            return logits, hidden, None
+            return step(self.model, x, self.k, self.v, self.cross), None
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):  # warm-up: lazy initialisations happen outside the capture
-            static_forward(self.model, x, self.k, self.v, self.cross)
+            step(self.model, x, self.k, self.v, self.cross)
         torch.cuda.current_stream().wait_stream(stream)
-        before = torch.cuda.memory_reserved()
         graph = torch.cuda.CUDAGraph()
         self.pool = self.pool or torch.cuda.graph_pool_handle()
         try:
             with torch.cuda.graph(graph, pool=self.pool):
-                logits, hidden = static_forward(self.model, x, self.k, self.v, self.cross)
+                outs = step(self.model, x, self.k, self.v, self.cross)
         except torch.cuda.OutOfMemoryError:
             free = torch.cuda.mem_get_info()[0]
             raise UsageError(f"--graphs: bucket of {b.rows} rows x {b.nodes} nodes does not fit in the GPU's "
                              f"{free} free bytes; use --graphs off or a smaller --batch-size") from None
-        self.graph_bytes += torch.cuda.memory_reserved() - before
+        self.graph_bytes = pool_bytes(self.pool)
         graph.replay()
-        return logits, hidden, graph
+        return outs, graph
 
     def describe(self) -> dict:
         """What the captures hold, for a benchmark's machine column."""
@@ -240,20 +294,34 @@ class StepGraphs:
                 "eager_calls": self.eager_calls}
 
 
+def pool_bytes(pool) -> int:
+    """Device memory the segments of a graph pool hold (what the captures keep reserved)."""
+    segments = torch.cuda.memory_snapshot()
+    return sum(seg["total_size"] for seg in segments if tuple(seg.get("segment_pool_id", ())) == tuple(pool))
+
+
+def kinds() -> dict[type, StepKind]:
+    """Module class -> how its steps are captured (imported here: the drafter's module imports the decoder's)."""
+    from specgen.models.eagle import EagleNet
+    from specgen.models.transformer import Transformer
+
+    return {Transformer: StepKind(target_step), EagleNet: StepKind(eagle_step, features=True, exact_trees=False)}
+
+
 def attach(model, mode: str = "auto", capture: bool | None = None) -> StepGraphs | None:
-    """Give `model` captured steps per `mode` (auto: on CUDA; on: CUDA or a one-line refusal; off: none); a model
-    on CUDA that cannot capture runs eagerly with one warning. `capture=False` runs the static steps uncaptured."""
+    """Give `model` (a Transformer or an EAGLE drafter) captured steps per `mode` (auto: on CUDA; on: CUDA or a
+    one-line refusal; off: none); a CUDA torch that cannot capture runs eagerly with one warning. `capture=False`
+    runs the static steps uncaptured (the CPU tests)."""
     if mode not in MODES:
         raise UsageError(f"--graphs {mode!r}: use one of {', '.join(MODES)}")
-    on_cuda = model.device.type == "cuda"
+    on_cuda = next(model.parameters()).device.type == "cuda"
     if mode == "on" and not on_cuda and capture is not False:
         raise UsageError("--graphs on needs a CUDA device (CUDA graphs); on a CPU use --graphs auto or off")
+    model.graphs = None
     if mode == "off" or (mode == "auto" and not on_cuda and capture is not False):
-        model.graphs = None
         return None
     if on_cuda and not hasattr(torch.cuda, "CUDAGraph"):
         warnings.warn("this torch build cannot capture CUDA graphs: decoding runs eagerly", stacklevel=2)
-        model.graphs = None
         return None
-    model.graphs = StepGraphs(model, capture=on_cuda if capture is None else capture)
+    model.graphs = StepGraphs(model, kinds()[type(model)], capture=on_cuda if capture is None else capture)
     return model.graphs

@@ -330,7 +330,7 @@ class Transformer(nn.Module):
         if self.graphs is not None and cache is not None and embeds is None and attn_mask is None:
             replayed = self.graphs.forward(tokens, positions, cache, tree_mask)  # None: this call runs eagerly
             if replayed is not None:
-                return replayed
+                return replayed  # (logits, hidden)
         h = self.tok_embeddings(tokens) if embeds is None else embeds
         hidden = self.hidden_states(h, positions, cache, tree_mask, context_kv, attn_mask)
         return self.output(hidden), hidden

@@ -14,7 +14,7 @@ from specgen.errors import UsageError
 from specgen.image.target import CFGTarget
 from specgen.methods.text import EmptyDrafter, JacobiDrafter, NgramDrafter
 from specgen.models import graphs
-from specgen.models.graphs import Bucket, StaticInputs, static_forward
+from specgen.models.graphs import Bucket, StaticInputs, target_step
 from specgen.native import ops as native_ops
 from tests.conftest import tiny_model
 from tests.image_fixtures import tiny_image_target
@@ -29,13 +29,14 @@ def static_target(model, capture=False) -> ModelTarget:
     return ModelTarget(model)
 
 
-def fake_step(model, bucket: Bucket, step=static_forward):
+def fake_step(model, bucket: Bucket, step=target_step):
     """Run a bucket's step under FakeTensorMode: a read of a tensor value on the host raises there."""
     with FakeTensorMode(allow_non_fake_inputs=True) as mode, torch.inference_mode():
         cfg = model.cfg
         k = torch.zeros(cfg.n_layers, bucket.rows + 1, cfg.n_kv_heads, 64, cfg.hd, dtype=model.dtype)
-        x = StaticInputs(bucket, "cpu")
-        x.tokens, x.positions, x.meta, x.tree = (mode.from_tensor(t) for t in (x.tokens, x.positions, x.meta, x.tree))
+        x = StaticInputs(bucket, "cpu", 64)
+        x.tokens, x.positions, x.meta, x.tree, x.eye = (mode.from_tensor(t) for t in
+                                                        (x.tokens, x.positions, x.meta, x.tree, x.eye))
         return step(model, x, mode.from_tensor(k), mode.from_tensor(k.clone()), None)
 
 
@@ -59,7 +60,7 @@ def test_a_step_that_reads_the_host_fails_the_check(no_native):
     def reads(model, x, k, v, cross):
         if int(x.meta[0, 0]) > 0:
             pass
-        return static_forward(model, x, k, v, cross)
+        return target_step(model, x, k, v, cross)
 
     with pytest.raises(Exception, match="[Dd]ata.dependent|item|local_scalar"):
         fake_step(tiny_model(0), Bucket(1, 4), reads)
@@ -113,3 +114,25 @@ def test_graphs_on_a_cpu_are_refused_and_auto_is_off():
     assert graphs.attach(model, "auto") is None and model.graphs is None
     with pytest.raises(UsageError, match="--graphs 'maybe'"):
         graphs.attach(model, "maybe")
+
+
+@pytest.mark.parametrize("method", ["eagle2", "adt-tree"])
+def test_image_trees_with_captured_drafter_levels_decode_what_eager_ar_decodes(method):
+    """Target verifies and EAGLE drafter levels (their `attn_mask` staged) both through static steps, batch 1 and 2."""
+    from specgen.image.methods import ImageParts, build_image_method
+    from specgen.methods import run_batch
+    from specgen.models.eagle import EagleNet
+
+    model = tiny_image_target(0)
+    torch.manual_seed(1)
+    net = EagleNet.from_target(model).eval()
+    eager = decode_batch(CFGTarget(tiny_image_target(0), 3.0), lambda i: EmptyDrafter(), [[0], [1]], 16,
+                         SamplingParams())
+    graphs.attach(model, "on", capture=False)
+    graphs.attach(net, "on", capture=False)
+    parts = ImageParts(model, CFGTarget(model, 3.0), net, None, 4)
+    for batch in (1, 2):
+        got = run_batch(parts.target, lambda i: build_image_method(method, parts, {})[0], [[0], [1]], 16,
+                        SamplingParams(), batch_size=batch)
+        assert [r.tokens for r in got.results] == [r.tokens for r in eager.results]
+    assert net.graphs.replays > 0 and net.graphs.eager_calls == 0 and model.graphs.eager_calls == 0
