@@ -141,8 +141,10 @@ def hf_rows(model, prompts, new: int, base, s_ours: float) -> None:
     if DEVICE != "cuda":
         return
     try:
+        # transformers' documented fast path: a static cache makes `generate` compile the forward itself
+        # (its CompileConfig: fullgraph, mode "reduce-overhead"); wrapping the forward by hand as well made the
+        # compiled graphs overwrite outputs generate still held (the run at 2c09eb9)
         hf.generation_config.cache_implementation = "static"
-        hf.forward = torch.compile(hf.forward, mode="reduce-overhead", fullgraph=True)
         _, compile_s = timed(lambda: [gen(p, new) for p in prompts[:2]])
         outs, s = timed(lambda: [gen(p, new) for p in prompts])
         row(suite="text", row="hf-compiled (static cache + torch.compile)", tok_s=tokens / s, ours_vs=s / s_ours,
@@ -204,6 +206,47 @@ def mesh_rows(num: int) -> None:
                 vs_ar_off=s_ar["off"] / s, exact=sum(t == b for t, b in zip(toks, base)) / num)
 
 
+def attention_rows(new: int = 64) -> None:
+    """Per attention of a captured bf16 step: AR speed at batch 1 and 16, and whether a verify scores each node
+    bitwise as the AR step did (16 greedy AR steps, then the same 16 tokens as one chain): the query-count invariance
+    that lossless decoding needs."""
+    cfg = SMOLLM2 if DEVICE == "cuda" else dataclasses.replace(SMOLLM2, n_layers=2, vocab_size=512)
+    torch.manual_seed(0)
+    model = Transformer(cfg).to(DEVICE, torch.bfloat16).eval()
+    target = ModelTarget(model)
+    target.device = DEVICE
+    prompts, big = prompts_of(4, cfg.vocab_size), prompts_of(16, cfg.vocab_size, seed=1)
+    for attention in ("chunked", "sdpa"):
+        graphs.attach(model, "on", capture=None if DEVICE == "cuda" else False, attention=attention)
+        run = lambda ps, b: decode_batch(target, lambda i: EmptyDrafter(), ps, new, SamplingParams(),  # noqa: E731
+                                         batch_size=b)
+        run(prompts[:1], 1)
+        _, s1 = timed(lambda: run(prompts, 1))
+        run(big, 16)
+        _, s16 = timed(lambda: run(big, 16))
+        with torch.inference_mode():
+            p = prompts[0]
+            cache = target.new_cache(1, len(p) + 64)
+            tok = int(target.prefill(torch.tensor([p], device=DEVICE), cache).logits[0, -1].argmax())
+            steps, toks = [], [tok]
+            for i in range(16):
+                out = target.forward(torch.tensor([[tok]], device=DEVICE), torch.tensor([[len(p) + i]], device=DEVICE),
+                                     cache, None)
+                cache.commit(0, [0])
+                steps.append(out.logits[0, 0])
+                tok = int(out.logits[0, 0].argmax())
+                toks.append(tok)
+            cache = target.new_cache(1, len(p) + 64)
+            target.prefill(torch.tensor([p], device=DEVICE), cache)
+            chain = target.forward(torch.tensor([toks[:16]], device=DEVICE),
+                                   (len(p) + torch.arange(16, device=DEVICE))[None], cache, None).logits[0]
+        same = sum(bool(torch.equal(a, b)) for a, b in zip(steps, chain))
+        diff = max(float((a.float() - b.float()).abs().max()) for a, b in zip(steps, chain))
+        row(suite="attention", row=f"bf16 captured steps, attention={attention}", tok_s=len(prompts) * new / s1,
+            b16_tok_s=len(big) * new / s16, vs_b1=(len(big) / s16) / (len(prompts) / s1),
+            bitwise_rows=f"{same}/16", max_abs_diff=diff)
+
+
 # Paper shapes with random weights (what the papers decode; the weights do not change a forward's cost):
 # name -> (config, cache rows per sequence (CFG: 2), cached prefix, frontier width of a drafter level)
 def scale_shapes() -> dict:
@@ -263,7 +306,7 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--images", type=int, default=8)
     ap.add_argument("--meshes", type=int, default=8)
-    ap.add_argument("--only", default="text,image,mesh,scale")
+    ap.add_argument("--only", default="text,image,mesh,scale,attention")
     ap.add_argument("--json", default="")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU (checks the script, measures nothing)")
     args = ap.parse_args()
@@ -274,7 +317,7 @@ def main() -> None:
     name = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (smoke)"
     print(f"device {name}, torch {torch.__version__}, cuda {torch.version.cuda}", flush=True)
     suites = {"text": lambda: text_rows(args.new), "image": lambda: image_rows(args.images),
-              "mesh": lambda: mesh_rows(args.meshes), "scale": scale_rows}
+              "mesh": lambda: mesh_rows(args.meshes), "scale": scale_rows, "attention": attention_rows}
     for name in args.only.split(","):
         try:
             suites[name]()

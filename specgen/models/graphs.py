@@ -96,12 +96,18 @@ def visibility(x: StaticInputs, t: int) -> torch.Tensor:
     return ((pending & ((rel >= 0) & (rel < s))[:, None, :]) | (rel < 0)[:, None, :]).unsqueeze(1) | own
 
 
-def attention_mask(visible: torch.Tensor, cfg, dtype: torch.dtype):
-    """What a block attends with: SDPA's additive mask in float32, the chunked invariant plan otherwise."""
+def chunked_mask(visible: torch.Tensor, cfg, dtype: torch.dtype):
+    """What a block attends with: SDPA's additive mask in float32, the chunked invariant plan in low precision."""
     r, _, s, t = visible.shape
     if dtype == torch.float32:
         return additive_mask(visible)
     return chain_plan(visible, r, s, t, cfg.n_heads, cfg.n_kv_heads, cfg.hd, visible.device)
+
+
+#: attention of a captured step -> its mask: "chunked" (default; the invariant the eager path has) or "sdpa" (an
+#: additive mask in every dtype: fewer kernels; `scripts/gpu_graphs.py --only attention` measures whether its sums
+#: are query-count invariant on a GPU before it may become a default)
+ATTENTION = {"chunked": chunked_mask, "sdpa": lambda visible, cfg, dtype: additive_mask(visible)}
 
 
 def static_cache(x: StaticInputs, k: torch.Tensor, v: torch.Tensor) -> StaticCache:
@@ -113,11 +119,12 @@ def static_cache(x: StaticInputs, k: torch.Tensor, v: torch.Tensor) -> StaticCac
     return StaticCache(k, v, (base[:, :, None] + slots[:, None, :]).reshape(-1), r)
 
 
-def target_step(model, x: StaticInputs, k: torch.Tensor, v: torch.Tensor, cross) -> tuple[torch.Tensor, ...]:
+def target_step(model, x: StaticInputs, k: torch.Tensor, v: torch.Tensor, cross, attention: str = "chunked"
+                ) -> tuple[torch.Tensor, ...]:
     """A Transformer's cached forward on one bucket: logits [R, S, V] and hidden [R, S, dim]; device ops only."""
     h = model.tok_embeddings(x.tokens)  # [R, S, dim]
     rot = rotation(model.rope_table[x.positions].to(h.dtype), model.cfg.rope_layout)
-    mask = attention_mask(visibility(x, k.shape[3]), model.cfg, h.dtype)
+    mask = ATTENTION[attention](visibility(x, k.shape[3]), model.cfg, h.dtype)
     cache = static_cache(x, k, v)
     for i, blk in enumerate(model.layers):
         h = blk(h, rot, i, cache, mask, False, None if cross is None else cross[i])
@@ -125,11 +132,12 @@ def target_step(model, x: StaticInputs, k: torch.Tensor, v: torch.Tensor, cross)
     return model.output(hidden), hidden
 
 
-def eagle_step(net, x: StaticInputs, k: torch.Tensor, v: torch.Tensor, cross) -> tuple[torch.Tensor, ...]:
+def eagle_step(net, x: StaticInputs, k: torch.Tensor, v: torch.Tensor, cross, attention: str = "chunked"
+               ) -> tuple[torch.Tensor, ...]:
     """An EAGLE drafter's cached forward on one bucket: predicted features [R, S, D]; device ops only."""
     h = net.fc(torch.cat([net.tok_embeddings(x.tokens), x.features], dim=-1))  # [R, S, D]
     rot = rotation(net.rope_table[x.positions].to(h.dtype), net.cfg.rope_layout)
-    mask = attention_mask(visibility(x, k.shape[3]), net.cfg, h.dtype)
+    mask = ATTENTION[attention](visibility(x, k.shape[3]), net.cfg, h.dtype)
     return (net.layers[0](h, rot, 0, static_cache(x, k, v), mask, False, None),)
 
 
@@ -148,8 +156,8 @@ class StepGraphs:
     """A module's static cache and its captured steps, one CUDA graph per bucket (`capture=False`: the same static
     step run eagerly, which is what the CPU tests exercise)."""
 
-    def __init__(self, model, kind: StepKind, capture: bool = True) -> None:
-        self.model, self.kind, self.capture = model, kind, capture
+    def __init__(self, model, kind: StepKind, capture: bool = True, attention: str = "chunked") -> None:
+        self.model, self.kind, self.capture, self.attention = model, kind, capture, attention
         param = next(model.parameters())
         self.dtype, self.device = param.dtype, param.device
         self.k = self.v = None  # [L, C + 1, Hkv, T, D]: C cache rows and one scratch row for padding rows
@@ -211,7 +219,7 @@ class StepGraphs:
         elif graph is not None:
             graph.replay()
         else:
-            outs = self.kind.step(self.model, x, self.k, self.v, self.cross)
+            outs = self.kind.step(self.model, x, self.k, self.v, self.cross, self.attention)
         self.replays += 1
         return tuple(o[:n, :s].clone() for o in outs)
 
@@ -269,17 +277,17 @@ class StepGraphs:
         """The bucket's first call: run it (warm-up) and capture it; (outputs, graph)."""
         step = self.kind.step
         if not self.capture:
-            return step(self.model, x, self.k, self.v, self.cross), None
+            return step(self.model, x, self.k, self.v, self.cross, self.attention), None
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):  # warm-up: lazy initialisations happen outside the capture
-            step(self.model, x, self.k, self.v, self.cross)
+            step(self.model, x, self.k, self.v, self.cross, self.attention)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         self.pool = self.pool or torch.cuda.graph_pool_handle()
         try:
             with torch.cuda.graph(graph, pool=self.pool):
-                outs = step(self.model, x, self.k, self.v, self.cross)
+                outs = step(self.model, x, self.k, self.v, self.cross, self.attention)
         except torch.cuda.OutOfMemoryError:
             free = torch.cuda.mem_get_info()[0]
             raise UsageError(f"--graphs: bucket of {b.rows} rows x {b.nodes} nodes does not fit in the GPU's "
@@ -308,7 +316,7 @@ def kinds() -> dict[type, StepKind]:
     return {Transformer: StepKind(target_step), EagleNet: StepKind(eagle_step, features=True, exact_trees=False)}
 
 
-def attach(model, mode: str = "auto", capture: bool | None = None) -> StepGraphs | None:
+def attach(model, mode: str = "auto", capture: bool | None = None, attention: str = "chunked") -> StepGraphs | None:
     """Give `model` (a Transformer or an EAGLE drafter) captured steps per `mode` (auto: on CUDA; on: CUDA or a
     one-line refusal; off: none); a CUDA torch that cannot capture runs eagerly with one warning. `capture=False`
     runs the static steps uncaptured (the CPU tests)."""
@@ -323,5 +331,5 @@ def attach(model, mode: str = "auto", capture: bool | None = None) -> StepGraphs
     if on_cuda and not hasattr(torch.cuda, "CUDAGraph"):
         warnings.warn("this torch build cannot capture CUDA graphs: decoding runs eagerly", stacklevel=2)
         return None
-    model.graphs = StepGraphs(model, kinds()[type(model)], capture=on_cuda if capture is None else capture)
+    model.graphs = StepGraphs(model, kinds()[type(model)], on_cuda if capture is None else capture, attention)
     return model.graphs
