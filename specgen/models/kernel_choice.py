@@ -18,9 +18,9 @@ is the smallest measured r from which oneDNN beats MKL at every larger measured 
 first run of consecutive measured counts where it beats both (and every larger count too when that run reaches
 the last one), for float32 products where tiled.c was built. `decode_layout` measures at load, at the thread
 count of that moment; a later thread count is measured on the first product that runs under it (benchmarks
-warm up first). One measurement takes ~60 passes: tens of ms for the tiny models, ~3 s for SmolLM2 on one idle
-core. It is shared by every model with the same weight shapes in the process; copies a plan never uses are
-dropped. `SPECGEN_PACKED_MIN_ROWS=N` pins the two-kernel choice (oneDNN from N rows, no native loop), e.g. to
+warm up first). One measurement takes ~60 passes (seconds for SmolLM2), so its plan is kept on disk per machine,
+torch version, thread count and weight shapes (`models/plan_cache.py`) and a later start reads it; in the process it
+is shared by every model with the same weight shapes; copies a plan never uses are dropped. `SPECGEN_PACKED_MIN_ROWS=N` pins the two-kernel choice (oneDNN from N rows, no native loop), e.g. to
 reproduce a run or skip the measurement; `SPECGEN_NATIVE=0` leaves the native loop out.
 """
 
@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from specgen.devices import onednn_packs
+from specgen.models import plan_cache
 from specgen.native import tiled_linear
 
 ENV = "SPECGEN_PACKED_MIN_ROWS"
@@ -189,6 +190,17 @@ def describe() -> str:
     return " / ".join(plans)
 
 
+def stored_or_measured(linears: list, signature: tuple, threads: int) -> Plan:
+    """The plan stored for this machine, torch, thread count and shapes (`plan_cache`), else measured and stored."""
+    k = plan_cache.key(signature, threads)
+    stored = plan_cache.load(k)
+    if stored is not None:
+        return Plan(*stored)
+    plan = time_passes(linears).plan
+    plan_cache.store(k, plan.min_rows, plan.native)
+    return plan
+
+
 class KernelChoice:
     """Shared by one model's PackedLinears: the kernel plan at the current thread count."""
 
@@ -221,7 +233,7 @@ class KernelChoice:
         if key not in _MEASURED:
             if not all(cpu_packable(lin.weight) for lin in linears):  # CPU kernels only: never timed on a GPU
                 return Plan(FALLBACK_MIN_ROWS)
-            _MEASURED[key] = time_passes(linears).plan
+            _MEASURED[key] = stored_or_measured(linears, self.signature, threads)
         plan = _MEASURED[key]
         for lin in linears:  # the copies this plan never reads (remade on use should another thread count need them)
             if plan.native is None:

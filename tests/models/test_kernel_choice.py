@@ -10,7 +10,7 @@ from torch import nn
 
 from specgen import native
 from specgen.errors import UsageError
-from specgen.models import kernel_choice
+from specgen.models import kernel_choice, plan_cache
 from specgen.models.kernel_choice import ENV, Plan, Timing, time_passes
 from specgen.models.packed_linear import PackedLinear, pack_linears
 from tests.conftest import needs_native, needs_onednn, tiny_model
@@ -85,6 +85,7 @@ def test_products_follow_a_plan_with_the_native_loop_and_drop_unread_copies(monk
     everywhere = Timing((1, 2), (1.0, 2.0), (2.0, 1.0), (0.5, 0.5))
     monkeypatch.setattr(kernel_choice, "time_passes", lambda *a, **k: everywhere)
     monkeypatch.setattr(kernel_choice, "_MEASURED", {})
+    plan_cache.path().unlink()  # another machine's measurement, not the stored one
     lin = pack_linears(copy.deepcopy(ref))
     lin._packed = ("stale", None)
     with torch.inference_mode():
@@ -179,3 +180,47 @@ def test_describe_names_the_crossovers_in_use(monkeypatch):
     assert kernel_choice.describe() == "native 1-2 rows, oneDNN from 2 rows / native from 1 rows / oneDNN from 4 rows"
     monkeypatch.setenv(ENV, "3")
     assert kernel_choice.describe() == "oneDNN from 3 rows (pinned)"
+
+
+def plan_cache_case(monkeypatch):
+    """A fresh process's view (nothing measured in memory) with a counting, fixed measurement."""
+    calls = []
+
+    def fake(linears, rows=kernel_choice.ROWS, rounds=kernel_choice.ROUNDS):
+        calls.append(1)
+        return Timing((1, 2), (1.0, 3.0), (2.0, 1.0))  # oneDNN from 2 rows
+
+    monkeypatch.setattr(kernel_choice, "time_passes", fake)
+    monkeypatch.setattr(kernel_choice, "_MEASURED", {})
+    return calls
+
+
+def test_a_stored_plan_is_read_on_the_next_start_and_a_new_machine_measures(monkeypatch):
+    lins = [torch.nn.Linear(8, 8)]
+    sig = ((8, 8, torch.float32),)
+    calls = plan_cache_case(monkeypatch)
+    assert kernel_choice.stored_or_measured(lins, sig, 1) == Plan(2)
+    monkeypatch.setattr(kernel_choice, "_MEASURED", {})  # a second process
+    assert kernel_choice.stored_or_measured(lins, sig, 1) == Plan(2) and len(calls) == 1  # no timing pass
+    monkeypatch.setattr(plan_cache, "machine", lambda: "other-cpu-flags")
+    kernel_choice.stored_or_measured(lins, sig, 1)
+    assert len(calls) == 2  # another CPU (or torch) measures again
+
+
+def test_a_corrupt_plan_file_is_ignored_and_rewritten(monkeypatch):
+    calls = plan_cache_case(monkeypatch)
+    plan_cache.path().parent.mkdir(parents=True)
+    plan_cache.path().write_text("{not json")
+    sig = ((8, 8, torch.float32),)
+    assert kernel_choice.stored_or_measured([torch.nn.Linear(8, 8)], sig, 1) == Plan(2) and len(calls) == 1
+    assert plan_cache.load(plan_cache.key(sig, 1)) == (2, None)
+
+
+def test_an_unwritable_plan_folder_measures_with_one_warning(monkeypatch, tmp_path):
+    calls = plan_cache_case(monkeypatch)
+    (tmp_path / "file").write_text("")
+    monkeypatch.setattr(plan_cache, "path", lambda: tmp_path / "file" / "plans" / plan_cache.FILE)  # under a file
+    plan_cache.warn_unwritable.cache_clear()
+    with pytest.warns(UserWarning, match="kernel plans are not cached"):
+        assert kernel_choice.stored_or_measured([torch.nn.Linear(8, 8)], ((8, 8, torch.float32),), 1) == Plan(2)
+    assert len(calls) == 1

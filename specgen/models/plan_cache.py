@@ -1,0 +1,74 @@
+"""Kernel plans kept on disk: measured once per machine, torch version, thread count and weight shapes.
+
+`kernel_choice` times a model's products at load to choose MKL, oneDNN or the tiled loop per row count. The answer
+depends only on the machine and the weights' shapes, so it is stored in `$SPECGEN_HOME/plans/kernel-plans.json`
+under a key of the CPU's model name and flags, the torch version, the thread count and the shapes: a second start
+reads it instead of timing again, and another machine (other flags) or another torch measures anew. A file that
+does not parse is ignored and rewritten; a folder that cannot be written leaves the process measuring, with one
+warning.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import warnings
+from pathlib import Path
+
+import torch
+
+from specgen import registry
+from specgen.native import cpu_signature
+from specgen.paths import atomic_write_text
+
+FILE = "kernel-plans.json"
+
+
+@functools.cache
+def machine() -> str:
+    """What a plan depends on besides the shapes: this CPU (model name, flags) and this torch."""
+    return hashlib.sha256(f"{cpu_signature()}\ntorch {torch.__version__}".encode()).hexdigest()[:16]
+
+
+def path() -> Path:
+    return registry.home() / "plans" / FILE
+
+
+def key(signature: tuple, threads: int) -> str:
+    shapes = ";".join(f"{i}x{o}:{str(d).removeprefix('torch.')}" for i, o, d in signature)
+    return f"{machine()}|{threads}|{shapes}"
+
+
+def read() -> dict:
+    """The stored plans ({} when there are none, or the file does not parse)."""
+    try:
+        data = json.loads(path().read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def load(k: str) -> tuple[int, tuple[int, int | None] | None] | None:
+    """(min_rows, native) stored under `k`, or None (nothing stored, or an entry that does not parse)."""
+    got = read().get(k)
+    try:
+        min_rows, native = int(got["min_rows"]), got["native"]
+        return min_rows, None if native is None else (int(native[0]), None if native[1] is None else int(native[1]))
+    except (TypeError, KeyError, IndexError, ValueError):
+        return None
+
+
+def store(k: str, min_rows: int, native: tuple[int, int | None] | None) -> None:
+    """Add a plan; a folder that cannot be written warns once and keeps the process's own measurement."""
+    plans = read()
+    plans[k] = {"min_rows": min_rows, "native": None if native is None else list(native)}
+    try:
+        atomic_write_text(path(), json.dumps(plans, indent=1, sort_keys=True))
+    except OSError as e:
+        warn_unwritable(str(path().parent), e.strerror or str(e))
+
+
+@functools.cache
+def warn_unwritable(folder: str, why: str) -> None:
+    warnings.warn(f"kernel plans are not cached ({folder}: {why}); each start measures them again", stacklevel=3)
