@@ -25,6 +25,7 @@ def tiny_config(*overrides: str) -> HeadsTrainConfig:
     return load_config(HeadsTrainConfig, None, TINY + list(overrides))
 
 
+@pytest.mark.slow
 def test_heads_training_loss_decreases_and_resumes(tmp_path):
     old = torch.get_num_threads()
     cfg = tiny_config("name=t-ca", "stage1_epochs=6", "stage1_min_lr=1e-3", "stage2_epochs=2")
