@@ -26,6 +26,7 @@ def test_specgen_native_0_turns_it_off(fresh, monkeypatch):
     assert native.attention() is None
 
 
+@pytest.mark.slow
 def test_a_build_is_cached_by_source_flags_compiler_and_cpu(fresh):
     first = native.build("glue")
     if first is None:

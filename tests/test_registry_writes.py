@@ -84,6 +84,7 @@ def dead_pid() -> int:
     return p.pid
 
 
+@pytest.mark.slow
 def test_concurrent_overwriting_writers_never_fail(specgen_home):
     procs = [writer(specgen_home, "shared", count=15) for _ in range(2)]
     outs = [p.communicate(timeout=300) for p in procs]
@@ -95,6 +96,7 @@ def test_concurrent_overwriting_writers_never_fail(specgen_home):
     assert hidden(specgen_home / "checkpoints" / "target") == []
 
 
+@pytest.mark.slow
 def test_concurrent_new_writers_one_wins_the_other_is_told(specgen_home):
     procs = [writer(specgen_home, "once", overwrite=False, pause=1.0) for _ in range(2)]
     outs = [p.communicate(timeout=300)[0] for p in procs]

@@ -240,6 +240,7 @@ def test_shipped_models_generate_then_export(tmp_path):
             assert len(trimesh.load(x["file"], force="mesh", process=False).faces) == x["faces"]
 
 
+@pytest.mark.slow
 def test_mesh_benchmark_rows_at_several_precisions_in_one_run():
     """`dtypes` gives a row its own precision (its backbone and heads loaded once in that dtype); unknown rows fail."""
     args = ["benchmark", "--suite", "meshes", "--limit", "1", "--max-new-tokens", "40", "rows=[ar,ca+lora]",

@@ -360,6 +360,7 @@ def test_every_default_and_shipped_recipe_passes_the_checks():
     assert len(classes) >= 15 and loaded >= len(recipes) > 20
 
 
+@pytest.mark.slow
 def test_a_closed_stdout_is_no_error_message(tiny):
     """`specgen ... | head` closing the pipe early: exit 1 without a message (as Unix filters do), no traceback."""
     import os

@@ -185,6 +185,7 @@ def test_image_benchmark_of_one_image_marks_fid_na():
     assert rows[0]["class_accuracy"] == 1.0
 
 
+@pytest.mark.slow
 def test_one_image_benchmark_runs_and_keeps_earlier_grids(tmp_path):
     out = tmp_path / "bench"
     args = ["benchmark", "--suite", "images", "--limit", "1", "--format", "json", f"out_dir={out}", "methods=[ar]",

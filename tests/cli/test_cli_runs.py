@@ -78,6 +78,7 @@ def test_two_shards_merge_into_the_single_process_rows(single, tmp_path):
     assert table.exit_code == 0 and "batched" in table.stdout and "ngram" in table.stdout
 
 
+@pytest.mark.slow
 def test_torchrun_two_gloo_ranks_give_the_single_process_rows(single, tmp_path):
     run = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -89,6 +90,7 @@ def test_torchrun_two_gloo_ranks_give_the_single_process_rows(single, tmp_path):
     assert {f.name for f in run.glob("records-*")} == {"records-0-of-2.jsonl", "records-1-of-2.jsonl"}
 
 
+@pytest.mark.slow
 def test_a_torn_record_is_redone_and_every_item_counts_once(single, tmp_path):
     run = tmp_path / "run"
     assert invoke(*ARGS, "--run-dir", run, "--shard", "0/2").exit_code == 0
@@ -106,6 +108,7 @@ def test_a_torn_record_is_redone_and_every_item_counts_once(single, tmp_path):
     assert file.read_text().endswith("\n")
 
 
+@pytest.mark.slow
 def test_a_killed_run_resumes_where_it_stopped(long_tiny_target, tmp_path):  # noqa: F811
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "cli.main", *bench(12, 24, "1", "execute=false"), "--run-dir", str(run)]
@@ -176,6 +179,7 @@ IMAGE_EXACT = ["method", "temperature", "lossless", "images", "tau", "d_bar", "n
                "clf_fid", "class_accuracy", "classes"]
 
 
+@pytest.mark.slow
 def test_image_shards_and_torchrun_ranks_give_the_single_process_rows(tiny_image, tmp_path):  # noqa: F811
     pick = lambda rows: [{k: r.get(k) for k in IMAGE_EXACT} for r in rows]  # noqa: E731
     single = rows_of(invoke(*IMAGES, f"out_dir={tmp_path / 'one'}", "--format", "json"))
@@ -195,6 +199,7 @@ def test_image_shards_and_torchrun_ranks_give_the_single_process_rows(tiny_image
     assert pick(json.loads(done.stdout)) == pick(single)
 
 
+@pytest.mark.slow
 def test_mesh_shards_give_the_single_process_rows(tmp_path):
     args = ["benchmark", "--suite", "meshes", "--limit", "3", "--max-new-tokens", "120", "rows=[ar,ca+lora]",
             "deltas=[0.3]", "topk_accept=[]", "tree_k=[]", "depths=[]", "batch_sizes=[1,2]", "--format", "json"]

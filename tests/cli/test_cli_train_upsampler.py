@@ -30,6 +30,7 @@ def run(tmp, out, *args):
                                f"token_cache={tmp / 'cache'}", *TINY, *args])
 
 
+@pytest.mark.slow
 def test_train_register_resume_and_warm_start(tiny_vq):
     r = run(tiny_vq, "u2", "steps=3", "gan_start=1", "name=t-up2")
     assert r.exit_code == 0, r.output

@@ -137,6 +137,7 @@ def flat_model():
 
 
 @pytest.mark.parametrize("method", LOSSLESS_TEXT)
+@pytest.mark.slow
 def test_rejection_sampling_in_a_batch_keeps_each_rows_distribution(flat_model, method):
     exact = exact_joint(flat_model, [1, 2, 3], 3)
     target = ModelTarget(flat_model)

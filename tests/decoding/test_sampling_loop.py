@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
 import torch
 
 from specgen.config import load_config
@@ -23,6 +24,7 @@ def joint(model, drafter, n=1000, seed=0):
     return Counter(tuple(decode(target, drafter, [1, 2, 3], 3, params, generator=g).tokens) for _ in range(n))
 
 
+@pytest.mark.slow
 def test_jacobi_sampling_matches_ar_joint_distribution():
     model = tiny_model(5, vocab_size=4, dim=16)
     for p in model.parameters():  # flatter logits so many sequences have mass

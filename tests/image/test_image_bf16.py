@@ -53,6 +53,7 @@ def test_bf16_target_runs_in_bf16():
     assert cache.k.dtype == BF16 and out.logits.dtype == BF16  # KV cache and activations follow the weights
 
 
+@pytest.mark.slow
 def test_load_image_model_in_bf16_and_greedy_adt_tree_equals_ar():
     """The built-in tiny image GPT and its shipped EAGLE drafter (EagleNet) load in bfloat16; the VQ stays float32."""
     from specgen.image.generate import ImageGenConfig, generate_images, load_image_model

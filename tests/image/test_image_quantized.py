@@ -40,6 +40,7 @@ def test_quantized_image_gpt_is_close_to_its_float_model():
     assert (got - want).abs().max() < 0.05 * want.abs().max()
 
 
+@pytest.mark.slow
 def test_load_image_model_quantized_and_greedy_adt_tree_equals_ar():
     """The built-in tiny image GPT quantized at load (`dtype` may name the quantization, as benchmark rows do); its
     shipped EAGLE drafter runs at bfloat16 and the VQ at float32."""

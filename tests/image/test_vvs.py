@@ -181,6 +181,7 @@ def test_benchmark_rows_for_vvs_variants(tiny_image):  # noqa: F811
     assert all(x["tpf"] > 0 for x in rows.values())
 
 
+@pytest.mark.slow
 def test_benchmark_vvs_sweeps_add_rows_and_pareto_plots(tiny_image):  # noqa: F811
     out = tiny_image / "sweep"
     r = runner.invoke(app, ["benchmark", "--suite", "images", "--model", "t-gpt", "--limit", "1", "--format",

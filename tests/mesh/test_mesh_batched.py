@@ -37,9 +37,12 @@ def decode_all(decoder, clouds, params, opts, batch_size, indices=None):
     return [r.tokens for r in decoder.generate_batch(clouds, params, 60, opts, gens, dgens, batch_size)]
 
 
-@pytest.mark.parametrize("params", [SamplingParams(), SAMPLED], ids=["greedy", "sampled"])
-@pytest.mark.parametrize("opts", [LOSSLESS, XSpecMeshOptions(delta=0.05), XSpecMeshOptions(vertex_lookup=True)],
-                         ids=["rejection", "threshold", "vertex-lookup"])
+# the default run keeps one case (sampled, lossless rule); the other five are `slow`
+@pytest.mark.parametrize("opts,params", [
+    pytest.param(o, p, id=f"{oid}-{pid}", marks=() if (oid, pid) == ("rejection", "sampled") else pytest.mark.slow)
+    for oid, o in [("rejection", LOSSLESS), ("threshold", XSpecMeshOptions(delta=0.05)),
+                   ("vertex-lookup", XSpecMeshOptions(vertex_lookup=True))]
+    for pid, p in [("greedy", SamplingParams()), ("sampled", SAMPLED)]])
 def test_each_mesh_is_independent_of_its_batch(clouds, params, opts):
     decoder = MeshDecoder(tiny_mesh_model(), tiny_heads())
     alone = [decode_all(decoder, [pc], params, opts, 1, [i])[0] for i, pc in enumerate(clouds)]

@@ -50,6 +50,7 @@ def test_bf16_mesh_target_runs_in_bf16(clouds):
     assert cache.k.dtype == BF16 and out.logits.dtype == BF16
 
 
+@pytest.mark.slow
 def test_load_mesh_model_in_bf16():
     """The built-in mesh backbone and its heads (stage 1: no adapter, so AR of the backbone is the reference) load in bfloat16 and decode."""
     from specgen.mesh.generate import MeshGenConfig, generate_meshes, load_conditions, load_mesh_model

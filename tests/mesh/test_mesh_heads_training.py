@@ -25,6 +25,7 @@ def tiny_config(*overrides: str) -> HeadsTrainConfig:
     return load_config(HeadsTrainConfig, None, TINY + list(overrides))
 
 
+@pytest.mark.slow
 def test_heads_training_loss_decreases_and_resumes(tmp_path):
     old = torch.get_num_threads()
     cfg = tiny_config("name=t-ca", "stage1_epochs=6", "stage1_min_lr=1e-3", "stage2_epochs=2")
@@ -128,8 +129,9 @@ def test_skip_known_offsets_trains_on_the_remaining_targets(tmp_path):
     torch.set_num_threads(old)
 
 
-@pytest.mark.parametrize("option,key", [("token_input=true", "tok."), ("res_layers=2", "heads.0.more.0."),
-                                        ("history=4", "heads.0.wkv_h.")])
+@pytest.mark.parametrize("option,key", [pytest.param("token_input=true", "tok.", marks=pytest.mark.slow),
+                                        ("res_layers=2", "heads.0.more.0."),
+                                        pytest.param("history=4", "heads.0.wkv_h.", marks=pytest.mark.slow)])
 def test_variant_heads_train_register_and_decode(tmp_path, option, key):
     """Heads beyond the paper's defaults (token_input: beyond the paper; res_layers: Medusa's deeper
     heads): both stages lower the loss, the registered heads keep the setting, and `load_mesh` decodes

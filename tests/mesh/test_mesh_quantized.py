@@ -46,6 +46,7 @@ def test_quantized_mesh_logits_are_close_to_the_float_model(clouds):  # noqa: F8
     assert not torch.equal(got, want) and (got - want).abs().max() < 0.1 * want.abs().max()
 
 
+@pytest.mark.slow
 def test_load_mesh_model_quantized():
     """The built-in mesh backbone and its stage-1 heads: int8 at load, XSpecMesh (lossless rule) equals AR."""
     from specgen.mesh.generate import MeshGenConfig, generate_meshes, load_conditions, load_mesh_model

@@ -73,7 +73,7 @@ def test_history_heads_read_the_committed_hidden_states(setup, monkeypatch):
     assert seen[0][2].shape[1] == 1 and max(p.shape[1] for _, _, p in seen) == 3
 
 
-@pytest.mark.parametrize("history", [0, 3])
+@pytest.mark.parametrize("history", [pytest.param(0, marks=pytest.mark.slow), 3])
 def test_bfloat16_drafting_changes_candidates_not_the_rule(setup, history):
     """bf16 head logits propose (nearly) the same tokens; acceptance stays float32, so accept-nothing is still AR
     sampling and greedy is still greedy AR."""
@@ -232,7 +232,8 @@ def test_head_probabilities_are_the_tempered_softmax_of_their_tokens():
     assert head_candidates(logits, params, XSpecMeshOptions(), None).probs == [1.0] * 4  # no cut: not computed
 
 
-@pytest.mark.parametrize("extra", [{}, {"vertex_lookup": True, "sampling": "tree", "top_k_tree": 1}])
+@pytest.mark.parametrize("extra", [pytest.param({}, marks=pytest.mark.slow),
+                                   {"vertex_lookup": True, "sampling": "tree", "top_k_tree": 1}])
 def test_a_path_cut_changes_the_draft_not_the_rule(setup, extra):
     """min_path_prob (beyond the paper) only shortens what is verified: accept-nothing is still AR sampling,
     greedy still greedy AR, and a high cut verifies fewer candidates per step."""

@@ -77,6 +77,7 @@ def tv_to_backbone(setup, opts: XSpecMeshOptions, n: int = 2500) -> tuple[float,
     return tv, sum(taus) / n, drafted
 
 
+@pytest.mark.slow
 def test_rejection_keeps_the_backbone_distribution_and_the_paper_rule_does_not(setup):
     """27 cells, 2,500 decodes: sampling noise alone gives TV ~ 0.03. The lossy p > delta rule on the same
     candidates is far off (the test can fail), the rejection rule is not, and it still accepts candidates."""
@@ -87,6 +88,7 @@ def test_rejection_keeps_the_backbone_distribution_and_the_paper_rule_does_not(s
     assert lossless_tau > 1.2
 
 
+@pytest.mark.slow
 def test_a_path_cut_keeps_rejection_lossless(setup):
     """min_path_prob (beyond the paper) shortens some chains (the candidates' running probability falls below it)
     and leaves others whole; the output is still the backbone's joint (TV as above)."""

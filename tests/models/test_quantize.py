@@ -227,10 +227,15 @@ def ragged(n: int) -> list[list[int]]:
     return [torch.randint(0, 64, (int(torch.randint(2, 20, (), generator=g)),), generator=g).tolist() for _ in range(n)]
 
 
-@pytest.mark.parametrize("attention", ["native", "torch"])
-@pytest.mark.parametrize("prompt_gemm", [False, True])
-@pytest.mark.parametrize("mode", [m for m, _ in MODES])
-@pytest.mark.parametrize("method", LOSSLESS_TEXT)
+#: the default run: every method on the native path with prompt GEMMs, and one method on every path; the rest `slow`
+PATHS = [(gemm, attention) for attention in ("native", "torch") for gemm in (False, True)]
+QUANT_CASES = [pytest.param(method, mode, gemm, attention, id=f"{attention}-{gemm}-{mode}-{method}",
+                            marks=() if (gemm, attention) == (True, "native") or method == LOSSLESS_TEXT[-1]
+                            else pytest.mark.slow)
+               for method in LOSSLESS_TEXT for mode, _ in MODES for gemm, attention in PATHS]
+
+
+@pytest.mark.parametrize("method,mode,prompt_gemm,attention", QUANT_CASES)
 def test_every_lossless_method_equals_ar_on_the_quantized_model(quantized_targets, method, mode, prompt_gemm,
                                                                   attention, monkeypatch):
     """Prompt prefills (models/prompt.py) run SDPA, and with `prompt_gemm` also the dequantized GEMM (these

@@ -129,6 +129,7 @@ def _script(out: Path, steps: int, *extra: str, env: dict | None = None, ddp: bo
     return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_to_the_same_weights(tmp_path):
     """SIGKILL mid-run (after a few checkpoints), rerun the same command: the weights of an uninterrupted run."""
     whole, part = tmp_path / "whole", tmp_path / "part"
@@ -149,6 +150,7 @@ def test_killed_run_resumes_to_the_same_weights(tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
 def test_two_gloo_processes_average_gradients(tmp_path):
     """torchrun with 2 processes: DDP engages (2 processes in the log), both ranks end with identical weights, and
     those equal one process accumulating the same 2 shards per step (the average of the ranks' gradients)."""
