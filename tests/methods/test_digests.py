@@ -21,6 +21,7 @@ from specgen.image.methods import ImageParts, build_image_method
 from specgen.image.neighbours import compute_neighbours
 from specgen.image.target import CFGTarget
 from specgen.methods import METHODS, run_batch
+from specgen.methods.mulo_sd import MuLoSD
 from specgen.methods.xspecmesh import MeshDecoder
 from specgen.models.upsampler import UpDownSampler, UpsamplerConfig
 from tests.conftest import tiny_model
@@ -62,10 +63,8 @@ def mulo_assets() -> tuple[torch.nn.Module, UpDownSampler]:
 
 def mulo_decoder(parts: ImageParts):
     """MuLo-SD on `mulo_assets` (no registry), rejecting and re-sampling some tokens (tau 0.05, radius 1)."""
-    from specgen.methods.mulo_sd import MuLoSDDecoder
-
     lowres, pair = mulo_assets()
-    return MuLoSDDecoder(lowres, pair, compute_neighbours(parts.codebook, 4), IMAGE_GRID, tau=0.05, radius=1), None
+    return MuLoSD(lowres, pair, compute_neighbours(parts.codebook, 4), IMAGE_GRID, tau=0.05, radius=1), None
 
 
 #: image methods built from something else than `build_image_method` on `image_parts` (assets from the registry)
