@@ -30,9 +30,8 @@ import torch
 
 from specgen.decoding.budget import DraftBudget, FixedBudget
 from specgen.decoding.draft import Draft
-from specgen.decoding.draft_verify import DraftVerify, Rule, judge, judge_batch  # noqa: F401 (re-exported)
-from specgen.decoding.pool import (Drafter, DrafterPool, EachRow, PolicyBase, PoolBase, RowStep,  # noqa: F401
-                                   StepPolicy, row_out)
+from specgen.decoding.draft_verify import DraftVerify, Rule, judge
+from specgen.decoding.pool import Drafter, DrafterPool, EachRow, PolicyBase, PoolBase, RowStep, StepPolicy
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.stats import DecodeStats
 from specgen.decoding.target import Target, TargetOut
@@ -79,13 +78,6 @@ class Run:
     branches: int  # cache rows per sequence (CFG: cond + uncond)
     device: torch.device | str
     on_done: Callable[[int], None] | None
-
-
-def verify_inputs(root: int, draft: Draft, start: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Tokens [1, N+1], positions [1, N+1] and ancestor mask [N+1, N+1] for root + draft (one row)."""
-    tokens = torch.tensor([(root,) + draft.tokens], device=device)
-    positions = (start + draft.tree.offsets()).unsqueeze(0).to(device)
-    return tokens, positions, draft.tree.mask().to(device)
 
 
 def decode(
@@ -177,12 +169,12 @@ class Batch:
 
     def clock(self, phase: str) -> "timed":
         """Charge a block to `phase` of the batch and of every live row (each lives through it)."""
-        return timed([self.total] + [r.stats for r in self.slots], phase)
+        return timed([self.total] + [r.stats for r in self.slots if r is not None and not r.done], phase)
 
     def admit(self, i: int, slot: int) -> Row:
         """Prefill prompt i into `slot` (its own rows of the cache); the policy picks its first token(s)."""
         row, br, policy = Row(i, list(self.prompts[i]), self.generators[i]), self.run.branches, self.policy
-        with timed([self.total, row.stats, *[r.stats for r in self.slots if r is not None and not r.done]], "prefill"):
+        with timed([row.stats], "prefill"), self.clock("prefill"):
             rows = range(slot * br, (slot + 1) * br)
             for r in rows:
                 self.cache.rollback(r, 0)
@@ -195,11 +187,12 @@ class Batch:
         with timed([row.stats], "propose"):
             policy.admit(slot, i, row.prompt, first)
             row.out.extend(policy.start(slot, first, self.run.params, row.generator, row.stats))
-        row.done = self.ended(row, row.out, False)
+        row.done = self.ends(row, row.out, False)
         return row
 
-    def ended(self, row: Row, emitted: list[int], policy_says: bool) -> bool:
-        return len(row.out) >= self.run.max_new_tokens or hit_stop(emitted, self.run.stop_ids) or policy_says
+    def ends(self, row: Row, emitted: list[int], policy_ends: bool) -> bool:
+        """Whether `row` ends after emitting `emitted`: its budget reached, a stop token, or its policy says so."""
+        return len(row.out) >= self.run.max_new_tokens or hit_stop(emitted, self.run.stop_ids) or policy_ends
 
     def finish(self, row: Row) -> None:
         row.out = truncate(row.out, self.run.max_new_tokens, self.run.stop_ids)
@@ -287,7 +280,7 @@ class Batch:
         self.total.steps += 1
         for i, (r, st) in enumerate(zip(self.slots, steps)):
             r.out.extend(st.tokens)
-            r.done = self.ended(r, st.tokens, self.policy.finished(i))
+            r.done = self.ends(r, st.tokens, self.policy.finished(i))
 
     def result(self) -> BatchResult:
         self.total.new_tokens = sum(len(r.tokens) for r in self.results)

@@ -63,12 +63,16 @@ class MethodSpec:
         if self.model_check is not None:
             self.model_check(self.parse_options(options), tokenizer)
 
-    def make_drafter(self, options: dict[str, Any]) -> Any:
-        """The drafter (text) or decoder options (mesh) from an options dict; `seed` and names this method does not
-        know (the loop's `budget` for mesh, a shared test dict) are ignored, values are not checked again."""
+    def make_drafter(self, options: dict[str, Any] | Any, seed: int | None = None) -> Any:
+        """The drafter (text) or decoder options (mesh) from the options object (`parse_options`) or a dict, whose
+        `seed` is the default seed and whose names this method does not know (the loop's `budget` for mesh, a shared
+        test dict) are ignored; values are not checked again."""
         if self.drafter is None:
             raise UsageError(f"method {self.name} is built from the loaded image target (specgen.image.methods)")
-        return self.drafter(O.build(self.options_type, options), options.get("seed", 0))
+        if isinstance(options, dict):
+            seed = options.get("seed", 0) if seed is None else seed
+            options = O.build(self.options_type, options)
+        return self.drafter(options, seed or 0)
 
 
 def ngram(o: O.NgramOptions, seed: int) -> NgramDrafter:

@@ -1,5 +1,6 @@
-"""VVS: no skipping = EAGLE-2 + LANTERN (= AR at T 0 without relaxation); never two skips in a row; post-verification
-restores the KV cache; a row's output does not depend on its batch (its stored digests: tests/methods/test_digests.py)."""
+"""VVS: no skipping = EAGLE-2 + LANTERN (= AR at T 0 without relaxation); never two skips in a row;
+post-verification restores the KV cache; a row's output does not depend on its batch (stored digests:
+tests/methods/test_digests.py)."""
 
 from __future__ import annotations
 
