@@ -290,9 +290,8 @@ class Batch:
 class timed:
     """Add the host time of a block to phase `phase` of every stats object given (each row lives through it).
 
-    The clock does not wait for the device: on a GPU, where kernels run asynchronously, waiting at every phase
-    boundary (10 host syncs a step) cost a launch-bound AR step a large share of its time (docs/results/gpu.md).
-    So a phase is charged for the host's time in it, and the host waits where the step needs a value anyway: the
+    The clock does not wait for the device: on a GPU, where kernels run asynchronously, a host sync at every phase
+    boundary would stall a launch-bound step. So a phase is charged for the host's time in it, and the host waits where the step needs a value anyway: the
     accept rule's read of the verify logits (charged to `accept`) and the drafter's reads of its own outputs
     (`propose`). A step's total, and so the throughput `budget=auto` measures, stays its wall time; on cpu each
     phase is exactly its own time."""
