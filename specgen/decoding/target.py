@@ -24,7 +24,7 @@ class Target(Protocol):
 
     vocab_size: int
     branches: int  # cache rows per sequence (CFG: cond + uncond)
-    device: torch.device  # where its inputs go
+    device: torch.device | str  # where its inputs go
 
     def new_cache(self, batch: int, max_len: int) -> KVCache: ...
 
@@ -46,7 +46,7 @@ class ModelTarget:
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
-        self.device = model.device
+        self.device = str(model.device)  # "cpu" / "cuda:0", as callers that set it after loading (text/target.py) give it
         self.vocab_size = model.cfg.vocab_size
         self.max_seq_len = model.cfg.max_seq_len
 
