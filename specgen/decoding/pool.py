@@ -1,13 +1,12 @@
-"""Drafters of a batch: the loop talks to one `DrafterPool` that drafts for every live slot at once.
+"""What one step of the batched loop talks to: the Drafter, DrafterPool and StepPolicy protocols and their no-op base.
 
-`EachRow` is the pool of any per-row `Drafter` (one object per slot, called in turn). A method whose
-drafter runs a network (EAGLE) provides a pool of its own that runs one drafter forward per tree level
-over every live row (`methods/eagle_batch.py`). Slots are the loop's: live rows occupy [0, n) and the
-loop moves the last row into a freed slot, telling the pool with `move`.
-
-A `StepPolicy` is a pool that keeps a method's own step logic on the shared loop (VVS, MuLo-SD): instead
-of `propose`/`on_accept` it answers `plan` (per row: what to feed the shared forward, or tokens to emit
-without one) and `settle` (per fed row: which fed nodes to keep in the cache, which tokens to emit).
+A `DrafterPool` drafts for every live slot at once; `EachRow` is the pool of per-row `Drafter`s (one object per
+slot, called in turn), EAGLE brings its own (`methods/eagle_batch.py`: one drafter forward per tree level over
+every row). A `StepPolicy` says per row and step what the row feeds the shared forward (or emits without one) and
+turns its logits into the slots to keep and the tokens to emit: draft-verify (`draft_verify.DraftVerify`, a pool
+plus an accept rule) is one, VVS and MuLo-SD are others. Slots are the loop's: live rows occupy [0, n) and the
+loop moves the last row into a freed slot, telling the pool with `move`. A capability a pool or policy lacks
+comes from `PoolBase`'s no-op default.
 """
 
 from __future__ import annotations
@@ -22,48 +21,52 @@ from specgen.decoding.draft import Draft, Verdict
 from specgen.decoding.stats import DecodeStats
 from specgen.decoding.target import TargetOut
 
+Clock = Callable[[str], AbstractContextManager]  # clock(phase): charge a block's wall time to `phase`
+
 
 class Drafter(Protocol):
     """Proposes drafts for one row and re-synchronises after each verdict."""
 
     def reset(self, prompt: list[int], first: TargetOut) -> None:
         """Start a new sequence; `first` is the prefill output."""
-        ...
 
     def propose(self, seq: list[int], budget: int, stats: DecodeStats) -> Draft:
         """A draft of at most `budget` nodes (depth) following `seq` (prompt + generated)."""
-        ...
 
     def on_accept(self, draft: Draft, verdict: Verdict, out: TargetOut) -> None:
         """Learn the outcome; `out` is this row's slice of the verify forward (input 0 = root)."""
-        ...
+
+    def finished(self) -> bool:
+        """Whether the row ends now (e.g. block Jacobi after a block with a stop token)."""
 
 
-class DrafterPool(Protocol):
-    """Drafts for the live slots [0, n) of a batch."""
+class Slots(Protocol):
+    """What the loop asks of whatever holds per-slot state (pools and policies)."""
+
+    max_feed: int  # most nodes one row feeds a forward beyond the draft budget (sizes the cache)
 
     def open(self, width: int, max_len: int) -> None:
         """Before the first admission: at most `width` slots, sequences of at most `max_len` positions."""
-        ...
 
     def admit(self, slot: int, index: int, prompt: list[int], first: TargetOut) -> None:
         """Prompt `index` starts in `slot`; `first` is its prefill output."""
-        ...
+
+    def move(self, src: int, dst: int) -> None:
+        """Slot `src`'s sequence continues in slot `dst`."""
+
+    def finished(self, slot: int) -> bool:
+        """Asked after each step: the row in `slot` ends now."""
+
+
+class DrafterPool(Slots, Protocol):
+    """Drafts for the live slots [0, n) of a batch."""
 
     def propose(self, seqs: Sequence[list[int]], budgets: Sequence[int], stats: Sequence[DecodeStats]) -> list[Draft]:
         """One draft per live slot, in slot order."""
-        ...
 
     def on_accept(self, drafts: Sequence[Draft], verdicts: Sequence[Verdict], out: TargetOut,
                   sizes: Sequence[int], branches: int) -> None:
         """Learn every live slot's outcome from the batched verify forward `out` (slot i: its first sizes[i] inputs)."""
-        ...
-
-    def move(self, src: int, dst: int) -> None:
-        """Slot `src`'s sequence continues in slot `dst`."""
-        ...
-
-    # optional: `finished(slot) -> bool`, asked after each step, ends a row early (its drafter says it is done)
 
 
 @dataclass
@@ -81,33 +84,53 @@ class RowStep:
     tokens: list[int] = field(default_factory=list)
 
 
-class StepPolicy(DrafterPool, Protocol):
-    """A DrafterPool whose rows follow the method's own step logic (hooks of `loop.decode_batch`).
+class StepPolicy(Slots, Protocol):
+    """A method's step over the live slots: the loop prefills, runs the one forward, commits and counts.
 
-    `clock(phase)` is a context manager that charges the block's wall time to `phase` of every live row and
-    of the batch; the loop times the forward ("verify") and the commits itself, the policy everything else.
-    Optional: `max_feed` (most nodes one row feeds: sizes the cache) and `finished(slot)` (end a row).
+    `clock(phase)` charges the block's wall time to `phase` of every live row and of the batch; the loop times
+    the forward ("verify") and the commits itself, the policy everything else.
     """
 
     def start(self, slot: int, first: TargetOut, params, generator: torch.Generator | None,
               stats: DecodeStats) -> list[int]:
         """The first output tokens of the sequence just admitted to `slot` (after `admit`); may be none."""
-        ...
 
     def plan(self, seqs: Sequence[list[int]], budgets: Sequence[int], stats: Sequence[DecodeStats],
-             generators: Sequence[torch.Generator | None], params,
-             clock: Callable[[str], AbstractContextManager]) -> list[RowStep]:
-        """One RowStep per live slot; budgets[i] = tokens slot i may still add beyond one."""
-        ...
+             generators: Sequence[torch.Generator | None], params, clock: Clock) -> list[RowStep]:
+        """1. One RowStep per live slot; budgets[i] = tokens slot i may still add beyond one."""
 
     def settle(self, rows: Sequence[int], lo: int, out: TargetOut, sizes: Sequence[int], params,
                generators: Sequence[torch.Generator | None], stats: Sequence[DecodeStats],
-               clock: Callable[[str], AbstractContextManager]) -> list[tuple[list[int], list[int]]]:
-        """(keep, tokens) per fed slot in `rows`: fed node indices to commit (ascending) and tokens to emit.
+               clock: Clock) -> list[tuple[list[int], list[int]]]:
+        """3. (keep, tokens) per fed slot in `rows`: fed node indices to commit (ascending) and tokens to emit.
 
         Slot rows[j] is row rows[j] - lo of the forward `out` (logits [., S, V], features per CFG branch);
         its first sizes[rows[j] - lo] inputs are real."""
-        ...
+
+    def end_step(self, seconds: float) -> None:
+        """6. The whole step's wall time (a measured draft budget learns from it)."""
+
+
+class PoolBase:
+    """No-op defaults of `Slots` and `StepPolicy` capabilities a pool or policy does not need."""
+
+    max_feed = 0
+
+    def open(self, width: int, max_len: int) -> None:
+        pass
+
+    def move(self, src: int, dst: int) -> None:
+        pass
+
+    def finished(self, slot: int) -> bool:
+        return False
+
+    def end_step(self, seconds: float) -> None:
+        pass
+
+
+class PolicyBase(PoolBase):
+    """Base of StepPolicies: what `decode_batch` runs as given (a pool or per-row drafters get draft-verify)."""
 
 
 def row_out(out: TargetOut, i: int, size: int, branches: int) -> TargetOut:
@@ -115,7 +138,7 @@ def row_out(out: TargetOut, i: int, size: int, branches: int) -> TargetOut:
     return TargetOut(out.logits[i : i + 1, :size], out.features[i * branches : (i + 1) * branches, :size])
 
 
-class EachRow:
+class EachRow(PoolBase):
     """The pool of per-row Drafters: `make(index)` builds prompt index's drafter; each drafts in turn."""
 
     def __init__(self, make: Callable[[int], Drafter]) -> None:
@@ -141,6 +164,4 @@ class EachRow:
         self.slots[dst], self.slots[src] = self.slots[src], None
 
     def finished(self, slot: int) -> bool:
-        """A Drafter with `finished()` may end its row (e.g. block Jacobi after a block with a stop token)."""
-        done = getattr(self.slots[slot], "finished", None)
-        return bool(done and done())
+        return self.slots[slot].finished()

@@ -10,10 +10,11 @@ from __future__ import annotations
 import torch
 
 from specgen.decoding.draft import Draft
+from specgen.decoding.draft_verify import DrafterBase
 from specgen.decoding.target import TargetOut
 
 
-class FeatureRecorder:
+class FeatureRecorder(DrafterBase):
     """Drafter that proposes nothing (AR) and keeps f_t [branches, D] for t = 0, 1, ...: f_0 from the prefill's
     last position, f_t from the forward that fed token t - 1 (its root, input 0)."""
 

@@ -23,6 +23,8 @@ class Target(Protocol):
     """A model that scores new nodes over a KV cache."""
 
     vocab_size: int
+    branches: int  # cache rows per sequence (CFG: cond + uncond)
+    device: torch.device | str  # where its inputs go
 
     def new_cache(self, batch: int, max_len: int) -> KVCache: ...
 
@@ -40,8 +42,11 @@ class Target(Protocol):
 class ModelTarget:
     """Target over a `Transformer` (text LMs): features are the final normed hidden states."""
 
+    branches = 1
+
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
+        self.device = str(model.device)  # "cpu" / "cuda:0", as callers that set it after loading (text/target.py) give it
         self.vocab_size = model.cfg.vocab_size
         self.max_seq_len = model.cfg.max_seq_len
 

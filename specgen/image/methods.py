@@ -4,8 +4,8 @@
 (names, defaults, checks: `specgen.methods.options`); `build_image_method` fills in those defaults.
 
 vvs and mulo-sd keep their own step logic as a step policy of the shared batched loop (`decoding/pool.py`:
-`plan` says per row what to feed or emit without a forward, `settle` judges it); their one-row `decode` loops
-remain only as the reference the tests compare them with.
+`plan` says per row what to feed or emit without a forward, `settle` judges it). Builders take the method's
+options object (`specgen.methods.options`); `build_image_method` also takes a dict.
 
 | method            | tree shape                          | acceptance                       |
 |-------------------|-------------------------------------|----------------------------------|
@@ -28,15 +28,14 @@ import torch
 
 from specgen.decoding.accept_relaxed import accept_lantern
 from specgen.errors import UsageError
+from specgen.image.neighbours import neighbour_table, scaled_k
 from specgen.methods import METHODS, get_method
+from specgen.methods import options as O
 from specgen.methods.adt_tree import AdtParams, AdtPolicy
 from specgen.methods.eagle import EagleTreeDrafter, FixedShape, TreeShape
-from specgen.methods.options import defaults
+from specgen.methods.mulo_sd import build_mulo
 from specgen.methods.text import EmptyDrafter
-
-# A builder called without the table's defaults (tests) falls back to EAGLE-2/LANTERN for LlamaGen (depth 4,
-# top_k 10, total_token 59 + root; `AdtParams`' paper defaults); LANTERN delta 0.1 and k = 1000 of 16,384 codes
-# scaled to the codebook (lantern_k 0).
+from specgen.methods.vvs import build_vvs
 
 
 @dataclass
@@ -57,90 +56,80 @@ def eagle_drafter(parts: ImageParts, policy) -> EagleTreeDrafter:
                             max_len=parts.model.rope_table.shape[0] + 512)
 
 
-def fixed(parts: ImageParts, o: dict) -> FixedShape:
-    shape = TreeShape(int(o.get("depth", 4)), int(o.get("top_k", 10)), int(o.get("total_tokens", 60)))
-    if not (1 <= shape.depth <= 64 and 1 <= shape.top_k <= 512 and shape.total_tokens >= 1):
-        raise UsageError(f"tree bounds out of range: depth 1..64, top_k 1..512, total_tokens >= 1 (got {shape})")
-    return FixedShape(shape)
+def fixed(o: O.TreeShapeOptions) -> FixedShape:
+    return FixedShape(TreeShape(o.depth, o.top_k, o.total_tokens))
 
 
-def adt(parts: ImageParts, o: dict) -> AdtPolicy:
+def adt(parts: ImageParts, o: O.AdtOptions) -> AdtPolicy:
     names = {f.name for f in fields(AdtParams)} - {"grid", "n_cond"}
     return AdtPolicy(AdtParams(grid=parts.grid, n_cond=parts.model.cfg.n_cond,
-                               **{k: v for k, v in o.items() if k in names}))
+                               **{k: v for k, v in o.as_dict().items() if k in names}))
 
 
-def lantern_rule(parts: ImageParts, o: dict):
-    from specgen.image.neighbours import neighbour_table, scaled_k
-
+def lantern_rule(parts: ImageParts, o: O.LanternTreeOptions | O.AdtLanternOptions | O.VvsOptions):
     if parts.codebook is None:
         raise UsageError("lantern needs the target's VQ codebook")
-    delta = float(o.get("lantern_delta", 0.1))
-    k = int(o.get("lantern_k", 0)) or scaled_k(parts.codebook.shape[0])
-    if not 0 <= delta <= 1 or k < 1:
-        raise UsageError(f"lantern needs 0 <= delta <= 1 and k >= 1 (got delta {delta}, k {k})")
-    table = neighbour_table(parts.codebook, k)
-    return partial(_lantern, neighbours=table, delta=delta)
+    table = neighbour_table(parts.codebook, o.lantern_k or scaled_k(parts.codebook.shape[0]))
+    return partial(_lantern, neighbours=table, delta=o.lantern_delta)
 
 
 def _lantern(draft, logits, params, generator, neighbours, delta):
     return accept_lantern(draft, logits, params, generator, neighbours, delta)
 
 
-def vvs_decoder(parts: ImageParts, o: dict):
-    from specgen.methods.vvs import build_vvs
-
-    return build_vvs(eagle_drafter(parts, fixed(parts, o)), parts.codebook, o)
-
-
-def mulo_decoder(parts: ImageParts, o: dict):
-    from specgen.methods.mulo_sd import build_mulo
-
-    if parts.model.cfg.cond_kind == "caption":
-        raise UsageError("mulo-sd supports class-conditional (c2i) targets only; its low-res drafter takes a label")
-
-    return build_mulo(parts, o)
-
-
-def ar(p: ImageParts, o: dict):
+def ar(p: ImageParts, o: O.NoOptions):
     return EmptyDrafter(), None
 
 
-def eagle2(p: ImageParts, o: dict):
-    return eagle_drafter(p, fixed(p, o)), None
+def eagle2(p: ImageParts, o: O.TreeOptions):
+    return eagle_drafter(p, fixed(o)), None
 
 
-def adt_tree(p: ImageParts, o: dict):
+def adt_tree(p: ImageParts, o: O.AdtOptions):
     return eagle_drafter(p, adt(p, o)), None
 
 
-def lantern(p: ImageParts, o: dict):
-    return eagle_drafter(p, fixed(p, o)), lantern_rule(p, o)
+def lantern(p: ImageParts, o: O.LanternTreeOptions):
+    return eagle_drafter(p, fixed(o)), lantern_rule(p, o)
 
 
-def adt_tree_lantern(p: ImageParts, o: dict):
+def adt_tree_lantern(p: ImageParts, o: O.AdtLanternOptions):
     return eagle_drafter(p, adt(p, o)), lantern_rule(p, o)
 
 
-def vvs(p: ImageParts, o: dict):
-    return vvs_decoder(p, o), lantern_rule(p, o)
+def vvs(p: ImageParts, o: O.VvsOptions):
+    return build_vvs(eagle_drafter(p, fixed(o)), p.codebook, o), lantern_rule(p, o)
 
 
-def mulo_sd(p: ImageParts, o: dict):
-    return mulo_decoder(p, o), None  # its own acceptance (pooled mass >= tau)
+def mulo_sd(p: ImageParts, o: O.MuloOptions):
+    if p.model.cfg.cond_kind == "caption":
+        raise UsageError("mulo-sd supports class-conditional (c2i) targets only; its low-res drafter takes a label")
+    return build_mulo(p, o), None  # its own acceptance (pooled mass >= tau)
 
 
-Builder = Callable[[ImageParts, dict], tuple[Any, Any]]
+Builder = Callable[[ImageParts, Any], tuple[Any, Any]]
 
 
-def build_image_method(name: str, parts: ImageParts, options: dict):
-    """(drafter, rule) for an image method; rule None = the lossless default. Given options win over the method's
-    defaults (its options class; values as given, checked by `MethodSpec.check_options` before)."""
+def typed(name: str, options: dict | O.Options) -> O.Options:
+    """A method's options object: as given, or built from a dict (names it does not know, e.g. `budget`, left out;
+    values checked as `MethodSpec.check_options` checks them, defaults for the rest)."""
     spec = get_method(name)
-    base = {k: v for k, v in defaults(spec.options_type).items() if v is not None}
-    return IMAGE_METHODS[name](parts, {**base, **options})
+    if isinstance(options, spec.options_type):
+        return options
+    opts = O.build(spec.options_type, options)
+    opts.validate(name)
+    return opts
 
 
-#: Method name -> builder, read off the method table (tests call a builder with their own options).
-IMAGE_METHODS: dict[str, Builder] = {name: globals()[spec.build_image] for name, spec in METHODS.items()
+def build_image_method(name: str, parts: ImageParts, options: dict | O.Options):
+    """(drafter, rule) for an image method from its options (`MethodSpec.parse_options`, or a dict); rule None =
+    the lossless default."""
+    return BUILDERS[get_method(name).build_image](parts, typed(name, options))
+
+
+BUILDERS: dict[str, Builder] = {"ar": ar, "eagle2": eagle2, "adt_tree": adt_tree, "lantern": lantern,
+                                "adt_tree_lantern": adt_tree_lantern, "vvs": vvs, "mulo_sd": mulo_sd}
+
+#: Method name -> builder of (parts, options dict or object), read off the method table (tests call one directly).
+IMAGE_METHODS: dict[str, Builder] = {name: partial(build_image_method, name) for name, spec in METHODS.items()
                                      if spec.build_image}

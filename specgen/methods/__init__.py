@@ -11,6 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from specgen.decoding.budget import FixedBudget
+from specgen.decoding.draft_verify import judge
+from specgen.decoding.loop import decode_batch
 from specgen.errors import UnknownNameError, UsageError
 from specgen.methods import ngram_cache
 from specgen.methods import options as O
@@ -60,12 +63,16 @@ class MethodSpec:
         if self.model_check is not None:
             self.model_check(self.parse_options(options), tokenizer)
 
-    def make_drafter(self, options: dict[str, Any]) -> Any:
-        """The drafter (text) or decoder options (mesh) from an options dict; `seed` and names this method does not
-        know (the loop's `budget` for mesh, a shared test dict) are ignored, values are not checked again."""
+    def make_drafter(self, options: dict[str, Any] | Any, seed: int | None = None) -> Any:
+        """The drafter (text) or decoder options (mesh) from the options object (`parse_options`) or a dict, whose
+        `seed` is the default seed and whose names this method does not know (the loop's `budget` for mesh, a shared
+        test dict) are ignored; values are not checked again."""
         if self.drafter is None:
             raise UsageError(f"method {self.name} is built from the loaded image target (specgen.image.methods)")
-        return self.drafter(O.build(self.options_type, options), options.get("seed", 0))
+        if isinstance(options, dict):
+            seed = options.get("seed", 0) if seed is None else seed
+            options = O.build(self.options_type, options)
+        return self.drafter(options, seed or 0)
 
 
 def ngram(o: O.NgramOptions, seed: int) -> NgramDrafter:
@@ -141,23 +148,15 @@ def model_for(spec: MethodSpec, model: str, default: str) -> str:
 
 
 def run_batch(target, make_drafter: Callable[[int], Any], prompts: list[list[int]], max_new_tokens: int, params,
-              stop_ids: tuple[int, ...] = (), generators=None, batch_size: int = 0, on_done=None, **loop_options):
+              stop_ids: tuple[int, ...] = (), generators=None, batch_size: int = 0, on_done=None, rule=None,
+              budget=None, max_draft: int = 256):
     """Decode `prompts` together on the shared batched loop (`decoding.loop.decode_batch`); a `BatchResult`.
 
-    A method object with its own step logic (vvs, mulo-sd) runs on that loop through its `batch_policy`
-    (a `StepPolicy` of the loop's hooks); every other method is a Drafter (or a pool of them) for the loop.
+    `make_drafter(i)` builds prompt i's drafter (a `DrafterBase`): the first one says which step policy runs the
+    rows (`DrafterBase.step_policy`: draft-verify over its pool, or the method's own steps for vvs and mulo-sd).
     """
-    from specgen.decoding.loop import decode_batch
-
-    generators = list(generators) if generators is not None else [None] * len(prompts)
     first = make_drafter(0)
-    if hasattr(first, "batch_policy"):  # the method's own steps through the shared loop's hooks
-        policy = first.batch_policy(lambda i: first if i == 0 else make_drafter(i), target, loop_options.get("rule"))
-        return decode_batch(target, policy, prompts, max_new_tokens, params, stop_ids, generators,
-                            batch_size=batch_size, on_done=on_done,
-                            **{k: v for k, v in loop_options.items() if k not in ("rule", "budget")})
-    drafters = lambda i: first if i == 0 else make_drafter(i)  # noqa: E731
-    if hasattr(first, "batch_pool"):  # a drafter that grows every row's draft in one forward per level
-        drafters = first.batch_pool(drafters)
-    return decode_batch(target, drafters, prompts, max_new_tokens, params, stop_ids, generators,
-                        batch_size=batch_size, on_done=on_done, **loop_options)
+    policy = first.step_policy(lambda i: first if i == 0 else make_drafter(i), target, rule or judge,
+                          budget or FixedBudget(max_draft))
+    return decode_batch(target, policy, prompts, max_new_tokens, params, stop_ids, generators, batch_size=batch_size,
+                        max_draft=max_draft, on_done=on_done)

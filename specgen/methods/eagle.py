@@ -23,6 +23,7 @@ from typing import Callable, Protocol
 import torch
 
 from specgen.decoding.draft import Draft, Verdict
+from specgen.decoding.draft_verify import DrafterBase
 from specgen.decoding.stats import DecodeStats
 from specgen.decoding.target import TargetOut
 from specgen.methods.eagle_tree import TreeShape, select_nodes
@@ -59,7 +60,7 @@ class FixedShape:
 
 
 @dataclass
-class EagleTreeDrafter:
+class EagleTreeDrafter(DrafterBase):
     """Drafter protocol implementation: EAGLE feature drafter + dynamic trees shaped by a policy."""
 
     net: torch.nn.Module
@@ -69,10 +70,9 @@ class EagleTreeDrafter:
     max_len: int = 4096
     shapes: list[TreeShape] = field(default_factory=list)  # shape of every proposed tree (stats)
 
-    @staticmethod
-    def batch_pool(make: Callable[[int], "EagleTreeDrafter"]):
+    def pool(self, make: Callable[[int], "EagleTreeDrafter"]):
         """The DrafterPool that grows every live row's tree together (methods/eagle_batch.py)."""
-        from specgen.methods.eagle_batch import EagleBatch
+        from specgen.methods.eagle_batch import EagleBatch  # it builds on this module: a top import is a circle
 
         return EagleBatch(make)
 

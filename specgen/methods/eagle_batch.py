@@ -17,17 +17,18 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import torch
 
 from specgen.decoding.draft import Draft, Verdict
+from specgen.decoding.pool import PoolBase
 from specgen.decoding.stats import DecodeStats
 from specgen.decoding.target import TargetOut
 from specgen.devices import host_tensor, to_device
 from specgen.methods.eagle_grow import grow_trees
 from specgen.methods.eagle_tree import TreeShape
 
-if TYPE_CHECKING:  # the one-row drafter builds this pool (batch_pool): a runtime import would be a circle
+if TYPE_CHECKING:  # the one-row drafter builds this pool (`EagleTreeDrafter.pool`): a runtime import would be a circle
     from specgen.methods.eagle import EagleTreeDrafter
 
 
-class EagleBatch:
+class EagleBatch(PoolBase):
     """DrafterPool over `make(index)` -> EagleTreeDrafter (each row's policy and state; the net runs batched)."""
 
     def __init__(self, make: Callable[[int], EagleTreeDrafter], skip_ar_steps: bool = True) -> None:

@@ -52,19 +52,18 @@ Phases: prefill, downsample, propose (drafter), upsample, verify, accept, resamp
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 
 from specgen.decoding.draft import Draft
-from specgen.decoding.pool import RowStep
-from specgen.decoding.sampling import SamplingParams, logits_to_probs, pick
-from specgen.decoding.stats import DecodeStats
+from specgen.decoding.draft_verify import DrafterBase
+from specgen.decoding.pool import PolicyBase, RowStep
+from specgen.decoding.sampling import logits_to_probs, pick
 from specgen.errors import IncompatibleError, UsageError
-from specgen.methods.mulo_neighbourhood import REJECTIONS, expand_rejections
-from specgen.methods.options import MULO_MAX_RADIUS
+from specgen.methods.mulo_neighbourhood import expand_rejections
+from specgen.methods.options import MuloOptions
 from specgen.models.layout import decode_layout
 
 DEFAULT_LOWRES = "tiny-image-gpt-lowres"
@@ -72,7 +71,6 @@ DEFAULT_TAU = 1e-4  # the paper's tau, for a 16,384-code codebook (see scaled_ta
 TAU_VOCAB = 16384
 DEFAULT_RADIUS = 3
 DEFAULT_DELTA = 0.1
-MAX_RADIUS = MULO_MAX_RADIUS
 EXTRAS = ("draft_tokens", "pass_tokens", "rejected_tokens", "resampled_tokens", "expanded_tokens",
           "resample_forwards", "lowres_tokens", "drafter_prefix_forwards")
 
@@ -97,10 +95,8 @@ def drafter_seed(generator: torch.Generator | None, seed: int) -> int:
 
 
 @dataclass
-class MuLoSDDecoder:
-    """An image method object: `batch_policy` runs it on the shared batched loop (`MuLoBatch`, what `run_batch`,
-    `generate` and `benchmark` use); `decode` is its one-sequence loop, kept as the reference the batched path is
-    tested against (same tokens and counters per row)."""
+class MuLoSD(DrafterBase):
+    """One image's MuLo-SD parts and options; `MuLoBatch` runs the rows."""
 
     lowres: torch.nn.Module  # class-conditional GPT on the g x g grid
     pair: Any  # UpDownSampler (scale r = G / g)
@@ -118,146 +114,16 @@ class MuLoSDDecoder:
     def low_grid(self) -> int:
         return self.lowres.cfg.rope_grid
 
-    def batch_policy(self, make: Callable[[int], "MuLoSDDecoder"], target, rule=None) -> "MuLoBatch":
-        """The StepPolicy that runs MuLo-SD rows on the shared batched loop (`make(0)` is this decoder)."""
+    def step_policy(self, make: Callable[[int], "MuLoSD"], target, rule, budget) -> "MuLoBatch":
+        """MuLo-SD's own steps on the shared batched loop (`make(0)` is this row); its own accept rule."""
         return MuLoBatch(make, target)
-
-    @torch.inference_mode()
-    def decode(self, target, prompt: list[int], max_new_tokens: int, params: SamplingParams,
-               stop_ids: tuple[int, ...] = (), generator: torch.Generator | None = None, max_draft: int = 256,
-               rule=None) -> Any:
-        """Generate up to `max_new_tokens` (<= G * G) image tokens after `prompt` = [label]."""
-        from specgen.decoding.loop import DecodeResult
-        from specgen.image.target import CFGTarget
-
-        G, g = self.grid, self.low_grid
-        r = G // g
-        limit = min(max_new_tokens, G * G)
-        device = target.device
-        stats = DecodeStats()
-        for k in ("draft_tokens", "pass_tokens", "rejected_tokens", "resampled_tokens", "expanded_tokens",
-                  "resample_forwards", "lowres_tokens", "drafter_prefix_forwards"):
-            stats.extras[k] = 0
-        self.trace = []
-        cache = target.new_cache(1, 2 + G * G + r * G * self.draft_rows)
-        with stats.timed("prefill"):
-            first = target.prefill(torch.tensor([prompt], device=device), cache)
-        stats.target_forwards += 1
-        head = first.logits[0, -1]  # predicts image token 0 while nothing is pending
-        low = CFGTarget(self.lowres, getattr(target, "cfg_scale", 1.0))
-        lcache = low.new_cache(1, 2 + g * g)
-        with stats.timed("propose"):
-            lhead = low.prefill(torch.tensor([prompt], device=device), lcache).logits[0, -1]
-        stats.drafter_forwards += 1
-        dgen = torch.Generator().manual_seed(drafter_seed(generator, self.seed))
-        out: list[int] = []
-        pending: list[int] = []  # accepted tokens (suffix of out) not yet fed to the target
-        low_tokens: list[int] = []  # y: low-res tokens fed to the drafter (whole rows)
-        while len(out) < limit:
-            n = len(out)
-            m = n // (r * G)  # low-res rows covered by the accepted prefix
-            d = min(self.draft_rows, g - m)
-            # 7. down-sample the accepted prefix; feed its new low-res rows to the drafter
-            if m * g > len(low_tokens):
-                with stats.timed("downsample"):
-                    grid_hi = torch.tensor(out, device=device).view(1, m * r, G)
-                    y = self.pair.downsample_tokens(grid_hi)[0].flatten().tolist()
-                new = y[len(low_tokens):]
-                with stats.timed("propose"):
-                    pos = torch.arange(1 + len(low_tokens), 1 + len(y), device=device)[None]
-                    res = low.forward(torch.tensor([new], device=device), pos, lcache, None)
-                    low.commit(lcache, list(range(len(new))))
-                    lhead = res.logits[0, -1]
-                stats.drafter_forwards += 1
-                stats.extras["drafter_prefix_forwards"] += 1
-                low_tokens = y
-            # 1. draft d whole low-res rows sequentially
-            with stats.timed("propose"):
-                drafted, logits = [], lhead
-                base = len(low_tokens)
-                for i in range(d * g):
-                    tok = pick(logits, params, dgen)
-                    drafted.append(tok)
-                    if i + 1 < d * g:
-                        pos = torch.tensor([[1 + base + i]], device=device)
-                        logits = low.forward(torch.tensor([[tok]], device=device), pos, lcache, None).logits[0, -1]
-                        low.commit(lcache, [0])
-                        stats.drafter_forwards += 1
-                for row in range(lcache.batch):  # forget the drafted rows: next step feeds D_r(x) instead
-                    lcache.rollback(row, 1 + base)
-            stats.extras["lowres_tokens"] += len(drafted)
-            # 2. up-sample prefix + drafted rows, keep the new high-res rows
-            with stats.timed("upsample"):
-                y_all = torch.tensor(low_tokens + drafted, device=device).view(1, m + d, g)
-                x_hi = self.pair.upsample_tokens(y_all)[0, m * r:].flatten().tolist()
-            L = len(x_hi)
-            # 3. verify: one forward over pending + x~[:-1]
-            with stats.timed("verify"):
-                feed = pending + x_hi[:-1]
-                p0 = 1 + n - len(pending)
-                if feed:
-                    pos = torch.arange(p0, p0 + len(feed), device=device)[None]
-                    res = target.forward(torch.tensor([feed], device=device), pos, cache, None)
-                    stats.target_forwards += 1
-                    stats.target_tokens += len(feed)
-                    rows = res.logits[0, len(pending) - 1:] if pending else torch.cat([head[None], res.logits[0]])
-                else:
-                    rows = head[None]
-                lg = rows[:L].float()
-            # 4./5. accept by pooled mass, expand the rejections
-            with stats.timed("accept"):
-                probs = lg.softmax(-1) if params.greedy else logits_to_probs(lg, params)
-                mass = pooled_mass(probs, torch.tensor(x_hi, device=device), self.neighbours, self.delta)
-                passed = (mass >= self.tau).tolist()
-                rejected = [n + t for t, ok in enumerate(passed) if not ok]
-                redo = [u - n for u in expand_rejections(rejected, self.radius, G, n, n + L, self.rejection)]
-            self.trace.append({"start": n, "end": n + L, "rejected": rejected, "resampled": [n + t for t in redo]})
-            tokens = list(x_hi)
-            # 6. re-sample R_X sequentially with the target
-            with stats.timed("resample"):
-                if not redo:
-                    keep = list(range(len(feed)))
-                    fed_upto = L - 1
-                else:
-                    t0 = redo[0]
-                    keep = list(range(len(pending) + t0))  # their KV saw only accepted tokens
-                for row in range(cache.batch):
-                    cache.commit(row, keep)
-                if redo:
-                    tokens[t0] = pick(lg[t0], params, generator)
-                    fed_upto = t0
-                    for t in redo[1:]:
-                        chunk = tokens[fed_upto:t]
-                        pos = torch.arange(1 + n + fed_upto, 1 + n + t, device=device)[None]
-                        res = target.forward(torch.tensor([chunk], device=device), pos, cache, None)
-                        for row in range(cache.batch):
-                            cache.commit(row, list(range(len(chunk))))
-                        stats.target_forwards += 1
-                        stats.target_tokens += len(chunk)
-                        stats.extras["resample_forwards"] += 1
-                        tokens[t] = pick(res.logits[0, -1], params, generator)
-                        fed_upto = t
-            out.extend(tokens)
-            pending = tokens[fed_upto:]
-            stats.steps += 1
-            stats.accepted.append(L - len(redo))
-            stats.draft_sizes.append(L)
-            stats.depths.append(L)
-            stats.extras["draft_tokens"] += L
-            stats.extras["pass_tokens"] += sum(passed)
-            stats.extras["rejected_tokens"] += len(rejected)
-            stats.extras["resampled_tokens"] += len(redo)
-            stats.extras["expanded_tokens"] += len(redo) - len(rejected)
-        out = out[:limit]
-        stats.new_tokens = len(out)
-        return DecodeResult(out, stats)
 
 
 @dataclass
 class MuLoRow:
-    """One image's MuLo-SD state in a slot (`MuLoSDDecoder.decode`'s locals, kept across loop steps)."""
+    """One image's MuLo-SD state in a slot, kept across loop steps."""
 
-    dec: MuLoSDDecoder
+    dec: MuLoSD
     lhead: torch.Tensor  # drafter logits after the fed low-res prefix
     head: torch.Tensor | None = None  # target logits for image token 0 (nothing fed yet)
     dgen: torch.Generator | None = None
@@ -270,8 +136,8 @@ class MuLoRow:
     feed: int = 0  # nodes fed this step
 
 
-class MuLoBatch:
-    """StepPolicy (`decoding/pool.py`): MuLo-SD rows on the shared batched loop, same steps as `MuLoSDDecoder.decode`.
+class MuLoBatch(PolicyBase):
+    """StepPolicy (`decoding/pool.py`): MuLo-SD rows on the shared batched loop (Algorithm 1, numbered as above).
 
     A row alternates between a draft step (7 down-sample, 1 draft, 2 up-sample; it feeds pending + x~[:-1],
     3-5 accept by pooled mass and expand; 6 the first re-sample from the verify logits) and re-sample steps
@@ -282,7 +148,7 @@ class MuLoBatch:
     is done.
     """
 
-    def __init__(self, make: Callable[[int], MuLoSDDecoder], target) -> None:
+    def __init__(self, make: Callable[[int], MuLoSD], target) -> None:
         self.make, self.target = make, target
         dec = make(0)
         self.max_feed = 2 * (dec.grid // dec.low_grid) * dec.grid * dec.draft_rows  # pending + a block
@@ -292,7 +158,7 @@ class MuLoBatch:
 
         dec = self.make(0)
         self.lowres = dec.lowres
-        self.low = CFGTarget(dec.lowres, getattr(self.target, "cfg_scale", 1.0))  # one drafter cache for the batch
+        self.low = CFGTarget(dec.lowres, self.target.cfg_scale)  # one drafter cache for the batch
         self.br = self.low.branches
         self.lcache = self.low.new_cache(width, 2 + dec.low_grid ** 2)
         self.rows: list[MuLoRow | None] = [None] * width
@@ -474,43 +340,6 @@ class MuLoBatch:
 
 # --- building from method options --------------------------------------------------------------------------
 
-def _num(o: dict, key: str, default, kind: type):
-    value = o.get(key, default)
-    try:
-        if kind is int and (isinstance(value, bool) or isinstance(value, float) and not value.is_integer()):
-            raise ValueError
-        v = kind(value)
-    except (TypeError, ValueError):
-        raise UsageError(f"mulo-sd option {key} must be a {kind.__name__}, got {value!r}") from None
-    if kind is float and not math.isfinite(v):
-        raise UsageError(f"mulo-sd option {key} must be finite, got {value!r}")
-    return v
-
-
-def check_options(o: dict, grid: int) -> dict:
-    """Validated scalar options (one-line usage errors); `grid` is the target's G."""
-    tau = _num(o, "tau", -1.0, float) if "tau" in o else None  # None = scaled_tau(V)
-    if tau is not None and tau < 0:
-        raise UsageError(f"mulo-sd tau must be >= 0 (0 accepts every draft token, > 1 rejects every one), got {tau}")
-    radius = _num(o, "radius", DEFAULT_RADIUS, int)
-    if not 0 <= radius <= MAX_RADIUS:
-        raise UsageError(f"mulo-sd radius l must be an integer in 0..{MAX_RADIUS}, got {radius}")
-    delta = _num(o, "lantern_delta", DEFAULT_DELTA, float)
-    if not 0 <= delta <= 1:
-        raise UsageError(f"mulo-sd lantern_delta must be in [0, 1], got {delta}")
-    k = _num(o, "lantern_k", 0, int)
-    if k < 0:
-        raise UsageError(f"mulo-sd lantern_k must be >= 1 (0 = 1000 of 16,384 scaled to the codebook), got {k}")
-    rows = _num(o, "draft_rows", 1, int)
-    if rows < 1:
-        raise UsageError(f"mulo-sd draft_rows must be >= 1, got {rows}")
-    rejection = str(o.get("rejection", "local"))
-    if rejection not in REJECTIONS:
-        raise UsageError(f"mulo-sd rejection must be one of {', '.join(REJECTIONS)}, got {rejection!r}")
-    return {"tau": tau, "radius": radius, "delta": delta, "k": k, "draft_rows": rows, "rejection": rejection,
-            "seed": _num(o, "seed", 0, int)}
-
-
 _LOADED: dict[tuple[str, str], torch.nn.Module] = {}
 
 
@@ -545,23 +374,21 @@ def same_codebook(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and torch.allclose(a.float().cpu(), b.float().cpu(), atol=1e-3, rtol=1e-3)
 
 
-def build_mulo(parts, o: dict) -> MuLoSDDecoder:
-    """A MuLoSDDecoder from `ImageParts` and method options (see MULO_OPTIONS); bad input is one line.
+def build_mulo(parts, o: MuloOptions) -> MuLoSD:
+    """A row's MuLo-SD from `ImageParts` and its options (values checked by `MuloOptions`); assets that do not fit
+    the target are one line.
 
-    Options: lowres (registry name of the g x g drafter, default tiny-image-gpt-lowres), upsampler
-    (default tiny-image-upsampler-{r}x, r = G / g), tau (default 1e-4 * 16384 / V), radius l 3,
-    lantern_k 0 (= the paper's 1000 of 16,384 scaled to the codebook), lantern_delta 0.1,
-    rejection local|raster, draft_rows 1.
+    Derived defaults: upsampler tiny-image-upsampler-{r}x (r = G / g), tau 1e-4 * 16384 / V, lantern_k 0 = the
+    paper's 1000 of 16,384 scaled to the codebook.
     """
     from specgen import checkpoints
     from specgen.image.neighbours import neighbour_table, scaled_k
 
-    opts = check_options(o, parts.grid)
     if parts.codebook is None:
         raise UsageError("mulo-sd needs the target's VQ codebook")
     G, vocab = parts.grid, parts.model.cfg.vocab_size
     device = parts.target.device
-    low_entry = checkpoints.find(str(o.get("lowres") or DEFAULT_LOWRES))
+    low_entry = checkpoints.find(o.lowres or DEFAULT_LOWRES)
     if low_entry.meta.get("modality") != "image":
         raise UsageError(f"mulo-sd low-resolution drafter {low_entry.ref} is not an image model")
     low_vocab = low_entry.meta.get("vocab_size", low_entry.meta.get("kwargs", {}).get("vocab_size"))
@@ -578,7 +405,7 @@ def build_mulo(parts, o: dict) -> MuLoSDDecoder:
         raise IncompatibleError(f"mulo-sd drafter {low_entry.ref} has {lowres.cfg.num_classes} classes, "
                                 f"the target {parts.model.cfg.num_classes}")
     r = G // g
-    up_entry = checkpoints.find(str(o.get("upsampler") or f"tiny-image-upsampler-{r}x"))
+    up_entry = checkpoints.find(o.upsampler or f"tiny-image-upsampler-{r}x")
     scale = up_entry.meta.get("scale", up_entry.meta.get("kwargs", {}).get("scale"))
     if up_entry.meta.get("builder") != "mulo-updown":
         raise UsageError(f"{up_entry.ref} is not a MuLo-SD up/down-sampler pair")
@@ -587,8 +414,7 @@ def build_mulo(parts, o: dict) -> MuLoSDDecoder:
     pair = _load(up_entry, device)
     if not same_codebook(pair.codebook, parts.codebook):
         raise IncompatibleError(f"up-sampler {up_entry.ref} was trained for another VQ codebook than the target's")
-    k = opts["k"] or scaled_k(parts.codebook.shape[0])
-    table = neighbour_table(parts.codebook, k).to(device)
-    tau = scaled_tau(vocab) if opts["tau"] is None else opts["tau"]
-    return MuLoSDDecoder(lowres, pair, table, G, tau=tau, delta=opts["delta"], radius=opts["radius"],
-                         rejection=opts["rejection"], draft_rows=min(opts["draft_rows"], g), seed=opts["seed"])
+    table = neighbour_table(parts.codebook, o.lantern_k or scaled_k(parts.codebook.shape[0])).to(device)
+    tau = scaled_tau(vocab) if o.tau is None else o.tau
+    return MuLoSD(lowres, pair, table, G, tau=tau, delta=o.lantern_delta, radius=o.radius, rejection=o.rejection,
+                  draft_rows=min(o.draft_rows, g), seed=o.seed)

@@ -3,8 +3,8 @@
 A field's default is the method's default; its `check` metadata says what a single value must be (type and range),
 so a wrong type (`block_size=abc`), a value out of range (`block_size=0`) or NaN (`delta=nan`) is one usage error
 naming the option, before a model is loaded. `validate()` runs the field checks and then `check()`, the rules
-between options that a family states itself. Checks that need the loaded model or live with a method's own code
-(pcllm-mr spawn rules, adt-tree bounds, vvs interval >= 2, mulo-sd radius) stay there.
+between options that a family states itself. Builders take these objects and check only what needs the loaded model
+(mulo-sd's assets, vvs's codebook for the dynamic schedule).
 
 This module imports nothing heavy: `specgen.config_checks` reads `CHECKS` on every command's config.
 """
@@ -262,7 +262,7 @@ class AdtLanternOptions(AdtOptions):
 
 @dataclass(frozen=True)
 class VvsOptions(TreeShapeOptions):
-    """VVS partial verification skipping on EAGLE-2 + LANTERN (`vvs`; `methods/vvs.build_vvs` checks the rest).
+    """VVS partial verification skipping on EAGLE-2 + LANTERN (`vvs`, `methods/vvs.build_vvs`).
     No `budget`: its own step logic decides what each step drafts and verifies."""
 
     lantern_k: int = lantern_k()
@@ -275,11 +275,12 @@ class VvsOptions(TreeShapeOptions):
     stride: int = opt(2, int_at_least(1))
     staleness: int = opt(0, int_at_least(0))
     refresh: bool = opt(True, flag())
+    seed: int = opt(0, SEED)  # the paths of skipped steps at T = 0 without a generator
 
 
 @dataclass(frozen=True)
 class MuloOptions(Options):
-    """MuLo-SD (`mulo-sd`; `methods/mulo_sd.check_options` checks the rest). None = derived when it is built:
+    """MuLo-SD (`mulo-sd`, `methods/mulo_sd.build_mulo`). None = derived when it is built:
     upsampler tiny-image-upsampler-{r}x for r = G / g, tau 1e-4 * 16384 / V."""
 
     lowres: str = opt("tiny-image-gpt-lowres", text())
@@ -290,6 +291,7 @@ class MuloOptions(Options):
     draft_rows: int = opt(1, int_at_least(1))
     lantern_k: int = lantern_k()
     lantern_delta: float = lantern_delta()
+    seed: int = opt(0, SEED)  # the low-res drafter's stream (derived with the decode generator's seed)
 
 
 # --- mesh: XSpecMeshOptions (methods/xspecmesh.py) checks the rules between its options itself -------------------

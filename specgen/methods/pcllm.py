@@ -40,6 +40,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from specgen.decoding.draft import Draft, Verdict
+from specgen.decoding.draft_verify import DrafterBase
 from specgen.decoding.stats import DecodeStats
 from specgen.decoding.tree import DraftTree
 from specgen.errors import UsageError
@@ -64,7 +65,7 @@ def longest_branch(branches: list[list[int]], offsets: list[int], argmax: list[i
 
 
 @dataclass
-class MultiBlockDrafter:
+class MultiBlockDrafter(DrafterBase):
     """pcLLM (MR) as a Drafter: K blocks of n refined at once + rejection-recycling candidates, one prefix tree.
 
     The defaults are `methods.options.MultiBlockOptions`' (the method table builds this from those; tested equal).

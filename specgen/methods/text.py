@@ -7,12 +7,13 @@ import random
 from dataclasses import dataclass
 
 from specgen.decoding.draft import Draft, Verdict
+from specgen.decoding.draft_verify import DrafterBase
 from specgen.decoding.stats import DecodeStats
 from specgen.decoding.target import TargetOut
 from specgen.methods.ngram_cache import NgramCache
 
 
-class EmptyDrafter:
+class EmptyDrafter(DrafterBase):
     """Autoregressive decoding: every step verifies only the root, so it commits exactly one token."""
 
     def reset(self, prompt: list[int], first: TargetOut) -> None:
@@ -26,7 +27,7 @@ class EmptyDrafter:
 
 
 @dataclass
-class JacobiDrafter:
+class JacobiDrafter(DrafterBase):
     """Jacobi decoding as draft-and-verify: the draft is the previous iteration's guesses.
 
     A block of n tokens = the root plus n - 1 guesses. After a verify forward, the target's argmax
@@ -59,7 +60,7 @@ class JacobiDrafter:
 
 
 @dataclass
-class NgramDrafter:
+class NgramDrafter(DrafterBase):
     """Prompt lookup: match the longest recent n-gram suffix earlier in the sequence and propose what followed.
 
     Tries n = max_ngram down to min_ngram and takes the most recent earlier occurrence. With a static `cache`

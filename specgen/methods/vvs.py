@@ -52,21 +52,21 @@ holds `skipped_steps`, `unverified_tokens` (accepted without verification, tail 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 
 from specgen.decoding.draft import Draft, Verdict
-from specgen.decoding.loop import DecodeResult, judge, truncate, verify_inputs
-from specgen.decoding.pool import RowStep
-from specgen.decoding.sampling import SamplingParams, pick
+from specgen.decoding.draft_verify import DrafterBase
+from specgen.decoding.pool import PolicyBase, RowStep
+from specgen.decoding.sampling import pick
 from specgen.decoding.stats import DecodeStats
 from specgen.decoding.target import TargetOut
 from specgen.decoding.tree import DraftTree
 from specgen.errors import UsageError
 from specgen.methods.eagle import EagleTreeDrafter
 from specgen.methods.eagle_batch import EagleBatch
-from specgen.methods.options import VVS_SCHEDULES
+from specgen.methods.options import VvsOptions
 from specgen.methods.vvs_schedule import DynamicSkip, NeverSkip, SkipSchedule, UniformSkip, may_skip
 
 EXTRAS = ("skipped_steps", "unverified_tokens", "post_verified_tokens", "unverified_tail")
@@ -111,10 +111,8 @@ class FeatureCache:
 
 
 @dataclass
-class VVSDecoder:
-    """An image method object: `batch_policy` runs it on the shared batched loop (`VVSBatch`, what `run_batch`,
-    `generate` and `benchmark` use); `decode` is its one-sequence loop, kept as the reference the batched path is
-    tested against (same tokens and counters per row)."""
+class VVS(DrafterBase):
+    """One row's VVS parts: its EAGLE drafter, skip schedule and options; `VVSBatch` runs the rows."""
 
     drafter: EagleTreeDrafter
     schedule: SkipSchedule = field(default_factory=NeverSkip)
@@ -122,101 +120,17 @@ class VVSDecoder:
     refresh: bool = True
     seed: int = 0
     trace: list[bool] = field(default_factory=list)  # per draft step of the last run: skipped?
-    cache: Any = None  # the target KV cache of the last run (inspection, tests)
 
-    def batch_policy(self, make: Callable[[int], "VVSDecoder"], target=None, rule=None) -> "VVSBatch":
-        """The StepPolicy that runs VVS rows on the shared batched loop (`make(0)` is this decoder)."""
-        return VVSBatch(make, rule)
-
-    @torch.inference_mode()
-    def decode(
-        self,
-        target,
-        prompt: list[int],
-        max_new_tokens: int,
-        params: SamplingParams,
-        stop_ids: tuple[int, ...] = (),
-        generator: torch.Generator | None = None,
-        max_draft: int = 256,
-        rule: Callable[[Draft, torch.Tensor, SamplingParams, torch.Generator | None], Verdict] | None = None,
-    ) -> DecodeResult:
-        """Generate up to `max_new_tokens` after `prompt` (same contract as `loop.decode`)."""
-        rule = rule or judge
-        stats = DecodeStats()
-        for k in ("skipped_steps", "unverified_tokens", "post_verified_tokens", "unverified_tail"):
-            stats.extras[k] = 0
-        device = target.device if hasattr(target, "device") else "cpu"
-        cache = self.cache = target.new_cache(1, len(prompt) + max_new_tokens + max_draft + 1)
-        paths_rng = generator or torch.Generator().manual_seed(self.seed)
-        drafter, self.trace = self.drafter, []
-        # 0. prefill the prompt and pick the first token from its last position
-        with stats.timed("prefill"):
-            first = target.prefill(torch.tensor([prompt], device=device), cache)
-            out = [pick(first.logits[0, -1], params, generator)]
-        stats.target_forwards += 1
-        feats = FeatureCache(first.features, cache.max_len)
-        with stats.timed("propose"):
-            drafter.reset(prompt, first)
-        self.schedule.reset()
-        unverified: list[int] = []  # x°: tokens of the last (skipped) step, not yet post-verified
-        verified_run = 0
-        while len(out) < max_new_tokens and out[-1] not in stop_ids:
-            budget = min(max_draft, max_new_tokens - len(out) - 1)
-            with stats.timed("propose"):
-                draft = drafter.propose(prompt + out, budget, stats)  # 1. propose
-            with stats.timed("schedule"):
-                skip = not unverified and may_skip(draft, verified_run) and self.schedule.decide(draft, verified_run)
-            self.trace.append(skip)
-            if skip:
-                with stats.timed("accept"):
-                    tokens = [draft.tokens[i] for i in sample_path(draft, paths_rng)]  # 3'. accept unverified
-                with stats.timed("propose"):
-                    drafter.pending = feats.recent(len(tokens), self.staleness)  # 5'. stale features
-                out.extend(tokens)
-                unverified, verified_run = tokens, 0
-                stats.extras["skipped_steps"] += 1
-                stats.extras["unverified_tokens"] += len(tokens)
-                continue
-            g = len(unverified)
-            with stats.timed("verify"):
-                full = after_chain(unverified, draft)
-                start = cache.lengths[0]
-                tokens, positions, mask = verify_inputs(out[-1 - g], full, start, device)
-                result = target.forward(tokens, positions, cache, mask)  # 2. verify (+ post-verify x°)
-            with stats.timed("accept"):
-                verdict = rule(draft, result.logits[0, g:], params, generator)  # 3. accept (C only)
-            with stats.timed("commit"):
-                keep = list(range(g + 1)) + [g + 1 + i for i in verdict.path]
-                for row in range(cache.batch):  # 4. commit root + x° + path (every CFG branch row)
-                    cache.commit(row, keep)
-                feats.write(start, result.features[:, keep])
-            with stats.timed("propose"):
-                self.update(draft, verdict, result, g)  # 5. update the drafter
-            stats.record_step(draft.size, draft.tree.max_depth(), verdict.num_accepted)
-            stats.target_tokens += g
-            stats.extras["post_verified_tokens"] += g
-            out.extend(verdict.tokens)
-            unverified, verified_run = [], verified_run + 1
-        stats.extras["unverified_tail"] = len(unverified)
-        out = truncate(out, max_new_tokens, stop_ids)
-        stats.new_tokens = len(out)
-        return DecodeResult(out, stats)
-
-    def update(self, draft: Draft, verdict: Verdict, result: TargetOut, g: int) -> None:
-        """Fresh features for the drafter after a verified step that post-verified `g` tokens."""
-        d = self.drafter
-        d.on_accept(draft, verdict, TargetOut(result.logits[:, g:], result.features[:, g:]))
-        if g and self.refresh:  # recompute the drafter's entries of x° from their fresh features
-            for row in range(d.cache.batch):
-                d.cache.rollback(row, d.cache.lengths[row] - g)
-            d.pending = torch.cat([result.features[:, :g], d.pending], 1)
+    def step_policy(self, make: Callable[[int], "VVS"], target, rule, budget) -> "VVSBatch":
+        """VVS's own steps on the shared batched loop (`make(0)` is this row)."""
+        return VVSBatch(make, rule, budget)
 
 
 @dataclass
 class VVSRow:
     """One sequence's VVS state in a slot: its decoder (schedule, options), feature cache and path generator."""
 
-    dec: VVSDecoder
+    dec: VVS
     feats: FeatureCache
     paths_rng: torch.Generator
     unverified: list[int] = field(default_factory=list)  # x°: tokens of the last (skipped) step
@@ -224,8 +138,8 @@ class VVSRow:
     draft: Draft | None = None  # this step's tree C_t
 
 
-class VVSBatch:
-    """StepPolicy (`decoding/pool.py`): VVS rows on the shared batched loop, same steps as `VVSDecoder.decode`.
+class VVSBatch(PolicyBase):
+    """StepPolicy (`decoding/pool.py`): VVS rows on the shared batched loop.
 
     Every live row's tree is grown together (`EagleBatch`: one drafter forward per level). A row whose
     schedule skips emits its sampled path at once and sits out the forward; the others feed root + x° + C_t
@@ -233,8 +147,8 @@ class VVSBatch:
     depend on its batch mates.
     """
 
-    def __init__(self, make: Callable[[int], VVSDecoder], rule=None) -> None:
-        self.make, self.rule = make, rule or judge
+    def __init__(self, make: Callable[[int], VVS], rule, budget) -> None:
+        self.make, self.rule, self.budget = make, rule, budget
         self.eagle = EagleBatch(lambda index: self._next.drafter, skip_ar_steps=False)
         shape = make(0).drafter.policy.shape(0)
         self.max_feed = shape.total_tokens + shape.depth + 1  # root + x° (<= depth) + C_t
@@ -264,8 +178,9 @@ class VVSBatch:
     def plan(self, seqs, budgets, stats, generators, params, clock) -> list[RowStep]:
         n = len(seqs)
         rows = self.rows[:n]
+        cap = self.budget.cap(n)
         with clock("propose"):  # 1. propose: every row's tree, one drafter forward per level
-            drafts = self.eagle.propose(seqs, budgets, stats)
+            drafts = self.eagle.propose(seqs, [min(cap, b) for b in budgets], stats)
         with clock("schedule"):
             skips = []
             for row, d in zip(rows, drafts):
@@ -314,7 +229,7 @@ class VVSBatch:
         return results
 
     def update(self, slot: int, draft: Draft, verdict: Verdict, feats: torch.Tensor, g: int, refresh: bool) -> None:
-        """`VVSDecoder.update` for the row in `slot` of the batched drafter."""
+        """Fresh features for the drafter of the row in `slot` after a verified step that post-verified `g` tokens."""
         d = self.eagle.rows[slot]
         d.pending = feats[:, [g] + [g + 1 + k for k in verdict.path]]
         if d.last_shape is not None:
@@ -326,48 +241,13 @@ class VVSBatch:
             d.pending = torch.cat([feats[:, :g], d.pending], 1)
 
 
-def _option(o: dict, key: str, default, kind: type):
-    value = o.get(key, default)
-    try:
-        if kind is bool:
-            if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
-                return value.lower() in ("true", "1", "yes")
-            if isinstance(value, (bool, int)):
-                return bool(value)
-            raise ValueError
-        if kind is int and isinstance(value, float) and not value.is_integer():
-            raise ValueError
-        return kind(value)
-    except (TypeError, ValueError):
-        raise UsageError(f"vvs option {key} must be a {kind.__name__}, got {value!r}") from None
-
-
-def build_vvs(drafter: EagleTreeDrafter, codebook: torch.Tensor | None, o: dict) -> VVSDecoder:
-    """A VVSDecoder from method options (see VVS_OPTIONS); bad values are one-line usage errors.
-
-    Defaults: schedule uniform, interval 3 (the paper's ablation setting; its sweep is 2-4),
-    threshold 0.75 / alpha 0.8 / stride 2 for the dynamic schedule, staleness 0, refresh true.
-    """
-    schedule = str(o.get("schedule", "uniform"))
-    if schedule not in VVS_SCHEDULES:
-        raise UsageError(f"vvs schedule must be one of {', '.join(VVS_SCHEDULES)}, got {schedule!r}")
-    interval = _option(o, "interval", 3, int)
-    if interval < 2:
-        raise UsageError(f"vvs skip interval must be >= 2 (never two skipped steps in a row), got {interval}")
-    threshold = _option(o, "threshold", 0.75, float)
-    alpha = _option(o, "alpha", 0.8, float)
-    stride = _option(o, "stride", 2, int)
-    staleness = _option(o, "staleness", 0, int)
-    if not -1 <= threshold <= 1 or not 0 < alpha <= 1 or stride < 1 or staleness < 0:
-        raise UsageError(f"vvs needs -1 <= threshold <= 1, 0 < alpha <= 1, stride >= 1, staleness >= 0 "
-                         f"(got {threshold}, {alpha}, {stride}, {staleness})")
-    if schedule == "uniform":
-        sched: SkipSchedule = UniformSkip(interval)
-    elif schedule == "dynamic":
-        if codebook is None:
-            raise UsageError("vvs schedule=dynamic needs the target's VQ codebook")
-        sched = DynamicSkip(codebook, threshold, alpha, stride)
-    else:
-        sched = NeverSkip()
-    return VVSDecoder(drafter, sched, staleness=staleness, refresh=_option(o, "refresh", True, bool),
-                      seed=_option(o, "seed", 0, int))
+def build_vvs(drafter: EagleTreeDrafter, codebook: torch.Tensor | None, o: VvsOptions) -> VVS:
+    """A row's VVS from its options (checked by `VvsOptions`: schedule, interval >= 2, threshold, alpha, stride)."""
+    schedules: dict[str, Callable[[], SkipSchedule]] = {
+        "uniform": lambda: UniformSkip(o.interval),
+        "dynamic": lambda: DynamicSkip(codebook, o.threshold, o.alpha, o.stride),
+        "none": NeverSkip,
+    }
+    if o.schedule == "dynamic" and codebook is None:
+        raise UsageError("vvs schedule=dynamic needs the target's VQ codebook")
+    return VVS(drafter, schedules[o.schedule](), staleness=o.staleness, refresh=o.refresh, seed=o.seed)

@@ -20,6 +20,7 @@ import torch
 from specgen.decoding.accept import accept_rejection
 from specgen.decoding.accept_threshold import AcceptCriterion, accept_lossy
 from specgen.decoding.draft import Draft, Verdict
+from specgen.decoding.pool import PoolBase
 from specgen.decoding.sampling import SamplingParams, logits_to_probs
 from specgen.decoding.stats import DecodeStats
 from specgen.decoding.target import TargetOut
@@ -71,7 +72,7 @@ class RowState:
     generator: torch.Generator | None  # candidate stream
 
 
-class XSpecMeshPool:
+class XSpecMeshPool(PoolBase):
     """Head candidates for every live mesh; `decoder` is the MeshDecoder whose heads and helpers it uses."""
 
     def __init__(self, decoder, target, opts, params: SamplingParams, d_max: int,

@@ -15,11 +15,12 @@ from __future__ import annotations
 import random
 
 from specgen.decoding.draft import Draft, Verdict
+from specgen.decoding.draft_verify import DrafterBase
 from specgen.decoding.stats import DecodeStats
 from specgen.decoding.target import TargetOut
 
 
-class JacobiBlocks:
+class JacobiBlocks(DrafterBase):
     """Drafter: block Jacobi iterations of one prompt; `blocks` holds {trajectory, fixed_point, iterations} per block."""
 
     def __init__(self, block_size: int, seed: int, stop_ids: tuple[int, ...]) -> None:

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from specgen.decoding.draft import Draft
+from specgen.decoding.draft_verify import DrafterBase
 from specgen.decoding.loop import decode
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.target import ModelTarget
@@ -20,7 +21,7 @@ def run(model, drafter, prompt, n=40, stop=()):
     return decode(ModelTarget(model), drafter, prompt, n, GREEDY, stop_ids=stop).tokens
 
 
-class RandomTreeDrafter:
+class RandomTreeDrafter(DrafterBase):
     """Random trees mixing the target's true continuation with noise: exercises tree paths."""
 
     def __init__(self, truth: list[int], prompt_len: int, seed: int = 0):
@@ -72,7 +73,7 @@ def test_stop_token_and_budget():
     assert run(model, NgramDrafter(min_ngram=1), prompt, n=5) == ar[:5]
 
 
-class OracleDrafter:
+class OracleDrafter(DrafterBase):
     """Proposes the true continuation, `k` tokens at a time (every draft is accepted)."""
 
     def __init__(self, truth: list[int], prompt_len: int, k: int):

@@ -1,7 +1,9 @@
-"""MuLo-SD: local rejection sets, tau extremes, registry checks and the CLI path on tiny random models."""
+"""MuLo-SD: local rejection sets, tau extremes (tau > 1 = AR), registry checks, batch independence and the CLI path on
+tiny random models (its stored digests: tests/methods/test_digests.py)."""
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -10,12 +12,13 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from specgen import checkpoints, registry
-from specgen.decoding.loop import decode
+from specgen.decoding.loop import decode, truncate
 from specgen.decoding.sampling import SamplingParams
 from specgen.image.neighbours import compute_neighbours
 from specgen.image.target import CFGTarget
 from specgen.methods.mulo_neighbourhood import expand_rejections, neighbourhood
-from specgen.methods.mulo_sd import MuLoSDDecoder, pooled_mass
+from specgen.methods import run_batch
+from specgen.methods.mulo_sd import MuLoSD, pooled_mass
 from specgen.methods.text import EmptyDrafter
 from specgen.models.upsampler import UpDownSampler, UpsamplerConfig
 from specgen.models.vq import VQ_CONFIGS, VQModel
@@ -79,8 +82,16 @@ def tiny_parts(seed: int = 0):
 
 def mulo(tau, **kw):
     target, lowres, pair, codebook = tiny_parts()
-    dec = MuLoSDDecoder(lowres, pair, compute_neighbours(codebook, 4), G, tau=tau, **kw)
+    dec = MuLoSD(lowres, pair, compute_neighbours(codebook, 4), G, tau=tau, **kw)
     return CFGTarget(target, 4.0), dec
+
+
+def run(target, dec, labels, params, seeds, batch_size=1, stop_ids=()):
+    """Images of `labels` on the shared loop, `batch_size` at a time; the rows after the first run on copies of
+    `dec` (same parts; the first keeps the trace)."""
+    res = run_batch(target, lambda i: dec if i == 0 else copy.copy(dec), [[c] for c in labels], G * G, params,
+                    stop_ids, [torch.Generator().manual_seed(s) for s in seeds], batch_size, max_draft=32)
+    return res.results
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
@@ -89,7 +100,7 @@ def test_tau_above_one_is_target_sampling(temperature, rejection, radius):
     target, dec = mulo(1.5, rejection=rejection, radius=radius)
     params = SamplingParams(temperature)
     for label in range(2):
-        got = dec.decode(target, [label], G * G, params, generator=torch.Generator().manual_seed(11 + label))
+        got = run(target, dec, [label], params, [11 + label])[0]
         ref = decode(target, EmptyDrafter(), [label], G * G, params,
                      generator=torch.Generator().manual_seed(11 + label))
         assert got.tokens == ref.tokens
@@ -98,7 +109,7 @@ def test_tau_above_one_is_target_sampling(temperature, rejection, radius):
 
 def test_tau_zero_rejects_nothing():
     target, dec = mulo(0.0)
-    res = dec.decode(target, [1], G * G, SamplingParams(1.0), generator=torch.Generator().manual_seed(0))
+    res = run(target, dec, [1], SamplingParams(1.0), [0])[0]
     s = res.stats
     assert s.extras["rejected_tokens"] == 0 and s.extras["resampled_tokens"] == 0
     assert s.target_forwards == 1 + s.steps and s.steps == 2  # 2 low-res rows -> 2 blocks of 8 tokens
@@ -110,7 +121,7 @@ def test_tau_zero_rejects_nothing():
 
 def test_intermediate_tau_resamples_expanded_sets():
     target, dec = mulo(0.05, radius=1)
-    res = dec.decode(target, [2], G * G, SamplingParams(1.0), generator=torch.Generator().manual_seed(5))
+    res = run(target, dec, [2], SamplingParams(1.0), [5])[0]
     assert len(res.tokens) == G * G
     for step in dec.trace:
         assert step["resampled"] == expand_rejections(step["rejected"], 1, G, step["start"], step["end"])
@@ -225,7 +236,7 @@ def test_defaults_scaled_to_the_codebook(mulo_registry):
     assert dec.tau == 0.5
 
 
-# --- the batched path (the shared loop's StepPolicy hooks) against MuLoSDDecoder.decode ----------------------
+# --- the batched path: a row's output and counters do not depend on its batch ------------------------------
 
 def counters(stats):
     drop = ("wall_s", "tokens_per_s", "drafter_share", "latency_s")
@@ -235,22 +246,15 @@ def counters(stats):
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 @pytest.mark.parametrize("tau,radius,rejection", [(0.05, 1, "local"), (0.2, 3, "local"), (0.1, 3, "raster"),
                                                   (1.5, 3, "local")])
-@pytest.mark.parametrize("stop_ids", [(), (5,)])  # (5,): ragged stopping (the old loop ignores stop ids: truncated)
-def test_batched_mulo_equals_its_own_loop_per_row(temperature, tau, radius, rejection, stop_ids):
-    """Each row of the batched loop (batch 1 and 3, 5 prompts, a seed each) equals MuLoSDDecoder.decode alone."""
-    import copy
-
-    from specgen.decoding.loop import truncate
-    from specgen.methods import run_batch
-
+@pytest.mark.parametrize("stop_ids", [(), (5,)])  # (5,): ragged stopping
+def test_batched_mulo_equals_each_row_alone(temperature, tau, radius, rejection, stop_ids):
+    """Each row of the batched loop (batch 3, 5 prompts, a seed each) equals the row decoded alone, and stop ids
+    only truncate (an image is decoded in whole blocks)."""
     target, dec = mulo(tau, radius=radius, rejection=rejection)
     labels, params = [0, 2, 1, 1, 0], SamplingParams(temperature)
     seeds = [10 + i for i in range(len(labels))]
-    old = [dec.decode(target, [c], G * G, params, generator=torch.Generator().manual_seed(s))
-           for c, s in zip(labels, seeds)]
-    for batch_size in (1, 3):
-        res = run_batch(target, lambda i: copy.copy(dec), [[c] for c in labels], G * G, params, stop_ids,
-                        [torch.Generator().manual_seed(s) for s in seeds], batch_size, max_draft=32)
-        assert [r.tokens for r in res.results] == [truncate(r.tokens, G * G, stop_ids) for r in old], batch_size
-        if not stop_ids:
-            assert [counters(r.stats) for r in res.results] == [counters(r.stats) for r in old], batch_size
+    alone = [run(target, dec, [c], params, [s])[0] for c, s in zip(labels, seeds)]
+    res = run(target, dec, labels, params, seeds, 3, stop_ids)
+    assert [r.tokens for r in res] == [truncate(r.tokens, G * G, stop_ids) for r in alone]
+    if not stop_ids:
+        assert [counters(r.stats) for r in res] == [counters(r.stats) for r in alone]

@@ -1,4 +1,6 @@
-"""VVS: no skipping = EAGLE-2 + LANTERN; never two skips in a row; post-verification restores the KV cache."""
+"""VVS: no skipping = EAGLE-2 + LANTERN (= AR at T 0 without relaxation); never two skips in a row;
+post-verification restores the KV cache; a row's output does not depend on its batch (stored digests:
+tests/methods/test_digests.py)."""
 
 from __future__ import annotations
 
@@ -8,15 +10,17 @@ import pytest
 import torch
 
 from cli.main import app
+from specgen.decoding.budget import FixedBudget
 from specgen.decoding.draft import Draft
-from specgen.decoding.loop import decode
+from specgen.decoding.draft_verify import judge
+from specgen.decoding.loop import decode_batch
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.tree import DraftTree
 from specgen.image.methods import IMAGE_METHODS, ImageParts
 from specgen.image.target import CFGTarget
-from specgen.methods import get_method
+from specgen.methods import get_method, run_batch
 from specgen.methods.eagle import EagleTreeDrafter, FixedShape, TreeShape
-from specgen.methods.vvs import FeatureCache, VVSDecoder, after_chain, sample_path
+from specgen.methods.vvs import VVS, FeatureCache, after_chain, sample_path
 from specgen.methods.vvs_schedule import DynamicSkip, UniformSkip, path_similarity
 from tests.cli.test_cli_image import gen, runner, tiny_image  # noqa: F401  (fixture)
 from tests.image.helpers import TinyEagle, tiny_image_gpt
@@ -37,10 +41,20 @@ def drafter(p):
                             max_len=64)
 
 
-def run_vvs(p, schedule, temperature=1.0, seed=7, **kw):
-    vvs = VVSDecoder(drafter(p), schedule, **kw)
-    res = vvs.decode(p.target, [1], N, SamplingParams(temperature), generator=torch.Generator().manual_seed(seed))
-    return vvs, res
+def run_vvs(p, schedule, temperature=1.0, seed=7, target=None, **kw):
+    """One image of VVS (prompt [1]) on the shared loop; (its VVS row, its result, the step policy that ran it)."""
+    vvs = VVS(drafter(p), schedule, **kw)
+    policy = vvs.step_policy(lambda i: vvs, p.target, judge, FixedBudget(256))
+    res = decode_batch(target or p.target, policy, [[1]], N, SamplingParams(temperature),
+                       generators=[torch.Generator().manual_seed(seed)])
+    return vvs, res.results[0], policy
+
+
+def one(p, name, options, label, params, seed):
+    """One image of method `name` alone on the shared loop."""
+    made, rule = IMAGE_METHODS[name](p, options)
+    return run_batch(p.target, lambda i: made, [[label]], N, params, (), [torch.Generator().manual_seed(seed)],
+                     rule=rule).results[0]
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
@@ -48,15 +62,21 @@ def run_vvs(p, schedule, temperature=1.0, seed=7, **kw):
 def test_without_skipping_vvs_equals_eagle2_lantern(temperature, options):
     p = parts(1)
     o = {**TREE, "lantern_delta": 0.5, "lantern_k": 8}  # loose: many relaxed acceptances to compare
-    vvs, rule = IMAGE_METHODS["vvs"](p, {**o, **options})
-    d, lrule = IMAGE_METHODS["lantern"](p, o)
     params = SamplingParams(temperature)
-    a = vvs.decode(p.target, [2], N, params, generator=torch.Generator().manual_seed(3), rule=rule)
-    b = decode(p.target, d, [2], N, params, generator=torch.Generator().manual_seed(3), rule=lrule)
+    a = one(p, "vvs", {**o, **options}, 2, params, 3)
+    b = one(p, "lantern", o, 2, params, 3)
     assert a.tokens == b.tokens and len(a.tokens) == N
     assert a.stats.accepted == b.stats.accepted and a.stats.target_forwards == b.stats.target_forwards
     assert sum(b.stats.accepted) >= 5
-    assert a.stats.extras["skipped_steps"] == 0 and not any(vvs.trace)
+    assert a.stats.extras["skipped_steps"] == 0
+
+
+@pytest.mark.parametrize("options", [{"schedule": "none"}, {"schedule": "uniform", "interval": 1000}])
+def test_vvs_that_never_skips_nor_relaxes_is_ar_at_temperature_zero(options):
+    p = parts(1)
+    for label in range(3):
+        vvs = one(p, "vvs", {**TREE, "lantern_delta": 0.0, **options}, label, SamplingParams(), 0)
+        assert vvs.tokens == one(p, "ar", {}, label, SamplingParams(), 0).tokens
 
 
 def skips(trace):
@@ -65,7 +85,7 @@ def skips(trace):
 
 @pytest.mark.parametrize("schedule", [UniformSkip(2), DynamicSkip(torch.randn(32, 8), threshold=-1.0)])
 def test_never_two_skips_in_a_row_and_stats(schedule):
-    vvs, res = run_vvs(parts(2), schedule)
+    vvs, res, _ = run_vvs(parts(2), schedule)
     pattern = skips(vvs.trace)
     assert pattern[0] == "V" and "SS" not in pattern and pattern.count("S") >= 5
     assert pattern.rstrip("V").replace("VS", "") == ""  # always-skip schedules alternate V S V S ...
@@ -77,7 +97,7 @@ def test_never_two_skips_in_a_row_and_stats(schedule):
 
 
 def test_uniform_interval_pattern_and_bad_interval():
-    vvs, _ = run_vvs(parts(3), UniformSkip(3), temperature=0.0)
+    vvs, _, _ = run_vvs(parts(3), UniformSkip(3), temperature=0.0)
     assert skips(vvs.trace).startswith("VVSVVSVVS")
     with pytest.raises(ValueError):
         UniformSkip(1)
@@ -102,20 +122,23 @@ def ar_features(p, seq, n):
 @pytest.mark.parametrize("refresh", [True, False])
 def test_post_verification_restores_the_kv_cache_as_ar(refresh):
     p = parts(4)
-    vvs, res = run_vvs(p, UniformSkip(2), refresh=refresh)
+    made = []  # the target cache the loop decodes in
+    spy = CFGTarget(p.model, p.target.cfg_scale)
+    spy.new_cache = lambda b, m: made.append(p.target.new_cache(b, m)) or made[-1]
+    vvs, res, policy = run_vvs(p, UniformSkip(2), target=spy, refresh=refresh)
     assert res.stats.extras["post_verified_tokens"] > 0
-    cache, n = vvs.cache, vvs.cache.lengths[0]
+    cache, n = made[0], made[0].lengths[0]
     assert cache.lengths == [n, n] and n >= N - 4  # both CFG rows; only the bonus/unverified tail is not in it
     seq = [1] + res.tokens
     ar, feats = ar_features(p, seq, n)
     assert ar.lengths == cache.lengths
     torch.testing.assert_close(cache.k[:, :, :, :n], ar.k[:, :, :, :n], atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(cache.v[:, :, :, :n], ar.v[:, :, :, :n], atol=1e-5, rtol=1e-4)
-    d = vvs.drafter
-    m = d.cache.lengths[0]  # drafter slot j = pair (f_j, x_{j+1}) at position j + 1
-    ref = d.net.new_cache(2, 64)
-    d.net(feats[:, :m], torch.tensor([seq[1 : m + 1]]).expand(2, -1), torch.arange(1, m + 1).expand(2, -1), ref)
-    close = torch.allclose(d.cache.k[:, :, :, :m], ref.k[:, :, :, :m], atol=1e-5, rtol=1e-4)
+    net, dcache = vvs.drafter.net, policy.eagle.cache  # the batch's drafter cache: slot 0 = rows 0, 1
+    m = dcache.lengths[0]  # drafter slot j = pair (f_j, x_{j+1}) at position j + 1
+    ref = net.new_cache(2, 64)
+    net(feats[:, :m], torch.tensor([seq[1 : m + 1]]).expand(2, -1), torch.arange(1, m + 1).expand(2, -1), ref)
+    close = torch.allclose(dcache.k[:, :, :, :m], ref.k[:, :, :, :m], atol=1e-5, rtol=1e-4)
     assert close == refresh  # refresh: unverified tokens' drafter entries recomputed from fresh features
 
 
@@ -200,7 +223,7 @@ def test_benchmark_refuses_a_bad_sweep_value(tiny_image):  # noqa: F811
     assert r.exit_code == 2 and "interval must be >= 2" in r.stderr, r.output
 
 
-# --- the batched path (the shared loop's StepPolicy hooks) against VVSDecoder.decode -------------------------
+# --- the batched path: a row's output and counters do not depend on its batch ------------------------------
 
 def same_stats(a, b):
     """Every counter of two runs' summaries (wall times left out)."""
@@ -213,28 +236,25 @@ def same_stats(a, b):
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 @pytest.mark.parametrize("options", [{"schedule": "uniform", "interval": 2}, {"schedule": "dynamic", "threshold": 0.0}])
 @pytest.mark.parametrize("stop_ids", [(), (3,)])  # (3,): ragged stopping, rows leave at different steps
-def test_batched_vvs_equals_its_own_loop_per_row(temperature, options, stop_ids):
-    """Each row of the batched loop (batch 1 and 3, 5 prompts, a seed each) equals VVSDecoder.decode alone."""
-    from specgen.methods import run_batch
-
+def test_batched_vvs_equals_each_row_alone(temperature, options, stop_ids):
+    """Each row of the batched loop (batch 3, 5 prompts, a seed each) equals the row decoded alone."""
     p = parts(1)
     o = {**TREE, "lantern_delta": 0.5, "lantern_k": 8, **options}
     labels, params = [0, 2, 1, 1, 0], SamplingParams(temperature)
     seeds = [10 + i for i in range(len(labels))]
-    old = []
-    for c, seed in zip(labels, seeds):
-        dec, rule = IMAGE_METHODS["vvs"](p, o)
-        old.append(dec.decode(p.target, [c], N, params, stop_ids, torch.Generator().manual_seed(seed), max_draft=32,
-                              rule=rule))
+    rule = IMAGE_METHODS["vvs"](p, o)[1]
+
+    def batch(indices, batch_size):
+        return run_batch(p.target, lambda i: IMAGE_METHODS["vvs"](p, o)[0], [[labels[i]] for i in indices], N,
+                         params, stop_ids, [torch.Generator().manual_seed(seeds[i]) for i in indices], batch_size,
+                         rule=rule, max_draft=32).results
+
+    alone = [batch([i], 1)[0] for i in range(len(labels))]
     if stop_ids:
-        assert len({len(r.tokens) for r in old}) > 1  # ragged
-    for batch_size in (1, 3):
-        rule = IMAGE_METHODS["vvs"](p, o)[1]
-        res = run_batch(p.target, lambda i: IMAGE_METHODS["vvs"](p, o)[0], [[c] for c in labels], N, params, stop_ids,
-                        [torch.Generator().manual_seed(s) for s in seeds], batch_size, rule=rule, max_draft=32)
-        assert [r.tokens for r in res.results] == [r.tokens for r in old], batch_size
-        if not stop_ids:  # (the old loop checks only a step's last token for a stop and may run on past one)
-            assert all(same_stats(a.stats, b.stats) for a, b in zip(old, res.results)), batch_size
-            assert sum(r.stats.extras["skipped_steps"] for r in res.results) > 0
-            if batch_size == 1:  # a skipped step runs no forward at all
-                assert res.stats.target_forwards < res.stats.steps + len(labels)
+        assert len({len(r.tokens) for r in alone}) > 1  # ragged
+    res = batch(range(len(labels)), 3)
+    assert [r.tokens for r in res] == [r.tokens for r in alone]
+    assert all(same_stats(a.stats, b.stats) for a, b in zip(alone, res))
+    assert sum(r.stats.extras["skipped_steps"] for r in res) > 0
+    assert all(r.stats.target_forwards < r.stats.steps + r.stats.extras["skipped_steps"] + 1 for r in alone
+               if r.stats.extras["skipped_steps"])  # a skipped step runs no forward at all

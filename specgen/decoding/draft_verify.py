@@ -1,0 +1,123 @@
+"""Draft-verify as a step policy: a pool proposes, one forward verifies, an accept rule judges; and the drafter base.
+
+Every method but VVS and MuLo-SD runs as `DraftVerify` over its pool: 1 the pool drafts a tree per live row
+(its size capped by the draft budget for the number of live rows), 3 the rule accepts a path per row with the
+row's own generator (lossless `judge` by default), 5 the pool learns the verdicts. A drafter says which policy
+runs its rows through `DrafterBase.step_policy` (per-row drafters: `EachRow`; EAGLE: its batched pool; VVS and
+MuLo-SD: their own policies).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable, Sequence
+
+import torch
+
+from specgen.decoding.accept import accept_greedy, accept_rejection
+from specgen.decoding.budget import DraftBudget
+from specgen.decoding.draft import Draft, Verdict
+from specgen.decoding.pool import DrafterPool, EachRow, PolicyBase, RowStep, StepPolicy
+from specgen.decoding.sampling import SamplingParams, logits_to_probs, pick
+
+Rule = Callable[[Draft, torch.Tensor, SamplingParams, "torch.Generator | None"], Verdict]
+
+
+def judge(draft: Draft, logits: torch.Tensor, params: SamplingParams, generator) -> Verdict:
+    """Lossless acceptance: greedy match at temperature 0, tree rejection sampling otherwise.
+
+    Rejection sampling reads p and q one node at a time, so both move to the generator's device (the host, for the
+    seeded CPU streams) in one copy each first: on a GPU each read of a device value would make the host wait."""
+    if params.greedy:
+        return accept_greedy(draft, logits.argmax(-1).tolist())
+    host = generator.device if generator is not None else torch.device("cpu")
+    return accept_rejection(probs_on(draft, host), logits_to_probs(logits, params).to(host), generator)
+
+
+def probs_on(draft: Draft, host: torch.device) -> Draft:
+    """`draft` with its q (if any) on the device the rejection rule reads it from."""
+    return draft if draft.probs is None or draft.probs.device == host else replace(draft, probs=draft.probs.to(host))
+
+
+def judge_batch(drafts: Sequence[Draft], logits: torch.Tensor, sizes: Sequence[int], params: SamplingParams,
+                generators: Sequence[torch.Generator | None]) -> list[Verdict]:
+    """`judge` for every row of a verify forward (logits [n, S, V]) with one device-to-host copy of its reads.
+
+    Greedy reads the argmax [n, S]; sampling the filtered p [n, S, V] (a softmax per position: each row's p is the
+    one `judge` computes from its own slice, bit for bit). On a GPU a copy per row made the host wait per row."""
+    if params.greedy:
+        argmax = logits.argmax(-1).tolist()  # [n][S]
+        return [accept_greedy(d, argmax[i][: sizes[i]]) for i, d in enumerate(drafts)]
+    hosts = {g.device if g is not None else torch.device("cpu") for g in generators}
+    if len(hosts) > 1:  # rows drawing on different devices: each row's own copy
+        return [judge(d, logits[i, : sizes[i]], params, g) for i, (d, g) in enumerate(zip(drafts, generators))]
+    host = hosts.pop()
+    probs = logits_to_probs(logits, params).to(host)  # [n, S, V]
+    return [accept_rejection(probs_on(d, host), probs[i, : sizes[i]], g)
+            for i, (d, g) in enumerate(zip(drafts, generators))]
+
+
+class DraftVerify(PolicyBase):
+    """The draft-verify step over a DrafterPool: every live row feeds its last token + its draft every step."""
+
+    def __init__(self, pool: DrafterPool, rule: Rule, budget: DraftBudget) -> None:
+        self.pool, self.rule, self.budget = pool, rule, budget
+        self.max_feed = pool.max_feed
+        self.drafts: list[Draft] = []
+
+    def open(self, width: int, max_len: int) -> None:
+        self.pool.open(width, max_len)
+
+    def admit(self, slot, index, prompt, first) -> None:
+        self.pool.admit(slot, index, prompt, first)
+
+    def move(self, src: int, dst: int) -> None:
+        self.pool.move(src, dst)
+
+    def finished(self, slot: int) -> bool:
+        return self.pool.finished(slot)
+
+    def end_step(self, seconds: float) -> None:
+        self.budget.observe_step(seconds)
+
+    def start(self, slot, first, params, generator, stats) -> list[int]:
+        return [pick(first.logits[0, -1], params, generator)]  # the prefill's last position picks token 0
+
+    def plan(self, seqs, budgets, stats, generators, params, clock) -> list[RowStep]:
+        cap = self.budget.cap(len(seqs))
+        with clock("propose"):  # 1. the pool drafts for every live row
+            self.drafts = self.pool.propose(seqs, [min(cap, b) for b in budgets], stats)
+        return [RowStep(seq[-1], d) for seq, d in zip(seqs, self.drafts)]
+
+    def settle(self, rows, lo, out, sizes, params, generators, stats, clock) -> list[tuple[list[int], list[int]]]:
+        drafts = self.drafts  # every live row fed: rows = [0, n), lo = 0
+        with clock("accept"):  # 3. per row, each with its own generator stream
+            if self.rule is judge:  # one device-to-host copy for the whole batch, not one per row
+                verdicts = judge_batch(drafts, out.logits, sizes, params, generators)
+            else:
+                verdicts = [self.rule(d, out.logits[i, : sizes[i]], params, g)
+                            for i, (d, g) in enumerate(zip(drafts, generators))]
+        with clock("propose"):  # 5. the pool learns the verdicts
+            self.pool.on_accept(drafts, verdicts, out, sizes, out.features.shape[0] // out.logits.shape[0])
+            for s, d, v in zip(stats, drafts, verdicts):
+                s.steps += 1
+                s.draft_sizes.append(d.size)
+                s.depths.append(d.tree.max_depth())
+                s.accepted.append(v.num_accepted)
+                self.budget.observe(d.size, v.num_accepted)
+        return [([0] + [j + 1 for j in v.path], list(v.tokens)) for v in verdicts]
+
+
+class DrafterBase:
+    """Base of drafters (and of method objects with their own steps): no-op capabilities, and the policy of its rows."""
+
+    def finished(self) -> bool:
+        return False
+
+    def pool(self, make: Callable[[int], "DrafterBase"]) -> DrafterPool:
+        """The pool of the rows `make(index)` builds (this drafter is make(0)): one drafter per row, in turn."""
+        return EachRow(make)
+
+    def step_policy(self, make: Callable[[int], "DrafterBase"], target, rule: Rule, budget: DraftBudget) -> StepPolicy:
+        """The step policy that runs the rows `make(index)` builds: draft-verify over `pool(make)`."""
+        return DraftVerify(self.pool(make), rule, budget)
