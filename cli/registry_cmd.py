@@ -125,7 +125,8 @@ def merge(
         raise UsageError(f"--scale must be a finite number, got {scale}")
     check_destination("target", name, force)
     adapter, state = adapter_source(source, _output.registry_progress(quiet))
-    entry = register_merged(adapter, state, name, scale, {"created_by": "registry merge"}, _output.registry_progress(quiet))
+    entry = register_merged(adapter, state, name, scale, {"created_by": "registry merge"}, _output.registry_progress(quiet),
+                           force=force)
     _output.out.print(entry.ref)
 
 

@@ -278,6 +278,22 @@ def test_registry_import_force_replaces_and_merge_refuses_builtins(tiny, pt_file
     check_refusal(tiny, ["registry", "merge", "x", "--name", "tiny-text"], 2, "already exists")
 
 
+@pytest.mark.parametrize("args,needle", [  # issue 48: training outputs go through the registry's one write rule
+    (["train-heads", "--out", "runs/x", "target=mesh-gpt-tiny", "num_sequences=4", "stages=1", "ship_dir="],
+     "'xspecmesh-ca-tiny-s1' is a built-in entry"),
+    (["train-heads", "--kind", "eagle", "--out", "runs/x", "ship_dir="], "'tiny-image-eagle' is a built-in entry"),
+    (["train-upsampler", "--out", "runs/x", "name=tiny-image-upsampler-2x"], "is a built-in entry"),
+    (["train-upsampler", "--out", "runs/x", "name=tiny-image-upsampler-2x", "--force"], "is a built-in entry"),
+    (["train-upsampler", "--out", "runs/x", "name=tiny-text"], "upsampler/tiny-text already exists"),
+    (["distill", "--out", "runs/x", "--trajectories", "t", "--name", "smollm2-135m-pcllm"], "is a built-in entry"),
+])
+def test_training_never_registers_over_a_builtin_or_an_entry(tiny, args, needle):
+    from specgen import registry
+
+    registry.save("upsampler", "tiny-text", {"w": torch.zeros(1)}, {})
+    check_refusal(tiny, args, 2, needle)
+
+
 def test_unusable_specgen_home_is_one_line(tiny, pt_file, monkeypatch):
     monkeypatch.setenv("SPECGEN_HOME", str(tiny / "cwd" / "afile"))
     check_refusal(tiny, [*pt_file, "--name", "fresh"], 2, "is not a folder")
