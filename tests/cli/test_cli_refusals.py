@@ -398,3 +398,95 @@ def test_a_refusal_materialises_no_builtin(specgen_home, args):
     r = invoke(*args)
     assert r.exit_code == 2, r.output
     assert not (specgen_home / "checkpoints").exists() or not any((specgen_home / "checkpoints").rglob("config.json"))
+
+
+# ---- issue 48: nothing lost on a torn, full or unwritable output ------------------------------------------------
+def test_append_repairs_a_whole_last_line_and_refuses_a_torn_one(tiny):
+    from cli import _output
+
+    whole = tiny / "cwd" / "whole.jsonl"
+    whole.write_text('{"a": 1}\n{"b": 2}')  # the last row lacks only its newline
+    _output.check_rows_path(whole, append=True)
+    _output.write_rows(whole, [{"c": 3}], append=True)
+    assert [json.loads(x) for x in whole.read_text().splitlines()] == [{"a": 1}, {"b": 2}, {"c": 3}]
+    (tiny / "cwd" / "torn.jsonl").write_text('{"a": 1}\n{"b": 2')
+    check_refusal(tiny, ["benchmark", "--model", "tiny-text", "--out", "torn.jsonl", "--append"], 2,
+                  "its last line (line 2) is torn")
+
+
+def full_device(monkeypatch):
+    import errno
+    import os
+
+    def fsync(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", fsync)
+
+
+@pytest.mark.parametrize("args", [["benchmark", "--model", "tiny-text", "--out", "new.jsonl"],
+                                  ["export-mesh", "afile", "-o", "out/meshes"]], ids=["benchmark", "export-mesh"])
+def test_outputs_on_a_full_device_are_refused_before_the_work(tiny, monkeypatch, args):
+    full_device(monkeypatch)
+    check_refusal(tiny, args, 2, "No space left on device); free some space or write elsewhere")
+
+
+def test_rows_reach_stdout_when_the_final_write_fails(tiny, monkeypatch, capsys):
+    import errno
+    import os
+
+    from cli import _output
+    from specgen.errors import RuntimeFailure
+
+    def link(*a):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "link", link)
+    with pytest.raises(RuntimeFailure, match="the rows went to stdout instead"):
+        _output.write_rows(tiny / "cwd" / "rows.jsonl", [{"row": 1}])
+    assert json.loads(capsys.readouterr().out) == {"row": 1}
+    assert sorted(p.name for p in (tiny / "cwd").iterdir()) == ["afile", "binary.yaml", "list.yaml"]
+
+
+def test_export_mesh_never_leaves_an_empty_folder_and_oserrors_are_one_line(tiny, monkeypatch):
+    import errno
+    import os
+
+    from tests.cli.test_cli_mesh import good_line
+
+    import specgen.mesh.export as export
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(export, "atomic_write_bytes", full)
+    r = invoke("export-mesh", "-", "-o", "deep/meshes", input=good_line())
+    assert r.exit_code == 1 and r.stderr.startswith("error: cannot write meshes in deep/meshes (No space left")
+    assert not (tiny / "cwd" / "deep").exists()
+    r = invoke("export-mesh", "-", "-o", "/proc/nope/out", input=good_line())
+    assert r.exit_code == 2 and "Errno" not in r.stderr and "cannot write in /proc" in r.stderr
+
+
+def test_stdout_on_a_full_device_is_one_line(monkeypatch, capsys):
+    import errno
+    import io
+    import os
+
+    import typer
+
+    from cli import _output
+    from cli._errors import command
+
+    class Full(io.StringIO):
+        def write(self, text):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        def fileno(self):
+            raise io.UnsupportedOperation
+
+    monkeypatch.setattr("sys.stdout", Full())
+    with pytest.raises(typer.Exit) as e:
+        command(lambda: _output.emit_json({"row": 1}))()
+    assert e.value.exit_code == 1 and capsys.readouterr().err.splitlines() == [
+        "error: cannot write stdout (the results): No space left on device; free some space or write elsewhere "
+        "(SPECGEN_DEBUG=1 shows a traceback)"]
