@@ -17,6 +17,7 @@ from specgen import checkpoints
 from tests.pcllm_fixtures import save_tiny_text
 
 runner = CliRunner()
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 
 
 def invoke(*args, input=None):
@@ -490,3 +491,43 @@ def test_stdout_on_a_full_device_is_one_line(monkeypatch, capsys):
     assert e.value.exit_code == 1 and capsys.readouterr().err.splitlines() == [
         "error: cannot write stdout (the results): No space left on device; free some space or write elsewhere "
         "(SPECGEN_DEBUG=1 shows a traceback)"]
+
+
+# ---- issue 48: one writer per run-dir shard ----------------------------------------------------------------------
+def test_a_run_dir_shard_has_one_writer_and_a_dead_one_holds_nothing(tmp_path):
+    import gc
+    import os
+    import subprocess
+    import sys
+
+    from specgen.errors import UsageError
+    from specgen.eval.run_dir import RunDir, Shard
+
+    first = RunDir.open(tmp_path / "run", "text", {"a": 1})
+    first.start_shard(Shard(0, 2))
+    second = RunDir.open(tmp_path / "run", "text", {"a": 1})
+    second.start_shard(Shard(1, 2))  # another shard: its own lock
+    with pytest.raises(UsageError, match=f"shard 0/2 is being written by process {os.getpid()}; wait for it"):
+        second.start_shard(Shard(0, 2))
+    del first
+    gc.collect()
+    second.start_shard(Shard(0, 2))  # released with its holder
+    del second
+    gc.collect()
+    killed = subprocess.run([sys.executable, "-c", "import os, sys; from specgen.eval.run_dir import RunDir, Shard; "
+                             f"RunDir.open({str(tmp_path / 'run')!r}, 'text', {{'a': 1}}).start_shard(Shard(0, 2)); "
+                             "os._exit(9)"], env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert killed.returncode == 9 and (tmp_path / "run" / "shard-0-of-2.lock").read_text().strip().isdigit()
+    RunDir.open(tmp_path / "run", "text", {"a": 1}).start_shard(Shard(0, 2))  # a dead process is no holder
+
+
+def test_a_read_only_run_dir_is_one_line(tiny, monkeypatch):
+    import errno
+    import os
+
+    def fsync(fd):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    check_refusal(tiny, ["benchmark", "--model", "tiny-text", "--run-dir", "runs"], 2,
+                  "--run-dir runs: cannot write in . (Read-only file system); it is read-only: write elsewhere")
