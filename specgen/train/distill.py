@@ -48,7 +48,7 @@ class DistillConfig:
 
     model: str = "smollm2-135m"  # the model being distilled (= the trajectories' target)
     trajectories: str = ""  # folder written by `specgen collect-trajectories`
-    name: str = "smollm2-135m-pcllm"  # registered as target/<name> (merged) and adapter/<name>-lora (LoRA)
+    name: str = "smollm2-135m-distilled"  # registered as target/<name> (merged) and adapter/<name>-lora (LoRA)
     objective: str = "pcllm"  # pcllm | cllm
     block_size: int = 16  # must equal the trajectories' block size
     schedule: str = "progressive"  # progressive | reverse | random

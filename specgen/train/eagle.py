@@ -57,7 +57,7 @@ class EagleTrainConfig(OptimConfig):
     """Everything an EAGLE drafter run depends on (a YAML recipe sets any subset; AdamW/schedule keys: OptimConfig)."""
 
     target: str = "tiny-image-gpt"  # registry name of an image target (LlamaGen c2i or t2i GPT)
-    name: str = "tiny-image-eagle"  # registered as draft/<name> ("" = do not register)
+    name: str = "image-eagle"  # registered as draft/<name> ("" = do not register)
     init: str = ""  # optional: warm-start from this registered drafter (must belong to `target`)
     data_cache: str = ".notes/eagle_data"
     samples_per_class: int = 24  # training generations per class (t2i: per caption)

@@ -48,7 +48,7 @@ class HeadsTrainConfig:
     """Recipe keys of `train-heads --kind xspecmesh`."""
 
     target: str = "mesh-gpt-tiny"  # backbone (registry name)
-    name: str = "xspecmesh-ca-tiny"  # output heads name (stage 1 gets "-s1", the adapter "-lora")
+    name: str = "xspecmesh-ca"  # output heads name (stage 1 gets "-s1", the adapter "-lora")
     head_kind: str = "ca"  # "ca" | "mlp"
     token_input: bool = False  # beyond the paper: heads also see E(x_{s+1}) (models/heads.py)
     num_heads: int = 4

@@ -70,7 +70,7 @@ class ImageGPTTrainConfig(OptimConfig):
     num_threads: int = 1
     samples_per_class: int = 4  # final evaluation samples (CFG, temperature 1, top-k 0, top-p 1)
     cfg_scale: float = 4.0
-    name: str = "tiny-image-gpt"  # registry target name ("" = do not register)
+    name: str = "image-gpt"  # registry target name ("" = do not register)
     ship_dir: str = ""  # also write model.safetensors + config.json here (e.g. specgen/assets/image/gpt)
 
 

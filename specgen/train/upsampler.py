@@ -96,7 +96,7 @@ class UpsamplerTrainConfig:
     eval_every: int = 250
     ckpt_every: int = 25
     num_threads: int = 1
-    name: str = "tiny-image-upsampler-2x"  # registry name ("" = do not register)
+    name: str = "image-upsampler-2x"  # registry name ("" = do not register)
     ship_dir: str = ""  # also write model.safetensors + config.json here
 
 

@@ -280,9 +280,10 @@ def test_registry_import_force_replaces_and_merge_refuses_builtins(tiny, pt_file
 
 
 @pytest.mark.parametrize("args,needle", [  # issue 48: training outputs go through the registry's one write rule
-    (["train-heads", "--out", "runs/x", "target=mesh-gpt-tiny", "num_sequences=4", "stages=1", "ship_dir="],
-     "'xspecmesh-ca-tiny-s1' is a built-in entry"),
-    (["train-heads", "--kind", "eagle", "--out", "runs/x", "ship_dir="], "'tiny-image-eagle' is a built-in entry"),
+    (["train-heads", "--out", "runs/x", "target=mesh-gpt-tiny", "num_sequences=4", "stages=1", "ship_dir=",
+      "name=xspecmesh-ca-tiny"], "'xspecmesh-ca-tiny-s1' is a built-in entry"),
+    (["train-heads", "--kind", "eagle", "--out", "runs/x", "ship_dir=", "name=tiny-image-eagle"],
+     "'tiny-image-eagle' is a built-in entry"),
     (["train-upsampler", "--out", "runs/x", "name=tiny-image-upsampler-2x"], "is a built-in entry"),
     (["train-upsampler", "--out", "runs/x", "name=tiny-image-upsampler-2x", "--force"], "is a built-in entry"),
     (["train-upsampler", "--out", "runs/x", "name=tiny-text"], "upsampler/tiny-text already exists"),
