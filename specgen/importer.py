@@ -30,7 +30,14 @@ def read_state_file(path: Path) -> dict[str, torch.Tensor]:
     except Exception as e:  # corrupt file, or a pickle with non-tensor objects refused by weights_only
         import re
 
-        first = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip().splitlines()[0]  # torch colours its message
+        text = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip()  # torch colours its message
+        if "Weights only load failed" in text:  # torch's own advice there is to unpickle: never repeated
+            found = re.search(r"Unsupported global: GLOBAL (\S+)", text)
+            what = f" ({found[1]})" if found else ""
+            raise CheckpointError(f"cannot read {path.name} as a state dict: it holds Python objects besides tensors"
+                                  f"{what}, and specgen never unpickles; save only the tensors (a state dict, or "
+                                  "safetensors) where the file was made") from None
+        first = (text.splitlines() or [type(e).__name__])[0]
         raise CheckpointError(f"cannot read {path.name} as a state dict: {first}") from None
     for wrapper in ("model", "state_dict", "module"):
         if isinstance(state, dict) and isinstance(state.get(wrapper), dict):

@@ -406,6 +406,9 @@ def check_pair(drafter: Entry, target: Entry) -> None:
     """A drafter/heads/adapter entry must name `target` as its parent and share its vocabulary; when it
     recorded its parent's `parent_digest`, the target's weights must still be those it was trained on."""
     parent = drafter.meta.get("parent")
+    if not parent:
+        raise IncompatibleError(f"{drafter.ref} is no drafter of {target.ref}: it names no target it was trained for "
+                                f"(a {drafter.meta.get('modality', 'text')} {drafter.kind} of its own)")
     if parent not in (target.ref, target.name):
         raise IncompatibleError(f"{drafter.ref} was trained for {parent}, not {target.ref}")
     want = drafter.meta.get("parent_digest")

@@ -8,8 +8,8 @@ Layout (every file is written by one process; nothing is ever rewritten in place
     records-<I>-of-<N>.jsonl shard I's items, one JSON line each, appended with one write and fsync
     shard-<I>-of-<N>.lock    flock of the process writing shard I (its pid inside): one writer per shard
 
-A record line that did not finish (the process was killed mid-write: no newline, or not JSON) is not a
-record: readers skip it, and the shard's next run cuts it off before appending, so the item is redone.
+A record line that did not finish (the process was killed mid-write: no newline, or not JSON), or that lacks
+its item or runs, is not a record: readers skip it, and the shard's next run cuts it off before appending, so the item is redone.
 An item found in several files (a run resumed with another shard count) counts once: the first file wins.
 """
 
@@ -106,8 +106,8 @@ def read_lines(path: Path) -> Iterator[tuple[int, dict]]:
                 rec = json.loads(raw)
             except (json.JSONDecodeError, UnicodeDecodeError):
                 continue
-            if isinstance(rec, dict) and isinstance(rec.get("item"), str):
-                yield offset, rec
+            if isinstance(rec, dict) and isinstance(rec.get("item"), str) and isinstance(rec.get("runs"), (dict, list)):
+                yield offset, rec  # (a line without its runs, edited or foreign, is no record: the item is redone)
 
 
 class RunDir:

@@ -220,7 +220,12 @@ def test_empty_override_is_the_empty_string():
 # ---- resources: token budgets and prompts against the model's context ------------------------------------------
 @pytest.mark.parametrize("args,needle", [
     ([*GEN, "--max-new-tokens", "1000000000"], "its context is 1024 tokens"),
-    (["benchmark", "--model", "tiny-text", "--max-new-tokens", "0"], "max-new-tokens must be >= 1"),
+    (["benchmark", "--model", "tiny-text", "--max-new-tokens", "0"], "max_new_tokens must be >= 1, got 0"),
+    (["benchmark", "--model", "tiny-text", "--max-new-tokens", "-1"], "max_new_tokens must be >= 1, got -1"),
+    ([*GEN, "--max-new-tokens", "-1"], "max_new_tokens must be >= 1, got -1"),
+    ([*GEN, "--max-new-tokens", "0"], "max_new_tokens must be >= 1, got 0"),
+    (["benchmark", "--model", "tiny-text", "--limit", "0"], "limit must be >= 1, got 0"),
+    (["benchmark", "--model", "tiny-text", "--limit", "-1"], "limit must be >= 1, got -1"),
     (["collect-trajectories", "--out", "run", "--model", "tiny-text", "--max-new-tokens", "5000"], "context is 1024"),
     (["benchmark", "--model", "tiny-text", "--max-new-tokens", "99999"], "context is 1024"),
     ([*GEN[:3], "--no-chat", "--prompt", "A" * 1100, "--max-new-tokens", "8"], "prompt of 1100 tokens"),
@@ -532,3 +537,49 @@ def test_a_read_only_run_dir_is_one_line(tiny, monkeypatch):
     monkeypatch.setattr(os, "fsync", fsync)
     check_refusal(tiny, ["benchmark", "--model", "tiny-text", "--run-dir", "runs"], 2,
                   "--run-dir runs: cannot write in . (Read-only file system); it is read-only: write elsewhere")
+
+
+# ---- issue 48: one-liners that say what to do --------------------------------------------------------------------
+def test_a_pickle_with_code_is_refused_without_torchs_advice_to_unpickle(tiny, pt_file):
+    import os
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("echo never",))
+
+    torch.save({"w": torch.zeros(2), "x": Evil()}, tiny / "w.pt")
+    r = invoke(*pt_file, "--name", "evil")
+    lines = r.stderr.splitlines()
+    assert r.exit_code == 1 and len(lines) == 1 and "never unpickles" in lines[0], r.stderr
+    assert "weights_only" not in lines[0] and "never" not in r.stdout
+
+
+def test_a_drafter_without_a_parent_is_named_so():
+    from specgen.errors import IncompatibleError
+    from specgen.registry import Entry, check_pair
+
+    with pytest.raises(IncompatibleError, match="target/smollm2-135m is no drafter of target/tiny-image-gpt: it names "
+                                                "no target") as e:
+        check_pair(Entry("target", "smollm2-135m", ROOT, {"modality": "text"}), Entry("target", "tiny-image-gpt", ROOT))
+    assert "None" not in str(e.value)
+
+
+def test_slow_bfloat16_with_quantize_does_not_suggest_quantize(monkeypatch):
+    from specgen import devices
+
+    monkeypatch.setattr(devices, "onednn_packs", lambda dtype: False)
+    with pytest.warns(UserWarning) as caught:
+        devices.resolve_dtype("bfloat16", "cpu", "int4")
+        devices.resolve_dtype("bfloat16", "cpu")
+    first, second = (str(w.message) for w in caught)
+    assert "--quantize int4's bfloat16 activations" in first and "int8|int4 is faster" not in first
+    assert "float32 or --quantize int8|int4 is faster" in second
+
+
+def test_a_record_without_runs_is_no_record(tmp_path):
+    from specgen.eval.run_dir import RunDir
+
+    run = RunDir.open(tmp_path / "run", "text", {})
+    (tmp_path / "run" / "records-0-of-1.jsonl").write_text('{"item": "b1/p0", "shard": "0-of-1"}\n'
+                                                          '{"item": "b1/p1", "runs": {}}\n')
+    assert list(run.records()) == ["b1/p1"]  # b1/p0 is measured again, not a KeyError in `benchmark report`
