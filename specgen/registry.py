@@ -213,7 +213,10 @@ def save(
     try:  # temporaries .<name>.tmp-<host>-<pid>-<random> and .<name>.old-...: see remove_stale_temporaries
         atomic_dir(final, fill, tag=f"-{socket.gethostname()}-{os.getpid()}-", guard=locked)
     except OSError as e:
-        raise RuntimeFailure(f"cannot write {kind}/{name} in {final.parent}: {e.strerror or e}") from None
+        from specgen.paths import ADVICE
+
+        raise RuntimeFailure(f"cannot write {kind}/{name} in {final.parent}: {e.strerror or e}; nothing was "
+                             f"registered: {ADVICE.get(e.errno, 'check SPECGEN_HOME')}") from None
     return written[0]
 
 
@@ -226,6 +229,9 @@ def check_new(kind: str, name: str, force: bool = False, builtin: bool = False) 
     if not builtin and name in builtin_names():
         raise UsageError(f"'{name}' is a built-in entry and is never replaced; choose another name")
     check_home()
+    from specgen.paths import check_space, nearest_existing
+
+    check_space(nearest_existing(checkpoints_dir()), f"SPECGEN_HOME {home()}")  # a full device: before converting
     final = checkpoints_dir() / kind / name
     if not force and final.exists():
         raise UsageError(f"{kind}/{name} already exists; choose another name or pass --force to replace it")

@@ -583,3 +583,19 @@ def test_a_record_without_runs_is_no_record(tmp_path):
     (tmp_path / "run" / "records-0-of-1.jsonl").write_text('{"item": "b1/p0", "shard": "0-of-1"}\n'
                                                           '{"item": "b1/p1", "runs": {}}\n')
     assert list(run.records()) == ["b1/p1"]  # b1/p0 is measured again, not a KeyError in `benchmark report`
+
+
+def test_registry_import_onto_a_full_disk_is_refused_before_converting(tiny, pt_file, monkeypatch):
+    full_device(monkeypatch)
+    check_refusal(tiny, [*pt_file, "--name", "fresh"], 2, "SPECGEN_HOME")
+    r = invoke(*pt_file, "--name", "fresh")
+    assert "No space left on device); free some space or write elsewhere" in r.stderr
+
+
+def test_a_garbage_parquet_is_specgens_line_only(tmp_path, capfd):
+    from specgen.data.prompts import PromptSourceError, _read_dataset
+
+    (tmp_path / "p.parquet").write_bytes(b"not parquet at all" * 8)
+    with pytest.raises(PromptSourceError, match="cannot read as a dataset"):
+        _read_dataset(tmp_path / "p.parquet", None, "train")
+    assert capfd.readouterr().err == ""  # pyarrow's / datasets' own log line is not printed before specgen's
