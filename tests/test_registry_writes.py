@@ -196,7 +196,13 @@ def test_training_outputs_never_replace_a_builtin_and_remove_restores_one(specge
     # a home written before the rule: the built-in was replaced in place; remove brings the shipped one back
     folder = registry.checkpoints_dir() / "heads" / "xspecmesh-ca-tiny-s1"
     registry.save("heads", "xspecmesh-ca-tiny-s1", state, {"builder": "xspecmesh_heads"}, force=True, builtin=True)
-    registry.remove("heads/xspecmesh-ca-tiny-s1")
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    rows = {x["ref"]: x for x in json.loads(CliRunner().invoke(app, ["registry", "list", "--format", "json"]).stdout)}
+    assert rows["heads/xspecmesh-ca-tiny-s1"]["status"].startswith("not the shipped weights; `specgen registry remove")
+    assert CliRunner().invoke(app, ["registry", "remove", "heads/xspecmesh-ca-tiny-s1"]).exit_code == 0
     assert not folder.exists()
     assert registry.weights_digest(checkpoints.find("xspecmesh-ca-tiny-s1")) == shipped_digest("xspecmesh-ca-tiny-s1")
 
