@@ -73,8 +73,8 @@ def distill(
     from specgen.train.script import file_logger
 
     check_name(cfg.name + "-lora", "name (+ -lora: target/NAME, adapter/NAME-lora)")  # registered after training
-    check_outputs(outputs(cfg), force)
     check_resume(out, to_dict(cfg), loose=RESUME_LOOSE)  # before anything is loaded or written
+    check_outputs(outputs(cfg), force)
     with run_folder(out, to_dict(cfg)):
         log = file_logger(out / "train.log", echo=not quiet)
         summary = run(cfg, out, log, _output.registry_progress(quiet), force=force)

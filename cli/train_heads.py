@@ -49,7 +49,6 @@ def train_xspecmesh(config: Path | None, overrides: list[str], out: Path, quiet:
     from specgen.registry import check_name
 
     check_name(cfg.name + "-lora", "name (+ -s1/-lora: heads/NAME-s1, adapter/NAME-lora)")  # before training
-    check_outputs(outputs(cfg), force)
     from dataclasses import asdict
 
     from specgen.train.heads import NAMING_KEYS, STAGE2_KEYS
@@ -58,6 +57,7 @@ def train_xspecmesh(config: Path | None, overrides: list[str], out: Path, quiet:
 
     loose = NAMING_KEYS + ("ship_dir",) + (() if (out / "stage2.safetensors").exists() else STAGE2_KEYS)
     check_resume(out, asdict(cfg), loose=loose)  # the trainer's own check comes only after the target loads
+    check_outputs(outputs(cfg), force)
     with run_folder(out, asdict(cfg)):
         log = file_logger(out / "train.log", echo=not quiet)
         trainer = HeadsTrainer(cfg, out, log, device)

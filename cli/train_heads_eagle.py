@@ -22,13 +22,13 @@ def train_eagle(config: Path | None, overrides: list[str], out: Path, quiet: boo
     from specgen.train.eagle import EagleTrainConfig, train
 
     cfg = load_config(EagleTrainConfig, config, overrides)
-    check_outputs([("draft", cfg.name, cfg.ship_dir)], force)
     from dataclasses import asdict
 
     from specgen.train.run_folder import check_resume, run_folder
     from specgen.train.script import file_logger
 
     check_resume(out, asdict(cfg), loose=("ship_dir",))  # before the target loads and samples are generated
+    check_outputs([("draft", cfg.name, cfg.ship_dir)], force)
     with run_folder(out, asdict(cfg)):
         log = file_logger(out / "train.log", echo=not quiet)
         result = train(cfg, out, log, device=device, force=force)

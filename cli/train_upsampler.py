@@ -53,12 +53,12 @@ def train_upsampler(
     if out is None:
         raise UsageError("--out RUN_FOLDER is required (training state and logs go there)")
     cfg = load_config(UpsamplerTrainConfig, config, list(overrides or []))
-    check_outputs([("upsampler", cfg.name, cfg.ship_dir)], force)
     from dataclasses import asdict
 
     from specgen.train.run_folder import check_resume, run_folder
 
     check_resume(out, asdict(cfg))  # the trainer's state check comes only after the VQ and data load
+    check_outputs([("upsampler", cfg.name, cfg.ship_dir)], force)
     with run_folder(out, asdict(cfg)):
         log = file_logger(out / "train.log", echo=not quiet)
         result = train(cfg, out, log, device=dev, force=force)

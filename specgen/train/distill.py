@@ -327,9 +327,6 @@ def distill(cfg: DistillConfig, out: Path, log: Callable[[str], None] = lambda s
     from specgen.train.lora import apply_lora, merge_lora_state
 
     check_config(cfg)
-    from specgen.train.checkpoint import check_outputs
-
-    check_outputs(outputs(cfg), force)
     meta = read_meta(Path(cfg.trajectories))
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -341,6 +338,9 @@ def distill(cfg: DistillConfig, out: Path, log: Callable[[str], None] = lambda s
         registry.check_pair(init, tm.entry)
     derived = (init.meta.get("merged_target", ""),) if init is not None else ()
     check_trajectories(meta, tm.entry.ref, tok_hash, cfg, derived)
+    from specgen.train.checkpoint import check_outputs
+
+    check_outputs(outputs(cfg), force)  # before training (the command checked it before loading too)
     groups = group_records(load_records(Path(cfg.trajectories)))
     if not groups:
         raise UsageError(f"{cfg.trajectories} holds no records")
