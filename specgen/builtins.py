@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from specgen import registry
 from specgen.errors import MissingDependencyError
 
 Progress = Callable[[str, int, int], None] | None
@@ -164,3 +165,4 @@ TEXT_DISTILLED = [
 ]
 BUILTINS.update({n: Builtin("target", n, d, above("specgen.text.merge:materialize_distilled", n), f"text/{n}")
                  for n, d in TEXT_DISTILLED})
+registry.RESERVED.update(BUILTINS)  # the store refuses these names to every writer but the materialisers

@@ -239,10 +239,12 @@ def check_new(kind: str, name: str, force: bool = False, builtin: bool = False) 
 
 
 def builtin_names() -> frozenset[str]:
-    """Names reserved by the embedded defaults (imported here, not at the top: `builtins` sits above this layer)."""
-    from specgen.builtins import BUILTINS
+    """Names reserved by the embedded defaults: `specgen.builtins` (a layer above, imported by every command and by
+    the callers of `save`) fills RESERVED when it is imported."""
+    return frozenset(RESERVED)
 
-    return frozenset(BUILTINS)
+
+RESERVED: set[str] = set()
 
 
 def follow_umask(folder: Path) -> None:

@@ -273,9 +273,9 @@ def main(argv: list[str] | None = None) -> int:
     cfg, args, log = parse_recipe(parser, MeshTrainConfig, argv)
     out = Path(args.out)
     if args.register:
-        from specgen import registry
+        from specgen.train.checkpoint import check_outputs
 
-        registry.check_new("target", args.register)  # the registry's write rule, before training
+        check_outputs([("target", args.register, "")])  # the registry's write rule, before training
     metrics = train(cfg, out, log, device=args.device)
     if args.register:
         from specgen import registry
