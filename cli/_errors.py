@@ -44,6 +44,7 @@ def command(fn):
     def wrapper(*args, **kwargs):
         if debug():
             return fn(*args, **kwargs)
+        stdout = sys.stdout = WatchedStdout(sys.stdout)
         with warnings.catch_warnings(record=True) as caught:  # the active filters decide what is recorded
             try:
                 result = fn(*args, **kwargs)
@@ -56,17 +57,62 @@ def command(fn):
                 raise typer.Exit(1) from None
             except MemoryError:
                 raise fail("out of memory: use a smaller model, batch or token budget", 1) from None
+            except OSError as e:  # a file system refusal nobody checked for: the path, why, what to do
+                raise fail(os_error_line(e, stdout.failed is e), 1) from None
             except Exception as e:  # unexpected: still one line unless SPECGEN_DEBUG=1
                 if is_cli_control(e):
                     raise
                 if f"{type(e).__module__}.{type(e).__name__}" in USAGE_EXCEPTIONS:
                     raise fail(str(e), 2) from None
                 raise fail(f"{type(e).__name__}: {e}", 1) from None
+            finally:
+                sys.stdout = stdout.file
+            try:  # results still buffered for stdout: a full device there is the command's failure, not a traceback
+                sys.stdout.flush()
+            except OSError as e:
+                raise fail(os_error_line(e, True), 1) from None
         for message in dict.fromkeys(f"{w.category.__name__}: {one_line(w.message)}" for w in caught):
             print(f"warning: {message}", file=sys.stderr)
         return result
 
     return wrapper
+
+
+class WatchedStdout:
+    """sys.stdout while a command runs, remembering the OSError a write to it raised (the results' device is full)."""
+
+    def __init__(self, file) -> None:
+        self.file, self.failed = file, None
+
+    def write(self, text: str) -> int:
+        try:
+            return self.file.write(text)
+        except OSError as e:
+            self.failed = e
+            raise
+
+    def flush(self) -> None:
+        try:
+            self.file.flush()
+        except OSError as e:
+            self.failed = e
+            raise
+
+    def __getattr__(self, name: str):
+        return getattr(self.file, name)
+
+
+def os_error_line(e: OSError, on_stdout: bool = False) -> str:
+    """An OSError as one line without its class name: what could not be used, why, and what to do. Writing the
+    results to stdout failed when `on_stdout` (stdout is then silenced: the interpreter's flush would fail again)."""
+    from specgen.paths import ADVICE
+
+    if on_stdout:
+        silence_stdout()
+    what = "stdout (the results)" if on_stdout else e.filename
+    reason = e.strerror or str(e) or type(e).__name__
+    advice = ADVICE.get(e.errno, "check the path and its permissions")
+    return f"cannot write {what}: {reason}; {advice}" if what else f"{reason}; {advice}"
 
 
 def silence_stdout() -> None:

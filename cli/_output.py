@@ -97,10 +97,12 @@ def machine_label(device: str | None = None) -> str:
 
 def check_rows_path(out, append: bool = False) -> None:
     """Refuse a --out destination before any work is done: an existing file (rows never replace a file; with
-    `append` they are added to it) or folder, a missing or non-folder parent, or a folder this user cannot write."""
+    `append` they are added to it, unless its last line is torn and no JSON) or folder, a missing or non-folder
+    parent, or a folder where this user cannot write a small probe file (permissions, a full device)."""
     import os
 
     from specgen.errors import UsageError
+    from specgen.paths import check_space
 
     if out is None:
         if append:
@@ -111,6 +113,8 @@ def check_rows_path(out, append: bool = False) -> None:
     if append and out.is_file():
         if not os.access(out, os.W_OK):
             raise UsageError(f"--out {out} is not writable")
+        check_tail(out)
+        check_space(out.parent, f"--out {out}")
         return
     if out.exists() or out.is_symlink():
         raise UsageError(f"--out {out} already exists; rows never replace a file: add --append, remove it or "
@@ -121,33 +125,67 @@ def check_rows_path(out, append: bool = False) -> None:
         raise UsageError(f"--out {out}: {out.parent} is not a folder")
     if not os.access(out.parent, os.W_OK | os.X_OK):
         raise UsageError(f"--out {out}: folder {out.parent} is not writable")
+    check_space(out.parent, f"--out {out}")
+
+
+def check_tail(path) -> None:
+    """A JSONL file whose last line has no newline (a cut-off write) is appended to after a newline when that
+    line is whole JSON (repaired); a torn line that is no JSON is refused, naming it, rather than written onto."""
+    from specgen.errors import UsageError
+
+    data = path.read_bytes()
+    if not data or data.endswith(b"\n"):
+        return
+    last = data.rsplit(b"\n", 1)[-1]
+    try:
+        json.loads(last)
+    except ValueError:
+        line = data.count(b"\n") + 1
+        raise UsageError(f"--out {path}: its last line (line {line}) is torn (no newline, not JSON: a cut-off write); "
+                         "remove that line or name a new file") from None
 
 
 def write_rows(out, rows: list[dict], append: bool = False) -> None:
     """Benchmark rows as JSONL, written to a hidden temporary and linked into place only if `out` still does not
     exist (no partial file, never a replaced one, no temporary left), or with `append` added to the end of an
-    existing file in one write; no-op when out is None."""
+    existing file in one write, after a newline when its last line lacks one; no-op when out is None. When the
+    write fails anyway (the device filled up meanwhile) the rows go to stdout as JSON lines before the error."""
     if out is None:
         return
+    from specgen.errors import RuntimeFailure
+
+    text = "".join(json.dumps(r, default=str) + "\n" for r in rows)
+    try:
+        append_rows(out, text) if append and out.is_file() else create_rows(out, text)
+    except OSError as e:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        raise RuntimeFailure(f"cannot write --out {out} ({e.strerror or e}); the rows went to stdout instead") from None
+
+
+def append_rows(out, text: str) -> None:
+    import os
+
+    fd = os.open(out, os.O_RDWR | os.O_APPEND)
+    try:
+        size = os.fstat(fd).st_size
+        torn = size > 0 and os.pread(fd, 1, size - 1) != b"\n"
+        os.write(fd, (("\n" if torn else "") + text).encode())
+    finally:
+        os.close(fd)
+
+
+def create_rows(out, text: str) -> None:
     import os
     import tempfile
 
-    if append and out.is_file():
-        fd = os.open(out, os.O_WRONLY | os.O_APPEND)
-        try:
-            os.write(fd, "".join(json.dumps(r, default=str) + "\n" for r in rows).encode())
-        finally:
-            os.close(fd)
-        return
-
     from specgen.errors import RuntimeFailure
+    from specgen.paths import umask
 
     fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
-            f.write("".join(json.dumps(r, default=str) + "\n" for r in rows))
-        from specgen.paths import umask
-
+            f.write(text)
         os.chmod(tmp, 0o666 & ~umask())
         try:
             os.link(tmp, out)
@@ -155,4 +193,3 @@ def write_rows(out, rows: list[dict], append: bool = False) -> None:
             raise RuntimeFailure(f"--out {out} was created by someone else meanwhile; it was left as it is") from None
     finally:
         os.unlink(tmp)
-

@@ -9,6 +9,7 @@ import typer
 
 from cli import _output
 from cli._errors import command
+from cli.train_heads_eagle import ForceOpt
 from cli._options import ConfigOpt, DeviceOpt, Format, FormatOpt, ModelOpt, OverridesArg, QuietOpt, SeedOpt
 
 EPILOG = """examples:
@@ -48,11 +49,13 @@ def distill(
     config: ConfigOpt = None,
     fmt: FormatOpt = Format.table,
     quiet: QuietOpt = False,
+    force: ForceOpt = False,
 ) -> None:
     """Train a text target to converge faster under Jacobi decoding; registers the LoRA adapter and merged model."""
     from specgen.config import load_config, to_dict
     from specgen.errors import UsageError
-    from specgen.train.distill import DistillConfig, distill as run
+    from specgen.train.checkpoint import check_outputs
+    from specgen.train.distill import DistillConfig, distill as run, outputs
 
     if out is None:
         raise UsageError("--out RUN_FOLDER is required (checkpoint and log go there)")
@@ -71,9 +74,10 @@ def distill(
 
     check_name(cfg.name + "-lora", "name (+ -lora: target/NAME, adapter/NAME-lora)")  # registered after training
     check_resume(out, to_dict(cfg), loose=RESUME_LOOSE)  # before anything is loaded or written
+    check_outputs(outputs(cfg), force)
     with run_folder(out, to_dict(cfg)):
         log = file_logger(out / "train.log", echo=not quiet)
-        summary = run(cfg, out, log, _output.registry_progress(quiet))
+        summary = run(cfg, out, log, _output.registry_progress(quiet), force=force)
     last = summary["history"][-1] if summary["history"] else {}
     row = {"name": summary["name"], "objective": summary["objective"], "steps": summary["steps"],
            "loss": last.get("loss"), "pc": last.get("pc"), "ar": last.get("ar"),

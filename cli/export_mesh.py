@@ -76,6 +76,31 @@ def safe_name(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name).strip(".") or "mesh"
 
 
+def export_all(seqs: list[tuple[str, list[int]]], out_dir: Path, mesh_format: str, preview: bool) -> list[dict]:
+    """Decode and write each sequence (a new file name per mesh, earlier files never replaced); one row each."""
+    from specgen.mesh.export import export_mesh as write, render_png
+    from specgen.mesh.generate import decode_tokens
+    from specgen.paths import free_stem
+
+    rows, used = [], set()
+    for name, tokens in seqs:
+        while name in used:
+            name += "_"
+        used.add(name)
+        v, f, err, deg, dup = decode_tokens(tokens)
+        r = {"name": name, "num_tokens": len(tokens), "valid": not err, "error": err, "faces": 0, "vertices": 0,
+             "degenerate_removed": deg, "duplicate_removed": dup, "file": "-", "preview": None}
+        if not err:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            stem = free_stem(out_dir, name, (f".{mesh_format}", ".png"))
+            rep = write(v, f, out_dir / f"{stem}.{mesh_format}", mesh_format)
+            r.update(faces=rep.num_faces, vertices=rep.num_vertices, file=str(rep.path))
+            if preview:
+                r["preview"] = str(render_png(v, f, out_dir / f"{stem}.png"))
+        rows.append(r)
+    return rows
+
+
 @command
 def export_mesh(
     source: Annotated[Optional[str], typer.Argument(
@@ -90,32 +115,24 @@ def export_mesh(
 ) -> None:
     """Turn generated mesh token sequences into mesh files (trimesh), reporting faces, vertices and validity."""
     from specgen.errors import RuntimeFailure, UsageError
-    from specgen.mesh.export import EXPORT_FORMATS, export_mesh as write, render_png
-    from specgen.mesh.generate import decode_tokens
+    from specgen.mesh.export import EXPORT_FORMATS
 
     if mesh_format.lower() not in EXPORT_FORMATS:
         raise UsageError(f"unknown mesh format {mesh_format!r}; choose from {', '.join(EXPORT_FORMATS)}")
     mesh_format = mesh_format.lower()
-    from specgen.paths import check_output_dir, free_stem
+    from specgen.paths import check_output_dir, nearest_existing
 
-    check_output_dir(out_dir, "--out-dir")  # before reading: a file or unwritable path is refused up front
+    check_output_dir(out_dir, "--out-dir")  # before reading: a file, an unwritable path or a full device is refused
     seqs = read_sequences(source)
-    rows, used = [], set()
-    for name, tokens in seqs:
-        while name in used:
-            name += "_"
-        used.add(name)
-        v, f, err, deg, dup = decode_tokens(tokens)
-        r = {"name": name, "num_tokens": len(tokens), "valid": not err, "error": err, "faces": 0, "vertices": 0,
-             "degenerate_removed": deg, "duplicate_removed": dup, "file": "-", "preview": None}
-        if not err:
-            out_dir.mkdir(parents=True, exist_ok=True)
-            stem = free_stem(out_dir, name, (f".{mesh_format}", ".png"))  # earlier files are never replaced
-            rep = write(v, f, out_dir / f"{stem}.{mesh_format}", mesh_format)
-            r.update(faces=rep.num_faces, vertices=rep.num_vertices, file=str(rep.path))
-            if preview:
-                r["preview"] = str(render_png(v, f, out_dir / f"{stem}.png"))
-        rows.append(r)
+    base = nearest_existing(out_dir)
+    try:
+        rows = export_all(seqs, out_dir, mesh_format, preview)
+    except OSError as e:  # the device filled up meanwhile: what was written stays, a folder made for nothing goes
+        from specgen.paths import ADVICE, remove_empty_dirs
+
+        remove_empty_dirs(out_dir, base)
+        raise RuntimeFailure(f"cannot write meshes in {out_dir} ({e.strerror or e}); "
+                             f"{ADVICE.get(e.errno, 'write elsewhere')}") from None
     bad = [r for r in rows if not r["valid"]]
     if len(bad) == len(rows):
         first = f"{bad[0]['name']}: {bad[0]['error']}"

@@ -50,7 +50,12 @@ def list_cmd(
 
 
 def status(e) -> str:
-    """ok, or why an entry is corrupt and how to repair it."""
+    """ok, or why an entry is corrupt or not the shipped built-in, and how to repair it."""
+    from specgen.builtins import BUILTINS
+    from specgen.checkpoints import stale_builtin
+
+    if not e.corrupt and e.installed and e.builtin and stale_builtin(e, BUILTINS[e.name]):
+        return f"not the shipped weights; `specgen registry remove {e.ref}` restores them"
     if not e.corrupt:
         return "ok"
     fix = "re-created on next use" if e.builtin else f"remove with `specgen registry remove {e.ref}` and import again"
@@ -125,7 +130,8 @@ def merge(
         raise UsageError(f"--scale must be a finite number, got {scale}")
     check_destination("target", name, force)
     adapter, state = adapter_source(source, _output.registry_progress(quiet))
-    entry = register_merged(adapter, state, name, scale, {"created_by": "registry merge"}, _output.registry_progress(quiet))
+    entry = register_merged(adapter, state, name, scale, {"created_by": "registry merge"}, _output.registry_progress(quiet),
+                           force=force)
     _output.out.print(entry.ref)
 
 

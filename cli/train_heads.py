@@ -15,7 +15,7 @@ import typer
 from cli import _output
 from cli._errors import command
 from cli._options import ConfigOpt, DeviceOpt, Format, FormatOpt, OverridesArg, QuietOpt
-from cli.train_heads_eagle import train_eagle
+from cli.train_heads_eagle import ForceOpt, train_eagle
 
 EPILOG = """examples:
 
@@ -33,12 +33,13 @@ EPILOG = """examples:
 
 
 def train_xspecmesh(config: Path | None, overrides: list[str], out: Path, quiet: bool,
-                    device: str = "cpu") -> list[dict]:
+                    device: str = "cpu", force: bool = False) -> list[dict]:
     """XSpecMesh heads (stage 1), then LoRA + heads (stage 2); registers the results."""
     from specgen.config import load_config
     from specgen.errors import UsageError
     from specgen.models.heads import HEAD_KINDS
-    from specgen.train.heads import HeadsTrainConfig, HeadsTrainer, save_outputs
+    from specgen.train.checkpoint import check_outputs
+    from specgen.train.heads import HeadsTrainConfig, HeadsTrainer, outputs, save_outputs
 
     cfg = load_config(HeadsTrainConfig, config, overrides)
     if cfg.head_kind not in HEAD_KINDS:
@@ -56,18 +57,19 @@ def train_xspecmesh(config: Path | None, overrides: list[str], out: Path, quiet:
 
     loose = NAMING_KEYS + ("ship_dir",) + (() if (out / "stage2.safetensors").exists() else STAGE2_KEYS)
     check_resume(out, asdict(cfg), loose=loose)  # the trainer's own check comes only after the target loads
+    check_outputs(outputs(cfg), force)
     with run_folder(out, asdict(cfg)):
         log = file_logger(out / "train.log", echo=not quiet)
         trainer = HeadsTrainer(cfg, out, log, device)
         result = trainer.train()
         if not trainer.is_main:  # another process of a data-parallel run: rank 0 registers and reports
             return []
-        entries = save_outputs(trainer, result)
+        entries = save_outputs(trainer, result, force)
     return [{"ref": e.ref, "stage": e.meta.get("stage", "-"), "parent": e.meta.get("parent"),
              "metrics": e.meta.get("metrics", {}), "path": str(e.path)} for e in entries]
 
 
-KINDS: dict[str, Callable[[Path | None, list[str], Path, bool, str], list[dict]]] = {"xspecmesh": train_xspecmesh}
+KINDS: dict[str, Callable[[Path | None, list[str], Path, bool, str, bool], list[dict]]] = {"xspecmesh": train_xspecmesh}
 KINDS["eagle"] = train_eagle
 
 
@@ -80,6 +82,7 @@ def train_heads(
     config: ConfigOpt = None,
     fmt: FormatOpt = Format.table,
     quiet: QuietOpt = False,
+    force: ForceOpt = False,
 ) -> None:
     """Train draft heads by distillation from a target model and register them; resumable, and under
     `accelerate launch` / `torchrun` data-parallel (specgen/train/loop.py)."""
@@ -92,7 +95,7 @@ def train_heads(
         raise UnknownNameError("heads kind", kind, list(KINDS))
     if out is None:
         raise UsageError("--out RUN_FOLDER is required (training state and logs go there)")
-    rows = KINDS[kind](config, list(overrides or []), out, quiet, dev)
+    rows = KINDS[kind](config, list(overrides or []), out, quiet, dev, force)
     if not rows:  # another process of a data-parallel run
         return
     if fmt == Format.json:

@@ -6,12 +6,19 @@ Registered in `cli/train_heads.py` KINDS; the work is `specgen.train.eagle.train
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
+
+import typer
+
+ForceOpt = Annotated[bool, typer.Option("--force", help="Replace existing registry entries of the output names "
+                                                        "(never a built-in's).")]
 
 
 def train_eagle(config: Path | None, overrides: list[str], out: Path, quiet: bool,
-                device: str = "cpu") -> list[dict]:
+                device: str = "cpu", force: bool = False) -> list[dict]:
     """`specgen train-heads --kind eagle`: train and register an EAGLE drafter; one row per registered entry."""
     from specgen.config import load_config
+    from specgen.train.checkpoint import check_outputs
     from specgen.train.eagle import EagleTrainConfig, train
 
     cfg = load_config(EagleTrainConfig, config, overrides)
@@ -21,9 +28,10 @@ def train_eagle(config: Path | None, overrides: list[str], out: Path, quiet: boo
     from specgen.train.script import file_logger
 
     check_resume(out, asdict(cfg), loose=("ship_dir",))  # before the target loads and samples are generated
+    check_outputs([("draft", cfg.name, cfg.ship_dir)], force)
     with run_folder(out, asdict(cfg)):
         log = file_logger(out / "train.log", echo=not quiet)
-        result = train(cfg, out, log, device=device)
+        result = train(cfg, out, log, device=device, force=force)
     if not result["main"]:  # another process of a data-parallel run: rank 0 reports
         return []
     e = result["entry"]

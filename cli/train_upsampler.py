@@ -13,6 +13,7 @@ import typer
 from cli import _output
 from cli._errors import command
 from cli._options import ConfigOpt, DeviceOpt, Format, FormatOpt, OverridesArg, QuietOpt
+from cli.train_heads_eagle import ForceOpt
 
 EPILOG = """examples:
 
@@ -36,6 +37,7 @@ def train_upsampler(
     config: ConfigOpt = None,
     fmt: FormatOpt = Format.table,
     quiet: QuietOpt = False,
+    force: ForceOpt = False,
 ) -> None:
     """Train and register a MuLo-SD up/down-sampler pair (2x, or 4x warm-started from 2x); resumable, and under
     `accelerate launch` / `torchrun` data-parallel (specgen/train/loop.py)."""
@@ -44,6 +46,7 @@ def train_upsampler(
     dev = train_device(device)  # before anything loads: a missing device is one line
     from specgen.config import load_config
     from specgen.errors import UsageError
+    from specgen.train.checkpoint import check_outputs
     from specgen.train.script import file_logger
     from specgen.train.upsampler import UpsamplerTrainConfig, train
 
@@ -55,9 +58,10 @@ def train_upsampler(
     from specgen.train.run_folder import check_resume, run_folder
 
     check_resume(out, asdict(cfg))  # the trainer's state check comes only after the VQ and data load
+    check_outputs([("upsampler", cfg.name, cfg.ship_dir)], force)
     with run_folder(out, asdict(cfg)):
         log = file_logger(out / "train.log", echo=not quiet)
-        result = train(cfg, out, log, device=dev)
+        result = train(cfg, out, log, device=dev, force=force)
     if not result["main"]:  # another process of a data-parallel run: rank 0 reports
         return
     e = result["entry"]

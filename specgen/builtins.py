@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from specgen import registry
 from specgen.errors import MissingDependencyError
 
 Progress = Callable[[str, int, int], None] | None
@@ -59,7 +60,7 @@ def smollm2_gguf_path() -> Path:
 
 
 def import_gguf_target(gguf: Path, name: str, progress: Progress = None, created_by: str = "builtin",
-                       overwrite: bool = True) -> None:
+                       force: bool = True, builtin: bool = True) -> None:
     """Dequantise a GGUF Llama-family model and its tokenizer into the registry as target/<name>."""
     from specgen import registry
     from specgen.models.llama import load_gguf
@@ -74,7 +75,7 @@ def import_gguf_target(gguf: Path, name: str, progress: Progress = None, created
     registry.save("target", name, state, {
         "builder": "transformer", "kwargs": cfg.to_dict(), "vocab_size": cfg.vocab_size, "modality": "text",
         "tokenizer": True, "source": str(gguf), "created_by": created_by,
-    }, extra=tokenizer, overwrite=overwrite)
+    }, extra=tokenizer, force=force, builtin=builtin)
 
 
 def materialize_smollm2(progress: Progress) -> None:
@@ -102,7 +103,8 @@ def materialize_asset(kind: str, name: str, folder: str) -> Callable[[Progress],
             progress(f"installing {kind}/{name}", 0, 1)
         meta = {k: v for k, v in json.loads((src / "config.json").read_text()).items() if k not in ("kind", "name")}
         registry.save(kind, name, load_file(str(src / "model.safetensors")),
-                      {**meta, "source": f"specgen/assets/{folder}", "asset_sha": asset_fingerprint(folder)})
+                      {**meta, "source": f"specgen/assets/{folder}", "asset_sha": asset_fingerprint(folder)},
+                      force=True, builtin=True)
         if progress:
             progress(f"installing {kind}/{name}", 1, 1)
 
@@ -163,3 +165,4 @@ TEXT_DISTILLED = [
 ]
 BUILTINS.update({n: Builtin("target", n, d, above("specgen.text.merge:materialize_distilled", n), f"text/{n}")
                  for n, d in TEXT_DISTILLED})
+registry.RESERVED.update(BUILTINS)  # the store refuses these names to every writer but the materialisers

@@ -32,6 +32,11 @@ NAMES = {"name", "vq_name"}  # registry names this command creates ("" = do not 
 TEMPERATURES = {"temperature", "label_temperature", "temperatures"}
 MIN_TEMPERATURE = 1e-3  # 0 is greedy; a positive temperature below this overflows logits / T into inf and NaN
 POSITIVE_BY_CLASS = {"DistillConfig": {"temperature"}}  # a KL temperature divides: 0 is not greedy there
+# counts whose 0 means nothing to do in these configs (elsewhere 0 means "all" / "the whole context"): checked before
+# the generic >= 0, so -1 and 0 get the same message
+AT_LEAST_ONE_BY_CLASS = {"TextBenchConfig": ("max_new_tokens", "limit"), "MeshBenchConfig": ("limit",),
+                         "TextGenConfig": ("max_new_tokens",), "ImageGenConfig": ("max_new_tokens",),
+                         "ImageBenchConfig": ("max_new_tokens",), "DistillConfig": ("max_new_tokens",)}
 MAX_INT = 2 ** 62  # beyond this torch's int64 arithmetic (seed + i, sizes) overflows
 MAX_SAMPLES = 100_000  # images/meshes per command (`num`)
 MAX_THREADS = 4096
@@ -45,6 +50,9 @@ def check_config(cfg: Any) -> None:
     """Refuse the first out-of-range value of a config dataclass with a one-line UsageError naming its key."""
     if not dataclasses.is_dataclass(cfg):
         return
+    for key in AT_LEAST_ONE_BY_CLASS.get(type(cfg).__name__, ()):
+        if is_number(getattr(cfg, key, None)) and getattr(cfg, key) < 1:
+            raise UsageError(f"{key} must be >= 1, got {getattr(cfg, key)}")
     for f in dataclasses.fields(cfg):
         check_value(f.name, getattr(cfg, f.name))
     for key in POSITIVE_BY_CLASS.get(type(cfg).__name__, ()):
@@ -58,7 +66,7 @@ def check_config(cfg: Any) -> None:
         if isinstance(getattr(cfg, key, None), int) and getattr(cfg, key) > MAX_THREADS:
             raise UsageError(f"{key} must be at most {MAX_THREADS}, got {getattr(cfg, key)}")
     if getattr(cfg, "max_new_tokens", None) == 0 and type(cfg).__name__ not in ZERO_BUDGET_IS_CONTEXT:
-        raise UsageError("max-new-tokens must be >= 1, got 0")
+        raise UsageError("max_new_tokens must be >= 1, got 0")
     check_method_options(cfg)
     check_token_budget(cfg)
 

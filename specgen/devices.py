@@ -112,8 +112,9 @@ def native_float16_cpu() -> bool:
     return onednn_packs(torch.float16)
 
 
-def resolve_dtype(name: str | None, device: str | torch.device | None = "cpu") -> torch.dtype:
-    """float32 (None) | bfloat16 | float16 -> torch dtype, checked against the device it will run on."""
+def resolve_dtype(name: str | None, device: str | torch.device | None = "cpu", quantize: str | None = None) -> torch.dtype:
+    """float32 (None) | bfloat16 | float16 -> torch dtype, checked against the device it will run on (`quantize`:
+    the weight-only mode already chosen, whose activations are bfloat16)."""
     if name is None or name == "":
         return torch.float32
     if name not in DTYPES:
@@ -121,8 +122,10 @@ def resolve_dtype(name: str | None, device: str | torch.device | None = "cpu") -
     if name == "float16" and is_cpu(device) and not native_float16_cpu():
         raise UsageError("float16 needs a CUDA device (this CPU has no native float16 kernels); use bfloat16 on CPU")
     if name == "bfloat16" and is_cpu(device) and not onednn_packs(torch.bfloat16):  # runs, but slowly: say so
-        warnings.warn("bfloat16 weights on this CPU (no AVX-512 bfloat16 support) run torch's slow fallback, ~10x "
-                      "float32's time: float32 or --quantize int8|int4 is faster here", stacklevel=2)
+        faster = "plain float32 (no --quantize) is" if quantize else "float32 or --quantize int8|int4 is"
+        what = f"--quantize {quantize}'s bfloat16 activations" if quantize else "bfloat16 weights"
+        warnings.warn(f"{what} on this CPU (no AVX-512 bfloat16 support) run torch's slow fallback, ~10x "
+                      f"float32's time: {faster} faster here", stacklevel=2)
     return DTYPES[name]
 
 

@@ -30,7 +30,14 @@ def read_state_file(path: Path) -> dict[str, torch.Tensor]:
     except Exception as e:  # corrupt file, or a pickle with non-tensor objects refused by weights_only
         import re
 
-        first = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip().splitlines()[0]  # torch colours its message
+        text = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip()  # torch colours its message
+        if "Weights only load failed" in text:  # torch's own advice there is to unpickle: never repeated
+            found = re.search(r"Unsupported global: GLOBAL (\S+)", text)
+            what = f" ({found[1]})" if found else ""
+            raise CheckpointError(f"cannot read {path.name} as a state dict: it holds Python objects besides tensors"
+                                  f"{what}, and specgen never unpickles; save only the tensors (a state dict, or "
+                                  "safetensors) where the file was made") from None
+        first = (text.splitlines() or [type(e).__name__])[0]
         raise CheckpointError(f"cannot read {path.name} as a state dict: {first}") from None
     for wrapper in ("model", "state_dict", "module"):
         if isinstance(state, dict) and isinstance(state.get(wrapper), dict):
@@ -41,13 +48,8 @@ def read_state_file(path: Path) -> dict[str, torch.Tensor]:
 
 
 def check_destination(kind: str, name: str, force: bool = False) -> None:
-    """Before any conversion: a valid new name (an existing one only with `force`), never a built-in's."""
-    from specgen.builtins import BUILTINS
-
-    registry.check_name(name)
-    if name in BUILTINS:
-        raise UsageError(f"'{name}' is a built-in entry and is never overwritten; choose another name")
-    registry.check_new(kind, name, overwrite=force)
+    """Before any conversion: the registry's one write rule (registry.check_new)."""
+    registry.check_new(kind, name, force)
 
 
 def check_parent(parent: str | None) -> None:
@@ -79,9 +81,9 @@ def import_checkpoint(source: Path, name: str, kind: str = "target", builder: st
     check_destination(kind, name, force)
     check_parent(parent)
     if source.is_dir():
-        return import_hf_folder(source, name, overwrite=force)
+        return import_hf_folder(source, name, force=force)
     if source.suffix == ".gguf":
-        import_gguf_target(source, name, progress, created_by="registry import", overwrite=force)
+        import_gguf_target(source, name, progress, created_by="registry import", force=force, builtin=False)
         return checkpoints.find(f"target/{name}")
     if source.suffix not in STATE_SUFFIXES:
         raise UsageError(f"cannot import {source.name}: expected a folder, .gguf, or one of {', '.join(STATE_SUFFIXES)}")
@@ -119,7 +121,7 @@ def import_checkpoint(source: Path, name: str, kind: str = "target", builder: st
             "source": str(source), "created_by": "registry import"}
     if builder in IMAGE_BUILDERS:
         meta.update(image_meta(module, vq))
-    return registry.save(kind, name, dict(module.state_dict()), meta, overwrite=force)
+    return registry.save(kind, name, dict(module.state_dict()), meta, force=force)
 
 
 def check_kwargs_fit(builder: str, kwargs: dict, state: dict[str, torch.Tensor], what: str, source: str) -> None:
@@ -158,7 +160,7 @@ def image_meta(module: torch.nn.Module, vq: str | None) -> dict:
     return meta
 
 
-def import_hf_folder(folder: Path, name: str, overwrite: bool = False) -> registry.Entry:
+def import_hf_folder(folder: Path, name: str, force: bool = False) -> registry.Entry:
     """An HF Llama / Mistral / Qwen2 / Qwen3 folder with its tokenizer (docs/architectures.md: what loads exactly,
     what is refused). `source_context` records the checkpoint's own context when specgen's (max_seq_len) is capped."""
     from specgen.models.llama import load_hf_folder
@@ -177,4 +179,4 @@ def import_hf_folder(folder: Path, name: str, overwrite: bool = False) -> regist
         "builder": "transformer", "kwargs": cfg.to_dict(), "vocab_size": cfg.vocab_size, "modality": "text",
         "tokenizer": has_tok, "source": str(folder), "created_by": "registry import",
         **({"source_context": declared} if isinstance(declared, int) and declared > cfg.max_seq_len else {}),
-    }, extra=tokenizer, overwrite=overwrite)
+    }, extra=tokenizer, force=force)

@@ -4,6 +4,7 @@ so a reader sees the old one or the new one, never a half."""
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import tempfile
@@ -42,7 +43,41 @@ def check_output_dir(folder: Path, flag: str = "--out-dir") -> Path:
     blocker = creation_blocker(folder)
     if blocker:
         raise UsageError(f"cannot create output folder {folder}: {blocker[0]} is {blocker[1]}")
+    check_space(nearest_existing(folder), f"{flag} {folder}")
     return folder
+
+
+PROBE_BYTES = 64 * 1024  # a probe the size of a few result rows: a device this full fails the real write too
+ADVICE = {errno.ENOSPC: "free some space or write elsewhere", errno.EDQUOT: "free some of your quota or write "
+          "elsewhere", errno.EROFS: "it is read-only: write elsewhere", errno.EACCES: "write elsewhere",
+          errno.EPERM: "write elsewhere"}
+
+
+def check_space(folder: Path, what: str) -> None:
+    """Refuse, before any work, a folder where a small file cannot be written (a full device, a quota, a read-only
+    mount, permissions the mode bits do not show): a probe file is written, synced and removed."""
+    try:
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".specgen-probe-")
+        try:
+            os.write(fd, bytes(PROBE_BYTES))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+            os.unlink(tmp)
+    except OSError as e:
+        raise UsageError(f"{what}: cannot write in {folder} ({e.strerror or e}); "
+                         f"{ADVICE.get(e.errno, 'write elsewhere')}") from None
+
+
+def remove_empty_dirs(folder: Path, base: Path) -> None:
+    """Remove `folder` and its parents below `base` while they are empty (folders a failed write made for nothing)."""
+    folder = Path(folder)
+    while folder != base and base in folder.parents:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+        folder = folder.parent
 
 
 def free_stem(folder: Path, stem: str, suffixes: tuple[str, ...]) -> str:

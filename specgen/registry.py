@@ -162,20 +162,22 @@ def save(
     meta: dict,
     extra: Callable[[Path], None] | None = None,
     dtype: torch.dtype | None = None,
-    overwrite: bool = True,
+    force: bool = False,
+    builtin: bool = False,
 ) -> Entry:
     """Atomically write weights + config.json (and `extra(folder)` files) as <kind>/<name>.
 
     The files go to a hidden temporary folder (named after this host and process) renamed into place under a
     lock on the kind's folder, so concurrent writers of one name never see each other's halves: with
-    `overwrite` the last one wins, without it the first one wins and the others get a one-line UsageError.
+    `force` the last one wins, without it the first one wins and the others get a one-line UsageError.
+    Every registry write goes through here and `check_new`: only the built-in materialisers pass `builtin`.
     Temporaries of writers that died (SIGKILL) are removed by the next write. Files follow the umask.
     """
     from safetensors.torch import save_file
 
     from specgen.paths import atomic_dir
 
-    check_new(kind, name, overwrite)
+    check_new(kind, name, force, builtin)
     final = checkpoints_dir() / kind / name
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
@@ -200,7 +202,7 @@ def save(
     @contextmanager
     def locked() -> Iterator[None]:  # the swap (old entry renamed onto an empty folder, then removed) under the lock
         with name_lock(final):
-            if final.exists() and not overwrite:
+            if final.exists() and not force:
                 raise UsageError(f"{kind}/{name} already exists (another process wrote it meanwhile); "
                                  "choose another name or pass --force to replace it")
             yield
@@ -211,21 +213,38 @@ def save(
     try:  # temporaries .<name>.tmp-<host>-<pid>-<random> and .<name>.old-...: see remove_stale_temporaries
         atomic_dir(final, fill, tag=f"-{socket.gethostname()}-{os.getpid()}-", guard=locked)
     except OSError as e:
-        raise RuntimeFailure(f"cannot write {kind}/{name} in {final.parent}: {e.strerror or e}") from None
+        from specgen.paths import ADVICE
+
+        raise RuntimeFailure(f"cannot write {kind}/{name} in {final.parent}: {e.strerror or e}; nothing was "
+                             f"registered: {ADVICE.get(e.errno, 'check SPECGEN_HOME')}") from None
     return written[0]
 
 
-def check_new(kind: str, name: str, overwrite: bool = True) -> Path:
-    """Refuse, before any work, a write of <kind>/<name> that cannot succeed: bad kind or name, a registry home
-    that is not a writable folder, or an existing entry without `overwrite`."""
+def check_new(kind: str, name: str, force: bool = False, builtin: bool = False) -> Path:
+    """The one rule of every registry write, checked before any work: a valid kind and name, a writable registry
+    home, never a built-in's name (only its materialiser passes `builtin`), an existing entry only with `force`."""
     if kind not in KINDS:
         raise UsageError(f"unknown checkpoint kind '{kind}'; kinds: {', '.join(KINDS)}")
     check_name(name)
+    if not builtin and name in builtin_names():
+        raise UsageError(f"'{name}' is a built-in entry and is never replaced; choose another name")
     check_home()
+    from specgen.paths import check_space, nearest_existing
+
+    check_space(nearest_existing(checkpoints_dir()), f"SPECGEN_HOME {home()}")  # a full device: before converting
     final = checkpoints_dir() / kind / name
-    if not overwrite and final.exists():
+    if not force and final.exists():
         raise UsageError(f"{kind}/{name} already exists; choose another name or pass --force to replace it")
     return final
+
+
+def builtin_names() -> frozenset[str]:
+    """Names reserved by the embedded defaults: `specgen.builtins` (a layer above, imported by every command and by
+    the callers of `save`) fills RESERVED when it is imported."""
+    return frozenset(RESERVED)
+
+
+RESERVED: set[str] = set()
 
 
 def follow_umask(folder: Path) -> None:
@@ -316,7 +335,7 @@ def untie(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict
 
 
 def remove(name: str) -> Entry:
-    """Delete an installed entry (a built-in comes back on its next use)."""
+    """Delete an installed entry (a built-in, replaced or not, comes back as shipped on its next use)."""
     entry = find_installed(name)
     shutil.rmtree(entry.path)
     return entry
@@ -395,6 +414,9 @@ def check_pair(drafter: Entry, target: Entry) -> None:
     """A drafter/heads/adapter entry must name `target` as its parent and share its vocabulary; when it
     recorded its parent's `parent_digest`, the target's weights must still be those it was trained on."""
     parent = drafter.meta.get("parent")
+    if not parent:
+        raise IncompatibleError(f"{drafter.ref} is no drafter of {target.ref}: it names no target it was trained for "
+                                f"(a {drafter.meta.get('modality', 'text')} {drafter.kind} of its own)")
     if parent not in (target.ref, target.name):
         raise IncompatibleError(f"{drafter.ref} was trained for {parent}, not {target.ref}")
     want = drafter.meta.get("parent_digest")

@@ -30,7 +30,7 @@ def register_tiny_image_target(name: str = "tiny-img", seed: int = 0):
     model = tiny_image_target(seed)
     meta = {"builder": "llamagen-gpt", "kwargs": model.cfg.to_dict(), "vocab_size": VOCAB, "modality": "image",
             "grid": GRID, "classes": [f"c{i}" for i in range(CLASSES)]}
-    return registry.save("target", name, model.state_dict(), meta)
+    return registry.save("target", name, model.state_dict(), meta, force=True)
 
 
 def one_thread():

@@ -26,7 +26,8 @@ def save_tiny_text(name: str = "tiny-text", seed: int = 0, eos: str = "_") -> re
     hf = char_tokenizer(eos)
     meta = {"builder": "transformer", "kwargs": model.cfg.to_dict(), "vocab_size": 64, "modality": "text",
             "tokenizer": True}
-    return registry.save("target", name, model.state_dict(), meta, extra=lambda d: hf.save_pretrained(str(d)))
+    return registry.save("target", name, model.state_dict(), meta, extra=lambda d: hf.save_pretrained(str(d)),
+                         force=True)
 
 
 def write_prompts(folder: Path, prompts=PROMPTS) -> Path:

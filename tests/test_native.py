@@ -11,6 +11,7 @@ from specgen import native
 def fresh(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECGEN_CACHE", str(tmp_path))
     native.library.cache_clear()
+    monkeypatch.setattr(native, "WARNED", [])
     yield tmp_path
     native.library.cache_clear()
 
@@ -21,9 +22,27 @@ def test_no_compiler_means_the_torch_path(fresh, monkeypatch):
     assert native.describe().startswith("torch")
 
 
-def test_specgen_native_0_turns_it_off(fresh, monkeypatch):
+@pytest.mark.parametrize("cc", ["no-such-compiler", "/bin/false"])
+def test_a_missing_or_failing_compiler_is_one_warning_line(fresh, monkeypatch, capsys, cc):
+    monkeypatch.setenv("CC", cc)
+    assert native.attention() is None and native.glue() is None and native.tiled() is None
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("warning: native kernels not used (") and cc in lines[0], lines
+    assert "torch path" in lines[0]
+
+
+def test_garbage_in_the_cache_is_rebuilt(fresh, capsys):
+    first = native.build("glue")
+    if first is None:
+        pytest.skip("no C compiler here")
+    first.write_bytes(b"garbage, not a shared library")
+    assert native.glue() is not None  # removed and built again
+    assert first.read_bytes()[:4] == b"\x7fELF" and capsys.readouterr().err == ""
+
+
+def test_specgen_native_0_turns_it_off(fresh, monkeypatch, capsys):
     monkeypatch.setenv("SPECGEN_NATIVE", "0")
-    assert native.attention() is None
+    assert native.attention() is None and capsys.readouterr().err == ""  # asked for: no warning
 
 
 @pytest.mark.slow

@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 import torch
 
 from specgen import checkpoints, registry
@@ -30,7 +32,7 @@ WRITER = textwrap.dedent("""
     failures = []
     for i in range(count):
         try:
-            registry.save("target", name, state, {"i": i}, extra=lambda d: time.sleep(pause), overwrite=overwrite)
+            registry.save("target", name, state, {"i": i}, extra=lambda d: time.sleep(pause), force=overwrite)
             print("saved", flush=True)
         except UsageError as e:
             print("refused", e, flush=True)
@@ -122,7 +124,7 @@ def test_entries_follow_the_umask(specgen_home, mask, dir_mode, file_mode):
 def test_overwrite_false_refuses_before_writing(specgen_home):
     registry.save("target", "kept", {"w": torch.ones(2)}, {})
     with pytest.raises(UsageError, match="already exists"):
-        registry.save("target", "kept", {"w": torch.zeros(2)}, {}, overwrite=False)
+        registry.save("target", "kept", {"w": torch.zeros(2)}, {}, force=False)
     assert registry.read_state(checkpoints.find("kept"))["w"].tolist() == [1.0, 1.0]
 
 
@@ -167,3 +169,110 @@ def test_names_are_checked():
             registry.check_name(bad)
     for ok in ("smollm2-135m", "t2i-xl", "tiny-image-upsampler-2x", "m+int8", "a.b_c"):
         assert registry.check_name(ok) == ok
+
+
+# ---- issue 48: one write rule for every command that registers an entry ----------------------------------------
+SMALL_BUILTINS = {"xspecmesh-ca-tiny-s1": "heads", "xspecmesh-mlp-tiny-lora": "adapter",
+                  "tiny-image-upsampler-2x": "upsampler", "tiny-image-classifier": "classifier"}
+
+
+def shipped_digest(name: str) -> str:
+    from specgen.builtins import ASSETS, BUILTINS
+
+    return registry.weights_digest(registry.Entry("-", name, ASSETS / BUILTINS[name].asset))
+
+
+def test_training_outputs_never_replace_a_builtin_and_remove_restores_one(specgen_home, tmp_path):
+    from specgen.train.checkpoint import check_outputs, publish
+
+    state = {"w": torch.ones(3, dtype=torch.float16)}
+    with pytest.raises(UsageError, match="'xspecmesh-ca-tiny-s1' is a built-in entry.*name=NEW"):
+        check_outputs([("heads", "xspecmesh-ca-tiny-s1", "")])
+    with pytest.raises(UsageError, match="is a built-in entry"):
+        publish("upsampler", "tiny-image-upsampler-2x", str(tmp_path / "ship"), state, {}, "x", force=True)
+    assert not (tmp_path / "ship").exists()
+    publish("heads", "mine", "", state, {}, "mine")
+    with pytest.raises(UsageError, match="heads/mine already exists.*--force"):
+        check_outputs([("heads", "mine", "")])
+    check_outputs([("heads", "mine", "")], force=True)
+    # a home written before the rule: the built-in was replaced in place; remove brings the shipped one back
+    folder = registry.checkpoints_dir() / "heads" / "xspecmesh-ca-tiny-s1"
+    registry.save("heads", "xspecmesh-ca-tiny-s1", state, {"builder": "xspecmesh_heads"}, force=True, builtin=True)
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    rows = {x["ref"]: x for x in json.loads(CliRunner().invoke(app, ["registry", "list", "--format", "json"]).stdout)}
+    assert rows["heads/xspecmesh-ca-tiny-s1"]["status"].startswith("not the shipped weights; `specgen registry remove")
+    assert CliRunner().invoke(app, ["registry", "remove", "heads/xspecmesh-ca-tiny-s1"]).exit_code == 0
+    assert not folder.exists()
+    assert registry.weights_digest(checkpoints.find("xspecmesh-ca-tiny-s1")) == shipped_digest("xspecmesh-ca-tiny-s1")
+
+
+def test_a_run_that_ships_a_builtin_reinstalls_it_from_its_package_folder(specgen_home, monkeypatch, tmp_path):
+    import shutil
+
+    from specgen import builtins
+    from specgen.train.checkpoint import check_outputs, publish
+
+    assets = tmp_path / "assets"
+    shutil.copytree(builtins.ASSETS / "image" / "upsampler-2x", assets / "image" / "upsampler-2x")
+    monkeypatch.setattr(builtins, "ASSETS", assets)
+    ship = str(assets / "image" / "upsampler-2x")
+    check_outputs([("upsampler", "tiny-image-upsampler-2x", ship)])
+    state = registry.read_state(registry.Entry("-", "-", Path(ship)))
+    state = {k: v + 1 if v.is_floating_point() else v for k, v in state.items()}
+    meta = {k: v for k, v in json.loads((Path(ship) / "config.json").read_text()).items() if k not in ("kind", "name")}
+    entry = publish("upsampler", "tiny-image-upsampler-2x", ship, state, meta, "upsampler")
+    assert registry.weights_digest(entry) == shipped_digest("tiny-image-upsampler-2x")
+    assert entry.meta["asset_sha"] == builtins.BUILTINS["tiny-image-upsampler-2x"].fingerprint()
+
+
+OPS = st.one_of(
+    st.tuples(st.just("import"), st.sampled_from([*SMALL_BUILTINS, "mine"]), st.booleans()),
+    st.tuples(st.just("train"), st.sampled_from([*SMALL_BUILTINS, "mine"]), st.booleans()),
+    st.tuples(st.just("use"), st.sampled_from(list(SMALL_BUILTINS)), st.booleans()),
+    st.tuples(st.just("remove"), st.sampled_from([*SMALL_BUILTINS, "mine"]), st.booleans()))
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=st.lists(OPS, max_size=6))
+def test_no_sequence_of_imports_trainings_and_removes_changes_a_builtin(tmp_path, monkeypatch, ops):
+    """Property: whatever `registry import`, `train-*` (their one write function, `publish`, behind the
+    `check_outputs` they run before training) and `registry remove` do, every built-in loads as shipped."""
+    import tempfile
+
+    from specgen.importer import import_checkpoint
+    from specgen.train.checkpoint import check_outputs, publish
+
+    model = torch.nn.Linear(1, 1)
+    with tempfile.TemporaryDirectory(dir=tmp_path) as home:
+        monkeypatch.setenv("SPECGEN_HOME", home)
+        src, kwargs = Path(home) / "w.safetensors", Path(home) / "kw.json"
+        from safetensors.torch import save_file
+
+        from tests.conftest import tiny_model
+
+        tiny = tiny_model(n_layers=1)
+        save_file({k: v.clone() for k, v in tiny.state_dict().items()}, str(src))
+        kwargs.write_text(json.dumps(tiny.cfg.to_dict()))
+        for op, name, force in ops:
+            kind = SMALL_BUILTINS.get(name, "heads")
+            try:
+                if op == "import":
+                    import_checkpoint(src, name, kind, "transformer", kwargs, force=force)
+                elif op == "train":
+                    check_outputs([(kind, name, "")], force)
+                    publish(kind, name, "", {"w": model.weight.detach().half()}, {}, name, force)
+                elif op == "use":
+                    checkpoints.find(name)
+                else:
+                    registry.remove(f"{kind}/{name}")
+            except UsageError as e:
+                assert "built-in" in str(e) or "already exists" in str(e) or "no installed" in str(e).lower() \
+                    or "unknown" in str(e).lower(), e
+        for e in registry.installed_entries():  # as stored, before `find` could re-install a stale built-in
+            assert e.name not in SMALL_BUILTINS or registry.weights_digest(e) == shipped_digest(e.name), e.ref
+        for name, kind in SMALL_BUILTINS.items():
+            entry = checkpoints.find(f"{kind}/{name}")
+            assert entry.builtin and registry.weights_digest(entry) == shipped_digest(name), name

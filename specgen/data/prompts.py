@@ -61,8 +61,9 @@ def _read_dataset(path: Path, field: str | None, split: str) -> list[str]:
         import datasets
     except ImportError:
         raise PromptSourceError(f"{path}: reading datasets needs the `datasets` package") from None
-    bars = datasets.is_progress_bar_enabled()
-    datasets.disable_progress_bars()  # stderr belongs to the caller; restored below
+    bars, verbosity = datasets.is_progress_bar_enabled(), datasets.logging.get_verbosity()
+    datasets.disable_progress_bars()  # stderr belongs to the caller (its one error line included); restored below
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)
     try:
         if path.is_dir():
             data = datasets.load_from_disk(str(path))
@@ -79,6 +80,7 @@ def _read_dataset(path: Path, field: str | None, split: str) -> list[str]:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise PromptSourceError(f"{path}: cannot read as a dataset ({reason})") from None
     finally:
+        datasets.logging.set_verbosity(verbosity)
         if bars:
             datasets.enable_progress_bars()
     if isinstance(data, datasets.DatasetDict):

@@ -6,9 +6,10 @@ Layout (every file is written by one process; nothing is ever rewritten in place
     run.json                 suite and config; created once (atomic link), compared on every later open
     machine-<I>-of-<N>.json  shard I's machine, library versions and cost curve (replaced atomically)
     records-<I>-of-<N>.jsonl shard I's items, one JSON line each, appended with one write and fsync
+    shard-<I>-of-<N>.lock    flock of the process writing shard I (its pid inside): one writer per shard
 
-A record line that did not finish (the process was killed mid-write: no newline, or not JSON) is not a
-record: readers skip it, and the shard's next run cuts it off before appending, so the item is redone.
+A record line that did not finish (the process was killed mid-write: no newline, or not JSON), or that lacks
+its item or runs, is not a record: readers skip it, and the shard's next run cuts it off before appending, so the item is redone.
 An item found in several files (a run resumed with another shard count) counts once: the first file wins.
 """
 
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from specgen.errors import UsageError
-from specgen.paths import atomic_write_text, write_new
+from specgen.paths import atomic_write_text, check_space, write_new
 
 FORMAT = 1  # run.json layout version
 
@@ -105,8 +106,8 @@ def read_lines(path: Path) -> Iterator[tuple[int, dict]]:
                 rec = json.loads(raw)
             except (json.JSONDecodeError, UnicodeDecodeError):
                 continue
-            if isinstance(rec, dict) and isinstance(rec.get("item"), str):
-                yield offset, rec
+            if isinstance(rec, dict) and isinstance(rec.get("item"), str) and isinstance(rec.get("runs"), (dict, list)):
+                yield offset, rec  # (a line without its runs, edited or foreign, is no record: the item is redone)
 
 
 class RunDir:
@@ -114,6 +115,7 @@ class RunDir:
 
     def __init__(self, path: Path, suite: str, config: dict) -> None:
         self.path, self.suite, self.config = Path(path), suite, json_ready(config)
+        self.locked: set[str] = set()  # labels of the shards whose lock this object holds
 
     # -- opening -------------------------------------------------------------------------------------------
     @classmethod
@@ -126,7 +128,8 @@ class RunDir:
         if not path.exists():
             if not path.parent.is_dir():
                 raise UsageError(f"--run-dir {path}: folder {path.parent} does not exist")
-            path.mkdir(exist_ok=True)
+        check_space(path if path.exists() else path.parent, f"--run-dir {path}")  # read-only or full: before the work
+        path.mkdir(exist_ok=True)
         run = cls(path, suite, config)
         doc = {"format": FORMAT, "suite": suite, "config": run.config}
         if not write_new(path / "run.json", json.dumps(doc, indent=1, sort_keys=True) + "\n"):
@@ -172,7 +175,9 @@ class RunDir:
         atomic_write_text(self.path / f"machine-{shard.label}.json", json.dumps(json_ready(info), indent=1) + "\n")
 
     def start_shard(self, shard: Shard) -> None:
-        """Cut a torn last line off this shard's record file, so the next append starts on a line of its own."""
+        """Take the shard's lock (held until this RunDir is dropped or the process ends), then cut a torn last line
+        off its record file, so the next append starts on a line of its own."""
+        self.lock(shard)
         file = self.path / f"records-{shard.label}.jsonl"
         if not file.exists():
             return
@@ -182,6 +187,29 @@ class RunDir:
         if good < file.stat().st_size:
             with open(file, "r+b") as f:
                 f.truncate(good)
+
+    def lock(self, shard: Shard) -> None:
+        """An exclusive flock on shard-<label>.lock, or a one-line refusal naming the process holding it. The kernel
+        drops the lock when its holder dies, so a lock file left by a killed run holds nothing."""
+        import fcntl
+        import weakref
+
+        if shard.label in self.locked:
+            return
+        file = self.path / f"shard-{shard.label}.lock"
+        fd = os.open(file, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise UsageError(f"--run-dir {self.path}: shard {shard.index}/{shard.count} is being written by process "
+                             f"{holder}; wait for it to finish or stop it (two writers would measure every item "
+                             "twice)") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self.locked.add(shard.label)
+        weakref.finalize(self, os.close, fd)
 
     def append(self, shard: Shard, record: dict) -> None:
         """One record as one line, one write, flushed to disk before the next item starts."""

@@ -85,7 +85,7 @@ def load_image_model(name: str, drafter: str = "", device: str = "cpu", need_dra
 
     device = device_name(device)
     dtype, quantize = load_precision(dtype, quantize, device)
-    torch_dtype = resolve_dtype(dtype, device)
+    torch_dtype = resolve_dtype(dtype, device, quantize)
     entry = checkpoints.find(name)
     if entry.meta.get("modality") != "image":
         raise UsageError(f"{entry.ref} is not an image model")

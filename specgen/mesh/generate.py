@@ -186,7 +186,7 @@ def load_mesh_model(target: str | None = None, heads: str | None = None, device:
 
     device = device_name(device)
     dtype, quantize = load_precision(dtype, quantize, device)
-    torch_dtype = resolve_dtype(dtype, device)
+    torch_dtype = resolve_dtype(dtype, device, quantize)
     loaded = load_mesh(target, heads, device)
     if quantize:
         decode_layout(in_memory(loaded.decoder.model, dtype, quantize))

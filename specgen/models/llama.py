@@ -16,6 +16,7 @@ the import records the checkpoint's own context (registry meta `source_context`)
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -255,13 +256,18 @@ def load_hf_folder(folder: Path) -> tuple[TransformerConfig, dict[str, torch.Ten
         raise CheckpointError(f"cannot read {f.name}: {e}") from None
     if "lm_head.weight" not in index and not cfg.tie_embeddings:  # transformers would start from a random head
         raise CheckpointError(f"{folder.name} has no lm_head.weight but its config.json sets tie_word_embeddings=false")
-    check_all_used(index, cfg, "hf", folder.name)
 
     def get(name: str) -> torch.Tensor | None:
         if name not in index:
             return None
         with safe_open(str(index[name]), "pt") as h:
             return h.get_tensor(name).float()
+
+    if cfg.tie_embeddings and "lm_head.weight" in index and not torch.equal(get("lm_head.weight"),
+                                                                            get("model.embed_tokens.weight")):
+        # transformers (5.x) does not tie a stored head that differs from the embedding: it uses the stored head
+        cfg = dataclasses.replace(cfg, tie_embeddings=False)
+    check_all_used(index, cfg, "hf", folder.name)
 
     return cfg, remap(cfg, get, "hf")
 

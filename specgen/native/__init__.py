@@ -9,7 +9,9 @@ machine whether they run).
 How: the first use compiles each source with the system C compiler (`$CC`, else `cc`) into a shared library under
 `$SPECGEN_CACHE` (default `~/.cache/specgen/native`), named by a hash of the source, the flags, the compiler's
 version and this CPU's model and flags (`-march=native` code must not run on another CPU kind sharing a home
-directory). Without a compiler, or with `SPECGEN_NATIVE=0`, nothing is built and callers use their torch path;
+directory). Without a compiler, or with `SPECGEN_NATIVE=0`, nothing is built and callers use their torch path (one
+`warning:` line on stderr says so, and why, unless SPECGEN_NATIVE=0 asked for it); a cached library that does not
+load (damaged, foreign) is removed and built again;
 `attention.c`, written in vec16.h's 16-lane vectors, is loaded only where those live in registers (AVX-512, or AVX2 +
 FMA as two halves: `SIXTEEN_LANE`).
 
@@ -85,25 +87,32 @@ def build(name: str) -> Path | None:
     """Compile `<name>.c` into the cache (once per source and shared headers, flags, compiler and CPU); None without
     a compiler or when the compile fails. A THREADED library is built with OpenMP where `openmp_flags` allows, and
     without it when that build fails."""
+    return built(name)[0]
+
+
+def built(name: str) -> tuple[Path | None, str]:
+    """(`build`'s library, "") or (None, why not)."""
     extra = openmp_flags() if name in THREADED else ()
-    return (extra and compile_library(name, FLAGS + extra)) or compile_library(name, FLAGS)
+    path, why = compile_library(name, FLAGS + extra) if extra else (None, "")
+    return (path, "") if path else compile_library(name, FLAGS)
 
 
-def compile_library(name: str, flags: tuple[str, ...]) -> Path | None:
-    """`<name>.c` compiled with `flags` into the cache, or None."""
-    cc = shutil.which(os.environ.get("CC", "cc"))
+def compile_library(name: str, flags: tuple[str, ...]) -> tuple[Path | None, str]:
+    """(`<name>.c` compiled with `flags` into the cache, "") or (None, why not)."""
+    cc_name = os.environ.get("CC", "cc")
+    cc = shutil.which(cc_name)
     if cc is None:
-        return None
+        return None, f"no C compiler ({cc_name} not found)"
     try:
         version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout.splitlines()
-    except (OSError, subprocess.SubprocessError):
-        return None
+    except (OSError, subprocess.SubprocessError) as e:
+        return None, f"{cc} --version failed ({e})"
     sources = [(SOURCE_DIR / f"{name}.c").read_bytes()] + [h.read_bytes() for h in sorted(SOURCE_DIR.glob("*.h"))]
     key = hashlib.sha256(b"\0".join([*sources, " ".join(flags).encode(), (version or [""])[0].encode(),
                                      cpu_signature().encode()])).hexdigest()[:16]
     out = cache_dir() / f"{name}-{key}.so"
     if out.is_file():
-        return out
+        return out, ""
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
@@ -112,11 +121,14 @@ def compile_library(name: str, flags: tuple[str, ...]) -> Path | None:
                               timeout=COMPILE_TIMEOUT_S)
         if done.returncode != 0:
             os.unlink(tmp)
-            return None
+            first = (done.stderr.decode(errors="replace").strip().splitlines() or [f"exit {done.returncode}"])[0]
+            return None, f"{cc} failed on {name}.c: {first[:120]}"
         os.replace(tmp, out)  # atomic: a concurrent process sees the whole library or none
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out
+    except subprocess.TimeoutExpired:
+        return None, f"{cc} took over {COMPILE_TIMEOUT_S} s on {name}.c"
+    except (OSError, subprocess.SubprocessError) as e:
+        return None, f"cannot build into {out.parent} ({getattr(e, 'strerror', None) or e})"
+    return out, ""
 
 
 PTR, INT, FLOAT = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
@@ -134,20 +146,40 @@ SIGNATURES = {  # library -> function -> (argument types, return type); `es`: el
 @functools.cache
 def library(name: str) -> ctypes.CDLL | None:
     """The compiled library `name` (a key of SIGNATURES), or None (no compiler, a failed build, `SPECGEN_NATIVE=0`,
-    or a SIXTEEN_LANE library on a CPU without 16-lane vectors). Cached: a process decides once."""
+    or a SIXTEEN_LANE library on a CPU without 16-lane vectors). Cached: a process decides once. A cached file that
+    does not load or lacks a function is removed and built once more; where the native path was expected and is
+    not used, one warning line says so."""
     if os.environ.get("SPECGEN_NATIVE", "1") == "0" or (name in SIXTEEN_LANE and not sixteen_lanes()):
         return None
-    path = build(name)
-    if path is None:
-        return None
-    try:
-        lib = ctypes.CDLL(str(path))
-    except OSError:  # a damaged or foreign library in the cache: the torch path, as without a compiler
-        return None
-    for fn_name, (args, result) in SIGNATURES[name].items():
-        fn = getattr(lib, fn_name)
-        fn.argtypes, fn.restype = args, result
-    return lib
+    lib, why = None, ""
+    for _ in range(2):  # the second pass rebuilds what the first found damaged
+        path, why = built(name)
+        if path is None:
+            break
+        try:
+            lib = ctypes.CDLL(str(path))
+            for fn_name, (args, result) in SIGNATURES[name].items():
+                fn = getattr(lib, fn_name)
+                fn.argtypes, fn.restype = args, result
+            return lib
+        except (OSError, AttributeError) as e:  # damaged, truncated or foreign: not ours to load
+            why = f"{path.name} in the cache does not load ({' '.join(str(e).split())[:120]})"
+            path.unlink(missing_ok=True)
+    fall_back(why)
+    return None
+
+
+def fall_back(why: str) -> None:
+    """The one stderr line per process saying the native kernels are not used, and why."""
+    if not WARNED:
+        import sys
+
+        print(f"warning: native kernels not used ({why}); CPU decode steps run the torch path "
+              "(SPECGEN_NATIVE=0 silences this)", file=sys.stderr)
+        WARNED.append(why)
+
+
+WARNED: list[str] = []  # the reason already printed: one line per process, whichever library hit it first
 
 
 def attention() -> ctypes.CDLL | None:

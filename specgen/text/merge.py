@@ -45,7 +45,7 @@ def materialize_distilled(name: str, progress=None) -> registry.Entry:
     adapter, state = shipped_adapter(name)
     return register_merged(adapter, state, name, extra_meta={
         "source": f"specgen/assets/text/{name}", "created_by": "builtin",
-        "asset_sha": asset_fingerprint(f"text/{name}")}, progress=progress)
+        "asset_sha": asset_fingerprint(f"text/{name}")}, progress=progress, force=True, builtin=True)
 
 
 def adapter_source(source: str, progress=None) -> tuple[registry.Entry, dict[str, torch.Tensor] | None]:
@@ -64,7 +64,8 @@ def adapter_source(source: str, progress=None) -> tuple[registry.Entry, dict[str
 
 
 def register_merged(adapter: registry.Entry, state: dict | None, name: str, scale: float | None = None,
-                    extra_meta: dict | None = None, progress=None) -> registry.Entry:
+                    extra_meta: dict | None = None, progress=None, force: bool = False,
+                    builtin: bool = False) -> registry.Entry:
     """Register target/<name> = the adapter's base with the adapter merged at `scale` (default: its merge_scale)."""
     from specgen.models.tokenizer import copy_tokenizer
     from specgen.text.target import merged_module
@@ -78,4 +79,5 @@ def register_merged(adapter: registry.Entry, state: dict | None, name: str, scal
     meta = {"builder": "transformer", "kwargs": module.cfg.to_dict(), "vocab_size": module.cfg.vocab_size,
             "modality": "text", "tokenizer": True, "distilled_from": base.ref, "merge_scale": s,
             "adapter": adapter.meta, **(extra_meta or {})}
-    return registry.save("target", name, module.state_dict(), meta, extra=lambda d: copy_tokenizer(Path(base.path), d))
+    return registry.save("target", name, module.state_dict(), meta, extra=lambda d: copy_tokenizer(Path(base.path), d),
+                         force=force, builtin=builtin)

@@ -137,7 +137,7 @@ def save_quantized(base: registry.Entry, quantize: str, group: int, progress=Non
                            "base_digest": registry.weights_digest(base), "base_file": weights_stat(base)})
 
     entry = registry.save("target", derived_name(base, quantize, group), module.state_dict(), meta,
-                          lambda folder: copy_tokenizer(base.path, folder))
+                          lambda folder: copy_tokenizer(base.path, folder), force=True)  # a derived cache
     if progress:
         progress(f"quantizing {base.ref} to {quantize}", 1, 1)
     return entry

@@ -55,15 +55,41 @@ def fp16_state(module: torch.nn.Module, untie: bool = False) -> dict[str, torch.
     return {k: (v.half() if v.is_floating_point() else v).contiguous() for k, v in state.items()}
 
 
-def publish(kind: str, name: str, ship_dir: str, state: dict[str, torch.Tensor], meta: dict,
-            fallback: str) -> Entry | None:
-    """Register fp16 `state` as <kind>/<name> (not when name is "") and, with `ship_dir`, also write it
-    there in registry layout (a package asset); returns the registry entry or None."""
-    entry = None
-    if name:
-        from specgen import registry
+def ships_builtin(kind: str, name: str, ship: str) -> bool:
+    """A run that rebuilds built-in <kind>/<name>: it writes that built-in's package folder (`ship`)."""
+    from specgen.builtins import ASSETS, BUILTINS
 
-        entry = registry.save(kind, name, state, meta, dtype=torch.float16)
+    b = BUILTINS.get(name)
+    return bool(b and ship and b.asset and b.kind == kind and Path(ship).resolve() == (ASSETS / b.asset).resolve())
+
+
+def check_outputs(outputs: list[tuple[str, str, str]], force: bool = False) -> None:
+    """Before training: every (kind, name, ship folder) a run will publish passes the registry's write rule
+    (`registry.check_new`), except a built-in rebuilt from the package folder it ships to."""
+    from specgen import registry
+
+    for kind, name, ship in outputs:
+        if name and not ships_builtin(kind, name, ship):
+            try:
+                registry.check_new(kind, name, force)
+            except UsageError as e:
+                raise UsageError(f"{e} (name=NEW)") from None
+
+
+def publish(kind: str, name: str, ship_dir: str, state: dict[str, torch.Tensor], meta: dict,
+            fallback: str, force: bool = False) -> Entry | None:
+    """Register fp16 `state` as <kind>/<name> (not when name is "") and, with `ship_dir`, also write it
+    there in registry layout (a package asset); returns the registry entry or None. A built-in is never
+    written here: a run that ships its package folder re-installs it from there, as any other use would."""
+    from specgen import registry
+
+    if ships_builtin(kind, name, ship_dir):
+        from specgen.builtins import BUILTINS
+
+        write_entry(Path(ship_dir), state, {"kind": kind, "name": name, **meta})
+        BUILTINS[name].materialize(None)
+        return registry.entry_at(registry.checkpoints_dir() / kind / name)
+    entry = registry.save(kind, name, state, meta, dtype=torch.float16, force=force) if name else None
     if ship_dir:
         write_entry(Path(ship_dir), state, {"kind": kind, "name": name or fallback, **meta})
     return entry

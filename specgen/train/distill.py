@@ -48,7 +48,7 @@ class DistillConfig:
 
     model: str = "smollm2-135m"  # the model being distilled (= the trajectories' target)
     trajectories: str = ""  # folder written by `specgen collect-trajectories`
-    name: str = "smollm2-135m-pcllm"  # registered as target/<name> (merged) and adapter/<name>-lora (LoRA)
+    name: str = "smollm2-135m-distilled"  # registered as target/<name> (merged) and adapter/<name>-lora (LoRA)
     objective: str = "pcllm"  # pcllm | cllm
     block_size: int = 16  # must equal the trajectories' block size
     schedule: str = "progressive"  # progressive | reverse | random
@@ -94,6 +94,12 @@ def check_config(cfg: DistillConfig) -> None:
         raise UsageError("trajectories=FOLDER is required (written by `specgen collect-trajectories`)")
     if not cfg.name or "/" in cfg.name:
         raise UsageError(f"invalid name {cfg.name!r}")
+
+
+def outputs(cfg: DistillConfig) -> list[tuple[str, str, str]]:
+    """(kind, name, ship folder) of the entries a run registers."""
+    lora = [("adapter", f"{cfg.name}-lora", "")] if cfg.finetune == "lora" else []
+    return lora + [("target", cfg.name, "")] if cfg.register else []
 
 
 def check_trajectories(meta: dict, target_ref: str, tok_hash: str, cfg: DistillConfig,
@@ -312,7 +318,7 @@ def lr_at(step: int, cfg: DistillConfig) -> float:
 
 
 def distill(cfg: DistillConfig, out: Path, log: Callable[[str], None] = lambda s: None, progress=None,
-            on_step: Callable[[int], None] | None = None) -> dict:
+            on_step: Callable[[int], None] | None = None, force: bool = False) -> dict:
     """Train on the shared loop (resuming from OUT/checkpoint when present) and register the result; returns a
     summary."""
     from specgen import checkpoints, registry
@@ -332,6 +338,9 @@ def distill(cfg: DistillConfig, out: Path, log: Callable[[str], None] = lambda s
         registry.check_pair(init, tm.entry)
     derived = (init.meta.get("merged_target", ""),) if init is not None else ()
     check_trajectories(meta, tm.entry.ref, tok_hash, cfg, derived)
+    from specgen.train.checkpoint import check_outputs
+
+    check_outputs(outputs(cfg), force)  # before training (the command checked it before loading too)
     groups = group_records(load_records(Path(cfg.trajectories)))
     if not groups:
         raise UsageError(f"{cfg.trajectories} holds no records")
@@ -362,12 +371,13 @@ def distill(cfg: DistillConfig, out: Path, log: Callable[[str], None] = lambda s
     summary = {"name": cfg.name, "objective": cfg.objective, "steps": done.step, "target": tm.entry.ref,
                "history": done.history, "finished": not done.stopped_early, "entries": []}
     if loop.is_main and cfg.register:
-        summary["entries"] = register(model.cpu(), tm, cfg, meta, tok_hash, done.history, done.step)
+        summary["entries"] = register(model.cpu(), tm, cfg, meta, tok_hash, done.history, done.step, force)
     loop.wait()
     return summary
 
 
-def register(model, tm, cfg: DistillConfig, traj_meta: dict, tok_hash: str, history: list[dict], step: int) -> list[str]:
+def register(model, tm, cfg: DistillConfig, traj_meta: dict, tok_hash: str, history: list[dict], step: int,
+             force: bool = False) -> list[str]:
     """adapter/<name>-lora (LoRA only) and target/<name> (weights with the adapter merged), tokenizer copied."""
     from specgen import registry
     from specgen.models.tokenizer import copy_tokenizer
@@ -386,13 +396,13 @@ def register(model, tm, cfg: DistillConfig, traj_meta: dict, tok_hash: str, hist
         e = registry.save("adapter", f"{cfg.name}-lora", state, {**common, "parent": tm.entry.ref,
                                                         "merged_target": f"target/{cfg.name}", "lora_rank": cfg.lora_rank,
                                                         "lora_alpha": cfg.lora_alpha,
-                                                        "lora_targets": list(cfg.lora_targets)})
+                                                        "lora_targets": list(cfg.lora_targets)}, force=force)
         refs.append(e.ref)
         merge_lora(model)
     full = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     e = registry.save("target", cfg.name, full, {
         **common, "builder": "transformer", "kwargs": model.cfg.to_dict(), "modality": "text", "tokenizer": True,
-        "distilled_from": tm.entry.ref}, extra=lambda d: copy_tokenizer(tm.entry.path, d))
+        "distilled_from": tm.entry.ref}, extra=lambda d: copy_tokenizer(tm.entry.path, d), force=force)
     refs.append(e.ref)
     return refs
 

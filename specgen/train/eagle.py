@@ -57,7 +57,7 @@ class EagleTrainConfig(OptimConfig):
     """Everything an EAGLE drafter run depends on (a YAML recipe sets any subset; AdamW/schedule keys: OptimConfig)."""
 
     target: str = "tiny-image-gpt"  # registry name of an image target (LlamaGen c2i or t2i GPT)
-    name: str = "tiny-image-eagle"  # registered as draft/<name> ("" = do not register)
+    name: str = "image-eagle"  # registered as draft/<name> ("" = do not register)
     init: str = ""  # optional: warm-start from this registered drafter (must belong to `target`)
     data_cache: str = ".notes/eagle_data"
     samples_per_class: int = 24  # training generations per class (t2i: per caption)
@@ -207,7 +207,7 @@ def evaluate(net: EagleNet, target: Transformer, data: dict[str, torch.Tensor], 
 
 def train(cfg: EagleTrainConfig, out: Path, log: Callable[[str], None] = lambda s: None,
           command: str = "specgen train-heads --kind eagle", device: str = "cpu",
-          mixed_precision: str = "no") -> dict[str, Any]:
+          mixed_precision: str = "no", force: bool = False) -> dict[str, Any]:
     """Generate (or reuse) target samples, train (or resume) the drafter on the shared loop, register it;
     returns metrics."""
     from specgen import checkpoints, registry
@@ -256,7 +256,7 @@ def train(cfg: EagleTrainConfig, out: Path, log: Callable[[str], None] = lambda 
             "modality": "image", "drafter": "eagle", "embedding": "copy of the target's tok_embeddings (frozen)",
             "head": "target.output", "created_by": command, "train_config": record["config"], "metrics": metrics,
             **{k: v for k, v in record.items() if k != "config"}}
-    saved = publish("draft", cfg.name, cfg.ship_dir, fp16_state(net), meta, "tiny-image-eagle")
+    saved = publish("draft", cfg.name, cfg.ship_dir, fp16_state(net), meta, "tiny-image-eagle", force)
     return {"metrics": metrics, "entry": saved, "main": True}
 
 

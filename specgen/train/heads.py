@@ -36,7 +36,7 @@ from specgen.decoding.sampling import SamplingParams, logits_to_probs
 from specgen.mesh.procedural import ProceduralSpec
 from specgen.models.heads import HeadsConfig, XSpecMeshHeads
 from specgen.models.mesh import MeshGPT
-from specgen.train.checkpoint import save_tensors, write_entry
+from specgen.train.checkpoint import publish, save_tensors
 from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask
 from specgen.train.lora import apply_lora, lora_disabled, lora_state, merge_lora
 from specgen.train.mesh import SeedStream, mesh_example, sequence_loss
@@ -48,7 +48,7 @@ class HeadsTrainConfig:
     """Recipe keys of `train-heads --kind xspecmesh`."""
 
     target: str = "mesh-gpt-tiny"  # backbone (registry name)
-    name: str = "xspecmesh-ca-tiny"  # output heads name (stage 1 gets "-s1", the adapter "-lora")
+    name: str = "xspecmesh-ca"  # output heads name (stage 1 gets "-s1", the adapter "-lora")
     head_kind: str = "ca"  # "ca" | "mlp"
     token_input: bool = False  # beyond the paper: heads also see E(x_{s+1}) (models/heads.py)
     num_heads: int = 4
@@ -448,8 +448,16 @@ class HeadsTrainer:
         return result
 
 
-def save_outputs(trainer: HeadsTrainer, result: dict) -> list:
-    """Register heads/<name>-s1, adapter/<name>-lora and heads/<name>; returns the entries."""
+def outputs(cfg: HeadsTrainConfig) -> list[tuple[str, str, str]]:
+    """(kind, name, ship folder) of what a run registers: heads/<name>-s1, then adapter/<name>-lora, heads/<name>."""
+    names = [("heads", f"{cfg.name}-s1")] + ([("adapter", f"{cfg.name}-lora"), ("heads", cfg.name)]
+                                            if cfg.stages == 2 else [])
+    return [(k, n, str(Path(cfg.ship_dir) / n) if cfg.ship_dir else "") for k, n in names]
+
+
+def save_outputs(trainer: HeadsTrainer, result: dict, force: bool = False) -> list:
+    """Register heads/<name>-s1, adapter/<name>-lora and heads/<name> (and ship them: `publish`); returns the
+    entries."""
     from specgen import registry
 
     cfg, target = trainer.cfg, trainer.target
@@ -458,21 +466,20 @@ def save_outputs(trainer: HeadsTrainer, result: dict) -> list:
             "parent_digest": digest, "vocab_size": target.meta.get("vocab_size"), "modality": "mesh", "method": "xspecmesh",
             "created_by": "specgen train-heads --kind xspecmesh", "train_config": asdict(cfg)}
     s1 = result["stage1"][-1] if result["stage1"] else {}
-    entries = [registry.save("heads", f"{cfg.name}-s1", result["heads_s1"],
-                             {**base, "stage": 1, "metrics": s1}, dtype=torch.float16)]
+    s2 = result["stage2"][-1] if result.get("stage2") else {}
+    (k1, n1, ship1), *rest = outputs(cfg)
+    entries = [publish(k1, n1, ship1, half(result["heads_s1"]), {**base, "stage": 1, "metrics": s1}, n1, force)]
     if "lora" in result:
-        s2 = result["stage2"][-1] if result["stage2"] else {}
-        adapter = registry.save("adapter", f"{cfg.name}-lora", {f"decoder.{k}": v for k, v in result["lora"].items()},
-                                {"parent": target.name, "parent_digest": digest,
-                                 "vocab_size": target.meta.get("vocab_size"),
-                                 "modality": "mesh", "lora_rank": cfg.lora_rank, "lora_alpha": cfg.lora_alpha,
-                                 "created_by": base["created_by"], "metrics": s2},
-                                dtype=torch.float16)
+        (ka, na, shipa), (kh, nh, shiph) = rest
+        adapter = publish(ka, na, shipa, half({f"decoder.{k}": v for k, v in result["lora"].items()}),
+                          {"parent": target.name, "parent_digest": digest, "vocab_size": target.meta.get("vocab_size"),
+                           "modality": "mesh", "lora_rank": cfg.lora_rank, "lora_alpha": cfg.lora_alpha,
+                           "created_by": base["created_by"], "metrics": s2}, na, force)
         entries.append(adapter)
-        entries.append(registry.save("heads", cfg.name, result["heads_s2"],
-                                     {**base, "stage": 2, "adapter": adapter.name, "metrics": s2},
-                                     dtype=torch.float16))
-    if cfg.ship_dir:  # package assets in registry layout: <ship_dir>/<entry name>
-        for e in entries:
-            write_entry(Path(cfg.ship_dir) / e.name, registry.read_state(e), e.meta)
+        entries.append(publish(kh, nh, shiph, half(result["heads_s2"]),
+                               {**base, "stage": 2, "adapter": adapter.name, "metrics": s2}, nh, force))
     return entries
+
+
+def half(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: (v.half() if v.is_floating_point() else v).contiguous() for k, v in state.items()}

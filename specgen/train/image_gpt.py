@@ -38,7 +38,7 @@ from specgen.image.target import cfg_target
 from specgen.methods import run_batch
 from specgen.models.llamagen import GPT_CONFIGS, llamagen_config
 from specgen.models.transformer import Transformer, TransformerConfig
-from specgen.train.checkpoint import fp16_state, publish, save_tensors
+from specgen.train.checkpoint import check_outputs, fp16_state, publish, save_tensors
 from specgen.train.loop import At, Optim, Progress, TrainTask
 from specgen.train.optim import OptimConfig
 from specgen.train.script import parse_recipe, print_metrics, script_parser
@@ -70,7 +70,7 @@ class ImageGPTTrainConfig(OptimConfig):
     num_threads: int = 1
     samples_per_class: int = 4  # final evaluation samples (CFG, temperature 1, top-k 0, top-p 1)
     cfg_scale: float = 4.0
-    name: str = "tiny-image-gpt"  # registry target name ("" = do not register)
+    name: str = "image-gpt"  # registry target name ("" = do not register)
     ship_dir: str = ""  # also write model.safetensors + config.json here (e.g. specgen/assets/image/gpt)
 
 
@@ -256,6 +256,7 @@ def train(cfg: ImageGPTTrainConfig, out: Path, log: Callable[[str], None] = lamb
 
     if cfg.steps < 1 or cfg.batch_size < 1 or cfg.grad_accum < 1:
         raise UsageError("steps, batch_size and grad_accum must be >= 1")
+    check_outputs([("target", cfg.name, cfg.ship_dir)])
     torch.set_num_threads(cfg.num_threads)
     out.mkdir(parents=True, exist_ok=True)
     data = dataset(cfg, log)

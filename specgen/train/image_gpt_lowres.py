@@ -27,7 +27,7 @@ class LowresGPTTrainConfig(ImageGPTTrainConfig):
 
     downscale: int = 2
     token_cache: str = ".notes/image_tokens_lowres"
-    name: str = "tiny-image-gpt-lowres"
+    name: str = "image-gpt-lowres"
 
 
 def lowres_token_dataset(cfg: LowresGPTTrainConfig, log: Callable[[str], None]) -> dict[str, Any]:

@@ -272,6 +272,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--register", default=None, help="also install the result as target/NAME")
     cfg, args, log = parse_recipe(parser, MeshTrainConfig, argv)
     out = Path(args.out)
+    if args.register:
+        from specgen.train.checkpoint import check_outputs
+
+        check_outputs([("target", args.register, "")])  # the registry's write rule, before training
     metrics = train(cfg, out, log, device=args.device)
     if args.register:
         from specgen import registry

@@ -96,7 +96,7 @@ class UpsamplerTrainConfig:
     eval_every: int = 250
     ckpt_every: int = 25
     num_threads: int = 1
-    name: str = "tiny-image-upsampler-2x"  # registry name ("" = do not register)
+    name: str = "image-upsampler-2x"  # registry name ("" = do not register)
     ship_dir: str = ""  # also write model.safetensors + config.json here
 
 
@@ -444,7 +444,8 @@ class PairTask(TrainTask):
 # --- the run ----------------------------------------------------------------------------------------------------
 
 def train(cfg: UpsamplerTrainConfig, out: Path, log: Callable[[str], None] = lambda s: None,
-          command: str = "specgen train-upsampler", device: str = "cpu", mixed_precision: str = "no") -> dict[str, Any]:
+          command: str = "specgen train-upsampler", device: str = "cpu", mixed_precision: str = "no",
+          force: bool = False) -> dict[str, Any]:
     """Run (or resume) a training run in `out` on the shared loop; returns {"metrics", "entry"} and registers the
     pair."""
     torch.set_num_threads(cfg.num_threads)
@@ -507,7 +508,7 @@ def train(cfg: UpsamplerTrainConfig, out: Path, log: Callable[[str], None] = lam
             "grid_low": grid_hi // r, "grid_high": grid_hi, "modality": "image", "parent": None,
             "warm_start": cfg.warm_start or None, "created_by": command, "train_config": asdict(cfg),
             "metrics": metrics}
-    entry = publish("upsampler", cfg.name, cfg.ship_dir, state, meta, "upsampler")
+    entry = publish("upsampler", cfg.name, cfg.ship_dir, state, meta, "upsampler", force)
     log(f"done: {json.dumps({k: v for k, v in metrics.items() if k != 'history'})}")
     return {"metrics": metrics, "entry": entry, "main": True}
 

@@ -122,6 +122,9 @@ def test_interrupted_distill_leaves_a_loadable_checkpoint(traj, tmp_path):
     assert not [p.name for p in out.iterdir() if p.name.startswith(".")]
     r = invoke("distill", "--out", out, "--trajectories", traj, "--model", "tiny-text", "--name", "tiny-pc",
                "--steps", 6, *DISTILL)
+    assert r.exit_code == 2 and "adapter/tiny-pc-lora already exists" in r.stderr  # the stopped run registered it
+    r = invoke("distill", "--out", out, "--trajectories", traj, "--model", "tiny-text", "--name", "tiny-pc",
+               "--steps", 6, "--force", *DISTILL)
     assert r.exit_code == 0 and "resumed from" in r.stderr
     assert json.loads((out / "checkpoint" / "state.json").read_text())["step"] == 6
 

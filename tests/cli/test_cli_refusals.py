@@ -17,6 +17,7 @@ from specgen import checkpoints
 from tests.pcllm_fixtures import save_tiny_text
 
 runner = CliRunner()
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 
 
 def invoke(*args, input=None):
@@ -219,7 +220,12 @@ def test_empty_override_is_the_empty_string():
 # ---- resources: token budgets and prompts against the model's context ------------------------------------------
 @pytest.mark.parametrize("args,needle", [
     ([*GEN, "--max-new-tokens", "1000000000"], "its context is 1024 tokens"),
-    (["benchmark", "--model", "tiny-text", "--max-new-tokens", "0"], "max-new-tokens must be >= 1"),
+    (["benchmark", "--model", "tiny-text", "--max-new-tokens", "0"], "max_new_tokens must be >= 1, got 0"),
+    (["benchmark", "--model", "tiny-text", "--max-new-tokens", "-1"], "max_new_tokens must be >= 1, got -1"),
+    ([*GEN, "--max-new-tokens", "-1"], "max_new_tokens must be >= 1, got -1"),
+    ([*GEN, "--max-new-tokens", "0"], "max_new_tokens must be >= 1, got 0"),
+    (["benchmark", "--model", "tiny-text", "--limit", "0"], "limit must be >= 1, got 0"),
+    (["benchmark", "--model", "tiny-text", "--limit", "-1"], "limit must be >= 1, got -1"),
     (["collect-trajectories", "--out", "run", "--model", "tiny-text", "--max-new-tokens", "5000"], "context is 1024"),
     (["benchmark", "--model", "tiny-text", "--max-new-tokens", "99999"], "context is 1024"),
     ([*GEN[:3], "--no-chat", "--prompt", "A" * 1100, "--max-new-tokens", "8"], "prompt of 1100 tokens"),
@@ -276,6 +282,23 @@ def test_registry_import_force_replaces_and_merge_refuses_builtins(tiny, pt_file
     assert r.exit_code == 0, r.output
     check_refusal(tiny, ["registry", "merge", "x", "--name", "smollm2-135m-pcllm"], 2, "is a built-in entry")
     check_refusal(tiny, ["registry", "merge", "x", "--name", "tiny-text"], 2, "already exists")
+
+
+@pytest.mark.parametrize("args,needle", [  # issue 48: training outputs go through the registry's one write rule
+    (["train-heads", "--out", "runs/x", "target=mesh-gpt-tiny", "num_sequences=4", "stages=1", "ship_dir=",
+      "name=xspecmesh-ca-tiny"], "'xspecmesh-ca-tiny-s1' is a built-in entry"),
+    (["train-heads", "--kind", "eagle", "--out", "runs/x", "ship_dir=", "name=tiny-image-eagle"],
+     "'tiny-image-eagle' is a built-in entry"),
+    (["train-upsampler", "--out", "runs/x", "name=tiny-image-upsampler-2x"], "is a built-in entry"),
+    (["train-upsampler", "--out", "runs/x", "name=tiny-image-upsampler-2x", "--force"], "is a built-in entry"),
+    (["train-upsampler", "--out", "runs/x", "name=tiny-text"], "upsampler/tiny-text already exists"),
+    (["distill", "--out", "runs/x", "--trajectories", "t", "--name", "smollm2-135m-pcllm"], "is a built-in entry"),
+])
+def test_training_never_registers_over_a_builtin_or_an_entry(tiny, args, needle):
+    from specgen import registry
+
+    registry.save("upsampler", "tiny-text", {"w": torch.zeros(1)}, {})
+    check_refusal(tiny, args, 2, needle)
 
 
 def test_unusable_specgen_home_is_one_line(tiny, pt_file, monkeypatch):
@@ -383,3 +406,197 @@ def test_a_refusal_materialises_no_builtin(specgen_home, args):
     r = invoke(*args)
     assert r.exit_code == 2, r.output
     assert not (specgen_home / "checkpoints").exists() or not any((specgen_home / "checkpoints").rglob("config.json"))
+
+
+# ---- issue 48: nothing lost on a torn, full or unwritable output ------------------------------------------------
+def test_append_repairs_a_whole_last_line_and_refuses_a_torn_one(tiny):
+    from cli import _output
+
+    whole = tiny / "cwd" / "whole.jsonl"
+    whole.write_text('{"a": 1}\n{"b": 2}')  # the last row lacks only its newline
+    _output.check_rows_path(whole, append=True)
+    _output.write_rows(whole, [{"c": 3}], append=True)
+    assert [json.loads(x) for x in whole.read_text().splitlines()] == [{"a": 1}, {"b": 2}, {"c": 3}]
+    (tiny / "cwd" / "torn.jsonl").write_text('{"a": 1}\n{"b": 2')
+    check_refusal(tiny, ["benchmark", "--model", "tiny-text", "--out", "torn.jsonl", "--append"], 2,
+                  "its last line (line 2) is torn")
+
+
+def full_device(monkeypatch):
+    import errno
+    import os
+
+    def fsync(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", fsync)
+
+
+@pytest.mark.parametrize("args", [["benchmark", "--model", "tiny-text", "--out", "new.jsonl"],
+                                  ["export-mesh", "afile", "-o", "out/meshes"]], ids=["benchmark", "export-mesh"])
+def test_outputs_on_a_full_device_are_refused_before_the_work(tiny, monkeypatch, args):
+    full_device(monkeypatch)
+    check_refusal(tiny, args, 2, "No space left on device); free some space or write elsewhere")
+
+
+def test_rows_reach_stdout_when_the_final_write_fails(tiny, monkeypatch, capsys):
+    import errno
+    import os
+
+    from cli import _output
+    from specgen.errors import RuntimeFailure
+
+    def link(*a):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "link", link)
+    with pytest.raises(RuntimeFailure, match="the rows went to stdout instead"):
+        _output.write_rows(tiny / "cwd" / "rows.jsonl", [{"row": 1}])
+    assert json.loads(capsys.readouterr().out) == {"row": 1}
+    assert sorted(p.name for p in (tiny / "cwd").iterdir()) == ["afile", "binary.yaml", "list.yaml"]
+
+
+def test_export_mesh_never_leaves_an_empty_folder_and_oserrors_are_one_line(tiny, monkeypatch):
+    import errno
+    import os
+
+    from tests.cli.test_cli_mesh import good_line
+
+    import specgen.mesh.export as export
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(export, "atomic_write_bytes", full)
+    r = invoke("export-mesh", "-", "-o", "deep/meshes", input=good_line())
+    assert r.exit_code == 1 and r.stderr.startswith("error: cannot write meshes in deep/meshes (No space left")
+    assert not (tiny / "cwd" / "deep").exists()
+    r = invoke("export-mesh", "-", "-o", "/proc/nope/out", input=good_line())
+    assert r.exit_code == 2 and "Errno" not in r.stderr and "cannot write in /proc" in r.stderr
+
+
+def test_stdout_on_a_full_device_is_one_line(monkeypatch, capsys):
+    import errno
+    import io
+    import os
+
+    import typer
+
+    from cli import _output
+    from cli._errors import command
+
+    class Full(io.StringIO):
+        def write(self, text):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        def fileno(self):
+            raise io.UnsupportedOperation
+
+    monkeypatch.setattr("sys.stdout", Full())
+    with pytest.raises(typer.Exit) as e:
+        command(lambda: _output.emit_json({"row": 1}))()
+    assert e.value.exit_code == 1 and capsys.readouterr().err.splitlines() == [
+        "error: cannot write stdout (the results): No space left on device; free some space or write elsewhere "
+        "(SPECGEN_DEBUG=1 shows a traceback)"]
+
+
+# ---- issue 48: one writer per run-dir shard ----------------------------------------------------------------------
+def test_a_run_dir_shard_has_one_writer_and_a_dead_one_holds_nothing(tmp_path):
+    import gc
+    import os
+    import subprocess
+    import sys
+
+    from specgen.errors import UsageError
+    from specgen.eval.run_dir import RunDir, Shard
+
+    first = RunDir.open(tmp_path / "run", "text", {"a": 1})
+    first.start_shard(Shard(0, 2))
+    second = RunDir.open(tmp_path / "run", "text", {"a": 1})
+    second.start_shard(Shard(1, 2))  # another shard: its own lock
+    with pytest.raises(UsageError, match=f"shard 0/2 is being written by process {os.getpid()}; wait for it"):
+        second.start_shard(Shard(0, 2))
+    del first
+    gc.collect()
+    second.start_shard(Shard(0, 2))  # released with its holder
+    del second
+    gc.collect()
+    killed = subprocess.run([sys.executable, "-c", "import os, sys; from specgen.eval.run_dir import RunDir, Shard; "
+                             f"RunDir.open({str(tmp_path / 'run')!r}, 'text', {{'a': 1}}).start_shard(Shard(0, 2)); "
+                             "os._exit(9)"], env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert killed.returncode == 9 and (tmp_path / "run" / "shard-0-of-2.lock").read_text().strip().isdigit()
+    RunDir.open(tmp_path / "run", "text", {"a": 1}).start_shard(Shard(0, 2))  # a dead process is no holder
+
+
+def test_a_read_only_run_dir_is_one_line(tiny, monkeypatch):
+    import errno
+    import os
+
+    def fsync(fd):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    check_refusal(tiny, ["benchmark", "--model", "tiny-text", "--run-dir", "runs"], 2,
+                  "--run-dir runs: cannot write in . (Read-only file system); it is read-only: write elsewhere")
+
+
+# ---- issue 48: one-liners that say what to do --------------------------------------------------------------------
+def test_a_pickle_with_code_is_refused_without_torchs_advice_to_unpickle(tiny, pt_file):
+    import os
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("echo never",))
+
+    torch.save({"w": torch.zeros(2), "x": Evil()}, tiny / "w.pt")
+    r = invoke(*pt_file, "--name", "evil")
+    lines = r.stderr.splitlines()
+    assert r.exit_code == 1 and len(lines) == 1 and "never unpickles" in lines[0], r.stderr
+    assert "weights_only" not in lines[0] and "never" not in r.stdout
+
+
+def test_a_drafter_without_a_parent_is_named_so():
+    from specgen.errors import IncompatibleError
+    from specgen.registry import Entry, check_pair
+
+    with pytest.raises(IncompatibleError, match="target/smollm2-135m is no drafter of target/tiny-image-gpt: it names "
+                                                "no target") as e:
+        check_pair(Entry("target", "smollm2-135m", ROOT, {"modality": "text"}), Entry("target", "tiny-image-gpt", ROOT))
+    assert "None" not in str(e.value)
+
+
+def test_slow_bfloat16_with_quantize_does_not_suggest_quantize(monkeypatch):
+    from specgen import devices
+
+    monkeypatch.setattr(devices, "onednn_packs", lambda dtype: False)
+    with pytest.warns(UserWarning) as caught:
+        devices.resolve_dtype("bfloat16", "cpu", "int4")
+        devices.resolve_dtype("bfloat16", "cpu")
+    first, second = (str(w.message) for w in caught)
+    assert "--quantize int4's bfloat16 activations" in first and "int8|int4 is faster" not in first
+    assert "float32 or --quantize int8|int4 is faster" in second
+
+
+def test_a_record_without_runs_is_no_record(tmp_path):
+    from specgen.eval.run_dir import RunDir
+
+    run = RunDir.open(tmp_path / "run", "text", {})
+    (tmp_path / "run" / "records-0-of-1.jsonl").write_text('{"item": "b1/p0", "shard": "0-of-1"}\n'
+                                                          '{"item": "b1/p1", "runs": {}}\n')
+    assert list(run.records()) == ["b1/p1"]  # b1/p0 is measured again, not a KeyError in `benchmark report`
+
+
+def test_registry_import_onto_a_full_disk_is_refused_before_converting(tiny, pt_file, monkeypatch):
+    full_device(monkeypatch)
+    check_refusal(tiny, [*pt_file, "--name", "fresh"], 2, "SPECGEN_HOME")
+    r = invoke(*pt_file, "--name", "fresh")
+    assert "No space left on device); free some space or write elsewhere" in r.stderr
+
+
+def test_a_garbage_parquet_is_specgens_line_only(tmp_path, capfd):
+    from specgen.data.prompts import PromptSourceError, _read_dataset
+
+    (tmp_path / "p.parquet").write_bytes(b"not parquet at all" * 8)
+    with pytest.raises(PromptSourceError, match="cannot read as a dataset"):
+        _read_dataset(tmp_path / "p.parquet", None, "train")
+    assert capfd.readouterr().err == ""  # pyarrow's / datasets' own log line is not printed before specgen's

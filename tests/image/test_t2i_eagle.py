@@ -135,12 +135,12 @@ def test_train_heads_eagle_on_a_t2i_target(t2i_registry):  # noqa: F811
         docs[method] = [i["tokens"] for i in json.loads(g.stdout)["images"]]
     assert docs["adt-tree"] == docs["ar"] and len(docs["ar"]) == 2
 
-    # a rerun resumes; other captions content is other data and refuses this run's state
-    r = train_heads(t2i_registry, out, "target=t2i-gpt", "name=t2i-trained", f"captions={caps}")
+    # a rerun resumes (re-registering takes --force); other captions content is other data and refuses this state
+    r = train_heads(t2i_registry, out, "target=t2i-gpt", "name=t2i-trained", f"captions={caps}", "--force")
     assert r.exit_code == 0, r.output
     assert "resumed at step 2/2" in (out / "train.log").read_text()
     save_file({"features": torch.randn(3, 2, CAP)}, str(caps))
-    r = train_heads(t2i_registry, out, "target=t2i-gpt", "name=t2i-trained", f"captions={caps}")
+    r = train_heads(t2i_registry, out, "target=t2i-gpt", "name=t2i-trained", f"captions={caps}", "--force")
     assert r.exit_code == 2 and "different captions_sha" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert len(list((t2i_registry / "cache").iterdir())) == 4
 

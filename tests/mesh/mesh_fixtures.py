@@ -40,12 +40,12 @@ def register_tiny(target: str = "tiny-mesh", heads: str | None = "tiny-heads", p
     model = tiny_mesh_model()
     registry.save("target", target, model.state_dict(),
                   {"builder": "mesh_gpt", "kwargs": model.builder_kwargs(), "vocab_size": 5121,
-                   "modality": "mesh", "tokenizer": "bpt", "num_points": NUM_POINTS, "max_tokens": 400})
+                   "modality": "mesh", "tokenizer": "bpt", "num_points": NUM_POINTS, "max_tokens": 400}, force=True)
     if heads:
         h = tiny_heads()
         registry.save("heads", heads, h.state_dict(),
                       {"builder": "xspecmesh_heads", "kwargs": h.cfg.to_dict(), "parent": parent or target,
-                       "vocab_size": 5121, "modality": "mesh"})
+                       "vocab_size": 5121, "modality": "mesh"}, force=True)
 
 
 def procedural_clouds(seeds) -> list[torch.Tensor]:

@@ -44,7 +44,7 @@ def test_heads_training_loss_decreases_and_resumes(tmp_path):
     # are not training settings, so the finished run resumes (without training again) and yields the same heads
     ship = tmp_path / "assets"
     shipped = dataclasses.replace(cfg, ship_dir=str(ship), num_threads=cfg.num_threads + 1)
-    save_outputs(HeadsTrainer(shipped, tmp_path), result)
+    save_outputs(HeadsTrainer(shipped, tmp_path), result, force=True)
     assert sorted(p.name for p in ship.iterdir()) == ["t-ca", "t-ca-lora", "t-ca-s1"]
     assert json.loads((ship / "t-ca" / "config.json").read_text())["adapter"] == "t-ca-lora"
     again = HeadsTrainer(shipped, tmp_path).train()

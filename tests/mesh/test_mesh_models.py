@@ -144,10 +144,10 @@ def test_heads_refuse_a_retrained_backbone_of_the_same_name():
                    "parent_digest": digest, "vocab_size": 5121, "modality": "mesh"})
     assert load_mesh(None, "pinned-heads").decoder.heads is not None
     # a re-saved copy of the same weights keeps its digest
-    registry.save("target", "tiny-mesh", registry.read_state(target), target.meta)
+    registry.save("target", "tiny-mesh", registry.read_state(target), target.meta, force=True)
     assert registry.weights_digest(checkpoints.find("tiny-mesh")) == digest
     # retrained (other weights, same name): refused with one line
     state = {k: v + 0.01 if v.is_floating_point() else v for k, v in registry.read_state(target).items()}
-    registry.save("target", "tiny-mesh", state, target.meta)
+    registry.save("target", "tiny-mesh", state, target.meta, force=True)
     with pytest.raises(IncompatibleError, match="other weights of target/tiny-mesh"):
         load_mesh(None, "pinned-heads")

@@ -196,6 +196,25 @@ def test_untied_checkpoint_without_head_is_refused(tmp_path):
         load_hf_folder(tmp_path)
 
 
+def test_a_tied_config_with_a_different_stored_head_loads_the_stored_head_as_transformers_does(tmp_path):
+    """Issue 48: tie_word_embeddings=true beside an lm_head.weight that differs from the embedding: transformers
+    keeps the stored head (untied), so specgen must too; an equal copy stays tied."""
+    from safetensors.torch import load_file, save_file
+
+    theirs = hf_model("LlamaForCausalLM", tie_word_embeddings=True)
+    theirs.save_pretrained(tmp_path)
+    state = load_file(str(tmp_path / "model.safetensors"))
+    state["lm_head.weight"] = torch.randn_like(state["model.embed_tokens.weight"])
+    save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    cfg, ours = load_hf_folder(tmp_path)
+    assert not cfg.tie_embeddings and torch.equal(ours["output.weight"], state["lm_head.weight"])
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert torch.equal(loaded.lm_head.weight, state["lm_head.weight"])
+    state["lm_head.weight"] = state["model.embed_tokens.weight"].clone()
+    save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    assert load_hf_folder(tmp_path)[0].tie_embeddings
+
+
 def test_tensor_the_model_would_ignore_is_refused(tmp_path):
     """A Qwen3 checkpoint labelled Qwen2 carries q/k norms a Qwen2 model lacks: refused, not dropped."""
     theirs = hf_model("Qwen3ForCausalLM", head_dim=8)

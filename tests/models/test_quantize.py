@@ -288,7 +288,7 @@ def tiny_entry(name="tiny", seed=2):
 
     model = tiny_model(seed)
     meta = {"builder": "transformer", "kwargs": model.cfg.to_dict(), "modality": "text", "vocab_size": 64}
-    return registry.save("target", name, model.state_dict(), meta), model
+    return registry.save("target", name, model.state_dict(), meta, force=True), model
 
 
 @pytest.mark.parametrize("mode,group", MODES)
@@ -323,7 +323,7 @@ def test_a_changed_base_is_requantized_and_a_foreign_entry_refused():
     assert not torch.equal(first["tok_embeddings.qweight"], second["tok_embeddings.qweight"])
     other, _ = tiny_entry("other", seed=4)
     foreign = precision.quantized_entry(other, "int8")
-    registry.save("target", "tiny-int8", registry.read_state(foreign), foreign.meta)  # other's weights, our name
+    registry.save("target", "tiny-int8", registry.read_state(foreign), foreign.meta, force=True)  # other's, our name
     with pytest.raises(IncompatibleError, match="not a quantized copy of target/tiny"):
         precision.quantized_entry(base, "int8")
     with pytest.raises(IncompatibleError, match="holds int8 weights, not int4"):
