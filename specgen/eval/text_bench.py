@@ -32,22 +32,29 @@ the same B and at B = 1, and c(B): the measured cost of a B-row product pass rel
 
 from __future__ import annotations
 
+import platform
 from dataclasses import asdict, dataclass, field, replace
+from importlib.metadata import PackageNotFoundError, version
 from typing import Callable
 
 import torch
 
+from specgen import registry
+from specgen.builtins import BUILTINS
 from specgen.decoding.cost import cost_of
 from specgen.decoding.sampling import SamplingParams
 from specgen.devices import now
 from specgen.errors import UsageError
-from specgen.eval import humaneval
+from specgen.eval import humaneval, llamacpp_row
 from specgen.eval.roofline import copy_bandwidth, streamed_bytes
 from specgen.eval.run_dir import MemoryRun, Shard
 from specgen.eval.sweeps import expand, merged_table, method_bases, method_check, sweeps_of, with_swept
 from specgen.eval.text_rows import Run, text_rows
 from specgen.methods import METHODS, get_method, model_for, run_batch
-from specgen.text.target import TextModel, load_original
+from specgen.models.hf_export import to_hf
+from specgen.models.tokenizer import tokenizer_hash
+from specgen.text.generate import draft_budget
+from specgen.text.target import TextModel, load_original, load_text_model
 
 EXTERNAL = ("hf", "llamacpp")  # rows not decoded by specgen's loop (llamacpp: eval/llamacpp_row.py, optional)
 
@@ -129,9 +136,6 @@ def row_method(row: str) -> str:
 def is_model_name(name: str) -> bool:
     """Does `name` name a registry model (installed, a built-in, or a checkpoint folder; `NAME+int8`-style
     precision suffixes allowed)? Nothing is materialised."""
-    from specgen import registry
-    from specgen.builtins import BUILTINS
-
     base = name.split("+")[0]
     if registry.installed_meta(base) is not None:
         return True
@@ -178,8 +182,6 @@ def specgen_run(model: TextModel, method: str, prompt: list[int], cfg: TextBench
 def specgen_batch(model: TextModel, method: str, prompts: list[list[int]], batch: int, cfg: TextBenchConfig,
                   on_done=None) -> tuple[list[Run], float]:
     """`method` over `prompts` through `batch` slots of the batched loop; (runs in prompt order, wall seconds)."""
-    from specgen.text.generate import draft_budget
-
     spec = get_method(row_method(method))
     options = {"seed": cfg.seed, **row_options(method, cfg)}
     budget = draft_budget(model, options.pop("budget", "fixed"))
@@ -301,8 +303,6 @@ def measure(model: TextModel, cfg: TextBenchConfig, sink=None, shard: Shard = Sh
     sink.start_shard(shard)
     problems = humaneval.load_problems(cfg.limit, cfg.offset)
     prompts = [model.tokenizer.encode(humaneval.build_user_message(q)) for q in problems]
-    from specgen.text.target import load_text_model
-
     models = {cfg.model: model}
     for name in {p.meta[m]["model"] for m in p.order} - {cfg.model}:
         models[name] = load_text_model(name, cfg.device)
@@ -313,13 +313,9 @@ def measure(model: TextModel, cfg: TextBenchConfig, sink=None, shard: Shard = Sh
     original = load_original(model, cfg.device)  # quality reference (nll_base, hf row): the float32 weights
     hf_model = None
     if "hf" in p.order:
-        from specgen.models.hf_export import to_hf
-
         hf_model = to_hf(original.module)
     order, llama, skipped = list(p.order), None, {}
     if "llamacpp" in order:
-        from specgen.eval import llamacpp_row
-
         reason = llamacpp_row.unavailable()
         if reason:
             order.remove("llamacpp")
@@ -382,9 +378,6 @@ def rows_of(cfg: TextBenchConfig, sink) -> list[dict]:
 
 def versions() -> dict[str, str]:
     """Library versions a shard ran with (stored in its machine file)."""
-    import platform
-    from importlib.metadata import PackageNotFoundError, version
-
     out = {"python": platform.python_version()}
     for pkg in ("specgen", "torch", "transformers"):
         try:
@@ -395,7 +388,5 @@ def versions() -> dict[str, str]:
 
 
 def check_same_tokenizer(base: TextModel, other: TextModel) -> None:
-    from specgen.models.tokenizer import tokenizer_hash
-
     if tokenizer_hash(base.tokenizer) != tokenizer_hash(other.tokenizer):
         raise UsageError(f"{other.entry.ref} does not share the tokenizer of {base.entry.ref}; cannot compare them")
