@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from cli import _output
-from specgen.devices import device_name
+from specgen import devices
 from specgen.errors import UsageError
 from specgen.eval.run_dir import MemoryRun, RunDir, RunNotFinished, Shard, launcher_shard, parse_shard, wait_for_ranks
 
@@ -30,7 +30,7 @@ def process_device(device: str) -> str:
     """The device this process measures on: `auto` resolved, and under a launcher a bare `cuda` becomes this rank's
     own GPU (LOCAL_RANK), so the ranks of one node do not all share GPU 0. Resolved after the run folder recorded
     the config as given, so every rank records the same config."""
-    name = device_name(device)
+    name = devices.device_name(device)
     local = os.environ.get("LOCAL_RANK")
     if name == "cuda" and local is not None and torch.cuda.device_count() > 1:
         return f"cuda:{int(local) % torch.cuda.device_count()}"

@@ -12,7 +12,6 @@ import typer
 from cli._errors import command
 from cli._options import (ConfigOpt, DeviceOpt, DtypeOpt, Format, FormatOpt, MethodOpt, ModelOpt, OverridesArg,
                           QuantizeOpt, QuietOpt, SeedOpt, recipe_key)
-from cli.generate_checks import check_modality_options
 from specgen.errors import UsageError
 
 EPILOG = """examples:
@@ -72,6 +71,13 @@ class GenerateArgs:
                     quantize=self.quantize)
 
 
+#: GenerateArgs field -> (its flag, the modalities that read it); another modality's option is refused, not ignored
+MODALITY_OPTIONS = {
+    "prompts": ("--prompt", ("text",)), "prompts_file": ("--prompts", ("text",)), "chat": ("--no-chat", ("text",)),
+    "max_new_tokens": ("--max-new-tokens", ("text", "mesh")), "out_dir": ("--out-dir", ("image", "mesh")),
+    "num": ("--num", ("image", "mesh")), "classes": ("--classes", ("image",)), "cfg_scale": ("--cfg-scale", ("image",)),
+    "captions": ("--captions", ("image",)), "point_clouds": ("--point-clouds", ("mesh",)),
+}
 # start-up cost: a runner imports torch and the models, so `specgen --help` and refused flags do without them
 RUNNERS = {"text": "cli.generate_text", "image": "cli.generate_image", "mesh": "cli.generate_mesh"}
 
@@ -124,5 +130,8 @@ def generate(
     args = GenerateArgs(model, list(prompt or []), prompts, max_new_tokens, temperature, top_k, top_p,
                         False if no_chat else None, seed, device, config, list(overrides or []), fmt, quiet,
                         out_dir, num, classes, cfg_scale, point_clouds, captions, drafter, batch_size, dtype, quantize)
-    check_modality_options(modality, args)  # an option of another modality is refused, not ignored
+    for field, (flag, modalities) in MODALITY_OPTIONS.items():
+        if getattr(args, field) not in (None, []) and modality not in modalities:
+            raise UsageError(f"{flag} is for {' and '.join(modalities)} models; this is "
+                             f"{'an' if modality[0] in 'aeiou' else 'a'} {modality} model")
     importlib.import_module(RUNNERS[modality]).run(args, spec)

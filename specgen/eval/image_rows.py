@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from PIL import Image
+import PIL.Image
 
 from specgen.decoding.cost import CostCurve
 from specgen.decoding.stats import DecodeStats
@@ -30,13 +30,13 @@ def png_of(pixels: torch.Tensor) -> str:
     """[3, H, W] in [-1, 1] -> base64 PNG of its uint8 pixels (the quantisation every grid applies anyway)."""
     u8 = ((pixels.detach().float().cpu().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
     buf = io.BytesIO()
-    Image.fromarray(u8.permute(1, 2, 0).contiguous().numpy()).save(buf, format="PNG")
+    PIL.Image.fromarray(u8.permute(1, 2, 0).contiguous().numpy()).save(buf, format="PNG")
     return base64.b64encode(buf.getvalue()).decode()
 
 
 def pixels_of(png: str) -> torch.Tensor:
     """The inverse of `png_of`: [3, H, W] in [-1, 1]."""
-    u8 = np.array(Image.open(io.BytesIO(base64.b64decode(png))).convert("RGB"))
+    u8 = np.array(PIL.Image.open(io.BytesIO(base64.b64decode(png))).convert("RGB"))
     return torch.from_numpy(u8).permute(2, 0, 1).float() / 127.5 - 1
 
 
