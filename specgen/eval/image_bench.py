@@ -193,7 +193,7 @@ def target_nll(im: ImageModel, cfg_scale: float, cond: int | Caption, tokens: li
 
 
 # flags of the conditioning errors: the benchmark takes them as config keys
-BENCH_FLAGS = {"num": "num (--limit)", "classes": "classes=[...]", "captions": "captions=FILE"}
+BENCH_FLAGS = {"classes": "classes=[...]", "captions": "captions=FILE"}
 
 
 def bench_conditions(im: ImageModel, cfg: ImageBenchConfig) -> list[int] | list[Caption]:

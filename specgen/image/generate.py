@@ -155,7 +155,7 @@ def resolve_classes(spec: list[str], names: list[str], num: int) -> list[int]:
 DEFAULT_NUM = 8  # c2i images when `num` is 0
 MAX_DRAFT = 128  # the loop's cap on draft nodes per row: above every tree the methods grow (their own shape rules)
 # how each command spells the condition options in its one-line errors: name -> flag
-GENERATE_FLAGS = {"num": "--num", "classes": "--classes", "captions": "--captions FILE"}
+GENERATE_FLAGS = {"classes": "--classes", "captions": "--captions FILE"}
 
 
 def image_conditions(im: ImageModel, cfg: ImageGenConfig, flags: dict[str, str] = GENERATE_FLAGS
@@ -165,8 +165,6 @@ def image_conditions(im: ImageModel, cfg: ImageGenConfig, flags: dict[str, str] 
     Checks the request against the model's conditioning before any decoding: captions for a c2i model,
     classes for a t2i model, and a t2i model without captions are usage errors (naming `flags`).
     """
-    if cfg.num < 0:
-        raise UsageError(f"{flags['num']} must be >= 1, got {cfg.num}")
     if not im.text_conditional:
         if cfg.captions:
             raise UsageError(f"{im.entry.ref} is class-conditional (c2i): it takes class labels ({flags['classes']}), "
