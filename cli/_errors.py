@@ -8,6 +8,7 @@ import sys
 import warnings
 
 import typer
+from typer._click.exceptions import ClickException, NoArgsIsHelpError
 from typer.core import TyperGroup
 
 from specgen.errors import SpecgenError
@@ -136,8 +137,6 @@ class OneLineGroup(TyperGroup):
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
-        from typer._click.exceptions import ClickException, NoArgsIsHelpError
-
         try:
             rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except NoArgsIsHelpError as e:

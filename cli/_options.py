@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+import yaml
 
 
 class Format(str, Enum):
@@ -28,3 +29,20 @@ DtypeOpt = Annotated[Optional[str], typer.Option(
                     "activations; docs/precision.md).")]
 QuantizeOpt = Annotated[Optional[str], typer.Option(
     "--quantize", help="[text] Weight-only int8 or int4 (stored once as a derived registry entry; docs/precision.md).")]
+
+
+def recipe_key(config: Path | None, overrides: list[str] | None, key: str) -> str | None:
+    """A recipe key as the config will load it (its last `key=value` override, else the recipe file's value), read
+    before loading so it can pick the runner (`generate`'s method, `benchmark`'s suite); None when neither sets it.
+    A file that does not parse gives None here: the config loader reports it in its one line."""
+    given = [o.split("=", 1)[1] for o in overrides or [] if o.startswith(f"{key}=")]
+    if given:
+        return given[-1]
+    if config is None or not config.is_file():
+        return None
+    try:
+        doc = yaml.safe_load(config.read_text()) or {}
+    except (yaml.YAMLError, UnicodeDecodeError, OSError):
+        return None
+    value = doc.get(key) if isinstance(doc, dict) else None
+    return value if isinstance(value, str) else None

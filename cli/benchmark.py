@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from cli import benchmark_image, benchmark_mesh, benchmark_runs, benchmark_text
+from cli import _output
 from cli._errors import command
 from cli._options import (ConfigOpt, DeviceOpt, DtypeOpt, Format, FormatOpt, ModelOpt, OverridesArg, QuantizeOpt,
-                          QuietOpt, SeedOpt)
+                          QuietOpt, SeedOpt, recipe_key)
+from specgen.errors import UnknownNameError, UsageError
+from specgen.eval.run_dir import RunDir
 
 EPILOG = """examples:
 
@@ -39,8 +42,9 @@ EPILOG = """examples:
   specgen benchmark --config recipes/full/bench-llamagen-c2i-l.yaml --dry-run   # check a GPU recipe here first
 """
 
-SUITES = ("humaneval", "images", "meshes")
-OTHER_SUITES = {"meshes": benchmark_mesh.run, "images": benchmark_image.run}  # suites with their own runner: name -> run(**options)
+# suite -> its runner module (`run(**options)`, `report(run, ...)`); start-up cost: the runners import torch and
+# the models, so `specgen --help` and refused flags do without them
+SUITES = {"humaneval": "cli.benchmark_text", "images": "cli.benchmark_image", "meshes": "cli.benchmark_mesh"}
 
 
 @command
@@ -80,44 +84,36 @@ def benchmark(
 
     `specgen benchmark report RUN_DIR` prints the table of a finished --run-dir (shards merged)."""
     if overrides and overrides[0] == "report":  # a subcommand in the overrides' place: no override is a bare word
-        return benchmark_runs.report(overrides[1:], fmt, out, append, quiet)
+        return report(overrides[1:], fmt, out, append, quiet)
     if dry_run:
         return print_dry_run(config, overrides, fmt)
     if methods is not None and not [m for m in methods.split(",") if m.strip()]:
-        from specgen.errors import UsageError
-
         raise UsageError(f"--methods {methods!r} names no method; give a comma-separated list such as ar,ngram")
-    suite = suite or recipe_suite(config)
-    if suite in OTHER_SUITES:
-        if batch_size is not None:  # the images and meshes suites read batch sizes from their configs
-            overrides = [*(overrides or []), f"batch_sizes=[{','.join(map(str, parse_batch_sizes(batch_size)))}]"]
-        if quantize:
-            from specgen.errors import UsageError
+    suite = suite or recipe_key(config, overrides, "suite") or "humaneval"
+    if suite not in SUITES:
+        raise UnknownNameError("suite", suite, list(SUITES))
+    if quantize and suite != "humaneval":
+        raise UsageError(f"--quantize is for the humaneval suite (text targets), not {suite}")
+    if batch_size is not None:  # every suite reads its batch sizes from its config
+        overrides = [*(overrides or []), f"batch_sizes=[{','.join(map(str, parse_batch_sizes(batch_size)))}]"]
+    options = {k: v for k, v in locals().items() if k not in ("suite", "batch_size", "dry_run")}
+    importlib.import_module(SUITES[suite]).run(**options)
 
-            raise UsageError(f"--quantize is for the humaneval suite (text targets), not {suite}")
-        return OTHER_SUITES[suite](**{k: v for k, v in locals().items() if k not in ("suite", "batch_size", "quantize")})
-    from specgen.config import load_config
-    from specgen.errors import UsageError
-    from specgen.eval.text_bench import TextBenchConfig
 
-    cfg = load_config(TextBenchConfig, config, overrides, suite=suite, model=model, limit=limit, offset=offset,
-                      max_new_tokens=max_new_tokens, threads=threads, seed=seed, device=device,
-                      methods=[m.strip() for m in methods.split(",") if m.strip()] if methods else None,
-                      batch_sizes=parse_batch_sizes(batch_size), dtype=dtype, quantize=quantize)
-    if cfg.suite not in SUITES:
-        from specgen.errors import UnknownNameError
-
-        raise UnknownNameError("suite", cfg.suite, list(SUITES))
-    if cfg.limit < 1 or cfg.offset < 0:
-        raise UsageError("--limit must be >= 1 and --offset >= 0")
-    benchmark_text.run(cfg, out, append, run_dir, shard, fmt, quiet)
+def report(args: list[str], fmt, out: Path | None, append: bool, quiet: bool) -> None:
+    """`specgen benchmark report RUN_DIR`: the table of a finished run folder (also one copied from a cluster)."""
+    if len(args) != 1:
+        raise UsageError("usage: specgen benchmark report RUN_DIR [--format json] [--out FILE [--append]]")
+    run = RunDir.existing(Path(args[0]))
+    if run.suite not in SUITES:
+        raise UsageError(f"{run.path} holds a {run.suite} run; report reads {', '.join(SUITES)} runs")
+    _output.check_rows_path(out, append)
+    importlib.import_module(SUITES[run.suite]).report(run, fmt, out, append, quiet)
 
 
 def print_dry_run(config: Path | None, overrides: list[str] | None, fmt) -> None:
     """`--dry-run`: the recipe's checks as a table (or JSON); exit 1 when one fails."""
-    from cli import _output
-    from specgen.errors import UsageError
-    from specgen.eval.dry_run import all_ok, check_recipe
+    from specgen.eval.dry_run import all_ok, check_recipe  # start-up cost (see SUITES)
 
     if config is None:
         raise UsageError("--dry-run checks a recipe: give it with --config FILE")
@@ -135,8 +131,6 @@ def parse_batch_sizes(text: str | None) -> list[int] | None:
     """'1,4,16' -> [1, 4, 16]; None when the option is not given."""
     if text is None:
         return None
-    from specgen.errors import UsageError
-
     try:
         sizes = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
@@ -144,16 +138,3 @@ def parse_batch_sizes(text: str | None) -> list[int] | None:
     if not sizes or min(sizes) < 1:
         raise UsageError(f"--batch-size takes comma-separated integers >= 1, got {text!r}")
     return sizes
-
-
-def recipe_suite(config: Path | None) -> str | None:
-    """The `suite` key of a recipe file, so `--config` alone picks the right runner."""
-    if config is None or not config.is_file():
-        return None
-    import yaml
-
-    try:
-        doc = yaml.safe_load(config.read_text()) or {}
-    except (yaml.YAMLError, UnicodeDecodeError, OSError):
-        return None  # the config loader reports the syntax error (or the unreadable file)
-    return doc.get("suite") if isinstance(doc, dict) else None

@@ -6,6 +6,11 @@ from pathlib import Path
 
 from cli import _output, benchmark_runs
 from cli._options import Format
+from specgen.config import load_config
+from specgen.errors import UsageError
+from specgen.eval.image_bench import (ImageBenchConfig, check_image_methods, image_rows_of, items_left,
+                                      measure_images, with_extra_rows, write_outputs)
+from specgen.image.generate import load_image_model
 
 COLUMNS = ["method", "temperature", "dtype", "lossless", "images_per_s", "speedup_vs_ar", "vs_ar_b1", "tau", "d_bar",
            "nfe", "tpf", "drafter_share", "efficiency", "exact_match_vs_ar", "exact_match_vs_own_ar", "nll", "clf_fid",
@@ -14,18 +19,11 @@ COLUMNS = ["method", "temperature", "dtype", "lossless", "images_per_s", "speedu
 
 def run(overrides=None, methods=None, model=None, limit=None, seed=None, device=None, threads=None, out=None,
         config=None, fmt=Format.table, quiet=False, offset=None, max_new_tokens=None, run_dir=None, shard=None,
-        append=False, dtype=None, **_) -> None:
+        append=False, dtype=None, quantize=None) -> None:
     """Run the image benchmark; `--limit` is the number of images per method and temperature."""
-    from specgen.config import load_config
-    from specgen.errors import UsageError
-
     if offset is not None or max_new_tokens is not None:  # refused, not silently ignored
         raise UsageError(f"{'--offset' if offset is not None else '--max-new-tokens'} is not an option of the images "
                          "suite (its images have a fixed number of tokens; --limit is the number of images)")
-    from specgen.eval.image_bench import (ImageBenchConfig, check_image_methods, items_left, measure_images,
-                                          with_extra_rows)
-    from specgen.image.generate import load_image_model
-
     rows = [m.strip() for m in methods.split(",") if m.strip()] if methods else None
     cfg = load_config(ImageBenchConfig, config, overrides, model=model, num=limit, seed=seed, device=device,
                       threads=threads, methods=rows, dtype=dtype)
@@ -41,30 +39,19 @@ def run(overrides=None, methods=None, model=None, limit=None, seed=None, device=
         with _output.progress("benchmark images", steps, quiet or fmt == Format.json) as advance:
             # the machine label is read once the run has set its threads
             measure_images(im, cfg, sink, this, on_step=lambda: advance(), machine=lambda: _output.machine_label(cfg.device))
-    merged = benchmark_runs.merged_rows(sink, lambda s: rows_and_pixels(cfg, s), this, launched, quiet)
+    merged = benchmark_runs.merged_rows(sink, lambda s: image_rows_of(cfg, s), this, launched, quiet)
     if merged is not None:
         show(*merged, cfg, benchmark_runs.machine_of(sink), fmt, out, append, quiet)
 
 
-def rows_and_pixels(cfg, sink):
-    from specgen.eval.image_bench import image_rows_of
-
-    return image_rows_of(cfg, sink)
-
-
 def report(run, fmt, out: Path | None, append: bool, quiet: bool) -> None:
     """The rows (and grids, plots) of a finished images run folder."""
-    from specgen.config import load_config
-    from specgen.eval.image_bench import ImageBenchConfig
-
     cfg = load_config(ImageBenchConfig, **run.config)  # checked like a recipe: a tampered run.json is one line
-    show(*rows_and_pixels(cfg, run), cfg, benchmark_runs.machine_of(run), fmt, out, append, quiet)
+    show(*image_rows_of(cfg, run), cfg, benchmark_runs.machine_of(run), fmt, out, append, quiet)
 
 
 def show(rows: list[dict], pixels: dict, cfg, machine: str, fmt, out: Path | None, append: bool, quiet: bool) -> None:
     """Grids and plots into cfg.out_dir, then the rows as JSONL (`--out`), JSON or a table on stdout."""
-    from specgen.eval.image_bench import write_outputs
-
     files = write_outputs(rows, pixels, Path(cfg.out_dir))
     for r in rows:
         r["machine"] = machine

@@ -1,5 +1,4 @@
-"""Run folders of `specgen benchmark`: shard selection (`--shard I/N` or a launcher's ranks), resuming, merging,
-and `specgen benchmark report RUN_DIR`."""
+"""Run folders of `specgen benchmark`: shard selection (`--shard I/N` or a launcher's ranks), resuming, merging."""
 
 from __future__ import annotations
 
@@ -7,7 +6,10 @@ import os
 from dataclasses import asdict
 from pathlib import Path
 
+import torch
+
 from cli import _output
+from specgen import devices
 from specgen.errors import UsageError
 from specgen.eval.run_dir import MemoryRun, RunDir, RunNotFinished, Shard, launcher_shard, parse_shard, wait_for_ranks
 
@@ -28,11 +30,7 @@ def process_device(device: str) -> str:
     """The device this process measures on: `auto` resolved, and under a launcher a bare `cuda` becomes this rank's
     own GPU (LOCAL_RANK), so the ranks of one node do not all share GPU 0. Resolved after the run folder recorded
     the config as given, so every rank records the same config."""
-    import torch
-
-    from specgen.devices import device_name
-
-    name = device_name(device)
+    name = devices.device_name(device)
     local = os.environ.get("LOCAL_RANK")
     if name == "cuda" and local is not None and torch.cuda.device_count() > 1:
         return f"cuda:{int(local) % torch.cuda.device_count()}"
@@ -65,17 +63,3 @@ def machine_of(sink) -> str:
     """The machine label of the shards that measured a run (one label when they agree)."""
     labels = sorted({info.get("machine") or "?" for info in sink.machines().values()})
     return "; ".join(labels) or _output.machine_label()
-
-
-def report(args: list[str], fmt, out: Path | None, append: bool, quiet: bool) -> None:
-    """`specgen benchmark report RUN_DIR`: the table of a finished run folder (also one copied from a cluster)."""
-    from cli import benchmark_image, benchmark_mesh, benchmark_text
-
-    if len(args) != 1:
-        raise UsageError("usage: specgen benchmark report RUN_DIR [--format json] [--out FILE [--append]]")
-    run = RunDir.existing(Path(args[0]))
-    printers = {"humaneval": benchmark_text.report, "images": benchmark_image.report, "meshes": benchmark_mesh.report}
-    if run.suite not in printers:
-        raise UsageError(f"{run.path} holds a {run.suite} run; report reads {', '.join(printers)} runs")
-    _output.check_rows_path(out, append)
-    printers[run.suite](run, fmt, out, append, quiet)

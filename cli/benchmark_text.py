@@ -6,6 +6,10 @@ from pathlib import Path
 
 from cli import _output, benchmark_runs
 from cli._options import Format
+from specgen.config import load_config
+from specgen.errors import UsageError
+from specgen.eval.text_bench import TextBenchConfig, check_methods, items_left, measure, plan, rows_of
+from specgen.text.target import load_text_model
 
 COLUMNS = ["method", "model", "tokens_per_s", "speedup_vs_ar", "tpf", "tau", "efficiency", "weight_mb_per_token",
            "bandwidth_share", "nfe", "exact_match_vs_ar", "exact_match_vs_own_ar", "prefix_vs_ar", "nll_base",
@@ -16,11 +20,16 @@ BATCH_COLUMNS = ["batch_size", "method", "model", "throughput_tokens_per_s", "th
                  "exact_match_vs_ar_b1", "nll_base", "pass_at_1"]
 
 
-def run(cfg, out: Path | None, append: bool, run_dir: Path | None, shard: str | None, fmt, quiet: bool) -> None:
+def run(overrides=None, methods=None, model=None, limit=None, offset=None, max_new_tokens=None, threads=None,
+        seed=None, device=None, dtype=None, quantize=None, config=None, out=None, append=False, run_dir=None,
+        shard=None, fmt=Format.table, quiet=False) -> None:
     """Measure this process's items of the run (all of them unless sharded), then print the merged rows."""
-    from specgen.eval.text_bench import check_methods, measure, plan, rows_of
-    from specgen.text.target import load_text_model
-
+    rows = [m.strip() for m in methods.split(",") if m.strip()] if methods else None
+    cfg = load_config(TextBenchConfig, config, overrides, suite="humaneval", model=model, limit=limit, offset=offset,
+                      max_new_tokens=max_new_tokens, threads=threads, seed=seed, device=device, methods=rows,
+                      dtype=dtype, quantize=quantize)
+    if cfg.limit < 1 or cfg.offset < 0:
+        raise UsageError("--limit must be >= 1 and --offset >= 0")
     check_methods(cfg)
     plan(cfg)  # refuses an empty prompt range before anything is written
     this, launched = benchmark_runs.shard_of(shard, run_dir)
@@ -51,16 +60,11 @@ def roofline_note(sink) -> str:
 
 def pending(cfg, sink, shard) -> bool:
     """Whether this shard has items without a record (a finished shard rerun loads no model)."""
-    from specgen.eval.text_bench import items_left, plan
-
     return any(items_left(cfg, plan(cfg), sink.records(), shard))
 
 
 def report(run, fmt, out: Path | None, append: bool, quiet: bool) -> None:
     """The rows of a finished text run folder, printed as a benchmark run prints them."""
-    from specgen.config import load_config
-    from specgen.eval.text_bench import TextBenchConfig, rows_of
-
     cfg = load_config(TextBenchConfig, **run.config)  # checked like a recipe: a tampered run.json is one line
     show(rows_of(cfg, run), cfg, benchmark_runs.machine_of(run), fmt, out, append, roofline_note(run))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -10,6 +11,8 @@ import typer
 from cli import _output
 from cli._errors import command
 from cli._options import ConfigOpt, DeviceOpt, DtypeOpt, Format, FormatOpt, ModelOpt, OverridesArg, QuietOpt, SeedOpt
+from specgen.config import load_config
+from specgen.errors import UsageError
 
 EPILOG = """examples:
 
@@ -47,11 +50,10 @@ def collect_trajectories(
     quiet: QuietOpt = False,
 ) -> None:
     """Record every Jacobi state (initial guess to fixed point) per block; HumanEval prompts are refused."""
-    from dataclasses import asdict
-
-    from specgen.config import load_config
-    from specgen.errors import UsageError
-    from specgen.text.trajectories import CollectConfig, collect, merge_shards
+    # start-up cost: these import torch and the models; `specgen --help` and refused flags do without them
+    from specgen.devices import device_name, resolve_dtype
+    from specgen.text.trajectories import META, CollectConfig, collect, merge_shards
+    from specgen.train.run_folder import check_resume, run_folder
 
     if out is None:
         raise UsageError("--out FOLDER is required")
@@ -70,13 +72,8 @@ def collect_trajectories(
     cfg = load_config(CollectConfig, config, overrides, model=model, prompts=prompts, limit=limit,
                       block_size=block_size, max_new_tokens=max_new_tokens, seed=seed, device=device,
                       batch_size=batch_size, dtype=dtype)
-    from specgen.devices import device_name, resolve_dtype
-
     cfg.device = device_name(cfg.device)  # "auto" -> cuda or cpu
     resolve_dtype(cfg.dtype, cfg.device)  # float16 on a CPU without float16 kernels: one line, before the model loads
-    from specgen.text.trajectories import META
-    from specgen.train.run_folder import check_resume, run_folder
-
     check_resume(out, asdict(cfg), only=RESUME_STRICT, record=META, section="config",  # before the model loads
                  run_files=("shards", "merged"))
     with run_folder(out, disposable=(META,)), \

@@ -11,6 +11,8 @@ from cli import _output
 from cli._errors import command
 from cli.train_heads_eagle import ForceOpt
 from cli._options import ConfigOpt, DeviceOpt, Format, FormatOpt, ModelOpt, OverridesArg, QuietOpt, SeedOpt
+from specgen.config import load_config, to_dict
+from specgen.errors import UsageError
 
 EPILOG = """examples:
 
@@ -52,10 +54,13 @@ def distill(
     force: ForceOpt = False,
 ) -> None:
     """Train a text target to converge faster under Jacobi decoding; registers the LoRA adapter and merged model."""
-    from specgen.config import load_config, to_dict
-    from specgen.errors import UsageError
+    # start-up cost: these import torch and the models; `specgen --help` and refused flags do without them
+    from specgen.devices import resolve_device, resolve_dtype
+    from specgen.registry import check_name
     from specgen.train.checkpoint import check_outputs
     from specgen.train.distill import DistillConfig, distill as run, outputs
+    from specgen.train.run_folder import check_resume, run_folder
+    from specgen.train.script import file_logger
 
     if out is None:
         raise UsageError("--out RUN_FOLDER is required (checkpoint and log go there)")
@@ -65,13 +70,7 @@ def distill(
                       name=name, steps=steps, seed=seed, device=device,
                       mixed_precision=MIXED_PRECISION[dtype] if dtype else None)
     if dtype:
-        from specgen.devices import resolve_device, resolve_dtype
-
         resolve_dtype(dtype, resolve_device(cfg.device))  # float16 on a CPU without float16 kernels: one line
-    from specgen.registry import check_name
-    from specgen.train.run_folder import check_resume, run_folder
-    from specgen.train.script import file_logger
-
     check_name(cfg.name + "-lora", "name (+ -lora: target/NAME, adapter/NAME-lora)")  # registered after training
     check_resume(out, to_dict(cfg), loose=RESUME_LOOSE)  # before anything is loaded or written
     check_outputs(outputs(cfg), force)

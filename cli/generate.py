@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from cli import generate_image, generate_mesh, generate_text
 from cli._errors import command
 from cli._options import (ConfigOpt, DeviceOpt, DtypeOpt, Format, FormatOpt, MethodOpt, ModelOpt, OverridesArg,
-                          QuantizeOpt, QuietOpt, SeedOpt)
-from cli.generate_checks import check_modality_options
+                          QuantizeOpt, QuietOpt, SeedOpt, recipe_key)
+from specgen.errors import UsageError
 
 EPILOG = """examples:
 
@@ -35,10 +35,10 @@ EPILOG = """examples:
 
 
 @dataclass(frozen=True)
-class GenerateRequest:
-    """Everything the user passed to `generate`; each modality's runner reads what it needs."""
+class GenerateArgs:
+    """What the user passed to `generate`, as given; each modality's runner loads its recipe config from it and
+    parses that once into a `specgen.request.DecodeRequest`."""
 
-    method: str | None
     model: str | None
     prompts: list[str]
     prompts_file: str | None
@@ -58,16 +58,28 @@ class GenerateRequest:
     classes: str | None
     cfg_scale: float | None
     point_clouds: Path | None
-    captions: Path | None = None
-    drafter: str | None = None
-    batch_size: int | None = None
-    dtype: str | None = None
-    quantize: str | None = None
+    captions: Path | None
+    drafter: str | None
+    batch_size: int | None
+    dtype: str | None
+    quantize: str | None
+
+    def sampling(self) -> dict:
+        """The recipe keys every modality shares, as given (None: the recipe's or the default)."""
+        return dict(model=self.model, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
+                    seed=self.seed, device=self.device, batch_size=self.batch_size, dtype=self.dtype,
+                    quantize=self.quantize)
 
 
-RUNNERS = {"text": generate_text.run}
-RUNNERS["mesh"] = generate_mesh.run
-RUNNERS["image"] = generate_image.run
+#: GenerateArgs field -> (its flag, the modalities that read it); another modality's option is refused, not ignored
+MODALITY_OPTIONS = {
+    "prompts": ("--prompt", ("text",)), "prompts_file": ("--prompts", ("text",)), "chat": ("--no-chat", ("text",)),
+    "max_new_tokens": ("--max-new-tokens", ("text", "mesh")), "out_dir": ("--out-dir", ("image", "mesh")),
+    "num": ("--num", ("image", "mesh")), "classes": ("--classes", ("image",)), "cfg_scale": ("--cfg-scale", ("image",)),
+    "captions": ("--captions", ("image",)), "point_clouds": ("--point-clouds", ("mesh",)),
+}
+# start-up cost: a runner imports torch and the models, so `specgen --help` and refused flags do without them
+RUNNERS = {"text": "cli.generate_text", "image": "cli.generate_image", "mesh": "cli.generate_mesh"}
 
 
 @command
@@ -105,30 +117,21 @@ def generate(
     quiet: QuietOpt = False,
 ) -> None:
     """Generate with a decoding method; lossless methods give exactly the target's output."""
-    from specgen.methods import get_method
-
-    spec = get_method(method or "ar")
-    modality = model_modality(model) if model else spec.modality
-    if not spec.runs_on(modality):
-        from specgen.errors import UsageError
-
-        raise UsageError(f"method {spec.name} is for {spec.modality} models, and {model} is a {modality} model")
-    if drafter and modality != "image":
-        from specgen.errors import UsageError
-
-        raise UsageError("--drafter names an EAGLE drafter of an image model; text methods take none, mesh methods "
-                         "take method_options.heads=NAME")
-    req = GenerateRequest(method or "ar", model, list(prompt or []), prompts, max_new_tokens, temperature, top_k, top_p,
-                          False if no_chat else None, seed, device, config, list(overrides or []), fmt, quiet,
-                          out_dir, num, classes, cfg_scale, point_clouds, captions, drafter, batch_size, dtype, quantize)
-    check_modality_options(modality, req)  # an option of another modality is refused, not ignored
-    RUNNERS[modality](req)
-
-
-def model_modality(name: str) -> str:
-    """The modality recorded in a checkpoint's config (text when absent)."""
+    # start-up cost: the method table and the registry import torch; `specgen --help` does without them
     from specgen import checkpoints
-
+    from specgen.methods import get_method
     from specgen.text.precision import split_name
 
-    return checkpoints.modality_of(split_name(name)[0])  # NAME+int8: NAME's; a built-in is not materialised yet
+    spec = get_method(method or recipe_key(config, overrides, "method") or "ar")  # the one lookup of the method
+    modality = checkpoints.modality_of(split_name(model)[0]) if model else spec.modality  # NAME+int8: NAME's
+    if drafter and modality != "image":
+        raise UsageError("--drafter names an EAGLE drafter of an image model; text methods take none, mesh methods "
+                         "take method_options.heads=NAME")
+    args = GenerateArgs(model, list(prompt or []), prompts, max_new_tokens, temperature, top_k, top_p,
+                        False if no_chat else None, seed, device, config, list(overrides or []), fmt, quiet,
+                        out_dir, num, classes, cfg_scale, point_clouds, captions, drafter, batch_size, dtype, quantize)
+    for field, (flag, modalities) in MODALITY_OPTIONS.items():
+        if getattr(args, field) not in (None, []) and modality not in modalities:
+            raise UsageError(f"{flag} is for {' and '.join(modalities)} models; this is "
+                             f"{'an' if modality[0] in 'aeiou' else 'a'} {modality} model")
+    importlib.import_module(RUNNERS[modality]).run(args, spec)

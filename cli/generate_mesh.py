@@ -9,59 +9,47 @@ from __future__ import annotations
 
 from cli import _output
 from cli._options import Format
+from specgen.config import load_config
+from specgen.errors import UsageError
+from specgen.mesh.errors import MeshInputError
+from specgen.mesh.export import EXPORT_FORMATS, export_mesh, render_png
+from specgen.mesh.generate import MeshGenConfig, generate_meshes, load_conditions, load_mesh_model, mesh_options
+from specgen.mesh.procedural import ProceduralSpec
+from specgen.methods import MethodSpec
+from specgen.paths import check_output_dir, free_stem
+from specgen.request import parse_request
 
 COLUMNS = ["name", "method", "num_tokens", "faces", "vertices", "valid", "scr", "step_latency_ms", "wall_s", "file"]
 
 
-def run(req) -> None:
-    from specgen.config import load_config
-    from specgen.devices import device_name
-    from specgen.decoding.sampling import SamplingParams
-    from specgen.errors import UsageError
-    from specgen.mesh.errors import MeshInputError
-    from specgen.mesh.export import EXPORT_FORMATS
-    from specgen.mesh.generate import MeshGenConfig, generate_meshes, load_conditions
-    from specgen.mesh.procedural import ProceduralSpec
-    from specgen.methods import get_method
-    from specgen.mesh.generate import load_mesh_model
-    from specgen.methods.xspecmesh import XSpecMeshOptions
-
-    cfg = load_config(MeshGenConfig, req.config, req.overrides, method=req.method, model=req.model,
-                      max_new_tokens=req.max_new_tokens, temperature=req.temperature, top_k=req.top_k,
-                      top_p=req.top_p, seed=req.seed, device=req.device, num=req.num,
-                      batch_size=req.batch_size, dtype=req.dtype, quantize=req.quantize)
-    spec = get_method(cfg.method)
-    if not spec.runs_on("mesh"):
-        raise UsageError(f"method {cfg.method} does not run on meshes; use ar or xspecmesh")
-    spec.check_options(cfg.method_options)
+def run(args, spec: MethodSpec) -> None:
+    cfg = load_config(MeshGenConfig, args.config, args.overrides, method=spec.name,
+                      max_new_tokens=args.max_new_tokens, num=args.num, **args.sampling())
+    req = parse_request(cfg, "mesh", spec)
     if cfg.mesh_format not in EXPORT_FORMATS:
         raise UsageError(f"unknown mesh_format {cfg.mesh_format!r}; choose from {', '.join(EXPORT_FORMATS)}")
     if cfg.num < 1:
         raise UsageError("--num must be >= 1")
-    SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
-    opts = XSpecMeshOptions(**{k: v for k, v in cfg.method_options.items() if k != "seed"})
-    cfg.device = device_name(cfg.device)  # "auto" -> cuda or cpu, before any tensor (the clouds) moves there
-    loaded = load_mesh_model(cfg.model, opts.heads if cfg.method == "xspecmesh" else None, cfg.device, cfg.dtype,
+    opts = mesh_options(req)
+    loaded = load_mesh_model(cfg.model, opts.heads if spec.name == "xspecmesh" else None, req.device, cfg.dtype,
                              cfg.quantize)
     try:
-        conds = load_conditions(req.point_clouds, cfg.num, int(loaded.target.meta.get("num_points", 2048)), cfg.seed,
+        conds = load_conditions(args.point_clouds, cfg.num, int(loaded.target.meta.get("num_points", 2048)), cfg.seed,
                                 ProceduralSpec.from_meta(loaded.target.meta))
     except MeshInputError as e:
         raise UsageError(str(e)) from None
-    if req.out_dir is not None:
-        from specgen.paths import check_output_dir
-
-        check_output_dir(req.out_dir, "--out-dir")  # created with the first mesh file
-    with _output.progress(f"{cfg.method} meshes", len(conds), req.quiet or req.fmt == Format.json) as advance:
-        samples = generate_meshes(loaded, conds, cfg, opts, on_done=lambda i: advance())
-    rows = [row(s, cfg, loaded, req.out_dir, opts) for s in samples]
+    if args.out_dir is not None:
+        check_output_dir(args.out_dir, "--out-dir")  # created with the first mesh file
+    with _output.progress(f"{spec.name} meshes", len(conds), args.quiet or args.fmt == Format.json) as advance:
+        samples = generate_meshes(loaded, conds, req, on_done=lambda i: advance())
+    rows = [row(s, cfg, loaded, args.out_dir, opts) for s in samples]
     for r in rows:
-        if req.fmt == Format.json:
+        if args.fmt == Format.json:
             _output.emit_json(r)
-        elif r["error"] and not req.quiet:
+        elif r["error"] and not args.quiet:
             _output.err.print(f"warning: {r['name']}: {r['error']}; nothing written for it", markup=False)
-    if req.fmt == Format.table:
-        label = cfg.method + (f" ({opts.label()}, {fidelity(opts, loaded)})" if cfg.method == "xspecmesh" else "")
+    if args.fmt == Format.table:
+        label = spec.name + (f" ({opts.label()}, {fidelity(opts, loaded)})" if spec.name == "xspecmesh" else "")
         _output.table(f"{label} on {loaded.target.ref}", [{**r, **r["stats"]} for r in rows], COLUMNS, _output.out)
 
 
@@ -77,10 +65,6 @@ def row(s, cfg, loaded, out_dir, opts) -> dict:
 
     `lossless` is true when the mesh is distributed as the named model's own samples (ar, or xspecmesh with
     criterion rejection and heads that merge no adapter)."""
-    from specgen.mesh.export import export_mesh, render_png
-
-    from specgen.paths import free_stem
-
     files = []
     if out_dir is not None and not s.error:
         out_dir.mkdir(parents=True, exist_ok=True)

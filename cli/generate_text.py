@@ -4,60 +4,48 @@ from __future__ import annotations
 
 from cli import _output
 from cli._options import Format
+from specgen.config import load_config
+from specgen.data.prompts import read_prompts
+from specgen.errors import UsageError
+from specgen.eval.latency import percentile
+from specgen.methods import MethodSpec, model_for
+from specgen.request import parse_request
+from specgen.text.generate import TextGenConfig, generate_text
+from specgen.text.target import load_text_model
 
 STAT_COLUMNS = ["method", "new_tokens", "nfe", "tpf", "tau", "tokens_per_s", "wall_s"]
+BATCH_COLUMNS = ["method", "sequences", "new_tokens", "throughput_tokens_per_s", "latency_median_s", "latency_p90_s"]
 
 
-def run(req) -> None:
-    from specgen.config import load_config
-    from specgen.data.prompts import read_prompts
-    from specgen.decoding.sampling import SamplingParams
-    from specgen.errors import UsageError
-    from specgen.methods import get_method
-    from specgen.text.generate import TextGenConfig, check_batching, generate_text
-    from specgen.text.target import load_text_model
-
-    cfg = load_config(TextGenConfig, req.config, req.overrides, method=req.method, model=req.model,
-                      max_new_tokens=req.max_new_tokens, temperature=req.temperature, top_k=req.top_k,
-                      top_p=req.top_p, seed=req.seed, device=req.device, chat=req.chat,
-                      batch_size=req.batch_size, dtype=req.dtype, quantize=req.quantize)
-    texts = list(req.prompts)
-    if req.prompts_file:
-        texts += read_prompts(req.prompts_file)
+def run(args, spec: MethodSpec) -> None:
+    cfg = load_config(TextGenConfig, args.config, args.overrides, method=spec.name,
+                      max_new_tokens=args.max_new_tokens, chat=args.chat, **args.sampling())
+    req = parse_request(cfg, "text", spec)  # before the model loads: a bad option costs no load
+    texts = list(args.prompts) + (read_prompts(args.prompts_file) if args.prompts_file else [])
     if not texts:
         raise UsageError("no prompt given: use --prompt TEXT or --prompts FILE (or - for stdin)")
-    get_method(cfg.method).check_options(cfg.method_options)
-    SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)  # validate before loading the model
-    check_batching(cfg.max_new_tokens, cfg.batch_size)
-    from specgen.methods import model_for
-
-    model = model_for(get_method(cfg.method), cfg.model, TextGenConfig.model)  # distilled methods: their model
-    tm = load_text_model(model, cfg.device, _output.registry_progress(req.quiet), dtype=cfg.dtype,
+    model = model_for(spec, cfg.model, TextGenConfig.model)  # distilled methods: their model
+    tm = load_text_model(model, req.device, _output.registry_progress(args.quiet), dtype=cfg.dtype,
                          quantize=cfg.quantize)
-    with _output.progress(cfg.method, len(texts), req.quiet or req.fmt == Format.json) as advance:
-        results = generate_text(tm, cfg, texts, on_done=lambda i: advance())
+    with _output.progress(spec.name, len(texts), args.quiet or args.fmt == Format.json) as advance:
+        results = generate_text(tm, req, texts, on_done=lambda i: advance())
     for r in results:
-        if req.fmt == Format.json:
-            _output.emit_json({"prompt": r.prompt, "completion": r.completion, "method": cfg.method,
+        if args.fmt == Format.json:
+            _output.emit_json({"prompt": r.prompt, "completion": r.completion, "method": spec.name,
                                "model": tm.entry.ref, "token_ids": r.token_ids, "stats": r.stats})
         else:
             _output.out.print(r.completion, markup=False)
             _output.out.print()
-    if not req.quiet and req.fmt == Format.table:
-        _output.table(f"{cfg.method} on {tm.entry.ref}", [{"method": cfg.method, **r.stats} for r in results],
+    if not args.quiet and args.fmt == Format.table:
+        _output.table(f"{spec.name} on {tm.entry.ref}", [{"method": spec.name, **r.stats} for r in results],
                       STAT_COLUMNS)
         if cfg.batch_size > 1:
-            _output.table(f"batch of {min(cfg.batch_size, len(results))} slots", [batch_row(cfg.method, results)],
+            _output.table(f"batch of {min(cfg.batch_size, len(results))} slots", [batch_row(spec.name, results)],
                           BATCH_COLUMNS)
-
-
-BATCH_COLUMNS = ["method", "sequences", "new_tokens", "throughput_tokens_per_s", "latency_median_s", "latency_p90_s"]
 
 
 def batch_row(method: str, results) -> dict:
     """Throughput over the whole batch (tokens / time to the last finish) and per-sequence latency (queueing included)."""
-    from specgen.eval.latency import percentile
-
     latency = [r.stats["latency_s"] for r in results]
     tokens = sum(r.stats["new_tokens"] for r in results)
     return {"method": method, "sequences": len(results), "new_tokens": tokens,

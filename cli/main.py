@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import signal
+
 import typer
 
-from cli import benchmark, collect_trajectories, distill, export_mesh, generate, registry_cmd, train_heads
-from cli import train_upsampler
+from cli import (benchmark, collect_trajectories, distill, export_mesh, generate, registry_cmd, train_heads,
+                 train_upsampler)
 from cli._errors import OneLineGroup
 
 app = typer.Typer(
@@ -29,8 +31,6 @@ app.add_typer(registry_cmd.app, name="registry")
 def main() -> None:
     """Console-script entry point. SIGTERM (timeout, kill, a cluster's pre-emption) unwinds like Ctrl-C, so a
     command's cleanup runs (a fresh run folder that failed is removed, temporaries are deleted)."""
-    import signal
-
     def terminate(signum, frame):
         raise KeyboardInterrupt
 

@@ -68,6 +68,7 @@ def show(name: Annotated[str, typer.Argument(help="Registry name, kind/name or f
          fmt: FormatOpt = Format.json) -> None:
     """Print an entry's config.json (materialising a built-in first)."""
     from specgen import checkpoints
+    from specgen.text import merge  # noqa: F401  registers the maker of the distilled built-ins (builtins.DERIVERS)
 
     entry = checkpoints.find(name, _output.registry_progress())
     _output.emit_json({"ref": entry.ref, "path": str(entry.path), **entry.meta})

@@ -26,6 +26,7 @@ from specgen.decoding.budget import MeasuredBudget
 from specgen.image.target import CFGTarget
 from specgen.devices import now
 from specgen.methods.eagle_batch import EagleBatch
+from specgen.request import parse_request
 
 SECONDS: dict[str, float] = collections.defaultdict(float)
 STEPS: list[list] = []  # [live rows, cap, seconds] per loop step
@@ -67,7 +68,7 @@ def decode(im, forced: bool, method: str, device: str) -> float:
     cfg = gen.ImageGenConfig(method=method, num=16, temperature=0.0, batch_size=8, device=device,
                              method_options={"budget": "auto"})
     t = now(device)
-    gen.generate_images(im, cfg)
+    gen.generate_images(im, parse_request(cfg, "image"))
     return now(device) - t
 
 

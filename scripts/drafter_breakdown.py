@@ -19,6 +19,7 @@ import specgen.image.generate as gen
 from specgen.image.target import CFGTarget
 from specgen.methods.eagle_batch import EagleBatch
 from specgen.models.eagle import EagleNet
+from specgen.request import parse_request
 
 SECONDS: dict[str, float] = collections.defaultdict(float)
 CALLS: dict[str, int] = collections.defaultdict(int)
@@ -49,7 +50,7 @@ def main() -> None:
         SECONDS.clear()
         CALLS.clear()
         t = time.perf_counter()
-        gen.generate_images(im, gen.ImageGenConfig(method=method, num=8, temperature=0.0, batch_size=1))
+        gen.generate_images(im, parse_request(gen.ImageGenConfig(method=method, num=8, temperature=0.0, batch_size=1), "image"))
         total = time.perf_counter() - t
         steps = CALLS["EagleBatch.propose"] or 1
         ms = {k: 1e3 * v / steps for k, v in SECONDS.items()}

@@ -32,6 +32,7 @@ from specgen.decoding.stats import DecodeStats
 from specgen.decoding.target import ModelTarget
 from specgen.methods.text import EmptyDrafter, JacobiDrafter, NgramDrafter
 from specgen.models.transformer import Transformer, TransformerConfig
+from specgen.request import parse_request
 
 ROOT = str(Path(__file__).resolve().parents[1])
 SMALL = TransformerConfig(vocab_size=49152, dim=256, n_layers=4, n_heads=4, n_kv_heads=2, ffn_dim=768,
@@ -129,7 +130,7 @@ def image_cases(device: str) -> dict:
         cfg = ImageGenConfig(method=method, num=b, temperature=temperature, batch_size=b, device=device)
 
         def go():
-            samples, _ = generate_images(im, cfg)
+            samples, _ = generate_images(im, parse_request(cfg, "image"))
             return DecodeStats(steps=max(s.stats.steps for s in samples))  # rows start together: the longest
 
         return go

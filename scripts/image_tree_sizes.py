@@ -14,6 +14,7 @@ import torch
 
 import specgen.image.generate as gen
 from specgen.models import kernel_choice
+from specgen.request import parse_request
 
 ROWS = [("ar", {}), ("adt-tree", {}), ("adt-tree", {"total_tokens": 12}), ("adt-tree", {"total_tokens": 8}),
         ("eagle2", {}), ("eagle2", {"total_tokens": 8}), ("eagle2", {"total_tokens": 8, "depth": 4, "top_k": 2})]
@@ -25,8 +26,8 @@ def main() -> None:
 
     def seconds(method: str, options: dict, num: int) -> float:
         t = time.perf_counter()
-        gen.generate_images(im, gen.ImageGenConfig(method=method, num=num, temperature=0.0, batch_size=1,
-                                                   method_options=options, out_dir="/tmp/specgen-tree-sizes"))
+        gen.generate_images(im, parse_request(gen.ImageGenConfig(method=method, num=num, temperature=0.0, batch_size=1,
+                                                   method_options=options, out_dir="/tmp/specgen-tree-sizes"), "image"))
         return time.perf_counter() - t
 
     for method, options in ROWS:

@@ -24,6 +24,7 @@ from specgen.methods.text import EmptyDrafter
 from specgen.methods.xspecmesh import XSpecMeshOptions
 from specgen.models import native_block
 from specgen.text.target import load_text_model
+from specgen.request import parse_request
 
 ROUNDS = 3
 NATIVE = native_block.usable
@@ -75,8 +76,8 @@ def main() -> None:
     def image_s(method: str, fast: bool) -> float:
         switched(fast)
         t = time.perf_counter()
-        gen.generate_images(im, gen.ImageGenConfig(method=method, num=4, temperature=0.0, batch_size=1,
-                                                   out_dir="/tmp/specgen-native-block-ab"))
+        gen.generate_images(im, parse_request(gen.ImageGenConfig(method=method, num=4, temperature=0.0, batch_size=1,
+                                                   out_dir="/tmp/specgen-native-block-ab"), "image"))
         return time.perf_counter() - t
 
     image_s("ar", True), image_s("adt-tree", True)
@@ -88,7 +89,7 @@ def main() -> None:
     def mesh_s(method: str, fast: bool) -> float:
         switched(fast)
         t = time.perf_counter()
-        generate_meshes(loaded, clouds, MeshGenConfig(method=method), XSpecMeshOptions())
+        generate_meshes(loaded, clouds, parse_request(MeshGenConfig(method=method), "mesh"))
         return time.perf_counter() - t
 
     mesh_s("ar", True)

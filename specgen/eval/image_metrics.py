@@ -16,9 +16,13 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
 
+from specgen.data.images import ImageCrops, ImageCropsConfig
+from specgen.errors import MissingDependencyError
 from specgen.models.classifier import ImageClassifier
 from specgen.paths import atomic_write
+from specgen.registry import home
 
 FEATURE_SPACE = "tiny-image-classifier"  # label for tables: "FID (tiny-image-classifier features)"
 Array = torch.Tensor | np.ndarray
@@ -81,11 +85,6 @@ def reference_features(classifier: ImageClassifier, n: int = 1024, seed: int = 0
     train-set statistics. The eval split's strips show partly different content (table, wall, uniform):
     real train-region crops score clf-FID ~4.0 against them, against other train-region crops ~0.04.
     """
-    from safetensors.torch import load_file, save_file
-
-    from specgen.data.images import ImageCrops, ImageCropsConfig
-    from specgen.registry import home
-
     data_cfg = ImageCropsConfig(split=split, num_samples=n, crop_size=classifier.image_size, seed=seed)
     data_key = hashlib.sha256(repr(sorted(asdict(data_cfg).items())).encode()).hexdigest()[:8]
     name = f"{classifier_hash(classifier)}-{data_key}-n{n}.safetensors"
@@ -161,8 +160,6 @@ def optional_standard_metrics() -> dict[str, StandardNet]:
 @torch.no_grad()
 def inception_features(images: torch.Tensor, batch_size: int = 50) -> torch.Tensor:
     """Standard FID features (pytorch-fid Inception pool3): images [N,3,H,W] in [-1,1] -> [N,2048], local weights."""
-    from specgen.errors import MissingDependencyError
-
     net = _inception()
     if not net.available:
         raise MissingDependencyError(net.detail)

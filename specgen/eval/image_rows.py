@@ -17,28 +17,26 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import PIL.Image
 
 from specgen.decoding.cost import CostCurve
 from specgen.decoding.stats import DecodeStats
+from specgen.eval.image_metrics import fid_from_features
 from specgen.eval.run_dir import RunNotFinished, batched, unrecorded
 from specgen.methods import get_method
 
 
 def png_of(pixels: torch.Tensor) -> str:
     """[3, H, W] in [-1, 1] -> base64 PNG of its uint8 pixels (the quantisation every grid applies anyway)."""
-    from PIL import Image
-
     u8 = ((pixels.detach().float().cpu().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
     buf = io.BytesIO()
-    Image.fromarray(u8.permute(1, 2, 0).contiguous().numpy()).save(buf, format="PNG")
+    PIL.Image.fromarray(u8.permute(1, 2, 0).contiguous().numpy()).save(buf, format="PNG")
     return base64.b64encode(buf.getvalue()).decode()
 
 
 def pixels_of(png: str) -> torch.Tensor:
     """The inverse of `png_of`: [3, H, W] in [-1, 1]."""
-    from PIL import Image
-
-    u8 = np.array(Image.open(io.BytesIO(base64.b64decode(png))).convert("RGB"))
+    u8 = np.array(PIL.Image.open(io.BytesIO(base64.b64decode(png))).convert("RGB"))
     return torch.from_numpy(u8).permute(2, 0, 1).float() / 127.5 - 1
 
 
@@ -174,8 +172,6 @@ def batched_row(method: str, temp: float, batch: int, rs: list[Image], ar: list[
 
 def classifier_columns(rows: list[dict], images: dict, reference: list | None, note: str | None) -> None:
     """clf-FID (features pooled over shards vs the reference features) and class accuracy per row."""
-    from specgen.eval.image_metrics import fid_from_features
-
     for r in rows:
         if note:
             r["quality_note"] = note

@@ -10,8 +10,12 @@ the prompt (`forwards` counts the prompt batch once).
 
 from __future__ import annotations
 
+import atexit
 import time
 from pathlib import Path
+
+from specgen.builtins import smollm2_gguf_path
+from specgen.errors import IncompatibleError, UsageError
 
 INSTALL = ("pip install llama-cpp-python: it compiles llama.cpp; where its repacked AMX/AVX512 path crashes, build with "
            "CMAKE_ARGS=\"-DGGML_CPU_REPACK=OFF\" or set method_options.llamacpp.repack=false; docs/precision.md)")
@@ -27,8 +31,6 @@ def unavailable() -> str | None:
 
 
 def default_gguf() -> Path:
-    from specgen.builtins import smollm2_gguf_path
-
     return smollm2_gguf_path()
 
 
@@ -43,11 +45,7 @@ class LlamaCppRow:
     """
 
     def __init__(self, options: dict, threads: int, n_ctx: int, vocab_size: int) -> None:
-        import atexit
-
         import llama_cpp
-
-        from specgen.errors import IncompatibleError, UsageError
 
         unknown = sorted(set(options) - set(OPTIONS))
         if unknown:

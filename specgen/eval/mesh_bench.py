@@ -33,12 +33,21 @@ from typing import Callable
 
 import numpy as np
 import torch
+import trimesh
 
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.stats import DecodeStats
-from specgen.eval.run_dir import MemoryRun, Shard
+from specgen.errors import UsageError
+from specgen.eval.run_dir import MemoryRun, RunNotFinished, Shard, batched, unrecorded
 from specgen.eval.sweeps import Sweep, expand, merged_table, sweeps_of
+from specgen.mesh.export import clean_mesh
+from specgen.mesh.generate import decode_tokens, load_mesh_model
+from specgen.mesh.metrics import mesh_distances
 from specgen.mesh.procedural import ProceduralSpec, generate_mesh, split_seeds
+from specgen.mesh.tokenizers import BPTTokenizer
+from specgen.methods.xspecmesh import MeshDecoder, OPTION_NAMES, XSpecMeshOptions
+from specgen.text.precision import check_row_precision
+from specgen.train.mesh import point_cloud
 
 
 @dataclass
@@ -115,9 +124,6 @@ def mesh_sweeps(cfg: MeshBenchConfig) -> list[Sweep]:
 
 
 def variants(cfg: MeshBenchConfig) -> list[Variant]:
-    from specgen.errors import UsageError
-    from specgen.methods.xspecmesh import OPTION_NAMES, XSpecMeshOptions
-
     allowed = [o for o in OPTION_NAMES if o != "heads"]  # heads come from `heads`
     bare = {k: v for k, v in cfg.options.items() if not isinstance(v, dict)}
     rows_options = {k: v for k, v in cfg.options.items() if isinstance(v, dict)}
@@ -156,8 +162,6 @@ def variants(cfg: MeshBenchConfig) -> list[Variant]:
     unknown = sorted(set(cfg.dtypes) - set(labels))
     if unknown:
         raise UsageError(f"dtypes.{unknown[0]}: no such row; rows: {', '.join(labels)}")
-    from specgen.text.precision import check_row_precision
-
     for row, d in {"": cfg.dtype, **cfg.dtypes}.items():
         check_row_precision(row, d, cfg.device)
     return out
@@ -165,9 +169,6 @@ def variants(cfg: MeshBenchConfig) -> list[Variant]:
 
 def tolerant_mesh(tokens: list[int]):
     """BPT-style tolerant decode (skips bad patches) -> (vertices, faces) or None when no face."""
-    from specgen.mesh.export import clean_mesh
-    from specgen.mesh.tokenizers import BPTTokenizer
-
     d = BPTTokenizer().decode_partial(np.asarray(tokens, dtype=np.int64))
     if len(d.faces) == 0:
         return None
@@ -177,9 +178,6 @@ def tolerant_mesh(tokens: list[int]):
 
 def mesh_run(res, ref, shard: Shard) -> dict:
     """What a record keeps of one decoded mesh: token count, statistics, strict validity, CD/HD (tolerant decode)."""
-    from specgen.mesh.generate import decode_tokens
-    from specgen.mesh.metrics import mesh_distances
-
     out = {"tokens": len(res.tokens), "stats": asdict(res.stats), "valid": not decode_tokens(res.tokens)[2],
            "cd": None, "hd": None, "shard": shard.label}
     mesh = tolerant_mesh(res.tokens)
@@ -201,10 +199,6 @@ def measure_meshes(cfg: MeshBenchConfig, sink=None, shard: Shard = Shard(), on_m
                    machine: str | Callable[[], str] = "") -> None:
     """Decode this shard's meshes that `sink` has no record of: one record per mesh with every row interleaved on
     it (batch 1), or per row over the shard's point clouds through B slots."""
-    from specgen.errors import UsageError
-    from specgen.mesh.generate import load_mesh_model
-    from specgen.methods.xspecmesh import MeshDecoder
-
     if cfg.limit < 1 or cfg.offset < 0:
         raise UsageError("--limit must be >= 1 and --offset >= 0")
     sink = MemoryRun() if sink is None else sink
@@ -251,8 +245,6 @@ def measure_meshes(cfg: MeshBenchConfig, sink=None, shard: Shard = Shard(), on_m
 
 def mesh_rows_of(cfg: MeshBenchConfig, sink) -> list[dict]:
     """One summary row per variant (AR first), batched rows after; a run with missing items is refused."""
-    from specgen.eval.run_dir import RunNotFinished, batched, unrecorded
-
     vs, records = variants(cfg), sink.records()
     labels = [v.label for v in vs]
     gone = sum(f"m{i}" not in records for i in range(cfg.limit))
@@ -314,8 +306,6 @@ def stats_of(run: dict) -> DecodeStats:
 def benchmark_clouds(meta: dict, limit: int, offset: int = 0, device: str = "cpu") -> list[tuple[object, torch.Tensor]]:
     """(ground-truth mesh, point cloud [N, 6]) of `limit` test-split meshes from `offset`, drawn from the
     backbone's own procedural distribution and point count (its config.json `meta`)."""
-    from specgen.train.mesh import point_cloud
-
     spec, num_points = ProceduralSpec.from_meta(meta), int(meta.get("num_points", 2048))
     out = []
     for seed in split_seeds("test", limit, offset):
@@ -335,10 +325,6 @@ def reference_distances(meshes: list) -> dict[str, float]:
     """What CD means on this test set: mean CD to each ground truth of a plain box (no information) and of
     the next test mesh (a plausible shape that ignores the point cloud); a model that reads its
     condition scores well below `cd_other_mesh`."""
-    import trimesh
-
-    from specgen.mesh.metrics import mesh_distances
-
     box = trimesh.creation.box()
     cd_box = [mesh_distances(box.vertices, box.faces, m.vertices, m.faces).chamfer for m in meshes]
     nxt = meshes[1:] + meshes[:1]

@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from safetensors.torch import load_file
+
+from specgen.methods.xspecmesh import load_mesh
 
 
 @dataclass(frozen=True)
@@ -22,8 +25,6 @@ class HeldOut:
 def held_out_labels(labels: str, sequences: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(point clouds [S, N, 6], tokens [S, L]) of the last `sequences` rows of labels.safetensors (a run's eval
     split), trimmed to the longest sequence (-1 = padding)."""
-    from safetensors.torch import load_file
-
     t = load_file(labels)
     pcs, tokens = t["pcs"][-sequences:], t["tokens"][-sequences:]
     return pcs, tokens[:, : int((tokens >= 0).sum(1).max())]
@@ -32,8 +33,6 @@ def held_out_labels(labels: str, sequences: int) -> tuple[torch.Tensor, torch.Te
 @torch.inference_mode()
 def held_out(labels: str, heads: str, sequences: int) -> HeldOut:
     """Score the last `sequences` rows of labels.safetensors with the backbone of registry heads `heads`."""
-    from specgen.methods.xspecmesh import load_mesh
-
     loaded = load_mesh(None, heads)
     model = loaded.decoder.model
     pcs, tokens = held_out_labels(labels, sequences)

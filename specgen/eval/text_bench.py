@@ -32,22 +32,30 @@ the same B and at B = 1, and c(B): the measured cost of a B-row product pass rel
 
 from __future__ import annotations
 
+import platform
 from dataclasses import asdict, dataclass, field, replace
-from typing import Callable
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any, Callable
 
 import torch
 
+from specgen import registry
+from specgen.builtins import BUILTINS
 from specgen.decoding.cost import cost_of
 from specgen.decoding.sampling import SamplingParams
 from specgen.devices import now
 from specgen.errors import UsageError
-from specgen.eval import humaneval
+from specgen.eval import humaneval, llamacpp_row
 from specgen.eval.roofline import copy_bandwidth, streamed_bytes
 from specgen.eval.run_dir import MemoryRun, Shard
 from specgen.eval.sweeps import expand, merged_table, method_bases, method_check, sweeps_of, with_swept
 from specgen.eval.text_rows import Run, text_rows
-from specgen.methods import METHODS, get_method, model_for, run_batch
-from specgen.text.target import TextModel, load_original
+from specgen.methods import METHODS, MethodSpec, get_method, model_for, run_batch
+from specgen.methods.options import BUDGET_DEFAULT
+from specgen.models.hf_export import to_hf
+from specgen.models.tokenizer import tokenizer_hash
+from specgen.text.generate import draft_budget
+from specgen.text.target import TextModel, load_original, load_text_model
 
 EXTERNAL = ("hf", "llamacpp")  # rows not decoded by specgen's loop (llamacpp: eval/llamacpp_row.py, optional)
 
@@ -129,9 +137,6 @@ def row_method(row: str) -> str:
 def is_model_name(name: str) -> bool:
     """Does `name` name a registry model (installed, a built-in, or a checkpoint folder; `NAME+int8`-style
     precision suffixes allowed)? Nothing is materialised."""
-    from specgen import registry
-    from specgen.builtins import BUILTINS
-
     base = name.split("+")[0]
     if registry.installed_meta(base) is not None:
         return True
@@ -170,23 +175,34 @@ def with_sweeps(cfg: TextBenchConfig) -> TextBenchConfig:
     return replace(cfg, methods=methods, options=options, method_options={}, sweep={}, targets=targets)
 
 
-def specgen_run(model: TextModel, method: str, prompt: list[int], cfg: TextBenchConfig) -> Run:
-    runs, _ = specgen_batch(model, method, [prompt], 1, cfg)
+@dataclass(frozen=True)
+class Row:
+    """A row decoded by specgen's loop: its method looked up and its options parsed once (`check_methods`)."""
+
+    spec: MethodSpec
+    options: Any  # spec.options_type
+    seed: int | None = None  # the row's own drafter seed (`options.ROW.seed`), else the run's
+
+    def drafter_options(self, seed: int) -> dict:
+        """The options as the dict-taking drafter builders read them, with the drafter's seed."""
+        # TODO(typed options): pass self.options once the MethodSpec builders take the typed object
+        return {**self.options.as_dict(), "seed": seed if self.seed is None else self.seed}
+
+
+def specgen_run(model: TextModel, row: Row, prompt: list[int], cfg: TextBenchConfig) -> Run:
+    runs, _ = specgen_batch(model, row, [prompt], 1, cfg)
     return runs[0]
 
 
-def specgen_batch(model: TextModel, method: str, prompts: list[list[int]], batch: int, cfg: TextBenchConfig,
+def specgen_batch(model: TextModel, row: Row, prompts: list[list[int]], batch: int, cfg: TextBenchConfig,
                   on_done=None) -> tuple[list[Run], float]:
-    """`method` over `prompts` through `batch` slots of the batched loop; (runs in prompt order, wall seconds)."""
-    from specgen.text.generate import draft_budget
-
-    spec = get_method(row_method(method))
-    options = {"seed": cfg.seed, **row_options(method, cfg)}
-    budget = draft_budget(model, options.pop("budget", "fixed"))
+    """`row` over `prompts` through `batch` slots of the batched loop; (runs in prompt order, wall seconds)."""
+    options = row.drafter_options(cfg.seed)
+    budget = draft_budget(model, options.get("budget", BUDGET_DEFAULT))
     device = next(model.module.parameters()).device
     t0 = now(device)
-    res = run_batch(model.target, lambda i: spec.make_drafter(options), prompts, cfg.max_new_tokens, SamplingParams(),
-                    model.tokenizer.stop_ids, batch_size=batch, on_done=on_done, budget=budget)
+    res = run_batch(model.target, lambda i: row.spec.make_drafter(options), prompts, cfg.max_new_tokens,
+                    SamplingParams(), model.tokenizer.stop_ids, batch_size=batch, on_done=on_done, budget=budget)
     seconds = now(device) - t0
     latency = (lambda r: r.stats.extras.get("latency_s", seconds)) if batch > 1 else (lambda r: seconds)
     prefill = res.stats.times.get("prefill", 0.0) / len(prompts)
@@ -217,22 +233,27 @@ def base_nll(model: TextModel, prompt: list[int], tokens: list[int]) -> tuple[fl
     return float(-logp.gather(-1, ids[0, len(prompt):, None]).sum()), len(tokens)
 
 
-def check_methods(cfg: TextBenchConfig) -> None:
+def check_methods(cfg: TextBenchConfig) -> dict[str, Row]:
+    """Refuse a bad row before any model loads; the specgen rows (sweeps included) with their methods parsed."""
     cfg = with_sweeps(cfg)
     if not cfg.batch_sizes or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1
                                       for b in cfg.batch_sizes):
         raise UsageError(f"batch_sizes must be integers >= 1, got {cfg.batch_sizes}")
     if "ar" not in cfg.methods:
         raise UsageError("the benchmark needs the 'ar' row: speedups and exact match are measured against it")
+    rows = {}
     for m in cfg.methods:
-        if m not in EXTERNAL:
-            spec = get_method(row_method(m))
-            if not spec.runs_on("text"):
-                raise UsageError(f"method {m} is for {spec.modality}; the humaneval suite is text")
-            spec.check_options(row_options(m, cfg))
-            if "@" in m and row_model(m) is None and m not in cfg.options and m not in cfg.targets:
-                raise UsageError(f"row {m}: {m.partition('@')[2]!r} is not a registry model, and a variant row "
-                                 f"needs options.{m} or targets.{m} of its own")
+        if m in EXTERNAL:
+            continue
+        spec = get_method(row_method(m))
+        if not spec.runs_on("text"):
+            raise UsageError(f"method {m} is for {spec.modality}; the humaneval suite is text")
+        options = row_options(m, cfg)
+        rows[m] = Row(spec, spec.parse_options(options), options.get("seed"))
+        if "@" in m and row_model(m) is None and m not in cfg.options and m not in cfg.targets:
+            raise UsageError(f"row {m}: {m.partition('@')[2]!r} is not a registry model, and a variant row "
+                             f"needs options.{m} or targets.{m} of its own")
+    return rows
 
 
 @dataclass(frozen=True)
@@ -289,7 +310,7 @@ def measure(model: TextModel, cfg: TextBenchConfig, sink=None, shard: Shard = Sh
     """Measure this shard's items that `sink` (a RunDir or MemoryRun) has no record of, one record per item:
     at batch 1 a prompt with every row interleaved on it, at B > 1 one row over the shard's prompts."""
     cfg = with_sweeps(cfg)
-    check_methods(cfg)
+    rows = check_methods(cfg)
     sink = MemoryRun() if sink is None else sink
     p = plan(cfg)
     mine = [i for i in range(p.n_prompts) if shard.owns(i)]
@@ -301,25 +322,19 @@ def measure(model: TextModel, cfg: TextBenchConfig, sink=None, shard: Shard = Sh
     sink.start_shard(shard)
     problems = humaneval.load_problems(cfg.limit, cfg.offset)
     prompts = [model.tokenizer.encode(humaneval.build_user_message(q)) for q in problems]
-    from specgen.text.target import load_text_model
-
     models = {cfg.model: model}
     for name in {p.meta[m]["model"] for m in p.order} - {cfg.model}:
         models[name] = load_text_model(name, cfg.device)
         check_same_tokenizer(model, models[name])
-    for m in p.order:  # a row's assets (a static n-gram cache) fit the models' one tokenizer
-        if m not in EXTERNAL:
-            get_method(row_method(m)).check_model(row_options(m, cfg), model.tokenizer)
+    for row in rows.values():  # a row's assets (a static n-gram cache) fit the models' one tokenizer
+        if row.spec.model_check is not None:
+            row.spec.model_check(row.options, model.tokenizer)
     original = load_original(model, cfg.device)  # quality reference (nll_base, hf row): the float32 weights
     hf_model = None
     if "hf" in p.order:
-        from specgen.models.hf_export import to_hf
-
         hf_model = to_hf(original.module)
     order, llama, skipped = list(p.order), None, {}
     if "llamacpp" in order:
-        from specgen.eval import llamacpp_row
-
         reason = llamacpp_row.unavailable()
         if reason:
             order.remove("llamacpp")
@@ -335,13 +350,16 @@ def measure(model: TextModel, cfg: TextBenchConfig, sink=None, shard: Shard = Sh
                                "cost_rows": list(cost.rows), "cost": list(cost.cost), "skipped": skipped,
                                "streamed_bytes": streamed, "bandwidth_gbs": copy_bandwidth(device=next(model.module.parameters()).device)})
 
+    def row_of(m: str) -> Row:  # an `ar@NAME` reference row the plan added decodes as ar
+        return rows.get(m) or Row(METHODS["ar"], METHODS["ar"].parse_options({}))
+
     def one(method: str, prompt: list[int]) -> Run:
         if method == "hf":
             return hf_run(hf_model, prompt, cfg, stop)
         if method == "llamacpp":
             tokens, seconds, forwards = llama.run(prompt, cfg.max_new_tokens, stop)
             return Run(tokens, seconds, forwards, forwards - 1, 0)
-        return specgen_run(models[decoded_model(method, cfg)], method, prompt, cfg)
+        return specgen_run(models[decoded_model(method, cfg)], row_of(method), prompt, cfg)
 
     if cfg.warmup:
         warm = model.tokenizer.encode("Write a Python function that adds two numbers.")
@@ -363,7 +381,7 @@ def measure(model: TextModel, cfg: TextBenchConfig, sink=None, shard: Shard = Sh
             wall = sum(r.seconds for r in runs)
         else:
             done_one = (lambda j: on_prompt(j)) if on_prompt and m == order[0] else None
-            runs, wall = specgen_batch(models[decoded_model(m, cfg)], m, batch_prompts, b, cfg, done_one)
+            runs, wall = specgen_batch(models[decoded_model(m, cfg)], row_of(m), batch_prompts, b, cfg, done_one)
         runs = [with_quality({m: replace(r, shard=shard.label)}, q, problems[i], original, cfg)[m]
                 for r, q, i in zip(runs, batch_prompts, mine)]
         sink.append(shard, {"item": f"b{b}/{m}/{shard.label}", "shard": shard.label, "batch_size": b, "method": m,
@@ -382,9 +400,6 @@ def rows_of(cfg: TextBenchConfig, sink) -> list[dict]:
 
 def versions() -> dict[str, str]:
     """Library versions a shard ran with (stored in its machine file)."""
-    import platform
-    from importlib.metadata import PackageNotFoundError, version
-
     out = {"python": platform.python_version()}
     for pkg in ("specgen", "torch", "transformers"):
         try:
@@ -395,7 +410,5 @@ def versions() -> dict[str, str]:
 
 
 def check_same_tokenizer(base: TextModel, other: TextModel) -> None:
-    from specgen.models.tokenizer import tokenizer_hash
-
     if tokenizer_hash(base.tokenizer) != tokenizer_hash(other.tokenizer):
         raise UsageError(f"{other.entry.ref} does not share the tokenizer of {base.entry.ref}; cannot compare them")

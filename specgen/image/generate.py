@@ -2,23 +2,29 @@
 
 from __future__ import annotations
 
-
+import difflib
+import os
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from PIL import Image
 
 from specgen import checkpoints, registry
 from specgen.decoding.budget import MeasuredBudget
 from specgen.decoding.cost import cost_of
-from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.stats import DecodeStats
+from specgen.devices import device_name, resolve_dtype
 from specgen.errors import IncompatibleError, UsageError
 from specgen.image.captions import Caption, read_captions
 from specgen.image.methods import ImageParts, build_image_method
 from specgen.image.target import cfg_target
-from specgen.methods import get_method, run_batch
+from specgen.methods import run_batch
 from specgen.models.layout import decode_layout
+from specgen.paths import link_into_place
+from specgen.request import DecodeRequest
+from specgen.text.precision import in_memory, load_precision
 
 
 @dataclass
@@ -80,9 +86,6 @@ def load_image_model(name: str, drafter: str = "", device: str = "cpu", need_dra
     `quantize` (int8 | int4; CPU): the GPT's block weights weight-only quantized at load, in memory (an image GPT
     quantizes in well under a second; text targets store theirs), with bfloat16 activations; the drafter runs at
     bfloat16. Lossless methods equal AR of the same quantized GPT."""
-    from specgen.devices import device_name, resolve_dtype
-    from specgen.text.precision import load_precision
-
     device = device_name(device)
     dtype, quantize = load_precision(dtype, quantize, device)
     torch_dtype = resolve_dtype(dtype, device, quantize)
@@ -90,8 +93,6 @@ def load_image_model(name: str, drafter: str = "", device: str = "cpu", need_dra
     if entry.meta.get("modality") != "image":
         raise UsageError(f"{entry.ref} is not an image model")
     if quantize:
-        from specgen.text.precision import in_memory
-
         model = decode_layout(in_memory(checkpoints.load_module(entry, device), dtype, quantize))
     else:
         model = decode_layout(checkpoints.load_module(entry, device, torch_dtype))
@@ -144,8 +145,6 @@ def resolve_classes(spec: list[str], names: list[str], num: int) -> list[int]:
         elif c in names:
             ids.append(names.index(c))
         else:
-            import difflib
-
             near = difflib.get_close_matches(str(c), names, n=3)
             raise UsageError(f"unknown class '{c}'" + (f"; did you mean {', '.join(near)}?" if near else
                                                       f"; classes: {', '.join(names)}"))
@@ -156,7 +155,7 @@ def resolve_classes(spec: list[str], names: list[str], num: int) -> list[int]:
 DEFAULT_NUM = 8  # c2i images when `num` is 0
 MAX_DRAFT = 128  # the loop's cap on draft nodes per row: above every tree the methods grow (their own shape rules)
 # how each command spells the condition options in its one-line errors: name -> flag
-GENERATE_FLAGS = {"num": "--num", "classes": "--classes", "captions": "--captions FILE"}
+GENERATE_FLAGS = {"classes": "--classes", "captions": "--captions FILE"}
 
 
 def image_conditions(im: ImageModel, cfg: ImageGenConfig, flags: dict[str, str] = GENERATE_FLAGS
@@ -166,8 +165,6 @@ def image_conditions(im: ImageModel, cfg: ImageGenConfig, flags: dict[str, str] 
     Checks the request against the model's conditioning before any decoding: captions for a c2i model,
     classes for a t2i model, and a t2i model without captions are usage errors (naming `flags`).
     """
-    if cfg.num < 0:
-        raise UsageError(f"{flags['num']} must be >= 1, got {cfg.num}")
     if not im.text_conditional:
         if cfg.captions:
             raise UsageError(f"{im.entry.ref} is class-conditional (c2i): it takes class labels ({flags['classes']}), "
@@ -202,40 +199,33 @@ class ImageSample:
     stats: DecodeStats
 
 
-def generate_images(im: ImageModel, cfg: ImageGenConfig, on_done=None,
+def generate_images(im: ImageModel, req: DecodeRequest[ImageGenConfig], on_done=None,
                     conditions: list[int] | list[Caption] | None = None,
                     indices: list[int] | None = None) -> tuple[list[ImageSample], torch.Tensor]:
     """Decode the images of `conditions` (default `image_conditions(im, cfg)`); returns samples and decoded
     pixels [N, 3, H, W] in [-1, 1]. Image j samples from seed `cfg.seed * 100003 + indices[j]` (default: j), so a
     shard decoding some images of a run draws each from the seed the whole run gives it."""
-    spec = get_method(cfg.method)
-    if not spec.runs_on("image"):
-        raise UsageError(f"method {cfg.method} is for {spec.modality}, not images")
-    spec.check_options(cfg.method_options)
+    cfg = req.cfg
     if not 0 < cfg.cfg_scale <= 50:
         raise UsageError(f"cfg scale must be in (0, 50], got {cfg.cfg_scale}")
-    params = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
     conditions = image_conditions(im, cfg) if conditions is None else conditions
     if not conditions:
         raise UsageError("--num must be >= 1, got 0")
-    n_tokens = im.grid * im.grid
-    if cfg.batch_size < 1:
-        raise UsageError(f"batch-size must be >= 1, got {cfg.batch_size}")
     seeds = [torch.Generator().manual_seed(cfg.seed * 100_003 + i) for i in (indices or range(len(conditions)))]
     # one CFG target for every image (c2i: the class is the prompt; t2i: the prompt names a caption of the target)
     parts = im.parts(cfg.cfg_scale, list(conditions) if im.text_conditional else None)
     prompts = [parts.target.prompt(i) for i in range(len(conditions))] if im.text_conditional else \
         [[c] for c in conditions]
-    options = dict(cfg.method_options)
+    options = req.builder_options()
     budget = None
-    if options.pop("budget", "fixed") == "auto":  # one per method and options on this model, shared by its calls
-        key = (cfg.method, repr(sorted(options.items())), cfg.cfg_scale, cfg.temperature)
+    if req.budget == "auto":  # one per method and options on this model, shared by its calls
+        key = (req.method, repr(sorted(options.items())), cfg.cfg_scale, cfg.temperature)
         if key not in im.budgets:  # the cost curve predicts a new batch size from a measured one (MeasuredBudget 5.)
             im.budgets[key] = MeasuredBudget(MAX_DRAFT, cost=cost_of(im.model), rows_per_sequence=parts.target.branches)
         budget = im.budgets[key]
-    rule = build_image_method(cfg.method, parts, options)[1]
-    batch = run_batch(parts.target, lambda i: build_image_method(cfg.method, parts, dict(options))[0],
-                      prompts, n_tokens, params, (), seeds, cfg.batch_size, on_done=on_done, rule=rule,
+    rule = build_image_method(req.method, parts, options)[1]
+    batch = run_batch(parts.target, lambda i: build_image_method(req.method, parts, dict(options))[0],
+                      prompts, im.grid * im.grid, req.params, (), seeds, cfg.batch_size, on_done=on_done, rule=rule,
                       max_draft=MAX_DRAFT, budget=budget)
     samples = [ImageSample(c.index if isinstance(c, Caption) else c, r.tokens, r.stats)
                for c, r in zip(conditions, batch.results)]
@@ -251,8 +241,6 @@ def decode_pixels(im: ImageModel, tokens: list[list[int]]) -> torch.Tensor:
 
 def prepare_out_dir(out_dir: Path) -> Path:
     """Create the output folder or fail with one line before any work is done."""
-    import os
-
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -265,13 +253,6 @@ def prepare_out_dir(out_dir: Path) -> Path:
 def write_pngs(pixels: torch.Tensor, labels: list[int], names: list[str], out_dir: Path, method: str) -> list[Path]:
     """Write one PNG per image plus a grid, atomically (no partial files on failure); a name already taken in
     `out_dir` (an earlier run) gets a number (`-1`, `-2`, ...) instead of being replaced."""
-    import os
-    import tempfile
-
-    from PIL import Image
-
-    from specgen.paths import link_into_place
-
     prepare_out_dir(out_dir)
     arrays = ((pixels.permute(0, 2, 3, 1) + 1) * 127.5).round().clamp(0, 255).byte().numpy()
     images = [Image.fromarray(a) for a in arrays]

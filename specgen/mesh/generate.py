@@ -14,11 +14,21 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import trimesh
 
-from specgen.mesh.errors import MeshInputError
+from specgen.devices import device_name, resolve_dtype
+from specgen.errors import UsageError
+from specgen.mesh.errors import MeshDecodeError, MeshInputError
+from specgen.mesh.export import clean_mesh
 from specgen.mesh.pointcloud import validate_point_cloud
 from specgen.mesh.procedural import MESH_SUFFIXES, ProceduralSpec, generate_mesh, load_mesh, split_seeds
 from specgen.mesh.quantize import normalize_bbox
+from specgen.mesh.tokenizers import BPTTokenizer
+from specgen.methods.xspecmesh import XSpecMeshOptions, load_mesh as load_mesh_parts
+from specgen.models.layout import decode_layout
+from specgen.request import DecodeRequest
+from specgen.text.precision import in_memory, load_precision
+from specgen.train.mesh import point_cloud
 
 POINT_SUFFIXES = (".npy",)
 
@@ -68,8 +78,6 @@ def prepare_cloud(arr: object, num_points: int, seed: int, name: str) -> np.ndar
 
 def _ply_points(path: Path) -> np.ndarray | None:
     """Points+normals [N, 6] of a face-less PLY with nx/ny/nz, else None."""
-    import trimesh
-
     cloud = trimesh.load(path, process=False)
     raw = getattr(cloud, "metadata", {}).get("_ply_raw", {}).get("vertex", {}).get("data")
     if raw is None or getattr(cloud, "faces", None) is not None and len(getattr(cloud, "faces", [])):
@@ -84,8 +92,6 @@ def _ply_points(path: Path) -> np.ndarray | None:
 
 def read_file(path: Path, num_points: int, seed: int) -> list[Condition]:
     """Conditions from one file (.npy may hold a batch [B, N, 6])."""
-    from specgen.train.mesh import point_cloud
-
     suffix = path.suffix.lower()
     if suffix == ".npy":
         try:
@@ -114,8 +120,6 @@ def load_conditions(path: Path | None, num: int, num_points: int, seed: int,
     if path is None:
         out = []
         for s in split_seeds("test", num):
-            from specgen.train.mesh import point_cloud
-
             m = generate_mesh(int(s), spec)
             out.append(Condition(f"test-{int(s)}", point_cloud(m.vertices, m.faces, num_points, int(s)),
                                  (m.vertices, m.faces)))
@@ -151,10 +155,6 @@ def decode_tokens(tokens: list[int]) -> tuple[np.ndarray | None, np.ndarray | No
     A sequence with a grammar error is invalid (error names the first bad position); a sequence
     that decodes to no usable face is invalid too.
     """
-    from specgen.mesh.errors import MeshDecodeError
-    from specgen.mesh.export import clean_mesh
-    from specgen.mesh.tokenizers import BPTTokenizer
-
     try:
         v, f = BPTTokenizer().decode(np.asarray(tokens, dtype=np.int64))
     except MeshDecodeError as e:
@@ -179,15 +179,10 @@ def load_mesh_model(target: str | None = None, heads: str | None = None, device:
     `quantize` (int8 | int4, CPU; `dtype` may name it too, as benchmark rows do): the backbone decoder's weights
     weight-only quantized at load, in memory, after the merge (self- and cross-attention, MLP, LM head); the point
     encoder and the heads run at bfloat16, the activations' dtype."""
-    from specgen.devices import device_name, resolve_dtype
-    from specgen.methods.xspecmesh import load_mesh
-    from specgen.models.layout import decode_layout
-    from specgen.text.precision import in_memory, load_precision
-
     device = device_name(device)
     dtype, quantize = load_precision(dtype, quantize, device)
     torch_dtype = resolve_dtype(dtype, device, quantize)
-    loaded = load_mesh(target, heads, device)
+    loaded = load_mesh_parts(target, heads, device)
     if quantize:
         decode_layout(in_memory(loaded.decoder.model, dtype, quantize))
         if loaded.decoder.heads is not None:
@@ -199,23 +194,20 @@ def load_mesh_model(target: str | None = None, heads: str | None = None, device:
     return loaded
 
 
-def generate_meshes(loaded, conds: list[Condition], cfg: MeshGenConfig, opts, on_done=None) -> list[MeshSample]:
+def mesh_options(req: DecodeRequest[MeshGenConfig]) -> XSpecMeshOptions:
+    """The decoder's options: xspecmesh's parsed ones; `ar` decodes without heads, so the defaults (never read)."""
+    return req.options if isinstance(req.options, XSpecMeshOptions) else XSpecMeshOptions()
+
+
+def generate_meshes(loaded, conds: list[Condition], req: DecodeRequest[MeshGenConfig],
+                    on_done=None) -> list[MeshSample]:
     """Decode every condition with `loaded.decoder` (heads present = xspecmesh, absent = ar)."""
-    from specgen.decoding.sampling import SamplingParams
-
-    params = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
-    max_tokens = resolve_max_tokens(loaded, cfg, opts)
-    if cfg.batch_size < 1:
-        from specgen.errors import UsageError
-
-        raise UsageError(f"batch-size must be >= 1, got {cfg.batch_size}")
+    cfg, opts = req.cfg, mesh_options(req)
     gens = [torch.Generator().manual_seed(cfg.seed + i) for i in range(len(conds))]
     draft_gens = [torch.Generator().manual_seed(10_000_019 + cfg.seed + i) for i in range(len(conds))]
-    from specgen.devices import device_name
-
-    device = device_name(cfg.device)  # "auto" -> cuda or cpu
-    results = loaded.decoder.generate_batch([torch.from_numpy(c.points).to(device) for c in conds], params,
-                                            max_tokens, opts, gens, draft_gens, cfg.batch_size, on_done)
+    results = loaded.decoder.generate_batch([torch.from_numpy(c.points).to(req.device) for c in conds], req.params,
+                                            resolve_max_tokens(loaded, cfg, opts), opts, gens, draft_gens,
+                                            cfg.batch_size, on_done)
     out = []
     for c, res in zip(conds, results):
         v, f, err, deg, dup = decode_tokens(res.tokens)
@@ -223,16 +215,12 @@ def generate_meshes(loaded, conds: list[Condition], cfg: MeshGenConfig, opts, on
     return out
 
 
-def resolve_max_tokens(loaded, cfg: MeshGenConfig, opts) -> int:
+def resolve_max_tokens(loaded, cfg: MeshGenConfig, opts: XSpecMeshOptions) -> int:
     """Token budget: the config's, else twice the backbone's training length limit (within its context)."""
-    from specgen.errors import UsageError
-
     d = 0 if loaded.decoder.heads is None else (opts.num_heads or loaded.decoder.heads.num_heads)
     room = loaded.decoder.model.dec_cfg.max_seq_len - d - 2
     if cfg.max_new_tokens > room:
         raise UsageError(f"max-new-tokens {cfg.max_new_tokens} exceeds the model's context ({room} tokens)")
-    if cfg.max_new_tokens < 0:
-        raise UsageError("max-new-tokens must be >= 1")
     return cfg.max_new_tokens or min(room, 2 * int(loaded.target.meta.get("max_tokens", room)))
 
 

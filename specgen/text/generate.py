@@ -6,10 +6,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specgen.decoding.sampling import SamplingParams
-from specgen.errors import UsageError
+from specgen.decoding.budget import AutoBudget
+from specgen.decoding.cost import cost_of
 from specgen.limits import check_prompt_fits
-from specgen.methods import get_method, run_batch
+from specgen.methods import run_batch
+from specgen.request import DecodeRequest
 from specgen.text.target import TextModel
 
 
@@ -42,46 +43,28 @@ class TextResult:
     stats: dict
 
 
-def generate_text(model: TextModel, cfg: TextGenConfig, prompts: list[str], on_done=None) -> list[TextResult]:
-    """Decode every prompt with cfg.method, `cfg.batch_size` at a time; `on_done(i)` is called as prompt i finishes.
-
-    Prompt i samples from its own generator (seed + i), so its output does not depend on the batch size.
+def generate_text(model: TextModel, req: DecodeRequest[TextGenConfig], prompts: list[str],
+                  on_done=None) -> list[TextResult]:
+    """Decode every prompt with the request's method, `batch_size` at a time; `on_done(i)` is called as prompt i
+    finishes. Prompt i samples from its own generator (seed + i), so its output does not depend on the batch size.
     """
-    spec = get_method(cfg.method)
-    if not spec.runs_on("text"):
-        raise UsageError(f"method {cfg.method} is for {spec.modality}, not text")
-    spec.check_options(cfg.method_options)
-    options = dict(cfg.method_options)
-    budget = options.pop("budget", "fixed")
-    check_batching(cfg.max_new_tokens, cfg.batch_size)
-    spec.check_model(cfg.method_options, model.tokenizer)
-    params = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
+    cfg = req.cfg
+    if req.spec.model_check is not None:  # method assets (a static n-gram cache) must fit this model's tokenizer
+        req.spec.model_check(req.options, model.tokenizer)
     ids = [model.tokenizer.encode(p, chat=cfg.chat) for p in prompts]
     for prompt_ids in ids:  # every prompt fits the context before any is decoded
         check_prompt_fits(len(prompt_ids), cfg.max_new_tokens, model.entry)
     generators = [torch.Generator().manual_seed(cfg.seed + i) for i in range(len(prompts))]
-    batch = run_batch(model.target, lambda i: spec.make_drafter({"seed": cfg.seed, **options}), ids,
-                      cfg.max_new_tokens, params, model.tokenizer.stop_ids, generators, cfg.batch_size,
-                      on_done=on_done, budget=draft_budget(model, budget))
+    # the drafter's seed: method_options.seed when given (checked with the options), else the run's
+    options = {**req.builder_options(), "seed": cfg.method_options.get("seed", cfg.seed)}
+    batch = run_batch(model.target, lambda i: req.spec.make_drafter(options), ids, cfg.max_new_tokens, req.params,
+                      model.tokenizer.stop_ids, generators, cfg.batch_size, on_done=on_done,
+                      budget=draft_budget(model, req.budget))
     return [TextResult(p, model.tokenizer.decode(r.tokens), r.tokens, r.stats.summary())
             for p, r in zip(prompts, batch.results)]
 
 
-def check_batching(max_new_tokens: int, batch_size: int) -> None:
-    """Refuse a token budget or batch size that cannot run (before any model work; `budget` is a checked method
-    option)."""
-    if max_new_tokens < 1:
-        raise UsageError(f"max-new-tokens must be >= 1, got {max_new_tokens}")
-    if batch_size < 1:
-        raise UsageError(f"batch-size must be >= 1, got {batch_size}")
-
-
-def draft_budget(model: TextModel, kind: str, limit: int = 16):
+def draft_budget(model: TextModel, kind: str, limit: int = 16) -> AutoBudget | None:
     """None (`fixed`: each method's own draft size) or an `AutoBudget` over this model's measured cost curve,
     corrected by the run's step times (`auto`: it caps the method's own draft size per step, never raises it)."""
-    if kind == "fixed":
-        return None
-    from specgen.decoding.budget import AutoBudget
-    from specgen.decoding.cost import cost_of
-
-    return AutoBudget(limit, cost_of(model.module))
+    return None if kind == "fixed" else AutoBudget(limit, cost_of(model.module))

@@ -2,10 +2,12 @@
 
 A LoRA adapter is merged into its base's weights at load, W' = W + scale * (alpha / r) B A, so
 inference pays nothing. `scale` interpolates in weight space between the base (0) and the distilled
-model (1), as WiSE-FT does between a zero-shot and a fine-tuned model: on the tiny pcLLM recipe a
-smaller scale keeps answers closer to the original model's while the prompt-lookup branch still finds
-its drafts (docs/results/text.md, merge scale). An adapter's `merge_scale` (adapter.json) is the scale
-it is merged with by default.
+model (1), as WiSE-FT does between a zero-shot and a fine-tuned model: a smaller scale keeps answers
+closer to the original model's while the prompt-lookup branch still finds its drafts. An adapter's
+`merge_scale` (adapter.json) is the scale it is merged with by default.
+
+Importing this module registers `materialize_distilled` as the built-ins table's `lora-merge` maker
+(`builtins.DERIVERS`): the table names it without importing this layer above it.
 """
 
 from __future__ import annotations
@@ -14,20 +16,17 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 
-from specgen import checkpoints, registry
-from specgen.errors import UsageError
-from specgen.train.lora import merge_scale
+from specgen import builtins, checkpoints, registry
+from specgen.errors import CheckpointError, IncompatibleError, UsageError
+from specgen.models.tokenizer import TextTokenizer, copy_tokenizer, tokenizer_hash
+from specgen.train.lora import merge_lora_state, merge_scale
 
 
 def shipped_adapter(name: str) -> tuple[registry.Entry, dict[str, torch.Tensor]]:
     """(entry, float32 state) of the adapter shipped for built-in distilled target `name` (specgen/assets/text/)."""
-    from safetensors.torch import load_file
-
-    from specgen.builtins import ASSETS
-    from specgen.errors import CheckpointError
-
-    src = ASSETS / "text" / name
+    src = builtins.ASSETS / "text" / name
     if not (src / "adapter.json").is_file() or not (src / "adapter.safetensors").is_file():
         raise CheckpointError(f"the {name} adapter is not shipped in this build ({src}); "
                               "train it with its recipe in recipes/tiny/ and decode the "
@@ -39,37 +38,52 @@ def shipped_adapter(name: str) -> tuple[registry.Entry, dict[str, torch.Tensor]]
 
 def materialize_distilled(name: str, progress=None) -> registry.Entry:
     """Built-in target/<name> = its base text target with the LoRA adapter of `specgen/assets/text/<name>/` merged
-    in at the adapter's `merge_scale` (named by the built-ins table, `builtins.above`)."""
-    from specgen.builtins import asset_fingerprint
-
+    in at the adapter's `merge_scale` (the built-ins table's `lora-merge` maker)."""
     adapter, state = shipped_adapter(name)
     return register_merged(adapter, state, name, extra_meta={
         "source": f"specgen/assets/text/{name}", "created_by": "builtin",
-        "asset_sha": asset_fingerprint(f"text/{name}")}, progress=progress, force=True, builtin=True)
+        "asset_sha": builtins.asset_fingerprint(f"text/{name}")}, progress=progress, force=True, builtin=True)
+
+
+builtins.DERIVERS["lora-merge"] = materialize_distilled
 
 
 def adapter_source(source: str, progress=None) -> tuple[registry.Entry, dict[str, torch.Tensor] | None]:
     """An adapter to merge: a registry adapter entry (state read at merge), or a built-in distilled target's
     shipped adapter (`smollm2-135m-pcllm`)."""
-    from specgen.builtins import TEXT_DISTILLED
-
     builtin = source.removeprefix("target/")
-    if builtin in dict(TEXT_DISTILLED):
+    if builtin in dict(builtins.TEXT_DISTILLED):
         return shipped_adapter(builtin)
     entry = checkpoints.find(source, progress)
     if entry.kind != "adapter":
-        known = ", ".join(n for n, _ in TEXT_DISTILLED)
+        known = ", ".join(n for n, _ in builtins.TEXT_DISTILLED)
         raise UsageError(f"{entry.ref} is not a LoRA adapter; give adapter/<name> (from `specgen distill`) or one of {known}")
     return entry, None
+
+
+def merged_module(adapter: registry.Entry, base: registry.Entry, device: str = "cpu",
+                  state: dict | None = None, scale: float | None = None) -> tuple[torch.nn.Module, TextTokenizer]:
+    """`base` with the LoRA `adapter` merged in at `scale` (default: its `merge_scale`, else 1); refuses an adapter
+    trained for another base (one line)."""
+    registry.check_pair(adapter, base)
+    tokenizer = TextTokenizer.load(base.path)
+    want = adapter.meta.get("tokenizer_hash")
+    if want and want != tokenizer_hash(tokenizer):
+        raise IncompatibleError(f"{adapter.ref} was trained with tokenizer {want}, but {base.ref} has "
+                                f"{tokenizer_hash(tokenizer)}")
+    module = checkpoints.load_module(base, device)
+    try:
+        merge_lora_state(module, registry.read_state(adapter) if state is None else state,
+                         adapter.meta["lora_rank"], adapter.meta["lora_alpha"] * merge_scale(adapter.meta, scale))
+    except (ValueError, KeyError) as e:
+        raise IncompatibleError(f"{adapter.ref} does not fit {base.ref}: {e}") from None
+    return module.eval(), tokenizer
 
 
 def register_merged(adapter: registry.Entry, state: dict | None, name: str, scale: float | None = None,
                     extra_meta: dict | None = None, progress=None, force: bool = False,
                     builtin: bool = False) -> registry.Entry:
     """Register target/<name> = the adapter's base with the adapter merged at `scale` (default: its merge_scale)."""
-    from specgen.models.tokenizer import copy_tokenizer
-    from specgen.text.target import merged_module
-
     s = merge_scale(adapter.meta, scale)
     base = checkpoints.find(adapter.meta.get("parent", ""), progress)
     if base.meta.get("modality", "text") != "text" or not base.meta.get("tokenizer"):

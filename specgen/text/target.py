@@ -11,6 +11,7 @@ from specgen.decoding.target import ModelTarget
 from specgen.errors import UsageError
 from specgen.models.layout import decode_layout
 from specgen.models.tokenizer import TextTokenizer
+from specgen.text.merge import merged_module  # also registers the built-in distilled targets' maker (builtins)
 
 
 @dataclass
@@ -80,26 +81,3 @@ def load_original(model: TextModel, device: str = "cpu") -> TextModel:
         return model
     info = model.entry.meta.get("quantized")
     return load_text_model(info["base"] if info else model.entry.ref, device)
-
-
-def merged_module(adapter: registry.Entry, base: registry.Entry, device: str = "cpu",
-                  state: dict | None = None, scale: float | None = None) -> tuple[torch.nn.Module, TextTokenizer]:
-    """`base` with the LoRA `adapter` merged in at `scale` (default: its `merge_scale`, else 1; text/merge.py);
-    refuses an adapter trained for another base (one line)."""
-    from specgen.errors import IncompatibleError
-    from specgen.models.tokenizer import tokenizer_hash
-    from specgen.train.lora import merge_lora_state, merge_scale
-
-    registry.check_pair(adapter, base)
-    tokenizer = TextTokenizer.load(base.path)
-    want = adapter.meta.get("tokenizer_hash")
-    if want and want != tokenizer_hash(tokenizer):
-        raise IncompatibleError(f"{adapter.ref} was trained with tokenizer {want}, but {base.ref} has "
-                                f"{tokenizer_hash(tokenizer)}")
-    module = checkpoints.load_module(base, device)
-    try:
-        merge_lora_state(module, registry.read_state(adapter) if state is None else state,
-                         adapter.meta["lora_rank"], adapter.meta["lora_alpha"] * merge_scale(adapter.meta, scale))
-    except (ValueError, KeyError) as e:
-        raise IncompatibleError(f"{adapter.ref} does not fit {base.ref}: {e}") from None
-    return module.eval(), tokenizer

@@ -45,13 +45,14 @@ def test_load_image_model_quantized_and_greedy_adt_tree_equals_ar():
     """The built-in tiny image GPT quantized at load (`dtype` may name the quantization, as benchmark rows do); its
     shipped EAGLE drafter runs at bfloat16 and the VQ at float32."""
     from specgen.image.generate import ImageGenConfig, generate_images, load_image_model
+    from specgen.request import parse_request
 
     im = load_image_model("tiny-image-gpt", dtype="int8")
     assert isinstance(im.model.layers[0].feed_forward.w13, QuantizedLinear)
     assert next(im.drafter_net.parameters()).dtype == BF16 and next(im.vq.parameters()).dtype == torch.float32
     base = dict(num=2, temperature=0.0, seed=0)
-    ar, px = generate_images(im, ImageGenConfig(method="ar", **base))
-    adt, _ = generate_images(im, ImageGenConfig(method="adt-tree", **base))
+    ar, px = generate_images(im, parse_request(ImageGenConfig(method="ar", **base), "image"))
+    adt, _ = generate_images(im, parse_request(ImageGenConfig(method="adt-tree", **base), "image"))
     assert [s.tokens for s in adt] == [s.tokens for s in ar]
     assert px.dtype == torch.float32 and px.shape[0] == 2
 

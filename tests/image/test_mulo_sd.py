@@ -216,11 +216,12 @@ def test_bench_rows_ablations_and_tau_sweep(mulo_registry, tmp_path):
 
 def test_shipped_mulo_sd_parts_fit():
     from specgen.image.generate import ImageGenConfig, generate_images, load_image_model
+    from specgen.request import parse_request
 
     low, up = checkpoints.find("tiny-image-gpt-lowres"), checkpoints.find("tiny-image-upsampler-2x")
     assert low.meta["grid"] == 8 and low.meta["vq"] == up.meta["vq"] == "tiny-image-vq" and up.meta["scale"] == 2
     im = load_image_model("tiny-image-gpt", need_drafter=False)
-    samples, px = generate_images(im, ImageGenConfig(method="mulo-sd", num=1, seed=0))
+    samples, px = generate_images(im, parse_request(ImageGenConfig(method="mulo-sd", num=1, seed=0), "image"))
     assert len(samples[0].tokens) == 256 and px.shape == (1, 3, 64, 64)
 
 

@@ -53,14 +53,18 @@ def test_bf16_mesh_target_runs_in_bf16(clouds):
 @pytest.mark.slow
 def test_load_mesh_model_in_bf16():
     """The built-in mesh backbone and its heads (stage 1: no adapter, so AR of the backbone is the reference) load in bfloat16 and decode."""
+    from dataclasses import replace
+
     from specgen.mesh.generate import MeshGenConfig, generate_meshes, load_conditions, load_mesh_model
+    from specgen.request import parse_request
 
     loaded = load_mesh_model(None, "xspecmesh-ca-tiny-s1", "cpu", "bfloat16")
     assert next(loaded.decoder.model.parameters()).dtype == BF16
     assert next(loaded.decoder.heads.parameters()).dtype == BF16
     cfg = MeshGenConfig(num=1, max_new_tokens=30, temperature=0.0, dtype="bfloat16")
     conds = load_conditions(None, 1, int(loaded.target.meta.get("num_points", 2048)), 0)
-    opts = XSpecMeshOptions(criterion="rejection", sampling="tree", top_k_tree=1)
-    xs = generate_meshes(loaded, conds, cfg, opts)
-    ar = generate_meshes(load_mesh_model(loaded.target.ref, None, "auto", "bfloat16"), conds, cfg, XSpecMeshOptions())
+    lossless = dict(criterion="rejection", sampling="tree", top_k_tree=1)
+    xs = generate_meshes(loaded, conds, parse_request(replace(cfg, method_options=lossless), "mesh"))
+    ar = generate_meshes(load_mesh_model(loaded.target.ref, None, "auto", "bfloat16"), conds,
+                         parse_request(replace(cfg, method="ar"), "mesh"))
     assert xs[0].tokens == ar[0].tokens and len(ar[0].tokens) > 0

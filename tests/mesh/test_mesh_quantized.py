@@ -49,14 +49,18 @@ def test_quantized_mesh_logits_are_close_to_the_float_model(clouds):  # noqa: F8
 @pytest.mark.slow
 def test_load_mesh_model_quantized():
     """The built-in mesh backbone and its stage-1 heads: int8 at load, XSpecMesh (lossless rule) equals AR."""
+    from dataclasses import replace
+
     from specgen.mesh.generate import MeshGenConfig, generate_meshes, load_conditions, load_mesh_model
-    from specgen.methods.xspecmesh import XSpecMeshOptions
+    from specgen.request import parse_request
 
     loaded = load_mesh_model(None, "xspecmesh-ca-tiny-s1", "cpu", quantize="int8")
     assert isinstance(loaded.decoder.model.decoder.layers[0].attention.wqkv, QuantizedLinear)
     assert next(loaded.decoder.heads.parameters()).dtype == BF16
     cfg = MeshGenConfig(num=1, max_new_tokens=30, temperature=0.0)
     conds = load_conditions(None, 1, int(loaded.target.meta.get("num_points", 2048)), 0)
-    xs = generate_meshes(loaded, conds, cfg, XSpecMeshOptions(criterion="rejection", sampling="tree", top_k_tree=1))
-    ar = generate_meshes(load_mesh_model(loaded.target.ref, None, "cpu", "int8"), conds, cfg, XSpecMeshOptions())
+    lossless = dict(criterion="rejection", sampling="tree", top_k_tree=1)
+    xs = generate_meshes(loaded, conds, parse_request(replace(cfg, method_options=lossless), "mesh"))
+    ar = generate_meshes(load_mesh_model(loaded.target.ref, None, "cpu", "int8"), conds,
+                         parse_request(replace(cfg, method="ar"), "mesh"))
     assert xs[0].tokens == ar[0].tokens and len(ar[0].tokens) > 0

@@ -1,0 +1,58 @@
+"""A decode request: a generate config with its method looked up once and its options validated once."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Generic, TypeVar
+
+from specgen.decoding.sampling import SamplingParams
+from specgen.devices import device_name
+from specgen.errors import UsageError
+from specgen.methods import MethodSpec, get_method
+from specgen.methods.options import BUDGET_DEFAULT
+
+C = TypeVar("C")  # a modality's recipe config (TextGenConfig, ImageGenConfig, MeshGenConfig)
+
+
+@dataclass(frozen=True)
+class DecodeRequest(Generic[C]):
+    """What every layer below a command reads: the recipe values as loaded (plain ranges such as batch_size >= 1
+    were checked once by `load_config`), the method's spec, its typed options (`MethodSpec.parse_options`), the
+    sampling params and the device with `auto` resolved. Nothing below looks the method up or checks it again."""
+
+    cfg: C
+    spec: MethodSpec
+    options: Any  # an instance of spec.options_type
+    params: SamplingParams
+    device: str
+
+    @property
+    def method(self) -> str:
+        return self.spec.name
+
+    @property
+    def budget(self) -> str:
+        """The loop's draft budget (`fixed` | `auto`); methods without the option run `fixed`."""
+        return asdict(self.options).get("budget", BUDGET_DEFAULT)
+
+    def with_cfg(self, **changes: Any) -> DecodeRequest[C]:
+        """The same method and options over the config with `changes` (a benchmark's temperatures, seeds, sizes)."""
+        cfg = replace(self.cfg, **changes)
+        return replace(self, cfg=cfg, params=SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p))
+
+    def builder_options(self) -> dict[str, Any]:
+        """The options as the dict-taking method builders read them (the loop's `budget` left out)."""
+        # TODO(typed options): pass self.options once the MethodSpec builders take the typed object
+        return {k: v for k, v in asdict(self.options).items() if k != "budget" and v is not None}
+
+
+def parse_request(cfg: C, modality: str, spec: MethodSpec | None = None) -> DecodeRequest[C]:
+    """`cfg` (a loaded recipe config with method, method_options, temperature, top_k, top_p, device) as a request
+    for `modality`; `spec`: the method already looked up by the caller (else looked up here, once)."""
+    spec = spec or get_method(cfg.method)
+    if not spec.runs_on(modality):
+        raise UsageError(f"method {spec.name} is for {spec.modality} models, not {modality} ones")
+    options = spec.parse_options(cfg.method_options)
+    params = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
+    return DecodeRequest(cfg, spec, options, params, device_name(cfg.device))
+
