@@ -21,6 +21,8 @@ FormatOpt = Annotated[Format, typer.Option("--format", "-f", help="Results on st
 SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Random seed (sampling, drafts, data).")]
 DeviceOpt = Annotated[Optional[str], typer.Option(
     "--device", help="cpu, cuda, cuda:N or auto (cuda when present, else cpu); a missing device is refused.")]
+GraphsOpt = Annotated[Optional[str], typer.Option(
+    "--graphs", help="auto, on or off: decode steps as CUDA-graph replays (auto: on for CUDA; on a CPU, on is refused).")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or tables on stderr.")]
 ModelOpt = Annotated[Optional[str], typer.Option("--model", "-m", help="Target: registry name, kind/name, or a checkpoint folder.")]
 MethodOpt = Annotated[Optional[str], typer.Option("--method", help="Decoding method (see `specgen generate --help`).")]

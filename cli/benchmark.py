@@ -10,8 +10,8 @@ import typer
 
 from cli import _output
 from cli._errors import command
-from cli._options import (ConfigOpt, DeviceOpt, DtypeOpt, Format, FormatOpt, ModelOpt, OverridesArg, QuantizeOpt,
-                          QuietOpt, SeedOpt, recipe_key)
+from cli._options import (ConfigOpt, DeviceOpt, DtypeOpt, Format, FormatOpt, GraphsOpt, ModelOpt, OverridesArg,
+                          QuantizeOpt, QuietOpt, SeedOpt, recipe_key)
 from specgen.errors import UnknownNameError, UsageError
 from specgen.eval.run_dir import RunDir
 
@@ -74,6 +74,7 @@ def benchmark(
                           "without loading a model; exit 1 if a check fails.")] = False,
     seed: SeedOpt = None,
     device: DeviceOpt = None,
+    graphs: GraphsOpt = None,
     dtype: DtypeOpt = None,
     quantize: QuantizeOpt = None,
     config: ConfigOpt = None,
@@ -96,7 +97,13 @@ def benchmark(
         raise UsageError(f"--quantize is for the humaneval suite (text targets), not {suite}")
     if batch_size is not None:  # every suite reads its batch sizes from its config
         overrides = [*(overrides or []), f"batch_sizes=[{','.join(map(str, parse_batch_sizes(batch_size)))}]"]
-    options = {k: v for k, v in locals().items() if k not in ("suite", "batch_size", "dry_run")}
+    if graphs is not None:  # every suite's config holds it (its loaders attach the captures); refused before loading
+        from specgen.devices import device_name  # start-up cost: torch, only when the flag is given
+        from specgen.models.graphs import check_mode
+
+        check_mode(graphs, device_name(device or recipe_key(config, overrides, "device") or "cpu"))
+        overrides = [*(overrides or []), f"graphs={graphs}"]
+    options = {k: v for k, v in locals().items() if k not in ("suite", "batch_size", "dry_run", "graphs")}
     importlib.import_module(SUITES[suite]).run(**options)
 
 

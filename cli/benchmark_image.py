@@ -34,7 +34,8 @@ def run(overrides=None, methods=None, model=None, limit=None, seed=None, device=
     cfg.device = benchmark_runs.process_device(cfg.device)
     if any(items_left(with_extra_rows(cfg), sink.records(), this)):
         im = load_image_model(cfg.model, cfg.drafter, cfg.device,
-                              need_drafter=any(m != "ar" for m in with_extra_rows(cfg).methods), dtype=cfg.dtype)
+                              need_drafter=any(m != "ar" for m in with_extra_rows(cfg).methods), dtype=cfg.dtype,
+                              graphs=cfg.graphs)
         steps = len([i for i in range(cfg.num) if this.owns(i)]) * len(cfg.temperatures)
         with _output.progress("benchmark images", steps, quiet or fmt == Format.json) as advance:
             # the machine label is read once the run has set its threads

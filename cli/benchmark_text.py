@@ -38,7 +38,7 @@ def run(overrides=None, methods=None, model=None, limit=None, offset=None, max_n
     cfg.device = benchmark_runs.process_device(cfg.device)
     if pending(cfg, sink, this):
         tm = load_text_model(cfg.model, cfg.device, _output.registry_progress(quiet), dtype=cfg.dtype,
-                             quantize=cfg.quantize)
+                             quantize=cfg.quantize, graphs=cfg.graphs)
         with _output.progress(f"benchmark {cfg.suite}", cfg.limit * len(cfg.batch_sizes),
                               quiet or fmt == Format.json) as advance:
             # the machine label is read once the run has set its threads

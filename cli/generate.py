@@ -10,8 +10,8 @@ from typing import Annotated, Optional
 import typer
 
 from cli._errors import command
-from cli._options import (ConfigOpt, DeviceOpt, DtypeOpt, Format, FormatOpt, MethodOpt, ModelOpt, OverridesArg,
-                          QuantizeOpt, QuietOpt, SeedOpt, recipe_key)
+from cli._options import (ConfigOpt, DeviceOpt, DtypeOpt, Format, FormatOpt, GraphsOpt, MethodOpt, ModelOpt,
+                          OverridesArg, QuantizeOpt, QuietOpt, SeedOpt, recipe_key)
 from specgen.errors import UsageError
 
 EPILOG = """examples:
@@ -63,12 +63,13 @@ class GenerateArgs:
     batch_size: int | None
     dtype: str | None
     quantize: str | None
+    graphs: str | None = None
 
     def sampling(self) -> dict:
         """The recipe keys every modality shares, as given (None: the recipe's or the default)."""
         return dict(model=self.model, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
                     seed=self.seed, device=self.device, batch_size=self.batch_size, dtype=self.dtype,
-                    quantize=self.quantize)
+                    quantize=self.quantize, graphs=self.graphs)
 
 
 #: GenerateArgs field -> (its flag, the modalities that read it); another modality's option is refused, not ignored
@@ -110,6 +111,7 @@ def generate(
                                    "batching; clamped to their number).")] = None,
     seed: SeedOpt = None,
     device: DeviceOpt = None,
+    graphs: GraphsOpt = None,
     dtype: DtypeOpt = None,
     quantize: QuantizeOpt = None,
     config: ConfigOpt = None,
@@ -129,7 +131,8 @@ def generate(
                          "take method_options.heads=NAME")
     args = GenerateArgs(model, list(prompt or []), prompts, max_new_tokens, temperature, top_k, top_p,
                         False if no_chat else None, seed, device, config, list(overrides or []), fmt, quiet,
-                        out_dir, num, classes, cfg_scale, point_clouds, captions, drafter, batch_size, dtype, quantize)
+                        out_dir, num, classes, cfg_scale, point_clouds, captions, drafter, batch_size, dtype, quantize,
+                        graphs)
     for field, (flag, modalities) in MODALITY_OPTIONS.items():
         if getattr(args, field) not in (None, []) and modality not in modalities:
             raise UsageError(f"{flag} is for {' and '.join(modalities)} models; this is "

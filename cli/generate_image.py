@@ -32,7 +32,7 @@ def run(args, spec: MethodSpec) -> None:
     req = parse_request(cfg, "image", spec)
     check_output_dir(Path(cfg.out_dir), "--out-dir")  # created with the first PNG: a failed run leaves no folder
     im = load_image_model(cfg.model, cfg.drafter, req.device, need_drafter=spec.name != "ar", dtype=cfg.dtype,
-                          quantize=cfg.quantize)
+                          quantize=cfg.quantize, graphs=cfg.graphs)
     conditions = image_conditions(im, cfg)  # checks classes/captions against the model before decoding
     with _output.progress(f"{spec.name}: images", len(conditions), args.quiet or args.fmt == Format.json) as advance:
         samples, pixels = generate_images(im, req, on_done=lambda i: advance(), conditions=conditions)

@@ -32,7 +32,7 @@ def run(args, spec: MethodSpec) -> None:
         raise UsageError("--num must be >= 1")
     opts = mesh_options(req)
     loaded = load_mesh_model(cfg.model, opts.heads if spec.name == "xspecmesh" else None, req.device, cfg.dtype,
-                             cfg.quantize)
+                             cfg.quantize, cfg.graphs)
     try:
         conds = load_conditions(args.point_clouds, cfg.num, int(loaded.target.meta.get("num_points", 2048)), cfg.seed,
                                 ProceduralSpec.from_meta(loaded.target.meta))

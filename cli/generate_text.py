@@ -26,7 +26,7 @@ def run(args, spec: MethodSpec) -> None:
         raise UsageError("no prompt given: use --prompt TEXT or --prompts FILE (or - for stdin)")
     model = model_for(spec, cfg.model, TextGenConfig.model)  # distilled methods: their model
     tm = load_text_model(model, req.device, _output.registry_progress(args.quiet), dtype=cfg.dtype,
-                         quantize=cfg.quantize)
+                         quantize=cfg.quantize, graphs=cfg.graphs)
     with _output.progress(spec.name, len(texts), args.quiet or args.fmt == Format.json) as advance:
         results = generate_text(tm, req, texts, on_done=lambda i: advance())
     for r in results:

@@ -10,6 +10,7 @@ from specgen.devices import device_name
 from specgen.errors import UsageError
 from specgen.methods import MethodSpec, get_method
 from specgen.methods.options import BUDGET_DEFAULT
+from specgen.models.graphs import check_mode
 
 C = TypeVar("C")  # a modality's recipe config (TextGenConfig, ImageGenConfig, MeshGenConfig)
 
@@ -54,5 +55,7 @@ def parse_request(cfg: C, modality: str, spec: MethodSpec | None = None) -> Deco
         raise UsageError(f"method {spec.name} is for {spec.modality} models, not {modality} ones")
     options = spec.parse_options(cfg.method_options)
     params = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
-    return DecodeRequest(cfg, spec, options, params, device_name(cfg.device))
+    device = device_name(cfg.device)
+    check_mode(cfg.graphs, device)  # before any model loads
+    return DecodeRequest(cfg, spec, options, params, device)
 

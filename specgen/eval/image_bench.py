@@ -76,6 +76,7 @@ class ImageBenchConfig:
     cfg_scale: float = 4.0
     seed: int = 0
     device: str = "cpu"  # cpu | cuda | cuda:N | auto
+    graphs: str = "auto"  # auto | on | off: CUDA-graph captured decode steps (auto: on for CUDA; models/graphs.py)
     dtype: str = "float32"  # the GPT's and drafter's weights, activations and KV cache (the VQ and classifier: float32)
     dtypes: dict = field(default_factory=dict)  # entry -> its own precision (e.g. {"ar@bf16": bfloat16, "ar@int8":
     #   int8}, int8/int4 = weight-only quantized GPT): rows at several precisions interleaved in one run; NLL is
@@ -249,7 +250,7 @@ def entry_models(im: ImageModel, cfg: ImageBenchConfig) -> dict[str, ImageModel]
     for entry, dtype in cfg.dtypes.items():
         if dtype not in by_dtype:
             by_dtype[dtype] = load_image_model(cfg.model, cfg.drafter, cfg.device, dtype=dtype,
-                                               need_drafter=im.drafter_net is not None)
+                                               need_drafter=im.drafter_net is not None, graphs=cfg.graphs)
     return {m: by_dtype[cfg.dtypes.get(m, cfg.dtype)] for m in cfg.methods}
 
 

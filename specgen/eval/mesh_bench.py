@@ -85,6 +85,7 @@ class MeshBenchConfig:
     seed: int = 0
     threads: int = 1
     device: str = "cpu"  # cpu | cuda | cuda:N | auto
+    graphs: str = "auto"  # auto | on | off: CUDA-graph captured decode steps (auto: on for CUDA; models/graphs.py)
     dtype: str = "float32"  # backbone and heads: weights, activations, KV cache (LoRA merged in float32 first)
     dtypes: dict = field(default_factory=dict)  # row label -> its own dtype: rows at several precisions in one run
 
@@ -211,9 +212,9 @@ def measure_meshes(cfg: MeshBenchConfig, sink=None, shard: Shard = Shard(), on_m
     sink.start_shard(shard)
     params = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
     dtype_of = {v.label: cfg.dtypes.get(v.label, cfg.dtype) for v in vs}
-    loaded = {(h, d): load_mesh_model(cfg.model, h, cfg.device, d)
+    loaded = {(h, d): load_mesh_model(cfg.model, h, cfg.device, d, graphs=cfg.graphs)
               for h, d in dict.fromkeys((v.heads, dtype_of[v.label]) for v in vs)}  # once per (heads, dtype)
-    ar = loaded.get((None, cfg.dtype)) or load_mesh_model(cfg.model, None, cfg.device, cfg.dtype)
+    ar = loaded.get((None, cfg.dtype)) or load_mesh_model(cfg.model, None, cfg.device, cfg.dtype, graphs=cfg.graphs)
     own = {v.label: loaded[v.heads, dtype_of[v.label]] for v in vs}
     decoders = {v.label: MeshDecoder(own[v.label].decoder.model, None, own[v.label].decoder.eos_id) if v.plain
                 else own[v.label].decoder for v in vs}

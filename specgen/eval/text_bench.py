@@ -72,6 +72,7 @@ class TextBenchConfig:
     max_new_tokens: int = 128
     seed: int = 0
     device: str = "cpu"
+    graphs: str = "auto"  # auto | on | off: CUDA-graph captured decode steps (auto: on for CUDA; models/graphs.py)
     threads: int = 0  # 0 = torch default
     warmup: bool = True  # one discarded run of every method before timing
     execute: bool = True  # run pass@1 (subprocesses)
@@ -324,7 +325,7 @@ def measure(model: TextModel, cfg: TextBenchConfig, sink=None, shard: Shard = Sh
     prompts = [model.tokenizer.encode(humaneval.build_user_message(q)) for q in problems]
     models = {cfg.model: model}
     for name in {p.meta[m]["model"] for m in p.order} - {cfg.model}:
-        models[name] = load_text_model(name, cfg.device)
+        models[name] = load_text_model(name, cfg.device, graphs=cfg.graphs)
         check_same_tokenizer(model, models[name])
     for row in rows.values():  # a row's assets (a static n-gram cache) fit the models' one tokenizer
         if row.spec.model_check is not None:

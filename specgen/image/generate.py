@@ -21,6 +21,7 @@ from specgen.image.captions import Caption, read_captions
 from specgen.image.methods import ImageParts, build_image_method
 from specgen.image.target import cfg_target
 from specgen.methods import run_batch
+from specgen.models.graphs import attach
 from specgen.models.layout import decode_layout
 from specgen.paths import link_into_place
 from specgen.request import DecodeRequest
@@ -43,6 +44,7 @@ class ImageGenConfig:
     top_p: float = 1.0
     seed: int = 0
     device: str = "cpu"  # cpu | cuda | cuda:N | auto (specgen/devices.py)
+    graphs: str = "auto"  # auto | on | off: CUDA-graph captured decode steps (auto: on for CUDA; models/graphs.py)
     dtype: str | None = None  # float32 | bfloat16 | float16: GPT's and drafter's weights, activations, KV cache
     #                           (default float32; bfloat16 when quantized)
     quantize: str | None = None  # int8 | int4: the GPT's block weights, weight-only, quantized at load (CPU)
@@ -75,7 +77,7 @@ class ImageModel:
 
 
 def load_image_model(name: str, drafter: str = "", device: str = "cpu", need_drafter: bool = True,
-                     dtype: str | None = None, quantize: str | None = None) -> ImageModel:
+                     dtype: str | None = None, quantize: str | None = None, graphs: str = "auto") -> ImageModel:
     """Target + VQ (+ drafter), with compatibility checks (codebook size, drafter parent).
 
     `device`: cpu, cuda, cuda:N or auto. `dtype` (float32 | bfloat16 | float16; None = float32) is the GPT's and the
@@ -111,6 +113,8 @@ def load_image_model(name: str, drafter: str = "", device: str = "cpu", need_dra
         registry.check_pair(d_entry, entry)
         net = decode_layout(checkpoints.load_module(d_entry, device, torch_dtype))
     grid = int(entry.meta.get("grid") or model.cfg.rope_grid)
+    for module in (model, net) if net is not None else (model,):  # captured steps on CUDA (models/graphs.py)
+        attach(module, graphs)
     return ImageModel(entry, model, vq, list(entry.meta.get("classes", [])), grid, net)
 
 

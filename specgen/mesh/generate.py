@@ -25,6 +25,7 @@ from specgen.mesh.procedural import MESH_SUFFIXES, ProceduralSpec, generate_mesh
 from specgen.mesh.quantize import normalize_bbox
 from specgen.mesh.tokenizers import BPTTokenizer
 from specgen.methods.xspecmesh import XSpecMeshOptions, load_mesh as load_mesh_parts
+from specgen.models.graphs import attach
 from specgen.models.layout import decode_layout
 from specgen.request import DecodeRequest
 from specgen.text.precision import in_memory, load_precision
@@ -46,6 +47,7 @@ class MeshGenConfig:
     top_p: float = 0.95
     seed: int = 0
     device: str = "cpu"  # cpu | cuda | cuda:N | auto (specgen/devices.py)
+    graphs: str = "auto"  # auto | on | off: CUDA-graph captured decode steps (auto: on for CUDA; models/graphs.py)
     dtype: str | None = None  # float32 | bfloat16 | float16: backbone's and heads' weights, activations, KV cache
     #                           (default float32; bfloat16 when quantized)
     quantize: str | None = None  # int8 | int4: the backbone decoder's weights, weight-only, quantized at load (CPU)
@@ -170,7 +172,7 @@ def decode_tokens(tokens: list[int]) -> tuple[np.ndarray | None, np.ndarray | No
 
 
 def load_mesh_model(target: str | None = None, heads: str | None = None, device: str = "cpu",
-                    dtype: str | None = None, quantize: str | None = None):
+                    dtype: str | None = None, quantize: str | None = None, graphs: str = "auto"):
     """`methods.xspecmesh.load_mesh` on `device` (cpu, cuda, cuda:N or auto) in `dtype` (float32 | bfloat16 |
     float16; None = float32): the backbone's and the heads' weights, activations and KV cache (the cache follows
     the weights; point clouds are cast on entry, `mesh/target.py`). A LoRA adapter is merged in float32 first.
@@ -191,6 +193,7 @@ def load_mesh_model(target: str | None = None, heads: str | None = None, device:
         decode_layout(loaded.decoder.model.to(torch_dtype))  # re-measured for the new dtype's kernels
         if loaded.decoder.heads is not None:
             loaded.decoder.heads.to(torch_dtype)
+    attach(loaded.decoder.model.decoder, graphs)  # captured steps on CUDA (models/graphs.py)
     return loaded
 
 

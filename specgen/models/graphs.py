@@ -316,15 +316,27 @@ def kinds() -> dict[type, StepKind]:
     return {Transformer: StepKind(target_step), EagleNet: StepKind(eagle_step, features=True, exact_trees=False)}
 
 
+def mode_of(value) -> str:
+    """A `graphs` value as a mode: YAML reads a recipe's (or an override's) bare `on` / `off` as true / false."""
+    return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
+
+
+def check_mode(mode: str, device: str) -> None:
+    """`--graphs` in one line: a known mode, and `on` only where CUDA graphs exist."""
+    mode = mode_of(mode)
+    if mode not in MODES:
+        raise UsageError(f"--graphs {mode!r}: use one of {', '.join(MODES)}")
+    if mode == "on" and torch.device(device).type != "cuda":
+        raise UsageError("--graphs on needs a CUDA device (CUDA graphs); on a CPU use --graphs auto or off")
+
+
 def attach(model, mode: str = "auto", capture: bool | None = None, attention: str = "chunked") -> StepGraphs | None:
     """Give `model` (a Transformer or an EAGLE drafter) captured steps per `mode` (auto: on CUDA; on: CUDA or a
     one-line refusal; off: none); a CUDA torch that cannot capture runs eagerly with one warning. `capture=False`
     runs the static steps uncaptured (the CPU tests)."""
-    if mode not in MODES:
-        raise UsageError(f"--graphs {mode!r}: use one of {', '.join(MODES)}")
-    on_cuda = next(model.parameters()).device.type == "cuda"
-    if mode == "on" and not on_cuda and capture is not False:
-        raise UsageError("--graphs on needs a CUDA device (CUDA graphs); on a CPU use --graphs auto or off")
+    mode, device = mode_of(mode), next(model.parameters()).device
+    on_cuda = device.type == "cuda"
+    check_mode(mode, "cuda" if capture is False else str(device))  # capture=False: the static steps on any device
     model.graphs = None
     if mode == "off" or (mode == "auto" and not on_cuda and capture is not False):
         return None

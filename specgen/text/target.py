@@ -9,6 +9,7 @@ import torch
 from specgen import checkpoints, registry
 from specgen.decoding.target import ModelTarget
 from specgen.errors import UsageError
+from specgen.models.graphs import attach
 from specgen.models.layout import decode_layout
 from specgen.models.tokenizer import TextTokenizer
 from specgen.text.merge import merged_module  # also registers the built-in distilled targets' maker (builtins)
@@ -27,7 +28,7 @@ class TextModel:
 
 
 def load_text_model(name: str, device: str = "cpu", progress=None, decode: bool = True,
-                    dtype: str | None = None, quantize: str | None = None) -> TextModel:
+                    dtype: str | None = None, quantize: str | None = None, graphs: str = "auto") -> TextModel:
     """Resolve `name` in the registry (materialising built-ins) and load it for decoding.
 
     A LoRA adapter entry (`adapter/<name>`, written by `specgen distill`) loads its parent target
@@ -72,6 +73,8 @@ def load_text_model(name: str, device: str = "cpu", progress=None, decode: bool 
         decode_layout(module)
     target = ModelTarget(module)
     target.device = device
+    if decode:
+        attach(module, graphs)  # captured steps on CUDA (models/graphs.py); nothing changes on a CPU with auto
     return TextModel(module, target, tokenizer, entry, quantize or dtype)
 
 

@@ -136,3 +136,17 @@ def test_image_trees_with_captured_drafter_levels_decode_what_eager_ar_decodes(m
                         SamplingParams(), batch_size=batch)
         assert [r.tokens for r in got.results] == [r.tokens for r in eager.results]
     assert net.graphs.replays > 0 and net.graphs.eager_calls == 0 and model.graphs.eager_calls == 0
+
+
+@pytest.mark.parametrize("args,line", [
+    (["generate", "--graphs", "on", "--prompt", "hi"], "--graphs on needs a CUDA device"),
+    (["generate", "--graphs", "maybe", "--prompt", "hi"], "--graphs 'maybe': use one of auto, on, off"),
+    (["benchmark", "--graphs", "on", "--limit", "1"], "--graphs on needs a CUDA device"),
+])
+def test_graphs_flag_refusals_are_one_line_before_any_model_loads(args, line):
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 2 and line in r.output and "Traceback" not in r.output
