@@ -181,11 +181,17 @@ def test_captured_image_trees_decode_what_eager_ar_decodes():
     """The shipped tiny image GPT on CUDA, float32, T 0: EAGLE-2 and ADT-Tree verifies replayed from graphs equal AR."""
     from specgen.image.generate import ImageGenConfig, generate_images, load_image_model
     from specgen.models import graphs
+    from specgen.request import parse_request
 
-    im = load_image_model("tiny-image-gpt", device="cuda")
-    ar = generate_images(im, ImageGenConfig(method="ar", num=2, temperature=0.0, device="cuda"))[0]
+    def images(method):
+        return generate_images(im, parse_request(ImageGenConfig(method=method, num=2, temperature=0.0,
+                                                                device="cuda"), "image"))[0]
+
+    im = load_image_model("tiny-image-gpt", device="cuda", graphs="off")
+    ar = images("ar")
     graphs.attach(im.model, "on")
+    graphs.attach(im.drafter_net, "on")
     for method in ("ar", "eagle2", "adt-tree"):
-        got = generate_images(im, ImageGenConfig(method=method, num=2, temperature=0.0, device="cuda"))[0]
+        got = images(method)
         assert [s.tokens for s in got] == [s.tokens for s in ar], method
     assert im.model.graphs.replays > 0

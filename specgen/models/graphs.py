@@ -126,8 +126,9 @@ def target_step(model, x: StaticInputs, k: torch.Tensor, v: torch.Tensor, cross,
     rot = rotation(model.rope_table[x.positions].to(h.dtype), model.cfg.rope_layout)
     mask = ATTENTION[attention](visibility(x, k.shape[3]), model.cfg, h.dtype)
     cache = static_cache(x, k, v)
-    for i, blk in enumerate(model.layers):
-        h = blk(h, rot, i, cache, mask, False, None if cross is None else cross[i])
+    r = x.tokens.shape[0]
+    for i, blk in enumerate(model.layers):  # a condition's rows: the bucket's first R of the static buffer
+        h = blk(h, rot, i, cache, mask, False, None if cross is None else (cross[i][0][:r], cross[i][1][:r]))
     hidden = model.norm(h)
     return model.output(hidden), hidden
 

@@ -150,3 +150,17 @@ def test_graphs_flag_refusals_are_one_line_before_any_model_loads(args, line):
 
     r = CliRunner().invoke(app, args)
     assert r.exit_code == 2 and line in r.output and "Traceback" not in r.output
+
+
+def test_mesh_steps_with_conditions_decode_what_eager_decodes_at_batch_2():
+    """Cross-attention conditions live in static buffers of the batch's rows; a bucket of fewer rows (a row left)
+    reads its own rows of them."""
+    from specgen.eval.mesh_bench import benchmark_clouds
+    from specgen.mesh.generate import load_mesh_model
+
+    loaded = load_mesh_model(graphs="off")
+    clouds = [pc for _, pc in benchmark_clouds(loaded.target.meta, 3)]
+    eager = [r.tokens for r in loaded.decoder.generate_batch(clouds, SamplingParams(), 24, batch_size=2)]
+    graphs.attach(loaded.decoder.model.decoder, "on", capture=False)
+    got = [r.tokens for r in loaded.decoder.generate_batch(clouds, SamplingParams(), 24, batch_size=2)]
+    assert got == eager and loaded.decoder.model.decoder.graphs.replays > 0
