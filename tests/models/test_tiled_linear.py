@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from specgen import native
 from specgen.decoding.target import ModelTarget
-from specgen.models import kernel_choice
+from specgen.models import kernel_choice, plan_cache
 from specgen.models.kernel_choice import Timing
 from specgen.models.layout import decode_layout
 from specgen.native import tiled_linear
@@ -134,6 +134,7 @@ def verify_vs_steps(monkeypatch, timing) -> tuple[torch.Tensor, torch.Tensor]:
     on a tiny float32 model whose kernel plan comes from `timing`."""
     monkeypatch.setattr(kernel_choice, "time_passes", lambda *a, **k: timing)
     monkeypatch.setattr(kernel_choice, "_MEASURED", {})
+    plan_cache.path().unlink(missing_ok=True)  # `timing` is this call's measurement, not a stored one
     monkeypatch.delenv(kernel_choice.ENV, raising=False)
     target = ModelTarget(decode_layout(tiny_model(0), "packed"))
     prompt, tokens = torch.tensor([[3, 1, 4, 1]]), torch.tensor([[5, 9, 2, 6, 5]])
