@@ -36,8 +36,9 @@ def path() -> Path:
 
 
 def key(signature: tuple, threads: int) -> str:
+    """machine | threads | a digest of the weight shapes and dtypes (a decoder lists hundreds)."""
     shapes = ";".join(f"{i}x{o}:{str(d).removeprefix('torch.')}" for i, o, d in signature)
-    return f"{machine()}|{threads}|{shapes}"
+    return f"{machine()}|{threads}|{hashlib.sha256(shapes.encode()).hexdigest()[:16]}"
 
 
 def read() -> dict:
