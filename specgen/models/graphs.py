@@ -173,9 +173,14 @@ class StepGraphs:
     def capacity(self) -> int:
         return 0 if self.k is None else self.k.shape[1] - 1
 
+    def __deepcopy__(self, memo: dict) -> None:
+        """A copied module runs eagerly: these captures read the original's parameters and buffers."""
+        return None
+
     def new_cache(self, batch: int, max_len: int) -> KVCache:
         """A cache over the static buffer's first `batch` rows, with room for the largest node bucket's padding;
-        lengths are rounded up so that later calls of similar sizes keep the captures."""
+        lengths are rounded up so that later calls of similar sizes keep the captures. Every cache handed out shares
+        the one buffer: a module decodes one batch at a time (the loop's cache, or one drafter pool's)."""
         need = -(-(max_len + NODE_BUCKETS[-1]) // 512) * 512
         if self.k is None or batch > self.capacity or need > self.k.shape[3]:
             self.reset()

@@ -164,3 +164,11 @@ def test_mesh_steps_with_conditions_decode_what_eager_decodes_at_batch_2():
     graphs.attach(loaded.decoder.model.decoder, "on", capture=False)
     got = [r.tokens for r in loaded.decoder.generate_batch(clouds, SamplingParams(), 24, batch_size=2)]
     assert got == eager and loaded.decoder.model.decoder.graphs.replays > 0
+
+
+def test_a_copied_model_runs_eagerly():
+    import copy
+
+    model = tiny_model(0)
+    graphs.attach(model, "on", capture=False)
+    assert copy.deepcopy(model).graphs is None and model.graphs is not None
