@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The checks a CUDA machine runs (the project's CI has none), in one call of under 10 minutes: the gpu-marked tests,
 # captured steps against eager ones and the peers (`gpu_graphs.py`: text, image, mesh, paper shapes; its table is the
-# summary printed last) and host syncs per decode step. More steps by name: images, meshes, batch-throughput,
+# summary printed last), the captured step's attention (chunked vs SDPA: speed, and bitwise AR = verify in bf16) and
+# host syncs per decode step. More steps by name: images, meshes, batch-throughput,
 # auto-trace. Each step has its own time limit and log under $OUT (default runs/gpu-check); a failing step does not
 # stop the next.
 #
@@ -20,7 +21,7 @@ printf '#!/bin/sh\nexec python3 -m cli.main "$@"\n' >/tmp/specgen-bin/specgen &&
 export PATH=/tmp/specgen-bin:$PATH PYTHONPATH=${PYTHONPATH:-$PWD}
 step() {  # step NAME SECONDS COMMAND...: run with a limit, log to $OUT/NAME.log, print the tail
     local name=$1 limit=$2; shift 2
-    case " ${ONLY:-gpu-tests graphs sync-count} " in *" $name "*) ;; *) return ;; esac
+    case " ${ONLY:-gpu-tests graphs attention sync-count} " in *" $name "*) ;; *) return ;; esac
     echo "== $name"
     local t0=$SECONDS
     timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
@@ -30,7 +31,8 @@ step() {  # step NAME SECONDS COMMAND...: run with a limit, log to $OUT/NAME.log
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name())'
 [ -n "$SKIP_TESTS" ] || step gpu-tests 120 python3 -m pytest -m gpu tests -q -p no:cacheprovider
-step graphs 300 python3 scripts/gpu_graphs.py --json "$OUT/graphs.json"
+step graphs 300 python3 scripts/gpu_graphs.py --only text,image,mesh,scale --json "$OUT/graphs.json"
+step attention 90 python3 scripts/gpu_graphs.py --only attention --json "$OUT/attention.json"
 step sync-count 120 python3 scripts/gpu_sync_count.py --device cuda
 step images 150 specgen benchmark --config recipes/tiny/bench-images-batch.yaml --device cuda --threads 0 \
     --batch-size 1,8 num=8 out_dir=/tmp/gpu-check-images --out "$OUT/images.jsonl"
@@ -42,3 +44,4 @@ step auto-trace 100 python3 scripts/auto_budget_trace.py --device cuda --method 
 echo "== summary"
 grep -E "passed|failed" "$OUT/gpu-tests.log" 2>/dev/null | tail -n 1
 sed -n '/^| suite /,$p' "$OUT/graphs.log" 2>/dev/null
+sed -n '/^| suite /,$p' "$OUT/attention.log" 2>/dev/null | tail -n +3
