@@ -64,6 +64,7 @@ class GenerateArgs:
     dtype: str | None
     quantize: str | None
     graphs: str | None = None
+    stream: bool | None = None  # None: not given (another modality's flag is refused only when given)
 
     def sampling(self) -> dict:
         """The recipe keys every modality shares, as given (None: the recipe's or the default)."""
@@ -75,6 +76,7 @@ class GenerateArgs:
 #: GenerateArgs field -> (its flag, the modalities that read it); another modality's option is refused, not ignored
 MODALITY_OPTIONS = {
     "prompts": ("--prompt", ("text",)), "prompts_file": ("--prompts", ("text",)), "chat": ("--no-chat", ("text",)),
+    "stream": ("--stream", ("text",)),
     "max_new_tokens": ("--max-new-tokens", ("text", "mesh")), "out_dir": ("--out-dir", ("image", "mesh")),
     "num": ("--num", ("image", "mesh")), "classes": ("--classes", ("image",)), "cfg_scale": ("--cfg-scale", ("image",)),
     "captions": ("--captions", ("image",)), "point_clouds": ("--point-clouds", ("mesh",)),
@@ -114,6 +116,10 @@ def generate(
     graphs: GraphsOpt = None,
     dtype: DtypeOpt = None,
     quantize: QuantizeOpt = None,
+    stream: Annotated[bool, typer.Option(
+        "--stream", help='[text] Completions on stdout as JSON lines {"row": i, "text": piece} as tokens are '
+                         "accepted (a speculative step's run at once); the pieces of a row, joined, are its "
+                         "completion.")] = False,
     config: ConfigOpt = None,
     fmt: FormatOpt = Format.table,
     quiet: QuietOpt = False,
@@ -132,7 +138,7 @@ def generate(
     args = GenerateArgs(model, list(prompt or []), prompts, max_new_tokens, temperature, top_k, top_p,
                         False if no_chat else None, seed, device, config, list(overrides or []), fmt, quiet,
                         out_dir, num, classes, cfg_scale, point_clouds, captions, drafter, batch_size, dtype, quantize,
-                        graphs)
+                        graphs, stream or None)
     for field, (flag, modalities) in MODALITY_OPTIONS.items():
         if getattr(args, field) not in (None, []) and modality not in modalities:
             raise UsageError(f"{flag} is for {' and '.join(modalities)} models; this is "

@@ -27,9 +27,10 @@ def run(args, spec: MethodSpec) -> None:
     model = model_for(spec, cfg.model, TextGenConfig.model)  # distilled methods: their model
     tm = load_text_model(model, req.device, _output.registry_progress(args.quiet), dtype=cfg.dtype,
                          quantize=cfg.quantize, graphs=cfg.graphs)
-    with _output.progress(spec.name, len(texts), args.quiet or args.fmt == Format.json) as advance:
-        results = generate_text(tm, req, texts, on_done=lambda i: advance())
-    for r in results:
+    on_text = (lambda i, text: _output.emit_json({"row": i, "text": text})) if args.stream else None
+    with _output.progress(spec.name, len(texts), args.quiet or args.fmt == Format.json or args.stream) as advance:
+        results = generate_text(tm, req, texts, on_done=lambda i: advance(), on_text=on_text)
+    for r in [] if args.stream else results:  # streamed: the pieces were the output
         if args.fmt == Format.json:
             _output.emit_json({"prompt": r.prompt, "completion": r.completion, "method": spec.name,
                                "model": tm.entry.ref, "token_ids": r.token_ids, "stats": r.stats})

@@ -65,6 +65,7 @@ class Row:
     out: list[int] = field(default_factory=list)
     stats: DecodeStats = field(default_factory=DecodeStats)
     done: bool = False
+    streamed: int = 0  # tokens of `out` already given to `on_tokens`
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,7 @@ class Run:
     branches: int  # cache rows per sequence (CFG: cond + uncond)
     device: torch.device | str
     on_done: Callable[[int], None] | None
+    on_tokens: Callable[[int, list[int]], None] | None = None  # (prompt index, tokens just emitted) as they come
 
 
 def decode(
@@ -123,15 +125,18 @@ def decode_batch(
     rule: Rule | None = None,
     budget: DraftBudget | None = None,
     on_done: Callable[[int], None] | None = None,
+    on_tokens: Callable[[int, list[int]], None] | None = None,
 ) -> BatchResult:
     """Decode every prompt, at most `batch_size` (0: all) at a time, under the policy of `drafters` (`as_policy`).
 
     `generators[i]` is prompt i's random stream (sampling stays lossless per row); `budget` caps draft
-    sizes by the number of live rows (default: `max_draft`); `on_done(i)` is called when prompt i finishes.
+    sizes by the number of live rows (default: `max_draft`); `on_done(i)` is called when prompt i finishes;
+    `on_tokens(i, tokens)` as prompt i emits tokens (a speculative step's accepted run at once), never past its stop
+    token or budget: what it is given, concatenated, is the row's result.
     """
     if not prompts:
         return BatchResult([], DecodeStats())
-    run = Run(params, tuple(stop_ids), max_new_tokens, max_draft, target.branches, target.device, on_done)
+    run = Run(params, tuple(stop_ids), max_new_tokens, max_draft, target.branches, target.device, on_done, on_tokens)
     batch = Batch(target, as_policy(drafters, rule, budget, max_draft), prompts, generators, batch_size, run)
     while batch.refill():  # 0. retire finished rows, prefill queued prompts into free slots
         before = batch.elapsed()
@@ -188,6 +193,7 @@ class Batch:
             policy.admit(slot, i, row.prompt, first)
             row.out.extend(policy.start(slot, first, self.run.params, row.generator, row.stats))
         row.done = self.ends(row, row.out, False)
+        self.stream(row)
         return row
 
     def ends(self, row: Row, emitted: list[int], policy_ends: bool) -> bool:
@@ -281,6 +287,16 @@ class Batch:
         for i, (r, st) in enumerate(zip(self.slots, steps)):
             r.out.extend(st.tokens)
             r.done = self.ends(r, st.tokens, self.policy.finished(i))
+            self.stream(r)
+
+    def stream(self, row: Row) -> None:
+        """Give `on_tokens` the row's new tokens, cut where its result will be cut (stop token, budget)."""
+        if self.run.on_tokens is None:
+            return
+        visible = truncate(row.out, self.run.max_new_tokens, self.run.stop_ids)
+        if len(visible) > row.streamed:
+            self.run.on_tokens(row.index, visible[row.streamed :])
+            row.streamed = len(visible)
 
     def result(self) -> BatchResult:
         self.total.new_tokens = sum(len(r.tokens) for r in self.results)

@@ -149,7 +149,7 @@ def model_for(spec: MethodSpec, model: str, default: str) -> str:
 
 def run_batch(target, make_drafter: Callable[[int], Any], prompts: list[list[int]], max_new_tokens: int, params,
               stop_ids: tuple[int, ...] = (), generators=None, batch_size: int = 0, on_done=None, rule=None,
-              budget=None, max_draft: int = 256):
+              budget=None, max_draft: int = 256, on_tokens=None):
     """Decode `prompts` together on the shared batched loop (`decoding.loop.decode_batch`); a `BatchResult`.
 
     `make_drafter(i)` builds prompt i's drafter (a `DrafterBase`): the first one says which step policy runs the
@@ -159,4 +159,4 @@ def run_batch(target, make_drafter: Callable[[int], Any], prompts: list[list[int
     policy = first.step_policy(lambda i: first if i == 0 else make_drafter(i), target, rule or judge,
                           budget or FixedBudget(max_draft))
     return decode_batch(target, policy, prompts, max_new_tokens, params, stop_ids, generators, batch_size=batch_size,
-                        max_draft=max_draft, on_done=on_done)
+                        max_draft=max_draft, on_done=on_done, on_tokens=on_tokens)

@@ -45,10 +45,11 @@ class TextResult:
 
 
 def generate_text(model: TextModel, req: DecodeRequest[TextGenConfig], prompts: list[str],
-                  on_done=None) -> list[TextResult]:
+                  on_done=None, on_text=None) -> list[TextResult]:
     """Decode every prompt with the request's method, `batch_size` at a time; `on_done(i)` is called as prompt i
-    finishes. Prompt i samples from its own generator (seed + i), so its output does not depend on the batch size.
-    """
+    finishes, `on_text(i, text)` with each piece of prompt i's completion as it is accepted (the pieces, joined, are
+    its completion). Prompt i samples from its own generator (seed + i), so its output does not depend on the batch
+    size."""
     cfg = req.cfg
     if req.spec.model_check is not None:  # method assets (a static n-gram cache) must fit this model's tokenizer
         req.spec.model_check(req.options, model.tokenizer)
@@ -58,9 +59,17 @@ def generate_text(model: TextModel, req: DecodeRequest[TextGenConfig], prompts: 
     generators = [torch.Generator().manual_seed(cfg.seed + i) for i in range(len(prompts))]
     # the drafter's seed: method_options.seed when given (checked with the options), else the run's
     options = {**req.builder_options(), "seed": cfg.method_options.get("seed", cfg.seed)}
+    stream = None if on_text is None else TextStream(model.tokenizer, len(prompts), on_text)
+
+    def done(i: int) -> None:  # a finished row's held-back text first, then the caller's notice
+        if stream is not None:
+            stream.flush(i)
+        if on_done is not None:
+            on_done(i)
+
     batch = run_batch(model.target, lambda i: req.spec.make_drafter(options), ids, cfg.max_new_tokens, req.params,
-                      model.tokenizer.stop_ids, generators, cfg.batch_size, on_done=on_done,
-                      budget=draft_budget(model, req.budget))
+                      model.tokenizer.stop_ids, generators, cfg.batch_size, on_done=done,
+                      budget=draft_budget(model, req.budget), on_tokens=stream)
     return [TextResult(p, model.tokenizer.decode(r.tokens), r.tokens, r.stats.summary())
             for p, r in zip(prompts, batch.results)]
 
@@ -69,3 +78,29 @@ def draft_budget(model: TextModel, kind: str, limit: int = 16) -> AutoBudget | N
     """None (`fixed`: each method's own draft size) or an `AutoBudget` over this model's measured cost curve,
     corrected by the run's step times (`auto`: it caps the method's own draft size per step, never raises it)."""
     return None if kind == "fixed" else AutoBudget(limit, cost_of(model.module))
+
+
+class TextStream:
+    """Token ids as they are accepted -> the new text of each row: decoded whole and given from where the last piece
+    ended, held back while it ends in an incomplete character (a multi-byte token split across steps)."""
+
+    def __init__(self, tokenizer, rows: int, on_text) -> None:
+        self.tokenizer, self.on_text = tokenizer, on_text
+        self.ids: list[list[int]] = [[] for _ in range(rows)]
+        self.sent = [0] * rows  # characters of each row's text already given
+
+    def __call__(self, row: int, tokens: list[int]) -> None:
+        self.ids[row].extend(tokens)
+        text = self.tokenizer.decode(self.ids[row])
+        if text.endswith("\ufffd") or len(text) <= self.sent[row]:
+            return
+        self.on_text(row, text[self.sent[row]:])
+        self.sent[row] = len(text)
+
+    def flush(self, row: int) -> None:
+        """The rest of a finished row's completion (a character held back at its end)."""
+        final = self.tokenizer.decode(self.ids[row])
+        if final[self.sent[row]:]:
+            self.on_text(row, final[self.sent[row]:])
+        self.sent[row] = len(final)
+

@@ -1,0 +1,58 @@
+"""Streaming: the pieces a row streams, joined, are its completion, for every lossless text method; `--stream` prints
+valid JSON lines in each row's order."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specgen.decoding.loop import decode_batch
+from specgen.decoding.sampling import SamplingParams
+from specgen.decoding.target import ModelTarget
+from specgen.methods import METHODS
+from tests.conftest import tiny_model
+
+TEXT_LOSSLESS = [name for name, spec in METHODS.items() if spec.lossless and spec.runs_on("text")
+                 and spec.target == "base"]
+PROMPTS = [[1, 2, 3, 4, 5, 1, 2, 3], [7, 7, 7], [3, 1, 4, 1, 5, 9]]
+
+
+@pytest.mark.parametrize("name", TEXT_LOSSLESS)
+def test_streamed_tokens_joined_are_each_rows_result(name):
+    """Stop tokens and budgets cut the stream where they cut the result (stop id 5 appears in the outputs)."""
+    spec = METHODS[name]
+    got: dict[int, list[int]] = {i: [] for i in range(len(PROMPTS))}
+    res = decode_batch(ModelTarget(tiny_model(0)), lambda i: spec.make_drafter({}), PROMPTS, 20, SamplingParams(),
+                       stop_ids=(5,), batch_size=2, on_tokens=lambda i, toks: got[i].extend(toks))
+    assert [got[i] for i in range(len(PROMPTS))] == [r.tokens for r in res.results]
+
+
+def test_text_stream_pieces_join_to_the_decoded_text():
+    from specgen.text.generate import TextStream
+
+    class Bytes:  # a tokenizer whose tokens are UTF-8 bytes: a character can span two steps
+        def decode(self, ids):
+            return bytes(ids).decode("utf-8", errors="replace")
+
+    pieces: list[str] = []
+    stream = TextStream(Bytes(), 1, lambda i, text: pieces.append(text))
+    data = "naïve 😀 end".encode()
+    for k in range(0, len(data), 3):
+        stream(0, list(data[k:k + 3]))
+    stream.flush(0)
+    assert "".join(pieces) == "naïve 😀 end" and all("\ufffd" not in p for p in pieces)
+
+
+@pytest.mark.slow
+def test_stream_flag_prints_json_lines_in_row_order():
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    r = CliRunner().invoke(app, ["generate", "--method", "ngram", "--prompt", "Sort a list", "--prompt", "Hi",
+                                 "--max-new-tokens", "12", "--stream", "--quiet"])
+    assert r.exit_code == 0, r.output
+    lines = [json.loads(line) for line in r.stdout.splitlines()]
+    assert lines and all(set(line) == {"row", "text"} for line in lines)
+    assert {line["row"] for line in lines} <= {0, 1}
