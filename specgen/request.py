@@ -42,8 +42,8 @@ class DecodeRequest(Generic[C]):
         return replace(self, cfg=cfg, params=SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p))
 
     def builder_options(self) -> dict[str, Any]:
-        """The options as the dict-taking method builders read them (the loop's `budget` left out)."""
-        # TODO(typed options): pass self.options once the MethodSpec builders take the typed object
+        """The options as a plain dict, the loop's `budget` and unset values left out: the method's settings as a key
+        (builders take `options` itself)."""
         return {k: v for k, v in asdict(self.options).items() if k != "budget" and v is not None}
 
 

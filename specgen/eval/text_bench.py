@@ -184,11 +184,6 @@ class Row:
     options: Any  # spec.options_type
     seed: int | None = None  # the row's own drafter seed (`options.ROW.seed`), else the run's
 
-    def drafter_options(self, seed: int) -> dict:
-        """The options as the dict-taking drafter builders read them, with the drafter's seed."""
-        # TODO(typed options): pass self.options once the MethodSpec builders take the typed object
-        return {**self.options.as_dict(), "seed": seed if self.seed is None else self.seed}
-
 
 def specgen_run(model: TextModel, row: Row, prompt: list[int], cfg: TextBenchConfig) -> Run:
     runs, _ = specgen_batch(model, row, [prompt], 1, cfg)
@@ -198,11 +193,11 @@ def specgen_run(model: TextModel, row: Row, prompt: list[int], cfg: TextBenchCon
 def specgen_batch(model: TextModel, row: Row, prompts: list[list[int]], batch: int, cfg: TextBenchConfig,
                   on_done=None) -> tuple[list[Run], float]:
     """`row` over `prompts` through `batch` slots of the batched loop; (runs in prompt order, wall seconds)."""
-    options = row.drafter_options(cfg.seed)
-    budget = draft_budget(model, options.get("budget", BUDGET_DEFAULT))
+    seed = cfg.seed if row.seed is None else row.seed  # the row's own drafter seed, else the run's
+    budget = draft_budget(model, row.options.as_dict().get("budget", BUDGET_DEFAULT))
     device = next(model.module.parameters()).device
     t0 = now(device)
-    res = run_batch(model.target, lambda i: row.spec.make_drafter(options), prompts, cfg.max_new_tokens,
+    res = run_batch(model.target, lambda i: row.spec.make_drafter(row.options, seed), prompts, cfg.max_new_tokens,
                     SamplingParams(), model.tokenizer.stop_ids, batch_size=batch, on_done=on_done, budget=budget)
     seconds = now(device) - t0
     latency = (lambda r: r.stats.extras.get("latency_s", seconds)) if batch > 1 else (lambda r: seconds)

@@ -220,15 +220,14 @@ def generate_images(im: ImageModel, req: DecodeRequest[ImageGenConfig], on_done=
     parts = im.parts(cfg.cfg_scale, list(conditions) if im.text_conditional else None)
     prompts = [parts.target.prompt(i) for i in range(len(conditions))] if im.text_conditional else \
         [[c] for c in conditions]
-    options = req.builder_options()
     budget = None
     if req.budget == "auto":  # one per method and options on this model, shared by its calls
-        key = (req.method, repr(sorted(options.items())), cfg.cfg_scale, cfg.temperature)
+        key = (req.method, repr(sorted(req.builder_options().items())), cfg.cfg_scale, cfg.temperature)
         if key not in im.budgets:  # the cost curve predicts a new batch size from a measured one (MeasuredBudget 5.)
             im.budgets[key] = MeasuredBudget(MAX_DRAFT, cost=cost_of(im.model), rows_per_sequence=parts.target.branches)
         budget = im.budgets[key]
-    rule = build_image_method(req.method, parts, options)[1]
-    batch = run_batch(parts.target, lambda i: build_image_method(req.method, parts, dict(options))[0],
+    rule = build_image_method(req.method, parts, req.options)[1]
+    batch = run_batch(parts.target, lambda i: build_image_method(req.method, parts, req.options)[0],
                       prompts, im.grid * im.grid, req.params, (), seeds, cfg.batch_size, on_done=on_done, rule=rule,
                       max_draft=MAX_DRAFT, budget=budget)
     samples = [ImageSample(c.index if isinstance(c, Caption) else c, r.tokens, r.stats)

@@ -58,7 +58,7 @@ def generate_text(model: TextModel, req: DecodeRequest[TextGenConfig], prompts: 
         check_prompt_fits(len(prompt_ids), cfg.max_new_tokens, model.entry)
     generators = [torch.Generator().manual_seed(cfg.seed + i) for i in range(len(prompts))]
     # the drafter's seed: method_options.seed when given (checked with the options), else the run's
-    options = {**req.builder_options(), "seed": cfg.method_options.get("seed", cfg.seed)}
+    seed = cfg.method_options.get("seed", cfg.seed)
     stream = None if on_text is None else TextStream(model.tokenizer, len(prompts), on_text)
 
     def done(i: int) -> None:  # a finished row's held-back text first, then the caller's notice
@@ -67,7 +67,7 @@ def generate_text(model: TextModel, req: DecodeRequest[TextGenConfig], prompts: 
         if on_done is not None:
             on_done(i)
 
-    batch = run_batch(model.target, lambda i: req.spec.make_drafter(options), ids, cfg.max_new_tokens, req.params,
+    batch = run_batch(model.target, lambda i: req.spec.make_drafter(req.options, seed), ids, cfg.max_new_tokens, req.params,
                       model.tokenizer.stop_ids, generators, cfg.batch_size, on_done=done,
                       budget=draft_budget(model, req.budget), on_tokens=stream)
     return [TextResult(p, model.tokenizer.decode(r.tokens), r.tokens, r.stats.summary())

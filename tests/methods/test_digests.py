@@ -2,7 +2,7 @@
 
 The stored digests were made by the code at 984446b (before issue 45's refactor): a change that moves any token of
 any method fails here. Regenerate them only on purpose (a method whose output is meant to change):
-`SPECGEN_DIGESTS=print python -m pytest -q -s tests/methods/test_digests.py` prints the table to paste below.
+`python -m tests.methods.test_digests` prints the table to paste below.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
 
 import pytest
 import torch
@@ -25,6 +24,7 @@ from specgen.methods.mulo_sd import MuLoSD
 from specgen.methods.xspecmesh import MeshDecoder
 from specgen.models.upsampler import UpDownSampler, UpsamplerConfig
 from tests.conftest import tiny_model
+from tests.image_fixtures import one_thread
 from tests.image.helpers import TinyEagle, tiny_image_gpt
 from tests.mesh.mesh_fixtures import procedural_clouds, tiny_heads, tiny_mesh_model
 
@@ -136,21 +136,15 @@ def print_digests() -> None:
     print("}")
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.mark.skipif(os.environ.get("SPECGEN_DIGESTS") != "print", reason="prints the digest table on request")
-def test_print_digests():
-    print_digests()
-
+_threads = pytest.fixture(autouse=True)(one_thread)  # tiny models: one thread
 
 @pytest.mark.parametrize("name,modality", CASES, ids=[f"{n}-{m}" for n, m in CASES])
 def test_tokens_match_the_stored_digests(name, modality):
     assert f"{name}/{modality}" in DIGESTS, "a new method: add its digests (see the module docstring)"
     for batch_size in BATCHES:  # a row's tokens do not depend on its batch: one digest for both sizes
         assert digests_of(name, modality, batch_size) == DIGESTS[f"{name}/{modality}"], batch_size
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    print_digests()
