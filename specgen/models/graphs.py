@@ -260,15 +260,18 @@ class StepGraphs:
               attn_mask) -> None:
         """Copy a call's inputs into the bucket's buffers: real rows and nodes first, padding after them."""
         n, s = tokens.shape
-        x.tokens.zero_()
+        padded = (n, s) != (b.rows, b.nodes)  # a call that fills its bucket needs no padding written
+        if padded:
+            x.tokens.zero_()
+            x.positions.zero_()
         x.tokens[:n, :s].copy_(tokens)
-        x.positions.zero_()
         x.positions[:n, :s].copy_(positions)
         rows = list(range(n)) + [self.capacity] * (b.rows - n)  # padding rows write into the scratch row
         meta = torch.tensor([list(lengths) + [0] * (b.rows - n), rows], dtype=torch.long)
         x.meta.copy_(meta.pin_memory() if x.meta.is_cuda else meta, non_blocking=True)
         if x.features is not None:
-            x.features.zero_()
+            if padded:
+                x.features.zero_()
             x.features[:n, :s].copy_(features)
         if x.visible is not None:  # the caller's visibility over slots [0, T); the rest hidden
             x.visible.zero_()
@@ -276,7 +279,8 @@ class StepGraphs:
             return
         if tree_mask is not None and tree_mask.dim() == 3 and tree_mask.shape[0] != n:  # per sequence: its branches
             tree_mask = tree_mask.repeat_interleave(n // tree_mask.shape[0], 0)
-        x.tree.copy_(x.eye)
+        if padded:
+            x.tree.copy_(x.eye)
         x.tree[:n, :s, :s].copy_(x.causal[:s, :s] if tree_mask is None else tree_mask.expand(n, s, s))
 
     def record(self, x: StaticInputs, b: Bucket):
