@@ -33,7 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specgen.models.kernel_choice import FALLBACK_MIN_ROWS, KernelChoice, Plan, cpu_packable, pinned_min_rows
+from specgen.models.kernel_choice import (FALLBACK_MIN_ROWS, KernelChoice, Plan, cpu_packable, pinned_min_rows,
+                                          tiled_products)
 from specgen.native import tiled_linear
 
 #: A model whose linear weights exceed this share of the machine's RAM is not packed: the weights and their two
@@ -75,7 +76,7 @@ class PackedLinear(nn.Linear):
             return F.linear(x, w, self.bias)
         plan = self._choice.plan() if self._choice is not None else Plan(FALLBACK_MIN_ROWS)
         rows = x.numel() // self.in_features
-        if plan.kernel(rows) == "native" and tiled_linear.usable(x, w):  # a plan shared with a bfloat16 copy: not it
+        if plan.kernel(rows) == "native" and tiled_products(x, w):  # a plan shared with a bfloat16 copy: not it
             return tiled_linear.linear(x, *self.tiled_weight(), self.out_features)
         if rows < plan.min_rows:
             return F.linear(x, w, self.bias)
