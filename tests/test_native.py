@@ -1,15 +1,18 @@
-"""Native kernels: built once per machine into the cache, skipped cleanly (torch path) without a compiler."""
+"""Native kernels: installed, else built once per machine into the cache, skipped cleanly (torch path) without a
+compiler."""
 
 from __future__ import annotations
 
 import pytest
 
 from specgen import native
+from specgen.native import toolchain
 
 
 @pytest.fixture
-def fresh(monkeypatch, tmp_path):
+def fresh(monkeypatch, tmp_path, tmp_path_factory):
     monkeypatch.setenv("SPECGEN_CACHE", str(tmp_path))
+    monkeypatch.setattr(toolchain, "INSTALLED_DIR", tmp_path_factory.mktemp("installed"))  # as a checkout never installed
     native.library.cache_clear()
     monkeypatch.setattr(native, "WARNED", [])
     yield tmp_path
@@ -75,7 +78,7 @@ def test_sixteen_lane_kernels_only_where_the_cpu_holds_them_in_registers(fresh, 
 def test_a_failed_compile_leaves_nothing_and_falls_back(fresh, monkeypatch, tmp_path_factory):
     src = tmp_path_factory.mktemp("src")
     (src / "attention.c").write_text("this is not C\n")
-    monkeypatch.setattr(native, "SOURCE_DIR", src)
+    monkeypatch.setattr(toolchain, "SOURCE_DIR", src)
     assert native.build("attention") is None
     assert list(fresh.iterdir()) == []
 
@@ -92,11 +95,12 @@ def test_attention_in_ymm_halves_computes_the_zmm_bits(fresh, monkeypatch):
 
     if "avx512f" not in native.cpu_signature() or native.attention() is None:
         pytest.skip("needs an AVX-512 CPU and a C compiler")
-    path = native.compile_library("attention", native.FLAGS + ("-mno-avx512f",))
+    path, _ = native.compile_library("attention", native.FLAGS + ("-mno-avx512f",))
     if path is None:
         pytest.skip("this compiler cannot build attention.c without AVX-512")
     halves = ctypes.CDLL(str(path))
-    halves.specgen_attend.argtypes, halves.specgen_attend.restype = native.SIGNATURES["attention"]["specgen_attend"]
+    for name, (args, result) in native.SIGNATURES["attention"].items():
+        getattr(halves, name).argtypes, getattr(halves, name).restype = args, result
     torch.manual_seed(5)
     for dtype in (torch.float32, torch.bfloat16):
         for (h, hkv, d), (b, s, t) in ((9, 3, 64), (2, 17, 150)), ((8, 8, 32), (3, 5, 77)), ((4, 2, 40), (2, 70, 90)):
@@ -108,6 +112,19 @@ def test_attention_in_ymm_halves_computes_the_zmm_bits(fresh, monkeypatch):
             with torch.inference_mode():
                 own = native_attention(q, k, v, p).clone()
                 with monkeypatch.context() as m:
-                    m.setattr(native, "attention", lambda: halves)  # the same call into the other build
+                    m.setattr(native, "library", lambda name: halves)  # the same op into the other build
                     other = native_attention(q, k, v, p)
             assert torch.equal(own, other), (dtype, h, hkv, d, b, s, t)
+
+
+def test_an_installed_library_comes_first_and_only_for_its_cpu_and_sources(fresh, monkeypatch):
+    """setup.py's build (`toolchain.INSTALLED_DIR`) is loaded before the cache is looked at; a library built for another
+    CPU kind or from other sources is not there under this CPU's name, so the cache takes over."""
+    cc, _ = toolchain.compiler()
+    if cc is None:
+        pytest.skip("no C compiler here")
+    there = toolchain.installed("glue", toolchain.FLAGS)
+    assert toolchain.compile_to(cc, "glue", toolchain.FLAGS, there) == ""
+    assert native.build("glue") == there and list(fresh.iterdir()) == []
+    monkeypatch.setattr(toolchain, "cpu_signature", lambda: "model name\t: another CPU\nflags\t\t: fpu sse2")
+    assert native.build("glue").parent == fresh  # compiled into the cache under the other CPU's name

@@ -28,7 +28,7 @@ import functools
 import os
 from pathlib import Path
 
-from specgen.native.build import FLAGS, NAMES, OPENMP, THREADED, compile_to, compiler, cpu_signature, installed, key
+from specgen.native.toolchain import FLAGS, NAMES, OPENMP, THREADED, compile_to, compiler, cpu_signature, installed, key
 
 #: Libraries written in vec16.h's 16-lane vectors, loaded only where those live in registers (`sixteen_lanes`): as
 #: GCC's generic vectors on an AVX2-only EPYC every operation went through the stack, and attention.c ran slower

@@ -155,8 +155,3 @@ def _(qkv, cos, sin, half, kc, vc, slots, qbuf, idx, count, shared, out):
 def tile_width() -> int:
     """tiled.c's tile width (the columns a tile holds side by side), for laying a weight out."""
     return lib("tiled").specgen_tiled_width()
-
-
-def tiled_threads() -> int:
-    """How many threads a large tiled product runs on now: torch's thread count in an OpenMP build, else 1."""
-    return torch.get_num_threads() if lib("tiled").specgen_tiled_openmp() else 1

@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from specgen import native
-from specgen.models.attention import CHUNK, NativePlan, invariant_attention, native_plan, plan, planned
+from specgen.models.attention import CHUNK, NativePlan, invariant_attention, native_plan, plan
+from specgen.models.kernel_choice import attention_path
 
 
 @pytest.fixture(params=["torch", "native"], autouse=True)
@@ -37,7 +38,8 @@ def attention(q, k, v, mask):
 def test_bfloat16_and_float32_on_a_cpu_take_the_native_path_where_it_is_built(backend):
     for dtype in (torch.bfloat16, torch.float32):
         assert isinstance(plan(None, 1, 1, 5, 4, 2, 16, "cpu", dtype), NativePlan) == (backend == "native")
-        assert planned(dtype, "cpu") == (dtype != torch.float32 or backend == "native")  # else float32 keeps SDPA
+        want = "native" if backend == "native" else "sdpa" if dtype == torch.float32 else "chunked"  # float32: SDPA
+        assert attention_path(dtype, "cpu") == want and attention_path(dtype, "cpu", prefill=True) == "sdpa"
     assert not isinstance(plan(None, 1, 1, 5, 4, 2, 16, "cpu", torch.float16), NativePlan)
 
 

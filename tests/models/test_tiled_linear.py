@@ -91,17 +91,6 @@ def test_the_same_bits_at_every_thread_count():
     assert torch.equal(one, two)
 
 
-def test_threads_follow_torch():
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        assert tiled_linear.threads() == 1
-        torch.set_num_threads(2)
-        assert tiled_linear.threads() in (1, 2)  # 1: built without OpenMP (torch's runtime is not libgomp)
-    finally:
-        torch.set_num_threads(before)
-
-
 def test_openmp_only_beside_a_plainly_named_libgomp():
     """A libgomp under another name (a wheel's hashed copy) or another runtime would leave the -fopenmp build loading
     a second OpenMP runtime beside torch's: only libgomp.so.1 itself counts."""
@@ -124,9 +113,9 @@ def test_leading_dims_and_empty_inputs():
 def test_usable_only_for_float32_cpu_without_grad():
     w = torch.randn(4, 4)
     with torch.inference_mode():
-        assert tiled_linear.usable(torch.randn(1, 4), w)
-        assert not tiled_linear.usable(torch.randn(1, 4).bfloat16(), w.bfloat16())
-    assert not tiled_linear.usable(torch.randn(1, 4), w)  # grad mode on: autograd needs torch's product
+        assert kernel_choice.tiled_products(torch.randn(1, 4), w)
+        assert not kernel_choice.tiled_products(torch.randn(1, 4).bfloat16(), w.bfloat16())
+    assert not kernel_choice.tiled_products(torch.randn(1, 4), w)  # grad mode on: autograd needs torch's product
 
 
 def verify_vs_steps(monkeypatch, timing) -> tuple[torch.Tensor, torch.Tensor]:
