@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specgen.native import ops  # noqa: F401  (registers torch.ops.specgen)
-from specgen.native.tiled_linear import tile
+from specgen.native import ops
 from tests.conftest import needs_native
 
 
@@ -38,7 +37,7 @@ def cases(dtype):
     got = {"rms_norm": (x, w, 1e-5), "add_rms_norm": (x, randn(3, 5, 64, dtype=dtype, seed=6), w, 1e-5),
            "attention_plan": (seen,), "attend": attend, "rope_write_attend": rope}
     if dtype == torch.float32:
-        tiles, bias = tile(randn(40, 64, seed=7), randn(40, seed=8))
+        tiles, bias = ops.tile(randn(40, 64, seed=7), randn(40, seed=8))
         got["tiled_linear"] = (x, tiles, bias, 40, 1)
     return got
 

@@ -21,13 +21,9 @@ them, so a chunk's sums group its terms differently (pcllm-mr with a lookup bran
 AR on 7 of 30 prompts). `tree_attention` gives each query AR's layout: its scores reordered into it, and its values
 past the shared prefix copied into it, per layer.
 
-Native path: on a CPU with a C compiler, cached bfloat16 and float32 forwards (decode steps, verifies, trees; not a
-text prompt's prefill) run `specgen/native/attention.c` instead (`NativePlan`), one call a layer. It takes each
-query's visible slots as a list in ascending slot order, which is AR's order for trees too, and computes each
-(query, kv head) in a fixed order: invariant by construction, with none of the staging above. Which path a process
-runs is decided once (`specgen.native.attention`), so all forwards agree. Without the kernel, float32 keeps SDPA
-(`kernel_choice.attention_path`, where the rule of every path lives): the chunked path costs more than float32's
-rare last-bit flips.
+Native path (`NativePlan`, where `kernel_choice.attention_path` says: the rule of every path lives there):
+`specgen/native/attention.c`, one call a layer, takes each query's visible slots as an ascending list (AR's order,
+for trees too) and computes each (query, kv head) in a fixed order: invariant by construction, with no staging.
 """
 
 from __future__ import annotations

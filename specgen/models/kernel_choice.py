@@ -10,35 +10,27 @@
 | CUDA   | float32          | cached               | sdpa                         | cuBLAS                   | torch  |
 | any    | any              | uncached (training)  | sdpa (float32 math)          | `F.linear`               | torch  |
 
-"cached (decode)": AR steps, verifies, trees, drafts, an image or mesh prefill. "native" is attention.c, "glue.c" the
-native norms, each where built and grad mode is off (else the torch path of
-the row: chunked or sdpa, torch's norms); `F.linear` (MKL) takes every product that wants a gradient; "+ GEMM":
-quantized products of at least `quantize.PROMPT_MIN_ROWS` rows dequantize for one bfloat16 GEMM.
+"cached (decode)": AR steps, verifies, trees, drafts, an image or mesh prefill. "native" (attention.c) and "glue.c"
+where built and grad mode is off, else the row's torch path; `F.linear` takes every product that wants a gradient;
+"+ GEMM": quantized products from `quantize.PROMPT_MIN_ROWS` rows dequantize for one bfloat16 GEMM. "native" and
+"chunked" give a query a result independent of the forward's width and batch (a tree's query attends in AR's slot
+order), so greedy speculation equals AR token for token; "sdpa" does not, and takes float32 only where nothing was
+compiled (its rare last-bit flips cost less than the chunked path). A float32 block on the native path whose products
+all take tiled.c runs as one straight run of kernel calls (`models/native_block.py`), bitwise the module path.
 
-Attention paths (`attention_path`, `models/attention.py`): `native` and `chunked` give a query a result that does
-not depend on the forward's width or batch (a draft tree's query attends in AR's slot order: `tree_attention` on the
-chunked path), so greedy speculation equals AR token for token; `sdpa` does not, and serves float32 only where its
-rare last-bit flips are the price of not compiling. A float32 block on the native path whose products all take
-tiled.c runs as one straight run of kernel calls (`models/native_block.py`), bitwise the module path.
+Products (`Plan`, `KernelChoice`): MKL's GEMV over the column-major weight, oneDNN's GEMM over a packed copy and
+tiled.c over a tiled copy (`models/packed_linear.py`) trade places at row counts that depend on the CPU, the thread
+count and whether the weights fit in the cache (docs/results/text.md, "Kernel micro-benchmarks"); a constant tuned on
+one machine would slow AR, the baseline of every speedup, on another. So one pass of r-row products over all of a
+model's linear weights is timed per kernel, r in `ROWS` (MKL up to `MKL_MAX_ROWS`), interleaved, best of `ROUNDS`:
+oneDNN takes products from `min_rows` rows (from which it beats MKL at every larger measured r), tiled.c the first
+run of consecutive counts where it beats both (and every larger count when that run reaches the last). Measured at
+load and on the first product under a new thread count; kept on disk per machine, torch, thread count and weight
+shapes (`models/plan_cache.py`), shared in the process by models of the same shapes.
 
-Products (`Plan`, `KernelChoice`): a decoder's products have 1 row (an AR step), a few (verification, Jacobi
-blocks) or many (prefill). MKL's GEMV over the column-major weight, oneDNN's GEMM over a packed copy
-(`models/packed_linear.py`) and tiled.c over a tiled copy (row results bit for bit the same at every row and thread
-count) trade places at row counts that depend on the CPU, the thread count and whether the weights fit in the cache
-(numbers: docs/results/text.md, "Kernel micro-benchmarks"). A constant tuned on one machine would slow AR (the
-baseline of every speedup) on another, so the choice is measured: one pass of r-row products over all of a model's
-linear weights per kernel, for r in `ROWS` (MKL only up to `MKL_MAX_ROWS`), interleaved, best of `ROUNDS`. oneDNN
-takes products of at least `min_rows` rows, the smallest measured r from which it beats MKL at every larger measured
-r; tiled.c takes the first run of consecutive measured counts where it beats both (and every larger count when that
-run reaches the last one). `decode_layout` measures at load, at the thread count of that moment; a later thread
-count is measured on its first product. The plan is kept on disk per machine, torch version, thread count and weight
-shapes (`models/plan_cache.py`) and shared in the process by models with the same shapes; copies a plan never reads
-are dropped.
-
-Environment variables that change results (docs/precision.md): `SPECGEN_NATIVE=0` (no native kernels: the torch
-paths above, which round differently), `SPECGEN_PACKED_MIN_ROWS=N` (pins the product plan: oneDNN from N rows, no
-tiled.c, no measurement), `SPECGEN_WEIGHT_LAYOUT=packed|col|row` (`models/layout.py`: col and row take no plan,
-every product MKL), and `SPECGEN_HOME`, whose stored plans a start reads instead of measuring.
+Environment variables that change results (docs/precision.md): `SPECGEN_NATIVE=0` (the torch paths above, which
+round differently), `SPECGEN_PACKED_MIN_ROWS=N` (pins the plan: oneDNN from N rows, no tiled.c, nothing measured),
+`SPECGEN_WEIGHT_LAYOUT=col|row` (no plan: every product MKL) and `SPECGEN_HOME` (whose stored plans a start reads).
 """
 
 from __future__ import annotations
@@ -53,13 +45,13 @@ import torch.nn.functional as F
 
 from specgen import native
 from specgen.devices import onednn_packs
+from specgen.errors import UsageError
 from specgen.models import plan_cache
 from specgen.native import ops  # noqa: F401  (registers torch.ops.specgen)
 
 ENV = "SPECGEN_PACKED_MIN_ROWS"
 #: Activation dtypes whose cached CPU forwards run the native kernels (attention and the norms around it).
 NATIVE_DTYPES = (torch.bfloat16, torch.float32)
-ATTENTION_PATHS = ("native", "chunked", "sdpa")
 #: Row counts timed: AR steps, verification of a few tokens, Jacobi blocks, batched steps.
 ROWS = (1, 2, 3, 4, 8, 16, 32)
 #: MKL is timed up to here: from 8 rows on oneDNN always beat it (by ~2x at 16 on every machine measured).
@@ -151,8 +143,6 @@ def cpu_packable(w: torch.Tensor) -> bool:
 
 def pinned_min_rows() -> int | None:
     """`SPECGEN_PACKED_MIN_ROWS` as a positive int, None when unset."""
-    from specgen.errors import UsageError
-
     raw = os.environ.get(ENV, "").strip()
     if not raw:
         return None
@@ -163,36 +153,32 @@ def pinned_min_rows() -> int | None:
 
 
 def inference_on_cpu(dtypes: tuple, *tensors: torch.Tensor) -> bool:
-    """Tensors of one dtype among `dtypes`, all on the CPU, grad mode off (the native kernels have no backward; every
-    decode forward runs under inference mode, so all of a model's decode steps take the same path)."""
+    """CPU tensors of one dtype among `dtypes`, grad mode off (the native kernels have no backward; decode forwards
+    all run under inference mode, so all of a model's decode steps take the same path)."""
     first = tensors[0]
     return (not torch.is_grad_enabled() and first.dtype in dtypes
             and all(t.dtype == first.dtype and t.device.type == "cpu" for t in tensors))
 
 
 def attention_path(dtype: torch.dtype, device: torch.device | str, prefill: bool = False) -> str:
-    """The attention of a cached forward (one of ATTENTION_PATHS; the table above): `prefill` a text prompt's."""
+    """The attention of a cached forward: "native", "chunked" or "sdpa" (the table above); `prefill`: a text
+    prompt's."""
     if prefill:
         return "sdpa"
     if (dtype in NATIVE_DTYPES and torch.device(device).type == "cpu" and not torch.is_grad_enabled()
-            and native.attention() is not None):
+            and native.library("attention") is not None):
         return "native"
     return "sdpa" if dtype == torch.float32 else "chunked"
 
 
 def native_norms(*tensors: torch.Tensor) -> bool:
     """Whether a norm (or residual add and norm) over these tensors runs glue.c."""
-    return inference_on_cpu(NATIVE_DTYPES, *tensors) and native.glue() is not None
+    return inference_on_cpu(NATIVE_DTYPES, *tensors) and native.library("glue") is not None
 
 
 def tiled_products(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether a product the plan gives tiled.c may run there: float32 on the CPU, grad mode off, tiled.c built."""
-    return inference_on_cpu((torch.float32,), x, weight) and native.tiled() is not None
-
-
-def native_timeable(weights: list) -> bool:
-    """Whether the native loop can take these weights: float32 on the CPU, and tiled.c built here."""
-    return native.tiled() is not None and all(lin.weight.dtype == torch.float32 for lin in weights)
+    return inference_on_cpu((torch.float32,), x, weight) and native.library("tiled") is not None
 
 
 @torch.inference_mode()
@@ -202,7 +188,8 @@ def time_passes(linears: list, rows: tuple[int, ...] = ROWS, rounds: int = ROUND
     inputs = {(lin.in_features, lin.weight.dtype): torch.randn(max(rows), lin.in_features).to(lin.weight.dtype)
               for lin in weights}
     packed = [lin.packed_weight() for lin in weights]
-    kernels = ("mkl", "onednn", "native") if native_timeable(weights) else ("mkl", "onednn")
+    timeable = native.library("tiled") is not None and all(lin.weight.dtype == torch.float32 for lin in weights)
+    kernels = ("mkl", "onednn", "native") if timeable else ("mkl", "onednn")
     tiles = [lin.tiled_weight() for lin in weights] if "native" in kernels else []
 
     def one_pass(r: int, kernel: str) -> float:

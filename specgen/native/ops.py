@@ -9,8 +9,8 @@ import torch
 
 from specgen import native
 
-# Every op runs on CPU tensors under inference (the kernels have no backward); `models/kernel_choice.py` decides when.
-# The C side reads raw elements: each op makes its inputs contiguous (attention: the last dim) before passing pointers.
+# CPU tensors, no backward; `models/kernel_choice.py` decides when they run. The C side reads raw elements: each op
+# makes its inputs contiguous (attention: the last dim) before passing pointers.
 
 
 def lib(name: str) -> ctypes.CDLL:
@@ -37,15 +37,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     x = x.contiguous()
     out = torch.empty_like(x)
     dim = x.shape[-1]
-    status = lib("glue").specgen_rms_norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // dim, dim, eps,
-                                          x.element_size())
-    check(status, "rms_norm")
+    check(lib("glue").specgen_rms_norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // dim, dim, eps,
+                                       x.element_size()), "rms_norm")
     return out
 
 
-@rms_norm.register_fake
-def _(x, weight, eps):
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
+rms_norm.register_fake(lambda x, weight, eps: torch.empty_like(x, memory_format=torch.contiguous_format))
 
 
 @torch.library.custom_op("specgen::add_rms_norm", mutates_args=(), device_types="cpu")
@@ -55,23 +52,20 @@ def add_rms_norm(x: torch.Tensor, a: torch.Tensor, weight: torch.Tensor, eps: fl
     x, a = x.contiguous(), a.contiguous()
     total, out = torch.empty_like(x), torch.empty_like(x)
     dim = x.shape[-1]
-    status = lib("glue").specgen_add_rms_norm(x.data_ptr(), a.data_ptr(), weight.data_ptr(), total.data_ptr(),
-                                              out.data_ptr(), x.numel() // dim, dim, eps, x.element_size())
-    check(status, "add_rms_norm")
+    check(lib("glue").specgen_add_rms_norm(x.data_ptr(), a.data_ptr(), weight.data_ptr(), total.data_ptr(),
+                                           out.data_ptr(), x.numel() // dim, dim, eps, x.element_size()), "norm")
     return total, out
 
-
-@add_rms_norm.register_fake
-def _(x, a, weight, eps):
-    return (torch.empty_like(x, memory_format=torch.contiguous_format),
-            torch.empty_like(x, memory_format=torch.contiguous_format))
+add_rms_norm.register_fake(lambda x, a, weight, eps: (torch.empty_like(x, memory_format=torch.contiguous_format),
+                                                      torch.empty_like(x, memory_format=torch.contiguous_format)))
 
 
 @torch.library.custom_op("specgen::tiled_linear", mutates_args=(), device_types="cpu")
 def tiled_linear(x: torch.Tensor, tiles: torch.Tensor, bias: torch.Tensor | None, out_features: int,
                  threads: int) -> torch.Tensor:
-    """float32 x [..., K] @ W^T + b -> [..., N] over tiled.c's layout of W (`tiled_linear.tile`), on `threads`
-    threads; each output row a fixed function of its input row (tiled.c: the same sums at every row count)."""
+    """float32 x [..., K] @ W^T + b -> [..., N] over `tile(W, b)`, on `threads` threads (torch's count: OpenMP's
+    own default on a thread torch never set up is every core); each output row is a fixed function of its input row
+    (tiled.c: the same sums at every row count)."""
     k = tiles.shape[1]
     rows = x.reshape(-1, k).contiguous()  # [M, K]
     out = x.new_empty(*x.shape[:-1], out_features)
@@ -79,10 +73,7 @@ def tiled_linear(x: torch.Tensor, tiles: torch.Tensor, bias: torch.Tensor | None
                                       out.data_ptr(), rows.shape[0], k, out_features, threads)
     return out
 
-
-@tiled_linear.register_fake
-def _(x, tiles, bias, out_features, threads):
-    return x.new_empty(*x.shape[:-1], out_features)
+tiled_linear.register_fake(lambda x, tiles, bias, out_features, threads: x.new_empty(*x.shape[:-1], out_features))
 
 
 @torch.library.custom_op("specgen::attention_plan", mutates_args=(), device_types="cpu")
@@ -91,22 +82,16 @@ def attention_plan(seen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torc
     ascending then its hidden ones, how many it sees, and the leading slots 0, 1, ... every query of a row sees."""
     b, s, t = seen.shape
     seen = seen.contiguous()
-    idx, count = seen.new_empty(b, s, t, dtype=torch.int32), seen.new_empty(b, s, dtype=torch.int32)
-    shared = seen.new_empty(b, dtype=torch.int32)
+    idx, count, shared = (seen.new_empty(seen.shape[:n], dtype=torch.int32) for n in (3, 2, 1))
     lib("attention").specgen_plan(seen.data_ptr(), b, s, t, idx.data_ptr(), count.data_ptr(), shared.data_ptr())
     return idx, count, shared
 
-
-@attention_plan.register_fake
-def _(seen):
-    b, s, t = seen.shape
-    return (seen.new_empty(b, s, t, dtype=torch.int32), seen.new_empty(b, s, dtype=torch.int32),
-            seen.new_empty(b, dtype=torch.int32))
+attention_plan.register_fake(lambda seen: tuple(seen.new_empty(seen.shape[:n], dtype=torch.int32) for n in (3, 2, 1)))
 
 
-def one_dtype(what: str, *tensors: torch.Tensor) -> None:
+def one_dtype(*tensors: torch.Tensor) -> None:
     if any(t.dtype != tensors[0].dtype for t in tensors):  # the kernel reads raw elements of one dtype
-        raise TypeError(f"native {what} takes one dtype, got {', '.join(str(t.dtype) for t in tensors)}")
+        raise TypeError(f"native attention takes one dtype, got {', '.join(str(t.dtype) for t in tensors)}")
 
 
 @torch.library.custom_op("specgen::attend", mutates_args=("out",), device_types="cpu")
@@ -114,44 +99,43 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor,
            shared: torch.Tensor, out: torch.Tensor) -> None:
     """Width-invariant attention of q [B, H, S, D] over k, v [B, Hkv, T, D] into out [B, S, H, D] (contiguous), each
     query over its `attention_plan` list; one dtype (bfloat16 or float32) throughout."""
-    one_dtype("attention", q, k, v, out)
+    one_dtype(q, k, v, out)
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     b, h, s, d = q.shape
-    status = lib("attention").specgen_attend(
+    check(lib("attention").specgen_attend(
         q.data_ptr(), c_strides(q.stride()), k.data_ptr(), c_strides(k.stride()), v.data_ptr(), c_strides(v.stride()),
         idx.data_ptr(), count.data_ptr(), shared.data_ptr(), out.data_ptr(), q.element_size(), b, h, k.shape[1], s, d,
-        k.shape[2], d**-0.5)
-    check(status, "attention")
+        k.shape[2], d**-0.5), "attention")
 
-
-@attend.register_fake
-def _(q, k, v, idx, count, shared, out):
-    return None
+attend.register_fake(lambda *args: None)  # writes `out` only
 
 
 @torch.library.custom_op("specgen::rope_write_attend", mutates_args=("kc", "vc", "qbuf", "out"), device_types="cpu")
 def rope_write_attend(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: bool, kc: torch.Tensor,
                       vc: torch.Tensor, slots: torch.Tensor, qbuf: torch.Tensor, idx: torch.Tensor,
                       count: torch.Tensor, shared: torch.Tensor, out: torch.Tensor) -> None:
-    """A self-attention layer between its products: the fused projection's qkv [B, S, (H + 2 Hkv) D] has q and k
-    rotated (cos, sin [B, 1, S, D]; `half` layout or interleaved), k and v written to the cache layer kc, vc
-    [B, Hkv, T_max, D] at `slots` [B, S], and the queries (staged in qbuf [B, H, S, D]) attend as `attend`, into
-    out [B, S, H, D]; bitwise what rotate, KVCache.write and `attend` compute."""
-    one_dtype("attention", qkv, cos, sin, kc, vc, qbuf, out)
+    """A self-attention layer between its products: qkv [B, S, (H + 2 Hkv) D] has q and k rotated (cos, sin [B, 1, S,
+    D]; `half` layout or interleaved), k and v written to the cache layer kc, vc [B, Hkv, T_max, D] at `slots` [B, S],
+    and the queries (staged in qbuf [B, H, S, D]) attend as `attend` into out: bitwise rotate, KVCache.write, attend."""
+    one_dtype(qkv, cos, sin, kc, vc, qbuf, out)
     b, s, h, d = out.shape
     qkv, cos, sin = qkv.contiguous(), cos.contiguous(), sin.contiguous()
-    status = lib("attention").specgen_rope_write_attend(
+    check(lib("attention").specgen_rope_write_attend(
         qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), int(half), kc.data_ptr(), c_strides(kc.stride()),
         vc.data_ptr(), c_strides(vc.stride()), slots.data_ptr(), qbuf.data_ptr(), idx.data_ptr(), count.data_ptr(),
-        shared.data_ptr(), out.data_ptr(), qkv.element_size(), b, h, kc.shape[1], s, d, idx.shape[-1], d**-0.5)
-    check(status, "attention")
+        shared.data_ptr(), out.data_ptr(), qkv.element_size(), b, h, kc.shape[1], s, d, idx.shape[-1], d**-0.5),
+          "attention")
+
+rope_write_attend.register_fake(lambda *args: None)  # writes its mutated arguments only
 
 
-@rope_write_attend.register_fake
-def _(qkv, cos, sin, half, kc, vc, slots, qbuf, idx, count, shared, out):
-    return None
-
-
-def tile_width() -> int:
-    """tiled.c's tile width (the columns a tile holds side by side), for laying a weight out."""
-    return lib("tiled").specgen_tiled_width()
+@torch.no_grad()
+def tile(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(tiles [ceil(N / T)][K][T], bias padded to ceil(N / T) * T or None) of a float32 weight [N, K], any strides:
+    `tiled_linear`'s layout, T = tiled.c's tile width. Zeros past N: the padded columns are computed, never written."""
+    width = lib("tiled").specgen_tiled_width()
+    n, k = weight.shape
+    pad = -n % width
+    w = torch.cat([weight, weight.new_zeros(pad, k)]) if pad else weight  # [N_pad, K]
+    tiles = w.reshape(-1, width, k).transpose(1, 2).contiguous()  # [N_pad / T, K, T]
+    return tiles, None if bias is None else torch.cat([bias.detach(), bias.new_zeros(pad)]).contiguous()
