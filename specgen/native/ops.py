@@ -25,13 +25,31 @@ def check(status: int, what: str) -> None:
         raise MemoryError(f"native {what} failed (status {status}): no scratch memory")
 
 
+LIB = torch.library.Library("specgen", "DEF")  # noqa: TOR901 -- plain dispatcher ops: custom_op's Python wrapper
+# costs ~6x the kernel's own time per call on a decode step's small rows
+
+
+def op(schema: str, fake):
+    """Defines torch.ops.specgen.<name> by `schema`, the decorated function as its CPU kernel and `fake` as its
+    meta/fake kernel (shapes for the profiler, FakeTensorMode and torch.compile); returns the op."""
+    name = schema.split("(", 1)[0]
+
+    def register(kernel):
+        LIB.define(schema)
+        LIB.impl(name, kernel, "CPU")
+        torch.library.register_fake(f"specgen::{name}", fake, lib=LIB)
+        return getattr(torch.ops.specgen, name)
+    return register
+
+
 @functools.cache
 def c_strides(strides: tuple[int, ...]):
     """A tensor's first three strides as a C int64[3] (one per layout: layers of a forward share theirs)."""
     return (ctypes.c_int64 * 3)(*strides[:3])
 
 
-@torch.library.custom_op("specgen::rms_norm", mutates_args=(), device_types="cpu")
+@op("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor",
+    lambda x, weight, eps: torch.empty_like(x, memory_format=torch.contiguous_format))
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """weight * RMSNorm_float32(x) rounded to x's dtype, over the last dim, as transformer.RMSNorm: [..., dim]."""
     x = x.contiguous()
@@ -42,10 +60,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return out
 
 
-rms_norm.register_fake(lambda x, weight, eps: torch.empty_like(x, memory_format=torch.contiguous_format))
 
-
-@torch.library.custom_op("specgen::add_rms_norm", mutates_args=(), device_types="cpu")
+@op("add_rms_norm(Tensor x, Tensor a, Tensor weight, float eps) -> (Tensor, Tensor)",
+    lambda x, a, weight, eps: (torch.empty_like(x, memory_format=torch.contiguous_format),
+                               torch.empty_like(x, memory_format=torch.contiguous_format)))
 def add_rms_norm(x: torch.Tensor, a: torch.Tensor, weight: torch.Tensor, eps: float
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + a, RMSNorm(x + a)): a residual add and the pre-norm after it, in one pass ([..., dim] each)."""
@@ -56,11 +74,9 @@ def add_rms_norm(x: torch.Tensor, a: torch.Tensor, weight: torch.Tensor, eps: fl
                                            out.data_ptr(), x.numel() // dim, dim, eps, x.element_size()), "norm")
     return total, out
 
-add_rms_norm.register_fake(lambda x, a, weight, eps: (torch.empty_like(x, memory_format=torch.contiguous_format),
-                                                      torch.empty_like(x, memory_format=torch.contiguous_format)))
 
-
-@torch.library.custom_op("specgen::tiled_linear", mutates_args=(), device_types="cpu")
+@op("tiled_linear(Tensor x, Tensor tiles, Tensor? bias, int out_features, int threads) -> Tensor",
+    lambda x, tiles, bias, out_features, threads: x.new_empty(*x.shape[:-1], out_features))
 def tiled_linear(x: torch.Tensor, tiles: torch.Tensor, bias: torch.Tensor | None, out_features: int,
                  threads: int) -> torch.Tensor:
     """float32 x [..., K] @ W^T + b -> [..., N] over `tile(W, b)`, on `threads` threads (torch's count: OpenMP's
@@ -73,10 +89,9 @@ def tiled_linear(x: torch.Tensor, tiles: torch.Tensor, bias: torch.Tensor | None
                                       out.data_ptr(), rows.shape[0], k, out_features, threads)
     return out
 
-tiled_linear.register_fake(lambda x, tiles, bias, out_features, threads: x.new_empty(*x.shape[:-1], out_features))
 
-
-@torch.library.custom_op("specgen::attention_plan", mutates_args=(), device_types="cpu")
+@op("attention_plan(Tensor seen) -> (Tensor, Tensor, Tensor)",
+    lambda seen: tuple(seen.new_empty(seen.shape[:n], dtype=torch.int32) for n in (3, 2, 1)))
 def attention_plan(seen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(idx [B, S, T], count [B, S], shared [B], int32) of a bool mask seen [B, S, T]: each query's visible slots
     ascending then its hidden ones, how many it sees, and the leading slots 0, 1, ... every query of a row sees."""
@@ -86,15 +101,14 @@ def attention_plan(seen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torc
     lib("attention").specgen_plan(seen.data_ptr(), b, s, t, idx.data_ptr(), count.data_ptr(), shared.data_ptr())
     return idx, count, shared
 
-attention_plan.register_fake(lambda seen: tuple(seen.new_empty(seen.shape[:n], dtype=torch.int32) for n in (3, 2, 1)))
-
 
 def one_dtype(*tensors: torch.Tensor) -> None:
     if any(t.dtype != tensors[0].dtype for t in tensors):  # the kernel reads raw elements of one dtype
         raise TypeError(f"native attention takes one dtype, got {', '.join(str(t.dtype) for t in tensors)}")
 
 
-@torch.library.custom_op("specgen::attend", mutates_args=("out",), device_types="cpu")
+@op("attend(Tensor q, Tensor k, Tensor v, Tensor idx, Tensor count, Tensor shared, Tensor(a!) out) -> ()",
+    lambda *args: None)  # writes `out` only
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor, count: torch.Tensor,
            shared: torch.Tensor, out: torch.Tensor) -> None:
     """Width-invariant attention of q [B, H, S, D] over k, v [B, Hkv, T, D] into out [B, S, H, D] (contiguous), each
@@ -107,10 +121,10 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor,
         idx.data_ptr(), count.data_ptr(), shared.data_ptr(), out.data_ptr(), q.element_size(), b, h, k.shape[1], s, d,
         k.shape[2], d**-0.5), "attention")
 
-attend.register_fake(lambda *args: None)  # writes `out` only
 
-
-@torch.library.custom_op("specgen::rope_write_attend", mutates_args=("kc", "vc", "qbuf", "out"), device_types="cpu")
+@op("rope_write_attend(Tensor qkv, Tensor cos, Tensor sin, bool half, Tensor(a!) kc, Tensor(b!) vc, Tensor slots, "
+    "Tensor(c!) qbuf, Tensor idx, Tensor count, Tensor shared, Tensor(d!) out) -> ()",
+    lambda *args: None)  # writes its mutated arguments only
 def rope_write_attend(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: bool, kc: torch.Tensor,
                       vc: torch.Tensor, slots: torch.Tensor, qbuf: torch.Tensor, idx: torch.Tensor,
                       count: torch.Tensor, shared: torch.Tensor, out: torch.Tensor) -> None:
@@ -125,8 +139,6 @@ def rope_write_attend(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, h
         vc.data_ptr(), c_strides(vc.stride()), slots.data_ptr(), qbuf.data_ptr(), idx.data_ptr(), count.data_ptr(),
         shared.data_ptr(), out.data_ptr(), qkv.element_size(), b, h, kc.shape[1], s, d, idx.shape[-1], d**-0.5),
           "attention")
-
-rope_write_attend.register_fake(lambda *args: None)  # writes its mutated arguments only
 
 
 @torch.no_grad()
