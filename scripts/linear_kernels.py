@@ -27,7 +27,8 @@ import torch
 import torch.nn.functional as F
 
 from specgen.devices import onednn_packs
-from specgen.native import tiled_linear
+from specgen import native
+from specgen.native import ops
 
 DIM, FFN, QKV, VOCAB, LAYERS = 576, 1536, 960, 49152, 30
 ROWS = (1, 2, 4, 8, 16, 32)
@@ -57,7 +58,7 @@ def kernels(layers: int) -> dict[str, list]:
     ws = [torch.randn(o, i, generator=gen) / i**0.5 for o, i in shapes(layers)]
     names = ("f32 F.linear", "f32 oneDNN packed", "f32 native tiled", "bf16 F.linear", "bf16 oneDNN packed",
              "int8 x bf16", "int8 x f32", "int4 g32", "int4 g64")
-    out: dict[str, list] = {k: [] for k in names if (k != "f32 native tiled" or tiled_linear.available())
+    out: dict[str, list] = {k: [] for k in names if (k != "f32 native tiled" or native.library("tiled") is not None)
                             and (k != "bf16 oneDNN packed" or onednn_packs(torch.bfloat16))}  # not on AVX2 alone
     for w in ws:
         col = w.t().contiguous().t()
@@ -70,8 +71,8 @@ def kernels(layers: int) -> dict[str, list]:
         out["f32 oneDNN packed"].append(
             lambda x, p=pf, k=w.shape[1]: torch.ops.mkldnn._linear_pointwise(x["f32"][k], p, None, "none", [], ""))
         if "f32 native tiled" in out:
-            out["f32 native tiled"].append(lambda x, t=tiled_linear.tile(w, None)[0], o=w.shape[0], k=w.shape[1]:
-                                           tiled_linear.linear(x["f32"][k], t, None, o))
+            out["f32 native tiled"].append(lambda x, t=ops.tile(w, None)[0], o=w.shape[0], k=w.shape[1]:
+                                           torch.ops.specgen.tiled_linear(x["f32"][k], t, None, o, torch.get_num_threads()))
         out["bf16 F.linear"].append(lambda x, w=b: F.linear(x["bf16"][w.shape[1]], w))
         if "bf16 oneDNN packed" in out:
             out["bf16 oneDNN packed"].append(lambda x, p=torch.ops.mkldnn._reorder_linear_weight(b, 16), k=w.shape[1]:

@@ -44,7 +44,7 @@ def inputs(b, h, hkv, d, s, t, dtype):
 @torch.inference_mode()
 def main() -> None:
     torch.set_num_threads(1)
-    if native.attention() is None:
+    if native.library("attention") is None:
         raise SystemExit("no C compiler here: the native kernel is not built")
     print("# us per layer call, 1 thread; native = specgen/native/attention.c")
     print("| dtype | heads (q/kv x D) | rows | queries | keys | native | torch path | torch path is |")
@@ -52,7 +52,7 @@ def main() -> None:
     for b, s, t in BF16_SHAPES:
         q, k, v, mask = inputs(b, 9, 3, 64, s, t, torch.bfloat16)
         nat = A.native_plan(mask, b, s, t, 9, 64)
-        with mock.patch.object(A, "uses_native", lambda *_: False):  # the torch chunked path, as without a compiler
+        with mock.patch.object(A, "attention_path", lambda *_: "chunked"):  # the torch chunked path, as without a compiler
             chunked = A.plan(mask, b, s, t, 9, 3, 64, "cpu", torch.bfloat16)
         times = (mean_us(lambda: A.invariant_attention(q, k, v, nat)),
                  mean_us(lambda: A.invariant_attention(q, k, v, chunked)))

@@ -21,24 +21,20 @@ them, so a chunk's sums group its terms differently (pcllm-mr with a lookup bran
 AR on 7 of 30 prompts). `tree_attention` gives each query AR's layout: its scores reordered into it, and its values
 past the shared prefix copied into it, per layer.
 
-Native path: on a CPU with a C compiler, cached bfloat16 and float32 forwards (decode steps, verifies, trees; not a
-text prompt's prefill) run `specgen/native/attention.c` instead (`NativePlan`), one call a layer. It takes each
-query's visible slots as a list in ascending slot order, which is AR's order for trees too, and computes each
-(query, kv head) in a fixed order: invariant by construction, with none of the staging above. Which path a process
-runs is decided once (`specgen.native.attention`), so all forwards agree. Without the kernel, float32 keeps SDPA
-(`planned`): the chunked path costs more than float32's rare last-bit flips.
+Native path (`NativePlan`, where `kernel_choice.attention_path` says: the rule of every path lives there):
+`specgen/native/attention.c`, one call a layer, takes each query's visible slots as an ascending list (AR's order,
+for trees too) and computes each (query, kv head) in a fixed order: invariant by construction, with no staging.
 """
 
 from __future__ import annotations
 
-import ctypes
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from specgen import native
-from specgen.native import ops as native_ops
+from specgen.models.kernel_choice import attention_path
+from specgen.native import ops  # noqa: F401  (registers torch.ops.specgen)
 
 CHUNK = 128  # key slots per chunk
 MIN_ROWS = 4  # GEMM rows below which MKL's float32 products take another code path
@@ -81,12 +77,6 @@ class NativePlan:
     out: torch.Tensor  # [B, S, H, D] in the activation dtype: every layer's result (the output projection's layout)
     slots: torch.Tensor | None = None  # [B, S] int32: the cache slot of each new token (lengths[b] + s)
     qbuf: torch.Tensor | None = None  # [B, H, S, D]: the rotated queries (native_self_attention)
-    strides: dict = field(default_factory=dict)  # tensor strides -> ctypes int64[3], made once per layout
-
-    def c_strides(self, x: torch.Tensor):
-        """x's first three strides as a C int64[3], made once per layout."""
-        got = self.strides.get(x.stride())
-        return got if got is not None else self.strides.setdefault(x.stride(), (ctypes.c_int64 * 3)(*x.stride()[:3]))
 
 
 def native_plan(mask: torch.Tensor | None, b: int, s: int, t: int, heads: int, head_dim: int,
@@ -97,11 +87,8 @@ def native_plan(mask: torch.Tensor | None, b: int, s: int, t: int, heads: int, h
         idx = torch.arange(t, dtype=torch.int32).expand(b, s, t).contiguous()
         count = torch.full((b, s), t, dtype=torch.int32)
         shared = torch.full((b,), t, dtype=torch.int32)
-    else:  # attention.c's specgen_plan: visible slots ascending, then hidden ones; the leading run all rows see
-        seen = mask[:, 0].expand(b, s, t).contiguous()  # [B, S, T] bool
-        idx, count = torch.empty(b, s, t, dtype=torch.int32), torch.empty(b, s, dtype=torch.int32)
-        shared = torch.empty(b, dtype=torch.int32)
-        native.attention().specgen_plan(seen.data_ptr(), b, s, t, idx.data_ptr(), count.data_ptr(), shared.data_ptr())
+    else:  # visible slots ascending, then hidden ones; the leading run all rows see
+        idx, count, shared = torch.ops.specgen.attention_plan(mask[:, 0].expand(b, s, t))
     p = NativePlan(idx, count, shared, torch.empty(b, s, heads, head_dim, dtype=dtype))
     if lengths is not None:
         p.slots = (torch.tensor(lengths, dtype=torch.int32)[:, None] + torch.arange(s, dtype=torch.int32)).contiguous()
@@ -111,18 +98,7 @@ def native_plan(mask: torch.Tensor | None, b: int, s: int, t: int, heads: int, h
 
 def native_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: NativePlan) -> torch.Tensor:
     """`invariant_attention` by the native kernel: [B, H, S, D] in q's dtype, a view of `p.out`."""
-    b, h, s, d = q.shape
-    hkv, t = k.shape[1], k.shape[2]
-    if not q.dtype == k.dtype == v.dtype == p.out.dtype:  # the kernel reads raw elements of one dtype
-        raise TypeError(f"native attention takes one dtype, got {q.dtype} queries, {k.dtype} keys, {p.out.dtype} plan")
-    if q.stride(-1) != 1:
-        q = q.contiguous()
-    if k.stride(-1) != 1 or v.stride(-1) != 1:
-        k, v = k.contiguous(), v.contiguous()
-    status = native.attention().specgen_attend(
-        q.data_ptr(), p.c_strides(q), k.data_ptr(), p.c_strides(k), v.data_ptr(), p.c_strides(v), p.idx.data_ptr(),
-        p.count.data_ptr(), p.shared.data_ptr(), p.out.data_ptr(), q.element_size(), b, h, hkv, s, d, t, d**-0.5)
-    check(status)
+    torch.ops.specgen.attend(q, k, v, p.idx, p.count, p.shared, p.out)
     return p.out.transpose(1, 2)
 
 
@@ -136,40 +112,12 @@ def native_self_attention(
     """RoPE, the cache write and attention in one native call (bitwise what rotate, KVCache.write and
     native_attention compute); returns [B, S, H * D], a view of `p.out`."""
     b, s, h, d = p.out.shape
-    hkv = kc.shape[1]
-    if not qkv.dtype == kc.dtype == vc.dtype == rot.cos.dtype == p.out.dtype:  # raw elements of one dtype
-        raise TypeError(f"native attention takes one dtype, got {qkv.dtype} activations, {kc.dtype} cache")
-    cos, sin = rot.cos.contiguous(), rot.sin.contiguous()  # no-ops: rope.rotation makes them contiguous
-    status = native.attention().specgen_rope_write_attend(
-        qkv.contiguous().data_ptr(), cos.data_ptr(), sin.data_ptr(), int(rot.layout == "half"), kc.data_ptr(),
-        p.c_strides(kc), vc.data_ptr(), p.c_strides(vc), p.slots.data_ptr(), p.qbuf.data_ptr(), p.idx.data_ptr(),
-        p.count.data_ptr(), p.shared.data_ptr(), p.out.data_ptr(), qkv.element_size(), b, h, hkv, s, d,
-        p.idx.shape[-1], d**-0.5)
-    check(status)
+    torch.ops.specgen.rope_write_attend(qkv, rot.cos, rot.sin, rot.layout == "half", kc, vc, p.slots, p.qbuf, p.idx,
+                                        p.count, p.shared, p.out)
     return p.out.view(b, s, h * d)
 
 
-def check(status: int) -> None:
-    if status != 0:
-        raise MemoryError(f"native attention failed (status {status}): no scratch memory")
-
-
-NATIVE_DTYPES = native_ops.DTYPES  # one policy for the attention and the norms around it
 PLANS = (AttentionPlan, NativePlan)  # what `plan` returns; a layer given one attends with `invariant_attention`
-
-
-def uses_native(dtype: torch.dtype, device: torch.device | str) -> bool:
-    """Whether cached forwards in `dtype` on `device` run the native kernel: a CPU where it was built (decided once
-    per process), grad mode off (it has no backward; decoding runs under inference mode)."""
-    return (dtype in NATIVE_DTYPES and torch.device(device).type == "cpu" and not torch.is_grad_enabled()
-            and native.attention() is not None)
-
-
-def planned(dtype: torch.dtype, device: torch.device | str) -> bool:
-    """Whether cached forwards in `dtype` on `device` attend through a `plan` (`invariant_attention`): low precision
-    always (SDPA's width-dependent rounding flips its argmaxes), float32 where the native kernel runs (invariant,
-    and no slower than SDPA: docs/logs/native-attention-times.log); otherwise float32 keeps SDPA."""
-    return dtype != torch.float32 or uses_native(dtype, device)
 
 
 def plan(
@@ -177,10 +125,9 @@ def plan(
     b: int, s: int, t: int, heads: int, kv_heads: int, head_dim: int, device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32, lengths: list[int] | None = None,
 ) -> AttentionPlan | NativePlan:
-    """The plan of a forward of S queries over T key slots (made once, used by every layer); the native kernel's
-    for NATIVE_DTYPES on a CPU where it was built (given the cache `lengths`, its layers may use
-    native_self_attention)."""
-    if uses_native(dtype, device):
+    """The plan of a forward of S queries over T key slots (made once, used by every layer): the native kernel's where
+    `attention_path` names it (given the cache `lengths`, its layers may use native_self_attention), else chunked."""
+    if attention_path(dtype, device) == "native":
         return native_plan(mask, b, s, t, heads, head_dim, lengths, dtype)
     out = chain_plan(mask, b, s, t, heads, kv_heads, head_dim, device)
     n, group = -(-t // CHUNK), heads // kv_heads

@@ -34,7 +34,8 @@ import torch
 from torch import nn
 
 from specgen.decoding.cache import KVCache
-from specgen.models.attention import plan, planned
+from specgen.models.attention import plan
+from specgen.models.kernel_choice import attention_path
 from specgen.models.rope import check_positions, rotation, table_1d, table_2d
 from specgen.models.transformer import Block, Transformer, TransformerConfig
 
@@ -100,7 +101,7 @@ class EagleNet(nn.Module):
             cache.check_room(s)
             mask = cache.hide_keys(attn_mask) if attn_mask is not None else cache.prefix_mask(s, tree_mask)
             causal = False
-            if planned(h.dtype, h.device):  # the block takes an attention plan (as Transformer.hidden_states)
+            if attention_path(h.dtype, h.device) != "sdpa":  # the block takes an attention plan (as the target's)
                 t = mask.shape[-1] if mask is not None else max(cache.lengths) + s
                 c = self.cfg
                 mask = plan(mask, h.shape[0], s, t, c.n_heads, c.n_kv_heads, c.hd, h.device, h.dtype, cache.lengths)

@@ -1,27 +1,36 @@
-"""Which kernel runs a product of r rows on this machine: MKL, oneDNN or the native tiled loop, measured per model.
+"""Which kernels a forward runs, per device x dtype x shape: the one rule, in this module.
 
-A decoder's products have 1 row (an AR step), a few (verification, Jacobi blocks) or many (prefill). Three
-float32 kernels trade places at row counts that depend on the CPU, the thread count and whether the model's
-weights fit in the cache: MKL's GEMV over the column-major weight, oneDNN's GEMM over a packed copy
-(`models/packed_linear.py`) and `native/tiled.c` over a tiled copy (on torch's threads; bit-for-bit the same
-row results at every row count and thread count). Two machines of this project, both sold as AMD EPYC, disagree
-on MKL vs oneDNN for one row, and on one of them MKL and oneDNN stream a large model's weights at half the memory
-bandwidth that tiled.c reaches (`python scripts/layout_forward_times.py`, `python scripts/linear_kernels.py`; numbers in
-docs/results/text.md, "Kernel micro-benchmarks").
+| device | activations      | forward              | attention (`attention_path`) | products                 | norms  |
+|--------|------------------|----------------------|------------------------------|--------------------------|--------|
+| CPU    | float32          | cached (decode)      | native, else sdpa            | `Plan`: MKL/oneDNN/tiled | glue.c |
+| CPU    | bfloat16         | cached (decode)      | native, else chunked         | `Plan`: MKL/oneDNN       | glue.c |
+| CPU    | int8/int4 (bf16) | cached (decode)      | native, else chunked         | quantize.py's one kernel | glue.c |
+| CPU    | any              | text prompt prefill  | sdpa (float32 math)          | as above; int8/4: + GEMM | glue.c |
+| CUDA   | bfloat16/float16 | cached               | chunked                      | cuBLAS                   | torch  |
+| CUDA   | float32          | cached               | sdpa                         | cuBLAS                   | torch  |
+| any    | any              | uncached (training)  | sdpa (float32 math)          | `F.linear`               | torch  |
 
-A constant tuned on one machine would make AR (the baseline of every speedup) slower on another and inflate
-every ratio. So the choice is measured: one pass of r-row products over all of a model's linear weights
-(the weight traffic of one forward, from memory when they exceed the cache and from the cache when they do
-not), per kernel, for r in `ROWS` (MKL only up to `MKL_MAX_ROWS`: more rows always favoured oneDNN),
-interleaved, best of `ROUNDS`. The `Plan`: products of at least `min_rows` rows go to oneDNN, where `min_rows`
-is the smallest measured r from which oneDNN beats MKL at every larger measured r; the native loop takes the
-first run of consecutive measured counts where it beats both (and every larger count too when that run reaches
-the last one), for float32 products where tiled.c was built. `decode_layout` measures at load, at the thread
-count of that moment; a later thread count is measured on the first product that runs under it (benchmarks
-warm up first). One measurement takes ~60 passes (seconds for SmolLM2), so its plan is kept on disk per machine,
-torch version, thread count and weight shapes (`models/plan_cache.py`) and a later start reads it; in the process it
-is shared by every model with the same weight shapes; copies a plan never uses are dropped. `SPECGEN_PACKED_MIN_ROWS=N` pins the two-kernel choice (oneDNN from N rows, no native loop), e.g. to
-reproduce a run or skip the measurement; `SPECGEN_NATIVE=0` leaves the native loop out.
+"cached (decode)": AR steps, verifies, trees, drafts, an image or mesh prefill. "native" (attention.c) and "glue.c"
+where built and grad mode is off, else the row's torch path; `F.linear` takes every product that wants a gradient;
+"+ GEMM": quantized products from `quantize.PROMPT_MIN_ROWS` rows dequantize for one bfloat16 GEMM. "native" and
+"chunked" give a query a result independent of the forward's width and batch (a tree's query attends in AR's slot
+order), so greedy speculation equals AR token for token; "sdpa" does not, and takes float32 only where nothing was
+compiled (its rare last-bit flips cost less than the chunked path). A float32 block on the native path whose products
+all take tiled.c runs as one straight run of kernel calls (`models/native_block.py`), bitwise the module path.
+
+Products (`Plan`, `KernelChoice`): MKL's GEMV over the column-major weight, oneDNN's GEMM over a packed copy and
+tiled.c over a tiled copy (`models/packed_linear.py`) trade places at row counts that depend on the CPU, the thread
+count and whether the weights fit in the cache (docs/results/text.md, "Kernel micro-benchmarks"); a constant tuned on
+one machine would slow AR, the baseline of every speedup, on another. So one pass of r-row products over all of a
+model's linear weights is timed per kernel, r in `ROWS` (MKL up to `MKL_MAX_ROWS`), interleaved, best of `ROUNDS`:
+oneDNN takes products from `min_rows` rows (from which it beats MKL at every larger measured r), tiled.c the first
+run of consecutive counts where it beats both (and every larger count when that run reaches the last). Measured at
+load and on the first product under a new thread count; kept on disk per machine, torch, thread count and weight
+shapes (`models/plan_cache.py`), shared in the process by models of the same shapes.
+
+Environment variables that change results (docs/precision.md): `SPECGEN_NATIVE=0` (the torch paths above, which
+round differently), `SPECGEN_PACKED_MIN_ROWS=N` (pins the plan: oneDNN from N rows, no tiled.c, nothing measured),
+`SPECGEN_WEIGHT_LAYOUT=col|row` (no plan: every product MKL) and `SPECGEN_HOME` (whose stored plans a start reads).
 """
 
 from __future__ import annotations
@@ -34,11 +43,15 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from specgen import native
 from specgen.devices import onednn_packs
+from specgen.errors import UsageError
 from specgen.models import plan_cache
-from specgen.native import tiled_linear
+from specgen.native import ops  # noqa: F401  (registers torch.ops.specgen)
 
 ENV = "SPECGEN_PACKED_MIN_ROWS"
+#: Activation dtypes whose cached CPU forwards run the native kernels (attention and the norms around it).
+NATIVE_DTYPES = (torch.bfloat16, torch.float32)
 #: Row counts timed: AR steps, verification of a few tokens, Jacobi blocks, batched steps.
 ROWS = (1, 2, 3, 4, 8, 16, 32)
 #: MKL is timed up to here: from 8 rows on oneDNN always beat it (by ~2x at 16 on every machine measured).
@@ -130,8 +143,6 @@ def cpu_packable(w: torch.Tensor) -> bool:
 
 def pinned_min_rows() -> int | None:
     """`SPECGEN_PACKED_MIN_ROWS` as a positive int, None when unset."""
-    from specgen.errors import UsageError
-
     raw = os.environ.get(ENV, "").strip()
     if not raw:
         return None
@@ -141,9 +152,33 @@ def pinned_min_rows() -> int | None:
     return int(raw)
 
 
-def native_timeable(weights: list) -> bool:
-    """Whether the native loop can take these weights: float32 on the CPU, and tiled.c built here."""
-    return tiled_linear.available() and all(lin.weight.dtype == torch.float32 for lin in weights)
+def inference_on_cpu(dtypes: tuple, *tensors: torch.Tensor) -> bool:
+    """CPU tensors of one dtype among `dtypes`, grad mode off (the native kernels have no backward; decode forwards
+    all run under inference mode, so all of a model's decode steps take the same path)."""
+    first = tensors[0]
+    return (not torch.is_grad_enabled() and first.dtype in dtypes
+            and all(t.dtype == first.dtype and t.device.type == "cpu" for t in tensors))
+
+
+def attention_path(dtype: torch.dtype, device: torch.device | str, prefill: bool = False) -> str:
+    """The attention of a cached forward: "native", "chunked" or "sdpa" (the table above); `prefill`: a text
+    prompt's."""
+    if prefill:
+        return "sdpa"
+    if (dtype in NATIVE_DTYPES and torch.device(device).type == "cpu" and not torch.is_grad_enabled()
+            and native.library("attention") is not None):
+        return "native"
+    return "sdpa" if dtype == torch.float32 else "chunked"
+
+
+def native_norms(*tensors: torch.Tensor) -> bool:
+    """Whether a norm (or residual add and norm) over these tensors runs glue.c."""
+    return inference_on_cpu(NATIVE_DTYPES, *tensors) and native.library("glue") is not None
+
+
+def tiled_products(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether a product the plan gives tiled.c may run there: float32 on the CPU, grad mode off, tiled.c built."""
+    return inference_on_cpu((torch.float32,), x, weight) and native.library("tiled") is not None
 
 
 @torch.inference_mode()
@@ -153,7 +188,8 @@ def time_passes(linears: list, rows: tuple[int, ...] = ROWS, rounds: int = ROUND
     inputs = {(lin.in_features, lin.weight.dtype): torch.randn(max(rows), lin.in_features).to(lin.weight.dtype)
               for lin in weights}
     packed = [lin.packed_weight() for lin in weights]
-    kernels = ("mkl", "onednn", "native") if native_timeable(weights) else ("mkl", "onednn")
+    timeable = native.library("tiled") is not None and all(lin.weight.dtype == torch.float32 for lin in weights)
+    kernels = ("mkl", "onednn", "native") if timeable else ("mkl", "onednn")
     tiles = [lin.tiled_weight() for lin in weights] if "native" in kernels else []
 
     def one_pass(r: int, kernel: str) -> float:
@@ -163,7 +199,7 @@ def time_passes(linears: list, rows: tuple[int, ...] = ROWS, rounds: int = ROUND
             if kernel == "onednn":
                 torch.ops.mkldnn._linear_pointwise(x, packed[i], None, "none", [], "")
             elif kernel == "native":
-                tiled_linear.linear(x, tiles[i][0], None, lin.out_features)
+                torch.ops.specgen.tiled_linear(x, tiles[i][0], None, lin.out_features, torch.get_num_threads())
             else:
                 F.linear(x, lin.weight)
         return (time.perf_counter() - t) * 1e3

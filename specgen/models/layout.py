@@ -10,12 +10,9 @@ faster layout (a slower AR would inflate every speedup). Values are unchanged (s
 strides); training keeps the default layout.
 
 Layouts (`SPECGEN_WEIGHT_LAYOUT`):
-- `packed` (default where this torch has oneDNN): column-major, and every Linear becomes a
-  `PackedLinear` (`models/packed_linear.py`): products of several rows (verification, Jacobi blocks,
-  prefill) run on a oneDNN-packed copy, which reuses the weight across rows instead of paying per row
-  (up to 4x on one core); products of fewer rows than the crossover measured for the model on this
-  machine (`models/kernel_choice.py`) stay on MKL's GEMV over the column-major weight, which is faster
-  there (a constant crossover slowed SmolLM2's AR step on one machine: docs/results/text.md);
+- `packed` (default where this torch has oneDNN): column-major, and every Linear becomes a `PackedLinear`
+  (`models/packed_linear.py`) whose products take MKL, oneDNN's packed copy or tiled.c per row count, as the plan
+  measured for the model on this machine says (`models/kernel_choice.py`);
 - `col`: column-major only (the previous default);
 - `row`: PyTorch's layout, e.g. to measure the difference or on a CPU where it is slower.
 """

@@ -3,9 +3,8 @@ as `Block.forward` takes through its modules, without the modules.
 
 Why: on the native path a block's work is five tiled products, two norms, one attention call and three torch ops
 (SiLU, product, residual add; a mesh decoder's block adds a cross-attention: a norm, two products and SDPA). Reaching
-them through nine module calls, `PackedLinear.forward`'s kernel checks and the wrappers' reshapes costs tens of
-microseconds a layer, which small models feel most (docs/results/batching.md, "A block in one call"). Here the checks
-run once a block and every call gets its buffers and pointers directly.
+them through nine module calls and `PackedLinear.forward`'s kernel checks costs most for small models
+(docs/results/batching.md, "A block in one call"); here the checks run once a block.
 
 Bitwise the module path: each kernel gets the same inputs (rows are contiguous [B * S, features] either way) and
 SiLU, the gate product, SDPA and the residual adds are the same torch ops (tests/models/test_native_block.py). So every
@@ -18,9 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from specgen.models.attention import NativePlan, native_self_attention
+from specgen.models.kernel_choice import native_norms
 from specgen.models.packed_linear import PackedLinear
-from specgen.native import ops as native_ops
-from specgen.native import tiled_linear
 
 
 def linears(blk) -> tuple:
@@ -41,10 +39,10 @@ def usable(blk, x: torch.Tensor, mask, cross_kv) -> bool:
     norms over a native plan that places the new keys (a cross-attention block with its condition's keys and values),
     and all its products on one model's kernel choice naming the tiled loop for this many rows (else the module path,
     whatever kernel it picks). A NativePlan exists only where attention.c was built, and a plan names the tiled loop
-    only where tiled.c was; `native_ops.usable` checks the device, grad mode and glue.c."""
+    only where tiled.c was; `native_norms` checks the device, grad mode and glue.c."""
     if (not isinstance(mask, NativePlan) or mask.slots is None or x.dtype != torch.float32
             or blk.attention.cfg.qk_norm or (cross_kv is not None) != hasattr(blk, "cross_attention")
-            or not native_ops.usable(x, *(n.weight for n in norms(blk)))):
+            or not native_norms(x, *(n.weight for n in norms(blk)))):
         return False
     lins = linears(blk)
     if any(type(lin) is not PackedLinear for lin in lins):  # e.g. plain nn.Linear (unpacked) or a LoRA wrapper
@@ -56,8 +54,8 @@ def usable(blk, x: torch.Tensor, mask, cross_kv) -> bool:
 
 
 def product(lin: PackedLinear, x: torch.Tensor, threads: int) -> torch.Tensor:
-    """lin(x) for contiguous x [..., in] on the tiled loop: [rows, out]."""
-    return tiled_linear.linear_rows(x, *lin.tiled_weight(), lin.out_features, threads)
+    """lin(x) for x [..., in] on the tiled loop: [..., out]."""
+    return torch.ops.specgen.tiled_linear(x, *lin.tiled_weight(), lin.out_features, threads)
 
 
 def forward(blk, x: torch.Tensor, rot, layer: int, cache, p: NativePlan, cross_kv=None) -> torch.Tensor:
@@ -67,20 +65,20 @@ def forward(blk, x: torch.Tensor, rot, layer: int, cache, p: NativePlan, cross_k
     lins = linears(blk)
     wqkv, wo, w1, w3, w2 = lins[0], lins[1], *lins[-3:]
     # 1. attention: pre-norm, fused QKV, RoPE + cache write + attention in one call, output projection
-    normed = native_ops.rms_norm(x, blk.attention_norm.weight, blk.attention_norm.eps)  # [B, S, dim]
+    normed = torch.ops.specgen.rms_norm(x, blk.attention_norm.weight, blk.attention_norm.eps)  # [B, S, dim]
     qkv = product(wqkv, normed, threads).view(b, s, -1)  # [B, S, (H + 2 Hkv) hd]
     a = product(wo, native_self_attention(qkv, rot, *cache.layer(layer), p), threads)  # [B*S, dim]
     if cross_kv is None:  # 2. residual add and the FFN's pre-norm in one pass
-        total, normed = native_ops.add_rms_norm(x, a.view(b, s, dim), blk.ffn_norm.weight, blk.ffn_norm.eps)
+        total, normed = torch.ops.specgen.add_rms_norm(x, a.view(b, s, dim), blk.ffn_norm.weight, blk.ffn_norm.eps)
     else:  # 2'. residual add, cross-attention to the condition (SDPA, as CrossAttention.forward), add, FFN pre-norm
         total = x + a.view(b, s, dim)
         wq, wo_cross = lins[2], lins[3]
         heads, hd = blk.cross_attention.cfg.n_heads, blk.cross_attention.cfg.hd
-        c = native_ops.rms_norm(total, blk.cross_norm.weight, blk.cross_norm.eps)
+        c = torch.ops.specgen.rms_norm(total, blk.cross_norm.weight, blk.cross_norm.eps)
         q = product(wq, c, threads).view(b, s, heads, hd).transpose(1, 2)  # [B, H, S, hd]
         y = F.scaled_dot_product_attention(q, cross_kv[0], cross_kv[1])  # [B, H, S, hd]
         total = total + product(wo_cross, y.transpose(1, 2).reshape(b, s, -1), threads).view(b, s, dim)
-        normed = native_ops.rms_norm(total, blk.ffn_norm.weight, blk.ffn_norm.eps)
+        normed = torch.ops.specgen.rms_norm(total, blk.ffn_norm.weight, blk.ffn_norm.eps)
     # 3. SwiGLU (the module's torch ops) and the second residual add
     gate = F.silu(product(w1, normed, threads)) * product(w3, normed, threads)  # [B*S, ffn]
     return total + product(w2, gate, threads).view(b, s, dim)

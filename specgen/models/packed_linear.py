@@ -1,40 +1,33 @@
-"""PackedLinear: an nn.Linear whose CPU products run on the fastest of MKL, oneDNN (packed) and native/tiled.c.
+"""PackedLinear: an nn.Linear whose CPU products run on the kernel its model's plan names: MKL, oneDNN, tiled.c.
 
-Why: on this project's CPU (AMD EPYC with AVX-512, torch 2.13) MKL's `F.linear` on a few rows costs
-about one single-row product *per row* for the small, cache-resident matrices of a decoder: a verify
-forward over n tokens then costs nearly n times the weight work of an AR step, which is most of the
-c(n) that makes speculative and Jacobi decoding lose on a CPU. oneDNN's GEMM over a weight packed once
-for it (`torch.ops.mkldnn._reorder_linear_weight`, what torch.compile's CPU backend uses) reuses the
-weight across rows (`python scripts/linear_kernel_times.py` times both kernels per row count; numbers in
-docs/results/text.md, "Kernel micro-benchmarks").
+Why: MKL's `F.linear` on a few rows costs about one single-row product *per row* for a decoder's small matrices, so
+a verify forward over n tokens cost nearly n AR steps of weight work (most of the c(n) that makes speculative and
+Jacobi decoding lose on a CPU). oneDNN's GEMM over a weight packed once for it (`torch.ops.mkldnn.
+_reorder_linear_weight`, what torch.compile's CPU backend uses) and native/tiled.c over a tiled copy reuse the weight
+across rows. `pack_linears` gives each model one `KernelChoice` (`models/kernel_choice.py`, the rule and its
+measurement); outputs agree to float32 rounding (the kernels sum in different orders; tiled.c alone gives a row the
+same bits at every row count).
 
-Which kernel a product of r rows uses depends on the machine (whole decoders: on one machine oneDNN was
-faster for SmolLM2's 1-token step, on another MKL; for the cache-resident tiny models MKL's GEMV wins up to
-three rows; on another, MKL and oneDNN read SmolLM2's weights at half the memory bandwidth that the native
-loop `native/tiled.c` reaches at 1-32 rows), so `pack_linears` gives each model a `KernelChoice`
-(`models/kernel_choice.py`) that measures the three on this machine at the thread count decoding runs with:
-AR baselines keep their fastest kernel and every multi-token forward (verification, Jacobi blocks, prefill)
-gets its own; outputs agree to float32 rounding (the kernels sum in different orders, as MKL's own GEMV and
-GEMM already did; the native loop alone gives a row the same bits at every row count).
-
-The packed and tiled copies can triple the memory of the linear weights (a plan drops the copies it never
-reads), so `pack_linears` leaves a model whose linear weights exceed `MAX_MEMORY_SHARE` of this machine's RAM
-as it is (column-major, MKL for every product). A copy is made on first use
-and remade whenever the weight changes (a LoRA merge, `.data`
-replaced, a dtype change): it is keyed by the weight's storage pointer, version counter and dtype (a
-weight made under `torch.inference_mode` has no version counter: only a new storage or dtype repacks it). It
-is never saved (not a parameter or buffer) and is dropped by deepcopy/pickle. Products that need
-gradients, other devices or dtypes fall back to `F.linear`.
+The packed and tiled copies can triple the memory of the linear weights (a plan drops the copies it never reads), so
+`pack_linears` leaves a model whose linear weights exceed `MAX_MEMORY_SHARE` of this machine's RAM as it is
+(column-major, MKL for every product). A copy is made on first use and remade whenever the weight changes (a LoRA
+merge, `.data` replaced, a dtype change): it is keyed by the weight's storage pointer, version counter and dtype (a
+weight made under `torch.inference_mode` has no version counter: only a new storage or dtype repacks it). It is never
+saved (not a parameter or buffer) and is dropped by deepcopy/pickle. Products that need gradients, other devices or
+dtypes fall back to `F.linear`.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specgen.models.kernel_choice import FALLBACK_MIN_ROWS, KernelChoice, Plan, cpu_packable, pinned_min_rows
-from specgen.native import tiled_linear
+from specgen.models.kernel_choice import (FALLBACK_MIN_ROWS, KernelChoice, Plan, cpu_packable, pinned_min_rows,
+                                          tiled_products)
+from specgen.native import ops
 
 #: A model whose linear weights exceed this share of the machine's RAM is not packed: the weights and their two
 #: copies (oneDNN's and tiled.c's, both alive while the kernels are measured) then stay within half of it.
@@ -46,11 +39,6 @@ PACK_HINT = 16
 def available() -> bool:
     """Whether this torch build has oneDNN's packed linear (x86 CPU builds do)."""
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-
-
-#: Whether oneDNN's packed CPU kernel may take a weight: a CPU weight in a dtype this CPU's oneDNN packs. One test with
-#: the kernel measurement's (a weight on cuda, or any other device, is never packed or measured: `specgen/devices.py`).
-packable = cpu_packable
 
 
 class PackedLinear(nn.Linear):
@@ -70,13 +58,13 @@ class PackedLinear(nn.Linear):
         w = self.weight
         # CPU only: the device and dtype are checked before the plan, whose first read measures the kernels on
         # this CPU (a model moved to a GPU after packing must never run, or measure, oneDNN's CPU kernels)
-        if (x.device.type != "cpu" or x.dtype != w.dtype or not packable(w)
+        if (x.device.type != "cpu" or x.dtype != w.dtype or not cpu_packable(w)
                 or (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))):
             return F.linear(x, w, self.bias)
         plan = self._choice.plan() if self._choice is not None else Plan(FALLBACK_MIN_ROWS)
         rows = x.numel() // self.in_features
-        if plan.kernel(rows) == "native" and tiled_linear.usable(x, w):  # a plan shared with a bfloat16 copy: not it
-            return tiled_linear.linear(x, *self.tiled_weight(), self.out_features)
+        if plan.kernel(rows) == "native" and tiled_products(x, w):  # a plan shared with a bfloat16 copy: not it
+            return torch.ops.specgen.tiled_linear(x, *self.tiled_weight(), self.out_features, torch.get_num_threads())
         if rows < plan.min_rows:
             return F.linear(x, w, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight(), self.bias, "none", [], "")
@@ -93,7 +81,7 @@ class PackedLinear(nn.Linear):
         """(tiles, padded bias) of `weight` for native/tiled.c, remade when the weight changed."""
         key = self.weight_key()
         if self._tiled is None or self._tiled[0] != key:
-            self._tiled = (key, tiled_linear.tile(self.weight.detach(), self.bias))
+            self._tiled = (key, ops.tile(self.weight.detach(), self.bias))
         return self._tiled[1]
 
     def weight_key(self) -> tuple:
@@ -118,8 +106,6 @@ def linear_bytes(module: nn.Module) -> int:
 
 def ram_bytes() -> int:
     """Physical memory of this machine (0 when the OS does not say)."""
-    import os
-
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (AttributeError, ValueError, OSError):
@@ -135,7 +121,7 @@ def pack_linears(module: nn.Module, min_rows: int | None = None) -> nn.Module:
     if ram and size > MAX_MEMORY_SHARE * ram:
         return module
     linears = [lin for lin in module.modules()  # CPU weights oneDNN packs here only
-               if type(lin) in (nn.Linear, PackedLinear) and packable(lin.weight)]
+               if type(lin) in (nn.Linear, PackedLinear) and cpu_packable(lin.weight)]
     if not linears:
         return module
     choice = KernelChoice(linears, min_rows or pinned_min_rows())

@@ -27,9 +27,9 @@ from torch import nn
 from specgen.decoding.cache import KVCache
 from specgen.errors import ContextOverflowError
 from specgen.models import native_block, prompt
-from specgen.models.attention import PLANS, NativePlan, invariant_attention, native_self_attention, plan, planned
+from specgen.models.attention import PLANS, NativePlan, invariant_attention, native_self_attention, plan
+from specgen.models.kernel_choice import attention_path, native_norms
 from specgen.models.rope import SCALINGS, Rotation, check_positions, rotate, rotation, table_1d, table_2d
-from specgen.native import ops as native_ops
 
 
 @dataclass(frozen=True)
@@ -87,8 +87,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if native_ops.usable(x, self.weight):  # the same formula in one pass (its float32 sum in a fixed order)
-            return native_ops.rms_norm(x, self.weight, self.eps)
+        if native_norms(x, self.weight):  # the same formula in one pass (its float32 sum in a fixed order)
+            return torch.ops.specgen.rms_norm(x, self.weight, self.eps)
         # HF's formula: F.rms_norm of float32 is bitwise x * rsqrt(mean(x^2) + eps) (tests/models/test_rope_norm.py)
         xf = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
         return self.weight * xf.to(x.dtype)
@@ -130,7 +130,7 @@ class Attention(nn.Module):
         q, k, v = qk[:, :h], qk[:, h:], qkv[:, h + hkv :]
         if cache is not None:
             k, v = cache.write(layer, k, v)  # [B, Hkv, T, hd]
-        if isinstance(mask, PLANS):  # a planned forward with a cache (hidden_states: `planned`; not a prompt prefill)
+        if isinstance(mask, PLANS):  # a planned forward with a cache (hidden_states: `attention_path` not sdpa)
             y = invariant_attention(q, k, v, mask)  # a query's result never depends on the forward's width
             return self.wo(y.transpose(1, 2).reshape(b, s, self.q_dim))
         gqa = self.cfg.n_heads != self.cfg.n_kv_heads
@@ -205,8 +205,8 @@ class Block(nn.Module):
         if native_block.usable(self, x, mask, cross_kv):  # the same kernels without the module calls, bit for bit
             return native_block.forward(self, x, rot, layer, cache, mask, cross_kv)
         a = self.attention(self.attention_norm(x), rot, layer, cache, mask, causal)
-        if cross_kv is None and native_ops.usable(x, a, self.ffn_norm.weight):  # the add and the norm in one pass,
-            x, normed = native_ops.add_rms_norm(x, a, self.ffn_norm.weight, self.ffn_norm.eps)  # bitwise both apart
+        if cross_kv is None and native_norms(x, a, self.ffn_norm.weight):  # the add and the norm in one pass,
+            x, normed = torch.ops.specgen.add_rms_norm(x, a, self.ffn_norm.weight, self.ffn_norm.eps)  # bitwise
             return x + self.feed_forward(normed)
         x = x + a
         if cross_kv is not None:
@@ -350,7 +350,7 @@ class Transformer(nn.Module):
             cache.check_room(s)
             mask = cache.hide_keys(attn_mask) if attn_mask is not None else cache.prefix_mask(s, tree_mask)
             causal = False
-            if planned(h.dtype, h.device) and not prompt.active():  # batch/width-invariant attention
+            if attention_path(h.dtype, h.device, prompt.active()) != "sdpa":  # batch/width-invariant attention
                 t = mask.shape[-1] if mask is not None else max(cache.lengths) + s  # (models/attention.py)
                 mask = plan(mask, h.shape[0], s, t, self.cfg.n_heads, self.cfg.n_kv_heads, self.cfg.hd, h.device,
                             h.dtype, cache.lengths)

@@ -1,19 +1,18 @@
-"""Native CPU kernels, compiled once per machine from the C sources beside this file and loaded with ctypes.
+"""Native CPU kernels: C sources beside this file, built at install time or on first use, loaded with ctypes.
 
-Why: a low-precision SmolLM2 decode step ran ~2,300 small aten ops, and on this kind of CPU their dispatch cost
-as much as the quantized products (docs/results/precision.md). `attention.c` does a layer's RoPE, cache write and
-attention in one call; `glue.c` the norms and residual adds around the products; `tiled.c` float32 linear products
-of a few rows, where MKL and oneDNN left half the memory bandwidth unused (`models/kernel_choice.py` decides per
-machine whether they run).
+Why: a low-precision SmolLM2 decode step ran ~2,300 small aten ops whose dispatch cost as much as the quantized
+products (docs/results/precision.md). `attention.c` does a layer's RoPE, cache write and attention in one call;
+`glue.c` the norms and residual adds; `tiled.c` float32 products of a few rows, where MKL and oneDNN left half the
+memory bandwidth unused. Models call them as `ops.py`'s torch ops, where `models/kernel_choice.py`'s rule says.
 
-How: the first use compiles each source with the system C compiler (`$CC`, else `cc`) into a shared library under
-`$SPECGEN_CACHE` (default `~/.cache/specgen/native`), named by a hash of the source, the flags, the compiler's
-version and this CPU's model and flags (`-march=native` code must not run on another CPU kind sharing a home
-directory). Without a compiler, or with `SPECGEN_NATIVE=0`, nothing is built and callers use their torch path (one
-`warning:` line on stderr says so, and why, unless SPECGEN_NATIVE=0 asked for it); a cached library that does not
-load (damaged, foreign) is removed and built again;
-`attention.c`, written in vec16.h's 16-lane vectors, is loaded only where those live in registers (AVX-512, or AVX2 +
-FMA as two halves: `SIXTEEN_LANE`).
+Where a library comes from, first found wins: the install-time build (setup.py runs this module, torch-free, to
+compile the sources into `lib/` where a compiler exists), then `$SPECGEN_CACHE` (default `~/.cache/specgen/native`),
+else it is compiled there now with `$CC` (else `cc`). A file is named by a hash of its source and headers, flags and
+this CPU's model and flags (the cache's also by the compiler's version): `-march=native` code built on another CPU
+kind (a shared home directory, a copied wheel) is never loaded. Without a compiler, or with `SPECGEN_NATIVE=0`,
+nothing loads and callers take their torch path (one `warning:` line on stderr says why, unless SPECGEN_NATIVE=0
+asked for it); a library that does not load (damaged, foreign) is removed and built again. `attention.c`, in
+vec16.h's 16-lane vectors, loads only where those live in registers (AVX-512, or AVX2 + FMA as two halves).
 
 Which path runs is decided once per process (`library()` is cached), so every forward of a model computes the same
 way: a speculative method is lossless against AR of the model that runs, whichever path that is. The two paths round
@@ -22,6 +21,7 @@ differently, so a quantized model's greedy outputs may differ between a machine 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -29,22 +29,30 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 SOURCE_DIR = Path(__file__).parent
+INSTALLED_DIR = SOURCE_DIR / "lib"  # not a package: nothing there is a Python module
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-shared", "-fPIC")
+OPENMP = ("-fopenmp",)
 #: Libraries that split their work over threads where the process's OpenMP runtime is libgomp (`openmp_flags`).
 THREADED = ("tiled",)
-#: Libraries written in vec16.h's 16-lane vectors, loaded only where those live in registers (`sixteen_lanes`): as
-#: GCC's generic vectors on an AVX2-only EPYC every operation went through the stack, and attention.c ran 2-10x slower
-#: than the torch paths it replaces, until vec16.h got its two-halves form (docs/results/text.md, "An AVX2-only CPU").
+#: Libraries in vec16.h's 16-lane vectors, loaded only where those live in registers (`sixteen_lanes`): elsewhere
+#: every operation goes through the stack, slower than torch (docs/results/text.md, "An AVX2-only CPU").
 SIXTEEN_LANE = ("attention",)
 COMPILE_TIMEOUT_S = 120
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("SPECGEN_CACHE") or Path.home() / ".cache" / "specgen" / "native")
+PTR, INT, FLOAT = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+SIGNATURES = {  # library -> function -> (argument types, return type); `es`: element size, 2 bfloat16 / 4 float32
+    "attention": {"specgen_attend": ([PTR] * 10 + [INT] * 7 + [FLOAT], INT),
+                  "specgen_rope_write_attend": ([PTR] * 3 + [INT] + [PTR] * 10 + [INT] * 7 + [FLOAT], INT),
+                  "specgen_plan": ([PTR, INT, INT, INT, PTR, PTR, PTR], INT)},
+    "glue": {"specgen_rms_norm": ([PTR] * 3 + [INT, INT, FLOAT, INT], INT),
+             "specgen_add_rms_norm": ([PTR] * 5 + [INT, INT, FLOAT, INT], INT)},
+    "tiled": {"specgen_tiled_linear": ([PTR] * 4 + [INT] * 4, INT), "specgen_tiled_width": ([], INT),
+              "specgen_tiled_openmp": ([], INT)},
+}
 
 
 def cpu_signature() -> str:
@@ -58,24 +66,23 @@ def cpu_signature() -> str:
 
 
 def sixteen_lanes() -> bool:
-    """Whether vec16.h's 16-lane vectors live in registers on this CPU: AVX-512F (one zmm), or AVX2 + FMA (two ymm
-    halves). Elsewhere GCC's generic 64-byte vectors go through the stack, and SIXTEEN_LANE libraries are not loaded."""
+    """Whether vec16.h's 16-lane vectors live in registers here: AVX-512F (one zmm), or AVX2 + FMA (two ymm halves)."""
     flags = [set(ln.split(":", 1)[1].split()) for ln in cpu_signature().splitlines() if ln.startswith("flags")]
     return any("avx512f" in f or {"avx2", "fma"} <= f for f in flags)
 
 
 def openmp_flags() -> tuple[str, ...]:
-    """("-fopenmp",) where torch runs its threads on a libgomp already loaded in this process under the file name
-    (and soname) `libgomp.so.1` that a GCC build links against: the library then joins torch's thread pool. Elsewhere
-    () and a one-thread library: a wheel whose libgomp carries a hashed name (libgomp-<hash>.so.1), or another
-    runtime (libiomp5, libomp), would leave ours loading a second OpenMP runtime whose threads spin against torch's."""
-    import torch  # noqa: F401  (loads torch's OpenMP runtime first, so the check below sees it)
+    """OPENMP where torch runs its threads on a libgomp already loaded in this process under the file name (and
+    soname) `libgomp.so.1` that a GCC build links against: the library then joins torch's thread pool. Elsewhere ()
+    and a one-thread library: a wheel whose libgomp carries a hashed name (libgomp-<hash>.so.1), or another runtime
+    (libiomp5, libomp), would leave ours loading a second OpenMP runtime whose threads spin against torch's."""
+    import torch  # noqa: F401  (loads torch's OpenMP runtime first, so the check below sees it; setup.py has no torch)
 
     try:
         maps = Path("/proc/self/maps").read_text()
     except OSError:
         return ()
-    return ("-fopenmp",) if plain_libgomp_loaded(maps) else ()
+    return OPENMP if plain_libgomp_loaded(maps) else ()
 
 
 def plain_libgomp_loaded(maps: str) -> bool:
@@ -83,22 +90,28 @@ def plain_libgomp_loaded(maps: str) -> bool:
     return any(Path(f).name == "libgomp.so.1" for f in maps.split() if f.startswith("/"))
 
 
-def build(name: str) -> Path | None:
-    """Compile `<name>.c` into the cache (once per source and shared headers, flags, compiler and CPU); None without
-    a compiler or when the compile fails. A THREADED library is built with OpenMP where `openmp_flags` allows, and
-    without it when that build fails."""
-    return built(name)[0]
+def key(name: str, flags: tuple[str, ...], compiler: str = "") -> str:
+    """A library's identity: its source and the shared headers, the flags, this CPU and (in the cache) the compiler."""
+    sources = [(SOURCE_DIR / f"{name}.c").read_bytes()] + [h.read_bytes() for h in sorted(SOURCE_DIR.glob("*.h"))]
+    parts = [*sources, " ".join(flags).encode(), compiler.encode(), cpu_signature().encode()]
+    return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
+
+
+def installed(name: str, flags: tuple[str, ...]) -> Path:
+    """Where an install-time build of `name` with `flags` on this CPU lies (it may not exist)."""
+    return INSTALLED_DIR / f"{name}-{key(name, flags)}.so"
 
 
 def built(name: str) -> tuple[Path | None, str]:
-    """(`build`'s library, "") or (None, why not)."""
+    """(`name`'s library for this process: installed, cached or compiled into the cache now, "") or (None, why not).
+    A THREADED library is built with OpenMP where `openmp_flags` allows, and without it when that build fails."""
     extra = openmp_flags() if name in THREADED else ()
     path, why = compile_library(name, FLAGS + extra) if extra else (None, "")
     return (path, "") if path else compile_library(name, FLAGS)
 
 
-def compile_library(name: str, flags: tuple[str, ...]) -> tuple[Path | None, str]:
-    """(`<name>.c` compiled with `flags` into the cache, "") or (None, why not)."""
+def compiler() -> tuple[str | None, str]:
+    """(the C compiler `$CC`, else `cc`, and its first --version line) or (None, why not)."""
     cc_name = os.environ.get("CC", "cc")
     cc = shutil.which(cc_name)
     if cc is None:
@@ -107,12 +120,25 @@ def compile_library(name: str, flags: tuple[str, ...]) -> tuple[Path | None, str
         version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout.splitlines()
     except (OSError, subprocess.SubprocessError) as e:
         return None, f"{cc} --version failed ({e})"
-    sources = [(SOURCE_DIR / f"{name}.c").read_bytes()] + [h.read_bytes() for h in sorted(SOURCE_DIR.glob("*.h"))]
-    key = hashlib.sha256(b"\0".join([*sources, " ".join(flags).encode(), (version or [""])[0].encode(),
-                                     cpu_signature().encode()])).hexdigest()[:16]
-    out = cache_dir() / f"{name}-{key}.so"
-    if out.is_file():
-        return out, ""
+    return cc, (version or [""])[0]
+
+
+def compile_library(name: str, flags: tuple[str, ...]) -> tuple[Path | None, str]:
+    """(`<name>.c` with `flags`: installed, else cached, else compiled into the cache now, "") or (None, why not)."""
+    if (done := installed(name, flags)).is_file():
+        return done, ""
+    cc, version = compiler()
+    if cc is None:
+        return None, version
+    cache = Path(os.environ.get("SPECGEN_CACHE") or Path.home() / ".cache" / "specgen" / "native")
+    out = cache / f"{name}-{key(name, flags, version)}.so"
+    why = "" if out.is_file() else compile_to(cc, name, flags, out)
+    return (None, why) if why else (out, "")
+
+
+def compile_to(cc: str, name: str, flags: tuple[str, ...], out: Path) -> str:
+    """Compile `<name>.c` with `flags` into `out`: "" when done, else why not. Atomic: another process sees the
+    whole library or none."""
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
@@ -122,36 +148,24 @@ def compile_library(name: str, flags: tuple[str, ...]) -> tuple[Path | None, str
         if done.returncode != 0:
             os.unlink(tmp)
             first = (done.stderr.decode(errors="replace").strip().splitlines() or [f"exit {done.returncode}"])[0]
-            return None, f"{cc} failed on {name}.c: {first[:120]}"
-        os.replace(tmp, out)  # atomic: a concurrent process sees the whole library or none
+            return f"{cc} failed on {name}.c: {first[:120]}"
+        os.replace(tmp, out)
     except subprocess.TimeoutExpired:
-        return None, f"{cc} took over {COMPILE_TIMEOUT_S} s on {name}.c"
+        return f"{cc} took over {COMPILE_TIMEOUT_S} s on {name}.c"
     except (OSError, subprocess.SubprocessError) as e:
-        return None, f"cannot build into {out.parent} ({getattr(e, 'strerror', None) or e})"
-    return out, ""
-
-
-PTR, INT, FLOAT = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
-SIGNATURES = {  # library -> function -> (argument types, return type); `es`: element size, 2 bfloat16 / 4 float32
-    "attention": {"specgen_attend": ([PTR] * 10 + [INT] * 7 + [FLOAT], INT),
-                  "specgen_rope_write_attend": ([PTR] * 3 + [INT] + [PTR] * 10 + [INT] * 7 + [FLOAT], INT),
-                  "specgen_plan": ([PTR, INT, INT, INT, PTR, PTR, PTR], INT)},
-    "glue": {"specgen_rms_norm": ([PTR] * 3 + [INT, INT, FLOAT, INT], INT),
-             "specgen_add_rms_norm": ([PTR] * 5 + [INT, INT, FLOAT, INT], INT)},
-    "tiled": {"specgen_tiled_linear": ([PTR] * 4 + [INT] * 4, INT), "specgen_tiled_width": ([], INT),
-              "specgen_tiled_openmp": ([], INT)},
-}
+        return f"cannot build into {out.parent} ({getattr(e, 'strerror', None) or e})"
+    return ""
 
 
 @functools.cache
 def library(name: str) -> ctypes.CDLL | None:
     """The compiled library `name` (a key of SIGNATURES), or None (no compiler, a failed build, `SPECGEN_NATIVE=0`,
-    or a SIXTEEN_LANE library on a CPU without 16-lane vectors). Cached: a process decides once. A cached file that
-    does not load or lacks a function is removed and built once more; where the native path was expected and is
-    not used, one warning line says so."""
+    or a SIXTEEN_LANE library on a CPU without 16-lane vectors). Cached: a process decides once. A file that does not
+    load or lacks a function is removed and built once more; where the native path was expected and is not used,
+    one warning line says so."""
     if os.environ.get("SPECGEN_NATIVE", "1") == "0" or (name in SIXTEEN_LANE and not sixteen_lanes()):
         return None
-    lib, why = None, ""
+    why = ""
     for _ in range(2):  # the second pass rebuilds what the first found damaged
         path, why = built(name)
         if path is None:
@@ -163,38 +177,17 @@ def library(name: str) -> ctypes.CDLL | None:
                 fn.argtypes, fn.restype = args, result
             return lib
         except (OSError, AttributeError) as e:  # damaged, truncated or foreign: not ours to load
-            why = f"{path.name} in the cache does not load ({' '.join(str(e).split())[:120]})"
-            path.unlink(missing_ok=True)
-    fall_back(why)
-    return None
-
-
-def fall_back(why: str) -> None:
-    """The one stderr line per process saying the native kernels are not used, and why."""
-    if not WARNED:
-        import sys
-
+            why = f"{path.name} in {path.parent} does not load ({' '.join(str(e).split())[:120]})"
+            with contextlib.suppress(OSError):  # an installed file may be read-only: the warning then names it
+                path.unlink()
+    if not WARNED:  # one line per process, whichever library hit it first
         print(f"warning: native kernels not used ({why}); CPU decode steps run the torch path "
               "(SPECGEN_NATIVE=0 silences this)", file=sys.stderr)
         WARNED.append(why)
+    return None
 
 
-WARNED: list[str] = []  # the reason already printed: one line per process, whichever library hit it first
-
-
-def attention() -> ctypes.CDLL | None:
-    """The attention kernels (attention.c), or None."""
-    return library("attention")
-
-
-def glue() -> ctypes.CDLL | None:
-    """The row-wise kernels between products (glue.c: RMSNorm, residual add + RMSNorm), or None."""
-    return library("glue")
-
-
-def tiled() -> ctypes.CDLL | None:
-    """The float32 linear products over tiled weights (tiled.c), or None."""
-    return library("tiled")
+WARNED: list[str] = []
 
 
 def describe() -> str:

@@ -1,46 +1,153 @@
-"""torch wrappers of glue.c's row kernels (bfloat16 or float32 on a CPU, inference only) and when they run."""
+"""The native kernels as torch ops (`torch.ops.specgen.*`): the one place that calls the C libraries."""
 
 from __future__ import annotations
 
+import ctypes
+import functools
+
 import torch
 
-from specgen.native import glue
+from specgen import native
 
-# The activation dtypes whose decode steps run the native kernels, attention (models/attention.py) and norms alike.
-DTYPES = (torch.bfloat16, torch.float32)
-
-
-def usable(*tensors: torch.Tensor) -> bool:
-    """Whether an op on these tensors (one dtype) runs natively: DTYPES on a CPU where glue.c was built,
-    with grad mode off (the kernels have no backward; every decode forward runs under inference mode, so a model's
-    decode steps all give the same answer)."""
-    if torch.is_grad_enabled() or glue() is None:
-        return False
-    first = tensors[0]
-    return first.dtype in DTYPES and all(t.dtype == first.dtype and t.device.type == "cpu" for t in tensors)
+# CPU tensors, no backward; `models/kernel_choice.py` decides when they run. The C side reads raw elements: each op
+# makes its inputs contiguous (attention: the last dim) before passing pointers.
 
 
-def check(status: int) -> None:
+def lib(name: str) -> ctypes.CDLL:
+    got = native.library(name)
+    if got is None:
+        raise RuntimeError(f"specgen's native {name} kernels are not built here (models/kernel_choice.py checks first)")
+    return got
+
+
+def check(status: int, what: str) -> None:
     if status != 0:
-        raise MemoryError("a native row kernel could not get its scratch memory")
+        raise MemoryError(f"native {what} failed (status {status}): no scratch memory")
 
 
+LIB = torch.library.Library("specgen", "DEF")  # noqa: TOR901 -- plain dispatcher ops: custom_op's Python wrapper
+# costs ~6x the kernel's own time per call on a decode step's small rows
+
+
+def op(schema: str, fake):
+    """Defines torch.ops.specgen.<name> by `schema`, the decorated function as its CPU kernel and `fake` as its
+    meta/fake kernel (shapes for the profiler, FakeTensorMode and torch.compile); returns the op."""
+    name = schema.split("(", 1)[0]
+
+    def register(kernel):
+        LIB.define(schema)
+        LIB.impl(name, kernel, "CPU")
+        torch.library.register_fake(f"specgen::{name}", fake, lib=LIB)
+        return getattr(torch.ops.specgen, name)
+    return register
+
+
+@functools.cache
+def c_strides(strides: tuple[int, ...]):
+    """A tensor's first three strides as a C int64[3] (one per layout: layers of a forward share theirs)."""
+    return (ctypes.c_int64 * 3)(*strides[:3])
+
+
+@op("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor",
+    lambda x, weight, eps: torch.empty_like(x, memory_format=torch.contiguous_format))
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """weight * RMSNorm_float32(x) rounded to x's dtype, over the last dim, as transformer.RMSNorm: [..., dim]."""
     x = x.contiguous()
     out = torch.empty_like(x)
     dim = x.shape[-1]
-    check(glue().specgen_rms_norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // dim, dim, eps,
-                                  x.element_size()))
+    check(lib("glue").specgen_rms_norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // dim, dim, eps,
+                                       x.element_size()), "rms_norm")
     return out
 
 
+
+@op("add_rms_norm(Tensor x, Tensor a, Tensor weight, float eps) -> (Tensor, Tensor)",
+    lambda x, a, weight, eps: (torch.empty_like(x, memory_format=torch.contiguous_format),
+                               torch.empty_like(x, memory_format=torch.contiguous_format)))
 def add_rms_norm(x: torch.Tensor, a: torch.Tensor, weight: torch.Tensor, eps: float
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + a, RMSNorm(x + a)): a residual add and the pre-norm after it, in one pass ([..., dim] each)."""
     x, a = x.contiguous(), a.contiguous()
     total, out = torch.empty_like(x), torch.empty_like(x)
     dim = x.shape[-1]
-    check(glue().specgen_add_rms_norm(x.data_ptr(), a.data_ptr(), weight.data_ptr(), total.data_ptr(), out.data_ptr(),
-                                      x.numel() // dim, dim, eps, x.element_size()))
+    check(lib("glue").specgen_add_rms_norm(x.data_ptr(), a.data_ptr(), weight.data_ptr(), total.data_ptr(),
+                                           out.data_ptr(), x.numel() // dim, dim, eps, x.element_size()), "norm")
     return total, out
+
+
+@op("tiled_linear(Tensor x, Tensor tiles, Tensor? bias, int out_features, int threads) -> Tensor",
+    lambda x, tiles, bias, out_features, threads: x.new_empty(*x.shape[:-1], out_features))
+def tiled_linear(x: torch.Tensor, tiles: torch.Tensor, bias: torch.Tensor | None, out_features: int,
+                 threads: int) -> torch.Tensor:
+    """float32 x [..., K] @ W^T + b -> [..., N] over `tile(W, b)`, on `threads` threads (torch's count: OpenMP's
+    own default on a thread torch never set up is every core); each output row is a fixed function of its input row
+    (tiled.c: the same sums at every row count)."""
+    k = tiles.shape[1]
+    rows = x.reshape(-1, k).contiguous()  # [M, K]
+    out = x.new_empty(*x.shape[:-1], out_features)
+    lib("tiled").specgen_tiled_linear(rows.data_ptr(), tiles.data_ptr(), 0 if bias is None else bias.data_ptr(),
+                                      out.data_ptr(), rows.shape[0], k, out_features, threads)
+    return out
+
+
+@op("attention_plan(Tensor seen) -> (Tensor, Tensor, Tensor)",
+    lambda seen: tuple(seen.new_empty(seen.shape[:n], dtype=torch.int32) for n in (3, 2, 1)))
+def attention_plan(seen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(idx [B, S, T], count [B, S], shared [B], int32) of a bool mask seen [B, S, T]: each query's visible slots
+    ascending then its hidden ones, how many it sees, and the leading slots 0, 1, ... every query of a row sees."""
+    b, s, t = seen.shape
+    seen = seen.contiguous()
+    idx, count, shared = (seen.new_empty(seen.shape[:n], dtype=torch.int32) for n in (3, 2, 1))
+    lib("attention").specgen_plan(seen.data_ptr(), b, s, t, idx.data_ptr(), count.data_ptr(), shared.data_ptr())
+    return idx, count, shared
+
+
+def one_dtype(*tensors: torch.Tensor) -> None:
+    if any(t.dtype != tensors[0].dtype for t in tensors):  # the kernel reads raw elements of one dtype
+        raise TypeError(f"native attention takes one dtype, got {', '.join(str(t.dtype) for t in tensors)}")
+
+
+@op("attend(Tensor q, Tensor k, Tensor v, Tensor idx, Tensor count, Tensor shared, Tensor(a!) out) -> ()",
+    lambda *args: None)  # writes `out` only
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor, count: torch.Tensor,
+           shared: torch.Tensor, out: torch.Tensor) -> None:
+    """Width-invariant attention of q [B, H, S, D] over k, v [B, Hkv, T, D] into out [B, S, H, D] (contiguous), each
+    query over its `attention_plan` list; one dtype (bfloat16 or float32) throughout."""
+    one_dtype(q, k, v, out)
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    b, h, s, d = q.shape
+    check(lib("attention").specgen_attend(
+        q.data_ptr(), c_strides(q.stride()), k.data_ptr(), c_strides(k.stride()), v.data_ptr(), c_strides(v.stride()),
+        idx.data_ptr(), count.data_ptr(), shared.data_ptr(), out.data_ptr(), q.element_size(), b, h, k.shape[1], s, d,
+        k.shape[2], d**-0.5), "attention")
+
+
+@op("rope_write_attend(Tensor qkv, Tensor cos, Tensor sin, bool half, Tensor(a!) kc, Tensor(b!) vc, Tensor slots, "
+    "Tensor(c!) qbuf, Tensor idx, Tensor count, Tensor shared, Tensor(d!) out) -> ()",
+    lambda *args: None)  # writes its mutated arguments only
+def rope_write_attend(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: bool, kc: torch.Tensor,
+                      vc: torch.Tensor, slots: torch.Tensor, qbuf: torch.Tensor, idx: torch.Tensor,
+                      count: torch.Tensor, shared: torch.Tensor, out: torch.Tensor) -> None:
+    """A self-attention layer between its products: qkv [B, S, (H + 2 Hkv) D] has q and k rotated (cos, sin [B, 1, S,
+    D]; `half` layout or interleaved), k and v written to the cache layer kc, vc [B, Hkv, T_max, D] at `slots` [B, S],
+    and the queries (staged in qbuf [B, H, S, D]) attend as `attend` into out: bitwise rotate, KVCache.write, attend."""
+    one_dtype(qkv, cos, sin, kc, vc, qbuf, out)
+    b, s, h, d = out.shape
+    qkv, cos, sin = qkv.contiguous(), cos.contiguous(), sin.contiguous()
+    check(lib("attention").specgen_rope_write_attend(
+        qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), int(half), kc.data_ptr(), c_strides(kc.stride()),
+        vc.data_ptr(), c_strides(vc.stride()), slots.data_ptr(), qbuf.data_ptr(), idx.data_ptr(), count.data_ptr(),
+        shared.data_ptr(), out.data_ptr(), qkv.element_size(), b, h, kc.shape[1], s, d, idx.shape[-1], d**-0.5),
+          "attention")
+
+
+@torch.no_grad()
+def tile(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(tiles [ceil(N / T)][K][T], bias padded to ceil(N / T) * T or None) of a float32 weight [N, K], any strides:
+    `tiled_linear`'s layout, T = tiled.c's tile width. Zeros past N: the padded columns are computed, never written."""
+    width = lib("tiled").specgen_tiled_width()
+    n, k = weight.shape
+    pad = -n % width
+    w = torch.cat([weight, weight.new_zeros(pad, k)]) if pad else weight  # [N_pad, K]
+    tiles = w.reshape(-1, width, k).transpose(1, 2).contiguous()  # [N_pad / T, K, T]
+    return tiles, None if bias is None else torch.cat([bias.detach(), bias.new_zeros(pad)]).contiguous()

@@ -1,5 +1,5 @@
 /* Float32 linear products over a tiled copy of the weight (specgen/native/__init__.py loads it; the torch side is
- * specgen/native/tiled_linear.py).
+ * specgen/native/ops.py: the tiled_linear op and `tile`, the layout).
  *
  * out[M, N] = x[M, K] @ W^T (+ bias), W [N, K] stored as tiles [N_pad / TILE][K][TILE] (zeros past N): the TILE
  * columns of one tile sit side by side for each k, so a product streams the weight once, front to back, with no

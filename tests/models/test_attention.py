@@ -8,13 +8,14 @@ import torch
 import torch.nn.functional as F
 
 from specgen import native
-from specgen.models.attention import CHUNK, NativePlan, invariant_attention, native_plan, plan, planned
+from specgen.models.attention import CHUNK, NativePlan, invariant_attention, native_plan, plan
+from specgen.models.kernel_choice import attention_path
 
 
 @pytest.fixture(params=["torch", "native"], autouse=True)
 def backend(request, monkeypatch):
     """Every test runs on both paths; the native one needs a C compiler (CI has one)."""
-    if request.param == "native" and native.attention() is None:
+    if request.param == "native" and native.library("attention") is None:
         pytest.skip("no C compiler: the native kernel is not built here")
     if request.param == "torch":
         monkeypatch.setattr(native, "library", lambda name: None)  # as without a compiler
@@ -24,7 +25,7 @@ def backend(request, monkeypatch):
 
 def make_plan(mask, b, s, t, h, hkv, d, dtype):
     """The backend's plan: on the native backend the kernel's for either dtype."""
-    if native.attention() is not None:
+    if native.library("attention") is not None:
         return native_plan(mask, b, s, t, h, d, dtype=dtype)
     return plan(mask, b, s, t, h, hkv, d, "cpu", dtype)
 
@@ -37,7 +38,8 @@ def attention(q, k, v, mask):
 def test_bfloat16_and_float32_on_a_cpu_take_the_native_path_where_it_is_built(backend):
     for dtype in (torch.bfloat16, torch.float32):
         assert isinstance(plan(None, 1, 1, 5, 4, 2, 16, "cpu", dtype), NativePlan) == (backend == "native")
-        assert planned(dtype, "cpu") == (dtype != torch.float32 or backend == "native")  # else float32 keeps SDPA
+        want = "native" if backend == "native" else "sdpa" if dtype == torch.float32 else "chunked"  # float32: SDPA
+        assert attention_path(dtype, "cpu") == want and attention_path(dtype, "cpu", prefill=True) == "sdpa"
     assert not isinstance(plan(None, 1, 1, 5, 4, 2, 16, "cpu", torch.float16), NativePlan)
 
 

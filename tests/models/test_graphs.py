@@ -15,7 +15,6 @@ from specgen.image.target import CFGTarget
 from specgen.methods.text import EmptyDrafter, JacobiDrafter, NgramDrafter
 from specgen.models import graphs
 from specgen.models.graphs import Bucket, StaticInputs, target_step
-from specgen.native import ops as native_ops
 from tests.conftest import tiny_model
 from tests.image_fixtures import tiny_image_target
 
@@ -40,22 +39,16 @@ def fake_step(model, bucket: Bucket, step=target_step):
         return step(model, x, mode.from_tensor(k), mode.from_tensor(k.clone()), None)
 
 
-@pytest.fixture
-def no_native(monkeypatch):
-    """The CPU's native kernels take raw pointers, which fake tensors lack; a CUDA step never calls them."""
-    monkeypatch.setattr(native_ops, "usable", lambda *t: False)
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("bucket", [Bucket(1, 1), Bucket(2, 8)])
-def test_static_step_reads_nothing_on_the_host_and_keeps_the_bucket_shape(no_native, dtype, bucket):
+def test_static_step_reads_nothing_on_the_host_and_keeps_the_bucket_shape(dtype, bucket):
     model = tiny_model(0).to(dtype)
     logits, hidden = fake_step(model, bucket)
     assert logits.shape == (bucket.rows, bucket.nodes, model.cfg.vocab_size)
     assert hidden.shape == (bucket.rows, bucket.nodes, model.cfg.dim)
 
 
-def test_a_step_that_reads_the_host_fails_the_check(no_native):
+def test_a_step_that_reads_the_host_fails_the_check():
     """The control: the same harness refuses a step that reads a value (as `.item()` would sync a GPU)."""
     def reads(model, x, k, v, cross):
         if int(x.meta[0, 0]) > 0:

@@ -57,7 +57,7 @@ def test_time_passes_times_both_kernels_on_every_row_count():
     t = time_passes(lins, rows=(1, 3), rounds=1)
     assert t.rows == (1, 3) and len(t.mkl_ms) == len(t.dnn_ms) == 2
     assert all(ms > 0 for ms in t.mkl_ms + t.dnn_ms)
-    assert len(t.native_ms) == (2 if native.tiled() is not None else 0)
+    assert len(t.native_ms) == (2 if native.library("tiled") is not None else 0)
     assert all(ms > 0 for ms in t.native_ms)
     wide = time_passes(lins, rows=(1, kernel_choice.MKL_MAX_ROWS + 1), rounds=1)
     assert wide.mkl_ms[1] == INF and wide.dnn_ms[1] < INF  # MKL is not timed where oneDNN always won

@@ -11,10 +11,14 @@ from specgen.decoding.target import ModelTarget
 from specgen.models import kernel_choice, plan_cache
 from specgen.models.kernel_choice import Timing
 from specgen.models.layout import decode_layout
-from specgen.native import tiled_linear
+from specgen.native import ops
 from tests.conftest import needs_native, needs_tiled, tiny_model
 
 pytestmark = needs_tiled
+
+
+def linear(x, tiles, bias, n):
+    return torch.ops.specgen.tiled_linear(x, tiles, bias, n, torch.get_num_threads())
 
 
 @pytest.mark.parametrize("rows, k, n, bias", [
@@ -29,7 +33,7 @@ def test_products_equal_f_linear(rows, k, n, bias):
     w, x = torch.randn(n, k), torch.randn(rows, k)
     b = torch.randn(n) if bias else None
     with torch.inference_mode():
-        got = tiled_linear.linear(x, *tiled_linear.tile(w, b), n)
+        got = linear(x, *ops.tile(w, b), n)
     assert got.shape == (rows, n)
     torch.testing.assert_close(got, F.linear(x, w, b), rtol=1e-5, atol=1e-4 * k ** 0.5)
 
@@ -38,12 +42,12 @@ def test_a_row_gets_the_same_bits_alone_in_any_batch_and_any_place():
     torch.manual_seed(0)
     n, k = 100, 70
     w, b, x = torch.randn(n, k), torch.randn(n), torch.randn(13, k)
-    tiles = tiled_linear.tile(w, b)
+    tiles = ops.tile(w, b)
     with torch.inference_mode():
-        alone = torch.cat([tiled_linear.linear(x[i:i + 1], *tiles, n) for i in range(13)])
-        together = tiled_linear.linear(x, *tiles, n)
+        alone = torch.cat([linear(x[i:i + 1], *tiles, n) for i in range(13)])
+        together = linear(x, *tiles, n)
         order = torch.randperm(13)
-        shuffled = tiled_linear.linear(x[order], *tiles, n)
+        shuffled = linear(x[order], *tiles, n)
     assert torch.equal(together, alone) and torch.equal(shuffled, alone[order])
 
 
@@ -62,7 +66,7 @@ def test_the_vector_width_changes_no_sum():
     n, k = 100, 70
     w, b, x = torch.randn(n, k), torch.randn(n), torch.randn(13, k)
     with torch.inference_mode():
-        own = tiled_linear.linear(x, *tiled_linear.tile(w, b), n)
+        own = linear(x, *ops.tile(w, b), n)
         width = lib.specgen_tiled_width()
         pad = -n % width
         tiles = torch.cat([w, w.new_zeros(pad, k)]).reshape(-1, width, k).transpose(1, 2).contiguous()
@@ -78,28 +82,17 @@ def test_the_same_bits_at_every_thread_count():
     torch.manual_seed(1)
     n, k = 48 * 7 + 5, 300  # 8 tiles, the last partial; 13 x 300 x 341 multiply-adds: past the parallel threshold
     w, b, x = torch.randn(n, k), torch.randn(n), torch.randn(13, k)
-    tiles = tiled_linear.tile(w, b)
+    tiles = ops.tile(w, b)
     before = torch.get_num_threads()
     try:
         with torch.inference_mode():
             torch.set_num_threads(1)
-            one = tiled_linear.linear(x, *tiles, n)
+            one = linear(x, *tiles, n)
             torch.set_num_threads(2)
-            two = tiled_linear.linear(x, *tiles, n)
+            two = linear(x, *tiles, n)
     finally:
         torch.set_num_threads(before)
     assert torch.equal(one, two)
-
-
-def test_threads_follow_torch():
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        assert tiled_linear.threads() == 1
-        torch.set_num_threads(2)
-        assert tiled_linear.threads() in (1, 2)  # 1: built without OpenMP (torch's runtime is not libgomp)
-    finally:
-        torch.set_num_threads(before)
 
 
 def test_openmp_only_beside_a_plainly_named_libgomp():
@@ -113,20 +106,20 @@ def test_openmp_only_beside_a_plainly_named_libgomp():
 
 def test_leading_dims_and_empty_inputs():
     w = torch.randn(20, 8)
-    tiles = tiled_linear.tile(w, None)
+    tiles = ops.tile(w, None)
     x = torch.randn(2, 3, 8)
     with torch.inference_mode():
-        assert tiled_linear.linear(x, *tiles, 20).shape == (2, 3, 20)
-        assert tiled_linear.linear(x[:, :0], *tiles, 20).shape == (2, 0, 20)
-        torch.testing.assert_close(tiled_linear.linear(x, *tiles, 20), x @ w.T)
+        assert linear(x, *tiles, 20).shape == (2, 3, 20)
+        assert linear(x[:, :0], *tiles, 20).shape == (2, 0, 20)
+        torch.testing.assert_close(linear(x, *tiles, 20), x @ w.T)
 
 
 def test_usable_only_for_float32_cpu_without_grad():
     w = torch.randn(4, 4)
     with torch.inference_mode():
-        assert tiled_linear.usable(torch.randn(1, 4), w)
-        assert not tiled_linear.usable(torch.randn(1, 4).bfloat16(), w.bfloat16())
-    assert not tiled_linear.usable(torch.randn(1, 4), w)  # grad mode on: autograd needs torch's product
+        assert kernel_choice.tiled_products(torch.randn(1, 4), w)
+        assert not kernel_choice.tiled_products(torch.randn(1, 4).bfloat16(), w.bfloat16())
+    assert not kernel_choice.tiled_products(torch.randn(1, 4), w)  # grad mode on: autograd needs torch's product
 
 
 def verify_vs_steps(monkeypatch, timing) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,69 @@
+"""The native kernels as torch ops: `torch.library.opcheck` on each (schema, fake tensors, aot dispatch), and the
+profiler names them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specgen.native import ops
+from tests.conftest import needs_native
+
+
+def randn(*shape, dtype=torch.float32, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def attention_inputs(dtype):
+    """q [B, H, S, D] and cache keys and values [B, Hkv, T, D] over a tree-like mask, with its plan."""
+    b, h, hkv, s, t, d = 2, 4, 2, 3, 20, 16
+    seen = torch.rand(b, s, t, generator=torch.Generator().manual_seed(1)) < 0.5
+    seen[..., :5] = True
+    idx, count, shared = torch.ops.specgen.attention_plan(seen)
+    q, k, v = randn(b, h, s, d, dtype=dtype), randn(b, hkv, t, d, dtype=dtype, seed=2), randn(b, hkv, t, d, dtype=dtype)
+    return seen, (q, k, v, idx, count, shared, torch.empty(b, s, h, d, dtype=dtype))
+
+
+def cases(dtype):
+    x, w = randn(3, 5, 64, dtype=dtype), randn(64, dtype=dtype, seed=1)
+    seen, attend = attention_inputs(dtype)
+    q, k, v, idx, count, shared, out = attend
+    b, h, s, d = q.shape
+    qkv = randn(b, s, (h + 2 * k.shape[1]) * d, dtype=dtype, seed=3)
+    cos, sin = randn(b, 1, s, d, dtype=dtype, seed=4), randn(b, 1, s, d, dtype=dtype, seed=5)
+    slots = (torch.tensor([[14], [15]], dtype=torch.int32) + torch.arange(s, dtype=torch.int32)).contiguous()
+    rope = (qkv, cos, sin, True, k.clone(), v.clone(), slots, torch.empty(b, h, s, d, dtype=dtype), idx, count,
+            shared, out.clone())
+    got = {"rms_norm": (x, w, 1e-5), "add_rms_norm": (x, randn(3, 5, 64, dtype=dtype, seed=6), w, 1e-5),
+           "attention_plan": (seen,), "attend": attend, "rope_write_attend": rope}
+    if dtype == torch.float32:
+        tiles, bias = ops.tile(randn(40, 64, seed=7), randn(40, seed=8))
+        got["tiled_linear"] = (x, tiles, bias, 40, 1)
+    return got
+
+
+OPS = ("rms_norm", "add_rms_norm", "tiled_linear", "attention_plan", "attend", "rope_write_attend")
+
+
+def test_every_registered_op_is_checked():
+    registered = {name for name in dir(torch.ops.specgen) if isinstance(getattr(torch.ops.specgen, name),
+                                                                          torch._ops.OpOverloadPacket)}
+    assert registered == set(OPS)
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", OPS)
+def test_opcheck(name, dtype):
+    args = cases(dtype).get(name)
+    if args is None:
+        pytest.skip(f"{name} takes float32 only")
+    torch.library.opcheck(getattr(torch.ops.specgen, name).default, args)
+
+
+@needs_native
+def test_the_profiler_names_the_ops():
+    x, w = randn(2, 64), randn(64, seed=1)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof, torch.inference_mode():
+        torch.ops.specgen.rms_norm(x, w, 1e-5)
+    assert "specgen::rms_norm" in {e.key for e in prof.key_averages()}
