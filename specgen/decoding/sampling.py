@@ -85,8 +85,8 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
 def sample_rows(probs: torch.Tensor, generator: torch.Generator | None) -> list[int]:
     """One independent draw per row of probs [R, V] by inverse CDF (one uniform per row).
 
-    A drafter's candidates need R draws per step; `torch.multinomial` pays per row (docs/results/mesh.md,
-    "Timings from code comments"), this is one cumsum + searchsorted. Zero-probability ids are never drawn: the CDF
+    A drafter's candidates need R draws per step; `torch.multinomial` pays per row (docs/results/mesh.md),
+    this is one cumsum + searchsorted. Zero-probability ids are never drawn: the CDF
     does not rise at them, and a uniform rounded up to the total falls back to the row's last
     positive id.
     """

@@ -132,7 +132,7 @@ class JacobiOptions(Options):
     """Jacobi decoding (`jacobi`, `pcllm`): a block of n tokens = the root plus n - 1 guesses.
 
     n defaults to 4: TPF barely moves with n on these models while a verify of n tokens costs more with n on a
-    CPU (docs/results/text.md, "Verify cost c(n)"); GPU recipes set n themselves.
+    CPU (docs/results/text.md); GPU recipes set n themselves.
     """
 
     block_size: int = opt(4, int_at_least(1))

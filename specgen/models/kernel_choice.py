@@ -20,7 +20,7 @@ all take tiled.c runs as one straight run of kernel calls (`models/native_block.
 
 Products (`Plan`, `KernelChoice`): MKL's GEMV over the column-major weight, oneDNN's GEMM over a packed copy and
 tiled.c over a tiled copy (`models/packed_linear.py`) trade places at row counts that depend on the CPU, the thread
-count and whether the weights fit in the cache (docs/results/text.md, "Kernel micro-benchmarks"); a constant tuned on
+count and whether the weights fit in the cache (docs/results/text.md); a constant tuned on
 one machine would slow AR, the baseline of every speedup, on another. So one pass of r-row products over all of a
 model's linear weights is timed per kernel, r in `ROWS` (MKL up to `MKL_MAX_ROWS`), interleaved, best of `ROUNDS`:
 oneDNN takes products from `min_rows` rows (from which it beats MKL at every larger measured r), tiled.c the first

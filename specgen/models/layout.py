@@ -4,7 +4,7 @@
 a GEMV/GEMM over that layout. On this project's CPU (AMD EPYC, torch 2.13 with MKL) the same product
 runs faster when W's storage is [in, out] contiguous (W is then the transposed view of it): one-token
 steps (AR baselines, drafters) gain most, wide verification forwards little (`python scripts/layout_forward_times.py`
-measures it; numbers in docs/results/text.md, "Kernel micro-benchmarks"). Every
+measures it; docs/results/text.md). Every
 decoder loads its weights this way, so baselines and speculative methods are measured on the same,
 faster layout (a slower AR would inflate every speedup). Values are unchanged (same numbers, other
 strides); training keeps the default layout.

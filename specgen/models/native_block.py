@@ -4,7 +4,7 @@ as `Block.forward` takes through its modules, without the modules.
 Why: on the native path a block's work is five tiled products, two norms, one attention call and three torch ops
 (SiLU, product, residual add; a mesh decoder's block adds a cross-attention: a norm, two products and SDPA). Reaching
 them through nine module calls and `PackedLinear.forward`'s kernel checks costs most for small models
-(docs/results/batching.md, "A block in one call"); here the checks run once a block.
+(docs/results/batching.md); here the checks run once a block.
 
 Bitwise the module path: each kernel gets the same inputs (rows are contiguous [B * S, features] either way) and
 SiLU, the gate product, SDPA and the residual adds are the same torch ops (tests/models/test_native_block.py). So every

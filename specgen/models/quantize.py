@@ -1,8 +1,8 @@
 """Weight-only int8 / int4 quantization of a Transformer for CPU decoding (torch's own packed kernels).
 
 int8: per-output-channel symmetric scales, q = round(w / s) in [-127, 127]; the product runs
-`torch.ops.aten._weight_int8pack_mm` (bfloat16 activations; float32 activations are 10x+ slower,
-`docs/logs/linear-kernels.log`). int4: group-wise asymmetric scales as gpt-fast does,
+`torch.ops.aten._weight_int8pack_mm` (bfloat16 activations; float32 ones take a far slower path,
+docs/precision.md). int4: group-wise asymmetric scales as gpt-fast does,
 w ~ (q - 8) * scale + zero with q in [0, 15] per `group` consecutive input columns; the product runs
 `torch.ops.aten._weight_int4pack_mm_for_cpu` on a copy made by `_convert_weight_to_int4pack_for_cpu`.
 Scales and zeros are stored in bfloat16 (the kernels' dtype) and q is computed against those rounded
@@ -74,9 +74,9 @@ def quantize_int4(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tens
        only when its squared error falls and its largest error does not grow, so it is never worse than min-max
        on either. Why: bfloat16 keeps 8 mantissa bits, so min-max scales round by up to 0.4% and the top level
        (q - 8 = 7) misses by up to 3% of a step; on the Q4_1 weights of the shipped GGUF (already on a 4-bit
-       grid) the fit halves the relative RMS error (0.40% -> 0.19%). Why the largest error: a pure least-squares
-       fit shrinks the grid and clamps a group's outliers, which matter most in an LM head (an int4 SmolLM2 head
-       lost 3.9% NLL with it, 2.7% with min-max: docs/logs/quant-reference-nll.log).
+       grid) the fit lowers the relative RMS error. Why the largest error: a pure least-squares fit shrinks the
+       grid and clamps a group's outliers, which matter most in an LM head (an int4 SmolLM2 head lost more NLL
+       with it than with min-max: docs/precision.md).
     """
     out, k = w.shape
     check_int4_shape(k, group)
@@ -303,9 +303,8 @@ def blocked_head(x: torch.Tensor, packed: torch.Tensor, rows: int) -> torch.Tens
 
 def bf16_gemm() -> bool:
     """Whether this CPU has a fast bfloat16 GEMM for prompt mode: where oneDNN packs bfloat16 (AVX512-BF16 class
-    CPUs). On an AVX2-only one torch's bfloat16 GEMM is a slow fallback (a pass over SmolLM2's weights took ~10x
-    float32's) and the prompt GEMM made a quantized prefill ~3x slower than the quantized kernels
-    (docs/results/text.md, "An AVX2-only CPU")."""
+    CPUs). On an AVX2-only one torch's bfloat16 GEMM is a slow fallback, and the prompt GEMM made a quantized
+    prefill slower than the quantized kernels (docs/results/text.md)."""
     return devices.onednn_packs(ACT_DTYPE)
 
 

@@ -1,7 +1,7 @@
 """Native CPU kernels: C sources beside this file, built at install time or on first use, loaded with ctypes.
 
-Why: a low-precision SmolLM2 decode step ran ~2,300 small aten ops whose dispatch cost as much as the quantized
-products (docs/results/precision.md). `attention.c` does a layer's RoPE, cache write and attention in one call;
+Why: a low-precision SmolLM2 decode step ran thousands of small aten ops whose dispatch cost as much as the
+quantized products (docs/results/precision.md). `attention.c` does a layer's RoPE, cache write and attention in one call;
 `glue.c` the norms and residual adds; `tiled.c` float32 products of a few rows, where MKL and oneDNN left half the
 memory bandwidth unused. Models call them as `ops.py`'s torch ops, where `models/kernel_choice.py`'s rule says.
 
@@ -40,7 +40,7 @@ OPENMP = ("-fopenmp",)
 #: Libraries that split their work over threads where the process's OpenMP runtime is libgomp (`openmp_flags`).
 THREADED = ("tiled",)
 #: Libraries in vec16.h's 16-lane vectors, loaded only where those live in registers (`sixteen_lanes`): elsewhere
-#: every operation goes through the stack, slower than torch (docs/results/text.md, "An AVX2-only CPU").
+#: every operation goes through the stack, slower than torch (docs/results/text.md).
 SIXTEEN_LANE = ("attention",)
 COMPILE_TIMEOUT_S = 120
 PTR, INT, FLOAT = ctypes.c_void_p, ctypes.c_int, ctypes.c_float

@@ -35,7 +35,7 @@ def resolve(name: str, dtype: str | None, quantize: str | None) -> tuple[str, st
     """(registry name, dtype, quantize) from a name with optional suffix and explicit options (which must agree).
 
     dtype defaults to float32, or bfloat16 for a quantized target: the int8/int4 kernels take bfloat16
-    activations (with float32 ones the same op is 10x+ slower, docs/logs/linear-kernels.log), so a quantized
+    activations (float32 ones take a far slower path of the same op: docs/precision.md), so a quantized
     target with float32 activations is refused rather than silently slow.
     """
     base, sdtype, squant = split_name(name)
