@@ -50,6 +50,7 @@ EPILOG = """examples:
 # the models, so `specgen --help` and refused flags do without them
 SUITES = {"humaneval": "cli.benchmark_text", "text": "cli.benchmark_text", "images": "cli.benchmark_image",
           "meshes": "cli.benchmark_mesh"}
+CONSUMED = ("batch_size", "dry_run", "graphs", "text", "given", "device_name", "check_mode")  # benchmark() reads them
 TEXT_OPTIONS = ("suite", "prompts", "prompt_field", "category_field")  # what the text runner takes besides the rest
 
 
@@ -123,8 +124,7 @@ def benchmark(
 
         check_mode(graphs, device_name(device or recipe_key(config, overrides, "device") or "cpu"))
         overrides = [*(overrides or []), f"graphs={graphs}"]
-    consumed = ("batch_size", "dry_run", "graphs", "text", "given", "device_name", "check_mode")  # read above
-    options = {k: v for k, v in locals().items() if k not in consumed and (text or k not in TEXT_OPTIONS)}
+    options = {k: v for k, v in locals().items() if k not in CONSUMED and (text or k not in TEXT_OPTIONS)}
     importlib.import_module(SUITES[suite]).run(**options)
 
 
