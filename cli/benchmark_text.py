@@ -42,7 +42,7 @@ def run(overrides=None, suite="humaneval", prompts=None, prompt_field=None, cate
     sink = benchmark_runs.sink_for(run_dir, cfg.suite, cfg)
     cfg.device = benchmark_runs.process_device(cfg.device)
     if pending(cfg, sink, this):
-        check_prompts_fit(cfg)  # from the entry's config and tokenizer: before the weights load
+        check_prompts_fit(cfg, _output.registry_progress(quiet))  # from the entry's files, before the weights load
         tm = load_text_model(cfg.model, cfg.device, _output.registry_progress(quiet), dtype=cfg.dtype,
                              quantize=cfg.quantize, graphs=cfg.graphs)
         with _output.progress(f"benchmark {cfg.suite}", n_prompts * len(cfg.batch_sizes),

@@ -72,7 +72,6 @@ from specgen.text.target import TextModel, load_original, load_text_model
 # rows not decoded by specgen's loop: row name (also `NAME:tag` variants) -> its peer (eval/peers.py)
 PEERS: dict[str, type[Peer]] = {"hf": HfGenerate, "hf-lookup": HfLookup, "hf-assisted": HfAssisted,
                                 "llamacpp": LlamaCppRow, "llamacpp-lookup": LlamaCppLookup}
-EXTERNAL = tuple(PEERS)
 MIXED_PROMPTS = Path(__file__).resolve().parents[1] / "data" / "mixed_prompts.jsonl"  # the text suite's default
 
 
@@ -271,7 +270,7 @@ def items_of(cfg: TextBenchConfig) -> list[Item]:
     return items
 
 
-def check_prompts_fit(cfg: TextBenchConfig) -> None:
+def check_prompts_fit(cfg: TextBenchConfig, progress=None) -> None:
     """Refuse a prompt that leaves no room for max_new_tokens in the model's context, from its registry entry's
     config and tokenizer files: before any weights load."""
     from specgen import checkpoints
@@ -279,10 +278,11 @@ def check_prompts_fit(cfg: TextBenchConfig) -> None:
     from specgen.models.tokenizer import TextTokenizer
     from specgen.text.precision import split_name
 
-    entry = checkpoints.find(split_name(cfg.model)[0])
-    quantized = entry.meta.get("quantized") or {}
-    base = checkpoints.find(quantized.get("base") or entry.meta.get("parent") or entry.ref) \
-        if not entry.meta.get("tokenizer") else entry  # a quantized entry or an adapter: its base's tokenizer
+    entry = checkpoints.find(split_name(cfg.model)[0], progress)
+    # a quantized entry or an adapter reads its base's tokenizer, as load_text_model does
+    source = (entry.meta.get("quantized") or {}).get("base") or (entry.meta.get("parent") if entry.kind == "adapter"
+                                                                 else None)
+    base = checkpoints.find(source, progress) if source else entry
     tokenizer = TextTokenizer.load(base.path)
     for i, item in enumerate(items_of(cfg)):
         try:
