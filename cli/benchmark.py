@@ -19,7 +19,7 @@ EPILOG = """examples:
 
   specgen benchmark --suite humaneval --methods ar,jacobi,ngram,hf --limit 20
 
-  specgen benchmark --suite text --prompts my_prompts.jsonl --methods ar,ngram,hf-lookup,llamacpp-lookup   # your workload
+  specgen benchmark --suite text --prompts mine.jsonl --methods ar,ngram,hf-lookup,llamacpp-lookup   # your workload
 
   specgen benchmark --suite text --prompts question.jsonl --limit 80   # Spec-Bench's layout as is; rows per category
 

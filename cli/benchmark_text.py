@@ -1,4 +1,4 @@
-"""Text suites of `specgen benchmark` (`--suite humaneval|text`): measure into a run (folder or memory), print the rows."""
+"""Text suites of `specgen benchmark` (humaneval, text): measure into a run (folder or memory), print the rows."""
 
 from __future__ import annotations
 

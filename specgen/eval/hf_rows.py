@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from specgen.devices import now
+from specgen.errors import UsageError
 from specgen.eval.peers import OneAtATime, PeerSetup
 from specgen.eval.text_rows import Run
 from specgen.models.hf_export import to_hf
@@ -35,8 +36,7 @@ class HfGenerate:
         return None
 
     def __init__(self, setup: PeerSetup) -> None:
-        self.options = setup.checked(self.OPTIONS)
-        self.setup = setup
+        self.options, self.setup = setup.options, setup
         self.module = to_hf(setup.original.module)
 
     def kwargs(self) -> dict:
@@ -104,7 +104,6 @@ class HfAssisted(OneAtATime, HfGenerate):
                 f"smaller text model with its tokenizer: options.{setup.name}.draft=NAME)")
 
     def __init__(self, setup: PeerSetup) -> None:
-        from specgen.errors import UsageError
         from specgen.text.target import load_original, load_text_model
 
         super().__init__(setup)

@@ -56,7 +56,7 @@ class LlamaCppRow(OneAtATime):
     def __init__(self, setup: PeerSetup) -> None:
         import llama_cpp
 
-        options = setup.checked(self.OPTIONS)
+        options = setup.options
         cfg = setup.original.module.cfg
         path = Path(options["gguf"]).expanduser() if options.get("gguf") else default_gguf()
         if not path.is_file():

@@ -7,7 +7,6 @@ from typing import Protocol
 
 import torch
 
-from specgen.errors import UsageError
 from specgen.eval.text_rows import Run
 from specgen.text.target import TextModel
 
@@ -24,18 +23,11 @@ class PeerSetup:
     threads: int
     device: str
 
-    def checked(self, known: tuple[str, ...]) -> dict:
-        """The row's options, refused in one line when one is not in `known`."""
-        unknown = sorted(set(self.options) - set(known))
-        if unknown:
-            raise UsageError(f"{self.name} row: unknown option(s) {', '.join(unknown)}; options: "
-                             f"{', '.join(known) or 'none'}")
-        return self.options
-
 
 class Peer(Protocol):
     """A peer row, built once per benchmark (`__init__(setup)`); `unavailable(setup)` says why it cannot run here."""
 
+    OPTIONS: tuple[str, ...]  # the options it takes (others are refused before any model loads: `check_methods`)
     module: torch.nn.Module | None  # the weights one forward reads (the roofline); None where they are not torch's
     lossless: bool  # greedy on the target's own weights: its tokens should equal specgen's AR
 

@@ -219,6 +219,11 @@ def check_methods(cfg: TextBenchConfig) -> dict[str, Row]:
     rows = {}
     for m in cfg.methods:
         if is_peer(m):
+            known = PEERS[row_method(m)].OPTIONS
+            unknown = sorted(set(row_options(m, cfg)) - set(known))
+            if unknown:
+                raise UsageError(f"{m} row: unknown option(s) {', '.join(unknown)}; options: "
+                                 f"{', '.join(known) or 'none'}")
             continue
         spec = get_method(row_method(m))
         if not spec.runs_on("text"):

@@ -68,5 +68,7 @@ def test_bad_prompt_sets_are_one_line(tiny_target, tmp_path):  # noqa: F811
     assert "field 'turns' is not" in one_line(invoke(*BENCH, "--prompts", str(path), "--methods", "ar"))
     assert "--prompts is for --suite text" in one_line(invoke("benchmark", "--suite", "humaneval", "--prompts",
                                                               str(path)))
+    unknown = one_line(invoke(*BENCH, "--prompts", str(path), "--methods", "ar,hf-lookup", "options.hf-lookup.n=4"))
+    assert "hf-lookup row: unknown option(s) n; options: prompt_lookup_num_tokens, max_matching_ngram_size" in unknown
     missing = one_line(invoke(*BENCH, "--prompts", str(path), "--prompt-field", "question", "--methods", "ar"))
     assert "no field 'question'" in missing
