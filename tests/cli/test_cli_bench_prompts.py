@@ -1,5 +1,5 @@
-"""`specgen benchmark --suite text` on a tiny target: any prompt set, rows per category, peer rows (run or skipped
-with one line), a prompt longer than the context refused before the model loads."""
+"""`specgen benchmark --suite text` on a tiny target: any prompt set, rows per category (reported again from the run
+folder), peer rows (run or skipped with one line), a prompt longer than the context refused before the model loads."""
 
 from __future__ import annotations
 
@@ -27,8 +27,11 @@ def test_rows_per_category_and_peer_rows(tiny_target, tmp_path, monkeypatch):  #
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import llama_cpp fails: as without the package
     path = write(tmp_path, [{"prompt": "HELLO WORLD", "category": "A"}, {"prompt": "ONE TWO ONE", "category": "B"},
                             {"messages": [{"role": "user", "content": "HI THERE"}], "category": "A"}])
-    r = invoke(*BENCH, "--prompts", str(path), "--methods", "ar,ngram,hf-lookup,hf-assisted,llamacpp-lookup")
+    r = invoke(*BENCH, "--prompts", str(path), "--methods", "ar,ngram,hf-lookup,hf-assisted,llamacpp-lookup",
+               "--run-dir", str(tmp_path / "run"))
     assert r.exit_code == 0, r.output
+    report = invoke("benchmark", "report", str(tmp_path / "run"), "--format", "json")
+    assert report.exit_code == 0 and json.loads(report.stdout) == json.loads(r.stdout), report.output
     assert "llamacpp-lookup row skipped: llama-cpp-python is not installed" in r.stderr
     assert "hf-assisted row skipped: no draft model is registered for target/tiny-text" in r.stderr
     rows = json.loads(r.stdout)
