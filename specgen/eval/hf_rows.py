@@ -80,7 +80,7 @@ class HfLookup(OneAtATime, HfGenerate):
     DEFAULT_TOKENS), max_matching_ngram_size (default: transformers')."""
 
     OPTIONS = ("prompt_lookup_num_tokens", "max_matching_ngram_size")
-    DEFAULT_TOKENS = 10  # the value transformers' documentation shows; generate itself has none
+    DEFAULT_TOKENS = 10  # generate has none; llama-cpp-python's prompt lookup drafts 10 by default, so both rows match
 
     def kwargs(self) -> dict:
         return {"prompt_lookup_num_tokens": self.DEFAULT_TOKENS, **self.options}
