@@ -25,11 +25,14 @@ class PeerSetup:
 
 
 class Peer(Protocol):
-    """A peer row, built once per benchmark (`__init__(setup)`); `unavailable(setup)` says why it cannot run here."""
+    """A peer row, built once per benchmark (`__init__(setup)`) unless `unavailable(setup)` says why it cannot run."""
 
     OPTIONS: tuple[str, ...]  # the options it takes (others are refused before any model loads: `check_methods`)
     module: torch.nn.Module | None  # the weights one forward reads (the roofline); None where they are not torch's
     lossless: bool  # greedy on the target's own weights: its tokens should equal specgen's AR
+
+    @staticmethod
+    def unavailable(setup: PeerSetup) -> str | None: ...
 
     def run(self, prompt: list[int]) -> Run: ...
 
