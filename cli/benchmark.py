@@ -19,6 +19,10 @@ EPILOG = """examples:
 
   specgen benchmark --suite humaneval --methods ar,jacobi,ngram,hf --limit 20
 
+  specgen benchmark --suite text --prompts mine.jsonl --methods ar,ngram,hf-lookup,llamacpp-lookup   # your workload
+
+  specgen benchmark --suite text --prompts question.jsonl --limit 80   # Spec-Bench's layout as is; rows per category
+
   specgen benchmark --suite humaneval --methods ar,ngram --limit 5 --format json | jq '.[] | .speedup_vs_ar'
 
   specgen benchmark --config recipes/tiny/bench-humaneval.yaml --out rows.jsonl options.ngram.num_draft=3
@@ -44,7 +48,10 @@ EPILOG = """examples:
 
 # suite -> its runner module (`run(**options)`, `report(run, ...)`); start-up cost: the runners import torch and
 # the models, so `specgen --help` and refused flags do without them
-SUITES = {"humaneval": "cli.benchmark_text", "images": "cli.benchmark_image", "meshes": "cli.benchmark_mesh"}
+SUITES = {"humaneval": "cli.benchmark_text", "text": "cli.benchmark_text", "images": "cli.benchmark_image",
+          "meshes": "cli.benchmark_mesh"}
+CONSUMED = ("batch_size", "dry_run", "graphs", "text", "given", "device_name", "check_mode")  # benchmark() reads them
+TEXT_OPTIONS = ("suite", "prompts", "prompt_field", "category_field")  # what the text runner takes besides the rest
 
 
 @command
@@ -57,6 +64,15 @@ def benchmark(
     offset: Annotated[Optional[int], typer.Option("--offset", help="Skip this many prompts first.")] = None,
     max_new_tokens: Annotated[Optional[int], typer.Option("--max-new-tokens", help="Token budget per prompt.")] = None,
     threads: Annotated[Optional[int], typer.Option("--threads", help="torch threads (0 = default).")] = None,
+    prompts: Annotated[Optional[str], typer.Option(
+        "--prompts", help="[text] Prompt set: a file of lines or JSON Lines (prompt or chat messages, optional "
+                          "category; Spec-Bench's question.jsonl as is), - for stdin, or a local dataset folder / "
+                          ".parquet / .json / .csv file. Default: the shipped mixed set.")] = None,
+    prompt_field: Annotated[Optional[str], typer.Option(
+        "--prompt-field", help="[text] The record field holding the prompt (default: prompt, text, instruction, "
+                               "messages or turns).")] = None,
+    category_field: Annotated[Optional[str], typer.Option(
+        "--category-field", help="[text] The record field holding its category (default: category).")] = None,
     batch_size: Annotated[Optional[str], typer.Option(
         "--batch-size", help="Batch sizes, comma-separated (e.g. 1,4,16): B slots of continuous batching (B > 1 "
                             "rows add throughput and latency).")] = None,
@@ -93,8 +109,13 @@ def benchmark(
     suite = suite or recipe_key(config, overrides, "suite") or "humaneval"
     if suite not in SUITES:
         raise UnknownNameError("suite", suite, list(SUITES))
-    if quantize and suite != "humaneval":
-        raise UsageError(f"--quantize is for the humaneval suite (text targets), not {suite}")
+    text = SUITES[suite] == SUITES["text"]
+    if quantize and not text:
+        raise UsageError(f"--quantize is for the text suites (text targets), not {suite}")
+    given = [flag for flag, v in (("--prompts", prompts), ("--prompt-field", prompt_field),
+                                  ("--category-field", category_field)) if v is not None]
+    if given and suite != "text":
+        raise UsageError(f"{', '.join(given)} is for --suite text (a prompt set of your own), not {suite}")
     if batch_size is not None:  # every suite reads its batch sizes from its config
         overrides = [*(overrides or []), f"batch_sizes=[{','.join(map(str, parse_batch_sizes(batch_size)))}]"]
     if graphs is not None:  # every suite's config holds it (its loaders attach the captures); refused before loading
@@ -103,7 +124,7 @@ def benchmark(
 
         check_mode(graphs, device_name(device or recipe_key(config, overrides, "device") or "cpu"))
         overrides = [*(overrides or []), f"graphs={graphs}"]
-    options = {k: v for k, v in locals().items() if k not in ("suite", "batch_size", "dry_run", "graphs")}
+    options = {k: v for k, v in locals().items() if k not in CONSUMED and (text or k not in TEXT_OPTIONS)}
     importlib.import_module(SUITES[suite]).run(**options)
 
 

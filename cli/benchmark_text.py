@@ -1,4 +1,4 @@
-"""Text suite of `specgen benchmark` (`--suite humaneval`): measure into a run (folder or memory), print the rows."""
+"""Text suites of `specgen benchmark` (humaneval, text): measure into a run (folder or memory), print the rows."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ from cli import _output, benchmark_runs
 from cli._options import Format
 from specgen.config import load_config
 from specgen.errors import UsageError
-from specgen.eval.text_bench import TextBenchConfig, check_methods, items_left, measure, plan, rows_of
+from specgen.eval.text_bench import (TextBenchConfig, check_methods, check_prompts_fit, items_left, measure, plan,
+                                     rows_of)
 from specgen.text.target import load_text_model
 
-COLUMNS = ["method", "model", "tokens_per_s", "speedup_vs_ar", "tpf", "tau", "efficiency", "weight_mb_per_token",
+COLUMNS = ["category", "method", "model", "tokens_per_s", "speedup_vs_ar", "tpf", "tau", "efficiency", "weight_mb_per_token",
            "bandwidth_share", "nfe", "exact_match_vs_ar", "exact_match_vs_own_ar", "prefix_vs_ar", "nll_base",
            "pass_at_1"]
 BATCH_COLUMNS = ["batch_size", "method", "model", "throughput_tokens_per_s", "throughput_vs_ar", "throughput_vs_ar_b1",
@@ -20,26 +21,31 @@ BATCH_COLUMNS = ["batch_size", "method", "model", "throughput_tokens_per_s", "th
                  "exact_match_vs_ar_b1", "nll_base", "pass_at_1"]
 
 
-def run(overrides=None, methods=None, model=None, limit=None, offset=None, max_new_tokens=None, threads=None,
-        seed=None, device=None, dtype=None, quantize=None, config=None, out=None, append=False, run_dir=None,
-        shard=None, fmt=Format.table, quiet=False) -> None:
+def run(overrides=None, suite="humaneval", prompts=None, prompt_field=None, category_field=None, methods=None,
+        model=None, limit=None, offset=None, max_new_tokens=None, threads=None, seed=None, device=None, dtype=None,
+        quantize=None, config=None, out=None, append=False, run_dir=None, shard=None, fmt=Format.table,
+        quiet=False) -> None:
     """Measure this process's items of the run (all of them unless sharded), then print the merged rows."""
     rows = [m.strip() for m in methods.split(",") if m.strip()] if methods else None
-    cfg = load_config(TextBenchConfig, config, overrides, suite="humaneval", model=model, limit=limit, offset=offset,
+    cfg = load_config(TextBenchConfig, config, overrides, suite=suite, prompts=prompts, prompt_field=prompt_field,
+                      category_field=category_field, model=model, limit=limit, offset=offset,
                       max_new_tokens=max_new_tokens, threads=threads, seed=seed, device=device, methods=rows,
                       dtype=dtype, quantize=quantize)
     if cfg.limit < 1 or cfg.offset < 0:
         raise UsageError("--limit must be >= 1 and --offset >= 0")
+    if cfg.prompts == "-" and run_dir is not None:
+        raise UsageError("--prompts - (stdin) cannot be read again to resume or report a --run-dir: give a file")
     check_methods(cfg)
-    plan(cfg)  # refuses an empty prompt range before anything is written
+    n_prompts = plan(cfg).n_prompts  # refuses an empty or malformed prompt set before anything is written
     this, launched = benchmark_runs.shard_of(shard, run_dir)
     _output.check_rows_path(out, append)
     sink = benchmark_runs.sink_for(run_dir, cfg.suite, cfg)
     cfg.device = benchmark_runs.process_device(cfg.device)
     if pending(cfg, sink, this):
+        check_prompts_fit(cfg, _output.registry_progress(quiet))  # from the entry's files, before the weights load
         tm = load_text_model(cfg.model, cfg.device, _output.registry_progress(quiet), dtype=cfg.dtype,
                              quantize=cfg.quantize, graphs=cfg.graphs)
-        with _output.progress(f"benchmark {cfg.suite}", cfg.limit * len(cfg.batch_sizes),
+        with _output.progress(f"benchmark {cfg.suite}", n_prompts * len(cfg.batch_sizes),
                               quiet or fmt == Format.json) as advance:
             # the machine label is read once the run has set its threads
             measure(tm, cfg, sink, this, on_prompt=lambda i: advance(), machine=lambda: _output.machine_label(cfg.device))
@@ -81,11 +87,13 @@ def show(rows: list[dict], cfg, machine: str, fmt, out: Path | None, append: boo
     if fmt == Format.json:
         _output.emit_json(rows)
         return
-    title = (f"{cfg.suite}: {cfg.model}, {cfg.limit} prompts from {cfg.offset}, greedy, "
-             f"max {cfg.max_new_tokens} new tokens ({machine}{note})")
+    source = f" of {cfg.prompts or 'the mixed set'}" if cfg.suite == "text" else ""
+    title = (f"{cfg.suite}: {cfg.model}, {rows[0]['prompts'] if rows else 0} prompts{source} from {cfg.offset}, "
+             f"greedy, max {cfg.max_new_tokens} new tokens ({machine}{note})")
     single = [r for r in rows if r["batch_size"] == 1]
     if single:
-        _output.table(title, single, COLUMNS, _output.out)
+        columns = COLUMNS if any("category" in r for r in single) else COLUMNS[1:]
+        _output.table(title, single, columns, _output.out)
     if len(single) < len(rows):
         _output.table(f"{title}, batched (throughput over the batch, latency per sequence)", rows, BATCH_COLUMNS,
                       _output.out)

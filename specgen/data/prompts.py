@@ -1,62 +1,120 @@
-"""Read prompts from a text file, a JSONL file, stdin, or a local `datasets` dataset / parquet / json file."""
+"""Read prompts (text or chat messages, with a category) from lines, JSON Lines, stdin or a local dataset.
+
+How the format is told: a folder (`datasets.save_to_disk`) and `.parquet`, `.arrow`, `.csv` and `.json` files are
+datasets (read without network); any other file, or `-` (stdin), is JSON Lines when its first non-blank line
+starts with `{` (or it is named .jsonl / .ndjson), else one prompt per line. Every record, a JSON line or a
+dataset row, is read alike: its prompt is the named field, else the first of prompt / text / instruction /
+messages / turns; a string is the prompt, a list of {role, content} objects is a chat (rendered with the model's
+chat template), and a list of strings is a conversation's turns of which the first is used (Spec-Bench's
+`question.jsonl` as is). Its category is the named field, else `category` when present.
+"""
 
 from __future__ import annotations
 
 import json
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, NamedTuple
 
 from specgen.data.stdlib_prompts import assert_no_humaneval_overlap
 from specgen.errors import UsageError
 
-FIELDS = ("prompt", "text", "instruction")  # looked up in this order when no field is named
+FIELDS = ("prompt", "text", "instruction", "messages", "turns")  # looked up in this order when no field is named
 JSONL_SUFFIXES = {".jsonl", ".ndjson"}
-DATASETS_SUFFIXES = {".parquet": "parquet", ".json": "json", ".arrow": "arrow"}
+DATASETS_SUFFIXES = {".parquet": "parquet", ".json": "json", ".arrow": "arrow", ".csv": "csv"}
 
 
 class PromptSourceError(UsageError, ValueError):
     """A prompt source is missing, empty, or malformed; the message is one line naming the problem."""
 
 
-def _pick(row: dict, field: str | None, where: str) -> str:
-    """The prompt in one record: `field`, or the first of FIELDS present; must be a non-empty string."""
-    if field is not None:
-        if field not in row:
-            raise PromptSourceError(f"{where}: no field '{field}'")
-        name = field
-    else:
-        name = next((f for f in FIELDS if f in row), None)
-        if name is None:
-            have = ", ".join(map(str, row)) or "none"
-            raise PromptSourceError(f"{where}: no field 'prompt', 'text' or 'instruction' (fields: {have})")
-    value = row[name]
-    if not isinstance(value, str) or not value.strip():
-        raise PromptSourceError(f"{where}: field '{name}' is not a non-empty string")
-    return value
+@dataclass(frozen=True)
+class Prompt:
+    """One prompt: a user message's text, or a whole chat as ({role, content}, ...) messages."""
+
+    content: str | tuple[dict, ...]
+    category: str = ""
+
+    @property
+    def text(self) -> str:
+        """The text of a plain prompt; a chat is refused where only text is read."""
+        if not isinstance(self.content, str):
+            raise PromptSourceError("a chat prompt (`messages`) is read by `specgen benchmark`; give text here")
+        return self.content
 
 
-def _parse_text(text: str) -> list[str]:
-    return [line.strip() for line in text.splitlines() if line.strip()]
+def encode(tokenizer, prompt: Prompt) -> list[int]:
+    """Prompt token ids: text as one user turn, messages as they are, through the chat template when the tokenizer
+    has one (as `specgen generate` encodes text); without a template the messages' contents joined by lines."""
+    if isinstance(prompt.content, str):
+        return tokenizer.encode(prompt.content)
+    hf = tokenizer.hf
+    if not getattr(hf, "chat_template", None):
+        return tokenizer.encode("\n".join(m["content"] for m in prompt.content), chat=False)
+    rendered = hf.apply_chat_template(list(prompt.content), tokenize=False, add_generation_prompt=True)
+    return list(hf(rendered, add_special_tokens=False)["input_ids"])
 
 
-def _parse_jsonl(text: str, field: str | None, name: str) -> list[str]:
+def _content(value, name: str, where: str) -> str | tuple[dict, ...]:
+    if isinstance(value, str) and value.strip():
+        return value
+    if isinstance(value, list) and value and all(isinstance(m, dict) for m in value):
+        if all(isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in value):
+            return tuple({"role": m["role"], "content": m["content"]} for m in value)
+        raise PromptSourceError(f"{where}: field '{name}' holds messages without a string 'role' and 'content'")
+    if isinstance(value, list) and value and isinstance(value[0], str) and value[0].strip():
+        return value[0]  # a conversation's turns: the first one
+    raise PromptSourceError(f"{where}: field '{name}' is not a non-empty string, messages or turns")
+
+
+def record(row: dict, field: str | None, category_field: str | None, where: str) -> Prompt:
+    """The prompt of one record (a JSON object or a dataset row)."""
+    name = field or next((f for f in FIELDS if f in row), None)
+    if name is None:
+        have = ", ".join(map(str, row)) or "none"
+        raise PromptSourceError(f"{where}: no field {', '.join(map(repr, FIELDS))} (fields: {have})")
+    if name not in row:
+        raise PromptSourceError(f"{where}: no field '{name}'")
+    if category_field is not None and category_field not in row:
+        raise PromptSourceError(f"{where}: no category field '{category_field}'")
+    category = row.get(category_field or "category")
+    return Prompt(_content(row[name], name, where), "" if category is None else str(category))
+
+
+class Source(NamedTuple):
+    """A prompt source as read: its name for messages, its path (None for stdin), its text (None for a dataset)."""
+
+    name: str
+    path: Path | None
+    text: str | None
+
+
+def _lines(src: Source, field, category_field, split) -> list[Prompt]:
+    return [Prompt(line.strip()) for line in src.text.splitlines() if line.strip()]
+
+
+def _json_lines(src: Source, field, category_field, split) -> list[Prompt]:
     prompts = []
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, line in enumerate(src.text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise PromptSourceError(f"{name} line {number}: invalid JSON ({exc.msg})") from None
+            raise PromptSourceError(f"{src.name} line {number}: invalid JSON ({exc.msg})") from None
         if not isinstance(row, dict):
-            raise PromptSourceError(f"{name} line {number}: expected a JSON object, got {type(row).__name__}")
-        prompts.append(_pick(row, field, f"{name} line {number}"))
+            raise PromptSourceError(f"{src.name} line {number}: expected a JSON object, got {type(row).__name__}")
+        prompts.append(record(row, field, category_field, f"{src.name} line {number}"))
     return prompts
 
 
-def _read_dataset(path: Path, field: str | None, split: str) -> list[str]:
-    """A `datasets` directory (save_to_disk) or a parquet/json/arrow file, read without network."""
+def _dataset(src: Source, field: str | None, category_field: str | None, split: str) -> list[Prompt]:
+    """A `datasets` folder (save_to_disk) or a parquet/json/arrow/csv file, read without network."""
+    path = src.path
+    if path is None:
+        raise PromptSourceError("<stdin>: a dataset is read from a folder or file, not stdin")
     try:
         import datasets
     except ImportError:
@@ -69,13 +127,8 @@ def _read_dataset(path: Path, field: str | None, split: str) -> list[str]:
             data = datasets.load_from_disk(str(path))
         else:  # build into a throw-away cache: nothing is left behind in ~/.cache
             with tempfile.TemporaryDirectory(prefix="specgen-prompts-") as cache:
-                data = datasets.load_dataset(
-                    DATASETS_SUFFIXES[path.suffix.lower()],
-                    data_files=str(path),
-                    split=split,
-                    cache_dir=cache,
-                    keep_in_memory=True,
-                )
+                data = datasets.load_dataset(DATASETS_SUFFIXES.get(path.suffix.lower(), "json"), data_files=str(path),
+                                             split=split, cache_dir=cache, keep_in_memory=True)
     except (FileNotFoundError, ValueError, OSError, datasets.exceptions.DatasetGenerationError) as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise PromptSourceError(f"{path}: cannot read as a dataset ({reason})") from None
@@ -88,61 +141,63 @@ def _read_dataset(path: Path, field: str | None, split: str) -> list[str]:
             raise PromptSourceError(f"{path}: no split '{split}' (splits: {', '.join(data)})")
         data = data[split]
     columns = list(data.column_names)
-    name = field or next((f for f in FIELDS if f in columns), None)
-    if name is None or name not in columns:
-        wanted = f"'{field}'" if field else "'prompt', 'text' or 'instruction'"
-        raise PromptSourceError(f"{path}: no column {wanted} (columns: {', '.join(columns) or 'none'})")
-    values = data[name]
-    for i, value in enumerate(values):
-        if not isinstance(value, str) or not value.strip():
-            raise PromptSourceError(f"{path} row {i}: column '{name}' is not a non-empty string")
-    return list(values)
+    for wanted in (field, category_field):
+        if wanted is not None and wanted not in columns:
+            raise PromptSourceError(f"{path}: no column '{wanted}' (columns: {', '.join(columns) or 'none'})")
+    if field is None and not set(FIELDS) & set(columns):
+        raise PromptSourceError(f"{path}: no column {', '.join(map(repr, FIELDS))} (columns: {', '.join(columns)})")
+    return [record(row, field, category_field, f"{path} row {i}") for i, row in enumerate(data)]
 
 
-def read_prompts(
-    source: str | Path, field: str | None = None, fmt: str | None = None, split: str = "train"
-) -> list[str]:
-    """Prompts from `source`, in order.
+# format name -> reader of a Source (field, category field, split); `fmt` names one to override the guess
+READERS: dict[str, Callable[[Source, str | None, str | None, str], list[Prompt]]] = {
+    "text": _lines, "jsonl": _json_lines, "dataset": _dataset}
 
-    source: a text file (one prompt per line, blank lines skipped), a `.jsonl`/`.ndjson` file (one
-    object per line; the prompt is `field`, else the first of prompt/text/instruction), `-` for stdin
-    (JSONL when the first non-blank line starts with `{`, else text), a `datasets` directory written by
-    `save_to_disk`, or a local `.parquet`/`.json`/`.arrow` file. `fmt` ("text" or "jsonl") overrides the
-    guess for files and stdin; `split` picks the split of a DatasetDict.
-    """
-    if fmt not in (None, "text", "jsonl"):
-        raise PromptSourceError(f"unknown prompt format '{fmt}' (use text or jsonl)")
+
+def _open(source: str | Path, fmt: str | None) -> Source:
+    """The source with its text read, unless it is (or is asked to be read as) a dataset."""
     if str(source) == "-":
         try:
-            name, text = "<stdin>", sys.stdin.read()
+            text = sys.stdin.read()
             text.encode("utf-8")  # bytes that are not UTF-8 arrive as surrogates (surrogateescape) or raise
         except UnicodeError:
             raise PromptSourceError("<stdin>: not UTF-8 text") from None
-    else:
-        path = Path(source).expanduser()
-        name = str(path)
-        if not path.exists():
-            raise PromptSourceError(f"prompt file not found: {path}")
-        if fmt is None and (path.is_dir() or path.suffix.lower() in DATASETS_SUFFIXES):
-            prompts = _read_dataset(path, field, split)
-            if not prompts:
-                raise PromptSourceError(f"{path}: the dataset has no rows")
-            return prompts
-        if path.is_dir():
-            raise PromptSourceError(f"{path} is a directory, not a {fmt} file")
-        try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            raise PromptSourceError(f"{path}: not UTF-8 text") from None
-        if fmt is None:
-            fmt = "jsonl" if path.suffix.lower() in JSONL_SUFFIXES else "text"
+        return Source("<stdin>", None, text)
+    path = Path(source).expanduser()
+    if not path.exists():
+        raise PromptSourceError(f"prompt file not found: {path}")
+    if fmt == "dataset" or (fmt is None and (path.is_dir() or path.suffix.lower() in DATASETS_SUFFIXES)):
+        return Source(str(path), path, None)
+    if path.is_dir():
+        raise PromptSourceError(f"{path} is a directory, not a {fmt} file")
+    try:
+        return Source(str(path), path, path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise PromptSourceError(f"{path}: not UTF-8 text") from None
+
+
+def read_prompt_records(source: str | Path, field: str | None = None, category_field: str | None = None,
+                        fmt: str | None = None, split: str = "train") -> list[Prompt]:
+    """Prompts from `source` in order (the module docstring says how the format is told); `fmt` (a READERS name)
+    overrides the guess; `split` picks the split of a DatasetDict."""
+    if fmt is not None and fmt not in READERS:
+        raise PromptSourceError(f"unknown prompt format '{fmt}' (use {', '.join(READERS)})")
+    src = _open(source, fmt)
     if fmt is None:
-        first = next((line for line in text.splitlines() if line.strip()), "")
-        fmt = "jsonl" if first.lstrip().startswith("{") else "text"
-    prompts = _parse_jsonl(text, field, name) if fmt == "jsonl" else _parse_text(text)
+        first = next((line for line in (src.text or "").splitlines() if line.strip()), "")
+        jsonl = first.lstrip().startswith("{") or (src.path is not None and src.path.suffix.lower() in JSONL_SUFFIXES)
+        fmt = "dataset" if src.text is None else "jsonl" if jsonl else "text"
+    prompts = READERS[fmt](src, field, category_field, split)
     if not prompts:
-        raise PromptSourceError(f"{name}: no prompts (the input is empty)")
+        raise PromptSourceError(f"{src.name}: " + ("the dataset has no rows" if fmt == "dataset"
+                                                   else "no prompts (the input is empty)"))
     return prompts
+
+
+def read_prompts(source: str | Path, field: str | None = None, fmt: str | None = None,
+                 split: str = "train") -> list[str]:
+    """The text prompts of `source` (`read_prompt_records`; a chat record is refused)."""
+    return [p.text for p in read_prompt_records(source, field, fmt=fmt, split=split)]
 
 
 def guard_training_prompts(prompts: list[str]) -> list[str]:

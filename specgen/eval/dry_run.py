@@ -39,13 +39,15 @@ from specgen.devices import check_device
 from specgen.errors import SpecgenError, UsageError
 from specgen.eval.image_bench import method_of, options_of, with_extra_rows
 from specgen.eval.mesh_bench import variants
-from specgen.eval.text_bench import EXTERNAL, check_methods, decoded_model, row_method, row_options, with_sweeps
+from specgen.eval.text_bench import (check_methods, decoded_model, is_peer, items_of, row_method, row_options,
+                                     with_sweeps)
 from specgen.methods import get_method
 from specgen.text.precision import split_name
 
 #: recipe kind -> (module, config dataclass, the command that reads it)
 KINDS: dict[str, tuple[str, str, str]] = {
     "humaneval": ("specgen.eval.text_bench", "TextBenchConfig", "specgen benchmark"),
+    "text": ("specgen.eval.text_bench", "TextBenchConfig", "specgen benchmark"),
     "images": ("specgen.eval.image_bench", "ImageBenchConfig", "specgen benchmark"),
     "meshes": ("specgen.eval.mesh_bench", "MeshBenchConfig", "specgen benchmark"),
     "distill": ("specgen.train.distill", "DistillConfig", "specgen distill"),
@@ -60,7 +62,8 @@ KINDS: dict[str, tuple[str, str, str]] = {
     "vq": ("specgen.train.vq", "VQTrainConfig", "python -m specgen.train.vq"),
     "classifier": ("specgen.train.classifier", "ClassifierTrainConfig", "python -m specgen.train.classifier"),
 }
-SUITES = ("humaneval", "images", "meshes")
+SUITES = ("humaneval", "text", "images", "meshes")
+TEXT = ("humaneval", "text")
 
 #: header-comment marker -> kind (most specific first: the first marker found in the header wins)
 MARKERS: list[tuple[str, str]] = [
@@ -224,7 +227,7 @@ def method_check(entry: str, method: str, options, modality: str, suite_says: st
 def with_swept_rows(kind: str, cfg: Any) -> Any:
     """A humaneval or images config with its `sweep` (and older sweep keys') rows in `methods`; others as they are
     (the meshes suite's `variants` expands its own)."""
-    if kind == "humaneval":
+    if kind in TEXT:
         return with_sweeps(cfg)
     if kind == "images":
         return with_extra_rows(cfg)
@@ -234,17 +237,18 @@ def with_swept_rows(kind: str, cfg: Any) -> Any:
 def method_rows(kind: str, cfg: Any) -> list[dict]:
     """One row per benchmark method / mesh row: it exists, runs on the suite, knows its options."""
     out = []
-    if kind == "humaneval":
+    if kind in TEXT:
         if "ar" not in cfg.methods:
             out.append(row("methods", False, "no 'ar' row: speedups and exact match are measured against it"))
         for m in cfg.methods:
-            if m in EXTERNAL:
-                out.append(row(f"method {m}", True, "external baseline (transformers / llama.cpp)"))
+            if is_peer(m):
+                out.append(row(f"method {m}", True, "peer row (transformers / llama.cpp)"))
                 continue
-            out.append(method_check(m, row_method(m), lambda: row_options(m, cfg), "text", "the humaneval suite is text"))
-        if all(r["ok"] for r in out):  # then the run's own whole-table checks (batch sizes, variant rows)
+            out.append(method_check(m, row_method(m), lambda: row_options(m, cfg), "text", f"the {kind} suite is text"))
+        if all(r["ok"] for r in out):  # then the run's own whole-table checks (batch sizes, variant rows, prompts)
             try:
                 check_methods(cfg)
+                out.append(row("prompts", True, f"{len(items_of(cfg))} prompts"))
             except SpecgenError as e:
                 out.append(row("rows", False, str(e)))
     elif kind == "images":
@@ -266,10 +270,10 @@ def method_rows(kind: str, cfg: Any) -> list[dict]:
 def entry_names(kind: str, cfg: Any) -> list[tuple[str, str]]:
     """(role, registry name) of every entry the recipe reads, in order, without duplicates."""
     names: list[tuple[str, str]] = []
-    if kind == "humaneval":
+    if kind in TEXT:
         names.append(("model", cfg.model))
         for m in cfg.methods:
-            if m not in EXTERNAL:
+            if not is_peer(m):
                 try:
                     names.append((f"{m} target", decoded_model(m, cfg)))
                 except Exception:  # noqa: BLE001 - an unknown method has its own failing row

@@ -1,8 +1,15 @@
-"""Text benchmark (HumanEval prompts): every method on the same prompts in one process, interleaved per prompt.
+"""Text benchmark: every method on the same prompts in one process, interleaved per prompt.
 
-Rows: tokens/s (median over prompts), speedup vs `ar` (median of per-prompt ratios), TPF, tau,
-exact match vs `ar`, pass@1 (completions executed in subprocesses). The `hf` row is transformers'
-own `generate` on identical weights, so specgen's AR baseline is shown not to be artificially slow.
+Prompts (`SOURCES`): suite `humaneval` (HumanEval problems, pass@1 by executing the completions in subprocesses)
+or suite `text`, any prompt set (`prompts`: a file, `-` or a local dataset, `specgen/data/prompts.py`; by default
+the shipped mixed set), with batch-1 rows per category as well when it has several. Rows: tokens/s (median over
+prompts), speedup vs `ar` (median of per-prompt ratios), TPF, tau, exact match vs `ar`, pass@1 (HumanEval).
+
+Peer rows (`PEERS`) decode the same prompt ids greedily with other libraries' own fast paths: `hf` (transformers'
+`generate` on identical weights, so specgen's AR baseline is shown not to be artificially slow), `hf-lookup`
+(its prompt lookup), `hf-assisted` (its assisted generation, when a draft model is named or registered),
+`llamacpp` and `llamacpp-lookup` (llama.cpp on the GGUF, plain and prompt lookup). A peer row that cannot run
+here (its package missing, no draft model) is skipped with one line.
 
 Methods that decode a distilled model (`MethodSpec.target`, e.g. pcllm -> smollm2-135m-pcllm, or
 `targets.<method>=NAME`) are timed against the ORIGINAL model's `ar` (speedup_vs_ar), while their
@@ -32,39 +39,50 @@ the same B and at B = 1, and c(B): the measured cost of a B-row product pass rel
 
 from __future__ import annotations
 
+import functools
 import platform
 from dataclasses import asdict, dataclass, field, replace
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
 from specgen import registry
 from specgen.builtins import BUILTINS
+from specgen.data.prompts import Prompt, encode, read_prompt_records
 from specgen.decoding.cost import cost_of
 from specgen.decoding.sampling import SamplingParams
 from specgen.devices import now
 from specgen.errors import UsageError
-from specgen.eval import humaneval, llamacpp_row
+from specgen.eval import humaneval
+from specgen.eval.hf_rows import HfAssisted, HfGenerate, HfLookup
+from specgen.eval.llamacpp_row import LlamaCppLookup, LlamaCppRow
+from specgen.eval.peers import Peer, PeerSetup
 from specgen.eval.roofline import copy_bandwidth, streamed_bytes
 from specgen.eval.run_dir import MemoryRun, Shard
 from specgen.eval.sweeps import expand, merged_table, method_bases, method_check, sweeps_of, with_swept
 from specgen.eval.text_rows import Run, text_rows
 from specgen.methods import METHODS, MethodSpec, get_method, model_for, run_batch
 from specgen.methods.options import BUDGET_DEFAULT
-from specgen.models.hf_export import to_hf
 from specgen.models.tokenizer import tokenizer_hash
 from specgen.text.generate import draft_budget
 from specgen.text.target import TextModel, load_original, load_text_model
 
-EXTERNAL = ("hf", "llamacpp")  # rows not decoded by specgen's loop (llamacpp: eval/llamacpp_row.py, optional)
+# rows not decoded by specgen's loop: row name (also `NAME:tag` variants) -> its peer (eval/peers.py)
+PEERS: dict[str, type[Peer]] = {"hf": HfGenerate, "hf-lookup": HfLookup, "hf-assisted": HfAssisted,
+                                "llamacpp": LlamaCppRow, "llamacpp-lookup": LlamaCppLookup}
+MIXED_PROMPTS = Path(__file__).resolve().parents[1] / "data" / "mixed_prompts.jsonl"  # the text suite's default
 
 
 @dataclass
 class TextBenchConfig:
-    """Options of `specgen benchmark --suite humaneval` (recipe keys)."""
+    """Options of `specgen benchmark --suite humaneval|text` (recipe keys)."""
 
     suite: str = "humaneval"
+    prompts: str | None = None  # suite text: a prompt file, `-` or a local dataset (default: MIXED_PROMPTS)
+    prompt_field: str | None = None  # the record field holding the prompt (default: prompt/text/.../turns)
+    category_field: str | None = None  # the record field holding its category (default: `category`)
     methods: list[str] = field(default_factory=lambda: ["ar", "jacobi", "ngram", "hf"])
     model: str = "smollm2-135m"
     limit: int = 20
@@ -86,53 +104,14 @@ class TextBenchConfig:
     batch_sizes: list[int] = field(default_factory=lambda: [1])  # 1: interleaved per prompt; B > 1: B slots
 
 
-def hf_batch_runs(hf_model, prompts: list[list[int]], batch: int, cfg: "TextBenchConfig",
-                  stop_ids: tuple[int, ...]) -> tuple[list[Run], float]:
-    """transformers `generate` (greedy) on left-padded static batches of `batch` prompts; (runs, total seconds).
-
-    A static batch ends with its longest row, so every row of it reports the batch's wall time as latency.
-    """
-    pad = stop_ids[0] if stop_ids else 0
-    runs, total = [], 0.0
-    for start in range(0, len(prompts), batch):
-        chunk = prompts[start : start + batch]
-        width = max(map(len, chunk))
-        # [b, width], left padded
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p in chunk], device=hf_model.device)
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk], device=hf_model.device)
-        calls = [0]
-        handle = hf_model.register_forward_pre_hook(lambda *a: calls.__setitem__(0, calls[0] + 1))
-        t0 = now(hf_model.device)  # GPU clocks are read after the queued kernels finish
-        with torch.inference_mode():
-            out = hf_model.generate(ids, attention_mask=mask, max_new_tokens=cfg.max_new_tokens, do_sample=False,
-                                    eos_token_id=list(stop_ids) or None, pad_token_id=pad)
-        total += now(hf_model.device) - t0
-        handle.remove()
-        for row in out[:, width:].tolist():
-            cut = next((i + 1 for i, t in enumerate(row) if t in stop_ids), len(row))
-            runs.append(Run(row[:cut], total, calls[0], calls[0] - 1, 0))
-    return runs, total
-
-
-def hf_run(hf_model, prompt: list[int], cfg: TextBenchConfig, stop_ids: tuple[int, ...]) -> Run:
-    """transformers `generate` (greedy), counting forwards with a pre-forward hook."""
-    calls = [0]
-    handle = hf_model.register_forward_pre_hook(lambda *a: calls.__setitem__(0, calls[0] + 1))
-    ids = torch.tensor([prompt], device=hf_model.device)
-    t0 = now(hf_model.device)
-    with torch.inference_mode():
-        out = hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=cfg.max_new_tokens,
-                                do_sample=False, eos_token_id=list(stop_ids) or None,
-                                pad_token_id=stop_ids[0] if stop_ids else None)
-    seconds = now(hf_model.device) - t0
-    handle.remove()
-    new = out[0, len(prompt):].tolist()
-    return Run(new, seconds, calls[0], calls[0] - 1, 0)
-
-
 def row_method(row: str) -> str:
     """The method a row runs: `pcllm@n8`, `pcllm:n8` -> `pcllm` (variant rows), `ar@NAME` -> `ar`."""
     return row.split("@")[0].split(":")[0]
+
+
+def is_peer(row: str) -> bool:
+    """Is `row` decoded by another library (a PEERS row or a variant of one)?"""
+    return row_method(row) in PEERS
 
 
 def is_model_name(name: str) -> bool:
@@ -169,7 +148,7 @@ def with_sweeps(cfg: TextBenchConfig) -> TextBenchConfig:
     """cfg with every `sweep` row added to `methods` (its options in `options`, `method_options` folded in, its
     base row's `targets` entry copied); a config without sweeps comes back with the same rows."""
     table = options_table(cfg)
-    bases = [m for m in method_bases(cfg.methods, table, METHODS, "text") if m not in EXTERNAL]
+    bases = [m for m in method_bases(cfg.methods, table, METHODS, "text") if not is_peer(m)]
     swept = expand(sweeps_of(cfg.sweep), bases, method_check(row_method, get_method))
     methods, options = with_swept(cfg.methods, table, swept, row_method)
     targets = {**{r.name: cfg.targets[r.base] for r in swept if r.base in cfg.targets}, **cfg.targets}
@@ -208,7 +187,7 @@ def specgen_batch(model: TextModel, row: Row, prompts: list[list[int]], batch: i
 
 def decoded_model(method: str, cfg: TextBenchConfig) -> str:
     """The model a row decodes: `targets.<method>`, else the method's distilled target, else cfg.model."""
-    if method in EXTERNAL:
+    if is_peer(method):
         return cfg.model
     named = row_model(method)
     if named:
@@ -239,11 +218,16 @@ def check_methods(cfg: TextBenchConfig) -> dict[str, Row]:
         raise UsageError("the benchmark needs the 'ar' row: speedups and exact match are measured against it")
     rows = {}
     for m in cfg.methods:
-        if m in EXTERNAL:
+        if is_peer(m):
+            known = PEERS[row_method(m)].OPTIONS
+            unknown = sorted(set(row_options(m, cfg)) - set(known))
+            if unknown:
+                raise UsageError(f"{m} row: unknown option(s) {', '.join(unknown)}; options: "
+                                 f"{', '.join(known) or 'none'}")
             continue
         spec = get_method(row_method(m))
         if not spec.runs_on("text"):
-            raise UsageError(f"method {m} is for {spec.modality}; the humaneval suite is text")
+            raise UsageError(f"method {m} is for {spec.modality}; the {cfg.suite} suite is text")
         options = row_options(m, cfg)
         rows[m] = Row(spec, spec.parse_options(options), options.get("seed"))
         if "@" in m and row_model(m) is None and m not in cfg.options and m not in cfg.targets:
@@ -253,12 +237,77 @@ def check_methods(cfg: TextBenchConfig) -> dict[str, Row]:
 
 
 @dataclass(frozen=True)
+class Item:
+    """One prompt of the run, with its HumanEval problem when its completions are executed (pass@1)."""
+
+    prompt: Prompt
+    problem: humaneval.Problem | None = None
+
+
+def humaneval_items(cfg: TextBenchConfig) -> list[Item]:
+    if cfg.prompts is not None:
+        raise UsageError("the humaneval suite reads its own prompts; give --prompts with --suite text")
+    return [Item(Prompt(humaneval.build_user_message(q), "humaneval"), q)
+            for q in humaneval.load_problems(cfg.limit, cfg.offset)]
+
+
+@functools.cache
+def records_of(source: str, field: str | None, category_field: str | None) -> tuple[Prompt, ...]:
+    """A prompt source read once per process: stdin (`-`) can be read only once, and a run reads its plan often."""
+    return tuple(read_prompt_records(source, field, category_field))
+
+
+def file_items(cfg: TextBenchConfig) -> list[Item]:
+    records = records_of(cfg.prompts or str(MIXED_PROMPTS), cfg.prompt_field, cfg.category_field)
+    return [Item(p) for p in records[cfg.offset : cfg.offset + cfg.limit]]
+
+
+SOURCES: dict[str, Callable[[TextBenchConfig], list[Item]]] = {"humaneval": humaneval_items, "text": file_items}
+
+
+def items_of(cfg: TextBenchConfig) -> list[Item]:
+    """The run's prompts (`SOURCES[cfg.suite]`, `limit` of them from `offset`); none is refused."""
+    if cfg.suite not in SOURCES:
+        raise UsageError(f"unknown text suite {cfg.suite!r}; text suites: {', '.join(SOURCES)}")
+    items = SOURCES[cfg.suite](cfg)
+    if not items:
+        raise UsageError(f"no {cfg.suite} prompts at offset {cfg.offset}")
+    return items
+
+
+def check_prompts_fit(cfg: TextBenchConfig, progress=None) -> None:
+    """Refuse a prompt that leaves no room for max_new_tokens in the model's context, from its registry entry's
+    config and tokenizer files: before any weights load."""
+    from specgen import checkpoints
+    from specgen.limits import check_prompt_fits, context_of
+    from specgen.models.tokenizer import TextTokenizer
+    from specgen.text.precision import split_name
+
+    entry = checkpoints.find(split_name(cfg.model)[0], progress)
+    # a quantized entry or an adapter reads its base's tokenizer, as load_text_model does
+    source = (entry.meta.get("quantized") or {}).get("base") or (entry.meta.get("parent") if entry.kind == "adapter"
+                                                                 else None)
+    base = checkpoints.find(source, progress) if source else entry
+    tokenizer = TextTokenizer.load(base.path)
+    for i, item in enumerate(items_of(cfg)):
+        try:
+            check_prompt_fits(len(encode(tokenizer, item.prompt)), cfg.max_new_tokens,
+                              entry if context_of(entry.meta) else base)
+        except UsageError as e:
+            raise UsageError(f"prompt {cfg.offset + i}: {e}") from None
+
+
+@dataclass(frozen=True)
 class Plan:
     """What a run measures, known from the config alone: rows in order, each row's model and losslessness."""
 
     order: list[str]  # cfg.methods, then an `ar@NAME` row per other model a row decodes (its exact-match reference)
     meta: dict[str, dict]  # row -> {"model", "lossless"}
-    n_prompts: int
+    categories: list[str]  # one per prompt
+
+    @property
+    def n_prompts(self) -> int:
+        return len(self.categories)
 
 
 def plan(cfg: TextBenchConfig, skipped: tuple[str, ...] = ()) -> Plan:
@@ -270,12 +319,9 @@ def plan(cfg: TextBenchConfig, skipped: tuple[str, ...] = ()) -> Plan:
         if name != cfg.model and f"ar@{name}" not in order:
             order.append(f"ar@{name}")
     meta = {m: {"model": decoded_model(m, cfg),
-                "lossless": (m == "hf") if m in EXTERNAL else get_method(row_method(m)).lossless}  # llamacpp: GGUF
+                "lossless": PEERS[row_method(m)].lossless if is_peer(m) else get_method(row_method(m)).lossless}
             for m in order}
-    n_prompts = len(humaneval.load_problems(cfg.limit, cfg.offset))
-    if not n_prompts:
-        raise UsageError(f"no HumanEval problems at offset {cfg.offset}")
-    return Plan(order, meta, n_prompts)
+    return Plan(order, meta, [item.prompt.category for item in items_of(cfg)])
 
 
 def items_left(cfg: TextBenchConfig, p: Plan, done: dict, shard: Shard) -> tuple[list[int], list[tuple[int, str]]]:
@@ -289,16 +335,32 @@ def items_left(cfg: TextBenchConfig, p: Plan, done: dict, shard: Shard) -> tuple
 
 def with_quality(runs: dict[str, Run], prompt: list[int], problem, original: TextModel | None,
                  cfg: TextBenchConfig) -> dict[str, Run]:
-    """Each run with the original model's NLL of its tokens and whether its completion passes the tests."""
+    """Each run with the original model's NLL of its tokens and, for a HumanEval problem, whether its completion
+    passes the tests."""
     out = {}
     for m, r in runs.items():
         nll, count = base_nll(original, prompt, r.tokens) if cfg.nll else (None, 0)
         out[m] = replace(r, nll_sum=nll, nll_count=count)
-    if cfg.execute:
+    if cfg.execute and problem is not None:
         completions = [original.tokenizer.decode(r.tokens) for r in out.values()]
         passed = humaneval.check_completions([problem] * len(out), completions)
         out = {m: replace(r, passed=ok) for (m, r), ok in zip(out.items(), passed)}
     return out
+
+
+def peers_of(order: list[str], cfg: TextBenchConfig, original: TextModel) -> tuple[dict[str, Peer], dict[str, str]]:
+    """The peer rows of `order` built (row -> peer), and those that cannot run here (row -> the one-line reason)."""
+    built, skipped = {}, {}
+    for m in (m for m in order if is_peer(m)):
+        setup = PeerSetup(m, original, row_options(m, cfg), cfg.max_new_tokens, original.tokenizer.stop_ids,
+                          torch.get_num_threads(), cfg.device)
+        kind = PEERS[row_method(m)]
+        reason = kind.unavailable(setup)
+        if reason:
+            skipped[m] = reason
+        else:
+            built[m] = kind(setup)
+    return built, skipped
 
 
 def measure(model: TextModel, cfg: TextBenchConfig, sink=None, shard: Shard = Shard(), on_prompt=None,
@@ -316,8 +378,8 @@ def measure(model: TextModel, cfg: TextBenchConfig, sink=None, shard: Shard = Sh
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     sink.start_shard(shard)
-    problems = humaneval.load_problems(cfg.limit, cfg.offset)
-    prompts = [model.tokenizer.encode(humaneval.build_user_message(q)) for q in problems]
+    items = items_of(cfg)
+    prompts = [encode(model.tokenizer, item.prompt) for item in items]
     models = {cfg.model: model}
     for name in {p.meta[m]["model"] for m in p.order} - {cfg.model}:
         models[name] = load_text_model(name, cfg.device, graphs=cfg.graphs)
@@ -325,23 +387,12 @@ def measure(model: TextModel, cfg: TextBenchConfig, sink=None, shard: Shard = Sh
     for row in rows.values():  # a row's assets (a static n-gram cache) fit the models' one tokenizer
         if row.spec.model_check is not None:
             row.spec.model_check(row.options, model.tokenizer)
-    original = load_original(model, cfg.device)  # quality reference (nll_base, hf row): the float32 weights
-    hf_model = None
-    if "hf" in p.order:
-        hf_model = to_hf(original.module)
-    order, llama, skipped = list(p.order), None, {}
-    if "llamacpp" in order:
-        reason = llamacpp_row.unavailable()
-        if reason:
-            order.remove("llamacpp")
-            skipped["llamacpp"] = reason
-        else:
-            llama = llamacpp_row.LlamaCppRow(cfg.options.get("llamacpp", {}), torch.get_num_threads(),
-                                             model.module.cfg.max_seq_len, model.module.cfg.vocab_size)
-    stop = model.tokenizer.stop_ids
+    original = load_original(model, cfg.device)  # quality reference (nll_base, peer rows): the float32 weights
+    peers, skipped = peers_of(p.order, cfg, original)
+    order = [m for m in p.order if m not in skipped]
     cost = cost_of(model.module)  # c(B) of batched rows, c(N) of the efficiency of speculative rows
-    streamed = {m: streamed_bytes(original.module if m == "hf" else models[p.meta[m]["model"]].module)
-                for m in order if m != "llamacpp"}  # weights one forward of the row reads (the roofline)
+    streamed = {m: streamed_bytes(peers[m].module if m in peers else models[p.meta[m]["model"]].module)
+                for m in order if m not in peers or peers[m].module is not None}  # weights one forward reads
     sink.write_machine(shard, {"machine": machine() if callable(machine) else machine, "versions": versions(),
                                "cost_rows": list(cost.rows), "cost": list(cost.cost), "skipped": skipped,
                                "streamed_bytes": streamed, "bandwidth_gbs": copy_bandwidth(device=next(model.module.parameters()).device)})
@@ -350,11 +401,8 @@ def measure(model: TextModel, cfg: TextBenchConfig, sink=None, shard: Shard = Sh
         return rows.get(m) or Row(METHODS["ar"], METHODS["ar"].parse_options({}))
 
     def one(method: str, prompt: list[int]) -> Run:
-        if method == "hf":
-            return hf_run(hf_model, prompt, cfg, stop)
-        if method == "llamacpp":
-            tokens, seconds, forwards = llama.run(prompt, cfg.max_new_tokens, stop)
-            return Run(tokens, seconds, forwards, forwards - 1, 0)
+        if method in peers:
+            return peers[method].run(prompt)
         return specgen_run(models[decoded_model(method, cfg)], row_of(method), prompt, cfg)
 
     if cfg.warmup:
@@ -363,22 +411,19 @@ def measure(model: TextModel, cfg: TextBenchConfig, sink=None, shard: Shard = Sh
             one(m, warm)
     for i in todo:  # 1. batch 1: every row on one prompt, interleaved, then its record
         runs = with_quality({m: replace(one(m, prompts[i]), shard=shard.label) for m in order}, prompts[i],
-                            problems[i], original, cfg)
+                            items[i].problem, original, cfg)
         sink.append(shard, {"item": f"b1/p{i}", "shard": shard.label, "prompt": i,
                             "runs": {m: asdict(r) for m, r in runs.items()}})
         if on_prompt:
             on_prompt(i)
     batch_prompts = [prompts[i] for i in mine]
-    for b, m in todo_batched:  # 2. batch B: one row over the shard's prompts through B slots, then its record
-        if m == "hf":
-            runs, wall = hf_batch_runs(hf_model, batch_prompts, b, cfg, stop)
-        elif m == "llamacpp":  # one sequence at a time (the row's runner has no batch)
-            runs = [one(m, q) for q in batch_prompts]
-            wall = sum(r.seconds for r in runs)
+    for b, m in [(b, m) for b, m in todo_batched if m in order]:  # 2. batch B: one row over the shard's prompts
+        if m in peers:
+            runs, wall = peers[m].batch(batch_prompts, b)
         else:
             done_one = (lambda j: on_prompt(j)) if on_prompt and m == order[0] else None
             runs, wall = specgen_batch(models[decoded_model(m, cfg)], row_of(m), batch_prompts, b, cfg, done_one)
-        runs = [with_quality({m: replace(r, shard=shard.label)}, q, problems[i], original, cfg)[m]
+        runs = [with_quality({m: replace(r, shard=shard.label)}, q, items[i].problem, original, cfg)[m]
                 for r, q, i in zip(runs, batch_prompts, mine)]
         sink.append(shard, {"item": f"b{b}/{m}/{shard.label}", "shard": shard.label, "batch_size": b, "method": m,
                             "indices": mine, "wall": wall, "runs": [asdict(r) for r in runs]})
@@ -390,7 +435,7 @@ def rows_of(cfg: TextBenchConfig, sink) -> list[dict]:
     machines = sink.machines()
     skipped = {m: why for info in machines.values() for m, why in (info.get("skipped") or {}).items()}
     p = plan(cfg, tuple(skipped))
-    rows = text_rows(sink.records(), p.order, p.meta, p.n_prompts, list(cfg.batch_sizes), machines)
+    rows = text_rows(sink.records(), p.order, p.meta, p.n_prompts, list(cfg.batch_sizes), machines, p.categories)
     return rows + [{"method": m, "skipped": why} for m, why in skipped.items()]
 
 

@@ -5,6 +5,7 @@ at batch B > 1 one method over one shard's prompts. Each run carries the shard t
 ratios of times from one shard (one device): per prompt at batch 1, per shard for batched throughput, and
 combined over shards weighted by prompts; a time from one device is never divided by one from another.
 With one shard the rows are those of a single-process run by construction (both go through this module).
+A prompt set of several categories adds batch-1 rows per category (`category`; the rows over all prompts: "all").
 """
 
 from __future__ import annotations
@@ -50,18 +51,22 @@ def collect(records: dict[str, dict], order: list[str], n_prompts: int, batch: i
         items = [records.get(f"b1/p{i}") for i in range(n_prompts)]
         if any(r is None for r in items):
             return None
-        runs = {m: [Run(**r["runs"][m]) for r in items] for m in order}
-        walls: dict[str, dict[str, float]] = {m: {} for m in order}
-        for m, rs in runs.items():
-            for r in rs:
-                walls[m][r.shard] = walls[m].get(r.shard, 0.0) + r.seconds
-        return Measured(runs, walls)
+        return one_by_one({m: [Run(**r["runs"][m]) for r in items] for m in order})
     runs, walls = {}, {}
     for m in order:
         by_prompt, walls[m] = batched(records, f"b{batch}/{m}/")
         if len(by_prompt) < n_prompts:
             return None
         runs[m] = [Run(**by_prompt[i]) for i in range(n_prompts)]
+    return Measured(runs, walls)
+
+
+def one_by_one(runs: dict[str, list[Run]]) -> Measured:
+    """Batch-1 runs: a shard's wall time is the sum of its runs' times."""
+    walls: dict[str, dict[str, float]] = {m: {} for m in runs}
+    for m, rs in runs.items():
+        for r in rs:
+            walls[m][r.shard] = walls[m].get(r.shard, 0.0) + r.seconds
     return Measured(runs, walls)
 
 
@@ -197,8 +202,9 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 def text_rows(records: dict[str, dict], order: list[str], meta: dict[str, dict], n_prompts: int,
-              batches: list[int], machines: dict[str, dict]) -> list[dict]:
-    """Every row of a finished run (batch sizes in `batches` order); refuses a run with missing items."""
+              batches: list[int], machines: dict[str, dict], categories: list[str] | None = None) -> list[dict]:
+    """Every row of a finished run (batch sizes in `batches` order), with batch-1 rows per category when the
+    prompts (`categories`, one per prompt) have several; refuses a run with missing items."""
     gone = missing(records, order, n_prompts, batches)
     if gone:
         raise RunNotFinished(f"the run is not finished: {gone} of its items have no record yet "
@@ -210,4 +216,21 @@ def text_rows(records: dict[str, dict], order: list[str], meta: dict[str, dict],
         rows += batch_rows(measured, batch, meta, costs, reference if batch > 1 else None, machines)
         if batch == 1:
             reference = measured
+            split = by_category(measured, categories or [], meta, costs, machines)
+            rows = [{**r, "category": "all"} if split and r["batch_size"] == 1 else r for r in rows] + split
+    return rows
+
+
+def by_category(measured: Measured, categories: list[str], meta: dict[str, dict], costs: dict[str, CostCurve],
+                machines: dict[str, dict]) -> list[dict]:
+    """Batch-1 rows of each category's prompts (in order of first appearance); none for prompts of one category.
+    A category's speedups and exact match are over its own prompts' runs."""
+    names = list(dict.fromkeys(categories))
+    if len(names) < 2:
+        return []
+    rows = []
+    for name in names:
+        keep = [i for i, c in enumerate(categories) if c == name]
+        part = one_by_one({m: [rs[i] for i in keep] for m, rs in measured.runs.items()})
+        rows += [{**r, "category": name} for r in batch_rows(part, 1, meta, costs, None, machines)]
     return rows

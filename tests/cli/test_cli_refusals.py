@@ -239,7 +239,7 @@ def test_budgets_beyond_the_context_are_refused(tiny, args, needle):
 def test_a_sequence_past_the_context_is_a_usage_error(tiny):
     r = invoke("benchmark", "--model", "tiny-text", "--limit", "200", "--max-new-tokens", "2", "--methods", "ar",
                "warmup=false", "execute=false", "nll=false")  # some HumanEval prompts are longer than 1024 characters
-    assert r.exit_code == 2 and "beyond the model's context of 1024 tokens" in r.stderr
+    assert r.exit_code == 2 and "does not fit target/tiny-text's context of 1024 tokens" in r.stderr  # before loading
     assert len(r.stderr.strip().splitlines()) == 1
 
 
@@ -596,9 +596,9 @@ def test_registry_import_onto_a_full_disk_is_refused_before_converting(tiny, pt_
 
 
 def test_a_garbage_parquet_is_specgens_line_only(tmp_path, capfd):
-    from specgen.data.prompts import PromptSourceError, _read_dataset
+    from specgen.data.prompts import PromptSourceError, read_prompt_records
 
     (tmp_path / "p.parquet").write_bytes(b"not parquet at all" * 8)
     with pytest.raises(PromptSourceError, match="cannot read as a dataset"):
-        _read_dataset(tmp_path / "p.parquet", None, "train")
+        read_prompt_records(tmp_path / "p.parquet")
     assert capfd.readouterr().err == ""  # pyarrow's / datasets' own log line is not printed before specgen's

@@ -171,3 +171,64 @@ def test_missing_and_undecodable_files(tmp_path):
     with pytest.raises(PromptSourceError, match="not UTF-8"):
         read_prompts(tmp_path / "latin.txt")
     assert issubclass(PromptSourceError, ValueError)
+
+
+# --- prompt records: chat messages, Spec-Bench turns, categories, datasets ----------------------------------------
+
+
+def test_records_of_every_layout(tmp_path, monkeypatch):
+    from specgen.data.prompts import Prompt, read_prompt_records
+
+    rows = [{"prompt": "p", "category": "qa"},
+            {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}], "category": "chat"},
+            {"question_id": 81, "category": "writing", "turns": ["first turn", "second turn"]},  # Spec-Bench's layout
+            {"text": "no category"}]
+    path = tmp_path / "mixed.txt"  # the content tells JSON Lines, whatever the name
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert read_prompt_records(path) == [
+        Prompt("p", "qa"), Prompt(({"role": "system", "content": "s"}, {"role": "user", "content": "u"}), "chat"),
+        Prompt("first turn", "writing"), Prompt("no category", "")]
+    with pytest.raises(PromptSourceError, match="a chat prompt"):
+        read_prompts(path)  # generate and collect-trajectories read text
+    monkeypatch.setattr(sys, "stdin", io.StringIO('{"q": "x", "kind": "k"}\n'))
+    assert read_prompt_records("-", field="q", category_field="kind") == [Prompt("x", "k")]
+
+
+def test_dataset_with_named_fields(tmp_path):
+    from specgen.data.prompts import Prompt, read_prompt_records
+
+    datasets = pytest.importorskip("datasets")
+    datasets.Dataset.from_dict({"question": ["a", "b"], "topic": ["t1", "t2"]}).save_to_disk(str(tmp_path / "ds"))
+    assert read_prompt_records(tmp_path / "ds", field="question", category_field="topic") == [
+        Prompt("a", "t1"), Prompt("b", "t2")]
+    with pytest.raises(PromptSourceError, match=r"no column 'kind' \(columns: question, topic\)"):
+        read_prompt_records(tmp_path / "ds", field="question", category_field="kind")
+    (tmp_path / "q.csv").write_text("question,topic\nc,t3\n")
+    assert read_prompt_records(tmp_path / "q.csv", field="question", category_field="topic") == [Prompt("c", "t3")]
+
+
+@pytest.mark.parametrize("row, message", [
+    ({"messages": [{"role": "user"}]}, "holds messages without a string 'role' and 'content'"),
+    ({"turns": [3]}, "field 'turns' is not a non-empty string, messages or turns"),
+    ({"prompt": "a", "category": "c"}, "line 1: no category field 'kind'"),
+])
+def test_bad_records_are_one_line(tmp_path, row, message):
+    from specgen.data.prompts import read_prompt_records
+
+    path = tmp_path / "r.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    with pytest.raises(PromptSourceError, match=message) as info:
+        read_prompt_records(path, category_field="kind" if "category" in row else None)
+    assert "\n" not in str(info.value)
+
+
+def test_the_shipped_mixed_set():
+    from collections import Counter
+
+    from specgen.data.prompts import read_prompt_records
+    from specgen.eval.text_bench import MIXED_PROMPTS
+
+    prompts = read_prompt_records(MIXED_PROMPTS)
+    counts = Counter(p.category for p in prompts)
+    assert len(prompts) >= 30 and len(counts) >= 6 and min(counts.values()) >= 4, counts
+    assert {"chat", "summarization", "translation", "qa", "math", "rag", "code"} <= set(counts)

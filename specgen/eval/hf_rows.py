@@ -1,0 +1,118 @@
+"""The transformers peer rows: `generate` (greedy) on the target's float32 weights, plain, prompt lookup, assisted."""
+
+from __future__ import annotations
+
+import torch
+
+from specgen.devices import now
+from specgen.errors import UsageError
+from specgen.eval.peers import OneAtATime, PeerSetup
+from specgen.eval.text_rows import Run
+from specgen.models.hf_export import to_hf
+from specgen.models.tokenizer import tokenizer_hash
+
+
+def counted(hf_model, call) -> tuple[object, int, float]:
+    """(call's result, forwards of `hf_model` during it, seconds), forwards counted with a pre-forward hook."""
+    calls = [0]
+    handle = hf_model.register_forward_pre_hook(lambda *a: calls.__setitem__(0, calls[0] + 1))
+    t0 = now(hf_model.device)  # GPU clocks are read after the queued kernels finish
+    try:
+        with torch.inference_mode():
+            out = call()
+    finally:
+        handle.remove()
+    return out, calls[0], now(hf_model.device) - t0
+
+
+class HfGenerate:
+    """`hf`: transformers' own greedy `generate`, so specgen's AR baseline is shown not to be artificially slow."""
+
+    OPTIONS: tuple[str, ...] = ()
+    lossless = True  # the same float32 weights, greedy
+
+    @staticmethod
+    def unavailable(setup: PeerSetup) -> str | None:
+        return None
+
+    def __init__(self, setup: PeerSetup) -> None:
+        self.options, self.setup = setup.options, setup
+        self.module = to_hf(setup.original.module)
+
+    def kwargs(self) -> dict:
+        """generate's keyword arguments that pick this row's decoding path."""
+        return {}
+
+    def run(self, prompt: list[int]) -> Run:
+        """One prompt; tokens past one per forward were accepted drafts (speculative rows)."""
+        stop, hf = self.setup.stop_ids, self.module
+        ids = torch.tensor([prompt], device=hf.device)
+        out, forwards, seconds = counted(hf, lambda: hf.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=self.setup.max_new_tokens, do_sample=False,
+            eos_token_id=list(stop) or None, pad_token_id=stop[0] if stop else None, **self.kwargs()))
+        new = out[0, len(prompt):].tolist()
+        return Run(new, seconds, forwards, forwards - 1, max(0, len(new) - forwards))
+
+    def batch(self, prompts: list[list[int]], batch: int) -> tuple[list[Run], float]:
+        """Left-padded static batches of `batch` prompts; (runs, total seconds). A static batch ends with its
+        longest row, so every row of it reports the batch's wall time as latency."""
+        stop, hf = self.setup.stop_ids, self.module
+        pad = stop[0] if stop else 0
+        runs, total = [], 0.0
+        for start in range(0, len(prompts), batch):
+            chunk = prompts[start : start + batch]
+            width = max(map(len, chunk))
+            ids = torch.tensor([[pad] * (width - len(p)) + p for p in chunk], device=hf.device)  # [b, width]
+            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk], device=hf.device)
+            out, forwards, seconds = counted(hf, lambda: hf.generate(
+                ids, attention_mask=mask, max_new_tokens=self.setup.max_new_tokens, do_sample=False,
+                eos_token_id=list(stop) or None, pad_token_id=pad))
+            total += seconds
+            for row in out[:, width:].tolist():
+                cut = next((i + 1 for i, t in enumerate(row) if t in stop), len(row))
+                runs.append(Run(row[:cut], total, forwards, forwards - 1, 0))
+        return runs, total
+
+
+class HfLookup(OneAtATime, HfGenerate):
+    """`hf-lookup`: transformers' prompt-lookup decoding (`generate(prompt_lookup_num_tokens=N)`), one sequence at a
+    time (transformers speculates on batch 1 only). Options are generate's: prompt_lookup_num_tokens (default
+    DEFAULT_TOKENS), max_matching_ngram_size (default: transformers')."""
+
+    OPTIONS = ("prompt_lookup_num_tokens", "max_matching_ngram_size")
+    DEFAULT_TOKENS = 10  # generate has none; llama-cpp-python's prompt lookup drafts 10 by default, so both rows match
+
+    def kwargs(self) -> dict:
+        return {"prompt_lookup_num_tokens": self.DEFAULT_TOKENS, **self.options}
+
+
+class HfAssisted(OneAtATime, HfGenerate):
+    """`hf-assisted`: transformers' assisted generation with a smaller registered text model drafting (`draft`, else
+    the target's registry `drafter`); options: draft, num_assistant_tokens (default: transformers')."""
+
+    OPTIONS = ("draft", "num_assistant_tokens")
+
+    @staticmethod
+    def draft_name(setup: PeerSetup) -> str:
+        return str(setup.options.get("draft") or setup.original.entry.meta.get("drafter") or "")
+
+    @staticmethod
+    def unavailable(setup: PeerSetup) -> str | None:
+        if HfAssisted.draft_name(setup):
+            return None
+        return (f"{setup.name} row skipped: no draft model is registered for {setup.original.entry.ref} (name a "
+                f"smaller text model with its tokenizer: options.{setup.name}.draft=NAME)")
+
+    def __init__(self, setup: PeerSetup) -> None:
+        from specgen.text.target import load_original, load_text_model
+
+        super().__init__(setup)
+        draft = load_original(load_text_model(self.draft_name(setup), setup.device, graphs="off"), setup.device)
+        if tokenizer_hash(draft.tokenizer) != tokenizer_hash(setup.original.tokenizer):
+            raise UsageError(f"{setup.name} row: {draft.entry.ref} does not share the tokenizer of "
+                             f"{setup.original.entry.ref}")
+        self.draft = to_hf(draft.module)
+
+    def kwargs(self) -> dict:
+        extra = {k: v for k, v in self.options.items() if k != "draft"}
+        return {"assistant_model": self.draft, **extra}

@@ -1,0 +1,77 @@
+"""`specgen benchmark --suite text` on a tiny target: any prompt set, rows per category (reported again from the run
+folder), peer rows (run or skipped with one line), a prompt longer than the context refused before the model loads."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from tests.cli.test_cli_text import invoke, tiny_target  # noqa: F401 - the fixture
+
+BENCH = ["benchmark", "--suite", "text", "--model", "tiny-text", "--max-new-tokens", "8", "--format", "json",
+         "warmup=false", "nll=false"]
+
+
+def one_line(r, code: int = 2) -> str:
+    assert r.exit_code == code and len(r.output.strip().splitlines()) == 1, r.output
+    return r.output
+
+
+def write(tmp_path, rows: list[dict]):
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_rows_per_category_and_peer_rows(tiny_target, tmp_path, monkeypatch):  # noqa: F811
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import llama_cpp fails: as without the package
+    path = write(tmp_path, [{"prompt": "HELLO WORLD", "category": "A"}, {"prompt": "ONE TWO ONE", "category": "B"},
+                            {"messages": [{"role": "user", "content": "HI THERE"}], "category": "A"}])
+    r = invoke(*BENCH, "--prompts", str(path), "--methods", "ar,ngram,hf-lookup,hf-assisted,llamacpp-lookup",
+               "--run-dir", str(tmp_path / "run"))
+    assert r.exit_code == 0, r.output
+    report = invoke("benchmark", "report", str(tmp_path / "run"), "--format", "json")
+    assert report.exit_code == 0 and json.loads(report.stdout) == json.loads(r.stdout), report.output
+    assert "llamacpp-lookup row skipped: llama-cpp-python is not installed" in r.stderr
+    assert "hf-assisted row skipped: no draft model is registered for target/tiny-text" in r.stderr
+    rows = json.loads(r.stdout)
+    by = {(row["category"], row["method"]): row for row in rows}
+    assert set(by) == {(c, m) for c in ("all", "A", "B") for m in ("ar", "ngram", "hf-lookup")}
+    assert [by[(c, "ar")]["prompts"] for c in ("all", "A", "B")] == [3, 2, 1]
+    assert by[("all", "ngram")]["exact_match_vs_ar"] == 1.0 and "exact_match_vs_ar" in by[("all", "hf-lookup")]
+    assert "pass_at_1" not in by[("all", "ar")]  # no tests to run outside HumanEval
+
+
+def test_stdin_and_assisted_with_a_named_draft(tiny_target):  # noqa: F811
+    r = invoke(*BENCH, "--prompts", "-", "--methods", "ar,hf,hf-assisted", "options.hf-assisted.draft=tiny-text",
+               input="HELLO WORLD\nABC ABC ABC\n")
+    assert r.exit_code == 0, r.output
+    rows = {row["method"]: row for row in json.loads(r.stdout)}
+    assert set(rows) == {"ar", "hf", "hf-assisted"} and rows["ar"]["prompts"] == 2
+    assert "category" not in rows["ar"]  # one category: no per-category rows
+
+
+def test_a_prompt_longer_than_the_context_is_refused_before_loading(tiny_target, tmp_path, monkeypatch):  # noqa: F811
+    import cli.benchmark_text
+
+    def no_load(*a, **k):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(cli.benchmark_text, "load_text_model", no_load)
+    path = write(tmp_path, [{"prompt": "SHORT"}, {"prompt": "LONG " * 60}])  # 300 tokens; the context is 256
+    out = one_line(invoke(*BENCH, "--prompts", str(path), "--methods", "ar"))
+    assert "prompt 1: prompt of 300 tokens + max-new-tokens 8 does not fit target/tiny-text's context" in out
+
+
+def test_bad_prompt_sets_are_one_line(tiny_target, tmp_path):  # noqa: F811
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "A"}\n{"prompt": \n')
+    assert "bad.jsonl line 2: invalid JSON" in one_line(invoke(*BENCH, "--prompts", str(bad), "--methods", "ar"))
+    path = write(tmp_path, [{"turns": []}])
+    assert "field 'turns' is not" in one_line(invoke(*BENCH, "--prompts", str(path), "--methods", "ar"))
+    assert "--prompts is for --suite text" in one_line(invoke("benchmark", "--suite", "humaneval", "--prompts",
+                                                              str(path)))
+    unknown = one_line(invoke(*BENCH, "--prompts", str(path), "--methods", "ar,hf-lookup", "options.hf-lookup.n=4"))
+    assert "hf-lookup row: unknown option(s) n; options: prompt_lookup_num_tokens, max_matching_ngram_size" in unknown
+    missing = one_line(invoke(*BENCH, "--prompts", str(path), "--prompt-field", "question", "--methods", "ar"))
+    assert "no field 'question'" in missing
