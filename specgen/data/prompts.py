@@ -50,11 +50,7 @@ def encode(tokenizer, prompt: Prompt) -> list[int]:
     has one (as `specgen generate` encodes text); without a template the messages' contents joined by lines."""
     if isinstance(prompt.content, str):
         return tokenizer.encode(prompt.content)
-    hf = tokenizer.hf
-    if not getattr(hf, "chat_template", None):
-        return tokenizer.encode("\n".join(m["content"] for m in prompt.content), chat=False)
-    rendered = hf.apply_chat_template(list(prompt.content), tokenize=False, add_generation_prompt=True)
-    return list(hf(rendered, add_special_tokens=False)["input_ids"])
+    return tokenizer.encode_chat(list(prompt.content))
 
 
 def _content(value, name: str, where: str) -> str | tuple[dict, ...]:

@@ -1,4 +1,11 @@
-"""Text tokenizer with chat template: a thin wrapper over an HF fast tokenizer saved next to the weights."""
+"""Text tokenizer with chat template: the entry's tokenizer.json through `tokenizers`, its template through jinja2.
+
+Why not transformers' AutoTokenizer: importing transformers is most of a text command's start-up, and a registry
+entry always holds tokenizer.json (the import and the GGUF built-in save a fast tokenizer). The encoding, decoding
+and template rendering are transformers' own for a fast tokenizer: `tokenizers` does the encoding and decoding, and
+the template renders in the jinja2 environment transformers renders it in (tests/text/test_tokenizer.py compares
+both on the shipped and an imported tokenizer).
+"""
 
 from __future__ import annotations
 
@@ -6,47 +13,116 @@ import hashlib
 import json
 import shutil
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 from specgen.errors import CheckpointError
 
+SPECIAL = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token")
 
-@dataclass
+
+def _token(value) -> str | None:
+    """A special token of tokenizer_config.json: a string, or an AddedToken dict with its `content`."""
+    return value.get("content") if isinstance(value, dict) else value
+
+
+def _template(folder: Path, config: dict) -> str | None:
+    """The chat template: chat_template.jinja beside the tokenizer, else tokenizer_config.json's (the default one of
+    a named list)."""
+    file = folder / "chat_template.jinja"
+    if file.is_file():
+        return file.read_text(encoding="utf-8")
+    got = config.get("chat_template")
+    if isinstance(got, list):
+        got = next((t.get("template") for t in got if isinstance(t, dict) and t.get("name") == "default"), None)
+    return got if isinstance(got, str) else None
+
+
+def _environment():
+    """jinja2 as transformers renders chat templates: sandboxed, trimmed blocks, loop controls, its globals."""
+    import jinja2  # only a chat template needs it
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = lambda x, indent=None, separators=None, sort_keys=False: json.dumps(
+        x, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys)
+    env.globals.update(raise_exception=raise_exception, strftime_now=lambda fmt: datetime.now().strftime(fmt))
+    return env
+
+
+@dataclass(frozen=True)
 class TextTokenizer:
     """Encodes prompts (with the model's chat template by default) and decodes completions."""
 
-    hf: object  # transformers tokenizer
+    fast: object  # tokenizers.Tokenizer
+    special: dict  # special-token name -> string (None where the config names none)
+    chat_template: str | None
+    clean_up_spaces: bool  # transformers' clean_up_tokenization_spaces, applied after decoding
 
     @classmethod
     def load(cls, folder: Path) -> "TextTokenizer":
-        from transformers import AutoTokenizer
+        from tokenizers import Tokenizer
 
+        folder = Path(folder)
         try:
-            return cls(AutoTokenizer.from_pretrained(str(folder), local_files_only=True))
-        except Exception as e:  # transformers raises many types for a broken folder
+            config_file = folder / "tokenizer_config.json"
+            config = json.loads(config_file.read_text(encoding="utf-8")) if config_file.is_file() else {}
+            fast = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        except Exception as e:  # a missing, unreadable or malformed file
             raise CheckpointError(f"cannot load the tokenizer in {folder}: {e}") from None
+        return cls(fast, {k: _token(config.get(k)) for k in SPECIAL}, _template(folder, config),
+                   bool(config.get("clean_up_tokenization_spaces", False)))
+
+    @property
+    def eos_token(self) -> str | None:
+        return self.special["eos_token"]
 
     @property
     def stop_ids(self) -> tuple[int, ...]:
-        eos = self.hf.eos_token_id
+        eos = None if self.eos_token is None else self.fast.token_to_id(self.eos_token)
         return () if eos is None else (int(eos),)
 
+    def vocab(self) -> dict[str, int]:
+        return self.fast.get_vocab(with_added_tokens=True)
+
+    def render(self, messages: list[dict]) -> str:
+        """The chat template over `messages`, ending with the assistant's turn opened."""
+        import jinja2
+
+        specials = {k: v for k, v in self.special.items() if v is not None}
+        try:
+            return _environment().from_string(self.chat_template).render(
+                messages=messages, add_generation_prompt=True, tools=None, documents=None, **specials)
+        except jinja2.TemplateError as e:
+            raise CheckpointError(f"the tokenizer's chat template does not render: {e}") from None
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        """Messages as the template renders them; without a template, their contents joined by lines."""
+        if not self.chat_template:
+            return self.encode("\n".join(m["content"] for m in messages), chat=False)
+        return list(self.fast.encode(self.render(messages), add_special_tokens=False).ids)
+
     def encode(self, text: str, chat: bool = True) -> list[int]:
-        if chat and getattr(self.hf, "chat_template", None):
-            msgs = [{"role": "user", "content": text}]
-            rendered = self.hf.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-            return list(self.hf(rendered, add_special_tokens=False)["input_ids"])
-        return list(self.hf(text)["input_ids"])
+        if chat and self.chat_template:
+            return self.encode_chat([{"role": "user", "content": text}])
+        return list(self.fast.encode(text).ids)
 
     def decode(self, ids: list[int]) -> str:
-        return self.hf.decode(ids, skip_special_tokens=True)
+        text = self.fast.decode(list(ids), skip_special_tokens=True)
+        if self.clean_up_spaces:  # transformers' clean_up_tokenization, in its order
+            for a, b in ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
+                         (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re")):
+                text = text.replace(a, b)
+        return text
 
 
-def tokenizer_hash(tokenizer) -> str:
+def tokenizer_hash(tokenizer: TextTokenizer) -> str:
     """A short hash of the vocabulary (id <-> token) and the special tokens: equal hashes tokenize alike."""
-    hf = tokenizer.hf
-    vocab = sorted(hf.get_vocab().items(), key=lambda kv: kv[1])
-    blob = json.dumps([vocab, hf.eos_token, getattr(hf, "chat_template", None)], ensure_ascii=False)
+    vocab = sorted(tokenizer.vocab().items(), key=lambda kv: kv[1])
+    blob = json.dumps([vocab, tokenizer.eos_token, tokenizer.chat_template], ensure_ascii=False)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
 
 
