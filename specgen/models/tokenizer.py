@@ -41,6 +41,7 @@ def _template(folder: Path, config: dict) -> str | None:
 def _environment():
     """jinja2 as transformers renders chat templates: sandboxed, trimmed blocks, loop controls, its globals."""
     import jinja2  # only a chat template needs it
+    import jinja2.ext
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     def raise_exception(message):
