@@ -34,9 +34,8 @@ def fake_step(model, bucket: Bucket, step=target_step):
     with FakeTensorMode(allow_non_fake_inputs=True) as mode, torch.inference_mode():
         cfg = model.cfg
         k = torch.zeros(cfg.n_layers, bucket.rows + 1, cfg.n_kv_heads, 64, cfg.hd, dtype=model.dtype)
-        x = StaticInputs(bucket, "cpu", 64)
-        x.tokens, x.positions, x.meta, x.tree, x.eye = (mode.from_tensor(t) for t in
-                                                        (x.tokens, x.positions, x.meta, x.tree, x.eye))
+        x = StaticInputs.for_bucket(bucket, "cpu")
+        x = StaticInputs(*(mode.from_tensor(t) for t in (x.tokens, x.positions, x.meta, x.tree)))
         return step(model, x, mode.from_tensor(k), mode.from_tensor(k.clone()), None)
 
 
