@@ -12,6 +12,7 @@ captured steps (models/graphs.py) the whole growth is one replay per (row bucket
 
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
@@ -21,8 +22,8 @@ from specgen.decoding.pool import PoolBase
 from specgen.decoding.stats import DecodeStats
 from specgen.decoding.target import TargetOut
 from specgen.devices import host_tensor, to_device
-from specgen.methods.eagle_grow import GrowPlan, TreeShape, branch_rows, drafts_of, grow, level_mask
-from specgen.models.graphs import NODE_BUCKETS, ROW_BUCKETS, StaticInputs, eagle_step
+from specgen.methods.eagle_grow import GrowPlan, TreeShape, branch_rows, drafts_of, grow, level_mask, static_growth
+from specgen.models.graphs import NODE_BUCKETS, ROW_BUCKETS
 
 if TYPE_CHECKING:  # the one-row drafter builds this pool (`EagleTreeDrafter.pool`): a runtime import would be a circle
     from specgen.methods.eagle import EagleTreeDrafter
@@ -127,20 +128,7 @@ class EagleBatch(PoolBase):
         inputs = {"root_hidden": torch.cat([root_hidden, root_hidden.new_zeros(pad * br, 1, dim)]),
                   "ints": host_tensor([x + [0] * pad for x in ints], device),  # [5, padded]
                   "writes": host_tensor(list(range(n * br)) + [graphs.capacity] * (pad * br), device)}
-
-        def run(root_hidden, ints, writes):  # the static growth: device ops over the static cache only
-            root_pos, k, depth, totals, prefix = ints
-            t = graphs.k.shape[3]
-
-            def forward(feats, toks, pos, anc):
-                r, w = anc.shape[-1], toks.shape[1]
-                meta = torch.stack([branch_rows(prefix, br) + (r - w), writes])  # [2, R]: slot of node 0, cache row
-                x = StaticInputs(toks, pos, meta, visible=branch_rows(level_mask(anc, prefix, t - r), br).unsqueeze(1),
-                                 features=feats)
-                return eagle_step(self.net, x, graphs.k, graphs.v, None, graphs.attention)[0]
-
-            return grow(forward, self.logprobs, root_hidden, root_pos, k, depth, totals, plan, br)
-
+        run = partial(static_growth, self.net, self.logprobs, (graphs.k, graphs.v), graphs.attention, plan, br)
         return tuple(p[:n] for p in graphs.call(("grow", padded, plan), run, inputs))
 
     def catch_up(self, rows, seqs, view) -> torch.Tensor:

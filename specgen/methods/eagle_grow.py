@@ -28,6 +28,7 @@ import torch
 
 from specgen.decoding.draft import Draft
 from specgen.decoding.tree import DraftTree
+from specgen.models.graphs import StaticInputs, eagle_step
 
 @dataclass(frozen=True)
 class TreeShape:
@@ -114,6 +115,25 @@ def grow(forward: Forward, logprobs: LogProbs, root_hidden: torch.Tensor, root_p
     return best_nodes(*(torch.cat(p, 1) for p in zip(*parts)), totals, plan.total)  # 4.
 
 
+def static_growth(net, logprobs: LogProbs, cache: tuple[torch.Tensor, torch.Tensor], attention: str, plan: GrowPlan,
+                  branches: int, root_hidden: torch.Tensor, ints: torch.Tensor, writes: torch.Tensor
+                  ) -> tuple[torch.Tensor, ...]:
+    """`grow` over an EAGLE drafter's static cache (k, v [1, C + 1, Hkv, T, hd], models/graphs.py): what a captured
+    growth replays. `ints` [5, n]: root positions, top-k, depths, node budgets and prefixes; `writes` [n * br]: the
+    cache row each row writes (a padding row: the scratch row). Each level sees all T slots of its rows."""
+    root_pos, k, depth, totals, prefix = ints
+    t = cache[0].shape[3]
+
+    def forward(feats, toks, pos, anc):
+        r, w = anc.shape[-1], toks.shape[1]
+        meta = torch.stack([branch_rows(prefix, branches) + (r - w), writes])  # [2, R]: slot of node 0, cache row
+        visible = branch_rows(level_mask(anc, prefix, t - r), branches).unsqueeze(1)  # [R, 1, W, T]
+        x = StaticInputs(toks, pos, meta, visible=visible, features=feats)
+        return eagle_step(net, x, *cache, None, attention)[0]
+
+    return grow(forward, logprobs, root_hidden, root_pos, k, depth, totals, plan, branches)
+
+
 def best_nodes(tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tensor, valid: torch.Tensor,
                totals: torch.Tensor, total: int) -> tuple[torch.Tensor, ...]:
     """Each row's `totals[i]` best valid nodes of [n, N] by (-score, slot), a stable sort keeping ties in slot order:
@@ -137,7 +157,7 @@ def drafts_of(picked: tuple[torch.Tensor, ...]) -> list[Draft]:
 
 def branch_rows(x: torch.Tensor, branches: int) -> torch.Tensor:
     """Per-sequence [n, ...] -> per-cache-row [n * br, ...] (each sequence's branches side by side)."""
-    return x.repeat_interleave(branches, 0) if branches > 1 else x
+    return x[:, None].expand(x.shape[0], branches, *x.shape[1:]).flatten(0, 1) if branches > 1 else x
 
 
 def level_mask(anc: torch.Tensor, prefix: torch.Tensor, longest: int) -> torch.Tensor:

@@ -115,26 +115,74 @@ def test_graphs_on_a_cpu_are_refused_and_auto_is_off():
         graphs.attach(model, "maybe")
 
 
-@pytest.mark.parametrize("method", ["eagle2", "adt-tree"])
-def test_image_trees_with_captured_drafter_levels_decode_what_eager_ar_decodes(method):
-    """Target verifies and EAGLE drafter levels (their `attn_mask` staged) both through static steps, batch 1 and 2."""
+def fake_growth(dtype: torch.dtype, plan, logprobs=None):
+    """An EAGLE drafter's static growth (methods/eagle_grow.py) over fake tensors: 3 CFG sequences, the widest row's
+    top-k 5 and depths 0..3, as ADT-Tree's rows differ; a read of a tensor value on the host raises."""
+    from specgen.methods.eagle_grow import static_growth
+    from specgen.models.eagle import EagleNet
+
+    model = tiny_image_target(0).to(dtype)
+    net = EagleNet.from_target(model).to(dtype).eval()
+    combine = CFGTarget(model, 3.0).combine
+    logprobs = logprobs or (lambda h: combine(model.output(h)).float().log_softmax(-1))
+    c = net.cfg
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode, torch.inference_mode():
+        k = mode.from_tensor(torch.zeros(1, 7, c.n_kv_heads, 64, c.hd, dtype=dtype))
+        ints = mode.from_tensor(torch.tensor([[3, 4, 5], [5, 2, 4], [3, 0, 2], [12, 12, 12], [4, 5, 6]]))
+        hidden = mode.from_tensor(torch.zeros(6, 1, c.dim, dtype=dtype))
+        return static_growth(net, logprobs, (k, k), "chunked", plan, 2, hidden, ints, mode.from_tensor(torch.arange(6)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("widths", [(8,), (8, 8, 8), (16, 16)])
+def test_a_tree_growth_reads_nothing_on_the_host_and_keeps_the_plan_shape(no_native, dtype, widths):
+    from specgen.methods.eagle_grow import GrowPlan
+
+    picked = fake_growth(dtype, GrowPlan(widths, 12))
+    recorded = widths[0] + sum(w * w for w in widths[1:])  # the root's children, then W x W per level
+    assert [tuple(p.shape) for p in picked] == [(3, min(12, recorded))] * 4  # slots, tokens, parents, kept
+
+
+def test_a_growth_that_reads_the_host_fails_the_check(no_native):
+    """The growth's control: the same harness refuses a level whose log-probs read a value."""
+    from specgen.methods.eagle_grow import GrowPlan
+
+    def reads(h):
+        if h.sum().item() > 0:
+            pass
+        return h.float().log_softmax(-1)
+
+    with pytest.raises(Exception, match="[Dd]ata.dependent|item|local_scalar"):
+        fake_growth(torch.float32, GrowPlan((8, 8), 12), reads)
+
+
+@pytest.mark.parametrize("method", ["eagle2", "adt-tree", "lantern"])
+def test_image_trees_grown_by_the_static_growth_decode_what_eager_decodes(method):
+    """Target verifies and whole EAGLE tree growths (one static program per row bucket, width bucket and depth) both
+    through static steps, batch 1 and 2: the same tokens as the eager method (lossless ones: as AR)."""
     from specgen.image.methods import ImageParts, build_image_method
     from specgen.methods import run_batch
     from specgen.models.eagle import EagleNet
 
-    model = tiny_image_target(0)
-    torch.manual_seed(1)
-    net = EagleNet.from_target(model).eval()
-    eager = decode_batch(CFGTarget(tiny_image_target(0), 3.0), lambda i: EmptyDrafter(), [[0], [1]], 16,
-                         SamplingParams())
-    graphs.attach(model, "on", capture=False)
-    graphs.attach(net, "on", capture=False)
-    parts = ImageParts(model, CFGTarget(model, 3.0), net, None, 4)
+    def run(attached: bool, batch: int):
+        model = tiny_image_target(0)
+        torch.manual_seed(1)
+        net = EagleNet.from_target(model).eval()
+        if attached:
+            graphs.attach(model, "on", capture=False)
+            graphs.attach(net, "on", capture=False)
+        codebook = torch.randn(model.cfg.vocab_size, 8, generator=torch.Generator().manual_seed(0))  # LANTERN's
+        parts = ImageParts(model, CFGTarget(model, 3.0), net, codebook, 4)
+        got = run_batch(parts.target, lambda i: build_image_method(method, parts, {})[0], [[0], [1], [2]], 16,
+                        SamplingParams(), batch_size=batch, rule=build_image_method(method, parts, {})[1])
+        return [r.tokens for r in got.results], net
+
     for batch in (1, 2):
-        got = run_batch(parts.target, lambda i: build_image_method(method, parts, {})[0], [[0], [1]], 16,
-                        SamplingParams(), batch_size=batch)
-        assert [r.tokens for r in got.results] == [r.tokens for r in eager.results]
-    assert net.graphs.replays > 0 and net.graphs.eager_calls == 0 and model.graphs.eager_calls == 0
+        eager, _ = run(False, batch)
+        got, net = run(True, batch)
+        assert got == eager
+        assert any(isinstance(key, tuple) and key[0] == "grow" for key in net.graphs.graphs)
+        assert net.graphs.eager_calls == 0
 
 
 @pytest.mark.parametrize("args,line", [
