@@ -1,13 +1,16 @@
-"""Captured decode steps: cached forwards (AR steps, verifies, EAGLE drafter levels) as CUDA-graph replays per bucket.
+"""Captured decode steps: cached forwards (AR steps, verifies), EAGLE tree growths and XSpecMesh heads as CUDA graphs.
 
-`attach(module, mode)` gives a Transformer or an EAGLE drafter a `StepGraphs`; from then on its forward over a cache
-goes through `StepGraphs.forward`, which pads the call to a bucket (rows, nodes), copies its inputs into the bucket's
-static buffers and replays the bucket's graph (captured on first use). Prefill stays eager. Why CUDA graphs and not
+`attach(module, mode)` gives a Transformer, an EAGLE drafter or XSpecMesh heads a `StepGraphs`; from then on a forward
+over a cache goes through `StepGraphs.forward`, which pads the call to a bucket (rows, nodes), copies its inputs into
+the bucket's static buffers and replays the bucket's graph (captured on first use). Prefill stays eager. A whole step
+of a method's own (a drafter's tree growth, methods/eagle_grow.py; a row's heads, `heads.head_logits`) is a
+`StepGraphs.call`: a device function over static copies of its inputs, captured once per key that fixes its shapes. Why CUDA graphs and not
 `torch.compile(mode="reduce-overhead")`: the step is the model's own eager code captured as it is, so the captured
 forward computes what the eager one computes kernel for kernel, with no compiler that fuses or reorders a reduction,
 and no compile time at start-up.
 
-Invariants of the step functions (`target_step`, `eagle_step`; tests/models/test_graphs.py checks them):
+Invariants of the step functions (`target_step`, `eagle_step`, `static_growth`, `head_logits`; tests/models/
+test_graphs.py checks them):
 - It reads nothing on the host. Inputs live in static device buffers (tokens, positions, row lengths, the tree
   mask, the cache row each input row writes); the attention mask and the cache-write index are computed from them on
   the device, and the cache is the whole static buffer: every forward attends over all T slots of its rows.
@@ -200,7 +203,7 @@ class StepGraphs:
         return cache
 
     def reset(self) -> None:
-        """Drop the captures and the static buffers (a larger cache was asked for)."""
+        """Drop the captures and the static buffers (a larger cache was asked for, or the weights a capture reads)."""
         self.graphs.clear()  # their pool goes with them: the next capture opens a new one
         self.k = self.v = self.cross = self.pool = None
         self.graph_bytes = 0
@@ -340,9 +343,11 @@ def pool_bytes(pool) -> int:
 def kinds() -> dict[type, StepKind]:
     """Module class -> how its steps are captured (imported here: the drafter's module imports the decoder's)."""
     from specgen.models.eagle import EagleNet
+    from specgen.models.heads import XSpecMeshHeads, head_logits
     from specgen.models.transformer import Transformer
 
-    return {Transformer: StepKind(target_step), EagleNet: StepKind(eagle_step, features=True, exact_trees=False)}
+    return {Transformer: StepKind(target_step), EagleNet: StepKind(eagle_step, features=True, exact_trees=False),
+            XSpecMeshHeads: StepKind(head_logits)}  # the heads have no cache: their steps are `call`s
 
 
 def mode_of(value) -> str:
@@ -360,7 +365,7 @@ def check_mode(mode: str, device: str) -> None:
 
 
 def attach(model, mode: str = "auto", capture: bool | None = None, attention: str = "chunked") -> StepGraphs | None:
-    """Give `model` (a Transformer or an EAGLE drafter) captured steps per `mode` (auto: on CUDA; on: CUDA or a
+    """Give `model` (a Transformer, an EAGLE drafter or XSpecMesh heads) captured steps per `mode` (auto: on CUDA; on: CUDA or a
     one-line refusal; off: none); a CUDA torch that cannot capture runs eagerly with one warning. `capture=False`
     runs the static steps uncaptured (the CPU tests)."""
     mode, device = mode_of(mode), next(model.parameters()).device

@@ -219,3 +219,44 @@ def test_a_copied_model_runs_eagerly():
     model = tiny_model(0)
     graphs.attach(model, "on", capture=False)
     assert copy.deepcopy(model).graphs is None and model.graphs is not None
+
+
+@pytest.mark.parametrize("kind,extra", [("ca", {}), ("ca", {"token_input": True, "history": 2}), ("mlp", {})])
+def test_a_heads_step_reads_nothing_on_the_host(no_native, kind, extra):
+    """XSpecMesh's heads on one row (`heads.head_logits`, what a captured heads step replays) over fake inputs."""
+    from specgen.models.heads import head_logits
+    from tests.mesh.mesh_fixtures import tiny_heads, tiny_mesh_model
+
+    heads, model = tiny_heads(kind, **extra), tiny_mesh_model()
+    stacked = heads.stacked()
+    h = torch.randn(1, 32)
+    kv = stacked.context_kv(heads.context_kv(torch.randn(1, 8, 32)))
+    inputs = {"h": h, "token": torch.tensor([5]) if stacked.token_input else None, "k": kv and kv[0],
+              "v": kv and kv[1], "past": stacked.project_history(torch.randn(2, 32)) if stacked.history else None}
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode, torch.inference_mode():
+        fake = {name: mode.from_tensor(t) for name, t in inputs.items() if t is not None}
+        (logits,) = head_logits(stacked, model.decoder.output, model.decoder.tok_embeddings, torch.float32, 2, **fake)
+    assert logits.shape == (2, 5121)
+
+
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(1.0)])
+def test_lossless_xspecmesh_with_captured_heads_decodes_what_eager_decodes(params):
+    """Lossless XSpecMesh (argmax heads, rejection rule) with the backbone's static steps and the heads' static calls,
+    batch 2: the eager method's tokens (greedy: AR's)."""
+    from specgen.methods.xspecmesh import MeshDecoder, XSpecMeshOptions
+    from tests.mesh.mesh_fixtures import procedural_clouds, tiny_heads, tiny_mesh_model
+
+    clouds = procedural_clouds(range(11, 14))
+    opts = XSpecMeshOptions(criterion="rejection", sampling="tree", top_k_tree=1)
+
+    def run(attached: bool):
+        decoder = MeshDecoder(tiny_mesh_model(), tiny_heads())
+        if attached:
+            graphs.attach(decoder.model.decoder, "on", capture=False)
+            graphs.attach(decoder.heads, "on", capture=False)
+        gens = [torch.Generator().manual_seed(i) for i in range(3)]
+        return [r.tokens for r in decoder.generate_batch(clouds, params, 40, opts, gens, None, 2)], decoder
+
+    eager, _ = run(False)
+    got, decoder = run(True)
+    assert got == eager and decoder.heads.graphs.replays > 0 and decoder.model.decoder.graphs.replays > 0
