@@ -156,7 +156,7 @@ def test_a_growth_that_reads_the_host_fails_the_check(no_native):
         fake_growth(torch.float32, GrowPlan((8, 8), 12), reads)
 
 
-@pytest.mark.parametrize("method", ["eagle2", "adt-tree", "lantern"])
+@pytest.mark.parametrize("method", ["eagle2", "adt-tree", "lantern", "vvs"])
 def test_image_trees_grown_by_the_static_growth_decode_what_eager_decodes(method):
     """Target verifies and whole EAGLE tree growths (one static program per row bucket, width bucket and depth) both
     through static steps, batch 1 and 2: the same tokens as the eager method (lossless ones: as AR)."""
@@ -260,3 +260,28 @@ def test_lossless_xspecmesh_with_captured_heads_decodes_what_eager_decodes(param
     eager, _ = run(False)
     got, decoder = run(True)
     assert got == eager and decoder.heads.graphs.replays > 0 and decoder.model.decoder.graphs.replays > 0
+
+
+def test_mulo_sd_with_static_steps_decodes_what_eager_decodes():
+    """MuLo-SD's low-resolution drafter follows the target: static steps for both, the eager run's tokens (greedy)."""
+    from specgen.image.neighbours import compute_neighbours
+    from specgen.methods import run_batch
+    from specgen.methods.mulo_sd import MuLoSD
+    from specgen.models.upsampler import UpDownSampler, UpsamplerConfig
+    from tests.image.helpers import tiny_image_gpt
+
+    def run(attached: bool):
+        model, lowres = tiny_image_gpt(1, grid=4), tiny_image_gpt(3, grid=2, classes=3)
+        torch.manual_seed(4)
+        pair = UpDownSampler(UpsamplerConfig(codebook_size=32, embed_dim=8, scale=2, channels=8, blocks=1)).eval()
+        table = compute_neighbours(pair.codebook, 4)
+        if attached:
+            graphs.attach(model, "on", capture=False)
+        got = run_batch(CFGTarget(model, 3.0), lambda i: MuLoSD(lowres, pair, table, 4, tau=0.05, radius=1),
+                        [[0], [2], [1]], 16, SamplingParams(), batch_size=2)
+        return [r.tokens for r in got.results], lowres
+
+    eager, lowres = run(False)
+    assert lowres.graphs is None
+    got, lowres = run(True)
+    assert got == eager and lowres.graphs.replays > 0
