@@ -23,7 +23,7 @@ from specgen.decoding.stats import DecodeStats
 from specgen.decoding.target import TargetOut
 from specgen.devices import host_tensor, to_device
 from specgen.methods.eagle_grow import GrowPlan, TreeShape, branch_rows, drafts_of, grow, level_mask, static_growth
-from specgen.models.graphs import NODE_BUCKETS, ROW_BUCKETS
+from specgen.models.graphs import ROW_BUCKETS
 
 if TYPE_CHECKING:  # the one-row drafter builds this pool (`EagleTreeDrafter.pool`): a runtime import would be a circle
     from specgen.methods.eagle import EagleTreeDrafter
@@ -76,6 +76,7 @@ class EagleBatch(PoolBase):
             return [Draft.empty() for _ in range(n)]
         view = self.cache.rows(0, n * br)
         root_hidden = self.catch_up(self.rows[:n], seqs, view)  # 1. [n * br, 1, D]
+        self.cache.absorb(view, 0)  # the pairs stay; the levels write past every row's length (the view's lengths)
         for s in stats:
             s.drafter_forwards += 1
         shapes = []
@@ -93,8 +94,6 @@ class EagleBatch(PoolBase):
         ints = [[len(s) - 1 for s in seqs], k, [s.depth for s in shapes], [s.total_tokens for s in shapes], prefix]
         picked = self.grow_captured(view, root_hidden, ints, shapes) or self.grow_eager(view, root_hidden, ints, shapes)
         drafts = drafts_of(picked)  # 2.-4. the host's one read of the step's trees
-        view.lengths = [length for length in prefix for _ in range(br)]  # the drafter cache keeps committed pairs
-        self.cache.absorb(view, 0)
         for s, shape in zip(stats, shapes):
             s.drafter_forwards += max(shape.depth - 1, 0)
         return drafts
@@ -119,8 +118,8 @@ class EagleBatch(PoolBase):
         graphs, n, br = self.net.graphs, len(shapes), self.br
         if graphs is None or not graphs.servable(view, None):
             return None
-        plan = GrowPlan.bucketed(ints[1], shapes, NODE_BUCKETS, self.vocab)
-        if plan is None or max(ints[4]) + plan.slots > graphs.k.shape[3]:
+        plan = GrowPlan.bucketed(ints[1], shapes, self.vocab)
+        if plan is None or max(ints[4]) + sum(plan.widths[1:]) > graphs.k.shape[3]:
             return None
         padded = next((r for r in ROW_BUCKETS if n <= r and r * br <= graphs.capacity), n)
         pad = padded - n  # padding sequences: no tree (k = 0), their rows write into the scratch row

@@ -28,7 +28,8 @@ import torch
 
 from specgen.decoding.draft import Draft
 from specgen.decoding.tree import DraftTree
-from specgen.models.graphs import StaticInputs, eagle_step
+from specgen.models.graphs import NODE_BUCKETS, StaticInputs, eagle_step
+
 
 @dataclass(frozen=True)
 class TreeShape:
@@ -59,18 +60,10 @@ class GrowPlan:
         return cls((max(k), *levels), max(s.total_tokens for s in shapes))
 
     @classmethod
-    def bucketed(cls, k: list[int], shapes: list[TreeShape], buckets: tuple[int, ...], vocab: int) -> GrowPlan | None:
-        """The captured plan: the widest row's width rounded up to a bucket, at every level of the deepest row."""
-        width = next((b for b in buckets if b >= max(k)), None)
-        if width is None:
-            return None
-        width = min(width, vocab)
-        return cls((width,) * max(s.depth for s in shapes), max(s.total_tokens for s in shapes))
-
-    @property
-    def slots(self) -> int:
-        """Drafter cache slots the levels write beyond each row's prefix."""
-        return sum(self.widths[1:])
+    def bucketed(cls, k: list[int], shapes: list[TreeShape], vocab: int) -> GrowPlan | None:
+        """The captured plan: the widest row's width rounded up to a node bucket, at every level of the deepest row."""
+        width = next((min(b, vocab) for b in NODE_BUCKETS if b >= max(k)), None)
+        return width and cls((width,) * max(s.depth for s in shapes), max(s.total_tokens for s in shapes))
 
 
 def grow(forward: Forward, logprobs: LogProbs, root_hidden: torch.Tensor, root_pos: torch.Tensor, k: torch.Tensor,
