@@ -25,7 +25,7 @@ from specgen.devices import host_tensor, to_device
 from specgen.methods.eagle_grow import GrowPlan, TreeShape, branch_rows, drafts_of, grow, level_mask, static_growth
 from specgen.models.graphs import ROW_BUCKETS
 
-if TYPE_CHECKING:  # the one-row drafter builds this pool (`EagleTreeDrafter.pool`): a runtime import would be a circle
+if TYPE_CHECKING:  # the row's drafter builds this pool (`EagleTreeDrafter.pool`): a runtime import would be a circle
     from specgen.methods.eagle import EagleTreeDrafter
 
 

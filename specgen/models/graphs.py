@@ -154,9 +154,9 @@ def eagle_step(net, x: StaticInputs, k: torch.Tensor, v: torch.Tensor, cross, at
 
 @dataclass(frozen=True)
 class StepKind:
-    """How a module's cached forward is captured: its step function, the width of its extra input rows (EAGLE's
-    features; 0: none) and whether its low-precision trees must stay eager (a target's logits decide the output; a
-    drafter's only decide what is proposed, which the verify checks)."""
+    """How a module's cached forward is captured: its step function (the heads': their `call`s' function, they have no
+    cache), whether it takes extra input rows (EAGLE's features) and whether its low-precision trees must stay eager (a
+    target's logits decide the output; a drafter's only decide what is proposed, which the verify checks)."""
 
     step: Callable
     features: bool = False
@@ -173,7 +173,7 @@ class StepGraphs:
         self.dtype, self.device = param.dtype, param.device
         self.k = self.v = None  # [L, C + 1, Hkv, T, D]: C cache rows and one scratch row for padding rows
         self.cross = None  # per layer (k, v) [C, H, M, D]: the conditions (cross-attention models)
-        self.graphs: dict[Bucket, tuple] = {}  # bucket -> (inputs, graph or None, outputs)
+        self.graphs: dict[Bucket | tuple, tuple] = {}  # bucket or a call's key -> (inputs, graph or None, outputs)
         self.pool = None
         self.graph_bytes = 0  # device memory the captures' pool holds
         self.replays = 0
@@ -347,7 +347,7 @@ def kinds() -> dict[type, StepKind]:
     from specgen.models.transformer import Transformer
 
     return {Transformer: StepKind(target_step), EagleNet: StepKind(eagle_step, features=True, exact_trees=False),
-            XSpecMeshHeads: StepKind(head_logits)}  # the heads have no cache: their steps are `call`s
+            XSpecMeshHeads: StepKind(head_logits)}
 
 
 def mode_of(value) -> str:
