@@ -11,8 +11,9 @@ last output gives the root's children = top-k tokens by log-prob. 2. for depth -
 current frontier (k nodes; each sees its ancestors through an explicit mask over the drafter cache),
 take top-k children per node, score = parent score + child log-prob, keep the global top-k as the
 next frontier (a beam); every candidate is recorded. 3. keep the `total_tokens` best recorded nodes
-(their ancestors are among them) in recording order, which is topological (methods/eagle_grow.py). Drafts are deterministic
-(q = 1 at T > 0, lossless with the tree rejection rule) and use raw CFG log-probs, as EAGLE-2 does.
+(their ancestors are among them) in recording order, which is topological (methods/eagle_grow.py).
+Drafts are deterministic (q = 1 at T > 0, lossless with the tree rejection rule) and use raw CFG
+log-probs, as EAGLE-2 does.
 """
 
 from __future__ import annotations

@@ -110,7 +110,8 @@ class EagleBatch(PoolBase):
             view.lengths = [length + toks.shape[1] for length in view.lengths]
             return out
 
-        return grow(forward, self.logprobs, root_hidden, root_pos, k, depth, totals, GrowPlan.exact(ints[1], shapes), br)
+        plan = GrowPlan.exact(ints[1], shapes)
+        return grow(forward, self.logprobs, root_hidden, root_pos, k, depth, totals, plan, br)
 
     def grow_captured(self, view, root_hidden: torch.Tensor, ints: list[list[int]], shapes: list[TreeShape]):
         """The growth as one replay of the drafter's captured steps (rows padded to a bucket, widths to the plan's), or

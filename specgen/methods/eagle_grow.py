@@ -146,8 +146,9 @@ def drafts_of(picked: tuple[torch.Tensor, ...]) -> list[Draft]:
     drafts = []
     for slot, token, parent, keep in zip(*host):
         kept = sorted((s, tok, p) for s, tok, p, y in zip(slot, token, parent, keep) if y)
-        index = {s: i for i, (s, _, _) in enumerate(kept)}
-        drafts.append(Draft(tuple(tok for _, tok, _ in kept), DraftTree(tuple(index[p] if p >= 0 else -1 for _, _, p in kept))))
+        index = {s: i for i, (s, _, _) in enumerate(kept)}  # a kept parent's slot -> its index in the draft
+        tree = DraftTree(tuple(index[p] if p >= 0 else -1 for _, _, p in kept))
+        drafts.append(Draft(tuple(tok for _, tok, _ in kept), tree))
     return drafts
 
 

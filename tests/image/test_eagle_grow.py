@@ -16,7 +16,7 @@ from specgen.image.target import CFGTarget
 from specgen.methods import run_batch
 from specgen.methods.eagle import EagleTreeDrafter
 from specgen.methods.eagle_batch import EagleBatch
-from specgen.methods.eagle_grow import best_nodes, drafts_of
+from specgen.methods.eagle_grow import GrowPlan, TreeShape, best_nodes, drafts_of
 from tests.image.helpers import TinyEagle, tiny_image_gpt
 from tests.image_fixtures import one_thread
 
@@ -104,3 +104,13 @@ def test_best_nodes_equal_the_reference_with_ties_and_padding():
     got = drafts_of(best_nodes(torch.tensor(cols[0]), torch.tensor(cols[1]), torch.tensor(cols[2]),
                                torch.tensor(cols[3]), torch.tensor(totals), max(totals)))
     assert got == want
+
+
+def test_the_captured_plan_depends_only_on_the_buckets():
+    """Eagerly each level is as wide as the widest row still growing; captured, rows of other widths and depths whose
+    widest top-k falls in the same node bucket and whose deepest tree is as deep share one plan (one graph)."""
+    a, b = [TreeShape(3, 5, 12), TreeShape(2, 7, 12)], [TreeShape(3, 8, 12), TreeShape(1, 6, 12)]
+    assert GrowPlan.exact([5, 7], a) == GrowPlan((7, 7, 5), 12)
+    assert GrowPlan.bucketed([5, 7], a, 100) == GrowPlan.bucketed([8, 6], b, 100) == GrowPlan((8, 8, 8), 12)
+    assert GrowPlan.bucketed([5, 7], a, 6) == GrowPlan((6, 6, 6), 12)  # never wider than the vocabulary
+    assert GrowPlan.bucketed([200], [TreeShape(2, 200, 12)], 1000) is None  # wider than every bucket: eager
