@@ -4,9 +4,13 @@ Rows (all greedy, batch 1 unless named):
 - text, SmolLM2-135M's shape with random weights (the real file does not travel to a rented GPU), bfloat16: specgen AR
   with `--graphs off` and `on`, n-gram with graphs, transformers eager `generate` and `generate` with its static cache
   under `torch.compile(mode="reduce-overhead")`, AR at batch 16; the GPU's share of a captured step's wall time.
-- image, the shipped tiny c2i GPT, float32, T 0, CFG 4: AR, EAGLE-2, ADT-Tree with graphs off and on.
-- mesh, the shipped tiny mesh GPT + XSpecMesh heads, float32, T 0: AR and lossless XSpecMesh (criterion=rejection).
-Every lossless row reports `exact`: the share of outputs equal to the same run's graphs-off AR, token for token.
+- image, the shipped tiny c2i GPT, float32, T 0, CFG 4: AR, EAGLE-2, ADT-Tree with graphs off and on (on: the
+  drafter's whole tree growth is one replay a step, methods/eagle_grow.py).
+- mesh, the shipped tiny mesh GPT + XSpecMesh heads, float32, T 0: AR and lossless XSpecMesh (criterion=rejection;
+  on: the heads' step is a replay too).
+Every lossless row reports `exact`: the share of outputs equal to the same run's graphs-off AR, token for token; the
+image and mesh rows report `drafter_share` (host time in the propose phase over all phases) and `syncs_step` (host
+syncs a decode step, counted in a second, untimed run under CUDA's sync debug mode; 0 in a smoke run).
 
 Run: `python scripts/gpu_graphs.py --json runs/gpu-graphs.json` (on a CUDA machine; ~4 minutes on an H100).
 """
@@ -19,6 +23,7 @@ import dataclasses
 import json
 import random
 import time
+import warnings
 
 import torch
 
@@ -46,6 +51,26 @@ def timed(fn):
     out = fn()
     synchronize(DEVICE)
     return out, time.perf_counter() - t0
+
+
+def syncs(fn) -> int:
+    """Implicit host syncs (device-to-host reads) `fn()` makes: CUDA's sync debug mode warns at each one."""
+    if DEVICE != "cuda":
+        return 0
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in seen)
+
+
+def share(stats) -> float:
+    """The drafter's share of the rows' phase time: host time in `propose` over all phases."""
+    times = [s.times for s in stats]
+    return sum(t.get("propose", 0) for t in times) / max(sum(sum(t.values()) for t in times), 1e-9)
 
 
 def row(**kw) -> dict:
@@ -158,13 +183,17 @@ def exact(res, base) -> float:
 
 
 def image_rows(num: int) -> None:
-    from specgen.image.generate import ImageGenConfig, generate_images, load_image_model
+    from specgen.image.generate import ImageGenConfig, generate_images as run, load_image_model
+    from specgen.request import parse_request
+
+    def generate_images(im, cfg):
+        return run(im, parse_request(cfg, "image"))
 
     im = load_image_model("tiny-image-gpt", device=DEVICE)
     base, s_ar = None, {}
     for mode in ("off", "on"):
         attach(im.model, mode)
-        attach(im.drafter_net, mode)  # the EAGLE drafter's levels too
+        attach(im.drafter_net, mode)  # the EAGLE drafter's catch-ups and whole tree growths too
         for method in ("ar", "eagle2", "adt-tree"):
             cfg = ImageGenConfig(method=method, num=num, temperature=0.0, device=DEVICE, batch_size=1)
             generate_images(im, ImageGenConfig(method=method, num=1, temperature=0.0, device=DEVICE))  # warm, capture
@@ -172,12 +201,15 @@ def image_rows(num: int) -> None:
             toks = [x.tokens for x in samples]
             base = base or toks
             s_ar.setdefault(mode, s)
-            times = [x.stats.times for x in samples]
-            share = sum(t.get("propose", 0) for t in times) / max(sum(sum(t.values()) for t in times), 1e-9)
             tpf = sum(len(x.tokens) for x in samples) / max(sum(x.stats.target_forwards for x in samples), 1)
+            steps = sum(x.stats.steps for x in samples)
+            drafter = {"drafter_" + k: v for k, v in im.drafter_net.graphs.describe().items()} \
+                if im.drafter_net.graphs else {}
             row(suite="image", row=f"{method} --graphs {mode}", images_s=num / s, vs_ar=s_ar[mode] / s,
                 vs_ar_off=s_ar["off"] / s, exact=sum(t == b for t, b in zip(toks, base)) / num, tpf=tpf,
-                drafter_share=share, **(im.model.graphs.describe() if im.model.graphs else {}))
+                drafter_share=share([x.stats for x in samples]),
+                syncs_step=syncs(lambda: generate_images(im, cfg)) / max(steps, 1),
+                **(im.model.graphs.describe() if im.model.graphs else {}), **drafter)
 
 
 def mesh_rows(num: int) -> None:
@@ -196,14 +228,18 @@ def mesh_rows(num: int) -> None:
     base, s_ar = None, {}
     for mode in ("off", "on"):
         attach(dec.model.decoder, mode)
+        attach(dec.heads, mode)  # the heads' step a replay too
         for name, d in (("ar", ar_dec), ("xspecmesh criterion=rejection", dec)):
             d.generate_batch(clouds[:1], params, 16, opts)
             res, s = timed(lambda: d.generate_batch(clouds, params, budget, opts))
             toks = [r.tokens for r in res]
             base = base or toks
             s_ar.setdefault(mode, s)
+            steps = sum(r.stats.steps for r in res)
             row(suite="mesh", row=f"{name} --graphs {mode}", meshes_s=num / s, vs_ar=s_ar[mode] / s,
-                vs_ar_off=s_ar["off"] / s, exact=sum(t == b for t, b in zip(toks, base)) / num)
+                vs_ar_off=s_ar["off"] / s, exact=sum(t == b for t, b in zip(toks, base)) / num,
+                drafter_share=share([r.stats for r in res]),
+                syncs_step=syncs(lambda: d.generate_batch(clouds, params, budget, opts)) / max(steps, 1))
 
 
 def attention_rows(new: int = 64) -> None:

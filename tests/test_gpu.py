@@ -195,3 +195,27 @@ def test_captured_image_trees_decode_what_eager_ar_decodes():
         got = images(method)
         assert [s.tokens for s in got] == [s.tokens for s in ar], method
     assert im.model.graphs.replays > 0
+    # whole tree growths were captured: a capture fails on any host sync, so each graph is a growth without one
+    grows = [graph for key, (_, graph, _) in im.drafter_net.graphs.graphs.items() if isinstance(key, tuple)]
+    assert grows and all(graph is not None for graph in grows)
+
+
+def test_captured_xspecmesh_heads_decode_what_eager_decodes():
+    """The shipped tiny mesh GPT + heads on CUDA, float32, T 0: lossless XSpecMesh with the backbone's steps and the
+    heads' step replayed from graphs equals the graphs-off run, and the heads' step was captured (no host sync)."""
+    from specgen.decoding.sampling import SamplingParams as SP
+    from specgen.eval.mesh_bench import benchmark_clouds
+    from specgen.mesh.generate import load_mesh_model
+    from specgen.methods.xspecmesh import XSpecMeshOptions
+    from specgen.models import graphs
+
+    loaded = load_mesh_model(heads="xspecmesh-ca-tiny", device="cuda", graphs="off")
+    dec = loaded.decoder
+    clouds = [pc for _, pc in benchmark_clouds(loaded.target.meta, 3, 0, "cuda")]
+    opts = XSpecMeshOptions(criterion="rejection", sampling="tree", top_k_tree=1)
+    eager = [r.tokens for r in dec.generate_batch(clouds, SP(), 128, opts, batch_size=2)]
+    graphs.attach(dec.model.decoder, "on")
+    graphs.attach(dec.heads, "on")
+    got = [r.tokens for r in dec.generate_batch(clouds, SP(), 128, opts, batch_size=2)]
+    assert got == eager
+    assert dec.heads.graphs.replays > 0 and all(graph is not None for _, graph, _ in dec.heads.graphs.graphs.values())

@@ -30,7 +30,7 @@ import torch
 
 from specgen.decoding.budget import DraftBudget, FixedBudget
 from specgen.decoding.draft import Draft
-from specgen.decoding.draft_verify import DraftVerify, Rule, judge
+from specgen.decoding.draft_verify import DrafterBase, DraftVerify, Rule, judge
 from specgen.decoding.pool import Drafter, DrafterPool, EachRow, PolicyBase, PoolBase, RowStep, StepPolicy
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.stats import DecodeStats
@@ -84,7 +84,7 @@ class Run:
 
 def decode(
     target: Target,
-    drafter: Drafter,
+    drafter: DrafterBase,
     prompt: list[int],
     max_new_tokens: int,
     params: SamplingParams,
@@ -95,10 +95,11 @@ def decode(
 ) -> DecodeResult:
     """Generate up to `max_new_tokens` after one `prompt`, stopping after any of `stop_ids` (a batch of one).
 
-    `rule` is the accept rule (default `judge`: lossless); relaxed methods pass their own.
+    `rule` is the accept rule (default `judge`: lossless); relaxed methods pass their own. The drafter's own step
+    policy runs it (`DrafterBase.step_policy`: EAGLE's batched pool, VVS's and MuLo-SD's steps, or per-row drafting).
     """
-    batch = decode_batch(target, EachRow(lambda i: drafter), [prompt], max_new_tokens, params, stop_ids, [generator],
-                         max_draft=max_draft, rule=rule)
+    policy = drafter.step_policy(lambda i: drafter, target, rule or judge, FixedBudget(max_draft))
+    batch = decode_batch(target, policy, [prompt], max_new_tokens, params, stop_ids, [generator], max_draft=max_draft)
     return batch.results[0]
 
 

@@ -39,14 +39,6 @@ class DecodeStats:
         finally:
             self.times[phase] = self.times.get(phase, 0.0) + now(device) - t0
 
-    def record_step(self, draft_size: int, depth: int, accepted: int) -> None:
-        self.steps += 1
-        self.target_forwards += 1
-        self.target_tokens += draft_size + 1
-        self.draft_sizes.append(draft_size)
-        self.depths.append(depth)
-        self.accepted.append(accepted)
-
     def merge(self, other: "DecodeStats") -> None:
         for name in ("new_tokens", "target_forwards", "target_tokens", "drafter_forwards", "steps"):
             setattr(self, name, getattr(self, name) + getattr(other, name))

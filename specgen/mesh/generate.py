@@ -193,7 +193,9 @@ def load_mesh_model(target: str | None = None, heads: str | None = None, device:
         decode_layout(loaded.decoder.model.to(torch_dtype))  # re-measured for the new dtype's kernels
         if loaded.decoder.heads is not None:
             loaded.decoder.heads.to(torch_dtype)
-    attach(loaded.decoder.model.decoder, graphs)  # captured steps on CUDA (models/graphs.py)
+    for module in (loaded.decoder.model.decoder, loaded.decoder.heads):  # captured steps on CUDA (models/graphs.py)
+        if module is not None:
+            attach(module, graphs)
     return loaded
 
 

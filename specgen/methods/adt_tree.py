@@ -24,7 +24,7 @@ import random
 from dataclasses import dataclass, field
 
 from specgen.errors import UsageError
-from specgen.methods.eagle_tree import TreeShape
+from specgen.methods.eagle_grow import TreeShape
 from specgen.methods.options import ADT_INITS, check_adt_bounds
 
 

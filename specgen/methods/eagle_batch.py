@@ -1,17 +1,18 @@
 """EAGLE trees for a whole batch: one drafter forward per tree level over every live row (a `DrafterPool`).
 
-The trees are those of `EagleTreeDrafter` (methods/eagle.py: catch-up over the newly committed pairs,
-top-k children of the root, depth - 1 beam levels, the `total_tokens` best nodes), grown for all rows
-together (methods/eagle_grow.py, as tensor programs): each level feeds every row's frontier (padded to
-the widest) through the drafter net over one drafter cache with a row per (sequence, CFG branch), under
-per-row masks over each row's own committed prefix and written ancestors. Each row keeps its own shape
-policy (ADT-Tree adapts per image), so depths differ: a row past its depth rides along as padding.
-Padding is never seen by a row's own nodes, so every row's tree is the one it would grow alone (up to
-the float rounding of a wider product).
+The trees are EAGLE-2's (methods/eagle.py: catch-up over the newly committed pairs, top-k children of the
+root, depth - 1 beam levels, the `total_tokens` best nodes), grown for all rows together (methods/eagle_grow.py,
+as one tensor program): each level feeds every row's frontier (padded to the widest) through the drafter net
+over one drafter cache with a row per (sequence, CFG branch), under per-row masks over each row's own committed
+prefix and written ancestors. Each row keeps its own shape policy (ADT-Tree adapts per image), so depths
+differ: a row past its depth rides along as padding. Padding is never seen by a row's own nodes, so every
+row's tree is the one it would grow alone (up to the float rounding of a wider product). With the drafter's
+captured steps (models/graphs.py) the whole growth is one replay per (row bucket, width bucket, depth).
 """
 
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
@@ -21,10 +22,10 @@ from specgen.decoding.pool import PoolBase
 from specgen.decoding.stats import DecodeStats
 from specgen.decoding.target import TargetOut
 from specgen.devices import host_tensor, to_device
-from specgen.methods.eagle_grow import grow_trees
-from specgen.methods.eagle_tree import TreeShape
+from specgen.methods.eagle_grow import GrowPlan, TreeShape, branch_rows, drafts_of, grow, level_mask, static_growth
+from specgen.models.graphs import ROW_BUCKETS
 
-if TYPE_CHECKING:  # the one-row drafter builds this pool (`EagleTreeDrafter.pool`): a runtime import would be a circle
+if TYPE_CHECKING:  # the row's drafter builds this pool (`EagleTreeDrafter.pool`): a runtime import would be a circle
     from specgen.methods.eagle import EagleTreeDrafter
 
 
@@ -46,6 +47,7 @@ class EagleBatch(PoolBase):
         d.policy.reset()
         d.shapes, d.last_shape = [], None
         d.pending = first.features[:, -1:]  # [br, 1, D]: f of the last prompt position
+        self.vocab = first.logits.shape[-1]  # the drafter's head is the target's
         d.owed = False  # True after a step without drafting: that step's pairs wait for the next catch-up
         d.backlog = []  # [br, a + 1, D] pairs of such steps, in order, joined to `pending` by the catch-up (joining
         # them step by step copied the whole backlog each AR step: quadratic in a long run of AR steps)
@@ -68,37 +70,66 @@ class EagleBatch(PoolBase):
     @torch.inference_mode()
     def propose(self, seqs: Sequence[list[int]], budgets: Sequence[int], stats: Sequence[DecodeStats]) -> list[Draft]:
         n, br = len(seqs), self.br
-        rows = self.rows[:n]
         if self.skip_ar_steps and all(b <= 0 for b in budgets):  # a batched AR step: no drafter work at all;
-            for d in rows:  # the pairs committed meanwhile are caught up by the next step that drafts
+            for d in self.rows[:n]:  # the pairs committed meanwhile are caught up by the next step that drafts
                 d.owed, d.last_shape = True, None
             return [Draft.empty() for _ in range(n)]
         view = self.cache.rows(0, n * br)
-        root_hidden = self.catch_up(rows, seqs, view)  # 1. [n * br, 1, D]
+        root_hidden = self.catch_up(self.rows[:n], seqs, view)  # 1. [n * br, 1, D]
+        self.cache.absorb(view, 0)  # the pairs stay; the levels write past every row's length (the view's lengths)
         for s in stats:
             s.drafter_forwards += 1
         shapes = []
-        for d, seq, budget in zip(rows, seqs, budgets):
+        for d, seq, budget in zip(self.rows, seqs, budgets):
             shape = d.policy.shape(len(seq))
             # a step the loop's budget cut to AR is no evidence about the policy's tree: it does not observe it
             cut = budget <= 0 < shape.depth
             d.last_index, d.last_shape = len(seq), None if cut else shape
             d.shapes.append(shape)
             shapes.append(TreeShape(min(shape.depth, budget), shape.top_k, shape.total_tokens))
+        if all(s.depth <= 0 for s in shapes):  # every row's budget ends at the root: no tree to score
+            return [Draft.empty() for _ in shapes]
         prefix = list(view.lengths[::br])  # [n]: each sequence's committed drafter slots
+        k = [min(s.top_k, self.vocab) if s.depth > 0 else 0 for s in shapes]
+        ints = [[len(s) - 1 for s in seqs], k, [s.depth for s in shapes], [s.total_tokens for s in shapes], prefix]
+        picked = self.grow_captured(view, root_hidden, ints, shapes) or self.grow_eager(view, root_hidden, ints, shapes)
+        drafts = drafts_of(picked)  # 2.-4. the host's one read of the step's trees
+        for s, shape in zip(stats, shapes):
+            s.drafter_forwards += max(shape.depth - 1, 0)
+        return drafts
 
-        def forward(feats, toks, pos, mask):  # one level; every row keeps its W written slots until the rollback
-            out = self.net(feats, toks, pos, view, attn_mask=mask)
+    def grow_eager(self, view, root_hidden: torch.Tensor, ints: list[list[int]], shapes: list[TreeShape]):
+        """The growth level by level through the drafter's forward over `view` (exact widths, keys up to the longest
+        prefix); `ints`: root positions, top-k, depths, node budgets and prefixes [n] each."""
+        br, device = self.br, root_hidden.device
+        root_pos, k, depth, totals, c = (host_tensor(x, device) for x in ints)
+        longest = max(ints[4])
+
+        def forward(feats, toks, pos, anc):  # one level; every row keeps its W written slots until the rollback
+            out = self.net(feats, toks, pos, view, attn_mask=branch_rows(level_mask(anc, c, longest), br).unsqueeze(1))
             view.lengths = [length + toks.shape[1] for length in view.lengths]
             return out
 
-        drafts, forwards = grow_trees(forward, self.logprobs, root_hidden, [len(s) - 1 for s in seqs], prefix,
-                                      shapes, br)  # 2.-3.
-        view.lengths = [length for length in prefix for _ in range(br)]  # the drafter cache keeps committed pairs
-        self.cache.absorb(view, 0)
-        for s, f in zip(stats, forwards):
-            s.drafter_forwards += f
-        return drafts
+        plan = GrowPlan.exact(ints[1], shapes)
+        return grow(forward, self.logprobs, root_hidden, root_pos, k, depth, totals, plan, br)
+
+    def grow_captured(self, view, root_hidden: torch.Tensor, ints: list[list[int]], shapes: list[TreeShape]):
+        """The growth as one replay of the drafter's captured steps (rows padded to a bucket, widths to the plan's), or
+        None where it runs eagerly (no captured steps, another cache, no room for the levels' slots)."""
+        graphs, n, br = self.net.graphs, len(shapes), self.br
+        if graphs is None or not graphs.servable(view, None):
+            return None
+        plan = GrowPlan.bucketed(ints[1], shapes, self.vocab)
+        if plan is None or max(ints[4]) + sum(plan.widths[1:]) > graphs.k.shape[3]:
+            return None
+        padded = next((r for r in ROW_BUCKETS if n <= r and r * br <= graphs.capacity), n)
+        pad = padded - n  # padding sequences: no tree (k = 0), their rows write into the scratch row
+        device, dim = root_hidden.device, root_hidden.shape[-1]
+        inputs = {"root_hidden": torch.cat([root_hidden, root_hidden.new_zeros(pad * br, 1, dim)]),
+                  "ints": host_tensor([x + [0] * pad for x in ints], device),  # [5, padded]
+                  "writes": host_tensor(list(range(n * br)) + [graphs.capacity] * (pad * br), device)}
+        run = partial(static_growth, self.net, self.logprobs, (graphs.k, graphs.v), graphs.attention, plan, br)
+        return tuple(p[:n] for p in graphs.call(("grow", padded, plan), run, inputs))
 
     def catch_up(self, rows, seqs, view) -> torch.Tensor:
         """Run the pairs (f_p, x_{p+1}) committed since the last step, every row padded to the most; commit them."""

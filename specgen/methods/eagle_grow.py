@@ -1,131 +1,166 @@
-"""EAGLE-2 trees of every live row grown as tensor programs: per level one drafter forward over all frontiers, then
-the beam, the ancestor masks and (once per step) the final node selection, with no Python per node.
+"""EAGLE-2 trees of every live row grown as one tensor program: per level one drafter forward over all frontiers, the
+beam and the ancestor masks, then each row's best nodes, with no host read until the drafts are read once.
 
-Padded layout. Row i has width k_i (its top-k, capped at the vocabulary) and depth d_i. The root's children fill
-slots [0, w0) (w0 = the widest row); level L (1 <= L < max depth) feeds a frontier of W_L = max k_i over the rows
-still growing (d_i > L), and records its W_L x W_L children (frontier position j, child c) in the next W_L^2 slots.
-Slot order is each row's own recording order (methods/eagle.py: a node's children follow its frontier position, in
-top-k order), so a row's valid slots, in order, are the nodes its one-row tree records; padding (j or c >= k_i, a row
-past its depth) is invalid and scores -inf in the beam, and the first k_i of a sorted beam are the row's own.
+Padded layout. Row i has width k_i (its top-k, capped at the vocabulary) and depth d_i, both device inputs. The
+root's children fill slots [0, w0); level L (1 <= L < levels) feeds a frontier of W_L nodes and records its W_L x W_L
+children (frontier position j, child c) in the next W_L^2 slots. Slot order is each row's own recording order (a
+node's children follow its frontier position, in top-k order), so a row's valid slots, in order, are the nodes its
+tree grown alone records; padding (j or c >= k_i, a row past its depth) is invalid and scores -inf in the beam, and
+the first k_i of a sorted beam are the row's own. The widths are the plan's (`GrowPlan`): eagerly the widest row still
+growing at each level; captured, the widest row's top-k rounded up to a node bucket at every level of the deepest row,
+so that ADT-Tree's per-row depth and width (its policy's host-side choice from the verdicts it already read) are
+inputs of one graph, not keys of many. A row's top-k is the first k_i of a top-W with W >= k_i: a wider W keeps those
+entries, except that of log-probs tied exactly at the row's boundary a kernel may propose another; that changes a
+draft only, never what the verify keeps.
 
 Drafter cache. Level L writes its W_L frontier nodes to slots prefix_i + R_{L-1} + j (R_L = W_1 + ... + W_L) of every
-row, padding included, and keeps them; the caller rolls every row back to its prefix afterwards. A frontier node sees
-the committed prefix, its ancestors' slots and its own (`anc` [n, W, R]: one column per tree slot), so padding sees at
-least itself and every query has a key.
+row, padding included; the caller rolls every row back to its prefix afterwards. A frontier node sees the committed
+prefix, its ancestors' slots and its own (`anc` [n, W, R]: one column per tree slot), so every query has a key.
+
+Selection. A row keeps its `total` best valid nodes by (-score, slot). That set is closed under parents without a
+search: a child's score is its parent's plus a log-probability <= 0 (rounding is monotone, so never above it), and a
+parent's slot precedes its children's, so a parent ranks before each of its children.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
 from specgen.decoding.draft import Draft
 from specgen.decoding.tree import DraftTree
-from specgen.devices import host_tensor
-from specgen.methods.eagle_tree import TreeShape
+from specgen.models.graphs import NODE_BUCKETS, StaticInputs, eagle_step
 
-# feats [n*br, W, D], tokens [n*br, W], positions [n*br, W], mask [n*br, 1, W, T] -> hidden [n*br, W, D]; keeps the W
+
+@dataclass(frozen=True)
+class TreeShape:
+    """Depth (levels), width (top-k per expansion and beam size) and node budget of one draft tree."""
+
+    depth: int
+    top_k: int
+    total_tokens: int
+
+
+# feats [n*br, W, D], tokens [n*br, W], positions [n*br, W], anc [n, W, R] -> hidden [n*br, W, D]; keeps the W slots
 Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 LogProbs = Callable[[torch.Tensor], torch.Tensor]  # hidden [n*br, S, D] -> CFG-combined log-probs [n, S, V]
 
 
-def grow_trees(forward: Forward, logprobs: LogProbs, root_hidden: torch.Tensor, root_pos: list[int],
-               prefix: list[int], shapes: list[TreeShape], branches: int) -> tuple[list[Draft], list[int]]:
-    """Every row's draft (the `total_tokens` best nodes of its EAGLE-2 tree) and its drafter forwards this step.
+@dataclass(frozen=True)
+class GrowPlan:
+    """The host-known part of one step's growth: the root's width w0, then each level's frontier width."""
 
-    `root_hidden` [n * br, 1, D]: the drafter's output at each root; `root_pos[i]`: the root token's position;
-    `prefix[i]`: row i's committed drafter slots (every branch row of a sequence has the same).
+    widths: tuple[int, ...]  # (w0, W_1, .., W_{levels}); no level when only w0
+    total: int  # the most nodes a row keeps
+
+    @classmethod
+    def exact(cls, k: list[int], shapes: list[TreeShape]) -> GrowPlan:
+        """The eager plan: level L feeds the widest row still growing there (d_i > L)."""
+        depth = [s.depth for s in shapes]
+        levels = [max(ki for ki, d in zip(k, depth) if d > level) for level in range(1, max(depth))]
+        return cls((max(k), *levels), max(s.total_tokens for s in shapes))
+
+    @classmethod
+    def bucketed(cls, k: list[int], shapes: list[TreeShape], vocab: int) -> GrowPlan | None:
+        """The captured plan: the widest row's width rounded up to a node bucket, at every level of the deepest row."""
+        width = next((min(b, vocab) for b in NODE_BUCKETS if b >= max(k)), None)
+        return width and cls((width,) * max(s.depth for s in shapes), max(s.total_tokens for s in shapes))
+
+
+def grow(forward: Forward, logprobs: LogProbs, root_hidden: torch.Tensor, root_pos: torch.Tensor, k: torch.Tensor,
+         depth: torch.Tensor, totals: torch.Tensor, plan: GrowPlan, branches: int) -> tuple[torch.Tensor, ...]:
+    """Each row's best nodes in rank order: slots, tokens, parent slots (-1: the root) and whether kept, [n, t] each.
+
+    `root_hidden` [n * br, 1, D]: the drafter's output at each root; `root_pos`, `k`, `depth`, `totals` [n]: the root
+    token's position, the row's top-k (0: no tree), depth and node budget. Device ops only; shapes depend only on the
+    plan, the branches and the inputs' shapes.
     """
-    n, br, device = len(shapes), branches, root_hidden.device
-    if all(s.depth <= 0 for s in shapes):  # every row's budget ends at the root: no tree to score
-        return [Draft.empty() for _ in shapes], [0] * n
+    n, br, device, widths = k.shape[0], branches, root_hidden.device, plan.widths
     lp = logprobs(root_hidden)[:, 0]  # 1. [n, V]: the root's children
-    vocab = lp.shape[-1]
-    k = [min(s.top_k, vocab) if s.depth > 0 else 0 for s in shapes]
-    depth = [s.depth for s in shapes]
-    kk, dd = host_tensor(k, device), host_tensor(depth, device)  # [n] each
-    top = lp.topk(max(k), dim=-1)  # [n, w0]
-    slots = torch.arange(top.indices.shape[1], device=device)
-    parts = [(top.indices, torch.full_like(top.indices, -1), top.values, slots < kk[:, None])]
-    width = widest(k, depth, 1)  # W_1: the frontier of level 1 is the best W_1 root children
+    top = lp.topk(widths[0], dim=-1)  # [n, w0]
+    slots = torch.arange(widths[0], device=device)
+    parts = [(top.indices, torch.full_like(top.indices, -1), top.values, slots < k[:, None])]
+    width = widths[1] if len(widths) > 1 else 0  # W_1: the frontier of level 1 is the best W_1 root children
     f_tok, f_score, f_slot = top.indices[:, :width], top.values[:, :width], slots[:width].expand(n, -1)  # [n, W]
     f_hid = root_hidden.expand(-1, width, -1)  # [n * br, W, D]: the parents' predicted features
     anc = torch.eye(width, dtype=torch.bool, device=device).expand(n, -1, -1)  # [n, W, R]
-    recorded, forwards = top.indices.shape[1], [0] * n
-    c, rp = host_tensor(prefix, device), host_tensor(root_pos, device)  # [n] each
-    for level in range(1, max(depth)):  # 2. one drafter forward per level
-        if width == 0:
-            break
-        live = dd > level  # [n]
-        mask = level_mask(anc, c, max(prefix))  # [n, W, T]
-        pos = (rp + level * live)[:, None].expand(-1, width)  # a row past its depth stays at its root's position
-        out = forward(f_hid, rows(f_tok, br), rows(pos, br), rows(mask, br).unsqueeze(1))  # [n * br, W, D]
-        for i in range(n):
-            forwards[i] += depth[i] > level
+    recorded = widths[0]
+    for level in range(1, len(widths)):  # 2. one drafter forward per level
+        live = depth > level  # [n]
+        pos = (root_pos + level * live)[:, None].expand(-1, width)  # a row past its depth stays at its root's position
+        out = forward(f_hid, branch_rows(f_tok, br), branch_rows(pos, br), anc)  # [n * br, W, D]
         child = logprobs(out).topk(width, dim=-1)  # [n, W, W] each
         j = torch.arange(width, device=device)
-        ok = live[:, None, None] & (j[:, None] < kk[:, None, None]) & (j < kk[:, None, None])  # [n, W, W]
+        ok = live[:, None, None] & (j[:, None] < k[:, None, None]) & (j < k[:, None, None])  # [n, W, W]
         cand = f_score[:, :, None] + child.values  # [n, W, W]: path scores
         parts.append((child.indices.flatten(1), f_slot[:, :, None].expand(-1, -1, width).flatten(1),
                       cand.flatten(1), ok.flatten(1)))
-        nxt = widest(k, depth, level + 1)
+        nxt = widths[level + 1] if level + 1 < len(widths) else 0
         if nxt:  # 3. the beam: each row's best k_i children over its whole frontier (padding scores -inf)
             best = cand.masked_fill(~ok, float("-inf")).flatten(1).topk(nxt, dim=-1)  # [n, W']
             parent = best.indices // width  # [n, W']: frontier position of each new node's parent
             f_tok = child.indices.flatten(1).gather(1, best.indices)
             f_score, f_slot = best.values, recorded + best.indices
-            f_hid = out.gather(1, rows(parent, br)[..., None].expand(-1, -1, out.shape[-1]))
+            f_hid = out.gather(1, branch_rows(parent, br)[..., None].expand(-1, -1, out.shape[-1]))
             own = torch.eye(nxt, dtype=torch.bool, device=device).expand(n, -1, -1)
             anc = torch.cat([anc.gather(1, parent[..., None].expand(-1, -1, anc.shape[-1])), own], 2)
         recorded += width * width
         width = nxt
-    tokens, parents, scores, valid = (torch.cat(p, 1) for p in zip(*parts))  # [n, N] each
-    # 4. one read of every row's nodes (float64 holds float32 scores and ids exactly), then each row's best nodes
-    host = torch.stack([tokens.double(), parents.double(), scores.double(), valid.double()]).cpu()  # [4, n, N]
-    drafts = select_batch(host[0].long(), host[1].long(), host[2], host[3].bool(), [s.total_tokens for s in shapes])
-    return [d if s.depth > 0 else Draft.empty() for d, s in zip(drafts, shapes)], forwards
+    return best_nodes(*(torch.cat(p, 1) for p in zip(*parts)), totals, plan.total)  # 4.
 
 
-def widest(k: list[int], depth: list[int], level: int) -> int:
-    """The frontier width of `level`: the widest row still growing there (0: none is)."""
-    return max((ki for ki, d in zip(k, depth) if d > level), default=0)
+def static_growth(net, logprobs: LogProbs, cache: tuple[torch.Tensor, torch.Tensor], attention: str, plan: GrowPlan,
+                  branches: int, root_hidden: torch.Tensor, ints: torch.Tensor, writes: torch.Tensor
+                  ) -> tuple[torch.Tensor, ...]:
+    """`grow` over an EAGLE drafter's static cache (k, v [1, C + 1, Hkv, T, hd], models/graphs.py): what a captured
+    growth replays. `ints` [5, n]: root positions, top-k, depths, node budgets and prefixes; `writes` [n * br]: the
+    cache row each row writes (a padding row: the scratch row). Each level sees all T slots of its rows."""
+    root_pos, k, depth, totals, prefix = ints
+    t = cache[0].shape[3]
+
+    def forward(feats, toks, pos, anc):
+        r, w = anc.shape[-1], toks.shape[1]
+        meta = torch.stack([branch_rows(prefix, branches) + (r - w), writes])  # [2, R]: slot of node 0, cache row
+        visible = branch_rows(level_mask(anc, prefix, t - r), branches).unsqueeze(1)  # [R, 1, W, T]
+        x = StaticInputs(toks, pos, meta, visible=visible, features=feats)
+        return eagle_step(net, x, *cache, None, attention)[0]
+
+    return grow(forward, logprobs, root_hidden, root_pos, k, depth, totals, plan, branches)
 
 
-def rows(x: torch.Tensor, branches: int) -> torch.Tensor:
+def best_nodes(tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tensor, valid: torch.Tensor,
+               totals: torch.Tensor, total: int) -> tuple[torch.Tensor, ...]:
+    """Each row's `totals[i]` best valid nodes of [n, N] by (-score, slot), a stable sort keeping ties in slot order:
+    slots, tokens, parent slots and whether kept, [n, t] each (t = min(total, N), rank order)."""
+    t = min(total, tokens.shape[1])
+    rank = torch.where(valid, -scores, torch.inf).argsort(dim=1, stable=True)[:, :t]  # [n, t]: slots
+    keep = valid.gather(1, rank) & (torch.arange(t, device=tokens.device) < totals[:, None])
+    return rank, tokens.gather(1, rank), parents.gather(1, rank), keep
+
+
+def drafts_of(picked: tuple[torch.Tensor, ...]) -> list[Draft]:
+    """`grow`'s picks as drafts, read in one copy: each row's kept nodes in slot (topological) order."""
+    host = torch.stack([p.long() for p in picked]).cpu().tolist()  # [4][n][t]
+    drafts = []
+    for slot, token, parent, keep in zip(*host):
+        kept = sorted((s, tok, p) for s, tok, p, y in zip(slot, token, parent, keep) if y)
+        index = {s: i for i, (s, _, _) in enumerate(kept)}  # a kept parent's slot -> its index in the draft
+        tree = DraftTree(tuple(index[p] if p >= 0 else -1 for _, _, p in kept))
+        drafts.append(Draft(tuple(tok for _, tok, _ in kept), tree))
+    return drafts
+
+
+def branch_rows(x: torch.Tensor, branches: int) -> torch.Tensor:
     """Per-sequence [n, ...] -> per-cache-row [n * br, ...] (each sequence's branches side by side)."""
-    return x.repeat_interleave(branches, 0) if branches > 1 else x
+    return x[:, None].expand(x.shape[0], branches, *x.shape[1:]).flatten(0, 1) if branches > 1 else x
 
 
 def level_mask(anc: torch.Tensor, prefix: torch.Tensor, longest: int) -> torch.Tensor:
     """[n, W, T] bool over drafter slots: the committed prefix, plus the tree slots in `anc` [n, W, R] (slot
-    prefix_i + r for column r); T = the longest prefix + R, the keys of this level's forward."""
+    prefix_i + r for column r); T = `longest` + R (eagerly the longest prefix, captured the static cache's width)."""
     _, w, r = anc.shape
     rel = torch.arange(longest + r, device=anc.device)[None] - prefix[:, None]  # [n, T]: slot - the row's prefix
     tree = anc.gather(2, rel.clamp(0, r - 1)[:, None].expand(-1, w, -1)) & ((rel >= 0) & (rel < r))[:, None]
     return tree | (rel < 0)[:, None]
-
-
-def select_batch(tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tensor, valid: torch.Tensor,
-                 totals: list[int]) -> list[Draft]:
-    """`eagle_tree.select_nodes` for every row of the padded layout (host tensors [n, N]): the `totals[i]` best valid
-    nodes by (-score, slot) and their ancestors, in slot order, as drafts."""
-    n, size = tokens.shape
-    key = torch.where(valid, -scores, torch.inf)
-    order = key.argsort(dim=1, stable=True)  # [n, N]: ties by slot, as the one-row sort's (-score, id)
-    rank = torch.empty_like(order).scatter_(1, order, torch.arange(size).expand(n, -1))
-    keep = (rank < torch.tensor(totals)[:, None]) & valid  # [n, N]
-    up = parents + 1  # [n, N]: column 0 stands for "under the root"
-    while True:  # close under parents: a chain of depth d needs d - 1 rounds
-        hit = torch.zeros(n, size + 1, dtype=torch.int32).scatter_add_(1, up, keep.int())[:, 1:] > 0
-        if not (hit & ~keep).any():
-            break
-        keep |= hit
-    new_id = keep.cumsum(1) - 1  # [n, N]: a kept node's index in its draft
-    drafts = []
-    for i in range(n):
-        kept = keep[i].nonzero().squeeze(1)
-        p = parents[i, kept]
-        tree = torch.where(p >= 0, new_id[i].gather(0, p.clamp(min=0)), -1)
-        drafts.append(Draft(tuple(tokens[i, kept].tolist()), DraftTree(tuple(tree.tolist()))))
-    return drafts

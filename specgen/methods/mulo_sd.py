@@ -64,6 +64,7 @@ from specgen.decoding.sampling import logits_to_probs, pick
 from specgen.errors import IncompatibleError, UsageError
 from specgen.methods.mulo_neighbourhood import expand_rejections
 from specgen.methods.options import MuloOptions
+from specgen.models.graphs import attach
 from specgen.models.layout import decode_layout
 
 DEFAULT_LOWRES = "tiny-image-gpt-lowres"
@@ -158,6 +159,11 @@ class MuLoBatch(PolicyBase):
 
         dec = self.make(0)
         self.lowres = dec.lowres
+        steps = self.target.model.graphs  # the drafter's forwards are captured where the target's are
+        if steps is None:
+            attach(dec.lowres, "off")
+        elif dec.lowres.graphs is None:
+            attach(dec.lowres, "on", steps.capture, steps.attention)
         self.low = CFGTarget(dec.lowres, self.target.cfg_scale)  # one drafter cache for the batch
         self.br = self.low.branches
         self.lcache = self.low.new_cache(width, 2 + dec.low_grid ** 2)

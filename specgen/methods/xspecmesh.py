@@ -80,9 +80,11 @@ import torch
 from specgen.decoding.accept_threshold import CRITERIA as LOSSY_CRITERIA, AcceptCriterion
 from specgen.decoding.sampling import SamplingParams, logits_to_probs, sample, sample_rows
 from specgen.decoding.stats import DecodeStats
+from specgen.devices import host_tensor
 from specgen.mesh.vertex_lookup import VertexMemory
 from specgen.methods.options import BUDGETS
 from specgen.methods.text import lookup
+from specgen.models.heads import head_logits
 from specgen.models.layout import decode_layout
 
 SAMPLING_MODES = ("independent", "tree")
@@ -300,10 +302,14 @@ class MeshDecoder:
         and x_{s*} = token (token_input heads)."""
         if d == 0:
             return Proposal([], [])
-        emb = self.model.decoder.tok_embeddings(torch.tensor([token], device=h.device)) if stacked.token_input else None
         dtype = DRAFT_DTYPES[opts.draft_dtype]
-        feats = stacked.features(h, kv, emb, past)[:d].to(dtype)  # [D, dim]
-        logits = self._lm_head(dtype)(feats).float()  # [D, V]
+        step = functools.partial(head_logits, stacked, self._lm_head(dtype), self.model.decoder.tok_embeddings, dtype, d)
+        k, v = kv if kv is not None else (None, None)
+        tok = host_tensor([token], h.device) if stacked.token_input else None
+        inputs = {name: t for name, t in (("h", h), ("token", tok), ("k", k), ("v", v), ("past", past)) if t is not None}
+        graphs = self.heads.graphs  # captured: one replay per row (its outputs are read before the next)
+        key = ("heads", d, dtype, *((name, tuple(t.shape)) for name, t in inputs.items()))
+        logits = (step(**inputs) if graphs is None else graphs.call(key, step, inputs))[0]  # [d, V]
         return head_candidates(logits, params, opts, generator)
 
     @staticmethod

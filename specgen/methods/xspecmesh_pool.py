@@ -80,6 +80,8 @@ class XSpecMeshPool(PoolBase):
         self.decoder, self.target, self.opts, self.params, self.d = decoder, target, opts, params, d_max
         self.draft_generators = draft_generators
         self.stacked = decoder.heads.stacked()  # all D heads as one batched op per layer
+        if decoder.heads.graphs is not None:  # its captures read an earlier pool's stacked weights
+            decoder.heads.graphs.reset()
 
     def open(self, width: int, max_len: int) -> None:
         self.rows: list[RowState | None] = [None] * width

@@ -87,9 +87,8 @@ class EagleNet(nn.Module):
         attn_mask: torch.Tensor | None = None,  # [B, 1, S, T] over cache slots (multi-level trees)
     ) -> torch.Tensor:
         """Predicted next features [B, S, D] (approximating f_{t+1}); not normed again (features are)."""
-        if self.graphs is not None and cache is not None:
-            replayed = self.graphs.forward(tokens, positions, cache, tree_mask, features.to(self.fc.weight.dtype),
-                                           attn_mask)  # None: this call runs eagerly
+        if self.graphs is not None and cache is not None and attn_mask is None:  # captured trees: methods/eagle_grow
+            replayed = self.graphs.forward(tokens, positions, cache, tree_mask, features.to(self.fc.weight.dtype))
             if replayed is not None:
                 return replayed[0]
         s = tokens.shape[1]

@@ -1,13 +1,16 @@
-"""Captured decode steps: cached forwards (AR steps, verifies, EAGLE drafter levels) as CUDA-graph replays per bucket.
+"""Captured decode steps: cached forwards (AR steps, verifies), EAGLE tree growths and XSpecMesh heads as CUDA graphs.
 
-`attach(module, mode)` gives a Transformer or an EAGLE drafter a `StepGraphs`; from then on its forward over a cache
-goes through `StepGraphs.forward`, which pads the call to a bucket (rows, nodes), copies its inputs into the bucket's
-static buffers and replays the bucket's graph (captured on first use). Prefill stays eager. Why CUDA graphs and not
+`attach(module, mode)` gives a Transformer, an EAGLE drafter or XSpecMesh heads a `StepGraphs`; from then on a forward
+over a cache goes through `StepGraphs.forward`, which pads the call to a bucket (rows, nodes), copies its inputs into
+the bucket's static buffers and replays the bucket's graph (captured on first use). Prefill stays eager. A whole step
+of a method's own (a drafter's tree growth, methods/eagle_grow.py; a row's heads, `heads.head_logits`) is a
+`StepGraphs.call`: a device function over static copies of its inputs, captured once per key that fixes its shapes. Why CUDA graphs and not
 `torch.compile(mode="reduce-overhead")`: the step is the model's own eager code captured as it is, so the captured
 forward computes what the eager one computes kernel for kernel, with no compiler that fuses or reorders a reduction,
 and no compile time at start-up.
 
-Invariants of the step functions (`target_step`, `eagle_step`; tests/models/test_graphs.py checks them):
+Invariants of the step functions (`target_step`, `eagle_step`, `static_growth`, `head_logits`; tests/models/
+test_graphs.py checks them):
 - It reads nothing on the host. Inputs live in static device buffers (tokens, positions, row lengths, the tree
   mask, the cache row each input row writes); the attention mask and the cache-write index are computed from them on
   the device, and the cache is the whole static buffer: every forward attends over all T slots of its rows.
@@ -45,27 +48,34 @@ MODES = ("auto", "on", "off")
 
 @dataclass(frozen=True)
 class Bucket:
-    """A captured shape: `rows` cache rows (CFG branches counted) by `nodes` new nodes each; `masked`: the caller
-    gives the visibility over cache slots itself (a drafter level's `attn_mask`) instead of a tree mask."""
+    """A captured shape: `rows` cache rows (CFG branches counted) by `nodes` new nodes each."""
 
     rows: int
     nodes: int
-    masked: bool = False
 
 
+@dataclass
 class StaticInputs:
-    """One bucket's input buffers on the device; a call copies its real part in and pads the rest."""
+    """One step's inputs on the device: a bucket's buffers (`for_bucket`, a call copies its real part in and pads the
+    rest) or a drafter level's tensors inside a captured tree growth (`visible` given instead of `tree`)."""
 
-    def __init__(self, b: Bucket, device, slots: int, features: tuple | None = None) -> None:
-        self.tokens = torch.zeros(b.rows, b.nodes, dtype=torch.long, device=device)  # [R, S]
-        self.positions = torch.zeros(b.rows, b.nodes, dtype=torch.long, device=device)  # [R, S]
-        self.meta = torch.zeros(2, b.rows, dtype=torch.long, device=device)  # [2, R]: lengths, cache row written
-        self.tree = torch.zeros(b.rows, b.nodes, b.nodes, dtype=torch.bool, device=device)  # [R, S, S]
-        self.eye = torch.eye(b.nodes, dtype=torch.bool, device=device).expand(b.rows, -1, -1)  # padding: itself
-        self.causal = torch.ones(b.nodes, b.nodes, dtype=torch.bool, device=device).tril()
-        self.visible = torch.zeros(b.rows, 1, b.nodes, slots, dtype=torch.bool, device=device) if b.masked else None
-        self.features = None if features is None else torch.zeros(b.rows, b.nodes, features[0], dtype=features[1],
-                                                                   device=device)  # [R, S, D] (EAGLE's inputs)
+    tokens: torch.Tensor  # [R, S]
+    positions: torch.Tensor  # [R, S]
+    meta: torch.Tensor  # [2, R]: lengths, cache row written
+    tree: torch.Tensor | None = None  # [R, S, S]
+    visible: torch.Tensor | None = None  # [R, 1, S, T]: visibility over cache slots (a drafter level)
+    features: torch.Tensor | None = None  # [R, S, D] (EAGLE's inputs)
+    eye: torch.Tensor | None = None  # [R, S, S]: a padding node sees itself
+    chain: torch.Tensor | None = None  # [S, S]: a chain's tree mask
+
+    @classmethod
+    def for_bucket(cls, b: Bucket, device, features: tuple | None = None) -> "StaticInputs":
+        zeros = lambda *shape, dtype=torch.long: torch.zeros(*shape, dtype=dtype, device=device)  # noqa: E731
+        eye = torch.eye(b.nodes, dtype=torch.bool, device=device)
+        return cls(zeros(b.rows, b.nodes), zeros(b.rows, b.nodes), zeros(2, b.rows),
+                   zeros(b.rows, b.nodes, b.nodes, dtype=torch.bool),
+                   features=None if features is None else zeros(b.rows, b.nodes, features[0], dtype=features[1]),
+                   eye=eye.expand(b.rows, -1, -1), chain=torch.ones_like(eye).tril())
 
 
 class StaticCache:
@@ -84,8 +94,8 @@ class StaticCache:
 
 
 def visibility(x: StaticInputs, t: int) -> torch.Tensor:
-    """[R, 1, S, T] bool: each node sees its row's committed slots and the pending slots its tree mask names (or the
-    staged `visible`), and always its own slot, so that a padding node's key and value stay finite."""
+    """[R, 1, S, T] bool: each node sees its row's committed slots and the pending slots its tree mask names (or its
+    `visible` slots), and always its own slot, so that a padding node's key and value stay finite."""
     r, s = x.tokens.shape
     lengths = x.meta[0]  # [R]
     rel = torch.arange(t, device=x.tokens.device)[None, :] - lengths[:, None]  # [R, T]: slot - row length
@@ -144,9 +154,9 @@ def eagle_step(net, x: StaticInputs, k: torch.Tensor, v: torch.Tensor, cross, at
 
 @dataclass(frozen=True)
 class StepKind:
-    """How a module's cached forward is captured: its step function, the width of its extra input rows (EAGLE's
-    features; 0: none) and whether its low-precision trees must stay eager (a target's logits decide the output; a
-    drafter's only decide what is proposed, which the verify checks)."""
+    """How a module's cached forward is captured: its step function (the heads': their `call`s' function, they have no
+    cache), whether it takes extra input rows (EAGLE's features) and whether its low-precision trees must stay eager (a
+    target's logits decide the output; a drafter's only decide what is proposed, which the verify checks)."""
 
     step: Callable
     features: bool = False
@@ -163,7 +173,7 @@ class StepGraphs:
         self.dtype, self.device = param.dtype, param.device
         self.k = self.v = None  # [L, C + 1, Hkv, T, D]: C cache rows and one scratch row for padding rows
         self.cross = None  # per layer (k, v) [C, H, M, D]: the conditions (cross-attention models)
-        self.graphs: dict[Bucket, tuple] = {}  # bucket -> (inputs, graph or None, outputs)
+        self.graphs: dict[Bucket | tuple, tuple] = {}  # bucket or a call's key -> (inputs, graph or None, outputs)
         self.pool = None
         self.graph_bytes = 0  # device memory the captures' pool holds
         self.replays = 0
@@ -193,41 +203,59 @@ class StepGraphs:
         return cache
 
     def reset(self) -> None:
-        """Drop the captures and the static buffers (a larger cache was asked for)."""
+        """Drop the captures and the static buffers (a larger cache was asked for, or the weights a capture reads)."""
         self.graphs.clear()  # their pool goes with them: the next capture opens a new one
         self.k = self.v = self.cross = self.pool = None
         self.graph_bytes = 0
 
-    def bucket(self, n: int, s: int, masked: bool) -> Bucket | None:
+    def bucket(self, n: int, s: int) -> Bucket | None:
         rows = next((r for r in ROW_BUCKETS if r >= n), None)
         nodes = next((m for m in NODE_BUCKETS if m >= s), None)
         if rows is None or nodes is None:
             return None
-        return Bucket(min(rows, self.capacity), nodes, masked)
+        return Bucket(min(rows, self.capacity), nodes)
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache, tree_mask: torch.Tensor | None,
-                features: torch.Tensor | None = None, attn_mask: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, ...] | None:
+                features: torch.Tensor | None = None) -> tuple[torch.Tensor, ...] | None:
         """The step's outputs for the real [n, S] part by a replay, or None where this call must run eagerly."""
         n, s = tokens.shape
-        b = self.bucket(n, s, attn_mask is not None) if self.servable(cache, tree_mask) else None
+        b = self.bucket(n, s) if self.servable(cache, tree_mask) else None
         if b is None or max(cache.lengths) + b.nodes > self.k.shape[3]:
             self.eager_calls += 1
             return None
         if b not in self.graphs:
             width = (features.shape[-1], features.dtype) if self.kind.features else None
-            self.graphs[b] = (StaticInputs(b, tokens.device, self.k.shape[3], width), None, None)
+            self.graphs[b] = (StaticInputs.for_bucket(b, tokens.device, width), None, None)
         x, graph, outs = self.graphs[b]
-        self.stage(x, b, tokens, positions, cache.lengths, tree_mask, features, attn_mask)
+        self.stage(x, b, tokens, positions, cache.lengths, tree_mask, features)
+        step = lambda: self.kind.step(self.model, x, self.k, self.v, self.cross, self.attention)  # noqa: E731
         if outs is None:
-            outs, graph = self.record(x, b)
+            outs, graph = self.record(step, f"bucket of {b.rows} rows x {b.nodes} nodes")
             self.graphs[b] = (x, graph, outs)
         elif graph is not None:
             graph.replay()
         else:
-            outs = self.kind.step(self.model, x, self.k, self.v, self.cross, self.attention)
+            outs = step()
         self.replays += 1
         return tuple(o[:n, :s].clone() for o in outs)
+
+    def call(self, key: tuple, fn: Callable[..., tuple], inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """`fn(**static)` over static copies of `inputs`, whose shapes `key` fixes: a replay of the key's graph
+        (captured on its first call). The outputs are the graph's own buffers: read them before the next call."""
+        if key not in self.graphs:
+            static = {name: t.clone() for name, t in inputs.items()}
+            outs, graph = self.record(lambda: fn(**static), f"capture {key}")
+            self.graphs[key] = (static, graph, outs)
+        else:
+            static, graph, outs = self.graphs[key]
+            for name, t in inputs.items():
+                static[name].copy_(t)
+            if graph is not None:
+                graph.replay()
+            else:
+                outs = fn(**static)
+        self.replays += 1
+        return outs
 
     def servable(self, cache: KVCache, tree_mask: torch.Tensor | None) -> bool:
         """Whether a call runs on the static buffer: its cache is the buffer's first rows, no key mask (t2i captions
@@ -256,8 +284,7 @@ class StepGraphs:
             v[:rows].copy_(cv)
         cache.cross = [(k[:rows], v[:rows]) for k, v in self.cross]
 
-    def stage(self, x: StaticInputs, b: Bucket, tokens, positions, lengths: list[int], tree_mask, features,
-              attn_mask) -> None:
+    def stage(self, x: StaticInputs, b: Bucket, tokens, positions, lengths: list[int], tree_mask, features) -> None:
         """Copy a call's inputs into the bucket's buffers: real rows and nodes first, padding after them."""
         n, s = tokens.shape
         padded = (n, s) != (b.rows, b.nodes)  # a call that fills its bucket needs no padding written
@@ -273,35 +300,30 @@ class StepGraphs:
             if padded:
                 x.features.zero_()
             x.features[:n, :s].copy_(features)
-        if x.visible is not None:  # the caller's visibility over slots [0, T); the rest hidden
-            x.visible.zero_()
-            x.visible[:n, :, :s, : attn_mask.shape[-1]].copy_(attn_mask)
-            return
         if tree_mask is not None and tree_mask.dim() == 3 and tree_mask.shape[0] != n:  # per sequence: its branches
             tree_mask = tree_mask.repeat_interleave(n // tree_mask.shape[0], 0)
         if padded:
             x.tree.copy_(x.eye)
-        x.tree[:n, :s, :s].copy_(x.causal[:s, :s] if tree_mask is None else tree_mask.expand(n, s, s))
+        x.tree[:n, :s, :s].copy_(x.chain[:s, :s] if tree_mask is None else tree_mask.expand(n, s, s))
 
-    def record(self, x: StaticInputs, b: Bucket):
-        """The bucket's first call: run it (warm-up) and capture it; (outputs, graph)."""
-        step = self.kind.step
+    def record(self, step: Callable[[], tuple], what: str):
+        """A key's first call: run it (warm-up) and capture it; (outputs, graph)."""
         if not self.capture:
-            return step(self.model, x, self.k, self.v, self.cross, self.attention), None
+            return step(), None
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):  # warm-up: lazy initialisations happen outside the capture
-            step(self.model, x, self.k, self.v, self.cross, self.attention)
+            step()
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         self.pool = self.pool or torch.cuda.graph_pool_handle()
         try:
             with torch.cuda.graph(graph, pool=self.pool):
-                outs = step(self.model, x, self.k, self.v, self.cross, self.attention)
+                outs = step()
         except torch.cuda.OutOfMemoryError:
             free = torch.cuda.mem_get_info()[0]
-            raise UsageError(f"--graphs: bucket of {b.rows} rows x {b.nodes} nodes does not fit in the GPU's "
-                             f"{free} free bytes; use --graphs off or a smaller --batch-size") from None
+            raise UsageError(f"--graphs: {what} does not fit in the GPU's {free} free bytes; use --graphs off or a "
+                             "smaller --batch-size") from None
         self.graph_bytes = pool_bytes(self.pool)
         graph.replay()
         return outs, graph
@@ -321,9 +343,11 @@ def pool_bytes(pool) -> int:
 def kinds() -> dict[type, StepKind]:
     """Module class -> how its steps are captured (imported here: the drafter's module imports the decoder's)."""
     from specgen.models.eagle import EagleNet
+    from specgen.models.heads import XSpecMeshHeads, head_logits
     from specgen.models.transformer import Transformer
 
-    return {Transformer: StepKind(target_step), EagleNet: StepKind(eagle_step, features=True, exact_trees=False)}
+    return {Transformer: StepKind(target_step), EagleNet: StepKind(eagle_step, features=True, exact_trees=False),
+            XSpecMeshHeads: StepKind(head_logits)}
 
 
 def mode_of(value) -> str:
@@ -341,7 +365,7 @@ def check_mode(mode: str, device: str) -> None:
 
 
 def attach(model, mode: str = "auto", capture: bool | None = None, attention: str = "chunked") -> StepGraphs | None:
-    """Give `model` (a Transformer or an EAGLE drafter) captured steps per `mode` (auto: on CUDA; on: CUDA or a
+    """Give `model` (a Transformer, an EAGLE drafter or XSpecMesh heads) captured steps per `mode` (auto: on CUDA; on: CUDA or a
     one-line refusal; off: none); a CUDA torch that cannot capture runs eagerly with one warning. `capture=False`
     runs the static steps uncaptured (the CPU tests)."""
     mode, device = mode_of(mode), next(model.parameters()).device

@@ -187,6 +187,7 @@ class XSpecMeshHeads(nn.Module):
                                      for _ in range(self.cfg.num_heads))
             for lin in self.tok:
                 nn.init.zeros_(lin.weight)
+        self.graphs = None  # models/graphs.StepGraphs: `head_logits` as CUDA-graph replays (graphs.attach)
 
     @property
     def num_heads(self) -> int:
@@ -301,6 +302,17 @@ class StackedHeads:
         d, h, _, hd = kv[0].shape
         kh, vh = rows.view(d, w, 2, h, hd).permute(2, 0, 3, 1, 4)  # [D, H, W', hd] each
         return torch.cat([kv[0], kh], 2), torch.cat([kv[1], vh], 2)
+
+
+def head_logits(stacked: StackedHeads, lm_head: nn.Module, embed: nn.Module, dtype: torch.dtype, d: int,
+                h: torch.Tensor, token: torch.Tensor | None = None, k: torch.Tensor | None = None,
+                v: torch.Tensor | None = None, past: torch.Tensor | None = None) -> tuple[torch.Tensor]:
+    """The first d heads' logits [d, V] (float32) on one row's h [1, dim]: token [1] = x_{s+1} (token_input heads),
+    k, v [D, H, M, hd] its condition's K/V (CA heads), past [D, W', 2 inner] its window (history heads); the LM head
+    runs in `dtype`. Device ops only, shapes fixed by the inputs' (what a captured heads step replays)."""
+    emb = embed(token) if stacked.token_input else None  # [1, dim]
+    feats = stacked.features(h, None if k is None else (k, v), emb, past)[:d].to(dtype)  # [d, dim]
+    return (lm_head(feats).float(),)
 
 
 def rows_times(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

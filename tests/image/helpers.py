@@ -23,6 +23,8 @@ def tiny_image_gpt(seed: int = 0, grid: int = 4, vocab: int = 32, classes: int =
 class TinyEagle(nn.Module):
     """fc(concat(embed(x_{p+1}), f_p)) -> one block; positions index the target's RoPE table."""
 
+    graphs = None  # no captured steps
+
     def __init__(self, target: Transformer, seed: int = 1):
         super().__init__()
         torch.manual_seed(seed)

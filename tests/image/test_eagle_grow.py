@@ -1,5 +1,5 @@
-"""The batched EAGLE tree growth (methods/eagle_grow.py) grows, for every row of a batch, the tree that row's one-row
-drafter (methods/eagle.py) grows alone, and its node selection equals `select_nodes`."""
+"""The batched EAGLE tree growth (methods/eagle_grow.py) grows, for every row of a batch, the tree that row grows in a
+batch of its own, and its node selection equals a plain sort of the recorded nodes."""
 
 from __future__ import annotations
 
@@ -8,15 +8,15 @@ import random
 import pytest
 import torch
 
-from specgen.decoding.loop import decode
+from specgen.decoding.draft import Draft
 from specgen.decoding.sampling import SamplingParams
+from specgen.decoding.tree import DraftTree
 from specgen.image.methods import ImageParts, build_image_method
 from specgen.image.target import CFGTarget
 from specgen.methods import run_batch
 from specgen.methods.eagle import EagleTreeDrafter
 from specgen.methods.eagle_batch import EagleBatch
-from specgen.methods.eagle_grow import select_batch
-from specgen.methods.eagle_tree import select_nodes
+from specgen.methods.eagle_grow import GrowPlan, TreeShape, best_nodes, drafts_of
 from tests.image.helpers import TinyEagle, tiny_image_gpt
 from tests.image_fixtures import one_thread
 
@@ -41,19 +41,6 @@ def test_batched_trees_are_the_trees_each_row_grows_alone(method, monkeypatch):
         made[i].seen = []
         return made[i]
 
-    one_row = EagleTreeDrafter.propose
-
-    def record_one(self, seq, budget, stats):
-        draft = one_row(self, seq, budget, stats)
-        self.seen.append(draft)
-        return draft
-
-    monkeypatch.setattr(EagleTreeDrafter, "propose", record_one)
-    alone = []
-    for i, c in enumerate(labels):
-        decode(target, make(i), [c], n, SamplingParams(), max_draft=32)
-        alone.append(made[i].seen)
-    monkeypatch.setattr(EagleTreeDrafter, "propose", one_row)
     pooled = EagleBatch.propose
 
     def record_pool(self, seqs, budgets, stats):
@@ -63,19 +50,39 @@ def test_batched_trees_are_the_trees_each_row_grows_alone(method, monkeypatch):
         return drafts
 
     monkeypatch.setattr(EagleBatch, "propose", record_pool)
+    alone = []
+    for i, c in enumerate(labels):
+        run_batch(target, lambda _: make(i), [[c]], n, SamplingParams(), max_draft=32)
+        alone.append(made[i].seen)
     made.clear()
     run_batch(target, make, [[c] for c in labels], n, SamplingParams(), batch_size=3, max_draft=32)
     assert any(len(d.tokens) > 3 for seen in alone for d in seen)  # the trees branch and go deep
     assert [made[i].seen for i in range(len(labels))] == alone
 
 
-def test_select_batch_equals_select_nodes_with_ties_and_padding():
+def select_nodes(tokens: list[int], parents: list[int], scores: list[float], total: int) -> Draft:
+    """The reference: the `total` best-scored nodes by (-score, id) and their ancestors, in recording order."""
+    keep = set(sorted(range(len(tokens)), key=lambda i: (-scores[i], i))[:total])
+    for i in list(keep):
+        while parents[i] >= 0:
+            keep.add(parents[i])
+            i = parents[i]
+    kept = sorted(keep)
+    new_id = {old: new for new, old in enumerate(kept)}
+    return Draft(tuple(tokens[i] for i in kept), DraftTree(tuple(new_id.get(parents[i], -1) for i in kept)))
+
+
+def test_best_nodes_equal_the_reference_with_ties_and_padding():
+    """Trees whose children never score above their parents (as EAGLE's do): the best nodes need no ancestor search."""
     rng = random.Random(0)
     rows, want, totals = [], [], []
     for _ in range(40):
         size = rng.randint(1, 30)
         parents = [-1 if j == 0 or rng.random() < 0.2 else rng.randrange(j) for j in range(size)]
-        scores = [float(rng.choice([-0.5, -1.0, -1.25, -2.0])) for _ in range(size)]  # many ties
+        scores = []
+        for p in parents:  # many ties, a child at most its parent's score
+            step = float(rng.choice([0.0, -0.25, -0.5, -1.0]))
+            scores.append(step - 0.5 if p < 0 else scores[p] + step)
         tokens = [rng.randrange(100) for _ in range(size)]
         total = rng.randint(1, size + 2)
         want.append(select_nodes(tokens, parents, scores, total))
@@ -94,6 +101,16 @@ def test_select_batch_equals_select_nodes_with_ties_and_padding():
     width = max(map(len, rows))
     rows = [r + [(0, -1, 0.0, False)] * (width - len(r)) for r in rows]
     cols = list(zip(*[list(zip(*r)) for r in rows]))  # per field: n rows of `width` values
-    got = select_batch(torch.tensor(cols[0]), torch.tensor(cols[1]), torch.tensor(cols[2], dtype=torch.float64),
-                       torch.tensor(cols[3]), totals)
+    got = drafts_of(best_nodes(torch.tensor(cols[0]), torch.tensor(cols[1]), torch.tensor(cols[2]),
+                               torch.tensor(cols[3]), torch.tensor(totals), max(totals)))
     assert got == want
+
+
+def test_the_captured_plan_depends_only_on_the_buckets():
+    """Eagerly each level is as wide as the widest row still growing; captured, rows of other widths and depths whose
+    widest top-k falls in the same node bucket and whose deepest tree is as deep share one plan (one graph)."""
+    a, b = [TreeShape(3, 5, 12), TreeShape(2, 7, 12)], [TreeShape(3, 8, 12), TreeShape(1, 6, 12)]
+    assert GrowPlan.exact([5, 7], a) == GrowPlan((7, 7, 5), 12)
+    assert GrowPlan.bucketed([5, 7], a, 100) == GrowPlan.bucketed([8, 6], b, 100) == GrowPlan((8, 8, 8), 12)
+    assert GrowPlan.bucketed([5, 7], a, 6) == GrowPlan((6, 6, 6), 12)  # never wider than the vocabulary
+    assert GrowPlan.bucketed([200], [TreeShape(2, 200, 12)], 1000) is None  # wider than every bucket: eager

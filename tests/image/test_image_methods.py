@@ -44,12 +44,14 @@ def test_drafter_that_copies_the_target_is_fully_accepted():
     label = 1
 
     class Oracle(torch.nn.Module):
+        graphs = None
+
         def new_cache(self, batch, max_len):
-            cache = model.new_cache(batch, max_len)
-            target.prefill(torch.tensor([[label]]), cache)  # the condition position, as in the target
-            return cache
+            return model.new_cache(batch, max_len)
 
         def forward(self, features, tokens, positions, cache=None, tree_mask=None, attn_mask=None):
+            if cache.lengths[0] == 0:  # the image's first catch-up: the condition position first, as in the target
+                target.prefill(torch.tensor([[label]]), cache)
             return model.hidden_states(model.tok_embeddings(tokens), positions, cache, tree_mask, attn_mask=attn_mask)
 
     depth = 3

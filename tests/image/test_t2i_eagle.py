@@ -53,6 +53,8 @@ def test_t2i_samples_are_the_decode_path():
 class Recorder(torch.nn.Module):
     """Wraps a drafter net and records its catch-up calls (features, tokens, positions of committed pairs)."""
 
+    graphs = None  # the eager growth calls this wrapper per level
+
     def __init__(self, net: EagleNet) -> None:
         super().__init__()
         self.net, self.calls = net, []

@@ -83,12 +83,14 @@ def test_oracle_drafter_is_fully_accepted_through_the_key_mask():
     target = CaptionCFGTarget(model, 2.0, caption(1, 3))
 
     class Oracle(torch.nn.Module):
+        graphs = None
+
         def new_cache(self, batch, max_len):
-            cache = model.new_cache(batch, max_len)
-            target.prefill(torch.tensor([target.prompt()]), cache)  # the caption positions + key mask
-            return cache
+            return model.new_cache(batch, max_len)
 
         def forward(self, features, tokens, positions, cache=None, tree_mask=None, attn_mask=None):
+            if cache.lengths[0] == 0:  # the image's first catch-up: the caption positions + key mask first
+                target.prefill(torch.tensor([target.prompt()]), cache)
             return model.hidden_states(model.tok_embeddings(tokens), positions, cache, tree_mask, attn_mask=attn_mask)
 
     depth = 3

@@ -33,9 +33,8 @@ def fake_step(model, bucket: Bucket, step=target_step):
     with FakeTensorMode(allow_non_fake_inputs=True) as mode, torch.inference_mode():
         cfg = model.cfg
         k = torch.zeros(cfg.n_layers, bucket.rows + 1, cfg.n_kv_heads, 64, cfg.hd, dtype=model.dtype)
-        x = StaticInputs(bucket, "cpu", 64)
-        x.tokens, x.positions, x.meta, x.tree, x.eye = (mode.from_tensor(t) for t in
-                                                        (x.tokens, x.positions, x.meta, x.tree, x.eye))
+        x = StaticInputs.for_bucket(bucket, "cpu")
+        x = StaticInputs(*(mode.from_tensor(t) for t in (x.tokens, x.positions, x.meta, x.tree)))
         return step(model, x, mode.from_tensor(k), mode.from_tensor(k.clone()), None)
 
 
@@ -109,26 +108,74 @@ def test_graphs_on_a_cpu_are_refused_and_auto_is_off():
         graphs.attach(model, "maybe")
 
 
-@pytest.mark.parametrize("method", ["eagle2", "adt-tree"])
-def test_image_trees_with_captured_drafter_levels_decode_what_eager_ar_decodes(method):
-    """Target verifies and EAGLE drafter levels (their `attn_mask` staged) both through static steps, batch 1 and 2."""
+def fake_growth(dtype: torch.dtype, plan, logprobs=None):
+    """An EAGLE drafter's static growth (methods/eagle_grow.py) over fake tensors: 3 CFG sequences, the widest row's
+    top-k 5 and depths 0..3, as ADT-Tree's rows differ; a read of a tensor value on the host raises."""
+    from specgen.methods.eagle_grow import static_growth
+    from specgen.models.eagle import EagleNet
+
+    model = tiny_image_target(0).to(dtype)
+    net = EagleNet.from_target(model).to(dtype).eval()
+    combine = CFGTarget(model, 3.0).combine
+    logprobs = logprobs or (lambda h: combine(model.output(h)).float().log_softmax(-1))
+    c = net.cfg
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode, torch.inference_mode():
+        k = mode.from_tensor(torch.zeros(1, 7, c.n_kv_heads, 64, c.hd, dtype=dtype))
+        ints = mode.from_tensor(torch.tensor([[3, 4, 5], [5, 2, 4], [3, 0, 2], [12, 12, 12], [4, 5, 6]]))
+        hidden = mode.from_tensor(torch.zeros(6, 1, c.dim, dtype=dtype))
+        return static_growth(net, logprobs, (k, k), "chunked", plan, 2, hidden, ints, mode.from_tensor(torch.arange(6)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("widths", [(8,), (8, 8, 8), (16, 16)])
+def test_a_tree_growth_reads_nothing_on_the_host_and_keeps_the_plan_shape(no_native, dtype, widths):
+    from specgen.methods.eagle_grow import GrowPlan
+
+    picked = fake_growth(dtype, GrowPlan(widths, 12))
+    recorded = widths[0] + sum(w * w for w in widths[1:])  # the root's children, then W x W per level
+    assert [tuple(p.shape) for p in picked] == [(3, min(12, recorded))] * 4  # slots, tokens, parents, kept
+
+
+def test_a_growth_that_reads_the_host_fails_the_check(no_native):
+    """The growth's control: the same harness refuses a level whose log-probs read a value."""
+    from specgen.methods.eagle_grow import GrowPlan
+
+    def reads(h):
+        if h.sum().item() > 0:
+            pass
+        return h.float().log_softmax(-1)
+
+    with pytest.raises(Exception, match="[Dd]ata.dependent|item|local_scalar"):
+        fake_growth(torch.float32, GrowPlan((8, 8), 12), reads)
+
+
+@pytest.mark.parametrize("method", ["eagle2", "adt-tree", "lantern", "vvs"])
+def test_image_trees_grown_by_the_static_growth_decode_what_eager_decodes(method):
+    """Target verifies and whole EAGLE tree growths (one static program per row bucket, width bucket and depth) both
+    through static steps, batch 1 and 2: the same tokens as the eager method (lossless ones: as AR)."""
     from specgen.image.methods import ImageParts, build_image_method
     from specgen.methods import run_batch
     from specgen.models.eagle import EagleNet
 
-    model = tiny_image_target(0)
-    torch.manual_seed(1)
-    net = EagleNet.from_target(model).eval()
-    eager = decode_batch(CFGTarget(tiny_image_target(0), 3.0), lambda i: EmptyDrafter(), [[0], [1]], 16,
-                         SamplingParams())
-    graphs.attach(model, "on", capture=False)
-    graphs.attach(net, "on", capture=False)
-    parts = ImageParts(model, CFGTarget(model, 3.0), net, None, 4)
+    def run(attached: bool, batch: int):
+        model = tiny_image_target(0)
+        torch.manual_seed(1)
+        net = EagleNet.from_target(model).eval()
+        if attached:
+            graphs.attach(model, "on", capture=False)
+            graphs.attach(net, "on", capture=False)
+        codebook = torch.randn(model.cfg.vocab_size, 8, generator=torch.Generator().manual_seed(0))  # LANTERN's
+        parts = ImageParts(model, CFGTarget(model, 3.0), net, codebook, 4)
+        got = run_batch(parts.target, lambda i: build_image_method(method, parts, {})[0], [[0], [1], [2]], 16,
+                        SamplingParams(), batch_size=batch, rule=build_image_method(method, parts, {})[1])
+        return [r.tokens for r in got.results], net
+
     for batch in (1, 2):
-        got = run_batch(parts.target, lambda i: build_image_method(method, parts, {})[0], [[0], [1]], 16,
-                        SamplingParams(), batch_size=batch)
-        assert [r.tokens for r in got.results] == [r.tokens for r in eager.results]
-    assert net.graphs.replays > 0 and net.graphs.eager_calls == 0 and model.graphs.eager_calls == 0
+        eager, _ = run(False, batch)
+        got, net = run(True, batch)
+        assert got == eager
+        assert any(isinstance(key, tuple) and key[0] == "grow" for key in net.graphs.graphs)
+        assert net.graphs.eager_calls == 0
 
 
 @pytest.mark.parametrize("args,line", [
@@ -165,3 +212,69 @@ def test_a_copied_model_runs_eagerly():
     model = tiny_model(0)
     graphs.attach(model, "on", capture=False)
     assert copy.deepcopy(model).graphs is None and model.graphs is not None
+
+
+@pytest.mark.parametrize("kind,extra", [("ca", {}), ("ca", {"token_input": True, "history": 2}), ("mlp", {})])
+def test_a_heads_step_reads_nothing_on_the_host(no_native, kind, extra):
+    """XSpecMesh's heads on one row (`heads.head_logits`, what a captured heads step replays) over fake inputs."""
+    from specgen.models.heads import head_logits
+    from tests.mesh.mesh_fixtures import tiny_heads, tiny_mesh_model
+
+    heads, model = tiny_heads(kind, **extra), tiny_mesh_model()
+    stacked = heads.stacked()
+    h = torch.randn(1, 32)
+    kv = stacked.context_kv(heads.context_kv(torch.randn(1, 8, 32)))
+    inputs = {"h": h, "token": torch.tensor([5]) if stacked.token_input else None, "k": kv and kv[0],
+              "v": kv and kv[1], "past": stacked.project_history(torch.randn(2, 32)) if stacked.history else None}
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode, torch.inference_mode():
+        fake = {name: mode.from_tensor(t) for name, t in inputs.items() if t is not None}
+        (logits,) = head_logits(stacked, model.decoder.output, model.decoder.tok_embeddings, torch.float32, 2, **fake)
+    assert logits.shape == (2, 5121)
+
+
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(1.0)])
+def test_lossless_xspecmesh_with_captured_heads_decodes_what_eager_decodes(params):
+    """Lossless XSpecMesh (argmax heads, rejection rule) with the backbone's static steps and the heads' static calls,
+    batch 2: the eager method's tokens (greedy: AR's)."""
+    from specgen.methods.xspecmesh import MeshDecoder, XSpecMeshOptions
+    from tests.mesh.mesh_fixtures import procedural_clouds, tiny_heads, tiny_mesh_model
+
+    clouds = procedural_clouds(range(11, 14))
+    opts = XSpecMeshOptions(criterion="rejection", sampling="tree", top_k_tree=1)
+
+    def run(attached: bool):
+        decoder = MeshDecoder(tiny_mesh_model(), tiny_heads())
+        if attached:
+            graphs.attach(decoder.model.decoder, "on", capture=False)
+            graphs.attach(decoder.heads, "on", capture=False)
+        gens = [torch.Generator().manual_seed(i) for i in range(3)]
+        return [r.tokens for r in decoder.generate_batch(clouds, params, 40, opts, gens, None, 2)], decoder
+
+    eager, _ = run(False)
+    got, decoder = run(True)
+    assert got == eager and decoder.heads.graphs.replays > 0 and decoder.model.decoder.graphs.replays > 0
+
+
+def test_mulo_sd_with_static_steps_decodes_what_eager_decodes():
+    """MuLo-SD's low-resolution drafter follows the target: static steps for both, the eager run's tokens (greedy)."""
+    from specgen.image.neighbours import compute_neighbours
+    from specgen.methods import run_batch
+    from specgen.methods.mulo_sd import MuLoSD
+    from specgen.models.upsampler import UpDownSampler, UpsamplerConfig
+    from tests.image.helpers import tiny_image_gpt
+
+    def run(attached: bool):
+        model, lowres = tiny_image_gpt(1, grid=4), tiny_image_gpt(3, grid=2, classes=3)
+        torch.manual_seed(4)
+        pair = UpDownSampler(UpsamplerConfig(codebook_size=32, embed_dim=8, scale=2, channels=8, blocks=1)).eval()
+        table = compute_neighbours(pair.codebook, 4)
+        if attached:
+            graphs.attach(model, "on", capture=False)
+        got = run_batch(CFGTarget(model, 3.0), lambda i: MuLoSD(lowres, pair, table, 4, tau=0.05, radius=1),
+                        [[0], [2], [1]], 16, SamplingParams(), batch_size=2)
+        return [r.tokens for r in got.results], lowres
+
+    eager, lowres = run(False)
+    assert lowres.graphs is None
+    got, lowres = run(True)
+    assert got == eager and lowres.graphs.replays > 0
