@@ -128,7 +128,7 @@ def fake_growth(dtype: torch.dtype, plan, logprobs=None):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("widths", [(8,), (8, 8, 8), (16, 16)])
-def test_a_tree_growth_reads_nothing_on_the_host_and_keeps_the_plan_shape(no_native, dtype, widths):
+def test_a_tree_growth_reads_nothing_on_the_host_and_keeps_the_plan_shape(dtype, widths):
     from specgen.methods.eagle_grow import GrowPlan
 
     picked = fake_growth(dtype, GrowPlan(widths, 12))
@@ -136,7 +136,7 @@ def test_a_tree_growth_reads_nothing_on_the_host_and_keeps_the_plan_shape(no_nat
     assert [tuple(p.shape) for p in picked] == [(3, min(12, recorded))] * 4  # slots, tokens, parents, kept
 
 
-def test_a_growth_that_reads_the_host_fails_the_check(no_native):
+def test_a_growth_that_reads_the_host_fails_the_check():
     """The growth's control: the same harness refuses a level whose log-probs read a value."""
     from specgen.methods.eagle_grow import GrowPlan
 
@@ -215,7 +215,7 @@ def test_a_copied_model_runs_eagerly():
 
 
 @pytest.mark.parametrize("kind,extra", [("ca", {}), ("ca", {"token_input": True, "history": 2}), ("mlp", {})])
-def test_a_heads_step_reads_nothing_on_the_host(no_native, kind, extra):
+def test_a_heads_step_reads_nothing_on_the_host(kind, extra):
     """XSpecMesh's heads on one row (`heads.head_logits`, what a captured heads step replays) over fake inputs."""
     from specgen.models.heads import head_logits
     from tests.mesh.mesh_fixtures import tiny_heads, tiny_mesh_model
