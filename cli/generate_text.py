@@ -10,8 +10,8 @@ from specgen.errors import UsageError
 from specgen.eval.latency import percentile
 from specgen.methods import MethodSpec, model_for
 from specgen.request import parse_request
-from specgen.text.generate import TextGenConfig, generate_text
-from specgen.text.target import load_text_model
+from specgen.text.generate import TextGenConfig, encode_prompts, generate_text
+from specgen.text.target import open_text_model
 
 STAT_COLUMNS = ["method", "new_tokens", "nfe", "tpf", "tau", "tokens_per_s", "wall_s"]
 BATCH_COLUMNS = ["method", "sequences", "new_tokens", "throughput_tokens_per_s", "latency_median_s", "latency_p90_s"]
@@ -25,11 +25,13 @@ def run(args, spec: MethodSpec) -> None:
     if not texts:
         raise UsageError("no prompt given: use --prompt TEXT or --prompts FILE (or - for stdin)")
     model = model_for(spec, cfg.model, TextGenConfig.model)  # distilled methods: their model
-    tm = load_text_model(model, req.device, _output.registry_progress(args.quiet), dtype=cfg.dtype,
-                         quantize=cfg.quantize, graphs=cfg.graphs)
+    progress = _output.registry_progress(args.quiet)
+    source = open_text_model(model, req.device, progress, dtype=cfg.dtype, quantize=cfg.quantize)
+    ids = encode_prompts(source, req, texts)  # context and KV cache checked before the weights load
+    tm = source.load(progress, graphs=cfg.graphs)
     on_text = (lambda i, text: _output.emit_json({"row": i, "text": text})) if args.stream else None
     with _output.progress(spec.name, len(texts), args.quiet or args.fmt == Format.json or args.stream) as advance:
-        results = generate_text(tm, req, texts, on_done=lambda i: advance(), on_text=on_text)
+        results = generate_text(tm, req, texts, ids, on_done=lambda i: advance(), on_text=on_text)
     for r in [] if args.stream else results:  # streamed: the pieces were the output
         if args.fmt == Format.json:
             _output.emit_json({"prompt": r.prompt, "completion": r.completion, "method": spec.name,

@@ -236,6 +236,33 @@ def test_budgets_beyond_the_context_are_refused(tiny, args, needle):
     check_refusal(tiny, args, 2, needle)
 
 
+@pytest.fixture
+def no_weights(monkeypatch):
+    """Fails a test that loads any weights: its refusal must come from the config and the tokenizer alone."""
+    def load_module(entry, *args, **kwargs):
+        raise AssertionError(f"weights of {entry.ref} loaded before the refusal")
+
+    monkeypatch.setattr(checkpoints, "load_module", load_module)
+
+
+@pytest.mark.parametrize("args,needle", [
+    ([*GEN[:3], "--no-chat", "--prompt", "A" * 1100, "--max-new-tokens", "8"], "prompt of 1100 tokens"),
+    ([*GEN[:3], "--no-chat", "--prompt", "A" * 1000, "--max-new-tokens", "100"], "shorten the prompt to at most 923"),
+    ([*GEN[:3], "--no-chat", "--prompt", "hi", "--prompt", "A" * 1020, "--batch-size", "2"], "context of 1024 tokens"),
+])
+def test_prompts_past_the_context_are_refused_before_the_weights_load(tiny, no_weights, args, needle):
+    check_refusal(tiny, args, 2, needle)
+
+
+def test_a_kv_cache_past_free_memory_is_refused_before_the_weights_load(tiny, no_weights, monkeypatch):
+    from specgen.decoding import memory
+
+    monkeypatch.setattr(memory, "free_bytes", lambda device: 1 << 20)  # 1 MiB: tiny-text's cache of 8 rows won't fit
+    prompts = [a for i in range(8) for a in ("--prompt", f"prompt {i}")]
+    check_refusal(tiny, [*GEN[:3], *prompts, "--batch-size", "8", "--max-new-tokens", "900"], 2,
+                  "a KV cache of 8 rows")
+
+
 def test_a_sequence_past_the_context_is_a_usage_error(tiny):
     r = invoke("benchmark", "--model", "tiny-text", "--limit", "200", "--max-new-tokens", "2", "--methods", "ar",
                "warmup=false", "execute=false", "nll=false")  # some HumanEval prompts are longer than 1024 characters
