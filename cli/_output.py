@@ -57,6 +57,12 @@ def progress(description: str, total: int | None, quiet: bool = False):
         yield advance
 
 
+def item_done(what: str, done: int, total: int, detail, quiet: bool = False) -> None:
+    """One stderr line as an item of a run (an image, a mesh) is done: `image 3/8: path`."""
+    if not quiet:
+        err.print(f"{what} {done}/{total}: {detail}", markup=False, highlight=False, soft_wrap=True)
+
+
 def registry_progress(quiet: bool = False):
     """A callback for registry materialisation (label, done, total) drawing a progress bar."""
     state: dict = {}

@@ -40,8 +40,13 @@ def run(args, spec: MethodSpec) -> None:
         raise UsageError(str(e)) from None
     if args.out_dir is not None:
         check_output_dir(args.out_dir, "--out-dir")  # created with the first mesh file
-    with _output.progress(f"{spec.name} meshes", len(conds), args.quiet or args.fmt == Format.json) as advance:
-        samples = generate_meshes(loaded, conds, req, on_done=lambda i: advance())
+    finished = []
+
+    def done(i: int) -> None:  # files follow at the end: the mesh decoder gives no row's tokens before the batch ends
+        finished.append(i)
+        _output.item_done("mesh", len(finished), len(conds), f"{conds[i].name} decoded", args.quiet)
+
+    samples = generate_meshes(loaded, conds, req, on_done=done)
     rows = [row(s, cfg, loaded, args.out_dir, opts) for s in samples]
     for r in rows:
         if args.fmt == Format.json:
