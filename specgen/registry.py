@@ -352,15 +352,47 @@ def find_installed(name: str) -> Entry:
     return entries[0]
 
 
+#: Bytes of a weights file read through one mapping before it is closed (`iter_state`).
+MAPPED_BYTES = 64 << 20
+
+
 def read_state(entry: Entry) -> dict[str, torch.Tensor]:
     """The entry's weights; corrupt or truncated files are a one-line CheckpointError."""
-    from safetensors.torch import load_file
+    return dict(iter_state(entry))
+
+
+def stored_keys(entry: Entry) -> set[str]:
+    """The names of the tensors in the entry's weights file, read from its header only (empty when unreadable)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(entry.path / WEIGHTS), "pt") as f:
+            return set(f.keys())
+    except Exception:  # noqa: BLE001 - unreadable: `iter_state` says why in its one line
+        return set()
+
+
+def iter_state(entry: Entry) -> Iterator[tuple[str, torch.Tensor]]:
+    """The entry's weights one tensor at a time, each read from the memory-mapped file when asked for (a caller that
+    copies each into its module holds one tensor beside it, not the whole state); corrupt or truncated files are a
+    one-line CheckpointError."""
+    from safetensors import safe_open
 
     path = entry.path / WEIGHTS
     if not path.is_file():
         raise CheckpointError(f"{entry.ref} has no {WEIGHTS}")
     try:
-        return load_file(str(path))
+        with safe_open(str(path), "pt") as f:
+            keys = list(f.keys())
+        while keys:  # reopened every MAPPED_BYTES: closing unmaps the file pages read so far (else counted as held)
+            with safe_open(str(path), "pt") as f:
+                read = 0
+                while keys and read < MAPPED_BYTES:
+                    tensor = f.get_tensor(keys[0])
+                    read += tensor.numel() * tensor.element_size()
+                    yield keys.pop(0), tensor
+    except CheckpointError:
+        raise
     except Exception as e:  # safetensors raises SafetensorError / OSError on corruption
         raise CheckpointError(f"corrupt or truncated weights in {path}: {e}") from None
 
