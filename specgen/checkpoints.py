@@ -107,15 +107,15 @@ def load_module(entry: Entry, device: str = "cpu", dtype: torch.dtype = torch.fl
     try:
         load_state(module, entry)
     except RuntimeError as e:
-        first = next((line.strip() for line in str(e).splitlines()[1:] if line.strip()), str(e)) or "state mismatch"
+        first = next((line.strip() for line in str(e).splitlines()[1:] if line.strip()), one_line(e))  # what differs
         raise CheckpointError(f"{entry.ref}: weights do not fit its config ({first})") from None
     return module.to(device=device, dtype=dtype).eval()
 
 
 def load_state(module: torch.nn.Module, entry: Entry) -> None:
-    """Copy the entry's weights into `module` strictly, one tensor at a time from the memory-mapped file, so the
-    process never holds the whole state beside the module (the weights once, plus the largest tensor). Keys the
-    entry stores once for several (`tied`; an LM head tied to the embedding) are copied to each."""
+    """Copy the entry's weights into `module` strictly, a part at a time from the memory-mapped file, so the process
+    never holds the whole state beside the module (`registry.state_parts`). Keys the entry stores once for several
+    (`tied`; an LM head tied to the embedding) are copied to each."""
     stored = registry.stored_keys(entry)
     copies: dict[str, list[str]] = {}
     for dropped, kept in entry.meta.get("tied", {}).items():
@@ -124,13 +124,13 @@ def load_state(module: torch.nn.Module, entry: Entry) -> None:
             and "tok_embeddings.weight" in stored):  # quantized targets tie their int8 buffers via "tied"
         copies.setdefault("tok_embeddings.weight", []).append("output.weight")
     missing, unexpected = set(module.state_dict()), []
-    for key, tensor in registry.iter_state(entry):
-        for name in (key, *copies.get(key, ())):
-            unexpected += module.load_state_dict({name: tensor}, strict=False).unexpected_keys
-            missing.discard(name)
+    for part in registry.state_parts(entry):
+        part.update({name: part[key] for key in list(part) for name in copies.get(key, ())})
+        unexpected += module.load_state_dict(part, strict=False).unexpected_keys
+        missing -= set(part)
     if missing or unexpected:
-        raise RuntimeError(f"Error(s) in loading state_dict:\n missing keys {sorted(missing)[:3]}, unexpected keys "
-                           f"{sorted(unexpected)[:3]}")
+        raise CheckpointError(f"{entry.ref}: weights do not fit its config (missing {sorted(missing)[:3]}, "
+                              f"unexpected {sorted(unexpected)[:3]})")
 
 
 def check_declared_size(entry: Entry, builder: str, kwargs: dict) -> None:

@@ -358,7 +358,7 @@ MAPPED_BYTES = 64 << 20
 
 def read_state(entry: Entry) -> dict[str, torch.Tensor]:
     """The entry's weights; corrupt or truncated files are a one-line CheckpointError."""
-    return dict(iter_state(entry))
+    return {k: v for part in state_parts(entry) for k, v in part.items()}
 
 
 def stored_keys(entry: Entry) -> set[str]:
@@ -368,14 +368,14 @@ def stored_keys(entry: Entry) -> set[str]:
     try:
         with safe_open(str(entry.path / WEIGHTS), "pt") as f:
             return set(f.keys())
-    except Exception:  # noqa: BLE001 - unreadable: `iter_state` says why in its one line
+    except Exception:  # noqa: BLE001 - unreadable: `state_parts` says why in its one line
         return set()
 
 
-def iter_state(entry: Entry) -> Iterator[tuple[str, torch.Tensor]]:
-    """The entry's weights one tensor at a time, each read from the memory-mapped file when asked for (a caller that
-    copies each into its module holds one tensor beside it, not the whole state); corrupt or truncated files are a
-    one-line CheckpointError."""
+def state_parts(entry: Entry) -> Iterator[dict[str, torch.Tensor]]:
+    """The entry's weights in parts of about MAPPED_BYTES, read from the memory-mapped file, which is closed after
+    each part (closing unmaps the pages read: else they count as held too): a caller that copies each part into its
+    module holds one part beside it, not the whole state. Corrupt or truncated files are a one-line CheckpointError."""
     from safetensors import safe_open
 
     path = entry.path / WEIGHTS
@@ -383,16 +383,16 @@ def iter_state(entry: Entry) -> Iterator[tuple[str, torch.Tensor]]:
         raise CheckpointError(f"{entry.ref} has no {WEIGHTS}")
     try:
         with safe_open(str(path), "pt") as f:
-            keys = list(f.keys())
-        while keys:  # reopened every MAPPED_BYTES: closing unmaps the file pages read so far (else counted as held)
+            keys = sorted(f.keys())
+        while keys:
+            part: dict[str, torch.Tensor] = {}
+            read = 0
             with safe_open(str(path), "pt") as f:
-                read = 0
                 while keys and read < MAPPED_BYTES:
-                    tensor = f.get_tensor(keys[0])
-                    read += tensor.numel() * tensor.element_size()
-                    yield keys.pop(0), tensor
-    except CheckpointError:
-        raise
+                    key = keys.pop(0)
+                    part[key] = f.get_tensor(key)
+                    read += part[key].numel() * part[key].element_size()
+            yield part
     except Exception as e:  # safetensors raises SafetensorError / OSError on corruption
         raise CheckpointError(f"corrupt or truncated weights in {path}: {e}") from None
 
