@@ -13,7 +13,8 @@ from specgen.config import load_config
 from specgen.errors import UsageError
 from specgen.mesh.errors import MeshInputError
 from specgen.mesh.export import EXPORT_FORMATS, export_mesh, render_png
-from specgen.mesh.generate import MeshGenConfig, generate_meshes, load_conditions, load_mesh_model, mesh_options
+from specgen.mesh.generate import (MeshGenConfig, check_budget, generate_meshes, load_conditions, load_mesh_model,
+                                  mesh_options)
 from specgen.mesh.procedural import ProceduralSpec
 from specgen.methods import MethodSpec
 from specgen.paths import check_output_dir, free_stem
@@ -31,8 +32,9 @@ def run(args, spec: MethodSpec) -> None:
     if cfg.num < 1:
         raise UsageError("--num must be >= 1")
     opts = mesh_options(req)
-    loaded = load_mesh_model(cfg.model, opts.heads if spec.name == "xspecmesh" else None, req.device, cfg.dtype,
-                             cfg.quantize, cfg.graphs)
+    heads = opts.heads if spec.name == "xspecmesh" else None
+    check_budget(cfg.model, heads, cfg, opts)  # from the configs: before the weights load
+    loaded = load_mesh_model(cfg.model, heads, req.device, cfg.dtype, cfg.quantize, cfg.graphs)
     try:
         conds = load_conditions(args.point_clouds, cfg.num, int(loaded.target.meta.get("num_points", 2048)), cfg.seed,
                                 ProceduralSpec.from_meta(loaded.target.meta))

@@ -254,6 +254,11 @@ def test_prompts_past_the_context_are_refused_before_the_weights_load(tiny, no_w
     check_refusal(tiny, args, 2, needle)
 
 
+def test_a_mesh_budget_past_the_context_is_refused_before_the_weights_load(tiny, no_weights):
+    check_refusal(tiny, [*MESH, "method_options.heads=xspecmesh-ca-tiny", "max_new_tokens=5000"], 2,
+                  "exceeds the model's context (1018 tokens)")  # 1024 less 4 heads and 2 slots
+
+
 def test_a_kv_cache_past_free_memory_is_refused_before_the_weights_load(tiny, no_weights, monkeypatch):
     from specgen.decoding import memory
 
