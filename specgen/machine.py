@@ -1,4 +1,4 @@
-"""The facts of this machine that decide how specgen runs: devices, ISA, threads, kernels, caches and the native build."""
+"""The facts of this machine that decide how specgen runs: devices, ISA, threads, kernels, caches, native build."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def stored_plans() -> list[str]:
 
 
 def float_path() -> dict:
-    """float32 products on the CPU: the weight layout and, packed, the plan per row count (`models/kernel_choice.py`)."""
+    """float32 products on the CPU: the weight layout and, packed, the plan per row count (models/kernel_choice.py)."""
     name = layout.layout_name()
     if name != "packed":
         why = f"{layout.ENV}={name}" if os.environ.get(layout.ENV) else "this torch build has no oneDNN"
