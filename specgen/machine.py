@@ -56,18 +56,20 @@ def stored_plans() -> list[str]:
     return sorted({kernel_choice.Plan(*p).describe() for p in plans if p is not None})
 
 
-def float_path() -> dict:
-    """float32 products on the CPU: the weight layout and, packed, the plan per row count (models/kernel_choice.py)."""
+def float_path(plans: str = "") -> dict:
+    """float32 products on the CPU: the weight layout and, packed, which kernel each row count takes
+    (models/kernel_choice.py); `plans`: the plans that apply, when known."""
     name = layout.layout_name()
     if name != "packed":
         why = f"{layout.ENV}={name}" if os.environ.get(layout.ENV) else "this torch build has no oneDNN"
         return {"path": f"MKL, {name} layout", "why": why}
-    plans = kernel_choice.describe() or " / ".join(stored_plans())
-    kernels = "MKL, oneDNN" + (", native tiled" if tiled_linear.available() else "")
-    return {"path": f"packed layout, {plans}" if plans else f"packed layout, one of {kernels} per row count",
-            "why": "each row count takes the fastest kernel measured for the model's weight shapes at its first load "
-                   f"on this machine ({'stored' if plans else 'none stored yet'}); "
-                   f"{'native tiled built' if tiled_linear.available() else 'no native tiled (not built)'}"}
+    tiled = tiled_linear.available()
+    kernels = "MKL, oneDNN" + (", native tiled" if tiled else "")
+    why = ("the fastest kernel for each row count, measured once per machine, thread count and weight shapes at a "
+           "model's first load (kept in the kernel plan cache)")
+    if not tiled:
+        why += "; native tiled not built: a plan's native rows run MKL, or oneDNN from its oneDNN rows"
+    return {"path": f"packed layout, {plans}" if plans else f"packed layout, {kernels} by row count", "why": why}
 
 
 def quantized_path(mode: str) -> dict:
@@ -88,11 +90,11 @@ def kernel_paths(device: str | None = None) -> dict[str, dict]:
                "why": "a GPU: the CPU layouts and native kernels do not apply"}
         return {"text float32": gpu, "text int8": {"path": "refused", "why": "--quantize uses CPU kernels"},
                 "text int4": {"path": "refused", "why": "--quantize uses CPU kernels"}, "image": gpu, "mesh": gpu}
-    image = {**float_path(), "why": "float32 by default; the same PackedLinear layout as text float32"}
     steps = native.describe()
     why = "" if native.sixteen_lanes() else "; no 16-lane vectors (AVX-512F or AVX2 + FMA): no attention.c"
-    return {"text float32": float_path(), "text int8": quantized_path("int8"), "text int4": quantized_path("int4"),
-            "image": image, "mesh": image, "step_kernels": {"path": steps, "why": native_why() + why}}
+    text = float_path(kernel_choice.describe() or " / ".join(stored_plans()))  # one per model measured here
+    return {"text float32": text, "text int8": quantized_path("int8"), "text int4": quantized_path("int4"),
+            "image": float_path(), "mesh": float_path(), "step_kernels": {"path": steps, "why": native_why() + why}}
 
 
 def native_why() -> str:
