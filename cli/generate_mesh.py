@@ -31,6 +31,8 @@ def run(args, spec: MethodSpec) -> None:
         raise UsageError(f"unknown mesh_format {cfg.mesh_format!r}; choose from {', '.join(EXPORT_FORMATS)}")
     if cfg.num < 1:
         raise UsageError("--num must be >= 1")
+    if args.out_dir is not None:
+        check_output_dir(args.out_dir, "--out-dir")  # before the load; created with the first mesh file
     opts = mesh_options(req)
     heads = opts.heads if spec.name == "xspecmesh" else None
     check_budget(cfg.model, heads, cfg, opts)  # from the configs: before the weights load
@@ -40,8 +42,6 @@ def run(args, spec: MethodSpec) -> None:
                                 ProceduralSpec.from_meta(loaded.target.meta))
     except MeshInputError as e:
         raise UsageError(str(e)) from None
-    if args.out_dir is not None:
-        check_output_dir(args.out_dir, "--out-dir")  # created with the first mesh file
     finished = []
 
     def done(i: int) -> None:  # files follow at the end: the mesh decoder gives no row's tokens before the batch ends

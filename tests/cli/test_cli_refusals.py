@@ -25,14 +25,12 @@ def invoke(*args, input=None):
 
 
 def files_under(root):
-    """Every path under root, except the caches: built-in registry entries (materialised on first use) and the
-    kernel plans measured at a model's load (`models/plan_cache.py`)."""
+    """Every path under root, except the cache of built-in registry entries (materialised on first use)."""
     from specgen.builtins import BUILTINS
 
     def builtin(p):
         parts = p.relative_to(root).parts
-        return parts[1:2] == ("plans",) or parts[1:2] == ("checkpoints",) and (
-            len(parts) == 3 or len(parts) >= 4 and parts[3] in BUILTINS)
+        return parts[1:2] == ("checkpoints",) and (len(parts) == 3 or len(parts) >= 4 and parts[3] in BUILTINS)
 
     return sorted(str(p.relative_to(root)) for p in root.rglob("*") if not builtin(p)) if root.exists() else []
 
