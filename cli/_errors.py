@@ -14,6 +14,8 @@ from typer.core import TyperGroup
 from specgen.errors import SpecgenError
 
 
+#: Exit status when the reader of stdout leaves: 128 + SIGPIPE, what a shell reports for a filter killed by it.
+BROKEN_PIPE = 141
 #: Library exceptions documented as bad user input (one-line messages), by qualified name: exit 2 like UsageError.
 USAGE_EXCEPTIONS = ("specgen.mesh.errors.MeshInputError",)
 
@@ -53,9 +55,9 @@ def command(fn):
                 raise fail(str(e), e.exit_code) from None
             except KeyboardInterrupt:
                 raise fail("interrupted", 130) from None
-            except BrokenPipeError:  # the reader of stdout left (`| head`): no message, as Unix filters do
-                silence_stdout()
-                raise typer.Exit(1) from None
+            except BrokenPipeError:  # the reader of stdout left (`| head`): no message, and the status of a
+                silence_stdout()  # Unix filter that SIGPIPE ended, so `set -o pipefail` scripts read it as they do
+                raise typer.Exit(BROKEN_PIPE) from None
             except MemoryError:
                 raise fail("out of memory: use a smaller model, batch or token budget", 1) from None
             except OSError as e:  # a file system refusal nobody checked for: the path, why, what to do

@@ -21,11 +21,14 @@ def emit_json(obj: Any) -> None:
     sys.stdout.flush()
 
 
+LEFT = ("method", "prompt", "name", "kind", "ref", "check", "detail", "item", "value")  # columns of words, not numbers
+
+
 def table(title: str, rows: Iterable[dict], columns: list[str], console: Console = err) -> None:
     """Render dict rows as a Rich table (missing values show as '-')."""
     t = Table(title=title)
     for c in columns:
-        t.add_column(c, justify="left" if c in ("method", "prompt", "name", "kind", "ref", "check", "detail") else "right")
+        t.add_column(c, justify="left" if c in LEFT else "right")
     for r in rows:
         t.add_row(*[fmt(r.get(c)) for c in columns])
     console.print(t)
@@ -54,6 +57,12 @@ def progress(description: str, total: int | None, quiet: bool = False):
         yield advance
 
 
+def item_done(what: str, done: int, total: int, detail, quiet: bool = False) -> None:
+    """One stderr line as an item of a run (an image, a mesh) is done: `image 3/8: path`."""
+    if not quiet:
+        err.print(f"{what} {done}/{total}: {detail}", markup=False, highlight=False, soft_wrap=True)
+
+
 def registry_progress(quiet: bool = False):
     """A callback for registry materialisation (label, done, total) drawing a progress bar."""
     state: dict = {}
@@ -74,25 +83,11 @@ def registry_progress(quiet: bool = False):
 
 
 def machine_label(device: str | None = None) -> str:
-    """Where and how a benchmark ran: architecture, CPU count, torch threads, decode weight layout and the packed
-    layout's measured kernel crossover (printed with every table and stored in every JSON row: they change
-    what a multi-token verify costs); on a GPU, the GPU and the torch / CUDA versions instead of the layout."""
-    import os
-    import platform
+    """Where and how a benchmark ran, printed with every table and stored in every JSON row (they change what a
+    multi-token verify costs): `specgen.machine.label` of the facts `specgen env` shows."""
+    from specgen.machine import label, machine_facts
 
-    import torch
-
-    from specgen import native
-    from specgen.devices import is_cpu
-    from specgen.models.kernel_choice import describe
-    from specgen.models.layout import layout_name
-
-    host = f"{platform.machine()}, {os.cpu_count()} cpus, torch threads {torch.get_num_threads()}"
-    if not is_cpu(device):
-        return f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}, CUDA {torch.version.cuda}; host {host}"
-    layout = layout_name()
-    crossover = describe() if layout == "packed" else ""
-    return f"{host}, {layout} layout" + (f", {crossover}" if crossover else "") + f", step kernels {native.describe()}"
+    return label(machine_facts(device), device)
 
 
 def check_rows_path(out, append: bool = False) -> None:

@@ -119,7 +119,8 @@ def generate(
     stream: Annotated[bool, typer.Option(
         "--stream", help='[text] Completions on stdout as JSON lines {"row": i, "text": piece} as tokens are '
                          "accepted (a speculative step's run at once); the pieces of a row, joined, are its "
-                         "completion.")] = False,
+                         "completion. Without it a terminal gets the text itself as it is accepted, in prompt "
+                         "order; a pipe gets each completion whole.")] = False,
     config: ConfigOpt = None,
     fmt: FormatOpt = Format.table,
     quiet: QuietOpt = False,

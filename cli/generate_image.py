@@ -9,7 +9,8 @@ from cli._options import Format
 from specgen.config import load_config
 from specgen.decoding.stats import DecodeStats
 from specgen.errors import UsageError
-from specgen.image.generate import ImageGenConfig, generate_images, image_conditions, load_image_model, write_pngs
+from specgen.image.generate import (ImageGenConfig, PngWriter, generate_images, image_conditions, label_of,
+                                   load_image_model)
 from specgen.methods import MethodSpec
 from specgen.paths import check_output_dir
 from specgen.request import parse_request
@@ -34,10 +35,15 @@ def run(args, spec: MethodSpec) -> None:
     im = load_image_model(cfg.model, cfg.drafter, req.device, need_drafter=spec.name != "ar", dtype=cfg.dtype,
                           quantize=cfg.quantize, graphs=cfg.graphs)
     conditions = image_conditions(im, cfg)  # checks classes/captions against the model before decoding
-    with _output.progress(f"{spec.name}: images", len(conditions), args.quiet or args.fmt == Format.json) as advance:
-        samples, pixels = generate_images(im, req, on_done=lambda i: advance(), conditions=conditions)
+    writer, files = PngWriter(Path(cfg.out_dir), spec.name, im.classes), {}
+
+    def write(j: int, pixels) -> None:  # each file as its image is done: an interrupted run keeps the finished ones
+        files[j] = writer.add(j, label_of(conditions[j]), pixels)
+        _output.item_done("image", len(files), len(conditions), files[j], args.quiet)
+
+    samples, _ = generate_images(im, req, conditions=conditions, on_image=write)
     labels = [s.label for s in samples]
-    paths = write_pngs(pixels, labels, im.classes, Path(cfg.out_dir), spec.name)
+    paths = [files[j] for j in range(len(samples))] + [writer.grid()]
     total = DecodeStats()
     for s in samples:
         total.merge(s.stats)

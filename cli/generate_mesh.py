@@ -13,7 +13,8 @@ from specgen.config import load_config
 from specgen.errors import UsageError
 from specgen.mesh.errors import MeshInputError
 from specgen.mesh.export import EXPORT_FORMATS, export_mesh, render_png
-from specgen.mesh.generate import MeshGenConfig, generate_meshes, load_conditions, load_mesh_model, mesh_options
+from specgen.mesh.generate import (MeshGenConfig, check_budget, generate_meshes, load_conditions, load_mesh_model,
+                                  mesh_options)
 from specgen.mesh.procedural import ProceduralSpec
 from specgen.methods import MethodSpec
 from specgen.paths import check_output_dir, free_stem
@@ -30,18 +31,24 @@ def run(args, spec: MethodSpec) -> None:
         raise UsageError(f"unknown mesh_format {cfg.mesh_format!r}; choose from {', '.join(EXPORT_FORMATS)}")
     if cfg.num < 1:
         raise UsageError("--num must be >= 1")
+    if args.out_dir is not None:
+        check_output_dir(args.out_dir, "--out-dir")  # before the load; created with the first mesh file
     opts = mesh_options(req)
-    loaded = load_mesh_model(cfg.model, opts.heads if spec.name == "xspecmesh" else None, req.device, cfg.dtype,
-                             cfg.quantize, cfg.graphs)
+    heads = opts.heads if spec.name == "xspecmesh" else None
+    check_budget(cfg.model, heads, cfg, opts)  # from the configs: before the weights load
+    loaded = load_mesh_model(cfg.model, heads, req.device, cfg.dtype, cfg.quantize, cfg.graphs)
     try:
         conds = load_conditions(args.point_clouds, cfg.num, int(loaded.target.meta.get("num_points", 2048)), cfg.seed,
                                 ProceduralSpec.from_meta(loaded.target.meta))
     except MeshInputError as e:
         raise UsageError(str(e)) from None
-    if args.out_dir is not None:
-        check_output_dir(args.out_dir, "--out-dir")  # created with the first mesh file
-    with _output.progress(f"{spec.name} meshes", len(conds), args.quiet or args.fmt == Format.json) as advance:
-        samples = generate_meshes(loaded, conds, req, on_done=lambda i: advance())
+    finished = []
+
+    def done(i: int) -> None:  # files follow at the end: the mesh decoder gives no row's tokens before the batch ends
+        finished.append(i)
+        _output.item_done("mesh", len(finished), len(conds), f"{conds[i].name} decoded", args.quiet)
+
+    samples = generate_meshes(loaded, conds, req, on_done=done)
     rows = [row(s, cfg, loaded, args.out_dir, opts) for s in samples]
     for r in rows:
         if args.fmt == Format.json:

@@ -1,8 +1,9 @@
-"""Text runner of `specgen generate`: completions on stdout (text or JSON lines), stats table on stderr."""
+"""Text runner of `specgen generate`: completions on stdout (text or JSON lines; streamed with --stream or to a
+terminal), stats table on stderr."""
 
 from __future__ import annotations
 
-from cli import _output
+from cli import _output, _stream
 from cli._options import Format
 from specgen.config import load_config
 from specgen.data.prompts import read_prompts
@@ -10,8 +11,8 @@ from specgen.errors import UsageError
 from specgen.eval.latency import percentile
 from specgen.methods import MethodSpec, model_for
 from specgen.request import parse_request
-from specgen.text.generate import TextGenConfig, generate_text
-from specgen.text.target import load_text_model
+from specgen.text.generate import TextGenConfig, encode_prompts, generate_text
+from specgen.text.target import open_text_model
 
 STAT_COLUMNS = ["method", "new_tokens", "nfe", "tpf", "tau", "tokens_per_s", "wall_s"]
 BATCH_COLUMNS = ["method", "sequences", "new_tokens", "throughput_tokens_per_s", "latency_median_s", "latency_p90_s"]
@@ -25,12 +26,21 @@ def run(args, spec: MethodSpec) -> None:
     if not texts:
         raise UsageError("no prompt given: use --prompt TEXT or --prompts FILE (or - for stdin)")
     model = model_for(spec, cfg.model, TextGenConfig.model)  # distilled methods: their model
-    tm = load_text_model(model, req.device, _output.registry_progress(args.quiet), dtype=cfg.dtype,
-                         quantize=cfg.quantize, graphs=cfg.graphs)
-    on_text = (lambda i, text: _output.emit_json({"row": i, "text": text})) if args.stream else None
-    with _output.progress(spec.name, len(texts), args.quiet or args.fmt == Format.json or args.stream) as advance:
-        results = generate_text(tm, req, texts, on_done=lambda i: advance(), on_text=on_text)
-    for r in [] if args.stream else results:  # streamed: the pieces were the output
+    progress = _output.registry_progress(args.quiet)
+    source = open_text_model(model, req.device, progress, dtype=cfg.dtype, quantize=cfg.quantize)
+    ids = encode_prompts(source, req, texts)  # context and KV cache checked before the weights load
+    tm = source.load(progress, graphs=cfg.graphs)
+    sink = _stream.sink_for(args.stream, args.fmt == Format.table, len(texts))
+
+    def done(i: int) -> None:
+        advance()
+        if sink is not None:
+            sink.done(i)
+
+    # a bar on the terminal the text streams to would cut through it
+    with _output.progress(spec.name, len(texts), args.quiet or args.fmt == Format.json or sink is not None) as advance:
+        results = generate_text(tm, req, texts, ids, on_done=done, on_text=sink)
+    for r in [] if sink is not None else results:  # streamed: the pieces were the output
         if args.fmt == Format.json:
             _output.emit_json({"prompt": r.prompt, "completion": r.completion, "method": spec.name,
                                "model": tm.entry.ref, "token_ids": r.token_ids, "stats": r.stats})

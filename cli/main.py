@@ -6,7 +6,7 @@ import signal
 
 import typer
 
-from cli import (benchmark, collect_trajectories, distill, export_mesh, generate, registry_cmd, train_heads,
+from cli import (benchmark, collect_trajectories, distill, env, export_mesh, generate, registry_cmd, train_heads,
                  train_upsampler)
 from cli._errors import OneLineGroup
 
@@ -25,6 +25,7 @@ app.command("collect-trajectories", epilog=collect_trajectories.EPILOG)(collect_
 app.command("distill", epilog=distill.EPILOG)(distill.distill)
 app.command("export-mesh", epilog=export_mesh.EPILOG)(export_mesh.export_mesh)
 app.command("train-upsampler", epilog=train_upsampler.EPILOG)(train_upsampler.train_upsampler)
+app.command("env", epilog=env.EPILOG)(env.env)
 app.add_typer(registry_cmd.app, name="registry")
 
 

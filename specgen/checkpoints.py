@@ -104,18 +104,33 @@ def load_module(entry: Entry, device: str = "cpu", dtype: torch.dtype = torch.fl
     except (TypeError, ValueError, RuntimeError) as e:
         raise CheckpointError(f"corrupt entry {entry.ref}: its {CONFIG} does not build a {builder} ({one_line(e)}); "
                               f"remove it with `specgen registry remove {entry.ref}` and import it again") from None
-    state = registry.read_state(entry)
-    for dropped, kept in entry.meta.get("tied", {}).items():
-        state[dropped] = state[kept]
-    if (getattr(getattr(module, "cfg", None), "tie_embeddings", False) and "output.weight" not in state
-            and "tok_embeddings.weight" in state):  # quantized targets tie their int8 buffers via "tied"
-        state["output.weight"] = state["tok_embeddings.weight"]
     try:
-        module.load_state_dict(state, strict=True)
+        load_state(module, entry)
     except RuntimeError as e:
-        first = str(e).splitlines()[0] if str(e) else "state dict mismatch"
+        first = next((line.strip() for line in str(e).splitlines()[1:] if line.strip()), one_line(e))  # what differs
         raise CheckpointError(f"{entry.ref}: weights do not fit its config ({first})") from None
     return module.to(device=device, dtype=dtype).eval()
+
+
+def load_state(module: torch.nn.Module, entry: Entry) -> None:
+    """Copy the entry's weights into `module` strictly, a part at a time from the memory-mapped file, so the process
+    never holds the whole state beside the module (`registry.state_parts`). Keys the entry stores once for several
+    (`tied`; an LM head tied to the embedding) are copied to each."""
+    stored = registry.stored_keys(entry)
+    copies: dict[str, list[str]] = {}
+    for dropped, kept in entry.meta.get("tied", {}).items():
+        copies.setdefault(kept, []).append(dropped)
+    if (getattr(getattr(module, "cfg", None), "tie_embeddings", False) and "output.weight" not in stored
+            and "tok_embeddings.weight" in stored):  # quantized targets tie their int8 buffers via "tied"
+        copies.setdefault("tok_embeddings.weight", []).append("output.weight")
+    missing, unexpected = set(module.state_dict()), []
+    for part in registry.state_parts(entry):
+        part.update({name: part[key] for key in list(part) for name in copies.get(key, ())})
+        unexpected += module.load_state_dict(part, strict=False).unexpected_keys
+        missing -= set(part)
+    if missing or unexpected:
+        raise CheckpointError(f"{entry.ref}: weights do not fit its config (missing {sorted(missing)[:3]}, "
+                              f"unexpected {sorted(unexpected)[:3]})")
 
 
 def check_declared_size(entry: Entry, builder: str, kwargs: dict) -> None:

@@ -39,6 +39,22 @@ def check_prompt_fits(prompt_tokens: int, max_new_tokens: int, entry) -> None:
                          "or lower --max-new-tokens")
 
 
+def check_kv_cache(config: dict, rows: int, slots: int, dtype, device: str) -> None:
+    """Refuse, from a decoder's stored config (`TransformerConfig` fields) and before its weights load, a KV cache
+    of `rows` x `slots` that free memory cannot hold: the check its allocation makes (`decoding/memory.py`), made
+    early. A config without the sizes is left to the load, which names what is wrong with it."""
+    from specgen.decoding.memory import check_cache_fits  # start-up cost: torch
+
+    sizes = [config.get(k) for k in ("n_layers", "n_heads", "n_kv_heads", "dim")]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in sizes):
+        return
+    layers, heads, kv_heads, dim = sizes
+    head_dim = config.get("head_dim") or dim // heads  # TransformerConfig.hd
+    if not isinstance(head_dim, int):
+        return
+    check_cache_fits((layers, rows, kv_heads, slots, head_dim), dtype, device)
+
+
 def available_memory() -> int | None:
     """Bytes of physical memory on this machine (None when unknown)."""
     try:

@@ -352,15 +352,47 @@ def find_installed(name: str) -> Entry:
     return entries[0]
 
 
+#: Bytes of a weights file read through one mapping before it is closed (`iter_state`).
+MAPPED_BYTES = 64 << 20
+
+
 def read_state(entry: Entry) -> dict[str, torch.Tensor]:
     """The entry's weights; corrupt or truncated files are a one-line CheckpointError."""
-    from safetensors.torch import load_file
+    return {k: v for part in state_parts(entry) for k, v in part.items()}
+
+
+def stored_keys(entry: Entry) -> set[str]:
+    """The names of the tensors in the entry's weights file, read from its header only (empty when unreadable)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(entry.path / WEIGHTS), "pt") as f:
+            return set(f.keys())
+    except Exception:  # noqa: BLE001 - unreadable: `state_parts` says why in its one line
+        return set()
+
+
+def state_parts(entry: Entry) -> Iterator[dict[str, torch.Tensor]]:
+    """The entry's weights in parts of about MAPPED_BYTES, read from the memory-mapped file, which is closed after
+    each part (closing unmaps the pages read: else they count as held too): a caller that copies each part into its
+    module holds one part beside it, not the whole state. Corrupt or truncated files are a one-line CheckpointError."""
+    from safetensors import safe_open
 
     path = entry.path / WEIGHTS
     if not path.is_file():
         raise CheckpointError(f"{entry.ref} has no {WEIGHTS}")
     try:
-        return load_file(str(path))
+        with safe_open(str(path), "pt") as f:
+            keys = sorted(f.keys())
+        while keys:
+            part: dict[str, torch.Tensor] = {}
+            read = 0
+            with safe_open(str(path), "pt") as f:
+                while keys and read < MAPPED_BYTES:
+                    key = keys.pop(0)
+                    part[key] = f.get_tensor(key)
+                    read += part[key].numel() * part[key].element_size()
+            yield part
     except Exception as e:  # safetensors raises SafetensorError / OSError on corruption
         raise CheckpointError(f"corrupt or truncated weights in {path}: {e}") from None
 

@@ -202,6 +202,7 @@ def measure_meshes(cfg: MeshBenchConfig, sink=None, shard: Shard = Shard(), on_m
     it (batch 1), or per row over the shard's point clouds through B slots."""
     if cfg.limit < 1 or cfg.offset < 0:
         raise UsageError("--limit must be >= 1 and --offset >= 0")
+    split_seeds("test", cfg.limit, cfg.offset)  # more meshes than the split holds: refused before any model loads
     sink = MemoryRun() if sink is None else sink
     vs = variants(cfg)
     single, batched = items_left(cfg, [v.label for v in vs], sink.records(), shard)

@@ -205,10 +205,11 @@ class ImageSample:
 
 def generate_images(im: ImageModel, req: DecodeRequest[ImageGenConfig], on_done=None,
                     conditions: list[int] | list[Caption] | None = None,
-                    indices: list[int] | None = None) -> tuple[list[ImageSample], torch.Tensor]:
+                    indices: list[int] | None = None, on_image=None) -> tuple[list[ImageSample], torch.Tensor]:
     """Decode the images of `conditions` (default `image_conditions(im, cfg)`); returns samples and decoded
     pixels [N, 3, H, W] in [-1, 1]. Image j samples from seed `cfg.seed * 100003 + indices[j]` (default: j), so a
-    shard decoding some images of a run draws each from the seed the whole run gives it."""
+    shard decoding some images of a run draws each from the seed the whole run gives it. `on_image(j, pixels)`:
+    image j's pixels [3, H, W] as soon as it is decoded (each then goes through the VQ alone, not in one batch)."""
     cfg = req.cfg
     if not 0 < cfg.cfg_scale <= 50:
         raise UsageError(f"cfg scale must be in (0, 50], got {cfg.cfg_scale}")
@@ -227,11 +228,23 @@ def generate_images(im: ImageModel, req: DecodeRequest[ImageGenConfig], on_done=
             im.budgets[key] = MeasuredBudget(MAX_DRAFT, cost=cost_of(im.model), rows_per_sequence=parts.target.branches)
         budget = im.budgets[key]
     rule = build_image_method(req.method, parts, req.options)[1]
+    tokens: list[list[int]] = [[] for _ in conditions]  # as accepted: a finished image's tokens before the batch ends
+    pixels: list[torch.Tensor] = [torch.empty(0)] * len(conditions)
+
+    def done(j: int) -> None:
+        if on_image is not None:
+            pixels[j] = decode_pixels(im, [tokens[j]])[0]
+            on_image(j, pixels[j])
+        if on_done is not None:
+            on_done(j)
+
     batch = run_batch(parts.target, lambda i: build_image_method(req.method, parts, req.options)[0],
-                      prompts, im.grid * im.grid, req.params, (), seeds, cfg.batch_size, on_done=on_done, rule=rule,
-                      max_draft=MAX_DRAFT, budget=budget)
-    samples = [ImageSample(c.index if isinstance(c, Caption) else c, r.tokens, r.stats)
-               for c, r in zip(conditions, batch.results)]
+                      prompts, im.grid * im.grid, req.params, (), seeds, cfg.batch_size, on_done=done, rule=rule,
+                      max_draft=MAX_DRAFT, budget=budget,
+                      on_tokens=None if on_image is None else lambda j, new: tokens[j].extend(new))
+    samples = [ImageSample(label_of(c), r.tokens, r.stats) for c, r in zip(conditions, batch.results)]
+    if on_image is not None:
+        return samples, torch.stack(pixels)
     return samples, decode_pixels(im, [s.tokens for s in samples])
 
 
@@ -253,32 +266,46 @@ def prepare_out_dir(out_dir: Path) -> Path:
     return out_dir
 
 
-def write_pngs(pixels: torch.Tensor, labels: list[int], names: list[str], out_dir: Path, method: str) -> list[Path]:
-    """Write one PNG per image plus a grid, atomically (no partial files on failure); a name already taken in
-    `out_dir` (an earlier run) gets a number (`-1`, `-2`, ...) instead of being replaced."""
-    prepare_out_dir(out_dir)
-    arrays = ((pixels.permute(0, 2, 3, 1) + 1) * 127.5).round().clamp(0, 255).byte().numpy()
-    images = [Image.fromarray(a) for a in arrays]
-    paths = [out_dir / f"{method}-{i:03d}-{names[l] if l < len(names) else l}.png" for i, l in enumerate(labels)]
-    cols = min(8, len(images))
-    rows = (len(images) + cols - 1) // cols
-    w, h = images[0].size
-    grid = Image.new("RGB", (cols * w, rows * h))
-    for i, im in enumerate(images):
-        grid.paste(im, ((i % cols) * w, (i // cols) * h))
-    written = []
-    try:
-        for path, im in zip(paths + [out_dir / f"{method}-grid.png"], images + [grid]):
-            fd, tmp = tempfile.mkstemp(dir=out_dir, suffix=".png.tmp")
+def label_of(condition: int | Caption) -> int:
+    """An image's label: its class id (c2i) or its caption's index in the features file (t2i)."""
+    return condition.index if isinstance(condition, Caption) else condition
+
+
+class PngWriter:
+    """PNG files in `out_dir`, one as each image is done, then a grid of them all: each written atomically (no
+    partial file), and a name already taken (an earlier run) gets a number (`-1`, `-2`, ...) instead of being
+    replaced. The folder is created with the first file."""
+
+    def __init__(self, out_dir: Path, method: str, names: list[str]) -> None:
+        self.out_dir, self.method, self.names = Path(out_dir), method, names
+        self.images: dict[int, Image.Image] = {}
+
+    def add(self, j: int, label: int, pixels: torch.Tensor) -> Path:
+        """Image j's file (`pixels` [3, H, W] in [-1, 1])."""
+        array = ((pixels.permute(1, 2, 0) + 1) * 127.5).round().clamp(0, 255).byte().numpy()
+        self.images[j] = Image.fromarray(array)
+        name = self.names[label] if label < len(self.names) else label
+        return self.save(self.images[j], f"{self.method}-{j:03d}-{name}.png")
+
+    def grid(self) -> Path:
+        """All images so far, in order, 8 to a row."""
+        images = [self.images[j] for j in sorted(self.images)]
+        cols = min(8, len(images))
+        w, h = images[0].size
+        grid = Image.new("RGB", (cols * w, (len(images) + cols - 1) // cols * h))
+        for i, im in enumerate(images):
+            grid.paste(im, ((i % cols) * w, (i // cols) * h))
+        return self.save(grid, f"{self.method}-grid.png")
+
+    def save(self, image: Image.Image, name: str) -> Path:
+        prepare_out_dir(self.out_dir)
+        try:
+            fd, tmp = tempfile.mkstemp(dir=self.out_dir, suffix=".png.tmp")
             os.close(fd)
             try:
-                im.save(tmp, format="PNG")
-                path = link_into_place(tmp, path)
+                image.save(tmp, format="PNG")
+                return link_into_place(tmp, self.out_dir / name)
             finally:
                 Path(tmp).unlink(missing_ok=True)
-            written.append(path)
-    except OSError as e:
-        for p in written:
-            p.unlink(missing_ok=True)
-        raise UsageError(f"cannot write images to {out_dir}: {e}") from None
-    return written
+        except OSError as e:
+            raise UsageError(f"cannot write images to {self.out_dir}: {e}") from None

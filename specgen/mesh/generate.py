@@ -16,6 +16,7 @@ import numpy as np
 import torch
 import trimesh
 
+from specgen import checkpoints
 from specgen.devices import device_name, resolve_dtype
 from specgen.errors import UsageError
 from specgen.mesh.errors import MeshDecodeError, MeshInputError
@@ -24,7 +25,7 @@ from specgen.mesh.pointcloud import validate_point_cloud
 from specgen.mesh.procedural import MESH_SUFFIXES, ProceduralSpec, generate_mesh, load_mesh, split_seeds
 from specgen.mesh.quantize import normalize_bbox
 from specgen.mesh.tokenizers import BPTTokenizer
-from specgen.methods.xspecmesh import XSpecMeshOptions, load_mesh as load_mesh_parts
+from specgen.methods.xspecmesh import DEFAULT_TARGET, XSpecMeshOptions, load_mesh as load_mesh_parts
 from specgen.models.graphs import attach
 from specgen.models.layout import decode_layout
 from specgen.request import DecodeRequest
@@ -220,12 +221,22 @@ def generate_meshes(loaded, conds: list[Condition], req: DecodeRequest[MeshGenCo
     return out
 
 
+def check_budget(target: str | None, heads: str | None, cfg: MeshGenConfig, opts: XSpecMeshOptions) -> None:
+    """Refuse a token budget past the backbone's context less the heads' look-ahead and two slots, from the entries'
+    configs before any weights load (`load_mesh_model` resolves the same names; the loop guards the context too)."""
+    h = checkpoints.find(heads) if heads else None
+    t = checkpoints.find(target or (h.meta.get("parent") if h else None) or DEFAULT_TARGET)
+    context = ((t.meta.get("kwargs") or {}).get("decoder") or {}).get("max_seq_len")
+    d = 0 if h is None else opts.num_heads or (h.meta.get("kwargs") or {}).get("num_heads", 0)
+    if isinstance(context, int) and isinstance(d, int) and cfg.max_new_tokens > context - d - 2:
+        raise UsageError(f"max-new-tokens {cfg.max_new_tokens} exceeds the model's context ({context - d - 2} tokens)")
+
+
 def resolve_max_tokens(loaded, cfg: MeshGenConfig, opts: XSpecMeshOptions) -> int:
-    """Token budget: the config's, else twice the backbone's training length limit (within its context)."""
+    """Token budget: the config's (`check_budget`ed), else twice the backbone's training length limit, within its
+    context less the heads' look-ahead and two slots."""
     d = 0 if loaded.decoder.heads is None else (opts.num_heads or loaded.decoder.heads.num_heads)
     room = loaded.decoder.model.dec_cfg.max_seq_len - d - 2
-    if cfg.max_new_tokens > room:
-        raise UsageError(f"max-new-tokens {cfg.max_new_tokens} exceeds the model's context ({room} tokens)")
     return cfg.max_new_tokens or min(room, 2 * int(loaded.target.meta.get("max_tokens", room)))
 
 

@@ -8,10 +8,11 @@ import torch
 
 from specgen.decoding.budget import AutoBudget
 from specgen.decoding.cost import cost_of
-from specgen.limits import check_prompt_fits
+from specgen.devices import DTYPES
+from specgen.limits import check_kv_cache, check_prompt_fits
 from specgen.methods import run_batch
 from specgen.request import DecodeRequest
-from specgen.text.target import TextModel
+from specgen.text.target import TextModel, TextSource
 
 
 @dataclass
@@ -44,18 +45,29 @@ class TextResult:
     stats: dict
 
 
-def generate_text(model: TextModel, req: DecodeRequest[TextGenConfig], prompts: list[str],
-                  on_done=None, on_text=None) -> list[TextResult]:
-    """Decode every prompt with the request's method, `batch_size` at a time; `on_done(i)` is called as prompt i
-    finishes, `on_text(i, text)` with each piece of prompt i's completion as it is accepted (the pieces, joined, are
-    its completion). Prompt i samples from its own generator (seed + i), so its output does not depend on the batch
-    size."""
+def encode_prompts(source: TextSource, req: DecodeRequest[TextGenConfig], texts: list[str]) -> list[list[int]]:
+    """`texts` as token ids, each refused (one line) when it and the token budget pass the model's context, and the
+    batch refused when its KV cache passes free memory: decided from the config and the tokenizer, before the weights
+    load. The cache counted holds the prompts and the budget; a drafter's few slots of room are checked at its
+    allocation. Method assets (a static n-gram cache) are checked against the tokenizer here too."""
     cfg = req.cfg
-    if req.spec.model_check is not None:  # method assets (a static n-gram cache) must fit this model's tokenizer
-        req.spec.model_check(req.options, model.tokenizer)
-    ids = [model.tokenizer.encode(p, chat=cfg.chat) for p in prompts]
-    for prompt_ids in ids:  # every prompt fits the context before any is decoded
-        check_prompt_fits(len(prompt_ids), cfg.max_new_tokens, model.entry)
+    if req.spec.model_check is not None:
+        req.spec.model_check(req.options, source.tokenizer)
+    ids = [source.tokenizer.encode(p, chat=cfg.chat) for p in texts]
+    for prompt_ids in ids:
+        check_prompt_fits(len(prompt_ids), cfg.max_new_tokens, source.base)
+    rows = min(cfg.batch_size, len(ids))
+    check_kv_cache(source.config, rows, max(map(len, ids)) + cfg.max_new_tokens, DTYPES[source.dtype], source.device)
+    return ids
+
+
+def generate_text(model: TextModel, req: DecodeRequest[TextGenConfig], prompts: list[str], ids: list[list[int]],
+                  on_done=None, on_text=None) -> list[TextResult]:
+    """Decode every prompt (`ids`: `encode_prompts`'s) with the request's method, `batch_size` at a time;
+    `on_done(i)` is called as prompt i finishes, `on_text(i, text)` with each piece of prompt i's completion as it
+    is accepted (the pieces, joined, are its completion). Prompt i samples from its own generator (seed + i), so its
+    output does not depend on the batch size."""
+    cfg = req.cfg
     generators = [torch.Generator().manual_seed(cfg.seed + i) for i in range(len(prompts))]
     # the drafter's seed: method_options.seed when given (checked with the options), else the run's
     seed = cfg.method_options.get("seed", cfg.seed)

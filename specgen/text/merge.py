@@ -62,11 +62,12 @@ def adapter_source(source: str, progress=None) -> tuple[registry.Entry, dict[str
 
 
 def merged_module(adapter: registry.Entry, base: registry.Entry, device: str = "cpu",
-                  state: dict | None = None, scale: float | None = None) -> tuple[torch.nn.Module, TextTokenizer]:
+                  state: dict | None = None, scale: float | None = None,
+                  tokenizer: TextTokenizer | None = None) -> tuple[torch.nn.Module, TextTokenizer]:
     """`base` with the LoRA `adapter` merged in at `scale` (default: its `merge_scale`, else 1); refuses an adapter
-    trained for another base (one line)."""
+    trained for another base (one line). `tokenizer`: base's, when the caller has loaded it already."""
     registry.check_pair(adapter, base)
-    tokenizer = TextTokenizer.load(base.path)
+    tokenizer = tokenizer or TextTokenizer.load(base.path)
     want = adapter.meta.get("tokenizer_hash")
     if want and want != tokenizer_hash(tokenizer):
         raise IncompatibleError(f"{adapter.ref} was trained with tokenizer {want}, but {base.ref} has "

@@ -27,13 +27,50 @@ class TextModel:
     precision: str = "float32"
 
 
-def load_text_model(name: str, device: str = "cpu", progress=None, decode: bool = True,
-                    dtype: str | None = None, quantize: str | None = None, graphs: str = "auto") -> TextModel:
-    """Resolve `name` in the registry (materialising built-ins) and load it for decoding.
+@dataclass(frozen=True)
+class TextSource:
+    """A text target found in the registry with its tokenizer loaded and its weights not: what a command checks
+    prompts against (context length, KV cache size) before paying for the load (`load`)."""
 
-    A LoRA adapter entry (`adapter/<name>`, written by `specgen distill`) loads its parent target
-    with the adapter merged into the weights (no run-time cost). `decode` stores the weights in the
-    decode layout (`models/layout.py`); training callers pass False.
+    entry: registry.Entry  # as named: a target, a stored quantized entry, or a LoRA adapter
+    base: registry.Entry  # the float32 target it is made from (entry itself for a plain target): tokenizer, config
+    tokenizer: TextTokenizer
+    device: str
+    dtype: str  # float32 | bfloat16 | float16: activations and KV cache
+    quantize: str | None
+
+    @property
+    def config(self) -> dict:
+        """The architecture (`TransformerConfig` fields) as stored: quantized copies and adapters share their base's."""
+        return self.base.meta.get("kwargs") or {}
+
+    def load(self, progress=None, decode: bool = True, graphs: str = "auto") -> TextModel:
+        """The weights, at this precision; `decode` stores them in the decode layout (`models/layout.py`)."""
+        from specgen.text import precision as prec
+
+        entry, torch_dtype = self.entry, prec.DTYPES[self.dtype]
+        if entry.kind == "adapter":
+            module, _ = merged_module(entry, self.base, self.device, tokenizer=self.tokenizer)
+            module = prec.in_memory(module, self.dtype, self.quantize)  # a merge is not stored: quantized each load
+        else:
+            if self.quantize and not entry.meta.get("quantized"):  # made from the float32 weights on first use
+                entry = prec.quantized_entry(entry, self.quantize, progress)
+            module = checkpoints.load_module(entry, self.device, torch_dtype)
+        if decode:
+            decode_layout(module)
+        target = ModelTarget(module)
+        target.device = self.device
+        if decode:
+            attach(module, graphs)  # captured steps on CUDA (models/graphs.py); nothing changes on a CPU with auto
+        return TextModel(module, target, self.tokenizer, entry, self.quantize or self.dtype)
+
+
+def open_text_model(name: str, device: str = "cpu", progress=None, dtype: str | None = None,
+                    quantize: str | None = None) -> TextSource:
+    """Resolve `name` in the registry (materialising built-ins) and load its tokenizer, not its weights.
+
+    A LoRA adapter entry (`adapter/<name>`, written by `specgen distill`) loads its parent target with the adapter
+    merged into the weights (no run-time cost).
 
     `device`: cpu, cuda, cuda:N or auto (`specgen/devices.py`); quantized targets run on cpu only (their kernels).
     Precision (`text/precision.py`): `dtype` "float32" | "bfloat16" | "float16" (weights, activations, KV cache) and
@@ -56,26 +93,19 @@ def load_text_model(name: str, device: str = "cpu", progress=None, decode: bool 
         base = prec.check_quantized_entry(entry, quantize, progress)
         quantize = entry.meta["quantized"]["mode"]
         dtype = prec.resolve(name, asked, quantize)[1]  # its activations: bfloat16 (float32 asked for: refused)
-        module, tokenizer = checkpoints.load_module(entry, device, prec.DTYPES[dtype]), TextTokenizer.load(base.path)
     elif entry.kind == "adapter":
         base = checkpoints.find(entry.meta.get("parent", ""), progress)
-        module, tokenizer = merged_module(entry, base, device)
-        module = prec.in_memory(module, dtype, quantize)  # a merge is not stored: quantized here, each load
     elif entry.meta.get("modality", "text") != "text" or not entry.meta.get("tokenizer"):
         raise UsageError(f"{entry.ref} is not a text model with a tokenizer")
-    elif quantize:
-        base, entry = entry, prec.quantized_entry(entry, quantize, progress)
-        module, tokenizer = checkpoints.load_module(entry, device, prec.DTYPES[dtype]), TextTokenizer.load(base.path)
     else:
-        module = checkpoints.load_module(entry, device, prec.DTYPES[dtype])
-        tokenizer = TextTokenizer.load(entry.path)
-    if decode:
-        decode_layout(module)
-    target = ModelTarget(module)
-    target.device = device
-    if decode:
-        attach(module, graphs)  # captured steps on CUDA (models/graphs.py); nothing changes on a CPU with auto
-    return TextModel(module, target, tokenizer, entry, quantize or dtype)
+        base = entry
+    return TextSource(entry, base, TextTokenizer.load(base.path), device, dtype, quantize)
+
+
+def load_text_model(name: str, device: str = "cpu", progress=None, decode: bool = True,
+                    dtype: str | None = None, quantize: str | None = None, graphs: str = "auto") -> TextModel:
+    """`open_text_model` and its `load`, for callers with nothing to check in between (training, benchmarks)."""
+    return open_text_model(name, device, progress, dtype, quantize).load(progress, decode, graphs)
 
 
 def load_original(model: TextModel, device: str = "cpu") -> TextModel:

@@ -168,3 +168,22 @@ def test_image_rows_and_generate_with_int8_weights(tiny_image):
     assert tree == ar
     r = runner.invoke(app, ["benchmark", "--suite", "images", "--model", "t-gpt", "methods=[ar]", "dtype=int8"])
     assert r.exit_code == 2 and "per-row precision" in r.stderr
+
+
+def test_each_image_is_written_and_reported_as_it_is_done(tiny_image, monkeypatch):
+    from specgen.image.generate import PngWriter
+
+    r = gen(tiny_image / "all", "--method", "ar", "--classes", "dog,sky")
+    assert r.exit_code == 0, r.output
+    lines = [x for x in r.stderr.splitlines() if x.startswith("image ")]
+    assert [x.split(":")[0] for x in lines] == ["image 1/2", "image 2/2"] and "ar-000-dog.png" in lines[0]
+    real = PngWriter.add
+
+    def add_then_interrupt(self, j, label, pixels):  # Ctrl-C after the first image: its file stays
+        path = real(self, j, label, pixels)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(PngWriter, "add", add_then_interrupt)
+    out = tiny_image / "cut"
+    r = gen(out, "--method", "ar", "--classes", "dog,sky")
+    assert r.exit_code == 130 and [p.name for p in out.glob("*.png")] == ["ar-000-dog.png"]

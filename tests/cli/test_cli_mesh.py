@@ -81,6 +81,9 @@ def test_generate_json_then_export_reports_bad_sequences(tiny, tmp_path):
     assert r.exit_code == 0, r.output
     rows = [json.loads(x) for x in r.stdout.splitlines()]
     assert [x["name"] for x in rows] == ["test-1010000", "test-1010001"]
+    done = [x for x in r.stderr.splitlines() if x.startswith("mesh ")]  # one line per mesh as it is done
+    assert [x.split(":")[0] for x in done] == ["mesh 1/2", "mesh 2/2"]
+    assert {x.split(": ")[1] for x in done} == {"test-1010000 decoded", "test-1010001 decoded"}
     assert all(x["heads"] == "heads/tiny-heads" and len(x["token_ids"]) <= 30 for x in rows)
     assert rows[0]["stats"]["scr"] >= 1.0 and not rows[0]["lossless"]
     # the random tiny model's sequences do not decode: reported with a position, skipped; the good one is written

@@ -25,14 +25,12 @@ def invoke(*args, input=None):
 
 
 def files_under(root):
-    """Every path under root, except the caches: built-in registry entries (materialised on first use) and the
-    kernel plans measured at a model's load (`models/plan_cache.py`)."""
+    """Every path under root, except the cache of built-in registry entries (materialised on first use)."""
     from specgen.builtins import BUILTINS
 
     def builtin(p):
         parts = p.relative_to(root).parts
-        return parts[1:2] == ("plans",) or parts[1:2] == ("checkpoints",) and (
-            len(parts) == 3 or len(parts) >= 4 and parts[3] in BUILTINS)
+        return parts[1:2] == ("checkpoints",) and (len(parts) == 3 or len(parts) >= 4 and parts[3] in BUILTINS)
 
     return sorted(str(p.relative_to(root)) for p in root.rglob("*") if not builtin(p)) if root.exists() else []
 
@@ -236,6 +234,38 @@ def test_budgets_beyond_the_context_are_refused(tiny, args, needle):
     check_refusal(tiny, args, 2, needle)
 
 
+@pytest.fixture
+def no_weights(monkeypatch):
+    """Fails a test that loads any weights: its refusal must come from the config and the tokenizer alone."""
+    def load_module(entry, *args, **kwargs):
+        raise AssertionError(f"weights of {entry.ref} loaded before the refusal")
+
+    monkeypatch.setattr(checkpoints, "load_module", load_module)
+
+
+@pytest.mark.parametrize("args,needle", [
+    ([*GEN[:3], "--no-chat", "--prompt", "A" * 1100, "--max-new-tokens", "8"], "prompt of 1100 tokens"),
+    ([*GEN[:3], "--no-chat", "--prompt", "A" * 1000, "--max-new-tokens", "100"], "shorten the prompt to at most 923"),
+    ([*GEN[:3], "--no-chat", "--prompt", "hi", "--prompt", "A" * 1020, "--batch-size", "2"], "context of 1024 tokens"),
+])
+def test_prompts_past_the_context_are_refused_before_the_weights_load(tiny, no_weights, args, needle):
+    check_refusal(tiny, args, 2, needle)
+
+
+def test_a_mesh_budget_past_the_context_is_refused_before_the_weights_load(tiny, no_weights):
+    check_refusal(tiny, [*MESH, "method_options.heads=xspecmesh-ca-tiny", "max_new_tokens=5000"], 2,
+                  "exceeds the model's context (1018 tokens)")  # 1024 less 4 heads and 2 slots
+
+
+def test_a_kv_cache_past_free_memory_is_refused_before_the_weights_load(tiny, no_weights, monkeypatch):
+    from specgen.decoding import memory
+
+    monkeypatch.setattr(memory, "free_bytes", lambda device: 1 << 20)  # 1 MiB: tiny-text's cache of 8 rows won't fit
+    prompts = [a for i in range(8) for a in ("--prompt", f"prompt {i}")]
+    check_refusal(tiny, [*GEN[:3], *prompts, "--batch-size", "8", "--max-new-tokens", "900"], 2,
+                  "a KV cache of 8 rows")
+
+
 def test_a_sequence_past_the_context_is_a_usage_error(tiny):
     r = invoke("benchmark", "--model", "tiny-text", "--limit", "200", "--max-new-tokens", "2", "--methods", "ar",
                "warmup=false", "execute=false", "nll=false")  # some HumanEval prompts are longer than 1024 characters
@@ -387,7 +417,7 @@ def test_every_default_and_shipped_recipe_passes_the_checks():
 
 @pytest.mark.slow
 def test_a_closed_stdout_is_no_error_message(tiny):
-    """`specgen ... | head` closing the pipe early: exit 1 without a message (as Unix filters do), no traceback."""
+    """`specgen ... | head` closing the pipe early: exit 141 (128 + SIGPIPE, as a Unix filter) without a message."""
     import os
     import subprocess
     import sys
@@ -398,7 +428,7 @@ def test_a_closed_stdout_is_no_error_message(tiny):
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(root)})
     p.stdout.close()  # before the child (still importing) writes anything
     err = p.stderr.read().decode()
-    assert p.wait() == 1 and err == "", err
+    assert p.wait() == 141 and err == "", err
 
 
 @pytest.mark.parametrize("args", [[*IMG, "--num", "0"], [*MESH, "method_options.delta=2"],

@@ -115,12 +115,16 @@ def test_a_folder_of_other_files_is_never_written_into(tmp_path, cmd, foreign):
 
 
 def test_pngs_never_replace_earlier_ones(tmp_path):
-    from specgen.image.generate import write_pngs
+    from specgen.image.generate import PngWriter
+
+    def run(pixels):
+        writer = PngWriter(tmp_path, "ar", ["a", "b"])
+        return [writer.add(j, j, pixels[j]) for j in range(2)] + [writer.grid()]
 
     pixels = torch.zeros(2, 3, 8, 8)
-    first = write_pngs(pixels, [0, 1], ["a", "b"], tmp_path, "ar")
+    first = run(pixels)
     stamp = {p: p.read_bytes() for p in first}
-    second = write_pngs(pixels + 0.5, [0, 1], ["a", "b"], tmp_path, "ar")
+    second = run(pixels + 0.5)
     assert not set(first) & set(second) and len(list(tmp_path.glob("*.png"))) == 6
     assert {p: p.read_bytes() for p in first} == stamp
     assert [p.name for p in second] == ["ar-000-a-1.png", "ar-001-b-1.png", "ar-grid-1.png"]

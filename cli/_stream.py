@@ -1,0 +1,79 @@
+"""Completions streamed to stdout as tokens are accepted: JSON lines (`--stream`) or, on a terminal, the text itself."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from typing import Protocol
+
+#: Signals that unwind a command (Ctrl-C; SIGTERM, which `cli.main` turns into Ctrl-C): held back during one write.
+UNWINDING = {signal.SIGINT, signal.SIGTERM}
+
+
+def write(text: str) -> None:
+    """`text` on stdout at once: an interrupt that arrives mid-write is taken after it, so a stream cut by Ctrl-C
+    ends on a whole piece (a JSON line stays parseable)."""
+    hold = hasattr(signal, "pthread_sigmask")
+    if hold:
+        signal.pthread_sigmask(signal.SIG_BLOCK, UNWINDING)
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    finally:
+        if hold:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, UNWINDING)
+
+
+def stdout_is_terminal() -> bool:
+    return sys.stdout.isatty()
+
+
+class Sink(Protocol):
+    """Where a text run's pieces go: `sink(row, piece)` as accepted, `sink.done(row)` after a row's last piece."""
+
+    def __call__(self, row: int, text: str) -> None: ...
+
+    def done(self, row: int) -> None: ...
+
+
+def sink_for(json_lines: bool, table: bool, rows: int) -> Sink | None:
+    """JSON lines when asked for (`--stream`), the text itself on a terminal showing the table format, else None
+    (the completions are printed whole at the end, as on a pipe)."""
+    if json_lines:
+        return JsonLines()
+    return Terminal(rows) if table and stdout_is_terminal() else None
+
+
+class JsonLines:
+    """`{"row": i, "text": piece}` per piece, in the order accepted; a row's pieces, joined, are its completion."""
+
+    def __call__(self, row: int, text: str) -> None:
+        write(json.dumps({"row": row, "text": text}) + "\n")
+
+    def done(self, row: int) -> None:
+        pass
+
+
+class Terminal:
+    """The completions in prompt order, each followed by a blank line, as the unstreamed output prints them: the
+    first unfinished prompt's text as it is accepted, a later prompt's held back until those before it are done."""
+
+    def __init__(self, rows: int) -> None:
+        self.held: list[list[str]] = [[] for _ in range(rows)]
+        self.finished = [False] * rows
+        self.front = 0  # the prompt whose text goes out as it comes
+
+    def __call__(self, row: int, text: str) -> None:
+        if row == self.front:
+            write(text)
+        else:
+            self.held[row].append(text)
+
+    def done(self, row: int) -> None:
+        self.finished[row] = True
+        while self.front < len(self.finished) and self.finished[self.front]:
+            self.front += 1
+            later = self.held[self.front] if self.front < len(self.held) else []
+            write("\n\n" + "".join(later))
+            later.clear()

@@ -1,0 +1,68 @@
+"""`specgen env`: this machine's devices, ISA, threads, kernel paths, caches and native build, on one screen."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from cli import _output
+from cli._errors import command
+from cli._options import DeviceOpt
+
+EPILOG = """examples:
+
+  specgen env
+
+  specgen env --device cuda          # the kernel paths a GPU run takes
+
+  specgen env --json | jq .kernels
+"""
+
+
+@command
+def env(
+    device: DeviceOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout instead of the table.")] = False,
+) -> None:
+    """Show what decides how specgen runs here: devices, ISA flags, threads, each model family's kernels, caches."""
+    # start-up cost: the facts import torch; `specgen --help` does without them
+    from specgen.devices import check_device, device_name
+    from specgen.machine import machine_facts
+
+    check_device(device or "cpu")
+    facts = machine_facts(device_name(device or "cpu"))
+    if as_json:
+        _output.emit_json(facts)
+        return
+    _output.table("specgen env", rows(facts), ["item", "value", "detail"], _output.out)
+
+
+def rows(facts: dict) -> list[dict]:
+    """The facts as (item, value, detail) rows of one table."""
+    cpu, *gpus = facts["devices"]
+    t = facts["threads"]
+    out = [{"item": "device cpu", "value": cpu["model"], "detail": f"{cpu['arch']}, {cpu['cpus']} cpus"}]
+    out += [{"item": f"device {g['name']}", "value": g["model"], "detail": f"{g['memory_gib']} GiB"} for g in gpus]
+    out += [{"item": "isa", "value": " ".join(facts["isa"]) or "-", "detail": "flags that pick kernels"},
+            {"item": "threads", "value": t["torch"], "detail": f"torch threads; {t['usable_cpus']} of {t['cpus']} "
+                                                               "cpus usable"},
+            {"item": "torch", "value": facts["torch"], "detail": f"CUDA {facts['cuda'] or '-'}"}]
+    out += [{"item": f"kernels {family}", "value": k["path"], "detail": k["why"]}
+            for family, k in facts["kernels"].items()]
+    out += [{"item": f"cache {name}", "value": c["path"], "detail": size(c["bytes"]) if c["exists"] else "absent"}
+            for name, c in facts["caches"].items()]
+    libs = facts["native"]["libraries"]
+    out += [{"item": "c compiler", "value": facts["native"]["compiler"] or "none", "detail": "$CC, else cc"},
+            {"item": "native build", "value": ", ".join(n for n, ok in libs.items() if ok) or "none",
+             "detail": "missing: " + ", ".join(n for n, ok in libs.items() if not ok) if not all(libs.values())
+             else "every library loads"}]
+    return out
+
+
+def size(n: int) -> str:
+    """Bytes in the largest unit that keeps a whole number before the point."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.1f} {unit}"
+    return f"{n} B"

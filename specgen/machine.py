@@ -1,0 +1,146 @@
+"""The facts of this machine that decide how specgen runs: devices, ISA, threads, kernels, caches, native build."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+from pathlib import Path
+
+import torch
+
+from specgen import native, registry
+from specgen.devices import is_cpu, onednn_packs
+from specgen.models import kernel_choice, layout, plan_cache, quantize
+from specgen.native import tiled_linear
+
+#: CPU flags that change a kernel's path or speed (x86 /proc/cpuinfo names; ARM's `Features` are kept as they come).
+ISA = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx512_fp16", "avx_ne_convert",
+       "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve", "bf16")
+QUANTIZED_MM = {"int8": "torch _weight_int8pack_mm", "int4": "torch _weight_int4pack_mm_for_cpu"}
+
+
+def cpu_lines(field: str) -> list[str]:
+    """The values of a /proc/cpuinfo field, as `native.cpu_signature` keeps them (one per distinct line)."""
+    return [ln.split(":", 1)[1].strip() for ln in native.cpu_signature().splitlines()
+            if ":" in ln and ln.split(":", 1)[0].strip() == field]
+
+
+def isa_flags() -> list[str]:
+    """The flags of `ISA` this CPU has."""
+    have = {flag for line in cpu_lines("flags") + cpu_lines("Features") for flag in line.split()}
+    return [flag for flag in ISA if flag in have]
+
+
+def devices() -> list[dict]:
+    """The CPU and every CUDA device torch sees."""
+    cpu = {"name": "cpu", "model": (cpu_lines("model name") or [platform.processor() or platform.machine()])[0],
+           "arch": platform.machine(), "cpus": os.cpu_count()}
+    gpus = [{"name": f"cuda:{i}", "model": torch.cuda.get_device_name(i),
+             "memory_gib": round(torch.cuda.get_device_properties(i).total_memory / 2**30, 1)}
+            for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    return [cpu, *gpus]
+
+
+def threads() -> dict:
+    """torch's intra-op threads and the CPUs this process may run on."""
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"torch": torch.get_num_threads(), "usable_cpus": usable, "cpus": os.cpu_count()}
+
+
+def stored_plans() -> list[str]:
+    """The kernel plans stored for this CPU, torch and thread count (`models/plan_cache.py`), as `Plan.describe`
+    words: what a model with those weight shapes runs without measuring."""
+    prefix = f"{plan_cache.machine()}|{torch.get_num_threads()}|"
+    plans = (plan_cache.load(k) for k in plan_cache.read() if k.startswith(prefix))
+    return sorted({kernel_choice.Plan(*p).describe() for p in plans if p is not None})
+
+
+def float_path(plans: str = "") -> dict:
+    """float32 products on the CPU: the weight layout and, packed, which kernel each row count takes
+    (models/kernel_choice.py); `plans`: the plans that apply, when known."""
+    name = layout.layout_name()
+    if name != "packed":
+        why = f"{layout.ENV}={name}" if os.environ.get(layout.ENV) else "this torch build has no oneDNN"
+        return {"path": f"MKL, {name} layout", "why": why}
+    tiled = tiled_linear.available()
+    kernels = "MKL, oneDNN" + (", native tiled" if tiled else "")
+    why = ("the fastest kernel for each row count, measured once per machine, thread count and weight shapes at a "
+           "model's first load (kept in the kernel plan cache)")
+    if not tiled:
+        why += "; native tiled not built: a plan's native rows run MKL, or oneDNN from its oneDNN rows"
+    return {"path": f"packed layout, {plans}" if plans else f"packed layout, {kernels} by row count", "why": why}
+
+
+def quantized_path(mode: str) -> dict:
+    """int8 / int4 text targets: torch's packed kernels at every row count (`models/quantize.py`)."""
+    head = "oneDNN bfloat16 GEMM in 4-row blocks" if quantize.head_rows() else "the int8 kernel"
+    prefill = f"bfloat16 GEMM from {quantize.PROMPT_MIN_ROWS[mode]} rows" if quantize.bf16_gemm() else "the same kernel"
+    why = "one kernel at every row count, so a row's bits do not depend on its verify width"
+    if not onednn_packs(torch.bfloat16):
+        why += "; no AVX-512 bfloat16 here: bfloat16 products run torch's slow fallback"
+    return {"path": f"{QUANTIZED_MM[mode]}, bfloat16 activations; LM head {head}; prefill {prefill}", "why": why}
+
+
+def kernel_paths(device: str | None = None) -> dict[str, dict]:
+    """Model family -> the kernel path its linear products take on `device` (None: cpu) and why; `step_kernels`:
+    the norms and attention around them (`specgen/native`)."""
+    if not is_cpu(device):
+        gpu = {"path": "cuBLAS (torch), decode steps replayed as CUDA graphs (--graphs auto)",
+               "why": "a GPU: the CPU layouts and native kernels do not apply"}
+        return {"text float32": gpu, "text int8": {"path": "refused", "why": "--quantize uses CPU kernels"},
+                "text int4": {"path": "refused", "why": "--quantize uses CPU kernels"}, "image": gpu, "mesh": gpu}
+    steps = native.describe()
+    why = "" if native.sixteen_lanes() else "; no 16-lane vectors (AVX-512F or AVX2 + FMA): no attention.c"
+    text = float_path(kernel_choice.describe() or " / ".join(stored_plans()))  # one per model measured here
+    return {"text float32": text, "text int8": quantized_path("int8"), "text int4": quantized_path("int4"),
+            "image": float_path(), "mesh": float_path(), "step_kernels": {"path": steps, "why": native_why() + why}}
+
+
+def native_why() -> str:
+    if os.environ.get("SPECGEN_NATIVE", "1") == "0":
+        return "SPECGEN_NATIVE=0"
+    return "no C compiler" if compiler() is None else "built once per machine into the native cache"
+
+
+def compiler() -> str | None:
+    """The C compiler the native kernels are built with ($CC, else cc), or None."""
+    return shutil.which(os.environ.get("CC", "cc"))
+
+
+def size_of(path: Path) -> int:
+    """Bytes under `path` (a file or a folder; 0 when absent)."""
+    if path.is_file():
+        return path.stat().st_size
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink()) if path.is_dir() else 0
+
+
+def caches() -> dict[str, dict]:
+    """Where specgen keeps files, with their sizes."""
+    places = {"home": registry.home(), "registry": registry.checkpoints_dir(), "kernel_plans": plan_cache.path(),
+              "native_cache": native.cache_dir()}
+    return {k: {"path": str(p), "exists": p.exists(), "bytes": size_of(p)} for k, p in places.items()}
+
+
+def native_build() -> dict:
+    """The C compiler and which native libraries load (built on first use, as a decode would)."""
+    return {"compiler": compiler(), "libraries": {name: native.library(name) is not None for name in native.SIGNATURES}}
+
+
+def machine_facts(device: str | None = None) -> dict:
+    """Everything above as one JSON-ready object (`specgen env --json`, benchmark machine files)."""
+    return {"devices": devices(), "isa": isa_flags(), "threads": threads(), "torch": torch.__version__,
+            "cuda": torch.version.cuda, "kernels": kernel_paths(device), "native": native_build(), "caches": caches()}
+
+
+def label(facts: dict, device: str | None = None) -> str:
+    """The one-line machine column of benchmark tables and rows, from `machine_facts(device)`."""
+    cpu, t = facts["devices"][0], facts["threads"]
+    host = f"{cpu['arch']}, {cpu['cpus']} cpus, torch threads {t['torch']}"
+    if not is_cpu(device):
+        gpu = torch.cuda.get_device_name(device)
+        return f"{gpu}, torch {facts['torch']}, CUDA {facts['cuda']}; host {host}"
+    name = layout.layout_name()
+    plans = kernel_choice.describe() if name == "packed" else ""  # the plans of the models this process loaded
+    steps = facts["kernels"]["step_kernels"]["path"]
+    return f"{host}, {name} layout" + (f", {plans}" if plans else "") + f", step kernels {steps}"

@@ -1,0 +1,56 @@
+"""`specgen env` (issue 47): one screen or one JSON object of the facts that decide how specgen runs, with no model
+loaded; the benchmark machine column is made from the same facts."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from cli.main import app
+
+runner = CliRunner()
+FAMILIES = {"text float32", "text int8", "text int4", "image", "mesh"}
+
+
+def test_env_json_has_every_fact_and_loads_no_model(monkeypatch, specgen_home):
+    from specgen import checkpoints
+
+    monkeypatch.setattr(checkpoints, "load_module", lambda *a, **k: (_ for _ in ()).throw(AssertionError("loaded")))
+    r = runner.invoke(app, ["env", "--json"])
+    assert r.exit_code == 0, r.output
+    facts = json.loads(r.stdout)
+    assert {"devices", "isa", "threads", "torch", "cuda", "kernels", "native", "caches"} <= set(facts)
+    assert facts["devices"][0]["name"] == "cpu" and facts["threads"]["torch"] >= 1
+    assert FAMILIES <= set(facts["kernels"]) and all(k["path"] and k["why"] for k in facts["kernels"].values())
+    assert set(facts["caches"]) == {"home", "registry", "kernel_plans", "native_cache"}
+    assert facts["caches"]["home"]["path"] == str(specgen_home)
+    assert set(facts["native"]["libraries"]) == {"attention", "glue", "tiled"}
+    assert not (specgen_home / "checkpoints").exists()  # nothing materialised
+
+
+def test_env_table_names_each_family_and_cache():
+    r = runner.invoke(app, ["env"])
+    assert r.exit_code == 0, r.output
+    for family in FAMILIES | {"cache registry", "native build", "c compiler", "isa", "threads"}:
+        assert family in r.stdout, family
+
+
+def test_env_refuses_a_missing_device_in_one_line():
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    r = runner.invoke(app, ["env", "--device", "cuda"])
+    assert r.exit_code == 2 and r.stderr.startswith("error:") and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_the_benchmark_machine_column_is_made_from_the_same_facts():
+    from cli import _output
+    from specgen.machine import machine_facts
+
+    facts = machine_facts()
+    cpu = facts["devices"][0]
+    assert _output.machine_label().startswith(f"{cpu['arch']}, {cpu['cpus']} cpus, torch threads "
+                                              f"{facts['threads']['torch']}")
+    assert _output.machine_label().endswith(f"step kernels {facts['kernels']['step_kernels']['path']}")
