@@ -7,6 +7,8 @@ adds what needs the package's models and embedded defaults (`builders`, `builtin
 
 from __future__ import annotations
 
+import contextlib
+
 import dataclasses
 import json
 from pathlib import Path
@@ -100,7 +102,8 @@ def load_module(entry: Entry, device: str = "cpu", dtype: torch.dtype = torch.fl
     kwargs = entry.meta.get("kwargs", {})
     check_declared_size(entry, builder, kwargs)
     try:
-        module = BUILDERS[builder](**kwargs)
+        with random_fills_skipped():
+            module = BUILDERS[builder](**kwargs)
     except (TypeError, ValueError, RuntimeError) as e:
         raise CheckpointError(f"corrupt entry {entry.ref}: its {CONFIG} does not build a {builder} ({one_line(e)}); "
                               f"remove it with `specgen registry remove {entry.ref}` and import it again") from None
@@ -110,6 +113,25 @@ def load_module(entry: Entry, device: str = "cpu", dtype: torch.dtype = torch.fl
         first = next((line.strip() for line in str(e).splitlines()[1:] if line.strip()), one_line(e))  # what differs
         raise CheckpointError(f"{entry.ref}: weights do not fit its config ({first})") from None
     return module.to(device=device, dtype=dtype).eval()
+
+
+RANDOM_FILLS = ("uniform_", "normal_", "trunc_normal_", "kaiming_uniform_", "kaiming_normal_", "xavier_uniform_",
+                "xavier_normal_", "orthogonal_")
+
+
+@contextlib.contextmanager
+def random_fills_skipped():
+    """Module construction without torch.nn.init's random fills (seconds for a 135M model at every start): each
+    parameter is then overwritten by `load_state`, which refuses a state that misses any. Buffers a module computes
+    (RoPE tables) are built as usual."""
+    saved = {name: getattr(torch.nn.init, name) for name in RANDOM_FILLS}
+    try:
+        for name in RANDOM_FILLS:
+            setattr(torch.nn.init, name, lambda tensor, *args, **kwargs: tensor)
+        yield
+    finally:
+        for name, fill in saved.items():
+            setattr(torch.nn.init, name, fill)
 
 
 def load_state(module: torch.nn.Module, entry: Entry) -> None:
@@ -139,7 +161,7 @@ def check_declared_size(entry: Entry, builder: str, kwargs: dict) -> None:
     if not isinstance(kwargs, dict):
         raise CheckpointError(f"corrupt entry {entry.ref}: kwargs in its {CONFIG} is not an object")
     try:
-        with torch.device("meta"):
+        with torch.device("meta"), random_fills_skipped():  # a meta fill imports torch's decompositions: seconds
             module = BUILDERS[builder](**kwargs)
     except (TypeError, ValueError, RuntimeError, OverflowError) as e:
         raise CheckpointError(f"corrupt entry {entry.ref}: its {CONFIG} does not build a {builder} ({one_line(e)}); "

@@ -270,10 +270,13 @@ def padded_causal_mask(valid: torch.Tensor, s: int | None = None) -> torch.Tenso
 
 
 def rope_table(cfg: TransformerConfig) -> torch.Tensor:
-    """The model's RoPE table [P, hd/2, 2] (float32): 1D over max_seq_len, or LlamaGen 2D."""
-    if cfg.rope_grid:
-        return table_2d(cfg.rope_grid, cfg.hd, cfg.rope_theta, cfg.n_cond)
-    return table_1d(cfg.max_seq_len, cfg.hd, cfg.rope_theta, cfg.rope_scaling)
+    """The model's RoPE table [P, hd/2, 2] (float32): 1D over max_seq_len, or LlamaGen 2D. Computed on the CPU
+    whatever device is current: a meta build (`checkpoints.check_declared_size`) then runs no elementwise op on the
+    meta device, whose first one imports torch's Python decompositions (seconds at every start)."""
+    with torch.device("cpu"):
+        if cfg.rope_grid:
+            return table_2d(cfg.rope_grid, cfg.hd, cfg.rope_theta, cfg.n_cond)
+        return table_1d(cfg.max_seq_len, cfg.hd, cfg.rope_theta, cfg.rope_scaling)
 
 
 class Transformer(nn.Module):
