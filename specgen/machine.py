@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import platform
-import shutil
 from pathlib import Path
 
 import torch
@@ -12,7 +11,6 @@ import torch
 from specgen import native, registry
 from specgen.devices import is_cpu, onednn_packs
 from specgen.models import kernel_choice, layout, plan_cache, quantize
-from specgen.native import tiled_linear
 
 #: CPU flags that change a kernel's path or speed (x86 /proc/cpuinfo names; ARM's `Features` are kept as they come).
 ISA = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx512_fp16", "avx_ne_convert",
@@ -63,7 +61,7 @@ def float_path(plans: str = "") -> dict:
     if name != "packed":
         why = f"{layout.ENV}={name}" if os.environ.get(layout.ENV) else "this torch build has no oneDNN"
         return {"path": f"MKL, {name} layout", "why": why}
-    tiled = tiled_linear.available()
+    tiled = native.library("tiled") is not None
     kernels = "MKL, oneDNN" + (", native tiled" if tiled else "")
     why = ("the fastest kernel for each row count, measured once per machine, thread count and weight shapes at a "
            "model's first load (kept in the kernel plan cache)")
@@ -100,12 +98,7 @@ def kernel_paths(device: str | None = None) -> dict[str, dict]:
 def native_why() -> str:
     if os.environ.get("SPECGEN_NATIVE", "1") == "0":
         return "SPECGEN_NATIVE=0"
-    return "no C compiler" if compiler() is None else "built once per machine into the native cache"
-
-
-def compiler() -> str | None:
-    """The C compiler the native kernels are built with ($CC, else cc), or None."""
-    return shutil.which(os.environ.get("CC", "cc"))
+    return "no C compiler" if native.compiler()[0] is None else "built at pip install, else once per machine into the native cache"
 
 
 def size_of(path: Path) -> int:
@@ -124,7 +117,8 @@ def caches() -> dict[str, dict]:
 
 def native_build() -> dict:
     """The C compiler and which native libraries load (built on first use, as a decode would)."""
-    return {"compiler": compiler(), "libraries": {name: native.library(name) is not None for name in native.SIGNATURES}}
+    libraries = {name: native.library(name) is not None for name in native.SIGNATURES}
+    return {"compiler": native.compiler()[0], "libraries": libraries}
 
 
 def machine_facts(device: str | None = None) -> dict:

@@ -123,6 +123,11 @@ def compiler() -> tuple[str | None, str]:
     return cc, (version or [""])[0]
 
 
+def cache_dir() -> Path:
+    """Where first-use builds are kept: `$SPECGEN_CACHE`, default ~/.cache/specgen/native."""
+    return Path(os.environ.get("SPECGEN_CACHE") or Path.home() / ".cache" / "specgen" / "native")
+
+
 def compile_library(name: str, flags: tuple[str, ...]) -> tuple[Path | None, str]:
     """(`<name>.c` with `flags`: installed, else cached, else compiled into the cache now, "") or (None, why not)."""
     if (done := installed(name, flags)).is_file():
@@ -130,8 +135,7 @@ def compile_library(name: str, flags: tuple[str, ...]) -> tuple[Path | None, str
     cc, version = compiler()
     if cc is None:
         return None, version
-    cache = Path(os.environ.get("SPECGEN_CACHE") or Path.home() / ".cache" / "specgen" / "native")
-    out = cache / f"{name}-{key(name, flags, version)}.so"
+    out = cache_dir() / f"{name}-{key(name, flags, version)}.so"
     why = "" if out.is_file() else compile_to(cc, name, flags, out)
     return (None, why) if why else (out, "")
 
