@@ -15,10 +15,11 @@ import sys
 import tempfile
 import time
 
+from specgen.builtins import smollm2_gguf_path  # the GGUF llama.cpp loads: found here, not timed
+
 GEN = [sys.executable, "-m", "cli.main", "generate"]
 TEXT = [*GEN, "--method", "ar", "--max-new-tokens", "1", "--prompt", "hi"]
-LLAMACPP = ("from llama_cpp import Llama; from specgen.builtins import smollm2_gguf_path; "
-            "Llama(model_path=str(smollm2_gguf_path()), n_threads=1, n_ctx=512, verbose=False)('hi', max_tokens=1)")
+LLAMACPP = "from llama_cpp import Llama; Llama(model_path={path!r}, n_threads=1, n_ctx=512, verbose=False)('hi', max_tokens=1)"
 
 
 def rows(out: str) -> dict[str, tuple[list[str], dict]]:
@@ -26,9 +27,9 @@ def rows(out: str) -> dict[str, tuple[list[str], dict]]:
     return {
         "text float32, 1 token": (TEXT, {}),
         "text int4, 1 token": ([*TEXT, "--quantize", "int4"], {}),
-        "image GPT (tiny), 1 image": ([*GEN, "--method", "ar", "--classes", "0", "--num", "1", "-o", out], {}),
-        "mesh GPT (tiny), 1 mesh": ([*GEN, "--method", "ar", "--num", "1", "-o", out], {}),
-        "llama.cpp Llama() + 1 token (Q4_1)": ([sys.executable, "-c", LLAMACPP], {}),
+        "image GPT (tiny), 1 image": ([*GEN, "--model", "tiny-image-gpt", "--method", "ar", "--classes", "0", "--num", "1", "-o", out], {}),
+        "mesh GPT (tiny), 1 mesh": ([*GEN, "--model", "mesh-gpt-tiny", "--method", "ar", "--num", "1", "-o", out], {}),
+        "llama.cpp Llama() + 1 token (Q4_1)": ([sys.executable, "-c", LLAMACPP.format(path=str(smollm2_gguf_path()))], {}),
         "text float32, cleared home (first run)": (TEXT, {"SPECGEN_HOME": "fresh"}),
     }
 
