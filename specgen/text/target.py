@@ -84,7 +84,8 @@ def open_text_model(name: str, device: str = "cpu", progress=None, dtype: str | 
     device = device_name(device)
     asked = prec.split_name(name)[1] or dtype
     name, dtype, quantize = prec.resolve(name, dtype, quantize)
-    resolve_dtype(dtype, device, quantize)  # float16 where this CPU cannot run it: one line
+    if not quantize:  # a quantized target's bfloat16 activations run the int8/int4 and native step kernels, not
+        resolve_dtype(dtype, device)  # torch's bfloat16 fallback; float16 where this CPU cannot run it: one line
     if quantize and not is_cpu(device):
         raise UsageError(f"--quantize {quantize} uses CPU kernels (torch's int8/int4 pack matmuls); use --device cpu, "
                          f"or --dtype bfloat16 on {device}")
