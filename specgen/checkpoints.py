@@ -8,7 +8,6 @@ adds what needs the package's models and embedded defaults (`builders`, `builtin
 from __future__ import annotations
 
 import contextlib
-
 import dataclasses
 import json
 from pathlib import Path
