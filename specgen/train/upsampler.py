@@ -214,14 +214,12 @@ class VQFeatureDistance(nn.Module):
 def local_lpips():
     """LPIPS (VGG) if the package and the VGG weights are already on this machine, else None (no download)."""
     try:
-        import lpips  # noqa: F401
+        import lpips
     except ImportError:
         return None
     hub = Path(torch.hub.get_dir()) / "checkpoints"
     if not any(hub.glob("vgg16-*.pth")):
         return None
-    import lpips
-
     net = lpips.LPIPS(net="vgg", verbose=False).eval()
 
     class _Lpips(nn.Module):
