@@ -144,9 +144,9 @@ def synchronize(device: str | torch.device | None = None) -> None:
         torch.mps.synchronize()
 
 
-def host_tensor(data, device, dtype: torch.dtype | None = None) -> torch.Tensor:
+def host_tensor(data, device) -> torch.Tensor:
     """`torch.tensor(data)` made on the host and queued to `device` without making the host wait (`to_device`)."""
-    return to_device(torch.tensor(data, dtype=dtype), device)
+    return to_device(torch.tensor(data), device)
 
 
 def to_device(t: torch.Tensor, device) -> torch.Tensor:

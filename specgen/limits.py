@@ -63,7 +63,7 @@ def available_memory() -> int | None:
         return None
 
 
-def check_declared_size(ref: str, declared_params: int, stored_params: int | None, bytes_per_param: int = 4) -> None:
+def check_declared_size(ref: str, declared_params: int, stored_params: int | None) -> None:
     """A registry entry whose config.json declares a module larger than its weights or than this machine's
     memory is corrupt (or not for this machine): one line, before the module is allocated."""
     if stored_params is not None and declared_params > 8 * stored_params + (1 << 20):
@@ -71,6 +71,6 @@ def check_declared_size(ref: str, declared_params: int, stored_params: int | Non
                               f"its weights hold {stored_params:,}; repair or remove it "
                               f"(`specgen registry remove {ref}`)")
     mem = available_memory()
-    if mem is not None and declared_params * bytes_per_param > mem:
-        raise CheckpointError(f"{ref} needs {declared_params * bytes_per_param / 2**30:.1f} GiB for its weights, "
+    if mem is not None and declared_params * 4 > mem:  # float32 weights
+        raise CheckpointError(f"{ref} needs {declared_params * 4 / 2**30:.1f} GiB for its weights, "
                               f"more than this machine's {mem / 2**30:.1f} GiB")

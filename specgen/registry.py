@@ -250,16 +250,12 @@ RESERVED: set[str] = set()
 def follow_umask(folder: Path) -> None:
     """Permissions of a finished temporary folder as if made under the umask (mkdtemp and safetensors make
     0700/0600), so a SPECGEN_HOME shared by a group works."""
-    mask = current_umask()
+    from specgen.paths import umask
+
+    mask = umask()
     os.chmod(folder, 0o777 & ~mask)
     for p in folder.rglob("*"):
         os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~mask)
-
-
-def current_umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 class name_lock:

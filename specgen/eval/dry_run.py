@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -441,7 +440,3 @@ def human_size(n: int) -> str:
 def all_ok(rows: list[dict]) -> bool:
     """True when every row passed (the exit status of `benchmark --dry-run`)."""
     return all(r["ok"] for r in rows)
-
-
-def rows_json(rows: list[dict]) -> str:
-    return json.dumps(rows, indent=2)

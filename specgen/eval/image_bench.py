@@ -47,7 +47,7 @@ from specgen.errors import UsageError
 from specgen.eval import image_metrics, plots
 from specgen.eval.image_rows import image_rows, method_of, png_of
 from specgen.eval.run_dir import MemoryRun, Shard
-from specgen.eval.sweeps import (Sweep, SweptRow, expand, merged_table, method_bases, method_check, sweeps_of,
+from specgen.eval.sweeps import (Sweep, SweptRow, expand, method_bases, method_check, options_table, sweeps_of,
                                  with_swept)
 from specgen.image.captions import Caption
 from specgen.image.generate import (ImageGenConfig, ImageModel, conditioned, decode_pixels, generate_images,
@@ -95,11 +95,6 @@ class ImageBenchConfig:
     mulo_taus: list[float] = field(default_factory=list)  # = sweep.mulo-sd.tau: mulo-sd@tau=<v> rows
     vvs_intervals: list[int] = field(default_factory=list)  # = sweep.vvs@i.interval (schedule uniform)
     vvs_thresholds: list[float] = field(default_factory=list)  # = sweep.vvs@thr.threshold (schedule dynamic)
-
-
-def options_table(cfg: ImageBenchConfig) -> dict:
-    """entry -> {option: value} of `options` and its older name `method_options` (a disagreement is refused)."""
-    return merged_table(cfg.method_options, cfg.options, "method_options")
 
 
 def options_of(cfg: ImageBenchConfig, entry: str) -> dict:

@@ -19,7 +19,6 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from specgen.data.images import ImageCrops, ImageCropsConfig
-from specgen.errors import MissingDependencyError
 from specgen.models.classifier import ImageClassifier
 from specgen.paths import atomic_write
 from specgen.registry import home
@@ -155,19 +154,6 @@ def _clip() -> StandardNet:
 def optional_standard_metrics() -> dict[str, StandardNet]:
     """Which standard metric networks have local weights: {"inception-fid": ..., "clip": ...}; never downloads."""
     return {s.name: s for s in (_inception(), _clip())}
-
-
-@torch.no_grad()
-def inception_features(images: torch.Tensor, batch_size: int = 50) -> torch.Tensor:
-    """Standard FID features (pytorch-fid Inception pool3): images [N,3,H,W] in [-1,1] -> [N,2048], local weights."""
-    net = _inception()
-    if not net.available:
-        raise MissingDependencyError(net.detail)
-    from pytorch_fid.inception import InceptionV3  # finds its weights in the hub cache, so it does not download
-
-    model = InceptionV3([InceptionV3.BLOCK_INDEX_BY_DIM[2048]]).eval()
-    out = [model(((c.float().clamp(-1, 1) + 1) / 2))[0].flatten(1) for c in images.split(batch_size)]  # [b,2048]
-    return torch.cat(out)
 
 
 @torch.no_grad()

@@ -13,8 +13,7 @@ from specgen.paths import atomic_write
 
 
 def speed_quality_plot(rows: Sequence[Mapping], x: str = "speedup_vs_ar", y: str = "fid", label: str = "method",
-                       path: str | os.PathLike = "speed_quality.png", title: str | None = None,
-                       lower_is_better: bool = True) -> Path:
+                       path: str | os.PathLike = "speed_quality.png", title: str | None = None) -> Path:
     """Scatter one point per row (rows lacking x or y are skipped), annotated with row[label]; returns the path."""
     import matplotlib
 
@@ -31,7 +30,7 @@ def speed_quality_plot(rows: Sequence[Mapping], x: str = "speedup_vs_ar", y: str
     if x.startswith("speedup"):
         ax.axvline(1.0, color="grey", lw=0.8, ls="--")  # the AR baseline's speed
     ax.set_xlabel(x)
-    ax.set_ylabel(f"{y} ({'lower' if lower_is_better else 'higher'} is better)")
+    ax.set_ylabel(f"{y} (lower is better)")
     ax.set_title(title or f"{y} vs {x}", fontsize=10)
     ax.grid(alpha=0.3)
     fig.tight_layout()

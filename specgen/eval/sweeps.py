@@ -140,6 +140,11 @@ def merged_table(old: dict | None, new: dict | None, old_name: str, new_name: st
     return out
 
 
+def options_table(cfg) -> dict:
+    """row -> {option: value} of `options` and its older name `method_options` (a disagreement is refused)."""
+    return merged_table(cfg.method_options, cfg.options, "method_options")
+
+
 def with_swept(rows: list[str], table: dict, swept: list[SweptRow], method_of: Callable[[str], str]) -> tuple[list, dict]:
     """(rows, options table) with the swept rows added after `rows` (a name already there is not repeated).
 

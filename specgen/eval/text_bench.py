@@ -61,7 +61,7 @@ from specgen.eval.llamacpp_row import LlamaCppLookup, LlamaCppRow
 from specgen.eval.peers import Peer, PeerSetup
 from specgen.eval.roofline import copy_bandwidth, streamed_bytes
 from specgen.eval.run_dir import MemoryRun, Shard
-from specgen.eval.sweeps import expand, merged_table, method_bases, method_check, sweeps_of, with_swept
+from specgen.eval.sweeps import expand, method_bases, method_check, options_table, sweeps_of, with_swept
 from specgen.eval.text_rows import Run, text_rows
 from specgen.methods import METHODS, MethodSpec, get_method, model_for, run_batch
 from specgen.methods.options import BUDGET_DEFAULT
@@ -131,11 +131,6 @@ def row_model(row: str) -> str | None:
     if not at:
         return None
     return tag if method == "ar" or is_model_name(tag) else None
-
-
-def options_table(cfg: TextBenchConfig) -> dict:
-    """row -> {option: value} of `options` and its older name `method_options` (a disagreement is refused)."""
-    return merged_table(cfg.method_options, cfg.options, "method_options")
 
 
 def row_options(row: str, cfg: TextBenchConfig) -> dict:

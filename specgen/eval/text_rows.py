@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from specgen.decoding.cost import CostCurve
+from specgen.eval.humaneval import pass_at_1
 from specgen.eval.latency import percentile
 from specgen.eval.run_dir import RunNotFinished, batched, unrecorded
 
@@ -181,7 +182,7 @@ def batch_rows(measured: Measured, batch: int, meta: dict[str, dict], costs: dic
         if all(r.nll_sum is not None for r in rs):
             row["nll_base"] = sum(r.nll_sum for r in rs) / max(1, sum(r.nll_count for r in rs))
         if all(r.passed is not None for r in rs):
-            row["pass_at_1"] = sum(map(bool, (r.passed for r in rs))) / len(rs)
+            row["pass_at_1"] = pass_at_1([r.passed for r in rs])
         if batch == 1:
             row.update(roofline(m, rs, walls[m], machines or {}))
         if batch == 1 and costs:

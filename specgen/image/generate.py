@@ -203,7 +203,7 @@ class ImageSample:
     stats: DecodeStats
 
 
-def generate_images(im: ImageModel, req: DecodeRequest[ImageGenConfig], on_done=None,
+def generate_images(im: ImageModel, req: DecodeRequest[ImageGenConfig],
                     conditions: list[int] | list[Caption] | None = None,
                     indices: list[int] | None = None, on_image=None) -> tuple[list[ImageSample], torch.Tensor]:
     """Decode the images of `conditions` (default `image_conditions(im, cfg)`); returns samples and decoded
@@ -235,8 +235,6 @@ def generate_images(im: ImageModel, req: DecodeRequest[ImageGenConfig], on_done=
         if on_image is not None:
             pixels[j] = decode_pixels(im, [tokens[j]])[0]
             on_image(j, pixels[j])
-        if on_done is not None:
-            on_done(j)
 
     batch = run_batch(parts.target, lambda i: build_image_method(req.method, parts, req.options)[0],
                       prompts, im.grid * im.grid, req.params, (), seeds, cfg.batch_size, on_done=done, rule=rule,

@@ -70,11 +70,7 @@ def lantern_rule(parts: ImageParts, o: O.LanternTreeOptions | O.AdtLanternOption
     if parts.codebook is None:
         raise UsageError("lantern needs the target's VQ codebook")
     table = neighbour_table(parts.codebook, o.lantern_k or scaled_k(parts.codebook.shape[0]))
-    return partial(_lantern, neighbours=table, delta=o.lantern_delta)
-
-
-def _lantern(draft, logits, params, generator, neighbours, delta):
-    return accept_lantern(draft, logits, params, generator, neighbours, delta)
+    return partial(accept_lantern, neighbours=table, delta=o.lantern_delta)
 
 
 def ar(p: ImageParts, o: O.NoOptions):

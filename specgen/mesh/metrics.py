@@ -38,7 +38,7 @@ class MeshDistances:
 
     chamfer: float
     hausdorff: float
-    convention: str  # "bpt" or a label of the variant, e.g. "squared-mean"
+    convention: str  # "bpt" (`chamfer_points` gives the squared / mean variants)
 
 
 @dataclass(frozen=True)
@@ -99,21 +99,14 @@ def mesh_distances(
     *,
     samples: int = NUM_SAMPLES,
     seed: int = 0,
-    squared: bool = False,
-    reduction: str = "sum",
 ) -> MeshDistances:
     """CD and HD between a generated and a reference mesh under BPT's protocol (module doc)."""
     a = normalized_samples(gen_vertices, gen_faces, samples, seed)
     b = normalized_samples(ref_vertices, ref_faces, samples, seed)
-    label = (
-        "bpt"
-        if not squared and reduction == "sum"
-        else f"{'squared' if squared else 'l2'}-{reduction}"
-    )
     return MeshDistances(
-        chamfer=chamfer_points(a, b, squared=squared, reduction=reduction),
+        chamfer=chamfer_points(a, b),
         hausdorff=hausdorff_points(a, b),
-        convention=label,
+        convention="bpt",
     )
 
 

@@ -66,7 +66,6 @@ def int_in(lo: int, hi: int) -> Check:
 
 NONNEG_NUMBER: Check = ((lambda v: is_number(v) and v >= 0), ">= 0 (a finite number)")
 POS_NUMBER: Check = ((lambda v: is_number(v) and v > 0), "> 0 (a finite number)")
-ANY_NUMBER: Check = (is_number, "a finite number")
 SEED: Check = int_at_least(0)  # `seed` is accepted by every method
 
 

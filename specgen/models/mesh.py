@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specgen.decoding.cache import KVCache
-from specgen.models.transformer import RMSNorm, Transformer, TransformerConfig
+from specgen.models.transformer import Transformer, TransformerConfig
 
 
 @dataclass(frozen=True)

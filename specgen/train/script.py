@@ -47,12 +47,10 @@ def parse_recipe(parser: argparse.ArgumentParser, cls: type[T],
     """(recipe dataclass from --config + overrides, parsed arguments (--device resolved), logger of --log or
     OUT/train.log)."""
     from specgen.config import load_config
+    from specgen.devices import train_device
 
     args = parser.parse_args(argv)
-    if hasattr(args, "device"):
-        from specgen.devices import train_device
-
-        args.device = train_device(args.device)  # a missing device: one line, before anything loads
+    args.device = train_device(args.device)  # a missing device: one line, before anything loads
     cfg = load_config(cls, args.config, args.overrides)
     return cfg, args, file_logger(Path(args.log) if args.log else Path(args.out) / "train.log")
 

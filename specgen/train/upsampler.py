@@ -48,6 +48,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from specgen.errors import IncompatibleError, UsageError
+from specgen.image.neighbours import codebook_hash
 from specgen.models.upsampler import UpDownSampler, UpsamplerConfig
 from specgen.train.checkpoint import fp16_state, publish, save_tensors
 from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask
@@ -213,14 +214,12 @@ class VQFeatureDistance(nn.Module):
 def local_lpips():
     """LPIPS (VGG) if the package and the VGG weights are already on this machine, else None (no download)."""
     try:
-        import lpips  # noqa: F401
+        import lpips
     except ImportError:
         return None
     hub = Path(torch.hub.get_dir()) / "checkpoints"
     if not any(hub.glob("vgg16-*.pth")):
         return None
-    import lpips
-
     net = lpips.LPIPS(net="vgg", verbose=False).eval()
 
     class _Lpips(nn.Module):
@@ -308,12 +307,6 @@ def load_pair(ref: str) -> tuple[UpDownSampler, dict]:
     if entry.meta.get("builder") != "mulo-updown":
         raise UsageError(f"{entry.ref} is not a MuLo-SD up/down-sampler pair")
     return checkpoints.load_module(entry), entry.meta
-
-
-def codebook_hash(codebook: torch.Tensor) -> str:
-    from specgen.image.neighbours import codebook_hash as h
-
-    return h(codebook)
 
 
 def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
