@@ -26,7 +26,7 @@ def check(status: int, what: str) -> None:
 
 
 LIB = torch.library.Library("specgen", "DEF")  # noqa: TOR901 -- plain dispatcher ops: custom_op's Python wrapper
-# costs ~6x the kernel's own time per call on a decode step's small rows
+# costs more per call than a decode step's small kernels themselves (docs/LOG.md, session 34)
 
 
 def op(schema: str, fake):
