@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 from pathlib import Path
 from typing import Callable
 
@@ -137,7 +138,7 @@ def load_state(module: torch.nn.Module, entry: Entry) -> None:
     """Copy the entry's weights into `module` strictly, a part at a time from the memory-mapped file, so the process
     never holds the whole state beside the module (`registry.state_parts`). Keys the entry stores once for several
     (`tied`; an LM head tied to the embedding) are copied to each."""
-    stored = registry.stored_keys(entry)
+    stored = set(registry.stored_shapes(entry) or ())
     copies: dict[str, list[str]] = {}
     for dropped, kept in entry.meta.get("tied", {}).items():
         copies.setdefault(kept, []).append(dropped)
@@ -168,4 +169,5 @@ def check_declared_size(entry: Entry, builder: str, kwargs: dict) -> None:
     except Exception:  # noqa: BLE001 - a builder that cannot run on the meta device: checked when built
         return
     declared = sum(p.numel() for p in module.parameters())
-    check_size(entry.ref, declared, registry.stored_numel(entry))
+    shapes = registry.stored_shapes(entry)
+    check_size(entry.ref, declared, None if shapes is None else sum(math.prod(s) for s in shapes.values()))

@@ -348,7 +348,7 @@ def find_installed(name: str) -> Entry:
     return entries[0]
 
 
-#: Bytes of a weights file read through one mapping before it is closed (`iter_state`).
+#: Bytes of a weights file read through one mapping before it is closed (`state_parts`).
 MAPPED_BYTES = 64 << 20
 
 
@@ -357,15 +357,16 @@ def read_state(entry: Entry) -> dict[str, torch.Tensor]:
     return {k: v for part in state_parts(entry) for k, v in part.items()}
 
 
-def stored_keys(entry: Entry) -> set[str]:
-    """The names of the tensors in the entry's weights file, read from its header only (empty when unreadable)."""
+def stored_shapes(entry: Entry) -> dict[str, list[int]] | None:
+    """Each tensor's shape in the entry's weights file, read from its header only (None when unreadable: `state_parts`
+    says why in its one line)."""
     from safetensors import safe_open
 
     try:
         with safe_open(str(entry.path / WEIGHTS), "pt") as f:
-            return set(f.keys())
-    except Exception:  # noqa: BLE001 - unreadable: `state_parts` says why in its one line
-        return set()
+            return {k: list(f.get_slice(k).get_shape()) for k in f.keys()}
+    except Exception:  # noqa: BLE001 - see above
+        return None
 
 
 def state_parts(entry: Entry) -> Iterator[dict[str, torch.Tensor]]:
@@ -379,13 +380,13 @@ def state_parts(entry: Entry) -> Iterator[dict[str, torch.Tensor]]:
         raise CheckpointError(f"{entry.ref} has no {WEIGHTS}")
     try:
         with safe_open(str(path), "pt") as f:
-            keys = sorted(f.keys())
+            keys = sorted(f.keys(), reverse=True)  # popped from the end: in name order
         while keys:
             part: dict[str, torch.Tensor] = {}
             read = 0
             with safe_open(str(path), "pt") as f:
                 while keys and read < MAPPED_BYTES:
-                    key = keys.pop(0)
+                    key = keys.pop()
                     part[key] = f.get_tensor(key)
                     read += part[key].numel() * part[key].element_size()
             yield part
@@ -395,23 +396,6 @@ def state_parts(entry: Entry) -> Iterator[dict[str, torch.Tensor]]:
 
 def one_line(e: BaseException) -> str:
     return " ".join(str(e).split())[:200] or type(e).__name__
-
-
-def stored_numel(entry: Entry) -> int | None:
-    """Number of values in the entry's weights file, read from its header only (None when unreadable)."""
-    from safetensors import safe_open
-
-    try:
-        with safe_open(str(entry.path / WEIGHTS), "pt") as f:
-            total = 0
-            for k in f.keys():
-                n = 1
-                for d in f.get_slice(k).get_shape():
-                    n *= d
-                total += n
-            return total
-    except Exception:  # noqa: BLE001 - unreadable weights are reported by read_state
-        return None
 
 
 _DIGESTS: dict[tuple, str] = {}

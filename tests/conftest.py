@@ -14,9 +14,10 @@ torch.set_num_threads(1)  # tiny models: threads only add spin-waiting (and the 
 # oneDNN ships in torch's x86 CPU wheels (this project's machine and CI); on a build without it the tests that
 # call it cannot run, and `test_builds_without_onednn_fall_back_to_column_major` checks what specgen does there.
 needs_onednn = pytest.mark.skipif(not packed_linear.available(), reason="this torch build has no oneDNN")
-# specgen/native's C kernels are compiled at first use; without a C compiler the tests that call them cannot run
+# specgen/native's C kernels are built at pip install or first use; without a C compiler the tests that call them
+# cannot run
 needs_native = pytest.mark.skipif(any(native.library(name) is None for name in native.SIGNATURES),
-                                  reason="no C compiler, or no AVX-512 for attention.c: not every kernel is built")
+                                  reason="no C compiler, or no 16-lane vectors (AVX-512F, AVX2 + FMA) for attention.c")
 #: only the tiled products (and the row kernels beside them): built wherever there is a compiler
 needs_tiled = pytest.mark.skipif(native.library("tiled") is None or native.library("glue") is None,
                                  reason="no C compiler: the native kernels are not built here")

@@ -273,21 +273,14 @@ def items_of(cfg: TextBenchConfig) -> list[Item]:
 def check_prompts_fit(cfg: TextBenchConfig, progress=None) -> None:
     """Refuse a prompt that leaves no room for max_new_tokens in the model's context, from its registry entry's
     config and tokenizer files: before any weights load."""
-    from specgen import checkpoints
     from specgen.limits import check_prompt_fits, context_of
-    from specgen.models.tokenizer import TextTokenizer
-    from specgen.text.precision import split_name
+    from specgen.text.target import open_text_model
 
-    entry = checkpoints.find(split_name(cfg.model)[0], progress)
-    # a quantized entry or an adapter reads its base's tokenizer, as load_text_model does
-    source = (entry.meta.get("quantized") or {}).get("base") or (entry.meta.get("parent") if entry.kind == "adapter"
-                                                                 else None)
-    base = checkpoints.find(source, progress) if source else entry
-    tokenizer = TextTokenizer.load(base.path)
+    source = open_text_model(cfg.model, "cpu", progress)  # the entry, the base it reads its tokenizer from
+    entry = source.entry if context_of(source.entry.meta) else source.base
     for i, item in enumerate(items_of(cfg)):
         try:
-            check_prompt_fits(len(encode(tokenizer, item.prompt)), cfg.max_new_tokens,
-                              entry if context_of(entry.meta) else base)
+            check_prompt_fits(len(encode(source.tokenizer, item.prompt)), cfg.max_new_tokens, entry)
         except UsageError as e:
             raise UsageError(f"prompt {cfg.offset + i}: {e}") from None
 

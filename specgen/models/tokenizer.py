@@ -9,6 +9,7 @@ both on the shipped and an imported tokenizer).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import shutil
@@ -38,8 +39,10 @@ def _template(folder: Path, config: dict) -> str | None:
     return got if isinstance(got, str) else None
 
 
-def _environment():
-    """jinja2 as transformers renders chat templates: sandboxed, trimmed blocks, loop controls, its globals."""
+@functools.cache
+def _compiled(template: str):
+    """The template compiled in jinja2 as transformers renders chat templates: sandboxed, trimmed blocks, loop
+    controls, its globals (once per template: every prompt renders it)."""
     import jinja2  # only a chat template needs it
     import jinja2.ext
     from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -51,7 +54,7 @@ def _environment():
     env.filters["tojson"] = lambda x, indent=None, separators=None, sort_keys=False: json.dumps(
         x, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys)
     env.globals.update(raise_exception=raise_exception, strftime_now=lambda fmt: datetime.now().strftime(fmt))
-    return env
+    return env.from_string(template)
 
 
 @dataclass(frozen=True)
@@ -95,7 +98,7 @@ class TextTokenizer:
 
         specials = {k: v for k, v in self.special.items() if v is not None}
         try:
-            return _environment().from_string(self.chat_template).render(
+            return _compiled(self.chat_template).render(
                 messages=messages, add_generation_prompt=True, tools=None, documents=None, **specials)
         except jinja2.TemplateError as e:
             raise CheckpointError(f"the tokenizer's chat template does not render: {e}") from None
