@@ -1,18 +1,4 @@
-"""Chamfer and Hausdorff distances exactly as BPT's ``metrics.py`` defines them, plus a mesh check.
-
-BPT protocol (``research/mesh_peers.md`` section 4; BPT ``metrics.py`` + ``utils.py``):
- - each mesh is normalised on its own (``apply_normalize``): bounding-box centre to the origin,
-   longest side to 1.9, i.e. [-0.95, 0.95] (no epsilon);
- - 1,024 area-weighted points, uniform within triangles, per mesh. BPT's ``mesh.sample`` is
-   unseeded; we seed it: each mesh is sampled with a fresh ``default_rng(seed)``, so identical
-   meshes give identical samples and distance exactly 0;
- - CD = point-cloud-utils ``chamfer_distance`` = mean nearest-neighbour L2 distance a->b PLUS
-   mean b->a (not squared, summed, not halved);
- - HD = ``hausdorff_distance`` = max of the two one-sided maxima (L2, not squared).
-Scores over a set are plain means; BPT silently drops meshes that fail, we let callers count
-them (``check_mesh``). ``squared``/``reduction`` give the common variants, labelled as such:
-numbers under different conventions are not comparable.
-"""
+"""Chamfer and Hausdorff distances exactly as BPT's ``metrics.py`` defines them (docs/mesh.md), plus a mesh check."""
 
 from __future__ import annotations
 

@@ -1,22 +1,4 @@
-"""Deterministic procedural low-poly meshes from trimesh primitives, and loading user meshes.
-
-``generate_mesh(seed)`` draws everything from ``np.random.default_rng(seed)``:
- 1. 1 to 4 parts (``ProceduralSpec.max_parts``), each a primitive from ``PRIMITIVES`` (uniform
-    choice) with explicit, small section counts, built at about unit size;
- 2. per part a non-uniform scale in [0.6, 1.4] per axis, a rotation (``ProceduralSpec.rotation``:
-    uniformly random by Shoemake's quaternion, the default, or one of the 24 axis-aligned ones) and
-    a translation in [-0.5, 0.5] per axis; parts are concatenated (no booleans, so parts may
-    intersect);
- 3. a part that would take the total to 800 faces or more is skipped (the first part always
-    fits: the largest primitive has 320 faces);
- 4. the whole is normalised to [-0.95, 0.95] as BPT does, quantised to 7 bits, equal vertices
-    merged, degenerate/duplicate faces and unused vertices dropped. Vertices are bin centres.
-
-Splits are disjoint seed ranges (``SPLITS``): train ``[0, 1_000_000)``, validation
-``[1_000_000, 1_010_000)``, test ``[1_010_000, 1_020_000)``. The same seed gives the same mesh on
-the same numpy and trimesh versions (numpy's ``Generator`` streams are stable in practice but
-not guaranteed across feature releases).
-"""
+"""Deterministic procedural low-poly meshes from trimesh primitives (one seed, one mesh; docs/mesh.md), and loading user meshes."""
 
 from __future__ import annotations
 

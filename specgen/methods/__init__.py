@@ -1,10 +1,4 @@
-"""Decoding methods by name: METHODS, one entry per method (modalities, losslessness, options class, factory).
-
-An entry's options class (`specgen.methods.options`, or `XSpecMeshOptions` for xspecmesh) holds the option names,
-their defaults and checks. Text and mesh methods build their drafter from it (`make_drafter`); an image method
-names its builder, a function of `specgen.image.methods` (`build_image`), which returns (drafter, accept rule)
-from the loaded target's parts (that module reads this table, never the reverse: the layers stay one-way).
-"""
+"""Decoding methods by name: METHODS, one entry per method (modalities, losslessness, options class, factory)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
 """Method options (`method_options.NAME=VALUE`) as frozen dataclasses: one class per method family.
 
-A field's default is the method's default; its `check` metadata says what a single value must be (type and range),
-so a wrong type (`block_size=abc`), a value out of range (`block_size=0`) or NaN (`delta=nan`) is one usage error
-naming the option, before a model is loaded. `validate()` runs the field checks and then `check()`, the rules
-between options that a family states itself. Builders take these objects and check only what needs the loaded model
-(mulo-sd's assets, vvs's codebook for the dynamic schedule).
-
-This module imports nothing heavy: `specgen.config_checks` reads `CHECKS` on every command's config.
+Imports nothing heavy: `specgen.config_checks` reads `CHECKS` on every command's config.
 """
 
 from __future__ import annotations

@@ -1,72 +1,7 @@
-"""XSpecMesh (Algorithm 1): multi-head speculative decoding of point-cloud-conditioned mesh GPTs.
+"""XSpecMesh (Algorithm 1): multi-head speculative decoding of point-cloud-conditioned mesh GPTs (docs/methods/xspecmesh.md).
 
-LOSSY with the paper's rules (criterion "threshold" or "topk"); LOSSLESS with criterion "rejection"
-(beyond the paper: speculative rejection sampling of deterministic candidates, see below).
-
-One decoding step, with s = the position of the first not-yet-verified candidate:
-  1 propose  candidates x_s .. x_{s+D}: x_s was sampled from the backbone p^(0)_s (so it is valid),
-             x_{s+d} from head d applied to h_{s-1} (the hidden state that produced p^(0)_s);
-  2 verify   ONE backbone forward over x_{s:s+D} under a causal mask -> h_{s .. s+D}, hence
-             p^(0)_{s+1 .. s+D+1} (the condition's cross-attention K/V were computed once per mesh;
-             the top-k/top-p filters run only on the rows step 3 reads);
-  3 accept   keep x_{s+1}, ... while the rule passes (p^(0)(x) > delta, or x in top-K_a), stop at the
-             first rejected position s* (lossy: `decoding/accept_threshold.py`); or, with "rejection",
-             keep x with probability p^(0)(x) (lossless: `decoding/accept.py`);
-  4 commit   keep the KV of x_s .. x_{s*-1} (a pointer move: the chain is contiguous);
-  5 update   resample x_{s*} from p^(0)_{s*} and x_{s*+d} from head d on h_{s*-1} (line 11).
-`ar` on meshes is this loop with D = 0 (no heads): one token per backbone forward, same cache,
-same condition K/V reuse, so wall-clock ratios between the two are honest.
-
-Choices the paper leaves open (this is the reference implementation):
-- Start: Algorithm 1 feeds SOS plus D uniformly random tokens first. We prefill the learned start
-  vector alone and draw the first candidates from its outputs (random tokens pass p > delta with
-  negligible probability in a 5121-way vocabulary); this also makes "accept nothing" exactly AR.
-- Heads run on h_{s*-1} only (the one row line 11 uses), not on all D + 1 rows of line 5: same
-  distributions, D times less head work. Heads built with `token_input` (beyond the paper,
-  `models/heads.py`) also read E(x_{s*}): the backbone sample line 11 draws before them.
-- Random streams: the backbone's own samples (x_s, the recovered tokens) use `generator`, head
-  candidates use a separate `draft_generator`. With a rule that accepts nothing (delta >= 1) the
-  output is therefore AR sampling with the same seed, token for token.
-- Heads sample from the same filtered, tempered distribution as the backbone (temperature, top-k,
-  top-p of the run); greedy runs take argmaxes everywhere, and then the threshold rule with
-  delta < 1 reproduces greedy AR exactly.
-- Top-K_s probability-tree sampling (appendix A.4): the heads' distributions all come from the
-  same h_{s*-1}, so a path's weight is the product of its tokens' head probabilities. Pruning
-  a branch whose cumulative weight is < 1e-5 removes exactly the complete paths whose weight is
-  < 1e-5 (weights only shrink along a path), so we score all K_s^D complete paths at once, zero
-  those under the threshold and draw one in proportion to its weight. If none survives, the top-1
-  path is used. The draft stays a single chain, as in the paper.
-- EOS: the run stops after the first committed EOS (5120) or at `max_tokens` committed tokens;
-  head candidates after an EOS candidate are dropped.
-- Lookup candidates (beyond the paper, `lookup` > 0, off by default): x_{s*+1 ..} are first taken from
-  what followed the latest earlier occurrence of the longest n-gram suffix (n <= lookup) of the mesh so
-  far (BPT sequences revisit shared vertices); heads fill the rest and are not run when lookup fills
-  all D. Only the candidates change, so the accept rule and both random streams are untouched.
-- Vertex lookup (beyond the paper, `vertex_lookup`, off by default; BPT vocabularies only): a candidate
-  whose predecessor is a block token already followed by an offset in this mesh is that offset, every
-  other candidate the head's (`mesh/vertex_lookup.py`). The heads keep the blocks, the mesh's own vertices
-  supply the offsets; exclusive with `lookup`. Again only the candidates change.
-- Lossless acceptance (beyond the paper, `criterion: rejection`): the paper's rules accept any candidate
-  the backbone finds likely enough, so the output drifts from the backbone's own samples (docs/results/mesh.md: with
-  argmax candidates some point clouds' meshes grow a quarter longer). With deterministic candidates
-  (argmax heads = the K_s = 1 tree, vertex / n-gram lookup, or greedy) standard speculative sampling
-  applies with q = one-hot: accept x with probability p^(0)(x), on rejection sample p^(0) with x
-  removed. Every committed token is then distributed exactly as the backbone's given the tokens before
-  it (tested statistically), so the output is the backbone's sampling distribution; at temperature 0 it
-  is greedy AR token for token. A candidate may depend on more than the prefix (on where earlier steps
-  ended, hence which head proposed it), but given that history it is fixed, which is all the argument
-  needs. Sampled candidates would need each head's q; they are refused with this rule (their
-  acceptance min(1, p/q) is lower anyway).
-- Path cut (beyond the paper, `min_path_prob` > 0, off by default): the chain ends before the first
-  candidate at which the running product of the proposers' probabilities of their candidates falls below
-  `min_path_prob` (EAGLE-2's path confidence, applied to a chain). A head's probability of its token is
-  softmax(head logits / T) at the run's temperature T (1 when greedy), unfiltered; a lookup candidate counts
-  1. Each verified token costs a backbone forward more work, so dropping the tail a head is unsure of can
-  save more than the few tokens it would have added (whether it does is measured in docs/results/mesh.md). The
-  cut is a function of the history, like the candidates, so every rule keeps its properties (rejection
-  stays lossless, accept-nothing stays AR, greedy stays greedy AR).
-- SCR = committed tokens / decoding steps (the prefill that yields the first candidate is not a
-  decoding step), i.e. `DecodeStats.tau`; step latency = wall time / steps.
+LOSSY with the paper's rules (criterion threshold / topk); LOSSLESS with criterion rejection and deterministic
+candidates. A rule that accepts nothing (delta >= 1) is AR sampling with the same seed, token for token.
 """
 
 from __future__ import annotations

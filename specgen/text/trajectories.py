@@ -1,31 +1,6 @@
 """Jacobi trajectory collection (CLLM / pcLLM step 1): greedy Jacobi over blocks of n tokens, every state kept.
 
-For each prompt the target decodes its greedy answer block by block. A block starts from the
-initial guess ``[first correct token] + (n - 1) tokens drawn from the text so far`` (CLLM/Jacobi
-Forcing) and is iterated with one forward per Jacobi step over a static KV cache: the converged
-prefix is committed to the cache, only the unconverged suffix is fed again. The state recorded after
-each step is the full Jacobi iterate ``y^(j)`` (n tokens); the last state is the fixed point, which
-equals greedy AR (Song et al. 2021). Collection stops after the block whose fixed point holds a stop
-token or when ``max_new_tokens`` are reached.
-
-One record per block (parquet, readable with ``datasets.load_dataset("parquet", ...)``):
-
-    data_id      int          index of the prompt in the prompt source
-    block        int          block index (0 = first n answer tokens)
-    prompt_ids   list[int]    the prompt's token ids (chat template applied)
-    trajectory   list[list]   states y^(0) .. y^(k) (n tokens each); trajectory[-1] == fixed_point
-    fixed_point  list[int]    the block's converged tokens (= greedy AR output)
-    iterations   int          Jacobi steps (forwards) taken for this block
-
-Layout of an output folder::
-
-    trajectories.json            metadata: target, tokenizer hash, block size, prompt source, ... (distill checks it)
-    shards/rank00-00000.parquet  written atomically, each holds whole prompts only
-    merged/train.parquet         `merge_shards`: all ranks, de-duplicated, sorted (idempotent)
-
-Resume: a prompt whose records are in any shard is skipped, so an interrupted run never duplicates
-records, and a half-written shard never exists (temp file + rename). Ranks come from RANK/WORLD_SIZE
-(torchrun, accelerate); prompt i belongs to rank i % WORLD_SIZE.
+Shards are written atomically and hold whole prompts only: an interrupted run never duplicates records (docs/training.md).
 """
 
 from __future__ import annotations
