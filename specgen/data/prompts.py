@@ -103,7 +103,7 @@ def _dataset(src: Source, field: str | None, category_field: str | None, split: 
     if path is None:
         raise PromptSourceError("<stdin>: a dataset is read from a folder or file, not stdin")
     try:
-        import datasets
+        import datasets  # deferred: start-up (only dataset sources need it)
     except ImportError:
         raise PromptSourceError(f"{path}: reading datasets needs the `datasets` package") from None
     bars, verbosity = datasets.is_progress_bar_enabled(), datasets.logging.get_verbosity()

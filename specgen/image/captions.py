@@ -8,7 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
+from safetensors.torch import load_file
 
 from specgen.errors import IncompatibleError, UsageError
 
@@ -43,11 +45,7 @@ def _read_arrays(path: Path) -> dict[str, torch.Tensor]:
     """Name -> tensor from a caption file (no pickles: .npy/.npz are read with allow_pickle=False)."""
     try:
         if path.suffix == ".safetensors":
-            from safetensors.torch import load_file
-
             return load_file(str(path))
-        import numpy as np
-
         if path.suffix == ".npy":
             return {"features": torch.from_numpy(np.load(path, allow_pickle=False))}
         with np.load(path, allow_pickle=False) as z:

@@ -8,6 +8,7 @@ from typing import Callable, Protocol
 import torch
 
 from specgen.decoding.draft_verify import DrafterBase
+from specgen.methods.eagle_batch import EagleBatch
 from specgen.methods.eagle_grow import TreeShape
 
 
@@ -60,6 +61,4 @@ class EagleTreeDrafter(DrafterBase):
 
     def pool(self, make: Callable[[int], "EagleTreeDrafter"]):
         """The DrafterPool that grows every live row's tree together (methods/eagle_batch.py)."""
-        from specgen.methods.eagle_batch import EagleBatch  # it builds on this module: a top import is a circle
-
         return EagleBatch(make)

@@ -10,12 +10,17 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
+from safetensors import safe_open
 
+from specgen import checkpoints, registry
 from specgen.decoding.draft import Draft
 from specgen.decoding.draft_verify import DrafterBase
 from specgen.decoding.pool import PolicyBase, RowStep
 from specgen.decoding.sampling import logits_to_probs, pick
+from specgen.decoding.verify import verify_batch
 from specgen.errors import IncompatibleError, UsageError
+from specgen.image.neighbours import neighbour_table, scaled_k
+from specgen.image.target import CFGTarget
 from specgen.methods.mulo_neighbourhood import expand_rejections
 from specgen.methods.options import MuloOptions
 from specgen.models.graphs import attach
@@ -109,8 +114,6 @@ class MuLoBatch(PolicyBase):
         self.max_feed = 2 * (dec.grid // dec.low_grid) * dec.grid * dec.draft_rows  # pending + a block
 
     def open(self, width: int, max_len: int) -> None:
-        from specgen.image.target import CFGTarget
-
         dec = self.make(0)
         self.lowres = dec.lowres
         steps = self.target.model.graphs  # the drafter's forwards are captured where the target's are
@@ -177,8 +180,6 @@ class MuLoBatch(PolicyBase):
     def low_forward(self, feeds: dict[int, list[int]]) -> dict[int, torch.Tensor]:
         """One drafter forward over the slots in `feeds` (each feeds its chain at its drafter-cache length, slots
         in between feed one padding node); commits the chains; the drafter logits [S_i, V] of each slot."""
-        from specgen.decoding.verify import verify_batch
-
         lo, hi = min(feeds), max(feeds) + 1
         view = self.lcache.rows(lo * self.br, hi * self.br)
         roots = [feeds[i][0] if i in feeds else 0 for i in range(lo, hi)]
@@ -304,8 +305,6 @@ _LOADED: dict[tuple[str, str], torch.nn.Module] = {}
 
 
 def _load(entry, device) -> torch.nn.Module:
-    from specgen import checkpoints, registry
-
     key = (str(entry.path), str(device))
     stamp = (entry.path / registry.WEIGHTS).stat().st_mtime_ns
     hit = _LOADED.get(key)
@@ -318,10 +317,6 @@ def _load(entry, device) -> torch.nn.Module:
 
 def vq_codebook_of(entry) -> torch.Tensor | None:
     """The raw codebook [V, D] of the VQ a GPT entry was trained on (only that tensor is read), or None."""
-    from safetensors import safe_open
-
-    from specgen import checkpoints, registry
-
     vq = entry.meta.get("vq")
     if not vq:
         return None
@@ -341,9 +336,6 @@ def build_mulo(parts, o: MuloOptions) -> MuLoSD:
     Derived defaults: upsampler tiny-image-upsampler-{r}x (r = G / g), tau 1e-4 * 16384 / V, lantern_k 0 = the
     paper's 1000 of 16,384 scaled to the codebook.
     """
-    from specgen import checkpoints
-    from specgen.image.neighbours import neighbour_table, scaled_k
-
     if parts.codebook is None:
         raise UsageError("mulo-sd needs the target's VQ codebook")
     G, vocab = parts.grid, parts.model.cfg.vocab_size

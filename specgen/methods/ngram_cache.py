@@ -10,6 +10,10 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
 from specgen.errors import CheckpointError, UsageError
 
 MAX_NGRAM, MIN_NGRAM = 4, 2  # n-gram lengths looked up, longest first
@@ -68,9 +72,6 @@ def build_table(answers: list[list[int]]) -> dict[tuple[int, ...], int]:
 
 def save(path: Path, answers: list[list[int]], tokenizer: str, how: str) -> None:
     """Write answers (token streams) as a cache file."""
-    import torch
-    from safetensors.torch import save_file
-
     flat: list[int] = []
     for seq in answers:
         flat.extend(seq)
@@ -82,8 +83,6 @@ def save(path: Path, answers: list[list[int]], tokenizer: str, how: str) -> None
 @lru_cache(maxsize=4)
 def load(ref: str) -> NgramCache:
     """A cache by shipped name (`specgen/assets/text/ngram/<name>.safetensors`) or file path; one line if neither."""
-    from safetensors import safe_open
-
     path = SHIPPED / f"{ref}.safetensors" if "/" not in ref and not ref.endswith(".safetensors") else Path(ref)
     if not path.is_file():
         shipped = ", ".join(sorted(p.stem for p in SHIPPED.glob("*.safetensors"))) or "none"

@@ -12,15 +12,22 @@ from dataclasses import dataclass
 
 import torch
 
+from specgen import checkpoints, registry
 from specgen.decoding.accept_threshold import CRITERIA as LOSSY_CRITERIA, AcceptCriterion
+from specgen.decoding.budget import MeasuredBudget
+from specgen.decoding.loop import decode_batch
 from specgen.decoding.sampling import SamplingParams, logits_to_probs, sample, sample_rows
 from specgen.decoding.stats import DecodeStats
 from specgen.devices import host_tensor
+from specgen.errors import CheckpointError, UsageError
+from specgen.mesh.target import MeshTarget
 from specgen.mesh.vertex_lookup import VertexMemory
 from specgen.methods.options import BUDGETS
-from specgen.methods.text import lookup
+from specgen.methods.text import EmptyDrafter, lookup
+from specgen.methods.xspecmesh_pool import XSpecMeshPool, mesh_rule
 from specgen.models.heads import head_logits
 from specgen.models.layout import decode_layout
+from specgen.train.lora import merge_lora_state
 
 SAMPLING_MODES = ("independent", "tree")
 #: The lossless acceptance rule (beyond the paper): speculative rejection sampling of deterministic candidates.
@@ -52,8 +59,6 @@ class XSpecMeshOptions:
     budget: str = "fixed"  # "auto": per batch size, the faster of batched AR and the heads (decoding/budget.py)
 
     def __post_init__(self) -> None:
-        from specgen.errors import UsageError
-
         if self.sampling not in SAMPLING_MODES:
             raise UsageError(f"unknown sampling {self.sampling!r}; choose from {', '.join(SAMPLING_MODES)}")
         if self.draft_dtype not in DRAFT_DTYPES:
@@ -180,17 +185,9 @@ class MeshDecoder:
         """Decode the meshes of point clouds pcs[i] [N_i, 6], `batch_size` at a time, on the shared batched loop
         (`decoding/loop.py`: continuous batching, per-row acceptance). Cloud i samples from generators[i] (the
         backbone's samples) and draft_generators[i] (head candidates), so its mesh does not depend on the batch."""
-        from specgen.decoding.budget import MeasuredBudget
-        from specgen.decoding.loop import decode_batch
-        from specgen.mesh.target import MeshTarget
-        from specgen.methods.text import EmptyDrafter
-        from specgen.methods.xspecmesh_pool import XSpecMeshPool, mesh_rule
-
         opts = opts or XSpecMeshOptions()
         d_max = 0 if self.heads is None else (opts.num_heads or self.heads.num_heads)
         if self.heads is not None and d_max > self.heads.num_heads:
-            from specgen.errors import UsageError
-
             raise UsageError(f"num_heads {d_max} > the {self.heads.num_heads} heads of this checkpoint")
         generators = list(generators) if generators is not None else [None] * len(pcs)
         draft_generators = list(draft_generators) if draft_generators is not None else [None] * len(pcs)
@@ -225,8 +222,6 @@ class MeshDecoder:
         """An empty per-mesh vertex memory; the backbone must use BPT's 8 x 16 vocabulary."""
         memory = VertexMemory()
         if self.model.vocab_size != memory.tokenizer.vocab_size:
-            from specgen.errors import UsageError
-
             raise UsageError(f"vertex_lookup needs a BPT backbone ({memory.tokenizer.vocab_size} tokens), "
                              f"this one has {self.model.vocab_size}")
         return memory
@@ -287,9 +282,6 @@ class LoadedMesh:
 
 def load_target(name: str, device: str = "cpu"):
     """(MeshGPT, entry) of a mesh backbone; a non-mesh checkpoint is a usage error."""
-    from specgen import checkpoints
-    from specgen.errors import UsageError
-
     entry = checkpoints.find(name)
     if entry.meta.get("modality") != "mesh":
         raise UsageError(f"{entry.ref} is a {entry.meta.get('modality', 'text')} model, not a mesh model")
@@ -298,10 +290,6 @@ def load_target(name: str, device: str = "cpu"):
 
 def merge_adapter(model, adapter, target) -> None:
     """Merge a LoRA adapter entry into the backbone's weights (checked against the target first)."""
-    from specgen import registry
-    from specgen.errors import CheckpointError
-    from specgen.train.lora import merge_lora_state
-
     registry.check_pair(adapter, target)
     try:
         merge_lora_state(model, registry.read_state(adapter), adapter.meta["lora_rank"],
@@ -316,8 +304,6 @@ def load_mesh(target: str | None = None, heads: str | None = None, device: str =
     Without `target`, the heads' parent is used. Heads trained for another backbone (or another
     vocabulary) are an IncompatibleError (usage, exit 2).
     """
-    from specgen import checkpoints, registry
-
     h_entry = checkpoints.find(heads) if heads else None
     t_name = target or (h_entry.meta.get("parent") if h_entry else None) or DEFAULT_TARGET
     model, t_entry = load_target(t_name, device)

@@ -13,11 +13,19 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import torch
 
+from specgen.data.prompts import guard_training_prompts, read_prompts
+from specgen.data.stdlib_prompts import stdlib_fingerprint, stdlib_prompts
+from specgen.decoding.loop import decode_batch
+from specgen.decoding.sampling import SamplingParams
 from specgen.errors import IncompatibleError, RuntimeFailure, UsageError
 from specgen.models.tokenizer import tokenizer_hash
 from specgen.paths import atomic_write, atomic_write_text
+from specgen.text.jacobi_blocks import JacobiBlocks
+from specgen.text.target import load_text_model
 
 META = "trajectories.json"
 SHARDS = "shards"
@@ -73,10 +81,6 @@ def jacobi_trajectories_batch(target, prompts: list[list[int]], block_size: int,
     Whole blocks are decoded until `max_new_tokens` tokens are reached or a block holds a stop token, so the
     loop's budget is the covering number of blocks (+ the pending next token) and it stops nothing itself.
     """
-    from specgen.decoding.loop import decode_batch
-    from specgen.decoding.sampling import SamplingParams
-    from specgen.text.jacobi_blocks import JacobiBlocks
-
     drafters = [JacobiBlocks(block_size, seed, stop_ids) for seed in seeds]
     budget = -(-max_new_tokens // block_size) * block_size + 1
     decode_batch(target, lambda i: drafters[i], prompts, budget, SamplingParams(), (), batch_size=batch_size,
@@ -111,16 +115,11 @@ def check_meta(old: dict, new: dict) -> None:
 
 
 def write_parquet_atomic(rows: list[dict], path: Path) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     table = pa.Table.from_pylist(rows, schema=schema())
     atomic_write(path, lambda tmp: pq.write_table(table, tmp))
 
 
 def schema():
-    import pyarrow as pa
-
     ids = pa.list_(pa.int32())
     return pa.schema([("data_id", pa.int64()), ("block", pa.int32()), ("prompt_ids", ids),
                       ("trajectory", pa.list_(ids)), ("fixed_point", ids), ("iterations", pa.int32())])
@@ -132,8 +131,6 @@ def shard_files(folder: Path) -> list[Path]:
 
 def done_ids(folder: Path) -> set[int]:
     """Prompts whose records are already in a shard (every shard holds whole prompts only)."""
-    import pyarrow.parquet as pq
-
     ids: set[int] = set()
     for f in shard_files(folder):
         try:
@@ -145,8 +142,6 @@ def done_ids(folder: Path) -> set[int]:
 
 def load_records(folder: Path) -> list[dict]:
     """All block records of a folder (merged file if present, else every shard), de-duplicated and sorted."""
-    import pyarrow.parquet as pq
-
     folder = Path(folder)
     merged = folder / MERGED / "train.parquet"
     files = [merged] if merged.is_file() else shard_files(folder)
@@ -181,11 +176,7 @@ def merge_shards(folder: Path) -> Path:
 
 def load_prompt_texts(cfg: CollectConfig) -> tuple[list[str], str, str]:
     """(prompts, source name, fingerprint) with the HumanEval guard applied."""
-    from specgen.data.prompts import guard_training_prompts, read_prompts
-
     if cfg.prompts == "stdlib":
-        from specgen.data.stdlib_prompts import stdlib_fingerprint, stdlib_prompts
-
         texts, source, fp = stdlib_prompts(), "stdlib", stdlib_fingerprint()
     else:
         texts = read_prompts(cfg.prompts, field=cfg.prompt_field)
@@ -216,8 +207,6 @@ class CollectSummary:
 def collect(cfg: CollectConfig, out: Path, on_prompt: Callable[[int, int, float], None] | None = None,
             progress=None) -> CollectSummary:
     """Collect trajectories for this rank's share of the prompts into `out` (resumable)."""
-    from specgen.text.target import load_text_model
-
     if cfg.block_size < 2:
         raise UsageError(f"block_size must be >= 2, got {cfg.block_size}")
     if cfg.max_new_tokens < 1 or cfg.shard_every < 1 or cfg.batch_size < 1:
