@@ -1,4 +1,4 @@
-"""Read prompts (text or chat messages, with a category) from lines, JSON Lines, stdin or a local dataset (docs/recipes.md)."""
+"""Read prompts from lines, JSON Lines, stdin or a local dataset (docs/recipes.md)."""
 
 from __future__ import annotations
 

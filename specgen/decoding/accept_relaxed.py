@@ -1,4 +1,4 @@
-"""LANTERN relaxed acceptance (LOSSY): pool the probability of a draft token's latent neighbours, bounded by TVD delta."""
+"""LANTERN relaxed acceptance (LOSSY): pool a draft token's latent neighbours' mass, bounded by TVD delta."""
 
 from __future__ import annotations
 

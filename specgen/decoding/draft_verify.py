@@ -1,4 +1,4 @@
-"""Draft-verify as a step policy (a pool proposes, one forward verifies, an accept rule judges), and the drafter base."""
+"""Draft-verify as a step policy (a pool proposes, a forward verifies, a rule judges), and the drafter base."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""CFG targets over LlamaGen-style GPTs (c2i and t2i): one forward scores cond and uncond branches (docs/methods/eagle2.md).
+"""CFG targets over LlamaGen-style GPTs (c2i and t2i): one forward scores cond and uncond branches.
 
 Sequence i holds cache rows 2i, 2i + 1 (cond, uncond) under guidance; logits are combined, features per branch.
 """

@@ -1,4 +1,4 @@
-"""Deterministic procedural low-poly meshes from trimesh primitives (one seed, one mesh; docs/mesh.md), and loading user meshes."""
+"""Deterministic procedural low-poly meshes from trimesh primitives (one seed, one mesh), and user meshes."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""ADT-Tree: adjacency-adaptive draft-tree shapes (adjacent initialisation + bisectional adaptation; docs/methods/adt-tree.md)."""
+"""ADT-Tree: adjacency-adaptive draft-tree shapes: adjacent initialisation + bisectional adaptation."""
 
 from __future__ import annotations
 

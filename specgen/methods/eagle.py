@@ -1,4 +1,4 @@
-"""EAGLE-2 dynamic draft trees from a feature drafter, with CFG; the tree's shape comes from a policy (docs/methods/eagle2.md)."""
+"""EAGLE-2 dynamic draft trees from a feature drafter, with CFG; a policy picks each tree's shape."""
 
 from __future__ import annotations
 

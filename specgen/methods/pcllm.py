@@ -1,4 +1,4 @@
-"""pcLLM inference: multi-block Jacobi decoding with rejection recycling (`pcllm-mr`) as a drafter (docs/methods/pcllm.md).
+"""pcLLM multi-block Jacobi decoding with rejection recycling (`pcllm-mr`) as a drafter (docs/methods/pcllm.md).
 
 Recycled n-grams and the lookup branch only add candidates: greedy output equals the model's own greedy AR.
 """

@@ -1,4 +1,4 @@
-"""XSpecMesh (Algorithm 1): multi-head speculative decoding of point-cloud-conditioned mesh GPTs (docs/methods/xspecmesh.md).
+"""XSpecMesh (Algorithm 1): multi-head speculative decoding of point-cloud-conditioned mesh GPTs.
 
 LOSSY with the paper's rules (criterion threshold / topk); LOSSLESS with criterion rejection and deterministic
 candidates. A rule that accepts nothing (delta >= 1) is AR sampling with the same seed, token for token.
@@ -181,10 +181,10 @@ class MeshDecoder:
     @torch.inference_mode()
     def generate_batch(self, pcs: list[torch.Tensor], params: SamplingParams, max_tokens: int,
                        opts: XSpecMeshOptions | None = None, generators=None, draft_generators=None,
-                       batch_size: int = 1, on_done=None) -> list[MeshDecodeResult]:
+                       batch_size: int = 1, on_done=None, on_tokens=None) -> list[MeshDecodeResult]:
         """Decode the meshes of point clouds pcs[i] [N_i, 6], `batch_size` at a time, on the shared batched loop
-        (`decoding/loop.py`: continuous batching, per-row acceptance). Cloud i samples from generators[i] (the
-        backbone's samples) and draft_generators[i] (head candidates), so its mesh does not depend on the batch."""
+        (`on_done`, `on_tokens`: as `decode_batch`'s). Cloud i samples from generators[i] (the backbone's samples) and
+        draft_generators[i] (head candidates), so its mesh does not depend on the batch."""
         opts = opts or XSpecMeshOptions()
         d_max = 0 if self.heads is None else (opts.num_heads or self.heads.num_heads)
         if self.heads is not None and d_max > self.heads.num_heads:
@@ -198,7 +198,7 @@ class MeshDecoder:
             if opts.budget == "auto" and d_max else None
         batch = decode_batch(target, pool, [[i] for i in range(len(pcs))], max_tokens, params, (self.eos_id,),
                              generators, batch_size=batch_size, max_draft=d_max, rule=mesh_rule(opts),
-                             on_done=on_done, budget=budget)
+                             on_done=on_done, on_tokens=on_tokens, budget=budget)
         return [MeshDecodeResult(r.tokens, r.stats) for r in batch.results]
 
     def _candidates(self, out: list[int], x: int, stacked, h: torch.Tensor, past, kv, d: int, params: SamplingParams,

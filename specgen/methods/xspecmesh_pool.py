@@ -1,4 +1,4 @@
-"""XSpecMesh as a DrafterPool of the batched loop: per-row head candidates, the paper's acceptance as the loop's rule."""
+"""XSpecMesh as a DrafterPool of the batched loop: per-row head candidates, the paper's rules as the loop's."""
 
 from __future__ import annotations
 

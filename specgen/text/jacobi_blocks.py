@@ -1,4 +1,4 @@
-"""Block Jacobi decoding as a Drafter of the batched loop: what `collect-trajectories` records for consistency distillation."""
+"""Block Jacobi decoding as a Drafter of the batched loop: what `collect-trajectories` records."""
 
 from __future__ import annotations
 

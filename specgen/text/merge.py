@@ -1,6 +1,6 @@
 """Text targets as base + scale x LoRA adapter: the merge every distilled model goes through, and scaled variants.
 
-Importing this module registers `materialize_distilled` as the built-ins table's `lora-merge` maker (`builtins.DERIVERS`).
+Importing this module registers `materialize_distilled` as the built-ins' `lora-merge` maker (`builtins.DERIVERS`).
 """
 
 from __future__ import annotations

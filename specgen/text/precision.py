@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from specgen import checkpoints, registry
-from specgen.devices import DTYPES, is_cpu, resolve_dtype  # DTYPES: float32 | bfloat16 | float16, one table for every modality
+from specgen.devices import DTYPES, is_cpu, resolve_dtype  # DTYPES: one table for every modality
 from specgen.errors import IncompatibleError, UsageError
 from specgen.models.quantize import DEFAULT_GROUP, VERSION, quantize_model, quantize_transformer
 from specgen.models.tokenizer import copy_tokenizer

@@ -1,6 +1,6 @@
 """Jacobi trajectory collection (CLLM / pcLLM step 1): greedy Jacobi over blocks of n tokens, every state kept.
 
-Shards are written atomically and hold whole prompts only: an interrupted run never duplicates records (docs/training.md).
+Shards are written atomically and hold whole prompts: an interrupted run never duplicates records (docs/training.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""BPT's blocked and patchified mesh tokenization (Weng et al. 2025), token for token (vocabulary and steps: docs/mesh.md).
+"""BPT's blocked and patchified mesh tokenization (Weng et al. 2025), token for token (docs/mesh.md).
 
 `encode(decode(t)) == t` for any `t` that `encode` produced; `decode` checks grammar only.
 """
