@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -163,13 +163,6 @@ def split_seeds(split: str, count: int | None = None, start: int = 0) -> range:
     return seeds
 
 
-def iter_split(split: str, count: int | None = None, start: int = 0,
-               spec: ProceduralSpec | None = None) -> Iterator[ProceduralMesh]:
-    """Generate the meshes of a split lazily, in seed order."""
-    for seed in split_seeds(split, count, start):
-        yield generate_mesh(seed, spec)
-
-
 def load_mesh(path: str | Path) -> LoadedMesh:
     """Read one obj/ply/stl/off/glb file as a single triangle mesh (scenes are concatenated)."""
     p = Path(path)
@@ -190,12 +183,3 @@ def load_mesh(path: str | Path) -> LoadedMesh:
     return LoadedMesh(name=p.stem, path=p, vertices=vertices, faces=faces)
 
 
-def load_mesh_folder(path: str | Path) -> list[LoadedMesh]:
-    """Every mesh file directly inside ``path`` (by suffix, case-insensitive), sorted by name."""
-    folder = Path(path)
-    if not folder.is_dir():
-        raise MeshInputError(f"{folder}: not a directory")
-    files = sorted(f for f in folder.iterdir() if f.is_file() and f.suffix.lower() in MESH_SUFFIXES)
-    if not files:
-        raise MeshInputError(f"{folder}: no mesh files ({', '.join(MESH_SUFFIXES)})")
-    return [load_mesh(f) for f in files]

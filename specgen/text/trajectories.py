@@ -68,12 +68,6 @@ def rank_and_world() -> tuple[int, int]:
 # Jacobi on one prompt
 
 
-def jacobi_trajectories(target, prompt: list[int], block_size: int, max_new_tokens: int,
-                        stop_ids: tuple[int, ...], seed: int = 0) -> list[dict]:
-    """Greedy Jacobi decoding of `prompt`; returns one dict per block (trajectory, fixed point, iterations)."""
-    return jacobi_trajectories_batch(target, [prompt], block_size, max_new_tokens, stop_ids, [seed])[0]
-
-
 def jacobi_trajectories_batch(target, prompts: list[list[int]], block_size: int, max_new_tokens: int,
                               stop_ids: tuple[int, ...], seeds: list[int], batch_size: int = 1) -> list[list[dict]]:
     """Block Jacobi decoding (`text/jacobi_blocks.py`) of every prompt on the batched loop, `batch_size` at a time.
