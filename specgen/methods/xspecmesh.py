@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from specgen import checkpoints, registry
-from specgen.decoding.accept_threshold import CRITERIA as LOSSY_CRITERIA, AcceptCriterion
+from specgen.decoding.accept_threshold import AcceptCriterion
 from specgen.decoding.budget import MeasuredBudget
 from specgen.decoding.loop import decode_batch
 from specgen.decoding.sampling import SamplingParams, logits_to_probs, sample, sample_rows
@@ -22,71 +22,54 @@ from specgen.devices import host_tensor
 from specgen.errors import CheckpointError, UsageError
 from specgen.mesh.target import MeshTarget
 from specgen.mesh.vertex_lookup import VertexMemory
-from specgen.methods.options import BUDGETS
+from specgen.methods.options import XSPECMESH_CHECKS as CHECKS, XSPECMESH_DRAFT_DTYPES, Options, opt
 from specgen.methods.text import EmptyDrafter, lookup
 from specgen.methods.xspecmesh_pool import XSpecMeshPool, mesh_rule
 from specgen.models.heads import head_logits
 from specgen.models.layout import decode_layout
 from specgen.train.lora import merge_lora_state
 
-SAMPLING_MODES = ("independent", "tree")
-#: The lossless acceptance rule (beyond the paper): speculative rejection sampling of deterministic candidates.
-LOSSLESS_CRITERION = "rejection"
 #: Precision of the heads' LM-head projection (candidates only; the backbone, hence acceptance, stays float32).
 #: bfloat16 pays only where float32 runs on a slow few-row kernel; with the packed decode layout
 #: (models/packed_linear.py) float32 runs on oneDNN, so float32 is the default (docs/results/mesh.md).
 #: The head bodies stay float32 (small batched einsums are slower in bf16).
-DRAFT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+DRAFT_DTYPES = dict(zip(XSPECMESH_DRAFT_DTYPES, (torch.float32, torch.bfloat16)))
 #: Branches of the top-K_s probability tree lighter than this are pruned (appendix A.4).
 TREE_PRUNE = 1e-5
 
 
 @dataclass(frozen=True)
-class XSpecMeshOptions:
-    """Method options (`method_options.*`): D, the acceptance rule and the candidate sampler."""
+class XSpecMeshOptions(Options):
+    """Method options (`method_options.*`): D, the acceptance rule and the candidate sampler; checked when built."""
 
-    heads: str = "xspecmesh-ca-tiny"  # registry name of the heads (they name their backbone + adapter)
-    num_heads: int = 0  # D; 0 = every head the checkpoint has (paper: 4)
-    criterion: str = "threshold"  # "threshold" (p > delta) | "topk" (top-K_a), both lossy | "rejection" (lossless)
-    delta: float = 0.5
-    top_k_accept: int = 1  # K_a
-    sampling: str = "independent"  # "independent" | "tree" (top-K_s probability tree)
-    top_k_tree: int = 2  # K_s
-    draft_dtype: str = "float32"  # "bfloat16": the heads' LM-head projection in bf16 (beyond the paper)
-    lookup: int = 0  # > 0: candidates first from n-gram lookup (n = lookup .. 1) over the mesh so far (beyond the paper)
-    vertex_lookup: bool = False  # offsets after known blocks from the mesh so far, heads elsewhere (beyond the paper)
-    min_path_prob: float = 0.0  # > 0: cut the chain where the candidates' running probability drops below it (beyond)
-    budget: str = "fixed"  # "auto": per batch size, the faster of batched AR and the heads (decoding/budget.py)
+    heads: str = opt("xspecmesh-ca-tiny", CHECKS["heads"])  # registry name of the heads (they name backbone + adapter)
+    num_heads: int = opt(0, CHECKS["num_heads"])  # D; 0 = every head the checkpoint has (paper: 4)
+    criterion: str = opt("threshold", CHECKS["criterion"])  # threshold (p > delta) | topk (top-K_a): lossy | rejection
+    delta: float = opt(0.5, CHECKS["delta"])
+    top_k_accept: int = opt(1, CHECKS["top_k_accept"])  # K_a
+    sampling: str = opt("independent", CHECKS["sampling"])  # independent | tree (top-K_s probability tree)
+    top_k_tree: int = opt(2, CHECKS["top_k_tree"])  # K_s
+    draft_dtype: str = opt("float32", CHECKS["draft_dtype"])  # bfloat16: the heads' LM-head product in bf16 (beyond)
+    lookup: int = opt(0, CHECKS["lookup"])  # > 0: candidates first from n-gram lookup (n = lookup .. 1) (beyond)
+    vertex_lookup: bool = opt(False, CHECKS["vertex_lookup"])  # offsets after known blocks, heads elsewhere (beyond)
+    min_path_prob: float = opt(0.0, CHECKS["min_path_prob"])  # > 0: cut the chain below this path probability (beyond)
+    budget: str = opt("fixed", CHECKS["budget"])  # auto: per batch size, the faster of batched AR and the heads
 
     def __post_init__(self) -> None:
-        if self.sampling not in SAMPLING_MODES:
-            raise UsageError(f"unknown sampling {self.sampling!r}; choose from {', '.join(SAMPLING_MODES)}")
-        if self.draft_dtype not in DRAFT_DTYPES:
-            raise UsageError(f"unknown draft_dtype {self.draft_dtype!r}; choose from {', '.join(DRAFT_DTYPES)}")
-        if self.num_heads < 0 or self.top_k_tree < 1 or self.lookup < 0:
-            raise UsageError("num_heads and lookup must be >= 0 and top_k_tree >= 1")
-        if not 0.0 <= self.min_path_prob < 1.0:
-            raise UsageError(f"min_path_prob must be in [0, 1) (0 = no cut), got {self.min_path_prob}")
-        if self.budget not in BUDGETS:
-            raise UsageError(f"budget must be {' or '.join(BUDGETS)}, got {self.budget!r}")
+        self.validate("xspecmesh")
+
+    def check(self) -> None:
+        """One candidate source besides the heads; the lossless rule needs deterministic candidates (no head q)."""
         if self.lookup and self.vertex_lookup:
             raise UsageError("lookup and vertex_lookup are exclusive; choose one candidate source besides the heads")
-        if self.lossless:
-            if not (self.sampling == "tree" and self.top_k_tree == 1):
-                raise UsageError("criterion rejection (lossless) needs deterministic candidates: "
-                                 "sampling=tree top_k_tree=1 (the heads' argmaxes)")
-            return
-        try:
-            self.criterion_rule()
-        except ValueError as e:
-            choices = ", ".join((*LOSSY_CRITERIA, LOSSLESS_CRITERION))
-            raise UsageError(f"{e}" if self.criterion in LOSSY_CRITERIA else
-                             f"unknown acceptance criterion {self.criterion!r}; choose from {choices}") from None
+        if self.lossless and not (self.sampling == "tree" and self.top_k_tree == 1):
+            raise UsageError("criterion rejection (lossless) needs deterministic candidates: "
+                             "sampling=tree top_k_tree=1 (the heads' argmaxes)")
 
     @property
     def lossless(self) -> bool:
         """Does decoding preserve the backbone's distribution (greedy: its output)?"""
-        return self.criterion == LOSSLESS_CRITERION
+        return self.criterion == "rejection"
 
     def criterion_rule(self) -> AcceptCriterion:
         return AcceptCriterion(self.criterion, self.delta, self.top_k_accept)
