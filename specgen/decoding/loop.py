@@ -291,12 +291,10 @@ class Batch:
 
 class timed:
     """Add the host time of a block to phase `phase` of every stats object given (each row lives through it).
-
-    The clock does not wait for the device: on a GPU, where kernels run asynchronously, a host sync at every phase
-    boundary would stall a launch-bound step. So a phase is charged for the host's time in it, and the host waits where the step needs a value anyway: the
-    accept rule's read of the verify logits (charged to `accept`) and the drafter's reads of its own outputs
-    (`propose`). A step's total, and so the throughput `budget=auto` measures, stays its wall time; on cpu each
-    phase is exactly its own time."""
+    
+    No device sync per phase: the host waits where a step reads a value anyway (accept, propose), so a step's total
+    stays its wall time.
+    """
 
     def __init__(self, stats: list[DecodeStats], phase: str) -> None:
         self.stats, self.phase = stats, phase

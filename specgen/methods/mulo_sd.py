@@ -97,15 +97,10 @@ class MuLoRow:
 
 
 class MuLoBatch(PolicyBase):
-    """StepPolicy (`decoding/pool.py`): MuLo-SD rows on the shared batched loop (Algorithm 1, numbered as above).
-
-    A row alternates between a draft step (7 down-sample, 1 draft, 2 up-sample; it feeds pending + x~[:-1],
-    3-5 accept by pooled mass and expand; 6 the first re-sample from the verify logits) and re-sample steps
-    (one per further position of R_X: it feeds the tokens since the last re-sampled one, and the last logits
-    give the next one). Every step of every row shares the loop's one forward with the other rows, whichever
-    kind of step they are in. Each row keeps its own drafter cache and generators (the drafter's derived from
-    the row's), so a row's output does not depend on its batch mates. The block's tokens are emitted once R_X
-    is done.
+    """StepPolicy: MuLo-SD rows on the shared batched loop, a draft step or a re-sample step per row and step.
+    
+    Each row keeps its own drafter cache and generators, so its output does not depend on its batch mates; a block's
+    tokens are emitted once its re-sampling (R_X) is done.
     """
 
     def __init__(self, make: Callable[[int], MuLoSD], target) -> None:

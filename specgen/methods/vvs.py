@@ -94,12 +94,9 @@ class VVSRow:
 
 
 class VVSBatch(PolicyBase):
-    """StepPolicy (`decoding/pool.py`): VVS rows on the shared batched loop.
-
-    Every live row's tree is grown together (`EagleBatch`: one drafter forward per level). A row whose
-    schedule skips emits its sampled path at once and sits out the forward; the others feed root + x° + C_t
-    and share it. Each row keeps its own schedule, feature cache and generator, so a row's output does not
-    depend on its batch mates.
+    """StepPolicy: VVS rows on the shared batched loop; a row whose schedule skips emits its path and sits out.
+    
+    Each row keeps its own schedule, feature cache and generator, so its output does not depend on its batch mates.
     """
 
     def __init__(self, make: Callable[[int], VVS], rule, budget) -> None:
