@@ -42,14 +42,15 @@ def run(args, spec: MethodSpec) -> None:
                                 ProceduralSpec.from_meta(loaded.target.meta))
     except MeshInputError as e:
         raise UsageError(str(e)) from None
-    finished = []
+    files: dict[int, list[str]] = {}
 
-    def done(i: int) -> None:  # files follow at the end: the mesh decoder gives no row's tokens before the batch ends
-        finished.append(i)
-        _output.item_done("mesh", len(finished), len(conds), f"{conds[i].name} decoded", args.quiet)
+    def done(i: int, s) -> None:  # each file as its mesh is done: an interrupted run keeps the finished ones
+        files[i] = write_files(s, cfg, args.out_dir)
+        detail = files[i][0] if files[i] else f"{s.name} decoded"
+        _output.item_done("mesh", len(files), len(conds), detail, args.quiet)
 
-    samples = generate_meshes(loaded, conds, req, on_done=done)
-    rows = [row(s, cfg, loaded, args.out_dir, opts) for s in samples]
+    samples = generate_meshes(loaded, conds, req, on_mesh=done)
+    rows = [row(s, cfg, loaded, files[i], opts) for i, s in enumerate(samples)]
     for r in rows:
         if args.fmt == Format.json:
             _output.emit_json(r)
@@ -67,19 +68,21 @@ def fidelity(opts, loaded) -> str:
     return "lossless w.r.t. the LoRA-merged backbone" if loaded.adapter else "lossless"
 
 
-def row(s, cfg, loaded, out_dir, opts) -> dict:
-    """The JSON row of one sample; writes its mesh (and preview) when out_dir is given and it is valid.
-
-    `lossless` is true when the mesh is distributed as the named model's own samples (ar, or xspecmesh with
-    criterion rejection and heads that merge no adapter)."""
+def write_files(s, cfg, out_dir) -> list[str]:
+    """A sample's mesh (and preview), each written atomically, when out_dir is given and it is valid."""
     files = []
     if out_dir is not None and not s.error:
         out_dir.mkdir(parents=True, exist_ok=True)
         stem = free_stem(out_dir, s.name, (f".{cfg.mesh_format}", ".png"))  # earlier files are never replaced
-        rep = export_mesh(s.vertices, s.faces, out_dir / f"{stem}.{cfg.mesh_format}", cfg.mesh_format)
-        files.append(str(rep.path))
+        files.append(str(export_mesh(s.vertices, s.faces, out_dir / f"{stem}.{cfg.mesh_format}", cfg.mesh_format).path))
         if cfg.preview:
             files.append(str(render_png(s.vertices, s.faces, out_dir / f"{stem}.png")))
+    return files
+
+
+def row(s, cfg, loaded, files: list[str], opts) -> dict:
+    """The JSON row of one sample and its written files. `lossless` is true when the mesh is distributed as the named
+    model's own samples (ar, or xspecmesh with criterion rejection and heads that merge no adapter)."""
     return {"name": s.name, "method": cfg.method, "model": loaded.target.ref,
             "heads": loaded.heads.ref if loaded.heads else None,
             "adapter": loaded.adapter.ref if loaded.adapter else None,

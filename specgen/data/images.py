@@ -9,12 +9,13 @@ from typing import Callable
 import numpy as np
 import torch
 import torch.nn.functional as F
+from PIL import Image
 from torch.utils.data import Dataset
 
 
 def _skimage(name: str) -> Callable[[], np.ndarray]:
     def load() -> np.ndarray:
-        import skimage.data
+        import skimage.data  # deferred: start-up (only the sources a run crops are imported)
 
         return getattr(skimage.data, name)()
 
@@ -22,14 +23,14 @@ def _skimage(name: str) -> Callable[[], np.ndarray]:
 
 
 def _motorcycle() -> np.ndarray:
-    import skimage.data
+    import skimage.data  # deferred: start-up (only the sources a run crops are imported)
 
     return skimage.data.stereo_motorcycle()[0]  # left view only; the right view is nearly identical
 
 
 def _sklearn(name: str) -> Callable[[], np.ndarray]:
     def load() -> np.ndarray:
-        from sklearn.datasets import load_sample_image
+        from sklearn.datasets import load_sample_image  # deferred: start-up, as skimage above
 
         return load_sample_image(name)
 
@@ -37,8 +38,7 @@ def _sklearn(name: str) -> Callable[[], np.ndarray]:
 
 
 def _grace_hopper() -> np.ndarray:
-    from matplotlib import cbook
-    from PIL import Image
+    from matplotlib import cbook  # deferred: start-up, as skimage above
 
     path = cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)
     with Image.open(path) as im:

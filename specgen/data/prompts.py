@@ -1,13 +1,4 @@
-"""Read prompts (text or chat messages, with a category) from lines, JSON Lines, stdin or a local dataset.
-
-How the format is told: a folder (`datasets.save_to_disk`) and `.parquet`, `.arrow`, `.csv` and `.json` files are
-datasets (read without network); any other file, or `-` (stdin), is JSON Lines when its first non-blank line
-starts with `{` (or it is named .jsonl / .ndjson), else one prompt per line. Every record, a JSON line or a
-dataset row, is read alike: its prompt is the named field, else the first of prompt / text / instruction /
-messages / turns; a string is the prompt, a list of {role, content} objects is a chat (rendered with the model's
-chat template), and a list of strings is a conversation's turns of which the first is used (Spec-Bench's
-`question.jsonl` as is). Its category is the named field, else `category` when present.
-"""
+"""Read prompts from lines, JSON Lines, stdin or a local dataset (docs/recipes.md)."""
 
 from __future__ import annotations
 
@@ -112,7 +103,7 @@ def _dataset(src: Source, field: str | None, category_field: str | None, split: 
     if path is None:
         raise PromptSourceError("<stdin>: a dataset is read from a folder or file, not stdin")
     try:
-        import datasets
+        import datasets  # deferred: start-up (only dataset sources need it)
     except ImportError:
         raise PromptSourceError(f"{path}: reading datasets needs the `datasets` package") from None
     bars, verbosity = datasets.is_progress_bar_enabled(), datasets.logging.get_verbosity()

@@ -1,11 +1,6 @@
 """Code-instruction prompts derived offline from the Python standard library's documented functions.
 
-The set is a pure function of the interpreter's standard library: the library is walked in a fresh
-`python -I -S` subprocess, so nothing the calling process imported or patched (torch replaces
-`inspect.getfile`, for one) can change it. It is identical across runs, processes and hash seeds on
-one Python version and platform, and differs a little between versions; `stdlib_fingerprint()`
-names the exact set. It never contains HumanEval problems: functions named like a HumanEval entry
-point are left out and the finished set is checked by `assert_no_humaneval_overlap`.
+A pure function of the interpreter's stdlib (walked in a fresh `python -I -S`); never contains HumanEval problems.
 """
 
 from __future__ import annotations

@@ -1,15 +1,4 @@
-"""Pure accept rules: (draft, target distributions) -> Verdict. No model, no cache.
-
-Verify outputs are indexed like the verify inputs: row 0 is the root (last committed token),
-row i + 1 is draft node i; row r holds the target's distribution of the token that follows input r.
-
-- `accept_greedy`: follow the child whose token is the target's argmax (lossless at temperature 0).
-- `accept_rejection`: lossless speculative sampling over a tree (Leviathan et al. / Chen et al. for a
-  chain; SpecInfer's multi-candidate form for siblings). A node drawn from q is accepted with
-  probability min(1, p(x)/q(x)); on rejection the target distribution becomes norm(max(p - q, 0))
-  and the next sibling is tried. Deterministic drafts (EAGLE's top-k trees, n-gram, Jacobi) have no
-  q: q is the one-hot of the drafted token, so acceptance is p(x) and a rejection zeroes p(x).
-"""
+"""Pure lossless accept rules: (draft, target distributions) -> Verdict; row 0 is the root, row i + 1 draft node i."""
 
 from __future__ import annotations
 

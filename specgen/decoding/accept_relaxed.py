@@ -1,14 +1,4 @@
-"""LANTERN relaxed acceptance (LOSSY): pool probability of a draft token's latent neighbours, bounded by TVD delta.
-
-For a draft token x with VQ-codebook neighbours nbr(x) (k nearest, in latent-distance order), the
-target distribution p is relaxed to p' where the first j neighbours' mass c_j = sum p[nbr_1..j] moves
-onto x, with j the largest index such that c_j <= delta. TV(p, p') = c_j <= delta by construction.
-- T = 0: x is accepted iff it is the argmax of p' (only x's entry grows, nothing is renormalised).
-- T > 0: x (a deterministic draft, q = 1) is accepted with probability p'(x); on rejection the residual
-  is p' with x zeroed, i.e. x AND exactly the j pooled neighbours are zeroed (LANTERN's reference zeroes
-  k + 1 neighbours even when fewer were pooled: we do not), renormalised, and the next sibling is tried.
-The output is no longer the target's distribution: every table labels `lantern` rows lossy.
-"""
+"""LANTERN relaxed acceptance (LOSSY): pool a draft token's latent neighbours' mass, bounded by TVD delta."""
 
 from __future__ import annotations
 

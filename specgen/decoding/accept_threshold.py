@@ -1,19 +1,7 @@
-"""LOSSY accept rules of XSpecMesh (sec. 4.2, fig. 6): probability threshold and top-K_a. Pure functions.
+"""LOSSY accept rules of XSpecMesh (sec. 4.2): probability threshold and top-K_a, then one token recovered.
 
-Unlike `accept.py`, these rules do not preserve the target distribution: a drafted token is kept
-whenever the target finds it plausible enough, so outputs drift from the target's own samples as
-the rule loosens. They are labelled lossy everywhere they surface (method spec, help, tables).
-
-Indexing follows `accept.py`: `probs` rows are the target's distributions at the verify inputs;
-row i is the distribution of draft node i (row 0 = the root's output). Both rules use the SAME
-filtered, tempered distribution the target samples from (`sampling.logits_to_probs`), as BPT's
-sampler, so at temperature 0 (one-hot) the threshold rule with delta < 1 is exact greedy matching.
-
-- threshold: accept x_i while p_i(x_i) > delta (strict, as the paper); delta >= 1 accepts nothing.
-- topk: accept x_i while x_i is among the K_a most likely tokens of p_i and p_i(x_i) > 0 (a token
-  the filter removed is never accepted). Ties rank by count of strictly larger probabilities.
-After the accepted prefix, one token is *recovered* by sampling the target's distribution at the
-first rejected position (Algorithm 1, line 11: "resample from the first rejected position").
+Both read the filtered, tempered distribution the target samples from: at temperature 0 the threshold rule with
+delta < 1 is exact greedy matching, and delta >= 1 accepts nothing.
 """
 
 from __future__ import annotations

@@ -1,13 +1,4 @@
-"""Draft budgets: how many draft nodes a row may propose in a step, given how many rows are live.
-
-`FixedBudget` is the method's own setting. `AutoBudget` (see its docstring) picks the cap that
-maximises expected committed tokens per unit of verify cost, from a measured cost curve and the
-running acceptance rate: speculation pays less as the batch grows, since a verify of B rows x N
-nodes costs c(B * N) and c grows faster once the product stops being bound by weight traffic.
-`MeasuredBudget` (draft trees) picks between batched AR and the method's own tree from the throughput
-each has measured at the current number of live rows: a tree's cost is mostly its drafter's levels,
-which the verify cost curve does not see.
-"""
+"""Draft budgets: how many draft nodes a row may propose in a step, given how many rows are live (docs/decoding.md)."""
 
 from __future__ import annotations
 
@@ -54,27 +45,9 @@ class FixedBudget:
 
 @dataclass
 class AutoBudget:
-    """Cap k chosen per step to maximise E[tokens per row] / cost of a verify of B x (k + 1) tokens.
-
-    Model: a chain of k draft tokens whose tokens are accepted independently with rate a commits
-    E(k) = 1 + a + a^2 + ... + a^k tokens per row per step (the bonus/recovered token included); a verify of
-    B rows x (k + 1) tokens costs `cost(B * (k + 1))` (seconds or any unit, measured per model), plus
-    `draft_cost * k` of drafting per row (0 for free drafters such as n-gram lookup). The cap is
-    argmax_k B * E(k) / (cost(B (k + 1)) + B * draft_cost * k) over k in [0, limit]; k = 0 is batched AR,
-    so the policy is never worse than AR in the model's own terms.
-
-    The rate: a = (accepted + prior * weight) / (tried + weight) over the last `window` tried draft tokens (a step
-    tries its accepted tokens and the one rejected after them, if any), so a few early rejections do not stop
-    drafting. Rows that drafted nothing (no n-gram match) tell nothing and are not counted. A step that chose
-    k = 0 learns nothing either, so it forgets the oldest observation: after a run of AR steps the rate drifts
-    back to the prior and drafting is tried again.
-
-    Measured steps override both terms (`StepTimes`, decoding/step_times.py): per number of live rows and width, the
-    wall time of the steps run so far replaces the curve's cost (the curve times one row's forward; a batch's step
-    also reads B caches, pads ragged rows and drafts, which it misjudges at large B), and their committed tokens
-    replace B E(k) (which assumes every row drafts k tokens). At each B the first steps are batched AR (width 0),
-    the reference the drafting widths are then measured against, unless a near count measured both already
-    (`StepTimes.source`).
+    """Cap k per step maximising expected tokens per row over the cost of a B x (k + 1) verify (docs/decoding.md).
+    
+    k = 0 is batched AR, so the policy is never worse than AR in the model's own terms.
     """
 
     limit: int
@@ -134,47 +107,9 @@ class AutoBudget:
 
 @dataclass
 class MeasuredBudget:
-    """Per number of live rows B, the faster of batched AR (cap 0) and the method's own draft (cap `limit`).
-
-    No model beyond measurement; for draft trees the drafter's levels are most of a step's cost and differ per
-    machine (a launch-bound GPU, a CPU), which the verify cost curve of `AutoBudget` does not capture.
-    1. Rates: each choice keeps, per B, its last `window` measured steps: the tokens each committed (all rows)
-       and its seconds (the whole step, drafting included). Its throughput is the mean tokens over the median
-       seconds: a step's cost is steady for a choice, so the median ignores one-off stalls (on a GPU a first
-       allocation or a host hiccup made one of three AR steps cost several, and the budget kept a tree at under
-       half batched AR's speed: docs/results/gpu.md), while the tokens, which do vary, are averaged. The first
-       step after a switch is not measured: it carries one-off costs (a tree drafter catches up on every token
-       committed while AR ran).
-    2. Measuring: at a new B the draft runs until it has `tries` measured steps, then AR; a B never seen starts
-       from a near one already measured instead (`borrow`: the tail of a run, where rows end one by one).
-    3. Choosing: the faster by the ratio of the two rates runs. The other is tried again (1 + `tries` steps) once
-       its last try's wall time, the unmeasured switch step with its catch-up included (before one has run:
-       1 + `tries` of its mean steps), is at most `probe_share` of the time run since; so tries cost about that
-       share of the run, not a multiple of it (a tree's catch-up after a long run of AR steps can cost more than
-       the try's own steps: counting one mean step let tries take twice their share in
-       tests/decoding/test_budget.py). A try moves the ratio
-       halfway to what it found against the leader's recent rate (steps cost more as sequences grow: a rate
-       measured earlier would flatter the choice that ran then).
-    4. Backing off: a try that found the other far behind (below `far` of the leader's rate) halves that share for
-       the next one (down to `probe_share / 64`); a close one keeps it, so a changed acceptance rate (an image's
-       flat regions, a new row mix) is followed. The measuring phase counts as the first try: a tree measured far
-       behind batched AR (0.42-0.51 of it at batch 8 on images) waits twice as long before it is tried again, where
-       a full-share try with the drafter's catch-up cost ~7% of a 16-image run (scripts/auto_budget_trace.py).
-
-    5. Predicting (with a `cost` curve: the target's c(m), decoding/cost.py): at a new B with no near count to start
-       from, the draft's speed relative to AR is first predicted from the nearest count k where both were measured:
-       ratio(B) = ratio(k) * [c(b B) / c(b k)] / [c(b B n) / c(b k n)], b = forward rows per sequence (2 under
-       CFG), n = tokens per row of the draft's verify at k; the draft step's seconds scale as c(b B n) / c(b k n).
-       A draft predicted far behind is not measured: B starts as if measuring had found it so (AR leads, tries at
-       half the share), and a later try corrects a wrong prediction. On a CPU an image tree's verify becomes
-       compute-bound as rows are added, so batch 8 is predicted far behind after batch 1 and skips the measuring
-       phase and the ragged rows its tree steps leave (docs/results/batching.md); where c is flat (a launch-bound
-       GPU) the prediction stays close and B is measured as before.
-
-    One budget may serve several decode calls (a benchmark decodes its images one call each): what it measured
-    carries over. Lossless either way (AR is the empty draft). Greedy outputs do not depend on it; sampled outputs
-    do, by timing, since a step's draft decides how a row's random stream is consumed (each row keeps the
-    target's distribution).
+    """Per number of live rows B, the faster of batched AR (cap 0) and the method's own draft (cap `limit`), measured.
+    
+    Lossless either way (AR is the empty draft); steps 1-5 of the rule are in docs/decoding.md.
     """
 
     limit: int

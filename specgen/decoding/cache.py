@@ -1,17 +1,7 @@
-"""Static, slot-indexed KV cache with per-row lengths, rollback and tree-path commit.
+"""Static, slot-indexed KV cache [layers, B, H_kv, T_max, D] with per-row lengths, rollback and tree-path commit.
 
-Layout: one preallocated buffer per kind, `k`/`v` of shape [layers, B, H_kv, T_max, D].
-Row `b` holds `lengths[b]` committed slots `[0, lengths[b])`. A forward pass writes its new nodes
-("pending") into `[lengths[b], lengths[b] + S)` without moving the pointer; `commit(b, keep)` then
-gathers the kept pending slots into contiguous slots and advances the pointer. Rolling back is a
-pointer move. Positions (for RoPE) are passed separately, so a tree's siblings can share a position
-while living in distinct slots; attention masks are built from lengths, so stale slots past the
-pointer are never attended.
-
-`key_mask` [B, M] hides committed slots of the first M (a left-padded text condition, LlamaGen t2i) from
-every later query: prefix masks and caller-built masks (`hide_keys`) both apply it, so chain, tree and
-multi-level forwards all see the same keys as LlamaGen's masked causal mask. The condition slots are
-committed once by the prefill and never moved by `commit`.
+Masks are built from lengths, so stale slots past a row's pointer are never attended; `key_mask` hides a left-padded
+condition's slots from every later query.
 """
 
 from __future__ import annotations

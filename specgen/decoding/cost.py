@@ -1,13 +1,4 @@
-"""The measured cost curve c(m) of a forward over m new tokens, for the `auto` draft budget and benchmark rows.
-
-c(m) = time of one forward of the model over m new tokens after a `PREFIX`-token cache, relative to one
-token, measured at load in the layout the model decodes with (packed / kernel choice included) and at the
-current thread count, for m in `ROWS`; between measured points it is interpolated linearly, and past the last
-it grows with the last slope. A whole forward, not only its weight products: the per-forward work that does
-not grow with m (norms, RoPE, attention over the prefix, Python) is what makes a few extra tokens nearly free.
-A batch of B rows x k tokens is costed as c(B k): the weight products dominate on a CPU, and attention over
-B caches costs more than over one, so this slightly favours speculation at large B.
-"""
+"""The measured cost curve c(m) of a forward over m new tokens, for the `auto` draft budget and benchmark rows."""
 
 from __future__ import annotations
 

@@ -1,11 +1,4 @@
-"""Draft-verify as a step policy: a pool proposes, one forward verifies, an accept rule judges; and the drafter base.
-
-Every method but VVS and MuLo-SD runs as `DraftVerify` over its pool: 1 the pool drafts a tree per live row
-(its size capped by the draft budget for the number of live rows), 3 the rule accepts a path per row with the
-row's own generator (lossless `judge` by default), 5 the pool learns the verdicts. A drafter says which policy
-runs its rows through `DrafterBase.step_policy` (per-row drafters: `EachRow`; EAGLE: its batched pool; VVS and
-MuLo-SD: their own policies).
-"""
+"""Draft-verify as a step policy (a pool proposes, a forward verifies, a rule judges), and the drafter base."""
 
 from __future__ import annotations
 

@@ -1,22 +1,7 @@
-"""The batched decode loop every method runs on (AR is the empty draft): numbered steps over the live rows.
+"""The batched decode loop every method runs on: numbered steps over the live rows (docs/decoding.md).
 
-`decode_batch` decodes many prompts together, each in a slot of one static KV cache: every step
-1 the step policy plans each live row's feed (draft-verify: its last token + its draft; `draft_verify.py`) ->
-2 one target forward verifies every row that feeds (drafts padded to the longest, per-row masks, positions and
-cache lengths; `verify.py`) -> 3 the policy settles each fed row (draft-verify: a pure accept rule, the row's own
-generator) -> 4 each row's kept nodes are committed -> 5 rows emit their tokens, and a row that emits a stop
-token, reaches its budget or that its policy ends leaves at once (it consumes no further forwards); a queued
-prompt is prefilled into its slot (continuous batching); with nothing queued, the last live row moves into the
-hole so that live rows stay the contiguous slots [0, n_live) every forward runs over.
-
-Invariants: a row's tokens depend only on its prompt, its drafter and its generator, never on which
-rows share its batch (rows only share the forward, whose per-row outputs are computed under per-row
-masks); outputs are returned in input order whatever order rows finish in. `decode` is one prompt.
-
-Methods whose control flow differs (VVS skips verifications, MuLo-SD re-samples rejected positions with
-extra forwards) are step policies of their own (`pool.StepPolicy`): a row may sit out the forward and emit
-tokens without one. Prefill, the batched forward, per-row commits, statistics, stop/budget truncation and
-continuous batching stay the loop's.
+A row's tokens depend only on its prompt, its drafter and its generator, never on which rows share its batch;
+outputs are returned in input order whatever order rows finish in.
 """
 
 from __future__ import annotations
@@ -306,12 +291,10 @@ class Batch:
 
 class timed:
     """Add the host time of a block to phase `phase` of every stats object given (each row lives through it).
-
-    The clock does not wait for the device: on a GPU, where kernels run asynchronously, a host sync at every phase
-    boundary would stall a launch-bound step. So a phase is charged for the host's time in it, and the host waits where the step needs a value anyway: the
-    accept rule's read of the verify logits (charged to `accept`) and the drafter's reads of its own outputs
-    (`propose`). A step's total, and so the throughput `budget=auto` measures, stays its wall time; on cpu each
-    phase is exactly its own time."""
+    
+    No device sync per phase: the host waits where a step reads a value anyway (accept, propose), so a step's total
+    stays its wall time.
+    """
 
     def __init__(self, stats: list[DecodeStats], phase: str) -> None:
         self.stats, self.phase = stats, phase

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from specgen.errors import UsageError
+
 #: Share of the free memory a cache may take: the model's activations and the drafter need the rest.
 HEADROOM = 0.8
 
@@ -27,8 +29,6 @@ def free_bytes(device: torch.device | str) -> int | None:
 
 def check_cache_fits(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> None:
     """Refuse a K + V cache of `shape` [L, B, H, T, D] that would not fit, naming its size and the rows that fit."""
-    from specgen.errors import UsageError
-
     layers, rows, heads, slots, dim = shape
     per_row = 2 * layers * heads * slots * dim * torch.empty((), dtype=dtype).element_size()
     free = free_bytes(device)

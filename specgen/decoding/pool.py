@@ -1,12 +1,6 @@
 """What one step of the batched loop talks to: the Drafter, DrafterPool and StepPolicy protocols and their no-op base.
 
-A `DrafterPool` drafts for every live slot at once; `EachRow` is the pool of per-row `Drafter`s (one object per
-slot, called in turn), EAGLE brings its own (`methods/eagle_batch.py`: one drafter forward per tree level over
-every row). A `StepPolicy` says per row and step what the row feeds the shared forward (or emits without one) and
-turns its logits into the slots to keep and the tokens to emit: draft-verify (`draft_verify.DraftVerify`, a pool
-plus an accept rule) is one, VVS and MuLo-SD are others. Slots are the loop's: live rows occupy [0, n) and the
-loop moves the last row into a freed slot, telling the pool with `move`. A capability a pool or policy lacks
-comes from `PoolBase`'s no-op default.
+Live rows occupy slots [0, n); the loop moves the last row into a freed slot and tells the pool or policy (`move`).
 """
 
 from __future__ import annotations

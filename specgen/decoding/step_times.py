@@ -13,23 +13,9 @@ Model = Callable[[int], list[float]]  # live rows B -> the cost curve's cost of 
 
 @dataclass
 class StepTimes:
-    """Recent wall times of whole decode steps, keyed by the number of live rows B and the step's width k (its
-    widest draft), and the cost estimate they correct.
-
-    The cost curve times one row's forward over m tokens after a short cache. A batched step also attends over
-    B longer caches, pads ragged rows and drafts, so the curve can misjudge what a wider verify adds at large B (at
-    2 threads it under-costed drafting at batch 16, and the curve-only budget drafted where drafting lost:
-    docs/results/batching.md). `estimate` keeps what was measured at B and fills the widths between:
-    1. a width with `min_steps` fresh steps at B: their median seconds (and, for `tokens`, their mean tokens);
-    2. a width between two measured ones: interpolated linearly in k between them;
-    3. a width below the narrowest or above the widest measured one: that one's seconds scaled by the curve,
-       model(k) / model(k');
-    4. nothing measured at B: the curve alone.
-    Step 3 keeps the curve's shape, the very thing that can be wrong, so a budget should measure width 0 (batched AR)
-    and a drafting width at each B before trusting the rest (AutoBudget measures AR first); until then a count
-    within a quarter of B that has both stands for it (`source`). A step stays fresh for `memory` steps: a width no
-    longer chosen expires, and the estimate for it falls back to steps 2-3, so it is tried again if they favour it
-    (a step's cost drifts as caches grow and rows change).
+    """Recent wall times of whole decode steps by live rows B and width k, and the cost estimate they correct.
+    
+    `estimate`'s four cases (measured, interpolated, curve-scaled, curve alone) are in docs/decoding.md.
     """
 
     min_steps: int = 2

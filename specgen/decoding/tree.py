@@ -1,10 +1,6 @@
 """DraftTree: depths, position offsets, ancestor mask and root-to-leaf paths of a draft.
 
-Nodes are numbered 0..N-1 in topological order (a parent comes before its children); parent -1 is
-the root, i.e. the last committed token that is fed together with the draft. A chain is the tree
-with parents [-1, 0, 1, ...].
-
-Verification feeds S = N + 1 inputs: index 0 is the root, index i + 1 is node i.
+Nodes are numbered in topological order; parent -1 is the root (the last committed token, verify input 0).
 """
 
 from __future__ import annotations

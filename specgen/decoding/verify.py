@@ -1,9 +1,6 @@
 """Verify inputs for a batch: each row's root + draft tree, padded into one forward with per-row masks and positions.
 
-Row i feeds S_i = N_i + 1 nodes (its last committed token, then its draft); the batch is padded to
-S = max S_i. A padding node repeats the row's root token at the root's position and sees only itself
-and the committed prefix: no real node sees it (the tree mask hides it), so it changes no real
-node's output, and it is never committed (commit keeps the accepted path only).
+A padding node sees only itself and the committed prefix and no real node sees it, so it changes no real output.
 """
 
 from __future__ import annotations

@@ -1,15 +1,6 @@
 """Caption features for text-conditional (t2i) LlamaGen models: read a file, left-pad to the model's slots.
 
-No text encoder ships with specgen (LlamaGen's flan-t5-xl is not available offline), so t2i generation
-takes precomputed caption features: a file with `features` [N, L, caption_dim] (L <= n_cond, LlamaGen:
-120 T5 tokens of width 2048) and an optional `mask` [N, L] (bool or 0/1; True = a real token; absent =
-all L tokens real). Formats: `.safetensors` or `.npz` (arrays `features`, `mask`), or `.npy` (features
-only). A 2-D array [L, caption_dim] is one caption.
-
-Left padding as LlamaGen's `sample_t2i.py` does it: each caption's real tokens keep their order and move
-to the last slots of the n_cond condition positions, the padded slots before them are zeroed and marked
-invalid (the model masks them as keys), so the last condition slot, which predicts image token 0, is
-always a real token.
+The last condition slot, which predicts image token 0, is always a real token (padding goes first, masked).
 """
 
 from __future__ import annotations
@@ -17,7 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
+from safetensors.torch import load_file
 
 from specgen.errors import IncompatibleError, UsageError
 
@@ -52,11 +45,7 @@ def _read_arrays(path: Path) -> dict[str, torch.Tensor]:
     """Name -> tensor from a caption file (no pickles: .npy/.npz are read with allow_pickle=False)."""
     try:
         if path.suffix == ".safetensors":
-            from safetensors.torch import load_file
-
             return load_file(str(path))
-        import numpy as np
-
         if path.suffix == ".npy":
             return {"features": torch.from_numpy(np.load(path, allow_pickle=False))}
         with np.load(path, allow_pickle=False) as z:

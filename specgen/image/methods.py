@@ -1,22 +1,4 @@
-"""Image method builders: each returns (drafter, accept rule) for the shared decode loop.
-
-`specgen.methods.METHODS` names each image method's builder here (`MethodSpec.build_image`) and its options class
-(names, defaults, checks: `specgen.methods.options`); `build_image_method` fills in those defaults.
-
-vvs and mulo-sd keep their own step logic as a step policy of the shared batched loop (`decoding/pool.py`:
-`plan` says per row what to feed or emit without a forward, `settle` judges it). Builders take the method's
-options object (`specgen.methods.options`); `build_image_method` also takes a dict.
-
-| method            | tree shape                          | acceptance                       |
-|-------------------|-------------------------------------|----------------------------------|
-| ar                | none                                | lossless                         |
-| eagle2            | EAGLE-2 dynamic tree (depth, top_k, total_tokens fixed) | lossless     |
-| adt-tree          | ADT-Tree adaptive (depth, top_k) per tree               | lossless     |
-| lantern           | EAGLE-2                             | LANTERN relaxed (LOSSY)          |
-| adt-tree+lantern  | ADT-Tree                            | LANTERN relaxed (LOSSY)          |
-| vvs               | EAGLE-2, some verifications skipped | LANTERN relaxed + unverified tokens (LOSSY) |
-| mulo-sd           | low-res rows, up-sampled            | pooled mass >= tau, local re-sampling (LOSSY) |
-"""
+"""Image method builders: each returns (drafter, accept rule) for the shared decode loop (`METHODS` names them)."""
 
 from __future__ import annotations
 

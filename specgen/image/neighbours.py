@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 
 import torch
+from safetensors.torch import load_file, save_file
 
 from specgen import registry
 from specgen.paths import atomic_write
@@ -30,8 +31,6 @@ def compute_neighbours(codebook: torch.Tensor, k: int) -> torch.Tensor:
 
 def neighbour_table(codebook: torch.Tensor, k: int) -> torch.Tensor:
     """Load the cached table for this codebook and k, computing and caching it atomically if absent."""
-    from safetensors.torch import load_file, save_file
-
     folder = registry.home() / "artefacts" / "neighbours"
     path = folder / f"{codebook_hash(codebook)}-k{k}.safetensors"
     if path.is_file():

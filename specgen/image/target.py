@@ -1,18 +1,6 @@
 """CFG targets over LlamaGen-style GPTs (c2i and t2i): one forward scores cond and uncond branches.
 
-The KV cache holds two rows per sequence (conditional, unconditional; sequence i in rows 2i, 2i + 1) when
-guidance is on (scale != 1), one row otherwise. Callers see n sequences: `forward` duplicates each row's
-tokens, returns CFG-combined logits [n, S, V] (uncond + scale * (cond - uncond), at the logits level as
-LlamaGen does) and per-branch features [n * branches, S, D] (cond, uncond of each sequence) for drafters
-that run under CFG too. `prefill` starts one sequence (the decode loop prefills each in its own rows).
-
-Sequence layouts:
-- c2i (`CFGTarget`): position 0 is the class condition (null class for the uncond row), image token r
-  sits at position 1 + r; the "prompt" the decode loop passes is `[label]`.
-- t2i (`CaptionCFGTarget`): positions 0 .. n_cond - 1 are a left-padded caption (the model's
-  `uncond_embedding` for the uncond row), image token r sits at position n_cond + r; the prompt is
-  n_cond placeholder ids (`prompt()`), the caption is the target's. Padded slots are masked as keys in
-  the prefill and, through `KVCache.key_mask`, in every later forward (chains and trees alike).
+Sequence i holds cache rows 2i, 2i + 1 (cond, uncond) under guidance; logits are combined, features per branch.
 """
 
 from __future__ import annotations

@@ -136,6 +136,7 @@ def render_png(
     azim: float = -60.0,
 ) -> Path:
     """Shaded 3D preview with matplotlib's Agg canvas (no display needed), written atomically."""
+    # deferred: start-up (matplotlib only for previews)
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from mpl_toolkits.mplot3d.art3d import Poly3DCollection

@@ -9,7 +9,7 @@ bounding box the model was trained in, and resampled to the model's point count 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -204,19 +204,24 @@ def mesh_options(req: DecodeRequest[MeshGenConfig]) -> XSpecMeshOptions:
 
 
 def generate_meshes(loaded, conds: list[Condition], req: DecodeRequest[MeshGenConfig],
-                    on_done=None) -> list[MeshSample]:
-    """Decode every condition with `loaded.decoder` (heads present = xspecmesh, absent = ar)."""
+                    on_mesh=None) -> list[MeshSample]:
+    """Decode every condition with `loaded.decoder` (heads present = xspecmesh, absent = ar). `on_mesh(i, sample)`:
+    mesh i as soon as it is decoded, before the batch ends (its `stats` are filled in the returned samples)."""
     cfg, opts = req.cfg, mesh_options(req)
     gens = [torch.Generator().manual_seed(cfg.seed + i) for i in range(len(conds))]
     draft_gens = [torch.Generator().manual_seed(10_000_019 + cfg.seed + i) for i in range(len(conds))]
+    tokens: list[list[int]] = [[] for _ in conds]  # as accepted: a finished mesh's tokens before the batch ends
+    samples: dict[int, MeshSample] = {}
+
+    def done(i: int) -> None:
+        samples[i] = MeshSample(conds[i].name, tokens[i], *decode_tokens(tokens[i]), {})
+        if on_mesh is not None:
+            on_mesh(i, samples[i])
+
     results = loaded.decoder.generate_batch([torch.from_numpy(c.points).to(req.device) for c in conds], req.params,
                                             resolve_max_tokens(loaded, cfg, opts), opts, gens, draft_gens,
-                                            cfg.batch_size, on_done)
-    out = []
-    for c, res in zip(conds, results):
-        v, f, err, deg, dup = decode_tokens(res.tokens)
-        out.append(MeshSample(c.name, res.tokens, v, f, err, deg, dup, step_summary(res.stats)))
-    return out
+                                            cfg.batch_size, done, lambda i, new: tokens[i].extend(new))
+    return [replace(samples[i], stats=step_summary(r.stats)) for i, r in enumerate(results)]
 
 
 def check_budget(target: str | None, heads: str | None, cfg: MeshGenConfig, opts: XSpecMeshOptions) -> None:

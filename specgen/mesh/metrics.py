@@ -1,18 +1,4 @@
-"""Chamfer and Hausdorff distances exactly as BPT's ``metrics.py`` defines them, plus a mesh check.
-
-BPT protocol (``research/mesh_peers.md`` section 4; BPT ``metrics.py`` + ``utils.py``):
- - each mesh is normalised on its own (``apply_normalize``): bounding-box centre to the origin,
-   longest side to 1.9, i.e. [-0.95, 0.95] (no epsilon);
- - 1,024 area-weighted points, uniform within triangles, per mesh. BPT's ``mesh.sample`` is
-   unseeded; we seed it: each mesh is sampled with a fresh ``default_rng(seed)``, so identical
-   meshes give identical samples and distance exactly 0;
- - CD = point-cloud-utils ``chamfer_distance`` = mean nearest-neighbour L2 distance a->b PLUS
-   mean b->a (not squared, summed, not halved);
- - HD = ``hausdorff_distance`` = max of the two one-sided maxima (L2, not squared).
-Scores over a set are plain means; BPT silently drops meshes that fail, we let callers count
-them (``check_mesh``). ``squared``/``reduction`` give the common variants, labelled as such:
-numbers under different conventions are not comparable.
-"""
+"""Chamfer and Hausdorff distances exactly as BPT's ``metrics.py`` defines them (docs/mesh.md)."""
 
 from __future__ import annotations
 
@@ -22,7 +8,7 @@ import numpy as np
 from scipy.spatial import cKDTree
 
 from specgen.mesh.errors import MeshInputError
-from specgen.mesh.pointcloud import face_areas_normals, sample_surface
+from specgen.mesh.pointcloud import sample_surface
 from specgen.mesh.quantize import HALF_EXTENT, normalize_bbox, remove_unreferenced
 from specgen.mesh.types import as_mesh
 
@@ -39,18 +25,6 @@ class MeshDistances:
     chamfer: float
     hausdorff: float
     convention: str  # "bpt" (`chamfer_points` gives the squared / mean variants)
-
-
-@dataclass(frozen=True)
-class MeshCheck:
-    """Result of ``check_mesh``: usable for evaluation or not, and why."""
-
-    ok: bool
-    reason: str  # "" when ok
-    num_vertices: int
-    num_faces: int
-    degenerate_faces: int  # repeated index or zero area
-    watertight: bool  # every edge shared by exactly two faces
 
 
 def _nearest(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -110,31 +84,3 @@ def mesh_distances(
     )
 
 
-def check_mesh(vertices: object, faces: object) -> MeshCheck:
-    """Is this a mesh the metrics can score? Needs finite [V, 3] vertices, valid [F, 3] faces,
-    at least one face and positive total area. Never raises for bad arrays: returns ok=False.
-    """
-    try:
-        mesh = as_mesh(vertices, faces)
-    except MeshInputError as exc:
-        return MeshCheck(False, str(exc), 0, 0, 0, False)
-    f = mesh.faces
-    areas, _ = face_areas_normals(mesh.vertices, f)
-    repeated = (f[:, 0] == f[:, 1]) | (f[:, 1] == f[:, 2]) | (f[:, 0] == f[:, 2])
-    degenerate = int((repeated | (areas <= 0.0)).sum())
-    edges = np.sort(f[:, [0, 1, 1, 2, 2, 0]].reshape(-1, 2), axis=1)  # [3F, 2]
-    _, edge_use = np.unique(edges, axis=0, return_counts=True)
-    watertight = bool(len(f)) and bool((edge_use == 2).all())
-    reason = ""
-    if len(f) == 0:
-        reason = "mesh has no faces"
-    elif not areas.sum() > 0.0:
-        reason = "mesh has zero surface area"
-    return MeshCheck(
-        ok=not reason,
-        reason=reason,
-        num_vertices=mesh.num_vertices,
-        num_faces=mesh.num_faces,
-        degenerate_faces=degenerate,
-        watertight=watertight,
-    )

@@ -1,26 +1,8 @@
-"""Deterministic procedural low-poly meshes from trimesh primitives, and loading user meshes.
-
-``generate_mesh(seed)`` draws everything from ``np.random.default_rng(seed)``:
- 1. 1 to 4 parts (``ProceduralSpec.max_parts``), each a primitive from ``PRIMITIVES`` (uniform
-    choice) with explicit, small section counts, built at about unit size;
- 2. per part a non-uniform scale in [0.6, 1.4] per axis, a rotation (``ProceduralSpec.rotation``:
-    uniformly random by Shoemake's quaternion, the default, or one of the 24 axis-aligned ones) and
-    a translation in [-0.5, 0.5] per axis; parts are concatenated (no booleans, so parts may
-    intersect);
- 3. a part that would take the total to 800 faces or more is skipped (the first part always
-    fits: the largest primitive has 320 faces);
- 4. the whole is normalised to [-0.95, 0.95] as BPT does, quantised to 7 bits, equal vertices
-    merged, degenerate/duplicate faces and unused vertices dropped. Vertices are bin centres.
-
-Splits are disjoint seed ranges (``SPLITS``): train ``[0, 1_000_000)``, validation
-``[1_000_000, 1_010_000)``, test ``[1_010_000, 1_020_000)``. The same seed gives the same mesh on
-the same numpy and trimesh versions (numpy's ``Generator`` streams are stable in practice but
-not guaranteed across feature releases).
-"""
+"""Deterministic procedural low-poly meshes from trimesh primitives (one seed, one mesh), and user meshes."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -181,13 +163,6 @@ def split_seeds(split: str, count: int | None = None, start: int = 0) -> range:
     return seeds
 
 
-def iter_split(split: str, count: int | None = None, start: int = 0,
-               spec: ProceduralSpec | None = None) -> Iterator[ProceduralMesh]:
-    """Generate the meshes of a split lazily, in seed order."""
-    for seed in split_seeds(split, count, start):
-        yield generate_mesh(seed, spec)
-
-
 def load_mesh(path: str | Path) -> LoadedMesh:
     """Read one obj/ply/stl/off/glb file as a single triangle mesh (scenes are concatenated)."""
     p = Path(path)
@@ -208,12 +183,3 @@ def load_mesh(path: str | Path) -> LoadedMesh:
     return LoadedMesh(name=p.stem, path=p, vertices=vertices, faces=faces)
 
 
-def load_mesh_folder(path: str | Path) -> list[LoadedMesh]:
-    """Every mesh file directly inside ``path`` (by suffix, case-insensitive), sorted by name."""
-    folder = Path(path)
-    if not folder.is_dir():
-        raise MeshInputError(f"{folder}: not a directory")
-    files = sorted(f for f in folder.iterdir() if f.is_file() and f.suffix.lower() in MESH_SUFFIXES)
-    if not files:
-        raise MeshInputError(f"{folder}: no mesh files ({', '.join(MESH_SUFFIXES)})")
-    return [load_mesh(f) for f in files]

@@ -1,10 +1,4 @@
-"""The Target of the decode loop for point-cloud-conditioned mesh GPTs: one point cloud per sequence.
-
-A sequence's prompt is `[i]`, naming cloud i of the target's `clouds` (as a c2i prompt names its class).
-Its prefill encodes the cloud, stores the condition's cross-attention K/V in the sequence's cache row
-once (`MeshGPT.prefill`), and runs the learned start vector at position 0; mesh token r sits at
-position r. `conditions[i]` keeps each cloud's encoding for drafters that attend to it (XSpecMesh heads).
-"""
+"""The Target of the decode loop for point-cloud-conditioned mesh GPTs: prompt `[i]` names cloud i of `clouds`."""
 
 from __future__ import annotations
 

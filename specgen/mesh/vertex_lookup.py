@@ -1,15 +1,4 @@
-"""Vertex lookup (beyond XSpecMesh): a BPT block token seen earlier in the mesh proposes the offset that followed it.
-
-A BPT sequence names each vertex as `block, offset` (`mesh/tokenizers/bpt.py`) and revisits most
-vertices, since each is shared by several faces. Once a block has been emitted followed by an
-offset, the next time that block appears the offset after it is, on the procedural meshes, the
-same one (one vertex per coarse block; measured on held-out labels of both backbones,
-docs/results/mesh.md). So a candidate whose predecessor (x_{s*} or the previous candidate) is such a
-block is that offset, and every other candidate is the head's token for its position: the heads keep
-the blocks (where they beat copying what followed the last occurrence of the preceding offset, which
-`lookup` n-grams do), the mesh supplies the offsets (where heads are rarely right). A special block
-(a patch centre, id + special_base) looks up its plain block.
-"""
+"""Vertex lookup (beyond XSpecMesh): a BPT block token seen earlier in the mesh proposes the offset that followed it."""
 
 from __future__ import annotations
 

@@ -1,10 +1,4 @@
-"""Decoding methods by name: METHODS, one entry per method (modalities, losslessness, options class, factory).
-
-An entry's options class (`specgen.methods.options`, or `XSpecMeshOptions` for xspecmesh) holds the option names,
-their defaults and checks. Text and mesh methods build their drafter from it (`make_drafter`); an image method
-names its builder, a function of `specgen.image.methods` (`build_image`), which returns (drafter, accept rule)
-from the loaded target's parts (that module reads this table, never the reverse: the layers stay one-way).
-"""
+"""Decoding methods by name: METHODS, one entry per method (modalities, losslessness, options class, factory)."""
 
 from __future__ import annotations
 
@@ -20,6 +14,7 @@ from specgen.methods import options as O
 from specgen.methods.pcllm import MultiBlockDrafter
 from specgen.methods.text import EmptyDrafter, JacobiDrafter, NgramDrafter
 from specgen.methods.xspecmesh import XSpecMeshOptions
+from specgen.models.tokenizer import tokenizer_hash
 
 
 @dataclass(frozen=True)
@@ -84,8 +79,6 @@ def ngram_cache_fits(o: O.NgramOptions, tokenizer: Any) -> None:
     """A static n-gram cache must come from the target's tokenizer (its ids would mean other tokens); the
     tokenizer's hash (~60 ms over SmolLM2's vocabulary) is only computed when there is a cache to check."""
     if o.cache:
-        from specgen.models.tokenizer import tokenizer_hash
-
         ngram_cache.load(o.cache).check_tokenizer(tokenizer_hash(tokenizer))
 
 

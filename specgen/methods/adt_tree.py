@@ -1,22 +1,4 @@
-"""ADT-Tree: adjacency-adaptive draft-tree shapes (adjacent initialisation + bisectional adaptation).
-
-Paper: `adt-tree.txt` sections IV-A/B, eq. (2), defaults in V-A. The authors' public code does not
-contain the algorithm, so these are our documented choices where the paper is silent:
-
-- Grid bookkeeping. Every committed image token records the (depth, top_k, alpha) of the tree whose
-  verification committed it. The tree that drafts the token at raster cell (i, j) starts from the
-  record of its adjacent cell: (i, j-1) for horizontal repeat (the default), (i-1, j) for vertical
-  repeat, or uniform random in the open bounds. In horizontal mode the left cell is the root token,
-  committed by the previous step, so within a row this adapts from the previous tree.
-- Row start (j = 0) in horizontal mode falls back to the cell above (i-1, 0); the first row in
-  vertical mode falls back to the left cell; the very first tree uses (d0, k0).
-- Acceptance rate alpha = accepted draft tokens / depth of the tree (the bonus token excluded), so
-  with beta = 1 a tree is "positive" exactly when every level was used, matching the paper's
-  "all tokens in each layer of the draft tree are fully utilized".
-- Eq. (2): positive -> depth + l_d, top_k - l_k; negative -> depth - l_d, top_k + l_k; both clamped to
-  the paper's open intervals d_min < d < d_max, k_min < k < k_max (we clamp top_k always).
-- Near the end of the image the loop clamps the depth to the tokens left (no RoPE padding).
-"""
+"""ADT-Tree: adjacency-adaptive draft-tree shapes: adjacent initialisation + bisectional adaptation."""
 
 from __future__ import annotations
 

@@ -1,20 +1,4 @@
-"""EAGLE-2 dynamic draft trees from a feature drafter, with CFG; the tree's shape comes from a policy.
-
-The drafter network predicts the target's next feature from (feature f_p, token x_{p+1}) pairs:
-`net(features [B, S, D], tokens [B, S], positions [B, S], cache, attn_mask=None) -> hidden [B, S, D]`,
-where `positions` are the positions of the tokens (so 2D RoPE sees the token's grid cell), and the
-target's LM head turns predicted features into logits. Under CFG the drafter runs both branches
-(row 0 cond, row 1 uncond) and its logits are combined with the target's scale, as LANTERN does.
-
-Tree construction (EAGLE-2, `topK_genrate`): 1. run the drafter over the newly committed pairs; the
-last output gives the root's children = top-k tokens by log-prob. 2. for depth - 1 levels, feed the
-current frontier (k nodes; each sees its ancestors through an explicit mask over the drafter cache),
-take top-k children per node, score = parent score + child log-prob, keep the global top-k as the
-next frontier (a beam); every candidate is recorded. 3. keep the `total_tokens` best recorded nodes
-(their ancestors are among them) in recording order, which is topological (methods/eagle_grow.py).
-Drafts are deterministic (q = 1 at T > 0, lossless with the tree rejection rule) and use raw CFG
-log-probs, as EAGLE-2 does.
-"""
+"""EAGLE-2 dynamic draft trees from a feature drafter, with CFG; a policy picks each tree's shape."""
 
 from __future__ import annotations
 
@@ -24,6 +8,7 @@ from typing import Callable, Protocol
 import torch
 
 from specgen.decoding.draft_verify import DrafterBase
+from specgen.methods.eagle_batch import EagleBatch
 from specgen.methods.eagle_grow import TreeShape
 
 
@@ -76,6 +61,4 @@ class EagleTreeDrafter(DrafterBase):
 
     def pool(self, make: Callable[[int], "EagleTreeDrafter"]):
         """The DrafterPool that grows every live row's tree together (methods/eagle_batch.py)."""
-        from specgen.methods.eagle_batch import EagleBatch  # it builds on this module: a top import is a circle
-
         return EagleBatch(make)

@@ -1,14 +1,4 @@
-"""EAGLE trees for a whole batch: one drafter forward per tree level over every live row (a `DrafterPool`).
-
-The trees are EAGLE-2's (methods/eagle.py: catch-up over the newly committed pairs, top-k children of the
-root, depth - 1 beam levels, the `total_tokens` best nodes), grown for all rows together (methods/eagle_grow.py,
-as one tensor program): each level feeds every row's frontier (padded to the widest) through the drafter net
-over one drafter cache with a row per (sequence, CFG branch), under per-row masks over each row's own committed
-prefix and written ancestors. Each row keeps its own shape policy (ADT-Tree adapts per image), so depths
-differ: a row past its depth rides along as padding. Padding is never seen by a row's own nodes, so every
-row's tree is the one it would grow alone (up to the float rounding of a wider product). With the drafter's
-captured steps (models/graphs.py) the whole growth is one replay per (row bucket, width bucket, depth).
-"""
+"""EAGLE trees for a whole batch: one drafter forward per tree level over every live row (a `DrafterPool`)."""
 
 from __future__ import annotations
 

@@ -1,25 +1,6 @@
-"""EAGLE-2 trees of every live row grown as one tensor program: per level one drafter forward over all frontiers, the
-beam and the ancestor masks, then each row's best nodes, with no host read until the drafts are read once.
+"""EAGLE-2 trees of every live row grown as one tensor program, with no host read until the drafts are read once.
 
-Padded layout. Row i has width k_i (its top-k, capped at the vocabulary) and depth d_i, both device inputs. The
-root's children fill slots [0, w0); level L (1 <= L < levels) feeds a frontier of W_L nodes and records its W_L x W_L
-children (frontier position j, child c) in the next W_L^2 slots. Slot order is each row's own recording order (a
-node's children follow its frontier position, in top-k order), so a row's valid slots, in order, are the nodes its
-tree grown alone records; padding (j or c >= k_i, a row past its depth) is invalid and scores -inf in the beam, and
-the first k_i of a sorted beam are the row's own. The widths are the plan's (`GrowPlan`): eagerly the widest row still
-growing at each level; captured, the widest row's top-k rounded up to a node bucket at every level of the deepest row,
-so that ADT-Tree's per-row depth and width (its policy's host-side choice from the verdicts it already read) are
-inputs of one graph, not keys of many. A row's top-k is the first k_i of a top-W with W >= k_i: a wider W keeps those
-entries, except that of log-probs tied exactly at the row's boundary a kernel may propose another; that changes a
-draft only, never what the verify keeps.
-
-Drafter cache. Level L writes its W_L frontier nodes to slots prefix_i + R_{L-1} + j (R_L = W_1 + ... + W_L) of every
-row, padding included; the caller rolls every row back to its prefix afterwards. A frontier node sees the committed
-prefix, its ancestors' slots and its own (`anc` [n, W, R]: one column per tree slot), so every query has a key.
-
-Selection. A row keeps its `total` best valid nodes by (-score, slot). That set is closed under parents without a
-search: a child's score is its parent's plus a log-probability <= 0 (rounding is monotone, so never above it), and a
-parent's slot precedes its children's, so a parent ranks before each of its children.
+Padding is never seen by a row's own nodes: each row's tree is the one it grows alone (layout: docs/methods/eagle2.md).
 """
 
 from __future__ import annotations

@@ -1,18 +1,4 @@
-"""MuLo-SD local rejection sets (Sec. 3.3, Eqs. 6-7): which positions of a drafted block are re-sampled.
-
-Positions are raster indices into the target's `width`-wide token grid; a block is the half-open range
-[start, end) of positions drafted in one step (whole rows). For rejected positions R_T (t_0 = min R_T):
-
-    N(t, l) = { u : |i_u - i_t| <= l, |j_u - j_t| <= l, u >= t_0 }            (Eq. 6)
-    R_X     = union over t in R_T of N(t, l)                                   (Eq. 7)
-
-with (i, j) = divmod(position, width). Choices the paper leaves open, made here:
-- Image borders clip the square: columns stay in [0, width) (no wrap-around to the neighbouring row).
-- Only positions of the current block are expanded into (u < end): rows below it are not drafted yet,
-  and rows above it are before t_0 anyway.
-- l = 0 gives R_X = R_T ("local verification without expansion", the ablation).
-- "raster" rejection (standard speculative decoding, the other ablation) re-samples [t_0, end).
-"""
+"""MuLo-SD local rejection sets (Sec. 3.3, Eqs. 6-7): which positions of a drafted block are re-sampled."""
 
 from __future__ import annotations
 

@@ -1,53 +1,7 @@
-"""MuLo-SD: multi-scale local speculative decoding for visual AR models (LOSSY).
+"""MuLo-SD: multi-scale local speculative decoding for visual AR models (LOSSY; docs/methods/mulo-sd.md).
 
-Reference implementation of Peruzzo et al., "Multi-Scale Local Speculative Decoding for Image
-Generation" (Sec. 3.2-3.3, supplementary Algorithm 1); the paper has no public code. Parts: the target
-M_p (a class-conditional LlamaGen GPT on a G x G grid, under CFG), a low-resolution drafter M_q (the same
-kind of GPT on a g x g grid of the SAME VQ codebook, r = G / g a power of two) and the row-causal
-up/down-sampler pair (U_r, D_r) of `specgen.models.upsampler`. One step (Algorithm 1, numbers of Fig. 2):
-
-  7 down-sample  y = D_r(x): the accepted prefix (always whole low-res rows) -> low-res tokens; only rows
-                 new since the last step are fed to the drafter (row causality: old rows never change).
-  1 draft        `draft_rows` whole low-res rows sampled sequentially from M_q (under CFG, same
-                 temperature/top-k/top-p as the target) after the class and y.
-  2 up-sample    x~ = U_r(y + drafted rows), keeping the r * draft_rows new high-res rows: L tokens.
-  3 verify       ONE target forward over the not-yet-fed accepted tokens + x~ gives the L conditionals
-                 p_t = M_p(. | x_0 .. x_{n+t-1}) of every draft token.
-  4 accept       x~_t is accepted iff p_t(x~_t) + sum_{x in A_{k,delta}(x~_t)} p_t(x) >= tau (Eq. 5): the
-                 pooled mass of the token and of its LANTERN neighbourhood A_{k,delta} (the largest prefix
-                 of its k nearest codes whose mass stays <= delta, `accept_relaxed.pooled`).
-  5 expand       R_X = union of N(t, l) over rejected t (Eqs. 6-7, `mulo_neighbourhood`).
-  6 re-sample    every position of R_X, in raster order, is sampled from M_p given everything before it
-                 (accepted drafts and earlier re-samples); one target forward per re-sampled token
-                 except the first, whose conditional the verify forward already gave.
-
-LOSSY: accepted draft tokens are never checked against the target's distribution beyond the threshold,
-so outputs are not target samples (tau -> 0 accepts everything; tau > 1 rejects everything and gives
-exactly target-only sampling with the same generator, tested). Variants (option `rejection` /`radius`):
-`local` + radius l (the method), `local` + radius 0 (ablation: local verification without expansion),
-`raster` (ablation: standard raster-scan rejection, everything from the first rejection on is re-sampled).
-
-Choices the paper leaves open (defaults in `build_mulo`):
-- Draft length L = `draft_rows` low-res rows (default 1, i.e. L = r * G target tokens per step).
-- Pooled mass includes the draft token itself (Eq. 3's numerator form); `>=` as in Eq. 5 (Algorithm 1
-  writes `>`), so tau = 0 never rejects. At temperature 0 the acceptance mass uses the plain softmax of
-  the CFG logits (a one-hot would make tau meaningless) and re-sampling is argmax; at T > 0 both use the
-  filtered distribution of `SamplingParams`.
-- Paper defaults scaled to the codebook: k = 1000 of 16,384 codes -> round(1000 V / 16384) (`scaled_k`),
-  tau = 1e-4 at 16,384 codes -> 1e-4 * 16384 / V (`scaled_tau`: the same multiple, 1.64x, of the uniform
-  probability 1 / V; 3.2e-3 for the tiny 512-code VQ), delta = 0.1 and l = 3 unchanged. An explicit `tau`
-  is used as given.
-- The drafter samples from its own generator seeded from the decode generator's seed (it never consumes
-  the decode generator), so with everything rejected the target sees the same random stream as `ar`.
-- Tokens fed to the target but not yet committed (the last accepted run of a step) are fed at the head
-  of the next verify forward, so no forward is spent on them alone.
-- Stop ids are ignored (an image is a fixed number of tokens); `max_new_tokens` < G * G truncates.
-
-Statistics: `target_forwards` = prefill + verify forwards + re-sample forwards (so TPF shows the forwards
-saved); `steps` = verify steps; `accepted` per step = draft tokens kept (not in R_X); extras:
-`draft_tokens`, `pass_tokens` (passed Eq. 5), `rejected_tokens` (|R_T|), `resampled_tokens` (|R_X|),
-`expanded_tokens` (|R_X| - |R_T|), `resample_forwards`, `lowres_tokens`, `drafter_prefix_forwards`.
-Phases: prefill, downsample, propose (drafter), upsample, verify, accept, resample.
+tau > 1 rejects everything and gives exactly target-only sampling with the same generator: the low-res drafter
+draws from its own generator, never the decode one.
 """
 
 from __future__ import annotations
@@ -56,12 +10,17 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
+from safetensors import safe_open
 
+from specgen import checkpoints, registry
 from specgen.decoding.draft import Draft
 from specgen.decoding.draft_verify import DrafterBase
 from specgen.decoding.pool import PolicyBase, RowStep
 from specgen.decoding.sampling import logits_to_probs, pick
+from specgen.decoding.verify import verify_batch
 from specgen.errors import IncompatibleError, UsageError
+from specgen.image.neighbours import neighbour_table, scaled_k
+from specgen.image.target import CFGTarget
 from specgen.methods.mulo_neighbourhood import expand_rejections
 from specgen.methods.options import MuloOptions
 from specgen.models.graphs import attach
@@ -138,15 +97,10 @@ class MuLoRow:
 
 
 class MuLoBatch(PolicyBase):
-    """StepPolicy (`decoding/pool.py`): MuLo-SD rows on the shared batched loop (Algorithm 1, numbered as above).
-
-    A row alternates between a draft step (7 down-sample, 1 draft, 2 up-sample; it feeds pending + x~[:-1],
-    3-5 accept by pooled mass and expand; 6 the first re-sample from the verify logits) and re-sample steps
-    (one per further position of R_X: it feeds the tokens since the last re-sampled one, and the last logits
-    give the next one). Every step of every row shares the loop's one forward with the other rows, whichever
-    kind of step they are in. Each row keeps its own drafter cache and generators (the drafter's derived from
-    the row's), so a row's output does not depend on its batch mates. The block's tokens are emitted once R_X
-    is done.
+    """StepPolicy: MuLo-SD rows on the shared batched loop, a draft step or a re-sample step per row and step.
+    
+    Each row keeps its own drafter cache and generators, so its output does not depend on its batch mates; a block's
+    tokens are emitted once its re-sampling (R_X) is done.
     """
 
     def __init__(self, make: Callable[[int], MuLoSD], target) -> None:
@@ -155,8 +109,6 @@ class MuLoBatch(PolicyBase):
         self.max_feed = 2 * (dec.grid // dec.low_grid) * dec.grid * dec.draft_rows  # pending + a block
 
     def open(self, width: int, max_len: int) -> None:
-        from specgen.image.target import CFGTarget
-
         dec = self.make(0)
         self.lowres = dec.lowres
         steps = self.target.model.graphs  # the drafter's forwards are captured where the target's are
@@ -223,8 +175,6 @@ class MuLoBatch(PolicyBase):
     def low_forward(self, feeds: dict[int, list[int]]) -> dict[int, torch.Tensor]:
         """One drafter forward over the slots in `feeds` (each feeds its chain at its drafter-cache length, slots
         in between feed one padding node); commits the chains; the drafter logits [S_i, V] of each slot."""
-        from specgen.decoding.verify import verify_batch
-
         lo, hi = min(feeds), max(feeds) + 1
         view = self.lcache.rows(lo * self.br, hi * self.br)
         roots = [feeds[i][0] if i in feeds else 0 for i in range(lo, hi)]
@@ -350,8 +300,6 @@ _LOADED: dict[tuple[str, str], torch.nn.Module] = {}
 
 
 def _load(entry, device) -> torch.nn.Module:
-    from specgen import checkpoints, registry
-
     key = (str(entry.path), str(device))
     stamp = (entry.path / registry.WEIGHTS).stat().st_mtime_ns
     hit = _LOADED.get(key)
@@ -364,10 +312,6 @@ def _load(entry, device) -> torch.nn.Module:
 
 def vq_codebook_of(entry) -> torch.Tensor | None:
     """The raw codebook [V, D] of the VQ a GPT entry was trained on (only that tensor is read), or None."""
-    from safetensors import safe_open
-
-    from specgen import checkpoints, registry
-
     vq = entry.meta.get("vq")
     if not vq:
         return None
@@ -387,9 +331,6 @@ def build_mulo(parts, o: MuloOptions) -> MuLoSD:
     Derived defaults: upsampler tiny-image-upsampler-{r}x (r = G / g), tau 1e-4 * 16384 / V, lantern_k 0 = the
     paper's 1000 of 16,384 scaled to the codebook.
     """
-    from specgen import checkpoints
-    from specgen.image.neighbours import neighbour_table, scaled_k
-
     if parts.codebook is None:
         raise UsageError("mulo-sd needs the target's VQ codebook")
     G, vocab = parts.grid, parts.model.cfg.vocab_size

@@ -1,21 +1,6 @@
 """A static n-gram cache: how a target's own greedy answers continued each n-gram, as drafts for `ngram`.
 
-Prompt lookup (`ngram`) drafts only from the sequence at hand, so a step with no earlier match is a plain AR step.
-A small model's answers repeat its own phrasing across prompts ("Here is a Python function", a fence, a docstring
-layout), which no single prompt contains. The cache holds those: greedy answers of the target to the built-in
-stdlib prompts (never HumanEval), and for each n-gram (n = `MAX_NGRAM` .. `MIN_NGRAM`) the token that most often
-followed it, kept where it followed at least `MIN_COUNT` times and at least `MIN_SHARE` of the time. Drafting
-follows the table token by token from the longest n-gram that has an entry (llama.cpp's static lookup cache and
-REST's datastore are the same idea; here the datastore is the target's own outputs). Drafts are only proposals:
-outputs stay exactly the target's, whatever the cache holds.
-
-A cache file is safetensors: `tokens` int32 [N], the answers' token ids with -1 between answers, and metadata
-(`tokenizer`: the hash of the tokenizer that made it, and how). The table is built at load, once per process
-(~1 s for the shipped one). A cache made by another tokenizer is refused with one line (its ids would mean other
-tokens).
-
-Build one: `python -m specgen.text.ngram_cache --model NAME --limit 3348 --out FILE` (recipes/tiny/
-ngram-cache-smollm2.sh makes the shipped `smollm2-135m` cache).
+Drafts are only proposals: outputs stay exactly the target's, whatever the cache holds.
 """
 
 from __future__ import annotations
@@ -24,6 +9,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from specgen.errors import CheckpointError, UsageError
 
@@ -83,9 +72,6 @@ def build_table(answers: list[list[int]]) -> dict[tuple[int, ...], int]:
 
 def save(path: Path, answers: list[list[int]], tokenizer: str, how: str) -> None:
     """Write answers (token streams) as a cache file."""
-    import torch
-    from safetensors.torch import save_file
-
     flat: list[int] = []
     for seq in answers:
         flat.extend(seq)
@@ -97,8 +83,6 @@ def save(path: Path, answers: list[list[int]], tokenizer: str, how: str) -> None
 @lru_cache(maxsize=4)
 def load(ref: str) -> NgramCache:
     """A cache by shipped name (`specgen/assets/text/ngram/<name>.safetensors`) or file path; one line if neither."""
-    from safetensors import safe_open
-
     path = SHIPPED / f"{ref}.safetensors" if "/" not in ref and not ref.endswith(".safetensors") else Path(ref)
     if not path.is_file():
         shipped = ", ".join(sorted(p.stem for p in SHIPPED.glob("*.safetensors"))) or "none"

@@ -1,12 +1,6 @@
 """Method options (`method_options.NAME=VALUE`) as frozen dataclasses: one class per method family.
 
-A field's default is the method's default; its `check` metadata says what a single value must be (type and range),
-so a wrong type (`block_size=abc`), a value out of range (`block_size=0`) or NaN (`delta=nan`) is one usage error
-naming the option, before a model is loaded. `validate()` runs the field checks and then `check()`, the rules
-between options that a family states itself. Builders take these objects and check only what needs the loaded model
-(mulo-sd's assets, vvs's codebook for the dynamic schedule).
-
-This module imports nothing heavy: `specgen.config_checks` reads `CHECKS` on every command's config.
+Imports nothing heavy: `specgen.config_checks` reads `CHECKS` on every command's config.
 """
 
 from __future__ import annotations
@@ -293,18 +287,21 @@ class MuloOptions(Options):
     seed: int = opt(0, SEED)  # the low-res drafter's stream (derived with the decode generator's seed)
 
 
-# --- mesh: XSpecMeshOptions (methods/xspecmesh.py) checks the rules between its options itself -------------------
+# --- mesh: XSpecMeshOptions (methods/xspecmesh.py) states the rules between its options itself -------------------
+XSPECMESH_CRITERIA = ("threshold", "topk", "rejection")  # the paper's two lossy rules, and the lossless one
+XSPECMESH_SAMPLING = ("independent", "tree")
+XSPECMESH_DRAFT_DTYPES = ("float32", "bfloat16")
 
 #: Single-value checks of `XSpecMeshOptions`' fields (that class lives with the method, which imports torch).
 XSPECMESH_CHECKS: dict[str, Check] = {
     "heads": text(),
     "num_heads": int_at_least(0),
-    "criterion": text(),
+    "criterion": one_of(*XSPECMESH_CRITERIA),
     "delta": number_in(0, 1),
     "top_k_accept": int_at_least(1),
-    "sampling": text(),
+    "sampling": one_of(*XSPECMESH_SAMPLING),
     "top_k_tree": int_at_least(1),
-    "draft_dtype": text(),
+    "draft_dtype": one_of(*XSPECMESH_DRAFT_DTYPES),
     "lookup": int_at_least(0),
     "vertex_lookup": flag(),
     "min_path_prob": number_in(0, 1, hi_open=True),
@@ -318,8 +315,6 @@ FAMILIES: tuple[type[Options], ...] = (NoOptions, JacobiOptions, CllmOptions, Ng
 
 def checks_of(cls: type) -> dict[str, Check | None]:
     """Option name -> its single-value check, for one options class."""
-    if cls.__name__ == "XSpecMeshOptions":
-        return {f.name: XSPECMESH_CHECKS.get(f.name) for f in fields(cls)}
     return {f.name: f.metadata.get("check") for f in fields(cls)}
 
 

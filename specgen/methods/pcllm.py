@@ -1,35 +1,6 @@
-"""pcLLM inference: Jacobi decoding of a distilled model, and multi-block decoding with rejection recycling (MR).
+"""pcLLM multi-block Jacobi decoding with rejection recycling (`pcllm-mr`) as a drafter (docs/methods/pcllm.md).
 
-`pcllm` / `cllm` are the shared loop's `JacobiDrafter` run on the distilled model (a running window
-of n - 1 guesses); the training made the carried-over guesses good. `pcllm-mr` is the paper's
-Algorithm 1 as a Drafter of the shared (batched) loop, whose steps it fills in:
-
-  window   guesses for the positions after the root (the last correct, uncommitted token): the
-           real-active (RA) block's remaining guesses, then up to K - 1 pseudo-active blocks of n.
-  1 propose  the main chain (root + window) plus up to `verify` rejection-recycling candidates: n-grams
-             from the pool that start with the root token, as branches of the draft tree; with
-             `lookup` > 0 (beyond the paper) one more branch: what followed the latest earlier occurrence
-             of the sequence's 3- or 2-gram suffix (prompt lookup, `methods/text.py`), up to `lookup` tokens.
-             The branches are merged into a prefix tree, so a prefix they share is verified once.
-  2 verify   one target forward over the tree (tree mask, shared KV prefix), batched with other rows.
-  3 accept   the loop's rule. Greedy: the walk along the target's argmax follows the branch with the
-             longest correct prefix (in a prefix tree at most one child matches); its tokens plus the
-             argmax after them are committed, so greedy output equals the model's own greedy AR token
-             for token. At temperature > 0 (beyond the paper, which is greedy) the loop's tree rejection
-             sampling with q = 1 keeps the model's distribution.
-  4 commit   the winning path's KV is kept (gathered for a candidate branch), the rest dropped.
-  5 update   Jacobi update of the window (argmax at the preceding position); pseudo-accepted tokens of
-             pseudo blocks (stable under their noisy context) are frozen; rejected tails go into the
-             n-gram pool; a pseudo block is spawned when the newest block has >= ceil(r n) accepted
-             tokens and fewer than K blocks are active; when the RA block is done the next block is
-             promoted (its tokens are verified again, now behind a clean context).
-
-Differences from Jacobi Forcing's reference (documented in docs/methods/pcllm.md): candidates are verified as tree
-branches in the same forward instead of extra batch rows, and the pool holds rejected RA tails.
-The winning branch of a step is the earliest whose prefix equals the accepted path (ties keep the
-main chain, as `longest_branch` says); its later positions' argmaxes update the window. The
-lookup branch is specgen's (off by default): like the recycled n-grams it only adds candidates, so
-greedy output still equals the model's own greedy AR.
+Recycled n-grams and the lookup branch only add candidates: greedy output equals the model's own greedy AR.
 """
 
 from __future__ import annotations

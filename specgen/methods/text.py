@@ -28,14 +28,10 @@ class EmptyDrafter(DrafterBase):
 
 @dataclass
 class JacobiDrafter(DrafterBase):
-    """Jacobi decoding as draft-and-verify: the draft is the previous iteration's guesses.
-
-    A block of n tokens = the root plus n - 1 guesses. After a verify forward, the target's argmax
-    at every block position is the next Jacobi iterate; the accepted prefix (guesses equal to the
-    argmax before them) plus one bonus token is committed, and the argmaxes after it become the
-    next guesses (Jacobi's carried-over predictions). Freed slots are refilled with tokens drawn
-    from the prompt (seeded), as CLLM initialises its guesses. Greedy output equals AR by
-    construction: a guess is only committed if it equals the target's argmax.
+    """Jacobi decoding as draft-and-verify: the draft is the previous iteration's guesses (root + n - 1 guesses).
+    
+    A guess is only committed if it equals the target's argmax, so greedy output equals AR; freed slots are refilled
+    from the prompt (seeded), as CLLM initialises its guesses.
     """
 
     block_size: int = 4  # CPU default (methods/options.py: JacobiOptions, tested equal)

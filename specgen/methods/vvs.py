@@ -1,52 +1,7 @@
-"""VVS: speculative decoding with partial verification skipping for visual AR models (LOSSY).
+"""VVS: speculative decoding with partial verification skipping for visual AR models (LOSSY; docs/methods/vvs.md).
 
-Reference implementation of Dong et al., "VVS: Accelerating Speculative Decoding for Visual
-Autoregressive Generation via Partial Verification Skipping" (Algorithms 1 and 2, Sec. 4.1-4.4); the
-paper has no public code. It runs on EAGLE-2 trees (`EagleTreeDrafter` + `FixedShape`) with an accept
-rule (LANTERN relaxed acceptance in `--method vvs`, as in the paper). VVS is LOSSY on two counts: the
-relaxed rule, and the tokens of skipped steps, which are never checked against the target.
-
-One step of the loop (same numbering as `specgen.decoding.loop`):
-  1 propose   the drafter proposes a tree C_t from the (fresh or stale) features it was given.
-  -- schedule (`vvs_schedule`): skip? Never twice in a row, never at the first step.
-  skipped step (no target forward):
-  3' accept   one root-to-leaf path of C_t drawn uniformly (from the decode generator), truncated to
-              gamma = min(path length, floor(mean root-to-leaf path length of C_t)) (Eq. 1). These
-              unverified tokens x° join the output. No bonus token.
-  4' commit   nothing: the target KV cache is not touched.
-  5' update   the drafter continues from STALE features: the gamma most recent token-level target
-              features in the feature cache (positions F - gamma - s .. F - 1 - s, F = committed
-              positions, s = `staleness`, default 0 = "the most recent cached features", the paper's
-              s2 = 0) are paired, in order, with the tokens of x°.
-  verified step:
-  2 verify    ONE target forward over root + x° (chain) + C_t (tree hanging from x°'s last token): the
-              post-verification of the previous skipped step's tokens and the verification of the new
-              draft. x° is not re-judged (it stays accepted, as in the paper).
-  3 accept    the rule judges C_t on the logits from x°'s last token on.
-  4 commit    keep root + x° + the accepted path: the KV entries of x° are restored in place, so the
-              committed cache equals an AR-built cache over the same tokens (tested).
-  5 update    the features of root, x° and the accepted path go to the feature cache (x°'s replace
-              nothing: they were never cached) and fresh features go to the drafter (s1 = -1).
-So the run blends fresh features (after verified steps) with the most recent cached ones (after
-skipped steps), the paper's best setting (Tab. 3: s1 = -1, s2 = 0).
-
-Choices the paper leaves open:
-- `refresh` (default True): after the post-verification, the drafter's own KV entries for x° (computed
-  from stale features) are rolled back and recomputed from x°'s fresh target features in the next
-  catch-up (same number of drafter forwards, gamma more positions in one). The paper only says the
-  fresh features are "cached back to the corresponding positions"; `refresh=false` keeps the stale
-  drafter entries, as an EAGLE-style drafter cache that only appends would.
-- Stale retrieval clamps at position 0 when fewer than gamma + s features are cached (early steps).
-- Path selection uses the decode generator (so `--seed` fixes it; at T = 0 without a generator a
-  private one seeded with `seed`); all root-to-leaf paths are equally likely (not weighted by score).
-- Tokens of a skipped final step are returned without post-verification (no further forward would
-  serve any purpose); `unverified_tail` counts them.
-- Only TreeShape-fixed (EAGLE-2) trees: ADT-Tree's shape policy would learn nothing on skipped steps.
-
-Statistics: `target_forwards` counts the prefill and the verified steps only, so TPF = new tokens /
-target forwards shows the forwards saved; `steps`, `tau`, `d_bar` are over verified steps; `extras`
-holds `skipped_steps`, `unverified_tokens` (accepted without verification, tail included),
-`post_verified_tokens` and `unverified_tail`. The "schedule" phase times the skip decisions.
+Post-verification restores the KV entries of skipped tokens in place, so the committed target cache equals an
+AR-built cache over the same tokens.
 """
 
 from __future__ import annotations
@@ -139,12 +94,9 @@ class VVSRow:
 
 
 class VVSBatch(PolicyBase):
-    """StepPolicy (`decoding/pool.py`): VVS rows on the shared batched loop.
-
-    Every live row's tree is grown together (`EagleBatch`: one drafter forward per level). A row whose
-    schedule skips emits its sampled path at once and sits out the forward; the others feed root + x° + C_t
-    and share it. Each row keeps its own schedule, feature cache and generator, so a row's output does not
-    depend on its batch mates.
+    """StepPolicy: VVS rows on the shared batched loop; a row whose schedule skips emits its path and sits out.
+    
+    Each row keeps its own schedule, feature cache and generator, so its output does not depend on its batch mates.
     """
 
     def __init__(self, make: Callable[[int], VVS], rule, budget) -> None:

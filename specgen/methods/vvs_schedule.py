@@ -1,30 +1,6 @@
-"""VVS skip schedules (paper Sec. 4.4, Algorithm 1): when may a draft step skip its verification?
+"""VVS skip schedules (Sec. 4.4, Algorithm 1): whether a draft step skips its verification (docs/methods/vvs.md).
 
-Every schedule answers `decide(draft, verified_run)`, where `verified_run` is the number of verified
-steps in a row just before this one (0 at the first step and right after a skipped step). The hard
-constraint of Sec. 4.1 ("never two verification-free steps in a row") is `verified_run >= 1`; every
-schedule below respects it, and the VVS loop enforces it again (`may_skip`) for any other schedule.
-The first draft step is never skipped either: only a verification step caches the target features
-that the drafter needs to continue without one (the prefill gives the condition position's only).
-
-- `UniformSkip(interval)` (VVS-U): after `interval - 1` verified steps the next one is skipped, so the
-  pattern is V^(i-1) S V^(i-1) S ...; `interval >= 2`.
-- `DynamicSkip(codebook, threshold, alpha, stride)` (VVS-D): skip when the decay-weighted similarity of
-  the draft tree's candidate paths (`path_similarity`, Eq. 2) is at least `threshold`.
-- `NeverSkip`: VVS's loop without skipping: exactly EAGLE-2 + the accept rule (a regression baseline).
-
-Choices the paper leaves open (documented here, used by `path_similarity`):
-- Candidate paths are the draft tree's root-to-leaf paths (node tokens), the same set from which a
-  skipped step samples its path.
-- `Downsample(C, stride=2)` keeps every `stride`-th path (C[::stride]), not every other position: the
-  paper reports the down-sampled similarity at ~25% of the cost, which is what halving the paths of a
-  pairwise (quadratic) comparison gives. It is skipped when it would leave fewer than 2 paths.
-- S^(l) at depth l is the mean cosine similarity over all pairs of (kept) paths that reach depth l,
-  computed on the L2-normalised VQ codebook vectors of their tokens; depths reached by fewer than two
-  paths are left out and the weights alpha^l / sum(alpha^k) are renormalised over the depths kept. A
-  tree with a single path has similarity 1 (nothing to disagree with).
-- alpha defaults to 0.8 (the paper gives no value); threshold defaults to 0.75, the middle of the
-  paper's VVS-D sweep (0.70, 0.75, 0.80).
+Every schedule keeps the hard constraint (`may_skip`): never at the first step, never twice in a row.
 """
 
 from __future__ import annotations

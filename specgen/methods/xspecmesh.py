@@ -1,72 +1,7 @@
 """XSpecMesh (Algorithm 1): multi-head speculative decoding of point-cloud-conditioned mesh GPTs.
 
-LOSSY with the paper's rules (criterion "threshold" or "topk"); LOSSLESS with criterion "rejection"
-(beyond the paper: speculative rejection sampling of deterministic candidates, see below).
-
-One decoding step, with s = the position of the first not-yet-verified candidate:
-  1 propose  candidates x_s .. x_{s+D}: x_s was sampled from the backbone p^(0)_s (so it is valid),
-             x_{s+d} from head d applied to h_{s-1} (the hidden state that produced p^(0)_s);
-  2 verify   ONE backbone forward over x_{s:s+D} under a causal mask -> h_{s .. s+D}, hence
-             p^(0)_{s+1 .. s+D+1} (the condition's cross-attention K/V were computed once per mesh;
-             the top-k/top-p filters run only on the rows step 3 reads);
-  3 accept   keep x_{s+1}, ... while the rule passes (p^(0)(x) > delta, or x in top-K_a), stop at the
-             first rejected position s* (lossy: `decoding/accept_threshold.py`); or, with "rejection",
-             keep x with probability p^(0)(x) (lossless: `decoding/accept.py`);
-  4 commit   keep the KV of x_s .. x_{s*-1} (a pointer move: the chain is contiguous);
-  5 update   resample x_{s*} from p^(0)_{s*} and x_{s*+d} from head d on h_{s*-1} (line 11).
-`ar` on meshes is this loop with D = 0 (no heads): one token per backbone forward, same cache,
-same condition K/V reuse, so wall-clock ratios between the two are honest.
-
-Choices the paper leaves open (this is the reference implementation):
-- Start: Algorithm 1 feeds SOS plus D uniformly random tokens first. We prefill the learned start
-  vector alone and draw the first candidates from its outputs (random tokens pass p > delta with
-  negligible probability in a 5121-way vocabulary); this also makes "accept nothing" exactly AR.
-- Heads run on h_{s*-1} only (the one row line 11 uses), not on all D + 1 rows of line 5: same
-  distributions, D times less head work. Heads built with `token_input` (beyond the paper,
-  `models/heads.py`) also read E(x_{s*}): the backbone sample line 11 draws before them.
-- Random streams: the backbone's own samples (x_s, the recovered tokens) use `generator`, head
-  candidates use a separate `draft_generator`. With a rule that accepts nothing (delta >= 1) the
-  output is therefore AR sampling with the same seed, token for token.
-- Heads sample from the same filtered, tempered distribution as the backbone (temperature, top-k,
-  top-p of the run); greedy runs take argmaxes everywhere, and then the threshold rule with
-  delta < 1 reproduces greedy AR exactly.
-- Top-K_s probability-tree sampling (appendix A.4): the heads' distributions all come from the
-  same h_{s*-1}, so a path's weight is the product of its tokens' head probabilities. Pruning
-  a branch whose cumulative weight is < 1e-5 removes exactly the complete paths whose weight is
-  < 1e-5 (weights only shrink along a path), so we score all K_s^D complete paths at once, zero
-  those under the threshold and draw one in proportion to its weight. If none survives, the top-1
-  path is used. The draft stays a single chain, as in the paper.
-- EOS: the run stops after the first committed EOS (5120) or at `max_tokens` committed tokens;
-  head candidates after an EOS candidate are dropped.
-- Lookup candidates (beyond the paper, `lookup` > 0, off by default): x_{s*+1 ..} are first taken from
-  what followed the latest earlier occurrence of the longest n-gram suffix (n <= lookup) of the mesh so
-  far (BPT sequences revisit shared vertices); heads fill the rest and are not run when lookup fills
-  all D. Only the candidates change, so the accept rule and both random streams are untouched.
-- Vertex lookup (beyond the paper, `vertex_lookup`, off by default; BPT vocabularies only): a candidate
-  whose predecessor is a block token already followed by an offset in this mesh is that offset, every
-  other candidate the head's (`mesh/vertex_lookup.py`). The heads keep the blocks, the mesh's own vertices
-  supply the offsets; exclusive with `lookup`. Again only the candidates change.
-- Lossless acceptance (beyond the paper, `criterion: rejection`): the paper's rules accept any candidate
-  the backbone finds likely enough, so the output drifts from the backbone's own samples (docs/results/mesh.md: with
-  argmax candidates some point clouds' meshes grow a quarter longer). With deterministic candidates
-  (argmax heads = the K_s = 1 tree, vertex / n-gram lookup, or greedy) standard speculative sampling
-  applies with q = one-hot: accept x with probability p^(0)(x), on rejection sample p^(0) with x
-  removed. Every committed token is then distributed exactly as the backbone's given the tokens before
-  it (tested statistically), so the output is the backbone's sampling distribution; at temperature 0 it
-  is greedy AR token for token. A candidate may depend on more than the prefix (on where earlier steps
-  ended, hence which head proposed it), but given that history it is fixed, which is all the argument
-  needs. Sampled candidates would need each head's q; they are refused with this rule (their
-  acceptance min(1, p/q) is lower anyway).
-- Path cut (beyond the paper, `min_path_prob` > 0, off by default): the chain ends before the first
-  candidate at which the running product of the proposers' probabilities of their candidates falls below
-  `min_path_prob` (EAGLE-2's path confidence, applied to a chain). A head's probability of its token is
-  softmax(head logits / T) at the run's temperature T (1 when greedy), unfiltered; a lookup candidate counts
-  1. Each verified token costs a backbone forward more work, so dropping the tail a head is unsure of can
-  save more than the few tokens it would have added (whether it does is measured in docs/results/mesh.md). The
-  cut is a function of the history, like the candidates, so every rule keeps its properties (rejection
-  stays lossless, accept-nothing stays AR, greedy stays greedy AR).
-- SCR = committed tokens / decoding steps (the prefill that yields the first candidate is not a
-  decoding step), i.e. `DecodeStats.tau`; step latency = wall time / steps.
+LOSSY with the paper's rules (criterion threshold / topk); LOSSLESS with criterion rejection and deterministic
+candidates. A rule that accepts nothing (delta >= 1) is AR sampling with the same seed, token for token.
 """
 
 from __future__ import annotations
@@ -77,76 +12,64 @@ from dataclasses import dataclass
 
 import torch
 
-from specgen.decoding.accept_threshold import CRITERIA as LOSSY_CRITERIA, AcceptCriterion
+from specgen import checkpoints, registry
+from specgen.decoding.accept_threshold import AcceptCriterion
+from specgen.decoding.budget import MeasuredBudget
+from specgen.decoding.loop import decode_batch
 from specgen.decoding.sampling import SamplingParams, logits_to_probs, sample, sample_rows
 from specgen.decoding.stats import DecodeStats
 from specgen.devices import host_tensor
+from specgen.errors import CheckpointError, UsageError
+from specgen.mesh.target import MeshTarget
 from specgen.mesh.vertex_lookup import VertexMemory
-from specgen.methods.options import BUDGETS
-from specgen.methods.text import lookup
+from specgen.methods.options import XSPECMESH_CHECKS as CHECKS, XSPECMESH_DRAFT_DTYPES, Options, opt
+from specgen.methods.text import EmptyDrafter, lookup
+from specgen.methods.xspecmesh_pool import XSpecMeshPool, mesh_rule
 from specgen.models.heads import head_logits
 from specgen.models.layout import decode_layout
+from specgen.train.lora import merge_lora_state
 
-SAMPLING_MODES = ("independent", "tree")
-#: The lossless acceptance rule (beyond the paper): speculative rejection sampling of deterministic candidates.
-LOSSLESS_CRITERION = "rejection"
 #: Precision of the heads' LM-head projection (candidates only; the backbone, hence acceptance, stays float32).
 #: bfloat16 pays only where float32 runs on a slow few-row kernel; with the packed decode layout
 #: (models/packed_linear.py) float32 runs on oneDNN, so float32 is the default (docs/results/mesh.md).
 #: The head bodies stay float32 (small batched einsums are slower in bf16).
-DRAFT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+DRAFT_DTYPES = dict(zip(XSPECMESH_DRAFT_DTYPES, (torch.float32, torch.bfloat16)))
 #: Branches of the top-K_s probability tree lighter than this are pruned (appendix A.4).
 TREE_PRUNE = 1e-5
 
 
 @dataclass(frozen=True)
-class XSpecMeshOptions:
-    """Method options (`method_options.*`): D, the acceptance rule and the candidate sampler."""
+class XSpecMeshOptions(Options):
+    """Method options (`method_options.*`): D, the acceptance rule and the candidate sampler; checked when built."""
 
-    heads: str = "xspecmesh-ca-tiny"  # registry name of the heads (they name their backbone + adapter)
-    num_heads: int = 0  # D; 0 = every head the checkpoint has (paper: 4)
-    criterion: str = "threshold"  # "threshold" (p > delta) | "topk" (top-K_a), both lossy | "rejection" (lossless)
-    delta: float = 0.5
-    top_k_accept: int = 1  # K_a
-    sampling: str = "independent"  # "independent" | "tree" (top-K_s probability tree)
-    top_k_tree: int = 2  # K_s
-    draft_dtype: str = "float32"  # "bfloat16": the heads' LM-head projection in bf16 (beyond the paper)
-    lookup: int = 0  # > 0: candidates first from n-gram lookup (n = lookup .. 1) over the mesh so far (beyond the paper)
-    vertex_lookup: bool = False  # offsets after known blocks from the mesh so far, heads elsewhere (beyond the paper)
-    min_path_prob: float = 0.0  # > 0: cut the chain where the candidates' running probability drops below it (beyond)
-    budget: str = "fixed"  # "auto": per batch size, the faster of batched AR and the heads (decoding/budget.py)
+    heads: str = opt("xspecmesh-ca-tiny", CHECKS["heads"])  # registry name of the heads (they name backbone + adapter)
+    num_heads: int = opt(0, CHECKS["num_heads"])  # D; 0 = every head the checkpoint has (paper: 4)
+    criterion: str = opt("threshold", CHECKS["criterion"])  # threshold (p > delta) | topk (top-K_a): lossy | rejection
+    delta: float = opt(0.5, CHECKS["delta"])
+    top_k_accept: int = opt(1, CHECKS["top_k_accept"])  # K_a
+    sampling: str = opt("independent", CHECKS["sampling"])  # independent | tree (top-K_s probability tree)
+    top_k_tree: int = opt(2, CHECKS["top_k_tree"])  # K_s
+    draft_dtype: str = opt("float32", CHECKS["draft_dtype"])  # bfloat16: the heads' LM-head product in bf16 (beyond)
+    lookup: int = opt(0, CHECKS["lookup"])  # > 0: candidates first from n-gram lookup (n = lookup .. 1) (beyond)
+    vertex_lookup: bool = opt(False, CHECKS["vertex_lookup"])  # offsets after known blocks, heads elsewhere (beyond)
+    min_path_prob: float = opt(0.0, CHECKS["min_path_prob"])  # > 0: cut the chain below this path probability (beyond)
+    budget: str = opt("fixed", CHECKS["budget"])  # auto: per batch size, the faster of batched AR and the heads
 
     def __post_init__(self) -> None:
-        from specgen.errors import UsageError
+        self.validate("xspecmesh")
 
-        if self.sampling not in SAMPLING_MODES:
-            raise UsageError(f"unknown sampling {self.sampling!r}; choose from {', '.join(SAMPLING_MODES)}")
-        if self.draft_dtype not in DRAFT_DTYPES:
-            raise UsageError(f"unknown draft_dtype {self.draft_dtype!r}; choose from {', '.join(DRAFT_DTYPES)}")
-        if self.num_heads < 0 or self.top_k_tree < 1 or self.lookup < 0:
-            raise UsageError("num_heads and lookup must be >= 0 and top_k_tree >= 1")
-        if not 0.0 <= self.min_path_prob < 1.0:
-            raise UsageError(f"min_path_prob must be in [0, 1) (0 = no cut), got {self.min_path_prob}")
-        if self.budget not in BUDGETS:
-            raise UsageError(f"budget must be {' or '.join(BUDGETS)}, got {self.budget!r}")
+    def check(self) -> None:
+        """One candidate source besides the heads; the lossless rule needs deterministic candidates (no head q)."""
         if self.lookup and self.vertex_lookup:
             raise UsageError("lookup and vertex_lookup are exclusive; choose one candidate source besides the heads")
-        if self.lossless:
-            if not (self.sampling == "tree" and self.top_k_tree == 1):
-                raise UsageError("criterion rejection (lossless) needs deterministic candidates: "
-                                 "sampling=tree top_k_tree=1 (the heads' argmaxes)")
-            return
-        try:
-            self.criterion_rule()
-        except ValueError as e:
-            choices = ", ".join((*LOSSY_CRITERIA, LOSSLESS_CRITERION))
-            raise UsageError(f"{e}" if self.criterion in LOSSY_CRITERIA else
-                             f"unknown acceptance criterion {self.criterion!r}; choose from {choices}") from None
+        if self.lossless and not (self.sampling == "tree" and self.top_k_tree == 1):
+            raise UsageError("criterion rejection (lossless) needs deterministic candidates: "
+                             "sampling=tree top_k_tree=1 (the heads' argmaxes)")
 
     @property
     def lossless(self) -> bool:
         """Does decoding preserve the backbone's distribution (greedy: its output)?"""
-        return self.criterion == LOSSLESS_CRITERION
+        return self.criterion == "rejection"
 
     def criterion_rule(self) -> AcceptCriterion:
         return AcceptCriterion(self.criterion, self.delta, self.top_k_accept)
@@ -241,21 +164,13 @@ class MeshDecoder:
     @torch.inference_mode()
     def generate_batch(self, pcs: list[torch.Tensor], params: SamplingParams, max_tokens: int,
                        opts: XSpecMeshOptions | None = None, generators=None, draft_generators=None,
-                       batch_size: int = 1, on_done=None) -> list[MeshDecodeResult]:
+                       batch_size: int = 1, on_done=None, on_tokens=None) -> list[MeshDecodeResult]:
         """Decode the meshes of point clouds pcs[i] [N_i, 6], `batch_size` at a time, on the shared batched loop
-        (`decoding/loop.py`: continuous batching, per-row acceptance). Cloud i samples from generators[i] (the
-        backbone's samples) and draft_generators[i] (head candidates), so its mesh does not depend on the batch."""
-        from specgen.decoding.budget import MeasuredBudget
-        from specgen.decoding.loop import decode_batch
-        from specgen.mesh.target import MeshTarget
-        from specgen.methods.text import EmptyDrafter
-        from specgen.methods.xspecmesh_pool import XSpecMeshPool, mesh_rule
-
+        (`on_done`, `on_tokens`: as `decode_batch`'s). Cloud i samples from generators[i] (the backbone's samples) and
+        draft_generators[i] (head candidates), so its mesh does not depend on the batch."""
         opts = opts or XSpecMeshOptions()
         d_max = 0 if self.heads is None else (opts.num_heads or self.heads.num_heads)
         if self.heads is not None and d_max > self.heads.num_heads:
-            from specgen.errors import UsageError
-
             raise UsageError(f"num_heads {d_max} > the {self.heads.num_heads} heads of this checkpoint")
         generators = list(generators) if generators is not None else [None] * len(pcs)
         draft_generators = list(draft_generators) if draft_generators is not None else [None] * len(pcs)
@@ -266,7 +181,7 @@ class MeshDecoder:
             if opts.budget == "auto" and d_max else None
         batch = decode_batch(target, pool, [[i] for i in range(len(pcs))], max_tokens, params, (self.eos_id,),
                              generators, batch_size=batch_size, max_draft=d_max, rule=mesh_rule(opts),
-                             on_done=on_done, budget=budget)
+                             on_done=on_done, on_tokens=on_tokens, budget=budget)
         return [MeshDecodeResult(r.tokens, r.stats) for r in batch.results]
 
     def _candidates(self, out: list[int], x: int, stacked, h: torch.Tensor, past, kv, d: int, params: SamplingParams,
@@ -290,8 +205,6 @@ class MeshDecoder:
         """An empty per-mesh vertex memory; the backbone must use BPT's 8 x 16 vocabulary."""
         memory = VertexMemory()
         if self.model.vocab_size != memory.tokenizer.vocab_size:
-            from specgen.errors import UsageError
-
             raise UsageError(f"vertex_lookup needs a BPT backbone ({memory.tokenizer.vocab_size} tokens), "
                              f"this one has {self.model.vocab_size}")
         return memory
@@ -352,9 +265,6 @@ class LoadedMesh:
 
 def load_target(name: str, device: str = "cpu"):
     """(MeshGPT, entry) of a mesh backbone; a non-mesh checkpoint is a usage error."""
-    from specgen import checkpoints
-    from specgen.errors import UsageError
-
     entry = checkpoints.find(name)
     if entry.meta.get("modality") != "mesh":
         raise UsageError(f"{entry.ref} is a {entry.meta.get('modality', 'text')} model, not a mesh model")
@@ -363,10 +273,6 @@ def load_target(name: str, device: str = "cpu"):
 
 def merge_adapter(model, adapter, target) -> None:
     """Merge a LoRA adapter entry into the backbone's weights (checked against the target first)."""
-    from specgen import registry
-    from specgen.errors import CheckpointError
-    from specgen.train.lora import merge_lora_state
-
     registry.check_pair(adapter, target)
     try:
         merge_lora_state(model, registry.read_state(adapter), adapter.meta["lora_rank"],
@@ -381,8 +287,6 @@ def load_mesh(target: str | None = None, heads: str | None = None, device: str =
     Without `target`, the heads' parent is used. Heads trained for another backbone (or another
     vocabulary) are an IncompatibleError (usage, exit 2).
     """
-    from specgen import checkpoints, registry
-
     h_entry = checkpoints.find(heads) if heads else None
     t_name = target or (h_entry.meta.get("parent") if h_entry else None) or DEFAULT_TARGET
     model, t_entry = load_target(t_name, device)

@@ -1,14 +1,4 @@
-"""XSpecMesh as a DrafterPool of the batched loop: per-row head candidates, the paper's acceptance as the loop's rule.
-
-Each live row keeps what Algorithm 1 carries between steps (methods/xspecmesh.py): h_{s*-1} (the hidden
-state that produced the backbone's last distribution), the history heads' window, the heads' K/V of its
-point cloud, its vertex memory and its own candidate stream (`draft_generator`; the backbone's samples
-use the loop's per-row generator). Step 1 of the loop asks each row for x_{s*+1 ..} after its root x_{s*}
-(lookup / vertex lookup / heads, then the path cut, then nothing after an EOS candidate); step 3 runs
-`accept_chain` (the lossy threshold / top-K_a rules, or lossless rejection) on lazily filtered rows of
-the verify logits; step 5 stores the new h and window. With no heads the pool is not used: mesh AR is
-the loop with the empty draft.
-"""
+"""XSpecMesh as a DrafterPool of the batched loop: per-row head candidates, the paper's rules as the loop's."""
 
 from __future__ import annotations
 

@@ -1,14 +1,4 @@
-"""Block Jacobi decoding as a Drafter of the batched loop: what `collect-trajectories` records for consistency distillation.
-
-The answer is decoded in blocks of n tokens. A block starts from the known next token (the loop's root)
-and n - 1 guesses drawn from the text so far (seeded); each verify forward is one Jacobi iteration: the
-guesses that equal the target's argmax after their predecessor converge (the loop's greedy rule accepts
-them and its bonus token is the next known token), the target's argmaxes after them become the new
-guesses, and the block's state (converged tokens, next token, guesses; n tokens) is recorded whenever it
-changes. When n tokens have converged the block is complete (its trajectory and fixed point are stored)
-and the next block starts. Decoding ends after a block that contains a stop token (the block is finished
-first, so a fixed point is always n tokens) or when the loop's token budget runs out.
-"""
+"""Block Jacobi decoding as a Drafter of the batched loop: what `collect-trajectories` records."""
 
 from __future__ import annotations
 

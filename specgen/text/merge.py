@@ -1,13 +1,6 @@
 """Text targets as base + scale x LoRA adapter: the merge every distilled model goes through, and scaled variants.
 
-A LoRA adapter is merged into its base's weights at load, W' = W + scale * (alpha / r) B A, so
-inference pays nothing. `scale` interpolates in weight space between the base (0) and the distilled
-model (1), as WiSE-FT does between a zero-shot and a fine-tuned model: a smaller scale keeps answers
-closer to the original model's while the prompt-lookup branch still finds its drafts. An adapter's
-`merge_scale` (adapter.json) is the scale it is merged with by default.
-
-Importing this module registers `materialize_distilled` as the built-ins table's `lora-merge` maker
-(`builtins.DERIVERS`): the table names it without importing this layer above it.
+Importing this module registers `materialize_distilled` as the built-ins' `lora-merge` maker (`builtins.DERIVERS`).
 """
 
 from __future__ import annotations

@@ -10,19 +10,19 @@ import argparse
 import random
 from pathlib import Path
 
+import torch
+
+from specgen.data.stdlib_prompts import stdlib_fingerprint, stdlib_prompts
+from specgen.decoding.sampling import SamplingParams
+from specgen.methods import run_batch
+from specgen.methods.ngram_cache import save
+from specgen.methods.text import EmptyDrafter
+from specgen.models.tokenizer import tokenizer_hash
+from specgen.text.target import load_text_model
+
 
 def main() -> None:
     """Decode the built-in stdlib prompts greedily with a target and save its answers as a cache file."""
-    import torch
-
-    from specgen.data.stdlib_prompts import stdlib_fingerprint, stdlib_prompts
-    from specgen.decoding.sampling import SamplingParams
-    from specgen.methods import run_batch
-    from specgen.methods.ngram_cache import save
-    from specgen.methods.text import EmptyDrafter
-    from specgen.models.tokenizer import tokenizer_hash
-    from specgen.text.target import load_text_model
-
     ap = argparse.ArgumentParser(description=main.__doc__)
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--limit", type=int, default=1500, help="stdlib prompts decoded (the first LIMIT, shuffled)")

@@ -6,8 +6,9 @@ from __future__ import annotations
 import torch
 
 from specgen import checkpoints, registry
-from specgen.devices import DTYPES  # float32 | bfloat16 | float16: one table for every modality
+from specgen.devices import DTYPES, is_cpu, resolve_dtype  # DTYPES: one table for every modality
 from specgen.errors import IncompatibleError, UsageError
+from specgen.models.quantize import DEFAULT_GROUP, VERSION, quantize_model, quantize_transformer
 from specgen.models.tokenizer import copy_tokenizer
 
 QUANTIZE = ("int8", "int4")
@@ -58,8 +59,6 @@ def load_precision(dtype: str | None, quantize: str | None, device: str) -> tupl
     """(dtype, quantize) of an image or mesh GPT loaded on `device`: `dtype` may name a quantization (a benchmark
     row's precision, `dtypes: {ar@int8: int8}`); a quantized GPT runs bfloat16 activations (float32 asked for: one
     line) on the CPU (its kernels: another device is one line)."""
-    from specgen.devices import is_cpu
-
     if dtype in QUANTIZE:
         dtype, quantize = None, dtype
     if not quantize:
@@ -73,8 +72,6 @@ def load_precision(dtype: str | None, quantize: str | None, device: str) -> tupl
 def check_row_precision(row: str, precision: str, device: str) -> None:
     """A benchmark row's precision (images and meshes `dtypes`; row "" = the run's own `dtype`): a float dtype this
     device runs, or int8/int4 for a row on the cpu (the run's own model is the float one quality is measured under)."""
-    from specgen.devices import is_cpu, resolve_dtype
-
     if precision not in QUANTIZE:
         resolve_dtype(precision, device)
     elif not row or not is_cpu(device):
@@ -89,8 +86,6 @@ def derived_name(base: registry.Entry, quantize: str, group: int) -> str:
 def quantized_entry(base: registry.Entry, quantize: str, progress=None) -> registry.Entry:
     """The stored quantized entry of `base` (target/<base>-int8, ...), made and saved on first use and remade
     when the base weights changed since (its recorded base digest differs) or the quantizers did (VERSION)."""
-    from specgen.models.quantize import DEFAULT_GROUP, VERSION
-
     group = DEFAULT_GROUP if quantize == "int4" else 0
     folder = registry.checkpoints_dir() / "target" / derived_name(base, quantize, group)
     if (folder / registry.CONFIG).is_file():
@@ -120,8 +115,6 @@ def base_unchanged(info: dict, base: registry.Entry) -> bool:
 
 def save_quantized(base: registry.Entry, quantize: str, group: int, progress=None) -> registry.Entry:
     """Quantize `base` (float32, read once) and store the result as a derived target entry (safetensors)."""
-    from specgen.models.quantize import VERSION, quantize_transformer
-
     if progress:
         progress(f"quantizing {base.ref} to {quantize}", 0, 1)
     module = checkpoints.load_module(base, "cpu")
@@ -159,8 +152,6 @@ def check_quantized_entry(entry: registry.Entry, quantize: str | None, progress=
 def in_memory(module: torch.nn.Module, dtype: str, quantize: str | None) -> torch.nn.Module:
     """`module` (float32) at the given precision, without storing anything (text: merged adapters; image and mesh
     GPTs, which quantize at load)."""
-    from specgen.models.quantize import DEFAULT_GROUP, quantize_model
-
     if quantize:
         try:
             return quantize_model(module, quantize, DEFAULT_GROUP)

@@ -8,10 +8,12 @@ import torch
 
 from specgen import checkpoints, registry
 from specgen.decoding.target import ModelTarget
+from specgen.devices import device_name, is_cpu, resolve_dtype
 from specgen.errors import UsageError
 from specgen.models.graphs import attach
 from specgen.models.layout import decode_layout
 from specgen.models.tokenizer import TextTokenizer
+from specgen.text import precision as prec
 from specgen.text.merge import merged_module  # also registers the built-in distilled targets' maker (builtins)
 
 
@@ -46,8 +48,6 @@ class TextSource:
 
     def load(self, progress=None, decode: bool = True, graphs: str = "auto") -> TextModel:
         """The weights, at this precision; `decode` stores them in the decode layout (`models/layout.py`)."""
-        from specgen.text import precision as prec
-
         entry, torch_dtype = self.entry, prec.DTYPES[self.dtype]
         if entry.kind == "adapter":
             module, _ = merged_module(entry, self.base, self.device, tokenizer=self.tokenizer)
@@ -78,9 +78,6 @@ def open_text_model(name: str, device: str = "cpu", progress=None, dtype: str | 
     suffix on `name`. A quantized target is computed once from the float32 weights and stored as a derived
     registry entry (`<name>-int8`), which later loads read directly; naming that entry loads it as well.
     """
-    from specgen.devices import device_name, is_cpu, resolve_dtype
-    from specgen.text import precision as prec
-
     device = device_name(device)
     asked = prec.split_name(name)[1] or dtype
     name, dtype, quantize = prec.resolve(name, dtype, quantize)

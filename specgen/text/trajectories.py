@@ -1,31 +1,6 @@
 """Jacobi trajectory collection (CLLM / pcLLM step 1): greedy Jacobi over blocks of n tokens, every state kept.
 
-For each prompt the target decodes its greedy answer block by block. A block starts from the
-initial guess ``[first correct token] + (n - 1) tokens drawn from the text so far`` (CLLM/Jacobi
-Forcing) and is iterated with one forward per Jacobi step over a static KV cache: the converged
-prefix is committed to the cache, only the unconverged suffix is fed again. The state recorded after
-each step is the full Jacobi iterate ``y^(j)`` (n tokens); the last state is the fixed point, which
-equals greedy AR (Song et al. 2021). Collection stops after the block whose fixed point holds a stop
-token or when ``max_new_tokens`` are reached.
-
-One record per block (parquet, readable with ``datasets.load_dataset("parquet", ...)``):
-
-    data_id      int          index of the prompt in the prompt source
-    block        int          block index (0 = first n answer tokens)
-    prompt_ids   list[int]    the prompt's token ids (chat template applied)
-    trajectory   list[list]   states y^(0) .. y^(k) (n tokens each); trajectory[-1] == fixed_point
-    fixed_point  list[int]    the block's converged tokens (= greedy AR output)
-    iterations   int          Jacobi steps (forwards) taken for this block
-
-Layout of an output folder::
-
-    trajectories.json            metadata: target, tokenizer hash, block size, prompt source, ... (distill checks it)
-    shards/rank00-00000.parquet  written atomically, each holds whole prompts only
-    merged/train.parquet         `merge_shards`: all ranks, de-duplicated, sorted (idempotent)
-
-Resume: a prompt whose records are in any shard is skipped, so an interrupted run never duplicates
-records, and a half-written shard never exists (temp file + rename). Ranks come from RANK/WORLD_SIZE
-(torchrun, accelerate); prompt i belongs to rank i % WORLD_SIZE.
+Shards are written atomically and hold whole prompts: an interrupted run never duplicates records (docs/training.md).
 """
 
 from __future__ import annotations
@@ -38,11 +13,19 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import torch
 
+from specgen.data.prompts import guard_training_prompts, read_prompts
+from specgen.data.stdlib_prompts import stdlib_fingerprint, stdlib_prompts
+from specgen.decoding.loop import decode_batch
+from specgen.decoding.sampling import SamplingParams
 from specgen.errors import IncompatibleError, RuntimeFailure, UsageError
 from specgen.models.tokenizer import tokenizer_hash
 from specgen.paths import atomic_write, atomic_write_text
+from specgen.text.jacobi_blocks import JacobiBlocks
+from specgen.text.target import load_text_model
 
 META = "trajectories.json"
 SHARDS = "shards"
@@ -85,12 +68,6 @@ def rank_and_world() -> tuple[int, int]:
 # Jacobi on one prompt
 
 
-def jacobi_trajectories(target, prompt: list[int], block_size: int, max_new_tokens: int,
-                        stop_ids: tuple[int, ...], seed: int = 0) -> list[dict]:
-    """Greedy Jacobi decoding of `prompt`; returns one dict per block (trajectory, fixed point, iterations)."""
-    return jacobi_trajectories_batch(target, [prompt], block_size, max_new_tokens, stop_ids, [seed])[0]
-
-
 def jacobi_trajectories_batch(target, prompts: list[list[int]], block_size: int, max_new_tokens: int,
                               stop_ids: tuple[int, ...], seeds: list[int], batch_size: int = 1) -> list[list[dict]]:
     """Block Jacobi decoding (`text/jacobi_blocks.py`) of every prompt on the batched loop, `batch_size` at a time.
@@ -98,10 +75,6 @@ def jacobi_trajectories_batch(target, prompts: list[list[int]], block_size: int,
     Whole blocks are decoded until `max_new_tokens` tokens are reached or a block holds a stop token, so the
     loop's budget is the covering number of blocks (+ the pending next token) and it stops nothing itself.
     """
-    from specgen.decoding.loop import decode_batch
-    from specgen.decoding.sampling import SamplingParams
-    from specgen.text.jacobi_blocks import JacobiBlocks
-
     drafters = [JacobiBlocks(block_size, seed, stop_ids) for seed in seeds]
     budget = -(-max_new_tokens // block_size) * block_size + 1
     decode_batch(target, lambda i: drafters[i], prompts, budget, SamplingParams(), (), batch_size=batch_size,
@@ -136,16 +109,11 @@ def check_meta(old: dict, new: dict) -> None:
 
 
 def write_parquet_atomic(rows: list[dict], path: Path) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     table = pa.Table.from_pylist(rows, schema=schema())
     atomic_write(path, lambda tmp: pq.write_table(table, tmp))
 
 
 def schema():
-    import pyarrow as pa
-
     ids = pa.list_(pa.int32())
     return pa.schema([("data_id", pa.int64()), ("block", pa.int32()), ("prompt_ids", ids),
                       ("trajectory", pa.list_(ids)), ("fixed_point", ids), ("iterations", pa.int32())])
@@ -157,8 +125,6 @@ def shard_files(folder: Path) -> list[Path]:
 
 def done_ids(folder: Path) -> set[int]:
     """Prompts whose records are already in a shard (every shard holds whole prompts only)."""
-    import pyarrow.parquet as pq
-
     ids: set[int] = set()
     for f in shard_files(folder):
         try:
@@ -170,8 +136,6 @@ def done_ids(folder: Path) -> set[int]:
 
 def load_records(folder: Path) -> list[dict]:
     """All block records of a folder (merged file if present, else every shard), de-duplicated and sorted."""
-    import pyarrow.parquet as pq
-
     folder = Path(folder)
     merged = folder / MERGED / "train.parquet"
     files = [merged] if merged.is_file() else shard_files(folder)
@@ -206,11 +170,7 @@ def merge_shards(folder: Path) -> Path:
 
 def load_prompt_texts(cfg: CollectConfig) -> tuple[list[str], str, str]:
     """(prompts, source name, fingerprint) with the HumanEval guard applied."""
-    from specgen.data.prompts import guard_training_prompts, read_prompts
-
     if cfg.prompts == "stdlib":
-        from specgen.data.stdlib_prompts import stdlib_fingerprint, stdlib_prompts
-
         texts, source, fp = stdlib_prompts(), "stdlib", stdlib_fingerprint()
     else:
         texts = read_prompts(cfg.prompts, field=cfg.prompt_field)
@@ -241,8 +201,6 @@ class CollectSummary:
 def collect(cfg: CollectConfig, out: Path, on_prompt: Callable[[int, int, float], None] | None = None,
             progress=None) -> CollectSummary:
     """Collect trajectories for this rank's share of the prompts into `out` (resumable)."""
-    from specgen.text.target import load_text_model
-
     if cfg.block_size < 2:
         raise UsageError(f"block_size must be >= 2, got {cfg.block_size}")
     if cfg.max_new_tokens < 1 or cfg.shard_every < 1 or cfg.batch_size < 1:

@@ -4,12 +4,15 @@ sampled, lossy and lossless rules), lossless XSpecMesh equals AR, and AR is the 
 from __future__ import annotations
 
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from specgen.decoding.sampling import SamplingParams
-from specgen.methods.xspecmesh import MeshDecoder, XSpecMeshOptions
+from specgen.mesh.generate import Condition, MeshGenConfig, generate_meshes
+from specgen.methods.xspecmesh import LoadedMesh, MeshDecoder, XSpecMeshOptions
+from specgen.request import parse_request
 from tests.image_fixtures import one_thread
 from tests.mesh.mesh_fixtures import procedural_clouds, tiny_heads, tiny_mesh_model
 
@@ -68,3 +71,35 @@ def test_auto_budget_is_a_checked_option_and_named_in_the_row_label():
     assert "budget auto" in XSpecMeshOptions(budget="auto").label()
     with pytest.raises(UsageError, match="budget must be fixed or auto"):
         XSpecMeshOptions(budget="sometimes")
+
+
+def test_generate_hands_over_each_mesh_when_it_is_done(clouds):
+    """`generate_meshes` gives each mesh to `on_mesh` (where `generate` writes its file) as soon as it is done, while
+    other meshes of the batch still decode, and the samples are the batch's own outputs."""
+    decoder = MeshDecoder(tiny_mesh_model(), tiny_heads())
+    events, batch = [], decoder.generate_batch
+
+    def logged(*args, on_tokens=None, **kw):  # the loop's per-row token stream, logged in order
+        args = list(args)
+        tokens = args.pop(8)
+        return batch(*args, on_tokens=lambda i, new: (events.append(("tokens", i)), tokens(i, new)), **kw)
+
+    decoder.generate_batch = logged
+    loaded = LoadedMesh(decoder, SimpleNamespace(meta={}), None, None)
+    conds = [Condition(f"c{i}", c.numpy()) for i, c in enumerate(clouds[:3])]
+    cfg = MeshGenConfig(max_new_tokens=40, batch_size=2, method_options=dict(criterion="rejection", sampling="tree", top_k_tree=1),
+                        seed=5)
+    handed = {}
+
+    def on_mesh(i, sample):
+        events.append(("mesh", i))
+        handed[i] = list(sample.tokens)
+
+    samples = generate_meshes(loaded, conds, parse_request(cfg, "mesh"), on_mesh=on_mesh)
+    first = events.index(next(e for e in events if e[0] == "mesh"))
+    assert any(kind == "tokens" and i != events[first][1] for kind, i in events[first:])  # others still decoding
+    assert sorted(handed) == [0, 1, 2] and all(handed[i] == s.tokens for i, s in enumerate(samples))
+    gens, dgens = ([torch.Generator().manual_seed(s + 5 + i) for i in range(3)] for s in (0, 10_000_019))
+    direct = batch([torch.from_numpy(c.points) for c in conds], SamplingParams(0.5, 50, 0.95), 40, LOSSLESS, gens,
+                   dgens, 2)
+    assert [s.tokens for s in samples] == [r.tokens for r in direct] and samples[0].stats["scr"] > 0

@@ -7,7 +7,6 @@ import trimesh
 from specgen.mesh.metrics import (
     NUM_SAMPLES,
     chamfer_points,
-    check_mesh,
     hausdorff_points,
     mesh_distances,
     normalized_samples,
@@ -63,18 +62,6 @@ def test_normalized_samples_fill_the_bpt_box_and_ignore_unused_vertices():
     pts = normalized_samples(v, SQUARE_F, 2000, seed=0)
     assert pts.shape == (2000, 3)
     assert np.abs(pts[:, :2]).max() <= 0.95 and np.abs(pts[:, :2]).max() > 0.9
-
-
-def test_check_mesh():
-    ok = check_mesh(SQUARE_V, SQUARE_F)
-    assert ok.ok and not ok.watertight and ok.degenerate_faces == 0
-    box = trimesh.creation.box()
-    assert check_mesh(box.vertices, box.faces).watertight
-    assert check_mesh(SQUARE_V, np.zeros((0, 3), int)).reason == "mesh has no faces"
-    bad = check_mesh(SQUARE_V, np.array([[0, 1, 9]]))
-    assert not bad.ok and "out of range" in bad.reason
-    flat = check_mesh(np.zeros((3, 3)), np.array([[0, 1, 2]]))
-    assert not flat.ok and flat.degenerate_faces == 1
 
 
 def test_benchmark_reference_distances():

@@ -13,9 +13,7 @@ from specgen.mesh.procedural import (
     SPLITS,
     ProceduralSpec,
     generate_mesh,
-    iter_split,
     load_mesh,
-    load_mesh_folder,
     split_seeds,
 )
 from specgen.mesh.quantize import quantize
@@ -29,7 +27,7 @@ def test_same_seed_same_mesh_and_different_seeds_differ():
 
 
 def test_meshes_are_small_quantised_and_clean():
-    for m in iter_split("validation", count=60):
+    for m in map(generate_mesh, split_seeds("validation", 60)):
         assert 0 < len(m.faces) <= MAX_FACES < 800
         assert 1 <= len(m.parts) <= 4
         assert np.abs(m.vertices).max() <= 0.95 + 1 / 128
@@ -50,21 +48,7 @@ def test_splits_are_disjoint_seed_ranges():
         split_seeds("dev")
 
 
-def test_load_mesh_folder_reads_supported_files_sorted(tmp_path):
-    box = trimesh.creation.box()
-    box.export(tmp_path / "b.obj")
-    trimesh.creation.icosphere(1).export(tmp_path / "a.PLY")
-    (tmp_path / "notes.txt").write_text("not a mesh")
-    meshes = load_mesh_folder(tmp_path)
-    assert [m.name for m in meshes] == ["a", "b"]
-    assert [len(m.faces) for m in meshes] == [80, 12]
-
-
 def test_load_errors_are_mesh_input_errors(tmp_path):
-    with pytest.raises(MeshInputError, match="not a directory"):
-        load_mesh_folder(tmp_path / "missing")
-    with pytest.raises(MeshInputError, match="no mesh files"):
-        load_mesh_folder(tmp_path)
     (tmp_path / "bad.stl").write_bytes(b"\x00garbage")
     with pytest.raises(MeshInputError, match="bad.stl"):
         load_mesh(tmp_path / "bad.stl")

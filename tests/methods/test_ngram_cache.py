@@ -66,7 +66,7 @@ def test_the_method_option_checks_the_cache_against_the_target_tokenizer(tmp_pat
     C.save(path, [[1, 2, 3], [1, 2, 3]], "abc", "test")
     spec = get_method("ngram")
     assert spec.make_drafter({"cache": str(path)}).cache.table == {(1, 2): 3}
-    monkeypatch.setattr("specgen.models.tokenizer.tokenizer_hash", lambda tok: tok)
+    monkeypatch.setattr("specgen.methods.tokenizer_hash", lambda tok: tok)
     spec.check_model({"cache": str(path)}, "abc")
     spec.check_model({}, "xyz")  # no cache: nothing to check
     with pytest.raises(UsageError, match="another tokenizer"):

@@ -20,7 +20,7 @@ def test_trajectory_states_and_fixed_points():
     t = ModelTarget(tiny_model(0))
     t.device = "cpu"
     prompt = [1, 5, 9, 3, 7]
-    recs = T.jacobi_trajectories(t, prompt, 5, 23, (), seed=3)
+    recs = T.jacobi_trajectories_batch(t, [prompt], 5, 23, (), [3])[0]
     ar = decode(t, EmptyDrafter(), prompt, 25, SamplingParams()).tokens
     answer = [x for r in recs for x in r["fixed_point"]]
     assert answer == ar[: len(answer)] and len(recs) == 5  # ceil(23 / 5) blocks; fixed points are greedy AR
@@ -38,9 +38,9 @@ def test_collection_stops_after_the_stop_block():
     t = ModelTarget(tiny_model(0))
     t.device = "cpu"
     prompt = [1, 5, 9, 3, 7]
-    full = T.jacobi_trajectories(t, prompt, 4, 40, ())
+    full = T.jacobi_trajectories_batch(t, [prompt], 4, 40, (), [0])[0]
     stop = full[1]["fixed_point"][2]
-    recs = T.jacobi_trajectories(t, prompt, 4, 40, (stop,))
+    recs = T.jacobi_trajectories_batch(t, [prompt], 4, 40, (stop,), [0])[0]
     first = next(i for i, r in enumerate(full) if stop in r["fixed_point"])
     assert len(recs) == first + 1
 

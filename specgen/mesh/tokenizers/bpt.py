@@ -1,46 +1,6 @@
-"""BPT's blocked and patchified mesh tokenization (Weng et al. 2025), token for token.
+"""BPT's blocked and patchified mesh tokenization (Weng et al. 2025), token for token (docs/mesh.md).
 
-Written from the description in ``research/mesh_peers.md`` section 1.2 and checked against the
-public serializer's output; no code was copied. Vocabulary with the default 8 x 16 split
-(7 bits per axis, ``B = block_size**3 = 512``, ``O = offset_size**3 = 4096``):
-
-    [0, 512)      block      x//16 * 64 + y//16 * 8 + z//16
-    [512, 4608)   offset     512 + x%16 * 256 + y%16 * 16 + z%16
-    [4608, 5120)  special block = block + 4608, opens every patch after the first
-    5120          EOS        (vocab_size 5121, BPT's logit count; no BOS id: BPT starts from a
-                             learned vector; pad is -1 as in BPT, never a real token)
-
-Encoding (``encode``), on coordinates already in [-1, 1]:
- 1. quantise to 128 bins, merge equal vertices, drop degenerate faces (BPT does this too, via
-    networkx cycles) and duplicate faces (same vertex set; BPT keeps them, we keep the first);
- 2. sort vertices as BPT does after its ``[:, [2, 0, 1]]`` axis permutation, written in the
-    input axes: coarse block ``(y//32)*16 + (x//32)*4 + z//32`` first, then y, x, z;
- 3. rotate each face so its lowest index comes first (winding kept) and stable-sort the faces
-    by their ascending index tuple;
- 4. patchify: while a face is unvisited, take the first unvisited face, centre ``c`` = its vertex
-    with the largest remaining degree (first one on ties), walk the fan of unvisited faces around
-    ``c`` from the smallest open end (else the first sorted edge), reverse the ring if
-    ``(c, r0, r1)`` disagrees with the first face's winding, update degrees;
- 5. emit each patch ``c, r0 .. rk``: a vertex in the same block as the last emitted block
-    gets only its offset, otherwise ``block, offset``; a patch centre (except the first) gets
-    ``block + 4608, offset``; quirk kept: the vertex after a special block always re-emits its
-    plain block. EOS is appended when ``add_eos``.
-
-Decoding splits at special blocks; each patch ``c, r0 .. rk`` becomes the fan
-``(c, r_j, r_{j+1})``. ``decode_partial`` is tolerant exactly where BPT's ``BPT_deserialize`` is
-(out-of-range ids skipped, a block without an offset overwritten, an offset before any block
-uses block 0, patches under 3 vertices give no face) but records each case as a
-``MeshDecodeError``; ``decode`` raises the earliest. Tokens from the first EOS on are ignored.
-Error positions are 0-based indices into the sequence as given. Only grammar is checked:
-degenerate or duplicate triangles a model may produce decode fine (``export.clean_mesh`` counts
-and removes them), and a redundant block token before an offset is accepted.
-
-Lossy parts: vertices closer than one bin merge (and faces that collapse are dropped);
-duplicate faces are dropped; on open or non-manifold meshes a fan can cross a winding seam, so
-some faces come back with flipped winding (geometry is still exact). On closed, consistently
-wound manifolds ``decode(encode(m))`` equals the quantised mesh up to vertex order, face order
-and cyclic rotation of faces, winding included; ``encode(decode(t)) == t`` for any ``t`` that
-``encode`` produced.
+`encode(decode(t)) == t` for any `t` that `encode` produced; `decode` checks grammar only.
 """
 
 from __future__ import annotations

@@ -1,21 +1,4 @@
-"""Naive PolyGen/MeshGPT-style baseline: 9 coordinate tokens per face, no compression.
-
-Vocabulary (``n = 2**bits``, 128 by default): ids ``0 .. n-1`` are coordinate bins, then
-BOS = n, EOS = n + 1, PAD = n + 2 (vocab_size n + 3 = 131), as MeshXL's tokenizer.
-
-Encoding, on coordinates already in [-1, 1]: quantise, merge equal vertices, drop degenerate
-and duplicate faces; sort vertices by z, then y, then x (the "z-y-x" order of PolyGen/MeshGPT,
-on the columns as given: we do not permute axes, so "z" is the third input column); rotate each
-face so its lowest index comes first (winding kept); stable-sort faces by their ascending index
-tuple; emit each face's three vertices, each as (z, y, x) so tokens follow the sort-key
-priority. The notes do not fix the per-vertex coordinate order; this is our choice.
-``encode`` never emits BOS (the model prepends it); EOS is appended when ``add_eos``.
-
-Decoding takes an optional leading BOS, ignores everything from the first EOS on, and reads
-groups of 9 coordinate ids. Positions in errors index the sequence as given (BOS included).
-The round trip is exact up to vertex order and face order/rotation, winding included, on any
-mesh; what is lost is sub-bin detail (merged vertices, collapsed and duplicate faces).
-"""
+"""Naive PolyGen/MeshGPT-style baseline: 9 coordinate tokens per face, no compression (docs/mesh.md)."""
 
 from __future__ import annotations
 
