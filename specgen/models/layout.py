@@ -73,4 +73,22 @@ def decode_layout(module: nn.Module, layout: str | None = None) -> nn.Module:
         return module
     packed_linear.pack_linears(module)
     packed_linear.measure_now(module)  # at load, not in the first timed product (threads set later: re-measured lazily)
+    packed_linear.hold_tiled(module)  # weights the plan sends to tiled.c at every row count: held as tiles only
     return module
+
+
+@torch.no_grad()
+def before_load(module: nn.Module) -> None:
+    """`decode_layout` for a module built but not loaded: its weights made empty in their decode form (column-major,
+    or tiles where the plan is known without timing), so the load writes each straight into it, with no second copy.
+    `decode_layout` after the load finishes the rest (int4 kernels, a plan that times the loaded weights)."""
+    layout = layout_name()
+    if layout == "row" or not applies_to(module):
+        return
+    for lin in module.modules():
+        w = lin.weight if isinstance(lin, nn.Linear) else None
+        if w is not None and w.device.type == "cpu" and w.stride(0) != 1:
+            lin.weight.data = torch.empty_strided(w.shape, (1, w.shape[0]), dtype=w.dtype)  # storage [in, out]
+    if layout == "packed":
+        packed_linear.pack_linears(module)
+        packed_linear.hold_tiled(module, loaded=False)
