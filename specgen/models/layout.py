@@ -24,7 +24,10 @@ import os
 import torch
 from torch import nn
 
+from specgen.devices import is_cpu, module_device
+from specgen.errors import UsageError
 from specgen.models import packed_linear
+from specgen.models.quantize import prepare_kernels
 
 LAYOUTS = ("packed", "col", "row")
 ENV = "SPECGEN_WEIGHT_LAYOUT"
@@ -37,8 +40,6 @@ def default_layout() -> str:
 
 def layout_name() -> str:
     """The layout to use: `SPECGEN_WEIGHT_LAYOUT` (packed | col | row), default `default_layout()`."""
-    from specgen.errors import UsageError
-
     name = os.environ.get(ENV, "").strip().lower() or default_layout()
     if name not in LAYOUTS:
         raise UsageError(f"{ENV}={name!r}; choose from {', '.join(LAYOUTS)}")
@@ -51,8 +52,6 @@ def applies_to(module: nn.Module) -> bool:
     """Whether the CPU layout applies: only to a module whose weights live on the CPU. Column-major storage and the
     oneDNN-packed copies are CPU kernel choices (MKL GEMV vs oneDNN GEMM), measured on this CPU; a model on cuda
     keeps PyTorch's layout and cuBLAS picks its own kernels (fence: `specgen/devices.py`, tests/test_devices.py)."""
-    from specgen.devices import is_cpu, module_device
-
     return is_cpu(module_device(module))
 
 
@@ -61,8 +60,6 @@ def decode_layout(module: nn.Module, layout: str | None = None) -> nn.Module:
     """Re-store every CPU Linear weight of `module` column-major (in place; ties stay ties) and, for the
     `packed` layout, make each a PackedLinear; returns the module."""
     layout = layout or layout_name()
-    from specgen.models.quantize import prepare_kernels
-
     prepare_kernels(module)  # int4 layers: their kernel copies now (any layout)
     if layout == "row" or not applies_to(module):
         return module
