@@ -85,7 +85,8 @@ class PackedLinear(nn.Linear):
         if self._tiled is None or self._tiled[0] != key:
             w = self.weight
             held = isinstance(w, TiledWeight)  # the tiles are the weight: only the bias is padded
-            self._tiled = (key, (w.tiles, ops.padded_bias(self.bias, w.tiles)) if held else ops.tile(w.detach(), self.bias))
+            copies = (w.tiles, ops.padded_bias(self.bias, w.tiles)) if held else ops.tile(w.detach(), self.bias)
+            self._tiled = (key, copies)
         return self._tiled[1]
 
     def weight_key(self) -> tuple:

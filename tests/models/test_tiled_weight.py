@@ -1,4 +1,4 @@
-"""A weight the plan sends to tiled.c at every row count is held once, as its tiles, with the same values and products."""
+"""A weight the plan sends to tiled.c at every row count is held once, as its tiles: same values, same products."""
 
 from __future__ import annotations
 
