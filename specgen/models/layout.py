@@ -1,20 +1,7 @@
-"""Decode-time weight layout: column-major Linear weights on CPU, plus a oneDNN-packed copy for multi-row products.
-
-`nn.Linear` keeps its weight [out, in] row-major, and `F.linear(x, W)` for a few rows x [M, in] becomes
-a GEMV/GEMM over that layout. On this project's CPU (AMD EPYC, torch 2.13 with MKL) the same product
-runs faster when W's storage is [in, out] contiguous (W is then the transposed view of it): one-token
-steps (AR baselines, drafters) gain most, wide verification forwards little (`python scripts/layout_forward_times.py`
-measures it; docs/results/text.md). Every
-decoder loads its weights this way, so baselines and speculative methods are measured on the same,
-faster layout (a slower AR would inflate every speedup). Values are unchanged (same numbers, other
-strides); training keeps the default layout.
-
-Layouts (`SPECGEN_WEIGHT_LAYOUT`):
-- `packed` (default where this torch has oneDNN): column-major, and every Linear becomes a `PackedLinear`
-  (`models/packed_linear.py`) whose products take MKL, oneDNN's packed copy or tiled.c per row count, as the plan
-  measured for the model on this machine says (`models/kernel_choice.py`);
-- `col`: column-major only (the previous default);
-- `row`: PyTorch's layout, e.g. to measure the difference or on a CPU where it is slower.
+"""Decode-time weight layout of CPU Linear weights (`SPECGEN_WEIGHT_LAYOUT`): `packed` (default where torch has
+oneDNN) makes each a PackedLinear whose products take the kernel the measured plan names (`models/kernel_choice.py`),
+held as tiles only where that is tiled.c at every row count; `col` stores them column-major (every product MKL);
+`row` keeps PyTorch's layout. Values are unchanged; training keeps the default layout (docs/results/text.md).
 """
 
 from __future__ import annotations
