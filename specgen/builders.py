@@ -14,6 +14,7 @@ from specgen.models.mesh import build_mesh_gpt
 from specgen.models.quantize import build_quantized_transformer
 from specgen.models.transformer import Transformer, TransformerConfig
 from specgen.models.upsampler import build_updown
+from specgen.models.vq import VQConfig, VQModel
 
 
 def build_transformer(**kwargs) -> Transformer:
@@ -22,8 +23,6 @@ def build_transformer(**kwargs) -> Transformer:
 
 def build_vq(**kwargs) -> torch.nn.Module:
     """LlamaGen-compatible VQ tokenizer from `VQConfig` fields."""
-    from specgen.models.vq import VQConfig, VQModel
-
     return VQModel(VQConfig.from_dict(kwargs))
 
 

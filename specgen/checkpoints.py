@@ -21,6 +21,7 @@ from specgen.builders import BUILDERS
 from specgen.builtins import ASSETS, BUILTINS
 from specgen.errors import CheckpointError, UnknownNameError, UsageError
 from specgen.limits import check_declared_size as check_size
+from specgen.models.layout import before_load
 from specgen.registry import CONFIG, Entry, entry_at, one_line
 
 Progress = Callable[[str, int, int], None]
@@ -94,8 +95,10 @@ def stale_builtin(entry: Entry, builtin) -> bool:
     return entry.meta.get("asset_sha") != builtin.fingerprint()
 
 
-def load_module(entry: Entry, device: str = "cpu", dtype: torch.dtype = torch.float32) -> torch.nn.Module:
-    """Build the entry's module with its builder and load its weights strictly."""
+def load_module(entry: Entry, device: str = "cpu", dtype: torch.dtype = torch.float32,
+                decode: bool = False) -> torch.nn.Module:
+    """Build the entry's module with its builder and load its weights strictly; `decode`: straight into the decode
+    layout (`layout.before_load`; the caller still runs `decode_layout`)."""
     builder = entry.meta.get("builder")
     if builder not in BUILDERS:
         raise CheckpointError(f"{entry.ref}: unknown builder {builder!r}")
@@ -107,12 +110,15 @@ def load_module(entry: Entry, device: str = "cpu", dtype: torch.dtype = torch.fl
     except (TypeError, ValueError, RuntimeError) as e:
         raise CheckpointError(f"corrupt entry {entry.ref}: its {CONFIG} does not build a {builder} ({one_line(e)}); "
                               f"remove it with `specgen registry remove {entry.ref}` and import it again") from None
+    module = module.to(device=device, dtype=dtype)  # before the load: each weight is written once, as it runs
+    if decode:
+        before_load(module)
     try:
         load_state(module, entry)
     except RuntimeError as e:
         first = next((line.strip() for line in str(e).splitlines()[1:] if line.strip()), one_line(e))  # what differs
         raise CheckpointError(f"{entry.ref}: weights do not fit its config ({first})") from None
-    return module.to(device=device, dtype=dtype).eval()
+    return module.eval()
 
 
 RANDOM_FILLS = ("uniform_", "normal_", "trunc_normal_", "kaiming_uniform_", "kaiming_normal_", "xavier_uniform_",

@@ -6,6 +6,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any, TypeVar
 
+import yaml
+
 from specgen.errors import UsageError
 
 T = TypeVar("T")
@@ -18,9 +20,9 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
     Unknown keys, values of the wrong type and out-of-range values (`specgen.config_checks`) are usage
     errors of one line naming the recipe file or the override; nothing is loaded before they pass.
     """
-    from omegaconf import OmegaConf
+    from omegaconf import OmegaConf  # deferred: start-up (the CLI's help imports this module)
 
-    from specgen.config_checks import check_config
+    from specgen.config_checks import check_config  # deferred: start-up (it imports torch)
 
     merged = guarded("defaults", lambda: OmegaConf.structured(cls))
     if path is not None:
@@ -37,8 +39,7 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
 
 def read_recipe(p: Path) -> Any:
     """A recipe file's mapping; unreadable, non-UTF-8, malformed or non-mapping files are usage errors."""
-    import yaml
-    from omegaconf import OmegaConf
+    from omegaconf import OmegaConf  # deferred: start-up (the CLI's help imports this module)
 
     if not p.is_file():
         raise UsageError(f"config file not found: {p}")
@@ -61,7 +62,7 @@ def read_recipe(p: Path) -> Any:
 
 def merge_override(merged: Any, item: str) -> Any:
     """Merge one `key=value`; `key=` (what the shell leaves of key="") is None or the empty string."""
-    from omegaconf import OmegaConf
+    from omegaconf import OmegaConf  # deferred: start-up (the CLI's help imports this module)
 
     key, eq, value = item.partition("=")
     if not eq or not key.strip():
@@ -78,8 +79,7 @@ def merge_override(merged: Any, item: str) -> Any:
 
 def guarded(source: str, merge: Any) -> Any:
     """Run one OmegaConf step; any failure is a one-line usage error naming `source`."""
-    import yaml
-    from omegaconf.errors import OmegaConfBaseException
+    from omegaconf.errors import OmegaConfBaseException  # deferred: start-up (the CLI's help imports this module)
 
     try:
         return merge()

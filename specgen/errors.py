@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+
 
 class SpecgenError(Exception):
     """Base class: a one-line, user-facing message; `exit_code` tells the CLI how to exit."""
@@ -25,8 +27,6 @@ class UnknownNameError(UsageError):
     """An unknown method, checkpoint or suite; lists the closest known names."""
 
     def __init__(self, what: str, name: str, known: list[str]) -> None:
-        import difflib
-
         near = difflib.get_close_matches(name, known, n=3, cutoff=0.4)
         hint = f"; did you mean {', '.join(near)}?" if near else f"; known: {', '.join(sorted(known)) or 'none'}"
         super().__init__(f"unknown {what} '{name}'{hint}")

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+import re
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 
 from specgen import checkpoints, registry
-from specgen.errors import CheckpointError, IncompatibleError, UsageError
+from specgen.builders import BUILDERS, CONVERTERS, EXPAND_KWARGS, IMAGE_BUILDERS
+from specgen.builtins import import_gguf_target
+from specgen.errors import CheckpointError, IncompatibleError, UnknownNameError, UsageError
+from specgen.limits import available_memory
+from specgen.models.llama import load_hf_folder
 
 STATE_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin", ".ckpt")
 
@@ -17,19 +24,13 @@ def read_state_file(path: Path) -> dict[str, torch.Tensor]:
     """A flat tensor dict from safetensors, or from a pickle read with weights_only=True (never unpickled)."""
     try:
         if path.suffix == ".safetensors":
-            from safetensors.torch import load_file
-
             state = load_file(str(path))
         else:
-            import argparse
-
             # training scripts (LlamaGen's among them) save their argparse.Namespace beside the weights: a plain
             # record of options, admitted by name; any other object is still refused by weights_only
             with torch.serialization.safe_globals([argparse.Namespace]):
                 state = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as e:  # corrupt file, or a pickle with non-tensor objects refused by weights_only
-        import re
-
         text = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip()  # torch colours its message
         if "Weights only load failed" in text:  # torch's own advice there is to unpickle: never repeated
             found = re.search(r"Unsupported global: GLOBAL (\S+)", text)
@@ -56,8 +57,6 @@ def check_parent(parent: str | None) -> None:
     """--parent must name an existing entry (installed or built-in)."""
     if parent is None:
         return
-    from specgen.errors import UnknownNameError
-
     entries = checkpoints.list_entries()
     if not any(parent in (e.ref, e.name) for e in entries):
         raise UnknownNameError("parent checkpoint", parent, [e.name for e in entries])
@@ -71,8 +70,6 @@ def import_checkpoint(source: Path, name: str, kind: str = "target", builder: st
     An existing <kind>/<name> is replaced only with `force`; built-in names are always refused.
     `vq` names the VQ entry an image GPT decodes with (recorded for `generate`; its codebook must fit).
     """
-    from specgen.builtins import import_gguf_target
-
     if not source.exists():
         raise UsageError(f"no such file or folder: {source}")
     if (source.is_dir() or source.suffix == ".gguf") and kind != "target":
@@ -89,8 +86,6 @@ def import_checkpoint(source: Path, name: str, kind: str = "target", builder: st
         raise UsageError(f"cannot import {source.name}: expected a folder, .gguf, or one of {', '.join(STATE_SUFFIXES)}")
     if not builder or not kwargs_path:
         raise UsageError("a raw state dict needs --builder and --kwargs (a JSON file of builder arguments)")
-    from specgen.builders import BUILDERS, CONVERTERS, EXPAND_KWARGS, IMAGE_BUILDERS
-
     if builder not in BUILDERS:
         raise UsageError(f"unknown builder '{builder}'; builders: {', '.join(BUILDERS)}")
     if vq and builder not in IMAGE_BUILDERS:
@@ -127,9 +122,6 @@ def import_checkpoint(source: Path, name: str, kind: str = "target", builder: st
 def check_kwargs_fit(builder: str, kwargs: dict, state: dict[str, torch.Tensor], what: str, source: str) -> None:
     """Before allocating: the module `kwargs` declare (built on the meta device) must be about the size of the
     weights and fit this machine's memory; kwargs declaring huge sizes are a one-line usage error."""
-    from specgen.builders import BUILDERS
-    from specgen.limits import available_memory
-
     try:
         with torch.device("meta"):
             declared = sum(p.numel() for p in BUILDERS[builder](**kwargs).parameters())
@@ -163,15 +155,13 @@ def image_meta(module: torch.nn.Module, vq: str | None) -> dict:
 def import_hf_folder(folder: Path, name: str, force: bool = False) -> registry.Entry:
     """An HF Llama / Mistral / Qwen2 / Qwen3 folder with its tokenizer (docs/architectures.md: what loads exactly,
     what is refused). `source_context` records the checkpoint's own context when specgen's (max_seq_len) is capped."""
-    from specgen.models.llama import load_hf_folder
-
     cfg, state = load_hf_folder(folder)
     declared = json.loads((folder / "config.json").read_text()).get("max_position_embeddings")  # read by the loader
     has_tok = (folder / "tokenizer.json").is_file() or (folder / "tokenizer_config.json").is_file()
 
     def tokenizer(dest: Path) -> None:
         if has_tok:
-            from transformers import AutoTokenizer
+            from transformers import AutoTokenizer  # optional dependency: only a folder with a tokenizer needs it
 
             AutoTokenizer.from_pretrained(str(folder), local_files_only=True).save_pretrained(str(dest))
 

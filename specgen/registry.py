@@ -9,6 +9,8 @@ up in `specgen/checkpoints.py`.
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import os
 import re
@@ -21,7 +23,10 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
+from specgen import __version__
 from specgen.errors import CheckpointError, IncompatibleError, RuntimeFailure, UnknownNameError, UsageError
 
 KINDS = ("target", "draft", "heads", "adapter", "upsampler", "vq", "classifier")
@@ -47,7 +52,7 @@ def checkpoints_dir() -> Path:
 
 def check_home() -> Path:
     """The registry root, refused in one line when it is not a writable folder (before any work)."""
-    from specgen.paths import creation_blocker
+    from specgen.paths import creation_blocker  # deferred: the registry loads alone (test_layers)
 
     root = home()
     blocker = creation_blocker(root)
@@ -173,9 +178,7 @@ def save(
     Every registry write goes through here and `check_new`: only the built-in materialisers pass `builtin`.
     Temporaries of writers that died (SIGKILL) are removed by the next write. Files follow the umask.
     """
-    from safetensors.torch import save_file
-
-    from specgen.paths import atomic_dir
+    from specgen.paths import atomic_dir  # deferred: the registry loads alone (test_layers)
 
     check_new(kind, name, force, builtin)
     final = checkpoints_dir() / kind / name
@@ -191,8 +194,6 @@ def save(
         save_file(tensors, str(tmp / WEIGHTS))
         if extra:
             extra(tmp)
-        from specgen import __version__
-
         doc = {"kind": kind, "name": name, "specgen_version": __version__, **meta, **({"tied": tied} if tied else {})}
         (tmp / CONFIG).write_text(json.dumps(doc, indent=2, sort_keys=True, default=str))
         follow_umask(tmp)
@@ -213,7 +214,7 @@ def save(
     try:  # temporaries .<name>.tmp-<host>-<pid>-<random> and .<name>.old-...: see remove_stale_temporaries
         atomic_dir(final, fill, tag=f"-{socket.gethostname()}-{os.getpid()}-", guard=locked)
     except OSError as e:
-        from specgen.paths import ADVICE
+        from specgen.paths import ADVICE  # deferred: the registry loads alone (test_layers)
 
         raise RuntimeFailure(f"cannot write {kind}/{name} in {final.parent}: {e.strerror or e}; nothing was "
                              f"registered: {ADVICE.get(e.errno, 'check SPECGEN_HOME')}") from None
@@ -229,7 +230,7 @@ def check_new(kind: str, name: str, force: bool = False, builtin: bool = False) 
     if not builtin and name in builtin_names():
         raise UsageError(f"'{name}' is a built-in entry and is never replaced; choose another name")
     check_home()
-    from specgen.paths import check_space, nearest_existing
+    from specgen.paths import check_space, nearest_existing  # deferred: the registry loads alone (test_layers)
 
     check_space(nearest_existing(checkpoints_dir()), f"SPECGEN_HOME {home()}")  # a full device: before converting
     final = checkpoints_dir() / kind / name
@@ -250,7 +251,7 @@ RESERVED: set[str] = set()
 def follow_umask(folder: Path) -> None:
     """Permissions of a finished temporary folder as if made under the umask (mkdtemp and safetensors make
     0700/0600), so a SPECGEN_HOME shared by a group works."""
-    from specgen.paths import umask
+    from specgen.paths import umask  # deferred: the registry loads alone (test_layers)
 
     mask = umask()
     os.chmod(folder, 0o777 & ~mask)
@@ -265,15 +266,11 @@ class name_lock:
         self.path = final.parent
 
     def __enter__(self) -> "name_lock":
-        import fcntl
-
         self.fd = os.open(self.path, os.O_RDONLY)
         fcntl.flock(self.fd, fcntl.LOCK_EX)
         return self
 
     def __exit__(self, *exc) -> None:
-        import fcntl
-
         fcntl.flock(self.fd, fcntl.LOCK_UN)
         os.close(self.fd)
 
@@ -360,8 +357,6 @@ def read_state(entry: Entry) -> dict[str, torch.Tensor]:
 def stored_shapes(entry: Entry) -> dict[str, list[int]] | None:
     """Each tensor's shape in the entry's weights file, read from its header only (None when unreadable: `state_parts`
     says why in its one line)."""
-    from safetensors import safe_open
-
     try:
         with safe_open(str(entry.path / WEIGHTS), "pt") as f:
             return {k: list(f.get_slice(k).get_shape()) for k in f.keys()}
@@ -373,8 +368,6 @@ def state_parts(entry: Entry) -> Iterator[dict[str, torch.Tensor]]:
     """The entry's weights in parts of about MAPPED_BYTES, read from the memory-mapped file, which is closed after
     each part (closing unmaps the pages read: else they count as held too): a caller that copies each part into its
     module holds one part beside it, not the whole state. Corrupt or truncated files are a one-line CheckpointError."""
-    from safetensors import safe_open
-
     path = entry.path / WEIGHTS
     if not path.is_file():
         raise CheckpointError(f"{entry.ref} has no {WEIGHTS}")
@@ -407,10 +400,6 @@ def weights_digest(entry: Entry) -> str | None:
     path = entry.path / WEIGHTS
     if not path.is_file():
         return None
-    import hashlib
-
-    from safetensors.torch import load_file
-
     st = path.stat()
     key = (str(path), st.st_size, st.st_mtime_ns)
     if key not in _DIGESTS:

@@ -38,8 +38,10 @@ import torch
 from specgen.decoding.cache import KVCache
 from specgen.errors import UsageError
 from specgen.models.attention import chain_plan
+from specgen.models.eagle import EagleNet
+from specgen.models.heads import XSpecMeshHeads, head_logits
 from specgen.models.rope import rotation
-from specgen.models.transformer import additive_mask
+from specgen.models.transformer import Transformer, additive_mask
 
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 NODE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -341,11 +343,7 @@ def pool_bytes(pool) -> int:
 
 
 def kinds() -> dict[type, StepKind]:
-    """Module class -> how its steps are captured (imported here: the drafter's module imports the decoder's)."""
-    from specgen.models.eagle import EagleNet
-    from specgen.models.heads import XSpecMeshHeads, head_logits
-    from specgen.models.transformer import Transformer
-
+    """Module class -> how its steps are captured."""
     return {Transformer: StepKind(target_step), EagleNet: StepKind(eagle_step, features=True, exact_trees=False),
             XSpecMeshHeads: StepKind(head_logits)}
 

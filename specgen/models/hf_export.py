@@ -52,6 +52,7 @@ def hf_state(model: Transformer) -> dict[str, torch.Tensor]:
 
 def to_hf(model: Transformer):
     """A transformers causal LM with identical weights (float32, eval mode)."""
+    # optional dependency: only an export needs transformers
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     cfg = model.cfg

@@ -252,6 +252,12 @@ class KernelChoice:
         """The smallest product sent to oneDNN (outside the native loop's rows)."""
         return self.plan().min_rows
 
+    def known(self) -> bool:
+        """Whether the plan at this thread count needs no timing: pinned, measured in this process, or stored."""
+        threads = torch.get_num_threads()
+        return (self.fixed is not None or (self.signature, threads) in _MEASURED
+                or plan_cache.load(plan_cache.key(self.signature, threads)) is not None)
+
     def plan(self) -> Plan:
         """Pinned, else measured once per thread count (and shared by models with the same weight shapes)."""
         if self.fixed is not None:

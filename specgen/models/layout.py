@@ -1,20 +1,7 @@
-"""Decode-time weight layout: column-major Linear weights on CPU, plus a oneDNN-packed copy for multi-row products.
-
-`nn.Linear` keeps its weight [out, in] row-major, and `F.linear(x, W)` for a few rows x [M, in] becomes
-a GEMV/GEMM over that layout. On this project's CPU (AMD EPYC, torch 2.13 with MKL) the same product
-runs faster when W's storage is [in, out] contiguous (W is then the transposed view of it): one-token
-steps (AR baselines, drafters) gain most, wide verification forwards little (`python scripts/layout_forward_times.py`
-measures it; docs/results/text.md). Every
-decoder loads its weights this way, so baselines and speculative methods are measured on the same,
-faster layout (a slower AR would inflate every speedup). Values are unchanged (same numbers, other
-strides); training keeps the default layout.
-
-Layouts (`SPECGEN_WEIGHT_LAYOUT`):
-- `packed` (default where this torch has oneDNN): column-major, and every Linear becomes a `PackedLinear`
-  (`models/packed_linear.py`) whose products take MKL, oneDNN's packed copy or tiled.c per row count, as the plan
-  measured for the model on this machine says (`models/kernel_choice.py`);
-- `col`: column-major only (the previous default);
-- `row`: PyTorch's layout, e.g. to measure the difference or on a CPU where it is slower.
+"""Decode-time weight layout of CPU Linear weights (`SPECGEN_WEIGHT_LAYOUT`): `packed` (default where torch has
+oneDNN) makes each a PackedLinear whose products take the kernel the measured plan names (`models/kernel_choice.py`),
+held as tiles only where that is tiled.c at every row count; `col` stores them column-major (every product MKL);
+`row` keeps PyTorch's layout. Values are unchanged; training keeps the default layout (docs/results/text.md).
 """
 
 from __future__ import annotations
@@ -24,7 +11,10 @@ import os
 import torch
 from torch import nn
 
+from specgen.devices import is_cpu, module_device
+from specgen.errors import UsageError
 from specgen.models import packed_linear
+from specgen.models.quantize import prepare_kernels
 
 LAYOUTS = ("packed", "col", "row")
 ENV = "SPECGEN_WEIGHT_LAYOUT"
@@ -37,8 +27,6 @@ def default_layout() -> str:
 
 def layout_name() -> str:
     """The layout to use: `SPECGEN_WEIGHT_LAYOUT` (packed | col | row), default `default_layout()`."""
-    from specgen.errors import UsageError
-
     name = os.environ.get(ENV, "").strip().lower() or default_layout()
     if name not in LAYOUTS:
         raise UsageError(f"{ENV}={name!r}; choose from {', '.join(LAYOUTS)}")
@@ -51,8 +39,6 @@ def applies_to(module: nn.Module) -> bool:
     """Whether the CPU layout applies: only to a module whose weights live on the CPU. Column-major storage and the
     oneDNN-packed copies are CPU kernel choices (MKL GEMV vs oneDNN GEMM), measured on this CPU; a model on cuda
     keeps PyTorch's layout and cuBLAS picks its own kernels (fence: `specgen/devices.py`, tests/test_devices.py)."""
-    from specgen.devices import is_cpu, module_device
-
     return is_cpu(module_device(module))
 
 
@@ -61,8 +47,6 @@ def decode_layout(module: nn.Module, layout: str | None = None) -> nn.Module:
     """Re-store every CPU Linear weight of `module` column-major (in place; ties stay ties) and, for the
     `packed` layout, make each a PackedLinear; returns the module."""
     layout = layout or layout_name()
-    from specgen.models.quantize import prepare_kernels
-
     prepare_kernels(module)  # int4 layers: their kernel copies now (any layout)
     if layout == "row" or not applies_to(module):
         return module
@@ -73,4 +57,22 @@ def decode_layout(module: nn.Module, layout: str | None = None) -> nn.Module:
         return module
     packed_linear.pack_linears(module)
     packed_linear.measure_now(module)  # at load, not in the first timed product (threads set later: re-measured lazily)
+    packed_linear.hold_tiled(module)  # weights the plan sends to tiled.c at every row count: held as tiles only
     return module
+
+
+@torch.no_grad()
+def before_load(module: nn.Module) -> None:
+    """`decode_layout` for a module built but not loaded: its weights made empty in their decode form (column-major,
+    or tiles where the plan is known without timing), so the load writes each straight into it, with no second copy.
+    `decode_layout` after the load finishes the rest (int4 kernels, a plan that times the loaded weights)."""
+    layout = layout_name()
+    if layout == "row" or not applies_to(module):
+        return
+    for lin in module.modules():
+        w = lin.weight if isinstance(lin, nn.Linear) else None
+        if w is not None and w.device.type == "cpu" and w.stride(0) != 1:
+            lin.weight.data = torch.empty_strided(w.shape, (1, w.shape[0]), dtype=w.dtype)  # storage [in, out]
+    if layout == "packed":
+        packed_linear.pack_linears(module)
+        packed_linear.hold_tiled(module, loaded=False)

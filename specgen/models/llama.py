@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from safetensors import safe_open
 
 from specgen.errors import CheckpointError, UsageError
 from specgen.models.transformer import TransformerConfig
@@ -229,8 +230,6 @@ def remap(cfg: TransformerConfig, get: Callable[[str], torch.Tensor | None], fmt
 
 def load_hf_folder(folder: Path) -> tuple[TransformerConfig, dict[str, torch.Tensor]]:
     """An HF model folder (config.json + *.safetensors, possibly sharded)."""
-    from safetensors import safe_open
-
     cfg_path = folder / "config.json"
     if not cfg_path.is_file():
         raise UsageError(f"{folder} has no config.json: not an HF model folder")
@@ -279,7 +278,7 @@ def gguf_field(reader, key: str, default=None):
 
 def load_gguf(path: Path, progress: Callable[[int, int], None] | None = None) -> tuple[TransformerConfig, dict[str, torch.Tensor]]:
     """A GGUF file (any quantisation the `gguf` package can dequantise) as float32 weights."""
-    from gguf import GGUFReader
+    from gguf import GGUFReader  # deferred: start-up (gguf loads numpy's bits; only a GGUF import needs it)
     from gguf.quants import dequantize
 
     try:

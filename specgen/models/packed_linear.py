@@ -25,8 +25,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specgen import native
 from specgen.models.kernel_choice import (FALLBACK_MIN_ROWS, KernelChoice, Plan, cpu_packable, pinned_min_rows,
                                           tiled_products)
+from specgen.models.tiled_weight import TiledWeight
 from specgen.native import ops
 
 #: A model whose linear weights exceed this share of the machine's RAM is not packed: the weights and their two
@@ -81,7 +83,10 @@ class PackedLinear(nn.Linear):
         """(tiles, padded bias) of `weight` for native/tiled.c, remade when the weight changed."""
         key = self.weight_key()
         if self._tiled is None or self._tiled[0] != key:
-            self._tiled = (key, ops.tile(self.weight.detach(), self.bias))
+            w = self.weight
+            held = isinstance(w, TiledWeight)  # the tiles are the weight: only the bias is padded
+            copies = (w.tiles, ops.padded_bias(self.bias, w.tiles)) if held else ops.tile(w.detach(), self.bias)
+            self._tiled = (key, copies)
         return self._tiled[1]
 
     def weight_key(self) -> tuple:
@@ -138,3 +143,25 @@ def measure_now(module: nn.Module) -> None:
         if isinstance(lin, PackedLinear):
             lin.min_rows  # noqa: B018 - one shared KernelChoice: the first read measures
             return
+
+
+def hold_tiled(module: nn.Module, loaded: bool = True) -> None:
+    """Keep each float32 CPU PackedLinear weight whose plan (at this thread count) sends every row count to tiled.c
+    as its tiles only (a `TiledWeight`), replacing the parameter in every module that holds it (ties stay ties: a
+    tied embedding looks its rows up in the tiles). One weight at a time: a dense weight is freed as its tiles come.
+    Not `loaded`: the weights hold no values yet, the tiles are left for the load to write, and a plan that would
+    need timing (on values) is left for `decode_layout` after the load."""
+    holders: dict[int, list[tuple[nn.Module, str]]] = {}
+    for m in module.modules():
+        for name, p in m._parameters.items():
+            holders.setdefault(id(p), []).append((m, name))
+    for lin in list(module.modules()):
+        w = lin.weight if isinstance(lin, PackedLinear) else None
+        if (w is None or isinstance(w, TiledWeight) or w.dtype != torch.float32 or w.device.type != "cpu"
+                or native.library("tiled") is None or lin._choice is None or not (loaded or lin._choice.known())
+                or lin._choice.plan().native != (1, None)):
+            continue
+        tiled = TiledWeight.of(w, copy=loaded)
+        for m, name in holders.pop(id(w)):
+            m._parameters[name] = tiled
+        lin._tiled = lin._packed = None

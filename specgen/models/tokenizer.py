@@ -17,7 +17,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from tokenizers import Tokenizer
+
 from specgen.errors import CheckpointError
+from specgen.registry import CONFIG, WEIGHTS
 
 SPECIAL = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token")
 
@@ -43,7 +46,7 @@ def _template(folder: Path, config: dict) -> str | None:
 def _compiled(template: str):
     """The template compiled in jinja2 as transformers renders chat templates: sandboxed, trimmed blocks, loop
     controls, its globals (once per template: every prompt renders it)."""
-    import jinja2  # only a chat template needs it
+    import jinja2  # deferred: start-up (only a chat template needs it)
     import jinja2.ext
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -68,8 +71,6 @@ class TextTokenizer:
 
     @classmethod
     def load(cls, folder: Path) -> "TextTokenizer":
-        from tokenizers import Tokenizer
-
         folder = Path(folder)
         try:
             config_file = folder / "tokenizer_config.json"
@@ -94,7 +95,7 @@ class TextTokenizer:
 
     def render(self, messages: list[dict]) -> str:
         """The chat template over `messages`, ending with the assistant's turn opened."""
-        import jinja2
+        import jinja2  # deferred: start-up (only a chat template needs it)
 
         specials = {k: v for k, v in self.special.items() if v is not None}
         try:
@@ -132,8 +133,6 @@ def tokenizer_hash(tokenizer: TextTokenizer) -> str:
 
 def copy_tokenizer(src: Path, dst: Path) -> None:
     """Copy every tokenizer file of a registry entry folder (all but its config and weights)."""
-    from specgen.registry import CONFIG, WEIGHTS
-
     for f in Path(src).iterdir():
         if f.is_file() and f.name not in (CONFIG, WEIGHTS) and not f.name.startswith("."):
             shutil.copy2(f, Path(dst) / f.name)

@@ -145,9 +145,32 @@ def rope_write_attend(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, h
 def tile(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(tiles [ceil(N / T)][K][T], bias padded to ceil(N / T) * T or None) of a float32 weight [N, K], any strides:
     `tiled_linear`'s layout, T = tiled.c's tile width. Zeros past N: the padded columns are computed, never written."""
+    tiles = fill_tiles(empty_tiles(*weight.shape, weight.dtype, weight.device), weight)
+    return tiles, padded_bias(bias, tiles)
+
+
+def empty_tiles(n: int, k: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Tiles [ceil(N / T), K, T] for a weight [N, K], the columns past N zero, the rest unset."""
     width = lib("tiled").specgen_tiled_width()
+    tiles = torch.empty(-(-n // width), k, width, dtype=dtype, device=device)
+    tiles[-1, :, n - (tiles.shape[0] - 1) * width:] = 0
+    return tiles
+
+
+@torch.no_grad()
+def fill_tiles(tiles: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Write weight [N, K] (any strides) into `tiles` (`empty_tiles`' layout) with no intermediate copy; returns it."""
     n, k = weight.shape
-    pad = -n % width
-    w = torch.cat([weight, weight.new_zeros(pad, k)]) if pad else weight  # [N_pad, K]
-    tiles = w.reshape(-1, width, k).transpose(1, 2).contiguous()  # [N_pad / T, K, T]
-    return tiles, None if bias is None else torch.cat([bias.detach(), bias.new_zeros(pad)]).contiguous()
+    width = tiles.shape[2]
+    full = n // width * width
+    tiles[: n // width].copy_(weight[:full].reshape(-1, width, k).transpose(1, 2))  # whole tiles: [N // T, K, T]
+    if full < n:
+        tiles[-1, :, : n - full].copy_(weight[full:].t())  # the last, partial tile
+    return tiles
+
+
+def padded_bias(bias: torch.Tensor | None, tiles: torch.Tensor) -> torch.Tensor | None:
+    """`bias` [N] zero-padded to the columns of `tiles` [N_pad / T, K, T] (None stays None)."""
+    if bias is None:
+        return None
+    return torch.cat([bias.detach(), bias.new_zeros(tiles.shape[0] * tiles.shape[2] - bias.shape[0])]).contiguous()

@@ -55,7 +55,7 @@ class TextSource:
         else:
             if self.quantize and not entry.meta.get("quantized"):  # made from the float32 weights on first use
                 entry = prec.quantized_entry(entry, self.quantize, progress)
-            module = checkpoints.load_module(entry, self.device, torch_dtype)
+            module = checkpoints.load_module(entry, self.device, torch_dtype, decode)
         if decode:
             decode_layout(module)
         target = ModelTarget(module)

@@ -1,0 +1,86 @@
+"""TiledWeight: a float32 Linear weight [N, K] held only as tiled.c's tiles, so a decoder keeps its weights once.
+
+Any op other than an embedding lookup, a detach or an alias reads a dense copy made for that op (an in-place op writes
+its result back into the tiles): exact values everywhere, the decode's products read the tiles (`PackedLinear`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_map
+
+from specgen.native import ops
+
+aten = torch.ops.aten
+
+
+class TiledWeight(torch.Tensor):
+    """A weight [N, K] whose only storage is `tiles` [ceil(N / T), K, T] (`ops.tile`'s layout); column-major
+    strides, as `models/layout.py` stores a dense decode weight."""
+
+    tiles: torch.Tensor
+
+    @staticmethod
+    def __new__(cls, tiles: torch.Tensor, n: int, requires_grad: bool = False) -> TiledWeight:
+        return torch.Tensor._make_wrapper_subclass(cls, (n, tiles.shape[1]), strides=(1, n), dtype=tiles.dtype,
+                                                   device=tiles.device, requires_grad=requires_grad)
+
+    def __init__(self, tiles: torch.Tensor, n: int, requires_grad: bool = False) -> None:
+        self.tiles = tiles
+
+    @classmethod
+    def of(cls, weight: torch.Tensor, copy: bool = True) -> nn.Parameter:
+        """A parameter holding `weight`'s values (`copy`; else unset, for a load to write) as tiles only."""
+        n, k = weight.shape
+        held = cls(ops.empty_tiles(n, k, weight.dtype, weight.device), n)
+        if copy:
+            ops.fill_tiles(held.tiles, weight.detach())
+        return nn.Parameter(held, weight.requires_grad)
+
+    def dense(self) -> torch.Tensor:
+        """A new column-major [N, K] copy of the values."""
+        count, k, width = self.tiles.shape
+        return self.tiles.permute(1, 0, 2).reshape(k, count * width)[:, : self.shape[0]].contiguous().t()
+
+    def data_ptr(self) -> int:
+        return self.tiles.data_ptr()
+
+    def __repr__(self, *, tensor_contents=None) -> str:
+        return f"TiledWeight({tuple(self.shape)}, {self.dtype})"
+
+    def __deepcopy__(self, memo: dict) -> nn.Parameter:
+        """A dense parameter: a copied layer (a bfloat16 draft head) is converted and stored as its own."""
+        memo[id(self)] = copy = nn.Parameter(self.dense(), self.requires_grad)
+        return copy
+
+    def __reduce_ex__(self, protocol):
+        return nn.Parameter(self.dense(), self.requires_grad).__reduce_ex__(protocol)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in (aten.detach.default, aten.alias.default):
+            return cls(args[0].tiles, args[0].shape[0])
+        if func is aten.copy_.default and isinstance(args[0], TiledWeight) and not isinstance(args[1], TiledWeight):
+            ops.fill_tiles(args[0].tiles, args[1])  # a load writing the weight: straight into the tiles
+            return args[0]
+        if func is aten.embedding.default:  # a tied embedding's lookup: rows gathered from the tiles, [..., K]
+            w, idx = args[0], args[1]
+            width = w.tiles.shape[2]
+            return w.tiles[idx // width, :, idx % width]
+        dense = {}
+
+        def unwrap(a):
+            if isinstance(a, TiledWeight):
+                dense[id(a)] = (a, a.dense())
+                return dense[id(a)][1]
+            return a
+
+        out = func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs))
+        if func._schema.is_mutable:  # write back what the op changed; it returns the weight itself, not the copy
+            for a, d in dense.values():
+                ops.fill_tiles(a.tiles, d)
+            back = {id(d): a for a, d in dense.values()}
+            return tree_map(lambda o: back.get(id(o), o), out)
+        return out

@@ -1,0 +1,82 @@
+"""A weight the plan sends to tiled.c at every row count is held once, as its tiles: same values, same products."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+import pytest
+import torch
+from torch import nn
+
+from specgen import checkpoints, registry
+from specgen.decoding.target import ModelTarget
+from specgen.models import kernel_choice, plan_cache
+from specgen.models.kernel_choice import Timing
+from specgen.models.layout import decode_layout
+from specgen.models.packed_linear import PackedLinear, pack_linears
+from specgen.models.tiled_weight import TiledWeight
+from tests.conftest import needs_onednn, needs_tiled, tiny_model
+
+pytestmark = [needs_tiled, needs_onednn]
+EVERYWHERE = Timing((1, 2), (1.0, 2.0), (2.0, 1.0), (0.5, 0.5))  # tiled.c fastest at every row count
+
+
+@pytest.fixture
+def native_everywhere(monkeypatch):
+    timed = []
+    monkeypatch.setattr(kernel_choice, "time_passes", lambda *a, **k: timed.append(1) or EVERYWHERE)
+    monkeypatch.setattr(kernel_choice, "_MEASURED", {})
+    monkeypatch.delenv(kernel_choice.ENV, raising=False)
+    return timed
+
+
+@pytest.mark.parametrize("n", [40, 32, 5])  # partial last tile, whole tiles, one partial tile
+def test_a_tiled_weight_reads_and_writes_as_its_values(n):
+    torch.manual_seed(n)
+    w = torch.randn(n, 24)
+    p = TiledWeight.of(w)
+    assert isinstance(p, nn.Parameter) and torch.equal(p.dense(), w) and torch.equal(p * 1, w)
+    idx = torch.tensor([[0, n - 1, 3 % n]])
+    assert torch.equal(nn.functional.embedding(idx, p), w[idx])  # gathered from the tiles
+    with torch.no_grad():
+        p.mul_(2)  # an in-place op lands in the tiles
+    assert torch.equal(p.dense(), 2 * w)
+    lin = nn.Linear(24, n)
+    lin.weight = p
+    lin.load_state_dict({"weight": w, "bias": torch.zeros(n)})  # a load writes straight into the tiles
+    assert type(lin.weight) is TiledWeight and torch.equal(lin.weight.dense(), w)
+    for other in (copy.deepcopy(p), pickle.loads(pickle.dumps(p))):  # copies are dense parameters
+        assert type(other) is nn.Parameter and torch.equal(other, w)
+
+
+def test_decode_layout_holds_native_everywhere_weights_once_with_the_same_products(native_everywhere):
+    model = decode_layout(tiny_model(1, tie_embeddings=True), "packed")
+    two_copies = pack_linears(tiny_model(1, tie_embeddings=True))  # dense weights, tiles made on use
+    lins = [m for m in model.modules() if isinstance(m, PackedLinear)]
+    assert lins and all(type(lin.weight) is TiledWeight for lin in lins)
+    assert model.output.weight is model.tok_embeddings.weight  # the tie holds: one copy for both
+    dense = [p for p in model.parameters() if type(p) is not TiledWeight]
+    assert all(p.dim() == 1 for p in dense)  # only norms stay dense
+    tokens = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    with torch.inference_mode():
+        outs = [ModelTarget(m).prefill(tokens, ModelTarget(m).new_cache(1, 32)).logits for m in (model, two_copies)]
+        assert torch.equal(*outs)
+        assert all(lin._tiled is not None for lin in two_copies.modules() if isinstance(lin, PackedLinear))
+
+
+def test_a_decode_load_with_a_stored_plan_writes_weights_into_their_tiles(native_everywhere):
+    model = tiny_model(2, tie_embeddings=True)
+    entry = registry.save("target", "tiny", model.state_dict(), {"builder": "transformer",
+                                                                  "kwargs": model.cfg.to_dict()})
+    checkpoints.load_module(entry, decode=True)  # no plan stored yet: loaded dense, then timed
+    assert native_everywhere == [] and not plan_cache.read()
+    decode_layout(checkpoints.load_module(entry))  # times the loaded weights, stores the plan
+    assert native_everywhere == [1] and plan_cache.read()
+    kernel_choice._MEASURED.clear()
+    loaded = checkpoints.load_module(entry, decode=True)
+    assert native_everywhere == [1]  # the stored plan: nothing timed again
+    assert type(loaded.output.weight) is TiledWeight and loaded.output.weight is loaded.tok_embeddings.weight
+    for name, p in model.state_dict().items():
+        got = loaded.state_dict()[name]
+        assert torch.equal(got.dense() if type(got) is TiledWeight else got, p), name
