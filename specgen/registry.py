@@ -12,6 +12,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -372,8 +373,8 @@ def state_parts(entry: Entry) -> Iterator[dict[str, torch.Tensor]]:
     if not path.is_file():
         raise CheckpointError(f"{entry.ref} has no {WEIGHTS}")
     try:
-        with safe_open(str(path), "pt") as f:
-            keys = sorted(f.keys(), reverse=True)  # popped from the end: in name order
+        with safe_open(str(path), "pt") as f:  # popped from the end: largest first, while the module's own pages
+            keys = sorted(f.keys(), key=lambda k: (math.prod(f.get_slice(k).get_shape()), k))  # are untouched
         while keys:
             part: dict[str, torch.Tensor] = {}
             read = 0
