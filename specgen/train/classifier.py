@@ -27,7 +27,7 @@ from specgen.models.classifier import ImageClassifier
 from specgen.train.checkpoint import fp16_state, write_entry, write_json
 from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, TrainTask
 from specgen.train.optim import OptimConfig
-from specgen.train.script import parse_recipe, print_metrics, script_parser
+from specgen.train.script import parse_recipe, print_metrics, run_script, script_parser
 
 
 @dataclass(frozen=True)
@@ -228,6 +228,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from specgen.train.script import run_script
-
     raise SystemExit(run_script(main))

@@ -49,7 +49,7 @@ from specgen.train.checkpoint import fp16_state, publish, save_tensors
 from specgen.train.image_gpt import sample_c2i, sample_t2i
 from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask
 from specgen.train.optim import OptimConfig
-from specgen.train.script import parse_recipe, print_metrics, script_parser
+from specgen.train.script import parse_recipe, print_metrics, run_script, script_parser
 
 
 @dataclass(frozen=True)
@@ -317,6 +317,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from specgen.train.script import run_script
-
     raise SystemExit(run_script(main))

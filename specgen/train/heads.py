@@ -31,12 +31,17 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from specgen import devices
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+from specgen import checkpoints, devices, registry
 from specgen.decoding.sampling import SamplingParams, logits_to_probs
+from specgen.errors import UsageError
 from specgen.mesh.procedural import ProceduralSpec
-from specgen.models.heads import HeadsConfig, XSpecMeshHeads
+from specgen.mesh.vertex_lookup import VertexMemory
+from specgen.models.heads import HEAD_KINDS, HeadsConfig, XSpecMeshHeads
 from specgen.models.mesh import MeshGPT
-from specgen.train.checkpoint import publish, save_tensors
+from specgen.train.checkpoint import half, publish, save_tensors
 from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask
 from specgen.train.lora import apply_lora, lora_disabled, lora_state, merge_lora
 from specgen.train.mesh import SeedStream, mesh_example, sequence_loss
@@ -94,6 +99,24 @@ STAGE2_KEYS = ("stages", "stage2_epochs", "stage2_lr", "stage2_min_lr", "lora_ra
 NAMING_KEYS = ("name", "num_threads")
 #: Settings added after heads were shipped, with the value older training states implicitly used.
 ADDED_KEYS = {"token_input": False, "res_layers": 1, "history": 0, "skip_known_offsets": False}
+
+
+def check_config(cfg: HeadsTrainConfig) -> None:
+    """One-line usage errors for settings no run could use, before anything loads."""
+    if cfg.head_kind not in HEAD_KINDS:
+        raise UsageError(f"unknown head_kind {cfg.head_kind!r}; choose from {', '.join(HEAD_KINDS)}")
+    if cfg.num_sequences < 1 or cfg.eval_sequences < 1 or cfg.num_heads < 1 or cfg.stages not in (1, 2):
+        raise UsageError("num_sequences, eval_sequences and num_heads must be >= 1 and stages 1 or 2")
+    if cfg.backbone_loss not in BACKBONE_LOSSES:
+        raise UsageError(f"unknown backbone_loss {cfg.backbone_loss!r}; choose from {', '.join(BACKBONE_LOSSES)}")
+    if cfg.head_targets not in HEAD_TARGETS:
+        raise UsageError(f"unknown head_targets {cfg.head_targets!r}; choose from {', '.join(HEAD_TARGETS)}")
+    registry.check_name(cfg.name + "-lora", "name (+ -s1/-lora: heads/NAME-s1, adapter/NAME-lora)")
+
+
+def resume_loose(out: Path) -> tuple[str, ...]:
+    """Settings a rerun on OUT may change: names and shipping, and stage-2 settings until stage 2 has begun."""
+    return NAMING_KEYS + ("ship_dir",) + (() if (Path(out) / "stage2.safetensors").exists() else STAGE2_KEYS)
 
 
 # -- labels -----------------------------------------------------------------------------------------
@@ -222,12 +245,6 @@ BACKBONE_LOSSES = {"ce": ce_term, "kl": kl_term}
 HEAD_TARGETS = ("hard", "soft")
 
 
-def backbone_term(model: MeshGPT, pcs: torch.Tensor, tokens: torch.Tensor, logits: torch.Tensor,
-                  kind: str) -> torch.Tensor:
-    """Stage 2's L_backbone of kind `backbone_loss`."""
-    return BACKBONE_LOSSES[kind](model, pcs, tokens, logits)
-
-
 @torch.no_grad()
 def backbone_features(model: MeshGPT, pcs: torch.Tensor, tokens: torch.Tensor, batch: int = 8):
     """Frozen backbone's hidden [S, L, dim] and condition [S, M, cross] for every labelled sequence."""
@@ -244,8 +261,6 @@ def backbone_features(model: MeshGPT, pcs: torch.Tensor, tokens: torch.Tensor, b
 def known_rows(tokens: torch.Tensor) -> torch.Tensor:
     """Per label position, the first row whose vertex memory proposes it (`VertexMemory.known_rows`) [S, L];
     L where none does (padding included)."""
-    from specgen.mesh.vertex_lookup import VertexMemory
-
     out = torch.full_like(tokens, tokens.shape[1])
     for r, row in enumerate(tokens.tolist()):
         seq = [t for t in row if t >= 0]
@@ -294,13 +309,7 @@ class HeadsTrainer:
 
     def __init__(self, cfg: HeadsTrainConfig, out: Path, log: Callable[[str], None] = lambda s: None,
                  device: str = "cpu") -> None:
-        from specgen import checkpoints
-        from specgen.errors import UsageError
-
-        if cfg.backbone_loss not in BACKBONE_LOSSES:
-            raise UsageError(f"unknown backbone_loss {cfg.backbone_loss!r}; choose from {', '.join(BACKBONE_LOSSES)}")
-        if cfg.head_targets not in HEAD_TARGETS:
-            raise UsageError(f"unknown head_targets {cfg.head_targets!r}; choose from {', '.join(HEAD_TARGETS)}")
+        check_config(cfg)
         self.cfg, self.out, self.log, self.device, self.is_main = cfg, Path(out), log, device, True
         torch.set_num_threads(cfg.num_threads)
         torch.manual_seed(cfg.seed)
@@ -321,19 +330,12 @@ class HeadsTrainer:
 
     def label_settings(self) -> dict[str, str]:
         """What the labels depend on, stored with them: a rerun with other settings is refused."""
-        from specgen import registry
-
         keys = ("num_sequences", "eval_sequences", "label_seed", "label_temperature", "label_top_k",
                 "label_top_p", "label_batch", "max_tokens")
         settings = {k: str(getattr(self.cfg, k)) for k in keys}
         return {**settings, "target": self.target.ref, "target_digest": registry.weights_digest(self.target)}
 
     def labels(self) -> tuple[torch.Tensor, torch.Tensor]:
-        from safetensors import safe_open
-        from safetensors.torch import load_file
-
-        from specgen.errors import UsageError
-
         path, want = self.out / "labels.safetensors", self.label_settings()
         if path.exists():
             with safe_open(str(path), "pt") as f:
@@ -425,7 +427,7 @@ class HeadsTrainer:
         def s2_loss(idx, hard=False):
             t = trim(tokens[idx])
             logits, h, c = self.model.forward_train(pcs[idx], t)
-            bb = backbone_term(self.model, pcs[idx], t, logits, cfg.backbone_loss)
+            bb = BACKBONE_LOSSES[cfg.backbone_loss](self.model, pcs[idx], t, logits)
             # soft targets: the LoRA backbone's own label distribution (detached), the one it will sample from
             targets = soft_targets(logits, label_params) if use_soft and not hard else None
             mhd, accs = heads_loss(self.heads, h, c, t, lm_head, cfg.weight_decay_d, targets, embed, skip(idx, t))
@@ -458,8 +460,6 @@ def outputs(cfg: HeadsTrainConfig) -> list[tuple[str, str, str]]:
 def save_outputs(trainer: HeadsTrainer, result: dict, force: bool = False) -> list:
     """Register heads/<name>-s1, adapter/<name>-lora and heads/<name> (and ship them: `publish`); returns the
     entries."""
-    from specgen import registry
-
     cfg, target = trainer.cfg, trainer.target
     digest = registry.weights_digest(target)  # a retrained backbone refuses these heads (check_pair)
     base = {"builder": "xspecmesh_heads", "kwargs": trainer.heads.cfg.to_dict(), "parent": target.name,
@@ -480,6 +480,3 @@ def save_outputs(trainer: HeadsTrainer, result: dict, force: bool = False) -> li
                                {**base, "stage": 2, "adapter": adapter.name, "metrics": s2}, nh, force))
     return entries
 
-
-def half(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {k: (v.half() if v.is_floating_point() else v).contiguous() for k, v in state.items()}

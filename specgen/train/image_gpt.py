@@ -41,7 +41,7 @@ from specgen.models.transformer import Transformer, TransformerConfig
 from specgen.train.checkpoint import check_outputs, fp16_state, publish, save_tensors
 from specgen.train.loop import At, Optim, Progress, TrainTask
 from specgen.train.optim import OptimConfig
-from specgen.train.script import parse_recipe, print_metrics, script_parser
+from specgen.train.script import parse_recipe, print_metrics, run_script, script_parser
 
 
 @dataclass(frozen=True)
@@ -382,6 +382,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from specgen.train.script import run_script
-
     raise SystemExit(run_script(main))

@@ -34,7 +34,7 @@ from specgen.train.checkpoint import fp16_state, write_entry
 from specgen.train.mesh_embedding import FactoredTable
 from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask
 from specgen.train.optim import OptimConfig
-from specgen.train.script import parse_recipe, print_metrics, script_parser
+from specgen.train.script import parse_recipe, print_metrics, run_script, script_parser
 
 
 @dataclass(frozen=True)
@@ -288,6 +288,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from specgen.train.script import run_script
-
     raise SystemExit(run_script(main))

@@ -52,7 +52,7 @@ from specgen.image.neighbours import codebook_hash
 from specgen.models.upsampler import UpDownSampler, UpsamplerConfig
 from specgen.train.checkpoint import fp16_state, publish, save_tensors
 from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask
-from specgen.train.script import parse_recipe, print_metrics, script_parser
+from specgen.train.script import parse_recipe, print_metrics, run_script, script_parser
 
 
 @dataclass(frozen=True)
@@ -514,6 +514,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from specgen.train.script import run_script
-
     raise SystemExit(run_script(main))

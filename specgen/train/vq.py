@@ -20,7 +20,7 @@ from specgen.models.vq import VQ_CONFIGS, VQConfig, VQModel
 from specgen.train.checkpoint import fp16_state, write_entry
 from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask
 from specgen.train.optim import OptimConfig
-from specgen.train.script import parse_recipe, print_metrics, script_parser
+from specgen.train.script import parse_recipe, print_metrics, run_script, script_parser
 
 # Loss choice (no downloaded weights): L1 + MSE on pixels, plus an L1 loss on horizontal/vertical image
 # gradients ("edge loss") standing in for LPIPS: it penalises the blur that pixel losses tolerate and needs
@@ -276,6 +276,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from specgen.train.script import run_script
-
     raise SystemExit(run_script(main))
