@@ -1,24 +1,7 @@
 """Consistency distillation of a text target on its Jacobi trajectories: pcLLM (default) or the CLLM baseline.
 
-objective=pcllm (pcLLM paper Eq. 8-9; Jacobi Forcing's one-pass trainer): one forward over a packed
-sample (`specgen/train/packing.py`) under the noise-aware causal mask computes
-
-    L = L_pc + w * L_AR
-    L_pc = (T^2 / N) * sum_blocks sum_offsets KL( softmax(z_clean / T).detach() || softmax(z_noisy / T) )
-    L_AR = mean cross-entropy of the answer tokens (fixed points) at the clean rows
-
-objective=cllm (CLLM's global consistency loss, Kou et al. 2024): per step one random block i and one
-random non-final state y of its trajectory; the teacher is the same model's detached logits on the
-clean sequence (prompt + y*_1..y*_N, which also gives L_AR), the student its logits on
-prompt + y*_<i + y; KL from y's first mismatch onward. Two forwards per sample.
-
-Training: LoRA (default; `specgen/train/lora.py`) or full fine-tuning, AdamW, linear warm-up then
-cosine decay, gradient accumulation and clipping, `accelerate` (one CPU, one GPU, DDP with
-`accelerate launch` / `torchrun`; FSDP through an accelerate config). The sample order is a pure
-function of (seed, step), so a resumed run sees exactly the samples an uninterrupted one would.
-Checkpoints (`OUT/checkpoint/`: trainable weights, AdamW state, step; safetensors + JSON) are
-written to a temporary folder and renamed into place every `ckpt_every` steps; a run resumes from
-it automatically. At the end rank 0 registers `target/<name>` (merged) and `adapter/<name>-lora` (LoRA).
+The sample of a micro-batch is a pure function of (seed, step, micro-batch, rank): a resumed run sees what an
+uninterrupted one would (objectives: docs/methods/pcllm.md, docs/training.md).
 """
 
 from __future__ import annotations
@@ -90,6 +73,10 @@ class DistillConfig:
 
 
 def check_config(cfg: DistillConfig) -> None:
+    """One-line usage errors for settings no run could use, before anything loads."""
+    registry.check_name(cfg.name + "-lora", "name (+ -lora: target/NAME, adapter/NAME-lora)")
+    if cfg.mixed_precision == "fp16":  # float16 on a CPU without float16 kernels: one line
+        resolve_dtype("float16", resolve_device(cfg.device))
     if cfg.objective not in ("pcllm", "cllm"):
         raise UsageError(f"objective must be pcllm or cllm, got {cfg.objective!r}")
     if cfg.schedule not in packing.SCHEDULES:
@@ -102,9 +89,6 @@ def check_config(cfg: DistillConfig) -> None:
         raise UsageError("steps, grad_accum, window, lora_rank, ckpt_every and log_every must be >= 1")
     if not cfg.trajectories:
         raise UsageError("trajectories=FOLDER is required (written by `specgen collect-trajectories`)")
-    registry.check_name(cfg.name + "-lora", "name (+ -lora: target/NAME, adapter/NAME-lora)")
-    if cfg.mixed_precision == "fp16":  # float16 on a CPU without float16 kernels: one line
-        resolve_dtype("float16", resolve_device(cfg.device))
 
 
 def outputs(cfg: DistillConfig) -> list[tuple[str, str, str]]:

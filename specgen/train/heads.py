@@ -1,23 +1,7 @@
-"""Train XSpecMesh heads by distillation from the backbone (sec. 4.3, appendix A.2); resumable.
+"""Train XSpecMesh heads by distillation from the backbone's own samples (sec. 4.3, A.2); resumable.
 
-    specgen train-heads --kind xspecmesh --config recipes/tiny/xspecmesh-heads.yaml --out runs/xspecmesh-ca
-
-0. labels: the backbone's OWN generations (batched AR sampling with the label sampling parameters)
-   for `num_sequences` training point clouds (+ `eval_sequences` held out), saved to
-   `OUT/labels.safetensors` and reused on resume;
-1. stage 1: heads only, backbone frozen: L_mhd = sum_d w(d) L_d, w(d) = decay^d (paper 0.8^d),
-   L_d = mean cross-entropy of head d's prediction of y_{s+d+1} from h_s (the paper's eq. 5 sums
-   over s; we average, which only rescales the learning rate); with `head_targets: soft` the target
-   is the backbone's label-sampling distribution at that position instead of its one sample
-   (same minimiser, less variance: `soft_targets`); AdamW (0.9, 0.99), global-norm
-   clipping 1.0, cosine lr 5e-4 -> 5e-5 over the stage (paper: 30 epochs; recipe: fewer);
-   the frozen backbone's hidden states are computed once per sequence;
-2. stage 2: heads + LoRA (rank 16, alpha 32) on the backbone decoder's linear layers,
-   L = lambda * L_backbone + L_mhd with lambda = 50, cosine lr 1e-4 -> 1e-5 (paper: 10 epochs);
-   L_backbone = CE on the labels (paper) or, with `backbone_loss: kl`, KL from the frozen backbone.
-   The point encoder, embeddings/LM head and the condition K/V projections stay frozen.
-Outputs (registry): heads/<name>-s1 (stage 1), adapter/<name>-lora and heads/<name> (stage 2; its
-config names the adapter, which is merged into the backbone's weights at load).
+Labels (OUT/labels.safetensors), stage 1 (heads on the frozen backbone), stage 2 (heads + LoRA on the decoder's
+linear layers); registers heads/<name>-s1, adapter/<name>-lora and heads/<name> (docs/methods/xspecmesh.md).
 """
 
 from __future__ import annotations

@@ -1,17 +1,7 @@
 """Train the tiny point-cloud-conditioned mesh GPT on procedural meshes; resumable, writes fp16 safetensors.
 
-    python -m specgen.train.mesh --config recipes/tiny/mesh-gpt.yaml --out runs/mesh-gpt [key=value ...]
-
-Data: `procedural.generate_mesh(seed)` over the train seed range, BPT tokens (`BPTTokenizer`, EOS
-appended), and `num_points` area-weighted surface samples with face normals as the condition (a fresh
-sample per step, so the model never sees the same cloud twice). Meshes whose sequence is longer than
-`max_tokens` are skipped (CPU budget: see the recipe). Batches are drawn from pools of
-`pool_batches * batch_size` meshes sorted by length, so rows of a batch have similar lengths.
-Every step is a pure function of (config, step), so a resumed run sees the same data.
-
-Resume state (`state.safetensors`: weights + AdamW moments, no pickle) is written every `ckpt_every`
-steps; the run directory finally holds `model.safetensors` (fp16) + `config.json` in registry layout,
-and `--register NAME` also installs it as target/NAME.
+A step's batch is a pure function of (config, step): length-sorted pools of procedural train meshes within
+`max_tokens`, with a fresh point-cloud sample per step.
 """
 
 from __future__ import annotations
@@ -25,12 +15,14 @@ from typing import Any, Callable
 import numpy as np
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file
 
+from specgen import registry
 from specgen.mesh.pointcloud import sample_surface
 from specgen.mesh.procedural import ProceduralSpec, generate_mesh, split_seeds
 from specgen.mesh.tokenizers import BPTTokenizer
 from specgen.models.mesh import MeshGPT
-from specgen.train.checkpoint import fp16_state, write_entry
+from specgen.train.checkpoint import check_outputs, fp16_state, write_entry
 from specgen.train.mesh_embedding import FactoredTable
 from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask
 from specgen.train.optim import OptimConfig
@@ -273,14 +265,9 @@ def main(argv: list[str] | None = None) -> int:
     cfg, args, log = parse_recipe(parser, MeshTrainConfig, argv)
     out = Path(args.out)
     if args.register:
-        from specgen.train.checkpoint import check_outputs
-
         check_outputs([("target", args.register, "")])  # the registry's write rule, before training
     metrics = train(cfg, out, log, device=args.device)
     if args.register:
-        from specgen import registry
-        from safetensors.torch import load_file
-
         meta = json.loads((out / "config.json").read_text())
         registry.save("target", args.register, load_file(str(out / "model.safetensors")),
                       {k: v for k, v in meta.items() if k not in ("kind", "name")})
