@@ -167,7 +167,7 @@ def train(cfg: ClassifierTrainConfig, out: Path, log: Callable[[str], None] = la
     task = ClassifierTask(cfg, model, train_data, pool_images, pool_labels, k, eval_images, eval_labels)
     log(f"classifier {sum(p.numel() for p in model.parameters()) / 1e3:.1f}K params, {cfg.steps} steps x "
         f"{cfg.batch_size}; config {json.dumps(asdict(cfg))}")
-    loop = Loop(LoopOptions(steps=cfg.steps, log_every=cfg.log_every, eval_every=cfg.eval_every, device=device), log)
+    loop = Loop(LoopOptions.of(cfg, device=device), log)
     progress = loop.run(task)  # no train state: OUT is the shipped folder, and a run takes minutes
     model.cpu()
     history = progress.history

@@ -237,7 +237,7 @@ class DistillTask(TrainTask):
 
     def batch(self, at: At):
         cfg, groups = self.cfg, self.groups
-        idx = sample_index(at.step, at.micro, at.rank, at.world, at.accum, len(groups), cfg.seed)
+        idx = sample_index(at, len(groups), cfg.seed)
         rng = random.Random(cfg.seed * 1_000_003 + idx * 7919 + at.step)
         if cfg.objective == "pcllm":
             start = rng.randrange(0, len(groups[idx]), cfg.max_blocks) if cfg.max_blocks else 0
@@ -284,10 +284,9 @@ def group_records(records: list[dict]) -> list[list[dict]]:
     return [sorted(v, key=lambda r: r["block"]) for _, v in sorted(by.items())]
 
 
-def sample_index(step: int, micro: int, rank: int, world: int, accum: int, num: int, seed: int) -> int:
-    """Which prompt the (step, micro-batch, rank) trains on: a seeded permutation per epoch (resume-safe)."""
-    flat = (step * accum + micro) * world + rank
-    epoch, pos = divmod(flat, num)
+def sample_index(at: At, num: int, seed: int) -> int:
+    """Which prompt micro-batch `at` trains on: a seeded permutation per epoch (resume-safe)."""
+    epoch, pos = divmod(at.step * at.shards + at.shard, num)
     perm = torch.randperm(num, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
     return int(perm[pos])
 
@@ -336,9 +335,7 @@ def distill(cfg: DistillConfig, out: Path, log: Callable[[str], None] = lambda s
             if bad:
                 raise IncompatibleError(f"{init.ref} adapts {bad[0]}, which this run's lora_targets do not wrap")
     params = [p for p in model.parameters() if p.requires_grad]
-    loop = Loop(LoopOptions(steps=cfg.steps, grad_accum=cfg.grad_accum, log_every=cfg.log_every,
-                            eval_every=cfg.log_every, ckpt_every=cfg.ckpt_every, ckpt_at_eval=False,
-                            max_minutes=cfg.max_minutes, device=cfg.device, mixed_precision=cfg.mixed_precision), log)
+    loop = Loop(LoopOptions.of(cfg, eval_every=cfg.log_every, ckpt_at_eval=False), log)
     task = DistillTask(cfg, model, params, groups, stop_ids, on_step, loop.log)
     loop.log(f"{cfg.objective} on {tm.entry.ref}: {len(groups)} prompts, {sum(len(g) for g in groups)} blocks, "
              f"{sum(p.numel() for p in params):,} trainable parameters ({cfg.finetune})")

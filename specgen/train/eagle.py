@@ -204,9 +204,7 @@ def train(cfg: EagleTrainConfig, out: Path, log: Callable[[str], None] = lambda 
     eval_data = generations(target, cfg.eval_samples_per_class, cfg, cfg.seed * 2 + 2, digest, log, captions,
                             captions_sha)
     feats, tokens = rows(train_data)
-    loop = Loop(LoopOptions(steps=cfg.steps, grad_accum=cfg.grad_accum, log_every=cfg.log_every,
-                            eval_every=cfg.eval_every, ckpt_every=cfg.ckpt_every, eval_first=True, device=device,
-                            mixed_precision=mixed_precision), log)
+    loop = Loop(LoopOptions.of(cfg, eval_first=True, device=device, mixed_precision=mixed_precision), log)
     target.to(loop.device)  # the frozen head and embeddings the loss reads (samples were drawn on the CPU)
     task = EagleTask(cfg, net, target, feats, tokens, eval_data)
     record = run_record(cfg, digest, captions_sha)

@@ -263,9 +263,7 @@ def train(cfg: ImageGPTTrainConfig, out: Path, log: Callable[[str], None] = lamb
             if p.dim() > 1:
                 torch.nn.init.normal_(p, std=0.02)
         model.output.weight.zero_()
-    loop = Loop(LoopOptions(steps=cfg.steps, grad_accum=cfg.grad_accum, log_every=cfg.log_every,
-                            eval_every=cfg.eval_every, ckpt_every=cfg.ckpt_every, device=device,
-                            mixed_precision=mixed_precision), log)
+    loop = Loop(LoopOptions.of(cfg, device=device, mixed_precision=mixed_precision), log)
     task = C2ITask(cfg, model, data)
     n_params = sum(p.numel() for p in model.parameters())
     loop.log(f"{n_params / 1e6:.2f}M params; config {mcfg.to_dict()}; {data['train_tokens'].shape[0]} train crops, "

@@ -11,7 +11,7 @@ import json
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -58,6 +58,12 @@ class LoopOptions:
             raise UsageError(f"mixed_precision must be one of {', '.join(MIXED_PRECISION)}, "
                              f"got {self.mixed_precision!r}")
 
+    @classmethod
+    def of(cls, recipe: Any, **options: Any) -> LoopOptions:
+        """The loop's keys a recipe dataclass has (steps, grad_accum, log_every, ...), `options` taking precedence."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{**{f.name: getattr(recipe, f.name) for f in fields(recipe) if f.name in names}, **options})
+
 
 @dataclass(frozen=True)
 class Optim:
@@ -98,7 +104,6 @@ class Progress:
     """Where a run stands (restored on resume): what `evaluate` and the trainer's summary read."""
 
     step: int = 0
-    steps: int = 0
     history: list[dict] = field(default_factory=list)
     elapsed: float = 0.0  # wall seconds of training over all sessions (checkpoint writes excluded)
     cpu: float = 0.0  # process CPU seconds over all sessions
@@ -108,8 +113,6 @@ class Progress:
     resumed: bool = False
     stopped_early: bool = False  # the time budget ran out
     session_start: float = field(default_factory=time.perf_counter)
-    world: int = 1
-    device: str = "cpu"
 
     def recent_mean(self, key: str, last: int) -> float:
         """Mean of `key` over the last `last` steps of this session (nan without any)."""
@@ -117,16 +120,9 @@ class Progress:
         return sum(vals) / len(vals) if vals else float("nan")
 
 
-def _session_minutes(p: Progress) -> float:
-    return (time.perf_counter() - p.session_start) / 60
-
-
-def _cpu_minutes(p: Progress) -> float:
-    return p.cpu / 60
-
-
 #: budget clock name -> minutes it has run
-BUDGETS: dict[str, Callable[[Progress], float]] = {"session": _session_minutes, "cpu": _cpu_minutes}
+BUDGETS: dict[str, Callable[[Progress], float]] = {"session": lambda p: (time.perf_counter() - p.session_start) / 60,
+                                                   "cpu": lambda p: p.cpu / 60}
 
 
 class TrainTask(ABC):
@@ -275,7 +271,7 @@ class Loop:
     def run(self, task: TrainTask, checkpoint: Checkpoint | None = None) -> Progress:
         """Train `task` to `options.steps` (or `stop_after`, or the time budget), resuming from `checkpoint`."""
         o = self.options
-        p = Progress(steps=o.steps, world=self.world, device=str(self.device))
+        p = Progress()
         for m in task.modules.values():
             m.to(self.device)
         meta = checkpoint.load(task) if checkpoint is not None else None

@@ -122,15 +122,6 @@ class SeedStream:
         return sorted(out, key=lambda s: self.lengths[s])
 
 
-def train_batch(cfg: MeshTrainConfig, stream: SeedStream, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The batch of `step`: one length-sorted chunk of a pool, chunks visited in a seeded order."""
-    pool = stream.pool(step // cfg.pool_batches, cfg.batch_size * cfg.pool_batches)
-    order = np.random.default_rng([cfg.seed, step // cfg.pool_batches, 7]).permutation(cfg.pool_batches)
-    k = int(order[step % cfg.pool_batches])
-    seeds = pool[k * cfg.batch_size : (k + 1) * cfg.batch_size]
-    return collate([mesh_example(s, cfg.num_points, [s, step], stream.spec) for s in seeds])
-
-
 def eval_set(count: int, num_points: int, max_tokens: int, spec: ProceduralSpec | None = None
              ) -> list[tuple[np.ndarray, np.ndarray]]:
     """Fixed validation examples (first `count` validation seeds within max_tokens)."""
@@ -183,8 +174,13 @@ class MeshTask(TrainTask):
         self.val = eval_set(cfg.eval_meshes, cfg.num_points, cfg.max_tokens, cfg.spec())
 
     def batch(self, at: At) -> tuple[torch.Tensor, torch.Tensor]:
-        """One process, no accumulation: the step's batch; else shard k of step s is the batch of s * shards + k."""
-        return train_batch(self.cfg, self.stream, at.step * at.shards + at.shard)
+        """Batch b = step * shards + shard: one length-sorted chunk of a pool, chunks visited in a seeded order."""
+        cfg, b = self.cfg, at.step * at.shards + at.shard
+        pool = self.stream.pool(b // cfg.pool_batches, cfg.batch_size * cfg.pool_batches)
+        order = np.random.default_rng([cfg.seed, b // cfg.pool_batches, 7]).permutation(cfg.pool_batches)
+        k = int(order[b % cfg.pool_batches])
+        seeds = pool[k * cfg.batch_size : (k + 1) * cfg.batch_size]
+        return collate([mesh_example(s, cfg.num_points, [s, b], self.stream.spec) for s in seeds])
 
     def loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
         pc, tokens = batch
@@ -219,9 +215,7 @@ def train(cfg: MeshTrainConfig, out: Path, log: Callable[[str], None] = lambda s
     torch.manual_seed(cfg.seed)
     model = MeshGPT(**cfg.model_kwargs()).train()
     table = FactoredTable(BPTTokenizer(), cfg.dim) if cfg.factored_embedding else None
-    loop = Loop(LoopOptions(steps=cfg.steps, grad_accum=cfg.grad_accum, log_every=cfg.log_every,
-                            eval_every=cfg.eval_every, ckpt_every=cfg.ckpt_every, log_last=False,
-                            max_minutes=cfg.max_minutes, budget="cpu", device=device), log)
+    loop = Loop(LoopOptions.of(cfg, log_last=False, budget="cpu", device=device), log)
     task = MeshTask(cfg, model, table, loop.log)
     n_params = sum(p.numel() for p in model.parameters())  # the tied LM head is counted once
     loop.log(f"{n_params / 1e6:.2f}M parameters")

@@ -394,9 +394,7 @@ def train(cfg: UpsamplerTrainConfig, out: Path, log: Callable[[str], None] = lam
     if warm is not None:
         fresh = pair.warm_start_from(warm)
         log(f"warm start from {cfg.warm_start}: {len(fresh)} tensors of the new stage(s) left at initialisation")
-    loop = Loop(LoopOptions(steps=cfg.steps, grad_accum=cfg.grad_accum, log_every=cfg.log_every,
-                            eval_every=cfg.eval_every, ckpt_every=cfg.ckpt_every, device=device,
-                            mixed_precision=mixed_precision), log)
+    loop = Loop(LoopOptions.of(cfg, device=device, mixed_precision=mixed_precision), log)
     perc = perceptual_loss(cfg.perceptual, vq)
     vq.to(loop.device)
     if perc is not None:

@@ -69,18 +69,6 @@ def edge_loss(recon: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return F.l1_loss(dx(recon), dx(target)) + F.l1_loss(dy(recon), dy(target))
 
 
-def _batch(cfg: VQTrainConfig, data: ImageCrops, step: int) -> torch.Tensor:
-    """Images for one step [B,3,S,S]; a pure function of (config, step) so resumed runs see the same data."""
-    start = step * cfg.batch_size
-    images, _ = data.batch(range(start, start + cfg.batch_size))  # [B,3,C,C]
-    if step < int(cfg.patch_fraction * cfg.steps) and cfg.patch_size < cfg.crop_size:
-        rng = np.random.default_rng([cfg.seed, step])
-        p = cfg.patch_size
-        ys, xs = rng.integers(0, cfg.crop_size - p + 1, size=(2, cfg.batch_size))
-        images = torch.stack([im[:, y : y + p, x : x + p] for im, y, x in zip(images, ys, xs)])  # [B,3,P,P]
-    return images
-
-
 @torch.no_grad()
 def evaluate(model: VQModel, images: torch.Tensor, batch_size: int = 64) -> dict[str, float]:
     """Held-out reconstruction PSNR, L1 and codebook usage/perplexity over `images` [N,3,H,W]."""
@@ -133,9 +121,6 @@ class VQTrainer(TrainTask):
     def meta(self) -> dict[str, Any]:
         return {"config": asdict(self.cfg)}
 
-    def state_file(self) -> StateFile:
-        return StateFile(self.out / "state.safetensors", {"config": asdict(self.cfg)}, packed=False)
-
     def export(self, metrics: dict[str, Any]) -> None:
         """Write the shipping artefacts: fp16 `model.safetensors` + `config.json`."""
         doc = {
@@ -178,7 +163,14 @@ class VQTrainer(TrainTask):
         if at.shards > 1:
             raise UsageError("the VQ trainer runs in one process without grad accumulation (dead-code restarts "
                              "count code hits per process)")
-        return _batch(self.cfg, self.train_data, at.step)  # [B,3,S,S]
+        cfg, step = self.cfg, at.step  # the images of a step are a function of (config, step): resume-safe
+        images, _ = self.train_data.batch(range(step * cfg.batch_size, (step + 1) * cfg.batch_size))  # [B,3,C,C]
+        if step < int(cfg.patch_fraction * cfg.steps) and cfg.patch_size < cfg.crop_size:
+            rng = np.random.default_rng([cfg.seed, step])
+            p = cfg.patch_size
+            ys, xs = rng.integers(0, cfg.crop_size - p + 1, size=(2, cfg.batch_size))
+            images = torch.stack([im[:, y : y + p, x : x + p] for im, y, x in zip(images, ys, xs)])  # [B,3,P,P]
+        return images
 
     def loss(self, images: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
         cfg = self.cfg
@@ -214,11 +206,10 @@ class VQTrainer(TrainTask):
 
     def run(self) -> dict[str, Any]:
         cfg = self.cfg
-        loop = Loop(LoopOptions(steps=cfg.steps, stop_after=cfg.stop_after, log_every=cfg.log_every,
-                                eval_every=cfg.eval_every, ckpt_every=cfg.ckpt_every, device=self.device), self.log)
+        loop = Loop(LoopOptions.of(cfg, device=self.device), self.log)
         loop.log(f"model {cfg.model} ({sum(p.numel() for p in self.model.parameters()) / 1e6:.2f}M params) "
                  f"config {self.model_cfg.to_dict()}")
-        progress = loop.run(self, self.state_file())
+        progress = loop.run(self, StateFile(self.out / "state.safetensors", {"config": asdict(cfg)}, packed=False))
         self.model.cpu()
         ev = evaluate(shipped_copy(self.model), self.eval_images)  # the shipped fp16 weights, not the fp32 copy
         metrics = {**self._metrics(progress, progress.history), "heldout_psnr": ev["psnr"], "heldout_l1": ev["l1"],
