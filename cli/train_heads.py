@@ -39,7 +39,7 @@ def train_xspecmesh(config: Path | None, overrides: list[str], out: Path, quiet:
     from specgen.train import heads, run_folder  # deferred: start-up (torch-free --help)
 
     cfg = load_config(heads.HeadsTrainConfig, config, overrides)
-    heads.check_config(cfg)  # the trainer's state check comes only after the target loads
+    heads.check_config(cfg)  # before the run folder and registry checks; the state check comes after the target loads
     with run_folder.training_run(out, asdict(cfg), heads.outputs(cfg), device, force, quiet,
                                  heads.resume_loose(out)) as (log, dev):
         trainer = heads.HeadsTrainer(cfg, out, log, dev)

@@ -164,6 +164,15 @@ def c2i_loss(model: Transformer, tokens: torch.Tensor, labels: torch.Tensor) -> 
 
 
 @torch.no_grad()
+def heldout_loss(model: Transformer, tokens: torch.Tensor, labels: torch.Tensor) -> float:
+    """Mean c2i loss of held-out token grids [M, N] (chunks of 64, on the model's device)."""
+    device = devices.module_device(model)
+    losses = [float(c2i_loss(model, tokens[i : i + 64].long().to(device), labels[i : i + 64].to(device)))
+              for i in range(0, tokens.shape[0], 64)]
+    return sum(losses) / len(losses)
+
+
+@torch.no_grad()
 def sample_c2i(model: Transformer, labels: torch.Tensor, cfg_scale: float = 4.0, temperature: float = 1.0,
                top_k: int = 0, top_p: float = 1.0, generator: torch.Generator | None = None,
                features: bool = False):
@@ -310,14 +319,9 @@ class C2ITask(TrainTask):
         return loss, {"loss": float(loss.detach())}
 
     def evaluate(self, progress: Progress) -> dict[str, Any]:
-        model, device = self.model, devices.module_device(self.model)
-        model.eval()
-        with torch.no_grad():
-            losses = [float(c2i_loss(model, self.eval_tokens[i : i + 64].to(device),
-                                     self.eval_labels[i : i + 64].to(device)))
-                      for i in range(0, self.eval_tokens.shape[0], 64)]
-        model.train()
-        ev = sum(losses) / len(losses)
+        self.model.eval()
+        ev = heldout_loss(self.model, self.eval_tokens, self.eval_labels)
+        self.model.train()
         return {"step": progress.step, "eval_loss": round(ev, 4), "elapsed_s": round(progress.elapsed, 1)}
 
     def meta(self) -> dict[str, Any]:
@@ -329,10 +333,7 @@ def final_eval(cfg: ImageGPTTrainConfig, model: Transformer, data: dict, out: Pa
     """Metrics of the fp16 weights: held-out loss and class accuracy of CFG samples by a bag-of-codes classifier."""
     shipped = shipped_copy(model).eval()
     vocab, classes = data["codebook_size"], data["classes"]
-    with torch.no_grad():
-        ev = [float(c2i_loss(shipped, data["eval_tokens"][i : i + 64].long(), data["eval_labels"][i : i + 64]))
-              for i in range(0, data["eval_tokens"].shape[0], 64)]
-    eval_loss = sum(ev) / len(ev)
+    eval_loss = heldout_loss(shipped, data["eval_tokens"], data["eval_labels"])
     clf = fit_code_classifier(data["train_tokens"], data["train_labels"], vocab)
     real_acc = class_accuracy(clf, data["eval_tokens"], data["eval_labels"], vocab)
     labels = torch.arange(len(classes)).repeat_interleave(cfg.samples_per_class)

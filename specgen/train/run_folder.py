@@ -72,8 +72,8 @@ def run_folder(out: Path, record: dict[str, Any] | None = None,
             write_json(out / RECORD, record)
         yield out
     except BaseException:
-        if not existed:
-            remove_if_disposable(out, disposable)
+        if not existed and out.is_dir() and all(p.name in disposable and not p.is_dir() for p in out.iterdir()):
+            shutil.rmtree(out, ignore_errors=True)
         raise
 
 
@@ -90,12 +90,3 @@ def training_run(out: Path, record: dict[str, Any], outputs: list[tuple[str, str
     with run_folder(out, record):
         yield file_logger(Path(out) / "train.log", echo=not quiet), dev
 
-
-def remove_if_disposable(out: Path, disposable: tuple[str, ...] = DISPOSABLE) -> bool:
-    """Remove OUT when it holds only `disposable` files (or nothing); True when removed."""
-    if not out.is_dir():
-        return False
-    if any(p.name not in disposable or p.is_dir() for p in out.iterdir()):
-        return False
-    shutil.rmtree(out, ignore_errors=True)
-    return True

@@ -410,8 +410,8 @@ def train(cfg: UpsamplerTrainConfig, out: Path, log: Callable[[str], None] = lam
     step, history, elapsed = progress.step, progress.history, progress.elapsed
     if not loop.is_main:  # rank 0 measures and registers
         return {"metrics": {}, "entry": None, "main": False}
-    state = fp16_state(pair)
-    metrics = {**evaluate(shipped_copy(pair).eval(), vq, data, r),  # metrics of the fp16 weights that ship "steps": step, "train_seconds": round(elapsed, 1),
+    state = fp16_state(pair)  # the metrics are those of the fp16 weights that ship
+    metrics = {**evaluate(shipped_copy(pair).eval(), vq, data, r), "steps": step, "train_seconds": round(elapsed, 1),
                "history": history, "perceptual": perc.name if perc else "none",
                "params_up": n_params[0], "params_down": n_params[1], "weights": "fp16"}
     grid_hi = cfg.crop_size // vcfg.downsample
