@@ -12,8 +12,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from specgen import registry
-from specgen.builtins import ASSETS, BUILTINS
+from specgen import builtins, registry
 from specgen.errors import UsageError
 from specgen.paths import atomic_write, atomic_write_text
 from specgen.registry import Entry
@@ -66,8 +65,9 @@ def shipped_copy(module: torch.nn.Module) -> torch.nn.Module:
 
 def ships_builtin(kind: str, name: str, ship: str) -> bool:
     """A run that rebuilds built-in <kind>/<name>: it writes that built-in's package folder (`ship`)."""
-    b = BUILTINS.get(name)
-    return bool(b and ship and b.asset and b.kind == kind and Path(ship).resolve() == (ASSETS / b.asset).resolve())
+    b = builtins.BUILTINS.get(name)
+    return bool(b and ship and b.asset and b.kind == kind
+                and Path(ship).resolve() == (builtins.ASSETS / b.asset).resolve())
 
 
 def check_outputs(outputs: list[tuple[str, str, str]], force: bool = False) -> None:
@@ -88,7 +88,7 @@ def publish(kind: str, name: str, ship_dir: str, state: dict[str, torch.Tensor],
     written here: a run that ships its package folder re-installs it from there, as any other use would."""
     if ships_builtin(kind, name, ship_dir):
         write_entry(Path(ship_dir), state, {"kind": kind, "name": name, **meta})
-        BUILTINS[name].materialize(None)
+        builtins.BUILTINS[name].materialize(None)
         return registry.entry_at(registry.checkpoints_dir() / kind / name)
     entry = registry.save(kind, name, state, meta, dtype=torch.float16, force=force) if name else None
     if ship_dir:
