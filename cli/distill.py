@@ -9,8 +9,8 @@ import typer
 
 from cli import _output
 from cli._errors import command
-from cli.train_heads_eagle import ForceOpt
 from cli._options import ConfigOpt, DeviceOpt, Format, FormatOpt, ModelOpt, OverridesArg, QuietOpt, SeedOpt
+from cli.train_heads_eagle import ForceOpt
 from specgen.config import load_config, to_dict
 from specgen.errors import UsageError
 
@@ -54,29 +54,19 @@ def distill(
     force: ForceOpt = False,
 ) -> None:
     """Train a text target to converge faster under Jacobi decoding; registers the LoRA adapter and merged model."""
-    # start-up cost: these import torch and the models; `specgen --help` and refused flags do without them
-    from specgen.devices import resolve_device, resolve_dtype
-    from specgen.registry import check_name
-    from specgen.train.checkpoint import check_outputs
-    from specgen.train.distill import DistillConfig, distill as run, outputs
-    from specgen.train.run_folder import check_resume, run_folder
-    from specgen.train.script import file_logger
+    from specgen.train import distill as training, run_folder  # deferred: start-up (torch-free --help)
 
     if out is None:
         raise UsageError("--out RUN_FOLDER is required (checkpoint and log go there)")
     if dtype and dtype not in MIXED_PRECISION:
         raise UsageError(f"--dtype must be one of {', '.join(MIXED_PRECISION)}, got {dtype!r}")
-    cfg = load_config(DistillConfig, config, overrides, trajectories=trajectories, model=model, objective=objective,
-                      name=name, steps=steps, seed=seed, device=device,
+    cfg = load_config(training.DistillConfig, config, overrides, trajectories=trajectories, model=model,
+                      objective=objective, name=name, steps=steps, seed=seed, device=device,
                       mixed_precision=MIXED_PRECISION[dtype] if dtype else None)
-    if dtype:
-        resolve_dtype(dtype, resolve_device(cfg.device))  # float16 on a CPU without float16 kernels: one line
-    check_name(cfg.name + "-lora", "name (+ -lora: target/NAME, adapter/NAME-lora)")  # registered after training
-    check_resume(out, to_dict(cfg), loose=RESUME_LOOSE)  # before anything is loaded or written
-    check_outputs(outputs(cfg), force)
-    with run_folder(out, to_dict(cfg)):
-        log = file_logger(out / "train.log", echo=not quiet)
-        summary = run(cfg, out, log, _output.registry_progress(quiet), force=force)
+    training.check_config(cfg)  # before anything is loaded or written
+    with run_folder.training_run(out, to_dict(cfg), training.outputs(cfg), cfg.device, force, quiet,
+                                 RESUME_LOOSE) as (log, _):
+        summary = training.distill(cfg, out, log, _output.registry_progress(quiet), force=force)
     last = summary["history"][-1] if summary["history"] else {}
     row = {"name": summary["name"], "objective": summary["objective"], "steps": summary["steps"],
            "loss": last.get("loss"), "pc": last.get("pc"), "ar": last.get("ar"),

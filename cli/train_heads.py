@@ -1,12 +1,11 @@
 """`specgen train-heads`: train draft heads for a target; `--kind` picks the trainer from KINDS.
 
-Add a kind by adding one entry to KINDS: a function (config path, overrides, out dir, quiet, device) -> rows
-(one dict per registered entry) that does the work and returns what to print. Every kind trains on the shared
-loop (specgen/train/loop.py), so it runs under `accelerate launch` / `torchrun` too.
+A kind is a function (config path, overrides, out dir, quiet, device, force) -> rows, one per registered entry.
 """
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Callable, Optional
 
@@ -16,6 +15,8 @@ from cli import _output
 from cli._errors import command
 from cli._options import ConfigOpt, DeviceOpt, Format, FormatOpt, OverridesArg, QuietOpt
 from cli.train_heads_eagle import ForceOpt, train_eagle
+from specgen.config import load_config
+from specgen.errors import UnknownNameError, UsageError
 
 EPILOG = """examples:
 
@@ -33,44 +34,25 @@ EPILOG = """examples:
 
 
 def train_xspecmesh(config: Path | None, overrides: list[str], out: Path, quiet: bool,
-                    device: str = "cpu", force: bool = False) -> list[dict]:
+                    device: str | None = None, force: bool = False) -> list[dict]:
     """XSpecMesh heads (stage 1), then LoRA + heads (stage 2); registers the results."""
-    from specgen.config import load_config
-    from specgen.errors import UsageError
-    from specgen.models.heads import HEAD_KINDS
-    from specgen.train.checkpoint import check_outputs
-    from specgen.train.heads import HeadsTrainConfig, HeadsTrainer, outputs, save_outputs
+    from specgen.train import heads, run_folder  # deferred: start-up (torch-free --help)
 
-    cfg = load_config(HeadsTrainConfig, config, overrides)
-    if cfg.head_kind not in HEAD_KINDS:
-        raise UsageError(f"unknown head_kind {cfg.head_kind!r}; choose from {', '.join(HEAD_KINDS)}")
-    if cfg.num_sequences < 1 or cfg.eval_sequences < 1 or cfg.num_heads < 1 or cfg.stages not in (1, 2):
-        raise UsageError("num_sequences, eval_sequences and num_heads must be >= 1 and stages 1 or 2")
-    from specgen.registry import check_name
-
-    check_name(cfg.name + "-lora", "name (+ -s1/-lora: heads/NAME-s1, adapter/NAME-lora)")  # before training
-    from dataclasses import asdict
-
-    from specgen.train.heads import NAMING_KEYS, STAGE2_KEYS
-    from specgen.train.run_folder import check_resume, run_folder
-    from specgen.train.script import file_logger
-
-    loose = NAMING_KEYS + ("ship_dir",) + (() if (out / "stage2.safetensors").exists() else STAGE2_KEYS)
-    check_resume(out, asdict(cfg), loose=loose)  # the trainer's own check comes only after the target loads
-    check_outputs(outputs(cfg), force)
-    with run_folder(out, asdict(cfg)):
-        log = file_logger(out / "train.log", echo=not quiet)
-        trainer = HeadsTrainer(cfg, out, log, device)
+    cfg = load_config(heads.HeadsTrainConfig, config, overrides)
+    heads.check_config(cfg)  # before the run folder and registry checks; the state check comes after the target loads
+    with run_folder.training_run(out, asdict(cfg), heads.outputs(cfg), device, force, quiet,
+                                 heads.resume_loose(out)) as (log, dev):
+        trainer = heads.HeadsTrainer(cfg, out, log, dev)
         result = trainer.train()
         if not trainer.is_main:  # another process of a data-parallel run: rank 0 registers and reports
             return []
-        entries = save_outputs(trainer, result, force)
+        entries = heads.save_outputs(trainer, result, force)
     return [{"ref": e.ref, "stage": e.meta.get("stage", "-"), "parent": e.meta.get("parent"),
              "metrics": e.meta.get("metrics", {}), "path": str(e.path)} for e in entries]
 
 
-KINDS: dict[str, Callable[[Path | None, list[str], Path, bool, str, bool], list[dict]]] = {"xspecmesh": train_xspecmesh}
-KINDS["eagle"] = train_eagle
+KINDS: dict[str, Callable[[Path | None, list[str], Path, bool, str | None, bool], list[dict]]] = {
+    "xspecmesh": train_xspecmesh, "eagle": train_eagle}
 
 
 @command
@@ -86,16 +68,11 @@ def train_heads(
 ) -> None:
     """Train draft heads by distillation from a target model and register them; resumable, and under
     `accelerate launch` / `torchrun` data-parallel (specgen/train/loop.py)."""
-    from specgen.devices import train_device
-    from specgen.errors import UnknownNameError, UsageError
-
-    dev = train_device(device)  # before anything loads: a missing device is one line
-
     if kind not in KINDS:
         raise UnknownNameError("heads kind", kind, list(KINDS))
     if out is None:
         raise UsageError("--out RUN_FOLDER is required (training state and logs go there)")
-    rows = KINDS[kind](config, list(overrides or []), out, quiet, dev, force)
+    rows = KINDS[kind](config, list(overrides or []), out, quiet, device, force)
     if not rows:  # another process of a data-parallel run
         return
     if fmt == Format.json:

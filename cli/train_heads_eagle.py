@@ -1,37 +1,29 @@
-"""`specgen train-heads --kind eagle`: an EAGLE feature drafter for an image target (c2i, or t2i with captions=FILE).
-
-Registered in `cli/train_heads.py` KINDS; the work is `specgen.train.eagle.train`.
-"""
+"""`specgen train-heads --kind eagle`: an EAGLE feature drafter for an image target (c2i, or t2i with captions=FILE)."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
 
 import typer
+
+from specgen.config import load_config
 
 ForceOpt = Annotated[bool, typer.Option("--force", help="Replace existing registry entries of the output names "
                                                         "(never a built-in's).")]
 
 
 def train_eagle(config: Path | None, overrides: list[str], out: Path, quiet: bool,
-                device: str = "cpu", force: bool = False) -> list[dict]:
+                device: str | None = None, force: bool = False) -> list[dict]:
     """`specgen train-heads --kind eagle`: train and register an EAGLE drafter; one row per registered entry."""
-    from specgen.config import load_config
-    from specgen.train.checkpoint import check_outputs
-    from specgen.train.eagle import EagleTrainConfig, train
+    from specgen.train import eagle, run_folder  # deferred: start-up (torch-free --help)
 
-    cfg = load_config(EagleTrainConfig, config, overrides)
-    from dataclasses import asdict
-
-    from specgen.train.run_folder import check_resume, run_folder
-    from specgen.train.script import file_logger
-
-    check_resume(out, asdict(cfg), loose=("ship_dir",))  # before the target loads and samples are generated
-    check_outputs([("draft", cfg.name, cfg.ship_dir)], force)
-    with run_folder(out, asdict(cfg)):
-        log = file_logger(out / "train.log", echo=not quiet)
-        result = train(cfg, out, log, device=device, force=force)
+    cfg = load_config(eagle.EagleTrainConfig, config, overrides)
+    # the run folder and outputs are checked before the target loads and samples are generated
+    with run_folder.training_run(out, asdict(cfg), [("draft", cfg.name, cfg.ship_dir)], device, force, quiet,
+                                 loose=("ship_dir",)) as (log, dev):
+        result = eagle.train(cfg, out, log, device=dev, force=force)
     if not result["main"]:  # another process of a data-parallel run: rank 0 reports
         return []
     e = result["entry"]

@@ -1,10 +1,8 @@
-"""`specgen train-upsampler`: the MuLo-SD up/down-sampler pair between a low-res drafter's grid and the target's.
-
-The work is `specgen.train.upsampler.train` (objective, data and choices documented there).
-"""
+"""`specgen train-upsampler`: the MuLo-SD up/down-sampler pair between a low-res drafter's grid and the target's."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -14,6 +12,8 @@ from cli import _output
 from cli._errors import command
 from cli._options import ConfigOpt, DeviceOpt, Format, FormatOpt, OverridesArg, QuietOpt
 from cli.train_heads_eagle import ForceOpt
+from specgen.config import load_config
+from specgen.errors import UsageError
 
 EPILOG = """examples:
 
@@ -41,27 +41,15 @@ def train_upsampler(
 ) -> None:
     """Train and register a MuLo-SD up/down-sampler pair (2x, or 4x warm-started from 2x); resumable, and under
     `accelerate launch` / `torchrun` data-parallel (specgen/train/loop.py)."""
-    from specgen.devices import train_device
-
-    dev = train_device(device)  # before anything loads: a missing device is one line
-    from specgen.config import load_config
-    from specgen.errors import UsageError
-    from specgen.train.checkpoint import check_outputs
-    from specgen.train.script import file_logger
-    from specgen.train.upsampler import UpsamplerTrainConfig, train
+    from specgen.train import run_folder, upsampler  # deferred: start-up (torch-free --help)
 
     if out is None:
         raise UsageError("--out RUN_FOLDER is required (training state and logs go there)")
-    cfg = load_config(UpsamplerTrainConfig, config, list(overrides or []))
-    from dataclasses import asdict
-
-    from specgen.train.run_folder import check_resume, run_folder
-
-    check_resume(out, asdict(cfg))  # the trainer's state check comes only after the VQ and data load
-    check_outputs([("upsampler", cfg.name, cfg.ship_dir)], force)
-    with run_folder(out, asdict(cfg)):
-        log = file_logger(out / "train.log", echo=not quiet)
-        result = train(cfg, out, log, device=dev, force=force)
+    cfg = load_config(upsampler.UpsamplerTrainConfig, config, list(overrides or []))
+    # the trainer's state check comes only after the VQ and data load
+    with run_folder.training_run(out, asdict(cfg), [("upsampler", cfg.name, cfg.ship_dir)], device, force,
+                                 quiet) as (log, dev):
+        result = upsampler.train(cfg, out, log, device=dev, force=force)
     if not result["main"]:  # another process of a data-parallel run: rank 0 reports
         return
     e = result["entry"]

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
+from specgen import builtins, registry
 from specgen.errors import UsageError
 from specgen.paths import atomic_write, atomic_write_text
-
-if TYPE_CHECKING:
-    from specgen.registry import Entry
+from specgen.registry import Entry
 
 # A train state file (`state.safetensors`) holds, as tensors:
 #   <module>.<key>      the state dict of every module in `modules` ("model", "heads", ...)
@@ -28,8 +30,6 @@ class StaleStateError(UsageError, ValueError):
 
 
 def save_tensors(path: Path, tensors: Mapping[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
-    from safetensors.torch import save_file
-
     atomic_write(path, lambda p: save_file({k: v.contiguous() for k, v in tensors.items()}, str(p),
                                             metadata=metadata))
 
@@ -48,26 +48,31 @@ def write_entry(folder: Path, state: Mapping[str, torch.Tensor], meta: dict, sor
 def fp16_state(module: torch.nn.Module, untie: bool = False) -> dict[str, torch.Tensor]:
     """Shipping weights: floating tensors in fp16, contiguous; `untie` drops tied aliases (see registry.untie)."""
     state = module.state_dict()
-    if untie:
-        from specgen.registry import untie as drop_aliases
+    return half(registry.untie(state)[0] if untie else state)
 
-        state, _ = drop_aliases(state)
+
+def half(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Floating tensors of `state` in fp16, every tensor contiguous."""
     return {k: (v.half() if v.is_floating_point() else v).contiguous() for k, v in state.items()}
+
+
+def shipped_copy(module: torch.nn.Module) -> torch.nn.Module:
+    """A copy of `module` holding its fp16 shipping weights (back in fp32): what the final metrics measure."""
+    shipped = copy.deepcopy(module)
+    shipped.load_state_dict({k: v.float() for k, v in fp16_state(module).items()}, strict=True)
+    return shipped
 
 
 def ships_builtin(kind: str, name: str, ship: str) -> bool:
     """A run that rebuilds built-in <kind>/<name>: it writes that built-in's package folder (`ship`)."""
-    from specgen.builtins import ASSETS, BUILTINS
-
-    b = BUILTINS.get(name)
-    return bool(b and ship and b.asset and b.kind == kind and Path(ship).resolve() == (ASSETS / b.asset).resolve())
+    b = builtins.BUILTINS.get(name)
+    return bool(b and ship and b.asset and b.kind == kind
+                and Path(ship).resolve() == (builtins.ASSETS / b.asset).resolve())
 
 
 def check_outputs(outputs: list[tuple[str, str, str]], force: bool = False) -> None:
     """Before training: every (kind, name, ship folder) a run will publish passes the registry's write rule
     (`registry.check_new`), except a built-in rebuilt from the package folder it ships to."""
-    from specgen import registry
-
     for kind, name, ship in outputs:
         if name and not ships_builtin(kind, name, ship):
             try:
@@ -81,13 +86,9 @@ def publish(kind: str, name: str, ship_dir: str, state: dict[str, torch.Tensor],
     """Register fp16 `state` as <kind>/<name> (not when name is "") and, with `ship_dir`, also write it
     there in registry layout (a package asset); returns the registry entry or None. A built-in is never
     written here: a run that ships its package folder re-installs it from there, as any other use would."""
-    from specgen import registry
-
     if ships_builtin(kind, name, ship_dir):
-        from specgen.builtins import BUILTINS
-
         write_entry(Path(ship_dir), state, {"kind": kind, "name": name, **meta})
-        BUILTINS[name].materialize(None)
+        builtins.BUILTINS[name].materialize(None)
         return registry.entry_at(registry.checkpoints_dir() / kind / name)
     entry = registry.save(kind, name, state, meta, dtype=torch.float16, force=force) if name else None
     if ship_dir:
@@ -122,9 +123,6 @@ def load_train_state(path: Path, modules: Mapping[str, torch.nn.Module], optims:
     """
     if not path.is_file():
         return None
-    from safetensors import safe_open
-    from safetensors.torch import load_file
-
     with safe_open(str(path), "pt") as f:
         raw = f.metadata() or {}
     meta = json.loads(raw["meta"]) if "meta" in raw else {k: json.loads(v) for k, v in raw.items()}

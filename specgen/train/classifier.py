@@ -1,13 +1,5 @@
 """Train the image-metrics classifier (class = source photo) on train-split crops; writes fp16 weights + config.json."""
 
-#     python -m specgen.train.classifier --config recipes/tiny/image-classifier.yaml --out DIR \
-#         [--log FILE] [--evaluate-only] [key=value ...]
-# Held-out accuracy is measured on the eval split (a strip of every photo that train crops never touch),
-# on the shipped fp16 weights, and on unseen train-region crops; both also after the shipped VQ (what
-# generated images go through). Generated images carry VQ artefacts (blur, colour casts on greyscale
-# photos), so a fixed pool of VQ reconstructions of other train crops is mixed into every batch
-# (`vq_pool`, `vq_fraction`); blur, noise and global brightness/contrast jitter are applied on top.
-
 from __future__ import annotations
 
 import json
@@ -20,14 +12,15 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from specgen import checkpoints, registry
 from specgen.data.images import ImageCrops, ImageCropsConfig
 from specgen.errors import UsageError
 from specgen.eval.image_metrics import class_accuracy
 from specgen.models.classifier import ImageClassifier
-from specgen.train.checkpoint import fp16_state, write_entry, write_json
+from specgen.train.checkpoint import fp16_state, shipped_copy, write_entry, write_json
 from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, TrainTask
 from specgen.train.optim import OptimConfig
-from specgen.train.script import parse_recipe, print_metrics, script_parser
+from specgen.train.script import parse_recipe, print_metrics, run_script, script_parser
 
 
 @dataclass(frozen=True)
@@ -108,8 +101,6 @@ def evaluate(model: ImageClassifier, cfg: ClassifierTrainConfig) -> dict[str, An
 @torch.no_grad()
 def vq_reconstructions(vq_dir: str, images: torch.Tensor) -> torch.Tensor:
     """Images [N,3,S,S] passed through the VQ in `vq_dir` (config.json + model.safetensors) -> [N,3,S,S]."""
-    from specgen import checkpoints, registry
-
     vq = checkpoints.load_module(registry.entry_at(Path(vq_dir)))
     return torch.cat([vq(c).recon.clamp(-1, 1) for c in images.split(64)])
 
@@ -176,16 +167,12 @@ def train(cfg: ClassifierTrainConfig, out: Path, log: Callable[[str], None] = la
     task = ClassifierTask(cfg, model, train_data, pool_images, pool_labels, k, eval_images, eval_labels)
     log(f"classifier {sum(p.numel() for p in model.parameters()) / 1e3:.1f}K params, {cfg.steps} steps x "
         f"{cfg.batch_size}; config {json.dumps(asdict(cfg))}")
-    loop = Loop(LoopOptions(steps=cfg.steps, log_every=cfg.log_every, eval_every=cfg.eval_every, device=device), log)
+    loop = Loop(LoopOptions.of(cfg, device=device), log)
     progress = loop.run(task)  # no train state: OUT is the shipped folder, and a run takes minutes
     model.cpu()
     history = progress.history
-    shipped_state = fp16_state(model)
-    shipped = ImageClassifier(**{**kwargs, "widths": tuple(cfg.widths)})
-    shipped.load_state_dict({k: v.float() for k, v in shipped_state.items()}, strict=True)
-    shipped.eval()
     metrics: dict[str, Any] = {
-        **evaluate(shipped, cfg), "weights": "fp16", "train_seconds": round(progress.elapsed, 1),
+        **evaluate(shipped_copy(model).eval(), cfg), "weights": "fp16", "train_seconds": round(progress.elapsed, 1),
         "train_cpu_seconds": round(progress.cpu, 1), "history": history,
     }
     doc = {
@@ -196,14 +183,12 @@ def train(cfg: ClassifierTrainConfig, out: Path, log: Callable[[str], None] = la
         "train_config": asdict(cfg), "data": {**asdict(data_cfg), "classes": list(train_data.classes)},
         "metrics": metrics,
     }
-    write_entry(out, shipped_state, doc, sort_keys=False)
+    write_entry(out, fp16_state(model), doc, sort_keys=False)
     return metrics
 
 
 def evaluate_only(cfg: ClassifierTrainConfig, out: Path, log: Callable[[str], None]) -> dict[str, Any]:
     """Re-measure OUT's shipped weights with `evaluate` and merge the result into OUT/config.json's metrics."""
-    from specgen import checkpoints, registry
-
     torch.set_num_threads(cfg.num_threads)
     doc = json.loads((out / "config.json").read_text())
     metrics = {**doc.get("metrics", {}), **evaluate(checkpoints.load_module(registry.entry_at(out)), cfg)}
@@ -228,6 +213,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from specgen.train.script import run_script
-
     raise SystemExit(run_script(main))

@@ -1,24 +1,7 @@
 """Consistency distillation of a text target on its Jacobi trajectories: pcLLM (default) or the CLLM baseline.
 
-objective=pcllm (pcLLM paper Eq. 8-9; Jacobi Forcing's one-pass trainer): one forward over a packed
-sample (`specgen/train/packing.py`) under the noise-aware causal mask computes
-
-    L = L_pc + w * L_AR
-    L_pc = (T^2 / N) * sum_blocks sum_offsets KL( softmax(z_clean / T).detach() || softmax(z_noisy / T) )
-    L_AR = mean cross-entropy of the answer tokens (fixed points) at the clean rows
-
-objective=cllm (CLLM's global consistency loss, Kou et al. 2024): per step one random block i and one
-random non-final state y of its trajectory; the teacher is the same model's detached logits on the
-clean sequence (prompt + y*_1..y*_N, which also gives L_AR), the student its logits on
-prompt + y*_<i + y; KL from y's first mismatch onward. Two forwards per sample.
-
-Training: LoRA (default; `specgen/train/lora.py`) or full fine-tuning, AdamW, linear warm-up then
-cosine decay, gradient accumulation and clipping, `accelerate` (one CPU, one GPU, DDP with
-`accelerate launch` / `torchrun`; FSDP through an accelerate config). The sample order is a pure
-function of (seed, step), so a resumed run sees exactly the samples an uninterrupted one would.
-Checkpoints (`OUT/checkpoint/`: trainable weights, AdamW state, step; safetensors + JSON) are
-written to a temporary folder and renamed into place every `ckpt_every` steps; a run resumes from
-it automatically. At the end rank 0 registers `target/<name>` (merged) and `adapter/<name>-lora` (LoRA).
+The sample of a micro-batch is a pure function of (seed, step, micro-batch, rank): a resumed run sees what an
+uninterrupted one would (objectives: docs/methods/pcllm.md, docs/training.md).
 """
 
 from __future__ import annotations
@@ -26,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -33,11 +17,20 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
 
-from specgen.errors import IncompatibleError, UsageError
+from specgen import checkpoints, registry
+from specgen.devices import resolve_device, resolve_dtype
+from specgen.errors import CheckpointError, IncompatibleError, UsageError
+from specgen.models.tokenizer import copy_tokenizer
 from specgen.paths import atomic_dir
+from specgen.text.target import load_text_model
+from specgen.text.trajectories import load_records, read_meta, tokenizer_hash
 from specgen.train import packing
+from specgen.train.checkpoint import check_outputs
+from specgen.train.lora import apply_lora, lora_state, merge_lora, merge_lora_state, merge_scale as checked_merge_scale
 from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, TrainTask
+from specgen.train.script import run_script
 
 CKPT = "checkpoint"
 
@@ -80,6 +73,10 @@ class DistillConfig:
 
 
 def check_config(cfg: DistillConfig) -> None:
+    """One-line usage errors for settings no run could use, before anything loads."""
+    registry.check_name(cfg.name + "-lora", "name (+ -lora: target/NAME, adapter/NAME-lora)")
+    if cfg.mixed_precision == "fp16":  # float16 on a CPU without float16 kernels: one line
+        resolve_dtype("float16", resolve_device(cfg.device))
     if cfg.objective not in ("pcllm", "cllm"):
         raise UsageError(f"objective must be pcllm or cllm, got {cfg.objective!r}")
     if cfg.schedule not in packing.SCHEDULES:
@@ -92,8 +89,6 @@ def check_config(cfg: DistillConfig) -> None:
         raise UsageError("steps, grad_accum, window, lora_rank, ckpt_every and log_every must be >= 1")
     if not cfg.trajectories:
         raise UsageError("trajectories=FOLDER is required (written by `specgen collect-trajectories`)")
-    if not cfg.name or "/" in cfg.name:
-        raise UsageError(f"invalid name {cfg.name!r}")
 
 
 def outputs(cfg: DistillConfig) -> list[tuple[str, str, str]]:
@@ -176,68 +171,55 @@ def cllm_losses(model, blocks: list[dict], cfg: DistillConfig, rng: random.Rando
 # checkpoints (atomic folder swap; safetensors + JSON only)
 
 
-def save_checkpoint(folder: Path, model, optimizer, meta: dict[str, Any]) -> None:
-    """Trainable weights, AdamW state and `meta` (step, history, log window, config, ...) as a folder swapped in."""
-    from safetensors.torch import save_file
-
-    def fill(tmp: Path) -> None:
-        trainable = {n: p.detach().cpu().contiguous() for n, p in model.named_parameters() if p.requires_grad}
-        save_file(trainable, str(tmp / "trainable.safetensors"))
-        osd = optimizer.state_dict()
-        flat = {f"{i}.{k}": v.detach().cpu().contiguous() for i, st in osd["state"].items()
-                for k, v in st.items() if torch.is_tensor(v)}
-        save_file(flat or {"_empty": torch.zeros(1)}, str(tmp / "optimizer.safetensors"))
-        (tmp / "state.json").write_text(json.dumps(meta))
-
-    atomic_dir(folder, fill)
-
-
-def load_checkpoint(folder: Path, model, optimizer) -> dict[str, Any]:
-    """Restore what `save_checkpoint` wrote (in place); returns its meta."""
-    from safetensors.torch import load_file
-
-    from specgen.errors import CheckpointError
-
-    try:
-        state = json.loads((folder / "state.json").read_text())
-        trainable = load_file(str(folder / "trainable.safetensors"))
-        flat = load_file(str(folder / "optimizer.safetensors"))
-    except Exception as e:
-        raise CheckpointError(f"corrupt training checkpoint in {folder}: {e}") from None
-    params = dict(model.named_parameters())
-    missing = [n for n, p in params.items() if p.requires_grad and n not in trainable]
-    if missing:
-        raise CheckpointError(f"{folder} does not fit this run (no {missing[0]}); use another --out")
-    with torch.no_grad():
-        for n, v in trainable.items():
-            params[n].copy_(v)
-    osd = optimizer.state_dict()
-    per: dict[int, dict] = {}
-    for key, v in flat.items():
-        if key == "_empty":
-            continue
-        i, k = key.split(".", 1)
-        per.setdefault(int(i), {})[k] = v
-    osd["state"] = per
-    optimizer.load_state_dict(osd)
-    return {**state, "step": int(state["step"]), "history": list(state.get("history", [])),
-            "window": list(state.get("window", []))}
-
-
 @dataclass(frozen=True)
 class CheckpointFolder:
-    """The loop's `Checkpoint` for distillation: OUT/checkpoint/ (trainable weights only, so a LoRA run's state
-    is the adapter's size, not the model's)."""
+    """The loop's `Checkpoint` for distillation: OUT/checkpoint/ (trainable weights, AdamW state, meta), swapped in
+    atomically; only trainable weights, so a LoRA run's state is the adapter's size, not the model's."""
 
     folder: Path
 
-    def load(self, task: DistillTask) -> dict[str, Any] | None:
-        if not (self.folder / "state.json").is_file():
-            return None
-        return load_checkpoint(self.folder, task.model, task.optims["optim"].optimizer)
-
     def save(self, task: DistillTask, meta: dict[str, Any]) -> None:
-        save_checkpoint(self.folder, task.model, task.optims["optim"].optimizer, meta)
+        model, optimizer = task.model, task.optims["optim"].optimizer
+
+        def fill(tmp: Path) -> None:
+            trainable = {n: p.detach().cpu().contiguous() for n, p in model.named_parameters() if p.requires_grad}
+            save_file(trainable, str(tmp / "trainable.safetensors"))
+            flat = {f"{i}.{k}": v.detach().cpu().contiguous() for i, st in optimizer.state_dict()["state"].items()
+                    for k, v in st.items() if torch.is_tensor(v)}
+            save_file(flat or {"_empty": torch.zeros(1)}, str(tmp / "optimizer.safetensors"))
+            (tmp / "state.json").write_text(json.dumps(meta))
+
+        atomic_dir(self.folder, fill)
+
+    def load(self, task: DistillTask) -> dict[str, Any] | None:
+        """Restore what `save` wrote (in place) and return its meta; None without a checkpoint."""
+        folder, model, optimizer = self.folder, task.model, task.optims["optim"].optimizer
+        if not (folder / "state.json").is_file():
+            return None
+        try:
+            state = json.loads((folder / "state.json").read_text())
+            trainable = load_file(str(folder / "trainable.safetensors"))
+            flat = load_file(str(folder / "optimizer.safetensors"))
+        except Exception as e:
+            raise CheckpointError(f"corrupt training checkpoint in {folder}: {e}") from None
+        params = dict(model.named_parameters())
+        missing = [n for n, p in params.items() if p.requires_grad and n not in trainable]
+        if missing:
+            raise CheckpointError(f"{folder} does not fit this run (no {missing[0]}); use another --out")
+        with torch.no_grad():
+            for n, v in trainable.items():
+                params[n].copy_(v)
+        osd = optimizer.state_dict()
+        per: dict[int, dict] = {}
+        for key, v in flat.items():
+            if key == "_empty":
+                continue
+            i, k = key.split(".", 1)
+            per.setdefault(int(i), {})[k] = v
+        osd["state"] = per
+        optimizer.load_state_dict(osd)
+        return {**state, "step": int(state["step"]), "history": list(state.get("history", [])),
+                "window": list(state.get("window", []))}
 
 
 class DistillTask(TrainTask):
@@ -255,7 +237,7 @@ class DistillTask(TrainTask):
 
     def batch(self, at: At):
         cfg, groups = self.cfg, self.groups
-        idx = sample_index(at.step, at.micro, at.rank, at.world, at.accum, len(groups), cfg.seed)
+        idx = sample_index(at, len(groups), cfg.seed)
         rng = random.Random(cfg.seed * 1_000_003 + idx * 7919 + at.step)
         if cfg.objective == "pcllm":
             start = rng.randrange(0, len(groups[idx]), cfg.max_blocks) if cfg.max_blocks else 0
@@ -302,10 +284,9 @@ def group_records(records: list[dict]) -> list[list[dict]]:
     return [sorted(v, key=lambda r: r["block"]) for _, v in sorted(by.items())]
 
 
-def sample_index(step: int, micro: int, rank: int, world: int, accum: int, num: int, seed: int) -> int:
-    """Which prompt the (step, micro-batch, rank) trains on: a seeded permutation per epoch (resume-safe)."""
-    flat = (step * accum + micro) * world + rank
-    epoch, pos = divmod(flat, num)
+def sample_index(at: At, num: int, seed: int) -> int:
+    """Which prompt micro-batch `at` trains on: a seeded permutation per epoch (resume-safe)."""
+    epoch, pos = divmod(at.step * at.shards + at.shard, num)
     perm = torch.randperm(num, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
     return int(perm[pos])
 
@@ -321,11 +302,6 @@ def distill(cfg: DistillConfig, out: Path, log: Callable[[str], None] = lambda s
             on_step: Callable[[int], None] | None = None, force: bool = False) -> dict:
     """Train on the shared loop (resuming from OUT/checkpoint when present) and register the result; returns a
     summary."""
-    from specgen import checkpoints, registry
-    from specgen.text.target import load_text_model
-    from specgen.text.trajectories import load_records, read_meta, tokenizer_hash
-    from specgen.train.lora import apply_lora, merge_lora_state
-
     check_config(cfg)
     meta = read_meta(Path(cfg.trajectories))
     if cfg.threads:
@@ -338,8 +314,6 @@ def distill(cfg: DistillConfig, out: Path, log: Callable[[str], None] = lambda s
         registry.check_pair(init, tm.entry)
     derived = (init.meta.get("merged_target", ""),) if init is not None else ()
     check_trajectories(meta, tm.entry.ref, tok_hash, cfg, derived)
-    from specgen.train.checkpoint import check_outputs
-
     check_outputs(outputs(cfg), force)  # before training (the command checked it before loading too)
     groups = group_records(load_records(Path(cfg.trajectories)))
     if not groups:
@@ -361,9 +335,7 @@ def distill(cfg: DistillConfig, out: Path, log: Callable[[str], None] = lambda s
             if bad:
                 raise IncompatibleError(f"{init.ref} adapts {bad[0]}, which this run's lora_targets do not wrap")
     params = [p for p in model.parameters() if p.requires_grad]
-    loop = Loop(LoopOptions(steps=cfg.steps, grad_accum=cfg.grad_accum, log_every=cfg.log_every,
-                            eval_every=cfg.log_every, ckpt_every=cfg.ckpt_every, ckpt_at_eval=False,
-                            max_minutes=cfg.max_minutes, device=cfg.device, mixed_precision=cfg.mixed_precision), log)
+    loop = Loop(LoopOptions.of(cfg, eval_every=cfg.log_every, ckpt_at_eval=False), log)
     task = DistillTask(cfg, model, params, groups, stop_ids, on_step, loop.log)
     loop.log(f"{cfg.objective} on {tm.entry.ref}: {len(groups)} prompts, {sum(len(g) for g in groups)} blocks, "
              f"{sum(p.numel() for p in params):,} trainable parameters ({cfg.finetune})")
@@ -379,10 +351,6 @@ def distill(cfg: DistillConfig, out: Path, log: Callable[[str], None] = lambda s
 def register(model, tm, cfg: DistillConfig, traj_meta: dict, tok_hash: str, history: list[dict], step: int,
              force: bool = False) -> list[str]:
     """adapter/<name>-lora (LoRA only) and target/<name> (weights with the adapter merged), tokenizer copied."""
-    from specgen import registry
-    from specgen.models.tokenizer import copy_tokenizer
-    from specgen.train.lora import lora_state, merge_lora
-
     common = {"objective": cfg.objective, "block_size": cfg.block_size, "tokenizer_hash": tok_hash,
               "vocab_size": tm.target.vocab_size, "trajectories": {k: traj_meta.get(k) for k in
               ("target", "tokenizer_hash", "block_size", "max_new_tokens", "prompt_source", "prompt_fingerprint")},
@@ -412,11 +380,6 @@ def export_adapter(name: str, folder: Path, merge_scale: float | None = None) ->
 
     `merge_scale` (text/merge.py) is recorded for the built-in that merges it (scripts/pcllm_merge_scale.py
     chooses it on held-out prompts)."""
-    from safetensors.torch import save_file
-
-    from specgen import checkpoints, registry
-    from specgen.train.lora import merge_scale as checked_scale
-
     entry = checkpoints.find(name)
     if entry.kind != "adapter":
         raise UsageError(f"{entry.ref} is not an adapter")
@@ -427,7 +390,7 @@ def export_adapter(name: str, folder: Path, merge_scale: float | None = None) ->
                 "block_size", "trajectories", "metrics", "config", "init_adapter")
         meta = {k: entry.meta[k] for k in keep if k in entry.meta}
         if merge_scale is not None:
-            meta["merge_scale"] = checked_scale({}, merge_scale)
+            meta["merge_scale"] = checked_merge_scale({}, merge_scale)
         (tmp / "adapter.json").write_text(json.dumps({**meta, "exported_from": entry.ref, "dtype": "float16"},
                                                      indent=2, sort_keys=True))
         for f in tmp.iterdir():  # shipped files: world-readable like the rest of the package
@@ -438,10 +401,6 @@ def export_adapter(name: str, folder: Path, merge_scale: float | None = None) ->
 
 
 if __name__ == "__main__":  # python -m specgen.train.distill export ADAPTER FOLDER
-    import sys
-
-    from specgen.train.script import run_script
-
     if len(sys.argv) not in (4, 5) or sys.argv[1] != "export":
         print("usage: python -m specgen.train.distill export ADAPTER FOLDER [MERGE_SCALE]", file=sys.stderr)
         raise SystemExit(2)

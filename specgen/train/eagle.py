@@ -1,30 +1,7 @@
-"""Train an EAGLE feature drafter (`specgen/models/eagle.py`) on an image target's own samples (c2i or t2i).
+"""Train an EAGLE feature drafter (`specgen/models/eagle.py`) on an image target's own CFG samples (c2i or t2i).
 
-    specgen train-heads --kind eagle --config recipes/tiny/eagle-image.yaml --out RUN [key=value ...]
-    specgen train-heads --kind eagle --out RUN target=<t2i target> captions=FEATURES name=<drafter> [key=value ...]
-    python -m specgen.train.eagle --config recipes/tiny/eagle-image.yaml --out RUN [--log FILE] [key=value ...]
-
-Data: `samples_per_class` images per class sampled from the target with CFG (`cfg_scale`, temperature 1,
-top-k 0, top-p 1: LlamaGen's sampling), recording the tokens and the target features of *both* branches
-(conditional and null class), so the drafter learns to draft under CFG. A text-conditional (t2i) target
-samples `samples_per_class` images per caption of `captions` (a caption-features file, as `generate
---captions`), the null branch being its `uncond_embedding`; padded caption slots are hidden as keys exactly
-as in decoding (`sample_t2i`). Generations are cached under `data_cache` (keyed by the target's weights,
-the sampling settings and, for t2i, the captions file's content).
-
-Rows (`drafter_inputs`): the drafter never sees condition positions, in training as in decoding
-(`EagleTreeDrafter` starts from the feature of the last condition slot), so padded caption slots never reach
-it: row r pairs f_r with image token r at position `first_image_position` + r, where f_0 is the feature of
-the last condition position (c2i: the class position 0; t2i: caption slot n_cond - 1) and f_r (r >= 1) the
-feature at image token r - 1.
-
-Objective (EAGLE): for every drafter row (f_r, image token r), predict f_{r+1}:
-`feature_weight * smoothL1(h, f_{r+1}) + token_weight * CE(softmax(head(f_{r+1})), log_softmax(head(h)))`
-with the target's frozen head (weights 1.0 / 0.1 as EAGLE). Uniform noise of amplitude `feature_noise`
-is added to input features (EAGLE's robustness trick). AdamW, warmup + cosine, gradient clipping; resumable.
-
-Held-out metric: top-1 next-token accuracy of the drafter's CFG-combined logits on fresh generations,
-against the sampled token and against the target's own CFG top-1 (the greedy acceptance proxy).
+Row r pairs feature f_r with image token r at position `first_image_position` + r, as `EagleTreeDrafter` feeds the
+drafter while decoding: condition positions (padded caption slots included) never reach it (docs/training.md).
 """
 
 from __future__ import annotations
@@ -41,15 +18,16 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
+from specgen import checkpoints, registry
 from specgen.errors import UsageError
 from specgen.image.captions import Caption, read_captions
 from specgen.models.eagle import EagleNet
 from specgen.models.transformer import Transformer
-from specgen.train.checkpoint import fp16_state, publish, save_tensors
+from specgen.train.checkpoint import fp16_state, publish, save_tensors, shipped_copy
 from specgen.train.image_gpt import sample_c2i, sample_t2i
 from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask
 from specgen.train.optim import OptimConfig
-from specgen.train.script import parse_recipe, print_metrics, script_parser
+from specgen.train.script import parse_recipe, print_metrics, run_script, script_parser
 
 
 @dataclass(frozen=True)
@@ -86,8 +64,6 @@ class EagleTrainConfig(OptimConfig):
 
 def load_image_target(name: str):
     """(entry, model) of a LlamaGen image target (c2i or t2i); anything else is a usage error."""
-    from specgen import checkpoints
-
     entry = checkpoints.find(name)
     if entry.kind != "target":
         raise UsageError(f"{entry.ref} is a {entry.kind}, not a target; pass target=<image target>")
@@ -210,8 +186,6 @@ def train(cfg: EagleTrainConfig, out: Path, log: Callable[[str], None] = lambda 
           mixed_precision: str = "no", force: bool = False) -> dict[str, Any]:
     """Generate (or reuse) target samples, train (or resume) the drafter on the shared loop, register it;
     returns metrics."""
-    from specgen import checkpoints, registry
-
     if min(cfg.samples_per_class, cfg.eval_samples_per_class, cfg.steps, cfg.batch_size, cfg.grad_accum) < 1:
         raise UsageError("samples_per_class, eval_samples_per_class, steps, batch_size and grad_accum must be >= 1")
     torch.set_num_threads(cfg.num_threads)
@@ -230,9 +204,7 @@ def train(cfg: EagleTrainConfig, out: Path, log: Callable[[str], None] = lambda 
     eval_data = generations(target, cfg.eval_samples_per_class, cfg, cfg.seed * 2 + 2, digest, log, captions,
                             captions_sha)
     feats, tokens = rows(train_data)
-    loop = Loop(LoopOptions(steps=cfg.steps, grad_accum=cfg.grad_accum, log_every=cfg.log_every,
-                            eval_every=cfg.eval_every, ckpt_every=cfg.ckpt_every, eval_first=True, device=device,
-                            mixed_precision=mixed_precision), log)
+    loop = Loop(LoopOptions.of(cfg, eval_first=True, device=device, mixed_precision=mixed_precision), log)
     target.to(loop.device)  # the frozen head and embeddings the loss reads (samples were drawn on the CPU)
     task = EagleTask(cfg, net, target, feats, tokens, eval_data)
     record = run_record(cfg, digest, captions_sha)
@@ -244,10 +216,7 @@ def train(cfg: EagleTrainConfig, out: Path, log: Callable[[str], None] = lambda 
     step, history, elapsed = progress.step, progress.history, progress.elapsed
     if not loop.is_main:  # rank 0 measures and registers
         return {"metrics": {}, "entry": None, "main": False}
-    # metrics of the fp16 weights that ship
-    shipped = EagleNet(net.cfg)
-    shipped.load_state_dict({k: v.float() for k, v in fp16_state(net).items()}, strict=True)
-    final = evaluate(shipped, target, eval_data, cfg.cfg_scale)
+    final = evaluate(shipped_copy(net), target, eval_data, cfg.cfg_scale)  # metrics of the fp16 weights that ship
     metrics = {**{k: round(v, 4) for k, v in final.items()}, "steps": step, "train_seconds": round(elapsed, 1),
                "eval_sequences": int(eval_data["tokens"].shape[0]), "history": history, "weights": "fp16"}
     log(f"done: {json.dumps({k: v for k, v in metrics.items() if k != 'history'})}")
@@ -317,6 +286,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from specgen.train.script import run_script
-
     raise SystemExit(run_script(main))

@@ -1,17 +1,4 @@
-"""Train the embedded tiny class-conditional LlamaGen GPT on VQ tokens of the bundled image crops.
-
-    python -m specgen.train.image_gpt --config recipes/tiny/image-gpt.yaml --out RUN [key=value ...]
-
-1. Tokenise `num_crops` train crops (+ `eval_crops` held-out crops) once with the VQ in `vq` and cache
-   the token grids under `token_cache` (keyed by the VQ weights' hash and the data settings).
-2. Train `Transformer(llamagen_config(...))` with LlamaGen's c2i objective: sequence = [class embedding,
-   tokens 0..G²-2], cross-entropy on tokens 0..G²-1, class dropped to the null class with p
-   `class_dropout`; AdamW, warmup + cosine, gradient clipping. Resumable from `RUN/state.safetensors`.
-3. Evaluate: held-out token loss; samples per class with CFG, classified by a bag-of-codes logistic
-   regression fitted on real train crops (no pretrained network) -> class accuracy of samples vs of real
-   held-out crops; a PNG grid of decoded samples in RUN.
-4. Save fp16 weights to the registry (`target/<name>`) and, with `ship_dir`, to the package assets.
-"""
+"""Train the embedded tiny class-conditional LlamaGen GPT on VQ tokens of the bundled image crops (c2i objective)."""
 
 from __future__ import annotations
 
@@ -26,22 +13,25 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from PIL import Image
 from safetensors.torch import load_file
 
-from specgen import devices
+from specgen import checkpoints, devices
+from specgen.data.images import IMAGE_CLASSES, ImageCrops, ImageCropsConfig
 from specgen.decoding.recorder import FeatureRecorder
 from specgen.decoding.sampling import SamplingParams
-from specgen.errors import UsageError
+from specgen.errors import SpecgenError, UsageError
 from specgen.image.captions import Caption
 from specgen.image.methods import ImageParts, build_image_method
 from specgen.image.target import cfg_target
 from specgen.methods import run_batch
-from specgen.models.llamagen import GPT_CONFIGS, llamagen_config
+from specgen.models.llamagen import GPT_CONFIGS, find_multiple, llamagen_config
 from specgen.models.transformer import Transformer, TransformerConfig
-from specgen.train.checkpoint import check_outputs, fp16_state, publish, save_tensors
-from specgen.train.loop import At, Optim, Progress, TrainTask
+from specgen.models.vq import VQConfig, VQModel
+from specgen.train.checkpoint import check_outputs, fp16_state, publish, save_tensors, shipped_copy
+from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask
 from specgen.train.optim import OptimConfig
-from specgen.train.script import parse_recipe, print_metrics, script_parser
+from specgen.train.script import parse_recipe, print_metrics, run_script, script_parser
 
 
 @dataclass(frozen=True)
@@ -77,70 +67,81 @@ class ImageGPTTrainConfig(OptimConfig):
 # --- VQ and token data ----------------------------------------------------------------------------------
 
 def load_vq(ref: str):
-    """(VQModel in eval mode, its config.json dict, sha256 of its weights) from a folder or registry name."""
-    from specgen.models.vq import VQConfig, VQModel
-
+    """(VQModel in eval mode, its config.json dict, sha256 of its weights) from a folder or registry name; a VQ that
+    does not load is a usage error."""
     folder = Path(ref)
-    if not (folder / "config.json").is_file():
-        from specgen import checkpoints
-
-        folder = checkpoints.find(ref).path
-    doc = json.loads((folder / "config.json").read_text())
-    cfg = VQConfig.from_dict(doc.get("config") or doc.get("kwargs"))
-    model = VQModel(cfg)
-    raw = (folder / "model.safetensors").read_bytes()
-    state = load_file(str(folder / "model.safetensors"))
-    model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()}, strict=True)
+    try:
+        if not (folder / "config.json").is_file():
+            folder = checkpoints.find(ref).path
+        doc = json.loads((folder / "config.json").read_text())
+        model = VQModel(VQConfig.from_dict(doc.get("config") or doc.get("kwargs")))
+        raw = (folder / "model.safetensors").read_bytes()
+        state = load_file(str(folder / "model.safetensors"))
+        model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()}, strict=True)
+    except SpecgenError:
+        raise
+    except Exception as e:
+        raise UsageError(f"cannot load the VQ {ref!r}: {e}") from None
     return model.eval(), doc, hashlib.sha256(raw).hexdigest()[:16]
 
 
-@torch.no_grad()
-def tokenize(vq, split: str, n: int, seed: int, crop_size: int, log: Callable[[str], None], batch: int = 64):
-    """VQ token grids [n, G*G] (int16) and labels [n] of `n` crops of a split."""
-    from specgen.data.images import ImageCrops, ImageCropsConfig
+def downscale(images: torch.Tensor, factor: int) -> torch.Tensor:
+    """Area downscale [B, 3, S, S] -> [B, 3, S/f, S/f] (the low-resolution view of the same crop)."""
+    return F.interpolate(images, scale_factor=1.0 / factor, mode="area") if factor > 1 else images
 
-    data = ImageCrops(ImageCropsConfig(split=split, num_samples=n, seed=seed, crop_size=crop_size))
-    toks, labels = [], []
+
+@torch.no_grad()
+def crop_tokens(vq, split: str, n: int, seed: int, crop: int, scale: int, log: Callable[[str], None],
+                batch: int = 64, high: bool = True) -> dict[str, torch.Tensor]:
+    """VQ tokens of `n` crops downscaled by `scale` (`lo`) and their labels; with `high` also the crops' own
+    tokens (`hi`) and pixels (uint8)."""
+    data = ImageCrops(ImageCropsConfig(split=split, num_samples=n, seed=seed, crop_size=crop))
+    px, hi, lo, labels = [], [], [], []
     for start in range(0, n, batch):
         images, lab = data.batch(range(start, min(n, start + batch)))
-        toks.append(vq.encode(images).flatten(1).to(torch.int16))
+        lo.append(vq.encode(downscale(images, scale)).to(torch.int16))
         labels.append(lab)
-        if (start // batch) % 32 == 0:
+        if high:
+            hi.append(vq.encode(images).to(torch.int16))
+            px.append(((images + 1) * 127.5).round().clamp(0, 255).to(torch.uint8))
+        if (start // batch) % 16 == 0:
             log(f"tokenised {split} {start + len(lab)}/{n}")
-    return torch.cat(toks), torch.cat(labels), list(data.classes)
+    out = {"lo": torch.cat(lo), "labels": torch.cat(labels)}
+    return {**out, "pixels": torch.cat(px), "hi": torch.cat(hi)} if high else out
 
 
-def cached_tokens(path: Path, build: Callable[[], tuple[dict[str, torch.Tensor], dict[str, Any]]],
-                  log: Callable[[str], None]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """(token tensors, facts) cached at `path` (safetensors) and `path`.json; `build()` makes them on a miss."""
+def cached_tokens(path: Path, build: Callable[[], dict[str, torch.Tensor]],
+                  log: Callable[[str], None]) -> dict[str, torch.Tensor]:
+    """Token tensors cached at `path` (safetensors); `build()` makes them on a miss."""
     if path.is_file():
-        t = load_file(str(path))
-        meta = json.loads(path.with_suffix(".json").read_text())
         log(f"token cache hit: {path}")
-        return t, meta
-    t, meta = build()
+        return load_file(str(path))
+    t = build()
     save_tensors(path, t)
-    path.with_suffix(".json").write_text(json.dumps(meta))
-    return t, meta
+    return t
 
 
-def token_dataset(cfg: ImageGPTTrainConfig, log: Callable[[str], None]) -> dict[str, Any]:
-    """Cached token grids for train/eval crops plus VQ facts (grid, codebook size, classes)."""
+def token_dataset(cfg: ImageGPTTrainConfig, log: Callable[[str], None], down: int = 1) -> dict[str, Any]:
+    """Cached token grids of train/eval crops (area-downscaled by `down`: the MuLo-SD low-res drafter's data) plus
+    VQ facts (grid, codebook size, classes)."""
     vq, doc, digest = load_vq(cfg.vq)
     crop = int(doc.get("image_size", 64))
-    key = f"vq{digest}-seed{cfg.data_seed}-crop{crop}-train{cfg.num_crops}-eval{cfg.eval_crops}"
+    if crop % (down * vq.config.downsample):
+        raise UsageError(f"downscale {down} must divide the crop {crop} into whole VQ tokens")
+    key = f"vq{digest}-seed{cfg.data_seed}-crop{crop}{f'-down{down}' if down > 1 else ''}-train{cfg.num_crops}" \
+          f"-eval{cfg.eval_crops}"
     path = Path(cfg.token_cache) / f"{key}.safetensors"
 
-    def build():
-        log(f"tokenising crops with VQ {cfg.vq} ({digest}) -> {path}")
-        tr, trl, classes = tokenize(vq, "train", cfg.num_crops, cfg.data_seed, crop, log)
-        ev, evl, _ = tokenize(vq, "eval", cfg.eval_crops, cfg.data_seed, crop, log)
-        return ({"train_tokens": tr, "train_labels": trl, "eval_tokens": ev, "eval_labels": evl},
-                {"classes": classes, "vq_sha": digest, "grid": crop // vq.config.downsample,
-                 "codebook_size": vq.config.codebook_size})
+    def build() -> dict[str, torch.Tensor]:
+        log(f"tokenising crops{f' downscaled {down}x' if down > 1 else ''} with VQ {cfg.vq} ({digest}) -> {path}")
+        tr = crop_tokens(vq, "train", cfg.num_crops, cfg.data_seed, crop, down, log, high=False)
+        ev = crop_tokens(vq, "eval", cfg.eval_crops, cfg.data_seed, crop, down, log, high=False)
+        return {"train_tokens": tr["lo"].flatten(1), "train_labels": tr["labels"],
+                "eval_tokens": ev["lo"].flatten(1), "eval_labels": ev["labels"]}
 
-    t, meta = cached_tokens(path, build, log)
-    return {**t, **meta, "vq_model": vq, "vq_doc": doc}
+    return {**cached_tokens(path, build, log), "classes": list(IMAGE_CLASSES), "vq_sha": digest,
+            "grid": crop // down // vq.config.downsample, "codebook_size": vq.config.codebook_size,
+            "vq_model": vq, "vq_doc": {**doc, "image_size": crop // down}}
 
 
 # --- model and sampling ---------------------------------------------------------------------------------
@@ -149,8 +150,6 @@ def model_config(cfg: ImageGPTTrainConfig, vocab: int, grid: int, num_classes: i
     base = llamagen_config(cfg.model, vocab=vocab, grid=grid, num_classes=num_classes)
     n_layers, n_heads, dim = GPT_CONFIGS[cfg.model]
     dim, n_heads = cfg.dim or dim, cfg.n_heads or n_heads
-    from specgen.models.llamagen import find_multiple
-
     return replace(base, n_layers=cfg.n_layers or n_layers, n_heads=n_heads, n_kv_heads=n_heads, dim=dim,
                    ffn_dim=find_multiple(int(2 * 4 * dim / 3), 256))
 
@@ -162,6 +161,15 @@ def c2i_loss(model: Transformer, tokens: torch.Tensor, labels: torch.Tensor) -> 
     positions = torch.arange(n, device=tokens.device).expand(b, n)
     logits, _ = model(None, positions, embeds=embeds)
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), tokens.reshape(-1))
+
+
+@torch.no_grad()
+def heldout_loss(model: Transformer, tokens: torch.Tensor, labels: torch.Tensor) -> float:
+    """Mean c2i loss of held-out token grids [M, N] (chunks of 64, on the model's device)."""
+    device = devices.module_device(model)
+    losses = [float(c2i_loss(model, tokens[i : i + 64].long().to(device), labels[i : i + 64].to(device)))
+              for i in range(0, tokens.shape[0], 64)]
+    return sum(losses) / len(losses)
 
 
 @torch.no_grad()
@@ -218,7 +226,7 @@ def code_histograms(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
 
 def fit_code_classifier(tokens: torch.Tensor, labels: torch.Tensor, vocab: int):
     """A logistic regression on bag-of-codes histograms (no pretrained network): predicts the source image."""
-    from sklearn.linear_model import LogisticRegression
+    from sklearn.linear_model import LogisticRegression  # deferred: start-up (scikit-learn; final evaluation only)
 
     clf = LogisticRegression(max_iter=300, C=10.0)
     clf.fit(code_histograms(tokens, vocab).numpy(), labels.numpy())
@@ -231,8 +239,6 @@ def class_accuracy(clf, tokens: torch.Tensor, labels: torch.Tensor, vocab: int) 
 
 def save_grid(images: torch.Tensor, nrow: int, path: Path) -> None:
     """images [B,3,H,W] in [-1,1] -> one PNG with `nrow` images per row."""
-    from PIL import Image
-
     b, _, h, w = images.shape
     cols = nrow
     rows = math.ceil(b / cols)
@@ -247,19 +253,16 @@ def save_grid(images: torch.Tensor, nrow: int, path: Path) -> None:
 # --- the run ------------------------------------------------------------------------------------------------
 
 def train(cfg: ImageGPTTrainConfig, out: Path, log: Callable[[str], None] = lambda s: None,
-          command: str = "python -m specgen.train.image_gpt",
-          dataset: Callable[[Any, Callable[[str], None]], dict[str, Any]] = token_dataset,
-          device: str = "cpu", mixed_precision: str = "no") -> dict[str, Any]:
-    """Run (or resume) a training run in `out` on `dataset(cfg, log)`'s token grids on the shared loop
-    (`specgen.train.loop`); returns the final metrics and registers the result."""
-    from specgen.train.loop import Loop, LoopOptions, StateFile
-
+          command: str = "python -m specgen.train.image_gpt", down: int = 1, device: str = "cpu",
+          mixed_precision: str = "no") -> dict[str, Any]:
+    """Run (or resume) a training run in `out` on the token grids of crops downscaled by `down` on the shared loop;
+    returns the final metrics and registers the result."""
     if cfg.steps < 1 or cfg.batch_size < 1 or cfg.grad_accum < 1:
         raise UsageError("steps, batch_size and grad_accum must be >= 1")
     check_outputs([("target", cfg.name, cfg.ship_dir)])
     torch.set_num_threads(cfg.num_threads)
     out.mkdir(parents=True, exist_ok=True)
-    data = dataset(cfg, log)
+    data = token_dataset(cfg, log, down)
     vocab, grid, classes = data["codebook_size"], data["grid"], data["classes"]
     mcfg = model_config(cfg, vocab, grid, len(classes))
     torch.manual_seed(cfg.seed)
@@ -269,9 +272,7 @@ def train(cfg: ImageGPTTrainConfig, out: Path, log: Callable[[str], None] = lamb
             if p.dim() > 1:
                 torch.nn.init.normal_(p, std=0.02)
         model.output.weight.zero_()
-    loop = Loop(LoopOptions(steps=cfg.steps, grad_accum=cfg.grad_accum, log_every=cfg.log_every,
-                            eval_every=cfg.eval_every, ckpt_every=cfg.ckpt_every, device=device,
-                            mixed_precision=mixed_precision), log)
+    loop = Loop(LoopOptions.of(cfg, device=device, mixed_precision=mixed_precision), log)
     task = C2ITask(cfg, model, data)
     n_params = sum(p.numel() for p in model.parameters())
     loop.log(f"{n_params / 1e6:.2f}M params; config {mcfg.to_dict()}; {data['train_tokens'].shape[0]} train crops, "
@@ -318,14 +319,9 @@ class C2ITask(TrainTask):
         return loss, {"loss": float(loss.detach())}
 
     def evaluate(self, progress: Progress) -> dict[str, Any]:
-        model, device = self.model, devices.module_device(self.model)
-        model.eval()
-        with torch.no_grad():
-            losses = [float(c2i_loss(model, self.eval_tokens[i : i + 64].to(device),
-                                     self.eval_labels[i : i + 64].to(device)))
-                      for i in range(0, self.eval_tokens.shape[0], 64)]
-        model.train()
-        ev = sum(losses) / len(losses)
+        self.model.eval()
+        ev = heldout_loss(self.model, self.eval_tokens, self.eval_labels)
+        self.model.train()
         return {"step": progress.step, "eval_loss": round(ev, 4), "elapsed_s": round(progress.elapsed, 1)}
 
     def meta(self) -> dict[str, Any]:
@@ -335,14 +331,9 @@ class C2ITask(TrainTask):
 def final_eval(cfg: ImageGPTTrainConfig, model: Transformer, data: dict, out: Path,
                log: Callable[[str], None]) -> dict[str, Any]:
     """Metrics of the fp16 weights: held-out loss and class accuracy of CFG samples by a bag-of-codes classifier."""
-    shipped = Transformer(model.cfg)
-    shipped.load_state_dict({k: v.float() for k, v in fp16_state(model).items()}, strict=True)
-    shipped.eval()
+    shipped = shipped_copy(model).eval()
     vocab, classes = data["codebook_size"], data["classes"]
-    with torch.no_grad():
-        ev = [float(c2i_loss(shipped, data["eval_tokens"][i : i + 64].long(), data["eval_labels"][i : i + 64]))
-              for i in range(0, data["eval_tokens"].shape[0], 64)]
-    eval_loss = sum(ev) / len(ev)
+    eval_loss = heldout_loss(shipped, data["eval_tokens"], data["eval_labels"])
     clf = fit_code_classifier(data["train_tokens"], data["train_labels"], vocab)
     real_acc = class_accuracy(clf, data["eval_tokens"], data["eval_labels"], vocab)
     labels = torch.arange(len(classes)).repeat_interleave(cfg.samples_per_class)
@@ -382,6 +373,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from specgen.train.script import run_script
-
     raise SystemExit(run_script(main))

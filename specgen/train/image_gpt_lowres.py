@@ -1,13 +1,6 @@
-"""Train the low-resolution class-conditional GPT drafter of MuLo-SD with the image-GPT recipe.
+"""Train MuLo-SD's low-res GPT drafter: `image_gpt.train` on the same crops and VQ, each crop area-downscaled first.
 
-    python -m specgen.train.image_gpt_lowres --config recipes/tiny/image-gpt-lowres.yaml --out RUN [key=value ...]
-
-Exactly `specgen.train.image_gpt.train` (same objective, model family, schedule, evaluation, registration)
-on the SAME crops and the SAME VQ, except that every crop is area-downscaled by `downscale` before
-tokenisation: 64 x 64 crops -> 32 x 32 pixels -> 8 x 8 tokens of the tiny VQ for the 16 x 16 target. These
-are the low-res token grids `specgen.train.upsampler` pairs with the 16 x 16 ones (same crops, same
-downscale), so drafter and up-sampler see the same distribution. The only mechanism: the token dataset
-passed to `image_gpt.train` is built here (cached under `token_cache`, keyed by the downscale too).
+The token grids are the low-res ones `specgen.train.upsampler` pairs with the target's (same crops, same downscale).
 """
 
 from __future__ import annotations
@@ -16,9 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from specgen.errors import UsageError
 from specgen.train import image_gpt
 from specgen.train.image_gpt import ImageGPTTrainConfig
-from specgen.train.script import parse_recipe, print_metrics, script_parser
+from specgen.train.script import parse_recipe, print_metrics, run_script, script_parser
 
 
 @dataclass(frozen=True)
@@ -30,40 +24,13 @@ class LowresGPTTrainConfig(ImageGPTTrainConfig):
     name: str = "image-gpt-lowres"
 
 
-def lowres_token_dataset(cfg: LowresGPTTrainConfig, log: Callable[[str], None]) -> dict[str, Any]:
-    """`image_gpt.token_dataset`'s result for crops downscaled by `cfg.downscale` (grid = G / downscale)."""
-    import torch
-
-    from specgen.data.images import IMAGE_CLASSES
-    from specgen.train.upsampler import crop_tokens
-
-    vq, doc, digest = image_gpt.load_vq(cfg.vq)
-    crop = int(doc.get("image_size", 64))
-    r = cfg.downscale
-    if r < 2 or crop % (r * vq.config.downsample):
-        raise ValueError(f"downscale {r} must be >= 2 and divide the crop {crop} into whole VQ tokens")
-    key = f"vq{digest}-seed{cfg.data_seed}-crop{crop}-down{r}-train{cfg.num_crops}-eval{cfg.eval_crops}"
-    path = Path(cfg.token_cache) / f"{key}.safetensors"
-
-    def build():
-        log(f"tokenising crops downscaled {r}x with VQ {cfg.vq} ({digest}) -> {path}")
-        tr = crop_tokens(vq, "train", cfg.num_crops, cfg.data_seed, crop, r, log, high=False)
-        ev = crop_tokens(vq, "eval", cfg.eval_crops, cfg.data_seed, crop, r, log, high=False)
-        return ({"train_tokens": tr["lo"].flatten(1), "train_labels": tr["labels"],
-                 "eval_tokens": ev["lo"].flatten(1), "eval_labels": ev["labels"]},
-                {"classes": list(IMAGE_CLASSES), "vq_sha": digest, "grid": crop // r // vq.config.downsample,
-                 "codebook_size": vq.config.codebook_size})
-
-    t, meta = image_gpt.cached_tokens(path, build, log)
-    t = {k: (v.to(torch.int16) if k.endswith("tokens") else v) for k, v in t.items()}
-    return {**t, **meta, "vq_model": vq, "vq_doc": {**doc, "image_size": crop // r}}
-
-
 def train(cfg: LowresGPTTrainConfig, out: Path, log: Callable[[str], None] = lambda s: None,
           device: str = "cpu") -> dict[str, Any]:
-    """`image_gpt.train` on the low-res token dataset."""
-    return image_gpt.train(cfg, out, log, command="python -m specgen.train.image_gpt_lowres",
-                           dataset=lowres_token_dataset, device=device)
+    """`image_gpt.train` on the crops downscaled by `cfg.downscale` (grid = G / downscale)."""
+    if cfg.downscale < 2:
+        raise UsageError(f"downscale must be >= 2, got {cfg.downscale}")
+    return image_gpt.train(cfg, out, log, command="python -m specgen.train.image_gpt_lowres", down=cfg.downscale,
+                           device=device)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,6 +40,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from specgen.train.script import run_script
-
     raise SystemExit(run_script(main))

@@ -1,29 +1,8 @@
 """The one training loop of every trainer: resume, log/eval/checkpoint cadence, gradient accumulation, accelerate.
 
-A trainer keeps its model, data and loss in a `TrainTask` and hands it to `Loop(options).run(task, checkpoint)`:
-
-- `task.modules` (saved in the train state, moved to the device), `task.optims` (name -> `Optim`: optimiser,
-  learning rate of each step, gradient-clipping norm), `task.batch(at)` (the data of one micro-batch, a pure
-  function of `at` = step, micro-batch and rank, so a resumed or multi-process run sees the data an
-  uninterrupted one does), `task.loss(batch)` -> (a loss per optimiser, floats to log), `task.evaluate(progress)`
-  -> a history record, and optionally `after_step`, `extra_tensors` / `meta` / `restore` (what else a state holds).
-- One step: learning rates set, gradients zeroed, per micro-batch `backward(loss / grad_accum)` (under
-  accelerate's autocast and loss scaling), then per optimiser that got a loss: gradients averaged over the
-  processes, clipped (global norm of its parameters), stepped. `after_step`, then the cadence: a log line every
-  `log_every` steps (means of the window since the last one), `evaluate` every `eval_every`, the state every
-  `ckpt_every` and with every evaluation, and always when the loop stops (finished, `stop_after`, time budget:
-  checked after each step, so every session makes progress).
-- The loop draws no random numbers: a trainer's numerics (its seeds, the order of its draws, its optimiser
-  steps) are the same on the loop as in a loop of its own, so retraining reproduces shipped weights bit for bit.
-  The global torch RNG state travels in the train state, so a resumed run equals an uninterrupted one even when
-  a model draws from it (dropout).
-- Processes: run under `accelerate launch` or `torchrun`, accelerate's `Accelerator` reads the rank and world
-  size; the loop then broadcasts rank 0's weights at the start and averages gradients over the processes before
-  clipping (DDP's rule, done on the parameters themselves, so any module method may compute the loss). Rank 0
-  evaluates, logs and writes the state; everyone waits for it.
-
-A `Checkpoint` reads and writes the state: `StateFile` (one `state.safetensors`, `specgen.train.checkpoint`) or a
-trainer's own format (distillation keeps its `checkpoint/` folder). docs/training.md shows how to add a trainer.
+A trainer hands its model, data and loss as a `TrainTask` to `Loop(options).run(task, checkpoint)` (docs/training.md).
+The loop draws no random numbers and `task.batch(at)` is a pure function of `at`, so a resumed or multi-process run
+trains the weights an uninterrupted one does; the global torch RNG state travels in the train state.
 """
 
 from __future__ import annotations
@@ -32,13 +11,18 @@ import json
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
+import torch.distributed as dist
+from safetensors import safe_open
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from specgen.devices import resolve_device
 from specgen.errors import UsageError
+from specgen.train.checkpoint import load_train_state, save_train_state
 
 #: The tensor of the global torch RNG state in a train state (absent in states written before the loop).
 RNG_KEY = "loop.torch_rng"
@@ -73,6 +57,12 @@ class LoopOptions:
         if self.mixed_precision not in MIXED_PRECISION:
             raise UsageError(f"mixed_precision must be one of {', '.join(MIXED_PRECISION)}, "
                              f"got {self.mixed_precision!r}")
+
+    @classmethod
+    def of(cls, recipe: Any, **options: Any) -> LoopOptions:
+        """The loop's keys a recipe dataclass has (steps, grad_accum, log_every, ...), `options` taking precedence."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{**{f.name: getattr(recipe, f.name) for f in fields(recipe) if f.name in names}, **options})
 
 
 @dataclass(frozen=True)
@@ -114,7 +104,6 @@ class Progress:
     """Where a run stands (restored on resume): what `evaluate` and the trainer's summary read."""
 
     step: int = 0
-    steps: int = 0
     history: list[dict] = field(default_factory=list)
     elapsed: float = 0.0  # wall seconds of training over all sessions (checkpoint writes excluded)
     cpu: float = 0.0  # process CPU seconds over all sessions
@@ -124,8 +113,6 @@ class Progress:
     resumed: bool = False
     stopped_early: bool = False  # the time budget ran out
     session_start: float = field(default_factory=time.perf_counter)
-    world: int = 1
-    device: str = "cpu"
 
     def recent_mean(self, key: str, last: int) -> float:
         """Mean of `key` over the last `last` steps of this session (nan without any)."""
@@ -133,16 +120,9 @@ class Progress:
         return sum(vals) / len(vals) if vals else float("nan")
 
 
-def _session_minutes(p: Progress) -> float:
-    return (time.perf_counter() - p.session_start) / 60
-
-
-def _cpu_minutes(p: Progress) -> float:
-    return p.cpu / 60
-
-
 #: budget clock name -> minutes it has run
-BUDGETS: dict[str, Callable[[Progress], float]] = {"session": _session_minutes, "cpu": _cpu_minutes}
+BUDGETS: dict[str, Callable[[Progress], float]] = {"session": lambda p: (time.perf_counter() - p.session_start) / 60,
+                                                   "cpu": lambda p: p.cpu / 60}
 
 
 class TrainTask(ABC):
@@ -200,22 +180,16 @@ class StateFile:
     packed: bool = True
 
     def load(self, task: TrainTask) -> dict[str, Any] | None:
-        from specgen.train.checkpoint import load_train_state
-
         optims = {k: o.optimizer for k, o in task.optims.items()}
         meta = load_train_state(Path(self.path), task.modules, optims, self.expect, self.loose,
                                 extra=task.extra_tensors(), added=self.added)
         if meta is not None:
-            from safetensors import safe_open
-
             with safe_open(str(self.path), "pt") as f:
                 if RNG_KEY in f.keys():  # noqa: SIM118 (safe_open has keys(), no __contains__)
                     meta["torch_rng"] = f.get_tensor(RNG_KEY)
         return meta
 
     def save(self, task: TrainTask, meta: dict[str, Any]) -> None:
-        from specgen.train.checkpoint import save_train_state
-
         extra = {**task.extra_tensors(), RNG_KEY: torch.get_rng_state()}
         save_train_state(Path(self.path), task.modules, {k: o.optimizer for k, o in task.optims.items()},
                          meta, extra=extra, packed=self.packed)
@@ -225,9 +199,8 @@ def accelerator(device: str = "cpu", mixed_precision: str = "no"):
     """accelerate's Accelerator for `device` (cpu | cuda | cuda:N | auto; a missing GPU is a one-line UsageError).
 
     Under `accelerate launch` / `torchrun` it joins the process group (gloo on the CPU, nccl on GPUs)."""
-    from accelerate import Accelerator
-
-    from specgen.devices import resolve_device
+    from accelerate import Accelerator  # deferred: start-up (recipe checks import every trainer; accelerate is slow)
+    from accelerate.state import AcceleratorState  # deferred: as above
 
     dev = resolve_device(device)
     if dev.type == "cuda" and dev.index is not None:
@@ -238,8 +211,6 @@ def accelerator(device: str = "cpu", mixed_precision: str = "no"):
     except ValueError as e:  # one process training twice with other settings (tests, notebooks)
         if "already been initialized" not in str(e):
             raise
-        from accelerate.state import AcceleratorState
-
         AcceleratorState._reset_state()  # accelerate's settings only; the process group (PartialState) stays
         return Accelerator(**options)
 
@@ -276,8 +247,6 @@ class Loop:
         """Rank 0's weights and buffers everywhere (DDP's start)."""
         if self.world == 1:
             return
-        import torch.distributed as dist
-
         for m in modules.values():
             for t in list(m.parameters()) + list(m.buffers()):
                 dist.broadcast(t.data, 0)
@@ -286,9 +255,6 @@ class Loop:
         """Mean of every parameter's gradient over the processes (a missing gradient counts as zeros)."""
         if self.world == 1:
             return
-        import torch.distributed as dist
-        from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
-
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         flat = _flatten_dense_tensors(grads)
         dist.all_reduce(flat)
@@ -305,7 +271,7 @@ class Loop:
     def run(self, task: TrainTask, checkpoint: Checkpoint | None = None) -> Progress:
         """Train `task` to `options.steps` (or `stop_after`, or the time budget), resuming from `checkpoint`."""
         o = self.options
-        p = Progress(steps=o.steps, world=self.world, device=str(self.device))
+        p = Progress()
         for m in task.modules.values():
             m.to(self.device)
         meta = checkpoint.load(task) if checkpoint is not None else None
@@ -419,6 +385,6 @@ def _to_device(batch: Any, device: torch.device) -> Any:
     """Tensors of a (nested) batch on `device`; unchanged on the CPU."""
     if device.type == "cpu":
         return batch
-    from accelerate.utils import send_to_device
+    from accelerate.utils import send_to_device  # deferred: start-up (as in accelerator())
 
     return send_to_device(batch, device)

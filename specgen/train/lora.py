@@ -1,13 +1,6 @@
 """LoRA (Hu et al. 2022) for any nn.Module: wrap Linear layers, save only the adapters, merge at load.
 
-    wrapped = apply_lora(model, targets=("wqkv", "wo", "w1"), rank=16, alpha=32)  # names of wrapped layers
-    state = lora_state(model)            # {"<path>.lora_A": [r, in], "<path>.lora_B": [out, r]}
-    merge_lora(model)                    # fold the wrappers back into plain Linear weights
-    merge_lora_state(model, state, rank, alpha)  # load time: W += (alpha / rank) * B @ A, no wrappers
-
-The adapter is y = W x + (alpha / rank) * B (A x); A starts Gaussian (std 1/rank), B at zero, so a
-fresh adapter leaves the model unchanged. Merged models run at no extra cost (XSpecMesh sec. 4.3:
-W_merge = W_origin + AB).
+y = W x + (alpha / rank) * B (A x) with B = 0 at the start, so a fresh adapter leaves the model unchanged.
 """
 
 from __future__ import annotations

@@ -1,17 +1,7 @@
 """Train the tiny point-cloud-conditioned mesh GPT on procedural meshes; resumable, writes fp16 safetensors.
 
-    python -m specgen.train.mesh --config recipes/tiny/mesh-gpt.yaml --out runs/mesh-gpt [key=value ...]
-
-Data: `procedural.generate_mesh(seed)` over the train seed range, BPT tokens (`BPTTokenizer`, EOS
-appended), and `num_points` area-weighted surface samples with face normals as the condition (a fresh
-sample per step, so the model never sees the same cloud twice). Meshes whose sequence is longer than
-`max_tokens` are skipped (CPU budget: see the recipe). Batches are drawn from pools of
-`pool_batches * batch_size` meshes sorted by length, so rows of a batch have similar lengths.
-Every step is a pure function of (config, step), so a resumed run sees the same data.
-
-Resume state (`state.safetensors`: weights + AdamW moments, no pickle) is written every `ckpt_every`
-steps; the run directory finally holds `model.safetensors` (fp16) + `config.json` in registry layout,
-and `--register NAME` also installs it as target/NAME.
+A step's batch is a pure function of (config, step): length-sorted pools of procedural train meshes within
+`max_tokens`, with a fresh point-cloud sample per step.
 """
 
 from __future__ import annotations
@@ -25,16 +15,18 @@ from typing import Any, Callable
 import numpy as np
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file
 
+from specgen import registry
 from specgen.mesh.pointcloud import sample_surface
 from specgen.mesh.procedural import ProceduralSpec, generate_mesh, split_seeds
 from specgen.mesh.tokenizers import BPTTokenizer
 from specgen.models.mesh import MeshGPT
-from specgen.train.checkpoint import fp16_state, write_entry
+from specgen.train.checkpoint import check_outputs, fp16_state, write_entry
 from specgen.train.mesh_embedding import FactoredTable
 from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask
 from specgen.train.optim import OptimConfig
-from specgen.train.script import parse_recipe, print_metrics, script_parser
+from specgen.train.script import parse_recipe, print_metrics, run_script, script_parser
 
 
 @dataclass(frozen=True)
@@ -130,15 +122,6 @@ class SeedStream:
         return sorted(out, key=lambda s: self.lengths[s])
 
 
-def train_batch(cfg: MeshTrainConfig, stream: SeedStream, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The batch of `step`: one length-sorted chunk of a pool, chunks visited in a seeded order."""
-    pool = stream.pool(step // cfg.pool_batches, cfg.batch_size * cfg.pool_batches)
-    order = np.random.default_rng([cfg.seed, step // cfg.pool_batches, 7]).permutation(cfg.pool_batches)
-    k = int(order[step % cfg.pool_batches])
-    seeds = pool[k * cfg.batch_size : (k + 1) * cfg.batch_size]
-    return collate([mesh_example(s, cfg.num_points, [s, step], stream.spec) for s in seeds])
-
-
 def eval_set(count: int, num_points: int, max_tokens: int, spec: ProceduralSpec | None = None
              ) -> list[tuple[np.ndarray, np.ndarray]]:
     """Fixed validation examples (first `count` validation seeds within max_tokens)."""
@@ -191,8 +174,13 @@ class MeshTask(TrainTask):
         self.val = eval_set(cfg.eval_meshes, cfg.num_points, cfg.max_tokens, cfg.spec())
 
     def batch(self, at: At) -> tuple[torch.Tensor, torch.Tensor]:
-        """One process, no accumulation: the step's batch; else shard k of step s is the batch of s * shards + k."""
-        return train_batch(self.cfg, self.stream, at.step * at.shards + at.shard)
+        """Batch b = step * shards + shard: one length-sorted chunk of a pool, chunks visited in a seeded order."""
+        cfg, b = self.cfg, at.step * at.shards + at.shard
+        pool = self.stream.pool(b // cfg.pool_batches, cfg.batch_size * cfg.pool_batches)
+        order = np.random.default_rng([cfg.seed, b // cfg.pool_batches, 7]).permutation(cfg.pool_batches)
+        k = int(order[b % cfg.pool_batches])
+        seeds = pool[k * cfg.batch_size : (k + 1) * cfg.batch_size]
+        return collate([mesh_example(s, cfg.num_points, [s, b], self.stream.spec) for s in seeds])
 
     def loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
         pc, tokens = batch
@@ -227,9 +215,7 @@ def train(cfg: MeshTrainConfig, out: Path, log: Callable[[str], None] = lambda s
     torch.manual_seed(cfg.seed)
     model = MeshGPT(**cfg.model_kwargs()).train()
     table = FactoredTable(BPTTokenizer(), cfg.dim) if cfg.factored_embedding else None
-    loop = Loop(LoopOptions(steps=cfg.steps, grad_accum=cfg.grad_accum, log_every=cfg.log_every,
-                            eval_every=cfg.eval_every, ckpt_every=cfg.ckpt_every, log_last=False,
-                            max_minutes=cfg.max_minutes, budget="cpu", device=device), log)
+    loop = Loop(LoopOptions.of(cfg, log_last=False, budget="cpu", device=device), log)
     task = MeshTask(cfg, model, table, loop.log)
     n_params = sum(p.numel() for p in model.parameters())  # the tied LM head is counted once
     loop.log(f"{n_params / 1e6:.2f}M parameters")
@@ -273,14 +259,9 @@ def main(argv: list[str] | None = None) -> int:
     cfg, args, log = parse_recipe(parser, MeshTrainConfig, argv)
     out = Path(args.out)
     if args.register:
-        from specgen.train.checkpoint import check_outputs
-
         check_outputs([("target", args.register, "")])  # the registry's write rule, before training
     metrics = train(cfg, out, log, device=args.device)
     if args.register:
-        from specgen import registry
-        from safetensors.torch import load_file
-
         meta = json.loads((out / "config.json").read_text())
         registry.save("target", args.register, load_file(str(out / "model.safetensors")),
                       {k: v for k, v in meta.items() if k not in ("kind", "name")})
@@ -288,6 +269,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from specgen.train.script import run_script
-
     raise SystemExit(run_script(main))

@@ -1,17 +1,6 @@
-"""Coordinate-factored token table for training the mesh GPT (folded into a plain embedding at export).
+"""Coordinate-factored token table for training the mesh GPT: table = free + features @ axes, folded at export.
 
-BPT's 5,121 ids are mostly 4,096 offsets and 512 blocks, each a 3-D grid cell. A plain embedding row per
-id gives a small model no hint that offset (3, 7, 9) is next to (3, 7, 10): every row is learned on its
-own from a few hundred occurrences, and the tiny CPU backbone stayed near uniform over offsets (val NLL
-8.49 nats on offsets, ln 4096 = 8.32, after 600 steps). During training the table is reparametrised as
-
-    table = free + features @ axes                       # [V, dim] = [V, dim] + [V, F] @ [F, dim]
-
-with fixed one-hot ``features`` per id (kind, and the per-axis block or offset coordinate), so every
-occurrence of a token also trains the rows of all tokens sharing a coordinate. The table is tied to the
-LM head, so logits gain a per-axis additive term (a product of per-axis experts) on top of the free
-per-token one. ``fold`` writes the sum into ``tok_embeddings`` at export: the shipped model is a plain
-``MeshGPT`` and decoding, heads and LoRA never see this module.
+`fold` writes the sum into `tok_embeddings`, so the shipped model is a plain `MeshGPT` (docs/methods/xspecmesh.md).
 """
 
 from __future__ import annotations

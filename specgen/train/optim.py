@@ -1,4 +1,4 @@
-"""The optimiser side of every training recipe: AdamW keys, linear warmup + cosine decay, one update step."""
+"""The optimiser side of every training recipe: AdamW keys and linear warmup + cosine decay."""
 
 from __future__ import annotations
 
@@ -11,10 +11,7 @@ import torch
 
 @dataclass(frozen=True)
 class OptimConfig:
-    """AdamW + warmup/cosine recipe keys, mixed into a recipe's dataclass as plain (flat YAML) fields.
-
-    A recipe whose defaults differ redeclares just those fields (`weight_decay: float = 0.05`).
-    """
+    """AdamW + warmup/cosine recipe keys as flat fields of a recipe dataclass (which may redeclare a default)."""
 
     lr: float = 1e-3
     min_lr: float = 5e-5
@@ -39,14 +36,3 @@ def cosine_lr(step: int, total: int, lr: float, min_lr: float, warmup: int = 0) 
     t = (step - warmup) / max(1, total - warmup)
     return min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * min(1.0, t)))
 
-
-def optimizer_step(opt: torch.optim.Optimizer, loss: torch.Tensor, lr: float, grad_clip: float = 0.0) -> None:
-    """One update at learning rate `lr`: zero grads, backward, clip the global norm of the optimiser's
-    parameters' gradients to `grad_clip` (0 = off), step."""
-    for group in opt.param_groups:
-        group["lr"] = lr
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    if grad_clip > 0:
-        torch.nn.utils.clip_grad_norm_([p for g in opt.param_groups for p in g["params"]], grad_clip)
-    opt.step()

@@ -1,30 +1,7 @@
 """pcLLM training sequences: noise schedule, nearest-ratio noisy states, packing and the noise-aware causal mask.
 
-One packed sample per prompt (pcLLM paper sec. 3.1 and app. B; Jacobi Forcing's
-`2_prepare_efficient_cllm_training_data_progressive_noise_window.py` and trainers)::
-
-    tokens     prompt | noisy_0 | clean_0 | noisy_1 | clean_1 | ... | noisy_{N-1} | clean_{N-1}
-    positions  0..p-1 | p..p+n-1 (shared)  | p+n..p+2n-1 (shared) | ...
-
-clean_j is block j's fixed point; noisy_j is the state on block j's Jacobi trajectory whose noise
-ratio (n - first mismatch with the fixed point) / n is nearest the scheduled ratio t_j (ties: the
-earlier, noisier state). noisy_j and clean_j share position ids, so one forward gives the student
-logits (noisy blocks) and the teacher logits (clean blocks, detached) of every block.
-
-Schedules (`noise_schedule`), window w, block index i:
-  progressive  t_i = W[i mod w], W = {0, 1/w, ..., (w-1)/w}  (paper Eq. 7; default)
-  reverse      t_i = W[w-1 - (i mod w)]                      (paper's reverse-progressive ablation)
-  random       t_i ~ U[0, 1)                                  (paper's random ablation; seeded)
-
-Mask variants (`noise_aware_mask`), query row -> which keys it may attend to. In every variant the
-prompt is causal, clean_j sees the prompt, clean_<j and its own block causally, a clean block never
-sees a noisy one, and noisy_j never sees clean_j:
-  noisy   (DEFAULT) noisy_j sees prompt, noisy_<j, own block causal. The paper's noise-conditioned
-          mask "NC" (its Table 5: 3.6x vs 1.9x for NC-IC) and Jacobi Forcing's shipped variant B: it
-          trains the situation multi-block decoding creates (later blocks behind unconverged ones).
-  clean   noisy_j sees prompt, clean_<j, own block causal (paper Fig. 1a / CLLM-style, JF variant A).
-  window  noisy_j sees prompt, clean blocks of earlier windows of w blocks, noisy blocks of its own
-          window, own block causal (paper's "NC-IC", JF variant C).
+Layout `prompt | noisy_0 | clean_0 | noisy_1 | clean_1 | ...`: noisy_j and clean_j share position ids, so one
+forward gives the student (noisy) and teacher (clean, detached) logits of every block (docs/training.md).
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """Run folders of resumable commands: a changed config is refused up front, and a failed fresh run leaves nothing.
 
-A command records its resolved config in OUT/config.json. Rerun on the same OUT, it compares the new config
-with the record BEFORE loading anything: keys that change what training computes must be equal (the error
-names them; the record is not touched), `loose` keys (budgets, logging, names) may change. A run that fails
-in a folder it created removes the folder again when it holds only disposable files (config.json, train.log).
+A command records its config in OUT/config.json and, rerun on OUT, compares it with the record before loading
+anything (only `loose` keys may change); a failed run removes a folder it created that holds only disposable files.
 """
 
 from __future__ import annotations
@@ -13,9 +11,12 @@ import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
+from specgen.devices import train_device
 from specgen.errors import UsageError
+from specgen.train.checkpoint import check_outputs, write_json
+from specgen.train.script import file_logger
 
 RECORD = "config.json"
 DISPOSABLE = ("config.json", "train.log")
@@ -64,8 +65,6 @@ def run_folder(out: Path, record: dict[str, Any] | None = None,
                disposable: tuple[str, ...] = DISPOSABLE) -> Iterator[Path]:
     """Write `record` to OUT/config.json (after the caller's `check_resume`), run the body, and when it fails
     remove OUT if this call created it and it holds nothing but `disposable` files."""
-    from specgen.train.checkpoint import write_json
-
     out = Path(out)
     existed = out.exists()
     try:
@@ -73,16 +72,21 @@ def run_folder(out: Path, record: dict[str, Any] | None = None,
             write_json(out / RECORD, record)
         yield out
     except BaseException:
-        if not existed:
-            remove_if_disposable(out, disposable)
+        if not existed and out.is_dir() and all(p.name in disposable and not p.is_dir() for p in out.iterdir()):
+            shutil.rmtree(out, ignore_errors=True)
         raise
 
 
-def remove_if_disposable(out: Path, disposable: tuple[str, ...] = DISPOSABLE) -> bool:
-    """Remove OUT when it holds only `disposable` files (or nothing); True when removed."""
-    if not out.is_dir():
-        return False
-    if any(p.name not in disposable or p.is_dir() for p in out.iterdir()):
-        return False
-    shutil.rmtree(out, ignore_errors=True)
-    return True
+@contextmanager
+def training_run(out: Path, record: dict[str, Any], outputs: list[tuple[str, str, str]], device: str | None,
+                 force: bool = False, quiet: bool = False, loose: tuple[str, ...] = ()
+                 ) -> Iterator[tuple[Callable[[str], None], str]]:
+    """A training command's run: the device, the run folder (`check_resume`) and the registry writes
+    (`check_outputs`) are refused before anything loads; yields (logger of OUT/train.log, echoed unless `quiet`,
+    the device) inside `run_folder`."""
+    dev = train_device(device)
+    check_resume(out, record, loose=loose)
+    check_outputs(outputs, force)
+    with run_folder(out, record):
+        yield file_logger(Path(out) / "train.log", echo=not quiet), dev
+

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
+
+from specgen.config import load_config
+from specgen.devices import train_device
+from specgen.errors import SpecgenError
 
 T = TypeVar("T")
 
@@ -46,9 +51,6 @@ def parse_recipe(parser: argparse.ArgumentParser, cls: type[T],
                  argv: list[str] | None) -> tuple[T, argparse.Namespace, Callable[[str], None]]:
     """(recipe dataclass from --config + overrides, parsed arguments (--device resolved), logger of --log or
     OUT/train.log)."""
-    from specgen.config import load_config
-    from specgen.devices import train_device
-
     args = parser.parse_args(argv)
     args.device = train_device(args.device)  # a missing device: one line, before anything loads
     cfg = load_config(cls, args.config, args.overrides)
@@ -64,10 +66,6 @@ def print_metrics(metrics: dict[str, Any]) -> int:
 def run_script(main: Callable[[], int]) -> int:
     """Exit status of a training script's `main()`: a specgen error (bad recipe, stale run folder, ...) is one
     line on stderr and its exit code (2 usage, 1 runtime), as in the CLI; SPECGEN_DEBUG=1 keeps the traceback."""
-    import os
-
-    from specgen.errors import SpecgenError
-
     try:
         return main()
     except SpecgenError as e:

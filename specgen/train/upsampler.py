@@ -1,37 +1,7 @@
 """Train a MuLo-SD up/down-sampler pair (`specgen train-upsampler`) between a low-res and the target's token grid.
 
-    specgen train-upsampler --config recipes/tiny/upsampler-2x.yaml --out RUN [key=value ...]
-    python -m specgen.train.upsampler --config recipes/tiny/upsampler-2x.yaml --out RUN
-
-Data: `num_crops` train crops (`eval_crops` held-out) of the bundled photos at `crop_size` (the target's
-image side); the low-resolution image is the crop area-downscaled by `scale`. Both are tokenised with the
-SAME VQ (high: G x G, low: G/r x G/r tokens) and cached under `token_cache` with the pixels (uint8).
-The low-resolution GPT drafter is trained on exactly these low-res token grids
-(`specgen.train.image_gpt_lowres`, same downscale), so the pair sees what the drafter produces.
-
-Objective (MuLo-SD supplementary Eq. 8, per network; the VQ is frozen):
-    L = mse_weight * MSE(Dec(z), x) + perceptual_weight * P(Dec(z), x) + commit_weight * ||z - sg(e)||^2
-        + gan_weight * L_GAN            (L_GAN only after `gan_start` steps, as the paper's 20k of 150k)
-        [+ latent_weight * ||z - e(real tokens)||^2: NOT in the paper, off by default; a shortcut for
-         CPU-budget runs of a few hundred steps, which recipes that use it say]
-with z the network's latents (L2-normalised like the VQ's), e = nearest codes, Dec = the VQ decoder fed
-z + sg(e - z) (straight-through: the decoder sees the codes MuLo-SD will decode, gradients reach z),
-x the high-res crop for U_r and the downscaled crop for D_r. P is LPIPS (VGG) when the `lpips` package
-and its VGG weights are already on this machine (nothing is downloaded); otherwise the documented offline
-substitute "vq-features": an LPIPS-style distance (channel-unit-normalised activations, squared
-difference, spatial mean, unit layer weights) on the frozen VQ encoder's activations after `conv_in`
-and after every resolution level. L_GAN: one PatchGAN per network (three convolutions, as the paper),
-hinge loss, LeCam regularisation (weight `lecam_weight`, EMA decay `lecam_decay`) and a light
-differentiable augmentation (random flip + translation by up to 1/8 of the side, same for real and fake).
-Optimisers: AdamW lr 3e-4 for the pair, 5e-4 for the discriminators, lambda_GAN 0.25 (the paper's values).
-4x: `warm_start` names a 2x pair (registry name or folder); its stem, first stage, post blocks and heads
-are copied into the 4x pair (one more 2x stage), then everything trains (the paper's second stage).
-
-Evaluation on held-out crops: token agreement with the VQ tokens of the real image at the output
-resolution, and PSNR of the decoded output against the real image, for the network and for a naive
-baseline (nearest-neighbour token repeat for U_r, top-left token of each r x r block for D_r).
-Resumable from RUN/state.safetensors; saves fp16 weights to the registry (`upsampler/<name>`) and,
-with `ship_dir`, to the package assets.
+The VQ stays frozen; the objective (MuLo-SD supplementary Eq. 8, with its documented deviations) is in
+docs/training.md.
 """
 
 from __future__ import annotations
@@ -45,14 +15,15 @@ from typing import Any, Callable
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from safetensors.torch import load_file
 
-from specgen.errors import IncompatibleError, UsageError
+from specgen import checkpoints
+from specgen.errors import IncompatibleError, MissingDependencyError, UsageError
 from specgen.image.neighbours import codebook_hash
 from specgen.models.upsampler import UpDownSampler, UpsamplerConfig
-from specgen.train.checkpoint import fp16_state, publish, save_tensors
+from specgen.train.checkpoint import fp16_state, publish, shipped_copy
+from specgen.train.image_gpt import cached_tokens, crop_tokens, downscale, load_vq
 from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask
-from specgen.train.script import parse_recipe, print_metrics, script_parser
+from specgen.train.script import parse_recipe, print_metrics, run_script, script_parser
 
 
 @dataclass(frozen=True)
@@ -118,60 +89,17 @@ def check_config(cfg: UpsamplerTrainConfig, vq_downsample: int) -> None:
 
 # --- data ----------------------------------------------------------------------------------------------------
 
-def load_vq(ref: str):
-    """(VQModel eval, config doc, sha) from a folder or registry name (shared with the image-GPT trainer)."""
-    from specgen.train.image_gpt import load_vq as load
-
-    try:
-        return load(ref)
-    except Exception as e:
-        from specgen.errors import SpecgenError
-
-        if isinstance(e, SpecgenError):
-            raise
-        raise UsageError(f"cannot load the VQ {ref!r}: {e}") from None
-
-
-def downscale(images: torch.Tensor, factor: int) -> torch.Tensor:
-    """Area downscale [B, 3, S, S] -> [B, 3, S/f, S/f] (the low-resolution view of the same crop)."""
-    return F.interpolate(images, scale_factor=1.0 / factor, mode="area") if factor > 1 else images
-
-
-@torch.no_grad()
-def crop_tokens(vq, split: str, n: int, seed: int, crop: int, scale: int, log: Callable[[str], None],
-                batch: int = 64, high: bool = True) -> dict[str, torch.Tensor]:
-    """Pixels (uint8) and VQ tokens of `n` crops and of their `scale`-times downscaled views (`lo`).
-
-    With `high=False` only `lo` and `labels` are computed (the low-res GPT needs nothing else)."""
-    from specgen.data.images import ImageCrops, ImageCropsConfig
-
-    data = ImageCrops(ImageCropsConfig(split=split, num_samples=n, seed=seed, crop_size=crop))
-    px, hi, lo, labels = [], [], [], []
-    for start in range(0, n, batch):
-        images, lab = data.batch(range(start, min(n, start + batch)))
-        lo.append(vq.encode(downscale(images, scale)).to(torch.int16))
-        labels.append(lab)
-        if high:
-            hi.append(vq.encode(images).to(torch.int16))
-            px.append(((images + 1) * 127.5).round().clamp(0, 255).to(torch.uint8))
-        if (start // batch) % 16 == 0:
-            log(f"tokenised {split} {start + len(lab)}/{n}")
-    out = {"lo": torch.cat(lo), "labels": torch.cat(labels)}
-    return {**out, "pixels": torch.cat(px), "hi": torch.cat(hi)} if high else out
-
-
 def pair_dataset(cfg: UpsamplerTrainConfig, vq, digest: str, log: Callable[[str], None]) -> dict[str, torch.Tensor]:
     key = f"vq{digest}-seed{cfg.data_seed}-crop{cfg.crop_size}-x{cfg.scale}-train{cfg.num_crops}-eval{cfg.eval_crops}"
     path = Path(cfg.token_cache) / f"{key}.safetensors"
-    if path.is_file():
-        log(f"token cache hit: {path}")
-        return load_file(str(path))
-    log(f"tokenising crops (high {cfg.crop_size}px, low {cfg.crop_size // cfg.scale}px) -> {path}")
-    tr = crop_tokens(vq, "train", cfg.num_crops, cfg.data_seed, cfg.crop_size, cfg.scale, log)
-    ev = crop_tokens(vq, "eval", cfg.eval_crops, cfg.data_seed, cfg.crop_size, cfg.scale, log)
-    t = {**{f"train_{k}": v for k, v in tr.items()}, **{f"eval_{k}": v for k, v in ev.items()}}
-    save_tensors(path, t)
-    return t
+
+    def build() -> dict[str, torch.Tensor]:
+        log(f"tokenising crops (high {cfg.crop_size}px, low {cfg.crop_size // cfg.scale}px) -> {path}")
+        tr = crop_tokens(vq, "train", cfg.num_crops, cfg.data_seed, cfg.crop_size, cfg.scale, log)
+        ev = crop_tokens(vq, "eval", cfg.eval_crops, cfg.data_seed, cfg.crop_size, cfg.scale, log)
+        return {**{f"train_{k}": v for k, v in tr.items()}, **{f"eval_{k}": v for k, v in ev.items()}}
+
+    return cached_tokens(path, build, log)
 
 
 def to_float(px: torch.Tensor) -> torch.Tensor:
@@ -214,7 +142,7 @@ class VQFeatureDistance(nn.Module):
 def local_lpips():
     """LPIPS (VGG) if the package and the VGG weights are already on this machine, else None (no download)."""
     try:
-        import lpips
+        import lpips  # optional dependency
     except ImportError:
         return None
     hub = Path(torch.hub.get_dir()) / "checkpoints"
@@ -243,8 +171,6 @@ def perceptual_loss(kind: str, vq) -> nn.Module | None:
         if net is not None:
             return net
         if kind == "lpips":
-            from specgen.errors import MissingDependencyError
-
             raise MissingDependencyError("perceptual=lpips needs the lpips package and the VGG16 weights in the "
                                          "torch hub cache (nothing is downloaded); use perceptual=vq-features")
     return VQFeatureDistance(vq)
@@ -301,8 +227,6 @@ class Trainee(nn.Module):
 
 def load_pair(ref: str) -> tuple[UpDownSampler, dict]:
     """A registered (or folder) pair and its meta."""
-    from specgen import checkpoints
-
     entry = checkpoints.find(ref)
     if entry.meta.get("builder") != "mulo-updown":
         raise UsageError(f"{entry.ref} is not a MuLo-SD up/down-sampler pair")
@@ -470,9 +394,7 @@ def train(cfg: UpsamplerTrainConfig, out: Path, log: Callable[[str], None] = lam
     if warm is not None:
         fresh = pair.warm_start_from(warm)
         log(f"warm start from {cfg.warm_start}: {len(fresh)} tensors of the new stage(s) left at initialisation")
-    loop = Loop(LoopOptions(steps=cfg.steps, grad_accum=cfg.grad_accum, log_every=cfg.log_every,
-                            eval_every=cfg.eval_every, ckpt_every=cfg.ckpt_every, device=device,
-                            mixed_precision=mixed_precision), log)
+    loop = Loop(LoopOptions.of(cfg, device=device, mixed_precision=mixed_precision), log)
     perc = perceptual_loss(cfg.perceptual, vq)
     vq.to(loop.device)
     if perc is not None:
@@ -488,11 +410,8 @@ def train(cfg: UpsamplerTrainConfig, out: Path, log: Callable[[str], None] = lam
     step, history, elapsed = progress.step, progress.history, progress.elapsed
     if not loop.is_main:  # rank 0 measures and registers
         return {"metrics": {}, "entry": None, "main": False}
-    # metrics of the fp16 weights that ship
-    shipped = UpDownSampler(pcfg)
-    state = fp16_state(pair)
-    shipped.load_state_dict({k: v.float() for k, v in state.items()})
-    metrics = {**evaluate(shipped.eval(), vq, data, r), "steps": step, "train_seconds": round(elapsed, 1),
+    state = fp16_state(pair)  # the metrics are those of the fp16 weights that ship
+    metrics = {**evaluate(shipped_copy(pair).eval(), vq, data, r), "steps": step, "train_seconds": round(elapsed, 1),
                "history": history, "perceptual": perc.name if perc else "none",
                "params_up": n_params[0], "params_down": n_params[1], "weights": "fp16"}
     grid_hi = cfg.crop_size // vcfg.downsample
@@ -514,6 +433,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from specgen.train.script import run_script
-
     raise SystemExit(run_script(main))

@@ -17,16 +17,10 @@ from specgen import devices
 from specgen.data.images import ImageCrops, ImageCropsConfig
 from specgen.errors import UsageError
 from specgen.models.vq import VQ_CONFIGS, VQConfig, VQModel
-from specgen.train.checkpoint import fp16_state, write_entry
+from specgen.train.checkpoint import fp16_state, shipped_copy, write_entry
 from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask
 from specgen.train.optim import OptimConfig
-from specgen.train.script import parse_recipe, print_metrics, script_parser
-
-# Loss choice (no downloaded weights): L1 + MSE on pixels, plus an L1 loss on horizontal/vertical image
-# gradients ("edge loss") standing in for LPIPS: it penalises the blur that pixel losses tolerate and needs
-# no network. LlamaGen's GAN and LPIPS terms are left out: LPIPS needs VGG weights, and a GAN needs far more
-# steps than a CPU budget allows. Codebook: L2-normalised lookup + codebook/commitment losses as LlamaGen,
-# plus dead-code restarts (codes unused for `restart_every` steps are re-seeded from current latents).
+from specgen.train.script import parse_recipe, print_metrics, run_script, script_parser
 
 
 @dataclass(frozen=True)
@@ -75,18 +69,6 @@ def edge_loss(recon: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return F.l1_loss(dx(recon), dx(target)) + F.l1_loss(dy(recon), dy(target))
 
 
-def _batch(cfg: VQTrainConfig, data: ImageCrops, step: int) -> torch.Tensor:
-    """Images for one step [B,3,S,S]; a pure function of (config, step) so resumed runs see the same data."""
-    start = step * cfg.batch_size
-    images, _ = data.batch(range(start, start + cfg.batch_size))  # [B,3,C,C]
-    if step < int(cfg.patch_fraction * cfg.steps) and cfg.patch_size < cfg.crop_size:
-        rng = np.random.default_rng([cfg.seed, step])
-        p = cfg.patch_size
-        ys, xs = rng.integers(0, cfg.crop_size - p + 1, size=(2, cfg.batch_size))
-        images = torch.stack([im[:, y : y + p, x : x + p] for im, y, x in zip(images, ys, xs)])  # [B,3,P,P]
-    return images
-
-
 @torch.no_grad()
 def evaluate(model: VQModel, images: torch.Tensor, batch_size: int = 64) -> dict[str, float]:
     """Held-out reconstruction PSNR, L1 and codebook usage/perplexity over `images` [N,3,H,W]."""
@@ -130,24 +112,8 @@ class VQTrainer(TrainTask):
         eval_data = ImageCrops(replace(data_cfg, split="eval", num_samples=cfg.eval_samples))
         self.eval_images, _ = eval_data.batch(range(cfg.eval_samples))  # [N,3,C,C]
         self.step = 0
-        self.elapsed = 0.0  # wall time summed over (resumed) sessions; includes evals, contention and pauses
-        self.cpu = 0.0  # process CPU time summed over sessions (= compute time with num_threads=1)
-        self.history: list[dict[str, float]] = []
         self.hits = torch.zeros(self.model_cfg.codebook_size)  # code hits since the last restart check
         self._out = None  # the last step's VQ output (code hits, latents for restarts)
-
-    # --- persistence -------------------------------------------------------------------------------------
-    def state_file(self) -> StateFile:
-        return StateFile(self.out / "state.safetensors", {"config": asdict(self.cfg)}, packed=False)
-
-    def try_resume(self) -> bool:
-        """Load OUT/state.safetensors into this trainer, as the loop does first; False when there is none."""
-        meta = self.state_file().load(self)
-        if meta is None:
-            return False
-        self.step, self.elapsed, self.cpu = meta["step"], float(meta["elapsed"]), float(meta.get("cpu", 0.0))
-        self.history = meta["history"]
-        return True
 
     def extra_tensors(self) -> dict[str, torch.Tensor]:
         return {"trainer.hits": self.hits}
@@ -197,7 +163,14 @@ class VQTrainer(TrainTask):
         if at.shards > 1:
             raise UsageError("the VQ trainer runs in one process without grad accumulation (dead-code restarts "
                              "count code hits per process)")
-        return _batch(self.cfg, self.train_data, at.step)  # [B,3,S,S]
+        cfg, step = self.cfg, at.step  # the images of a step are a function of (config, step): resume-safe
+        images, _ = self.train_data.batch(range(step * cfg.batch_size, (step + 1) * cfg.batch_size))  # [B,3,C,C]
+        if step < int(cfg.patch_fraction * cfg.steps) and cfg.patch_size < cfg.crop_size:
+            rng = np.random.default_rng([cfg.seed, step])
+            p = cfg.patch_size
+            ys, xs = rng.integers(0, cfg.crop_size - p + 1, size=(2, cfg.batch_size))
+            images = torch.stack([im[:, y : y + p, x : x + p] for im, y, x in zip(images, ys, xs)])  # [B,3,P,P]
+        return images
 
     def loss(self, images: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
         cfg = self.cfg
@@ -226,47 +199,35 @@ class VQTrainer(TrainTask):
 
     def evaluate(self, progress: Progress) -> dict[str, Any]:
         """Held-out metrics; the fp16 export is rewritten with them (a usable VQ at every evaluation)."""
-        self.step, self.elapsed, self.cpu = progress.step, progress.elapsed, progress.cpu
         ev = evaluate(self.model, self.eval_images.to(devices.module_device(self.model)))
-        record = {"step": self.step, "elapsed_s": round(self.elapsed, 1), "cpu_s": round(self.cpu, 1), **ev}
-        self.history = [*progress.history, record]
-        self.export(self._metrics())
+        record = {"step": progress.step, "elapsed_s": round(progress.elapsed, 1), "cpu_s": round(progress.cpu, 1), **ev}
+        self.export(self._metrics(progress, [*progress.history, record]))
         return record
 
     def run(self) -> dict[str, Any]:
         cfg = self.cfg
-        loop = Loop(LoopOptions(steps=cfg.steps, stop_after=cfg.stop_after, log_every=cfg.log_every,
-                                eval_every=cfg.eval_every, ckpt_every=cfg.ckpt_every, device=self.device), self.log)
+        loop = Loop(LoopOptions.of(cfg, device=self.device), self.log)
         loop.log(f"model {cfg.model} ({sum(p.numel() for p in self.model.parameters()) / 1e6:.2f}M params) "
                  f"config {self.model_cfg.to_dict()}")
-        progress = loop.run(self, self.state_file())
-        self.step, self.elapsed, self.cpu = progress.step, progress.elapsed, progress.cpu
-        self.history = progress.history
+        progress = loop.run(self, StateFile(self.out / "state.safetensors", {"config": asdict(cfg)}, packed=False))
         self.model.cpu()
-        metrics = self._final_metrics()
+        ev = evaluate(shipped_copy(self.model), self.eval_images)  # the shipped fp16 weights, not the fp32 copy
+        metrics = {**self._metrics(progress, progress.history), "heldout_psnr": ev["psnr"], "heldout_l1": ev["l1"],
+                   "codebook_usage": ev["codebook_usage"], "codebook_perplexity": ev["codebook_perplexity"],
+                   "weights": "fp16"}
         self.export(metrics)
         self.log(f"done: {json.dumps(metrics)}")
         return metrics
 
-    def _metrics(self) -> dict[str, Any]:
-        last = self.history[-1] if self.history else {}
+    def _metrics(self, p: Progress, history: list[dict[str, Any]]) -> dict[str, Any]:
+        last = history[-1] if history else {}
         return {
-            "step": self.step, "steps": self.cfg.steps, "train_seconds": round(self.elapsed, 1),
-            "train_cpu_seconds": round(self.cpu, 1),
+            "step": p.step, "steps": self.cfg.steps, "train_seconds": round(p.elapsed, 1),
+            "train_cpu_seconds": round(p.cpu, 1),
             "heldout_psnr": last.get("psnr"), "heldout_l1": last.get("l1"),
             "codebook_usage": last.get("codebook_usage"), "codebook_perplexity": last.get("codebook_perplexity"),
-            "eval_samples": self.cfg.eval_samples, "history": self.history,
+            "eval_samples": self.cfg.eval_samples, "history": history,
         }
-
-    def _final_metrics(self) -> dict[str, Any]:
-        """Metrics of the shipped fp16 weights (loaded back into fp32), not of the fp32 training copy."""
-        shipped = VQModel(self.model_cfg)
-        shipped.load_state_dict({k: v.float() for k, v in fp16_state(self.model).items()}, strict=True)
-        ev = evaluate(shipped, self.eval_images)
-        m = self._metrics()
-        m.update({"heldout_psnr": ev["psnr"], "heldout_l1": ev["l1"], "codebook_usage": ev["codebook_usage"],
-                  "codebook_perplexity": ev["codebook_perplexity"], "weights": "fp16"})
-        return m
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -276,6 +237,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from specgen.train.script import run_script
-
     raise SystemExit(run_script(main))

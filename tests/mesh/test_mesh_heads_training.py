@@ -62,7 +62,7 @@ def test_stage2_kl_backbone_loss_reuses_stage1(tmp_path):
     stage 1 is reused when only stage-2 settings and the name change."""
     import shutil
 
-    from specgen.train.heads import backbone_term
+    from specgen.train.heads import BACKBONE_LOSSES
     from specgen.train.lora import apply_lora, lora_disabled
 
     old = torch.get_num_threads()
@@ -80,10 +80,10 @@ def test_stage2_kl_backbone_loss_reuses_stage1(tmp_path):
             torch.nn.init.normal_(p, std=0.05)
     t = tokens[:2, : int((tokens[:2] >= 0).sum(1).max())]
     logits, _, _ = trainer.model.forward_train(pcs[:2], t)
-    assert float(backbone_term(trainer.model, pcs[:2], t, logits, "kl").detach()) > 0
+    assert float(BACKBONE_LOSSES["kl"](trainer.model, pcs[:2], t, logits).detach()) > 0
     with lora_disabled(trainer.model):
         base, _, _ = trainer.model.forward_train(pcs[:2], t)
-    assert float(backbone_term(trainer.model, pcs[:2], t, base, "kl").detach()) < 1e-6
+    assert float(BACKBONE_LOSSES["kl"](trainer.model, pcs[:2], t, base).detach()) < 1e-6
     result = HeadsTrainer(kl_cfg, tmp_path / "kl").train()
     assert result["stage1"] == first["stage1"]  # resumed, not retrained
     assert result["stage2"][0]["eval_backbone"] >= 0 and result["lora"]

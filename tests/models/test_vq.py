@@ -173,7 +173,8 @@ def test_trainer_writes_fp16_checkpoint_and_resumes(tmp_path) -> None:
     weights = load_file(str(tmp_path / "model.safetensors"))
     assert all(t.dtype == torch.float16 for t in weights.values())
     VQModel(VQConfig.from_dict(doc["config"])).load_state_dict({k: v.float() for k, v in weights.items()})
-    again = VQTrainer(cfg, tmp_path)
-    assert again.try_resume() and again.step == 4
+    lines.clear()
+    assert VQTrainer(cfg, tmp_path, lines.append).run()["step"] == 4  # resumed at the end: nothing left to train
+    assert any("resumed at step 4/4" in line for line in lines)
     with pytest.raises(ValueError):
-        VQTrainer(VQTrainConfig(**{**cfg.__dict__, "lr": 0.5}), tmp_path).try_resume()
+        VQTrainer(VQTrainConfig(**{**cfg.__dict__, "lr": 0.5}), tmp_path).run()

@@ -22,7 +22,8 @@ from specgen.train.checkpoint import (
     save_train_state,
     write_entry,
 )
-from specgen.train.optim import OptimConfig, cosine_lr, optimizer_step
+from specgen.train.loop import At, Loop, LoopOptions, Optim, TrainTask
+from specgen.train.optim import OptimConfig, cosine_lr
 from specgen.train.script import parse_recipe, print_metrics, script_parser
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,13 +50,27 @@ def test_optim_config_builds_adamw_and_schedule():
     assert cfg.lr_at(7, 20) == cosine_lr(7, 20, 2e-3, 0.0, 4)
 
 
+class OneStep(TrainTask):
+    """loss = 10 * sum(w) with SGD: every gradient entry is 10, its global norm 10 * sqrt(3)."""
+
+    def __init__(self, clip: float) -> None:
+        self.w = torch.nn.Parameter(torch.ones(3))
+        self.modules = {"w": torch.nn.ParameterList([self.w])}
+        self.optims = {"optim": Optim(torch.optim.SGD([self.w], lr=123.0), lambda s: 0.5, clip)}
+
+    def batch(self, at: At) -> None:
+        return None
+
+    def loss(self, batch: None):
+        return (10 * self.w).sum(), {}
+
+
 @pytest.mark.parametrize("clip", [0.0, 1e-3])
-def test_optimizer_step_sets_lr_and_clips_the_global_norm(clip):
-    w = torch.nn.Parameter(torch.ones(3))
-    opt = torch.optim.SGD([w], lr=123.0)
-    optimizer_step(opt, (10 * w).sum(), lr=0.5, grad_clip=clip)  # grad = 10 per entry, norm 10 * sqrt(3)
-    assert opt.param_groups[0]["lr"] == 0.5
-    step = (1 - w.detach()).norm().item()  # = lr * |grad| after clipping
+def test_the_loop_sets_lr_and_clips_the_global_norm(clip):
+    task = OneStep(clip)
+    Loop(LoopOptions(steps=1)).run(task)
+    assert task.optims["optim"].optimizer.param_groups[0]["lr"] == 0.5
+    step = (1 - task.w.detach()).norm().item()  # = lr * |grad| after clipping
     assert step == pytest.approx(0.5 * (clip if clip else 10 * math.sqrt(3)), rel=1e-4)
 
 
@@ -101,7 +116,9 @@ def _trained(seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
 
 def _step(model: torch.nn.Module, opt: torch.optim.Optimizer, i: int) -> None:
     x = torch.randn(16, 4, generator=torch.Generator().manual_seed(i))
-    optimizer_step(opt, model(x).pow(2).mean(), 1e-2, 1.0)
+    opt.zero_grad()
+    model(x).pow(2).mean().backward()
+    opt.step()
 
 
 @pytest.mark.parametrize("packed", [True, False])
