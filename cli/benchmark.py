@@ -60,7 +60,9 @@ def benchmark(
     suite: Annotated[Optional[str], typer.Option("--suite", help=f"Benchmark suite: {', '.join(SUITES)}.")] = None,
     methods: Annotated[Optional[str], typer.Option("--methods", help="Comma-separated methods; 'ar' is the reference.")] = None,
     model: ModelOpt = None,
-    limit: Annotated[Optional[int], typer.Option("--limit", help="Number of prompts.")] = None,
+    limit: Annotated[Optional[int], typer.Option(
+        "--limit", help="Number of prompts (default: humaneval 20, text every prompt of the set), of images per "
+                        "row (images, 16) or of test meshes (meshes, 8).")] = None,
     offset: Annotated[Optional[int], typer.Option("--offset", help="Skip this many prompts first.")] = None,
     max_new_tokens: Annotated[Optional[int], typer.Option("--max-new-tokens", help="Token budget per prompt.")] = None,
     threads: Annotated[Optional[int], typer.Option("--threads", help="torch threads (0 = default).")] = None,

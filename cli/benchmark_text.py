@@ -31,8 +31,6 @@ def run(overrides=None, suite="humaneval", prompts=None, prompt_field=None, cate
                       category_field=category_field, model=model, limit=limit, offset=offset,
                       max_new_tokens=max_new_tokens, threads=threads, seed=seed, device=device, methods=rows,
                       dtype=dtype, quantize=quantize)
-    if cfg.limit < 1 or cfg.offset < 0:
-        raise UsageError("--limit must be >= 1 and --offset >= 0")
     if cfg.prompts == "-" and run_dir is not None:
         raise UsageError("--prompts - (stdin) cannot be read again to resume or report a --run-dir: give a file")
     check_methods(cfg)

@@ -67,11 +67,13 @@ from specgen.methods import METHODS, MethodSpec, get_method, model_for, run_batc
 from specgen.methods.options import BUDGET_DEFAULT
 from specgen.models.tokenizer import tokenizer_hash
 from specgen.text.generate import draft_budget
+from specgen.text.precision import split_name
 from specgen.text.target import TextModel, load_original, load_text_model
 
 # rows not decoded by specgen's loop: row name (also `NAME:tag` variants) -> its peer (eval/peers.py)
 PEERS: dict[str, type[Peer]] = {"hf": HfGenerate, "hf-lookup": HfLookup, "hf-assisted": HfAssisted,
                                 "llamacpp": LlamaCppRow, "llamacpp-lookup": LlamaCppLookup}
+HUMANEVAL_LIMIT = 20  # the humaneval suite's default number of problems
 MIXED_PROMPTS = Path(__file__).resolve().parents[1] / "data" / "mixed_prompts.jsonl"  # the text suite's default
 
 
@@ -85,7 +87,7 @@ class TextBenchConfig:
     category_field: str | None = None  # the record field holding its category (default: `category`)
     methods: list[str] = field(default_factory=lambda: ["ar", "jacobi", "ngram", "hf"])
     model: str = "smollm2-135m"
-    limit: int = 20
+    limit: int | None = None  # prompts from `offset`; None: HUMANEVAL_LIMIT of humaneval, every prompt of a set
     offset: int = 0
     max_new_tokens: int = 128
     seed: int = 0
@@ -243,7 +245,7 @@ def humaneval_items(cfg: TextBenchConfig) -> list[Item]:
     if cfg.prompts is not None:
         raise UsageError("the humaneval suite reads its own prompts; give --prompts with --suite text")
     return [Item(Prompt(humaneval.build_user_message(q), "humaneval"), q)
-            for q in humaneval.load_problems(cfg.limit, cfg.offset)]
+            for q in humaneval.load_problems(HUMANEVAL_LIMIT if cfg.limit is None else cfg.limit, cfg.offset)]
 
 
 @functools.cache
@@ -254,7 +256,7 @@ def records_of(source: str, field: str | None, category_field: str | None) -> tu
 
 def file_items(cfg: TextBenchConfig) -> list[Item]:
     records = records_of(cfg.prompts or str(MIXED_PROMPTS), cfg.prompt_field, cfg.category_field)
-    return [Item(p) for p in records[cfg.offset : cfg.offset + cfg.limit]]
+    return [Item(p) for p in records[cfg.offset :][: cfg.limit]]
 
 
 SOURCES: dict[str, Callable[[TextBenchConfig], list[Item]]] = {"humaneval": humaneval_items, "text": file_items}
@@ -351,6 +353,18 @@ def peers_of(order: list[str], cfg: TextBenchConfig, original: TextModel) -> tup
     return built, skipped
 
 
+def row_models(model: TextModel, cfg: TextBenchConfig, p: Plan) -> dict[str, TextModel]:
+    """name -> model of every row: `model`, and each other model a row decodes (a distilled target, `ar@NAME`) at
+    the run's `dtype` and `quantize`, unless its name carries a precision of its own (`NAME+int8`)."""
+    models = {cfg.model: model}
+    for name in {p.meta[m]["model"] for m in p.order} - {cfg.model}:
+        own = any(split_name(name)[1:])
+        models[name] = load_text_model(name, cfg.device, dtype=None if own else cfg.dtype,
+                                       quantize=None if own else cfg.quantize, graphs=cfg.graphs)
+        check_same_tokenizer(model, models[name])
+    return models
+
+
 def measure(model: TextModel, cfg: TextBenchConfig, sink=None, shard: Shard = Shard(), on_prompt=None,
             machine: str | Callable[[], str] = "") -> None:
     """Measure this shard's items that `sink` (a RunDir or MemoryRun) has no record of, one record per item:
@@ -368,10 +382,7 @@ def measure(model: TextModel, cfg: TextBenchConfig, sink=None, shard: Shard = Sh
     sink.start_shard(shard)
     items = items_of(cfg)
     prompts = [encode(model.tokenizer, item.prompt) for item in items]
-    models = {cfg.model: model}
-    for name in {p.meta[m]["model"] for m in p.order} - {cfg.model}:
-        models[name] = load_text_model(name, cfg.device, graphs=cfg.graphs)
-        check_same_tokenizer(model, models[name])
+    models = row_models(model, cfg, p)
     for row in rows.values():  # a row's assets (a static n-gram cache) fit the models' one tokenizer
         if row.spec.model_check is not None:
             row.spec.model_check(row.options, model.tokenizer)
