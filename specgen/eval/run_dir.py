@@ -25,6 +25,7 @@ from specgen.errors import UsageError
 from specgen.paths import atomic_write_text, check_space, write_new
 
 FORMAT = 1  # run.json layout version
+SUITES = ("humaneval", "text", "images", "meshes")  # what a run folder may hold
 
 
 class RunNotFinished(UsageError):
