@@ -25,6 +25,7 @@ from specgen.eval.mesh_bench import items_left as meshes_left
 from specgen.eval.run_dir import MemoryRun, RunDir, RunNotFinished, Shard, launcher_shard, parse_shard, wait_for_ranks
 from specgen.eval.text_bench import TextBenchConfig, check_methods, check_prompts_fit, items_left, measure, plan, rows_of
 from specgen.image.generate import load_image_model
+from specgen.machine import label, machine_facts
 from specgen.models.graphs import check_mode
 from specgen.text.target import load_text_model
 
@@ -213,7 +214,7 @@ def run(a: BenchArgs) -> None:
     if steps:
         with _output.progress(f"benchmark {cfg.suite}", steps, a.quiet or a.fmt == Format.json) as advance:
             # the machine label is read once the run has set its threads
-            suite.measure(cfg, sink, this, lambda *_: advance(), lambda: _output.machine_label(cfg.device), a.quiet)
+            suite.measure(cfg, sink, this, lambda *_: advance(), lambda: machine_label(cfg.device), a.quiet)
     rows = merged_rows(sink, lambda s: suite.finish(cfg, s, a.quiet), this, launched, a.quiet)
     if rows is not None:
         show(suite, rows, cfg, sink, a.fmt, a.out, a.append)
@@ -301,7 +302,13 @@ def merged_rows(sink, rows_of, shard: Shard, launched: bool, quiet: bool) -> lis
 def machine_of(sink) -> str:
     """The machine label of the shards that measured a run (one label when they agree)."""
     labels = sorted({info.get("machine") or "?" for info in sink.machines().values()})
-    return "; ".join(labels) or _output.machine_label()
+    return "; ".join(labels) or machine_label()
+
+
+def machine_label(device: str | None = None) -> str:
+    """Where and how a benchmark ran, printed with every table and stored in every row (they change what a
+    multi-token verify costs): `specgen.machine.label` of the facts `specgen env` shows."""
+    return label(machine_facts(device), device)
 
 
 def roofline_note(sink) -> str:

@@ -1,37 +1,5 @@
-"""Image benchmark: image methods x temperatures on the same conditions and seeds, interleaved, in one process.
-
-Rows (one per method and temperature): speedup vs `ar` (median of per-image wall-time ratios), tau,
-d-bar, NFE, TPF, drafter time share, exact match vs `ar` (lossless methods at T = 0 must be 1.0), the
-images' conditions (`classes`: class names, c2i; `captions`: caption indices in the features file, t2i)
-and quality: mean target NLL of the generated tokens (teacher-forced under the CFG distribution the
-sampler uses, T = 1, with each image's class or caption), class accuracy and FID in the feature space of
-the offline classifier trained by `recipes/tiny/image-classifier.yaml` (labelled "clf-FID": it is not
-Inception FID).
-
-Text-conditional (t2i) models decode one image per caption of `captions` (a caption-features file, as
-`generate --captions`; cycled to `num`). Their rows have NLL but no class accuracy or clf-FID: both
-measure images against class labels (and the classifier's class photos), which captions do not give.
-
-Rows follow the one variant syntax of every suite (specgen/eval/sweeps.py). An entry `method@tag` (e.g. `vvs@u`,
-`vvs@d`) is labelled with the entry and decoded by `method` with `options[method]` updated by `options[entry]`,
-so one run can hold several settings of a method (VVS-U and VVS-D are `vvs` with schedule uniform/dynamic);
-`sweep: {row: {option: [values]}}` adds one row per value (`row@option=<v>`, or `row=<v>` for a tagged row) and
-a `<sweep>-pareto-T<t>.png` speed-quality plot of its rows with `ar`, `lantern` and the row it varies.
-
-MuLo-SD (LOSSY): `mulo_ablations: true` adds `mulo-sd@raster` (raster-scan rejection) and `mulo-sd@no-expand`
-(local verification without expansion, l = 0), the paper's Fig. 5c; `sweep.mulo-sd.tau=[...]` is the paper's
-Pareto sweep (Fig. 8), rows `mulo-sd@tau=<v>` and the plot `mulo-sd-pareto-T<t>.png`. Their rows add
-`accept_rate` (draft tokens passing Eq. 5) and `resampled_share` (draft tokens re-sampled by the target after
-expansion).
-
-VVS (LOSSY) sweeps the same way: `options.vvs@i.schedule=uniform` with `sweep.vvs@i.interval=[...]` adds `vvs@i=<v>`
-rows (VVS-U, skip every v-th step), `options.vvs@thr.schedule=dynamic` with `sweep.vvs@thr.threshold=[...]`
-`vvs@thr=<v>` rows (VVS-D, skip when the path similarity >= v); their plots `vvs-u-pareto` and `vvs-d-pareto`
-draw the default-setting rows `vvs@u`, `vvs@d` with them.
-
-Older keys, still read with the same rows: `method_options` (= `options`), `mulo_taus`, `vvs_intervals`,
-`vvs_thresholds` (= the three sweeps above; OLD_SWEEPS).
-"""
+"""Image benchmark: image methods x temperatures on the same conditions and seeds, interleaved, in one process
+(docs/benchmarks.md)."""
 
 from __future__ import annotations
 
@@ -315,13 +283,6 @@ def image_rows_of(cfg: ImageBenchConfig, sink) -> tuple[list[dict], dict]:
     cfg = with_extra_rows(cfg)
     return image_rows(sink.records(), list(cfg.methods), cfg.num, list(cfg.temperatures), list(cfg.batch_sizes),
                       sink.machines(), {m: cfg.dtypes.get(m, cfg.dtype) for m in cfg.methods})
-
-
-def run_image_benchmark(im: ImageModel, cfg: ImageBenchConfig, on_step=None) -> tuple[list[dict], dict]:
-    """Every method on every (temperature, image) pair in this process; returns rows and pixels per (row, T)."""
-    sink = MemoryRun()
-    measure_images(im, cfg, sink, on_step=on_step)
-    return image_rows_of(cfg, sink)
 
 
 def swept_groups(names) -> list[str]:

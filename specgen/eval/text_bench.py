@@ -1,41 +1,5 @@
-"""Text benchmark: every method on the same prompts in one process, interleaved per prompt.
-
-Prompts (`SOURCES`): suite `humaneval` (HumanEval problems, pass@1 by executing the completions in subprocesses)
-or suite `text`, any prompt set (`prompts`: a file, `-` or a local dataset, `specgen/data/prompts.py`; by default
-the shipped mixed set), with batch-1 rows per category as well when it has several. Rows: tokens/s (median over
-prompts), speedup vs `ar` (median of per-prompt ratios), TPF, tau, exact match vs `ar`, pass@1 (HumanEval).
-
-Peer rows (`PEERS`) decode the same prompt ids greedily with other libraries' own fast paths: `hf` (transformers'
-`generate` on identical weights, so specgen's AR baseline is shown not to be artificially slow), `hf-lookup`
-(its prompt lookup), `hf-assisted` (its assisted generation, when a draft model is named or registered),
-`llamacpp` and `llamacpp-lookup` (llama.cpp on the GGUF, plain and prompt lookup). A peer row that cannot run
-here (its package missing, no draft model) is skipped with one line.
-
-Methods that decode a distilled model (`MethodSpec.target`, e.g. pcllm -> smollm2-135m-pcllm, or
-`targets.<method>=NAME`) are timed against the ORIGINAL model's `ar` (speedup_vs_ar), while their
-exact match is taken against the greedy AR of the model they decode (an extra `ar@<model>` row, run
-interleaved like every other row). Quality that can move on a 135M model: `nll_base` = the original
-model's mean per-token NLL of each row's outputs (teacher-forced), and for `ar@<model>` rows the
-exact-match rate / mean matching-prefix length of the distilled model's greedy output vs the original's.
-
-Variant rows (the one syntax of every suite, specgen/eval/sweeps.py): `method@tag` (e.g. `pcllm@n8`) or
-`method:tag` (e.g. `pcllm:n8`) runs `method` with `options[method]` updated by `options["method@tag"]` (and
-`targets[row]` if given; `method_options` is the older name of `options`, read as well), so one run can compare
-settings of one method side by side, e.g. block sizes against the measured cost of wider forwards. `method@NAME`
-where NAME names a registry model (installed, a built-in, or a checkpoint folder; `+int8`-style precision suffixes
-allowed), and `ar@` with anything, is `method` decoding NAME instead (the `ar@<model>` reference rows);
-`method:tag` is always a variant, whatever the tag. `sweep: {row: {option: [values]}}` adds one variant row per
-value, `row@option=<v>` (`row=<v>` for a row with an `@` tag), decoding what `row` decodes (its `targets` entry)
-with that option set over `row`'s options.
-
-Batch sizes (`batch_sizes: [1, 4, 16]`): batch 1 runs every method interleaved per prompt, as above. A batch
-size B > 1 runs each method over all prompts through B slots of the batched loop (continuous batching; the
-`hf` row: transformers `generate` on left-padded static batches of B), methods one after another. Its rows
-report throughput (tokens over the batch's wall time), per-sequence latency (median, p90; queueing
-included), speedup vs `ar` at the same B and vs batch-1 `ar` (when batch 1 ran), exact match vs `ar` at
-the same B and at B = 1, and c(B): the measured cost of a B-row product pass relative to one row
-(`decoding/cost.py`), which bounds what batching can gain.
-"""
+"""Text benchmark (suites humaneval, text): every row on the same prompts in one process, interleaved per prompt;
+what each row and column means: docs/benchmarks.md."""
 
 from __future__ import annotations
 
