@@ -38,11 +38,8 @@ def fail(message: str, code: int) -> typer.Exit:
 
 
 def command(fn):
-    """Wrap a command so errors exit 2 (usage) or 1 (runtime) with one line; traceback only when debugging.
-
-    Python warnings raised while the command runs (torch, pyarrow, ...) are held back: on failure the error
-    line is all that is printed; on success they follow as `warning:` lines (all of them with SPECGEN_DEBUG=1).
-    """
+    """Wrap a command so errors exit 2 (usage) or 1 (runtime) with one line; traceback only when debugging. Warnings
+    are held back: on failure the error line is all that is printed, on success they follow as `warning:` lines."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):

@@ -130,10 +130,8 @@ def check_tail(path) -> None:
 
 
 def write_rows(out, rows: list[dict], append: bool = False) -> None:
-    """Benchmark rows as JSONL, written to a hidden temporary and linked into place only if `out` still does not
-    exist (no partial file, never a replaced one, no temporary left), or with `append` added to the end of an
-    existing file in one write, after a newline when its last line lacks one; no-op when out is None. When the
-    write fails anyway (the device filled up meanwhile) the rows go to stdout as JSON lines before the error."""
+    """Rows as JSONL to a new `out` (whole or not at all, never replacing a file) or, with `append`, to its end in
+    one write; when the write fails anyway (a full device) the rows go to stdout before the error."""
     if out is None:
         return
     text = "".join(json.dumps(r, default=str) + "\n" for r in rows)

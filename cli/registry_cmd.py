@@ -89,10 +89,8 @@ def import_cmd(
                                                         "built-in).")] = False,
     quiet: QuietOpt = False,
 ) -> None:
-    """Import external weights (pickles are read with weights_only=True and converted to safetensors).
-
-    An existing name is refused unless --force; built-in names are always refused.
-    """
+    """Import external weights (pickles read with weights_only=True, stored as safetensors); an existing name needs
+    --force, a built-in name is refused."""
     from specgen.importer import import_checkpoint  # deferred: start-up (torch)
 
     entry = import_checkpoint(source, name, kind, builder, kwargs, parent, _output.registry_progress(quiet), vq=vq,
@@ -118,10 +116,8 @@ def merge(
     force: Annotated[bool, typer.Option("--force", help="Replace an existing target of this name (never a built-in).")] = False,
     quiet: QuietOpt = False,
 ) -> None:
-    """Register a text target = an adapter's base with the adapter merged at a scale (weight-space interpolation).
-
-    An existing name is refused unless --force; built-in names are always refused.
-    """
+    """Register a text target = an adapter's base with the adapter merged at a scale (weight-space interpolation);
+    an existing name needs --force, a built-in name is refused."""
     # deferred: start-up (torch)
     from specgen.importer import check_destination
     from specgen.text.merge import adapter_source, register_merged

@@ -112,11 +112,7 @@ def recipe_kind(doc: dict, comments: str, overrides: list[str], file_name: str =
 
 
 def check_recipe(path: Path, overrides: list[str] | None = None) -> list[dict]:
-    """Check a recipe without a GPU and without loading weights; one `{"check", "ok", "detail"}` row per check.
-
-    Raises `UsageError` (one line) for a recipe that cannot be parsed: a missing or unreadable file, invalid YAML,
-    not a mapping, or no way to tell which command it is for.
-    """
+    """One `{"check", "ok", "detail"}` row per check; a recipe that cannot be read or placed is a UsageError."""
     path = Path(path)
     overrides = list(overrides or [])
     doc = read_recipe(path)  # UsageError: missing, not UTF-8, invalid YAML, not a mapping

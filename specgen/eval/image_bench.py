@@ -14,7 +14,7 @@ from specgen.decoding.cost import cost_of
 from specgen.errors import UsageError
 from specgen.eval import image_metrics, plots
 from specgen.eval.image_rows import image_rows, method_of, png_of
-from specgen.eval.run_dir import MemoryRun, Shard
+from specgen.eval.run_dir import Shard
 from specgen.eval.sweeps import (Sweep, SweptRow, expand, method_bases, method_check, options_table, sweeps_of,
                                  with_swept)
 from specgen.image.captions import Caption
@@ -226,13 +226,12 @@ def items_left(cfg: ImageBenchConfig, done: dict, shard: Shard) -> tuple[list, l
     return single, batched
 
 
-def measure_images(im: ImageModel, cfg: ImageBenchConfig, sink=None, shard: Shard = Shard(), on_step=None,
+def measure_images(im: ImageModel, cfg: ImageBenchConfig, sink, shard: Shard = Shard(), on_step=None,
                    machine: str | Callable[[], str] = "") -> None:
     """Decode this shard's images that `sink` has no record of: at batch 1 one (temperature, image) with every
     method interleaved on it per record, at B > 1 one method over the shard's images per record."""
     cfg = with_extra_rows(cfg)
     check_image_methods(cfg)
-    sink = MemoryRun() if sink is None else sink
     conditions = bench_conditions(im, cfg)  # [num] class ids or captions, refused before any decoding
     check_builds(im, cfg, conditions[0])
     single, batched = items_left(cfg, sink.records(), shard)

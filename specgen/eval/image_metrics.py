@@ -27,7 +27,7 @@ def _as_f64(x: Array) -> np.ndarray:
 
 def fid_from_features(a: Array, b: Array, eps: float = 1e-6) -> float:
     """Fréchet distance between Gaussians fitted to feature sets a [N,F] and b [M,F] (N, M >= 2)."""
-    from scipy import linalg
+    from scipy import linalg  # optional dependency
 
     a, b = _as_f64(a), _as_f64(b)
     if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[1] or min(len(a), len(b)) < 2:
@@ -72,12 +72,8 @@ def classifier_hash(classifier: nn.Module) -> str:
 
 def reference_features(classifier: ImageClassifier, n: int = 1024, seed: int = 0, split: str = "train",
                        batch_size: int = 256) -> torch.Tensor:
-    """Features [n,F] of real crops (class i % 16, crop seed `seed`), cached in $SPECGEN_HOME/artefacts/.
-
-    Default split "train": the distribution the tiny generators learn, as FID references on ImageNet use
-    train-set statistics. The eval split's strips show partly different content (table, wall, uniform):
-    real train-region crops score clf-FID ~4.0 against them, against other train-region crops ~0.04.
-    """
+    """Features [n,F] of real crops (class i % 16, crop seed `seed`), cached in $SPECGEN_HOME/artefacts/. Default
+    split "train": the distribution the tiny generators learn (FID references on ImageNet use train statistics)."""
     data_cfg = ImageCropsConfig(split=split, num_samples=n, crop_size=classifier.image_size, seed=seed)
     data_key = hashlib.sha256(repr(sorted(asdict(data_cfg).items())).encode()).hexdigest()[:8]
     name = f"{classifier_hash(classifier)}-{data_key}-n{n}.safetensors"

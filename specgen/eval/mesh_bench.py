@@ -13,7 +13,7 @@ import trimesh
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.stats import DecodeStats
 from specgen.errors import UsageError
-from specgen.eval.run_dir import MemoryRun, RunNotFinished, Shard, batched, unrecorded
+from specgen.eval.run_dir import RunNotFinished, Shard, batched, unrecorded
 from specgen.eval.sweeps import Sweep, expand, merged_table, sweeps_of
 from specgen.mesh.export import clean_mesh
 from specgen.mesh.generate import decode_tokens, load_mesh_model
@@ -171,14 +171,11 @@ def items_left(cfg: MeshBenchConfig, labels: list[str], done: dict, shard: Shard
     return single, batched
 
 
-def measure_meshes(cfg: MeshBenchConfig, sink=None, shard: Shard = Shard(), on_mesh: Callable[[int], None] | None = None,
+def measure_meshes(cfg: MeshBenchConfig, sink, shard: Shard = Shard(), on_mesh: Callable[[int], None] | None = None,
                    machine: str | Callable[[], str] = "") -> None:
     """Decode this shard's meshes that `sink` has no record of: one record per mesh with every row interleaved on
     it (batch 1), or per row over the shard's point clouds through B slots."""
-    if cfg.limit < 1 or cfg.offset < 0:
-        raise UsageError("--limit must be >= 1 and --offset >= 0")
     split_seeds("test", cfg.limit, cfg.offset)  # more meshes than the split holds: refused before any model loads
-    sink = MemoryRun() if sink is None else sink
     vs = variants(cfg)
     single, batched = items_left(cfg, [v.label for v in vs], sink.records(), shard)
     if not single and not batched:

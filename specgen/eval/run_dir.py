@@ -5,8 +5,11 @@ run cuts it off, so the item is redone; an item in several files counts once (th
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import weakref
+from datetime import timedelta
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -63,9 +66,7 @@ def launcher_shard() -> Shard | None:
 def wait_for_ranks() -> None:
     """Block until every launcher rank got here (gloo; torchrun/accelerate set the rendezvous variables), so
     rank 0 merges only finished shards. A benchmark shard may take hours: the timeout is a week."""
-    from datetime import timedelta
-
-    import torch.distributed as dist
+    import torch.distributed as dist  # deferred: start-up (this module is read by torch-free `specgen --help`)
 
     if not dist.is_initialized():
         dist.init_process_group("gloo", timeout=timedelta(days=7))
@@ -182,9 +183,6 @@ class RunDir:
     def lock(self, shard: Shard) -> None:
         """An exclusive flock on shard-<label>.lock, or a one-line refusal naming the process holding it. The kernel
         drops the lock when its holder dies, so a lock file left by a killed run holds nothing."""
-        import fcntl
-        import weakref
-
         if shard.label in self.locked:
             return
         file = self.path / f"shard-{shard.label}.lock"

@@ -19,12 +19,13 @@ from specgen.decoding.cost import cost_of
 from specgen.decoding.sampling import SamplingParams
 from specgen.devices import now
 from specgen.errors import UsageError
+from specgen.limits import check_prompt_fits, context_of
 from specgen.eval import humaneval
 from specgen.eval.hf_rows import HfAssisted, HfGenerate, HfLookup
 from specgen.eval.llamacpp_row import LlamaCppLookup, LlamaCppRow
 from specgen.eval.peers import Peer, PeerSetup
 from specgen.eval.roofline import copy_bandwidth, streamed_bytes
-from specgen.eval.run_dir import MemoryRun, Shard
+from specgen.eval.run_dir import Shard
 from specgen.eval.sweeps import expand, method_bases, method_check, options_table, sweeps_of, with_swept
 from specgen.eval.text_rows import Run, text_rows
 from specgen.methods import METHODS, MethodSpec, get_method, model_for, run_batch
@@ -32,7 +33,7 @@ from specgen.methods.options import BUDGET_DEFAULT
 from specgen.models.tokenizer import tokenizer_hash
 from specgen.text.generate import draft_budget
 from specgen.text.precision import split_name
-from specgen.text.target import TextModel, load_original, load_text_model
+from specgen.text.target import TextModel, load_original, load_text_model, open_text_model
 
 # rows not decoded by specgen's loop: row name (also `NAME:tag` variants) -> its peer (eval/peers.py)
 PEERS: dict[str, type[Peer]] = {"hf": HfGenerate, "hf-lookup": HfLookup, "hf-assisted": HfAssisted,
@@ -239,9 +240,6 @@ def items_of(cfg: TextBenchConfig) -> list[Item]:
 def check_prompts_fit(cfg: TextBenchConfig, progress=None) -> None:
     """Refuse a prompt that leaves no room for max_new_tokens in the model's context, from its registry entry's
     config and tokenizer files: before any weights load."""
-    from specgen.limits import check_prompt_fits, context_of
-    from specgen.text.target import open_text_model
-
     source = open_text_model(cfg.model, "cpu", progress)  # the entry, the base it reads its tokenizer from
     entry = source.entry if context_of(source.entry.meta) else source.base
     for i, item in enumerate(items_of(cfg)):
@@ -329,13 +327,12 @@ def row_models(model: TextModel, cfg: TextBenchConfig, p: Plan) -> dict[str, Tex
     return models
 
 
-def measure(model: TextModel, cfg: TextBenchConfig, sink=None, shard: Shard = Shard(), on_prompt=None,
+def measure(model: TextModel, cfg: TextBenchConfig, sink, shard: Shard = Shard(), on_prompt=None,
             machine: str | Callable[[], str] = "") -> None:
     """Measure this shard's items that `sink` (a RunDir or MemoryRun) has no record of, one record per item:
     at batch 1 a prompt with every row interleaved on it, at B > 1 one row over the shard's prompts."""
     cfg = with_sweeps(cfg)
     rows = check_methods(cfg)
-    sink = MemoryRun() if sink is None else sink
     p = plan(cfg)
     mine = [i for i in range(p.n_prompts) if shard.owns(i)]
     todo, todo_batched = items_left(cfg, p, sink.records(), shard)
