@@ -38,9 +38,11 @@ def list_cmd(
     """List installed checkpoints and built-in defaults."""
     from specgen import builtins, checkpoints, registry  # deferred: start-up (torch)
 
+    def stale(e) -> bool:  # an installed built-in whose weights are not the shipped ones
+        return not e.corrupt and e.installed and e.builtin and checkpoints.stale_builtin(e, builtins.BUILTINS[e.name])
+
     rows = [{"ref": e.ref, "kind": e.kind, "name": e.name, "installed": e.installed, "builtin": e.builtin,
-             "parent": e.meta.get("parent"), "path": str(e.path),
-             "status": status(e, e.installed and e.builtin and checkpoints.stale_builtin(e, builtins.BUILTINS[e.name]))}
+             "parent": e.meta.get("parent"), "path": str(e.path), "status": status(e, stale(e))}
             for e in checkpoints.list_entries(kind)]
     if fmt == Format.json:
         _output.emit_json(rows)
@@ -54,7 +56,7 @@ def list_cmd(
 
 def status(e, stale: bool) -> str:
     """ok, or why an entry is corrupt or not the shipped built-in (`stale`), and how to repair it."""
-    if not e.corrupt and stale:
+    if stale:
         return f"not the shipped weights; `specgen registry remove {e.ref}` restores them"
     if not e.corrupt:
         return "ok"
