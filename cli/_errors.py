@@ -12,6 +12,7 @@ from typer._click.exceptions import ClickException, NoArgsIsHelpError
 from typer.core import TyperGroup
 
 from specgen.errors import SpecgenError
+from specgen.paths import ADVICE
 
 
 #: Exit status when the reader of stdout leaves: 128 + SIGPIPE, what a shell reports for a filter killed by it.
@@ -37,11 +38,8 @@ def fail(message: str, code: int) -> typer.Exit:
 
 
 def command(fn):
-    """Wrap a command so errors exit 2 (usage) or 1 (runtime) with one line; traceback only when debugging.
-
-    Python warnings raised while the command runs (torch, pyarrow, ...) are held back: on failure the error
-    line is all that is printed; on success they follow as `warning:` lines (all of them with SPECGEN_DEBUG=1).
-    """
+    """Wrap a command so errors exit 2 (usage) or 1 (runtime) with one line; traceback only when debugging. Warnings
+    are held back: on failure the error line is all that is printed, on success they follow as `warning:` lines."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -108,8 +106,6 @@ class WatchedStdout:
 def os_error_line(e: OSError, on_stdout: bool = False) -> str:
     """An OSError as one line without its class name: what could not be used, why, and what to do. Writing the
     results to stdout failed when `on_stdout` (stdout is then silenced: the interpreter's flush would fail again)."""
-    from specgen.paths import ADVICE
-
     if on_stdout:
         silence_stdout()
     what = "stdout (the results)" if on_stdout else e.filename

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from contextlib import contextmanager
 from typing import Any, Iterable
@@ -10,6 +11,9 @@ from typing import Any, Iterable
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+
+from specgen.errors import RuntimeFailure, UsageError
+from specgen.paths import check_space, write_new
 
 err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 out = Console(soft_wrap=True, highlight=False, width=None if sys.stdout.isatty() else 160)
@@ -82,23 +86,10 @@ def registry_progress(quiet: bool = False):
     return cb
 
 
-def machine_label(device: str | None = None) -> str:
-    """Where and how a benchmark ran, printed with every table and stored in every JSON row (they change what a
-    multi-token verify costs): `specgen.machine.label` of the facts `specgen env` shows."""
-    from specgen.machine import label, machine_facts
-
-    return label(machine_facts(device), device)
-
-
 def check_rows_path(out, append: bool = False) -> None:
     """Refuse a --out destination before any work is done: an existing file (rows never replace a file; with
     `append` they are added to it, unless its last line is torn and no JSON) or folder, a missing or non-folder
     parent, or a folder where this user cannot write a small probe file (permissions, a full device)."""
-    import os
-
-    from specgen.errors import UsageError
-    from specgen.paths import check_space
-
     if out is None:
         if append:
             raise UsageError("--append adds rows to the --out file; name one with --out FILE")
@@ -126,8 +117,6 @@ def check_rows_path(out, append: bool = False) -> None:
 def check_tail(path) -> None:
     """A JSONL file whose last line has no newline (a cut-off write) is appended to after a newline when that
     line is whole JSON (repaired); a torn line that is no JSON is refused, naming it, rather than written onto."""
-    from specgen.errors import UsageError
-
     data = path.read_bytes()
     if not data or data.endswith(b"\n"):
         return
@@ -141,14 +130,10 @@ def check_tail(path) -> None:
 
 
 def write_rows(out, rows: list[dict], append: bool = False) -> None:
-    """Benchmark rows as JSONL, written to a hidden temporary and linked into place only if `out` still does not
-    exist (no partial file, never a replaced one, no temporary left), or with `append` added to the end of an
-    existing file in one write, after a newline when its last line lacks one; no-op when out is None. When the
-    write fails anyway (the device filled up meanwhile) the rows go to stdout as JSON lines before the error."""
+    """Rows as JSONL to a new `out` (whole or not at all, never replacing a file) or, with `append`, to its end in
+    one write; when the write fails anyway (a full device) the rows go to stdout before the error."""
     if out is None:
         return
-    from specgen.errors import RuntimeFailure
-
     text = "".join(json.dumps(r, default=str) + "\n" for r in rows)
     try:
         append_rows(out, text) if append and out.is_file() else create_rows(out, text)
@@ -159,8 +144,6 @@ def write_rows(out, rows: list[dict], append: bool = False) -> None:
 
 
 def append_rows(out, text: str) -> None:
-    import os
-
     fd = os.open(out, os.O_RDWR | os.O_APPEND)
     try:
         size = os.fstat(fd).st_size
@@ -171,20 +154,5 @@ def append_rows(out, text: str) -> None:
 
 
 def create_rows(out, text: str) -> None:
-    import os
-    import tempfile
-
-    from specgen.errors import RuntimeFailure
-    from specgen.paths import umask
-
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o666 & ~umask())
-        try:
-            os.link(tmp, out)
-        except FileExistsError:
-            raise RuntimeFailure(f"--out {out} was created by someone else meanwhile; it was left as it is") from None
-    finally:
-        os.unlink(tmp)
+    if not write_new(out, text):
+        raise RuntimeFailure(f"--out {out} was created by someone else meanwhile; it was left as it is")

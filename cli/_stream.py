@@ -13,16 +13,18 @@ UNWINDING = {signal.SIGINT, signal.SIGTERM}
 
 def write(text: str) -> None:
     """`text` on stdout at once: an interrupt that arrives mid-write is taken after it, so a stream cut by Ctrl-C
-    ends on a whole piece (a JSON line stays parseable)."""
-    hold = hasattr(signal, "pthread_sigmask")
-    if hold:
-        signal.pthread_sigmask(signal.SIG_BLOCK, UNWINDING)
+    ends on a whole piece (a JSON line stays parseable). The handlers are swapped, not the signal mask: a signal that
+    another thread (torch's pool) receives still runs its Python handler in this one."""
+    held: list[int] = []
+    before = {s: signal.signal(s, lambda signum, frame: held.append(signum)) for s in UNWINDING}
     try:
         sys.stdout.write(text)
         sys.stdout.flush()
     finally:
-        if hold:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, UNWINDING)
+        for s, handler in before.items():
+            signal.signal(s, handler)
+        if held:
+            signal.raise_signal(held[0])  # taken now, by the command's own handler
 
 
 def stdout_is_terminal() -> bool:

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from cli import _output
 from cli._errors import command
 from cli._options import (ConfigOpt, DeviceOpt, DtypeOpt, Format, FormatOpt, GraphsOpt, ModelOpt, OverridesArg,
                           QuantizeOpt, QuietOpt, SeedOpt, recipe_key)
 from specgen.errors import UnknownNameError, UsageError
-from specgen.eval.run_dir import RunDir
+from specgen.eval.run_dir import SUITES
 
 EPILOG = """examples:
 
@@ -46,12 +44,11 @@ EPILOG = """examples:
   specgen benchmark --config recipes/full/bench-llamagen-c2i-l.yaml --dry-run   # check a GPU recipe here first
 """
 
-# suite -> its runner module (`run(**options)`, `report(run, ...)`); start-up cost: the runners import torch and
-# the models, so `specgen --help` and refused flags do without them
-SUITES = {"humaneval": "cli.benchmark_text", "text": "cli.benchmark_text", "images": "cli.benchmark_image",
-          "meshes": "cli.benchmark_mesh"}
-CONSUMED = ("batch_size", "dry_run", "graphs", "text", "given", "device_name", "check_mode")  # benchmark() reads them
-TEXT_OPTIONS = ("suite", "prompts", "prompt_field", "category_field")  # what the text runner takes besides the rest
+#: BenchArgs field -> (its flag, the suites that read it); another suite's option is refused, not ignored
+SUITE_OPTIONS = {"prompts": ("--prompts", ("text",)), "prompt_field": ("--prompt-field", ("text",)),
+                 "category_field": ("--category-field", ("text",)), "quantize": ("--quantize", ("humaneval", "text")),
+                 "offset": ("--offset", ("humaneval", "text", "meshes")),
+                 "max_new_tokens": ("--max-new-tokens", ("humaneval", "text", "meshes"))}
 
 
 @command
@@ -60,7 +57,9 @@ def benchmark(
     suite: Annotated[Optional[str], typer.Option("--suite", help=f"Benchmark suite: {', '.join(SUITES)}.")] = None,
     methods: Annotated[Optional[str], typer.Option("--methods", help="Comma-separated methods; 'ar' is the reference.")] = None,
     model: ModelOpt = None,
-    limit: Annotated[Optional[int], typer.Option("--limit", help="Number of prompts.")] = None,
+    limit: Annotated[Optional[int], typer.Option(
+        "--limit", help="Number of prompts (default: humaneval 20, text every prompt of the set), of images per "
+                        "row (images, 16) or of test meshes (meshes, 8).")] = None,
     offset: Annotated[Optional[int], typer.Option("--offset", help="Skip this many prompts first.")] = None,
     max_new_tokens: Annotated[Optional[int], typer.Option("--max-new-tokens", help="Token budget per prompt.")] = None,
     threads: Annotated[Optional[int], typer.Option("--threads", help="torch threads (0 = default).")] = None,
@@ -100,65 +99,34 @@ def benchmark(
     """Measure speed (ratios from one run), acceptance and quality of methods on a suite.
 
     `specgen benchmark report RUN_DIR` prints the table of a finished --run-dir (shards merged)."""
+    # deferred: start-up (the suites import torch and the models; `specgen --help` does without them)
+    from cli import benchmark_runs
+
     if overrides and overrides[0] == "report":  # a subcommand in the overrides' place: no override is a bare word
-        return report(overrides[1:], fmt, out, append, quiet)
+        return benchmark_runs.report(overrides[1:], fmt, out, append, quiet)
     if dry_run:
-        return print_dry_run(config, overrides, fmt)
-    if methods is not None and not [m for m in methods.split(",") if m.strip()]:
+        return benchmark_runs.print_dry_run(config, overrides, fmt)
+    names = [m.strip() for m in methods.split(",") if m.strip()] if methods is not None else None
+    if names == []:
         raise UsageError(f"--methods {methods!r} names no method; give a comma-separated list such as ar,ngram")
     suite = suite or recipe_key(config, overrides, "suite") or "humaneval"
     if suite not in SUITES:
         raise UnknownNameError("suite", suite, list(SUITES))
-    text = SUITES[suite] == SUITES["text"]
-    if quantize and not text:
-        raise UsageError(f"--quantize is for the text suites (text targets), not {suite}")
-    given = [flag for flag, v in (("--prompts", prompts), ("--prompt-field", prompt_field),
-                                  ("--category-field", category_field)) if v is not None]
-    if given and suite != "text":
-        raise UsageError(f"{', '.join(given)} is for --suite text (a prompt set of your own), not {suite}")
     if batch_size is not None:  # every suite reads its batch sizes from its config
         overrides = [*(overrides or []), f"batch_sizes=[{','.join(map(str, parse_batch_sizes(batch_size)))}]"]
-    if graphs is not None:  # every suite's config holds it (its loaders attach the captures); refused before loading
-        from specgen.devices import device_name  # start-up cost: torch, only when the flag is given
-        from specgen.models.graphs import check_mode
-
-        check_mode(graphs, device_name(device or recipe_key(config, overrides, "device") or "cpu"))
+    if graphs is not None:  # every suite's config holds it (its loaders attach the captures)
         overrides = [*(overrides or []), f"graphs={graphs}"]
-    options = {k: v for k, v in locals().items() if k not in CONSUMED and (text or k not in TEXT_OPTIONS)}
-    importlib.import_module(SUITES[suite]).run(**options)
+    args = benchmark_runs.BenchArgs(config, list(overrides or []), suite, names, model, limit, offset, max_new_tokens,
+                                    threads, seed, device, dtype, quantize, prompts, prompt_field, category_field, out,
+                                    append, run_dir, shard, fmt, quiet)
+    for field, (flag, suites) in SUITE_OPTIONS.items():
+        if getattr(args, field) is not None and suite not in suites:
+            raise UsageError(f"{flag} is for --suite {' or '.join(suites)}; it is not an option of the {suite} suite")
+    benchmark_runs.run(args)
 
 
-def report(args: list[str], fmt, out: Path | None, append: bool, quiet: bool) -> None:
-    """`specgen benchmark report RUN_DIR`: the table of a finished run folder (also one copied from a cluster)."""
-    if len(args) != 1:
-        raise UsageError("usage: specgen benchmark report RUN_DIR [--format json] [--out FILE [--append]]")
-    run = RunDir.existing(Path(args[0]))
-    if run.suite not in SUITES:
-        raise UsageError(f"{run.path} holds a {run.suite} run; report reads {', '.join(SUITES)} runs")
-    _output.check_rows_path(out, append)
-    importlib.import_module(SUITES[run.suite]).report(run, fmt, out, append, quiet)
-
-
-def print_dry_run(config: Path | None, overrides: list[str] | None, fmt) -> None:
-    """`--dry-run`: the recipe's checks as a table (or JSON); exit 1 when one fails."""
-    from specgen.eval.dry_run import all_ok, check_recipe  # start-up cost (see SUITES)
-
-    if config is None:
-        raise UsageError("--dry-run checks a recipe: give it with --config FILE")
-    rows = check_recipe(config, overrides)
-    if fmt == Format.json:
-        _output.emit_json(rows)
-    else:
-        _output.table(f"dry run of {config}", [{**r, "ok": "ok" if r["ok"] else "FAIL"} for r in rows],
-                      ["check", "ok", "detail"], _output.out)
-    if not all_ok(rows):
-        raise typer.Exit(1)
-
-
-def parse_batch_sizes(text: str | None) -> list[int] | None:
-    """'1,4,16' -> [1, 4, 16]; None when the option is not given."""
-    if text is None:
-        return None
+def parse_batch_sizes(text: str) -> list[int]:
+    """'1,4,16' -> [1, 4, 16]."""
     try:
         sizes = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:

@@ -1,17 +1,263 @@
-"""Run folders of `specgen benchmark`: shard selection (`--shard I/N` or a launcher's ranks), resuming, merging."""
+"""`specgen benchmark`'s one run path: the suites as strategies, shards (`--shard I/N` or a launcher's ranks), run
+folders (resume, merge), then the rows as JSONL, JSON or tables."""
 
 from __future__ import annotations
 
 import os
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any, Callable, Protocol
 
 import torch
+import typer
 
 from cli import _output
+from cli._options import Format
 from specgen import devices
+from specgen.config import load_config
 from specgen.errors import UsageError
+from specgen.eval.dry_run import all_ok, check_recipe
+from specgen.eval.image_bench import (ImageBenchConfig, check_image_methods, image_rows_of, measure_images,
+                                      with_extra_rows, write_outputs)
+from specgen.eval.image_bench import items_left as images_left
+from specgen.eval.mesh_bench import MeshBenchConfig, measure_meshes, mesh_rows_of, variants
+from specgen.eval.mesh_bench import items_left as meshes_left
 from specgen.eval.run_dir import MemoryRun, RunDir, RunNotFinished, Shard, launcher_shard, parse_shard, wait_for_ranks
+from specgen.eval.text_bench import TextBenchConfig, check_methods, check_prompts_fit, items_left, measure, plan, rows_of
+from specgen.image.generate import load_image_model
+from specgen.machine import label, machine_facts
+from specgen.models.graphs import check_mode
+from specgen.text.target import load_text_model
+
+Table = tuple[str, list[dict], list[str]]  # (title, rows, columns)
+
+
+@dataclass(frozen=True)
+class BenchArgs:
+    """What the user passed to `benchmark`, as given (None: the recipe's value or the default)."""
+
+    config: Path | None
+    overrides: list[str]
+    suite: str
+    methods: list[str] | None
+    model: str | None
+    limit: int | None
+    offset: int | None
+    max_new_tokens: int | None
+    threads: int | None
+    seed: int | None
+    device: str | None
+    dtype: str | None
+    quantize: str | None
+    prompts: str | None
+    prompt_field: str | None
+    category_field: str | None
+    out: Path | None
+    append: bool
+    run_dir: Path | None
+    shard: str | None
+    fmt: Format
+    quiet: bool
+
+
+class Suite(Protocol):
+    """One suite: its recipe config, what this shard has left, the measuring, the finished rows and their tables."""
+
+    config_type: type
+
+    def config(self, args: BenchArgs) -> Any: ...  # loaded and checked: a bad row is one line before any work
+
+    def steps_left(self, cfg, sink, shard: Shard) -> int: ...  # progress steps of this shard; 0: nothing loads
+
+    def measure(self, cfg, sink, shard: Shard, on_item: Callable, machine: Callable[[], str], quiet: bool) -> None: ...
+
+    def finish(self, cfg, sink, quiet: bool) -> list[dict]: ...  # RunNotFinished while items lack records
+
+    def tables(self, rows: list[dict], cfg, sink) -> list[Table]: ...
+
+
+class TextSuite:
+    """humaneval and text: every method interleaved per prompt (specgen/eval/text_bench.py)."""
+
+    config_type = TextBenchConfig
+    COLUMNS = ["category", "method", "model", "tokens_per_s", "speedup_vs_ar", "tpf", "tau", "efficiency",
+               "weight_mb_per_token", "bandwidth_share", "nfe", "exact_match_vs_ar", "exact_match_vs_own_ar",
+               "prefix_vs_ar", "nll_base", "pass_at_1"]
+    BATCH_COLUMNS = ["batch_size", "method", "model", "throughput_tokens_per_s", "throughput_vs_ar",
+                     "throughput_vs_ar_b1", "decode_tokens_per_s", "latency_median_s", "latency_p90_s", "tpf", "tau",
+                     "c_batch", "exact_match_vs_ar", "exact_match_vs_ar_b1", "nll_base", "pass_at_1"]
+
+    def config(self, a: BenchArgs) -> TextBenchConfig:
+        cfg = load_config(TextBenchConfig, a.config, a.overrides, suite=a.suite, prompts=a.prompts,
+                          prompt_field=a.prompt_field, category_field=a.category_field, limit=a.limit, offset=a.offset,
+                          max_new_tokens=a.max_new_tokens, methods=a.methods, quantize=a.quantize, **shared(a))
+        if cfg.prompts == "-" and a.run_dir is not None:
+            raise UsageError("--prompts - (stdin) cannot be read again to resume or report a --run-dir: give a file")
+        check_methods(cfg)
+        plan(cfg)  # refuses an empty or malformed prompt set before anything is written
+        return cfg
+
+    def steps_left(self, cfg, sink, shard: Shard) -> int:
+        p = plan(cfg)
+        return p.n_prompts * len(cfg.batch_sizes) if any(items_left(cfg, p, sink.records(), shard)) else 0
+
+    def measure(self, cfg, sink, shard: Shard, on_item, machine, quiet: bool) -> None:
+        check_prompts_fit(cfg, _output.registry_progress(quiet))  # from the entry's files, before the weights load
+        tm = load_text_model(cfg.model, cfg.device, _output.registry_progress(quiet), dtype=cfg.dtype,
+                             quantize=cfg.quantize, graphs=cfg.graphs)
+        measure(tm, cfg, sink, shard, on_prompt=on_item, machine=machine)
+
+    def finish(self, cfg, sink, quiet: bool) -> list[dict]:
+        rows = rows_of(cfg, sink)
+        for r in rows:  # a row that cannot run here (llamacpp without llama-cpp-python): its one line, then dropped
+            if r.get("skipped"):
+                _output.err.print(r["skipped"], markup=False, soft_wrap=True)
+        return [r for r in rows if not r.get("skipped")]
+
+    def tables(self, rows: list[dict], cfg, sink) -> list[Table]:
+        source = f" of {cfg.prompts or 'the mixed set'}" if cfg.suite == "text" else ""
+        title = (f"{cfg.suite}: {cfg.model}, {rows[0]['prompts'] if rows else 0} prompts{source} from {cfg.offset}, "
+                 f"greedy, max {cfg.max_new_tokens} new tokens ({machine_of(sink)}{roofline_note(sink)})")
+        single = [r for r in rows if r["batch_size"] == 1]
+        columns = self.COLUMNS if any("category" in r for r in single) else self.COLUMNS[1:]
+        out = [(title, single, columns)] if single else []
+        if len(single) < len(rows):
+            out.append((f"{title}, batched (throughput over the batch, latency per sequence)", rows,
+                        self.BATCH_COLUMNS))
+        return out
+
+
+class ImageSuite:
+    """images: methods x temperatures, grids and speed-quality plots (specgen/eval/image_bench.py)."""
+
+    config_type = ImageBenchConfig
+    COLUMNS = ["method", "temperature", "dtype", "lossless", "images_per_s", "speedup_vs_ar", "vs_ar_b1", "tau",
+               "d_bar", "nfe", "tpf", "drafter_share", "efficiency", "exact_match_vs_ar", "exact_match_vs_own_ar",
+               "nll", "clf_fid", "class_accuracy"]
+
+    def config(self, a: BenchArgs) -> ImageBenchConfig:
+        cfg = load_config(ImageBenchConfig, a.config, a.overrides, num=a.limit, methods=a.methods, **shared(a))
+        check_image_methods(cfg)
+        return cfg
+
+    def steps_left(self, cfg, sink, shard: Shard) -> int:
+        if not any(images_left(with_extra_rows(cfg), sink.records(), shard)):
+            return 0
+        return len([i for i in range(cfg.num) if shard.owns(i)]) * len(cfg.temperatures)
+
+    def measure(self, cfg, sink, shard: Shard, on_item, machine, quiet: bool) -> None:
+        im = load_image_model(cfg.model, cfg.drafter, cfg.device, dtype=cfg.dtype, graphs=cfg.graphs,
+                              need_drafter=any(m != "ar" for m in with_extra_rows(cfg).methods))
+        measure_images(im, cfg, sink, shard, on_step=on_item, machine=machine)
+
+    def finish(self, cfg, sink, quiet: bool) -> list[dict]:
+        rows, pixels = image_rows_of(cfg, sink)
+        files = write_outputs(rows, pixels, Path(cfg.out_dir))
+        if not quiet:
+            _output.err.print("wrote " + ", ".join(str(f) for f in files))
+        return [{**r, "model": cfg.model} for r in rows]
+
+    def tables(self, rows: list[dict], cfg, sink) -> list[Table]:
+        return [(f"images: {cfg.model}, {cfg.num} images per row, cfg {cfg.cfg_scale} ({machine_of(sink)}); lantern "
+                 "and vvs rows are LOSSY; clf_fid/class_accuracy use the offline tiny classifier, not Inception",
+                 rows, self.COLUMNS)]
+
+
+class MeshSuite:
+    """meshes: XSpecMesh's table-3 rows and threshold sweeps (specgen/eval/mesh_bench.py)."""
+
+    config_type = MeshBenchConfig
+    COLUMNS = ["row", "dtype", "rule", "cd", "hd", "valid_rate", "scr", "step_latency_ms", "tokens_per_s",
+               "meshes_per_s", "speedup_vs_ar", "vs_ar_b1", "speedup_scr_lat", "mean_tokens"]
+
+    def config(self, a: BenchArgs) -> MeshBenchConfig:
+        cfg = load_config(MeshBenchConfig, a.config, a.overrides, limit=a.limit, offset=a.offset,
+                          max_new_tokens=a.max_new_tokens, rows=a.methods, **shared(a))
+        variants(cfg)  # bad rows or options: one line before anything is written
+        return cfg
+
+    def steps_left(self, cfg, sink, shard: Shard) -> int:
+        labels = [v.label for v in variants(cfg)]
+        return cfg.limit if any(meshes_left(cfg, labels, sink.records(), shard)) else 0
+
+    def measure(self, cfg, sink, shard: Shard, on_item, machine, quiet: bool) -> None:
+        measure_meshes(cfg, sink, shard, on_mesh=on_item, machine=machine)
+
+    def finish(self, cfg, sink, quiet: bool) -> list[dict]:
+        return mesh_rows_of(cfg, sink)
+
+    def tables(self, rows: list[dict], cfg, sink) -> list[Table]:
+        return [(f"meshes: {cfg.model}, {cfg.limit} test point clouds from {cfg.offset}, T {cfg.temperature} top-k "
+                 f"{cfg.top_k} top-p {cfg.top_p}, D {cfg.num_heads} ({machine_of(sink)}); reference CD: a box "
+                 f"{rows[0]['cd_box']}, another test mesh {rows[0]['cd_other_mesh']}", rows, self.COLUMNS)]
+
+
+SUITES: dict[str, Suite] = {"humaneval": TextSuite(), "text": TextSuite(), "images": ImageSuite(),
+                            "meshes": MeshSuite()}
+
+
+def shared(a: BenchArgs) -> dict:
+    """The config keys every suite reads alike, as given."""
+    return dict(model=a.model, threads=a.threads, seed=a.seed, device=a.device, dtype=a.dtype)
+
+
+def run(a: BenchArgs) -> None:
+    """Measure this process's items of the run (all of them unless sharded), then print the merged rows."""
+    suite = SUITES[a.suite]
+    cfg = suite.config(a)
+    check_mode(cfg.graphs, devices.device_name(cfg.device))  # refused before any model loads
+    this, launched = shard_of(a.shard, a.run_dir)
+    _output.check_rows_path(a.out, a.append)
+    sink = RunDir.open(a.run_dir, cfg.suite, asdict(cfg)) if a.run_dir is not None else MemoryRun()
+    cfg.device = process_device(cfg.device)
+    steps = suite.steps_left(cfg, sink, this)
+    if steps:
+        with _output.progress(f"benchmark {cfg.suite}", steps, a.quiet or a.fmt == Format.json) as advance:
+            # the machine label is read once the run has set its threads
+            suite.measure(cfg, sink, this, lambda *_: advance(), lambda: machine_label(cfg.device), a.quiet)
+    rows = merged_rows(sink, lambda s: suite.finish(cfg, s, a.quiet), this, launched, a.quiet)
+    if rows is not None:
+        show(suite, rows, cfg, sink, a.fmt, a.out, a.append)
+
+
+def report(args: list[str], fmt, out: Path | None, append: bool, quiet: bool) -> None:
+    """`specgen benchmark report RUN_DIR`: the table of a finished run folder (also one copied from a cluster)."""
+    if len(args) != 1:
+        raise UsageError("usage: specgen benchmark report RUN_DIR [--format json] [--out FILE [--append]]")
+    run_dir = RunDir.existing(Path(args[0]))
+    if run_dir.suite not in SUITES:
+        raise UsageError(f"{run_dir.path} holds a {run_dir.suite} run; report reads {', '.join(SUITES)} runs")
+    _output.check_rows_path(out, append)
+    suite = SUITES[run_dir.suite]
+    cfg = load_config(suite.config_type, **run_dir.config)  # checked like a recipe: a tampered run.json is one line
+    show(suite, suite.finish(cfg, run_dir, quiet), cfg, run_dir, fmt, out, append)
+
+
+def show(suite: Suite, rows: list[dict], cfg, sink, fmt, out: Path | None, append: bool) -> None:
+    """The rows, each with its machine, as JSONL (`--out`), then JSON or the suite's tables on stdout."""
+    machine = machine_of(sink)
+    for r in rows:
+        r["machine"] = machine
+    _output.write_rows(out, rows, append)
+    if fmt == Format.json:
+        _output.emit_json(rows)
+        return
+    for title, shown, columns in suite.tables(rows, cfg, sink):
+        _output.table(title, shown, columns, _output.out)
+
+
+def print_dry_run(config: Path | None, overrides: list[str] | None, fmt) -> None:
+    """`--dry-run`: the recipe's checks as a table (or JSON); exit 1 when one fails."""
+    if config is None:
+        raise UsageError("--dry-run checks a recipe: give it with --config FILE")
+    rows = check_recipe(config, overrides)
+    if fmt == Format.json:
+        _output.emit_json(rows)
+    else:
+        _output.table(f"dry run of {config}", [{**r, "ok": "ok" if r["ok"] else "FAIL"} for r in rows],
+                      ["check", "ok", "detail"], _output.out)
+    if not all_ok(rows):
+        raise typer.Exit(1)
 
 
 def shard_of(shard: str | None, run_dir: Path | None) -> tuple[Shard, bool]:
@@ -27,19 +273,13 @@ def shard_of(shard: str | None, run_dir: Path | None) -> tuple[Shard, bool]:
 
 
 def process_device(device: str) -> str:
-    """The device this process measures on: `auto` resolved, and under a launcher a bare `cuda` becomes this rank's
-    own GPU (LOCAL_RANK), so the ranks of one node do not all share GPU 0. Resolved after the run folder recorded
-    the config as given, so every rank records the same config."""
+    """This process's device: `auto` resolved; under a launcher a bare `cuda` is this rank's GPU (LOCAL_RANK).
+    Resolved after the run folder recorded the config as given, so every rank records the same config."""
     name = devices.device_name(device)
     local = os.environ.get("LOCAL_RANK")
     if name == "cuda" and local is not None and torch.cuda.device_count() > 1:
         return f"cuda:{int(local) % torch.cuda.device_count()}"
     return name
-
-
-def sink_for(run_dir: Path | None, suite: str, cfg) -> RunDir | MemoryRun:
-    """The run folder (created, or reopened to resume; another config is refused) or an in-memory run."""
-    return RunDir.open(run_dir, suite, asdict(cfg)) if run_dir is not None else MemoryRun()
 
 
 def merged_rows(sink, rows_of, shard: Shard, launched: bool, quiet: bool) -> list[dict] | None:
@@ -62,4 +302,20 @@ def merged_rows(sink, rows_of, shard: Shard, launched: bool, quiet: bool) -> lis
 def machine_of(sink) -> str:
     """The machine label of the shards that measured a run (one label when they agree)."""
     labels = sorted({info.get("machine") or "?" for info in sink.machines().values()})
-    return "; ".join(labels) or _output.machine_label()
+    return "; ".join(labels) or machine_label()
+
+
+def machine_label(device: str | None = None) -> str:
+    """Where and how a benchmark ran, printed with every table and stored in every row (they change what a
+    multi-token verify costs): `specgen.machine.label` of the facts `specgen env` shows."""
+    return label(machine_facts(device), device)
+
+
+def roofline_note(sink) -> str:
+    """The AR roofline of the run's first shard: its copy bandwidth / the bytes one AR forward streams."""
+    info = next(iter(sink.machines().values()), {})
+    bandwidth, ar = info.get("bandwidth_gbs"), (info.get("streamed_bytes") or {}).get("ar")
+    if not bandwidth or not ar:
+        return ""
+    return (f"; AR roofline {bandwidth * 1e9 / ar:.0f} tokens/s = {bandwidth:.1f} GB/s copy bandwidth / "
+            f"{ar / 1e6:.1f} MB of weights per step")

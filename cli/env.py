@@ -26,12 +26,10 @@ def env(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout instead of the table.")] = False,
 ) -> None:
     """Show what decides how specgen runs here: devices, ISA flags, threads, each model family's kernels, caches."""
-    # start-up cost: the facts import torch; `specgen --help` does without them
-    from specgen.devices import check_device, device_name
-    from specgen.machine import machine_facts
+    from specgen import devices, machine  # deferred: start-up (torch; `specgen --help` does without it)
 
-    check_device(device or "cpu")
-    facts = machine_facts(device_name(device or "cpu"))
+    devices.check_device(device or "cpu")
+    facts = machine.machine_facts(devices.device_name(device or "cpu"))
     if as_json:
         _output.emit_json(facts)
         return

@@ -1,12 +1,6 @@
 """`specgen export-mesh`: BPT token sequences (generate's JSON lines, or stdin) -> obj/ply/stl/off/glb files.
 
-Input lines: JSON objects with `token_ids` (what `specgen generate --format json` writes; `name` is
-used for the file name when present), or bare JSON arrays of token ids. Each sequence is decoded
-strictly; cleaning removes (and counts) degenerate and duplicate faces. A sequence that does not
-decode is reported with the position of the first bad token and skipped; the others are written. Files
-already in the output folder are kept: a taken name gets a number (`-1`, `-2`, ...).
-Exit 1 when no sequence could be written, 2 for usage errors (unknown format, unreadable input).
-"""
+A sequence that does not decode is reported (the first bad token) and skipped; exit 1 when none could be written."""
 
 from __future__ import annotations
 
@@ -20,6 +14,8 @@ import typer
 from cli import _output
 from cli._errors import command
 from cli._options import Format, FormatOpt, QuietOpt
+from specgen.errors import RuntimeFailure, UsageError
+from specgen.paths import ADVICE, check_output_dir, nearest_existing, remove_empty_dirs
 
 EPILOG = """examples:
 
@@ -35,8 +31,6 @@ COLUMNS = ["name", "valid", "faces", "vertices", "degenerate_removed", "duplicat
 
 def read_sequences(source: str | None) -> list[tuple[str, list[int]]]:
     """(name, tokens) per non-empty line of a file or stdin ("-", or no argument when stdin is not a terminal)."""
-    from specgen.errors import UsageError
-
     if source is None and sys.stdin.isatty():
         raise UsageError("no input: name a JSONL file from `specgen generate --format json`, or pipe one in "
                          "(specgen generate ... -f json | specgen export-mesh -o out/)")
@@ -76,31 +70,6 @@ def safe_name(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name).strip(".") or "mesh"
 
 
-def export_all(seqs: list[tuple[str, list[int]]], out_dir: Path, mesh_format: str, preview: bool) -> list[dict]:
-    """Decode and write each sequence (a new file name per mesh, earlier files never replaced); one row each."""
-    from specgen.mesh.export import export_mesh as write, render_png
-    from specgen.mesh.generate import decode_tokens
-    from specgen.paths import free_stem
-
-    rows, used = [], set()
-    for name, tokens in seqs:
-        while name in used:
-            name += "_"
-        used.add(name)
-        v, f, err, deg, dup = decode_tokens(tokens)
-        r = {"name": name, "num_tokens": len(tokens), "valid": not err, "error": err, "faces": 0, "vertices": 0,
-             "degenerate_removed": deg, "duplicate_removed": dup, "file": "-", "preview": None}
-        if not err:
-            out_dir.mkdir(parents=True, exist_ok=True)
-            stem = free_stem(out_dir, name, (f".{mesh_format}", ".png"))
-            rep = write(v, f, out_dir / f"{stem}.{mesh_format}", mesh_format)
-            r.update(faces=rep.num_faces, vertices=rep.num_vertices, file=str(rep.path))
-            if preview:
-                r["preview"] = str(render_png(v, f, out_dir / f"{stem}.png"))
-        rows.append(r)
-    return rows
-
-
 @command
 def export_mesh(
     source: Annotated[Optional[str], typer.Argument(
@@ -114,22 +83,15 @@ def export_mesh(
     quiet: QuietOpt = False,
 ) -> None:
     """Turn generated mesh token sequences into mesh files (trimesh), reporting faces, vertices and validity."""
-    from specgen.errors import RuntimeFailure, UsageError
-    from specgen.mesh.export import EXPORT_FORMATS
+    from cli.generate_mesh import checked_format, export_sequences  # deferred: start-up (torch, trimesh)
 
-    if mesh_format.lower() not in EXPORT_FORMATS:
-        raise UsageError(f"unknown mesh format {mesh_format!r}; choose from {', '.join(EXPORT_FORMATS)}")
-    mesh_format = mesh_format.lower()
-    from specgen.paths import check_output_dir, nearest_existing
-
+    mesh_format = checked_format(mesh_format)
     check_output_dir(out_dir, "--out-dir")  # before reading: a file, an unwritable path or a full device is refused
     seqs = read_sequences(source)
     base = nearest_existing(out_dir)
     try:
-        rows = export_all(seqs, out_dir, mesh_format, preview)
+        rows = export_sequences(seqs, out_dir, mesh_format, preview)
     except OSError as e:  # the device filled up meanwhile: what was written stays, a folder made for nothing goes
-        from specgen.paths import ADVICE, remove_empty_dirs
-
         remove_empty_dirs(out_dir, base)
         raise RuntimeFailure(f"cannot write meshes in {out_dir} ({e.strerror or e}); "
                              f"{ADVICE.get(e.errno, 'write elsewhere')}") from None

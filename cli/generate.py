@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -12,7 +10,6 @@ import typer
 from cli._errors import command
 from cli._options import (ConfigOpt, DeviceOpt, DtypeOpt, Format, FormatOpt, GraphsOpt, MethodOpt, ModelOpt,
                           OverridesArg, QuantizeOpt, QuietOpt, SeedOpt, recipe_key)
-from specgen.errors import UsageError
 
 EPILOG = """examples:
 
@@ -32,57 +29,6 @@ EPILOG = """examples:
 
   specgen generate --method adt-tree --model llamagen-t2i-xl --captions feats.safetensors --cfg-scale 7.5
 """
-
-
-@dataclass(frozen=True)
-class GenerateArgs:
-    """What the user passed to `generate`, as given; each modality's runner loads its recipe config from it and
-    parses that once into a `specgen.request.DecodeRequest`."""
-
-    model: str | None
-    prompts: list[str]
-    prompts_file: str | None
-    max_new_tokens: int | None
-    temperature: float | None
-    top_k: int | None
-    top_p: float | None
-    chat: bool | None
-    seed: int | None
-    device: str | None
-    config: Path | None
-    overrides: list[str]
-    fmt: Format
-    quiet: bool
-    out_dir: Path | None
-    num: int | None
-    classes: str | None
-    cfg_scale: float | None
-    point_clouds: Path | None
-    captions: Path | None
-    drafter: str | None
-    batch_size: int | None
-    dtype: str | None
-    quantize: str | None
-    graphs: str | None = None
-    stream: bool | None = None  # None: not given (another modality's flag is refused only when given)
-
-    def sampling(self) -> dict:
-        """The recipe keys every modality shares, as given (None: the recipe's or the default)."""
-        return dict(model=self.model, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
-                    seed=self.seed, device=self.device, batch_size=self.batch_size, dtype=self.dtype,
-                    quantize=self.quantize, graphs=self.graphs)
-
-
-#: GenerateArgs field -> (its flag, the modalities that read it); another modality's option is refused, not ignored
-MODALITY_OPTIONS = {
-    "prompts": ("--prompt", ("text",)), "prompts_file": ("--prompts", ("text",)), "chat": ("--no-chat", ("text",)),
-    "stream": ("--stream", ("text",)),
-    "max_new_tokens": ("--max-new-tokens", ("text", "mesh")), "out_dir": ("--out-dir", ("image", "mesh")),
-    "num": ("--num", ("image", "mesh")), "classes": ("--classes", ("image",)), "cfg_scale": ("--cfg-scale", ("image",)),
-    "captions": ("--captions", ("image",)), "point_clouds": ("--point-clouds", ("mesh",)),
-}
-# start-up cost: a runner imports torch and the models, so `specgen --help` and refused flags do without them
-RUNNERS = {"text": "cli.generate_text", "image": "cli.generate_image", "mesh": "cli.generate_mesh"}
 
 
 @command
@@ -126,22 +72,11 @@ def generate(
     quiet: QuietOpt = False,
 ) -> None:
     """Generate with a decoding method; lossless methods give exactly the target's output."""
-    # start-up cost: the method table and the registry import torch; `specgen --help` does without them
-    from specgen import checkpoints
-    from specgen.methods import get_method
-    from specgen.text.precision import split_name
+    # deferred: start-up (the method table and the runners import torch; `specgen --help` does without them)
+    from cli.generate_runners import GenerateArgs, run
 
-    spec = get_method(method or recipe_key(config, overrides, "method") or "ar")  # the one lookup of the method
-    modality = checkpoints.modality_of(split_name(model)[0]) if model else spec.modality  # NAME+int8: NAME's
-    if drafter and modality != "image":
-        raise UsageError("--drafter names an EAGLE drafter of an image model; text methods take none, mesh methods "
-                         "take method_options.heads=NAME")
     args = GenerateArgs(model, list(prompt or []), prompts, max_new_tokens, temperature, top_k, top_p,
                         False if no_chat else None, seed, device, config, list(overrides or []), fmt, quiet,
                         out_dir, num, classes, cfg_scale, point_clouds, captions, drafter, batch_size, dtype, quantize,
                         graphs, stream or None)
-    for field, (flag, modalities) in MODALITY_OPTIONS.items():
-        if getattr(args, field) not in (None, []) and modality not in modalities:
-            raise UsageError(f"{flag} is for {' and '.join(modalities)} models; this is "
-                             f"{'an' if modality[0] in 'aeiou' else 'a'} {modality} model")
-    importlib.import_module(RUNNERS[modality]).run(args, spec)
+    run(args, method or recipe_key(config, overrides, "method") or "ar")

@@ -1,11 +1,9 @@
-"""Mesh runner of `specgen generate`: one row per mesh on stdout (table or JSON lines), files with --out-dir.
-
-JSON rows carry `token_ids`, which `specgen export-mesh` reads back. A sequence that does not decode
-gets `valid: false` and an `error` naming the first bad token; no file is written for it, and the
-other meshes still are.
-"""
+"""Mesh runner of `specgen generate`: one row per mesh on stdout (table or JSON lines with `token_ids`, which
+`specgen export-mesh` reads back), files with --out-dir."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from cli import _output
 from cli._options import Format
@@ -13,8 +11,8 @@ from specgen.config import load_config
 from specgen.errors import UsageError
 from specgen.mesh.errors import MeshInputError
 from specgen.mesh.export import EXPORT_FORMATS, export_mesh, render_png
-from specgen.mesh.generate import (MeshGenConfig, check_budget, generate_meshes, load_conditions, load_mesh_model,
-                                  mesh_options)
+from specgen.mesh.generate import (MeshGenConfig, check_budget, decode_tokens, generate_meshes, load_conditions,
+                                  load_mesh_model, mesh_options)
 from specgen.mesh.procedural import ProceduralSpec
 from specgen.methods import MethodSpec
 from specgen.paths import check_output_dir, free_stem
@@ -27,8 +25,7 @@ def run(args, spec: MethodSpec) -> None:
     cfg = load_config(MeshGenConfig, args.config, args.overrides, method=spec.name,
                       max_new_tokens=args.max_new_tokens, num=args.num, **args.sampling())
     req = parse_request(cfg, "mesh", spec)
-    if cfg.mesh_format not in EXPORT_FORMATS:
-        raise UsageError(f"unknown mesh_format {cfg.mesh_format!r}; choose from {', '.join(EXPORT_FORMATS)}")
+    mesh_format = checked_format(cfg.mesh_format)
     if cfg.num < 1:
         raise UsageError("--num must be >= 1")
     if args.out_dir is not None:
@@ -45,7 +42,7 @@ def run(args, spec: MethodSpec) -> None:
     files: dict[int, list[str]] = {}
 
     def done(i: int, s) -> None:  # each file as its mesh is done: an interrupted run keeps the finished ones
-        files[i] = write_files(s, cfg, args.out_dir)
+        files[i] = mesh_files(s, args.out_dir, mesh_format, cfg.preview)
         detail = files[i][0] if files[i] else f"{s.name} decoded"
         _output.item_done("mesh", len(files), len(conds), detail, args.quiet)
 
@@ -68,21 +65,17 @@ def fidelity(opts, loaded) -> str:
     return "lossless w.r.t. the LoRA-merged backbone" if loaded.adapter else "lossless"
 
 
-def write_files(s, cfg, out_dir) -> list[str]:
-    """A sample's mesh (and preview), each written atomically, when out_dir is given and it is valid."""
-    files = []
-    if out_dir is not None and not s.error:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        stem = free_stem(out_dir, s.name, (f".{cfg.mesh_format}", ".png"))  # earlier files are never replaced
-        files.append(str(export_mesh(s.vertices, s.faces, out_dir / f"{stem}.{cfg.mesh_format}", cfg.mesh_format).path))
-        if cfg.preview:
-            files.append(str(render_png(s.vertices, s.faces, out_dir / f"{stem}.png")))
-    return files
+def mesh_files(s, out_dir: Path | None, mesh_format: str, preview: bool) -> list[str]:
+    """The files written for one sample (its mesh, and preview), none without out_dir or for an invalid mesh."""
+    if out_dir is None or s.error:
+        return []
+    rep, png = write_files(s.vertices, s.faces, out_dir, s.name, mesh_format, preview)
+    return [str(rep.path)] + ([png] if png else [])
 
 
 def row(s, cfg, loaded, files: list[str], opts) -> dict:
-    """The JSON row of one sample and its written files. `lossless` is true when the mesh is distributed as the named
-    model's own samples (ar, or xspecmesh with criterion rejection and heads that merge no adapter)."""
+    """The JSON row of one sample and its written files. `lossless`: distributed as the named model's own samples
+    (ar, or xspecmesh with criterion rejection, no merged adapter)."""
     return {"name": s.name, "method": cfg.method, "model": loaded.target.ref,
             "heads": loaded.heads.ref if loaded.heads else None,
             "adapter": loaded.adapter.ref if loaded.adapter else None,
@@ -92,3 +85,35 @@ def row(s, cfg, loaded, files: list[str], opts) -> dict:
             "valid": not s.error, "error": s.error, "degenerate_removed": s.degenerate_removed,
             "duplicate_removed": s.duplicate_removed, "files": files, "file": files[0] if files else "-",
             "stats": s.stats}
+
+
+def checked_format(name: str) -> str:
+    """A mesh file format as given (any case), or a one-line refusal."""
+    if name.lower() not in EXPORT_FORMATS:
+        raise UsageError(f"unknown mesh format {name!r}; choose from {', '.join(EXPORT_FORMATS)}")
+    return name.lower()
+
+
+def write_files(vertices, faces, out_dir: Path, name: str, mesh_format: str, preview: bool) -> tuple:
+    """(the export report, the PNG preview's path or None) of one mesh under a free name (earlier files are kept)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = free_stem(out_dir, name, (f".{mesh_format}", ".png"))
+    rep = export_mesh(vertices, faces, out_dir / f"{stem}.{mesh_format}", mesh_format)
+    return rep, str(render_png(vertices, faces, out_dir / f"{stem}.png")) if preview else None
+
+
+def export_sequences(seqs: list[tuple[str, list[int]]], out_dir: Path, mesh_format: str, preview: bool) -> list[dict]:
+    """`specgen export-mesh`: decode and write each (name, tokens) sequence; one row each."""
+    rows, used = [], set()
+    for name, tokens in seqs:
+        while name in used:
+            name += "_"
+        used.add(name)
+        v, f, err, deg, dup = decode_tokens(tokens)
+        r = {"name": name, "num_tokens": len(tokens), "valid": not err, "error": err, "faces": 0, "vertices": 0,
+             "degenerate_removed": deg, "duplicate_removed": dup, "file": "-", "preview": None}
+        if not err:
+            rep, r["preview"] = write_files(v, f, out_dir, name, mesh_format, preview)
+            r.update(faces=rep.num_faces, vertices=rep.num_vertices, file=str(rep.path))
+        rows.append(r)
+    return rows

@@ -1,5 +1,4 @@
-"""Text runner of `specgen generate`: completions on stdout (text or JSON lines; streamed with --stream or to a
-terminal), stats table on stderr."""
+"""Text runner of `specgen generate`: completions on stdout (streamed with --stream or to a terminal), stats on stderr."""
 
 from __future__ import annotations
 

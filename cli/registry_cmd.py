@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -10,6 +11,7 @@ import typer
 from cli import _output
 from cli._errors import command
 from cli._options import Format, FormatOpt, QuietOpt
+from specgen.errors import UsageError
 
 app = typer.Typer(help="List, inspect, import, merge and remove checkpoints.", no_args_is_help=True)
 
@@ -34,10 +36,13 @@ def list_cmd(
     quiet: QuietOpt = False,
 ) -> None:
     """List installed checkpoints and built-in defaults."""
-    from specgen import checkpoints, registry
+    from specgen import builtins, checkpoints, registry  # deferred: start-up (torch)
+
+    def stale(e) -> bool:  # an installed built-in whose weights are not the shipped ones
+        return not e.corrupt and e.installed and e.builtin and checkpoints.stale_builtin(e, builtins.BUILTINS[e.name])
 
     rows = [{"ref": e.ref, "kind": e.kind, "name": e.name, "installed": e.installed, "builtin": e.builtin,
-             "parent": e.meta.get("parent"), "path": str(e.path), "status": status(e)}
+             "parent": e.meta.get("parent"), "path": str(e.path), "status": status(e, stale(e))}
             for e in checkpoints.list_entries(kind)]
     if fmt == Format.json:
         _output.emit_json(rows)
@@ -49,12 +54,9 @@ def list_cmd(
                       _output.out)
 
 
-def status(e) -> str:
-    """ok, or why an entry is corrupt or not the shipped built-in, and how to repair it."""
-    from specgen.builtins import BUILTINS
-    from specgen.checkpoints import stale_builtin
-
-    if not e.corrupt and e.installed and e.builtin and stale_builtin(e, BUILTINS[e.name]):
+def status(e, stale: bool) -> str:
+    """ok, or why an entry is corrupt or not the shipped built-in (`stale`), and how to repair it."""
+    if stale:
         return f"not the shipped weights; `specgen registry remove {e.ref}` restores them"
     if not e.corrupt:
         return "ok"
@@ -67,8 +69,9 @@ def status(e) -> str:
 def show(name: Annotated[str, typer.Argument(help="Registry name, kind/name or folder.")],
          fmt: FormatOpt = Format.json) -> None:
     """Print an entry's config.json (materialising a built-in first)."""
+    # deferred: start-up (torch); text.merge registers the maker of the distilled built-ins (builtins.DERIVERS)
     from specgen import checkpoints
-    from specgen.text import merge  # noqa: F401  registers the maker of the distilled built-ins (builtins.DERIVERS)
+    from specgen.text import merge  # noqa: F401
 
     entry = checkpoints.find(name, _output.registry_progress())
     _output.emit_json({"ref": entry.ref, "path": str(entry.path), **entry.meta})
@@ -88,11 +91,9 @@ def import_cmd(
                                                         "built-in).")] = False,
     quiet: QuietOpt = False,
 ) -> None:
-    """Import external weights (pickles are read with weights_only=True and converted to safetensors).
-
-    An existing name is refused unless --force; built-in names are always refused.
-    """
-    from specgen.importer import import_checkpoint
+    """Import external weights (pickles read with weights_only=True, stored as safetensors); an existing name needs
+    --force, a built-in name is refused."""
+    from specgen.importer import import_checkpoint  # deferred: start-up (torch)
 
     entry = import_checkpoint(source, name, kind, builder, kwargs, parent, _output.registry_progress(quiet), vq=vq,
                               force=force)
@@ -117,13 +118,9 @@ def merge(
     force: Annotated[bool, typer.Option("--force", help="Replace an existing target of this name (never a built-in).")] = False,
     quiet: QuietOpt = False,
 ) -> None:
-    """Register a text target = an adapter's base with the adapter merged at a scale (weight-space interpolation).
-
-    An existing name is refused unless --force; built-in names are always refused.
-    """
-    import math
-
-    from specgen.errors import UsageError
+    """Register a text target = an adapter's base with the adapter merged at a scale (weight-space interpolation);
+    an existing name needs --force, a built-in name is refused."""
+    # deferred: start-up (torch)
     from specgen.importer import check_destination
     from specgen.text.merge import adapter_source, register_merged
 
@@ -140,7 +137,7 @@ def merge(
 @command
 def remove(name: Annotated[str, typer.Argument(help="Installed entry to delete.")]) -> None:
     """Delete an installed checkpoint (built-ins are re-created on next use)."""
-    from specgen import registry
+    from specgen import registry  # deferred: start-up (torch)
 
     entry = registry.remove(name)
     _output.out.print(f"removed {entry.ref}")

@@ -124,14 +124,14 @@ def write_new(path: Path, text: str) -> bool:
     """Write `text` to `path` only if no file is there yet: a hidden temporary linked into place, so a reader
     sees the whole file or none. False when the name was taken (by another process, possibly meanwhile)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
     try:
+        tmp.write_text(text)
         os.link(tmp, path)
         return True
     except FileExistsError:
         return False
     finally:
-        tmp.unlink()
+        tmp.unlink(missing_ok=True)
 
 
 def atomic_write(path: str | Path, write: Callable[[Path], None], *, keep_suffix: bool = False,

@@ -1,21 +1,5 @@
-"""Dry run of a recipe: everything that can be checked without a GPU and without loading weights.
-
-`check_recipe(path, overrides)` tells which command a recipe is for (its `suite` key for `specgen benchmark`,
-else the command its header comment names, else the config whose keys it uses), then checks, one row each:
-
-  recipe     the YAML parses and which command / config dataclass it is for
-  config     its keys and values are valid for that dataclass (`specgen.config.load_config`, unknown keys refused)
-  device     the device key names a torch device (a GPU absent here is fine: it is checked on the GPU node)
-  suite      the benchmark suite exists
-  method M   every method / row exists, runs on the suite's modality and knows its method options
-  entry R    every registry entry the recipe names exists: installed (weights file present, its size, and for
-             safetensors the tensor names and shapes the entry's builder expects, read from the header only),
-             a built-in (materialised on first use), or missing (the detail names the import command)
-  file K     every file or folder the recipe names (trajectories, prompts, captions) exists
-
-Rows are `{"check": str, "ok": bool, "detail": str}`; a recipe that cannot be parsed at all is a one-line
-`UsageError`. `specgen benchmark --dry-run` prints the rows as a table and exits 1 when any row is not ok.
-"""
+"""Dry run of a recipe: every check that needs no GPU and no weights, one `{check, ok, detail}` row each
+(docs/recipes.md, "Before a GPU job")."""
 
 from __future__ import annotations
 
@@ -128,11 +112,7 @@ def recipe_kind(doc: dict, comments: str, overrides: list[str], file_name: str =
 
 
 def check_recipe(path: Path, overrides: list[str] | None = None) -> list[dict]:
-    """Check a recipe without a GPU and without loading weights; one `{"check", "ok", "detail"}` row per check.
-
-    Raises `UsageError` (one line) for a recipe that cannot be parsed: a missing or unreadable file, invalid YAML,
-    not a mapping, or no way to tell which command it is for.
-    """
+    """One `{"check", "ok", "detail"}` row per check; a recipe that cannot be read or placed is a UsageError."""
     path = Path(path)
     overrides = list(overrides or [])
     doc = read_recipe(path)  # UsageError: missing, not UTF-8, invalid YAML, not a mapping

@@ -10,6 +10,7 @@ from specgen.eval.peers import OneAtATime, PeerSetup
 from specgen.eval.text_rows import Run
 from specgen.models.hf_export import to_hf
 from specgen.models.tokenizer import tokenizer_hash
+from specgen.text.target import load_original, load_text_model
 
 
 def counted(hf_model, call) -> tuple[object, int, float]:
@@ -104,8 +105,6 @@ class HfAssisted(OneAtATime, HfGenerate):
                 f"smaller text model with its tokenizer: options.{setup.name}.draft=NAME)")
 
     def __init__(self, setup: PeerSetup) -> None:
-        from specgen.text.target import load_original, load_text_model
-
         super().__init__(setup)
         draft = load_original(load_text_model(self.draft_name(setup), setup.device, graphs="off"), setup.device)
         if tokenizer_hash(draft.tokenizer) != tokenizer_hash(setup.original.tokenizer):

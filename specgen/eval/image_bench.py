@@ -1,37 +1,5 @@
-"""Image benchmark: image methods x temperatures on the same conditions and seeds, interleaved, in one process.
-
-Rows (one per method and temperature): speedup vs `ar` (median of per-image wall-time ratios), tau,
-d-bar, NFE, TPF, drafter time share, exact match vs `ar` (lossless methods at T = 0 must be 1.0), the
-images' conditions (`classes`: class names, c2i; `captions`: caption indices in the features file, t2i)
-and quality: mean target NLL of the generated tokens (teacher-forced under the CFG distribution the
-sampler uses, T = 1, with each image's class or caption), class accuracy and FID in the feature space of
-the offline classifier trained by `recipes/tiny/image-classifier.yaml` (labelled "clf-FID": it is not
-Inception FID).
-
-Text-conditional (t2i) models decode one image per caption of `captions` (a caption-features file, as
-`generate --captions`; cycled to `num`). Their rows have NLL but no class accuracy or clf-FID: both
-measure images against class labels (and the classifier's class photos), which captions do not give.
-
-Rows follow the one variant syntax of every suite (specgen/eval/sweeps.py). An entry `method@tag` (e.g. `vvs@u`,
-`vvs@d`) is labelled with the entry and decoded by `method` with `options[method]` updated by `options[entry]`,
-so one run can hold several settings of a method (VVS-U and VVS-D are `vvs` with schedule uniform/dynamic);
-`sweep: {row: {option: [values]}}` adds one row per value (`row@option=<v>`, or `row=<v>` for a tagged row) and
-a `<sweep>-pareto-T<t>.png` speed-quality plot of its rows with `ar`, `lantern` and the row it varies.
-
-MuLo-SD (LOSSY): `mulo_ablations: true` adds `mulo-sd@raster` (raster-scan rejection) and `mulo-sd@no-expand`
-(local verification without expansion, l = 0), the paper's Fig. 5c; `sweep.mulo-sd.tau=[...]` is the paper's
-Pareto sweep (Fig. 8), rows `mulo-sd@tau=<v>` and the plot `mulo-sd-pareto-T<t>.png`. Their rows add
-`accept_rate` (draft tokens passing Eq. 5) and `resampled_share` (draft tokens re-sampled by the target after
-expansion).
-
-VVS (LOSSY) sweeps the same way: `options.vvs@i.schedule=uniform` with `sweep.vvs@i.interval=[...]` adds `vvs@i=<v>`
-rows (VVS-U, skip every v-th step), `options.vvs@thr.schedule=dynamic` with `sweep.vvs@thr.threshold=[...]`
-`vvs@thr=<v>` rows (VVS-D, skip when the path similarity >= v); their plots `vvs-u-pareto` and `vvs-d-pareto`
-draw the default-setting rows `vvs@u`, `vvs@d` with them.
-
-Older keys, still read with the same rows: `method_options` (= `options`), `mulo_taus`, `vvs_intervals`,
-`vvs_thresholds` (= the three sweeps above; OLD_SWEEPS).
-"""
+"""Image benchmark: image methods x temperatures on the same conditions and seeds, interleaved, in one process
+(docs/benchmarks.md)."""
 
 from __future__ import annotations
 
@@ -46,7 +14,7 @@ from specgen.decoding.cost import cost_of
 from specgen.errors import UsageError
 from specgen.eval import image_metrics, plots
 from specgen.eval.image_rows import image_rows, method_of, png_of
-from specgen.eval.run_dir import MemoryRun, Shard
+from specgen.eval.run_dir import Shard
 from specgen.eval.sweeps import (Sweep, SweptRow, expand, method_bases, method_check, options_table, sweeps_of,
                                  with_swept)
 from specgen.image.captions import Caption
@@ -258,13 +226,12 @@ def items_left(cfg: ImageBenchConfig, done: dict, shard: Shard) -> tuple[list, l
     return single, batched
 
 
-def measure_images(im: ImageModel, cfg: ImageBenchConfig, sink=None, shard: Shard = Shard(), on_step=None,
+def measure_images(im: ImageModel, cfg: ImageBenchConfig, sink, shard: Shard = Shard(), on_step=None,
                    machine: str | Callable[[], str] = "") -> None:
     """Decode this shard's images that `sink` has no record of: at batch 1 one (temperature, image) with every
     method interleaved on it per record, at B > 1 one method over the shard's images per record."""
     cfg = with_extra_rows(cfg)
     check_image_methods(cfg)
-    sink = MemoryRun() if sink is None else sink
     conditions = bench_conditions(im, cfg)  # [num] class ids or captions, refused before any decoding
     check_builds(im, cfg, conditions[0])
     single, batched = items_left(cfg, sink.records(), shard)
@@ -315,13 +282,6 @@ def image_rows_of(cfg: ImageBenchConfig, sink) -> tuple[list[dict], dict]:
     cfg = with_extra_rows(cfg)
     return image_rows(sink.records(), list(cfg.methods), cfg.num, list(cfg.temperatures), list(cfg.batch_sizes),
                       sink.machines(), {m: cfg.dtypes.get(m, cfg.dtype) for m in cfg.methods})
-
-
-def run_image_benchmark(im: ImageModel, cfg: ImageBenchConfig, on_step=None) -> tuple[list[dict], dict]:
-    """Every method on every (temperature, image) pair in this process; returns rows and pixels per (row, T)."""
-    sink = MemoryRun()
-    measure_images(im, cfg, sink, on_step=on_step)
-    return image_rows_of(cfg, sink)
 
 
 def swept_groups(names) -> list[str]:

@@ -1,12 +1,4 @@
-"""The image benchmark's rows and pixels from its per-item records (no model needed: `benchmark report` uses it).
-
-A record is one item: at batch 1 one (temperature, image) with every method's image of it, at batch B > 1 one
-method over one shard's images. Each image carries its tokens, decode statistics, target NLL, classifier
-features and whether the classifier names its class (both computed where it was decoded), and its pixels as
-a PNG. Speedups are wall-time ratios of one shard: per image at batch 1, per shard for batched rows. Batch-1 rows
-of drafting methods add `efficiency` (eta, as text rows): the share of the speedup their acceptance allows that
-they deliver, from the target's cost curve in the shard's machine file.
-"""
+"""The image benchmark's rows and pixels from its per-item records (no model: `benchmark report` uses it too)."""
 
 from __future__ import annotations
 

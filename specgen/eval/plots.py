@@ -15,7 +15,7 @@ from specgen.paths import atomic_write
 def speed_quality_plot(rows: Sequence[Mapping], x: str = "speedup_vs_ar", y: str = "fid", label: str = "method",
                        path: str | os.PathLike = "speed_quality.png", title: str | None = None) -> Path:
     """Scatter one point per row (rows lacking x or y are skipped), annotated with row[label]; returns the path."""
-    import matplotlib
+    import matplotlib  # optional dependency
 
     matplotlib.use("Agg", force=False)
     from matplotlib.figure import Figure  # no pyplot: no global state, no GUI backend

@@ -1,9 +1,4 @@
-"""The memory roofline of a decode step: bytes of weights a forward streams, and the machine's copy bandwidth.
-
-A decode step at batch 1 is bound by reading every weight once, so `bandwidth / streamed_bytes` is the fastest AR
-can run (the implied limit printed with the text benchmark), and `bytes per token x tokens/s / bandwidth` is the
-share of the machine's bandwidth a row uses.
-"""
+"""The memory roofline of a decode step: bytes of weights a forward streams, and the machine's copy bandwidth."""
 
 from __future__ import annotations
 

@@ -1,22 +1,15 @@
-"""A benchmark run folder (`--run-dir`): the config, each shard's machine, and per-item records, so a killed run
-resumes where it stopped, shards of a cluster job land side by side, and `benchmark report` merges them.
+"""A benchmark run folder (`--run-dir`): config, each shard's machine and per-item records (layout: docs/cluster.md).
 
-Layout (every file is written by one process; nothing is ever rewritten in place):
-
-    run.json                 suite and config; created once (atomic link), compared on every later open
-    machine-<I>-of-<N>.json  shard I's machine, library versions and cost curve (replaced atomically)
-    records-<I>-of-<N>.jsonl shard I's items, one JSON line each, appended with one write and fsync
-    shard-<I>-of-<N>.lock    flock of the process writing shard I (its pid inside): one writer per shard
-
-A record line that did not finish (the process was killed mid-write: no newline, or not JSON), or that lacks
-its item or runs, is not a record: readers skip it, and the shard's next run cuts it off before appending, so the item is redone.
-An item found in several files (a run resumed with another shard count) counts once: the first file wins.
-"""
+Nothing is rewritten in place. A torn or partial record line is no record: readers skip it and the shard's next
+run cuts it off, so the item is redone; an item in several files counts once (the first file wins)."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import weakref
+from datetime import timedelta
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -25,6 +18,7 @@ from specgen.errors import UsageError
 from specgen.paths import atomic_write_text, check_space, write_new
 
 FORMAT = 1  # run.json layout version
+SUITES = ("humaneval", "text", "images", "meshes")  # what a run folder may hold
 
 
 class RunNotFinished(UsageError):
@@ -72,9 +66,7 @@ def launcher_shard() -> Shard | None:
 def wait_for_ranks() -> None:
     """Block until every launcher rank got here (gloo; torchrun/accelerate set the rendezvous variables), so
     rank 0 merges only finished shards. A benchmark shard may take hours: the timeout is a week."""
-    from datetime import timedelta
-
-    import torch.distributed as dist
+    import torch.distributed as dist  # deferred: start-up (this module is read by torch-free `specgen --help`)
 
     if not dist.is_initialized():
         dist.init_process_group("gloo", timeout=timedelta(days=7))
@@ -191,9 +183,6 @@ class RunDir:
     def lock(self, shard: Shard) -> None:
         """An exclusive flock on shard-<label>.lock, or a one-line refusal naming the process holding it. The kernel
         drops the lock when its holder dies, so a lock file left by a killed run holds nothing."""
-        import fcntl
-        import weakref
-
         if shard.label in self.locked:
             return
         file = self.path / f"shard-{shard.label}.lock"

@@ -1,21 +1,5 @@
-"""One variant syntax for the rows of every benchmark suite: `row@tag` rows, per-row `options`, `sweep` lists.
-
-Every suite (humaneval, images, meshes) reads the same three recipe keys:
-
-  rows           `methods` (humaneval, images) or `rows` (meshes); `name@tag` is a variant of row/method `name`
-  options        row -> {option: value}: `options.ngram:d8.num_draft=8`, `options.vvs@u.schedule=uniform`,
-                 `options.vertex.num_heads=1`; humaneval/images also take a method name (every row of the method
-                 starts from it), meshes a bare option (`options.delta=0.3`: every heads row)
-  sweep          row -> {option: [values]}: one row per value, the swept row's options with that option set,
-                 named `row@option=value` (`sweep.mulo-sd.tau=[1e-3,1e-2]` adds `mulo-sd@tau=0.001`,
-                 `mulo-sd@tau=0.01`); a tagged row names the sweep by its tag, `row@tag=value`
-                 (`sweep.vvs@i.interval=[2,5]` with `options.vvs@i.schedule=uniform` adds `vvs@i=2`, `vvs@i=5`)
-
-A sweep's row is a row of the table, an `options` entry, or (humaneval, images) a method. `sweep` is also read
-written flat, `{"row.option": [values]}`. The older per-suite keys (`method_options`, `row_options`, the images
-suite's `mulo_taus`/`vvs_*` and the meshes suite's `deltas`, `tree_k`, ...) still work: each suite translates them
-into `options` entries and `Sweep`s here, with the row names they always had, so recorded results stay comparable.
-"""
+"""One variant syntax for the rows of every benchmark suite: `row@tag` rows, per-row `options`, `sweep` lists
+(docs/recipes.md, "Benchmark rows")."""
 
 from __future__ import annotations
 

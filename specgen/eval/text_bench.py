@@ -1,41 +1,5 @@
-"""Text benchmark: every method on the same prompts in one process, interleaved per prompt.
-
-Prompts (`SOURCES`): suite `humaneval` (HumanEval problems, pass@1 by executing the completions in subprocesses)
-or suite `text`, any prompt set (`prompts`: a file, `-` or a local dataset, `specgen/data/prompts.py`; by default
-the shipped mixed set), with batch-1 rows per category as well when it has several. Rows: tokens/s (median over
-prompts), speedup vs `ar` (median of per-prompt ratios), TPF, tau, exact match vs `ar`, pass@1 (HumanEval).
-
-Peer rows (`PEERS`) decode the same prompt ids greedily with other libraries' own fast paths: `hf` (transformers'
-`generate` on identical weights, so specgen's AR baseline is shown not to be artificially slow), `hf-lookup`
-(its prompt lookup), `hf-assisted` (its assisted generation, when a draft model is named or registered),
-`llamacpp` and `llamacpp-lookup` (llama.cpp on the GGUF, plain and prompt lookup). A peer row that cannot run
-here (its package missing, no draft model) is skipped with one line.
-
-Methods that decode a distilled model (`MethodSpec.target`, e.g. pcllm -> smollm2-135m-pcllm, or
-`targets.<method>=NAME`) are timed against the ORIGINAL model's `ar` (speedup_vs_ar), while their
-exact match is taken against the greedy AR of the model they decode (an extra `ar@<model>` row, run
-interleaved like every other row). Quality that can move on a 135M model: `nll_base` = the original
-model's mean per-token NLL of each row's outputs (teacher-forced), and for `ar@<model>` rows the
-exact-match rate / mean matching-prefix length of the distilled model's greedy output vs the original's.
-
-Variant rows (the one syntax of every suite, specgen/eval/sweeps.py): `method@tag` (e.g. `pcllm@n8`) or
-`method:tag` (e.g. `pcllm:n8`) runs `method` with `options[method]` updated by `options["method@tag"]` (and
-`targets[row]` if given; `method_options` is the older name of `options`, read as well), so one run can compare
-settings of one method side by side, e.g. block sizes against the measured cost of wider forwards. `method@NAME`
-where NAME names a registry model (installed, a built-in, or a checkpoint folder; `+int8`-style precision suffixes
-allowed), and `ar@` with anything, is `method` decoding NAME instead (the `ar@<model>` reference rows);
-`method:tag` is always a variant, whatever the tag. `sweep: {row: {option: [values]}}` adds one variant row per
-value, `row@option=<v>` (`row=<v>` for a row with an `@` tag), decoding what `row` decodes (its `targets` entry)
-with that option set over `row`'s options.
-
-Batch sizes (`batch_sizes: [1, 4, 16]`): batch 1 runs every method interleaved per prompt, as above. A batch
-size B > 1 runs each method over all prompts through B slots of the batched loop (continuous batching; the
-`hf` row: transformers `generate` on left-padded static batches of B), methods one after another. Its rows
-report throughput (tokens over the batch's wall time), per-sequence latency (median, p90; queueing
-included), speedup vs `ar` at the same B and vs batch-1 `ar` (when batch 1 ran), exact match vs `ar` at
-the same B and at B = 1, and c(B): the measured cost of a B-row product pass relative to one row
-(`decoding/cost.py`), which bounds what batching can gain.
-"""
+"""Text benchmark (suites humaneval, text): every row on the same prompts in one process, interleaved per prompt;
+what each row and column means: docs/benchmarks.md."""
 
 from __future__ import annotations
 
@@ -55,23 +19,26 @@ from specgen.decoding.cost import cost_of
 from specgen.decoding.sampling import SamplingParams
 from specgen.devices import now
 from specgen.errors import UsageError
+from specgen.limits import check_prompt_fits, context_of
 from specgen.eval import humaneval
 from specgen.eval.hf_rows import HfAssisted, HfGenerate, HfLookup
 from specgen.eval.llamacpp_row import LlamaCppLookup, LlamaCppRow
 from specgen.eval.peers import Peer, PeerSetup
 from specgen.eval.roofline import copy_bandwidth, streamed_bytes
-from specgen.eval.run_dir import MemoryRun, Shard
+from specgen.eval.run_dir import Shard
 from specgen.eval.sweeps import expand, method_bases, method_check, options_table, sweeps_of, with_swept
 from specgen.eval.text_rows import Run, text_rows
 from specgen.methods import METHODS, MethodSpec, get_method, model_for, run_batch
 from specgen.methods.options import BUDGET_DEFAULT
 from specgen.models.tokenizer import tokenizer_hash
 from specgen.text.generate import draft_budget
-from specgen.text.target import TextModel, load_original, load_text_model
+from specgen.text.precision import split_name
+from specgen.text.target import TextModel, load_original, load_text_model, open_text_model
 
 # rows not decoded by specgen's loop: row name (also `NAME:tag` variants) -> its peer (eval/peers.py)
 PEERS: dict[str, type[Peer]] = {"hf": HfGenerate, "hf-lookup": HfLookup, "hf-assisted": HfAssisted,
                                 "llamacpp": LlamaCppRow, "llamacpp-lookup": LlamaCppLookup}
+HUMANEVAL_LIMIT = 20  # the humaneval suite's default number of problems
 MIXED_PROMPTS = Path(__file__).resolve().parents[1] / "data" / "mixed_prompts.jsonl"  # the text suite's default
 
 
@@ -85,7 +52,7 @@ class TextBenchConfig:
     category_field: str | None = None  # the record field holding its category (default: `category`)
     methods: list[str] = field(default_factory=lambda: ["ar", "jacobi", "ngram", "hf"])
     model: str = "smollm2-135m"
-    limit: int = 20
+    limit: int | None = None  # prompts from `offset`; None: HUMANEVAL_LIMIT of humaneval, every prompt of a set
     offset: int = 0
     max_new_tokens: int = 128
     seed: int = 0
@@ -243,7 +210,7 @@ def humaneval_items(cfg: TextBenchConfig) -> list[Item]:
     if cfg.prompts is not None:
         raise UsageError("the humaneval suite reads its own prompts; give --prompts with --suite text")
     return [Item(Prompt(humaneval.build_user_message(q), "humaneval"), q)
-            for q in humaneval.load_problems(cfg.limit, cfg.offset)]
+            for q in humaneval.load_problems(HUMANEVAL_LIMIT if cfg.limit is None else cfg.limit, cfg.offset)]
 
 
 @functools.cache
@@ -254,7 +221,7 @@ def records_of(source: str, field: str | None, category_field: str | None) -> tu
 
 def file_items(cfg: TextBenchConfig) -> list[Item]:
     records = records_of(cfg.prompts or str(MIXED_PROMPTS), cfg.prompt_field, cfg.category_field)
-    return [Item(p) for p in records[cfg.offset : cfg.offset + cfg.limit]]
+    return [Item(p) for p in records[cfg.offset :][: cfg.limit]]
 
 
 SOURCES: dict[str, Callable[[TextBenchConfig], list[Item]]] = {"humaneval": humaneval_items, "text": file_items}
@@ -273,9 +240,6 @@ def items_of(cfg: TextBenchConfig) -> list[Item]:
 def check_prompts_fit(cfg: TextBenchConfig, progress=None) -> None:
     """Refuse a prompt that leaves no room for max_new_tokens in the model's context, from its registry entry's
     config and tokenizer files: before any weights load."""
-    from specgen.limits import check_prompt_fits, context_of
-    from specgen.text.target import open_text_model
-
     source = open_text_model(cfg.model, "cpu", progress)  # the entry, the base it reads its tokenizer from
     entry = source.entry if context_of(source.entry.meta) else source.base
     for i, item in enumerate(items_of(cfg)):
@@ -351,13 +315,24 @@ def peers_of(order: list[str], cfg: TextBenchConfig, original: TextModel) -> tup
     return built, skipped
 
 
-def measure(model: TextModel, cfg: TextBenchConfig, sink=None, shard: Shard = Shard(), on_prompt=None,
+def row_models(model: TextModel, cfg: TextBenchConfig, p: Plan) -> dict[str, TextModel]:
+    """name -> model of every row: `model`, and each other model a row decodes (a distilled target, `ar@NAME`) at
+    the run's `dtype` and `quantize`, unless its name carries a precision of its own (`NAME+int8`)."""
+    models = {cfg.model: model}
+    for name in {p.meta[m]["model"] for m in p.order} - {cfg.model}:
+        own = any(split_name(name)[1:])
+        models[name] = load_text_model(name, cfg.device, dtype=None if own else cfg.dtype,
+                                       quantize=None if own else cfg.quantize, graphs=cfg.graphs)
+        check_same_tokenizer(model, models[name])
+    return models
+
+
+def measure(model: TextModel, cfg: TextBenchConfig, sink, shard: Shard = Shard(), on_prompt=None,
             machine: str | Callable[[], str] = "") -> None:
     """Measure this shard's items that `sink` (a RunDir or MemoryRun) has no record of, one record per item:
     at batch 1 a prompt with every row interleaved on it, at B > 1 one row over the shard's prompts."""
     cfg = with_sweeps(cfg)
     rows = check_methods(cfg)
-    sink = MemoryRun() if sink is None else sink
     p = plan(cfg)
     mine = [i for i in range(p.n_prompts) if shard.owns(i)]
     todo, todo_batched = items_left(cfg, p, sink.records(), shard)
@@ -368,10 +343,7 @@ def measure(model: TextModel, cfg: TextBenchConfig, sink=None, shard: Shard = Sh
     sink.start_shard(shard)
     items = items_of(cfg)
     prompts = [encode(model.tokenizer, item.prompt) for item in items]
-    models = {cfg.model: model}
-    for name in {p.meta[m]["model"] for m in p.order} - {cfg.model}:
-        models[name] = load_text_model(name, cfg.device, graphs=cfg.graphs)
-        check_same_tokenizer(model, models[name])
+    models = row_models(model, cfg, p)
     for row in rows.values():  # a row's assets (a static n-gram cache) fit the models' one tokenizer
         if row.spec.model_check is not None:
             row.spec.model_check(row.options, model.tokenizer)

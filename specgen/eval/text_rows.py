@@ -1,12 +1,6 @@
-"""The text benchmark's table rows from its per-item records (no model needed: `benchmark report` uses it too).
+"""The text benchmark's rows from its per-item records (no model: `benchmark report` uses it too).
 
-A record is one item of work (eval/text_bench.py): at batch 1 one prompt with every method's `Run` on it,
-at batch B > 1 one method over one shard's prompts. Each run carries the shard that measured it. Speedups are
-ratios of times from one shard (one device): per prompt at batch 1, per shard for batched throughput, and
-combined over shards weighted by prompts; a time from one device is never divided by one from another.
-With one shard the rows are those of a single-process run by construction (both go through this module).
-A prompt set of several categories adds batch-1 rows per category (`category`; the rows over all prompts: "all").
-"""
+A time is only ever divided by one from the same shard (docs/benchmarks.md, "Records and rows")."""
 
 from __future__ import annotations
 

@@ -52,12 +52,12 @@ def test_stdin_and_assisted_with_a_named_draft(tiny_target):  # noqa: F811
 
 
 def test_a_prompt_longer_than_the_context_is_refused_before_loading(tiny_target, tmp_path, monkeypatch):  # noqa: F811
-    import cli.benchmark_text
+    import cli.benchmark_runs
 
     def no_load(*a, **k):
         raise AssertionError("the model was loaded")
 
-    monkeypatch.setattr(cli.benchmark_text, "load_text_model", no_load)
+    monkeypatch.setattr(cli.benchmark_runs, "load_text_model", no_load)
     path = write(tmp_path, [{"prompt": "SHORT"}, {"prompt": "LONG " * 60}])  # 300 tokens; the context is 256
     out = one_line(invoke(*BENCH, "--prompts", str(path), "--methods", "ar"))
     assert "prompt 1: prompt of 300 tokens + max-new-tokens 8 does not fit target/tiny-text's context" in out

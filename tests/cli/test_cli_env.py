@@ -46,11 +46,11 @@ def test_env_refuses_a_missing_device_in_one_line():
 
 
 def test_the_benchmark_machine_column_is_made_from_the_same_facts():
-    from cli import _output
+    from cli import benchmark_runs
     from specgen.machine import machine_facts
 
     facts = machine_facts()
     cpu = facts["devices"][0]
-    assert _output.machine_label().startswith(f"{cpu['arch']}, {cpu['cpus']} cpus, torch threads "
-                                              f"{facts['threads']['torch']}")
-    assert _output.machine_label().endswith(f"step kernels {facts['kernels']['step_kernels']['path']}")
+    assert benchmark_runs.machine_label().startswith(f"{cpu['arch']}, {cpu['cpus']} cpus, torch threads "
+                                                     f"{facts['threads']['torch']}")
+    assert benchmark_runs.machine_label().endswith(f"step kernels {facts['kernels']['step_kernels']['path']}")

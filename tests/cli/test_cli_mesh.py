@@ -135,7 +135,7 @@ def test_bad_point_clouds(tiny, tmp_path):
     one_error_line(invoke(*base, "--point-clouds", empty), 2, "no .npy or mesh files")
     (tmp_path / "empty.obj").write_text("v 0 0 0\nv 1 0 0\n")
     one_error_line(invoke(*base, "--point-clouds", tmp_path / "empty.obj"), 2, "no triangle faces")
-    one_error_line(invoke(*base, "mesh_format=fbx", "-o", tmp_path / "o"), 2, "unknown mesh_format")
+    one_error_line(invoke(*base, "mesh_format=fbx", "-o", tmp_path / "o"), 2, "unknown mesh format")
     ok = tmp_path / "ok.npy"
     pts = np.random.randn(500, 6)
     np.save(ok, pts)

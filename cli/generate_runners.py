@@ -1,0 +1,76 @@
+"""`specgen generate`'s runs: the method looked up once, its modality's runner picked, another modality's flags refused."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from cli import generate_image, generate_mesh, generate_text
+from cli._options import Format
+from specgen import checkpoints
+from specgen.errors import UsageError
+from specgen.methods import get_method
+from specgen.text.precision import split_name
+
+
+@dataclass(frozen=True)
+class GenerateArgs:
+    """What the user passed to `generate`, as given; each modality's runner loads its recipe config from it and
+    parses that once into a `specgen.request.DecodeRequest`."""
+
+    model: str | None
+    prompts: list[str]
+    prompts_file: str | None
+    max_new_tokens: int | None
+    temperature: float | None
+    top_k: int | None
+    top_p: float | None
+    chat: bool | None
+    seed: int | None
+    device: str | None
+    config: Path | None
+    overrides: list[str]
+    fmt: Format
+    quiet: bool
+    out_dir: Path | None
+    num: int | None
+    classes: str | None
+    cfg_scale: float | None
+    point_clouds: Path | None
+    captions: Path | None
+    drafter: str | None
+    batch_size: int | None
+    dtype: str | None
+    quantize: str | None
+    graphs: str | None = None
+    stream: bool | None = None  # None: not given (another modality's flag is refused only when given)
+
+    def sampling(self) -> dict:
+        """The recipe keys every modality shares, as given (None: the recipe's or the default)."""
+        return dict(model=self.model, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
+                    seed=self.seed, device=self.device, batch_size=self.batch_size, dtype=self.dtype,
+                    quantize=self.quantize, graphs=self.graphs)
+
+
+#: GenerateArgs field -> (its flag, the modalities that read it); another modality's option is refused, not ignored
+MODALITY_OPTIONS = {
+    "prompts": ("--prompt", ("text",)), "prompts_file": ("--prompts", ("text",)), "chat": ("--no-chat", ("text",)),
+    "stream": ("--stream", ("text",)),
+    "max_new_tokens": ("--max-new-tokens", ("text", "mesh")), "out_dir": ("--out-dir", ("image", "mesh")),
+    "num": ("--num", ("image", "mesh")), "classes": ("--classes", ("image",)), "cfg_scale": ("--cfg-scale", ("image",)),
+    "captions": ("--captions", ("image",)), "point_clouds": ("--point-clouds", ("mesh",)),
+}
+RUNNERS = {"text": generate_text.run, "image": generate_image.run, "mesh": generate_mesh.run}
+
+
+def run(args: GenerateArgs, method: str) -> None:
+    spec = get_method(method)  # the one lookup of the method
+    modality = checkpoints.modality_of(split_name(args.model)[0]) if args.model else spec.modality  # NAME+int8: NAME's
+    if args.drafter and modality != "image":
+        raise UsageError("--drafter names an EAGLE drafter of an image model; text methods take none, mesh methods "
+                         "take method_options.heads=NAME")
+    for field, (flag, modalities) in MODALITY_OPTIONS.items():
+        if getattr(args, field) not in (None, []) and modality not in modalities:
+            raise UsageError(f"{flag} is for {' and '.join(modalities)} models; this is "
+                             f"{'an' if modality[0] in 'aeiou' else 'a'} {modality} model")
+    RUNNERS[modality](args, spec)
