@@ -124,3 +124,38 @@ def test_the_registry_loads_alone_in_a_fresh_interpreter():
 @pytest.mark.parametrize("module", sorted(graph()))
 def test_every_module_imports_on_its_own(module):
     subprocess.run([sys.executable, "-c", f"import {module}"], cwd=ROOT, check=True, capture_output=True)
+
+
+#: Function-local imports allowed in specgen/ and cli/ (issue 45): optional dependencies and start-up cost only.
+LOCAL_IMPORTS_CAP = 60
+
+
+def local_imports(path: Path) -> list[tuple[int, bool]]:
+    """(line, explained) of each import inside a function or class of the file (`if TYPE_CHECKING:` ones excluded).
+    Explained: a comment on its line, on a line of the run of imports it starts or continues, or on the line above."""
+    text = path.read_text()
+    lines, tree = text.splitlines(), ast.parse(text)
+    typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
+                   and isinstance(block.test, ast.Name) and block.test.id == "TYPE_CHECKING" for n in ast.walk(block)}
+    nested = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
+              and n not in tree.body and id(n) not in typing_only]
+    out = []
+    for node in nested:
+        first = node.lineno
+        while first > 1 and lines[first - 2].strip().startswith(("import ", "from ")):
+            first -= 1  # the run of imports this one belongs to
+        out.append((node.lineno, any("#" in lines[i - 1] for i in range(max(first - 1, 1), node.end_lineno + 1))))
+    return out
+
+
+def test_function_local_imports_are_few_and_each_says_why():
+    found = {f"{p.relative_to(ROOT)}:{line}": why for package in PACKAGES for p in package.rglob("*.py")
+             for line, why in local_imports(p)}
+    assert [place for place, why in found.items() if not why] == []
+    assert len(found) <= LOCAL_IMPORTS_CAP
+
+
+def test_an_unexplained_local_import_is_found(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("def a():\n    import json  # optional\n    import os\n\n\ndef b():\n    import re\n")
+    assert local_imports(f) == [(2, True), (3, True), (7, False)]

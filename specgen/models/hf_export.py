@@ -65,7 +65,7 @@ def to_hf(model: Transformer):
     if cfg.rope_scaling:  # transformers 4.x reads `rope_scaling`; 5.x moves it into rope_parameters
         common["rope_scaling"] = dict(cfg.rope_scaling)
     if cfg.qk_norm:
-        from transformers import Qwen3Config, Qwen3ForCausalLM
+        from transformers import Qwen3Config, Qwen3ForCausalLM  # optional: only an export needs transformers
 
         hf = Qwen3ForCausalLM(Qwen3Config(**common, attention_bias=cfg.qkv_bias))
     elif cfg.qkv_bias:
