@@ -78,11 +78,7 @@ def decode(
     max_draft: int = 256,
     rule: Rule | None = None,
 ) -> DecodeResult:
-    """Generate up to `max_new_tokens` after one `prompt`, stopping after any of `stop_ids` (a batch of one).
-
-    `rule` is the accept rule (default `judge`: lossless); relaxed methods pass their own. The drafter's own step
-    policy runs it (`DrafterBase.step_policy`: EAGLE's batched pool, VVS's and MuLo-SD's steps, or per-row drafting).
-    """
+    """`decode_batch` of one `prompt` under the drafter's own step policy and `rule` (default `judge`: lossless)."""
     policy = drafter.step_policy(lambda i: drafter, target, rule or judge, FixedBudget(max_draft))
     batch = decode_batch(target, policy, [prompt], max_new_tokens, params, stop_ids, [generator], max_draft=max_draft)
     return batch.results[0]
@@ -115,11 +111,8 @@ def decode_batch(
 ) -> BatchResult:
     """Decode every prompt, at most `batch_size` (0: all) at a time, under the policy of `drafters` (`as_policy`).
 
-    `generators[i]` is prompt i's random stream (sampling stays lossless per row); `budget` caps draft
-    sizes by the number of live rows (default: `max_draft`); `on_done(i)` is called when prompt i finishes;
-    `on_tokens(i, tokens)` as prompt i emits tokens (a speculative step's accepted run at once), never past its stop
-    token or budget: what it is given, concatenated, is the row's result.
-    """
+    `generators[i]`: prompt i's random stream; `budget` caps drafts by the number of live rows (default `max_draft`);
+    `on_done(i)` when prompt i finishes; `on_tokens(i, tokens)` as it emits them (concatenated: its result)."""
     if not prompts:
         return BatchResult([], DecodeStats())
     run = Run(params, tuple(stop_ids), max_new_tokens, max_draft, target.branches, target.device, on_done, on_tokens)
@@ -166,9 +159,7 @@ class Batch:
         """Prefill prompt i into `slot` (its own rows of the cache); the policy picks its first token(s)."""
         row, br, policy = Row(i, list(self.prompts[i]), self.generators[i]), self.run.branches, self.policy
         with timed([row.stats], "prefill"), self.clock("prefill"):
-            rows = range(slot * br, (slot + 1) * br)
-            for r in rows:
-                self.cache.rollback(r, 0)
+            rows = self.cache.clear_seq(slot, br)
             view = self.cache.rows(rows.start, rows.stop)
             view.key_mask, view.cross = None, None  # a new sequence: no condition of the slot's previous one
             first = self.target.prefill(torch.tensor([row.prompt], device=self.run.device), view)
@@ -190,6 +181,9 @@ class Batch:
         row.out = truncate(row.out, self.run.max_new_tokens, self.run.stop_ids)
         row.stats.new_tokens = len(row.out)
         row.stats.extras["latency_s"] = now(self.run.device) - self.t0  # queueing included
+        self.total.accepted += row.stats.accepted  # the batch's step records, gathered row by row
+        self.total.draft_sizes += row.stats.draft_sizes
+        self.total.depths += row.stats.depths
         self.results[row.index] = DecodeResult(row.out, row.stats)
         if self.run.on_done:
             self.run.on_done(row.index)
@@ -197,9 +191,7 @@ class Batch:
     def refill(self) -> bool:
         """Retire finished rows, prefill queued prompts into free slots, compact the live rows to [0, n); any left?
 
-        A row can finish in its own prefill (stop token first, or a budget of one), so admission repeats
-        until every slot holds a live row or the queue is empty.
-        """
+        A row can finish in its own prefill, so admission repeats until every slot is live or the queue is empty."""
         slots, queue, br = self.slots, self.queue, self.run.branches
         while True:
             for i, row in enumerate(slots):
@@ -221,8 +213,7 @@ class Batch:
             if None not in slots:
                 break
             hole, src = slots.index(None), len(slots) - 1
-            for b in range(br):
-                self.cache.move_row(src * br + b, hole * br + b)
+            self.cache.move_seq(src, hole, br)
             self.policy.move(src, hole)
             slots[hole] = slots.pop()
         return bool(slots)
@@ -249,16 +240,9 @@ class Batch:
         return out, batch.sizes
 
     def settle(self, fed: list[int], out: TargetOut, sizes: tuple[int, ...]) -> list[tuple[list[int], list[int]]]:
-        """The policy's (keep, tokens) per fed row; the batch's totals gather the rows' new step records."""
-        rows = [self.slots[i].stats for i in fed]
-        marks = [len(s.accepted) for s in rows]
-        outcomes = self.policy.settle(fed, fed[0], out, sizes, self.run.params, [self.slots[i].generator for i in fed],
-                                      rows, self.clock)
-        for s, m in zip(rows, marks):
-            self.total.accepted += s.accepted[m:]
-            self.total.draft_sizes += s.draft_sizes[m:]
-            self.total.depths += s.depths[m:]
-        return outcomes
+        """The policy's (keep, tokens) per fed row."""
+        return self.policy.settle(fed, fed[0], out, sizes, self.run.params, [self.slots[i].generator for i in fed],
+                                  [self.slots[i].stats for i in fed], self.clock)
 
     def commit(self, fed: list[int], outcomes: list[tuple[list[int], list[int]]]) -> None:
         lo, br = fed[0], self.run.branches
@@ -290,11 +274,8 @@ class Batch:
 
 
 class timed:
-    """Add the host time of a block to phase `phase` of every stats object given (each row lives through it).
-    
-    No device sync per phase: the host waits where a step reads a value anyway (accept, propose), so a step's total
-    stays its wall time.
-    """
+    """Add the host time of a block to phase `phase` of every stats object given (no device sync: a step's host reads
+    wait anyway, so a step's total stays its wall time)."""
 
     def __init__(self, stats: list[DecodeStats], phase: str) -> None:
         self.stats, self.phase = stats, phase
