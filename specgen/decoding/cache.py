@@ -109,6 +109,11 @@ class KVCache:
             self.v[:, row, :, n : n + len(keep)] = self.v[:, row, :, src]
         self.lengths[row] = n + len(keep)
 
+    def commit_seq(self, seq: int, keep: list[int], branches: int) -> None:
+        """`commit` on each of the `branches` rows of sequence `seq`."""
+        for r in range(seq * branches, (seq + 1) * branches):
+            self.commit(r, keep)
+
     def rollback(self, row: int, length: int) -> None:
         """Forget everything at or after slot `length` in `row`."""
         if length > self.lengths[row]:

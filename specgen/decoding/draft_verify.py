@@ -11,7 +11,7 @@ from specgen.decoding.accept import accept_greedy, accept_rejection
 from specgen.decoding.budget import DraftBudget
 from specgen.decoding.draft import Draft, Verdict
 from specgen.decoding.pool import DrafterPool, EachRow, PolicyBase, RowStep, StepPolicy
-from specgen.decoding.sampling import SamplingParams, logits_to_probs, pick
+from specgen.decoding.sampling import SamplingParams, logits_to_probs
 
 Rule = Callable[[Draft, torch.Tensor, SamplingParams, "torch.Generator | None"], Verdict]
 
@@ -68,9 +68,6 @@ class DraftVerify(PolicyBase):
 
     def end_step(self, seconds: float) -> None:
         self.budget.observe_step(seconds)
-
-    def start(self, slot, first, params, generator, stats) -> list[int]:
-        return [pick(first.logits[0, -1], params, generator)]  # the prefill's last position picks token 0
 
     def plan(self, seqs, budgets, stats, generators, params, clock) -> list[RowStep]:
         cap = self.budget.cap(len(seqs))

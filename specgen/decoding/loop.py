@@ -14,13 +14,12 @@ from typing import Callable, Sequence
 import torch
 
 from specgen.decoding.budget import DraftBudget, FixedBudget
-from specgen.decoding.draft import Draft
 from specgen.decoding.draft_verify import DrafterBase, DraftVerify, Rule, judge
 from specgen.decoding.pool import Drafter, DrafterPool, EachRow, PolicyBase, PoolBase, RowStep, StepPolicy
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.stats import DecodeStats
 from specgen.decoding.target import Target, TargetOut
-from specgen.decoding.verify import verify_batch
+from specgen.decoding.verify import forward_span
 from specgen.devices import now
 
 
@@ -225,19 +224,15 @@ class Batch:
 
     def verify(self, steps: list[RowStep], fed: list[int]) -> tuple[TargetOut, tuple[int, ...]]:
         """One forward over rows [lo, hi) of the fed span; a row in it that sits out feeds one padding node."""
-        lo, hi, br = fed[0], fed[-1] + 1, self.run.branches
+        feeds = {i: (steps[i].root, steps[i].draft) for i in fed}
         with self.clock("verify"):
-            self.view = self.cache.rows(lo * br, hi * br)
-            roots = [steps[i].root if steps[i].root is not None else 0 for i in range(lo, hi)]
-            drafts = [steps[i].draft if steps[i].root is not None else Draft.empty() for i in range(lo, hi)]
-            batch = verify_batch(roots, drafts, self.view.lengths[::br], self.run.device)
-            out = self.target.forward(batch.tokens, batch.positions, self.view, batch.tree_mask)
+            self.view, out, sizes = forward_span(self.target, self.cache, feeds)
         self.total.target_forwards += 1
         for i in fed:
             self.slots[i].stats.target_forwards += 1
-            self.slots[i].stats.target_tokens += batch.sizes[i - lo]
-            self.total.target_tokens += batch.sizes[i - lo]
-        return out, batch.sizes
+            self.slots[i].stats.target_tokens += sizes[i - fed[0]]
+            self.total.target_tokens += sizes[i - fed[0]]
+        return out, sizes
 
     def settle(self, fed: list[int], out: TargetOut, sizes: tuple[int, ...]) -> list[tuple[list[int], list[int]]]:
         """The policy's (keep, tokens) per fed row."""
@@ -248,8 +243,7 @@ class Batch:
         lo, br = fed[0], self.run.branches
         with self.clock("commit"):
             for i, (keep, _) in zip(fed, outcomes):
-                for r in range((i - lo) * br, (i - lo + 1) * br):
-                    self.view.commit(r, keep)
+                self.view.commit_seq(i - lo, keep, br)
             self.cache.absorb(self.view, lo * br)
 
     def emit(self, steps: list[RowStep]) -> None:

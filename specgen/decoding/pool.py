@@ -13,6 +13,7 @@ import torch
 
 from specgen.decoding.cache import KVCache
 from specgen.decoding.draft import Draft, Verdict
+from specgen.decoding.sampling import pick
 from specgen.decoding.stats import DecodeStats
 from specgen.decoding.target import TargetOut
 
@@ -122,7 +123,14 @@ class PoolBase:
 
 
 class PolicyBase(PoolBase):
-    """Base of StepPolicies: what `decode_batch` runs as given (a pool or per-row drafters get draft-verify)."""
+    """Base of StepPolicies (`decode_batch` runs them as given): by default the prefill picks token 0, and a row's
+    `extras` (the method's counters) start at 0."""
+
+    extras: tuple[str, ...] = ()
+
+    def start(self, slot: int, first: TargetOut, params, generator, stats: DecodeStats) -> list[int]:
+        stats.extras.update(dict.fromkeys(self.extras, 0))
+        return [pick(first.logits[0, -1], params, generator)]
 
 
 def row_out(out: TargetOut, i: int, size: int, branches: int) -> TargetOut:

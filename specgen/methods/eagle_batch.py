@@ -134,8 +134,7 @@ class EagleBatch(PoolBase):
         hidden = self.net(feats, toks, pos, view, tree_mask=tree)  # [n * br, M, D]
         last = host_tensor([m - 1 for m in ms for _ in range(br)], device)
         for i, m in enumerate(ms):
-            for r in range(i * br, (i + 1) * br):
-                view.commit(r, list(range(m)))
+            view.commit_seq(i, list(range(m)), br)
         return hidden[torch.arange(n * br, device=device), last].unsqueeze(1)
 
     def on_accept(self, drafts: Sequence[Draft], verdicts: Sequence[Verdict], out: TargetOut,

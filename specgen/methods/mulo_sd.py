@@ -17,7 +17,7 @@ from specgen.decoding.draft import Draft
 from specgen.decoding.draft_verify import DrafterBase
 from specgen.decoding.pool import PolicyBase, RowStep
 from specgen.decoding.sampling import logits_to_probs, pick
-from specgen.decoding.verify import verify_batch
+from specgen.decoding.verify import forward_span
 from specgen.errors import IncompatibleError, UsageError
 from specgen.image.neighbours import neighbour_table, scaled_k
 from specgen.image.target import CFGTarget
@@ -31,8 +31,6 @@ DEFAULT_TAU = 1e-4  # the paper's tau, for a 16,384-code codebook (see scaled_ta
 TAU_VOCAB = 16384
 DEFAULT_RADIUS = 3
 DEFAULT_DELTA = 0.1
-EXTRAS = ("draft_tokens", "pass_tokens", "rejected_tokens", "resampled_tokens", "expanded_tokens",
-          "resample_forwards", "lowres_tokens", "drafter_prefix_forwards")
 
 
 def scaled_tau(vocab: int, tau_ref: float = DEFAULT_TAU, vocab_ref: int = TAU_VOCAB) -> float:
@@ -101,6 +99,9 @@ class MuLoBatch(PolicyBase):
 
     Each row keeps its own drafter cache rows and generators, so its output does not depend on its batch mates."""
 
+    extras = ("draft_tokens", "pass_tokens", "rejected_tokens", "resampled_tokens", "expanded_tokens",
+              "resample_forwards", "lowres_tokens", "drafter_prefix_forwards")
+
     def __init__(self, make: Callable[[int], MuLoSD], target) -> None:
         self.make, self.target = make, target
         dec = make(0)
@@ -133,8 +134,7 @@ class MuLoBatch(PolicyBase):
     def start(self, slot: int, first, params, generator, stats) -> list[int]:
         row = self.rows[slot]
         row.dgen = torch.Generator().manual_seed(drafter_seed(generator, row.dec.seed))
-        for k in EXTRAS:
-            stats.extras[k] = 0
+        stats.extras.update(dict.fromkeys(self.extras, 0))
         stats.drafter_forwards += 1  # the drafter's prefill
         return []  # token 0 is drafted too
 
@@ -164,19 +164,13 @@ class MuLoBatch(PolicyBase):
         return steps
 
     def low_forward(self, feeds: dict[int, list[int]]) -> dict[int, torch.Tensor]:
-        """One drafter forward over the slots in `feeds` (each feeds its chain at its drafter-cache length, slots
-        in between feed one padding node); commits the chains; the drafter logits [S_i, V] of each slot."""
-        lo, hi = min(feeds), max(feeds) + 1
-        view = self.cache.rows(lo * self.br, hi * self.br)
-        roots = [feeds[i][0] if i in feeds else 0 for i in range(lo, hi)]
-        chains = [Draft.chain(feeds[i][1:]) if i in feeds else Draft.empty() for i in range(lo, hi)]
-        batch = verify_batch(roots, chains, view.lengths[:: self.br], self.target.device)
-        logits = self.low.forward(batch.tokens, batch.positions, view, batch.tree_mask).logits
+        """One drafter forward over the slots in `feeds` (`forward_span`), chains committed; logits [S_i, V] each."""
+        lo = min(feeds)
+        view, out, _ = forward_span(self.low, self.cache, {i: (c[0], Draft.chain(c[1:])) for i, c in feeds.items()})
         for i, chain in feeds.items():
-            for r in range((i - lo) * self.br, (i - lo + 1) * self.br):
-                view.commit(r, list(range(len(chain))))
+            view.commit_seq(i - lo, list(range(len(chain))), self.br)
         self.cache.absorb(view, lo * self.br)
-        return {i: logits[i - lo, : len(chain)] for i, chain in feeds.items()}
+        return {i: out.logits[i - lo, : len(chain)] for i, chain in feeds.items()}
 
     def draft(self, slots: list[int], seqs, params, stats, clock) -> list[list[int]]:
         """7. down-sample each row's accepted prefix and feed its new low-res rows to the drafter, 1. draft

@@ -14,7 +14,6 @@ import torch
 from specgen.decoding.draft import Draft, Verdict
 from specgen.decoding.draft_verify import DrafterBase
 from specgen.decoding.pool import PolicyBase, RowStep
-from specgen.decoding.sampling import pick
 from specgen.decoding.stats import DecodeStats
 from specgen.decoding.target import TargetOut
 from specgen.decoding.tree import DraftTree
@@ -23,8 +22,6 @@ from specgen.methods.eagle import EagleTreeDrafter
 from specgen.methods.eagle_batch import EagleBatch
 from specgen.methods.options import VvsOptions
 from specgen.methods.vvs_schedule import DynamicSkip, NeverSkip, SkipSchedule, UniformSkip, may_skip
-
-EXTRAS = ("skipped_steps", "unverified_tokens", "post_verified_tokens", "unverified_tail")
 
 
 def after_chain(chain: list[int] | tuple[int, ...], draft: Draft) -> Draft:
@@ -96,6 +93,8 @@ class VVSRow:
 class VVSBatch(PolicyBase):
     """StepPolicy: VVS rows; a row whose schedule skips emits its path and sits out (its state: its own, batch-free)."""
 
+    extras = ("skipped_steps", "unverified_tokens", "post_verified_tokens", "unverified_tail")
+
     def __init__(self, make: Callable[[int], VVS], rule, budget) -> None:
         self.make, self.rule, self.budget = make, rule, budget
         self.eagle = EagleBatch(lambda index: self._next.drafter, skip_ar_steps=False)
@@ -117,9 +116,7 @@ class VVSBatch(PolicyBase):
     def start(self, slot: int, first: TargetOut, params, generator, stats: DecodeStats) -> list[int]:
         row = self.rows[slot]
         row.paths_rng = generator or torch.Generator().manual_seed(row.dec.seed)
-        for k in EXTRAS:
-            stats.extras[k] = 0
-        return [pick(first.logits[0, -1], params, generator)]
+        return super().start(slot, first, params, generator, stats)
 
     def move(self, src: int, dst: int) -> None:
         super().move(src, dst)
