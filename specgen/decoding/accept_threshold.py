@@ -52,10 +52,7 @@ def accepted_length(tokens: tuple[int, ...], probs: torch.Tensor, crit: AcceptCr
 
 def accept_lossy(draft: Draft, probs: torch.Tensor, crit: AcceptCriterion,
                  generator: torch.Generator | None, greedy: bool = False) -> Verdict:
-    """Verdict for a chain draft: the passing prefix + one token recovered from the first rejected row.
-
-    probs [N + 1, V] are the target's filtered distributions; greedy picks the argmax instead of sampling.
-    """
+    """Verdict for a chain draft under probs [N + 1, V]: the passing prefix + one token recovered (greedy: argmax)."""
     if not draft.tree.is_chain:
         raise ValueError("the lossy XSpecMesh rules verify chains only")
     n = accepted_length(draft.tokens, probs, crit)

@@ -45,10 +45,8 @@ class FixedBudget:
 
 @dataclass
 class AutoBudget:
-    """Cap k per step maximising expected tokens per row over the cost of a B x (k + 1) verify (docs/decoding.md).
-    
-    k = 0 is batched AR, so the policy is never worse than AR in the model's own terms.
-    """
+    """Cap k per step maximising expected tokens per row over the cost of a B x (k + 1) verify (docs/decoding.md);
+    k = 0 (batched AR) is a candidate, so it is never worse than AR in the model's own terms."""
 
     limit: int
     cost: Callable[[int], float]  # tokens in one forward -> its cost
@@ -107,10 +105,7 @@ class AutoBudget:
 
 @dataclass
 class MeasuredBudget:
-    """Per number of live rows B, the faster of batched AR (cap 0) and the method's own draft (cap `limit`), measured.
-    
-    Lossless either way (AR is the empty draft); steps 1-5 of the rule are in docs/decoding.md.
-    """
+    """Per number of live rows B, the measured faster of batched AR (cap 0) and the draft (cap `limit`)."""
 
     limit: int
     probe_share: float = 0.05
@@ -139,9 +134,7 @@ class MeasuredBudget:
         return steady_rate(steps) if steps else None
 
     def borrow(self, b: int) -> None:
-        """Start a new row count from the nearest one measured if it is near (within a quarter, or one row): tokens
-        scale with the rows, a step's seconds are kept, and the tries that follow correct both. The tail of a run,
-        where rows end one by one, then pays no measuring at each count."""
+        """Start a new row count from the nearest measured within a quarter (or a row): tokens scaled, seconds kept."""
         if (b, self.limit) in self._steps or (b, 0) in self._steps:  # seen before: measured, or being measured
             return
         known = {k for k, c in self._steps if min(self._count.get((k, x), 0) for x in (self.limit, 0)) >= self.tries}

@@ -90,8 +90,7 @@ class KVCache:
 
     def ragged_rows(self, s: int) -> torch.Tensor:
         """[B*H_kv*S] rows of a layer's flat [B*H_kv*T_max, D] view where S pending nodes go: (b, h, j) -> slot
-        lengths[b] + j. Kept until the lengths or S change: one forward's layers share it (a scatter with a
-        [B, H_kv, S, D] index cost ~4x more per layer at image batch shapes)."""
+        lengths[b] + j. Kept until the lengths or S change: one forward's layers share it."""
         key = (tuple(self.lengths), s)
         if self._ragged is None or self._ragged[0] != key:
             b, h, t = self.k.shape[1], self.k.shape[2], self.k.shape[3]
@@ -102,17 +101,18 @@ class KVCache:
         return self._ragged[1]
 
     def commit(self, row: int, keep: list[int]) -> None:
-        """Keep pending nodes `keep` (indices into the last write, ascending) and advance the row.
-
-        For a chain (keep == [0, 1, ..., a-1]) this is a pointer move; for a tree path it gathers
-        the kept slots into contiguous slots `[n, n + len(keep))`.
-        """
+        """Keep pending nodes `keep` (ascending indices into the last write) in slots [n, n + len(keep)); advance."""
         n = self.lengths[row]
         if keep != list(range(len(keep))):
             src = host_tensor([n + i for i in keep], self.k.device)
             self.k[:, row, :, n : n + len(keep)] = self.k[:, row, :, src]
             self.v[:, row, :, n : n + len(keep)] = self.v[:, row, :, src]
         self.lengths[row] = n + len(keep)
+
+    def commit_seq(self, seq: int, keep: list[int], branches: int) -> None:
+        """`commit` on each of the `branches` rows of sequence `seq`."""
+        for r in range(seq * branches, (seq + 1) * branches):
+            self.commit(r, keep)
 
     def rollback(self, row: int, length: int) -> None:
         """Forget everything at or after slot `length` in `row`."""
@@ -157,6 +157,18 @@ class KVCache:
         for k, v in self.cross or ():
             k[dst], v[dst] = k[src], v[src]
 
+    def move_seq(self, src: int, dst: int, branches: int) -> None:
+        """`move_row` for each of the `branches` rows of sequence `src` (row src * branches + b) into sequence `dst`."""
+        for b in range(branches):
+            self.move_row(src * branches + b, dst * branches + b)
+
+    def clear_seq(self, seq: int, branches: int) -> range:
+        """Empty the `branches` rows of sequence `seq`; their row range."""
+        rows = range(seq * branches, (seq + 1) * branches)
+        for r in rows:
+            self.rollback(r, 0)
+        return rows
+
     def reset(self) -> None:
         """Empty every row (buffers are reused, not cleared)."""
         self.lengths = [0] * self.batch
@@ -164,11 +176,8 @@ class KVCache:
         self.key_mask = None
 
     def prefix_mask(self, s: int, tree_mask: torch.Tensor | None) -> torch.Tensor | None:
-        """Boolean attention mask [B, 1, S, T] for S pending nodes, or None when all is visible.
-
-        `tree_mask` [S, S] or [B, S, S] says which pending nodes see which (ancestor mask; causal
-        for a chain). Committed slots are visible (except `key_mask` slots); slots of other rows' padding are not.
-        """
+        """Boolean attention mask [B, 1, S, T] for S pending nodes (None: all visible); `tree_mask` [S, S] or [B, S, S]:
+        which pending nodes see which (None: causal). Committed slots are visible, except `key_mask` ones."""
         start = self.uniform_length()
         if start is not None and s == 1 and self.key_mask is None:
             return None

@@ -50,3 +50,7 @@ class Verdict:
     @property
     def num_accepted(self) -> int:
         return len(self.path)
+
+    def kept(self, chain: int = 0) -> list[int]:
+        """The fed nodes to commit when the draft hung from `chain` fed nodes after the root: root, chain, path."""
+        return list(range(chain + 1)) + [chain + 1 + j for j in self.path]

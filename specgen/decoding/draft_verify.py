@@ -11,7 +11,7 @@ from specgen.decoding.accept import accept_greedy, accept_rejection
 from specgen.decoding.budget import DraftBudget
 from specgen.decoding.draft import Draft, Verdict
 from specgen.decoding.pool import DrafterPool, EachRow, PolicyBase, RowStep, StepPolicy
-from specgen.decoding.sampling import SamplingParams, logits_to_probs, pick
+from specgen.decoding.sampling import SamplingParams, logits_to_probs
 
 Rule = Callable[[Draft, torch.Tensor, SamplingParams, "torch.Generator | None"], Verdict]
 
@@ -19,8 +19,7 @@ Rule = Callable[[Draft, torch.Tensor, SamplingParams, "torch.Generator | None"],
 def judge(draft: Draft, logits: torch.Tensor, params: SamplingParams, generator) -> Verdict:
     """Lossless acceptance: greedy match at temperature 0, tree rejection sampling otherwise.
 
-    Rejection sampling reads p and q one node at a time, so both move to the generator's device (the host, for the
-    seeded CPU streams) in one copy each first: on a GPU each read of a device value would make the host wait."""
+    Rejection sampling reads p and q node by node, so both move to the generator's device first, in one copy each."""
     if params.greedy:
         return accept_greedy(draft, logits.argmax(-1).tolist())
     host = generator.device if generator is not None else torch.device("cpu")
@@ -34,10 +33,7 @@ def probs_on(draft: Draft, host: torch.device) -> Draft:
 
 def judge_batch(drafts: Sequence[Draft], logits: torch.Tensor, sizes: Sequence[int], params: SamplingParams,
                 generators: Sequence[torch.Generator | None]) -> list[Verdict]:
-    """`judge` for every row of a verify forward (logits [n, S, V]) with one device-to-host copy of its reads.
-
-    Greedy reads the argmax [n, S]; sampling the filtered p [n, S, V] (a softmax per position: each row's p is the
-    one `judge` computes from its own slice, bit for bit). On a GPU a copy per row made the host wait per row."""
+    """`judge` for every row of a verify forward (logits [n, S, V]), bit for bit, with one device-to-host copy."""
     if params.greedy:
         argmax = logits.argmax(-1).tolist()  # [n][S]
         return [accept_greedy(d, argmax[i][: sizes[i]]) for i, d in enumerate(drafts)]
@@ -73,9 +69,6 @@ class DraftVerify(PolicyBase):
     def end_step(self, seconds: float) -> None:
         self.budget.observe_step(seconds)
 
-    def start(self, slot, first, params, generator, stats) -> list[int]:
-        return [pick(first.logits[0, -1], params, generator)]  # the prefill's last position picks token 0
-
     def plan(self, seqs, budgets, stats, generators, params, clock) -> list[RowStep]:
         cap = self.budget.cap(len(seqs))
         with clock("propose"):  # 1. the pool drafts for every live row
@@ -93,12 +86,9 @@ class DraftVerify(PolicyBase):
         with clock("propose"):  # 5. the pool learns the verdicts
             self.pool.on_accept(drafts, verdicts, out, sizes, out.features.shape[0] // out.logits.shape[0])
             for s, d, v in zip(stats, drafts, verdicts):
-                s.steps += 1
-                s.draft_sizes.append(d.size)
-                s.depths.append(d.tree.max_depth())
-                s.accepted.append(v.num_accepted)
+                s.record(d.size, d.tree.max_depth(), v.num_accepted)
                 self.budget.observe(d.size, v.num_accepted)
-        return [([0] + [j + 1 for j in v.path], list(v.tokens)) for v in verdicts]
+        return [(v.kept(), list(v.tokens)) for v in verdicts]
 
 
 class DrafterBase:

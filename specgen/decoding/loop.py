@@ -14,13 +14,12 @@ from typing import Callable, Sequence
 import torch
 
 from specgen.decoding.budget import DraftBudget, FixedBudget
-from specgen.decoding.draft import Draft
 from specgen.decoding.draft_verify import DrafterBase, DraftVerify, Rule, judge
 from specgen.decoding.pool import Drafter, DrafterPool, EachRow, PolicyBase, PoolBase, RowStep, StepPolicy
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.stats import DecodeStats
 from specgen.decoding.target import Target, TargetOut
-from specgen.decoding.verify import verify_batch
+from specgen.decoding.verify import forward_span
 from specgen.devices import now
 
 
@@ -78,11 +77,7 @@ def decode(
     max_draft: int = 256,
     rule: Rule | None = None,
 ) -> DecodeResult:
-    """Generate up to `max_new_tokens` after one `prompt`, stopping after any of `stop_ids` (a batch of one).
-
-    `rule` is the accept rule (default `judge`: lossless); relaxed methods pass their own. The drafter's own step
-    policy runs it (`DrafterBase.step_policy`: EAGLE's batched pool, VVS's and MuLo-SD's steps, or per-row drafting).
-    """
+    """`decode_batch` of one `prompt` under the drafter's own step policy and `rule` (default `judge`: lossless)."""
     policy = drafter.step_policy(lambda i: drafter, target, rule or judge, FixedBudget(max_draft))
     batch = decode_batch(target, policy, [prompt], max_new_tokens, params, stop_ids, [generator], max_draft=max_draft)
     return batch.results[0]
@@ -115,11 +110,8 @@ def decode_batch(
 ) -> BatchResult:
     """Decode every prompt, at most `batch_size` (0: all) at a time, under the policy of `drafters` (`as_policy`).
 
-    `generators[i]` is prompt i's random stream (sampling stays lossless per row); `budget` caps draft
-    sizes by the number of live rows (default: `max_draft`); `on_done(i)` is called when prompt i finishes;
-    `on_tokens(i, tokens)` as prompt i emits tokens (a speculative step's accepted run at once), never past its stop
-    token or budget: what it is given, concatenated, is the row's result.
-    """
+    `generators[i]`: prompt i's random stream; `budget` caps drafts by the number of live rows (default `max_draft`);
+    `on_done(i)` when prompt i finishes; `on_tokens(i, tokens)` as it emits them (concatenated: its result)."""
     if not prompts:
         return BatchResult([], DecodeStats())
     run = Run(params, tuple(stop_ids), max_new_tokens, max_draft, target.branches, target.device, on_done, on_tokens)
@@ -166,9 +158,7 @@ class Batch:
         """Prefill prompt i into `slot` (its own rows of the cache); the policy picks its first token(s)."""
         row, br, policy = Row(i, list(self.prompts[i]), self.generators[i]), self.run.branches, self.policy
         with timed([row.stats], "prefill"), self.clock("prefill"):
-            rows = range(slot * br, (slot + 1) * br)
-            for r in rows:
-                self.cache.rollback(r, 0)
+            rows = self.cache.clear_seq(slot, br)
             view = self.cache.rows(rows.start, rows.stop)
             view.key_mask, view.cross = None, None  # a new sequence: no condition of the slot's previous one
             first = self.target.prefill(torch.tensor([row.prompt], device=self.run.device), view)
@@ -190,6 +180,9 @@ class Batch:
         row.out = truncate(row.out, self.run.max_new_tokens, self.run.stop_ids)
         row.stats.new_tokens = len(row.out)
         row.stats.extras["latency_s"] = now(self.run.device) - self.t0  # queueing included
+        self.total.accepted += row.stats.accepted  # the batch's step records, gathered row by row
+        self.total.draft_sizes += row.stats.draft_sizes
+        self.total.depths += row.stats.depths
         self.results[row.index] = DecodeResult(row.out, row.stats)
         if self.run.on_done:
             self.run.on_done(row.index)
@@ -197,9 +190,7 @@ class Batch:
     def refill(self) -> bool:
         """Retire finished rows, prefill queued prompts into free slots, compact the live rows to [0, n); any left?
 
-        A row can finish in its own prefill (stop token first, or a budget of one), so admission repeats
-        until every slot holds a live row or the queue is empty.
-        """
+        A row can finish in its own prefill, so admission repeats until every slot is live or the queue is empty."""
         slots, queue, br = self.slots, self.queue, self.run.branches
         while True:
             for i, row in enumerate(slots):
@@ -221,8 +212,7 @@ class Batch:
             if None not in slots:
                 break
             hole, src = slots.index(None), len(slots) - 1
-            for b in range(br):
-                self.cache.move_row(src * br + b, hole * br + b)
+            self.cache.move_seq(src, hole, br)
             self.policy.move(src, hole)
             slots[hole] = slots.pop()
         return bool(slots)
@@ -234,38 +224,26 @@ class Batch:
 
     def verify(self, steps: list[RowStep], fed: list[int]) -> tuple[TargetOut, tuple[int, ...]]:
         """One forward over rows [lo, hi) of the fed span; a row in it that sits out feeds one padding node."""
-        lo, hi, br = fed[0], fed[-1] + 1, self.run.branches
+        feeds = {i: (steps[i].root, steps[i].draft) for i in fed}
         with self.clock("verify"):
-            self.view = self.cache.rows(lo * br, hi * br)
-            roots = [steps[i].root if steps[i].root is not None else 0 for i in range(lo, hi)]
-            drafts = [steps[i].draft if steps[i].root is not None else Draft.empty() for i in range(lo, hi)]
-            batch = verify_batch(roots, drafts, self.view.lengths[::br], self.run.device)
-            out = self.target.forward(batch.tokens, batch.positions, self.view, batch.tree_mask)
+            self.view, out, sizes = forward_span(self.target, self.cache, feeds)
         self.total.target_forwards += 1
         for i in fed:
             self.slots[i].stats.target_forwards += 1
-            self.slots[i].stats.target_tokens += batch.sizes[i - lo]
-            self.total.target_tokens += batch.sizes[i - lo]
-        return out, batch.sizes
+            self.slots[i].stats.target_tokens += sizes[i - fed[0]]
+            self.total.target_tokens += sizes[i - fed[0]]
+        return out, sizes
 
     def settle(self, fed: list[int], out: TargetOut, sizes: tuple[int, ...]) -> list[tuple[list[int], list[int]]]:
-        """The policy's (keep, tokens) per fed row; the batch's totals gather the rows' new step records."""
-        rows = [self.slots[i].stats for i in fed]
-        marks = [len(s.accepted) for s in rows]
-        outcomes = self.policy.settle(fed, fed[0], out, sizes, self.run.params, [self.slots[i].generator for i in fed],
-                                      rows, self.clock)
-        for s, m in zip(rows, marks):
-            self.total.accepted += s.accepted[m:]
-            self.total.draft_sizes += s.draft_sizes[m:]
-            self.total.depths += s.depths[m:]
-        return outcomes
+        """The policy's (keep, tokens) per fed row."""
+        return self.policy.settle(fed, fed[0], out, sizes, self.run.params, [self.slots[i].generator for i in fed],
+                                  [self.slots[i].stats for i in fed], self.clock)
 
     def commit(self, fed: list[int], outcomes: list[tuple[list[int], list[int]]]) -> None:
         lo, br = fed[0], self.run.branches
         with self.clock("commit"):
             for i, (keep, _) in zip(fed, outcomes):
-                for r in range((i - lo) * br, (i - lo + 1) * br):
-                    self.view.commit(r, keep)
+                self.view.commit_seq(i - lo, keep, br)
             self.cache.absorb(self.view, lo * br)
 
     def emit(self, steps: list[RowStep]) -> None:
@@ -290,11 +268,8 @@ class Batch:
 
 
 class timed:
-    """Add the host time of a block to phase `phase` of every stats object given (each row lives through it).
-    
-    No device sync per phase: the host waits where a step reads a value anyway (accept, propose), so a step's total
-    stays its wall time.
-    """
+    """Add the host time of a block to phase `phase` of every stats object given (no device sync: a step's host reads
+    wait anyway, so a step's total stays its wall time)."""
 
     def __init__(self, stats: list[DecodeStats], phase: str) -> None:
         self.stats, self.phase = stats, phase

@@ -11,7 +11,9 @@ from typing import Callable, Protocol, Sequence
 
 import torch
 
+from specgen.decoding.cache import KVCache
 from specgen.decoding.draft import Draft, Verdict
+from specgen.decoding.sampling import pick
 from specgen.decoding.stats import DecodeStats
 from specgen.decoding.target import TargetOut
 
@@ -65,13 +67,8 @@ class DrafterPool(Slots, Protocol):
 
 @dataclass
 class RowStep:
-    """One row's part of a step under a StepPolicy.
-
-    `root` is None: the row sits out the forward this step (no logits, nothing committed to the cache).
-    Otherwise the row feeds `root` then `draft` (a tree hanging from root) at its cache length, exactly as a
-    verify does; `settle` then says what to keep. `tokens` are emitted now, without a forward (VVS skipped
-    steps); `settle`'s tokens are appended to them.
-    """
+    """One row's part of a step: it feeds `root` + `draft` (a tree from root) as a verify does, or sits out the forward
+    (`root` None); `tokens` are emitted without a forward (VVS skips), before `settle`'s."""
 
     root: int | None = None
     draft: Draft = field(default_factory=Draft.empty)
@@ -79,11 +76,8 @@ class RowStep:
 
 
 class StepPolicy(Slots, Protocol):
-    """A method's step over the live slots: the loop prefills, runs the one forward, commits and counts.
-
-    `clock(phase)` charges the block's wall time to `phase` of every live row and of the batch; the loop times
-    the forward ("verify") and the commits itself, the policy everything else.
-    """
+    """A method's step over the live slots: the loop prefills, runs the one forward, commits and counts; `clock(phase)`
+    charges a block to `phase` of every live row and the batch (the policy times all but verify and commit)."""
 
     def start(self, slot: int, first: TargetOut, params, generator: torch.Generator | None,
               stats: DecodeStats) -> list[int]:
@@ -106,15 +100,20 @@ class StepPolicy(Slots, Protocol):
 
 
 class PoolBase:
-    """No-op defaults of `Slots` and `StepPolicy` capabilities a pool or policy does not need."""
+    """No-op defaults of `Slots` and `StepPolicy` capabilities, and the per-slot state that moves with a sequence:
+    `rows[slot]` and, in a pool with a cache of its own (a drafter's), that cache's `br` rows per slot."""
 
     max_feed = 0
+    cache: KVCache | None = None
+    br = 1
 
     def open(self, width: int, max_len: int) -> None:
-        pass
+        self.rows: list = [None] * width
 
     def move(self, src: int, dst: int) -> None:
-        pass
+        self.rows[dst], self.rows[src] = self.rows[src], None
+        if self.cache is not None:
+            self.cache.move_seq(src, dst, self.br)
 
     def finished(self, slot: int) -> bool:
         return False
@@ -124,7 +123,14 @@ class PoolBase:
 
 
 class PolicyBase(PoolBase):
-    """Base of StepPolicies: what `decode_batch` runs as given (a pool or per-row drafters get draft-verify)."""
+    """Base of StepPolicies (`decode_batch` runs them as given): by default the prefill picks token 0, and a row's
+    `extras` (the method's counters) start at 0."""
+
+    extras: tuple[str, ...] = ()
+
+    def start(self, slot: int, first: TargetOut, params, generator, stats: DecodeStats) -> list[int]:
+        stats.extras.update(dict.fromkeys(self.extras, 0))
+        return [pick(first.logits[0, -1], params, generator)]
 
 
 def row_out(out: TargetOut, i: int, size: int, branches: int) -> TargetOut:
@@ -137,25 +143,17 @@ class EachRow(PoolBase):
 
     def __init__(self, make: Callable[[int], Drafter]) -> None:
         self.make = make
-        self.slots: list[Drafter | None] = []
-
-    def open(self, width: int, max_len: int) -> None:
-        self.slots = [None] * width
 
     def admit(self, slot: int, index: int, prompt: list[int], first: TargetOut) -> None:
-        drafter = self.make(index)
-        drafter.reset(prompt, first)
-        self.slots[slot] = drafter
+        self.rows[slot] = self.make(index)
+        self.rows[slot].reset(prompt, first)
 
     def propose(self, seqs, budgets, stats) -> list[Draft]:
-        return [d.propose(seq, b, s) for d, seq, b, s in zip(self.slots, seqs, budgets, stats)]
+        return [d.propose(seq, b, s) for d, seq, b, s in zip(self.rows, seqs, budgets, stats)]
 
     def on_accept(self, drafts, verdicts, out, sizes, branches) -> None:
         for i, (draft, verdict) in enumerate(zip(drafts, verdicts)):
-            self.slots[i].on_accept(draft, verdict, row_out(out, i, sizes[i], branches))
-
-    def move(self, src: int, dst: int) -> None:
-        self.slots[dst], self.slots[src] = self.slots[src], None
+            self.rows[i].on_accept(draft, verdict, row_out(out, i, sizes[i], branches))
 
     def finished(self, slot: int) -> bool:
-        return self.slots[slot].finished()
+        return self.rows[slot].finished()

@@ -1,8 +1,7 @@
 """AR decoding that keeps the target's features: the empty draft plus a record of every hidden state it decoded from.
 
-EAGLE drafters train on the target's features f_t (the final hidden state that predicts token t). Recording them
-from the shared loop's own forwards, rather than from a private sampling loop, means the training data comes from
-exactly the forwards that decoding runs (same batching, same kernels) and no second loop has to be kept equal.
+EAGLE drafters train on f_t (the final hidden state that predicts token t), recorded from exactly the forwards that
+decoding runs (same batching, same kernels).
 """
 
 from __future__ import annotations

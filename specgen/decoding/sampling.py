@@ -31,10 +31,7 @@ class SamplingParams:
 
 
 def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Probabilities [..., V] after temperature, top-k and top-p filtering (float32).
-
-    Greedy parameters give the one-hot of the argmax, so every accept rule sees one distribution.
-    """
+    """Probabilities [..., V] (float32) after temperature, top-k and top-p filtering; greedy: the argmax's one-hot."""
     logits = logits.float()
     if params.greedy:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
@@ -57,11 +54,7 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
 
 
 def _filtered_top(values: torch.Tensor, indices: torch.Tensor, logits: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Top-k (then top-p) filtered probabilities [..., V] from the k sorted top values/indices [..., k].
-
-    Same distribution as masking the rest and sorting all V entries, but sorts nothing (topk already
-    did): a 5,121-way BPT or 16,384-way LlamaGen row costs O(V) instead of O(V log V).
-    """
+    """Top-k (then top-p) filtered probabilities [..., V] from the k sorted top values/indices [..., k], in O(V)."""
     p = values.softmax(-1)  # [..., k], descending
     if top_p < 1.0:
         p = p.masked_fill(p.cumsum(-1) - p >= top_p, 0.0)
@@ -83,13 +76,10 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
 
 
 def sample_rows(probs: torch.Tensor, generator: torch.Generator | None) -> list[int]:
-    """One independent draw per row of probs [R, V] by inverse CDF (one uniform per row).
+    """One independent draw per row of probs [R, V] by inverse CDF (one cumsum + searchsorted, not R multinomials).
 
-    A drafter's candidates need R draws per step; `torch.multinomial` pays per row (docs/results/mesh.md),
-    this is one cumsum + searchsorted. Zero-probability ids are never drawn: the CDF
-    does not rise at them, and a uniform rounded up to the total falls back to the row's last
-    positive id.
-    """
+    Zero-probability ids are never drawn: the CDF does not rise at them; a uniform rounded up to the total falls back
+    to the row's last positive id."""
     probs = on_generator(probs, generator)
     cdf = probs.float().cumsum(-1)  # [R, V]
     u = torch.rand(probs.shape[0], 1, generator=generator, device=probs.device) * cdf[:, -1:]  # [R, 1]

@@ -39,6 +39,13 @@ class DecodeStats:
         finally:
             self.times[phase] = self.times.get(phase, 0.0) + now(device) - t0
 
+    def record(self, size: int, depth: int, accepted: int) -> None:
+        """Count one verify step: its draft's size and depth, and the draft tokens accepted."""
+        self.steps += 1
+        self.draft_sizes.append(size)
+        self.depths.append(depth)
+        self.accepted.append(accepted)
+
     def merge(self, other: "DecodeStats") -> None:
         for name in ("new_tokens", "target_forwards", "target_tokens", "drafter_forwards", "steps"):
             setattr(self, name, getattr(self, name) + getattr(other, name))

@@ -13,10 +13,7 @@ Model = Callable[[int], list[float]]  # live rows B -> the cost curve's cost of 
 
 @dataclass
 class StepTimes:
-    """Recent wall times of whole decode steps by live rows B and width k, and the cost estimate they correct.
-    
-    `estimate`'s four cases (measured, interpolated, curve-scaled, curve alone) are in docs/decoding.md.
-    """
+    """Recent wall times of whole decode steps by live rows B and width k, and the cost estimate they correct."""
 
     min_steps: int = 2
     memory: int = 128
@@ -50,10 +47,8 @@ class StepTimes:
         return 0 in widths and any(k > 0 for k in widths)
 
     def source(self, rows: int) -> int:
-        """The row count whose measurements stand for `rows`: `rows` itself once `complete`, else the nearest complete
-        count within a quarter of it (at least 1), else `rows`. Rows end one by one in a run's tail, and a step's
-        costs change little from one count to the next: measuring both widths afresh at each count cost 2 drafting
-        steps per count where drafting loses."""
+        """The row count whose measurements stand for `rows`: itself once `complete`, else the nearest complete count
+        within a quarter of it (at least 1), else `rows` (docs/decoding.md)."""
         if ("source", rows) not in self._memo:
             src = rows
             if not self.complete(rows):
@@ -76,10 +71,8 @@ class StepTimes:
         return [cost * e / m for cost, e, m in zip(model(rows), at_src, model(src))]
 
     def tokens(self, rows: int, expected: list[float]) -> list[float]:
-        """Tokens a step of each width commits at `rows` live rows: measured where a width ran (at `source(rows)`,
-        per row); else `expected[k]` (the acceptance model's) times what the nearest drafting width measured over
-        what the model expected of it (the model assumes every row drafts k tokens; an n-gram row without a match
-        drafts none)."""
+        """Tokens a step of each width commits at `rows` live rows: measured where it ran (at `source(rows)`), else
+        `expected[k]` scaled by the nearest drafting width's measured / expected."""
         src = self.source(rows)
         here = {k: m.tokens * rows / src for k, m in self.measured(src).items()}
         out = [here.get(k, e) for k, e in enumerate(expected)]

@@ -9,7 +9,9 @@ from dataclasses import dataclass
 
 import torch
 
+from specgen.decoding.cache import KVCache
 from specgen.decoding.draft import Draft
+from specgen.decoding.target import Target, TargetOut
 from specgen.devices import host_tensor, to_device
 
 
@@ -39,3 +41,14 @@ def verify_batch(roots: list[int], drafts: list[Draft], starts: list[int], devic
         mask[i, :n, :n] = d.tree.mask()
     positions = torch.tensor(starts)[:, None] + offsets
     return VerifyBatch(tokens, to_device(positions, device), to_device(mask, device), sizes)
+
+
+def forward_span(target: Target, cache: KVCache, feeds: dict[int, tuple[int, Draft]]
+                 ) -> tuple[KVCache, TargetOut, tuple[int, ...]]:
+    """One forward over the sequences [lo, hi) spanning `feeds` (sequence -> root, draft; one between them feeds a
+    padding node): the view of their cache rows (commit through it, then `absorb` at lo), the output, `sizes`."""
+    lo, hi, br = min(feeds), max(feeds) + 1, target.branches
+    view = cache.rows(lo * br, hi * br)
+    fed = [feeds.get(i, (0, Draft.empty())) for i in range(lo, hi)]
+    batch = verify_batch([r for r, _ in fed], [d for _, d in fed], view.lengths[::br], target.device)
+    return view, target.forward(batch.tokens, batch.positions, view, batch.tree_mask), batch.sizes

@@ -78,16 +78,8 @@ class ImageModel:
 
 def load_image_model(name: str, drafter: str = "", device: str = "cpu", need_drafter: bool = True,
                      dtype: str | None = None, quantize: str | None = None, graphs: str = "auto") -> ImageModel:
-    """Target + VQ (+ drafter), with compatibility checks (codebook size, drafter parent).
-
-    `device`: cpu, cuda, cuda:N or auto. `dtype` (float32 | bfloat16 | float16; None = float32) is the GPT's and the
-    EAGLE drafter's: weights, activations and KV cache (the cache follows the weights). The VQ decoder stays float32
-    (it runs once per image, after decoding, on integer codes); accept rules read the logits in float32
-    (`decoding/sampling.py`), so a lossless method equals AR of the same dtype token for token.
-
-    `quantize` (int8 | int4; CPU): the GPT's block weights weight-only quantized at load, in memory (an image GPT
-    quantizes in well under a second; text targets store theirs), with bfloat16 activations; the drafter runs at
-    bfloat16. Lossless methods equal AR of the same quantized GPT."""
+    """Target + VQ (+ drafter) checked to fit (codebook size, drafter parent), on `device` in `dtype` / `quantize` (the
+    GPT's and the drafter's; the VQ stays float32: docs/precision.md)."""
     device = device_name(device)
     dtype, quantize = load_precision(dtype, quantize, device)
     torch_dtype = resolve_dtype(dtype, device, quantize)
@@ -119,10 +111,8 @@ def load_image_model(name: str, drafter: str = "", device: str = "cpu", need_dra
 
 
 def default_drafter(target: registry.Entry) -> str:
-    """The drafter used when none is named: the built-in draft entry trained for `target` (the shipped one, which
-    the documented numbers measure), else the one installed entry trained for it, else "". Several installed ones
-    and no built-in: one line asking for --drafter (a drafter trained for a quick test must not silently replace
-    the shipped one in later runs)."""
+    """The drafter used when none is named: the built-in one trained for `target`, else the one installed one trained
+    for it, else ""; several installed and no built-in: one line asking for --drafter."""
     trained = []
     for e in checkpoints.list_entries("draft"):
         try:
@@ -164,11 +154,8 @@ GENERATE_FLAGS = {"classes": "--classes", "captions": "--captions FILE"}
 
 def image_conditions(im: ImageModel, cfg: ImageGenConfig, flags: dict[str, str] = GENERATE_FLAGS
                      ) -> list[int] | list[Caption]:
-    """What each image is conditioned on: class ids (c2i) or left-padded captions (t2i), cycled to `num`.
-
-    Checks the request against the model's conditioning before any decoding: captions for a c2i model,
-    classes for a t2i model, and a t2i model without captions are usage errors (naming `flags`).
-    """
+    """What each image is conditioned on: class ids (c2i) or left-padded captions (t2i), cycled to `num`; conditions
+    of the wrong kind, or a t2i model without captions, are usage errors naming `flags`."""
     if not im.text_conditional:
         if cfg.captions:
             raise UsageError(f"{im.entry.ref} is class-conditional (c2i): it takes class labels ({flags['classes']}), "
@@ -270,9 +257,8 @@ def label_of(condition: int | Caption) -> int:
 
 
 class PngWriter:
-    """PNG files in `out_dir`, one as each image is done, then a grid of them all: each written atomically (no
-    partial file), and a name already taken (an earlier run) gets a number (`-1`, `-2`, ...) instead of being
-    replaced. The folder is created with the first file."""
+    """PNG files in `out_dir` (made with the first), one as each image is done, then a grid: written atomically, a
+    name already taken numbered (`-1`, `-2`, ...) rather than replaced."""
 
     def __init__(self, out_dir: Path, method: str, names: list[str]) -> None:
         self.out_dir, self.method, self.names = Path(out_dir), method, names

@@ -72,12 +72,9 @@ class CFGTarget:
 
 
 class CaptionCFGTarget(CFGTarget):
-    """Target protocol for a text-conditional Transformer (needs `cfg.caption_dim`), conditioned on captions.
-
-    Row 0 of a sequence embeds its caption's features, row 1 (CFG) the model's `uncond_embedding`; both rows
-    use the caption's padding mask, as LlamaGen's `generate` does (`cat([emb_masks, emb_masks])`). A sequence's
-    prompt is n_cond copies of its caption's index in `captions` (`prompt(i)`), so one target serves a batch.
-    """
+    """Target over a text-conditional Transformer (`cfg.caption_dim`): a sequence's prompt is n_cond copies of its
+    caption's index (`prompt(i)`); row 0 embeds the caption, row 1 (CFG) `uncond_embedding`, both under the
+    caption's padding mask (as LlamaGen's `generate`)."""
 
     def __init__(self, model: torch.nn.Module, cfg_scale: float, caption: Caption | list[Caption]) -> None:
         super().__init__(model, cfg_scale)

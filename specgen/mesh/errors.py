@@ -4,20 +4,11 @@ from __future__ import annotations
 
 
 class MeshInputError(ValueError):
-    """A mesh, point cloud, file or option given to the mesh package is unusable.
-
-    The message is one line that names the offending input; callers map it to a usage error.
-    """
+    """A mesh, point cloud, file or option given to the mesh package is unusable (a one-line message naming it)."""
 
 
 class MeshDecodeError(ValueError):
-    """A token sequence does not decode to a mesh.
-
-    Attributes:
-        position: 0-based index into the token sequence as given to ``decode`` (a leading BOS
-            token, when present, counts as position 0).
-        reason: short human-readable explanation.
-    """
+    """A token sequence does not decode to a mesh: `position` (0-based, a leading BOS counts) and `reason`."""
 
     def __init__(self, position: int, reason: str) -> None:
         self.position = int(position)

@@ -58,10 +58,7 @@ class ExportReport:
 
 
 def clean_mesh(vertices: np.ndarray, faces: np.ndarray) -> CleanedMesh:
-    """Merge exactly equal vertices, then drop degenerate, duplicate and unused parts.
-
-    Vertex order follows first appearance; face order and winding are kept.
-    """
+    """Merge exactly equal vertices (first-appearance order), drop degenerate, duplicate and unused parts."""
     mesh = as_mesh(vertices, faces)
     v, f = mesh.vertices, mesh.faces
     if len(v):
@@ -102,11 +99,8 @@ def export_mesh(
     *,
     fix_normals: bool = False,
 ) -> ExportReport:
-    """Clean the mesh (``clean_mesh``) and write it atomically as ``fmt`` (default: suffix).
-
-    ``fix_normals`` lets trimesh make winding consistent and outward (changes faces, not
-    geometry). Raises MeshInputError for an unknown format or a mesh with no face left.
-    """
+    """Clean the mesh (``clean_mesh``) and write it atomically as ``fmt`` (default: suffix); ``fix_normals``: trimesh
+    makes the winding consistent and outward. MeshInputError for an unknown format or a mesh with no face left."""
     name = resolve_format(path, fmt)
     cleaned = clean_mesh(vertices, faces)
     if len(cleaned.faces) == 0:

@@ -1,11 +1,4 @@
-"""Mesh generation from point clouds with `ar` or `xspecmesh`: the library behind `specgen generate` for meshes.
-
-Conditions come from (in order of preference) user files: `.npy` arrays [N, 6] (points + normals,
-BPT's layout) or [B, N, 6], `.ply` point clouds with nx/ny/nz, or mesh files (obj/ply/stl/off/glb,
-surface-sampled), or a folder of those; without files, the first `num` meshes of the procedural
-TEST split. Every cloud is validated (shape, NaN/inf, zero normals), normalised to the [-0.95, 0.95]
-bounding box the model was trained in, and resampled to the model's point count (seeded).
-"""
+"""Mesh generation from point clouds (user files, else procedural TEST ones) with `ar` or `xspecmesh` (docs/mesh.md)."""
 
 from __future__ import annotations
 
@@ -153,11 +146,8 @@ class MeshSample:
 
 
 def decode_tokens(tokens: list[int]) -> tuple[np.ndarray | None, np.ndarray | None, str, int, int]:
-    """Strict BPT decode + cleaning: (vertices, faces, error, degenerate removed, duplicates removed).
-
-    A sequence with a grammar error is invalid (error names the first bad position); a sequence
-    that decodes to no usable face is invalid too.
-    """
+    """Strict BPT decode + cleaning: (vertices, faces, error, degenerate removed, duplicates removed); a grammar
+    error (named at its first bad position) or no usable face makes the sequence invalid."""
     try:
         v, f = BPTTokenizer().decode(np.asarray(tokens, dtype=np.int64))
     except MeshDecodeError as e:
@@ -174,14 +164,7 @@ def decode_tokens(tokens: list[int]) -> tuple[np.ndarray | None, np.ndarray | No
 
 def load_mesh_model(target: str | None = None, heads: str | None = None, device: str = "cpu",
                     dtype: str | None = None, quantize: str | None = None, graphs: str = "auto"):
-    """`methods.xspecmesh.load_mesh` on `device` (cpu, cuda, cuda:N or auto) in `dtype` (float32 | bfloat16 |
-    float16; None = float32): the backbone's and the heads' weights, activations and KV cache (the cache follows
-    the weights; point clouds are cast on entry, `mesh/target.py`). A LoRA adapter is merged in float32 first.
-    Accept rules read logits in float32 (`decoding/sampling.py`): lossless XSpecMesh equals AR of the same dtype.
-
-    `quantize` (int8 | int4, CPU; `dtype` may name it too, as benchmark rows do): the backbone decoder's weights
-    weight-only quantized at load, in memory, after the merge (self- and cross-attention, MLP, LM head); the point
-    encoder and the heads run at bfloat16, the activations' dtype."""
+    """`methods.xspecmesh.load_mesh` on `device` in `dtype` / `quantize` (`dtype` may name it; docs/precision.md)."""
     device = device_name(device)
     dtype, quantize = load_precision(dtype, quantize, device)
     torch_dtype = resolve_dtype(dtype, device, quantize)

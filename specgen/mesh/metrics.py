@@ -54,10 +54,7 @@ def hausdorff_points(a: np.ndarray, b: np.ndarray) -> float:
 def normalized_samples(
     vertices: np.ndarray, faces: np.ndarray, samples: int = NUM_SAMPLES, seed: int = 0
 ) -> np.ndarray:
-    """BPT evaluation samples of one mesh: normalise to [-0.95, 0.95], then sample. [N, 3].
-
-    Like trimesh's ``bounds`` in BPT, the box covers only vertices that a face uses.
-    """
+    """BPT evaluation samples [N, 3] of one mesh normalised to [-0.95, 0.95] (the box of face-used vertices, as BPT)."""
     mesh = as_mesh(vertices, faces)
     if mesh.num_faces == 0:
         raise MeshInputError("mesh has no faces")

@@ -40,10 +40,7 @@ def face_areas_normals(vertices: np.ndarray, faces: np.ndarray) -> tuple[np.ndar
 def sample_surface(
     vertices: np.ndarray, faces: np.ndarray, count: int, seed: int | np.random.Generator = 0
 ) -> PointCloud:
-    """``count`` points uniform on the surface (faces chosen by area), with their face normals.
-
-    Same seed, same mesh -> same points. Raises MeshInputError for meshes without area.
-    """
+    """``count`` seeded points uniform on the surface, with their face normals; MeshInputError without area."""
     mesh = as_mesh(vertices, faces)
     if count < 1:
         raise MeshInputError(f"sample count must be positive, got {count}")
@@ -68,13 +65,8 @@ def validate_point_cloud(
     require_normals: bool = True,
     min_points: int = 1,
 ) -> PointCloud:
-    """Check a user point cloud and return it as a ``PointCloud``.
-
-    Accepts points [N, 3] plus normals [N, 3], or one [N, 6] array (points then normals, as
-    BPT's ``.npy`` inputs). Raises MeshInputError with a one-line reason for a wrong shape,
-    fewer than ``min_points`` points, NaN/inf values, missing normals (when required) or
-    zero-length normals. Normals are returned unit length.
-    """
+    """Points [N, 3] + normals [N, 3], or one [N, 6] array, as a ``PointCloud`` with unit normals; MeshInputError for
+    a wrong shape, fewer than ``min_points`` points, NaN/inf, missing (when required) or zero-length normals."""
     try:
         p = np.array(points, dtype=np.float64)
     except (TypeError, ValueError):

@@ -106,11 +106,7 @@ ROTATIONS: dict[str, Callable[[np.random.Generator], np.ndarray]] = {"uniform": 
 
 @dataclass(frozen=True)
 class ProceduralSpec:
-    """Which procedural distribution: parts per mesh and the rotation law (the default is the full one).
-
-    A trained backbone records its spec in config.json (`procedural`), so its heads' labels, the
-    benchmark's test meshes and `generate`'s default point clouds come from the same distribution.
-    """
+    """Which procedural distribution: parts per mesh and the rotation law; a backbone records its own (`procedural`)."""
 
     max_parts: int = MAX_PARTS  # 1 .. MAX_PARTS parts, uniformly
     rotation: str = "uniform"  # "uniform" (Shoemake) | "axis" (one of the 24 axis-aligned rotations)

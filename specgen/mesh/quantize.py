@@ -47,15 +47,7 @@ class QuantizedMesh:
 def normalize_bbox(
     vertices: np.ndarray, half_extent: float = HALF_EXTENT, eps: float = BPT_SCALE_EPS
 ) -> np.ndarray:
-    """Centre the bounding box on the origin and scale its longest side to ``2 * half_extent``.
-
-    Mirrors BPT ``data_utils.process_mesh`` (``center_vertices`` then ``normalize_vertices_scale``:
-    ``2 * 0.95 * v / (extent + 1e-6)``). BPT's evaluation (``utils.apply_normalize``) uses no
-    epsilon: pass ``eps=0.0`` for that. BPT's axis permutation ``[:, [2, 0, 1]]`` commutes with
-    this step and only changes the vertex sort order, so it lives in the BPT tokenizer.
-
-    vertices: [V, 3] -> [V, 3] float64. Raises MeshInputError for a single point.
-    """
+    """Vertices [V, 3] -> float64 [V, 3]: bounding box centred, longest side ``2 * half_extent`` (docs/mesh.md)."""
     v = as_vertices(vertices)  # [V, 3]
     if len(v) == 0:
         raise MeshInputError("mesh has no vertices")
@@ -67,11 +59,7 @@ def normalize_bbox(
 
 
 def quantize(coords: np.ndarray, bits: int = 7) -> np.ndarray:
-    """Map floats in (-1, 1) to integer bins in [0, 2**bits), exactly as BPT's ``discretize``.
-
-    ``round((t + 1) / 2 * n - 0.5)`` with numpy's round-half-to-even, then clipped to the range
-    (values outside (-1, 1) land in the first or last bin). coords: [..., 3] -> int64 [..., 3].
-    """
+    """Floats [..., 3] in (-1, 1) -> int64 bins [..., 3] in [0, 2**bits), exactly as BPT's ``discretize``."""
     n = 1 << bits
     lo, hi = COORD_RANGE
     t = (np.asarray(coords, dtype=np.float64) - lo) / (hi - lo)
@@ -87,10 +75,7 @@ def dequantize(bins: np.ndarray, bits: int = 7) -> np.ndarray:
 
 
 def merge_vertices(coords: np.ndarray, faces: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Merge identical integer vertices (``np.unique`` rows, lexicographic x, y, z order).
-
-    coords: [V, 3] int, faces: [F, 3] -> (unique [U, 3] int64, remapped faces [F, 3] int64).
-    """
+    """Merge identical integer vertices [V, 3] (lexicographic order): (unique [U, 3], remapped faces [F, 3])."""
     c = np.asarray(coords, dtype=np.int64).reshape(-1, 3)
     if len(c) == 0:
         return c, np.asarray(faces, dtype=np.int64).reshape(-1, 3)
@@ -100,11 +85,7 @@ def merge_vertices(coords: np.ndarray, faces: np.ndarray) -> tuple[np.ndarray, n
 
 
 def clean_faces(faces: np.ndarray) -> tuple[np.ndarray, FaceCleanCounts]:
-    """Drop degenerate faces (a repeated index) and duplicates (same vertex set, any winding).
-
-    The first occurrence of a duplicate is kept, with its winding; order is otherwise unchanged.
-    faces: [F, 3] -> ([F', 3] int64, counts).
-    """
+    """Drop degenerate faces [F, 3] (a repeated index) and duplicates (same vertex set; the first one stays)."""
     f = np.asarray(faces, dtype=np.int64).reshape(-1, 3)
     nondegenerate = (f[:, 0] != f[:, 1]) & (f[:, 1] != f[:, 2]) & (f[:, 0] != f[:, 2])
     kept = f[nondegenerate]  # [K, 3]
@@ -128,10 +109,7 @@ def remove_unreferenced(vertices: np.ndarray, faces: np.ndarray) -> tuple[np.nda
 
 
 def quantize_mesh(vertices: np.ndarray, faces: np.ndarray, bits: int = 7) -> QuantizedMesh:
-    """Quantise (no normalisation), merge equal vertices, clean faces, drop unused vertices.
-
-    ``vertices`` should already lie in (-1, 1), e.g. from ``normalize_bbox``.
-    """
+    """Quantise vertices already in (-1, 1) (no normalisation), merge equal ones, clean faces, drop unused vertices."""
     mesh = as_mesh(vertices, faces)
     coords, merged_faces = merge_vertices(quantize(mesh.vertices, bits), mesh.faces)
     kept, counts = clean_faces(merged_faces)

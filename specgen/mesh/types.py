@@ -11,10 +11,7 @@ from specgen.mesh.errors import MeshInputError
 
 @dataclass(frozen=True)
 class MeshArrays:
-    """A triangle mesh: float vertices and int face indices (read-only copies).
-
-    vertices: [V, 3] float64; faces: [F, 3] int64, every index in [0, V).
-    """
+    """A triangle mesh (read-only copies): vertices [V, 3] float64, faces [F, 3] int64 indexing [0, V)."""
 
     vertices: np.ndarray  # [V, 3] float64
     faces: np.ndarray  # [F, 3] int64
@@ -42,12 +39,8 @@ def as_vertices(vertices: object, *, name: str = "mesh") -> np.ndarray:
 
 
 def as_mesh(vertices: object, faces: object, *, name: str = "mesh") -> MeshArrays:
-    """Validate ``vertices`` / ``faces`` and return read-only ``MeshArrays``.
-
-    Raises MeshInputError (a ValueError) naming ``name`` when the vertices are not a finite
-    [V, 3] array, the faces are not an integer [F, 3] array, or an index is out of range.
-    An empty face list is allowed here; stages that need faces check for them.
-    """
+    """Read-only ``MeshArrays``; MeshInputError naming ``name`` unless finite vertices [V, 3] and integer faces [F, 3]
+    (possibly none) index in range."""
     v = as_vertices(vertices, name=name)
     f = np.asarray(faces)
     if f.size == 0:

@@ -41,10 +41,7 @@ class VertexMemory:
         return self.block_id(prev) in self.offsets
 
     def propose(self, last: int, heads: Callable[[], list[int]], d: int) -> list[int]:
-        """D candidates after token `last`: the remembered offset after a known block, else the head's token.
-
-        `heads()` gives the D head tokens; it is called only when some position needs it.
-        """
+        """D candidates after token `last`: the remembered offset after a known block, else `heads()`'s (lazily)."""
         out: list[int] = []
         for j in range(d):
             prev = out[-1] if out else last

@@ -41,8 +41,7 @@ class MethodSpec:
         return modality in (self.modalities or (self.modality,))
 
     def parse_options(self, options: dict[str, Any]) -> Any:
-        """The options as a validated `options_type`; an unknown name (a typo must not be ignored) or a bad value
-        is one usage error."""
+        """The options as a validated `options_type`; an unknown name or a bad value is one usage error."""
         unknown = sorted(set(options) - set(self.options) - {"seed"})
         if unknown:
             known = ", ".join(self.options) or "none"
@@ -53,15 +52,9 @@ class MethodSpec:
         """Refuse unknown option names and bad values (before any model is loaded)."""
         self.parse_options(options)
 
-    def check_model(self, options: dict[str, Any], tokenizer: Any) -> None:
-        """Refuse, in one line, method assets made for another model than the one with this (text) tokenizer."""
-        if self.model_check is not None:
-            self.model_check(self.parse_options(options), tokenizer)
-
     def make_drafter(self, options: dict[str, Any] | Any, seed: int | None = None) -> Any:
-        """The drafter (text) or decoder options (mesh) from the options object (`parse_options`) or a dict, whose
-        `seed` is the default seed and whose names this method does not know (the loop's `budget` for mesh, a shared
-        test dict) are ignored; values are not checked again."""
+        """The drafter (text) or decoder options (mesh) from parsed options or a dict (`seed`: the default seed;
+        names this method does not know are ignored; values are not checked again)."""
         if self.drafter is None:
             raise UsageError(f"method {self.name} is built from the loaded image target (specgen.image.methods)")
         if isinstance(options, dict):
@@ -143,11 +136,7 @@ def model_for(spec: MethodSpec, model: str, default: str) -> str:
 def run_batch(target, make_drafter: Callable[[int], Any], prompts: list[list[int]], max_new_tokens: int, params,
               stop_ids: tuple[int, ...] = (), generators=None, batch_size: int = 0, on_done=None, rule=None,
               budget=None, max_draft: int = 256, on_tokens=None):
-    """Decode `prompts` together on the shared batched loop (`decoding.loop.decode_batch`); a `BatchResult`.
-
-    `make_drafter(i)` builds prompt i's drafter (a `DrafterBase`): the first one says which step policy runs the
-    rows (`DrafterBase.step_policy`: draft-verify over its pool, or the method's own steps for vvs and mulo-sd).
-    """
+    """`decode_batch` of `prompts` under the step policy of prompt 0's drafter (`make_drafter(i)`: prompt i's)."""
     first = make_drafter(0)
     policy = first.step_policy(lambda i: first if i == 0 else make_drafter(i), target, rule or judge,
                           budget or FixedBudget(max_draft))

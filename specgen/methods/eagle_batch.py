@@ -24,13 +24,8 @@ class EagleBatch(PoolBase):
 
     def __init__(self, make: Callable[[int], EagleTreeDrafter], skip_ar_steps: bool = True) -> None:
         self.make = make
-        self.cache = None
         # a step whose every row may draft nothing skips the drafter (VVS, which sets the features itself: False)
         self.skip_ar_steps = skip_ar_steps
-
-    def open(self, width: int, max_len: int) -> None:
-        self.width = width
-        self.rows: list[EagleTreeDrafter | None] = [None] * width
 
     def admit(self, slot: int, index: int, prompt: list[int], first: TargetOut) -> None:
         d = self.make(index)
@@ -43,15 +38,9 @@ class EagleBatch(PoolBase):
         # them step by step copied the whole backlog each AR step: quadratic in a long run of AR steps)
         if self.cache is None:
             self.net, self.head, self.combine, self.br = d.net, d.head, d.combine, first.features.shape[0]
-            self.cache = d.net.new_cache(self.width * self.br, d.max_len)
-        for r in range(slot * self.br, (slot + 1) * self.br):
-            self.cache.rollback(r, 0)
+            self.cache = d.net.new_cache(len(self.rows) * self.br, d.max_len)
+        self.cache.clear_seq(slot, self.br)
         self.rows[slot] = d
-
-    def move(self, src: int, dst: int) -> None:
-        for b in range(self.br):
-            self.cache.move_row(src * self.br + b, dst * self.br + b)
-        self.rows[dst], self.rows[src] = self.rows[src], None
 
     def logprobs(self, hidden: torch.Tensor) -> torch.Tensor:
         """CFG-combined log-probs [n, S, V] of drafter hidden states [n * br, S, D]."""
@@ -145,22 +134,24 @@ class EagleBatch(PoolBase):
         hidden = self.net(feats, toks, pos, view, tree_mask=tree)  # [n * br, M, D]
         last = host_tensor([m - 1 for m in ms for _ in range(br)], device)
         for i, m in enumerate(ms):
-            for r in range(i * br, (i + 1) * br):
-                view.commit(r, list(range(m)))
+            view.commit_seq(i, list(range(m)), br)
         return hidden[torch.arange(n * br, device=device), last].unsqueeze(1)
 
     def on_accept(self, drafts: Sequence[Draft], verdicts: Sequence[Verdict], out: TargetOut,
                   sizes: Sequence[int], branches: int) -> None:
-        for i, (d, verdict) in enumerate(zip(self.rows, verdicts)):
-            keep = [0] + [j + 1 for j in verdict.path]
+        for i, verdict in enumerate(verdicts):
             rows = out.features[i * branches : (i + 1) * branches]  # [br, S, D]
-            new = rows.index_select(1, host_tensor(keep, rows.device))  # [br, a + 1, D] (no host wait for the index)
-            # after steps without drafting the drafter still owes the pairs of those steps: f lines up with the tokens
-            if d.owed:
-                d.backlog.append(new)
-            else:
-                d.pending = new
-            d.owed = False
-            if d.last_shape is not None:
-                d.policy.observe(d.last_index, d.last_shape, verdict.num_accepted, len(verdict.tokens))
+            self.learn(i, rows.index_select(1, host_tensor(verdict.kept(), rows.device)), verdict)  # no host wait
+
+    def learn(self, slot: int, new: torch.Tensor, verdict: Verdict) -> None:
+        """Row `slot`'s drafter after `verdict`: kept nodes' features `new` [br, a + 1, D] feed its next catch-up."""
+        d = self.rows[slot]
+        # after steps without drafting the drafter still owes the pairs of those steps: f lines up with the tokens
+        if d.owed:
+            d.backlog.append(new)
+        else:
+            d.pending = new
+        d.owed = False
+        if d.last_shape is not None:
+            d.policy.observe(d.last_index, d.last_shape, verdict.num_accepted, len(verdict.tokens))
 

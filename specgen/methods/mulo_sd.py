@@ -17,7 +17,7 @@ from specgen.decoding.draft import Draft
 from specgen.decoding.draft_verify import DrafterBase
 from specgen.decoding.pool import PolicyBase, RowStep
 from specgen.decoding.sampling import logits_to_probs, pick
-from specgen.decoding.verify import verify_batch
+from specgen.decoding.verify import forward_span
 from specgen.errors import IncompatibleError, UsageError
 from specgen.image.neighbours import neighbour_table, scaled_k
 from specgen.image.target import CFGTarget
@@ -31,8 +31,6 @@ DEFAULT_TAU = 1e-4  # the paper's tau, for a 16,384-code codebook (see scaled_ta
 TAU_VOCAB = 16384
 DEFAULT_RADIUS = 3
 DEFAULT_DELTA = 0.1
-EXTRAS = ("draft_tokens", "pass_tokens", "rejected_tokens", "resampled_tokens", "expanded_tokens",
-          "resample_forwards", "lowres_tokens", "drafter_prefix_forwards")
 
 
 def scaled_tau(vocab: int, tau_ref: float = DEFAULT_TAU, vocab_ref: int = TAU_VOCAB) -> float:
@@ -97,11 +95,12 @@ class MuLoRow:
 
 
 class MuLoBatch(PolicyBase):
-    """StepPolicy: MuLo-SD rows on the shared batched loop, a draft step or a re-sample step per row and step.
-    
-    Each row keeps its own drafter cache and generators, so its output does not depend on its batch mates; a block's
-    tokens are emitted once its re-sampling (R_X) is done.
-    """
+    """StepPolicy: per row and step a draft or a re-sample step; a block's tokens are emitted once re-sampled (R_X).
+
+    Each row keeps its own drafter cache rows and generators, so its output does not depend on its batch mates."""
+
+    extras = ("draft_tokens", "pass_tokens", "rejected_tokens", "resampled_tokens", "expanded_tokens",
+              "resample_forwards", "lowres_tokens", "drafter_prefix_forwards")
 
     def __init__(self, make: Callable[[int], MuLoSD], target) -> None:
         self.make, self.target = make, target
@@ -118,34 +117,26 @@ class MuLoBatch(PolicyBase):
             attach(dec.lowres, "on", steps.capture, steps.attention)
         self.low = CFGTarget(dec.lowres, self.target.cfg_scale)  # one drafter cache for the batch
         self.br = self.low.branches
-        self.lcache = self.low.new_cache(width, 2 + dec.low_grid ** 2)
-        self.rows: list[MuLoRow | None] = [None] * width
+        self.cache = self.low.new_cache(width, 2 + dec.low_grid ** 2)
+        super().open(width, max_len)
 
     def admit(self, slot: int, index: int, prompt: list[int], first) -> None:
         dec = self.make(index)
         if dec.lowres is not self.lowres:
             raise ValueError("mulo-sd rows of one batch must share the low-resolution drafter")
         dec.trace = []
-        rows = range(slot * self.br, (slot + 1) * self.br)
-        for r in rows:
-            self.lcache.rollback(r, 0)
-        view = self.lcache.rows(rows.start, rows.stop)
+        rows = self.cache.clear_seq(slot, self.br)
+        view = self.cache.rows(rows.start, rows.stop)
         lhead = self.low.prefill(torch.tensor([prompt], device=self.target.device), view).logits[0, -1]
-        self.lcache.absorb(view, rows.start)
+        self.cache.absorb(view, rows.start)
         self.rows[slot] = MuLoRow(dec, lhead, first.logits[0, -1])
 
     def start(self, slot: int, first, params, generator, stats) -> list[int]:
         row = self.rows[slot]
         row.dgen = torch.Generator().manual_seed(drafter_seed(generator, row.dec.seed))
-        for k in EXTRAS:
-            stats.extras[k] = 0
+        stats.extras.update(dict.fromkeys(self.extras, 0))
         stats.drafter_forwards += 1  # the drafter's prefill
         return []  # token 0 is drafted too
-
-    def move(self, src: int, dst: int) -> None:
-        for b in range(self.br):
-            self.lcache.move_row(src * self.br + b, dst * self.br + b)
-        self.rows[dst], self.rows[src] = self.rows[src], None
 
     def finished(self, slot: int) -> bool:
         row = self.rows[slot]
@@ -173,19 +164,13 @@ class MuLoBatch(PolicyBase):
         return steps
 
     def low_forward(self, feeds: dict[int, list[int]]) -> dict[int, torch.Tensor]:
-        """One drafter forward over the slots in `feeds` (each feeds its chain at its drafter-cache length, slots
-        in between feed one padding node); commits the chains; the drafter logits [S_i, V] of each slot."""
-        lo, hi = min(feeds), max(feeds) + 1
-        view = self.lcache.rows(lo * self.br, hi * self.br)
-        roots = [feeds[i][0] if i in feeds else 0 for i in range(lo, hi)]
-        chains = [Draft.chain(feeds[i][1:]) if i in feeds else Draft.empty() for i in range(lo, hi)]
-        batch = verify_batch(roots, chains, view.lengths[:: self.br], self.target.device)
-        logits = self.low.forward(batch.tokens, batch.positions, view, batch.tree_mask).logits
+        """One drafter forward over the slots in `feeds` (`forward_span`), chains committed; logits [S_i, V] each."""
+        lo = min(feeds)
+        view, out, _ = forward_span(self.low, self.cache, {i: (c[0], Draft.chain(c[1:])) for i, c in feeds.items()})
         for i, chain in feeds.items():
-            for r in range((i - lo) * self.br, (i - lo + 1) * self.br):
-                view.commit(r, list(range(len(chain))))
-        self.lcache.absorb(view, lo * self.br)
-        return {i: logits[i - lo, : len(chain)] for i, chain in feeds.items()}
+            view.commit_seq(i - lo, list(range(len(chain))), self.br)
+        self.cache.absorb(view, lo * self.br)
+        return {i: out.logits[i - lo, : len(chain)] for i, chain in feeds.items()}
 
     def draft(self, slots: list[int], seqs, params, stats, clock) -> list[list[int]]:
         """7. down-sample each row's accepted prefix and feed its new low-res rows to the drafter, 1. draft
@@ -227,7 +212,7 @@ class MuLoBatch(PolicyBase):
                     logits = {i: lg[-1] for i, lg in self.low_forward(feeds).items()}
             for i in slots:  # forget the drafted rows: next step feeds D_r(x) instead
                 for b in range(i * self.br, (i + 1) * self.br):
-                    self.lcache.rollback(b, 1 + base[i])
+                    self.cache.rollback(b, 1 + base[i])
         out = []
         for i in slots:
             m, d, g, r = shape[i]
@@ -265,10 +250,7 @@ class MuLoBatch(PolicyBase):
             rejected = [n + t for t, ok in enumerate(passed) if not ok]
             redo = [u - n for u in expand_rejections(rejected, dec.radius, dec.grid, n, n + L, dec.rejection)]
         dec.trace.append({"start": n, "end": n + L, "rejected": rejected, "resampled": [n + t for t in redo]})
-        stats.steps += 1
-        stats.accepted.append(L - len(redo))
-        stats.draft_sizes.append(L)
-        stats.depths.append(L)
+        stats.record(L, L, L - len(redo))
         x = stats.extras
         x["draft_tokens"] += L
         x["pass_tokens"] += sum(passed)
@@ -325,12 +307,7 @@ def same_codebook(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def build_mulo(parts, o: MuloOptions) -> MuLoSD:
-    """A row's MuLo-SD from `ImageParts` and its options (values checked by `MuloOptions`); assets that do not fit
-    the target are one line.
-
-    Derived defaults: upsampler tiny-image-upsampler-{r}x (r = G / g), tau 1e-4 * 16384 / V, lantern_k 0 = the
-    paper's 1000 of 16,384 scaled to the codebook.
-    """
+    """A row's MuLo-SD from `ImageParts` and its options (defaults: docs/methods/mulo-sd.md); misfit assets: a line."""
     if parts.codebook is None:
         raise UsageError("mulo-sd needs the target's VQ codebook")
     G, vocab = parts.grid, parts.model.cfg.vocab_size

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from specgen.errors import UsageError
@@ -74,11 +74,7 @@ def check_value(name: str, value: Any, check: Check | None, method: str) -> None
 
 
 class Options:
-    """Base of the option dataclasses: names, defaults, `validate()`."""
-
-    @classmethod
-    def names(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in fields(cls))
+    """Base of the option dataclasses: `validate()`, `as_dict()`."""
 
     def check(self) -> None:
         """Rules between options (a family overrides it); single values are checked by their fields."""
@@ -122,11 +118,7 @@ def budget_opt() -> Any:
 
 @dataclass(frozen=True)
 class JacobiOptions(Options):
-    """Jacobi decoding (`jacobi`, `pcllm`): a block of n tokens = the root plus n - 1 guesses.
-
-    n defaults to 4: TPF barely moves with n on these models while a verify of n tokens costs more with n on a
-    CPU (docs/results/text.md); GPU recipes set n themselves.
-    """
+    """Jacobi decoding (`jacobi`, `pcllm`): a block of n tokens = the root plus n - 1 guesses."""
 
     block_size: int = opt(4, int_at_least(1))
     budget: str = budget_opt()
@@ -333,8 +325,7 @@ CHECKS: dict[str, Check] = _by_name()
 
 
 def parse(cls: type, method: str, options: dict[str, Any]) -> Any:
-    """Given options (names already known to `cls`, plus `seed`) as a validated `cls`; the first bad value, in the
-    order given, is one usage error naming it."""
+    """Options (names known to `cls`, plus `seed`) as a validated `cls`; the first bad value is one usage error."""
     checks = checks_of(cls)
     for name, value in options.items():
         check_value(name, value, SEED if name == "seed" else checks.get(name), method)
@@ -345,21 +336,12 @@ def parse(cls: type, method: str, options: dict[str, Any]) -> Any:
 
 
 def build(cls: type, options: dict[str, Any]) -> Any:
-    """`cls` from the options it knows (others, e.g. `seed`, are the caller's); values as given, no checks here
-    beyond the class's own construction."""
+    """`cls` from the options it knows (others, e.g. `seed`, are the caller's), unchecked."""
     names = {f.name for f in fields(cls)}
     return cls(**{k: v for k, v in options.items() if k in names})
 
 
-def defaults(cls: type) -> dict[str, Any]:
-    """Field name -> default (None = derived when the method is built)."""
-    return {f.name: f.default for f in fields(cls) if f.default is not MISSING}
-
-
 def check_option_values(method: str, options: dict[str, Any]) -> None:
-    """Refuse the first option whose value fails the check its name has in the option classes (others pass): for
-    configs that hold options of several methods or rows (`specgen.config_checks`: benchmark
-    `method_options.NAME.*`, mesh `options` / `row_options`); `MethodSpec.check_options` checks one method's
-    options against its own class."""
+    """Refuse the first option whose value fails its name's check in any option class (configs mixing methods)."""
     for name, value in options.items():
         check_value(name, value, CHECKS.get(name), method)

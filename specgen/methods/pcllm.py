@@ -19,11 +19,9 @@ from specgen.methods.text import lookup
 
 
 def longest_branch(branches: list[list[int]], offsets: list[int], argmax: list[int]) -> tuple[int, int]:
-    """(branch index, accepted count) of the branch with the longest greedy-correct prefix.
+    """(branch index, accepted count) of the branch with the longest greedy-correct prefix; ties keep the earlier.
 
-    Branch b's node k is verify input offsets[b] + k + 1; its token must equal the argmax at its
-    parent (the root for k = 0, else node k - 1). Ties keep the earlier branch (the main chain).
-    """
+    Branch b's node k is verify input offsets[b] + k + 1 and must equal the argmax at its parent (root, node k - 1)."""
     best, best_len = 0, -1
     for b, (toks, off) in enumerate(zip(branches, offsets)):
         m, prev = 0, 0
@@ -37,10 +35,7 @@ def longest_branch(branches: list[list[int]], offsets: list[int], argmax: list[i
 
 @dataclass
 class MultiBlockDrafter(DrafterBase):
-    """pcLLM (MR) as a Drafter: K blocks of n refined at once + rejection-recycling candidates, one prefix tree.
-
-    The defaults are `methods.options.MultiBlockOptions`' (the method table builds this from those; tested equal).
-    """
+    """pcLLM (MR) as a Drafter: K blocks of n refined at once + rejection-recycling candidates, one prefix tree."""
 
     block_size: int = 4  # n (CPU default: measured fastest, docs/results/text.md; paper 64 in recipes/full)
     num_blocks: int = 2  # K (real-active + pseudo-active)

@@ -28,11 +28,8 @@ class EmptyDrafter(DrafterBase):
 
 @dataclass
 class JacobiDrafter(DrafterBase):
-    """Jacobi decoding as draft-and-verify: the draft is the previous iteration's guesses (root + n - 1 guesses).
-    
-    A guess is only committed if it equals the target's argmax, so greedy output equals AR; freed slots are refilled
-    from the prompt (seeded), as CLLM initialises its guesses.
-    """
+    """Jacobi decoding as draft-and-verify: the draft is the previous iteration's n - 1 guesses (freed slots: seeded
+    prompt tokens, as CLLM's)."""
 
     block_size: int = 4  # CPU default (methods/options.py: JacobiOptions, tested equal)
     seed: int = 0
@@ -57,14 +54,8 @@ class JacobiDrafter(DrafterBase):
 
 @dataclass
 class NgramDrafter(DrafterBase):
-    """Prompt lookup: match the longest recent n-gram suffix earlier in the sequence and propose what followed.
-
-    Tries n = max_ngram down to min_ngram and takes the most recent earlier occurrence. With a static `cache`
-    (methods/ngram_cache.py: the target's own answers to other prompts), a sequence with no earlier match drafts from
-    the cache instead. No match at all means an empty draft (a plain AR step, cost 1), so the method never pays for
-    hopeless drafts. `num_draft` is small by default because verification is not free on a CPU
-    (docs/results/text.md).
-    """
+    """Prompt lookup: what followed the most recent earlier occurrence of the longest suffix n-gram (max_ngram down
+    to min_ngram), else of the static `cache`; no match: an empty draft (a plain AR step)."""
 
     num_draft: int = 4
     max_ngram: int = 3

@@ -14,7 +14,6 @@ import torch
 from specgen.decoding.draft import Draft, Verdict
 from specgen.decoding.draft_verify import DrafterBase
 from specgen.decoding.pool import PolicyBase, RowStep
-from specgen.decoding.sampling import pick
 from specgen.decoding.stats import DecodeStats
 from specgen.decoding.target import TargetOut
 from specgen.decoding.tree import DraftTree
@@ -23,8 +22,6 @@ from specgen.methods.eagle import EagleTreeDrafter
 from specgen.methods.eagle_batch import EagleBatch
 from specgen.methods.options import VvsOptions
 from specgen.methods.vvs_schedule import DynamicSkip, NeverSkip, SkipSchedule, UniformSkip, may_skip
-
-EXTRAS = ("skipped_steps", "unverified_tokens", "post_verified_tokens", "unverified_tail")
 
 
 def after_chain(chain: list[int] | tuple[int, ...], draft: Draft) -> Draft:
@@ -94,10 +91,9 @@ class VVSRow:
 
 
 class VVSBatch(PolicyBase):
-    """StepPolicy: VVS rows on the shared batched loop; a row whose schedule skips emits its path and sits out.
-    
-    Each row keeps its own schedule, feature cache and generator, so its output does not depend on its batch mates.
-    """
+    """StepPolicy: VVS rows; a row whose schedule skips emits its path and sits out (its state: its own, batch-free)."""
+
+    extras = ("skipped_steps", "unverified_tokens", "post_verified_tokens", "unverified_tail")
 
     def __init__(self, make: Callable[[int], VVS], rule, budget) -> None:
         self.make, self.rule, self.budget = make, rule, budget
@@ -106,7 +102,8 @@ class VVSBatch(PolicyBase):
         self.max_feed = shape.total_tokens + shape.depth + 1  # root + x° (<= depth) + C_t
 
     def open(self, width: int, max_len: int) -> None:
-        self.max_len, self.rows = max_len, [None] * width
+        super().open(width, max_len)
+        self.max_len = max_len
         self.eagle.open(width, max_len)
 
     def admit(self, slot: int, index: int, prompt: list[int], first: TargetOut) -> None:
@@ -119,13 +116,11 @@ class VVSBatch(PolicyBase):
     def start(self, slot: int, first: TargetOut, params, generator, stats: DecodeStats) -> list[int]:
         row = self.rows[slot]
         row.paths_rng = generator or torch.Generator().manual_seed(row.dec.seed)
-        for k in EXTRAS:
-            stats.extras[k] = 0
-        return [pick(first.logits[0, -1], params, generator)]
+        return super().start(slot, first, params, generator, stats)
 
     def move(self, src: int, dst: int) -> None:
+        super().move(src, dst)
         self.eagle.move(src, dst)
-        self.rows[dst], self.rows[src] = self.rows[src], None
 
     def plan(self, seqs, budgets, stats, generators, params, clock) -> list[RowStep]:
         n = len(seqs)
@@ -165,27 +160,23 @@ class VVSBatch(PolicyBase):
             d, g = row.draft, len(row.unverified)
             with clock("accept"):  # 3. the rule judges C_t only, on the logits from x°'s last token on
                 verdict = self.rule(d, out.logits[j, g : sizes[j]], params, gen)
-            keep = list(range(g + 1)) + [g + 1 + k for k in verdict.path]
+            keep = verdict.kept(g)
             feats = out.features[j * br : (j + 1) * br, : sizes[j]]
             with clock("propose"):  # 5. fresh features: feature cache and drafter
                 row.feats.write(row.feats.length, feats[:, keep])
-                self.update(i, d, verdict, feats, g, row.dec.refresh)
-            s.steps += 1
-            s.draft_sizes.append(d.size)
-            s.depths.append(d.tree.max_depth())
-            s.accepted.append(verdict.num_accepted)
+                self.update(i, verdict, feats, keep[g:], row.dec.refresh)
+            s.record(d.size, d.tree.max_depth(), verdict.num_accepted)
             s.extras["post_verified_tokens"] += g
             s.extras["unverified_tail"] = 0
             row.unverified, row.verified_run = [], row.verified_run + 1
             results.append((keep, list(verdict.tokens)))
         return results
 
-    def update(self, slot: int, draft: Draft, verdict: Verdict, feats: torch.Tensor, g: int, refresh: bool) -> None:
-        """Fresh features for the drafter of the row in `slot` after a verified step that post-verified `g` tokens."""
-        d = self.eagle.rows[slot]
-        d.pending = feats[:, [g] + [g + 1 + k for k in verdict.path]]
-        if d.last_shape is not None:
-            d.policy.observe(d.last_index, d.last_shape, verdict.num_accepted, len(verdict.tokens))
+    def update(self, slot: int, verdict: Verdict, feats: torch.Tensor, fresh: list[int], refresh: bool) -> None:
+        """Fresh features for the drafter of the row in `slot` after a verified step: the fed nodes `fresh` (from x°'s
+        last token on) feed its next catch-up; with `refresh`, after the post-verified x° = feats[:, :fresh[0]]."""
+        d, g = self.eagle.rows[slot], fresh[0]
+        self.eagle.learn(slot, feats[:, fresh], verdict)  # never owed: VVS's eagle drafts every step
         if g and refresh:  # recompute the drafter's entries of x° from their fresh features
             cache, br = self.eagle.cache, self.eagle.br
             for r in range(slot * br, (slot + 1) * br):

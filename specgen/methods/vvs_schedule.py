@@ -58,11 +58,9 @@ class UniformSkip:
 
 
 def path_similarity(draft: Draft, unit_codes: torch.Tensor, alpha: float = 0.8, stride: int = 2) -> float:
-    """Eq. 2: decay-weighted mean pairwise cosine similarity of the draft's root-to-leaf paths.
+    """Eq. 2: decay-weighted mean pairwise cosine similarity of the draft's paths (`unit_codes` [V, D]: normalised).
 
-    `unit_codes` [V, D] are the L2-normalised codebook vectors. Cost O(P * L * D) for P paths of
-    length <= L: the sum over ordered pairs i != j of <e_i, e_j> is |sum e|^2 - sum |e|^2.
-    """
+    The sum over ordered pairs i != j of <e_i, e_j> is |sum e|^2 - sum |e|^2: O(P * L * D) for P paths of length L."""
     paths = [[draft.tokens[i] for i in p] for p in draft.tree.paths()]
     if stride > 1 and len(paths[::stride]) >= 2:
         paths = paths[::stride]

@@ -235,11 +235,7 @@ class MeshDecoder:
         return (new if past is None else torch.cat([new, past], 1))[:, : stacked.history]
 
     def _lm_head(self, dtype: torch.dtype):
-        """The backbone's LM head for the heads' features; a cached copy in `dtype` for low-precision drafting.
-
-        Only candidates come from it: acceptance reads the backbone's float32 distribution, so a bfloat16
-        draft changes which tokens are proposed, never the rule that admits them.
-        """
+        """The backbone's LM head for the heads' features, cached in `dtype` (candidates; rules read float32)."""
         out = self.model.decoder.output
         if dtype == self.model.decoder.dtype or not hasattr(out, "weight"):
             return out  # drafting in the backbone's own precision, or with its quantized head (no float copy)
@@ -282,11 +278,7 @@ def merge_adapter(model, adapter, target) -> None:
 
 
 def load_mesh(target: str | None = None, heads: str | None = None, device: str = "cpu") -> LoadedMesh:
-    """Backbone (+ heads, + the LoRA adapter the heads were trained with, merged into the weights).
-
-    Without `target`, the heads' parent is used. Heads trained for another backbone (or another
-    vocabulary) are an IncompatibleError (usage, exit 2).
-    """
+    """Backbone (default: the heads' parent) + heads + their LoRA adapter merged; IncompatibleError on a misfit."""
     h_entry = checkpoints.find(heads) if heads else None
     t_name = target or (h_entry.meta.get("parent") if h_entry else None) or DEFAULT_TARGET
     model, t_entry = load_target(t_name, device)

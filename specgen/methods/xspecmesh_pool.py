@@ -73,9 +73,6 @@ class XSpecMeshPool(PoolBase):
         if decoder.heads.graphs is not None:  # its captures read an earlier pool's stacked weights
             decoder.heads.graphs.reset()
 
-    def open(self, width: int, max_len: int) -> None:
-        self.rows: list[RowState | None] = [None] * width
-
     def admit(self, slot: int, index: int, prompt: list[int], first: TargetOut) -> None:
         dec, cond = self.decoder, self.target.conditions[index]
         h = first.features[0, -1:]  # [1, dim]: the start's hidden state
@@ -83,9 +80,6 @@ class XSpecMeshPool(PoolBase):
         self.rows[slot] = RowState(h, dec._window(self.stacked, h, None),
                                    self.stacked.context_kv(dec.heads.context_kv(cond)), memory,
                                    self.draft_generators[index])
-
-    def move(self, src: int, dst: int) -> None:
-        self.rows[dst], self.rows[src] = self.rows[src], None
 
     def propose(self, seqs: Sequence[list[int]], budgets: Sequence[int], stats: Sequence[DecodeStats]) -> list[Draft]:
         """1. x_{s*+1 ..} after each row's root x_{s*} = seq[-1] (seq = [cloud index] + the mesh so far)."""

@@ -46,10 +46,8 @@ class TextResult:
 
 
 def encode_prompts(source: TextSource, req: DecodeRequest[TextGenConfig], texts: list[str]) -> list[list[int]]:
-    """`texts` as token ids, each refused (one line) when it and the token budget pass the model's context, and the
-    batch refused when its KV cache passes free memory: decided from the config and the tokenizer, before the weights
-    load. The cache counted holds the prompts and the budget; a drafter's few slots of room are checked at its
-    allocation. Method assets (a static n-gram cache) are checked against the tokenizer here too."""
+    """`texts` as token ids, refused in one line before the weights load when a prompt and the budget pass the context,
+    the batch's KV cache passes free memory, or a method asset (n-gram cache) does not fit the tokenizer."""
     cfg = req.cfg
     if req.spec.model_check is not None:
         req.spec.model_check(req.options, source.tokenizer)
@@ -63,10 +61,8 @@ def encode_prompts(source: TextSource, req: DecodeRequest[TextGenConfig], texts:
 
 def generate_text(model: TextModel, req: DecodeRequest[TextGenConfig], prompts: list[str], ids: list[list[int]],
                   on_done=None, on_text=None) -> list[TextResult]:
-    """Decode every prompt (`ids`: `encode_prompts`'s) with the request's method, `batch_size` at a time;
-    `on_done(i)` is called as prompt i finishes, `on_text(i, text)` with each piece of prompt i's completion as it
-    is accepted (the pieces, joined, are its completion). Prompt i samples from its own generator (seed + i), so its
-    output does not depend on the batch size."""
+    """Decode every prompt (`encode_prompts`'s ids) with the request's method, `batch_size` at a time, prompt i from
+    seed + i; `on_done(i)` as it finishes, `on_text(i, text)` with each accepted piece of its completion."""
     cfg = req.cfg
     generators = [torch.Generator().manual_seed(cfg.seed + i) for i in range(len(prompts))]
     # the drafter's seed: method_options.seed when given (checked with the options), else the run's

@@ -33,12 +33,8 @@ def split_name(name: str) -> tuple[str, str | None, str | None]:
 
 
 def resolve(name: str, dtype: str | None, quantize: str | None) -> tuple[str, str, str | None]:
-    """(registry name, dtype, quantize) from a name with optional suffix and explicit options (which must agree).
-
-    dtype defaults to float32, or bfloat16 for a quantized target: the int8/int4 kernels take bfloat16
-    activations (float32 ones take a far slower path of the same op: docs/precision.md), so a quantized
-    target with float32 activations is refused rather than silently slow.
-    """
+    """(registry name, dtype, quantize) from a name with optional suffix and explicit options (which must agree);
+    dtype defaults to float32, bfloat16 when quantized (float32 activations there: refused, docs/precision.md)."""
     base, sdtype, squant = split_name(name)
     if quantize in ("", "none", "None"):
         quantize = None

@@ -67,17 +67,8 @@ class TextSource:
 
 def open_text_model(name: str, device: str = "cpu", progress=None, dtype: str | None = None,
                     quantize: str | None = None) -> TextSource:
-    """Resolve `name` in the registry (materialising built-ins) and load its tokenizer, not its weights.
-
-    A LoRA adapter entry (`adapter/<name>`, written by `specgen distill`) loads its parent target with the adapter
-    merged into the weights (no run-time cost).
-
-    `device`: cpu, cuda, cuda:N or auto (`specgen/devices.py`); quantized targets run on cpu only (their kernels).
-    Precision (`text/precision.py`): `dtype` "float32" | "bfloat16" | "float16" (weights, activations, KV cache) and
-    `quantize` None | "int8" | "int4" (weight-only; bfloat16 activations), or a `+bf16` / `+int8` / `+int4`
-    suffix on `name`. A quantized target is computed once from the float32 weights and stored as a derived
-    registry entry (`<name>-int8`), which later loads read directly; naming that entry loads it as well.
-    """
+    """Resolve `name` (an adapter: its parent with the adapter merged) and load its tokenizer, not its weights; `dtype`
+    / `quantize` or a `+bf16` / `+int8` / `+int4` suffix on `name` pick the precision (docs/precision.md)."""
     device = device_name(device)
     asked = prec.split_name(name)[1] or dtype
     name, dtype, quantize = prec.resolve(name, dtype, quantize)

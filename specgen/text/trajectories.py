@@ -70,11 +70,8 @@ def rank_and_world() -> tuple[int, int]:
 
 def jacobi_trajectories_batch(target, prompts: list[list[int]], block_size: int, max_new_tokens: int,
                               stop_ids: tuple[int, ...], seeds: list[int], batch_size: int = 1) -> list[list[dict]]:
-    """Block Jacobi decoding (`text/jacobi_blocks.py`) of every prompt on the batched loop, `batch_size` at a time.
-
-    Whole blocks are decoded until `max_new_tokens` tokens are reached or a block holds a stop token, so the
-    loop's budget is the covering number of blocks (+ the pending next token) and it stops nothing itself.
-    """
+    """Block Jacobi decoding (`text/jacobi_blocks.py`) of every prompt on the batched loop, `batch_size` at a time:
+    whole blocks until `max_new_tokens` or a block with a stop token (the loop's budget covers them)."""
     drafters = [JacobiBlocks(block_size, seed, stop_ids) for seed in seeds]
     budget = -(-max_new_tokens // block_size) * block_size + 1
     decode_batch(target, lambda i: drafters[i], prompts, budget, SamplingParams(), (), batch_size=batch_size,

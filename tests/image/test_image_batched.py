@@ -43,7 +43,7 @@ def test_lossless_image_methods_batched_equal_alone_and_ar(method, cfg_scale):
     for batch_size in (1, 3, 8):
         res = run_batch(target, make, [[c] for c in labels], n, SamplingParams(), batch_size=batch_size, max_draft=32)
         assert [r.tokens for r in res.results] == ar, batch_size
-    if "budget" in METHODS[method].options_type.names():  # `budget=auto`: steps switch between AR and the tree
+    if "budget" in METHODS[method].options:  # `budget=auto`: steps switch between AR and the tree
         res = run_batch(target, make, [[c] for c in labels], n, SamplingParams(), batch_size=3, max_draft=32,
                         budget=MeasuredBudget(32, probe_share=1.0))  # switches often
         assert [r.tokens for r in res.results] == ar

@@ -98,4 +98,4 @@ def test_option_names_match_the_parameters():
     from specgen.methods.options import AdtOptions
 
     # `budget` is the loop's (decoding/budget.py), not the tree policy's
-    assert set(AdtOptions.names()) - {"budget"} == {f.name for f in fields(AdtParams)} - {"grid", "n_cond"}
+    assert {f.name for f in fields(AdtOptions)} - {"budget"} == {f.name for f in fields(AdtParams)} - {"grid", "n_cond"}

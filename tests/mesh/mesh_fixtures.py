@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from specgen import registry
@@ -58,3 +59,23 @@ def procedural_clouds(seeds) -> list[torch.Tensor]:
         g = generate_mesh(seed)
         out.append(torch.from_numpy(point_cloud(g.vertices, g.faces, NUM_POINTS, seed)))
     return out
+
+
+def canonical_triangles(
+    vertices: np.ndarray, faces: np.ndarray, *, oriented: bool = True
+) -> list[tuple[tuple[float, float, float], ...]]:
+    """Sorted faces as coordinate triples, independent of vertex and face order (round trips compare these).
+
+    oriented=True rotates each triangle so its smallest corner comes first (winding kept); False sorts the corners.
+    """
+    v = np.asarray(vertices, dtype=np.float64)
+    out = []
+    for face in np.asarray(faces, dtype=np.int64).reshape(-1, 3):
+        corners = [tuple(float(x) for x in v[i]) for i in face]
+        if oriented:
+            k = corners.index(min(corners))
+            corners = corners[k:] + corners[:k]
+        else:
+            corners = sorted(corners)
+        out.append(tuple(corners))
+    return sorted(out)

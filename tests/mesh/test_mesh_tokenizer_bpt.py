@@ -10,7 +10,7 @@ import pytest
 
 from specgen.mesh import TOKENIZERS, BPTTokenizer, MeshDecodeError, MeshInputError
 from specgen.mesh.quantize import dequantize
-from specgen.mesh.tokenizers import canonical_triangles
+from tests.mesh.mesh_fixtures import canonical_triangles
 
 TOK = BPTTokenizer()
 

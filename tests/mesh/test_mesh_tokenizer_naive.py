@@ -5,7 +5,7 @@ import pytest
 
 from specgen.mesh import TOKENIZERS, MeshDecodeError, NaiveTokenizer
 from specgen.mesh.quantize import dequantize
-from specgen.mesh.tokenizers import canonical_triangles
+from tests.mesh.mesh_fixtures import canonical_triangles
 
 TOK = NaiveTokenizer()
 TETRA_BINS = np.array([[0, 0, 0], [20, 0, 0], [0, 20, 0], [0, 0, 20]])  # A B C D (x, y, z)

@@ -67,10 +67,10 @@ def test_the_method_option_checks_the_cache_against_the_target_tokenizer(tmp_pat
     spec = get_method("ngram")
     assert spec.make_drafter({"cache": str(path)}).cache.table == {(1, 2): 3}
     monkeypatch.setattr("specgen.methods.tokenizer_hash", lambda tok: tok)
-    spec.check_model({"cache": str(path)}, "abc")
-    spec.check_model({}, "xyz")  # no cache: nothing to check
+    spec.model_check(spec.parse_options({"cache": str(path)}), "abc")
+    spec.model_check(spec.parse_options({}), "xyz")  # no cache: nothing to check
     with pytest.raises(UsageError, match="another tokenizer"):
-        spec.check_model({"cache": str(path)}, "xyz")
+        spec.model_check(spec.parse_options({"cache": str(path)}), "xyz")
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specgen.mesh.tokenizers.base import DecodedMesh, MeshTokenizer, canonical_triangles
+from specgen.mesh.tokenizers.base import DecodedMesh, MeshTokenizer
 from specgen.mesh.tokenizers.bpt import BPTTokenizer
 from specgen.mesh.tokenizers.naive import NaiveTokenizer
 
@@ -14,5 +14,4 @@ __all__ = [
     "DecodedMesh",
     "MeshTokenizer",
     "NaiveTokenizer",
-    "canonical_triangles",
 ]

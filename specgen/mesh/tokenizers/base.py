@@ -14,15 +14,11 @@ from specgen.mesh.types import as_mesh
 
 @dataclass(frozen=True)
 class DecodedMesh:
-    """What a tolerant decode recovered, and every problem it skipped.
-
-    vertices: [V, 3] float64 bin centres (equal bins merged, first-appearance order);
-    faces: [F, 3] int64; errors: sorted by position, empty when the sequence is well formed.
-    """
+    """What a tolerant decode recovered (equal bins merged, first-appearance order) and every problem it skipped."""
 
     vertices: np.ndarray  # [V, 3] float64
     faces: np.ndarray  # [F, 3] int64
-    errors: tuple[MeshDecodeError, ...]
+    errors: tuple[MeshDecodeError, ...]  # by position; empty when the sequence is well formed
 
 
 class MeshTokenizer(Protocol):
@@ -45,11 +41,7 @@ class MeshTokenizer(Protocol):
 
 
 def prepare_input(vertices: object, faces: object, bits: int) -> QuantizedMesh:
-    """Validate, range-check, quantise and clean a mesh for encoding.
-
-    Coordinates must already lie in [-1, 1] (``quantize.normalize_bbox`` puts them in
-    [-0.95, 0.95]); BPT would clip silently, we refuse. Raises MeshInputError when no face is left.
-    """
+    """Validate, quantise and clean a mesh in [-1, 1] for encoding (BPT would clip outside it; we refuse)."""
     mesh = as_mesh(vertices, faces)
     if mesh.num_vertices and np.abs(mesh.vertices).max() > 1.0:
         raise MeshInputError(
@@ -104,10 +96,7 @@ def cut_at_eos(tokens: np.ndarray, eos_id: int) -> np.ndarray:
 
 
 def triangles_to_mesh(corners: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
-    """Integer triangle corners [T, 3, 3] -> (bin-centre vertices [V, 3], faces [T, 3]).
-
-    Equal bins become one vertex; vertices keep the order of their first appearance.
-    """
+    """Integer triangle corners [T, 3, 3] -> (merged bin-centre vertices [V, 3] by first appearance, faces [T, 3])."""
     flat = np.asarray(corners, dtype=np.int64).reshape(-1, 3)  # [3T, 3]
     if len(flat) == 0:
         return np.zeros((0, 3)), np.zeros((0, 3), dtype=np.int64)
@@ -124,24 +113,3 @@ def raise_first(decoded: DecodedMesh) -> tuple[np.ndarray, np.ndarray]:
     if decoded.errors:
         raise decoded.errors[0]
     return decoded.vertices, decoded.faces
-
-
-def canonical_triangles(
-    vertices: np.ndarray, faces: np.ndarray, *, oriented: bool = True
-) -> list[tuple[tuple[float, float, float], ...]]:
-    """Sorted list of faces as coordinate triples, independent of vertex and face order.
-
-    oriented=True rotates each triangle so its smallest corner comes first (winding kept);
-    oriented=False sorts the three corners (winding ignored). Used to compare round trips.
-    """
-    v = np.asarray(vertices, dtype=np.float64)
-    out = []
-    for face in np.asarray(faces, dtype=np.int64).reshape(-1, 3):
-        corners = [tuple(float(x) for x in v[i]) for i in face]
-        if oriented:
-            k = corners.index(min(corners))
-            corners = corners[k:] + corners[:k]
-        else:
-            corners = sorted(corners)
-        out.append(tuple(corners))
-    return sorted(out)
