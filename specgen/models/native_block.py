@@ -73,7 +73,7 @@ def forward(blk, x: torch.Tensor, rot, layer: int, cache, p: NativePlan, cross_k
     else:  # 2'. residual add, cross-attention to the condition (SDPA, as CrossAttention.forward), add, FFN pre-norm
         total = x + a.view(b, s, dim)
         wq, wo_cross = lins[2], lins[3]
-        heads, hd = blk.cross_attention.cfg.n_heads, blk.cross_attention.cfg.hd
+        heads, hd = blk.cross_attention.n_heads, blk.cross_attention.hd
         c = torch.ops.specgen.rms_norm(total, blk.cross_norm.weight, blk.cross_norm.eps)
         q = product(wq, c, threads).view(b, s, heads, hd).transpose(1, 2)  # [B, H, S, hd]
         y = F.scaled_dot_product_attention(q, cross_kv[0], cross_kv[1])  # [B, H, S, hd]
