@@ -1,29 +1,8 @@
 """Attention whose result for a query depends only on that query and the keys it sees (batch- and width-invariant).
 
-`F.scaled_dot_product_attention` picks its reduction order from the number of queries and keys, so a token scored
-alone (an AR step, keys [0, n]) and the same token inside a verification forward (keys [0, n + S)) get results
-that differ in the last bits. In float32 those bits almost never move an argmax; a bfloat16 or quantized target
-rounds every activation to 8 bits, the difference survives the rounding, and on SmolLM2 a greedy verification
-then disagrees with AR at near-ties (docs/logs/attention-invariance.log). Speculation is lossless only if the
-verifying forward computes exactly what AR computes, so low-precision targets use this instead.
-
-How the order is fixed: keys are cut into chunks of `CHUNK` slots aligned at slot 0 (the cache slot index, so a
-key lands in the same chunk in every forward); per chunk, q.k^T and p.v are float32 GEMMs with the same inner size
-(D, resp. CHUNK) for every forward, the softmax max is exact, the softmax sums come out of the p.v GEMM (a column
-of ones beside the values), and chunk results are added in slot order by `cumsum` (a sequential scan). Slots a
-query cannot see get p = 0 exactly, so chunks past its keys add exact zeros. Queries are padded to `MIN_ROWS` GEMM
-rows: MKL computes products of fewer rows on another path. Each GEMM row is one query (row-independent products),
-so padding rows and other queries never touch a query's numbers.
-
-Trees: a slot order is the same as AR's only if a query's keys sit where AR puts them (the prefix, then its
-ancestors at consecutive slots). In a draft tree a side branch's ancestors sit at other slots, with siblings between
-them, so a chunk's sums group its terms differently (pcllm-mr with a lookup branch on an int4 SmolLM2 disagreed with
-AR on 7 of 30 prompts). `tree_attention` gives each query AR's layout: its scores reordered into it, and its values
-past the shared prefix copied into it, per layer.
-
-Native path (`NativePlan`, where `kernel_choice.attention_path` says: the rule of every path lives there):
-`specgen/native/attention.c`, one call a layer, takes each query's visible slots as an ascending list (AR's order,
-for trees too) and computes each (query, kv head) in a fixed order: invariant by construction, with no staging.
+SDPA picks its reduction order from the number of queries and keys, so low-precision targets (whose rounding keeps
+the difference) verify with this instead: fixed key chunks aligned at slot 0, sums in slot order, trees in AR's key
+layout per query; or the native kernel (`NativePlan`). Why and how: docs/precision.md, "The invariant attention".
 """
 
 from __future__ import annotations

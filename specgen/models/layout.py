@@ -1,7 +1,6 @@
-"""Decode-time weight layout of CPU Linear weights (`SPECGEN_WEIGHT_LAYOUT`): `packed` (default where torch has
-oneDNN) makes each a PackedLinear whose products take the kernel the measured plan names (`models/kernel_choice.py`),
-held as tiles only where that is tiled.c at every row count; `col` stores them column-major (every product MKL);
-`row` keeps PyTorch's layout. Values are unchanged; training keeps the default layout (docs/results/text.md).
+"""Decode-time layout of CPU Linear weights (`SPECGEN_WEIGHT_LAYOUT`): `packed` (default where torch has oneDNN,
+PackedLinears on the measured plan, tiles only where that is tiled.c at every row count), `col` (column-major, every
+product MKL) or `row` (PyTorch's). Values are unchanged; training keeps the default layout.
 """
 
 from __future__ import annotations

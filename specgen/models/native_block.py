@@ -1,14 +1,6 @@
-"""A float32 decoder block's decode forward as a straight run of native calls: the same kernels, in the same order,
-as `Block.forward` takes through its modules, without the modules.
-
-Why: on the native path a block's work is five tiled products, two norms, one attention call and three torch ops
-(SiLU, product, residual add; a mesh decoder's block adds a cross-attention: a norm, two products and SDPA). Reaching
-them through nine module calls and `PackedLinear.forward`'s kernel checks costs most for small models
-(docs/results/batching.md); here the checks run once a block.
-
-Bitwise the module path: each kernel gets the same inputs (rows are contiguous [B * S, features] either way) and
-SiLU, the gate product, SDPA and the residual adds are the same torch ops (tests/models/test_native_block.py). So every
-forward that takes it (AR steps, verify and drafter forwards alike) computes what the module path computes.
+"""A float32 decoder block's decode forward as a straight run of native calls, without the module calls and their
+per-call kernel checks: the same kernels on the same inputs in the same order as `Block.forward`, so bitwise the
+module path (tests/models/test_native_block.py).
 """
 
 from __future__ import annotations

@@ -1,20 +1,6 @@
 """PackedLinear: an nn.Linear whose CPU products run on the kernel its model's plan names: MKL, oneDNN, tiled.c.
 
-Why: MKL's `F.linear` on a few rows costs about one single-row product *per row* for a decoder's small matrices, so
-a verify forward over n tokens cost nearly n AR steps of weight work (most of the c(n) that makes speculative and
-Jacobi decoding lose on a CPU). oneDNN's GEMM over a weight packed once for it (`torch.ops.mkldnn.
-_reorder_linear_weight`, what torch.compile's CPU backend uses) and native/tiled.c over a tiled copy reuse the weight
-across rows. `pack_linears` gives each model one `KernelChoice` (`models/kernel_choice.py`, the rule and its
-measurement); outputs agree to float32 rounding (the kernels sum in different orders; tiled.c alone gives a row the
-same bits at every row count).
-
-The packed and tiled copies can triple the memory of the linear weights (a plan drops the copies it never reads), so
-`pack_linears` leaves a model whose linear weights exceed `MAX_MEMORY_SHARE` of this machine's RAM as it is
-(column-major, MKL for every product). A copy is made on first use and remade whenever the weight changes (a LoRA
-merge, `.data` replaced, a dtype change): it is keyed by the weight's storage pointer, version counter and dtype (a
-weight made under `torch.inference_mode` has no version counter: only a new storage or dtype repacks it). It is never
-saved (not a parameter or buffer) and is dropped by deepcopy/pickle. Products that need gradients, other devices or
-dtypes fall back to `F.linear`.
+Its packed and tiled copies are made on first use, remade when the weight changes, never saved (docs/precision.md).
 """
 
 from __future__ import annotations

@@ -1,17 +1,7 @@
-"""Rotary position tables (1D Llama and LlamaGen 2D) and their application in two layouts.
+"""Rotary position tables (1D Llama, with static context extension, and LlamaGen 2D) and their two pair layouts.
 
-A table is a tensor [P, D/2, 2] of (cos, sin) indexed by *position id*, so the model looks up any
-positions it is given (tree nodes share positions; LlamaGen's condition tokens map to zero rows).
-
-Layouts of the rotated pairs inside a head of width D:
-- "half": pairs are (x[i], x[i + D/2]) (HF `rotate_half`, NeoX; HF Llama/Qwen2 safetensors, GGUF qwen2).
-- "interleaved": pairs are (x[2i], x[2i+1]) (Meta/gpt-fast, GGUF llama, LlamaGen).
-
-Context extension (`scaling`, a dict as in HF's `rope_parameters`, see `scaled_inv_freq`): "linear",
-"llama3" and "yarn" are static rescalings of the inverse frequencies (yarn also multiplies cos and sin
-by an attention factor), computed with the same float32 operations as transformers so tables agree bit
-for bit. Scalings that depend on the sequence length (dynamic NTK, longrope) are not tables; the HF
-loader (models/llama.py) handles or refuses them.
+A table [P, D/2, 2] of (cos, sin) is indexed by position id (tree nodes share positions; LlamaGen's condition
+positions are zero rows). Layouts: "half" pairs (x[i], x[i + D/2]) (HF, NeoX), "interleaved" (x[2i], x[2i+1]) (Meta).
 """
 
 from __future__ import annotations
