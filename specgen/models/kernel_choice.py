@@ -232,10 +232,6 @@ class KernelChoice:
         self._threads = -1
         self._plan = Plan(FALLBACK_MIN_ROWS)
 
-    def min_rows(self) -> int:
-        """The smallest product sent to oneDNN (outside the native loop's rows)."""
-        return self.plan().min_rows
-
     def known(self) -> bool:
         """Whether the plan at this thread count needs no timing: pinned, measured in this process, or stored."""
         threads = torch.get_num_threads()

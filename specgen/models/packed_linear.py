@@ -37,11 +37,6 @@ class PackedLinear(nn.Linear):
     _packed: tuple | None = None  # (key, packed weight); key = (storage pointer, version, dtype) of `weight`
     _tiled: tuple | None = None  # (key, (tiles, padded bias)) for native/tiled.c, keyed as `_packed`
 
-    @property
-    def min_rows(self) -> int:
-        """The smallest product (in rows) sent to oneDNN: pinned, or measured on this machine (kernel_choice.py)."""
-        return self._choice.min_rows() if self._choice is not None else FALLBACK_MIN_ROWS
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., in] -> [..., out]
         w = self.weight
         # CPU only: the device and dtype are checked before the plan, whose first read measures the kernels on
@@ -123,11 +118,11 @@ def pack_linears(module: nn.Module, min_rows: int | None = None) -> nn.Module:
 
 
 def measure_now(module: nn.Module) -> None:
-    """Settle the kernel crossover of `module`'s PackedLinears at the current thread count now (a no-op when
-    pinned or already measured), so that no timed product pays for the measurement."""
+    """Settle the kernel plan of `module`'s PackedLinears (one shared KernelChoice) at the current thread count now,
+    so that no timed product pays for the measurement."""
     for lin in module.modules():
         if isinstance(lin, PackedLinear):
-            lin.min_rows  # noqa: B018 - one shared KernelChoice: the first read measures
+            lin._choice.plan()
             return
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -233,7 +234,7 @@ class Decoder(nn.Module):
 
 @dataclass(frozen=True)
 class QuantizeOut:
-    """Quantiser result. Losses are 0-dim tensors (zero outside training)."""
+    """Quantiser result (with `recon` from `VQModel.forward`). Losses are 0-dim tensors (zero outside training)."""
 
     z_q: torch.Tensor  # [B,D,h,w] straight-through quantised latents (L2-normalised if l2_norm)
     latents: torch.Tensor  # [B,D,h,w] pre-quantisation latents (L2-normalised if l2_norm)
@@ -241,6 +242,11 @@ class QuantizeOut:
     codebook_loss: torch.Tensor  # mean ||sg(z) - e||^2: moves codes towards encoder outputs
     commit_loss: torch.Tensor  # beta * mean ||z - sg(e)||^2: keeps the encoder near its codes
     entropy_loss: torch.Tensor  # entropy_loss_ratio * (per-sample entropy - batch entropy)
+    recon: torch.Tensor | None = None  # [B,3,H,W] in about [-1,1]
+
+    @property
+    def quant_loss(self) -> torch.Tensor:
+        return self.codebook_loss + self.commit_loss + self.entropy_loss
 
 
 def _entropy_loss(affinity: torch.Tensor, temperature: float = 0.01) -> torch.Tensor:
@@ -320,22 +326,6 @@ class VectorQuantizer(nn.Module):
         buf[-n:] = idx[-n:].to(buf.dtype)
 
 
-@dataclass(frozen=True)
-class VQOutput:
-    """What `VQModel.forward` returns for training."""
-
-    recon: torch.Tensor  # [B,3,H,W] in about [-1,1]
-    indices: torch.Tensor  # [B,h,w]
-    latents: torch.Tensor  # [B,D,h,w] pre-quantisation latents (L2-normalised if l2_norm)
-    codebook_loss: torch.Tensor
-    commit_loss: torch.Tensor
-    entropy_loss: torch.Tensor
-
-    @property
-    def quant_loss(self) -> torch.Tensor:
-        return self.codebook_loss + self.commit_loss + self.entropy_loss
-
-
 class VQModel(nn.Module):
     """LlamaGen VQ tokenizer. Images are [B,3,H,W] in [-1,1]; token grids are [B,H/f,W/f]."""
 
@@ -370,13 +360,6 @@ class VQModel(nn.Module):
         z_q = self.quantize.lookup(indices.long()).permute(0, 3, 1, 2)  # [B,D,h,w]
         return self.decode_latents(z_q)
 
-    def forward(self, images: torch.Tensor) -> VQOutput:
+    def forward(self, images: torch.Tensor) -> QuantizeOut:
         q = self.quantize(self.encode_latents(images))
-        return VQOutput(
-            recon=self.decode_latents(q.z_q),
-            indices=q.indices,
-            latents=q.latents,
-            codebook_loss=q.codebook_loss,
-            commit_loss=q.commit_loss,
-            entropy_loss=q.entropy_loss,
-        )
+        return dataclasses.replace(q, recon=self.decode_latents(q.z_q))
