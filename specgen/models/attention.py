@@ -161,12 +161,8 @@ def invariant_attention(
     v: torch.Tensor,  # [B, Hkv, T, D]
     p: AttentionPlan | NativePlan,
 ) -> torch.Tensor:
-    """Softmax attention [B, H, S, D] in float32 (returned in q's dtype), GQA when Hkv < H.
-
-    Scores: one GEMM per (batch, kv head, chunk) (a score is one dot product over D, the same in any GEMM:
-    tests/models/test_attention.py). Values and softmax sums: one GEMM per chunk against [v | 1] (inner size CHUNK
-    in every forward), chunk results added in slot order. The result is written into `p.out` and returned as a
-    [B, H, S, D] view of it (valid until the next layer's attention)."""
+    """Softmax attention [B, H, S, D] in float32 (returned in q's dtype), GQA when Hkv < H, in the fixed chunk order
+    (docs/precision.md); a [B, H, S, D] view of `p.out`, valid until the next layer's attention."""
     if isinstance(p, NativePlan):
         return native_attention(q, k, v, p)
     if p.order is not None:
@@ -195,14 +191,9 @@ def invariant_attention(
 
 
 def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: AttentionPlan) -> torch.Tensor:
-    """`invariant_attention` for tree masks: every query computes exactly what its AR step computes, i.e. attention
-    over its visible slots moved to the front in slot order (the committed prefix, then its ancestors).
-
-    Scores: a score is one dot product over D, the same wherever its key sits in a GEMM, so all queries' rows are
-    scored against the cache's own chunks in one GEMM per chunk (products are row-independent above MIN_ROWS rows),
-    and each query's columns are then reordered into its AR layout. Values: [v | 1] sums over a chunk, so its order
-    must be AR's; the leading `p.shared_chunks` chunks (the committed prefix) are where the cache has them for every
-    query and are used in place, and only the chunks from the first tree slot on are copied per query."""
+    """`invariant_attention` for tree masks: each query computes what its AR step computes. Scores come from one GEMM
+    per chunk of the cache's own layout, reordered per query into AR's; values past the `p.shared_chunks` chunks of
+    the committed prefix (used in place) are copied per query in AR's order."""
     b, h, s, d = q.shape
     hkv, t = k.shape[1], k.shape[2]
     group, n, rg = h // hkv, p.tree_bias.shape[3], p.tree_bias.shape[4]

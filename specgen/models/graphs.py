@@ -142,9 +142,8 @@ def eagle_step(net, x: StaticInputs, k: torch.Tensor, v: torch.Tensor, cross, at
 
 @dataclass(frozen=True)
 class StepKind:
-    """How a module's cached forward is captured: its step function (the heads': their `call`s' function, they have no
-    cache), whether it takes extra input rows (EAGLE's features) and whether its low-precision trees must stay eager (a
-    target's logits decide the output; a drafter's only decide what is proposed, which the verify checks)."""
+    """How a module's steps are captured: its step function, whether it takes extra input rows (EAGLE's features),
+    and whether its low-precision trees stay eager (a target's; a drafter's only decide what is proposed)."""
 
     step: Callable
     features: bool = False
@@ -176,9 +175,8 @@ class StepGraphs:
         return None
 
     def new_cache(self, batch: int, max_len: int) -> KVCache:
-        """A cache over the static buffer's first `batch` rows, with room for the largest node bucket's padding;
-        lengths are rounded up so that later calls of similar sizes keep the captures. Every cache handed out shares
-        the one buffer: a module decodes one batch at a time (the loop's cache, or one drafter pool's)."""
+        """A cache over the static buffer's first `batch` rows (lengths rounded up, so similar calls keep the captures);
+        every cache handed out shares the one buffer: a module decodes one batch at a time."""
         need = -(-(max_len + NODE_BUCKETS[-1]) // 512) * 512
         if self.k is None or batch > self.capacity or need > self.k.shape[3]:
             self.reset()

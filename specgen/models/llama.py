@@ -129,11 +129,8 @@ def rope_scaling(raw: dict, context: int) -> tuple[dict | None, float]:
 
 
 def sliding_window(raw: dict, arch: str) -> int | None:
-    """The sliding-attention window some layer uses, or None (full attention everywhere).
-
-    Below the window sliding attention is full attention, so hf_config caps the context at it: exact for every
-    sequence specgen accepts, and longer ones are refused by the context check.
-    """
+    """The sliding-attention window some layer uses, or None; below it sliding attention is full attention, so
+    hf_config caps the context at it (docs/architectures.md)."""
     if arch == "MistralForCausalLM":
         window = raw.get("sliding_window", 4096)  # MistralConfig's default: every layer slides
     elif arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM"):

@@ -27,11 +27,8 @@ def norms(blk) -> tuple:
 
 
 def usable(blk, x: torch.Tensor, mask, cross_kv) -> bool:
-    """Whether this forward may run here: float32 on a CPU with the native kernels, no gradient, a block without q/k
-    norms over a native plan that places the new keys (a cross-attention block with its condition's keys and values),
-    and all its products on one model's kernel choice naming the tiled loop for this many rows (else the module path,
-    whatever kernel it picks). A NativePlan exists only where attention.c was built, and a plan names the tiled loop
-    only where tiled.c was; `native_norms` checks the device, grad mode and glue.c."""
+    """Whether this forward may run here: float32, native norms, a block without q/k norms over a NativePlan that
+    places the new keys (with its condition's K/V if it cross-attends), all products on one plan naming tiled.c."""
     if (not isinstance(mask, NativePlan) or mask.slots is None or x.dtype != torch.float32
             or blk.attention.cfg.qk_norm or (cross_kv is not None) != hasattr(blk, "cross_attention")
             or not native_norms(x, *(n.weight for n in norms(blk)))):

@@ -99,10 +99,8 @@ def ram_bytes() -> int:
 
 
 def pack_linears(module: nn.Module, min_rows: int | None = None) -> nn.Module:
-    """Turn every CPU nn.Linear of `module` into a PackedLinear in place (parameters, ties and names unchanged),
-    all sharing one KernelChoice: `min_rows` if given, else `SPECGEN_PACKED_MIN_ROWS`, else measured on first
-    use. A module whose linear weights exceed `MAX_MEMORY_SHARE` of RAM is returned as it is (copies up to triple
-    them)."""
+    """Turn every CPU nn.Linear of `module` into a PackedLinear in place (parameters, ties and names unchanged), all
+    sharing one KernelChoice (`min_rows`, else `SPECGEN_PACKED_MIN_ROWS`, else measured); not above MAX_MEMORY_SHARE."""
     size, ram = linear_bytes(module), ram_bytes()
     if ram and size > MAX_MEMORY_SHARE * ram:
         return module
@@ -127,11 +125,9 @@ def measure_now(module: nn.Module) -> None:
 
 
 def hold_tiled(module: nn.Module, loaded: bool = True) -> None:
-    """Keep each float32 CPU PackedLinear weight whose plan (at this thread count) sends every row count to tiled.c
-    as its tiles only (a `TiledWeight`), replacing the parameter in every module that holds it (ties stay ties: a
-    tied embedding looks its rows up in the tiles). One weight at a time: a dense weight is freed as its tiles come.
-    Not `loaded`: the weights hold no values yet, the tiles are left for the load to write, and a plan that would
-    need timing (on values) is left for `decode_layout` after the load."""
+    """Hold each float32 CPU PackedLinear weight whose plan sends every row count to tiled.c as its tiles only (a
+    `TiledWeight`) in every module holding it (ties stay ties), one weight at a time. Not `loaded`: tiles left for
+    the load to write, and a plan that needs timing left for `decode_layout` after the load."""
     holders: dict[int, list[tuple[nn.Module, str]]] = {}
     for m in module.modules():
         for name, p in m._parameters.items():

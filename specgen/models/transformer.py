@@ -244,12 +244,8 @@ CONDITION_EMBEDDINGS = {  # TransformerConfig.cond_kind -> the model's `cls_embe
 
 
 def padded_causal_mask(valid: torch.Tensor, s: int | None = None) -> torch.Tensor:
-    """LlamaGen's masked causal mask [B, S, S] over a sequence whose first M slots are a padded condition.
-
-    valid [B, M] bool marks real condition slots. Query i sees key j iff j <= i and (slot j is not padding,
-    or j == i): padded slots are never attended by other queries, and a padded query sees itself only
-    (LlamaGen multiplies the causal mask by the key mask, then sets the diagonal).
-    """
+    """LlamaGen's masked causal mask [B, S, S] over a sequence whose first M slots are a padded condition (valid [B, M]
+    marks real slots): query i sees key j iff j <= i and (slot j is not padding or j == i)."""
     b, m = valid.shape
     s = s or m
     keys = torch.ones(b, s, dtype=torch.bool, device=valid.device)
