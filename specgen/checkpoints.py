@@ -21,7 +21,7 @@ from specgen.builders import BUILDERS
 from specgen.builtins import ASSETS, BUILTINS
 from specgen.errors import CheckpointError, UnknownNameError, UsageError
 from specgen.limits import check_declared_size as check_size
-from specgen.models.layout import before_load
+from specgen.models.layout import decode_layout
 from specgen.registry import CONFIG, Entry, entry_at, one_line
 
 Progress = Callable[[str, int, int], None]
@@ -98,7 +98,7 @@ def stale_builtin(entry: Entry, builtin) -> bool:
 def load_module(entry: Entry, device: str = "cpu", dtype: torch.dtype = torch.float32,
                 decode: bool = False) -> torch.nn.Module:
     """Build the entry's module with its builder and load its weights strictly; `decode`: straight into the decode
-    layout (`layout.before_load`; the caller still runs `decode_layout`)."""
+    layout (`decode_layout(loaded=False)`; the caller still runs `decode_layout`)."""
     builder = entry.meta.get("builder")
     if builder not in BUILDERS:
         raise CheckpointError(f"{entry.ref}: unknown builder {builder!r}")
@@ -112,7 +112,7 @@ def load_module(entry: Entry, device: str = "cpu", dtype: torch.dtype = torch.fl
                               f"remove it with `specgen registry remove {entry.ref}` and import it again") from None
     module = module.to(device=device, dtype=dtype)  # before the load: each weight is written once, as it runs
     if decode:
-        before_load(module)
+        decode_layout(module, loaded=False)
     try:
         load_state(module, entry)
     except RuntimeError as e:

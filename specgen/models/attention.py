@@ -1,29 +1,8 @@
 """Attention whose result for a query depends only on that query and the keys it sees (batch- and width-invariant).
 
-`F.scaled_dot_product_attention` picks its reduction order from the number of queries and keys, so a token scored
-alone (an AR step, keys [0, n]) and the same token inside a verification forward (keys [0, n + S)) get results
-that differ in the last bits. In float32 those bits almost never move an argmax; a bfloat16 or quantized target
-rounds every activation to 8 bits, the difference survives the rounding, and on SmolLM2 a greedy verification
-then disagrees with AR at near-ties (docs/logs/attention-invariance.log). Speculation is lossless only if the
-verifying forward computes exactly what AR computes, so low-precision targets use this instead.
-
-How the order is fixed: keys are cut into chunks of `CHUNK` slots aligned at slot 0 (the cache slot index, so a
-key lands in the same chunk in every forward); per chunk, q.k^T and p.v are float32 GEMMs with the same inner size
-(D, resp. CHUNK) for every forward, the softmax max is exact, the softmax sums come out of the p.v GEMM (a column
-of ones beside the values), and chunk results are added in slot order by `cumsum` (a sequential scan). Slots a
-query cannot see get p = 0 exactly, so chunks past its keys add exact zeros. Queries are padded to `MIN_ROWS` GEMM
-rows: MKL computes products of fewer rows on another path. Each GEMM row is one query (row-independent products),
-so padding rows and other queries never touch a query's numbers.
-
-Trees: a slot order is the same as AR's only if a query's keys sit where AR puts them (the prefix, then its
-ancestors at consecutive slots). In a draft tree a side branch's ancestors sit at other slots, with siblings between
-them, so a chunk's sums group its terms differently (pcllm-mr with a lookup branch on an int4 SmolLM2 disagreed with
-AR on 7 of 30 prompts). `tree_attention` gives each query AR's layout: its scores reordered into it, and its values
-past the shared prefix copied into it, per layer.
-
-Native path (`NativePlan`, where `kernel_choice.attention_path` says: the rule of every path lives there):
-`specgen/native/attention.c`, one call a layer, takes each query's visible slots as an ascending list (AR's order,
-for trees too) and computes each (query, kv head) in a fixed order: invariant by construction, with no staging.
+SDPA picks its reduction order from the number of queries and keys, so low-precision targets (whose rounding keeps
+the difference) verify with this instead: fixed key chunks aligned at slot 0, sums in slot order, trees in AR's key
+layout per query; or the native kernel (`NativePlan`). Why and how: docs/precision.md, "The invariant attention".
 """
 
 from __future__ import annotations
@@ -182,12 +161,8 @@ def invariant_attention(
     v: torch.Tensor,  # [B, Hkv, T, D]
     p: AttentionPlan | NativePlan,
 ) -> torch.Tensor:
-    """Softmax attention [B, H, S, D] in float32 (returned in q's dtype), GQA when Hkv < H.
-
-    Scores: one GEMM per (batch, kv head, chunk) (a score is one dot product over D, the same in any GEMM:
-    tests/models/test_attention.py). Values and softmax sums: one GEMM per chunk against [v | 1] (inner size CHUNK
-    in every forward), chunk results added in slot order. The result is written into `p.out` and returned as a
-    [B, H, S, D] view of it (valid until the next layer's attention)."""
+    """Softmax attention [B, H, S, D] in float32 (returned in q's dtype), GQA when Hkv < H, in the fixed chunk order
+    (docs/precision.md); a [B, H, S, D] view of `p.out`, valid until the next layer's attention."""
     if isinstance(p, NativePlan):
         return native_attention(q, k, v, p)
     if p.order is not None:
@@ -216,14 +191,9 @@ def invariant_attention(
 
 
 def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: AttentionPlan) -> torch.Tensor:
-    """`invariant_attention` for tree masks: every query computes exactly what its AR step computes, i.e. attention
-    over its visible slots moved to the front in slot order (the committed prefix, then its ancestors).
-
-    Scores: a score is one dot product over D, the same wherever its key sits in a GEMM, so all queries' rows are
-    scored against the cache's own chunks in one GEMM per chunk (products are row-independent above MIN_ROWS rows),
-    and each query's columns are then reordered into its AR layout. Values: [v | 1] sums over a chunk, so its order
-    must be AR's; the leading `p.shared_chunks` chunks (the committed prefix) are where the cache has them for every
-    query and are used in place, and only the chunks from the first tree slot on are copied per query."""
+    """`invariant_attention` for tree masks: each query computes what its AR step computes. Scores come from one GEMM
+    per chunk of the cache's own layout, reordered per query into AR's; values past the `p.shared_chunks` chunks of
+    the committed prefix (used in place) are copied per query in AR's order."""
     b, h, s, d = q.shape
     hkv, t = k.shape[1], k.shape[2]
     group, n, rg = h // hkv, p.tree_bias.shape[3], p.tree_bias.shape[4]

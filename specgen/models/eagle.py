@@ -1,29 +1,7 @@
-"""EAGLE feature drafter: one decoder block that predicts the target's next final hidden state.
+"""EAGLE feature drafter: h = Block(fc(concat(embed(x_{t+1}), f_t))) predicts the target's next final hidden state.
 
-    h = Block(fc(concat(embed(x_{t+1}), f_t)))     # f_t: target feature at position t
-    logits = target.output(h)                        # the drafter has no head of its own
-
-Alignment (EAGLE's shift). `f_t` is the target's final *normed* hidden state at sequence position t
-(`TargetOut.features`, what `target.output` turns into the logits for the token at position t+1).
-Drafter row i pairs `f_t` with the token `x_{t+1}` that was sampled from those logits, and runs at
-`positions = t + 1`, the target's own position of `x_{t+1}`, indexing the **same** RoPE table as the
-target (LlamaGen c2i: 2D table with one zero condition row; image token r at position 1 + r). Its
-output `h` approximates `f_{t+1}`, so `target.output(h)` scores the token at position t + 2.
-For LlamaGen c2i: t = 0 is the condition position, so the first drafter row is
-(f_0, image token 0, position 1) and predicts image token 1. (LANTERN's drafter table has
-`cls_token_num - 1` zero rows and uses position t; that is the same rotation as ours at t + 1.)
-
-Under CFG the drafter runs once per branch (cond and null-class features, same tokens), exactly as
-the target does, and the caller combines the two logits.
-
-Token embedding: a *copy* of the target's `tok_embeddings`, made when the drafter is created for a
-target (`EagleNet.from_target`) and frozen during training (as EAGLE does); it is stored with the
-drafter, so the drafter loads on its own. The head is never stored: logits always come from the
-target's `output` (`EagleNet.logits(hidden, target)`).
-
-KV cache: the drafter's single block uses a `KVCache` with one layer (`new_cache`), with the same
-pending/commit semantics as the target (`decoding/cache.py`): `forward` writes S pending nodes,
-`tree_mask` [S, S] says which of them see which, the caller commits accepted ones.
+Row i pairs the target's normed feature f_t with the token x_{t+1} sampled from it, at the target's position t + 1 in
+the target's RoPE table; its logits are `target.output(h)` (no head of its own; docs/methods/eagle2.md, "The drafter").
 """
 
 from __future__ import annotations
@@ -34,10 +12,8 @@ import torch
 from torch import nn
 
 from specgen.decoding.cache import KVCache
-from specgen.models.attention import plan
-from specgen.models.kernel_choice import attention_path
-from specgen.models.rope import check_positions, rotation, table_1d, table_2d
-from specgen.models.transformer import Block, Transformer, TransformerConfig
+from specgen.models.transformer import (Block, Transformer, TransformerConfig, forward_mask, forward_rotation,
+                                        new_cache, rope_table)
 
 
 def drafter_config(target_cfg: TransformerConfig) -> TransformerConfig:
@@ -54,11 +30,7 @@ class EagleNet(nn.Module):
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.fc = nn.Linear(2 * cfg.dim, cfg.dim, bias=True)  # EAGLE: fc(cat(embedding, feature)) with bias
         self.layers = nn.ModuleList([Block(cfg)])
-        if cfg.rope_grid:
-            table = table_2d(cfg.rope_grid, cfg.hd, cfg.rope_theta, cfg.n_cond)
-        else:
-            table = table_1d(cfg.max_seq_len, cfg.hd, cfg.rope_theta)
-        self.register_buffer("rope_table", table, persistent=False)  # [P, hd/2, 2], the target's table
+        self.register_buffer("rope_table", rope_table(cfg), persistent=False)  # [P, hd/2, 2], the target's table
         self.graphs = None  # models/graphs.StepGraphs: cached forwards as CUDA-graph replays (graphs.attach)
 
     @classmethod
@@ -71,11 +43,7 @@ class EagleNet(nn.Module):
         return net.to(target.tok_embeddings.weight.device)
 
     def new_cache(self, batch: int = 1, max_len: int | None = None) -> KVCache:
-        p = self.fc.weight
-        if self.graphs is not None:
-            return self.graphs.new_cache(batch, max_len or self.cfg.max_seq_len)
-        return KVCache.allocate(1, batch, self.cfg.n_kv_heads, max_len or self.cfg.max_seq_len, self.cfg.hd,
-                                p.dtype, p.device)
+        return new_cache(self, 1, batch, max_len, self.fc.weight.dtype, self.fc.weight.device)
 
     def forward(
         self,
@@ -91,23 +59,9 @@ class EagleNet(nn.Module):
             replayed = self.graphs.forward(tokens, positions, cache, tree_mask, features.to(self.fc.weight.dtype))
             if replayed is not None:
                 return replayed[0]
-        s = tokens.shape[1]
-        limit = self.rope_table.shape[0]
-        check_positions(positions, limit, lambda top: ValueError(f"position {top} exceeds the drafter's {limit}"))
         h = self.fc(torch.cat([self.tok_embeddings(tokens), features.to(self.fc.weight.dtype)], dim=-1))
-        rot = rotation(self.rope_table[positions].to(h.dtype), self.cfg.rope_layout)  # as Transformer.hidden_states
-        if cache is not None:
-            cache.check_room(s)
-            mask = cache.hide_keys(attn_mask) if attn_mask is not None else cache.prefix_mask(s, tree_mask)
-            causal = False
-            if attention_path(h.dtype, h.device) != "sdpa":  # the block takes an attention plan (as the target's)
-                t = mask.shape[-1] if mask is not None else max(cache.lengths) + s
-                c = self.cfg
-                mask = plan(mask, h.shape[0], s, t, c.n_heads, c.n_kv_heads, c.hd, h.device, h.dtype, cache.lengths)
-        else:
-            mask = None if tree_mask is None else tree_mask.view(-1, 1, s, s)
-            causal = tree_mask is None
-        return self.layers[0](h, rot, 0, cache, mask, causal, None)
+        rot = forward_rotation(self, positions, h.dtype)
+        return self.layers[0](h, rot, 0, cache, *forward_mask(self.cfg, h, cache, tree_mask, attn_mask), None)
 
     @staticmethod
     def logits(hidden: torch.Tensor, target: Transformer) -> torch.Tensor:

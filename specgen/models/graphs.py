@@ -1,30 +1,16 @@
 """Captured decode steps: cached forwards (AR steps, verifies), EAGLE tree growths and XSpecMesh heads as CUDA graphs.
 
-`attach(module, mode)` gives a Transformer, an EAGLE drafter or XSpecMesh heads a `StepGraphs`; from then on a forward
-over a cache goes through `StepGraphs.forward`, which pads the call to a bucket (rows, nodes), copies its inputs into
-the bucket's static buffers and replays the bucket's graph (captured on first use). Prefill stays eager. A whole step
-of a method's own (a drafter's tree growth, methods/eagle_grow.py; a row's heads, `heads.head_logits`) is a
-`StepGraphs.call`: a device function over static copies of its inputs, captured once per key that fixes its shapes. Why CUDA graphs and not
-`torch.compile(mode="reduce-overhead")`: the step is the model's own eager code captured as it is, so the captured
-forward computes what the eager one computes kernel for kernel, with no compiler that fuses or reorders a reduction,
-and no compile time at start-up.
-
-Invariants of the step functions (`target_step`, `eagle_step`, `static_growth`, `head_logits`; tests/models/
-test_graphs.py checks them):
-- It reads nothing on the host. Inputs live in static device buffers (tokens, positions, row lengths, the tree
-  mask, the cache row each input row writes); the attention mask and the cache-write index are computed from them on
-  the device, and the cache is the whole static buffer: every forward attends over all T slots of its rows.
-- Its shapes depend only on the bucket. Padding rows write into a scratch row of the cache, padding nodes see only
-  themselves and their row's committed slots; neither is returned or committed.
-- A query's sums do not depend on T: in the chunked attention (low precision) hidden slots add exact zeros in a fixed
-  chunk order aligned at slot 0, and in float32 SDPA hidden slots are -inf. A bucket is shared by AR steps and
-  verifies of the same padded shape.
-- A target's trees in low precision are left eager: the chunked attention is exact there only in AR's key layout
-  (`attention.tree_attention`), which a static step does not build. A drafter's are captured: a drafter decides only
-  what is proposed, and the verify decides what is kept.
-
-The cache the loop sees is a view over the static buffer's first rows (`new_cache`), so eager prefills and commits
-land where the graphs read.
+`attach(module, mode)` gives a module a `StepGraphs`: a cached forward is padded to a bucket (rows, nodes), copied into
+the bucket's static buffers and replayed (captured on first use); a method's own step is a `StepGraphs.call`. Prefill
+stays eager; the loop's cache is a view of the static buffer's first rows. Why graphs, not torch.compile:
+docs/precision.md. Invariants of the step functions (tests/models/test_graphs.py):
+- No host reads: inputs live in static device buffers, masks and cache-write indices are computed on the device, and
+  every forward attends over all T slots of the static cache.
+- Shapes depend only on the bucket: padding rows write into a scratch row, padding nodes see only themselves and
+  their row's committed slots; neither is returned or committed.
+- A query's sums do not depend on T (chunked attention in low precision, -inf hidden slots in float32 SDPA), so AR
+  steps and verifies of one padded shape share a bucket. A target's low-precision trees stay eager (exact only in
+  AR's key layout, `attention.tree_attention`); a drafter's are captured (the verify decides what is kept).
 """
 
 from __future__ import annotations
@@ -156,9 +142,8 @@ def eagle_step(net, x: StaticInputs, k: torch.Tensor, v: torch.Tensor, cross, at
 
 @dataclass(frozen=True)
 class StepKind:
-    """How a module's cached forward is captured: its step function (the heads': their `call`s' function, they have no
-    cache), whether it takes extra input rows (EAGLE's features) and whether its low-precision trees must stay eager (a
-    target's logits decide the output; a drafter's only decide what is proposed, which the verify checks)."""
+    """How a module's steps are captured: its step function, whether it takes extra input rows (EAGLE's features),
+    and whether its low-precision trees stay eager (a target's; a drafter's only decide what is proposed)."""
 
     step: Callable
     features: bool = False
@@ -190,9 +175,8 @@ class StepGraphs:
         return None
 
     def new_cache(self, batch: int, max_len: int) -> KVCache:
-        """A cache over the static buffer's first `batch` rows, with room for the largest node bucket's padding;
-        lengths are rounded up so that later calls of similar sizes keep the captures. Every cache handed out shares
-        the one buffer: a module decodes one batch at a time (the loop's cache, or one drafter pool's)."""
+        """A cache over the static buffer's first `batch` rows (lengths rounded up, so similar calls keep the captures);
+        every cache handed out shares the one buffer: a module decodes one batch at a time."""
         need = -(-(max_len + NODE_BUCKETS[-1]) // 512) * 512
         if self.k is None or batch > self.capacity or need > self.k.shape[3]:
             self.reset()

@@ -1,42 +1,8 @@
 """XSpecMesh decoding heads: D heads, head d predicts token s + d + 1 from the backbone's final hidden h_s.
 
-Paper (eq. 4): p^(d)_{s+d+1} = softmax(W^(d) CrossAttn^(d)(h_s, c)). The paper leaves the inside of
-a head open; our choices (reference implementation, no public code exists):
-
-- `kind="ca"` (the paper's cross-attention heads): z = h + CrossAttn(RMSNorm(h), c), then Medusa's
-  residual block z = z + SiLU(Linear(z)). Queries come from h_s only (one position, no
-  self-attention over the draft); keys/values come from the point-cloud condition c (the same
-  [B, M, cross_dim] latents the backbone cross-attends to), projected by each head's own `wkv`, with
-  an inner width `inner_dim` (< dim, to keep heads light). Their K/V are computed once per mesh
-  (`context_kv`), like the backbone's.
-- `kind="mlp"` (the paper's ablation, rows B/C of table 3): Medusa's residual block only,
-  z = h + SiLU(Linear(h)); no condition.
-- W^(d): every head reuses the backbone's LM head (its tied output matrix) instead of a private
-  [V, dim] matrix. A private W^(d) would cost 1.3M parameters per head for the 5121-token BPT
-  vocabulary (more than the rest of a head); Medusa-1 initialises W^(d) as a copy of the LM head,
-  sharing it keeps that prior and the shipped files small. The LM head is not trained by the heads.
-- The residual branches' output projections start at zero, so an untrained head predicts the
-  backbone's next-token distribution (Medusa's initialisation).
-- `res_layers` (default 1, Medusa-1's one residual block): the number of residual blocks per head
-  (Medusa's `medusa_num_layers`); extra blocks are zero-initialised too, so a deeper untrained head is
-  still the backbone's LM head.
-- `token_input=True` (BEYOND THE PAPER, off by default): each head also sees the embedding of x_{s+1},
-  the token the backbone sampled from h_s. Algorithm 1 already knows that token when its heads run
-  (line 11 resamples x_{s*} from the backbone first, then the heads on h_{s*-1}), so the loop needs no
-  extra forward. Without it, head 1 must guess x_{s+2} while marginalising over the still-unknown
-  x_{s+1}; with it, the heads are Hydra-style (sequentially dependent on the first token). Head d adds
-  Linear_d(E(x_{s+1})) to h_s before its body (E = the backbone's frozen token embedding; the
-  projection starts at zero, so an untrained head is still the backbone's LM head).
-- `history=W > 0` (BEYOND THE PAPER, CA heads only, off by default): a head's cross-attention memory
-  is the condition plus the W most recent final hidden states h_s, h_{s-1}, .., h_{s-W+1} (fewer at
-  the start), each projected by the head's own `wkv_h` after its RMSNorm and tagged with a learned
-  offset vector `pos_h[k]` (random small init). The paper's heads see one hidden state, which the
-  backbone shapes to predict ONE token; the heads of a 4-layer backbone then cannot recover the
-  local context (the patch's previous vertices) that tokens s + 2 .. need. Keys/values of an
-  offset-tagged row are wkv_h(norm h) + wkv_h(pos_h[k]) (no bias), so each hidden state is projected
-  once, not once per window slot.
-
-Build with builder "xspecmesh_heads" (kwargs = HeadsConfig fields).
+Paper eq. 4: p^(d)_{s+d+1} = softmax(W^(d) CrossAttn^(d)(h_s, c)), W^(d) = the backbone's LM head; residual branches
+start at zero, so an untrained head predicts the next-token distribution. The choices the paper leaves open (`ca` /
+`mlp` heads, `res_layers`, beyond the paper: `token_input`, `history`) are docs/methods/xspecmesh.md's table.
 """
 
 from __future__ import annotations
@@ -47,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specgen.models.transformer import RMSNorm
+from specgen.models.transformer import RMSNorm, split_kv
 
 HEAD_KINDS = ("ca", "mlp")
 
@@ -63,9 +29,9 @@ class HeadsConfig:
     n_heads: int = 4  # attention heads inside a CA head
     inner_dim: int = 128  # attention width inside a CA head
     vocab_size: int = 5121
-    token_input: bool = False  # beyond the paper: heads also see E(x_{s+1}) (module docstring)
+    token_input: bool = False  # beyond the paper: heads also see E(x_{s+1})
     res_layers: int = 1  # residual blocks per head (Medusa's medusa_num_layers)
-    history: int = 0  # beyond the paper: CA heads also attend to the last `history` hidden states (docstring)
+    history: int = 0  # beyond the paper: CA heads also attend to the last `history` hidden states
 
     def __post_init__(self) -> None:
         if self.kind not in HEAD_KINDS:
@@ -119,7 +85,7 @@ class CrossHead(nn.Module):
         self.wkv = nn.Linear(cfg.cross_dim, 2 * cfg.inner_dim, bias=False)
         self.wo = nn.Linear(cfg.inner_dim, cfg.dim, bias=False)
         nn.init.zeros_(self.wo.weight)
-        if cfg.history:  # beyond the paper (module docstring)
+        if cfg.history:  # keys/values of a window row: wkv_h(norm h) + wkv_h(pos_h[k]) (one projection per h)
             self.wkv_h = nn.Linear(cfg.dim, 2 * cfg.inner_dim, bias=False)
             self.pos_h = nn.Parameter(torch.randn(cfg.history, cfg.dim) * 0.02)
         self.res = ResBlock(cfg.dim)
@@ -127,9 +93,7 @@ class CrossHead(nn.Module):
 
     def context_kv(self, cond: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys/values [B, H, M, hd] of the condition [B, M, cross_dim]."""
-        b, m, _ = cond.shape
-        k, v = self.wkv(cond).view(b, m, 2, self.n, self.hd).unbind(2)
-        return k.transpose(1, 2), v.transpose(1, 2)
+        return split_kv(self.wkv(cond), self.n, self.hd)
 
     def forward(self, h: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor] | None,
                 past: torch.Tensor | None = None) -> torch.Tensor:
@@ -215,21 +179,33 @@ class XSpecMeshHeads(nn.Module):
         return lm_head(self.features(hidden, kv, emb))
 
     def stacked(self) -> "StackedHeads":
-        """The weights stacked for one-row decoding (see StackedHeads)."""
-        return stack_heads(self)
+        """Detached copies of the weights stacked for one-row decoding (see StackedHeads)."""
+        hs, cfg = list(self.heads), self.cfg
+        stack = lambda get, mods=hs: torch.stack([get(x).detach() for x in mods])  # noqa: E731
+        weights = lambda get, mods=hs: stack(lambda x: get(x).t(), mods).contiguous()  # noqa: E731  [D, in, out]
+        common = dict(kind=cfg.kind, n_heads=cfg.n_heads, res_w=weights(lambda x: x.res.linear.weight),
+                      res_b=stack(lambda x: x.res.linear.bias))
+        if cfg.token_input:
+            common["tok_w"] = weights(lambda lin: lin.weight, self.tok)
+        if cfg.res_layers > 1:  # [D, L-1, ...] -> layer-major [L-1, D, ...], each layer batched over the D heads
+            more_w = stack(lambda x: torch.stack([b.linear.weight.t() for b in x.more]))  # [D, L-1, in, out]
+            common["more_w"] = more_w.transpose(0, 1).contiguous()
+            more_b = stack(lambda x: torch.stack([b.linear.bias for b in x.more]))  # [D, L-1, dim]
+            common["more_b"] = more_b.transpose(0, 1).contiguous()
+        if cfg.kind != "ca":
+            return StackedHeads(eps=0.0, **common)
+        if cfg.history:
+            common["wkv_h"] = weights(lambda x: x.wkv_h.weight)
+            common["pos_kv"] = stack(lambda x: x.wkv_h(x.pos_h))
+        return StackedHeads(eps=hs[0].norm.eps, norm_w=stack(lambda x: x.norm.weight),
+                            wq=weights(lambda x: x.wq.weight), wo=weights(lambda x: x.wo.weight), **common)
 
 
 @dataclass(frozen=True)
 class StackedHeads:
-    """The D head bodies' weights stacked along a leading D axis, for decoding one row at a time.
-
-    `features(h, kv)` equals `XSpecMeshHeads.features` on a single hidden state but runs each layer of
-    all D heads as one batched op (a tiny backbone's decode step is dominated by per-op overhead on a
-    CPU). Weights are stored input-major, [D, in, out] (nn.Linear's transpose), so each layer is one `bmm`
-    of [D, 1, in] rows, which reads cold weights faster than an einsum over out-major weights
-    (docs/results/mesh.md, "Timings from code comments"). Built per generation
-    (`XSpecMeshHeads.stacked`), so it always reflects the current weights; inference only (no autograd).
-    """
+    """The D head bodies' weights stacked along a leading D axis, input-major [D, in, out], for decoding one row:
+    `features` equals `XSpecMeshHeads.features` on one hidden state with each layer of all D heads one `bmm`.
+    Built per generation (`XSpecMeshHeads.stacked`), so it reflects the current weights; inference only."""
 
     kind: str
     n_heads: int
@@ -261,17 +237,13 @@ class StackedHeads:
 
     def features(self, h: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor] | None,
                  emb: torch.Tensor | None = None, past: torch.Tensor | None = None) -> torch.Tensor:
-        """One hidden state h [1, dim] (+ E(x_{s+1}) emb [1, dim]) -> head features [D, dim] (before the LM head).
-
-        past [D, W', 2 inner] (history heads): `project_history` of the latest hidden states, newest (= h) first.
-        """
+        """One hidden state h [1, dim] (+ E(x_{s+1}) emb [1, dim]) -> head features [D, dim] (before the LM head);
+        past [D, W', 2 inner] (history heads): `project_history` of the latest hidden states, newest (= h) first."""
         z = h.expand(self.res_b.shape[0], -1)  # [D, dim]
         if self.tok_w is not None:
             z = z + rows_times(emb.expand_as(z), self.tok_w)  # [D, dim]
         if self.kind == "ca":
-            zf = z.float()
-            xn = self.norm_w * (zf * torch.rsqrt(zf.pow(2).mean(-1, keepdim=True) + self.eps)).to(h.dtype)  # [D, dim]
-            q = rows_times(xn, self.wq)  # [D, inner]
+            q = rows_times(rms_norm(z, self.norm_w, self.eps), self.wq)  # [D, inner]
             d, inner = q.shape
             q = q.view(d, self.n_heads, 1, inner // self.n_heads)  # [D, H, 1, hd]
             k, v = kv if not self.history else self.with_history(kv, past)  # [D, H, M (+ W'), hd]
@@ -284,13 +256,9 @@ class StackedHeads:
         return z
 
     def project_history(self, rows: torch.Tensor) -> torch.Tensor:
-        """Hidden states rows [n, dim] -> each head's window K/V rows [D, n, 2 inner] (RMSNorm, wkv_h; no offset tag).
-
-        The loop projects each committed hidden state once and keeps the last `history` of them.
-        """
-        rf = rows.float()
-        rn = self.norm_w[:, None] * (rf * torch.rsqrt(rf.pow(2).mean(-1, keepdim=True) + self.eps)).to(rows.dtype)  # [D, n, dim]
-        return torch.bmm(rn, self.wkv_h)  # [D, n, 2 inner]
+        """Hidden states rows [n, dim] -> each head's window K/V rows [D, n, 2 inner] (RMSNorm, wkv_h; no offset tag),
+        projected once per committed hidden state."""
+        return torch.bmm(rms_norm(rows, self.norm_w[:, None], self.eps), self.wkv_h)  # [D, n, 2 inner]
 
     def with_history(self, kv: tuple[torch.Tensor, torch.Tensor], past: torch.Tensor | None
                      ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -315,6 +283,12 @@ def head_logits(stacked: StackedHeads, lm_head: nn.Module, embed: nn.Module, dty
     return (lm_head(feats).float(),)
 
 
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """w * RMSNorm(x) with float32 statistics, rounded to x's dtype before the weight (as `RMSNorm`'s torch path)."""
+    xf = x.float()
+    return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
 def rows_times(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """Row d of x [D, in] times head d's input-major weight w [D, in, out] -> [D, out] (one bmm)."""
     return torch.bmm(x.unsqueeze(1), w).squeeze(1)
@@ -323,28 +297,6 @@ def rows_times(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 def stacked_res(z: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """One ResBlock of each of the D heads at once: z [D, dim], w [D, dim (in), dim (out)], b [D, dim] -> [D, dim]."""
     return z + F.silu(torch.baddbmm(b.unsqueeze(1), z.unsqueeze(1), w).squeeze(1))
-
-
-def stack_heads(heads: XSpecMeshHeads) -> StackedHeads:
-    """Detached stacked copies of a head stack's weights."""
-    hs, cfg = list(heads.heads), heads.cfg
-    stack = lambda get, mods=hs: torch.stack([get(x).detach() for x in mods])  # noqa: E731
-    weights = lambda get, mods=hs: stack(lambda x: get(x).t(), mods).contiguous()  # noqa: E731  [D, in, out]
-    common = dict(kind=cfg.kind, n_heads=cfg.n_heads, res_w=weights(lambda x: x.res.linear.weight),
-                  res_b=stack(lambda x: x.res.linear.bias))
-    if cfg.token_input:
-        common["tok_w"] = weights(lambda lin: lin.weight, heads.tok)
-    if cfg.res_layers > 1:  # [D, L-1, ...] -> layer-major [L-1, D, ...], each layer batched over the D heads
-        more_w = stack(lambda x: torch.stack([b.linear.weight.t() for b in x.more]))  # [D, L-1, in, out]
-        common["more_w"] = more_w.transpose(0, 1).contiguous()
-        common["more_b"] = stack(lambda x: torch.stack([b.linear.bias for b in x.more])).transpose(0, 1).contiguous()
-    if cfg.kind != "ca":
-        return StackedHeads(eps=0.0, **common)
-    if cfg.history:
-        common["wkv_h"] = weights(lambda x: x.wkv_h.weight)
-        common["pos_kv"] = stack(lambda x: x.wkv_h(x.pos_h))
-    return StackedHeads(eps=hs[0].norm.eps, norm_w=stack(lambda x: x.norm.weight), wq=weights(lambda x: x.wq.weight),
-                        wo=weights(lambda x: x.wo.weight), **common)
 
 
 def build_heads(**kwargs) -> XSpecMeshHeads:

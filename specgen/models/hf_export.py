@@ -1,11 +1,5 @@
-"""Build a `transformers` Llama / Qwen2 / Qwen3 causal LM holding the same weights as a specgen Transformer.
-
-The architecture follows the config: q/k norms -> Qwen3 (with QKV bias: attention_bias and a zero o_proj bias),
-QKV bias -> Qwen2, else Llama; `rope_scaling` travels as the HF rope parameters of the same type.
-
-Used for the `hf` benchmark row (transformers' own `generate` on identical weights) and by the tests
-that prove specgen's logits equal transformers'.
-"""
+"""A `transformers` Llama / Qwen2 / Qwen3 causal LM with the same weights as a specgen Transformer (the `hf`
+benchmark row, and tests that specgen's logits equal transformers')."""
 
 from __future__ import annotations
 

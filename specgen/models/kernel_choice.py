@@ -10,27 +10,11 @@
 | CUDA   | float32          | cached               | sdpa                         | cuBLAS                   | torch  |
 | any    | any              | uncached (training)  | sdpa (float32 math)          | `F.linear`               | torch  |
 
-"cached (decode)": AR steps, verifies, trees, drafts, an image or mesh prefill. "native" (attention.c) and "glue.c"
-where built and grad mode is off, else the row's torch path; `F.linear` takes every product that wants a gradient;
-"+ GEMM": quantized products from `quantize.PROMPT_MIN_ROWS` rows dequantize for one bfloat16 GEMM. "native" and
-"chunked" give a query a result independent of the forward's width and batch (a tree's query attends in AR's slot
-order), so greedy speculation equals AR token for token; "sdpa" does not, and takes float32 only where nothing was
-compiled (its rare last-bit flips cost less than the chunked path). A float32 block on the native path whose products
-all take tiled.c runs as one straight run of kernel calls (`models/native_block.py`), bitwise the module path.
-
-Products (`Plan`, `KernelChoice`): MKL's GEMV over the column-major weight, oneDNN's GEMM over a packed copy and
-tiled.c over a tiled copy (`models/packed_linear.py`) trade places at row counts that depend on the CPU, the thread
-count and whether the weights fit in the cache (docs/results/text.md); a constant tuned on
-one machine would slow AR, the baseline of every speedup, on another. So one pass of r-row products over all of a
-model's linear weights is timed per kernel, r in `ROWS` (MKL up to `MKL_MAX_ROWS`), interleaved, best of `ROUNDS`:
-oneDNN takes products from `min_rows` rows (from which it beats MKL at every larger measured r), tiled.c the first
-run of consecutive counts where it beats both (and every larger count when that run reaches the last). Measured at
-load and on the first product under a new thread count; kept on disk per machine, torch, thread count and weight
-shapes (`models/plan_cache.py`), shared in the process by models of the same shapes.
-
-Environment variables that change results (docs/precision.md): `SPECGEN_NATIVE=0` (the torch paths above, which
-round differently), `SPECGEN_PACKED_MIN_ROWS=N` (pins the plan: oneDNN from N rows, no tiled.c, nothing measured),
-`SPECGEN_WEIGHT_LAYOUT=col|row` (no plan: every product MKL) and `SPECGEN_HOME` (whose stored plans a start reads).
+"native" (attention.c), "glue.c": where built and grad mode is off, else the row's torch path. "native" and "chunked"
+give a query a result independent of the forward's width and batch, so greedy speculation equals AR token for token;
+"sdpa" does not. Products: the kernel per row count is measured per machine (`Plan`, `KernelChoice`; docs/precision.md,
+"Which kernels a forward runs"). Environment variables that change results: `SPECGEN_NATIVE=0`,
+`SPECGEN_PACKED_MIN_ROWS=N`, `SPECGEN_WEIGHT_LAYOUT=col|row`, `SPECGEN_HOME` (docs/precision.md's table).
 """
 
 from __future__ import annotations
@@ -247,10 +231,6 @@ class KernelChoice:
         self.signature = tuple((lin.in_features, lin.out_features, lin.weight.dtype) for lin in linears)
         self._threads = -1
         self._plan = Plan(FALLBACK_MIN_ROWS)
-
-    def min_rows(self) -> int:
-        """The smallest product sent to oneDNN (outside the native loop's rows)."""
-        return self.plan().min_rows
 
     def known(self) -> bool:
         """Whether the plan at this thread count needs no timing: pinned, measured in this process, or stored."""

@@ -1,17 +1,7 @@
 """Llama-family weights (Llama 2/3.x, SmolLM2, Mistral, Qwen2/2.5, Qwen3) from HF safetensors folders and GGUF files.
 
-Both loaders return a `TransformerConfig` and a state dict in specgen's parameter names. No weight
-permutation is needed: HF checkpoints keep q/k in the `rotate_half` layout ("half"), GGUF llama
-files store them in Meta's interleaved layout ("interleaved"), and GGUF qwen2 uses NeoX ("half").
-
-A checkpoint loads exactly or not at all: every config key that changes the math is either carried into
-the `TransformerConfig` or refused with one line naming it (docs/architectures.md lists both).
-
-Context: a model's RoPE table holds `max_seq_len` positions, so a longer context is capped at
-`MAX_CONTEXT` (and at a sliding window, below which sliding attention equals full attention). The cap is
-never silent in effect: every decode path refuses a sequence past `max_seq_len` with one line
-(`limits.check_prompt_fits` before decoding, `ContextOverflowError` in `Transformer.hidden_states`), and
-the import records the checkpoint's own context (registry meta `source_context`).
+A checkpoint loads exactly or not at all: every config key that changes the math is carried into the
+`TransformerConfig` or refused with one line naming it; the context is capped at `MAX_CONTEXT` (docs/architectures.md).
 """
 
 from __future__ import annotations
@@ -139,11 +129,8 @@ def rope_scaling(raw: dict, context: int) -> tuple[dict | None, float]:
 
 
 def sliding_window(raw: dict, arch: str) -> int | None:
-    """The sliding-attention window some layer uses, or None (full attention everywhere).
-
-    Below the window sliding attention is full attention, so hf_config caps the context at it: exact for every
-    sequence specgen accepts, and longer ones are refused by the context check.
-    """
+    """The sliding-attention window some layer uses, or None; below it sliding attention is full attention, so
+    hf_config caps the context at it (docs/architectures.md)."""
     if arch == "MistralForCausalLM":
         window = raw.get("sliding_window", 4096)  # MistralConfig's default: every layer slides
     elif arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM"):
@@ -164,34 +151,37 @@ def sliding_window(raw: dict, arch: str) -> int | None:
     return window
 
 
+# specgen name -> (HF name, GGUF name); "{}" names q, k and v, concatenated along dim 0 into wqkv
+TOP_NAMES = {"tok_embeddings.weight": ("model.embed_tokens.weight", "token_embd.weight"),
+             "norm.weight": ("model.norm.weight", "output_norm.weight"),
+             "output.weight": ("lm_head.weight", "output.weight")}
+LAYER_NAMES = {  # under layers.{i}. / model.layers.{i}. / blk.{i}.
+    "attention_norm.weight": ("input_layernorm.weight", "attn_norm.weight"),
+    "ffn_norm.weight": ("post_attention_layernorm.weight", "ffn_norm.weight"),
+    "attention.wqkv.weight": ("self_attn.{}_proj.weight", "attn_{}.weight"),
+    "attention.wqkv.bias": ("self_attn.{}_proj.bias", "attn_{}.bias"),
+    "attention.q_norm.weight": ("self_attn.q_norm.weight", "attn_q_norm.weight"),
+    "attention.k_norm.weight": ("self_attn.k_norm.weight", "attn_k_norm.weight"),
+    "attention.wo.weight": ("self_attn.o_proj.weight", "attn_output.weight"),
+    "feed_forward.w1.weight": ("mlp.gate_proj.weight", "ffn_gate.weight"),
+    "feed_forward.w3.weight": ("mlp.up_proj.weight", "ffn_up.weight"),
+    "feed_forward.w2.weight": ("mlp.down_proj.weight", "ffn_down.weight"),
+}
+LAYER_PREFIX = {"hf": "model.layers.{i}.", "gguf": "blk.{i}."}
+
+
 def layer_map(n_layers: int, fmt: str) -> dict[str, tuple[str, ...]]:
-    """specgen name -> source name(s) (several are concatenated along dim 0: q, k, v -> wqkv)."""
-    names: dict[str, tuple[str, ...]] = {}
-    if fmt == "hf":
-        names |= {"tok_embeddings.weight": ("model.embed_tokens.weight",), "norm.weight": ("model.norm.weight",),
-                  "output.weight": ("lm_head.weight",)}
-        per = {"attention_norm.weight": ("input_layernorm.weight",), "ffn_norm.weight": ("post_attention_layernorm.weight",),
-               "attention.wqkv.weight": ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
-               "attention.wqkv.bias": ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"),
-               "attention.q_norm.weight": ("self_attn.q_norm.weight",),
-               "attention.k_norm.weight": ("self_attn.k_norm.weight",),
-               "attention.wo.weight": ("self_attn.o_proj.weight",), "feed_forward.w1.weight": ("mlp.gate_proj.weight",),
-               "feed_forward.w3.weight": ("mlp.up_proj.weight",), "feed_forward.w2.weight": ("mlp.down_proj.weight",)}
-        prefix = "model.layers.{i}."
-    else:
-        names |= {"tok_embeddings.weight": ("token_embd.weight",), "norm.weight": ("output_norm.weight",),
-                  "output.weight": ("output.weight",)}
-        per = {"attention_norm.weight": ("attn_norm.weight",), "ffn_norm.weight": ("ffn_norm.weight",),
-               "attention.wqkv.weight": ("attn_q.weight", "attn_k.weight", "attn_v.weight"),
-               "attention.wqkv.bias": ("attn_q.bias", "attn_k.bias", "attn_v.bias"),
-               "attention.q_norm.weight": ("attn_q_norm.weight",), "attention.k_norm.weight": ("attn_k_norm.weight",),
-               "attention.wo.weight": ("attn_output.weight",), "feed_forward.w1.weight": ("ffn_gate.weight",),
-               "feed_forward.w3.weight": ("ffn_up.weight",), "feed_forward.w2.weight": ("ffn_down.weight",)}
-        prefix = "blk.{i}."
+    """specgen name -> source name(s) in format `fmt` (several are concatenated along dim 0: q, k, v -> wqkv)."""
+    col = list(LAYER_PREFIX).index(fmt)
+
+    def names(name: str, prefix: str = "") -> tuple[str, ...]:
+        return tuple(prefix + name.format(x) for x in "qkv") if "{}" in name else (prefix + name,)
+
+    out = {ours: names(theirs[col]) for ours, theirs in TOP_NAMES.items()}
     for i in range(n_layers):
-        for ours, theirs in per.items():
-            names[f"layers.{i}.{ours}"] = tuple(prefix.format(i=i) + t for t in theirs)
-    return names
+        out |= {f"layers.{i}.{ours}": names(theirs[col], LAYER_PREFIX[fmt].format(i=i))
+                for ours, theirs in LAYER_NAMES.items()}
+    return out
 
 
 def used(ours: str, cfg: TransformerConfig) -> bool:
@@ -276,7 +266,8 @@ def gguf_field(reader, key: str, default=None):
     return default if field is None else field.contents()
 
 
-def load_gguf(path: Path, progress: Callable[[int, int], None] | None = None) -> tuple[TransformerConfig, dict[str, torch.Tensor]]:
+def load_gguf(path: Path, progress: Callable[[int, int], None] | None = None
+              ) -> tuple[TransformerConfig, dict[str, torch.Tensor]]:
     """A GGUF file (any quantisation the `gguf` package can dequantise) as float32 weights."""
     from gguf import GGUFReader  # deferred: start-up (gguf loads numpy's bits; only a GGUF import needs it)
     from gguf.quants import dequantize

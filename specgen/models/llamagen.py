@@ -1,21 +1,8 @@
 """LlamaGen GPTs (c2i and t2i) on specgen's decoder: released configs and checkpoint conversion.
 
-A LlamaGen GPT (FoundationVision/LlamaGen `autoregressive/models/gpt.py`) is exactly
-`Transformer(llamagen_config(...))`: MHA, no biases, SwiGLU hidden `find_multiple(int(8*dim/3), 256)`,
-RMSNorm eps 1e-5, untied `output`, 2D RoPE over the image grid with interleaved pairs and zeroed
-condition rows. c2i: `cls_embedding.embedding_table` with the null class at row `num_classes`.
-t2i: `cls_embedding.cap_proj.fc1/fc2` (caption_dim -> dim -> dim, tanh-GELU) and the unconditional
-caption `cls_embedding.uncond_embedding` [cls_token_num, caption_dim].
-The parameter names of `Transformer` already are LlamaGen's, so conversion only unwraps the checkpoint
-container and drops non-weights (`freqs_cis`, `*.kv_cache.*`); LANTERN's HF port
-(`jadohu/LlamaGen-T2I` naming) is mapped back onto the fused LlamaGen names.
-
-Sequence layout: positions 0 .. cls_token_num - 1 hold the condition (c2i: one class row; t2i: 120
-left-padded caption slots, padded slots masked as keys), image token r (raster order) sits at position
-cls_token_num + r, and the logits at position p predict image token p - cls_token_num + 1.
-
-The image grid is a call-site argument in LlamaGen (`block_size`), not in the weights: it comes from the
-registry config or the import kwargs (`grid`), never from a checkpoint's file name.
+A LlamaGen GPT is exactly `Transformer(llamagen_config(...))` with LlamaGen's parameter names, so conversion only
+unwraps the container and drops non-weights (LANTERN's HF port is mapped back onto the fused names). The image grid
+is a call-site argument (`grid`), never read from a checkpoint.
 """
 
 from __future__ import annotations
@@ -55,10 +42,8 @@ MODEL_TYPES: dict[str, tuple[int, str]] = {"c2i": (1, "num_classes"), "t2i": (12
 def llamagen_config(name: str, vocab: int = 16384, grid: int = 16, num_classes: int = 1000,
                     cls_token_num: int = 0, rope_base: float = 10000.0, norm_eps: float = 1e-5,
                     model_type: str = "c2i", caption_dim: int = 2048) -> TransformerConfig:
-    """The decoder config of LlamaGen model `name` (c2i or t2i) for `vocab` VQ codes on a grid x grid image.
-
-    cls_token_num 0 = LlamaGen's default for the type (c2i 1, t2i 120); c2i uses num_classes, t2i caption_dim.
-    """
+    """The decoder config of LlamaGen model `name` (c2i or t2i) for `vocab` VQ codes on a grid x grid image;
+    cls_token_num 0 = the type's default (c2i 1, t2i 120)."""
     if name not in GPT_CONFIGS:
         raise KeyError(f"unknown LlamaGen GPT '{name}'; known: {', '.join(GPT_CONFIGS)}")
     if model_type not in MODEL_TYPES:
@@ -133,12 +118,9 @@ def unwrap(state: dict) -> dict:
 
 
 def llamagen_state(state: dict, kwargs: dict | None = None) -> dict[str, torch.Tensor]:
-    """Map a LlamaGen (or LANTERN HF) GPT checkpoint onto `Transformer` names; load the result strict.
-
-    Unwraps containers, drops `freqs_cis` and `*.kv_cache.*` (not weights), strips a `_orig_mod.`
-    (torch.compile) prefix, and fuses HF `q_proj/k_proj/v_proj` rows into `wqkv` (a plain concat: LANTERN's
-    port keeps LlamaGen's interleaved RoPE, so no row permutation).
-    """
+    """Map a LlamaGen (or LANTERN HF) GPT checkpoint onto `Transformer` names, to load strict: containers unwrapped,
+    `freqs_cis`, `*.kv_cache.*` and a `_orig_mod.` prefix dropped, HF q/k/v rows concatenated into `wqkv` (LANTERN's
+    port keeps LlamaGen's interleaved RoPE: no permutation)."""
     state = unwrap(state)
     out: dict[str, torch.Tensor] = {}
     qkv: dict[str, dict[str, torch.Tensor]] = {}

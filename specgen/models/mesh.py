@@ -1,18 +1,7 @@
 """Point-cloud-conditioned mesh GPT: a perceiver point encoder + the specgen Transformer with cross-attention.
 
-- `PointEncoder`: points + normals [B, N, 6] -> Fourier features (xyz) + normals -> per-point MLP ->
-  `num_latents` learned latents cross-attend once to the points, then `enc_layers` self-attention
-  blocks over the latents -> condition [B, M, cross_dim]. This is the shape of BPT's Michelangelo
-  perceiver (cross-attention from latents, then self-attention), scaled down and trained from scratch
-  (miche is GPL-3.0 and not bundled).
-- `MeshGPT.decoder`: the one `Transformer` (`models/transformer.py`) with `cross_dim` > 0, so every
-  block cross-attends to the condition. `set_context` computes the condition's cross-attention K/V
-  once per mesh and stores them in the KV cache; AR and XSpecMesh both use it (honest speedups).
-- BPT has no BOS id: position 0 is a learned start vector (`start`, fed through `embeds=`), tokens
-  x_1.. sit at positions 1..; the logits at position i predict token i + 1.
-
-Build from the registry with builder "mesh_gpt" (kwargs: `decoder` = TransformerConfig dict,
-`encoder` = PointEncoderConfig dict).
+BPT has no BOS id: position 0 is a learned start vector (`start`), tokens x_1.. sit at positions 1..; the logits at
+position i predict token i + 1. The condition's cross-attention K/V are computed once per mesh and kept in the cache.
 """
 
 from __future__ import annotations
@@ -25,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specgen.decoding.cache import KVCache
-from specgen.models.transformer import Transformer, TransformerConfig
+from specgen.models.transformer import CrossAttention, Transformer, TransformerConfig
 
 
 @dataclass(frozen=True)
@@ -43,46 +32,24 @@ class PointEncoderConfig:
         return asdict(self)
 
 
-class _MHA(nn.Module):
-    """Plain multi-head attention (no RoPE, no mask) used inside the encoder and the heads."""
-
-    def __init__(self, dim: int, kv_dim: int, n_heads: int) -> None:
-        super().__init__()
-        self.n_heads, self.hd = n_heads, dim // n_heads
-        self.wq = nn.Linear(dim, dim, bias=False)
-        self.wkv = nn.Linear(kv_dim, 2 * dim, bias=False)
-        self.wo = nn.Linear(dim, dim, bias=False)
-
-    def kv(self, ctx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys/values [B, H, M, hd] of ctx [B, M, kv_dim]."""
-        b, m, _ = ctx.shape
-        k, v = self.wkv(ctx).view(b, m, 2, self.n_heads, self.hd).unbind(2)
-        return k.transpose(1, 2), v.transpose(1, 2)
-
-    def forward(self, x: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        b, s, _ = x.shape
-        q = self.wq(x).view(b, s, self.n_heads, self.hd).transpose(1, 2)
-        y = F.scaled_dot_product_attention(q, kv[0], kv[1])
-        return self.wo(y.transpose(1, 2).reshape(b, s, -1))
-
-
 class _EncBlock(nn.Module):
     """Pre-norm attention (to `ctx`, or self when ctx is None) + GELU MLP."""
 
     def __init__(self, dim: int, n_heads: int) -> None:
         super().__init__()
         self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
-        self.attn = _MHA(dim, dim, n_heads)
+        self.attn = CrossAttention(dim, dim, n_heads, dim // n_heads)
         self.mlp = nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(), nn.Linear(2 * dim, dim))
 
     def forward(self, x: torch.Tensor, ctx: torch.Tensor | None = None) -> torch.Tensor:
         h = self.norm1(x)
-        x = x + self.attn(h, self.attn.kv(h if ctx is None else ctx))
+        x = x + self.attn(h, self.attn.context_kv(h if ctx is None else ctx))
         return x + self.mlp(self.norm2(x))
 
 
 class PointEncoder(nn.Module):
-    """Perceiver over surface samples: [B, N, 6] points+normals -> [B, num_latents, out_dim]."""
+    """Perceiver over surface samples (the shape of BPT's Michelangelo encoder, scaled down and trained from scratch:
+    miche is GPL-3.0): [B, N, 6] points+normals -> [B, num_latents, out_dim]."""
 
     def __init__(self, cfg: PointEncoderConfig) -> None:
         super().__init__()
@@ -138,10 +105,6 @@ class MeshGPT(nn.Module):
         """Condition [B, M, cross_dim] of point clouds [B, N, 6]."""
         return self.encoder(pc)
 
-    def context_kv(self, context: torch.Tensor) -> list:
-        """Per-layer cross-attention K/V of a condition (what `set_context` stores in a cache)."""
-        return [blk.cross_attention.context_kv(context) for blk in self.decoder.layers]
-
     def inputs(self, tokens: torch.Tensor, table: torch.Tensor | None = None) -> torch.Tensor:
         """Training inputs [B, L+1, dim]: the start vector then the embeddings of tokens [B, L]
         (rows of `table` [V, dim] when given, a training-time reparametrised token table)."""
@@ -152,18 +115,14 @@ class MeshGPT(nn.Module):
 
     def forward_train(self, pc: torch.Tensor, tokens: torch.Tensor, table: torch.Tensor | None = None
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Teacher-forced pass over whole sequences (no cache).
-
-        tokens [B, L] (pad -1); returns logits [B, L, V] predicting tokens[:, i] at row i, hidden
-        [B, L, dim] (hidden row i = h at position i, i.e. after start + tokens[:, :i]), condition.
-        `table` [V, dim] replaces the tied embedding / LM head weight (see train/mesh_embedding.py).
-        """
+        """Teacher-forced pass over tokens [B, L] (pad -1): logits [B, L, V] (row i predicts tokens[:, i]), hidden
+        [B, L, dim], the condition; `table` [V, dim] replaces the tied embedding / LM head (train/mesh_embedding.py)."""
         if table is not None and not self.dec_cfg.tie_embeddings:
             raise ValueError("a token table override needs tied embeddings")
         cond = self.encode(pc)
         h = self.inputs(tokens[:, :-1], table)  # [B, L, dim]: start, x_1 .. x_{L-1}
         pos = torch.arange(h.shape[1], device=h.device).expand(h.shape[0], -1)
-        hidden = self.decoder.hidden_states(h, pos, None, None, self.context_kv(cond))
+        hidden = self.decoder.hidden_states(h, pos, None, None, self.decoder.context_kv(cond))
         logits = self.decoder.output(hidden) if table is None else F.linear(hidden, table)
         return logits, hidden, cond
 
@@ -173,10 +132,8 @@ class MeshGPT(nn.Module):
 
     @torch.inference_mode()
     def prefill(self, cache: KVCache, cond: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store the condition's K/V once, run the start vector at position 0 and commit it.
-
-        Returns logits [B, V] of token 1 and the start's hidden state [B, dim].
-        """
+        """Store the condition's K/V, run the start vector at position 0 and commit it: logits [B, V] of token 1 and the
+        start's hidden state [B, dim]."""
         self.decoder.set_context(cache, cond)
         b = cond.shape[0]
         h = self.start.view(1, 1, -1).expand(b, 1, -1)
@@ -188,10 +145,7 @@ class MeshGPT(nn.Module):
 
     @torch.inference_mode()
     def step(self, tokens: torch.Tensor, start: int, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
-        """Score a causal chain tokens [B, S] at positions start.. (pending, not committed).
-
-        Returns logits [B, S, V] and hidden [B, S, dim].
-        """
+        """Score a causal chain tokens [B, S] at positions start.. (pending): logits [B, S, V], hidden [B, S, dim]."""
         hidden = self.step_hidden(tokens, start, cache)
         return self.decoder.output(hidden), hidden
 

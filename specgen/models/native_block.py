@@ -1,14 +1,6 @@
-"""A float32 decoder block's decode forward as a straight run of native calls: the same kernels, in the same order,
-as `Block.forward` takes through its modules, without the modules.
-
-Why: on the native path a block's work is five tiled products, two norms, one attention call and three torch ops
-(SiLU, product, residual add; a mesh decoder's block adds a cross-attention: a norm, two products and SDPA). Reaching
-them through nine module calls and `PackedLinear.forward`'s kernel checks costs most for small models
-(docs/results/batching.md); here the checks run once a block.
-
-Bitwise the module path: each kernel gets the same inputs (rows are contiguous [B * S, features] either way) and
-SiLU, the gate product, SDPA and the residual adds are the same torch ops (tests/models/test_native_block.py). So every
-forward that takes it (AR steps, verify and drafter forwards alike) computes what the module path computes.
+"""A float32 decoder block's decode forward as a straight run of native calls, without the module calls and their
+per-call kernel checks: the same kernels on the same inputs in the same order as `Block.forward`, so bitwise the
+module path (tests/models/test_native_block.py).
 """
 
 from __future__ import annotations
@@ -35,11 +27,8 @@ def norms(blk) -> tuple:
 
 
 def usable(blk, x: torch.Tensor, mask, cross_kv) -> bool:
-    """Whether this forward may run here: float32 on a CPU with the native kernels, no gradient, a block without q/k
-    norms over a native plan that places the new keys (a cross-attention block with its condition's keys and values),
-    and all its products on one model's kernel choice naming the tiled loop for this many rows (else the module path,
-    whatever kernel it picks). A NativePlan exists only where attention.c was built, and a plan names the tiled loop
-    only where tiled.c was; `native_norms` checks the device, grad mode and glue.c."""
+    """Whether this forward may run here: float32, native norms, a block without q/k norms over a NativePlan that
+    places the new keys (with its condition's K/V if it cross-attends), all products on one plan naming tiled.c."""
     if (not isinstance(mask, NativePlan) or mask.slots is None or x.dtype != torch.float32
             or blk.attention.cfg.qk_norm or (cross_kv is not None) != hasattr(blk, "cross_attention")
             or not native_norms(x, *(n.weight for n in norms(blk)))):
@@ -73,7 +62,7 @@ def forward(blk, x: torch.Tensor, rot, layer: int, cache, p: NativePlan, cross_k
     else:  # 2'. residual add, cross-attention to the condition (SDPA, as CrossAttention.forward), add, FFN pre-norm
         total = x + a.view(b, s, dim)
         wq, wo_cross = lins[2], lins[3]
-        heads, hd = blk.cross_attention.cfg.n_heads, blk.cross_attention.cfg.hd
+        heads, hd = blk.cross_attention.n_heads, blk.cross_attention.hd
         c = torch.ops.specgen.rms_norm(total, blk.cross_norm.weight, blk.cross_norm.eps)
         q = product(wq, c, threads).view(b, s, heads, hd).transpose(1, 2)  # [B, H, S, hd]
         y = F.scaled_dot_product_attention(q, cross_kv[0], cross_kv[1])  # [B, H, S, hd]

@@ -1,20 +1,6 @@
 """PackedLinear: an nn.Linear whose CPU products run on the kernel its model's plan names: MKL, oneDNN, tiled.c.
 
-Why: MKL's `F.linear` on a few rows costs about one single-row product *per row* for a decoder's small matrices, so
-a verify forward over n tokens cost nearly n AR steps of weight work (most of the c(n) that makes speculative and
-Jacobi decoding lose on a CPU). oneDNN's GEMM over a weight packed once for it (`torch.ops.mkldnn.
-_reorder_linear_weight`, what torch.compile's CPU backend uses) and native/tiled.c over a tiled copy reuse the weight
-across rows. `pack_linears` gives each model one `KernelChoice` (`models/kernel_choice.py`, the rule and its
-measurement); outputs agree to float32 rounding (the kernels sum in different orders; tiled.c alone gives a row the
-same bits at every row count).
-
-The packed and tiled copies can triple the memory of the linear weights (a plan drops the copies it never reads), so
-`pack_linears` leaves a model whose linear weights exceed `MAX_MEMORY_SHARE` of this machine's RAM as it is
-(column-major, MKL for every product). A copy is made on first use and remade whenever the weight changes (a LoRA
-merge, `.data` replaced, a dtype change): it is keyed by the weight's storage pointer, version counter and dtype (a
-weight made under `torch.inference_mode` has no version counter: only a new storage or dtype repacks it). It is never
-saved (not a parameter or buffer) and is dropped by deepcopy/pickle. Products that need gradients, other devices or
-dtypes fall back to `F.linear`.
+Its packed and tiled copies are made on first use, remade when the weight changes, never saved (docs/precision.md).
 """
 
 from __future__ import annotations
@@ -50,11 +36,6 @@ class PackedLinear(nn.Linear):
     _choice: KernelChoice | None = None  # shared by the model's PackedLinears (pack_linears)
     _packed: tuple | None = None  # (key, packed weight); key = (storage pointer, version, dtype) of `weight`
     _tiled: tuple | None = None  # (key, (tiles, padded bias)) for native/tiled.c, keyed as `_packed`
-
-    @property
-    def min_rows(self) -> int:
-        """The smallest product (in rows) sent to oneDNN: pinned, or measured on this machine (kernel_choice.py)."""
-        return self._choice.min_rows() if self._choice is not None else FALLBACK_MIN_ROWS
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., in] -> [..., out]
         w = self.weight
@@ -118,10 +99,8 @@ def ram_bytes() -> int:
 
 
 def pack_linears(module: nn.Module, min_rows: int | None = None) -> nn.Module:
-    """Turn every CPU nn.Linear of `module` into a PackedLinear in place (parameters, ties and names unchanged),
-    all sharing one KernelChoice: `min_rows` if given, else `SPECGEN_PACKED_MIN_ROWS`, else measured on first
-    use. A module whose linear weights exceed `MAX_MEMORY_SHARE` of RAM is returned as it is (copies up to triple
-    them)."""
+    """Turn every CPU nn.Linear of `module` into a PackedLinear in place (parameters, ties and names unchanged), all
+    sharing one KernelChoice (`min_rows`, else `SPECGEN_PACKED_MIN_ROWS`, else measured); not above MAX_MEMORY_SHARE."""
     size, ram = linear_bytes(module), ram_bytes()
     if ram and size > MAX_MEMORY_SHARE * ram:
         return module
@@ -137,20 +116,18 @@ def pack_linears(module: nn.Module, min_rows: int | None = None) -> nn.Module:
 
 
 def measure_now(module: nn.Module) -> None:
-    """Settle the kernel crossover of `module`'s PackedLinears at the current thread count now (a no-op when
-    pinned or already measured), so that no timed product pays for the measurement."""
+    """Settle the kernel plan of `module`'s PackedLinears (one shared KernelChoice) at the current thread count now,
+    so that no timed product pays for the measurement."""
     for lin in module.modules():
         if isinstance(lin, PackedLinear):
-            lin.min_rows  # noqa: B018 - one shared KernelChoice: the first read measures
+            lin._choice.plan()
             return
 
 
 def hold_tiled(module: nn.Module, loaded: bool = True) -> None:
-    """Keep each float32 CPU PackedLinear weight whose plan (at this thread count) sends every row count to tiled.c
-    as its tiles only (a `TiledWeight`), replacing the parameter in every module that holds it (ties stay ties: a
-    tied embedding looks its rows up in the tiles). One weight at a time: a dense weight is freed as its tiles come.
-    Not `loaded`: the weights hold no values yet, the tiles are left for the load to write, and a plan that would
-    need timing (on values) is left for `decode_layout` after the load."""
+    """Hold each float32 CPU PackedLinear weight whose plan sends every row count to tiled.c as its tiles only (a
+    `TiledWeight`) in every module holding it (ties stay ties), one weight at a time. Not `loaded`: tiles left for
+    the load to write, and a plan that needs timing left for `decode_layout` after the load."""
     holders: dict[int, list[tuple[nn.Module, str]]] = {}
     for m in module.modules():
         for name, p in m._parameters.items():

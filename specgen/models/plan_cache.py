@@ -1,12 +1,5 @@
-"""Kernel plans kept on disk: measured once per machine, torch version, thread count and weight shapes.
-
-`kernel_choice` times a model's products at load to choose MKL, oneDNN or the tiled loop per row count. The answer
-depends only on the machine and the weights' shapes, so it is stored in `$SPECGEN_HOME/plans/kernel-plans.json`
-under a key of the CPU's model name and flags, the torch version, the thread count and the shapes: a second start
-reads it instead of timing again, and another machine (other flags) or another torch measures anew. A file that
-does not parse is ignored and rewritten; a folder that cannot be written leaves the process measuring, with one
-warning.
-"""
+"""Kernel plans kept on disk (`$SPECGEN_HOME/plans/kernel-plans.json`): measured once per machine, torch version,
+thread count and weight shapes; a file that does not parse is rewritten, an unwritable folder warns once."""
 
 from __future__ import annotations
 

@@ -1,15 +1,7 @@
 """Prompt mode: a prompt's prefill may run faster kernels than decode steps, because no later forward recomputes it.
 
-Lossless speculation needs every verify forward to compute, for a token, exactly what an AR step computes for it
-(quantized products row by row, width-invariant attention: models/quantize.py, models/attention.py). A prompt's
-prefill is outside that contract: it runs once per sequence, the same way under AR and under every method
-(`decoding/loop.py` admits every row through `Target.prefill`), and no step ever scores a prompt position again. So
-its products and attention may round differently from a decode step's without any method's output departing from AR
-of the same target: the state after the prefill (the prompt's KV cache and its last logits) is the same for all.
-
-Inside `prompt_mode()`, a quantized product of at least `quantize.PROMPT_MIN_ROWS` rows dequantizes its weight to
-bfloat16 for one GEMM, and a low-precision forward attends with SDPA in float32 instead of the chunked invariant
-attention (docs/precision.md, "Prompt prefill").
+A prefill runs once per sequence, the same way under AR and every method, so the state after it is the same for all
+(docs/precision.md, "Prompt prefill").
 """
 
 from __future__ import annotations

@@ -1,17 +1,7 @@
-"""Rotary position tables (1D Llama and LlamaGen 2D) and their application in two layouts.
+"""Rotary position tables (1D Llama, with static context extension, and LlamaGen 2D) and their two pair layouts.
 
-A table is a tensor [P, D/2, 2] of (cos, sin) indexed by *position id*, so the model looks up any
-positions it is given (tree nodes share positions; LlamaGen's condition tokens map to zero rows).
-
-Layouts of the rotated pairs inside a head of width D:
-- "half": pairs are (x[i], x[i + D/2]) (HF `rotate_half`, NeoX; HF Llama/Qwen2 safetensors, GGUF qwen2).
-- "interleaved": pairs are (x[2i], x[2i+1]) (Meta/gpt-fast, GGUF llama, LlamaGen).
-
-Context extension (`scaling`, a dict as in HF's `rope_parameters`, see `scaled_inv_freq`): "linear",
-"llama3" and "yarn" are static rescalings of the inverse frequencies (yarn also multiplies cos and sin
-by an attention factor), computed with the same float32 operations as transformers so tables agree bit
-for bit. Scalings that depend on the sequence length (dynamic NTK, longrope) are not tables; the HF
-loader (models/llama.py) handles or refuses them.
+A table [P, D/2, 2] of (cos, sin) is indexed by position id (tree nodes share positions; LlamaGen's condition
+positions are zero rows). Layouts: "half" pairs (x[i], x[i + D/2]) (HF, NeoX), "interleaved" (x[2i], x[2i+1]) (Meta).
 """
 
 from __future__ import annotations
@@ -30,15 +20,8 @@ def inv_freq(dim: int, theta: float) -> torch.Tensor:
 
 
 def scaled_inv_freq(dim: int, theta: float, scaling: dict) -> tuple[torch.Tensor, float]:
-    """Inverse frequencies [dim/2] and the cos/sin (attention) factor of a context-extended RoPE.
-
-    `scaling["rope_type"]`:
-    - "linear": positions / factor, i.e. inv_freq / factor.
-    - "llama3": Llama 3.1's frequency-dependent scaling: wavelengths above original / low_freq_factor are
-      divided by `factor`, those below original / high_freq_factor are kept, those between are interpolated.
-    - "yarn": NTK-by-parts (interpolate low frequencies by `factor`, keep high ones, linear ramp between
-      the correction dims of beta_fast/beta_slow) and cos/sin scaled by `attention_factor`.
-    """
+    """Inverse frequencies [dim/2] and the cos/sin (attention) factor of a context-extended RoPE ("linear", "llama3",
+    "yarn"), with transformers' float32 operations so the tables agree bit for bit."""
     kind, base = scaling["rope_type"], inv_freq(dim, theta)
     if kind == "linear":
         return base / scaling["factor"], 1.0
@@ -77,12 +60,8 @@ def table_1d(max_pos: int, head_dim: int, theta: float, scaling: dict | None = N
 
 
 def table_2d(grid: int, head_dim: int, theta: float, n_cond: int) -> torch.Tensor:
-    """LlamaGen 2D table [n_cond + grid*grid, head_dim/2, 2].
-
-    The first half of the rotated pairs encodes the row, the second half the column, each with
-    frequencies of a head_dim/2 rotary space. Condition positions are all-zero rows (LlamaGen
-    concatenates zeros, so condition queries/keys are zeroed by the rotation, as in its code).
-    """
+    """LlamaGen 2D table [n_cond + grid*grid, head_dim/2, 2]: the first half of the pairs encodes the row, the second
+    the column; condition positions are all-zero rows (as LlamaGen's, which zero condition queries and keys)."""
     half = head_dim // 2
     freqs = torch.outer(torch.arange(grid).float(), inv_freq(half, theta))  # [grid, half/2]
     rows = freqs[:, None, :].expand(grid, grid, -1)
@@ -103,10 +82,8 @@ class Rotation:
 
 
 def check_positions(positions: torch.Tensor, limit: int, overflow) -> None:
-    """Refuse a position at or past `limit` (the RoPE table's length): on the host, `raise overflow(top position)`.
-    On a GPU, reading the maximum back would make the host wait in every forward, so the check is queued as a
-    device-side assert instead; decode paths refuse a sequence that cannot fit before they start
-    (`limits.check_prompt_fits`), so this guard only catches a caller's bug there."""
+    """Refuse a position at or past `limit` (the table's length): `raise overflow(top)` on the CPU, a queued device
+    assert on a GPU (no host wait per forward; decode paths refuse a sequence that cannot fit before they start)."""
     if positions.device.type == "cpu":
         top = int(positions.max())
         if top >= limit:

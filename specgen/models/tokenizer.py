@@ -1,10 +1,5 @@
-"""Text tokenizer with chat template: the entry's tokenizer.json through `tokenizers`, its template through jinja2.
-
-Why not transformers' AutoTokenizer: importing transformers is most of a text command's start-up, and a registry
-entry always holds tokenizer.json (the import and the GGUF built-in save a fast tokenizer). The encoding, decoding
-and template rendering are transformers' own for a fast tokenizer: `tokenizers` does the encoding and decoding, and
-the template renders in the jinja2 environment transformers renders it in (tests/text/test_tokenizer.py compares
-both on the shipped and an imported tokenizer).
+"""Text tokenizer with chat template: the entry's tokenizer.json through `tokenizers`, its template through jinja2
+in the environment transformers renders it in (importing transformers would be most of a text command's start-up).
 """
 
 from __future__ import annotations

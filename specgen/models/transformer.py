@@ -1,19 +1,8 @@
 """The one decoder specgen owns: Llama-family blocks over a static KV cache with arbitrary masks.
 
-RMSNorm, SwiGLU, GQA, 1D or LlamaGen-2D RoPE (1D optionally context-extended: linear, llama3, yarn),
-optional QKV bias (Qwen2), optional per-head q/k RMSNorm before RoPE (Qwen3), optional cross-attention
-to a condition in every block (mesh decoder); docs/architectures.md lists the HF configs this covers.
-Parameter names follow LlamaGen/gpt-fast (`tok_embeddings`, `layers.N.attention.wqkv`, `feed_forward.w1/w2/w3`,
-`norm`, `output`) so LlamaGen checkpoints load directly; HF and GGUF loaders map their names onto these.
-
-`forward(tokens, positions, cache, tree_mask)` runs S new nodes per row. With a cache they attend to
-the row's committed slots plus the pending nodes allowed by `tree_mask` (causal when None) and their
-keys/values are written as pending slots (see `decoding/cache.py`); without a cache the S tokens are
-the whole sequence.
-
-LlamaGen conditions (`cls_embedding`, chosen by `TransformerConfig.cond_kind`): c2i one class row per
-image (`ClassEmbedding`), t2i `n_cond` projected caption features (`CaptionEmbedding`). Padded caption
-slots are hidden as keys: `padded_causal_mask` for the condition forward, `KVCache.key_mask` after it.
+`forward(tokens, positions, cache, tree_mask)` runs S new nodes per row: with a cache they attend to the row's
+committed slots plus the pending nodes `tree_mask` allows (causal when None) and are written as pending slots
+(`decoding/cache.py`); without one the S tokens are the whole sequence. Parameter names are LlamaGen's/gpt-fast's.
 """
 
 from __future__ import annotations
@@ -143,34 +132,38 @@ class Attention(nn.Module):
 
 
 def additive_mask(mask: torch.Tensor) -> torch.Tensor:
-    """float32 0 / -inf [B, 1, S, T] of a bool mask (float32: a low-precision prompt prefill attends in float32,
-    models/prompt.py). On a GPU its rows are laid out 16-aligned (a view into a wider buffer): the memory-efficient
-    SDPA kernel otherwise pads an unaligned mask in every layer, ops that cost host time in a launch-bound step."""
+    """float32 0 / -inf [B, 1, S, T] of a bool mask; on a GPU a view into 16-aligned rows, which SDPA's
+    memory-efficient kernel would otherwise pad in every layer."""
     t = mask.shape[-1]
     width = -(-t // 16) * 16 if mask.device.type == "cuda" else t
     out = torch.zeros(*mask.shape[:-1], width, dtype=torch.float32, device=mask.device)[..., :t]
     return out.masked_fill_(~mask, float("-inf"))
 
 
-class CrossAttention(nn.Module):
-    """Attention from the sequence to a fixed condition; keys/values are computed once per condition."""
+def split_kv(kv: torch.Tensor, heads: int, hd: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A fused key/value projection [B, M, 2 H hd] -> keys and values [B, H, M, hd]."""
+    b, m, _ = kv.shape
+    k, v = kv.view(b, m, 2, heads, hd).unbind(2)
+    return k.transpose(1, 2), v.transpose(1, 2)
 
-    def __init__(self, cfg: TransformerConfig) -> None:
+
+class CrossAttention(nn.Module):
+    """Attention from the sequence to a fixed condition (no RoPE, no mask); keys/values computed once per condition."""
+
+    def __init__(self, dim: int, kv_dim: int, n_heads: int, hd: int) -> None:
         super().__init__()
-        self.cfg = cfg
-        self.wq = nn.Linear(cfg.dim, cfg.n_heads * cfg.hd, bias=False)
-        self.wkv = nn.Linear(cfg.cross_dim, 2 * cfg.n_heads * cfg.hd, bias=False)
-        self.wo = nn.Linear(cfg.n_heads * cfg.hd, cfg.dim, bias=False)
+        self.n_heads, self.hd = n_heads, hd
+        self.wq = nn.Linear(dim, n_heads * hd, bias=False)
+        self.wkv = nn.Linear(kv_dim, 2 * n_heads * hd, bias=False)
+        self.wo = nn.Linear(n_heads * hd, dim, bias=False)
 
     def context_kv(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values [B, H, M, hd] of a condition [B, M, cross_dim]."""
-        b, m, _ = context.shape
-        k, v = self.wkv(context).view(b, m, 2, self.cfg.n_heads, self.cfg.hd).unbind(2)
-        return k.transpose(1, 2), v.transpose(1, 2)
+        """Keys and values [B, H, M, hd] of a condition [B, M, kv_dim]."""
+        return split_kv(self.wkv(context), self.n_heads, self.hd)
 
     def forward(self, x: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         b, s, _ = x.shape
-        q = self.wq(x).view(b, s, self.cfg.n_heads, self.cfg.hd).transpose(1, 2)
+        q = self.wq(x).view(b, s, self.n_heads, self.hd).transpose(1, 2)
         y = F.scaled_dot_product_attention(q, kv[0], kv[1])
         return self.wo(y.transpose(1, 2).reshape(b, s, -1))
 
@@ -197,7 +190,7 @@ class Block(nn.Module):
         self.attention = Attention(cfg)
         if cfg.cross_dim:
             self.cross_norm = RMSNorm(cfg.dim, cfg.norm_eps)
-            self.cross_attention = CrossAttention(cfg)
+            self.cross_attention = CrossAttention(cfg.dim, cfg.cross_dim, cfg.n_heads, cfg.hd)
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.feed_forward = FeedForward(cfg)
 
@@ -228,11 +221,8 @@ class ClassEmbedding(nn.Module):
 
 
 class CaptionEmbedding(nn.Module):
-    """LlamaGen t2i condition: caption features -> cap_proj (fc1, tanh-GELU, fc2; no biases) -> n_cond embeddings.
-
-    `uncond_embedding` [n_cond, caption_dim] is the learned unconditional caption in caption-feature space
-    (before `cap_proj`): the null row of CFG. It is a persistent buffer, as in LlamaGen's state dicts.
-    """
+    """LlamaGen t2i condition: caption features -> cap_proj (fc1, tanh-GELU, fc2; no biases) -> n_cond embeddings;
+    `uncond_embedding` [n_cond, caption_dim] (a persistent buffer, as LlamaGen's) is CFG's null caption."""
 
     def __init__(self, caption_dim: int, dim: int, n_cond: int) -> None:
         super().__init__()
@@ -254,12 +244,8 @@ CONDITION_EMBEDDINGS = {  # TransformerConfig.cond_kind -> the model's `cls_embe
 
 
 def padded_causal_mask(valid: torch.Tensor, s: int | None = None) -> torch.Tensor:
-    """LlamaGen's masked causal mask [B, S, S] over a sequence whose first M slots are a padded condition.
-
-    valid [B, M] bool marks real condition slots. Query i sees key j iff j <= i and (slot j is not padding,
-    or j == i): padded slots are never attended by other queries, and a padded query sees itself only
-    (LlamaGen multiplies the causal mask by the key mask, then sets the diagonal).
-    """
+    """LlamaGen's masked causal mask [B, S, S] over a sequence whose first M slots are a padded condition (valid [B, M]
+    marks real slots): query i sees key j iff j <= i and (slot j is not padding or j == i)."""
     b, m = valid.shape
     s = s or m
     keys = torch.ones(b, s, dtype=torch.bool, device=valid.device)
@@ -270,9 +256,8 @@ def padded_causal_mask(valid: torch.Tensor, s: int | None = None) -> torch.Tenso
 
 
 def rope_table(cfg: TransformerConfig) -> torch.Tensor:
-    """The model's RoPE table [P, hd/2, 2] (float32): 1D over max_seq_len, or LlamaGen 2D. Computed on the CPU
-    whatever device is current: a meta build (`checkpoints.check_declared_size`) then runs no elementwise op on the
-    meta device, whose first one imports torch's Python decompositions (seconds at every start)."""
+    """The model's RoPE table [P, hd/2, 2] (float32): 1D over max_seq_len, or LlamaGen 2D. Made on the CPU even in a
+    meta build, whose first meta op would import torch's Python decompositions (seconds at every start)."""
     with torch.device("cpu"):
         if cfg.rope_grid:
             return table_2d(cfg.rope_grid, cfg.hd, cfg.rope_theta, cfg.n_cond)
@@ -306,18 +291,16 @@ class Transformer(nn.Module):
         return self.norm.weight.device
 
     def new_cache(self, batch: int = 1, max_len: int | None = None) -> KVCache:
-        """A cache sized for this model, on its device, in its activation dtype (with captured steps: a view of their
-        static cache)."""
-        if self.graphs is not None:
-            return self.graphs.new_cache(batch, max_len or self.cfg.max_seq_len)
-        return KVCache.allocate(
-            self.cfg.n_layers, batch, self.cfg.n_kv_heads, max_len or self.cfg.max_seq_len,
-            self.cfg.hd, self.dtype, self.device,
-        )
+        """A cache for this model in its activation dtype (with captured steps: a view of their static cache)."""
+        return new_cache(self, self.cfg.n_layers, batch, max_len, self.dtype, self.device)
+
+    def context_kv(self, context: torch.Tensor) -> list:
+        """Per-layer cross-attention keys/values of a condition [B, M, cross_dim]."""
+        return [blk.cross_attention.context_kv(context) for blk in self.layers]
 
     def set_context(self, cache: KVCache, context: torch.Tensor) -> None:
-        """Compute the cross-attention keys/values of a condition [B, M, cross_dim] once."""
-        cache.cross = [blk.cross_attention.context_kv(context) for blk in self.layers]
+        """Store a condition's cross-attention keys/values in the cache, computed once."""
+        cache.cross = self.context_kv(context)
 
     def forward(
         self,
@@ -339,31 +322,45 @@ class Transformer(nn.Module):
         return self.output(hidden), hidden
 
     def hidden_states(self, h, positions, cache=None, tree_mask=None, context_kv=None, attn_mask=None) -> torch.Tensor:
-        """Run the blocks on input embeddings h [B, S, dim]; returns normed hidden [B, S, dim].
-
-        `attn_mask` [B, 1, S, T] (T = slots after the write) lets a caller expose pending slots of
-        earlier forwards (multi-level draft trees); otherwise the mask comes from the cache lengths.
-        """
-        s = h.shape[1]
-        limit = self.rope_table.shape[0]
-        check_positions(positions, limit, lambda top: ContextOverflowError(top, limit))  # a usage error, a ValueError
-        # in the activation dtype, as HF casts cos/sin; made once for every layer
-        rot = rotation(self.rope_table[positions].to(h.dtype), self.cfg.rope_layout)
-        if cache is not None:
-            cache.check_room(s)
-            mask = cache.hide_keys(attn_mask) if attn_mask is not None else cache.prefix_mask(s, tree_mask)
-            causal = False
-            if attention_path(h.dtype, h.device, prompt.active()) != "sdpa":  # batch/width-invariant attention
-                t = mask.shape[-1] if mask is not None else max(cache.lengths) + s  # (models/attention.py)
-                mask = plan(mask, h.shape[0], s, t, self.cfg.n_heads, self.cfg.n_kv_heads, self.cfg.hd, h.device,
-                            h.dtype, cache.lengths)
-            elif mask is not None:  # SDPA turns a bool mask into this (0 / -inf) in every layer; once per forward here
-                mask = additive_mask(mask)
-            cross = cache.cross
-        else:
-            mask = None if tree_mask is None else tree_mask.view(-1, 1, s, s)
-            causal = tree_mask is None
-            cross = context_kv
+        """Run the blocks on input embeddings h [B, S, dim]; returns normed hidden [B, S, dim]. `attn_mask`
+        [B, 1, S, T] exposes pending slots of earlier forwards (multi-level trees) instead of the cache's mask."""
+        rot = forward_rotation(self, positions, h.dtype)
+        mask, causal = forward_mask(self.cfg, h, cache, tree_mask, attn_mask, prompt.active())
+        cross = context_kv if cache is None else cache.cross
         for i, blk in enumerate(self.layers):
             h = blk(h, rot, i, cache, mask, causal, None if cross is None else cross[i])
         return self.norm(h)
+
+
+def new_cache(module, n_layers: int, batch: int, max_len: int | None, dtype: torch.dtype, device) -> KVCache:
+    """A KVCache of `module` (a Transformer or EAGLE drafter) on its device; a view of its captured steps' static
+    cache when it has them."""
+    if module.graphs is not None:
+        return module.graphs.new_cache(batch, max_len or module.cfg.max_seq_len)
+    cfg = module.cfg
+    return KVCache.allocate(n_layers, batch, cfg.n_kv_heads, max_len or cfg.max_seq_len, cfg.hd, dtype, device)
+
+
+def forward_rotation(module, positions: torch.Tensor, dtype: torch.dtype) -> Rotation:
+    """The RoPE rows of `positions` [B, S] in the activation dtype (as HF casts cos/sin), made once for every layer;
+    a position past the table is a ContextOverflowError."""
+    limit = module.rope_table.shape[0]
+    check_positions(positions, limit, lambda top: ContextOverflowError(top, limit))
+    return rotation(module.rope_table[positions].to(dtype), module.cfg.rope_layout)
+
+
+def forward_mask(cfg: TransformerConfig, h: torch.Tensor, cache: KVCache | None, tree_mask, attn_mask,
+                 prefill: bool = False) -> tuple:
+    """(what every block of a forward over h [B, S, dim] attends with, causal): over a cache, an attention plan where
+    `attention_path` is not sdpa (batch/width-invariant, models/attention.py) or SDPA's additive mask (made once per
+    forward, not per layer); without one, the tree mask among the S tokens or causal."""
+    s = h.shape[1]
+    if cache is None:
+        return (None, True) if tree_mask is None else (tree_mask.view(-1, 1, s, s), False)
+    cache.check_room(s)
+    mask = cache.hide_keys(attn_mask) if attn_mask is not None else cache.prefix_mask(s, tree_mask)
+    if attention_path(h.dtype, h.device, prefill) != "sdpa":
+        t = mask.shape[-1] if mask is not None else max(cache.lengths) + s
+        mask = plan(mask, h.shape[0], s, t, cfg.n_heads, cfg.n_kv_heads, cfg.hd, h.device, h.dtype, cache.lengths)
+        return mask, False
+    return (None if mask is None else additive_mask(mask)), False

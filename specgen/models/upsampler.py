@@ -1,39 +1,7 @@
 """MuLo-SD up-/down-sampler pair between a low-resolution token grid and the target's (2x or 4x per side).
 
-Reference implementation of the "lightweight convolutional networks composed of residual blocks, with
-re-sampling performed via pixel shuffling, all convolutions masked to be row-causal" of MuLo-SD
-(Sec. 4.1 and supplementary Sec. 7); the paper has no public code, so the layout below is our choice:
-
-  up   U_r: tokens [B, h, w] -> codebook vectors -> stem conv -> per 2x stage: residual blocks,
-            conv C -> 4C, PixelShuffle(2) -> residual blocks -> norm, SiLU, head conv -> latents
-            [B, D, r*h, r*w] (L2-normalised when the VQ is) -> nearest code -> tokens [B, r*h, r*w].
-  down D_r: tokens [B, H, W] -> codebook vectors -> stem conv -> per 2x stage: residual blocks,
-            PixelUnshuffle(2), conv 4C -> C -> residual blocks -> norm, SiLU, head -> tokens [B, H/r, W/r].
-
-Row causality (what makes the pair usable on a partially generated image): every convolution is a
-k x k kernel whose rows below the centre are masked to zero, stored as its (k//2 + 1) x k unmasked rows
-and applied with k//2 rows of zero padding on top only, so output row i sees input rows <= i. The
-normalisation is per position over channels (GroupNorm over H x W would leak later rows into earlier
-ones), and pixel (un)shuffle only regroups whole row blocks. Hence for the up-sampler, output rows
-[r*i, r*i + r) depend on input rows <= i; for the down-sampler, output row i depends on input rows
-< r*(i + 1). Running either on the first m (block) rows of an image gives exactly the first rows of its
-output on the whole image (tested), so MuLo-SD can down-sample the accepted prefix and up-sample
-"prefix + drafted rows" without ever looking at rows that do not exist yet.
-
-The pair carries a frozen copy of the VQ codebook (buffer `codebook`, raw weights as in the VQ): tokens
-are embedded with it and outputs quantised to it by the VQ's own rule (nearest code after L2
-normalisation when `l2_norm`), so decoding needs no VQ; `codebook` also lets MuLo-SD refuse a pair
-trained for another tokenizer.
-
-Skip path (`skip`, our choice; the paper does not say): each network adds its output to the plain
-re-sampling of its input codes (nearest-neighbour repeat up, r x r average down) and its head starts at
-zero, so an untrained pair already reproduces token repeat / average pooling and training only learns
-the residual. Both skips are row-causal (up row i -> rows [r*i, r*i + r); down rows < r*(i + 1) -> row i).
-Without it the tiny CPU-trained 2x up-sampler stayed below token repeat in token accuracy (docs/results/image.md).
-
-The 4x networks are the 2x ones plus one more 2x stage (the paper "adds
-an additional block of convolutions"): `warm_start_from` loads a 2x pair into a 4x one (stem, first stage,
-post blocks and head; the new stage keeps its initialisation).
+Every convolution is row-causal, so running either network on an image's first rows gives exactly the first rows of
+its output on the whole image (docs/methods/mulo-sd.md has the layout and why).
 """
 
 from __future__ import annotations
@@ -43,6 +11,8 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from specgen.models.vq import nearest_code
 
 
 @dataclass(frozen=True)
@@ -192,10 +162,7 @@ class UpDownSampler(nn.Module):
     def quantize(self, z: torch.Tensor) -> torch.Tensor:
         """Latents [B, D, h, w] -> nearest code ids [B, h, w] (the VQ quantiser's rule)."""
         b, d, h, w = z.shape
-        flat = self.finish(z).permute(0, 2, 3, 1).reshape(-1, d)
-        emb = self.codes()
-        dist = flat.pow(2).sum(1, keepdim=True) + emb.pow(2).sum(1) - 2.0 * flat @ emb.t()
-        return dist.argmin(1).view(b, h, w)
+        return nearest_code(self.finish(z).permute(0, 2, 3, 1).reshape(-1, d), self.codes())[0].view(b, h, w)
 
     def up_latents(self, tokens: torch.Tensor) -> torch.Tensor:
         """Low-res ids [B, h, w] -> high-res latents [B, D, r*h, r*w]."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -42,10 +43,6 @@ class VQConfig:
     @property
     def downsample(self) -> int:
         return 2 ** (len(self.encoder_ch_mult) - 1)
-
-    @property
-    def grid_size(self) -> int:
-        return self.image_size // self.downsample
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -237,7 +234,7 @@ class Decoder(nn.Module):
 
 @dataclass(frozen=True)
 class QuantizeOut:
-    """Quantiser result. Losses are 0-dim tensors (zero outside training)."""
+    """Quantiser result (with `recon` from `VQModel.forward`). Losses are 0-dim tensors (zero outside training)."""
 
     z_q: torch.Tensor  # [B,D,h,w] straight-through quantised latents (L2-normalised if l2_norm)
     latents: torch.Tensor  # [B,D,h,w] pre-quantisation latents (L2-normalised if l2_norm)
@@ -245,6 +242,11 @@ class QuantizeOut:
     codebook_loss: torch.Tensor  # mean ||sg(z) - e||^2: moves codes towards encoder outputs
     commit_loss: torch.Tensor  # beta * mean ||z - sg(e)||^2: keeps the encoder near its codes
     entropy_loss: torch.Tensor  # entropy_loss_ratio * (per-sample entropy - batch entropy)
+    recon: torch.Tensor | None = None  # [B,3,H,W] in about [-1,1]
+
+    @property
+    def quant_loss(self) -> torch.Tensor:
+        return self.codebook_loss + self.commit_loss + self.entropy_loss
 
 
 def _entropy_loss(affinity: torch.Tensor, temperature: float = 0.01) -> torch.Tensor:
@@ -255,6 +257,12 @@ def _entropy_loss(affinity: torch.Tensor, temperature: float = 0.01) -> torch.Te
     avg_entropy = -(avg * torch.log(avg + 1e-5)).sum()
     sample_entropy = -(probs * logits.log_softmax(-1)).sum(-1).mean()
     return sample_entropy - avg_entropy
+
+
+def nearest_code(flat: torch.Tensor, codes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Nearest code ids [N] of rows flat [N, D] among codes [K, D], and the squared distances [N, K]."""
+    dist = flat.pow(2).sum(1, keepdim=True) + codes.pow(2).sum(1) - 2.0 * flat @ codes.t()
+    return dist.argmin(1), dist
 
 
 class VectorQuantizer(nn.Module):
@@ -288,10 +296,8 @@ class VectorQuantizer(nn.Module):
         z = z.permute(0, 2, 3, 1)  # [B,h,w,D]
         if self.l2_norm:
             z = F.normalize(z, dim=-1)
-        flat = z.reshape(-1, d)  # [N,D]
         emb = self.codebook()  # [K,D]
-        dist = flat.pow(2).sum(1, keepdim=True) + emb.pow(2).sum(1) - 2.0 * flat @ emb.t()  # [N,K]
-        idx = dist.argmin(1)  # [N]
+        idx, dist = nearest_code(z.reshape(-1, d), emb)  # [N], [N,K]
         z_q = emb[idx].view_as(z)  # [B,h,w,D]
         zero = z.new_zeros(())
         codebook_loss = commit_loss = entropy_loss = zero
@@ -319,28 +325,6 @@ class VectorQuantizer(nn.Module):
         buf[:-n] = buf[n:].clone()
         buf[-n:] = idx[-n:].to(buf.dtype)
 
-    def usage(self) -> float:
-        """Fraction of codes present in the rolling usage window (training only)."""
-        if not self.show_usage:
-            return float("nan")
-        return torch.unique(self.codebook_used).numel() / self.n_e
-
-
-@dataclass(frozen=True)
-class VQOutput:
-    """What `VQModel.forward` returns for training."""
-
-    recon: torch.Tensor  # [B,3,H,W] in about [-1,1]
-    indices: torch.Tensor  # [B,h,w]
-    latents: torch.Tensor  # [B,D,h,w] pre-quantisation latents (L2-normalised if l2_norm)
-    codebook_loss: torch.Tensor
-    commit_loss: torch.Tensor
-    entropy_loss: torch.Tensor
-
-    @property
-    def quant_loss(self) -> torch.Tensor:
-        return self.codebook_loss + self.commit_loss + self.entropy_loss
-
 
 class VQModel(nn.Module):
     """LlamaGen VQ tokenizer. Images are [B,3,H,W] in [-1,1]; token grids are [B,H/f,W/f]."""
@@ -354,10 +338,6 @@ class VQModel(nn.Module):
         self.quant_conv = nn.Conv2d(config.z_channels, config.codebook_embed_dim, 1)
         self.post_quant_conv = nn.Conv2d(config.codebook_embed_dim, config.z_channels, 1)
 
-    @property
-    def downsample(self) -> int:
-        return self.config.downsample
-
     def encode_latents(self, images: torch.Tensor) -> torch.Tensor:
         """[B,3,H,W] -> pre-quantisation latents [B,D,h,w]."""
         return self.quant_conv(self.encoder(images))
@@ -365,10 +345,6 @@ class VQModel(nn.Module):
     def encode(self, images: torch.Tensor) -> torch.Tensor:
         """[B,3,H,W] in [-1,1] -> code ids [B,H/f,W/f] (int64)."""
         return self.quantize(self.encode_latents(images)).indices
-
-    def codebook_embeddings(self, indices: torch.Tensor) -> torch.Tensor:
-        """Code ids [...] -> the (L2-normalised) code vectors [..., D] the decoder sees."""
-        return self.quantize.lookup(indices)
 
     def decode_latents(self, z_q: torch.Tensor) -> torch.Tensor:
         """Quantised latents [B,D,h,w] -> images [B,3,h*f,w*f]."""
@@ -381,53 +357,9 @@ class VQModel(nn.Module):
             if side * side != indices.shape[1]:
                 raise ValueError(f"flat token sequence of length {indices.shape[1]} is not a square grid")
             indices = indices.view(indices.shape[0], side, side)
-        z_q = self.codebook_embeddings(indices.long()).permute(0, 3, 1, 2)  # [B,D,h,w]
+        z_q = self.quantize.lookup(indices.long()).permute(0, 3, 1, 2)  # [B,D,h,w]
         return self.decode_latents(z_q)
 
-    def forward(self, images: torch.Tensor) -> VQOutput:
+    def forward(self, images: torch.Tensor) -> QuantizeOut:
         q = self.quantize(self.encode_latents(images))
-        return VQOutput(
-            recon=self.decode_latents(q.z_q),
-            indices=q.indices,
-            latents=q.latents,
-            codebook_loss=q.codebook_loss,
-            commit_loss=q.commit_loss,
-            entropy_loss=q.entropy_loss,
-        )
-
-
-def build_vq(name_or_config: str | VQConfig) -> VQModel:
-    """A VQModel from a VQ_CONFIGS name or a VQConfig."""
-    if isinstance(name_or_config, str):
-        if name_or_config not in VQ_CONFIGS:
-            raise KeyError(f"unknown VQ config {name_or_config!r}; known: {sorted(VQ_CONFIGS)}")
-        name_or_config = VQ_CONFIGS[name_or_config]
-    return VQModel(name_or_config)
-
-
-def llamagen_state_dict(checkpoint: Mapping) -> dict[str, torch.Tensor]:
-    """Unwrap a LlamaGen VQ checkpoint container ({"model": sd, ...} as released) to a flat state dict."""
-    for key in ("model", "ema", "state_dict"):
-        inner = checkpoint.get(key)
-        if isinstance(inner, Mapping) and "quant_conv.weight" in inner:
-            return dict(inner)
-    return dict(checkpoint)
-
-
-def infer_vq_config(state_dict: Mapping[str, torch.Tensor], **overrides) -> VQConfig:
-    """Read codebook size/dim, ch, ch_mult, z_channels and res-block count from a LlamaGen-layout state dict."""
-    k, d = state_dict["quantize.embedding.weight"].shape
-    ch = state_dict["encoder.conv_in.weight"].shape[0]
-    z = state_dict["quant_conv.weight"].shape[1]
-    levels = 1 + max(int(key.split(".")[2]) for key in state_dict if key.startswith("encoder.conv_blocks."))
-    mult = tuple(state_dict[f"encoder.conv_blocks.{i}.res.0.conv1.weight"].shape[0] // ch for i in range(levels))
-    nres = 1 + max(int(key.split(".")[4]) for key in state_dict if key.startswith("encoder.conv_blocks.0.res."))
-    dec_mult = tuple(
-        state_dict[f"decoder.conv_blocks.{levels - 1 - i}.res.0.conv1.weight"].shape[0] // ch for i in range(levels)
-    )
-    fields = dict(
-        codebook_size=k, codebook_embed_dim=d, ch=ch, encoder_ch_mult=mult, decoder_ch_mult=dec_mult,
-        z_channels=z, num_res_blocks=nres, codebook_show_usage="quantize.codebook_used" in state_dict,
-    )
-    fields.update(overrides)
-    return VQConfig(**fields)
+        return dataclasses.replace(q, recon=self.decode_latents(q.z_q))

@@ -43,6 +43,11 @@ def test_the_native_loop_takes_its_first_run_of_wins(native_ms, want):
     assert t.native == want and t.plan == Plan(2, want)
 
 
+def min_rows(lin) -> int:
+    """The smallest product a PackedLinear sends to oneDNN (its shared plan's)."""
+    return lin._choice.plan().min_rows
+
+
 def test_a_plan_names_one_kernel_per_row_count():
     plan = Plan(3, (2, 4))
     assert [plan.kernel(r) for r in (1, 2, 4, 5, 100)] == ["mkl", "native", "native", "onednn", "onednn"]
@@ -108,12 +113,12 @@ def test_the_crossover_is_measured_once_per_shapes_and_thread_count(monkeypatch)
     assert calls == []  # nothing measured before the first product
     with torch.inference_mode():
         a(torch.zeros(1, 3, dtype=torch.long), torch.arange(3)[None])
-    assert a.layers[0].attention.wqkv.min_rows == 2 and b.layers[1].feed_forward.w2.min_rows == 2
+    assert min_rows(a.layers[0].attention.wqkv) == 2 and min_rows(b.layers[1].feed_forward.w2) == 2
     assert len(calls) == 1
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1 if threads != 1 else 2)
-        assert a.layers[0].attention.wqkv.min_rows == 2 and len(calls) == 2  # another thread count: measured again
+        assert min_rows(a.layers[0].attention.wqkv) == 2 and len(calls) == 2  # another thread count: measured again
     finally:
         torch.set_num_threads(threads)
 
@@ -136,7 +141,7 @@ def test_products_follow_the_measured_crossover(monkeypatch):
 def test_pinned_by_the_environment(monkeypatch):
     monkeypatch.setenv(ENV, "3")
     model = pack_linears(tiny_model(1))
-    assert model.layers[0].attention.wqkv.min_rows == 3
+    assert min_rows(model.layers[0].attention.wqkv) == 3
     monkeypatch.setenv(ENV, "zero")
     with pytest.raises(UsageError, match=ENV):
         pack_linears(tiny_model(1))
@@ -147,11 +152,11 @@ def test_a_copied_layer_shares_the_measurement_and_outlives_its_model(monkeypatc
     monkeypatch.setattr(kernel_choice, "_MEASURED", {})
     model = pack_linears(tiny_model(1), 2)
     head = copy.deepcopy(model.output).to(torch.bfloat16)  # as the bfloat16 draft LM head is made
-    assert head._choice is model.output._choice and head.min_rows == 2
+    assert head._choice is model.output._choice and min_rows(head) == 2
     orphan = pack_linears(copy.deepcopy(nn.Linear(8, 8)))  # measured lazily ...
     choice = orphan._choice
     choice._linears = [lambda: None]  # ... but its weights are gone
-    assert choice.min_rows() == kernel_choice.FALLBACK_MIN_ROWS
+    assert choice.plan().min_rows == kernel_choice.FALLBACK_MIN_ROWS
 
 
 @needs_onednn
@@ -167,7 +172,7 @@ def test_decode_layout_measures_at_load_not_in_the_first_timed_product(monkeypat
     assert calls == [1]
     with torch.inference_mode():
         model(torch.zeros(1, 3, dtype=torch.long), torch.arange(3)[None])
-    assert calls == [1] and model.output.min_rows == 2  # oneDNN never won: past the last measured count
+    assert calls == [1] and min_rows(model.output) == 2  # oneDNN never won: past the last measured count
 
 
 def test_describe_names_the_crossovers_in_use(monkeypatch):

@@ -28,7 +28,7 @@ def packed(in_f: int = 24, out_f: int = 40, bias: bool = True, min_rows: int = 3
 @pytest.mark.parametrize("bias", [True, False])
 def test_every_row_count_matches_nn_linear(bias):
     ref, lin = packed(bias=bias)
-    assert isinstance(lin, PackedLinear) and lin.min_rows == 3
+    assert isinstance(lin, PackedLinear) and lin._choice.plan().min_rows == 3
     with torch.inference_mode():
         for rows in range(1, 7):
             x = torch.randn(rows, 24)
