@@ -14,14 +14,15 @@ import torch
 
 from specgen import registry
 from specgen.builtins import BUILTINS
+from specgen.data.humaneval import Problem, build_user_message, load_problems
 from specgen.data.prompts import Prompt, encode, read_prompt_records
 from specgen.decoding.cost import cost_of
 from specgen.decoding.sampling import SamplingParams
 from specgen.devices import now
 from specgen.errors import UsageError
 from specgen.limits import check_prompt_fits, context_of
-from specgen.eval import humaneval
 from specgen.eval.hf_rows import HfAssisted, HfGenerate, HfLookup
+from specgen.eval.humaneval import check_completions
 from specgen.eval.llamacpp_row import LlamaCppLookup, LlamaCppRow
 from specgen.eval.peers import Peer, PeerSetup
 from specgen.eval.roofline import copy_bandwidth, streamed_bytes
@@ -203,14 +204,14 @@ class Item:
     """One prompt of the run, with its HumanEval problem when its completions are executed (pass@1)."""
 
     prompt: Prompt
-    problem: humaneval.Problem | None = None
+    problem: Problem | None = None
 
 
 def humaneval_items(cfg: TextBenchConfig) -> list[Item]:
     if cfg.prompts is not None:
         raise UsageError("the humaneval suite reads its own prompts; give --prompts with --suite text")
-    return [Item(Prompt(humaneval.build_user_message(q), "humaneval"), q)
-            for q in humaneval.load_problems(HUMANEVAL_LIMIT if cfg.limit is None else cfg.limit, cfg.offset)]
+    return [Item(Prompt(build_user_message(q), "humaneval"), q)
+            for q in load_problems(HUMANEVAL_LIMIT if cfg.limit is None else cfg.limit, cfg.offset)]
 
 
 @functools.cache
@@ -295,7 +296,7 @@ def with_quality(runs: dict[str, Run], prompt: list[int], problem, original: Tex
         out[m] = replace(r, nll_sum=nll, nll_count=count)
     if cfg.execute and problem is not None:
         completions = [original.tokenizer.decode(r.tokens) for r in out.values()]
-        passed = humaneval.check_completions([problem] * len(out), completions)
+        passed = check_completions([problem] * len(out), completions)
         out = {m: replace(r, passed=ok) for (m, r), ok in zip(out.items(), passed)}
     return out
 
