@@ -29,8 +29,8 @@ OPEN_UNIT = {"top_p", "label_top_p"}  # (0, 1]
 UNIT = {"delta", "min_lr_ratio", "lecam_decay"}  # [0, 1]
 HALF_OPEN_UNIT = {"beta1", "beta2"}  # [0, 1)
 UNIT_LISTS = {"deltas"}
-POSITIVE_INT_LISTS = {"topk_accept", "tree_k", "depths", "vvs_intervals"}
-NONEMPTY_LISTS = {"temperatures", "methods", "rows"}
+POSITIVE_INT_LISTS = {"topk_accept", "tree_k", "depths", "vvs_intervals", "batch_sizes"}
+NONEMPTY_LISTS = {"temperatures", "methods", "rows", "batch_sizes"}
 ZERO_BUDGET_IS_CONTEXT = {"MeshGenConfig", "MeshBenchConfig"}  # max_new_tokens 0 = the model's whole context
 NAMES = {"name", "vq_name"}  # registry names this command creates ("" = do not register)
 TEMPERATURES = {"temperature", "label_temperature", "temperatures"}
