@@ -17,13 +17,12 @@ from specgen import devices
 from specgen.config import load_config
 from specgen.errors import UsageError
 from specgen.eval.dry_run import all_ok, check_recipe
-from specgen.eval.image_bench import (ImageBenchConfig, check_image_methods, image_rows_of, measure_images,
-                                      with_extra_rows, write_outputs)
+from specgen.eval.image_bench import ImageBenchConfig, checked_rows, image_rows_of, measure_images, write_outputs
 from specgen.eval.image_bench import items_left as images_left
 from specgen.eval.mesh_bench import MeshBenchConfig, measure_meshes, mesh_rows_of, variants
 from specgen.eval.mesh_bench import items_left as meshes_left
 from specgen.eval.run_dir import MemoryRun, RunDir, RunNotFinished, Shard, launcher_shard, parse_shard, wait_for_ranks
-from specgen.eval.text_bench import TextBenchConfig, check_methods, check_prompts_fit, items_left, measure, plan, rows_of
+from specgen.eval.text_bench import TextBenchConfig, check_prompts_fit, items_left, measure, plan, rows_of
 from specgen.image.generate import load_image_model
 from specgen.machine import label, machine_facts
 from specgen.models.graphs import check_mode
@@ -61,19 +60,22 @@ class BenchArgs:
 
 
 class Suite(Protocol):
-    """One suite: its recipe config, what this shard has left, the measuring, the finished rows and their tables."""
+    """One suite: its recipe config, its plan (built once per process from the config: every row checked and
+    expanded), what this shard has left, the measuring, the finished rows and their tables."""
 
     config_type: type
 
-    def config(self, args: BenchArgs) -> Any: ...  # loaded and checked: a bad row is one line before any work
+    def config(self, args: BenchArgs) -> Any: ...  # loaded as given (what a run folder records)
 
-    def steps_left(self, cfg, sink, shard: Shard) -> int: ...  # progress steps of this shard; 0: nothing loads
+    def plan(self, cfg) -> Any: ...  # a bad row is one line before any work
 
-    def measure(self, cfg, sink, shard: Shard, on_item: Callable, machine: Callable[[], str], quiet: bool) -> None: ...
+    def steps_left(self, plan, sink, shard: Shard) -> int: ...  # progress steps of this shard; 0: nothing loads
 
-    def finish(self, cfg, sink, quiet: bool) -> list[dict]: ...  # RunNotFinished while items lack records
+    def measure(self, plan, sink, shard: Shard, on_item: Callable, machine: Callable[[], str], quiet: bool) -> None: ...
 
-    def tables(self, rows: list[dict], cfg, sink) -> list[Table]: ...
+    def finish(self, plan, sink, quiet: bool) -> list[dict]: ...  # RunNotFinished while items lack records
+
+    def tables(self, rows: list[dict], plan, sink) -> list[Table]: ...
 
 
 class TextSuite:
@@ -93,28 +95,30 @@ class TextSuite:
                           max_new_tokens=a.max_new_tokens, methods=a.methods, quantize=a.quantize, **shared(a))
         if cfg.prompts == "-" and a.run_dir is not None:
             raise UsageError("--prompts - (stdin) cannot be read again to resume or report a --run-dir: give a file")
-        check_methods(cfg)
-        plan(cfg)  # refuses an empty or malformed prompt set before anything is written
         return cfg
 
-    def steps_left(self, cfg, sink, shard: Shard) -> int:
-        p = plan(cfg)
-        return p.n_prompts * len(cfg.batch_sizes) if any(items_left(cfg, p, sink.records(), shard)) else 0
+    def plan(self, cfg):
+        return plan(cfg)
 
-    def measure(self, cfg, sink, shard: Shard, on_item, machine, quiet: bool) -> None:
-        check_prompts_fit(cfg, _output.registry_progress(quiet))  # from the entry's files, before the weights load
+    def steps_left(self, p, sink, shard: Shard) -> int:
+        return p.n_prompts * len(p.cfg.batch_sizes) if any(items_left(p, sink.records(), shard)) else 0
+
+    def measure(self, p, sink, shard: Shard, on_item, machine, quiet: bool) -> None:
+        check_prompts_fit(p, _output.registry_progress(quiet))  # from the entry's files, before the weights load
+        cfg = p.cfg
         tm = load_text_model(cfg.model, cfg.device, _output.registry_progress(quiet), dtype=cfg.dtype,
                              quantize=cfg.quantize, graphs=cfg.graphs)
-        measure(tm, cfg, sink, shard, on_prompt=on_item, machine=machine)
+        measure(tm, p, sink, shard, on_prompt=on_item, machine=machine)
 
-    def finish(self, cfg, sink, quiet: bool) -> list[dict]:
-        rows = rows_of(cfg, sink)
+    def finish(self, p, sink, quiet: bool) -> list[dict]:
+        rows = rows_of(p, sink)
         for r in rows:  # a row that cannot run here (llamacpp without llama-cpp-python): its one line, then dropped
             if r.get("skipped"):
                 _output.err.print(r["skipped"], markup=False, soft_wrap=True)
         return [r for r in rows if not r.get("skipped")]
 
-    def tables(self, rows: list[dict], cfg, sink) -> list[Table]:
+    def tables(self, rows: list[dict], p, sink) -> list[Table]:
+        cfg = p.cfg
         source = f" of {cfg.prompts or 'the mixed set'}" if cfg.suite == "text" else ""
         title = (f"{cfg.suite}: {cfg.model}, {rows[0]['prompts'] if rows else 0} prompts{source} from {cfg.offset}, "
                  f"greedy, max {cfg.max_new_tokens} new tokens ({machine_of(sink)}{roofline_note(sink)})")
@@ -136,18 +140,19 @@ class ImageSuite:
                "nll", "clf_fid", "class_accuracy"]
 
     def config(self, a: BenchArgs) -> ImageBenchConfig:
-        cfg = load_config(ImageBenchConfig, a.config, a.overrides, num=a.limit, methods=a.methods, **shared(a))
-        check_image_methods(cfg)
-        return cfg
+        return load_config(ImageBenchConfig, a.config, a.overrides, num=a.limit, methods=a.methods, **shared(a))
+
+    def plan(self, cfg) -> ImageBenchConfig:
+        return checked_rows(cfg)
 
     def steps_left(self, cfg, sink, shard: Shard) -> int:
-        if not any(images_left(with_extra_rows(cfg), sink.records(), shard)):
+        if not any(images_left(cfg, sink.records(), shard)):
             return 0
         return len([i for i in range(cfg.num) if shard.owns(i)]) * len(cfg.temperatures)
 
     def measure(self, cfg, sink, shard: Shard, on_item, machine, quiet: bool) -> None:
         im = load_image_model(cfg.model, cfg.drafter, cfg.device, dtype=cfg.dtype, graphs=cfg.graphs,
-                              need_drafter=any(m != "ar" for m in with_extra_rows(cfg).methods))
+                              need_drafter=any(m != "ar" for m in cfg.methods))
         measure_images(im, cfg, sink, shard, on_step=on_item, machine=machine)
 
     def finish(self, cfg, sink, quiet: bool) -> list[dict]:
@@ -171,8 +176,10 @@ class MeshSuite:
                "meshes_per_s", "speedup_vs_ar", "vs_ar_b1", "speedup_scr_lat", "mean_tokens"]
 
     def config(self, a: BenchArgs) -> MeshBenchConfig:
-        cfg = load_config(MeshBenchConfig, a.config, a.overrides, limit=a.limit, offset=a.offset,
-                          max_new_tokens=a.max_new_tokens, rows=a.methods, **shared(a))
+        return load_config(MeshBenchConfig, a.config, a.overrides, limit=a.limit, offset=a.offset,
+                           max_new_tokens=a.max_new_tokens, rows=a.methods, **shared(a))
+
+    def plan(self, cfg) -> MeshBenchConfig:
         variants(cfg)  # bad rows or options: one line before anything is written
         return cfg
 
@@ -208,16 +215,18 @@ def run(a: BenchArgs) -> None:
     check_mode(cfg.graphs, devices.device_name(cfg.device))  # refused before any model loads
     this, launched = shard_of(a.shard, a.run_dir)
     _output.check_rows_path(a.out, a.append)
-    sink = RunDir.open(a.run_dir, cfg.suite, asdict(cfg)) if a.run_dir is not None else MemoryRun()
+    given = asdict(cfg)  # what a run folder records: every rank the same
     cfg.device = process_device(cfg.device)
-    steps = suite.steps_left(cfg, sink, this)
+    p = suite.plan(cfg)
+    sink = RunDir.open(a.run_dir, cfg.suite, given) if a.run_dir is not None else MemoryRun()
+    steps = suite.steps_left(p, sink, this)
     if steps:
         with _output.progress(f"benchmark {cfg.suite}", steps, a.quiet or a.fmt == Format.json) as advance:
             # the machine label is read once the run has set its threads
-            suite.measure(cfg, sink, this, lambda *_: advance(), lambda: machine_label(cfg.device), a.quiet)
-    rows = merged_rows(sink, lambda s: suite.finish(cfg, s, a.quiet), this, launched, a.quiet)
+            suite.measure(p, sink, this, lambda *_: advance(), lambda: machine_label(cfg.device), a.quiet)
+    rows = merged_rows(sink, lambda s: suite.finish(p, s, a.quiet), this, launched, a.quiet)
     if rows is not None:
-        show(suite, rows, cfg, sink, a.fmt, a.out, a.append)
+        show(suite, rows, p, sink, a.fmt, a.out, a.append)
 
 
 def report(args: list[str], fmt, out: Path | None, append: bool, quiet: bool) -> None:
@@ -229,11 +238,12 @@ def report(args: list[str], fmt, out: Path | None, append: bool, quiet: bool) ->
         raise UsageError(f"{run_dir.path} holds a {run_dir.suite} run; report reads {', '.join(SUITES)} runs")
     _output.check_rows_path(out, append)
     suite = SUITES[run_dir.suite]
-    cfg = load_config(suite.config_type, **run_dir.config)  # checked like a recipe: a tampered run.json is one line
-    show(suite, suite.finish(cfg, run_dir, quiet), cfg, run_dir, fmt, out, append)
+    # checked like a recipe: a tampered run.json is one line
+    p = suite.plan(load_config(suite.config_type, **run_dir.config))
+    show(suite, suite.finish(p, run_dir, quiet), p, run_dir, fmt, out, append)
 
 
-def show(suite: Suite, rows: list[dict], cfg, sink, fmt, out: Path | None, append: bool) -> None:
+def show(suite: Suite, rows: list[dict], p, sink, fmt, out: Path | None, append: bool) -> None:
     """The rows, each with its machine, as JSONL (`--out`), then JSON or the suite's tables on stdout."""
     machine = machine_of(sink)
     for r in rows:
@@ -242,7 +252,7 @@ def show(suite: Suite, rows: list[dict], cfg, sink, fmt, out: Path | None, appen
     if fmt == Format.json:
         _output.emit_json(rows)
         return
-    for title, shown, columns in suite.tables(rows, cfg, sink):
+    for title, shown, columns in suite.tables(rows, p, sink):
         _output.table(title, shown, columns, _output.out)
 
 

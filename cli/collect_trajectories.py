@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from cli import _output
 from cli._errors import command
 from cli._options import ConfigOpt, DeviceOpt, DtypeOpt, Format, FormatOpt, ModelOpt, OverridesArg, QuietOpt, SeedOpt
-from specgen.config import load_config
 from specgen.errors import UsageError
 
 EPILOG = """examples:
@@ -24,10 +21,6 @@ EPILOG = """examples:
 
   specgen collect-trajectories --out runs/traj --merge     # merge every rank's shards (idempotent)
 """
-
-
-#: Settings a resumed collection must keep (the rest, such as --limit, may grow or change).
-RESUME_STRICT = ("prompts", "prompt_field", "block_size", "max_new_tokens", "chat", "dtype")  # the target: checked on load
 
 
 @command
@@ -50,40 +43,17 @@ def collect_trajectories(
     quiet: QuietOpt = False,
 ) -> None:
     """Record every Jacobi state (initial guess to fixed point) per block; HumanEval prompts are refused."""
-    # start-up cost: these import torch and the models; `specgen --help` and refused flags do without them
-    from specgen.devices import device_name, resolve_dtype
-    from specgen.text.trajectories import META, CollectConfig, collect, merge_shards
-    from specgen.train.run_folder import check_resume, run_folder
+    # deferred: start-up (the runs import torch and the models; `specgen --help` and refused flags do without them)
+    from cli import collect_runs
 
     if out is None:
         raise UsageError("--out FOLDER is required")
+    given = dict(model=model, prompts=prompts, limit=limit, block_size=block_size, max_new_tokens=max_new_tokens,
+                 seed=seed, device=device, batch_size=batch_size, dtype=dtype)
     if merge:
-        extra = [flag for flag, v in (("--model", model), ("--prompts", prompts), ("--limit", limit),
-                                      ("--block-size", block_size), ("--max-new-tokens", max_new_tokens),
-                                      ("--seed", seed), ("--device", device), ("--dtype", dtype),
-                                      ("--config", config),
-                                      ("overrides", overrides or None)) if v is not None]
+        extra = [f"--{k.replace('_', '-')}" for k, v in given.items() if v is not None and k != "batch_size"]
+        extra += [flag for flag, v in (("--config", config), ("overrides", overrides or None)) if v is not None]
         if extra:
             raise UsageError(f"--merge only merges the shards in --out; {extra[0]} would be ignored")
-        path = merge_shards(out)
-        row = {"merged": str(path)}
-        _output.emit_json(row) if fmt == Format.json else _output.out.print(str(path))
-        return
-    cfg = load_config(CollectConfig, config, overrides, model=model, prompts=prompts, limit=limit,
-                      block_size=block_size, max_new_tokens=max_new_tokens, seed=seed, device=device,
-                      batch_size=batch_size, dtype=dtype)
-    cfg.device = device_name(cfg.device)  # "auto" -> cuda or cpu
-    resolve_dtype(cfg.dtype, cfg.device)  # float16 on a CPU without float16 kernels: one line, before the model loads
-    check_resume(out, asdict(cfg), only=RESUME_STRICT, record=META, section="config",  # before the model loads
-                 run_files=("shards", "merged"))
-    with run_folder(out, disposable=(META,)), \
-            _output.progress("collect", None, quiet or fmt == Format.json) as advance:
-        def on_prompt(blocks: int, iters: int, seconds: float) -> None:
-            advance(1, info=f"{blocks / max(seconds, 1e-9):.2f} blocks/s, {iters / max(blocks, 1):.2f} it/block")
-
-        summary = collect(cfg, out, on_prompt, _output.registry_progress(quiet))
-    row = asdict(summary)
-    if fmt == Format.json:
-        _output.emit_json(row)
-    else:
-        _output.table("collect-trajectories", [row], list(row), _output.out)
+        return collect_runs.merge(out, fmt)
+    collect_runs.run(out, config, overrides, given, fmt, quiet)

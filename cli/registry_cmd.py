@@ -36,32 +36,15 @@ def list_cmd(
     quiet: QuietOpt = False,
 ) -> None:
     """List installed checkpoints and built-in defaults."""
-    from specgen import builtins, checkpoints, registry  # deferred: start-up (torch)
-
-    def stale(e) -> bool:  # an installed built-in whose weights are not the shipped ones
-        return not e.corrupt and e.installed and e.builtin and checkpoints.stale_builtin(e, builtins.BUILTINS[e.name])
-
-    rows = [{"ref": e.ref, "kind": e.kind, "name": e.name, "installed": e.installed, "builtin": e.builtin,
-             "parent": e.meta.get("parent"), "path": str(e.path), "status": status(e, stale(e))}
-            for e in checkpoints.list_entries(kind)]
+    home, rows = runs().listing(kind)
     if fmt == Format.json:
         _output.emit_json(rows)
     elif quiet:
         for r in rows:
             _output.out.print(r["ref"])
     else:
-        _output.table(f"checkpoints in {registry.home()}", rows, ["ref", "installed", "builtin", "parent", "status"],
+        _output.table(f"checkpoints in {home}", rows, ["ref", "installed", "builtin", "parent", "status"],
                       _output.out)
-
-
-def status(e, stale: bool) -> str:
-    """ok, or why an entry is corrupt or not the shipped built-in (`stale`), and how to repair it."""
-    if stale:
-        return f"not the shipped weights; `specgen registry remove {e.ref}` restores them"
-    if not e.corrupt:
-        return "ok"
-    fix = "re-created on next use" if e.builtin else f"remove with `specgen registry remove {e.ref}` and import again"
-    return f"corrupt ({e.corrupt}); {fix}"
 
 
 @app.command("show", epilog="examples:\n\n  specgen registry show smollm2-135m")
@@ -69,12 +52,7 @@ def status(e, stale: bool) -> str:
 def show(name: Annotated[str, typer.Argument(help="Registry name, kind/name or folder.")],
          fmt: FormatOpt = Format.json) -> None:
     """Print an entry's config.json (materialising a built-in first)."""
-    # deferred: start-up (torch); text.merge registers the maker of the distilled built-ins (builtins.DERIVERS)
-    from specgen import checkpoints
-    from specgen.text import merge  # noqa: F401
-
-    entry = checkpoints.find(name, _output.registry_progress())
-    _output.emit_json({"ref": entry.ref, "path": str(entry.path), **entry.meta})
+    _output.emit_json(runs().show(name))
 
 
 @app.command("import", epilog=EPILOG_IMPORT)
@@ -93,11 +71,7 @@ def import_cmd(
 ) -> None:
     """Import external weights (pickles read with weights_only=True, stored as safetensors); an existing name needs
     --force, a built-in name is refused."""
-    from specgen.importer import import_checkpoint  # deferred: start-up (torch)
-
-    entry = import_checkpoint(source, name, kind, builder, kwargs, parent, _output.registry_progress(quiet), vq=vq,
-                              force=force)
-    _output.out.print(entry.ref)
+    _output.out.print(runs().import_entry(source, name, kind, builder, kwargs, parent, vq, force, quiet))
 
 
 EPILOG_MERGE = """examples:
@@ -120,24 +94,20 @@ def merge(
 ) -> None:
     """Register a text target = an adapter's base with the adapter merged at a scale (weight-space interpolation);
     an existing name needs --force, a built-in name is refused."""
-    # deferred: start-up (torch)
-    from specgen.importer import check_destination
-    from specgen.text.merge import adapter_source, register_merged
-
     if scale is not None and not math.isfinite(scale):
         raise UsageError(f"--scale must be a finite number, got {scale}")
-    check_destination("target", name, force)
-    adapter, state = adapter_source(source, _output.registry_progress(quiet))
-    entry = register_merged(adapter, state, name, scale, {"created_by": "registry merge"}, _output.registry_progress(quiet),
-                           force=force)
-    _output.out.print(entry.ref)
+    _output.out.print(runs().merge(source, name, scale, force, quiet))
 
 
 @app.command("remove", epilog="examples:\n\n  specgen registry remove target/my-llama")
 @command
 def remove(name: Annotated[str, typer.Argument(help="Installed entry to delete.")]) -> None:
     """Delete an installed checkpoint (built-ins are re-created on next use)."""
-    from specgen import registry  # deferred: start-up (torch)
+    _output.out.print(f"removed {runs().registry.remove(name).ref}")
 
-    entry = registry.remove(name)
-    _output.out.print(f"removed {entry.ref}")
+
+def runs():
+    """The commands' torch-side work (cli/registry_runs.py)."""
+    from cli import registry_runs  # deferred: start-up (torch; `specgen --help` does without it)
+
+    return registry_runs

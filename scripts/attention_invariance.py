@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from specgen.decoding.sampling import SamplingParams
-from specgen.eval import humaneval
+from specgen.data import humaneval
 from specgen.decoding.loop import decode
 from specgen.methods import get_method
 from specgen.models import transformer as T

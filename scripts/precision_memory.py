@@ -15,7 +15,7 @@ import sys
 CHILD = r"""
 import json, resource, sys, torch
 torch.set_num_threads(1)
-from specgen.eval import humaneval
+from specgen.data import humaneval
 spec = sys.argv[1]
 if spec == "llamacpp":
     from specgen import checkpoints

@@ -16,7 +16,7 @@ import argparse
 
 import torch
 
-from specgen.eval import humaneval
+from specgen.data import humaneval
 from specgen.eval.text_bench import base_nll
 from specgen.models.quantize import QuantizedLinear
 from specgen.text.target import load_text_model

@@ -17,7 +17,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from specgen.eval import humaneval
+from specgen.data import humaneval
 from specgen.models import prompt, quantize
 from specgen.models.quantize import ACT_DTYPE, QuantizedLinear
 from specgen.text.target import load_text_model

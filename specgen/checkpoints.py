@@ -1,9 +1,5 @@
-"""Checkpoints above the registry store: find an entry by name (materialising a built-in on first use), list
-installed and built-in entries, and build an entry's module with its builder.
-
-Layers: `registry` (the store: paths, atomic writes, metadata) imports only `errors` and `paths`; this module
-adds what needs the package's models and embedded defaults (`builders`, `builtins`).
-"""
+"""Checkpoints above the registry store: find an entry (materialising a built-in on first use), list entries, and
+build an entry's module with its builder."""
 
 from __future__ import annotations
 

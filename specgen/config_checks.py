@@ -1,11 +1,7 @@
 """Range checks of recipe values by field name, run by `load_config` on every command's config before any work.
 
-One table for every config dataclass: a field named `temperature` is checked the same way in `generate`,
-`benchmark`, `distill` and the trainers. Numbers must be finite and (unless signed) >= 0; some must be >= 1
-or lie in a unit interval; device names must exist on this machine; registry names must be valid; no string
-may hold control characters; a token budget must fit the named model's context; method options go through
-`specgen.methods.options.check_option_values`.
-"""
+One table for every config dataclass: a field named `temperature` is checked the same way in every command; method
+options are checked by their method (`MethodSpec.parse_options`, once per row in a benchmark's plan)."""
 
 from __future__ import annotations
 
@@ -15,9 +11,7 @@ from typing import Any
 
 from specgen import devices, registry
 from specgen.errors import UsageError
-from specgen.eval.sweeps import sweeps_of
 from specgen.limits import check_budget
-from specgen.methods.options import check_option_values
 
 SIGNED = {"seed", "label_seed", "data_seed"}  # any integer
 AT_LEAST_ONE = {"batch_size", "grad_accum", "block_size", "label_batch", "gen_batch", "crop_size", "num_crops",
@@ -29,8 +23,8 @@ OPEN_UNIT = {"top_p", "label_top_p"}  # (0, 1]
 UNIT = {"delta", "min_lr_ratio", "lecam_decay"}  # [0, 1]
 HALF_OPEN_UNIT = {"beta1", "beta2"}  # [0, 1)
 UNIT_LISTS = {"deltas"}
-POSITIVE_INT_LISTS = {"topk_accept", "tree_k", "depths", "vvs_intervals"}
-NONEMPTY_LISTS = {"temperatures", "methods", "rows"}
+POSITIVE_INT_LISTS = {"topk_accept", "tree_k", "depths", "vvs_intervals", "batch_sizes"}
+NONEMPTY_LISTS = {"temperatures", "methods", "rows", "batch_sizes"}
 ZERO_BUDGET_IS_CONTEXT = {"MeshGenConfig", "MeshBenchConfig"}  # max_new_tokens 0 = the model's whole context
 NAMES = {"name", "vq_name"}  # registry names this command creates ("" = do not register)
 TEMPERATURES = {"temperature", "label_temperature", "temperatures"}
@@ -71,7 +65,6 @@ def check_config(cfg: Any) -> None:
             raise UsageError(f"{key} must be at most {MAX_THREADS}, got {getattr(cfg, key)}")
     if getattr(cfg, "max_new_tokens", None) == 0 and type(cfg).__name__ not in ZERO_BUDGET_IS_CONTEXT:
         raise UsageError("max_new_tokens must be >= 1, got 0")
-    check_method_options(cfg)
     check_token_budget(cfg)
 
 
@@ -143,32 +136,6 @@ def check_list_number(key: str, v: float) -> None:
         raise UsageError(f"every value of {key} must be >= 1, got {v}")
     if v < 0 and key not in ("mulo_taus", "vvs_thresholds"):
         raise UsageError(f"every value of {key} must be >= 0, got {v}")
-
-
-def check_method_options(cfg: Any) -> None:
-    """Value checks of the method options of benchmark configs, which hold several rows: per row or method
-    (`options.ngram.num_draft`, older name `method_options`), on the meshes suite also bare (`options.delta`:
-    every row is xspecmesh; older per-row name `row_options`), and every value of `sweep.ROW.OPTION` lists. A
-    config of one method (generate's) has its options parsed once with the method (`specgen.request`)."""
-    if isinstance(getattr(cfg, "method", None), str):
-        return
-    mesh = isinstance(getattr(cfg, "heads", None), dict)  # the meshes benchmark: its rows are XSpecMesh heads
-
-    def method(row: str) -> str:
-        return f"xspecmesh ({row})" if mesh else row
-
-    for table in (getattr(cfg, k, None) for k in ("method_options", "options", "row_options")):
-        if not isinstance(table, dict):
-            continue
-        bare = {k: v for k, v in table.items() if not isinstance(v, dict)}
-        if mesh and bare:
-            check_option_values("xspecmesh", bare)
-        for row, opts in table.items():
-            if isinstance(opts, dict):
-                check_option_values(method(str(row)), opts)
-    for sweep in sweeps_of(getattr(cfg, "sweep", None)):
-        for value in sweep.values:
-            check_option_values(method(sweep.row), {sweep.option: value})
 
 
 def check_token_budget(cfg: Any) -> None:

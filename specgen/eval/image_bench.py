@@ -121,7 +121,8 @@ def with_extra_rows(cfg: ImageBenchConfig) -> ImageBenchConfig:
                    vvs_intervals=[], vvs_thresholds=[])
 
 
-def check_image_methods(cfg: ImageBenchConfig) -> None:
+def checked_rows(cfg: ImageBenchConfig) -> ImageBenchConfig:
+    """`with_extra_rows(cfg)`, every row and precision checked (the plan a run measures and summarises)."""
     cfg = with_extra_rows(cfg)
     if "ar" not in cfg.methods:
         raise UsageError("the benchmark needs the 'ar' row: speedups and exact match are measured against it")
@@ -136,9 +137,7 @@ def check_image_methods(cfg: ImageBenchConfig) -> None:
         if entry and entry not in cfg.methods:
             raise UsageError(f"dtypes.{entry}: no such row; rows: {', '.join(cfg.methods)}")
         check_row_precision(entry, dtype, cfg.device)
-    if not cfg.batch_sizes or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1
-                                      for b in cfg.batch_sizes):
-        raise UsageError(f"batch_sizes must be integers >= 1, got {cfg.batch_sizes}")
+    return cfg
 
 
 @torch.inference_mode()
@@ -229,9 +228,8 @@ def items_left(cfg: ImageBenchConfig, done: dict, shard: Shard) -> tuple[list, l
 def measure_images(im: ImageModel, cfg: ImageBenchConfig, sink, shard: Shard = Shard(), on_step=None,
                    machine: str | Callable[[], str] = "") -> None:
     """Decode this shard's images that `sink` has no record of: at batch 1 one (temperature, image) with every
-    method interleaved on it per record, at B > 1 one method over the shard's images per record."""
-    cfg = with_extra_rows(cfg)
-    check_image_methods(cfg)
+    method interleaved on it per record, at B > 1 one method over the shard's images per record. `cfg`: a plan
+    (`checked_rows`)."""
     conditions = bench_conditions(im, cfg)  # [num] class ids or captions, refused before any decoding
     check_builds(im, cfg, conditions[0])
     single, batched = items_left(cfg, sink.records(), shard)
@@ -278,8 +276,7 @@ def measure_images(im: ImageModel, cfg: ImageBenchConfig, sink, shard: Shard = S
 
 
 def image_rows_of(cfg: ImageBenchConfig, sink) -> tuple[list[dict], dict]:
-    """(rows, pixels per (row, temperature)) of a finished run: single-process, or every shard merged."""
-    cfg = with_extra_rows(cfg)
+    """(rows, pixels per (row, temperature)) of a finished run of plan `cfg`: single-process, or shards merged."""
     return image_rows(sink.records(), list(cfg.methods), cfg.num, list(cfg.temperatures), list(cfg.batch_sizes),
                       sink.machines(), {m: cfg.dtypes.get(m, cfg.dtype) for m in cfg.methods})
 

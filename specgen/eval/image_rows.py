@@ -14,7 +14,9 @@ import PIL.Image
 from specgen.decoding.cost import CostCurve
 from specgen.decoding.stats import DecodeStats
 from specgen.eval.image_metrics import fid_from_features
-from specgen.eval.run_dir import RunNotFinished, batched, unrecorded
+from specgen.eval.run_dir import batched, check_finished, unrecorded
+from specgen.eval.speed import Drafting, per_shard
+from specgen.eval.speed import efficiency as speed_efficiency
 from specgen.methods import get_method
 
 
@@ -84,9 +86,7 @@ def missing(records: dict[str, dict], order: list[str], num: int, temps: list[fl
 
 def summarise(method: str, temp: float, rs: list[Image], ar: list[Image], names: dict) -> dict:
     """One row: speed from per-image wall-time ratios (same shard), acceptance, exact match, NLL, conditions."""
-    total = DecodeStats()
-    for s in rs:
-        total.merge(s.stats)
+    total = merged([s.stats for s in rs])
     ratio = [a.stats.wall_time / s.stats.wall_time for s, a in zip(rs, ar)]
     row = {
         "method": method, "temperature": temp, "lossless": get_method(method_of(method)).lossless, "images": len(rs),
@@ -107,58 +107,46 @@ def summarise(method: str, temp: float, rs: list[Image], ar: list[Image], names:
 
 
 def efficiency(rs: list[Image], ar: list[Image], machines: dict[str, dict], speedup: float) -> dict:
-    """eta = speedup / predicted of a batch-1 row, predicted = tau / (c(b N) / c(b) + d), weighted over shards by
-    images: a verify of N tokens per image runs b N rows (b = the CFG branches, 1 or 2) where an AR step runs b, and
-    d = drafter seconds per step over AR's seconds per target forward (same shard). {} for rows without drafts, for
-    methods with their own steps (vvs skips verifications, mulo-sd drafts from another model: the model does not
-    describe them), or without a cost curve in the machine files."""
-    parts = []
+    """eta of a batch-1 row (`eval/speed.py`; a verify of N tokens per image runs b N rows, b = the CFG branches).
+    {} for rows without drafts, for methods with their own steps (vvs skips verifications, mulo-sd drafts from
+    another model: the model does not describe them), or without a cost curve in the machine files."""
+    shards = []
     for shard, info in machines.items():
-        mine, theirs = [s.stats for s in rs if s.shard == shard], [a.stats for a in ar if a.shard == shard]
-        if not mine or not info.get("cost_rows"):
+        count = sum(s.shard == shard for s in rs)
+        if not count or not info.get("cost_rows"):
             continue
-        total, base = DecodeStats(), DecodeStats()
-        for s in mine:
-            total.merge(s)
-        for a in theirs:
-            base.merge(a)
-        own_steps = {"skipped_steps", "draft_tokens"} & total.extras.keys()
-        if not total.steps or total.target_tokens <= total.steps or own_steps:
+        mine, base = merged([s.stats for s in rs if s.shard == shard]), merged([a.stats for a in ar if a.shard == shard])
+        d = Drafting(count, mine.steps, mine.target_tokens, sum(mine.accepted),
+                     mine.times.get("propose", 0.0), base.wall_time / base.target_forwards,
+                     CostCurve(tuple(info["cost_rows"]), tuple(info["cost"])), info.get("branches", 1))
+        if not d.drafts or {"skipped_steps", "draft_tokens"} & mine.extras.keys():
             return {}
-        cost, b = CostCurve(tuple(info["cost_rows"]), tuple(info["cost"])), info.get("branches", 1)
-        n = total.target_tokens / total.steps
-        d = total.times.get("propose", 0.0) / total.steps / (base.wall_time / base.target_forwards)
-        parts.append((total.tau / (cost(b * n) / cost(b) + d), len(mine), n, d))
-    if not parts:
-        return {}
-    count = sum(p[1] for p in parts)
-    predicted = sum(p[0] * p[1] for p in parts) / count
-    return {"verify_tokens": round(sum(p[2] * p[1] for p in parts) / count, 3),
-            "draft_cost": round(sum(p[3] * p[1] for p in parts) / count, 4),
-            "predicted_speedup": round(predicted, 4), "efficiency": round(speedup / predicted, 4)}
+        shards.append(d)
+    return speed_efficiency(shards, speedup)
+
+
+def merged(stats: list[DecodeStats]) -> DecodeStats:
+    total = DecodeStats()
+    for s in stats:
+        total.merge(s)
+    return total
 
 
 def batched_row(method: str, temp: float, batch: int, rs: list[Image], ar: list[Image], walls: dict, names: dict,
                 ar_b1: list[Image] | None) -> dict:
     """A `method@b<B>` row: images/s from each shard's wall time (summed over shards, which run side by side),
     speedup vs `ar` at the same B and vs batch-1 `ar`, both per shard and weighted by images."""
-    row = summarise(method, temp, rs, ar, names)
-
-    def per_shard(value) -> float | None:
-        parts = [(value(s, w), sum(r.shard == s for r in rs)) for s, w in walls[method].items()]
-        parts = [(v, n) for v, n in parts if v is not None and n]
-        return sum(v * n for v, n in parts) / sum(n for _, n in parts) if parts else None
-
-    count = lambda s: sum(r.shard == s for r in rs)  # noqa: E731
+    row, shards = summarise(method, temp, rs, ar, names), [r.shard for r in rs]
     row.update(method=f"{method}@b{batch}", batch_size=batch,
-               images_per_s=sum(count(s) / w for s, w in walls[method].items()),
-               speedup_vs_ar=per_shard(lambda s, w: walls["ar"][s] / w if "ar" in walls else 1.0))
+               images_per_s=sum(shards.count(s) / w for s, w in walls[method].items()),
+               speedup_vs_ar=per_shard(rs, shards, walls[method],
+                                       lambda s, xs, w: walls["ar"][s] / w if "ar" in walls else 1.0))
     if ar_b1 is not None:
-        def vs_b1(s: str, w: float) -> float | None:
+        def vs_b1(s: str, xs: list[Image], w: float) -> float | None:
             ref = [a for a in ar_b1 if a.shard == s]
-            return (count(s) / w) / (len(ref) / sum(a.stats.wall_time for a in ref)) if ref else None
+            return (len(xs) / w) / (len(ref) / sum(a.stats.wall_time for a in ref)) if ref else None
 
-        row["vs_ar_b1"] = per_shard(vs_b1)
+        row["vs_ar_b1"] = per_shard(rs, shards, walls[method], vs_b1)
     return row
 
 
@@ -185,10 +173,7 @@ def image_rows(records: dict[str, dict], order: list[str], num: int, temps: list
     the precision it decoded at; each row is labelled with it, and a row whose precision differs from `ar`'s is
     also compared with the `ar` entry of its own precision (`exact_match_vs_own_ar`: 1.0 for lossless methods)."""
     dtype_of = dtype_of or {}
-    gone = missing(records, order, num, temps, batches)
-    if gone:
-        raise RunNotFinished(f"the run is not finished: {gone} of its images have no record yet "
-                             "(rerun the same command, or wait for the other shards)")
+    check_finished(missing(records, order, num, temps, batches), "images")
     info = next(iter(machines.values()), {})
     names, reference, note = info.get("conditions", {}), info.get("reference_features"), info.get("quality_note")
     rows, images = [], {}

@@ -13,7 +13,8 @@ import trimesh
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.stats import DecodeStats
 from specgen.errors import UsageError
-from specgen.eval.run_dir import RunNotFinished, Shard, batched, unrecorded
+from specgen.eval.run_dir import Shard, batched, check_finished, unrecorded
+from specgen.eval.speed import per_shard
 from specgen.eval.sweeps import Sweep, expand, merged_table, sweeps_of
 from specgen.mesh.export import clean_mesh
 from specgen.mesh.generate import decode_tokens, load_mesh_model
@@ -50,7 +51,7 @@ class MeshBenchConfig:
     row_options: dict = field(default_factory=dict)  # the older name of `options`' per-row mappings, read as well
     merged_ar: list = field(default_factory=list)  # heads rows whose LoRA-merged backbone also decodes plain AR ("ar+ROW")
     sweep_row: str = "ca+lora"
-    batch_sizes: list = field(default_factory=lambda: [1])  # B > 1: ROW@bB rows, B point clouds per forward
+    batch_sizes: list[int] = field(default_factory=lambda: [1])  # B > 1: ROW@bB rows, B point clouds per forward
     num_heads: int = 4
     delta: float = 0.5
     temperature: float = 0.5
@@ -225,9 +226,7 @@ def mesh_rows_of(cfg: MeshBenchConfig, sink) -> list[dict]:
     for b in (b for b in cfg.batch_sizes if b > 1):
         for label in labels:
             gone += unrecorded(records, f"b{b}/{label}/", cfg.limit)
-    if gone:
-        raise RunNotFinished(f"the run is not finished: {gone} of its meshes have no record yet "
-                             "(rerun the same command, or wait for the other shards)")
+    check_finished(gone, "meshes")
     info = next(iter(sink.machines().values()))
     single = {label: [records[f"m{i}"]["runs"][label] for i in range(cfg.limit)] for label in labels}
     rows = summarize(cfg, vs, single)
@@ -255,8 +254,7 @@ def batched_rows(rows: list[dict], runs: dict, walls: dict, batch: int, ar_b1: l
         return sum(x["tokens"] for x in xs) / sum(stats_of(x).wall_time for x in xs) if xs else 0.0
 
     def weighted(label: str, value) -> float:
-        parts = [(value(s), sum(x["shard"] == s for x in runs[label])) for s in walls[label]]
-        return sum(v * n for v, n in parts) / sum(n for _, n in parts)
+        return per_shard(runs[label], [x["shard"] for x in runs[label]], walls[label], lambda s, xs, w: value(s))
 
     for r in rows:
         label = r["row"]
@@ -346,10 +344,11 @@ def summarize(cfg: MeshBenchConfig, vs: list[Variant], runs: dict[str, list[dict
         return sum(x["tokens"] for x in xs) / sum(stats_of(x).wall_time for x in xs)
 
     for r in rows:
-        shards = sorted({x["shard"] for x in runs[r["row"]]})  # per-shard tokens/s ratios, weighted by meshes
-        r["speedup_vs_ar"] = (round(sum(rate(r["row"], s) / rate(ar["row"], s) * sum(x["shard"] == s for x in
-                                                                                     runs[r["row"]]) for s in shards)
-                                    / cfg.limit, 3) if ar and ar["tokens_per_s"] else None)
+        xs = runs[r["row"]]
+        shards = [x["shard"] for x in xs]  # per-shard tokens/s ratios, weighted by meshes
+        r["speedup_vs_ar"] = (round(per_shard(xs, shards, dict.fromkeys(sorted(set(shards))),
+                                              lambda s, _, w: rate(r["row"], s) / rate(ar["row"], s)), 3)
+                              if ar and ar["tokens_per_s"] else None)
         r["speedup_scr_lat"] = (round(r["scr"] * ar["step_latency_ms"] / r["step_latency_ms"], 3)
                                 if ar and r["step_latency_ms"] else None)
         r["cd_vs_ar"] = round(r["cd"] / ar["cd"], 3) if ar and ar["cd"] and r["cd"] is not None else None

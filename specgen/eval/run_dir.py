@@ -243,6 +243,13 @@ def batched(records: dict[str, dict], prefix: str) -> tuple[dict[int, dict], dic
     return by_index, walls
 
 
+def check_finished(gone: int, what: str) -> None:
+    """Refuse to summarise a run while `gone` of its `what` (items, images, meshes) have no record."""
+    if gone:
+        raise RunNotFinished(f"the run is not finished: {gone} of its {what} have no record yet "
+                             "(rerun the same command, or wait for the other shards)")
+
+
 def unrecorded(records: dict[str, dict], prefix: str, n: int) -> int:
     """How many of the items 0 .. n-1 of a batched row no record holds yet."""
     return n - len(set(batched(records, prefix)[0]) & set(range(n)))

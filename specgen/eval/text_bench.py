@@ -14,14 +14,15 @@ import torch
 
 from specgen import registry
 from specgen.builtins import BUILTINS
+from specgen.data.humaneval import Problem, build_user_message, load_problems
 from specgen.data.prompts import Prompt, encode, read_prompt_records
 from specgen.decoding.cost import cost_of
 from specgen.decoding.sampling import SamplingParams
 from specgen.devices import now
 from specgen.errors import UsageError
 from specgen.limits import check_prompt_fits, context_of
-from specgen.eval import humaneval
 from specgen.eval.hf_rows import HfAssisted, HfGenerate, HfLookup
+from specgen.eval.humaneval import check_completions
 from specgen.eval.llamacpp_row import LlamaCppLookup, LlamaCppRow
 from specgen.eval.peers import Peer, PeerSetup
 from specgen.eval.roofline import copy_bandwidth, streamed_bytes
@@ -173,9 +174,6 @@ def base_nll(model: TextModel, prompt: list[int], tokens: list[int]) -> tuple[fl
 def check_methods(cfg: TextBenchConfig) -> dict[str, Row]:
     """Refuse a bad row before any model loads; the specgen rows (sweeps included) with their methods parsed."""
     cfg = with_sweeps(cfg)
-    if not cfg.batch_sizes or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1
-                                      for b in cfg.batch_sizes):
-        raise UsageError(f"batch_sizes must be integers >= 1, got {cfg.batch_sizes}")
     if "ar" not in cfg.methods:
         raise UsageError("the benchmark needs the 'ar' row: speedups and exact match are measured against it")
     rows = {}
@@ -203,14 +201,14 @@ class Item:
     """One prompt of the run, with its HumanEval problem when its completions are executed (pass@1)."""
 
     prompt: Prompt
-    problem: humaneval.Problem | None = None
+    problem: Problem | None = None
 
 
 def humaneval_items(cfg: TextBenchConfig) -> list[Item]:
     if cfg.prompts is not None:
         raise UsageError("the humaneval suite reads its own prompts; give --prompts with --suite text")
-    return [Item(Prompt(humaneval.build_user_message(q), "humaneval"), q)
-            for q in humaneval.load_problems(HUMANEVAL_LIMIT if cfg.limit is None else cfg.limit, cfg.offset)]
+    return [Item(Prompt(build_user_message(q), "humaneval"), q)
+            for q in load_problems(HUMANEVAL_LIMIT if cfg.limit is None else cfg.limit, cfg.offset)]
 
 
 @functools.cache
@@ -237,12 +235,13 @@ def items_of(cfg: TextBenchConfig) -> list[Item]:
     return items
 
 
-def check_prompts_fit(cfg: TextBenchConfig, progress=None) -> None:
+def check_prompts_fit(p: Plan, progress=None) -> None:
     """Refuse a prompt that leaves no room for max_new_tokens in the model's context, from its registry entry's
     config and tokenizer files: before any weights load."""
+    cfg = p.cfg
     source = open_text_model(cfg.model, "cpu", progress)  # the entry, the base it reads its tokenizer from
     entry = source.entry if context_of(source.entry.meta) else source.base
-    for i, item in enumerate(items_of(cfg)):
+    for i, item in enumerate(p.items):
         try:
             check_prompt_fits(len(encode(source.tokenizer, item.prompt)), cfg.max_new_tokens, entry)
         except UsageError as e:
@@ -251,21 +250,25 @@ def check_prompts_fit(cfg: TextBenchConfig, progress=None) -> None:
 
 @dataclass(frozen=True)
 class Plan:
-    """What a run measures, known from the config alone: rows in order, each row's model and losslessness."""
+    """What a run measures, known from the config alone and built once per process: the config with its sweep rows,
+    the specgen rows parsed, every row in order with its model and losslessness, the prompts."""
 
+    cfg: TextBenchConfig  # sweeps expanded (`with_sweeps`)
+    rows: dict[str, Row]  # the specgen rows (`check_methods`)
     order: list[str]  # cfg.methods, then an `ar@NAME` row per other model a row decodes (its exact-match reference)
     meta: dict[str, dict]  # row -> {"model", "lossless"}
-    categories: list[str]  # one per prompt
+    items: list[Item]
 
     @property
     def n_prompts(self) -> int:
-        return len(self.categories)
+        return len(self.items)
 
 
-def plan(cfg: TextBenchConfig, skipped: tuple[str, ...] = ()) -> Plan:
-    """The run's rows without loading a model; `skipped`: external rows that cannot run on some shard."""
+def plan(cfg: TextBenchConfig) -> Plan:
+    """The run's rows and prompts without loading a model; a bad row or prompt set is refused."""
     cfg = with_sweeps(cfg)
-    order = [m for m in cfg.methods if m not in skipped]
+    rows = check_methods(cfg)
+    order = list(cfg.methods)
     for m in cfg.methods:
         name = decoded_model(m, cfg)
         if name != cfg.model and f"ar@{name}" not in order:
@@ -273,14 +276,14 @@ def plan(cfg: TextBenchConfig, skipped: tuple[str, ...] = ()) -> Plan:
     meta = {m: {"model": decoded_model(m, cfg),
                 "lossless": PEERS[row_method(m)].lossless if is_peer(m) else get_method(row_method(m)).lossless}
             for m in order}
-    return Plan(order, meta, [item.prompt.category for item in items_of(cfg)])
+    return Plan(cfg, rows, order, meta, items_of(cfg))
 
 
-def items_left(cfg: TextBenchConfig, p: Plan, done: dict, shard: Shard) -> tuple[list[int], list[tuple[int, str]]]:
+def items_left(p: Plan, done: dict, shard: Shard) -> tuple[list[int], list[tuple[int, str]]]:
     """This shard's items without a record: batch-1 prompt positions, and (batch size, row) pairs."""
     mine = [i for i in range(p.n_prompts) if shard.owns(i)]
-    single = [i for i in mine if f"b1/p{i}" not in done] if 1 in cfg.batch_sizes else []
-    batched = [(b, m) for b in cfg.batch_sizes if b > 1 for m in p.order
+    single = [i for i in mine if f"b1/p{i}" not in done] if 1 in p.cfg.batch_sizes else []
+    batched = [(b, m) for b in p.cfg.batch_sizes if b > 1 for m in p.order
                if mine and f"b{b}/{m}/{shard.label}" not in done]
     return single, batched
 
@@ -295,7 +298,7 @@ def with_quality(runs: dict[str, Run], prompt: list[int], problem, original: Tex
         out[m] = replace(r, nll_sum=nll, nll_count=count)
     if cfg.execute and problem is not None:
         completions = [original.tokenizer.decode(r.tokens) for r in out.values()]
-        passed = humaneval.check_completions([problem] * len(out), completions)
+        passed = check_completions([problem] * len(out), completions)
         out = {m: replace(r, passed=ok) for (m, r), ok in zip(out.items(), passed)}
     return out
 
@@ -315,9 +318,10 @@ def peers_of(order: list[str], cfg: TextBenchConfig, original: TextModel) -> tup
     return built, skipped
 
 
-def row_models(model: TextModel, cfg: TextBenchConfig, p: Plan) -> dict[str, TextModel]:
+def row_models(model: TextModel, p: Plan) -> dict[str, TextModel]:
     """name -> model of every row: `model`, and each other model a row decodes (a distilled target, `ar@NAME`) at
     the run's `dtype` and `quantize`, unless its name carries a precision of its own (`NAME+int8`)."""
+    cfg = p.cfg
     models = {cfg.model: model}
     for name in {p.meta[m]["model"] for m in p.order} - {cfg.model}:
         own = any(split_name(name)[1:])
@@ -327,23 +331,20 @@ def row_models(model: TextModel, cfg: TextBenchConfig, p: Plan) -> dict[str, Tex
     return models
 
 
-def measure(model: TextModel, cfg: TextBenchConfig, sink, shard: Shard = Shard(), on_prompt=None,
+def measure(model: TextModel, p: Plan, sink, shard: Shard = Shard(), on_prompt=None,
             machine: str | Callable[[], str] = "") -> None:
     """Measure this shard's items that `sink` (a RunDir or MemoryRun) has no record of, one record per item:
     at batch 1 a prompt with every row interleaved on it, at B > 1 one row over the shard's prompts."""
-    cfg = with_sweeps(cfg)
-    rows = check_methods(cfg)
-    p = plan(cfg)
+    cfg, rows, items = p.cfg, p.rows, p.items
     mine = [i for i in range(p.n_prompts) if shard.owns(i)]
-    todo, todo_batched = items_left(cfg, p, sink.records(), shard)
+    todo, todo_batched = items_left(p, sink.records(), shard)
     if not todo and not todo_batched:
         return
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     sink.start_shard(shard)
-    items = items_of(cfg)
     prompts = [encode(model.tokenizer, item.prompt) for item in items]
-    models = row_models(model, cfg, p)
+    models = row_models(model, p)
     for row in rows.values():  # a row's assets (a static n-gram cache) fit the models' one tokenizer
         if row.spec.model_check is not None:
             row.spec.model_check(row.options, model.tokenizer)
@@ -363,7 +364,7 @@ def measure(model: TextModel, cfg: TextBenchConfig, sink, shard: Shard = Shard()
     def one(method: str, prompt: list[int]) -> Run:
         if method in peers:
             return peers[method].run(prompt)
-        return specgen_run(models[decoded_model(method, cfg)], row_of(method), prompt, cfg)
+        return specgen_run(models[p.meta[method]["model"]], row_of(method), prompt, cfg)
 
     if cfg.warmup:
         warm = model.tokenizer.encode("Write a Python function that adds two numbers.")
@@ -382,20 +383,21 @@ def measure(model: TextModel, cfg: TextBenchConfig, sink, shard: Shard = Shard()
             runs, wall = peers[m].batch(batch_prompts, b)
         else:
             done_one = (lambda j: on_prompt(j)) if on_prompt and m == order[0] else None
-            runs, wall = specgen_batch(models[decoded_model(m, cfg)], row_of(m), batch_prompts, b, cfg, done_one)
+            runs, wall = specgen_batch(models[p.meta[m]["model"]], row_of(m), batch_prompts, b, cfg, done_one)
         runs = [with_quality({m: replace(r, shard=shard.label)}, q, items[i].problem, original, cfg)[m]
                 for r, q, i in zip(runs, batch_prompts, mine)]
         sink.append(shard, {"item": f"b{b}/{m}/{shard.label}", "shard": shard.label, "batch_size": b, "method": m,
                             "indices": mine, "wall": wall, "runs": [asdict(r) for r in runs]})
 
 
-def rows_of(cfg: TextBenchConfig, sink) -> list[dict]:
+def rows_of(p: Plan, sink) -> list[dict]:
     """The table rows of a finished run (single-process, or every shard's records merged), then one row per
     external row a shard could not run (its one-line reason under "skipped")."""
     machines = sink.machines()
     skipped = {m: why for info in machines.values() for m, why in (info.get("skipped") or {}).items()}
-    p = plan(cfg, tuple(skipped))
-    rows = text_rows(sink.records(), p.order, p.meta, p.n_prompts, list(cfg.batch_sizes), machines, p.categories)
+    order = [m for m in p.order if m not in skipped]
+    rows = text_rows(sink.records(), order, p.meta, p.n_prompts, list(p.cfg.batch_sizes), machines,
+                     [item.prompt.category for item in p.items])
     return rows + [{"method": m, "skipped": why} for m, why in skipped.items()]
 
 

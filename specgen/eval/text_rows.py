@@ -1,17 +1,14 @@
-"""The text benchmark's rows from its per-item records (no model: `benchmark report` uses it too).
-
-A time is only ever divided by one from the same shard (docs/benchmarks.md, "Records and rows")."""
+"""The text benchmark's rows from its per-item records (no model: `benchmark report` uses it too)."""
 
 from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import Callable
-
 from specgen.decoding.cost import CostCurve
 from specgen.eval.humaneval import pass_at_1
 from specgen.eval.latency import percentile
-from specgen.eval.run_dir import RunNotFinished, batched, unrecorded
+from specgen.eval.run_dir import batched, check_finished, unrecorded
+from specgen.eval.speed import Drafting, efficiency, per_shard
 
 
 @dataclass(frozen=True)
@@ -74,30 +71,6 @@ def missing(records: dict[str, dict], order: list[str], n_prompts: int, batches:
     return gone
 
 
-def per_shard(runs: list[Run], walls: dict[str, float], fn: Callable[[str, list[Run], float], float | None]):
-    """fn(shard, its runs, its wall) combined over shards, weighted by each shard's number of runs."""
-    parts = [(fn(s, [r for r in runs if r.shard == s], w), sum(r.shard == s for r in runs)) for s, w in walls.items()]
-    parts = [(v, n) for v, n in parts if v is not None and n]
-    return sum(v * n for v, n in parts) / sum(n for _, n in parts) if parts else None
-
-
-def efficiency(rs: list[Run], ar: list[Run], speedup: float, cost: Callable[[float], float]) -> dict:
-    """How much of what acceptance allows a speculative row delivers (batch 1): eta = speedup / predicted, where
-    predicted = tau / (c(N) + d): N = mean tokens per verify forward, c(N) its measured cost relative to one
-    token (`decoding/cost.py`), d = drafter time per step in AR steps of the same shard. {} for rows without
-    verify steps or drafts (AR, external rows)."""
-    steps = sum(r.steps for r in rs)
-    tokens = sum(r.verify_tokens for r in rs)
-    if not steps or tokens <= steps:
-        return {}
-    t_ar = sum(r.seconds for r in ar) / sum(r.forwards for r in ar)  # seconds per AR forward
-    tau = (sum(r.accepted for r in rs) + steps) / steps
-    n, d = tokens / steps, sum(r.draft_seconds for r in rs) / steps / t_ar
-    predicted = tau / (cost(n) + d)
-    return {"verify_tokens": round(n, 3), "draft_cost": round(d, 4), "predicted_speedup": round(predicted, 4),
-            "efficiency": round(speedup / predicted, 4)}
-
-
 def curves(machines: dict[str, dict]) -> dict[str, CostCurve]:
     """shard -> its measured cost curve (from its machine file)."""
     out = {}
@@ -119,7 +92,8 @@ def roofline(row: str, rs: list[Run], walls: dict[str, float], machines: dict[st
     def share(s: str, xs: list[Run], w: float) -> float:
         return per_token * sum(len(r.tokens) for r in xs) / w / (infos[s]["bandwidth_gbs"] * 1e9)
 
-    return {"weight_mb_per_token": round(per_token / 1e6, 2), "bandwidth_share": round(per_shard(rs, walls, share), 4)}
+    return {"weight_mb_per_token": round(per_token / 1e6, 2),
+            "bandwidth_share": round(per_shard(rs, [r.shard for r in rs], walls, share), 4)}
 
 
 def batch_rows(measured: Measured, batch: int, meta: dict[str, dict], costs: dict[str, CostCurve],
@@ -128,6 +102,7 @@ def batch_rows(measured: Measured, batch: int, meta: dict[str, dict], costs: dic
     runs, walls, ar = measured.runs, measured.walls, measured.runs["ar"]
     rows = []
     for m, rs in runs.items():
+        shards = [r.shard for r in rs]
         tps = [len(r.tokens) / r.seconds for r in rs]
         ratio = [t / (len(a.tokens) / a.seconds) for t, a in zip(tps, ar)]  # same prompt, same shard
         tokens, forwards, steps = sum(len(r.tokens) for r in rs), sum(r.forwards for r in rs), sum(r.steps for r in rs)
@@ -153,7 +128,8 @@ def batch_rows(measured: Measured, batch: int, meta: dict[str, dict], costs: dic
                                     if all(r.prefill_seconds is not None for r in rs) else None),
             "latency_median_s": percentile([r.seconds for r in rs], 50),
             "latency_p90_s": percentile([r.seconds for r in rs], 90),
-            "c_batch": round(per_shard(rs, walls[m], lambda s, xs, w: costs[s](batch) if s in costs else None) or 0, 3)
+            "c_batch": round(per_shard(rs, shards, walls[m], lambda s, xs, w: costs[s](batch) if s in costs else None)
+                             or 0, 3)
             if costs else None,
         }
 
@@ -161,7 +137,7 @@ def batch_rows(measured: Measured, batch: int, meta: dict[str, dict], costs: dic
             ar_s = [a for a in ar if a.shard == s]
             return (shard_tokens(s, xs) / w) / (shard_tokens(s, ar_s) / walls["ar"][s])
 
-        row["throughput_vs_ar"] = per_shard(rs, walls[m], vs_ar)
+        row["throughput_vs_ar"] = per_shard(rs, shards, walls[m], vs_ar)
         if reference is not None:
             ref = reference.runs["ar"]
 
@@ -169,7 +145,7 @@ def batch_rows(measured: Measured, batch: int, meta: dict[str, dict], costs: dic
                 ref_s = [a for a in ref if a.shard == s]
                 return (shard_tokens(s, xs) / w) / (shard_tokens(s, ref_s) / sum(a.seconds for a in ref_s))
 
-            row["throughput_vs_ar_b1"] = per_shard(rs, walls[m], vs_ar_b1)
+            row["throughput_vs_ar_b1"] = per_shard(rs, shards, walls[m], vs_ar_b1)
             row["exact_match_vs_ar_b1"] = sum(r.tokens == a.tokens for r, a in zip(rs, ref)) / len(rs)
         if m.startswith("ar@"):
             row["prefix_vs_ar"] = statistics.mean(common_prefix(r.tokens, a.tokens) for r, a in zip(rs, ar))
@@ -179,17 +155,19 @@ def batch_rows(measured: Measured, batch: int, meta: dict[str, dict], costs: dic
             row["pass_at_1"] = pass_at_1([r.passed for r in rs])
         if batch == 1:
             row.update(roofline(m, rs, walls[m], machines or {}))
-        if batch == 1 and costs:
-            parts = [(efficiency([r for r in rs if r.shard == s], [a for a in ar if a.shard == s], 1.0, costs[s]),
-                      sum(r.shard == s for r in rs)) for s in walls[m] if s in costs]
-            parts = [(p, n) for p, n in parts if p]
-            if parts:  # eta = measured speedup / the prompt-weighted predicted speedup over shards
-                predicted = sum(p["predicted_speedup"] * n for p, n in parts) / sum(n for _, n in parts)
-                row.update(parts[0][0] if len(parts) == 1 else {}, predicted_speedup=round(predicted, 4),
-                           efficiency=round(row["speedup_vs_ar"] / predicted, 4))
+        if batch == 1:
+            drafting = [drafting_of([r for r in rs if r.shard == s], [a for a in ar if a.shard == s], costs[s])
+                        for s in walls[m] if s in costs]
+            row.update(efficiency([d for d in drafting if d.drafts], row["speedup_vs_ar"]))
         row["batch_size"] = batch
         rows.append(row)
     return rows
+
+
+def drafting_of(rs: list[Run], ar: list[Run], cost: CostCurve) -> Drafting:
+    """A row's verify steps on one shard (`rs`), with that shard's AR runs."""
+    return Drafting(len(rs), sum(r.steps for r in rs), sum(r.verify_tokens for r in rs), sum(r.accepted for r in rs),
+                    sum(r.draft_seconds for r in rs), sum(a.seconds for a in ar) / sum(a.forwards for a in ar), cost)
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -200,10 +178,7 @@ def text_rows(records: dict[str, dict], order: list[str], meta: dict[str, dict],
               batches: list[int], machines: dict[str, dict], categories: list[str] | None = None) -> list[dict]:
     """Every row of a finished run (batch sizes in `batches` order), with batch-1 rows per category when the
     prompts (`categories`, one per prompt) have several; refuses a run with missing items."""
-    gone = missing(records, order, n_prompts, batches)
-    if gone:
-        raise RunNotFinished(f"the run is not finished: {gone} of its items have no record yet "
-                         "(rerun the same command, or wait for the other shards)")
+    check_finished(missing(records, order, n_prompts, batches), "items")
     costs = curves(machines)
     rows, reference = [], None
     for batch in batches:

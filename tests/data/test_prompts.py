@@ -21,7 +21,7 @@ from specgen.data.stdlib_prompts import (
     stdlib_prompt_records,
     stdlib_prompts,
 )
-from specgen.eval.humaneval import build_user_message, load_problems
+from specgen.data.humaneval import build_user_message, load_problems
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -88,7 +88,7 @@ def test_unknown_method_and_bad_method_option_fail_their_rows(tmp_path):
     recipe = tmp_path / "bench.yaml"
     recipe.write_text("suite: images\nmethods: [ar, eagle3]\n")
     rows = by_check(check_recipe(recipe))
-    assert not rows["method eagle3"]["ok"] and "eagle3" in rows["method eagle3"]["detail"]
+    assert not rows["rows"]["ok"] and "eagle3" in rows["rows"]["detail"]
     recipe.write_text("suite: humaneval\nmethods: [ar, ngram]\nmethod_options:\n  ngram: {num_drafts: 3}\n")
     rows = check_recipe(recipe)
     assert not all_ok(rows) and any("num_drafts" in r["detail"] for r in rows if not r["ok"])

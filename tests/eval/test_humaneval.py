@@ -4,15 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from specgen.eval.humaneval import (
-    INSTRUCTION,
-    Problem,
-    build_user_message,
-    check_completions,
-    extract_code,
-    load_problems,
-    pass_at_1,
-)
+from specgen.data.humaneval import INSTRUCTION, Problem, build_user_message, load_problems
+from specgen.eval.humaneval import check_completions, extract_code, pass_at_1
 
 
 @pytest.fixture(scope="module")

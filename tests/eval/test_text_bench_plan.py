@@ -21,7 +21,7 @@ def test_quantize_applies_to_the_distilled_target_a_row_decodes(tmp_path):
     cfg = TextBenchConfig(suite="text", prompts=str(write_prompts(tmp_path)), model="tiny-text",
                           methods=["ar", "pcllm", "ar@tiny-text+int8"], targets={"pcllm": "tiny-pc"}, quantize="int4")
     model = load_text_model("tiny-text", quantize="int4")
-    models = row_models(model, cfg, plan(cfg))
+    models = row_models(model, plan(cfg))
     assert set(models) == {"tiny-text", "tiny-pc", "tiny-text+int8"}
     assert models["tiny-pc"].precision == "int4" and quantized_layers(models["tiny-pc"].module)
     assert models["tiny-text+int8"].precision == "int8"  # a row's own precision suffix wins

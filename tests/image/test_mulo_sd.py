@@ -207,8 +207,8 @@ def test_bench_rows_ablations_and_tau_sweep(mulo_registry, tmp_path):
     assert full.options["mulo-sd@no-expand"] == {"radius": 0}
     im = load_image_model("m-gpt", need_drafter=False)
     sink = MemoryRun()
-    measure_images(im, cfg, sink)
-    rows, pixels = image_rows_of(cfg, sink)
+    measure_images(im, full, sink)
+    rows, pixels = image_rows_of(full, sink)
     by = {r["method"]: r for r in rows}
     assert set(by) == set(full.methods) and not by["mulo-sd"]["lossless"]
     assert by["mulo-sd@tau=0"]["accept_rate"] == 1.0 and by["mulo-sd@tau=0"]["resampled_share"] == 0.0

@@ -127,7 +127,7 @@ def test_refuses_mismatched_folder_and_humaneval(tiny_text, tmp_path):
                                                                 ignore=lambda *_: ["config.json", "model.safetensors"]))
     with pytest.raises(IncompatibleError, match="target/tiny-text.*target/other-text"):
         T.collect(cfg(tiny_text, limit=2, model="other-text"), out)
-    from specgen.eval.humaneval import load_problems
+    from specgen.data.humaneval import load_problems
 
     he = tmp_path / "he.jsonl"
     he.write_text(__import__("json").dumps({"prompt": load_problems(1)[0].prompt}) + "\n")

@@ -1,0 +1,45 @@
+"""`specgen registry`'s torch-side work: listing with the built-ins' state, materialising, importing, merging."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cli import _output
+from specgen import builtins, checkpoints, registry
+from specgen.importer import check_destination, import_checkpoint
+from specgen.registry import Entry
+from specgen.text.merge import adapter_source, register_merged  # also registers the distilled built-ins' maker
+
+
+def listing(kind: str | None) -> tuple[Path, list[dict]]:
+    """(the registry's home, one row per entry of `kind`, installed or built-in, with its status)."""
+    return registry.home(), [{"ref": e.ref, "kind": e.kind, "name": e.name, "installed": e.installed, "builtin": e.builtin,
+             "parent": e.meta.get("parent"), "path": str(e.path), "status": status(e)}
+            for e in checkpoints.list_entries(kind)]
+
+
+def status(e: Entry) -> str:
+    """ok, or why an entry is corrupt or not the shipped built-in, and how to repair it."""
+    if not e.corrupt and e.installed and e.builtin and checkpoints.stale_builtin(e, builtins.BUILTINS[e.name]):
+        return f"not the shipped weights; `specgen registry remove {e.ref}` restores them"
+    if not e.corrupt:
+        return "ok"
+    fix = "re-created on next use" if e.builtin else f"remove with `specgen registry remove {e.ref}` and import again"
+    return f"corrupt ({e.corrupt}); {fix}"
+
+
+def show(name: str) -> dict:
+    entry = checkpoints.find(name, _output.registry_progress())
+    return {"ref": entry.ref, "path": str(entry.path), **entry.meta}
+
+
+def import_entry(source: Path, name: str, kind: str, builder, kwargs, parent, vq, force: bool, quiet: bool) -> str:
+    return import_checkpoint(source, name, kind, builder, kwargs, parent, _output.registry_progress(quiet), vq=vq,
+                             force=force).ref
+
+
+def merge(source: str, name: str, scale: float | None, force: bool, quiet: bool) -> str:
+    check_destination("target", name, force)
+    adapter, state = adapter_source(source, _output.registry_progress(quiet))
+    return register_merged(adapter, state, name, scale, {"created_by": "registry merge"},
+                           _output.registry_progress(quiet), force=force).ref
