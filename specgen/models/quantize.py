@@ -47,6 +47,9 @@ PROMPT_MIN_ROWS = {"int8": 24, "int4": 64}
 # rows of every product of the LM head's bfloat16 kernel (`blocked_head`): oneDNN's packed GEMM is fastest from 4 rows
 # here (`python scripts/int8_head_kernels.py`) and a product of one shape computes each row the same way
 HEAD_ROWS = 4
+# output rows converted to the int4 kernel's layout at a time: a multiple of its 64-row blocks, so the pieces are
+# bitwise the whole conversion, and its int32 input stays small (a whole layer's is 4 bytes a weight)
+PACK_ROWS = 256
 INT8_MM = torch.ops.aten._weight_int8pack_mm  # x [M, in] bf16, q int8 [out, in], scales bf16 [out] -> [M, out] bf16
 INT4_MM = torch.ops.aten._weight_int4pack_mm_for_cpu  # x [M, in] bf16, packed, group, scales-and-zeros -> [M, out]
 
@@ -244,9 +247,12 @@ class QuantizedLinear(nn.Module):
             elif self.mode == "int8":
                 self._kernel = (INT8_MM, (self.qweight, self.scales), self.bias)
             else:
-                q = unpack_int4(self.qweight).to(torch.int32)  # [out, in], values 0..15
-                packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
-                sz = torch.stack([self.scales, self.zeros], -1).transpose(0, 1).contiguous()
+                packed = torch.empty_like(self.qweight)  # [out, in/2] in the kernel's order (blocks of <= 64 rows)
+                for i in range(0, self.out_features, PACK_ROWS):  # the int32 input: a few rows at a time
+                    q = unpack_int4(self.qweight[i : i + PACK_ROWS]).to(torch.int32)  # [rows, in], values 0..15
+                    packed[i : i + PACK_ROWS] = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+                sz = torch.stack([self.scales, self.zeros], -1).transpose(0, 1).contiguous()  # [in/g, out, 2]
+                self.scales, self.zeros = sz[..., 0].t(), sz[..., 1].t()  # views of the kernel's copy: held once
                 self._kernel = (INT4_MM, (packed, self.group, sz), self.bias)
         return self._kernel
 
@@ -467,18 +473,11 @@ def quantized_layers(module: nn.Module) -> list[QuantizedLinear]:
 
 def prepare_kernels(module: nn.Module) -> nn.Module:
     """Make the kernel copies of every int4 layer and of a blocked head now (at load, not in the first timed
-    forward), then hand the freed conversion buffers back to the OS: `_convert_weight_to_int4pack_for_cpu` takes
-    int32 [out, in] (4 bytes a weight), and glibc keeps those freed buffers in the heap, ~190 MB of resident memory
-    for SmolLM2."""
-    int4 = [lin for lin in quantized_layers(module) if lin.mode == "int4"]
-    for lin in int4:
+    forward), then hand freed conversion buffers back to the OS (glibc keeps them in the heap otherwise)."""
+    made = [lin for lin in quantized_layers(module) if lin.mode == "int4" or lin.head_rows]
+    for lin in made:
         lin.kernel()
-    if int4:
-        _trim_heap()
-    heads = [lin for lin in quantized_layers(module) if lin.head_rows]  # after the trim: its copies would otherwise
-    for lin in heads:  # add to the int4 conversion buffers glibc still held (peak RSS +300 MB instead of +60)
-        lin.kernel()
-    if heads:
+    if made:
         _trim_heap()
     return module
 
