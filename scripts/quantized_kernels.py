@@ -49,16 +49,22 @@ def int8_kernel(out: int, k: int, gen: torch.Generator):
     return (lambda x: torch.ops.aten._weight_int8pack_mm(x, q, s)), out * k + out * 2
 
 
-def fbgemm_packed(out: int, k: int, gen: torch.Generator):
-    w = torch.randn(out, k, generator=gen) * 0.02
+def fbgemm_pack(q: torch.Tensor, scales: torch.Tensor):
+    """fbgemm's packed int8 weight of q int8 [out, in] with one scale per output row."""
+    zeros = torch.zeros(q.shape[0], dtype=torch.long)
     with warnings.catch_warnings():  # quantized tensors are deprecated as a user type; the packed op is what runs
         warnings.simplefilter("ignore")
-        qw = torch.quantize_per_channel(w, w.abs().amax(1) / 127, torch.zeros(out, dtype=torch.long), 0, torch.qint8)
+        qw = torch._make_per_channel_quantized_tensor(q, scales.float(), zeros, 0)
         return torch.ops.quantized.linear_prepack(qw, None)
 
 
+def random_pack(out: int, k: int, gen: torch.Generator):
+    q = torch.randint(-127, 128, (out, k), dtype=torch.int8, generator=gen)
+    return fbgemm_pack(q, torch.rand(out, generator=gen) * 0.01)
+
+
 def dyn_rows_kernel(out: int, k: int, gen: torch.Generator):
-    packed = fbgemm_packed(out, k, gen)
+    packed = random_pack(out, k, gen)
 
     def run(x: torch.Tensor) -> torch.Tensor:  # one call per row: each row's activation scale is its own
         x32 = x.float()
@@ -68,18 +74,22 @@ def dyn_rows_kernel(out: int, k: int, gen: torch.Generator):
     return run, out * k + out * 8
 
 
-def dyn_fixed_kernel(out: int, k: int, gen: torch.Generator):
-    packed = fbgemm_packed(out, k, gen)
+def dyn_fixed_product(packed, k: int):
+    """x [M, k] bf16 -> [M, out] bf16 through fbgemm's int8-activation product, all rows in one call."""
     pin = torch.zeros(1, k)
     pin[0, 0], pin[0, 1] = 1.0, -1.0
 
-    def run(x: torch.Tensor) -> torch.Tensor:  # one call; the range is [-1, 1] whatever the rows are
+    def run(x: torch.Tensor) -> torch.Tensor:  # the range is [-1, 1] whatever the rows are
         x32 = x.float()
         a = x32.abs().amax(1, keepdim=True).clamp(min=1e-30)  # [M, 1]
-        y = torch.ops.quantized.linear_dynamic(torch.cat([x32 / a, pin]), packed, True)[:-1]
+        y = torch.ops.quantized.linear_dynamic(torch.cat([x32 / a, pin]), packed, True)[:-1]  # 7-bit: no overflow
         return (y * a).to(BF16)
 
-    return run, out * k + out * 8
+    return run
+
+
+def dyn_fixed_kernel(out: int, k: int, gen: torch.Generator):
+    return dyn_fixed_product(random_pack(out, k, gen), k), out * k + out * 8
 
 
 def fp16_kernel(out: int, k: int, gen: torch.Generator):
