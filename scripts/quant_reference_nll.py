@@ -5,7 +5,9 @@ greedy paths diverge, so on 30 prompts it is noisy. This is the low-variance mea
 teacher-forced, each precision scores the same text, the prompt + canonical solution of problems [offset,
 offset + limit) (the benchmark's held-out prompts by default), NLL per token of the solution, no chat template.
 
-The last row is a what-if, not a shipped mode: int4 with the LM head in int4 too (groups of 32) instead of int8.
+The last rows are what-ifs, not shipped modes: int4 with the LM head in int4 too (groups of 32) instead of int8, and
+int4 with the int8 head run by fbgemm's int8-activation kernel (`scripts/quantized_kernels.py`'s "int8 dyn fixed":
+each row's activations quantized to 7 bits against its own largest value).
 
 Run: `python scripts/quant_reference_nll.py > docs/logs/quant-reference-nll.log`
 """
@@ -16,6 +18,7 @@ import argparse
 
 import torch
 
+from quantized_kernels import dyn_fixed_product, fbgemm_pack
 from specgen.data import humaneval
 from specgen.eval.text_bench import base_nll
 from specgen.models.quantize import QuantizedLinear
@@ -31,12 +34,23 @@ def int4_head(model):
     return model
 
 
-def reference_nll(name: str, problems: list[humaneval.Problem], head4: bool = False) -> tuple[float, int]:
+def int8_activation_head(model):
+    """`model` with its int8 LM head run by fbgemm's dynamic int8 product (int8 activations, one scale per row)."""
+    head = model.module.output
+    head.kernel()
+    head._kernel = (dyn_fixed_product(fbgemm_pack(head.qweight, head.scales), head.in_features), (), None)
+    return model
+
+
+WHAT_IFS = {"int4 head": int4_head, "int8-activation head": int8_activation_head}
+
+
+def reference_nll(name: str, problems: list[humaneval.Problem], what_if: str = "") -> tuple[float, int]:
     """(mean NLL per solution token, token count) of the canonical solutions under model `name` (the benchmark's
     teacher-forced `base_nll`, here of the reference text instead of a row's outputs)."""
     model = load_text_model(name)
-    if head4:
-        model = int4_head(model)
+    if what_if:
+        model = WHAT_IFS[what_if](model)
     total, count = 0.0, 0
     for p in problems:
         start = len(model.tokenizer.encode(p.prompt))
@@ -58,10 +72,10 @@ def main() -> None:
           "NLL per solution token (teacher-forced)")
     names = args.models.split(",")
     base = None
-    for name, head4 in [(n, False) for n in names] + [("smollm2-135m+int4", True)]:
-        nll, count = reference_nll(name, problems, head4)
+    for name, what_if in [(n, "") for n in names] + [("smollm2-135m+int4", w) for w in WHAT_IFS]:
+        nll, count = reference_nll(name, problems, what_if)
         base = nll if base is None else base
-        label = name + (" (int4 head)" if head4 else "")
+        label = name + (f" ({what_if})" if what_if else "")
         print(f"{label:32s} {nll:.4f}  ({count} tokens)  {100 * (nll / base - 1):+.2f}% vs {names[0]}")
 
 

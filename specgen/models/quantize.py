@@ -28,12 +28,18 @@ exception (`models/prompt.py`: no step recomputes it, and every method prefills 
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from specgen import devices
+from specgen.errors import UsageError
 from specgen.models import prompt
+from specgen.models.packed_linear import available
+from specgen.models.transformer import Transformer, TransformerConfig, rope_table
 
 MODES = ("int8", "int4")
 GROUPS = (32, 64, 128, 256)  # int4 group sizes the CPU kernel accepts
@@ -47,6 +53,9 @@ PROMPT_MIN_ROWS = {"int8": 24, "int4": 64}
 # rows of every product of the LM head's bfloat16 kernel (`blocked_head`): oneDNN's packed GEMM is fastest from 4 rows
 # here (`python scripts/int8_head_kernels.py`) and a product of one shape computes each row the same way
 HEAD_ROWS = 4
+# output rows converted to the int4 kernel's layout at a time: a multiple of its 64-row blocks, so the pieces are
+# bitwise the whole conversion, and its int32 input stays small (a whole layer's is 4 bytes a weight)
+PACK_ROWS = 256
 INT8_MM = torch.ops.aten._weight_int8pack_mm  # x [M, in] bf16, q int8 [out, in], scales bf16 [out] -> [M, out] bf16
 INT4_MM = torch.ops.aten._weight_int4pack_mm_for_cpu  # x [M, in] bf16, packed, group, scales-and-zeros -> [M, out]
 
@@ -147,7 +156,6 @@ def dequantize_int4(q4: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -
 
 def check_int4_shape(in_features: int, group: int) -> None:
     """One-line error when `group` is not a kernel group size or does not divide the input width."""
-    from specgen.errors import UsageError
 
     if group not in GROUPS:
         raise UsageError(f"int4 group size must be one of {', '.join(map(str, GROUPS))}, got {group}")
@@ -244,9 +252,12 @@ class QuantizedLinear(nn.Module):
             elif self.mode == "int8":
                 self._kernel = (INT8_MM, (self.qweight, self.scales), self.bias)
             else:
-                q = unpack_int4(self.qweight).to(torch.int32)  # [out, in], values 0..15
-                packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
-                sz = torch.stack([self.scales, self.zeros], -1).transpose(0, 1).contiguous()
+                packed = torch.empty_like(self.qweight)  # [out, in/2] in the kernel's order (blocks of <= 64 rows)
+                for i in range(0, self.out_features, PACK_ROWS):  # the int32 input: a few rows at a time
+                    q = unpack_int4(self.qweight[i : i + PACK_ROWS]).to(torch.int32)  # [rows, in], values 0..15
+                    packed[i : i + PACK_ROWS] = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+                sz = torch.stack([self.scales, self.zeros], -1).transpose(0, 1).contiguous()  # [in/g, out, 2]
+                self.scales, self.zeros = sz[..., 0].t(), sz[..., 1].t()  # views of the kernel's copy: held once
                 self._kernel = (INT4_MM, (packed, self.group, sz), self.bias)
         return self._kernel
 
@@ -311,7 +322,6 @@ def bf16_gemm() -> bool:
 def head_rows() -> int:
     """`HEAD_ROWS` where torch has oneDNN's packed linear (x86 CPU builds) and it packs bfloat16 on this CPU (not on
     an AVX2-only one), else 0 (the int8 kernel)."""
-    from specgen.models.packed_linear import available
 
     return HEAD_ROWS if available() and devices.onednn_packs(ACT_DTYPE) else 0
 
@@ -368,7 +378,6 @@ def quantize_transformer(model: nn.Module, mode: str, group: int = DEFAULT_GROUP
     """Replace every Linear of a decoder's blocks by a QuantizedLinear in place (head and embedding int8, tied when
     the model ties them); norms and a LlamaGen condition embedding (class table, caption projection: run once per
     sequence) go to bfloat16. Returns the model (its float weights are freed)."""
-    from specgen.models.transformer import Transformer
 
     if not isinstance(model, Transformer):
         raise ValueError("quantization covers specgen's decoder Transformer (text, image and mesh GPTs)")
@@ -407,7 +416,6 @@ def block_parents(blk: nn.Module) -> tuple[nn.Module, ...]:
 def quantize_model(model: nn.Module, mode: str, group: int = DEFAULT_GROUP) -> nn.Module:
     """`quantize_transformer` for a decoder Transformer, or for a model holding one as `decoder` (the mesh GPT: its
     point-cloud encoder and other parameters go to the activation dtype, as `.to(bfloat16)` would)."""
-    from specgen.models.transformer import Transformer
 
     if isinstance(model, Transformer):
         return quantize_transformer(model, mode, group)
@@ -436,7 +444,6 @@ def build_quantized_transformer(quantize: str, group: int = 0, **kwargs) -> nn.M
     The float Transformer is built on the meta device and never allocated (a quantized load's memory is its
     quantized weights); norms and the RoPE table are then made for real.
     """
-    from specgen.models.transformer import Transformer, TransformerConfig, rope_table
 
     cfg = TransformerConfig(**kwargs)
     with torch.device("meta"):
@@ -467,26 +474,16 @@ def quantized_layers(module: nn.Module) -> list[QuantizedLinear]:
 
 def prepare_kernels(module: nn.Module) -> nn.Module:
     """Make the kernel copies of every int4 layer and of a blocked head now (at load, not in the first timed
-    forward), then hand the freed conversion buffers back to the OS: `_convert_weight_to_int4pack_for_cpu` takes
-    int32 [out, in] (4 bytes a weight), and glibc keeps those freed buffers in the heap, ~190 MB of resident memory
-    for SmolLM2."""
-    int4 = [lin for lin in quantized_layers(module) if lin.mode == "int4"]
-    for lin in int4:
+    forward), then hand freed conversion buffers back to the OS (glibc keeps them in the heap otherwise)."""
+    made = [lin for lin in quantized_layers(module) if lin.mode == "int4" or lin.head_rows]
+    for lin in made:
         lin.kernel()
-    if int4:
-        _trim_heap()
-    heads = [lin for lin in quantized_layers(module) if lin.head_rows]  # after the trim: its copies would otherwise
-    for lin in heads:  # add to the int4 conversion buffers glibc still held (peak RSS +300 MB instead of +60)
-        lin.kernel()
-    if heads:
+    if made:
         _trim_heap()
     return module
 
 
 def _trim_heap() -> None:
-    import ctypes
-    import ctypes.util
-
     name = ctypes.util.find_library("c")
     try:
         ctypes.CDLL(name).malloc_trim(0)

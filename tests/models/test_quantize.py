@@ -139,6 +139,20 @@ def test_every_row_of_a_product_is_bitwise_the_row_alone(mode, group):
             assert torch.equal(q(x[:m]), alone[:m]), m
 
 
+def test_the_int4_kernel_copy_is_made_in_pieces_and_its_scales_are_held_once():
+    """The kernel's weight is converted `PACK_ROWS` output rows at a time (its int32 input stays small), bitwise the
+    whole conversion; the scales and zeros buffers become views of the kernel's [in/g, out, 2] copy."""
+    q = QuantizedLinear.from_linear(torch.nn.Linear(64, 2 * quantize.PACK_ROWS + 48, bias=False), "int4", 32)
+    scales, zeros = q.scales.clone(), q.zeros.clone()
+    _, (packed, _, sz), _ = q.kernel()
+    whole = torch.ops.aten._convert_weight_to_int4pack_for_cpu(quantize.unpack_int4(q.qweight).to(torch.int32), 1)
+    assert torch.equal(packed, whole)
+    assert torch.equal(q.scales, scales) and torch.equal(q.zeros, zeros)
+    assert q.scales.untyped_storage().data_ptr() == q.zeros.untyped_storage().data_ptr() == sz.data_ptr()
+    assert q._kernel is not None  # re-pointing the buffers kept the kernel
+    assert q.state_dict()["scales"].shape == (q.out_features, 2)  # the stored layout is unchanged: [out, in/g]
+
+
 @pytest.mark.skipif(not quantize.head_rows(), reason="needs oneDNN's packed linear (x86 CPU builds of torch)")
 def test_a_blocked_head_computes_every_row_bitwise_as_alone_and_near_the_int8_kernel():
     """The LM head's bf16 products run in blocks of HEAD_ROWS rows: a row's logits never depend on the product's
