@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from cli import generate_image, generate_mesh, generate_text
 from cli._options import Format
 from specgen import checkpoints
 from specgen.errors import UsageError
@@ -60,7 +60,8 @@ MODALITY_OPTIONS = {
     "num": ("--num", ("image", "mesh")), "classes": ("--classes", ("image",)), "cfg_scale": ("--cfg-scale", ("image",)),
     "captions": ("--captions", ("image",)), "point_clouds": ("--point-clouds", ("mesh",)),
 }
-RUNNERS = {"text": generate_text.run, "image": generate_image.run, "mesh": generate_mesh.run}
+#: modality -> its runner module (`run(args, spec)`), imported on use: a text run loads no image or mesh stack
+RUNNERS = {"text": "cli.generate_text", "image": "cli.generate_image", "mesh": "cli.generate_mesh"}
 
 
 def run(args: GenerateArgs, method: str) -> None:
@@ -73,4 +74,4 @@ def run(args: GenerateArgs, method: str) -> None:
         if getattr(args, field) not in (None, []) and modality not in modalities:
             raise UsageError(f"{flag} is for {' and '.join(modalities)} models; this is "
                              f"{'an' if modality[0] in 'aeiou' else 'a'} {modality} model")
-    RUNNERS[modality](args, spec)
+    importlib.import_module(RUNNERS[modality]).run(args, spec)

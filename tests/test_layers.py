@@ -159,3 +159,11 @@ def test_an_unexplained_local_import_is_found(tmp_path):
     f = tmp_path / "m.py"
     f.write_text("def a():\n    import json  # optional\n    import os\n\n\ndef b():\n    import re\n")
     assert local_imports(f) == [(2, True), (3, True), (7, False)]
+
+
+def test_the_generate_dispatch_loads_no_modality_stack_until_one_is_picked():
+    """A text `generate` imports neither the image nor the mesh runner (their stacks cost start-up time and memory)."""
+    code = ("import sys, cli.generate_runners; print(sorted(m for m in ('cli.generate_text', 'cli.generate_image', "
+            "'cli.generate_mesh', 'trimesh', 'matplotlib') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True).stdout
+    assert eval(out) == []
