@@ -343,7 +343,7 @@ def find_installed(name: str) -> Entry:
 
 
 #: Bytes of a weights file read through one mapping before it is closed (`state_parts`).
-MAPPED_BYTES = 64 << 20
+MAPPED_BYTES = 16 << 20
 
 
 def read_state(entry: Entry) -> dict[str, torch.Tensor]:
