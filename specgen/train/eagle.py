@@ -27,7 +27,6 @@ from specgen.train.checkpoint import fp16_state, publish, save_tensors, shipped_
 from specgen.train.image_gpt import sample_c2i, sample_t2i
 from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask
 from specgen.train.optim import OptimConfig
-from specgen.train.script import parse_recipe, print_metrics, run_script, script_parser
 
 
 @dataclass(frozen=True)
@@ -182,8 +181,7 @@ def evaluate(net: EagleNet, target: Transformer, data: dict[str, torch.Tensor], 
 
 
 def train(cfg: EagleTrainConfig, out: Path, log: Callable[[str], None] = lambda s: None,
-          command: str = "specgen train-heads --kind eagle", device: str = "cpu",
-          mixed_precision: str = "no", force: bool = False) -> dict[str, Any]:
+          device: str = "cpu", mixed_precision: str = "no", force: bool = False) -> dict[str, Any]:
     """Generate (or reuse) target samples, train (or resume) the drafter on the shared loop, register it;
     returns metrics."""
     if min(cfg.samples_per_class, cfg.eval_samples_per_class, cfg.steps, cfg.batch_size, cfg.grad_accum) < 1:
@@ -223,7 +221,7 @@ def train(cfg: EagleTrainConfig, out: Path, log: Callable[[str], None] = lambda 
     meta = {"builder": "eagle", "kwargs": net.cfg.to_dict(), "parent": entry.ref,
             "parent_digest": registry.weights_digest(entry), "vocab_size": net.cfg.vocab_size,
             "modality": "image", "drafter": "eagle", "embedding": "copy of the target's tok_embeddings (frozen)",
-            "head": "target.output", "created_by": command, "train_config": record["config"], "metrics": metrics,
+            "head": "target.output", "created_by": "specgen train-heads --kind eagle", "train_config": record["config"], "metrics": metrics,
             **{k: v for k, v in record.items() if k != "config"}}
     saved = publish("draft", cfg.name, cfg.ship_dir, fp16_state(net), meta, "tiny-image-eagle", force)
     return {"metrics": metrics, "entry": saved, "main": True}
@@ -277,13 +275,3 @@ def run_record(cfg: EagleTrainConfig, digest: str, captions_sha: str) -> dict[st
         return {"config": config, "target_sha": digest}
     return {"config": config, "target_sha": digest, "captions_sha": captions_sha}
 
-
-def main(argv: list[str] | None = None) -> int:
-    parser = script_parser("specgen.train.eagle", __doc__, "recipes/tiny/eagle-image.yaml")
-    cfg, args, log = parse_recipe(parser, EagleTrainConfig, argv)
-    return print_metrics(train(cfg, Path(args.out), log, command="python -m specgen.train.eagle",
-                               device=args.device)["metrics"])
-
-
-if __name__ == "__main__":
-    raise SystemExit(run_script(main))

@@ -23,7 +23,6 @@ from specgen.models.upsampler import UpDownSampler, UpsamplerConfig
 from specgen.train.checkpoint import fp16_state, publish, shipped_copy
 from specgen.train.image_gpt import cached_tokens, crop_tokens, downscale, load_vq
 from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask
-from specgen.train.script import parse_recipe, print_metrics, run_script, script_parser
 
 
 @dataclass(frozen=True)
@@ -361,8 +360,7 @@ class PairTask(TrainTask):
 # --- the run ----------------------------------------------------------------------------------------------------
 
 def train(cfg: UpsamplerTrainConfig, out: Path, log: Callable[[str], None] = lambda s: None,
-          command: str = "specgen train-upsampler", device: str = "cpu", mixed_precision: str = "no",
-          force: bool = False) -> dict[str, Any]:
+          device: str = "cpu", mixed_precision: str = "no", force: bool = False) -> dict[str, Any]:
     """Run (or resume) a training run in `out` on the shared loop; returns {"metrics", "entry"} and registers the
     pair."""
     torch.set_num_threads(cfg.num_threads)
@@ -418,19 +416,9 @@ def train(cfg: UpsamplerTrainConfig, out: Path, log: Callable[[str], None] = lam
     meta = {"builder": "mulo-updown", "kwargs": pcfg.to_dict(), "scale": r, "vq": cfg.vq_name, "vq_sha": digest,
             "codebook_hash": codebook_hash(vq.quantize.embedding.weight), "vocab_size": vcfg.codebook_size,
             "grid_low": grid_hi // r, "grid_high": grid_hi, "modality": "image", "parent": None,
-            "warm_start": cfg.warm_start or None, "created_by": command, "train_config": asdict(cfg),
+            "warm_start": cfg.warm_start or None, "created_by": "specgen train-upsampler", "train_config": asdict(cfg),
             "metrics": metrics}
     entry = publish("upsampler", cfg.name, cfg.ship_dir, state, meta, "upsampler", force)
     log(f"done: {json.dumps({k: v for k, v in metrics.items() if k != 'history'})}")
     return {"metrics": metrics, "entry": entry, "main": True}
 
-
-def main(argv: list[str] | None = None) -> int:
-    parser = script_parser("specgen.train.upsampler", __doc__, "recipes/tiny/upsampler-2x.yaml")
-    cfg, args, log = parse_recipe(parser, UpsamplerTrainConfig, argv)
-    result = train(cfg, Path(args.out), log, command="python -m specgen.train.upsampler", device=args.device)
-    return print_metrics(result["metrics"])
-
-
-if __name__ == "__main__":
-    raise SystemExit(run_script(main))
