@@ -30,10 +30,6 @@ EPILOG = """examples:
 RESUME_LOOSE = ("steps", "max_minutes", "log_every", "ckpt_every", "register", "name", "threads")
 
 
-#: --dtype -> accelerate's mixed_precision (autocast; the LoRA/trained weights stay float32)
-MIXED_PRECISION = {"float32": "no", "bfloat16": "bf16", "float16": "fp16"}
-
-
 @command
 def distill(
     overrides: OverridesArg = None,
@@ -58,11 +54,9 @@ def distill(
 
     if out is None:
         raise UsageError("--out RUN_FOLDER is required (checkpoint and log go there)")
-    if dtype and dtype not in MIXED_PRECISION:
-        raise UsageError(f"--dtype must be one of {', '.join(MIXED_PRECISION)}, got {dtype!r}")
     cfg = load_config(training.DistillConfig, config, overrides, trajectories=trajectories, model=model,
                       objective=objective, name=name, steps=steps, seed=seed, device=device,
-                      mixed_precision=MIXED_PRECISION[dtype] if dtype else None)
+                      mixed_precision=dtype)
     training.check_config(cfg)  # before anything is loaded or written
     with run_folder.training_run(out, to_dict(cfg), training.outputs(cfg), cfg.device, force, quiet,
                                  RESUME_LOOSE) as (log, _):

@@ -29,7 +29,7 @@ from specgen.text.trajectories import load_records, read_meta, tokenizer_hash
 from specgen.train import packing
 from specgen.train.checkpoint import check_outputs
 from specgen.train.lora import apply_lora, lora_state, merge_lora, merge_lora_state, merge_scale as checked_merge_scale
-from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask
+from specgen.train.loop import MIXED_PRECISION, At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask
 from specgen.train.script import run_script
 
 @dataclass
@@ -64,7 +64,7 @@ class DistillConfig:
     seed: int = 0
     threads: int = 0
     device: str = "cpu"  # cpu, or "auto" (accelerate's choice: cuda when present)
-    mixed_precision: str = "no"  # no | bf16 | fp16 (accelerate)
+    mixed_precision: str = "no"  # no | bf16 | fp16, or --dtype's float32 | bfloat16 | float16 (accelerate)
     max_minutes: float = 0.0  # > 0: stop (checkpointed, registered) after this wall time
     register: bool = True
 
@@ -72,7 +72,10 @@ class DistillConfig:
 def check_config(cfg: DistillConfig) -> None:
     """One-line usage errors for settings no run could use, before anything loads."""
     registry.check_name(cfg.name + "-lora", "name (+ -lora: target/NAME, adapter/NAME-lora)")
-    if cfg.mixed_precision == "fp16":  # float16 on a CPU without float16 kernels: one line
+    if cfg.mixed_precision not in MIXED_PRECISION:
+        raise UsageError(f"--dtype / mixed_precision must be one of {', '.join(MIXED_PRECISION)}, "
+                         f"got {cfg.mixed_precision!r}")
+    if MIXED_PRECISION[cfg.mixed_precision] == "fp16":  # float16 on a CPU without float16 kernels: one line
         resolve_dtype("float16", resolve_device(cfg.device))
     if cfg.objective not in ("pcllm", "cllm"):
         raise UsageError(f"objective must be pcllm or cllm, got {cfg.objective!r}")

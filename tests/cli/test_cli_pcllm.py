@@ -85,6 +85,7 @@ def test_bad_inputs_are_one_line(traj, tmp_path):
     r = invoke(*base, "--model", "other-text")
     assert "target/other-text (tokenizer" in r.stderr
     one_line_error(invoke(*base, "--model", "tiny-text", "block_size=8"), 2, "block size 4")
+    one_line_error(invoke(*base, "--model", "tiny-text", "--dtype", "float64"), 2, "--dtype / mixed_precision must be")
     one_line_error(invoke("distill", "--out", tmp_path / "r", "--trajectories", tmp_path, "--model", "tiny-text"), 2,
                    "holds no trajectories")
     # collecting into a folder of another target / block size
