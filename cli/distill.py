@@ -9,8 +9,7 @@ import typer
 
 from cli import _output
 from cli._errors import command
-from cli._options import ConfigOpt, DeviceOpt, Format, FormatOpt, ModelOpt, OverridesArg, QuietOpt, SeedOpt
-from cli.train_heads_eagle import ForceOpt
+from cli._options import ConfigOpt, DeviceOpt, ForceOpt, Format, FormatOpt, ModelOpt, OverridesArg, QuietOpt, SeedOpt
 from specgen.config import load_config, to_dict
 from specgen.errors import UsageError
 
