@@ -16,15 +16,14 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
 
 from specgen import checkpoints, registry
 from specgen.errors import UsageError
 from specgen.image.captions import Caption, read_captions
 from specgen.models.eagle import EagleNet
 from specgen.models.transformer import Transformer
-from specgen.train.checkpoint import fp16_state, publish, save_tensors, shipped_copy
-from specgen.train.image_gpt import sample_c2i, sample_t2i
+from specgen.train.checkpoint import fp16_state, publish, shipped_copy
+from specgen.train.image_gpt import cached_tokens, sample_c2i, sample_t2i
 from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask
 from specgen.train.optim import OptimConfig
 
@@ -102,27 +101,25 @@ def generations(model: Transformer, n_per_class: int, cfg: EagleTrainConfig, see
     key = (f"{digest}-n{n_per_class}-cfg{cfg.cfg_scale}-t{cfg.temperature}-k{cfg.top_k}-p{cfg.top_p}-seed{seed}")
     key += f"-cap{captions_sha}" if captions else ""
     path = Path(cfg.data_cache) / f"{key}.safetensors"
-    if cfg.data_cache and path.is_file():
-        log(f"generation cache hit: {path}")
-        return load_file(str(path))
-    conds = list(captions) * n_per_class if captions else torch.arange(model.cfg.num_classes).repeat(n_per_class)
-    labels = torch.tensor([c.index for c in conds]) if captions else conds
-    sample = sample_t2i if captions else sample_c2i
-    gen = torch.Generator().manual_seed(seed)
-    toks, feats = [], []
-    t0 = time.perf_counter()
-    for i in range(0, labels.shape[0], cfg.gen_batch):
-        t, f = sample(model, conds[i : i + cfg.gen_batch], cfg.cfg_scale, cfg.temperature, cfg.top_k,
-                      cfg.top_p, gen, features=True)
-        toks.append(t)
-        feats.append(f.transpose(0, 1).half())  # [b, branches, N, D]
-        log(f"generated {i + t.shape[0]}/{labels.shape[0]} target samples ({time.perf_counter() - t0:.0f}s)")
-    data = {"tokens": torch.cat(toks), "labels": labels, "features": torch.cat(feats)}
-    if data["features"].shape[1] == 1:  # no CFG: only the conditional branch exists
-        log("cfg_scale <= 1: training on the conditional branch only")
-    if cfg.data_cache:
-        save_tensors(path, data)
-    return data
+
+    def build() -> dict[str, torch.Tensor]:
+        conds = list(captions) * n_per_class if captions else torch.arange(model.cfg.num_classes).repeat(n_per_class)
+        labels = torch.tensor([c.index for c in conds]) if captions else conds
+        sample = sample_t2i if captions else sample_c2i
+        gen = torch.Generator().manual_seed(seed)
+        toks, feats = [], []
+        t0 = time.perf_counter()
+        for i in range(0, labels.shape[0], cfg.gen_batch):
+            t, f = sample(model, conds[i : i + cfg.gen_batch], cfg.cfg_scale, cfg.temperature, cfg.top_k,
+                          cfg.top_p, gen, features=True)
+            toks.append(t)
+            feats.append(f.transpose(0, 1).half())  # [b, branches, N, D]
+            log(f"generated {i + t.shape[0]}/{labels.shape[0]} target samples ({time.perf_counter() - t0:.0f}s)")
+        if feats[0].shape[1] == 1:  # no CFG: only the conditional branch exists
+            log("cfg_scale <= 1: training on the conditional branch only")
+        return {"tokens": torch.cat(toks), "labels": labels, "features": torch.cat(feats)}
+
+    return cached_tokens(path, build, log) if cfg.data_cache else build()
 
 
 def rows(data: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -112,7 +112,7 @@ def crop_tokens(vq, split: str, n: int, seed: int, crop: int, scale: int, log: C
 
 def cached_tokens(path: Path, build: Callable[[], dict[str, torch.Tensor]],
                   log: Callable[[str], None]) -> dict[str, torch.Tensor]:
-    """Token tensors cached at `path` (safetensors); `build()` makes them on a miss."""
+    """Tensors cached at `path` (safetensors); `build()` makes them on a miss."""
     if path.is_file():
         log(f"token cache hit: {path}")
         return load_file(str(path))
