@@ -441,9 +441,8 @@ def save_outputs(trainer: HeadsTrainer, result: dict, force: bool = False) -> li
     if "lora" in result:
         (ka, na, shipa), (kh, nh, shiph) = rest
         adapter = publish(ka, na, shipa, half({f"decoder.{k}": v for k, v in result["lora"].items()}),
-                          {"parent": target.name, "parent_digest": digest, "vocab_size": target.meta.get("vocab_size"),
-                           "modality": "mesh", "lora_rank": cfg.lora_rank, "lora_alpha": cfg.lora_alpha,
-                           "created_by": base["created_by"], "metrics": s2}, na, force)
+                          {**{k: base[k] for k in ("parent", "parent_digest", "vocab_size", "modality", "created_by")},
+                           "lora_rank": cfg.lora_rank, "lora_alpha": cfg.lora_alpha, "metrics": s2}, na, force)
         entries.append(adapter)
         entries.append(publish(kh, nh, shiph, half(result["heads_s2"]),
                                {**base, "stage": 2, "adapter": adapter.name, "metrics": s2}, nh, force))

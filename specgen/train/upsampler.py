@@ -250,16 +250,12 @@ def evaluate(pair: UpDownSampler, vq, data: dict, r: int) -> dict[str, float]:
     naive_up = lo.repeat_interleave(r, 1).repeat_interleave(r, 2)
     naive_down = hi[:, ::r, ::r]
     dec = lambda t: torch.cat([vq.decode_indices(t[i : i + 64]) for i in range(0, t.shape[0], 64)])  # noqa: E731
-    out["up_token_acc"] = float((up == hi).float().mean())
-    out["up_token_acc_naive"] = float((naive_up == hi).float().mean())
-    out["up_psnr"] = psnr(dec(up), x_hi)
-    out["up_psnr_naive"] = psnr(dec(naive_up), x_hi)
-    out["up_psnr_vq_ceiling"] = psnr(dec(hi), x_hi)
-    out["down_token_acc"] = float((down == lo).float().mean())
-    out["down_token_acc_naive"] = float((naive_down == lo).float().mean())
-    out["down_psnr"] = psnr(dec(down), x_lo)
-    out["down_psnr_naive"] = psnr(dec(naive_down), x_lo)
-    out["down_psnr_vq_ceiling"] = psnr(dec(lo), x_lo)
+    for side, got, naive, real, x in (("up", up, naive_up, hi, x_hi), ("down", down, naive_down, lo, x_lo)):
+        out[f"{side}_token_acc"] = float((got == real).float().mean())
+        out[f"{side}_token_acc_naive"] = float((naive == real).float().mean())
+        out[f"{side}_psnr"] = psnr(dec(got), x)
+        out[f"{side}_psnr_naive"] = psnr(dec(naive), x)
+        out[f"{side}_psnr_vq_ceiling"] = psnr(dec(real), x)
     return {k: round(v, 4) for k, v in out.items()}
 
 
