@@ -240,8 +240,7 @@ def lr_at(step: int, cfg: DistillConfig) -> float:
 
 def distill(cfg: DistillConfig, out: Path, log: Callable[[str], None] = lambda s: None, progress=None,
             on_step: Callable[[int], None] | None = None, force: bool = False) -> dict:
-    """Train on the shared loop (resuming from OUT/state.safetensors, which holds only the trained weights) and
-    register the result; returns a summary."""
+    """Train (resuming from OUT/state.safetensors: the trained weights only), register the result; returns a summary."""
     check_config(cfg)
     meta = read_meta(Path(cfg.trajectories))
     if cfg.threads:

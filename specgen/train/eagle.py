@@ -179,8 +179,7 @@ def evaluate(net: EagleNet, target: Transformer, data: dict[str, torch.Tensor], 
 
 def train(cfg: EagleTrainConfig, out: Path, log: Callable[[str], None] = lambda s: None,
           device: str = "cpu", mixed_precision: str = "no", force: bool = False) -> dict[str, Any]:
-    """Generate (or reuse) target samples, train (or resume) the drafter on the shared loop, register it;
-    returns metrics."""
+    """Generate (or reuse) target samples, train (or resume) the drafter and register it; returns the metrics."""
     if min(cfg.samples_per_class, cfg.eval_samples_per_class, cfg.steps, cfg.batch_size, cfg.grad_accum) < 1:
         raise UsageError("samples_per_class, eval_samples_per_class, steps, batch_size and grad_accum must be >= 1")
     torch.set_num_threads(cfg.num_threads)
@@ -218,7 +217,8 @@ def train(cfg: EagleTrainConfig, out: Path, log: Callable[[str], None] = lambda 
     meta = {"builder": "eagle", "kwargs": net.cfg.to_dict(), "parent": entry.ref,
             "parent_digest": registry.weights_digest(entry), "vocab_size": net.cfg.vocab_size,
             "modality": "image", "drafter": "eagle", "embedding": "copy of the target's tok_embeddings (frozen)",
-            "head": "target.output", "created_by": "specgen train-heads --kind eagle", "train_config": record["config"], "metrics": metrics,
+            "head": "target.output", "created_by": "specgen train-heads --kind eagle", "train_config": record["config"],
+            "metrics": metrics,
             **{k: v for k, v in record.items() if k != "config"}}
     saved = publish("draft", cfg.name, cfg.ship_dir, fp16_state(net), meta, "tiny-image-eagle", force)
     return {"metrics": metrics, "entry": saved, "main": True}

@@ -427,8 +427,7 @@ def outputs(cfg: HeadsTrainConfig) -> list[tuple[str, str, str]]:
 
 
 def save_outputs(trainer: HeadsTrainer, result: dict, force: bool = False) -> list:
-    """Register heads/<name>-s1, adapter/<name>-lora and heads/<name> (and ship them: `publish`); returns the
-    entries."""
+    """Register (and ship: `publish`) heads/<name>-s1, adapter/<name>-lora and heads/<name>; returns the entries."""
     cfg, target = trainer.cfg, trainer.target
     digest = registry.weights_digest(target)  # a retrained backbone refuses these heads (check_pair)
     base = {"builder": "xspecmesh_heads", "kwargs": trainer.heads.cfg.to_dict(), "parent": target.name,

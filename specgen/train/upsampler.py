@@ -357,8 +357,7 @@ class PairTask(TrainTask):
 
 def train(cfg: UpsamplerTrainConfig, out: Path, log: Callable[[str], None] = lambda s: None,
           device: str = "cpu", mixed_precision: str = "no", force: bool = False) -> dict[str, Any]:
-    """Run (or resume) a training run in `out` on the shared loop; returns {"metrics", "entry"} and registers the
-    pair."""
+    """Train (or resume) in `out` and register the pair; returns {"metrics", "entry", "main"}."""
     torch.set_num_threads(cfg.num_threads)
     vq, doc, digest = load_vq(cfg.vq)
     for p in vq.parameters():
