@@ -221,8 +221,8 @@ class StateFile:
             raise StaleStateError(f"{path} was written by a different {' and '.join(stale)}; use a fresh --out")
         for name, m in task.modules.items():
             state = {k[len(name) + 1:]: v for k, v in tensors.items() if k.startswith(name + ".")}
-            missing = [k for k in self._state(m) if k not in state]
-            if self.trainable and missing:
+            missing = [k for k in self._state(m) if k not in state] if self.trainable else []
+            if missing:
                 raise CheckpointError(f"{path} does not fit this run (no {missing[0]}); use another --out")
             m.load_state_dict(state, strict=not self.trainable)
         for name, opt in task.optims.items():
