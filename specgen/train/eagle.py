@@ -205,7 +205,7 @@ def train(cfg: EagleTrainConfig, out: Path, log: Callable[[str], None] = lambda 
     task.record = record
     n_params = sum(p.numel() for p in net.parameters() if p.requires_grad)
     loop.log(f"drafter for {entry.ref} ({n_params / 1e6:.2f}M trainable params); {feats.shape[0]} training rows")
-    progress = loop.run(task, StateFile(out / "state.safetensors", record, added=ADDED_KEYS))
+    progress = loop.run(task, StateFile(out / "state.safetensors", record))
     net.cpu(), target.cpu()
     step, history, elapsed = progress.step, progress.history, progress.elapsed
     if not loop.is_main:  # rank 0 measures and registers
@@ -222,10 +222,6 @@ def train(cfg: EagleTrainConfig, out: Path, log: Callable[[str], None] = lambda 
             **{k: v for k, v in record.items() if k != "config"}}
     saved = publish("draft", cfg.name, cfg.ship_dir, fp16_state(net), meta, "tiny-image-eagle", force)
     return {"metrics": metrics, "entry": saved, "main": True}
-
-
-#: Keys added after states were written, with the value those states implicitly used (they still resume).
-ADDED_KEYS = {"grad_accum": 1}
 
 
 class EagleTask(TrainTask):

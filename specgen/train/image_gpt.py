@@ -274,7 +274,7 @@ def train(cfg: ImageGPTTrainConfig, out: Path, log: Callable[[str], None] = lamb
     n_params = sum(p.numel() for p in model.parameters())
     loop.log(f"{n_params / 1e6:.2f}M params; config {mcfg.to_dict()}; {data['train_tokens'].shape[0]} train crops, "
              f"{len(classes)} classes")
-    progress = loop.run(task, StateFile(out / "state.safetensors", {"config": asdict(cfg)}, added=ADDED_KEYS))
+    progress = loop.run(task, StateFile(out / "state.safetensors", {"config": asdict(cfg)}))
     model.cpu()
     metrics = {}
     if loop.is_main:
@@ -284,10 +284,6 @@ def train(cfg: ImageGPTTrainConfig, out: Path, log: Callable[[str], None] = lamb
         register(cfg, model, data, metrics, command)
         log(f"done: {json.dumps({k: v for k, v in metrics.items() if k != 'history'})}")
     return metrics
-
-
-#: Keys added after states were written, with the value those states implicitly used (they still resume).
-ADDED_KEYS = {"grad_accum": 1}
 
 
 class C2ITask(TrainTask):

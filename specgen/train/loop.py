@@ -175,12 +175,13 @@ class StateFile:
     in the metadata, as one string under "meta" or, `packed=False`, one per key (the VQ, mesh and heads layout).
 
     `expect` must equal the saved meta to resume (else StaleStateError); `loose` names keys of its dict values
-    that may change (budgets), `added` keys introduced later with the value older states implicitly had."""
+    that may change (budgets), `added` keys introduced later with the value older states implicitly had (filled
+    into a saved dict only where the expected one has the key)."""
 
     path: Path
     expect: Mapping[str, Any] = field(default_factory=dict)
     loose: tuple[str, ...] = ()
-    added: Mapping[str, Any] = field(default_factory=dict)
+    added: Mapping[str, Any] = field(default_factory=lambda: {"grad_accum": 1})  # the loop's own later key
     packed: bool = True
     trainable: bool = False
 
@@ -212,11 +213,14 @@ class StateFile:
         except (OSError, ValueError, KeyError, SafetensorError) as e:
             raise CheckpointError(f"corrupt training state {path}: {e}") from None
 
-        def strip(v: Any) -> Any:  # a dict value (config) without its loose keys
-            return {k: x for k, x in v.items() if k not in self.loose} if isinstance(v, dict) else v
+        def strip(v: Any, like: Any) -> Any:  # a dict value (config): later keys `like` has filled in, loose keys out
+            if not isinstance(v, dict):
+                return v
+            return {k: x for k, x in {**{a: d for a, d in self.added.items() if a in like}, **v}.items()
+                    if k not in self.loose}
 
-        saved = {k: {**self.added, **v} if isinstance(v, dict) else v for k, v in meta.items()}
-        stale = [k for k, v in self.expect.items() if strip(saved.get(k)) != strip(json.loads(json.dumps(v)))]
+        want = json.loads(json.dumps(dict(self.expect)))
+        stale = [k for k, v in want.items() if strip(meta.get(k), v) != strip(v, v)]
         if stale:
             raise StaleStateError(f"{path} was written by a different {' and '.join(stale)}; use a fresh --out")
         for name, m in task.modules.items():

@@ -189,6 +189,10 @@ def test_train_state_refuses_another_config_but_not_a_new_budget(tmp_path):
     assert StateFile(path, {"config": newer}, added={"token_input": False}).load(task)["step"] == 0
     with pytest.raises(StaleStateError, match="different config"):
         StateFile(path, {"config": {**newer, "token_input": True}}, added={"token_input": False}).load(task)
+    # the loop's grad_accum, added to recipes later, is filled in by default, and only where this run's config has it
+    assert StateFile(path, {"config": {"lr": 0.01, "steps": 9, "grad_accum": 1}}).load(task)["step"] == 0
+    with pytest.raises(StaleStateError, match="different config"):
+        StateFile(path, {"config": {"lr": 0.01, "steps": 9, "grad_accum": 2}}).load(task)
 
 
 RECIPES = {  # recipe -> (module, config class)
