@@ -24,6 +24,8 @@ DeviceOpt = Annotated[Optional[str], typer.Option(
 GraphsOpt = Annotated[Optional[str], typer.Option(
     "--graphs", help="auto, on or off: decode steps as CUDA-graph replays (auto: on for CUDA; on a CPU, on is refused).")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or tables on stderr.")]
+ForceOpt = Annotated[bool, typer.Option("--force", help="Replace existing registry entries of the output names "
+                                                        "(never a built-in's).")]
 ModelOpt = Annotated[Optional[str], typer.Option("--model", "-m", help="Target: registry name, kind/name, or a checkpoint folder.")]
 MethodOpt = Annotated[Optional[str], typer.Option("--method", help="Decoding method (see `specgen generate --help`).")]
 DtypeOpt = Annotated[Optional[str], typer.Option(

@@ -9,8 +9,7 @@ import typer
 
 from cli import _output
 from cli._errors import command
-from cli._options import ConfigOpt, DeviceOpt, Format, FormatOpt, ModelOpt, OverridesArg, QuietOpt, SeedOpt
-from cli.train_heads_eagle import ForceOpt
+from cli._options import ConfigOpt, DeviceOpt, ForceOpt, Format, FormatOpt, ModelOpt, OverridesArg, QuietOpt, SeedOpt
 from specgen.config import load_config, to_dict
 from specgen.errors import UsageError
 
@@ -28,10 +27,6 @@ EPILOG = """examples:
 
 #: Settings a resumed run may change (budget, logging, registration); any other change is refused up front.
 RESUME_LOOSE = ("steps", "max_minutes", "log_every", "ckpt_every", "register", "name", "threads")
-
-
-#: --dtype -> accelerate's mixed_precision (autocast; the LoRA/trained weights stay float32)
-MIXED_PRECISION = {"float32": "no", "bfloat16": "bf16", "float16": "fp16"}
 
 
 @command
@@ -58,11 +53,9 @@ def distill(
 
     if out is None:
         raise UsageError("--out RUN_FOLDER is required (checkpoint and log go there)")
-    if dtype and dtype not in MIXED_PRECISION:
-        raise UsageError(f"--dtype must be one of {', '.join(MIXED_PRECISION)}, got {dtype!r}")
     cfg = load_config(training.DistillConfig, config, overrides, trajectories=trajectories, model=model,
                       objective=objective, name=name, steps=steps, seed=seed, device=device,
-                      mixed_precision=MIXED_PRECISION[dtype] if dtype else None)
+                      mixed_precision=dtype)
     training.check_config(cfg)  # before anything is loaded or written
     with run_folder.training_run(out, to_dict(cfg), training.outputs(cfg), cfg.device, force, quiet,
                                  RESUME_LOOSE) as (log, _):

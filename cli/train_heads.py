@@ -1,4 +1,4 @@
-"""`specgen train-heads`: train draft heads for a target; `--kind` picks the trainer from KINDS.
+"""`specgen train-heads`: train draft heads for a target; `--kind` picks the trainer from KINDS (XSpecMesh, EAGLE).
 
 A kind is a function (config path, overrides, out dir, quiet, device, force) -> rows, one per registered entry.
 """
@@ -13,8 +13,7 @@ import typer
 
 from cli import _output
 from cli._errors import command
-from cli._options import ConfigOpt, DeviceOpt, Format, FormatOpt, OverridesArg, QuietOpt
-from cli.train_heads_eagle import ForceOpt, train_eagle
+from cli._options import ConfigOpt, DeviceOpt, ForceOpt, Format, FormatOpt, OverridesArg, QuietOpt
 from specgen.config import load_config
 from specgen.errors import UnknownNameError, UsageError
 
@@ -49,6 +48,24 @@ def train_xspecmesh(config: Path | None, overrides: list[str], out: Path, quiet:
         entries = heads.save_outputs(trainer, result, force)
     return [{"ref": e.ref, "stage": e.meta.get("stage", "-"), "parent": e.meta.get("parent"),
              "metrics": e.meta.get("metrics", {}), "path": str(e.path)} for e in entries]
+
+
+def train_eagle(config: Path | None, overrides: list[str], out: Path, quiet: bool,
+                device: str | None = None, force: bool = False) -> list[dict]:
+    """An EAGLE feature drafter for an image target (c2i, or t2i with captions=FILE); registers it."""
+    from specgen.train import eagle, run_folder  # deferred: start-up (torch-free --help)
+
+    cfg = load_config(eagle.EagleTrainConfig, config, overrides)
+    # the run folder and outputs are checked before the target loads and samples are generated
+    with run_folder.training_run(out, asdict(cfg), [("draft", cfg.name, cfg.ship_dir)], device, force, quiet,
+                                 loose=("ship_dir",)) as (log, dev):
+        result = eagle.train(cfg, out, log, device=dev, force=force)
+    if not result["main"]:  # another process of a data-parallel run: rank 0 reports
+        return []
+    e = result["entry"]
+    m = {k: v for k, v in result["metrics"].items() if k != "history"}
+    return [{"ref": e.ref if e else "-", "stage": "-", "parent": e.meta.get("parent") if e else cfg.target,
+             "metrics": m, "path": str(e.path) if e else str(out)}]
 
 
 KINDS: dict[str, Callable[[Path | None, list[str], Path, bool, str | None, bool], list[dict]]] = {

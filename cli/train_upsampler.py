@@ -10,8 +10,7 @@ import typer
 
 from cli import _output
 from cli._errors import command
-from cli._options import ConfigOpt, DeviceOpt, Format, FormatOpt, OverridesArg, QuietOpt
-from cli.train_heads_eagle import ForceOpt
+from cli._options import ConfigOpt, DeviceOpt, ForceOpt, Format, FormatOpt, OverridesArg, QuietOpt
 from specgen.config import load_config
 from specgen.errors import UsageError
 

@@ -1,4 +1,4 @@
-"""Files a training run writes, atomic and never pickled: safetensors/JSON, fp16 weights to ship, train state."""
+"""Files a training run writes, atomic and never pickled: safetensors/JSON and the fp16 weights it ships."""
 
 from __future__ import annotations
 
@@ -9,20 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from specgen import builtins, registry
 from specgen.errors import UsageError
 from specgen.paths import atomic_write, atomic_write_text
 from specgen.registry import Entry
-
-# A train state file (`state.safetensors`) holds, as tensors:
-#   <module>.<key>      the state dict of every module in `modules` ("model", "heads", ...)
-#   <optim>.<i>.<key>   the state of parameter i (in its optimiser's param-group order) of every optimiser
-#   <extra key>         any further tensors of the trainer (e.g. VQ code hits)
-# and its JSON meta (step, history, config, ...) in the safetensors metadata: either packed as one JSON
-# string under "meta" or one JSON string per meta key (`packed=False`; the VQ and mesh trainers' layout).
 
 
 class StaleStateError(UsageError, ValueError):
@@ -94,55 +86,3 @@ def publish(kind: str, name: str, ship_dir: str, state: dict[str, torch.Tensor],
     if ship_dir:
         write_entry(Path(ship_dir), state, {"kind": kind, "name": name or fallback, **meta})
     return entry
-
-
-def save_train_state(path: Path, modules: Mapping[str, torch.nn.Module], optims: Mapping[str, torch.optim.Optimizer],
-                     meta: dict[str, Any], extra: Mapping[str, torch.Tensor] | None = None,
-                     packed: bool = True) -> None:
-    """Weights of `modules`, optimiser moments of `optims`, `extra` tensors and JSON `meta` in one file."""
-    tensors = {f"{name}.{k}": v.detach().clone() for name, m in modules.items() for k, v in m.state_dict().items()}
-    for name, opt in optims.items():
-        for i, p in enumerate(p for g in opt.param_groups for p in g["params"]):
-            for k, v in opt.state.get(p, {}).items():
-                tensors[f"{name}.{i}.{k}"] = torch.as_tensor(v).detach().clone()
-    tensors.update({k: v.detach().clone() for k, v in (extra or {}).items()})
-    metadata = {"meta": json.dumps(meta)} if packed else {k: json.dumps(v) for k, v in meta.items()}
-    save_tensors(path, tensors, metadata)
-
-
-def load_train_state(path: Path, modules: Mapping[str, torch.nn.Module], optims: Mapping[str, torch.optim.Optimizer],
-                     expect: Mapping[str, Any], loose: tuple[str, ...] = (),
-                     extra: Mapping[str, torch.Tensor] | None = None,
-                     added: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
-    """Restore what `save_train_state` wrote (in place) and return its meta; None when there is no file.
-
-    Every `expect` item must equal the saved meta's (compared as JSON; `loose` names keys of dict values,
-    such as budgets, that may change on resume), else StaleStateError, before anything is loaded.
-    `added` maps keys of dict values introduced after a state was written to the value they implicitly
-    had then (a saved dict without the key is compared as if it held that value).
-    """
-    if not path.is_file():
-        return None
-    with safe_open(str(path), "pt") as f:
-        raw = f.metadata() or {}
-    meta = json.loads(raw["meta"]) if "meta" in raw else {k: json.loads(v) for k, v in raw.items()}
-    def strip(v: Any) -> Any:
-        return {k: x for k, x in v.items() if k not in loose} if isinstance(v, dict) else v
-
-    def fill(v: Any) -> Any:
-        return {**(added or {}), **v} if isinstance(v, dict) else v
-
-    stale = [k for k, v in expect.items() if strip(fill(meta.get(k))) != strip(json.loads(json.dumps(v)))]
-    if stale:
-        raise StaleStateError(f"{path} was written by a different {' and '.join(stale)}; use a fresh --out")
-    tensors = load_file(str(path))
-    for name, m in modules.items():
-        m.load_state_dict({k[len(name) + 1:]: v for k, v in tensors.items() if k.startswith(name + ".")}, strict=True)
-    for name, opt in optims.items():
-        for i, p in enumerate(p for g in opt.param_groups for p in g["params"]):
-            st = {k[len(f"{name}.{i}."):]: v for k, v in tensors.items() if k.startswith(f"{name}.{i}.")}
-            if st:
-                opt.state[p] = st
-    for k, v in (extra or {}).items():
-        v.copy_(tensors[k])
-    return meta

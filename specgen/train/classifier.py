@@ -145,8 +145,7 @@ class ClassifierTask(TrainTask):
 
 def train(cfg: ClassifierTrainConfig, out: Path, log: Callable[[str], None] = lambda s: None,
           device: str = "cpu") -> dict[str, Any]:
-    """Train on the shared loop, evaluate the fp16 weights, write OUT/{model.safetensors, config.json}; return the
-    metrics."""
+    """Train, measure the fp16 weights and write them to OUT (model.safetensors, config.json); returns the metrics."""
     torch.set_num_threads(cfg.num_threads)
     torch.manual_seed(cfg.seed)
     data_cfg = ImageCropsConfig(crop_size=cfg.crop_size, seed=cfg.data_seed)

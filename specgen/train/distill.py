@@ -17,11 +17,11 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from specgen import checkpoints, registry
 from specgen.devices import resolve_device, resolve_dtype
-from specgen.errors import CheckpointError, IncompatibleError, UsageError
+from specgen.errors import IncompatibleError, UsageError
 from specgen.models.tokenizer import copy_tokenizer
 from specgen.paths import atomic_dir
 from specgen.text.target import load_text_model
@@ -29,11 +29,8 @@ from specgen.text.trajectories import load_records, read_meta, tokenizer_hash
 from specgen.train import packing
 from specgen.train.checkpoint import check_outputs
 from specgen.train.lora import apply_lora, lora_state, merge_lora, merge_lora_state, merge_scale as checked_merge_scale
-from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, TrainTask
+from specgen.train.loop import MIXED_PRECISION, At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask
 from specgen.train.script import run_script
-
-CKPT = "checkpoint"
-
 
 @dataclass
 class DistillConfig:
@@ -67,7 +64,7 @@ class DistillConfig:
     seed: int = 0
     threads: int = 0
     device: str = "cpu"  # cpu, or "auto" (accelerate's choice: cuda when present)
-    mixed_precision: str = "no"  # no | bf16 | fp16 (accelerate)
+    mixed_precision: str = "no"  # no | bf16 | fp16, or --dtype's float32 | bfloat16 | float16 (accelerate)
     max_minutes: float = 0.0  # > 0: stop (checkpointed, registered) after this wall time
     register: bool = True
 
@@ -75,7 +72,10 @@ class DistillConfig:
 def check_config(cfg: DistillConfig) -> None:
     """One-line usage errors for settings no run could use, before anything loads."""
     registry.check_name(cfg.name + "-lora", "name (+ -lora: target/NAME, adapter/NAME-lora)")
-    if cfg.mixed_precision == "fp16":  # float16 on a CPU without float16 kernels: one line
+    if cfg.mixed_precision not in MIXED_PRECISION:
+        raise UsageError(f"--dtype / mixed_precision must be one of {', '.join(MIXED_PRECISION)}, "
+                         f"got {cfg.mixed_precision!r}")
+    if MIXED_PRECISION[cfg.mixed_precision] == "fp16":  # float16 on a CPU without float16 kernels: one line
         resolve_dtype("float16", resolve_device(cfg.device))
     if cfg.objective not in ("pcllm", "cllm"):
         raise UsageError(f"objective must be pcllm or cllm, got {cfg.objective!r}")
@@ -167,70 +167,13 @@ def cllm_losses(model, blocks: list[dict], cfg: DistillConfig, rng: random.Rando
     return {"loss": pc + cfg.ar_weight * ar, "pc": pc, "ar": ar}
 
 
-# ----------------------------------------------------------------------------------------------------
-# checkpoints (atomic folder swap; safetensors + JSON only)
-
-
-@dataclass(frozen=True)
-class CheckpointFolder:
-    """The loop's `Checkpoint` for distillation: OUT/checkpoint/ (trainable weights, AdamW state, meta), swapped in
-    atomically; only trainable weights, so a LoRA run's state is the adapter's size, not the model's."""
-
-    folder: Path
-
-    def save(self, task: DistillTask, meta: dict[str, Any]) -> None:
-        model, optimizer = task.model, task.optims["optim"].optimizer
-
-        def fill(tmp: Path) -> None:
-            trainable = {n: p.detach().cpu().contiguous() for n, p in model.named_parameters() if p.requires_grad}
-            save_file(trainable, str(tmp / "trainable.safetensors"))
-            flat = {f"{i}.{k}": v.detach().cpu().contiguous() for i, st in optimizer.state_dict()["state"].items()
-                    for k, v in st.items() if torch.is_tensor(v)}
-            save_file(flat or {"_empty": torch.zeros(1)}, str(tmp / "optimizer.safetensors"))
-            (tmp / "state.json").write_text(json.dumps(meta))
-
-        atomic_dir(self.folder, fill)
-
-    def load(self, task: DistillTask) -> dict[str, Any] | None:
-        """Restore what `save` wrote (in place) and return its meta; None without a checkpoint."""
-        folder, model, optimizer = self.folder, task.model, task.optims["optim"].optimizer
-        if not (folder / "state.json").is_file():
-            return None
-        try:
-            state = json.loads((folder / "state.json").read_text())
-            trainable = load_file(str(folder / "trainable.safetensors"))
-            flat = load_file(str(folder / "optimizer.safetensors"))
-        except Exception as e:
-            raise CheckpointError(f"corrupt training checkpoint in {folder}: {e}") from None
-        params = dict(model.named_parameters())
-        missing = [n for n, p in params.items() if p.requires_grad and n not in trainable]
-        if missing:
-            raise CheckpointError(f"{folder} does not fit this run (no {missing[0]}); use another --out")
-        with torch.no_grad():
-            for n, v in trainable.items():
-                params[n].copy_(v)
-        osd = optimizer.state_dict()
-        per: dict[int, dict] = {}
-        for key, v in flat.items():
-            if key == "_empty":
-                continue
-            i, k = key.split(".", 1)
-            per.setdefault(int(i), {})[k] = v
-        osd["state"] = per
-        optimizer.load_state_dict(osd)
-        return {**state, "step": int(state["step"]), "history": list(state.get("history", [])),
-                "window": list(state.get("window", []))}
-
-
 class DistillTask(TrainTask):
     """pcLLM or CLLM losses on the trajectories: micro-batch `at` trains on prompt `sample_index(...)` with a
     random.Random seeded by (seed, prompt, step), so a resumed or multi-process run sees what one process does."""
 
     def __init__(self, cfg: DistillConfig, model, params: list, groups: list[list[dict]],
-                 stop_ids: tuple[int, ...], on_step: Callable[[int], None] | None = None,
-                 log: Callable[[str], None] = lambda s: None) -> None:
+                 stop_ids: tuple[int, ...], on_step: Callable[[int], None] | None = None) -> None:
         self.cfg, self.model, self.groups, self.stop_ids, self.on_step = cfg, model, groups, stop_ids, on_step
-        self.log = log
         opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
         self.modules = {"model": model}
         self.optims = {"optim": Optim(opt, lambda s: lr_at(s, cfg), cfg.grad_clip)}
@@ -268,9 +211,6 @@ class DistillTask(TrainTask):
     def meta(self) -> dict[str, Any]:
         return {"config": asdict(self.cfg)}
 
-    def restore(self, meta: dict[str, Any], progress: Progress) -> None:
-        self.log(f"resumed from the checkpoint at step {progress.step}")
-
 
 # ----------------------------------------------------------------------------------------------------
 # the run
@@ -300,8 +240,7 @@ def lr_at(step: int, cfg: DistillConfig) -> float:
 
 def distill(cfg: DistillConfig, out: Path, log: Callable[[str], None] = lambda s: None, progress=None,
             on_step: Callable[[int], None] | None = None, force: bool = False) -> dict:
-    """Train on the shared loop (resuming from OUT/checkpoint when present) and register the result; returns a
-    summary."""
+    """Train (resuming from OUT/state.safetensors: the trained weights only), register the result; returns a summary."""
     check_config(cfg)
     meta = read_meta(Path(cfg.trajectories))
     if cfg.threads:
@@ -336,10 +275,10 @@ def distill(cfg: DistillConfig, out: Path, log: Callable[[str], None] = lambda s
                 raise IncompatibleError(f"{init.ref} adapts {bad[0]}, which this run's lora_targets do not wrap")
     params = [p for p in model.parameters() if p.requires_grad]
     loop = Loop(LoopOptions.of(cfg, eval_every=cfg.log_every, ckpt_at_eval=False), log)
-    task = DistillTask(cfg, model, params, groups, stop_ids, on_step, loop.log)
+    task = DistillTask(cfg, model, params, groups, stop_ids, on_step)
     loop.log(f"{cfg.objective} on {tm.entry.ref}: {len(groups)} prompts, {sum(len(g) for g in groups)} blocks, "
              f"{sum(p.numel() for p in params):,} trainable parameters ({cfg.finetune})")
-    done = loop.run(task, CheckpointFolder(Path(out) / CKPT))
+    done = loop.run(task, StateFile(Path(out) / "state.safetensors", trainable=True))
     summary = {"name": cfg.name, "objective": cfg.objective, "steps": done.step, "target": tm.entry.ref,
                "history": done.history, "finished": not done.stopped_early, "entries": []}
     if loop.is_main and cfg.register:

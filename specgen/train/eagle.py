@@ -16,18 +16,16 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
 
 from specgen import checkpoints, registry
 from specgen.errors import UsageError
 from specgen.image.captions import Caption, read_captions
 from specgen.models.eagle import EagleNet
 from specgen.models.transformer import Transformer
-from specgen.train.checkpoint import fp16_state, publish, save_tensors, shipped_copy
-from specgen.train.image_gpt import sample_c2i, sample_t2i
+from specgen.train.checkpoint import fp16_state, publish, shipped_copy
+from specgen.train.image_gpt import cached_tokens, sample_c2i, sample_t2i
 from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask
 from specgen.train.optim import OptimConfig
-from specgen.train.script import parse_recipe, print_metrics, run_script, script_parser
 
 
 @dataclass(frozen=True)
@@ -103,27 +101,25 @@ def generations(model: Transformer, n_per_class: int, cfg: EagleTrainConfig, see
     key = (f"{digest}-n{n_per_class}-cfg{cfg.cfg_scale}-t{cfg.temperature}-k{cfg.top_k}-p{cfg.top_p}-seed{seed}")
     key += f"-cap{captions_sha}" if captions else ""
     path = Path(cfg.data_cache) / f"{key}.safetensors"
-    if cfg.data_cache and path.is_file():
-        log(f"generation cache hit: {path}")
-        return load_file(str(path))
-    conds = list(captions) * n_per_class if captions else torch.arange(model.cfg.num_classes).repeat(n_per_class)
-    labels = torch.tensor([c.index for c in conds]) if captions else conds
-    sample = sample_t2i if captions else sample_c2i
-    gen = torch.Generator().manual_seed(seed)
-    toks, feats = [], []
-    t0 = time.perf_counter()
-    for i in range(0, labels.shape[0], cfg.gen_batch):
-        t, f = sample(model, conds[i : i + cfg.gen_batch], cfg.cfg_scale, cfg.temperature, cfg.top_k,
-                      cfg.top_p, gen, features=True)
-        toks.append(t)
-        feats.append(f.transpose(0, 1).half())  # [b, branches, N, D]
-        log(f"generated {i + t.shape[0]}/{labels.shape[0]} target samples ({time.perf_counter() - t0:.0f}s)")
-    data = {"tokens": torch.cat(toks), "labels": labels, "features": torch.cat(feats)}
-    if data["features"].shape[1] == 1:  # no CFG: only the conditional branch exists
-        log("cfg_scale <= 1: training on the conditional branch only")
-    if cfg.data_cache:
-        save_tensors(path, data)
-    return data
+
+    def build() -> dict[str, torch.Tensor]:
+        conds = list(captions) * n_per_class if captions else torch.arange(model.cfg.num_classes).repeat(n_per_class)
+        labels = torch.tensor([c.index for c in conds]) if captions else conds
+        sample = sample_t2i if captions else sample_c2i
+        gen = torch.Generator().manual_seed(seed)
+        toks, feats = [], []
+        t0 = time.perf_counter()
+        for i in range(0, labels.shape[0], cfg.gen_batch):
+            t, f = sample(model, conds[i : i + cfg.gen_batch], cfg.cfg_scale, cfg.temperature, cfg.top_k,
+                          cfg.top_p, gen, features=True)
+            toks.append(t)
+            feats.append(f.transpose(0, 1).half())  # [b, branches, N, D]
+            log(f"generated {i + t.shape[0]}/{labels.shape[0]} target samples ({time.perf_counter() - t0:.0f}s)")
+        if feats[0].shape[1] == 1:  # no CFG: only the conditional branch exists
+            log("cfg_scale <= 1: training on the conditional branch only")
+        return {"tokens": torch.cat(toks), "labels": labels, "features": torch.cat(feats)}
+
+    return cached_tokens(path, build, log) if cfg.data_cache else build()
 
 
 def rows(data: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -182,10 +178,8 @@ def evaluate(net: EagleNet, target: Transformer, data: dict[str, torch.Tensor], 
 
 
 def train(cfg: EagleTrainConfig, out: Path, log: Callable[[str], None] = lambda s: None,
-          command: str = "specgen train-heads --kind eagle", device: str = "cpu",
-          mixed_precision: str = "no", force: bool = False) -> dict[str, Any]:
-    """Generate (or reuse) target samples, train (or resume) the drafter on the shared loop, register it;
-    returns metrics."""
+          device: str = "cpu", mixed_precision: str = "no", force: bool = False) -> dict[str, Any]:
+    """Generate (or reuse) target samples, train (or resume) the drafter and register it; returns the metrics."""
     if min(cfg.samples_per_class, cfg.eval_samples_per_class, cfg.steps, cfg.batch_size, cfg.grad_accum) < 1:
         raise UsageError("samples_per_class, eval_samples_per_class, steps, batch_size and grad_accum must be >= 1")
     torch.set_num_threads(cfg.num_threads)
@@ -211,7 +205,7 @@ def train(cfg: EagleTrainConfig, out: Path, log: Callable[[str], None] = lambda 
     task.record = record
     n_params = sum(p.numel() for p in net.parameters() if p.requires_grad)
     loop.log(f"drafter for {entry.ref} ({n_params / 1e6:.2f}M trainable params); {feats.shape[0]} training rows")
-    progress = loop.run(task, StateFile(out / "state.safetensors", record, added=ADDED_KEYS))
+    progress = loop.run(task, StateFile(out / "state.safetensors", record))
     net.cpu(), target.cpu()
     step, history, elapsed = progress.step, progress.history, progress.elapsed
     if not loop.is_main:  # rank 0 measures and registers
@@ -223,14 +217,11 @@ def train(cfg: EagleTrainConfig, out: Path, log: Callable[[str], None] = lambda 
     meta = {"builder": "eagle", "kwargs": net.cfg.to_dict(), "parent": entry.ref,
             "parent_digest": registry.weights_digest(entry), "vocab_size": net.cfg.vocab_size,
             "modality": "image", "drafter": "eagle", "embedding": "copy of the target's tok_embeddings (frozen)",
-            "head": "target.output", "created_by": command, "train_config": record["config"], "metrics": metrics,
+            "head": "target.output", "created_by": "specgen train-heads --kind eagle", "train_config": record["config"],
+            "metrics": metrics,
             **{k: v for k, v in record.items() if k != "config"}}
     saved = publish("draft", cfg.name, cfg.ship_dir, fp16_state(net), meta, "tiny-image-eagle", force)
     return {"metrics": metrics, "entry": saved, "main": True}
-
-
-#: Keys added after states were written, with the value those states implicitly used (they still resume).
-ADDED_KEYS = {"grad_accum": 1}
 
 
 class EagleTask(TrainTask):
@@ -277,13 +268,3 @@ def run_record(cfg: EagleTrainConfig, digest: str, captions_sha: str) -> dict[st
         return {"config": config, "target_sha": digest}
     return {"config": config, "target_sha": digest, "captions_sha": captions_sha}
 
-
-def main(argv: list[str] | None = None) -> int:
-    parser = script_parser("specgen.train.eagle", __doc__, "recipes/tiny/eagle-image.yaml")
-    cfg, args, log = parse_recipe(parser, EagleTrainConfig, argv)
-    return print_metrics(train(cfg, Path(args.out), log, command="python -m specgen.train.eagle",
-                               device=args.device)["metrics"])
-
-
-if __name__ == "__main__":
-    raise SystemExit(run_script(main))

@@ -247,13 +247,23 @@ def trim(tokens: torch.Tensor) -> torch.Tensor:
 
 
 # -- training ---------------------------------------------------------------------------------------
+#: A stage's loss on sequences `idx` (`hard`: against the sampled labels): (loss, named parts to report).
+StageLoss = Callable[..., tuple[torch.Tensor, dict[str, Any]]]
+
+
+@torch.no_grad()
+def eval_record(loss_fn: StageLoss, idx: list[int]) -> dict[str, Any]:
+    """The held-out parts of a stage's loss on the hard labels (comparable across head_targets)."""
+    _, parts = loss_fn(idx, hard=True)
+    return {f"eval_{k}": [round(a, 3) for a in v] if k == "head_acc" else round(v, 4) for k, v in parts.items()}
+
+
 class StageTask(TrainTask):
     """One stage of heads training: a step's sequences are a slice of the epoch's seeded permutation."""
 
     def __init__(self, cfg: HeadsTrainConfig, stage: int, per_epoch: int, optim: Optim,
-                 step_fn: Callable[[list[int]], tuple[torch.Tensor, list[float]]], modules: dict,
-                 eval_fn: Callable[[], dict], config: dict[str, Any]) -> None:
-        self.cfg, self.stage, self.per_epoch, self.step_fn, self.eval_fn = cfg, stage, per_epoch, step_fn, eval_fn
+                 loss_fn: StageLoss, modules: dict, eval_idx: list[int], config: dict[str, Any]) -> None:
+        self.cfg, self.stage, self.per_epoch, self.loss_fn, self.eval_idx = cfg, stage, per_epoch, loss_fn, eval_idx
         self.modules, self.optims, self.config = modules, {"optim": optim}, config
 
     def batch(self, at: At) -> list[int]:
@@ -264,13 +274,12 @@ class StageTask(TrainTask):
         return order[k * cfg.batch_size : (k + 1) * cfg.batch_size].tolist()
 
     def loss(self, idx: list[int]) -> tuple[torch.Tensor, dict[str, float]]:
-        loss, _ = self.step_fn(idx)
+        loss, _ = self.loss_fn(idx)
         return loss, {"loss": float(loss.detach())}
 
     def evaluate(self, progress: Progress) -> dict[str, Any]:
-        ev = self.eval_fn()
         return {"epoch": progress.step // self.per_epoch,
-                "train_loss": progress.recent_mean("loss", self.per_epoch), **ev}
+                "train_loss": progress.recent_mean("loss", self.per_epoch), **eval_record(self.loss_fn, self.eval_idx)}
 
     def meta(self) -> dict[str, Any]:
         return {"config": self.config}
@@ -326,9 +335,8 @@ class HeadsTrainer:
         self.log(f"labels: {len(tokens)} sequences, mean length {lengths.mean():.0f}, EOS reached {eos:.0%}")
         return pcs, tokens
 
-    def run_stage(self, stage: int, params: list, epochs: int, lr: float, min_lr: float,
-                  step_fn: Callable[[list[int]], tuple[torch.Tensor, list[float]]], modules: dict,
-                  eval_fn: Callable[[], dict]) -> list[dict]:
+    def run_stage(self, stage: int, params: list, epochs: int, lr: float, min_lr: float, loss_fn: StageLoss,
+                  modules: dict, eval_idx: list[int]) -> list[dict]:
         """One stage on the shared loop: epochs of shuffled batches, cosine lr, clipping, an evaluation and the
         resumable state `stage{N}.safetensors` after every epoch."""
         cfg, n = self.cfg, self.cfg.num_sequences
@@ -338,7 +346,7 @@ class HeadsTrainer:
         config = {**{k: v for k, v in asdict(cfg).items() if k != "ship_dir"}, "stage": stage}  # shipping: not training
         loose = NAMING_KEYS + (STAGE2_KEYS if stage == 1 else ())  # stage 1 resumes under new stage-2 settings
         task = StageTask(cfg, stage, per_epoch, Optim(opt, lambda s: cosine_lr(s, total, lr, min_lr), cfg.grad_clip),
-                         step_fn, modules, eval_fn, config)
+                         loss_fn, modules, eval_idx, config)
         loop = Loop(LoopOptions(steps=total, log_every=per_epoch, eval_every=per_epoch, device=self.device), self.log)
         self.is_main = loop.is_main
         state = StateFile(self.out / f"stage{stage}.safetensors", {"config": config}, loose=loose, added=ADDED_KEYS,
@@ -365,24 +373,19 @@ class HeadsTrainer:
         def skip(idx, t):  # the rows of `known` for a batch trimmed to t [B, L]
             return None if known is None else known[idx, : t.shape[1]]
 
-        def s1_step(idx):
+        def s1_loss(idx, hard=False):
             t = trim(tokens[idx])
             h = hidden[idx, : t.shape[1]]  # [B, L, dim]
             with torch.no_grad():
-                targets = soft_targets(lm_head(h), label_params) if use_soft else None  # [B, L, V]
-            return heads_loss(self.heads, h, cond[idx], t, lm_head, cfg.weight_decay_d, targets, embed, skip(idx, t))
-
-        def s1_eval():
-            with torch.no_grad():  # hard labels: comparable across head_targets
-                t = trim(tokens[ev_idx])
-                loss, accs = heads_loss(self.heads, hidden[ev_idx, : t.shape[1]], cond[ev_idx], t, lm_head,
-                                        cfg.weight_decay_d, embed=embed, known=skip(ev_idx, t))
-            return {"eval_mhd": round(float(loss), 4), "eval_head_acc": [round(a, 3) for a in accs]}
+                targets = soft_targets(lm_head(h), label_params) if use_soft and not hard else None  # [B, L, V]
+            mhd, accs = heads_loss(self.heads, h, cond[idx], t, lm_head, cfg.weight_decay_d, targets, embed,
+                                   skip(idx, t))
+            return mhd, {"mhd": float(mhd.detach()), "head_acc": accs}
 
         self.log(f"stage 1: {cfg.head_kind} heads x{cfg.num_heads}, "
                  f"{sum(p.numel() for p in self.heads.parameters()) / 1e6:.2f}M parameters")
         h1 = self.run_stage(1, list(self.heads.parameters()), cfg.stage1_epochs, cfg.stage1_lr, cfg.stage1_min_lr,
-                            s1_step, {"heads": self.heads}, s1_eval)
+                            s1_loss, {"heads": self.heads}, ev_idx)
         result = {"stage1": h1, "heads_s1": {k: v.detach().cpu().clone() for k, v in self.heads.state_dict().items()}}
         if cfg.stages < 2:
             return result
@@ -400,18 +403,13 @@ class HeadsTrainer:
             # soft targets: the LoRA backbone's own label distribution (detached), the one it will sample from
             targets = soft_targets(logits, label_params) if use_soft and not hard else None
             mhd, accs = heads_loss(self.heads, h, c, t, lm_head, cfg.weight_decay_d, targets, embed, skip(idx, t))
-            return cfg.backbone_weight * bb + mhd, [float(bb.detach()), float(mhd.detach())] + accs
-
-        def s2_eval():
-            with torch.no_grad():
-                _, parts = s2_loss(ev_idx, hard=True)
-            return {"eval_backbone": round(parts[0], 4), "eval_mhd": round(parts[1], 4),
-                    "eval_head_acc": [round(a, 3) for a in parts[2:]]}
+            return cfg.backbone_weight * bb + mhd, {"backbone": float(bb.detach()), "mhd": float(mhd.detach()),
+                                                    "head_acc": accs}
 
         self.log(f"stage 2: LoRA rank {cfg.lora_rank} on {len(lora_params) // 2} decoder linear layers, "
-                 f"lambda {cfg.backbone_weight}; before: {s2_eval()}")
+                 f"lambda {cfg.backbone_weight}; before: {eval_record(s2_loss, ev_idx)}")
         h2 = self.run_stage(2, list(self.heads.parameters()) + lora_params, cfg.stage2_epochs, cfg.stage2_lr,
-                            cfg.stage2_min_lr, s2_loss, {"heads": self.heads, "model": self.model}, s2_eval)
+                            cfg.stage2_min_lr, s2_loss, {"heads": self.heads, "model": self.model}, ev_idx)
         self.model.cpu(), self.heads.cpu()
         result.update(stage2=h2, lora=lora_state(self.model.decoder),
                       heads_s2={k: v.detach().clone() for k, v in self.heads.state_dict().items()})
@@ -427,8 +425,7 @@ def outputs(cfg: HeadsTrainConfig) -> list[tuple[str, str, str]]:
 
 
 def save_outputs(trainer: HeadsTrainer, result: dict, force: bool = False) -> list:
-    """Register heads/<name>-s1, adapter/<name>-lora and heads/<name> (and ship them: `publish`); returns the
-    entries."""
+    """Register (and ship: `publish`) heads/<name>-s1, adapter/<name>-lora and heads/<name>; returns the entries."""
     cfg, target = trainer.cfg, trainer.target
     digest = registry.weights_digest(target)  # a retrained backbone refuses these heads (check_pair)
     base = {"builder": "xspecmesh_heads", "kwargs": trainer.heads.cfg.to_dict(), "parent": target.name,
@@ -441,9 +438,8 @@ def save_outputs(trainer: HeadsTrainer, result: dict, force: bool = False) -> li
     if "lora" in result:
         (ka, na, shipa), (kh, nh, shiph) = rest
         adapter = publish(ka, na, shipa, half({f"decoder.{k}": v for k, v in result["lora"].items()}),
-                          {"parent": target.name, "parent_digest": digest, "vocab_size": target.meta.get("vocab_size"),
-                           "modality": "mesh", "lora_rank": cfg.lora_rank, "lora_alpha": cfg.lora_alpha,
-                           "created_by": base["created_by"], "metrics": s2}, na, force)
+                          {**{k: base[k] for k in ("parent", "parent_digest", "vocab_size", "modality", "created_by")},
+                           "lora_rank": cfg.lora_rank, "lora_alpha": cfg.lora_alpha, "metrics": s2}, na, force)
         entries.append(adapter)
         entries.append(publish(kh, nh, shiph, half(result["heads_s2"]),
                                {**base, "stage": 2, "adapter": adapter.name, "metrics": s2}, nh, force))

@@ -67,8 +67,7 @@ class ImageGPTTrainConfig(OptimConfig):
 # --- VQ and token data ----------------------------------------------------------------------------------
 
 def load_vq(ref: str):
-    """(VQModel in eval mode, its config.json dict, sha256 of its weights) from a folder or registry name; a VQ that
-    does not load is a usage error."""
+    """(VQModel in eval mode, its config.json dict, sha256 of its weights file) of a folder or registry name."""
     folder = Path(ref)
     try:
         if not (folder / "config.json").is_file():
@@ -112,7 +111,7 @@ def crop_tokens(vq, split: str, n: int, seed: int, crop: int, scale: int, log: C
 
 def cached_tokens(path: Path, build: Callable[[], dict[str, torch.Tensor]],
                   log: Callable[[str], None]) -> dict[str, torch.Tensor]:
-    """Token tensors cached at `path` (safetensors); `build()` makes them on a miss."""
+    """Tensors cached at `path` (safetensors); `build()` makes them on a miss."""
     if path.is_file():
         log(f"token cache hit: {path}")
         return load_file(str(path))
@@ -122,8 +121,7 @@ def cached_tokens(path: Path, build: Callable[[], dict[str, torch.Tensor]],
 
 
 def token_dataset(cfg: ImageGPTTrainConfig, log: Callable[[str], None], down: int = 1) -> dict[str, Any]:
-    """Cached token grids of train/eval crops (area-downscaled by `down`: the MuLo-SD low-res drafter's data) plus
-    VQ facts (grid, codebook size, classes)."""
+    """Cached token grids of train/eval crops area-downscaled by `down`, plus VQ facts (grid, codebook, classes)."""
     vq, doc, digest = load_vq(cfg.vq)
     crop = int(doc.get("image_size", 64))
     if crop % (down * vq.config.downsample):
@@ -255,8 +253,7 @@ def save_grid(images: torch.Tensor, nrow: int, path: Path) -> None:
 def train(cfg: ImageGPTTrainConfig, out: Path, log: Callable[[str], None] = lambda s: None,
           command: str = "python -m specgen.train.image_gpt", down: int = 1, device: str = "cpu",
           mixed_precision: str = "no") -> dict[str, Any]:
-    """Run (or resume) a training run in `out` on the token grids of crops downscaled by `down` on the shared loop;
-    returns the final metrics and registers the result."""
+    """Train (or resume) in `out` on crops downscaled by `down`, register the result; returns the final metrics."""
     if cfg.steps < 1 or cfg.batch_size < 1 or cfg.grad_accum < 1:
         raise UsageError("steps, batch_size and grad_accum must be >= 1")
     check_outputs([("target", cfg.name, cfg.ship_dir)])
@@ -277,7 +274,7 @@ def train(cfg: ImageGPTTrainConfig, out: Path, log: Callable[[str], None] = lamb
     n_params = sum(p.numel() for p in model.parameters())
     loop.log(f"{n_params / 1e6:.2f}M params; config {mcfg.to_dict()}; {data['train_tokens'].shape[0]} train crops, "
              f"{len(classes)} classes")
-    progress = loop.run(task, StateFile(out / "state.safetensors", {"config": asdict(cfg)}, added=ADDED_KEYS))
+    progress = loop.run(task, StateFile(out / "state.safetensors", {"config": asdict(cfg)}))
     model.cpu()
     metrics = {}
     if loop.is_main:
@@ -287,10 +284,6 @@ def train(cfg: ImageGPTTrainConfig, out: Path, log: Callable[[str], None] = lamb
         register(cfg, model, data, metrics, command)
         log(f"done: {json.dumps({k: v for k, v in metrics.items() if k != 'history'})}")
     return metrics
-
-
-#: Keys added after states were written, with the value those states implicitly used (they still resume).
-ADDED_KEYS = {"grad_accum": 1}
 
 
 class C2ITask(TrainTask):

@@ -17,12 +17,13 @@ from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from specgen.devices import resolve_device
-from specgen.errors import UsageError
-from specgen.train.checkpoint import load_train_state, save_train_state
+from specgen.errors import CheckpointError, UsageError
+from specgen.train.checkpoint import StaleStateError, save_tensors
 
 #: The tensor of the global torch RNG state in a train state (absent in states written before the loop).
 RNG_KEY = "loop.torch_rng"
@@ -168,31 +169,76 @@ class Checkpoint(Protocol):
 
 @dataclass(frozen=True)
 class StateFile:
-    """The train state as one safetensors file (`specgen.train.checkpoint.save_train_state`'s layout).
+    """The train state as one safetensors file: `<module>.<key>` state dicts of `task.modules` (with `trainable`
+    only the parameters that train: a LoRA run's state is the adapter's size), `<optim>.<i>.<key>` the state of
+    parameter i of every optimiser (param-group order), the task's extra tensors and the torch RNG; the JSON meta
+    in the metadata, as one string under "meta" or, `packed=False`, one per key (the VQ, mesh and heads layout).
 
     `expect` must equal the saved meta to resume (else StaleStateError); `loose` names keys of its dict values
-    that may change (budgets), `added` keys introduced later with the value older states implicitly had."""
+    that may change (budgets), `added` keys introduced later with the value older states implicitly had (filled
+    into a saved dict only where the expected one has the key)."""
 
     path: Path
     expect: Mapping[str, Any] = field(default_factory=dict)
     loose: tuple[str, ...] = ()
-    added: Mapping[str, Any] | None = None
+    added: Mapping[str, Any] = field(default_factory=lambda: {"grad_accum": 1})  # the loop's own later key
     packed: bool = True
-
-    def load(self, task: TrainTask) -> dict[str, Any] | None:
-        optims = {k: o.optimizer for k, o in task.optims.items()}
-        meta = load_train_state(Path(self.path), task.modules, optims, self.expect, self.loose,
-                                extra=task.extra_tensors(), added=self.added)
-        if meta is not None:
-            with safe_open(str(self.path), "pt") as f:
-                if RNG_KEY in f.keys():  # noqa: SIM118 (safe_open has keys(), no __contains__)
-                    meta["torch_rng"] = f.get_tensor(RNG_KEY)
-        return meta
+    trainable: bool = False
 
     def save(self, task: TrainTask, meta: dict[str, Any]) -> None:
-        extra = {**task.extra_tensors(), RNG_KEY: torch.get_rng_state()}
-        save_train_state(Path(self.path), task.modules, {k: o.optimizer for k, o in task.optims.items()},
-                         meta, extra=extra, packed=self.packed)
+        tensors = {f"{name}.{k}": v for name, m in task.modules.items() for k, v in self._state(m).items()}
+        for name, opt in task.optims.items():
+            for i, p in enumerate(opt.params()):
+                for k, v in opt.optimizer.state.get(p, {}).items():
+                    tensors[f"{name}.{i}.{k}"] = torch.as_tensor(v)
+        tensors.update({**task.extra_tensors(), RNG_KEY: torch.get_rng_state()})
+        metadata = {"meta": json.dumps(meta)} if self.packed else {k: json.dumps(v) for k, v in meta.items()}
+        save_tensors(Path(self.path), {k: v.detach().clone() for k, v in tensors.items()}, metadata)
+
+    def _state(self, module: torch.nn.Module) -> dict[str, torch.Tensor]:
+        if self.trainable:
+            return {n: p for n, p in module.named_parameters() if p.requires_grad}
+        return module.state_dict()
+
+    def load(self, task: TrainTask) -> dict[str, Any] | None:
+        """Restore the state into `task` (in place) and return its meta; None when there is no file."""
+        path = Path(self.path)
+        if not path.is_file():
+            return None
+        try:
+            with safe_open(str(path), "pt") as f:
+                raw = f.metadata() or {}
+            meta = json.loads(raw["meta"]) if "meta" in raw else {k: json.loads(v) for k, v in raw.items()}
+            tensors = load_file(str(path))
+        except (OSError, ValueError, KeyError, SafetensorError) as e:
+            raise CheckpointError(f"corrupt training state {path}: {e}") from None
+
+        def strip(v: Any, like: Any) -> Any:  # a dict value (config): later keys `like` has filled in, loose keys out
+            if not isinstance(v, dict):
+                return v
+            return {k: x for k, x in {**{a: d for a, d in self.added.items() if a in like}, **v}.items()
+                    if k not in self.loose}
+
+        want = json.loads(json.dumps(dict(self.expect)))
+        stale = [k for k, v in want.items() if strip(meta.get(k), v) != strip(v, v)]
+        if stale:
+            raise StaleStateError(f"{path} was written by a different {' and '.join(stale)}; use a fresh --out")
+        for name, m in task.modules.items():
+            state = {k[len(name) + 1:]: v for k, v in tensors.items() if k.startswith(name + ".")}
+            missing = [k for k in self._state(m) if k not in state] if self.trainable else []
+            if missing:
+                raise CheckpointError(f"{path} does not fit this run (no {missing[0]}); use another --out")
+            m.load_state_dict(state, strict=not self.trainable)
+        for name, opt in task.optims.items():
+            for i, p in enumerate(opt.params()):
+                st = {k[len(f"{name}.{i}."):]: v for k, v in tensors.items() if k.startswith(f"{name}.{i}.")}
+                if st:
+                    opt.optimizer.state[p] = st
+        for k, v in task.extra_tensors().items():
+            v.copy_(tensors[k])
+        if RNG_KEY in tensors:
+            meta["torch_rng"] = tensors[RNG_KEY]
+        return meta
 
 
 def accelerator(device: str = "cpu", mixed_precision: str = "no"):

@@ -221,7 +221,7 @@ def train(cfg: MeshTrainConfig, out: Path, log: Callable[[str], None] = lambda s
     loop.log(f"{n_params / 1e6:.2f}M parameters")
     # budgets (steps, max_minutes) may change on resume; the cosine follows `steps`
     state = StateFile(out / "state.safetensors", {"config": asdict(cfg)},
-                      loose=("max_minutes", "steps", "ship_dir"), added={"grad_accum": 1}, packed=False)
+                      loose=("max_minutes", "steps", "ship_dir"), packed=False)
     progress = loop.run(task, state)
     step, history = progress.step, progress.history
     model.cpu()

@@ -20,7 +20,7 @@ from specgen.train.script import file_logger
 
 RECORD = "config.json"
 DISPOSABLE = ("config.json", "train.log")
-RUN_FILES = ("train.log", "state.safetensors", "stage1.safetensors", "stage2.safetensors", "checkpoint")
+RUN_FILES = ("train.log", "state.safetensors", "stage1.safetensors", "stage2.safetensors")
 
 
 def differing(old: dict, new: dict, loose: tuple[str, ...] = (), only: tuple[str, ...] | None = None) -> list[str]:

@@ -49,8 +49,7 @@ def script_parser(module: str, doc: str, recipe: str, config_required: bool = Fa
 
 def parse_recipe(parser: argparse.ArgumentParser, cls: type[T],
                  argv: list[str] | None) -> tuple[T, argparse.Namespace, Callable[[str], None]]:
-    """(recipe dataclass from --config + overrides, parsed arguments (--device resolved), logger of --log or
-    OUT/train.log)."""
+    """(recipe from --config + overrides, arguments (--device resolved), logger of --log or OUT/train.log)."""
     args = parser.parse_args(argv)
     args.device = train_device(args.device)  # a missing device: one line, before anything loads
     cfg = load_config(cls, args.config, args.overrides)

@@ -23,7 +23,6 @@ from specgen.models.upsampler import UpDownSampler, UpsamplerConfig
 from specgen.train.checkpoint import fp16_state, publish, shipped_copy
 from specgen.train.image_gpt import cached_tokens, crop_tokens, downscale, load_vq
 from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask
-from specgen.train.script import parse_recipe, print_metrics, run_script, script_parser
 
 
 @dataclass(frozen=True)
@@ -251,16 +250,12 @@ def evaluate(pair: UpDownSampler, vq, data: dict, r: int) -> dict[str, float]:
     naive_up = lo.repeat_interleave(r, 1).repeat_interleave(r, 2)
     naive_down = hi[:, ::r, ::r]
     dec = lambda t: torch.cat([vq.decode_indices(t[i : i + 64]) for i in range(0, t.shape[0], 64)])  # noqa: E731
-    out["up_token_acc"] = float((up == hi).float().mean())
-    out["up_token_acc_naive"] = float((naive_up == hi).float().mean())
-    out["up_psnr"] = psnr(dec(up), x_hi)
-    out["up_psnr_naive"] = psnr(dec(naive_up), x_hi)
-    out["up_psnr_vq_ceiling"] = psnr(dec(hi), x_hi)
-    out["down_token_acc"] = float((down == lo).float().mean())
-    out["down_token_acc_naive"] = float((naive_down == lo).float().mean())
-    out["down_psnr"] = psnr(dec(down), x_lo)
-    out["down_psnr_naive"] = psnr(dec(naive_down), x_lo)
-    out["down_psnr_vq_ceiling"] = psnr(dec(lo), x_lo)
+    for side, got, naive, real, x in (("up", up, naive_up, hi, x_hi), ("down", down, naive_down, lo, x_lo)):
+        out[f"{side}_token_acc"] = float((got == real).float().mean())
+        out[f"{side}_token_acc_naive"] = float((naive == real).float().mean())
+        out[f"{side}_psnr"] = psnr(dec(got), x)
+        out[f"{side}_psnr_naive"] = psnr(dec(naive), x)
+        out[f"{side}_psnr_vq_ceiling"] = psnr(dec(real), x)
     return {k: round(v, 4) for k, v in out.items()}
 
 
@@ -361,10 +356,8 @@ class PairTask(TrainTask):
 # --- the run ----------------------------------------------------------------------------------------------------
 
 def train(cfg: UpsamplerTrainConfig, out: Path, log: Callable[[str], None] = lambda s: None,
-          command: str = "specgen train-upsampler", device: str = "cpu", mixed_precision: str = "no",
-          force: bool = False) -> dict[str, Any]:
-    """Run (or resume) a training run in `out` on the shared loop; returns {"metrics", "entry"} and registers the
-    pair."""
+          device: str = "cpu", mixed_precision: str = "no", force: bool = False) -> dict[str, Any]:
+    """Train (or resume) in `out` and register the pair; returns {"metrics", "entry", "main"}."""
     torch.set_num_threads(cfg.num_threads)
     vq, doc, digest = load_vq(cfg.vq)
     for p in vq.parameters():
@@ -405,7 +398,7 @@ def train(cfg: UpsamplerTrainConfig, out: Path, log: Callable[[str], None] = lam
     loop.log(f"up {n_params[0] / 1e6:.3f}M, down {n_params[1] / 1e6:.3f}M params; perceptual "
              f"{perc.name if perc else 'none'}; {data['train_hi'].shape[0]} train crops; grids "
              f"{tuple(data['train_lo'].shape[1:])} <-> {tuple(data['train_hi'].shape[1:])}")
-    progress = loop.run(task, StateFile(out / "state.safetensors", {"config": asdict(cfg)}, added={"grad_accum": 1}))
+    progress = loop.run(task, StateFile(out / "state.safetensors", {"config": asdict(cfg)}))
     model.cpu(), vq.cpu()
     step, history, elapsed = progress.step, progress.history, progress.elapsed
     if not loop.is_main:  # rank 0 measures and registers
@@ -418,19 +411,9 @@ def train(cfg: UpsamplerTrainConfig, out: Path, log: Callable[[str], None] = lam
     meta = {"builder": "mulo-updown", "kwargs": pcfg.to_dict(), "scale": r, "vq": cfg.vq_name, "vq_sha": digest,
             "codebook_hash": codebook_hash(vq.quantize.embedding.weight), "vocab_size": vcfg.codebook_size,
             "grid_low": grid_hi // r, "grid_high": grid_hi, "modality": "image", "parent": None,
-            "warm_start": cfg.warm_start or None, "created_by": command, "train_config": asdict(cfg),
+            "warm_start": cfg.warm_start or None, "created_by": "specgen train-upsampler", "train_config": asdict(cfg),
             "metrics": metrics}
     entry = publish("upsampler", cfg.name, cfg.ship_dir, state, meta, "upsampler", force)
     log(f"done: {json.dumps({k: v for k, v in metrics.items() if k != 'history'})}")
     return {"metrics": metrics, "entry": entry, "main": True}
 
-
-def main(argv: list[str] | None = None) -> int:
-    parser = script_parser("specgen.train.upsampler", __doc__, "recipes/tiny/upsampler-2x.yaml")
-    cfg, args, log = parse_recipe(parser, UpsamplerTrainConfig, argv)
-    result = train(cfg, Path(args.out), log, command="python -m specgen.train.upsampler", device=args.device)
-    return print_metrics(result["metrics"])
-
-
-if __name__ == "__main__":
-    raise SystemExit(run_script(main))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from safetensors import safe_open
+from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from cli.main import app
@@ -47,7 +49,8 @@ def test_collect_distill_generate_benchmark(traj, tmp_path):
     assert r.exit_code == 0, r.output
     row = json.loads(r.stdout)
     assert row["registered"] == "adapter/tiny-pc-lora, target/tiny-pc" and row["steps"] == 6
-    assert (tmp_path / "run" / "checkpoint" / "trainable.safetensors").is_file()
+    weights = [k for k in load_file(str(tmp_path / "run" / "state.safetensors")) if k.startswith("model.")]
+    assert weights and all(".lora_" in k for k in weights)  # the state holds the adapter, not the model
     outs = {}
     for method in ("ar", "pcllm", "pcllm-mr", "cllm"):
         for model in ("tiny-pc", "adapter/tiny-pc-lora"):  # the adapter entry = base with the adapter merged
@@ -82,6 +85,7 @@ def test_bad_inputs_are_one_line(traj, tmp_path):
     r = invoke(*base, "--model", "other-text")
     assert "target/other-text (tokenizer" in r.stderr
     one_line_error(invoke(*base, "--model", "tiny-text", "block_size=8"), 2, "block size 4")
+    one_line_error(invoke(*base, "--model", "tiny-text", "--dtype", "float64"), 2, "--dtype / mixed_precision must be")
     one_line_error(invoke("distill", "--out", tmp_path / "r", "--trajectories", tmp_path, "--model", "tiny-text"), 2,
                    "holds no trajectories")
     # collecting into a folder of another target / block size
@@ -113,20 +117,25 @@ def test_bad_inputs_are_one_line(traj, tmp_path):
                    "was trained with tokenizer")
 
 
+def _state_step(out):
+    with safe_open(str(out / "state.safetensors"), "pt") as f:
+        return json.loads(f.metadata()["meta"])["step"]
+
+
 def test_interrupted_distill_leaves_a_loadable_checkpoint(traj, tmp_path):
     out = tmp_path / "run"
     r = invoke("distill", "--out", out, "--trajectories", traj, "--model", "tiny-text", "--name", "tiny-pc",
                "--steps", 6, "max_minutes=1e-9", *DISTILL)  # stops after the first step, as if killed
     assert r.exit_code == 0, r.output
-    assert json.loads((out / "checkpoint" / "state.json").read_text())["step"] == 1
+    assert _state_step(out) == 1
     assert not [p.name for p in out.iterdir() if p.name.startswith(".")]
     r = invoke("distill", "--out", out, "--trajectories", traj, "--model", "tiny-text", "--name", "tiny-pc",
                "--steps", 6, *DISTILL)
     assert r.exit_code == 2 and "adapter/tiny-pc-lora already exists" in r.stderr  # the stopped run registered it
     r = invoke("distill", "--out", out, "--trajectories", traj, "--model", "tiny-text", "--name", "tiny-pc",
                "--steps", 6, "--force", *DISTILL)
-    assert r.exit_code == 0 and "resumed from" in r.stderr
-    assert json.loads((out / "checkpoint" / "state.json").read_text())["step"] == 6
+    assert r.exit_code == 0 and "resumed at step 1/6" in r.stderr
+    assert _state_step(out) == 6
 
 
 def test_builtin_distilled_targets_listed():

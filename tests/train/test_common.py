@@ -13,16 +13,9 @@ import yaml
 from safetensors.torch import load_file
 
 from specgen.config import load_config
-from specgen.errors import UsageError
-from specgen.train.checkpoint import (
-    StaleStateError,
-    atomic_write,
-    fp16_state,
-    load_train_state,
-    save_train_state,
-    write_entry,
-)
-from specgen.train.loop import At, Loop, LoopOptions, Optim, TrainTask
+from specgen.errors import CheckpointError, UsageError
+from specgen.train.checkpoint import StaleStateError, atomic_write, fp16_state, write_entry
+from specgen.train.loop import At, Loop, LoopOptions, Optim, StateFile, TrainTask
 from specgen.train.optim import OptimConfig, cosine_lr
 from specgen.train.script import parse_recipe, print_metrics, script_parser
 
@@ -121,6 +114,20 @@ def _step(model: torch.nn.Module, opt: torch.optim.Optimizer, i: int) -> None:
     opt.step()
 
 
+class _Held(TrainTask):
+    """What a state file saves and restores: a model, its optimiser and an extra tensor."""
+
+    def __init__(self, model: torch.nn.Module, opt: torch.optim.Optimizer, hits: torch.Tensor) -> None:
+        self.modules, self.optims, self.hits = {"model": model}, {"optim": Optim(opt, lambda s: 0.0)}, hits
+
+    def batch(self, at: At) -> None: ...
+
+    def loss(self, batch: None) -> None: ...
+
+    def extra_tensors(self) -> dict[str, torch.Tensor]:
+        return {"trainer.hits": self.hits}
+
+
 @pytest.mark.parametrize("packed", [True, False])
 def test_train_state_round_trip_resumes_exactly(tmp_path, packed):
     model, opt = _trained()
@@ -129,13 +136,14 @@ def test_train_state_round_trip_resumes_exactly(tmp_path, packed):
     hits = torch.arange(5.0)
     meta = {"step": 3, "elapsed": 1.5, "history": [{"step": 3, "loss": 0.1}], "config": {"lr": 0.01, "steps": 9}}
     path = tmp_path / "state.safetensors"
-    save_train_state(path, {"model": model}, {"optim": opt}, meta, extra={"trainer.hits": hits}, packed=packed)
+    rng = torch.get_rng_state()
+    StateFile(path, packed=packed).save(_Held(model, opt, hits), meta)
     assert "optim.0.exp_avg" in load_file(str(path)) and "model.0.weight" in load_file(str(path))
 
     fresh, fresh_opt = _trained(seed=1)
     fresh_hits = torch.zeros(5)
-    got = load_train_state(path, {"model": fresh}, {"optim": fresh_opt}, {"config": meta["config"]},
-                           extra={"trainer.hits": fresh_hits})
+    got = StateFile(path, {"config": meta["config"]}).load(_Held(fresh, fresh_opt, fresh_hits))
+    assert torch.equal(got.pop("torch_rng"), rng)
     assert got == meta and torch.equal(fresh_hits, hits)
     for a, b in zip(model.state_dict().values(), fresh.state_dict().values()):
         assert torch.equal(a, b)
@@ -147,27 +155,44 @@ def test_train_state_round_trip_resumes_exactly(tmp_path, packed):
         assert torch.equal(a, b)
 
 
+def test_trainable_state_holds_only_the_trained_parameters(tmp_path):
+    model, opt = _trained()
+    _step(model, opt, 0)
+    path = tmp_path / "state.safetensors"
+    StateFile(path, trainable=True).save(_Held(model, opt, torch.zeros(5)), {"step": 1})
+    assert "model.0.bias" not in load_file(str(path)) and "model.0.weight" in load_file(str(path))
+    fresh, fresh_opt = _trained(seed=1)
+    assert StateFile(path, trainable=True).load(_Held(fresh, fresh_opt, torch.zeros(5)))["step"] == 1
+    assert torch.equal(fresh[0].weight, model[0].weight) and not torch.equal(fresh[0].bias, model[0].bias)
+    bigger = torch.nn.Sequential(*fresh, torch.nn.Linear(1, 1))
+    with pytest.raises(CheckpointError, match="does not fit this run"):
+        StateFile(path, trainable=True).load(_Held(bigger, fresh_opt, torch.zeros(5)))
+    path.write_bytes(b"not a state")
+    with pytest.raises(CheckpointError, match="corrupt"):
+        StateFile(path).load(_Held(fresh, fresh_opt, torch.zeros(5)))
+
+
 def test_train_state_refuses_another_config_but_not_a_new_budget(tmp_path):
     model, opt = _trained()
+    task = _Held(model, opt, torch.zeros(5))
     path = tmp_path / "state.safetensors"
-    assert load_train_state(path, {"model": model}, {"optim": opt}, {"config": {}}) is None
-    save_train_state(path, {"model": model}, {"optim": opt}, {"step": 0, "config": {"lr": 0.01, "steps": 9}})
+    assert StateFile(path, {"config": {}}).load(task) is None
+    StateFile(path).save(task, {"step": 0, "config": {"lr": 0.01, "steps": 9}})
     with pytest.raises(StaleStateError, match="different config") as err:
-        load_train_state(path, {"model": model}, {"optim": opt}, {"config": {"lr": 0.02, "steps": 9}})
+        StateFile(path, {"config": {"lr": 0.02, "steps": 9}}).load(task)
     assert isinstance(err.value, ValueError) and isinstance(err.value, UsageError)
     with pytest.raises(StaleStateError, match="different target_sha"):
-        load_train_state(path, {"model": model}, {"optim": opt}, {"config": {"lr": 0.01, "steps": 9},
-                                                                  "target_sha": "abc"})
-    meta = load_train_state(path, {"model": model}, {"optim": opt}, {"config": {"lr": 0.01, "steps": 20}},
-                            loose=("steps",))
-    assert meta["step"] == 0
+        StateFile(path, {"config": {"lr": 0.01, "steps": 9}, "target_sha": "abc"}).load(task)
+    assert StateFile(path, {"config": {"lr": 0.01, "steps": 20}}, loose=("steps",)).load(task)["step"] == 0
     # a setting added later: a state without it resumes under its old implicit value only
     newer = {"lr": 0.01, "steps": 9, "token_input": False}
-    assert load_train_state(path, {"model": model}, {"optim": opt}, {"config": newer},
-                            added={"token_input": False})["step"] == 0
+    assert StateFile(path, {"config": newer}, added={"token_input": False}).load(task)["step"] == 0
     with pytest.raises(StaleStateError, match="different config"):
-        load_train_state(path, {"model": model}, {"optim": opt}, {"config": {**newer, "token_input": True}},
-                         added={"token_input": False})
+        StateFile(path, {"config": {**newer, "token_input": True}}, added={"token_input": False}).load(task)
+    # the loop's grad_accum, added to recipes later, is filled in by default, and only where this run's config has it
+    assert StateFile(path, {"config": {"lr": 0.01, "steps": 9, "grad_accum": 1}}).load(task)["step"] == 0
+    with pytest.raises(StaleStateError, match="different config"):
+        StateFile(path, {"config": {"lr": 0.01, "steps": 9, "grad_accum": 2}}).load(task)
 
 
 RECIPES = {  # recipe -> (module, config class)

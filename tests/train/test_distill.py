@@ -82,8 +82,8 @@ def test_resume_after_interruption_is_exact(traj, tmp_path):
     assert resumed["steps"] == 20
     from safetensors.torch import load_file
 
-    a = load_file(str(tmp_path / "whole" / "checkpoint" / "trainable.safetensors"))
-    b = load_file(str(tmp_path / "part" / "checkpoint" / "trainable.safetensors"))
+    a = load_file(str(tmp_path / "whole" / "state.safetensors"))
+    b = load_file(str(tmp_path / "part" / "state.safetensors"))
     assert a.keys() == b.keys()
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)
