@@ -221,6 +221,9 @@ def run(a: BenchArgs) -> None:
     sink = RunDir.open(a.run_dir, cfg.suite, given) if a.run_dir is not None else MemoryRun()
     steps = suite.steps_left(p, sink, this)
     if steps:
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        sink.start_shard(this)  # the shard's lock (one writer per shard) and a torn last record cut off
         with _output.progress(f"benchmark {cfg.suite}", steps, a.quiet or a.fmt == Format.json) as advance:
             # the machine label is read once the run has set its threads
             suite.measure(p, sink, this, lambda *_: advance(), lambda: machine_label(cfg.device), a.quiet)

@@ -226,21 +226,16 @@ def items_left(cfg: ImageBenchConfig, done: dict, shard: Shard) -> tuple[list, l
 
 
 def measure_images(im: ImageModel, cfg: ImageBenchConfig, sink, shard: Shard = Shard(), on_step=None,
-                   machine: str | Callable[[], str] = "") -> None:
-    """Decode this shard's images that `sink` has no record of: at batch 1 one (temperature, image) with every
-    method interleaved on it per record, at B > 1 one method over the shard's images per record. `cfg`: a plan
-    (`checked_rows`)."""
+                   machine: Callable[[], str] = str) -> None:
+    """Decode this shard's images that `sink` (its shard started) has no record of: at batch 1 one (temperature,
+    image) with every method interleaved on it per record, at B > 1 one method over the shard's images per record.
+    `cfg`: a plan (`checked_rows`)."""
     conditions = bench_conditions(im, cfg)  # [num] class ids or captions, refused before any decoding
     check_builds(im, cfg, conditions[0])
     single, batched = items_left(cfg, sink.records(), shard)
-    if not single and not batched:
-        return
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    sink.start_shard(shard)
     clf, quality = classifier_state(im, cfg, conditions)
     cost = cost_of(im.model)  # c(m) of the efficiency of drafting rows; each image runs its CFG branches
-    sink.write_machine(shard, {"machine": machine() if callable(machine) else machine,
+    sink.write_machine(shard, {"machine": machine(),
                                "conditions": condition_names(im, conditions), **quality,
                                "cost_rows": list(cost.rows), "cost": list(cost.cost),
                                "branches": cfg_target(im.model, cfg.cfg_scale, conditions if im.text_conditional

@@ -332,17 +332,12 @@ def row_models(model: TextModel, p: Plan) -> dict[str, TextModel]:
 
 
 def measure(model: TextModel, p: Plan, sink, shard: Shard = Shard(), on_prompt=None,
-            machine: str | Callable[[], str] = "") -> None:
-    """Measure this shard's items that `sink` (a RunDir or MemoryRun) has no record of, one record per item:
-    at batch 1 a prompt with every row interleaved on it, at B > 1 one row over the shard's prompts."""
+            machine: Callable[[], str] = str) -> None:
+    """Measure this shard's items that `sink` (a RunDir or MemoryRun, its shard started) has no record of, one
+    record per item: at batch 1 a prompt with every row interleaved on it, at B > 1 one row over the shard's prompts."""
     cfg, rows, items = p.cfg, p.rows, p.items
     mine = [i for i in range(p.n_prompts) if shard.owns(i)]
     todo, todo_batched = items_left(p, sink.records(), shard)
-    if not todo and not todo_batched:
-        return
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    sink.start_shard(shard)
     prompts = [encode(model.tokenizer, item.prompt) for item in items]
     models = row_models(model, p)
     for row in rows.values():  # a row's assets (a static n-gram cache) fit the models' one tokenizer
@@ -354,7 +349,7 @@ def measure(model: TextModel, p: Plan, sink, shard: Shard = Shard(), on_prompt=N
     cost = cost_of(model.module)  # c(B) of batched rows, c(N) of the efficiency of speculative rows
     streamed = {m: streamed_bytes(peers[m].module if m in peers else models[p.meta[m]["model"]].module)
                 for m in order if m not in peers or peers[m].module is not None}  # weights one forward reads
-    sink.write_machine(shard, {"machine": machine() if callable(machine) else machine, "versions": versions(),
+    sink.write_machine(shard, {"machine": machine(), "versions": versions(),
                                "cost_rows": list(cost.rows), "cost": list(cost.cost), "skipped": skipped,
                                "streamed_bytes": streamed, "bandwidth_gbs": copy_bandwidth(device=next(model.module.parameters()).device)})
 
