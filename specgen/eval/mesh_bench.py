@@ -13,7 +13,7 @@ import trimesh
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.stats import DecodeStats
 from specgen.errors import UsageError
-from specgen.eval.run_dir import Shard, batched, check_finished, unrecorded
+from specgen.eval.run_dir import Shard, batched, check_finished
 from specgen.eval.speed import per_shard
 from specgen.eval.sweeps import Sweep, expand, merged_table, sweeps_of
 from specgen.mesh.export import clean_mesh
@@ -217,11 +217,8 @@ def mesh_rows_of(cfg: MeshBenchConfig, sink) -> list[dict]:
     """One summary row per variant (AR first), batched rows after; a run with missing items is refused."""
     vs, records = variants(cfg), sink.records()
     labels = [v.label for v in vs]
-    gone = sum(f"m{i}" not in records for i in range(cfg.limit))
-    for b in (b for b in cfg.batch_sizes if b > 1):
-        for label in labels:
-            gone += unrecorded(records, f"b{b}/{label}/", cfg.limit)
-    check_finished(gone, "meshes")
+    check_finished(records, [f"m{i}" for i in range(cfg.limit)],
+                   [f"b{b}/{label}/" for b in cfg.batch_sizes if b > 1 for label in labels], cfg.limit, "meshes")
     info = next(iter(sink.machines().values()))
     single = {label: [records[f"m{i}"]["runs"][label] for i in range(cfg.limit)] for label in labels}
     rows = summarize(cfg, vs, single)
