@@ -22,7 +22,7 @@ from specgen.image.generate import (ImageGenConfig, ImageModel, conditioned, dec
                                     image_conditions, load_image_model, prepare_out_dir)
 from specgen.image.methods import build_image_method
 from specgen.image.target import cfg_target
-from specgen.methods import METHODS, get_method
+from specgen.methods import get_method
 from specgen.paths import free_path, link_into_place
 from specgen.request import parse_request
 from specgen.text.precision import check_row_precision
@@ -114,8 +114,7 @@ def with_extra_rows(cfg: ImageBenchConfig) -> ImageBenchConfig:
     every entry's options (`method_options` folded in)."""
     table = options_table(cfg)
     extra = [SweptRow(m, "mulo-sd", o) for m, o in MULO_ABLATIONS.items()] if cfg.mulo_ablations else []
-    extra += expand(sweeps_in(cfg), method_bases(cfg.methods, table, METHODS, "image"),
-                    method_check(method_of, get_method))
+    extra += expand(sweeps_in(cfg), method_bases(cfg.methods, table, "image"), method_check(method_of))
     methods, options = with_swept(cfg.methods, table, extra, method_of)
     return replace(cfg, methods=methods, options=options, method_options={}, sweep={}, mulo_taus=[],
                    vvs_intervals=[], vvs_thresholds=[])

@@ -111,8 +111,8 @@ def with_sweeps(cfg: TextBenchConfig) -> TextBenchConfig:
     """cfg with every `sweep` row added to `methods` (its options in `options`, `method_options` folded in, its
     base row's `targets` entry copied); a config without sweeps comes back with the same rows."""
     table = options_table(cfg)
-    bases = [m for m in method_bases(cfg.methods, table, METHODS, "text") if not is_peer(m)]
-    swept = expand(sweeps_of(cfg.sweep), bases, method_check(row_method, get_method))
+    bases = [m for m in method_bases(cfg.methods, table, "text") if not is_peer(m)]
+    swept = expand(sweeps_of(cfg.sweep), bases, method_check(row_method))
     methods, options = with_swept(cfg.methods, table, swept, row_method)
     targets = {**{r.name: cfg.targets[r.base] for r in swept if r.base in cfg.targets}, **cfg.targets}
     return replace(cfg, methods=methods, options=options, method_options={}, sweep={}, targets=targets)
@@ -125,11 +125,6 @@ class Row:
     spec: MethodSpec
     options: Any  # spec.options_type
     seed: int | None = None  # the row's own drafter seed (`options.ROW.seed`), else the run's
-
-
-def specgen_run(model: TextModel, row: Row, prompt: list[int], cfg: TextBenchConfig) -> Run:
-    runs, _ = specgen_batch(model, row, [prompt], 1, cfg)
-    return runs[0]
 
 
 def specgen_batch(model: TextModel, row: Row, prompts: list[list[int]], batch: int, cfg: TextBenchConfig,
@@ -359,7 +354,7 @@ def measure(model: TextModel, p: Plan, sink, shard: Shard = Shard(), on_prompt=N
     def one(method: str, prompt: list[int]) -> Run:
         if method in peers:
             return peers[method].run(prompt)
-        return specgen_run(models[p.meta[method]["model"]], row_of(method), prompt, cfg)
+        return specgen_batch(models[p.meta[method]["model"]], row_of(method), [prompt], 1, cfg)[0][0]
 
     if cfg.warmup:
         warm = model.tokenizer.encode("Write a Python function that adds two numbers.")
