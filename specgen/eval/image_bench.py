@@ -15,8 +15,7 @@ from specgen.errors import UsageError
 from specgen.eval import image_metrics, plots
 from specgen.eval.image_rows import image_rows, method_of, png_of
 from specgen.eval.run_dir import Shard
-from specgen.eval.sweeps import (Sweep, SweptRow, expand, method_bases, method_check, options_table, sweeps_of,
-                                 with_swept)
+from specgen.eval.sweeps import SweptRow, expand, method_bases, method_check, options_table, sweeps_of, with_swept
 from specgen.image.captions import Caption
 from specgen.image.generate import (ImageGenConfig, ImageModel, conditioned, decode_pixels, generate_images,
                                     image_conditions, load_image_model, prepare_out_dir)
@@ -58,11 +57,7 @@ class ImageBenchConfig:
     # method (or method@tag entry) -> {option: value}
     options: dict = field(default_factory=lambda: {"vvs@u": {"schedule": "uniform"}, "vvs@d": {"schedule": "dynamic"}})
     sweep: dict = field(default_factory=dict)  # row -> {option: [values]}: one row per value (specgen/eval/sweeps.py)
-    # older spellings, read as well (OLD_SWEEPS): `method_options` is `options`, the lists are sweeps
-    method_options: dict = field(default_factory=dict)
-    mulo_taus: list[float] = field(default_factory=list)  # = sweep.mulo-sd.tau: mulo-sd@tau=<v> rows
-    vvs_intervals: list[int] = field(default_factory=list)  # = sweep.vvs@i.interval (schedule uniform)
-    vvs_thresholds: list[float] = field(default_factory=list)  # = sweep.vvs@thr.threshold (schedule dynamic)
+    method_options: dict = field(default_factory=dict)  # the older name of `options`, read as well
 
 
 def options_of(cfg: ImageBenchConfig, entry: str) -> dict:
@@ -72,15 +67,6 @@ def options_of(cfg: ImageBenchConfig, entry: str) -> dict:
 
 
 MULO_ABLATIONS = {"mulo-sd@raster": {"rejection": "raster"}, "mulo-sd@no-expand": {"radius": 0}}
-
-# older sweep keys -> (the sweep each spells, with the row names it always gave; the type of its values)
-OLD_SWEEPS = {
-    "mulo_taus": (Sweep("mulo-sd", "tau", (), key="mulo_taus"), float),
-    "vvs_intervals": (Sweep("vvs", "interval", (), (("schedule", "uniform"),), "vvs@i={}", "vvs_intervals"), int),
-    "vvs_thresholds": (Sweep("vvs", "threshold", (), (("schedule", "dynamic"),), "vvs@thr={}", "vvs_thresholds"),
-                       float),
-}
-
 
 @dataclass(frozen=True)
 class Plot:
@@ -102,22 +88,14 @@ def plot_of(sweep: str) -> Plot:
     return PLOTS.get(sweep) or Plot(sweep.replace("@", "-") + "-pareto", ("ar", "lantern", base, sweep))
 
 
-def sweeps_in(cfg: ImageBenchConfig) -> list[Sweep]:
-    """The config's sweeps: the older keys' (in OLD_SWEEPS order), then `sweep`'s."""
-    old = [replace(s, values=tuple(cast(v) for v in getattr(cfg, key))) for key, (s, cast) in OLD_SWEEPS.items()
-           if getattr(cfg, key)]
-    return old + sweeps_of(cfg.sweep)
-
-
 def with_extra_rows(cfg: ImageBenchConfig) -> ImageBenchConfig:
     """cfg with the MuLo-SD ablation entries and every sweep's entries added to `methods`, and `options` holding
     every entry's options (`method_options` folded in)."""
     table = options_table(cfg)
     extra = [SweptRow(m, "mulo-sd", o) for m, o in MULO_ABLATIONS.items()] if cfg.mulo_ablations else []
-    extra += expand(sweeps_in(cfg), method_bases(cfg.methods, table, "image"), method_check(method_of))
+    extra += expand(sweeps_of(cfg.sweep), method_bases(cfg.methods, table, "image"), method_check(method_of))
     methods, options = with_swept(cfg.methods, table, extra, method_of)
-    return replace(cfg, methods=methods, options=options, method_options={}, sweep={}, mulo_taus=[],
-                   vvs_intervals=[], vvs_thresholds=[])
+    return replace(cfg, methods=methods, options=options, method_options={}, sweep={})
 
 
 def checked_rows(cfg: ImageBenchConfig) -> ImageBenchConfig:
