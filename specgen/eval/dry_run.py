@@ -355,8 +355,3 @@ def human_size(n: int) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n} B"
-
-
-def all_ok(rows: list[dict]) -> bool:
-    """True when every row passed (the exit status of `benchmark --dry-run`)."""
-    return all(r["ok"] for r in rows)
