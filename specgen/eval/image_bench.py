@@ -61,9 +61,9 @@ class ImageBenchConfig:
 
 
 def options_of(cfg: ImageBenchConfig, entry: str) -> dict:
-    """Options of an entry: the method's, updated by the entry's own (`method@tag`)."""
-    table = options_table(cfg)
-    return {**table.get(method_of(entry), {}), **table.get(entry, {})}
+    """Options of an entry of a plan (`with_extra_rows`: `options` holds every entry's): the method's, updated by the
+    entry's own (`method@tag`)."""
+    return {**cfg.options.get(method_of(entry), {}), **cfg.options.get(entry, {})}
 
 
 MULO_ABLATIONS = {"mulo-sd@raster": {"rejection": "raster"}, "mulo-sd@no-expand": {"radius": 0}}
