@@ -16,7 +16,7 @@ from cli._options import Format
 from specgen import devices
 from specgen.config import load_config
 from specgen.errors import UsageError
-from specgen.eval.dry_run import all_ok, check_recipe
+from specgen.eval.dry_run import check_recipe
 from specgen.eval.image_bench import ImageBenchConfig, checked_rows, image_rows_of, measure_images, write_outputs
 from specgen.eval.image_bench import items_left as images_left
 from specgen.eval.mesh_bench import MeshBenchConfig, measure_meshes, mesh_rows_of, variants
@@ -221,6 +221,9 @@ def run(a: BenchArgs) -> None:
     sink = RunDir.open(a.run_dir, cfg.suite, given) if a.run_dir is not None else MemoryRun()
     steps = suite.steps_left(p, sink, this)
     if steps:
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        sink.start_shard(this)  # the shard's lock (one writer per shard) and a torn last record cut off
         with _output.progress(f"benchmark {cfg.suite}", steps, a.quiet or a.fmt == Format.json) as advance:
             # the machine label is read once the run has set its threads
             suite.measure(p, sink, this, lambda *_: advance(), lambda: machine_label(cfg.device), a.quiet)
@@ -266,7 +269,7 @@ def print_dry_run(config: Path | None, overrides: list[str] | None, fmt) -> None
     else:
         _output.table(f"dry run of {config}", [{**r, "ok": "ok" if r["ok"] else "FAIL"} for r in rows],
                       ["check", "ok", "detail"], _output.out)
-    if not all_ok(rows):
+    if not all(r["ok"] for r in rows):
         raise typer.Exit(1)
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from cli import _output
 from specgen import builtins, checkpoints, registry
-from specgen.importer import check_destination, import_checkpoint
+from specgen.importer import import_checkpoint
 from specgen.registry import Entry
 from specgen.text.merge import adapter_source, register_merged  # also registers the distilled built-ins' maker
 
@@ -39,7 +39,7 @@ def import_entry(source: Path, name: str, kind: str, builder, kwargs, parent, vq
 
 
 def merge(source: str, name: str, scale: float | None, force: bool, quiet: bool) -> str:
-    check_destination("target", name, force)
+    registry.check_new("target", name, force)
     adapter, state = adapter_source(source, _output.registry_progress(quiet))
     return register_merged(adapter, state, name, scale, {"created_by": "registry merge"},
                            _output.registry_progress(quiet), force=force).ref

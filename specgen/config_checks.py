@@ -23,7 +23,7 @@ OPEN_UNIT = {"top_p", "label_top_p"}  # (0, 1]
 UNIT = {"delta", "min_lr_ratio", "lecam_decay"}  # [0, 1]
 HALF_OPEN_UNIT = {"beta1", "beta2"}  # [0, 1)
 UNIT_LISTS = {"deltas"}
-POSITIVE_INT_LISTS = {"topk_accept", "tree_k", "depths", "vvs_intervals", "batch_sizes"}
+POSITIVE_INT_LISTS = {"topk_accept", "tree_k", "depths", "batch_sizes"}
 NONEMPTY_LISTS = {"temperatures", "methods", "rows", "batch_sizes"}
 ZERO_BUDGET_IS_CONTEXT = {"MeshGenConfig", "MeshBenchConfig"}  # max_new_tokens 0 = the model's whole context
 NAMES = {"name", "vq_name"}  # registry names this command creates ("" = do not register)
@@ -134,7 +134,7 @@ def check_list_number(key: str, v: float) -> None:
         raise UsageError(f"every value of {key} must be in [0, 1], got {v}")
     if key in POSITIVE_INT_LISTS and v < 1:
         raise UsageError(f"every value of {key} must be >= 1, got {v}")
-    if v < 0 and key not in ("mulo_taus", "vvs_thresholds"):
+    if v < 0:
         raise UsageError(f"every value of {key} must be >= 0, got {v}")
 
 

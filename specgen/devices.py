@@ -17,10 +17,6 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 DEVICE_HELP = "use cpu, cuda, cuda:N or auto"
 
 
-def cuda_available() -> bool:
-    return torch.cuda.is_available()
-
-
 def check_device(device: str, allow_auto: bool = True) -> None:
     """A torch device string that exists on this machine (cpu, cuda, cuda:N, mps), or "auto" (when allowed)."""
     if device == "auto":
@@ -32,7 +28,7 @@ def check_device(device: str, allow_auto: bool = True) -> None:
     except (RuntimeError, ValueError):
         raise UsageError(f"unknown device {device!r}; {DEVICE_HELP}") from None
     if dev.type == "cuda":
-        if not cuda_available():
+        if not torch.cuda.is_available():
             raise UsageError(f"device {device!r}: no CUDA GPU is available to this torch; use --device cpu")
         if dev.index is not None and dev.index >= torch.cuda.device_count():
             raise UsageError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
@@ -48,7 +44,7 @@ def resolve_device(spec: str | torch.device | None = "auto") -> torch.device:
         spec = str(spec)
     spec = (spec or "auto").strip().lower()
     if spec == "auto":
-        return torch.device("cuda") if cuda_available() else torch.device("cpu")
+        return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     check_device(spec)
     return torch.device(spec)
 
@@ -83,23 +79,13 @@ def module_device(module: torch.nn.Module) -> torch.device:
 def onednn_packs(dtype: torch.dtype) -> bool:
     """Whether oneDNN's packed linear layout (`models/packed_linear.py`) takes `dtype` weights on this CPU.
 
-    float32 packs on every x86 CPU; bfloat16 needs AVX512-BW/VL/DQ or AVX-NE-CONVERT (an AVX2-only EPYC refuses it,
-    and every bfloat16 or quantized model crashed there until the products asked first), float16 AVX512-FP16 or
-    AVX-NE-CONVERT. Asked of oneDNN itself, once per dtype, with an 8 x 8 weight."""
+    float32 packs on every x86 CPU; bfloat16 needs AVX512-BW/VL/DQ or AVX-NE-CONVERT, float16 AVX512-FP16 or
+    AVX-NE-CONVERT (native float16 kernels). Asked of oneDNN itself, once per dtype, with an 8 x 8 weight."""
     try:
         torch.ops.mkldnn._reorder_linear_weight(torch.zeros(8, 8, dtype=dtype), 16)
         return True
     except (RuntimeError, AttributeError, NotImplementedError):
         return False
-
-
-def native_float16_cpu() -> bool:
-    """Whether this CPU has native float16 kernels (oneDNN's float16 path: AVX512-FP16 or AVX-NE-CONVERT).
-
-    Without them torch still runs float16 on the CPU, by conversion, and slowly: a [4, 576] x [576, 2048] product
-    took 387 us in float16 vs 200 float32 and 80 bfloat16 on this project's AMD EPYC (one thread), and oneDNN's
-    packed layout refuses float16 there. A speed toolkit refuses that rather than run 5x slower than bfloat16."""
-    return onednn_packs(torch.float16)
 
 
 def resolve_dtype(name: str | None, device: str | torch.device | None = "cpu", quantize: str | None = None) -> torch.dtype:
@@ -109,7 +95,8 @@ def resolve_dtype(name: str | None, device: str | torch.device | None = "cpu", q
         return torch.float32
     if name not in DTYPES:
         raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}, got {name!r}")
-    if name == "float16" and is_cpu(device) and not native_float16_cpu():
+    # without native float16 kernels torch converts on the CPU, slower than bfloat16: refused rather than run slowly
+    if name == "float16" and is_cpu(device) and not onednn_packs(torch.float16):
         raise UsageError("float16 needs a CUDA device (this CPU has no native float16 kernels); use bfloat16 on CPU")
     if name == "bfloat16" and is_cpu(device) and not onednn_packs(torch.bfloat16):  # runs, but slowly: say so
         faster = "plain float32 (no --quantize) is" if quantize else "float32 or --quantize int8|int4 is"
@@ -140,10 +127,9 @@ def host_tensor(data, device) -> torch.Tensor:
 
 
 def to_device(t: torch.Tensor, device) -> torch.Tensor:
-    """A host tensor queued to `device` without making the host wait: a copy from ordinary (pageable) memory blocks
-    the host until the GPU has run everything queued before it, a host sync per call (scripts/gpu_sync_count.py).
-    On cuda the tensor is first copied into page-locked memory from torch's caching host allocator, which keeps
-    that block until the copy has run; elsewhere `t.to(device)` (a no-op where it already is)."""
+    """A host tensor queued to `device` without making the host wait (a copy from pageable memory blocks the host
+    until the GPU has run everything queued before it): on cuda through page-locked memory from torch's caching host
+    allocator, which keeps that block until the copy has run; elsewhere `t.to(device)`."""
     dev = torch.device(device)
     if dev.type != "cuda" or t.device.type != "cpu":
         return t.to(dev)

@@ -48,11 +48,6 @@ def read_state_file(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def check_destination(kind: str, name: str, force: bool = False) -> None:
-    """Before any conversion: the registry's one write rule (registry.check_new)."""
-    registry.check_new(kind, name, force)
-
-
 def check_parent(parent: str | None) -> None:
     """--parent must name an existing entry (installed or built-in)."""
     if parent is None:
@@ -75,7 +70,7 @@ def import_checkpoint(source: Path, name: str, kind: str = "target", builder: st
     if (source.is_dir() or source.suffix == ".gguf") and kind != "target":
         what = "folder" if source.is_dir() else "GGUF file"
         raise UsageError(f"a {what} imports as a text target, not --kind {kind}")
-    check_destination(kind, name, force)
+    registry.check_new(kind, name, force)  # before any conversion: the registry's one write rule
     check_parent(parent)
     if source.is_dir():
         return import_hf_folder(source, name, force=force)

@@ -224,7 +224,7 @@ def check_new(kind: str, name: str, force: bool = False, builtin: bool = False) 
     if kind not in KINDS:
         raise UsageError(f"unknown checkpoint kind '{kind}'; kinds: {', '.join(KINDS)}")
     check_name(name)
-    if not builtin and name in builtin_names():
+    if not builtin and name in RESERVED:
         raise UsageError(f"'{name}' is a built-in entry and is never replaced; choose another name")
     check_home()
     from specgen.paths import check_space, nearest_existing  # deferred: the registry loads alone (test_layers)
@@ -236,12 +236,8 @@ def check_new(kind: str, name: str, force: bool = False, builtin: bool = False) 
     return final
 
 
-def builtin_names() -> frozenset[str]:
-    """Names reserved by the embedded defaults: `specgen.builtins` (a layer above, imported by every command and by
-    the callers of `save`) fills RESERVED when it is imported."""
-    return frozenset(RESERVED)
-
-
+#: Names reserved by the embedded defaults: `specgen.builtins` (a layer above, imported by every command and by the
+#: callers of `save`) fills it when it is imported.
 RESERVED: set[str] = set()
 
 

@@ -13,7 +13,7 @@ from specgen.errors import UsageError
 from tests.cli.test_cli_refusals import check_refusal, invoke, tiny  # noqa: F401  (fixture)
 
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
-NO_FP16 = pytest.mark.skipif(devices.native_float16_cpu(), reason="this CPU has native float16 kernels")
+NO_FP16 = pytest.mark.skipif(devices.onednn_packs(torch.float16), reason="this CPU has native float16 kernels")
 
 
 # ---- parsing -----------------------------------------------------------------------------------------------------

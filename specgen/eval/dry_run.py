@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,25 +27,44 @@ from specgen.eval.text_bench import decoded_model, is_peer, plan
 from specgen.methods import get_method
 from specgen.text.precision import split_name
 
-#: recipe kind -> (module, config dataclass, the command that reads it)
-KINDS: dict[str, tuple[str, str, str]] = {
-    "humaneval": ("specgen.eval.text_bench", "TextBenchConfig", "specgen benchmark"),
-    "text": ("specgen.eval.text_bench", "TextBenchConfig", "specgen benchmark"),
-    "images": ("specgen.eval.image_bench", "ImageBenchConfig", "specgen benchmark"),
-    "meshes": ("specgen.eval.mesh_bench", "MeshBenchConfig", "specgen benchmark"),
-    "distill": ("specgen.train.distill", "DistillConfig", "specgen distill"),
-    "collect-trajectories": ("specgen.text.trajectories", "CollectConfig", "specgen collect-trajectories"),
-    "eagle": ("specgen.train.eagle", "EagleTrainConfig", "specgen train-heads --kind eagle"),
-    "xspecmesh": ("specgen.train.heads", "HeadsTrainConfig", "specgen train-heads --kind xspecmesh"),
-    "upsampler": ("specgen.train.upsampler", "UpsamplerTrainConfig", "specgen train-upsampler"),
-    "mesh-gpt": ("specgen.train.mesh", "MeshTrainConfig", "python -m specgen.train.mesh"),
-    "image-gpt-lowres": ("specgen.train.image_gpt_lowres", "LowresGPTTrainConfig",
-                         "python -m specgen.train.image_gpt_lowres"),
-    "image-gpt": ("specgen.train.image_gpt", "ImageGPTTrainConfig", "python -m specgen.train.image_gpt"),
-    "vq": ("specgen.train.vq", "VQTrainConfig", "python -m specgen.train.vq"),
-    "classifier": ("specgen.train.classifier", "ClassifierTrainConfig", "python -m specgen.train.classifier"),
+@dataclass(frozen=True)
+class Kind:
+    """A recipe kind: its config dataclass (module, name), the command that reads it, the keys naming the registry
+    entries it reads (a suite's plan names its own), the keys naming files, the key whose entry records a VQ."""
+
+    module: str
+    config: str
+    command: str
+    entries: tuple[str, ...] = ()
+    files: tuple[str, ...] = ()
+    vq_of: str = ""
+
+
+BENCH = "specgen benchmark"
+TRAINS_ON_VQ = ("vq", "warm_start")
+KINDS: dict[str, Kind] = {
+    "humaneval": Kind("specgen.eval.text_bench", "TextBenchConfig", BENCH),
+    "text": Kind("specgen.eval.text_bench", "TextBenchConfig", BENCH),
+    "images": Kind("specgen.eval.image_bench", "ImageBenchConfig", BENCH, files=("captions",), vq_of="model"),
+    "meshes": Kind("specgen.eval.mesh_bench", "MeshBenchConfig", BENCH),
+    "distill": Kind("specgen.train.distill", "DistillConfig", "specgen distill", ("model", "init_adapter"),
+                    ("trajectories",)),
+    "collect-trajectories": Kind("specgen.text.trajectories", "CollectConfig", "specgen collect-trajectories",
+                                 ("model", "init_adapter"), ("prompts",)),
+    "eagle": Kind("specgen.train.eagle", "EagleTrainConfig", "specgen train-heads --kind eagle", ("target", "init"),
+                  ("captions",), vq_of="target"),
+    "xspecmesh": Kind("specgen.train.heads", "HeadsTrainConfig", "specgen train-heads --kind xspecmesh",
+                      ("target", "init")),
+    "upsampler": Kind("specgen.train.upsampler", "UpsamplerTrainConfig", "specgen train-upsampler", TRAINS_ON_VQ),
+    "mesh-gpt": Kind("specgen.train.mesh", "MeshTrainConfig", "python -m specgen.train.mesh"),
+    "image-gpt-lowres": Kind("specgen.train.image_gpt_lowres", "LowresGPTTrainConfig",
+                             "python -m specgen.train.image_gpt_lowres", TRAINS_ON_VQ),
+    "image-gpt": Kind("specgen.train.image_gpt", "ImageGPTTrainConfig", "python -m specgen.train.image_gpt",
+                      TRAINS_ON_VQ),
+    "vq": Kind("specgen.train.vq", "VQTrainConfig", "python -m specgen.train.vq"),
+    "classifier": Kind("specgen.train.classifier", "ClassifierTrainConfig", "python -m specgen.train.classifier"),
 }
-TEXT = ("humaneval", "text")
+BUILTIN_PROMPTS = "stdlib"  # collect-trajectories' built-in prompt set: no file
 
 #: header-comment marker -> kind (most specific first: the first marker found in the header wins)
 MARKERS: list[tuple[str, str]] = [
@@ -70,8 +90,7 @@ def row(check: str, ok: bool, detail: str) -> dict:
 
 
 def config_class(kind: str) -> type:
-    module, cls, _ = KINDS[kind]
-    return getattr(importlib.import_module(module), cls)
+    return getattr(importlib.import_module(KINDS[kind].module), KINDS[kind].config)
 
 
 def header(path: Path) -> str:
@@ -118,7 +137,7 @@ def check_recipe(path: Path, overrides: list[str] | None = None) -> list[dict]:
     comments = header(path)
     kind = recipe_kind(raw, comments, overrides, path.name)
     cls = config_class(kind)
-    command = KINDS[kind][2]
+    command = KINDS[kind].command
     rows = [row("recipe", True, f"{path.name}: for `{command}` ({cls.__name__}"
                 + (f", suite {kind})" if kind in SUITE_PLANS else ")"))]
     if kind in SUITE_PLANS:
@@ -127,21 +146,17 @@ def check_recipe(path: Path, overrides: list[str] | None = None) -> list[dict]:
     if cfg is None:
         return rows
     rows += device_rows
+    names = [(key, getattr(cfg, key, "")) for key in KINDS[kind].entries]
     if kind in SUITE_PLANS:
         try:
-            cfg, method_rows = SUITE_PLANS[kind](cfg)
+            cfg, method_rows, names = SUITE_PLANS[kind](cfg)
         except (SpecgenError, TypeError, ValueError) as e:  # the rows' entries cannot be told: nothing more to check
             return rows + [row("rows", False, str(e).splitlines()[0])]
         rows += method_rows
     hints = import_hints(comments)
-    names = entry_names(kind, cfg)
-    for role, name in names:
-        rows.append(check_entry(role, name, hints, comments))
-    vq = image_vq(kind, cfg)
-    if vq:
-        names.append(("vq", vq))
-        rows.append(check_entry("vq", vq, hints, comments))
-    checked = {n.rpartition("/")[2] for _, n in names}
+    roles = first_roles([*names, ("vq", image_vq(kind, cfg))])
+    rows += [check_entry(role, name, hints, comments) for name, role in roles.items()]
+    checked = {n.rpartition("/")[2] for n in roles}
     for name in hints:  # the header's other prerequisites (e.g. the VQ an image GPT is imported with)
         if name not in checked:
             rows.append(check_entry("imported", name, hints, comments))
@@ -190,81 +205,48 @@ def device_row(device: str, cls_name: str) -> dict:
     return row("device", True, device)
 
 
-def text_plan(cfg: Any) -> tuple[Any, list[dict]]:
+def text_plan(cfg: Any) -> tuple[Any, list[dict], list[tuple[str, str]]]:
     p = plan(cfg)
+    names = [("model", cfg.model), *((f"{m} target", decoded_model(m, p.cfg)) for m in p.cfg.methods if not is_peer(m))]
     return p.cfg, [*(row(f"method {m}", True, "peer row (transformers / llama.cpp)" if is_peer(m) else
                          "lossless" if p.meta[m]["lossless"] else "LOSSY") for m in p.cfg.methods),
-                   row("prompts", True, f"{p.n_prompts} prompts")]
+                   row("prompts", True, f"{p.n_prompts} prompts")], names
 
 
-def image_plan(cfg: Any) -> tuple[Any, list[dict]]:
+def image_plan(cfg: Any) -> tuple[Any, list[dict], list[tuple[str, str]]]:
     full = checked_rows(cfg)
+    names = [("model", cfg.model), ("drafter", cfg.drafter), ("classifier", cfg.classifier if cfg.quality else "")]
+    for m in (m for m in full.methods if method_of(m) == "mulo-sd"):
+        o = options_of(full, m)
+        names += [(f"{m} lowres", str(o.get("lowres") or "tiny-image-gpt-lowres")),
+                  (f"{m} upsampler", str(o.get("upsampler") or ""))]
     return full, [row(f"method {m}", True, "lossless" if get_method(method_of(m)).lossless else "LOSSY")
-                  for m in full.methods]
+                  for m in full.methods], names
 
 
-def mesh_plan(cfg: Any) -> tuple[Any, list[dict]]:
+def mesh_plan(cfg: Any) -> tuple[Any, list[dict], list[tuple[str, str]]]:
     vs = variants(cfg)
-    return cfg, [row("rows", True, f"{len(vs)} rows: {', '.join(v.label for v in vs)}")]
+    heads = [(f"heads {r}", cfg.heads[r]) for r in [*cfg.rows, *cfg.merged_ar] if r != "ar" and r in cfg.heads]
+    return cfg, [row("rows", True, f"{len(vs)} rows: {', '.join(v.label for v in vs)}")], [("model", cfg.model), *heads]
 
 
-#: suite -> its run's own checks (the plan a benchmark builds): (the config with every row, a row per method)
+#: suite -> its run's own checks (the plan a benchmark builds): (the config with every row, a row per method, the
+#: (role, registry name) of every entry it reads)
 SUITE_PLANS = {"humaneval": text_plan, "text": text_plan, "images": image_plan, "meshes": mesh_plan}
 
 
-def entry_names(kind: str, cfg: Any) -> list[tuple[str, str]]:
-    """(role, registry name) of every entry the recipe reads, in order, without duplicates."""
-    names: list[tuple[str, str]] = []
-    if kind in TEXT:
-        names.append(("model", cfg.model))
-        names += [(f"{m} target", decoded_model(m, cfg)) for m in cfg.methods if not is_peer(m)]
-    elif kind == "images":
-        names.append(("model", cfg.model))
-        if cfg.drafter:
-            names.append(("drafter", cfg.drafter))
-        if cfg.quality and cfg.classifier:
-            names.append(("classifier", cfg.classifier))
-        for m in cfg.methods:
-            if method_of(m) == "mulo-sd":
-                o = options_of(cfg, m)
-                names.append((f"{m} lowres", str(o.get("lowres") or "tiny-image-gpt-lowres")))
-                if o.get("upsampler"):
-                    names.append((f"{m} upsampler", str(o["upsampler"])))
-    elif kind == "meshes":
-        names.append(("model", cfg.model))
-        for r in [*cfg.rows, *cfg.merged_ar]:
-            if r != "ar" and r in cfg.heads:
-                names.append((f"heads {r}", cfg.heads[r]))
-    elif kind in ("distill", "collect-trajectories"):
-        names.append(("model", cfg.model))
-        if getattr(cfg, "init_adapter", ""):
-            names.append(("init_adapter", cfg.init_adapter))
-    elif kind in ("eagle", "xspecmesh"):
-        names.append(("target", cfg.target))
-        if getattr(cfg, "init", ""):
-            names.append(("init", cfg.init))
-    elif kind in ("upsampler", "image-gpt", "image-gpt-lowres"):
-        names.append(("vq", cfg.vq))
-        if getattr(cfg, "warm_start", ""):
-            names.append(("warm_start", cfg.warm_start))
-    seen, out = set(), []
+def first_roles(names: list[tuple[str, str]]) -> dict[str, str]:
+    """Registry name -> the role it is first read in (empty names left out)."""
+    roles: dict[str, str] = {}
     for role, name in names:
-        if name and name not in seen:
-            seen.add(name)
-            out.append((role, name))
-    return out
+        if name:
+            roles.setdefault(name, role)
+    return roles
 
 
 def file_names(kind: str, cfg: Any) -> list[tuple[str, str]]:
     """(key, path) of the files and folders a recipe reads."""
-    out = []
-    if kind == "distill":
-        out.append(("trajectories", cfg.trajectories))
-    if kind == "collect-trajectories" and cfg.prompts != "stdlib":
-        out.append(("prompts", cfg.prompts))
-    if kind in ("images", "eagle") and cfg.captions:
-        out.append(("captions", cfg.captions))
-    return [(k, v) for k, v in out if v]
+    return [(key, getattr(cfg, key)) for key in KINDS[kind].files if getattr(cfg, key) not in ("", BUILTIN_PROMPTS)]
 
 
 def import_hints(comments: str) -> dict[str, str]:
@@ -277,10 +259,8 @@ def import_hints(comments: str) -> dict[str, str]:
 
 def image_vq(kind: str, cfg: Any) -> str:
     """The VQ entry an installed image target records (its `--vq` at import), or ""."""
-    if kind not in ("images", "eagle"):
-        return ""
-    meta = registry.installed_meta(cfg.model if kind == "images" else cfg.target) or {}
-    return str(meta.get("vq") or "")
+    key = KINDS[kind].vq_of
+    return str(((key and registry.installed_meta(getattr(cfg, key))) or {}).get("vq") or "")
 
 
 def check_entry(role: str, name: str, hints: dict[str, str], comments: str = "") -> dict:
@@ -375,8 +355,3 @@ def human_size(n: int) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n} B"
-
-
-def all_ok(rows: list[dict]) -> bool:
-    """True when every row passed (the exit status of `benchmark --dry-run`)."""
-    return all(r["ok"] for r in rows)

@@ -15,14 +15,13 @@ from specgen.errors import UsageError
 from specgen.eval import image_metrics, plots
 from specgen.eval.image_rows import image_rows, method_of, png_of
 from specgen.eval.run_dir import Shard
-from specgen.eval.sweeps import (Sweep, SweptRow, expand, method_bases, method_check, options_table, sweeps_of,
-                                 with_swept)
+from specgen.eval.sweeps import SweptRow, expand, method_bases, method_check, options_table, sweeps_of, with_swept
 from specgen.image.captions import Caption
 from specgen.image.generate import (ImageGenConfig, ImageModel, conditioned, decode_pixels, generate_images,
                                     image_conditions, load_image_model, prepare_out_dir)
 from specgen.image.methods import build_image_method
 from specgen.image.target import cfg_target
-from specgen.methods import METHODS, get_method
+from specgen.methods import get_method
 from specgen.paths import free_path, link_into_place
 from specgen.request import parse_request
 from specgen.text.precision import check_row_precision
@@ -58,29 +57,16 @@ class ImageBenchConfig:
     # method (or method@tag entry) -> {option: value}
     options: dict = field(default_factory=lambda: {"vvs@u": {"schedule": "uniform"}, "vvs@d": {"schedule": "dynamic"}})
     sweep: dict = field(default_factory=dict)  # row -> {option: [values]}: one row per value (specgen/eval/sweeps.py)
-    # older spellings, read as well (OLD_SWEEPS): `method_options` is `options`, the lists are sweeps
-    method_options: dict = field(default_factory=dict)
-    mulo_taus: list[float] = field(default_factory=list)  # = sweep.mulo-sd.tau: mulo-sd@tau=<v> rows
-    vvs_intervals: list[int] = field(default_factory=list)  # = sweep.vvs@i.interval (schedule uniform)
-    vvs_thresholds: list[float] = field(default_factory=list)  # = sweep.vvs@thr.threshold (schedule dynamic)
+    method_options: dict = field(default_factory=dict)  # the older name of `options`, read as well
 
 
 def options_of(cfg: ImageBenchConfig, entry: str) -> dict:
-    """Options of an entry: the method's, updated by the entry's own (`method@tag`)."""
-    table = options_table(cfg)
-    return {**table.get(method_of(entry), {}), **table.get(entry, {})}
+    """Options of an entry of a plan (`with_extra_rows`: `options` holds every entry's): the method's, updated by the
+    entry's own (`method@tag`)."""
+    return {**cfg.options.get(method_of(entry), {}), **cfg.options.get(entry, {})}
 
 
 MULO_ABLATIONS = {"mulo-sd@raster": {"rejection": "raster"}, "mulo-sd@no-expand": {"radius": 0}}
-
-# older sweep keys -> (the sweep each spells, with the row names it always gave; the type of its values)
-OLD_SWEEPS = {
-    "mulo_taus": (Sweep("mulo-sd", "tau", (), key="mulo_taus"), float),
-    "vvs_intervals": (Sweep("vvs", "interval", (), (("schedule", "uniform"),), "vvs@i={}", "vvs_intervals"), int),
-    "vvs_thresholds": (Sweep("vvs", "threshold", (), (("schedule", "dynamic"),), "vvs@thr={}", "vvs_thresholds"),
-                       float),
-}
-
 
 @dataclass(frozen=True)
 class Plot:
@@ -102,23 +88,14 @@ def plot_of(sweep: str) -> Plot:
     return PLOTS.get(sweep) or Plot(sweep.replace("@", "-") + "-pareto", ("ar", "lantern", base, sweep))
 
 
-def sweeps_in(cfg: ImageBenchConfig) -> list[Sweep]:
-    """The config's sweeps: the older keys' (in OLD_SWEEPS order), then `sweep`'s."""
-    old = [replace(s, values=tuple(cast(v) for v in getattr(cfg, key))) for key, (s, cast) in OLD_SWEEPS.items()
-           if getattr(cfg, key)]
-    return old + sweeps_of(cfg.sweep)
-
-
 def with_extra_rows(cfg: ImageBenchConfig) -> ImageBenchConfig:
     """cfg with the MuLo-SD ablation entries and every sweep's entries added to `methods`, and `options` holding
     every entry's options (`method_options` folded in)."""
     table = options_table(cfg)
     extra = [SweptRow(m, "mulo-sd", o) for m, o in MULO_ABLATIONS.items()] if cfg.mulo_ablations else []
-    extra += expand(sweeps_in(cfg), method_bases(cfg.methods, table, METHODS, "image"),
-                    method_check(method_of, get_method))
+    extra += expand(sweeps_of(cfg.sweep), method_bases(cfg.methods, table, "image"), method_check(method_of))
     methods, options = with_swept(cfg.methods, table, extra, method_of)
-    return replace(cfg, methods=methods, options=options, method_options={}, sweep={}, mulo_taus=[],
-                   vvs_intervals=[], vvs_thresholds=[])
+    return replace(cfg, methods=methods, options=options, method_options={}, sweep={})
 
 
 def checked_rows(cfg: ImageBenchConfig) -> ImageBenchConfig:
@@ -226,21 +203,16 @@ def items_left(cfg: ImageBenchConfig, done: dict, shard: Shard) -> tuple[list, l
 
 
 def measure_images(im: ImageModel, cfg: ImageBenchConfig, sink, shard: Shard = Shard(), on_step=None,
-                   machine: str | Callable[[], str] = "") -> None:
-    """Decode this shard's images that `sink` has no record of: at batch 1 one (temperature, image) with every
-    method interleaved on it per record, at B > 1 one method over the shard's images per record. `cfg`: a plan
-    (`checked_rows`)."""
+                   machine: Callable[[], str] = str) -> None:
+    """Decode this shard's images that `sink` (its shard started) has no record of: at batch 1 one (temperature,
+    image) with every method interleaved on it per record, at B > 1 one method over the shard's images per record.
+    `cfg`: a plan (`checked_rows`)."""
     conditions = bench_conditions(im, cfg)  # [num] class ids or captions, refused before any decoding
     check_builds(im, cfg, conditions[0])
     single, batched = items_left(cfg, sink.records(), shard)
-    if not single and not batched:
-        return
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    sink.start_shard(shard)
     clf, quality = classifier_state(im, cfg, conditions)
     cost = cost_of(im.model)  # c(m) of the efficiency of drafting rows; each image runs its CFG branches
-    sink.write_machine(shard, {"machine": machine() if callable(machine) else machine,
+    sink.write_machine(shard, {"machine": machine(),
                                "conditions": condition_names(im, conditions), **quality,
                                "cost_rows": list(cost.rows), "cost": list(cost.cost),
                                "branches": cfg_target(im.model, cfg.cfg_scale, conditions if im.text_conditional

@@ -14,7 +14,7 @@ import PIL.Image
 from specgen.decoding.cost import CostCurve
 from specgen.decoding.stats import DecodeStats
 from specgen.eval.image_metrics import fid_from_features
-from specgen.eval.run_dir import batched, check_finished, unrecorded
+from specgen.eval.run_dir import batched, check_finished
 from specgen.eval.speed import Drafting, per_shard
 from specgen.eval.speed import efficiency as speed_efficiency
 from specgen.methods import get_method
@@ -71,17 +71,6 @@ def collect(records: dict[str, dict], order: list[str], num: int, temp: float, b
             return None
         images[m] = [Image.of(by_index[i]) for i in range(num)]
     return {"images": images, "walls": walls}
-
-
-def missing(records: dict[str, dict], order: list[str], num: int, temps: list[float], batches: list[int]) -> int:
-    """Images (per method, temperature and batch size) no record holds yet."""
-    gone = 0
-    for t in temps:
-        gone += sum(f"T{t:g}/i{i}" not in records for i in range(num))
-        for b in (b for b in batches if b > 1):
-            for m in order:
-                gone += unrecorded(records, f"T{t:g}/b{b}/{m}/", num)
-    return gone
 
 
 def summarise(method: str, temp: float, rs: list[Image], ar: list[Image], names: dict) -> dict:
@@ -173,7 +162,8 @@ def image_rows(records: dict[str, dict], order: list[str], num: int, temps: list
     the precision it decoded at; each row is labelled with it, and a row whose precision differs from `ar`'s is
     also compared with the `ar` entry of its own precision (`exact_match_vs_own_ar`: 1.0 for lossless methods)."""
     dtype_of = dtype_of or {}
-    check_finished(missing(records, order, num, temps, batches), "images")
+    check_finished(records, [f"T{t:g}/i{i}" for t in temps for i in range(num)],
+                   [f"T{t:g}/b{b}/{m}/" for t in temps for b in batches if b > 1 for m in order], num, "images")
     info = next(iter(machines.values()), {})
     names, reference, note = info.get("conditions", {}), info.get("reference_features"), info.get("quality_note")
     rows, images = [], {}

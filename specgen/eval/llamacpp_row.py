@@ -26,10 +26,6 @@ def unavailable(setup: PeerSetup | None = None) -> str | None:
     return None
 
 
-def default_gguf() -> Path:
-    return smollm2_gguf_path()
-
-
 class LlamaCppRow(OneAtATime):
     """One llama_cpp.Llama for the whole benchmark (closed at exit). Options: `gguf` (default: the shipped SmolLM2
     GGUF), `repack` (default true; false skips llama.cpp's runtime repacking, the path that crashed on some CPUs)."""
@@ -47,7 +43,7 @@ class LlamaCppRow(OneAtATime):
 
         options = setup.options
         cfg = setup.original.module.cfg
-        path = Path(options["gguf"]).expanduser() if options.get("gguf") else default_gguf()
+        path = Path(options["gguf"]).expanduser() if options.get("gguf") else smollm2_gguf_path()
         if not path.is_file():
             raise UsageError(f"{setup.name} row: no GGUF file at {path}")
         self.llm = self._load(llama_cpp, path, setup.threads, cfg.max_seq_len, bool(options.get("repack", True)),

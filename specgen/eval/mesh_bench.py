@@ -13,7 +13,7 @@ import trimesh
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.stats import DecodeStats
 from specgen.errors import UsageError
-from specgen.eval.run_dir import Shard, batched, check_finished, unrecorded
+from specgen.eval.run_dir import Shard, batched, check_finished
 from specgen.eval.speed import per_shard
 from specgen.eval.sweeps import Sweep, expand, merged_table, sweeps_of
 from specgen.mesh.export import clean_mesh
@@ -173,17 +173,12 @@ def items_left(cfg: MeshBenchConfig, labels: list[str], done: dict, shard: Shard
 
 
 def measure_meshes(cfg: MeshBenchConfig, sink, shard: Shard = Shard(), on_mesh: Callable[[int], None] | None = None,
-                   machine: str | Callable[[], str] = "") -> None:
-    """Decode this shard's meshes that `sink` has no record of: one record per mesh with every row interleaved on
-    it (batch 1), or per row over the shard's point clouds through B slots."""
+                   machine: Callable[[], str] = str) -> None:
+    """Decode this shard's meshes that `sink` (its shard started) has no record of: one record per mesh with every
+    row interleaved on it (batch 1), or per row over the shard's point clouds through B slots."""
     split_seeds("test", cfg.limit, cfg.offset)  # more meshes than the split holds: refused before any model loads
     vs = variants(cfg)
     single, batched = items_left(cfg, [v.label for v in vs], sink.records(), shard)
-    if not single and not batched:
-        return
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    sink.start_shard(shard)
     params = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
     dtype_of = {v.label: cfg.dtypes.get(v.label, cfg.dtype) for v in vs}
     loaded = {(h, d): load_mesh_model(cfg.model, h, cfg.device, d, graphs=cfg.graphs)
@@ -194,7 +189,7 @@ def measure_meshes(cfg: MeshBenchConfig, sink, shard: Shard = Shard(), on_mesh: 
                 else own[v.label].decoder for v in vs}
     max_tokens = token_budget(ar.decoder.model, ar.target.meta, cfg.num_heads, cfg.max_new_tokens)
     clouds = benchmark_clouds(ar.target.meta, cfg.limit, cfg.offset, cfg.device)
-    sink.write_machine(shard, {"machine": machine() if callable(machine) else machine, "references": reference_distances([ref for ref, _ in clouds])})
+    sink.write_machine(shard, {"machine": machine(), "references": reference_distances([ref for ref, _ in clouds])})
 
     def streams(i: int) -> tuple[torch.Generator, torch.Generator]:
         return torch.Generator().manual_seed(cfg.seed + i), torch.Generator().manual_seed(10_000_019 + cfg.seed + i)
@@ -222,11 +217,8 @@ def mesh_rows_of(cfg: MeshBenchConfig, sink) -> list[dict]:
     """One summary row per variant (AR first), batched rows after; a run with missing items is refused."""
     vs, records = variants(cfg), sink.records()
     labels = [v.label for v in vs]
-    gone = sum(f"m{i}" not in records for i in range(cfg.limit))
-    for b in (b for b in cfg.batch_sizes if b > 1):
-        for label in labels:
-            gone += unrecorded(records, f"b{b}/{label}/", cfg.limit)
-    check_finished(gone, "meshes")
+    check_finished(records, [f"m{i}" for i in range(cfg.limit)],
+                   [f"b{b}/{label}/" for b in cfg.batch_sizes if b > 1 for label in labels], cfg.limit, "meshes")
     info = next(iter(sink.machines().values()))
     single = {label: [records[f"m{i}"]["runs"][label] for i in range(cfg.limit)] for label in labels}
     rows = summarize(cfg, vs, single)
@@ -249,10 +241,6 @@ def batched_rows(rows: list[dict], runs: dict, walls: dict, batch: int, ar_b1: l
     def shard_rate(label: str, s: str) -> float:
         return sum(x["tokens"] for x in runs[label] if x["shard"] == s) / walls[label][s]
 
-    def b1_rate(s: str) -> float:  # batch-1 AR tokens/s on shard s: its meshes' tokens over their decode times
-        xs = [x for x in ar_b1 if x["shard"] == s]
-        return sum(x["tokens"] for x in xs) / sum(stats_of(x).wall_time for x in xs) if xs else 0.0
-
     def weighted(label: str, value) -> float:
         return per_shard(runs[label], [x["shard"] for x in runs[label]], walls[label], lambda s, xs, w: value(s))
 
@@ -267,12 +255,18 @@ def batched_rows(rows: list[dict], runs: dict, walls: dict, batch: int, ar_b1: l
                  if ar_label else None,
                  vs_ar_b1=None)
         if ar_b1 is not None and ar_label:
-            r["vs_ar_b1"] = round(weighted(label, lambda s: shard_rate(label, s) / b1_rate(s)), 3)
+            r["vs_ar_b1"] = round(weighted(label, lambda s: shard_rate(label, s) / b1_rate(ar_b1, s)), 3)
     return rows
 
 
 def stats_of(run: dict) -> DecodeStats:
     return DecodeStats(**run["stats"])
+
+
+def b1_rate(runs: list[dict], s: str) -> float:
+    """Tokens/s of batch-1 runs on shard s: their meshes' tokens over their decode times."""
+    xs = [x for x in runs if x["shard"] == s]
+    return sum(x["tokens"] for x in xs) / sum(stats_of(x).wall_time for x in xs) if xs else 0.0
 
 
 def benchmark_clouds(meta: dict, limit: int, offset: int = 0, device: str = "cpu") -> list[tuple[object, torch.Tensor]]:
@@ -338,16 +332,11 @@ def summarize(cfg: MeshBenchConfig, vs: list[Variant], runs: dict[str, list[dict
                                   for k, t in sorted(st.times.items()) if k != "prefill"},
         })
     ar = next((r for r in rows if r["heads"] is None), None)
-
-    def rate(label: str, s: str) -> float:  # tokens/s of a row on shard s
-        xs = [x for x in runs[label] if x["shard"] == s]
-        return sum(x["tokens"] for x in xs) / sum(stats_of(x).wall_time for x in xs)
-
     for r in rows:
         xs = runs[r["row"]]
         shards = [x["shard"] for x in xs]  # per-shard tokens/s ratios, weighted by meshes
         r["speedup_vs_ar"] = (round(per_shard(xs, shards, dict.fromkeys(sorted(set(shards))),
-                                              lambda s, _, w: rate(r["row"], s) / rate(ar["row"], s)), 3)
+                                              lambda s, _, w: b1_rate(xs, s) / b1_rate(runs[ar["row"]], s)), 3)
                               if ar and ar["tokens_per_s"] else None)
         r["speedup_scr_lat"] = (round(r["scr"] * ar["step_latency_ms"] / r["step_latency_ms"], 3)
                                 if ar and r["step_latency_ms"] else None)

@@ -243,16 +243,14 @@ def batched(records: dict[str, dict], prefix: str) -> tuple[dict[int, dict], dic
     return by_index, walls
 
 
-def check_finished(gone: int, what: str) -> None:
-    """Refuse to summarise a run while `gone` of its `what` (items, images, meshes) have no record."""
+def check_finished(records: dict[str, dict], single: list[str], prefixes: list[str], n: int, what: str) -> None:
+    """Refuse to summarise a run while some of its `what` (items, images, meshes) have no record: of the batch-1
+    record keys `single`, and of the items 0 .. n-1 of each batched row (its records' key `prefixes`)."""
+    gone = sum(k not in records for k in single)
+    gone += sum(n - len(set(batched(records, p)[0]) & set(range(n))) for p in prefixes)
     if gone:
         raise RunNotFinished(f"the run is not finished: {gone} of its {what} have no record yet "
                              "(rerun the same command, or wait for the other shards)")
-
-
-def unrecorded(records: dict[str, dict], prefix: str, n: int) -> int:
-    """How many of the items 0 .. n-1 of a batched row no record holds yet."""
-    return n - len(set(batched(records, prefix)[0]) & set(range(n)))
 
 
 class MemoryRun:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from specgen.errors import UsageError
+from specgen.methods import METHODS, get_method
 
 SCALARS = (str, int, float, bool)  # what a swept value may be (a list or mapping is no single setting)
 
@@ -143,15 +144,11 @@ def with_swept(rows: list[str], table: dict, swept: list[SweptRow], method_of: C
     return rows, table
 
 
-# The method table comes in as an argument: this module imports no method code, so the config checks
-# (specgen.config_checks, which parse `sweep`) stay below the methods in the package's layers (tests/test_layers.py).
-
-def method_bases(rows: list[str], table: dict, methods: dict, modality: str) -> list[str]:
-    """What a humaneval/images sweep may vary: a row, an `options` entry, or a method (of `methods`, name -> spec)
-    of the suite's modality."""
-    return [*rows, *table, *(name for name, spec in methods.items() if spec.runs_on(modality))]
+def method_bases(rows: list[str], table: dict, modality: str) -> list[str]:
+    """What a humaneval/images sweep may vary: a row, an `options` entry, or a method of the suite's modality."""
+    return [*rows, *table, *(name for name, spec in METHODS.items() if spec.runs_on(modality))]
 
 
-def method_check(method_of: Callable[[str], str], get_method: Callable[[str], Any]) -> Callable[[str, dict], None]:
+def method_check(method_of: Callable[[str], str]) -> Callable[[str, dict], None]:
     """check(row, options) of humaneval/images sweeps: the options of the row's method (names and values)."""
     return lambda row, options: get_method(method_of(row)).check_options(options)

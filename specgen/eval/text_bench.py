@@ -111,8 +111,8 @@ def with_sweeps(cfg: TextBenchConfig) -> TextBenchConfig:
     """cfg with every `sweep` row added to `methods` (its options in `options`, `method_options` folded in, its
     base row's `targets` entry copied); a config without sweeps comes back with the same rows."""
     table = options_table(cfg)
-    bases = [m for m in method_bases(cfg.methods, table, METHODS, "text") if not is_peer(m)]
-    swept = expand(sweeps_of(cfg.sweep), bases, method_check(row_method, get_method))
+    bases = [m for m in method_bases(cfg.methods, table, "text") if not is_peer(m)]
+    swept = expand(sweeps_of(cfg.sweep), bases, method_check(row_method))
     methods, options = with_swept(cfg.methods, table, swept, row_method)
     targets = {**{r.name: cfg.targets[r.base] for r in swept if r.base in cfg.targets}, **cfg.targets}
     return replace(cfg, methods=methods, options=options, method_options={}, sweep={}, targets=targets)
@@ -125,11 +125,6 @@ class Row:
     spec: MethodSpec
     options: Any  # spec.options_type
     seed: int | None = None  # the row's own drafter seed (`options.ROW.seed`), else the run's
-
-
-def specgen_run(model: TextModel, row: Row, prompt: list[int], cfg: TextBenchConfig) -> Run:
-    runs, _ = specgen_batch(model, row, [prompt], 1, cfg)
-    return runs[0]
 
 
 def specgen_batch(model: TextModel, row: Row, prompts: list[list[int]], batch: int, cfg: TextBenchConfig,
@@ -332,17 +327,12 @@ def row_models(model: TextModel, p: Plan) -> dict[str, TextModel]:
 
 
 def measure(model: TextModel, p: Plan, sink, shard: Shard = Shard(), on_prompt=None,
-            machine: str | Callable[[], str] = "") -> None:
-    """Measure this shard's items that `sink` (a RunDir or MemoryRun) has no record of, one record per item:
-    at batch 1 a prompt with every row interleaved on it, at B > 1 one row over the shard's prompts."""
+            machine: Callable[[], str] = str) -> None:
+    """Measure this shard's items that `sink` (a RunDir or MemoryRun, its shard started) has no record of, one
+    record per item: at batch 1 a prompt with every row interleaved on it, at B > 1 one row over the shard's prompts."""
     cfg, rows, items = p.cfg, p.rows, p.items
     mine = [i for i in range(p.n_prompts) if shard.owns(i)]
     todo, todo_batched = items_left(p, sink.records(), shard)
-    if not todo and not todo_batched:
-        return
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    sink.start_shard(shard)
     prompts = [encode(model.tokenizer, item.prompt) for item in items]
     models = row_models(model, p)
     for row in rows.values():  # a row's assets (a static n-gram cache) fit the models' one tokenizer
@@ -354,7 +344,7 @@ def measure(model: TextModel, p: Plan, sink, shard: Shard = Shard(), on_prompt=N
     cost = cost_of(model.module)  # c(B) of batched rows, c(N) of the efficiency of speculative rows
     streamed = {m: streamed_bytes(peers[m].module if m in peers else models[p.meta[m]["model"]].module)
                 for m in order if m not in peers or peers[m].module is not None}  # weights one forward reads
-    sink.write_machine(shard, {"machine": machine() if callable(machine) else machine, "versions": versions(),
+    sink.write_machine(shard, {"machine": machine(), "versions": versions(),
                                "cost_rows": list(cost.rows), "cost": list(cost.cost), "skipped": skipped,
                                "streamed_bytes": streamed, "bandwidth_gbs": copy_bandwidth(device=next(model.module.parameters()).device)})
 
@@ -364,7 +354,7 @@ def measure(model: TextModel, p: Plan, sink, shard: Shard = Shard(), on_prompt=N
     def one(method: str, prompt: list[int]) -> Run:
         if method in peers:
             return peers[method].run(prompt)
-        return specgen_run(models[p.meta[method]["model"]], row_of(method), prompt, cfg)
+        return specgen_batch(models[p.meta[method]["model"]], row_of(method), [prompt], 1, cfg)[0][0]
 
     if cfg.warmup:
         warm = model.tokenizer.encode("Write a Python function that adds two numbers.")

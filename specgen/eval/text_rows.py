@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from specgen.decoding.cost import CostCurve
 from specgen.eval.humaneval import pass_at_1
 from specgen.eval.latency import percentile
-from specgen.eval.run_dir import batched, check_finished, unrecorded
+from specgen.eval.run_dir import batched, check_finished
 from specgen.eval.speed import Drafting, efficiency, per_shard
 
 
@@ -60,15 +60,6 @@ def one_by_one(runs: dict[str, list[Run]]) -> Measured:
         for r in rs:
             walls[m][r.shard] = walls[m].get(r.shard, 0.0) + r.seconds
     return Measured(runs, walls)
-
-
-def missing(records: dict[str, dict], order: list[str], n_prompts: int, batches: list[int]) -> int:
-    """How many of the run's items no record holds yet (batched items count one per prompt and method)."""
-    gone = sum(f"b1/p{i}" not in records for i in range(n_prompts)) if 1 in batches else 0
-    for b in (b for b in batches if b > 1):
-        for m in order:
-            gone += unrecorded(records, f"b{b}/{m}/", n_prompts)
-    return gone
 
 
 def curves(machines: dict[str, dict]) -> dict[str, CostCurve]:
@@ -178,7 +169,8 @@ def text_rows(records: dict[str, dict], order: list[str], meta: dict[str, dict],
               batches: list[int], machines: dict[str, dict], categories: list[str] | None = None) -> list[dict]:
     """Every row of a finished run (batch sizes in `batches` order), with batch-1 rows per category when the
     prompts (`categories`, one per prompt) have several; refuses a run with missing items."""
-    check_finished(missing(records, order, n_prompts, batches), "items")
+    check_finished(records, [f"b1/p{i}" for i in range(n_prompts)] if 1 in batches else [],
+                   [f"b{b}/{m}/" for b in batches if b > 1 for m in order], n_prompts, "items")
     costs = curves(machines)
     rows, reference = [], None
     for batch in batches:

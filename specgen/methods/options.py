@@ -1,6 +1,6 @@
 """Method options (`method_options.NAME=VALUE`) as frozen dataclasses: one class per method family.
 
-Imports nothing heavy: `specgen.config_checks` reads `CHECKS` on every command's config.
+Imports nothing heavy: `--dry-run` and every suite's plan parse each row's options before a model loads.
 """
 
 from __future__ import annotations
@@ -28,11 +28,6 @@ MAX_INT = 2 ** 31 - 1  # sizes beyond this are not sizes (and overflow int32 ker
 
 def int_at_least(lo: int) -> Check:
     return (lambda v: is_int(v) and lo <= v <= MAX_INT), f">= {lo} (an integer below 2**31)"
-
-
-def integer() -> Check:
-    """Any integer (the method checks its range itself)."""
-    return (lambda v: is_int(v) and abs(v) <= MAX_INT), "an integer"
 
 
 def number_in(lo: float, hi: float, lo_open: bool = False, hi_open: bool = False) -> Check:
@@ -279,49 +274,15 @@ class MuloOptions(Options):
     seed: int = opt(0, SEED)  # the low-res drafter's stream (derived with the decode generator's seed)
 
 
-# --- mesh: XSpecMeshOptions (methods/xspecmesh.py) states the rules between its options itself -------------------
+# --- mesh: XSpecMeshOptions (methods/xspecmesh.py, which imports torch) checks its fields with these choices ------
 XSPECMESH_CRITERIA = ("threshold", "topk", "rejection")  # the paper's two lossy rules, and the lossless one
 XSPECMESH_SAMPLING = ("independent", "tree")
 XSPECMESH_DRAFT_DTYPES = ("float32", "bfloat16")
-
-#: Single-value checks of `XSpecMeshOptions`' fields (that class lives with the method, which imports torch).
-XSPECMESH_CHECKS: dict[str, Check] = {
-    "heads": text(),
-    "num_heads": int_at_least(0),
-    "criterion": one_of(*XSPECMESH_CRITERIA),
-    "delta": number_in(0, 1),
-    "top_k_accept": int_at_least(1),
-    "sampling": one_of(*XSPECMESH_SAMPLING),
-    "top_k_tree": int_at_least(1),
-    "draft_dtype": one_of(*XSPECMESH_DRAFT_DTYPES),
-    "lookup": int_at_least(0),
-    "vertex_lookup": flag(),
-    "min_path_prob": number_in(0, 1, hi_open=True),
-    "budget": BUDGET_CHECK,
-}
-
-FAMILIES: tuple[type[Options], ...] = (NoOptions, JacobiOptions, CllmOptions, NgramOptions, MultiBlockOptions,
-                                       TreeOptions, LanternTreeOptions, AdtOptions, AdtLanternOptions, VvsOptions,
-                                       MuloOptions)
 
 
 def checks_of(cls: type) -> dict[str, Check | None]:
     """Option name -> its single-value check, for one options class."""
     return {f.name: f.metadata.get("check") for f in fields(cls)}
-
-
-def _by_name() -> dict[str, Check]:
-    """Every option name's check across the families (a name means the same thing in every family)."""
-    table: dict[str, Check] = {"seed": SEED, **XSPECMESH_CHECKS}
-    for cls in FAMILIES:
-        for name, check in checks_of(cls).items():
-            if check is not None:
-                assert table.setdefault(name, check)[1] == check[1], f"option {name} is checked two ways"
-    return table
-
-
-#: Option name -> (predicate, expectation), for configs that name options without one method (benchmark suites).
-CHECKS: dict[str, Check] = _by_name()
 
 
 def parse(cls: type, method: str, options: dict[str, Any]) -> Any:
@@ -340,8 +301,3 @@ def build(cls: type, options: dict[str, Any]) -> Any:
     names = {f.name for f in fields(cls)}
     return cls(**{k: v for k, v in options.items() if k in names})
 
-
-def check_option_values(method: str, options: dict[str, Any]) -> None:
-    """Refuse the first option whose value fails its name's check in any option class (configs mixing methods)."""
-    for name, value in options.items():
-        check_value(name, value, CHECKS.get(name), method)

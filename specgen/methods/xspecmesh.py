@@ -22,7 +22,8 @@ from specgen.devices import host_tensor
 from specgen.errors import CheckpointError, UsageError
 from specgen.mesh.target import MeshTarget
 from specgen.mesh.vertex_lookup import VertexMemory
-from specgen.methods.options import XSPECMESH_CHECKS as CHECKS, XSPECMESH_DRAFT_DTYPES, Options, opt
+from specgen.methods.options import (BUDGET_CHECK, XSPECMESH_CRITERIA, XSPECMESH_DRAFT_DTYPES, XSPECMESH_SAMPLING,
+                                     Options, flag, int_at_least, number_in, one_of, opt, text)
 from specgen.methods.text import EmptyDrafter, lookup
 from specgen.methods.xspecmesh_pool import XSpecMeshPool, mesh_rule
 from specgen.models.heads import head_logits
@@ -42,18 +43,18 @@ TREE_PRUNE = 1e-5
 class XSpecMeshOptions(Options):
     """Method options (`method_options.*`): D, the acceptance rule and the candidate sampler; checked when built."""
 
-    heads: str = opt("xspecmesh-ca-tiny", CHECKS["heads"])  # registry name of the heads (they name backbone + adapter)
-    num_heads: int = opt(0, CHECKS["num_heads"])  # D; 0 = every head the checkpoint has (paper: 4)
-    criterion: str = opt("threshold", CHECKS["criterion"])  # threshold (p > delta) | topk (top-K_a): lossy | rejection
-    delta: float = opt(0.5, CHECKS["delta"])
-    top_k_accept: int = opt(1, CHECKS["top_k_accept"])  # K_a
-    sampling: str = opt("independent", CHECKS["sampling"])  # independent | tree (top-K_s probability tree)
-    top_k_tree: int = opt(2, CHECKS["top_k_tree"])  # K_s
-    draft_dtype: str = opt("float32", CHECKS["draft_dtype"])  # bfloat16: the heads' LM-head product in bf16 (beyond)
-    lookup: int = opt(0, CHECKS["lookup"])  # > 0: candidates first from n-gram lookup (n = lookup .. 1) (beyond)
-    vertex_lookup: bool = opt(False, CHECKS["vertex_lookup"])  # offsets after known blocks, heads elsewhere (beyond)
-    min_path_prob: float = opt(0.0, CHECKS["min_path_prob"])  # > 0: cut the chain below this path probability (beyond)
-    budget: str = opt("fixed", CHECKS["budget"])  # auto: per batch size, the faster of batched AR and the heads
+    heads: str = opt("xspecmesh-ca-tiny", text())  # registry name of the heads (they name backbone + adapter)
+    num_heads: int = opt(0, int_at_least(0))  # D; 0 = every head the checkpoint has (paper: 4)
+    criterion: str = opt("threshold", one_of(*XSPECMESH_CRITERIA))  # threshold (p > delta), topk (top-K_a): lossy
+    delta: float = opt(0.5, number_in(0, 1))
+    top_k_accept: int = opt(1, int_at_least(1))  # K_a
+    sampling: str = opt("independent", one_of(*XSPECMESH_SAMPLING))  # independent | tree (top-K_s probability tree)
+    top_k_tree: int = opt(2, int_at_least(1))  # K_s
+    draft_dtype: str = opt("float32", one_of(*XSPECMESH_DRAFT_DTYPES))  # bfloat16: heads' LM-head product in bf16
+    lookup: int = opt(0, int_at_least(0))  # > 0: candidates first from n-gram lookup (n = lookup .. 1) (beyond)
+    vertex_lookup: bool = opt(False, flag())  # offsets after known blocks, heads elsewhere (beyond)
+    min_path_prob: float = opt(0.0, number_in(0, 1, hi_open=True))  # > 0: cut the chain below this path probability
+    budget: str = opt("fixed", BUDGET_CHECK)  # auto: per batch size, the faster of batched AR and the heads
 
     def __post_init__(self) -> None:
         self.validate("xspecmesh")

@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 
 from specgen.builtins import BUILTINS
 from specgen.errors import UsageError
-from specgen.eval.dry_run import all_ok, check_recipe
+from specgen.eval.dry_run import check_recipe
 from tests.conftest import tiny_config, tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,7 +54,7 @@ def test_full_recipe_names_the_import_command_of_a_missing_checkpoint():
     vq = by_check(rows)["entry imported"]
     assert not vq["ok"] and "vq_ds16_c2i.pt" in vq["detail"] and "vq16-c2i" in vq["detail"]
     assert by_check(rows)["device"]["ok"]  # cuda: a GPU this machine lacks is fine for a dry run
-    assert not all_ok(rows)
+    assert not all(r["ok"] for r in rows)
 
 
 @pytest.mark.parametrize("path", TINY, ids=lambda p: p.name)
@@ -91,7 +91,7 @@ def test_unknown_method_and_bad_method_option_fail_their_rows(tmp_path):
     assert not rows["rows"]["ok"] and "eagle3" in rows["rows"]["detail"]
     recipe.write_text("suite: humaneval\nmethods: [ar, ngram]\nmethod_options:\n  ngram: {num_drafts: 3}\n")
     rows = check_recipe(recipe)
-    assert not all_ok(rows) and any("num_drafts" in r["detail"] for r in rows if not r["ok"])
+    assert not all(r["ok"] for r in rows) and any("num_drafts" in r["detail"] for r in rows if not r["ok"])
 
 
 def install(home: Path, name: str, state: dict, kwargs: dict) -> Path:
@@ -161,4 +161,4 @@ def test_a_text_variant_row_that_changes_nothing_fails_the_rows_check(tmp_path):
     recipe = tmp_path / "noop.yaml"
     recipe.write_text("suite: humaneval\nmethods: [ar, 'ngram@fast']\n")
     rows = by_check(check_recipe(recipe))
-    assert not rows["rows"]["ok"] and "ngram@fast" in rows["rows"]["detail"] and not all_ok(list(rows.values()))
+    assert not rows["rows"]["ok"] and "ngram@fast" in rows["rows"]["detail"] and not all(r["ok"] for r in rows.values())

@@ -93,19 +93,16 @@ def image_rows(cfg) -> list[tuple[str, dict]]:
     return [(m, options_of(full, m)) for m in full.methods]
 
 
-def test_images_old_sweep_keys_and_sweep_give_the_same_rows():
+def test_images_sweep_rows_keep_the_names_of_the_older_sweep_keys():
     from specgen.eval.image_bench import ImageBenchConfig
 
-    old = ImageBenchConfig(methods=["ar", "vvs@u", "mulo-sd"], mulo_taus=[1e-3, 3e-2], vvs_intervals=[2, 5],
-                           vvs_thresholds=[0.6], method_options={"vvs": {"depth": 3}})
     new = ImageBenchConfig(methods=["ar", "vvs@u", "mulo-sd"],
                            options={"vvs@u": {"schedule": "uniform"}, "vvs@d": {"schedule": "dynamic"},
                                     "vvs": {"depth": 3}, "vvs@i": {"schedule": "uniform"},
                                     "vvs@thr": {"schedule": "dynamic"}},
                            sweep={"mulo-sd": {"tau": [1e-3, 3e-2]}, "vvs@i": {"interval": [2, 5]},
                                   "vvs@thr.threshold": [0.6]})
-    rows = image_rows(old)
-    assert rows == image_rows(new)
+    rows = image_rows(new)
     assert [m for m, _ in rows] == ["ar", "vvs@u", "mulo-sd", "mulo-sd@tau=0.001", "mulo-sd@tau=0.03", "vvs@i=2",
                                     "vvs@i=5", "vvs@thr=0.6"]
     assert dict(rows)["vvs@i=5"] == {"depth": 3, "schedule": "uniform", "interval": 5}
@@ -132,13 +129,6 @@ def test_images_bad_sweeps_are_refused(sweep, needle):
     with pytest.raises(UsageError) as e:
         with_extra_rows(ImageBenchConfig(methods=["ar"], sweep=sweep))
     assert needle in str(e.value) and "\n" not in str(e.value)
-
-
-def test_images_old_sweep_key_errors_name_the_key():
-    from specgen.eval.image_bench import ImageBenchConfig, with_extra_rows
-
-    with pytest.raises(UsageError, match=r"^vvs_intervals: interval must be >= "):
-        with_extra_rows(ImageBenchConfig(methods=["ar"], vvs_intervals=[0]))
 
 
 def test_images_plots_one_speed_quality_front_per_sweep(tmp_path):
@@ -248,26 +238,12 @@ def test_mesh_bad_rows_are_refused(kw, needle):
 
 # --- recipes: the shipped (new) spelling gives the rows the older spelling gave -----------------------------------
 
-OLD_IMAGES = """suite: images
-methods: [ar, eagle2, adt-tree, lantern, adt-tree+lantern, vvs@u, vvs@d, mulo-sd]
-mulo_ablations: true
-mulo_taus: [1.0e-3, 1.0e-2, 3.0e-2]
-vvs_intervals: [2, 5]
-vvs_thresholds: [0.6, 0.9]
-method_options:
-  vvs@u: {schedule: uniform}
-  vvs@d: {schedule: dynamic}
-"""
-
-
-def test_tiny_images_recipe_rows_equal_the_older_spelling(tmp_path):
+def test_tiny_images_recipe_rows_keep_the_names_tables_quote():
     from specgen.eval.image_bench import ImageBenchConfig
 
-    old = tmp_path / "old.yaml"
-    old.write_text(OLD_IMAGES)
-    new = load_config(ImageBenchConfig, ROOT / "recipes/tiny/bench-images.yaml")
-    assert new.sweep and not new.mulo_taus and not new.method_options  # the recipe is in the new spelling
-    assert image_rows(new) == image_rows(load_config(ImageBenchConfig, old))
+    names = [m for m, _ in image_rows(load_config(ImageBenchConfig, ROOT / "recipes/tiny/bench-images.yaml"))]
+    assert names[8:] == ["mulo-sd@raster", "mulo-sd@no-expand", "mulo-sd@tau=0.001", "mulo-sd@tau=0.01",
+                         "mulo-sd@tau=0.03", "vvs@i=2", "vvs@i=5", "vvs@thr=0.6", "vvs@thr=0.9"]
 
 
 @pytest.mark.parametrize("recipe, old_key, new_key", [

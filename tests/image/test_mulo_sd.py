@@ -200,7 +200,7 @@ def test_bench_rows_ablations_and_tau_sweep(mulo_registry, tmp_path):
     from specgen.image.generate import load_image_model
 
     cfg = ImageBenchConfig(methods=["ar", "mulo-sd"], model="m-gpt", num=1, temperatures=[1.0], quality=False,
-                           mulo_ablations=True, mulo_taus=[0.0, 2.0],
+                           mulo_ablations=True, sweep={"mulo-sd": {"tau": [0.0, 2.0]}},
                            method_options={"mulo-sd": {"lowres": "m-low", "upsampler": "m-up2"}})
     full = with_extra_rows(cfg)
     assert full.methods == ["ar", "mulo-sd", "mulo-sd@raster", "mulo-sd@no-expand", "mulo-sd@tau=0", "mulo-sd@tau=2"]

@@ -209,7 +209,9 @@ def test_benchmark_vvs_sweeps_add_rows_and_pareto_plots(tiny_image):  # noqa: F8
     out = tiny_image / "sweep"
     r = runner.invoke(app, ["benchmark", "--suite", "images", "--model", "t-gpt", "--limit", "1", "--format",
                             "json", "out_dir=" + str(out), "quality=false", "temperatures=[1.0]",
-                            "methods=[ar,lantern]", "vvs_intervals=[2,4]", "vvs_thresholds=[-1]"])
+                            "methods=[ar,lantern]", "options.vvs@i={schedule: uniform}",
+                            "options.vvs@thr={schedule: dynamic}", "sweep.vvs@i.interval=[2,4]",
+                            "sweep.vvs@thr.threshold=[-1]"])
     assert r.exit_code == 0, r.output
     rows = {x["method"]: x for x in json.loads(r.stdout)}
     assert set(rows) == {"ar", "lantern", "vvs@i=2", "vvs@i=4", "vvs@thr=-1"}
@@ -219,7 +221,7 @@ def test_benchmark_vvs_sweeps_add_rows_and_pareto_plots(tiny_image):  # noqa: F8
 
 def test_benchmark_refuses_a_bad_sweep_value(tiny_image):  # noqa: F811
     r = runner.invoke(app, ["benchmark", "--suite", "images", "--model", "t-gpt", "--limit", "1",
-                            "out_dir=" + str(tiny_image / "bad-sweep"), "methods=[ar]", "vvs_intervals=[1]"])
+                            "out_dir=" + str(tiny_image / "bad-sweep"), "methods=[ar]", "sweep.vvs.interval=[1]"])
     assert r.exit_code == 2 and "interval must be >= 2" in r.stderr, r.output
 
 

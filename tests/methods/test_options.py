@@ -8,7 +8,6 @@ import pytest
 from specgen.errors import UsageError
 from specgen.methods import METHODS, get_method
 from specgen.methods import options as O
-from specgen.methods.options import check_option_values
 
 
 def defaults(cls: type) -> dict:
@@ -24,8 +23,8 @@ def test_every_method_has_valid_defaults_and_a_factory(name):
         opts.validate(name)
     assert spec.drafter is not None or spec.build_image, name
     assert not spec.runs_on("image") or spec.build_image, f"{name} runs on images without a builder"
-    for f in fields(spec.options_type):
-        assert f.name in O.CHECKS or f.name == "budget", f"{name}.{f.name} has no value check"
+    for option, check in O.checks_of(spec.options_type).items():
+        assert check is not None, f"{name}.{option} has no value check"
 
 
 def test_options_are_frozen():
@@ -73,64 +72,3 @@ def test_bad_value_is_one_line(method, options, message):
         get_method(method).check_options(options)
     assert message in str(e.value) and "\n" not in str(e.value)
 
-
-def test_values_of_several_methods_are_checked_by_name():
-    check_option_values("ngram", {"num_draft": 2, "budget": "auto", "unknown": object()})
-    with pytest.raises(UsageError, match=r"radius must be an integer in 0..64 \(method_options.radius of mulo-sd\)"):
-        check_option_values("mulo-sd", {"radius": 1.5})
-
-
-def test_rules_between_options_run_with_the_check():
-    with pytest.raises(UsageError, match="lookup and vertex_lookup are exclusive"):
-        get_method("xspecmesh").check_options({"lookup": 2, "vertex_lookup": True})
-
-
-def test_text_defaults_are_the_drafters():
-    from specgen.methods.pcllm import MultiBlockDrafter
-    from specgen.methods.text import JacobiDrafter, NgramDrafter
-
-    assert O.JacobiOptions().block_size == JacobiDrafter().block_size == 4
-    assert O.CllmOptions().block_size == 16
-    ngram = NgramDrafter()
-    assert O.NgramOptions() == O.NgramOptions(ngram.num_draft, ngram.max_ngram, ngram.min_ngram)
-    mr = MultiBlockDrafter()
-    assert {k: v for k, v in O.MultiBlockOptions().as_dict().items() if k != "budget"} == \
-        {f.name: getattr(mr, f.name) for f in fields(mr) if f.name != "seed"}
-    for name in ("jacobi", "ngram", "cllm", "pcllm", "pcllm-mr"):
-        assert defaults(METHODS[name].options_type)["budget"] == "fixed"
-
-
-def test_make_drafter_reads_the_options_and_ignores_the_rest():
-    d = get_method("pcllm-mr").make_drafter({"seed": 3, "block_size": 5, "budget": "auto", "other": 1})
-    assert (d.block_size, d.num_blocks, d.seed) == (5, 2, 3)
-    assert get_method("cllm").make_drafter({}).block_size == 16
-    assert get_method("xspecmesh").make_drafter({"seed": 1, "delta": 0.25}).delta == 0.25
-
-
-def test_image_defaults_are_the_cpu_defaults_over_the_papers():
-    """The tree defaults are the CPU ones the builders got before (SMALL_TREE, SMALL_ADT over AdtParams)."""
-    from specgen.methods.adt_tree import AdtParams
-
-    assert (O.TreeOptions().depth, O.TreeOptions().top_k, O.TreeOptions().total_tokens) == (6, 4, 16)
-    small_adt = {"total_tokens": 16, "k0": 4, "l_k": 2, "k_min": 1, "k_max": 12}
-    paper = {f.name: getattr(AdtParams(), f.name) for f in fields(AdtParams) if f.name not in ("grid", "n_cond")}
-    assert defaults(O.AdtOptions) == {**paper, **small_adt, "budget": "fixed"}  # budget: the loop's
-    for cls in (O.AdtLanternOptions, O.LanternTreeOptions, O.VvsOptions, O.MuloOptions):
-        assert (defaults(cls)["lantern_k"], defaults(cls)["lantern_delta"]) == (0, 0.1)
-
-
-def test_mulo_and_vvs_defaults_are_their_builders():
-    from specgen.methods import mulo_sd
-
-    m = O.MuloOptions()
-    assert (m.lowres, m.radius, m.lantern_delta, m.rejection, m.draft_rows) == \
-        (mulo_sd.DEFAULT_LOWRES, mulo_sd.DEFAULT_RADIUS, mulo_sd.DEFAULT_DELTA, "local", 1)
-    assert m.tau is None and m.upsampler is None and "tau" not in m.as_dict()  # derived when built
-    v = O.VvsOptions()
-    assert (v.schedule, v.interval, v.threshold, v.alpha, v.stride, v.staleness, v.refresh) == \
-        ("uniform", 3, 0.75, 0.8, 2, 0, True)
-
-
-def test_lossless_flags():
-    lossless = {name for name, spec in METHODS.items() if spec.lossless}
-    assert lossless == {"ar", "jacobi", "ngram", "cllm", "pcllm", "pcllm-mr", "eagle2", "adt-tree"}
