@@ -25,6 +25,7 @@ from safetensors.torch import load_file, save_file
 
 from specgen import __version__
 from specgen.errors import CheckpointError, IncompatibleError, RuntimeFailure, UnknownNameError, UsageError
+from specgen.paths import ADVICE, atomic_dir, check_space, creation_blocker, nearest_existing, umask
 
 KINDS = ("target", "draft", "heads", "adapter", "upsampler", "vq", "classifier")
 WEIGHTS = "model.safetensors"
@@ -49,8 +50,6 @@ def checkpoints_dir() -> Path:
 
 def check_home() -> Path:
     """The registry root, refused in one line when it is not a writable folder (before any work)."""
-    from specgen.paths import creation_blocker  # deferred: the registry loads alone (test_layers)
-
     root = home()
     blocker = creation_blocker(root)
     if blocker and blocker[1] == "a file":
@@ -175,8 +174,6 @@ def save(
     Every registry write goes through here and `check_new`: only the built-in materialisers pass `builtin`.
     Temporaries of writers that died (SIGKILL) are removed by the next write. Files follow the umask.
     """
-    from specgen.paths import atomic_dir  # deferred: the registry loads alone (test_layers)
-
     check_new(kind, name, force, builtin)
     final = checkpoints_dir() / kind / name
     try:
@@ -211,8 +208,6 @@ def save(
     try:  # temporaries .<name>.tmp-<host>-<pid>-<random> and .<name>.old-...: see remove_stale_temporaries
         atomic_dir(final, fill, tag=f"-{socket.gethostname()}-{os.getpid()}-", guard=locked)
     except OSError as e:
-        from specgen.paths import ADVICE  # deferred: the registry loads alone (test_layers)
-
         raise RuntimeFailure(f"cannot write {kind}/{name} in {final.parent}: {e.strerror or e}; nothing was "
                              f"registered: {ADVICE.get(e.errno, 'check SPECGEN_HOME')}") from None
     return written[0]
@@ -227,8 +222,6 @@ def check_new(kind: str, name: str, force: bool = False, builtin: bool = False) 
     if not builtin and name in RESERVED:
         raise UsageError(f"'{name}' is a built-in entry and is never replaced; choose another name")
     check_home()
-    from specgen.paths import check_space, nearest_existing  # deferred: the registry loads alone (test_layers)
-
     check_space(nearest_existing(checkpoints_dir()), f"SPECGEN_HOME {home()}")  # a full device: before converting
     final = checkpoints_dir() / kind / name
     if not force and final.exists():
@@ -244,8 +237,6 @@ RESERVED: set[str] = set()
 def follow_umask(folder: Path) -> None:
     """Permissions of a finished temporary folder as if made under the umask (mkdtemp and safetensors make
     0700/0600), so a SPECGEN_HOME shared by a group works."""
-    from specgen.paths import umask  # deferred: the registry loads alone (test_layers)
-
     mask = umask()
     os.chmod(folder, 0o777 & ~mask)
     for p in folder.rglob("*"):

@@ -117,7 +117,7 @@ def test_the_registry_store_imports_only_errors_and_paths():
 def test_the_registry_loads_alone_in_a_fresh_interpreter():
     code = ("import sys, specgen.registry; print(sorted(m for m in sys.modules if m.startswith('specgen')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True).stdout
-    assert eval(out) == ["specgen", "specgen.errors", "specgen.registry"]
+    assert eval(out) == ["specgen", "specgen.errors", "specgen.paths", "specgen.registry"]
 
 
 @pytest.mark.slow
