@@ -43,6 +43,21 @@ class TiledWeight(torch.Tensor):
         count, k, width = self.tiles.shape
         return self.tiles.permute(1, 0, 2).reshape(k, count * width)[:, : self.shape[0]].contiguous().t()
 
+    @property
+    def data(self) -> torch.Tensor:
+        return torch.Tensor.data.__get__(self)
+
+    @data.setter
+    def data(self, value: torch.Tensor) -> None:
+        """`nn.Module.to(dtype)` sets each weight's `.data` to its converted copy: the tiles must follow, else the
+        dense copies every other op reads keep the old dtype."""
+        n, k = value.shape
+        width = self.tiles.shape[2]
+        rows = value.new_zeros(-(-n // width) * width, k)
+        rows[:n] = value
+        self.tiles = rows.view(-1, width, k).permute(0, 2, 1).contiguous()  # [ceil(N / T), K, T]
+        torch.Tensor.data.__set__(self, value)
+
     def data_ptr(self) -> int:
         return self.tiles.data_ptr()
 

@@ -7,6 +7,7 @@ import pickle
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from specgen import checkpoints, registry
@@ -80,3 +81,14 @@ def test_a_decode_load_with_a_stored_plan_writes_weights_into_their_tiles(native
     for name, p in model.state_dict().items():
         got = loaded.state_dict()[name]
         assert torch.equal(got.dense() if type(got) is TiledWeight else got, p), name
+
+
+def test_a_dtype_conversion_moves_the_tiles_too():
+    """`module.to(bfloat16)` on held tiles: every op then reads the converted values (it had kept float32 tiles)."""
+    w = torch.randn(37, 24)
+    lin = nn.Linear(24, 37, bias=False)
+    lin._parameters["weight"] = TiledWeight.of(w)
+    lin.to(torch.bfloat16)
+    x = torch.randn(3, 24, dtype=torch.bfloat16)
+    assert lin.weight.dtype == torch.bfloat16 and lin.weight.tiles.dtype == torch.bfloat16
+    assert torch.equal(lin(x), F.linear(x, w.to(torch.bfloat16)))
