@@ -114,11 +114,9 @@ def benchmark(
         raise UnknownNameError("suite", suite, list(SUITES))
     if batch_size is not None:  # every suite reads its batch sizes from its config
         overrides = [*(overrides or []), f"batch_sizes=[{','.join(map(str, parse_batch_sizes(batch_size)))}]"]
-    if graphs is not None:  # every suite's config holds it (its loaders attach the captures)
-        overrides = [*(overrides or []), f"graphs='{graphs}'"]  # quoted: YAML reads a bare on/off as a bool
     args = benchmark_runs.BenchArgs(config, list(overrides or []), suite, names, model, limit, offset, max_new_tokens,
                                     threads, seed, device, dtype, quantize, prompts, prompt_field, category_field, out,
-                                    append, run_dir, shard, fmt, quiet)
+                                    append, run_dir, shard, fmt, quiet, graphs)
     for field, (flag, suites) in SUITE_OPTIONS.items():
         if getattr(args, field) is not None and suite not in suites:
             raise UsageError(f"{flag} is for --suite {' or '.join(suites)}; it is not an option of the {suite} suite")

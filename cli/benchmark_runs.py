@@ -57,6 +57,7 @@ class BenchArgs:
     shard: str | None
     fmt: Format
     quiet: bool
+    graphs: str | None = None
 
 
 class Suite(Protocol):
@@ -205,7 +206,7 @@ SUITES: dict[str, Suite] = {"humaneval": TextSuite(), "text": TextSuite(), "imag
 
 def shared(a: BenchArgs) -> dict:
     """The config keys every suite reads alike, as given."""
-    return dict(model=a.model, threads=a.threads, seed=a.seed, device=a.device, dtype=a.dtype)
+    return dict(model=a.model, threads=a.threads, seed=a.seed, device=a.device, dtype=a.dtype, graphs=a.graphs)
 
 
 def run(a: BenchArgs) -> None:
