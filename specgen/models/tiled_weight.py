@@ -51,11 +51,7 @@ class TiledWeight(torch.Tensor):
     def data(self, value: torch.Tensor) -> None:
         """`nn.Module.to(dtype)` sets each weight's `.data` to its converted copy: the tiles must follow, else the
         dense copies every other op reads keep the old dtype."""
-        n, k = value.shape
-        width = self.tiles.shape[2]
-        rows = value.new_zeros(-(-n // width) * width, k)
-        rows[:n] = value
-        self.tiles = rows.view(-1, width, k).permute(0, 2, 1).contiguous()  # [ceil(N / T), K, T]
+        self.tiles = ops.fill_tiles(ops.empty_tiles(*value.shape, value.dtype, value.device), value)
         torch.Tensor.data.__set__(self, value)
 
     def data_ptr(self) -> int:
