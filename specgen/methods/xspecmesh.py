@@ -205,35 +205,24 @@ class LoadedMesh:
     adapter: object | None  # registry.Entry of the merged LoRA adapter, if any
 
 
-def load_target(name: str, device: str = "cpu"):
-    """(MeshGPT, entry) of a mesh backbone; a non-mesh checkpoint is a usage error."""
-    entry = checkpoints.find(name)
-    if entry.meta.get("modality") != "mesh":
-        raise UsageError(f"{entry.ref} is a {entry.meta.get('modality', 'text')} model, not a mesh model")
-    return checkpoints.load_module(entry, device), entry
-
-
-def merge_adapter(model, adapter, target) -> None:
-    """Merge a LoRA adapter entry into the backbone's weights (checked against the target first)."""
-    registry.check_pair(adapter, target)
-    try:
-        merge_lora_state(model, registry.read_state(adapter), adapter.meta["lora_rank"],
-                         adapter.meta["lora_alpha"])
-    except (KeyError, ValueError) as e:
-        raise CheckpointError(f"{adapter.ref}: cannot merge into {target.ref} ({e})") from None
-
-
 def load_mesh(target: str | None = None, heads: str | None = None, device: str = "cpu") -> LoadedMesh:
     """Backbone (default: the heads' parent) + heads + their LoRA adapter merged; IncompatibleError on a misfit."""
     h_entry = checkpoints.find(heads) if heads else None
-    t_name = target or (h_entry.meta.get("parent") if h_entry else None) or DEFAULT_TARGET
-    model, t_entry = load_target(t_name, device)
+    t_entry = checkpoints.find(target or (h_entry.meta.get("parent") if h_entry else None) or DEFAULT_TARGET)
+    if t_entry.meta.get("modality") != "mesh":
+        raise UsageError(f"{t_entry.ref} is a {t_entry.meta.get('modality', 'text')} model, not a mesh model")
+    model = checkpoints.load_module(t_entry, device)
     head_module = a_entry = None
     if h_entry is not None:
         registry.check_pair(h_entry, t_entry)
         if h_entry.meta.get("adapter"):
             a_entry = checkpoints.find(h_entry.meta["adapter"])
-            merge_adapter(model, a_entry, t_entry)
+            registry.check_pair(a_entry, t_entry)
+            try:
+                merge_lora_state(model, registry.read_state(a_entry), a_entry.meta["lora_rank"],
+                                 a_entry.meta["lora_alpha"])
+            except (KeyError, ValueError) as e:
+                raise CheckpointError(f"{a_entry.ref}: cannot merge into {t_entry.ref} ({e})") from None
         head_module = checkpoints.load_module(h_entry, device)
     decode_layout(model)  # after the LoRA merge (models/layout.py)
     return LoadedMesh(MeshDecoder(model, head_module, t_entry.meta.get("eos_id", 5120)), t_entry, h_entry, a_entry)
