@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from specgen import native
+from specgen.methods import run_batch
 from specgen.models import packed_linear
 from specgen.models.transformer import Transformer, TransformerConfig
 
@@ -56,3 +57,10 @@ def tiny_model(seed: int = 0, **over) -> Transformer:
         if p.dim() > 1:
             torch.nn.init.normal_(p, std=0.3)
     return model.eval()
+
+
+def decode(target, drafter, prompt: list[int], max_new_tokens: int, params, stop_ids: tuple[int, ...] = (),
+           generator=None, max_draft: int = 256, rule=None):
+    """One prompt on the shared loop under `drafter`'s own step policy (`run_batch` of one row); its DecodeResult."""
+    return run_batch(target, lambda i: drafter, [prompt], max_new_tokens, params, stop_ids, [generator],
+                     max_draft=max_draft, rule=rule).results[0]

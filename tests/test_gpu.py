@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specgen.decoding.loop import decode
+from tests.conftest import decode
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.target import ModelTarget
 from specgen.methods.text import EmptyDrafter, JacobiDrafter, NgramDrafter
@@ -136,7 +136,7 @@ def test_benchmark_suites_run_on_cuda(suite, args, tmp_path):
 def test_ragged_batch_on_cuda_equals_each_prompt_alone():
     """Three prompts of unequal lengths decoded together on the GPU (per-row masks, positions and cache lengths;
     the flat ragged KV write) give each prompt's own greedy output, for AR and a lossless drafter."""
-    from specgen.decoding.loop import decode_batch
+    from specgen.methods import run_batch
 
     model, _ = cpu_reference(0)
     prompts = [PROMPT, PROMPT[:7], PROMPT + [6, 7, 8, 9]]
@@ -150,7 +150,7 @@ def test_ragged_batch_on_cuda_equals_each_prompt_alone():
         assert float((top[:, 0] - top[:, 1]).min()) > MARGIN, "near-tie in the reference: pick other prompts"
     gpu = target_on(model, "cuda")
     for make in (EmptyDrafter, lambda: NgramDrafter(num_draft=4, max_ngram=3, min_ngram=1)):
-        res = decode_batch(gpu, lambda i: make(), prompts, NEW, SamplingParams())
+        res = run_batch(gpu, lambda i: make(), prompts, NEW, SamplingParams())
         assert [r.tokens for r in res.results] == alone
 
 
@@ -160,17 +160,17 @@ def test_ragged_batch_on_cuda_equals_each_prompt_alone():
 def test_captured_steps_decode_what_eager_ar_decodes(make, batch):
     """--graphs on (CUDA-graph replays over the static cache) against --graphs off, on the GPU: every lossless drafter
     equals AR, at batch 1 and 3, and the forwards really were replays."""
-    from specgen.decoding.loop import decode_batch
+    from specgen.methods import run_batch
     from specgen.models import graphs
 
     model, _ = cpu_reference(0)
     prompts = [PROMPT, PROMPT[:7], PROMPT + [6, 7, 8, 9]][:batch]
     gpu = target_on(model, "cuda")
-    eager = decode_batch(gpu, lambda i: EmptyDrafter(), prompts, NEW, SamplingParams())
+    eager = run_batch(gpu, lambda i: EmptyDrafter(), prompts, NEW, SamplingParams())
     steps = graphs.attach(model, "on")
     try:
-        res = decode_batch(gpu, lambda i: make(), prompts, NEW, SamplingParams())
-        again = decode_batch(gpu, lambda i: make(), prompts, NEW, SamplingParams())  # replays of the captures
+        res = run_batch(gpu, lambda i: make(), prompts, NEW, SamplingParams())
+        again = run_batch(gpu, lambda i: make(), prompts, NEW, SamplingParams())  # replays of the captures
     finally:
         graphs.attach(model, "off")
     assert [r.tokens for r in res.results] == [r.tokens for r in again.results] == [r.tokens for r in eager.results]

@@ -13,25 +13,14 @@ import torch
 from specgen.decoding.draft import Draft, Verdict
 from specgen.decoding.sampling import sample
 
-CRITERIA = ("threshold", "topk")
-
 
 @dataclass(frozen=True)
 class AcceptCriterion:
-    """Which lossy rule and its parameter: delta for "threshold", K_a for "topk"."""
+    """Which lossy rule and its parameter: delta for "threshold", K_a for "topk" (checked by XSpecMeshOptions)."""
 
     kind: str = "threshold"
     delta: float = 0.5
     top_k: int = 1
-
-    def __post_init__(self) -> None:
-        if self.kind not in CRITERIA:
-            raise ValueError(f"unknown acceptance criterion {self.kind!r}; choose from {', '.join(CRITERIA)}")
-        if self.kind == "topk" and self.top_k < 1:
-            raise ValueError(f"top-K_a must be >= 1, got {self.top_k}")
-
-    def label(self) -> str:
-        return f"p>{self.delta:g}" if self.kind == "threshold" else f"top-{self.top_k}"
 
 
 def passes(probs_row: torch.Tensor, token: int, crit: AcceptCriterion) -> bool:

@@ -52,7 +52,6 @@ class AutoBudget:
     cost: Callable[[int], float]  # tokens in one forward -> its cost
     prior: float = 0.5
     weight: float = 8.0  # pseudo-tries behind the prior
-    draft_cost: float = 0.0
     window: int = 256
     times: StepTimes = field(default_factory=StepTimes)
     _history: list[tuple[int, int]] = field(default_factory=list)
@@ -64,7 +63,7 @@ class AutoBudget:
 
     def model(self, live_rows: int) -> list[float]:
         """The curve's cost of a step of each width k = 0 .. limit at `live_rows` rows."""
-        return [self.cost(live_rows * (k + 1)) + live_rows * self.draft_cost * k for k in range(self.limit + 1)]
+        return [self.cost(live_rows * (k + 1)) for k in range(self.limit + 1)]
 
     def best(self, live_rows: int) -> int:
         """The width with the most expected tokens per unit of estimated cost at `live_rows` rows."""

@@ -169,12 +169,6 @@ class KVCache:
             self.rollback(r, 0)
         return rows
 
-    def reset(self) -> None:
-        """Empty every row (buffers are reused, not cleared)."""
-        self.lengths = [0] * self.batch
-        self.cross = None
-        self.key_mask = None
-
     def prefix_mask(self, s: int, tree_mask: torch.Tensor | None) -> torch.Tensor | None:
         """Boolean attention mask [B, 1, S, T] for S pending nodes (None: all visible); `tree_mask` [S, S] or [B, S, S]:
         which pending nodes see which (None: causal). Committed slots are visible, except `key_mask` ones."""

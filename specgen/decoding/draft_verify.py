@@ -94,6 +94,12 @@ class DraftVerify(PolicyBase):
 class DrafterBase:
     """Base of drafters (and of method objects with their own steps): no-op capabilities, and the policy of its rows."""
 
+    def reset(self, prompt: list[int], first) -> None:
+        pass
+
+    def on_accept(self, draft: Draft, verdict: Verdict, out) -> None:
+        pass
+
     def finished(self) -> bool:
         return False
 

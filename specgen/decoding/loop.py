@@ -13,9 +13,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from specgen.decoding.budget import DraftBudget, FixedBudget
-from specgen.decoding.draft_verify import DrafterBase, DraftVerify, Rule, judge
-from specgen.decoding.pool import Drafter, DrafterPool, EachRow, PolicyBase, PoolBase, RowStep, StepPolicy
+from specgen.decoding.pool import RowStep, StepPolicy
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.stats import DecodeStats
 from specgen.decoding.target import Target, TargetOut
@@ -66,36 +64,9 @@ class Run:
     on_tokens: Callable[[int, list[int]], None] | None = None  # (prompt index, tokens just emitted) as they come
 
 
-def decode(
-    target: Target,
-    drafter: DrafterBase,
-    prompt: list[int],
-    max_new_tokens: int,
-    params: SamplingParams,
-    stop_ids: tuple[int, ...] = (),
-    generator: torch.Generator | None = None,
-    max_draft: int = 256,
-    rule: Rule | None = None,
-) -> DecodeResult:
-    """`decode_batch` of one `prompt` under the drafter's own step policy and `rule` (default `judge`: lossless)."""
-    policy = drafter.step_policy(lambda i: drafter, target, rule or judge, FixedBudget(max_draft))
-    batch = decode_batch(target, policy, [prompt], max_new_tokens, params, stop_ids, [generator], max_draft=max_draft)
-    return batch.results[0]
-
-
-def as_policy(drafters: Callable[[int], Drafter] | DrafterPool | StepPolicy, rule: Rule | None,
-              budget: DraftBudget | None, max_draft: int) -> StepPolicy:
-    """The policy that runs `drafters`: a StepPolicy as it is; a pool, or per-row drafters (`drafters(i)` for
-    prompt i), under draft-verify with `rule` (default `judge`: lossless) and `budget` (default `max_draft`)."""
-    if isinstance(drafters, PolicyBase):
-        return drafters
-    pool = drafters if isinstance(drafters, PoolBase) else EachRow(drafters)
-    return DraftVerify(pool, rule or judge, budget or FixedBudget(max_draft))
-
-
 def decode_batch(
     target: Target,
-    drafters: Callable[[int], Drafter] | DrafterPool | StepPolicy,
+    policy: StepPolicy,
     prompts: Sequence[list[int]],
     max_new_tokens: int,
     params: SamplingParams,
@@ -103,19 +74,17 @@ def decode_batch(
     generators: Sequence[torch.Generator | None] | None = None,
     batch_size: int = 0,
     max_draft: int = 256,
-    rule: Rule | None = None,
-    budget: DraftBudget | None = None,
     on_done: Callable[[int], None] | None = None,
     on_tokens: Callable[[int, list[int]], None] | None = None,
 ) -> BatchResult:
-    """Decode every prompt, at most `batch_size` (0: all) at a time, under the policy of `drafters` (`as_policy`).
+    """Decode every prompt, at most `batch_size` (0: all) at a time, under `policy` (drafters: `methods.run_batch`).
 
-    `generators[i]`: prompt i's random stream; `budget` caps drafts by the number of live rows (default `max_draft`);
+    `generators[i]`: prompt i's random stream; `max_draft`: the most draft nodes of a row (sizes the cache);
     `on_done(i)` when prompt i finishes; `on_tokens(i, tokens)` as it emits them (concatenated: its result)."""
     if not prompts:
         return BatchResult([], DecodeStats())
     run = Run(params, tuple(stop_ids), max_new_tokens, max_draft, target.branches, target.device, on_done, on_tokens)
-    batch = Batch(target, as_policy(drafters, rule, budget, max_draft), prompts, generators, batch_size, run)
+    batch = Batch(target, policy, prompts, generators, batch_size, run)
     while batch.refill():  # 0. retire finished rows, prefill queued prompts into free slots
         before = batch.elapsed()
         steps = batch.plan()  # 1. per live row: what it feeds the forward, or tokens it emits without one

@@ -1,17 +1,8 @@
-"""Decoding statistics: NFE, acceptance, tree depth, wall time per phase, and derived rates.
-
-Definitions (used everywhere in specgen):
-- tau: tokens committed per verify step (accepted + the recovered/bonus token).
-- TPF: new tokens per target forward (prefill counted, so AR has exactly 1.0).
-- d_bar: mean draft-tree depth per verify step.
-"""
+"""Decoding statistics: NFE, acceptance, tree depth, wall time per phase, and the rates of docs/benchmarks.md."""
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-
-from specgen.devices import now
 
 
 @dataclass
@@ -28,16 +19,6 @@ class DecodeStats:
     depths: list[int] = field(default_factory=list)  # per step: draft-tree depth
     times: dict[str, float] = field(default_factory=dict)  # phase -> seconds
     extras: dict[str, float] = field(default_factory=dict)  # method-specific counters
-
-    @contextmanager
-    def timed(self, phase: str, device=None):
-        """Add the block's wall time to `phase`; on a GPU the clock is read after its queued kernels finish
-        (`devices.now`; device None = the CUDA device in use, if any)."""
-        t0 = now(device)
-        try:
-            yield
-        finally:
-            self.times[phase] = self.times.get(phase, 0.0) + now(device) - t0
 
     def record(self, size: int, depth: int, accepted: int) -> None:
         """Count one verify step: its draft's size and depth, and the draft tokens accepted."""

@@ -107,7 +107,7 @@ def checked_rows(cfg: ImageBenchConfig) -> ImageBenchConfig:
         spec = get_method(method_of(m))
         if not spec.runs_on("image"):
             raise UsageError(f"method {m} is for {spec.modality}; the images suite is image methods")
-        spec.check_options(options_of(cfg, m))
+        spec.parse_options(options_of(cfg, m))
     if cfg.num < 1 or not cfg.temperatures:
         raise UsageError("the images suite needs num >= 1 and at least one temperature")
     for entry, dtype in {"": cfg.dtype, **cfg.dtypes}.items():

@@ -151,4 +151,4 @@ def method_bases(rows: list[str], table: dict, modality: str) -> list[str]:
 
 def method_check(method_of: Callable[[str], str]) -> Callable[[str, dict], None]:
     """check(row, options) of humaneval/images sweeps: the options of the row's method (names and values)."""
-    return lambda row, options: get_method(method_of(row)).check_options(options)
+    return lambda row, options: get_method(method_of(row)).parse_options(options)

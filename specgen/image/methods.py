@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable
 
@@ -13,7 +13,7 @@ from specgen.errors import UsageError
 from specgen.image.neighbours import neighbour_table, scaled_k
 from specgen.methods import METHODS, get_method
 from specgen.methods import options as O
-from specgen.methods.adt_tree import AdtParams, AdtPolicy
+from specgen.methods.adt_tree import AdtPolicy
 from specgen.methods.eagle import EagleTreeDrafter, FixedShape, TreeShape
 from specgen.methods.mulo_sd import build_mulo
 from specgen.methods.text import EmptyDrafter
@@ -43,9 +43,7 @@ def fixed(o: O.TreeShapeOptions) -> FixedShape:
 
 
 def adt(parts: ImageParts, o: O.AdtOptions) -> AdtPolicy:
-    names = {f.name for f in fields(AdtParams)} - {"grid", "n_cond"}
-    return AdtPolicy(AdtParams(grid=parts.grid, n_cond=parts.model.cfg.n_cond,
-                               **{k: v for k, v in o.as_dict().items() if k in names}))
+    return AdtPolicy(o, parts.grid, parts.model.cfg.n_cond)
 
 
 def lantern_rule(parts: ImageParts, o: O.LanternTreeOptions | O.AdtLanternOptions | O.VvsOptions):
@@ -90,7 +88,7 @@ Builder = Callable[[ImageParts, Any], tuple[Any, Any]]
 
 def typed(name: str, options: dict | O.Options) -> O.Options:
     """A method's options object: as given, or built from a dict (names it does not know, e.g. `budget`, left out;
-    values checked as `MethodSpec.check_options` checks them, defaults for the rest)."""
+    values checked as `MethodSpec.parse_options` checks them, defaults for the rest)."""
     spec = get_method(name)
     if isinstance(options, spec.options_type):
         return options

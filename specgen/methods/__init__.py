@@ -13,7 +13,6 @@ from specgen.methods import ngram_cache
 from specgen.methods import options as O
 from specgen.methods.pcllm import MultiBlockDrafter
 from specgen.methods.text import EmptyDrafter, JacobiDrafter, NgramDrafter
-from specgen.methods.xspecmesh import XSpecMeshOptions
 from specgen.models.tokenizer import tokenizer_hash
 
 
@@ -47,10 +46,6 @@ class MethodSpec:
             known = ", ".join(self.options) or "none"
             raise UsageError(f"method {self.name} has no option {unknown[0]!r}; its options: {known}")
         return O.parse(self.options_type, self.name, options)
-
-    def check_options(self, options: dict[str, Any]) -> None:
-        """Refuse unknown option names and bad values (before any model is loaded)."""
-        self.parse_options(options)
 
     def make_drafter(self, options: dict[str, Any] | Any, seed: int | None = None) -> Any:
         """The drafter (text) or decoder options (mesh) from parsed options or a dict (`seed`: the default seed;
@@ -100,7 +95,7 @@ METHODS: dict[str, MethodSpec] = {
                    O.MultiBlockOptions, multi_block, target="smollm2-135m-pcllm"),
         MethodSpec("xspecmesh", "mesh", False,
                    "XSpecMesh multi-head speculative decoding (LOSSY: p > delta / top-K_a; lossless: criterion=rejection)",
-                   XSpecMeshOptions, lambda o, seed: o),
+                   O.XSpecMeshOptions, lambda o, seed: o),
         MethodSpec("eagle2", "image", True, "EAGLE-2 dynamic draft trees from a feature drafter, under CFG",
                    O.TreeOptions, build_image="eagle2"),
         MethodSpec("adt-tree", "image", True,

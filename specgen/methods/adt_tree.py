@@ -5,39 +5,11 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from specgen.errors import UsageError
 from specgen.methods.eagle_grow import TreeShape
-from specgen.methods.options import ADT_INITS, check_adt_bounds
+from specgen.methods.options import AdtOptions
 
 
-@dataclass(frozen=True)
-class AdtParams:
-    """Hyper-parameters (paper defaults for LlamaGen: beta 1, l_d 1, l_k 10, d in (0, 10), k in (3, 40))."""
-
-    beta: float = 1.0
-    l_d: int = 1
-    l_k: int = 10
-    d_min: int = 0
-    d_max: int = 10
-    k_min: int = 3
-    k_max: int = 40
-    d0: int = 4  # first tree (LANTERN/EAGLE-2's LlamaGen depth)
-    k0: int = 10
-    total_tokens: int = 60
-    init: str = "horizontal"
-    grid: int = 16  # grid width W; sequence index s >= n_cond maps to cell divmod(s - n_cond, W)
-    n_cond: int = 1
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.init not in ADT_INITS:
-            raise UsageError(f"adt-tree init must be one of {', '.join(ADT_INITS)}, got {self.init!r}")
-        if self.l_d < 0 or self.l_k < 0 or self.beta <= 0 or self.total_tokens < 1:
-            raise UsageError("adt-tree needs l_d, l_k >= 0, beta > 0 and total_tokens >= 1")
-        check_adt_bounds(self.d_min, self.d_max, self.k_min, self.k_max, self.d0, self.k0)
-
-
-def adapt(depth: int, top_k: int, alpha: float, p: AdtParams) -> tuple[int, int]:
+def adapt(depth: int, top_k: int, alpha: float, p: AdtOptions) -> tuple[int, int]:
     """Eq. (2) with the open-interval bounds."""
     if alpha >= p.beta:
         depth, top_k = depth + p.l_d, top_k - p.l_k
@@ -50,9 +22,11 @@ def adapt(depth: int, top_k: int, alpha: float, p: AdtParams) -> tuple[int, int]
 
 @dataclass
 class AdtPolicy:
-    """ShapePolicy of ADT-Tree over a W-wide raster grid."""
+    """ShapePolicy of ADT-Tree over a W-wide raster grid: sequence index s >= n_cond is cell divmod(s - n_cond, W)."""
 
-    params: AdtParams
+    params: AdtOptions  # checked options (the paper's LlamaGen values: docs/methods/adt-tree.md)
+    grid: int  # W
+    n_cond: int = 1
     records: dict[tuple[int, int], tuple[int, int, float]] = field(default_factory=dict)
 
     def reset(self) -> None:
@@ -60,7 +34,7 @@ class AdtPolicy:
         self.rng = random.Random(self.params.seed)
 
     def cell(self, index: int) -> tuple[int, int]:
-        return divmod(index - self.params.n_cond, self.params.grid)
+        return divmod(index - self.n_cond, self.grid)
 
     def initial(self, index: int) -> tuple[int, int, float] | None:
         """Adjacent initialisation: the record the new tree starts from (None = defaults)."""

@@ -57,7 +57,7 @@ class EagleTreeDrafter(DrafterBase):
     last_shape: TreeShape | None = None  # the shape of the tree the next verdict judges (None: no observation)
     last_index: int = 0
     owed: bool = False  # a step ran without drafting: its pairs wait for the next catch-up
-    backlog: list[torch.Tensor] = field(default_factory=list)
+    backlog: list[torch.Tensor] = field(default_factory=list)  # [br, a + 1, D] pairs of the owed steps, in order
 
     def pool(self, make: Callable[[int], "EagleTreeDrafter"]):
         """The DrafterPool that grows every live row's tree together (methods/eagle_batch.py)."""

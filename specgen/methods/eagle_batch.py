@@ -33,9 +33,8 @@ class EagleBatch(PoolBase):
         d.shapes, d.last_shape = [], None
         d.pending = first.features[:, -1:]  # [br, 1, D]: f of the last prompt position
         self.vocab = first.logits.shape[-1]  # the drafter's head is the target's
-        d.owed = False  # True after a step without drafting: that step's pairs wait for the next catch-up
-        d.backlog = []  # [br, a + 1, D] pairs of such steps, in order, joined to `pending` by the catch-up (joining
-        # them step by step copied the whole backlog each AR step: quadratic in a long run of AR steps)
+        d.owed = False
+        d.backlog = []  # joined to `pending` once, by the catch-up (joining step by step is quadratic)
         if self.cache is None:
             self.net, self.head, self.combine, self.br = d.net, d.head, d.combine, first.features.shape[0]
             self.cache = d.net.new_cache(len(self.rows) * self.br, d.max_len)

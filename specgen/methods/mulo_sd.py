@@ -26,16 +26,12 @@ from specgen.methods.options import MuloOptions
 from specgen.models.graphs import attach
 from specgen.models.layout import decode_layout
 
-DEFAULT_LOWRES = "tiny-image-gpt-lowres"
 DEFAULT_TAU = 1e-4  # the paper's tau, for a 16,384-code codebook (see scaled_tau)
-TAU_VOCAB = 16384
-DEFAULT_RADIUS = 3
-DEFAULT_DELTA = 0.1
 
 
-def scaled_tau(vocab: int, tau_ref: float = DEFAULT_TAU, vocab_ref: int = TAU_VOCAB) -> float:
+def scaled_tau(vocab: int) -> float:
     """The paper's tau = 1e-4 on 16,384 codes as the same multiple of the uniform probability 1 / vocab."""
-    return tau_ref * vocab_ref / vocab
+    return DEFAULT_TAU * 16384 / vocab
 
 
 def pooled_mass(probs: torch.Tensor, draft: torch.Tensor, neighbours: torch.Tensor, delta: float) -> torch.Tensor:
@@ -61,10 +57,10 @@ class MuLoSD(DrafterBase):
     neighbours: torch.Tensor  # [V, k] nearest codes (LANTERN table)
     grid: int  # G
     tau: float = DEFAULT_TAU
-    delta: float = DEFAULT_DELTA
-    radius: int = DEFAULT_RADIUS
-    rejection: str = "local"
-    draft_rows: int = 1
+    delta: float = MuloOptions.lantern_delta
+    radius: int = MuloOptions.radius
+    rejection: str = MuloOptions.rejection
+    draft_rows: int = MuloOptions.draft_rows
     seed: int = 0
     trace: list[dict] = field(default_factory=list)  # per step of the last run: block, R_T, R_X
 
@@ -278,18 +274,16 @@ class MuLoBatch(PolicyBase):
 
 # --- building from method options --------------------------------------------------------------------------
 
-_LOADED: dict[tuple[str, str], torch.nn.Module] = {}
+_LOADED: dict[tuple[str, str], tuple[int, torch.nn.Module]] = {}  # (path, device) -> (weights' mtime, module)
 
 
 def _load(entry, device) -> torch.nn.Module:
     key = (str(entry.path), str(device))
     stamp = (entry.path / registry.WEIGHTS).stat().st_mtime_ns
     hit = _LOADED.get(key)
-    if hit is None or getattr(hit, "_mulo_stamp", None) != stamp:
-        hit = decode_layout(checkpoints.load_module(entry, device))
-        hit._mulo_stamp = stamp
-        _LOADED[key] = hit
-    return hit
+    if hit is None or hit[0] != stamp:
+        hit = _LOADED[key] = (stamp, decode_layout(checkpoints.load_module(entry, device)))
+    return hit[1]
 
 
 def vq_codebook_of(entry) -> torch.Tensor | None:
@@ -312,7 +306,7 @@ def build_mulo(parts, o: MuloOptions) -> MuLoSD:
         raise UsageError("mulo-sd needs the target's VQ codebook")
     G, vocab = parts.grid, parts.model.cfg.vocab_size
     device = parts.target.device
-    low_entry = checkpoints.find(o.lowres or DEFAULT_LOWRES)
+    low_entry = checkpoints.find(o.lowres or MuloOptions.lowres)
     if low_entry.meta.get("modality") != "image":
         raise UsageError(f"mulo-sd low-resolution drafter {low_entry.ref} is not an image model")
     low_vocab = low_entry.meta.get("vocab_size", low_entry.meta.get("kwargs", {}).get("vocab_size"))

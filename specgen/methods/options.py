@@ -104,11 +104,8 @@ BUDGET_DEFAULT = "fixed"
 BUDGETS = ("fixed", "auto")
 
 
-BUDGET_CHECK: Check = ((lambda v: v in BUDGETS), " or ".join(BUDGETS))
-
-
 def budget_opt() -> Any:
-    return opt(BUDGET_DEFAULT, BUDGET_CHECK)
+    return opt(BUDGET_DEFAULT, ((lambda v: v in BUDGETS), " or ".join(BUDGETS)))
 
 
 @dataclass(frozen=True)
@@ -201,17 +198,9 @@ class LanternTreeOptions(TreeOptions):
     lantern_delta: float = lantern_delta()
 
 
-def check_adt_bounds(d_min: int, d_max: int, k_min: int, k_max: int, d0: int, k0: int) -> None:
-    """ADT-Tree's depth and width bounds leave room to adapt, and the first tree lies strictly inside them."""
-    if not (d_max - d_min >= 2 and k_max - k_min >= 2):
-        raise UsageError("adt-tree bounds must leave room: d_max - d_min >= 2 and k_max - k_min >= 2")
-    if not (d_min < d0 < d_max and k_min < k0 < k_max):
-        raise UsageError(f"adt-tree start shape ({d0}, {k0}) must lie inside the bounds")
-
-
 @dataclass(frozen=True)
 class AdtOptions(Options):
-    """ADT-Tree (`adt-tree`): `methods/adt_tree.AdtParams` less the target's grid, with the CPU tree defaults."""
+    """ADT-Tree (`adt-tree`, `methods/adt_tree.AdtPolicy`), with the CPU tree defaults."""
 
     beta: float = opt(1.0, POS_NUMBER)
     l_d: int = opt(1, int_at_least(0))
@@ -228,8 +217,11 @@ class AdtOptions(Options):
     seed: int = opt(0, SEED)
 
     def check(self) -> None:
-        """The paper's bounds leave room to adapt and hold the first tree (also `AdtParams`' own check)."""
-        check_adt_bounds(self.d_min, self.d_max, self.k_min, self.k_max, self.d0, self.k0)
+        """The depth and width bounds leave room to adapt, and the first tree lies strictly inside them."""
+        if not (self.d_max - self.d_min >= 2 and self.k_max - self.k_min >= 2):
+            raise UsageError("adt-tree bounds must leave room: d_max - d_min >= 2 and k_max - k_min >= 2")
+        if not (self.d_min < self.d0 < self.d_max and self.k_min < self.k0 < self.k_max):
+            raise UsageError(f"adt-tree start shape ({self.d0}, {self.k0}) must lie inside the bounds")
 
 
 @dataclass(frozen=True)
@@ -274,10 +266,51 @@ class MuloOptions(Options):
     seed: int = opt(0, SEED)  # the low-res drafter's stream (derived with the decode generator's seed)
 
 
-# --- mesh: XSpecMeshOptions (methods/xspecmesh.py, which imports torch) checks its fields with these choices ------
-XSPECMESH_CRITERIA = ("threshold", "topk", "rejection")  # the paper's two lossy rules, and the lossless one
-XSPECMESH_SAMPLING = ("independent", "tree")
-XSPECMESH_DRAFT_DTYPES = ("float32", "bfloat16")
+# --- mesh: XSpecMesh --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class XSpecMeshOptions(Options):
+    """XSpecMesh (`xspecmesh`, `methods/xspecmesh.py`): D, the acceptance rule and the candidate sampler; checked when
+    built (the paper's two lossy rules, and the lossless one)."""
+
+    heads: str = opt("xspecmesh-ca-tiny", text())  # registry name of the heads (they name backbone + adapter)
+    num_heads: int = opt(0, int_at_least(0))  # D; 0 = every head the checkpoint has (paper: 4)
+    criterion: str = opt("threshold", one_of("threshold", "topk", "rejection"))  # p > delta, top-K_a: lossy
+    delta: float = opt(0.5, number_in(0, 1))
+    top_k_accept: int = opt(1, int_at_least(1))  # K_a
+    sampling: str = opt("independent", one_of("independent", "tree"))  # independent | tree (top-K_s probability tree)
+    top_k_tree: int = opt(2, int_at_least(1))  # K_s
+    draft_dtype: str = opt("float32", one_of("float32", "bfloat16"))  # bfloat16: heads' LM-head product in bf16
+    lookup: int = opt(0, int_at_least(0))  # > 0: candidates first from n-gram lookup (n = lookup .. 1) (beyond)
+    vertex_lookup: bool = opt(False, flag())  # offsets after known blocks, heads elsewhere (beyond)
+    min_path_prob: float = opt(0.0, number_in(0, 1, hi_open=True))  # > 0: cut the chain below this path probability
+    budget: str = budget_opt()  # auto: per batch size, the faster of batched AR and the heads
+
+    def __post_init__(self) -> None:
+        self.validate("xspecmesh")
+
+    def check(self) -> None:
+        """One candidate source besides the heads; the lossless rule needs deterministic candidates (no head q)."""
+        if self.lookup and self.vertex_lookup:
+            raise UsageError("lookup and vertex_lookup are exclusive; choose one candidate source besides the heads")
+        if self.lossless and not (self.sampling == "tree" and self.top_k_tree == 1):
+            raise UsageError("criterion rejection (lossless) needs deterministic candidates: "
+                             "sampling=tree top_k_tree=1 (the heads' argmaxes)")
+
+    @property
+    def lossless(self) -> bool:
+        """Does decoding preserve the backbone's distribution (greedy: its output)?"""
+        return self.criterion == "rejection"
+
+    def label(self) -> str:
+        s = "IS" if self.sampling == "independent" else f"PTS(K_s={self.top_k_tree})"
+        bf = ", bf16 head logits" if self.draft_dtype == "bfloat16" else ""
+        lk = f", lookup {self.lookup}-gram" if self.lookup else ", vertex lookup" if self.vertex_lookup else ""
+        cut = f", path cut {self.min_path_prob:g}" if self.min_path_prob else ""
+        auto = ", budget auto" if self.budget == "auto" else ""
+        rule = "rejection sampling" if self.lossless else \
+            f"p>{self.delta:g}" if self.criterion == "threshold" else f"top-{self.top_k_accept}"
+        return f"{rule}, {s}{bf}{lk}{cut}{auto}"
 
 
 def checks_of(cls: type) -> dict[str, Check | None]:
@@ -287,12 +320,9 @@ def checks_of(cls: type) -> dict[str, Check | None]:
 
 def parse(cls: type, method: str, options: dict[str, Any]) -> Any:
     """Options (names known to `cls`, plus `seed`) as a validated `cls`; the first bad value is one usage error."""
-    checks = checks_of(cls)
-    for name, value in options.items():
-        check_value(name, value, SEED if name == "seed" else checks.get(name), method)
+    check_value("seed", options.get("seed", 0), SEED, method)
     opts = build(cls, options)
-    if isinstance(opts, Options):
-        opts.check()
+    opts.validate(method)
     return opts
 
 

@@ -14,7 +14,6 @@ from specgen.decoding.draft import Draft, Verdict
 from specgen.decoding.draft_verify import DrafterBase
 from specgen.decoding.stats import DecodeStats
 from specgen.decoding.tree import DraftTree
-from specgen.errors import UsageError
 from specgen.methods.text import lookup
 
 
@@ -45,12 +44,6 @@ class MultiBlockDrafter(DrafterBase):
     ngram: int = 0  # candidate length (0 = n - 1)
     lookup: int = 0  # prompt-lookup branch of up to this many tokens (0 = off, the paper; specgen extension)
     seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.block_size < 2 or self.num_blocks < 1 or not 0 < self.spawn_ratio <= 1 or self.pool_size < 0 \
-                or self.verify < 0 or self.ngram < 0 or self.lookup < 0:
-            raise UsageError("pcllm-mr needs block_size >= 2, num_blocks >= 1, 0 < spawn_ratio <= 1, "
-                             "pool_size, verify, ngram, lookup >= 0")
 
     def fill(self, k: int) -> list[int]:
         return [self.rng.choice(self.text) for _ in range(k)]

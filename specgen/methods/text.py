@@ -16,14 +16,8 @@ from specgen.methods.ngram_cache import NgramCache
 class EmptyDrafter(DrafterBase):
     """Autoregressive decoding: every step verifies only the root, so it commits exactly one token."""
 
-    def reset(self, prompt: list[int], first: TargetOut) -> None:
-        pass
-
     def propose(self, seq: list[int], budget: int, stats: DecodeStats) -> Draft:
         return Draft.empty()
-
-    def on_accept(self, draft: Draft, verdict: Verdict, out: TargetOut) -> None:
-        pass
 
 
 @dataclass
@@ -62,9 +56,6 @@ class NgramDrafter(DrafterBase):
     min_ngram: int = 2
     cache: NgramCache | None = None
 
-    def reset(self, prompt: list[int], first: TargetOut) -> None:
-        pass
-
     def propose(self, seq: list[int], budget: int, stats: DecodeStats) -> Draft:
         k = min(self.num_draft, budget)
         if k <= 0:
@@ -73,9 +64,6 @@ class NgramDrafter(DrafterBase):
         if not draft and self.cache is not None:  # the sequence's own n-grams first: they are the closer evidence
             draft = self.cache.draft(seq, k)
         return Draft.chain(draft)
-
-    def on_accept(self, draft: Draft, verdict: Verdict, out: TargetOut) -> None:
-        pass
 
 
 def lookup(seq: list[int], k: int, max_ngram: int, min_ngram: int) -> list[int]:

@@ -46,10 +46,6 @@ class UniformSkip:
 
     interval: int = 3
 
-    def __post_init__(self) -> None:
-        if self.interval < 2:
-            raise ValueError(f"skip interval must be >= 2, got {self.interval}")
-
     def reset(self) -> None:
         pass
 

@@ -13,17 +13,16 @@ from dataclasses import dataclass
 import torch
 
 from specgen import checkpoints, registry
-from specgen.decoding.accept_threshold import AcceptCriterion
-from specgen.decoding.budget import MeasuredBudget
-from specgen.decoding.loop import decode_batch
+from specgen.decoding.budget import FixedBudget, MeasuredBudget
+from specgen.decoding.draft_verify import DraftVerify
+from specgen.decoding.loop import DecodeResult, decode_batch
+from specgen.decoding.pool import EachRow
 from specgen.decoding.sampling import SamplingParams, logits_to_probs, sample, sample_rows
-from specgen.decoding.stats import DecodeStats
 from specgen.devices import host_tensor
 from specgen.errors import CheckpointError, UsageError
 from specgen.mesh.target import MeshTarget
 from specgen.mesh.vertex_lookup import VertexMemory
-from specgen.methods.options import (BUDGET_CHECK, XSPECMESH_CRITERIA, XSPECMESH_DRAFT_DTYPES, XSPECMESH_SAMPLING,
-                                     Options, flag, int_at_least, number_in, one_of, opt, text)
+from specgen.methods.options import XSpecMeshOptions
 from specgen.methods.text import EmptyDrafter, lookup
 from specgen.methods.xspecmesh_pool import XSpecMeshPool, mesh_rule
 from specgen.models.heads import head_logits
@@ -34,55 +33,9 @@ from specgen.train.lora import merge_lora_state
 #: bfloat16 pays only where float32 runs on a slow few-row kernel; with the packed decode layout
 #: (models/packed_linear.py) float32 runs on oneDNN, so float32 is the default (docs/results/mesh.md).
 #: The head bodies stay float32 (small batched einsums are slower in bf16).
-DRAFT_DTYPES = dict(zip(XSPECMESH_DRAFT_DTYPES, (torch.float32, torch.bfloat16)))
+DRAFT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 #: Branches of the top-K_s probability tree lighter than this are pruned (appendix A.4).
 TREE_PRUNE = 1e-5
-
-
-@dataclass(frozen=True)
-class XSpecMeshOptions(Options):
-    """Method options (`method_options.*`): D, the acceptance rule and the candidate sampler; checked when built."""
-
-    heads: str = opt("xspecmesh-ca-tiny", text())  # registry name of the heads (they name backbone + adapter)
-    num_heads: int = opt(0, int_at_least(0))  # D; 0 = every head the checkpoint has (paper: 4)
-    criterion: str = opt("threshold", one_of(*XSPECMESH_CRITERIA))  # threshold (p > delta), topk (top-K_a): lossy
-    delta: float = opt(0.5, number_in(0, 1))
-    top_k_accept: int = opt(1, int_at_least(1))  # K_a
-    sampling: str = opt("independent", one_of(*XSPECMESH_SAMPLING))  # independent | tree (top-K_s probability tree)
-    top_k_tree: int = opt(2, int_at_least(1))  # K_s
-    draft_dtype: str = opt("float32", one_of(*XSPECMESH_DRAFT_DTYPES))  # bfloat16: heads' LM-head product in bf16
-    lookup: int = opt(0, int_at_least(0))  # > 0: candidates first from n-gram lookup (n = lookup .. 1) (beyond)
-    vertex_lookup: bool = opt(False, flag())  # offsets after known blocks, heads elsewhere (beyond)
-    min_path_prob: float = opt(0.0, number_in(0, 1, hi_open=True))  # > 0: cut the chain below this path probability
-    budget: str = opt("fixed", BUDGET_CHECK)  # auto: per batch size, the faster of batched AR and the heads
-
-    def __post_init__(self) -> None:
-        self.validate("xspecmesh")
-
-    def check(self) -> None:
-        """One candidate source besides the heads; the lossless rule needs deterministic candidates (no head q)."""
-        if self.lookup and self.vertex_lookup:
-            raise UsageError("lookup and vertex_lookup are exclusive; choose one candidate source besides the heads")
-        if self.lossless and not (self.sampling == "tree" and self.top_k_tree == 1):
-            raise UsageError("criterion rejection (lossless) needs deterministic candidates: "
-                             "sampling=tree top_k_tree=1 (the heads' argmaxes)")
-
-    @property
-    def lossless(self) -> bool:
-        """Does decoding preserve the backbone's distribution (greedy: its output)?"""
-        return self.criterion == "rejection"
-
-    def criterion_rule(self) -> AcceptCriterion:
-        return AcceptCriterion(self.criterion, self.delta, self.top_k_accept)
-
-    def label(self) -> str:
-        s = "IS" if self.sampling == "independent" else f"PTS(K_s={self.top_k_tree})"
-        bf = ", bf16 head logits" if self.draft_dtype == "bfloat16" else ""
-        lk = f", lookup {self.lookup}-gram" if self.lookup else ", vertex lookup" if self.vertex_lookup else ""
-        cut = f", path cut {self.min_path_prob:g}" if self.min_path_prob else ""
-        auto = ", budget auto" if self.budget == "auto" else ""
-        rule = "rejection sampling" if self.lossless else self.criterion_rule().label()
-        return f"{rule}, {s}{bf}{lk}{cut}{auto}"
 
 
 OPTION_NAMES = tuple(XSpecMeshOptions.__dataclass_fields__)
@@ -103,14 +56,6 @@ class Proposal:
             if path < min_path_prob:
                 return self.tokens[:j]
         return self.tokens
-
-
-@dataclass(frozen=True)
-class MeshDecodeResult:
-    """Committed tokens x_1 .. (EOS included when reached) and the run's statistics."""
-
-    tokens: list[int]
-    stats: DecodeStats
 
 
 def tree_sample(probs: torch.Tensor, k: int, generator: torch.Generator | None) -> list[int]:
@@ -158,14 +103,14 @@ class MeshDecoder:
 
     def generate(self, pc: torch.Tensor, params: SamplingParams, max_tokens: int,
                  opts: XSpecMeshOptions | None = None, generator: torch.Generator | None = None,
-                 draft_generator: torch.Generator | None = None) -> MeshDecodeResult:
+                 draft_generator: torch.Generator | None = None) -> DecodeResult:
         """Decode the mesh of point cloud pc [N, 6]; AR when there are no heads or num_heads == 0."""
         return self.generate_batch([pc], params, max_tokens, opts, [generator], [draft_generator])[0]
 
     @torch.inference_mode()
     def generate_batch(self, pcs: list[torch.Tensor], params: SamplingParams, max_tokens: int,
                        opts: XSpecMeshOptions | None = None, generators=None, draft_generators=None,
-                       batch_size: int = 1, on_done=None, on_tokens=None) -> list[MeshDecodeResult]:
+                       batch_size: int = 1, on_done=None, on_tokens=None) -> list[DecodeResult]:
         """Decode the meshes of point clouds pcs[i] [N_i, 6], `batch_size` at a time, on the shared batched loop
         (`on_done`, `on_tokens`: as `decode_batch`'s). Cloud i samples from generators[i] (the backbone's samples) and
         draft_generators[i] (head candidates), so its mesh does not depend on the batch."""
@@ -177,13 +122,13 @@ class MeshDecoder:
         draft_generators = list(draft_generators) if draft_generators is not None else [None] * len(pcs)
         target = MeshTarget(self.model, pcs)
         pool = XSpecMeshPool(self, target, opts, params, d_max, draft_generators) if d_max else \
-            (lambda i: EmptyDrafter())  # AR: the empty draft on the same loop
+            EachRow(lambda i: EmptyDrafter())  # AR: the empty draft on the same loop
         budget = self.budgets.setdefault(repr((opts, params)), MeasuredBudget(d_max)) \
-            if opts.budget == "auto" and d_max else None
-        batch = decode_batch(target, pool, [[i] for i in range(len(pcs))], max_tokens, params, (self.eos_id,),
-                             generators, batch_size=batch_size, max_draft=d_max, rule=mesh_rule(opts),
-                             on_done=on_done, on_tokens=on_tokens, budget=budget)
-        return [MeshDecodeResult(r.tokens, r.stats) for r in batch.results]
+            if opts.budget == "auto" and d_max else FixedBudget(d_max)
+        batch = decode_batch(target, DraftVerify(pool, mesh_rule(opts), budget), [[i] for i in range(len(pcs))],
+                             max_tokens, params, (self.eos_id,), generators, batch_size=batch_size, max_draft=d_max,
+                             on_done=on_done, on_tokens=on_tokens)
+        return batch.results  # tokens x_1 .. (EOS included when reached)
 
     def _candidates(self, out: list[int], x: int, stacked, h: torch.Tensor, past, kv, d: int, params: SamplingParams,
                     opts: XSpecMeshOptions, generator: torch.Generator | None,
@@ -260,35 +205,24 @@ class LoadedMesh:
     adapter: object | None  # registry.Entry of the merged LoRA adapter, if any
 
 
-def load_target(name: str, device: str = "cpu"):
-    """(MeshGPT, entry) of a mesh backbone; a non-mesh checkpoint is a usage error."""
-    entry = checkpoints.find(name)
-    if entry.meta.get("modality") != "mesh":
-        raise UsageError(f"{entry.ref} is a {entry.meta.get('modality', 'text')} model, not a mesh model")
-    return checkpoints.load_module(entry, device), entry
-
-
-def merge_adapter(model, adapter, target) -> None:
-    """Merge a LoRA adapter entry into the backbone's weights (checked against the target first)."""
-    registry.check_pair(adapter, target)
-    try:
-        merge_lora_state(model, registry.read_state(adapter), adapter.meta["lora_rank"],
-                         adapter.meta["lora_alpha"])
-    except (KeyError, ValueError) as e:
-        raise CheckpointError(f"{adapter.ref}: cannot merge into {target.ref} ({e})") from None
-
-
 def load_mesh(target: str | None = None, heads: str | None = None, device: str = "cpu") -> LoadedMesh:
     """Backbone (default: the heads' parent) + heads + their LoRA adapter merged; IncompatibleError on a misfit."""
     h_entry = checkpoints.find(heads) if heads else None
-    t_name = target or (h_entry.meta.get("parent") if h_entry else None) or DEFAULT_TARGET
-    model, t_entry = load_target(t_name, device)
+    t_entry = checkpoints.find(target or (h_entry.meta.get("parent") if h_entry else None) or DEFAULT_TARGET)
+    if t_entry.meta.get("modality") != "mesh":
+        raise UsageError(f"{t_entry.ref} is a {t_entry.meta.get('modality', 'text')} model, not a mesh model")
+    model = checkpoints.load_module(t_entry, device)
     head_module = a_entry = None
     if h_entry is not None:
         registry.check_pair(h_entry, t_entry)
         if h_entry.meta.get("adapter"):
             a_entry = checkpoints.find(h_entry.meta["adapter"])
-            merge_adapter(model, a_entry, t_entry)
+            registry.check_pair(a_entry, t_entry)
+            try:
+                merge_lora_state(model, registry.read_state(a_entry), a_entry.meta["lora_rank"],
+                                 a_entry.meta["lora_alpha"])
+            except (KeyError, ValueError) as e:
+                raise CheckpointError(f"{a_entry.ref}: cannot merge into {t_entry.ref} ({e})") from None
         head_module = checkpoints.load_module(h_entry, device)
     decode_layout(model)  # after the LoRA merge (models/layout.py)
     return LoadedMesh(MeshDecoder(model, head_module, t_entry.meta.get("eos_id", 5120)), t_entry, h_entry, a_entry)

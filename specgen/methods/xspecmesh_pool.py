@@ -43,7 +43,7 @@ def accept_chain(candidates: list[int], probs, rule: AcceptCriterion | None, gen
 
 def mesh_rule(opts):
     """The loop's accept rule for XSpecMesh candidates: lossless rejection, or the paper's lossy criterion."""
-    criterion = None if opts.lossless else opts.criterion_rule()  # built once per run
+    criterion = None if opts.lossless else AcceptCriterion(opts.criterion, opts.delta, opts.top_k_accept)
 
     def rule(draft: Draft, logits: torch.Tensor, params: SamplingParams, generator) -> Verdict:
         return accept_chain(list(draft.tokens), LazyRows(logits, params), criterion, generator, params.greedy)

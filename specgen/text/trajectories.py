@@ -19,9 +19,9 @@ import torch
 
 from specgen.data.prompts import guard_training_prompts, read_prompts
 from specgen.data.stdlib_prompts import stdlib_fingerprint, stdlib_prompts
-from specgen.decoding.loop import decode_batch
 from specgen.decoding.sampling import SamplingParams
 from specgen.errors import IncompatibleError, RuntimeFailure, UsageError
+from specgen.methods import run_batch
 from specgen.models.tokenizer import tokenizer_hash
 from specgen.paths import atomic_write, atomic_write_text
 from specgen.text.jacobi_blocks import JacobiBlocks
@@ -74,8 +74,8 @@ def jacobi_trajectories_batch(target, prompts: list[list[int]], block_size: int,
     whole blocks until `max_new_tokens` or a block with a stop token (the loop's budget covers them)."""
     drafters = [JacobiBlocks(block_size, seed, stop_ids) for seed in seeds]
     budget = -(-max_new_tokens // block_size) * block_size + 1
-    decode_batch(target, lambda i: drafters[i], prompts, budget, SamplingParams(), (), batch_size=batch_size,
-                 max_draft=block_size)
+    run_batch(target, lambda i: drafters[i], prompts, budget, SamplingParams(), (), batch_size=batch_size,
+              max_draft=block_size)
     return [d.blocks for d in drafters]
 
 

@@ -12,7 +12,7 @@ import torch
 
 from specgen.decoding.accept import accept_greedy
 from specgen.decoding.draft import Verdict
-from specgen.decoding.loop import decode, decode_batch
+from tests.conftest import decode
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.target import ModelTarget
 from specgen.methods import METHODS, run_batch
@@ -58,7 +58,7 @@ def test_continuous_batching_returns_each_output_once_in_input_order():
     prompts = ragged_prompts(11, seed=2)
     ar = [decode(target, EmptyDrafter(), p, 30, GREEDY).tokens for p in prompts]
     done: list[int] = []
-    res = decode_batch(target, lambda i: OracleDrafter(ar[i], len(prompts[i]), k=i % 4), prompts, 30, GREEDY,
+    res = run_batch(target, lambda i: OracleDrafter(ar[i], len(prompts[i]), k=i % 4), prompts, 30, GREEDY,
                        batch_size=3, on_done=done.append)
     assert sorted(done) == list(range(11)) and done != list(range(11))  # each once; not finished in input order
     assert [r.tokens for r in res.results] == ar
@@ -71,7 +71,7 @@ def test_a_row_that_stops_early_stops_consuming_forwards():
     stop = ar_short[2]
     ar_long = decode(target, EmptyDrafter(), long, 30, GREEDY, stop_ids=(stop,)).tokens
     assert len(ar_long) > 10  # the long row runs well past the short one
-    res = decode_batch(target, lambda i: EmptyDrafter(), [short, long], 30, GREEDY, (stop,), batch_size=2)
+    res = run_batch(target, lambda i: EmptyDrafter(), [short, long], 30, GREEDY, (stop,), batch_size=2)
     a, b = res.results
     assert a.tokens == ar_short[: ar_short.index(stop) + 1]
     assert a.stats.target_forwards == len(a.tokens)  # prefill + one AR step per further token, then it left
@@ -84,7 +84,7 @@ def test_oracle_chunks_in_a_batch_commit_tree_paths_per_row():
     target = ModelTarget(tiny_model(4))
     prompts = ragged_prompts(4, seed=5)
     ar = [decode(target, EmptyDrafter(), p, 20, GREEDY).tokens for p in prompts]
-    res = decode_batch(target, lambda i: OracleDrafter(ar[i], len(prompts[i]), k=1 + 2 * i), prompts, 20, GREEDY,
+    res = run_batch(target, lambda i: OracleDrafter(ar[i], len(prompts[i]), k=1 + 2 * i), prompts, 20, GREEDY,
                        batch_size=4)
     assert [r.tokens for r in res.results] == ar
     steps = [r.stats.steps for r in res.results]
@@ -118,7 +118,7 @@ def sample_rows(target, prompt, method="jacobi", rule=None, copies=600, seed=0) 
             prompts.append([t % 4 for t in others[i // 2]])
     generators = [torch.Generator().manual_seed(10_000 * seed + i) for i in range(len(prompts))]
     spec = METHODS[method]
-    res = decode_batch(target, lambda i: spec.make_drafter({"seed": i, "block_size": 3}), prompts, 3,
+    res = run_batch(target, lambda i: spec.make_drafter({"seed": i, "block_size": 3}), prompts, 3,
                        SamplingParams(temperature=1.0), generators=generators, batch_size=8, rule=rule)
     return Counter(tuple(res.results[i].tokens) for i in mine)
 

@@ -7,7 +7,7 @@ import torch
 
 from specgen.decoding.draft import Draft
 from specgen.decoding.draft_verify import DrafterBase
-from specgen.decoding.loop import decode
+from tests.conftest import decode
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.target import ModelTarget
 from specgen.decoding.tree import DraftTree

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from specgen.config import load_config
-from specgen.decoding.loop import decode
+from tests.conftest import decode
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.target import ModelTarget
 from specgen.eval.text_bench import TextBenchConfig

@@ -10,7 +10,7 @@ import torch
 
 from specgen.decoding.budget import FixedBudget, MeasuredBudget
 from specgen.decoding.cost import measure_cost
-from specgen.decoding.loop import decode
+from tests.conftest import decode
 from specgen.decoding.sampling import SamplingParams
 from specgen.image.methods import ImageParts, build_image_method
 from specgen.image.target import CFGTarget

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specgen.decoding.loop import decode
+from tests.conftest import decode
 from specgen.decoding.sampling import SamplingParams
 from specgen.image.methods import ImageParts, build_image_method
 from specgen.image.target import CFGTarget

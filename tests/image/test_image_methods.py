@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specgen.decoding.loop import decode
+from tests.conftest import decode
 from specgen.decoding.sampling import SamplingParams
 from specgen.image.target import CFGTarget
-from specgen.methods.adt_tree import AdtParams, AdtPolicy, adapt
+from specgen.methods.adt_tree import AdtPolicy, adapt
 from specgen.methods.eagle import EagleTreeDrafter, FixedShape, TreeShape
+from specgen.methods.options import AdtOptions
 from specgen.methods.text import EmptyDrafter
 from tests.image.helpers import TinyEagle, tiny_image_gpt
 
@@ -32,8 +33,8 @@ def test_eagle2_and_adt_tree_greedy_equal_ar(cfg_scale, label):
     eagle = decode(target, drafter(model, target, FixedShape(TreeShape(3, 4, 12))), [label], n, SamplingParams())
     assert eagle.tokens == ar
     assert eagle.stats.steps < n  # trees were verified (and the drafter's own draws were accepted sometimes)
-    adt = decode(target, drafter(model, target, AdtPolicy(AdtParams(grid=GRID, d0=2, k0=4, l_k=1, k_min=1, k_max=8,
-                                                                   total_tokens=10))), [label], n, SamplingParams())
+    adt_policy = AdtPolicy(AdtOptions(d0=2, k0=4, l_k=1, k_min=1, k_max=8, total_tokens=10), GRID)
+    adt = decode(target, drafter(model, target, adt_policy), [label], n, SamplingParams())
     assert adt.tokens == ar
 
 
@@ -64,7 +65,7 @@ def test_drafter_that_copies_the_target_is_fully_accepted():
 
 
 def test_adapt_rule_follows_equation_2_and_bounds():
-    p = AdtParams(beta=1.0, l_d=1, l_k=10, d_min=0, d_max=10, k_min=3, k_max=40, d0=4, k0=10)
+    p = AdtOptions(beta=1.0, l_d=1, l_k=10, d_min=0, d_max=10, k_min=3, k_max=40, d0=4, k0=10)
     assert adapt(4, 10, 1.0, p) == (5, 4)  # positive: deeper, narrower (k clamped to k_min + 1 = 4)
     assert adapt(4, 10, 0.5, p) == (3, 20)  # negative: shallower, wider
     assert adapt(9, 30, 1.0, p) == (9, 20)  # depth stays below d_max = 10
@@ -72,8 +73,7 @@ def test_adapt_rule_follows_equation_2_and_bounds():
 
 
 def test_adt_policy_scripted_acceptances():
-    p = AdtParams(grid=4, d0=4, k0=10, l_k=10)
-    pol = AdtPolicy(p)
+    pol = AdtPolicy(AdtOptions(d0=4, k0=10, l_k=10, k_min=3, k_max=40), 4)
     pol.reset()
     # first tree drafts index 2 (cell (0, 1)); no record -> defaults
     s1 = pol.shape(2)
@@ -86,16 +86,7 @@ def test_adt_policy_scripted_acceptances():
     assert (s3.depth, s3.top_k) == (5, 4)
     s4 = pol.shape(8 + 1 - 1 + 1)  # index 9 again, consistent
     assert s4 == s3
-    pol_v = AdtPolicy(AdtParams(grid=4, init="vertical", d0=4, k0=10))
+    pol_v = AdtPolicy(AdtOptions(init="vertical", d0=4, k0=10, l_k=10, k_min=3, k_max=40), 4)
     pol_v.reset()
     pol_v.observe(2, s1, accepted=1, committed=1)  # index 2 = cell (0, 1): negative record
     assert (pol_v.shape(6).depth, pol_v.shape(6).top_k) == (3, 20)  # index 6 = cell (1, 1): above is (0, 1)
-
-
-def test_option_names_match_the_parameters():
-    from dataclasses import fields
-
-    from specgen.methods.options import AdtOptions
-
-    # `budget` is the loop's (decoding/budget.py), not the tree policy's
-    assert {f.name for f in fields(AdtOptions)} - {"budget"} == {f.name for f in fields(AdtParams)} - {"grid", "n_cond"}

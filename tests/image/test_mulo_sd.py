@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from specgen import checkpoints, registry
-from specgen.decoding.loop import decode, truncate
+from specgen.decoding.loop import truncate
+from tests.conftest import decode
 from specgen.decoding.sampling import SamplingParams
 from specgen.image.neighbours import compute_neighbours
 from specgen.image.target import CFGTarget

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from specgen import checkpoints, registry
-from specgen.decoding.loop import decode
+from tests.conftest import decode
 from specgen.decoding.sampling import SamplingParams
 from specgen.image.target import CaptionCFGTarget
 from specgen.methods.eagle import EagleTreeDrafter, FixedShape, TreeShape

@@ -14,13 +14,14 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from specgen import registry
-from specgen.decoding.loop import decode
+from tests.conftest import decode
 from specgen.decoding.sampling import SamplingParams
 from specgen.errors import IncompatibleError, UsageError
 from specgen.image.captions import left_pad, read_captions
 from specgen.image.target import CaptionCFGTarget
-from specgen.methods.adt_tree import AdtParams, AdtPolicy
+from specgen.methods.adt_tree import AdtPolicy
 from specgen.methods.eagle import EagleTreeDrafter, FixedShape, TreeShape
+from specgen.methods.options import AdtOptions
 from specgen.methods.text import EmptyDrafter
 from specgen.models.eagle import EagleNet
 from specgen.models.llamagen import llamagen_config
@@ -69,7 +70,7 @@ def test_eagle2_and_adt_tree_greedy_equal_ar_with_padded_captions(cfg_scale, n_v
     eagle = decode(target, drafter(model, target, FixedShape(TreeShape(3, 4, 12))), target.prompt(), n,
                    SamplingParams())
     assert eagle.tokens == ar
-    adt = AdtPolicy(AdtParams(grid=GRID, n_cond=N_COND, d0=2, k0=4, l_k=1, k_min=1, k_max=8, total_tokens=10))
+    adt = AdtPolicy(AdtOptions(d0=2, k0=4, l_k=1, k_min=1, k_max=8, total_tokens=10), GRID, N_COND)
     assert decode(target, drafter(model, target, adt), target.prompt(), n, SamplingParams()).tokens == ar
     net = EagleNet.from_target(model).eval()  # the registry drafter class, untrained
     d = EagleTreeDrafter(net, model.output, target.combine, FixedShape(TreeShape(3, 4, 12)), max_len=64)

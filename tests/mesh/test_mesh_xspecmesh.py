@@ -170,8 +170,8 @@ def test_threshold_rules_are_pure_and_strict():
     assert accepted_length((0, 2), probs, AcceptCriterion("topk", top_k=3)) == 1  # filtered token never accepted
     v = accept_lossy(Draft.chain((0, 0, 2)), probs, AcceptCriterion("threshold", 0.55), None, greedy=True)
     assert v.path == (0,) and v.tokens == (0, 0) and v.extras["lossy"]
-    with pytest.raises(ValueError):
-        AcceptCriterion("topk", top_k=0)
+    with pytest.raises(UsageError):
+        XSpecMeshOptions(criterion="topk", top_k_accept=0)
 
 
 def test_tree_sampling_prunes_and_follows_weights():

@@ -1,4 +1,4 @@
-"""The method table's option classes: defaults, checks, the check_options contract, and the defaults the drafters
+"""The method table's option classes: defaults, checks, the parse_options contract, and the defaults the drafters
 and builders had before the table held them."""
 
 from dataclasses import MISSING, FrozenInstanceError, fields
@@ -35,9 +35,9 @@ def test_options_are_frozen():
 def test_unknown_option_is_one_line_naming_the_known_ones():
     with pytest.raises(UsageError, match=r"^method ngram has no option 'blocks'; its options: num_draft, max_ngram, "
                                          r"min_ngram, cache, budget$"):
-        get_method("ngram").check_options({"blocks": 2})
+        get_method("ngram").parse_options({"blocks": 2})
     with pytest.raises(UsageError, match="method ar has no option 'depth'; its options: none"):
-        get_method("ar").check_options({"depth": 2})
+        get_method("ar").parse_options({"depth": 2})
 
 
 @pytest.mark.parametrize("method, options, message", [
@@ -69,6 +69,6 @@ def test_unknown_option_is_one_line_naming_the_known_ones():
 ])
 def test_bad_value_is_one_line(method, options, message):
     with pytest.raises(UsageError) as e:
-        get_method(method).check_options(options)
+        get_method(method).parse_options(options)
     assert message in str(e.value) and "\n" not in str(e.value)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specgen.decoding.loop import decode
+from tests.conftest import decode
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.target import ModelTarget
 from specgen.errors import UsageError
@@ -86,10 +86,10 @@ def test_longest_branch_prefers_longest_then_main():
 
 
 def test_mr_options():
-    with pytest.raises(UsageError):
-        MultiBlockDrafter(block_size=1)
+    with pytest.raises(UsageError, match="pcllm-mr needs block_size >= 2"):
+        get_method("pcllm-mr").parse_options({"block_size": 1})
     with pytest.raises(UsageError, match="no option"):
-        get_method("pcllm-mr").check_options({"blocks": 2})
+        get_method("pcllm-mr").parse_options({"blocks": 2})
 
 
 def test_distilled_methods_pick_their_model():

@@ -51,7 +51,7 @@ def test_cached_equals_uncached_chain_and_tree():
         torch.testing.assert_close(torch.cat(parts, 1), full, atol=1e-5, rtol=1e-5)
 
         # a tree after a committed prefix of 4: two siblings at position 5, a child of the 2nd at position 6
-        cache.reset()
+        cache = net.new_cache(b, 32)
         net(feats[:, :4], tokens[:, :4], pos[:, :4], cache)
         for row in range(b):
             cache.commit(row, [0, 1, 2, 3])

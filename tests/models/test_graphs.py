@@ -7,11 +7,12 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from specgen.decoding.loop import decode, decode_batch
+from tests.conftest import decode
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.target import ModelTarget
 from specgen.errors import UsageError
 from specgen.image.target import CFGTarget
+from specgen.methods import run_batch
 from specgen.methods.text import EmptyDrafter, JacobiDrafter, NgramDrafter
 from specgen.models import graphs
 from specgen.models.graphs import Bucket, StaticInputs, target_step
@@ -62,10 +63,10 @@ def test_a_step_that_reads_the_host_fails_the_check():
 @pytest.mark.parametrize("batch", [1, 3])
 def test_static_steps_decode_what_eager_ar_decodes(name, batch):
     prompts = [PROMPT, PROMPT[:7], [3, 1, 4, 1, 5]][:batch]
-    eager = decode_batch(ModelTarget(tiny_model(0)), lambda i: EmptyDrafter(), prompts, 24, SamplingParams())
+    eager = run_batch(ModelTarget(tiny_model(0)), lambda i: EmptyDrafter(), prompts, 24, SamplingParams())
     model = tiny_model(0)
     target = static_target(model)
-    got = decode_batch(target, lambda i: DRAFTERS[name](), prompts, 24, SamplingParams())
+    got = run_batch(target, lambda i: DRAFTERS[name](), prompts, 24, SamplingParams())
     assert [r.tokens for r in got.results] == [r.tokens for r in eager.results]
     assert model.graphs.replays > 0 and model.graphs.eager_calls == 0
 
@@ -154,7 +155,6 @@ def test_image_trees_grown_by_the_static_growth_decode_what_eager_decodes(method
     """Target verifies and whole EAGLE tree growths (one static program per row bucket, width bucket and depth) both
     through static steps, batch 1 and 2: the same tokens as the eager method (lossless ones: as AR)."""
     from specgen.image.methods import ImageParts, build_image_method
-    from specgen.methods import run_batch
     from specgen.models.eagle import EagleNet
 
     def run(attached: bool, batch: int):
@@ -258,7 +258,6 @@ def test_lossless_xspecmesh_with_captured_heads_decodes_what_eager_decodes(param
 def test_mulo_sd_with_static_steps_decodes_what_eager_decodes():
     """MuLo-SD's low-resolution drafter follows the target: static steps for both, the eager run's tokens (greedy)."""
     from specgen.image.neighbours import compute_neighbours
-    from specgen.methods import run_batch
     from specgen.methods.mulo_sd import MuLoSD
     from specgen.models.upsampler import UpDownSampler, UpsamplerConfig
     from tests.image.helpers import tiny_image_gpt

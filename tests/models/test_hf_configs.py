@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from specgen.decoding.loop import decode
+from tests.conftest import decode
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.target import ModelTarget
 from specgen.errors import CheckpointError, ContextOverflowError, UsageError

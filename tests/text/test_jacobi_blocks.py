@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from specgen.decoding.loop import decode
+from tests.conftest import decode
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.target import ModelTarget
 from specgen.methods.text import EmptyDrafter

@@ -6,7 +6,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from specgen import checkpoints, registry
-from specgen.decoding.loop import decode
+from tests.conftest import decode
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.target import ModelTarget
 from specgen.errors import IncompatibleError, UsageError
