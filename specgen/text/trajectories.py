@@ -1,7 +1,6 @@
 """Jacobi trajectory collection (CLLM / pcLLM step 1): greedy Jacobi over blocks of n tokens, every state kept.
 
-Shards are written atomically and hold whole prompts: an interrupted run never duplicates records (docs/training.md).
-"""
+Shards are written atomically and hold whole prompts: an interrupted run never duplicates records (docs/training.md)."""
 
 from __future__ import annotations
 
@@ -64,23 +63,15 @@ def rank_and_world() -> tuple[int, int]:
     return rank, world
 
 
-# ----------------------------------------------------------------------------------------------------
-# Jacobi on one prompt
-
-
 def jacobi_trajectories_batch(target, prompts: list[list[int]], block_size: int, max_new_tokens: int,
                               stop_ids: tuple[int, ...], seeds: list[int], batch_size: int = 1) -> list[list[dict]]:
-    """Block Jacobi decoding (`text/jacobi_blocks.py`) of every prompt on the batched loop, `batch_size` at a time:
-    whole blocks until `max_new_tokens` or a block with a stop token (the loop's budget covers them)."""
+    """Block Jacobi decoding (`text/jacobi_blocks.py`) of every prompt, `batch_size` at a time: whole blocks until
+    `max_new_tokens` or a block with a stop token."""
     drafters = [JacobiBlocks(block_size, seed, stop_ids) for seed in seeds]
     budget = -(-max_new_tokens // block_size) * block_size + 1
     decode_batch(target, lambda i: drafters[i], prompts, budget, SamplingParams(), (), batch_size=batch_size,
                  max_draft=block_size)
     return [d.blocks for d in drafters]
-
-
-# ----------------------------------------------------------------------------------------------------
-# output folder: metadata, shards, merge
 
 
 def read_meta(folder: Path) -> dict:
@@ -154,15 +145,10 @@ def merge_shards(folder: Path) -> Path:
     if not shard_files(folder):
         raise UsageError(f"{folder} holds no trajectory shards to merge")
     merged = folder / MERGED / "train.parquet"
-    if merged.exists():
-        merged.unlink()  # rebuilt from the shards (the source of truth)
+    merged.unlink(missing_ok=True)  # rebuilt from the shards (the source of truth)
     rows = load_records(folder)
     write_parquet_atomic(rows, merged)
     return merged
-
-
-# ----------------------------------------------------------------------------------------------------
-# the command's library entry
 
 
 def load_prompt_texts(cfg: CollectConfig) -> tuple[list[str], str, str]:
@@ -173,8 +159,6 @@ def load_prompt_texts(cfg: CollectConfig) -> tuple[list[str], str, str]:
         texts = read_prompts(cfg.prompts, field=cfg.prompt_field)
         source = str(Path(cfg.prompts).expanduser().resolve())
         fp = hashlib.sha256("\n\0".join(texts).encode("utf-8")).hexdigest()[:12]
-    if cfg.offset < 0 or cfg.limit < 0:
-        raise UsageError("limit and offset must be >= 0")
     texts = texts[cfg.offset:]
     texts = texts[: cfg.limit] if cfg.limit else texts
     if not texts:
@@ -200,8 +184,6 @@ def collect(cfg: CollectConfig, out: Path, on_prompt: Callable[[int, int, float]
     """Collect trajectories for this rank's share of the prompts into `out` (resumable)."""
     if cfg.block_size < 2:
         raise UsageError(f"block_size must be >= 2, got {cfg.block_size}")
-    if cfg.max_new_tokens < 1 or cfg.shard_every < 1 or cfg.batch_size < 1:
-        raise UsageError("max_new_tokens, shard_every and batch_size must be >= 1")
     rank, world = rank_and_world()
     texts, source, fingerprint = load_prompt_texts(cfg)
     if cfg.threads:
