@@ -38,8 +38,8 @@ def fail(message: str, code: int) -> typer.Exit:
 
 
 def command(fn):
-    """Wrap a command so errors exit 2 (usage) or 1 (runtime) with one line; traceback only when debugging. Warnings
-    are held back: on failure the error line is all that is printed, on success they follow as `warning:` lines."""
+    """Wrap a command so errors exit 2 (usage) or 1 (runtime) with one line (a traceback only when debugging);
+    warnings are held back and printed as `warning:` lines only on success."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -104,8 +104,8 @@ class WatchedStdout:
 
 
 def os_error_line(e: OSError, on_stdout: bool = False) -> str:
-    """An OSError as one line without its class name: what could not be used, why, and what to do. Writing the
-    results to stdout failed when `on_stdout` (stdout is then silenced: the interpreter's flush would fail again)."""
+    """An OSError as one line: what could not be used, why, and what to do (`on_stdout`: writing the results failed,
+    and stdout is silenced so the interpreter's flush does not fail again)."""
     if on_stdout:
         silence_stdout()
     what = "stdout (the results)" if on_stdout else e.filename
@@ -129,8 +129,7 @@ def is_cli_control(e: BaseException) -> bool:
 
 
 class OneLineGroup(TyperGroup):
-    """The app's group: Click's own usage errors (bad int, bad choice, unknown option, missing value) print
-    one `error:` line naming the command's --help and exit 2, instead of a usage block and a boxed panel."""
+    """The app's group: Click's own usage errors print one `error:` line naming the command's --help and exit 2."""
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         if not standalone_mode:

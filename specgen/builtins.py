@@ -85,7 +85,7 @@ ASSETS = Path(__file__).parent / "assets"
 
 
 def materialize_asset(kind: str, name: str, folder: str) -> Callable[[Progress], None]:
-    """Copy a checkpoint shipped in `specgen/assets/<folder>` (model.safetensors + config.json) into the registry."""
+    """Copy the checkpoint shipped in `specgen/assets/<folder>` into the registry."""
 
     def run(progress: Progress) -> None:
         src = ASSETS / folder
@@ -133,10 +133,8 @@ BUILTINS: dict[str, Builtin] = {
 }
 
 
-#: Makers of derived built-ins by name, registered by the module above this table that holds the code (the merged
-#: pcLLM targets: `specgen.text.merge` registers "lora-merge" when imported, and `specgen.text.target`, which every
-#: text load goes through, imports it). A derived built-in is made from another entry found through `checkpoints`,
-#: which reads this table: a maker registered from above keeps every import pointing down the layers.
+#: Makers of derived built-ins by name, registered from above by the module holding the code (`specgen.text.merge`
+#: registers "lora-merge"), so every import points down the layers (tests/test_layers.py).
 DERIVERS: dict[str, Callable[..., object]] = {}
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -92,8 +91,3 @@ def guarded(source: str, merge: Any) -> Any:
     except (TypeError, ValueError, AttributeError) as e:  # e.g. a list where a mapping is expected
         detail = "a list where a mapping is expected, or the reverse" if "container types" in str(e) else str(e)
         raise UsageError(f"bad config: {source}: {detail.splitlines()[0] if detail else type(e).__name__}") from None
-
-
-def to_dict(cfg: Any) -> dict:
-    """A dataclass config as a plain dict (saved next to every output)."""
-    return dataclasses.asdict(cfg)

@@ -16,8 +16,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from specgen.data.prompts import guard_training_prompts, read_prompts
-from specgen.data.stdlib_prompts import stdlib_fingerprint, stdlib_prompts
+from specgen.data.prompts import read_prompts
+from specgen.data.stdlib_prompts import assert_no_humaneval_overlap, stdlib_fingerprint, stdlib_prompts
 from specgen.decoding.loop import decode_batch
 from specgen.decoding.sampling import SamplingParams
 from specgen.errors import IncompatibleError, RuntimeFailure, UsageError
@@ -163,7 +163,7 @@ def load_prompt_texts(cfg: CollectConfig) -> tuple[list[str], str, str]:
     texts = texts[: cfg.limit] if cfg.limit else texts
     if not texts:
         raise UsageError(f"no prompts left in {source} after offset {cfg.offset}")
-    guard_training_prompts(texts)  # HumanEval is never used for training
+    assert_no_humaneval_overlap(texts)  # HumanEval is never used for training
     return texts, source, fp
 
 

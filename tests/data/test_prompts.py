@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from specgen.data.prompts import PromptSourceError, guard_training_prompts, read_prompts
+from specgen.data.prompts import PromptSourceError, read_prompts
 from specgen.data.stdlib_prompts import (
     HumanEvalOverlapError,
     assert_no_humaneval_overlap,
@@ -89,8 +89,8 @@ def test_overlap_guard_catches_planted_humaneval_prompts():
     with pytest.raises(HumanEvalOverlapError, match=first):
         assert_no_humaneval_overlap(prompts)
     with pytest.raises(ValueError):
-        guard_training_prompts(prompts)
-    assert guard_training_prompts(clean) == clean
+        assert_no_humaneval_overlap(prompts)
+    assert_no_humaneval_overlap(clean)
 
 
 def test_overlap_guard_allows_shared_names_without_shared_text():
