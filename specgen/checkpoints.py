@@ -80,12 +80,10 @@ def modality_of(name: str) -> str:
 
 
 def stale_builtin(entry: Entry, builtin) -> bool:
-    """An installed built-in made from shipped files that have changed since (asset_sha differs)."""
-    if entry.kind != builtin.kind or not builtin.asset:
-        return False
-    if not (ASSETS / builtin.asset).is_dir():
-        return False  # not shipped in this build: keep what is installed
-    return entry.meta.get("asset_sha") != builtin.fingerprint()
+    """An installed built-in made from shipped files that have changed since (asset_sha differs); one whose files are
+    not shipped in this build is kept."""
+    shipped = entry.kind == builtin.kind and builtin.asset and (ASSETS / builtin.asset).is_dir()
+    return bool(shipped) and entry.meta.get("asset_sha") != builtin.fingerprint()
 
 
 def load_module(entry: Entry, device: str = "cpu", dtype: torch.dtype = torch.float32,
