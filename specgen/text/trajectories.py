@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ from specgen.data.stdlib_prompts import assert_no_humaneval_overlap, stdlib_fing
 from specgen.decoding.loop import decode_batch
 from specgen.decoding.sampling import SamplingParams
 from specgen.errors import IncompatibleError, RuntimeFailure, UsageError
+from specgen.eval.run_dir import Shard, launcher_shard
 from specgen.models.tokenizer import tokenizer_hash
 from specgen.paths import atomic_write, atomic_write_text
 from specgen.text.jacobi_blocks import JacobiBlocks
@@ -50,17 +50,6 @@ class CollectConfig:
     threads: int = 0
     shard_every: int = 8  # prompts per shard file (the unit of resumption)
     batch_size: int = 1  # prompts decoded together (within a shard's prompts; changes no record)
-
-
-def rank_and_world() -> tuple[int, int]:
-    """(rank, world size) from torchrun / accelerate environment variables; (0, 1) otherwise."""
-    try:
-        rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-    except ValueError:
-        raise UsageError("RANK and WORLD_SIZE must be integers") from None
-    if world < 1 or not 0 <= rank < world:
-        raise UsageError(f"bad RANK={rank} / WORLD_SIZE={world}")
-    return rank, world
 
 
 def jacobi_trajectories_batch(target, prompts: list[list[int]], block_size: int, max_new_tokens: int,
@@ -184,7 +173,10 @@ def collect(cfg: CollectConfig, out: Path, on_prompt: Callable[[int, int, float]
     """Collect trajectories for this rank's share of the prompts into `out` (resumable)."""
     if cfg.block_size < 2:
         raise UsageError(f"block_size must be >= 2, got {cfg.block_size}")
-    rank, world = rank_and_world()
+    shard = launcher_shard() or Shard()  # this rank's share under torchrun / accelerate
+    if not 0 <= shard.index < shard.count:
+        raise UsageError(f"bad RANK={shard.index} / WORLD_SIZE={shard.count}")
+    rank = shard.index
     texts, source, fingerprint = load_prompt_texts(cfg)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -201,7 +193,7 @@ def collect(cfg: CollectConfig, out: Path, on_prompt: Callable[[int, int, float]
     else:
         atomic_write_text(out / META, json.dumps(meta, indent=2, sort_keys=True))
     have = done_ids(out)
-    mine = [i for i in range(len(texts)) if (cfg.offset + i) % world == rank]
+    mine = [i for i in range(len(texts)) if shard.owns(cfg.offset + i)]
     todo = [i for i in mine if cfg.offset + i not in have]
     t0, blocks, iters, pending = time.perf_counter(), 0, 0, []
     chunk = len(list((out / SHARDS).glob(f"rank{rank:02d}-*.parquet"))) if (out / SHARDS).is_dir() else 0
@@ -225,5 +217,5 @@ def collect(cfg: CollectConfig, out: Path, on_prompt: Callable[[int, int, float]
             if on_prompt:
                 on_prompt(blocks, iters, time.perf_counter() - t0)
         flush()
-    return CollectSummary(str(out), rank, world, len(todo), len(mine) - len(todo), blocks,
+    return CollectSummary(str(out), rank, shard.count, len(todo), len(mine) - len(todo), blocks,
                           iters / blocks if blocks else 0.0, time.perf_counter() - t0)
