@@ -36,10 +36,8 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
     return cfg
 
 
-def read_recipe(p: Path) -> Any:
+def read_recipe(p: Path) -> dict:
     """A recipe file's mapping; unreadable, non-UTF-8, malformed or non-mapping files are usage errors."""
-    from omegaconf import OmegaConf  # deferred: start-up (the CLI's help imports this module)
-
     if not p.is_file():
         raise UsageError(f"config file not found: {p}")
     try:
@@ -56,7 +54,7 @@ def read_recipe(p: Path) -> Any:
         doc = {}
     if not isinstance(doc, dict):
         raise UsageError(f"config file {p} must be a mapping of recipe keys, not a {type(doc).__name__}")
-    return OmegaConf.create(doc)
+    return doc
 
 
 def merge_override(merged: Any, item: str) -> Any:
