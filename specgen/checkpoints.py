@@ -50,18 +50,13 @@ def find(name: str, progress: Progress | None = None) -> Entry:
     if len(matches) > 1:
         raise UsageError(f"'{name}' is ambiguous: {', '.join(e.ref for e in matches)}; use kind/name")
     entry = matches[0]
-    if entry.corrupt and entry.builtin and BUILTINS[entry.name].kind == entry.kind:
-        BUILTINS[entry.name].materialize(progress)  # a damaged built-in is re-created from the package
-        return marked(entry_at(entry.path))
-    if entry.corrupt:
+    shipped = BUILTINS.get(entry.name)
+    shipped = shipped if shipped is not None and shipped.kind == entry.kind else None
+    if entry.corrupt and shipped is None:
         raise CheckpointError(f"corrupt entry {entry.ref} ({entry.corrupt}); remove it with `specgen registry remove "
                               f"{entry.ref}` and import it again")
-    if not entry.installed:
-        if entry.name not in BUILTINS:
-            raise CheckpointError(f"{entry.ref} is incomplete on disk; remove it with `specgen registry remove`")
-        BUILTINS[entry.name].materialize(progress)
-    elif entry.builtin and stale_builtin(entry, BUILTINS[entry.name]):
-        BUILTINS[entry.name].materialize(progress)  # the package ships other weights now (upgrade, new recipe run)
+    if shipped is not None and (entry.corrupt or not entry.installed or stale_builtin(entry, shipped)):
+        shipped.materialize(progress)  # missing, damaged, or the package ships other weights now
     return marked(entry_at(entry.path))
 
 
