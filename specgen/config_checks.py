@@ -27,14 +27,11 @@ NAMES = {"name", "vq_name"}  # registry names this command creates ("" = do not 
 TEMPERATURES = {"temperature", "label_temperature", "temperatures"}
 MIN_TEMPERATURE = 1e-3  # 0 is greedy; a positive temperature below this overflows logits / T into inf and NaN
 POSITIVE_BY_CLASS = {"DistillConfig": {"temperature"}}  # a KL temperature divides: 0 is not greedy there
-# counts whose 0 means nothing to do in these configs (elsewhere 0 means "all" / "the whole context"): checked before
-# the generic >= 0, so -1 and 0 get the same message
-AT_LEAST_ONE_BY_CLASS = {"TextBenchConfig": ("max_new_tokens", "limit"), "MeshBenchConfig": ("limit",),
-                         "TextGenConfig": ("max_new_tokens",), "ImageGenConfig": ("max_new_tokens",),
-                         "ImageBenchConfig": ("max_new_tokens",), "DistillConfig": ("max_new_tokens",)}
+# counts whose 0 means nothing to do in these configs (elsewhere 0 means "all"), and max_new_tokens outside
+# ZERO_BUDGET_IS_CONTEXT: checked before the generic >= 0, so -1 and 0 get the same message
+AT_LEAST_ONE_BY_CLASS = {"TextBenchConfig": ("limit",), "MeshBenchConfig": ("limit",)}
 MAX_INT = 2 ** 62  # beyond this torch's int64 arithmetic (seed + i, sizes) overflows
-MAX_SAMPLES = 100_000  # images/meshes per command (`num`)
-MAX_THREADS = 4096
+AT_MOST = {"num": 100_000, "threads": 4096, "num_threads": 4096}  # images/meshes per command, threads
 # configs whose device may be "auto" (cuda when present, else cpu): their commands resolve it (specgen/devices.py)
 # before any tensor is made; a config not named here takes cpu, cuda, cuda:N or mps only
 AUTO_DEVICE = {"DistillConfig", "TextGenConfig", "ImageGenConfig", "MeshGenConfig", "CollectConfig", "TextBenchConfig",
@@ -45,23 +42,18 @@ def check_config(cfg: Any) -> None:
     """Refuse the first out-of-range value of a config dataclass with a one-line UsageError naming its key."""
     if not dataclasses.is_dataclass(cfg):
         return
-    for key in AT_LEAST_ONE_BY_CLASS.get(type(cfg).__name__, ()):
+    name = type(cfg).__name__
+    budget = () if name in ZERO_BUDGET_IS_CONTEXT else ("max_new_tokens",)
+    for key in AT_LEAST_ONE_BY_CLASS.get(name, ()) + budget:
         if is_number(getattr(cfg, key, None)) and getattr(cfg, key) < 1:
             raise UsageError(f"{key} must be >= 1, got {getattr(cfg, key)}")
     for f in dataclasses.fields(cfg):
         check_value(f.name, getattr(cfg, f.name))
-    for key in POSITIVE_BY_CLASS.get(type(cfg).__name__, ()):
+    for key in POSITIVE_BY_CLASS.get(name, ()):
         if not getattr(cfg, key) > 0:
             raise UsageError(f"{key} must be > 0, got {getattr(cfg, key)}")
-    if isinstance(getattr(cfg, "num", None), int) and cfg.num > MAX_SAMPLES:
-        raise UsageError(f"num must be at most {MAX_SAMPLES}, got {cfg.num}")
     if isinstance(getattr(cfg, "device", None), str):
-        devices.check_device(cfg.device, allow_auto=type(cfg).__name__ in AUTO_DEVICE)
-    for key in ("threads", "num_threads"):
-        if isinstance(getattr(cfg, key, None), int) and getattr(cfg, key) > MAX_THREADS:
-            raise UsageError(f"{key} must be at most {MAX_THREADS}, got {getattr(cfg, key)}")
-    if getattr(cfg, "max_new_tokens", None) == 0 and type(cfg).__name__ not in ZERO_BUDGET_IS_CONTEXT:
-        raise UsageError("max_new_tokens must be >= 1, got 0")
+        devices.check_device(cfg.device, allow_auto=name in AUTO_DEVICE)
     check_token_budget(cfg)
 
 
@@ -120,6 +112,8 @@ def check_number(key: str, v: float, subject: str = "") -> None:
         raise UsageError(f"{subject} must be > 0, got {v}")
     if key in AT_LEAST_ONE and v < 1:
         raise UsageError(f"{subject} must be >= 1, got {v}")
+    if key in AT_MOST and v > AT_MOST[key]:
+        raise UsageError(f"{subject} must be at most {AT_MOST[key]}, got {v}")
     if v < 0:
         raise UsageError(f"{subject} must be >= 0, got {v}")
 
