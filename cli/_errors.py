@@ -17,8 +17,6 @@ from specgen.paths import ADVICE
 
 #: Exit status when the reader of stdout leaves: 128 + SIGPIPE, what a shell reports for a filter killed by it.
 BROKEN_PIPE = 141
-#: Library exceptions documented as bad user input (one-line messages), by qualified name: exit 2 like UsageError.
-USAGE_EXCEPTIONS = ("specgen.mesh.errors.MeshInputError",)
 
 
 def debug() -> bool:
@@ -63,8 +61,6 @@ def command(fn):
             except Exception as e:  # unexpected: still one line unless SPECGEN_DEBUG=1
                 if is_cli_control(e):
                     raise
-                if f"{type(e).__module__}.{type(e).__name__}" in USAGE_EXCEPTIONS:
-                    raise fail(str(e), 2) from None
                 raise fail(f"{type(e).__name__}: {e}", 1) from None
             finally:
                 sys.stdout = stdout.file
