@@ -83,10 +83,9 @@ def installed_meta(name: str) -> dict | None:
     if len(candidates) != 1:
         return None
     try:
-        meta = json.loads((candidates[0] / CONFIG).read_text())
-    except (OSError, ValueError):
+        return entry_at(candidates[0]).meta
+    except CheckpointError:
         return None
-    return meta if isinstance(meta, dict) else None
 
 
 @dataclass(frozen=True)

@@ -198,12 +198,6 @@ def collect(cfg: CollectConfig, out: Path, on_prompt: Callable[[int, int, float]
     t0, blocks, iters, pending = time.perf_counter(), 0, 0, []
     chunk = len(list((out / SHARDS).glob(f"rank{rank:02d}-*.parquet"))) if (out / SHARDS).is_dir() else 0
 
-    def flush() -> None:
-        nonlocal chunk, pending
-        if pending:
-            write_parquet_atomic(pending, out / SHARDS / f"rank{rank:02d}-{chunk:05d}.parquet")
-            chunk, pending = chunk + 1, []
-
     for start in range(0, len(todo), cfg.shard_every):  # one shard's prompts at a time, decoded in batches
         chunk_ids = todo[start : start + cfg.shard_every]
         ids = [tm.tokenizer.encode(texts[i], chat=cfg.chat) for i in chunk_ids]
@@ -216,6 +210,8 @@ def collect(cfg: CollectConfig, out: Path, on_prompt: Callable[[int, int, float]
                 iters += r["iterations"]
             if on_prompt:
                 on_prompt(blocks, iters, time.perf_counter() - t0)
-        flush()
+        if pending:
+            write_parquet_atomic(pending, out / SHARDS / f"rank{rank:02d}-{chunk:05d}.parquet")
+            chunk, pending = chunk + 1, []
     return CollectSummary(str(out), rank, shard.count, len(todo), len(mine) - len(todo), blocks,
                           iters / blocks if blocks else 0.0, time.perf_counter() - t0)
