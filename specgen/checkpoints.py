@@ -14,7 +14,7 @@ import torch
 from specgen import registry
 from specgen.builders import BUILDERS
 from specgen.builtins import ASSETS, BUILTINS
-from specgen.errors import CheckpointError, UnknownNameError, UsageError
+from specgen.errors import CheckpointError
 from specgen.limits import check_declared_size as check_size
 from specgen.models.layout import decode_layout
 from specgen.registry import CONFIG, Entry, entry_at, one_line
@@ -43,13 +43,7 @@ def find(name: str, progress: Progress | None = None) -> Entry:
     path = Path(name).expanduser()
     if (path / CONFIG).is_file() and (path / registry.WEIGHTS).is_file():
         return marked(entry_at(path))
-    entries = list_entries()
-    matches = [e for e in entries if name in (e.ref, e.name)]
-    if not matches:
-        raise UnknownNameError("checkpoint", name, [e.name for e in entries] + [e.ref for e in entries])
-    if len(matches) > 1:
-        raise UsageError(f"'{name}' is ambiguous: {', '.join(e.ref for e in matches)}; use kind/name")
-    entry = matches[0]
+    entry = registry.pick(list_entries(), name, "checkpoint")
     shipped = BUILTINS.get(entry.name)
     shipped = shipped if shipped is not None and shipped.kind == entry.kind else None
     if entry.corrupt and shipped is None:

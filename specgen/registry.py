@@ -304,13 +304,17 @@ def remove(name: str) -> Entry:
 
 def find_installed(name: str) -> Entry:
     """An installed entry by `kind/name` or bare name (built-ins are not materialised: see checkpoints.find)."""
-    installed = installed_entries()
-    entries = [e for e in installed if name in (e.ref, e.name)]
-    if not entries:
-        raise UnknownNameError("installed checkpoint", name, [e.ref for e in installed])
-    if len(entries) > 1:
-        raise UsageError(f"'{name}' is ambiguous: {', '.join(e.ref for e in entries)}; use kind/name")
-    return entries[0]
+    return pick(installed_entries(), name, "installed checkpoint")
+
+
+def pick(entries: list[Entry], name: str, what: str) -> Entry:
+    """The one of `entries` named `name` (`kind/name` or bare); none or several is a one-line UsageError."""
+    matches = [e for e in entries if name in (e.ref, e.name)]
+    if not matches:
+        raise UnknownNameError(what, name, [e.name for e in entries] + [e.ref for e in entries])
+    if len(matches) > 1:
+        raise UsageError(f"'{name}' is ambiguous: {', '.join(e.ref for e in matches)}; use kind/name")
+    return matches[0]
 
 
 #: Bytes of a weights file read through one mapping before it is closed (`state_parts`).
