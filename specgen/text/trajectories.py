@@ -29,7 +29,9 @@ from specgen.text.target import load_text_model
 META = "trajectories.json"
 SHARDS = "shards"
 MERGED = "merged"
-COLUMNS = ("data_id", "block", "prompt_ids", "trajectory", "fixed_point", "iterations")
+IDS = pa.list_(pa.int32())
+SCHEMA = pa.schema([("data_id", pa.int64()), ("block", pa.int32()), ("prompt_ids", IDS), ("trajectory", pa.list_(IDS)),
+                    ("fixed_point", IDS), ("iterations", pa.int32())])
 
 
 @dataclass
@@ -86,14 +88,8 @@ def check_meta(old: dict, new: dict) -> None:
 
 
 def write_parquet_atomic(rows: list[dict], path: Path) -> None:
-    table = pa.Table.from_pylist(rows, schema=schema())
+    table = pa.Table.from_pylist(rows, schema=SCHEMA)
     atomic_write(path, lambda tmp: pq.write_table(table, tmp))
-
-
-def schema():
-    ids = pa.list_(pa.int32())
-    return pa.schema([("data_id", pa.int64()), ("block", pa.int32()), ("prompt_ids", ids),
-                      ("trajectory", pa.list_(ids)), ("fixed_point", ids), ("iterations", pa.int32())])
 
 
 def shard_files(folder: Path) -> list[Path]:
