@@ -14,11 +14,8 @@ T = TypeVar("T")
 
 def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None,
                 **explicit: Any) -> T:
-    """Merge dataclass defaults <- YAML file <- `key=value` overrides <- explicit non-None values.
-
-    Unknown keys, values of the wrong type and out-of-range values (`specgen.config_checks`) are usage
-    errors of one line naming the recipe file or the override; nothing is loaded before they pass.
-    """
+    """Merge dataclass defaults <- YAML file <- `key=value` overrides <- explicit non-None values; unknown keys, wrong
+    types and out-of-range values (`specgen.config_checks`) are one-line usage errors naming their source."""
     from omegaconf import OmegaConf  # deferred: start-up (the CLI's help imports this module)
 
     from specgen.config_checks import check_config  # deferred: start-up (it imports torch)

@@ -15,7 +15,6 @@ from pathlib import Path
 
 from specgen.data import stdlib_walk
 from specgen.data.humaneval import INSTRUCTION, load_problems
-from specgen.data.stdlib_walk import PURE_MODULES
 from specgen.errors import RuntimeFailure, UsageError
 
 _VERBS = (
@@ -163,7 +162,7 @@ def _prose_prompts(f: StdlibFunction) -> list[str]:
     out = [f"Write a Python function {call} that {third}"] if third else []
     out.append(f"Write a Python function {call}. {f.sentence}")
     out.append(f"Write a Python function named `{f.name}` that {takes}. {f.sentence}")
-    if f.module in PURE_MODULES and f.module != "builtins":
+    if f.module in stdlib_walk.PURE_MODULES and f.module != "builtins":
         out.append(f"Without importing `{f.module.split('.')[0]}`, write a Python function {call} that behaves like "
                    f"`{f.module}.{f.qualname}`: {f.sentence}")
     return out
