@@ -84,7 +84,7 @@ def load_module(entry: Entry, device: str = "cpu", dtype: torch.dtype = torch.fl
         raise CheckpointError(f"{entry.ref}: unknown builder {builder!r}")
     kwargs = entry.meta.get("kwargs", {})
     check_declared_size(entry, builder, kwargs)
-    module = build(entry, builder, kwargs).to(device=device, dtype=dtype)  # before the load: each weight is written once, as it runs
+    module = build(entry, builder, kwargs).to(device=device, dtype=dtype)  # before the load: each weight written once
     if decode:
         decode_layout(module, loaded=False)
     try:
