@@ -82,15 +82,14 @@ class WatchedStdout:
         self.file, self.failed = file, None
 
     def write(self, text: str) -> int:
-        try:
-            return self.file.write(text)
-        except OSError as e:
-            self.failed = e
-            raise
+        return self.watched(self.file.write, text)
 
     def flush(self) -> None:
+        self.watched(self.file.flush)
+
+    def watched(self, call, *args):
         try:
-            self.file.flush()
+            return call(*args)
         except OSError as e:
             self.failed = e
             raise
