@@ -17,8 +17,6 @@ from specgen.paths import ADVICE
 
 #: Exit status when the reader of stdout leaves: 128 + SIGPIPE, what a shell reports for a filter killed by it.
 BROKEN_PIPE = 141
-#: Library exceptions documented as bad user input (one-line messages), by qualified name: exit 2 like UsageError.
-USAGE_EXCEPTIONS = ("specgen.mesh.errors.MeshInputError",)
 
 
 def debug() -> bool:
@@ -38,8 +36,8 @@ def fail(message: str, code: int) -> typer.Exit:
 
 
 def command(fn):
-    """Wrap a command so errors exit 2 (usage) or 1 (runtime) with one line; traceback only when debugging. Warnings
-    are held back: on failure the error line is all that is printed, on success they follow as `warning:` lines."""
+    """Wrap a command so errors exit 2 (usage) or 1 (runtime) with one line (a traceback only when debugging);
+    warnings are held back and printed as `warning:` lines only on success."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -63,8 +61,6 @@ def command(fn):
             except Exception as e:  # unexpected: still one line unless SPECGEN_DEBUG=1
                 if is_cli_control(e):
                     raise
-                if f"{type(e).__module__}.{type(e).__name__}" in USAGE_EXCEPTIONS:
-                    raise fail(str(e), 2) from None
                 raise fail(f"{type(e).__name__}: {e}", 1) from None
             finally:
                 sys.stdout = stdout.file
@@ -86,15 +82,14 @@ class WatchedStdout:
         self.file, self.failed = file, None
 
     def write(self, text: str) -> int:
-        try:
-            return self.file.write(text)
-        except OSError as e:
-            self.failed = e
-            raise
+        return self.watched(self.file.write, text)
 
     def flush(self) -> None:
+        self.watched(self.file.flush)
+
+    def watched(self, call, *args):
         try:
-            self.file.flush()
+            return call(*args)
         except OSError as e:
             self.failed = e
             raise
@@ -104,8 +99,8 @@ class WatchedStdout:
 
 
 def os_error_line(e: OSError, on_stdout: bool = False) -> str:
-    """An OSError as one line without its class name: what could not be used, why, and what to do. Writing the
-    results to stdout failed when `on_stdout` (stdout is then silenced: the interpreter's flush would fail again)."""
+    """An OSError as one line: what could not be used, why, and what to do (`on_stdout`: writing the results failed,
+    and stdout is silenced so the interpreter's flush does not fail again)."""
     if on_stdout:
         silence_stdout()
     what = "stdout (the results)" if on_stdout else e.filename
@@ -129,8 +124,7 @@ def is_cli_control(e: BaseException) -> bool:
 
 
 class OneLineGroup(TyperGroup):
-    """The app's group: Click's own usage errors (bad int, bad choice, unknown option, missing value) print
-    one `error:` line naming the command's --help and exit 2, instead of a usage block and a boxed panel."""
+    """The app's group: Click's own usage errors print one `error:` line naming the command's --help and exit 2."""
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         if not standalone_mode:

@@ -36,9 +36,8 @@ QuantizeOpt = Annotated[Optional[str], typer.Option(
 
 
 def recipe_key(config: Path | None, overrides: list[str] | None, key: str) -> str | None:
-    """A recipe key as the config will load it (its last `key=value` override, else the recipe file's value), read
-    before loading so it can pick the runner (`generate`'s method, `benchmark`'s suite); None when neither sets it.
-    A file that does not parse gives None here: the config loader reports it in its one line."""
+    """A recipe key as the config will load it (last override, else the file's), read before loading to pick the
+    runner; None when neither sets it or the file does not parse (the config loader reports that)."""
     given = [o.split("=", 1)[1] for o in overrides or [] if o.startswith(f"{key}=")]
     if given:
         return given[-1]

@@ -12,9 +12,8 @@ UNWINDING = {signal.SIGINT, signal.SIGTERM}
 
 
 def write(text: str) -> None:
-    """`text` on stdout at once: an interrupt that arrives mid-write is taken after it, so a stream cut by Ctrl-C
-    ends on a whole piece (a JSON line stays parseable). The handlers are swapped, not the signal mask: a signal that
-    another thread (torch's pool) receives still runs its Python handler in this one."""
+    """`text` on stdout at once, an interrupt mid-write taken after it (a JSON line stays whole). The handlers are
+    swapped, not the signal mask: a signal another thread receives still runs its Python handler in this one."""
     held: list[int] = []
     before = {s: signal.signal(s, lambda signum, frame: held.append(signum)) for s in UNWINDING}
     try:
@@ -40,8 +39,7 @@ class Sink(Protocol):
 
 
 def sink_for(json_lines: bool, table: bool, rows: int) -> Sink | None:
-    """JSON lines when asked for (`--stream`), the text itself on a terminal showing the table format, else None
-    (the completions are printed whole at the end, as on a pipe)."""
+    """JSON lines (`--stream`), the text itself on a terminal in table format, else None (printed whole at the end)."""
     if json_lines:
         return JsonLines()
     return Terminal(rows) if table and stdout_is_terminal() else None
@@ -58,8 +56,8 @@ class JsonLines:
 
 
 class Terminal:
-    """The completions in prompt order, each followed by a blank line, as the unstreamed output prints them: the
-    first unfinished prompt's text as it is accepted, a later prompt's held back until those before it are done."""
+    """The completions in prompt order as the unstreamed output prints them: a later prompt's text is held back
+    until those before it are done."""
 
     def __init__(self, rows: int) -> None:
         self.held: list[list[str]] = [[] for _ in range(rows)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -10,7 +11,7 @@ import typer
 from cli import _output
 from cli._errors import command
 from cli._options import ConfigOpt, DeviceOpt, ForceOpt, Format, FormatOpt, ModelOpt, OverridesArg, QuietOpt, SeedOpt
-from specgen.config import load_config, to_dict
+from specgen.config import load_config
 from specgen.errors import UsageError
 
 EPILOG = """examples:
@@ -57,7 +58,7 @@ def distill(
                       objective=objective, name=name, steps=steps, seed=seed, device=device,
                       mixed_precision=dtype)
     training.check_config(cfg)  # before anything is loaded or written
-    with run_folder.training_run(out, to_dict(cfg), training.outputs(cfg), cfg.device, force, quiet,
+    with run_folder.training_run(out, asdict(cfg), training.outputs(cfg), cfg.device, force, quiet,
                                  RESUME_LOOSE) as (log, _):
         summary = training.distill(cfg, out, log, _output.registry_progress(quiet), force=force)
     last = summary["history"][-1] if summary["history"] else {}

@@ -15,8 +15,7 @@ from specgen.text.precision import split_name
 
 @dataclass(frozen=True)
 class GenerateArgs:
-    """What the user passed to `generate`, as given; each modality's runner loads its recipe config from it and
-    parses that once into a `specgen.request.DecodeRequest`."""
+    """What the user passed to `generate`, as given: each modality's runner loads its recipe config from it."""
 
     model: str | None
     prompts: list[str]

@@ -30,8 +30,7 @@ app.add_typer(registry_cmd.app, name="registry")
 
 
 def main() -> None:
-    """Console-script entry point. SIGTERM (timeout, kill, a cluster's pre-emption) unwinds like Ctrl-C, so a
-    command's cleanup runs (a fresh run folder that failed is removed, temporaries are deleted)."""
+    """Console-script entry point; SIGTERM (timeout, kill, pre-emption) unwinds like Ctrl-C, so cleanups run."""
     def terminate(signum, frame):
         raise KeyboardInterrupt
 

@@ -69,8 +69,7 @@ def import_cmd(
                                                         "built-in).")] = False,
     quiet: QuietOpt = False,
 ) -> None:
-    """Import external weights (pickles read with weights_only=True, stored as safetensors); an existing name needs
-    --force, a built-in name is refused."""
+    """Import external weights (pickles read with weights_only=True, stored as safetensors)."""
     _output.out.print(runs().import_entry(source, name, kind, builder, kwargs, parent, vq, force, quiet))
 
 
@@ -92,8 +91,7 @@ def merge(
     force: Annotated[bool, typer.Option("--force", help="Replace an existing target of this name (never a built-in).")] = False,
     quiet: QuietOpt = False,
 ) -> None:
-    """Register a text target = an adapter's base with the adapter merged at a scale (weight-space interpolation);
-    an existing name needs --force, a built-in name is refused."""
+    """Register a text target = an adapter's base with the adapter merged at a scale (weight-space interpolation)."""
     if scale is not None and not math.isfinite(scale):
         raise UsageError(f"--scale must be a finite number, got {scale}")
     _output.out.print(runs().merge(source, name, scale, force, quiet))

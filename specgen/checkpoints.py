@@ -1,5 +1,4 @@
-"""Checkpoints above the registry store: find an entry (materialising a built-in on first use), list entries, and
-build an entry's module with its builder."""
+"""Checkpoints above the registry store: find and list entries (built-ins materialised on first use), build modules."""
 
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ import torch
 from specgen import registry
 from specgen.builders import BUILDERS
 from specgen.builtins import ASSETS, BUILTINS
-from specgen.errors import CheckpointError, UnknownNameError, UsageError
+from specgen.errors import CheckpointError
 from specgen.limits import check_declared_size as check_size
 from specgen.models.layout import decode_layout
 from specgen.registry import CONFIG, Entry, entry_at, one_line
@@ -40,36 +39,23 @@ def list_entries(kind: str | None = None) -> list[Entry]:
 
 
 def find(name: str, progress: Progress | None = None) -> Entry:
-    """Resolve a path, `kind/name`, or a bare name; materialise built-ins on first use (and again when damaged
-    or when the package ships other weights)."""
+    """Resolve a path, `kind/name`, or a bare name; materialise built-ins when missing, damaged or stale."""
     path = Path(name).expanduser()
     if (path / CONFIG).is_file() and (path / registry.WEIGHTS).is_file():
         return marked(entry_at(path))
-    entries = list_entries()
-    matches = [e for e in entries if name in (e.ref, e.name)]
-    if not matches:
-        raise UnknownNameError("checkpoint", name, [e.name for e in entries] + [e.ref for e in entries])
-    if len(matches) > 1:
-        raise UsageError(f"'{name}' is ambiguous: {', '.join(e.ref for e in matches)}; use kind/name")
-    entry = matches[0]
-    if entry.corrupt and entry.builtin and BUILTINS[entry.name].kind == entry.kind:
-        BUILTINS[entry.name].materialize(progress)  # a damaged built-in is re-created from the package
-        return marked(entry_at(entry.path))
-    if entry.corrupt:
+    entry = registry.pick(list_entries(), name, "checkpoint")
+    shipped = BUILTINS.get(entry.name)
+    shipped = shipped if shipped is not None and shipped.kind == entry.kind else None
+    if entry.corrupt and shipped is None:
         raise CheckpointError(f"corrupt entry {entry.ref} ({entry.corrupt}); remove it with `specgen registry remove "
                               f"{entry.ref}` and import it again")
-    if not entry.installed:
-        if entry.name not in BUILTINS:
-            raise CheckpointError(f"{entry.ref} is incomplete on disk; remove it with `specgen registry remove`")
-        BUILTINS[entry.name].materialize(progress)
-    elif entry.builtin and stale_builtin(entry, BUILTINS[entry.name]):
-        BUILTINS[entry.name].materialize(progress)  # the package ships other weights now (upgrade, new recipe run)
+    if shipped is not None and (entry.corrupt or not entry.installed or stale_builtin(entry, shipped)):
+        shipped.materialize(progress)  # missing, damaged, or the package ships other weights now
     return marked(entry_at(entry.path))
 
 
 def modality_of(name: str) -> str:
-    """The modality of an entry ("text" when its config records none) without materialising a built-in: an
-    installed entry's config.json, else the built-in's shipped config, else `find` (which may materialise)."""
+    """The modality of an entry ("text" when its config records none), read without materialising a built-in."""
     meta = registry.installed_meta(name)
     if meta is None:
         kind, _, bare = name.rpartition("/")
@@ -83,12 +69,10 @@ def modality_of(name: str) -> str:
 
 
 def stale_builtin(entry: Entry, builtin) -> bool:
-    """An installed built-in made from shipped files that have changed since (asset_sha differs)."""
-    if entry.kind != builtin.kind or not builtin.asset:
-        return False
-    if not (ASSETS / builtin.asset).is_dir():
-        return False  # not shipped in this build: keep what is installed
-    return entry.meta.get("asset_sha") != builtin.fingerprint()
+    """An installed built-in made from shipped files that have changed since (asset_sha differs); one whose files are
+    not shipped in this build is kept."""
+    shipped = entry.kind == builtin.kind and builtin.asset and (ASSETS / builtin.asset).is_dir()
+    return bool(shipped) and entry.meta.get("asset_sha") != builtin.fingerprint()
 
 
 def load_module(entry: Entry, device: str = "cpu", dtype: torch.dtype = torch.float32,
@@ -100,13 +84,7 @@ def load_module(entry: Entry, device: str = "cpu", dtype: torch.dtype = torch.fl
         raise CheckpointError(f"{entry.ref}: unknown builder {builder!r}")
     kwargs = entry.meta.get("kwargs", {})
     check_declared_size(entry, builder, kwargs)
-    try:
-        with random_fills_skipped():
-            module = BUILDERS[builder](**kwargs)
-    except (TypeError, ValueError, RuntimeError) as e:
-        raise CheckpointError(f"corrupt entry {entry.ref}: its {CONFIG} does not build a {builder} ({one_line(e)}); "
-                              f"remove it with `specgen registry remove {entry.ref}` and import it again") from None
-    module = module.to(device=device, dtype=dtype)  # before the load: each weight is written once, as it runs
+    module = build(entry, builder, kwargs).to(device=device, dtype=dtype)  # before the load: each weight written once
     if decode:
         decode_layout(module, loaded=False)
     try:
@@ -117,15 +95,24 @@ def load_module(entry: Entry, device: str = "cpu", dtype: torch.dtype = torch.fl
     return module.eval()
 
 
+def build(entry: Entry, builder: str, kwargs: dict) -> torch.nn.Module:
+    """The entry's module, not loaded (on the current default device); a config that does not build is one line."""
+    try:
+        with random_fills_skipped():
+            return BUILDERS[builder](**kwargs)
+    except (TypeError, ValueError, RuntimeError, OverflowError) as e:
+        raise CheckpointError(f"corrupt entry {entry.ref}: its {CONFIG} does not build a {builder} ({one_line(e)}); "
+                              f"remove it with `specgen registry remove {entry.ref}` and import it again") from None
+
+
 RANDOM_FILLS = ("uniform_", "normal_", "trunc_normal_", "kaiming_uniform_", "kaiming_normal_", "xavier_uniform_",
                 "xavier_normal_", "orthogonal_")
 
 
 @contextlib.contextmanager
 def random_fills_skipped():
-    """Module construction without torch.nn.init's random fills (seconds for a 135M model at every start): each
-    parameter is then overwritten by `load_state`, which refuses a state that misses any. Buffers a module computes
-    (RoPE tables) are built as usual."""
+    """Module construction without torch.nn.init's random fills: `load_state` overwrites (and requires) every
+    parameter; computed buffers (RoPE tables) are built as usual."""
     saved = {name: getattr(torch.nn.init, name) for name in RANDOM_FILLS}
     try:
         for name in RANDOM_FILLS:
@@ -137,9 +124,8 @@ def random_fills_skipped():
 
 
 def load_state(module: torch.nn.Module, entry: Entry) -> None:
-    """Copy the entry's weights into `module` strictly, a part at a time from the memory-mapped file, so the process
-    never holds the whole state beside the module (`registry.state_parts`). Keys the entry stores once for several
-    (`tied`; an LM head tied to the embedding) are copied to each."""
+    """Copy the entry's weights into `module` strictly, a part at a time (`registry.state_parts`); keys stored once
+    for several (`tied`: an LM head tied to the embedding) are copied to each."""
     stored = set(registry.stored_shapes(entry) or ())
     copies: dict[str, list[str]] = {}
     for dropped, kept in entry.meta.get("tied", {}).items():
@@ -158,16 +144,15 @@ def load_state(module: torch.nn.Module, entry: Entry) -> None:
 
 
 def check_declared_size(entry: Entry, builder: str, kwargs: dict) -> None:
-    """Build the module on the meta device (no memory) and compare its size with the stored weights and this
-    machine's memory, so a config.json declaring huge sizes is a one-line error, not an allocation failure."""
+    """The module's size, built on the meta device, against the stored weights and this machine's memory: huge
+    declared sizes are a one-line error, not an allocation failure."""
     if not isinstance(kwargs, dict):
         raise CheckpointError(f"corrupt entry {entry.ref}: kwargs in its {CONFIG} is not an object")
     try:
-        with torch.device("meta"), random_fills_skipped():  # a meta fill imports torch's decompositions: seconds
-            module = BUILDERS[builder](**kwargs)
-    except (TypeError, ValueError, RuntimeError, OverflowError) as e:
-        raise CheckpointError(f"corrupt entry {entry.ref}: its {CONFIG} does not build a {builder} ({one_line(e)}); "
-                              f"remove it with `specgen registry remove {entry.ref}` and import it again") from None
+        with torch.device("meta"):
+            module = build(entry, builder, kwargs)
+    except CheckpointError:
+        raise
     except Exception:  # noqa: BLE001 - a builder that cannot run on the meta device: checked when built
         return
     declared = sum(p.numel() for p in module.parameters())

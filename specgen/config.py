@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -15,11 +14,8 @@ T = TypeVar("T")
 
 def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None,
                 **explicit: Any) -> T:
-    """Merge dataclass defaults <- YAML file <- `key=value` overrides <- explicit non-None values.
-
-    Unknown keys, values of the wrong type and out-of-range values (`specgen.config_checks`) are usage
-    errors of one line naming the recipe file or the override; nothing is loaded before they pass.
-    """
+    """Merge dataclass defaults <- YAML file <- `key=value` overrides <- explicit non-None values; unknown keys, wrong
+    types and out-of-range values (`specgen.config_checks`) are one-line usage errors naming their source."""
     from omegaconf import OmegaConf  # deferred: start-up (the CLI's help imports this module)
 
     from specgen.config_checks import check_config  # deferred: start-up (it imports torch)
@@ -37,10 +33,8 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
     return cfg
 
 
-def read_recipe(p: Path) -> Any:
+def read_recipe(p: Path) -> dict:
     """A recipe file's mapping; unreadable, non-UTF-8, malformed or non-mapping files are usage errors."""
-    from omegaconf import OmegaConf  # deferred: start-up (the CLI's help imports this module)
-
     if not p.is_file():
         raise UsageError(f"config file not found: {p}")
     try:
@@ -57,7 +51,7 @@ def read_recipe(p: Path) -> Any:
         doc = {}
     if not isinstance(doc, dict):
         raise UsageError(f"config file {p} must be a mapping of recipe keys, not a {type(doc).__name__}")
-    return OmegaConf.create(doc)
+    return doc
 
 
 def merge_override(merged: Any, item: str) -> Any:
@@ -92,8 +86,3 @@ def guarded(source: str, merge: Any) -> Any:
     except (TypeError, ValueError, AttributeError) as e:  # e.g. a list where a mapping is expected
         detail = "a list where a mapping is expected, or the reverse" if "container types" in str(e) else str(e)
         raise UsageError(f"bad config: {source}: {detail.splitlines()[0] if detail else type(e).__name__}") from None
-
-
-def to_dict(cfg: Any) -> dict:
-    """A dataclass config as a plain dict (saved next to every output)."""
-    return dataclasses.asdict(cfg)

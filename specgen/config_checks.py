@@ -1,7 +1,6 @@
 """Range checks of recipe values by field name, run by `load_config` on every command's config before any work.
 
-One table for every config dataclass: a field named `temperature` is checked the same way in every command; method
-options are checked by their method (`MethodSpec.parse_options`, once per row in a benchmark's plan)."""
+One table for every config dataclass (a list's values by the list's name); method options are checked by the method."""
 
 from __future__ import annotations
 
@@ -17,27 +16,22 @@ SIGNED = {"seed", "label_seed", "data_seed"}  # any integer
 AT_LEAST_ONE = {"batch_size", "grad_accum", "block_size", "label_batch", "gen_batch", "crop_size", "num_crops",
                 "eval_crops", "lora_rank", "num_sequences", "eval_sequences", "inner_dim", "channels", "blocks",
                 "kernel", "disc_channels", "scale", "log_every", "eval_every", "ckpt_every", "shard_every", "window",
-                "steps", "num_threads"}
+                "steps", "num_threads", "topk_accept", "tree_k", "depths"}
 POSITIVE = {"lr", "disc_lr", "stage1_lr", "stage2_lr", "lora_alpha"}  # > 0
 OPEN_UNIT = {"top_p", "label_top_p"}  # (0, 1]
-UNIT = {"delta", "min_lr_ratio", "lecam_decay"}  # [0, 1]
+UNIT = {"delta", "deltas", "min_lr_ratio", "lecam_decay"}  # [0, 1]
 HALF_OPEN_UNIT = {"beta1", "beta2"}  # [0, 1)
-UNIT_LISTS = {"deltas"}
-POSITIVE_INT_LISTS = {"topk_accept", "tree_k", "depths", "batch_sizes"}
 NONEMPTY_LISTS = {"temperatures", "methods", "rows", "batch_sizes"}
 ZERO_BUDGET_IS_CONTEXT = {"MeshGenConfig", "MeshBenchConfig"}  # max_new_tokens 0 = the model's whole context
 NAMES = {"name", "vq_name"}  # registry names this command creates ("" = do not register)
 TEMPERATURES = {"temperature", "label_temperature", "temperatures"}
 MIN_TEMPERATURE = 1e-3  # 0 is greedy; a positive temperature below this overflows logits / T into inf and NaN
 POSITIVE_BY_CLASS = {"DistillConfig": {"temperature"}}  # a KL temperature divides: 0 is not greedy there
-# counts whose 0 means nothing to do in these configs (elsewhere 0 means "all" / "the whole context"): checked before
-# the generic >= 0, so -1 and 0 get the same message
-AT_LEAST_ONE_BY_CLASS = {"TextBenchConfig": ("max_new_tokens", "limit"), "MeshBenchConfig": ("limit",),
-                         "TextGenConfig": ("max_new_tokens",), "ImageGenConfig": ("max_new_tokens",),
-                         "ImageBenchConfig": ("max_new_tokens",), "DistillConfig": ("max_new_tokens",)}
+# counts whose 0 means nothing to do in these configs (elsewhere 0 means "all"), and max_new_tokens outside
+# ZERO_BUDGET_IS_CONTEXT: checked before the generic >= 0, so -1 and 0 get the same message
+AT_LEAST_ONE_BY_CLASS = {"TextBenchConfig": ("limit",), "MeshBenchConfig": ("limit",)}
 MAX_INT = 2 ** 62  # beyond this torch's int64 arithmetic (seed + i, sizes) overflows
-MAX_SAMPLES = 100_000  # images/meshes per command (`num`)
-MAX_THREADS = 4096
+AT_MOST = {"num": 100_000, "threads": 4096, "num_threads": 4096}  # images/meshes per command, threads
 # configs whose device may be "auto" (cuda when present, else cpu): their commands resolve it (specgen/devices.py)
 # before any tensor is made; a config not named here takes cpu, cuda, cuda:N or mps only
 AUTO_DEVICE = {"DistillConfig", "TextGenConfig", "ImageGenConfig", "MeshGenConfig", "CollectConfig", "TextBenchConfig",
@@ -48,23 +42,18 @@ def check_config(cfg: Any) -> None:
     """Refuse the first out-of-range value of a config dataclass with a one-line UsageError naming its key."""
     if not dataclasses.is_dataclass(cfg):
         return
-    for key in AT_LEAST_ONE_BY_CLASS.get(type(cfg).__name__, ()):
+    name = type(cfg).__name__
+    budget = () if name in ZERO_BUDGET_IS_CONTEXT else ("max_new_tokens",)
+    for key in AT_LEAST_ONE_BY_CLASS.get(name, ()) + budget:
         if is_number(getattr(cfg, key, None)) and getattr(cfg, key) < 1:
             raise UsageError(f"{key} must be >= 1, got {getattr(cfg, key)}")
     for f in dataclasses.fields(cfg):
         check_value(f.name, getattr(cfg, f.name))
-    for key in POSITIVE_BY_CLASS.get(type(cfg).__name__, ()):
+    for key in POSITIVE_BY_CLASS.get(name, ()):
         if not getattr(cfg, key) > 0:
             raise UsageError(f"{key} must be > 0, got {getattr(cfg, key)}")
-    if isinstance(getattr(cfg, "num", None), int) and cfg.num > MAX_SAMPLES:
-        raise UsageError(f"num must be at most {MAX_SAMPLES}, got {cfg.num}")
     if isinstance(getattr(cfg, "device", None), str):
-        devices.check_device(cfg.device, allow_auto=type(cfg).__name__ in AUTO_DEVICE)
-    for key in ("threads", "num_threads"):
-        if isinstance(getattr(cfg, key, None), int) and getattr(cfg, key) > MAX_THREADS:
-            raise UsageError(f"{key} must be at most {MAX_THREADS}, got {getattr(cfg, key)}")
-    if getattr(cfg, "max_new_tokens", None) == 0 and type(cfg).__name__ not in ZERO_BUDGET_IS_CONTEXT:
-        raise UsageError("max_new_tokens must be >= 1, got 0")
+        devices.check_device(cfg.device, allow_auto=name in AUTO_DEVICE)
     check_token_budget(cfg)
 
 
@@ -87,7 +76,7 @@ def check_value(key: str, value: Any) -> None:
             if isinstance(item, str):
                 check_text(key, item)
             elif is_number(item):
-                check_list_number(key, item)
+                check_number(key, item, f"every value of {key}")
     elif isinstance(value, dict):
         for k, v in value.items():
             if isinstance(k, str):
@@ -101,41 +90,32 @@ def check_text(key: str, value: str) -> None:
         raise UsageError(f"{key} must not contain control characters, got {value!r}")
 
 
-def check_number(key: str, v: float) -> None:
+def check_number(key: str, v: float, subject: str = "") -> None:
+    """A number of field `key` (`subject`: how the message names it, `key` by default)."""
+    subject = subject or key
     if not math.isfinite(v):
-        raise UsageError(f"{key} must be a finite number, got {v}")
+        raise UsageError(f"{subject} must be a finite number, got {v}")
     if isinstance(v, int) and abs(v) >= MAX_INT:
-        raise UsageError(f"{key} must be less than 2**62 in size, got {v}")
+        raise UsageError(f"{subject} must be less than 2**62 in size, got {v}")
     if key in SIGNED:
         return
     if key in TEMPERATURES and 0 < v < MIN_TEMPERATURE:
-        raise UsageError(f"{key} {v} is greedy in effect and overflows the sampler: use 0 (greedy) or "
+        raise UsageError(f"{subject} {v} is greedy in effect and overflows the sampler: use 0 (greedy) or "
                          f">= {MIN_TEMPERATURE}")
     if key in OPEN_UNIT and not 0 < v <= 1:
-        raise UsageError(f"{key} must be in (0, 1], got {v}")
+        raise UsageError(f"{subject} must be in (0, 1], got {v}")
     if key in UNIT and not 0 <= v <= 1:
-        raise UsageError(f"{key} must be in [0, 1], got {v}")
+        raise UsageError(f"{subject} must be in [0, 1], got {v}")
     if key in HALF_OPEN_UNIT and not 0 <= v < 1:
-        raise UsageError(f"{key} must be in [0, 1), got {v}")
+        raise UsageError(f"{subject} must be in [0, 1), got {v}")
     if key in POSITIVE and not v > 0:
-        raise UsageError(f"{key} must be > 0, got {v}")
+        raise UsageError(f"{subject} must be > 0, got {v}")
     if key in AT_LEAST_ONE and v < 1:
-        raise UsageError(f"{key} must be >= 1, got {v}")
+        raise UsageError(f"{subject} must be >= 1, got {v}")
+    if key in AT_MOST and v > AT_MOST[key]:
+        raise UsageError(f"{subject} must be at most {AT_MOST[key]}, got {v}")
     if v < 0:
-        raise UsageError(f"{key} must be >= 0, got {v}")
-
-
-def check_list_number(key: str, v: float) -> None:
-    if not math.isfinite(v):
-        raise UsageError(f"every value of {key} must be a finite number, got {v}")
-    if key in TEMPERATURES and 0 < v < MIN_TEMPERATURE:
-        raise UsageError(f"every value of {key} must be 0 (greedy) or >= {MIN_TEMPERATURE}, got {v}")
-    if key in UNIT_LISTS and not 0 <= v <= 1:
-        raise UsageError(f"every value of {key} must be in [0, 1], got {v}")
-    if key in POSITIVE_INT_LISTS and v < 1:
-        raise UsageError(f"every value of {key} must be >= 1, got {v}")
-    if v < 0:
-        raise UsageError(f"every value of {key} must be >= 0, got {v}")
+        raise UsageError(f"{subject} must be >= 0, got {v}")
 
 
 def check_token_budget(cfg: Any) -> None:

@@ -1,7 +1,6 @@
 """Devices and dtypes of every command that runs a model: one parser, one check, and clocks that are honest on GPUs.
 
-Library code takes device strings ("cpu", "cuda:0", "auto" resolved by `resolve_device`); `now` waits for the
-device before reading the clock, since CUDA kernels run asynchronously."""
+`now` waits for the device before reading the clock, since CUDA kernels run asynchronously."""
 
 from __future__ import annotations
 
@@ -55,9 +54,8 @@ def device_name(spec: str | torch.device | None) -> str:
 
 
 def train_device(spec: str | None) -> str:
-    """The device string of a training command (`specgen.train.loop` runs it under accelerate): None is "cpu" (the
-    tiny recipes' shipped weights are CPU numerics, reproduced bit for bit there), "auto" is cuda when present;
-    a missing device is the usual one-line refusal, before anything loads."""
+    """The device string of a training command: None is "cpu" (the tiny recipes' shipped weights are CPU numerics,
+    reproduced bit for bit there), "auto" is cuda when present."""
     return "cpu" if spec in (None, "") else device_name(spec)
 
 
@@ -77,10 +75,8 @@ def module_device(module: torch.nn.Module) -> torch.device:
 
 @functools.cache
 def onednn_packs(dtype: torch.dtype) -> bool:
-    """Whether oneDNN's packed linear layout (`models/packed_linear.py`) takes `dtype` weights on this CPU.
-
-    float32 packs on every x86 CPU; bfloat16 needs AVX512-BW/VL/DQ or AVX-NE-CONVERT, float16 AVX512-FP16 or
-    AVX-NE-CONVERT (native float16 kernels). Asked of oneDNN itself, once per dtype, with an 8 x 8 weight."""
+    """Whether oneDNN's packed linear layout (`models/packed_linear.py`) takes `dtype` weights on this CPU (asked of
+    oneDNN itself, once per dtype, with an 8 x 8 weight; docs/precision.md says which ISA each needs)."""
     try:
         torch.ops.mkldnn._reorder_linear_weight(torch.zeros(8, 8, dtype=dtype), 16)
         return True
@@ -107,9 +103,8 @@ def resolve_dtype(name: str | None, device: str | torch.device | None = "cpu", q
 
 
 def synchronize(device: str | torch.device | None = None) -> None:
-    """Wait until `device`'s queued kernels are done: cuda/cuda:N and mps wait, cpu returns at once. None = the
-    current CUDA device if this process has used CUDA at all (so library timers are honest without knowing the
-    device), else nothing."""
+    """Wait until `device`'s queued kernels are done (cpu: at once); None: the current CUDA device if this process
+    has used CUDA, so library timers are honest without knowing the device."""
     if device is None:
         if torch.cuda.is_initialized():
             torch.cuda.synchronize()
@@ -127,9 +122,8 @@ def host_tensor(data, device) -> torch.Tensor:
 
 
 def to_device(t: torch.Tensor, device) -> torch.Tensor:
-    """A host tensor queued to `device` without making the host wait (a copy from pageable memory blocks the host
-    until the GPU has run everything queued before it): on cuda through page-locked memory from torch's caching host
-    allocator, which keeps that block until the copy has run; elsewhere `t.to(device)`."""
+    """A host tensor queued to `device` without making the host wait: on cuda through page-locked memory (a copy from
+    pageable memory waits for everything queued before it), elsewhere `t.to(device)`."""
     dev = torch.device(device)
     if dev.type != "cuda" or t.device.type != "cpu":
         return t.to(dev)
@@ -137,7 +131,6 @@ def to_device(t: torch.Tensor, device) -> torch.Tensor:
 
 
 def now(device: str | torch.device | None = None) -> float:
-    """`time.perf_counter()` after `device` finished its queued work (`synchronize`): read it before and after a timed
-    block. On cpu it is `time.perf_counter()`."""
+    """`time.perf_counter()` after `device` finished its queued work (`synchronize`)."""
     synchronize(device)
     return time.perf_counter()

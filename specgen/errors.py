@@ -20,8 +20,6 @@ class UsageError(SpecgenError):
 class RuntimeFailure(SpecgenError):
     """A valid request failed while running (corrupt file, failed conversion)."""
 
-    exit_code = 1
-
 
 class UnknownNameError(UsageError):
     """An unknown method, checkpoint or suite; lists the closest known names."""

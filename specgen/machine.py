@@ -47,16 +47,14 @@ def threads() -> dict:
 
 
 def stored_plans() -> list[str]:
-    """The kernel plans stored for this CPU, torch and thread count (`models/plan_cache.py`), as `Plan.describe`
-    words: what a model with those weight shapes runs without measuring."""
+    """The kernel plans stored for this CPU, torch and thread count, as `Plan.describe` words."""
     prefix = f"{plan_cache.machine()}|{torch.get_num_threads()}|"
     plans = (plan_cache.load(k) for k in plan_cache.read() if k.startswith(prefix))
     return sorted({kernel_choice.Plan(*p).describe() for p in plans if p is not None})
 
 
 def float_path(plans: str = "") -> dict:
-    """float32 products on the CPU: the weight layout and, packed, which kernel each row count takes
-    (models/kernel_choice.py); `plans`: the plans that apply, when known."""
+    """float32 products on the CPU: the weight layout and, packed, which kernel each row count takes (`plans`)."""
     name = layout.layout_name()
     if name != "packed":
         why = f"{layout.ENV}={name}" if os.environ.get(layout.ENV) else "this torch build has no oneDNN"

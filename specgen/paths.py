@@ -1,6 +1,5 @@
-"""Output paths that never replace earlier files (numbered names, folders checked before any work), and the one
-set of atomic writers: a file or a folder is filled under a hidden temporary name beside it and renamed into place,
-so a reader sees the old one or the new one, never a half."""
+"""Output paths that never replace earlier files, and the atomic writers (a hidden temporary beside the target,
+renamed into place: a reader sees the old file or the new one, never a half)."""
 
 from __future__ import annotations
 
@@ -24,8 +23,7 @@ def nearest_existing(path: Path) -> Path:
 
 
 def creation_blocker(path: Path) -> tuple[Path, str] | None:
-    """Why a folder `path` cannot be created or written: (the nearest existing path, "a file" or "not writable"),
-    or None when it can."""
+    """(nearest existing path, "a file" | "not writable") when folder `path` cannot be made or written, else None."""
     probe = nearest_existing(path)
     if not probe.is_dir():
         return probe, "a file"
@@ -35,8 +33,7 @@ def creation_blocker(path: Path) -> tuple[Path, str] | None:
 
 
 def check_output_dir(folder: Path, flag: str = "--out-dir") -> Path:
-    """Refuse, before any work and without creating anything, an output folder that is a file or cannot be
-    created or written (the folder itself appears when the first file is written)."""
+    """Refuse, before any work and creating nothing, an output folder that is a file or cannot be made or written."""
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise UsageError(f"cannot create output folder {folder}: {flag} names a file")
@@ -54,8 +51,8 @@ ADVICE = {errno.ENOSPC: "free some space or write elsewhere", errno.EDQUOT: "fre
 
 
 def check_space(folder: Path, what: str) -> None:
-    """Refuse, before any work, a folder where a small file cannot be written (a full device, a quota, a read-only
-    mount, permissions the mode bits do not show): a probe file is written, synced and removed."""
+    """Refuse, before any work, a folder where a probe file cannot be written and synced (full device, quota,
+    read-only mount, permissions the mode bits do not show)."""
     try:
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=".specgen-probe-")
         try:
@@ -81,8 +78,7 @@ def remove_empty_dirs(folder: Path, base: Path) -> None:
 
 
 def free_stem(folder: Path, stem: str, suffixes: tuple[str, ...]) -> str:
-    """`stem`, or `stem-1`, `stem-2`, ... : the first for which no `folder/stem+suffix` exists for any suffix
-    (so a mesh and its preview keep one name, and an earlier run's files are never replaced)."""
+    """The first of `stem`, `stem-1`, `stem-2`, ... free for every suffix (a mesh and its preview share one name)."""
     candidate, n = stem, 0
     while any((folder / f"{candidate}{s}").exists() for s in suffixes):
         n += 1
@@ -92,18 +88,16 @@ def free_stem(folder: Path, stem: str, suffixes: tuple[str, ...]) -> str:
 
 def free_path(path: Path) -> Path:
     """`path`, or the first of `stem-1.ext`, `stem-2.ext`, ... that does not exist yet."""
-    stem, suffix = path.name[: len(path.name) - len(path.suffix)], path.suffix
-    return path.with_name(f"{free_stem(path.parent, stem, (suffix,))}{suffix}")
+    return path.with_name(f"{free_stem(path.parent, path.stem, (path.suffix,))}{path.suffix}")
 
 
 def link_into_place(tmp: str | Path, path: Path) -> Path:
-    """Give the finished temporary file `tmp` the first free numbered name of `path` (atomic, never replacing a
-    file, even one created meanwhile by another process), remove `tmp`, and return the name used."""
-    stem, suffix = path.name[: len(path.name) - len(path.suffix)], path.suffix
+    """Link the finished file `tmp` to the first free numbered name of `path` (atomic: never replaces a file, even
+    one made meanwhile), remove `tmp`, and return the name used."""
     os.chmod(tmp, 0o666 & ~umask())  # a mkstemp file is 0600: the result follows the umask like any output
     n = 0
     while True:
-        target = path if n == 0 else path.with_name(f"{stem}-{n}{suffix}")
+        target = path if n == 0 else path.with_name(f"{path.stem}-{n}{path.suffix}")
         try:
             os.link(tmp, target)
         except FileExistsError:
@@ -121,8 +115,7 @@ def umask() -> int:
 
 
 def write_new(path: Path, text: str) -> bool:
-    """Write `text` to `path` only if no file is there yet: a hidden temporary linked into place, so a reader
-    sees the whole file or none. False when the name was taken (by another process, possibly meanwhile)."""
+    """Write `text` to `path` only if no file is there yet (a temporary linked into place); False when taken."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         tmp.write_text(text)
@@ -136,10 +129,9 @@ def write_new(path: Path, text: str) -> bool:
 
 def atomic_write(path: str | Path, write: Callable[[Path], None], *, keep_suffix: bool = False,
                  mode: int | None = None) -> Path:
-    """`write(tmp)` fills a hidden temporary file beside `path` (`.<name>.<random>.tmp`, or `.<name>.<random><suffix>`
-    with `keep_suffix`, for writers that choose the format from the name), which is then given `mode` (default: the
-    umask's, as for any new file), fsynced and renamed over `path` (atomic: same folder). On any failure the temporary
-    is removed and the exception re-raised, leaving an earlier `path` untouched. Creates the parent folder."""
+    """`write(tmp)` fills a hidden temporary beside `path` (ending in `path`'s suffix with `keep_suffix`, for writers
+    that pick the format from the name), given `mode` (default: the umask's), fsynced and renamed over `path`. On
+    failure the temporary is removed and an earlier `path` is left untouched."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix if keep_suffix else ".tmp")
@@ -161,21 +153,17 @@ def atomic_write(path: str | Path, write: Callable[[Path], None], *, keep_suffix
 
 
 def atomic_write_bytes(path: str | Path, data: bytes, **kw) -> Path:
-    """`data` as the file `path`, atomically (see `atomic_write`)."""
     return atomic_write(path, lambda tmp: tmp.write_bytes(data), **kw)
 
 
 def atomic_write_text(path: str | Path, text: str, **kw) -> Path:
-    """`text` (UTF-8) as the file `path`, atomically (see `atomic_write`)."""
     return atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"), **kw)
 
 
 def atomic_dir(folder: str | Path, fill: Callable[[Path], None], *, tag: str = "-",
                guard: Callable[[], AbstractContextManager] | None = None) -> Path:
-    """`fill(tmp)` fills a hidden temporary folder beside `folder` (`.<name>.tmp<tag><random>`, made 0700 by mkdtemp:
-    `fill` sets other permissions), which then replaces `folder` (see `swap_dir`; inside `guard()`, e.g. a lock
-    that also re-checks the target, when given). On any failure the temporary folder is removed and the exception
-    re-raised; an earlier `folder` is left as it was. Creates the parent folder."""
+    """`fill(tmp)` fills a hidden temporary folder beside `folder` (0700: `fill` sets other permissions), which then
+    replaces it (`swap_dir`, inside `guard()` when given). On failure an earlier `folder` is left as it was."""
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp{tag}", dir=folder.parent))
@@ -189,9 +177,8 @@ def atomic_dir(folder: str | Path, fill: Callable[[Path], None], *, tag: str = "
 
 
 def swap_dir(tmp: Path, folder: Path, old_prefix: str) -> None:
-    """Rename the finished folder `tmp` to `folder` (same parent). An existing `folder` is first renamed onto a fresh
-    empty folder `<old_prefix><random>` (a rename onto an empty folder replaces it atomically, and the unique name
-    never meets another writer's), then removed; if `tmp` cannot take its place it is renamed back."""
+    """Rename `tmp` to `folder`: an existing `folder` is first renamed onto a fresh empty `<old_prefix><random>`
+    (atomic, and never another writer's name), then removed; if `tmp` cannot take its place it is renamed back."""
     if not folder.exists():
         os.replace(tmp, folder)
         return

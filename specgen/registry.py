@@ -1,7 +1,6 @@
 """Checkpoint registry store: $SPECGEN_HOME/checkpoints/<kind>/<name>/{config.json, model.safetensors}.
 
-Writes are atomic, weights are safetensors only (nothing is unpickled); the lowest layer: it imports only `errors`
-and `paths` (finding with built-ins materialised and building modules live in `specgen/checkpoints.py`)."""
+Writes are atomic, weights are safetensors only (nothing is unpickled); it imports only `errors` and `paths`."""
 
 from __future__ import annotations
 
@@ -72,8 +71,7 @@ def check_name(name: str, what: str = "checkpoint name") -> str:
 
 
 def installed_meta(name: str) -> dict | None:
-    """config.json of an installed entry named `name` (a path, kind/name or bare name) without materialising
-    anything; None when it is not installed, is ambiguous, or is unreadable."""
+    """config.json of an installed entry (a path, kind/name or bare name); None when absent, ambiguous or unreadable."""
     path = Path(name).expanduser()
     if (path / CONFIG).is_file():
         candidates = [path]
@@ -85,10 +83,9 @@ def installed_meta(name: str) -> dict | None:
     if len(candidates) != 1:
         return None
     try:
-        meta = json.loads((candidates[0] / CONFIG).read_text())
-    except (OSError, ValueError):
+        return entry_at(candidates[0]).meta
+    except CheckpointError:
         return None
-    return meta if isinstance(meta, dict) else None
 
 
 @dataclass(frozen=True)
@@ -166,14 +163,10 @@ def save(
     force: bool = False,
     builtin: bool = False,
 ) -> Entry:
-    """Atomically write weights + config.json (and `extra(folder)` files) as <kind>/<name>.
+    """Atomically write weights + config.json (and `extra(folder)` files) as <kind>/<name> (docs/registry.md).
 
-    The files go to a hidden temporary folder (named after this host and process) renamed into place under a
-    lock on the kind's folder, so concurrent writers of one name never see each other's halves: with
-    `force` the last one wins, without it the first one wins and the others get a one-line UsageError.
-    Every registry write goes through here and `check_new`: only the built-in materialisers pass `builtin`.
-    Temporaries of writers that died (SIGKILL) are removed by the next write. Files follow the umask.
-    """
+    Concurrent writers of one name never see each other's halves: with `force` the last one wins, without it the
+    first one wins and the others get a one-line UsageError."""
     check_new(kind, name, force, builtin)
     final = checkpoints_dir() / kind / name
     try:
@@ -201,9 +194,7 @@ def save(
                 raise UsageError(f"{kind}/{name} already exists (another process wrote it meanwhile); "
                                  "choose another name or pass --force to replace it")
             yield
-            # read back under the lock too: outside it a concurrent writer's swap may have the folder renamed away
-            # (a reader then found no config.json, ~1 in 10 runs of the two-writer test on a busy machine)
-            written.append(entry_at(final))
+            written.append(entry_at(final))  # under the lock: outside it another writer's swap may move the folder
 
     try:  # temporaries .<name>.tmp-<host>-<pid>-<random> and .<name>.old-...: see remove_stale_temporaries
         atomic_dir(final, fill, tag=f"-{socket.gethostname()}-{os.getpid()}-", guard=locked)
@@ -229,8 +220,7 @@ def check_new(kind: str, name: str, force: bool = False, builtin: bool = False) 
     return final
 
 
-#: Names reserved by the embedded defaults: `specgen.builtins` (a layer above, imported by every command and by the
-#: callers of `save`) fills it when it is imported.
+#: Names reserved by the embedded defaults (filled by `specgen.builtins` when it is imported).
 RESERVED: set[str] = set()
 
 
@@ -243,28 +233,22 @@ def follow_umask(folder: Path) -> None:
         os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~mask)
 
 
-class name_lock:
+@contextmanager
+def name_lock(final: Path) -> Iterator[None]:
     """An exclusive flock on the kind's folder (no lock file is left behind), held while an entry is swapped."""
-
-    def __init__(self, final: Path) -> None:
-        self.path = final.parent
-
-    def __enter__(self) -> "name_lock":
-        self.fd = os.open(self.path, os.O_RDONLY)
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        fcntl.flock(self.fd, fcntl.LOCK_UN)
-        os.close(self.fd)
+    fd = os.open(final.parent, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
 
 
 TEMP_RE = re.compile(r"\.(?P<name>.+)\.(?:tmp|old)-(?P<host>[^-]+(?:-[^-]+)*)-(?P<pid>\d+)-[^-]+$")
 
 
 def remove_stale_temporaries(folder: Path) -> list[Path]:
-    """Remove hidden temporary folders of writers that are gone: this host's dead processes, any after a day,
-    and those of older specgen versions (`.<name>.<random>`) after an hour. Returns them."""
+    """Remove hidden temporary folders of writers that are gone (dead on this host, or older than a day)."""
     removed = []
     host, now = socket.gethostname(), time.time()
     for p in folder.glob(".*"):
@@ -292,8 +276,8 @@ def pid_alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
+    except PermissionError:  # alive, another user's
+        pass
     return True
 
 
@@ -320,13 +304,17 @@ def remove(name: str) -> Entry:
 
 def find_installed(name: str) -> Entry:
     """An installed entry by `kind/name` or bare name (built-ins are not materialised: see checkpoints.find)."""
-    installed = installed_entries()
-    entries = [e for e in installed if name in (e.ref, e.name)]
-    if not entries:
-        raise UnknownNameError("installed checkpoint", name, [e.ref for e in installed])
-    if len(entries) > 1:
-        raise UsageError(f"'{name}' is ambiguous: {', '.join(e.ref for e in entries)}; use kind/name")
-    return entries[0]
+    return pick(installed_entries(), name, "installed checkpoint")
+
+
+def pick(entries: list[Entry], name: str, what: str) -> Entry:
+    """The one of `entries` named `name` (`kind/name` or bare); none or several is a one-line UsageError."""
+    matches = [e for e in entries if name in (e.ref, e.name)]
+    if not matches:
+        raise UnknownNameError(what, name, [e.name for e in entries] + [e.ref for e in entries])
+    if len(matches) > 1:
+        raise UsageError(f"'{name}' is ambiguous: {', '.join(e.ref for e in matches)}; use kind/name")
+    return matches[0]
 
 
 #: Bytes of a weights file read through one mapping before it is closed (`state_parts`).
@@ -339,8 +327,7 @@ def read_state(entry: Entry) -> dict[str, torch.Tensor]:
 
 
 def stored_shapes(entry: Entry) -> dict[str, list[int]] | None:
-    """Each tensor's shape in the entry's weights file, read from its header only (None when unreadable: `state_parts`
-    says why in its one line)."""
+    """Each tensor's shape in the entry's weights file, read from its header only (None when unreadable)."""
     try:
         with safe_open(str(entry.path / WEIGHTS), "pt") as f:
             return {k: list(f.get_slice(k).get_shape()) for k in f.keys()}
@@ -349,9 +336,8 @@ def stored_shapes(entry: Entry) -> dict[str, list[int]] | None:
 
 
 def state_parts(entry: Entry) -> Iterator[dict[str, torch.Tensor]]:
-    """The entry's weights in parts of about MAPPED_BYTES, read from the memory-mapped file, which is closed after
-    each part (closing unmaps the pages read: else they count as held too): a caller that copies each part into its
-    module holds one part beside it, not the whole state. Corrupt or truncated files are a one-line CheckpointError."""
+    """The entry's weights in parts of about MAPPED_BYTES, the mapping closed after each (unmapping the pages read),
+    so a caller copying each part into its module holds one part beside it. Corruption is a one-line CheckpointError."""
     path = entry.path / WEIGHTS
     if not path.is_file():
         raise CheckpointError(f"{entry.ref} has no {WEIGHTS}")
@@ -379,8 +365,8 @@ _DIGESTS: dict[tuple, str] = {}
 
 
 def weights_digest(entry: Entry) -> str | None:
-    """sha256 (16 hex) over an installed entry's tensors (names, dtypes, shapes, bytes), None without
-    a weights file. Hashes tensor content, not file bytes, so a re-saved copy keeps its digest."""
+    """sha256 (16 hex) over an entry's tensors (names, dtypes, shapes, bytes; a re-saved copy keeps it); None
+    without a weights file."""
     path = entry.path / WEIGHTS
     if not path.is_file():
         return None
@@ -396,8 +382,7 @@ def weights_digest(entry: Entry) -> str | None:
 
 
 def check_pair(drafter: Entry, target: Entry) -> None:
-    """A drafter/heads/adapter entry must name `target` as its parent and share its vocabulary; when it
-    recorded its parent's `parent_digest`, the target's weights must still be those it was trained on."""
+    """A drafter/heads/adapter must name `target` as parent, share its vocabulary and (`parent_digest`) weights."""
     parent = drafter.meta.get("parent")
     if not parent:
         raise IncompatibleError(f"{drafter.ref} is no drafter of {target.ref}: it names no target it was trained for "

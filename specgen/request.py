@@ -17,9 +17,8 @@ C = TypeVar("C")  # a modality's recipe config (TextGenConfig, ImageGenConfig, M
 
 @dataclass(frozen=True)
 class DecodeRequest(Generic[C]):
-    """What every layer below a command reads: the recipe values as loaded (plain ranges such as batch_size >= 1
-    were checked once by `load_config`), the method's spec, its typed options (`MethodSpec.parse_options`), the
-    sampling params and the device with `auto` resolved. Nothing below looks the method up or checks it again."""
+    """What every layer below a command reads: the recipe as loaded (ranges checked by `load_config`), the method's
+    spec and typed options, the sampling params and the resolved device; nothing below checks them again."""
 
     cfg: C
     spec: MethodSpec
@@ -42,14 +41,12 @@ class DecodeRequest(Generic[C]):
         return replace(self, cfg=cfg, params=SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p))
 
     def builder_options(self) -> dict[str, Any]:
-        """The options as a plain dict, the loop's `budget` and unset values left out: the method's settings as a key
-        (builders take `options` itself)."""
+        """The options as a plain dict without the loop's `budget` and unset values: the method's settings as a key."""
         return {k: v for k, v in asdict(self.options).items() if k != "budget" and v is not None}
 
 
 def parse_request(cfg: C, modality: str, spec: MethodSpec | None = None) -> DecodeRequest[C]:
-    """`cfg` (a loaded recipe config with method, method_options, temperature, top_k, top_p, device) as a request
-    for `modality`; `spec`: the method already looked up by the caller (else looked up here, once)."""
+    """`cfg` (a loaded recipe config) as a request for `modality`; `spec`: the method if already looked up."""
     spec = spec or get_method(cfg.method)
     if not spec.runs_on(modality):
         raise UsageError(f"method {spec.name} is for {spec.modality} models, not {modality} ones")

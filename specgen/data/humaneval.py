@@ -52,6 +52,5 @@ def load_problems(limit: int | None = None, offset: int = 0) -> list[Problem]:
 
 
 def build_user_message(problem: Problem) -> str:
-    """The chat user turn: the instruction, a blank line, then the prompt (blank lines around it stripped) in a
-    python fence."""
+    """The chat user turn: the instruction, a blank line, then the stripped prompt in a python fence."""
     return f"{INSTRUCTION}\n\n```python\n{problem.prompt.strip()}\n```"

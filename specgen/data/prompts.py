@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, NamedTuple
 
-from specgen.data.stdlib_prompts import assert_no_humaneval_overlap
 from specgen.errors import UsageError
 
 FIELDS = ("prompt", "text", "instruction", "messages", "turns")  # looked up in this order when no field is named
@@ -37,8 +36,7 @@ class Prompt:
 
 
 def encode(tokenizer, prompt: Prompt) -> list[int]:
-    """Prompt token ids: text as one user turn, messages as they are, through the chat template when the tokenizer
-    has one (as `specgen generate` encodes text); without a template the messages' contents joined by lines."""
+    """Prompt token ids: text as one user turn, messages as they are (the tokenizer's chat template when it has one)."""
     if isinstance(prompt.content, str):
         return tokenizer.encode(prompt.content)
     return tokenizer.encode_chat(list(prompt.content))
@@ -165,8 +163,7 @@ def _open(source: str | Path, fmt: str | None) -> Source:
 
 def read_prompt_records(source: str | Path, field: str | None = None, category_field: str | None = None,
                         fmt: str | None = None, split: str = "train") -> list[Prompt]:
-    """Prompts from `source` in order (the module docstring says how the format is told); `fmt` (a READERS name)
-    overrides the guess; `split` picks the split of a DatasetDict."""
+    """Prompts from `source` in order; `fmt` (a READERS name) overrides the guess, `split` picks a DatasetDict's."""
     if fmt is not None and fmt not in READERS:
         raise PromptSourceError(f"unknown prompt format '{fmt}' (use {', '.join(READERS)})")
     src = _open(source, fmt)
@@ -185,9 +182,3 @@ def read_prompts(source: str | Path, field: str | None = None, fmt: str | None =
                  split: str = "train") -> list[str]:
     """The text prompts of `source` (`read_prompt_records`; a chat record is refused)."""
     return [p.text for p in read_prompt_records(source, field, fmt=fmt, split=split)]
-
-
-def guard_training_prompts(prompts: list[str]) -> list[str]:
-    """Return `prompts` unchanged, or raise HumanEvalOverlapError if any overlaps a HumanEval problem."""
-    assert_no_humaneval_overlap(prompts)
-    return prompts

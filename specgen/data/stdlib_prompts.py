@@ -1,7 +1,6 @@
 """Code-instruction prompts derived offline from the Python standard library's documented functions.
 
-A pure function of the interpreter's stdlib (walked in a fresh `python -I -S`); never contains HumanEval problems.
-"""
+A pure function of the interpreter's stdlib (walked in a fresh `python -I -S`); never contains HumanEval problems."""
 
 from __future__ import annotations
 
@@ -16,7 +15,6 @@ from pathlib import Path
 
 from specgen.data import stdlib_walk
 from specgen.data.humaneval import INSTRUCTION, load_problems
-from specgen.data.stdlib_walk import PURE_MODULES
 from specgen.errors import RuntimeFailure, UsageError
 
 _VERBS = (
@@ -37,15 +35,6 @@ class StdlibFunction:
     name: str
     params: str
     sentence: str
-
-
-@dataclass(frozen=True)
-class StdlibPrompt:
-    """One instruction and the function and template it came from."""
-
-    text: str
-    source: str
-    template: str
 
 
 class HumanEvalOverlapError(UsageError, ValueError):
@@ -83,9 +72,8 @@ def _humaneval_index() -> tuple[list[tuple[str, str, str, set]], dict[tuple[str,
 
 
 def find_humaneval_overlaps(prompts: list[str]) -> list[tuple[int, str]]:
-    """(index, task_id) of each prompt that contains a whole HumanEval prompt, shares a 13-word span with
-    one, or names a HumanEval entry point and shares an 8-word span with that problem (case and
-    whitespace ignored)."""
+    """(index, task_id) of each prompt that contains a whole HumanEval prompt, shares a 13-word span with one, or
+    names a HumanEval entry point and shares an 8-word span with that problem (case and whitespace ignored)."""
     problems, long_grams = _humaneval_index()
     hits = []
     for i, prompt in enumerate(prompts):
@@ -113,8 +101,8 @@ def assert_no_humaneval_overlap(prompts: list[str]) -> None:
 
 @lru_cache(maxsize=1)
 def stdlib_functions() -> tuple[StdlibFunction, ...]:
-    """The documented functions the prompts come from, walked in a fresh `python -I -S` interpreter,
-    without HumanEval entry-point names and without repeats of a (name, first sentence) pair."""
+    """The documented functions the prompts come from, without HumanEval entry-point names or repeated
+    (name, first sentence) pairs."""
     script = str(Path(stdlib_walk.__file__).resolve())  # run as a script: -I keeps its folder off sys.path
     proc = subprocess.run(
         [sys.executable, "-I", "-S", script], capture_output=True, text=True, encoding="utf-8", timeout=300
@@ -160,8 +148,8 @@ def _docstring_prompt(f: StdlibFunction) -> str:
     return f'{INSTRUCTION}\n\n```python\ndef {f.name}({f.params}):\n    """{f.sentence}"""\n```'
 
 
-def _prose_prompts(f: StdlibFunction) -> list[tuple[str, str]]:
-    """Natural-language instructions for `f` as (template, text)."""
+def _prose_prompts(f: StdlibFunction) -> list[str]:
+    """Natural-language instructions for `f`."""
     call = f"`{f.name}({f.params})`"
     names = [p.split("=")[0].lstrip("*") for p in f.params.split(", ") if p and p != "*"]
     if not names:
@@ -170,47 +158,32 @@ def _prose_prompts(f: StdlibFunction) -> list[tuple[str, str]]:
         takes = f"takes one argument, `{names[0]}`"
     else:
         takes = "takes the arguments " + ", ".join(f"`{n}`" for n in names[:-1]) + f" and `{names[-1]}`"
-    out = []
     third = _third_person(f.sentence)
-    if third:
-        out.append(("verb", f"Write a Python function {call} that {third}"))
-    out.append(("signature", f"Write a Python function {call}. {f.sentence}"))
-    out.append(("named", f"Write a Python function named `{f.name}` that {takes}. {f.sentence}"))
-    if f.module in PURE_MODULES and f.module != "builtins":
-        top = f.module.split(".")[0]
-        out.append(
-            (
-                "reimplement",
-                f"Without importing `{top}`, write a Python function {call} that behaves like "
-                f"`{f.module}.{f.qualname}`: {f.sentence}",
-            )
-        )
+    out = [f"Write a Python function {call} that {third}"] if third else []
+    out.append(f"Write a Python function {call}. {f.sentence}")
+    out.append(f"Write a Python function named `{f.name}` that {takes}. {f.sentence}")
+    if f.module in stdlib_walk.PURE_MODULES and f.module != "builtins":
+        out.append(f"Without importing `{f.module.split('.')[0]}`, write a Python function {call} that behaves like "
+                   f"`{f.module}.{f.qualname}`: {f.sentence}")
     return out
 
 
 @lru_cache(maxsize=1)
-def _build() -> tuple[StdlibPrompt, ...]:
+def _build() -> tuple[str, ...]:
     """Per function: the docstring request plus two prose templates picked by a hash of its name."""
-    prompts: dict[str, StdlibPrompt] = {}
+    prompts: dict[str, None] = {}
     for f in stdlib_functions():
-        source = f"{f.module}.{f.qualname}"
         prose = _prose_prompts(f)
-        k = _digest(source) % len(prose)
-        for template, text in [("docstring", _docstring_prompt(f)), prose[k], prose[(k + 1) % len(prose)]]:
-            prompts.setdefault(text, StdlibPrompt(text, source, template))
-    ordered = sorted(prompts.values(), key=lambda p: (_digest(p.text), p.text))  # a seed-free shuffle
-    assert_no_humaneval_overlap([p.text for p in ordered])
+        k = _digest(f"{f.module}.{f.qualname}") % len(prose)
+        prompts.update(dict.fromkeys([_docstring_prompt(f), prose[k], prose[(k + 1) % len(prose)]]))
+    ordered = sorted(prompts, key=lambda text: (_digest(text), text))  # a seed-free shuffle
+    assert_no_humaneval_overlap(ordered)
     return tuple(ordered)
-
-
-def stdlib_prompt_records(limit: int | None = None) -> list[StdlibPrompt]:
-    """The prompt set with provenance, in its fixed pseudo-random order."""
-    return list(_build()[:limit])
 
 
 def stdlib_prompts(limit: int | None = None) -> list[str]:
     """The first `limit` prompts (all by default) of the built-in stdlib-derived training set."""
-    return [p.text for p in _build()[:limit]]
+    return list(_build()[:limit])
 
 
 def stdlib_fingerprint() -> str:

@@ -27,39 +27,28 @@ SYSTEM_MODULES = (
 ).split()
 PYTHON_ONLY = {"os"}  # of these, only functions written in Python (os.walk, not the os.getpid system call)
 
-# Classes whose public methods become prompts: (module, class, name given to `self`).
-# fmt: off
-CLASSES = (
-    ("builtins", "str", "text"), ("builtins", "bytes", "data"), ("builtins", "bytearray", "buffer"),
-    ("builtins", "list", "items"), ("builtins", "dict", "mapping"), ("builtins", "set", "values"),
-    ("builtins", "frozenset", "values"), ("builtins", "int", "n"), ("builtins", "float", "x"),
-    ("builtins", "complex", "z"), ("builtins", "tuple", "items"), ("builtins", "range", "r"),
-    ("builtins", "memoryview", "view"), ("collections", "Counter", "counter"), ("collections", "deque", "queue"),
-    ("collections", "OrderedDict", "mapping"), ("collections", "ChainMap", "chain"),
-    ("datetime", "date", "day"), ("datetime", "datetime", "moment"), ("datetime", "timedelta", "delta"),
-    ("datetime", "time", "clock"), ("datetime", "timezone", "tz"), ("decimal", "Decimal", "d"),
-    ("fractions", "Fraction", "q"), ("pathlib", "PurePath", "path"),
-    ("pathlib", "Path", "path"), ("ipaddress", "IPv4Address", "address"), ("ipaddress", "IPv4Network", "network"),
-    ("ipaddress", "IPv6Address", "address"), ("ipaddress", "IPv6Network", "network"),
-    ("difflib", "SequenceMatcher", "matcher"), ("difflib", "Differ", "differ"), ("difflib", "HtmlDiff", "differ"),
-    ("textwrap", "TextWrapper", "wrapper"), ("string", "Formatter", "formatter"), ("string", "Template", "template"),
-    ("statistics", "NormalDist", "dist"), ("array", "array", "arr"), ("random", "Random", "rng"),
-    ("configparser", "ConfigParser", "parser"), ("argparse", "ArgumentParser", "parser"),
-    ("csv", "DictReader", "reader"), ("csv", "Sniffer", "sniffer"), ("json", "JSONDecoder", "decoder"),
-    ("json", "JSONEncoder", "encoder"), ("html.parser", "HTMLParser", "parser"), ("zipfile", "ZipFile", "archive"),
-    ("tarfile", "TarFile", "archive"), ("queue", "Queue", "queue"),
-    ("email.message", "EmailMessage", "message"), ("email.message", "Message", "message"),
-    ("xml.etree.ElementTree", "Element", "element"), ("xml.etree.ElementTree", "ElementTree", "tree"),
-    ("urllib.parse", "SplitResult", "parts"), ("uuid", "UUID", "uid"), ("logging", "Logger", "logger"),
-    ("logging", "Formatter", "formatter"), ("threading", "Event", "event"), ("threading", "Condition", "condition"),
-    ("threading", "Semaphore", "semaphore"), ("io", "StringIO", "stream"), ("io", "BytesIO", "stream"),
-    ("zoneinfo", "ZoneInfo", "zone"), ("graphlib", "TopologicalSorter", "sorter"),
-    ("calendar", "Calendar", "cal"), ("calendar", "TextCalendar", "cal"), ("shlex", "shlex", "lexer"),
-    ("ast", "NodeVisitor", "visitor"), ("ast", "NodeTransformer", "transformer"),
-    ("inspect", "Signature", "signature"), ("inspect", "Parameter", "parameter"), ("struct", "Struct", "layout"),
-    ("re", "Pattern", "pattern"), ("re", "Match", "match"),
-)
-# fmt: on
+# Classes whose public methods become prompts: module -> "Class:name-of-self ..." (fixed order).
+CLASSES = {
+    "builtins": "str:text bytes:data bytearray:buffer list:items dict:mapping set:values frozenset:values int:n "
+                "float:x complex:z tuple:items range:r memoryview:view",
+    "collections": "Counter:counter deque:queue OrderedDict:mapping ChainMap:chain",
+    "datetime": "date:day datetime:moment timedelta:delta time:clock timezone:tz", "decimal": "Decimal:d",
+    "fractions": "Fraction:q", "pathlib": "PurePath:path Path:path",
+    "ipaddress": "IPv4Address:address IPv4Network:network IPv6Address:address IPv6Network:network",
+    "difflib": "SequenceMatcher:matcher Differ:differ HtmlDiff:differ", "textwrap": "TextWrapper:wrapper",
+    "string": "Formatter:formatter Template:template", "statistics": "NormalDist:dist", "array": "array:arr",
+    "random": "Random:rng", "configparser": "ConfigParser:parser", "argparse": "ArgumentParser:parser",
+    "csv": "DictReader:reader Sniffer:sniffer", "json": "JSONDecoder:decoder JSONEncoder:encoder",
+    "html.parser": "HTMLParser:parser", "zipfile": "ZipFile:archive", "tarfile": "TarFile:archive",
+    "queue": "Queue:queue", "email.message": "EmailMessage:message Message:message",
+    "xml.etree.ElementTree": "Element:element ElementTree:tree", "urllib.parse": "SplitResult:parts",
+    "uuid": "UUID:uid", "logging": "Logger:logger Formatter:formatter",
+    "threading": "Event:event Condition:condition Semaphore:semaphore", "io": "StringIO:stream BytesIO:stream",
+    "zoneinfo": "ZoneInfo:zone", "graphlib": "TopologicalSorter:sorter", "calendar": "Calendar:cal TextCalendar:cal",
+    "shlex": "shlex:lexer", "ast": "NodeVisitor:visitor NodeTransformer:transformer",
+    "inspect": "Signature:signature Parameter:parameter", "struct": "Struct:layout",
+    "re": "Pattern:pattern Match:match",
+}
 
 _SKIP_WORDS = re.compile(
     r"deprecated|alias|same as|see |undocumented|internal|backward|compatib|xxx|todo|\bfor use by\b|"
@@ -155,7 +144,7 @@ def _walk() -> list[dict[str, str]]:
             builtin_ok = inspect.isbuiltin(obj) and module_name not in PYTHON_ONLY
             if not attr.startswith("_") and (inspect.isfunction(obj) or builtin_ok) and obj.__name__ == attr:
                 add(module_name, attr, attr, obj, None)
-    for module_name, class_name, first in CLASSES:
+    for module_name, class_name, first in [(m, *c.split(":")) for m, cs in CLASSES.items() for c in cs.split()]:
         module = _import(module_name)
         cls = getattr(module, class_name, None)
         if not inspect.isclass(cls):
@@ -168,7 +157,6 @@ def _walk() -> list[dict[str, str]]:
             bound = isinstance(raw, (staticmethod, classmethod)) or inspect.isbuiltin(obj)  # no `self`
             add(module_name, f"{class_name}.{attr}", f"{class_name.lower()}_{attr}", obj, None if bound else first)
     return found
-
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import OmegaConf
 from safetensors import safe_open
 
 from specgen import registry
@@ -132,8 +131,7 @@ def check_recipe(path: Path, overrides: list[str] | None = None) -> list[dict]:
     """One `{"check", "ok", "detail"}` row per check; a recipe that cannot be read or placed is a UsageError."""
     path = Path(path)
     overrides = list(overrides or [])
-    doc = read_recipe(path)  # UsageError: missing, not UTF-8, invalid YAML, not a mapping
-    raw = OmegaConf.to_container(doc)
+    raw = read_recipe(path)  # UsageError: missing, not UTF-8, invalid YAML, not a mapping
     comments = header(path)
     kind = recipe_kind(raw, comments, overrides, path.name)
     cls = config_class(kind)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from specgen.errors import UsageError
 
-class MeshInputError(ValueError):
+
+class MeshInputError(UsageError, ValueError):
     """A mesh, point cloud, file or option given to the mesh package is unusable (a one-line message naming it)."""
 
 

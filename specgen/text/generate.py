@@ -46,8 +46,8 @@ class TextResult:
 
 
 def encode_prompts(source: TextSource, req: DecodeRequest[TextGenConfig], texts: list[str]) -> list[list[int]]:
-    """`texts` as token ids, refused in one line before the weights load when a prompt and the budget pass the context,
-    the batch's KV cache passes free memory, or a method asset (n-gram cache) does not fit the tokenizer."""
+    """`texts` as token ids, checked before the weights load against the context, free memory (KV cache) and the
+    method's assets (n-gram cache vs tokenizer)."""
     cfg = req.cfg
     if req.spec.model_check is not None:
         req.spec.model_check(req.options, source.tokenizer)
@@ -61,8 +61,8 @@ def encode_prompts(source: TextSource, req: DecodeRequest[TextGenConfig], texts:
 
 def generate_text(model: TextModel, req: DecodeRequest[TextGenConfig], prompts: list[str], ids: list[list[int]],
                   on_done=None, on_text=None) -> list[TextResult]:
-    """Decode every prompt (`encode_prompts`'s ids) with the request's method, `batch_size` at a time, prompt i from
-    seed + i; `on_done(i)` as it finishes, `on_text(i, text)` with each accepted piece of its completion."""
+    """Decode every prompt's ids, `batch_size` at a time, prompt i from seed + i; `on_done(i)` as it finishes,
+    `on_text(i, text)` with each accepted piece of its completion."""
     cfg = req.cfg
     generators = [torch.Generator().manual_seed(cfg.seed + i) for i in range(len(prompts))]
     # the drafter's seed: method_options.seed when given (checked with the options), else the run's
@@ -83,14 +83,13 @@ def generate_text(model: TextModel, req: DecodeRequest[TextGenConfig], prompts: 
 
 
 def draft_budget(model: TextModel, kind: str, limit: int = 16) -> AutoBudget | None:
-    """None (`fixed`: each method's own draft size) or an `AutoBudget` over this model's measured cost curve,
-    corrected by the run's step times (`auto`: it caps the method's own draft size per step, never raises it)."""
+    """None (`fixed`: each method's own draft size) or, for `auto`, an `AutoBudget` over this model's cost curve
+    (it caps the method's draft size per step, never raises it)."""
     return None if kind == "fixed" else AutoBudget(limit, cost_of(model.module))
 
 
 class TextStream:
-    """Token ids as they are accepted -> the new text of each row: decoded whole and given from where the last piece
-    ended, held back while it ends in an incomplete character (a multi-byte token split across steps)."""
+    """Token ids as accepted -> each row's new text, held back while it ends in an incomplete character."""
 
     def __init__(self, tokenizer, rows: int, on_text) -> None:
         self.tokenizer, self.on_text = tokenizer, on_text

@@ -1,7 +1,6 @@
 """Text targets as base + scale x LoRA adapter: the merge every distilled model goes through, and scaled variants.
 
-Importing this module registers `materialize_distilled` as the built-ins' `lora-merge` maker (`builtins.DERIVERS`).
-"""
+Importing this module registers `materialize_distilled` as the built-ins' `lora-merge` maker (`builtins.DERIVERS`)."""
 
 from __future__ import annotations
 
@@ -30,8 +29,7 @@ def shipped_adapter(name: str) -> tuple[registry.Entry, dict[str, torch.Tensor]]
 
 
 def materialize_distilled(name: str, progress=None) -> registry.Entry:
-    """Built-in target/<name> = its base text target with the LoRA adapter of `specgen/assets/text/<name>/` merged
-    in at the adapter's `merge_scale` (the built-ins table's `lora-merge` maker)."""
+    """Built-in target/<name> = its base with the LoRA adapter of `specgen/assets/text/<name>/` merged in."""
     adapter, state = shipped_adapter(name)
     return register_merged(adapter, state, name, extra_meta={
         "source": f"specgen/assets/text/{name}", "created_by": "builtin",
@@ -57,8 +55,8 @@ def adapter_source(source: str, progress=None) -> tuple[registry.Entry, dict[str
 def merged_module(adapter: registry.Entry, base: registry.Entry, device: str = "cpu",
                   state: dict | None = None, scale: float | None = None,
                   tokenizer: TextTokenizer | None = None) -> tuple[torch.nn.Module, TextTokenizer]:
-    """`base` with the LoRA `adapter` merged in at `scale` (default: its `merge_scale`, else 1); refuses an adapter
-    trained for another base (one line). `tokenizer`: base's, when the caller has loaded it already."""
+    """`base` with the LoRA `adapter` merged in at `scale` (default: its `merge_scale`, else 1), which must have been
+    trained for it; `tokenizer`: base's, when already loaded."""
     registry.check_pair(adapter, base)
     tokenizer = tokenizer or TextTokenizer.load(base.path)
     want = adapter.meta.get("tokenizer_hash")

@@ -52,22 +52,26 @@ def resolve(name: str, dtype: str | None, quantize: str | None) -> tuple[str, st
 
 
 def load_precision(dtype: str | None, quantize: str | None, device: str) -> tuple[str | None, str | None]:
-    """(dtype, quantize) of an image or mesh GPT loaded on `device`: `dtype` may name a quantization (a benchmark
-    row's precision, `dtypes: {ar@int8: int8}`); a quantized GPT runs bfloat16 activations (float32 asked for: one
-    line) on the CPU (its kernels: another device is one line)."""
+    """(dtype, quantize) of an image or mesh GPT loaded on `device`; `dtype` may name a quantization (a benchmark
+    row's precision, `dtypes: {ar@int8: int8}`), which runs bfloat16 activations on the CPU."""
     if dtype in QUANTIZE:
         dtype, quantize = None, dtype
     if not quantize:
         return dtype, None
-    if not is_cpu(device):
-        raise UsageError(f"--quantize {quantize} uses CPU kernels (torch's int8/int4 pack matmuls); use --device cpu, "
-                         f"or --dtype bfloat16 on {device}")
+    check_cpu(quantize, device)
     return resolve("", dtype, quantize)[1], quantize
 
 
+def check_cpu(quantize: str | None, device: str) -> None:
+    """A quantized model runs on the CPU (torch's int8/int4 pack matmuls): another device is one line."""
+    if quantize and not is_cpu(device):
+        raise UsageError(f"--quantize {quantize} uses CPU kernels (torch's int8/int4 pack matmuls); use --device cpu, "
+                         f"or --dtype bfloat16 on {device}")
+
+
 def check_row_precision(row: str, precision: str, device: str) -> None:
-    """A benchmark row's precision (images and meshes `dtypes`; row "" = the run's own `dtype`): a float dtype this
-    device runs, or int8/int4 for a row on the cpu (the run's own model is the float one quality is measured under)."""
+    """A benchmark row's precision (row "" = the run's own `dtype`): a float dtype this device runs, or int8/int4 for
+    a row on the cpu (the run's own model is the float one quality is measured under)."""
     if precision not in QUANTIZE:
         resolve_dtype(precision, device)
     elif not row or not is_cpu(device):
@@ -80,8 +84,8 @@ def derived_name(base: registry.Entry, quantize: str, group: int) -> str:
 
 
 def quantized_entry(base: registry.Entry, quantize: str, progress=None) -> registry.Entry:
-    """The stored quantized entry of `base` (target/<base>-int8, ...), made and saved on first use and remade
-    when the base weights changed since (its recorded base digest differs) or the quantizers did (VERSION)."""
+    """The stored quantized entry of `base` (target/<base>-int8, ...), made on first use and remade when the base
+    weights or the quantizers (VERSION) changed since."""
     group = DEFAULT_GROUP if quantize == "int4" else 0
     folder = registry.checkpoints_dir() / "target" / derived_name(base, quantize, group)
     if (folder / registry.CONFIG).is_file():
@@ -102,8 +106,8 @@ def weights_stat(entry: registry.Entry) -> list[int]:
 
 
 def base_unchanged(info: dict, base: registry.Entry) -> bool:
-    """The base still holds the weights the quantized copy was made from: the same weights file (size and mtime
-    as recorded, no read), else the same tensor digest (hashing reads the whole float32 file)."""
+    """The base still holds the weights the quantized copy was made from: the same file (size and mtime, no read),
+    else the same tensor digest."""
     if info.get("base_file") and info["base_file"] == weights_stat(base):
         return True
     return info.get("base_digest") in (None, registry.weights_digest(base))
@@ -133,8 +137,7 @@ def save_quantized(base: registry.Entry, quantize: str, group: int, progress=Non
 
 
 def check_quantized_entry(entry: registry.Entry, quantize: str | None, progress=None) -> registry.Entry:
-    """A stored quantized entry named directly: its mode must be the one asked for and its base must still hold
-    the weights it was made from. Returns the base entry."""
+    """The base of a stored quantized entry named directly, which must hold the mode asked for and its base's weights."""
     info = entry.meta["quantized"]
     if quantize and quantize != info.get("mode"):
         raise IncompatibleError(f"{entry.ref} holds {info.get('mode')} weights, not {quantize}")
@@ -146,8 +149,7 @@ def check_quantized_entry(entry: registry.Entry, quantize: str | None, progress=
 
 
 def in_memory(module: torch.nn.Module, dtype: str, quantize: str | None) -> torch.nn.Module:
-    """`module` (float32) at the given precision, without storing anything (text: merged adapters; image and mesh
-    GPTs, which quantize at load)."""
+    """`module` (float32) at the given precision, stored nowhere (merged adapters, image and mesh GPTs)."""
     if quantize:
         try:
             return quantize_model(module, quantize, DEFAULT_GROUP)

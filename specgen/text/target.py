@@ -8,7 +8,7 @@ import torch
 
 from specgen import checkpoints, registry
 from specgen.decoding.target import ModelTarget
-from specgen.devices import device_name, is_cpu, resolve_dtype
+from specgen.devices import device_name, resolve_dtype
 from specgen.errors import UsageError
 from specgen.models.graphs import attach
 from specgen.models.layout import decode_layout
@@ -19,8 +19,8 @@ from specgen.text.merge import merged_module  # also registers the built-in dist
 
 @dataclass
 class TextModel:
-    """A loaded text target: module, loop adapter, tokenizer and registry entry (for a quantized target, the
-    stored quantized entry; `precision` says what runs: float32, bfloat16, int8 or int4)."""
+    """A loaded text target: module, loop adapter, tokenizer, registry entry (a quantized target's stored entry), and
+    what runs (`precision`: float32, bfloat16, int8 or int4)."""
 
     module: torch.nn.Module
     target: ModelTarget
@@ -31,8 +31,7 @@ class TextModel:
 
 @dataclass(frozen=True)
 class TextSource:
-    """A text target found in the registry with its tokenizer loaded and its weights not: what a command checks
-    prompts against (context length, KV cache size) before paying for the load (`load`)."""
+    """A text target found, its tokenizer loaded and its weights not: prompts are checked against it before `load`."""
 
     entry: registry.Entry  # as named: a target, a stored quantized entry, or a LoRA adapter
     base: registry.Entry  # the float32 target it is made from (entry itself for a plain target): tokenizer, config
@@ -67,16 +66,14 @@ class TextSource:
 
 def open_text_model(name: str, device: str = "cpu", progress=None, dtype: str | None = None,
                     quantize: str | None = None) -> TextSource:
-    """Resolve `name` (an adapter: its parent with the adapter merged) and load its tokenizer, not its weights; `dtype`
-    / `quantize` or a `+bf16` / `+int8` / `+int4` suffix on `name` pick the precision (docs/precision.md)."""
+    """Resolve `name` (an adapter: its parent with it merged) and load its tokenizer; `dtype` / `quantize` or a
+    `+bf16` / `+int8` / `+int4` suffix pick the precision (docs/precision.md)."""
     device = device_name(device)
     asked = prec.split_name(name)[1] or dtype
     name, dtype, quantize = prec.resolve(name, dtype, quantize)
     if not quantize:  # a quantized target's bfloat16 activations run the int8/int4 and native step kernels, not
         resolve_dtype(dtype, device)  # torch's bfloat16 fallback; float16 where this CPU cannot run it: one line
-    if quantize and not is_cpu(device):
-        raise UsageError(f"--quantize {quantize} uses CPU kernels (torch's int8/int4 pack matmuls); use --device cpu, "
-                         f"or --dtype bfloat16 on {device}")
+    prec.check_cpu(quantize, device)
     entry = checkpoints.find(name, progress)
     if entry.meta.get("quantized"):  # a stored quantized entry named directly; the tokenizer is its base's
         base = prec.check_quantized_entry(entry, quantize, progress)

@@ -1,13 +1,11 @@
 """Jacobi trajectory collection (CLLM / pcLLM step 1): greedy Jacobi over blocks of n tokens, every state kept.
 
-Shards are written atomically and hold whole prompts: an interrupted run never duplicates records (docs/training.md).
-"""
+Shards are written atomically and hold whole prompts: an interrupted run never duplicates records (docs/training.md)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -17,10 +15,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from specgen.data.prompts import guard_training_prompts, read_prompts
-from specgen.data.stdlib_prompts import stdlib_fingerprint, stdlib_prompts
+from specgen.data.prompts import read_prompts
+from specgen.data.stdlib_prompts import assert_no_humaneval_overlap, stdlib_fingerprint, stdlib_prompts
 from specgen.decoding.sampling import SamplingParams
 from specgen.errors import IncompatibleError, RuntimeFailure, UsageError
+from specgen.eval.run_dir import Shard, launcher_shard
 from specgen.methods import run_batch
 from specgen.models.tokenizer import tokenizer_hash
 from specgen.paths import atomic_write, atomic_write_text
@@ -30,7 +29,9 @@ from specgen.text.target import load_text_model
 META = "trajectories.json"
 SHARDS = "shards"
 MERGED = "merged"
-COLUMNS = ("data_id", "block", "prompt_ids", "trajectory", "fixed_point", "iterations")
+IDS = pa.list_(pa.int32())
+SCHEMA = pa.schema([("data_id", pa.int64()), ("block", pa.int32()), ("prompt_ids", IDS), ("trajectory", pa.list_(IDS)),
+                    ("fixed_point", IDS), ("iterations", pa.int32())])
 
 
 @dataclass
@@ -53,34 +54,15 @@ class CollectConfig:
     batch_size: int = 1  # prompts decoded together (within a shard's prompts; changes no record)
 
 
-def rank_and_world() -> tuple[int, int]:
-    """(rank, world size) from torchrun / accelerate environment variables; (0, 1) otherwise."""
-    try:
-        rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-    except ValueError:
-        raise UsageError("RANK and WORLD_SIZE must be integers") from None
-    if world < 1 or not 0 <= rank < world:
-        raise UsageError(f"bad RANK={rank} / WORLD_SIZE={world}")
-    return rank, world
-
-
-# ----------------------------------------------------------------------------------------------------
-# Jacobi on one prompt
-
-
 def jacobi_trajectories_batch(target, prompts: list[list[int]], block_size: int, max_new_tokens: int,
                               stop_ids: tuple[int, ...], seeds: list[int], batch_size: int = 1) -> list[list[dict]]:
-    """Block Jacobi decoding (`text/jacobi_blocks.py`) of every prompt on the batched loop, `batch_size` at a time:
-    whole blocks until `max_new_tokens` or a block with a stop token (the loop's budget covers them)."""
+    """Block Jacobi decoding (`text/jacobi_blocks.py`) of every prompt, `batch_size` at a time: whole blocks until
+    `max_new_tokens` or a block with a stop token."""
     drafters = [JacobiBlocks(block_size, seed, stop_ids) for seed in seeds]
     budget = -(-max_new_tokens // block_size) * block_size + 1
     run_batch(target, lambda i: drafters[i], prompts, budget, SamplingParams(), (), batch_size=batch_size,
               max_draft=block_size)
     return [d.blocks for d in drafters]
-
-
-# ----------------------------------------------------------------------------------------------------
-# output folder: metadata, shards, merge
 
 
 def read_meta(folder: Path) -> dict:
@@ -106,14 +88,8 @@ def check_meta(old: dict, new: dict) -> None:
 
 
 def write_parquet_atomic(rows: list[dict], path: Path) -> None:
-    table = pa.Table.from_pylist(rows, schema=schema())
+    table = pa.Table.from_pylist(rows, schema=SCHEMA)
     atomic_write(path, lambda tmp: pq.write_table(table, tmp))
-
-
-def schema():
-    ids = pa.list_(pa.int32())
-    return pa.schema([("data_id", pa.int64()), ("block", pa.int32()), ("prompt_ids", ids),
-                      ("trajectory", pa.list_(ids)), ("fixed_point", ids), ("iterations", pa.int32())])
 
 
 def shard_files(folder: Path) -> list[Path]:
@@ -154,15 +130,10 @@ def merge_shards(folder: Path) -> Path:
     if not shard_files(folder):
         raise UsageError(f"{folder} holds no trajectory shards to merge")
     merged = folder / MERGED / "train.parquet"
-    if merged.exists():
-        merged.unlink()  # rebuilt from the shards (the source of truth)
+    merged.unlink(missing_ok=True)  # rebuilt from the shards (the source of truth)
     rows = load_records(folder)
     write_parquet_atomic(rows, merged)
     return merged
-
-
-# ----------------------------------------------------------------------------------------------------
-# the command's library entry
 
 
 def load_prompt_texts(cfg: CollectConfig) -> tuple[list[str], str, str]:
@@ -173,13 +144,11 @@ def load_prompt_texts(cfg: CollectConfig) -> tuple[list[str], str, str]:
         texts = read_prompts(cfg.prompts, field=cfg.prompt_field)
         source = str(Path(cfg.prompts).expanduser().resolve())
         fp = hashlib.sha256("\n\0".join(texts).encode("utf-8")).hexdigest()[:12]
-    if cfg.offset < 0 or cfg.limit < 0:
-        raise UsageError("limit and offset must be >= 0")
     texts = texts[cfg.offset:]
     texts = texts[: cfg.limit] if cfg.limit else texts
     if not texts:
         raise UsageError(f"no prompts left in {source} after offset {cfg.offset}")
-    guard_training_prompts(texts)  # HumanEval is never used for training
+    assert_no_humaneval_overlap(texts)  # HumanEval is never used for training
     return texts, source, fp
 
 
@@ -200,9 +169,10 @@ def collect(cfg: CollectConfig, out: Path, on_prompt: Callable[[int, int, float]
     """Collect trajectories for this rank's share of the prompts into `out` (resumable)."""
     if cfg.block_size < 2:
         raise UsageError(f"block_size must be >= 2, got {cfg.block_size}")
-    if cfg.max_new_tokens < 1 or cfg.shard_every < 1 or cfg.batch_size < 1:
-        raise UsageError("max_new_tokens, shard_every and batch_size must be >= 1")
-    rank, world = rank_and_world()
+    shard = launcher_shard() or Shard()  # this rank's share under torchrun / accelerate
+    if not 0 <= shard.index < shard.count:
+        raise UsageError(f"bad RANK={shard.index} / WORLD_SIZE={shard.count}")
+    rank = shard.index
     texts, source, fingerprint = load_prompt_texts(cfg)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -219,16 +189,10 @@ def collect(cfg: CollectConfig, out: Path, on_prompt: Callable[[int, int, float]
     else:
         atomic_write_text(out / META, json.dumps(meta, indent=2, sort_keys=True))
     have = done_ids(out)
-    mine = [i for i in range(len(texts)) if (cfg.offset + i) % world == rank]
+    mine = [i for i in range(len(texts)) if shard.owns(cfg.offset + i)]
     todo = [i for i in mine if cfg.offset + i not in have]
     t0, blocks, iters, pending = time.perf_counter(), 0, 0, []
     chunk = len(list((out / SHARDS).glob(f"rank{rank:02d}-*.parquet"))) if (out / SHARDS).is_dir() else 0
-
-    def flush() -> None:
-        nonlocal chunk, pending
-        if pending:
-            write_parquet_atomic(pending, out / SHARDS / f"rank{rank:02d}-{chunk:05d}.parquet")
-            chunk, pending = chunk + 1, []
 
     for start in range(0, len(todo), cfg.shard_every):  # one shard's prompts at a time, decoded in batches
         chunk_ids = todo[start : start + cfg.shard_every]
@@ -242,6 +206,8 @@ def collect(cfg: CollectConfig, out: Path, on_prompt: Callable[[int, int, float]
                 iters += r["iterations"]
             if on_prompt:
                 on_prompt(blocks, iters, time.perf_counter() - t0)
-        flush()
-    return CollectSummary(str(out), rank, world, len(todo), len(mine) - len(todo), blocks,
+        if pending:
+            write_parquet_atomic(pending, out / SHARDS / f"rank{rank:02d}-{chunk:05d}.parquet")
+            chunk, pending = chunk + 1, []
+    return CollectSummary(str(out), rank, shard.count, len(todo), len(mine) - len(todo), blocks,
                           iters / blocks if blocks else 0.0, time.perf_counter() - t0)

@@ -11,14 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from specgen.data.prompts import PromptSourceError, guard_training_prompts, read_prompts
+from specgen.data.prompts import PromptSourceError, read_prompts
 from specgen.data.stdlib_prompts import (
     HumanEvalOverlapError,
     assert_no_humaneval_overlap,
     find_humaneval_overlaps,
     stdlib_fingerprint,
     stdlib_functions,
-    stdlib_prompt_records,
     stdlib_prompts,
 )
 from specgen.data.humaneval import build_user_message, load_problems
@@ -35,15 +34,21 @@ def test_stdlib_prompts_count_and_shape():
     assert len(set(prompts)) == len(prompts)
     starts = ("Write a Python function", "Complete the following", "Without importing")
     assert all(p.startswith(starts) for p in prompts)
-    assert {r.template for r in stdlib_prompt_records()} >= {"docstring", "signature", "named", "reimplement", "verb"}
+    call = "Write a Python function `"  # the verb and signature templates start with the call itself
+    templates = {"docstring": lambda p: p.startswith("Complete the following"),
+                 "named": lambda p: p.startswith("Write a Python function named `"),
+                 "reimplement": lambda p: p.startswith("Without importing `"),
+                 "verb": lambda p: p.startswith(call) and ")` that " in p,
+                 "signature": lambda p: p.startswith(call) and ")`. " in p}
+    assert all(any(map(found, prompts)) for found in templates.values())
     assert stdlib_prompts(limit=5) == prompts[:5]
 
 
 def test_stdlib_stubs_are_valid_python():
-    for record in stdlib_prompt_records():
-        if record.template == "docstring":
-            code = record.text.split("```python\n", 1)[1].rsplit("```", 1)[0]
-            compile(code, record.source, "exec")
+    for text in stdlib_prompts():
+        if text.startswith("Complete the following"):
+            code = text.split("```python\n", 1)[1].rsplit("```", 1)[0]
+            compile(code, "<stub>", "exec")
 
 
 def test_stdlib_prompts_identical_across_processes_and_hash_seeds():
@@ -84,8 +89,8 @@ def test_overlap_guard_catches_planted_humaneval_prompts():
     with pytest.raises(HumanEvalOverlapError, match=first):
         assert_no_humaneval_overlap(prompts)
     with pytest.raises(ValueError):
-        guard_training_prompts(prompts)
-    assert guard_training_prompts(clean) == clean
+        assert_no_humaneval_overlap(prompts)
+    assert_no_humaneval_overlap(clean)
 
 
 def test_overlap_guard_allows_shared_names_without_shared_text():

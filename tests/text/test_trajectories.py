@@ -94,7 +94,7 @@ def test_resume_after_interruption_equals_uninterrupted(tiny_text, tmp_path):
     assert again.prompts == 0 and rows(part) == rows(whole)
     ds = __import__("datasets").load_dataset("parquet", data_files=str(part / "shards" / "*.parquet"), split="train",
                                              cache_dir=str(tmp_path / "hf"))
-    assert len(ds) == len(rows(whole)) and set(ds.column_names) == set(T.COLUMNS)
+    assert len(ds) == len(rows(whole)) and set(ds.column_names) == set(T.SCHEMA.names)
 
 
 def test_ranks_shard_and_merge_is_idempotent(tiny_text, tmp_path, monkeypatch):
