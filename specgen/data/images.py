@@ -28,7 +28,8 @@ def _sklearn(name: str) -> np.ndarray:
 def _grace_hopper() -> np.ndarray:
     from matplotlib import cbook  # deferred: start-up, as skimage above
 
-    with Image.open(cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)) as im:
+    path = cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)
+    with Image.open(path) as im:
         return np.asarray(im.convert("RGB"))
 
 

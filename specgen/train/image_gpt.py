@@ -133,7 +133,7 @@ def token_dataset(cfg: ImageGPTTrainConfig, log: Callable[[str], None], down: in
 
     return {**cached_tokens(path, build, log), "classes": list(IMAGE_CLASSES), "vq_sha": digest,
             "grid": crop // down // vq.config.downsample, "codebook_size": vq.config.codebook_size,
-            "vq_model": vq, "vq_doc": {**doc, "image_size": crop // down}}
+            "vq_model": vq, "image_size": crop // down}
 
 
 # --- model and sampling ---------------------------------------------------------------------------------
@@ -328,7 +328,7 @@ def register(cfg: ImageGPTTrainConfig, model: Transformer, data: dict, metrics: 
     meta = {"builder": "llamagen-gpt", "kwargs": mcfg.to_dict(), "vocab_size": mcfg.vocab_size,
             "modality": "image", "parent": None, "vq": cfg.vq_name, "grid": mcfg.rope_grid,
             "classes": list(data["classes"]), "num_classes": mcfg.num_classes, "cls_token_num": mcfg.n_cond,
-            "image_size": int(data["vq_doc"].get("image_size", 64)), "vq_sha": data["vq_sha"],
+            "image_size": data["image_size"], "vq_sha": data["vq_sha"],
             "cfg_scale": cfg.cfg_scale, "created_by": command, "train_config": asdict(cfg), "metrics": metrics}
     publish("target", cfg.name, cfg.ship_dir, fp16_state(model), meta, "tiny-image-gpt")
 
