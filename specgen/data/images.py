@@ -13,28 +13,16 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 
-def _skimage(name: str) -> Callable[[], np.ndarray]:
-    def load() -> np.ndarray:
-        import skimage.data  # deferred: start-up (only the sources a run crops are imported)
-
-        return getattr(skimage.data, name)()
-
-    return load
-
-
-def _motorcycle() -> np.ndarray:
+def _skimage():
     import skimage.data  # deferred: start-up (only the sources a run crops are imported)
 
-    return skimage.data.stereo_motorcycle()[0]  # left view only; the right view is nearly identical
+    return skimage.data
 
 
-def _sklearn(name: str) -> Callable[[], np.ndarray]:
-    def load() -> np.ndarray:
-        from sklearn.datasets import load_sample_image  # deferred: start-up, as skimage above
+def _sklearn(name: str) -> np.ndarray:
+    from sklearn.datasets import load_sample_image  # deferred: start-up, as skimage above
 
-        return load_sample_image(name)
-
-    return load
+    return load_sample_image(name)
 
 
 def _grace_hopper() -> np.ndarray:
@@ -48,22 +36,22 @@ def _grace_hopper() -> np.ndarray:
 # Only loaders that read files shipped inside the installed wheels (research/offline_assets.md).
 # Never add skimage loaders that go through pooch (eagle, lily, cells3d, ...) or sklearn fetch_*.
 _SOURCES: dict[str, Callable[[], np.ndarray]] = {
-    "astronaut": _skimage("astronaut"),
-    "chelsea": _skimage("chelsea"),
-    "coffee": _skimage("coffee"),
-    "rocket": _skimage("rocket"),
-    "hubble": _skimage("hubble_deep_field"),
-    "retina": _skimage("retina"),
-    "immunohistochemistry": _skimage("immunohistochemistry"),
-    "motorcycle": _motorcycle,
-    "china": _sklearn("china.jpg"),  # CC BY 2.0 (Flickr: danielbuechele)
-    "flower": _sklearn("flower.jpg"),  # CC BY 2.0 (Flickr: vultilion)
+    "astronaut": lambda: _skimage().astronaut(),
+    "chelsea": lambda: _skimage().chelsea(),
+    "coffee": lambda: _skimage().coffee(),
+    "rocket": lambda: _skimage().rocket(),
+    "hubble": lambda: _skimage().hubble_deep_field(),
+    "retina": lambda: _skimage().retina(),
+    "immunohistochemistry": lambda: _skimage().immunohistochemistry(),
+    "motorcycle": lambda: _skimage().stereo_motorcycle()[0],  # left view only; the right is nearly identical
+    "china": lambda: _sklearn("china.jpg"),  # CC BY 2.0 (Flickr: danielbuechele)
+    "flower": lambda: _sklearn("flower.jpg"),  # CC BY 2.0 (Flickr: vultilion)
     "grace_hopper": _grace_hopper,
-    "camera": _skimage("camera"),  # greyscale sources are replicated to 3 channels
-    "coins": _skimage("coins"),
-    "moon": _skimage("moon"),
-    "clock": _skimage("clock"),
-    "brick": _skimage("brick"),
+    "camera": lambda: _skimage().camera(),  # greyscale sources are replicated to 3 channels
+    "coins": lambda: _skimage().coins(),
+    "moon": lambda: _skimage().moon(),
+    "clock": lambda: _skimage().clock(),
+    "brick": lambda: _skimage().brick(),
 }
 
 IMAGE_CLASSES: tuple[str, ...] = tuple(_SOURCES)  # fixed order: class id = position in this tuple
@@ -182,3 +170,8 @@ class ImageCrops(Dataset):
         """Stack items: images [B,3,S,S], labels [B] (int64)."""
         items = [self[i] for i in indices]
         return torch.stack([im for im, _ in items]), torch.tensor([lb for _, lb in items], dtype=torch.long)
+
+
+def crops(split: str, n: int, crop_size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first `n` crops of a split: images [n,3,S,S] in [-1,1], labels [n]."""
+    return ImageCrops(ImageCropsConfig(split=split, num_samples=n, crop_size=crop_size, seed=seed)).batch(range(n))

@@ -121,7 +121,7 @@ def checked_rows(cfg: ImageBenchConfig) -> ImageBenchConfig:
 def target_nll(im: ImageModel, cfg_scale: float, cond: int | Caption, tokens: list[int]) -> float:
     """Mean NLL per token of `tokens` under the target's CFG distribution at temperature 1, given the
     image's condition (class id, c2i; Caption, t2i)."""
-    parts, prompt, _ = conditioned(im, cfg_scale, cond)
+    parts, prompt = conditioned(im, cfg_scale, cond)
     target, p = parts.target, len(prompt)
     device = getattr(target, "device", "cpu")
     cache = target.new_cache(1, p + len(tokens) + 1)

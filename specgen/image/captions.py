@@ -28,16 +28,12 @@ class Caption:
 
 def left_pad(features: torch.Tensor, mask: torch.Tensor, n_cond: int) -> list[Caption]:
     """Captions from features [N, L, C] and mask [N, L] bool, real tokens moved to the last slots of n_cond."""
-    n, length, dim = features.shape
     out = []
-    for i in range(n):
-        real = features[i][mask[i]]  # [k, C], in order
+    for i in range(features.shape[0]):
+        real = features[i][mask[i]].float()  # [k, C], in order
         k = real.shape[0]
-        padded = torch.zeros(n_cond, dim, dtype=torch.float32)
-        padded[n_cond - k :] = real.float()
-        valid = torch.zeros(n_cond, dtype=torch.bool)
-        valid[n_cond - k :] = True
-        out.append(Caption(padded, valid, i))
+        padded = torch.cat([real.new_zeros(n_cond - k, real.shape[1]), real])  # [n_cond, C]
+        out.append(Caption(padded, torch.arange(n_cond) >= n_cond - k, i))
     return out
 
 
@@ -78,17 +74,14 @@ def read_captions(path: str | Path, n_cond: int, caption_dim: int) -> list[Capti
         raise UsageError(f"{path.name}: captions have {length} token slots; the model takes at most {n_cond}")
     if dim != caption_dim:
         raise IncompatibleError(f"{path.name}: caption features are {dim} wide but the model expects {caption_dim}")
-    mask = arrays.get("mask")
-    if mask is None:
-        mask = torch.ones(n, length, dtype=torch.bool)
-    else:
-        mask = mask.unsqueeze(0) if mask.dim() == 1 and n == 1 else mask
-        if tuple(mask.shape) != (n, length):
-            raise UsageError(f"{path.name}: mask must be [N, L] = {[n, length]}, got {list(mask.shape)}")
-        if mask.dtype != torch.bool:
-            if mask.is_floating_point() or mask.is_complex() or not bool(((mask == 0) | (mask == 1)).all()):
-                raise UsageError(f"{path.name}: mask must be bool or 0/1 integers")
-            mask = mask.bool()
+    mask = arrays.get("mask", torch.ones(n, length, dtype=torch.bool))
+    mask = mask.unsqueeze(0) if mask.dim() == 1 and n == 1 else mask
+    if tuple(mask.shape) != (n, length):
+        raise UsageError(f"{path.name}: mask must be [N, L] = {[n, length]}, got {list(mask.shape)}")
+    if mask.dtype != torch.bool:
+        if mask.is_floating_point() or mask.is_complex() or not bool(((mask == 0) | (mask == 1)).all()):
+            raise UsageError(f"{path.name}: mask must be bool or 0/1 integers")
+        mask = mask.bool()
     counts = mask.sum(1)
     if int(counts.min()) == 0:
         raise UsageError(f"{path.name}: caption {int(counts.argmin())} has no valid token (mask all false)")

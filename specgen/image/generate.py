@@ -17,6 +17,7 @@ from specgen.decoding.cost import cost_of
 from specgen.decoding.stats import DecodeStats
 from specgen.devices import device_name, resolve_dtype
 from specgen.errors import IncompatibleError, UsageError
+from specgen.eval.plots import image_grid
 from specgen.image.captions import Caption, read_captions
 from specgen.image.methods import ImageParts, build_image_method
 from specgen.image.target import cfg_target
@@ -172,13 +173,12 @@ def image_conditions(im: ImageModel, cfg: ImageGenConfig, flags: dict[str, str] 
     return [captions[i % len(captions)] for i in range(n)]
 
 
-def conditioned(im: ImageModel, cfg_scale: float, cond: int | Caption) -> tuple[ImageParts, list[int], int]:
-    """Method inputs, decode prompt and label (class id, or caption index in its file) for one condition."""
-    caption = cond if isinstance(cond, Caption) else None
-    parts = im.parts(cfg_scale, caption)
-    if caption is None:
-        return parts, [cond], cond
-    return parts, parts.target.prompt(), caption.index
+def conditioned(im: ImageModel, cfg_scale: float, cond: int | Caption) -> tuple[ImageParts, list[int]]:
+    """Method inputs and decode prompt for one condition (class id or caption)."""
+    if isinstance(cond, Caption):
+        parts = im.parts(cfg_scale, cond)
+        return parts, parts.target.prompt()
+    return im.parts(cfg_scale), [cond]
 
 
 @dataclass(frozen=True)
@@ -262,24 +262,19 @@ class PngWriter:
 
     def __init__(self, out_dir: Path, method: str, names: list[str]) -> None:
         self.out_dir, self.method, self.names = Path(out_dir), method, names
-        self.images: dict[int, Image.Image] = {}
+        self.pixels: dict[int, torch.Tensor] = {}
 
     def add(self, j: int, label: int, pixels: torch.Tensor) -> Path:
         """Image j's file (`pixels` [3, H, W] in [-1, 1])."""
+        self.pixels[j] = pixels
         array = ((pixels.permute(1, 2, 0) + 1) * 127.5).round().clamp(0, 255).byte().numpy()
-        self.images[j] = Image.fromarray(array)
         name = self.names[label] if label < len(self.names) else label
-        return self.save(self.images[j], f"{self.method}-{j:03d}-{name}.png")
+        return self.save(Image.fromarray(array), f"{self.method}-{j:03d}-{name}.png")
 
     def grid(self) -> Path:
         """All images so far, in order, 8 to a row."""
-        images = [self.images[j] for j in sorted(self.images)]
-        cols = min(8, len(images))
-        w, h = images[0].size
-        grid = Image.new("RGB", (cols * w, (len(images) + cols - 1) // cols * h))
-        for i, im in enumerate(images):
-            grid.paste(im, ((i % cols) * w, (i // cols) * h))
-        return self.save(grid, f"{self.method}-grid.png")
+        return self.save(image_grid(torch.stack([self.pixels[j] for j in sorted(self.pixels)])),
+                         f"{self.method}-grid.png")
 
     def save(self, image: Image.Image, name: str) -> Path:
         prepare_out_dir(self.out_dir)

@@ -11,7 +11,7 @@ import torch
 from specgen.decoding.accept_relaxed import accept_lantern
 from specgen.errors import UsageError
 from specgen.image.neighbours import neighbour_table, scaled_k
-from specgen.methods import METHODS, get_method
+from specgen.methods import get_method
 from specgen.methods import options as O
 from specgen.methods.adt_tree import AdtPolicy
 from specgen.methods.eagle import EagleTreeDrafter, FixedShape, TreeShape
@@ -53,30 +53,6 @@ def lantern_rule(parts: ImageParts, o: O.LanternTreeOptions | O.AdtLanternOption
     return partial(accept_lantern, neighbours=table, delta=o.lantern_delta)
 
 
-def ar(p: ImageParts, o: O.NoOptions):
-    return EmptyDrafter(), None
-
-
-def eagle2(p: ImageParts, o: O.TreeOptions):
-    return eagle_drafter(p, fixed(o)), None
-
-
-def adt_tree(p: ImageParts, o: O.AdtOptions):
-    return eagle_drafter(p, adt(p, o)), None
-
-
-def lantern(p: ImageParts, o: O.LanternTreeOptions):
-    return eagle_drafter(p, fixed(o)), lantern_rule(p, o)
-
-
-def adt_tree_lantern(p: ImageParts, o: O.AdtLanternOptions):
-    return eagle_drafter(p, adt(p, o)), lantern_rule(p, o)
-
-
-def vvs(p: ImageParts, o: O.VvsOptions):
-    return build_vvs(eagle_drafter(p, fixed(o)), p.codebook, o), lantern_rule(p, o)
-
-
 def mulo_sd(p: ImageParts, o: O.MuloOptions):
     if p.model.cfg.cond_kind == "caption":
         raise UsageError("mulo-sd supports class-conditional (c2i) targets only; its low-res drafter takes a label")
@@ -103,9 +79,12 @@ def build_image_method(name: str, parts: ImageParts, options: dict | O.Options):
     return BUILDERS[get_method(name).build_image](parts, typed(name, options))
 
 
-BUILDERS: dict[str, Builder] = {"ar": ar, "eagle2": eagle2, "adt_tree": adt_tree, "lantern": lantern,
-                                "adt_tree_lantern": adt_tree_lantern, "vvs": vvs, "mulo_sd": mulo_sd}
-
-#: Method name -> builder of (parts, options dict or object), read off the method table (tests call one directly).
-IMAGE_METHODS: dict[str, Builder] = {name: partial(build_image_method, name) for name, spec in METHODS.items()
-                                     if spec.build_image}
+BUILDERS: dict[str, Builder] = {
+    "ar": lambda p, o: (EmptyDrafter(), None),
+    "eagle2": lambda p, o: (eagle_drafter(p, fixed(o)), None),
+    "adt_tree": lambda p, o: (eagle_drafter(p, adt(p, o)), None),
+    "lantern": lambda p, o: (eagle_drafter(p, fixed(o)), lantern_rule(p, o)),
+    "adt_tree_lantern": lambda p, o: (eagle_drafter(p, adt(p, o)), lantern_rule(p, o)),
+    "vvs": lambda p, o: (build_vvs(eagle_drafter(p, fixed(o)), p.codebook, o), lantern_rule(p, o)),
+    "mulo_sd": mulo_sd,
+}

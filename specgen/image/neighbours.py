@@ -1,8 +1,4 @@
-"""LANTERN latent-neighbour tables: k nearest VQ codebook entries per code, cached by codebook hash.
-
-Distances are Euclidean on the raw codebook weights (as LANTERN computes them for LlamaGen), self
-excluded. The table is an artefact in $SPECGEN_HOME/artefacts/neighbours/<sha256[:16]>-k<k>.safetensors.
-"""
+"""LANTERN latent-neighbour tables: k nearest VQ codebook entries per code, cached by codebook hash."""
 
 from __future__ import annotations
 
@@ -21,7 +17,7 @@ def codebook_hash(codebook: torch.Tensor) -> str:
 
 
 def compute_neighbours(codebook: torch.Tensor, k: int) -> torch.Tensor:
-    """[V, k] int64 indices of the k nearest other codes, nearest first."""
+    """[V, k] int64 indices of the k nearest other codes, nearest first (Euclidean on the raw weights, as LANTERN)."""
     cb = codebook.detach().float()
     d = torch.cdist(cb, cb)
     d.fill_diagonal_(float("inf"))

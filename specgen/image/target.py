@@ -53,8 +53,7 @@ class CFGTarget:
         embeds = self.model.cls_embedding(labels)  # [branches, 1, dim]
         positions = torch.zeros(self.branches, 1, dtype=torch.long, device=self.device)
         logits, hidden = self.model(None, positions, cache, embeds=embeds)
-        for row in range(self.branches):
-            cache.commit(row, [0])
+        self.commit(cache, [0])
         return TargetOut(self.combine(logits), hidden)
 
     @torch.inference_mode()
@@ -81,10 +80,6 @@ class CaptionCFGTarget(CFGTarget):
         self.captions = list(caption) if isinstance(caption, (list, tuple)) else [caption]
         self.n_cond = model.cfg.n_cond
 
-    @property
-    def caption(self) -> Caption:
-        return self.captions[0]
-
     def prompt(self, i: int = 0) -> list[int]:
         """The n_cond condition positions of caption i (the ids name the caption; their count sets the positions)."""
         return [i] * self.n_cond
@@ -103,8 +98,7 @@ class CaptionCFGTarget(CFGTarget):
         valid = caption.valid.to(self.device)[None].expand(b, n)  # [b, n]
         positions = torch.arange(n, device=self.device).expand(b, n)  # zero RoPE rows
         hidden = self.model.hidden_states(emb(captions), positions, cache, padded_causal_mask(valid))
-        for row in range(b):
-            cache.commit(row, list(range(n)))
+        self.commit(cache, list(range(n)))
         cache.key_mask = valid.clone()  # padded slots stay hidden from every later query
         return TargetOut(self.combine(self.model.output(hidden[:, -1:])), hidden)
 

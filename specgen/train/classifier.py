@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from specgen import checkpoints, registry
-from specgen.data.images import ImageCrops, ImageCropsConfig
+from specgen.data.images import IMAGE_CLASSES, ImageCrops, ImageCropsConfig, crops
 from specgen.errors import UsageError
 from specgen.eval.image_metrics import class_accuracy
 from specgen.models.classifier import ImageClassifier
@@ -72,21 +72,15 @@ def per_class_accuracy(model: ImageClassifier, images: torch.Tensor, labels: tor
 
 
 def evaluate(model: ImageClassifier, cfg: ClassifierTrainConfig) -> dict[str, Any]:
-    """Accuracy on held-out eval-split crops and on unseen train-region crops (seed data_seed + 2), real and VQ'd.
-
-    The eval strips partly show content the train region never does (table, wall, background), so their
-    accuracy bounds generalisation; generated images imitate train-region content, measured by the other two.
-    """
-    data_cfg = ImageCropsConfig(crop_size=cfg.crop_size, seed=cfg.data_seed)
-    eval_data = ImageCrops(replace(data_cfg, split="eval", num_samples=cfg.eval_samples))
-    eval_images, eval_labels = eval_data.batch(range(cfg.eval_samples))  # [N,3,S,S], [N]
+    """Accuracy on held-out eval-split crops and on unseen train-region crops (seed data_seed + 2), real and VQ'd
+    (docs/training.md: why both)."""
+    eval_images, eval_labels = crops("eval", cfg.eval_samples, cfg.crop_size, cfg.data_seed)  # [N,3,S,S], [N]
     n = cfg.eval_samples // 2
-    fresh_images, fresh_labels = ImageCrops(replace(data_cfg, split="train", num_samples=n, seed=cfg.data_seed + 2)
-                                            ).batch(range(n))  # [n,3,S,S], [n]
+    fresh_images, fresh_labels = crops("train", n, cfg.crop_size, cfg.data_seed + 2)  # [n,3,S,S], [n]
     model.eval()
     m: dict[str, Any] = {
         "heldout_accuracy": class_accuracy(model, eval_images, eval_labels),
-        "heldout_per_class": dict(zip(eval_data.classes, per_class_accuracy(model, eval_images, eval_labels))),
+        "heldout_per_class": dict(zip(IMAGE_CLASSES, per_class_accuracy(model, eval_images, eval_labels))),
         "eval_samples": cfg.eval_samples,
         "unseen_train_crops_accuracy": class_accuracy(model, fresh_images, fresh_labels), "unseen_train_crops": n,
     }
@@ -150,15 +144,13 @@ def train(cfg: ClassifierTrainConfig, out: Path, log: Callable[[str], None] = la
     torch.manual_seed(cfg.seed)
     data_cfg = ImageCropsConfig(crop_size=cfg.crop_size, seed=cfg.data_seed)
     train_data = ImageCrops(replace(data_cfg, split="train", num_samples=cfg.steps * cfg.batch_size))
-    eval_images, eval_labels = ImageCrops(replace(data_cfg, split="eval", num_samples=cfg.eval_samples)).batch(
-        range(cfg.eval_samples))  # [N,3,S,S], [N]
+    eval_images, eval_labels = crops("eval", cfg.eval_samples, cfg.crop_size, cfg.data_seed)  # [N,3,S,S], [N]
     kwargs = {"num_classes": train_data.num_classes, "widths": list(cfg.widths), "groups": cfg.groups,
               "image_size": cfg.crop_size, "dropout": cfg.dropout}
     pool_images, pool_labels = torch.zeros(0, 3, cfg.crop_size, cfg.crop_size), torch.zeros(0, dtype=torch.long)
     if cfg.vq and cfg.vq_pool > 0:
         c = time.process_time()
-        pool_cfg = replace(data_cfg, split="train", num_samples=cfg.vq_pool, seed=cfg.data_seed + 1)
-        pool_images, pool_labels = ImageCrops(pool_cfg).batch(range(cfg.vq_pool))  # [P,3,S,S], [P]
+        pool_images, pool_labels = crops("train", cfg.vq_pool, cfg.crop_size, cfg.data_seed + 1)  # [P,3,S,S], [P]
         pool_images = vq_reconstructions(cfg.vq, pool_images)
         log(f"VQ pool: {cfg.vq_pool} train crops reconstructed by {cfg.vq} ({time.process_time() - c:.0f}s cpu)")
     k = round(cfg.vq_fraction * cfg.batch_size) if len(pool_images) else 0  # pool images per batch

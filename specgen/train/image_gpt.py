@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
@@ -13,21 +12,19 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from PIL import Image
 from safetensors.torch import load_file
 
-from specgen import checkpoints, devices
+from specgen import checkpoints, devices, registry
 from specgen.data.images import IMAGE_CLASSES, ImageCrops, ImageCropsConfig
 from specgen.decoding.recorder import FeatureRecorder
 from specgen.decoding.sampling import SamplingParams
-from specgen.errors import SpecgenError, UsageError
+from specgen.errors import UsageError
+from specgen.eval.plots import image_grid
 from specgen.image.captions import Caption
-from specgen.image.methods import ImageParts, build_image_method
 from specgen.image.target import cfg_target
 from specgen.methods import run_batch
 from specgen.models.llamagen import GPT_CONFIGS, find_multiple, llamagen_config
 from specgen.models.transformer import Transformer, TransformerConfig
-from specgen.models.vq import VQConfig, VQModel
 from specgen.train.checkpoint import check_outputs, fp16_state, publish, save_tensors, shipped_copy
 from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask
 from specgen.train.optim import OptimConfig
@@ -63,25 +60,22 @@ class ImageGPTTrainConfig(OptimConfig):
     name: str = "image-gpt"  # registry target name ("" = do not register)
     ship_dir: str = ""  # also write model.safetensors + config.json here (e.g. specgen/assets/image/gpt)
 
+    def down(self) -> int:
+        """Area downscale of every crop before tokenisation (1: the crops as they are)."""
+        return 1
+
 
 # --- VQ and token data ----------------------------------------------------------------------------------
 
 def load_vq(ref: str):
     """(VQModel in eval mode, its config.json dict, sha256 of its weights file) of a folder or registry name."""
     folder = Path(ref)
+    entry = registry.entry_at(folder) if (folder / "config.json").is_file() else checkpoints.find(ref)
     try:
-        if not (folder / "config.json").is_file():
-            folder = checkpoints.find(ref).path
-        doc = json.loads((folder / "config.json").read_text())
-        model = VQModel(VQConfig.from_dict(doc.get("config") or doc.get("kwargs")))
-        raw = (folder / "model.safetensors").read_bytes()
-        state = load_file(str(folder / "model.safetensors"))
-        model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()}, strict=True)
-    except SpecgenError:
-        raise
-    except Exception as e:
+        raw = (entry.path / "model.safetensors").read_bytes()
+    except OSError as e:
         raise UsageError(f"cannot load the VQ {ref!r}: {e}") from None
-    return model.eval(), doc, hashlib.sha256(raw).hexdigest()[:16]
+    return checkpoints.load_module(entry), entry.meta, hashlib.sha256(raw).hexdigest()[:16]
 
 
 def downscale(images: torch.Tensor, factor: int) -> torch.Tensor:
@@ -139,7 +133,7 @@ def token_dataset(cfg: ImageGPTTrainConfig, log: Callable[[str], None], down: in
 
     return {**cached_tokens(path, build, log), "classes": list(IMAGE_CLASSES), "vq_sha": digest,
             "grid": crop // down // vq.config.downsample, "codebook_size": vq.config.codebook_size,
-            "vq_model": vq, "vq_doc": {**doc, "image_size": crop // down}}
+            "vq_model": vq, "image_size": crop // down}
 
 
 # --- model and sampling ---------------------------------------------------------------------------------
@@ -174,8 +168,7 @@ def heldout_loss(model: Transformer, tokens: torch.Tensor, labels: torch.Tensor)
 def sample_c2i(model: Transformer, labels: torch.Tensor, cfg_scale: float = 4.0, temperature: float = 1.0,
                top_k: int = 0, top_p: float = 1.0, generator: torch.Generator | None = None,
                features: bool = False):
-    """Class-conditional AR samples (LlamaGen `generate`, logits-level CFG over the [cond; null] pair), tokens
-    [B, G*G], on the shared batched decoding loop (`decode_images`)."""
+    """Class-conditional AR samples (LlamaGen `generate`, logits-level CFG over the [cond; null] pair)."""
     prompts = [[int(c)] for c in labels]
     return decode_images(model, cfg_target(model, cfg_scale), prompts, temperature, top_k, top_p, generator, features)
 
@@ -184,8 +177,7 @@ def sample_c2i(model: Transformer, labels: torch.Tensor, cfg_scale: float = 4.0,
 def sample_t2i(model: Transformer, captions: list[Caption], cfg_scale: float = 4.0, temperature: float = 1.0,
                top_k: int = 0, top_p: float = 1.0, generator: torch.Generator | None = None,
                features: bool = False):
-    """Text-conditional AR samples as `CaptionCFGTarget` decodes a caption ([caption; uncond_embedding] rows under
-    its padding mask; image token r at position n_cond + r), on the shared loop; f_0 is the last condition slot's."""
+    """Text-conditional AR samples as `CaptionCFGTarget` decodes a caption; f_0 is the last condition slot's."""
     target = cfg_target(model, cfg_scale, list(captions))
     prompts = [target.prompt(i) for i in range(len(captions))]
     return decode_images(model, target, prompts, temperature, top_k, top_p, generator, features)
@@ -193,20 +185,14 @@ def sample_t2i(model: Transformer, captions: list[Caption], cfg_scale: float = 4
 
 def decode_images(model: Transformer, target, prompts: list[list[int]], temperature: float, top_k: int,
                   top_p: float, generator: torch.Generator | None, features: bool):
-    """AR images for `prompts` of a CFG `target`, all rows in one batch of the shared loop (`methods.run_batch`, the
-    image AR method `generate` runs). Returns tokens [B, G*G]; with `features` also the target's features
-    f_t [branches, B, G*G, D] (branch 0 cond, 1 null; t = 0 from the prefill) that the loop's forwards computed,
-    recorded by `FeatureRecorder` (EAGLE's training data).
+    """AR tokens [B, G*G] of `prompts` in one batch of the shared loop; with `features` also the target's features
+    f_t [branches, B, G*G, D] (branch 0 cond, 1 null; t = 0 from the prefill), EAGLE's training data.
 
-    Every row draws from the one `generator`: each step the loop draws the rows' tokens in row order, as
-    torch's multinomial of a [B, V] batch consumes a generator row after row, so the tokens are those of
-    LlamaGen's batched chain (tests/train/test_train_samplers.py pins them against one written out there)."""
+    Every row draws from the one `generator` in row order, as LlamaGen's batched multinomial does."""
     n = model.cfg.rope_grid ** 2
-    parts = ImageParts(model, target, None, None, model.cfg.rope_grid)
-    rule = build_image_method("ar", parts, {})[1]
-    recorders = [FeatureRecorder() for _ in prompts]
-    res = run_batch(parts.target, recorders.__getitem__, prompts, n, SamplingParams(temperature, top_k, top_p), (),
-                    [generator] * len(prompts), len(prompts), rule=rule)
+    recorders = [FeatureRecorder() for _ in prompts]  # each row's drafter: AR's empty one, recording the features
+    res = run_batch(target, recorders.__getitem__, prompts, n, SamplingParams(temperature, top_k, top_p), (),
+                    [generator] * len(prompts), len(prompts))
     tokens = torch.tensor([r.tokens for r in res.results], dtype=torch.long, device=model.device)
     if not features:
         return tokens
@@ -235,27 +221,15 @@ def class_accuracy(clf, tokens: torch.Tensor, labels: torch.Tensor, vocab: int) 
     return float((torch.from_numpy(clf.predict(code_histograms(tokens, vocab).numpy())) == labels).float().mean())
 
 
-def save_grid(images: torch.Tensor, nrow: int, path: Path) -> None:
-    """images [B,3,H,W] in [-1,1] -> one PNG with `nrow` images per row."""
-    b, _, h, w = images.shape
-    cols = nrow
-    rows = math.ceil(b / cols)
-    canvas = torch.ones(3, rows * (h + 2), cols * (w + 2))
-    for i, im in enumerate(images):
-        r, c = divmod(i, cols)
-        canvas[:, r * (h + 2) : r * (h + 2) + h, c * (w + 2) : c * (w + 2) + w] = (im.clamp(-1, 1) + 1) / 2
-    arr = (canvas.permute(1, 2, 0).numpy() * 255).round().astype("uint8")
-    Image.fromarray(arr).save(path)
-
-
 # --- the run ------------------------------------------------------------------------------------------------
 
 def train(cfg: ImageGPTTrainConfig, out: Path, log: Callable[[str], None] = lambda s: None,
-          command: str = "python -m specgen.train.image_gpt", down: int = 1, device: str = "cpu",
+          command: str = "python -m specgen.train.image_gpt", device: str = "cpu",
           mixed_precision: str = "no") -> dict[str, Any]:
-    """Train (or resume) in `out` on crops downscaled by `down`, register the result; returns the final metrics."""
+    """Train (or resume) in `out` on crops downscaled by `cfg.down()`, register the result; returns the metrics."""
     if cfg.steps < 1 or cfg.batch_size < 1 or cfg.grad_accum < 1:
         raise UsageError("steps, batch_size and grad_accum must be >= 1")
+    down = cfg.down()
     check_outputs([("target", cfg.name, cfg.ship_dir)])
     torch.set_num_threads(cfg.num_threads)
     out.mkdir(parents=True, exist_ok=True)
@@ -340,7 +314,7 @@ def final_eval(cfg: ImageGPTTrainConfig, model: Transformer, data: dict, out: Pa
     vq = data["vq_model"]
     with torch.no_grad():
         images = vq.decode_indices(toks.view(-1, model.cfg.rope_grid, model.cfg.rope_grid))
-    save_grid(images, cfg.samples_per_class * 2, out / "samples.png")
+    image_grid(images, cfg.samples_per_class * 2).save(out / "samples.png")
     log(f"final: held-out loss {eval_loss:.4f}; bag-of-codes classifier accuracy real held-out {real_acc:.3f}, "
         f"CFG {cfg.cfg_scale} samples {sample_acc:.3f} ({labels.shape[0]} samples, {sample_s:.0f}s); per class "
         f"{json.dumps({k: round(v, 2) for k, v in per_class.items()})}; grid {out / 'samples.png'}")
@@ -354,15 +328,17 @@ def register(cfg: ImageGPTTrainConfig, model: Transformer, data: dict, metrics: 
     meta = {"builder": "llamagen-gpt", "kwargs": mcfg.to_dict(), "vocab_size": mcfg.vocab_size,
             "modality": "image", "parent": None, "vq": cfg.vq_name, "grid": mcfg.rope_grid,
             "classes": list(data["classes"]), "num_classes": mcfg.num_classes, "cls_token_num": mcfg.n_cond,
-            "image_size": int(data["vq_doc"].get("image_size", 64)), "vq_sha": data["vq_sha"],
+            "image_size": data["image_size"], "vq_sha": data["vq_sha"],
             "cfg_scale": cfg.cfg_scale, "created_by": command, "train_config": asdict(cfg), "metrics": metrics}
     publish("target", cfg.name, cfg.ship_dir, fp16_state(model), meta, "tiny-image-gpt")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = script_parser("specgen.train.image_gpt", __doc__, "recipes/tiny/image-gpt.yaml")
-    cfg, args, log = parse_recipe(parser, ImageGPTTrainConfig, argv)
-    return print_metrics(train(cfg, Path(args.out), log, device=args.device))
+def main(argv: list[str] | None = None, config: type[ImageGPTTrainConfig] = ImageGPTTrainConfig,
+         module: str = "specgen.train.image_gpt", doc: str | None = __doc__,
+         recipe: str = "recipes/tiny/image-gpt.yaml") -> int:
+    """The script of `module` (this one, or image_gpt_lowres with its config class)."""
+    cfg, args, log = parse_recipe(script_parser(module, doc, recipe), config, argv)
+    return print_metrics(train(cfg, Path(args.out), log, command=f"python -m {module}", device=args.device))
 
 
 if __name__ == "__main__":

@@ -1,13 +1,8 @@
-"""Train the tiny point-cloud-conditioned mesh GPT on procedural meshes; resumable, writes fp16 safetensors.
-
-A step's batch is a pure function of (config, step): length-sorted pools of procedural train meshes within
-`max_tokens`, with a fresh point-cloud sample per step.
-"""
+"""Train the tiny point-cloud-conditioned mesh GPT on procedural meshes; resumable, writes fp16 safetensors."""
 
 from __future__ import annotations
 
 import copy
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -15,14 +10,12 @@ from typing import Any, Callable
 import numpy as np
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
 
-from specgen import registry
 from specgen.mesh.pointcloud import sample_surface
 from specgen.mesh.procedural import ProceduralSpec, generate_mesh, split_seeds
 from specgen.mesh.tokenizers import BPTTokenizer
 from specgen.models.mesh import MeshGPT
-from specgen.train.checkpoint import check_outputs, fp16_state, write_entry
+from specgen.train.checkpoint import check_outputs, fp16_state, publish, write_entry
 from specgen.train.mesh_embedding import FactoredTable
 from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask
 from specgen.train.optim import OptimConfig
@@ -206,8 +199,9 @@ class MeshTask(TrainTask):
 
 
 def train(cfg: MeshTrainConfig, out: Path, log: Callable[[str], None] = lambda s: None,
-          device: str = "cpu") -> dict[str, Any]:
-    """Run (or resume) training into `out` on the shared loop; returns the final metrics.
+          device: str = "cpu", register: str = "") -> dict[str, Any]:
+    """Run (or resume) training into `out` on the shared loop, install it as target/`register` (unless ""); returns
+    the final metrics.
 
     `max_minutes` counts the CPU time of the training process over all sessions: pauses (SIGSTOP) and other
     jobs on a shared machine do not eat the budget."""
@@ -225,20 +219,17 @@ def train(cfg: MeshTrainConfig, out: Path, log: Callable[[str], None] = lambda s
     progress = loop.run(task, state)
     step, history = progress.step, progress.history
     model.cpu()
-    if table is not None:
-        table.cpu()
     if not loop.is_main:
         return {}
     if table is not None:  # the shipped model is a plain MeshGPT: fold the factored table in (a copy)
         model = copy.deepcopy(model)
-        table.fold(model.decoder.tok_embeddings)
+        table.cpu().fold(model.decoder.tok_embeddings)
     ev = evaluate(model, task.val)
     metrics = {"steps": step, "train_minutes": round(progress.cpu / 60, 2), **{k: round(v, 4) for k, v in ev.items()},
                "history": history}
-    write_entry(out, fp16_state(model, untie=True), entry_meta(cfg, metrics))
-    if cfg.ship_dir:
-        write_entry(Path(cfg.ship_dir), fp16_state(model, untie=True),
-                    {"kind": "target", "name": Path(cfg.ship_dir).name, **entry_meta(cfg, metrics)})
+    state, meta = fp16_state(model, untie=True), entry_meta(cfg, metrics)
+    write_entry(out, state, meta)
+    publish("target", register, cfg.ship_dir, state, meta, Path(cfg.ship_dir).name)
     log(f"done: step {step}, val_loss {ev['val_loss']:.4f}, val_acc {ev['val_acc']:.4f}; wrote {out}/model.safetensors")
     return metrics
 
@@ -257,15 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = script_parser("specgen.train.mesh", __doc__, "recipes/tiny/mesh-gpt.yaml", config_required=True)
     parser.add_argument("--register", default=None, help="also install the result as target/NAME")
     cfg, args, log = parse_recipe(parser, MeshTrainConfig, argv)
-    out = Path(args.out)
-    if args.register:
-        check_outputs([("target", args.register, "")])  # the registry's write rule, before training
-    metrics = train(cfg, out, log, device=args.device)
-    if args.register:
-        meta = json.loads((out / "config.json").read_text())
-        registry.save("target", args.register, load_file(str(out / "model.safetensors")),
-                      {k: v for k, v in meta.items() if k not in ("kind", "name")})
-    return print_metrics(metrics)
+    check_outputs([("target", args.register or "", "")])  # the registry's write rule, before training
+    return print_metrics(train(cfg, Path(args.out), log, device=args.device, register=args.register or ""))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,4 @@
-"""Coordinate-factored token table for training the mesh GPT: table = free + features @ axes, folded at export.
-
-`fold` writes the sum into `tok_embeddings`, so the shipped model is a plain `MeshGPT` (docs/methods/xspecmesh.md).
-"""
+"""Coordinate-factored token table for training the mesh GPT: table = free + features @ axes, folded at export."""
 
 from __future__ import annotations
 

@@ -32,10 +32,7 @@ def noise_schedule(name: str, num_blocks: int, window: int, rng: random.Random |
 
 def first_mismatch(state: list[int], fixed: list[int]) -> int:
     """Index of the first token that differs from the fixed point (len when none does)."""
-    for i, (a, b) in enumerate(zip(state, fixed)):
-        if a != b:
-            return i
-    return len(fixed)
+    return next((i for i, (a, b) in enumerate(zip(state, fixed)) if a != b), len(fixed))
 
 
 def noise_ratio(state: list[int], fixed: list[int]) -> float:
@@ -115,20 +112,11 @@ def noise_aware_mask(segments: tuple[tuple[str, int, int, int], ...], variant: s
         if kind == "prompt":
             continue
         for kind2, j2, start2, length2 in segments:
-            if kind2 == "prompt":
-                see = True
-            elif j2 >= j:
-                see = False
-            elif kind == "clean":
-                see = kind2 == "clean"
-            elif variant == "noisy":
-                see = kind2 == "noisy"
-            elif variant == "clean":
-                see = kind2 == "clean"
-            else:  # window: clean context from earlier windows, noisy context inside the own window
-                same = j2 // window == j // window
-                see = (kind2 == "noisy") == same
-            if see:
+            # earlier blocks: clean rows read clean ones; noisy rows read noisy ones ("noisy"), clean ones ("clean"),
+            # or noisy ones inside their own window and clean ones before it ("window")
+            own_window = j2 // window == j // window
+            noisy_context = kind == "noisy" and (variant == "noisy" or variant == "window" and own_window)
+            if kind2 == "prompt" or (j2 < j and kind2 == ("noisy" if noisy_context else "clean")):
                 mask[rows, start2 : start2 + length2] = True
     return mask
 

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from specgen import devices
-from specgen.data.images import ImageCrops, ImageCropsConfig
+from specgen.data.images import ImageCrops, ImageCropsConfig, crops
 from specgen.errors import UsageError
 from specgen.models.vq import VQ_CONFIGS, VQConfig, VQModel
 from specgen.train.checkpoint import fp16_state, shipped_copy, write_entry
@@ -93,9 +93,7 @@ def evaluate(model: VQModel, images: torch.Tensor, batch_size: int = 64) -> dict
 
 class VQTrainer(TrainTask):
     """Owns model, optimiser and run directory: `state.safetensors` (resume), `model.safetensors`, `config.json`.
-
-    Trains on the shared loop (`specgen.train.loop`) in one process: dead-code restarts count code hits per
-    process, so several processes would restart different codes."""
+    One process only: dead-code restarts count code hits per process (`batch` refuses shards)."""
 
     def __init__(self, cfg: VQTrainConfig, out_dir: str | os.PathLike, log: Callable[[str], None] = lambda s: None,
                  device: str = "cpu"):
@@ -109,8 +107,7 @@ class VQTrainer(TrainTask):
         self.optims = {"optim": Optim(self.opt, lambda s: cfg.lr_at(s, cfg.steps), cfg.grad_clip)}
         data_cfg = ImageCropsConfig(crop_size=cfg.crop_size, seed=cfg.data_seed)
         self.train_data = ImageCrops(replace(data_cfg, split="train", num_samples=cfg.steps * cfg.batch_size))
-        eval_data = ImageCrops(replace(data_cfg, split="eval", num_samples=cfg.eval_samples))
-        self.eval_images, _ = eval_data.batch(range(cfg.eval_samples))  # [N,3,C,C]
+        self.eval_images, _ = crops("eval", cfg.eval_samples, cfg.crop_size, cfg.data_seed)  # [N,3,C,C]
         self.step = 0
         self.hits = torch.zeros(self.model_cfg.codebook_size)  # code hits since the last restart check
         self._out = None  # the last step's VQ output (code hits, latents for restarts)
@@ -128,6 +125,7 @@ class VQTrainer(TrainTask):
             "kind": "vq",
             "model": self.cfg.model,
             "config": self.model_cfg.to_dict(),
+            "kwargs": self.model_cfg.to_dict(),  # what the "vq" builder takes (checkpoints.load_module)
             "downsample": self.model_cfg.downsample,
             "image_size": self.cfg.crop_size,
             "grid_size": self.cfg.crop_size // self.model_cfg.downsample,
@@ -212,15 +210,15 @@ class VQTrainer(TrainTask):
         progress = loop.run(self, StateFile(self.out / "state.safetensors", {"config": asdict(cfg)}, packed=False))
         self.model.cpu()
         ev = evaluate(shipped_copy(self.model), self.eval_images)  # the shipped fp16 weights, not the fp32 copy
-        metrics = {**self._metrics(progress, progress.history), "heldout_psnr": ev["psnr"], "heldout_l1": ev["l1"],
-                   "codebook_usage": ev["codebook_usage"], "codebook_perplexity": ev["codebook_perplexity"],
-                   "weights": "fp16"}
+        metrics = {**self._metrics(progress, progress.history, ev), "weights": "fp16"}
         self.export(metrics)
         self.log(f"done: {json.dumps(metrics)}")
         return metrics
 
-    def _metrics(self, p: Progress, history: list[dict[str, Any]]) -> dict[str, Any]:
-        last = history[-1] if history else {}
+    def _metrics(self, p: Progress, history: list[dict[str, Any]], last: dict[str, Any] | None = None
+                 ) -> dict[str, Any]:
+        """Run metrics; held-out ones from `last` (default: the last evaluation)."""
+        last = last or (history[-1] if history else {})
         return {
             "step": p.step, "steps": self.cfg.steps, "train_seconds": round(p.elapsed, 1),
             "train_cpu_seconds": round(p.cpu, 1),

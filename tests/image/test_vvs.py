@@ -16,7 +16,7 @@ from specgen.decoding.draft_verify import judge
 from specgen.decoding.loop import decode_batch
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.tree import DraftTree
-from specgen.image.methods import IMAGE_METHODS, ImageParts
+from specgen.image.methods import ImageParts, build_image_method
 from specgen.image.target import CFGTarget
 from specgen.methods import get_method, run_batch
 from specgen.methods.eagle import EagleTreeDrafter, FixedShape, TreeShape
@@ -52,7 +52,7 @@ def run_vvs(p, schedule, temperature=1.0, seed=7, target=None, **kw):
 
 def one(p, name, options, label, params, seed):
     """One image of method `name` alone on the shared loop."""
-    made, rule = IMAGE_METHODS[name](p, options)
+    made, rule = build_image_method(name, p, options)
     return run_batch(p.target, lambda i: made, [[label]], N, params, (), [torch.Generator().manual_seed(seed)],
                      rule=rule).results[0]
 
@@ -242,10 +242,10 @@ def test_batched_vvs_equals_each_row_alone(temperature, options, stop_ids):
     o = {**TREE, "lantern_delta": 0.5, "lantern_k": 8, **options}
     labels, params = [0, 2, 1, 1, 0], SamplingParams(temperature)
     seeds = [10 + i for i in range(len(labels))]
-    rule = IMAGE_METHODS["vvs"](p, o)[1]
+    rule = build_image_method("vvs", p, o)[1]
 
     def batch(indices, batch_size):
-        return run_batch(p.target, lambda i: IMAGE_METHODS["vvs"](p, o)[0], [[labels[i]] for i in indices], N,
+        return run_batch(p.target, lambda i: build_image_method("vvs", p, o)[0], [[labels[i]] for i in indices], N,
                          params, stop_ids, [torch.Generator().manual_seed(seeds[i]) for i in indices], batch_size,
                          rule=rule, max_draft=32).results
 
