@@ -167,3 +167,27 @@ def test_the_generate_dispatch_loads_no_modality_stack_until_one_is_picked():
             "'cli.generate_mesh', 'trimesh', 'matplotlib') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True).stdout
     assert eval(out) == []
+
+
+META_BUILDS = """
+import glob, json, sys, torch
+from specgen.builders import BUILDERS
+from specgen.checkpoints import random_fills_skipped
+for path in sorted(glob.glob("specgen/assets/**/config.json", recursive=True)):
+    meta = json.load(open(path))
+    if meta.get("builder") in BUILDERS:
+        with torch.device("meta"), random_fills_skipped():
+            BUILDERS[meta["builder"]](**meta.get("kwargs", {}))
+if sys.argv[1:] == ["control"]:
+    2.0 ** torch.arange(3, device="meta")  # a meta op with a Python meta kernel
+print("torch._dynamo" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize("control", [False, True])
+def test_the_size_check_builds_every_shipped_model_on_meta_without_importing_dynamo(control):
+    """`check_declared_size` builds each module on the meta device at every load; a constructor computing values there
+    (a norm, a power) runs Python meta kernels that import torch._dynamo: seconds of start-up. Control: one such op."""
+    out = subprocess.run([sys.executable, "-c", META_BUILDS, *(["control"] if control else [])], capture_output=True,
+                         text=True, cwd=ROOT, check=True).stdout
+    assert out.split() == [str(control)]

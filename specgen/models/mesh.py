@@ -54,11 +54,11 @@ class PointEncoder(nn.Module):
     def __init__(self, cfg: PointEncoderConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        freqs = (2.0 ** torch.arange(cfg.num_freqs)) * math.pi
+        freqs = torch.tensor([2.0**k * math.pi for k in range(cfg.num_freqs)])  # no op: a meta op may import dynamo
         self.register_buffer("freqs", freqs, persistent=False)  # [K]
         in_dim = 3 + 3 + 3 * 2 * cfg.num_freqs
         self.embed = nn.Sequential(nn.Linear(in_dim, cfg.width), nn.GELU(), nn.Linear(cfg.width, cfg.width))
-        self.latents = nn.Parameter(torch.randn(cfg.num_latents, cfg.width) * 0.02)
+        self.latents = nn.Parameter(nn.init.normal_(torch.empty(cfg.num_latents, cfg.width), std=0.02))
         self.ctx_norm = nn.LayerNorm(cfg.width)
         self.cross = _EncBlock(cfg.width, cfg.n_heads)
         self.blocks = nn.ModuleList(_EncBlock(cfg.width, cfg.n_heads) for _ in range(cfg.enc_layers))
@@ -91,7 +91,7 @@ class MeshGPT(nn.Module):
             raise ValueError(f"decoder cross_dim {self.dec_cfg.cross_dim} != encoder out_dim {self.enc_cfg.out_dim}")
         self.encoder = PointEncoder(self.enc_cfg)
         self.decoder = Transformer(self.dec_cfg)
-        self.start = nn.Parameter(torch.randn(self.dec_cfg.dim) * 0.02)
+        self.start = nn.Parameter(nn.init.normal_(torch.empty(self.dec_cfg.dim), std=0.02))
         nn.init.normal_(self.decoder.tok_embeddings.weight, std=0.02)  # tied LM head: keep initial logits small
 
     @property

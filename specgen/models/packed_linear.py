@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from specgen import native
-from specgen.models.kernel_choice import (FALLBACK_MIN_ROWS, KernelChoice, Plan, cpu_packable, pinned_min_rows,
-                                          tiled_products)
+from specgen.models.kernel_choice import (FALLBACK_MIN_ROWS, KernelChoice, Plan, cpu_packable, inference_on_cpu,
+                                          pinned_min_rows, tiled_products)
 from specgen.models.tiled_weight import TiledWeight
 from specgen.native import ops
 
@@ -39,6 +39,8 @@ class PackedLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., in] -> [..., out]
         w = self.weight
+        if type(w) is TiledWeight and inference_on_cpu((torch.float32,), x):  # held as tiles only for tiled.c
+            return torch.ops.specgen.tiled_linear(x, *self.tiled_weight(), self.out_features, torch.get_num_threads())
         # CPU only: the device and dtype are checked before the plan, whose first read measures the kernels on
         # this CPU (a model moved to a GPU after packing must never run, or measure, oneDNN's CPU kernels)
         if (x.device.type != "cpu" or x.dtype != w.dtype or not cpu_packable(w)
@@ -73,7 +75,7 @@ class PackedLinear(nn.Linear):
     def weight_key(self) -> tuple:
         """What a copy of `weight` is valid for: its storage, version counter and dtype (an inference tensor has no
         version counter: only a new storage or dtype remakes its copies)."""
-        w = self.weight
+        w = self.weight.tiles if type(self.weight) is TiledWeight else self.weight
         return w.data_ptr(), None if w.is_inference() else w._version, w.dtype
 
     def __getstate__(self) -> dict:

@@ -2,11 +2,14 @@
 
 Any op other than an embedding lookup, a detach or an alias reads a dense copy made for that op (an in-place op writes
 its result back into the tiles): exact values everywhere, the decode's products read the tiles (`PackedLinear`).
+What a load and a decode call (detach, copy_, embedding) is answered at the torch-function level: torch's first
+Python dispatch on a subclass imports torch.distributed.tensor, seconds of start-up that `generate` need not pay.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.utils._pytree import tree_map
 
@@ -69,17 +72,25 @@ class TiledWeight(torch.Tensor):
         return nn.Parameter(self.dense(), self.requires_grad).__reduce_ex__(protocol)
 
     @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func in (aten.detach.default, aten.alias.default):
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        """The calls a load and a decode make, answered on the tiles; the rest goes on to `__torch_dispatch__`."""
+        if func is torch.Tensor.detach:
             return cls(args[0].tiles, args[0].shape[0])
-        if func is aten.copy_.default and isinstance(args[0], TiledWeight) and not isinstance(args[1], TiledWeight):
+        if func is torch.Tensor.copy_ and isinstance(args[0], TiledWeight) and not isinstance(args[1], TiledWeight):
             ops.fill_tiles(args[0].tiles, args[1])  # a load writing the weight: straight into the tiles
             return args[0]
-        if func is aten.embedding.default:  # a tied embedding's lookup: rows gathered from the tiles, [..., K]
-            w, idx = args[0], args[1]
-            width = w.tiles.shape[2]
-            return w.tiles[idx // width, :, idx % width]
+        if func is F.embedding and isinstance(args[1], TiledWeight):  # a tied embedding's lookup, [..., K]
+            return rows(args[1], args[0])
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **(kwargs or {}))
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in (aten.detach.default, aten.alias.default):  # torch's own calls, below the torch-function level
+            return cls(args[0].tiles, args[0].shape[0])
+        if func is aten.embedding.default:
+            return rows(args[0], args[1])
         dense = {}
 
         def unwrap(a):
@@ -95,3 +106,9 @@ class TiledWeight(torch.Tensor):
             back = {id(d): a for a, d in dense.values()}
             return tree_map(lambda o: back.get(id(o), o), out)
         return out
+
+
+def rows(w: TiledWeight, idx: torch.Tensor) -> torch.Tensor:
+    """Rows `idx` [...] of w [N, K] gathered from its tiles: [..., K]."""
+    width = w.tiles.shape[2]
+    return w.tiles[idx // width, :, idx % width]

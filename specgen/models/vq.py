@@ -276,7 +276,7 @@ class VectorQuantizer(nn.Module):
         self.embedding = nn.Embedding(self.n_e, self.e_dim)
         with torch.no_grad():
             self.embedding.weight.uniform_(-1.0 / self.n_e, 1.0 / self.n_e)
-            if self.l2_norm:
+            if self.l2_norm and not self.embedding.weight.is_meta:  # a size check's meta build: no values to norm
                 self.embedding.weight.copy_(F.normalize(self.embedding.weight, dim=-1))
         if self.show_usage:
             # Rolling window of the last USAGE_WINDOW code ids seen in training (float, as LlamaGen stores it).
