@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,24 @@ from specgen.registry import Entry
 
 class StaleStateError(UsageError, ValueError):
     """The run folder holds the resume state of another config (or target); the message says which."""
+
+
+@dataclass(frozen=True)
+class Published:
+    """Rank 0's end of a run: its final metrics and what it registered (None when `name` is "")."""
+
+    metrics: dict[str, Any]
+    entry: Entry | None
+
+    def row(self, out: Path, **columns: Any) -> dict[str, Any]:
+        """A CLI row: ref, `columns`, the metrics without history, path (OUT when nothing was registered)."""
+        e = self.entry
+        return {"ref": e.ref if e else "-", **columns, "metrics": brief(self.metrics), "path": str(e.path if e else out)}
+
+
+def brief(metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """`metrics` without the per-evaluation history (what logs and tables show)."""
+    return {k: v for k, v in metrics.items() if k != "history"}
 
 
 def save_tensors(path: Path, tensors: Mapping[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:

@@ -7,7 +7,6 @@ uninterrupted one would (objectives: docs/methods/pcllm.md, docs/training.md).
 from __future__ import annotations
 
 import json
-import math
 import random
 import sys
 from collections.abc import Callable
@@ -30,6 +29,7 @@ from specgen.train import packing
 from specgen.train.checkpoint import check_outputs
 from specgen.train.lora import apply_lora, lora_state, merge_lora, merge_lora_state, merge_scale as checked_merge_scale
 from specgen.train.loop import MIXED_PRECISION, At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask
+from specgen.train.optim import cosine_lr
 from specgen.train.script import run_script
 
 @dataclass
@@ -85,8 +85,6 @@ def check_config(cfg: DistillConfig) -> None:
         raise UsageError(f"mask must be one of {', '.join(packing.MASKS)}, got {cfg.mask!r}")
     if cfg.finetune not in ("lora", "full"):
         raise UsageError(f"finetune must be lora or full, got {cfg.finetune!r}")
-    if min(cfg.steps, cfg.grad_accum, cfg.window, cfg.lora_rank, cfg.ckpt_every, cfg.log_every) < 1:
-        raise UsageError("steps, grad_accum, window, lora_rank, ckpt_every and log_every must be >= 1")
     if not cfg.trajectories:
         raise UsageError("trajectories=FOLDER is required (written by `specgen collect-trajectories`)")
 
@@ -176,7 +174,8 @@ class DistillTask(TrainTask):
         self.cfg, self.model, self.groups, self.stop_ids, self.on_step = cfg, model, groups, stop_ids, on_step
         opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
         self.modules = {"model": model}
-        self.optims = {"optim": Optim(opt, lambda s: lr_at(s, cfg), cfg.grad_clip)}
+        self.optims = {"optim": Optim(opt, lambda s: cosine_lr(s, cfg.steps, cfg.lr, cfg.lr * cfg.min_lr_ratio,
+                                                               cfg.warmup_steps), cfg.grad_clip)}
 
     def batch(self, at: At):
         cfg, groups = self.cfg, self.groups
@@ -202,7 +201,7 @@ class DistillTask(TrainTask):
     def evaluate(self, progress: Progress) -> dict[str, Any]:
         """The history record of a log line: its mean losses and learning rate."""
         return {"step": progress.step, **{k: round(v, 5) for k, v in progress.last_log.items()},
-                "lr": lr_at(progress.step - 1, self.cfg), "elapsed_s": round(progress.elapsed, 1)}
+                "lr": self.optims["optim"].lr(progress.step - 1), "elapsed_s": round(progress.elapsed, 1)}
 
     def after_step(self, progress: Progress) -> None:
         if self.on_step:
@@ -229,13 +228,6 @@ def sample_index(at: At, num: int, seed: int) -> int:
     epoch, pos = divmod(at.step * at.shards + at.shard, num)
     perm = torch.randperm(num, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
     return int(perm[pos])
-
-
-def lr_at(step: int, cfg: DistillConfig) -> float:
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    frac = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
-    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
 
 
 def distill(cfg: DistillConfig, out: Path, log: Callable[[str], None] = lambda s: None, progress=None,

@@ -22,7 +22,7 @@ from specgen.errors import UsageError
 from specgen.image.captions import Caption, read_captions
 from specgen.models.eagle import EagleNet
 from specgen.models.transformer import Transformer
-from specgen.train.checkpoint import fp16_state, publish, shipped_copy
+from specgen.train.checkpoint import Published, brief, fp16_state, publish, shipped_copy
 from specgen.train.image_gpt import cached_tokens, sample_c2i, sample_t2i
 from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask
 from specgen.train.optim import OptimConfig
@@ -178,10 +178,10 @@ def evaluate(net: EagleNet, target: Transformer, data: dict[str, torch.Tensor], 
 
 
 def train(cfg: EagleTrainConfig, out: Path, log: Callable[[str], None] = lambda s: None,
-          device: str = "cpu", mixed_precision: str = "no", force: bool = False) -> dict[str, Any]:
-    """Generate (or reuse) target samples, train (or resume) the drafter and register it; returns the metrics."""
-    if min(cfg.samples_per_class, cfg.eval_samples_per_class, cfg.steps, cfg.batch_size, cfg.grad_accum) < 1:
-        raise UsageError("samples_per_class, eval_samples_per_class, steps, batch_size and grad_accum must be >= 1")
+          device: str = "cpu", mixed_precision: str = "no", force: bool = False) -> Published | None:
+    """Generate (or reuse) target samples, train (or resume) the drafter and register it (None on other ranks)."""
+    if min(cfg.samples_per_class, cfg.eval_samples_per_class) < 1:  # the other counts: specgen.config_checks
+        raise UsageError("samples_per_class and eval_samples_per_class must be >= 1")
     torch.set_num_threads(cfg.num_threads)
     entry, target = load_image_target(cfg.target)
     captions, captions_sha = training_captions(entry, target, cfg.captions)
@@ -207,21 +207,19 @@ def train(cfg: EagleTrainConfig, out: Path, log: Callable[[str], None] = lambda 
     loop.log(f"drafter for {entry.ref} ({n_params / 1e6:.2f}M trainable params); {feats.shape[0]} training rows")
     progress = loop.run(task, StateFile(out / "state.safetensors", record))
     net.cpu(), target.cpu()
-    step, history, elapsed = progress.step, progress.history, progress.elapsed
     if not loop.is_main:  # rank 0 measures and registers
-        return {"metrics": {}, "entry": None, "main": False}
-    final = evaluate(shipped_copy(net), target, eval_data, cfg.cfg_scale)  # metrics of the fp16 weights that ship
-    metrics = {**{k: round(v, 4) for k, v in final.items()}, "steps": step, "train_seconds": round(elapsed, 1),
-               "eval_sequences": int(eval_data["tokens"].shape[0]), "history": history, "weights": "fp16"}
-    log(f"done: {json.dumps({k: v for k, v in metrics.items() if k != 'history'})}")
+        return None
+    final = evaluate(shipped_copy(net), target, eval_data, cfg.cfg_scale)
+    metrics = progress.summary({**{k: round(v, 4) for k, v in final.items()},
+                                "eval_sequences": int(eval_data["tokens"].shape[0])})
+    log(f"done: {json.dumps(brief(metrics))}")
     meta = {"builder": "eagle", "kwargs": net.cfg.to_dict(), "parent": entry.ref,
             "parent_digest": registry.weights_digest(entry), "vocab_size": net.cfg.vocab_size,
             "modality": "image", "drafter": "eagle", "embedding": "copy of the target's tok_embeddings (frozen)",
             "head": "target.output", "created_by": "specgen train-heads --kind eagle", "train_config": record["config"],
             "metrics": metrics,
             **{k: v for k, v in record.items() if k != "config"}}
-    saved = publish("draft", cfg.name, cfg.ship_dir, fp16_state(net), meta, "tiny-image-eagle", force)
-    return {"metrics": metrics, "entry": saved, "main": True}
+    return Published(metrics, publish("draft", cfg.name, cfg.ship_dir, fp16_state(net), meta, "tiny-image-eagle", force))
 
 
 class EagleTask(TrainTask):
@@ -238,12 +236,8 @@ class EagleTask(TrainTask):
         self.optims = {"optim": Optim(cfg.adamw(params), lambda s: cfg.lr_at(s, cfg.steps), cfg.grad_clip)}
 
     def batch(self, at: At):
-        """Shard `at.shard` of the step's `at.shards * batch_size` rows, and the generator of its feature noise."""
-        cfg, b = self.cfg, self.cfg.batch_size
-        g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + at.step)
-        idx = torch.randint(0, self.feats.shape[0], (b * at.shards,), generator=g)[at.shard * b : (at.shard + 1) * b]
-        if at.shard:  # shard 0 draws its noise right after the rows (as one process always did); others their own
-            g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + at.step + 7_919 * at.shard * cfg.steps)
+        """This shard's rows and the generator of their feature noise."""
+        idx, g = at.draw(self.cfg.seed, self.cfg.steps, self.feats.shape[0], self.cfg.batch_size)
         return self.feats[idx], self.tokens[idx], g
 
     def loss(self, batch):

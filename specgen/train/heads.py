@@ -89,8 +89,8 @@ def check_config(cfg: HeadsTrainConfig) -> None:
     """One-line usage errors for settings no run could use, before anything loads."""
     if cfg.head_kind not in HEAD_KINDS:
         raise UsageError(f"unknown head_kind {cfg.head_kind!r}; choose from {', '.join(HEAD_KINDS)}")
-    if cfg.num_sequences < 1 or cfg.eval_sequences < 1 or cfg.num_heads < 1 or cfg.stages not in (1, 2):
-        raise UsageError("num_sequences, eval_sequences and num_heads must be >= 1 and stages 1 or 2")
+    if cfg.num_heads < 1 or cfg.stages not in (1, 2):  # the other counts: specgen.config_checks
+        raise UsageError("num_heads must be >= 1 and stages 1 or 2")
     if cfg.backbone_loss not in BACKBONE_LOSSES:
         raise UsageError(f"unknown backbone_loss {cfg.backbone_loss!r}; choose from {', '.join(BACKBONE_LOSSES)}")
     if cfg.head_targets not in HEAD_TARGETS:

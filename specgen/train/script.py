@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 from specgen.config import load_config
 from specgen.devices import train_device
 from specgen.errors import SpecgenError
+from specgen.train.checkpoint import brief
 
 T = TypeVar("T")
 
@@ -58,7 +59,7 @@ def parse_recipe(parser: argparse.ArgumentParser, cls: type[T],
 
 def print_metrics(metrics: dict[str, Any]) -> int:
     """A script's last stdout line: its metrics as JSON, without the per-eval history; exit status 0."""
-    print(json.dumps({k: v for k, v in metrics.items() if k != "history"}))
+    print(json.dumps(brief(metrics)))
     return 0
 
 
