@@ -32,7 +32,8 @@ class Published:
     def row(self, out: Path, **columns: Any) -> dict[str, Any]:
         """A CLI row: ref, `columns`, the metrics without history, path (OUT when nothing was registered)."""
         e = self.entry
-        return {"ref": e.ref if e else "-", **columns, "metrics": brief(self.metrics), "path": str(e.path if e else out)}
+        return {"ref": e.ref if e else "-", **columns, "metrics": brief(self.metrics),
+                "path": str(e.path if e else out)}
 
 
 def brief(metrics: Mapping[str, Any]) -> dict[str, Any]:

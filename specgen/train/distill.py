@@ -1,8 +1,4 @@
-"""Consistency distillation of a text target on its Jacobi trajectories: pcLLM (default) or the CLLM baseline.
-
-The sample of a micro-batch is a pure function of (seed, step, micro-batch, rank): a resumed run sees what an
-uninterrupted one would (objectives: docs/methods/pcllm.md, docs/training.md).
-"""
+"""Consistency distillation of a text target on its Jacobi trajectories: pcLLM or CLLM (docs/methods/pcllm.md)."""
 
 from __future__ import annotations
 
@@ -97,11 +93,8 @@ def outputs(cfg: DistillConfig) -> list[tuple[str, str, str]]:
 
 def check_trajectories(meta: dict, target_ref: str, tok_hash: str, cfg: DistillConfig,
                        derived: tuple[str, ...] = ()) -> None:
-    """Refuse trajectories of another target/tokenizer or another block size (one line each).
-
-    `derived`: targets that are this model plus the adapter being continued (a later progressive
-    round collects its trajectories from the previous round's merged model).
-    """
+    """Refuse trajectories of another target/tokenizer or block size; `derived`: this model merged with the adapter
+    being continued (a later progressive round collects from the previous round's merged model)."""
     if meta.get("tokenizer_hash") != tok_hash or meta.get("target") not in (target_ref, *derived):
         raise IncompatibleError(
             f"trajectories in {cfg.trajectories} come from {meta.get('target')} (tokenizer {meta.get('tokenizer_hash')}), "
@@ -170,8 +163,8 @@ class DistillTask(TrainTask):
     random.Random seeded by (seed, prompt, step), so a resumed or multi-process run sees what one process does."""
 
     def __init__(self, cfg: DistillConfig, model, params: list, groups: list[list[dict]],
-                 stop_ids: tuple[int, ...], on_step: Callable[[int], None] | None = None) -> None:
-        self.cfg, self.model, self.groups, self.stop_ids, self.on_step = cfg, model, groups, stop_ids, on_step
+                 stop_ids: tuple[int, ...]) -> None:
+        self.cfg, self.model, self.groups, self.stop_ids = cfg, model, groups, stop_ids
         opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
         self.modules = {"model": model}
         self.optims = {"optim": Optim(opt, lambda s: cosine_lr(s, cfg.steps, cfg.lr, cfg.lr * cfg.min_lr_ratio,
@@ -203,10 +196,6 @@ class DistillTask(TrainTask):
         return {"step": progress.step, **{k: round(v, 5) for k, v in progress.last_log.items()},
                 "lr": self.optims["optim"].lr(progress.step - 1), "elapsed_s": round(progress.elapsed, 1)}
 
-    def after_step(self, progress: Progress) -> None:
-        if self.on_step:
-            self.on_step(progress.step)
-
     def meta(self) -> dict[str, Any]:
         return {"config": asdict(self.cfg)}
 
@@ -231,7 +220,7 @@ def sample_index(at: At, num: int, seed: int) -> int:
 
 
 def distill(cfg: DistillConfig, out: Path, log: Callable[[str], None] = lambda s: None, progress=None,
-            on_step: Callable[[int], None] | None = None, force: bool = False) -> dict:
+            force: bool = False) -> dict:
     """Train (resuming from OUT/state.safetensors: the trained weights only), register the result; returns a summary."""
     check_config(cfg)
     meta = read_meta(Path(cfg.trajectories))
@@ -267,7 +256,7 @@ def distill(cfg: DistillConfig, out: Path, log: Callable[[str], None] = lambda s
                 raise IncompatibleError(f"{init.ref} adapts {bad[0]}, which this run's lora_targets do not wrap")
     params = [p for p in model.parameters() if p.requires_grad]
     loop = Loop(LoopOptions.of(cfg, eval_every=cfg.log_every, ckpt_at_eval=False), log)
-    task = DistillTask(cfg, model, params, groups, stop_ids, on_step)
+    task = DistillTask(cfg, model, params, groups, stop_ids)
     loop.log(f"{cfg.objective} on {tm.entry.ref}: {len(groups)} prompts, {sum(len(g) for g in groups)} blocks, "
              f"{sum(p.numel() for p in params):,} trainable parameters ({cfg.finetune})")
     done = loop.run(task, StateFile(Path(out) / "state.safetensors", trainable=True))
@@ -307,10 +296,8 @@ def register(model, tm, cfg: DistillConfig, traj_meta: dict, tok_hash: str, hist
 
 
 def export_adapter(name: str, folder: Path, merge_scale: float | None = None) -> Path:
-    """Write adapter `name` as a shippable asset: adapter.safetensors (fp16) + adapter.json (atomic folder swap).
-
-    `merge_scale` (text/merge.py) is recorded for the built-in that merges it (scripts/pcllm_merge_scale.py
-    chooses it on held-out prompts)."""
+    """Write adapter `name` as a shippable asset: adapter.safetensors (fp16) + adapter.json, with the `merge_scale`
+    the built-in merges it with (text/merge.py)."""
     entry = checkpoints.find(name)
     if entry.kind != "adapter":
         raise UsageError(f"{entry.ref} is not an adapter")

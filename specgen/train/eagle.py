@@ -219,7 +219,8 @@ def train(cfg: EagleTrainConfig, out: Path, log: Callable[[str], None] = lambda 
             "head": "target.output", "created_by": "specgen train-heads --kind eagle", "train_config": record["config"],
             "metrics": metrics,
             **{k: v for k, v in record.items() if k != "config"}}
-    return Published(metrics, publish("draft", cfg.name, cfg.ship_dir, fp16_state(net), meta, "tiny-image-eagle", force))
+    return Published(metrics, publish("draft", cfg.name, cfg.ship_dir, fp16_state(net), meta, "tiny-image-eagle",
+                                      force))
 
 
 class EagleTask(TrainTask):

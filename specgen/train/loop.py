@@ -124,7 +124,7 @@ class Progress:
     session_start: float = field(default_factory=time.perf_counter)
 
     def summary(self, measured: dict[str, Any]) -> dict[str, Any]:
-        """A run's final metrics: `measured` (on the fp16 weights that ship) with its steps, training time and history."""
+        """A run's final metrics: `measured` (on the fp16 weights that ship), its steps, training time and history."""
         return {**measured, "steps": self.step, "train_seconds": round(self.elapsed, 1), "history": self.history,
                 "weights": "fp16"}
 
