@@ -200,9 +200,8 @@ def train(cfg: EagleTrainConfig, out: Path, log: Callable[[str], None] = lambda 
     feats, tokens = rows(train_data)
     loop = Loop(LoopOptions.of(cfg, eval_first=True, device=device, mixed_precision=mixed_precision), log)
     target.to(loop.device)  # the frozen head and embeddings the loss reads (samples were drawn on the CPU)
-    task = EagleTask(cfg, net, target, feats, tokens, eval_data)
     record = run_record(cfg, digest, captions_sha)
-    task.record = record
+    task = EagleTask(cfg, net, target, feats, tokens, eval_data, record)
     n_params = sum(p.numel() for p in net.parameters() if p.requires_grad)
     loop.log(f"drafter for {entry.ref} ({n_params / 1e6:.2f}M trainable params); {feats.shape[0]} training rows")
     progress = loop.run(task, StateFile(out / "state.safetensors", record))
@@ -228,10 +227,9 @@ class EagleTask(TrainTask):
     seeded by (seed, step), so a resumed run draws what an uninterrupted one does."""
 
     def __init__(self, cfg: EagleTrainConfig, net: EagleNet, target: Transformer, feats: torch.Tensor,
-                 tokens: torch.Tensor, eval_data: dict[str, torch.Tensor]) -> None:
-        self.cfg, self.net, self.target, self.eval_data = cfg, net, target, eval_data
+                 tokens: torch.Tensor, eval_data: dict[str, torch.Tensor], record: dict[str, Any]) -> None:
+        self.cfg, self.net, self.target, self.eval_data, self.record = cfg, net, target, eval_data, record
         self.feats, self.tokens = feats, tokens  # [R, N, D] fp16, [R, N]
-        self.record: dict[str, Any] = {}
         self.modules = {"model": net}
         params = [p for p in net.parameters() if p.requires_grad]
         self.optims = {"optim": Optim(cfg.adamw(params), lambda s: cfg.lr_at(s, cfg.steps), cfg.grad_clip)}
@@ -257,9 +255,7 @@ class EagleTask(TrainTask):
 def run_record(cfg: EagleTrainConfig, digest: str, captions_sha: str) -> dict[str, Any]:
     """What a run's state must match to resume (and its drafter records): the config, the target's weights and,
     for t2i, the captions' content; a c2i run records no `captions` key (its states predate the key)."""
-    config = asdict(cfg)
     if not captions_sha:
-        del config["captions"]
-        return {"config": config, "target_sha": digest}
-    return {"config": config, "target_sha": digest, "captions_sha": captions_sha}
+        return {"config": {k: v for k, v in asdict(cfg).items() if k != "captions"}, "target_sha": digest}
+    return {"config": asdict(cfg), "target_sha": digest, "captions_sha": captions_sha}
 

@@ -250,30 +250,25 @@ class StateFile:
         return meta
 
 
-def accelerator(device: str = "cpu", mixed_precision: str = "no"):
-    """accelerate's Accelerator for `device`; under `accelerate launch` / `torchrun` it joins the process group."""
-    from accelerate import Accelerator  # deferred: start-up (recipe checks import every trainer; accelerate is slow)
-    from accelerate.state import AcceleratorState  # deferred: as above
-
-    dev = resolve_device(device)
-    if dev.type == "cuda" and dev.index is not None:
-        torch.cuda.set_device(dev)
-    options = {"cpu": dev.type == "cpu", "mixed_precision": MIXED_PRECISION[mixed_precision]}
-    try:
-        return Accelerator(**options)
-    except ValueError as e:  # one process training twice with other settings (tests, notebooks)
-        if "already been initialized" not in str(e):
-            raise
-        AcceleratorState._reset_state()  # accelerate's settings only; the process group (PartialState) stays
-        return Accelerator(**options)
-
-
 class Loop:
-    """Runs `TrainTask`s under one Accelerator (see the module docstring)."""
+    """Runs `TrainTask`s under one accelerate Accelerator (under `accelerate launch` / `torchrun`: one process each)."""
 
     def __init__(self, options: LoopOptions, log: Callable[[str], None] = lambda s: None) -> None:
-        self.options, self.acc = options, accelerator(options.device, options.mixed_precision)
-        self._log = log
+        from accelerate import Accelerator  # deferred: start-up (recipe checks import every trainer)
+        from accelerate.state import AcceleratorState  # deferred: as above
+
+        dev = resolve_device(options.device)
+        if dev.type == "cuda" and dev.index is not None:
+            torch.cuda.set_device(dev)
+        settings = {"cpu": dev.type == "cpu", "mixed_precision": MIXED_PRECISION[options.mixed_precision]}
+        try:
+            self.acc = Accelerator(**settings)
+        except ValueError as e:  # one process training twice with other settings (tests, notebooks)
+            if "already been initialized" not in str(e):
+                raise
+            AcceleratorState._reset_state()  # accelerate's settings only; the process group (PartialState) stays
+            self.acc = Accelerator(**settings)
+        self.options, self._log = options, log
         self.device: torch.device = self.acc.device
         self.rank: int = self.acc.process_index
         self.world: int = self.acc.num_processes
@@ -426,6 +421,6 @@ def _to_device(batch: Any, device: torch.device) -> Any:
     """Tensors of a (nested) batch on `device`; unchanged on the CPU."""
     if device.type == "cpu":
         return batch
-    from accelerate.utils import send_to_device  # deferred: start-up (as in accelerator())
+    from accelerate.utils import send_to_device  # deferred: start-up (as in Loop.__init__)
 
     return send_to_device(batch, device)

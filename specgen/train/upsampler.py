@@ -1,8 +1,4 @@
-"""Train a MuLo-SD up/down-sampler pair (`specgen train-upsampler`) between a low-res and the target's token grid.
-
-The VQ stays frozen; the objective (MuLo-SD supplementary Eq. 8, with its documented deviations) is in
-docs/training.md.
-"""
+"""Train a MuLo-SD up/down-sampler pair between a low-res and the target's token grid (objective: docs/training.md)."""
 
 from __future__ import annotations
 
@@ -258,11 +254,10 @@ def evaluate(pair: UpDownSampler, vq, data: dict, r: int) -> dict[str, float]:
 
 
 class PairTask(TrainTask):
-    """The pair's objective (generator step) and, once the GAN is on, the discriminators' hinge + LeCam step.
+    """The pair's objective and, once the GAN is on, the discriminators' hinge + LeCam step.
 
-    A step's crops and augmentations come from one generator seeded by (seed, step). The two losses reach
-    disjoint parameters (the discriminators are frozen inside the generator's adversarial term, the generator's
-    images detached in the discriminators'), so computing both before either optimiser steps changes nothing."""
+    The two losses reach disjoint parameters (discriminators frozen in the generator's term, images detached in
+    theirs), so computing both before either optimiser steps changes nothing."""
 
     def __init__(self, cfg: UpsamplerTrainConfig, model: Trainee, vq, data: dict[str, torch.Tensor],
                  perc: nn.Module | None) -> None:
