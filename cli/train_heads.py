@@ -1,7 +1,4 @@
-"""`specgen train-heads`: train draft heads for a target; `--kind` picks the trainer from KINDS (XSpecMesh, EAGLE).
-
-A kind is a function (config path, overrides, out dir, quiet, device, force) -> rows, one per registered entry.
-"""
+"""`specgen train-heads`: train draft heads for a target; `--kind` picks the trainer from KINDS (XSpecMesh, EAGLE)."""
 
 from __future__ import annotations
 

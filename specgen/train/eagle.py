@@ -1,8 +1,7 @@
 """Train an EAGLE feature drafter (`specgen/models/eagle.py`) on an image target's own CFG samples (c2i or t2i).
 
 Row r pairs feature f_r with image token r at position `first_image_position` + r, as `EagleTreeDrafter` feeds the
-drafter while decoding: condition positions (padded caption slots included) never reach it (docs/training.md).
-"""
+drafter while decoding: condition positions never reach it (docs/training.md)."""
 
 from __future__ import annotations
 
@@ -223,8 +222,7 @@ def train(cfg: EagleTrainConfig, out: Path, log: Callable[[str], None] = lambda 
 
 
 class EagleTask(TrainTask):
-    """The EAGLE objective on the target's sampled rows; a step's rows and feature noise come from one generator
-    seeded by (seed, step), so a resumed run draws what an uninterrupted one does."""
+    """The EAGLE objective on the target's sampled rows (a step's rows and feature noise: `At.draw`)."""
 
     def __init__(self, cfg: EagleTrainConfig, net: EagleNet, target: Transformer, feats: torch.Tensor,
                  tokens: torch.Tensor, eval_data: dict[str, torch.Tensor], record: dict[str, Any]) -> None:

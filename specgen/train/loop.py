@@ -79,10 +79,8 @@ class Optim:
 
 @dataclass(frozen=True)
 class At:
-    """Which micro-batch: of optimiser step `step`, micro-batch `micro` of `accum`, on process `rank` of `world`.
-
-    `shard` / `shards` number the micro-batches of one step over all processes: a trainer that draws one batch
-    per step draws `shards` of them and keeps slice `shard` (one process, no accumulation: shard 0 of 1)."""
+    """Which micro-batch: of optimiser step `step`, micro-batch `micro` of `accum`, on process `rank` of `world`;
+    a trainer drawing one batch per step draws `shards` of them and keeps slice `shard` (alone: shard 0 of 1)."""
 
     step: int
     micro: int = 0

@@ -218,12 +218,12 @@ class Trainee(nn.Module):
         self.disc = nn.ModuleDict({"up": PatchGAN(disc_channels), "down": PatchGAN(disc_channels)})
 
 
-def load_pair(ref: str) -> tuple[UpDownSampler, dict]:
-    """A registered (or folder) pair and its meta."""
+def load_pair(ref: str) -> UpDownSampler:
+    """A registered (or folder) pair."""
     entry = checkpoints.find(ref)
     if entry.meta.get("builder") != "mulo-updown":
         raise UsageError(f"{entry.ref} is not a MuLo-SD up/down-sampler pair")
-    return checkpoints.load_module(entry), entry.meta
+    return checkpoints.load_module(entry)
 
 
 def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -357,7 +357,7 @@ def train(cfg: UpsamplerTrainConfig, out: Path, log: Callable[[str], None] = lam
                            blocks=cfg.blocks, kernel=cfg.kernel, skip=cfg.skip)
     warm = None
     if cfg.warm_start:
-        warm, wmeta = load_pair(cfg.warm_start)
+        warm = load_pair(cfg.warm_start)
         if warm.cfg.scale >= cfg.scale or (warm.cfg.channels, warm.cfg.blocks, warm.cfg.kernel) != (
                 cfg.channels, cfg.blocks, cfg.kernel):
             raise IncompatibleError(f"warm_start {cfg.warm_start} is a {warm.cfg.scale}x pair with channels "
