@@ -57,8 +57,9 @@ def train_eagle(config: Path | None, overrides: list[str], out: Path, quiet: boo
     with run_folder.training_run(out, asdict(cfg), [("draft", cfg.name, cfg.ship_dir)], device, force, quiet,
                                  loose=("ship_dir",)) as (log, dev):
         done = eagle.train(cfg, out, log, device=dev, force=force)
-    parent = done.entry.meta.get("parent") if done and done.entry else cfg.target
-    return [done.row(out, stage="-", parent=parent)] if done else []  # none: another process of a data-parallel run
+    if done is None:  # another process of a data-parallel run: rank 0 reports
+        return []
+    return [done.row(out, stage="-", parent=done.entry.meta.get("parent") if done.entry else cfg.target)]
 
 
 KINDS: dict[str, Callable[[Path | None, list[str], Path, bool, str | None, bool], list[dict]]] = {
