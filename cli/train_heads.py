@@ -1,7 +1,4 @@
-"""`specgen train-heads`: train draft heads for a target; `--kind` picks the trainer from KINDS (XSpecMesh, EAGLE).
-
-A kind is a function (config path, overrides, out dir, quiet, device, force) -> rows, one per registered entry.
-"""
+"""`specgen train-heads`: train draft heads for a target; `--kind` picks the trainer from KINDS (XSpecMesh, EAGLE)."""
 
 from __future__ import annotations
 
@@ -59,13 +56,10 @@ def train_eagle(config: Path | None, overrides: list[str], out: Path, quiet: boo
     # the run folder and outputs are checked before the target loads and samples are generated
     with run_folder.training_run(out, asdict(cfg), [("draft", cfg.name, cfg.ship_dir)], device, force, quiet,
                                  loose=("ship_dir",)) as (log, dev):
-        result = eagle.train(cfg, out, log, device=dev, force=force)
-    if not result["main"]:  # another process of a data-parallel run: rank 0 reports
+        done = eagle.train(cfg, out, log, device=dev, force=force)
+    if done is None:  # another process of a data-parallel run: rank 0 reports
         return []
-    e = result["entry"]
-    m = {k: v for k, v in result["metrics"].items() if k != "history"}
-    return [{"ref": e.ref if e else "-", "stage": "-", "parent": e.meta.get("parent") if e else cfg.target,
-             "metrics": m, "path": str(e.path) if e else str(out)}]
+    return [done.row(out, stage="-", parent=done.entry.meta.get("parent") if done.entry else cfg.target)]
 
 
 KINDS: dict[str, Callable[[Path | None, list[str], Path, bool, str | None, bool], list[dict]]] = {

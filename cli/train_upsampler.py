@@ -48,13 +48,11 @@ def train_upsampler(
     # the trainer's state check comes only after the VQ and data load
     with run_folder.training_run(out, asdict(cfg), [("upsampler", cfg.name, cfg.ship_dir)], device, force,
                                  quiet) as (log, dev):
-        result = upsampler.train(cfg, out, log, device=dev, force=force)
-    if not result["main"]:  # another process of a data-parallel run: rank 0 reports
+        done = upsampler.train(cfg, out, log, device=dev, force=force)
+    if done is None:  # another process of a data-parallel run: rank 0 reports
         return
-    e = result["entry"]
-    m = {k: v for k, v in result["metrics"].items() if k != "history"}
-    rows = [{"ref": e.ref if e else "-", "scale": f"{cfg.scale}x", "up_token_acc": m["up_token_acc"],
-             "down_token_acc": m["down_token_acc"], "metrics": m, "path": str(e.path) if e else str(out)}]
+    m = done.metrics
+    rows = [done.row(out, scale=f"{cfg.scale}x", up_token_acc=m["up_token_acc"], down_token_acc=m["down_token_acc"])]
     if fmt == Format.json:
         _output.emit_json(rows)
     else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,25 @@ from specgen.registry import Entry
 
 class StaleStateError(UsageError, ValueError):
     """The run folder holds the resume state of another config (or target); the message says which."""
+
+
+@dataclass(frozen=True)
+class Published:
+    """Rank 0's end of a run: its final metrics and what it registered (None when `name` is "")."""
+
+    metrics: dict[str, Any]
+    entry: Entry | None
+
+    def row(self, out: Path, **columns: Any) -> dict[str, Any]:
+        """A CLI row: ref, `columns`, the metrics without history, path (OUT when nothing was registered)."""
+        e = self.entry
+        return {"ref": e.ref if e else "-", **columns, "metrics": brief(self.metrics),
+                "path": str(e.path if e else out)}
+
+
+def brief(metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """`metrics` without the per-evaluation history (what logs and tables show)."""
+    return {k: v for k, v in metrics.items() if k != "history"}
 
 
 def save_tensors(path: Path, tensors: Mapping[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
@@ -63,8 +83,7 @@ def ships_builtin(kind: str, name: str, ship: str) -> bool:
 
 
 def check_outputs(outputs: list[tuple[str, str, str]], force: bool = False) -> None:
-    """Before training: every (kind, name, ship folder) a run will publish passes the registry's write rule
-    (`registry.check_new`), except a built-in rebuilt from the package folder it ships to."""
+    """Before training: each (kind, name, ship folder) to publish passes `registry.check_new`, bar rebuilt built-ins."""
     for kind, name, ship in outputs:
         if name and not ships_builtin(kind, name, ship):
             try:
@@ -75,9 +94,8 @@ def check_outputs(outputs: list[tuple[str, str, str]], force: bool = False) -> N
 
 def publish(kind: str, name: str, ship_dir: str, state: dict[str, torch.Tensor], meta: dict,
             fallback: str, force: bool = False) -> Entry | None:
-    """Register fp16 `state` as <kind>/<name> (not when name is "") and, with `ship_dir`, also write it
-    there in registry layout (a package asset); returns the registry entry or None. A built-in is never
-    written here: a run that ships its package folder re-installs it from there, as any other use would."""
+    """Register fp16 `state` as <kind>/<name> (not when name is "") and write it to `ship_dir` (if any); a built-in
+    is re-installed from the package folder the run ships to, never written to the registry here."""
     if ships_builtin(kind, name, ship_dir):
         write_entry(Path(ship_dir), state, {"kind": kind, "name": name, **meta})
         builtins.BUILTINS[name].materialize(None)

@@ -1,13 +1,8 @@
-"""Consistency distillation of a text target on its Jacobi trajectories: pcLLM (default) or the CLLM baseline.
-
-The sample of a micro-batch is a pure function of (seed, step, micro-batch, rank): a resumed run sees what an
-uninterrupted one would (objectives: docs/methods/pcllm.md, docs/training.md).
-"""
+"""Consistency distillation of a text target on its Jacobi trajectories: pcLLM or CLLM (docs/methods/pcllm.md)."""
 
 from __future__ import annotations
 
 import json
-import math
 import random
 import sys
 from collections.abc import Callable
@@ -30,6 +25,7 @@ from specgen.train import packing
 from specgen.train.checkpoint import check_outputs
 from specgen.train.lora import apply_lora, lora_state, merge_lora, merge_lora_state, merge_scale as checked_merge_scale
 from specgen.train.loop import MIXED_PRECISION, At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask
+from specgen.train.optim import cosine_lr
 from specgen.train.script import run_script
 
 @dataclass
@@ -85,8 +81,6 @@ def check_config(cfg: DistillConfig) -> None:
         raise UsageError(f"mask must be one of {', '.join(packing.MASKS)}, got {cfg.mask!r}")
     if cfg.finetune not in ("lora", "full"):
         raise UsageError(f"finetune must be lora or full, got {cfg.finetune!r}")
-    if min(cfg.steps, cfg.grad_accum, cfg.window, cfg.lora_rank, cfg.ckpt_every, cfg.log_every) < 1:
-        raise UsageError("steps, grad_accum, window, lora_rank, ckpt_every and log_every must be >= 1")
     if not cfg.trajectories:
         raise UsageError("trajectories=FOLDER is required (written by `specgen collect-trajectories`)")
 
@@ -99,11 +93,8 @@ def outputs(cfg: DistillConfig) -> list[tuple[str, str, str]]:
 
 def check_trajectories(meta: dict, target_ref: str, tok_hash: str, cfg: DistillConfig,
                        derived: tuple[str, ...] = ()) -> None:
-    """Refuse trajectories of another target/tokenizer or another block size (one line each).
-
-    `derived`: targets that are this model plus the adapter being continued (a later progressive
-    round collects its trajectories from the previous round's merged model).
-    """
+    """Refuse trajectories of another target/tokenizer or block size; `derived`: this model merged with the adapter
+    being continued (a later progressive round collects from the previous round's merged model)."""
     if meta.get("tokenizer_hash") != tok_hash or meta.get("target") not in (target_ref, *derived):
         raise IncompatibleError(
             f"trajectories in {cfg.trajectories} come from {meta.get('target')} (tokenizer {meta.get('tokenizer_hash')}), "
@@ -172,11 +163,12 @@ class DistillTask(TrainTask):
     random.Random seeded by (seed, prompt, step), so a resumed or multi-process run sees what one process does."""
 
     def __init__(self, cfg: DistillConfig, model, params: list, groups: list[list[dict]],
-                 stop_ids: tuple[int, ...], on_step: Callable[[int], None] | None = None) -> None:
-        self.cfg, self.model, self.groups, self.stop_ids, self.on_step = cfg, model, groups, stop_ids, on_step
+                 stop_ids: tuple[int, ...]) -> None:
+        self.cfg, self.model, self.groups, self.stop_ids = cfg, model, groups, stop_ids
         opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
         self.modules = {"model": model}
-        self.optims = {"optim": Optim(opt, lambda s: lr_at(s, cfg), cfg.grad_clip)}
+        self.optims = {"optim": Optim(opt, lambda s: cosine_lr(s, cfg.steps, cfg.lr, cfg.lr * cfg.min_lr_ratio,
+                                                               cfg.warmup_steps), cfg.grad_clip)}
 
     def batch(self, at: At):
         cfg, groups = self.cfg, self.groups
@@ -202,11 +194,7 @@ class DistillTask(TrainTask):
     def evaluate(self, progress: Progress) -> dict[str, Any]:
         """The history record of a log line: its mean losses and learning rate."""
         return {"step": progress.step, **{k: round(v, 5) for k, v in progress.last_log.items()},
-                "lr": lr_at(progress.step - 1, self.cfg), "elapsed_s": round(progress.elapsed, 1)}
-
-    def after_step(self, progress: Progress) -> None:
-        if self.on_step:
-            self.on_step(progress.step)
+                "lr": self.optims["optim"].lr(progress.step - 1), "elapsed_s": round(progress.elapsed, 1)}
 
     def meta(self) -> dict[str, Any]:
         return {"config": asdict(self.cfg)}
@@ -231,15 +219,8 @@ def sample_index(at: At, num: int, seed: int) -> int:
     return int(perm[pos])
 
 
-def lr_at(step: int, cfg: DistillConfig) -> float:
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    frac = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
-    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
-
-
 def distill(cfg: DistillConfig, out: Path, log: Callable[[str], None] = lambda s: None, progress=None,
-            on_step: Callable[[int], None] | None = None, force: bool = False) -> dict:
+            force: bool = False) -> dict:
     """Train (resuming from OUT/state.safetensors: the trained weights only), register the result; returns a summary."""
     check_config(cfg)
     meta = read_meta(Path(cfg.trajectories))
@@ -275,7 +256,7 @@ def distill(cfg: DistillConfig, out: Path, log: Callable[[str], None] = lambda s
                 raise IncompatibleError(f"{init.ref} adapts {bad[0]}, which this run's lora_targets do not wrap")
     params = [p for p in model.parameters() if p.requires_grad]
     loop = Loop(LoopOptions.of(cfg, eval_every=cfg.log_every, ckpt_at_eval=False), log)
-    task = DistillTask(cfg, model, params, groups, stop_ids, on_step)
+    task = DistillTask(cfg, model, params, groups, stop_ids)
     loop.log(f"{cfg.objective} on {tm.entry.ref}: {len(groups)} prompts, {sum(len(g) for g in groups)} blocks, "
              f"{sum(p.numel() for p in params):,} trainable parameters ({cfg.finetune})")
     done = loop.run(task, StateFile(Path(out) / "state.safetensors", trainable=True))
@@ -315,10 +296,8 @@ def register(model, tm, cfg: DistillConfig, traj_meta: dict, tok_hash: str, hist
 
 
 def export_adapter(name: str, folder: Path, merge_scale: float | None = None) -> Path:
-    """Write adapter `name` as a shippable asset: adapter.safetensors (fp16) + adapter.json (atomic folder swap).
-
-    `merge_scale` (text/merge.py) is recorded for the built-in that merges it (scripts/pcllm_merge_scale.py
-    chooses it on held-out prompts)."""
+    """Write adapter `name` as a shippable asset: adapter.safetensors (fp16) + adapter.json, with the `merge_scale`
+    the built-in merges it with (text/merge.py)."""
     entry = checkpoints.find(name)
     if entry.kind != "adapter":
         raise UsageError(f"{entry.ref} is not an adapter")

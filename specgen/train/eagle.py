@@ -1,8 +1,7 @@
 """Train an EAGLE feature drafter (`specgen/models/eagle.py`) on an image target's own CFG samples (c2i or t2i).
 
 Row r pairs feature f_r with image token r at position `first_image_position` + r, as `EagleTreeDrafter` feeds the
-drafter while decoding: condition positions (padded caption slots included) never reach it (docs/training.md).
-"""
+drafter while decoding: condition positions never reach it (docs/training.md)."""
 
 from __future__ import annotations
 
@@ -22,7 +21,7 @@ from specgen.errors import UsageError
 from specgen.image.captions import Caption, read_captions
 from specgen.models.eagle import EagleNet
 from specgen.models.transformer import Transformer
-from specgen.train.checkpoint import fp16_state, publish, shipped_copy
+from specgen.train.checkpoint import Published, brief, fp16_state, publish, shipped_copy
 from specgen.train.image_gpt import cached_tokens, sample_c2i, sample_t2i
 from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask
 from specgen.train.optim import OptimConfig
@@ -178,10 +177,10 @@ def evaluate(net: EagleNet, target: Transformer, data: dict[str, torch.Tensor], 
 
 
 def train(cfg: EagleTrainConfig, out: Path, log: Callable[[str], None] = lambda s: None,
-          device: str = "cpu", mixed_precision: str = "no", force: bool = False) -> dict[str, Any]:
-    """Generate (or reuse) target samples, train (or resume) the drafter and register it; returns the metrics."""
-    if min(cfg.samples_per_class, cfg.eval_samples_per_class, cfg.steps, cfg.batch_size, cfg.grad_accum) < 1:
-        raise UsageError("samples_per_class, eval_samples_per_class, steps, batch_size and grad_accum must be >= 1")
+          device: str = "cpu", mixed_precision: str = "no", force: bool = False) -> Published | None:
+    """Generate (or reuse) target samples, train (or resume) the drafter and register it (None on other ranks)."""
+    if min(cfg.samples_per_class, cfg.eval_samples_per_class) < 1:  # the other counts: specgen.config_checks
+        raise UsageError("samples_per_class and eval_samples_per_class must be >= 1")
     torch.set_num_threads(cfg.num_threads)
     entry, target = load_image_target(cfg.target)
     captions, captions_sha = training_captions(entry, target, cfg.captions)
@@ -200,50 +199,42 @@ def train(cfg: EagleTrainConfig, out: Path, log: Callable[[str], None] = lambda 
     feats, tokens = rows(train_data)
     loop = Loop(LoopOptions.of(cfg, eval_first=True, device=device, mixed_precision=mixed_precision), log)
     target.to(loop.device)  # the frozen head and embeddings the loss reads (samples were drawn on the CPU)
-    task = EagleTask(cfg, net, target, feats, tokens, eval_data)
     record = run_record(cfg, digest, captions_sha)
-    task.record = record
+    task = EagleTask(cfg, net, target, feats, tokens, eval_data, record)
     n_params = sum(p.numel() for p in net.parameters() if p.requires_grad)
     loop.log(f"drafter for {entry.ref} ({n_params / 1e6:.2f}M trainable params); {feats.shape[0]} training rows")
     progress = loop.run(task, StateFile(out / "state.safetensors", record))
     net.cpu(), target.cpu()
-    step, history, elapsed = progress.step, progress.history, progress.elapsed
     if not loop.is_main:  # rank 0 measures and registers
-        return {"metrics": {}, "entry": None, "main": False}
-    final = evaluate(shipped_copy(net), target, eval_data, cfg.cfg_scale)  # metrics of the fp16 weights that ship
-    metrics = {**{k: round(v, 4) for k, v in final.items()}, "steps": step, "train_seconds": round(elapsed, 1),
-               "eval_sequences": int(eval_data["tokens"].shape[0]), "history": history, "weights": "fp16"}
-    log(f"done: {json.dumps({k: v for k, v in metrics.items() if k != 'history'})}")
+        return None
+    final = evaluate(shipped_copy(net), target, eval_data, cfg.cfg_scale)
+    metrics = progress.summary({**{k: round(v, 4) for k, v in final.items()},
+                                "eval_sequences": int(eval_data["tokens"].shape[0])})
+    log(f"done: {json.dumps(brief(metrics))}")
     meta = {"builder": "eagle", "kwargs": net.cfg.to_dict(), "parent": entry.ref,
             "parent_digest": registry.weights_digest(entry), "vocab_size": net.cfg.vocab_size,
             "modality": "image", "drafter": "eagle", "embedding": "copy of the target's tok_embeddings (frozen)",
             "head": "target.output", "created_by": "specgen train-heads --kind eagle", "train_config": record["config"],
             "metrics": metrics,
             **{k: v for k, v in record.items() if k != "config"}}
-    saved = publish("draft", cfg.name, cfg.ship_dir, fp16_state(net), meta, "tiny-image-eagle", force)
-    return {"metrics": metrics, "entry": saved, "main": True}
+    return Published(metrics, publish("draft", cfg.name, cfg.ship_dir, fp16_state(net), meta, "tiny-image-eagle",
+                                      force))
 
 
 class EagleTask(TrainTask):
-    """The EAGLE objective on the target's sampled rows; a step's rows and feature noise come from one generator
-    seeded by (seed, step), so a resumed run draws what an uninterrupted one does."""
+    """The EAGLE objective on the target's sampled rows (a step's rows and feature noise: `At.draw`)."""
 
     def __init__(self, cfg: EagleTrainConfig, net: EagleNet, target: Transformer, feats: torch.Tensor,
-                 tokens: torch.Tensor, eval_data: dict[str, torch.Tensor]) -> None:
-        self.cfg, self.net, self.target, self.eval_data = cfg, net, target, eval_data
+                 tokens: torch.Tensor, eval_data: dict[str, torch.Tensor], record: dict[str, Any]) -> None:
+        self.cfg, self.net, self.target, self.eval_data, self.record = cfg, net, target, eval_data, record
         self.feats, self.tokens = feats, tokens  # [R, N, D] fp16, [R, N]
-        self.record: dict[str, Any] = {}
         self.modules = {"model": net}
         params = [p for p in net.parameters() if p.requires_grad]
         self.optims = {"optim": Optim(cfg.adamw(params), lambda s: cfg.lr_at(s, cfg.steps), cfg.grad_clip)}
 
     def batch(self, at: At):
-        """Shard `at.shard` of the step's `at.shards * batch_size` rows, and the generator of its feature noise."""
-        cfg, b = self.cfg, self.cfg.batch_size
-        g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + at.step)
-        idx = torch.randint(0, self.feats.shape[0], (b * at.shards,), generator=g)[at.shard * b : (at.shard + 1) * b]
-        if at.shard:  # shard 0 draws its noise right after the rows (as one process always did); others their own
-            g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + at.step + 7_919 * at.shard * cfg.steps)
+        """This shard's rows and the generator of their feature noise."""
+        idx, g = at.draw(self.cfg.seed, self.cfg.steps, self.feats.shape[0], self.cfg.batch_size)
         return self.feats[idx], self.tokens[idx], g
 
     def loss(self, batch):
@@ -262,9 +253,7 @@ class EagleTask(TrainTask):
 def run_record(cfg: EagleTrainConfig, digest: str, captions_sha: str) -> dict[str, Any]:
     """What a run's state must match to resume (and its drafter records): the config, the target's weights and,
     for t2i, the captions' content; a c2i run records no `captions` key (its states predate the key)."""
-    config = asdict(cfg)
     if not captions_sha:
-        del config["captions"]
-        return {"config": config, "target_sha": digest}
-    return {"config": config, "target_sha": digest, "captions_sha": captions_sha}
+        return {"config": {k: v for k, v in asdict(cfg).items() if k != "captions"}, "target_sha": digest}
+    return {"config": asdict(cfg), "target_sha": digest, "captions_sha": captions_sha}
 

@@ -1,6 +1,5 @@
 """The one training loop of every trainer: resume, log/eval/checkpoint cadence, gradient accumulation, accelerate.
 
-A trainer hands its model, data and loss as a `TrainTask` to `Loop(options).run(task, checkpoint)` (docs/training.md).
 The loop draws no random numbers and `task.batch(at)` is a pure function of `at`, so a resumed or multi-process run
 trains the weights an uninterrupted one does; the global torch RNG state travels in the train state.
 """
@@ -80,10 +79,8 @@ class Optim:
 
 @dataclass(frozen=True)
 class At:
-    """Which micro-batch: of optimiser step `step`, micro-batch `micro` of `accum`, on process `rank` of `world`.
-
-    `shard` / `shards` number the micro-batches of one step over all processes: a trainer that draws one batch
-    per step draws `shards` of them and keeps slice `shard` (one process, no accumulation: shard 0 of 1)."""
+    """Which micro-batch: of optimiser step `step`, micro-batch `micro` of `accum`, on process `rank` of `world`;
+    a trainer drawing one batch per step draws `shards` of them and keeps slice `shard` (alone: shard 0 of 1)."""
 
     step: int
     micro: int = 0
@@ -98,6 +95,15 @@ class At:
     @property
     def shards(self) -> int:
         return self.accum * self.world
+
+    def draw(self, seed: int, steps: int, rows: int, size: int) -> tuple[torch.Tensor, torch.Generator]:
+        """`size` random row indices [size] of `rows` (this shard's part of the step's draw) and a generator for its
+        augmentation; shard 0 goes on with the rows' generator (as one process always did), the others get their own."""
+        g = torch.Generator().manual_seed(seed * 1_000_003 + self.step)
+        idx = torch.randint(0, rows, (size * self.shards,), generator=g)[self.shard * size : (self.shard + 1) * size]
+        if self.shard:
+            g = torch.Generator().manual_seed(seed * 1_000_003 + self.step + 7_919 * self.shard * steps)
+        return idx, g
 
 
 @dataclass
@@ -114,6 +120,11 @@ class Progress:
     resumed: bool = False
     stopped_early: bool = False  # the time budget ran out
     session_start: float = field(default_factory=time.perf_counter)
+
+    def summary(self, measured: dict[str, Any]) -> dict[str, Any]:
+        """A run's final metrics: `measured` (on the fp16 weights that ship), its steps, training time and history."""
+        return {**measured, "steps": self.step, "train_seconds": round(self.elapsed, 1), "history": self.history,
+                "weights": "fp16"}
 
     def recent_mean(self, key: str, last: int) -> float:
         """Mean of `key` over the last `last` steps of this session (nan without any)."""
@@ -169,14 +180,10 @@ class Checkpoint(Protocol):
 
 @dataclass(frozen=True)
 class StateFile:
-    """The train state as one safetensors file: `<module>.<key>` state dicts of `task.modules` (with `trainable`
-    only the parameters that train: a LoRA run's state is the adapter's size), `<optim>.<i>.<key>` the state of
-    parameter i of every optimiser (param-group order), the task's extra tensors and the torch RNG; the JSON meta
-    in the metadata, as one string under "meta" or, `packed=False`, one per key (the VQ, mesh and heads layout).
-
-    `expect` must equal the saved meta to resume (else StaleStateError); `loose` names keys of its dict values
-    that may change (budgets), `added` keys introduced later with the value older states implicitly had (filled
-    into a saved dict only where the expected one has the key)."""
+    """The train state as one safetensors file: `<module>.<key>` (with `trainable` only the parameters that train),
+    `<optim>.<i>.<key>` (parameter i in param-group order), extra tensors, the torch RNG; the JSON meta as one
+    metadata string or, `packed=False`, one per key. `expect` must equal the saved meta to resume, but for `loose`
+    keys of its dicts and `added` ones older states lack (docs/training.md)."""
 
     path: Path
     expect: Mapping[str, Any] = field(default_factory=dict)
@@ -241,48 +248,29 @@ class StateFile:
         return meta
 
 
-def accelerator(device: str = "cpu", mixed_precision: str = "no"):
-    """accelerate's Accelerator for `device` (cpu | cuda | cuda:N | auto; a missing GPU is a one-line UsageError).
-
-    Under `accelerate launch` / `torchrun` it joins the process group (gloo on the CPU, nccl on GPUs)."""
-    from accelerate import Accelerator  # deferred: start-up (recipe checks import every trainer; accelerate is slow)
-    from accelerate.state import AcceleratorState  # deferred: as above
-
-    dev = resolve_device(device)
-    if dev.type == "cuda" and dev.index is not None:
-        torch.cuda.set_device(dev)
-    options = {"cpu": dev.type == "cpu", "mixed_precision": MIXED_PRECISION[mixed_precision]}
-    try:
-        return Accelerator(**options)
-    except ValueError as e:  # one process training twice with other settings (tests, notebooks)
-        if "already been initialized" not in str(e):
-            raise
-        AcceleratorState._reset_state()  # accelerate's settings only; the process group (PartialState) stays
-        return Accelerator(**options)
-
-
 class Loop:
-    """Runs `TrainTask`s under one Accelerator (see the module docstring)."""
+    """Runs `TrainTask`s under one accelerate Accelerator (under `accelerate launch` / `torchrun`: one process each)."""
 
     def __init__(self, options: LoopOptions, log: Callable[[str], None] = lambda s: None) -> None:
-        self.options, self.acc = options, accelerator(options.device, options.mixed_precision)
-        self._log = log
+        from accelerate import Accelerator  # deferred: start-up (recipe checks import every trainer)
+        from accelerate.state import AcceleratorState  # deferred: as above
 
-    @property
-    def device(self) -> torch.device:
-        return self.acc.device
-
-    @property
-    def rank(self) -> int:
-        return self.acc.process_index
-
-    @property
-    def world(self) -> int:
-        return self.acc.num_processes
-
-    @property
-    def is_main(self) -> bool:
-        return self.acc.is_main_process
+        dev = resolve_device(options.device)
+        if dev.type == "cuda" and dev.index is not None:
+            torch.cuda.set_device(dev)
+        settings = {"cpu": dev.type == "cpu", "mixed_precision": MIXED_PRECISION[options.mixed_precision]}
+        try:
+            self.acc = Accelerator(**settings)
+        except ValueError as e:  # one process training twice with other settings (tests, notebooks)
+            if "already been initialized" not in str(e):
+                raise
+            AcceleratorState._reset_state()  # accelerate's settings only; the process group (PartialState) stays
+            self.acc = Accelerator(**settings)
+        self.options, self._log = options, log
+        self.device: torch.device = self.acc.device
+        self.rank: int = self.acc.process_index
+        self.world: int = self.acc.num_processes
+        self.is_main: bool = self.acc.is_main_process
 
     def log(self, msg: str) -> None:
         if self.is_main:
@@ -431,6 +419,6 @@ def _to_device(batch: Any, device: torch.device) -> Any:
     """Tensors of a (nested) batch on `device`; unchanged on the CPU."""
     if device.type == "cpu":
         return batch
-    from accelerate.utils import send_to_device  # deferred: start-up (as in accelerator())
+    from accelerate.utils import send_to_device  # deferred: start-up (as in Loop.__init__)
 
     return send_to_device(batch, device)

@@ -34,11 +34,6 @@ class LoRALinear(nn.Module):
         return (self.lora_B @ self.lora_A) * self.scale
 
 
-def _targets(model: nn.Module, targets: tuple[str, ...]) -> list[str]:
-    return [name for name, m in model.named_modules()
-            if isinstance(m, nn.Linear) and name.split(".")[-1] in targets]
-
-
 def _set(model: nn.Module, path: str, module: nn.Module) -> None:
     parent, _, leaf = path.rpartition(".")
     setattr(model.get_submodule(parent) if parent else model, leaf, module)
@@ -46,7 +41,7 @@ def _set(model: nn.Module, path: str, module: nn.Module) -> None:
 
 def apply_lora(model: nn.Module, targets: tuple[str, ...], rank: int = 16, alpha: float = 32.0) -> list[str]:
     """Wrap every Linear whose attribute name is in `targets`; returns the wrapped paths."""
-    paths = _targets(model, targets)
+    paths = [name for name, m in model.named_modules() if isinstance(m, nn.Linear) and name.split(".")[-1] in targets]
     if not paths:
         raise ValueError(f"no Linear layer named {', '.join(targets)} to adapt")
     for path in paths:

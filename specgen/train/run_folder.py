@@ -1,8 +1,4 @@
-"""Run folders of resumable commands: a changed config is refused up front, and a failed fresh run leaves nothing.
-
-A command records its config in OUT/config.json and, rerun on OUT, compares it with the record before loading
-anything (only `loose` keys may change); a failed run removes a folder it created that holds only disposable files.
-"""
+"""Run folders of resumable commands: a changed config is refused up front, and a failed fresh run leaves nothing."""
 
 from __future__ import annotations
 
@@ -31,12 +27,8 @@ def differing(old: dict, new: dict, loose: tuple[str, ...] = (), only: tuple[str
 
 def check_resume(out: Path, new: dict[str, Any], loose: tuple[str, ...] = (), only: tuple[str, ...] | None = None,
                  record: str = RECORD, section: str | None = None, run_files: tuple[str, ...] = RUN_FILES) -> bool:
-    """True when OUT already records a run with compatible settings, False when it records none; a UsageError
-    naming the differing keys (old -> new) otherwise. Reads only the record: nothing is loaded or written.
-
-    A folder holding other files and no run of this command (no record, none of `run_files`), or a record that
-    is not this command's (another program's config.json), is refused: writing there would replace its files.
-    """
+    """True when OUT records a run with compatible settings (only `loose` keys differ), False when it records none;
+    a UsageError naming the differing keys otherwise, or for files (none of `run_files`) of another program."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file, not a run folder")
@@ -63,8 +55,8 @@ def check_resume(out: Path, new: dict[str, Any], loose: tuple[str, ...] = (), on
 @contextmanager
 def run_folder(out: Path, record: dict[str, Any] | None = None,
                disposable: tuple[str, ...] = DISPOSABLE) -> Iterator[Path]:
-    """Write `record` to OUT/config.json (after the caller's `check_resume`), run the body, and when it fails
-    remove OUT if this call created it and it holds nothing but `disposable` files."""
+    """Write `record` to OUT/config.json and run the body; a failure removes OUT if this call created it and it
+    holds nothing but `disposable` files."""
     out = Path(out)
     existed = out.exists()
     try:
@@ -81,9 +73,8 @@ def run_folder(out: Path, record: dict[str, Any] | None = None,
 def training_run(out: Path, record: dict[str, Any], outputs: list[tuple[str, str, str]], device: str | None,
                  force: bool = False, quiet: bool = False, loose: tuple[str, ...] = ()
                  ) -> Iterator[tuple[Callable[[str], None], str]]:
-    """A training command's run: the device, the run folder (`check_resume`) and the registry writes
-    (`check_outputs`) are refused before anything loads; yields (logger of OUT/train.log, echoed unless `quiet`,
-    the device) inside `run_folder`."""
+    """A training command's run inside `run_folder`, its device, folder and registry writes checked before anything
+    loads; yields (logger of OUT/train.log, echoed unless `quiet`; the device)."""
     dev = train_device(device)
     check_resume(out, record, loose=loose)
     check_outputs(outputs, force)

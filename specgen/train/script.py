@@ -14,13 +14,13 @@ from typing import Any, TypeVar
 from specgen.config import load_config
 from specgen.devices import train_device
 from specgen.errors import SpecgenError
+from specgen.train.checkpoint import brief
 
 T = TypeVar("T")
 
 
 def file_logger(log_path: Path, echo: bool = True) -> Callable[[str], None]:
-    """A `log(msg)` appending timestamped lines to `log_path` (its folder appears with the first line,
-    so a run that fails validation leaves nothing behind) and echoing them to stderr unless `echo` is off."""
+    """A `log(msg)` appending timestamped lines to `log_path` (its folder made by the first one) and to stderr."""
 
     def log(msg: str) -> None:
         line = f"{time.strftime('%Y-%m-%d %H:%M:%S')} {msg}"
@@ -58,13 +58,12 @@ def parse_recipe(parser: argparse.ArgumentParser, cls: type[T],
 
 def print_metrics(metrics: dict[str, Any]) -> int:
     """A script's last stdout line: its metrics as JSON, without the per-eval history; exit status 0."""
-    print(json.dumps({k: v for k, v in metrics.items() if k != "history"}))
+    print(json.dumps(brief(metrics)))
     return 0
 
 
 def run_script(main: Callable[[], int]) -> int:
-    """Exit status of a training script's `main()`: a specgen error (bad recipe, stale run folder, ...) is one
-    line on stderr and its exit code (2 usage, 1 runtime), as in the CLI; SPECGEN_DEBUG=1 keeps the traceback."""
+    """Exit status of `main()`: a specgen error is one line on stderr and its exit code, as in the CLI."""
     try:
         return main()
     except SpecgenError as e:

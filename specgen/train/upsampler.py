@@ -1,8 +1,4 @@
-"""Train a MuLo-SD up/down-sampler pair (`specgen train-upsampler`) between a low-res and the target's token grid.
-
-The VQ stays frozen; the objective (MuLo-SD supplementary Eq. 8, with its documented deviations) is in
-docs/training.md.
-"""
+"""Train a MuLo-SD up/down-sampler pair between a low-res and the target's token grid (objective: docs/training.md)."""
 
 from __future__ import annotations
 
@@ -20,7 +16,7 @@ from specgen import checkpoints
 from specgen.errors import IncompatibleError, MissingDependencyError, UsageError
 from specgen.image.neighbours import codebook_hash
 from specgen.models.upsampler import UpDownSampler, UpsamplerConfig
-from specgen.train.checkpoint import fp16_state, publish, shipped_copy
+from specgen.train.checkpoint import Published, brief, fp16_state, publish, shipped_copy
 from specgen.train.image_gpt import cached_tokens, crop_tokens, downscale, load_vq
 from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask
 
@@ -78,10 +74,8 @@ def check_config(cfg: UpsamplerTrainConfig, vq_downsample: int) -> None:
     if cfg.crop_size % (cfg.scale * vq_downsample):
         raise UsageError(f"crop_size {cfg.crop_size} must be a multiple of scale x VQ downsample "
                          f"({cfg.scale} x {vq_downsample})")
-    if cfg.kernel < 1 or cfg.kernel % 2 == 0 or cfg.channels < 1 or cfg.blocks < 0:
-        raise UsageError("need an odd kernel, channels >= 1 and blocks >= 0")
-    if min(cfg.steps, cfg.batch_size, cfg.grad_accum, cfg.num_crops, cfg.eval_crops) < 1:
-        raise UsageError("steps, batch_size, grad_accum, num_crops and eval_crops must be >= 1")
+    if cfg.kernel % 2 == 0:  # counts >= 1: specgen.config_checks
+        raise UsageError(f"kernel must be odd, got {cfg.kernel}")
     if cfg.perceptual not in ("auto", "lpips", "vq-features", "none"):
         raise UsageError(f"perceptual must be auto, lpips, vq-features or none, got {cfg.perceptual!r}")
 
@@ -224,12 +218,12 @@ class Trainee(nn.Module):
         self.disc = nn.ModuleDict({"up": PatchGAN(disc_channels), "down": PatchGAN(disc_channels)})
 
 
-def load_pair(ref: str) -> tuple[UpDownSampler, dict]:
-    """A registered (or folder) pair and its meta."""
+def load_pair(ref: str) -> UpDownSampler:
+    """A registered (or folder) pair."""
     entry = checkpoints.find(ref)
     if entry.meta.get("builder") != "mulo-updown":
         raise UsageError(f"{entry.ref} is not a MuLo-SD up/down-sampler pair")
-    return checkpoints.load_module(entry), entry.meta
+    return checkpoints.load_module(entry)
 
 
 def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -260,11 +254,10 @@ def evaluate(pair: UpDownSampler, vq, data: dict, r: int) -> dict[str, float]:
 
 
 class PairTask(TrainTask):
-    """The pair's objective (generator step) and, once the GAN is on, the discriminators' hinge + LeCam step.
+    """The pair's objective and, once the GAN is on, the discriminators' hinge + LeCam step.
 
-    A step's crops and augmentations come from one generator seeded by (seed, step). The two losses reach
-    disjoint parameters (the discriminators are frozen inside the generator's adversarial term, the generator's
-    images detached in the discriminators'), so computing both before either optimiser steps changes nothing."""
+    The two losses reach disjoint parameters (discriminators frozen in the generator's term, images detached in
+    theirs), so computing both before either optimiser steps changes nothing."""
 
     def __init__(self, cfg: UpsamplerTrainConfig, model: Trainee, vq, data: dict[str, torch.Tensor],
                  perc: nn.Module | None) -> None:
@@ -278,13 +271,8 @@ class PairTask(TrainTask):
         self.lecam = {"up": LeCam(cfg.lecam_decay), "down": LeCam(cfg.lecam_decay)}
 
     def batch(self, at: At):
-        cfg, b = self.cfg, self.cfg.batch_size
-        g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + at.step)
-        idx = torch.randint(0, self.data["train_hi"].shape[0], (b * at.shards,), generator=g)
-        idx = idx[at.shard * b : (at.shard + 1) * b]
-        if at.shard:  # shard 0 augments with the rows' generator (as one process always did); others their own
-            g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + at.step + 7_919 * at.shard * cfg.steps)
         d = self.data
+        idx, g = at.draw(self.cfg.seed, self.cfg.steps, d["train_hi"].shape[0], self.cfg.batch_size)
         return d["train_pixels"][idx], d["train_lo"][idx].long(), d["train_hi"][idx].long(), g, at.step
 
     def render(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -356,8 +344,8 @@ class PairTask(TrainTask):
 # --- the run ----------------------------------------------------------------------------------------------------
 
 def train(cfg: UpsamplerTrainConfig, out: Path, log: Callable[[str], None] = lambda s: None,
-          device: str = "cpu", mixed_precision: str = "no", force: bool = False) -> dict[str, Any]:
-    """Train (or resume) in `out` and register the pair; returns {"metrics", "entry", "main"}."""
+          device: str = "cpu", mixed_precision: str = "no", force: bool = False) -> Published | None:
+    """Train (or resume) in `out` and register the pair (None on other ranks)."""
     torch.set_num_threads(cfg.num_threads)
     vq, doc, digest = load_vq(cfg.vq)
     for p in vq.parameters():
@@ -369,7 +357,7 @@ def train(cfg: UpsamplerTrainConfig, out: Path, log: Callable[[str], None] = lam
                            blocks=cfg.blocks, kernel=cfg.kernel, skip=cfg.skip)
     warm = None
     if cfg.warm_start:
-        warm, wmeta = load_pair(cfg.warm_start)
+        warm = load_pair(cfg.warm_start)
         if warm.cfg.scale >= cfg.scale or (warm.cfg.channels, warm.cfg.blocks, warm.cfg.kernel) != (
                 cfg.channels, cfg.blocks, cfg.kernel):
             raise IncompatibleError(f"warm_start {cfg.warm_start} is a {warm.cfg.scale}x pair with channels "
@@ -400,20 +388,16 @@ def train(cfg: UpsamplerTrainConfig, out: Path, log: Callable[[str], None] = lam
              f"{tuple(data['train_lo'].shape[1:])} <-> {tuple(data['train_hi'].shape[1:])}")
     progress = loop.run(task, StateFile(out / "state.safetensors", {"config": asdict(cfg)}))
     model.cpu(), vq.cpu()
-    step, history, elapsed = progress.step, progress.history, progress.elapsed
     if not loop.is_main:  # rank 0 measures and registers
-        return {"metrics": {}, "entry": None, "main": False}
-    state = fp16_state(pair)  # the metrics are those of the fp16 weights that ship
-    metrics = {**evaluate(shipped_copy(pair).eval(), vq, data, r), "steps": step, "train_seconds": round(elapsed, 1),
-               "history": history, "perceptual": perc.name if perc else "none",
-               "params_up": n_params[0], "params_down": n_params[1], "weights": "fp16"}
+        return None
+    metrics = progress.summary({**evaluate(shipped_copy(pair).eval(), vq, data, r), "perceptual":
+                                perc.name if perc else "none", "params_up": n_params[0], "params_down": n_params[1]})
     grid_hi = cfg.crop_size // vcfg.downsample
     meta = {"builder": "mulo-updown", "kwargs": pcfg.to_dict(), "scale": r, "vq": cfg.vq_name, "vq_sha": digest,
             "codebook_hash": codebook_hash(vq.quantize.embedding.weight), "vocab_size": vcfg.codebook_size,
             "grid_low": grid_hi // r, "grid_high": grid_hi, "modality": "image", "parent": None,
             "warm_start": cfg.warm_start or None, "created_by": "specgen train-upsampler", "train_config": asdict(cfg),
             "metrics": metrics}
-    entry = publish("upsampler", cfg.name, cfg.ship_dir, state, meta, "upsampler", force)
-    log(f"done: {json.dumps({k: v for k, v in metrics.items() if k != 'history'})}")
-    return {"metrics": metrics, "entry": entry, "main": True}
+    log(f"done: {json.dumps(brief(metrics))}")
+    return Published(metrics, publish("upsampler", cfg.name, cfg.ship_dir, fp16_state(pair), meta, "upsampler", force))
 
