@@ -123,7 +123,7 @@ def check_kwargs_fit(builder: str, kwargs: dict, state: dict[str, torch.Tensor],
     except Exception:  # noqa: BLE001 - kwargs that do not build are reported when the module is built
         return
     check_declared_size(what, declared, sum(t.numel() for t in state.values()),
-                        f"the kwargs do not describe the weights in {source}", UsageError)
+                        f"the kwargs do not describe these weights ({source})", UsageError)
 
 
 def image_meta(module: torch.nn.Module, vq: str | None) -> dict:
