@@ -7,6 +7,7 @@ only a prompt prefill (`models/prompt.py`) dequantizes to one bfloat16 GEMM. For
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 
@@ -433,23 +434,6 @@ def prepare_kernels(module: nn.Module) -> nn.Module:
     for lin in made:
         lin.kernel()
     if made:
-        _trim_heap()
+        with contextlib.suppress(OSError, AttributeError, TypeError):  # not glibc: nothing to trim this way
+            ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim(0)
     return module
-
-
-def _trim_heap() -> None:
-    name = ctypes.util.find_library("c")
-    try:
-        ctypes.CDLL(name).malloc_trim(0)
-    except (OSError, AttributeError, TypeError):  # not glibc: nothing to trim this way
-        pass
-
-
-def quantized_bytes(module: nn.Module) -> int:
-    """Bytes of the quantized layers' weights, scales and zeros (tied tensors once)."""
-    seen = {}
-    for lin in quantized_layers(module):
-        for t in (lin.qweight, lin.scales, getattr(lin, "zeros", None)):
-            if t is not None:
-                seen[t.data_ptr()] = t.numel() * t.element_size()
-    return sum(seen.values())

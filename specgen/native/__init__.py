@@ -1,22 +1,9 @@
 """Native CPU kernels: C sources beside this file, built at install time or on first use, loaded with ctypes.
 
-Why: a low-precision SmolLM2 decode step ran thousands of small aten ops whose dispatch cost as much as the
-quantized products (docs/results/precision.md). `attention.c` does a layer's RoPE, cache write and attention in one call;
-`glue.c` the norms and residual adds; `tiled.c` float32 products of a few rows, where MKL and oneDNN left half the
-memory bandwidth unused. Models call them as `ops.py`'s torch ops, where `models/kernel_choice.py`'s rule says.
-
-Where a library comes from, first found wins: the install-time build (setup.py runs this module, torch-free, to
-compile the sources into `lib/` where a compiler exists), then `$SPECGEN_CACHE` (default `~/.cache/specgen/native`),
-else it is compiled there now with `$CC` (else `cc`). A file is named by a hash of its source and headers, flags and
-this CPU's model and flags (the cache's also by the compiler's version): `-march=native` code built on another CPU
-kind (a shared home directory, a copied wheel) is never loaded. Without a compiler, or with `SPECGEN_NATIVE=0`,
-nothing loads and callers take their torch path (one `warning:` line on stderr says why, unless SPECGEN_NATIVE=0
-asked for it); a library that does not load (damaged, foreign) is removed and built again. `attention.c`, in
-vec16.h's 16-lane vectors, loads only where those live in registers (AVX-512, or AVX2 + FMA as two halves).
-
-Which path runs is decided once per process (`library()` is cached), so every forward of a model computes the same
-way: a speculative method is lossless against AR of the model that runs, whichever path that is. The two paths round
-differently, so a quantized model's greedy outputs may differ between a machine with a compiler and one without.
+A library is found installed (`lib/`), else in `$SPECGEN_CACHE`, else compiled there now, and named by a hash of its
+sources, flags and this CPU (and the compiler, in the cache), so `-march=native` code never runs on another CPU kind.
+Invariant: which path runs is decided once per process (`library()` is cached), so every forward of a model computes
+the same way and lossless methods equal AR on either path. Why and where they run: docs/precision.md.
 """
 
 from __future__ import annotations
