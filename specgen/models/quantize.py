@@ -127,7 +127,6 @@ def dequantize_int4(q4: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -
 
 def check_int4_shape(in_features: int, group: int) -> None:
     """One-line error when `group` is not a kernel group size or does not divide the input width."""
-
     if group not in GROUPS:
         raise UsageError(f"int4 group size must be one of {', '.join(map(str, GROUPS))}, got {group}")
     if in_features % group:
@@ -136,12 +135,8 @@ def check_int4_shape(in_features: int, group: int) -> None:
 
 
 class QuantizedLinear(nn.Module):
-    """Linear with int8 or int4 weights (buffers, saved in the state dict) and bfloat16 products.
-
-    forward: x [..., in] (any float dtype) -> [..., out] in x's dtype; shape-agnostic, so batched [B, S, in]
-    inputs work. Every product runs the quantized kernel (rows independent: see the module docstring), except a
-    prompt prefill's (`models/prompt.py`).
-    """
+    """Linear with int8 or int4 weights (buffers, saved in the state dict) and bfloat16 products: x [..., in] (any
+    float dtype) -> [..., out] in x's dtype, on the quantized kernel except in a prompt prefill (`models/prompt.py`)."""
 
     _kernel: tuple | None = None  # (op, weight operands, bias) of `kernel`; dropped when the
     # buffers are replaced (assignment, load_state_dict, .to()), remade at the next product

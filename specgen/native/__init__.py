@@ -59,10 +59,8 @@ def sixteen_lanes() -> bool:
 
 
 def openmp_flags() -> tuple[str, ...]:
-    """OPENMP where torch runs its threads on a libgomp already loaded in this process under the file name (and
-    soname) `libgomp.so.1` that a GCC build links against: the library then joins torch's thread pool. Elsewhere ()
-    and a one-thread library: a wheel whose libgomp carries a hashed name (libgomp-<hash>.so.1), or another runtime
-    (libiomp5, libomp), would leave ours loading a second OpenMP runtime whose threads spin against torch's."""
+    """OPENMP where torch's threads run on a loaded `libgomp.so.1` (the name a GCC build links: ours then joins torch's
+    pool), else () (a hashed libgomp or another runtime would start a second pool spinning against torch's)."""
     import torch  # noqa: F401  (loads torch's OpenMP runtime first, so the check below sees it; setup.py has no torch)
 
     try:
@@ -150,10 +148,8 @@ def compile_to(cc: str, name: str, flags: tuple[str, ...], out: Path) -> str:
 
 @functools.cache
 def library(name: str) -> ctypes.CDLL | None:
-    """The compiled library `name` (a key of SIGNATURES), or None (no compiler, a failed build, `SPECGEN_NATIVE=0`,
-    or a SIXTEEN_LANE library on a CPU without 16-lane vectors). Cached: a process decides once. A file that does not
-    load or lacks a function is removed and built once more; where the native path was expected and is not used,
-    one warning line says so."""
+    """The compiled library `name` (a key of SIGNATURES), or None (no compiler, a failed build, `SPECGEN_NATIVE=0`, or
+    a SIXTEEN_LANE library without 16-lane vectors: one warning line says why). A file that does not load is rebuilt."""
     if os.environ.get("SPECGEN_NATIVE", "1") == "0" or (name in SIXTEEN_LANE and not sixteen_lanes()):
         return None
     why = ""
