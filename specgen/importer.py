@@ -93,7 +93,13 @@ def import_checkpoint(source: Path, name: str, kind: str = "target", builder: st
         raise UsageError(f"builder kwargs {kwargs_path} must be a JSON object")
     kwargs = EXPAND_KWARGS.get(builder, lambda k: k)(kwargs)
     state = CONVERTERS.get(builder, lambda s, k: s)(read_state_file(source), kwargs)
-    check_kwargs_fit(builder, kwargs, state, f"builder kwargs {kwargs_path}", source.name)
+    try:  # before allocating: the size the kwargs declare (a meta build) must fit the weights and this machine
+        with torch.device("meta"):
+            declared = sum(p.numel() for p in BUILDERS[builder](**kwargs).parameters())
+    except Exception:  # noqa: BLE001 - kwargs that do not build are reported when the module is built below
+        declared = 0
+    check_declared_size(f"builder kwargs {kwargs_path}", declared, sum(t.numel() for t in state.values()),
+                        f"the kwargs do not describe these weights ({source.name})", UsageError)
     try:
         module = BUILDERS[builder](**kwargs)
     except (TypeError, ValueError) as e:
@@ -112,18 +118,6 @@ def import_checkpoint(source: Path, name: str, kind: str = "target", builder: st
     if builder in IMAGE_BUILDERS:
         meta.update(image_meta(module, vq))
     return registry.save(kind, name, dict(module.state_dict()), meta, force=force)
-
-
-def check_kwargs_fit(builder: str, kwargs: dict, state: dict[str, torch.Tensor], what: str, source: str) -> None:
-    """Before allocating: the module `kwargs` declare (built on the meta device) must fit the weights and this
-    machine's memory (`limits.check_declared_size`)."""
-    try:
-        with torch.device("meta"):
-            declared = sum(p.numel() for p in BUILDERS[builder](**kwargs).parameters())
-    except Exception:  # noqa: BLE001 - kwargs that do not build are reported when the module is built
-        return
-    check_declared_size(what, declared, sum(t.numel() for t in state.values()),
-                        f"the kwargs do not describe these weights ({source})", UsageError)
 
 
 def image_meta(module: torch.nn.Module, vq: str | None) -> dict:

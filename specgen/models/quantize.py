@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -285,14 +286,10 @@ def head_rows() -> int:
     return HEAD_ROWS if available() and devices.onednn_packs(ACT_DTYPE) else 0
 
 
-_WORKSPACE: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
-
-
+@functools.cache
 def workspace(out: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """float32 and bfloat16 [out, k] buffers for `QuantizedLinear.prompt_weight`, one pair per shape per process."""
-    if (out, k) not in _WORKSPACE:
-        _WORKSPACE[(out, k)] = torch.empty(out, k), torch.empty(out, k, dtype=ACT_DTYPE)
-    return _WORKSPACE[(out, k)]
+    return torch.empty(out, k), torch.empty(out, k, dtype=ACT_DTYPE)
 
 
 class QuantizedFeedForward(nn.Module):
