@@ -157,4 +157,6 @@ def check_declared_size(entry: Entry, builder: str, kwargs: dict) -> None:
         return
     declared = sum(p.numel() for p in module.parameters())
     shapes = registry.stored_shapes(entry)
-    check_size(entry.ref, declared, None if shapes is None else sum(math.prod(s) for s in shapes.values()))
+    stored = None if shapes is None else sum(math.prod(s) for s in shapes.values())
+    check_size(f"{entry.ref}'s {CONFIG}", declared, stored,
+               f"corrupt entry {entry.ref}; repair or remove it (`specgen registry remove {entry.ref}`)")

@@ -14,7 +14,7 @@ from specgen import checkpoints, registry
 from specgen.builders import BUILDERS, CONVERTERS, EXPAND_KWARGS, IMAGE_BUILDERS
 from specgen.builtins import import_gguf_target
 from specgen.errors import CheckpointError, IncompatibleError, UnknownNameError, UsageError
-from specgen.limits import available_memory
+from specgen.limits import check_declared_size
 from specgen.models.llama import load_hf_folder
 
 STATE_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin", ".ckpt")
@@ -93,7 +93,13 @@ def import_checkpoint(source: Path, name: str, kind: str = "target", builder: st
         raise UsageError(f"builder kwargs {kwargs_path} must be a JSON object")
     kwargs = EXPAND_KWARGS.get(builder, lambda k: k)(kwargs)
     state = CONVERTERS.get(builder, lambda s, k: s)(read_state_file(source), kwargs)
-    check_kwargs_fit(builder, kwargs, state, f"builder kwargs {kwargs_path}", source.name)
+    try:  # before allocating: the size the kwargs declare (a meta build) must fit the weights and this machine
+        with torch.device("meta"):
+            declared = sum(p.numel() for p in BUILDERS[builder](**kwargs).parameters())
+    except Exception:  # noqa: BLE001 - kwargs that do not build are reported when the module is built below
+        declared = 0
+    check_declared_size(f"builder kwargs {kwargs_path}", declared, sum(t.numel() for t in state.values()),
+                        f"the kwargs do not describe these weights ({source.name})", UsageError)
     try:
         module = BUILDERS[builder](**kwargs)
     except (TypeError, ValueError) as e:
@@ -112,24 +118,6 @@ def import_checkpoint(source: Path, name: str, kind: str = "target", builder: st
     if builder in IMAGE_BUILDERS:
         meta.update(image_meta(module, vq))
     return registry.save(kind, name, dict(module.state_dict()), meta, force=force)
-
-
-def check_kwargs_fit(builder: str, kwargs: dict, state: dict[str, torch.Tensor], what: str, source: str) -> None:
-    """Before allocating: the module `kwargs` declare (built on the meta device) must be about the size of the
-    weights and fit this machine's memory; kwargs declaring huge sizes are a one-line usage error."""
-    try:
-        with torch.device("meta"):
-            declared = sum(p.numel() for p in BUILDERS[builder](**kwargs).parameters())
-    except Exception:  # noqa: BLE001 - kwargs that do not build are reported when the module is built
-        return
-    stored = sum(t.numel() for t in state.values())
-    if declared > 8 * stored + (1 << 20):
-        raise UsageError(f"{what} declare {declared:,} parameters but {source} holds {stored:,}: "
-                         "the kwargs do not describe these weights")
-    mem = available_memory()
-    if mem is not None and 4 * declared > mem:
-        raise UsageError(f"{what} declare {4 * declared / 2**30:.1f} GiB of float32 weights, more than this "
-                         f"machine's {mem / 2**30:.1f} GiB")
 
 
 def image_meta(module: torch.nn.Module, vq: str | None) -> dict:

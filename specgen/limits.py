@@ -63,14 +63,13 @@ def available_memory() -> int | None:
         return None
 
 
-def check_declared_size(ref: str, declared_params: int, stored_params: int | None) -> None:
-    """A registry entry whose config.json declares a module larger than its weights or than this machine's
-    memory is corrupt (or not for this machine): one line, before the module is allocated."""
-    if stored_params is not None and declared_params > 8 * stored_params + (1 << 20):
-        raise CheckpointError(f"corrupt entry {ref}: its config.json declares {declared_params:,} parameters but "
-                              f"its weights hold {stored_params:,}; repair or remove it "
-                              f"(`specgen registry remove {ref}`)")
+def check_declared_size(what: str, declared: int, stored: int | None, advice: str,
+                        error: type[Exception] = CheckpointError) -> None:
+    """Refuse, in one line before the module is allocated, a config (`what`) declaring far more parameters than its
+    weights hold (`advice` says what to do) or more float32 weights than this machine's memory."""
+    if stored is not None and declared > 8 * stored + (1 << 20):
+        raise error(f"{what} declares {declared:,} parameters but the weights hold {stored:,}: {advice}")
     mem = available_memory()
-    if mem is not None and declared_params * 4 > mem:  # float32 weights
-        raise CheckpointError(f"{ref} needs {declared_params * 4 / 2**30:.1f} GiB for its weights, "
-                              f"more than this machine's {mem / 2**30:.1f} GiB")
+    if mem is not None and declared * 4 > mem:  # float32 weights
+        raise error(f"{what} declares {declared * 4 / 2**30:.1f} GiB of float32 weights, "
+                    f"more than this machine's {mem / 2**30:.1f} GiB")

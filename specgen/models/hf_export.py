@@ -47,7 +47,8 @@ def hf_state(model: Transformer) -> dict[str, torch.Tensor]:
 def to_hf(model: Transformer):
     """A transformers causal LM with identical weights (float32, eval mode)."""
     # optional dependency: only an export needs transformers
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
+                              Qwen3ForCausalLM)
 
     cfg = model.cfg
     if cfg.rope_grid or cfg.cross_dim or cfg.cond_kind != "none":
@@ -59,8 +60,6 @@ def to_hf(model: Transformer):
     if cfg.rope_scaling:  # transformers 4.x reads `rope_scaling`; 5.x moves it into rope_parameters
         common["rope_scaling"] = dict(cfg.rope_scaling)
     if cfg.qk_norm:
-        from transformers import Qwen3Config, Qwen3ForCausalLM  # optional: only an export needs transformers
-
         hf = Qwen3ForCausalLM(Qwen3Config(**common, attention_bias=cfg.qkv_bias))
     elif cfg.qkv_bias:
         hf = Qwen2ForCausalLM(Qwen2Config(**common))

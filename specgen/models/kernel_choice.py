@@ -1,20 +1,7 @@
 """Which kernels a forward runs, per device x dtype x shape: the one rule, in this module.
 
-| device | activations      | forward              | attention (`attention_path`) | products                 | norms  |
-|--------|------------------|----------------------|------------------------------|--------------------------|--------|
-| CPU    | float32          | cached (decode)      | native, else sdpa            | `Plan`: MKL/oneDNN/tiled | glue.c |
-| CPU    | bfloat16         | cached (decode)      | native, else chunked         | `Plan`: MKL/oneDNN       | glue.c |
-| CPU    | int8/int4 (bf16) | cached (decode)      | native, else chunked         | quantize.py's one kernel | glue.c |
-| CPU    | any              | text prompt prefill  | sdpa (float32 math)          | as above; int8/4: + GEMM | glue.c |
-| CUDA   | bfloat16/float16 | cached               | chunked                      | cuBLAS                   | torch  |
-| CUDA   | float32          | cached               | sdpa                         | cuBLAS                   | torch  |
-| any    | any              | uncached (training)  | sdpa (float32 math)          | `F.linear`               | torch  |
-
-"native" (attention.c), "glue.c": where built and grad mode is off, else the row's torch path. "native" and "chunked"
-give a query a result independent of the forward's width and batch, so greedy speculation equals AR token for token;
-"sdpa" does not. Products: the kernel per row count is measured per machine (`Plan`, `KernelChoice`; docs/precision.md,
-"Which kernels a forward runs"). Environment variables that change results: `SPECGEN_NATIVE=0`,
-`SPECGEN_PACKED_MIN_ROWS=N`, `SPECGEN_WEIGHT_LAYOUT=col|row`, `SPECGEN_HOME` (docs/precision.md's table).
+The table of paths, and why "native" and "chunked" attention keep greedy speculation equal to AR: docs/precision.md,
+"Which kernels a forward runs" (with the environment variables that change results).
 """
 
 from __future__ import annotations

@@ -94,12 +94,8 @@ def rope_scaling(raw: dict, context: int) -> tuple[dict | None, float]:
             raise UsageError(f"config.json {key} of type {kind} lacks {name}")
         return params[name]
 
-    if kind == "default":
-        return None, theta
-    if kind == "dynamic":
-        # Dynamic NTK raises the base only once a sequence runs past max_position_embeddings; specgen's context is
-        # at most that (hf_config caps it), and below it transformers computes the default table: exact.
-        return None, theta
+    if kind in ("default", "dynamic"):  # dynamic NTK changes the table only past max_position_embeddings, which
+        return None, theta  # caps specgen's context (hf_config): below it transformers computes the default table
     if kind == "linear":
         return {"rope_type": "linear", "factor": float(need("factor"))}, theta
     # a top-level original_max_position_embeddings wins, as in transformers (Phi-3 style configs)

@@ -5,13 +5,12 @@ Its packed and tiled copies are made on first use, remade when the weight change
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from specgen import native
+from specgen.limits import available_memory
 from specgen.models.kernel_choice import (FALLBACK_MIN_ROWS, KernelChoice, Plan, cpu_packable, inference_on_cpu,
                                           pinned_min_rows, tiled_products)
 from specgen.models.tiled_weight import TiledWeight
@@ -92,18 +91,10 @@ def linear_bytes(module: nn.Module) -> int:
     return sum(w.numel() * w.element_size() for w in weights.values())
 
 
-def ram_bytes() -> int:
-    """Physical memory of this machine (0 when the OS does not say)."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):
-        return 0
-
-
 def pack_linears(module: nn.Module, min_rows: int | None = None) -> nn.Module:
     """Turn every CPU nn.Linear of `module` into a PackedLinear in place (parameters, ties and names unchanged), all
     sharing one KernelChoice (`min_rows`, else `SPECGEN_PACKED_MIN_ROWS`, else measured); not above MAX_MEMORY_SHARE."""
-    size, ram = linear_bytes(module), ram_bytes()
+    size, ram = linear_bytes(module), available_memory()
     if ram and size > MAX_MEMORY_SHARE * ram:
         return module
     linears = [lin for lin in module.modules()  # CPU weights oneDNN packs here only

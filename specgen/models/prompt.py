@@ -1,7 +1,6 @@
 """Prompt mode: a prompt's prefill may run faster kernels than decode steps, because no later forward recomputes it.
 
-A prefill runs once per sequence, the same way under AR and every method, so the state after it is the same for all
-(docs/precision.md, "Prompt prefill").
+Invariant: a prefill runs once per sequence, the same way under AR and every method (docs/precision.md).
 """
 
 from __future__ import annotations

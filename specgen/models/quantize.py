@@ -1,35 +1,16 @@
 """Weight-only int8 / int4 quantization of a Transformer for CPU decoding (torch's own packed kernels).
 
-int8: per-output-channel symmetric scales, q = round(w / s) in [-127, 127]; the product runs
-`torch.ops.aten._weight_int8pack_mm` (bfloat16 activations; float32 ones take a far slower path,
-docs/precision.md). int4: group-wise asymmetric scales as gpt-fast does,
-w ~ (q - 8) * scale + zero with q in [0, 15] per `group` consecutive input columns; the product runs
-`torch.ops.aten._weight_int4pack_mm_for_cpu` on a copy made by `_convert_weight_to_int4pack_for_cpu`.
-Scales and zeros are stored in bfloat16 (the kernels' dtype) and q is computed against those rounded
-values, so `dequantize_*` is exactly the weight the kernels multiply by.
-
-Embedding and LM head: SmolLM2 ties them; one int8 table [V, dim] with one scale per vocabulary row is
-both the head's per-output-channel quantization and a per-row quantized embedding, so the tie (and its
-memory saving) survives. The head stays int8 under `int4` too: it is a fifth of the weights and the
-logits are what greedy decoding compares (llama.cpp's Q4 files keep the output tensor at higher precision
-for the same reason). Its product runs on a bfloat16 copy of that int8 table through oneDNN's packed GEMM, always
-`HEAD_ROWS` rows at a time (`blocked_head`): torch's int8 kernel read the 49152-row table at ~5 GB/s on this CPU.
-
-One kernel at every row count (the kernel choice of `models/kernel_choice.py` does not apply to these
-layers): each quantized kernel computes every row of a product independently, so row i of an M-row
-product is bitwise row i of a 1-row product. An AR step, a verification forward of any width and a
-batched forward of any composition therefore compute the same numbers for a row, and greedy speculation
-is token-identical to AR by construction, even though bfloat16 logits tie often (the blocked head gets the same
-property from products of one shape). Switching kernels by row count would make a row's output depend on its batch
-partners and verify width, so one kernel per layer runs every product of a decode step. A prompt's prefill is the one
-exception (`models/prompt.py`: no step recomputes it, and every method prefills alike): there products of
-`PROMPT_MIN_ROWS` rows or more dequantize to bfloat16 for one GEMM. The float32 weights are never kept.
+Invariant: every quantized kernel computes each row of a product alone (the int8 head: in products of `HEAD_ROWS`
+rows), so a row's numbers never depend on its batch partners or the verify width and greedy speculation equals AR;
+only a prompt prefill (`models/prompt.py`) dequantizes to one bfloat16 GEMM. Formats and why: docs/precision.md.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -39,7 +20,7 @@ from specgen import devices
 from specgen.errors import UsageError
 from specgen.models import prompt
 from specgen.models.packed_linear import available
-from specgen.models.transformer import Transformer, TransformerConfig, rope_table
+from specgen.models.transformer import Transformer, TransformerConfig
 
 MODES = ("int8", "int4")
 GROUPS = (32, 64, 128, 256)  # int4 group sizes the CPU kernel accepts
@@ -75,18 +56,9 @@ def dequantize_int8(q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
 
 def quantize_int4(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(q uint8 [out, in/2] two nibbles per byte (low = even column), scales bf16 [out, in/g], zeros bf16
-    [out, in/g]) of w [out, in]: asymmetric per group of `group` input columns, w ~ (q - 8) * scale + zero.
-
-    1. min-max: scale = (max - min) / 15, zero = min + 8 * scale, rounded to bfloat16; q = nearest level.
-    2. `REFINE_STEPS` times: the least-squares (scale, zero) for the current q, each rounded to the bfloat16
-       values either side of it (4 candidates); then q re-rounded under the best pair. A group keeps a change
-       only when its squared error falls and its largest error does not grow, so it is never worse than min-max
-       on either. Why: bfloat16 keeps 8 mantissa bits, so min-max scales round by up to 0.4% and the top level
-       (q - 8 = 7) misses by up to 3% of a step; on the Q4_1 weights of the shipped GGUF (already on a 4-bit
-       grid) the fit lowers the relative RMS error. Why the largest error: a pure least-squares fit shrinks the
-       grid and clamps a group's outliers, which matter most in an LM head (an int4 SmolLM2 head lost more NLL
-       with it than with min-max: docs/precision.md).
-    """
+    [out, in/g]) of w [out, in], w ~ (q - 8) * scale + zero per group of `group` input columns: min-max, then
+    `REFINE_STEPS` least-squares refits of (scale, zero) rounded to bfloat16, each kept per group only where neither
+    its squared error nor its largest error grows (why: docs/precision.md)."""
     out, k = w.shape
     check_int4_shape(k, group)
     wg = w.detach().float().contiguous().view(out, k // group, group)  # [out, G, g]
@@ -156,7 +128,6 @@ def dequantize_int4(q4: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -
 
 def check_int4_shape(in_features: int, group: int) -> None:
     """One-line error when `group` is not a kernel group size or does not divide the input width."""
-
     if group not in GROUPS:
         raise UsageError(f"int4 group size must be one of {', '.join(map(str, GROUPS))}, got {group}")
     if in_features % group:
@@ -165,12 +136,8 @@ def check_int4_shape(in_features: int, group: int) -> None:
 
 
 class QuantizedLinear(nn.Module):
-    """Linear with int8 or int4 weights (buffers, saved in the state dict) and bfloat16 products.
-
-    forward: x [..., in] (any float dtype) -> [..., out] in x's dtype; shape-agnostic, so batched [B, S, in]
-    inputs work. Every product runs the quantized kernel (rows independent: see the module docstring), except a
-    prompt prefill's (`models/prompt.py`).
-    """
+    """Linear with int8 or int4 weights (buffers, saved in the state dict) and bfloat16 products: x [..., in] (any
+    float dtype) -> [..., out] in x's dtype, on the quantized kernel except in a prompt prefill (`models/prompt.py`)."""
 
     _kernel: tuple | None = None  # (op, weight operands, bias) of `kernel`; dropped when the
     # buffers are replaced (assignment, load_state_dict, .to()), remade at the next product
@@ -230,9 +197,8 @@ class QuantizedLinear(nn.Module):
         return y.view(*x.shape[:-1], self.out_features)
 
     def prompt_weight(self) -> torch.Tensor:
-        """The weight [out, in] in bfloat16 for a prompt's GEMM, written into a workspace shared by every layer of this
-        shape (a fresh 2-4 MB weight per product made the allocator map and fault in new pages each time: a 168-token
-        prefill took 0.46-0.96 s instead of ~0.35). Computed in float32, as `dequantize`, then rounded once."""
+        """The weight [out, in] in bfloat16 for a prompt's GEMM (float32 as `dequantize`, rounded once), in a workspace
+        shared by every layer of this shape: a fresh weight per product would fault in new pages each time."""
         w32, w16 = workspace(self.out_features, self.in_features)
         if self.mode == "int8":
             w32.copy_(self.qweight).mul_(self.scales.float()[:, None])
@@ -262,8 +228,8 @@ class QuantizedLinear(nn.Module):
         return self._kernel
 
     def bf16_weight(self, chunk: int = 4096) -> torch.Tensor:
-        """`dequantize()` rounded to bfloat16, made `chunk` output rows at a time: the float32 copy of a 49152-row
-        head alone is 113 MB, which would set the process's peak memory."""
+        """`dequantize()` rounded to bfloat16, made `chunk` output rows at a time (a whole float32 copy of a large
+        head would set the process's peak memory)."""
         out = torch.empty(self.out_features, self.in_features, dtype=ACT_DTYPE)
         for i in range(0, self.out_features, chunk):
             out[i : i + chunk] = self.dequantize(slice(i, i + chunk))
@@ -300,9 +266,7 @@ class QuantizedLinear(nn.Module):
 
 def blocked_head(x: torch.Tensor, packed: torch.Tensor, rows: int) -> torch.Tensor:
     """x [M, in] bf16 -> [M, out] bf16 by oneDNN's packed GEMM in products of exactly `rows` rows (the last one
-    zero-padded): every row is computed by a product of one shape whatever M is, so a verify forward's logits are
-    bitwise an AR step's (the property the quantized kernels have row by row; a GEMM of M rows may switch code paths
-    with M). Used for the LM head, where this bf16 copy of the int8 table beats the int8 kernel from 1 row up."""
+    zero-padded): one product shape whatever M is, so a verify forward's logits are bitwise an AR step's."""
     m = x.shape[0]
     pad = -m % rows
     if pad:
@@ -313,34 +277,24 @@ def blocked_head(x: torch.Tensor, packed: torch.Tensor, rows: int) -> torch.Tens
 
 
 def bf16_gemm() -> bool:
-    """Whether this CPU has a fast bfloat16 GEMM for prompt mode: where oneDNN packs bfloat16 (AVX512-BF16 class
-    CPUs). On an AVX2-only one torch's bfloat16 GEMM is a slow fallback, and the prompt GEMM made a quantized
-    prefill slower than the quantized kernels (docs/results/text.md)."""
+    """Whether this CPU has a fast bfloat16 GEMM for prompt mode (oneDNN packs bfloat16; AVX2-only: a slow fallback)."""
     return devices.onednn_packs(ACT_DTYPE)
 
 
 def head_rows() -> int:
-    """`HEAD_ROWS` where torch has oneDNN's packed linear (x86 CPU builds) and it packs bfloat16 on this CPU (not on
-    an AVX2-only one), else 0 (the int8 kernel)."""
-
+    """`HEAD_ROWS` where torch has oneDNN's packed linear and a fast bfloat16 GEMM, else 0 (the int8 kernel)."""
     return HEAD_ROWS if available() and devices.onednn_packs(ACT_DTYPE) else 0
 
 
-_WORKSPACE: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
-
-
+@functools.cache
 def workspace(out: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """float32 and bfloat16 [out, k] buffers for `QuantizedLinear.prompt_weight`, one pair per shape per process."""
-    if (out, k) not in _WORKSPACE:
-        _WORKSPACE[(out, k)] = torch.empty(out, k), torch.empty(out, k, dtype=ACT_DTYPE)
-    return _WORKSPACE[(out, k)]
+    return torch.empty(out, k), torch.empty(out, k, dtype=ACT_DTYPE)
 
 
 class QuantizedFeedForward(nn.Module):
     """SwiGLU w2(silu(w1 x) * w3 x) with the gate and up projections stored as one quantized layer `w13` = [w1; w3]:
-    one kernel call per layer instead of two (a decode step of a small model is dominated by per-call costs). Bitwise
-    the unfused form: quantization and the kernels treat every output row alone, so each half of the fused product
-    is exactly w1 x and w3 x (tests/models/test_quantize.py)."""
+    one kernel call fewer, bitwise the unfused form (every output row is quantized and computed alone)."""
 
     def __init__(self, w13: QuantizedLinear, w2: QuantizedLinear) -> None:
         super().__init__()
@@ -381,24 +335,17 @@ def quantize_transformer(model: nn.Module, mode: str, group: int = DEFAULT_GROUP
 
     if not isinstance(model, Transformer):
         raise ValueError("quantization covers specgen's decoder Transformer (text, image and mesh GPTs)")
-    if mode == "int4":
-        for name, lin in model.layers.named_modules():
+    if mode == "int4":  # before any layer is replaced: a refused model is left whole
+        for lin in model.layers.modules():
             if isinstance(lin, nn.Linear):
                 check_int4_shape(lin.in_features, group)
     with torch.no_grad():
-        for blk in model.layers:
-            for parent in block_parents(blk):
-                for name, lin in list(parent.named_children()):
-                    if isinstance(lin, nn.Linear):
-                        setattr(parent, name, QuantizedLinear.from_linear(lin, mode, group))
-            blk.feed_forward = QuantizedFeedForward.from_float(blk.feed_forward, mode, group)
+        swap_layers(model, lambda lin: QuantizedLinear.from_linear(lin, mode, group),
+                    lambda ffn: QuantizedFeedForward.from_float(ffn, mode, group))
         head = QuantizedLinear.from_linear(model.output, "int8")
-        if model.cfg.tie_embeddings:
-            emb = QuantizedEmbedding(head)
-        else:
-            emb = QuantizedEmbedding(QuantizedLinear.from_linear(_as_linear(model.tok_embeddings.weight), "int8"))
-        head.head_rows = head_rows()
-        model.output, model.tok_embeddings = head, emb
+        untied = not model.cfg.tie_embeddings
+        table = QuantizedLinear.from_linear(_as_linear(model.tok_embeddings.weight), "int8") if untied else head
+        set_head(model, head, table)
     for p in model.parameters():  # norms and the condition embedding: the activation dtype
         p.data = p.data.to(ACT_DTYPE)
     if model.cfg.cond_kind == "caption":  # the learned null caption: in the dtype of the features it stands for
@@ -407,10 +354,21 @@ def quantize_transformer(model: nn.Module, mode: str, group: int = DEFAULT_GROUP
     return model
 
 
-def block_parents(blk: nn.Module) -> tuple[nn.Module, ...]:
-    """The modules of a decoder block whose Linear children are quantized one by one (cross-attention too: the mesh
-    GPT); the feed-forward becomes a `QuantizedFeedForward`."""
-    return (blk.attention,) + ((blk.cross_attention,) if hasattr(blk, "cross_attention") else ())
+def swap_layers(model: Transformer, linear, feed_forward) -> None:
+    """Replace each block's attention (and cross-attention: the mesh GPT) Linears by `linear(lin)` and its feed-forward
+    by `feed_forward(ffn)`."""
+    for blk in model.layers:
+        for parent in (blk.attention,) + ((blk.cross_attention,) if hasattr(blk, "cross_attention") else ()):
+            for name, lin in list(parent.named_children()):
+                if isinstance(lin, nn.Linear):
+                    setattr(parent, name, linear(lin))
+        blk.feed_forward = feed_forward(blk.feed_forward)
+
+
+def set_head(model: Transformer, head: QuantizedLinear, table: QuantizedLinear) -> None:
+    """Install the int8 LM head and the embedding over `table` (the head itself when tied)."""
+    head.head_rows = head_rows()
+    model.output, model.tok_embeddings = head, QuantizedEmbedding(table)
 
 
 def quantize_model(model: nn.Module, mode: str, group: int = DEFAULT_GROUP) -> nn.Module:
@@ -439,31 +397,20 @@ def _as_linear(table: torch.Tensor) -> nn.Linear:
 
 
 def build_quantized_transformer(quantize: str, group: int = 0, **kwargs) -> nn.Module:
-    """Registry builder: the module of a quantized entry with empty buffers, ready for load_state_dict.
-
-    The float Transformer is built on the meta device and never allocated (a quantized load's memory is its
-    quantized weights); norms and the RoPE table are then made for real.
-    """
-
+    """Registry builder: the module of a quantized entry with empty buffers, ready for load_state_dict (the float
+    Transformer is built on the meta device and never allocated; its norms are then made for real)."""
     cfg = TransformerConfig(**kwargs)
     with torch.device("meta"):
         model = Transformer(cfg)
-    for blk in model.layers:
-        for parent in block_parents(blk):
-            for name, lin in list(parent.named_children()):
-                if isinstance(lin, nn.Linear):
-                    setattr(parent, name, QuantizedLinear(lin.in_features, lin.out_features, quantize, group,
-                                                          lin.bias is not None))
-        blk.feed_forward = QuantizedFeedForward(QuantizedLinear(cfg.dim, 2 * cfg.ffn_dim, quantize, group),
-                                                QuantizedLinear(cfg.ffn_dim, cfg.dim, quantize, group))
-    model.output = QuantizedLinear(cfg.dim, cfg.vocab_size, "int8")
-    model.output.head_rows = head_rows()
-    table = model.output if cfg.tie_embeddings else QuantizedLinear(cfg.dim, cfg.vocab_size, "int8")
-    model.tok_embeddings = QuantizedEmbedding(table)
+    swap_layers(model, lambda lin: QuantizedLinear(lin.in_features, lin.out_features, quantize, group,
+                                                   lin.bias is not None),
+                lambda ffn: QuantizedFeedForward(QuantizedLinear(cfg.dim, 2 * cfg.ffn_dim, quantize, group),
+                                                 QuantizedLinear(cfg.ffn_dim, cfg.dim, quantize, group)))
+    head = QuantizedLinear(cfg.dim, cfg.vocab_size, "int8")
+    set_head(model, head, head if cfg.tie_embeddings else QuantizedLinear(cfg.dim, cfg.vocab_size, "int8"))
     for mod in model.modules():  # the norms (still on meta): real bf16 ones
         for name, p in list(mod.named_parameters(recurse=False)):
             setattr(mod, name, nn.Parameter(torch.ones(p.shape, dtype=ACT_DTYPE), requires_grad=False))
-    model.register_buffer("rope_table", rope_table(cfg), persistent=False)
     model.quantized = (quantize, group if quantize == "int4" else 0)
     return model.eval()
 
@@ -479,23 +426,6 @@ def prepare_kernels(module: nn.Module) -> nn.Module:
     for lin in made:
         lin.kernel()
     if made:
-        _trim_heap()
+        with contextlib.suppress(OSError, AttributeError, TypeError):  # not glibc: nothing to trim this way
+            ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim(0)
     return module
-
-
-def _trim_heap() -> None:
-    name = ctypes.util.find_library("c")
-    try:
-        ctypes.CDLL(name).malloc_trim(0)
-    except (OSError, AttributeError, TypeError):  # not glibc: nothing to trim this way
-        pass
-
-
-def quantized_bytes(module: nn.Module) -> int:
-    """Bytes of the quantized layers' weights, scales and zeros (tied tensors once)."""
-    seen = {}
-    for lin in quantized_layers(module):
-        for t in (lin.qweight, lin.scales, getattr(lin, "zeros", None)):
-            if t is not None:
-                seen[t.data_ptr()] = t.numel() * t.element_size()
-    return sum(seen.values())

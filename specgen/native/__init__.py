@@ -1,22 +1,9 @@
 """Native CPU kernels: C sources beside this file, built at install time or on first use, loaded with ctypes.
 
-Why: a low-precision SmolLM2 decode step ran thousands of small aten ops whose dispatch cost as much as the
-quantized products (docs/results/precision.md). `attention.c` does a layer's RoPE, cache write and attention in one call;
-`glue.c` the norms and residual adds; `tiled.c` float32 products of a few rows, where MKL and oneDNN left half the
-memory bandwidth unused. Models call them as `ops.py`'s torch ops, where `models/kernel_choice.py`'s rule says.
-
-Where a library comes from, first found wins: the install-time build (setup.py runs this module, torch-free, to
-compile the sources into `lib/` where a compiler exists), then `$SPECGEN_CACHE` (default `~/.cache/specgen/native`),
-else it is compiled there now with `$CC` (else `cc`). A file is named by a hash of its source and headers, flags and
-this CPU's model and flags (the cache's also by the compiler's version): `-march=native` code built on another CPU
-kind (a shared home directory, a copied wheel) is never loaded. Without a compiler, or with `SPECGEN_NATIVE=0`,
-nothing loads and callers take their torch path (one `warning:` line on stderr says why, unless SPECGEN_NATIVE=0
-asked for it); a library that does not load (damaged, foreign) is removed and built again. `attention.c`, in
-vec16.h's 16-lane vectors, loads only where those live in registers (AVX-512, or AVX2 + FMA as two halves).
-
-Which path runs is decided once per process (`library()` is cached), so every forward of a model computes the same
-way: a speculative method is lossless against AR of the model that runs, whichever path that is. The two paths round
-differently, so a quantized model's greedy outputs may differ between a machine with a compiler and one without.
+A library is found installed (`lib/`), else in `$SPECGEN_CACHE`, else compiled there now, and named by a hash of its
+sources, flags and this CPU (and the compiler, in the cache), so `-march=native` code never runs on another CPU kind.
+Invariant: which path runs is decided once per process (`library()` is cached), so every forward of a model computes
+the same way and lossless methods equal AR on either path. Why and where they run: docs/precision.md.
 """
 
 from __future__ import annotations
@@ -72,10 +59,8 @@ def sixteen_lanes() -> bool:
 
 
 def openmp_flags() -> tuple[str, ...]:
-    """OPENMP where torch runs its threads on a libgomp already loaded in this process under the file name (and
-    soname) `libgomp.so.1` that a GCC build links against: the library then joins torch's thread pool. Elsewhere ()
-    and a one-thread library: a wheel whose libgomp carries a hashed name (libgomp-<hash>.so.1), or another runtime
-    (libiomp5, libomp), would leave ours loading a second OpenMP runtime whose threads spin against torch's."""
+    """OPENMP where torch's threads run on a loaded `libgomp.so.1` (the name a GCC build links: ours then joins torch's
+    pool), else () (a hashed libgomp or another runtime would start a second pool spinning against torch's)."""
     import torch  # noqa: F401  (loads torch's OpenMP runtime first, so the check below sees it; setup.py has no torch)
 
     try:
@@ -163,10 +148,8 @@ def compile_to(cc: str, name: str, flags: tuple[str, ...], out: Path) -> str:
 
 @functools.cache
 def library(name: str) -> ctypes.CDLL | None:
-    """The compiled library `name` (a key of SIGNATURES), or None (no compiler, a failed build, `SPECGEN_NATIVE=0`,
-    or a SIXTEEN_LANE library on a CPU without 16-lane vectors). Cached: a process decides once. A file that does not
-    load or lacks a function is removed and built once more; where the native path was expected and is not used,
-    one warning line says so."""
+    """The compiled library `name` (a key of SIGNATURES), or None (no compiler, a failed build, `SPECGEN_NATIVE=0`, or
+    a SIXTEEN_LANE library without 16-lane vectors: one warning line says why). A file that does not load is rebuilt."""
     if os.environ.get("SPECGEN_NATIVE", "1") == "0" or (name in SIXTEEN_LANE and not sixteen_lanes()):
         return None
     why = ""

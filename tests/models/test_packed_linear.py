@@ -152,10 +152,10 @@ def test_decoding_on_packed_weights_stays_lossless(min_rows):
 def test_a_model_too_large_to_copy_is_not_packed(monkeypatch):
     model = tiny_model(3)
     # weights + two copies would pass half of RAM (weights > 1/6 of it)
-    monkeypatch.setattr(packed_linear, "ram_bytes", lambda: packed_linear.linear_bytes(model) * 5)
+    monkeypatch.setattr(packed_linear, "available_memory", lambda: packed_linear.linear_bytes(model) * 5)
     pack_linears(model)
     assert not any(type(m) is PackedLinear for m in model.modules())
-    monkeypatch.setattr(packed_linear, "ram_bytes", lambda: packed_linear.linear_bytes(model) * 7)
+    monkeypatch.setattr(packed_linear, "available_memory", lambda: packed_linear.linear_bytes(model) * 7)
     pack_linears(model)
     assert all(type(m) is PackedLinear for m in model.modules() if isinstance(m, nn.Linear))
 
