@@ -4,6 +4,7 @@ folders (resume, merge), then the rows as JSONL, JSON or tables."""
 from __future__ import annotations
 
 import os
+import tempfile
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Protocol
@@ -21,7 +22,7 @@ from specgen.eval.image_bench import ImageBenchConfig, checked_rows, image_rows_
 from specgen.eval.image_bench import items_left as images_left
 from specgen.eval.mesh_bench import MeshBenchConfig, measure_meshes, mesh_rows_of, variants
 from specgen.eval.mesh_bench import items_left as meshes_left
-from specgen.eval.run_dir import MemoryRun, RunDir, RunNotFinished, Shard, launcher_shard, parse_shard, wait_for_ranks
+from specgen.eval.run_dir import RunDir, RunNotFinished, Shard, launcher_shard, parse_shard, wait_for_ranks
 from specgen.eval.text_bench import TextBenchConfig, check_prompts_fit, items_left, measure, plan, rows_of
 from specgen.image.generate import load_image_model
 from specgen.machine import label, machine_facts
@@ -170,7 +171,9 @@ def run(name: str, path: Path | None, overrides: list[str], explicit: dict, run_
     given = asdict(cfg)  # what a run folder records: every rank the same
     cfg.device = process_device(cfg.device)
     p = suite.plan(cfg)
-    sink = RunDir.open(run_dir, cfg.suite, given) if run_dir is not None else MemoryRun()
+    # without --run-dir the records go to a temporary folder, removed when the run ends
+    scratch = tempfile.TemporaryDirectory(prefix="specgen-bench-") if run_dir is None else None
+    sink = RunDir.open(run_dir or Path(scratch.name), cfg.suite, given)
     steps = suite.steps_left(p, sink, this)
     if steps:
         if cfg.threads:

@@ -328,7 +328,7 @@ def row_models(model: TextModel, p: Plan) -> dict[str, TextModel]:
 
 def measure(model: TextModel, p: Plan, sink, shard: Shard = Shard(), on_prompt=None,
             machine: Callable[[], str] = str) -> None:
-    """Measure this shard's items that `sink` (a RunDir or MemoryRun, its shard started) has no record of, one
+    """Measure this shard's items that `sink` (a RunDir, its shard started) has no record of, one
     record per item: at batch 1 a prompt with every row interleaved on it, at B > 1 one row over the shard's prompts."""
     cfg, rows, items = p.cfg, p.rows, p.items
     mine = [i for i in range(p.n_prompts) if shard.owns(i)]
