@@ -12,7 +12,6 @@ from typing import Any
 
 import torch
 from omegaconf import OmegaConf
-from safetensors import safe_open
 
 from specgen import registry
 from specgen.builders import BUILDERS
@@ -273,10 +272,9 @@ def check_entry(role: str, name: str, hints: dict[str, str], comments: str = "")
     suffix = f" (its {name[len(base) + 1:]} copy is made from it on first use)" if base != name else ""
     check = f"entry {role}"
     folder = Path(base).expanduser()
-    meta = registry.installed_meta(base)
-    if meta is not None:
-        where = folder if (folder / registry.CONFIG).is_file() else registry.find_installed(base).path
-        ok, detail = check_weights(where, meta)
+    if registry.installed_meta(base) is not None:
+        ok, detail = check_weights(registry.entry_at(folder) if (folder / registry.CONFIG).is_file()
+                                   else registry.find_installed(base))
         return row(check, ok, f"{base}: {detail}{suffix}")
     bare = base.rpartition("/")[2]
     if bare in BUILTINS and base in (bare, f"{BUILTINS[bare].kind}/{bare}"):
@@ -294,16 +292,15 @@ def check_entry(role: str, name: str, hints: dict[str, str], comments: str = "")
                "(see the recipe's header)")
 
 
-def check_weights(folder: Path, meta: dict) -> tuple[bool, str]:
+def check_weights(entry: registry.Entry) -> tuple[bool, str]:
     """(ok, detail) of an installed entry's model.safetensors against the module its builder makes (meta device)."""
-    weights = folder / registry.WEIGHTS
+    weights, meta = entry.path / registry.WEIGHTS, entry.meta
     if not weights.is_file():
-        return False, f"installed at {folder} but has no {registry.WEIGHTS}"
+        return False, f"installed at {entry.path} but has no {registry.WEIGHTS}"
     size = human_size(weights.stat().st_size)
-    try:
-        stored = header_shapes(weights)
-    except Exception as e:  # noqa: BLE001 - any unreadable header
-        return False, f"{weights}: unreadable safetensors header ({registry.one_line(e)})"
+    stored = registry.stored_shapes(entry)
+    if stored is None:
+        return False, f"{weights}: unreadable safetensors header"
     expected = expected_shapes(meta)
     if expected is None:
         return True, f"installed, {size}, {len(stored)} tensors (builder {meta.get('builder')!r}: shapes not checked)"
@@ -322,12 +319,6 @@ def check_weights(folder: Path, meta: dict) -> tuple[bool, str]:
     if extra:
         return False, f"{weights}: unexpected tensor {extra[0]} (not in builder {meta['builder']})"
     return True, f"installed, {size}, {len(stored)} tensors match builder {meta['builder']}"
-
-
-def header_shapes(path: Path) -> dict[str, tuple[int, ...]]:
-    """Tensor name -> shape from a safetensors header (no tensor data is read)."""
-    with safe_open(str(path), framework="pt") as f:
-        return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
 
 
 def expected_shapes(meta: dict) -> dict[str, tuple[int, ...]] | None:

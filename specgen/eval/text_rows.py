@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
+
+import numpy as np
+
 from specgen.decoding.cost import CostCurve
 from specgen.eval.humaneval import pass_at_1
-from specgen.eval.latency import percentile
 from specgen.eval.run_dir import batched, check_finished
 from specgen.eval.speed import Drafting, Timed, efficiency, per_shard
 
@@ -109,8 +111,8 @@ def batch_rows(measured: Measured, batch: int, meta: dict[str, dict], costs: dic
             "decode_tokens_per_s": (timed(rs, {s: w - sum(r.prefill_seconds for r in rs if r.shard == s)
                                                for s, w in walls[m].items()}).total()
                                     if all(r.prefill_seconds is not None for r in rs) else None),
-            "latency_median_s": percentile([r.seconds for r in rs], 50),
-            "latency_p90_s": percentile([r.seconds for r in rs], 90),
+            "latency_median_s": float(np.percentile([r.seconds for r in rs], 50)),
+            "latency_p90_s": float(np.percentile([r.seconds for r in rs], 90)),
             "c_batch": round(per_shard(rs, shards, walls[m], lambda s, xs, w: costs[s](batch) if s in costs else None)
                              or 0, 3)
             if costs else None,
