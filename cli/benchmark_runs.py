@@ -1,5 +1,4 @@
-"""`specgen benchmark`'s one run path: the suites as strategies, shards (`--shard I/N` or a launcher's ranks), run
-folders (resume, merge), then the rows as JSONL, JSON or tables."""
+"""`specgen benchmark`'s one run path: suites as strategies, shards, run folders, rows as JSONL, JSON or tables."""
 
 from __future__ import annotations
 
@@ -33,8 +32,7 @@ Table = tuple[str, list[dict], list[str]]  # (title, rows, columns)
 
 
 class Suite(Protocol):
-    """One suite: its recipe config, its plan (built once per process from the config: every row checked and
-    expanded), what this shard has left, the measuring, the finished rows and their tables."""
+    """One suite: its config, its plan (every row checked and expanded), what is left, the measuring, rows, tables."""
 
     config_type: type
 

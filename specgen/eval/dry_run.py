@@ -1,5 +1,4 @@
-"""Dry run of a recipe: every check that needs no GPU and no weights, one `{check, ok, detail}` row each
-(docs/recipes.md, "Before a GPU job")."""
+"""Dry run of a recipe: every check that needs no GPU and no weights, one `{check, ok, detail}` row each."""
 
 from __future__ import annotations
 
@@ -18,6 +17,7 @@ from specgen.builders import BUILDERS
 from specgen.builtins import BUILTINS
 from specgen.config import load_config, read_recipe
 from specgen.config_checks import AUTO_DEVICE
+from specgen.decoding.memory import size
 from specgen.devices import check_device
 from specgen.errors import SpecgenError, UsageError
 from specgen.eval.image_bench import checked_rows, method_of, options_of
@@ -297,13 +297,12 @@ def check_weights(entry: registry.Entry) -> tuple[bool, str]:
     weights, meta = entry.path / registry.WEIGHTS, entry.meta
     if not weights.is_file():
         return False, f"installed at {entry.path} but has no {registry.WEIGHTS}"
-    size = human_size(weights.stat().st_size)
     stored = registry.stored_shapes(entry)
     if stored is None:
         return False, f"{weights}: unreadable safetensors header"
-    expected = expected_shapes(meta)
+    held, expected = f"installed, {size(weights.stat().st_size)}, {len(stored)} tensors", expected_shapes(meta)
     if expected is None:
-        return True, f"installed, {size}, {len(stored)} tensors (builder {meta.get('builder')!r}: shapes not checked)"
+        return True, f"{held} (builder {meta.get('builder')!r}: shapes not checked)"
     tied = set((meta.get("tied") or {}).keys())
     if "output.weight" in expected and "output.weight" not in stored and "tok_embeddings.weight" in stored:
         tied.add("output.weight")  # tied embeddings are stored once
@@ -318,7 +317,7 @@ def check_weights(entry: registry.Entry) -> tuple[bool, str]:
     extra = sorted(set(stored) - set(expected))
     if extra:
         return False, f"{weights}: unexpected tensor {extra[0]} (not in builder {meta['builder']})"
-    return True, f"installed, {size}, {len(stored)} tensors match builder {meta['builder']}"
+    return True, f"{held} match builder {meta['builder']}"
 
 
 def expected_shapes(meta: dict) -> dict[str, tuple[int, ...]] | None:
@@ -337,12 +336,4 @@ def expected_shapes(meta: dict) -> dict[str, tuple[int, ...]] | None:
 def describe_path(p: Path) -> str:
     if p.is_dir():
         return f"folder, {sum(1 for _ in p.iterdir())} entries"
-    return f"file, {human_size(p.stat().st_size)}"
-
-
-def human_size(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
+    return f"file, {size(p.stat().st_size)}"

@@ -57,8 +57,7 @@ def method_of(entry: str) -> str:
 
 
 def collect(records: dict[str, dict], order: list[str], num: int, temp: float, batch: int) -> dict:
-    """(method -> images in index order, method -> shard -> wall) of one temperature and batch size of a finished
-    run (`check_finished`)."""
+    """(method -> images in index order, method -> shard -> wall) of one temperature and batch size."""
     if batch == 1:
         return {"images": {m: [Image.of(records[f"T{temp:g}/i{i}"]["runs"][m]) for i in range(num)] for m in order},
                 "walls": None}

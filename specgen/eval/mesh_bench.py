@@ -1,5 +1,4 @@
-"""`specgen benchmark --suite meshes`: XSpecMesh's table 3 and threshold sweep on the procedural test split
-(rows and metrics: docs/benchmarks.md)."""
+"""`specgen benchmark --suite meshes`: XSpecMesh's table 3 and threshold sweep on the procedural test split."""
 
 from __future__ import annotations
 
@@ -258,8 +257,7 @@ def timed(runs: list[dict], walls: dict[str, float] | None = None) -> Timed:
 
 
 def benchmark_clouds(meta: dict, limit: int, offset: int = 0, device: str = "cpu") -> list[tuple[object, torch.Tensor]]:
-    """(ground-truth mesh, point cloud [N, 6]) of `limit` test-split meshes from `offset`, drawn from the
-    backbone's own procedural distribution and point count (its config.json `meta`)."""
+    """(ground-truth mesh, point cloud [N, 6]) of `limit` test-split meshes from `offset`, as the backbone's `meta`."""
     spec, num_points = ProceduralSpec.from_meta(meta), int(meta.get("num_points", 2048))
     out = []
     for seed in split_seeds("test", limit, offset):
