@@ -36,7 +36,6 @@ class Suite(Protocol):
 
     config_type: type
 
-
     def plan(self, cfg) -> Any: ...  # a bad row is one line before any work
 
     def steps_left(self, plan, sink, shard: Shard) -> int: ...  # progress steps of this shard; 0: nothing loads
