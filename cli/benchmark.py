@@ -44,11 +44,14 @@ EPILOG = """examples:
   specgen benchmark --config recipes/full/bench-llamagen-c2i-l.yaml --dry-run   # check a GPU recipe here first
 """
 
-#: BenchArgs field -> (its flag, the suites that read it); another suite's option is refused, not ignored
-SUITE_OPTIONS = {"prompts": ("--prompts", ("text",)), "prompt_field": ("--prompt-field", ("text",)),
-                 "category_field": ("--category-field", ("text",)), "quantize": ("--quantize", ("humaneval", "text")),
-                 "offset": ("--offset", ("humaneval", "text", "meshes")),
-                 "max_new_tokens": ("--max-new-tokens", ("humaneval", "text", "meshes"))}
+TEXT = ("humaneval", "text")
+#: option -> suite -> the config key it sets there; a suite not named refuses the option rather than ignore it
+SUITE_KEYS = {"methods": {**dict.fromkeys(TEXT, "methods"), "images": "methods", "meshes": "rows"},
+              "limit": {**dict.fromkeys(TEXT, "limit"), "images": "num", "meshes": "limit"},
+              "offset": dict.fromkeys((*TEXT, "meshes"), "offset"),
+              "max_new_tokens": dict.fromkeys((*TEXT, "meshes"), "max_new_tokens"),
+              "quantize": dict.fromkeys(TEXT, "quantize"), "prompts": {"text": "prompts"},
+              "prompt_field": {"text": "prompt_field"}, "category_field": {"text": "category_field"}}
 
 
 @command
@@ -114,13 +117,17 @@ def benchmark(
         raise UnknownNameError("suite", suite, list(SUITES))
     if batch_size is not None:  # every suite reads its batch sizes from its config
         overrides = [*(overrides or []), f"batch_sizes=[{','.join(map(str, parse_batch_sizes(batch_size)))}]"]
-    args = benchmark_runs.BenchArgs(config, list(overrides or []), suite, names, model, limit, offset, max_new_tokens,
-                                    threads, seed, device, dtype, quantize, prompts, prompt_field, category_field, out,
-                                    append, run_dir, shard, fmt, quiet, graphs)
-    for field, (flag, suites) in SUITE_OPTIONS.items():
-        if getattr(args, field) is not None and suite not in suites:
-            raise UsageError(f"{flag} is for --suite {' or '.join(suites)}; it is not an option of the {suite} suite")
-    benchmark_runs.run(args)
+    explicit = dict(suite=suite, model=model, threads=threads, seed=seed, device=device, dtype=dtype, graphs=graphs)
+    given = dict(methods=names, limit=limit, offset=offset, max_new_tokens=max_new_tokens, quantize=quantize,
+                 prompts=prompts, prompt_field=prompt_field, category_field=category_field)
+    for option, value in ((o, v) for o, v in given.items() if v is not None):
+        if suite not in SUITE_KEYS[option]:
+            raise UsageError(f"--{option.replace('_', '-')} is for --suite {' or '.join(SUITE_KEYS[option])}; it is "
+                             f"not an option of the {suite} suite")
+        explicit[SUITE_KEYS[option][suite]] = value
+    if run_dir is not None and (prompts or recipe_key(config, overrides, "prompts")) == "-":
+        raise UsageError("--prompts - (stdin) cannot be read again to resume or report a --run-dir: give a file")
+    benchmark_runs.run(suite, config, list(overrides or []), explicit, run_dir, shard, fmt, out, append, quiet)
 
 
 def parse_batch_sizes(text: str) -> list[int]:

@@ -1,10 +1,10 @@
-"""`specgen benchmark`'s one run path: the suites as strategies, shards (`--shard I/N` or a launcher's ranks), run
-folders (resume, merge), then the rows as JSONL, JSON or tables."""
+"""`specgen benchmark`'s one run path: suites as strategies, shards, run folders, rows as JSONL, JSON or tables."""
 
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+import tempfile
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
@@ -21,7 +21,7 @@ from specgen.eval.image_bench import ImageBenchConfig, checked_rows, image_rows_
 from specgen.eval.image_bench import items_left as images_left
 from specgen.eval.mesh_bench import MeshBenchConfig, measure_meshes, mesh_rows_of, variants
 from specgen.eval.mesh_bench import items_left as meshes_left
-from specgen.eval.run_dir import MemoryRun, RunDir, RunNotFinished, Shard, launcher_shard, parse_shard, wait_for_ranks
+from specgen.eval.run_dir import RunDir, RunNotFinished, Shard, launcher_shard, parse_shard, wait_for_ranks
 from specgen.eval.text_bench import TextBenchConfig, check_prompts_fit, items_left, measure, plan, rows_of
 from specgen.image.generate import load_image_model
 from specgen.machine import label, machine_facts
@@ -31,42 +31,10 @@ from specgen.text.target import load_text_model
 Table = tuple[str, list[dict], list[str]]  # (title, rows, columns)
 
 
-@dataclass(frozen=True)
-class BenchArgs:
-    """What the user passed to `benchmark`, as given (None: the recipe's value or the default)."""
-
-    config: Path | None
-    overrides: list[str]
-    suite: str
-    methods: list[str] | None
-    model: str | None
-    limit: int | None
-    offset: int | None
-    max_new_tokens: int | None
-    threads: int | None
-    seed: int | None
-    device: str | None
-    dtype: str | None
-    quantize: str | None
-    prompts: str | None
-    prompt_field: str | None
-    category_field: str | None
-    out: Path | None
-    append: bool
-    run_dir: Path | None
-    shard: str | None
-    fmt: Format
-    quiet: bool
-    graphs: str | None = None
-
-
 class Suite(Protocol):
-    """One suite: its recipe config, its plan (built once per process from the config: every row checked and
-    expanded), what this shard has left, the measuring, the finished rows and their tables."""
+    """One suite: its config, its plan (every row checked and expanded), what is left, the measuring, rows, tables."""
 
     config_type: type
-
-    def config(self, args: BenchArgs) -> Any: ...  # loaded as given (what a run folder records)
 
     def plan(self, cfg) -> Any: ...  # a bad row is one line before any work
 
@@ -89,14 +57,6 @@ class TextSuite:
     BATCH_COLUMNS = ["batch_size", "method", "model", "throughput_tokens_per_s", "throughput_vs_ar",
                      "throughput_vs_ar_b1", "decode_tokens_per_s", "latency_median_s", "latency_p90_s", "tpf", "tau",
                      "c_batch", "exact_match_vs_ar", "exact_match_vs_ar_b1", "nll_base", "pass_at_1"]
-
-    def config(self, a: BenchArgs) -> TextBenchConfig:
-        cfg = load_config(TextBenchConfig, a.config, a.overrides, suite=a.suite, prompts=a.prompts,
-                          prompt_field=a.prompt_field, category_field=a.category_field, limit=a.limit, offset=a.offset,
-                          max_new_tokens=a.max_new_tokens, methods=a.methods, quantize=a.quantize, **shared(a))
-        if cfg.prompts == "-" and a.run_dir is not None:
-            raise UsageError("--prompts - (stdin) cannot be read again to resume or report a --run-dir: give a file")
-        return cfg
 
     def plan(self, cfg):
         return plan(cfg)
@@ -140,9 +100,6 @@ class ImageSuite:
                "d_bar", "nfe", "tpf", "drafter_share", "efficiency", "exact_match_vs_ar", "exact_match_vs_own_ar",
                "nll", "clf_fid", "class_accuracy"]
 
-    def config(self, a: BenchArgs) -> ImageBenchConfig:
-        return load_config(ImageBenchConfig, a.config, a.overrides, num=a.limit, methods=a.methods, **shared(a))
-
     def plan(self, cfg) -> ImageBenchConfig:
         return checked_rows(cfg)
 
@@ -176,10 +133,6 @@ class MeshSuite:
     COLUMNS = ["row", "dtype", "rule", "cd", "hd", "valid_rate", "scr", "step_latency_ms", "tokens_per_s",
                "meshes_per_s", "speedup_vs_ar", "vs_ar_b1", "speedup_scr_lat", "mean_tokens"]
 
-    def config(self, a: BenchArgs) -> MeshBenchConfig:
-        return load_config(MeshBenchConfig, a.config, a.overrides, limit=a.limit, offset=a.offset,
-                           max_new_tokens=a.max_new_tokens, rows=a.methods, **shared(a))
-
     def plan(self, cfg) -> MeshBenchConfig:
         variants(cfg)  # bad rows or options: one line before anything is written
         return cfg
@@ -204,33 +157,31 @@ SUITES: dict[str, Suite] = {"humaneval": TextSuite(), "text": TextSuite(), "imag
                             "meshes": MeshSuite()}
 
 
-def shared(a: BenchArgs) -> dict:
-    """The config keys every suite reads alike, as given."""
-    return dict(model=a.model, threads=a.threads, seed=a.seed, device=a.device, dtype=a.dtype, graphs=a.graphs)
-
-
-def run(a: BenchArgs) -> None:
+def run(name: str, path: Path | None, overrides: list[str], explicit: dict, run_dir: Path | None, shard: str | None,
+        fmt, out: Path | None, append: bool, quiet: bool) -> None:
     """Measure this process's items of the run (all of them unless sharded), then print the merged rows."""
-    suite = SUITES[a.suite]
-    cfg = suite.config(a)
+    suite = SUITES[name]
+    cfg = load_config(suite.config_type, path, overrides, **explicit)
     check_mode(cfg.graphs, devices.device_name(cfg.device))  # refused before any model loads
-    this, launched = shard_of(a.shard, a.run_dir)
-    _output.check_rows_path(a.out, a.append)
+    this, launched = shard_of(shard, run_dir)
+    _output.check_rows_path(out, append)
     given = asdict(cfg)  # what a run folder records: every rank the same
     cfg.device = process_device(cfg.device)
     p = suite.plan(cfg)
-    sink = RunDir.open(a.run_dir, cfg.suite, given) if a.run_dir is not None else MemoryRun()
+    # without --run-dir the records go to a temporary folder, removed when the run ends
+    scratch = tempfile.TemporaryDirectory(prefix="specgen-bench-") if run_dir is None else None
+    sink = RunDir.open(run_dir or Path(scratch.name), cfg.suite, given)
     steps = suite.steps_left(p, sink, this)
     if steps:
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         sink.start_shard(this)  # the shard's lock (one writer per shard) and a torn last record cut off
-        with _output.progress(f"benchmark {cfg.suite}", steps, a.quiet or a.fmt == Format.json) as advance:
+        with _output.progress(f"benchmark {cfg.suite}", steps, quiet or fmt == Format.json) as advance:
             # the machine label is read once the run has set its threads
-            suite.measure(p, sink, this, lambda *_: advance(), lambda: machine_label(cfg.device), a.quiet)
-    rows = merged_rows(sink, lambda s: suite.finish(p, s, a.quiet), this, launched, a.quiet)
+            suite.measure(p, sink, this, lambda *_: advance(), lambda: machine_label(cfg.device), quiet)
+    rows = merged_rows(sink, lambda s: suite.finish(p, s, quiet), this, launched, quiet)
     if rows is not None:
-        show(suite, rows, p, sink, a.fmt, a.out, a.append)
+        show(suite, rows, p, sink, fmt, out, append)
 
 
 def report(args: list[str], fmt, out: Path | None, append: bool, quiet: bool) -> None:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from cli import _output, _stream
 from cli._options import Format
 from specgen.config import load_config
 from specgen.data.prompts import read_prompts
 from specgen.errors import UsageError
-from specgen.eval.latency import percentile
 from specgen.methods import MethodSpec, model_for
 from specgen.request import parse_request
 from specgen.text.generate import TextGenConfig, encode_prompts, generate_text
@@ -59,5 +60,5 @@ def batch_row(method: str, results) -> dict:
     latency = [r.stats["latency_s"] for r in results]
     tokens = sum(r.stats["new_tokens"] for r in results)
     return {"method": method, "sequences": len(results), "new_tokens": tokens,
-            "throughput_tokens_per_s": tokens / max(latency), "latency_median_s": percentile(latency, 50),
-            "latency_p90_s": percentile(latency, 90)}
+            "throughput_tokens_per_s": tokens / max(latency), "latency_median_s": float(np.percentile(latency, 50)),
+            "latency_p90_s": float(np.percentile(latency, 90))}

@@ -1,5 +1,4 @@
-"""Dry run of a recipe: every check that needs no GPU and no weights, one `{check, ok, detail}` row each
-(docs/recipes.md, "Before a GPU job")."""
+"""Dry run of a recipe: every check that needs no GPU and no weights, one `{check, ok, detail}` row each."""
 
 from __future__ import annotations
 
@@ -11,13 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
 
 from specgen import registry
 from specgen.builders import BUILDERS
 from specgen.builtins import BUILTINS
 from specgen.config import load_config, read_recipe
 from specgen.config_checks import AUTO_DEVICE
+from specgen.decoding.memory import size
 from specgen.devices import check_device
 from specgen.errors import SpecgenError, UsageError
 from specgen.eval.image_bench import checked_rows, method_of, options_of
@@ -271,10 +270,9 @@ def check_entry(role: str, name: str, hints: dict[str, str], comments: str = "")
     suffix = f" (its {name[len(base) + 1:]} copy is made from it on first use)" if base != name else ""
     check = f"entry {role}"
     folder = Path(base).expanduser()
-    meta = registry.installed_meta(base)
-    if meta is not None:
-        where = folder if (folder / registry.CONFIG).is_file() else registry.find_installed(base).path
-        ok, detail = check_weights(where, meta)
+    if registry.installed_meta(base) is not None:
+        ok, detail = check_weights(registry.entry_at(folder) if (folder / registry.CONFIG).is_file()
+                                   else registry.find_installed(base))
         return row(check, ok, f"{base}: {detail}{suffix}")
     bare = base.rpartition("/")[2]
     if bare in BUILTINS and base in (bare, f"{BUILTINS[bare].kind}/{bare}"):
@@ -292,19 +290,17 @@ def check_entry(role: str, name: str, hints: dict[str, str], comments: str = "")
                "(see the recipe's header)")
 
 
-def check_weights(folder: Path, meta: dict) -> tuple[bool, str]:
+def check_weights(entry: registry.Entry) -> tuple[bool, str]:
     """(ok, detail) of an installed entry's model.safetensors against the module its builder makes (meta device)."""
-    weights = folder / registry.WEIGHTS
+    weights, meta = entry.path / registry.WEIGHTS, entry.meta
     if not weights.is_file():
-        return False, f"installed at {folder} but has no {registry.WEIGHTS}"
-    size = human_size(weights.stat().st_size)
-    try:
-        stored = header_shapes(weights)
-    except Exception as e:  # noqa: BLE001 - any unreadable header
-        return False, f"{weights}: unreadable safetensors header ({registry.one_line(e)})"
-    expected = expected_shapes(meta)
+        return False, f"installed at {entry.path} but has no {registry.WEIGHTS}"
+    stored = registry.stored_shapes(entry)
+    if stored is None:
+        return False, f"{weights}: unreadable safetensors header"
+    held, expected = f"installed, {size(weights.stat().st_size)}, {len(stored)} tensors", expected_shapes(meta)
     if expected is None:
-        return True, f"installed, {size}, {len(stored)} tensors (builder {meta.get('builder')!r}: shapes not checked)"
+        return True, f"{held} (builder {meta.get('builder')!r}: shapes not checked)"
     tied = set((meta.get("tied") or {}).keys())
     if "output.weight" in expected and "output.weight" not in stored and "tok_embeddings.weight" in stored:
         tied.add("output.weight")  # tied embeddings are stored once
@@ -319,13 +315,7 @@ def check_weights(folder: Path, meta: dict) -> tuple[bool, str]:
     extra = sorted(set(stored) - set(expected))
     if extra:
         return False, f"{weights}: unexpected tensor {extra[0]} (not in builder {meta['builder']})"
-    return True, f"installed, {size}, {len(stored)} tensors match builder {meta['builder']}"
-
-
-def header_shapes(path: Path) -> dict[str, tuple[int, ...]]:
-    """Tensor name -> shape from a safetensors header (no tensor data is read)."""
-    with safe_open(str(path), framework="pt") as f:
-        return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    return True, f"{held} match builder {meta['builder']}"
 
 
 def expected_shapes(meta: dict) -> dict[str, tuple[int, ...]] | None:
@@ -344,12 +334,4 @@ def expected_shapes(meta: dict) -> dict[str, tuple[int, ...]] | None:
 def describe_path(p: Path) -> str:
     if p.is_dir():
         return f"folder, {sum(1 for _ in p.iterdir())} entries"
-    return f"file, {human_size(p.stat().st_size)}"
-
-
-def human_size(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
+    return f"file, {size(p.stat().st_size)}"

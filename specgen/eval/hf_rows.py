@@ -44,34 +44,31 @@ class HfGenerate:
         """generate's keyword arguments that pick this row's decoding path."""
         return {}
 
+    def generate(self, chunk: list[list[int]], **kwargs) -> tuple[list[list[int]], int, float]:
+        """Greedy `generate` of left-padded prompts: (each row's new tokens to its first stop, forwards, seconds)."""
+        stop, hf = self.setup.stop_ids, self.module
+        pad, width = (stop[0] if stop else 0), max(map(len, chunk))
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in chunk], device=hf.device)  # [b, width]
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk], device=hf.device)
+        out, forwards, seconds = counted(hf, lambda: hf.generate(
+            ids, attention_mask=mask, max_new_tokens=self.setup.max_new_tokens, do_sample=False,
+            eos_token_id=list(stop) or None, pad_token_id=pad, **kwargs))
+        rows = out[:, width:].tolist()
+        return [r[: next((i + 1 for i, t in enumerate(r) if t in stop), len(r))] for r in rows], forwards, seconds
+
     def run(self, prompt: list[int]) -> Run:
         """One prompt; tokens past one per forward were accepted drafts (speculative rows)."""
-        stop, hf = self.setup.stop_ids, self.module
-        ids = torch.tensor([prompt], device=hf.device)
-        out, forwards, seconds = counted(hf, lambda: hf.generate(
-            ids, attention_mask=torch.ones_like(ids), max_new_tokens=self.setup.max_new_tokens, do_sample=False,
-            eos_token_id=list(stop) or None, pad_token_id=stop[0] if stop else None, **self.kwargs()))
-        new = out[0, len(prompt):].tolist()
+        (new,), forwards, seconds = self.generate([prompt], **self.kwargs())
         return Run(new, seconds, forwards, forwards - 1, max(0, len(new) - forwards))
 
     def batch(self, prompts: list[list[int]], batch: int) -> tuple[list[Run], float]:
-        """Left-padded static batches of `batch` prompts; (runs, total seconds). A static batch ends with its
-        longest row, so every row of it reports the batch's wall time as latency."""
-        stop, hf = self.setup.stop_ids, self.module
-        pad = stop[0] if stop else 0
+        """Static batches of `batch` prompts; (runs, total seconds). A static batch ends with its longest row, so
+        every row of it reports the batch's wall time as latency."""
         runs, total = [], 0.0
         for start in range(0, len(prompts), batch):
-            chunk = prompts[start : start + batch]
-            width = max(map(len, chunk))
-            ids = torch.tensor([[pad] * (width - len(p)) + p for p in chunk], device=hf.device)  # [b, width]
-            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk], device=hf.device)
-            out, forwards, seconds = counted(hf, lambda: hf.generate(
-                ids, attention_mask=mask, max_new_tokens=self.setup.max_new_tokens, do_sample=False,
-                eos_token_id=list(stop) or None, pad_token_id=pad))
+            rows, forwards, seconds = self.generate(prompts[start : start + batch])
             total += seconds
-            for row in out[:, width:].tolist():
-                cut = next((i + 1 for i, t in enumerate(row) if t in stop), len(row))
-                runs.append(Run(row[:cut], total, forwards, forwards - 1, 0))
+            runs += [Run(row, total, forwards, forwards - 1, 0) for row in rows]
         return runs, total
 
 

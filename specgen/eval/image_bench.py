@@ -1,5 +1,4 @@
-"""Image benchmark: image methods x temperatures on the same conditions and seeds, interleaved, in one process
-(docs/benchmarks.md)."""
+"""Image benchmark: image methods x temperatures on the same conditions and seeds, interleaved, in one process."""
 
 from __future__ import annotations
 
@@ -61,8 +60,7 @@ class ImageBenchConfig:
 
 
 def options_of(cfg: ImageBenchConfig, entry: str) -> dict:
-    """Options of an entry of a plan (`with_extra_rows`: `options` holds every entry's): the method's, updated by the
-    entry's own (`method@tag`)."""
+    """Options of an entry of a plan (`with_extra_rows`): the method's, updated by the entry's own (`method@tag`)."""
     return {**cfg.options.get(method_of(entry), {}), **cfg.options.get(entry, {})}
 
 
@@ -89,8 +87,7 @@ def plot_of(sweep: str) -> Plot:
 
 
 def with_extra_rows(cfg: ImageBenchConfig) -> ImageBenchConfig:
-    """cfg with the MuLo-SD ablation entries and every sweep's entries added to `methods`, and `options` holding
-    every entry's options (`method_options` folded in)."""
+    """cfg with the MuLo-SD ablation and sweep entries added to `methods`, `options` holding every entry's."""
     table = options_table(cfg)
     extra = [SweptRow(m, "mulo-sd", o) for m, o in MULO_ABLATIONS.items()] if cfg.mulo_ablations else []
     extra += expand(sweeps_of(cfg.sweep), method_bases(cfg.methods, table, "image"), method_check(method_of))

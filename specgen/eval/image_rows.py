@@ -15,7 +15,7 @@ from specgen.decoding.cost import CostCurve
 from specgen.decoding.stats import DecodeStats
 from specgen.eval.image_metrics import fid_from_features
 from specgen.eval.run_dir import batched, check_finished
-from specgen.eval.speed import Drafting, per_shard
+from specgen.eval.speed import Drafting, Timed
 from specgen.eval.speed import efficiency as speed_efficiency
 from specgen.methods import get_method
 
@@ -56,19 +56,14 @@ def method_of(entry: str) -> str:
     return entry.split("@", 1)[0]
 
 
-def collect(records: dict[str, dict], order: list[str], num: int, temp: float, batch: int) -> dict | None:
-    """(method -> images in index order, method -> shard -> wall) of one temperature and batch size; None while
-    an item has no record."""
+def collect(records: dict[str, dict], order: list[str], num: int, temp: float, batch: int) -> dict:
+    """(method -> images in index order, method -> shard -> wall) of one temperature and batch size."""
     if batch == 1:
-        items = [records.get(f"T{temp:g}/i{i}") for i in range(num)]
-        if any(r is None for r in items):
-            return None
-        return {"images": {m: [Image.of(r["runs"][m]) for r in items] for m in order}, "walls": None}
+        return {"images": {m: [Image.of(records[f"T{temp:g}/i{i}"]["runs"][m]) for i in range(num)] for m in order},
+                "walls": None}
     images, walls = {}, {}
     for m in order:
         by_index, walls[m] = batched(records, f"T{temp:g}/b{batch}/{m}/")
-        if len(by_index) < num:
-            return None
         images[m] = [Image.of(by_index[i]) for i in range(num)]
     return {"images": images, "walls": walls}
 
@@ -125,18 +120,17 @@ def batched_row(method: str, temp: float, batch: int, rs: list[Image], ar: list[
                 ar_b1: list[Image] | None) -> dict:
     """A `method@b<B>` row: images/s from each shard's wall time (summed over shards, which run side by side),
     speedup vs `ar` at the same B and vs batch-1 `ar`, both per shard and weighted by images."""
-    row, shards = summarise(method, temp, rs, ar, names), [r.shard for r in rs]
-    row.update(method=f"{method}@b{batch}", batch_size=batch,
-               images_per_s=sum(shards.count(s) / w for s, w in walls[method].items()),
-               speedup_vs_ar=per_shard(rs, shards, walls[method],
-                                       lambda s, xs, w: walls["ar"][s] / w if "ar" in walls else 1.0))
+    row, mine = summarise(method, temp, rs, ar, names), timed(rs, walls[method])
+    row.update(method=f"{method}@b{batch}", batch_size=batch, images_per_s=mine.total(),
+               speedup_vs_ar=mine.vs(timed(ar, walls["ar"])))
     if ar_b1 is not None:
-        def vs_b1(s: str, xs: list[Image], w: float) -> float | None:
-            ref = [a for a in ar_b1 if a.shard == s]
-            return (len(xs) / w) / (len(ref) / sum(a.stats.wall_time for a in ref)) if ref else None
-
-        row["vs_ar_b1"] = per_shard(rs, shards, walls[method], vs_b1)
+        row["vs_ar_b1"] = mine.vs(Timed.one_by_one([1.0] * len(ar_b1), [a.shard for a in ar_b1],
+                                                   [a.stats.wall_time for a in ar_b1]))
     return row
+
+
+def timed(rs: list[Image], walls: dict[str, float]) -> Timed:
+    return Timed([1.0] * len(rs), [r.shard for r in rs], walls)
 
 
 def classifier_columns(rows: list[dict], images: dict, reference: list | None, note: str | None) -> None:

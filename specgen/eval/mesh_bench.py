@@ -1,5 +1,4 @@
-"""`specgen benchmark --suite meshes`: XSpecMesh's table 3 and threshold sweep on the procedural test split
-(rows and metrics: docs/benchmarks.md)."""
+"""`specgen benchmark --suite meshes`: XSpecMesh's table 3 and threshold sweep on the procedural test split."""
 
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.stats import DecodeStats
 from specgen.errors import UsageError
 from specgen.eval.run_dir import Shard, batched, check_finished
-from specgen.eval.speed import per_shard
+from specgen.eval.speed import Timed
 from specgen.eval.sweeps import Sweep, expand, merged_table, sweeps_of
 from specgen.mesh.export import clean_mesh
 from specgen.mesh.generate import decode_tokens, load_mesh_model
@@ -237,41 +236,28 @@ def batched_rows(rows: list[dict], runs: dict, walls: dict, batch: int, ar_b1: l
     over shards, which run side by side), speedup vs AR at the same B and vs batch-1 AR (`vs_ar_b1`), per shard and
     weighted by its meshes; step latency is a per-sequence measure and left out."""
     ar_label = next((r["row"] for r in rows if r["heads"] is None), None)
-
-    def shard_rate(label: str, s: str) -> float:
-        return sum(x["tokens"] for x in runs[label] if x["shard"] == s) / walls[label][s]
-
-    def weighted(label: str, value) -> float:
-        return per_shard(runs[label], [x["shard"] for x in runs[label]], walls[label], lambda s, xs, w: value(s))
-
     for r in rows:
         label = r["row"]
-        wall = max(walls[label].values())
-        r.update(row=f"{label}@b{batch}", batch_size=batch, wall_s=round(wall, 2),
-                 tokens_per_s=round(sum(shard_rate(label, s) for s in walls[label]), 2),
-                 meshes_per_s=round(sum(sum(x["shard"] == s for x in runs[label]) / w for s, w in walls[label].items()), 3),
+        mine = timed(runs[label], walls[label])
+        r.update(row=f"{label}@b{batch}", batch_size=batch, wall_s=round(max(walls[label].values()), 2),
+                 tokens_per_s=round(mine.total(), 2),
+                 meshes_per_s=round(Timed([1.0] * len(mine.work), mine.shards, mine.walls).total(), 3),
                  step_latency_ms=None, speedup_scr_lat=None,
-                 speedup_vs_ar=round(weighted(label, lambda s: shard_rate(label, s) / shard_rate(ar_label, s)), 3)
-                 if ar_label else None,
-                 vs_ar_b1=None)
-        if ar_b1 is not None and ar_label:
-            r["vs_ar_b1"] = round(weighted(label, lambda s: shard_rate(label, s) / b1_rate(ar_b1, s)), 3)
+                 speedup_vs_ar=round(mine.vs(timed(runs[ar_label], walls[ar_label])), 3) if ar_label else None,
+                 vs_ar_b1=round(mine.vs(timed(ar_b1)), 3) if ar_b1 is not None and ar_label else None)
     return rows
 
 
-def stats_of(run: dict) -> DecodeStats:
-    return DecodeStats(**run["stats"])
-
-
-def b1_rate(runs: list[dict], s: str) -> float:
-    """Tokens/s of batch-1 runs on shard s: their meshes' tokens over their decode times."""
-    xs = [x for x in runs if x["shard"] == s]
-    return sum(x["tokens"] for x in xs) / sum(stats_of(x).wall_time for x in xs) if xs else 0.0
+def timed(runs: list[dict], walls: dict[str, float] | None = None) -> Timed:
+    """Runs' tokens over their shards' walls (batched), else over their own decode times (batch 1)."""
+    work, shards = [x["tokens"] for x in runs], [x["shard"] for x in runs]
+    if walls is None:
+        return Timed.one_by_one(work, shards, [DecodeStats(**x["stats"]).wall_time for x in runs])
+    return Timed(work, shards, walls)
 
 
 def benchmark_clouds(meta: dict, limit: int, offset: int = 0, device: str = "cpu") -> list[tuple[object, torch.Tensor]]:
-    """(ground-truth mesh, point cloud [N, 6]) of `limit` test-split meshes from `offset`, drawn from the
-    backbone's own procedural distribution and point count (its config.json `meta`)."""
+    """(ground-truth mesh, point cloud [N, 6]) of `limit` test-split meshes from `offset`, as the backbone's `meta`."""
     spec, num_points = ProceduralSpec.from_meta(meta), int(meta.get("num_points", 2048))
     out = []
     for seed in split_seeds("test", limit, offset):
@@ -310,7 +296,7 @@ def summarize(cfg: MeshBenchConfig, vs: list[Variant], runs: dict[str, list[dict
     for v in vs:
         xs, st = runs[v.label], DecodeStats()
         for x in xs:
-            st.merge(stats_of(x))
+            st.merge(DecodeStats(**x["stats"]))
         cd, hd = [x["cd"] for x in xs if x["cd"] is not None], [x["hd"] for x in xs if x["hd"] is not None]
         tokens = sum(x["tokens"] for x in xs)
         decode_s = st.wall_time - st.times.get("prefill", 0.0)
@@ -333,10 +319,7 @@ def summarize(cfg: MeshBenchConfig, vs: list[Variant], runs: dict[str, list[dict
         })
     ar = next((r for r in rows if r["heads"] is None), None)
     for r in rows:
-        xs = runs[r["row"]]
-        shards = [x["shard"] for x in xs]  # per-shard tokens/s ratios, weighted by meshes
-        r["speedup_vs_ar"] = (round(per_shard(xs, shards, dict.fromkeys(sorted(set(shards))),
-                                              lambda s, _, w: b1_rate(xs, s) / b1_rate(runs[ar["row"]], s)), 3)
+        r["speedup_vs_ar"] = (round(timed(runs[r["row"]]).vs(timed(runs[ar["row"]])), 3)
                               if ar and ar["tokens_per_s"] else None)
         r["speedup_scr_lat"] = (round(r["scr"] * ar["step_latency_ms"] / r["step_latency_ms"], 3)
                                 if ar and r["step_latency_ms"] else None)

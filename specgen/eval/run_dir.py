@@ -251,26 +251,3 @@ def check_finished(records: dict[str, dict], single: list[str], prefixes: list[s
     if gone:
         raise RunNotFinished(f"the run is not finished: {gone} of its {what} have no record yet "
                              "(rerun the same command, or wait for the other shards)")
-
-
-class MemoryRun:
-    """A run kept in memory (no `--run-dir`): the same interface as RunDir, so every run goes through records."""
-
-    def __init__(self) -> None:
-        self._records: dict[str, dict] = {}
-        self._machines: dict[str, dict] = {}
-
-    def write_machine(self, shard: Shard, info: dict) -> None:
-        self._machines[shard.label] = json_ready(info)
-
-    def start_shard(self, shard: Shard) -> None:
-        pass
-
-    def append(self, shard: Shard, record: dict) -> None:
-        self._records.setdefault(record["item"], json_ready(record))
-
-    def records(self) -> dict[str, dict]:
-        return dict(self._records)
-
-    def machines(self) -> dict[str, dict]:
-        return dict(self._machines)

@@ -19,6 +19,35 @@ def per_shard(runs: Sequence, shards: list[str], walls: dict, fn: Callable[[str,
 
 
 @dataclass(frozen=True)
+class Timed:
+    """A row's runs over a run's shards: each run's work (tokens; 1 an image or mesh) and shard, each shard's wall."""
+
+    work: list[float]
+    shards: list[str]
+    walls: dict[str, float]  # shard -> seconds
+
+    @classmethod
+    def one_by_one(cls, work: list[float], shards: list[str], seconds: list[float]) -> "Timed":
+        """Runs timed alone (batch 1): a shard's wall is the sum of its runs' seconds."""
+        walls: dict[str, float] = {}
+        for s, t in zip(shards, seconds):
+            walls[s] = walls.get(s, 0.0) + t
+        return cls(work, shards, walls)
+
+    def rate(self, shard: str) -> float:
+        return sum(w for w, s in zip(self.work, self.shards) if s == shard) / self.walls[shard]
+
+    def total(self) -> float:
+        """The run's rate: shards run side by side, so theirs add up."""
+        return sum(self.rate(s) for s in self.walls)
+
+    def vs(self, other: "Timed") -> float | None:
+        """This rate over `other`'s on the same shard, weighted by runs (`per_shard`)."""
+        return per_shard(self.work, self.shards, self.walls,
+                         lambda s, xs, w: self.rate(s) / other.rate(s) if s in other.walls else None)
+
+
+@dataclass(frozen=True)
 class Drafting:
     """One shard's verify steps of a speculative row, and what one AR forward takes on that shard."""
 

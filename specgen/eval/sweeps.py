@@ -1,5 +1,4 @@
-"""One variant syntax for the rows of every benchmark suite: `row@tag` rows, per-row `options`, `sweep` lists
-(docs/recipes.md, "Benchmark rows")."""
+"""One variant syntax for the rows of every benchmark suite: `row@tag` rows, per-row `options`, `sweep` lists."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Text benchmark (suites humaneval, text): every row on the same prompts in one process, interleaved per prompt;
-what each row and column means: docs/benchmarks.md."""
+"""Text benchmark (suites humaneval, text): every row on the same prompts in one process, interleaved per prompt."""
 
 from __future__ import annotations
 
@@ -83,8 +82,7 @@ def is_peer(row: str) -> bool:
 
 
 def is_model_name(name: str) -> bool:
-    """Does `name` name a registry model (installed, a built-in, or a checkpoint folder; `NAME+int8`-style
-    precision suffixes allowed)? Nothing is materialised."""
+    """Does `name` (`NAME+int8` allowed) name an installed, built-in or folder model? Nothing is materialised."""
     base = name.split("+")[0]
     if registry.installed_meta(base) is not None:
         return True
@@ -108,8 +106,7 @@ def row_options(row: str, cfg: TextBenchConfig) -> dict:
 
 
 def with_sweeps(cfg: TextBenchConfig) -> TextBenchConfig:
-    """cfg with every `sweep` row added to `methods` (its options in `options`, `method_options` folded in, its
-    base row's `targets` entry copied); a config without sweeps comes back with the same rows."""
+    """cfg with every `sweep` row added to `methods` (its options in `options`, its base row's `targets` copied)."""
     table = options_table(cfg)
     bases = [m for m in method_bases(cfg.methods, table, "text") if not is_peer(m)]
     swept = expand(sweeps_of(cfg.sweep), bases, method_check(row_method))
@@ -285,8 +282,7 @@ def items_left(p: Plan, done: dict, shard: Shard) -> tuple[list[int], list[tuple
 
 def with_quality(runs: dict[str, Run], prompt: list[int], problem, original: TextModel | None,
                  cfg: TextBenchConfig) -> dict[str, Run]:
-    """Each run with the original model's NLL of its tokens and, for a HumanEval problem, whether its completion
-    passes the tests."""
+    """Each run with the original model's NLL of its tokens and, for a HumanEval problem, whether it passes."""
     out = {}
     for m, r in runs.items():
         nll, count = base_nll(original, prompt, r.tokens) if cfg.nll else (None, 0)
@@ -328,7 +324,7 @@ def row_models(model: TextModel, p: Plan) -> dict[str, TextModel]:
 
 def measure(model: TextModel, p: Plan, sink, shard: Shard = Shard(), on_prompt=None,
             machine: Callable[[], str] = str) -> None:
-    """Measure this shard's items that `sink` (a RunDir or MemoryRun, its shard started) has no record of, one
+    """Measure this shard's items that `sink` (a RunDir, its shard started) has no record of, one
     record per item: at batch 1 a prompt with every row interleaved on it, at B > 1 one row over the shard's prompts."""
     cfg, rows, items = p.cfg, p.rows, p.items
     mine = [i for i in range(p.n_prompts) if shard.owns(i)]
@@ -381,8 +377,7 @@ def measure(model: TextModel, p: Plan, sink, shard: Shard = Shard(), on_prompt=N
 
 
 def rows_of(p: Plan, sink) -> list[dict]:
-    """The table rows of a finished run (single-process, or every shard's records merged), then one row per
-    external row a shard could not run (its one-line reason under "skipped")."""
+    """The rows of a finished run (every shard merged), then one per peer row a shard could not run ("skipped")."""
     machines = sink.machines()
     skipped = {m: why for info in machines.values() for m, why in (info.get("skipped") or {}).items()}
     order = [m for m in p.order if m not in skipped]

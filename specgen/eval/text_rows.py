@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
+
+import numpy as np
+
 from specgen.decoding.cost import CostCurve
 from specgen.eval.humaneval import pass_at_1
-from specgen.eval.latency import percentile
 from specgen.eval.run_dir import batched, check_finished
-from specgen.eval.speed import Drafting, efficiency, per_shard
+from specgen.eval.speed import Drafting, Timed, efficiency, per_shard
 
 
 @dataclass(frozen=True)
@@ -37,18 +39,13 @@ class Measured:
     walls: dict[str, dict[str, float]]
 
 
-def collect(records: dict[str, dict], order: list[str], n_prompts: int, batch: int) -> Measured | None:
-    """The runs of `batch` from the records, or None while some item is missing (other shards still running)."""
+def collect(records: dict[str, dict], order: list[str], n_prompts: int, batch: int) -> Measured:
+    """The runs of `batch` from the records of a finished run (`check_finished`)."""
     if batch == 1:
-        items = [records.get(f"b1/p{i}") for i in range(n_prompts)]
-        if any(r is None for r in items):
-            return None
-        return one_by_one({m: [Run(**r["runs"][m]) for r in items] for m in order})
+        return one_by_one({m: [Run(**records[f"b1/p{i}"]["runs"][m]) for i in range(n_prompts)] for m in order})
     runs, walls = {}, {}
     for m in order:
         by_prompt, walls[m] = batched(records, f"b{batch}/{m}/")
-        if len(by_prompt) < n_prompts:
-            return None
         runs[m] = [Run(**by_prompt[i]) for i in range(n_prompts)]
     return Measured(runs, walls)
 
@@ -98,7 +95,6 @@ def batch_rows(measured: Measured, batch: int, meta: dict[str, dict], costs: dic
         ratio = [t / (len(a.tokens) / a.seconds) for t, a in zip(tps, ar)]  # same prompt, same shard
         tokens, forwards, steps = sum(len(r.tokens) for r in rs), sum(r.forwards for r in rs), sum(r.steps for r in rs)
         own = runs["ar"] if f"ar@{meta[m]['model']}" not in runs else runs[f"ar@{meta[m]['model']}"]
-        shard_tokens = lambda s, xs: sum(len(r.tokens) for r in xs)  # noqa: E731
         row = {
             "method": m, **meta[m], "prompts": len(rs),
             "tokens_per_s": statistics.median(tps),
@@ -110,33 +106,21 @@ def batch_rows(measured: Measured, batch: int, meta: dict[str, dict], costs: dic
             "exact_match_vs_ar": sum(r.tokens == a.tokens for r, a in zip(rs, ar)) / len(rs),
             "exact_match_vs_own_ar": sum(r.tokens == a.tokens for r, a in zip(rs, own)) / len(rs),
             "new_tokens": tokens,
-            # shards run side by side: the run's throughput is the sum of theirs
-            "throughput_tokens_per_s": sum(shard_tokens(s, [r for r in rs if r.shard == s]) / w
-                                           for s, w in walls[m].items()),
+            "throughput_tokens_per_s": timed(rs, walls[m]).total(),
             # the same without the prompts' prefill (compute-bound on a CPU, so batching cannot amortise it)
-            "decode_tokens_per_s": (sum(shard_tokens(s, xs := [r for r in rs if r.shard == s])
-                                        / (w - sum(r.prefill_seconds for r in xs)) for s, w in walls[m].items())
+            "decode_tokens_per_s": (timed(rs, {s: w - sum(r.prefill_seconds for r in rs if r.shard == s)
+                                               for s, w in walls[m].items()}).total()
                                     if all(r.prefill_seconds is not None for r in rs) else None),
-            "latency_median_s": percentile([r.seconds for r in rs], 50),
-            "latency_p90_s": percentile([r.seconds for r in rs], 90),
+            "latency_median_s": float(np.percentile([r.seconds for r in rs], 50)),
+            "latency_p90_s": float(np.percentile([r.seconds for r in rs], 90)),
             "c_batch": round(per_shard(rs, shards, walls[m], lambda s, xs, w: costs[s](batch) if s in costs else None)
                              or 0, 3)
             if costs else None,
         }
-
-        def vs_ar(s: str, xs: list[Run], w: float) -> float:
-            ar_s = [a for a in ar if a.shard == s]
-            return (shard_tokens(s, xs) / w) / (shard_tokens(s, ar_s) / walls["ar"][s])
-
-        row["throughput_vs_ar"] = per_shard(rs, shards, walls[m], vs_ar)
+        row["throughput_vs_ar"] = timed(rs, walls[m]).vs(timed(ar, walls["ar"]))
         if reference is not None:
             ref = reference.runs["ar"]
-
-            def vs_ar_b1(s: str, xs: list[Run], w: float) -> float:
-                ref_s = [a for a in ref if a.shard == s]
-                return (shard_tokens(s, xs) / w) / (shard_tokens(s, ref_s) / sum(a.seconds for a in ref_s))
-
-            row["throughput_vs_ar_b1"] = per_shard(rs, shards, walls[m], vs_ar_b1)
+            row["throughput_vs_ar_b1"] = timed(rs, walls[m]).vs(timed(ref, reference.walls["ar"]))
             row["exact_match_vs_ar_b1"] = sum(r.tokens == a.tokens for r, a in zip(rs, ref)) / len(rs)
         if m.startswith("ar@"):
             row["prefix_vs_ar"] = statistics.mean(common_prefix(r.tokens, a.tokens) for r, a in zip(rs, ar))
@@ -153,6 +137,10 @@ def batch_rows(measured: Measured, batch: int, meta: dict[str, dict], costs: dic
         row["batch_size"] = batch
         rows.append(row)
     return rows
+
+
+def timed(rs: list[Run], walls: dict[str, float]) -> Timed:
+    return Timed([len(r.tokens) for r in rs], [r.shard for r in rs], walls)
 
 
 def drafting_of(rs: list[Run], ar: list[Run], cost: CostCurve) -> Drafting:
