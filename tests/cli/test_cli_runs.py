@@ -64,11 +64,13 @@ def single(long_tiny_target):  # noqa: F811
     return rows_of(invoke(*ARGS, "--format", "json"))
 
 
-def test_two_shards_merge_into_the_single_process_rows(single, tmp_path):
+def test_two_shards_merge_into_the_single_process_rows(long_tiny_target, tmp_path):  # noqa: F811
+    args = bench(3)  # 3 prompts: both shards still get batch-1 and batch-2 items
+    single = rows_of(invoke(*args, "--format", "json"))
     run = tmp_path / "run"
-    first = invoke(*ARGS, "--run-dir", run, "--shard", "0/2", "--format", "json")
+    first = invoke(*args, "--run-dir", run, "--shard", "0/2", "--format", "json")
     assert first.exit_code == 0 and first.stdout == "" and "shard 0/2 is done" in first.stderr, first.output
-    merged = rows_of(invoke(*ARGS, "--run-dir", run, "--shard", "1/2", "--format", "json"))  # the last shard merges
+    merged = rows_of(invoke(*args, "--run-dir", run, "--shard", "1/2", "--format", "json"))  # the last shard merges
     assert exact(merged) == exact(single)
     assert sorted(records(run)) == sorted(set(records(run)))  # every item once
     copy = tmp_path / "copied"  # a folder copied from a cluster reports the same rows

@@ -37,11 +37,17 @@ def alone(target, name: str, prompts, n: int, stop=()) -> list[list[int]]:
     return [run_batch(target, drafter_of(name), [p], n, GREEDY, stop).results[0].tokens for p in prompts]
 
 
-@pytest.mark.parametrize("method", LOSSLESS_TEXT)
-def test_every_lossless_method_batched_equals_alone_and_ar(method):
+@pytest.fixture(scope="module")
+def ragged_ar():
+    """One target, 8 ragged prompts and their AR outputs, shared by every method's test."""
     target = ModelTarget(tiny_model(7))
     prompts = ragged_prompts(8)
-    ar = alone(target, "ar", prompts, 24)
+    return target, prompts, alone(target, "ar", prompts, 24)
+
+
+@pytest.mark.parametrize("method", LOSSLESS_TEXT)
+def test_every_lossless_method_batched_equals_alone_and_ar(method, ragged_ar):
+    target, prompts, ar = ragged_ar
     assert alone(target, method, prompts, 24) == ar
     for batch_size in (1, 3, 8):
         res = run_batch(target, drafter_of(method), prompts, 24, GREEDY, batch_size=batch_size)

@@ -33,7 +33,7 @@ def test_lossless_image_methods_batched_equal_alone_and_ar(method, cfg_scale):
     model = tiny_image_gpt(5)
     target = CFGTarget(model, cfg_scale)
     parts = ImageParts(model, target, TinyEagle(model).eval(), None, GRID)
-    labels = [0, 2, 1, 1, 0, 2, 2]
+    labels = [0, 2, 1, 1, 2]  # batch 3 leaves a ragged last batch; batch 8 exceeds the prompts
     n = GRID * GRID
     ar = [decode(target, EmptyDrafter(), [c], n, SamplingParams()).tokens for c in labels]
 
