@@ -8,7 +8,7 @@ from typing import Protocol
 import numpy as np
 
 from specgen.mesh.errors import MeshDecodeError, MeshInputError
-from specgen.mesh.quantize import QuantizedMesh, dequantize, quantize_mesh
+from specgen.mesh.quantize import QuantizedMesh, dequantize, quantize_mesh, unique_rows_in_order
 from specgen.mesh.types import as_mesh
 
 
@@ -100,12 +100,8 @@ def triangles_to_mesh(corners: np.ndarray, bits: int) -> tuple[np.ndarray, np.nd
     flat = np.asarray(corners, dtype=np.int64).reshape(-1, 3)  # [3T, 3]
     if len(flat) == 0:
         return np.zeros((0, 3)), np.zeros((0, 3), dtype=np.int64)
-    unique, first, inverse = np.unique(flat, axis=0, return_index=True, return_inverse=True)
-    order = np.argsort(first)  # unique rows by first appearance
-    rank = np.empty(len(order), dtype=np.int64)
-    rank[order] = np.arange(len(order))
-    faces = rank[inverse.reshape(-1)].reshape(-1, 3)
-    return dequantize(unique[order], bits), faces
+    unique, index = unique_rows_in_order(flat)
+    return dequantize(unique, bits), index.reshape(-1, 3)
 
 
 def raise_first(decoded: DecodedMesh) -> tuple[np.ndarray, np.ndarray]:
