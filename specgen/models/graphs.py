@@ -1,16 +1,7 @@
-"""Captured decode steps: cached forwards (AR steps, verifies), EAGLE tree growths and XSpecMesh heads as CUDA graphs.
+"""Captured decode steps: cached forwards, EAGLE tree growths and XSpecMesh heads as CUDA graphs (docs/precision.md).
 
-`attach(module, mode)` gives a module a `StepGraphs`: a cached forward is padded to a bucket (rows, nodes), copied into
-the bucket's static buffers and replayed (captured on first use); a method's own step is a `StepGraphs.call`. Prefill
-stays eager; the loop's cache is a view of the static buffer's first rows. Why graphs, not torch.compile:
-docs/precision.md. Invariants of the step functions (tests/models/test_graphs.py):
-- No host reads: inputs live in static device buffers, masks and cache-write indices are computed on the device, and
-  every forward attends over all T slots of the static cache.
-- Shapes depend only on the bucket: padding rows write into a scratch row, padding nodes see only themselves and
-  their row's committed slots; neither is returned or committed.
-- A query's sums do not depend on T (chunked attention in low precision, -inf hidden slots in float32 SDPA), so AR
-  steps and verifies of one padded shape share a bucket. A target's low-precision trees stay eager (exact only in
-  AR's key layout, `attention.tree_attention`); a drafter's are captured (the verify decides what is kept).
+Invariants (tests/models/test_graphs.py): no host reads inside a step; shapes depend only on the bucket (padding rows
+write a scratch row, padding nodes see only themselves); a query's sums do not depend on the cache width T.
 """
 
 from __future__ import annotations
