@@ -76,20 +76,17 @@ def clean_mesh(vertices: np.ndarray, faces: np.ndarray) -> CleanedMesh:
     )
 
 
-def resolve_format(path: str | Path, fmt: str | None = None) -> str:
-    """The export format name: ``fmt`` if given, else from the path's suffix."""
-    name = (fmt or Path(path).suffix.lstrip(".")).lower()
-    if name not in EXPORT_FORMATS:
-        raise MeshInputError(
-            f"unsupported mesh format {name or '(none)'!r}; choose from {', '.join(EXPORT_FORMATS)}"
-        )
-    return name
+def format_name(name: str) -> str:
+    """An export format's name as given (any case), or MeshInputError naming the known ones."""
+    if name.lower() not in EXPORT_FORMATS:
+        raise MeshInputError(f"unknown mesh format {name or '(none)'!r}; choose from {', '.join(EXPORT_FORMATS)}")
+    return name.lower()
 
 
 def export_mesh(vertices: np.ndarray, faces: np.ndarray, path: str | Path, fmt: str | None = None) -> ExportReport:
     """Clean the mesh (``clean_mesh``) and write it atomically as ``fmt`` (default: suffix); MeshInputError for an
     unknown format or a mesh with no face left."""
-    name = resolve_format(path, fmt)
+    name = format_name(fmt or Path(path).suffix.lstrip("."))
     cleaned = clean_mesh(vertices, faces)
     if len(cleaned.faces) == 0:
         raise MeshInputError("nothing to export: no non-degenerate faces")

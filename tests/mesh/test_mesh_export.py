@@ -44,7 +44,7 @@ def test_clean_mesh_keeps_winding_and_first_appearance_order():
 
 
 def test_bad_format_and_empty_mesh_write_nothing(tmp_path):
-    with pytest.raises(MeshInputError, match="unsupported mesh format 'fbx'"):
+    with pytest.raises(MeshInputError, match="unknown mesh format 'fbx'"):
         export_mesh(MESH.vertices, MESH.faces, tmp_path / "a.fbx")
     with pytest.raises(MeshInputError, match="no non-degenerate faces"):
         export_mesh(np.zeros((3, 3)), np.array([[0, 1, 2]]), tmp_path / "a.obj")
