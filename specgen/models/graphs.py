@@ -203,34 +203,31 @@ class StepGraphs:
         if b not in self.graphs:
             width = (features.shape[-1], features.dtype) if self.kind.features else None
             self.graphs[b] = (StaticInputs.for_bucket(b, tokens.device, width), None, None)
-        x, graph, outs = self.graphs[b]
+        x = self.graphs[b][0]
         self.stage(x, b, tokens, positions, cache.lengths, tree_mask, features)
         step = lambda: self.kind.step(self.model, x, self.k, self.v, self.cross, self.attention)  # noqa: E731
-        if outs is None:
-            outs, graph = self.record(step, f"bucket of {b.rows} rows x {b.nodes} nodes")
-            self.graphs[b] = (x, graph, outs)
-        elif graph is not None:
-            graph.replay()
-        else:
-            outs = step()
-        self.replays += 1
+        outs = self.run(b, x, step, f"bucket of {b.rows} rows x {b.nodes} nodes")
         return tuple(o[:n, :s].clone() for o in outs)
 
     def call(self, key: tuple, fn: Callable[..., tuple], inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """`fn(**static)` over static copies of `inputs`, whose shapes `key` fixes: a replay of the key's graph
         (captured on its first call). The outputs are the graph's own buffers: read them before the next call."""
-        if key not in self.graphs:
-            static = {name: t.clone() for name, t in inputs.items()}
-            outs, graph = self.record(lambda: fn(**static), f"capture {key}")
+        fresh = {name: torch.empty_like(t) for name, t in inputs.items()} if key not in self.graphs else None
+        static = fresh or self.graphs[key][0]
+        for name, t in inputs.items():
+            static[name].copy_(t)
+        return self.run(key, static, lambda: fn(**static), f"capture {key}")
+
+    def run(self, key, static, step: Callable[[], tuple], what: str) -> tuple[torch.Tensor, ...]:
+        """`step` over the key's staged static inputs: captured on its first call, then replayed (eager: rerun)."""
+        _, graph, outs = self.graphs.get(key, (static, None, None))
+        if outs is None:
+            outs, graph = self.record(step, what)
             self.graphs[key] = (static, graph, outs)
+        elif graph is not None:
+            graph.replay()
         else:
-            static, graph, outs = self.graphs[key]
-            for name, t in inputs.items():
-                static[name].copy_(t)
-            if graph is not None:
-                graph.replay()
-            else:
-                outs = fn(**static)
+            outs = step()
         self.replays += 1
         return outs
 
