@@ -27,13 +27,10 @@ class FaceCleanCounts:
 
 @dataclass(frozen=True)
 class QuantizedMesh:
-    """Integer-grid mesh after quantisation, vertex merging and face cleaning.
+    """Integer-grid mesh after quantisation, vertex merging and face cleaning."""
 
-    coords: [V, 3] int64 bins in [0, 2**bits); faces: [F, 3] int64 (input winding kept).
-    """
-
-    coords: np.ndarray  # [V, 3] int64
-    faces: np.ndarray  # [F, 3] int64
+    coords: np.ndarray  # [V, 3] int64 bins in [0, 2**bits)
+    faces: np.ndarray  # [F, 3] int64 (input winding kept)
     bits: int
 
     def vertices(self) -> np.ndarray:
