@@ -83,9 +83,9 @@ def export_mesh(
     quiet: QuietOpt = False,
 ) -> None:
     """Turn generated mesh token sequences into mesh files (trimesh), reporting faces, vertices and validity."""
-    from cli.generate_mesh import checked_format, export_sequences  # deferred: start-up (torch, trimesh)
+    from cli.generate_mesh import export_sequences, format_name  # deferred: start-up (torch, trimesh)
 
-    mesh_format = checked_format(mesh_format)
+    mesh_format = format_name(mesh_format)
     check_output_dir(out_dir, "--out-dir")  # before reading: a file, an unwritable path or a full device is refused
     seqs = read_sequences(source)
     base = nearest_existing(out_dir)

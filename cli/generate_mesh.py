@@ -9,8 +9,7 @@ from cli import _output
 from cli._options import Format
 from specgen.config import load_config
 from specgen.errors import UsageError
-from specgen.mesh.errors import MeshInputError
-from specgen.mesh.export import EXPORT_FORMATS, export_mesh, render_png
+from specgen.mesh.export import export_mesh, format_name, render_png
 from specgen.mesh.generate import (MeshGenConfig, check_budget, decode_tokens, generate_meshes, load_conditions,
                                   load_mesh_model, mesh_options)
 from specgen.mesh.procedural import ProceduralSpec
@@ -25,7 +24,7 @@ def run(args, spec: MethodSpec) -> None:
     cfg = load_config(MeshGenConfig, args.config, args.overrides, method=spec.name,
                       max_new_tokens=args.max_new_tokens, num=args.num, **args.sampling())
     req = parse_request(cfg, "mesh", spec)
-    mesh_format = checked_format(cfg.mesh_format)
+    mesh_format = format_name(cfg.mesh_format)
     if cfg.num < 1:
         raise UsageError("--num must be >= 1")
     if args.out_dir is not None:
@@ -34,11 +33,8 @@ def run(args, spec: MethodSpec) -> None:
     heads = opts.heads if spec.name == "xspecmesh" else None
     check_budget(cfg.model, heads, cfg, opts)  # from the configs: before the weights load
     loaded = load_mesh_model(cfg.model, heads, req.device, cfg.dtype, cfg.quantize, cfg.graphs)
-    try:
-        conds = load_conditions(args.point_clouds, cfg.num, int(loaded.target.meta.get("num_points", 2048)), cfg.seed,
-                                ProceduralSpec.from_meta(loaded.target.meta))
-    except MeshInputError as e:
-        raise UsageError(str(e)) from None
+    conds = load_conditions(args.point_clouds, cfg.num, int(loaded.target.meta.get("num_points", 2048)), cfg.seed,
+                            ProceduralSpec.from_meta(loaded.target.meta))  # MeshInputError: exit 2 (cli/_errors.py)
     files: dict[int, list[str]] = {}
 
     def done(i: int, s) -> None:  # each file as its mesh is done: an interrupted run keeps the finished ones
@@ -85,13 +81,6 @@ def row(s, cfg, loaded, files: list[str], opts) -> dict:
             "valid": not s.error, "error": s.error, "degenerate_removed": s.degenerate_removed,
             "duplicate_removed": s.duplicate_removed, "files": files, "file": files[0] if files else "-",
             "stats": s.stats}
-
-
-def checked_format(name: str) -> str:
-    """A mesh file format as given (any case), or a one-line refusal."""
-    if name.lower() not in EXPORT_FORMATS:
-        raise UsageError(f"unknown mesh format {name!r}; choose from {', '.join(EXPORT_FORMATS)}")
-    return name.lower()
 
 
 def write_files(vertices, faces, out_dir: Path, name: str, mesh_format: str, preview: bool) -> tuple:

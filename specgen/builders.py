@@ -8,9 +8,9 @@ import torch
 
 from specgen.models.classifier import build_image_classifier
 from specgen.models.eagle import build_eagle
-from specgen.models.heads import build_heads
+from specgen.models.heads import XSpecMeshHeads
 from specgen.models.llamagen import build_llamagen_gpt, llamagen_kwargs, llamagen_state
-from specgen.models.mesh import build_mesh_gpt
+from specgen.models.mesh import MeshGPT
 from specgen.models.quantize import build_quantized_transformer
 from specgen.models.transformer import Transformer, TransformerConfig
 from specgen.models.upsampler import build_updown
@@ -28,8 +28,8 @@ def build_vq(**kwargs) -> torch.nn.Module:
 
 BUILDERS: dict[str, Callable[..., torch.nn.Module]] = {
     "transformer": build_transformer,
-    "mesh_gpt": build_mesh_gpt,
-    "xspecmesh_heads": build_heads,
+    "mesh_gpt": MeshGPT,
+    "xspecmesh_heads": XSpecMeshHeads,
     "llamagen-gpt": build_llamagen_gpt,  # LlamaGen c2i/t2i GPT (Transformer with 2D RoPE + class/caption embedding)
     "eagle": build_eagle,  # one-layer EAGLE feature drafter (specgen/models/eagle.py)
     "vq": build_vq,

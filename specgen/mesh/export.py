@@ -11,7 +11,7 @@ import trimesh
 
 from specgen.mesh.errors import MeshInputError
 from specgen.mesh.pointcloud import face_areas_normals
-from specgen.mesh.quantize import clean_faces, remove_unreferenced
+from specgen.mesh.quantize import clean_faces, remove_unreferenced, unique_rows_in_order
 from specgen.mesh.types import as_mesh
 from specgen.paths import atomic_write_bytes
 
@@ -42,7 +42,6 @@ class CleanedMesh:
     faces: np.ndarray  # [F, 3] int64
     degenerate_removed: int  # repeated vertex (after merging equal coordinates) or zero area
     duplicate_removed: int  # same vertex set as an earlier face, either winding
-    unreferenced_removed: int  # vertices no kept face uses
 
 
 @dataclass(frozen=True)
@@ -62,11 +61,8 @@ def clean_mesh(vertices: np.ndarray, faces: np.ndarray) -> CleanedMesh:
     mesh = as_mesh(vertices, faces)
     v, f = mesh.vertices, mesh.faces
     if len(v):
-        unique, first, inverse = np.unique(v, axis=0, return_index=True, return_inverse=True)
-        order = np.argsort(first)
-        rank = np.empty(len(order), dtype=np.int64)
-        rank[order] = np.arange(len(order))
-        v, f = unique[order], rank[inverse.reshape(-1)][f]
+        v, index = unique_rows_in_order(v)
+        f = index[f]
     kept, counts = clean_faces(f)
     areas, _ = face_areas_normals(v, kept)
     flat = areas <= 0.0  # collinear corners with distinct indices
@@ -77,37 +73,24 @@ def clean_mesh(vertices: np.ndarray, faces: np.ndarray) -> CleanedMesh:
         faces=f_out,
         degenerate_removed=counts.degenerate + int(flat.sum()),
         duplicate_removed=counts.duplicate,
-        unreferenced_removed=len(v) - len(v_out),
     )
 
 
-def resolve_format(path: str | Path, fmt: str | None = None) -> str:
-    """The export format name: ``fmt`` if given, else from the path's suffix."""
-    name = (fmt or Path(path).suffix.lstrip(".")).lower()
-    if name not in EXPORT_FORMATS:
-        raise MeshInputError(
-            f"unsupported mesh format {name or '(none)'!r}; choose from {', '.join(EXPORT_FORMATS)}"
-        )
-    return name
+def format_name(name: str) -> str:
+    """An export format's name as given (any case), or MeshInputError naming the known ones."""
+    if name.lower() not in EXPORT_FORMATS:
+        raise MeshInputError(f"unknown mesh format {name or '(none)'!r}; choose from {', '.join(EXPORT_FORMATS)}")
+    return name.lower()
 
 
-def export_mesh(
-    vertices: np.ndarray,
-    faces: np.ndarray,
-    path: str | Path,
-    fmt: str | None = None,
-    *,
-    fix_normals: bool = False,
-) -> ExportReport:
-    """Clean the mesh (``clean_mesh``) and write it atomically as ``fmt`` (default: suffix); ``fix_normals``: trimesh
-    makes the winding consistent and outward. MeshInputError for an unknown format or a mesh with no face left."""
-    name = resolve_format(path, fmt)
+def export_mesh(vertices: np.ndarray, faces: np.ndarray, path: str | Path, fmt: str | None = None) -> ExportReport:
+    """Clean the mesh (``clean_mesh``) and write it atomically as ``fmt`` (default: suffix); MeshInputError for an
+    unknown format or a mesh with no face left."""
+    name = format_name(fmt or Path(path).suffix.lstrip("."))
     cleaned = clean_mesh(vertices, faces)
     if len(cleaned.faces) == 0:
         raise MeshInputError("nothing to export: no non-degenerate faces")
     mesh = trimesh.Trimesh(cleaned.vertices, cleaned.faces, process=False)
-    if fix_normals:
-        mesh.fix_normals()
     data = mesh.export(file_type=EXPORT_FORMATS[name].file_type)
     target = atomic_write_bytes(path, data.encode("utf-8") if isinstance(data, str) else bytes(data))
     return ExportReport(
@@ -120,15 +103,7 @@ def export_mesh(
     )
 
 
-def render_png(
-    vertices: np.ndarray,
-    faces: np.ndarray,
-    path: str | Path,
-    *,
-    size: int = 512,
-    elev: float = 25.0,
-    azim: float = -60.0,
-) -> Path:
+def render_png(vertices: np.ndarray, faces: np.ndarray, path: str | Path, *, size: int = 512) -> Path:
     """Shaded 3D preview with matplotlib's Agg canvas (no display needed), written atomically."""
     # deferred: start-up (matplotlib only for previews)
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -157,7 +132,7 @@ def render_png(
     ax.set_ylim(centre[1] - half, centre[1] + half)
     ax.set_zlim(centre[2] - half, centre[2] + half)
     ax.set_box_aspect((1, 1, 1), zoom=1.25)
-    ax.view_init(elev=elev, azim=azim)
+    ax.view_init(elev=25.0, azim=-60.0)
     ax.set_axis_off()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)

@@ -150,9 +150,7 @@ def decode_tokens(tokens: list[int]) -> tuple[np.ndarray | None, np.ndarray | No
     error (named at its first bad position) or no usable face makes the sequence invalid."""
     try:
         v, f = BPTTokenizer().decode(np.asarray(tokens, dtype=np.int64))
-    except MeshDecodeError as e:
-        return None, None, str(e), 0, 0
-    except MeshInputError as e:
+    except (MeshDecodeError, MeshInputError) as e:
         return None, None, str(e), 0, 0
     if len(f) == 0:
         return None, None, "decodes to no faces", 0, 0

@@ -9,22 +9,18 @@ from scipy.spatial import cKDTree
 
 from specgen.mesh.errors import MeshInputError
 from specgen.mesh.pointcloud import sample_surface
-from specgen.mesh.quantize import HALF_EXTENT, normalize_bbox, remove_unreferenced
+from specgen.mesh.quantize import normalize_bbox, remove_unreferenced
 from specgen.mesh.types import as_mesh
 
 NUM_SAMPLES = 1024
 
-#: CD reductions: BPT sums the two directed means; "mean" halves the sum (a common variant).
-CD_REDUCTIONS = {"sum": 1.0, "mean": 0.5}
-
 
 @dataclass(frozen=True)
 class MeshDistances:
-    """CD and HD between a generated and a reference mesh, with the convention used."""
+    """CD and HD between a generated and a reference mesh (BPT's convention)."""
 
     chamfer: float
     hausdorff: float
-    convention: str  # "bpt" (`chamfer_points` gives the squared / mean variants)
 
 
 def _nearest(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -32,18 +28,9 @@ def _nearest(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return cKDTree(b).query(a, k=1)[0]
 
 
-def chamfer_points(
-    a: np.ndarray, b: np.ndarray, *, squared: bool = False, reduction: str = "sum"
-) -> float:
+def chamfer_points(a: np.ndarray, b: np.ndarray) -> float:
     """Chamfer distance between point sets [N, 3] and [M, 3] (BPT: L2, sum of directed means)."""
-    if reduction not in CD_REDUCTIONS:
-        raise MeshInputError(
-            f"unknown reduction {reduction!r}; choose from {', '.join(CD_REDUCTIONS)}"
-        )
-    ab, ba = _nearest(a, b), _nearest(b, a)
-    if squared:
-        ab, ba = ab**2, ba**2
-    return float(CD_REDUCTIONS[reduction] * (ab.mean() + ba.mean()))
+    return float(_nearest(a, b).mean() + _nearest(b, a).mean())
 
 
 def hausdorff_points(a: np.ndarray, b: np.ndarray) -> float:
@@ -59,25 +46,11 @@ def normalized_samples(
     if mesh.num_faces == 0:
         raise MeshInputError("mesh has no faces")
     v, f = remove_unreferenced(mesh.vertices, mesh.faces)
-    return sample_surface(normalize_bbox(v, HALF_EXTENT, eps=0.0), f, samples, seed).points
+    return sample_surface(normalize_bbox(v, eps=0.0), f, samples, seed).points
 
 
-def mesh_distances(
-    gen_vertices: np.ndarray,
-    gen_faces: np.ndarray,
-    ref_vertices: np.ndarray,
-    ref_faces: np.ndarray,
-    *,
-    samples: int = NUM_SAMPLES,
-    seed: int = 0,
-) -> MeshDistances:
+def mesh_distances(gen_vertices: np.ndarray, gen_faces: np.ndarray, ref_vertices: np.ndarray, ref_faces: np.ndarray
+                   ) -> MeshDistances:
     """CD and HD between a generated and a reference mesh under BPT's protocol (module doc)."""
-    a = normalized_samples(gen_vertices, gen_faces, samples, seed)
-    b = normalized_samples(ref_vertices, ref_faces, samples, seed)
-    return MeshDistances(
-        chamfer=chamfer_points(a, b),
-        hausdorff=hausdorff_points(a, b),
-        convention="bpt",
-    )
-
-
+    a, b = normalized_samples(gen_vertices, gen_faces), normalized_samples(ref_vertices, ref_faces)
+    return MeshDistances(chamfer=chamfer_points(a, b), hausdorff=hausdorff_points(a, b))

@@ -12,19 +12,14 @@ from specgen.mesh.types import as_mesh
 
 @dataclass(frozen=True)
 class PointCloud:
-    """Surface samples: points [N, 3] float64, unit normals [N, 3] (or None), source faces [N]."""
+    """Surface samples: points [N, 3] float64, unit normals [N, 3], source faces [N]."""
 
     points: np.ndarray  # [N, 3] float64
-    normals: np.ndarray | None  # [N, 3] float64, unit length
+    normals: np.ndarray  # [N, 3] float64, unit length
     face_index: np.ndarray | None = None  # [N] int64, the face each point was drawn from
-
-    def __len__(self) -> int:
-        return int(self.points.shape[0])
 
     def as_array(self, dtype: type = np.float32) -> np.ndarray:
         """Points and normals side by side, [N, 6] (BPT's ``pc_normal`` layout)."""
-        if self.normals is None:
-            raise MeshInputError("point cloud has no normals")
         return np.concatenate([self.points, self.normals], axis=1).astype(dtype)
 
 
@@ -58,40 +53,20 @@ def sample_surface(
     return PointCloud(points=points, normals=normals[face_index], face_index=face_index)
 
 
-def validate_point_cloud(
-    points: object,
-    normals: object | None = None,
-    *,
-    require_normals: bool = True,
-    min_points: int = 1,
-) -> PointCloud:
-    """Points [N, 3] + normals [N, 3], or one [N, 6] array, as a ``PointCloud`` with unit normals; MeshInputError for
-    a wrong shape, fewer than ``min_points`` points, NaN/inf, missing (when required) or zero-length normals."""
+def validate_point_cloud(points: object, *, min_points: int = 1) -> PointCloud:
+    """Points and normals [N, 6] as a ``PointCloud`` with unit normals; MeshInputError for a wrong shape, fewer than
+    ``min_points`` points, NaN/inf or zero-length normals."""
     try:
-        p = np.array(points, dtype=np.float64)
+        a = np.array(points, dtype=np.float64)
     except (TypeError, ValueError):
         raise MeshInputError("point cloud is not a numeric array") from None
-    if normals is None and p.ndim == 2 and p.shape[1] == 6:
-        p, normals = p[:, :3], p[:, 3:]
-    if p.ndim != 2 or p.shape[1] != 3:
-        raise MeshInputError(f"point cloud must have shape [N, 3] or [N, 6], got {list(p.shape)}")
-    if len(p) < min_points:
-        raise MeshInputError(f"point cloud has {len(p)} points; at least {min_points} needed")
-    if not np.isfinite(p).all():
-        raise MeshInputError("point cloud contains NaN or infinite coordinates")
-    if normals is None:
-        if require_normals:
-            raise MeshInputError("point cloud has no normals; give [N, 6] points+normals")
-        return PointCloud(points=p, normals=None)
-    try:
-        n = np.array(normals, dtype=np.float64)
-    except (TypeError, ValueError):
-        raise MeshInputError("normals are not a numeric array") from None
-    if n.shape != p.shape:
-        raise MeshInputError(f"normals must have shape {list(p.shape)}, got {list(n.shape)}")
-    if not np.isfinite(n).all():
-        raise MeshInputError("normals contain NaN or infinite values")
-    length = np.linalg.norm(n, axis=1)  # [N]
+    if a.ndim != 2 or a.shape[1] != 6:
+        raise MeshInputError(f"point cloud must have shape [N, 6] (points and normals), got {list(a.shape)}")
+    if len(a) < min_points:
+        raise MeshInputError(f"point cloud has {len(a)} points; at least {min_points} needed")
+    if not np.isfinite(a).all():
+        raise MeshInputError("point cloud contains NaN or infinite values")
+    length = np.linalg.norm(a[:, 3:], axis=1)  # [N]
     if (length <= 1e-12).any():
         raise MeshInputError(f"{int((length <= 1e-12).sum())} normals have zero length")
-    return PointCloud(points=p, normals=n / length[:, None])
+    return PointCloud(points=a[:, :3], normals=a[:, 3:] / length[:, None])

@@ -11,6 +11,7 @@ import trimesh
 
 from specgen.mesh.errors import MeshInputError
 from specgen.mesh.quantize import normalize_bbox, quantize_mesh
+from specgen.mesh.types import MeshArrays, as_mesh
 
 MAX_FACES = 799  # strictly fewer than 800 faces
 MAX_PARTS = 4
@@ -56,16 +57,6 @@ class ProceduralMesh:
     vertices: np.ndarray  # [V, 3] float64 (7-bit bin centres)
     faces: np.ndarray  # [F, 3] int64, F < 800
     parts: tuple[str, ...]  # primitive names, in order
-
-
-@dataclass(frozen=True)
-class LoadedMesh:
-    """A user mesh read from disk (vertices and faces as stored, no processing)."""
-
-    name: str  # file name without suffix
-    path: Path
-    vertices: np.ndarray  # [V, 3] float64
-    faces: np.ndarray  # [F, 3] int64
 
 
 def random_rotation(rng: np.random.Generator) -> np.ndarray:
@@ -159,7 +150,7 @@ def split_seeds(split: str, count: int | None = None, start: int = 0) -> range:
     return seeds
 
 
-def load_mesh(path: str | Path) -> LoadedMesh:
+def load_mesh(path: str | Path) -> MeshArrays:
     """Read one obj/ply/stl/off/glb file as a single triangle mesh (scenes are concatenated)."""
     p = Path(path)
     if p.suffix.lower() not in MESH_SUFFIXES:
@@ -173,9 +164,4 @@ def load_mesh(path: str | Path) -> LoadedMesh:
     faces = np.asarray(getattr(mesh, "faces", np.zeros((0, 3))), dtype=np.int64).reshape(-1, 3)
     if len(faces) == 0:
         raise MeshInputError(f"{p}: file holds no triangle faces")
-    vertices = np.asarray(mesh.vertices, dtype=np.float64)
-    if not np.isfinite(vertices).all():
-        raise MeshInputError(f"{p}: vertices contain NaN or infinite values")
-    return LoadedMesh(name=p.stem, path=p, vertices=vertices, faces=faces)
-
-
+    return as_mesh(mesh.vertices, faces, name=str(p))

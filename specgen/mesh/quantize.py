@@ -27,27 +27,19 @@ class FaceCleanCounts:
 
 @dataclass(frozen=True)
 class QuantizedMesh:
-    """Integer-grid mesh after quantisation, vertex merging and face cleaning.
+    """Integer-grid mesh after quantisation, vertex merging and face cleaning."""
 
-    coords: [V, 3] int64 bins in [0, 2**bits); faces: [F, 3] int64 (input winding kept).
-    """
-
-    coords: np.ndarray  # [V, 3] int64
-    faces: np.ndarray  # [F, 3] int64
+    coords: np.ndarray  # [V, 3] int64 bins in [0, 2**bits)
+    faces: np.ndarray  # [F, 3] int64 (input winding kept)
     bits: int
-    merged_vertices: int  # input vertices minus unique quantised vertices
-    removed: FaceCleanCounts
-    unreferenced_vertices: int  # vertices dropped because no kept face uses them
 
     def vertices(self) -> np.ndarray:
         """Bin-centre float coordinates, [V, 3] float64."""
         return dequantize(self.coords, self.bits)
 
 
-def normalize_bbox(
-    vertices: np.ndarray, half_extent: float = HALF_EXTENT, eps: float = BPT_SCALE_EPS
-) -> np.ndarray:
-    """Vertices [V, 3] -> float64 [V, 3]: bounding box centred, longest side ``2 * half_extent`` (docs/mesh.md)."""
+def normalize_bbox(vertices: np.ndarray, eps: float = BPT_SCALE_EPS) -> np.ndarray:
+    """Vertices [V, 3] -> float64 [V, 3]: bounding box centred, longest side ``2 * HALF_EXTENT`` (docs/mesh.md)."""
     v = as_vertices(vertices)  # [V, 3]
     if len(v) == 0:
         raise MeshInputError("mesh has no vertices")
@@ -55,7 +47,7 @@ def normalize_bbox(
     extent = float((hi - lo).max())
     if extent + eps <= 0.0:
         raise MeshInputError("mesh bounding box has zero size")
-    return (v - 0.5 * (lo + hi)) * (2.0 * half_extent / (extent + eps))
+    return (v - 0.5 * (lo + hi)) * (2.0 * HALF_EXTENT / (extent + eps))
 
 
 def quantize(coords: np.ndarray, bits: int = 7) -> np.ndarray:
@@ -82,6 +74,15 @@ def merge_vertices(coords: np.ndarray, faces: np.ndarray) -> tuple[np.ndarray, n
     unique, inverse = np.unique(c, axis=0, return_inverse=True)
     remapped = inverse.reshape(-1)[np.asarray(faces, dtype=np.int64)]  # [F, 3]
     return unique, remapped.reshape(-1, 3)
+
+
+def unique_rows_in_order(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct rows [U, C] of rows [N, C] by first appearance, and each row's index among them [N]."""
+    unique, first, inverse = np.unique(rows, axis=0, return_index=True, return_inverse=True)
+    order = np.argsort(first)
+    rank = np.empty(len(order), dtype=np.int64)
+    rank[order] = np.arange(len(order))
+    return unique[order], rank[inverse.reshape(-1)]
 
 
 def clean_faces(faces: np.ndarray) -> tuple[np.ndarray, FaceCleanCounts]:
@@ -112,13 +113,5 @@ def quantize_mesh(vertices: np.ndarray, faces: np.ndarray, bits: int = 7) -> Qua
     """Quantise vertices already in (-1, 1) (no normalisation), merge equal ones, clean faces, drop unused vertices."""
     mesh = as_mesh(vertices, faces)
     coords, merged_faces = merge_vertices(quantize(mesh.vertices, bits), mesh.faces)
-    kept, counts = clean_faces(merged_faces)
-    final_coords, final_faces = remove_unreferenced(coords, kept)
-    return QuantizedMesh(
-        coords=final_coords,
-        faces=final_faces,
-        bits=bits,
-        merged_vertices=mesh.num_vertices - len(coords),
-        removed=counts,
-        unreferenced_vertices=len(coords) - len(final_coords),
-    )
+    final_coords, final_faces = remove_unreferenced(coords, clean_faces(merged_faces)[0])
+    return QuantizedMesh(coords=final_coords, faces=final_faces, bits=bits)

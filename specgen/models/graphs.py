@@ -1,16 +1,7 @@
-"""Captured decode steps: cached forwards (AR steps, verifies), EAGLE tree growths and XSpecMesh heads as CUDA graphs.
+"""Captured decode steps: cached forwards, EAGLE tree growths and XSpecMesh heads as CUDA graphs (docs/precision.md).
 
-`attach(module, mode)` gives a module a `StepGraphs`: a cached forward is padded to a bucket (rows, nodes), copied into
-the bucket's static buffers and replayed (captured on first use); a method's own step is a `StepGraphs.call`. Prefill
-stays eager; the loop's cache is a view of the static buffer's first rows. Why graphs, not torch.compile:
-docs/precision.md. Invariants of the step functions (tests/models/test_graphs.py):
-- No host reads: inputs live in static device buffers, masks and cache-write indices are computed on the device, and
-  every forward attends over all T slots of the static cache.
-- Shapes depend only on the bucket: padding rows write into a scratch row, padding nodes see only themselves and
-  their row's committed slots; neither is returned or committed.
-- A query's sums do not depend on T (chunked attention in low precision, -inf hidden slots in float32 SDPA), so AR
-  steps and verifies of one padded shape share a bucket. A target's low-precision trees stay eager (exact only in
-  AR's key layout, `attention.tree_attention`); a drafter's are captured (the verify decides what is kept).
+Invariants (tests/models/test_graphs.py): no host reads inside a step; shapes depend only on the bucket (padding rows
+write a scratch row, padding nodes see only themselves); a query's sums do not depend on the cache width T.
 """
 
 from __future__ import annotations
@@ -212,34 +203,31 @@ class StepGraphs:
         if b not in self.graphs:
             width = (features.shape[-1], features.dtype) if self.kind.features else None
             self.graphs[b] = (StaticInputs.for_bucket(b, tokens.device, width), None, None)
-        x, graph, outs = self.graphs[b]
+        x = self.graphs[b][0]
         self.stage(x, b, tokens, positions, cache.lengths, tree_mask, features)
         step = lambda: self.kind.step(self.model, x, self.k, self.v, self.cross, self.attention)  # noqa: E731
-        if outs is None:
-            outs, graph = self.record(step, f"bucket of {b.rows} rows x {b.nodes} nodes")
-            self.graphs[b] = (x, graph, outs)
-        elif graph is not None:
-            graph.replay()
-        else:
-            outs = step()
-        self.replays += 1
+        outs = self.run(b, x, step, f"bucket of {b.rows} rows x {b.nodes} nodes")
         return tuple(o[:n, :s].clone() for o in outs)
 
     def call(self, key: tuple, fn: Callable[..., tuple], inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """`fn(**static)` over static copies of `inputs`, whose shapes `key` fixes: a replay of the key's graph
         (captured on its first call). The outputs are the graph's own buffers: read them before the next call."""
-        if key not in self.graphs:
-            static = {name: t.clone() for name, t in inputs.items()}
-            outs, graph = self.record(lambda: fn(**static), f"capture {key}")
+        fresh = {name: torch.empty_like(t) for name, t in inputs.items()} if key not in self.graphs else None
+        static = fresh or self.graphs[key][0]
+        for name, t in inputs.items():
+            static[name].copy_(t)
+        return self.run(key, static, lambda: fn(**static), f"capture {key}")
+
+    def run(self, key, static, step: Callable[[], tuple], what: str) -> tuple[torch.Tensor, ...]:
+        """`step` over the key's staged static inputs: captured on its first call, then replayed (eager: rerun)."""
+        _, graph, outs = self.graphs.get(key, (static, None, None))
+        if outs is None:
+            outs, graph = self.record(step, what)
             self.graphs[key] = (static, graph, outs)
+        elif graph is not None:
+            graph.replay()
         else:
-            static, graph, outs = self.graphs[key]
-            for name, t in inputs.items():
-                static[name].copy_(t)
-            if graph is not None:
-                graph.replay()
-            else:
-                outs = fn(**static)
+            outs = step()
         self.replays += 1
         return outs
 

@@ -169,15 +169,6 @@ class XSpecMeshHeads(nn.Module):
             return self.heads[d](hidden + self.tok[d](emb), kv, hidden)
         return self.heads[d](hidden, kv)
 
-    def features(self, hidden: torch.Tensor, kv: list, emb: torch.Tensor | None = None) -> torch.Tensor:
-        """Head outputs before the LM head: hidden [B, S, dim] (+ emb [B, S, dim]) -> [B, S, D, dim]."""
-        return torch.stack([self.head_features(d, hidden, kv[d], emb) for d in range(self.num_heads)], dim=2)
-
-    def logits(self, hidden: torch.Tensor, kv: list, lm_head: nn.Module, emb: torch.Tensor | None = None
-               ) -> torch.Tensor:
-        """Logits [B, S, D, V]: [..., d - 1, :] is head d's distribution of token s + d + 1."""
-        return lm_head(self.features(hidden, kv, emb))
-
     def stacked(self) -> "StackedHeads":
         """Detached copies of the weights stacked for one-row decoding (see StackedHeads)."""
         hs, cfg = list(self.heads), self.cfg
@@ -204,7 +195,7 @@ class XSpecMeshHeads(nn.Module):
 @dataclass(frozen=True)
 class StackedHeads:
     """The D head bodies' weights stacked along a leading D axis, input-major [D, in, out], for decoding one row:
-    `features` equals `XSpecMeshHeads.features` on one hidden state with each layer of all D heads one `bmm`.
+    `features` equals the D `XSpecMeshHeads.head_features` on one hidden state with each layer of all D heads one `bmm`.
     Built per generation (`XSpecMeshHeads.stacked`), so it reflects the current weights; inference only."""
 
     kind: str
@@ -297,7 +288,3 @@ def rows_times(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 def stacked_res(z: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """One ResBlock of each of the D heads at once: z [D, dim], w [D, dim (in), dim (out)], b [D, dim] -> [D, dim]."""
     return z + F.silu(torch.baddbmm(b.unsqueeze(1), z.unsqueeze(1), w).squeeze(1))
-
-
-def build_heads(**kwargs) -> XSpecMeshHeads:
-    return XSpecMeshHeads(**kwargs)

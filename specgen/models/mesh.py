@@ -155,7 +155,3 @@ class MeshGPT(nn.Module):
         b, s = tokens.shape
         pos = torch.arange(start, start + s, device=tokens.device).expand(b, s)
         return self.decoder.hidden_states(self.decoder.tok_embeddings(tokens), pos, cache)
-
-
-def build_mesh_gpt(decoder: dict, encoder: dict) -> MeshGPT:
-    return MeshGPT(decoder, encoder)

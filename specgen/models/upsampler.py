@@ -79,28 +79,22 @@ class ResBlock(nn.Module):
         return x + self.conv2(F.silu(self.norm2(self.conv1(F.silu(self.norm1(x))))))
 
 
-class UpStage(nn.Module):
-    """Residual blocks, conv C -> 4C, PixelShuffle(2): [B, C, h, w] -> [B, C, 2h, 2w]."""
+class Stage(nn.Module):
+    """Residual blocks, then up (conv C -> 4C, PixelShuffle(2): h, w -> 2h, 2w; key `expand`) or down
+    (PixelUnshuffle(2), conv 4C -> C: H, W -> H/2, W/2; key `reduce`)."""
 
-    def __init__(self, c: int, blocks: int, kernel: int) -> None:
+    def __init__(self, c: int, blocks: int, kernel: int, up: bool) -> None:
         super().__init__()
         self.blocks = nn.Sequential(*[ResBlock(c, kernel) for _ in range(blocks)])
-        self.expand = RowCausalConv2d(c, 4 * c, kernel)
+        self.up = up
+        if up:
+            self.expand = RowCausalConv2d(c, 4 * c, kernel)
+        else:
+            self.reduce = RowCausalConv2d(4 * c, c, kernel)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.pixel_shuffle(self.expand(self.blocks(x)), 2)
-
-
-class DownStage(nn.Module):
-    """Residual blocks, PixelUnshuffle(2), conv 4C -> C: [B, C, H, W] -> [B, C, H/2, W/2]."""
-
-    def __init__(self, c: int, blocks: int, kernel: int) -> None:
-        super().__init__()
-        self.blocks = nn.Sequential(*[ResBlock(c, kernel) for _ in range(blocks)])
-        self.reduce = RowCausalConv2d(4 * c, c, kernel)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.reduce(F.pixel_unshuffle(self.blocks(x), 2))
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, C, h, w] -> [B, C, 2h, 2w] or [B, C, h/2, w/2]
+        x = self.blocks(x)
+        return F.pixel_shuffle(self.expand(x), 2) if self.up else self.reduce(F.pixel_unshuffle(x, 2))
 
 
 class Resampler(nn.Module):
@@ -109,10 +103,9 @@ class Resampler(nn.Module):
     def __init__(self, cfg: UpsamplerConfig, direction: str) -> None:
         super().__init__()
         c, k = cfg.channels, cfg.kernel
-        stage = UpStage if direction == "up" else DownStage
         self.direction = direction
         self.stem = RowCausalConv2d(cfg.embed_dim, c, k)
-        self.stages = nn.ModuleList([stage(c, cfg.blocks, k) for _ in range(cfg.stages)])
+        self.stages = nn.ModuleList([Stage(c, cfg.blocks, k, direction == "up") for _ in range(cfg.stages)])
         self.post = nn.Sequential(*[ResBlock(c, k) for _ in range(cfg.blocks)])
         self.norm_out = ChannelNorm(c)
         self.head = RowCausalConv2d(c, cfg.embed_dim, k)

@@ -139,19 +139,44 @@ class Upsample(nn.Module):
 
 
 class _Level(nn.Module):
-    """One resolution level: `res.{j}`, `attn.{j}` (lowest resolution only) and an optional resampler."""
+    """One resolution level: `res.{j}`, `attn.{j}` (lowest resolution only), then its resampler when it has one
+    (`downsample` in the encoder, `upsample` in the decoder: LlamaGen's keys)."""
 
-    def __init__(self, res: list[nn.Module], attn: list[nn.Module]) -> None:
+    def __init__(self, res: list[nn.Module], attn: list[nn.Module], resample: str | None, channels: int) -> None:
         super().__init__()
         self.res = nn.ModuleList(res)
         self.attn = nn.ModuleList(attn)
+        self.resample = resample
+        if resample is not None:
+            setattr(self, resample, RESAMPLERS[resample](channels))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for j, block in enumerate(self.res):
             x = block(x)
             if len(self.attn):
                 x = self.attn[j](x)
-        return x
+        return x if self.resample is None else getattr(self, self.resample)(x)
+
+
+RESAMPLERS = {"downsample": Downsample, "upsample": Upsample}
+
+
+def _levels(cfg: VQConfig, c: int, encoder: bool) -> tuple[nn.ModuleList, int]:
+    """`conv_blocks` and their output channels: the encoder's from the full resolution down, each level but the last
+    downsampling; the decoder's from the lowest up (one more block per level), each but the last upsampling."""
+    mult = cfg.encoder_ch_mult if encoder else cfg.decoder_ch_mult
+    last = len(mult) - 1
+    blocks = nn.ModuleList()
+    for level in range(last + 1) if encoder else reversed(range(last + 1)):
+        res, attn = [], []
+        for _ in range(cfg.num_res_blocks + (0 if encoder else 1)):
+            res.append(ResnetBlock(c, cfg.ch * mult[level], cfg.norm_groups, cfg.dropout_p))
+            c = cfg.ch * mult[level]
+            if level == last:
+                attn.append(AttnBlock(c, cfg.norm_groups))
+        resample = None if level == (last if encoder else 0) else "downsample" if encoder else "upsample"
+        blocks.append(_Level(res, attn, resample, c))
+    return blocks, c
 
 
 def _mid(channels: int, groups: int, dropout: float) -> nn.ModuleList:
@@ -166,33 +191,15 @@ class Encoder(nn.Module):
 
     def __init__(self, cfg: VQConfig) -> None:
         super().__init__()
-        g, p, mult = cfg.norm_groups, cfg.dropout_p, cfg.encoder_ch_mult
         self.conv_in = nn.Conv2d(3, cfg.ch, 3, padding=1)
-        self.conv_blocks = nn.ModuleList()
-        c = cfg.ch
-        for level, m in enumerate(mult):
-            last = level == len(mult) - 1
-            res, attn = [], []
-            for _ in range(cfg.num_res_blocks):
-                res.append(ResnetBlock(c, cfg.ch * m, g, p))
-                c = cfg.ch * m
-                if last:
-                    attn.append(AttnBlock(c, g))
-            block = _Level(res, attn)
-            if not last:
-                block.downsample = Downsample(c)
-            self.conv_blocks.append(block)
-        self.mid = _mid(c, g, p)
-        self.norm_out = _norm(c, g)
+        self.conv_blocks, c = _levels(cfg, cfg.ch, encoder=True)
+        self.mid = _mid(c, cfg.norm_groups, cfg.dropout_p)
+        self.norm_out = _norm(c, cfg.norm_groups)
         self.conv_out = nn.Conv2d(c, cfg.z_channels, 3, padding=1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.conv_in(x)
-        for block in self.conv_blocks:
-            h = block(h)
-            if hasattr(block, "downsample"):
-                h = block.downsample(h)
-        for m in self.mid:
+        for m in (*self.conv_blocks, *self.mid):
             h = m(h)
         return self.conv_out(F.silu(self.norm_out(h)))
 
@@ -202,33 +209,17 @@ class Decoder(nn.Module):
 
     def __init__(self, cfg: VQConfig) -> None:
         super().__init__()
-        g, p, mult = cfg.norm_groups, cfg.dropout_p, cfg.decoder_ch_mult
-        c = cfg.ch * mult[-1]
+        c = cfg.ch * cfg.decoder_ch_mult[-1]
         self.conv_in = nn.Conv2d(cfg.z_channels, c, 3, padding=1)
-        self.mid = _mid(c, g, p)
-        self.conv_blocks = nn.ModuleList()
-        for level in reversed(range(len(mult))):
-            res, attn = [], []
-            for _ in range(cfg.num_res_blocks + 1):
-                res.append(ResnetBlock(c, cfg.ch * mult[level], g, p))
-                c = cfg.ch * mult[level]
-                if level == len(mult) - 1:
-                    attn.append(AttnBlock(c, g))
-            block = _Level(res, attn)
-            if level != 0:
-                block.upsample = Upsample(c)
-            self.conv_blocks.append(block)
-        self.norm_out = _norm(c, g)
+        self.mid = _mid(c, cfg.norm_groups, cfg.dropout_p)
+        self.conv_blocks, c = _levels(cfg, c, encoder=False)
+        self.norm_out = _norm(c, cfg.norm_groups)
         self.conv_out = nn.Conv2d(c, 3, 3, padding=1)
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         h = self.conv_in(z)
-        for m in self.mid:
+        for m in (*self.mid, *self.conv_blocks):
             h = m(h)
-        for block in self.conv_blocks:
-            h = block(h)
-            if hasattr(block, "upsample"):
-                h = block.upsample(h)
         return self.conv_out(F.silu(self.norm_out(h)))
 
 

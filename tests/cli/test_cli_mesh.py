@@ -128,7 +128,7 @@ def test_bad_point_clouds(tiny, tmp_path):
     np.save(tmp_path / "shape.npy", np.random.rand(300, 4))
     base = ["generate", "--method", "ar", "--model", "tiny-mesh", "max_new_tokens=5"]
     one_error_line(invoke(*base, "--point-clouds", tmp_path / "nan.npy"), 2, "NaN")
-    one_error_line(invoke(*base, "--point-clouds", tmp_path / "shape.npy"), 2, "[N, 3] or [N, 6]")
+    one_error_line(invoke(*base, "--point-clouds", tmp_path / "shape.npy"), 2, "[N, 6] (points and normals)")
     one_error_line(invoke(*base, "--point-clouds", tmp_path / "missing.npy"), 2, "no such file")
     empty = tmp_path / "empty"
     empty.mkdir()

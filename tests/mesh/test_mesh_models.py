@@ -13,6 +13,11 @@ from specgen.train.lora import apply_lora, lora_state, merge_lora, merge_lora_st
 from tests.mesh.mesh_fixtures import NUM_POINTS, register_tiny, tiny_heads, tiny_mesh_model
 
 
+def all_features(heads, hidden, kv, emb=None):
+    """Every head's `head_features` (the training path) stacked: [B, S, D, dim]."""
+    return torch.stack([heads.head_features(d, hidden, kv[d], emb) for d in range(heads.num_heads)], dim=2)
+
+
 def test_cached_decoding_matches_teacher_forcing():
     torch.manual_seed(0)
     model = tiny_mesh_model()
@@ -35,7 +40,7 @@ def test_untrained_heads_start_as_the_backbone_head(token_input, res_layers, his
     model = tiny_mesh_model()
     heads = tiny_heads(scramble=False, token_input=token_input, res_layers=res_layers, history=history)
     h, cond, emb = torch.randn(2, 3, 32), torch.randn(2, 8, 32), torch.randn(2, 3, 32)
-    out = heads.logits(h, heads.context_kv(cond), model.decoder.output, emb)  # [B, S, D, V]
+    out = model.decoder.output(all_features(heads, h, heads.context_kv(cond), emb))  # [B, S, D, V]
     assert out.shape == (2, 3, 3, 5121)
     torch.testing.assert_close(out[:, :, 1], model.decoder.output(h))
 
@@ -44,10 +49,10 @@ def test_token_input_heads_read_the_next_token():
     heads, h, cond = tiny_heads(token_input=True), torch.randn(1, 2, 32), torch.randn(1, 8, 32)
     kv = heads.context_kv(cond)
     with torch.no_grad():
-        a, b = heads.features(h, kv, torch.randn(1, 2, 32)), heads.features(h, kv, torch.randn(1, 2, 32))
+        a, b = all_features(heads, h, kv, torch.randn(1, 2, 32)), all_features(heads, h, kv, torch.randn(1, 2, 32))
     assert not torch.allclose(a, b)  # the embedding moves every head
     with pytest.raises(ValueError, match="token_input"):
-        heads.features(h, kv)
+        all_features(heads, h, kv)
 
 
 PLAIN_VARIANTS = [(False, 1, 0), (True, 1, 0), (False, 3, 0), (True, 2, 0)]
@@ -65,7 +70,7 @@ def test_stacked_heads_equal_the_per_head_modules(kind, token_input, res_layers,
                 p.normal_(std=0.5)
     seq, cond, emb = torch.randn(1, 5, 32), torch.randn(1, 8, 32), torch.randn(1, 5, 32)
     with torch.no_grad():
-        ref = heads.features(seq, heads.context_kv(cond), emb)[0, -1]  # [D, dim]
+        ref = all_features(heads, seq, heads.context_kv(cond), emb)[0, -1]  # [D, dim]
         stacked = heads.stacked()
         past = stacked.project_history(seq[0].flip(0)) if history else None  # the loop's window, newest first
         got = stacked.features(seq[0, -1:], stacked.context_kv(heads.context_kv(cond)), emb[0, -1:], past)
@@ -78,10 +83,10 @@ def test_history_heads_read_earlier_hidden_states_only():
     kv = heads.context_kv(cond)
     seq = torch.randn(1, 6, 32)
     with torch.no_grad():
-        base = heads.features(seq, kv)
+        base = all_features(heads, seq, kv)
         moved = seq.clone()
         moved[0, 2] += 1.0
-        out = heads.features(moved, kv)
+        out = all_features(heads, moved, kv)
     changed = [bool(not torch.allclose(out[0, s], base[0, s])) for s in range(6)]
     assert changed == [False, False, True, True, False, False]
     with pytest.raises(ValueError, match="history"):

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Protocol
 
 import numpy as np
 
 from specgen.mesh.errors import MeshDecodeError, MeshInputError
-from specgen.mesh.quantize import QuantizedMesh, dequantize, quantize_mesh
+from specgen.mesh.quantize import dequantize, quantize_mesh, unique_rows_in_order
 from specgen.mesh.types import as_mesh
 
 
@@ -40,41 +40,24 @@ class MeshTokenizer(Protocol):
     def decode_partial(self, tokens: object) -> DecodedMesh: ...
 
 
-def prepare_input(vertices: object, faces: object, bits: int) -> QuantizedMesh:
-    """Validate, quantise and clean a mesh in [-1, 1] for encoding (BPT would clip outside it; we refuse)."""
+def canonical_mesh(vertices: object, faces: object, bits: int, order: Callable[[np.ndarray], np.ndarray]
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """A mesh in [-1, 1] quantised for encoding (BPT would clip outside it; we refuse) in a tokenizer's canonical
+    order: vertices sorted by `order` (integer coords [V, 3] -> permutation [V]), each face rotated so its lowest index
+    comes first (winding kept), faces stably sorted by their ascending index tuple (PolyGen/BPT face order)."""
     mesh = as_mesh(vertices, faces)
     if mesh.num_vertices and np.abs(mesh.vertices).max() > 1.0:
-        raise MeshInputError(
-            "coordinates must lie in [-1, 1]; normalise the mesh with normalize_bbox first"
-        )
+        raise MeshInputError("coordinates must lie in [-1, 1]; normalise the mesh with normalize_bbox first")
     q = quantize_mesh(mesh.vertices, mesh.faces, bits)
     if len(q.faces) == 0:
         raise MeshInputError("mesh has no non-degenerate faces after quantisation")
-    return q
-
-
-def rotate_lowest_first(faces: np.ndarray) -> np.ndarray:
-    """Rotate each face cyclically so its lowest index comes first (winding kept). [F, 3]."""
-    f = np.asarray(faces, dtype=np.int64).reshape(-1, 3)
-    shift = np.argmin(f, axis=1)  # [F]
-    cols = (shift[:, None] + np.arange(3)[None, :]) % 3  # [F, 3]
-    return np.take_along_axis(f, cols, axis=1)
-
-
-def sort_faces_by_sorted_indices(faces: np.ndarray) -> np.ndarray:
-    """Stable sort of faces by their ascending index tuple (PolyGen/BPT face order). [F, 3]."""
-    s = np.sort(faces, axis=1)  # [F, 3]
-    order = np.lexsort((s[:, 2], s[:, 1], s[:, 0]))  # lexsort is stable
-    return faces[order]
-
-
-def reorder_vertices(
-    coords: np.ndarray, faces: np.ndarray, order: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Apply a vertex permutation: new vertex i is old vertex ``order[i]``; faces remapped."""
-    rank = np.empty(len(order), dtype=np.int64)
-    rank[order] = np.arange(len(order))
-    return coords[order], rank[faces]
+    perm = order(q.coords)
+    rank = np.empty(len(perm), dtype=np.int64)  # new vertex i is old vertex perm[i]
+    rank[perm] = np.arange(len(perm))
+    f = rank[q.faces]  # [F, 3]
+    f = np.take_along_axis(f, (np.argmin(f, axis=1)[:, None] + np.arange(3)[None, :]) % 3, axis=1)
+    s = np.sort(f, axis=1)  # [F, 3]
+    return q.coords[perm], f[np.lexsort((s[:, 2], s[:, 1], s[:, 0]))]  # lexsort is stable
 
 
 def as_token_array(tokens: object) -> np.ndarray:
@@ -100,16 +83,16 @@ def triangles_to_mesh(corners: np.ndarray, bits: int) -> tuple[np.ndarray, np.nd
     flat = np.asarray(corners, dtype=np.int64).reshape(-1, 3)  # [3T, 3]
     if len(flat) == 0:
         return np.zeros((0, 3)), np.zeros((0, 3), dtype=np.int64)
-    unique, first, inverse = np.unique(flat, axis=0, return_index=True, return_inverse=True)
-    order = np.argsort(first)  # unique rows by first appearance
-    rank = np.empty(len(order), dtype=np.int64)
-    rank[order] = np.arange(len(order))
-    faces = rank[inverse.reshape(-1)].reshape(-1, 3)
-    return dequantize(unique[order], bits), faces
+    unique, index = unique_rows_in_order(flat)
+    return dequantize(unique, bits), index.reshape(-1, 3)
 
 
-def raise_first(decoded: DecodedMesh) -> tuple[np.ndarray, np.ndarray]:
-    """Strict decode: raise the earliest error, else return (vertices, faces)."""
-    if decoded.errors:
-        raise decoded.errors[0]
-    return decoded.vertices, decoded.faces
+class StrictDecode:
+    """`decode` from a tokenizer's tolerant `decode_partial`."""
+
+    def decode(self, tokens: object) -> tuple[np.ndarray, np.ndarray]:
+        """Strict decode -> (vertices [V, 3] float64, faces [F, 3] int64); raises the earliest MeshDecodeError."""
+        decoded = self.decode_partial(tokens)
+        if decoded.errors:
+            raise decoded.errors[0]
+        return decoded.vertices, decoded.faces

@@ -11,17 +11,8 @@ from typing import ClassVar
 import numpy as np
 
 from specgen.mesh.errors import MeshDecodeError, MeshInputError
-from specgen.mesh.tokenizers.base import (
-    DecodedMesh,
-    as_token_array,
-    cut_at_eos,
-    prepare_input,
-    raise_first,
-    reorder_vertices,
-    rotate_lowest_first,
-    sort_faces_by_sorted_indices,
-    triangles_to_mesh,
-)
+from specgen.mesh.tokenizers.base import (DecodedMesh, StrictDecode, as_token_array, canonical_mesh, cut_at_eos,
+                                          triangles_to_mesh)
 
 #: Coarse blocks per axis for BPT's vertex sort (``block_first_order``: bins // 32 at 7 bits).
 SORT_BLOCKS_PER_AXIS = 4
@@ -93,7 +84,7 @@ def patchify(faces: np.ndarray, num_vertices: int) -> list[list[int]]:
 
 
 @dataclass(frozen=True)
-class BPTTokenizer:
+class BPTTokenizer(StrictDecode):
     """BPT-compatible tokenizer; see the module docstring for the exact scheme."""
 
     block_size: int = 8
@@ -149,9 +140,7 @@ class BPTTokenizer:
         self, vertices: np.ndarray, faces: np.ndarray, *, add_eos: bool = True
     ) -> np.ndarray:
         """Mesh with coordinates in [-1, 1] -> int64 tokens [T] (EOS last when ``add_eos``)."""
-        q = prepare_input(vertices, faces, self.bits)
-        coords, f = reorder_vertices(q.coords, q.faces, bpt_vertex_order(q.coords, self.bits))
-        f = sort_faces_by_sorted_indices(rotate_lowest_first(f))
+        coords, f = canonical_mesh(vertices, faces, self.bits, lambda c: bpt_vertex_order(c, self.bits))
         block, offset = self.block_and_offset(coords)
         tokens: list[int] = []
         current = -1  # last emitted block token (a special block never equals a plain one)
@@ -227,7 +216,3 @@ class BPTTokenizer:
         vertices, faces = triangles_to_mesh(np.asarray(corners).reshape(-1, 3, 3), self.bits)
         errors.sort(key=lambda e: e.position)
         return DecodedMesh(vertices=vertices, faces=faces, errors=tuple(errors))
-
-    def decode(self, tokens: object) -> tuple[np.ndarray, np.ndarray]:
-        """Strict decode -> (vertices [V, 3] float64, faces [F, 3] int64); raises MeshDecodeError."""
-        return raise_first(self.decode_partial(tokens))

@@ -8,24 +8,15 @@ from typing import ClassVar
 import numpy as np
 
 from specgen.mesh.errors import MeshDecodeError, MeshInputError
-from specgen.mesh.tokenizers.base import (
-    DecodedMesh,
-    as_token_array,
-    cut_at_eos,
-    prepare_input,
-    raise_first,
-    reorder_vertices,
-    rotate_lowest_first,
-    sort_faces_by_sorted_indices,
-    triangles_to_mesh,
-)
+from specgen.mesh.tokenizers.base import (DecodedMesh, StrictDecode, as_token_array, canonical_mesh, cut_at_eos,
+                                          triangles_to_mesh)
 
 TOKENS_PER_FACE = 9
 ZYX = [2, 1, 0]  # per-vertex token order: z, y, x
 
 
 @dataclass(frozen=True)
-class NaiveTokenizer:
+class NaiveTokenizer(StrictDecode):
     """Nine tokens per face; see the module docstring."""
 
     bits: int = 7
@@ -55,10 +46,7 @@ class NaiveTokenizer:
         self, vertices: np.ndarray, faces: np.ndarray, *, add_eos: bool = True
     ) -> np.ndarray:
         """Mesh with coordinates in [-1, 1] -> int64 tokens [9F (+1)]."""
-        q = prepare_input(vertices, faces, self.bits)
-        c = q.coords
-        coords, f = reorder_vertices(c, q.faces, np.lexsort((c[:, 0], c[:, 1], c[:, 2])))
-        f = sort_faces_by_sorted_indices(rotate_lowest_first(f))
+        coords, f = canonical_mesh(vertices, faces, self.bits, lambda c: np.lexsort((c[:, 0], c[:, 1], c[:, 2])))
         tokens = coords[f][:, :, ZYX].reshape(-1)  # [F, 3, 3] -> [9F]
         if add_eos:
             tokens = np.append(tokens, self.eos_id)
@@ -86,7 +74,3 @@ class NaiveTokenizer:
         vertices, faces = triangles_to_mesh(good, self.bits)
         errors.sort(key=lambda e: e.position)
         return DecodedMesh(vertices=vertices, faces=faces, errors=tuple(errors))
-
-    def decode(self, tokens: object) -> tuple[np.ndarray, np.ndarray]:
-        """Strict decode -> (vertices [V, 3] float64, faces [F, 3] int64); raises MeshDecodeError."""
-        return raise_first(self.decode_partial(tokens))
