@@ -67,7 +67,7 @@ def ngram_cache_fits(o: O.NgramOptions, tokenizer: Any) -> None:
     """A static n-gram cache must come from the target's tokenizer (its ids would mean other tokens); the
     tokenizer's hash (~60 ms over SmolLM2's vocabulary) is only computed when there is a cache to check."""
     if o.cache:
-        ngram_cache.load(o.cache).check_tokenizer(tokenizer_hash(tokenizer))
+        ngram_cache.check_tokenizer(o.cache, tokenizer_hash(tokenizer))
 
 
 def jacobi(o: O.JacobiOptions, seed: int) -> JacobiDrafter:

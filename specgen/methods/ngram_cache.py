@@ -26,8 +26,6 @@ class NgramCache:
     """n-gram (a tuple of MIN_NGRAM..MAX_NGRAM token ids) -> the token that most often followed it."""
 
     table: dict[tuple[int, ...], int] = field(repr=False)
-    tokenizer: str  # tokenizer_hash of the model whose answers made it
-    source: str  # where it was read from (for messages)
 
     def next_token(self, seq: list[int]) -> int | None:
         """The cached continuation of seq's longest suffix that has one, else None."""
@@ -47,12 +45,6 @@ class NgramCache:
             drafted.append(nxt)
             out.append(nxt)
         return drafted
-
-    def check_tokenizer(self, tokenizer: str) -> None:
-        """One line when the cache was made by another tokenizer than the target's."""
-        if tokenizer != self.tokenizer:
-            raise UsageError(f"n-gram cache {self.source} was made with another tokenizer ({self.tokenizer}) than the "
-                             f"target's ({tokenizer}); build one for this model (python -m specgen.text.ngram_cache)")
 
 
 def build_table(answers: list[list[int]]) -> dict[tuple[int, ...], int]:
@@ -80,20 +72,36 @@ def save(path: Path, answers: list[list[int]], tokenizer: str, how: str) -> None
     save_file({"tokens": torch.tensor(flat, dtype=torch.int32)}, str(path), {"tokenizer": tokenizer, "how": how})
 
 
-@lru_cache(maxsize=4)
-def load(ref: str) -> NgramCache:
-    """A cache by shipped name (`specgen/assets/text/ngram/<name>.safetensors`) or file path; one line if neither."""
+def check_tokenizer(ref: str, tokenizer: str) -> None:
+    """One line when the cache `ref` was made by another tokenizer than the target's (its header only: a refusal
+    builds no table)."""
+    path, made_by = read(ref, tokens=False)[:2]
+    if tokenizer != made_by:
+        raise UsageError(f"n-gram cache {path} was made with another tokenizer ({made_by}) than the target's "
+                         f"({tokenizer}); build one for this model (python -m specgen.text.ngram_cache)")
+
+
+def read(ref: str, tokens: bool = True) -> tuple[Path, str, list[int]]:
+    """(path, tokenizer hash, the token streams joined by -1 when `tokens`) of a cache by shipped name
+    (`specgen/assets/text/ngram/<name>.safetensors`) or file path; one line if neither, or if unreadable."""
     path = SHIPPED / f"{ref}.safetensors" if "/" not in ref and not ref.endswith(".safetensors") else Path(ref)
     if not path.is_file():
         shipped = ", ".join(sorted(p.stem for p in SHIPPED.glob("*.safetensors"))) or "none"
         raise UsageError(f"no n-gram cache {ref!r}: give a shipped name ({shipped}) or a .safetensors file")
     try:
         with safe_open(str(path), "pt") as f:
-            meta, tokens = f.metadata() or {}, f.get_tensor("tokens").tolist()
+            meta, flat = f.metadata() or {}, f.get_tensor("tokens").tolist() if tokens else []
     except Exception as e:  # safetensors raises its own error types for a damaged file
         raise CheckpointError(f"cannot read n-gram cache {path}: {e}") from None
     if "tokenizer" not in meta:
         raise CheckpointError(f"{path} is not an n-gram cache (no tokenizer in its metadata)")
+    return path, meta["tokenizer"], flat
+
+
+@lru_cache(maxsize=4)
+def load(ref: str) -> NgramCache:
+    """The cache `ref` (`read`) with its table built."""
+    tokens = read(ref)[2]
     answers, cur = [], []
     for t in tokens:
         if t < 0:
@@ -101,4 +109,4 @@ def load(ref: str) -> NgramCache:
             cur = []
         else:
             cur.append(t)
-    return NgramCache(build_table(answers + [cur]), meta["tokenizer"], str(path))
+    return NgramCache(build_table(answers + [cur]))
