@@ -5,11 +5,11 @@ Drafts are only proposals: outputs stay exactly the target's, whatever the cache
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
@@ -48,28 +48,44 @@ class NgramCache:
 
 
 def build_table(answers: list[list[int]]) -> dict[tuple[int, ...], int]:
-    """The cache's table from token streams (see the module docstring for what is kept)."""
-    follow: dict[tuple[int, ...], Counter] = {}
-    for seq in answers:
-        for n in range(MIN_NGRAM, MAX_NGRAM + 1):
-            for i in range(len(seq) - n):
-                follow.setdefault(tuple(seq[i : i + n]), Counter())[seq[i + n]] += 1
+    """The cache's table from token streams (see `table_of`)."""
+    return table_of(joined(answers))
+
+
+def joined(answers: list[list[int]]) -> np.ndarray:
+    """Token streams as one int64 array, each followed by -1 (the cache file's layout)."""
+    return np.array([t for seq in answers for t in (*seq, -1)], dtype=np.int64)
+
+
+def table_of(flat: np.ndarray) -> dict[tuple[int, ...], int]:
+    """n-gram -> its continuation for every n-gram of streams `flat` (joined by -1) followed at least MIN_COUNT times
+    and for at least MIN_SHARE of its continuations by one token: the most frequent, ties going to the continuation
+    seen first (a Counter's most_common over the streams in order)."""
     table = {}
-    for key, counts in follow.items():
-        (token, count), total = counts.most_common(1)[0], sum(counts.values())
-        if count >= MIN_COUNT and count >= MIN_SHARE * total:
-            table[key] = token
+    for n in range(MIN_NGRAM, MAX_NGRAM + 1):
+        if len(flat) <= n:
+            continue
+        windows = np.lib.stride_tricks.sliding_window_view(flat, n + 1)  # [M, n + 1]: n-gram, next
+        windows = windows[(windows >= 0).all(axis=1)]  # within one stream
+        if not len(windows):
+            continue
+        seen = np.lexsort((np.arange(len(windows)), *windows.T[::-1]))  # [M]: by n-gram, next, then position
+        starts = np.flatnonzero(np.r_[True, (windows[seen[1:]] != windows[seen[:-1]]).any(axis=1)])  # [P]
+        pairs, first = windows[seen[starts]], seen[starts]  # each (n-gram, next) once [P, n + 1], where seen first
+        counts = np.diff(np.r_[starts, len(seen)])  # [P]
+        group = np.cumsum(np.r_[True, (pairs[1:, :n] != pairs[:-1, :n]).any(axis=1)]) - 1  # [P]: each pair's n-gram
+        totals = np.bincount(group, weights=counts)  # [G]
+        order = np.lexsort((first, -counts, group))  # per n-gram: most frequent first, then seen first
+        best = order[np.r_[True, group[order][1:] != group[order][:-1]]]  # [G]
+        keep = best[(counts[best] >= MIN_COUNT) & (counts[best] >= MIN_SHARE * totals[group[best]])]
+        table.update((tuple(row[:n]), row[n]) for row in pairs[keep].tolist())
     return table
 
 
 def save(path: Path, answers: list[list[int]], tokenizer: str, how: str) -> None:
     """Write answers (token streams) as a cache file."""
-    flat: list[int] = []
-    for seq in answers:
-        flat.extend(seq)
-        flat.append(-1)
     path.parent.mkdir(parents=True, exist_ok=True)
-    save_file({"tokens": torch.tensor(flat, dtype=torch.int32)}, str(path), {"tokenizer": tokenizer, "how": how})
+    save_file({"tokens": torch.from_numpy(joined(answers)).int()}, str(path), {"tokenizer": tokenizer, "how": how})
 
 
 def check_tokenizer(ref: str, tokenizer: str) -> None:
@@ -81,7 +97,7 @@ def check_tokenizer(ref: str, tokenizer: str) -> None:
                          f"({tokenizer}); build one for this model (python -m specgen.text.ngram_cache)")
 
 
-def read(ref: str, tokens: bool = True) -> tuple[Path, str, list[int]]:
+def read(ref: str, tokens: bool = True) -> tuple[Path, str, np.ndarray]:
     """(path, tokenizer hash, the token streams joined by -1 when `tokens`) of a cache by shipped name
     (`specgen/assets/text/ngram/<name>.safetensors`) or file path; one line if neither, or if unreadable."""
     path = SHIPPED / f"{ref}.safetensors" if "/" not in ref and not ref.endswith(".safetensors") else Path(ref)
@@ -90,7 +106,8 @@ def read(ref: str, tokens: bool = True) -> tuple[Path, str, list[int]]:
         raise UsageError(f"no n-gram cache {ref!r}: give a shipped name ({shipped}) or a .safetensors file")
     try:
         with safe_open(str(path), "pt") as f:
-            meta, flat = f.metadata() or {}, f.get_tensor("tokens").tolist() if tokens else []
+            meta = f.metadata() or {}
+            flat = f.get_tensor("tokens").numpy().astype(np.int64) if tokens else np.zeros(0, np.int64)
     except Exception as e:  # safetensors raises its own error types for a damaged file
         raise CheckpointError(f"cannot read n-gram cache {path}: {e}") from None
     if "tokenizer" not in meta:
@@ -101,12 +118,4 @@ def read(ref: str, tokens: bool = True) -> tuple[Path, str, list[int]]:
 @lru_cache(maxsize=4)
 def load(ref: str) -> NgramCache:
     """The cache `ref` (`read`) with its table built."""
-    tokens = read(ref)[2]
-    answers, cur = [], []
-    for t in tokens:
-        if t < 0:
-            answers.append(cur)
-            cur = []
-        else:
-            cur.append(t)
-    return NgramCache(build_table(answers + [cur]))
+    return NgramCache(table_of(read(ref)[2]))

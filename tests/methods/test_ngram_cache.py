@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import random
+from collections import Counter
+
 import pytest
 import torch
 from safetensors.torch import save_file
 
-from tests.conftest import decode
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.stats import DecodeStats
 from specgen.decoding.target import ModelTarget
@@ -14,7 +16,7 @@ from specgen.errors import CheckpointError, UsageError
 from specgen.methods import get_method
 from specgen.methods import ngram_cache as C
 from specgen.methods.text import EmptyDrafter, NgramDrafter
-from tests.conftest import tiny_model
+from tests.conftest import decode, tiny_model
 
 
 def test_a_continuation_is_kept_only_when_seen_often_and_mostly():
@@ -24,6 +26,26 @@ def test_a_continuation_is_kept_only_when_seen_often_and_mostly():
     assert (8, 9) not in table  # 1 and 2, once each: neither is the most common often enough
     assert C.build_table([[1, 2, 3], [1, 2, 4], [1, 2, 5], [1, 2, 3]])[(1, 2)] == 3  # 2 of 4: share 0.5 is enough
     assert (1, 2) not in C.build_table([[1, 2, 3], [1, 2, 3], [1, 2, 4], [1, 2, 5], [1, 2, 6]])  # 2 of 5
+
+
+def counted(answers: list[list[int]]) -> dict[tuple[int, ...], int]:
+    """The rule written plainly: a Counter per n-gram over the streams in order (its ties go to the first seen)."""
+    follow: dict[tuple[int, ...], Counter] = {}
+    for seq in answers:
+        for n in range(C.MIN_NGRAM, C.MAX_NGRAM + 1):
+            for i in range(len(seq) - n):
+                follow.setdefault(tuple(seq[i : i + n]), Counter())[seq[i + n]] += 1
+    return {key: tok for key, counts in follow.items() for tok, count in counts.most_common(1)
+            if count >= C.MIN_COUNT and count >= C.MIN_SHARE * sum(counts.values())}
+
+
+def test_the_table_is_the_plain_rule_on_random_streams_with_ties():
+    rng = random.Random(0)
+    for _ in range(200):  # small vocabularies make ties at a share of exactly 0.5; a large one, token ids > 2^15
+        vocab = rng.choice([2, 3, 5, 50_000])
+        answers = [[rng.randrange(vocab) for _ in range(rng.randrange(40))] for _ in range(rng.randrange(12))]
+        assert C.build_table(answers) == counted(answers)
+    assert C.build_table([[1, 2, 3, 1, 2, 4, 1, 2, 4, 1, 2, 3]])[(1, 2)] == 3  # 2 each: the first seen wins
 
 
 def test_drafts_follow_the_longest_n_gram_with_an_entry():
