@@ -20,8 +20,8 @@ import torch.nn.functional as F
 
 from specgen.decoding.sampling import SamplingParams
 from specgen.data import humaneval
-from specgen.decoding.loop import decode
-from specgen.methods import get_method
+from specgen.methods import run_batch
+from specgen.methods.text import EmptyDrafter
 from specgen.models import transformer as T
 from specgen.text.target import load_text_model
 
@@ -104,8 +104,8 @@ def main() -> None:
             for name in speed:
                 use(name)
                 t = time.perf_counter()
-                out = decode(tm.target, get_method("ar").make_drafter({}), ids, 64, SamplingParams(),
-                                  tm.tokenizer.stop_ids)
+                out = run_batch(tm.target, lambda i: EmptyDrafter(), [ids], 64, SamplingParams(),
+                                tm.tokenizer.stop_ids).results[0]
                 speed[name].append(len(out.tokens) / (time.perf_counter() - t))
     use("invariant")
     for name, v in speed.items():

@@ -1,6 +1,6 @@
 """Batched AR throughput of SmolLM2-135M's shape on a GPU: specgen's batched loop vs transformers' batched `generate`.
 
-What it answers: on a CUDA device, does the batched core (`decode_batch`, empty drafter = AR) keep up with
+What it answers: on a CUDA device, does the batched core (`run_batch`, empty drafter = AR) keep up with
 `transformers` at batch 1 / 4 / 16 / 64, and what does a B-row step cost relative to one row (c(B))?
 
 The weights are random (seeded) in SmolLM2-135M-Instruct's shape unless `--gguf` names the real file: the model
@@ -17,31 +17,24 @@ from __future__ import annotations
 import argparse
 import json
 import random
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from specgen.decoding.cost import PREFIX, measure_cost
-from specgen.decoding.loop import decode_batch
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.target import ModelTarget
 from specgen.devices import now
-from specgen.eval.text_bench import hf_batch_runs
+from specgen.eval.hf_rows import HfGenerate
+from specgen.eval.peers import PeerSetup
+from specgen.methods import run_batch
 from specgen.methods.text import EmptyDrafter
-from specgen.models.hf_export import to_hf
 from specgen.models.transformer import Transformer, TransformerConfig
+from specgen.text.target import TextModel
 
 # SmolLM2-135M-Instruct (its GGUF's metadata)
 SMOLLM2 = TransformerConfig(vocab_size=49152, dim=576, n_layers=30, n_heads=9, n_kv_heads=3, ffn_dim=1536,
                             norm_eps=1e-5, rope_theta=100000.0, max_seq_len=2048, tie_embeddings=True)
-
-
-@dataclass(frozen=True)
-class HFArgs:
-    """The one field of TextBenchConfig that `hf_batch_runs` reads."""
-
-    max_new_tokens: int
 
 
 def model_of(args) -> Transformer:
@@ -103,7 +96,12 @@ def main() -> None:
     model = model_of(args).to(device=args.device, dtype=dtype).eval()
     target = ModelTarget(model)
     target.device = args.device
-    hf = to_hf(model).to(device=args.device, dtype=dtype).eval()
+    def hf_rows(new: int) -> HfGenerate:  # transformers' generate on the same weights (no tokenizer: no stop token)
+        setup = PeerSetup("hf", TextModel(model, target, None, None), {}, new, (), 0, args.device)
+        peer = HfGenerate(setup)
+        peer.module = peer.module.to(device=args.device, dtype=dtype).eval()
+        return peer
+
     batches = [int(b) for b in args.batches.split(",")]
     curve = measure_cost(model, rows=tuple(sorted({1, *batches})))
     print(f"device {torch.cuda.get_device_name() if 'cuda' in args.device else args.device}, dtype {args.dtype}, "
@@ -116,12 +114,12 @@ def main() -> None:
     rows, base = [], None
     for b in batches:
         prompts = prompts_of(max(4, 2 * b), (64, 256), SMOLLM2.vocab_size)
-        decode_batch(target, lambda i: EmptyDrafter(), prompts[:b], 4, SamplingParams(), batch_size=b)  # warm-up
+        run_batch(target, lambda i: EmptyDrafter(), prompts[:b], 4, SamplingParams(), batch_size=b)  # warm-up
         t0 = now(args.device)
-        res = decode_batch(target, lambda i: EmptyDrafter(), prompts, args.new, SamplingParams(), batch_size=b)
+        res = run_batch(target, lambda i: EmptyDrafter(), prompts, args.new, SamplingParams(), batch_size=b)
         ours_s = now(args.device) - t0
-        hf_batch_runs(hf, prompts[:b], b, HFArgs(4), ())  # warm-up
-        runs, hf_s = hf_batch_runs(hf, prompts, b, HFArgs(args.new), ())
+        hf_rows(4).batch(prompts[:b], b)  # warm-up
+        runs, hf_s = hf_rows(args.new).batch(prompts, b)
         tokens = len(prompts) * args.new
         exact = sum(r.tokens == h.tokens for r, h in zip(res.results, runs)) / len(prompts)
         row = {"batch": b, "prompts": len(prompts), "specgen_tok_s": tokens / ours_s, "hf_tok_s": tokens / hf_s,

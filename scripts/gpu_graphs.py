@@ -27,10 +27,10 @@ import warnings
 
 import torch
 
-from specgen.decoding.loop import decode_batch
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.target import ModelTarget
 from specgen.devices import synchronize
+from specgen.methods import run_batch
 from specgen.methods.text import EmptyDrafter, NgramDrafter
 from specgen.models import graphs
 from specgen.models.transformer import Transformer, TransformerConfig
@@ -93,7 +93,7 @@ def text_rows(new: int) -> None:
     prompts = prompts_of(4, cfg.vocab_size)
 
     def run(drafter, ps, b=1, n=new):
-        return decode_batch(target, lambda i: drafter(), ps, n, SamplingParams(), batch_size=b)
+        return run_batch(target, lambda i: drafter(), ps, n, SamplingParams(), batch_size=b)
 
     attach(model, "off")
     run(EmptyDrafter, prompts[:1], n=4)
@@ -254,7 +254,7 @@ def attention_rows(new: int = 64) -> None:
     prompts, big = prompts_of(4, cfg.vocab_size), prompts_of(16, cfg.vocab_size, seed=1)
     for attention in ("chunked", "sdpa"):
         graphs.attach(model, "on", capture=None if DEVICE == "cuda" else False, attention=attention)
-        run = lambda ps, b: decode_batch(target, lambda i: EmptyDrafter(), ps, new, SamplingParams(),  # noqa: E731
+        run = lambda ps, b: run_batch(target, lambda i: EmptyDrafter(), ps, new, SamplingParams(),  # noqa: E731
                                          batch_size=b)
         run(prompts[:1], 1)
         _, s1 = timed(lambda: run(prompts, 1))

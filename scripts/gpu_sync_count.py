@@ -26,10 +26,10 @@ from pathlib import Path
 import torch
 
 import specgen.devices as devices
-from specgen.decoding.loop import decode_batch
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.stats import DecodeStats
 from specgen.decoding.target import ModelTarget
+from specgen.methods import run_batch
 from specgen.methods.text import EmptyDrafter, JacobiDrafter, NgramDrafter
 from specgen.models.transformer import Transformer, TransformerConfig
 from specgen.request import parse_request
@@ -114,7 +114,7 @@ def text_cases(device: str) -> dict:
     def run(make, b: int, temperature: float):
         params = SamplingParams(temperature)
         gens = [torch.Generator().manual_seed(i) for i in range(b)]
-        return lambda: decode_batch(target, lambda i: make(), prompts[:b], 48, params, generators=gens).stats
+        return lambda: run_batch(target, lambda i: make(), prompts[:b], 48, params, generators=gens).stats
 
     return {"text ar B1 T0": run(EmptyDrafter, 1, 0.0), "text ar B4 T0": run(EmptyDrafter, 4, 0.0),
             "text ar B1 T1": run(EmptyDrafter, 1, 1.0), "text ngram B1 T0": run(NgramDrafter, 1, 0.0),

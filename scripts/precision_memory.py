@@ -27,12 +27,12 @@ if spec == "llamacpp":
     print(json.dumps({"spec": spec, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 else:
     from specgen.decoding.sampling import SamplingParams
-    from specgen.decoding.loop import decode
-    from specgen.methods import get_method
+    from specgen.methods import run_batch
+    from specgen.methods.text import EmptyDrafter
     from specgen.text.target import load_text_model
     tm = load_text_model(spec)
     ids = tm.tokenizer.encode(humaneval.build_user_message(humaneval.load_problems(1, 0)[0]))
-    decode(tm.target, get_method("ar").make_drafter({}), ids, 64, SamplingParams(), tm.tokenizer.stop_ids)
+    run_batch(tm.target, lambda i: EmptyDrafter(), [ids], 64, SamplingParams(), tm.tokenizer.stop_ids)
     print(json.dumps({"spec": spec, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
 

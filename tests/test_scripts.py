@@ -1,0 +1,36 @@
+"""Every script in scripts/ (the GPU check's steps among them) still imports against today's specgen."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+IMPORT_ALL = """
+import importlib.util, pathlib, sys
+folder = pathlib.Path(sys.argv[1])
+sys.path.insert(0, str(folder))  # scripts import their neighbours by name
+for path in sorted(folder.glob("*.py")):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    sys.modules[path.stem] = module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)  # a script's work runs under `__main__` only
+    except Exception as e:
+        print(f"{path.name}: {type(e).__name__}: {e}")
+"""
+
+
+def broken_scripts(folder: Path) -> list[str]:
+    out = subprocess.run([sys.executable, "-c", IMPORT_ALL, str(folder)], capture_output=True, text=True, cwd=ROOT,
+                         check=True).stdout
+    return out.splitlines()
+
+
+def test_every_script_imports():
+    assert broken_scripts(ROOT / "scripts") == []
+
+
+def test_a_script_importing_a_name_that_went_is_reported(tmp_path):
+    (tmp_path / "stale.py").write_text("from specgen.decoding.loop import no_such_name\n")
+    assert [line.split(":")[0] for line in broken_scripts(tmp_path)] == ["stale.py"]
