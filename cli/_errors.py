@@ -59,8 +59,8 @@ def command(fn):
             except OSError as e:  # a file system refusal nobody checked for: the path, why, what to do
                 raise fail(os_error_line(e, stdout.failed is e), 1) from None
             except Exception as e:  # unexpected: still one line unless SPECGEN_DEBUG=1
-                if is_cli_control(e):
-                    raise
+                if isinstance(e, (typer.Exit, typer.Abort)) or type(e).__module__.startswith("typer"):
+                    raise  # Typer's own exits and usage errors (its click is private, so matched by module)
                 raise fail(f"{type(e).__name__}: {e}", 1) from None
             finally:
                 sys.stdout = stdout.file
@@ -116,11 +116,6 @@ def silence_stdout() -> None:
         os.dup2(devnull, sys.stdout.fileno())
     except (OSError, ValueError, AttributeError):  # not a real file (tests): nothing to flush
         pass
-
-
-def is_cli_control(e: BaseException) -> bool:
-    """Typer's own exits and usage errors (its click is private, so match by module)."""
-    return isinstance(e, (typer.Exit, typer.Abort)) or type(e).__module__.startswith("typer")
 
 
 class OneLineGroup(TyperGroup):

@@ -136,7 +136,10 @@ def write_rows(out, rows: list[dict], append: bool = False) -> None:
         return
     text = "".join(json.dumps(r, default=str) + "\n" for r in rows)
     try:
-        append_rows(out, text) if append and out.is_file() else create_rows(out, text)
+        if append and out.is_file():
+            append_rows(out, text)
+        elif not write_new(out, text):
+            raise RuntimeFailure(f"--out {out} was created by someone else meanwhile; it was left as it is")
     except OSError as e:
         sys.stdout.write(text)
         sys.stdout.flush()
@@ -151,8 +154,3 @@ def append_rows(out, text: str) -> None:
         os.write(fd, (("\n" if torn else "") + text).encode())
     finally:
         os.close(fd)
-
-
-def create_rows(out, text: str) -> None:
-    if not write_new(out, text):
-        raise RuntimeFailure(f"--out {out} was created by someone else meanwhile; it was left as it is")

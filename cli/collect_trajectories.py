@@ -26,7 +26,7 @@ EPILOG = """examples:
 @command
 def collect_trajectories(
     overrides: OverridesArg = None,
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Output folder (resumed if it holds trajectories).")] = None,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (resumed if it holds trajectories).")] = ...,
     model: ModelOpt = None,
     prompts: Annotated[Optional[str], typer.Option("--prompts", help="'stdlib' (built-in) or a text/JSONL file, datasets folder or parquet file.")] = None,
     limit: Annotated[Optional[int], typer.Option("--limit", help="Use only this many prompts (0 = all).")] = None,
@@ -46,8 +46,6 @@ def collect_trajectories(
     # deferred: start-up (the runs import torch and the models; `specgen --help` and refused flags do without them)
     from cli import collect_runs
 
-    if out is None:
-        raise UsageError("--out FOLDER is required")
     given = dict(model=model, prompts=prompts, limit=limit, block_size=block_size, max_new_tokens=max_new_tokens,
                  seed=seed, device=device, batch_size=batch_size, dtype=dtype)
     if merge:

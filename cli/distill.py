@@ -12,7 +12,6 @@ from cli import _output
 from cli._errors import command
 from cli._options import ConfigOpt, DeviceOpt, ForceOpt, Format, FormatOpt, ModelOpt, OverridesArg, QuietOpt, SeedOpt
 from specgen.config import load_config
-from specgen.errors import UsageError
 
 EPILOG = """examples:
 
@@ -33,7 +32,7 @@ RESUME_LOOSE = ("steps", "max_minutes", "log_every", "ckpt_every", "register", "
 @command
 def distill(
     overrides: OverridesArg = None,
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Run folder: log + checkpoint (resumed if present).")] = None,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Run folder: log + checkpoint (resumed if present).")] = ...,
     trajectories: Annotated[Optional[str], typer.Option("--trajectories", help="Folder from `specgen collect-trajectories`.")] = None,
     model: ModelOpt = None,
     objective: Annotated[Optional[str], typer.Option("--objective", help="pcllm (progressive, one packed forward) or cllm (baseline).")] = None,
@@ -52,8 +51,6 @@ def distill(
     """Train a text target to converge faster under Jacobi decoding; registers the LoRA adapter and merged model."""
     from specgen.train import distill as training, run_folder  # deferred: start-up (torch-free --help)
 
-    if out is None:
-        raise UsageError("--out RUN_FOLDER is required (checkpoint and log go there)")
     cfg = load_config(training.DistillConfig, config, overrides, trajectories=trajectories, model=model,
                       objective=objective, name=name, steps=steps, seed=seed, device=device,
                       mixed_precision=dtype)

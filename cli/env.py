@@ -38,6 +38,8 @@ def env(
 
 def rows(facts: dict) -> list[dict]:
     """The facts as (item, value, detail) rows of one table."""
+    from specgen.decoding.memory import size  # deferred: start-up (torch; `specgen --help` does without it)
+
     cpu, *gpus = facts["devices"]
     t = facts["threads"]
     out = [{"item": "device cpu", "value": cpu["model"], "detail": f"{cpu['arch']}, {cpu['cpus']} cpus"}]
@@ -57,10 +59,3 @@ def rows(facts: dict) -> list[dict]:
              else "every library loads"}]
     return out
 
-
-def size(n: int) -> str:
-    """Bytes in the largest unit that keeps a whole number before the point."""
-    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if n >= 1 << shift:
-            return f"{n / (1 << shift):.1f} {unit}"
-    return f"{n} B"

@@ -4,7 +4,6 @@ A sequence that does not decode is reported (the first bad token) and skipped; e
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -14,6 +13,7 @@ import typer
 from cli import _output
 from cli._errors import command
 from cli._options import Format, FormatOpt, QuietOpt
+from specgen.data.prompts import json_lines, read_text
 from specgen.errors import RuntimeFailure, UsageError
 from specgen.paths import ADVICE, check_output_dir, nearest_existing, remove_empty_dirs
 
@@ -34,31 +34,15 @@ def read_sequences(source: str | None) -> list[tuple[str, list[int]]]:
     if source is None and sys.stdin.isatty():
         raise UsageError("no input: name a JSONL file from `specgen generate --format json`, or pipe one in "
                          "(specgen generate ... -f json | specgen export-mesh -o out/)")
-    try:
-        if source in (None, "-"):
-            text = sys.stdin.read()
-        else:
-            p = Path(source)
-            if not p.is_file():
-                raise UsageError(f"no such file: {p}")
-            text = p.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise UsageError(f"{source or 'stdin'} is not UTF-8 text (JSON lines of token ids are expected)") from None
-    except OSError as e:
-        raise UsageError(f"cannot read {source}: {e.strerror}") from None
+    src = read_text(source or "-", "token file")
     out = []
-    for n, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise UsageError(f"line {n}: not JSON ({e.msg})") from None
+    for n, obj in json_lines(src):
         tokens = obj.get("token_ids") if isinstance(obj, dict) else obj
         if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
-            raise UsageError(f"line {n}: expected a JSON list of integer token ids or an object with token_ids")
+            raise UsageError(f"{src.name} line {n}: expected a JSON list of integer token ids or an object with "
+                             "token_ids")
         if any(abs(t) >= 2 ** 31 for t in tokens):
-            raise UsageError(f"line {n}: a token id beyond 2**31 is no token of any mesh tokenizer")
+            raise UsageError(f"{src.name} line {n}: a token id beyond 2**31 is no token of any mesh tokenizer")
         name = obj.get("name") if isinstance(obj, dict) and obj.get("name") else f"mesh-{len(out):03d}"
         out.append((safe_name(str(name)), tokens))
     if not out:

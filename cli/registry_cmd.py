@@ -49,8 +49,7 @@ def list_cmd(
 
 @app.command("show", epilog="examples:\n\n  specgen registry show smollm2-135m")
 @command
-def show(name: Annotated[str, typer.Argument(help="Registry name, kind/name or folder.")],
-         fmt: FormatOpt = Format.json) -> None:
+def show(name: Annotated[str, typer.Argument(help="Registry name, kind/name or folder.")]) -> None:
     """Print an entry's config.json (materialising a built-in first)."""
     _output.emit_json(runs().show(name))
 

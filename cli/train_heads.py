@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated, Callable, Optional
+from typing import Annotated, Callable
 
 import typer
 
@@ -12,7 +12,7 @@ from cli import _output
 from cli._errors import command
 from cli._options import ConfigOpt, DeviceOpt, ForceOpt, Format, FormatOpt, OverridesArg, QuietOpt
 from specgen.config import load_config
-from specgen.errors import UnknownNameError, UsageError
+from specgen.errors import UnknownNameError
 
 EPILOG = """examples:
 
@@ -70,7 +70,7 @@ KINDS: dict[str, Callable[[Path | None, list[str], Path, bool, str | None, bool]
 def train_heads(
     overrides: OverridesArg = None,
     kind: Annotated[str, typer.Option("--kind", help=f"Which heads: {', '.join(KINDS)}.")] = "xspecmesh",
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Run folder (resumed if it holds state).")] = None,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Run folder (resumed if it holds state).")] = ...,
     device: DeviceOpt = None,
     config: ConfigOpt = None,
     fmt: FormatOpt = Format.table,
@@ -81,8 +81,6 @@ def train_heads(
     `accelerate launch` / `torchrun` data-parallel (specgen/train/loop.py)."""
     if kind not in KINDS:
         raise UnknownNameError("heads kind", kind, list(KINDS))
-    if out is None:
-        raise UsageError("--out RUN_FOLDER is required (training state and logs go there)")
     rows = KINDS[kind](config, list(overrides or []), out, quiet, device, force)
     if not rows:  # another process of a data-parallel run
         return

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -12,7 +12,6 @@ from cli import _output
 from cli._errors import command
 from cli._options import ConfigOpt, DeviceOpt, ForceOpt, Format, FormatOpt, OverridesArg, QuietOpt
 from specgen.config import load_config
-from specgen.errors import UsageError
 
 EPILOG = """examples:
 
@@ -31,7 +30,7 @@ EPILOG = """examples:
 @command
 def train_upsampler(
     overrides: OverridesArg = None,
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Run folder (resumed if it holds state).")] = None,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Run folder (resumed if it holds state).")] = ...,
     device: DeviceOpt = None,
     config: ConfigOpt = None,
     fmt: FormatOpt = Format.table,
@@ -42,8 +41,6 @@ def train_upsampler(
     `accelerate launch` / `torchrun` data-parallel (specgen/train/loop.py)."""
     from specgen.train import run_folder, upsampler  # deferred: start-up (torch-free --help)
 
-    if out is None:
-        raise UsageError("--out RUN_FOLDER is required (training state and logs go there)")
     cfg = load_config(upsampler.UpsamplerTrainConfig, config, list(overrides or []))
     # the trainer's state check comes only after the VQ and data load
     with run_folder.training_run(out, asdict(cfg), [("upsampler", cfg.name, cfg.ship_dir)], device, force,

@@ -7,7 +7,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import Callable, Iterator, NamedTuple
 
 from specgen.errors import UsageError
 
@@ -82,17 +82,23 @@ def _lines(src: Source, field, category_field, split) -> list[Prompt]:
 
 def _json_lines(src: Source, field, category_field, split) -> list[Prompt]:
     prompts = []
-    for number, line in enumerate(src.text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise PromptSourceError(f"{src.name} line {number}: invalid JSON ({exc.msg})") from None
+    for number, row in json_lines(src):
         if not isinstance(row, dict):
             raise PromptSourceError(f"{src.name} line {number}: expected a JSON object, got {type(row).__name__}")
         prompts.append(record(row, field, category_field, f"{src.name} line {number}"))
     return prompts
+
+
+def json_lines(src: Source) -> Iterator[tuple[int, object]]:
+    """(line number, value) per non-empty line of JSON Lines text; a line that is no JSON is refused, naming it."""
+    for number, line in enumerate(src.text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise PromptSourceError(f"{src.name} line {number}: invalid JSON ({exc.msg})") from None
+        yield number, value
 
 
 def _dataset(src: Source, field: str | None, category_field: str | None, split: str) -> list[Prompt]:
@@ -141,6 +147,15 @@ READERS: dict[str, Callable[[Source, str | None, str | None, str], list[Prompt]]
 
 def _open(source: str | Path, fmt: str | None) -> Source:
     """The source with its text read, unless it is (or is asked to be read as) a dataset."""
+    path = Path(source).expanduser()
+    dataset = fmt == "dataset" or (fmt is None and (path.is_dir() or path.suffix.lower() in DATASETS_SUFFIXES))
+    if str(source) != "-" and path.exists() and dataset:
+        return Source(str(path), path, None)
+    return read_text(source, "prompt file")
+
+
+def read_text(source: str | Path, what: str) -> Source:
+    """The text of stdin ("-") or of the file `what` (missing, a folder, unreadable or not UTF-8: one line)."""
     if str(source) == "-":
         try:
             text = sys.stdin.read()
@@ -150,15 +165,15 @@ def _open(source: str | Path, fmt: str | None) -> Source:
         return Source("<stdin>", None, text)
     path = Path(source).expanduser()
     if not path.exists():
-        raise PromptSourceError(f"prompt file not found: {path}")
-    if fmt == "dataset" or (fmt is None and (path.is_dir() or path.suffix.lower() in DATASETS_SUFFIXES)):
-        return Source(str(path), path, None)
+        raise PromptSourceError(f"{what} not found: {path}")
     if path.is_dir():
-        raise PromptSourceError(f"{path} is a directory, not a {fmt} file")
+        raise PromptSourceError(f"{path} is a directory, not a {what}")
     try:
         return Source(str(path), path, path.read_text(encoding="utf-8"))
     except UnicodeDecodeError:
         raise PromptSourceError(f"{path}: not UTF-8 text") from None
+    except OSError as e:
+        raise PromptSourceError(f"cannot read {path}: {e.strerror or e}") from None
 
 
 def read_prompt_records(source: str | Path, field: str | None = None, category_field: str | None = None,

@@ -39,6 +39,9 @@ def check_cache_fits(shape: tuple[int, ...], dtype: torch.dtype, device: torch.d
                      f"free: at most {fit} rows of {slots} slots fit (lower the batch size or the token budget)")
 
 
-def size(n: float) -> str:
-    """Bytes as 'x.y MiB' / 'x.y GiB'."""
-    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+def size(n: int) -> str:
+    """Bytes in the largest unit that keeps a whole number before the point (x.y GiB, MiB or KiB; n B)."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.1f} {unit}"
+    return f"{n} B"

@@ -153,7 +153,7 @@ def test_mesh_usage_errors(tiny, tmp_path):
                           "method_options.criterion=best"), 2, "criterion")
     one_error_line(invoke("export-mesh", "-", "--mesh-format", "fbx", input=good_line()), 2, "unknown mesh format")
     one_error_line(invoke("export-mesh", "-", input="\n"), 2, "no token sequences")
-    one_error_line(invoke("export-mesh", "-", input="{oops\n"), 2, "line 1: not JSON")
+    one_error_line(invoke("export-mesh", "-", input="{oops\n"), 2, "<stdin> line 1: invalid JSON")
     one_error_line(invoke("export-mesh", "-", "-o", tmp_path / "x", input="[4700, 1]\n"), 1, "nothing written")
     assert not (tmp_path / "x").exists()
     one_error_line(invoke("train-heads", "--kind", "eagel", "--out", tmp_path), 2, "unknown heads kind")

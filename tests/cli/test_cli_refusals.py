@@ -69,7 +69,7 @@ COMMANDS = [["generate"], ["benchmark"], ["train-heads"], ["collect-trajectories
 @pytest.mark.parametrize("extra,needle", [(["--bogus"], "No such option: --bogus"),
                                           (["--format"], "requires an argument")])
 def test_click_usage_errors_are_one_line(tiny, cmd, extra, needle):
-    if extra == ["--format"] and cmd[0] == "registry" and cmd[1] in ("import", "merge", "remove"):
+    if extra == ["--format"] and cmd[0] == "registry" and cmd[1] in ("import", "merge", "remove", "show"):
         extra, needle = ["--quiet", "--nope"], "No such option"
     check_refusal(tiny, [*cmd, *extra], 2, needle)
 
