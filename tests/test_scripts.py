@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 IMPORT_ALL = """
 import importlib.util, pathlib, sys
@@ -34,3 +36,12 @@ def test_every_script_imports():
 def test_a_script_importing_a_name_that_went_is_reported(tmp_path):
     (tmp_path / "stale.py").write_text("from specgen.decoding.loop import no_such_name\n")
     assert [line.split(":")[0] for line in broken_scripts(tmp_path)] == ["stale.py"]
+
+
+@pytest.mark.slow
+def test_the_graphs_step_runs_on_the_cpu_with_graphs_equal_to_eager():
+    """The GPU check's main step end to end at tiny sizes (`--smoke`, which measures nothing): every row exact."""
+    out = subprocess.run([sys.executable, "scripts/gpu_graphs.py", "--smoke", "--only", "text"], capture_output=True,
+                         text=True, cwd=ROOT, check=True).stdout
+    rows = [line.split("|") for line in out.splitlines() if line.startswith("| text |")]
+    assert len(rows) >= 4 and all(r[5].strip() in ("1.0", "") for r in rows)
