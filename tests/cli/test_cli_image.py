@@ -151,29 +151,25 @@ def test_benchmark_suite_comes_from_the_recipe(tiny_image):
 
 
 def test_image_benchmark_rows_at_several_precisions_in_one_run(tiny_image):
-    """`dtypes` gives entries their own precision: bf16 rows run interleaved with float32 ones, and a lossless
-    bf16 row equals AR of the same precision (exact_match_vs_own_ar), whatever it does against float32 AR."""
+    """`dtypes` gives entries their own precision (a dtype or a quantization): bf16 and int8 rows run interleaved
+    with float32 ones, and a lossless row equals AR of the same precision (exact_match_vs_own_ar), whatever it
+    does against float32 AR."""
     r = runner.invoke(app, ["benchmark", "--suite", "images", "--model", "t-gpt", "--limit", "2", "--format", "json",
                             "out_dir=" + str(tiny_image / "b"), "quality=false", "temperatures=[0.0]",
-                            "methods=[ar,ar@bf16,adt-tree@bf16]", "dtypes={ar@bf16: bfloat16, adt-tree@bf16: bfloat16}"])
+                            "methods=[ar,ar@bf16,adt-tree@bf16,ar@int8,adt-tree@int8]",
+                            "dtypes={ar@bf16: bfloat16, adt-tree@bf16: bfloat16, ar@int8: int8, adt-tree@int8: int8}"])
     assert r.exit_code == 0, r.output
     rows = {x["method"]: x for x in json.loads(r.stdout)}
-    assert [rows[m]["dtype"] for m in ("ar", "ar@bf16", "adt-tree@bf16")] == ["float32", "bfloat16", "bfloat16"]
-    assert rows["adt-tree@bf16"]["exact_match_vs_own_ar"] == 1.0 and rows["ar@bf16"]["exact_match_vs_own_ar"] == 1.0
+    assert [rows[m]["dtype"] for m in ("ar", "ar@bf16", "adt-tree@bf16", "adt-tree@int8")] == [
+        "float32", "bfloat16", "bfloat16", "int8"]
+    assert all(rows[m]["exact_match_vs_own_ar"] == 1.0 for m in ("ar@bf16", "adt-tree@bf16", "adt-tree@int8"))
     r = runner.invoke(app, ["benchmark", "--suite", "images", "--model", "t-gpt", "methods=[ar]", "dtypes={x: bfloat16}"])
     assert r.exit_code == 2 and "dtypes.x: no such row" in r.stderr
 
 
-def test_image_rows_and_generate_with_int8_weights(tiny_image):
-    """An int8 row (`dtypes` may name a quantization) runs beside float32 ones and its lossless ADT-Tree row equals
-    AR of the same int8 GPT; `generate --quantize int8` decodes the same tokens; int8 as the run's own dtype (the
-    model the quality columns are measured under) is refused in one line."""
-    r = runner.invoke(app, ["benchmark", "--suite", "images", "--model", "t-gpt", "--limit", "2", "--format", "json",
-                            "out_dir=" + str(tiny_image / "b"), "quality=false", "temperatures=[0.0]",
-                            "methods=[ar,ar@int8,adt-tree@int8]", "dtypes={ar@int8: int8, adt-tree@int8: int8}"])
-    assert r.exit_code == 0, r.output
-    rows = {x["method"]: x for x in json.loads(r.stdout)}
-    assert rows["adt-tree@int8"]["dtype"] == "int8" and rows["adt-tree@int8"]["exact_match_vs_own_ar"] == 1.0
+def test_generate_with_int8_weights(tiny_image):
+    """`generate --quantize int8`: ADT-Tree decodes AR's tokens of the same int8 GPT (int8 benchmark rows: above);
+    int8 as a benchmark run's own dtype (the model the quality columns are measured under) is refused in one line."""
     out = [runner.invoke(app, ["generate", "--model", "t-gpt", "--num", "2", "--temperature", "0", "--quantize",
                                "int8", "--method", m, "-o", str(tiny_image / m), "--format", "json"]) for m in
            ("ar", "adt-tree")]
