@@ -18,8 +18,8 @@ runner = CliRunner()
 GRID = 4
 
 
-@pytest.fixture
-def tiny_image(tmp_path):
+def register_tiny_image():
+    """target/t-gpt (VQ t-vq, drafter t-eagle) in the current SPECGEN_HOME, the same weights at every call."""
     torch.manual_seed(0)
     vq_cfg = VQ_CONFIGS["vq-tiny"]
     vq = VQModel(vq_cfg)
@@ -31,7 +31,24 @@ def tiny_image(tmp_path):
     net = EagleNet.from_target(gpt)
     registry.save("draft", "t-eagle", net.state_dict(), {
         "builder": "eagle", "kwargs": net.cfg.to_dict(), "parent": "target/t-gpt", "vocab_size": vq_cfg.codebook_size})
+
+
+@pytest.fixture
+def tiny_image(tmp_path):
+    register_tiny_image()
     return tmp_path
+
+
+@pytest.fixture(scope="module")
+def ar_tokens(tmp_path_factory):
+    """AR's greedy tokens for dog, sky: the reference every lossless method is compared with (run once)."""
+    tmp = tmp_path_factory.mktemp("ar")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPECGEN_HOME", str(tmp / "home"))
+        register_tiny_image()
+        r = gen(tmp / "out", "--method", "ar", "--format", "json", "--classes", "dog,sky", "--temperature", "0")
+    assert r.exit_code == 0, r.output
+    return [i["tokens"] for i in json.loads(r.stdout)["images"]]
 
 
 def gen(out, *args):
@@ -39,7 +56,7 @@ def gen(out, *args):
 
 
 @pytest.mark.parametrize("method", ["ar", "eagle2", "adt-tree", "lantern", "adt-tree+lantern"])
-def test_generate_images_json(tiny_image, method):
+def test_generate_images_json(tiny_image, ar_tokens, method):
     out = tiny_image / method
     r = gen(out, "--method", method, "--format", "json", "--classes", "dog,sky", "--temperature", "0")
     assert r.exit_code == 0, r.output
@@ -48,11 +65,8 @@ def test_generate_images_json(tiny_image, method):
     assert all(len(i["tokens"]) == GRID * GRID for i in doc["images"])
     assert (out / f"{method}-grid.png").is_file() and len(list(out.glob("*.png"))) == 3
     assert doc["stats"]["nfe"] >= 1
-    if method != "ar":
-        ar = json.loads(gen(tiny_image / "ar0", "--method", "ar", "--format", "json", "--classes", "dog,sky",
-                            "--temperature", "0").stdout)
-        if "lantern" not in method:  # lossless: identical tokens at T = 0
-            assert [i["tokens"] for i in doc["images"]] == [i["tokens"] for i in ar["images"]]
+    if "lantern" not in method:  # lossless: identical tokens at T = 0 (and AR run twice is deterministic)
+        assert [i["tokens"] for i in doc["images"]] == ar_tokens
 
 
 @pytest.mark.parametrize("args,needle", [
@@ -86,13 +100,12 @@ def test_drafter_for_another_target_and_codebook_mismatch(tiny_image):
     assert r.exit_code == 2 and "codes" in r.stderr
 
 
-def test_drafter_flag(tiny_image):
+def test_drafter_flag(tiny_image, ar_tokens):
     """--drafter picks the EAGLE drafter (lossless: same tokens as ar); a foreign one and a text model refuse it."""
-    base = ["generate", "--model", "t-gpt", "--format", "json", "--classes", "dog", "-t", "0"]
-    ar = runner.invoke(app, base + ["--method", "ar", "-o", str(tiny_image / "a")])
-    tree = runner.invoke(app, base + ["--method", "adt-tree", "--drafter", "t-eagle", "-o", str(tiny_image / "d")])
-    assert ar.exit_code == 0 and tree.exit_code == 0, tree.output
-    assert [i["tokens"] for i in json.loads(tree.stdout)["images"]] == [i["tokens"] for i in json.loads(ar.stdout)["images"]]
+    tree = gen(tiny_image / "d", "--format", "json", "--classes", "dog,sky", "-t", "0", "--method", "adt-tree",
+               "--drafter", "t-eagle")
+    assert tree.exit_code == 0, tree.output
+    assert [i["tokens"] for i in json.loads(tree.stdout)["images"]] == ar_tokens
     other = tiny_image_gpt(1, grid=GRID, vocab=512, classes=3)
     registry.save("target", "other2", other.state_dict(), {"builder": "transformer", "kwargs": other.cfg.to_dict(),
                                                           "modality": "image", "vq": "vq/t-vq", "grid": GRID,
@@ -137,29 +150,25 @@ def test_benchmark_suite_comes_from_the_recipe(tiny_image):
 
 
 def test_image_benchmark_rows_at_several_precisions_in_one_run(tiny_image):
-    """`dtypes` gives entries their own precision: bf16 rows run interleaved with float32 ones, and a lossless
-    bf16 row equals AR of the same precision (exact_match_vs_own_ar), whatever it does against float32 AR."""
+    """`dtypes` gives entries their own precision (a dtype or a quantization): bf16 and int8 rows run interleaved
+    with float32 ones, and a lossless row equals AR of the same precision (exact_match_vs_own_ar), whatever it
+    does against float32 AR."""
     r = runner.invoke(app, ["benchmark", "--suite", "images", "--model", "t-gpt", "--limit", "2", "--format", "json",
                             "out_dir=" + str(tiny_image / "b"), "quality=false", "temperatures=[0.0]",
-                            "methods=[ar,ar@bf16,adt-tree@bf16]", "dtypes={ar@bf16: bfloat16, adt-tree@bf16: bfloat16}"])
+                            "methods=[ar,ar@bf16,adt-tree@bf16,ar@int8,adt-tree@int8]",
+                            "dtypes={ar@bf16: bfloat16, adt-tree@bf16: bfloat16, ar@int8: int8, adt-tree@int8: int8}"])
     assert r.exit_code == 0, r.output
     rows = {x["method"]: x for x in json.loads(r.stdout)}
-    assert [rows[m]["dtype"] for m in ("ar", "ar@bf16", "adt-tree@bf16")] == ["float32", "bfloat16", "bfloat16"]
-    assert rows["adt-tree@bf16"]["exact_match_vs_own_ar"] == 1.0 and rows["ar@bf16"]["exact_match_vs_own_ar"] == 1.0
+    assert [rows[m]["dtype"] for m in ("ar", "ar@bf16", "adt-tree@bf16", "adt-tree@int8")] == [
+        "float32", "bfloat16", "bfloat16", "int8"]
+    assert all(rows[m]["exact_match_vs_own_ar"] == 1.0 for m in ("ar@bf16", "adt-tree@bf16", "adt-tree@int8"))
     r = runner.invoke(app, ["benchmark", "--suite", "images", "--model", "t-gpt", "methods=[ar]", "dtypes={x: bfloat16}"])
     assert r.exit_code == 2 and "dtypes.x: no such row" in r.stderr
 
 
-def test_image_rows_and_generate_with_int8_weights(tiny_image):
-    """An int8 row (`dtypes` may name a quantization) runs beside float32 ones and its lossless ADT-Tree row equals
-    AR of the same int8 GPT; `generate --quantize int8` decodes the same tokens; int8 as the run's own dtype (the
-    model the quality columns are measured under) is refused in one line."""
-    r = runner.invoke(app, ["benchmark", "--suite", "images", "--model", "t-gpt", "--limit", "2", "--format", "json",
-                            "out_dir=" + str(tiny_image / "b"), "quality=false", "temperatures=[0.0]",
-                            "methods=[ar,ar@int8,adt-tree@int8]", "dtypes={ar@int8: int8, adt-tree@int8: int8}"])
-    assert r.exit_code == 0, r.output
-    rows = {x["method"]: x for x in json.loads(r.stdout)}
-    assert rows["adt-tree@int8"]["dtype"] == "int8" and rows["adt-tree@int8"]["exact_match_vs_own_ar"] == 1.0
+def test_generate_with_int8_weights(tiny_image):
+    """`generate --quantize int8`: ADT-Tree decodes AR's tokens of the same int8 GPT (int8 benchmark rows: above);
+    int8 as a benchmark run's own dtype (the model the quality columns are measured under) is refused in one line."""
     out = [runner.invoke(app, ["generate", "--model", "t-gpt", "--num", "2", "--temperature", "0", "--quantize",
                                "int8", "--method", m, "-o", str(tiny_image / m), "--format", "json"]) for m in
            ("ar", "adt-tree")]
