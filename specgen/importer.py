@@ -94,7 +94,7 @@ def import_checkpoint(source: Path, name: str, kind: str = "target", builder: st
     kwargs = EXPAND_KWARGS.get(builder, lambda k: k)(kwargs)
     state = CONVERTERS.get(builder, lambda s, k: s)(read_state_file(source), kwargs)
     try:  # before allocating: the size the kwargs declare (a meta build) must fit the weights and this machine
-        with torch.device("meta"):
+        with torch.device("meta"), checkpoints.random_fills_skipped():  # a meta fill may import torch._dynamo
             declared = sum(p.numel() for p in BUILDERS[builder](**kwargs).parameters())
     except Exception:  # noqa: BLE001 - kwargs that do not build are reported when the module is built below
         declared = 0
