@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from specgen import native
-from specgen.methods import run_batch
+from specgen.methods import METHODS, run_batch
 from specgen.models import packed_linear
 from specgen.models.transformer import Transformer, TransformerConfig
 
@@ -64,3 +64,9 @@ def decode(target, drafter, prompt: list[int], max_new_tokens: int, params, stop
     """One prompt on the shared loop under `drafter`'s own step policy (`run_batch` of one row); its DecodeResult."""
     return run_batch(target, lambda i: drafter, [prompt], max_new_tokens, params, stop_ids, [generator],
                      max_draft=max_draft, rule=rule).results[0]
+
+
+def method_drafter(name: str, seed: int = 0, **options):
+    """Method `name`'s text drafter from `options` through the request's parse path (`MethodSpec.parse_options`)."""
+    spec = METHODS[name]
+    return spec.make_drafter(spec.parse_options(options), seed)

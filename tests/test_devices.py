@@ -87,8 +87,8 @@ def test_decode_loop_waits_for_the_device_only_at_its_ends(monkeypatch):
     from specgen.decoding import loop
     from specgen.decoding.sampling import SamplingParams
     from specgen.decoding.target import ModelTarget
-    from specgen.methods import METHODS, run_batch
-    from tests.conftest import tiny_model
+    from specgen.methods import run_batch
+    from tests.conftest import method_drafter, tiny_model
 
     seen = []
 
@@ -100,7 +100,7 @@ def test_decode_loop_waits_for_the_device_only_at_its_ends(monkeypatch):
     monkeypatch.setattr(devices, "synchronize", lambda device=None: seen.append(("sync", device)))
     target = ModelTarget(tiny_model(0))
     prompts = [[1, 2, 3, 1, 2], [4, 5, 6]]
-    res = run_batch(target, lambda i: METHODS["ngram"].make_drafter({}), prompts, 6, SamplingParams())
+    res = run_batch(target, lambda i: method_drafter("ngram"), prompts, 6, SamplingParams())
     assert seen == ["cpu"] * (1 + len(prompts))  # the start, then one latency per row; no phase synchronised
     assert set(res.stats.times) >= {"prefill", "propose", "verify", "accept", "commit"}
     assert all(r.stats.extras["latency_s"] > 0 for r in res.results)
@@ -207,21 +207,21 @@ def test_device_auto_is_cpu_here(tiny):  # noqa: F811
 def test_gpu_greedy_lossless_equals_ar_in_each_dtype(dtype):
     from specgen.decoding.sampling import SamplingParams
     from specgen.decoding.target import ModelTarget
-    from specgen.methods import METHODS, run_batch
+    from specgen.methods import run_batch
     from specgen.models.layout import decode_layout
     from specgen.models.packed_linear import PackedLinear
-    from tests.conftest import tiny_model
+    from tests.conftest import method_drafter, tiny_model
 
     model = decode_layout(tiny_model(0).to("cuda", dtype))
     assert all(type(m) is not PackedLinear for m in model.modules())
     target = ModelTarget(model)
     target.device = "cuda"
     prompt = [[1, 2, 3, 1, 2, 3, 1]]
-    ar = run_batch(target, lambda i: METHODS["ar"].make_drafter({}), prompt, 16, SamplingParams()).results[0].tokens
+    ar = run_batch(target, lambda i: method_drafter("ar"), prompt, 16, SamplingParams()).results[0].tokens
     for name in ("ngram", "jacobi"):
-        got = run_batch(target, lambda i: METHODS[name].make_drafter({}), prompt, 16, SamplingParams())
+        got = run_batch(target, lambda i: method_drafter(name), prompt, 16, SamplingParams())
         assert got.results[0].tokens == ar, name
-    sampled = [run_batch(target, lambda i: METHODS["ar"].make_drafter({}), prompt, 8, SamplingParams(1.0),
+    sampled = [run_batch(target, lambda i: method_drafter("ar"), prompt, 8, SamplingParams(1.0),
                          generators=[torch.Generator().manual_seed(0)]).results[0].tokens for _ in range(2)]
     assert sampled[0] == sampled[1]  # CPU generators drive CUDA sampling (decoding/sampling.on_generator)
 

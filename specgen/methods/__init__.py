@@ -25,7 +25,7 @@ class MethodSpec:
     lossless: bool
     summary: str
     options_type: type = O.NoOptions  # frozen dataclass of the method options (`method_options.*`)
-    drafter: Callable[[Any, int], Any] | None = None  # (options, seed) -> drafter (text, mesh)
+    drafter: Callable[[Any, int], Any] | None = None  # (options, seed) -> text drafter
     build_image: str = ""  # function of specgen.image.methods: (ImageParts, options dict) -> (drafter, rule)
     target: str = "base"  # which model it decodes: "base" or a distilled variant's registry name
     modalities: tuple[str, ...] = ()  # every modality it runs on (empty: just `modality`)
@@ -47,15 +47,9 @@ class MethodSpec:
             raise UsageError(f"method {self.name} has no option {unknown[0]!r}; its options: {known}")
         return O.parse(self.options_type, self.name, options)
 
-    def make_drafter(self, options: dict[str, Any] | Any, seed: int | None = None) -> Any:
-        """The drafter (text) or decoder options (mesh) from parsed options or a dict (`seed`: the default seed;
-        names this method does not know are ignored; values are not checked again)."""
-        if self.drafter is None:
-            raise UsageError(f"method {self.name} is built from the loaded image target (specgen.image.methods)")
-        if isinstance(options, dict):
-            seed = options.get("seed", 0) if seed is None else seed
-            options = O.build(self.options_type, options)
-        return self.drafter(options, seed or 0)
+    def make_drafter(self, options: Any, seed: int = 0) -> Any:
+        """The text drafter from options of `parse_options` (the request layer refuses methods without one)."""
+        return self.drafter(options, seed)
 
 
 def ngram(o: O.NgramOptions, seed: int) -> NgramDrafter:
@@ -95,7 +89,7 @@ METHODS: dict[str, MethodSpec] = {
                    O.MultiBlockOptions, multi_block, target="smollm2-135m-pcllm"),
         MethodSpec("xspecmesh", "mesh", False,
                    "XSpecMesh multi-head speculative decoding (LOSSY: p > delta / top-K_a; lossless: criterion=rejection)",
-                   O.XSpecMeshOptions, lambda o, seed: o),
+                   O.XSpecMeshOptions),
         MethodSpec("eagle2", "image", True, "EAGLE-2 dynamic draft trees from a feature drafter, under CFG",
                    O.TreeOptions, build_image="eagle2"),
         MethodSpec("adt-tree", "image", True,

@@ -16,8 +16,8 @@ from tests.conftest import decode
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.target import ModelTarget
 from specgen.methods import METHODS, run_batch
-from specgen.methods.text import EmptyDrafter, JacobiDrafter
-from tests.conftest import tiny_model
+from specgen.methods.text import EmptyDrafter
+from tests.conftest import method_drafter, tiny_model
 from tests.decoding.test_lossless_text import OracleDrafter
 
 GREEDY = SamplingParams()
@@ -30,7 +30,7 @@ def ragged_prompts(n: int, seed: int = 0) -> list[list[int]]:
 
 
 def drafter_of(name: str, seed: int = 0):
-    return lambda i: METHODS[name].make_drafter({"seed": seed})
+    return lambda i: method_drafter(name, seed)
 
 
 def alone(target, name: str, prompts, n: int, stop=()) -> list[list[int]]:
@@ -123,9 +123,9 @@ def sample_rows(target, prompt, method="jacobi", rule=None, copies=600, seed=0) 
         if i % 2:
             prompts.append([t % 4 for t in others[i // 2]])
     generators = [torch.Generator().manual_seed(10_000 * seed + i) for i in range(len(prompts))]
-    spec = METHODS[method]
-    res = run_batch(target, lambda i: spec.make_drafter({"seed": i, "block_size": 3}), prompts, 3,
-                       SamplingParams(temperature=1.0), generators=generators, batch_size=8, rule=rule)
+    opts = {"block_size": 3} if "block_size" in METHODS[method].options else {}  # ar and ngram have no blocks
+    res = run_batch(target, lambda i: method_drafter(method, i, **opts), prompts, 3,
+                    SamplingParams(temperature=1.0), generators=generators, batch_size=8, rule=rule)
     return Counter(tuple(res.results[i].tokens) for i in mine)
 
 

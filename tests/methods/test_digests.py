@@ -23,7 +23,7 @@ from specgen.methods import METHODS, run_batch
 from specgen.methods.mulo_sd import MuLoSD
 from specgen.methods.xspecmesh import MeshDecoder
 from specgen.models.upsampler import UpDownSampler, UpsamplerConfig
-from tests.conftest import tiny_model
+from tests.conftest import method_drafter, tiny_model
 from tests.image_fixtures import one_thread
 from tests.image.helpers import TinyEagle, tiny_image_gpt
 from tests.mesh.mesh_fixtures import procedural_clouds, tiny_heads, tiny_mesh_model
@@ -40,7 +40,7 @@ def gens(n: int, base: int) -> list[torch.Generator]:
 
 def text_tokens(name: str, params: SamplingParams, batch_size: int) -> list[list[int]]:
     target = ModelTarget(tiny_model(7))
-    res = run_batch(target, lambda i: METHODS[name].make_drafter({"seed": 0}), TEXT_PROMPTS, 16, params, (),
+    res = run_batch(target, lambda i: method_drafter(name), TEXT_PROMPTS, 16, params, (),
                     gens(len(TEXT_PROMPTS), 20), batch_size)
     return [r.tokens for r in res.results]
 

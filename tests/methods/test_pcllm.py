@@ -11,16 +11,16 @@ from specgen.errors import UsageError
 from specgen.methods import get_method, model_for
 from specgen.methods.pcllm import MultiBlockDrafter, longest_branch
 from specgen.methods.text import EmptyDrafter
-from tests.conftest import tiny_model
+from tests.conftest import method_drafter, tiny_model
 
 CONFIGS = [
     {},
     {"num_blocks": 1},
     {"block_size": 4, "num_blocks": 3, "spawn_ratio": 0.3, "verify": 2},
-    {"block_size": 3, "pool_size": 0, "verify": 0},
+    {"block_size": 3, "pool_size": 0},  # an empty pool: no recycling
     {"block_size": 6, "ngram": 12, "verify": 3, "spawn_ratio": 0.5},
     {"lookup": 8},
-    {"block_size": 3, "num_blocks": 1, "pool_size": 0, "verify": 0, "lookup": 5},
+    {"block_size": 3, "num_blocks": 1, "pool_size": 0, "lookup": 5},
 ]
 
 
@@ -37,10 +37,10 @@ def test_methods_equal_ar(seed):
         prompt = [1, 5, 9, 3, p, 7, 7, 1]
         ar = decode(t, EmptyDrafter(), prompt, 48, SamplingParams()).tokens
         for name in ("pcllm", "cllm"):
-            d = get_method(name).make_drafter({"block_size": 5, "seed": p})
+            d = method_drafter(name, p, block_size=5)
             assert decode(t, d, prompt, 48, SamplingParams()).tokens == ar
         for cfg in CONFIGS:
-            res = decode(t, get_method("pcllm-mr").make_drafter({**cfg, "seed": p}), prompt, 48, SamplingParams())
+            res = decode(t, method_drafter("pcllm-mr", p, **cfg), prompt, 48, SamplingParams())
             assert res.tokens == ar, cfg
             assert res.stats.new_tokens == 48 and res.stats.target_forwards <= 48
 

@@ -7,9 +7,9 @@ import torch
 
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.target import ModelTarget
-from specgen.methods import METHODS, run_batch
+from specgen.methods import run_batch
 from specgen.models.hf_export import to_hf
-from tests.conftest import tiny_model
+from tests.conftest import method_drafter, tiny_model
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -18,7 +18,7 @@ def test_bf16_greedy_ar_equals_transformers_bf16(seed):
     hf = to_hf(model).to(torch.bfloat16)
     ours = model.to(torch.bfloat16)
     prompt = torch.randint(0, 64, (10,), generator=torch.Generator().manual_seed(seed)).tolist()
-    tokens = run_batch(ModelTarget(ours), lambda i: METHODS["ar"].make_drafter({}), [prompt], 24,
+    tokens = run_batch(ModelTarget(ours), lambda i: method_drafter("ar"), [prompt], 24,
                        SamplingParams()).results[0].tokens
     with torch.inference_mode():
         out = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, 10, dtype=torch.long),

@@ -26,7 +26,7 @@ from specgen.models.quantize import (
     quantize_int8,
     quantize_transformer,
 )
-from tests.conftest import tiny_model
+from tests.conftest import method_drafter, tiny_model
 
 GREEDY = SamplingParams()
 LOSSLESS_TEXT = sorted(name for name, spec in METHODS.items() if spec.runs_on("text") and spec.lossless)
@@ -264,9 +264,9 @@ def test_every_lossless_method_equals_ar_on_the_quantized_model(quantized_target
     prompts = ragged(4)
 
     def drafter(i):
-        return METHODS[method].make_drafter({"seed": 0})
+        return method_drafter(method)
 
-    ar = [run_batch(target, lambda i: METHODS["ar"].make_drafter({}), [p], 24, GREEDY).results[0].tokens
+    ar = [run_batch(target, lambda i: method_drafter("ar"), [p], 24, GREEDY).results[0].tokens
           for p in prompts]
     alone = [run_batch(target, drafter, [p], 24, GREEDY).results[0].tokens for p in prompts]
     assert alone == ar
@@ -281,7 +281,7 @@ def test_quantized_greedy_differs_from_float_somewhere():
     f = ModelTarget(tiny_model(7))
 
     def ar(target, prompt):
-        return run_batch(target, lambda i: METHODS["ar"].make_drafter({}), [prompt], 24, GREEDY).results[0].tokens
+        return run_batch(target, lambda i: method_drafter("ar"), [prompt], 24, GREEDY).results[0].tokens
 
     assert any(ar(q, p) != ar(f, p) for p in prompts)
 

@@ -10,7 +10,7 @@ import pytest
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.target import ModelTarget
 from specgen.methods import METHODS, run_batch
-from tests.conftest import tiny_model
+from tests.conftest import method_drafter, tiny_model
 
 TEXT_LOSSLESS = [name for name, spec in METHODS.items() if spec.lossless and spec.runs_on("text")
                  and spec.target == "base"]
@@ -20,9 +20,8 @@ PROMPTS = [[1, 2, 3, 4, 5, 1, 2, 3], [7, 7, 7], [3, 1, 4, 1, 5, 9]]
 @pytest.mark.parametrize("name", TEXT_LOSSLESS)
 def test_streamed_tokens_joined_are_each_rows_result(name):
     """Stop tokens and budgets cut the stream where they cut the result (stop id 5 appears in the outputs)."""
-    spec = METHODS[name]
     got: dict[int, list[int]] = {i: [] for i in range(len(PROMPTS))}
-    res = run_batch(ModelTarget(tiny_model(0)), lambda i: spec.make_drafter({}), PROMPTS, 20, SamplingParams(),
+    res = run_batch(ModelTarget(tiny_model(0)), lambda i: method_drafter(name), PROMPTS, 20, SamplingParams(),
                     stop_ids=(5,), batch_size=2, on_tokens=lambda i, toks: got[i].extend(toks))
     assert [got[i] for i in range(len(PROMPTS))] == [r.tokens for r in res.results]
 
