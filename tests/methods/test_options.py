@@ -21,7 +21,7 @@ def test_every_method_has_valid_defaults_and_a_factory(name):
     opts = spec.parse_options({})  # the defaults pass their own checks
     if isinstance(opts, O.Options):
         opts.validate(name)
-    assert spec.drafter is not None or spec.build_image, name
+    assert not spec.runs_on("text") or spec.drafter is not None, f"{name} runs on text without a drafter"
     assert not spec.runs_on("image") or spec.build_image, f"{name} runs on images without a builder"
     for option, check in O.checks_of(spec.options_type).items():
         assert check is not None, f"{name}.{option} has no value check"
