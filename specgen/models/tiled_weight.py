@@ -2,8 +2,8 @@
 
 Any op other than an embedding lookup, a detach or an alias reads a dense copy made for that op (an in-place op writes
 its result back into the tiles): exact values everywhere, the decode's products read the tiles (`PackedLinear`).
-What a load and a decode call (detach, copy_, embedding) is answered at the torch-function level: torch's first
-Python dispatch on a subclass imports torch.distributed.tensor, seconds of start-up that `generate` need not pay.
+The calls a load and a decode step make (detach, copy_, embedding) are answered at the torch-function level: torch's
+first Python dispatch on a subclass imports torch.distributed.tensor, seconds of start-up `generate` need not pay.
 """
 
 from __future__ import annotations
