@@ -22,7 +22,6 @@ from specgen.paths import atomic_dir
 from specgen.text.target import load_text_model
 from specgen.text.trajectories import load_records, read_meta, tokenizer_hash
 from specgen.train import packing
-from specgen.train.checkpoint import check_outputs
 from specgen.train.lora import apply_lora, lora_state, merge_lora, merge_lora_state, merge_scale as checked_merge_scale
 from specgen.train.loop import MIXED_PRECISION, At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask
 from specgen.train.optim import cosine_lr
@@ -63,6 +62,10 @@ class DistillConfig:
     mixed_precision: str = "no"  # no | bf16 | fp16, or --dtype's float32 | bfloat16 | float16 (accelerate)
     max_minutes: float = 0.0  # > 0: stop (checkpointed, registered) after this wall time
     register: bool = True
+
+
+#: Settings a resumed run may change (budget, logging, registration); any other change is refused.
+RESUME_LOOSE = ("steps", "max_minutes", "log_every", "ckpt_every", "register", "name", "threads")
 
 
 def check_config(cfg: DistillConfig) -> None:
@@ -196,9 +199,6 @@ class DistillTask(TrainTask):
         return {"step": progress.step, **{k: round(v, 5) for k, v in progress.last_log.items()},
                 "lr": self.optims["optim"].lr(progress.step - 1), "elapsed_s": round(progress.elapsed, 1)}
 
-    def meta(self) -> dict[str, Any]:
-        return {"config": asdict(self.cfg)}
-
 
 # ----------------------------------------------------------------------------------------------------
 # the run
@@ -234,7 +234,6 @@ def distill(cfg: DistillConfig, out: Path, log: Callable[[str], None] = lambda s
         registry.check_pair(init, tm.entry)
     derived = (init.meta.get("merged_target", ""),) if init is not None else ()
     check_trajectories(meta, tm.entry.ref, tok_hash, cfg, derived)
-    check_outputs(outputs(cfg), force)  # before training (the command checked it before loading too)
     groups = group_records(load_records(Path(cfg.trajectories)))
     if not groups:
         raise UsageError(f"{cfg.trajectories} holds no records")
@@ -259,7 +258,8 @@ def distill(cfg: DistillConfig, out: Path, log: Callable[[str], None] = lambda s
     task = DistillTask(cfg, model, params, groups, stop_ids)
     loop.log(f"{cfg.objective} on {tm.entry.ref}: {len(groups)} prompts, {sum(len(g) for g in groups)} blocks, "
              f"{sum(p.numel() for p in params):,} trainable parameters ({cfg.finetune})")
-    done = loop.run(task, StateFile(Path(out) / "state.safetensors", trainable=True))
+    done = loop.run(task, StateFile(Path(out) / "state.safetensors", {"config": asdict(cfg)}, RESUME_LOOSE,
+                                    trainable=True))
     summary = {"name": cfg.name, "objective": cfg.objective, "steps": done.step, "target": tm.entry.ref,
                "history": done.history, "finished": not done.stopped_early, "entries": []}
     if loop.is_main and cfg.register:

@@ -244,9 +244,9 @@ class StageTask(TrainTask):
     """One stage of heads training: a step's sequences are a slice of the epoch's seeded permutation."""
 
     def __init__(self, cfg: HeadsTrainConfig, stage: int, per_epoch: int, optim: Optim,
-                 loss_fn: StageLoss, modules: dict, eval_idx: list[int], config: dict[str, Any]) -> None:
+                 loss_fn: StageLoss, modules: dict, eval_idx: list[int]) -> None:
         self.cfg, self.stage, self.per_epoch, self.loss_fn, self.eval_idx = cfg, stage, per_epoch, loss_fn, eval_idx
-        self.modules, self.optims, self.config = modules, {"optim": optim}, config
+        self.modules, self.optims = modules, {"optim": optim}
 
     def batch(self, at: At) -> list[int]:
         """One process, no accumulation: batch k of epoch e; else shard j of step s is batch s * shards + j."""
@@ -262,9 +262,6 @@ class StageTask(TrainTask):
     def evaluate(self, progress: Progress) -> dict[str, Any]:
         return {"epoch": progress.step // self.per_epoch,
                 "train_loss": progress.recent_mean("loss", self.per_epoch), **eval_record(self.loss_fn, self.eval_idx)}
-
-    def meta(self) -> dict[str, Any]:
-        return {"config": self.config}
 
 
 class HeadsTrainer:
@@ -327,7 +324,7 @@ class HeadsTrainer:
         config = {**{k: v for k, v in asdict(cfg).items() if k != "ship_dir"}, "stage": stage}  # shipping: not training
         loose = NAMING_KEYS + (STAGE2_KEYS if stage == 1 else ())  # stage 1 resumes under new stage-2 settings
         task = StageTask(cfg, stage, per_epoch, Optim(opt, lambda s: cosine_lr(s, total, lr, min_lr), cfg.grad_clip),
-                         loss_fn, modules, eval_idx, config)
+                         loss_fn, modules, eval_idx)
         loop = Loop(LoopOptions(steps=total, log_every=per_epoch, eval_every=per_epoch, device=self.device), self.log)
         self.is_main = loop.is_main
         state = StateFile(self.out / f"stage{stage}.safetensors", {"config": config}, loose=loose, added=ADDED_KEYS,

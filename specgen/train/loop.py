@@ -38,11 +38,10 @@ class LoopOptions:
     stop_after: int = 0  # > 0: stop at this step of the `steps`-long schedule (a snapshot; rerun to go on)
     grad_accum: int = 1  # micro-batches per optimiser step (per process)
     log_every: int = 0  # 0: only the last step (with log_last)
-    eval_every: int = 0  # 0: only the last step (with eval_last)
+    eval_every: int = 0  # 0: only the last step
     ckpt_every: int = 0  # 0: only with evaluations (ckpt_at_eval) and when the loop stops
     ckpt_at_eval: bool = True  # also write the state with every evaluation
     log_last: bool = True
-    eval_last: bool = True
     eval_first: bool = False  # log an evaluation before the first step of a fresh run
     max_minutes: float = 0.0  # > 0: stop (checkpointed) after the step at which the budget clock passes this
     budget: str = "session"  # session: wall time of this invocation | cpu: process CPU time summed over sessions
@@ -165,7 +164,7 @@ class TrainTask(ABC):
         return {}
 
     def meta(self) -> dict[str, Any]:
-        """JSON the state records besides the loop's (config, ...); `restore` gets it back on resume."""
+        """JSON the state records besides the loop's and the checkpoint's `expect`; `restore` gets it back on resume."""
         return {}
 
     def restore(self, meta: dict[str, Any], progress: Progress) -> None:
@@ -181,9 +180,9 @@ class Checkpoint(Protocol):
 @dataclass(frozen=True)
 class StateFile:
     """The train state as one safetensors file: `<module>.<key>` (with `trainable` only the parameters that train),
-    `<optim>.<i>.<key>` (parameter i in param-group order), extra tensors, the torch RNG; the JSON meta as one
-    metadata string or, `packed=False`, one per key. `expect` must equal the saved meta to resume, but for `loose`
-    keys of its dicts and `added` ones older states lack (docs/training.md)."""
+    `<optim>.<i>.<key>` (parameter i in param-group order), extra tensors, the torch RNG; the JSON meta (`expect`, the
+    loop's and the task's) as one metadata string or, `packed=False`, one per key. `expect` must equal the saved meta
+    to resume, but for `loose` keys of its dicts and `added` ones older states lack (docs/training.md)."""
 
     path: Path
     expect: Mapping[str, Any] = field(default_factory=dict)
@@ -199,6 +198,7 @@ class StateFile:
                 for k, v in opt.optimizer.state.get(p, {}).items():
                     tensors[f"{name}.{i}.{k}"] = torch.as_tensor(v)
         tensors.update({**task.extra_tensors(), RNG_KEY: torch.get_rng_state()})
+        meta = {**self.expect, **meta}
         metadata = {"meta": json.dumps(meta)} if self.packed else {k: json.dumps(v) for k, v in meta.items()}
         save_tensors(Path(self.path), {k: v.detach().clone() for k, v in tensors.items()}, metadata)
 
@@ -377,7 +377,7 @@ class Loop:
                          + f" elapsed {p.elapsed / 60:.1f}m cpu {p.cpu / 60:.1f}m")
                 p.window = []
             evaluated = False
-            if (o.eval_every and s % o.eval_every == 0) or (o.eval_last and s == o.steps):
+            if (o.eval_every and s % o.eval_every == 0) or s == o.steps:
                 evaluated = True
                 if self.is_main:
                     ev = task.evaluate(p)

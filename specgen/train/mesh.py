@@ -186,9 +186,6 @@ class MeshTask(TrainTask):
         ev = evaluate(self.model, self.val, table=self.table)
         return {"step": progress.step, "train_loss": progress.recent_mean("loss", self.cfg.log_every), **ev}
 
-    def meta(self) -> dict[str, Any]:
-        return {"config": asdict(self.cfg)}
-
     def restore(self, meta: dict[str, Any], progress: Progress) -> None:
         if "cpu" not in meta:  # a state written before the shared loop: its `elapsed` counted CPU seconds
             progress.cpu = float(meta.get("elapsed", 0.0))

@@ -115,9 +115,6 @@ class VQTrainer(TrainTask):
     def extra_tensors(self) -> dict[str, torch.Tensor]:
         return {"trainer.hits": self.hits}
 
-    def meta(self) -> dict[str, Any]:
-        return {"config": asdict(self.cfg)}
-
     def export(self, metrics: dict[str, Any]) -> None:
         """Write the shipping artefacts: fp16 `model.safetensors` + `config.json`."""
         doc = {
