@@ -107,8 +107,7 @@ def check_trajectories(meta: dict, target_ref: str, tok_hash: str, cfg: DistillC
                                 f"block size {meta.get('block_size')}")
 
 
-# ----------------------------------------------------------------------------------------------------
-# losses
+# --- losses -----------------------------------------------------------------------------------------
 
 
 def kl_rows(student: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -200,8 +199,7 @@ class DistillTask(TrainTask):
                 "lr": self.optims["optim"].lr(progress.step - 1), "elapsed_s": round(progress.elapsed, 1)}
 
 
-# ----------------------------------------------------------------------------------------------------
-# the run
+# --- the run ----------------------------------------------------------------------------------------
 
 
 def group_records(records: list[dict]) -> list[list[dict]]:

@@ -65,8 +65,7 @@ def load_image_target(name: str):
     if entry.kind != "target":
         raise UsageError(f"{entry.ref} is a {entry.kind}, not a target; pass target=<image target>")
     model = checkpoints.load_module(entry)
-    cfg = getattr(model, "cfg", None)
-    if not isinstance(model, Transformer) or cfg.cond_kind not in ("class", "caption") or not cfg.rope_grid:
+    if not isinstance(model, Transformer) or model.cfg.cond_kind not in ("class", "caption") or not model.cfg.rope_grid:
         raise UsageError(f"{entry.ref} is not an image target (LlamaGen c2i or t2i GPT)")
     for p in model.parameters():
         p.requires_grad_(False)

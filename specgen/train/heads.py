@@ -411,15 +411,12 @@ def save_outputs(trainer: HeadsTrainer, result: dict, force: bool = False) -> li
             "created_by": "specgen train-heads --kind xspecmesh", "train_config": asdict(cfg)}
     s1 = result["stage1"][-1] if result["stage1"] else {}
     s2 = result["stage2"][-1] if result.get("stage2") else {}
-    (k1, n1, ship1), *rest = outputs(cfg)
-    entries = [publish(k1, n1, ship1, half(result["heads_s1"]), {**base, "stage": 1, "metrics": s1}, n1, force)]
-    if "lora" in result:
-        (ka, na, shipa), (kh, nh, shiph) = rest
-        adapter = publish(ka, na, shipa, half({f"decoder.{k}": v for k, v in result["lora"].items()}),
-                          {**{k: base[k] for k in ("parent", "parent_digest", "vocab_size", "modality", "created_by")},
-                           "lora_rank": cfg.lora_rank, "lora_alpha": cfg.lora_alpha, "metrics": s2}, na, force)
-        entries.append(adapter)
-        entries.append(publish(kh, nh, shiph, half(result["heads_s2"]),
-                               {**base, "stage": 2, "adapter": adapter.name, "metrics": s2}, nh, force))
-    return entries
+    parts = [(half(result["heads_s1"]), {**base, "stage": 1, "metrics": s1})]
+    if "lora" in result:  # outputs(cfg) names the adapter and the stage-2 heads too
+        parts.append((half({f"decoder.{k}": v for k, v in result["lora"].items()}),
+                      {**{k: base[k] for k in ("parent", "parent_digest", "vocab_size", "modality", "created_by")},
+                       "lora_rank": cfg.lora_rank, "lora_alpha": cfg.lora_alpha, "metrics": s2}))
+        parts.append((half(result["heads_s2"]), {**base, "stage": 2, "adapter": f"{cfg.name}-lora", "metrics": s2}))
+    return [publish(kind, name, ship, state, meta, name, force)
+            for (kind, name, ship), (state, meta) in zip(outputs(cfg), parts)]
 

@@ -214,7 +214,6 @@ def train(cfg: MeshTrainConfig, out: Path, log: Callable[[str], None] = lambda s
     state = StateFile(out / "state.safetensors", {"config": asdict(cfg)},
                       loose=("max_minutes", "steps", "ship_dir"), packed=False)
     progress = loop.run(task, state)
-    step, history = progress.step, progress.history
     model.cpu()
     if not loop.is_main:
         return {}
@@ -222,12 +221,12 @@ def train(cfg: MeshTrainConfig, out: Path, log: Callable[[str], None] = lambda s
         model = copy.deepcopy(model)
         table.cpu().fold(model.decoder.tok_embeddings)
     ev = evaluate(model, task.val)
-    metrics = {"steps": step, "train_minutes": round(progress.cpu / 60, 2), **{k: round(v, 4) for k, v in ev.items()},
-               "history": history}
+    metrics = {"steps": progress.step, "train_minutes": round(progress.cpu / 60, 2),
+               **{k: round(v, 4) for k, v in ev.items()}, "history": progress.history}
     state, meta = fp16_state(model, untie=True), entry_meta(cfg, metrics)
     write_entry(out, state, meta)
     publish("target", register, cfg.ship_dir, state, meta, Path(cfg.ship_dir).name)
-    log(f"done: step {step}, val_loss {ev['val_loss']:.4f}, val_acc {ev['val_acc']:.4f}; wrote {out}/model.safetensors")
+    log(f"done: step {progress.step}, val_loss {ev['val_loss']:.4f}, val_acc {ev['val_acc']:.4f}; wrote {out}")
     return metrics
 
 
