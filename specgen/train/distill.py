@@ -23,7 +23,8 @@ from specgen.text.target import load_text_model
 from specgen.text.trajectories import load_records, read_meta, tokenizer_hash
 from specgen.train import packing
 from specgen.train.lora import apply_lora, lora_state, merge_lora, merge_lora_state, merge_scale as checked_merge_scale
-from specgen.train.loop import MIXED_PRECISION, At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask
+from specgen.train.loop import (MIXED_PRECISION, At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask,
+                                check_choices)
 from specgen.train.optim import cosine_lr
 from specgen.train.script import run_script
 
@@ -76,14 +77,8 @@ def check_config(cfg: DistillConfig) -> None:
                          f"got {cfg.mixed_precision!r}")
     if MIXED_PRECISION[cfg.mixed_precision] == "fp16":  # float16 on a CPU without float16 kernels: one line
         resolve_dtype("float16", resolve_device(cfg.device))
-    if cfg.objective not in ("pcllm", "cllm"):
-        raise UsageError(f"objective must be pcllm or cllm, got {cfg.objective!r}")
-    if cfg.schedule not in packing.SCHEDULES:
-        raise UsageError(f"schedule must be one of {', '.join(packing.SCHEDULES)}, got {cfg.schedule!r}")
-    if cfg.mask not in packing.MASKS:
-        raise UsageError(f"mask must be one of {', '.join(packing.MASKS)}, got {cfg.mask!r}")
-    if cfg.finetune not in ("lora", "full"):
-        raise UsageError(f"finetune must be lora or full, got {cfg.finetune!r}")
+    check_choices(cfg, {"objective": ("pcllm", "cllm"), "schedule": packing.SCHEDULES, "mask": packing.MASKS,
+                        "finetune": ("lora", "full")})
     if not cfg.trajectories:
         raise UsageError("trajectories=FOLDER is required (written by `specgen collect-trajectories`)")
 

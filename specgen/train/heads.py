@@ -22,7 +22,7 @@ from specgen.mesh.vertex_lookup import VertexMemory
 from specgen.models.heads import HEAD_KINDS, HeadsConfig, XSpecMeshHeads
 from specgen.models.mesh import MeshGPT
 from specgen.train.checkpoint import half, publish, save_tensors
-from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask
+from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask, check_choices
 from specgen.train.lora import apply_lora, lora_disabled, lora_state, merge_lora
 from specgen.train.mesh import SeedStream, mesh_example, sequence_loss
 from specgen.train.optim import cosine_lr
@@ -83,14 +83,9 @@ ADDED_KEYS = {"token_input": False, "res_layers": 1, "history": 0, "skip_known_o
 
 def check_config(cfg: HeadsTrainConfig) -> None:
     """One-line usage errors for settings no run could use, before anything loads."""
-    if cfg.head_kind not in HEAD_KINDS:
-        raise UsageError(f"unknown head_kind {cfg.head_kind!r}; choose from {', '.join(HEAD_KINDS)}")
+    check_choices(cfg, {"head_kind": HEAD_KINDS, "backbone_loss": BACKBONE_LOSSES, "head_targets": HEAD_TARGETS})
     if cfg.num_heads < 1 or cfg.stages not in (1, 2):  # the other counts: specgen.config_checks
         raise UsageError("num_heads must be >= 1 and stages 1 or 2")
-    if cfg.backbone_loss not in BACKBONE_LOSSES:
-        raise UsageError(f"unknown backbone_loss {cfg.backbone_loss!r}; choose from {', '.join(BACKBONE_LOSSES)}")
-    if cfg.head_targets not in HEAD_TARGETS:
-        raise UsageError(f"unknown head_targets {cfg.head_targets!r}; choose from {', '.join(HEAD_TARGETS)}")
     registry.check_name(cfg.name + "-lora", "name (+ -s1/-lora: heads/NAME-s1, adapter/NAME-lora)")
 
 
@@ -205,8 +200,7 @@ def backbone_features(model: MeshGPT, pcs: torch.Tensor, tokens: torch.Tensor, b
     """Frozen backbone's hidden [S, L, dim] and condition [S, M, cross] for every labelled sequence."""
     hs, cs = [], []
     for i in range(0, len(tokens), batch):
-        t = tokens[i : i + batch]
-        t = t[:, : int((t >= 0).sum(1).max())]
+        t = trim(tokens[i : i + batch])
         _, h, c = model.forward_train(pcs[i : i + batch], t)
         hs.append(F.pad(h, (0, 0, 0, tokens.shape[1] - h.shape[1])))
         cs.append(c)

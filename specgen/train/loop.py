@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol
@@ -28,6 +28,13 @@ from specgen.train.checkpoint import StaleStateError, save_tensors
 RNG_KEY = "loop.torch_rng"
 #: --dtype / recipe spellings -> accelerate's mixed_precision
 MIXED_PRECISION = {"no": "no", "float32": "no", "bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16"}
+
+
+def check_choices(cfg: Any, choices: Mapping[str, Collection[str]]) -> None:
+    """A one-line UsageError for the first field of `cfg` named in `choices` whose value is not one of its choices."""
+    for key, known in choices.items():
+        if getattr(cfg, key) not in known:
+            raise UsageError(f"{key} must be one of {', '.join(known)}, got {getattr(cfg, key)!r}")
 
 
 @dataclass(frozen=True)
@@ -51,11 +58,7 @@ class LoopOptions:
     def __post_init__(self) -> None:
         if self.steps < 1 or self.grad_accum < 1 or min(self.log_every, self.eval_every, self.ckpt_every) < 0:
             raise UsageError("steps and grad_accum must be >= 1, log/eval/ckpt cadences >= 0")
-        if self.budget not in BUDGETS:
-            raise UsageError(f"budget must be one of {', '.join(BUDGETS)}, got {self.budget!r}")
-        if self.mixed_precision not in MIXED_PRECISION:
-            raise UsageError(f"mixed_precision must be one of {', '.join(MIXED_PRECISION)}, "
-                             f"got {self.mixed_precision!r}")
+        check_choices(self, {"budget": BUDGETS, "mixed_precision": MIXED_PRECISION})
 
     @classmethod
     def of(cls, recipe: Any, **options: Any) -> LoopOptions:

@@ -18,7 +18,7 @@ from specgen.image.neighbours import codebook_hash
 from specgen.models.upsampler import UpDownSampler, UpsamplerConfig
 from specgen.train.checkpoint import Published, brief, fp16_state, publish, shipped_copy
 from specgen.train.image_gpt import cached_tokens, crop_tokens, downscale, load_vq
-from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask
+from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask, check_choices
 from specgen.train.optim import AdamWConfig
 
 
@@ -75,8 +75,7 @@ def check_config(cfg: UpsamplerTrainConfig, vq_downsample: int) -> None:
                          f"({cfg.scale} x {vq_downsample})")
     if cfg.kernel % 2 == 0:  # counts >= 1: specgen.config_checks
         raise UsageError(f"kernel must be odd, got {cfg.kernel}")
-    if cfg.perceptual not in ("auto", "lpips", "vq-features", "none"):
-        raise UsageError(f"perceptual must be auto, lpips, vq-features or none, got {cfg.perceptual!r}")
+    check_choices(cfg, {"perceptual": ("auto", "lpips", "vq-features", "none")})
 
 
 # --- data ----------------------------------------------------------------------------------------------------
