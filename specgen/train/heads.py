@@ -321,8 +321,7 @@ class HeadsTrainer:
                          loss_fn, modules, eval_idx)
         loop = Loop(LoopOptions(steps=total, log_every=per_epoch, eval_every=per_epoch, device=self.device), self.log)
         self.is_main = loop.is_main
-        state = StateFile(self.out / f"stage{stage}.safetensors", {"config": config}, loose=loose, added=ADDED_KEYS,
-                          packed=False)
+        state = StateFile(self.out / f"stage{stage}.safetensors", {"config": config}, loose=loose, added=ADDED_KEYS)
         self.log(f"stage {stage}: {epochs} epochs of {per_epoch} steps")
         return loop.run(task, state).history
 

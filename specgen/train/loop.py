@@ -184,14 +184,14 @@ class Checkpoint(Protocol):
 class StateFile:
     """The train state as one safetensors file: `<module>.<key>` (with `trainable` only the parameters that train),
     `<optim>.<i>.<key>` (parameter i in param-group order), extra tensors, the torch RNG; the JSON meta (`expect`, the
-    loop's and the task's) as one metadata string or, `packed=False`, one per key. `expect` must equal the saved meta
-    to resume, but for `loose` keys of its dicts and `added` ones older states lack (docs/training.md)."""
+    loop's and the task's) as one metadata string (states of older versions: one per key, still read). `expect` must
+    equal the saved meta to resume, but for `loose` keys of its dicts and `added` ones older states lack
+    (docs/training.md)."""
 
     path: Path
     expect: Mapping[str, Any] = field(default_factory=dict)
     loose: tuple[str, ...] = ()
     added: Mapping[str, Any] = field(default_factory=lambda: {"grad_accum": 1})  # the loop's own later key
-    packed: bool = True
     trainable: bool = False
 
     def save(self, task: TrainTask, meta: dict[str, Any]) -> None:
@@ -201,9 +201,8 @@ class StateFile:
                 for k, v in opt.optimizer.state.get(p, {}).items():
                     tensors[f"{name}.{i}.{k}"] = torch.as_tensor(v)
         tensors.update({**task.extra_tensors(), RNG_KEY: torch.get_rng_state()})
-        meta = {**self.expect, **meta}
-        metadata = {"meta": json.dumps(meta)} if self.packed else {k: json.dumps(v) for k, v in meta.items()}
-        save_tensors(Path(self.path), {k: v.detach().clone() for k, v in tensors.items()}, metadata)
+        save_tensors(Path(self.path), {k: v.detach().clone() for k, v in tensors.items()},
+                     {"meta": json.dumps({**self.expect, **meta})})
 
     def _state(self, module: torch.nn.Module) -> dict[str, torch.Tensor]:
         if self.trainable:

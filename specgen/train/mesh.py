@@ -211,8 +211,7 @@ def train(cfg: MeshTrainConfig, out: Path, log: Callable[[str], None] = lambda s
     n_params = sum(p.numel() for p in model.parameters())  # the tied LM head is counted once
     loop.log(f"{n_params / 1e6:.2f}M parameters")
     # budgets (steps, max_minutes) may change on resume; the cosine follows `steps`
-    state = StateFile(out / "state.safetensors", {"config": asdict(cfg)},
-                      loose=("max_minutes", "steps", "ship_dir"), packed=False)
+    state = StateFile(out / "state.safetensors", {"config": asdict(cfg)}, loose=("max_minutes", "steps", "ship_dir"))
     progress = loop.run(task, state)
     model.cpu()
     if not loop.is_main:
