@@ -184,9 +184,8 @@ class Checkpoint(Protocol):
 class StateFile:
     """The train state as one safetensors file: `<module>.<key>` (with `trainable` only the parameters that train),
     `<optim>.<i>.<key>` (parameter i in param-group order), extra tensors, the torch RNG; the JSON meta (`expect`, the
-    loop's and the task's) as one metadata string (states of older versions: one per key, still read). `expect` must
-    equal the saved meta to resume, but for `loose` keys of its dicts and `added` ones older states lack
-    (docs/training.md)."""
+    loop's, the task's) as one metadata string (older states' one per key is read too). `expect` must equal the saved
+    meta to resume, but for `loose` keys of its dicts and `added` ones older states lack (docs/training.md)."""
 
     path: Path
     expect: Mapping[str, Any] = field(default_factory=dict)
