@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
+from cli import _output
 from cli._errors import command
 from cli._options import ConfigOpt, DeviceOpt, DtypeOpt, Format, FormatOpt, ModelOpt, OverridesArg, QuietOpt, SeedOpt
+from specgen.config import load_config
 from specgen.errors import UsageError
 
 EPILOG = """examples:
@@ -21,6 +24,9 @@ EPILOG = """examples:
 
   specgen collect-trajectories --out runs/traj --merge     # merge every rank's shards (idempotent)
 """
+
+#: Settings a resumed collection must keep (the rest, such as --limit, may grow or change).
+RESUME_STRICT = ("prompts", "prompt_field", "block_size", "max_new_tokens", "chat", "dtype")  # the target: checked on load
 
 
 @command
@@ -43,8 +49,10 @@ def collect_trajectories(
     quiet: QuietOpt = False,
 ) -> None:
     """Record every Jacobi state (initial guess to fixed point) per block; HumanEval prompts are refused."""
-    # deferred: start-up (the runs import torch and the models; `specgen --help` and refused flags do without them)
-    from cli import collect_runs
+    # deferred: start-up (these import torch and the models; `specgen --help` does without them)
+    from specgen.devices import device_name, resolve_dtype
+    from specgen.text.trajectories import META, CollectConfig, collect, merge_shards
+    from specgen.train.run_folder import check_resume, run_folder
 
     given = dict(model=model, prompts=prompts, limit=limit, block_size=block_size, max_new_tokens=max_new_tokens,
                  seed=seed, device=device, batch_size=batch_size, dtype=dtype)
@@ -53,5 +61,21 @@ def collect_trajectories(
         extra += [flag for flag, v in (("--config", config), ("overrides", overrides or None)) if v is not None]
         if extra:
             raise UsageError(f"--merge only merges the shards in --out; {extra[0]} would be ignored")
-        return collect_runs.merge(out, fmt)
-    collect_runs.run(out, config, overrides, given, fmt, quiet)
+        path = merge_shards(out)
+        _output.emit_json({"merged": str(path)}) if fmt == Format.json else _output.out.print(str(path))
+        return
+    cfg = load_config(CollectConfig, config, overrides, **given)
+    cfg.device = device_name(cfg.device)  # "auto" -> cuda or cpu
+    resolve_dtype(cfg.dtype, cfg.device)  # float16 on a CPU without float16 kernels: one line, before the model loads
+    check_resume(out, asdict(cfg), only=RESUME_STRICT, record=META, section="config",  # before the model loads
+                 run_files=("shards", "merged"))
+    with run_folder(out, disposable=(META,)), \
+            _output.progress("collect", None, quiet or fmt == Format.json) as advance:
+        def on_prompt(blocks: int, iters: int, seconds: float) -> None:
+            advance(1, info=f"{blocks / max(seconds, 1e-9):.2f} blocks/s, {iters / max(blocks, 1):.2f} it/block")
+
+        row = asdict(collect(cfg, out, on_prompt, _output.registry_progress(quiet)))
+    if fmt == Format.json:
+        _output.emit_json(row)
+    else:
+        _output.table("collect-trajectories", [row], list(row), _output.out)

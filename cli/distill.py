@@ -25,10 +25,6 @@ EPILOG = """examples:
 """
 
 
-#: Settings a resumed run may change (budget, logging, registration); any other change is refused up front.
-RESUME_LOOSE = ("steps", "max_minutes", "log_every", "ckpt_every", "register", "name", "threads")
-
-
 @command
 def distill(
     overrides: OverridesArg = None,
@@ -56,7 +52,7 @@ def distill(
                       mixed_precision=dtype)
     training.check_config(cfg)  # before anything is loaded or written
     with run_folder.training_run(out, asdict(cfg), training.outputs(cfg), cfg.device, force, quiet,
-                                 RESUME_LOOSE) as (log, _):
+                                 training.RESUME_LOOSE) as (log, _):
         summary = training.distill(cfg, out, log, _output.registry_progress(quiet), force=force)
     last = summary["history"][-1] if summary["history"] else {}
     row = {"name": summary["name"], "objective": summary["objective"], "steps": summary["steps"],

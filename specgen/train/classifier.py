@@ -17,7 +17,7 @@ from specgen.data.images import IMAGE_CLASSES, ImageCrops, ImageCropsConfig, cro
 from specgen.errors import UsageError
 from specgen.eval.image_metrics import class_accuracy
 from specgen.models.classifier import ImageClassifier
-from specgen.train.checkpoint import fp16_state, shipped_copy, write_entry, write_json
+from specgen.train.checkpoint import brief, fp16_state, shipped_copy, write_entry, write_json
 from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, TrainTask
 from specgen.train.optim import OptimConfig
 from specgen.train.script import parse_recipe, print_metrics, run_script, script_parser
@@ -161,11 +161,8 @@ def train(cfg: ClassifierTrainConfig, out: Path, log: Callable[[str], None] = la
     loop = Loop(LoopOptions.of(cfg, device=device), log)
     progress = loop.run(task)  # no train state: OUT is the shipped folder, and a run takes minutes
     model.cpu()
-    history = progress.history
-    metrics: dict[str, Any] = {
-        **evaluate(shipped_copy(model).eval(), cfg), "weights": "fp16", "train_seconds": round(progress.elapsed, 1),
-        "train_cpu_seconds": round(progress.cpu, 1), "history": history,
-    }
+    measured = evaluate(shipped_copy(model).eval(), cfg)
+    metrics = progress.summary({**measured, "train_cpu_seconds": round(progress.cpu, 1)})
     doc = {
         "builder": "image-classifier", "kind": "classifier", "kwargs": kwargs, "modality": "image",
         "classes": list(train_data.classes), "feature_dim": cfg.widths[-1], "image_size": cfg.crop_size,
@@ -184,7 +181,7 @@ def evaluate_only(cfg: ClassifierTrainConfig, out: Path, log: Callable[[str], No
     doc = json.loads((out / "config.json").read_text())
     metrics = {**doc.get("metrics", {}), **evaluate(checkpoints.load_module(registry.entry_at(out)), cfg)}
     write_json(out / "config.json", {**doc, "metrics": metrics}, sort_keys=False)
-    log(f"re-evaluated {out}: {json.dumps({k: v for k, v in metrics.items() if k != 'history'})}")
+    log(f"re-evaluated {out}: {json.dumps(brief(metrics))}")
     return metrics
 
 
@@ -196,10 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg, args, log = parse_recipe(parser, ClassifierTrainConfig, argv)
     out = Path(args.out)
     metrics = evaluate_only(cfg, out, log) if args.evaluate_only else train(cfg, out, log, args.device)
-    log(f"done: held-out accuracy {metrics['heldout_accuracy']:.4f} (fp16 weights)"
-        + (f", on VQ reconstructions {metrics['heldout_vq_recon_accuracy']:.4f}" if cfg.vq else "")
-        + f"; unseen train-region crops {metrics['unseen_train_crops_accuracy']:.4f}"
-        + (f", their VQ reconstructions {metrics['unseen_train_crops_vq_recon_accuracy']:.4f}" if cfg.vq else ""))
+    log(f"done (fp16 weights): {json.dumps(brief(metrics))}")
     return print_metrics(metrics)
 
 

@@ -22,9 +22,9 @@ from specgen.paths import atomic_dir
 from specgen.text.target import load_text_model
 from specgen.text.trajectories import load_records, read_meta, tokenizer_hash
 from specgen.train import packing
-from specgen.train.checkpoint import check_outputs
 from specgen.train.lora import apply_lora, lora_state, merge_lora, merge_lora_state, merge_scale as checked_merge_scale
-from specgen.train.loop import MIXED_PRECISION, At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask
+from specgen.train.loop import (MIXED_PRECISION, At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask,
+                                check_choices)
 from specgen.train.optim import cosine_lr
 from specgen.train.script import run_script
 
@@ -65,6 +65,10 @@ class DistillConfig:
     register: bool = True
 
 
+#: Settings a resumed run may change (budget, logging, registration); any other change is refused.
+RESUME_LOOSE = ("steps", "max_minutes", "log_every", "ckpt_every", "register", "name", "threads")
+
+
 def check_config(cfg: DistillConfig) -> None:
     """One-line usage errors for settings no run could use, before anything loads."""
     registry.check_name(cfg.name + "-lora", "name (+ -lora: target/NAME, adapter/NAME-lora)")
@@ -73,14 +77,8 @@ def check_config(cfg: DistillConfig) -> None:
                          f"got {cfg.mixed_precision!r}")
     if MIXED_PRECISION[cfg.mixed_precision] == "fp16":  # float16 on a CPU without float16 kernels: one line
         resolve_dtype("float16", resolve_device(cfg.device))
-    if cfg.objective not in ("pcllm", "cllm"):
-        raise UsageError(f"objective must be pcllm or cllm, got {cfg.objective!r}")
-    if cfg.schedule not in packing.SCHEDULES:
-        raise UsageError(f"schedule must be one of {', '.join(packing.SCHEDULES)}, got {cfg.schedule!r}")
-    if cfg.mask not in packing.MASKS:
-        raise UsageError(f"mask must be one of {', '.join(packing.MASKS)}, got {cfg.mask!r}")
-    if cfg.finetune not in ("lora", "full"):
-        raise UsageError(f"finetune must be lora or full, got {cfg.finetune!r}")
+    check_choices(cfg, {"objective": ("pcllm", "cllm"), "schedule": packing.SCHEDULES, "mask": packing.MASKS,
+                        "finetune": ("lora", "full")})
     if not cfg.trajectories:
         raise UsageError("trajectories=FOLDER is required (written by `specgen collect-trajectories`)")
 
@@ -104,8 +102,7 @@ def check_trajectories(meta: dict, target_ref: str, tok_hash: str, cfg: DistillC
                                 f"block size {meta.get('block_size')}")
 
 
-# ----------------------------------------------------------------------------------------------------
-# losses
+# --- losses -----------------------------------------------------------------------------------------
 
 
 def kl_rows(student: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -196,12 +193,8 @@ class DistillTask(TrainTask):
         return {"step": progress.step, **{k: round(v, 5) for k, v in progress.last_log.items()},
                 "lr": self.optims["optim"].lr(progress.step - 1), "elapsed_s": round(progress.elapsed, 1)}
 
-    def meta(self) -> dict[str, Any]:
-        return {"config": asdict(self.cfg)}
 
-
-# ----------------------------------------------------------------------------------------------------
-# the run
+# --- the run ----------------------------------------------------------------------------------------
 
 
 def group_records(records: list[dict]) -> list[list[dict]]:
@@ -234,7 +227,6 @@ def distill(cfg: DistillConfig, out: Path, log: Callable[[str], None] = lambda s
         registry.check_pair(init, tm.entry)
     derived = (init.meta.get("merged_target", ""),) if init is not None else ()
     check_trajectories(meta, tm.entry.ref, tok_hash, cfg, derived)
-    check_outputs(outputs(cfg), force)  # before training (the command checked it before loading too)
     groups = group_records(load_records(Path(cfg.trajectories)))
     if not groups:
         raise UsageError(f"{cfg.trajectories} holds no records")
@@ -259,7 +251,8 @@ def distill(cfg: DistillConfig, out: Path, log: Callable[[str], None] = lambda s
     task = DistillTask(cfg, model, params, groups, stop_ids)
     loop.log(f"{cfg.objective} on {tm.entry.ref}: {len(groups)} prompts, {sum(len(g) for g in groups)} blocks, "
              f"{sum(p.numel() for p in params):,} trainable parameters ({cfg.finetune})")
-    done = loop.run(task, StateFile(Path(out) / "state.safetensors", trainable=True))
+    done = loop.run(task, StateFile(Path(out) / "state.safetensors", {"config": asdict(cfg)}, RESUME_LOOSE,
+                                    trainable=True))
     summary = {"name": cfg.name, "objective": cfg.objective, "steps": done.step, "target": tm.entry.ref,
                "history": done.history, "finished": not done.stopped_early, "entries": []}
     if loop.is_main and cfg.register:

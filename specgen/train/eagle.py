@@ -65,8 +65,7 @@ def load_image_target(name: str):
     if entry.kind != "target":
         raise UsageError(f"{entry.ref} is a {entry.kind}, not a target; pass target=<image target>")
     model = checkpoints.load_module(entry)
-    cfg = getattr(model, "cfg", None)
-    if not isinstance(model, Transformer) or cfg.cond_kind not in ("class", "caption") or not cfg.rope_grid:
+    if not isinstance(model, Transformer) or model.cfg.cond_kind not in ("class", "caption") or not model.cfg.rope_grid:
         raise UsageError(f"{entry.ref} is not an image target (LlamaGen c2i or t2i GPT)")
     for p in model.parameters():
         p.requires_grad_(False)
@@ -177,7 +176,7 @@ def evaluate(net: EagleNet, target: Transformer, data: dict[str, torch.Tensor], 
 
 
 def train(cfg: EagleTrainConfig, out: Path, log: Callable[[str], None] = lambda s: None,
-          device: str = "cpu", mixed_precision: str = "no", force: bool = False) -> Published | None:
+          device: str = "cpu", force: bool = False) -> Published | None:
     """Generate (or reuse) target samples, train (or resume) the drafter and register it (None on other ranks)."""
     if min(cfg.samples_per_class, cfg.eval_samples_per_class) < 1:  # the other counts: specgen.config_checks
         raise UsageError("samples_per_class and eval_samples_per_class must be >= 1")
@@ -192,15 +191,13 @@ def train(cfg: EagleTrainConfig, out: Path, log: Callable[[str], None] = lambda 
         net.load_state_dict(checkpoints.load_module(init).state_dict(), strict=True)
     out.mkdir(parents=True, exist_ok=True)
     digest = hashlib.sha256((entry.path / registry.WEIGHTS).read_bytes()).hexdigest()[:16]
-    train_data = generations(target, cfg.samples_per_class, cfg, cfg.seed * 2 + 1, digest, log, captions,
-                             captions_sha)
-    eval_data = generations(target, cfg.eval_samples_per_class, cfg, cfg.seed * 2 + 2, digest, log, captions,
-                            captions_sha)
+    train_data, eval_data = (generations(target, n, cfg, cfg.seed * 2 + i, digest, log, captions, captions_sha)
+                             for i, n in ((1, cfg.samples_per_class), (2, cfg.eval_samples_per_class)))
     feats, tokens = rows(train_data)
-    loop = Loop(LoopOptions.of(cfg, eval_first=True, device=device, mixed_precision=mixed_precision), log)
+    loop = Loop(LoopOptions.of(cfg, eval_first=True, device=device), log)
     target.to(loop.device)  # the frozen head and embeddings the loss reads (samples were drawn on the CPU)
     record = run_record(cfg, digest, captions_sha)
-    task = EagleTask(cfg, net, target, feats, tokens, eval_data, record)
+    task = EagleTask(cfg, net, target, feats, tokens, eval_data)
     n_params = sum(p.numel() for p in net.parameters() if p.requires_grad)
     loop.log(f"drafter for {entry.ref} ({n_params / 1e6:.2f}M trainable params); {feats.shape[0]} training rows")
     progress = loop.run(task, StateFile(out / "state.safetensors", record))
@@ -215,8 +212,7 @@ def train(cfg: EagleTrainConfig, out: Path, log: Callable[[str], None] = lambda 
             "parent_digest": registry.weights_digest(entry), "vocab_size": net.cfg.vocab_size,
             "modality": "image", "drafter": "eagle", "embedding": "copy of the target's tok_embeddings (frozen)",
             "head": "target.output", "created_by": "specgen train-heads --kind eagle", "train_config": record["config"],
-            "metrics": metrics,
-            **{k: v for k, v in record.items() if k != "config"}}
+            "metrics": metrics, **{k: v for k, v in record.items() if k != "config"}}
     return Published(metrics, publish("draft", cfg.name, cfg.ship_dir, fp16_state(net), meta, "tiny-image-eagle",
                                       force))
 
@@ -225,8 +221,8 @@ class EagleTask(TrainTask):
     """The EAGLE objective on the target's sampled rows (a step's rows and feature noise: `At.draw`)."""
 
     def __init__(self, cfg: EagleTrainConfig, net: EagleNet, target: Transformer, feats: torch.Tensor,
-                 tokens: torch.Tensor, eval_data: dict[str, torch.Tensor], record: dict[str, Any]) -> None:
-        self.cfg, self.net, self.target, self.eval_data, self.record = cfg, net, target, eval_data, record
+                 tokens: torch.Tensor, eval_data: dict[str, torch.Tensor]) -> None:
+        self.cfg, self.net, self.target, self.eval_data = cfg, net, target, eval_data
         self.feats, self.tokens = feats, tokens  # [R, N, D] fp16, [R, N]
         self.modules = {"model": net}
         params = [p for p in net.parameters() if p.requires_grad]
@@ -245,9 +241,6 @@ class EagleTask(TrainTask):
     def evaluate(self, progress: Progress) -> dict[str, Any]:
         ev = evaluate(self.net, self.target, self.eval_data, self.cfg.cfg_scale)
         return {"step": progress.step, **{k: round(v, 4) for k, v in ev.items()}}
-
-    def meta(self) -> dict[str, Any]:
-        return dict(self.record)
 
 
 def run_record(cfg: EagleTrainConfig, digest: str, captions_sha: str) -> dict[str, Any]:

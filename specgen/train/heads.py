@@ -22,7 +22,7 @@ from specgen.mesh.vertex_lookup import VertexMemory
 from specgen.models.heads import HEAD_KINDS, HeadsConfig, XSpecMeshHeads
 from specgen.models.mesh import MeshGPT
 from specgen.train.checkpoint import half, publish, save_tensors
-from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask
+from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask, check_choices
 from specgen.train.lora import apply_lora, lora_disabled, lora_state, merge_lora
 from specgen.train.mesh import SeedStream, mesh_example, sequence_loss
 from specgen.train.optim import cosine_lr
@@ -83,14 +83,9 @@ ADDED_KEYS = {"token_input": False, "res_layers": 1, "history": 0, "skip_known_o
 
 def check_config(cfg: HeadsTrainConfig) -> None:
     """One-line usage errors for settings no run could use, before anything loads."""
-    if cfg.head_kind not in HEAD_KINDS:
-        raise UsageError(f"unknown head_kind {cfg.head_kind!r}; choose from {', '.join(HEAD_KINDS)}")
+    check_choices(cfg, {"head_kind": HEAD_KINDS, "backbone_loss": BACKBONE_LOSSES, "head_targets": HEAD_TARGETS})
     if cfg.num_heads < 1 or cfg.stages not in (1, 2):  # the other counts: specgen.config_checks
         raise UsageError("num_heads must be >= 1 and stages 1 or 2")
-    if cfg.backbone_loss not in BACKBONE_LOSSES:
-        raise UsageError(f"unknown backbone_loss {cfg.backbone_loss!r}; choose from {', '.join(BACKBONE_LOSSES)}")
-    if cfg.head_targets not in HEAD_TARGETS:
-        raise UsageError(f"unknown head_targets {cfg.head_targets!r}; choose from {', '.join(HEAD_TARGETS)}")
     registry.check_name(cfg.name + "-lora", "name (+ -s1/-lora: heads/NAME-s1, adapter/NAME-lora)")
 
 
@@ -205,8 +200,7 @@ def backbone_features(model: MeshGPT, pcs: torch.Tensor, tokens: torch.Tensor, b
     """Frozen backbone's hidden [S, L, dim] and condition [S, M, cross] for every labelled sequence."""
     hs, cs = [], []
     for i in range(0, len(tokens), batch):
-        t = tokens[i : i + batch]
-        t = t[:, : int((t >= 0).sum(1).max())]
+        t = trim(tokens[i : i + batch])
         _, h, c = model.forward_train(pcs[i : i + batch], t)
         hs.append(F.pad(h, (0, 0, 0, tokens.shape[1] - h.shape[1])))
         cs.append(c)
@@ -244,9 +238,9 @@ class StageTask(TrainTask):
     """One stage of heads training: a step's sequences are a slice of the epoch's seeded permutation."""
 
     def __init__(self, cfg: HeadsTrainConfig, stage: int, per_epoch: int, optim: Optim,
-                 loss_fn: StageLoss, modules: dict, eval_idx: list[int], config: dict[str, Any]) -> None:
+                 loss_fn: StageLoss, modules: dict, eval_idx: list[int]) -> None:
         self.cfg, self.stage, self.per_epoch, self.loss_fn, self.eval_idx = cfg, stage, per_epoch, loss_fn, eval_idx
-        self.modules, self.optims, self.config = modules, {"optim": optim}, config
+        self.modules, self.optims = modules, {"optim": optim}
 
     def batch(self, at: At) -> list[int]:
         """One process, no accumulation: batch k of epoch e; else shard j of step s is batch s * shards + j."""
@@ -262,9 +256,6 @@ class StageTask(TrainTask):
     def evaluate(self, progress: Progress) -> dict[str, Any]:
         return {"epoch": progress.step // self.per_epoch,
                 "train_loss": progress.recent_mean("loss", self.per_epoch), **eval_record(self.loss_fn, self.eval_idx)}
-
-    def meta(self) -> dict[str, Any]:
-        return {"config": self.config}
 
 
 class HeadsTrainer:
@@ -327,11 +318,10 @@ class HeadsTrainer:
         config = {**{k: v for k, v in asdict(cfg).items() if k != "ship_dir"}, "stage": stage}  # shipping: not training
         loose = NAMING_KEYS + (STAGE2_KEYS if stage == 1 else ())  # stage 1 resumes under new stage-2 settings
         task = StageTask(cfg, stage, per_epoch, Optim(opt, lambda s: cosine_lr(s, total, lr, min_lr), cfg.grad_clip),
-                         loss_fn, modules, eval_idx, config)
+                         loss_fn, modules, eval_idx)
         loop = Loop(LoopOptions(steps=total, log_every=per_epoch, eval_every=per_epoch, device=self.device), self.log)
         self.is_main = loop.is_main
-        state = StateFile(self.out / f"stage{stage}.safetensors", {"config": config}, loose=loose, added=ADDED_KEYS,
-                          packed=False)
+        state = StateFile(self.out / f"stage{stage}.safetensors", {"config": config}, loose=loose, added=ADDED_KEYS)
         self.log(f"stage {stage}: {epochs} epochs of {per_epoch} steps")
         return loop.run(task, state).history
 
@@ -414,15 +404,12 @@ def save_outputs(trainer: HeadsTrainer, result: dict, force: bool = False) -> li
             "created_by": "specgen train-heads --kind xspecmesh", "train_config": asdict(cfg)}
     s1 = result["stage1"][-1] if result["stage1"] else {}
     s2 = result["stage2"][-1] if result.get("stage2") else {}
-    (k1, n1, ship1), *rest = outputs(cfg)
-    entries = [publish(k1, n1, ship1, half(result["heads_s1"]), {**base, "stage": 1, "metrics": s1}, n1, force)]
-    if "lora" in result:
-        (ka, na, shipa), (kh, nh, shiph) = rest
-        adapter = publish(ka, na, shipa, half({f"decoder.{k}": v for k, v in result["lora"].items()}),
-                          {**{k: base[k] for k in ("parent", "parent_digest", "vocab_size", "modality", "created_by")},
-                           "lora_rank": cfg.lora_rank, "lora_alpha": cfg.lora_alpha, "metrics": s2}, na, force)
-        entries.append(adapter)
-        entries.append(publish(kh, nh, shiph, half(result["heads_s2"]),
-                               {**base, "stage": 2, "adapter": adapter.name, "metrics": s2}, nh, force))
-    return entries
+    parts = [(half(result["heads_s1"]), {**base, "stage": 1, "metrics": s1})]
+    if "lora" in result:  # outputs(cfg) names the adapter and the stage-2 heads too
+        parts.append((half({f"decoder.{k}": v for k, v in result["lora"].items()}),
+                      {**{k: base[k] for k in ("parent", "parent_digest", "vocab_size", "modality", "created_by")},
+                       "lora_rank": cfg.lora_rank, "lora_alpha": cfg.lora_alpha, "metrics": s2}))
+        parts.append((half(result["heads_s2"]), {**base, "stage": 2, "adapter": f"{cfg.name}-lora", "metrics": s2}))
+    return [publish(kind, name, ship, state, meta, name, force)
+            for (kind, name, ship), (state, meta) in zip(outputs(cfg), parts)]
 

@@ -25,7 +25,7 @@ from specgen.image.target import cfg_target
 from specgen.methods import run_batch
 from specgen.models.llamagen import GPT_CONFIGS, find_multiple, llamagen_config
 from specgen.models.transformer import Transformer, TransformerConfig
-from specgen.train.checkpoint import check_outputs, fp16_state, publish, save_tensors, shipped_copy
+from specgen.train.checkpoint import brief, check_outputs, fp16_state, publish, save_tensors, shipped_copy
 from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask
 from specgen.train.optim import OptimConfig
 from specgen.train.script import parse_recipe, print_metrics, run_script, script_parser
@@ -224,11 +224,8 @@ def class_accuracy(clf, tokens: torch.Tensor, labels: torch.Tensor, vocab: int) 
 # --- the run ------------------------------------------------------------------------------------------------
 
 def train(cfg: ImageGPTTrainConfig, out: Path, log: Callable[[str], None] = lambda s: None,
-          command: str = "python -m specgen.train.image_gpt", device: str = "cpu",
-          mixed_precision: str = "no") -> dict[str, Any]:
+          command: str = "python -m specgen.train.image_gpt", device: str = "cpu") -> dict[str, Any]:
     """Train (or resume) in `out` on crops downscaled by `cfg.down()`, register the result; returns the metrics."""
-    if cfg.steps < 1 or cfg.batch_size < 1 or cfg.grad_accum < 1:
-        raise UsageError("steps, batch_size and grad_accum must be >= 1")
     down = cfg.down()
     check_outputs([("target", cfg.name, cfg.ship_dir)])
     torch.set_num_threads(cfg.num_threads)
@@ -243,20 +240,18 @@ def train(cfg: ImageGPTTrainConfig, out: Path, log: Callable[[str], None] = lamb
             if p.dim() > 1:
                 torch.nn.init.normal_(p, std=0.02)
         model.output.weight.zero_()
-    loop = Loop(LoopOptions.of(cfg, device=device, mixed_precision=mixed_precision), log)
+    loop = Loop(LoopOptions.of(cfg, device=device), log)
     task = C2ITask(cfg, model, data)
     n_params = sum(p.numel() for p in model.parameters())
     loop.log(f"{n_params / 1e6:.2f}M params; config {mcfg.to_dict()}; {data['train_tokens'].shape[0]} train crops, "
              f"{len(classes)} classes")
     progress = loop.run(task, StateFile(out / "state.safetensors", {"config": asdict(cfg)}))
     model.cpu()
-    metrics = {}
-    if loop.is_main:
-        metrics = final_eval(cfg, model, data, out, log)
-        metrics.update({"steps": progress.step, "train_seconds": round(progress.elapsed, 1),
-                        "history": progress.history, "params": n_params, "weights": "fp16"})
-        register(cfg, model, data, metrics, command)
-        log(f"done: {json.dumps({k: v for k, v in metrics.items() if k != 'history'})}")
+    if not loop.is_main:  # rank 0 measures and registers
+        return {}
+    metrics = progress.summary({**final_eval(cfg, model, data, out, log), "params": n_params})
+    register(cfg, model, data, metrics, command)
+    log(f"done: {json.dumps(brief(metrics))}")
     return metrics
 
 
@@ -290,9 +285,6 @@ class C2ITask(TrainTask):
         ev = heldout_loss(self.model, self.eval_tokens, self.eval_labels)
         self.model.train()
         return {"step": progress.step, "eval_loss": round(ev, 4), "elapsed_s": round(progress.elapsed, 1)}
-
-    def meta(self) -> dict[str, Any]:
-        return {"config": asdict(self.cfg)}
 
 
 def final_eval(cfg: ImageGPTTrainConfig, model: Transformer, data: dict, out: Path,

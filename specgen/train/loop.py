@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol
@@ -30,6 +30,13 @@ RNG_KEY = "loop.torch_rng"
 MIXED_PRECISION = {"no": "no", "float32": "no", "bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16"}
 
 
+def check_choices(cfg: Any, choices: Mapping[str, Collection[str]]) -> None:
+    """A one-line UsageError for the first field of `cfg` named in `choices` whose value is not one of its choices."""
+    for key, known in choices.items():
+        if getattr(cfg, key) not in known:
+            raise UsageError(f"{key} must be one of {', '.join(known)}, got {getattr(cfg, key)!r}")
+
+
 @dataclass(frozen=True)
 class LoopOptions:
     """How long, how often, where: the loop's part of a recipe."""
@@ -38,11 +45,10 @@ class LoopOptions:
     stop_after: int = 0  # > 0: stop at this step of the `steps`-long schedule (a snapshot; rerun to go on)
     grad_accum: int = 1  # micro-batches per optimiser step (per process)
     log_every: int = 0  # 0: only the last step (with log_last)
-    eval_every: int = 0  # 0: only the last step (with eval_last)
+    eval_every: int = 0  # 0: only the last step
     ckpt_every: int = 0  # 0: only with evaluations (ckpt_at_eval) and when the loop stops
     ckpt_at_eval: bool = True  # also write the state with every evaluation
     log_last: bool = True
-    eval_last: bool = True
     eval_first: bool = False  # log an evaluation before the first step of a fresh run
     max_minutes: float = 0.0  # > 0: stop (checkpointed) after the step at which the budget clock passes this
     budget: str = "session"  # session: wall time of this invocation | cpu: process CPU time summed over sessions
@@ -52,11 +58,7 @@ class LoopOptions:
     def __post_init__(self) -> None:
         if self.steps < 1 or self.grad_accum < 1 or min(self.log_every, self.eval_every, self.ckpt_every) < 0:
             raise UsageError("steps and grad_accum must be >= 1, log/eval/ckpt cadences >= 0")
-        if self.budget not in BUDGETS:
-            raise UsageError(f"budget must be one of {', '.join(BUDGETS)}, got {self.budget!r}")
-        if self.mixed_precision not in MIXED_PRECISION:
-            raise UsageError(f"mixed_precision must be one of {', '.join(MIXED_PRECISION)}, "
-                             f"got {self.mixed_precision!r}")
+        check_choices(self, {"budget": BUDGETS, "mixed_precision": MIXED_PRECISION})
 
     @classmethod
     def of(cls, recipe: Any, **options: Any) -> LoopOptions:
@@ -165,7 +167,7 @@ class TrainTask(ABC):
         return {}
 
     def meta(self) -> dict[str, Any]:
-        """JSON the state records besides the loop's (config, ...); `restore` gets it back on resume."""
+        """JSON the state records besides the loop's and the checkpoint's `expect`; `restore` gets it back on resume."""
         return {}
 
     def restore(self, meta: dict[str, Any], progress: Progress) -> None:
@@ -181,15 +183,14 @@ class Checkpoint(Protocol):
 @dataclass(frozen=True)
 class StateFile:
     """The train state as one safetensors file: `<module>.<key>` (with `trainable` only the parameters that train),
-    `<optim>.<i>.<key>` (parameter i in param-group order), extra tensors, the torch RNG; the JSON meta as one
-    metadata string or, `packed=False`, one per key. `expect` must equal the saved meta to resume, but for `loose`
-    keys of its dicts and `added` ones older states lack (docs/training.md)."""
+    `<optim>.<i>.<key>` (parameter i in param-group order), extra tensors, the torch RNG; the JSON meta (`expect`, the
+    loop's, the task's) as one metadata string (older states' one per key is read too). `expect` must equal the saved
+    meta to resume, but for `loose` keys of its dicts and `added` ones older states lack (docs/training.md)."""
 
     path: Path
     expect: Mapping[str, Any] = field(default_factory=dict)
     loose: tuple[str, ...] = ()
     added: Mapping[str, Any] = field(default_factory=lambda: {"grad_accum": 1})  # the loop's own later key
-    packed: bool = True
     trainable: bool = False
 
     def save(self, task: TrainTask, meta: dict[str, Any]) -> None:
@@ -199,8 +200,8 @@ class StateFile:
                 for k, v in opt.optimizer.state.get(p, {}).items():
                     tensors[f"{name}.{i}.{k}"] = torch.as_tensor(v)
         tensors.update({**task.extra_tensors(), RNG_KEY: torch.get_rng_state()})
-        metadata = {"meta": json.dumps(meta)} if self.packed else {k: json.dumps(v) for k, v in meta.items()}
-        save_tensors(Path(self.path), {k: v.detach().clone() for k, v in tensors.items()}, metadata)
+        save_tensors(Path(self.path), {k: v.detach().clone() for k, v in tensors.items()},
+                     {"meta": json.dumps({**self.expect, **meta})})
 
     def _state(self, module: torch.nn.Module) -> dict[str, torch.Tensor]:
         if self.trainable:
@@ -377,7 +378,7 @@ class Loop:
                          + f" elapsed {p.elapsed / 60:.1f}m cpu {p.cpu / 60:.1f}m")
                 p.window = []
             evaluated = False
-            if (o.eval_every and s % o.eval_every == 0) or (o.eval_last and s == o.steps):
+            if (o.eval_every and s % o.eval_every == 0) or s == o.steps:
                 evaluated = True
                 if self.is_main:
                     ev = task.evaluate(p)

@@ -186,9 +186,6 @@ class MeshTask(TrainTask):
         ev = evaluate(self.model, self.val, table=self.table)
         return {"step": progress.step, "train_loss": progress.recent_mean("loss", self.cfg.log_every), **ev}
 
-    def meta(self) -> dict[str, Any]:
-        return {"config": asdict(self.cfg)}
-
     def restore(self, meta: dict[str, Any], progress: Progress) -> None:
         if "cpu" not in meta:  # a state written before the shared loop: its `elapsed` counted CPU seconds
             progress.cpu = float(meta.get("elapsed", 0.0))
@@ -214,10 +211,8 @@ def train(cfg: MeshTrainConfig, out: Path, log: Callable[[str], None] = lambda s
     n_params = sum(p.numel() for p in model.parameters())  # the tied LM head is counted once
     loop.log(f"{n_params / 1e6:.2f}M parameters")
     # budgets (steps, max_minutes) may change on resume; the cosine follows `steps`
-    state = StateFile(out / "state.safetensors", {"config": asdict(cfg)},
-                      loose=("max_minutes", "steps", "ship_dir"), packed=False)
+    state = StateFile(out / "state.safetensors", {"config": asdict(cfg)}, loose=("max_minutes", "steps", "ship_dir"))
     progress = loop.run(task, state)
-    step, history = progress.step, progress.history
     model.cpu()
     if not loop.is_main:
         return {}
@@ -225,12 +220,12 @@ def train(cfg: MeshTrainConfig, out: Path, log: Callable[[str], None] = lambda s
         model = copy.deepcopy(model)
         table.cpu().fold(model.decoder.tok_embeddings)
     ev = evaluate(model, task.val)
-    metrics = {"steps": step, "train_minutes": round(progress.cpu / 60, 2), **{k: round(v, 4) for k, v in ev.items()},
-               "history": history}
+    metrics = {"steps": progress.step, "train_minutes": round(progress.cpu / 60, 2),
+               **{k: round(v, 4) for k, v in ev.items()}, "history": progress.history}
     state, meta = fp16_state(model, untie=True), entry_meta(cfg, metrics)
     write_entry(out, state, meta)
     publish("target", register, cfg.ship_dir, state, meta, Path(cfg.ship_dir).name)
-    log(f"done: step {step}, val_loss {ev['val_loss']:.4f}, val_acc {ev['val_acc']:.4f}; wrote {out}/model.safetensors")
+    log(f"done: step {progress.step}, val_loss {ev['val_loss']:.4f}, val_acc {ev['val_acc']:.4f}; wrote {out}")
     return metrics
 
 

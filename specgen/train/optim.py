@@ -10,19 +10,27 @@ import torch
 
 
 @dataclass(frozen=True)
-class OptimConfig:
-    """AdamW + warmup/cosine recipe keys as flat fields of a recipe dataclass (which may redeclare a default)."""
+class AdamWConfig:
+    """AdamW recipe keys as flat fields of a recipe dataclass (which may redeclare a default)."""
 
     lr: float = 1e-3
-    min_lr: float = 5e-5
-    warmup_steps: int = 50
     beta1: float = 0.9
     beta2: float = 0.95
     weight_decay: float = 0.0
     grad_clip: float = 1.0  # max global gradient norm (0 = no clipping)
 
-    def adamw(self, params: Iterable[torch.nn.Parameter]) -> torch.optim.AdamW:
-        return torch.optim.AdamW(params, lr=self.lr, betas=(self.beta1, self.beta2), weight_decay=self.weight_decay)
+    def adamw(self, params: Iterable[torch.nn.Parameter], lr: float | None = None) -> torch.optim.AdamW:
+        """AdamW over `params` at `lr` (default: the recipe's)."""
+        return torch.optim.AdamW(params, lr=self.lr if lr is None else lr, betas=(self.beta1, self.beta2),
+                                 weight_decay=self.weight_decay)
+
+
+@dataclass(frozen=True)
+class OptimConfig(AdamWConfig):
+    """AdamW keys plus a linear warmup + cosine decay schedule."""
+
+    min_lr: float = 5e-5
+    warmup_steps: int = 50
 
     def lr_at(self, step: int, total: int) -> float:
         """The learning rate of (0-based) `step` of a `total`-step run."""

@@ -16,9 +16,7 @@ MASKS = ("noisy", "clean", "window")
 
 
 def noise_schedule(name: str, num_blocks: int, window: int, rng: random.Random | None = None) -> list[float]:
-    """Scheduled noise ratio t_i of each of `num_blocks` blocks."""
-    if window < 1:
-        raise ValueError(f"window must be >= 1, got {window}")
+    """Scheduled noise ratio t_i of each of `num_blocks` blocks (window >= 1: config_checks)."""
     grid = [k / window for k in range(window)]
     if name == "progressive":
         return [grid[i % window] for i in range(num_blocks)]
@@ -101,9 +99,7 @@ def pack(prompt: list[int], states: list[list[int]], fixed: list[list[int]],
 
 def noise_aware_mask(segments: tuple[tuple[str, int, int, int], ...], variant: str = "noisy",
                      window: int = 16) -> torch.Tensor:
-    """Boolean [T, T] attention mask (row = query may attend to column) for a packed layout."""
-    if variant not in MASKS:
-        raise ValueError(f"unknown mask variant {variant!r}; choose from {', '.join(MASKS)}")
+    """Boolean [T, T] attention mask (row = query may attend to column) for a packed layout (variant: MASKS)."""
     total = sum(s[3] for s in segments)
     mask = torch.zeros(total, total, dtype=torch.bool)
     for kind, j, start, length in segments:

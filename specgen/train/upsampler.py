@@ -18,12 +18,13 @@ from specgen.image.neighbours import codebook_hash
 from specgen.models.upsampler import UpDownSampler, UpsamplerConfig
 from specgen.train.checkpoint import Published, brief, fp16_state, publish, shipped_copy
 from specgen.train.image_gpt import cached_tokens, crop_tokens, downscale, load_vq
-from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask
+from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask, check_choices
+from specgen.train.optim import AdamWConfig
 
 
 @dataclass(frozen=True)
-class UpsamplerTrainConfig:
-    """Everything a run depends on (a YAML recipe sets any subset)."""
+class UpsamplerTrainConfig(AdamWConfig):
+    """Everything a run depends on (a YAML recipe sets any subset; AdamW keys: AdamWConfig, at a constant lr)."""
 
     vq: str = "specgen/assets/image/vq"  # VQ folder (config.json + model.safetensors) or a registry name
     vq_name: str = "tiny-image-vq"  # registry name of that VQ, recorded in the pair's meta["vq"]
@@ -42,11 +43,10 @@ class UpsamplerTrainConfig:
     steps: int = 1500
     batch_size: int = 16  # crops per micro-batch (an optimiser step: grad_accum x processes of them)
     grad_accum: int = 1  # micro-batches per optimiser step
-    lr: float = 3e-4
-    disc_lr: float = 5e-4
+    lr: float = 3e-4  # AdamWConfig keys with this recipe's defaults
     weight_decay: float = 0.01
-    beta1: float = 0.9
     beta2: float = 0.99
+    disc_lr: float = 5e-4  # the discriminators' (same AdamW keys otherwise)
     mse_weight: float = 1.0
     perceptual: str = "auto"  # auto | lpips | vq-features | none
     perceptual_weight: float = 1.0
@@ -58,7 +58,6 @@ class UpsamplerTrainConfig:
     lecam_weight: float = 0.001
     lecam_decay: float = 0.999
     augment: bool = True
-    grad_clip: float = 1.0
     log_every: int = 10
     eval_every: int = 250
     ckpt_every: int = 25
@@ -76,8 +75,7 @@ def check_config(cfg: UpsamplerTrainConfig, vq_downsample: int) -> None:
                          f"({cfg.scale} x {vq_downsample})")
     if cfg.kernel % 2 == 0:  # counts >= 1: specgen.config_checks
         raise UsageError(f"kernel must be odd, got {cfg.kernel}")
-    if cfg.perceptual not in ("auto", "lpips", "vq-features", "none"):
-        raise UsageError(f"perceptual must be auto, lpips, vq-features or none, got {cfg.perceptual!r}")
+    check_choices(cfg, {"perceptual": ("auto", "lpips", "vq-features", "none")})
 
 
 # --- data ----------------------------------------------------------------------------------------------------
@@ -262,12 +260,9 @@ class PairTask(TrainTask):
     def __init__(self, cfg: UpsamplerTrainConfig, model: Trainee, vq, data: dict[str, torch.Tensor],
                  perc: nn.Module | None) -> None:
         self.cfg, self.model, self.pair, self.vq, self.data, self.perc = cfg, model, model.pair, vq, data, perc
-        betas = (cfg.beta1, cfg.beta2)
-        opt_g = torch.optim.AdamW(model.pair.parameters(), lr=cfg.lr, betas=betas, weight_decay=cfg.weight_decay)
-        opt_d = torch.optim.AdamW(model.disc.parameters(), lr=cfg.disc_lr, betas=betas, weight_decay=cfg.weight_decay)
         self.modules = {"model": model}
-        self.optims = {"opt_g": Optim(opt_g, lambda s: cfg.lr, cfg.grad_clip),
-                       "opt_d": Optim(opt_d, lambda s: cfg.disc_lr)}
+        self.optims = {"opt_g": Optim(cfg.adamw(model.pair.parameters()), lambda s: cfg.lr, cfg.grad_clip),
+                       "opt_d": Optim(cfg.adamw(model.disc.parameters(), cfg.disc_lr), lambda s: cfg.disc_lr)}
         self.lecam = {"up": LeCam(cfg.lecam_decay), "down": LeCam(cfg.lecam_decay)}
 
     def batch(self, at: At):
@@ -334,7 +329,7 @@ class PairTask(TrainTask):
         return {"step": progress.step, **ev, "elapsed_s": round(progress.elapsed, 1)}
 
     def meta(self) -> dict[str, Any]:
-        return {"config": asdict(self.cfg), "lecam": {k: (v.real, v.fake) for k, v in self.lecam.items()}}
+        return {"lecam": {k: (v.real, v.fake) for k, v in self.lecam.items()}}
 
     def restore(self, meta: dict[str, Any], progress: Progress) -> None:
         for k, v in self.lecam.items():
@@ -344,7 +339,7 @@ class PairTask(TrainTask):
 # --- the run ----------------------------------------------------------------------------------------------------
 
 def train(cfg: UpsamplerTrainConfig, out: Path, log: Callable[[str], None] = lambda s: None,
-          device: str = "cpu", mixed_precision: str = "no", force: bool = False) -> Published | None:
+          device: str = "cpu", force: bool = False) -> Published | None:
     """Train (or resume) in `out` and register the pair (None on other ranks)."""
     torch.set_num_threads(cfg.num_threads)
     vq, doc, digest = load_vq(cfg.vq)
@@ -375,7 +370,7 @@ def train(cfg: UpsamplerTrainConfig, out: Path, log: Callable[[str], None] = lam
     if warm is not None:
         fresh = pair.warm_start_from(warm)
         log(f"warm start from {cfg.warm_start}: {len(fresh)} tensors of the new stage(s) left at initialisation")
-    loop = Loop(LoopOptions.of(cfg, device=device, mixed_precision=mixed_precision), log)
+    loop = Loop(LoopOptions.of(cfg, device=device), log)
     perc = perceptual_loss(cfg.perceptual, vq)
     vq.to(loop.device)
     if perc is not None:

@@ -115,9 +115,6 @@ class VQTrainer(TrainTask):
     def extra_tensors(self) -> dict[str, torch.Tensor]:
         return {"trainer.hits": self.hits}
 
-    def meta(self) -> dict[str, Any]:
-        return {"config": asdict(self.cfg)}
-
     def export(self, metrics: dict[str, Any]) -> None:
         """Write the shipping artefacts: fp16 `model.safetensors` + `config.json`."""
         doc = {
@@ -207,7 +204,7 @@ class VQTrainer(TrainTask):
         loop = Loop(LoopOptions.of(cfg, device=self.device), self.log)
         loop.log(f"model {cfg.model} ({sum(p.numel() for p in self.model.parameters()) / 1e6:.2f}M params) "
                  f"config {self.model_cfg.to_dict()}")
-        progress = loop.run(self, StateFile(self.out / "state.safetensors", {"config": asdict(cfg)}, packed=False))
+        progress = loop.run(self, StateFile(self.out / "state.safetensors", {"config": asdict(cfg)}))
         self.model.cpu()
         ev = evaluate(shipped_copy(self.model), self.eval_images)  # the shipped fp16 weights, not the fp32 copy
         metrics = {**self._metrics(progress, progress.history, ev), "weights": "fp16"}

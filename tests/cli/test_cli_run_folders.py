@@ -62,8 +62,7 @@ def test_changed_config_is_refused_before_anything_is_touched(tmp_path, case):
 
 
 def test_budget_and_naming_keys_may_change_on_resume(tmp_path):
-    from cli.distill import RESUME_LOOSE
-    from specgen.train.distill import DistillConfig
+    from specgen.train.distill import RESUME_LOOSE, DistillConfig
     from specgen.train.run_folder import check_resume
 
     out = tmp_path / "run"

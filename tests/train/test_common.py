@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from safetensors.torch import load_file
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
 from specgen.config import load_config
 from specgen.errors import CheckpointError, UsageError
@@ -137,8 +138,12 @@ def test_train_state_round_trip_resumes_exactly(tmp_path, packed):
     meta = {"step": 3, "elapsed": 1.5, "history": [{"step": 3, "loss": 0.1}], "config": {"lr": 0.01, "steps": 9}}
     path = tmp_path / "state.safetensors"
     rng = torch.get_rng_state()
-    StateFile(path, packed=packed).save(_Held(model, opt, hits), meta)
+    StateFile(path).save(_Held(model, opt, hits), meta)
     assert "optim.0.exp_avg" in load_file(str(path)) and "model.0.weight" in load_file(str(path))
+    if not packed:  # a state of an older version: one metadata entry per key
+        with safe_open(str(path), "pt") as f:
+            saved = json.loads(f.metadata()["meta"])
+        save_file(load_file(str(path)), str(path), metadata={k: json.dumps(v) for k, v in saved.items()})
 
     fresh, fresh_opt = _trained(seed=1)
     fresh_hits = torch.zeros(5)
