@@ -22,7 +22,6 @@ from specgen.models import prompt
 from specgen.models.packed_linear import available
 from specgen.models.transformer import Transformer, TransformerConfig
 
-MODES = ("int8", "int4")
 GROUPS = (32, 64, 128, 256)  # int4 group sizes the CPU kernel accepts
 DEFAULT_GROUP = 32
 REFINE_STEPS = 3  # least-squares refits of int4 scales and zeros (quantize_int4)
@@ -146,8 +145,6 @@ class QuantizedLinear(nn.Module):
 
     def __init__(self, in_features: int, out_features: int, mode: str, group: int = 0, bias: bool = False) -> None:
         super().__init__()
-        if mode not in MODES:
-            raise ValueError(f"mode {mode!r} not in {MODES}")
         self.in_features, self.out_features, self.mode = in_features, out_features, mode
         self.group = group if mode == "int4" else 0
         if mode == "int8":
@@ -213,7 +210,10 @@ class QuantizedLinear(nn.Module):
         int4 weight, group, scales-and-zeros [in/g, out, 2] bf16). The op computes each row of x [M, in] bf16 alone."""
         if self._kernel is None:
             if self.mode == "int8" and self.head_rows:
-                packed = torch.ops.mkldnn._reorder_linear_weight(self.bf16_weight(), self.head_rows)
+                w = torch.empty(self.out_features, self.in_features, dtype=ACT_DTYPE)  # `dequantize()` in bf16, made
+                for i in range(0, self.out_features, 4096):  # in pieces: a whole float32 copy would set the peak memory
+                    w[i : i + 4096] = self.dequantize(slice(i, i + 4096))
+                packed = torch.ops.mkldnn._reorder_linear_weight(w, self.head_rows)
                 self._kernel = (blocked_head, (packed, self.head_rows), self.bias)
             elif self.mode == "int8":
                 self._kernel = (INT8_MM, (self.qweight, self.scales), self.bias)
@@ -226,14 +226,6 @@ class QuantizedLinear(nn.Module):
                 self.scales, self.zeros = sz[..., 0].t(), sz[..., 1].t()  # views of the kernel's copy: held once
                 self._kernel = (INT4_MM, (packed, self.group, sz), self.bias)
         return self._kernel
-
-    def bf16_weight(self, chunk: int = 4096) -> torch.Tensor:
-        """`dequantize()` rounded to bfloat16, made `chunk` output rows at a time (a whole float32 copy of a large
-        head would set the process's peak memory)."""
-        out = torch.empty(self.out_features, self.in_features, dtype=ACT_DTYPE)
-        for i in range(0, self.out_features, chunk):
-            out[i : i + chunk] = self.dequantize(slice(i, i + chunk))
-        return out
 
     def streamed_bytes(self) -> int:
         """Bytes one product reads: the packed bfloat16 copy for a blocked head, else the quantized buffers."""
@@ -283,7 +275,7 @@ def bf16_gemm() -> bool:
 
 def head_rows() -> int:
     """`HEAD_ROWS` where torch has oneDNN's packed linear and a fast bfloat16 GEMM, else 0 (the int8 kernel)."""
-    return HEAD_ROWS if available() and devices.onednn_packs(ACT_DTYPE) else 0
+    return HEAD_ROWS if available() and bf16_gemm() else 0
 
 
 @functools.cache
@@ -319,8 +311,6 @@ class QuantizedEmbedding(nn.Module):
 
     def __init__(self, head: QuantizedLinear) -> None:
         super().__init__()
-        if head.mode != "int8":
-            raise ValueError("a quantized embedding is int8 (one scale per row)")
         self.register_buffer("qweight", head.qweight)
         self.register_buffer("scales", head.scales)
 

@@ -121,13 +121,11 @@ class Attention(nn.Module):
             k, v = cache.write(layer, k, v)  # [B, Hkv, T, hd]
         if isinstance(mask, PLANS):  # a planned forward with a cache (hidden_states: `attention_path` not sdpa)
             y = invariant_attention(q, k, v, mask)  # a query's result never depends on the forward's width
-            return self.wo(y.transpose(1, 2).reshape(b, s, self.q_dim))
-        gqa = self.cfg.n_heads != self.cfg.n_kv_heads
-        if x.dtype != torch.float32:  # no cache (teacher forcing, training) or a prompt prefill: float32 math, as
-            q, k, v = q.float(), k.float(), v.float()  # SDPA's bf16 kernels accumulate anyway
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=causal and mask is None, enable_gqa=gqa
-        ).to(x.dtype)
+        else:
+            if x.dtype != torch.float32:  # no cache (teacher forcing, training) or a prompt prefill: float32 math, as
+                q, k, v = q.float(), k.float(), v.float()  # SDPA's bf16 kernels accumulate anyway
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None,
+                                               enable_gqa=h != hkv).to(x.dtype)
         return self.wo(y.transpose(1, 2).reshape(b, s, self.q_dim))
 
 
