@@ -276,8 +276,7 @@ def head_logits(stacked: StackedHeads, lm_head: nn.Module, embed: nn.Module, dty
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     """w * RMSNorm(x) with float32 statistics, rounded to x's dtype before the weight (as `RMSNorm`'s torch path)."""
-    xf = x.float()
-    return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return w * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
 
 
 def rows_times(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

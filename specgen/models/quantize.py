@@ -150,8 +150,7 @@ class QuantizedLinear(nn.Module):
         if mode == "int8":
             self.register_buffer("qweight", torch.zeros(out_features, in_features, dtype=torch.int8))
             self.register_buffer("scales", torch.ones(out_features, dtype=ACT_DTYPE))
-        else:
-            check_int4_shape(in_features, group)
+        else:  # the width and group are checked where the weights are quantized (quantize_int4)
             self.register_buffer("qweight", torch.zeros(out_features, in_features // 2, dtype=torch.uint8))
             self.register_buffer("scales", torch.ones(out_features, in_features // group, dtype=ACT_DTYPE))
             self.register_buffer("zeros", torch.zeros(out_features, in_features // group, dtype=ACT_DTYPE))

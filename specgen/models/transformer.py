@@ -241,16 +241,13 @@ CONDITION_EMBEDDINGS = {  # TransformerConfig.cond_kind -> the model's `cls_embe
 }
 
 
-def padded_causal_mask(valid: torch.Tensor, s: int | None = None) -> torch.Tensor:
-    """LlamaGen's masked causal mask [B, S, S] over a sequence whose first M slots are a padded condition (valid [B, M]
-    marks real slots): query i sees key j iff j <= i and (slot j is not padding or j == i)."""
-    b, m = valid.shape
-    s = s or m
-    keys = torch.ones(b, s, dtype=torch.bool, device=valid.device)
-    keys[:, :m] = valid
+def padded_causal_mask(valid: torch.Tensor) -> torch.Tensor:
+    """LlamaGen's masked causal mask [B, S, S] over S slots, some of them padding (valid [B, S] marks real slots):
+    query i sees key j iff j <= i and (slot j is not padding or j == i)."""
+    s = valid.shape[1]
     causal = torch.ones(s, s, dtype=torch.bool, device=valid.device).tril()
     eye = torch.eye(s, dtype=torch.bool, device=valid.device)
-    return causal & (keys[:, None, :] | eye)
+    return causal & (valid[:, None, :] | eye)
 
 
 def rope_table(cfg: TransformerConfig) -> torch.Tensor:
