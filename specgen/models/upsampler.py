@@ -17,7 +17,7 @@ from specgen.models.vq import nearest_code
 
 @dataclass(frozen=True)
 class UpsamplerConfig:
-    """Both networks of a pair. `scale` is the per-side factor r (a power of two: 2 = one stage, 4 = two)."""
+    """Both networks of a pair: `scale` is the per-side factor r, 2 (one stage) or 4 (two) (train/upsampler.py)."""
 
     codebook_size: int = 512
     embed_dim: int = 8  # VQ code dimension
@@ -27,12 +27,6 @@ class UpsamplerConfig:
     blocks: int = 2  # residual blocks per stage and after the last stage
     kernel: int = 3  # odd; k x k convolutions with the rows below the centre masked
     skip: bool = False  # add nearest-repeat (up) / average-pool (down) of the input codes; head starts at 0
-
-    def __post_init__(self) -> None:
-        if self.scale < 2 or self.scale & (self.scale - 1):
-            raise ValueError(f"scale must be a power of two >= 2, got {self.scale}")
-        if self.kernel < 1 or self.kernel % 2 == 0:
-            raise ValueError(f"kernel must be odd, got {self.kernel}")
 
     @property
     def stages(self) -> int:
