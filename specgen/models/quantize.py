@@ -96,8 +96,7 @@ def levels(wg: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.T
 
 def group_error(wg: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
                 zero: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """([out, G] squared error, [out, G] largest absolute error) of each group's reconstruction
-    (q - 8) * scale + zero."""
+    """([out, G] squared error, largest absolute error) of each group's reconstruction (q - 8) * scale + zero."""
     diff = (q - 8) * scale[..., None] + zero[..., None] - wg
     return diff.square().sum(-1), diff.abs().amax(-1)
 
@@ -344,8 +343,7 @@ def quantize_transformer(model: nn.Module, mode: str, group: int = DEFAULT_GROUP
 
 
 def swap_layers(model: Transformer, linear, feed_forward) -> None:
-    """Replace each block's attention (and cross-attention: the mesh GPT) Linears by `linear(lin)` and its feed-forward
-    by `feed_forward(ffn)`."""
+    """Each block's (cross-)attention Linears -> `linear(lin)`, its feed-forward -> `feed_forward(ffn)`, in place."""
     for blk in model.layers:
         for parent in (blk.attention,) + ((blk.cross_attention,) if hasattr(blk, "cross_attention") else ()):
             for name, lin in list(parent.named_children()):

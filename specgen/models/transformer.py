@@ -304,7 +304,6 @@ class Transformer(nn.Module):
         cache: KVCache | None = None,
         tree_mask: torch.Tensor | None = None,  # [S, S] or [B, S, S] bool among the new nodes
         embeds: torch.Tensor | None = None,  # [B, S, dim] instead of tokens (condition tokens)
-        context_kv: list | None = None,  # per-layer cross kv when there is no cache
         attn_mask: torch.Tensor | None = None,  # [B, 1, S, T] over cache slots: overrides tree_mask
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits [B, S, V] and final hidden states [B, S, dim] (after the final norm)."""
@@ -313,7 +312,7 @@ class Transformer(nn.Module):
             if replayed is not None:
                 return replayed  # (logits, hidden)
         h = self.tok_embeddings(tokens) if embeds is None else embeds
-        hidden = self.hidden_states(h, positions, cache, tree_mask, context_kv, attn_mask)
+        hidden = self.hidden_states(h, positions, cache, tree_mask, attn_mask=attn_mask)
         return self.output(hidden), hidden
 
     def hidden_states(self, h, positions, cache=None, tree_mask=None, context_kv=None, attn_mask=None) -> torch.Tensor:
