@@ -258,18 +258,14 @@ class StepGraphs:
         """Copy a call's inputs into the bucket's buffers: real rows and nodes first, padding after them."""
         n, s = tokens.shape
         padded = (n, s) != (b.rows, b.nodes)  # a call that fills its bucket needs no padding written
-        if padded:
-            x.tokens.zero_()
-            x.positions.zero_()
-        x.tokens[:n, :s].copy_(tokens)
-        x.positions[:n, :s].copy_(positions)
+        for buf, src in ((x.tokens, tokens), (x.positions, positions), (x.features, features)):
+            if buf is not None and padded:  # features: EAGLE's steps only
+                buf.zero_()
+            if buf is not None:
+                buf[:n, :s].copy_(src)
         rows = list(range(n)) + [self.capacity] * (b.rows - n)  # padding rows write into the scratch row
         meta = torch.tensor([list(lengths) + [0] * (b.rows - n), rows], dtype=torch.long)
         x.meta.copy_(meta.pin_memory() if x.meta.is_cuda else meta, non_blocking=True)
-        if x.features is not None:
-            if padded:
-                x.features.zero_()
-            x.features[:n, :s].copy_(features)
         if tree_mask is not None and tree_mask.dim() == 3 and tree_mask.shape[0] != n:  # per sequence: its branches
             tree_mask = tree_mask.repeat_interleave(n // tree_mask.shape[0], 0)
         if padded:

@@ -1,9 +1,4 @@
-"""LlamaGen GPTs (c2i and t2i) on specgen's decoder: released configs and checkpoint conversion.
-
-A LlamaGen GPT is exactly `Transformer(llamagen_config(...))` with LlamaGen's parameter names, so conversion only
-unwraps the container and drops non-weights (LANTERN's HF port is mapped back onto the fused names). The image grid
-is a call-site argument (`grid`), never read from a checkpoint.
-"""
+"""LlamaGen GPTs (c2i, t2i), exactly `Transformer(llamagen_config(...))` under LlamaGen's names: configs, conversion."""
 
 from __future__ import annotations
 
