@@ -81,17 +81,6 @@ class Rotation:
     layout: str  # "half" | "interleaved"
 
 
-def check_positions(positions: torch.Tensor, limit: int, overflow) -> None:
-    """Refuse a position at or past `limit` (the table's length): `raise overflow(top)` on the CPU, a queued device
-    assert on a GPU (no host wait per forward; decode paths refuse a sequence that cannot fit before they start)."""
-    if positions.device.type == "cpu":
-        top = int(positions.max())
-        if top >= limit:
-            raise overflow(top)
-    else:
-        torch._assert_async(positions.max() < limit, f"a position is past the RoPE table's {limit}")
-
-
 def rotation(rot: torch.Tensor, layout: str) -> Rotation:
     """The Rotation of table rows rot [B, S, D/2, 2] (cos, sin) in a pair layout."""
     cos, sin = rot[..., 0].unsqueeze(1), rot[..., 1].unsqueeze(1)  # [B, 1, S, D/2]

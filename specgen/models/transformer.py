@@ -18,7 +18,7 @@ from specgen.errors import ContextOverflowError
 from specgen.models import native_block, prompt
 from specgen.models.attention import PLANS, NativePlan, invariant_attention, native_self_attention, plan
 from specgen.models.kernel_choice import attention_path, native_norms
-from specgen.models.rope import SCALINGS, Rotation, check_positions, rotate, rotation, table_1d, table_2d
+from specgen.models.rope import SCALINGS, Rotation, rotate, rotation, table_1d, table_2d
 
 
 @dataclass(frozen=True)
@@ -336,10 +336,14 @@ def new_cache(module, n_layers: int, batch: int, max_len: int | None, dtype: tor
 
 
 def forward_rotation(module, positions: torch.Tensor, dtype: torch.dtype) -> Rotation:
-    """The RoPE rows of `positions` [B, S] in the activation dtype (as HF casts cos/sin), made once for every layer;
-    a position past the table is a ContextOverflowError."""
+    """The RoPE rows of `positions` [B, S] in the activation dtype (as HF casts cos/sin), made once for every layer.
+    A position past the table: a ContextOverflowError on the CPU, a queued device assert on a GPU (no host wait per
+    forward; decode paths refuse a sequence that cannot fit before they start)."""
     limit = module.rope_table.shape[0]
-    check_positions(positions, limit, lambda top: ContextOverflowError(top, limit))
+    if positions.device.type != "cpu":
+        torch._assert_async(positions.max() < limit, f"a position is past the RoPE table's {limit}")
+    elif (top := int(positions.max())) >= limit:
+        raise ContextOverflowError(top, limit)
     return rotation(module.rope_table[positions].to(dtype), module.cfg.rope_layout)
 
 
