@@ -290,7 +290,9 @@ class StepGraphs:
             free = torch.cuda.mem_get_info()[0]
             raise UsageError(f"--graphs: {what} does not fit in the GPU's {free} free bytes; use --graphs off or a "
                              "smaller --batch-size") from None
-        self.graph_bytes = pool_bytes(self.pool)
+        pool = tuple(self.pool)  # what the captures keep reserved: the segments of their pool
+        self.graph_bytes = sum(seg["total_size"] for seg in torch.cuda.memory_snapshot()
+                               if tuple(seg.get("segment_pool_id", ())) == pool)
         graph.replay()
         return outs, graph
 
@@ -298,12 +300,6 @@ class StepGraphs:
         """What the captures hold, for a benchmark's machine column."""
         return {"graphs": len(self.graphs), "graph_mb": round(self.graph_bytes / 2**20, 1), "replays": self.replays,
                 "eager_calls": self.eager_calls}
-
-
-def pool_bytes(pool) -> int:
-    """Device memory the segments of a graph pool hold (what the captures keep reserved)."""
-    segments = torch.cuda.memory_snapshot()
-    return sum(seg["total_size"] for seg in segments if tuple(seg.get("segment_pool_id", ())) == tuple(pool))
 
 
 KINDS = {Transformer: StepKind(target_step), EagleNet: StepKind(eagle_step, features=True, exact_trees=False),
