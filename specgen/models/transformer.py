@@ -1,9 +1,4 @@
-"""The one decoder specgen owns: Llama-family blocks over a static KV cache with arbitrary masks.
-
-`forward(tokens, positions, cache, tree_mask)` runs S new nodes per row: with a cache they attend to the row's
-committed slots plus the pending nodes `tree_mask` allows (causal when None) and are written as pending slots
-(`decoding/cache.py`); without one the S tokens are the whole sequence. Parameter names are LlamaGen's/gpt-fast's.
-"""
+"""The one decoder specgen owns: Llama-family blocks (LlamaGen's/gpt-fast's names) over a static KV cache."""
 
 from __future__ import annotations
 
@@ -306,7 +301,9 @@ class Transformer(nn.Module):
         embeds: torch.Tensor | None = None,  # [B, S, dim] instead of tokens (condition tokens)
         attn_mask: torch.Tensor | None = None,  # [B, 1, S, T] over cache slots: overrides tree_mask
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits [B, S, V] and final hidden states [B, S, dim] (after the final norm)."""
+        """Logits [B, S, V] and final hidden states [B, S, dim] (after the final norm) of S new nodes per row: with a
+        cache they attend to the row's committed slots plus the pending nodes `tree_mask` allows (causal when None)
+        and are written as pending slots (`decoding/cache.py`); without one the S tokens are the whole sequence."""
         if self.graphs is not None and cache is not None and embeds is None and attn_mask is None:
             replayed = self.graphs.forward(tokens, positions, cache, tree_mask)  # None: this call runs eagerly
             if replayed is not None:

@@ -280,8 +280,10 @@ class VectorQuantizer(nn.Module):
         zero = z.new_zeros(())
         codebook_loss = commit_loss = entropy_loss = zero
         if self.training:
-            if self.show_usage:
-                self._record_usage(idx)
+            if self.show_usage:  # the window's oldest ids make room for this batch's last ones
+                n, used = min(idx.numel(), USAGE_WINDOW), self.codebook_used
+                used[:-n] = used[n:].clone()
+                used[-n:] = idx[-n:].to(used.dtype)
             codebook_loss = F.mse_loss(z_q, z.detach())
             commit_loss = self.beta * F.mse_loss(z, z_q.detach())
             if self.entropy_loss_ratio > 0:
@@ -295,13 +297,6 @@ class VectorQuantizer(nn.Module):
             commit_loss=commit_loss,
             entropy_loss=entropy_loss,
         )
-
-    @torch.no_grad()
-    def _record_usage(self, idx: torch.Tensor) -> None:
-        n = min(idx.numel(), USAGE_WINDOW)
-        buf = self.codebook_used
-        buf[:-n] = buf[n:].clone()
-        buf[-n:] = idx[-n:].to(buf.dtype)
 
 
 class VQModel(nn.Module):
