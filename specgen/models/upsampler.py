@@ -130,10 +130,6 @@ class UpDownSampler(nn.Module):
         self.down = Resampler(cfg, "down")
         self.register_buffer("codebook", torch.zeros(cfg.codebook_size, cfg.embed_dim))
 
-    @property
-    def scale(self) -> int:
-        return self.cfg.scale
-
     def codes(self) -> torch.Tensor:
         """The codebook as the VQ uses it for lookup and search: [V, D] (unit rows when l2_norm)."""
         return F.normalize(self.codebook, dim=-1) if self.cfg.l2_norm else self.codebook
@@ -167,8 +163,9 @@ class UpDownSampler(nn.Module):
     @torch.no_grad()
     def downsample_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
         """D_r on token ids: [B, H, W] -> [B, H/r, W/r]."""
-        if tokens.shape[-2] % self.scale or tokens.shape[-1] % self.scale:
-            raise ValueError(f"down-sampling needs sides divisible by {self.scale}, got {tuple(tokens.shape[-2:])}")
+        r = self.cfg.scale
+        if tokens.shape[-2] % r or tokens.shape[-1] % r:
+            raise ValueError(f"down-sampling needs sides divisible by {r}, got {tuple(tokens.shape[-2:])}")
         return self.quantize(self.down_latents(tokens))
 
     def warm_start_from(self, smaller: "UpDownSampler") -> list[str]:
