@@ -251,11 +251,8 @@ class StackedHeads:
         projected once per committed hidden state."""
         return torch.bmm(rms_norm(rows, self.norm_w[:, None], self.eps), self.wkv_h)  # [D, n, 2 inner]
 
-    def with_history(self, kv: tuple[torch.Tensor, torch.Tensor], past: torch.Tensor | None
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    def with_history(self, kv: tuple[torch.Tensor, ...], past: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Condition K/V [D, H, M, hd] x 2 extended by the window past [D, W', 2 inner] -> [D, H, M + W', hd] x 2."""
-        if past is None:
-            raise ValueError("these heads attend to recent hidden states (history); pass past")
         w = min(past.shape[1], self.history)
         rows = past[:, :w] + self.pos_kv[:, :w]  # + offset tags, [D, W', 2 inner]
         d, h, _, hd = kv[0].shape
