@@ -13,7 +13,7 @@ def _block(c_in: int, c_out: int, stride: int, groups: int) -> nn.Sequential:
 class ImageClassifier(nn.Module):
     """Small CNN for [B,3,S,S] images in [-1,1]: per width a stride-2 block then a stride-1 block, mean-pool."""
 
-    def __init__(self, num_classes: int = 16, widths: tuple[int, ...] = (32, 64, 128), groups: int = 8,
+    def __init__(self, num_classes: int = 16, widths: tuple[int, ...] | list[int] = (32, 64, 128), groups: int = 8,
                  image_size: int = 64, dropout: float = 0.0) -> None:
         super().__init__()
         self.num_classes, self.image_size, self.feature_dim = num_classes, image_size, widths[-1]
@@ -34,8 +34,4 @@ class ImageClassifier(nn.Module):
         return self.head(self.dropout(self.features(images)))
 
 
-def build_image_classifier(**kwargs) -> ImageClassifier:
-    """Registry builder "image-classifier"."""
-    if "widths" in kwargs:
-        kwargs = {**kwargs, "widths": tuple(kwargs["widths"])}
-    return ImageClassifier(**kwargs)
+build_image_classifier = ImageClassifier  # registry builder "image-classifier" (`widths` may be a JSON list)

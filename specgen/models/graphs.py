@@ -6,7 +6,6 @@ write a scratch row, padding nodes see only themselves); a query's sums do not d
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import Callable
 
@@ -60,8 +59,14 @@ class StaticInputs:
 class StaticCache:
     """The cache as a captured forward sees it: writes go to device-computed slots, reads see all T slots."""
 
-    def __init__(self, k: torch.Tensor, v: torch.Tensor, index: torch.Tensor, rows: int) -> None:
-        self.k, self.v, self.index, self.rows = k, v, index, rows  # k, v [L, C + 1, Hkv, T, D]; index [R*Hkv*S]
+    def __init__(self, x: StaticInputs, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Each node's key and value go to row write_rows[b], slot lengths[b] + j, in a layer's flat rows."""
+        r, s = x.tokens.shape
+        hkv, t = k.shape[2], k.shape[3]
+        slots = x.meta[0][:, None] + torch.arange(s, device=k.device)  # [R, S]
+        base = (x.meta[1][:, None] * hkv + torch.arange(hkv, device=k.device)) * t  # [R, Hkv]
+        self.k, self.v, self.rows = k, v, r  # k, v [L, C + 1, Hkv, T, D]
+        self.index = (base[:, :, None] + slots[:, None, :]).reshape(-1)  # [R*Hkv*S]
 
     def write(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store [R, Hkv, S, D] at the index's slots; return rows [0, R) over every slot [R, Hkv, T, D]."""
@@ -99,22 +104,13 @@ def chunked_mask(visible: torch.Tensor, cfg, dtype: torch.dtype):
 ATTENTION = {"chunked": chunked_mask, "sdpa": lambda visible, cfg, dtype: additive_mask(visible)}
 
 
-def static_cache(x: StaticInputs, k: torch.Tensor, v: torch.Tensor) -> StaticCache:
-    """Where each node's key and value go: row write_rows[b], slot lengths[b] + j, in a layer's flat rows."""
-    r, s = x.tokens.shape
-    hkv, t = k.shape[2], k.shape[3]
-    slots = x.meta[0][:, None] + torch.arange(s, device=k.device)  # [R, S]
-    base = (x.meta[1][:, None] * hkv + torch.arange(hkv, device=k.device)) * t  # [R, Hkv]
-    return StaticCache(k, v, (base[:, :, None] + slots[:, None, :]).reshape(-1), r)
-
-
 def target_step(model, x: StaticInputs, k: torch.Tensor, v: torch.Tensor, cross, attention: str = "chunked"
                 ) -> tuple[torch.Tensor, ...]:
     """A Transformer's cached forward on one bucket: logits [R, S, V] and hidden [R, S, dim]; device ops only."""
     h = model.tok_embeddings(x.tokens)  # [R, S, dim]
     rot = rotation(model.rope_table[x.positions].to(h.dtype), model.cfg.rope_layout)
     mask = ATTENTION[attention](visibility(x, k.shape[3]), model.cfg, h.dtype)
-    cache = static_cache(x, k, v)
+    cache = StaticCache(x, k, v)
     r = x.tokens.shape[0]
     for i, blk in enumerate(model.layers):  # a condition's rows: the bucket's first R of the static buffer
         h = blk(h, rot, i, cache, mask, False, None if cross is None else (cross[i][0][:r], cross[i][1][:r]))
@@ -128,7 +124,7 @@ def eagle_step(net, x: StaticInputs, k: torch.Tensor, v: torch.Tensor, cross, at
     h = net.fc(torch.cat([net.tok_embeddings(x.tokens), x.features], dim=-1))  # [R, S, D]
     rot = rotation(net.rope_table[x.positions].to(h.dtype), net.cfg.rope_layout)
     mask = ATTENTION[attention](visibility(x, k.shape[3]), net.cfg, h.dtype)
-    return (net.layers[0](h, rot, 0, static_cache(x, k, v), mask, False, None),)
+    return (net.layers[0](h, rot, 0, StaticCache(x, k, v), mask, False, None),)
 
 
 @dataclass(frozen=True)
@@ -262,18 +258,14 @@ class StepGraphs:
         """Copy a call's inputs into the bucket's buffers: real rows and nodes first, padding after them."""
         n, s = tokens.shape
         padded = (n, s) != (b.rows, b.nodes)  # a call that fills its bucket needs no padding written
-        if padded:
-            x.tokens.zero_()
-            x.positions.zero_()
-        x.tokens[:n, :s].copy_(tokens)
-        x.positions[:n, :s].copy_(positions)
+        for buf, src in ((x.tokens, tokens), (x.positions, positions), (x.features, features)):
+            if buf is not None and padded:  # features: EAGLE's steps only
+                buf.zero_()
+            if buf is not None:
+                buf[:n, :s].copy_(src)
         rows = list(range(n)) + [self.capacity] * (b.rows - n)  # padding rows write into the scratch row
         meta = torch.tensor([list(lengths) + [0] * (b.rows - n), rows], dtype=torch.long)
         x.meta.copy_(meta.pin_memory() if x.meta.is_cuda else meta, non_blocking=True)
-        if x.features is not None:
-            if padded:
-                x.features.zero_()
-            x.features[:n, :s].copy_(features)
         if tree_mask is not None and tree_mask.dim() == 3 and tree_mask.shape[0] != n:  # per sequence: its branches
             tree_mask = tree_mask.repeat_interleave(n // tree_mask.shape[0], 0)
         if padded:
@@ -298,7 +290,9 @@ class StepGraphs:
             free = torch.cuda.mem_get_info()[0]
             raise UsageError(f"--graphs: {what} does not fit in the GPU's {free} free bytes; use --graphs off or a "
                              "smaller --batch-size") from None
-        self.graph_bytes = pool_bytes(self.pool)
+        pool = tuple(self.pool)  # what the captures keep reserved: the segments of their pool
+        self.graph_bytes = sum(seg["total_size"] for seg in torch.cuda.memory_snapshot()
+                               if tuple(seg.get("segment_pool_id", ())) == pool)
         graph.replay()
         return outs, graph
 
@@ -308,16 +302,8 @@ class StepGraphs:
                 "eager_calls": self.eager_calls}
 
 
-def pool_bytes(pool) -> int:
-    """Device memory the segments of a graph pool hold (what the captures keep reserved)."""
-    segments = torch.cuda.memory_snapshot()
-    return sum(seg["total_size"] for seg in segments if tuple(seg.get("segment_pool_id", ())) == tuple(pool))
-
-
-def kinds() -> dict[type, StepKind]:
-    """Module class -> how its steps are captured."""
-    return {Transformer: StepKind(target_step), EagleNet: StepKind(eagle_step, features=True, exact_trees=False),
-            XSpecMeshHeads: StepKind(head_logits)}
+KINDS = {Transformer: StepKind(target_step), EagleNet: StepKind(eagle_step, features=True, exact_trees=False),
+         XSpecMeshHeads: StepKind(head_logits)}  # module class -> how its steps are captured
 
 
 def mode_of(value) -> str:
@@ -335,17 +321,13 @@ def check_mode(mode: str, device: str) -> None:
 
 
 def attach(model, mode: str = "auto", capture: bool | None = None, attention: str = "chunked") -> StepGraphs | None:
-    """Give `model` (a Transformer, an EAGLE drafter or XSpecMesh heads) captured steps per `mode` (auto: on CUDA; on: CUDA or a
-    one-line refusal; off: none); a CUDA torch that cannot capture runs eagerly with one warning. `capture=False`
-    runs the static steps uncaptured (the CPU tests)."""
+    """Give `model` (a Transformer, an EAGLE drafter or XSpecMesh heads) captured steps per `mode` (auto: on CUDA;
+    on: CUDA or a one-line refusal; off: none). `capture=False` runs the static steps uncaptured (the CPU tests)."""
     mode, device = mode_of(mode), next(model.parameters()).device
     on_cuda = device.type == "cuda"
     check_mode(mode, "cuda" if capture is False else str(device))  # capture=False: the static steps on any device
     model.graphs = None
     if mode == "off" or (mode == "auto" and not on_cuda and capture is not False):
         return None
-    if on_cuda and not hasattr(torch.cuda, "CUDAGraph"):
-        warnings.warn("this torch build cannot capture CUDA graphs: decoding runs eagerly", stacklevel=2)
-        return None
-    model.graphs = StepGraphs(model, kinds()[type(model)], on_cuda if capture is None else capture, attention)
+    model.graphs = StepGraphs(model, KINDS[type(model)], on_cuda if capture is None else capture, attention)
     return model.graphs

@@ -251,11 +251,8 @@ class StackedHeads:
         projected once per committed hidden state."""
         return torch.bmm(rms_norm(rows, self.norm_w[:, None], self.eps), self.wkv_h)  # [D, n, 2 inner]
 
-    def with_history(self, kv: tuple[torch.Tensor, torch.Tensor], past: torch.Tensor | None
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    def with_history(self, kv: tuple[torch.Tensor, ...], past: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Condition K/V [D, H, M, hd] x 2 extended by the window past [D, W', 2 inner] -> [D, H, M + W', hd] x 2."""
-        if past is None:
-            raise ValueError("these heads attend to recent hidden states (history); pass past")
         w = min(past.shape[1], self.history)
         rows = past[:, :w] + self.pos_kv[:, :w]  # + offset tags, [D, W', 2 inner]
         d, h, _, hd = kv[0].shape
@@ -276,8 +273,7 @@ def head_logits(stacked: StackedHeads, lm_head: nn.Module, embed: nn.Module, dty
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     """w * RMSNorm(x) with float32 statistics, rounded to x's dtype before the weight (as `RMSNorm`'s torch path)."""
-    xf = x.float()
-    return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return w * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
 
 
 def rows_times(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

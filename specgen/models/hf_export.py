@@ -3,8 +3,11 @@ benchmark row, and tests that specgen's logits equal transformers')."""
 
 from __future__ import annotations
 
+import re
+
 import torch
 
+from specgen.models.llama import layer_map, used
 from specgen.models.transformer import Transformer
 
 
@@ -16,31 +19,22 @@ def interleaved_to_half(w: torch.Tensor, n_heads: int) -> torch.Tensor:
 
 
 def hf_state(model: Transformer) -> dict[str, torch.Tensor]:
-    """specgen parameter names -> HF Llama/Qwen2 names, in the rotate_half layout."""
+    """specgen parameter names -> HF Llama/Qwen2/Qwen3 names (`llama.layer_map`, the loader's), in the rotate_half
+    layout."""
     cfg, sd = model.cfg, model.state_dict()
-    q_dim, kv_dim = cfg.n_heads * cfg.hd, cfg.n_kv_heads * cfg.hd
-    out = {"model.embed_tokens.weight": sd["tok_embeddings.weight"], "model.norm.weight": sd["norm.weight"],
-           "lm_head.weight": sd["output.weight"]}
-    for i in range(cfg.n_layers):
-        p, h = f"layers.{i}.", f"model.layers.{i}."
-        for kind in ("weight", "bias") if cfg.qkv_bias else ("weight",):
-            q, k, v = sd[p + f"attention.wqkv.{kind}"].split([q_dim, kv_dim, kv_dim])
-            if cfg.rope_layout == "interleaved":
-                q, k = interleaved_to_half(q, cfg.n_heads), interleaved_to_half(k, cfg.n_kv_heads)
-            out |= {h + f"self_attn.q_proj.{kind}": q, h + f"self_attn.k_proj.{kind}": k, h + f"self_attn.v_proj.{kind}": v}
-        if cfg.qk_norm:
-            q_norm, k_norm = sd[p + "attention.q_norm.weight"], sd[p + "attention.k_norm.weight"]
-            if cfg.rope_layout == "interleaved":  # the norm weight follows its rows
-                q_norm, k_norm = interleaved_to_half(q_norm, 1), interleaved_to_half(k_norm, 1)
-            out |= {h + "self_attn.q_norm.weight": q_norm, h + "self_attn.k_norm.weight": k_norm}
-            if cfg.qkv_bias:  # Qwen3's attention_bias also biases o_proj: zero, as specgen has none
-                out[h + "self_attn.o_proj.bias"] = sd[p + "attention.wo.weight"].new_zeros(cfg.dim)
-        out |= {h + "self_attn.o_proj.weight": sd[p + "attention.wo.weight"],
-                h + "mlp.gate_proj.weight": sd[p + "feed_forward.w1.weight"],
-                h + "mlp.up_proj.weight": sd[p + "feed_forward.w3.weight"],
-                h + "mlp.down_proj.weight": sd[p + "feed_forward.w2.weight"],
-                h + "input_layernorm.weight": sd[p + "attention_norm.weight"],
-                h + "post_attention_layernorm.weight": sd[p + "ffn_norm.weight"]}
+    sizes, heads = [cfg.n_heads * cfg.hd] + [cfg.n_kv_heads * cfg.hd] * 2, {"q": cfg.n_heads, "k": cfg.n_kv_heads}
+    out = {}
+    for ours, theirs in layer_map(cfg.n_layers, "hf").items():
+        if not used(ours, cfg):
+            continue
+        for name, t in zip(theirs, sd[ours].split(sizes) if len(theirs) == 3 else (sd[ours],)):
+            qk = re.search(r"self_attn\.([qk])_(proj|norm)\.", name)
+            if qk and cfg.rope_layout == "interleaved":  # q/k rows and their norm weights follow the rotary pairs
+                t = interleaved_to_half(t, heads[qk[1]] if qk[2] == "proj" else 1)
+            out[name] = t
+    if cfg.qk_norm and cfg.qkv_bias:  # Qwen3's attention_bias also biases o_proj: zero, as specgen has none
+        out |= {f"model.layers.{i}.self_attn.o_proj.bias": sd["norm.weight"].new_zeros(cfg.dim)
+                for i in range(cfg.n_layers)}
     return out
 
 

@@ -1,9 +1,4 @@
-"""LlamaGen GPTs (c2i and t2i) on specgen's decoder: released configs and checkpoint conversion.
-
-A LlamaGen GPT is exactly `Transformer(llamagen_config(...))` with LlamaGen's parameter names, so conversion only
-unwraps the container and drops non-weights (LANTERN's HF port is mapped back onto the fused names). The image grid
-is a call-site argument (`grid`), never read from a checkpoint.
-"""
+"""LlamaGen GPTs (c2i, t2i), exactly `Transformer(llamagen_config(...))` under LlamaGen's names: configs, conversion."""
 
 from __future__ import annotations
 
@@ -45,9 +40,9 @@ def llamagen_config(name: str, vocab: int = 16384, grid: int = 16, num_classes: 
     """The decoder config of LlamaGen model `name` (c2i or t2i) for `vocab` VQ codes on a grid x grid image;
     cls_token_num 0 = the type's default (c2i 1, t2i 120)."""
     if name not in GPT_CONFIGS:
-        raise KeyError(f"unknown LlamaGen GPT '{name}'; known: {', '.join(GPT_CONFIGS)}")
+        raise UsageError(f"unknown LlamaGen GPT '{name}'; known: {', '.join(GPT_CONFIGS)}")
     if model_type not in MODEL_TYPES:
-        raise KeyError(f"unknown LlamaGen model type '{model_type}'; known: {', '.join(MODEL_TYPES)}")
+        raise UsageError(f"unknown LlamaGen model type '{model_type}'; known: {', '.join(MODEL_TYPES)}")
     default_cls, field = MODEL_TYPES[model_type]
     cls_token_num = cls_token_num or default_cls
     cond = {"num_classes": num_classes, "caption_dim": caption_dim}
@@ -78,12 +73,7 @@ def llamagen_kwargs(kwargs: dict) -> dict:
         raise UsageError("llamagen-gpt kwargs need 'grid' (image_size / downsample: 16 for 256px, 32 for 512px "
                          "with VQ-16); it is not stored in LlamaGen checkpoints")
     k = dict(kwargs)
-    try:
-        cfg = llamagen_config(k.pop("gpt_model"), vocab=k.pop("vocab_size", 16384), grid=int(k.pop("grid")),
-                              rope_base=k.pop("rope_base", 10000.0), **k)
-    except KeyError as e:
-        raise UsageError(str(e).strip("'\"")) from None
-    return cfg.to_dict()
+    return llamagen_config(k.pop("gpt_model"), vocab=k.pop("vocab_size", 16384), grid=int(k.pop("grid")), **k).to_dict()
 
 
 def build_llamagen_gpt(**kwargs) -> Transformer:

@@ -22,7 +22,6 @@ from specgen.models import prompt
 from specgen.models.packed_linear import available
 from specgen.models.transformer import Transformer, TransformerConfig
 
-MODES = ("int8", "int4")
 GROUPS = (32, 64, 128, 256)  # int4 group sizes the CPU kernel accepts
 DEFAULT_GROUP = 32
 REFINE_STEPS = 3  # least-squares refits of int4 scales and zeros (quantize_int4)
@@ -97,8 +96,7 @@ def levels(wg: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.T
 
 def group_error(wg: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
                 zero: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """([out, G] squared error, [out, G] largest absolute error) of each group's reconstruction
-    (q - 8) * scale + zero."""
+    """([out, G] squared error, largest absolute error) of each group's reconstruction (q - 8) * scale + zero."""
     diff = (q - 8) * scale[..., None] + zero[..., None] - wg
     return diff.square().sum(-1), diff.abs().amax(-1)
 
@@ -146,15 +144,12 @@ class QuantizedLinear(nn.Module):
 
     def __init__(self, in_features: int, out_features: int, mode: str, group: int = 0, bias: bool = False) -> None:
         super().__init__()
-        if mode not in MODES:
-            raise ValueError(f"mode {mode!r} not in {MODES}")
         self.in_features, self.out_features, self.mode = in_features, out_features, mode
         self.group = group if mode == "int4" else 0
         if mode == "int8":
             self.register_buffer("qweight", torch.zeros(out_features, in_features, dtype=torch.int8))
             self.register_buffer("scales", torch.ones(out_features, dtype=ACT_DTYPE))
-        else:
-            check_int4_shape(in_features, group)
+        else:  # the width and group are checked where the weights are quantized (quantize_int4)
             self.register_buffer("qweight", torch.zeros(out_features, in_features // 2, dtype=torch.uint8))
             self.register_buffer("scales", torch.ones(out_features, in_features // group, dtype=ACT_DTYPE))
             self.register_buffer("zeros", torch.zeros(out_features, in_features // group, dtype=ACT_DTYPE))
@@ -213,7 +208,10 @@ class QuantizedLinear(nn.Module):
         int4 weight, group, scales-and-zeros [in/g, out, 2] bf16). The op computes each row of x [M, in] bf16 alone."""
         if self._kernel is None:
             if self.mode == "int8" and self.head_rows:
-                packed = torch.ops.mkldnn._reorder_linear_weight(self.bf16_weight(), self.head_rows)
+                w = torch.empty(self.out_features, self.in_features, dtype=ACT_DTYPE)  # `dequantize()` in bf16, made
+                for i in range(0, self.out_features, 4096):  # in pieces: a whole float32 copy would set the peak memory
+                    w[i : i + 4096] = self.dequantize(slice(i, i + 4096))
+                packed = torch.ops.mkldnn._reorder_linear_weight(w, self.head_rows)
                 self._kernel = (blocked_head, (packed, self.head_rows), self.bias)
             elif self.mode == "int8":
                 self._kernel = (INT8_MM, (self.qweight, self.scales), self.bias)
@@ -226,14 +224,6 @@ class QuantizedLinear(nn.Module):
                 self.scales, self.zeros = sz[..., 0].t(), sz[..., 1].t()  # views of the kernel's copy: held once
                 self._kernel = (INT4_MM, (packed, self.group, sz), self.bias)
         return self._kernel
-
-    def bf16_weight(self, chunk: int = 4096) -> torch.Tensor:
-        """`dequantize()` rounded to bfloat16, made `chunk` output rows at a time (a whole float32 copy of a large
-        head would set the process's peak memory)."""
-        out = torch.empty(self.out_features, self.in_features, dtype=ACT_DTYPE)
-        for i in range(0, self.out_features, chunk):
-            out[i : i + chunk] = self.dequantize(slice(i, i + chunk))
-        return out
 
     def streamed_bytes(self) -> int:
         """Bytes one product reads: the packed bfloat16 copy for a blocked head, else the quantized buffers."""
@@ -283,7 +273,7 @@ def bf16_gemm() -> bool:
 
 def head_rows() -> int:
     """`HEAD_ROWS` where torch has oneDNN's packed linear and a fast bfloat16 GEMM, else 0 (the int8 kernel)."""
-    return HEAD_ROWS if available() and devices.onednn_packs(ACT_DTYPE) else 0
+    return HEAD_ROWS if available() and bf16_gemm() else 0
 
 
 @functools.cache
@@ -319,8 +309,6 @@ class QuantizedEmbedding(nn.Module):
 
     def __init__(self, head: QuantizedLinear) -> None:
         super().__init__()
-        if head.mode != "int8":
-            raise ValueError("a quantized embedding is int8 (one scale per row)")
         self.register_buffer("qweight", head.qweight)
         self.register_buffer("scales", head.scales)
 
@@ -355,8 +343,7 @@ def quantize_transformer(model: nn.Module, mode: str, group: int = DEFAULT_GROUP
 
 
 def swap_layers(model: Transformer, linear, feed_forward) -> None:
-    """Replace each block's attention (and cross-attention: the mesh GPT) Linears by `linear(lin)` and its feed-forward
-    by `feed_forward(ffn)`."""
+    """Each block's (cross-)attention Linears -> `linear(lin)`, its feed-forward -> `feed_forward(ffn)`, in place."""
     for blk in model.layers:
         for parent in (blk.attention,) + ((blk.cross_attention,) if hasattr(blk, "cross_attention") else ()):
             for name, lin in list(parent.named_children()):

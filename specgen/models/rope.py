@@ -34,21 +34,20 @@ def scaled_inv_freq(dim: int, theta: float, scaling: dict) -> tuple[torch.Tensor
         smoothed = (1 - smooth) * out / factor + smooth * out
         medium = ~(wavelen < old / high) * ~(wavelen > old / low)
         return torch.where(medium, smoothed, out), 1.0
-    if kind == "yarn":
-        factor, old = scaling["factor"], scaling["original_max_position_embeddings"]
+    # yarn: the last of SCALINGS (TransformerConfig admits no other kind)
+    factor, old = scaling["factor"], scaling["original_max_position_embeddings"]
 
-        def correction_dim(rotations: float) -> float:
-            return (dim * math.log(old / (rotations * 2 * math.pi))) / (2 * math.log(theta))
+    def correction_dim(rotations: float) -> float:
+        return (dim * math.log(old / (rotations * 2 * math.pi))) / (2 * math.log(theta))
 
-        low, high = correction_dim(scaling["beta_fast"]), correction_dim(scaling["beta_slow"])
-        if scaling["truncate"]:
-            low, high = math.floor(low), math.ceil(high)
-        low, high = max(low, 0), min(high, dim - 1)
-        ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low or 0.001), 0, 1)
-        keep = 1 - ramp  # 1: extrapolate (the original frequency), 0: interpolate (divided by factor)
-        pos_freqs = theta ** (torch.arange(0, dim, 2).float() / dim)
-        return (1.0 / (factor * pos_freqs)) * (1 - keep) + (1.0 / pos_freqs) * keep, scaling["attention_factor"]
-    raise ValueError(f"unknown RoPE scaling {kind!r}; tables support {', '.join(SCALINGS)}")
+    low, high = correction_dim(scaling["beta_fast"]), correction_dim(scaling["beta_slow"])
+    if scaling["truncate"]:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low or 0.001), 0, 1)
+    keep = 1 - ramp  # 1: extrapolate (the original frequency), 0: interpolate (divided by factor)
+    pos_freqs = theta ** (torch.arange(0, dim, 2).float() / dim)
+    return (1.0 / (factor * pos_freqs)) * (1 - keep) + (1.0 / pos_freqs) * keep, scaling["attention_factor"]
 
 
 def table_1d(max_pos: int, head_dim: int, theta: float, scaling: dict | None = None) -> torch.Tensor:
@@ -79,17 +78,6 @@ class Rotation:
     cos: torch.Tensor
     sin: torch.Tensor
     layout: str  # "half" | "interleaved"
-
-
-def check_positions(positions: torch.Tensor, limit: int, overflow) -> None:
-    """Refuse a position at or past `limit` (the table's length): `raise overflow(top)` on the CPU, a queued device
-    assert on a GPU (no host wait per forward; decode paths refuse a sequence that cannot fit before they start)."""
-    if positions.device.type == "cpu":
-        top = int(positions.max())
-        if top >= limit:
-            raise overflow(top)
-    else:
-        torch._assert_async(positions.max() < limit, f"a position is past the RoPE table's {limit}")
 
 
 def rotation(rot: torch.Tensor, layout: str) -> Rotation:

@@ -20,11 +20,6 @@ from specgen.registry import CONFIG, WEIGHTS
 SPECIAL = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token")
 
 
-def _token(value) -> str | None:
-    """A special token of tokenizer_config.json: a string, or an AddedToken dict with its `content`."""
-    return value.get("content") if isinstance(value, dict) else value
-
-
 def _template(folder: Path, config: dict) -> str | None:
     """The chat template: chat_template.jinja beside the tokenizer, else tokenizer_config.json's (the default one of
     a named list)."""
@@ -73,8 +68,9 @@ class TextTokenizer:
             fast = Tokenizer.from_file(str(folder / "tokenizer.json"))
         except Exception as e:  # a missing, unreadable or malformed file
             raise CheckpointError(f"cannot load the tokenizer in {folder}: {e}") from None
-        return cls(fast, {k: _token(config.get(k)) for k in SPECIAL}, _template(folder, config),
-                   bool(config.get("clean_up_tokenization_spaces", False)))
+        special = {k: config.get(k) for k in SPECIAL}  # each a string, or an AddedToken dict with its `content`
+        return cls(fast, {k: v.get("content") if isinstance(v, dict) else v for k, v in special.items()},
+                   _template(folder, config), bool(config.get("clean_up_tokenization_spaces", False)))
 
     @property
     def eos_token(self) -> str | None:

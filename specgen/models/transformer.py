@@ -1,9 +1,4 @@
-"""The one decoder specgen owns: Llama-family blocks over a static KV cache with arbitrary masks.
-
-`forward(tokens, positions, cache, tree_mask)` runs S new nodes per row: with a cache they attend to the row's
-committed slots plus the pending nodes `tree_mask` allows (causal when None) and are written as pending slots
-(`decoding/cache.py`); without one the S tokens are the whole sequence. Parameter names are LlamaGen's/gpt-fast's.
-"""
+"""The one decoder specgen owns: Llama-family blocks (LlamaGen's/gpt-fast's names) over a static KV cache."""
 
 from __future__ import annotations
 
@@ -18,7 +13,7 @@ from specgen.errors import ContextOverflowError
 from specgen.models import native_block, prompt
 from specgen.models.attention import PLANS, NativePlan, invariant_attention, native_self_attention, plan
 from specgen.models.kernel_choice import attention_path, native_norms
-from specgen.models.rope import SCALINGS, Rotation, check_positions, rotate, rotation, table_1d, table_2d
+from specgen.models.rope import SCALINGS, Rotation, rotate, rotation, table_1d, table_2d
 
 
 @dataclass(frozen=True)
@@ -121,13 +116,11 @@ class Attention(nn.Module):
             k, v = cache.write(layer, k, v)  # [B, Hkv, T, hd]
         if isinstance(mask, PLANS):  # a planned forward with a cache (hidden_states: `attention_path` not sdpa)
             y = invariant_attention(q, k, v, mask)  # a query's result never depends on the forward's width
-            return self.wo(y.transpose(1, 2).reshape(b, s, self.q_dim))
-        gqa = self.cfg.n_heads != self.cfg.n_kv_heads
-        if x.dtype != torch.float32:  # no cache (teacher forcing, training) or a prompt prefill: float32 math, as
-            q, k, v = q.float(), k.float(), v.float()  # SDPA's bf16 kernels accumulate anyway
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=causal and mask is None, enable_gqa=gqa
-        ).to(x.dtype)
+        else:
+            if x.dtype != torch.float32:  # no cache (teacher forcing, training) or a prompt prefill: float32 math, as
+                q, k, v = q.float(), k.float(), v.float()  # SDPA's bf16 kernels accumulate anyway
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None,
+                                               enable_gqa=h != hkv).to(x.dtype)
         return self.wo(y.transpose(1, 2).reshape(b, s, self.q_dim))
 
 
@@ -243,16 +236,13 @@ CONDITION_EMBEDDINGS = {  # TransformerConfig.cond_kind -> the model's `cls_embe
 }
 
 
-def padded_causal_mask(valid: torch.Tensor, s: int | None = None) -> torch.Tensor:
-    """LlamaGen's masked causal mask [B, S, S] over a sequence whose first M slots are a padded condition (valid [B, M]
-    marks real slots): query i sees key j iff j <= i and (slot j is not padding or j == i)."""
-    b, m = valid.shape
-    s = s or m
-    keys = torch.ones(b, s, dtype=torch.bool, device=valid.device)
-    keys[:, :m] = valid
+def padded_causal_mask(valid: torch.Tensor) -> torch.Tensor:
+    """LlamaGen's masked causal mask [B, S, S] over S slots, some of them padding (valid [B, S] marks real slots):
+    query i sees key j iff j <= i and (slot j is not padding or j == i)."""
+    s = valid.shape[1]
     causal = torch.ones(s, s, dtype=torch.bool, device=valid.device).tril()
     eye = torch.eye(s, dtype=torch.bool, device=valid.device)
-    return causal & (keys[:, None, :] | eye)
+    return causal & (valid[:, None, :] | eye)
 
 
 def rope_table(cfg: TransformerConfig) -> torch.Tensor:
@@ -309,16 +299,17 @@ class Transformer(nn.Module):
         cache: KVCache | None = None,
         tree_mask: torch.Tensor | None = None,  # [S, S] or [B, S, S] bool among the new nodes
         embeds: torch.Tensor | None = None,  # [B, S, dim] instead of tokens (condition tokens)
-        context_kv: list | None = None,  # per-layer cross kv when there is no cache
         attn_mask: torch.Tensor | None = None,  # [B, 1, S, T] over cache slots: overrides tree_mask
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits [B, S, V] and final hidden states [B, S, dim] (after the final norm)."""
+        """Logits [B, S, V] and final hidden states [B, S, dim] (after the final norm) of S new nodes per row: with a
+        cache they attend to the row's committed slots plus the pending nodes `tree_mask` allows (causal when None)
+        and are written as pending slots (`decoding/cache.py`); without one the S tokens are the whole sequence."""
         if self.graphs is not None and cache is not None and embeds is None and attn_mask is None:
             replayed = self.graphs.forward(tokens, positions, cache, tree_mask)  # None: this call runs eagerly
             if replayed is not None:
                 return replayed  # (logits, hidden)
         h = self.tok_embeddings(tokens) if embeds is None else embeds
-        hidden = self.hidden_states(h, positions, cache, tree_mask, context_kv, attn_mask)
+        hidden = self.hidden_states(h, positions, cache, tree_mask, attn_mask=attn_mask)
         return self.output(hidden), hidden
 
     def hidden_states(self, h, positions, cache=None, tree_mask=None, context_kv=None, attn_mask=None) -> torch.Tensor:
@@ -342,10 +333,14 @@ def new_cache(module, n_layers: int, batch: int, max_len: int | None, dtype: tor
 
 
 def forward_rotation(module, positions: torch.Tensor, dtype: torch.dtype) -> Rotation:
-    """The RoPE rows of `positions` [B, S] in the activation dtype (as HF casts cos/sin), made once for every layer;
-    a position past the table is a ContextOverflowError."""
+    """The RoPE rows of `positions` [B, S] in the activation dtype (as HF casts cos/sin), made once for every layer.
+    A position past the table: a ContextOverflowError on the CPU, a queued device assert on a GPU (no host wait per
+    forward; decode paths refuse a sequence that cannot fit before they start)."""
     limit = module.rope_table.shape[0]
-    check_positions(positions, limit, lambda top: ContextOverflowError(top, limit))
+    if positions.device.type != "cpu":
+        torch._assert_async(positions.max() < limit, f"a position is past the RoPE table's {limit}")
+    elif (top := int(positions.max())) >= limit:
+        raise ContextOverflowError(top, limit)
     return rotation(module.rope_table[positions].to(dtype), module.cfg.rope_layout)
 
 

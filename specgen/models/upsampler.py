@@ -17,7 +17,7 @@ from specgen.models.vq import nearest_code
 
 @dataclass(frozen=True)
 class UpsamplerConfig:
-    """Both networks of a pair. `scale` is the per-side factor r (a power of two: 2 = one stage, 4 = two)."""
+    """Both networks of a pair: `scale` is the per-side factor r, 2 (one stage) or 4 (two) (train/upsampler.py)."""
 
     codebook_size: int = 512
     embed_dim: int = 8  # VQ code dimension
@@ -27,12 +27,6 @@ class UpsamplerConfig:
     blocks: int = 2  # residual blocks per stage and after the last stage
     kernel: int = 3  # odd; k x k convolutions with the rows below the centre masked
     skip: bool = False  # add nearest-repeat (up) / average-pool (down) of the input codes; head starts at 0
-
-    def __post_init__(self) -> None:
-        if self.scale < 2 or self.scale & (self.scale - 1):
-            raise ValueError(f"scale must be a power of two >= 2, got {self.scale}")
-        if self.kernel < 1 or self.kernel % 2 == 0:
-            raise ValueError(f"kernel must be odd, got {self.kernel}")
 
     @property
     def stages(self) -> int:
@@ -136,10 +130,6 @@ class UpDownSampler(nn.Module):
         self.down = Resampler(cfg, "down")
         self.register_buffer("codebook", torch.zeros(cfg.codebook_size, cfg.embed_dim))
 
-    @property
-    def scale(self) -> int:
-        return self.cfg.scale
-
     def codes(self) -> torch.Tensor:
         """The codebook as the VQ uses it for lookup and search: [V, D] (unit rows when l2_norm)."""
         return F.normalize(self.codebook, dim=-1) if self.cfg.l2_norm else self.codebook
@@ -173,8 +163,9 @@ class UpDownSampler(nn.Module):
     @torch.no_grad()
     def downsample_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
         """D_r on token ids: [B, H, W] -> [B, H/r, W/r]."""
-        if tokens.shape[-2] % self.scale or tokens.shape[-1] % self.scale:
-            raise ValueError(f"down-sampling needs sides divisible by {self.scale}, got {tuple(tokens.shape[-2:])}")
+        r = self.cfg.scale
+        if tokens.shape[-2] % r or tokens.shape[-1] % r:
+            raise ValueError(f"down-sampling needs sides divisible by {r}, got {tuple(tokens.shape[-2:])}")
         return self.quantize(self.down_latents(tokens))
 
     def warm_start_from(self, smaller: "UpDownSampler") -> list[str]:

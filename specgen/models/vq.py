@@ -116,26 +116,16 @@ class AttnBlock(nn.Module):
         return x + self.proj_out(out.transpose(1, 2).reshape(b, c, h, w))
 
 
-class Downsample(nn.Module):
-    """Zero-pad right/bottom by one, then 3x3 stride-2 conv (H,W -> H/2,W/2)."""
+class Resample(nn.Module):
+    """Down: zero-pad right/bottom by one, then 3x3 stride-2 conv (H,W -> H/2,W/2); up: nearest x2, then 3x3 conv."""
 
-    def __init__(self, channels: int) -> None:
+    def __init__(self, channels: int, down: bool) -> None:
         super().__init__()
-        self.conv = nn.Conv2d(channels, channels, 3, stride=2, padding=0)
+        self.down = down
+        self.conv = nn.Conv2d(channels, channels, 3, stride=2 if down else 1, padding=0 if down else 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.conv(F.pad(x, (0, 1, 0, 1)))
-
-
-class Upsample(nn.Module):
-    """Nearest x2 then 3x3 conv."""
-
-    def __init__(self, channels: int) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(channels, channels, 3, padding=1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.conv(F.interpolate(x, scale_factor=2.0, mode="nearest"))
+        return self.conv(F.pad(x, (0, 1, 0, 1)) if self.down else F.interpolate(x, scale_factor=2.0, mode="nearest"))
 
 
 class _Level(nn.Module):
@@ -148,7 +138,7 @@ class _Level(nn.Module):
         self.attn = nn.ModuleList(attn)
         self.resample = resample
         if resample is not None:
-            setattr(self, resample, RESAMPLERS[resample](channels))
+            setattr(self, resample, Resample(channels, resample == "downsample"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for j, block in enumerate(self.res):
@@ -156,9 +146,6 @@ class _Level(nn.Module):
             if len(self.attn):
                 x = self.attn[j](x)
         return x if self.resample is None else getattr(self, self.resample)(x)
-
-
-RESAMPLERS = {"downsample": Downsample, "upsample": Upsample}
 
 
 def _levels(cfg: VQConfig, c: int, encoder: bool) -> tuple[nn.ModuleList, int]:
@@ -293,8 +280,10 @@ class VectorQuantizer(nn.Module):
         zero = z.new_zeros(())
         codebook_loss = commit_loss = entropy_loss = zero
         if self.training:
-            if self.show_usage:
-                self._record_usage(idx)
+            if self.show_usage:  # the window's oldest ids make room for this batch's last ones
+                n, used = min(idx.numel(), USAGE_WINDOW), self.codebook_used
+                used[:-n] = used[n:].clone()
+                used[-n:] = idx[-n:].to(used.dtype)
             codebook_loss = F.mse_loss(z_q, z.detach())
             commit_loss = self.beta * F.mse_loss(z, z_q.detach())
             if self.entropy_loss_ratio > 0:
@@ -308,13 +297,6 @@ class VectorQuantizer(nn.Module):
             commit_loss=commit_loss,
             entropy_loss=entropy_loss,
         )
-
-    @torch.no_grad()
-    def _record_usage(self, idx: torch.Tensor) -> None:
-        n = min(idx.numel(), USAGE_WINDOW)
-        buf = self.codebook_used
-        buf[:-n] = buf[n:].clone()
-        buf[-n:] = idx[-n:].to(buf.dtype)
 
 
 class VQModel(nn.Module):

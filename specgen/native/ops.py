@@ -60,7 +60,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return out
 
 
-
 @op("add_rms_norm(Tensor x, Tensor a, Tensor weight, float eps) -> (Tensor, Tensor)",
     lambda x, a, weight, eps: (torch.empty_like(x, memory_format=torch.contiguous_format),
                                torch.empty_like(x, memory_format=torch.contiguous_format)))

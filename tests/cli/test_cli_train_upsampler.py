@@ -53,6 +53,7 @@ def test_train_register_resume_and_warm_start(tiny_vq):
 
 @pytest.mark.parametrize("args,needle", [
     (["scale=3"], "power of two"),
+    (["kernel=4"], "kernel must be odd"),
     (["crop_size=36"], "multiple of scale"),
     (["perceptual=vgg"], "perceptual must be"),
     (["nonsense=1"], "bad config"),

@@ -124,7 +124,8 @@ def full_forward(model, feats, valid, tokens):
     """Uncached specgen forward over [caption slots; tokens] under LlamaGen's padded causal mask."""
     embeds = torch.cat([model.cls_embedding(feats), model.tok_embeddings(tokens)], 1)
     positions = torch.arange(embeds.shape[1]).expand(embeds.shape[0], -1)
-    return model(None, positions, tree_mask=padded_causal_mask(valid, embeds.shape[1]), embeds=embeds)[0]
+    return model(None, positions, tree_mask=padded_causal_mask(F.pad(valid, (0, tokens.shape[1]), value=True)),
+                 embeds=embeds)[0]
 
 
 def test_left_padding_matches_sample_t2i(batch):
