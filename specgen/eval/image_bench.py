@@ -15,7 +15,7 @@ from specgen.errors import UsageError
 from specgen.eval import image_metrics, plots
 from specgen.eval.image_rows import image_rows, method_of, png_of
 from specgen.eval.run_dir import Grid, Shard
-from specgen.eval.sweeps import SweptRow, expand, method_bases, method_check, options_table, sweeps_of, with_swept
+from specgen.eval.sweeps import SweptRow, with_sweep_rows
 from specgen.image.captions import Caption
 from specgen.image.generate import (ImageGenConfig, ImageModel, conditioned, decode_pixels, generate_images,
                                     image_conditions, load_image_model, prepare_out_dir)
@@ -66,34 +66,22 @@ def options_of(cfg: ImageBenchConfig, entry: str) -> dict:
 
 
 MULO_ABLATIONS = {"mulo-sd@raster": {"rejection": "raster"}, "mulo-sd@no-expand": {"radius": 0}}
-
-@dataclass(frozen=True)
-class Plot:
-    """The speed-quality plot of one sweep's rows (named `<sweep>=<value>`) and the rows drawn with them."""
-
-    stem: str
-    reference: tuple
+# the sweeps the papers plot: (file name stem, the rows drawn with the swept ones), the names they always had
+PLOTS = {"mulo-sd@tau": ("mulo-sd-pareto", ("ar", "lantern", "mulo-sd")),
+         "vvs@i": ("vvs-u-pareto", ("ar", "lantern", "vvs@u")),
+         "vvs@thr": ("vvs-d-pareto", ("ar", "lantern", "vvs@d"))}
 
 
-# the sweeps the papers plot, under the file names they always had; any other sweep `S` gets `S-pareto`
-PLOTS = {"mulo-sd@tau": Plot("mulo-sd-pareto", ("ar", "lantern", "mulo-sd")),
-         "vvs@i": Plot("vvs-u-pareto", ("ar", "lantern", "vvs@u")),
-         "vvs@thr": Plot("vvs-d-pareto", ("ar", "lantern", "vvs@d"))}
-
-
-def plot_of(sweep: str) -> Plot:
+def plot_of(sweep: str) -> tuple[str, tuple]:
     """The plot of sweep `S` (rows `S=<v>`): a known one, else `S-pareto` with `ar`, `lantern` and the swept row."""
     base = sweep.partition("@")[0]  # `eagle2@top_k` varies eagle2; `vvs@u` (a tagged row's sweep) varies vvs@u
-    return PLOTS.get(sweep) or Plot(sweep.replace("@", "-") + "-pareto", ("ar", "lantern", base, sweep))
+    return PLOTS.get(sweep) or (sweep.replace("@", "-") + "-pareto", ("ar", "lantern", base, sweep))
 
 
 def with_extra_rows(cfg: ImageBenchConfig) -> ImageBenchConfig:
     """cfg with the MuLo-SD ablation and sweep entries added to `methods`, `options` holding every entry's."""
-    table = options_table(cfg)
     extra = [SweptRow(m, "mulo-sd", o) for m, o in MULO_ABLATIONS.items()] if cfg.mulo_ablations else []
-    extra += expand(sweeps_of(cfg.sweep), method_bases(cfg.methods, table, "image"), method_check(method_of))
-    methods, options = with_swept(cfg.methods, table, extra, method_of)
-    return replace(cfg, methods=methods, options=options, method_options={}, sweep={})
+    return with_sweep_rows(cfg, "image", method_of, extra)[0]
 
 
 def checked_rows(cfg: ImageBenchConfig) -> ImageBenchConfig:
@@ -255,10 +243,10 @@ def write_outputs(rows: list[dict], pixels: dict, out_dir: Path) -> list[Path]:
         plots.speed_quality_plot(pts, x="speedup_vs_ar", y=y, label="label", path=path)
         paths.append(path)
         for sweep in swept_groups(p["method"] for p in pts):  # Pareto fronts of speed vs quality, one per sweep
-            plot = plot_of(sweep)
-            group = [p for p in pts if p["method"] in plot.reference or p["method"].startswith(f"{sweep}=")]
+            stem, reference = plot_of(sweep)
+            group = [p for p in pts if p["method"] in reference or p["method"].startswith(f"{sweep}=")]
             if len(group) > 1:
-                path = free_path(out_dir / f"{plot.stem}-T{t:g}.png")
+                path = free_path(out_dir / f"{stem}-T{t:g}.png")
                 plots.speed_quality_plot(group, x="speedup_vs_ar", y=y, label="label", path=path,
                                          title=f"{sweep} sweep (T={t:g}): {y} vs speedup")
                 paths.append(path)

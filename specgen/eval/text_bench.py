@@ -26,7 +26,7 @@ from specgen.eval.llamacpp_row import LlamaCppLookup, LlamaCppRow
 from specgen.eval.peers import Peer, PeerSetup
 from specgen.eval.roofline import copy_bandwidth, streamed_bytes
 from specgen.eval.run_dir import Grid, Shard
-from specgen.eval.sweeps import expand, method_bases, method_check, options_table, sweeps_of, with_swept
+from specgen.eval.sweeps import options_table, with_sweep_rows
 from specgen.eval.text_rows import Run, text_rows
 from specgen.methods import METHODS, MethodSpec, get_method, model_for, run_batch
 from specgen.methods.options import BUDGET_DEFAULT
@@ -107,12 +107,9 @@ def row_options(row: str, cfg: TextBenchConfig) -> dict:
 
 def with_sweeps(cfg: TextBenchConfig) -> TextBenchConfig:
     """cfg with every `sweep` row added to `methods` (its options in `options`, its base row's `targets` copied)."""
-    table = options_table(cfg)
-    bases = [m for m in method_bases(cfg.methods, table, "text") if not is_peer(m)]
-    swept = expand(sweeps_of(cfg.sweep), bases, method_check(row_method))
-    methods, options = with_swept(cfg.methods, table, swept, row_method)
-    targets = {**{r.name: cfg.targets[r.base] for r in swept if r.base in cfg.targets}, **cfg.targets}
-    return replace(cfg, methods=methods, options=options, method_options={}, sweep={}, targets=targets)
+    full, swept = with_sweep_rows(cfg, "text", row_method, sweepable=lambda row: not is_peer(row))
+    return replace(full, targets={**{r.name: cfg.targets[r.base] for r in swept if r.base in cfg.targets},
+                                  **cfg.targets})
 
 
 @dataclass(frozen=True)
@@ -218,9 +215,8 @@ SOURCES: dict[str, Callable[[TextBenchConfig], list[Item]]] = {"humaneval": huma
 
 
 def items_of(cfg: TextBenchConfig) -> list[Item]:
-    """The run's prompts (`SOURCES[cfg.suite]`, `limit` of them from `offset`); none is refused."""
-    if cfg.suite not in SOURCES:
-        raise UsageError(f"unknown text suite {cfg.suite!r}; text suites: {', '.join(SOURCES)}")
+    """The run's prompts (`SOURCES[cfg.suite]`, a suite the CLI checked; `limit` of them from `offset`); none is
+    refused."""
     items = SOURCES[cfg.suite](cfg)
     if not items:
         raise UsageError(f"no {cfg.suite} prompts at offset {cfg.offset}")
