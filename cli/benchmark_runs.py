@@ -21,7 +21,7 @@ from specgen.eval import image_bench, mesh_bench, text_bench
 from specgen.eval.image_bench import ImageBenchConfig, checked_rows, image_rows_of, measure_images, write_outputs
 from specgen.eval.mesh_bench import MeshBenchConfig, measure_meshes, mesh_rows_of, variants
 from specgen.eval.run_dir import Grid, RunDir, RunNotFinished, Shard, launcher_shard, parse_shard, wait_for_ranks
-from specgen.eval.text_bench import TextBenchConfig, check_prompts_fit, measure, plan, rows_of
+from specgen.eval.text_bench import TextBenchConfig, check_prompts_fit, measure, plan, rows_of, skipped_rows
 from specgen.image.generate import load_image_model
 from specgen.machine import label, machine_facts
 from specgen.models.graphs import check_mode
@@ -72,10 +72,9 @@ class TextSuite:
 
     def finish(self, p, sink, quiet: bool) -> list[dict]:
         rows = rows_of(p, sink)
-        for r in rows:  # a row that cannot run here (llamacpp without llama-cpp-python): its one line, then dropped
-            if r.get("skipped"):
-                _output.err.print(r["skipped"], markup=False, soft_wrap=True)
-        return [r for r in rows if not r.get("skipped")]
+        for why in skipped_rows(sink).values():  # a row that cannot run here: its one line, then no row
+            _output.err.print(why, markup=False, soft_wrap=True)
+        return rows
 
     def tables(self, rows: list[dict], p, sink) -> list[Table]:
         cfg = p.cfg

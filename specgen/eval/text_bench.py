@@ -360,12 +360,15 @@ def measure(model: TextModel, p: Plan, sink, shard: Shard = Shard(), on_item=lam
     work.measure(sink, shard, one, batch, on_item)
 
 
+def skipped_rows(sink) -> dict[str, str]:
+    """row -> why a shard could not run it (a peer row: llamacpp without llama-cpp-python), from the machine files."""
+    return {m: why for info in sink.machines().values() for m, why in (info.get("skipped") or {}).items()}
+
+
 def rows_of(p: Plan, sink) -> list[dict]:
-    """The rows of a finished run (every shard merged), then one per peer row a shard could not run ("skipped")."""
-    machines = sink.machines()
-    skipped = {m: why for info in machines.values() for m, why in (info.get("skipped") or {}).items()}
-    rows = text_rows(sink.records(), grid(p, skipped), p.meta, machines, [item.prompt.category for item in p.items])
-    return rows + [{"method": m, "skipped": why} for m, why in skipped.items()]
+    """The rows of a finished run (every shard merged), without those a shard could not run (`skipped_rows`)."""
+    return text_rows(sink.records(), grid(p, skipped_rows(sink)), p.meta, sink.machines(),
+                     [item.prompt.category for item in p.items])
 
 
 def versions() -> dict[str, str]:
