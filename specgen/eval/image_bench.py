@@ -238,16 +238,12 @@ def write_outputs(rows: list[dict], pixels: dict, out_dir: Path) -> list[Path]:
         paths.append(link_into_place(tmp, path))
     y = "clf_fid" if all(r.get("clf_fid") is not None for r in rows) else "nll"
     for t in sorted({r["temperature"] for r in rows}):
-        pts = [dict(r, label=f"{r['method']}") for r in rows if r["temperature"] == t]
-        path = free_path(out_dir / f"speed-quality-T{t:g}.png")
-        plots.speed_quality_plot(pts, x="speedup_vs_ar", y=y, label="label", path=path)
-        paths.append(path)
+        pts = [r for r in rows if r["temperature"] == t]
+        paths.append(plots.speed_quality_plot(pts, y=y, path=free_path(out_dir / f"speed-quality-T{t:g}.png")))
         for sweep in swept_groups(p["method"] for p in pts):  # Pareto fronts of speed vs quality, one per sweep
             stem, reference = plot_of(sweep)
             group = [p for p in pts if p["method"] in reference or p["method"].startswith(f"{sweep}=")]
             if len(group) > 1:
-                path = free_path(out_dir / f"{stem}-T{t:g}.png")
-                plots.speed_quality_plot(group, x="speedup_vs_ar", y=y, label="label", path=path,
-                                         title=f"{sweep} sweep (T={t:g}): {y} vs speedup")
-                paths.append(path)
+                paths.append(plots.speed_quality_plot(group, y=y, path=free_path(out_dir / f"{stem}-T{t:g}.png"),
+                                                      title=f"{sweep} sweep (T={t:g}): {y} vs speedup"))
     return paths
