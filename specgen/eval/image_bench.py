@@ -118,13 +118,6 @@ def target_nll(im: ImageModel, cfg_scale: float, cond: int | Caption, tokens: li
     return float(-logits.log_softmax(-1).gather(1, torch.tensor(tokens, device=device)[:, None]).mean())
 
 
-def condition_names(im: ImageModel, conditions: list[int] | list[Caption]) -> dict[str, list]:
-    """What the rows record about the images' conditions: class names (c2i) or caption indices (t2i)."""
-    if im.text_conditional:
-        return {"captions": [c.index for c in conditions]}
-    return {"classes": [im.classes[c] if c < len(im.classes) else c for c in conditions]}
-
-
 def classifier_state(im: ImageModel, cfg: ImageBenchConfig, conditions) -> tuple[object, dict]:
     """(the offline classifier or None, what the machine file says of it: reference features or why not)."""
     if not cfg.quality:
@@ -182,7 +175,10 @@ def measure_images(im: ImageModel, cfg: ImageBenchConfig, sink, shard: Shard = S
     clf, quality = classifier_state(im, cfg, conditions)
     cost = cost_of(im.model)  # c(m) of the efficiency of drafting rows; each image runs its CFG branches
     sink.write_machine(shard, {"machine": machine(),
-                               "conditions": condition_names(im, conditions), **quality,
+                               # what the rows record of the conditions: caption indices (t2i) or class names
+                               "conditions": {"captions": [c.index for c in conditions]} if im.text_conditional else
+                               {"classes": [im.classes[c] if c < len(im.classes) else c for c in conditions]},
+                               **quality,
                                "cost_rows": list(cost.rows), "cost": list(cost.cost),
                                "branches": cfg_target(im.model, cfg.cfg_scale, conditions if im.text_conditional
                                                       else None).branches})

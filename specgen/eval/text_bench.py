@@ -94,9 +94,7 @@ def row_model(row: str) -> str | None:
     """The model an `method@NAME` row names (`ar@` rows always; others when NAME is a registry model), or None:
     a variant row (`method@tag`, `method:tag`) or a plain method."""
     method, at, tag = row.partition("@")
-    if not at:
-        return None
-    return tag if method == "ar" or is_model_name(tag) else None
+    return tag if at and (method == "ar" or is_model_name(tag)) else None
 
 
 def row_options(row: str, cfg: TextBenchConfig) -> dict:
@@ -138,14 +136,13 @@ def specgen_batch(model: TextModel, row: Row, prompts: list[list[int]], batch: i
 
 
 def decoded_model(method: str, cfg: TextBenchConfig) -> str:
-    """The model a row decodes: `targets.<method>`, else the method's distilled target, else cfg.model."""
+    """The model a row decodes: the one it names (`ar@NAME`), else `targets.<method>`, else the method's distilled
+    target, else cfg.model."""
     if is_peer(method):
         return cfg.model
-    named = row_model(method)
-    if named:
-        return named
     base = row_method(method)
-    return cfg.targets.get(method) or cfg.targets.get(base) or model_for(get_method(base), cfg.model, TextBenchConfig.model)
+    return (row_model(method) or cfg.targets.get(method) or cfg.targets.get(base)
+            or model_for(get_method(base), cfg.model, TextBenchConfig.model))
 
 
 @torch.inference_mode()
