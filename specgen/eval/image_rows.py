@@ -159,7 +159,8 @@ def image_rows(records: dict[str, dict], grids: dict[float, Grid], machines: dic
             row.update(efficiency(single[m], single["ar"], machines, row["speedup_vs_ar"]))
             own = next((a for a in grid.rows if method_of(a) == "ar" and dtype_of[a] == dtype_of[m]), "ar")
             if own != "ar":
-                row["exact_match_vs_own_ar"] = sum(s.tokens == a.tokens for s, a in zip(single[m], single[own])) / grid.n
+                same = sum(s.tokens == a.tokens for s, a in zip(single[m], single[own]))
+                row["exact_match_vs_own_ar"] = same / grid.n
             rows.append(row)
         for b in (b for b in grid.batch_sizes if b > 1):
             got, walls = collect(records, grid, b)

@@ -245,7 +245,7 @@ def batched(records: dict[str, dict], prefix: str) -> tuple[dict[int, dict], dic
 @dataclass(frozen=True)
 class Grid:
     """A suite's resumable items (docs/cluster.md): item i at batch 1 with every row run on it, interleaved (record
-    key `single.format(i)`), and per batch size B > 1 each row over a shard's items (key `{prefix}b{B}/{row}/{shard}`)."""
+    key `single.format(i)`), and per batch size B > 1 each row over a shard's items (`{prefix}b{B}/{row}/{shard}`)."""
 
     n: int
     rows: tuple[str, ...]
@@ -292,6 +292,7 @@ class Grid:
         return runs, walls
 
     def missing(self, records: dict[str, dict]) -> int:
+        """How many items have no record: batch-1 items, and the items of each batched row."""
         gone = sum(self.single.format(i) not in records for i in range(self.n)) if 1 in self.batch_sizes else 0
         return gone + sum(self.n - len(set(batched(records, self.key(b, m))[0]) & set(range(self.n)))
                           for b in self.batch_sizes if b > 1 for m in self.rows)
