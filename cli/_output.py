@@ -69,27 +69,25 @@ def item_done(what: str, done: int, total: int, detail, quiet: bool = False) -> 
 
 def registry_progress(quiet: bool = False):
     """A callback for registry materialisation (label, done, total) drawing a progress bar."""
-    state: dict = {}
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), console=err, transient=True,
+                   disable=quiet or not err.is_terminal)
+    tasks: list = []
 
     def cb(label: str, done: int, total: int) -> None:
-        if quiet or not err.is_terminal:
-            return
-        if "bar" not in state:
-            state["bar"] = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                    console=err, transient=True)
-            state["bar"].start()
-            state["task"] = state["bar"].add_task(label + " (first use only)", total=total)
-        state["bar"].update(state["task"], completed=done)
+        if not tasks:
+            bar.start()
+            tasks.append(bar.add_task(label + " (first use only)", total=total))
+        bar.update(tasks[0], completed=done)
         if done >= total:
-            state["bar"].stop()
+            bar.stop()
 
     return cb
 
 
 def check_rows_path(out, append: bool = False) -> None:
     """Refuse a --out destination before any work is done: an existing file (rows never replace a file; with
-    `append` they are added to it, unless its last line is torn and no JSON) or folder, a missing or non-folder
-    parent, or a folder where this user cannot write a small probe file (permissions, a full device)."""
+    `append` they are added to it, unless its last line is torn and no JSON) or folder, a missing parent, or a
+    parent where this user cannot write a small probe file (no folder, permissions, a full device)."""
     if out is None:
         if append:
             raise UsageError("--append adds rows to the --out file; name one with --out FILE")
@@ -107,11 +105,7 @@ def check_rows_path(out, append: bool = False) -> None:
                          "name a new file")
     if not out.parent.exists():
         raise UsageError(f"output folder does not exist: {out.parent}")
-    if not out.parent.is_dir():
-        raise UsageError(f"--out {out}: {out.parent} is not a folder")
-    if not os.access(out.parent, os.W_OK | os.X_OK):
-        raise UsageError(f"--out {out}: folder {out.parent} is not writable")
-    check_space(out.parent, f"--out {out}")
+    check_space(out.parent, f"--out {out}")  # also a parent that is no folder, or one this user cannot write in
 
 
 def check_tail(path) -> None:

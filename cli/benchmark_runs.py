@@ -17,12 +17,11 @@ from specgen import devices
 from specgen.config import load_config
 from specgen.errors import UsageError
 from specgen.eval.dry_run import check_recipe
+from specgen.eval import image_bench, mesh_bench, text_bench
 from specgen.eval.image_bench import ImageBenchConfig, checked_rows, image_rows_of, measure_images, write_outputs
-from specgen.eval.image_bench import items_left as images_left
 from specgen.eval.mesh_bench import MeshBenchConfig, measure_meshes, mesh_rows_of, variants
-from specgen.eval.mesh_bench import items_left as meshes_left
-from specgen.eval.run_dir import RunDir, RunNotFinished, Shard, launcher_shard, parse_shard, wait_for_ranks
-from specgen.eval.text_bench import TextBenchConfig, check_prompts_fit, items_left, measure, plan, rows_of
+from specgen.eval.run_dir import Grid, RunDir, RunNotFinished, Shard, launcher_shard, parse_shard, wait_for_ranks
+from specgen.eval.text_bench import TextBenchConfig, check_prompts_fit, measure, plan, rows_of, skipped_rows
 from specgen.image.generate import load_image_model
 from specgen.machine import label, machine_facts
 from specgen.models.graphs import check_mode
@@ -38,7 +37,7 @@ class Suite(Protocol):
 
     def plan(self, cfg) -> Any: ...  # a bad row is one line before any work
 
-    def steps_left(self, plan, sink, shard: Shard) -> int: ...  # progress steps of this shard; 0: nothing loads
+    def grids(self, plan) -> list[Grid]: ...  # the run's items (record keys)
 
     def measure(self, plan, sink, shard: Shard, on_item: Callable, machine: Callable[[], str], quiet: bool) -> None: ...
 
@@ -58,25 +57,23 @@ class TextSuite:
                      "throughput_vs_ar_b1", "decode_tokens_per_s", "latency_median_s", "latency_p90_s", "tpf", "tau",
                      "c_batch", "exact_match_vs_ar", "exact_match_vs_ar_b1", "nll_base", "pass_at_1"]
 
-    def plan(self, cfg):
-        return plan(cfg)
+    plan = staticmethod(plan)
 
-    def steps_left(self, p, sink, shard: Shard) -> int:
-        return p.n_prompts * len(p.cfg.batch_sizes) if any(items_left(p, sink.records(), shard)) else 0
+    def grids(self, p) -> list[Grid]:
+        return [text_bench.grid(p)]
 
     def measure(self, p, sink, shard: Shard, on_item, machine, quiet: bool) -> None:
         check_prompts_fit(p, _output.registry_progress(quiet))  # from the entry's files, before the weights load
         cfg = p.cfg
         tm = load_text_model(cfg.model, cfg.device, _output.registry_progress(quiet), dtype=cfg.dtype,
                              quantize=cfg.quantize, graphs=cfg.graphs)
-        measure(tm, p, sink, shard, on_prompt=on_item, machine=machine)
+        measure(tm, p, sink, shard, on_item, machine)
 
     def finish(self, p, sink, quiet: bool) -> list[dict]:
         rows = rows_of(p, sink)
-        for r in rows:  # a row that cannot run here (llamacpp without llama-cpp-python): its one line, then dropped
-            if r.get("skipped"):
-                _output.err.print(r["skipped"], markup=False, soft_wrap=True)
-        return [r for r in rows if not r.get("skipped")]
+        for why in skipped_rows(sink).values():  # a row that cannot run here: its one line, then no row
+            _output.err.print(why, markup=False, soft_wrap=True)
+        return rows
 
     def tables(self, rows: list[dict], p, sink) -> list[Table]:
         cfg = p.cfg
@@ -100,18 +97,15 @@ class ImageSuite:
                "d_bar", "nfe", "tpf", "drafter_share", "efficiency", "exact_match_vs_ar", "exact_match_vs_own_ar",
                "nll", "clf_fid", "class_accuracy"]
 
-    def plan(self, cfg) -> ImageBenchConfig:
-        return checked_rows(cfg)
+    plan = staticmethod(checked_rows)
 
-    def steps_left(self, cfg, sink, shard: Shard) -> int:
-        if not any(images_left(cfg, sink.records(), shard)):
-            return 0
-        return len([i for i in range(cfg.num) if shard.owns(i)]) * len(cfg.temperatures)
+    def grids(self, cfg) -> list[Grid]:
+        return list(image_bench.grids(cfg).values())
 
     def measure(self, cfg, sink, shard: Shard, on_item, machine, quiet: bool) -> None:
         im = load_image_model(cfg.model, cfg.drafter, cfg.device, dtype=cfg.dtype, graphs=cfg.graphs,
                               need_drafter=any(m != "ar" for m in cfg.methods))
-        measure_images(im, cfg, sink, shard, on_step=on_item, machine=machine)
+        measure_images(im, cfg, sink, shard, on_item, machine)
 
     def finish(self, cfg, sink, quiet: bool) -> list[dict]:
         rows, pixels = image_rows_of(cfg, sink)
@@ -137,12 +131,11 @@ class MeshSuite:
         variants(cfg)  # bad rows or options: one line before anything is written
         return cfg
 
-    def steps_left(self, cfg, sink, shard: Shard) -> int:
-        labels = [v.label for v in variants(cfg)]
-        return cfg.limit if any(meshes_left(cfg, labels, sink.records(), shard)) else 0
+    def grids(self, cfg) -> list[Grid]:
+        return [mesh_bench.grid(cfg, variants(cfg))]
 
     def measure(self, cfg, sink, shard: Shard, on_item, machine, quiet: bool) -> None:
-        measure_meshes(cfg, sink, shard, on_mesh=on_item, machine=machine)
+        measure_meshes(cfg, sink, shard, on_item, machine)
 
     def finish(self, cfg, sink, quiet: bool) -> list[dict]:
         return mesh_rows_of(cfg, sink)
@@ -171,14 +164,15 @@ def run(name: str, path: Path | None, overrides: list[str], explicit: dict, run_
     # without --run-dir the records go to a temporary folder, removed when the run ends
     scratch = tempfile.TemporaryDirectory(prefix="specgen-bench-") if run_dir is None else None
     sink = RunDir.open(run_dir or Path(scratch.name), cfg.suite, given)
-    steps = suite.steps_left(p, sink, this)
+    records = sink.records()
+    steps = sum(len(left) for g in suite.grids(p) for left in g.left(records, this))  # 0: nothing loads
     if steps:
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         sink.start_shard(this)  # the shard's lock (one writer per shard) and a torn last record cut off
         with _output.progress(f"benchmark {cfg.suite}", steps, quiet or fmt == Format.json) as advance:
             # the machine label is read once the run has set its threads
-            suite.measure(p, sink, this, lambda *_: advance(), lambda: machine_label(cfg.device), quiet)
+            suite.measure(p, sink, this, advance, lambda: machine_label(cfg.device), quiet)
     rows = merged_rows(sink, lambda s: suite.finish(p, s, quiet), this, launched, quiet)
     if rows is not None:
         show(suite, rows, p, sink, fmt, out, append)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
@@ -13,8 +14,8 @@ from specgen.decoding.cost import cost_of
 from specgen.errors import UsageError
 from specgen.eval import image_metrics, plots
 from specgen.eval.image_rows import image_rows, method_of, png_of
-from specgen.eval.run_dir import Shard
-from specgen.eval.sweeps import SweptRow, expand, method_bases, method_check, options_table, sweeps_of, with_swept
+from specgen.eval.run_dir import Grid, Shard
+from specgen.eval.sweeps import SweptRow, with_sweep_rows
 from specgen.image.captions import Caption
 from specgen.image.generate import (ImageGenConfig, ImageModel, conditioned, decode_pixels, generate_images,
                                     image_conditions, load_image_model, prepare_out_dir)
@@ -65,34 +66,22 @@ def options_of(cfg: ImageBenchConfig, entry: str) -> dict:
 
 
 MULO_ABLATIONS = {"mulo-sd@raster": {"rejection": "raster"}, "mulo-sd@no-expand": {"radius": 0}}
-
-@dataclass(frozen=True)
-class Plot:
-    """The speed-quality plot of one sweep's rows (named `<sweep>=<value>`) and the rows drawn with them."""
-
-    stem: str
-    reference: tuple
+# the sweeps the papers plot: (file name stem, the rows drawn with the swept ones), the names they always had
+PLOTS = {"mulo-sd@tau": ("mulo-sd-pareto", ("ar", "lantern", "mulo-sd")),
+         "vvs@i": ("vvs-u-pareto", ("ar", "lantern", "vvs@u")),
+         "vvs@thr": ("vvs-d-pareto", ("ar", "lantern", "vvs@d"))}
 
 
-# the sweeps the papers plot, under the file names they always had; any other sweep `S` gets `S-pareto`
-PLOTS = {"mulo-sd@tau": Plot("mulo-sd-pareto", ("ar", "lantern", "mulo-sd")),
-         "vvs@i": Plot("vvs-u-pareto", ("ar", "lantern", "vvs@u")),
-         "vvs@thr": Plot("vvs-d-pareto", ("ar", "lantern", "vvs@d"))}
-
-
-def plot_of(sweep: str) -> Plot:
+def plot_of(sweep: str) -> tuple[str, tuple]:
     """The plot of sweep `S` (rows `S=<v>`): a known one, else `S-pareto` with `ar`, `lantern` and the swept row."""
     base = sweep.partition("@")[0]  # `eagle2@top_k` varies eagle2; `vvs@u` (a tagged row's sweep) varies vvs@u
-    return PLOTS.get(sweep) or Plot(sweep.replace("@", "-") + "-pareto", ("ar", "lantern", base, sweep))
+    return PLOTS.get(sweep) or (sweep.replace("@", "-") + "-pareto", ("ar", "lantern", base, sweep))
 
 
 def with_extra_rows(cfg: ImageBenchConfig) -> ImageBenchConfig:
     """cfg with the MuLo-SD ablation and sweep entries added to `methods`, `options` holding every entry's."""
-    table = options_table(cfg)
     extra = [SweptRow(m, "mulo-sd", o) for m, o in MULO_ABLATIONS.items()] if cfg.mulo_ablations else []
-    extra += expand(sweeps_of(cfg.sweep), method_bases(cfg.methods, table, "image"), method_check(method_of))
-    methods, options = with_swept(cfg.methods, table, extra, method_of)
-    return replace(cfg, methods=methods, options=options, method_options={}, sweep={})
+    return with_sweep_rows(cfg, "image", method_of, extra)[0]
 
 
 def checked_rows(cfg: ImageBenchConfig) -> ImageBenchConfig:
@@ -127,31 +116,6 @@ def target_nll(im: ImageModel, cfg_scale: float, cond: int | Caption, tokens: li
     out = target.forward(seq, torch.arange(p, p + len(tokens) - 1, device=device).unsqueeze(0), cache, None)
     logits = torch.cat([first.logits[0, -1:], out.logits[0]], 0).float()  # [N, V]
     return float(-logits.log_softmax(-1).gather(1, torch.tensor(tokens, device=device)[:, None]).mean())
-
-
-# flags of the conditioning errors: the benchmark takes them as config keys
-BENCH_FLAGS = {"classes": "classes=[...]", "captions": "captions=FILE"}
-
-
-def bench_conditions(im: ImageModel, cfg: ImageBenchConfig) -> list[int] | list[Caption]:
-    """The `num` conditions every method decodes, checked against the model (as `generate` checks them)."""
-    return image_conditions(im, ImageGenConfig(num=cfg.num, classes=list(cfg.classes), captions=cfg.captions),
-                            BENCH_FLAGS)
-
-
-def check_builds(im: ImageModel, cfg: ImageBenchConfig, cond: int | Caption) -> None:
-    """Build every entry's drafter once on the model, so a method that cannot run on it (mulo-sd on t2i, no
-    EAGLE drafter, bad options) fails with one line before any image is decoded."""
-    parts = conditioned(im, cfg.cfg_scale, cond)[0]
-    for m in cfg.methods:
-        build_image_method(method_of(m), parts, options_of(cfg, m))
-
-
-def condition_names(im: ImageModel, conditions: list[int] | list[Caption]) -> dict[str, list]:
-    """What the rows record about the images' conditions: class names (c2i) or caption indices (t2i)."""
-    if im.text_conditional:
-        return {"captions": [c.index for c in conditions]}
-    return {"classes": [im.classes[c] if c < len(im.classes) else c for c in conditions]}
 
 
 def classifier_state(im: ImageModel, cfg: ImageBenchConfig, conditions) -> tuple[object, dict]:
@@ -190,27 +154,31 @@ def entry_models(im: ImageModel, cfg: ImageBenchConfig) -> dict[str, ImageModel]
     return {m: by_dtype[cfg.dtypes.get(m, cfg.dtype)] for m in cfg.methods}
 
 
-def items_left(cfg: ImageBenchConfig, done: dict, shard: Shard) -> tuple[list, list]:
-    """This shard's items without a record: (temperature, image index) and (temperature, batch size, entry)."""
-    mine = [i for i in range(cfg.num) if shard.owns(i)]
-    single = [(t, i) for t in cfg.temperatures for i in mine if f"T{t:g}/i{i}" not in done]
-    batched = [(t, b, m) for t in cfg.temperatures for b in cfg.batch_sizes if b > 1 for m in cfg.methods
-               if mine and f"T{t:g}/b{b}/{m}/{shard.label}" not in done]
-    return single, batched
+def grids(cfg: ImageBenchConfig) -> dict[float, Grid]:
+    """temperature -> its items: the `num` images, every method on each (batch-1 rows always: the batched ones'
+    `vs_ar_b1` reads them)."""
+    return {t: Grid(cfg.num, tuple(cfg.methods), (1, *cfg.batch_sizes), f"T{t:g}/i{{}}", f"T{t:g}/")
+            for t in cfg.temperatures}
 
 
-def measure_images(im: ImageModel, cfg: ImageBenchConfig, sink, shard: Shard = Shard(), on_step=None,
+def measure_images(im: ImageModel, cfg: ImageBenchConfig, sink, shard: Shard = Shard(), on_item=lambda: None,
                    machine: Callable[[], str] = str) -> None:
-    """Decode this shard's images that `sink` (its shard started) has no record of: at batch 1 one (temperature,
-    image) with every method interleaved on it per record, at B > 1 one method over the shard's images per record.
+    """Decode this shard's images that `sink` (its shard started) has no record of (`Grid.measure`, per temperature):
+    at batch 1 an image with every method interleaved on it, at B > 1 one method over the shard's images.
     `cfg`: a plan (`checked_rows`)."""
-    conditions = bench_conditions(im, cfg)  # [num] class ids or captions, refused before any decoding
-    check_builds(im, cfg, conditions[0])
-    single, batched = items_left(cfg, sink.records(), shard)
+    # [num] class ids or captions, checked as `generate` checks them (its flags named as the benchmark's keys)
+    conditions = image_conditions(im, ImageGenConfig(num=cfg.num, classes=list(cfg.classes), captions=cfg.captions),
+                                  {"classes": "classes=[...]", "captions": "captions=FILE"})
+    parts = conditioned(im, cfg.cfg_scale, conditions[0])[0]
+    for m in cfg.methods:  # a method that cannot run here (mulo-sd on t2i, no EAGLE drafter): one line, up front
+        build_image_method(method_of(m), parts, options_of(cfg, m))
     clf, quality = classifier_state(im, cfg, conditions)
     cost = cost_of(im.model)  # c(m) of the efficiency of drafting rows; each image runs its CFG branches
     sink.write_machine(shard, {"machine": machine(),
-                               "conditions": condition_names(im, conditions), **quality,
+                               # what the rows record of the conditions: caption indices (t2i) or class names
+                               "conditions": {"captions": [c.index for c in conditions]} if im.text_conditional else
+                               {"classes": [im.classes[c] if c < len(im.classes) else c for c in conditions]},
+                               **quality,
                                "cost_rows": list(cost.rows), "cost": list(cost.cost),
                                "branches": cfg_target(im.model, cfg.cfg_scale, conditions if im.text_conditional
                                                       else None).branches})
@@ -222,32 +190,30 @@ def measure_images(im: ImageModel, cfg: ImageBenchConfig, sink, shard: Shard = S
                 for m in cfg.methods}
     for m in cfg.methods:
         generate_images(models[m], requests[m], conditions=conditions[:1])
-    for temp, i in single:  # 1. batch 1: every method on one image, interleaved, then its record
+
+    def one(temp: float, i: int) -> dict:
         runs = {}
         for m in cfg.methods:
-            one = requests[m].with_cfg(temperature=temp, seed=cfg.seed * 7919 + i)
-            samples, px = generate_images(models[m], one, conditions=[conditions[i]])
+            req = requests[m].with_cfg(temperature=temp, seed=cfg.seed * 7919 + i)
+            samples, px = generate_images(models[m], req, conditions=[conditions[i]])
             runs[m] = image_record(im, cfg, samples[0], px[0], conditions[i], clf, shard)
-        sink.append(shard, {"item": f"T{temp:g}/i{i}", "shard": shard.label, "temperature": temp, "index": i,
-                            "runs": runs})
-        if on_step:
-            on_step()
-    mine = [i for i in range(cfg.num) if shard.owns(i)]
-    for temp, b, m in batched:  # 2. batch B: one method over the shard's images through B slots, then its record
-        one = requests[m].with_cfg(num=len(mine), batch_size=b, seed=cfg.seed, temperature=temp)
-        samples, _ = generate_images(models[m], one, conditions=[conditions[i] for i in mine], indices=mine)
-        wall = max(s.stats.extras["latency_s"] for s in samples)
+        return runs
+
+    def batch(temp: float, b: int, m: str, mine: list[int]) -> tuple[list[dict], float]:
+        req = requests[m].with_cfg(num=len(mine), batch_size=b, seed=cfg.seed, temperature=temp)
+        samples, _ = generate_images(models[m], req, conditions=[conditions[i] for i in mine], indices=mine)
         # each image's pixels decoded alone, as at batch 1: a VQ decode's rounding depends on its batch
-        runs = [image_record(im, cfg, s, decode_pixels(im, [s.tokens])[0], conditions[i], clf, shard)
-                for s, i in zip(samples, mine)]
-        sink.append(shard, {"item": f"T{temp:g}/b{b}/{m}/{shard.label}", "shard": shard.label, "temperature": temp,
-                            "batch_size": b, "method": m, "indices": mine, "wall": wall, "runs": runs})
+        return [image_record(im, cfg, s, decode_pixels(im, [s.tokens])[0], conditions[i], clf, shard)
+                for s, i in zip(samples, mine)], max(s.stats.extras["latency_s"] for s in samples)
+
+    for temp, work in grids(cfg).items():
+        work.measure(sink, shard, partial(one, temp), partial(batch, temp), on_item)
 
 
 def image_rows_of(cfg: ImageBenchConfig, sink) -> tuple[list[dict], dict]:
     """(rows, pixels per (row, temperature)) of a finished run of plan `cfg`: single-process, or shards merged."""
-    return image_rows(sink.records(), list(cfg.methods), cfg.num, list(cfg.temperatures), list(cfg.batch_sizes),
-                      sink.machines(), {m: cfg.dtypes.get(m, cfg.dtype) for m in cfg.methods})
+    dtype_of = {m: cfg.dtypes.get(m, cfg.dtype) for m in cfg.methods}
+    return image_rows(sink.records(), grids(cfg), sink.machines(), dtype_of)
 
 
 def swept_groups(names) -> list[str]:
@@ -268,16 +234,12 @@ def write_outputs(rows: list[dict], pixels: dict, out_dir: Path) -> list[Path]:
         paths.append(link_into_place(tmp, path))
     y = "clf_fid" if all(r.get("clf_fid") is not None for r in rows) else "nll"
     for t in sorted({r["temperature"] for r in rows}):
-        pts = [dict(r, label=f"{r['method']}") for r in rows if r["temperature"] == t]
-        path = free_path(out_dir / f"speed-quality-T{t:g}.png")
-        plots.speed_quality_plot(pts, x="speedup_vs_ar", y=y, label="label", path=path)
-        paths.append(path)
+        pts = [r for r in rows if r["temperature"] == t]
+        paths.append(plots.speed_quality_plot(pts, y=y, path=free_path(out_dir / f"speed-quality-T{t:g}.png")))
         for sweep in swept_groups(p["method"] for p in pts):  # Pareto fronts of speed vs quality, one per sweep
-            plot = plot_of(sweep)
-            group = [p for p in pts if p["method"] in plot.reference or p["method"].startswith(f"{sweep}=")]
+            stem, reference = plot_of(sweep)
+            group = [p for p in pts if p["method"] in reference or p["method"].startswith(f"{sweep}=")]
             if len(group) > 1:
-                path = free_path(out_dir / f"{plot.stem}-T{t:g}.png")
-                plots.speed_quality_plot(group, x="speedup_vs_ar", y=y, label="label", path=path,
-                                         title=f"{sweep} sweep (T={t:g}): {y} vs speedup")
-                paths.append(path)
+                paths.append(plots.speed_quality_plot(group, y=y, path=free_path(out_dir / f"{stem}-T{t:g}.png"),
+                                                      title=f"{sweep} sweep (T={t:g}): {y} vs speedup"))
     return paths

@@ -11,11 +11,10 @@ import numpy as np
 import torch
 import PIL.Image
 
-from specgen.decoding.cost import CostCurve
 from specgen.decoding.stats import DecodeStats
 from specgen.eval.image_metrics import fid_from_features
-from specgen.eval.run_dir import batched, check_finished
-from specgen.eval.speed import Drafting, Timed
+from specgen.eval.run_dir import Grid, check_finished
+from specgen.eval.speed import Drafting, Timed, curves
 from specgen.eval.speed import efficiency as speed_efficiency
 from specgen.methods import get_method
 
@@ -56,24 +55,19 @@ def method_of(entry: str) -> str:
     return entry.split("@", 1)[0]
 
 
-def collect(records: dict[str, dict], order: list[str], num: int, temp: float, batch: int) -> dict:
-    """(method -> images in index order, method -> shard -> wall) of one temperature and batch size."""
-    if batch == 1:
-        return {"images": {m: [Image.of(records[f"T{temp:g}/i{i}"]["runs"][m]) for i in range(num)] for m in order},
-                "walls": None}
-    images, walls = {}, {}
-    for m in order:
-        by_index, walls[m] = batched(records, f"T{temp:g}/b{batch}/{m}/")
-        images[m] = [Image.of(by_index[i]) for i in range(num)]
-    return {"images": images, "walls": walls}
+def collect(records: dict[str, dict], grid: Grid, batch: int) -> tuple[dict[str, list[Image]], dict | None]:
+    """(method -> images in index order, method -> shard -> wall; None at batch 1) of one batch size."""
+    runs, walls = grid.runs(records, batch)
+    return {m: [Image.of(x) for x in rs] for m, rs in runs.items()}, walls
 
 
-def summarise(method: str, temp: float, rs: list[Image], ar: list[Image], names: dict) -> dict:
+def summarise(method: str, temp: float, rs: list[Image], ar: list[Image], names: dict, dtype: str) -> dict:
     """One row: speed from per-image wall-time ratios (same shard), acceptance, exact match, NLL, conditions."""
     total = merged([s.stats for s in rs])
     ratio = [a.stats.wall_time / s.stats.wall_time for s, a in zip(rs, ar)]
     row = {
-        "method": method, "temperature": temp, "lossless": get_method(method_of(method)).lossless, "images": len(rs),
+        "method": method, "temperature": temp, "dtype": dtype, "lossless": get_method(method_of(method)).lossless,
+        "images": len(rs),
         "speedup_vs_ar": statistics.median(ratio), "tau": total.tau, "d_bar": total.d_bar,
         "nfe": total.target_forwards, "tpf": total.tpf, "drafter_share": total.drafter_share,
         "images_per_s": len(rs) / total.wall_time if total.wall_time else 0.0,
@@ -95,14 +89,13 @@ def efficiency(rs: list[Image], ar: list[Image], machines: dict[str, dict], spee
     {} for rows without drafts, for methods with their own steps (vvs skips verifications, mulo-sd drafts from
     another model: the model does not describe them), or without a cost curve in the machine files."""
     shards = []
-    for shard, info in machines.items():
+    for shard, cost in curves(machines).items():
         count = sum(s.shard == shard for s in rs)
-        if not count or not info.get("cost_rows"):
+        if not count:
             continue
         mine, base = merged([s.stats for s in rs if s.shard == shard]), merged([a.stats for a in ar if a.shard == shard])
-        d = Drafting(count, mine.steps, mine.target_tokens, sum(mine.accepted),
-                     mine.times.get("propose", 0.0), base.wall_time / base.target_forwards,
-                     CostCurve(tuple(info["cost_rows"]), tuple(info["cost"])), info.get("branches", 1))
+        d = Drafting(count, mine.steps, mine.target_tokens, sum(mine.accepted), mine.times.get("propose", 0.0),
+                     base.wall_time / base.target_forwards, cost, machines[shard].get("branches", 1))
         if not d.drafts or {"skipped_steps", "draft_tokens"} & mine.extras.keys():
             return {}
         shards.append(d)
@@ -117,15 +110,13 @@ def merged(stats: list[DecodeStats]) -> DecodeStats:
 
 
 def batched_row(method: str, temp: float, batch: int, rs: list[Image], ar: list[Image], walls: dict, names: dict,
-                ar_b1: list[Image] | None) -> dict:
+                dtype: str, ar_b1: list[Image]) -> dict:
     """A `method@b<B>` row: images/s from each shard's wall time (summed over shards, which run side by side),
     speedup vs `ar` at the same B and vs batch-1 `ar`, both per shard and weighted by images."""
-    row, mine = summarise(method, temp, rs, ar, names), timed(rs, walls[method])
+    row, mine = summarise(method, temp, rs, ar, names, dtype), timed(rs, walls[method])
+    b1 = Timed.one_by_one([1.0] * len(ar_b1), [a.shard for a in ar_b1], [a.stats.wall_time for a in ar_b1])
     row.update(method=f"{method}@b{batch}", batch_size=batch, images_per_s=mine.total(),
-               speedup_vs_ar=mine.vs(timed(ar, walls["ar"])))
-    if ar_b1 is not None:
-        row["vs_ar_b1"] = mine.vs(Timed.one_by_one([1.0] * len(ar_b1), [a.shard for a in ar_b1],
-                                                   [a.stats.wall_time for a in ar_b1]))
+               speedup_vs_ar=mine.vs(timed(ar, walls["ar"])), vs_ar_b1=mine.vs(b1))
     return row
 
 
@@ -150,37 +141,32 @@ def classifier_columns(rows: list[dict], images: dict, reference: list | None, n
         r["class_accuracy"] = sum(map(bool, (s.correct for s in rs))) / len(rs)
 
 
-def image_rows(records: dict[str, dict], order: list[str], num: int, temps: list[float], batches: list[int],
-               machines: dict[str, dict], dtype_of: dict[str, str] | None = None) -> tuple[list[dict], dict]:
-    """(rows, pixels per (row, temperature)) of a finished run; refuses one with missing items. `dtype_of`: entry ->
-    the precision it decoded at; each row is labelled with it, and a row whose precision differs from `ar`'s is
-    also compared with the `ar` entry of its own precision (`exact_match_vs_own_ar`: 1.0 for lossless methods)."""
-    dtype_of = dtype_of or {}
-    check_finished(records, [f"T{t:g}/i{i}" for t in temps for i in range(num)],
-                   [f"T{t:g}/b{b}/{m}/" for t in temps for b in batches if b > 1 for m in order], num, "images")
+def image_rows(records: dict[str, dict], grids: dict[float, Grid], machines: dict[str, dict],
+               dtype_of: dict[str, str]) -> tuple[list[dict], dict]:
+    """(rows, pixels per (row, temperature)) of a finished run (`grids`: temperature -> its items); refuses one with
+    missing images. `dtype_of`: entry -> the precision it decoded at; each row is labelled with it, and a row whose
+    precision differs from `ar`'s is also compared with the `ar` entry of its own precision (`exact_match_vs_own_ar`:
+    1.0 for lossless methods)."""
+    check_finished(records, list(grids.values()), "images")
     info = next(iter(machines.values()), {})
     names, reference, note = info.get("conditions", {}), info.get("reference_features"), info.get("quality_note")
     rows, images = [], {}
-    for t in temps:
-        single = collect(records, order, num, t, 1)["images"]
-        for m in order:
+    for t, grid in grids.items():
+        single = collect(records, grid, 1)[0]
+        for m in grid.rows:
             images[(m, t)] = single[m]
-            rows.append(summarise(m, t, single[m], single["ar"], names))
-            rows[-1].update(efficiency(single[m], single["ar"], machines, rows[-1]["speedup_vs_ar"]))
-            own = next((a for a in order if method_of(a) == "ar" and dtype_of.get(a) == dtype_of.get(m)), None)
-            if dtype_of:
-                rows[-1]["dtype"] = dtype_of.get(m)
-            if own and own != "ar":
+            row = summarise(m, t, single[m], single["ar"], names, dtype_of[m])
+            row.update(efficiency(single[m], single["ar"], machines, row["speedup_vs_ar"]))
+            own = next((a for a in grid.rows if method_of(a) == "ar" and dtype_of[a] == dtype_of[m]), "ar")
+            if own != "ar":
                 same = sum(s.tokens == a.tokens for s, a in zip(single[m], single[own]))
-                rows[-1]["exact_match_vs_own_ar"] = same / num
-        for b in (b for b in batches if b > 1):
-            got = collect(records, order, num, t, b)
-            for m in order:
-                images[(f"{m}@b{b}", t)] = got["images"][m]
-                rows.append(batched_row(m, t, b, got["images"][m], got["images"]["ar"], got["walls"], names,
-                                        single.get("ar")))
-                if dtype_of:
-                    rows[-1]["dtype"] = dtype_of.get(m)
+                row["exact_match_vs_own_ar"] = same / grid.n
+            rows.append(row)
+        for b in (b for b in grid.batch_sizes if b > 1):
+            got, walls = collect(records, grid, b)
+            for m in grid.rows:
+                images[(f"{m}@b{b}", t)] = got[m]
+                rows.append(batched_row(m, t, b, got[m], got["ar"], walls, names, dtype_of[m], single["ar"]))
     classifier_columns(rows, images, reference, note)
     pixels = {k: torch.stack([pixels_of(s.png) for s in rs]) for k, rs in images.items()}
     return rows, pixels

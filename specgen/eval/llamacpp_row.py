@@ -16,13 +16,12 @@ INSTALL = ("pip install llama-cpp-python: it compiles llama.cpp; where its repac
            "CMAKE_ARGS=\"-DGGML_CPU_REPACK=OFF\" or set method_options.llamacpp.repack=false; docs/precision.md)")
 
 
-def unavailable(setup: PeerSetup | None = None) -> str | None:
+def unavailable(setup: PeerSetup) -> str | None:
     """Why the rows cannot run here (one line), or None."""
     try:
         import llama_cpp  # noqa: F401  (optional dependency)
     except ImportError:
-        name = setup.name if setup else "llamacpp"
-        return f"{name} row skipped: llama-cpp-python is not installed ({INSTALL})"
+        return f"{setup.name} row skipped: llama-cpp-python is not installed ({INSTALL})"
     return None
 
 

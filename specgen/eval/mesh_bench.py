@@ -12,7 +12,7 @@ import trimesh
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.stats import DecodeStats
 from specgen.errors import UsageError
-from specgen.eval.run_dir import Shard, batched, check_finished
+from specgen.eval.run_dir import Grid, Shard, check_finished
 from specgen.eval.speed import Timed
 from specgen.eval.sweeps import Sweep, expand, merged_table, sweeps_of
 from specgen.mesh.export import clean_mesh
@@ -163,21 +163,18 @@ def mesh_run(res, ref, shard: Shard) -> dict:
     return out
 
 
-def items_left(cfg: MeshBenchConfig, labels: list[str], done: dict, shard: Shard) -> tuple[list[int], list]:
-    """This shard's items without a record: mesh indices (batch 1) and (batch size, row label) pairs."""
-    mine = [i for i in range(cfg.limit) if shard.owns(i)]
-    single = [i for i in mine if f"m{i}" not in done]
-    batched = [(b, v) for b in cfg.batch_sizes if b > 1 for v in labels if mine and f"b{b}/{v}/{shard.label}" not in done]
-    return single, batched
+def grid(cfg: MeshBenchConfig, vs: list[Variant]) -> Grid:
+    """The run's items: its test meshes, every row on each (batch-1 rows always: the batched ones' `vs_ar_b1`)."""
+    return Grid(cfg.limit, tuple(v.label for v in vs), (1, *cfg.batch_sizes), "m{}")
 
 
-def measure_meshes(cfg: MeshBenchConfig, sink, shard: Shard = Shard(), on_mesh: Callable[[int], None] | None = None,
+def measure_meshes(cfg: MeshBenchConfig, sink, shard: Shard = Shard(), on_item=lambda: None,
                    machine: Callable[[], str] = str) -> None:
-    """Decode this shard's meshes that `sink` (its shard started) has no record of: one record per mesh with every
-    row interleaved on it (batch 1), or per row over the shard's point clouds through B slots."""
+    """Decode this shard's meshes that `sink` (its shard started) has no record of (`Grid.measure`): at batch 1 a
+    mesh with every row interleaved on it, at B > 1 one row over the shard's point clouds through B slots."""
     split_seeds("test", cfg.limit, cfg.offset)  # more meshes than the split holds: refused before any model loads
     vs = variants(cfg)
-    single, batched = items_left(cfg, [v.label for v in vs], sink.records(), shard)
+    by_label = {v.label: v for v in vs}
     params = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
     dtype_of = {v.label: cfg.dtypes.get(v.label, cfg.dtype) for v in vs}
     loaded = {(h, d): load_mesh_model(cfg.model, h, cfg.device, d, graphs=cfg.graphs)
@@ -193,40 +190,32 @@ def measure_meshes(cfg: MeshBenchConfig, sink, shard: Shard = Shard(), on_mesh: 
     def streams(i: int) -> tuple[torch.Generator, torch.Generator]:
         return torch.Generator().manual_seed(cfg.seed + i), torch.Generator().manual_seed(10_000_019 + cfg.seed + i)
 
-    for i in single:  # 1. batch 1: every row on one point cloud, interleaved, then its record
+    def one(i: int) -> dict:
         ref, pc = clouds[i]
-        runs = {v.label: mesh_run(decoders[v.label].generate(pc, params, max_tokens, v.opts, *streams(i)), ref, shard)
+        return {v.label: mesh_run(decoders[v.label].generate(pc, params, max_tokens, v.opts, *streams(i)), ref, shard)
                 for v in vs}
-        sink.append(shard, {"item": f"m{i}", "shard": shard.label, "index": i, "runs": runs})
-        if on_mesh:
-            on_mesh(i)
-    mine = [i for i in range(cfg.limit) if shard.owns(i)]
-    by_label = {v.label: v for v in vs}
-    for b, label in batched:  # 2. batch B: one row over the shard's point clouds through B slots, then its record
-        v = by_label[label]
+
+    def batch(b: int, label: str, mine: list[int]) -> tuple[list[dict], float]:
         gens, dgens = zip(*(streams(i) for i in mine))
-        results = decoders[label].generate_batch([clouds[i][1] for i in mine], params, max_tokens, v.opts, gens,
-                                                 dgens, b)
-        sink.append(shard, {"item": f"b{b}/{label}/{shard.label}", "shard": shard.label, "batch_size": b,
-                            "row": label, "indices": mine, "wall": max(r.stats.extras["latency_s"] for r in results),
-                            "runs": [mesh_run(r, clouds[i][0], shard) for r, i in zip(results, mine)]})
+        results = decoders[label].generate_batch([clouds[i][1] for i in mine], params, max_tokens,
+                                                 by_label[label].opts, gens, dgens, b)
+        return ([mesh_run(r, clouds[i][0], shard) for r, i in zip(results, mine)],
+                max(r.stats.extras["latency_s"] for r in results))
+
+    grid(cfg, vs).measure(sink, shard, one, batch, on_item)
 
 
 def mesh_rows_of(cfg: MeshBenchConfig, sink) -> list[dict]:
     """One summary row per variant (AR first), batched rows after; a run with missing items is refused."""
     vs, records = variants(cfg), sink.records()
-    labels = [v.label for v in vs]
-    check_finished(records, [f"m{i}" for i in range(cfg.limit)],
-                   [f"b{b}/{label}/" for b in cfg.batch_sizes if b > 1 for label in labels], cfg.limit, "meshes")
+    work = grid(cfg, vs)
+    check_finished(records, [work], "meshes")
     info = next(iter(sink.machines().values()))
-    single = {label: [records[f"m{i}"]["runs"][label] for i in range(cfg.limit)] for label in labels}
+    single = work.runs(records, 1)[0]
     rows = summarize(cfg, vs, single)
     ar_b1 = next((single[v.label] for v in vs if v.heads is None), None)  # batch-1 AR's runs
     for b in (b for b in cfg.batch_sizes if b > 1):
-        runs, walls = {}, {}
-        for label in labels:
-            by_index, walls[label] = batched(records, f"b{b}/{label}/")
-            runs[label] = [by_index[i] for i in range(cfg.limit)]
+        runs, walls = work.runs(records, b)
         rows += batched_rows(summarize(cfg, vs, runs), runs, walls, b, ar_b1)
     return [{**r, **info["references"]} for r in rows]
 
@@ -285,11 +274,6 @@ def reference_distances(meshes: list) -> dict[str, float]:
             "cd_other_mesh": round(float(np.mean(cd_other)), 4) if len(meshes) > 1 else None}
 
 
-def rule_label(opts) -> str:
-    """A heads row's rule, marked `(lossy)` unless it keeps the (LoRA-merged) backbone's distribution."""
-    return opts.label() + ("" if opts.lossless else " (lossy)")
-
-
 def summarize(cfg: MeshBenchConfig, vs: list[Variant], runs: dict[str, list[dict]]) -> list[dict]:
     """One row per variant with the metrics of the module docstring (runs: label -> records in mesh order)."""
     rows = []
@@ -302,7 +286,8 @@ def summarize(cfg: MeshBenchConfig, vs: list[Variant], runs: dict[str, list[dict
         decode_s = st.wall_time - st.times.get("prefill", 0.0)
         rows.append({
             "method": "ar" if v.heads is None or v.plain else "xspecmesh", "row": v.label, "heads": v.heads,
-            "rule": "lossless" if v.heads is None or v.plain else rule_label(v.opts),
+            # a heads row's rule, marked `(lossy)` unless it keeps the (LoRA-merged) backbone's distribution
+            "rule": "lossless" if v.heads is None or v.plain else v.opts.label() + " (lossy)" * (not v.opts.lossless),
             "meshes": cfg.limit, "scored": len(cd),
             "cd": round(float(np.mean(cd)), 4) if cd else None,
             "hd": round(float(np.mean(hd)), 4) if hd else None,

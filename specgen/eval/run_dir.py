@@ -12,7 +12,7 @@ import weakref
 from datetime import timedelta
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from specgen.errors import UsageError
 from specgen.paths import atomic_write_text, check_space, write_new
@@ -117,9 +117,8 @@ class RunDir:
         path = Path(path)
         if path.exists() and not path.is_dir():
             raise UsageError(f"--run-dir {path} is a file; name a folder (new or from an earlier run)")
-        if not path.exists():
-            if not path.parent.is_dir():
-                raise UsageError(f"--run-dir {path}: folder {path.parent} does not exist")
+        if not path.exists() and not path.parent.is_dir():
+            raise UsageError(f"--run-dir {path}: folder {path.parent} does not exist")
         check_space(path if path.exists() else path.parent, f"--run-dir {path}")  # read-only or full: before the work
         path.mkdir(exist_ok=True)
         run = cls(path, suite, config)
@@ -243,11 +242,65 @@ def batched(records: dict[str, dict], prefix: str) -> tuple[dict[int, dict], dic
     return by_index, walls
 
 
-def check_finished(records: dict[str, dict], single: list[str], prefixes: list[str], n: int, what: str) -> None:
-    """Refuse to summarise a run while some of its `what` (items, images, meshes) have no record: of the batch-1
-    record keys `single`, and of the items 0 .. n-1 of each batched row (its records' key `prefixes`)."""
-    gone = sum(k not in records for k in single)
-    gone += sum(n - len(set(batched(records, p)[0]) & set(range(n))) for p in prefixes)
+@dataclass(frozen=True)
+class Grid:
+    """A suite's resumable items (docs/cluster.md): item i at batch 1 with every row run on it, interleaved (record
+    key `single.format(i)`), and per batch size B > 1 each row over a shard's items (`{prefix}b{B}/{row}/{shard}`)."""
+
+    n: int
+    rows: tuple[str, ...]
+    batch_sizes: tuple[int, ...]  # batch-1 items only when 1 is among them
+    single: str
+    prefix: str = ""
+
+    def key(self, batch: int, row: str, shard: str = "") -> str:
+        return f"{self.prefix}b{batch}/{row}/{shard}"
+
+    def mine(self, shard: Shard) -> list[int]:
+        return [i for i in range(self.n) if shard.owns(i)]
+
+    def left(self, done: dict, shard: Shard) -> tuple[list[int], list[tuple[int, str]]]:
+        """This shard's items without a record: batch-1 positions, and (batch size, row) pairs."""
+        mine = self.mine(shard)
+        single = [i for i in mine if self.single.format(i) not in done] if 1 in self.batch_sizes else []
+        return single, [(b, m) for b in self.batch_sizes if b > 1 for m in self.rows
+                        if mine and self.key(b, m, shard.label) not in done]
+
+    def measure(self, sink: RunDir, shard: Shard, one: Callable[[int], dict],
+                batch: Callable[[int, str, list[int]], tuple[list, float]], on_item: Callable[[], None]) -> None:
+        """Record this shard's items that `sink` has none of: at batch 1 `one(i)` (row -> run of item i), then at
+        B > 1 `batch(B, row, positions)` (the row's runs over the shard's items in order, its wall seconds)."""
+        single, batches = self.left(sink.records(), shard)
+        mine = self.mine(shard)
+        for i in single:
+            sink.append(shard, {"item": self.single.format(i), "shard": shard.label, "index": i, "runs": one(i)})
+            on_item()
+        for b, m in batches:
+            runs, wall = batch(b, m, mine)
+            sink.append(shard, {"item": self.key(b, m, shard.label), "shard": shard.label, "batch_size": b,
+                                "method": m, "indices": mine, "wall": wall, "runs": runs})
+            on_item()
+
+    def runs(self, records: dict[str, dict], batch: int) -> tuple[dict[str, list[dict]], dict | None]:
+        """(row -> its runs in item order, row -> shard -> wall seconds; None at batch 1) of a finished run."""
+        if batch == 1:
+            return {m: [records[self.single.format(i)]["runs"][m] for i in range(self.n)] for m in self.rows}, None
+        runs, walls = {}, {}
+        for m in self.rows:
+            by_index, walls[m] = batched(records, self.key(batch, m))
+            runs[m] = [by_index[i] for i in range(self.n)]
+        return runs, walls
+
+    def missing(self, records: dict[str, dict]) -> int:
+        """How many items have no record: batch-1 items, and the items of each batched row."""
+        gone = sum(self.single.format(i) not in records for i in range(self.n)) if 1 in self.batch_sizes else 0
+        return gone + sum(self.n - len(set(batched(records, self.key(b, m))[0]) & set(range(self.n)))
+                          for b in self.batch_sizes if b > 1 for m in self.rows)
+
+
+def check_finished(records: dict[str, dict], grids: list[Grid], what: str) -> None:
+    """Refuse to summarise a run while some of its `what` (items, images, meshes) have no record."""
+    gone = sum(g.missing(records) for g in grids)
     if gone:
         raise RunNotFinished(f"the run is not finished: {gone} of its {what} have no record yet "
                              "(rerun the same command, or wait for the other shards)")

@@ -18,6 +18,19 @@ def per_shard(runs: Sequence, shards: list[str], walls: dict, fn: Callable[[str,
     return sum(v * n for v, n in parts) / sum(n for _, n in parts) if parts else None
 
 
+def curves(machines: dict[str, dict]) -> dict[str, CostCurve]:
+    """shard -> its measured cost curve c(m) (from its machine file)."""
+    return {s: CostCurve(tuple(i["cost_rows"]), tuple(i["cost"])) for s, i in machines.items() if i.get("cost_rows")}
+
+
+def summed(shards: list[str], seconds: list[float]) -> dict[str, float]:
+    """shard -> the sum of its runs' seconds: a shard's wall time when its runs are timed alone (batch 1)."""
+    walls: dict[str, float] = {}
+    for s, t in zip(shards, seconds):
+        walls[s] = walls.get(s, 0.0) + t
+    return walls
+
+
 @dataclass(frozen=True)
 class Timed:
     """A row's runs over a run's shards: each run's work (tokens; 1 an image or mesh) and shard, each shard's wall."""
@@ -28,11 +41,8 @@ class Timed:
 
     @classmethod
     def one_by_one(cls, work: list[float], shards: list[str], seconds: list[float]) -> "Timed":
-        """Runs timed alone (batch 1): a shard's wall is the sum of its runs' seconds."""
-        walls: dict[str, float] = {}
-        for s, t in zip(shards, seconds):
-            walls[s] = walls.get(s, 0.0) + t
-        return cls(work, shards, walls)
+        """Runs timed alone (batch 1)."""
+        return cls(work, shards, summed(shards, seconds))
 
     def rate(self, shard: str) -> float:
         return sum(w for w, s in zip(self.work, self.shards) if s == shard) / self.walls[shard]

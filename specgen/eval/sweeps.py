@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable
 
 from specgen.errors import UsageError
@@ -143,11 +143,14 @@ def with_swept(rows: list[str], table: dict, swept: list[SweptRow], method_of: C
     return rows, table
 
 
-def method_bases(rows: list[str], table: dict, modality: str) -> list[str]:
-    """What a humaneval/images sweep may vary: a row, an `options` entry, or a method of the suite's modality."""
-    return [*rows, *table, *(name for name, spec in METHODS.items() if spec.runs_on(modality))]
-
-
-def method_check(method_of: Callable[[str], str]) -> Callable[[str, dict], None]:
-    """check(row, options) of humaneval/images sweeps: the options of the row's method (names and values)."""
-    return lambda row, options: get_method(method_of(row)).parse_options(options)
+def with_sweep_rows(cfg, modality: str, method_of: Callable[[str], str], extra: Iterable[SweptRow] = (),
+                    sweepable: Callable[[str], bool] = lambda row: True) -> tuple[Any, list[SweptRow]]:
+    """(cfg with `extra` and every `sweep` row added to `methods`, `options` holding every row's, and the rows added)
+    of humaneval/images: a sweep varies a row, an `options` entry or a method of the suite's `modality` (one
+    `sweepable` keeps), each value checked by its method's options."""
+    table = options_table(cfg)
+    bases = [m for m in [*cfg.methods, *table, *(n for n, s in METHODS.items() if s.runs_on(modality))] if sweepable(m)]
+    swept = [*extra, *expand(sweeps_of(cfg.sweep), bases,
+                             lambda row, options: get_method(method_of(row)).parse_options(options))]
+    methods, options = with_swept(cfg.methods, table, swept, method_of)
+    return replace(cfg, methods=methods, options=options, method_options={}, sweep={}), swept

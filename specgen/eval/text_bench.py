@@ -25,8 +25,8 @@ from specgen.eval.humaneval import check_completions
 from specgen.eval.llamacpp_row import LlamaCppLookup, LlamaCppRow
 from specgen.eval.peers import Peer, PeerSetup
 from specgen.eval.roofline import copy_bandwidth, streamed_bytes
-from specgen.eval.run_dir import Shard
-from specgen.eval.sweeps import expand, method_bases, method_check, options_table, sweeps_of, with_swept
+from specgen.eval.run_dir import Grid, Shard
+from specgen.eval.sweeps import options_table, with_sweep_rows
 from specgen.eval.text_rows import Run, text_rows
 from specgen.methods import METHODS, MethodSpec, get_method, model_for, run_batch
 from specgen.methods.options import BUDGET_DEFAULT
@@ -94,9 +94,7 @@ def row_model(row: str) -> str | None:
     """The model an `method@NAME` row names (`ar@` rows always; others when NAME is a registry model), or None:
     a variant row (`method@tag`, `method:tag`) or a plain method."""
     method, at, tag = row.partition("@")
-    if not at:
-        return None
-    return tag if method == "ar" or is_model_name(tag) else None
+    return tag if at and (method == "ar" or is_model_name(tag)) else None
 
 
 def row_options(row: str, cfg: TextBenchConfig) -> dict:
@@ -107,12 +105,9 @@ def row_options(row: str, cfg: TextBenchConfig) -> dict:
 
 def with_sweeps(cfg: TextBenchConfig) -> TextBenchConfig:
     """cfg with every `sweep` row added to `methods` (its options in `options`, its base row's `targets` copied)."""
-    table = options_table(cfg)
-    bases = [m for m in method_bases(cfg.methods, table, "text") if not is_peer(m)]
-    swept = expand(sweeps_of(cfg.sweep), bases, method_check(row_method))
-    methods, options = with_swept(cfg.methods, table, swept, row_method)
-    targets = {**{r.name: cfg.targets[r.base] for r in swept if r.base in cfg.targets}, **cfg.targets}
-    return replace(cfg, methods=methods, options=options, method_options={}, sweep={}, targets=targets)
+    full, swept = with_sweep_rows(cfg, "text", row_method, sweepable=lambda row: not is_peer(row))
+    return replace(full, targets={**{r.name: cfg.targets[r.base] for r in swept if r.base in cfg.targets},
+                                  **cfg.targets})
 
 
 @dataclass(frozen=True)
@@ -124,15 +119,15 @@ class Row:
     seed: int | None = None  # the row's own drafter seed (`options.ROW.seed`), else the run's
 
 
-def specgen_batch(model: TextModel, row: Row, prompts: list[list[int]], batch: int, cfg: TextBenchConfig,
-                  on_done=None) -> tuple[list[Run], float]:
+def specgen_batch(model: TextModel, row: Row, prompts: list[list[int]], batch: int,
+                  cfg: TextBenchConfig) -> tuple[list[Run], float]:
     """`row` over `prompts` through `batch` slots of the batched loop; (runs in prompt order, wall seconds)."""
     seed = cfg.seed if row.seed is None else row.seed  # the row's own drafter seed, else the run's
     budget = draft_budget(model, row.options.as_dict().get("budget", BUDGET_DEFAULT))
     device = next(model.module.parameters()).device
     t0 = now(device)
     res = run_batch(model.target, lambda i: row.spec.make_drafter(row.options, seed), prompts, cfg.max_new_tokens,
-                    SamplingParams(), model.tokenizer.stop_ids, batch_size=batch, on_done=on_done, budget=budget)
+                    SamplingParams(), model.tokenizer.stop_ids, batch_size=batch, budget=budget)
     seconds = now(device) - t0
     latency = (lambda r: r.stats.extras.get("latency_s", seconds)) if batch > 1 else (lambda r: seconds)
     prefill = res.stats.times.get("prefill", 0.0) / len(prompts)
@@ -141,14 +136,13 @@ def specgen_batch(model: TextModel, row: Row, prompts: list[list[int]], batch: i
 
 
 def decoded_model(method: str, cfg: TextBenchConfig) -> str:
-    """The model a row decodes: `targets.<method>`, else the method's distilled target, else cfg.model."""
+    """The model a row decodes: the one it names (`ar@NAME`), else `targets.<method>`, else the method's distilled
+    target, else cfg.model."""
     if is_peer(method):
         return cfg.model
-    named = row_model(method)
-    if named:
-        return named
     base = row_method(method)
-    return cfg.targets.get(method) or cfg.targets.get(base) or model_for(get_method(base), cfg.model, TextBenchConfig.model)
+    return (row_model(method) or cfg.targets.get(method) or cfg.targets.get(base)
+            or model_for(get_method(base), cfg.model, TextBenchConfig.model))
 
 
 @torch.inference_mode()
@@ -218,9 +212,8 @@ SOURCES: dict[str, Callable[[TextBenchConfig], list[Item]]] = {"humaneval": huma
 
 
 def items_of(cfg: TextBenchConfig) -> list[Item]:
-    """The run's prompts (`SOURCES[cfg.suite]`, `limit` of them from `offset`); none is refused."""
-    if cfg.suite not in SOURCES:
-        raise UsageError(f"unknown text suite {cfg.suite!r}; text suites: {', '.join(SOURCES)}")
+    """The run's prompts (`SOURCES[cfg.suite]`, a suite the CLI checked; `limit` of them from `offset`); none is
+    refused."""
     items = SOURCES[cfg.suite](cfg)
     if not items:
         raise UsageError(f"no {cfg.suite} prompts at offset {cfg.offset}")
@@ -271,13 +264,9 @@ def plan(cfg: TextBenchConfig) -> Plan:
     return Plan(cfg, rows, order, meta, items_of(cfg))
 
 
-def items_left(p: Plan, done: dict, shard: Shard) -> tuple[list[int], list[tuple[int, str]]]:
-    """This shard's items without a record: batch-1 prompt positions, and (batch size, row) pairs."""
-    mine = [i for i in range(p.n_prompts) if shard.owns(i)]
-    single = [i for i in mine if f"b1/p{i}" not in done] if 1 in p.cfg.batch_sizes else []
-    batched = [(b, m) for b in p.cfg.batch_sizes if b > 1 for m in p.order
-               if mine and f"b{b}/{m}/{shard.label}" not in done]
-    return single, batched
+def grid(p: Plan, skipped=()) -> Grid:
+    """The run's items: its prompts, with every row of the plan but `skipped` (peer rows that cannot run here)."""
+    return Grid(p.n_prompts, tuple(m for m in p.order if m not in skipped), tuple(p.cfg.batch_sizes), "b1/p{}")
 
 
 def with_quality(runs: dict[str, Run], prompt: list[int], problem, original: TextModel | None,
@@ -318,17 +307,17 @@ def row_models(model: TextModel, p: Plan) -> dict[str, TextModel]:
         own = any(split_name(name)[1:])
         models[name] = load_text_model(name, cfg.device, dtype=None if own else cfg.dtype,
                                        quantize=None if own else cfg.quantize, graphs=cfg.graphs)
-        check_same_tokenizer(model, models[name])
+        if tokenizer_hash(model.tokenizer) != tokenizer_hash(models[name].tokenizer):
+            raise UsageError(f"{models[name].entry.ref} does not share the tokenizer of {model.entry.ref}; cannot "
+                             "compare them")
     return models
 
 
-def measure(model: TextModel, p: Plan, sink, shard: Shard = Shard(), on_prompt=None,
+def measure(model: TextModel, p: Plan, sink, shard: Shard = Shard(), on_item=lambda: None,
             machine: Callable[[], str] = str) -> None:
-    """Measure this shard's items that `sink` (a RunDir, its shard started) has no record of, one
-    record per item: at batch 1 a prompt with every row interleaved on it, at B > 1 one row over the shard's prompts."""
+    """Measure this shard's items that `sink` (a RunDir, its shard started) has no record of (`Grid.measure`): at
+    batch 1 a prompt with every row interleaved on it, at B > 1 one row over the shard's prompts."""
     cfg, rows, items = p.cfg, p.rows, p.items
-    mine = [i for i in range(p.n_prompts) if shard.owns(i)]
-    todo, todo_batched = items_left(p, sink.records(), shard)
     prompts = [encode(model.tokenizer, item.prompt) for item in items]
     models = row_models(model, p)
     for row in rows.values():  # a row's assets (a static n-gram cache) fit the models' one tokenizer
@@ -336,54 +325,47 @@ def measure(model: TextModel, p: Plan, sink, shard: Shard = Shard(), on_prompt=N
             row.spec.model_check(row.options, model.tokenizer)
     original = load_original(model, cfg.device)  # quality reference (nll_base, peer rows): the float32 weights
     peers, skipped = peers_of(p.order, cfg, original)
-    order = [m for m in p.order if m not in skipped]
+    work = grid(p, skipped)
     cost = cost_of(model.module)  # c(B) of batched rows, c(N) of the efficiency of speculative rows
     streamed = {m: streamed_bytes(peers[m].module if m in peers else models[p.meta[m]["model"]].module)
-                for m in order if m not in peers or peers[m].module is not None}  # weights one forward reads
+                for m in work.rows if m not in peers or peers[m].module is not None}  # weights one forward reads
     sink.write_machine(shard, {"machine": machine(), "versions": versions(),
                                "cost_rows": list(cost.rows), "cost": list(cost.cost), "skipped": skipped,
                                "streamed_bytes": streamed, "bandwidth_gbs": copy_bandwidth(device=next(model.module.parameters()).device)})
 
-    def row_of(m: str) -> Row:  # an `ar@NAME` reference row the plan added decodes as ar
-        return rows.get(m) or Row(METHODS["ar"], METHODS["ar"].parse_options({}))
+    def decode(m: str, qs: list[list[int]], b: int) -> tuple[list[Run], float]:
+        if m in peers:
+            runs, wall = peers[m].batch(qs, b) if b > 1 else ([peers[m].run(qs[0])], 0.0)
+        else:  # an `ar@NAME` reference row the plan added decodes as ar
+            row = rows.get(m) or Row(METHODS["ar"], METHODS["ar"].parse_options({}))
+            runs, wall = specgen_batch(models[p.meta[m]["model"]], row, qs, b, cfg)
+        return [replace(r, shard=shard.label) for r in runs], wall
 
-    def one(method: str, prompt: list[int]) -> Run:
-        if method in peers:
-            return peers[method].run(prompt)
-        return specgen_batch(models[p.meta[method]["model"]], row_of(method), [prompt], 1, cfg)[0][0]
+    def one(i: int) -> dict:
+        runs = {m: decode(m, [prompts[i]], 1)[0][0] for m in work.rows}
+        return {m: asdict(r) for m, r in with_quality(runs, prompts[i], items[i].problem, original, cfg).items()}
+
+    def batch(b: int, m: str, mine: list[int]) -> tuple[list[dict], float]:
+        runs, wall = decode(m, [prompts[i] for i in mine], b)
+        return [asdict(with_quality({m: r}, prompts[i], items[i].problem, original, cfg)[m])
+                for r, i in zip(runs, mine)], wall
 
     if cfg.warmup:
         warm = model.tokenizer.encode("Write a Python function that adds two numbers.")
-        for m in order:
-            one(m, warm)
-    for i in todo:  # 1. batch 1: every row on one prompt, interleaved, then its record
-        runs = with_quality({m: replace(one(m, prompts[i]), shard=shard.label) for m in order}, prompts[i],
-                            items[i].problem, original, cfg)
-        sink.append(shard, {"item": f"b1/p{i}", "shard": shard.label, "prompt": i,
-                            "runs": {m: asdict(r) for m, r in runs.items()}})
-        if on_prompt:
-            on_prompt(i)
-    batch_prompts = [prompts[i] for i in mine]
-    for b, m in [(b, m) for b, m in todo_batched if m in order]:  # 2. batch B: one row over the shard's prompts
-        if m in peers:
-            runs, wall = peers[m].batch(batch_prompts, b)
-        else:
-            done_one = (lambda j: on_prompt(j)) if on_prompt and m == order[0] else None
-            runs, wall = specgen_batch(models[p.meta[m]["model"]], row_of(m), batch_prompts, b, cfg, done_one)
-        runs = [with_quality({m: replace(r, shard=shard.label)}, q, items[i].problem, original, cfg)[m]
-                for r, q, i in zip(runs, batch_prompts, mine)]
-        sink.append(shard, {"item": f"b{b}/{m}/{shard.label}", "shard": shard.label, "batch_size": b, "method": m,
-                            "indices": mine, "wall": wall, "runs": [asdict(r) for r in runs]})
+        for m in work.rows:
+            decode(m, [warm], 1)
+    work.measure(sink, shard, one, batch, on_item)
+
+
+def skipped_rows(sink) -> dict[str, str]:
+    """row -> why a shard could not run it (a peer row: llamacpp without llama-cpp-python), from the machine files."""
+    return {m: why for info in sink.machines().values() for m, why in (info.get("skipped") or {}).items()}
 
 
 def rows_of(p: Plan, sink) -> list[dict]:
-    """The rows of a finished run (every shard merged), then one per peer row a shard could not run ("skipped")."""
-    machines = sink.machines()
-    skipped = {m: why for info in machines.values() for m, why in (info.get("skipped") or {}).items()}
-    order = [m for m in p.order if m not in skipped]
-    rows = text_rows(sink.records(), order, p.meta, p.n_prompts, list(p.cfg.batch_sizes), machines,
+    """The rows of a finished run (every shard merged), without those a shard could not run (`skipped_rows`)."""
+    return text_rows(sink.records(), grid(p, skipped_rows(sink)), p.meta, sink.machines(),
                      [item.prompt.category for item in p.items])
-    return rows + [{"method": m, "skipped": why} for m, why in skipped.items()]
 
 
 def versions() -> dict[str, str]:
@@ -396,7 +378,3 @@ def versions() -> dict[str, str]:
             out[pkg] = "-"
     return out
 
-
-def check_same_tokenizer(base: TextModel, other: TextModel) -> None:
-    if tokenizer_hash(base.tokenizer) != tokenizer_hash(other.tokenizer):
-        raise UsageError(f"{other.entry.ref} does not share the tokenizer of {base.entry.ref}; cannot compare them")

@@ -9,8 +9,8 @@ import numpy as np
 
 from specgen.decoding.cost import CostCurve
 from specgen.eval.humaneval import pass_at_1
-from specgen.eval.run_dir import batched, check_finished
-from specgen.eval.speed import Drafting, Timed, efficiency, per_shard
+from specgen.eval.run_dir import Grid, check_finished
+from specgen.eval.speed import Drafting, Timed, curves, efficiency, per_shard, summed
 
 
 @dataclass(frozen=True)
@@ -39,33 +39,16 @@ class Measured:
     walls: dict[str, dict[str, float]]
 
 
-def collect(records: dict[str, dict], order: list[str], n_prompts: int, batch: int) -> Measured:
+def collect(records: dict[str, dict], grid: Grid, batch: int) -> Measured:
     """The runs of `batch` from the records of a finished run (`check_finished`)."""
-    if batch == 1:
-        return one_by_one({m: [Run(**records[f"b1/p{i}"]["runs"][m]) for i in range(n_prompts)] for m in order})
-    runs, walls = {}, {}
-    for m in order:
-        by_prompt, walls[m] = batched(records, f"b{batch}/{m}/")
-        runs[m] = [Run(**by_prompt[i]) for i in range(n_prompts)]
-    return Measured(runs, walls)
+    runs, walls = grid.runs(records, batch)
+    runs = {m: [Run(**r) for r in rs] for m, rs in runs.items()}
+    return one_by_one(runs) if walls is None else Measured(runs, walls)
 
 
 def one_by_one(runs: dict[str, list[Run]]) -> Measured:
     """Batch-1 runs: a shard's wall time is the sum of its runs' times."""
-    walls: dict[str, dict[str, float]] = {m: {} for m in runs}
-    for m, rs in runs.items():
-        for r in rs:
-            walls[m][r.shard] = walls[m].get(r.shard, 0.0) + r.seconds
-    return Measured(runs, walls)
-
-
-def curves(machines: dict[str, dict]) -> dict[str, CostCurve]:
-    """shard -> its measured cost curve (from its machine file)."""
-    out = {}
-    for shard, info in machines.items():
-        if info.get("cost_rows"):
-            out[shard] = CostCurve(tuple(info["cost_rows"]), tuple(info["cost"]))
-    return out
+    return Measured(runs, {m: summed([r.shard for r in rs], [r.seconds for r in rs]) for m, rs in runs.items()})
 
 
 def roofline(row: str, rs: list[Run], walls: dict[str, float], machines: dict[str, dict]) -> dict:
@@ -130,7 +113,6 @@ def batch_rows(measured: Measured, batch: int, meta: dict[str, dict], costs: dic
             row["pass_at_1"] = pass_at_1([r.passed for r in rs])
         if batch == 1:
             row.update(roofline(m, rs, walls[m], machines or {}))
-        if batch == 1:
             drafting = [drafting_of([r for r in rs if r.shard == s], [a for a in ar if a.shard == s], costs[s])
                         for s in walls[m] if s in costs]
             row.update(efficiency([d for d in drafting if d.drafts], row["speedup_vs_ar"]))
@@ -153,16 +135,15 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
-def text_rows(records: dict[str, dict], order: list[str], meta: dict[str, dict], n_prompts: int,
-              batches: list[int], machines: dict[str, dict], categories: list[str] | None = None) -> list[dict]:
-    """Every row of a finished run (batch sizes in `batches` order), with batch-1 rows per category when the
-    prompts (`categories`, one per prompt) have several; refuses a run with missing items."""
-    check_finished(records, [f"b1/p{i}" for i in range(n_prompts)] if 1 in batches else [],
-                   [f"b{b}/{m}/" for b in batches if b > 1 for m in order], n_prompts, "items")
+def text_rows(records: dict[str, dict], grid: Grid, meta: dict[str, dict], machines: dict[str, dict],
+              categories: list[str] | None = None) -> list[dict]:
+    """Every row of a finished run (batch sizes in `grid.batch_sizes` order), with batch-1 rows per category when
+    the prompts (`categories`, one per prompt) have several; refuses a run with missing items."""
+    check_finished(records, [grid], "items")
     costs = curves(machines)
     rows, reference = [], None
-    for batch in batches:
-        measured = collect(records, order, n_prompts, batch)
+    for batch in grid.batch_sizes:
+        measured = collect(records, grid, batch)
         rows += batch_rows(measured, batch, meta, costs, reference if batch > 1 else None, machines)
         if batch == 1:
             reference = measured

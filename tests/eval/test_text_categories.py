@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
+from specgen.eval.run_dir import Grid
 from specgen.eval.text_rows import Run, text_rows
+
+GRID = Grid(4, ("ar", "fast"), (1,), "b1/p{}")
 
 
 def run(tokens: list[int], seconds: float) -> dict:
@@ -19,10 +22,10 @@ def test_rows_over_all_prompts_then_per_category():
     records = {f"b1/p{i}": {"runs": {"ar": run(ar[i], 1.0), "fast": run(fast[i], 0.5 if c == "x" else 1.0)}}
                for i, c in enumerate(cats)}
     meta = {"ar": {"model": "m", "lossless": True}, "fast": {"model": "m", "lossless": True}}
-    rows = text_rows(records, ["ar", "fast"], meta, 4, [1], {}, cats)
+    rows = text_rows(records, GRID, meta, {}, cats)
     by = {(r["category"], r["method"]): r for r in rows}
     assert list(by) == [("all", "ar"), ("all", "fast"), ("x", "ar"), ("x", "fast"), ("y", "ar"), ("y", "fast")]
     assert by[("x", "fast")]["speedup_vs_ar"] == 2.0 and by[("y", "fast")]["speedup_vs_ar"] == 1.0
     assert by[("x", "fast")]["exact_match_vs_ar"] == 1.0 and by[("y", "fast")]["exact_match_vs_ar"] == 0.5
     assert by[("all", "fast")]["exact_match_vs_ar"] == 0.75 and by[("x", "ar")]["prompts"] == 2
-    assert all("category" not in r for r in text_rows(records, ["ar", "fast"], meta, 4, [1], {}, ["x"] * 4))
+    assert all("category" not in r for r in text_rows(records, GRID, meta, {}, ["x"] * 4))
