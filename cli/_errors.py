@@ -121,9 +121,7 @@ def silence_stdout() -> None:
 class OneLineGroup(TyperGroup):
     """The app's group: Click's own usage errors print one `error:` line naming the command's --help and exit 2."""
 
-    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
-        if not standalone_mode:
-            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+    def main(self, args=None, prog_name=None, complete_var=None, **extra):
         try:
             rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except NoArgsIsHelpError as e:

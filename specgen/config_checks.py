@@ -40,8 +40,6 @@ AUTO_DEVICE = {"DistillConfig", "TextGenConfig", "ImageGenConfig", "MeshGenConfi
 
 def check_config(cfg: Any) -> None:
     """Refuse the first out-of-range value of a config dataclass with a one-line UsageError naming its key."""
-    if not dataclasses.is_dataclass(cfg):
-        return
     name = type(cfg).__name__
     budget = () if name in ZERO_BUDGET_IS_CONTEXT else ("max_new_tokens",)
     for key in AT_LEAST_ONE_BY_CLASS.get(name, ()) + budget:
