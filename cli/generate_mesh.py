@@ -1,5 +1,4 @@
-"""Mesh runner of `specgen generate`: one row per mesh on stdout (table or JSON lines with `token_ids`, which
-`specgen export-mesh` reads back), files with --out-dir."""
+"""Mesh runner of `specgen generate`: rows on stdout (JSON lines carry the `token_ids` export-mesh reads), files."""
 
 from __future__ import annotations
 

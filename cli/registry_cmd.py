@@ -51,7 +51,8 @@ def list_cmd(
 @command
 def show(name: Annotated[str, typer.Argument(help="Registry name, kind/name or folder.")]) -> None:
     """Print an entry's config.json (materialising a built-in first)."""
-    _output.emit_json(runs().show(name))
+    entry = runs().checkpoints.find(name, _output.registry_progress())
+    _output.emit_json({"ref": entry.ref, "path": str(entry.path), **entry.meta})
 
 
 @app.command("import", epilog=EPILOG_IMPORT)
@@ -69,7 +70,9 @@ def import_cmd(
     quiet: QuietOpt = False,
 ) -> None:
     """Import external weights (pickles read with weights_only=True, stored as safetensors)."""
-    _output.out.print(runs().import_entry(source, name, kind, builder, kwargs, parent, vq, force, quiet))
+    entry = runs().importer.import_checkpoint(source, name, kind, builder, kwargs, parent,
+                                              _output.registry_progress(quiet), vq=vq, force=force)
+    _output.out.print(entry.ref)
 
 
 EPILOG_MERGE = """examples:

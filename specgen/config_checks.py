@@ -1,6 +1,4 @@
-"""Range checks of recipe values by field name, run by `load_config` on every command's config before any work.
-
-One table for every config dataclass (a list's values by the list's name); method options are checked by the method."""
+"""Range checks of recipe values by field name (one table for every config), run by `load_config` before any work."""
 
 from __future__ import annotations
 

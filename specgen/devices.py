@@ -1,6 +1,4 @@
-"""Devices and dtypes of every command that runs a model: one parser, one check, and clocks that are honest on GPUs.
-
-`now` waits for the device before reading the clock, since CUDA kernels run asynchronously."""
+"""Devices and dtypes of every command that runs a model: one parser, one check, and clocks that are honest on GPUs."""
 
 from __future__ import annotations
 

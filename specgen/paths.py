@@ -1,5 +1,4 @@
-"""Output paths that never replace earlier files, and the atomic writers (a hidden temporary beside the target,
-renamed into place: a reader sees the old file or the new one, never a half)."""
+"""Output paths that never replace earlier files, and atomic writers (a reader sees the old file or the new one)."""
 
 from __future__ import annotations
 

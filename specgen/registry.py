@@ -1,6 +1,4 @@
-"""Checkpoint registry store: $SPECGEN_HOME/checkpoints/<kind>/<name>/{config.json, model.safetensors}.
-
-Writes are atomic, weights are safetensors only (nothing is unpickled); it imports only `errors` and `paths`."""
+"""Checkpoint store: $SPECGEN_HOME/checkpoints/<kind>/<name>/{config.json, model.safetensors}, written atomically."""
 
 from __future__ import annotations
 
