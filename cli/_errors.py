@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
@@ -111,11 +112,8 @@ def os_error_line(e: OSError, on_stdout: bool = False) -> str:
 
 def silence_stdout() -> None:
     """Point stdout at /dev/null so the interpreter's final flush does not report the broken pipe again."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError, AttributeError):  # not a real file (tests): nothing to flush
-        pass
+    with contextlib.suppress(OSError, ValueError, AttributeError):  # not a real file (tests): nothing to flush
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 class OneLineGroup(TyperGroup):

@@ -54,10 +54,10 @@ class GenerateArgs:
 #: GenerateArgs field -> (its flag, the modalities that read it); another modality's option is refused, not ignored
 MODALITY_OPTIONS = {
     "prompts": ("--prompt", ("text",)), "prompts_file": ("--prompts", ("text",)), "chat": ("--no-chat", ("text",)),
-    "stream": ("--stream", ("text",)),
+    "stream": ("--stream", ("text",)), "point_clouds": ("--point-clouds", ("mesh",)),
     "max_new_tokens": ("--max-new-tokens", ("text", "mesh")), "out_dir": ("--out-dir", ("image", "mesh")),
     "num": ("--num", ("image", "mesh")), "classes": ("--classes", ("image",)), "cfg_scale": ("--cfg-scale", ("image",)),
-    "captions": ("--captions", ("image",)), "point_clouds": ("--point-clouds", ("mesh",)),
+    "captions": ("--captions", ("image",)), "drafter": ("--drafter", ("image",)),
 }
 #: modality -> its runner module (`run(args, spec)`), imported on use: a text run loads no image or mesh stack
 RUNNERS = {"text": "cli.generate_text", "image": "cli.generate_image", "mesh": "cli.generate_mesh"}
@@ -66,9 +66,6 @@ RUNNERS = {"text": "cli.generate_text", "image": "cli.generate_image", "mesh": "
 def run(args: GenerateArgs, method: str) -> None:
     spec = get_method(method)  # the one lookup of the method
     modality = checkpoints.modality_of(split_name(args.model)[0]) if args.model else spec.modality  # NAME+int8: NAME's
-    if args.drafter and modality != "image":
-        raise UsageError("--drafter names an EAGLE drafter of an image model; text methods take none, mesh methods "
-                         "take method_options.heads=NAME")
     for field, (flag, modalities) in MODALITY_OPTIONS.items():
         if getattr(args, field) not in (None, []) and modality not in modalities:
             raise UsageError(f"{flag} is for {' and '.join(modalities)} models; this is "

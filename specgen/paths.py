@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
@@ -190,9 +191,7 @@ def swap_dir(tmp: Path, folder: Path, old_prefix: str) -> None:
     try:
         os.replace(tmp, folder)
     except BaseException:
-        try:
-            os.replace(old, folder)  # the old folder back in place
-        except OSError:
-            pass  # (another writer's folder took the name meanwhile: the old one stays aside, as a temporary)
+        with contextlib.suppress(OSError):  # the old folder back, unless another writer's took the name meanwhile
+            os.replace(old, folder)
         raise
     shutil.rmtree(old, ignore_errors=True)

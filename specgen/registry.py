@@ -122,20 +122,15 @@ def entry_at(folder: Path) -> Entry:
 def installed_entries() -> list[Entry]:
     """Entries installed in the store, sorted by kind and name; a damaged one carries why in `meta["corrupt"]`."""
     found: dict[str, Entry] = {}
-    root = checkpoints_dir()
-    if not root.is_dir():
-        return []
-    for cfg in sorted(root.glob(f"*/*/{CONFIG}")):
+    for cfg in sorted(checkpoints_dir().glob(f"*/*/{CONFIG}")):  # none when the store is not made yet
         if cfg.parent.name.startswith("."):
             continue  # a temporary of a write in progress (or of a killed writer)
         try:
             e = entry_at(cfg.parent)
-            missing = missing_files(e)
-            if missing:
+            if missing := missing_files(e):
                 e = Entry(e.kind, e.name, e.path, {**e.meta, "corrupt": missing})
         except CheckpointError as err:
-            folder = cfg.parent
-            e = Entry(folder.parent.name, folder.name, folder, {"corrupt": str(err)})
+            e = Entry(cfg.parent.parent.name, cfg.parent.name, cfg.parent, {"corrupt": str(err)})
         found[e.ref] = e
     return [e for _, e in sorted(found.items())]
 
