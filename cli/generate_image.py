@@ -29,7 +29,7 @@ def run(args, spec: MethodSpec) -> None:
     cfg = load_config(ImageGenConfig, args.config, args.overrides, method=spec.name, num=args.num,
                       cfg_scale=args.cfg_scale, out_dir=str(args.out_dir) if args.out_dir else None, classes=classes,
                       captions=str(args.captions) if args.captions else None, drafter=args.drafter,
-                      **args.sampling())
+                      **args.recipe)
     req = parse_request(cfg, "image", spec)
     check_output_dir(Path(cfg.out_dir), "--out-dir")  # created with the first PNG: a failed run leaves no folder
     im = load_image_model(cfg.model, cfg.drafter, req.device, need_drafter=spec.name != "ar", dtype=cfg.dtype,
