@@ -22,7 +22,7 @@ from safetensors.torch import save_file
 
 from specgen import __version__
 from specgen.errors import CheckpointError, IncompatibleError, RuntimeFailure, UnknownNameError, UsageError
-from specgen.paths import ADVICE, atomic_dir, check_space, creation_blocker, nearest_existing, umask
+from specgen.paths import ADVICE, atomic_dir, check_folder, umask
 
 KINDS = ("target", "draft", "heads", "adapter", "upsampler", "vq", "classifier")
 WEIGHTS = "model.safetensors"
@@ -43,16 +43,6 @@ def home() -> Path:
 
 def checkpoints_dir() -> Path:
     return home() / "checkpoints"
-
-
-def check_home() -> Path:
-    """The registry root, refused in one line when it is not a writable folder (before any work)."""
-    root = home()
-    blocker = creation_blocker(root)
-    if blocker:
-        what = f"not a folder ({blocker[0]} is a file)" if blocker[1] == "a file" else f"not writable ({blocker[0]})"
-        raise UsageError(f"SPECGEN_HOME {root} is {what}; point SPECGEN_HOME at a folder you can write")
-    return root
 
 
 def check_name(name: str, what: str = "checkpoint name") -> str:
@@ -203,8 +193,7 @@ def check_new(kind: str, name: str, force: bool = False, builtin: bool = False) 
     check_name(name)
     if not builtin and name in RESERVED:
         raise UsageError(f"'{name}' is a built-in entry and is never replaced; choose another name")
-    check_home()
-    check_space(nearest_existing(checkpoints_dir()), f"SPECGEN_HOME {home()}")  # a full device: before converting
+    check_folder(checkpoints_dir(), f"SPECGEN_HOME {home()}")  # a file, unwritable or full: before converting
     if not force and (checkpoints_dir() / kind / name).exists():
         raise UsageError(f"{kind}/{name} already exists; choose another name or pass --force to replace it")
 
