@@ -103,11 +103,7 @@ def resolve_dtype(name: str | None, device: str | torch.device | None = "cpu", q
 def synchronize(device: str | torch.device | None = None) -> None:
     """Wait until `device`'s queued kernels are done (cpu: at once); None: the current CUDA device if this process
     has used CUDA, so library timers are honest without knowing the device."""
-    if device is None:
-        if torch.cuda.is_initialized():
-            torch.cuda.synchronize()
-        return
-    dev = torch.device(device)
+    dev = torch.device("cuda" if device is None else device)  # "cuda": the current CUDA device
     if dev.type == "cuda" and torch.cuda.is_initialized():
         torch.cuda.synchronize(dev)
     elif dev.type == "mps" and hasattr(torch, "mps"):
