@@ -150,11 +150,7 @@ def save(
     first one wins and the others get a one-line UsageError."""
     check_new(kind, name, force, builtin)
     final = checkpoints_dir() / kind / name
-    try:
-        final.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UsageError(f"cannot create {final.parent} in SPECGEN_HOME: {e.strerror}") from None
-    remove_stale_temporaries(final.parent)
+    remove_stale_temporaries(final.parent)  # (none while the kind's folder is not made: atomic_dir makes it)
 
     def fill(tmp: Path) -> None:
         untied, tied = untie(state)
