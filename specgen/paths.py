@@ -38,7 +38,7 @@ def check_output_dir(folder: Path, flag: str = "--out-dir") -> Path:
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise UsageError(f"cannot create output folder {folder}: {flag} names a file")
-    check_folder(folder, f"{flag} {folder}")
+    check_folder(folder, f"cannot create output folder {folder}")
     return folder
 
 
