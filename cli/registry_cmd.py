@@ -70,9 +70,7 @@ def import_cmd(
     quiet: QuietOpt = False,
 ) -> None:
     """Import external weights (pickles read with weights_only=True, stored as safetensors)."""
-    entry = runs().importer.import_checkpoint(source, name, kind, builder, kwargs, parent,
-                                              _output.registry_progress(quiet), vq=vq, force=force)
-    _output.out.print(entry.ref)
+    _output.out.print(runs().import_entry(source, name, kind, builder, kwargs, parent, vq, force, quiet))
 
 
 EPILOG_MERGE = """examples:
