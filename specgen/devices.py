@@ -37,9 +37,7 @@ def check_device(device: str, allow_auto: bool = True) -> None:
 
 def resolve_device(spec: str | torch.device | None = "auto") -> torch.device:
     """The torch.device for `spec` ("auto"/None/"" = cuda when available, else cpu); a missing one is a UsageError."""
-    if isinstance(spec, torch.device):
-        spec = str(spec)
-    spec = (spec or "auto").strip().lower()
+    spec = str(spec or "auto").strip().lower()
     if spec == "auto":
         return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     check_device(spec)
