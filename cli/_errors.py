@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
@@ -111,19 +112,14 @@ def os_error_line(e: OSError, on_stdout: bool = False) -> str:
 
 def silence_stdout() -> None:
     """Point stdout at /dev/null so the interpreter's final flush does not report the broken pipe again."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError, AttributeError):  # not a real file (tests): nothing to flush
-        pass
+    with contextlib.suppress(OSError, ValueError, AttributeError):  # not a real file (tests): nothing to flush
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 class OneLineGroup(TyperGroup):
     """The app's group: Click's own usage errors print one `error:` line naming the command's --help and exit 2."""
 
-    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
-        if not standalone_mode:
-            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+    def main(self, args=None, prog_name=None, complete_var=None, **extra):
         try:
             rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except NoArgsIsHelpError as e:

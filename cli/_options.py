@@ -7,7 +7,9 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-import yaml
+
+from specgen.config import read_recipe
+from specgen.errors import UsageError
 
 
 class Format(str, Enum):
@@ -41,11 +43,8 @@ def recipe_key(config: Path | None, overrides: list[str] | None, key: str) -> st
     given = [o.split("=", 1)[1] for o in overrides or [] if o.startswith(f"{key}=")]
     if given:
         return given[-1]
-    if config is None or not config.is_file():
-        return None
     try:
-        doc = yaml.safe_load(config.read_text()) or {}
-    except (yaml.YAMLError, UnicodeDecodeError, OSError):
+        value = read_recipe(config).get(key) if config is not None else None
+    except UsageError:
         return None
-    value = doc.get(key) if isinstance(doc, dict) else None
     return value if isinstance(value, str) else None

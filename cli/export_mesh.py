@@ -1,6 +1,4 @@
-"""`specgen export-mesh`: BPT token sequences (generate's JSON lines, or stdin) -> obj/ply/stl/off/glb files.
-
-A sequence that does not decode is reported (the first bad token) and skipped; exit 1 when none could be written."""
+"""`specgen export-mesh`: BPT token sequences (generate's JSON lines, or stdin) -> obj/ply/stl/off/glb files."""
 
 from __future__ import annotations
 

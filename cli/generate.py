@@ -75,8 +75,9 @@ def generate(
     # deferred: start-up (the method table and the runners import torch; `specgen --help` does without them)
     from cli.generate_runners import GenerateArgs, run
 
-    args = GenerateArgs(model, list(prompt or []), prompts, max_new_tokens, temperature, top_k, top_p,
-                        False if no_chat else None, seed, device, config, list(overrides or []), fmt, quiet,
-                        out_dir, num, classes, cfg_scale, point_clouds, captions, drafter, batch_size, dtype, quantize,
-                        graphs, stream or None)
+    recipe = dict(model=model, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, device=device,
+                  batch_size=batch_size, dtype=dtype, quantize=quantize, graphs=graphs)
+    args = GenerateArgs(recipe, list(prompt or []), prompts, max_new_tokens, False if no_chat else None, config,
+                        list(overrides or []), fmt, quiet, out_dir, num, classes, cfg_scale, point_clouds, captions,
+                        drafter, stream or None)
     run(args, method or recipe_key(config, overrides, "method") or "ar")

@@ -29,7 +29,7 @@ def run(args, spec: MethodSpec) -> None:
     cfg = load_config(ImageGenConfig, args.config, args.overrides, method=spec.name, num=args.num,
                       cfg_scale=args.cfg_scale, out_dir=str(args.out_dir) if args.out_dir else None, classes=classes,
                       captions=str(args.captions) if args.captions else None, drafter=args.drafter,
-                      **args.sampling())
+                      **args.recipe)
     req = parse_request(cfg, "image", spec)
     check_output_dir(Path(cfg.out_dir), "--out-dir")  # created with the first PNG: a failed run leaves no folder
     im = load_image_model(cfg.model, cfg.drafter, req.device, need_drafter=spec.name != "ar", dtype=cfg.dtype,
@@ -42,7 +42,6 @@ def run(args, spec: MethodSpec) -> None:
         _output.item_done("image", len(files), len(conditions), files[j], args.quiet)
 
     samples, _ = generate_images(im, req, conditions=conditions, on_image=write)
-    labels = [s.label for s in samples]
     paths = [files[j] for j in range(len(samples))] + [writer.grid()]
     total = DecodeStats()
     for s in samples:
@@ -54,8 +53,8 @@ def run(args, spec: MethodSpec) -> None:
         about = ((lambda l: {"caption": l}) if im.text_conditional else
                  (lambda l: {"class": im.classes[l] if l < len(im.classes) else l, "label": l}))
         _output.emit_json({"method": spec.name, "model": im.entry.ref, "images": [
-            {"path": str(p), **about(l), "tokens": s.tokens}
-            for p, l, s in zip(paths, labels, samples)], "grid": str(paths[-1]), "stats": summary})
+            {"path": str(p), **about(s.label), "tokens": s.tokens}
+            for p, s in zip(paths, samples)], "grid": str(paths[-1]), "stats": summary})
         return
     for p in paths:
         _output.out.print(str(p))

@@ -1,5 +1,4 @@
-"""Mesh runner of `specgen generate`: one row per mesh on stdout (table or JSON lines with `token_ids`, which
-`specgen export-mesh` reads back), files with --out-dir."""
+"""Mesh runner of `specgen generate`: rows on stdout (JSON lines carry the `token_ids` export-mesh reads), files."""
 
 from __future__ import annotations
 
@@ -22,7 +21,7 @@ COLUMNS = ["name", "method", "num_tokens", "faces", "vertices", "valid", "scr", 
 
 def run(args, spec: MethodSpec) -> None:
     cfg = load_config(MeshGenConfig, args.config, args.overrides, method=spec.name,
-                      max_new_tokens=args.max_new_tokens, num=args.num, **args.sampling())
+                      max_new_tokens=args.max_new_tokens, num=args.num, **args.recipe)
     req = parse_request(cfg, "mesh", spec)
     mesh_format = format_name(cfg.mesh_format)
     if cfg.num < 1:
@@ -38,7 +37,10 @@ def run(args, spec: MethodSpec) -> None:
     files: dict[int, list[str]] = {}
 
     def done(i: int, s) -> None:  # each file as its mesh is done: an interrupted run keeps the finished ones
-        files[i] = mesh_files(s, args.out_dir, mesh_format, cfg.preview)
+        files[i] = []
+        if args.out_dir is not None and not s.error:  # an invalid mesh writes nothing
+            rep, png = write_files(s.vertices, s.faces, args.out_dir, s.name, mesh_format, cfg.preview)
+            files[i] = [str(rep.path)] + ([png] if png else [])
         detail = files[i][0] if files[i] else f"{s.name} decoded"
         _output.item_done("mesh", len(files), len(conds), detail, args.quiet)
 
@@ -59,14 +61,6 @@ def fidelity(opts, loaded) -> str:
     if not opts.lossless:
         return "lossy"
     return "lossless w.r.t. the LoRA-merged backbone" if loaded.adapter else "lossless"
-
-
-def mesh_files(s, out_dir: Path | None, mesh_format: str, preview: bool) -> list[str]:
-    """The files written for one sample (its mesh, and preview), none without out_dir or for an invalid mesh."""
-    if out_dir is None or s.error:
-        return []
-    rep, png = write_files(s.vertices, s.faces, out_dir, s.name, mesh_format, preview)
-    return [str(rep.path)] + ([png] if png else [])
 
 
 def row(s, cfg, loaded, files: list[str], opts) -> dict:

@@ -17,16 +17,11 @@ from specgen.text.precision import split_name
 class GenerateArgs:
     """What the user passed to `generate`, as given: each modality's runner loads its recipe config from it."""
 
-    model: str | None
+    recipe: dict  # the recipe keys every modality shares (model, sampling, device, ...; None: the recipe's or default)
     prompts: list[str]
     prompts_file: str | None
     max_new_tokens: int | None
-    temperature: float | None
-    top_k: int | None
-    top_p: float | None
     chat: bool | None
-    seed: int | None
-    device: str | None
     config: Path | None
     overrides: list[str]
     fmt: Format
@@ -38,26 +33,16 @@ class GenerateArgs:
     point_clouds: Path | None
     captions: Path | None
     drafter: str | None
-    batch_size: int | None
-    dtype: str | None
-    quantize: str | None
-    graphs: str | None = None
-    stream: bool | None = None  # None: not given (another modality's flag is refused only when given)
-
-    def sampling(self) -> dict:
-        """The recipe keys every modality shares, as given (None: the recipe's or the default)."""
-        return dict(model=self.model, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
-                    seed=self.seed, device=self.device, batch_size=self.batch_size, dtype=self.dtype,
-                    quantize=self.quantize, graphs=self.graphs)
+    stream: bool | None  # None: not given (another modality's flag is refused only when given)
 
 
 #: GenerateArgs field -> (its flag, the modalities that read it); another modality's option is refused, not ignored
 MODALITY_OPTIONS = {
     "prompts": ("--prompt", ("text",)), "prompts_file": ("--prompts", ("text",)), "chat": ("--no-chat", ("text",)),
-    "stream": ("--stream", ("text",)),
+    "stream": ("--stream", ("text",)), "point_clouds": ("--point-clouds", ("mesh",)),
     "max_new_tokens": ("--max-new-tokens", ("text", "mesh")), "out_dir": ("--out-dir", ("image", "mesh")),
     "num": ("--num", ("image", "mesh")), "classes": ("--classes", ("image",)), "cfg_scale": ("--cfg-scale", ("image",)),
-    "captions": ("--captions", ("image",)), "point_clouds": ("--point-clouds", ("mesh",)),
+    "captions": ("--captions", ("image",)), "drafter": ("--drafter", ("image",)),
 }
 #: modality -> its runner module (`run(args, spec)`), imported on use: a text run loads no image or mesh stack
 RUNNERS = {"text": "cli.generate_text", "image": "cli.generate_image", "mesh": "cli.generate_mesh"}
@@ -65,10 +50,8 @@ RUNNERS = {"text": "cli.generate_text", "image": "cli.generate_image", "mesh": "
 
 def run(args: GenerateArgs, method: str) -> None:
     spec = get_method(method)  # the one lookup of the method
-    modality = checkpoints.modality_of(split_name(args.model)[0]) if args.model else spec.modality  # NAME+int8: NAME's
-    if args.drafter and modality != "image":
-        raise UsageError("--drafter names an EAGLE drafter of an image model; text methods take none, mesh methods "
-                         "take method_options.heads=NAME")
+    model = args.recipe["model"]
+    modality = checkpoints.modality_of(split_name(model)[0]) if model else spec.modality  # NAME+int8: NAME's
     for field, (flag, modalities) in MODALITY_OPTIONS.items():
         if getattr(args, field) not in (None, []) and modality not in modalities:
             raise UsageError(f"{flag} is for {' and '.join(modalities)} models; this is "

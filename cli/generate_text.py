@@ -20,7 +20,7 @@ BATCH_COLUMNS = ["method", "sequences", "new_tokens", "throughput_tokens_per_s",
 
 def run(args, spec: MethodSpec) -> None:
     cfg = load_config(TextGenConfig, args.config, args.overrides, method=spec.name,
-                      max_new_tokens=args.max_new_tokens, chat=args.chat, **args.sampling())
+                      max_new_tokens=args.max_new_tokens, chat=args.chat, **args.recipe)
     req = parse_request(cfg, "text", spec)  # before the model loads: a bad option costs no load
     texts = list(args.prompts) + (read_prompts(args.prompts_file) if args.prompts_file else [])
     if not texts:

@@ -51,7 +51,8 @@ def list_cmd(
 @command
 def show(name: Annotated[str, typer.Argument(help="Registry name, kind/name or folder.")]) -> None:
     """Print an entry's config.json (materialising a built-in first)."""
-    _output.emit_json(runs().show(name))
+    entry = runs().checkpoints.find(name, _output.registry_progress())
+    _output.emit_json({"ref": entry.ref, "path": str(entry.path), **entry.meta})
 
 
 @app.command("import", epilog=EPILOG_IMPORT)

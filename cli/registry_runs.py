@@ -28,11 +28,6 @@ def status(e: Entry) -> str:
     return f"corrupt ({e.corrupt}); {fix}"
 
 
-def show(name: str) -> dict:
-    entry = checkpoints.find(name, _output.registry_progress())
-    return {"ref": entry.ref, "path": str(entry.path), **entry.meta}
-
-
 def import_entry(source: Path, name: str, kind: str, builder, kwargs, parent, vq, force: bool, quiet: bool) -> str:
     return import_checkpoint(source, name, kind, builder, kwargs, parent, _output.registry_progress(quiet), vq=vq,
                              force=force).ref

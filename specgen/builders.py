@@ -16,23 +16,13 @@ from specgen.models.transformer import Transformer, TransformerConfig
 from specgen.models.upsampler import build_updown
 from specgen.models.vq import VQConfig, VQModel
 
-
-def build_transformer(**kwargs) -> Transformer:
-    return Transformer(TransformerConfig(**kwargs))
-
-
-def build_vq(**kwargs) -> torch.nn.Module:
-    """LlamaGen-compatible VQ tokenizer from `VQConfig` fields."""
-    return VQModel(VQConfig.from_dict(kwargs))
-
-
 BUILDERS: dict[str, Callable[..., torch.nn.Module]] = {
-    "transformer": build_transformer,
+    "transformer": lambda **kwargs: Transformer(TransformerConfig(**kwargs)),
     "mesh_gpt": MeshGPT,
     "xspecmesh_heads": XSpecMeshHeads,
     "llamagen-gpt": build_llamagen_gpt,  # LlamaGen c2i/t2i GPT (Transformer with 2D RoPE + class/caption embedding)
     "eagle": build_eagle,  # one-layer EAGLE feature drafter (specgen/models/eagle.py)
-    "vq": build_vq,
+    "vq": lambda **kwargs: VQModel(VQConfig.from_dict(kwargs)),  # LlamaGen-compatible VQ tokenizer
     "image-classifier": build_image_classifier,  # CNN whose features give the image benchmark's FID
     "mulo-updown": build_updown,  # MuLo-SD row-causal up/down-sampler pair (specgen/models/upsampler.py)
     "quantized-transformer": build_quantized_transformer,  # int8/int4 weight-only text target (models/quantize.py)

@@ -29,10 +29,6 @@ class Builtin:
     materialize: Callable[[Progress], None]
     asset: str = ""  # folder under specgen/assets it is made from ("" = not shipped in the package)
 
-    def fingerprint(self) -> str:
-        """Digest of the shipped files (asset_sha in the installed entry); "" when none are shipped."""
-        return asset_fingerprint(self.asset) if self.asset else ""
-
 
 _FINGERPRINTS: dict[tuple, str] = {}
 

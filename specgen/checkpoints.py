@@ -13,7 +13,7 @@ import torch
 
 from specgen import registry
 from specgen.builders import BUILDERS
-from specgen.builtins import ASSETS, BUILTINS
+from specgen.builtins import ASSETS, BUILTINS, asset_fingerprint
 from specgen.errors import CheckpointError
 from specgen.limits import check_declared_size as check_size
 from specgen.models.layout import decode_layout
@@ -72,7 +72,7 @@ def stale_builtin(entry: Entry, builtin) -> bool:
     """An installed built-in made from shipped files that have changed since (asset_sha differs); one whose files are
     not shipped in this build is kept."""
     shipped = entry.kind == builtin.kind and builtin.asset and (ASSETS / builtin.asset).is_dir()
-    return bool(shipped) and entry.meta.get("asset_sha") != builtin.fingerprint()
+    return bool(shipped) and entry.meta.get("asset_sha") != asset_fingerprint(builtin.asset)
 
 
 def load_module(entry: Entry, device: str = "cpu", dtype: torch.dtype = torch.float32,

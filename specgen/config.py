@@ -47,11 +47,9 @@ def read_recipe(p: Path) -> dict:
         where = getattr(e, "problem_mark", None)
         at = f" at line {where.line + 1}" if where is not None else ""
         raise UsageError(f"config file {p} is not valid YAML{at}: {getattr(e, 'problem', None) or e}") from None
-    if doc is None:
-        doc = {}
-    if not isinstance(doc, dict):
+    if doc is not None and not isinstance(doc, dict):  # (an empty file is an empty recipe)
         raise UsageError(f"config file {p} must be a mapping of recipe keys, not a {type(doc).__name__}")
-    return doc
+    return doc or {}
 
 
 def merge_override(merged: Any, item: str) -> Any:

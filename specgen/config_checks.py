@@ -1,6 +1,4 @@
-"""Range checks of recipe values by field name, run by `load_config` on every command's config before any work.
-
-One table for every config dataclass (a list's values by the list's name); method options are checked by the method."""
+"""Range checks of recipe values by field name (one table for every config), run by `load_config` before any work."""
 
 from __future__ import annotations
 
@@ -40,8 +38,6 @@ AUTO_DEVICE = {"DistillConfig", "TextGenConfig", "ImageGenConfig", "MeshGenConfi
 
 def check_config(cfg: Any) -> None:
     """Refuse the first out-of-range value of a config dataclass with a one-line UsageError naming its key."""
-    if not dataclasses.is_dataclass(cfg):
-        return
     name = type(cfg).__name__
     budget = () if name in ZERO_BUDGET_IS_CONTEXT else ("max_new_tokens",)
     for key in AT_LEAST_ONE_BY_CLASS.get(name, ()) + budget:
@@ -62,7 +58,7 @@ def is_number(v: Any) -> bool:
 
 
 def check_value(key: str, value: Any) -> None:
-    """One field: numbers by the tables above, lists element-wise, strings free of control characters."""
+    """One field: numbers by the tables above, strings free of control characters, a list's values as the field's."""
     if isinstance(value, str):
         check_text(key, value)
         if key in NAMES and value:
@@ -73,10 +69,7 @@ def check_value(key: str, value: Any) -> None:
         if key in NONEMPTY_LISTS and not value:
             raise UsageError(f"{key} must not be empty")
         for item in value:
-            if isinstance(item, str):
-                check_text(key, item)
-            elif is_number(item):
-                check_number(key, item, f"every value of {key}")
+            check_value(key, item)
     elif isinstance(value, dict):
         for k, v in value.items():
             if isinstance(k, str):
@@ -90,32 +83,31 @@ def check_text(key: str, value: str) -> None:
         raise UsageError(f"{key} must not contain control characters, got {value!r}")
 
 
-def check_number(key: str, v: float, subject: str = "") -> None:
-    """A number of field `key` (`subject`: how the message names it, `key` by default)."""
-    subject = subject or key
+def check_number(key: str, v: float) -> None:
+    """A number of field `key`."""
     if not math.isfinite(v):
-        raise UsageError(f"{subject} must be a finite number, got {v}")
+        raise UsageError(f"{key} must be a finite number, got {v}")
     if isinstance(v, int) and abs(v) >= MAX_INT:
-        raise UsageError(f"{subject} must be less than 2**62 in size, got {v}")
+        raise UsageError(f"{key} must be less than 2**62 in size, got {v}")
     if key in SIGNED:
         return
     if key in TEMPERATURES and 0 < v < MIN_TEMPERATURE:
-        raise UsageError(f"{subject} {v} is greedy in effect and overflows the sampler: use 0 (greedy) or "
+        raise UsageError(f"{key} {v} is greedy in effect and overflows the sampler: use 0 (greedy) or "
                          f">= {MIN_TEMPERATURE}")
     if key in OPEN_UNIT and not 0 < v <= 1:
-        raise UsageError(f"{subject} must be in (0, 1], got {v}")
+        raise UsageError(f"{key} must be in (0, 1], got {v}")
     if key in UNIT and not 0 <= v <= 1:
-        raise UsageError(f"{subject} must be in [0, 1], got {v}")
+        raise UsageError(f"{key} must be in [0, 1], got {v}")
     if key in HALF_OPEN_UNIT and not 0 <= v < 1:
-        raise UsageError(f"{subject} must be in [0, 1), got {v}")
+        raise UsageError(f"{key} must be in [0, 1), got {v}")
     if key in POSITIVE and not v > 0:
-        raise UsageError(f"{subject} must be > 0, got {v}")
+        raise UsageError(f"{key} must be > 0, got {v}")
     if key in AT_LEAST_ONE and v < 1:
-        raise UsageError(f"{subject} must be >= 1, got {v}")
+        raise UsageError(f"{key} must be >= 1, got {v}")
     if key in AT_MOST and v > AT_MOST[key]:
-        raise UsageError(f"{subject} must be at most {AT_MOST[key]}, got {v}")
+        raise UsageError(f"{key} must be at most {AT_MOST[key]}, got {v}")
     if v < 0:
-        raise UsageError(f"{subject} must be >= 0, got {v}")
+        raise UsageError(f"{key} must be >= 0, got {v}")
 
 
 def check_token_budget(cfg: Any) -> None:

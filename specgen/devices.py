@@ -1,6 +1,4 @@
-"""Devices and dtypes of every command that runs a model: one parser, one check, and clocks that are honest on GPUs.
-
-`now` waits for the device before reading the clock, since CUDA kernels run asynchronously."""
+"""Devices and dtypes of every command that runs a model: one parser, one check, and clocks that are honest on GPUs."""
 
 from __future__ import annotations
 
@@ -39,9 +37,7 @@ def check_device(device: str, allow_auto: bool = True) -> None:
 
 def resolve_device(spec: str | torch.device | None = "auto") -> torch.device:
     """The torch.device for `spec` ("auto"/None/"" = cuda when available, else cpu); a missing one is a UsageError."""
-    if isinstance(spec, torch.device):
-        spec = str(spec)
-    spec = (spec or "auto").strip().lower()
+    spec = str(spec or "auto").strip().lower()
     if spec == "auto":
         return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     check_device(spec)
@@ -105,11 +101,7 @@ def resolve_dtype(name: str | None, device: str | torch.device | None = "cpu", q
 def synchronize(device: str | torch.device | None = None) -> None:
     """Wait until `device`'s queued kernels are done (cpu: at once); None: the current CUDA device if this process
     has used CUDA, so library timers are honest without knowing the device."""
-    if device is None:
-        if torch.cuda.is_initialized():
-            torch.cuda.synchronize()
-        return
-    dev = torch.device(device)
+    dev = torch.device("cuda" if device is None else device)  # "cuda": the current CUDA device
     if dev.type == "cuda" and torch.cuda.is_initialized():
         torch.cuda.synchronize(dev)
     elif dev.type == "mps" and hasattr(torch, "mps"):

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from specgen import checkpoints, registry
 from specgen.builders import BUILDERS, CONVERTERS, EXPAND_KWARGS, IMAGE_BUILDERS
 from specgen.builtins import import_gguf_target
-from specgen.errors import CheckpointError, IncompatibleError, UnknownNameError, UsageError
+from specgen.errors import CheckpointError, IncompatibleError, UsageError
 from specgen.limits import check_declared_size
 from specgen.models.llama import load_hf_folder
 
@@ -48,30 +48,19 @@ def read_state_file(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def check_parent(parent: str | None) -> None:
-    """--parent must name an existing entry (installed or built-in)."""
-    if parent is None:
-        return
-    entries = checkpoints.list_entries()
-    if not any(parent in (e.ref, e.name) for e in entries):
-        raise UnknownNameError("parent checkpoint", parent, [e.name for e in entries])
-
-
 def import_checkpoint(source: Path, name: str, kind: str = "target", builder: str | None = None,
                       kwargs_path: Path | None = None, parent: str | None = None, progress=None,
                       vq: str | None = None, force: bool = False) -> registry.Entry:
-    """Convert `source` and save it as <kind>/<name>; validates before writing anything.
-
-    An existing <kind>/<name> is replaced only with `force`; built-in names are always refused.
-    `vq` names the VQ entry an image GPT decodes with (recorded for `generate`; its codebook must fit).
-    """
+    """Convert `source` and save it as <kind>/<name>, all checks before anything is written (`registry.check_new`);
+    `vq` names the VQ entry an image GPT decodes with (recorded for `generate`; its codebook must fit)."""
     if not source.exists():
         raise UsageError(f"no such file or folder: {source}")
     if (source.is_dir() or source.suffix == ".gguf") and kind != "target":
         what = "folder" if source.is_dir() else "GGUF file"
         raise UsageError(f"a {what} imports as a text target, not --kind {kind}")
     registry.check_new(kind, name, force)  # before any conversion: the registry's one write rule
-    check_parent(parent)
+    if parent is not None:  # an existing entry, installed or built-in
+        registry.pick(checkpoints.list_entries(), parent, "parent checkpoint")
     if source.is_dir():
         return import_hf_folder(source, name, force=force)
     if source.suffix == ".gguf":

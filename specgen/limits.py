@@ -18,7 +18,7 @@ def context_of(meta: dict) -> int | None:
 
 def check_budget(max_new_tokens: int, meta: dict | None, ref: str) -> None:
     """Refuse a token budget that cannot fit the model's context (prompt included) before anything is allocated."""
-    context = context_of(meta) if meta else None
+    context = context_of(meta)  # None without a config that declares one
     if context is not None and max_new_tokens >= context:
         raise UsageError(f"max-new-tokens {max_new_tokens} does not fit {ref}: its context is {context} tokens, "
                          f"prompt included; use at most {context - 1}")

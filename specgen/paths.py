@@ -1,8 +1,8 @@
-"""Output paths that never replace earlier files, and the atomic writers (a hidden temporary beside the target,
-renamed into place: a reader sees the old file or the new one, never a half)."""
+"""Output paths that never replace earlier files, and atomic writers (a reader sees the old file or the new one)."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
@@ -22,25 +22,23 @@ def nearest_existing(path: Path) -> Path:
     return probe
 
 
-def creation_blocker(path: Path) -> tuple[Path, str] | None:
-    """(nearest existing path, "a file" | "not writable") when folder `path` cannot be made or written, else None."""
-    probe = nearest_existing(path)
+def check_folder(folder: Path, what: str) -> None:
+    """Refuse, before any work and creating nothing, a folder (`what` names it in messages) that is a file or cannot
+    be made or written, or whose device refuses a write (`check_space`)."""
+    probe = nearest_existing(folder)
     if not probe.is_dir():
-        return probe, "a file"
+        raise UsageError(f"{what}: {probe} is a file, not a folder")
     if not os.access(probe, os.W_OK | os.X_OK):
-        return probe, "not writable"
-    return None
+        raise UsageError(f"{what}: {probe} is not writable")
+    check_space(probe, what)
 
 
 def check_output_dir(folder: Path, flag: str = "--out-dir") -> Path:
-    """Refuse, before any work and creating nothing, an output folder that is a file or cannot be made or written."""
+    """An output folder checked as `check_folder` does (a path naming a file is refused as such)."""
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise UsageError(f"cannot create output folder {folder}: {flag} names a file")
-    blocker = creation_blocker(folder)
-    if blocker:
-        raise UsageError(f"cannot create output folder {folder}: {blocker[0]} is {blocker[1]}")
-    check_space(nearest_existing(folder), f"{flag} {folder}")
+    check_folder(folder, f"cannot create output folder {folder}")
     return folder
 
 
@@ -191,9 +189,7 @@ def swap_dir(tmp: Path, folder: Path, old_prefix: str) -> None:
     try:
         os.replace(tmp, folder)
     except BaseException:
-        try:
-            os.replace(old, folder)  # the old folder back in place
-        except OSError:
-            pass  # (another writer's folder took the name meanwhile: the old one stays aside, as a temporary)
+        with contextlib.suppress(OSError):  # the old folder back, unless another writer's took the name meanwhile
+            os.replace(old, folder)
         raise
     shutil.rmtree(old, ignore_errors=True)

@@ -1,6 +1,4 @@
-"""Checkpoint registry store: $SPECGEN_HOME/checkpoints/<kind>/<name>/{config.json, model.safetensors}.
-
-Writes are atomic, weights are safetensors only (nothing is unpickled); it imports only `errors` and `paths`."""
+"""Checkpoint store: $SPECGEN_HOME/checkpoints/<kind>/<name>/{config.json, model.safetensors}, written atomically."""
 
 from __future__ import annotations
 
@@ -20,11 +18,11 @@ from typing import Callable, Iterator
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from specgen import __version__
 from specgen.errors import CheckpointError, IncompatibleError, RuntimeFailure, UnknownNameError, UsageError
-from specgen.paths import ADVICE, atomic_dir, check_space, creation_blocker, nearest_existing, umask
+from specgen.paths import ADVICE, atomic_dir, check_folder, umask
 
 KINDS = ("target", "draft", "heads", "adapter", "upsampler", "vq", "classifier")
 WEIGHTS = "model.safetensors"
@@ -32,7 +30,7 @@ CONFIG = "config.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 MAX_NAME = 100
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
-STALE_FOREIGN_S = 24 * 3600  # temporaries of another host (shared home) older than this are removed too
+STALE_FOREIGN_S = 24 * 3600  # temporaries older than this are removed whoever wrote them (see remove_stale_temporaries)
 
 
 def home() -> Path:
@@ -45,18 +43,6 @@ def home() -> Path:
 
 def checkpoints_dir() -> Path:
     return home() / "checkpoints"
-
-
-def check_home() -> Path:
-    """The registry root, refused in one line when it is not a writable folder (before any work)."""
-    root = home()
-    blocker = creation_blocker(root)
-    if blocker and blocker[1] == "a file":
-        raise UsageError(f"SPECGEN_HOME {root} is not a folder ({blocker[0]} is a file); point SPECGEN_HOME at a folder")
-    if blocker:
-        raise UsageError(f"SPECGEN_HOME {root} is not writable ({blocker[0]}); point SPECGEN_HOME at a folder you can "
-                         "write")
-    return root
 
 
 def check_name(name: str, what: str = "checkpoint name") -> str:
@@ -126,20 +112,15 @@ def entry_at(folder: Path) -> Entry:
 def installed_entries() -> list[Entry]:
     """Entries installed in the store, sorted by kind and name; a damaged one carries why in `meta["corrupt"]`."""
     found: dict[str, Entry] = {}
-    root = checkpoints_dir()
-    if not root.is_dir():
-        return []
-    for cfg in sorted(root.glob(f"*/*/{CONFIG}")):
+    for cfg in sorted(checkpoints_dir().glob(f"*/*/{CONFIG}")):  # none when the store is not made yet
         if cfg.parent.name.startswith("."):
             continue  # a temporary of a write in progress (or of a killed writer)
         try:
             e = entry_at(cfg.parent)
-            missing = missing_files(e)
-            if missing:
+            if missing := missing_files(e):
                 e = Entry(e.kind, e.name, e.path, {**e.meta, "corrupt": missing})
         except CheckpointError as err:
-            folder = cfg.parent
-            e = Entry(folder.parent.name, folder.name, folder, {"corrupt": str(err)})
+            e = Entry(cfg.parent.parent.name, cfg.parent.name, cfg.parent, {"corrupt": str(err)})
         found[e.ref] = e
     return [e for _, e in sorted(found.items())]
 
@@ -169,11 +150,7 @@ def save(
     first one wins and the others get a one-line UsageError."""
     check_new(kind, name, force, builtin)
     final = checkpoints_dir() / kind / name
-    try:
-        final.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UsageError(f"cannot create {final.parent} in SPECGEN_HOME: {e.strerror}") from None
-    remove_stale_temporaries(final.parent)
+    remove_stale_temporaries(final.parent)  # (none while the kind's folder is not made: atomic_dir makes it)
 
     def fill(tmp: Path) -> None:
         untied, tied = untie(state)
@@ -204,7 +181,7 @@ def save(
     return written[0]
 
 
-def check_new(kind: str, name: str, force: bool = False, builtin: bool = False) -> Path:
+def check_new(kind: str, name: str, force: bool = False, builtin: bool = False) -> None:
     """The one rule of every registry write, checked before any work: a valid kind and name, a writable registry
     home, never a built-in's name (only its materialiser passes `builtin`), an existing entry only with `force`."""
     if kind not in KINDS:
@@ -212,12 +189,9 @@ def check_new(kind: str, name: str, force: bool = False, builtin: bool = False) 
     check_name(name)
     if not builtin and name in RESERVED:
         raise UsageError(f"'{name}' is a built-in entry and is never replaced; choose another name")
-    check_home()
-    check_space(nearest_existing(checkpoints_dir()), f"SPECGEN_HOME {home()}")  # a full device: before converting
-    final = checkpoints_dir() / kind / name
-    if not force and final.exists():
+    check_folder(checkpoints_dir(), f"SPECGEN_HOME {home()}")  # a file, unwritable or full: before converting
+    if not force and (checkpoints_dir() / kind / name).exists():
         raise UsageError(f"{kind}/{name} already exists; choose another name or pass --force to replace it")
-    return final
 
 
 #: Names reserved by the embedded defaults (filled by `specgen.builtins` when it is imported).
@@ -247,28 +221,19 @@ def name_lock(final: Path) -> Iterator[None]:
 TEMP_RE = re.compile(r"\.(?P<name>.+)\.(?:tmp|old)-(?P<host>[^-]+(?:-[^-]+)*)-(?P<pid>\d+)-[^-]+$")
 
 
-def remove_stale_temporaries(folder: Path) -> list[Path]:
-    """Remove hidden temporary folders of writers that are gone (dead on this host, or older than a day)."""
-    removed = []
+def remove_stale_temporaries(folder: Path) -> None:
+    """Remove hidden temporary folders of writers that are gone: dead on this host, or older than a day (a pid may
+    have been reused; another host's writer is not seen), or than an hour for a legacy one (no pid in its name)."""
     host, now = socket.gethostname(), time.time()
     for p in folder.glob(".*"):
-        if not p.is_dir():
-            continue
         m = TEMP_RE.fullmatch(p.name)
         try:
             age = now - p.stat().st_mtime
         except OSError:
             continue
-        if m and m["host"] == host:
-            stale = not pid_alive(int(m["pid"])) or age > STALE_FOREIGN_S  # (a day: the pid was reused)
-        elif m:
-            stale = age > STALE_FOREIGN_S
-        else:
-            stale = age > 3600  # a legacy temporary (no pid in its name)
-        if stale:
+        dead = m is not None and m["host"] == host and not pid_alive(int(m["pid"]))
+        if p.is_dir() and (dead or age > (STALE_FOREIGN_S if m else 3600)):
             shutil.rmtree(p, ignore_errors=True)
-            removed.append(p)
-    return removed
 
 
 def pid_alive(pid: int) -> bool:
@@ -374,7 +339,7 @@ def weights_digest(entry: Entry) -> str | None:
     key = (str(path), st.st_size, st.st_mtime_ns)
     if key not in _DIGESTS:
         h = hashlib.sha256()
-        for name, t in sorted(load_file(str(path)).items()):
+        for name, t in sorted(read_state(entry).items()):
             h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
             h.update(t.contiguous().view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
         _DIGESTS[key] = h.hexdigest()[:16]

@@ -77,7 +77,7 @@ def test_now_synchronises_cuda_only(monkeypatch):
     assert calls == []  # cpu: no wait
     devices.now("cuda:0")
     devices.now(None)  # the CUDA device in use, when the process has used CUDA
-    assert calls == [torch.device("cuda:0"), None]
+    assert calls == [torch.device("cuda:0"), torch.device("cuda")]  # a bare "cuda": the current device
 
 
 def test_decode_loop_waits_for_the_device_only_at_its_ends(monkeypatch):

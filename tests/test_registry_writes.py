@@ -225,7 +225,7 @@ def test_a_run_that_ships_a_builtin_reinstalls_it_from_its_package_folder(specge
     meta = {k: v for k, v in json.loads((Path(ship) / "config.json").read_text()).items() if k not in ("kind", "name")}
     entry = publish("upsampler", "tiny-image-upsampler-2x", ship, state, meta, "upsampler")
     assert registry.weights_digest(entry) == shipped_digest("tiny-image-upsampler-2x")
-    assert entry.meta["asset_sha"] == builtins.BUILTINS["tiny-image-upsampler-2x"].fingerprint()
+    assert entry.meta["asset_sha"] == builtins.asset_fingerprint(builtins.BUILTINS["tiny-image-upsampler-2x"].asset)
 
 
 OPS = st.one_of(

@@ -56,6 +56,11 @@ _SOURCES: dict[str, Callable[[], np.ndarray]] = {
 
 IMAGE_CLASSES: tuple[str, ...] = tuple(_SOURCES)  # fixed order: class id = position in this tuple
 SPLITS: tuple[str, ...] = ("train", "eval")
+MAX_SHORT_SIDE = 256  # sources are first downscaled so that min(H, W) <= this
+MAX_SCALE = 2.5  # crop side in source pixels is uniform in [crop_size, crop_size * MAX_SCALE]
+EVAL_FRACTION = 0.25  # last fraction of each image's longer axis is reserved for eval
+MIN_STD = 0.03  # crops whose pixel std (in [0, 1] units) is below this are redrawn
+MAX_TRIES = 32  # redraws before a low-variance crop is kept anyway (a crop is flipped with probability 1/2)
 
 
 @dataclass(frozen=True)
@@ -66,22 +71,10 @@ class ImageCropsConfig:
     num_samples: int = 100_000  # dataset length; sample i has class i % num_classes
     crop_size: int = 64  # output side in pixels
     seed: int = 0
-    max_short_side: int = 256  # sources are first downscaled so that min(H, W) <= this
-    max_scale: float = 2.5  # crop side in source pixels is uniform in [crop_size, crop_size * max_scale]
-    eval_fraction: float = 0.25  # last fraction of each image's longer axis is reserved for eval
-    min_std: float = 0.03  # crops whose pixel std (in [0, 1] units) is below this are redrawn
-    max_tries: int = 32  # redraws before a low-variance crop is kept anyway
-    hflip: bool = True
-    classes: tuple[str, ...] = IMAGE_CLASSES
 
     def __post_init__(self) -> None:
         if self.split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {self.split!r}")
-        unknown = [c for c in self.classes if c not in _SOURCES]
-        if unknown:
-            raise ValueError(f"unknown image classes {unknown}; known: {IMAGE_CLASSES}")
-        if self.max_short_side < self.crop_size or self.max_scale < 1.0:
-            raise ValueError("need max_short_side >= crop_size and max_scale >= 1")
 
 
 def _to_rgb_float(img: np.ndarray) -> torch.Tensor:
@@ -95,23 +88,23 @@ def _to_rgb_float(img: np.ndarray) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=None)
-def load_source(name: str, max_short_side: int = 256) -> torch.Tensor:
-    """One bundled image as float [3,H,W] in [0,1], area-downscaled so that min(H,W) <= max_short_side."""
+def load_source(name: str) -> torch.Tensor:
+    """One bundled image as float [3,H,W] in [0,1], area-downscaled so that min(H,W) <= MAX_SHORT_SIDE."""
     img = _to_rgb_float(_SOURCES[name]())  # [3,H,W]
     h, w = img.shape[-2:]
-    scale = max_short_side / min(h, w)
+    scale = MAX_SHORT_SIDE / min(h, w)
     if scale < 1.0:
         size = (max(1, round(h * scale)), max(1, round(w * scale)))
         img = F.interpolate(img[None], size=size, mode="area")[0]  # [3,h',w']
     return img.clamp(0.0, 1.0)
 
 
-def _split_region(h: int, w: int, split: str, eval_fraction: float) -> tuple[int, int, int, int]:
+def _split_region(h: int, w: int, split: str) -> tuple[int, int, int, int]:
     """(top, left, height, width) of the region a split draws from: eval = tail strip of the longer axis."""
     if h >= w:
-        cut = h - max(1, round(h * eval_fraction))
+        cut = h - max(1, round(h * EVAL_FRACTION))
         return (0, 0, cut, w) if split == "train" else (cut, 0, h - cut, w)
-    cut = w - max(1, round(w * eval_fraction))
+    cut = w - max(1, round(w * EVAL_FRACTION))
     return (0, 0, h, cut) if split == "train" else (0, cut, h, w - cut)
 
 
@@ -120,12 +113,10 @@ class ImageCrops(Dataset):
 
     def __init__(self, config: ImageCropsConfig = ImageCropsConfig()) -> None:
         self.config = config
-        self.classes = config.classes
-        self.sources = [load_source(c, config.max_short_side) for c in config.classes]  # each [3,H,W]
-        self.regions = [
-            _split_region(s.shape[1], s.shape[2], config.split, config.eval_fraction) for s in self.sources
-        ]
-        for name, (_, _, rh, rw) in zip(config.classes, self.regions):
+        self.classes = IMAGE_CLASSES
+        self.sources = [load_source(c) for c in IMAGE_CLASSES]  # each [3,H,W]
+        self.regions = [_split_region(s.shape[1], s.shape[2], config.split) for s in self.sources]
+        for name, (_, _, rh, rw) in zip(IMAGE_CLASSES, self.regions):
             if min(rh, rw) < config.crop_size:
                 raise ValueError(f"{config.split} region of {name!r} is smaller than crop_size {config.crop_size}")
 
@@ -140,7 +131,7 @@ class ImageCrops(Dataset):
         cfg = self.config
         src = self.sources[label]  # [3,H,W]
         top, left, rh, rw = self.regions[label]
-        max_side = min(rh, rw, int(cfg.crop_size * cfg.max_scale))
+        max_side = min(rh, rw, int(cfg.crop_size * MAX_SCALE))
         side = int(rng.integers(cfg.crop_size, max_side + 1))
         y = top + int(rng.integers(0, rh - side + 1))
         x = left + int(rng.integers(0, rw - side + 1))
@@ -149,7 +140,7 @@ class ImageCrops(Dataset):
             crop = F.interpolate(
                 crop[None], size=(cfg.crop_size, cfg.crop_size), mode="bilinear", antialias=True, align_corners=False
             )[0]  # [3,S,S]
-        if cfg.hflip and rng.random() < 0.5:
+        if rng.random() < 0.5:
             crop = crop.flip(-1)
         return crop
 
@@ -160,8 +151,8 @@ class ImageCrops(Dataset):
         label = index % self.num_classes
         rng = np.random.default_rng([cfg.seed, SPLITS.index(cfg.split), index])
         crop = self._draw(rng, label)
-        for _ in range(cfg.max_tries - 1):
-            if float(crop.std()) >= cfg.min_std:
+        for _ in range(MAX_TRIES - 1):
+            if float(crop.std()) >= MIN_STD:
                 break
             crop = self._draw(rng, label)
         return (crop.clamp(0.0, 1.0) * 2.0 - 1.0).contiguous(), label  # [3,S,S] in [-1,1]

@@ -7,7 +7,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, NamedTuple
+from typing import Iterator, NamedTuple
 
 from specgen.errors import UsageError
 
@@ -69,18 +69,14 @@ def record(row: dict, field: str | None, category_field: str | None, where: str)
 
 
 class Source(NamedTuple):
-    """A prompt source as read: its name for messages, its path (None for stdin), its text (None for a dataset)."""
+    """A text source as read: its name for messages, its path (None for stdin), its text."""
 
     name: str
     path: Path | None
-    text: str | None
+    text: str
 
 
-def _lines(src: Source, field, category_field, split) -> list[Prompt]:
-    return [Prompt(line.strip()) for line in src.text.splitlines() if line.strip()]
-
-
-def _json_lines(src: Source, field, category_field, split) -> list[Prompt]:
+def _json_lines(src: Source, field: str | None, category_field: str | None) -> list[Prompt]:
     prompts = []
     for number, row in json_lines(src):
         if not isinstance(row, dict):
@@ -101,11 +97,9 @@ def json_lines(src: Source) -> Iterator[tuple[int, object]]:
         yield number, value
 
 
-def _dataset(src: Source, field: str | None, category_field: str | None, split: str) -> list[Prompt]:
-    """A `datasets` folder (save_to_disk) or a parquet/json/arrow/csv file, read without network."""
-    path = src.path
-    if path is None:
-        raise PromptSourceError("<stdin>: a dataset is read from a folder or file, not stdin")
+def _dataset(path: Path, field: str | None, category_field: str | None) -> list[Prompt]:
+    """A `datasets` folder (save_to_disk; of a DatasetDict its train split) or a parquet/json/arrow/csv file, read
+    without network."""
     try:
         import datasets  # deferred: start-up (only dataset sources need it)
     except ImportError:
@@ -119,7 +113,7 @@ def _dataset(src: Source, field: str | None, category_field: str | None, split: 
         else:  # build into a throw-away cache: nothing is left behind in ~/.cache
             with tempfile.TemporaryDirectory(prefix="specgen-prompts-") as cache:
                 data = datasets.load_dataset(DATASETS_SUFFIXES.get(path.suffix.lower(), "json"), data_files=str(path),
-                                             split=split, cache_dir=cache, keep_in_memory=True)
+                                             split="train", cache_dir=cache, keep_in_memory=True)
     except (FileNotFoundError, ValueError, OSError, datasets.exceptions.DatasetGenerationError) as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise PromptSourceError(f"{path}: cannot read as a dataset ({reason})") from None
@@ -128,9 +122,9 @@ def _dataset(src: Source, field: str | None, category_field: str | None, split: 
         if bars:
             datasets.enable_progress_bars()
     if isinstance(data, datasets.DatasetDict):
-        if split not in data:
-            raise PromptSourceError(f"{path}: no split '{split}' (splits: {', '.join(data)})")
-        data = data[split]
+        if "train" not in data:
+            raise PromptSourceError(f"{path}: no split 'train' (splits: {', '.join(data)})")
+        data = data["train"]
     columns = list(data.column_names)
     for wanted in (field, category_field):
         if wanted is not None and wanted not in columns:
@@ -138,20 +132,6 @@ def _dataset(src: Source, field: str | None, category_field: str | None, split: 
     if field is None and not set(FIELDS) & set(columns):
         raise PromptSourceError(f"{path}: no column {', '.join(map(repr, FIELDS))} (columns: {', '.join(columns)})")
     return [record(row, field, category_field, f"{path} row {i}") for i, row in enumerate(data)]
-
-
-# format name -> reader of a Source (field, category field, split); `fmt` names one to override the guess
-READERS: dict[str, Callable[[Source, str | None, str | None, str], list[Prompt]]] = {
-    "text": _lines, "jsonl": _json_lines, "dataset": _dataset}
-
-
-def _open(source: str | Path, fmt: str | None) -> Source:
-    """The source with its text read, unless it is (or is asked to be read as) a dataset."""
-    path = Path(source).expanduser()
-    dataset = fmt == "dataset" or (fmt is None and (path.is_dir() or path.suffix.lower() in DATASETS_SUFFIXES))
-    if str(source) != "-" and path.exists() and dataset:
-        return Source(str(path), path, None)
-    return read_text(source, "prompt file")
 
 
 def read_text(source: str | Path, what: str) -> Source:
@@ -176,24 +156,25 @@ def read_text(source: str | Path, what: str) -> Source:
         raise PromptSourceError(f"cannot read {path}: {e.strerror or e}") from None
 
 
-def read_prompt_records(source: str | Path, field: str | None = None, category_field: str | None = None,
-                        fmt: str | None = None, split: str = "train") -> list[Prompt]:
-    """Prompts from `source` in order; `fmt` (a READERS name) overrides the guess, `split` picks a DatasetDict's."""
-    if fmt is not None and fmt not in READERS:
-        raise PromptSourceError(f"unknown prompt format '{fmt}' (use {', '.join(READERS)})")
-    src = _open(source, fmt)
-    if fmt is None:
-        first = next((line for line in (src.text or "").splitlines() if line.strip()), "")
+def read_prompt_records(source: str | Path, field: str | None = None,
+                        category_field: str | None = None) -> list[Prompt]:
+    """Prompts from `source` in order: a dataset (a folder, or a file named like one), else JSON Lines (named so, or
+    a first line opening an object) or one prompt per line."""
+    path = Path(source).expanduser()
+    if str(source) != "-" and path.exists() and (path.is_dir() or path.suffix.lower() in DATASETS_SUFFIXES):
+        prompts, name, empty = _dataset(path, field, category_field), str(path), "the dataset has no rows"
+    else:
+        src = read_text(source, "prompt file")
+        first = next((line for line in src.text.splitlines() if line.strip()), "")
         jsonl = first.lstrip().startswith("{") or (src.path is not None and src.path.suffix.lower() in JSONL_SUFFIXES)
-        fmt = "dataset" if src.text is None else "jsonl" if jsonl else "text"
-    prompts = READERS[fmt](src, field, category_field, split)
+        prompts = (_json_lines(src, field, category_field) if jsonl
+                   else [Prompt(line.strip()) for line in src.text.splitlines() if line.strip()])
+        name, empty = src.name, "no prompts (the input is empty)"
     if not prompts:
-        raise PromptSourceError(f"{src.name}: " + ("the dataset has no rows" if fmt == "dataset"
-                                                   else "no prompts (the input is empty)"))
+        raise PromptSourceError(f"{name}: {empty}")
     return prompts
 
 
-def read_prompts(source: str | Path, field: str | None = None, fmt: str | None = None,
-                 split: str = "train") -> list[str]:
+def read_prompts(source: str | Path, field: str | None = None) -> list[str]:
     """The text prompts of `source` (`read_prompt_records`; a chat record is refused)."""
-    return [p.text for p in read_prompt_records(source, field, fmt=fmt, split=split)]
+    return [p.text for p in read_prompt_records(source, field)]

@@ -1,6 +1,4 @@
-"""Code-instruction prompts derived offline from the Python standard library's documented functions.
-
-A pure function of the interpreter's stdlib (walked in a fresh `python -I -S`); never contains HumanEval problems."""
+"""Code-instruction prompts from the stdlib's documented functions: a pure function of the interpreter, no HumanEval."""
 
 from __future__ import annotations
 

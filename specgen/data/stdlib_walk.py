@@ -1,6 +1,4 @@
-"""The walker of specgen.data.stdlib_prompts: documented public stdlib functions as JSON, run as a script.
-
-Imports only the standard library: it runs alone in a fresh `python -I -S` (no specgen on its path)."""
+"""The walker of stdlib_prompts, run alone in a fresh `python -I -S` (stdlib imports only): documented functions."""
 
 from __future__ import annotations
 

@@ -335,7 +335,7 @@ def test_training_never_registers_over_a_builtin_or_an_entry(tiny, args, needle)
 
 def test_unusable_specgen_home_is_one_line(tiny, pt_file, monkeypatch):
     monkeypatch.setenv("SPECGEN_HOME", str(tiny / "cwd" / "afile"))
-    check_refusal(tiny, [*pt_file, "--name", "fresh"], 2, "is not a folder")
+    check_refusal(tiny, [*pt_file, "--name", "fresh"], 2, "is a file, not a folder")
 
 
 @pytest.mark.parametrize("args,needle", [

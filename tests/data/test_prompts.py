@@ -114,7 +114,6 @@ def test_jsonl_file_and_field_choice(tmp_path):
     other = tmp_path / "q.jsonl"
     other.write_text('{"question": "x", "prompt": "ignored"}\n{"question": "y"}\n', encoding="utf-8")
     assert read_prompts(other, field="question") == ["x", "y"]
-    assert read_prompts(other.with_suffix(".jsonl"), field="question", fmt="jsonl") == ["x", "y"]
 
 
 def test_stdin(monkeypatch):
@@ -122,8 +121,6 @@ def test_stdin(monkeypatch):
     assert read_prompts("-") == ["one", "two"]
     monkeypatch.setattr(sys, "stdin", io.StringIO('\n{"prompt": "p1"}\n{"prompt": "p2"}\n'))
     assert read_prompts("-") == ["p1", "p2"]
-    monkeypatch.setattr(sys, "stdin", io.StringIO('{"not": "json lines"}\n'))
-    assert read_prompts("-", fmt="text") == ['{"not": "json lines"}']
 
 
 def test_datasets_sources(tmp_path):
@@ -139,8 +136,9 @@ def test_datasets_sources(tmp_path):
     assert read_prompts(tmp_path / "p.json", field="other") == ["x", "y"]
     with pytest.raises(PromptSourceError, match=r"no column 'missing' \(columns: instruction, other\)"):
         read_prompts(tmp_path / "p.parquet", field="missing")
-    with pytest.raises(PromptSourceError, match=r"no split 'test'"):
-        read_prompts(tmp_path / "dd", split="test")
+    datasets.DatasetDict({"test": data}).save_to_disk(str(tmp_path / "dt"))
+    with pytest.raises(PromptSourceError, match=r"no split 'train' \(splits: test\)"):
+        read_prompts(tmp_path / "dt")
     (tmp_path / "bad.parquet").write_bytes(b"not parquet at all")
     with pytest.raises(PromptSourceError, match="cannot read as a dataset"):
         read_prompts(tmp_path / "bad.parquet")
@@ -158,7 +156,6 @@ def test_datasets_sources(tmp_path):
         ("named.jsonl", '{"prompt": "a"}\n', {"field": "question"}, r"line 1: no field 'question'"),
         ("number.jsonl", '{"prompt": 3}\n', {}, r"line 1: field 'prompt' is not a non-empty string"),
         ("blankfield.jsonl", '{"text": "  "}\n', {}, r"line 1: field 'text' is not a non-empty string"),
-        ("fmt.txt", "a\n", {"fmt": "yaml"}, "unknown prompt format 'yaml'"),
     ],
 )
 def test_bad_sources(tmp_path, name, content, kwargs, message):

@@ -54,7 +54,7 @@ def test_a_builtin_is_reinstalled_when_the_shipped_weights_change(tmp_path, monk
     shutil.copytree(builtins.ASSETS / "image" / "classifier", assets / "image" / "classifier")
     monkeypatch.setattr(builtins, "ASSETS", assets)
     first = checkpoints.find("tiny-image-classifier")
-    assert first.meta["asset_sha"] == builtins.BUILTINS["tiny-image-classifier"].fingerprint()
+    assert first.meta["asset_sha"] == builtins.asset_fingerprint(builtins.BUILTINS["tiny-image-classifier"].asset)
     assert checkpoints.find("tiny-image-classifier").meta["asset_sha"] == first.meta["asset_sha"]  # unchanged: kept
 
     weights = assets / "image" / "classifier" / "model.safetensors"
