@@ -44,6 +44,8 @@ MODALITY_OPTIONS = {
     "num": ("--num", ("image", "mesh")), "classes": ("--classes", ("image",)), "cfg_scale": ("--cfg-scale", ("image",)),
     "captions": ("--captions", ("image",)), "drafter": ("--drafter", ("image",)),
 }
+#: (field, modality) -> what that modality uses instead, added to the refusal
+INSTEAD = {("drafter", "mesh"): "; XSpecMesh heads are method_options.heads=NAME"}
 #: modality -> its runner module (`run(args, spec)`), imported on use: a text run loads no image or mesh stack
 RUNNERS = {"text": "cli.generate_text", "image": "cli.generate_image", "mesh": "cli.generate_mesh"}
 
@@ -55,5 +57,5 @@ def run(args: GenerateArgs, method: str) -> None:
     for field, (flag, modalities) in MODALITY_OPTIONS.items():
         if getattr(args, field) not in (None, []) and modality not in modalities:
             raise UsageError(f"{flag} is for {' and '.join(modalities)} models; this is "
-                             f"{'an' if modality[0] in 'aeiou' else 'a'} {modality} model")
+                             f"{'an' if modality[0] in 'aeiou' else 'a'} {modality} model{INSTEAD.get((field, modality), '')}")
     importlib.import_module(RUNNERS[modality]).run(args, spec)

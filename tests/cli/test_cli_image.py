@@ -115,6 +115,8 @@ def test_drafter_flag(tiny_image, ar_tokens):
     assert r.exit_code == 2 and "trained for target/t-gpt" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     r = runner.invoke(app, ["generate", "--method", "ngram", "--drafter", "t-eagle", "--prompt", "hi"])
     assert r.exit_code == 2 and "--drafter" in r.stderr, r.output
+    r = runner.invoke(app, ["generate", "--method", "xspecmesh", "--drafter", "t-eagle", "--num", "1"])
+    assert r.exit_code == 2 and "method_options.heads" in r.stderr, r.output  # what a mesh run uses instead
 
 
 def test_unwritable_output_folder(tiny_image):
