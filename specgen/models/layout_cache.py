@@ -1,6 +1,6 @@
 """Decoded weights on disk (`$SPECGEN_HOME/layouts/`): a model's tensors in their decode layout (tiles, column-major
-matrices) saved once as safetensors and memory-mapped by later loads, so a start re-packs nothing and its weights are
-the file's pages (copy-on-write, shared with other processes through the page cache) rather than fresh copies.
+matrices, int4 kernel operands) saved once as safetensors and memory-mapped by later loads, so a start lays out
+nothing and its weights are the file's pages (copy-on-write, shared between processes by the page cache), not copies.
 
 Keyed by the checkpoint file (path, size, mtime, inode), the layout, the kernel plan, this CPU and this torch: any
 change and the file is rewritten. A file that does not open, or whose tensors do not fit the module, is ignored and
@@ -22,6 +22,7 @@ from specgen.devices import is_cpu, module_device
 from specgen.models import plan_cache
 from specgen.models.layout import layout_name
 from specgen.models.packed_linear import PackedLinear
+from specgen.models.quantize import QuantizedLinear
 from specgen.models.tiled_weight import TiledWeight
 from specgen.paths import atomic_write
 
@@ -30,6 +31,21 @@ VERSION = 1  # of the stored forms below: a change makes every earlier file a mi
 
 def folder() -> Path:
     return registry.home() / "layouts"
+
+
+def int4_layers(module: nn.Module) -> dict[str, QuantizedLinear]:
+    """The int4 layers by name: their kernel's tensors, made at load (`QuantizedLinear.kernel`), are stored too."""
+    return {name: m for name, m in module.named_modules() if isinstance(m, QuantizedLinear) and m.mode == "int4"}
+
+
+def kernel_shapes(module: nn.Module) -> dict[str, torch.Tensor]:
+    """Meta tensors shaped as each int4 layer's kernel tensors, under their names in the file."""
+    shapes = {}
+    for name, lin in int4_layers(module).items():
+        (out, groups), meta = lin.scales.shape, {"device": "meta"}
+        shapes[f"{name}.int4_packed"] = torch.empty(lin.qweight.shape, dtype=lin.qweight.dtype, **meta)
+        shapes[f"{name}.int4_sz"] = torch.empty(groups, out, 2, dtype=lin.scales.dtype, **meta)
+    return shapes
 
 
 def held(module: nn.Module) -> dict[str, torch.Tensor] | None:
@@ -73,51 +89,57 @@ def plan_of(module: nn.Module) -> str | None:
     return repr(choice.plan()) if choice.known() else None
 
 
-def place(module: nn.Module, weights: Path, state: dict[str, torch.Tensor]) -> tuple[Path, str] | None:
-    """(cache file, key) of `module` loaded from `weights` in the current layout; None when it is not cached: not on
-    the CPU, or its plan still to be measured (a first load measures it, then stores)."""
-    plan = plan_of(module)
-    if plan is None or not is_cpu(module_device(module)):
+def place(module: nn.Module, weights: Path) -> tuple[dict[str, torch.Tensor], Path, str] | None:
+    """(state as `held`, cache file, key) of `module` loaded from `weights` in the current layout; None when it is not
+    cached: not on the CPU, holding more than tensors, or its plan still to be measured (a first load measures it,
+    then stores)."""
+    state, plan = held(module), plan_of(module)
+    if state is None or plan is None or not is_cpu(module_device(module)):
         return None
     dtypes = sorted({str(t.dtype).removeprefix("torch.") for t in state.values()})
     name = json.dumps([str(weights.resolve()), layout_name(), dtypes])  # one file per checkpoint, layout and dtypes
     st = weights.stat()
     k = json.dumps([VERSION, st.st_size, st.st_mtime_ns, st.st_ino, plan, plan_cache.machine()])
-    return folder() / f"{hashlib.sha256(name.encode()).hexdigest()[:24]}.safetensors", k
+    return state, folder() / f"{hashlib.sha256(name.encode()).hexdigest()[:24]}.safetensors", k
 
 
 def restore(module: nn.Module, weights: Path) -> bool:
     """Give `module` (built in its decode layout, nothing loaded: `decode_layout(loaded=False)`) the tensors of its
     cache file, memory-mapped; False, changing nothing, when there is no file that fits (the caller loads `weights`
     and calls `store`)."""
-    state = held(module)
-    where = None if state is None else place(module, weights, state)
-    if where is None:
+    found = place(module, weights)
+    if found is None:
         return False
+    state, path, k = found
+    want = {**{name: on_disk(t) for name, t in state.items()}, **kernel_shapes(module)}  # views: nothing copied
     try:
-        with safe_open(str(where[0]), "pt") as f:  # tensors backed by a private mapping of the file
-            if (f.metadata() or {}).get("key") != where[1] or set(f.keys()) != set(state):
+        with safe_open(str(path), "pt") as f:  # tensors backed by a private mapping of the file
+            if (f.metadata() or {}).get("key") != k or set(f.keys()) != set(want):
                 return False
-            stored = {name: f.get_tensor(name) for name in state}
+            stored = {name: f.get_tensor(name) for name in want}
     except (OSError, SafetensorError):  # absent, truncated or not safetensors: rewritten by `store`
         return False
-    want = {name: on_disk(t) for name, t in state.items()}  # views of the empty tensors built: nothing copied
     if any((want[n].shape, want[n].dtype) != (s.shape, s.dtype) for n, s in stored.items()):
         return False
     for name, t in state.items():
         put(t, stored[name])
+    for name, lin in int4_layers(module).items():
+        lin.use_int4_kernel(stored[f"{name}.int4_packed"], stored[f"{name}.int4_sz"])
     return True
 
 
 def store(module: nn.Module, weights: Path) -> None:
     """Write `module`'s decoded tensors (loaded from `weights`) as its cache file; a folder that cannot take it warns
     once and nothing is cached."""
-    state = held(module)
-    where = None if state is None else place(module, weights, state)
-    if where is None:
+    found = place(module, weights)
+    if found is None:
         return
+    state, path, k = found
     tensors = {name: on_disk(t) for name, t in state.items()}
+    for name, lin in int4_layers(module).items():
+        _, (packed, _, sz), _ = lin.kernel()
+        tensors[f"{name}.int4_packed"], tensors[f"{name}.int4_sz"] = packed, sz
     try:
-        atomic_write(where[0], lambda tmp: save_file(tensors, str(tmp), {"key": where[1]}))
+        atomic_write(path, lambda tmp: save_file(tensors, str(tmp), {"key": k}))
     except (OSError, SafetensorError) as e:
         plan_cache.warn_unwritable(folder(), getattr(e, "strerror", None) or str(e))

@@ -1,5 +1,5 @@
-"""Layout cache: a second load maps the decoded weights from disk and lays out nothing; a changed key, a corrupt file
-or an unwritable folder loads as before (rewriting, or warning once), with the same outputs."""
+"""Layout cache: a second load maps the decoded weights (and int4 kernel operands) from disk and lays out nothing; a
+changed key, a corrupt file or an unwritable folder loads as before (rewriting, or warning once), same outputs."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from specgen.models.kernel_choice import Timing
 from specgen.models.layout import ENV, decode_layout
 from specgen.models.tiled_weight import TiledWeight
 from specgen.native import ops
+from specgen.text import precision
 from tests.conftest import tiny_model
 
 TOKENS = torch.tensor([[5, 17, 3, 9, 40, 2], [11, 11, 7, 60, 1, 8]])
@@ -137,3 +138,21 @@ def test_an_unwritable_cache_folder_warns_once_and_loads(entry, monkeypatch, fau
     assert len([w for w in warned if "not cached" in str(w.message)]) == 1
     assert not layout_cache.folder().is_dir() or cache_files() == []  # no partial file left
 
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").is_file(), reason="reads /proc/self/maps (Linux)")
+def test_int4_kernel_operands_are_mapped_not_packed_again():
+    model = tiny_model(2)
+    base = registry.save("target", "tiny", model.state_dict(), {"builder": "transformer", "vocab_size": 64,
+                                                                "kwargs": model.cfg.to_dict(), "modality": "text"})
+    entry = precision.quantized_entry(base, "int4")
+
+    def load_int4():
+        return decode_layout(checkpoints.load_module(entry, "cpu", torch.bfloat16, decode=True))
+
+    first, second = load_int4(), load_int4()
+    assert torch.equal(logits(second), logits(first))
+    lin = second.layers[0].attention.wqkv
+    packed, _, sz = lin._kernel[1]
+    assert mapping_of(packed) == mapping_of(sz) == str(cache_files()[0].resolve())  # the file's, not packed again
+    assert lin.scales.data_ptr() == sz.data_ptr()  # scales and zeros are views of the kernel's operand, held once
