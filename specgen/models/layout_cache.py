@@ -2,8 +2,8 @@
 matrices, int4 kernel operands) saved once as safetensors and memory-mapped by later loads, so a start lays out
 nothing and its weights are the file's pages (copy-on-write, shared between processes by the page cache), not copies.
 
-Keyed by the checkpoint file (path, size, mtime, inode), the layout, the kernel plan, this CPU and this torch: any
-change and the file is rewritten. A file that does not open, or whose tensors do not fit the module, is ignored and
+One file per checkpoint path, layout, dtypes and kernel plan, valid for the checkpoint's size, mtime and inode, this CPU
+and this torch (else rewritten). A file that does not open, or whose tensors do not fit the module, is ignored and
 rewritten; a folder that cannot be written warns once and the model loads as if there were no cache."""
 
 from __future__ import annotations
@@ -97,9 +97,9 @@ def place(module: nn.Module, weights: Path) -> tuple[dict[str, torch.Tensor], Pa
     if state is None or plan is None or not is_cpu(module_device(module)):
         return None
     dtypes = sorted({str(t.dtype).removeprefix("torch.") for t in state.values()})
-    name = json.dumps([str(weights.resolve()), layout_name(), dtypes])  # one file per checkpoint, layout and dtypes
-    st = weights.stat()
-    k = json.dumps([VERSION, st.st_size, st.st_mtime_ns, st.st_ino, plan, plan_cache.machine()])
+    name = json.dumps([str(weights.resolve()), layout_name(), dtypes, plan])  # thread counts whose plans differ
+    st = weights.stat()  # alternate without rewriting: a file each; a changed checkpoint or machine rewrites it
+    k = json.dumps([VERSION, st.st_size, st.st_mtime_ns, st.st_ino, plan_cache.machine()])
     return state, folder() / f"{hashlib.sha256(name.encode()).hexdigest()[:24]}.safetensors", k
 
 

@@ -104,6 +104,20 @@ def test_a_changed_key_lays_out_again_and_rewrites(entry, copies, monkeypatch, c
     assert len(cache_files()) == 1  # replaced, not added beside
 
 
+def test_each_plan_keeps_its_own_file(entry, copies, monkeypatch):
+    """Thread counts whose plans differ alternate without rewriting each other's file."""
+    if os.environ[ENV] != "packed":
+        pytest.skip("plans apply to the packed layout")
+    measured = logits(load(entry))
+    monkeypatch.setenv(kernel_choice.ENV, "3")  # pinned: oneDNN from 3 rows, nothing held as tiles
+    pinned = logits(load(entry))
+    assert len(cache_files()) == 2
+    copies.clear()
+    assert torch.equal(logits(load(entry)), pinned)
+    monkeypatch.delenv(kernel_choice.ENV)
+    assert torch.equal(logits(load(entry)), measured) and copies == []
+
+
 @pytest.mark.parametrize("damage", ["truncated", "not safetensors", "other shapes"])
 def test_a_corrupt_file_is_ignored_and_rewritten(entry, copies, damage):
     expected = logits(load(entry))
