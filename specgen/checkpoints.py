@@ -16,6 +16,7 @@ from specgen.builders import BUILDERS
 from specgen.builtins import ASSETS, BUILTINS, asset_fingerprint
 from specgen.errors import CheckpointError
 from specgen.limits import check_declared_size as check_size
+from specgen.models import layout_cache
 from specgen.models.layout import decode_layout
 from specgen.registry import CONFIG, Entry, entry_at, one_line
 
@@ -78,7 +79,8 @@ def stale_builtin(entry: Entry, builtin) -> bool:
 def load_module(entry: Entry, device: str = "cpu", dtype: torch.dtype = torch.float32,
                 decode: bool = False) -> torch.nn.Module:
     """Build the entry's module with its builder and load its weights strictly; `decode`: straight into the decode
-    layout (`decode_layout(loaded=False)`; the caller still runs `decode_layout`)."""
+    layout, memory-mapped from the layout cache when it holds them, else loaded and stored there
+    (`models/layout_cache.py`)."""
     builder = entry.meta.get("builder")
     if builder not in BUILDERS:
         raise CheckpointError(f"{entry.ref}: unknown builder {builder!r}")
@@ -87,11 +89,15 @@ def load_module(entry: Entry, device: str = "cpu", dtype: torch.dtype = torch.fl
     module = build(entry, builder, kwargs).to(device=device, dtype=dtype)  # before the load: each weight written once
     if decode:
         decode_layout(module, loaded=False)
+    if decode and layout_cache.restore(module, entry.path / registry.WEIGHTS):
+        return module.eval()
     try:
         load_state(module, entry)
     except RuntimeError as e:
         first = next((line.strip() for line in str(e).splitlines()[1:] if line.strip()), one_line(e))  # what differs
         raise CheckpointError(f"{entry.ref}: weights do not fit its config ({first})") from None
+    if decode:
+        layout_cache.store(decode_layout(module), entry.path / registry.WEIGHTS)
     return module.eval()
 
 

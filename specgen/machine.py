@@ -10,7 +10,7 @@ import torch
 
 from specgen import native, registry
 from specgen.devices import is_cpu, onednn_packs
-from specgen.models import kernel_choice, layout, plan_cache, quantize
+from specgen.models import kernel_choice, layout, layout_cache, plan_cache, quantize
 
 #: CPU flags that change a kernel's path or speed (x86 /proc/cpuinfo names; ARM's `Features` are kept as they come).
 ISA = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx512_fp16", "avx_ne_convert",
@@ -109,7 +109,7 @@ def size_of(path: Path) -> int:
 def caches() -> dict[str, dict]:
     """Where specgen keeps files, with their sizes."""
     places = {"home": registry.home(), "registry": registry.checkpoints_dir(), "kernel_plans": plan_cache.path(),
-              "native_cache": native.cache_dir()}
+              "decoded_weights": layout_cache.folder(), "native_cache": native.cache_dir()}
     return {k: {"path": str(p), "exists": p.exists(), "bytes": size_of(p)} for k, p in places.items()}
 
 

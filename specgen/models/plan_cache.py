@@ -16,6 +16,7 @@ from specgen.native import cpu_signature
 from specgen.paths import atomic_write_text
 
 FILE = "kernel-plans.json"
+WARNED: set[str] = set()  # homes whose caches could not be written, warned about once
 
 
 @functools.cache
@@ -60,9 +61,13 @@ def store(k: str, min_rows: int, native: tuple[int, int | None] | None) -> None:
     try:
         atomic_write_text(path(), json.dumps(plans, indent=1, sort_keys=True))
     except OSError as e:
-        warn_unwritable(str(path().parent), e.strerror or str(e))
+        warn_unwritable(path().parent, e.strerror or str(e))
 
 
-@functools.cache
-def warn_unwritable(folder: str, why: str) -> None:
-    warnings.warn(f"kernel plans are not cached ({folder}: {why}); each start measures them again", stacklevel=3)
+def warn_unwritable(folder: Path, why: str) -> None:
+    """Warn that a cache under this home cannot be written (plans, decoded weights): once per process and home,
+    whichever cache meets it first; the process runs on with what it measured and built itself."""
+    if str(registry.home()) not in WARNED:
+        WARNED.add(str(registry.home()))
+        warnings.warn(f"kernel plans and decoded weights are not cached ({folder}: {why}); each start measures and "
+                      "lays them out again", stacklevel=3)

@@ -221,9 +221,14 @@ class QuantizedLinear(nn.Module):
                     q = unpack_int4(self.qweight[i : i + PACK_ROWS]).to(torch.int32)  # [rows, in], values 0..15
                     packed[i : i + PACK_ROWS] = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
                 sz = torch.stack([self.scales, self.zeros], -1).transpose(0, 1).contiguous()  # [in/g, out, 2]
-                self.scales, self.zeros = sz[..., 0].t(), sz[..., 1].t()  # views of the kernel's copy: held once
-                self._kernel = (INT4_MM, (packed, self.group, sz), self.bias)
+                self.use_int4_kernel(packed, sz)
         return self._kernel
+
+    def use_int4_kernel(self, packed: torch.Tensor, sz: torch.Tensor) -> None:
+        """Run int4 products on `packed` (qweight in the kernel's order) and sz [in/g, out, 2] (scales, zeros), as
+        `kernel` makes them or as the layout cache maps them; scales and zeros become views of sz: held once."""
+        self.scales, self.zeros = sz[..., 0].t(), sz[..., 1].t()
+        self._kernel = (INT4_MM, (packed, self.group, sz), self.bias)
 
     def streamed_bytes(self) -> int:
         """Bytes one product reads: the packed bfloat16 copy for a blocked head, else the quantized buffers."""

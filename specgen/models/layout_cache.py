@@ -1,0 +1,145 @@
+"""Decoded weights on disk (`$SPECGEN_HOME/layouts/`): a model's tensors in their decode layout (tiles, column-major
+matrices, int4 kernel operands) saved once as safetensors and memory-mapped by later loads, so a start lays out
+nothing and its weights are the file's pages (copy-on-write, shared between processes by the page cache), not copies.
+
+One file per checkpoint path, layout, dtypes and kernel plan, valid for the checkpoint's size, mtime and inode, this CPU
+and this torch (else rewritten). A file that does not open, or whose tensors do not fit the module, is ignored and
+rewritten; a folder that cannot be written warns once and the model loads as if there were no cache."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+from torch import nn
+
+from specgen import registry
+from specgen.devices import is_cpu, module_device
+from specgen.models import plan_cache
+from specgen.models.layout import layout_name
+from specgen.models.packed_linear import PackedLinear
+from specgen.models.quantize import QuantizedLinear
+from specgen.models.tiled_weight import TiledWeight
+from specgen.paths import atomic_write
+
+VERSION = 1  # of the stored forms below: a change makes every earlier file a miss
+
+
+def folder() -> Path:
+    return registry.home() / "layouts"
+
+
+def int4_layers(module: nn.Module) -> dict[str, QuantizedLinear]:
+    """The int4 layers by name: their kernel's tensors, made at load (`QuantizedLinear.kernel`), are stored too."""
+    return {name: m for name, m in module.named_modules() if isinstance(m, QuantizedLinear) and m.mode == "int4"}
+
+
+def kernel_shapes(module: nn.Module) -> dict[str, torch.Tensor]:
+    """Meta tensors shaped as each int4 layer's kernel tensors, under their names in the file."""
+    shapes = {}
+    for name, lin in int4_layers(module).items():
+        (out, groups), meta = lin.scales.shape, {"device": "meta"}
+        shapes[f"{name}.int4_packed"] = torch.empty(lin.qweight.shape, dtype=lin.qweight.dtype, **meta)
+        shapes[f"{name}.int4_sz"] = torch.empty(groups, out, 2, dtype=lin.scales.dtype, **meta)
+    return shapes
+
+
+def held(module: nn.Module) -> dict[str, torch.Tensor] | None:
+    """The module's state, each tensor once (a tie under its first name), or None when it holds something else."""
+    state, seen = {}, set()
+    for name, t in module.state_dict(keep_vars=True).items():
+        if not isinstance(t, torch.Tensor):
+            return None
+        if id(t) not in seen:
+            seen.add(id(t))
+            state[name] = t
+    return state
+
+
+def column_major(t: torch.Tensor) -> bool:
+    return t.dim() == 2 and not t.is_contiguous() and t.stride() == (1, t.shape[0])
+
+
+def on_disk(t: torch.Tensor) -> torch.Tensor:
+    """The contiguous tensor the file holds for `t`: a TiledWeight's tiles, a column-major matrix's transpose (its
+    storage as it lies), else `t` itself (made contiguous)."""
+    if isinstance(t, TiledWeight):
+        return t.tiles
+    t = t.detach()
+    return t.t() if column_major(t) else t.contiguous()
+
+
+def put(t: torch.Tensor, stored: torch.Tensor) -> None:
+    """Make `t`, as built for a load, hold `stored` (its `on_disk` form) with no copy."""
+    if isinstance(t, TiledWeight):
+        t.tiles = stored
+    else:
+        t.data = stored.t() if column_major(t) else stored
+
+
+def plan_of(module: nn.Module) -> str | None:
+    """The kernel plan its PackedLinears share ('' without any), None while it still needs timing."""
+    choice = next((lin._choice for lin in module.modules() if isinstance(lin, PackedLinear)), None)
+    if choice is None:
+        return ""
+    return repr(choice.plan()) if choice.known() else None
+
+
+def place(module: nn.Module, weights: Path) -> tuple[dict[str, torch.Tensor], Path, str] | None:
+    """(state as `held`, cache file, key) of `module` loaded from `weights` in the current layout; None when it is not
+    cached: not on the CPU, holding more than tensors, or its plan still to be measured (a first load measures it,
+    then stores)."""
+    state, plan = held(module), plan_of(module)
+    if state is None or plan is None or not is_cpu(module_device(module)):
+        return None
+    dtypes = sorted({str(t.dtype).removeprefix("torch.") for t in state.values()})
+    name = json.dumps([str(weights.resolve()), layout_name(), dtypes, plan])  # thread counts whose plans differ
+    st = weights.stat()  # alternate without rewriting: a file each; a changed checkpoint or machine rewrites it
+    k = json.dumps([VERSION, st.st_size, st.st_mtime_ns, st.st_ino, plan_cache.machine()])
+    return state, folder() / f"{hashlib.sha256(name.encode()).hexdigest()[:24]}.safetensors", k
+
+
+def restore(module: nn.Module, weights: Path) -> bool:
+    """Give `module` (built in its decode layout, nothing loaded: `decode_layout(loaded=False)`) the tensors of its
+    cache file, memory-mapped; False, changing nothing, when there is no file that fits (the caller loads `weights`
+    and calls `store`)."""
+    found = place(module, weights)
+    if found is None:
+        return False
+    state, path, k = found
+    want = {**{name: on_disk(t) for name, t in state.items()}, **kernel_shapes(module)}  # views: nothing copied
+    try:
+        with safe_open(str(path), "pt") as f:  # tensors backed by a private mapping of the file
+            if (f.metadata() or {}).get("key") != k or set(f.keys()) != set(want):
+                return False
+            stored = {name: f.get_tensor(name) for name in want}
+    except (OSError, SafetensorError):  # absent, truncated or not safetensors: rewritten by `store`
+        return False
+    if any((want[n].shape, want[n].dtype) != (s.shape, s.dtype) for n, s in stored.items()):
+        return False
+    for name, t in state.items():
+        put(t, stored[name])
+    for name, lin in int4_layers(module).items():
+        lin.use_int4_kernel(stored[f"{name}.int4_packed"], stored[f"{name}.int4_sz"])
+    return True
+
+
+def store(module: nn.Module, weights: Path) -> None:
+    """Write `module`'s decoded tensors (loaded from `weights`) as its cache file; a folder that cannot take it warns
+    once and nothing is cached."""
+    found = place(module, weights)
+    if found is None:
+        return
+    state, path, k = found
+    tensors = {name: on_disk(t) for name, t in state.items()}
+    for name, lin in int4_layers(module).items():
+        _, (packed, _, sz), _ = lin.kernel()
+        tensors[f"{name}.int4_packed"], tensors[f"{name}.int4_sz"] = packed, sz
+    try:
+        atomic_write(path, lambda tmp: save_file(tensors, str(tmp), {"key": k}))
+    except (OSError, SafetensorError) as e:
+        plan_cache.warn_unwritable(folder(), getattr(e, "strerror", None) or str(e))

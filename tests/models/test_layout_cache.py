@@ -1,0 +1,172 @@
+"""Layout cache: a second load maps the decoded weights (and int4 kernel operands) from disk and lays out nothing; a
+changed key, a corrupt file or an unwritable folder loads as before (rewriting, or warning once), same outputs."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from specgen import checkpoints, native, registry
+from specgen.models import kernel_choice, layout_cache, packed_linear, plan_cache
+from specgen.models.kernel_choice import Timing
+from specgen.models.layout import ENV, decode_layout
+from specgen.models.tiled_weight import TiledWeight
+from specgen.native import ops
+from specgen.text import precision
+from tests.conftest import tiny_model
+
+TOKENS = torch.tensor([[5, 17, 3, 9, 40, 2], [11, 11, 7, 60, 1, 8]])
+
+
+@pytest.fixture(params=["packed", "col"])
+def entry(request, monkeypatch):
+    """A tiny tied target in the registry, decoded in `packed` (the native loop at every row count, so the tied
+    embedding and the other weights are held as tiles where tiled.c is built) or `col` layout."""
+    if request.param == "packed" and not packed_linear.available():
+        pytest.skip("this torch build has no oneDNN")
+    monkeypatch.setenv(ENV, request.param)
+    native_everywhere = Timing((1, 2), (1.0, 2.0), (2.0, 1.0), (0.5, 0.5))
+    monkeypatch.setattr(kernel_choice, "time_passes", lambda *a, **k: native_everywhere)
+    monkeypatch.setattr(kernel_choice, "_MEASURED", {})
+    monkeypatch.setattr(plan_cache, "WARNED", set())
+    model = tiny_model(5, tie_embeddings=True)
+    return registry.save("target", "tiny", model.state_dict(), {"builder": "transformer",
+                                                                "kwargs": model.cfg.to_dict()})
+
+
+@pytest.fixture
+def copies(monkeypatch) -> list[str]:
+    """The calls that copy weights into a module (a checkpoint read, a tile fill), by name, as they happen."""
+    made = []
+    for owner, name in ((checkpoints, "load_state"), (ops, "fill_tiles")):
+        real = getattr(owner, name)
+        monkeypatch.setattr(owner, name, lambda *a, real=real, name=name: made.append(name) or real(*a))
+    return made
+
+
+def load(entry) -> torch.nn.Module:
+    """As `TextSource.load`: built in the decode layout, loaded, `decode_layout` after."""
+    return decode_layout(checkpoints.load_module(entry, decode=True))
+
+
+def logits(module) -> torch.Tensor:
+    with torch.inference_mode():
+        return module(TOKENS, torch.arange(TOKENS.shape[1]).expand(2, -1))[0]
+
+
+def cache_files() -> list[Path]:
+    return sorted(layout_cache.folder().glob("*.safetensors"))
+
+
+def mapping_of(t: torch.Tensor) -> str:
+    """The /proc/self/maps name of the mapping holding `t`'s first element ('' when anonymous)."""
+    ptr = (t.tiles if isinstance(t, TiledWeight) else t).data_ptr()
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        fields = line.split(maxsplit=5)
+        lo, hi = (int(x, 16) for x in fields[0].split("-"))
+        if lo <= ptr < hi:
+            return fields[5] if len(fields) > 5 else ""
+    return ""
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").is_file(), reason="reads /proc/self/maps (Linux)")
+def test_a_second_load_maps_the_stored_layout_and_lays_out_nothing(entry, copies):
+    first = load(entry)
+    assert "load_state" in copies and len(cache_files()) == 1
+    copies.clear()
+    second = load(entry)
+    assert copies == []  # no checkpoint read, no tile filled
+    assert torch.equal(logits(second), logits(first))
+    for (name, a), (_, b) in zip(first.state_dict(keep_vars=True).items(), second.state_dict(keep_vars=True).items()):
+        assert type(a) is type(b) and a.stride() == b.stride() and torch.equal(a, b), name
+    assert second.output.weight is second.tok_embeddings.weight  # a tie stays a tie
+    wqkv = second.layers[0].attention.wqkv.weight
+    assert isinstance(wqkv, TiledWeight) == (os.environ[ENV] == "packed" and native.library("tiled") is not None)
+    assert mapping_of(wqkv) == str(cache_files()[0].resolve())  # the file's pages, not a copy
+
+
+@pytest.mark.parametrize("change", ["another CPU or torch", "the checkpoint rewritten"])
+def test_a_changed_key_lays_out_again_and_rewrites(entry, copies, monkeypatch, change):
+    expected = logits(load(entry))
+    if change == "another CPU or torch":
+        monkeypatch.setattr(plan_cache, "machine", lambda: "other-cpu-flags")
+    else:
+        weights = entry.path / registry.WEIGHTS
+        os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))
+    copies.clear()
+    assert torch.equal(logits(load(entry)), expected) and "load_state" in copies
+    copies.clear()
+    assert torch.equal(logits(load(entry)), expected) and copies == []  # the rewritten file is read
+    assert len(cache_files()) == 1  # replaced, not added beside
+
+
+def test_each_plan_keeps_its_own_file(entry, copies, monkeypatch):
+    """Thread counts whose plans differ alternate without rewriting each other's file."""
+    if os.environ[ENV] != "packed":
+        pytest.skip("plans apply to the packed layout")
+    measured = logits(load(entry))
+    monkeypatch.setenv(kernel_choice.ENV, "3")  # pinned: oneDNN from 3 rows, nothing held as tiles
+    pinned = logits(load(entry))
+    assert len(cache_files()) == 2
+    copies.clear()
+    assert torch.equal(logits(load(entry)), pinned)
+    monkeypatch.delenv(kernel_choice.ENV)
+    assert torch.equal(logits(load(entry)), measured) and copies == []
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not safetensors", "other shapes"])
+def test_a_corrupt_file_is_ignored_and_rewritten(entry, copies, damage):
+    expected = logits(load(entry))
+    path = cache_files()[0]
+    if damage == "truncated":
+        os.truncate(path, path.stat().st_size // 2)
+    elif damage == "not safetensors":
+        path.write_bytes(b"\xff" * 64)
+    else:  # a valid file under the right key whose tensors do not fit the model
+        with layout_cache.safe_open(str(path), "pt") as f:
+            key, names = f.metadata()["key"], list(f.keys())
+        layout_cache.save_file({n: torch.zeros(3) for n in names}, str(path), {"key": key})
+    copies.clear()
+    assert torch.equal(logits(load(entry)), expected) and "load_state" in copies
+    copies.clear()
+    assert torch.equal(logits(load(entry)), expected) and copies == []
+
+
+@pytest.mark.parametrize("fault", ["a file in the way", "a full device"])
+def test_an_unwritable_cache_folder_warns_once_and_loads(entry, monkeypatch, fault):
+    expected = logits(decode_layout(checkpoints.load_module(entry)))  # loaded as before the cache
+    if fault == "a file in the way":
+        layout_cache.folder().parent.mkdir(parents=True, exist_ok=True)
+        layout_cache.folder().write_text("")
+    else:
+        def full(tensors, filename, metadata=None):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        monkeypatch.setattr(layout_cache, "save_file", full)
+    with pytest.warns(UserWarning, match="decoded weights are not cached") as warned:
+        assert torch.equal(logits(load(entry)), expected)
+        assert torch.equal(logits(load(entry)), expected)
+    assert len([w for w in warned if "not cached" in str(w.message)]) == 1
+    assert not layout_cache.folder().is_dir() or cache_files() == []  # no partial file left
+
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").is_file(), reason="reads /proc/self/maps (Linux)")
+def test_int4_kernel_operands_are_mapped_not_packed_again():
+    model = tiny_model(2)
+    base = registry.save("target", "tiny", model.state_dict(), {"builder": "transformer", "vocab_size": 64,
+                                                                "kwargs": model.cfg.to_dict(), "modality": "text"})
+    entry = precision.quantized_entry(base, "int4")
+
+    def load_int4():
+        return decode_layout(checkpoints.load_module(entry, "cpu", torch.bfloat16, decode=True))
+
+    first, second = load_int4(), load_int4()
+    assert torch.equal(logits(second), logits(first))
+    lin = second.layers[0].attention.wqkv
+    packed, _, sz = lin._kernel[1]
+    assert mapping_of(packed) == mapping_of(sz) == str(cache_files()[0].resolve())  # the file's, not packed again
+    assert lin.scales.data_ptr() == sz.data_ptr()  # scales and zeros are views of the kernel's operand, held once
