@@ -14,7 +14,6 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 from torch import nn
 
 from specgen import registry
@@ -26,7 +25,14 @@ from specgen.models.quantize import QuantizedLinear
 from specgen.models.tiled_weight import TiledWeight
 from specgen.paths import atomic_write
 
-VERSION = 1  # of the stored forms below: a change makes every earlier file a miss
+VERSION = 2  # of the stored forms below: a change makes every earlier file a miss
+#: Every tensor's data starts at a multiple of this in the file, so in the page-aligned mapping too: torch's kernels
+#: (e.g. `_weight_int8pack_mm`) use aligned vector loads, as on tensors from torch's own 64-byte aligned allocator.
+ALIGN = 64
+PAD = ".pad"  # the name suffix of the filler entries that keep the next tensor aligned
+SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.float64: "F64",
+                      torch.int8: "I8", torch.uint8: "U8", torch.int16: "I16", torch.int32: "I32", torch.int64: "I64",
+                      torch.bool: "BOOL"}
 
 
 def folder() -> Path:
@@ -46,6 +52,30 @@ def kernel_shapes(module: nn.Module) -> dict[str, torch.Tensor]:
         shapes[f"{name}.int4_packed"] = torch.empty(lin.qweight.shape, dtype=lin.qweight.dtype, **meta)
         shapes[f"{name}.int4_sz"] = torch.empty(groups, out, 2, dtype=lin.scales.dtype, **meta)
     return shapes
+
+
+def save_aligned(tensors: dict[str, torch.Tensor], path: Path, key: str) -> None:
+    """Write `tensors` (contiguous, CPU) as a safetensors file whose every tensor starts at a multiple of `ALIGN`:
+    filler `U8` entries (named NAME + `PAD`) close the gaps, spaces pad the header. The bytes go out from the tensors'
+    own storage: no second copy of the model is made."""
+    header: dict = {"__metadata__": {"key": key}}
+    offset, order = 0, []
+    for name, t in tensors.items():
+        nbytes = t.numel() * t.element_size()
+        header[name] = {"dtype": SAFETENSORS_DTYPES[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + nbytes]}
+        order.append(t)
+        offset += nbytes
+        if gap := -offset % ALIGN:
+            header[name + PAD] = {"dtype": "U8", "shape": [gap], "data_offsets": [offset, offset + gap]}
+            order.append(torch.zeros(gap, dtype=torch.uint8))
+            offset += gap
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-(8 + len(text)) % ALIGN)  # the data starts aligned (8: the header's length field)
+    with open(path, "wb") as f:
+        f.write(len(text).to_bytes(8, "little") + text)
+        for t in order:
+            f.write(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
 
 
 def held(module: nn.Module) -> dict[str, torch.Tensor] | None:
@@ -114,12 +144,13 @@ def restore(module: nn.Module, weights: Path) -> bool:
     want = {**{name: on_disk(t) for name, t in state.items()}, **kernel_shapes(module)}  # views: nothing copied
     try:
         with safe_open(str(path), "pt") as f:  # tensors backed by a private mapping of the file
-            if (f.metadata() or {}).get("key") != k or set(f.keys()) != set(want):
+            if (f.metadata() or {}).get("key") != k or {n for n in f.keys() if not n.endswith(PAD)} != set(want):
                 return False
             stored = {name: f.get_tensor(name) for name in want}
     except (OSError, SafetensorError):  # absent, truncated or not safetensors: rewritten by `store`
         return False
-    if any((want[n].shape, want[n].dtype) != (s.shape, s.dtype) for n, s in stored.items()):
+    if any((want[n].shape, want[n].dtype) != (s.shape, s.dtype) or s.data_ptr() % ALIGN
+           for n, s in stored.items()):
         return False
     for name, t in state.items():
         put(t, stored[name])
@@ -140,6 +171,6 @@ def store(module: nn.Module, weights: Path) -> None:
         _, (packed, _, sz), _ = lin.kernel()
         tensors[f"{name}.int4_packed"], tensors[f"{name}.int4_sz"] = packed, sz
     try:
-        atomic_write(path, lambda tmp: save_file(tensors, str(tmp), {"key": k}))
+        atomic_write(path, lambda tmp: save_aligned(tensors, tmp, k))
     except (OSError, SafetensorError) as e:
         plan_cache.warn_unwritable(folder(), getattr(e, "strerror", None) or str(e))
