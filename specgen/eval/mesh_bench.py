@@ -195,8 +195,8 @@ def measure_meshes(cfg: MeshBenchConfig, sink, shard: Shard = Shard(), on_mesh: 
 
     for i in single:  # 1. batch 1: every row on one point cloud, interleaved, then its record
         ref, pc = clouds[i]
-        runs = {v.label: mesh_run(decoders[v.label].generate(pc, params, max_tokens, v.opts, *streams(i)), ref, shard)
-                for v in vs}
+        runs = {v.label: mesh_run(decoders[v.label].generate_batch([pc], params, max_tokens, v.opts,
+                                                                   *zip(streams(i)))[0], ref, shard) for v in vs}
         sink.append(shard, {"item": f"m{i}", "shard": shard.label, "index": i, "runs": runs})
         if on_mesh:
             on_mesh(i)

@@ -62,21 +62,11 @@ def mulo_sd(p: ImageParts, o: O.MuloOptions):
 Builder = Callable[[ImageParts, Any], tuple[Any, Any]]
 
 
-def typed(name: str, options: dict | O.Options) -> O.Options:
-    """A method's options object: as given, or built from a dict (names it does not know, e.g. `budget`, left out;
-    values checked as `MethodSpec.parse_options` checks them, defaults for the rest)."""
-    spec = get_method(name)
-    if isinstance(options, spec.options_type):
-        return options
-    opts = O.build(spec.options_type, options)
-    opts.validate(name)
-    return opts
-
-
 def build_image_method(name: str, parts: ImageParts, options: dict | O.Options):
-    """(drafter, rule) for an image method from its options (`MethodSpec.parse_options`, or a dict); rule None =
-    the lossless default."""
-    return BUILDERS[get_method(name).build_image](parts, typed(name, options))
+    """(drafter, rule) for an image method from its options (`MethodSpec.parse_options`, or a dict it parses); rule
+    None = the lossless default."""
+    spec = get_method(name)
+    return BUILDERS[spec.build_image](parts, spec.parse_options(options) if isinstance(options, dict) else options)
 
 
 BUILDERS: dict[str, Builder] = {

@@ -319,15 +319,10 @@ def checks_of(cls: type) -> dict[str, Check | None]:
 
 
 def parse(cls: type, method: str, options: dict[str, Any]) -> Any:
-    """Options (names known to `cls`, plus `seed`) as a validated `cls`; the first bad value is one usage error."""
+    """Options (names known to `cls`, plus `seed`: the caller's) as a validated `cls`; the first bad value is one
+    usage error."""
     check_value("seed", options.get("seed", 0), SEED, method)
-    opts = build(cls, options)
+    names = {f.name for f in fields(cls)}
+    opts = cls(**{k: v for k, v in options.items() if k in names})
     opts.validate(method)
     return opts
-
-
-def build(cls: type, options: dict[str, Any]) -> Any:
-    """`cls` from the options it knows (others, e.g. `seed`, are the caller's), unchecked."""
-    names = {f.name for f in fields(cls)}
-    return cls(**{k: v for k, v in options.items() if k in names})
-

@@ -101,19 +101,14 @@ class MeshDecoder:
         self._draft_out: torch.nn.Module | None = None  # the LM head in the draft dtype (see _lm_head)
         self.budgets: dict = {}  # options -> the `budget=auto` MeasuredBudget: it learns across generate calls
 
-    def generate(self, pc: torch.Tensor, params: SamplingParams, max_tokens: int,
-                 opts: XSpecMeshOptions | None = None, generator: torch.Generator | None = None,
-                 draft_generator: torch.Generator | None = None) -> DecodeResult:
-        """Decode the mesh of point cloud pc [N, 6]; AR when there are no heads or num_heads == 0."""
-        return self.generate_batch([pc], params, max_tokens, opts, [generator], [draft_generator])[0]
-
     @torch.inference_mode()
     def generate_batch(self, pcs: list[torch.Tensor], params: SamplingParams, max_tokens: int,
                        opts: XSpecMeshOptions | None = None, generators=None, draft_generators=None,
                        batch_size: int = 1, on_done=None, on_tokens=None) -> list[DecodeResult]:
         """Decode the meshes of point clouds pcs[i] [N_i, 6], `batch_size` at a time, on the shared batched loop
         (`on_done`, `on_tokens`: as `decode_batch`'s). Cloud i samples from generators[i] (the backbone's samples) and
-        draft_generators[i] (head candidates), so its mesh does not depend on the batch."""
+        draft_generators[i] (head candidates), so its mesh does not depend on the batch. AR when there are no heads or
+        num_heads == 0."""
         opts = opts or XSpecMeshOptions()
         d_max = 0 if self.heads is None else (opts.num_heads or self.heads.num_heads)
         if self.heads is not None and d_max > self.heads.num_heads:
