@@ -182,20 +182,18 @@ class TreeOptions(TreeShapeOptions):
     budget: str = budget_opt()
 
 
-def lantern_k() -> Any:  # 0 = 1000 of 16,384 codes scaled to the codebook
-    return opt(0, int_at_least(0))
+@dataclass(frozen=True)
+class LanternOptions(Options):
+    """LANTERN relaxed acceptance (mixed in first, so its fields follow the other base's): k latent neighbours,
+    total mass delta."""
 
-
-def lantern_delta() -> Any:  # a probability mass
-    return opt(0.1, number_in(0, 1))
+    lantern_k: int = opt(0, int_at_least(0))  # 0 = 1000 of 16,384 codes scaled to the codebook
+    lantern_delta: float = opt(0.1, number_in(0, 1))  # a probability mass
 
 
 @dataclass(frozen=True)
-class LanternTreeOptions(TreeOptions):
-    """EAGLE-2 trees with LANTERN relaxed acceptance (`lantern`): k latent neighbours, total mass delta."""
-
-    lantern_k: int = lantern_k()
-    lantern_delta: float = lantern_delta()
+class LanternTreeOptions(LanternOptions, TreeOptions):
+    """EAGLE-2 trees with LANTERN relaxed acceptance (`lantern`)."""
 
 
 @dataclass(frozen=True)
@@ -225,20 +223,14 @@ class AdtOptions(Options):
 
 
 @dataclass(frozen=True)
-class AdtLanternOptions(AdtOptions):
+class AdtLanternOptions(LanternOptions, AdtOptions):
     """ADT-Tree trees with LANTERN relaxed acceptance (`adt-tree+lantern`)."""
-
-    lantern_k: int = lantern_k()
-    lantern_delta: float = lantern_delta()
 
 
 @dataclass(frozen=True)
-class VvsOptions(TreeShapeOptions):
+class VvsOptions(LanternOptions, TreeShapeOptions):
     """VVS partial verification skipping on EAGLE-2 + LANTERN (`vvs`, `methods/vvs.build_vvs`).
     No `budget`: its own step logic decides what each step drafts and verifies."""
-
-    lantern_k: int = lantern_k()
-    lantern_delta: float = lantern_delta()
 
     schedule: str = opt("uniform", one_of(*VVS_SCHEDULES))
     interval: int = opt(3, int_at_least(2))  # never two skipped steps in a row; the paper's ablation setting 3
@@ -251,7 +243,7 @@ class VvsOptions(TreeShapeOptions):
 
 
 @dataclass(frozen=True)
-class MuloOptions(Options):
+class MuloOptions(LanternOptions):
     """MuLo-SD (`mulo-sd`, `methods/mulo_sd.build_mulo`). None = derived when it is built:
     upsampler tiny-image-upsampler-{r}x for r = G / g, tau 1e-4 * 16384 / V."""
 
@@ -261,8 +253,6 @@ class MuloOptions(Options):
     radius: int = opt(3, int_in(0, MULO_MAX_RADIUS))
     rejection: str = opt("local", one_of(*MULO_REJECTIONS))
     draft_rows: int = opt(1, int_at_least(1))
-    lantern_k: int = lantern_k()
-    lantern_delta: float = lantern_delta()
     seed: int = opt(0, SEED)  # the low-res drafter's stream (derived with the decode generator's seed)
 
 
