@@ -143,7 +143,9 @@ class Batch:
 
     def ends(self, row: Row, emitted: list[int], policy_ends: bool) -> bool:
         """Whether `row` ends after emitting `emitted`: its budget reached, a stop token, or its policy says so."""
-        return len(row.out) >= self.run.max_new_tokens or hit_stop(emitted, self.run.stop_ids) or policy_ends
+        # a stop token anywhere: a multi-token step can accept one mid-chunk, and checking only the last token
+        # would keep decoding (and counting forwards) past the end of the text
+        return len(row.out) >= self.run.max_new_tokens or any(t in self.run.stop_ids for t in emitted) or policy_ends
 
     def finish(self, row: Row) -> None:
         row.out = truncate(row.out, self.run.max_new_tokens, self.run.stop_ids)
@@ -250,12 +252,6 @@ class timed:
         dt = time.perf_counter() - self.t0
         for s in self.stats:
             s.times[self.phase] = s.times.get(self.phase, 0.0) + dt
-
-
-def hit_stop(tokens: list[int], stop_ids: tuple[int, ...]) -> bool:
-    """Whether a step emitted a stop token anywhere: a multi-token step can accept one mid-chunk, and
-    checking only the last token would keep decoding (and counting forwards) past the end of the text."""
-    return any(t in stop_ids for t in tokens)
 
 
 def truncate(tokens: list[int], limit: int, stop_ids: tuple[int, ...]) -> list[int]:

@@ -37,14 +37,6 @@ def number_in(lo: float, hi: float, lo_open: bool = False, hi_open: bool = False
     return ok, f"in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'} (a finite number)"
 
 
-def text() -> Check:
-    return (lambda v: isinstance(v, str)), "a string"
-
-
-def flag() -> Check:
-    return (lambda v: isinstance(v, bool)), "true or false"
-
-
 def one_of(*choices: str) -> Check:
     return (lambda v: v in choices), "one of " + ", ".join(choices)
 
@@ -53,6 +45,8 @@ def int_in(lo: int, hi: int) -> Check:
     return (lambda v: is_int(v) and lo <= v <= hi), f"an integer in {lo}..{hi}"
 
 
+TEXT: Check = ((lambda v: isinstance(v, str)), "a string")
+FLAG: Check = ((lambda v: isinstance(v, bool)), "true or false")
 NONNEG_NUMBER: Check = ((lambda v: is_number(v) and v >= 0), ">= 0 (a finite number)")
 POS_NUMBER: Check = ((lambda v: is_number(v) and v > 0), "> 0 (a finite number)")
 SEED: Check = int_at_least(0)  # `seed` is accepted by every method
@@ -131,7 +125,7 @@ class NgramOptions(Options):
     num_draft: int = opt(4, int_at_least(1))
     max_ngram: int = opt(3, int_at_least(1))
     min_ngram: int = opt(2, int_at_least(1))
-    cache: str = opt("", text())
+    cache: str = opt("", TEXT)
     budget: str = budget_opt()
 
 
@@ -238,7 +232,7 @@ class VvsOptions(LanternOptions, TreeShapeOptions):
     alpha: float = opt(0.8, number_in(0, 1, lo_open=True))
     stride: int = opt(2, int_at_least(1))
     staleness: int = opt(0, int_at_least(0))
-    refresh: bool = opt(True, flag())
+    refresh: bool = opt(True, FLAG)
     seed: int = opt(0, SEED)  # the paths of skipped steps at T = 0 without a generator
 
 
@@ -247,8 +241,8 @@ class MuloOptions(LanternOptions):
     """MuLo-SD (`mulo-sd`, `methods/mulo_sd.build_mulo`). None = derived when it is built:
     upsampler tiny-image-upsampler-{r}x for r = G / g, tau 1e-4 * 16384 / V."""
 
-    lowres: str = opt("tiny-image-gpt-lowres", text())
-    upsampler: str | None = opt(None, text())
+    lowres: str = opt("tiny-image-gpt-lowres", TEXT)
+    upsampler: str | None = opt(None, TEXT)
     tau: float | None = opt(None, NONNEG_NUMBER)
     radius: int = opt(3, int_in(0, MULO_MAX_RADIUS))
     rejection: str = opt("local", one_of(*MULO_REJECTIONS))
@@ -263,7 +257,7 @@ class XSpecMeshOptions(Options):
     """XSpecMesh (`xspecmesh`, `methods/xspecmesh.py`): D, the acceptance rule and the candidate sampler; checked when
     built (the paper's two lossy rules, and the lossless one)."""
 
-    heads: str = opt("xspecmesh-ca-tiny", text())  # registry name of the heads (they name backbone + adapter)
+    heads: str = opt("xspecmesh-ca-tiny", TEXT)  # registry name of the heads (they name backbone + adapter)
     num_heads: int = opt(0, int_at_least(0))  # D; 0 = every head the checkpoint has (paper: 4)
     criterion: str = opt("threshold", one_of("threshold", "topk", "rejection"))  # p > delta, top-K_a: lossy
     delta: float = opt(0.5, number_in(0, 1))
@@ -272,7 +266,7 @@ class XSpecMeshOptions(Options):
     top_k_tree: int = opt(2, int_at_least(1))  # K_s
     draft_dtype: str = opt("float32", one_of("float32", "bfloat16"))  # bfloat16: heads' LM-head product in bf16
     lookup: int = opt(0, int_at_least(0))  # > 0: candidates first from n-gram lookup (n = lookup .. 1) (beyond)
-    vertex_lookup: bool = opt(False, flag())  # offsets after known blocks, heads elsewhere (beyond)
+    vertex_lookup: bool = opt(False, FLAG)  # offsets after known blocks, heads elsewhere (beyond)
     min_path_prob: float = opt(0.0, number_in(0, 1, hi_open=True))  # > 0: cut the chain below this path probability
     budget: str = budget_opt()  # auto: per batch size, the faster of batched AR and the heads
 
