@@ -113,7 +113,6 @@ class MeshDecoder:
         d_max = 0 if self.heads is None else (opts.num_heads or self.heads.num_heads)
         if self.heads is not None and d_max > self.heads.num_heads:
             raise UsageError(f"num_heads {d_max} > the {self.heads.num_heads} heads of this checkpoint")
-        generators = list(generators) if generators is not None else [None] * len(pcs)
         draft_generators = list(draft_generators) if draft_generators is not None else [None] * len(pcs)
         target = MeshTarget(self.model, pcs)
         pool = XSpecMeshPool(self, target, opts, params, d_max, draft_generators) if d_max else \
