@@ -149,16 +149,8 @@ class MultiBlockOptions(Options):
 
 
 # --- image: EAGLE-2 trees, ADT-Tree, LANTERN, VVS, MuLo-SD ---------------------------------------------------------
-# The choices of the image methods' string options live here (the methods import them): this module is light, so
-# `specgen.config_checks` and `--dry-run` refuse a bad value before a model loads.
-ADT_INITS = ("horizontal", "vertical", "random")  # ADT-Tree's first-row/column start of each image
-VVS_SCHEDULES = ("uniform", "dynamic", "none")  # VVS skip schedules
-MULO_REJECTIONS = ("local", "raster")  # MuLo-SD re-sampling after a rejection
-MULO_MAX_RADIUS = 64  # MuLo-SD neighbourhood radius l
-# Tree defaults are the CPU ones, chosen from measurements on 2 cores with the embedded 16x16 generator
-# (docs/results/image.md): a 60-node verify costs several 1-token forwards there, so trees are kept to 16 nodes and
-# narrow. The papers' GPU settings (EAGLE-2/LANTERN depth 4, top_k 10, 60 nodes; ADT-Tree for LlamaGen l_k 10,
-# k0 10, k in (3, 40)) are passed explicitly (docs/methods/eagle2.md, adt-tree.md, recipes/full).
+# Tree defaults are the CPU ones: small, narrow trees (docs/results/image.md). The papers' GPU settings are passed
+# explicitly (docs/methods/eagle2.md, adt-tree.md, recipes/full).
 
 @dataclass(frozen=True)
 class TreeShapeOptions(Options):
@@ -205,7 +197,7 @@ class AdtOptions(Options):
     k0: int = opt(4, int_at_least(1))
     total_tokens: int = opt(16, int_at_least(1))
     budget: str = budget_opt()
-    init: str = opt("horizontal", one_of(*ADT_INITS))
+    init: str = opt("horizontal", one_of("horizontal", "vertical", "random"))  # first row/column start of an image
     seed: int = opt(0, SEED)
 
     def check(self) -> None:
@@ -226,7 +218,7 @@ class VvsOptions(LanternOptions, TreeShapeOptions):
     """VVS partial verification skipping on EAGLE-2 + LANTERN (`vvs`, `methods/vvs.build_vvs`).
     No `budget`: its own step logic decides what each step drafts and verifies."""
 
-    schedule: str = opt("uniform", one_of(*VVS_SCHEDULES))
+    schedule: str = opt("uniform", one_of("uniform", "dynamic", "none"))
     interval: int = opt(3, int_at_least(2))  # never two skipped steps in a row; the paper's ablation setting 3
     threshold: float = opt(0.75, number_in(-1, 1))  # dynamic schedule: cosine similarity
     alpha: float = opt(0.8, number_in(0, 1, lo_open=True))
@@ -244,8 +236,8 @@ class MuloOptions(LanternOptions):
     lowres: str = opt("tiny-image-gpt-lowres", TEXT)
     upsampler: str | None = opt(None, TEXT)
     tau: float | None = opt(None, NONNEG_NUMBER)
-    radius: int = opt(3, int_in(0, MULO_MAX_RADIUS))
-    rejection: str = opt("local", one_of(*MULO_REJECTIONS))
+    radius: int = opt(3, int_in(0, 64))  # neighbourhood radius l
+    rejection: str = opt("local", one_of("local", "raster"))  # re-sampling after a rejection
     draft_rows: int = opt(1, int_at_least(1))
     seed: int = opt(0, SEED)  # the low-res drafter's stream (derived with the decode generator's seed)
 

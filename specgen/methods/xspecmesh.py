@@ -29,10 +29,8 @@ from specgen.models.heads import head_logits
 from specgen.models.layout import decode_layout
 from specgen.train.lora import merge_lora_state
 
-#: Precision of the heads' LM-head projection (candidates only; the backbone, hence acceptance, stays float32).
-#: bfloat16 pays only where float32 runs on a slow few-row kernel; with the packed decode layout
-#: (models/packed_linear.py) float32 runs on oneDNN, so float32 is the default (docs/results/mesh.md).
-#: The head bodies stay float32 (small batched einsums are slower in bf16).
+#: Precision of the heads' LM-head projection (candidates only; the backbone, hence acceptance, stays float32):
+#: float32 by default, as the head bodies always (docs/results/mesh.md).
 DRAFT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 #: Branches of the top-K_s probability tree lighter than this are pruned (appendix A.4).
 TREE_PRUNE = 1e-5
