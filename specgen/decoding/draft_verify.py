@@ -53,18 +53,8 @@ class DraftVerify(PolicyBase):
         self.pool, self.rule, self.budget = pool, rule, budget
         self.max_feed = pool.max_feed
         self.drafts: list[Draft] = []
-
-    def open(self, width: int, max_len: int) -> None:
-        self.pool.open(width, max_len)
-
-    def admit(self, slot, index, prompt, first) -> None:
-        self.pool.admit(slot, index, prompt, first)
-
-    def move(self, src: int, dst: int) -> None:
-        self.pool.move(src, dst)
-
-    def finished(self, slot: int) -> bool:
-        return self.pool.finished(slot)
+        # the pool holds the per-slot state: its own `Slots` methods serve the loop
+        self.open, self.admit, self.move, self.finished = pool.open, pool.admit, pool.move, pool.finished
 
     def end_step(self, seconds: float) -> None:
         self.budget.observe_step(seconds)
