@@ -6,15 +6,24 @@ from dataclasses import dataclass
 
 import torch
 
+from specgen.errors import UsageError
+
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How tokens are chosen; temperature 0 means greedy (argmax). The values come from configs that
-    `config_checks` refused out of range (temperature >= 0, top_k >= 0, top_p in (0, 1])."""
+    """How tokens are chosen; temperature 0 means greedy (argmax)."""
 
     temperature: float = 0.0
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1 = off
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0:
+            raise UsageError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise UsageError(f"top-k must be >= 0 (0 = off), got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise UsageError(f"top-p must be in (0, 1], got {self.top_p}")
 
     @property
     def greedy(self) -> bool:

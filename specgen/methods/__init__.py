@@ -25,7 +25,7 @@ class MethodSpec:
     lossless: bool
     summary: str
     options_type: type = O.NoOptions  # frozen dataclass of the method options (`method_options.*`)
-    drafter: Callable[[Any, int], Any] | None = None  # (options, seed) -> text drafter
+    drafter: Callable[[Any, int], Any] | None = None  # (options of `parse_options`, seed) -> text drafter
     target: str = "base"  # which model it decodes: "base" or a distilled variant's registry name
     modalities: tuple[str, ...] = ()  # every modality it runs on (empty: just `modality`)
     model_check: Callable[[Any, Any], None] | None = None  # (options, target's text tokenizer): assets fit the model
@@ -45,10 +45,6 @@ class MethodSpec:
             known = ", ".join(self.options) or "none"
             raise UsageError(f"method {self.name} has no option {unknown[0]!r}; its options: {known}")
         return O.parse(self.options_type, self.name, options)
-
-    def make_drafter(self, options: Any, seed: int = 0) -> Any:
-        """The text drafter from options of `parse_options` (the request layer refuses methods without one)."""
-        return self.drafter(options, seed)
 
 
 def ngram(o: O.NgramOptions, seed: int) -> NgramDrafter:

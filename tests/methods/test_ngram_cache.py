@@ -92,7 +92,7 @@ def test_the_method_option_checks_the_cache_against_the_target_tokenizer(tmp_pat
     path = tmp_path / "c.safetensors"
     C.save(path, [[1, 2, 3], [1, 2, 3]], "abc", "test")
     spec = get_method("ngram")
-    assert spec.make_drafter(spec.parse_options({"cache": str(path)})).cache.table == {(1, 2): 3}
+    assert spec.drafter(spec.parse_options({"cache": str(path)}), 0).cache.table == {(1, 2): 3}
     monkeypatch.setattr("specgen.methods.tokenizer_hash", lambda tok: tok)
     spec.model_check(spec.parse_options({"cache": str(path)}), "abc")
     spec.model_check(spec.parse_options({}), "xyz")  # no cache: nothing to check
