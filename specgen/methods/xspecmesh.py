@@ -134,7 +134,7 @@ class MeshDecoder:
             tokens = memory.propose(x, lambda: heads().tokens, d)
             return Proposal(tokens, [1.0 if memory.knows(prev) else heads().probs[j]
                                      for j, prev in enumerate([x] + tokens[:-1])])
-        found = lookup(out + [x], d, opts.lookup, 1) if opts.lookup and d else []
+        found = lookup(out + [x], d, opts.lookup, 1) if opts.lookup else []
         if len(found) == d:
             return Proposal(found, [1.0] * d)
         return Proposal(found + heads().tokens[len(found):], [1.0] * len(found) + heads().probs[len(found):])
@@ -150,9 +150,7 @@ class MeshDecoder:
     def _heads(self, stacked, h: torch.Tensor, past: torch.Tensor | None, token: int, kv, d: int,
                params: SamplingParams, opts: XSpecMeshOptions, generator: torch.Generator | None) -> Proposal:
         """D candidates from the heads on h_{s*-1} = h [1, dim], the projected window `past` (history heads)
-        and x_{s*} = token (token_input heads)."""
-        if d == 0:
-            return Proposal([], [])
+        and x_{s*} = token (token_input heads); d >= 1 (the pool runs only with heads)."""
         dtype = DRAFT_DTYPES[opts.draft_dtype]
         step = functools.partial(head_logits, stacked, self._lm_head(dtype), self.model.decoder.tok_embeddings, dtype, d)
         k, v = kv if kv is not None else (None, None)
