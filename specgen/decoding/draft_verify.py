@@ -17,13 +17,9 @@ Rule = Callable[[Draft, torch.Tensor, SamplingParams, "torch.Generator | None"],
 
 
 def judge(draft: Draft, logits: torch.Tensor, params: SamplingParams, generator) -> Verdict:
-    """Lossless acceptance: greedy match at temperature 0, tree rejection sampling otherwise.
-
-    Rejection sampling reads p and q node by node, so both move to the generator's device first, in one copy each."""
-    if params.greedy:
-        return accept_greedy(draft, logits.argmax(-1).tolist())
-    host = generator.device if generator is not None else torch.device("cpu")
-    return accept_rejection(probs_on(draft, host), logits_to_probs(logits, params).to(host), generator)
+    """Lossless acceptance of one draft (logits [S, V]): greedy match at temperature 0, tree rejection sampling
+    otherwise (`judge_batch` of one row)."""
+    return judge_batch([draft], logits[None], [logits.shape[0]], params, [generator])[0]
 
 
 def probs_on(draft: Draft, host: torch.device) -> Draft:
@@ -33,7 +29,8 @@ def probs_on(draft: Draft, host: torch.device) -> Draft:
 
 def judge_batch(drafts: Sequence[Draft], logits: torch.Tensor, sizes: Sequence[int], params: SamplingParams,
                 generators: Sequence[torch.Generator | None]) -> list[Verdict]:
-    """`judge` for every row of a verify forward (logits [n, S, V]), bit for bit, with one device-to-host copy."""
+    """`judge` for every row of a verify forward (logits [n, S, V]), with one device-to-host copy: rejection sampling
+    reads p and q node by node, so both move to the generator's device first."""
     if params.greedy:
         argmax = logits.argmax(-1).tolist()  # [n][S]
         return [accept_greedy(d, argmax[i][: sizes[i]]) for i, d in enumerate(drafts)]
