@@ -22,11 +22,6 @@ def judge(draft: Draft, logits: torch.Tensor, params: SamplingParams, generator)
     return judge_batch([draft], logits[None], [logits.shape[0]], params, [generator])[0]
 
 
-def probs_on(draft: Draft, host: torch.device) -> Draft:
-    """`draft` with its q (if any) on the device the rejection rule reads it from."""
-    return draft if draft.probs is None or draft.probs.device == host else replace(draft, probs=draft.probs.to(host))
-
-
 def judge_batch(drafts: Sequence[Draft], logits: torch.Tensor, sizes: Sequence[int], params: SamplingParams,
                 generators: Sequence[torch.Generator | None]) -> list[Verdict]:
     """`judge` for every row of a verify forward (logits [n, S, V]), with one device-to-host copy: rejection sampling
@@ -39,7 +34,7 @@ def judge_batch(drafts: Sequence[Draft], logits: torch.Tensor, sizes: Sequence[i
         return [judge(d, logits[i, : sizes[i]], params, g) for i, (d, g) in enumerate(zip(drafts, generators))]
     host = hosts.pop()
     probs = logits_to_probs(logits, params).to(host)  # [n, S, V]
-    return [accept_rejection(probs_on(d, host), probs[i, : sizes[i]], g)
+    return [accept_rejection(d if d.probs is None else replace(d, probs=d.probs.to(host)), probs[i, : sizes[i]], g)
             for i, (d, g) in enumerate(zip(drafts, generators))]
 
 
