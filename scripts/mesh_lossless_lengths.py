@@ -30,8 +30,8 @@ RULES = {"rejection": {"criterion": "rejection"}, "p>0.5": {"criterion": "thresh
 def lengths(decoder: MeshDecoder, pc: torch.Tensor, params: SamplingParams, opts: XSpecMeshOptions | None,
             samples: int, budget: int) -> list[int]:
     """Token counts of `samples` meshes decoded with seeds 0 .. samples - 1 (draft stream: its own seeds)."""
-    return [len(decoder.generate(pc, params, budget, opts, torch.Generator().manual_seed(s),
-                                 torch.Generator().manual_seed(10**6 + s)).tokens) for s in range(samples)]
+    return [len(decoder.generate_batch([pc], params, budget, opts, [torch.Generator().manual_seed(s)],
+                                       [torch.Generator().manual_seed(10**6 + s)])[0].tokens) for s in range(samples)]
 
 
 def main() -> None:

@@ -52,15 +52,15 @@ def main() -> None:
     depths = [int(d) for d in args.depths.split(",")]
     max_tokens = token_budget(model, loaded.target.meta, max(depths))
     pcs = [pc for _, pc in benchmark_clouds(loaded.target.meta, args.meshes)]
-    refs = [ar.generate(pc, greedy, max_tokens).tokens for pc in pcs]
+    refs = [ar.generate_batch([pc], greedy, max_tokens)[0].tokens for pc in pcs]
     acc = {d: [0, 0.0, 0] for d in [0, *depths]}  # D -> tokens, seconds, steps
     for rep in range(args.repeats + 1):
         for pc, ref in zip(pcs, refs):
             oracle.reference = ref
             for d in acc:
                 t0 = time.perf_counter()
-                res = (ar.generate(pc, greedy, max_tokens) if d == 0 else
-                       oracle.generate(pc, greedy, max_tokens, XSpecMeshOptions(heads=args.heads, num_heads=d)))
+                res = (ar.generate_batch([pc], greedy, max_tokens) if d == 0 else oracle.generate_batch(
+                    [pc], greedy, max_tokens, XSpecMeshOptions(heads=args.heads, num_heads=d)))[0]
                 dt = time.perf_counter() - t0
                 if res.tokens != ref:
                     raise SystemExit(f"D={d}: oracle output differs from greedy AR")

@@ -69,4 +69,4 @@ def decode(target, drafter, prompt: list[int], max_new_tokens: int, params, stop
 def method_drafter(name: str, seed: int = 0, **options):
     """Method `name`'s text drafter from `options` through the request's parse path (`MethodSpec.parse_options`)."""
     spec = METHODS[name]
-    return spec.make_drafter(spec.parse_options(options), seed)
+    return spec.drafter(spec.parse_options(options), seed)

@@ -17,23 +17,15 @@ Rule = Callable[[Draft, torch.Tensor, SamplingParams, "torch.Generator | None"],
 
 
 def judge(draft: Draft, logits: torch.Tensor, params: SamplingParams, generator) -> Verdict:
-    """Lossless acceptance: greedy match at temperature 0, tree rejection sampling otherwise.
-
-    Rejection sampling reads p and q node by node, so both move to the generator's device first, in one copy each."""
-    if params.greedy:
-        return accept_greedy(draft, logits.argmax(-1).tolist())
-    host = generator.device if generator is not None else torch.device("cpu")
-    return accept_rejection(probs_on(draft, host), logits_to_probs(logits, params).to(host), generator)
-
-
-def probs_on(draft: Draft, host: torch.device) -> Draft:
-    """`draft` with its q (if any) on the device the rejection rule reads it from."""
-    return draft if draft.probs is None or draft.probs.device == host else replace(draft, probs=draft.probs.to(host))
+    """Lossless acceptance of one draft (logits [S, V]): greedy match at temperature 0, tree rejection sampling
+    otherwise (`judge_batch` of one row)."""
+    return judge_batch([draft], logits[None], [logits.shape[0]], params, [generator])[0]
 
 
 def judge_batch(drafts: Sequence[Draft], logits: torch.Tensor, sizes: Sequence[int], params: SamplingParams,
                 generators: Sequence[torch.Generator | None]) -> list[Verdict]:
-    """`judge` for every row of a verify forward (logits [n, S, V]), bit for bit, with one device-to-host copy."""
+    """`judge` for every row of a verify forward (logits [n, S, V]), with one device-to-host copy: rejection sampling
+    reads p and q node by node, so both move to the generator's device first."""
     if params.greedy:
         argmax = logits.argmax(-1).tolist()  # [n][S]
         return [accept_greedy(d, argmax[i][: sizes[i]]) for i, d in enumerate(drafts)]
@@ -42,7 +34,7 @@ def judge_batch(drafts: Sequence[Draft], logits: torch.Tensor, sizes: Sequence[i
         return [judge(d, logits[i, : sizes[i]], params, g) for i, (d, g) in enumerate(zip(drafts, generators))]
     host = hosts.pop()
     probs = logits_to_probs(logits, params).to(host)  # [n, S, V]
-    return [accept_rejection(probs_on(d, host), probs[i, : sizes[i]], g)
+    return [accept_rejection(d if d.probs is None else replace(d, probs=d.probs.to(host)), probs[i, : sizes[i]], g)
             for i, (d, g) in enumerate(zip(drafts, generators))]
 
 
@@ -53,18 +45,8 @@ class DraftVerify(PolicyBase):
         self.pool, self.rule, self.budget = pool, rule, budget
         self.max_feed = pool.max_feed
         self.drafts: list[Draft] = []
-
-    def open(self, width: int, max_len: int) -> None:
-        self.pool.open(width, max_len)
-
-    def admit(self, slot, index, prompt, first) -> None:
-        self.pool.admit(slot, index, prompt, first)
-
-    def move(self, src: int, dst: int) -> None:
-        self.pool.move(src, dst)
-
-    def finished(self, slot: int) -> bool:
-        return self.pool.finished(slot)
+        # the pool holds the per-slot state: its own `Slots` methods serve the loop
+        self.open, self.admit, self.move, self.finished = pool.open, pool.admit, pool.move, pool.finished
 
     def end_step(self, seconds: float) -> None:
         self.budget.observe_step(seconds)

@@ -86,7 +86,7 @@ def decode_batch(
     run = Run(params, tuple(stop_ids), max_new_tokens, max_draft, target.branches, target.device, on_done, on_tokens)
     batch = Batch(target, policy, prompts, generators, batch_size, run)
     while batch.refill():  # 0. retire finished rows, prefill queued prompts into free slots
-        before = batch.elapsed()
+        before = batch.total.wall_time  # the host time of the batch's phases so far: a step's is what they add
         steps = batch.plan()  # 1. per live row: what it feeds the forward, or tokens it emits without one
         fed = [i for i, st in enumerate(steps) if st.root is not None]
         if fed:
@@ -96,7 +96,7 @@ def decode_batch(
             for i, (_, tokens) in zip(fed, outcomes):
                 steps[i].tokens.extend(tokens)
         batch.emit(steps)  # 5. rows emit their tokens; rows that finish leave at the next refill
-        batch.policy.end_step(batch.elapsed() - before)  # 6. the whole step's time, for a measured budget
+        batch.policy.end_step(batch.total.wall_time - before)  # 6. the whole step's time, for a measured budget
     return batch.result()
 
 
@@ -114,10 +114,6 @@ class Batch:
         self.queue, self.slots = deque(range(len(prompts))), []
         self.results: list[DecodeResult | None] = [None] * len(prompts)
         self.total, self.t0 = DecodeStats(), now(run.device)  # CUDA: after queued work (devices.now)
-
-    def elapsed(self) -> float:
-        """The host time the batch's phases have taken so far (a step's time: what its phases add)."""
-        return sum(self.total.times.values())
 
     def clock(self, phase: str) -> "timed":
         """Charge a block to `phase` of the batch and of every live row (each lives through it)."""
@@ -143,7 +139,9 @@ class Batch:
 
     def ends(self, row: Row, emitted: list[int], policy_ends: bool) -> bool:
         """Whether `row` ends after emitting `emitted`: its budget reached, a stop token, or its policy says so."""
-        return len(row.out) >= self.run.max_new_tokens or hit_stop(emitted, self.run.stop_ids) or policy_ends
+        # a stop token anywhere: a multi-token step can accept one mid-chunk, and checking only the last token
+        # would keep decoding (and counting forwards) past the end of the text
+        return len(row.out) >= self.run.max_new_tokens or any(t in self.run.stop_ids for t in emitted) or policy_ends
 
     def finish(self, row: Row) -> None:
         row.out = truncate(row.out, self.run.max_new_tokens, self.run.stop_ids)
@@ -250,12 +248,6 @@ class timed:
         dt = time.perf_counter() - self.t0
         for s in self.stats:
             s.times[self.phase] = s.times.get(self.phase, 0.0) + dt
-
-
-def hit_stop(tokens: list[int], stop_ids: tuple[int, ...]) -> bool:
-    """Whether a step emitted a stop token anywhere: a multi-token step can accept one mid-chunk, and
-    checking only the last token would keep decoding (and counting forwards) past the end of the text."""
-    return any(t in stop_ids for t in tokens)
 
 
 def truncate(tokens: list[int], limit: int, stop_ids: tuple[int, ...]) -> list[int]:

@@ -1,4 +1,4 @@
-"""Sampling utilities: validated parameters, logits -> probabilities (temperature, top-k, top-p), CFG."""
+"""Sampling utilities: validated parameters, logits -> probabilities (temperature, top-k, top-p)."""
 
 from __future__ import annotations
 
@@ -93,8 +93,3 @@ def pick(logits: torch.Tensor, params: SamplingParams, generator: torch.Generato
     if params.greedy:
         return int(logits.argmax())
     return sample(logits_to_probs(logits, params), generator)
-
-
-def cfg_combine(cond: torch.Tensor, uncond: torch.Tensor, scale: float) -> torch.Tensor:
-    """Classifier-free guidance at the logits level: uncond + scale * (cond - uncond)."""
-    return uncond + scale * (cond - uncond)

@@ -55,10 +55,6 @@ class DecodeStats:
         return sum(self.depths) / len(self.depths) if self.depths else 0.0
 
     @property
-    def tokens_per_s(self) -> float:
-        return self.new_tokens / self.wall_time if self.wall_time else 0.0
-
-    @property
     def drafter_share(self) -> float:
         return self.times.get("propose", 0.0) / self.wall_time if self.wall_time else 0.0
 
@@ -72,7 +68,7 @@ class DecodeStats:
             "d_bar": round(self.d_bar, 4),
             "drafter_forwards": self.drafter_forwards,
             "wall_s": round(self.wall_time, 4),
-            "tokens_per_s": round(self.tokens_per_s, 3),
+            "tokens_per_s": round(self.new_tokens / self.wall_time if self.wall_time else 0.0, 3),
             "drafter_share": round(self.drafter_share, 4),
             **{f"time_{k}_s": round(v, 4) for k, v in sorted(self.times.items())},
             **{k: round(v, 4) for k, v in sorted(self.extras.items())},

@@ -48,7 +48,6 @@ class ModelTarget:
         self.model = model
         self.device = str(model.device)  # "cpu" / "cuda:0", as callers that set it after loading (text/target.py) give it
         self.vocab_size = model.cfg.vocab_size
-        self.max_seq_len = model.cfg.max_seq_len
 
     def new_cache(self, batch: int, max_len: int) -> KVCache:
         return self.model.new_cache(batch, max_len)  # slots (tree nodes share positions)

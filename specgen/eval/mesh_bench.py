@@ -192,7 +192,8 @@ def measure_meshes(cfg: MeshBenchConfig, sink, shard: Shard = Shard(), on_item=l
 
     def one(i: int) -> dict:
         ref, pc = clouds[i]
-        return {v.label: mesh_run(decoders[v.label].generate(pc, params, max_tokens, v.opts, *streams(i)), ref, shard)
+        return {v.label: mesh_run(decoders[v.label].generate_batch([pc], params, max_tokens, v.opts,
+                                                                   *zip(streams(i)))[0], ref, shard)
                 for v in vs}
 
     def batch(b: int, label: str, mine: list[int]) -> tuple[list[dict], float]:

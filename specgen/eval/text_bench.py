@@ -126,7 +126,7 @@ def specgen_batch(model: TextModel, row: Row, prompts: list[list[int]], batch: i
     budget = draft_budget(model, row.options.as_dict().get("budget", BUDGET_DEFAULT))
     device = next(model.module.parameters()).device
     t0 = now(device)
-    res = run_batch(model.target, lambda i: row.spec.make_drafter(row.options, seed), prompts, cfg.max_new_tokens,
+    res = run_batch(model.target, lambda i: row.spec.drafter(row.options, seed), prompts, cfg.max_new_tokens,
                     SamplingParams(), model.tokenizer.stop_ids, batch_size=batch, budget=budget)
     seconds = now(device) - t0
     latency = (lambda r: r.stats.extras.get("latency_s", seconds)) if batch > 1 else (lambda r: seconds)

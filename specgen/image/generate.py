@@ -15,7 +15,6 @@ from specgen import checkpoints, registry
 from specgen.decoding.budget import MeasuredBudget
 from specgen.decoding.cost import cost_of
 from specgen.decoding.stats import DecodeStats
-from specgen.devices import device_name, resolve_dtype
 from specgen.errors import IncompatibleError, UsageError
 from specgen.eval.plots import image_grid
 from specgen.image.captions import Caption, read_captions
@@ -81,9 +80,7 @@ def load_image_model(name: str, drafter: str = "", device: str = "cpu", need_dra
                      dtype: str | None = None, quantize: str | None = None, graphs: str = "auto") -> ImageModel:
     """Target + VQ (+ drafter) checked to fit (codebook size, drafter parent), on `device` in `dtype` / `quantize` (the
     GPT's and the drafter's; the VQ stays float32: docs/precision.md)."""
-    device = device_name(device)
-    dtype, quantize = load_precision(dtype, quantize, device)
-    torch_dtype = resolve_dtype(dtype, device, quantize)
+    device, dtype, quantize, torch_dtype = load_precision(dtype, quantize, device)
     entry = checkpoints.find(name)
     if entry.meta.get("modality") != "image":
         raise UsageError(f"{entry.ref} is not an image model")

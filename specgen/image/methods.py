@@ -1,4 +1,4 @@
-"""Image method builders: each returns (drafter, accept rule) for the shared decode loop (`METHODS` names them)."""
+"""Image method builders by method name: each returns (drafter, accept rule) for the shared decode loop."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def adt(parts: ImageParts, o: O.AdtOptions) -> AdtPolicy:
     return AdtPolicy(o, parts.grid, parts.model.cfg.n_cond)
 
 
-def lantern_rule(parts: ImageParts, o: O.LanternTreeOptions | O.AdtLanternOptions | O.VvsOptions):
+def lantern_rule(parts: ImageParts, o: O.LanternOptions):
     if parts.codebook is None:
         raise UsageError("lantern needs the target's VQ codebook")
     table = neighbour_table(parts.codebook, o.lantern_k or scaled_k(parts.codebook.shape[0]))
@@ -62,29 +62,19 @@ def mulo_sd(p: ImageParts, o: O.MuloOptions):
 Builder = Callable[[ImageParts, Any], tuple[Any, Any]]
 
 
-def typed(name: str, options: dict | O.Options) -> O.Options:
-    """A method's options object: as given, or built from a dict (names it does not know, e.g. `budget`, left out;
-    values checked as `MethodSpec.parse_options` checks them, defaults for the rest)."""
-    spec = get_method(name)
-    if isinstance(options, spec.options_type):
-        return options
-    opts = O.build(spec.options_type, options)
-    opts.validate(name)
-    return opts
-
-
 def build_image_method(name: str, parts: ImageParts, options: dict | O.Options):
-    """(drafter, rule) for an image method from its options (`MethodSpec.parse_options`, or a dict); rule None =
-    the lossless default."""
-    return BUILDERS[get_method(name).build_image](parts, typed(name, options))
+    """(drafter, rule) for an image method from its options (`MethodSpec.parse_options`, or a dict it parses); rule
+    None = the lossless default."""
+    spec = get_method(name)
+    return BUILDERS[name](parts, spec.parse_options(options) if isinstance(options, dict) else options)
 
 
-BUILDERS: dict[str, Builder] = {
+BUILDERS: dict[str, Builder] = {  # every method that runs on images, by name
     "ar": lambda p, o: (EmptyDrafter(), None),
     "eagle2": lambda p, o: (eagle_drafter(p, fixed(o)), None),
-    "adt_tree": lambda p, o: (eagle_drafter(p, adt(p, o)), None),
+    "adt-tree": lambda p, o: (eagle_drafter(p, adt(p, o)), None),
     "lantern": lambda p, o: (eagle_drafter(p, fixed(o)), lantern_rule(p, o)),
-    "adt_tree_lantern": lambda p, o: (eagle_drafter(p, adt(p, o)), lantern_rule(p, o)),
+    "adt-tree+lantern": lambda p, o: (eagle_drafter(p, adt(p, o)), lantern_rule(p, o)),
     "vvs": lambda p, o: (build_vvs(eagle_drafter(p, fixed(o)), p.codebook, o), lantern_rule(p, o)),
-    "mulo_sd": mulo_sd,
+    "mulo-sd": mulo_sd,
 }

@@ -8,7 +8,6 @@ from __future__ import annotations
 import torch
 
 from specgen.decoding.cache import KVCache
-from specgen.decoding.sampling import cfg_combine
 from specgen.decoding.target import TargetOut
 from specgen.errors import UsageError
 from specgen.image.captions import Caption
@@ -41,8 +40,8 @@ class CFGTarget:
         """[n * branches, S, V] (rows cond_0, uncond_0, cond_1, ...) -> [n, S, V] CFG-combined logits."""
         if not self.guided:
             return logits
-        pairs = logits.view(-1, 2, *logits.shape[1:])  # [n, 2, S, V]
-        return cfg_combine(pairs[:, 0], pairs[:, 1], self.cfg_scale)
+        cond, uncond = logits.view(-1, 2, *logits.shape[1:]).unbind(1)  # [n, S, V] each
+        return uncond + self.cfg_scale * (cond - uncond)  # guidance at the logits level
 
     @torch.inference_mode()
     def prefill(self, tokens: torch.Tensor, cache: KVCache) -> TargetOut:

@@ -16,22 +16,8 @@ from specgen.mesh.types import as_mesh
 from specgen.paths import atomic_write_bytes
 
 
-@dataclass(frozen=True)
-class ExportFormat:
-    """One output format: file suffix, trimesh ``file_type`` and a short description."""
-
-    suffix: str
-    file_type: str
-    description: str
-
-
-EXPORT_FORMATS: dict[str, ExportFormat] = {
-    "obj": ExportFormat(".obj", "obj", "Wavefront OBJ (text)"),
-    "ply": ExportFormat(".ply", "ply", "PLY (binary)"),
-    "stl": ExportFormat(".stl", "stl", "STL (binary; stores each triangle separately)"),
-    "off": ExportFormat(".off", "off", "Object File Format (text)"),
-    "glb": ExportFormat(".glb", "glb", "binary glTF 2.0"),
-}
+#: Output formats: each name is trimesh's ``file_type`` and the file suffix (ply, stl and glb are binary).
+EXPORT_FORMATS = ("obj", "ply", "stl", "off", "glb")
 
 
 @dataclass(frozen=True)
@@ -91,7 +77,7 @@ def export_mesh(vertices: np.ndarray, faces: np.ndarray, path: str | Path, fmt: 
     if len(cleaned.faces) == 0:
         raise MeshInputError("nothing to export: no non-degenerate faces")
     mesh = trimesh.Trimesh(cleaned.vertices, cleaned.faces, process=False)
-    data = mesh.export(file_type=EXPORT_FORMATS[name].file_type)
+    data = mesh.export(file_type=name)
     target = atomic_write_bytes(path, data.encode("utf-8") if isinstance(data, str) else bytes(data))
     return ExportReport(
         path=target,

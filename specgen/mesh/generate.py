@@ -10,7 +10,6 @@ import torch
 import trimesh
 
 from specgen import checkpoints
-from specgen.devices import device_name, resolve_dtype
 from specgen.errors import UsageError
 from specgen.mesh.errors import MeshDecodeError, MeshInputError
 from specgen.mesh.export import clean_mesh
@@ -163,9 +162,7 @@ def decode_tokens(tokens: list[int]) -> tuple[np.ndarray | None, np.ndarray | No
 def load_mesh_model(target: str | None = None, heads: str | None = None, device: str = "cpu",
                     dtype: str | None = None, quantize: str | None = None, graphs: str = "auto"):
     """`methods.xspecmesh.load_mesh` on `device` in `dtype` / `quantize` (`dtype` may name it; docs/precision.md)."""
-    device = device_name(device)
-    dtype, quantize = load_precision(dtype, quantize, device)
-    torch_dtype = resolve_dtype(dtype, device, quantize)
+    device, dtype, quantize, torch_dtype = load_precision(dtype, quantize, device)
     loaded = load_mesh_parts(target, heads, device)
     if quantize:
         decode_layout(in_memory(loaded.decoder.model, dtype, quantize))

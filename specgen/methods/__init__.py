@@ -25,8 +25,7 @@ class MethodSpec:
     lossless: bool
     summary: str
     options_type: type = O.NoOptions  # frozen dataclass of the method options (`method_options.*`)
-    drafter: Callable[[Any, int], Any] | None = None  # (options, seed) -> text drafter
-    build_image: str = ""  # function of specgen.image.methods: (ImageParts, options dict) -> (drafter, rule)
+    drafter: Callable[[Any, int], Any] | None = None  # (options of `parse_options`, seed) -> text drafter
     target: str = "base"  # which model it decodes: "base" or a distilled variant's registry name
     modalities: tuple[str, ...] = ()  # every modality it runs on (empty: just `modality`)
     model_check: Callable[[Any, Any], None] | None = None  # (options, target's text tokenizer): assets fit the model
@@ -46,10 +45,6 @@ class MethodSpec:
             known = ", ".join(self.options) or "none"
             raise UsageError(f"method {self.name} has no option {unknown[0]!r}; its options: {known}")
         return O.parse(self.options_type, self.name, options)
-
-    def make_drafter(self, options: Any, seed: int = 0) -> Any:
-        """The text drafter from options of `parse_options` (the request layer refuses methods without one)."""
-        return self.drafter(options, seed)
 
 
 def ngram(o: O.NgramOptions, seed: int) -> NgramDrafter:
@@ -76,7 +71,7 @@ METHODS: dict[str, MethodSpec] = {
     spec.name: spec
     for spec in [
         MethodSpec("ar", "text", True, "autoregressive baseline on the same static-cache loop",
-                   drafter=lambda o, seed: EmptyDrafter(), build_image="ar", modalities=("text", "image", "mesh")),
+                   drafter=lambda o, seed: EmptyDrafter(), modalities=("text", "image", "mesh")),
         MethodSpec("jacobi", "text", True, "Jacobi fixed-point iteration over a block of n tokens",
                    O.JacobiOptions, jacobi),
         MethodSpec("ngram", "text", True, "prompt-lookup n-gram drafts verified by the target (and a static n-gram "
@@ -91,21 +86,21 @@ METHODS: dict[str, MethodSpec] = {
                    "XSpecMesh multi-head speculative decoding (LOSSY: p > delta / top-K_a; lossless: criterion=rejection)",
                    O.XSpecMeshOptions),
         MethodSpec("eagle2", "image", True, "EAGLE-2 dynamic draft trees from a feature drafter, under CFG",
-                   O.TreeOptions, build_image="eagle2"),
+                   O.TreeOptions),
         MethodSpec("adt-tree", "image", True,
                    "ADT-Tree: adjacency-adaptive draft-tree depth and width (default image method)",
-                   O.AdtOptions, build_image="adt_tree"),
+                   O.AdtOptions),
         MethodSpec("lantern", "image", False,
                    "LOSSY: EAGLE-2 trees with LANTERN relaxed acceptance over VQ latent neighbours",
-                   O.LanternTreeOptions, build_image="lantern"),
+                   O.LanternTreeOptions),
         MethodSpec("adt-tree+lantern", "image", False, "LOSSY: ADT-Tree trees with LANTERN relaxed acceptance",
-                   O.AdtLanternOptions, build_image="adt_tree_lantern"),
+                   O.AdtLanternOptions),
         MethodSpec("vvs", "image", False,
                    "LOSSY: VVS partial verification skipping (unverified tokens) on EAGLE-2 + LANTERN",
-                   O.VvsOptions, build_image="vvs"),
+                   O.VvsOptions),
         MethodSpec("mulo-sd", "image", False,
                    "LOSSY: MuLo-SD low-res drafter + up-sampler, pooled-mass threshold, local re-sampling",
-                   O.MuloOptions, build_image="mulo_sd"),
+                   O.MuloOptions),
     ]
 }
 

@@ -47,11 +47,6 @@ class NgramCache:
         return drafted
 
 
-def build_table(answers: list[list[int]]) -> dict[tuple[int, ...], int]:
-    """The cache's table from token streams (see `table_of`)."""
-    return table_of(joined(answers))
-
-
 def joined(answers: list[list[int]]) -> np.ndarray:
     """Token streams as one int64 array, each followed by -1 (the cache file's layout)."""
     return np.array([t for seq in answers for t in (*seq, -1)], dtype=np.int64)

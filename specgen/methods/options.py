@@ -37,14 +37,6 @@ def number_in(lo: float, hi: float, lo_open: bool = False, hi_open: bool = False
     return ok, f"in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'} (a finite number)"
 
 
-def text() -> Check:
-    return (lambda v: isinstance(v, str)), "a string"
-
-
-def flag() -> Check:
-    return (lambda v: isinstance(v, bool)), "true or false"
-
-
 def one_of(*choices: str) -> Check:
     return (lambda v: v in choices), "one of " + ", ".join(choices)
 
@@ -53,6 +45,8 @@ def int_in(lo: int, hi: int) -> Check:
     return (lambda v: is_int(v) and lo <= v <= hi), f"an integer in {lo}..{hi}"
 
 
+TEXT: Check = ((lambda v: isinstance(v, str)), "a string")
+FLAG: Check = ((lambda v: isinstance(v, bool)), "true or false")
 NONNEG_NUMBER: Check = ((lambda v: is_number(v) and v >= 0), ">= 0 (a finite number)")
 POS_NUMBER: Check = ((lambda v: is_number(v) and v > 0), "> 0 (a finite number)")
 SEED: Check = int_at_least(0)  # `seed` is accepted by every method
@@ -131,7 +125,7 @@ class NgramOptions(Options):
     num_draft: int = opt(4, int_at_least(1))
     max_ngram: int = opt(3, int_at_least(1))
     min_ngram: int = opt(2, int_at_least(1))
-    cache: str = opt("", text())
+    cache: str = opt("", TEXT)
     budget: str = budget_opt()
 
 
@@ -155,16 +149,8 @@ class MultiBlockOptions(Options):
 
 
 # --- image: EAGLE-2 trees, ADT-Tree, LANTERN, VVS, MuLo-SD ---------------------------------------------------------
-# The choices of the image methods' string options live here (the methods import them): this module is light, so
-# `specgen.config_checks` and `--dry-run` refuse a bad value before a model loads.
-ADT_INITS = ("horizontal", "vertical", "random")  # ADT-Tree's first-row/column start of each image
-VVS_SCHEDULES = ("uniform", "dynamic", "none")  # VVS skip schedules
-MULO_REJECTIONS = ("local", "raster")  # MuLo-SD re-sampling after a rejection
-MULO_MAX_RADIUS = 64  # MuLo-SD neighbourhood radius l
-# Tree defaults are the CPU ones, chosen from measurements on 2 cores with the embedded 16x16 generator
-# (docs/results/image.md): a 60-node verify costs several 1-token forwards there, so trees are kept to 16 nodes and
-# narrow. The papers' GPU settings (EAGLE-2/LANTERN depth 4, top_k 10, 60 nodes; ADT-Tree for LlamaGen l_k 10,
-# k0 10, k in (3, 40)) are passed explicitly (docs/methods/eagle2.md, adt-tree.md, recipes/full).
+# Tree defaults are the CPU ones: small, narrow trees (docs/results/image.md). The papers' GPU settings are passed
+# explicitly (docs/methods/eagle2.md, adt-tree.md, recipes/full).
 
 @dataclass(frozen=True)
 class TreeShapeOptions(Options):
@@ -182,20 +168,18 @@ class TreeOptions(TreeShapeOptions):
     budget: str = budget_opt()
 
 
-def lantern_k() -> Any:  # 0 = 1000 of 16,384 codes scaled to the codebook
-    return opt(0, int_at_least(0))
+@dataclass(frozen=True)
+class LanternOptions(Options):
+    """LANTERN relaxed acceptance (mixed in first, so its fields follow the other base's): k latent neighbours,
+    total mass delta."""
 
-
-def lantern_delta() -> Any:  # a probability mass
-    return opt(0.1, number_in(0, 1))
+    lantern_k: int = opt(0, int_at_least(0))  # 0 = 1000 of 16,384 codes scaled to the codebook
+    lantern_delta: float = opt(0.1, number_in(0, 1))  # a probability mass
 
 
 @dataclass(frozen=True)
-class LanternTreeOptions(TreeOptions):
-    """EAGLE-2 trees with LANTERN relaxed acceptance (`lantern`): k latent neighbours, total mass delta."""
-
-    lantern_k: int = lantern_k()
-    lantern_delta: float = lantern_delta()
+class LanternTreeOptions(LanternOptions, TreeOptions):
+    """EAGLE-2 trees with LANTERN relaxed acceptance (`lantern`)."""
 
 
 @dataclass(frozen=True)
@@ -213,7 +197,7 @@ class AdtOptions(Options):
     k0: int = opt(4, int_at_least(1))
     total_tokens: int = opt(16, int_at_least(1))
     budget: str = budget_opt()
-    init: str = opt("horizontal", one_of(*ADT_INITS))
+    init: str = opt("horizontal", one_of("horizontal", "vertical", "random"))  # first row/column start of an image
     seed: int = opt(0, SEED)
 
     def check(self) -> None:
@@ -225,44 +209,36 @@ class AdtOptions(Options):
 
 
 @dataclass(frozen=True)
-class AdtLanternOptions(AdtOptions):
+class AdtLanternOptions(LanternOptions, AdtOptions):
     """ADT-Tree trees with LANTERN relaxed acceptance (`adt-tree+lantern`)."""
-
-    lantern_k: int = lantern_k()
-    lantern_delta: float = lantern_delta()
 
 
 @dataclass(frozen=True)
-class VvsOptions(TreeShapeOptions):
+class VvsOptions(LanternOptions, TreeShapeOptions):
     """VVS partial verification skipping on EAGLE-2 + LANTERN (`vvs`, `methods/vvs.build_vvs`).
     No `budget`: its own step logic decides what each step drafts and verifies."""
 
-    lantern_k: int = lantern_k()
-    lantern_delta: float = lantern_delta()
-
-    schedule: str = opt("uniform", one_of(*VVS_SCHEDULES))
+    schedule: str = opt("uniform", one_of("uniform", "dynamic", "none"))
     interval: int = opt(3, int_at_least(2))  # never two skipped steps in a row; the paper's ablation setting 3
     threshold: float = opt(0.75, number_in(-1, 1))  # dynamic schedule: cosine similarity
     alpha: float = opt(0.8, number_in(0, 1, lo_open=True))
     stride: int = opt(2, int_at_least(1))
     staleness: int = opt(0, int_at_least(0))
-    refresh: bool = opt(True, flag())
+    refresh: bool = opt(True, FLAG)
     seed: int = opt(0, SEED)  # the paths of skipped steps at T = 0 without a generator
 
 
 @dataclass(frozen=True)
-class MuloOptions(Options):
+class MuloOptions(LanternOptions):
     """MuLo-SD (`mulo-sd`, `methods/mulo_sd.build_mulo`). None = derived when it is built:
     upsampler tiny-image-upsampler-{r}x for r = G / g, tau 1e-4 * 16384 / V."""
 
-    lowres: str = opt("tiny-image-gpt-lowres", text())
-    upsampler: str | None = opt(None, text())
+    lowres: str = opt("tiny-image-gpt-lowres", TEXT)
+    upsampler: str | None = opt(None, TEXT)
     tau: float | None = opt(None, NONNEG_NUMBER)
-    radius: int = opt(3, int_in(0, MULO_MAX_RADIUS))
-    rejection: str = opt("local", one_of(*MULO_REJECTIONS))
+    radius: int = opt(3, int_in(0, 64))  # neighbourhood radius l
+    rejection: str = opt("local", one_of("local", "raster"))  # re-sampling after a rejection
     draft_rows: int = opt(1, int_at_least(1))
-    lantern_k: int = lantern_k()
-    lantern_delta: float = lantern_delta()
     seed: int = opt(0, SEED)  # the low-res drafter's stream (derived with the decode generator's seed)
 
 
@@ -273,7 +249,7 @@ class XSpecMeshOptions(Options):
     """XSpecMesh (`xspecmesh`, `methods/xspecmesh.py`): D, the acceptance rule and the candidate sampler; checked when
     built (the paper's two lossy rules, and the lossless one)."""
 
-    heads: str = opt("xspecmesh-ca-tiny", text())  # registry name of the heads (they name backbone + adapter)
+    heads: str = opt("xspecmesh-ca-tiny", TEXT)  # registry name of the heads (they name backbone + adapter)
     num_heads: int = opt(0, int_at_least(0))  # D; 0 = every head the checkpoint has (paper: 4)
     criterion: str = opt("threshold", one_of("threshold", "topk", "rejection"))  # p > delta, top-K_a: lossy
     delta: float = opt(0.5, number_in(0, 1))
@@ -282,7 +258,7 @@ class XSpecMeshOptions(Options):
     top_k_tree: int = opt(2, int_at_least(1))  # K_s
     draft_dtype: str = opt("float32", one_of("float32", "bfloat16"))  # bfloat16: heads' LM-head product in bf16
     lookup: int = opt(0, int_at_least(0))  # > 0: candidates first from n-gram lookup (n = lookup .. 1) (beyond)
-    vertex_lookup: bool = opt(False, flag())  # offsets after known blocks, heads elsewhere (beyond)
+    vertex_lookup: bool = opt(False, FLAG)  # offsets after known blocks, heads elsewhere (beyond)
     min_path_prob: float = opt(0.0, number_in(0, 1, hi_open=True))  # > 0: cut the chain below this path probability
     budget: str = budget_opt()  # auto: per batch size, the faster of batched AR and the heads
 
@@ -319,15 +295,10 @@ def checks_of(cls: type) -> dict[str, Check | None]:
 
 
 def parse(cls: type, method: str, options: dict[str, Any]) -> Any:
-    """Options (names known to `cls`, plus `seed`) as a validated `cls`; the first bad value is one usage error."""
+    """Options (names known to `cls`, plus `seed`: the caller's) as a validated `cls`; the first bad value is one
+    usage error."""
     check_value("seed", options.get("seed", 0), SEED, method)
-    opts = build(cls, options)
+    names = {f.name for f in fields(cls)}
+    opts = cls(**{k: v for k, v in options.items() if k in names})
     opts.validate(method)
     return opts
-
-
-def build(cls: type, options: dict[str, Any]) -> Any:
-    """`cls` from the options it knows (others, e.g. `seed`, are the caller's), unchecked."""
-    names = {f.name for f in fields(cls)}
-    return cls(**{k: v for k, v in options.items() if k in names})
-

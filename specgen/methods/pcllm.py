@@ -17,21 +17,6 @@ from specgen.decoding.tree import DraftTree
 from specgen.methods.text import lookup
 
 
-def longest_branch(branches: list[list[int]], offsets: list[int], argmax: list[int]) -> tuple[int, int]:
-    """(branch index, accepted count) of the branch with the longest greedy-correct prefix; ties keep the earlier.
-
-    Branch b's node k is verify input offsets[b] + k + 1 and must equal the argmax at its parent (root, node k - 1)."""
-    best, best_len = 0, -1
-    for b, (toks, off) in enumerate(zip(branches, offsets)):
-        m, prev = 0, 0
-        while m < len(toks) and toks[m] == argmax[prev]:
-            prev = off + m + 1
-            m += 1
-        if m > best_len:
-            best, best_len = b, m
-    return best, best_len
-
-
 @dataclass
 class MultiBlockDrafter(DrafterBase):
     """pcLLM (MR) as a Drafter: K blocks of n refined at once + rejection-recycling candidates, one prefix tree."""
@@ -85,7 +70,7 @@ class MultiBlockDrafter(DrafterBase):
         argmax = out.logits[0].argmax(-1).tolist()  # [N + 1] over the prefix tree's inputs
         m = verdict.num_accepted
         path = [draft.tokens[i] for i in verdict.path]
-        b = next(i for i, toks in enumerate(self.branches) if toks[:m] == path)  # the earliest winner, as longest_branch
+        b = next(i for i, toks in enumerate(self.branches) if toks[:m] == path)  # the earliest branch holding the accepted path
         branches, window, segs = self.branches, self.window, self.segs
         if b:
             self.stats.extras["recycled_tokens"] = self.stats.extras.get("recycled_tokens", 0.0) + m
@@ -134,7 +119,6 @@ class MultiBlockDrafter(DrafterBase):
             window += (window[: segs[0][0]] + self.fill(n))[:n]
             segs.append([n, 0])
         self.window = window
-
 
 
 def prefix_tree(branches: list[list[int]]) -> tuple[Draft, list[list[int]]]:

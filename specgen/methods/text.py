@@ -33,12 +33,9 @@ class JacobiDrafter(DrafterBase):
         self.pool = list(prompt)
         self.guesses: list[int] = []
 
-    def fill(self, guesses: list[int], n: int) -> list[int]:
-        return guesses[:n] + [self.rng.choice(self.pool) for _ in range(n - len(guesses))]
-
     def propose(self, seq: list[int], budget: int, stats: DecodeStats) -> Draft:
-        n = min(self.block_size - 1, budget)
-        self.guesses = self.fill(self.guesses, max(n, 0))
+        n = max(min(self.block_size - 1, budget), 0)
+        self.guesses = self.guesses[:n] + [self.rng.choice(self.pool) for _ in range(n - len(self.guesses))]
         return Draft.chain(self.guesses)
 
     def on_accept(self, draft: Draft, verdict: Verdict, out: TargetOut) -> None:

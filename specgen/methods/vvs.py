@@ -21,7 +21,7 @@ from specgen.errors import UsageError
 from specgen.methods.eagle import EagleTreeDrafter
 from specgen.methods.eagle_batch import EagleBatch
 from specgen.methods.options import VvsOptions
-from specgen.methods.vvs_schedule import DynamicSkip, NeverSkip, SkipSchedule, UniformSkip, may_skip
+from specgen.methods.vvs_schedule import DynamicSkip, NeverSkip, SkipSchedule, UniformSkip
 
 
 def after_chain(chain: list[int] | tuple[int, ...], draft: Draft) -> Draft:
@@ -132,8 +132,7 @@ class VVSBatch(PolicyBase):
             skips = []
             for row, d in zip(rows, drafts):
                 row.draft = d
-                skip = not row.unverified and may_skip(d, row.verified_run) and \
-                    row.dec.schedule.decide(d, row.verified_run)
+                skip = row.dec.schedule.decide(d, row.verified_run)  # never twice in a row (`may_skip`)
                 row.dec.trace.append(skip)
                 skips.append(skip)
         steps = []

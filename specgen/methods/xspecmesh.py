@@ -29,10 +29,8 @@ from specgen.models.heads import head_logits
 from specgen.models.layout import decode_layout
 from specgen.train.lora import merge_lora_state
 
-#: Precision of the heads' LM-head projection (candidates only; the backbone, hence acceptance, stays float32).
-#: bfloat16 pays only where float32 runs on a slow few-row kernel; with the packed decode layout
-#: (models/packed_linear.py) float32 runs on oneDNN, so float32 is the default (docs/results/mesh.md).
-#: The head bodies stay float32 (small batched einsums are slower in bf16).
+#: Precision of the heads' LM-head projection (candidates only; the backbone, hence acceptance, stays float32):
+#: float32 by default, as the head bodies always (docs/results/mesh.md).
 DRAFT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 #: Branches of the top-K_s probability tree lighter than this are pruned (appendix A.4).
 TREE_PRUNE = 1e-5
@@ -101,24 +99,18 @@ class MeshDecoder:
         self._draft_out: torch.nn.Module | None = None  # the LM head in the draft dtype (see _lm_head)
         self.budgets: dict = {}  # options -> the `budget=auto` MeasuredBudget: it learns across generate calls
 
-    def generate(self, pc: torch.Tensor, params: SamplingParams, max_tokens: int,
-                 opts: XSpecMeshOptions | None = None, generator: torch.Generator | None = None,
-                 draft_generator: torch.Generator | None = None) -> DecodeResult:
-        """Decode the mesh of point cloud pc [N, 6]; AR when there are no heads or num_heads == 0."""
-        return self.generate_batch([pc], params, max_tokens, opts, [generator], [draft_generator])[0]
-
     @torch.inference_mode()
     def generate_batch(self, pcs: list[torch.Tensor], params: SamplingParams, max_tokens: int,
                        opts: XSpecMeshOptions | None = None, generators=None, draft_generators=None,
                        batch_size: int = 1, on_done=None, on_tokens=None) -> list[DecodeResult]:
         """Decode the meshes of point clouds pcs[i] [N_i, 6], `batch_size` at a time, on the shared batched loop
         (`on_done`, `on_tokens`: as `decode_batch`'s). Cloud i samples from generators[i] (the backbone's samples) and
-        draft_generators[i] (head candidates), so its mesh does not depend on the batch."""
+        draft_generators[i] (head candidates), so its mesh does not depend on the batch. AR when there are no heads or
+        num_heads == 0."""
         opts = opts or XSpecMeshOptions()
         d_max = 0 if self.heads is None else (opts.num_heads or self.heads.num_heads)
         if self.heads is not None and d_max > self.heads.num_heads:
             raise UsageError(f"num_heads {d_max} > the {self.heads.num_heads} heads of this checkpoint")
-        generators = list(generators) if generators is not None else [None] * len(pcs)
         draft_generators = list(draft_generators) if draft_generators is not None else [None] * len(pcs)
         target = MeshTarget(self.model, pcs)
         pool = XSpecMeshPool(self, target, opts, params, d_max, draft_generators) if d_max else \
@@ -142,7 +134,7 @@ class MeshDecoder:
             tokens = memory.propose(x, lambda: heads().tokens, d)
             return Proposal(tokens, [1.0 if memory.knows(prev) else heads().probs[j]
                                      for j, prev in enumerate([x] + tokens[:-1])])
-        found = lookup(out + [x], d, opts.lookup, 1) if opts.lookup and d else []
+        found = lookup(out + [x], d, opts.lookup, 1) if opts.lookup else []
         if len(found) == d:
             return Proposal(found, [1.0] * d)
         return Proposal(found + heads().tokens[len(found):], [1.0] * len(found) + heads().probs[len(found):])
@@ -158,9 +150,7 @@ class MeshDecoder:
     def _heads(self, stacked, h: torch.Tensor, past: torch.Tensor | None, token: int, kv, d: int,
                params: SamplingParams, opts: XSpecMeshOptions, generator: torch.Generator | None) -> Proposal:
         """D candidates from the heads on h_{s*-1} = h [1, dim], the projected window `past` (history heads)
-        and x_{s*} = token (token_input heads)."""
-        if d == 0:
-            return Proposal([], [])
+        and x_{s*} = token (token_input heads); d >= 1 (the pool runs only with heads)."""
         dtype = DRAFT_DTYPES[opts.draft_dtype]
         step = functools.partial(head_logits, stacked, self._lm_head(dtype), self.model.decoder.tok_embeddings, dtype, d)
         k, v = kv if kv is not None else (None, None)

@@ -32,21 +32,16 @@ class LazyRows:
         return self.rows[i]
 
 
-def accept_chain(candidates: list[int], probs, rule: AcceptCriterion | None, generator: torch.Generator | None,
-                 greedy: bool) -> Verdict:
-    """Verdict on the chain of candidates x_{s+1 ..} given the backbone's filtered rows probs [D + 1, V];
-    rule None = lossless rejection sampling (deterministic candidates: q = one-hot, accept with probability p(x))."""
-    if rule is None:
-        return accept_rejection(Draft.chain(candidates), probs, generator)
-    return accept_lossy(Draft.chain(candidates), probs, rule, generator, greedy)
-
-
 def mesh_rule(opts):
-    """The loop's accept rule for XSpecMesh candidates: lossless rejection, or the paper's lossy criterion."""
+    """The loop's accept rule for a chain of candidates x_{s+1 ..} on the backbone's filtered rows [D + 1, V]:
+    lossless rejection sampling (deterministic candidates: q = one-hot, accept with probability p(x)), or the paper's
+    lossy criterion."""
     criterion = None if opts.lossless else AcceptCriterion(opts.criterion, opts.delta, opts.top_k_accept)
 
     def rule(draft: Draft, logits: torch.Tensor, params: SamplingParams, generator) -> Verdict:
-        return accept_chain(list(draft.tokens), LazyRows(logits, params), criterion, generator, params.greedy)
+        if criterion is None:
+            return accept_rejection(draft, LazyRows(logits, params), generator)
+        return accept_lossy(draft, LazyRows(logits, params), criterion, generator, params.greedy)
 
     return rule
 

@@ -75,7 +75,7 @@ def generate_text(model: TextModel, req: DecodeRequest[TextGenConfig], prompts: 
         if on_done is not None:
             on_done(i)
 
-    batch = run_batch(model.target, lambda i: req.spec.make_drafter(req.options, seed), ids, cfg.max_new_tokens, req.params,
+    batch = run_batch(model.target, lambda i: req.spec.drafter(req.options, seed), ids, cfg.max_new_tokens, req.params,
                       model.tokenizer.stop_ids, generators, cfg.batch_size, on_done=done,
                       budget=draft_budget(model, req.budget), on_tokens=stream)
     return [TextResult(p, model.tokenizer.decode(r.tokens), r.tokens, r.stats.summary())

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from specgen import checkpoints, registry
-from specgen.devices import DTYPES, is_cpu, resolve_dtype  # DTYPES: one table for every modality
+from specgen.devices import DTYPES, device_name, is_cpu, resolve_dtype  # DTYPES: one table for every modality
 from specgen.errors import IncompatibleError, UsageError
 from specgen.models.quantize import DEFAULT_GROUP, VERSION, quantize_model, quantize_transformer
 from specgen.models.tokenizer import copy_tokenizer
@@ -51,15 +51,18 @@ def resolve(name: str, dtype: str | None, quantize: str | None) -> tuple[str, st
     return base, dtype or ("bfloat16" if quantize else "float32"), quantize
 
 
-def load_precision(dtype: str | None, quantize: str | None, device: str) -> tuple[str | None, str | None]:
-    """(dtype, quantize) of an image or mesh GPT loaded on `device`; `dtype` may name a quantization (a benchmark
-    row's precision, `dtypes: {ar@int8: int8}`), which runs bfloat16 activations on the CPU."""
+def load_precision(dtype: str | None, quantize: str | None, device: str
+                   ) -> tuple[str, str | None, str | None, torch.dtype]:
+    """(device with `auto` resolved, dtype, quantize, torch dtype) of an image or mesh GPT loaded on `device`; `dtype`
+    may name a quantization (a benchmark row's precision, `dtypes: {ar@int8: int8}`), which runs bfloat16 activations
+    on the CPU."""
+    device = device_name(device)
     if dtype in QUANTIZE:
         dtype, quantize = None, dtype
-    if not quantize:
-        return dtype, None
-    check_cpu(quantize, device)
-    return resolve("", dtype, quantize)[1], quantize
+    if quantize:
+        check_cpu(quantize, device)
+        dtype = resolve("", dtype, quantize)[1]
+    return device, dtype, quantize or None, resolve_dtype(dtype, device, quantize)
 
 
 def check_cpu(quantize: str | None, device: str) -> None:

@@ -90,8 +90,7 @@ def test_t2i_captions_batched_equal_each_alone(method):
     n = GRID * GRID
     alone = [decode(CaptionCFGTarget(model, 3.0, c), EmptyDrafter(), [0] * N_COND, n, SamplingParams()).tokens
              for c in caps]
-    options = {"eagle2": OPTIONS["eagle2"], "adt-tree": {**OPTIONS["adt-tree"], "grid": GRID}}.get(method, {})
-    res = run_batch(target, lambda i: build_image_method(method, parts, dict(options))[0],
+    res = run_batch(target, lambda i: build_image_method(method, parts, dict(OPTIONS.get(method, {})))[0],
                     [target.prompt(i) for i in range(len(caps))], n, SamplingParams(), batch_size=3, max_draft=32)
     assert [r.tokens for r in res.results] == alone
 

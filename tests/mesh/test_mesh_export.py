@@ -15,7 +15,7 @@ MESH = generate_mesh(5)
 
 @pytest.mark.parametrize("fmt", sorted(EXPORT_FORMATS))
 def test_every_format_reloads_with_same_face_count(tmp_path, fmt):
-    path = tmp_path / f"mesh{EXPORT_FORMATS[fmt].suffix}"
+    path = tmp_path / f"mesh.{fmt}"
     report = export_mesh(MESH.vertices, MESH.faces, path)
     assert report.format == fmt and report.path == path
     assert report.num_faces == len(MESH.faces)

@@ -154,6 +154,7 @@ def test_variant_heads_train_register_and_decode(tmp_path, option, key):
     g = generate_mesh(3)
     pc = torch.from_numpy(point_cloud(g.vertices, g.faces, 256, 0))
     gens = torch.Generator().manual_seed(0), torch.Generator().manual_seed(1)
-    res = loaded.decoder.generate(pc, SamplingParams(1.0, 50, 0.95), 30, XSpecMeshOptions(delta=0.01), *gens)
+    res = loaded.decoder.generate_batch([pc], SamplingParams(1.0, 50, 0.95), 30, XSpecMeshOptions(delta=0.01),
+                                       *zip(gens))[0]
     assert 1 <= len(res.tokens) <= 30 and res.stats.steps >= 1
     torch.set_num_threads(old)

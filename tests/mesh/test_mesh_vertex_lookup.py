@@ -98,8 +98,8 @@ def test_vertex_lookup_options_are_checked():
 
     other = MeshGPT(**kwargs).eval()
     with pytest.raises(UsageError, match="BPT"):
-        MeshDecoder(other, tiny_heads()).generate(torch.zeros(64, 6), SamplingParams(0.0), 8,
-                                                  XSpecMeshOptions(vertex_lookup=True))
+        MeshDecoder(other, tiny_heads()).generate_batch([torch.zeros(64, 6)], SamplingParams(0.0), 8,
+                                                        XSpecMeshOptions(vertex_lookup=True))
 
 
 @pytest.mark.parametrize("path", BENCH_RECIPES, ids=lambda p: f"{p.parent.name}/{p.name}")

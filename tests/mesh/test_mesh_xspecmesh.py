@@ -36,7 +36,7 @@ def setup():
 
 def run(model, heads, pc, params, opts=None, n=120, seed=3):
     gens = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed + 1)
-    return MeshDecoder(model, heads).generate(pc, params, n, opts, *gens)
+    return MeshDecoder(model, heads).generate_batch([pc], params, n, opts, *zip(gens))[0]
 
 
 @pytest.mark.parametrize("sampling", ["independent", "tree"])
@@ -117,7 +117,7 @@ def test_perfect_candidates_accept_all_d_and_stay_greedy_ar(setup, d):
     ar = run(model, None, pc, greedy, n=60)
     oracle = _PerfectCandidates(model, tiny_heads(num_heads=d))
     oracle.reference = ar.tokens
-    res = oracle.generate(pc, greedy, 60, XSpecMeshOptions(num_heads=d))
+    res = oracle.generate_batch([pc], greedy, 60, XSpecMeshOptions(num_heads=d))[0]
     assert res.tokens == ar.tokens
     assert res.stats.accepted[:-1] == [d] * (res.stats.steps - 1)  # every step but the last takes all D
 

@@ -68,7 +68,7 @@ def tv_to_backbone(setup, opts: XSpecMeshOptions, n: int = 2500) -> tuple[float,
     want = dec.exact.joint(3)
     g, counts, taus, drafted = torch.Generator().manual_seed(0), Counter(), [], Counter()
     for _ in range(n):
-        res = dec.generate(pc, TOP3, 4, opts, g)  # a budget of 4: the first step may verify 2 candidates
+        res = dec.generate_batch([pc], TOP3, 4, opts, [g])[0]  # a budget of 4: the first step may verify 2 candidates
         counts[tuple(res.tokens[:3])] += 1
         taus.append(res.stats.tau)
         drafted[res.stats.draft_sizes[0]] += 1
@@ -100,9 +100,10 @@ def test_a_path_cut_keeps_rejection_lossless(setup):
 def test_rejection_at_temperature_zero_is_greedy_ar(setup):
     model, pc = setup
     greedy = SamplingParams(0.0)
-    ar = MeshDecoder(model).generate(pc, greedy, 80).tokens
+    ar = MeshDecoder(model).generate_batch([pc], greedy, 80)[0].tokens
     for opts in (LOSSLESS, XSpecMeshOptions(criterion="rejection", sampling="tree", top_k_tree=1, vertex_lookup=True)):
-        res = MeshDecoder(model, tiny_heads()).generate(pc, greedy, 80, opts, torch.Generator().manual_seed(1))
+        res = MeshDecoder(model, tiny_heads()).generate_batch([pc], greedy, 80, opts,
+                                                              [torch.Generator().manual_seed(1)])[0]
         assert res.tokens == ar
 
 

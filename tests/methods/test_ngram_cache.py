@@ -19,13 +19,18 @@ from specgen.methods.text import EmptyDrafter, NgramDrafter
 from tests.conftest import decode, tiny_model
 
 
+def build_table(answers: list[list[int]]) -> dict[tuple[int, ...], int]:
+    """The cache's table from token streams, as `save` then `load` build it."""
+    return C.table_of(C.joined(answers))
+
+
 def test_a_continuation_is_kept_only_when_seen_often_and_mostly():
-    table = C.build_table([[1, 2, 3], [1, 2, 3], [1, 2, 4], [5, 6, 7], [8, 9, 1, 8, 9, 2]])
+    table = build_table([[1, 2, 3], [1, 2, 3], [1, 2, 4], [5, 6, 7], [8, 9, 1, 8, 9, 2]])
     assert table[(1, 2)] == 3  # 2 of 3 times: count >= MIN_COUNT and share >= MIN_SHARE
     assert (5, 6) not in table  # seen once
     assert (8, 9) not in table  # 1 and 2, once each: neither is the most common often enough
-    assert C.build_table([[1, 2, 3], [1, 2, 4], [1, 2, 5], [1, 2, 3]])[(1, 2)] == 3  # 2 of 4: share 0.5 is enough
-    assert (1, 2) not in C.build_table([[1, 2, 3], [1, 2, 3], [1, 2, 4], [1, 2, 5], [1, 2, 6]])  # 2 of 5
+    assert build_table([[1, 2, 3], [1, 2, 4], [1, 2, 5], [1, 2, 3]])[(1, 2)] == 3  # 2 of 4: share 0.5 is enough
+    assert (1, 2) not in build_table([[1, 2, 3], [1, 2, 3], [1, 2, 4], [1, 2, 5], [1, 2, 6]])  # 2 of 5
 
 
 def counted(answers: list[list[int]]) -> dict[tuple[int, ...], int]:
@@ -44,8 +49,8 @@ def test_the_table_is_the_plain_rule_on_random_streams_with_ties():
     for _ in range(200):  # small vocabularies make ties at a share of exactly 0.5; a large one, token ids > 2^15
         vocab = rng.choice([2, 3, 5, 50_000])
         answers = [[rng.randrange(vocab) for _ in range(rng.randrange(40))] for _ in range(rng.randrange(12))]
-        assert C.build_table(answers) == counted(answers)
-    assert C.build_table([[1, 2, 3, 1, 2, 4, 1, 2, 4, 1, 2, 3]])[(1, 2)] == 3  # 2 each: the first seen wins
+        assert build_table(answers) == counted(answers)
+    assert build_table([[1, 2, 3, 1, 2, 4, 1, 2, 4, 1, 2, 3]])[(1, 2)] == 3  # 2 each: the first seen wins
 
 
 def test_drafts_follow_the_longest_n_gram_with_an_entry():
@@ -69,7 +74,7 @@ def test_a_cache_file_round_trips_and_is_refused_for_another_tokenizer(tmp_path)
     path = tmp_path / "c.safetensors"
     C.save(path, answers, "abc", "test answers")
     cache = C.load(str(path))
-    assert cache.table == C.build_table(answers) and cache.table[(1, 2)] == 3
+    assert cache.table == build_table(answers) and cache.table[(1, 2)] == 3
     C.check_tokenizer(str(path), "abc")
     with pytest.raises(UsageError, match="another tokenizer"):
         C.check_tokenizer(str(path), "xyz")
@@ -87,7 +92,7 @@ def test_the_method_option_checks_the_cache_against_the_target_tokenizer(tmp_pat
     path = tmp_path / "c.safetensors"
     C.save(path, [[1, 2, 3], [1, 2, 3]], "abc", "test")
     spec = get_method("ngram")
-    assert spec.make_drafter(spec.parse_options({"cache": str(path)})).cache.table == {(1, 2): 3}
+    assert spec.drafter(spec.parse_options({"cache": str(path)}), 0).cache.table == {(1, 2): 3}
     monkeypatch.setattr("specgen.methods.tokenizer_hash", lambda tok: tok)
     spec.model_check(spec.parse_options({"cache": str(path)}), "abc")
     spec.model_check(spec.parse_options({}), "xyz")  # no cache: nothing to check
@@ -110,9 +115,9 @@ def test_ngram_with_a_cache_equals_ar_and_drafts_from_it(seed):
     noise = [[int(t) for t in torch.randint(0, 64, (30,), generator=g)] * 2 for _ in range(4)]
     ar = run(EmptyDrafter(), prompts[0])
     for streams in (answers, noise):
-        cache = C.NgramCache(C.build_table(streams))
+        cache = C.NgramCache(build_table(streams))
         out = run(NgramDrafter(num_draft=4, cache=cache), prompts[0])
         assert out.tokens == ar.tokens
-    cache = C.NgramCache(C.build_table(answers + [ar.tokens]))  # it has seen this answer too
+    cache = C.NgramCache(build_table(answers + [ar.tokens]))  # it has seen this answer too
     out = run(NgramDrafter(num_draft=4, cache=cache), prompts[0])
     assert out.tokens == ar.tokens and out.stats.target_forwards < ar.stats.target_forwards

@@ -6,6 +6,7 @@ from dataclasses import MISSING, FrozenInstanceError, fields
 import pytest
 
 from specgen.errors import UsageError
+from specgen.image.methods import BUILDERS
 from specgen.methods import METHODS, get_method
 from specgen.methods import options as O
 
@@ -22,7 +23,7 @@ def test_every_method_has_valid_defaults_and_a_factory(name):
     if isinstance(opts, O.Options):
         opts.validate(name)
     assert not spec.runs_on("text") or spec.drafter is not None, f"{name} runs on text without a drafter"
-    assert not spec.runs_on("image") or spec.build_image, f"{name} runs on images without a builder"
+    assert spec.runs_on("image") == (name in BUILDERS), f"{name} runs on images without a builder"
     for option, check in O.checks_of(spec.options_type).items():
         assert check is not None, f"{name}.{option} has no value check"
 

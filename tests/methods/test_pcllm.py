@@ -9,7 +9,7 @@ from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.target import ModelTarget
 from specgen.errors import UsageError
 from specgen.methods import get_method, model_for
-from specgen.methods.pcllm import MultiBlockDrafter, longest_branch
+from specgen.methods.pcllm import MultiBlockDrafter
 from specgen.methods.text import EmptyDrafter
 from tests.conftest import method_drafter, tiny_model
 
@@ -75,14 +75,6 @@ def test_mr_lookup_branch_commits_prompt_continuations():
     assert res.tokens == plain.tokens == ar
     assert res.stats.extras.get("recycled_tokens", 0) > 0  # only the lookup branch can be a non-main winner here
     assert res.stats.target_forwards < plain.stats.target_forwards
-
-
-def test_longest_branch_prefers_longest_then_main():
-    # root argmax -> 5; main [5, 6] with argmax after node0 = 6 (input 1) -> accepted 2
-    argmax = [5, 6, 0, 9, 9]
-    assert longest_branch([[5, 6], [5, 7]], [0, 2], argmax) == (0, 2)
-    assert longest_branch([[4], [5]], [0, 1], [5, 0, 0]) == (1, 1)
-    assert longest_branch([[4], [3]], [0, 1], [5, 0, 0]) == (0, 0)
 
 
 def test_mr_options():
