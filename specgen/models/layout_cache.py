@@ -54,11 +54,11 @@ def kernel_shapes(module: nn.Module) -> dict[str, torch.Tensor]:
     return shapes
 
 
-def save_aligned(tensors: dict[str, torch.Tensor], path: Path, key: str) -> None:
+def save_aligned(tensors: dict[str, torch.Tensor], path: Path, key: str, source: str = "") -> None:
     """Write `tensors` (contiguous, CPU) as a safetensors file whose every tensor starts at a multiple of `ALIGN`:
     filler `U8` entries (named NAME + `PAD`) close the gaps, spaces pad the header. The bytes go out from the tensors'
     own storage: no second copy of the model is made."""
-    header: dict = {"__metadata__": {"key": key}}
+    header: dict = {"__metadata__": {"key": key, "source": source}}
     offset, order = 0, []
     for name, t in tensors.items():
         nbytes = t.numel() * t.element_size()
@@ -171,6 +171,20 @@ def store(module: nn.Module, weights: Path) -> None:
         _, (packed, _, sz), _ = lin.kernel()
         tensors[f"{name}.int4_packed"], tensors[f"{name}.int4_sz"] = packed, sz
     try:
-        atomic_write(path, lambda tmp: save_aligned(tensors, tmp, k))
+        atomic_write(path, lambda tmp: save_aligned(tensors, tmp, k, str(weights.resolve())))
     except (OSError, SafetensorError) as e:
         plan_cache.warn_unwritable(folder(), getattr(e, "strerror", None) or str(e))
+        return
+    remove_orphans()
+
+
+def remove_orphans() -> None:
+    """Delete the cache files whose checkpoint is gone (a removed or moved entry): they could never be read again."""
+    for path in folder().glob("*.safetensors"):
+        try:
+            with safe_open(str(path), "pt") as f:
+                source = (f.metadata() or {}).get("source", "")
+        except (OSError, SafetensorError):
+            continue  # another writer's file in progress, or damaged: `restore` rewrites it when it is next needed
+        if source and not Path(source).exists():
+            path.unlink(missing_ok=True)

@@ -170,3 +170,15 @@ def test_int4_kernel_operands_are_mapped_not_packed_again():
     packed, _, sz = lin._kernel[1]
     assert mapping_of(packed) == mapping_of(sz) == str(cache_files()[0].resolve())  # the file's, not packed again
     assert lin.scales.data_ptr() == sz.data_ptr()  # scales and zeros are views of the kernel's operand, held once
+
+
+def test_the_file_of_a_removed_entry_goes_at_the_next_store(entry):
+    """A cache file whose checkpoint is gone can never be read again: the next file written removes it."""
+    load(entry)
+    [old] = cache_files()
+    model = tiny_model(6, tie_embeddings=True)
+    other = registry.save("target", "tiny2", model.state_dict(), {"builder": "transformer",
+                                                                  "kwargs": model.cfg.to_dict()})
+    registry.remove(entry.name)
+    load(other)
+    assert cache_files() != [] and old not in cache_files()
