@@ -143,7 +143,7 @@ def test_an_unwritable_cache_folder_warns_once_and_loads(entry, monkeypatch, fau
         layout_cache.folder().parent.mkdir(parents=True, exist_ok=True)
         layout_cache.folder().write_text("")
     else:
-        def full(tensors, path, key):
+        def full(*args):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         monkeypatch.setattr(layout_cache, "save_aligned", full)
     with pytest.warns(UserWarning, match="decoded weights are not cached") as warned:
