@@ -85,10 +85,10 @@ class DrafterBase:
     def finished(self) -> bool:
         return False
 
-    def pool(self, make: Callable[[int], "DrafterBase"]) -> DrafterPool:
+    def batch_pool(self, make: Callable[[int], "DrafterBase"]) -> DrafterPool:
         """The pool of the rows `make(index)` builds (this drafter is make(0)): one drafter per row, in turn."""
         return EachRow(make)
 
     def step_policy(self, make: Callable[[int], "DrafterBase"], target, rule: Rule, budget: DraftBudget) -> StepPolicy:
         """The step policy that runs the rows `make(index)` builds: draft-verify over `pool(make)`."""
-        return DraftVerify(self.pool(make), rule, budget)
+        return DraftVerify(self.batch_pool(make), rule, budget)

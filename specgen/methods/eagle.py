@@ -59,6 +59,6 @@ class EagleTreeDrafter(DrafterBase):
     owed: bool = False  # a step ran without drafting: its pairs wait for the next catch-up
     backlog: list[torch.Tensor] = field(default_factory=list)  # [br, a + 1, D] pairs of the owed steps, in order
 
-    def pool(self, make: Callable[[int], "EagleTreeDrafter"]):
+    def batch_pool(self, make: Callable[[int], "EagleTreeDrafter"]):
         """The DrafterPool that grows every live row's tree together (methods/eagle_batch.py)."""
         return EagleBatch(make)

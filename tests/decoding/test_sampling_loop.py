@@ -14,7 +14,7 @@ from specgen.decoding.target import ModelTarget
 from specgen.eval.text_bench import TextBenchConfig
 from specgen.methods.text import EmptyDrafter, JacobiDrafter
 from specgen.text.generate import TextGenConfig
-from tests.conftest import tiny_model
+from tests.conftest import method_drafter, tiny_model
 
 
 def joint(model, drafter, n=1000, seed=0):
@@ -35,6 +35,14 @@ def test_jacobi_sampling_matches_ar_joint_distribution():
     tv = 0.5 * sum(abs(ar[k] - jac[k]) for k in keys) / 1000
     tv_noise = 0.5 * sum(abs(ar[k] - ar2[k]) for k in keys) / 1000
     assert tv < max(0.1, 2.5 * tv_noise), (tv, tv_noise)
+
+
+def test_a_drafter_runs_again_after_a_decode():
+    """A drafter's own state (Jacobi's fill tokens, pcLLM's recycling pool) never shadows the loop's hooks on it."""
+    target = ModelTarget(tiny_model(5, vocab_size=16, dim=16))
+    for drafter in (JacobiDrafter(block_size=3), method_drafter("pcllm-mr")):
+        first = decode(target, drafter, [1, 2, 3], 6, SamplingParams()).tokens
+        assert decode(target, drafter, [1, 2, 3], 6, SamplingParams()).tokens == first
 
 
 def test_recipes_load():
