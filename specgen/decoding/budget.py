@@ -54,22 +54,36 @@ class AutoBudget:
     weight: float = 8.0  # pseudo-tries behind the prior
     window: int = 256
     times: StepTimes = field(default_factory=StepTimes)
-    _history: list[tuple[int, int]] = field(default_factory=list)
-    _step: tuple[int, int, int] | None = None  # (live rows, widest draft, tokens) so far of the step the cap sized
+    _history: list[tuple[int, int]] = field(default_factory=list)  # (tried, accepted) per drafting row
+    _offers: list[bool] = field(default_factory=list)  # per row of a step capped above 0: whether it drafted
+    _cap: int = 0  # the cap of the step being observed
+    _step: tuple[int, int] | None = None  # (live rows, widest draft) so far of the step the cap sized
 
     def rate(self) -> float:
+        """The share of tried draft tokens accepted (with `weight` pseudo-tries at `prior`), from the rows that
+        drafted."""
         tried = sum(n for n, _ in self._history)
         return (sum(a for _, a in self._history) + self.prior * self.weight) / (tried + self.weight)
+
+    def drafting(self) -> float:
+        """The share of rows that drafted in steps capped above 0 (with one pseudo-row that did)."""
+        return (sum(self._offers) + 1) / (len(self._offers) + 1)
 
     def model(self, live_rows: int) -> list[float]:
         """The curve's cost of a step of each width k = 0 .. limit at `live_rows` rows."""
         return [self.cost(live_rows * (k + 1)) for k in range(self.limit + 1)]
 
+    def tokens(self, live_rows: int) -> list[float]:
+        """Expected tokens a step of each width k = 0 .. limit commits at `live_rows` rows, given that one row drafts
+        (else the step is AR whatever the cap): that row and each other's share that drafts gain E(k) - 1."""
+        a = min(self.rate(), 0.999)
+        gain = [0.0, *accumulate(a**k for k in range(1, self.limit + 1))]  # E(k) - 1, running sums
+        rows = 1 + (live_rows - 1) * self.drafting()
+        return [live_rows + rows * g for g in gain]
+
     def best(self, live_rows: int) -> int:
         """The width with the most expected tokens per unit of estimated cost at `live_rows` rows."""
-        a = min(self.rate(), 0.999)
-        expected = [live_rows * e for e in accumulate(a**k for k in range(self.limit + 1))]  # B E(k), running sums
-        tokens = self.times.tokens(live_rows, expected)
+        tokens = self.tokens(live_rows)
         best, best_k = -1.0, 0
         for k, cost in enumerate(self.times.estimate(live_rows, self.model)):
             if tokens[k] / cost > best * 1.0001:  # ties go to the shorter draft
@@ -82,23 +96,26 @@ class AutoBudget:
             best_k = 0  # batched AR first: the reference the wider widths' measured costs are judged against
         if best_k == 0 and self._history:
             self._history.pop(0)  # nothing will be learnt this step: forget, drifting back to the prior
-        self._step = (live_rows, 0, 0)
+        self._cap, self._step = best_k, (live_rows, 0)
         return best_k
 
     def observe(self, draft_size: int, accepted: int) -> None:
         if self._step is not None:
-            rows, width, tokens = self._step
-            self._step = (rows, max(width, min(draft_size, self.limit)), tokens + accepted + 1)
+            rows, width = self._step
+            self._step = (rows, max(width, min(draft_size, self.limit)))
+        if self._cap:
+            self._offers.append(draft_size > 0)
+            del self._offers[: -self.window]
         if draft_size == 0:
-            return
+            return  # no proposal: says nothing about acceptance
         self._history.append((accepted + (accepted < draft_size), accepted))  # (tried, accepted)
         while sum(n for n, _ in self._history) > self.window and len(self._history) > 1:
             self._history.pop(0)
 
     def observe_step(self, seconds: float) -> None:
         if self._step is not None:
-            rows, width, tokens = self._step
-            self.times.add(rows, width, seconds, tokens)
+            rows, width = self._step
+            self.times.add(rows, width, seconds)
             self._step = None
 
 

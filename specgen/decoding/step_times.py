@@ -22,22 +22,22 @@ class StepTimes:
     _steps: dict[int, dict[int, deque]] = field(default_factory=dict)
     _memo: dict = field(default_factory=dict, repr=False)  # measured / source per row count, until the next step
 
-    def add(self, rows: int, width: int, seconds: float, tokens: int) -> None:
+    def add(self, rows: int, width: int, seconds: float) -> None:
         self.clock += 1
         self._memo.clear()  # a new step: every count's freshness moves
         per_width = self._steps.setdefault(rows, {})
-        per_width.setdefault(width, deque(maxlen=self.keep)).append((self.clock, seconds, tokens))
+        per_width.setdefault(width, deque(maxlen=self.keep)).append((self.clock, seconds))
 
-    def measured(self, rows: int) -> dict[int, Measure]:
-        """width -> its fresh steps at `rows` live rows (widths with at least `min_steps`): the median seconds (one
-        stalled step does not decide) and the mean tokens committed (they vary from step to step)."""
+    def measured(self, rows: int) -> dict[int, float]:
+        """width -> the median seconds of its fresh steps at `rows` live rows (widths with at least `min_steps`):
+        one stalled step does not decide."""
         if ("measured", rows) in self._memo:  # a budget step asks several times, and `source` for every count
             return self._memo[("measured", rows)]
         out = {}
         for k, steps in self._steps.get(rows, {}).items():
-            fresh = [(s, n) for t, s, n in steps if self.clock - t < self.memory]
+            fresh = [s for t, s in steps if self.clock - t < self.memory]
             if len(fresh) >= self.min_steps:
-                out[k] = Measure(median(s for s, _ in fresh), sum(n for _, n in fresh) / len(fresh))
+                out[k] = median(fresh)
         self._memo[("measured", rows)] = out
         return out
 
@@ -62,27 +62,13 @@ class StepTimes:
         each width at B rows, in any unit); from `source(rows)`'s measurements, scaled by the curve when that is
         another count."""
         src = self.source(rows)
-        here = {k: m.seconds for k, m in self.measured(src).items()}
+        here = self.measured(src)
         if not here:
             return list(model(rows))
         at_src = anchored(model(src), here)
         if src == rows:
             return at_src
         return [cost * e / m for cost, e, m in zip(model(rows), at_src, model(src))]
-
-    def tokens(self, rows: int, expected: list[float]) -> list[float]:
-        """Tokens a step of each width commits at `rows` live rows: measured where it ran (at `source(rows)`), else
-        `expected[k]` scaled by the nearest drafting width's measured / expected."""
-        src = self.source(rows)
-        here = {k: m.tokens * rows / src for k, m in self.measured(src).items()}
-        out = [here.get(k, e) for k, e in enumerate(expected)]
-        drafting = [k for k in here if k > 0]
-        if drafting:
-            for k, e in enumerate(expected):
-                if k > 0 and k not in here:
-                    n = min(drafting, key=lambda w: (abs(w - k), w))
-                    out[k] = e * here[n] / expected[n]
-        return out
 
 
 def anchored(model: list[float], measured: dict[int, float]) -> list[float]:
@@ -101,11 +87,3 @@ def anchored(model: list[float], measured: dict[int, float]) -> list[float]:
             n = widths[0] if i == 0 else widths[-1]
             out.append(measured[n] * cost / model[n])
     return out
-
-
-@dataclass(frozen=True)
-class Measure:
-    """A width's fresh steps at one row count."""
-
-    seconds: float  # median wall time of a step
-    tokens: float  # mean tokens committed by a step (all rows)

@@ -8,7 +8,7 @@ from specgen.decoding import memory
 from specgen.decoding.budget import AutoBudget, FixedBudget, MeasuredBudget, steady_rate
 from specgen.decoding.cache import KVCache
 from specgen.decoding.cost import CostCurve, measure_cost
-from specgen.decoding.step_times import Measure, StepTimes
+from specgen.decoding.step_times import StepTimes
 from specgen.errors import UsageError
 from tests.conftest import tiny_model
 
@@ -46,7 +46,7 @@ def test_auto_budget_shrinks_as_the_batch_fills_the_product():
 def test_auto_budget_learns_the_acceptance_rate_and_retries_after_ar_steps():
     b = AutoBudget(8, CostCurve((1, 2, 4, 8, 16), (1.0, 1.3, 1.8, 2.8, 5.0)), prior=0.9)
     for _ in range(2):
-        b.times.add(1, 0, 1.0, 1)  # batched AR measured (it runs first): drafting is judged by the curve's shape
+        b.times.add(1, 0, 1.0)  # batched AR measured (it runs first): drafting is judged by the curve's shape
     before = b.cap(1)
     b.observe(4, 0)
     assert b.rate() == pytest.approx(7.2 / 9) and b.cap(1) > 0  # one rejection does not stop drafting
@@ -73,10 +73,28 @@ def test_auto_budget_follows_measured_step_times_where_the_curve_misjudges_them(
     seconds = lambda cap, b: 1.0 + (0.02 if b == 1 else 1.0) * cap  # noqa: E731
     accepted = lambda cap: min(cap, 2)  # noqa: E731
     assert run_steps(budget, 16, 64, seconds, accepted) == [0, 0, 4, 4] + [0] * 60  # 2 tokens in 5 s < 1 in 1 s
-    assert budget.times.measured(16) == {0: Measure(1.0, 16.0), 4: Measure(5.0, 48.0)}
+    assert budget.times.measured(16) == {0: 1.0, 4: 5.0}
     assert run_steps(budget, 1, 20, seconds, accepted) == [0, 0] + [4] * 18
     curve_only = AutoBudget(4, CostCurve((1, 128), (1.0, 1.1)), prior=0.8)
     assert curve_only.best(16) == 4  # what the curve alone would run
+
+
+def test_auto_budget_keeps_drafting_copies_after_early_rejections():
+    """Prompt lookup over a long document (issue 49, RAG): an n-gram draft is a copied span, accepted whole or rejected
+    at its first token, and the first two drafts are rejected. Before, those two steps' measured tokens (1 per
+    step) stood for every drafting width for `memory` (128) steps and the budget stayed with AR for the rest of the
+    answer; now the tokens come from the learnt rate, and the budget drafts the copies."""
+    curve = CostCurve((1, 2, 4, 8), (1.0, 1.05, 1.27, 2.15))  # the int4 SmolLM2 target's, 1 thread
+    budget, caps, drafts = AutoBudget(16, curve), [], 0
+    for _ in range(40):  # 128 new tokens
+        cap = budget.cap(1)
+        size = min(cap, 4)  # the drafter's own num_draft
+        drafts += size > 0
+        budget.observe(size, size if drafts > 2 else 0)
+        budget.observe_step(0.01 * curve(size + 1))
+        caps.append(cap)
+    assert caps[:2] == [0, 0] and min(caps[2:]) >= 2  # AR first, then drafts throughout
+    assert min(caps[-10:]) >= 4  # the drafter's whole span, once copies are accepted
 
 
 def test_step_times_interpolate_between_measured_widths_and_expire():
@@ -84,28 +102,25 @@ def test_step_times_interpolate_between_measured_widths_and_expire():
     model = [1.0, 1.1, 1.2, 1.3, 1.4, 1.5]
     curve = lambda b: model  # noqa: E731
     assert times.estimate(4, curve) == model  # nothing measured: the curve
-    for width, seconds, tokens in [(4, 5.0, 8), (4, 5.0, 12), (0, 1.0, 4), (0, 1.0, 4), (0, 1.0, 4)]:
-        times.add(4, width, seconds, tokens)
+    for width, seconds in [(4, 5.0), (4, 5.0), (0, 1.0), (0, 1.0), (0, 1.0)]:
+        times.add(4, width, seconds)
     est = times.estimate(4, curve)
     assert est[:5] == [1.0, 2.0, 3.0, 4.0, 5.0] and est[5] == pytest.approx(5.0 * 1.5 / 1.4)  # past 4: the curve
-    # tokens: measured at widths 0 and 4; the others scaled by what width 4 measured against the model (10 of 20)
-    assert times.tokens(4, [4.0, 8.0, 12.0, 16.0, 20.0, 24.0]) == [4.0, 4.0, 6.0, 8.0, 10.0, 12.0]
     for _ in range(8):
-        times.add(4, 0, 1.0, 4)
-    assert times.measured(4) == {0: Measure(1.0, 4.0)}  # width 4's steps are more than 10 steps old
+        times.add(4, 0, 1.0)
+    assert times.measured(4) == {0: 1.0}  # width 4's steps are more than 10 steps old
     assert times.estimate(4, curve) == pytest.approx(model)  # so width 4 is judged by the curve again
     assert times.estimate(2, curve) == model  # per row count
 
 
 def test_a_count_without_both_widths_measured_borrows_a_near_one():
     times = StepTimes(min_steps=1)
-    for width, seconds, tokens in [(0, 1.0, 16), (4, 4.0, 32)]:
-        times.add(16, width, seconds, tokens)
+    for width, seconds in [(0, 1.0), (4, 8.0)]:  # each draft token costs nearly two AR steps at 16 rows
+        times.add(16, width, seconds)
     curve = lambda b: [b * 1.0, b * 1.1, b * 1.2, b * 1.3, b * 1.4]  # noqa: E731
     assert times.source(16) == 16 and times.source(13) == 16 and times.source(12) == 12  # within a quarter of B
     est = times.estimate(15, curve)  # 16's measured costs, scaled by the curve from 16 to 15 rows
-    assert est[0] == pytest.approx(15 / 16) and est[4] == pytest.approx(4.0 * 15 / 16)
-    assert times.tokens(15, [15.0, 30.0, 45.0, 60.0, 75.0]) == pytest.approx([15.0, 12.0, 18.0, 24.0, 30.0])
+    assert est[0] == pytest.approx(15 / 16) and est[4] == pytest.approx(8.0 * 15 / 16)
     budget = AutoBudget(4, CostCurve((1, 128), (1.0, 1.1)), prior=0.8, times=times)
     assert budget.best(15) == 0  # 16 rows stand for 15, and there drafting lost
     assert budget.best(8) == 4 and budget.cap(8) == 0  # too far to borrow: the curve's pick, after AR first
