@@ -79,10 +79,11 @@ def save_aligned(tensors: dict[str, torch.Tensor], path: Path, key: str, source:
 
 
 def held(module: nn.Module) -> dict[str, torch.Tensor] | None:
-    """The module's state, each tensor once (a tie under its first name), or None when it holds something else."""
+    """The module's state, each tensor once (a tie under its first name), or None when it holds something else (or a
+    dtype the file format has no name for)."""
     state, seen = {}, set()
     for name, t in module.state_dict(keep_vars=True).items():
-        if not isinstance(t, torch.Tensor):
+        if not isinstance(t, torch.Tensor) or t.dtype not in SAFETENSORS_DTYPES:
             return None
         if id(t) not in seen:
             seen.add(id(t))

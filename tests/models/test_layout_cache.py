@@ -182,3 +182,11 @@ def test_the_file_of_a_removed_entry_goes_at_the_next_store(entry):
     registry.remove(entry.name)
     load(other)
     assert cache_files() != [] and old not in cache_files()
+
+
+def test_a_dtype_the_writer_cannot_name_is_not_cached():
+    """A tensor of a dtype outside the writer's table leaves the model uncached (loaded as before), never a crash."""
+    m = torch.nn.Linear(2, 2)
+    assert layout_cache.held(m) is not None
+    m.register_buffer("odd", torch.zeros(2, dtype=torch.complex64))
+    assert layout_cache.held(m) is None
