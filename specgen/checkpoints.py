@@ -78,26 +78,30 @@ def stale_builtin(entry: Entry, builtin) -> bool:
 
 def load_module(entry: Entry, device: str = "cpu", dtype: torch.dtype = torch.float32,
                 decode: bool = False) -> torch.nn.Module:
-    """Build the entry's module with its builder and load its weights strictly; `decode`: straight into the decode
-    layout, memory-mapped from the layout cache when it holds them, else loaded and stored there
-    (`models/layout_cache.py`)."""
+    """Build the entry's module with its builder and load its weights strictly; `decode`: in its decode layout
+    (`models/layout.py`), its weights memory-mapped from the layout cache when it holds them, else loaded (each
+    written once, into its decode form) and stored there (`models/layout_cache.py`)."""
     builder = entry.meta.get("builder")
     if builder not in BUILDERS:
         raise CheckpointError(f"{entry.ref}: unknown builder {builder!r}")
     kwargs = entry.meta.get("kwargs", {})
     check_declared_size(entry, builder, kwargs)
     module = build(entry, builder, kwargs).to(device=device, dtype=dtype)  # before the load: each weight written once
+    weights = entry.path / registry.WEIGHTS
     if decode:
         decode_layout(module, loaded=False)
-    if decode and layout_cache.restore(module, entry.path / registry.WEIGHTS):
-        return module.eval()
-    try:
-        load_state(module, entry)
-    except RuntimeError as e:
-        first = next((line.strip() for line in str(e).splitlines()[1:] if line.strip()), one_line(e))  # what differs
-        raise CheckpointError(f"{entry.ref}: weights do not fit its config ({first})") from None
+    restored = decode and layout_cache.restore(module, weights)
+    if not restored:
+        try:
+            load_state(module, entry)
+        except RuntimeError as e:
+            lines = str(e).splitlines()[1:]
+            first = next((line.strip() for line in lines if line.strip()), one_line(e))  # what differs
+            raise CheckpointError(f"{entry.ref}: weights do not fit its config ({first})") from None
     if decode:
-        layout_cache.store(decode_layout(module), entry.path / registry.WEIGHTS)
+        decode_layout(module)  # what needs the loaded weights: int4/int8 kernel copies, a plan timed on them
+        if not restored:
+            layout_cache.store(module, weights)
     return module.eval()
 
 

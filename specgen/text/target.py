@@ -51,12 +51,12 @@ class TextSource:
         if entry.kind == "adapter":
             module, _ = merged_module(entry, self.base, self.device, tokenizer=self.tokenizer)
             module = prec.in_memory(module, self.dtype, self.quantize)  # a merge is not stored: quantized each load
+            if decode:
+                decode_layout(module)
         else:
             if self.quantize and not entry.meta.get("quantized"):  # made from the float32 weights on first use
                 entry = prec.quantized_entry(entry, self.quantize, progress)
-            module = checkpoints.load_module(entry, self.device, torch_dtype, decode)
-        if decode:
-            decode_layout(module)
+            module = checkpoints.load_module(entry, self.device, torch_dtype, decode)  # decode: laid out there
         target = ModelTarget(module)
         target.device = self.device
         if decode:

@@ -49,13 +49,17 @@ def copies(monkeypatch) -> list[str]:
 
 
 def load(entry) -> torch.nn.Module:
-    """As `TextSource.load`: built in the decode layout, loaded, `decode_layout` after."""
-    return decode_layout(checkpoints.load_module(entry, decode=True))
+    """As `TextSource.load`: built in the decode layout, mapped or loaded (`checkpoints.load_module`)."""
+    return checkpoints.load_module(entry, decode=True)
 
 
 def logits(module) -> torch.Tensor:
     with torch.inference_mode():
         return module(TOKENS, torch.arange(TOKENS.shape[1]).expand(2, -1))[0]
+
+
+#: The tests that find which mapping holds a tensor read /proc/self/maps: Linux only.
+LINUX_MAPS = pytest.mark.skipif(not Path("/proc/self/maps").is_file(), reason="reads /proc/self/maps (Linux)")
 
 
 def cache_files() -> list[Path]:
@@ -73,7 +77,7 @@ def mapping_of(t: torch.Tensor) -> str:
     return ""
 
 
-@pytest.mark.skipif(not Path("/proc/self/maps").is_file(), reason="reads /proc/self/maps (Linux)")
+@LINUX_MAPS
 def test_a_second_load_maps_the_stored_layout_and_lays_out_nothing(entry, copies):
     first = load(entry)
     assert "load_state" in copies and len(cache_files()) == 1
@@ -153,8 +157,7 @@ def test_an_unwritable_cache_folder_warns_once_and_loads(entry, monkeypatch, fau
     assert not layout_cache.folder().is_dir() or cache_files() == []  # no partial file left
 
 
-
-@pytest.mark.skipif(not Path("/proc/self/maps").is_file(), reason="reads /proc/self/maps (Linux)")
+@LINUX_MAPS
 def test_int4_kernel_operands_are_mapped_not_packed_again():
     model = tiny_model(2)
     base = registry.save("target", "tiny", model.state_dict(), {"builder": "transformer", "vocab_size": 64,
@@ -162,7 +165,7 @@ def test_int4_kernel_operands_are_mapped_not_packed_again():
     entry = precision.quantized_entry(base, "int4")
 
     def load_int4():
-        return decode_layout(checkpoints.load_module(entry, "cpu", torch.bfloat16, decode=True))
+        return checkpoints.load_module(entry, "cpu", torch.bfloat16, decode=True)
 
     first, second = load_int4(), load_int4()
     assert torch.equal(logits(second), logits(first))
