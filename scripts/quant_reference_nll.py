@@ -38,7 +38,7 @@ def int8_activation_head(model):
     """`model` with its int8 LM head run by fbgemm's dynamic int8 product (int8 activations, one scale per row)."""
     head = model.module.output
     head.kernel()
-    head._kernel = (dyn_fixed_product(fbgemm_pack(head.qweight, head.scales), head.in_features), (), None)
+    head._kernel = (dyn_fixed_product(fbgemm_pack(head.qweight, head.scales), head.in_features), (), None, {})
     return model
 
 
