@@ -19,6 +19,8 @@ from specgen.decoding.target import ModelTarget
 from specgen.errors import UsageError
 from specgen.methods import run_batch
 from specgen.models import plan_cache
+from specgen.request import parse_request
+from specgen.text.generate import TextGenConfig, draft_budget
 from tests.conftest import method_drafter, tiny_model
 
 
@@ -105,6 +107,13 @@ def test_an_unwritable_cost_folder_warns_once_and_still_decodes(monkeypatch, tmp
         cost.cost_of(model)
     assert len([w for w in warned if "not cached" in str(w.message)]) == 1 and len(calls) == 2
     assert auto == decode(FixedBudget(0))  # batched AR
+
+
+def test_ngram_defaults_to_the_auto_budget_and_fixed_runs_its_own_draft_size():
+    assert parse_request(TextGenConfig(method="ngram"), "text").budget == "auto"
+    fixed = parse_request(TextGenConfig(method="ngram", method_options={"budget": "fixed"}), "text")
+    assert fixed.budget == "fixed" and draft_budget(None, fixed.budget) is None  # the loop's FixedBudget
+    assert parse_request(TextGenConfig(method="jacobi"), "text").budget == "fixed"  # the other methods keep theirs
 
 
 def test_auto_budget_drafts_when_verification_is_cheap_and_acceptance_high():
