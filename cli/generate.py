@@ -17,7 +17,7 @@ EPILOG = """examples:
 
   specgen generate --method ngram --prompts prompts.txt --format json | jq .completion
 
-  specgen generate --method ngram --prompts prompts.txt --batch-size 16 method_options.budget=auto
+  specgen generate --method ngram --prompts prompts.txt --batch-size 16 method_options.budget=fixed
 
   echo "Sort a list in Python" | specgen generate --method jacobi --prompts - method_options.block_size=4
 

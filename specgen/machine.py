@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from specgen import native, registry
+from specgen.decoding import cost
 from specgen.devices import is_cpu, onednn_packs
 from specgen.models import kernel_choice, layout, layout_cache, plan_cache, quantize
 from specgen.native.ops import QMM_BLOCK
@@ -115,7 +116,7 @@ def size_of(path: Path) -> int:
 def caches() -> dict[str, dict]:
     """Where specgen keeps files, with their sizes."""
     places = {"home": registry.home(), "registry": registry.checkpoints_dir(), "kernel_plans": plan_cache.path(),
-              "decoded_weights": layout_cache.folder(), "native_cache": native.cache_dir()}
+              "cost_curves": cost.path(), "decoded_weights": layout_cache.folder(), "native_cache": native.cache_dir()}
     return {k: {"path": str(p), "exists": p.exists(), "bytes": size_of(p)} for k, p in places.items()}
 
 

@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import bisect
+import hashlib
+import json
 import weakref
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
 
-from specgen.devices import now
+from specgen import native, registry
+from specgen.devices import is_cpu, now
+from specgen.models import plan_cache, quantize
+from specgen.models.layout import layout_name
+from specgen.models.layout_cache import plan_of
 
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
 
@@ -71,9 +78,46 @@ _CURVES: "weakref.WeakKeyDictionary[nn.Module, dict[int, CostCurve]]" = weakref.
 
 
 def cost_of(module: nn.Module) -> CostCurve:
-    """`measure_cost(module)` once per model and thread count in this process (a run of many prompts measures once)."""
+    """`measure_cost(module)` once per model and thread count in this process (a run of many prompts measures once),
+    and on the CPU once per machine (`stored_or_measured`), so a start reads it instead of timing forwards."""
     per_threads = _CURVES.setdefault(module, {})
     threads = torch.get_num_threads()
     if threads not in per_threads:
-        per_threads[threads] = measure_cost(module)
+        per_threads[threads] = stored_or_measured(module)
     return per_threads[threads]
+
+
+def path() -> Path:
+    return registry.home() / "plans" / "cost-curves.json"
+
+
+def key(module: nn.Module) -> str | None:
+    """machine (CPU model and flags, torch) | threads | a digest of what else a forward's time depends on: the model's
+    config, layers (quantization mode and group) and tensors' shapes and dtypes, its weight layout and kernel plan, and
+    which native kernels run, by their sources (a changed kernel measures again). None: not stored (a GPU, or a plan
+    still to be measured)."""
+    plan = plan_of(module)
+    if plan is None or not is_cpu(module.device):
+        return None
+    tensors = [(n, list(t.shape), str(t.dtype)) for n, t in module.state_dict(keep_vars=True).items()]
+    model = json.dumps([repr(module.cfg), repr(module), tensors, layout_name(), plan, quantize.VERSION, ROWS, PREFIX])
+    kernels = [native.describe().encode()] + [f.read_bytes() for f in sorted(native.SOURCE_DIR.glob("*.[ch]"))]
+    digest = hashlib.sha256(b"\0".join([model.encode(), *kernels])).hexdigest()[:16]
+    return f"{plan_cache.machine()}|{torch.get_num_threads()}|{digest}"
+
+
+def stored_or_measured(module: nn.Module) -> CostCurve:
+    """The curve stored under `key(module)`, else measured (and stored where it has a key); a missing entry or one
+    that does not parse is measured and replaced."""
+    k = key(module)
+    stored = plan_cache.read(path()).get(k) if k else None
+    try:
+        rows, cost = tuple(int(r) for r in stored["rows"]), tuple(float(c) for c in stored["cost"])
+        if rows and rows == tuple(sorted(set(rows))) and len(cost) == len(rows) and all(c > 0 for c in cost):
+            return CostCurve(rows, cost)
+    except (TypeError, KeyError, ValueError):
+        pass
+    curve = measure_cost(module)
+    if k is not None:
+        plan_cache.add(path(), k, {"rows": list(curve.rows), "cost": list(curve.cost)})
+    return curve

@@ -93,13 +93,14 @@ class NoOptions(Options):
 #: `budget` = "fixed" (the method's own draft size) or "auto": text methods cap their draft per number of live rows
 #: from the measured cost curve and step times (`AutoBudget`), tree methods choose per number of live rows between
 #: batched AR and their own tree from measured throughput (`MeasuredBudget`; decoding/budget.py). The loop applies
-#: it; the drafters never see it.
+#: it; the drafters never see it. `ngram` defaults to "auto" (it drafts less where drafts do not pay: docs/results/
+#: text.md, batching.md); a sampled run's tokens then depend on the step times measured (their distribution does not).
 BUDGET_DEFAULT = "fixed"
 BUDGETS = ("fixed", "auto")
 
 
-def budget_opt() -> Any:
-    return opt(BUDGET_DEFAULT, ((lambda v: v in BUDGETS), " or ".join(BUDGETS)))
+def budget_opt(default: str = BUDGET_DEFAULT) -> Any:
+    return opt(default, ((lambda v: v in BUDGETS), " or ".join(BUDGETS)))
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,7 @@ class NgramOptions(Options):
     max_ngram: int = opt(3, int_at_least(1))
     min_ngram: int = opt(2, int_at_least(1))
     cache: str = opt("", TEXT)
-    budget: str = budget_opt()
+    budget: str = budget_opt("auto")
 
 
 @dataclass(frozen=True)

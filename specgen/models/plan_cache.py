@@ -1,5 +1,6 @@
 """Kernel plans kept on disk (`$SPECGEN_HOME/plans/kernel-plans.json`): measured once per machine, torch version,
-thread count and weight shapes; a file that does not parse is rewritten, an unwritable folder warns once."""
+thread count and weight shapes; a file that does not parse is rewritten, an unwritable folder warns once. The same
+JSON helpers keep `decoding/cost.py`'s cost curves beside them."""
 
 from __future__ import annotations
 
@@ -35,10 +36,10 @@ def key(signature: tuple, threads: int) -> str:
     return f"{machine()}|{threads}|{hashlib.sha256(shapes.encode()).hexdigest()[:16]}"
 
 
-def read() -> dict:
-    """The stored plans ({} when there are none, or the file does not parse)."""
+def read(file: Path | None = None) -> dict:
+    """The entries stored in `file` (default: the plans; {} when there are none, or the file does not parse)."""
     try:
-        data = json.loads(path().read_text())
+        data = json.loads((file or path()).read_text())
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
@@ -55,19 +56,25 @@ def load(k: str) -> tuple[int, tuple[int, int | None] | None] | None:
 
 
 def store(k: str, min_rows: int, native: tuple[int, int | None] | None) -> None:
-    """Add a plan; a folder that cannot be written warns once and keeps the process's own measurement."""
-    plans = read()
-    plans[k] = {"min_rows": min_rows, "native": None if native is None else list(native)}
+    """Add a plan."""
+    add(path(), k, {"min_rows": min_rows, "native": None if native is None else list(native)})
+
+
+def add(file: Path, k: str, entry) -> None:
+    """Store `entry` under `k` in `file` (read again first: other processes' entries stay); a folder that cannot be
+    written warns once and the process keeps its own measurement."""
+    entries = read(file)
+    entries[k] = entry
     try:
-        atomic_write_text(path(), json.dumps(plans, indent=1, sort_keys=True))
+        atomic_write_text(file, json.dumps(entries, indent=1, sort_keys=True))
     except OSError as e:
-        warn_unwritable(path().parent, e.strerror or str(e))
+        warn_unwritable(file.parent, e.strerror or str(e))
 
 
 def warn_unwritable(folder: Path, why: str) -> None:
-    """Warn that a cache under this home cannot be written (plans, decoded weights): once per process and home,
-    whichever cache meets it first; the process runs on with what it measured and built itself."""
+    """Warn that a cache under this home cannot be written (plans, cost curves, decoded weights): once per process and
+    home, whichever cache meets it first; the process runs on with what it measured and built itself."""
     if str(registry.home()) not in WARNED:
         WARNED.add(str(registry.home()))
-        warnings.warn(f"kernel plans and decoded weights are not cached ({folder}: {why}); each start measures and "
-                      "lays them out again", stacklevel=3)
+        warnings.warn(f"kernel plans, cost curves and decoded weights are not cached ({folder}: {why}); each start "
+                      "measures and lays them out again", stacklevel=3)

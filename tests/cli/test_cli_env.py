@@ -23,7 +23,8 @@ def test_env_json_has_every_fact_and_loads_no_model(monkeypatch, specgen_home):
     assert {"devices", "isa", "threads", "torch", "cuda", "kernels", "native", "caches"} <= set(facts)
     assert facts["devices"][0]["name"] == "cpu" and facts["threads"]["torch"] >= 1
     assert FAMILIES <= set(facts["kernels"]) and all(k["path"] and k["why"] for k in facts["kernels"].values())
-    assert set(facts["caches"]) == {"home", "registry", "kernel_plans", "decoded_weights", "native_cache"}
+    assert set(facts["caches"]) == {"home", "registry", "kernel_plans", "cost_curves", "decoded_weights",
+                                    "native_cache"}
     assert facts["caches"]["home"]["path"] == str(specgen_home)
     assert set(facts["native"]["libraries"]) == {"attention", "glue", "tiled", "qmm"}
     assert not (specgen_home / "checkpoints").exists()  # nothing materialised

@@ -30,8 +30,10 @@ def one_kernel_plan():
 
 
 def bench(limit: int = 5, tokens: int = 8, batch: str = "1,2", *extra: str) -> list[str]:
+    """`budget=fixed`: n-gram's default `auto` sizes drafts by measured step times, so its TPF differs per process."""
     return ["benchmark", "--suite", "humaneval", "--model", "tiny-long", "--methods", "ar,ngram,jacobi", "--limit",
-            str(limit), "--max-new-tokens", str(tokens), "--batch-size", batch, "warmup=false", *extra]
+            str(limit), "--max-new-tokens", str(tokens), "--batch-size", batch, "warmup=false",
+            "options.ngram.budget=fixed", *extra]
 
 
 ARGS = bench()

@@ -1,16 +1,27 @@
-"""The auto draft budget's choice, the cost curve it reads, and the cache-size refusal."""
+"""The auto draft budget's choice, the cost curve it reads (and its file), and the cache-size refusal."""
 
 from __future__ import annotations
 
-import pytest
+import json
+import weakref
 
-from specgen.decoding import memory
+import pytest
+import torch
+
+from specgen import native
+from specgen.decoding import cost, memory
 from specgen.decoding.budget import AutoBudget, FixedBudget, MeasuredBudget, steady_rate
 from specgen.decoding.cache import KVCache
 from specgen.decoding.cost import CostCurve, measure_cost
+from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.step_times import StepTimes
+from specgen.decoding.target import ModelTarget
 from specgen.errors import UsageError
-from tests.conftest import tiny_model
+from specgen.methods import run_batch
+from specgen.models import plan_cache
+from specgen.request import parse_request
+from specgen.text.generate import TextGenConfig, draft_budget
+from tests.conftest import method_drafter, tiny_model
 
 
 def test_cost_curve_interpolates_and_extrapolates():
@@ -24,6 +35,85 @@ def test_measured_cost_is_relative_to_one_token_and_never_falls():
     curve = measure_cost(tiny_model(0), rows=(1, 2, 8, 64), rounds=1)
     assert curve.rows == (1, 2, 8, 64) and all(c > 0 for c in curve.cost)
     assert list(curve.cost) == sorted(curve.cost) and curve.cost[0] <= 1.0
+
+
+def counted_measure(monkeypatch) -> list:
+    """Every `measure_cost` of `cost_of` (a short real one), recorded; each test's SPECGEN_HOME starts empty."""
+    calls, real = [], cost.measure_cost
+    monkeypatch.setattr(cost, "measure_cost", lambda m: calls.append(m) or real(m, rows=(1, 2, 8), rounds=1))
+    return calls
+
+
+def new_process(monkeypatch) -> None:
+    monkeypatch.setattr(cost, "_CURVES", weakref.WeakKeyDictionary())
+
+
+def test_a_stored_cost_curve_is_read_on_the_next_start_without_timing(monkeypatch):
+    calls = counted_measure(monkeypatch)
+    first = cost.cost_of(tiny_model(0))
+    assert len(calls) == 1 and cost.path().is_file()
+    new_process(monkeypatch)
+    monkeypatch.setattr(cost, "now", lambda device: pytest.fail("a stored curve is timed again"))
+    assert cost.cost_of(tiny_model(1)) == first and len(calls) == 1  # other weights, same structure: read
+
+
+@pytest.mark.parametrize("change", ["threads", "kernels", "sources", "shapes"])
+def test_a_changed_key_measures_again(monkeypatch, tmp_path, request, change):
+    calls = counted_measure(monkeypatch)
+    cost.cost_of(tiny_model(0))
+    new_process(monkeypatch)
+    model = tiny_model(0)
+    if change == "threads":
+        threads = torch.get_num_threads()
+        request.addfinalizer(lambda: torch.set_num_threads(threads))
+        torch.set_num_threads(threads % 2 + 1)  # another count
+    elif change == "kernels":
+        monkeypatch.setattr(native, "describe", lambda: "another int4 kernel")
+    elif change == "sources":
+        (tmp_path / "int4.c").write_text("/* a replaced product kernel */")
+        monkeypatch.setattr(native, "SOURCE_DIR", tmp_path)
+    else:
+        model = tiny_model(0, ffn_dim=96)
+    cost.cost_of(model)
+    assert len(calls) == 2 and len(plan_cache.read(cost.path())) == 2
+
+
+@pytest.mark.parametrize("text", ["{not json", '{"KEY": {"rows": [1, 2], "cost": [1.0]}}'])
+def test_a_corrupt_cost_file_or_entry_is_measured_again_and_rewritten(monkeypatch, text):
+    calls = counted_measure(monkeypatch)
+    model = tiny_model(0)
+    cost.path().parent.mkdir(parents=True)
+    cost.path().write_text(text.replace("KEY", cost.key(model)))
+    curve = cost.cost_of(model)
+    assert len(calls) == 1
+    assert json.loads(cost.path().read_text())[cost.key(model)] == {"rows": list(curve.rows), "cost": list(curve.cost)}
+
+
+def test_an_unwritable_cost_folder_warns_once_and_still_decodes(monkeypatch, tmp_path):
+    calls = counted_measure(monkeypatch)
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("SPECGEN_HOME", str(tmp_path / "file" / "home"))  # under a file
+    monkeypatch.setattr(plan_cache, "WARNED", set())
+    model, prompts = tiny_model(0), [[5, 17, 3, 5, 17, 3, 5], [11, 11, 7]]
+
+    def decode(budget):
+        res = run_batch(ModelTarget(model), lambda i: method_drafter("ngram"), prompts, 12, SamplingParams(), (),
+                        batch_size=2, budget=budget)
+        return [r.tokens for r in res.results]
+
+    with pytest.warns(UserWarning, match="cost curves") as warned:
+        auto = decode(AutoBudget(16, cost.cost_of(model)))
+        new_process(monkeypatch)
+        cost.cost_of(model)
+    assert len([w for w in warned if "not cached" in str(w.message)]) == 1 and len(calls) == 2
+    assert auto == decode(FixedBudget(0))  # batched AR
+
+
+def test_ngram_defaults_to_the_auto_budget_and_fixed_runs_its_own_draft_size():
+    assert parse_request(TextGenConfig(method="ngram"), "text").budget == "auto"
+    fixed = parse_request(TextGenConfig(method="ngram", method_options={"budget": "fixed"}), "text")
+    assert fixed.budget == "fixed" and draft_budget(None, fixed.budget) is None  # the loop's FixedBudget
+    assert parse_request(TextGenConfig(method="jacobi"), "text").budget == "fixed"  # the other methods keep theirs
 
 
 def test_auto_budget_drafts_when_verification_is_cheap_and_acceptance_high():

@@ -226,6 +226,6 @@ def test_an_unwritable_plan_folder_measures_with_one_warning(monkeypatch, tmp_pa
     (tmp_path / "file").write_text("")
     monkeypatch.setattr(plan_cache, "path", lambda: tmp_path / "file" / "plans" / plan_cache.FILE)  # under a file
     monkeypatch.setattr(plan_cache, "WARNED", set())
-    with pytest.warns(UserWarning, match="kernel plans and decoded weights are not cached"):
+    with pytest.warns(UserWarning, match="kernel plans, cost curves and decoded weights are not cached"):
         assert kernel_choice.stored_or_measured([torch.nn.Linear(8, 8)], ((8, 8, torch.float32),), 1) == Plan(2)
     assert len(calls) == 1
