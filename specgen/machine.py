@@ -72,11 +72,12 @@ def float_path(plans: str = "") -> dict:
 
 
 def quantized_path(mode: str) -> dict:
-    """int8 / int4 text targets: qmm.c (int8 activations) or torch's packed kernels at every row count."""
+    """int8 / int4 text targets: qmm.c (15-bit activations) or torch's packed kernels at every row count."""
     prefill = f"bfloat16 GEMM from {quantize.PROMPT_MIN_ROWS[mode]} rows" if quantize.bf16_gemm() else "the same kernel"
     why = "one kernel at every row count, so a row's bits do not depend on its verify width"
     if kernel_choice.quantized_product(QMM_BLOCK, QMM_BLOCK) == "native":
-        path = f"native qmm.c ({QMM_PATHS[native.library('qmm').specgen_qmm_path()]}), int8 activations, LM head too"
+        isa = QMM_PATHS[native.library("qmm").specgen_qmm_path()]
+        path = f"native qmm.c ({isa}), activations in two int8 bytes (15 bits), LM head too"
     else:
         path = f"{QUANTIZED_MM[mode]}, bfloat16 activations; LM head torch _weight_int8pack_mm"
         why += "; qmm.c not built here"

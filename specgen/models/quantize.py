@@ -1,7 +1,8 @@
 """Weight-only int8 / int4 quantization of a Transformer for CPU decoding (qmm.c, else torch's own packed kernels).
 
 Invariant: every quantized kernel computes each row of a product alone, so a row's numbers never depend on its batch
-partners or the verify width and greedy speculation equals AR; only a prompt prefill (`models/prompt.py`) dequantizes to one bfloat16 GEMM. Formats and why: docs/precision.md.
+partners or the verify width and greedy speculation equals AR; only a prompt prefill (`models/prompt.py`) dequantizes
+to one bfloat16 GEMM. Formats, kernels and why: docs/precision.md.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from specgen import devices
 from specgen.errors import UsageError
 from specgen.models import prompt
 from specgen.models.kernel_choice import quantized_product
-from specgen.native import ops
 from specgen.models.transformer import Transformer, TransformerConfig
+from specgen.native import ops
 
 GROUPS = (32, 64, 128, 256)  # int4 group sizes the CPU kernel accepts
 DEFAULT_GROUP = 32
@@ -131,8 +132,9 @@ def check_int4_shape(in_features: int, group: int) -> None:
 
 
 class QuantizedLinear(nn.Module):
-    """Linear with int8 or int4 weights (buffers, saved in the state dict) and bfloat16 products: x [..., in] (any
-    float dtype) -> [..., out] in x's dtype, on the quantized kernel except in a prompt prefill (`models/prompt.py`)."""
+    """Linear with int8 or int4 weights (buffers, saved in the state dict): x [..., in] (any float dtype) -> [..., out]
+    in x's dtype, on the quantized kernel (`kernel_choice.quantized_product`) except in a prompt prefill
+    (`models/prompt.py`)."""
 
     _kernel: tuple | None = None  # (op, operands, bias, made tensors) of `kernel`; dropped when the buffers are
     # replaced (assignment, load_state_dict, .to()), remade at the next product
@@ -216,7 +218,8 @@ class QuantizedLinear(nn.Module):
         scales, or torch int4's packed weight and scales-and-zeros [in/g, out, 2] bf16; none for torch int8."""
         if self.native:
             codes = unpack_int4(self.qweight) if self.mode == "int4" else self.qweight  # [out, in]
-            return dict(zip(("codes", "sz"), ops.pack_codes(codes, self.scales, getattr(self, "zeros", None))))
+            zeros = self.zeros if self.mode == "int4" else None
+            return dict(zip(("codes", "sz"), ops.pack_codes(codes, self.scales, zeros)))
         if self.mode == "int8":
             return {}
         packed = torch.empty_like(self.qweight)  # [out, in/2] in the kernel's order (blocks of <= 64 rows)
@@ -244,7 +247,8 @@ class QuantizedLinear(nn.Module):
         int4's scales and zeros become views of its sz: held once."""
         if "codes" in made:
             bits, group = (4, self.group) if self.mode == "int4" else (8, self.in_features)
-            self._kernel = (native_product, (made["codes"], made["sz"], bits, group, self.out_features), self.bias, made)
+            operands = (made["codes"], made["sz"], bits, group, self.out_features)
+            self._kernel = (native_product, operands, self.bias, made)
         elif "packed" in made:
             self.scales, self.zeros = made["sz"][..., 0].t(), made["sz"][..., 1].t()
             self._kernel = (INT4_MM, (made["packed"], self.group, made["sz"]), self.bias, made)

@@ -194,7 +194,8 @@ def qmm(x: torch.Tensor, codes: torch.Tensor, sz: torch.Tensor, bits: int, group
 
 
 @torch.no_grad()
-def pack_codes(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def pack_codes(codes: torch.Tensor, scales: torch.Tensor,
+               zeros: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """(codes [tiles, K / 32 * (256 | 512)] uint8, sz [tiles, groups, 2 | 1, 16] bfloat16): qmm.c's layout of int4
     codes [N, K] (uint8 0..15) with scales, zeros [N, groups], or of int8 codes [N, K] with scales [N] (zeros None);
     outputs past N get zero codes and scales."""

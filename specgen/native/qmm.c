@@ -166,10 +166,10 @@ static inline __attribute__((always_inline)) void tile_rows(const acts *a, int m
 #pragma GCC unroll 8
                     for (int p = 0; p < 8; p++) {
                         __m256i xq = _mm256_set1_epi32(word(q + 4 * p)), xr = _mm256_set1_epi32(word(lo + 4 * p));
-                        __m256i pq = bits == 4 ? _mm256_maddubs_epi16(w[p], xq)
-                                               : _mm256_maddubs_epi16(_mm256_abs_epi8(w[p]), _mm256_sign_epi8(xq, w[p]));
-                        __m256i pr = bits == 4 ? _mm256_maddubs_epi16(w[p], xr)
-                                               : _mm256_maddubs_epi16(_mm256_abs_epi8(w[p]), _mm256_sign_epi8(xr, w[p]));
+                        /* bits 8: |c| times x with c's sign (the sign trick: every pair sum fits int16) */
+                        __m256i u = bits == 4 ? w[p] : _mm256_abs_epi8(w[p]);
+                        if (bits == 8) xq = _mm256_sign_epi8(xq, w[p]), xr = _mm256_sign_epi8(xr, w[p]);
+                        __m256i pq = _mm256_maddubs_epi16(u, xq), pr = _mm256_maddubs_epi16(u, xr);
                         hi = _mm256_add_epi32(hi, _mm256_madd_epi16(pq, ones));
                         low = _mm256_add_epi32(low, _mm256_madd_epi16(pr, ones));
                     }
@@ -214,8 +214,9 @@ static void tile_rows(const acts *a, int m0, const uint8_t *codes, const uint16_
                 int32_t dot = 0;
                 for (int p = 0; p < 8; p++)
                     for (int i = 0; i < 4; i++) {
-                        int c = bits == 4 ? ((codes[(int64_t)b * 256 + 64 * (p / 2) + 4 * j + i] >> (4 * (p % 2))) & 15) - 8
-                                          : (int8_t)codes[(int64_t)b * 512 + 64 * p + 4 * j + i];
+                        int64_t at = bits == 4 ? (int64_t)b * 256 + 64 * (p / 2) + 4 * j + i
+                                               : (int64_t)b * 512 + 64 * p + 4 * j + i;
+                        int c = bits == 4 ? ((codes[at] >> (4 * (p % 2))) & 15) - 8 : (int8_t)codes[at];
                         dot += c * (128 * q[4 * p + i] + lo[4 * p + i]);
                     }
                 float u = bf16_to_f32(sz[((int64_t)g * ps) * TN + j]) * a->d[row * nb + b];
