@@ -10,6 +10,7 @@ import typer
 from cli._errors import command
 from cli._options import (ConfigOpt, DeviceOpt, DtypeOpt, Format, FormatOpt, GraphsOpt, MethodOpt, ModelOpt,
                           OverridesArg, QuantizeOpt, QuietOpt, SeedOpt, recipe_key)
+from cli._process import imports_frozen
 
 EPILOG = """examples:
 
@@ -72,8 +73,9 @@ def generate(
     quiet: QuietOpt = False,
 ) -> None:
     """Generate with a decoding method; lossless methods give exactly the target's output."""
-    # deferred: start-up (the method table and the runners import torch; `specgen --help` does without them)
-    from cli.generate_runners import GenerateArgs, run
+    with imports_frozen():  # their objects are never scanned by the cyclic collector (cli/_process.py)
+        # deferred: start-up (the method table and the runners import torch; `specgen --help` does without them)
+        from cli.generate_runners import GenerateArgs, run
 
     recipe = dict(model=model, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, device=device,
                   batch_size=batch_size, dtype=dtype, quantize=quantize, graphs=graphs)

@@ -9,6 +9,7 @@ import typer
 from cli import (benchmark, collect_trajectories, distill, env, export_mesh, generate, registry_cmd, train_heads,
                  train_upsampler)
 from cli._errors import OneLineGroup
+from cli._process import end
 
 app = typer.Typer(
     name="specgen",
@@ -30,12 +31,16 @@ app.add_typer(registry_cmd.app, name="registry")
 
 
 def main() -> None:
-    """Console-script entry point; SIGTERM (timeout, kill, pre-emption) unwinds like Ctrl-C, so cleanups run."""
+    """Console-script entry point; SIGTERM (timeout, kill, pre-emption) unwinds like Ctrl-C, so cleanups run; the
+    process then ends without the interpreter's teardown (`end`)."""
     def terminate(signum, frame):
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, terminate)
-    app()
+    try:
+        app()
+    except SystemExit as e:
+        end(e.code)
 
 
 if __name__ == "__main__":
