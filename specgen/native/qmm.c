@@ -8,7 +8,8 @@
  * finer than bfloat16's near the block's largest values; one byte cost NLL on reference code). Then, per output,
  *     acc = 0; per block b in order: acc = fma((float) dot_b, s[g(b)] * d_b, acc), dot_b = sum (c - o) * Q exactly
  *     (int32: 128 * sum c q + sum c r - o * sum Q); after a group's last block (bits 4): acc = fma(z[g], xs_g, acc),
- *     xs_g = the group's x summed in order; out = acc rounded to x's dtype.
+ *     xs_g = the group's x summed in 16 lanes (lane l: inputs l, l + 16, ... in order), the lanes by a fixed tree;
+ *     out = acc rounded to x's dtype.
  * Invariant: that sequence is the same for every row count, row position, thread count and instruction set (the
  * integer sums are exact, the float steps the same IEEE operations lane by lane): a row's result depends on its own
  * input only, so a token scored in a verify forward gets the numbers of its AR step, on AVX-512 VNNI, AVX2 or plain C.
@@ -34,6 +35,7 @@
 #define TN 16   /* outputs per tile */
 #define BK 32   /* inputs per activation block */
 #define QMAX (127 * 128) /* the largest |Q| */
+#define LANES 16
 
 typedef struct {
     const int8_t *q;  /* [M, K] activation codes: the high byte q of Q */
@@ -230,33 +232,58 @@ static void tile_rows(const acts *a, int m0, const uint8_t *codes, const uint16_
 }
 #endif
 
-/* one row of x into its blocks' Q (as q, r), scales d and sums of Q, and per-group sums of x (the header's rules) */
-static void quantize_row(const void *x, int es, int K, int group, int8_t *q, int8_t *r, float *d, int32_t *sq,
-                         float *xs) {
-    float v[BK];
-    for (int b = 0; b < K / BK; b++) {
-        float amax = 0.0f;
-        for (int i = 0; i < BK; i++) {
-            v[i] = load1(x, (int64_t)b * BK + i, es);
-            amax = fmaxf(amax, fabsf(v[i]));
-        }
-        float inv = amax > 0.0f ? QMAX / amax : 0.0f;
-        int32_t sum = 0;
-        for (int i = 0; i < BK; i++) {
-            float f = nearbyintf(v[i] * inv);
-            int c = f > QMAX ? QMAX : f < -QMAX ? -QMAX : (int)f;
-            int hi = (c + 64) >> 7;  /* floor: c = 128 hi + lo, lo in -64..63 */
-            q[b * BK + i] = (int8_t)hi;
-            r[b * BK + i] = (int8_t)(c - 128 * hi);
-            sum += c;
-        }
-        d[b] = amax / QMAX;
-        sq[b] = sum;
+/* one block of 32 activations into Q = 128 q + r (the header's rules), its scale d and the sum of its Q: in each
+ * path the same exact steps (max, one IEEE product, rounding half to even as nearbyintf, integer splits) */
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+static inline void quantize_block(const float *v, int8_t *q, int8_t *r, float *d, int32_t *sq) {
+    __m512 a0 = _mm512_loadu_ps(v), a1 = _mm512_loadu_ps(v + 16);
+    float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a0), _mm512_abs_ps(a1)));
+    __m512 inv = _mm512_set1_ps(amax > 0.0f ? QMAX / amax : 0.0f);
+    __m512i top = _mm512_set1_epi32(QMAX), bottom = _mm512_set1_epi32(-QMAX), half = _mm512_set1_epi32(64);
+    __m512i c0 = _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(a0, inv)), bottom), top);
+    __m512i c1 = _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(a1, inv)), bottom), top);
+    __m512i h0 = _mm512_srai_epi32(_mm512_add_epi32(c0, half), 7), h1 = _mm512_srai_epi32(_mm512_add_epi32(c1, half), 7);
+    _mm_storeu_si128((void *)q, _mm512_cvtepi32_epi8(h0));
+    _mm_storeu_si128((void *)(q + 16), _mm512_cvtepi32_epi8(h1));
+    _mm_storeu_si128((void *)r, _mm512_cvtepi32_epi8(_mm512_sub_epi32(c0, _mm512_slli_epi32(h0, 7))));
+    _mm_storeu_si128((void *)(r + 16), _mm512_cvtepi32_epi8(_mm512_sub_epi32(c1, _mm512_slli_epi32(h1, 7))));
+    *d = amax / QMAX;
+    *sq = _mm512_reduce_add_epi32(_mm512_add_epi32(c0, c1));
+}
+#else
+static inline void quantize_block(const float *v, int8_t *q, int8_t *r, float *d, int32_t *sq) {
+    float amax = 0.0f;
+    for (int i = 0; i < BK; i++) amax = fmaxf(amax, fabsf(v[i]));
+    float inv = amax > 0.0f ? QMAX / amax : 0.0f;
+    int32_t sum = 0;
+    for (int i = 0; i < BK; i++) {
+        float f = fminf(fmaxf(nearbyintf(v[i] * inv), -QMAX), QMAX);
+        int c = (int)f, hi = (c + 64) >> 7;  /* floor: c = 128 hi + lo, lo in -64..63 */
+        q[i] = (int8_t)hi;
+        r[i] = (int8_t)(c - 128 * hi);
+        sum += c;
     }
+    *d = amax / QMAX;
+    *sq = sum;
+}
+#endif
+
+/* one row of x into its blocks' Q (as q, r), scales d and sums of Q, and per-group sums of x (the header's rules);
+ * v: float scratch [K]. xs is summed in 16 independent lanes (its fixed order) so the compiler vectorizes it. */
+static void quantize_row(const void *x, int es, int K, int group, int8_t *q, int8_t *r, float *d, int32_t *sq,
+                         float *xs, float *v) {
+    if (es == 4)
+        memcpy(v, x, sizeof(float) * (size_t)K);
+    else
+        for (int k = 0; k < K; k++) v[k] = bf16_to_f32(((const uint16_t *)x)[k]);
+    for (int b = 0; b < K / BK; b++) quantize_block(v + (int64_t)b * BK, q + b * BK, r + b * BK, d + b, sq + b);
     for (int g = 0; g < K / group; g++) {
-        float s = 0.0f;
-        for (int i = 0; i < group; i++) s += load1(x, (int64_t)g * group + i, es);
-        xs[g] = s;
+        float acc[LANES] = {0};
+        for (int i = 0; i < group; i += LANES)
+            for (int l = 0; l < LANES; l++) acc[l] = acc[l] + v[(int64_t)g * group + i + l];
+        for (int w = LANES / 2; w > 0; w /= 2)
+            for (int l = 0; l < w; l++) acc[l] = acc[l] + acc[l + w];
+        xs[g] = acc[0];
     }
 }
 
@@ -278,15 +305,15 @@ int specgen_qmm(const void *x, int es, const uint8_t *codes, const uint16_t *sz,
                 int K, int N, int threads) {
     int nb = K / BK, groups = K / group, n_tiles = (N + TN - 1) / TN;
     int64_t tile_bytes = (int64_t)nb * (bits == 4 ? 256 : 512), tile_sz = (int64_t)groups * (bits == 4 ? 2 : 1) * TN;
-    char *scratch = malloc((size_t)M * K * 2 + (size_t)M * nb * 8 + (size_t)M * groups * 4 + 64);
+    char *scratch = malloc((size_t)K * 4 + (size_t)M * K * 2 + (size_t)M * nb * 8 + (size_t)M * groups * 4 + 64);
     if (!scratch) return -1;
     acts a;
-    float *d = (float *)scratch, *xs = d + (size_t)M * nb;
+    float *v = (float *)scratch, *d = v + K, *xs = d + (size_t)M * nb;
     int32_t *sq = (int32_t *)(xs + (size_t)M * groups);
     int8_t *q = (int8_t *)(sq + (size_t)M * nb), *r = q + (size_t)M * K;
     for (int m = 0; m < M; m++)
         quantize_row(AT(x, (int64_t)m * K), es, K, group, q + (int64_t)m * K, r + (int64_t)m * K, d + (int64_t)m * nb,
-                     sq + (int64_t)m * nb, xs + (int64_t)m * groups);
+                     sq + (int64_t)m * nb, xs + (int64_t)m * groups, v);
     a.q = q, a.r = r, a.d = d, a.sq = sq, a.xs = xs;
 #pragma omp parallel for num_threads(threads) schedule(static) \
     if ((int64_t)M * K * N >= PARALLEL_MIN && n_tiles > 1 && threads > 1)
