@@ -64,7 +64,8 @@ def main() -> None:
     with torch.inference_mode(), CountOps() as counted:
         model(tok, pos, cache)
     print(f"prompt {prompt.shape[1]} tokens; one AR forward runs {sum(counted.ops.values())} aten ops "
-          f"({counted.ops['_weight_int4pack_mm_for_cpu']} int4 products, {model.cfg.n_layers} layers); "
+          f"({counted.ops['qmm'] + counted.ops['_weight_int4pack_mm_for_cpu']} quantized products on "
+          f"{'qmm.c' if counted.ops['qmm'] else 'torch'}, {model.cfg.n_layers} layers); "
           f"ms per forward, best of 3 x 100, {threads} thread(s); attention and row ops: {native.describe()}")
     whole = forward_ms()
     print(f"whole forward                          {whole:6.2f}")

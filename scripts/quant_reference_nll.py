@@ -6,8 +6,7 @@ teacher-forced, each precision scores the same text, the prompt + canonical solu
 offset + limit) (the benchmark's held-out prompts by default), NLL per token of the solution, no chat template.
 
 The last rows are what-ifs, not shipped modes: int4 with the LM head in int4 too (groups of 32) instead of int8, and
-int4 with the int8 head run by fbgemm's int8-activation kernel (`scripts/quantized_kernels.py`'s "int8 dyn fixed":
-each row's activations quantized to 7 bits against its own largest value).
+int4 on torch's kernels (bfloat16 activations) instead of qmm.c (15-bit activations), where qmm.c is built.
 
 Run: `python scripts/quant_reference_nll.py > docs/logs/quant-reference-nll.log`
 """
@@ -18,9 +17,9 @@ import argparse
 
 import torch
 
-from quantized_kernels import dyn_fixed_product, fbgemm_pack
 from specgen.data import humaneval
 from specgen.eval.text_bench import base_nll
+from specgen.models import quantize
 from specgen.models.quantize import QuantizedLinear
 from specgen.text.target import load_text_model
 
@@ -34,15 +33,16 @@ def int4_head(model):
     return model
 
 
-def int8_activation_head(model):
-    """`model` with its int8 LM head run by fbgemm's dynamic int8 product (int8 activations, one scale per row)."""
-    head = model.module.output
-    head.kernel()
-    head._kernel = (dyn_fixed_product(fbgemm_pack(head.qweight, head.scales), head.in_features), (), None)
+def torch_kernels(model):
+    """`model` (an int4 text model) with its quantized products on torch's kernels (bfloat16 activations); every
+    layer made after this in the process too (the last what-if)."""
+    quantize.quantized_product = lambda in_features, group: "torch"
+    for lin in quantize.quantized_layers(model.module):
+        lin.__dict__.pop("_kernel", None)  # made again, on torch's kernel, at the next product
     return model
 
 
-WHAT_IFS = {"int4 head": int4_head, "int8-activation head": int8_activation_head}
+WHAT_IFS = {"int4 head": int4_head, "torch kernels": torch_kernels}
 
 
 def reference_nll(name: str, problems: list[humaneval.Problem], what_if: str = "") -> tuple[float, int]:

@@ -1,4 +1,4 @@
-"""Which torch CPU kernel runs a quantized SmolLM2-135M's products fastest, per product shape and row count?
+"""Which CPU kernel (torch's, or specgen's qmm.c) runs a quantized SmolLM2-135M's products fastest, per shape and rows?
 
 One pass = the products of one forward in order (30 blocks of wqkv 576->960, wo 576->576, w13 576->3072,
 w2 1536->576, each block its own weights, then the 576->49152 LM head), so a weight comes from memory as in a decode
@@ -14,9 +14,12 @@ not depend on the values). Kernels, interleaved per round, best of `--rounds`:
                       appended, so the activation range, and with it the quantization, is the same in every call
     fp16 fbgemm       quantized::linear_dynamic_fp16: float16 weights, float32 activations and sums
     f32 F.linear      float32 weights (MKL), for the memory-bound reference
+    qmm int4 g32      specgen's qmm.c (the shipped kernel where it is built): int4 codes, 15-bit activations
+    qmm int8          the same for int8 per-channel codes (the LM head)
 
 Also checks, per kernel, that each row of an 8-row product is bitwise the row computed alone.
-Run: `python scripts/quantized_kernels.py > docs/logs/quantized-kernels-avx2.log`
+Run: `python scripts/quantized_kernels.py > docs/logs/quantized-kernels-avx2.log` (the torch kernels), or
+`python scripts/quantized_kernels.py --kernels "int4 g32,qmm int4 g32,int8 x bf16,qmm int8" > docs/logs/qmm-kernels.log`
 """
 
 from __future__ import annotations
@@ -29,9 +32,11 @@ import warnings
 import torch
 import torch.nn.functional as F
 
+from specgen.native import ops
+
 DIM, FFN, QKV, VOCAB, LAYERS = 576, 1536, 960, 49152, 30
 SHAPES = {"wqkv": (QKV, DIM), "wo": (DIM, DIM), "w13": (2 * FFN, DIM), "w2": (DIM, FFN)}  # name -> (out, in)
-ROWS = (1, 2, 4, 8)
+ROWS = (1, 2, 4, 5, 8)
 BF16 = torch.bfloat16
 
 
@@ -102,6 +107,19 @@ def f32_kernel(out: int, k: int, gen: torch.Generator):
     return (lambda x: F.linear(x.float(), w).to(BF16)), out * k * 4
 
 
+def qmm_kernel(out: int, k: int, group: int, gen: torch.Generator):
+    """qmm.c over random codes: int4 in groups of `group` (0: int8, one scale per output)."""
+    if group:
+        codes = torch.randint(0, 16, (out, k), dtype=torch.uint8, generator=gen)
+        scales, zeros = (torch.rand(out, k // group, generator=gen) * 0.01 for _ in range(2))
+    else:
+        codes = torch.randint(-127, 128, (out, k), dtype=torch.int8, generator=gen)
+        scales, zeros = torch.rand(out, generator=gen) * 0.01, None
+    packed, sz = ops.pack_codes(codes, scales, zeros)
+    bits, g = (4, group) if group else (8, k)
+    return (lambda x: ops.qmm(x, packed, sz, bits, g, out, 1)), packed.numel() + sz.numel() * 2
+
+
 KERNELS = {
     "int4 g32": lambda o, k, g: int4_kernel(o, k, 32, g),
     "int4 g64": lambda o, k, g: int4_kernel(o, k, 64, g),
@@ -110,6 +128,8 @@ KERNELS = {
     "int8 dyn fixed": dyn_fixed_kernel,
     "fp16 fbgemm": fp16_kernel,
     "f32 F.linear": f32_kernel,
+    "qmm int4 g32": lambda o, k, g: qmm_kernel(o, k, 32, g),
+    "qmm int8": lambda o, k, g: qmm_kernel(o, k, 0, g),
 }
 
 

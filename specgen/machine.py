@@ -12,11 +12,13 @@ from specgen import native, registry
 from specgen.decoding import cost
 from specgen.devices import is_cpu, onednn_packs
 from specgen.models import kernel_choice, layout, layout_cache, plan_cache, quantize
+from specgen.native.ops import QMM_BLOCK
 
 #: CPU flags that change a kernel's path or speed (x86 /proc/cpuinfo names; ARM's `Features` are kept as they come).
 ISA = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx512_fp16", "avx_ne_convert",
        "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve", "bf16")
 QUANTIZED_MM = {"int8": "torch _weight_int8pack_mm", "int4": "torch _weight_int4pack_mm_for_cpu"}
+QMM_PATHS = ("plain C", "AVX2", "AVX-512 VNNI")  # by qmm.c's specgen_qmm_path()
 
 
 def cpu_lines(field: str) -> list[str]:
@@ -70,13 +72,18 @@ def float_path(plans: str = "") -> dict:
 
 
 def quantized_path(mode: str) -> dict:
-    """int8 / int4 text targets: torch's packed kernels at every row count (`models/quantize.py`)."""
-    head = "oneDNN bfloat16 GEMM in 4-row blocks" if quantize.head_rows() else "the int8 kernel"
+    """int8 / int4 text targets: qmm.c (15-bit activations) or torch's packed kernels at every row count."""
     prefill = f"bfloat16 GEMM from {quantize.PROMPT_MIN_ROWS[mode]} rows" if quantize.bf16_gemm() else "the same kernel"
     why = "one kernel at every row count, so a row's bits do not depend on its verify width"
+    if kernel_choice.quantized_product(QMM_BLOCK, QMM_BLOCK) == "native":
+        isa = QMM_PATHS[native.library("qmm").specgen_qmm_path()]
+        path = f"native qmm.c ({isa}), activations in two int8 bytes (15 bits), LM head too"
+    else:
+        path = f"{QUANTIZED_MM[mode]}, bfloat16 activations; LM head torch _weight_int8pack_mm"
+        why += "; qmm.c not built here"
     if not onednn_packs(torch.bfloat16):
-        why += "; no AVX-512 bfloat16 here: bfloat16 products run torch's slow fallback"
-    return {"path": f"{QUANTIZED_MM[mode]}, bfloat16 activations; LM head {head}; prefill {prefill}", "why": why}
+        why += "; no AVX-512 bfloat16 here: a prompt's bfloat16 products run torch's slow fallback"
+    return {"path": f"{path}; prefill {prefill}", "why": why}
 
 
 def kernel_paths(device: str | None = None) -> dict[str, dict]:

@@ -71,7 +71,7 @@ def test_sixteen_lane_kernels_only_where_the_cpu_holds_them_in_registers(fresh, 
     native.library.cache_clear()
     monkeypatch.setattr(native, "cpu_signature", lambda: "model name\t: an old CPU\nflags\t\t: fpu sse2 avx")
     assert native.library("attention") is None and native.library("glue") is not None and native.library("tiled") is not None
-    assert native.describe() == "native C (glue, tiled)"
+    assert native.describe() == "native C (glue, tiled, qmm)"
 
 
 def test_a_failed_compile_leaves_nothing_and_falls_back(fresh, monkeypatch, tmp_path_factory):

@@ -36,13 +36,16 @@ def cases(dtype):
             shared, out.clone())
     got = {"rms_norm": (x, w, 1e-5), "add_rms_norm": (x, randn(3, 5, 64, dtype=dtype, seed=6), w, 1e-5),
            "attention_plan": (seen,), "attend": attend, "rope_write_attend": rope}
+    codes = torch.randint(0, 16, (40, 64), dtype=torch.uint8, generator=torch.Generator().manual_seed(9))
+    packed, sz = ops.pack_codes(codes, randn(40, 2, seed=10), randn(40, 2, seed=11))
+    got["qmm"] = (x, packed, sz, 4, 32, 40, 1)
     if dtype == torch.float32:
         tiles, bias = ops.tile(randn(40, 64, seed=7), randn(40, seed=8))
         got["tiled_linear"] = (x, tiles, bias, 40, 1)
     return got
 
 
-OPS = ("rms_norm", "add_rms_norm", "tiled_linear", "attention_plan", "attend", "rope_write_attend")
+OPS = ("rms_norm", "add_rms_norm", "tiled_linear", "attention_plan", "attend", "rope_write_attend", "qmm")
 
 
 def test_every_registered_op_is_checked():

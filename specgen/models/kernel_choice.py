@@ -258,3 +258,11 @@ class KernelChoice:
     def __getstate__(self) -> dict:
         """Pickled without the (unpicklable) weak references: an unpickled model measures nothing, uses the fallback."""
         return {**self.__dict__, "_linears": []}
+
+
+def quantized_product(in_features: int, group: int) -> str:
+    """The kernel of an int8 / int4 layer's decode products: "native" (qmm.c, 15-bit activations) where its library is
+    built and the widths fit its 32-input blocks, else "torch" (`_weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`,
+    bfloat16 activations). Decided per process and shape, so every forward of a model takes one path."""
+    fits = in_features % ops.QMM_BLOCK == 0 and group % ops.QMM_BLOCK == 0
+    return "native" if fits and native.library("qmm") is not None else "torch"

@@ -1,5 +1,5 @@
 """Decoded weights on disk (`$SPECGEN_HOME/layouts/`): a model's tensors in their decode layout (tiles, column-major
-matrices, int4 kernel operands) saved once as safetensors and memory-mapped by later loads, so a start lays out
+matrices, quantized kernel operands) saved once as safetensors and memory-mapped by later loads, so a start lays out
 nothing and its weights are the file's pages (copy-on-write, shared between processes by the page cache), not copies.
 
 One file per checkpoint path, layout, dtypes and kernel plan, valid for the checkpoint's size, mtime and inode, this CPU
@@ -23,6 +23,7 @@ from specgen.models.layout import layout_name
 from specgen.models.packed_linear import PackedLinear
 from specgen.models.quantize import QuantizedLinear
 from specgen.models.tiled_weight import TiledWeight
+from specgen.native import ops
 from specgen.paths import atomic_write
 
 VERSION = 2  # of the stored forms below: a change makes every earlier file a miss
@@ -39,19 +40,15 @@ def folder() -> Path:
     return registry.home() / "layouts"
 
 
-def int4_layers(module: nn.Module) -> dict[str, QuantizedLinear]:
-    """The int4 layers by name: their kernel's tensors, made at load (`QuantizedLinear.kernel`), are stored too."""
-    return {name: m for name, m in module.named_modules() if isinstance(m, QuantizedLinear) and m.mode == "int4"}
+def quantized_layers(module: nn.Module) -> dict[str, QuantizedLinear]:
+    """The quantized layers by name: the tensors their kernels make at load (`make_kernel`) are stored too."""
+    return {name: m for name, m in module.named_modules() if isinstance(m, QuantizedLinear)}
 
 
 def kernel_shapes(module: nn.Module) -> dict[str, torch.Tensor]:
-    """Meta tensors shaped as each int4 layer's kernel tensors, under their names in the file."""
-    shapes = {}
-    for name, lin in int4_layers(module).items():
-        (out, groups), meta = lin.scales.shape, {"device": "meta"}
-        shapes[f"{name}.int4_packed"] = torch.empty(lin.qweight.shape, dtype=lin.qweight.dtype, **meta)
-        shapes[f"{name}.int4_sz"] = torch.empty(groups, out, 2, dtype=lin.scales.dtype, **meta)
-    return shapes
+    """Meta tensors shaped as each quantized layer's kernel tensors, under their names in the file."""
+    return {f"{name}.kernel.{k}": t for name, lin in quantized_layers(module).items()
+            for k, t in lin.kernel_shapes().items()}
 
 
 def save_aligned(tensors: dict[str, torch.Tensor], path: Path, key: str, source: str = "") -> None:
@@ -130,7 +127,7 @@ def place(module: nn.Module, weights: Path) -> tuple[dict[str, torch.Tensor], Pa
     dtypes = sorted({str(t.dtype).removeprefix("torch.") for t in state.values()})
     name = json.dumps([str(weights.resolve()), layout_name(), dtypes, plan])  # thread counts whose plans differ
     st = weights.stat()  # alternate without rewriting: a file each; a changed checkpoint or machine rewrites it
-    k = json.dumps([VERSION, st.st_size, st.st_mtime_ns, st.st_ino, plan_cache.machine()])
+    k = json.dumps([VERSION, ops.QMM_LAYOUT, st.st_size, st.st_mtime_ns, st.st_ino, plan_cache.machine()])
     return state, folder() / f"{hashlib.sha256(name.encode()).hexdigest()[:24]}.safetensors", k
 
 
@@ -155,8 +152,8 @@ def restore(module: nn.Module, weights: Path) -> bool:
         return False
     for name, t in state.items():
         put(t, stored[name])
-    for name, lin in int4_layers(module).items():
-        lin.use_int4_kernel(stored[f"{name}.int4_packed"], stored[f"{name}.int4_sz"])
+    for name, lin in quantized_layers(module).items():
+        lin.use_kernel({k: stored[f"{name}.kernel.{k}"] for k in lin.kernel_shapes()})
     return True
 
 
@@ -168,9 +165,8 @@ def store(module: nn.Module, weights: Path) -> None:
         return
     state, path, k = found
     tensors = {name: on_disk(t) for name, t in state.items()}
-    for name, lin in int4_layers(module).items():
-        _, (packed, _, sz), _ = lin.kernel()
-        tensors[f"{name}.int4_packed"], tensors[f"{name}.int4_sz"] = packed, sz
+    for name, lin in quantized_layers(module).items():
+        tensors.update({f"{name}.kernel.{k}": t for k, t in lin.kernel()[3].items()})
     try:
         atomic_write(path, lambda tmp: save_aligned(tensors, tmp, k, str(weights.resolve())))
     except (OSError, SafetensorError) as e:

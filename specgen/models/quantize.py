@@ -1,8 +1,8 @@
-"""Weight-only int8 / int4 quantization of a Transformer for CPU decoding (torch's own packed kernels).
+"""Weight-only int8 / int4 quantization of a Transformer for CPU decoding (qmm.c, else torch's own packed kernels).
 
-Invariant: every quantized kernel computes each row of a product alone (the int8 head: in products of `HEAD_ROWS`
-rows), so a row's numbers never depend on its batch partners or the verify width and greedy speculation equals AR;
-only a prompt prefill (`models/prompt.py`) dequantizes to one bfloat16 GEMM. Formats and why: docs/precision.md.
+Invariant: every quantized kernel computes each row of a product alone, so a row's numbers never depend on its batch
+partners or the verify width and greedy speculation equals AR; only a prompt prefill (`models/prompt.py`) dequantizes
+to one bfloat16 GEMM. Formats, kernels and why: docs/precision.md.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from torch import nn
 from specgen import devices
 from specgen.errors import UsageError
 from specgen.models import prompt
-from specgen.models.packed_linear import available
+from specgen.models.kernel_choice import quantized_product
 from specgen.models.transformer import Transformer, TransformerConfig
+from specgen.native import ops
 
 GROUPS = (32, 64, 128, 256)  # int4 group sizes the CPU kernel accepts
 DEFAULT_GROUP = 32
@@ -30,9 +31,6 @@ ACT_DTYPE = torch.bfloat16  # activations of a quantized target: the kernels' dt
 # products of at least this many rows (per mode) in a prompt prefill dequantize to bfloat16 for one GEMM
 # (models/prompt.py): `python scripts/quantized_prefill.py` times both kernels per row count
 PROMPT_MIN_ROWS = {"int8": 24, "int4": 64}
-# rows of every product of the LM head's bfloat16 kernel (`blocked_head`): oneDNN's packed GEMM is fastest from 4 rows
-# here (`python scripts/int8_head_kernels.py`) and a product of one shape computes each row the same way
-HEAD_ROWS = 4
 # output rows converted to the int4 kernel's layout at a time: a multiple of its 64-row blocks, so the pieces are
 # bitwise the whole conversion, and its int32 input stays small (a whole layer's is 4 bytes a weight)
 PACK_ROWS = 256
@@ -134,13 +132,12 @@ def check_int4_shape(in_features: int, group: int) -> None:
 
 
 class QuantizedLinear(nn.Module):
-    """Linear with int8 or int4 weights (buffers, saved in the state dict) and bfloat16 products: x [..., in] (any
-    float dtype) -> [..., out] in x's dtype, on the quantized kernel except in a prompt prefill (`models/prompt.py`)."""
+    """Linear with int8 or int4 weights (buffers, saved in the state dict): x [..., in] (any float dtype) -> [..., out]
+    in x's dtype, on the quantized kernel (`kernel_choice.quantized_product`) except in a prompt prefill
+    (`models/prompt.py`)."""
 
-    _kernel: tuple | None = None  # (op, weight operands, bias) of `kernel`; dropped when the
-    # buffers are replaced (assignment, load_state_dict, .to()), remade at the next product
-    head_rows: int = 0  # > 0: an int8 LM head run by `blocked_head` in products of exactly this many rows (set by
-    # the builders; not saved: the stored buffers are the int8 table either way)
+    _kernel: tuple | None = None  # (op, operands, bias, made tensors) of `kernel`; dropped when the buffers are
+    # replaced (assignment, load_state_dict, .to()), remade at the next product
 
     def __init__(self, in_features: int, out_features: int, mode: str, group: int = 0, bias: bool = False) -> None:
         super().__init__()
@@ -177,7 +174,7 @@ class QuantizedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., in] -> [..., out]
         # a hot path (every layer of every decode step): no conversion op unless x needs one, and no buffer lookup
         # (nn.Module's __getattr__): the kernel's operands and the bias are read from `_kernel`
-        op, operands, bias = self._kernel or self.kernel()
+        op, operands, bias, _ = self._kernel or self.kernel()
         x2 = x.reshape(-1, self.in_features)  # [M, in]
         if x2.dtype != ACT_DTYPE:
             x2 = x2.to(ACT_DTYPE)
@@ -204,40 +201,69 @@ class QuantizedLinear(nn.Module):
         return w16.copy_(w32)
 
     def kernel(self) -> tuple:
-        """(kernel op, its weight operands, bias), made once per set of buffers: int8 (qweight, scales); int4 (packed
-        int4 weight, group, scales-and-zeros [in/g, out, 2] bf16). The op computes each row of x [M, in] bf16 alone."""
+        """(kernel op, its operands after x, bias, the tensors made for it), made once per set of buffers. The op
+        computes each row of x [M, in] bf16 alone."""
         if self._kernel is None:
-            if self.mode == "int8" and self.head_rows:
-                w = torch.empty(self.out_features, self.in_features, dtype=ACT_DTYPE)  # `dequantize()` in bf16, made
-                for i in range(0, self.out_features, 4096):  # in pieces: a whole float32 copy would set the peak memory
-                    w[i : i + 4096] = self.dequantize(slice(i, i + 4096))
-                packed = torch.ops.mkldnn._reorder_linear_weight(w, self.head_rows)
-                self._kernel = (blocked_head, (packed, self.head_rows), self.bias)
-            elif self.mode == "int8":
-                self._kernel = (INT8_MM, (self.qweight, self.scales), self.bias)
-            else:
-                packed = torch.empty_like(self.qweight)  # [out, in/2] in the kernel's order (blocks of <= 64 rows)
-                for i in range(0, self.out_features, PACK_ROWS):  # the int32 input: a few rows at a time
-                    q = unpack_int4(self.qweight[i : i + PACK_ROWS]).to(torch.int32)  # [rows, in], values 0..15
-                    packed[i : i + PACK_ROWS] = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
-                sz = torch.stack([self.scales, self.zeros], -1).transpose(0, 1).contiguous()  # [in/g, out, 2]
-                self.use_int4_kernel(packed, sz)
+            self.use_kernel(self.make_kernel())
         return self._kernel
 
-    def use_int4_kernel(self, packed: torch.Tensor, sz: torch.Tensor) -> None:
-        """Run int4 products on `packed` (qweight in the kernel's order) and sz [in/g, out, 2] (scales, zeros), as
-        `kernel` makes them or as the layout cache maps them; scales and zeros become views of sz: held once."""
-        self.scales, self.zeros = sz[..., 0].t(), sz[..., 1].t()
-        self._kernel = (INT4_MM, (packed, self.group, sz), self.bias)
+    @property
+    def native(self) -> bool:
+        """Whether this layer's products run qmm.c (kernel_choice.quantized_product)."""
+        return quantized_product(self.in_features, self.group or self.in_features) == "native"
+
+    @torch.no_grad()
+    def make_kernel(self) -> dict[str, torch.Tensor]:
+        """The tensors this layer's kernel reads besides its buffers (`kernel_shapes` names them): qmm.c's codes and
+        scales, or torch int4's packed weight and scales-and-zeros [in/g, out, 2] bf16; none for torch int8."""
+        if self.native:
+            codes = unpack_int4(self.qweight) if self.mode == "int4" else self.qweight  # [out, in]
+            zeros = self.zeros if self.mode == "int4" else None
+            return dict(zip(("codes", "sz"), ops.pack_codes(codes, self.scales, zeros)))
+        if self.mode == "int8":
+            return {}
+        packed = torch.empty_like(self.qweight)  # [out, in/2] in the kernel's order (blocks of <= 64 rows)
+        for i in range(0, self.out_features, PACK_ROWS):  # the int32 input: a few rows at a time
+            q = unpack_int4(self.qweight[i : i + PACK_ROWS]).to(torch.int32)  # [rows, in], values 0..15
+            packed[i : i + PACK_ROWS] = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+        return {"packed": packed, "sz": torch.stack([self.scales, self.zeros], -1).transpose(0, 1).contiguous()}
+
+    def kernel_shapes(self) -> dict[str, torch.Tensor]:
+        """Meta tensors shaped as `make_kernel`'s (what a stored copy must match)."""
+        meta = {"device": "meta"}
+        if self.native:
+            tiles, blocks = -(-self.out_features // ops.QMM_TILE), self.in_features // ops.QMM_BLOCK
+            per = (2, 256) if self.mode == "int4" else (1, 512)
+            groups = self.in_features // (self.group or self.in_features)
+            return {"codes": torch.empty(tiles, blocks * per[1], dtype=torch.uint8, **meta),
+                    "sz": torch.empty(tiles, groups, per[0], ops.QMM_TILE, dtype=ACT_DTYPE, **meta)}
+        if self.mode == "int8":
+            return {}
+        return {"packed": torch.empty(self.qweight.shape, dtype=torch.uint8, **meta),
+                "sz": torch.empty(self.in_features // self.group, self.out_features, 2, dtype=ACT_DTYPE, **meta)}
+
+    def use_kernel(self, made: dict[str, torch.Tensor]) -> None:
+        """Run products on `made` (`make_kernel`'s tensors, or the layout cache's mapped copies of them); torch
+        int4's scales and zeros become views of its sz: held once."""
+        if "codes" in made:
+            bits, group = (4, self.group) if self.mode == "int4" else (8, self.in_features)
+            operands = (made["codes"], made["sz"], bits, group, self.out_features)
+            self._kernel = (native_product, operands, self.bias, made)
+        elif "packed" in made:
+            self.scales, self.zeros = made["sz"][..., 0].t(), made["sz"][..., 1].t()
+            self._kernel = (INT4_MM, (made["packed"], self.group, made["sz"]), self.bias, made)
+        else:
+            self._kernel = (INT8_MM, (self.qweight, self.scales), self.bias, made)
 
     def streamed_bytes(self) -> int:
-        """Bytes one product reads: the packed bfloat16 copy for a blocked head, else the quantized buffers."""
-        if self.mode == "int8" and self.head_rows:
-            return self.out_features * self.in_features * 2
+        """Bytes one product reads: the kernel's codes and scales, else the quantized buffers."""
+        made = self.kernel()[3]
+        if "codes" in made:
+            return sum(t.numel() * t.element_size() for t in made.values())
         return sum(t.numel() * t.element_size() for t in self.buffers())
 
     def __setattr__(self, name: str, value) -> None:
-        if name in ("qweight", "scales", "zeros", "bias", "head_rows"):
+        if name in ("qweight", "scales", "zeros", "bias"):
             self.__dict__.pop("_kernel", None)
         super().__setattr__(name, value)
 
@@ -259,26 +285,15 @@ class QuantizedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, mode={self.mode}{g}"
 
 
-def blocked_head(x: torch.Tensor, packed: torch.Tensor, rows: int) -> torch.Tensor:
-    """x [M, in] bf16 -> [M, out] bf16 by oneDNN's packed GEMM in products of exactly `rows` rows (the last one
-    zero-padded): one product shape whatever M is, so a verify forward's logits are bitwise an AR step's."""
-    m = x.shape[0]
-    pad = -m % rows
-    if pad:
-        x = torch.cat([x, x.new_zeros(pad, x.shape[1])])  # [M + pad, in]
-    outs = [torch.ops.mkldnn._linear_pointwise(x[i : i + rows], packed, None, "none", [], "")
-            for i in range(0, m + pad, rows)]  # each [rows, out]
-    return (outs[0] if len(outs) == 1 else torch.cat(outs))[:m]
+def native_product(x: torch.Tensor, codes: torch.Tensor, sz: torch.Tensor, bits: int, group: int,
+                   out_features: int) -> torch.Tensor:
+    """qmm.c's product of x [M, in] on this process's torch thread count."""
+    return ops.qmm(x, codes, sz, bits, group, out_features, torch.get_num_threads())
 
 
 def bf16_gemm() -> bool:
     """Whether this CPU has a fast bfloat16 GEMM for prompt mode (oneDNN packs bfloat16; AVX2-only: a slow fallback)."""
     return devices.onednn_packs(ACT_DTYPE)
-
-
-def head_rows() -> int:
-    """`HEAD_ROWS` where torch has oneDNN's packed linear and a fast bfloat16 GEMM, else 0 (the int8 kernel)."""
-    return HEAD_ROWS if available() and bf16_gemm() else 0
 
 
 @functools.cache
@@ -359,7 +374,6 @@ def swap_layers(model: Transformer, linear, feed_forward) -> None:
 
 def set_head(model: Transformer, head: QuantizedLinear, table: QuantizedLinear) -> None:
     """Install the int8 LM head and the embedding over `table` (the head itself when tied)."""
-    head.head_rows = head_rows()
     model.output, model.tok_embeddings = head, QuantizedEmbedding(table)
 
 
@@ -412,11 +426,9 @@ def quantized_layers(module: nn.Module) -> list[QuantizedLinear]:
 
 
 def prepare_kernels(module: nn.Module) -> nn.Module:
-    """Make the kernel copies of every int4 layer and of a blocked head now (at load, not in the first timed
-    forward), then hand freed conversion buffers back to the OS (glibc keeps them in the heap otherwise)."""
-    made = [lin for lin in quantized_layers(module) if lin.mode == "int4" or lin.head_rows]
-    for lin in made:
-        lin.kernel()
+    """Make every quantized layer's kernel copies now (at load, not in the first timed forward), then hand freed
+    conversion buffers back to the OS (glibc keeps them in the heap otherwise)."""
+    made = [lin for lin in quantized_layers(module) if lin.kernel()[3]]
     if made:
         with contextlib.suppress(OSError, AttributeError, TypeError):  # not glibc: nothing to trim this way
             ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim(0)

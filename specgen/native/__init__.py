@@ -25,7 +25,7 @@ INSTALLED_DIR = SOURCE_DIR / "lib"  # not a package: nothing there is a Python m
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-shared", "-fPIC")
 OPENMP = ("-fopenmp",)
 #: Libraries that split their work over threads where the process's OpenMP runtime is libgomp (`openmp_flags`).
-THREADED = ("tiled",)
+THREADED = ("tiled", "qmm")
 #: Libraries in vec16.h's 16-lane vectors, loaded only where those live in registers (`sixteen_lanes`): elsewhere
 #: every operation goes through the stack, slower than torch (docs/results/text.md).
 SIXTEEN_LANE = ("attention",)
@@ -39,6 +39,7 @@ SIGNATURES = {  # library -> function -> (argument types, return type); `es`: el
              "specgen_add_rms_norm": ([PTR] * 5 + [INT, INT, FLOAT, INT], INT)},
     "tiled": {"specgen_tiled_linear": ([PTR] * 4 + [INT] * 4, INT), "specgen_tiled_width": ([], INT),
               "specgen_tiled_openmp": ([], INT)},
+    "qmm": {"specgen_qmm": ([PTR, INT, PTR, PTR, INT, INT, PTR] + [INT] * 4, INT), "specgen_qmm_path": ([], INT)},
 }
 
 

@@ -173,3 +173,43 @@ def padded_bias(bias: torch.Tensor | None, tiles: torch.Tensor) -> torch.Tensor 
     if bias is None:
         return None
     return torch.cat([bias.detach(), bias.new_zeros(tiles.shape[0] * tiles.shape[2] - bias.shape[0])]).contiguous()
+
+
+#: outputs per tile and inputs per activation block of qmm.c's layout; QMM_LAYOUT: its version (stored copies key on it)
+QMM_TILE, QMM_BLOCK, QMM_LAYOUT = 16, 32, 1
+
+
+@op("qmm(Tensor x, Tensor codes, Tensor sz, int bits, int group, int out_features, int threads) -> Tensor",
+    lambda x, codes, sz, bits, group, out_features, threads: x.new_empty(*x.shape[:-1], out_features))
+def qmm(x: torch.Tensor, codes: torch.Tensor, sz: torch.Tensor, bits: int, group: int, out_features: int,
+        threads: int) -> torch.Tensor:
+    """x [..., K] (bfloat16 or float32) @ w^T -> [..., N] in x's dtype over `pack_codes`' (codes, sz), with x
+    quantized to int8 per row and block of 32 (qmm.c: each output row a fixed function of its input row)."""
+    k = x.shape[-1]
+    rows = x.reshape(-1, k).contiguous()  # [M, K]
+    out = x.new_empty(*x.shape[:-1], out_features)
+    check(lib("qmm").specgen_qmm(rows.data_ptr(), rows.element_size(), codes.data_ptr(), sz.data_ptr(), bits, group,
+                                 out.data_ptr(), rows.shape[0], k, out_features, threads), "qmm")
+    return out
+
+
+@torch.no_grad()
+def pack_codes(codes: torch.Tensor, scales: torch.Tensor,
+               zeros: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes [tiles, K / 32 * (256 | 512)] uint8, sz [tiles, groups, 2 | 1, 16] bfloat16): qmm.c's layout of int4
+    codes [N, K] (uint8 0..15) with scales, zeros [N, groups], or of int8 codes [N, K] with scales [N] (zeros None);
+    outputs past N get zero codes and scales."""
+    n, k = codes.shape
+    tiles, nb = -(-n // QMM_TILE), k // QMM_BLOCK
+    pad = tiles * QMM_TILE - n
+    c = torch.cat([codes, codes.new_zeros(pad, k)]) if pad else codes
+    if zeros is None:  # int8: chunk p holds inputs 4p .. 4p + 3 of each output lane
+        packed = c.view(tiles, QMM_TILE, nb, 8, 4).permute(0, 2, 3, 1, 4).contiguous().view(torch.uint8)
+        sz = scales.to(torch.bfloat16).reshape(n, 1, 1)
+    else:  # int4: chunk h holds inputs 8h + i (low nibble) and 8h + 4 + i (high nibble)
+        v = c.view(tiles, QMM_TILE, nb, 4, 2, 4).permute(0, 2, 3, 1, 5, 4)  # [tiles, nb, h, lane, i, lo/hi]
+        packed = (v[..., 0] | (v[..., 1] << 4)).contiguous()
+        sz = torch.stack([scales, zeros], -1).to(torch.bfloat16)  # [N, groups, 2]
+    sz = torch.cat([sz, sz.new_zeros(pad, *sz.shape[1:])]) if pad else sz
+    sz = sz.view(tiles, QMM_TILE, *sz.shape[1:]).permute(0, 2, 3, 1).contiguous()  # [tiles, groups, 2 | 1, 16]
+    return packed.reshape(tiles, -1), sz

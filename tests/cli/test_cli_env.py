@@ -26,7 +26,7 @@ def test_env_json_has_every_fact_and_loads_no_model(monkeypatch, specgen_home):
     assert set(facts["caches"]) == {"home", "registry", "kernel_plans", "cost_curves", "decoded_weights",
                                     "native_cache"}
     assert facts["caches"]["home"]["path"] == str(specgen_home)
-    assert set(facts["native"]["libraries"]) == {"attention", "glue", "tiled"}
+    assert set(facts["native"]["libraries"]) == {"attention", "glue", "tiled", "qmm"}
     assert not (specgen_home / "checkpoints").exists()  # nothing materialised
 
 

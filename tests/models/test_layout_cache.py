@@ -158,7 +158,7 @@ def test_an_unwritable_cache_folder_warns_once_and_loads(entry, monkeypatch, fau
 
 
 @LINUX_MAPS
-def test_int4_kernel_operands_are_mapped_not_packed_again():
+def test_quantized_kernel_operands_are_mapped_not_packed_again():
     model = tiny_model(2)
     base = registry.save("target", "tiny", model.state_dict(), {"builder": "transformer", "vocab_size": 64,
                                                                 "kwargs": model.cfg.to_dict(), "modality": "text"})
@@ -169,10 +169,9 @@ def test_int4_kernel_operands_are_mapped_not_packed_again():
 
     first, second = load_int4(), load_int4()
     assert torch.equal(logits(second), logits(first))
-    lin = second.layers[0].attention.wqkv
-    packed, _, sz = lin._kernel[1]
-    assert mapping_of(packed) == mapping_of(sz) == str(cache_files()[0].resolve())  # the file's, not packed again
-    assert lin.scales.data_ptr() == sz.data_ptr()  # scales and zeros are views of the kernel's operand, held once
+    for lin in (second.layers[0].attention.wqkv, second.output):  # int4 layers and the int8 head
+        made = lin._kernel[3]
+        assert made and {mapping_of(t) for t in made.values()} == {str(cache_files()[0].resolve())}  # not packed again
 
 
 def test_the_file_of_a_removed_entry_goes_at_the_next_store(entry):

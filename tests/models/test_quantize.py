@@ -138,37 +138,19 @@ def test_every_row_of_a_product_is_bitwise_the_row_alone(mode, group):
             assert torch.equal(q(x[:m]), alone[:m]), m
 
 
-def test_the_int4_kernel_copy_is_made_in_pieces_and_its_scales_are_held_once():
-    """The kernel's weight is converted `PACK_ROWS` output rows at a time (its int32 input stays small), bitwise the
+def test_the_int4_kernel_copy_is_made_in_pieces_and_its_scales_are_held_once(monkeypatch):
+    """Where qmm.c is not built, torch's int4 kernel runs: its weight is converted `PACK_ROWS` output rows at a time (its int32 input stays small), bitwise the
     whole conversion; the scales and zeros buffers become views of the kernel's [in/g, out, 2] copy."""
+    monkeypatch.setattr(quantize, "quantized_product", lambda in_features, group: "torch")
     q = QuantizedLinear.from_linear(torch.nn.Linear(64, 2 * quantize.PACK_ROWS + 48, bias=False), "int4", 32)
     scales, zeros = q.scales.clone(), q.zeros.clone()
-    _, (packed, _, sz), _ = q.kernel()
+    _, (packed, _, sz), _, _ = q.kernel()
     whole = torch.ops.aten._convert_weight_to_int4pack_for_cpu(quantize.unpack_int4(q.qweight).to(torch.int32), 1)
     assert torch.equal(packed, whole)
     assert torch.equal(q.scales, scales) and torch.equal(q.zeros, zeros)
     assert q.scales.untyped_storage().data_ptr() == q.zeros.untyped_storage().data_ptr() == sz.data_ptr()
     assert q._kernel is not None  # re-pointing the buffers kept the kernel
     assert q.state_dict()["scales"].shape == (q.out_features, 2)  # the stored layout is unchanged: [out, in/g]
-
-
-@pytest.mark.skipif(not quantize.head_rows(), reason="needs oneDNN's packed linear (x86 CPU builds of torch)")
-def test_a_blocked_head_computes_every_row_bitwise_as_alone_and_near_the_int8_kernel():
-    """The LM head's bf16 products run in blocks of HEAD_ROWS rows: a row's logits never depend on the product's
-    size (a verify forward equals an AR step), and they are the int8 table's logits to bf16 rounding."""
-    lin = torch.nn.Linear(64, 300, bias=False)
-    torch.nn.init.normal_(lin.weight, std=0.5)
-    head = QuantizedLinear.from_linear(lin, "int8")
-    x = torch.randn(70, 64)
-    with torch.inference_mode():
-        int8 = head(x)
-        head.head_rows = quantize.HEAD_ROWS
-        alone = torch.cat([head(x[i : i + 1]) for i in range(70)])
-        for m in (2, 3, 4, 5, 8, 17, 70):
-            assert torch.equal(head(x[:m]), alone[:m]), m
-    assert head.kernel()[0] is quantize.blocked_head
-    assert (alone - int8).abs().max() < 2**-6 * int8.abs().max()
-    assert head.streamed_bytes() == 300 * 64 * 2
 
 
 @pytest.mark.parametrize("mode,group", MODES)
@@ -182,12 +164,6 @@ def test_the_fused_gate_up_product_is_bitwise_two_separate_ones(mode, group):
     x = torch.randn(2, 7, ffn.w1.in_features).bfloat16()
     with torch.inference_mode():
         assert torch.equal(fused(x), w2(F.silu(w1(x)) * w3(x)))
-
-
-def test_quantized_models_run_their_head_blocked():
-    qm = quantize_transformer(tiny_model(3), "int4", 32)
-    assert qm.output.head_rows == quantize.head_rows()
-    assert build_quantized_transformer("int4", 32, **vars(tiny_model(3).cfg)).output.head_rows == quantize.head_rows()
 
 
 @pytest.mark.parametrize("mode,group", MODES)
@@ -254,13 +230,16 @@ def test_every_lossless_method_equals_ar_on_the_quantized_model(quantized_target
                                                                   attention, monkeypatch):
     """Prompt prefills (models/prompt.py) run SDPA, and with `prompt_gemm` also the dequantized GEMM (these
     prompts are shorter than the real crossover): the state after a prefill is the same for every method. Forwards
-    run the native kernels where they are built, else (and with `attention="torch"`) the torch paths."""
+    run the native kernels (attention, norms, qmm.c's products) where they are built, else (and with
+    `attention="torch"`) the torch paths."""
     if attention == "native" and native.library("attention") is None:
         pytest.skip("no C compiler: the native attention kernel is not built here")
-    if attention == "torch":  # as without a compiler: no native kernel at all
+    if attention == "torch":  # as without a compiler: no native kernel at all (torch's quantized products too)
         monkeypatch.setattr(native, "library", lambda name: None)
     monkeypatch.setitem(quantize.PROMPT_MIN_ROWS, mode, 2 if prompt_gemm else 10**9)
     target = quantized_targets[mode]
+    for lin in quantize.quantized_layers(target.model):  # each case makes its kernels on its own path
+        lin.__dict__.pop("_kernel", None)
     prompts = ragged(4)
 
     def drafter(i):
