@@ -250,6 +250,39 @@ static inline void quantize_block(const float *v, int8_t *q, int8_t *r, float *d
     *d = amax / QMAX;
     *sq = _mm512_reduce_add_epi32(_mm512_add_epi32(c0, c1));
 }
+#elif defined(__AVX2__)
+/* 32 int32 in four vectors -> 32 int8 in order (saturating packs interleave 128-bit lanes; the permute restores) */
+static inline void store_bytes(int8_t *dst, __m256i a, __m256i b, __m256i c, __m256i e) {
+    __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, e));
+    _mm256_storeu_si256((void *)dst, _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+}
+
+static inline void quantize_block(const float *v, int8_t *q, int8_t *r, float *d, int32_t *sq) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 a[4], m = _mm256_setzero_ps();
+    for (int i = 0; i < 4; i++) {
+        a[i] = _mm256_loadu_ps(v + 8 * i);
+        m = _mm256_max_ps(m, _mm256_andnot_ps(sign, a[i]));
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    __m256 inv = _mm256_set1_ps(amax > 0.0f ? QMAX / amax : 0.0f);
+    __m256i top = _mm256_set1_epi32(QMAX), bottom = _mm256_set1_epi32(-QMAX), half = _mm256_set1_epi32(64);
+    __m256i c[4], h[4], lo[4], sum = _mm256_setzero_si256();
+    for (int i = 0; i < 4; i++) {
+        c[i] = _mm256_min_epi32(_mm256_max_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(a[i], inv)), bottom), top);
+        h[i] = _mm256_srai_epi32(_mm256_add_epi32(c[i], half), 7);
+        lo[i] = _mm256_sub_epi32(c[i], _mm256_slli_epi32(h[i], 7));
+        sum = _mm256_add_epi32(sum, c[i]);
+    }
+    store_bytes(q, h[0], h[1], h[2], h[3]);
+    store_bytes(r, lo[0], lo[1], lo[2], lo[3]);
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+    *d = amax / QMAX;
+    *sq = _mm_cvtsi128_si32(_mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1)));
+}
 #else
 static inline void quantize_block(const float *v, int8_t *q, int8_t *r, float *d, int32_t *sq) {
     float amax = 0.0f;
