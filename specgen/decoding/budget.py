@@ -50,6 +50,9 @@ class AutoBudget:
 
     limit: int
     cost: Callable[[int], float]  # tokens in one forward -> its cost
+    # False: plan from the cost curve alone, never from measured step times, so a sampled run's draft sizes (and with
+    # them its tokens) depend only on its seed and the stored curve: `--seed` repeats it
+    timed: bool = True
     prior: float = 0.5
     weight: float = 8.0  # pseudo-tries behind the prior
     window: int = 256
@@ -85,14 +88,15 @@ class AutoBudget:
         """The width with the most expected tokens per unit of estimated cost at `live_rows` rows."""
         tokens = self.tokens(live_rows)
         best, best_k = -1.0, 0
-        for k, cost in enumerate(self.times.estimate(live_rows, self.model)):
+        costs = self.times.estimate(live_rows, self.model) if self.timed else self.model(live_rows)
+        for k, cost in enumerate(costs):
             if tokens[k] / cost > best * 1.0001:  # ties go to the shorter draft
                 best, best_k = tokens[k] / cost, k
         return best_k
 
     def cap(self, live_rows: int) -> int:
         best_k = self.best(live_rows)
-        if best_k and 0 not in self.times.measured(self.times.source(live_rows)):
+        if best_k and self.timed and 0 not in self.times.measured(self.times.source(live_rows)):
             best_k = 0  # batched AR first: the reference the wider widths' measured costs are judged against
         if best_k == 0 and self._history:
             self._history.pop(0)  # nothing will be learnt this step: forget, drifting back to the prior

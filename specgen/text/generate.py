@@ -77,15 +77,16 @@ def generate_text(model: TextModel, req: DecodeRequest[TextGenConfig], prompts: 
 
     batch = run_batch(model.target, lambda i: req.spec.drafter(req.options, seed), ids, cfg.max_new_tokens, req.params,
                       model.tokenizer.stop_ids, generators, cfg.batch_size, on_done=done,
-                      budget=draft_budget(model, req.budget), on_tokens=stream)
+                      budget=draft_budget(model, req.budget, req.params.greedy), on_tokens=stream)
     return [TextResult(p, model.tokenizer.decode(r.tokens), r.tokens, r.stats.summary())
             for p, r in zip(prompts, batch.results)]
 
 
-def draft_budget(model: TextModel, kind: str, limit: int = 16) -> AutoBudget | None:
+def draft_budget(model: TextModel, kind: str, greedy: bool = True, limit: int = 16) -> AutoBudget | None:
     """None (`fixed`: each method's own draft size) or, for `auto`, an `AutoBudget` over this model's cost curve
-    (it caps the method's draft size per step, never raises it)."""
-    return None if kind == "fixed" else AutoBudget(limit, cost_of(model.module))
+    (it caps the method's draft size per step, never raises it); a sampled run's plans from the curve alone (`timed`
+    False), so its seed repeats it."""
+    return None if kind == "fixed" else AutoBudget(limit, cost_of(model.module), timed=greedy)
 
 
 class TextStream:

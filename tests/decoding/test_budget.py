@@ -169,6 +169,21 @@ def test_auto_budget_follows_measured_step_times_where_the_curve_misjudges_them(
     assert curve_only.best(16) == 4  # what the curve alone would run
 
 
+def test_an_untimed_auto_budget_plans_from_the_curve_alone_whatever_the_steps_take():
+    """A sampled run's budget (`timed` False) caps every step from the curve and the acceptance it learns, never from
+    step times: the same tokens give the same caps however long steps took (so `--seed` repeats a sampled run). The
+    control: the timed budget, given the same steps, changes its caps."""
+    accepted = lambda cap: min(cap, 2)  # noqa: E731
+
+    def caps(timed: bool, seconds) -> list[int]:
+        return run_steps(AutoBudget(4, CostCurve((1, 128), (1.0, 1.1)), timed=timed, prior=0.8), 16, 40, seconds,
+                         accepted)
+
+    fast, slow = (lambda cap, b: 1.0), (lambda cap, b: 1.0 + cap)  # noqa: E731
+    assert caps(False, fast) == caps(False, slow) == [4] * 40
+    assert caps(True, fast) != caps(True, slow)
+
+
 def test_auto_budget_keeps_drafting_copies_after_early_rejections():
     """Prompt lookup over a long document (issue 49, RAG): an n-gram draft is a copied span, accepted whole or rejected
     at its first token, and the first two drafts are rejected. Before, those two steps' measured tokens (1 per
