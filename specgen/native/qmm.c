@@ -1,5 +1,5 @@
-/* Products over int4 / int8 weight codes with int8 activations (specgen/native/__init__.py loads it; the torch side
- * is specgen/native/ops.py: the qmm op and `pack_codes`, the layout).
+/* Products over int4 / int8 weight codes with 15-bit activations in two int8 bytes (specgen/native/__init__.py loads
+ * it; the torch side is specgen/native/ops.py: the qmm op and `pack_codes`, the layout).
  *
  * out[m, n] = sum_k x[m, k] * w[n, k], w[n, k] = (c[n, k] - o) * s[n, g] + z[n, g] over groups g of `group` inputs:
  * bits 4: codes c in 0..15, o = 8, s and z bfloat16 (models/quantize.py's int4); bits 8: codes in -127..127, o = 0,
@@ -14,9 +14,9 @@
  * integer sums are exact, the float steps the same IEEE operations lane by lane): a row's result depends on its own
  * input only, so a token scored in a verify forward gets the numbers of its AR step, on AVX-512 VNNI, AVX2 or plain C.
  *
- * Why: torch's int4 CPU product converts every weight to float for every row, so a 5-row verify cost 2-2.5x an AR
- * step. Here the codes are unpacked once per 16 outputs x 32 inputs and multiplied as bytes for every row: a decode
- * step stays a pass over the weight bytes up to several rows.
+ * Why: torch's int4 CPU product converts every weight to float for every row, so a 5-row verify's products cost
+ * ~2x an AR step's. Here the codes are unpacked once per 16 outputs x 32 inputs and multiplied as bytes for every
+ * row: a decode step stays a pass over the weight bytes up to several rows.
  *
  * Layout (`pack_codes`): outputs in tiles of 16 (zero codes and scales past N), each tile's blocks in order.
  * bits 4: a block is 4 chunks of 64 bytes; byte 4j + i of chunk h holds, for output j of the tile, the code of input
@@ -56,7 +56,6 @@ static inline int32_t word(const int8_t *p) {
 #include <immintrin.h>
 #define MR 8
 
-
 static inline __m512 bf16x16(const uint16_t *p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const void *)p)), 16));
 }
@@ -67,7 +66,7 @@ static inline __attribute__((always_inline)) void tile_rows(const acts *a, int m
                                                             float out[MR][TN], int R) {
     int nb = K / BK, per_group = group / BK, ps = bits == 4 ? 2 : 1;
     const __m512i low = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8((char)0x80);
-    /* bits 8: codes + 128 as unsigned bytes, so dot = sum (c + 128) q - 128 sum q */
+    /* vpdpbusd takes unsigned bytes: bits 8 multiplies c + 128, so dot = sum (c + 128) Q - 128 sum Q */
     const int32_t off = bits == 4 ? 8 : 128;
     __m512 acc[MR];
 #pragma GCC unroll 8
@@ -125,7 +124,6 @@ static inline __attribute__((always_inline)) void tile_rows(const acts *a, int m
 #elif defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define MR 4
-
 
 static inline __m256 bf16x8(const uint16_t *p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const void *)p)), 16));
@@ -200,7 +198,6 @@ static inline __attribute__((always_inline)) void tile_rows(const acts *a, int m
 #else
 #define MR 4
 
-
 /* the reference form: the same integers and float steps, one output at a time (-ffp-contract=off: fmaf is the only
  * fused step) */
 static void tile_rows(const acts *a, int m0, const uint8_t *codes, const uint16_t *sz, int bits, int K, int group,
@@ -242,7 +239,8 @@ static inline void quantize_block(const float *v, int8_t *q, int8_t *r, float *d
     __m512i top = _mm512_set1_epi32(QMAX), bottom = _mm512_set1_epi32(-QMAX), half = _mm512_set1_epi32(64);
     __m512i c0 = _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(a0, inv)), bottom), top);
     __m512i c1 = _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(a1, inv)), bottom), top);
-    __m512i h0 = _mm512_srai_epi32(_mm512_add_epi32(c0, half), 7), h1 = _mm512_srai_epi32(_mm512_add_epi32(c1, half), 7);
+    __m512i h0 = _mm512_srai_epi32(_mm512_add_epi32(c0, half), 7);
+    __m512i h1 = _mm512_srai_epi32(_mm512_add_epi32(c1, half), 7);
     _mm_storeu_si128((void *)q, _mm512_cvtepi32_epi8(h0));
     _mm_storeu_si128((void *)(q + 16), _mm512_cvtepi32_epi8(h1));
     _mm_storeu_si128((void *)r, _mm512_cvtepi32_epi8(_mm512_sub_epi32(c0, _mm512_slli_epi32(h0, 7))));
