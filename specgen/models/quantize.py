@@ -428,7 +428,9 @@ def quantized_layers(module: nn.Module) -> list[QuantizedLinear]:
 def prepare_kernels(module: nn.Module) -> nn.Module:
     """Make every quantized layer's kernel copies now (at load, not in the first timed forward), then hand freed
     conversion buffers back to the OS (glibc keeps them in the heap otherwise)."""
-    made = [lin for lin in quantized_layers(module) if lin.kernel()[3]]
+    made = False
+    for lin in quantized_layers(module):
+        made = bool(lin.kernel()[3]) or made  # the kernel's own copies were made (torch's int8 kernel makes none)
     if made:
         with contextlib.suppress(OSError, AttributeError, TypeError):  # not glibc: nothing to trim this way
             ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim(0)

@@ -184,7 +184,8 @@ QMM_TILE, QMM_BLOCK, QMM_LAYOUT = 16, 32, 1
 def qmm(x: torch.Tensor, codes: torch.Tensor, sz: torch.Tensor, bits: int, group: int, out_features: int,
         threads: int) -> torch.Tensor:
     """x [..., K] (bfloat16 or float32) @ w^T -> [..., N] in x's dtype over `pack_codes`' (codes, sz), with x
-    quantized to int8 per row and block of 32 (qmm.c: each output row a fixed function of its input row)."""
+    quantized to 15 bits (two int8 bytes) per row and block of 32 (qmm.c: each output row a function of its input
+    row alone)."""
     k = x.shape[-1]
     rows = x.reshape(-1, k).contiguous()  # [M, K]
     out = x.new_empty(*x.shape[:-1], out_features)
