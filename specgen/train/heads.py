@@ -289,10 +289,9 @@ class HeadsTrainer:
         if path.exists():
             with safe_open(str(path), "pt") as f:
                 have = f.metadata() or {}
-            diff = [k for k in want if k in have and have[k] != want[k]]  # files without metadata predate the check
-            if diff:
-                k = diff[0]
-                raise UsageError(f"{path} holds labels made with {k} {have[k]}, not {want[k]}; "
+            k = next((k for k in want if have.get(k) != want[k]), None)  # none recorded: made by an older specgen
+            if k is not None:
+                raise UsageError(f"{path} holds labels made with {k} {have.get(k, '(not recorded)')}, not {want[k]}; "
                                  "use a new --out (or delete that file to regenerate the labels)")
             t = load_file(str(path))
             return t["pcs"], t["tokens"]
