@@ -223,16 +223,15 @@ TEMP_RE = re.compile(r"\.(?P<name>.+)\.(?:tmp|old)-(?P<host>[^-]+(?:-[^-]+)*)-(?
 
 def remove_stale_temporaries(folder: Path) -> None:
     """Remove hidden temporary folders of writers that are gone: dead on this host, or older than a day (a pid may
-    have been reused; another host's writer is not seen), or than an hour for a legacy one (no pid in its name)."""
+    have been reused; another host's writer is not seen)."""
     host, now = socket.gethostname(), time.time()
     for p in folder.glob(".*"):
         m = TEMP_RE.fullmatch(p.name)
         try:
-            age = now - p.stat().st_mtime
+            old = m is not None and now - p.stat().st_mtime > STALE_FOREIGN_S
         except OSError:
             continue
-        dead = m is not None and m["host"] == host and not pid_alive(int(m["pid"]))
-        if p.is_dir() and (dead or age > (STALE_FOREIGN_S if m else 3600)):
+        if m and p.is_dir() and (old or m["host"] == host and not pid_alive(int(m["pid"]))):
             shutil.rmtree(p, ignore_errors=True)
 
 

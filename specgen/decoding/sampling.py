@@ -1,4 +1,4 @@
-"""Sampling utilities: validated parameters, logits -> probabilities (temperature, top-k, top-p)."""
+"""Sampling utilities: parameters, logits -> probabilities (temperature, top-k, top-p)."""
 
 from __future__ import annotations
 
@@ -6,24 +6,15 @@ from dataclasses import dataclass
 
 import torch
 
-from specgen.errors import UsageError
-
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How tokens are chosen; temperature 0 means greedy (argmax)."""
+    """How tokens are chosen; temperature 0 means greedy (argmax). Its values come from configs, whose ranges
+    `load_config` has checked (temperature >= 0, top_k >= 0, top_p in (0, 1])."""
 
     temperature: float = 0.0
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1 = off
-
-    def __post_init__(self) -> None:
-        if not self.temperature >= 0:
-            raise UsageError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise UsageError(f"top-k must be >= 0 (0 = off), got {self.top_k}")
-        if not 0 < self.top_p <= 1:
-            raise UsageError(f"top-p must be in (0, 1], got {self.top_p}")
 
     @property
     def greedy(self) -> bool:

@@ -18,7 +18,7 @@ from specgen.eval.run_dir import Grid, Shard
 from specgen.eval.sweeps import SweptRow, with_sweep_rows
 from specgen.image.captions import Caption
 from specgen.image.generate import (ImageGenConfig, ImageModel, conditioned, decode_pixels, generate_images,
-                                    image_conditions, load_image_model, prepare_out_dir)
+                                    image_conditions, load_image_model)
 from specgen.image.methods import build_image_method
 from specgen.image.target import cfg_target
 from specgen.methods import get_method
@@ -224,7 +224,7 @@ def swept_groups(names) -> list[str]:
 def write_outputs(rows: list[dict], pixels: dict, out_dir: Path) -> list[Path]:
     """A PNG grid per (method, temperature) and a speed-quality plot; returns the paths written. Files of an
     earlier run in `out_dir` are kept: a taken name gets a number (`-1`, `-2`, ...)."""
-    prepare_out_dir(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
     for (m, t), px in pixels.items():
         path = out_dir / f"{m}-T{t:g}-grid.png"

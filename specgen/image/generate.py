@@ -237,17 +237,6 @@ def decode_pixels(im: ImageModel, tokens: list[list[int]]) -> torch.Tensor:
     return im.vq.decode_indices(idx.to(next(im.vq.parameters()).device)).float().clamp(-1, 1).cpu()
 
 
-def prepare_out_dir(out_dir: Path) -> Path:
-    """Create the output folder or fail with one line before any work is done."""
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UsageError(f"cannot create output folder {out_dir}: {e.strerror}") from None
-    if not os.access(out_dir, os.W_OK):
-        raise UsageError(f"output folder is not writable: {out_dir}")
-    return out_dir
-
-
 def label_of(condition: int | Caption) -> int:
     """An image's label: its class id (c2i) or its caption's index in the features file (t2i)."""
     return condition.index if isinstance(condition, Caption) else condition
@@ -274,7 +263,7 @@ class PngWriter:
                          f"{self.method}-grid.png")
 
     def save(self, image: Image.Image, name: str) -> Path:
-        prepare_out_dir(self.out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)  # checked up front (paths.check_output_dir)
         try:
             fd, tmp = tempfile.mkstemp(dir=self.out_dir, suffix=".png.tmp")
             os.close(fd)

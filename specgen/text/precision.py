@@ -110,10 +110,8 @@ def weights_stat(entry: registry.Entry) -> list[int]:
 
 def base_unchanged(info: dict, base: registry.Entry) -> bool:
     """The base still holds the weights the quantized copy was made from: the same file (size and mtime, no read),
-    else the same tensor digest."""
-    if info.get("base_file") and info["base_file"] == weights_stat(base):
-        return True
-    return info.get("base_digest") in (None, registry.weights_digest(base))
+    else the same tensor digest (a copy recording neither, made by an older specgen, is remade or refused)."""
+    return info.get("base_file") == weights_stat(base) or info.get("base_digest") == registry.weights_digest(base)
 
 
 def save_quantized(base: registry.Entry, quantize: str, group: int, progress=None) -> registry.Entry:

@@ -245,8 +245,6 @@ class EagleTask(TrainTask):
 
 def run_record(cfg: EagleTrainConfig, digest: str, captions_sha: str) -> dict[str, Any]:
     """What a run's state must match to resume (and its drafter records): the config, the target's weights and,
-    for t2i, the captions' content; a c2i run records no `captions` key (its states predate the key)."""
-    if not captions_sha:
-        return {"config": {k: v for k, v in asdict(cfg).items() if k != "captions"}, "target_sha": digest}
-    return {"config": asdict(cfg), "target_sha": digest, "captions_sha": captions_sha}
+    for t2i, the captions' content."""
+    return {"config": asdict(cfg), "target_sha": digest, **({"captions_sha": captions_sha} if captions_sha else {})}
 

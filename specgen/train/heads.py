@@ -77,8 +77,6 @@ STAGE2_KEYS = ("stages", "stage2_epochs", "stage2_lr", "stage2_min_lr", "lora_ra
                "backbone_weight", "backbone_loss")
 #: Settings that never change what training computes (names, CPU threads): resuming ignores them.
 NAMING_KEYS = ("name", "num_threads")
-#: Settings added after heads were shipped, with the value older training states implicitly used.
-ADDED_KEYS = {"token_input": False, "res_layers": 1, "history": 0, "skip_known_offsets": False}
 
 
 def check_config(cfg: HeadsTrainConfig) -> None:
@@ -291,10 +289,9 @@ class HeadsTrainer:
         if path.exists():
             with safe_open(str(path), "pt") as f:
                 have = f.metadata() or {}
-            diff = [k for k in want if k in have and have[k] != want[k]]  # files without metadata predate the check
-            if diff:
-                k = diff[0]
-                raise UsageError(f"{path} holds labels made with {k} {have[k]}, not {want[k]}; "
+            k = next((k for k in want if have.get(k) != want[k]), None)  # none recorded: made by an older specgen
+            if k is not None:
+                raise UsageError(f"{path} holds labels made with {k} {have.get(k, '(not recorded)')}, not {want[k]}; "
                                  "use a new --out (or delete that file to regenerate the labels)")
             t = load_file(str(path))
             return t["pcs"], t["tokens"]
@@ -321,7 +318,7 @@ class HeadsTrainer:
                          loss_fn, modules, eval_idx)
         loop = Loop(LoopOptions(steps=total, log_every=per_epoch, eval_every=per_epoch, device=self.device), self.log)
         self.is_main = loop.is_main
-        state = StateFile(self.out / f"stage{stage}.safetensors", {"config": config}, loose=loose, added=ADDED_KEYS)
+        state = StateFile(self.out / f"stage{stage}.safetensors", {"config": config}, loose=loose)
         self.log(f"stage {stage}: {epochs} epochs of {per_epoch} steps")
         return loop.run(task, state).history
 

@@ -24,7 +24,7 @@ from specgen.devices import resolve_device
 from specgen.errors import CheckpointError, UsageError
 from specgen.train.checkpoint import StaleStateError, save_tensors
 
-#: The tensor of the global torch RNG state in a train state (absent in states written before the loop).
+#: The tensor of the global torch RNG state in a train state.
 RNG_KEY = "loop.torch_rng"
 #: --dtype / recipe spellings -> accelerate's mixed_precision
 MIXED_PRECISION = {"no": "no", "float32": "no", "bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16"}
@@ -184,13 +184,12 @@ class Checkpoint(Protocol):
 class StateFile:
     """The train state as one safetensors file: `<module>.<key>` (with `trainable` only the parameters that train),
     `<optim>.<i>.<key>` (parameter i in param-group order), extra tensors, the torch RNG; the JSON meta (`expect`, the
-    loop's, the task's) as one metadata string (older states' one per key is read too). `expect` must equal the saved
-    meta to resume, but for `loose` keys of its dicts and `added` ones older states lack (docs/training.md)."""
+    loop's, the task's) as one metadata string. `expect` must equal the saved meta to resume, but for `loose` keys of
+    its dicts (docs/training.md)."""
 
     path: Path
     expect: Mapping[str, Any] = field(default_factory=dict)
     loose: tuple[str, ...] = ()
-    added: Mapping[str, Any] = field(default_factory=lambda: {"grad_accum": 1})  # the loop's own later key
     trainable: bool = False
 
     def save(self, task: TrainTask, meta: dict[str, Any]) -> None:
@@ -216,19 +215,19 @@ class StateFile:
         try:
             with safe_open(str(path), "pt") as f:
                 raw = f.metadata() or {}
-            meta = json.loads(raw["meta"]) if "meta" in raw else {k: json.loads(v) for k, v in raw.items()}
             tensors = load_file(str(path))
-        except (OSError, ValueError, KeyError, SafetensorError) as e:
+            meta = json.loads(raw.get("meta", "null"))
+        except (OSError, ValueError, SafetensorError) as e:
             raise CheckpointError(f"corrupt training state {path}: {e}") from None
+        if not isinstance(meta, dict) or RNG_KEY not in tensors:  # states before the shared loop: no resume
+            raise StaleStateError(f"{path} was made by an older specgen; use a fresh --out")
+        meta["torch_rng"] = tensors.pop(RNG_KEY)
 
-        def strip(v: Any, like: Any) -> Any:  # a dict value (config): later keys `like` has filled in, loose keys out
-            if not isinstance(v, dict):
-                return v
-            return {k: x for k, x in {**{a: d for a, d in self.added.items() if a in like}, **v}.items()
-                    if k not in self.loose}
+        def strip(v: Any) -> Any:  # a dict value (config) without its loose keys
+            return {k: x for k, x in v.items() if k not in self.loose} if isinstance(v, dict) else v
 
         want = json.loads(json.dumps(dict(self.expect)))
-        stale = [k for k, v in want.items() if strip(meta.get(k), v) != strip(v, v)]
+        stale = [k for k, v in want.items() if strip(meta.get(k)) != strip(v)]
         if stale:
             raise StaleStateError(f"{path} was written by a different {' and '.join(stale)}; use a fresh --out")
         for name, m in task.modules.items():
@@ -244,8 +243,6 @@ class StateFile:
                     opt.optimizer.state[p] = st
         for k, v in task.extra_tensors().items():
             v.copy_(tensors[k])
-        if RNG_KEY in tensors:
-            meta["torch_rng"] = tensors[RNG_KEY]
         return meta
 
 
@@ -312,11 +309,9 @@ class Loop:
         meta = checkpoint.load(task) if checkpoint is not None else None
         if meta is not None:
             p.resumed = True
-            p.step, p.history = int(meta["step"]), list(meta.get("history", []))
-            p.elapsed, p.cpu = float(meta.get("elapsed", 0.0)), float(meta.get("cpu", 0.0))
-            p.window = list(meta.get("window", []))
-            if "torch_rng" in meta:
-                torch.set_rng_state(meta.pop("torch_rng"))
+            p.step, p.history, p.elapsed, p.cpu = meta["step"], meta["history"], meta["elapsed"], meta["cpu"]
+            p.window = meta["window"]
+            torch.set_rng_state(meta.pop("torch_rng"))
             task.restore(meta, p)
         self._broadcast(task.modules)
         stop = min(o.stop_after or o.steps, o.steps)

@@ -187,8 +187,6 @@ class MeshTask(TrainTask):
         return {"step": progress.step, "train_loss": progress.recent_mean("loss", self.cfg.log_every), **ev}
 
     def restore(self, meta: dict[str, Any], progress: Progress) -> None:
-        if "cpu" not in meta:  # a state written before the shared loop: its `elapsed` counted CPU seconds
-            progress.cpu = float(meta.get("elapsed", 0.0))
         old = meta["config"]
         if (old["steps"], old["max_minutes"]) != (self.cfg.steps, self.cfg.max_minutes):
             self.log(f"budget changed on resume: steps {old['steps']} -> {self.cfg.steps}, max_minutes "

@@ -333,7 +333,7 @@ class PairTask(TrainTask):
 
     def restore(self, meta: dict[str, Any], progress: Progress) -> None:
         for k, v in self.lecam.items():
-            v.real, v.fake = meta.get("lecam", {}).get(k, (0.0, 0.0))
+            v.real, v.fake = meta["lecam"][k]
 
 
 # --- the run ----------------------------------------------------------------------------------------------------
