@@ -61,7 +61,9 @@ def test_rows_are_bitwise_alone_and_near_the_dequantized_product(mode, group, dt
 @pytest.mark.parametrize("mode,group", CASES)
 def test_every_instruction_set_gives_the_same_bits(mode, group, tmp_path):
     """The AVX2 and plain C builds of qmm.c (the reference form) compute what this CPU's own build does, bit for bit."""
-    cc, _ = native.compiler()
+    cc, why = native.compiler()
+    if cc is None:
+        pytest.skip(why)
     flags = tuple(f for f in native.FLAGS if not f.startswith("-march"))
     q, x = layer(mode, group), activations(7).bfloat16()
     codes, sz, bits, group_, out = q.kernel()[1]
