@@ -12,7 +12,6 @@ from specgen import native, registry
 from specgen.decoding import cost
 from specgen.devices import is_cpu, onednn_packs
 from specgen.models import kernel_choice, layout, layout_cache, plan_cache, quantize
-from specgen.native.ops import QMM_BLOCK
 
 #: CPU flags that change a kernel's path or speed (x86 /proc/cpuinfo names; ARM's `Features` are kept as they come).
 ISA = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx512_fp16", "avx_ne_convert",
@@ -75,8 +74,9 @@ def quantized_path(mode: str) -> dict:
     """int8 / int4 text targets: qmm.c (15-bit activations) or torch's packed kernels at every row count."""
     prefill = f"bfloat16 GEMM from {quantize.PROMPT_MIN_ROWS[mode]} rows" if quantize.bf16_gemm() else "the same kernel"
     why = "one kernel at every row count, so a row's bits do not depend on its verify width"
-    if kernel_choice.quantized_product(QMM_BLOCK, QMM_BLOCK) == "native":
-        isa = QMM_PATHS[native.library("qmm").specgen_qmm_path()]
+    qmm = native.library("qmm")  # kernel_choice.quantized_product: qmm.c wherever it is built (and widths fit)
+    if qmm is not None:
+        isa = QMM_PATHS[qmm.specgen_qmm_path()]
         path = f"native qmm.c ({isa}), activations in two int8 bytes (15 bits), LM head too"
     else:
         path = f"{QUANTIZED_MM[mode]}, bfloat16 activations; LM head torch _weight_int8pack_mm"
