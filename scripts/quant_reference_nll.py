@@ -37,7 +37,7 @@ def torch_kernels(model):
     """`model` (an int4 text model) with its quantized products on torch's kernels (bfloat16 activations); every
     layer made after this in the process too (the last what-if)."""
     quantize.quantized_product = lambda in_features, group: "torch"
-    for lin in quantize.quantized_layers(model.module):
+    for lin in quantize.quantized_layers(model.module).values():
         lin.__dict__.pop("_kernel", None)  # made again, on torch's kernel, at the next product
     return model
 

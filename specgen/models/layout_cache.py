@@ -21,7 +21,7 @@ from specgen.devices import is_cpu, module_device
 from specgen.models import plan_cache
 from specgen.models.layout import layout_name
 from specgen.models.packed_linear import PackedLinear
-from specgen.models.quantize import QuantizedLinear
+from specgen.models.quantize import quantized_layers
 from specgen.models.tiled_weight import TiledWeight
 from specgen.native import ops
 from specgen.paths import atomic_write
@@ -38,17 +38,6 @@ SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float1
 
 def folder() -> Path:
     return registry.home() / "layouts"
-
-
-def quantized_layers(module: nn.Module) -> dict[str, QuantizedLinear]:
-    """The quantized layers by name: the tensors their kernels make at load (`make_kernel`) are stored too."""
-    return {name: m for name, m in module.named_modules() if isinstance(m, QuantizedLinear)}
-
-
-def kernel_shapes(module: nn.Module) -> dict[str, torch.Tensor]:
-    """Meta tensors shaped as each quantized layer's kernel tensors, under their names in the file."""
-    return {f"{name}.kernel.{k}": t for name, lin in quantized_layers(module).items()
-            for k, t in lin.kernel_shapes().items()}
 
 
 def save_aligned(tensors: dict[str, torch.Tensor], path: Path, key: str, source: str = "") -> None:
@@ -139,7 +128,9 @@ def restore(module: nn.Module, weights: Path) -> bool:
     if found is None:
         return False
     state, path, k = found
-    want = {**{name: on_disk(t) for name, t in state.items()}, **kernel_shapes(module)}  # views: nothing copied
+    shapes = {name: lin.kernel_shapes() for name, lin in quantized_layers(module).items()}
+    want = {name: on_disk(t) for name, t in state.items()}  # views: nothing copied
+    want.update({f"{name}.kernel.{k}": t for name, made in shapes.items() for k, t in made.items()})
     try:
         with safe_open(str(path), "pt") as f:  # tensors backed by a private mapping of the file
             if (f.metadata() or {}).get("key") != k or {n for n in f.keys() if not n.endswith(PAD)} != set(want):
@@ -153,7 +144,7 @@ def restore(module: nn.Module, weights: Path) -> bool:
     for name, t in state.items():
         put(t, stored[name])
     for name, lin in quantized_layers(module).items():
-        lin.use_kernel({k: stored[f"{name}.kernel.{k}"] for k in lin.kernel_shapes()})
+        lin.use_kernel({k: stored[f"{name}.kernel.{k}"] for k in shapes[name]})
     return True
 
 

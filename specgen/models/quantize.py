@@ -421,15 +421,16 @@ def build_quantized_transformer(quantize: str, group: int = 0, **kwargs) -> nn.M
     return model.eval()
 
 
-def quantized_layers(module: nn.Module) -> list[QuantizedLinear]:
-    return [m for m in module.modules() if isinstance(m, QuantizedLinear)]
+def quantized_layers(module: nn.Module) -> dict[str, QuantizedLinear]:
+    """The quantized layers by name (the layout cache stores their kernel tensors under these names)."""
+    return {name: m for name, m in module.named_modules() if isinstance(m, QuantizedLinear)}
 
 
 def prepare_kernels(module: nn.Module) -> nn.Module:
     """Make every quantized layer's kernel copies now (at load, not in the first timed forward), then hand freed
     conversion buffers back to the OS (glibc keeps them in the heap otherwise)."""
     made = False
-    for lin in quantized_layers(module):
+    for lin in quantized_layers(module).values():
         made = bool(lin.kernel()[3]) or made  # the kernel's own copies were made (torch's int8 kernel makes none)
     if made:
         with contextlib.suppress(OSError, AttributeError, TypeError):  # not glibc: nothing to trim this way

@@ -238,7 +238,7 @@ def test_every_lossless_method_equals_ar_on_the_quantized_model(quantized_target
         monkeypatch.setattr(native, "library", lambda name: None)
     monkeypatch.setitem(quantize.PROMPT_MIN_ROWS, mode, 2 if prompt_gemm else 10**9)
     target = quantized_targets[mode]
-    for lin in quantize.quantized_layers(target.model):  # each case makes its kernels on its own path
+    for lin in quantize.quantized_layers(target.model).values():  # each case makes its kernels on its own path
         lin.__dict__.pop("_kernel", None)
     prompts = ragged(4)
 
