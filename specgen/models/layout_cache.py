@@ -130,7 +130,7 @@ def restore(module: nn.Module, weights: Path) -> bool:
     state, path, k = found
     shapes = {name: lin.kernel_shapes() for name, lin in quantized_layers(module).items()}
     want = {name: on_disk(t) for name, t in state.items()}  # views: nothing copied
-    want.update({f"{name}.kernel.{k}": t for name, made in shapes.items() for k, t in made.items()})
+    want.update({f"{name}.kernel.{part}": t for name, made in shapes.items() for part, t in made.items()})
     try:
         with safe_open(str(path), "pt") as f:  # tensors backed by a private mapping of the file
             if (f.metadata() or {}).get("key") != k or {n for n in f.keys() if not n.endswith(PAD)} != set(want):
@@ -144,7 +144,7 @@ def restore(module: nn.Module, weights: Path) -> bool:
     for name, t in state.items():
         put(t, stored[name])
     for name, lin in quantized_layers(module).items():
-        lin.use_kernel({k: stored[f"{name}.kernel.{k}"] for k in shapes[name]})
+        lin.use_kernel({part: stored[f"{name}.kernel.{part}"] for part in shapes[name]})
     return True
 
 
@@ -157,7 +157,7 @@ def store(module: nn.Module, weights: Path) -> None:
     state, path, k = found
     tensors = {name: on_disk(t) for name, t in state.items()}
     for name, lin in quantized_layers(module).items():
-        tensors.update({f"{name}.kernel.{k}": t for k, t in lin.kernel()[3].items()})
+        tensors.update({f"{name}.kernel.{part}": t for part, t in lin.kernel()[3].items()})
     try:
         atomic_write(path, lambda tmp: save_aligned(tensors, tmp, k, str(weights.resolve())))
     except (OSError, SafetensorError) as e:
