@@ -101,8 +101,8 @@ def key(module: nn.Module) -> str | None:
         return None
     tensors = [(n, list(t.shape), str(t.dtype)) for n, t in module.state_dict(keep_vars=True).items()]
     model = json.dumps([repr(module.cfg), repr(module), tensors, layout_name(), plan, quantize.VERSION, ROWS, PREFIX])
-    kernels = [native.describe().encode()] + [f.read_bytes() for f in sorted(native.SOURCE_DIR.glob("*.[ch]"))]
-    digest = hashlib.sha256(b"\0".join([model.encode(), *kernels])).hexdigest()[:16]
+    kernels = [native.describe()] + [native.key(name, native.FLAGS) for name in native.SIGNATURES]  # their sources
+    digest = hashlib.sha256("\0".join([model, *kernels]).encode()).hexdigest()[:16]
     return f"{plan_cache.machine()}|{torch.get_num_threads()}|{digest}"
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import weakref
 
 import pytest
@@ -70,7 +71,9 @@ def test_a_changed_key_measures_again(monkeypatch, tmp_path, request, change):
     elif change == "kernels":
         monkeypatch.setattr(native, "describe", lambda: "another int4 kernel")
     elif change == "sources":
-        (tmp_path / "int4.c").write_text("/* a replaced product kernel */")
+        for f in native.SOURCE_DIR.glob("*.[ch]"):
+            shutil.copy(f, tmp_path)
+        (tmp_path / "qmm.c").write_text("/* a replaced product kernel */")
         monkeypatch.setattr(native, "SOURCE_DIR", tmp_path)
     else:
         model = tiny_model(0, ffn_dim=96)
