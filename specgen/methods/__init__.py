@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 from specgen.decoding.budget import FixedBudget
@@ -39,12 +39,16 @@ class MethodSpec:
         return modality in (self.modalities or (self.modality,))
 
     def parse_options(self, options: dict[str, Any]) -> Any:
-        """The options as a validated `options_type`; an unknown name or a bad value is one usage error."""
+        """The options as a validated `options_type` (`seed`, unless a field, is the caller's); an unknown name or a bad
+        value is one usage error."""
         unknown = sorted(set(options) - set(self.options) - {"seed"})
         if unknown:
             known = ", ".join(self.options) or "none"
             raise UsageError(f"method {self.name} has no option {unknown[0]!r}; its options: {known}")
-        return O.parse(self.options_type, self.name, options)
+        O.check_value("seed", options.get("seed", 0), O.SEED, self.name)
+        opts = self.options_type(**{k: v for k, v in options.items() if k in self.options})
+        opts.validate(self.name)
+        return opts
 
 
 def ngram(o: O.NgramOptions, seed: int) -> NgramDrafter:
@@ -64,7 +68,7 @@ def jacobi(o: O.JacobiOptions, seed: int) -> JacobiDrafter:
 
 
 def multi_block(o: O.MultiBlockOptions, seed: int) -> MultiBlockDrafter:
-    return MultiBlockDrafter(**{k: v for k, v in o.as_dict().items() if k != "budget"}, seed=seed)
+    return MultiBlockDrafter(**{k: v for k, v in asdict(o).items() if k != "budget"}, seed=seed)
 
 
 METHODS: dict[str, MethodSpec] = {

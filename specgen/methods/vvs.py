@@ -109,7 +109,6 @@ class VVSBatch(PolicyBase):
     def admit(self, slot: int, index: int, prompt: list[int], first: TargetOut) -> None:
         dec = self._next = self.make(index)
         self.eagle.admit(slot, index, prompt, first)
-        dec.schedule.reset()
         dec.trace = []
         self.rows[slot] = VVSRow(dec, FeatureCache(first.features, self.max_len), None)
 
