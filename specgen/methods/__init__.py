@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from specgen.decoding.budget import FixedBudget
@@ -67,10 +67,6 @@ def jacobi(o: O.JacobiOptions, seed: int) -> JacobiDrafter:
     return JacobiDrafter(block_size=o.block_size, seed=seed)
 
 
-def multi_block(o: O.MultiBlockOptions, seed: int) -> MultiBlockDrafter:
-    return MultiBlockDrafter(**{k: v for k, v in asdict(o).items() if k != "budget"}, seed=seed)
-
-
 METHODS: dict[str, MethodSpec] = {
     spec.name: spec
     for spec in [
@@ -85,7 +81,7 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("pcllm", "text", True, "Jacobi decoding of the pcLLM-distilled model (progressive consistency distillation)",
                    O.JacobiOptions, jacobi, target="smollm2-135m-pcllm"),
         MethodSpec("pcllm-mr", "text", True, "pcLLM multi-block decoding + rejection recycling",
-                   O.MultiBlockOptions, multi_block, target="smollm2-135m-pcllm"),
+                   O.MultiBlockOptions, MultiBlockDrafter, target="smollm2-135m-pcllm"),
         MethodSpec("xspecmesh", "mesh", False,
                    "XSpecMesh multi-head speculative decoding (LOSSY: p > delta / top-K_a; lossless: criterion=rejection)",
                    O.XSpecMeshOptions),
