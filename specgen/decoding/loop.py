@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 
@@ -113,7 +114,7 @@ class Batch:
         self.results: list[DecodeResult | None] = [None] * len(prompts)
         self.total, self.t0 = DecodeStats(), now(target.device)  # CUDA: after queued work (devices.now)
 
-    def clock(self, phase: str) -> "timed":
+    def clock(self, phase: str) -> AbstractContextManager:
         """Charge a block to `phase` of the batch and of every live row (each lives through it)."""
         return timed([self.total] + [r.stats for r in self.slots if r is not None and not r.done], phase)
 
@@ -232,20 +233,15 @@ class Batch:
         return BatchResult(self.results, self.total)
 
 
-class timed:
+@contextmanager
+def timed(stats: list[DecodeStats], phase: str) -> Iterator[None]:
     """Add the host time of a block to phase `phase` of every stats object given (no device sync: a step's host reads
     wait anyway, so a step's total stays its wall time)."""
-
-    def __init__(self, stats: list[DecodeStats], phase: str) -> None:
-        self.stats, self.phase = stats, phase
-
-    def __enter__(self) -> None:
-        self.t0 = time.perf_counter()
-
-    def __exit__(self, *exc) -> None:
-        dt = time.perf_counter() - self.t0
-        for s in self.stats:
-            s.times[self.phase] = s.times.get(self.phase, 0.0) + dt
+    t0 = time.perf_counter()
+    yield
+    dt = time.perf_counter() - t0
+    for s in stats:
+        s.times[phase] = s.times.get(phase, 0.0) + dt
 
 
 def truncate(tokens: list[int], limit: int, stop_ids: tuple[int, ...]) -> list[int]:
