@@ -21,7 +21,6 @@ def accept_lantern(draft: Draft, logits: torch.Tensor, params: SamplingParams, g
     greedy = params.greedy
     probs = logits.float().softmax(-1) if greedy else logits_to_probs(logits, params)
     kids, node, path = draft.tree.children, -1, []
-    relaxed = 0
     while True:
         p = probs[node + 1].clone()
         moved = False
@@ -35,7 +34,6 @@ def accept_lantern(draft: Draft, logits: torch.Tensor, params: SamplingParams, g
             else:
                 ok = float(torch.rand((), generator=generator)) < float(p[x]) + mass
             if ok:
-                relaxed += int(bool(greedy and int(p.argmax()) != x or not greedy and mass > 0))
                 path.append(c)
                 node, moved = c, True
                 break
@@ -46,4 +44,4 @@ def accept_lantern(draft: Draft, logits: torch.Tensor, params: SamplingParams, g
                 p = p / total if total > 0 else probs[node + 1]
         if not moved:
             nxt = int(p.argmax()) if greedy else sample(p, generator)
-            return Verdict(tuple(path), tuple(draft.tokens[i] for i in path) + (nxt,), {"relaxed": relaxed})
+            return Verdict(tuple(path), tuple(draft.tokens[i] for i in path) + (nxt,))

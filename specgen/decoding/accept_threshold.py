@@ -47,4 +47,4 @@ def accept_lossy(draft: Draft, probs: torch.Tensor, crit: AcceptCriterion,
     n = accepted_length(draft.tokens, probs, crit)
     row = probs[n]
     recovered = int(row.argmax()) if greedy else sample(row, generator)
-    return Verdict(tuple(range(n)), draft.tokens[:n] + (recovered,), {"lossy": True})
+    return Verdict(tuple(range(n)), draft.tokens[:n] + (recovered,))

@@ -39,9 +39,6 @@ class CostCurve:
         r0, r1, c0, c1 = self.rows[i - 1], self.rows[i], self.cost[i - 1], self.cost[i]
         return c0 + (c1 - c0) * (m - r0) / (r1 - r0)
 
-    def describe(self) -> str:
-        return ", ".join(f"c({r})={c:.2f}" for r, c in zip(self.rows, self.cost))
-
 
 PREFIX = 128
 

@@ -7,7 +7,7 @@ every draft token on the path was accepted). `Verdict.tokens` = accepted + that 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -45,7 +45,6 @@ class Verdict:
 
     path: tuple[int, ...]  # accepted node ids, root-to-leaf order
     tokens: tuple[int, ...]  # accepted draft tokens + one recovered/bonus token
-    extras: dict = field(default_factory=dict)  # rule-specific facts (e.g. relaxed acceptances)
 
     @property
     def num_accepted(self) -> int:

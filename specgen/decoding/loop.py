@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 
@@ -58,8 +59,6 @@ class Run:
     stop_ids: tuple[int, ...]
     max_new_tokens: int
     max_draft: int
-    branches: int  # cache rows per sequence (CFG: cond + uncond)
-    device: torch.device | str
     on_done: Callable[[int], None] | None
     on_tokens: Callable[[int, list[int]], None] | None = None  # (prompt index, tokens just emitted) as they come
 
@@ -83,7 +82,7 @@ def decode_batch(
     `on_done(i)` when prompt i finishes; `on_tokens(i, tokens)` as it emits them (concatenated: its result)."""
     if not prompts:
         return BatchResult([], DecodeStats())
-    run = Run(params, tuple(stop_ids), max_new_tokens, max_draft, target.branches, target.device, on_done, on_tokens)
+    run = Run(params, tuple(stop_ids), max_new_tokens, max_draft, on_done, on_tokens)
     batch = Batch(target, policy, prompts, generators, batch_size, run)
     while batch.refill():  # 0. retire finished rows, prefill queued prompts into free slots
         before = batch.total.wall_time  # the host time of the batch's phases so far: a step's is what they add
@@ -113,20 +112,20 @@ class Batch:
         policy.open(width, max_len)
         self.queue, self.slots = deque(range(len(prompts))), []
         self.results: list[DecodeResult | None] = [None] * len(prompts)
-        self.total, self.t0 = DecodeStats(), now(run.device)  # CUDA: after queued work (devices.now)
+        self.total, self.t0 = DecodeStats(), now(target.device)  # CUDA: after queued work (devices.now)
 
-    def clock(self, phase: str) -> "timed":
+    def clock(self, phase: str) -> AbstractContextManager:
         """Charge a block to `phase` of the batch and of every live row (each lives through it)."""
         return timed([self.total] + [r.stats for r in self.slots if r is not None and not r.done], phase)
 
     def admit(self, i: int, slot: int) -> Row:
         """Prefill prompt i into `slot` (its own rows of the cache); the policy picks its first token(s)."""
-        row, br, policy = Row(i, list(self.prompts[i]), self.generators[i]), self.run.branches, self.policy
+        row, br, policy = Row(i, list(self.prompts[i]), self.generators[i]), self.target.branches, self.policy
         with timed([row.stats], "prefill"), self.clock("prefill"):
             rows = self.cache.clear_seq(slot, br)
             view = self.cache.rows(rows.start, rows.stop)
             view.key_mask, view.cross = None, None  # a new sequence: no condition of the slot's previous one
-            first = self.target.prefill(torch.tensor([row.prompt], device=self.run.device), view)
+            first = self.target.prefill(torch.tensor([row.prompt], device=self.target.device), view)
             self.cache.absorb(view, rows.start)
         self.total.target_forwards += 1
         row.stats.target_forwards += 1
@@ -146,7 +145,7 @@ class Batch:
     def finish(self, row: Row) -> None:
         row.out = truncate(row.out, self.run.max_new_tokens, self.run.stop_ids)
         row.stats.new_tokens = len(row.out)
-        row.stats.extras["latency_s"] = now(self.run.device) - self.t0  # queueing included
+        row.stats.extras["latency_s"] = now(self.target.device) - self.t0  # queueing included
         self.total.accepted += row.stats.accepted  # the batch's step records, gathered row by row
         self.total.draft_sizes += row.stats.draft_sizes
         self.total.depths += row.stats.depths
@@ -158,7 +157,7 @@ class Batch:
         """Retire finished rows, prefill queued prompts into free slots, compact the live rows to [0, n); any left?
 
         A row can finish in its own prefill, so admission repeats until every slot is live or the queue is empty."""
-        slots, queue, br = self.slots, self.queue, self.run.branches
+        slots, queue, br = self.slots, self.queue, self.target.branches
         while True:
             for i, row in enumerate(slots):
                 if row is not None and row.done:
@@ -207,7 +206,7 @@ class Batch:
                                   [self.slots[i].stats for i in fed], self.clock)
 
     def commit(self, fed: list[int], outcomes: list[tuple[list[int], list[int]]]) -> None:
-        lo, br = fed[0], self.run.branches
+        lo, br = fed[0], self.target.branches
         with self.clock("commit"):
             for i, (keep, _) in zip(fed, outcomes):
                 self.view.commit_seq(i - lo, keep, br)
@@ -234,20 +233,15 @@ class Batch:
         return BatchResult(self.results, self.total)
 
 
-class timed:
+@contextmanager
+def timed(stats: list[DecodeStats], phase: str) -> Iterator[None]:
     """Add the host time of a block to phase `phase` of every stats object given (no device sync: a step's host reads
     wait anyway, so a step's total stays its wall time)."""
-
-    def __init__(self, stats: list[DecodeStats], phase: str) -> None:
-        self.stats, self.phase = stats, phase
-
-    def __enter__(self) -> None:
-        self.t0 = time.perf_counter()
-
-    def __exit__(self, *exc) -> None:
-        dt = time.perf_counter() - self.t0
-        for s in self.stats:
-            s.times[self.phase] = s.times.get(self.phase, 0.0) + dt
+    t0 = time.perf_counter()
+    yield
+    dt = time.perf_counter() - t0
+    for s in stats:
+        s.times[phase] = s.times.get(phase, 0.0) + dt
 
 
 def truncate(tokens: list[int], limit: int, stop_ids: tuple[int, ...]) -> list[int]:

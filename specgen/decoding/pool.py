@@ -133,11 +133,6 @@ class PolicyBase(PoolBase):
         return [pick(first.logits[0, -1], params, generator)]
 
 
-def row_out(out: TargetOut, i: int, size: int, branches: int) -> TargetOut:
-    """Row i's slice of a batched forward: logits [1, S_i, V], features [branches, S_i, D] (padding dropped)."""
-    return TargetOut(out.logits[i : i + 1, :size], out.features[i * branches : (i + 1) * branches, :size])
-
-
 class EachRow(PoolBase):
     """The pool of per-row Drafters: `make(index)` builds prompt index's drafter; each drafts in turn."""
 
@@ -152,8 +147,9 @@ class EachRow(PoolBase):
         return [d.propose(seq, b, s) for d, seq, b, s in zip(self.rows, seqs, budgets, stats)]
 
     def on_accept(self, drafts, verdicts, out, sizes, branches) -> None:
-        for i, (draft, verdict) in enumerate(zip(drafts, verdicts)):
-            self.rows[i].on_accept(draft, verdict, row_out(out, i, sizes[i], branches))
+        for i, (draft, verdict, s) in enumerate(zip(drafts, verdicts, sizes)):  # row i's slice, padding dropped
+            rows = slice(i * branches, (i + 1) * branches)
+            self.rows[i].on_accept(draft, verdict, TargetOut(out.logits[i : i + 1, :s], out.features[rows, :s]))
 
     def finished(self, slot: int) -> bool:
         return self.rows[slot].finished()

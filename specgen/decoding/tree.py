@@ -77,9 +77,6 @@ class DraftTree:
             node = self.parents[node]
         return path[::-1]
 
-    def leaves(self) -> list[int]:
-        return [i for i in range(self.size) if not self.children[i + 1]]
-
     def paths(self) -> list[list[int]]:
         """Every root-to-leaf path (node ids)."""
-        return [self.path_to(leaf) for leaf in self.leaves()]
+        return [self.path_to(i) for i in range(self.size) if not self.children[i + 1]]

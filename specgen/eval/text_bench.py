@@ -123,7 +123,7 @@ def specgen_batch(model: TextModel, row: Row, prompts: list[list[int]], batch: i
                   cfg: TextBenchConfig) -> tuple[list[Run], float]:
     """`row` over `prompts` through `batch` slots of the batched loop; (runs in prompt order, wall seconds)."""
     seed = cfg.seed if row.seed is None else row.seed  # the row's own drafter seed, else the run's
-    budget = draft_budget(model, row.options.as_dict().get("budget", BUDGET_DEFAULT))
+    budget = draft_budget(model, asdict(row.options).get("budget", BUDGET_DEFAULT))
     device = next(model.module.parameters()).device
     t0 = now(device)
     res = run_batch(model.target, lambda i: row.spec.drafter(row.options, seed), prompts, cfg.max_new_tokens,

@@ -39,12 +39,16 @@ class MethodSpec:
         return modality in (self.modalities or (self.modality,))
 
     def parse_options(self, options: dict[str, Any]) -> Any:
-        """The options as a validated `options_type`; an unknown name or a bad value is one usage error."""
+        """The options as a validated `options_type` (`seed`, unless a field, is the caller's); an unknown name or a bad
+        value is one usage error."""
         unknown = sorted(set(options) - set(self.options) - {"seed"})
         if unknown:
             known = ", ".join(self.options) or "none"
             raise UsageError(f"method {self.name} has no option {unknown[0]!r}; its options: {known}")
-        return O.parse(self.options_type, self.name, options)
+        O.check_value("seed", options.get("seed", 0), O.SEED, self.name)
+        opts = self.options_type(**{k: v for k, v in options.items() if k in self.options})
+        opts.validate(self.name)
+        return opts
 
 
 def ngram(o: O.NgramOptions, seed: int) -> NgramDrafter:
@@ -63,10 +67,6 @@ def jacobi(o: O.JacobiOptions, seed: int) -> JacobiDrafter:
     return JacobiDrafter(block_size=o.block_size, seed=seed)
 
 
-def multi_block(o: O.MultiBlockOptions, seed: int) -> MultiBlockDrafter:
-    return MultiBlockDrafter(**{k: v for k, v in o.as_dict().items() if k != "budget"}, seed=seed)
-
-
 METHODS: dict[str, MethodSpec] = {
     spec.name: spec
     for spec in [
@@ -81,7 +81,7 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("pcllm", "text", True, "Jacobi decoding of the pcLLM-distilled model (progressive consistency distillation)",
                    O.JacobiOptions, jacobi, target="smollm2-135m-pcllm"),
         MethodSpec("pcllm-mr", "text", True, "pcLLM multi-block decoding + rejection recycling",
-                   O.MultiBlockOptions, multi_block, target="smollm2-135m-pcllm"),
+                   O.MultiBlockOptions, MultiBlockDrafter, target="smollm2-135m-pcllm"),
         MethodSpec("xspecmesh", "mesh", False,
                    "XSpecMesh multi-head speculative decoding (LOSSY: p > delta / top-K_a; lossless: criterion=rejection)",
                    O.XSpecMeshOptions),

@@ -30,7 +30,7 @@ class EagleBatch(PoolBase):
     def admit(self, slot: int, index: int, prompt: list[int], first: TargetOut) -> None:
         d = self.make(index)
         d.policy.reset()
-        d.shapes, d.last_shape = [], None
+        d.last_shape = None
         d.pending = first.features[:, -1:]  # [br, 1, D]: f of the last prompt position
         self.vocab = first.logits.shape[-1]  # the drafter's head is the target's
         d.owed = False
@@ -63,7 +63,6 @@ class EagleBatch(PoolBase):
             # a step the loop's budget cut to AR is no evidence about the policy's tree: it does not observe it
             cut = budget <= 0 < shape.depth
             d.last_index, d.last_shape = len(seq), None if cut else shape
-            d.shapes.append(shape)
             shapes.append(TreeShape(min(shape.depth, budget), shape.top_k, shape.total_tokens))
         if all(s.depth <= 0 for s in shapes):  # every row's budget ends at the root: no tree to score
             return [Draft.empty() for _ in shapes]

@@ -8,13 +8,9 @@ from collections.abc import Iterable
 def neighbourhood(t: int, t0: int, radius: int, width: int, start: int, end: int) -> list[int]:
     """N(t, l) of Eq. 6, clipped to the grid's columns and to the block [start, end); sorted."""
     i, j = divmod(t, width)
-    out = []
-    for row in range(i - radius, i + radius + 1):
-        for col in range(max(0, j - radius), min(width - 1, j + radius) + 1):
-            u = row * width + col
-            if row >= 0 and u >= t0 and start <= u < end:
-                out.append(u)
-    return out
+    cells = (r * width + c for r in range(max(0, i - radius), i + radius + 1)
+             for c in range(max(0, j - radius), min(width - 1, j + radius) + 1))
+    return [u for u in cells if max(t0, start) <= u < end]
 
 
 def expand_rejections(rejected: Iterable[int], radius: int, width: int, start: int, end: int,

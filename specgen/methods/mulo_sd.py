@@ -62,7 +62,6 @@ class MuLoSD(DrafterBase):
     rejection: str = MuloOptions.rejection
     draft_rows: int = MuloOptions.draft_rows
     seed: int = 0
-    trace: list[dict] = field(default_factory=list)  # per step of the last run: block, R_T, R_X
 
     @property
     def low_grid(self) -> int:
@@ -120,7 +119,6 @@ class MuLoBatch(PolicyBase):
         dec = self.make(index)
         if dec.lowres is not self.lowres:
             raise ValueError("mulo-sd rows of one batch must share the low-resolution drafter")
-        dec.trace = []
         rows = self.cache.clear_seq(slot, self.br)
         view = self.cache.rows(rows.start, rows.stop)
         lhead = self.low.prefill(torch.tensor([prompt], device=self.target.device), view).logits[0, -1]
@@ -245,7 +243,6 @@ class MuLoBatch(PolicyBase):
             passed = (mass >= dec.tau).tolist()
             rejected = [n + t for t, ok in enumerate(passed) if not ok]
             redo = [u - n for u in expand_rejections(rejected, dec.radius, dec.grid, n, n + L, dec.rejection)]
-        dec.trace.append({"start": n, "end": n + L, "rejected": rejected, "resampled": [n + t for t in redo]})
         stats.record(L, L, L - len(redo))
         x = stats.extras
         x["draft_tokens"] += L

@@ -63,7 +63,7 @@ def check_value(name: str, value: Any, check: Check | None, method: str) -> None
 
 
 class Options:
-    """Base of the option dataclasses: `validate()`, `as_dict()`."""
+    """Base of the option dataclasses: `validate()`."""
 
     def check(self) -> None:
         """Rules between options (a family overrides it); single values are checked by their fields."""
@@ -75,10 +75,6 @@ class Options:
             if not (value is None and f.default is None):
                 check_value(f.name, value, f.metadata.get("check"), method or type(self).__name__)
         self.check()
-
-    def as_dict(self) -> dict[str, Any]:
-        """The options as a builder reads them (None = derived by the builder: left out)."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
 
 
 # --- ar -------------------------------------------------------------------------------------------------------
@@ -96,11 +92,10 @@ class NoOptions(Options):
 #: it; the drafters never see it. `ngram` defaults to "auto" (it drafts less where drafts do not pay: docs/results/
 #: text.md, batching.md); a sampled run plans from the stored cost curve alone, so its seed repeats it.
 BUDGET_DEFAULT = "fixed"
-BUDGETS = ("fixed", "auto")
 
 
 def budget_opt(default: str = BUDGET_DEFAULT) -> Any:
-    return opt(default, ((lambda v: v in BUDGETS), " or ".join(BUDGETS)))
+    return opt(default, ((lambda v: v in ("fixed", "auto")), "fixed or auto"))
 
 
 @dataclass(frozen=True)
@@ -134,7 +129,8 @@ class NgramOptions(Options):
 class MultiBlockOptions(Options):
     """pcLLM multi-block decoding + rejection recycling (`pcllm-mr`, `methods/pcllm.py`)."""
 
-    block_size: int = opt(4, int_at_least(1))  # n (CPU default: measured fastest; paper 64 in recipes/full)
+    # n: the root plus at least one guess (Jacobi's n = 1 is AR); CPU default measured fastest, paper 64: recipes/full
+    block_size: int = opt(4, int_at_least(2))
     num_blocks: int = opt(2, int_at_least(1))  # K (real-active + pseudo-active)
     spawn_ratio: float = opt(0.85, number_in(0, 1, lo_open=True))  # r: spawn at ceil(r n) accepted tokens
     pool_size: int = opt(4, int_at_least(0))  # n-gram pool entries
@@ -142,11 +138,6 @@ class MultiBlockOptions(Options):
     ngram: int = opt(0, int_at_least(0))  # candidate length (0 = n - 1)
     lookup: int = opt(0, int_at_least(0))  # prompt-lookup branch of up to this many tokens (0 = off, the paper)
     budget: str = budget_opt()
-
-    def check(self) -> None:
-        """A block is the root plus at least one guess (`block_size` means n >= 1 for Jacobi, where 1 is AR)."""
-        if self.block_size < 2:
-            raise UsageError(f"pcllm-mr needs block_size >= 2 (method_options.block_size), got {self.block_size}")
 
 
 # --- image: EAGLE-2 trees, ADT-Tree, LANTERN, VVS, MuLo-SD ---------------------------------------------------------
@@ -293,13 +284,3 @@ class XSpecMeshOptions(Options):
 def checks_of(cls: type) -> dict[str, Check | None]:
     """Option name -> its single-value check, for one options class."""
     return {f.name: f.metadata.get("check") for f in fields(cls)}
-
-
-def parse(cls: type, method: str, options: dict[str, Any]) -> Any:
-    """Options (names known to `cls`, plus `seed`: the caller's) as a validated `cls`; the first bad value is one
-    usage error."""
-    check_value("seed", options.get("seed", 0), SEED, method)
-    names = {f.name for f in fields(cls)}
-    opts = cls(**{k: v for k, v in options.items() if k in names})
-    opts.validate(method)
-    return opts

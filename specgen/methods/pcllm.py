@@ -8,12 +8,13 @@ from __future__ import annotations
 import math
 import random
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from specgen.decoding.draft import Draft, Verdict
 from specgen.decoding.draft_verify import DrafterBase
 from specgen.decoding.stats import DecodeStats
 from specgen.decoding.tree import DraftTree
+from specgen.methods.options import MultiBlockOptions
 from specgen.methods.text import lookup
 
 
@@ -21,13 +22,7 @@ from specgen.methods.text import lookup
 class MultiBlockDrafter(DrafterBase):
     """pcLLM (MR) as a Drafter: K blocks of n refined at once + rejection-recycling candidates, one prefix tree."""
 
-    block_size: int = 4  # n (CPU default: measured fastest, docs/results/text.md; paper 64 in recipes/full)
-    num_blocks: int = 2  # K (real-active + pseudo-active)
-    spawn_ratio: float = 0.85  # r: spawn when the newest block has ceil(r n) accepted tokens
-    pool_size: int = 4  # n-gram pool entries (deque)
-    verify: int = 1  # recycling candidates verified per step (tree branches)
-    ngram: int = 0  # candidate length (0 = n - 1)
-    lookup: int = 0  # prompt-lookup branch of up to this many tokens (0 = off, the paper; specgen extension)
+    o: MultiBlockOptions = field(default_factory=MultiBlockOptions)
     seed: int = 0
 
     def fill(self, k: int) -> list[int]:
@@ -36,15 +31,15 @@ class MultiBlockDrafter(DrafterBase):
     def reset(self, prompt: list[int], first) -> None:
         """0. the window starts as n - 1 prompt tokens (seeded) after the root, the first generated token."""
         self.rng = random.Random(self.seed)
-        self.pool: deque[list[int]] = deque(maxlen=self.pool_size)
+        self.pool: deque[list[int]] = deque(maxlen=self.o.pool_size)
         self.text = list(prompt)  # committed tokens before the root: the fill source, as in the paper
         # window[k] guesses position root + 1 + k; segs = contiguous blocks over it, segs[0] is the RA block.
         # seg: [length, progress]: RA progress = tokens committed since it became RA; pseudo = frozen prefix.
-        self.window, self.segs = self.fill(self.block_size - 1), [[self.block_size - 1, 0]]
+        self.window, self.segs = self.fill(self.o.block_size - 1), [[self.o.block_size - 1, 0]]
 
     def propose(self, seq: list[int], budget: int, stats: DecodeStats) -> Draft:
         """1. the main chain (the window) and recycled n-grams / the lookup branch that continue the root."""
-        root, cand_len = seq[-1], self.ngram or self.block_size - 1
+        root, cand_len = seq[-1], self.o.ngram or self.o.block_size - 1
         main = self.window[:budget]
         cands: list[list[int]] = []
 
@@ -53,20 +48,20 @@ class MultiBlockDrafter(DrafterBase):
                 cands.append(c)
 
         for entry in reversed(self.pool):
-            if len(cands) >= self.verify:
+            if len(cands) >= self.o.verify:
                 break
             if root in entry[:-1]:
                 i = entry.index(root)
                 add(entry[i + 1 : i + 1 + min(cand_len, budget)])
-        if self.lookup:  # what followed the sequence's n-gram suffix earlier (prompt lookup)
-            add(lookup(seq, min(self.lookup, budget), 3, 2))
+        if self.o.lookup:  # what followed the sequence's n-gram suffix earlier (prompt lookup)
+            add(lookup(seq, min(self.o.lookup, budget), 3, 2))
         self.branches, self.stats, self.seq = [main] + cands, stats, seq
         draft, self.nodes = prefix_tree(self.branches)
         return draft
 
     def on_accept(self, draft: Draft, verdict: Verdict, out) -> None:
         """5. Jacobi step on the window, recycle the rejected tail, shift, promote, spawn."""
-        n, K = self.block_size, self.num_blocks
+        n, K = self.o.block_size, self.o.num_blocks
         argmax = out.logits[0].argmax(-1).tolist()  # [N + 1] over the prefix tree's inputs
         m = verdict.num_accepted
         path = [draft.tokens[i] for i in verdict.path]
@@ -79,7 +74,7 @@ class MultiBlockDrafter(DrafterBase):
         pred = {k: argmax[at[0][k]] for k in range(len(main) + 1)}  # pred[k]: new guess for window slot k
         if b:
             pred.update({k: argmax[at[b][k]] for k in range(1, len(branches[b]) + 1)})
-        if b == 0 and m < len(main) and self.pool_size:  # recycle the rejected draft tail
+        if b == 0 and m < len(main) and self.o.pool_size:  # recycle the rejected draft tail
             self.pool.append(list(window[m:]))
         self.text = self.seq + path  # everything before the new root
         start = segs[0][0]
@@ -115,7 +110,7 @@ class MultiBlockDrafter(DrafterBase):
             window = window[: segs[0][0]] + self.fill(grow)
             segs[0][0] = n - 1
         # 14. spawn a pseudo block: clone the RA draft, pad to n
-        if len(segs) < K and segs[-1][1] >= math.ceil(self.spawn_ratio * n):
+        if len(segs) < K and segs[-1][1] >= math.ceil(self.o.spawn_ratio * n):
             window += (window[: segs[0][0]] + self.fill(n))[:n]
             segs.append([n, 0])
         self.window = window

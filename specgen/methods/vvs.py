@@ -71,7 +71,6 @@ class VVS(DrafterBase):
     staleness: int = 0
     refresh: bool = True
     seed: int = 0
-    trace: list[bool] = field(default_factory=list)  # per draft step of the last run: skipped?
 
     def step_policy(self, make: Callable[[int], "VVS"], target, rule, budget) -> "VVSBatch":
         """VVS's own steps on the shared batched loop (`make(0)` is this row)."""
@@ -109,8 +108,6 @@ class VVSBatch(PolicyBase):
     def admit(self, slot: int, index: int, prompt: list[int], first: TargetOut) -> None:
         dec = self._next = self.make(index)
         self.eagle.admit(slot, index, prompt, first)
-        dec.schedule.reset()
-        dec.trace = []
         self.rows[slot] = VVSRow(dec, FeatureCache(first.features, self.max_len), None)
 
     def start(self, slot: int, first: TargetOut, params, generator, stats: DecodeStats) -> list[int]:
@@ -128,15 +125,11 @@ class VVSBatch(PolicyBase):
         cap = self.budget.cap(n)
         with clock("propose"):  # 1. propose: every row's tree, one drafter forward per level
             drafts = self.eagle.propose(seqs, [min(cap, b) for b in budgets], stats)
-        with clock("schedule"):
-            skips = []
-            for row, d in zip(rows, drafts):
-                row.draft = d
-                skip = row.dec.schedule.decide(d, row.verified_run)  # never twice in a row (`may_skip`)
-                row.dec.trace.append(skip)
-                skips.append(skip)
+        with clock("schedule"):  # never twice in a row (`may_skip`)
+            skips = [row.dec.schedule.decide(d, row.verified_run) for row, d in zip(rows, drafts)]
         steps = []
         for i, (row, d, seq, skip, s) in enumerate(zip(rows, drafts, seqs, skips, stats)):
+            row.draft = d
             if skip:  # 3'. accept a path unverified; 5'. the drafter continues from stale features
                 with clock("accept"):
                     tokens = [d.tokens[j] for j in sample_path(d, row.paths_rng)]

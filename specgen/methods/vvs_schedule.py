@@ -5,7 +5,7 @@ Every schedule keeps the hard constraint (`may_skip`): never at the first step, 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -14,9 +14,7 @@ from specgen.decoding.draft import Draft
 
 
 class SkipSchedule(Protocol):
-    """Decides, per draft step, whether to skip verification."""
-
-    def reset(self) -> None: ...
+    """Decides, per draft step, whether to skip verification (from the draft and the verified run alone)."""
 
     def decide(self, draft: Draft, verified_run: int) -> bool:
         """True = accept a path of `draft` without a target forward."""
@@ -33,9 +31,6 @@ def may_skip(draft: Draft, verified_run: int) -> bool:
 class NeverSkip:
     """Always verify (VVS's loop reduces to EAGLE-2 + the accept rule)."""
 
-    def reset(self) -> None:
-        pass
-
     def decide(self, draft: Draft, verified_run: int) -> bool:
         return False
 
@@ -45,9 +40,6 @@ class UniformSkip:
     """VVS-U: skip every `interval`-th step (after `interval - 1` verified ones)."""
 
     interval: int = 3
-
-    def reset(self) -> None:
-        pass
 
     def decide(self, draft: Draft, verified_run: int) -> bool:
         return may_skip(draft, verified_run) and verified_run >= self.interval - 1
@@ -87,17 +79,11 @@ class DynamicSkip:
     threshold: float = 0.75
     alpha: float = 0.8
     stride: int = 2
-    similarities: list[float] = field(default_factory=list)  # every similarity computed (diagnostics)
 
     def __post_init__(self) -> None:
         self.unit = torch.nn.functional.normalize(self.codebook.detach().float(), dim=-1)
 
-    def reset(self) -> None:
-        self.similarities = []
-
     def decide(self, draft: Draft, verified_run: int) -> bool:
         if not may_skip(draft, verified_run):  # Algorithm 1, line 1: once skipped, verify the next step
             return False
-        s = path_similarity(draft, self.unit, self.alpha, self.stride)
-        self.similarities.append(s)
-        return s >= self.threshold
+        return path_similarity(draft, self.unit, self.alpha, self.stride) >= self.threshold

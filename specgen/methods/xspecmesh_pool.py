@@ -23,9 +23,6 @@ class LazyRows:
     def __init__(self, logits: torch.Tensor, params: SamplingParams) -> None:
         self.logits, self.params, self.rows = logits, params, {}
 
-    def __len__(self) -> int:
-        return self.logits.shape[0]
-
     def __getitem__(self, i: int) -> torch.Tensor:
         if i not in self.rows:
             self.rows[i] = logits_to_probs(self.logits[i], self.params)  # [V]

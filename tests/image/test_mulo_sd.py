@@ -19,6 +19,7 @@ from specgen.image.neighbours import compute_neighbours
 from specgen.image.target import CFGTarget
 from specgen.methods.mulo_neighbourhood import expand_rejections, neighbourhood
 from specgen.methods import run_batch
+from specgen.methods import mulo_sd
 from specgen.methods.mulo_sd import MuLoSD, pooled_mass
 from specgen.methods.text import EmptyDrafter
 from specgen.models.upsampler import UpDownSampler, UpsamplerConfig
@@ -89,7 +90,7 @@ def mulo(tau, **kw):
 
 def run(target, dec, labels, params, seeds, batch_size=1, stop_ids=()):
     """Images of `labels` on the shared loop, `batch_size` at a time; the rows after the first run on copies of
-    `dec` (same parts; the first keeps the trace)."""
+    `dec` (same parts)."""
     res = run_batch(target, lambda i: dec if i == 0 else copy.copy(dec), [[c] for c in labels], G * G, params,
                     stop_ids, [torch.Generator().manual_seed(s) for s in seeds], batch_size, max_draft=32)
     return res.results
@@ -108,7 +109,21 @@ def test_tau_above_one_is_target_sampling(temperature, rejection, radius):
         assert got.stats.extras["resampled_tokens"] == G * G and sum(got.stats.accepted) == 0
 
 
-def test_tau_zero_rejects_nothing():
+@pytest.fixture
+def trace(monkeypatch):
+    """Each block's rejection set R_T and re-sampled set R_X, as mulo-sd expands its rejections."""
+    steps = []
+
+    def expand(rejected, radius, width, start, end, mode):
+        resampled = expand_rejections(rejected, radius, width, start, end, mode)
+        steps.append({"rejected": rejected, "resampled": resampled, "radius": radius, "width": width, "mode": mode})
+        return resampled
+
+    monkeypatch.setattr(mulo_sd, "expand_rejections", expand)
+    return steps
+
+
+def test_tau_zero_rejects_nothing(trace):
     target, dec = mulo(0.0)
     res = run(target, dec, [1], SamplingParams(1.0), [0])[0]
     s = res.stats
@@ -117,19 +132,19 @@ def test_tau_zero_rejects_nothing():
     assert sum(s.accepted) == G * G and len(res.tokens) == G * G
     # the output is the up-sampled draft: U_r of the full low-res grid, whose rows are D_r of the
     # accepted prefix followed by the drafted rows
-    assert [t["rejected"] for t in dec.trace] == [[], []]
+    assert [t["rejected"] for t in trace] == [[], []]
 
 
-def test_intermediate_tau_resamples_expanded_sets():
+def test_intermediate_tau_resamples_expanded_sets(trace):
     target, dec = mulo(0.05, radius=1)
     res = run(target, dec, [2], SamplingParams(1.0), [5])[0]
     assert len(res.tokens) == G * G
-    for step in dec.trace:
-        assert step["resampled"] == expand_rejections(step["rejected"], 1, G, step["start"], step["end"])
+    assert trace and all((t["radius"], t["width"], t["mode"]) == (1, G, "local") for t in trace)
     extras = res.stats.extras
-    assert extras["resampled_tokens"] == sum(len(t["resampled"]) for t in dec.trace)
+    assert extras["rejected_tokens"] == sum(len(t["rejected"]) for t in trace)
+    assert extras["resampled_tokens"] == sum(len(t["resampled"]) for t in trace)
     # one forward per re-sampled token except the first of each step
-    assert extras["resample_forwards"] == sum(max(0, len(t["resampled"]) - 1) for t in dec.trace)
+    assert extras["resample_forwards"] == sum(max(0, len(t["resampled"]) - 1) for t in trace)
 
 
 # --- registry / CLI --------------------------------------------------------------------------------------

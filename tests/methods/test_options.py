@@ -60,7 +60,7 @@ def test_unknown_option_is_one_line_naming_the_known_ones():
     ("adt-tree", {"d0": 12}, "adt-tree start shape (12, 4) must lie inside the bounds"),
     ("adt-tree+lantern", {"lantern_delta": 1.5}, "lantern_delta must be in [0, 1]"),
     ("eagle2", {"budget": "sometimes"}, "budget must be fixed or auto"),
-    ("pcllm-mr", {"block_size": 1}, "pcllm-mr needs block_size >= 2"),
+    ("pcllm-mr", {"block_size": 1}, "block_size must be >= 2 (an integer below 2**31) (method_options.block_size of"),
     ("vvs", {"interval": 1}, "interval must be >= 2"),
     ("vvs", {"schedule": "often"}, "schedule must be one of uniform, dynamic, none"),
     ("vvs", {"alpha": 0}, "alpha must be in (0, 1]"),

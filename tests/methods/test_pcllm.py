@@ -9,6 +9,7 @@ from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.target import ModelTarget
 from specgen.errors import UsageError
 from specgen.methods import get_method, model_for
+from specgen.methods.options import MultiBlockOptions
 from specgen.methods.pcllm import MultiBlockDrafter
 from specgen.methods.text import EmptyDrafter
 from tests.conftest import method_drafter, tiny_model
@@ -22,6 +23,10 @@ CONFIGS = [
     {"lookup": 8},
     {"block_size": 3, "num_blocks": 1, "pool_size": 0, "lookup": 5},
 ]
+
+
+def mr(**options):
+    return MultiBlockDrafter(MultiBlockOptions(**options))
 
 
 def target_of(seed):
@@ -51,7 +56,7 @@ def test_mr_stops_at_stop_token_like_ar():
     ar = decode(t, EmptyDrafter(), prompt, 40, SamplingParams()).tokens
     stop = (ar[17],)
     want = decode(t, EmptyDrafter(), prompt, 40, SamplingParams(), stop).tokens
-    got = decode(t, MultiBlockDrafter(block_size=4), prompt, 40, SamplingParams(), stop).tokens
+    got = decode(t, mr(block_size=4), prompt, 40, SamplingParams(), stop).tokens
     assert got == want and got[-1] == stop[0]
 
 
@@ -60,7 +65,7 @@ def test_mr_recycles_on_a_repetitive_model():
     t = target_of(0)
     prompt = [1, 2, 3]
     ar = decode(t, EmptyDrafter(), prompt, 80, SamplingParams()).tokens
-    res = decode(t, MultiBlockDrafter(block_size=6, num_blocks=2, spawn_ratio=0.5, verify=2), prompt, 80, SamplingParams())
+    res = decode(t, mr(block_size=6, num_blocks=2, spawn_ratio=0.5, verify=2), prompt, 80, SamplingParams())
     assert res.tokens == ar
     assert res.stats.tpf >= 1.0
 
@@ -70,15 +75,15 @@ def test_mr_lookup_branch_commits_prompt_continuations():
     t = target_of(0)
     prompt = [1, 2, 3]
     ar = decode(t, EmptyDrafter(), prompt, 80, SamplingParams()).tokens
-    plain = decode(t, MultiBlockDrafter(block_size=3, num_blocks=1, verify=0), prompt, 80, SamplingParams())
-    res = decode(t, MultiBlockDrafter(block_size=3, num_blocks=1, verify=0, lookup=8), prompt, 80, SamplingParams())
+    plain = decode(t, mr(block_size=3, num_blocks=1, verify=0), prompt, 80, SamplingParams())
+    res = decode(t, mr(block_size=3, num_blocks=1, verify=0, lookup=8), prompt, 80, SamplingParams())
     assert res.tokens == plain.tokens == ar
     assert res.stats.extras.get("recycled_tokens", 0) > 0  # only the lookup branch can be a non-main winner here
     assert res.stats.target_forwards < plain.stats.target_forwards
 
 
 def test_mr_options():
-    with pytest.raises(UsageError, match="pcllm-mr needs block_size >= 2"):
+    with pytest.raises(UsageError, match=r"block_size must be >= 2 .*\(method_options.block_size of pcllm-mr\)"):
         get_method("pcllm-mr").parse_options({"block_size": 1})
     with pytest.raises(UsageError, match="no option"):
         get_method("pcllm-mr").parse_options({"blocks": 2})
