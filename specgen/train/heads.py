@@ -261,7 +261,6 @@ class HeadsTrainer:
 
     def __init__(self, cfg: HeadsTrainConfig, out: Path, log: Callable[[str], None] = lambda s: None,
                  device: str = "cpu") -> None:
-        check_config(cfg)
         self.cfg, self.out, self.log, self.device, self.is_main = cfg, Path(out), log, device, True
         torch.set_num_threads(cfg.num_threads)
         torch.manual_seed(cfg.seed)

@@ -229,7 +229,6 @@ def train(cfg: ImageGPTTrainConfig, out: Path, log: Callable[[str], None] = lamb
     down = cfg.down()
     check_outputs([("target", cfg.name, cfg.ship_dir)])
     torch.set_num_threads(cfg.num_threads)
-    out.mkdir(parents=True, exist_ok=True)
     data = token_dataset(cfg, log, down)
     vocab, grid, classes = data["codebook_size"], data["grid"], data["classes"]
     mcfg = model_config(cfg, vocab, grid, len(classes))
@@ -267,14 +266,12 @@ class C2ITask(TrainTask):
         self.optims = {"optim": Optim(cfg.adamw(model.parameters()), lambda s: cfg.lr_at(s, cfg.steps), cfg.grad_clip)}
 
     def batch(self, at: At) -> tuple[torch.Tensor, torch.Tensor]:
-        """Shard `at.shard` of the step's `at.shards * batch_size` crops (one generator per step: resume-safe)."""
-        cfg, b = self.cfg, self.cfg.batch_size
-        g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + at.step)
-        idx = torch.randint(0, self.train_tokens.shape[0], (b * at.shards,), generator=g)
+        """This shard's crops (`At.draw`), their labels dropped to the null class with p `class_dropout`."""
+        cfg = self.cfg
+        idx, g = at.draw(cfg.seed, cfg.steps, self.train_tokens.shape[0], cfg.batch_size)
         labels = self.train_labels[idx].clone()
-        labels[torch.rand(b * at.shards, generator=g) < cfg.class_dropout] = self.null_class  # null class
-        keep = slice(at.shard * b, (at.shard + 1) * b)
-        return self.train_tokens[idx[keep]], labels[keep]
+        labels[torch.rand(len(idx), generator=g) < cfg.class_dropout] = self.null_class
+        return self.train_tokens[idx], labels
 
     def loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
         loss = c2i_loss(self.model, *batch)

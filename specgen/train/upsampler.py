@@ -360,7 +360,6 @@ def train(cfg: UpsamplerTrainConfig, out: Path, log: Callable[[str], None] = lam
                                     f"a {cfg.scale}x run needs a smaller scale and the same widths")
         if not torch.allclose(warm.codebook.float(), vq.quantize.embedding.weight.float(), atol=1e-3):
             raise IncompatibleError(f"warm_start {cfg.warm_start} was trained for another VQ codebook than {cfg.vq}")
-    out.mkdir(parents=True, exist_ok=True)
     data = pair_dataset(cfg, vq, digest, log)
     torch.manual_seed(cfg.seed)
     model = Trainee(pcfg, cfg.disc_channels).train()
