@@ -102,9 +102,6 @@ def check_trajectories(meta: dict, target_ref: str, tok_hash: str, cfg: DistillC
                                 f"block size {meta.get('block_size')}")
 
 
-# --- losses -----------------------------------------------------------------------------------------
-
-
 def kl_rows(student: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
     """Per-row KL(softmax(teacher/T) || softmax(student/T)); teacher is detached here. [R]."""
     t = F.log_softmax(teacher.detach().float() / temperature, -1)
@@ -192,9 +189,6 @@ class DistillTask(TrainTask):
         """The history record of a log line: its mean losses and learning rate."""
         return {"step": progress.step, **{k: round(v, 5) for k, v in progress.last_log.items()},
                 "lr": self.optims["optim"].lr(progress.step - 1), "elapsed_s": round(progress.elapsed, 1)}
-
-
-# --- the run ----------------------------------------------------------------------------------------
 
 
 def group_records(records: list[dict]) -> list[list[dict]]:

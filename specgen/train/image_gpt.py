@@ -65,8 +65,6 @@ class ImageGPTTrainConfig(OptimConfig):
         return 1
 
 
-# --- VQ and token data ----------------------------------------------------------------------------------
-
 def load_vq(ref: str):
     """(VQModel in eval mode, its config.json dict, sha256 of its weights file) of a folder or registry name."""
     folder = Path(ref)
@@ -136,8 +134,6 @@ def token_dataset(cfg: ImageGPTTrainConfig, log: Callable[[str], None], down: in
             "vq_model": vq, "image_size": crop // down}
 
 
-# --- model and sampling ---------------------------------------------------------------------------------
-
 def model_config(cfg: ImageGPTTrainConfig, vocab: int, grid: int, num_classes: int) -> TransformerConfig:
     base = llamagen_config(cfg.model, vocab=vocab, grid=grid, num_classes=num_classes)
     n_layers, n_heads, dim = GPT_CONFIGS[cfg.model]
@@ -199,8 +195,6 @@ def decode_images(model: Transformer, target, prompts: list[list[int]], temperat
     return tokens, torch.stack([r.stacked(n) for r in recorders], 1)  # [branches, B, N, D]
 
 
-# --- evaluation -------------------------------------------------------------------------------------------
-
 def code_histograms(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
     """Normalised bag-of-codes histograms [B, vocab] of token grids [B, N]."""
     t = tokens.long()
@@ -220,8 +214,6 @@ def fit_code_classifier(tokens: torch.Tensor, labels: torch.Tensor, vocab: int):
 def class_accuracy(clf, tokens: torch.Tensor, labels: torch.Tensor, vocab: int) -> float:
     return float((torch.from_numpy(clf.predict(code_histograms(tokens, vocab).numpy())) == labels).float().mean())
 
-
-# --- the run ------------------------------------------------------------------------------------------------
 
 def train(cfg: ImageGPTTrainConfig, out: Path, log: Callable[[str], None] = lambda s: None,
           command: str = "python -m specgen.train.image_gpt", device: str = "cpu") -> dict[str, Any]:

@@ -266,7 +266,6 @@ class Loop:
         if self.is_main:
             self._log(msg)
 
-    # -- processes --------------------------------------------------------------------------------------------
     def _broadcast(self, modules: Mapping[str, torch.nn.Module]) -> None:
         """Rank 0's weights and buffers everywhere (DDP's start)."""
         if self.world == 1:
@@ -291,7 +290,6 @@ class Loop:
         if self.world > 1:
             self.acc.wait_for_everyone()
 
-    # -- the run ----------------------------------------------------------------------------------------------
     def run(self, task: TrainTask, checkpoint: StateFile | None = None) -> Progress:
         """Train `task` to `options.steps` (or `stop_after`, or the time budget), resuming from `checkpoint`."""
         o = self.options

@@ -78,8 +78,6 @@ def check_config(cfg: UpsamplerTrainConfig, vq_downsample: int) -> None:
     check_choices(cfg, {"perceptual": ("auto", "lpips", "vq-features", "none")})
 
 
-# --- data ----------------------------------------------------------------------------------------------------
-
 def pair_dataset(cfg: UpsamplerTrainConfig, vq, digest: str, log: Callable[[str], None]) -> dict[str, torch.Tensor]:
     key = f"vq{digest}-seed{cfg.data_seed}-crop{cfg.crop_size}-x{cfg.scale}-train{cfg.num_crops}-eval{cfg.eval_crops}"
     path = Path(cfg.token_cache) / f"{key}.safetensors"
@@ -96,8 +94,6 @@ def pair_dataset(cfg: UpsamplerTrainConfig, vq, digest: str, log: Callable[[str]
 def to_float(px: torch.Tensor) -> torch.Tensor:
     return px.float() / 127.5 - 1.0
 
-
-# --- losses --------------------------------------------------------------------------------------------------
 
 def vq_features(vq, x: torch.Tensor) -> list[torch.Tensor]:
     """Activations of the frozen VQ encoder after conv_in and after every resolution level."""
@@ -204,8 +200,6 @@ class LeCam:
         self.fake = self.decay * self.fake + (1 - self.decay) * fake.mean().item()
         return F.relu(real - self.fake).pow(2).mean() + F.relu(self.real - fake).pow(2).mean()
 
-
-# --- model, state, evaluation ---------------------------------------------------------------------------------
 
 class Trainee(nn.Module):
     """The pair plus its two discriminators (one state dict for checkpoints)."""
@@ -335,8 +329,6 @@ class PairTask(TrainTask):
         for k, v in self.lecam.items():
             v.real, v.fake = meta["lecam"][k]
 
-
-# --- the run ----------------------------------------------------------------------------------------------------
 
 def train(cfg: UpsamplerTrainConfig, out: Path, log: Callable[[str], None] = lambda s: None,
           device: str = "cpu", force: bool = False) -> Published | None:

@@ -134,7 +134,6 @@ class VQTrainer(TrainTask):
         }
         write_entry(self.out, fp16_state(self.model), doc, sort_keys=False)
 
-    # --- training ----------------------------------------------------------------------------------------
     @torch.no_grad()
     def _restart_dead_codes(self, latents: torch.Tensor) -> int:
         """Re-seed codes with no hits since the last check from random current latents ([B,D,h,w])."""
