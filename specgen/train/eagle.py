@@ -64,9 +64,7 @@ def load_image_target(name: str):
     model = checkpoints.load_module(entry)
     if not isinstance(model, Transformer) or model.cfg.cond_kind not in ("class", "caption") or not model.cfg.rope_grid:
         raise UsageError(f"{entry.ref} is not an image target (LlamaGen c2i or t2i GPT)")
-    for p in model.parameters():
-        p.requires_grad_(False)
-    return entry, model
+    return entry, model.requires_grad_(False)
 
 
 def training_captions(entry, model: Transformer, path: str) -> tuple[list[Caption], str]:

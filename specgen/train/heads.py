@@ -264,9 +264,7 @@ class HeadsTrainer:
         self.target = checkpoints.find(cfg.target)
         if self.target.meta.get("modality") != "mesh":
             raise UsageError(f"{self.target.ref} is not a mesh model; XSpecMesh heads need a mesh backbone")
-        self.model = checkpoints.load_module(self.target).float()
-        for p in self.model.parameters():
-            p.requires_grad_(False)
+        self.model = checkpoints.load_module(self.target).float().requires_grad_(False)
         dc = self.model.dec_cfg
         self.heads = XSpecMeshHeads(**HeadsConfig(cfg.num_heads, cfg.head_kind, dc.dim, dc.cross_dim, dc.n_heads,
                                                   cfg.inner_dim, dc.vocab_size, cfg.token_input,

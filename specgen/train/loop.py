@@ -362,14 +362,11 @@ class Loop:
                 self.log(f"step {s}/{o.steps} lr {lr:.2e} " + " ".join(f"{k} {v:.4f}" for k, v in p.last_log.items())
                          + f" elapsed {p.elapsed / 60:.1f}m cpu {p.cpu / 60:.1f}m")
                 p.window = []
-            evaluated = False
-            if (o.eval_every and s % o.eval_every == 0) or s == o.steps:
-                evaluated = True
-                if self.is_main:
-                    ev = task.evaluate(p)
-                    if ev is not None:
-                        p.history.append(ev)
-                        self.log(f"eval step {s}: {json.dumps(ev)}")
+            evaluated = bool(o.eval_every and s % o.eval_every == 0) or s == o.steps
+            ev = task.evaluate(p) if evaluated and self.is_main else None
+            if ev is not None:
+                p.history.append(ev)
+                self.log(f"eval step {s}: {json.dumps(ev)}")
             if checkpoint is not None and ((o.ckpt_every and s % o.ckpt_every == 0) or (evaluated and o.ckpt_at_eval)
                                            or s == o.steps):
                 self._save(task, checkpoint, p)

@@ -16,9 +16,7 @@ class LoRALinear(nn.Module):
 
     def __init__(self, base: nn.Linear, rank: int, alpha: float) -> None:
         super().__init__()
-        self.base = base
-        for p in base.parameters():
-            p.requires_grad_(False)
+        self.base = base.requires_grad_(False)
         self.scale = alpha / rank
         self.lora_A = nn.Parameter(torch.randn(rank, base.in_features) / rank)
         self.lora_B = nn.Parameter(torch.zeros(base.out_features, rank))  # B = 0: a fresh adapter changes nothing
@@ -76,8 +74,7 @@ def merge_lora(model: nn.Module) -> None:
         if isinstance(m, LoRALinear):
             with torch.no_grad():
                 m.base.weight += m.delta().to(m.base.weight.dtype)
-            for p in m.base.parameters():
-                p.requires_grad_(True)
+            m.base.requires_grad_(True)
             _set(model, name, m.base)
 
 

@@ -297,11 +297,9 @@ class PairTask(TrainTask):
                 part = part + cfg.perceptual_weight * p
                 logs[f"{side}_perc"] = p.item()
             if gan_on:
-                for q in model.disc[side].parameters():
-                    q.requires_grad_(False)
+                model.disc[side].requires_grad_(False)
                 adv = -model.disc[side](augment(img, g) if cfg.augment else img).mean()
-                for q in model.disc[side].parameters():
-                    q.requires_grad_(True)
+                model.disc[side].requires_grad_(True)
                 part = part + cfg.gan_weight * adv
                 logs[f"{side}_gan"] = adv.item()
             loss = loss + part
@@ -335,8 +333,7 @@ def train(cfg: UpsamplerTrainConfig, out: Path, log: Callable[[str], None] = lam
     """Train (or resume) in `out` and register the pair (None on other ranks)."""
     torch.set_num_threads(cfg.num_threads)
     vq, doc, digest = load_vq(cfg.vq)
-    for p in vq.parameters():
-        p.requires_grad_(False)
+    vq.requires_grad_(False)
     check_config(cfg, vq.config.downsample)
     vcfg = vq.config
     pcfg = UpsamplerConfig(codebook_size=vcfg.codebook_size, embed_dim=vcfg.codebook_embed_dim,
