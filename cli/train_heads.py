@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated, Callable
+from typing import Annotated
 
 import typer
 
@@ -62,8 +62,7 @@ def train_eagle(config: Path | None, overrides: list[str], out: Path, quiet: boo
     return [done.row(out, stage="-", parent=done.entry.meta.get("parent") if done.entry else cfg.target)]
 
 
-KINDS: dict[str, Callable[[Path | None, list[str], Path, bool, str | None, bool], list[dict]]] = {
-    "xspecmesh": train_xspecmesh, "eagle": train_eagle}
+KINDS = {"xspecmesh": train_xspecmesh, "eagle": train_eagle}  # --kind -> (config, overrides, out, quiet, device, force)
 
 
 @command

@@ -102,9 +102,6 @@ def check_trajectories(meta: dict, target_ref: str, tok_hash: str, cfg: DistillC
                                 f"block size {meta.get('block_size')}")
 
 
-# --- losses -----------------------------------------------------------------------------------------
-
-
 def kl_rows(student: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
     """Per-row KL(softmax(teacher/T) || softmax(student/T)); teacher is detached here. [R]."""
     t = F.log_softmax(teacher.detach().float() / temperature, -1)
@@ -175,26 +172,21 @@ class DistillTask(TrainTask):
             start = rng.randrange(0, len(groups[idx]), cfg.max_blocks) if cfg.max_blocks else 0
             sample = packing.build_sample(groups[idx], cfg.schedule, cfg.window, rng, cfg.max_blocks, self.stop_ids,
                                           start)
-            return sample, packing.noise_aware_mask(sample.segments, cfg.mask, cfg.window), None
-        return (groups[idx][: cfg.max_blocks] if cfg.max_blocks else groups[idx]), None, rng
+            return sample, packing.noise_aware_mask(sample.segments, cfg.mask, cfg.window)
+        return (groups[idx][: cfg.max_blocks] if cfg.max_blocks else groups[idx]), rng
 
     def loss(self, batch):
         device = next(self.model.parameters()).device
-        if self.cfg.objective == "pcllm":
-            sample, mask, _ = batch
-            losses = pcllm_losses(self.model, sample, mask, self.cfg, device)
-        else:
-            blocks, _, rng = batch
-            losses = cllm_losses(self.model, blocks, self.cfg, rng, device, self.stop_ids)
+        if self.cfg.objective == "pcllm":  # batch: (packed sample, its mask)
+            losses = pcllm_losses(self.model, *batch, self.cfg, device)
+        else:  # batch: (blocks, the sample's random.Random)
+            losses = cllm_losses(self.model, batch[0], self.cfg, batch[1], device, self.stop_ids)
         return losses["loss"], {k: float(losses[k].detach()) for k in ("loss", "pc", "ar")}
 
     def evaluate(self, progress: Progress) -> dict[str, Any]:
         """The history record of a log line: its mean losses and learning rate."""
         return {"step": progress.step, **{k: round(v, 5) for k, v in progress.last_log.items()},
                 "lr": self.optims["optim"].lr(progress.step - 1), "elapsed_s": round(progress.elapsed, 1)}
-
-
-# --- the run ----------------------------------------------------------------------------------------
 
 
 def group_records(records: list[dict]) -> list[list[dict]]:
@@ -215,7 +207,6 @@ def sample_index(at: At, num: int, seed: int) -> int:
 def distill(cfg: DistillConfig, out: Path, log: Callable[[str], None] = lambda s: None, progress=None,
             force: bool = False) -> dict:
     """Train (resuming from OUT/state.safetensors: the trained weights only), register the result; returns a summary."""
-    check_config(cfg)
     meta = read_meta(Path(cfg.trajectories))
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -236,8 +227,7 @@ def distill(cfg: DistillConfig, out: Path, log: Callable[[str], None] = lambda s
     if init is not None and cfg.finetune == "full":
         merge_lora_state(model, registry.read_state(init), init.meta["lora_rank"], init.meta["lora_alpha"])
     if cfg.finetune == "lora":
-        for p in model.parameters():
-            p.requires_grad_(False)
+        model.requires_grad_(False)
         apply_lora(model, tuple(cfg.lora_targets), cfg.lora_rank, cfg.lora_alpha)
         if init is not None:  # same rank/targets: the adapter keeps training, still relative to `model`
             if (init.meta.get("lora_rank"), init.meta.get("lora_alpha")) != (cfg.lora_rank, cfg.lora_alpha):

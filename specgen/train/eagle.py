@@ -1,7 +1,4 @@
-"""Train an EAGLE feature drafter (`specgen/models/eagle.py`) on an image target's own CFG samples (c2i or t2i).
-
-Row r pairs feature f_r with image token r at position `first_image_position` + r, as `EagleTreeDrafter` feeds the
-drafter while decoding: condition positions never reach it (docs/training.md)."""
+"""Train an EAGLE feature drafter (`specgen/models/eagle.py`) on an image target's own CFG samples (c2i or t2i)."""
 
 from __future__ import annotations
 
@@ -67,9 +64,7 @@ def load_image_target(name: str):
     model = checkpoints.load_module(entry)
     if not isinstance(model, Transformer) or model.cfg.cond_kind not in ("class", "caption") or not model.cfg.rope_grid:
         raise UsageError(f"{entry.ref} is not an image target (LlamaGen c2i or t2i GPT)")
-    for p in model.parameters():
-        p.requires_grad_(False)
-    return entry, model
+    return entry, model.requires_grad_(False)
 
 
 def training_captions(entry, model: Transformer, path: str) -> tuple[list[Caption], str]:
@@ -189,14 +184,14 @@ def train(cfg: EagleTrainConfig, out: Path, log: Callable[[str], None] = lambda 
         init = checkpoints.find(cfg.init)
         registry.check_pair(init, entry)
         net.load_state_dict(checkpoints.load_module(init).state_dict(), strict=True)
-    out.mkdir(parents=True, exist_ok=True)
     digest = hashlib.sha256((entry.path / registry.WEIGHTS).read_bytes()).hexdigest()[:16]
     train_data, eval_data = (generations(target, n, cfg, cfg.seed * 2 + i, digest, log, captions, captions_sha)
                              for i, n in ((1, cfg.samples_per_class), (2, cfg.eval_samples_per_class)))
     feats, tokens = rows(train_data)
     loop = Loop(LoopOptions.of(cfg, eval_first=True, device=device), log)
     target.to(loop.device)  # the frozen head and embeddings the loss reads (samples were drawn on the CPU)
-    record = run_record(cfg, digest, captions_sha)
+    # what the state must match to resume (and the drafter records): config, target weights, t2i captions' content
+    record = {"config": asdict(cfg), "target_sha": digest, **({"captions_sha": captions_sha} if captions_sha else {})}
     task = EagleTask(cfg, net, target, feats, tokens, eval_data)
     n_params = sum(p.numel() for p in net.parameters() if p.requires_grad)
     loop.log(f"drafter for {entry.ref} ({n_params / 1e6:.2f}M trainable params); {feats.shape[0]} training rows")
@@ -241,10 +236,4 @@ class EagleTask(TrainTask):
     def evaluate(self, progress: Progress) -> dict[str, Any]:
         ev = evaluate(self.net, self.target, self.eval_data, self.cfg.cfg_scale)
         return {"step": progress.step, **{k: round(v, 4) for k, v in ev.items()}}
-
-
-def run_record(cfg: EagleTrainConfig, digest: str, captions_sha: str) -> dict[str, Any]:
-    """What a run's state must match to resume (and its drafter records): the config, the target's weights and,
-    for t2i, the captions' content."""
-    return {"config": asdict(cfg), "target_sha": digest, **({"captions_sha": captions_sha} if captions_sha else {})}
 

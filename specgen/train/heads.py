@@ -92,7 +92,6 @@ def resume_loose(out: Path) -> tuple[str, ...]:
     return NAMING_KEYS + ("ship_dir",) + (() if (Path(out) / "stage2.safetensors").exists() else STAGE2_KEYS)
 
 
-# -- labels -----------------------------------------------------------------------------------------
 @torch.inference_mode()
 def sample_batch(model: MeshGPT, pcs: torch.Tensor, params: SamplingParams, max_tokens: int,
                  generator: torch.Generator, eos: int = 5120) -> list[list[int]]:
@@ -136,7 +135,6 @@ def make_labels(model: MeshGPT, cfg: HeadsTrainConfig, num_points: int, log: Cal
     return pcs, tokens
 
 
-# -- losses -----------------------------------------------------------------------------------------
 def soft_cross_entropy(logits: torch.Tensor, probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """Mean over real tokens (tokens [B, L] >= 0) of -sum_v probs log softmax(logits); [B, L, V] inputs."""
     mask = (tokens >= 0).float()  # [B, L]
@@ -220,7 +218,6 @@ def trim(tokens: torch.Tensor) -> torch.Tensor:
     return tokens[:, : max(1, int((tokens >= 0).sum(1).max()))]
 
 
-# -- training ---------------------------------------------------------------------------------------
 #: A stage's loss on sequences `idx` (`hard`: against the sampled labels): (loss, named parts to report).
 StageLoss = Callable[..., tuple[torch.Tensor, dict[str, Any]]]
 
@@ -261,16 +258,13 @@ class HeadsTrainer:
 
     def __init__(self, cfg: HeadsTrainConfig, out: Path, log: Callable[[str], None] = lambda s: None,
                  device: str = "cpu") -> None:
-        check_config(cfg)
         self.cfg, self.out, self.log, self.device, self.is_main = cfg, Path(out), log, device, True
         torch.set_num_threads(cfg.num_threads)
         torch.manual_seed(cfg.seed)
         self.target = checkpoints.find(cfg.target)
         if self.target.meta.get("modality") != "mesh":
             raise UsageError(f"{self.target.ref} is not a mesh model; XSpecMesh heads need a mesh backbone")
-        self.model = checkpoints.load_module(self.target).float()
-        for p in self.model.parameters():
-            p.requires_grad_(False)
+        self.model = checkpoints.load_module(self.target).float().requires_grad_(False)
         dc = self.model.dec_cfg
         self.heads = XSpecMeshHeads(**HeadsConfig(cfg.num_heads, cfg.head_kind, dc.dim, dc.cross_dim, dc.n_heads,
                                                   cfg.inner_dim, dc.vocab_size, cfg.token_input,

@@ -65,8 +65,6 @@ class ImageGPTTrainConfig(OptimConfig):
         return 1
 
 
-# --- VQ and token data ----------------------------------------------------------------------------------
-
 def load_vq(ref: str):
     """(VQModel in eval mode, its config.json dict, sha256 of its weights file) of a folder or registry name."""
     folder = Path(ref)
@@ -136,8 +134,6 @@ def token_dataset(cfg: ImageGPTTrainConfig, log: Callable[[str], None], down: in
             "vq_model": vq, "image_size": crop // down}
 
 
-# --- model and sampling ---------------------------------------------------------------------------------
-
 def model_config(cfg: ImageGPTTrainConfig, vocab: int, grid: int, num_classes: int) -> TransformerConfig:
     base = llamagen_config(cfg.model, vocab=vocab, grid=grid, num_classes=num_classes)
     n_layers, n_heads, dim = GPT_CONFIGS[cfg.model]
@@ -199,8 +195,6 @@ def decode_images(model: Transformer, target, prompts: list[list[int]], temperat
     return tokens, torch.stack([r.stacked(n) for r in recorders], 1)  # [branches, B, N, D]
 
 
-# --- evaluation -------------------------------------------------------------------------------------------
-
 def code_histograms(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
     """Normalised bag-of-codes histograms [B, vocab] of token grids [B, N]."""
     t = tokens.long()
@@ -221,15 +215,12 @@ def class_accuracy(clf, tokens: torch.Tensor, labels: torch.Tensor, vocab: int) 
     return float((torch.from_numpy(clf.predict(code_histograms(tokens, vocab).numpy())) == labels).float().mean())
 
 
-# --- the run ------------------------------------------------------------------------------------------------
-
 def train(cfg: ImageGPTTrainConfig, out: Path, log: Callable[[str], None] = lambda s: None,
           command: str = "python -m specgen.train.image_gpt", device: str = "cpu") -> dict[str, Any]:
     """Train (or resume) in `out` on crops downscaled by `cfg.down()`, register the result; returns the metrics."""
     down = cfg.down()
     check_outputs([("target", cfg.name, cfg.ship_dir)])
     torch.set_num_threads(cfg.num_threads)
-    out.mkdir(parents=True, exist_ok=True)
     data = token_dataset(cfg, log, down)
     vocab, grid, classes = data["codebook_size"], data["grid"], data["classes"]
     mcfg = model_config(cfg, vocab, grid, len(classes))
@@ -267,14 +258,12 @@ class C2ITask(TrainTask):
         self.optims = {"optim": Optim(cfg.adamw(model.parameters()), lambda s: cfg.lr_at(s, cfg.steps), cfg.grad_clip)}
 
     def batch(self, at: At) -> tuple[torch.Tensor, torch.Tensor]:
-        """Shard `at.shard` of the step's `at.shards * batch_size` crops (one generator per step: resume-safe)."""
-        cfg, b = self.cfg, self.cfg.batch_size
-        g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + at.step)
-        idx = torch.randint(0, self.train_tokens.shape[0], (b * at.shards,), generator=g)
+        """This shard's crops (`At.draw`), their labels dropped to the null class with p `class_dropout`."""
+        cfg = self.cfg
+        idx, g = at.draw(cfg.seed, cfg.steps, self.train_tokens.shape[0], cfg.batch_size)
         labels = self.train_labels[idx].clone()
-        labels[torch.rand(b * at.shards, generator=g) < cfg.class_dropout] = self.null_class  # null class
-        keep = slice(at.shard * b, (at.shard + 1) * b)
-        return self.train_tokens[idx[keep]], labels[keep]
+        labels[torch.rand(len(idx), generator=g) < cfg.class_dropout] = self.null_class
+        return self.train_tokens[idx], labels
 
     def loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
         loss = c2i_loss(self.model, *batch)

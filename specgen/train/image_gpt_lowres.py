@@ -1,7 +1,4 @@
-"""Train MuLo-SD's low-res GPT drafter: `image_gpt.train` on the same crops and VQ, each crop area-downscaled first.
-
-The token grids are the low-res ones `specgen.train.upsampler` pairs with the target's (same crops, same downscale).
-"""
+"""Train MuLo-SD's low-res GPT drafter: `image_gpt.train` on the same crops and VQ, each crop area-downscaled first."""
 
 from __future__ import annotations
 

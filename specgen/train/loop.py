@@ -1,8 +1,4 @@
-"""The one training loop of every trainer: resume, log/eval/checkpoint cadence, gradient accumulation, accelerate.
-
-The loop draws no random numbers and `task.batch(at)` is a pure function of `at`, so a resumed or multi-process run
-trains the weights an uninterrupted one does; the global torch RNG state travels in the train state.
-"""
+"""The one training loop of every trainer: resume, log/eval/checkpoint cadence, gradient accumulation, accelerate."""
 
 from __future__ import annotations
 
@@ -12,7 +8,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -134,6 +130,8 @@ class Progress:
         return sum(vals) / len(vals) if vals else float("nan")
 
 
+#: The fields of `Progress` a train state keeps.
+SAVED = ("step", "history", "elapsed", "cpu", "window")
 #: budget clock name -> minutes it has run
 BUDGETS: dict[str, Callable[[Progress], float]] = {"session": lambda p: (time.perf_counter() - p.session_start) / 60,
                                                    "cpu": lambda p: p.cpu / 60}
@@ -172,12 +170,6 @@ class TrainTask(ABC):
 
     def restore(self, meta: dict[str, Any], progress: Progress) -> None:
         """Take back what `meta` wrote (called after the weights, optimiser moments and `progress` are loaded)."""
-
-
-class Checkpoint(Protocol):
-    def load(self, task: TrainTask) -> dict[str, Any] | None: ...
-
-    def save(self, task: TrainTask, meta: dict[str, Any]) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -274,7 +266,6 @@ class Loop:
         if self.is_main:
             self._log(msg)
 
-    # -- processes --------------------------------------------------------------------------------------------
     def _broadcast(self, modules: Mapping[str, torch.nn.Module]) -> None:
         """Rank 0's weights and buffers everywhere (DDP's start)."""
         if self.world == 1:
@@ -299,8 +290,7 @@ class Loop:
         if self.world > 1:
             self.acc.wait_for_everyone()
 
-    # -- the run ----------------------------------------------------------------------------------------------
-    def run(self, task: TrainTask, checkpoint: Checkpoint | None = None) -> Progress:
+    def run(self, task: TrainTask, checkpoint: StateFile | None = None) -> Progress:
         """Train `task` to `options.steps` (or `stop_after`, or the time budget), resuming from `checkpoint`."""
         o = self.options
         p = Progress()
@@ -309,8 +299,8 @@ class Loop:
         meta = checkpoint.load(task) if checkpoint is not None else None
         if meta is not None:
             p.resumed = True
-            p.step, p.history, p.elapsed, p.cpu = meta["step"], meta["history"], meta["elapsed"], meta["cpu"]
-            p.window = meta["window"]
+            for k in SAVED:
+                setattr(p, k, meta[k])
             torch.set_rng_state(meta.pop("torch_rng"))
             task.restore(meta, p)
         self._broadcast(task.modules)
@@ -372,14 +362,11 @@ class Loop:
                 self.log(f"step {s}/{o.steps} lr {lr:.2e} " + " ".join(f"{k} {v:.4f}" for k, v in p.last_log.items())
                          + f" elapsed {p.elapsed / 60:.1f}m cpu {p.cpu / 60:.1f}m")
                 p.window = []
-            evaluated = False
-            if (o.eval_every and s % o.eval_every == 0) or s == o.steps:
-                evaluated = True
-                if self.is_main:
-                    ev = task.evaluate(p)
-                    if ev is not None:
-                        p.history.append(ev)
-                        self.log(f"eval step {s}: {json.dumps(ev)}")
+            evaluated = bool(o.eval_every and s % o.eval_every == 0) or s == o.steps
+            ev = task.evaluate(p) if evaluated and self.is_main else None
+            if ev is not None:
+                p.history.append(ev)
+                self.log(f"eval step {s}: {json.dumps(ev)}")
             if checkpoint is not None and ((o.ckpt_every and s % o.ckpt_every == 0) or (evaluated and o.ckpt_at_eval)
                                            or s == o.steps):
                 self._save(task, checkpoint, p)
@@ -394,11 +381,10 @@ class Loop:
         self.wait()
         return p
 
-    def _save(self, task: TrainTask, checkpoint: Checkpoint, p: Progress) -> None:
+    def _save(self, task: TrainTask, checkpoint: StateFile, p: Progress) -> None:
         self.wait()
         if self.is_main:
-            checkpoint.save(task, {"step": p.step, "history": p.history, "elapsed": p.elapsed, "cpu": p.cpu,
-                                   "window": p.window, **task.meta()})
+            checkpoint.save(task, {**{k: getattr(p, k) for k in SAVED}, **task.meta()})
         self.wait()
 
 

@@ -1,7 +1,4 @@
-"""LoRA (Hu et al. 2022) for any nn.Module: wrap Linear layers, save only the adapters, merge at load.
-
-y = W x + (alpha / rank) * B (A x) with B = 0 at the start, so a fresh adapter leaves the model unchanged.
-"""
+"""LoRA (Hu et al. 2022) for any nn.Module: wrap Linear layers, save only the adapters, merge at load."""
 
 from __future__ import annotations
 
@@ -15,16 +12,14 @@ from specgen.errors import UsageError
 
 
 class LoRALinear(nn.Module):
-    """A frozen Linear plus a trainable low-rank update."""
+    """A frozen Linear plus a trainable low-rank update: y = W x + (alpha / rank) * B (A x)."""
 
     def __init__(self, base: nn.Linear, rank: int, alpha: float) -> None:
         super().__init__()
-        self.base = base
-        for p in base.parameters():
-            p.requires_grad_(False)
+        self.base = base.requires_grad_(False)
         self.scale = alpha / rank
         self.lora_A = nn.Parameter(torch.randn(rank, base.in_features) / rank)
-        self.lora_B = nn.Parameter(torch.zeros(base.out_features, rank))
+        self.lora_B = nn.Parameter(torch.zeros(base.out_features, rank))  # B = 0: a fresh adapter changes nothing
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.base(x) + (x @ self.lora_A.t() @ self.lora_B.t()) * self.scale
@@ -79,8 +74,7 @@ def merge_lora(model: nn.Module) -> None:
         if isinstance(m, LoRALinear):
             with torch.no_grad():
                 m.base.weight += m.delta().to(m.base.weight.dtype)
-            for p in m.base.parameters():
-                p.requires_grad_(True)
+            m.base.requires_grad_(True)
             _set(model, name, m.base)
 
 

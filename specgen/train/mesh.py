@@ -66,7 +66,6 @@ class MeshTrainConfig(OptimConfig):
         return {"decoder": decoder, "encoder": encoder}
 
 
-# -- data -----------------------------------------------------------------------------------------
 def point_cloud(vertices: np.ndarray, faces: np.ndarray, num_points: int, seed) -> np.ndarray:
     """Condition input [num_points, 6] float32: surface points + face normals."""
     return sample_surface(vertices, faces, num_points, seed).as_array(np.float32)
@@ -133,7 +132,6 @@ def sequence_loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1).float(), tokens.flatten(), ignore_index=-1)
 
 
-# -- training -------------------------------------------------------------------------------------
 @torch.no_grad()
 def evaluate(model: MeshGPT, examples, batch_size: int = 8, table: FactoredTable | None = None) -> dict[str, float]:
     """Validation loss and next-token accuracy (teacher forced)."""

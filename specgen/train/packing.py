@@ -1,31 +1,24 @@
-"""pcLLM training sequences: noise schedule, nearest-ratio noisy states, packing and the noise-aware causal mask.
-
-Layout `prompt | noisy_0 | clean_0 | noisy_1 | clean_1 | ...`: noisy_j and clean_j share position ids, so one
-forward gives the student (noisy) and teacher (clean, detached) logits of every block (docs/training.md).
-"""
+"""pcLLM training sequences `prompt | noisy_0 | clean_0 | ...` for one forward: schedules, states, packing, mask."""
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-SCHEDULES = ("progressive", "reverse", "random")
+#: schedule name -> noise ratio t_i of block i for window w (w >= 1: config_checks)
+SCHEDULES: dict[str, Callable[[int, int, random.Random], float]] = {
+    "progressive": lambda i, w, rng: i % w / w, "reverse": lambda i, w, rng: (w - 1 - i % w) / w,
+    "random": lambda i, w, rng: rng.random()}
 MASKS = ("noisy", "clean", "window")
 
 
 def noise_schedule(name: str, num_blocks: int, window: int, rng: random.Random | None = None) -> list[float]:
-    """Scheduled noise ratio t_i of each of `num_blocks` blocks (window >= 1: config_checks)."""
-    grid = [k / window for k in range(window)]
-    if name == "progressive":
-        return [grid[i % window] for i in range(num_blocks)]
-    if name == "reverse":
-        return [grid[window - 1 - i % window] for i in range(num_blocks)]
-    if name == "random":
-        rng = rng or random.Random(0)
-        return [rng.random() for _ in range(num_blocks)]
-    raise ValueError(f"unknown noise schedule {name!r}; choose from {', '.join(SCHEDULES)}")
+    """Scheduled noise ratio t_i of each of `num_blocks` blocks (`name`: one of SCHEDULES)."""
+    rng = rng or random.Random(0)
+    return [SCHEDULES[name](i, window, rng) for i in range(num_blocks)]
 
 
 def first_mismatch(state: list[int], fixed: list[int]) -> int:

@@ -78,8 +78,6 @@ def check_config(cfg: UpsamplerTrainConfig, vq_downsample: int) -> None:
     check_choices(cfg, {"perceptual": ("auto", "lpips", "vq-features", "none")})
 
 
-# --- data ----------------------------------------------------------------------------------------------------
-
 def pair_dataset(cfg: UpsamplerTrainConfig, vq, digest: str, log: Callable[[str], None]) -> dict[str, torch.Tensor]:
     key = f"vq{digest}-seed{cfg.data_seed}-crop{cfg.crop_size}-x{cfg.scale}-train{cfg.num_crops}-eval{cfg.eval_crops}"
     path = Path(cfg.token_cache) / f"{key}.safetensors"
@@ -96,8 +94,6 @@ def pair_dataset(cfg: UpsamplerTrainConfig, vq, digest: str, log: Callable[[str]
 def to_float(px: torch.Tensor) -> torch.Tensor:
     return px.float() / 127.5 - 1.0
 
-
-# --- losses --------------------------------------------------------------------------------------------------
 
 def vq_features(vq, x: torch.Tensor) -> list[torch.Tensor]:
     """Activations of the frozen VQ encoder after conv_in and after every resolution level."""
@@ -205,8 +201,6 @@ class LeCam:
         return F.relu(real - self.fake).pow(2).mean() + F.relu(self.real - fake).pow(2).mean()
 
 
-# --- model, state, evaluation ---------------------------------------------------------------------------------
-
 class Trainee(nn.Module):
     """The pair plus its two discriminators (one state dict for checkpoints)."""
 
@@ -303,11 +297,9 @@ class PairTask(TrainTask):
                 part = part + cfg.perceptual_weight * p
                 logs[f"{side}_perc"] = p.item()
             if gan_on:
-                for q in model.disc[side].parameters():
-                    q.requires_grad_(False)
+                model.disc[side].requires_grad_(False)
                 adv = -model.disc[side](augment(img, g) if cfg.augment else img).mean()
-                for q in model.disc[side].parameters():
-                    q.requires_grad_(True)
+                model.disc[side].requires_grad_(True)
                 part = part + cfg.gan_weight * adv
                 logs[f"{side}_gan"] = adv.item()
             loss = loss + part
@@ -336,15 +328,12 @@ class PairTask(TrainTask):
             v.real, v.fake = meta["lecam"][k]
 
 
-# --- the run ----------------------------------------------------------------------------------------------------
-
 def train(cfg: UpsamplerTrainConfig, out: Path, log: Callable[[str], None] = lambda s: None,
           device: str = "cpu", force: bool = False) -> Published | None:
     """Train (or resume) in `out` and register the pair (None on other ranks)."""
     torch.set_num_threads(cfg.num_threads)
     vq, doc, digest = load_vq(cfg.vq)
-    for p in vq.parameters():
-        p.requires_grad_(False)
+    vq.requires_grad_(False)
     check_config(cfg, vq.config.downsample)
     vcfg = vq.config
     pcfg = UpsamplerConfig(codebook_size=vcfg.codebook_size, embed_dim=vcfg.codebook_embed_dim,
@@ -360,7 +349,6 @@ def train(cfg: UpsamplerTrainConfig, out: Path, log: Callable[[str], None] = lam
                                     f"a {cfg.scale}x run needs a smaller scale and the same widths")
         if not torch.allclose(warm.codebook.float(), vq.quantize.embedding.weight.float(), atol=1e-3):
             raise IncompatibleError(f"warm_start {cfg.warm_start} was trained for another VQ codebook than {cfg.vq}")
-    out.mkdir(parents=True, exist_ok=True)
     data = pair_dataset(cfg, vq, digest, log)
     torch.manual_seed(cfg.seed)
     model = Trainee(pcfg, cfg.disc_channels).train()

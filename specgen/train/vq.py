@@ -108,7 +108,6 @@ class VQTrainer(TrainTask):
         data_cfg = ImageCropsConfig(crop_size=cfg.crop_size, seed=cfg.data_seed)
         self.train_data = ImageCrops(replace(data_cfg, split="train", num_samples=cfg.steps * cfg.batch_size))
         self.eval_images, _ = crops("eval", cfg.eval_samples, cfg.crop_size, cfg.data_seed)  # [N,3,C,C]
-        self.step = 0
         self.hits = torch.zeros(self.model_cfg.codebook_size)  # code hits since the last restart check
         self._out = None  # the last step's VQ output (code hits, latents for restarts)
 
@@ -134,15 +133,14 @@ class VQTrainer(TrainTask):
         }
         write_entry(self.out, fp16_state(self.model), doc, sort_keys=False)
 
-    # --- training ----------------------------------------------------------------------------------------
     @torch.no_grad()
-    def _restart_dead_codes(self, latents: torch.Tensor) -> int:
+    def _restart_dead_codes(self, latents: torch.Tensor, step: int) -> int:
         """Re-seed codes with no hits since the last check from random current latents ([B,D,h,w])."""
         dead = (self.hits == 0).nonzero().flatten()
         self.hits.zero_()
         if dead.numel() == 0:
             return 0
-        gen = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + self.step)  # reproducible across resumes
+        gen = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + step)  # reproducible across resumes
         pool = latents.permute(0, 2, 3, 1).reshape(-1, latents.shape[1])  # [N,D]
         pick = torch.randint(0, pool.shape[0], (dead.numel(),), generator=gen).to(pool.device)
         new = pool[pick] + 0.01 * torch.randn(dead.numel(), pool.shape[1], generator=gen).to(pool.device)  # [n_dead,D]
@@ -184,12 +182,12 @@ class VQTrainer(TrainTask):
 
     def after_step(self, progress: Progress) -> dict[str, float]:
         """Count the step's code hits; every `restart_every` steps (before `restart_until`) re-seed unused codes."""
-        cfg, out = self.cfg, self._out
-        self.step, self._out = progress.step, None
+        cfg, out, step = self.cfg, self._out, progress.step
+        self._out = None
         self.hits += torch.bincount(out.indices.flatten(), minlength=self.hits.numel()).float().cpu()
         restarted = 0
-        if cfg.restart_every and self.step % cfg.restart_every == 0 and self.step < cfg.restart_until * cfg.steps:
-            restarted = self._restart_dead_codes(out.latents.detach())
+        if cfg.restart_every and step % cfg.restart_every == 0 and step < cfg.restart_until * cfg.steps:
+            restarted = self._restart_dead_codes(out.latents.detach(), step)
         return {"restarted": restarted}
 
     def evaluate(self, progress: Progress) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from specgen import registry
 from specgen.config import load_config
 from specgen.errors import UsageError
 from specgen.methods.xspecmesh import load_mesh
-from specgen.train.heads import HeadsTrainConfig, HeadsTrainer, save_outputs
+from specgen.train.heads import HeadsTrainConfig, HeadsTrainer, check_config, save_outputs
 from tests.mesh.mesh_fixtures import register_tiny
 
 TINY = ["target=tiny-mesh", "num_sequences=8", "eval_sequences=4", "label_batch=12", "max_tokens=24", "batch_size=4",
@@ -88,7 +88,7 @@ def test_stage2_kl_backbone_loss_reuses_stage1(tmp_path):
     assert result["stage1"] == first["stage1"]  # resumed, not retrained
     assert result["stage2"][0]["eval_backbone"] >= 0 and result["lora"]
     with pytest.raises(UsageError, match="backbone_loss"):
-        HeadsTrainer(dataclasses.replace(cfg, backbone_loss="mse"), tmp_path / "x")
+        check_config(dataclasses.replace(cfg, backbone_loss="mse"))
     torch.set_num_threads(old)
 
 
@@ -114,7 +114,7 @@ def test_soft_targets_are_the_label_distribution_and_train(tmp_path):
     assert s1[-1]["eval_mhd"] < s1[0]["eval_mhd"]  # eval is the hard-label loss in both modes
     assert result["lora"] and len(result["stage2"]) == 1
     with pytest.raises(UsageError, match="head_targets"):
-        HeadsTrainer(dataclasses.replace(cfg, head_targets="dense"), tmp_path / "x")
+        check_config(dataclasses.replace(cfg, head_targets="dense"))
     torch.set_num_threads(old)
 
 

@@ -16,7 +16,7 @@ from specgen.errors import IncompatibleError, UsageError
 from specgen.text.target import load_text_model
 from specgen.text.trajectories import load_records
 from specgen.train import packing
-from specgen.train.distill import DistillConfig, cllm_losses, distill, group_records, pcllm_losses
+from specgen.train.distill import DistillConfig, check_config, cllm_losses, distill, group_records, pcllm_losses
 from tests.pcllm_fixtures import collect_tiny, save_tiny_text, write_prompts
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -97,7 +97,7 @@ def test_refuses_other_target_and_block_size(traj, tmp_path):
     with pytest.raises(IncompatibleError, match="block_size=8 but .* block size 4"):
         distill(config(traj, block_size=8), tmp_path / "r")
     with pytest.raises(UsageError, match="objective"):
-        distill(config(traj, objective="dpo"), tmp_path / "r")
+        check_config(config(traj, objective="dpo"))
 
 
 def test_init_adapter_must_belong_to_the_model(traj, tmp_path):

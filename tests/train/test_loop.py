@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 class Recorder:
-    """A Checkpoint that remembers at which steps it was written (and writes nothing)."""
+    """A StateFile stand-in that remembers at which steps it was written (and writes nothing)."""
 
     def __init__(self) -> None:
         self.saved: list[int] = []
