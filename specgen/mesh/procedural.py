@@ -10,7 +10,7 @@ import numpy as np
 import trimesh
 
 from specgen.mesh.errors import MeshInputError
-from specgen.mesh.quantize import normalize_bbox, quantize_mesh
+from specgen.mesh.quantize import dequantize, normalize_bbox, quantize_mesh
 from specgen.mesh.types import MeshArrays, as_mesh
 
 MAX_FACES = 799  # strictly fewer than 800 faces
@@ -134,8 +134,8 @@ def generate_mesh(seed: int, spec: ProceduralSpec | None = None) -> ProceduralMe
         faces.append(np.asarray(part.faces, dtype=np.int64) + total_v)
         parts.append(name)
         total_v, total_f = total_v + len(part.vertices), total_f + len(part.faces)
-    q = quantize_mesh(normalize_bbox(np.concatenate(vertices)), np.concatenate(faces), BITS)
-    return ProceduralMesh(seed=int(seed), vertices=q.vertices(), faces=q.faces, parts=tuple(parts))
+    coords, faces = quantize_mesh(normalize_bbox(np.concatenate(vertices)), np.concatenate(faces), BITS)
+    return ProceduralMesh(seed=int(seed), vertices=dequantize(coords, BITS), faces=faces, parts=tuple(parts))
 
 
 def split_seeds(split: str, count: int | None = None, start: int = 0) -> range:

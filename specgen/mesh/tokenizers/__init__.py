@@ -2,16 +2,10 @@
 
 from __future__ import annotations
 
-from specgen.mesh.tokenizers.base import DecodedMesh, MeshTokenizer
+from specgen.mesh.tokenizers.base import DecodedMesh
 from specgen.mesh.tokenizers.bpt import BPTTokenizer
 from specgen.mesh.tokenizers.naive import NaiveTokenizer
 
 TOKENIZERS: dict[str, type] = {"bpt": BPTTokenizer, "naive": NaiveTokenizer}
 
-__all__ = [
-    "TOKENIZERS",
-    "BPTTokenizer",
-    "DecodedMesh",
-    "MeshTokenizer",
-    "NaiveTokenizer",
-]
+__all__ = ["TOKENIZERS", "BPTTokenizer", "DecodedMesh", "NaiveTokenizer"]
