@@ -45,8 +45,6 @@ def _all_problems() -> tuple[Problem, ...]:
 
 def load_problems(limit: int | None = None, offset: int = 0) -> list[Problem]:
     """Problems `offset .. offset+limit-1` in task order (HumanEval/0 first); all 164 by default."""
-    if offset < 0 or (limit is not None and limit < 0):
-        raise ValueError(f"offset and limit must be >= 0, got offset={offset} limit={limit}")
     problems = _all_problems()[offset:]
     return list(problems if limit is None else problems[:limit])
 

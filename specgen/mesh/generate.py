@@ -164,12 +164,10 @@ def load_mesh_model(target: str | None = None, heads: str | None = None, device:
     """`methods.xspecmesh.load_mesh` on `device` in `dtype` / `quantize` (`dtype` may name it; docs/precision.md)."""
     device, dtype, quantize, torch_dtype = load_precision(dtype, quantize, device)
     loaded = load_mesh_parts(target, heads, device)
-    if quantize:
+    if torch_dtype != torch.float32:  # quantized (bfloat16 activations) or cast: laid out again for its kernels
         decode_layout(in_memory(loaded.decoder.model, dtype, quantize))
-    elif torch_dtype != torch.float32:
-        decode_layout(loaded.decoder.model.to(torch_dtype))  # re-measured for the new dtype's kernels
-    if (quantize or torch_dtype != torch.float32) and loaded.decoder.heads is not None:
-        loaded.decoder.heads.to(torch_dtype)
+        if loaded.decoder.heads is not None:
+            loaded.decoder.heads.to(torch_dtype)
     for module in (loaded.decoder.model.decoder, loaded.decoder.heads):  # captured steps on CUDA (models/graphs.py)
         if module is not None:
             attach(module, graphs)

@@ -1,7 +1,4 @@
-"""BPT's blocked and patchified mesh tokenization (Weng et al. 2025), token for token (docs/mesh.md).
-
-`encode(decode(t)) == t` for any `t` that `encode` produced; `decode` checks grammar only.
-"""
+"""BPT's blocked and patchified mesh tokenization (Weng et al. 2025), token for token (docs/mesh.md)."""
 
 from __future__ import annotations
 
