@@ -33,10 +33,8 @@ class CleanedMesh:
 def clean_mesh(vertices: np.ndarray, faces: np.ndarray) -> CleanedMesh:
     """Merge exactly equal vertices (first-appearance order), drop degenerate, duplicate and unused parts."""
     mesh = as_mesh(vertices, faces)
-    v, f = mesh.vertices, mesh.faces
-    if len(v):
-        v, index = unique_rows_in_order(v)
-        f = index[f]
+    v, index = unique_rows_in_order(mesh.vertices)
+    f = index[mesh.faces]
     kept, degenerate, duplicate = clean_faces(f)
     areas, _ = face_areas_normals(v, kept)
     flat = areas <= 0.0  # collinear corners with distinct indices

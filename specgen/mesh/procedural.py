@@ -53,7 +53,6 @@ PRIMITIVES: dict[str, Callable[[np.random.Generator], trimesh.Trimesh]] = {
 class ProceduralMesh:
     """One generated mesh: vertices [V, 3] float64 in [-0.95, 0.95], faces [F, 3] int64."""
 
-    seed: int
     vertices: np.ndarray  # [V, 3] float64 (7-bit bin centres)
     faces: np.ndarray  # [F, 3] int64, F < 800
     parts: tuple[str, ...]  # primitive names, in order
@@ -135,7 +134,7 @@ def generate_mesh(seed: int, spec: ProceduralSpec | None = None) -> ProceduralMe
         parts.append(name)
         total_v, total_f = total_v + len(part.vertices), total_f + len(part.faces)
     coords, faces = quantize_mesh(normalize_bbox(np.concatenate(vertices)), np.concatenate(faces), BITS)
-    return ProceduralMesh(seed=int(seed), vertices=dequantize(coords, BITS), faces=faces, parts=tuple(parts))
+    return ProceduralMesh(vertices=dequantize(coords, BITS), faces=faces, parts=tuple(parts))
 
 
 def split_seeds(split: str, count: int | None = None, start: int = 0) -> range:

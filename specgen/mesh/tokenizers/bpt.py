@@ -124,7 +124,6 @@ class BPTTokenizer(StrictDecode):
         kind[(t < 0) | (t >= self.vocab_size)] = -1
         return kind.astype(np.int8)
 
-    # -- encoding -------------------------------------------------------------------------
     def block_and_offset(self, coords: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Integer vertices [V, 3] -> (block token [V], offset token [V], already shifted by 512)."""
         b, o = self.block_size, self.offset_size
@@ -155,7 +154,6 @@ class BPTTokenizer(StrictDecode):
             tokens.append(self.eos_id)
         return np.asarray(tokens, dtype=np.int64)
 
-    # -- decoding -------------------------------------------------------------------------
     def _coords(self, block: int, offset: int) -> list[int]:
         b, o = self.block_size, self.offset_size
         offset -= self.offset_base
