@@ -6,9 +6,9 @@ import trimesh
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specgen.mesh import TOKENIZERS
 from specgen.mesh.procedural import generate_mesh, random_rotation
 from specgen.mesh.quantize import dequantize, normalize_bbox, quantize_mesh
+from specgen.mesh.tokenizers import TOKENIZERS
 from tests.mesh.mesh_fixtures import canonical_triangles
 
 FAST = settings(max_examples=25, deadline=None, derandomize=True, database=None)

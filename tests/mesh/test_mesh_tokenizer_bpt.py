@@ -8,8 +8,9 @@ Block = x//16*64 + y//16*8 + z//16; offset = 512 + x%16*256 + y%16*16 + z%16.
 import numpy as np
 import pytest
 
-from specgen.mesh import TOKENIZERS, BPTTokenizer, MeshDecodeError, MeshInputError
+from specgen.mesh.errors import MeshDecodeError, MeshInputError
 from specgen.mesh.quantize import dequantize
+from specgen.mesh.tokenizers import TOKENIZERS, BPTTokenizer
 from tests.mesh.mesh_fixtures import canonical_triangles
 
 TOK = BPTTokenizer()

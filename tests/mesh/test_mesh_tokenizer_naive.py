@@ -3,8 +3,9 @@
 import numpy as np
 import pytest
 
-from specgen.mesh import TOKENIZERS, MeshDecodeError, NaiveTokenizer
+from specgen.mesh.errors import MeshDecodeError
 from specgen.mesh.quantize import dequantize
+from specgen.mesh.tokenizers import TOKENIZERS, NaiveTokenizer
 from tests.mesh.mesh_fixtures import canonical_triangles
 
 TOK = NaiveTokenizer()

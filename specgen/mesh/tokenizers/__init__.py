@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from specgen.mesh.tokenizers.base import DecodedMesh
 from specgen.mesh.tokenizers.bpt import BPTTokenizer
 from specgen.mesh.tokenizers.naive import NaiveTokenizer
 
 TOKENIZERS: dict[str, type] = {"bpt": BPTTokenizer, "naive": NaiveTokenizer}
 
-__all__ = ["TOKENIZERS", "BPTTokenizer", "DecodedMesh", "NaiveTokenizer"]
+__all__ = ["TOKENIZERS", "BPTTokenizer", "NaiveTokenizer"]
