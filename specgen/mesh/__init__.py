@@ -1,1 +1,1 @@
-"""Mesh foundation: quantisation, BPT/naive tokenizers, procedural data, sampling, export, metrics."""
+"""Mesh foundation: quantisation, the BPT tokenizer, procedural data, sampling, export, metrics."""

@@ -8,8 +8,7 @@ from hypothesis import strategies as st
 
 from specgen.mesh.procedural import generate_mesh, random_rotation
 from specgen.mesh.quantize import dequantize, normalize_bbox, quantize_mesh
-from specgen.mesh.tokenizers import TOKENIZERS
-from tests.mesh.mesh_fixtures import canonical_triangles
+from tests.mesh.mesh_fixtures import TOKENIZERS, canonical_triangles
 
 FAST = settings(max_examples=25, deadline=None, derandomize=True, database=None)
 

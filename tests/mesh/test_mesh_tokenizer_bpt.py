@@ -10,8 +10,8 @@ import pytest
 
 from specgen.mesh.errors import MeshDecodeError, MeshInputError
 from specgen.mesh.quantize import dequantize
-from specgen.mesh.tokenizers import TOKENIZERS, BPTTokenizer
-from tests.mesh.mesh_fixtures import canonical_triangles
+from specgen.mesh.tokenizers import BPTTokenizer
+from tests.mesh.mesh_fixtures import TOKENIZERS, canonical_triangles
 
 TOK = BPTTokenizer()
 
