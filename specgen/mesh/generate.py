@@ -62,13 +62,13 @@ class Condition:
 def prepare_cloud(arr: object, num_points: int, seed: int, name: str) -> np.ndarray:
     """Validate, normalise to [-0.95, 0.95] and resample to num_points: [num_points, 6] float32."""
     try:
-        pc = validate_point_cloud(arr, min_points=16)
+        points, normals = validate_point_cloud(arr, min_points=16)
     except MeshInputError as e:
         raise MeshInputError(f"{name}: {e}") from None
-    pts = normalize_bbox(pc.points)
+    pts = normalize_bbox(points)
     rng = np.random.default_rng(seed)
     idx = rng.choice(len(pts), num_points, replace=len(pts) < num_points)
-    return np.concatenate([pts[idx], pc.normals[idx]], axis=1).astype(np.float32)
+    return np.concatenate([pts[idx], normals[idx]], axis=1).astype(np.float32)
 
 
 def _ply_points(path: Path) -> np.ndarray | None:

@@ -46,7 +46,7 @@ def normalized_samples(
     if len(mesh.faces) == 0:
         raise MeshInputError("mesh has no faces")
     v, f = remove_unreferenced(mesh.vertices, mesh.faces)
-    return sample_surface(normalize_bbox(v, eps=0.0), f, samples, seed).points
+    return sample_surface(normalize_bbox(v, eps=0.0), f, samples, seed)[0]
 
 
 def mesh_distances(gen_vertices: np.ndarray, gen_faces: np.ndarray, ref_vertices: np.ndarray, ref_faces: np.ndarray

@@ -68,8 +68,8 @@ class MeshTrainConfig(OptimConfig):
 
 # -- data -----------------------------------------------------------------------------------------
 def point_cloud(vertices: np.ndarray, faces: np.ndarray, num_points: int, seed) -> np.ndarray:
-    """Condition input [num_points, 6] float32: surface points + face normals."""
-    return sample_surface(vertices, faces, num_points, seed).as_array(np.float32)
+    """Condition input [num_points, 6] float32: surface points + face normals (BPT's ``pc_normal`` layout)."""
+    return np.concatenate(sample_surface(vertices, faces, num_points, seed)[:2], axis=1).astype(np.float32)
 
 
 def mesh_example(seed: int, num_points: int, pc_seed, spec: ProceduralSpec | None = None
