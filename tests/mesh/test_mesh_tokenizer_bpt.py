@@ -81,11 +81,6 @@ def test_token_kinds():
     assert kinds.tolist() == [0, 0, 1, 1, 2, 2, 3, -1, -1]
 
 
-def test_bad_configuration_is_an_input_error():
-    with pytest.raises(MeshInputError):
-        BPTTokenizer(block_size=3)
-
-
 def test_decode_stops_at_eos():
     _, f = TOK.decode(QUAD_TOKENS + [9999, 3])
     assert len(f) == 2
