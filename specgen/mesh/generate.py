@@ -24,8 +24,6 @@ from specgen.request import DecodeRequest
 from specgen.text.precision import in_memory, load_precision
 from specgen.train.mesh import point_cloud
 
-POINT_SUFFIXES = (".npy",)
-
 
 @dataclass
 class MeshGenConfig:
@@ -121,7 +119,7 @@ def load_conditions(path: Path | None, num: int, num_points: int, seed: int,
         return out
     path = Path(path)
     if path.is_dir():
-        files = sorted(f for f in path.iterdir() if f.suffix.lower() in POINT_SUFFIXES + MESH_SUFFIXES)
+        files = sorted(f for f in path.iterdir() if f.suffix.lower() in (".npy", *MESH_SUFFIXES))
         if not files:
             raise MeshInputError(f"{path}: no .npy or mesh files")
         return [c for f in files for c in read_file(f, num_points, seed)]

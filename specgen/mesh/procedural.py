@@ -73,12 +73,8 @@ def random_rotation(rng: np.random.Generator) -> np.ndarray:
     )
 
 
-def axis_rotation(rng: np.random.Generator) -> np.ndarray:
-    """One of the 24 rotations [3, 3] that map the coordinate axes onto themselves, uniformly."""
-    return AXIS_ROTATIONS[int(rng.integers(len(AXIS_ROTATIONS)))]
-
-
 def _axis_rotations() -> list[np.ndarray]:
+    """The 24 rotations [3, 3] that map the coordinate axes onto themselves."""
     out = []
     for perm in ((0, 1, 2), (1, 2, 0), (2, 0, 1), (0, 2, 1), (2, 1, 0), (1, 0, 2)):
         for signs in np.ndindex(2, 2, 2):
@@ -90,8 +86,8 @@ def _axis_rotations() -> list[np.ndarray]:
 
 
 AXIS_ROTATIONS = _axis_rotations()
-ROTATIONS: dict[str, Callable[[np.random.Generator], np.ndarray]] = {"uniform": random_rotation,
-                                                                      "axis": axis_rotation}
+ROTATIONS: dict[str, Callable[[np.random.Generator], np.ndarray]] = {  # "axis": one of AXIS_ROTATIONS, uniformly
+    "uniform": random_rotation, "axis": lambda rng: AXIS_ROTATIONS[int(rng.integers(len(AXIS_ROTATIONS)))]}
 
 
 @dataclass(frozen=True)
@@ -108,11 +104,8 @@ class ProceduralSpec:
 
     @classmethod
     def from_meta(cls, meta: dict) -> "ProceduralSpec":
-        """The spec a checkpoint's config.json records (the default for checkpoints that predate it)."""
+        """The spec a checkpoint's config.json records (`asdict`; the default for checkpoints that predate it)."""
         return cls(**meta.get("procedural", {}))
-
-    def to_dict(self) -> dict:
-        return {"max_parts": self.max_parts, "rotation": self.rotation}
 
 
 def generate_mesh(seed: int, spec: ProceduralSpec | None = None) -> ProceduralMesh:

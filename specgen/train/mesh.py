@@ -233,7 +233,7 @@ def entry_meta(cfg: MeshTrainConfig, metrics: dict) -> dict:
     return {"kind": "target", "builder": "mesh_gpt", "kwargs": MeshGPT(**cfg.model_kwargs()).builder_kwargs(),
             "vocab_size": BPTTokenizer().vocab_size, "modality": "mesh", "tokenizer": "bpt",
             "num_points": cfg.num_points, "max_tokens": cfg.max_tokens, "tied": tied,
-            "procedural": cfg.spec().to_dict(),  # the distribution heads, benchmark and generate draw from
+            "procedural": asdict(cfg.spec()),  # the distribution heads, benchmark and generate draw from
             "created_by": "python -m specgen.train.mesh", "train_config": asdict(cfg), "metrics": metrics}
 
 
