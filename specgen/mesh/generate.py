@@ -50,11 +50,10 @@ class MeshGenConfig:
 
 @dataclass(frozen=True)
 class Condition:
-    """One named input point cloud [N, 6] (and its reference mesh when known)."""
+    """One named input point cloud [N, 6]."""
 
     name: str
     points: np.ndarray  # [N, 6] float32, normalised
-    reference: tuple[np.ndarray, np.ndarray] | None = None  # (vertices, faces)
 
 
 def prepare_cloud(arr: object, num_points: int, seed: int, name: str) -> np.ndarray:
@@ -101,8 +100,7 @@ def read_file(path: Path, num_points: int, seed: int) -> list[Condition]:
             return [Condition(path.stem, prepare_cloud(pts, num_points, seed, str(path)))]
     if suffix in MESH_SUFFIXES:
         m = load_mesh(path)
-        v = normalize_bbox(m.vertices)
-        return [Condition(path.stem, point_cloud(v, m.faces, num_points, seed), (v, m.faces))]
+        return [Condition(path.stem, point_cloud(normalize_bbox(m.vertices), m.faces, num_points, seed))]
     raise MeshInputError(f"{path}: unsupported input; give .npy point clouds or {', '.join(MESH_SUFFIXES)} files")
 
 
@@ -112,10 +110,9 @@ def load_conditions(path: Path | None, num: int, num_points: int, seed: int,
     distribution `spec`); all validated up front."""
     if path is None:
         out = []
-        for s in split_seeds("test", num):
-            m = generate_mesh(int(s), spec)
-            out.append(Condition(f"test-{int(s)}", point_cloud(m.vertices, m.faces, num_points, int(s)),
-                                 (m.vertices, m.faces)))
+        for s in map(int, split_seeds("test", num)):
+            m = generate_mesh(s, spec)
+            out.append(Condition(f"test-{s}", point_cloud(m.vertices, m.faces, num_points, s)))
         return out
     path = Path(path)
     if path.is_dir():
