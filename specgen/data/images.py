@@ -72,10 +72,6 @@ class ImageCropsConfig:
     crop_size: int = 64  # output side in pixels
     seed: int = 0
 
-    def __post_init__(self) -> None:
-        if self.split not in SPLITS:
-            raise ValueError(f"split must be one of {SPLITS}, got {self.split!r}")
-
 
 def _to_rgb_float(img: np.ndarray) -> torch.Tensor:
     """uint8 [H,W] or [H,W,C] -> float [3,H,W] in [0, 1]."""

@@ -39,8 +39,6 @@ class HumanEvalOverlapError(UsageError, ValueError):
     """Prompts meant for training contain (part of) a HumanEval problem."""
 
 
-# --- the HumanEval overlap check ------------------------------------------------------------------
-
 NGRAM = 13  # words shared with any HumanEval prompt that count as overlap (GPT-3's decontamination span)
 NAMED_NGRAM = 8  # shorter span that counts when the prompt also names that problem's entry point
 
@@ -117,9 +115,6 @@ def stdlib_functions() -> tuple[StdlibFunction, ...]:
         seen.add((bare, row["sentence"]))
         out.append(StdlibFunction(**row))
     return tuple(out)
-
-
-# --- templates ------------------------------------------------------------------------------------
 
 
 def _digest(text: str) -> int:

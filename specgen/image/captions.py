@@ -1,7 +1,4 @@
-"""Caption features for text-conditional (t2i) LlamaGen models: read a file, left-pad to the model's slots.
-
-The last condition slot, which predicts image token 0, is always a real token (padding goes first, masked).
-"""
+"""Caption features for text-conditional (t2i) LlamaGen models: read a file, left-pad to the model's slots."""
 
 from __future__ import annotations
 
@@ -27,7 +24,8 @@ class Caption:
 
 
 def left_pad(features: torch.Tensor, mask: torch.Tensor, n_cond: int) -> list[Caption]:
-    """Captions from features [N, L, C] and mask [N, L] bool, real tokens moved to the last slots of n_cond."""
+    """Captions from features [N, L, C] and mask [N, L] bool, real tokens moved to the last slots of n_cond: the last
+    slot, which predicts image token 0, is always a real token (padding goes first, masked)."""
     out = []
     for i in range(features.shape[0]):
         real = features[i][mask[i]].float()  # [k, C], in order

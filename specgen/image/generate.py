@@ -84,10 +84,7 @@ def load_image_model(name: str, drafter: str = "", device: str = "cpu", need_dra
     entry = checkpoints.find(name)
     if entry.meta.get("modality") != "image":
         raise UsageError(f"{entry.ref} is not an image model")
-    if quantize:
-        model = decode_layout(in_memory(checkpoints.load_module(entry, device), dtype, quantize))
-    else:
-        model = decode_layout(checkpoints.load_module(entry, device, torch_dtype))
+    model = decode_layout(in_memory(checkpoints.load_module(entry, device), dtype, quantize))
     if not entry.meta.get("vq"):
         raise UsageError(f"{entry.ref} records no VQ decoder; import it with --vq NAME "
                          "(specgen registry import ... --builder llamagen-gpt --vq NAME)")
@@ -198,8 +195,6 @@ def generate_images(im: ImageModel, req: DecodeRequest[ImageGenConfig],
     if not 0 < cfg.cfg_scale <= 50:
         raise UsageError(f"cfg scale must be in (0, 50], got {cfg.cfg_scale}")
     conditions = image_conditions(im, cfg) if conditions is None else conditions
-    if not conditions:
-        raise UsageError("--num must be >= 1, got 0")
     seeds = [torch.Generator().manual_seed(cfg.seed * 100_003 + i) for i in (indices or range(len(conditions)))]
     # one CFG target for every image (c2i: the class is the prompt; t2i: the prompt names a caption of the target)
     parts = im.parts(cfg.cfg_scale, list(conditions) if im.text_conditional else None)

@@ -1,7 +1,4 @@
-"""CFG targets over LlamaGen-style GPTs (c2i and t2i): one forward scores cond and uncond branches.
-
-Sequence i holds cache rows 2i, 2i + 1 (cond, uncond) under guidance; logits are combined, features per branch.
-"""
+"""CFG targets over LlamaGen-style GPTs (c2i and t2i): one forward scores cond and uncond branches."""
 
 from __future__ import annotations
 
@@ -15,7 +12,8 @@ from specgen.models.transformer import padded_causal_mask
 
 
 class CFGTarget:
-    """Target protocol for a class-conditional Transformer (needs `cfg.num_classes`)."""
+    """Target protocol for a class-conditional Transformer (needs `cfg.num_classes`): under guidance sequence i holds
+    cache rows 2i, 2i + 1 (cond, uncond); logits are combined, features stay per branch."""
 
     def __init__(self, model: torch.nn.Module, cfg_scale: float = 4.0) -> None:
         self.model = model
@@ -87,8 +85,6 @@ class CaptionCFGTarget(CFGTarget):
     def prefill(self, tokens: torch.Tensor, cache: KVCache) -> TargetOut:
         """tokens [1, n_cond] placeholders; runs the caption positions under the padding mask and commits them."""
         n, b = self.n_cond, self.branches
-        if tokens.shape[1] != n:
-            raise ValueError(f"a t2i prefill takes {n} condition positions, got {tokens.shape[1]}")
         emb = self.model.cls_embedding
         caption = self.captions[int(tokens[0, 0])]
         captions = caption.features.to(self.device, self.dtype)[None]  # [1, n, C]

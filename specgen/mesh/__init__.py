@@ -1,6 +1,1 @@
-"""Mesh foundation: quantisation, BPT/naive tokenizers, procedural data, sampling, export, metrics."""
-
-from specgen.mesh.errors import MeshDecodeError, MeshInputError
-from specgen.mesh.tokenizers import TOKENIZERS, BPTTokenizer, NaiveTokenizer
-
-__all__ = ["TOKENIZERS", "BPTTokenizer", "MeshDecodeError", "MeshInputError", "NaiveTokenizer"]
+"""Mesh foundation: quantisation, the BPT tokenizer, procedural data, sampling, export, metrics."""

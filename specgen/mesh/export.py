@@ -30,26 +30,12 @@ class CleanedMesh:
     duplicate_removed: int  # same vertex set as an earlier face, either winding
 
 
-@dataclass(frozen=True)
-class ExportReport:
-    """What ``export_mesh`` wrote."""
-
-    path: Path
-    format: str
-    num_vertices: int
-    num_faces: int
-    degenerate_removed: int
-    duplicate_removed: int
-
-
 def clean_mesh(vertices: np.ndarray, faces: np.ndarray) -> CleanedMesh:
     """Merge exactly equal vertices (first-appearance order), drop degenerate, duplicate and unused parts."""
     mesh = as_mesh(vertices, faces)
-    v, f = mesh.vertices, mesh.faces
-    if len(v):
-        v, index = unique_rows_in_order(v)
-        f = index[f]
-    kept, counts = clean_faces(f)
+    v, index = unique_rows_in_order(mesh.vertices)
+    f = index[mesh.faces]
+    kept, degenerate, duplicate = clean_faces(f)
     areas, _ = face_areas_normals(v, kept)
     flat = areas <= 0.0  # collinear corners with distinct indices
     kept = kept[~flat]
@@ -57,8 +43,8 @@ def clean_mesh(vertices: np.ndarray, faces: np.ndarray) -> CleanedMesh:
     return CleanedMesh(
         vertices=v_out,
         faces=f_out,
-        degenerate_removed=counts.degenerate + int(flat.sum()),
-        duplicate_removed=counts.duplicate,
+        degenerate_removed=degenerate + int(flat.sum()),
+        duplicate_removed=duplicate,
     )
 
 
@@ -69,24 +55,15 @@ def format_name(name: str) -> str:
     return name.lower()
 
 
-def export_mesh(vertices: np.ndarray, faces: np.ndarray, path: str | Path, fmt: str | None = None) -> ExportReport:
+def export_mesh(vertices: np.ndarray, faces: np.ndarray, path: str | Path, fmt: str | None = None) -> Path:
     """Clean the mesh (``clean_mesh``) and write it atomically as ``fmt`` (default: suffix); MeshInputError for an
     unknown format or a mesh with no face left."""
     name = format_name(fmt or Path(path).suffix.lstrip("."))
     cleaned = clean_mesh(vertices, faces)
     if len(cleaned.faces) == 0:
         raise MeshInputError("nothing to export: no non-degenerate faces")
-    mesh = trimesh.Trimesh(cleaned.vertices, cleaned.faces, process=False)
-    data = mesh.export(file_type=name)
-    target = atomic_write_bytes(path, data.encode("utf-8") if isinstance(data, str) else bytes(data))
-    return ExportReport(
-        path=target,
-        format=name,
-        num_vertices=len(mesh.vertices),
-        num_faces=len(mesh.faces),
-        degenerate_removed=cleaned.degenerate_removed,
-        duplicate_removed=cleaned.duplicate_removed,
-    )
+    data = trimesh.Trimesh(cleaned.vertices, cleaned.faces, process=False).export(file_type=name)
+    return atomic_write_bytes(path, data.encode("utf-8") if isinstance(data, str) else bytes(data))
 
 
 def render_png(vertices: np.ndarray, faces: np.ndarray, path: str | Path, *, size: int = 512) -> Path:
@@ -97,7 +74,7 @@ def render_png(vertices: np.ndarray, faces: np.ndarray, path: str | Path, *, siz
     from mpl_toolkits.mplot3d.art3d import Poly3DCollection
 
     mesh = as_mesh(vertices, faces)
-    if mesh.num_faces == 0:
+    if len(mesh.faces) == 0:
         raise MeshInputError("nothing to render: mesh has no faces")
     tri = mesh.vertices[mesh.faces]  # [F, 3, 3]
     _, normals = face_areas_normals(mesh.vertices, mesh.faces)  # [F, 3]

@@ -24,8 +24,6 @@ from specgen.request import DecodeRequest
 from specgen.text.precision import in_memory, load_precision
 from specgen.train.mesh import point_cloud
 
-POINT_SUFFIXES = (".npy",)
-
 
 @dataclass
 class MeshGenConfig:
@@ -52,23 +50,22 @@ class MeshGenConfig:
 
 @dataclass(frozen=True)
 class Condition:
-    """One named input point cloud [N, 6] (and its reference mesh when known)."""
+    """One named input point cloud [N, 6]."""
 
     name: str
     points: np.ndarray  # [N, 6] float32, normalised
-    reference: tuple[np.ndarray, np.ndarray] | None = None  # (vertices, faces)
 
 
 def prepare_cloud(arr: object, num_points: int, seed: int, name: str) -> np.ndarray:
     """Validate, normalise to [-0.95, 0.95] and resample to num_points: [num_points, 6] float32."""
     try:
-        pc = validate_point_cloud(arr, min_points=16)
+        points, normals = validate_point_cloud(arr, min_points=16)
     except MeshInputError as e:
         raise MeshInputError(f"{name}: {e}") from None
-    pts = normalize_bbox(pc.points)
+    pts = normalize_bbox(points)
     rng = np.random.default_rng(seed)
     idx = rng.choice(len(pts), num_points, replace=len(pts) < num_points)
-    return np.concatenate([pts[idx], pc.normals[idx]], axis=1).astype(np.float32)
+    return np.concatenate([pts[idx], normals[idx]], axis=1).astype(np.float32)
 
 
 def _ply_points(path: Path) -> np.ndarray | None:
@@ -103,8 +100,7 @@ def read_file(path: Path, num_points: int, seed: int) -> list[Condition]:
             return [Condition(path.stem, prepare_cloud(pts, num_points, seed, str(path)))]
     if suffix in MESH_SUFFIXES:
         m = load_mesh(path)
-        v = normalize_bbox(m.vertices)
-        return [Condition(path.stem, point_cloud(v, m.faces, num_points, seed), (v, m.faces))]
+        return [Condition(path.stem, point_cloud(normalize_bbox(m.vertices), m.faces, num_points, seed))]
     raise MeshInputError(f"{path}: unsupported input; give .npy point clouds or {', '.join(MESH_SUFFIXES)} files")
 
 
@@ -114,14 +110,13 @@ def load_conditions(path: Path | None, num: int, num_points: int, seed: int,
     distribution `spec`); all validated up front."""
     if path is None:
         out = []
-        for s in split_seeds("test", num):
-            m = generate_mesh(int(s), spec)
-            out.append(Condition(f"test-{int(s)}", point_cloud(m.vertices, m.faces, num_points, int(s)),
-                                 (m.vertices, m.faces)))
+        for s in map(int, split_seeds("test", num)):
+            m = generate_mesh(s, spec)
+            out.append(Condition(f"test-{s}", point_cloud(m.vertices, m.faces, num_points, s)))
         return out
     path = Path(path)
     if path.is_dir():
-        files = sorted(f for f in path.iterdir() if f.suffix.lower() in POINT_SUFFIXES + MESH_SUFFIXES)
+        files = sorted(f for f in path.iterdir() if f.suffix.lower() in (".npy", *MESH_SUFFIXES))
         if not files:
             raise MeshInputError(f"{path}: no .npy or mesh files")
         return [c for f in files for c in read_file(f, num_points, seed)]
@@ -164,12 +159,10 @@ def load_mesh_model(target: str | None = None, heads: str | None = None, device:
     """`methods.xspecmesh.load_mesh` on `device` in `dtype` / `quantize` (`dtype` may name it; docs/precision.md)."""
     device, dtype, quantize, torch_dtype = load_precision(dtype, quantize, device)
     loaded = load_mesh_parts(target, heads, device)
-    if quantize:
+    if torch_dtype != torch.float32:  # quantized (bfloat16 activations) or cast: laid out again for its kernels
         decode_layout(in_memory(loaded.decoder.model, dtype, quantize))
-    elif torch_dtype != torch.float32:
-        decode_layout(loaded.decoder.model.to(torch_dtype))  # re-measured for the new dtype's kernels
-    if (quantize or torch_dtype != torch.float32) and loaded.decoder.heads is not None:
-        loaded.decoder.heads.to(torch_dtype)
+        if loaded.decoder.heads is not None:
+            loaded.decoder.heads.to(torch_dtype)
     for module in (loaded.decoder.model.decoder, loaded.decoder.heads):  # captured steps on CUDA (models/graphs.py)
         if module is not None:
             attach(module, graphs)

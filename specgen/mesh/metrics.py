@@ -43,10 +43,10 @@ def normalized_samples(
 ) -> np.ndarray:
     """BPT evaluation samples [N, 3] of one mesh normalised to [-0.95, 0.95] (the box of face-used vertices, as BPT)."""
     mesh = as_mesh(vertices, faces)
-    if mesh.num_faces == 0:
+    if len(mesh.faces) == 0:
         raise MeshInputError("mesh has no faces")
     v, f = remove_unreferenced(mesh.vertices, mesh.faces)
-    return sample_surface(normalize_bbox(v, eps=0.0), f, samples, seed).points
+    return sample_surface(normalize_bbox(v, eps=0.0), f, samples, seed)[0]
 
 
 def mesh_distances(gen_vertices: np.ndarray, gen_faces: np.ndarray, ref_vertices: np.ndarray, ref_faces: np.ndarray

@@ -2,25 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from specgen.mesh.errors import MeshInputError
 from specgen.mesh.types import as_mesh
-
-
-@dataclass(frozen=True)
-class PointCloud:
-    """Surface samples: points [N, 3] float64, unit normals [N, 3], source faces [N]."""
-
-    points: np.ndarray  # [N, 3] float64
-    normals: np.ndarray  # [N, 3] float64, unit length
-    face_index: np.ndarray | None = None  # [N] int64, the face each point was drawn from
-
-    def as_array(self, dtype: type = np.float32) -> np.ndarray:
-        """Points and normals side by side, [N, 6] (BPT's ``pc_normal`` layout)."""
-        return np.concatenate([self.points, self.normals], axis=1).astype(dtype)
 
 
 def face_areas_normals(vertices: np.ndarray, faces: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -34,8 +19,9 @@ def face_areas_normals(vertices: np.ndarray, faces: np.ndarray) -> tuple[np.ndar
 
 def sample_surface(
     vertices: np.ndarray, faces: np.ndarray, count: int, seed: int | np.random.Generator = 0
-) -> PointCloud:
-    """``count`` seeded points uniform on the surface, with their face normals; MeshInputError without area."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``count`` seeded points uniform on the surface: (points [N, 3] float64, their faces' unit normals [N, 3], face
+    index [N]); MeshInputError without area."""
     mesh = as_mesh(vertices, faces)
     if count < 1:
         raise MeshInputError(f"sample count must be positive, got {count}")
@@ -50,12 +36,12 @@ def sample_surface(
     u, v = np.where(flip, 1.0 - u, u), np.where(flip, 1.0 - v, v)
     tri = mesh.vertices[mesh.faces[face_index]]  # [N, 3, 3]
     points = tri[:, 0] + u[:, None] * (tri[:, 1] - tri[:, 0]) + v[:, None] * (tri[:, 2] - tri[:, 0])
-    return PointCloud(points=points, normals=normals[face_index], face_index=face_index)
+    return points, normals[face_index], face_index
 
 
-def validate_point_cloud(points: object, *, min_points: int = 1) -> PointCloud:
-    """Points and normals [N, 6] as a ``PointCloud`` with unit normals; MeshInputError for a wrong shape, fewer than
-    ``min_points`` points, NaN/inf or zero-length normals."""
+def validate_point_cloud(points: object, *, min_points: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """Points and normals [N, 6] as (points [N, 3] float64, unit normals [N, 3]); MeshInputError for a wrong shape,
+    fewer than ``min_points`` points, NaN/inf or zero-length normals."""
     try:
         a = np.array(points, dtype=np.float64)
     except (TypeError, ValueError):
@@ -69,4 +55,4 @@ def validate_point_cloud(points: object, *, min_points: int = 1) -> PointCloud:
     length = np.linalg.norm(a[:, 3:], axis=1)  # [N]
     if (length <= 1e-12).any():
         raise MeshInputError(f"{int((length <= 1e-12).sum())} normals have zero length")
-    return PointCloud(points=a[:, :3], normals=a[:, 3:] / length[:, None])
+    return a[:, :3], a[:, 3:] / length[:, None]

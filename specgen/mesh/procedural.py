@@ -10,7 +10,7 @@ import numpy as np
 import trimesh
 
 from specgen.mesh.errors import MeshInputError
-from specgen.mesh.quantize import normalize_bbox, quantize_mesh
+from specgen.mesh.quantize import dequantize, normalize_bbox, quantize_mesh
 from specgen.mesh.types import MeshArrays, as_mesh
 
 MAX_FACES = 799  # strictly fewer than 800 faces
@@ -53,7 +53,6 @@ PRIMITIVES: dict[str, Callable[[np.random.Generator], trimesh.Trimesh]] = {
 class ProceduralMesh:
     """One generated mesh: vertices [V, 3] float64 in [-0.95, 0.95], faces [F, 3] int64."""
 
-    seed: int
     vertices: np.ndarray  # [V, 3] float64 (7-bit bin centres)
     faces: np.ndarray  # [F, 3] int64, F < 800
     parts: tuple[str, ...]  # primitive names, in order
@@ -74,12 +73,8 @@ def random_rotation(rng: np.random.Generator) -> np.ndarray:
     )
 
 
-def axis_rotation(rng: np.random.Generator) -> np.ndarray:
-    """One of the 24 rotations [3, 3] that map the coordinate axes onto themselves, uniformly."""
-    return AXIS_ROTATIONS[int(rng.integers(len(AXIS_ROTATIONS)))]
-
-
 def _axis_rotations() -> list[np.ndarray]:
+    """The 24 rotations [3, 3] that map the coordinate axes onto themselves."""
     out = []
     for perm in ((0, 1, 2), (1, 2, 0), (2, 0, 1), (0, 2, 1), (2, 1, 0), (1, 0, 2)):
         for signs in np.ndindex(2, 2, 2):
@@ -91,8 +86,8 @@ def _axis_rotations() -> list[np.ndarray]:
 
 
 AXIS_ROTATIONS = _axis_rotations()
-ROTATIONS: dict[str, Callable[[np.random.Generator], np.ndarray]] = {"uniform": random_rotation,
-                                                                      "axis": axis_rotation}
+ROTATIONS: dict[str, Callable[[np.random.Generator], np.ndarray]] = {  # "axis": one of AXIS_ROTATIONS, uniformly
+    "uniform": random_rotation, "axis": lambda rng: AXIS_ROTATIONS[int(rng.integers(len(AXIS_ROTATIONS)))]}
 
 
 @dataclass(frozen=True)
@@ -109,11 +104,8 @@ class ProceduralSpec:
 
     @classmethod
     def from_meta(cls, meta: dict) -> "ProceduralSpec":
-        """The spec a checkpoint's config.json records (the default for checkpoints that predate it)."""
+        """The spec a checkpoint's config.json records (`asdict`; the default for checkpoints that predate it)."""
         return cls(**meta.get("procedural", {}))
-
-    def to_dict(self) -> dict:
-        return {"max_parts": self.max_parts, "rotation": self.rotation}
 
 
 def generate_mesh(seed: int, spec: ProceduralSpec | None = None) -> ProceduralMesh:
@@ -134,8 +126,8 @@ def generate_mesh(seed: int, spec: ProceduralSpec | None = None) -> ProceduralMe
         faces.append(np.asarray(part.faces, dtype=np.int64) + total_v)
         parts.append(name)
         total_v, total_f = total_v + len(part.vertices), total_f + len(part.faces)
-    q = quantize_mesh(normalize_bbox(np.concatenate(vertices)), np.concatenate(faces), BITS)
-    return ProceduralMesh(seed=int(seed), vertices=q.vertices(), faces=q.faces, parts=tuple(parts))
+    coords, faces = quantize_mesh(normalize_bbox(np.concatenate(vertices)), np.concatenate(faces), BITS)
+    return ProceduralMesh(vertices=dequantize(coords, BITS), faces=faces, parts=tuple(parts))
 
 
 def split_seeds(split: str, count: int | None = None, start: int = 0) -> range:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from specgen.mesh.errors import MeshInputError
@@ -15,27 +13,6 @@ HALF_EXTENT = 0.95
 BPT_SCALE_EPS = 1e-6
 #: Quantisation range: coordinates in (-1, 1), as BPT, MeshXL and MeshGPT.
 COORD_RANGE = (-1.0, 1.0)
-
-
-@dataclass(frozen=True)
-class FaceCleanCounts:
-    """How many faces a cleaning pass removed."""
-
-    degenerate: int  # faces with a repeated vertex index (zero area after merging)
-    duplicate: int  # faces whose vertex set repeats an earlier face (either winding)
-
-
-@dataclass(frozen=True)
-class QuantizedMesh:
-    """Integer-grid mesh after quantisation, vertex merging and face cleaning."""
-
-    coords: np.ndarray  # [V, 3] int64 bins in [0, 2**bits)
-    faces: np.ndarray  # [F, 3] int64 (input winding kept)
-    bits: int
-
-    def vertices(self) -> np.ndarray:
-        """Bin-centre float coordinates, [V, 3] float64."""
-        return dequantize(self.coords, self.bits)
 
 
 def normalize_bbox(vertices: np.ndarray, eps: float = BPT_SCALE_EPS) -> np.ndarray:
@@ -85,18 +62,17 @@ def unique_rows_in_order(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return unique[order], rank[inverse.reshape(-1)]
 
 
-def clean_faces(faces: np.ndarray) -> tuple[np.ndarray, FaceCleanCounts]:
-    """Drop degenerate faces [F, 3] (a repeated index) and duplicates (same vertex set; the first one stays)."""
+def clean_faces(faces: np.ndarray) -> tuple[np.ndarray, int, int]:
+    """(kept faces, degenerate, duplicate): faces [F, 3] less the degenerate ones (a repeated index) and duplicates
+    (same vertex set as an earlier face, either winding; the first one stays)."""
     f = np.asarray(faces, dtype=np.int64).reshape(-1, 3)
     nondegenerate = (f[:, 0] != f[:, 1]) & (f[:, 1] != f[:, 2]) & (f[:, 0] != f[:, 2])
     kept = f[nondegenerate]  # [K, 3]
     if len(kept) == 0:
-        return kept, FaceCleanCounts(degenerate=len(f), duplicate=0)
+        return kept, len(f), 0
     _, first = np.unique(np.sort(kept, axis=1), axis=0, return_index=True)
     unique = kept[np.sort(first)]
-    return unique, FaceCleanCounts(
-        degenerate=int((~nondegenerate).sum()), duplicate=int(len(kept) - len(unique))
-    )
+    return unique, int((~nondegenerate).sum()), int(len(kept) - len(unique))
 
 
 def remove_unreferenced(vertices: np.ndarray, faces: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -109,9 +85,9 @@ def remove_unreferenced(vertices: np.ndarray, faces: np.ndarray) -> tuple[np.nda
     return v[used], new_index[f]
 
 
-def quantize_mesh(vertices: np.ndarray, faces: np.ndarray, bits: int = 7) -> QuantizedMesh:
-    """Quantise vertices already in (-1, 1) (no normalisation), merge equal ones, clean faces, drop unused vertices."""
+def quantize_mesh(vertices: np.ndarray, faces: np.ndarray, bits: int = 7) -> tuple[np.ndarray, np.ndarray]:
+    """(int64 bins [V, 3] in [0, 2**bits), faces [F, 3] with the input winding) of vertices already in (-1, 1) (no
+    normalisation): equal bins merged, faces cleaned, unused vertices dropped."""
     mesh = as_mesh(vertices, faces)
     coords, merged_faces = merge_vertices(quantize(mesh.vertices, bits), mesh.faces)
-    final_coords, final_faces = remove_unreferenced(coords, clean_faces(merged_faces)[0])
-    return QuantizedMesh(coords=final_coords, faces=final_faces, bits=bits)
+    return remove_unreferenced(coords, clean_faces(merged_faces)[0])

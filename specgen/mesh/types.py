@@ -16,14 +16,6 @@ class MeshArrays:
     vertices: np.ndarray  # [V, 3] float64
     faces: np.ndarray  # [F, 3] int64
 
-    @property
-    def num_vertices(self) -> int:
-        return int(self.vertices.shape[0])
-
-    @property
-    def num_faces(self) -> int:
-        return int(self.faces.shape[0])
-
 
 def as_vertices(vertices: object, *, name: str = "mesh") -> np.ndarray:
     """Validated float64 copy of a finite [V, 3] vertex array; MeshInputError otherwise."""

@@ -1,6 +1,4 @@
-"""Text targets as base + scale x LoRA adapter: the merge every distilled model goes through, and scaled variants.
-
-Importing this module registers `materialize_distilled` as the built-ins' `lora-merge` maker (`builtins.DERIVERS`)."""
+"""Text targets as base + scale x LoRA adapter: the merge every distilled model goes through, and scaled variants."""
 
 from __future__ import annotations
 
@@ -36,7 +34,7 @@ def materialize_distilled(name: str, progress=None) -> registry.Entry:
         "asset_sha": builtins.asset_fingerprint(f"text/{name}")}, progress=progress, force=True, builtin=True)
 
 
-builtins.DERIVERS["lora-merge"] = materialize_distilled
+builtins.DERIVERS["lora-merge"] = materialize_distilled  # registered on import (text/target.py imports this module)
 
 
 def adapter_source(source: str, progress=None) -> tuple[registry.Entry, dict[str, torch.Tensor] | None]:

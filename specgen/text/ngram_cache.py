@@ -1,8 +1,4 @@
-"""Build a static n-gram cache (specgen/methods/ngram_cache.py) from a target's greedy answers to stdlib prompts.
-
-Run: `python -m specgen.text.ngram_cache --model smollm2-135m --limit 3348 --out FILE`
-(recipes/tiny/ngram-cache-smollm2.sh makes the shipped one).
-"""
+"""Build a static n-gram cache (methods/ngram_cache.py) from a target's greedy answers to stdlib prompts (`-m`)."""
 
 from __future__ import annotations
 

@@ -53,16 +53,16 @@ def resolve(name: str, dtype: str | None, quantize: str | None) -> tuple[str, st
 
 def load_precision(dtype: str | None, quantize: str | None, device: str
                    ) -> tuple[str, str | None, str | None, torch.dtype]:
-    """(device with `auto` resolved, dtype, quantize, torch dtype) of an image or mesh GPT loaded on `device`; `dtype`
-    may name a quantization (a benchmark row's precision, `dtypes: {ar@int8: int8}`), which runs bfloat16 activations
-    on the CPU."""
+    """(device with `auto` resolved, dtype name, quantize, torch dtype) of an image or mesh GPT loaded on `device`;
+    `dtype` may name a quantization (a benchmark row's precision, `dtypes: {ar@int8: int8}`), which runs bfloat16
+    activations on the CPU."""
     device = device_name(device)
     if dtype in QUANTIZE:
         dtype, quantize = None, dtype
     if quantize:
         check_cpu(quantize, device)
         dtype = resolve("", dtype, quantize)[1]
-    return device, dtype, quantize or None, resolve_dtype(dtype, device, quantize)
+    return device, dtype or "float32", quantize or None, resolve_dtype(dtype, device, quantize)
 
 
 def check_cpu(quantize: str | None, device: str) -> None:

@@ -1,6 +1,4 @@
-"""Jacobi trajectory collection (CLLM / pcLLM step 1): greedy Jacobi over blocks of n tokens, every state kept.
-
-Shards are written atomically and hold whole prompts: an interrupted run never duplicates records (docs/training.md)."""
+"""Jacobi trajectory collection (CLLM / pcLLM step 1): greedy Jacobi over blocks of n tokens, every state kept."""
 
 from __future__ import annotations
 
@@ -97,7 +95,8 @@ def shard_files(folder: Path) -> list[Path]:
 
 
 def done_ids(folder: Path) -> set[int]:
-    """Prompts whose records are already in a shard (every shard holds whole prompts only)."""
+    """Prompts whose records are already in a shard: shards are written atomically and hold whole prompts, so an
+    interrupted run never duplicates records (docs/training.md)."""
     ids: set[int] = set()
     for f in shard_files(folder):
         try:

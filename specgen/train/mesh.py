@@ -67,8 +67,8 @@ class MeshTrainConfig(OptimConfig):
 
 
 def point_cloud(vertices: np.ndarray, faces: np.ndarray, num_points: int, seed) -> np.ndarray:
-    """Condition input [num_points, 6] float32: surface points + face normals."""
-    return sample_surface(vertices, faces, num_points, seed).as_array(np.float32)
+    """Condition input [num_points, 6] float32: surface points + face normals (BPT's ``pc_normal`` layout)."""
+    return np.concatenate(sample_surface(vertices, faces, num_points, seed)[:2], axis=1).astype(np.float32)
 
 
 def mesh_example(seed: int, num_points: int, pc_seed, spec: ProceduralSpec | None = None
@@ -231,7 +231,7 @@ def entry_meta(cfg: MeshTrainConfig, metrics: dict) -> dict:
     return {"kind": "target", "builder": "mesh_gpt", "kwargs": MeshGPT(**cfg.model_kwargs()).builder_kwargs(),
             "vocab_size": BPTTokenizer().vocab_size, "modality": "mesh", "tokenizer": "bpt",
             "num_points": cfg.num_points, "max_tokens": cfg.max_tokens, "tied": tied,
-            "procedural": cfg.spec().to_dict(),  # the distribution heads, benchmark and generate draw from
+            "procedural": asdict(cfg.spec()),  # the distribution heads, benchmark and generate draw from
             "created_by": "python -m specgen.train.mesh", "train_config": asdict(cfg), "metrics": metrics}
 
 

@@ -24,8 +24,6 @@ def test_problems_load_offline(problems):
 def test_limit_and_offset():
     assert [p.task_id for p in load_problems(limit=3, offset=20)] == [f"HumanEval/{i}" for i in (20, 21, 22)]
     assert load_problems(limit=0) == []
-    with pytest.raises(ValueError):
-        load_problems(offset=-1)
 
 
 def test_problem_is_frozen(problems):

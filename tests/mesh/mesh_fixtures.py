@@ -6,10 +6,13 @@ import numpy as np
 import torch
 
 from specgen import registry
+from specgen.mesh.tokenizers import BPTTokenizer
 from specgen.models.heads import HeadsConfig, XSpecMeshHeads
 from specgen.models.mesh import MeshGPT
+from tests.mesh.naive_tokenizer import NaiveTokenizer
 
 NUM_POINTS = 256
+TOKENIZERS: dict[str, type] = {"bpt": BPTTokenizer, "naive": NaiveTokenizer}
 
 
 def tiny_kwargs(max_seq_len: int = 640) -> dict:

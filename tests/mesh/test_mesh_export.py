@@ -16,10 +16,9 @@ MESH = generate_mesh(5)
 @pytest.mark.parametrize("fmt", sorted(EXPORT_FORMATS))
 def test_every_format_reloads_with_same_face_count(tmp_path, fmt):
     path = tmp_path / f"mesh.{fmt}"
-    report = export_mesh(MESH.vertices, MESH.faces, path)
-    assert report.format == fmt and report.path == path
-    assert report.num_faces == len(MESH.faces)
-    assert (report.degenerate_removed, report.duplicate_removed) == (0, 0)
+    assert export_mesh(MESH.vertices, MESH.faces, path) == path
+    c = clean_mesh(MESH.vertices, MESH.faces)
+    assert (len(c.faces), c.degenerate_removed, c.duplicate_removed) == (len(MESH.faces), 0, 0)
     back = trimesh.load(path, force="mesh")  # default processing merges STL's split vertices
     assert len(back.faces) == len(MESH.faces)
     assert len(back.vertices) == len(MESH.vertices)
@@ -29,11 +28,12 @@ def test_every_format_reloads_with_same_face_count(tmp_path, fmt):
 def test_export_counts_removed_faces_and_format_option(tmp_path):
     v = np.array([[0, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1], [1, 0, 0], [2, 0, 0]], float)
     faces = np.array([[0, 1, 2], [2, 1, 0], [0, 1, 4], [0, 1, 5], [0, 2, 3]])
-    report = export_mesh(v, faces, tmp_path / "out.bin", fmt="ply")
+    export_mesh(v, faces, tmp_path / "out.bin", fmt="ply")
     # [2,1,0] duplicates [0,1,2]; [0,1,4] repeats vertex 1 after merging; [0,1,5] has no area
-    assert (report.num_faces, report.duplicate_removed, report.degenerate_removed) == (2, 1, 2)
-    assert report.num_vertices == 4
-    assert len(trimesh.load(tmp_path / "out.bin", file_type="ply", process=False).faces) == 2
+    c = clean_mesh(v, faces)
+    assert (len(c.faces), c.duplicate_removed, c.degenerate_removed) == (2, 1, 2)
+    back = trimesh.load(tmp_path / "out.bin", file_type="ply", process=False)
+    assert (len(back.faces), len(back.vertices)) == (2, 4)
 
 
 def test_clean_mesh_keeps_winding_and_first_appearance_order():

@@ -5,31 +5,29 @@ import pytest
 import trimesh
 
 from specgen.mesh.errors import MeshInputError
-from specgen.mesh.pointcloud import PointCloud, sample_surface, validate_point_cloud
+from specgen.mesh.pointcloud import sample_surface, validate_point_cloud
 
 BOX = trimesh.creation.box()
 
 
 def test_samples_lie_on_the_surface_with_unit_face_normals():
-    pc = sample_surface(BOX.vertices, BOX.faces, 500, seed=3)
-    assert isinstance(pc, PointCloud) and pc.points.shape == (500, 3)
-    assert pc.points.shape == pc.normals.shape == (500, 3)
-    on_face = np.isclose(np.abs(pc.points).max(axis=1), 0.5)  # every point on some box side
+    points, normals, face_index = sample_surface(BOX.vertices, BOX.faces, 500, seed=3)
+    assert points.shape == normals.shape == (500, 3)
+    on_face = np.isclose(np.abs(points).max(axis=1), 0.5)  # every point on some box side
     assert on_face.all()
-    np.testing.assert_allclose(np.linalg.norm(pc.normals, axis=1), 1.0)
-    np.testing.assert_allclose(pc.normals, BOX.face_normals[pc.face_index])
-    assert pc.as_array().shape == (500, 6) and pc.as_array().dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(normals, axis=1), 1.0)
+    np.testing.assert_allclose(normals, BOX.face_normals[face_index])
 
 
 def test_sampling_is_seeded_and_area_weighted():
-    a = sample_surface(BOX.vertices, BOX.faces, 64, seed=1).points
-    b = sample_surface(BOX.vertices, BOX.faces, 64, seed=1).points
-    c = sample_surface(BOX.vertices, BOX.faces, 64, seed=2).points
+    a = sample_surface(BOX.vertices, BOX.faces, 64, seed=1)[0]
+    b = sample_surface(BOX.vertices, BOX.faces, 64, seed=1)[0]
+    c = sample_surface(BOX.vertices, BOX.faces, 64, seed=2)[0]
     assert np.array_equal(a, b) and not np.array_equal(a, c)
     # a big and a tiny triangle: samples land in proportion to area
     v = np.array([[0, 0, 0], [1, 0, 0], [0, 1, 0], [5, 5, 0], [5.01, 5, 0], [5, 5.01, 0]], float)
-    pc = sample_surface(v, np.array([[0, 1, 2], [3, 4, 5]]), 4000, seed=0)
-    assert (pc.face_index == 1).sum() < 10
+    face_index = sample_surface(v, np.array([[0, 1, 2], [3, 4, 5]]), 4000, seed=0)[2]
+    assert (face_index == 1).sum() < 10
 
 
 def test_sampling_a_mesh_without_area_fails_clearly():
@@ -60,7 +58,6 @@ def test_validation_accepts_points_and_normals_and_normalises():
     arr = np.concatenate(
         [np.random.default_rng(0).normal(size=(8, 3)), np.tile([0, 0, 2.0], (8, 1))], axis=1
     )
-    pc = validate_point_cloud(arr)
-    np.testing.assert_allclose(pc.normals, np.tile([0, 0, 1.0], (8, 1)))
+    np.testing.assert_allclose(validate_point_cloud(arr)[1], np.tile([0, 0, 1.0], (8, 1)))
     with pytest.raises(MeshInputError, match="at least 16"):
         validate_point_cloud(arr, min_points=16)

@@ -1,5 +1,6 @@
 """Procedural dataset: determinism, face bound, splits, and reading user mesh folders."""
 
+import dataclasses
 import hashlib
 import itertools
 
@@ -58,7 +59,7 @@ def test_load_errors_are_mesh_input_errors(tmp_path):
 
 def test_axis_aligned_single_part_spec():
     spec = ProceduralSpec(max_parts=1, rotation="axis")
-    assert ProceduralSpec.from_meta({"procedural": spec.to_dict()}) == spec
+    assert ProceduralSpec.from_meta({"procedural": dataclasses.asdict(spec)}) == spec
     assert ProceduralSpec.from_meta({}) == ProceduralSpec()  # checkpoints without the key: the full distribution
     meshes = [generate_mesh(s, spec) for s in range(40)]
     assert all(len(m.parts) == 1 for m in meshes)

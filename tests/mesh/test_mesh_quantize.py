@@ -55,9 +55,9 @@ def test_merge_vertices_remaps_faces():
 
 def test_clean_faces_counts_degenerate_and_duplicate():
     faces = np.array([[0, 1, 2], [2, 1, 0], [1, 2, 0], [3, 3, 1], [0, 1, 3]])
-    kept, counts = clean_faces(faces)
+    kept, degenerate, duplicate = clean_faces(faces)
     assert kept.tolist() == [[0, 1, 2], [0, 1, 3]]  # first occurrence and its winding kept
-    assert (counts.degenerate, counts.duplicate) == (1, 2)
+    assert (degenerate, duplicate) == (1, 2)
 
 
 def test_remove_unreferenced_keeps_order():
@@ -72,9 +72,9 @@ def test_quantize_mesh_merges_close_vertices_and_drops_collapsed_faces():
     v = np.array(
         [[0.0, 0.0, 0.0], [0.5, 0.0, 0.0], [0.0, 0.5, 0.0], [0.501, 0.0, 0.0], [0.9, 0.9, 0.9]]
     )
-    q = quantize_mesh(v, np.array([[0, 1, 2], [1, 2, 3], [0, 3, 2]]))
-    assert len(q.coords) == 3 and len(q.faces) == 1  # 1 and 3 merged, 2 faces cleaned, vertex 4 unreferenced
-    assert q.coords[q.faces[0]].tolist() == [
+    coords, faces = quantize_mesh(v, np.array([[0, 1, 2], [1, 2, 3], [0, 3, 2]]))
+    assert len(coords) == 3 and len(faces) == 1  # 1 and 3 merged, 2 faces cleaned, vertex 4 unreferenced
+    assert coords[faces[0]].tolist() == [
         [64, 64, 64],
         [96, 64, 64],
         [64, 96, 64],

@@ -3,9 +3,10 @@
 import numpy as np
 import pytest
 
-from specgen.mesh import TOKENIZERS, MeshDecodeError, NaiveTokenizer
+from specgen.mesh.errors import MeshDecodeError
 from specgen.mesh.quantize import dequantize
-from tests.mesh.mesh_fixtures import canonical_triangles
+from tests.mesh.mesh_fixtures import TOKENIZERS, canonical_triangles
+from tests.mesh.naive_tokenizer import NaiveTokenizer
 
 TOK = NaiveTokenizer()
 TETRA_BINS = np.array([[0, 0, 0], [20, 0, 0], [0, 20, 0], [0, 0, 20]])  # A B C D (x, y, z)

@@ -1,17 +1,7 @@
-"""Mesh tokenizers by name: BPT's blocked-and-patchified scheme and the naive 9-per-face baseline."""
+"""Mesh tokenizers: BPT's blocked-and-patchified scheme (the naive 9-per-face baseline is test support)."""
 
 from __future__ import annotations
 
-from specgen.mesh.tokenizers.base import DecodedMesh, MeshTokenizer
 from specgen.mesh.tokenizers.bpt import BPTTokenizer
-from specgen.mesh.tokenizers.naive import NaiveTokenizer
 
-TOKENIZERS: dict[str, type] = {"bpt": BPTTokenizer, "naive": NaiveTokenizer}
-
-__all__ = [
-    "TOKENIZERS",
-    "BPTTokenizer",
-    "DecodedMesh",
-    "MeshTokenizer",
-    "NaiveTokenizer",
-]
+__all__ = ["BPTTokenizer"]

@@ -1,9 +1,9 @@
-"""Shared pieces of the mesh tokenizers: the protocol, decode result and sequence helpers."""
+"""Shared pieces of the mesh tokenizers: the decode result and sequence helpers."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Callable
 
 import numpy as np
 
@@ -21,43 +21,24 @@ class DecodedMesh:
     errors: tuple[MeshDecodeError, ...]  # by position; empty when the sequence is well formed
 
 
-class MeshTokenizer(Protocol):
-    """What every mesh tokenizer exposes (see ``TOKENIZERS``)."""
-
-    name: str
-    bits: int
-    vocab_size: int
-    bos_id: int | None
-    eos_id: int
-    pad_id: int
-
-    def encode(
-        self, vertices: np.ndarray, faces: np.ndarray, *, add_eos: bool = True
-    ) -> np.ndarray: ...
-
-    def decode(self, tokens: object) -> tuple[np.ndarray, np.ndarray]: ...
-
-    def decode_partial(self, tokens: object) -> DecodedMesh: ...
-
-
 def canonical_mesh(vertices: object, faces: object, bits: int, order: Callable[[np.ndarray], np.ndarray]
                    ) -> tuple[np.ndarray, np.ndarray]:
     """A mesh in [-1, 1] quantised for encoding (BPT would clip outside it; we refuse) in a tokenizer's canonical
     order: vertices sorted by `order` (integer coords [V, 3] -> permutation [V]), each face rotated so its lowest index
     comes first (winding kept), faces stably sorted by their ascending index tuple (PolyGen/BPT face order)."""
     mesh = as_mesh(vertices, faces)
-    if mesh.num_vertices and np.abs(mesh.vertices).max() > 1.0:
+    if len(mesh.vertices) and np.abs(mesh.vertices).max() > 1.0:
         raise MeshInputError("coordinates must lie in [-1, 1]; normalise the mesh with normalize_bbox first")
-    q = quantize_mesh(mesh.vertices, mesh.faces, bits)
-    if len(q.faces) == 0:
+    coords, faces = quantize_mesh(mesh.vertices, mesh.faces, bits)
+    if len(faces) == 0:
         raise MeshInputError("mesh has no non-degenerate faces after quantisation")
-    perm = order(q.coords)
+    perm = order(coords)
     rank = np.empty(len(perm), dtype=np.int64)  # new vertex i is old vertex perm[i]
     rank[perm] = np.arange(len(perm))
-    f = rank[q.faces]  # [F, 3]
+    f = rank[faces]  # [F, 3]
     f = np.take_along_axis(f, (np.argmin(f, axis=1)[:, None] + np.arange(3)[None, :]) % 3, axis=1)
     s = np.sort(f, axis=1)  # [F, 3]
-    return q.coords[perm], f[np.lexsort((s[:, 2], s[:, 1], s[:, 0]))]  # lexsort is stable
+    return coords[perm], f[np.lexsort((s[:, 2], s[:, 1], s[:, 0]))]  # lexsort is stable
 
 
 def as_token_array(tokens: object) -> np.ndarray:

@@ -1,7 +1,4 @@
-"""BPT's blocked and patchified mesh tokenization (Weng et al. 2025), token for token (docs/mesh.md).
-
-`encode(decode(t)) == t` for any `t` that `encode` produced; `decode` checks grammar only.
-"""
+"""BPT's blocked and patchified mesh tokenization (Weng et al. 2025), token for token (docs/mesh.md)."""
 
 from __future__ import annotations
 
@@ -10,7 +7,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from specgen.mesh.errors import MeshDecodeError, MeshInputError
+from specgen.mesh.errors import MeshDecodeError
 from specgen.mesh.tokenizers.base import (DecodedMesh, StrictDecode, as_token_array, canonical_mesh, cut_at_eos,
                                           triangles_to_mesh)
 
@@ -85,38 +82,17 @@ def patchify(faces: np.ndarray, num_vertices: int) -> list[list[int]]:
 
 @dataclass(frozen=True)
 class BPTTokenizer(StrictDecode):
-    """BPT-compatible tokenizer; see the module docstring for the exact scheme."""
+    """BPT-compatible tokenizer with BPT's 8 x 16 split of 7-bit coordinates (docs/mesh.md has the exact scheme)."""
 
-    block_size: int = 8
-    offset_size: int = 16
-    name: ClassVar[str] = "bpt"
+    block_size: ClassVar[int] = 8  # blocks per axis
+    offset_size: ClassVar[int] = 16  # bins per block side: block_size * offset_size = 2**bits
+    bits: ClassVar[int] = 7
+    offset_base: ClassVar[int] = block_size**3
+    special_base: ClassVar[int] = block_size**3 + offset_size**3
+    eos_id: ClassVar[int] = special_base + block_size**3
+    vocab_size: ClassVar[int] = eos_id + 1
     pad_id: ClassVar[int] = -1
     bos_id: ClassVar[int | None] = None
-
-    def __post_init__(self) -> None:
-        side = self.block_size * self.offset_size
-        if side < 4 or side & (side - 1):
-            raise MeshInputError("block_size * offset_size must be a power of two >= 4")
-
-    @property
-    def bits(self) -> int:
-        return (self.block_size * self.offset_size).bit_length() - 1
-
-    @property
-    def offset_base(self) -> int:
-        return self.block_size**3
-
-    @property
-    def special_base(self) -> int:
-        return self.block_size**3 + self.offset_size**3
-
-    @property
-    def eos_id(self) -> int:
-        return self.special_base + self.block_size**3
-
-    @property
-    def vocab_size(self) -> int:
-        return self.eos_id + 1
 
     def kinds(self, tokens: object) -> np.ndarray:
         """Kind of each token id [T] -> int8 [T]: 0 block, 1 offset, 2 special block, 3 EOS,
@@ -127,7 +103,6 @@ class BPTTokenizer(StrictDecode):
         kind[(t < 0) | (t >= self.vocab_size)] = -1
         return kind.astype(np.int8)
 
-    # -- encoding -------------------------------------------------------------------------
     def block_and_offset(self, coords: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Integer vertices [V, 3] -> (block token [V], offset token [V], already shifted by 512)."""
         b, o = self.block_size, self.offset_size
@@ -158,7 +133,6 @@ class BPTTokenizer(StrictDecode):
             tokens.append(self.eos_id)
         return np.asarray(tokens, dtype=np.int64)
 
-    # -- decoding -------------------------------------------------------------------------
     def _coords(self, block: int, offset: int) -> list[int]:
         b, o = self.block_size, self.offset_size
         offset -= self.offset_base

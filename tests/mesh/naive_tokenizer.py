@@ -1,4 +1,4 @@
-"""Naive PolyGen/MeshGPT-style baseline: 9 coordinate tokens per face, no compression (docs/mesh.md)."""
+"""Naive PolyGen/MeshGPT-style baseline the tests compare BPT with: 9 coordinate tokens per face (docs/mesh.md)."""
 
 from __future__ import annotations
 
