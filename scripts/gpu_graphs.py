@@ -121,18 +121,22 @@ def text_rows(new: int) -> None:
 
 
 def busy(model, step_wall: float) -> None:
-    """GPU time of one captured AR step (100 back-to-back replays, CUDA events) over its wall time in a decode."""
-    b = graphs.Bucket(1, 1)
-    entry = model.graphs.graphs.get(b)
-    if DEVICE != "cuda" or entry is None or entry[1] is None:
+    """GPU time of one captured AR step (100 back-to-back replays of each cache-width bucket, CUDA events, weighted by
+    the steps the decode ran in each) over its wall time in a decode."""
+    g = model.graphs
+    steps = {b: n for b, n in g.uses.items() if isinstance(b, graphs.Bucket) and (b.rows, b.nodes) == (1, 1)
+             and g.graphs[b][1] is not None}
+    if DEVICE != "cuda" or not steps:
         return
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(100):
-        entry[1].replay()
-    end.record()
-    synchronize(DEVICE)
-    gpu = start.elapsed_time(end) / 100 / 1e3
+    gpu = 0.0
+    for b, n in steps.items():
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(100):
+            g.graphs[b][1].replay()
+        end.record()
+        synchronize(DEVICE)
+        gpu += start.elapsed_time(end) / 100 / 1e3 * n / sum(steps.values())
     row(suite="text", row="captured AR step: GPU time / wall time", gpu_ms=1e3 * gpu, wall_ms=1e3 * step_wall,
         busy=gpu / step_wall)
 

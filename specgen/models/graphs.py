@@ -1,11 +1,13 @@
 """Captured decode steps: cached forwards, EAGLE tree growths and XSpecMesh heads as CUDA graphs (docs/precision.md).
 
 Invariants (tests/models/test_graphs.py): no host reads inside a step; shapes depend only on the bucket (padding rows
-write a scratch row, padding nodes see only themselves); a query's sums do not depend on the cache width T.
+write a scratch row, padding nodes see only themselves); a query's sums do not depend on the cache width T, so a
+step reads only its bucket's first `width` slots (hidden slots add exact zeros) and the eager forward's bits stay.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
@@ -21,15 +23,18 @@ from specgen.models.transformer import Transformer, additive_mask
 
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 NODE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+MIN_WIDTH = 256  # the narrowest cache width a step reads; each wider bucket doubles it, up to the static buffer's
 MODES = ("auto", "on", "off")
 
 
 @dataclass(frozen=True)
 class Bucket:
-    """A captured shape: `rows` cache rows (CFG branches counted) by `nodes` new nodes each."""
+    """A captured shape: `rows` cache rows (CFG branches counted) by `nodes` new nodes each, reading the cache's
+    first `width` slots (a step's attention work grows with the slots it reads, not with the buffer's size)."""
 
     rows: int
     nodes: int
+    width: int
 
 
 @dataclass
@@ -59,22 +64,22 @@ class StaticInputs:
 class StaticCache:
     """The cache as a captured forward sees it: writes go to device-computed slots, reads see all T slots."""
 
-    def __init__(self, x: StaticInputs, k: torch.Tensor, v: torch.Tensor) -> None:
+    def __init__(self, x: StaticInputs, k: torch.Tensor, v: torch.Tensor, width: int) -> None:
         """Each node's key and value go to row write_rows[b], slot lengths[b] + j, in a layer's flat rows."""
         r, s = x.tokens.shape
         hkv, t = k.shape[2], k.shape[3]
         slots = x.meta[0][:, None] + torch.arange(s, device=k.device)  # [R, S]
         base = (x.meta[1][:, None] * hkv + torch.arange(hkv, device=k.device)) * t  # [R, Hkv]
-        self.k, self.v, self.rows = k, v, r  # k, v [L, C + 1, Hkv, T, D]
+        self.k, self.v, self.rows, self.width = k, v, r, width  # k, v [L, C + 1, Hkv, T, D]
         self.index = (base[:, :, None] + slots[:, None, :]).reshape(-1)  # [R*Hkv*S]
 
     def write(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store [R, Hkv, S, D] at the index's slots; return rows [0, R) over every slot [R, Hkv, T, D]."""
+        """Store [R, Hkv, S, D] at the index's slots; return rows [0, R) over the first W slots [R, Hkv, W, D]."""
         k, v = self.k[layer], self.v[layer]
         d = k_new.shape[-1]
         k.view(-1, d).index_copy_(0, self.index, k_new.reshape(-1, d))
         v.view(-1, d).index_copy_(0, self.index, v_new.reshape(-1, d))
-        return k[: self.rows], v[: self.rows]
+        return k[: self.rows, :, : self.width], v[: self.rows, :, : self.width]
 
 
 def visibility(x: StaticInputs, t: int) -> torch.Tensor:
@@ -104,13 +109,15 @@ def chunked_mask(visible: torch.Tensor, cfg, dtype: torch.dtype):
 ATTENTION = {"chunked": chunked_mask, "sdpa": lambda visible, cfg, dtype: additive_mask(visible)}
 
 
-def target_step(model, x: StaticInputs, k: torch.Tensor, v: torch.Tensor, cross, attention: str = "chunked"
-                ) -> tuple[torch.Tensor, ...]:
-    """A Transformer's cached forward on one bucket: logits [R, S, V] and hidden [R, S, dim]; device ops only."""
+def target_step(model, x: StaticInputs, k: torch.Tensor, v: torch.Tensor, cross, attention: str = "chunked",
+                width: int | None = None) -> tuple[torch.Tensor, ...]:
+    """A Transformer's cached forward on one bucket, reading the first `width` slots (None: all): logits [R, S, V]
+    and hidden [R, S, dim]; device ops only."""
+    width = width or k.shape[3]
     h = model.tok_embeddings(x.tokens)  # [R, S, dim]
     rot = rotation(model.rope_table[x.positions].to(h.dtype), model.cfg.rope_layout)
-    mask = ATTENTION[attention](visibility(x, k.shape[3]), model.cfg, h.dtype)
-    cache = StaticCache(x, k, v)
+    mask = ATTENTION[attention](visibility(x, width), model.cfg, h.dtype)
+    cache = StaticCache(x, k, v, width)
     r = x.tokens.shape[0]
     for i, blk in enumerate(model.layers):  # a condition's rows: the bucket's first R of the static buffer
         h = blk(h, rot, i, cache, mask, False, None if cross is None else (cross[i][0][:r], cross[i][1][:r]))
@@ -118,13 +125,15 @@ def target_step(model, x: StaticInputs, k: torch.Tensor, v: torch.Tensor, cross,
     return model.output(hidden), hidden
 
 
-def eagle_step(net, x: StaticInputs, k: torch.Tensor, v: torch.Tensor, cross, attention: str = "chunked"
-               ) -> tuple[torch.Tensor, ...]:
-    """An EAGLE drafter's cached forward on one bucket: predicted features [R, S, D]; device ops only."""
+def eagle_step(net, x: StaticInputs, k: torch.Tensor, v: torch.Tensor, cross, attention: str = "chunked",
+               width: int | None = None) -> tuple[torch.Tensor, ...]:
+    """An EAGLE drafter's cached forward on one bucket (first `width` slots; None: all): predicted features [R, S, D];
+    device ops only."""
+    width = width or k.shape[3]
     h = net.fc(torch.cat([net.tok_embeddings(x.tokens), x.features], dim=-1))  # [R, S, D]
     rot = rotation(net.rope_table[x.positions].to(h.dtype), net.cfg.rope_layout)
-    mask = ATTENTION[attention](visibility(x, k.shape[3]), net.cfg, h.dtype)
-    return (net.layers[0](h, rot, 0, StaticCache(x, k, v), mask, False, None),)
+    mask = ATTENTION[attention](visibility(x, width), net.cfg, h.dtype)
+    return (net.layers[0](h, rot, 0, StaticCache(x, k, v, width), mask, False, None),)
 
 
 @dataclass(frozen=True)
@@ -150,7 +159,7 @@ class StepGraphs:
         self.graphs: dict[Bucket | tuple, tuple] = {}  # bucket or a call's key -> (inputs, graph or None, outputs)
         self.pool = None
         self.graph_bytes = 0  # device memory the captures' pool holds
-        self.replays = 0
+        self.uses: Counter = Counter()  # key -> calls served (replays; eager reruns where capture is off)
         self.eager_calls = 0
 
     @property
@@ -181,19 +190,24 @@ class StepGraphs:
         self.k = self.v = self.cross = self.pool = None
         self.graph_bytes = 0
 
-    def bucket(self, n: int, s: int) -> Bucket | None:
+    def bucket(self, n: int, s: int, filled: int) -> Bucket | None:
+        """The bucket of n rows by s nodes over rows holding up to `filled` slots; None: none holds it (eager)."""
         rows = next((r for r in ROW_BUCKETS if r >= n), None)
         nodes = next((m for m in NODE_BUCKETS if m >= s), None)
-        if rows is None or nodes is None:
+        t = self.k.shape[3]
+        if rows is None or nodes is None or filled + nodes > t:
             return None
-        return Bucket(min(rows, self.capacity), nodes)
+        width = MIN_WIDTH
+        while width < filled + nodes:
+            width *= 2
+        return Bucket(min(rows, self.capacity), nodes, min(width, t))
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache, tree_mask: torch.Tensor | None,
                 features: torch.Tensor | None = None) -> tuple[torch.Tensor, ...] | None:
         """The step's outputs for the real [n, S] part by a replay, or None where this call must run eagerly."""
         n, s = tokens.shape
-        b = self.bucket(n, s) if self.servable(cache, tree_mask) else None
-        if b is None or max(cache.lengths) + b.nodes > self.k.shape[3]:
+        b = self.bucket(n, s, max(cache.lengths)) if self.servable(cache, tree_mask) else None
+        if b is None:
             self.eager_calls += 1
             return None
         if b not in self.graphs:
@@ -201,8 +215,8 @@ class StepGraphs:
             self.graphs[b] = (StaticInputs.for_bucket(b, tokens.device, width), None, None)
         x = self.graphs[b][0]
         self.stage(x, b, tokens, positions, cache.lengths, tree_mask, features)
-        step = lambda: self.kind.step(self.model, x, self.k, self.v, self.cross, self.attention)  # noqa: E731
-        outs = self.run(b, x, step, f"bucket of {b.rows} rows x {b.nodes} nodes")
+        step = lambda: self.kind.step(self.model, x, self.k, self.v, self.cross, self.attention, b.width)  # noqa: E731
+        outs = self.run(b, x, step, f"bucket of {b.rows} rows x {b.nodes} nodes over {b.width} slots")
         return tuple(o[:n, :s].clone() for o in outs)
 
     def call(self, key: tuple, fn: Callable[..., tuple], inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
@@ -224,7 +238,7 @@ class StepGraphs:
             graph.replay()
         else:
             outs = step()
-        self.replays += 1
+        self.uses[key] += 1
         return outs
 
     def servable(self, cache: KVCache, tree_mask: torch.Tensor | None) -> bool:
@@ -295,6 +309,10 @@ class StepGraphs:
                                if tuple(seg.get("segment_pool_id", ())) == pool)
         graph.replay()
         return outs, graph
+
+    @property
+    def replays(self) -> int:
+        return sum(self.uses.values())
 
     def describe(self) -> dict:
         """What the captures hold, for a benchmark's machine column."""

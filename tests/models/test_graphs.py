@@ -30,17 +30,18 @@ def static_target(model, capture=False) -> ModelTarget:
 
 
 def fake_step(model, bucket: Bucket, step=target_step):
-    """Run a bucket's step under FakeTensorMode: a read of a tensor value on the host raises there."""
+    """Run a bucket's step under FakeTensorMode over a buffer twice its width: a read of a tensor value on the host
+    raises there."""
     with FakeTensorMode(allow_non_fake_inputs=True) as mode, torch.inference_mode():
         cfg = model.cfg
-        k = torch.zeros(cfg.n_layers, bucket.rows + 1, cfg.n_kv_heads, 64, cfg.hd, dtype=model.dtype)
+        k = torch.zeros(cfg.n_layers, bucket.rows + 1, cfg.n_kv_heads, 2 * bucket.width, cfg.hd, dtype=model.dtype)
         x = StaticInputs.for_bucket(bucket, "cpu")
         x = StaticInputs(*(mode.from_tensor(t) for t in (x.tokens, x.positions, x.meta, x.tree)))
-        return step(model, x, mode.from_tensor(k), mode.from_tensor(k.clone()), None)
+        return step(model, x, mode.from_tensor(k), mode.from_tensor(k.clone()), None, "chunked", bucket.width)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("bucket", [Bucket(1, 1), Bucket(2, 8)])
+@pytest.mark.parametrize("bucket", [Bucket(1, 1, 64), Bucket(2, 8, 64)])
 def test_static_step_reads_nothing_on_the_host_and_keeps_the_bucket_shape(dtype, bucket):
     model = tiny_model(0).to(dtype)
     logits, hidden = fake_step(model, bucket)
@@ -50,13 +51,13 @@ def test_static_step_reads_nothing_on_the_host_and_keeps_the_bucket_shape(dtype,
 
 def test_a_step_that_reads_the_host_fails_the_check():
     """The control: the same harness refuses a step that reads a value (as `.item()` would sync a GPU)."""
-    def reads(model, x, k, v, cross):
+    def reads(model, x, k, v, cross, attention, width):
         if int(x.meta[0, 0]) > 0:
             pass
-        return target_step(model, x, k, v, cross)
+        return target_step(model, x, k, v, cross, attention, width)
 
     with pytest.raises(Exception, match="[Dd]ata.dependent|item|local_scalar"):
-        fake_step(tiny_model(0), Bucket(1, 4), reads)
+        fake_step(tiny_model(0), Bucket(1, 4, 64), reads)
 
 
 @pytest.mark.parametrize("name", DRAFTERS)
@@ -69,6 +70,41 @@ def test_static_steps_decode_what_eager_ar_decodes(name, batch):
     got = run_batch(target, lambda i: DRAFTERS[name](), prompts, 24, SamplingParams())
     assert [r.tokens for r in got.results] == [r.tokens for r in eager.results]
     assert model.graphs.replays > 0 and model.graphs.eager_calls == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_step_over_its_width_bucket_gives_the_bits_of_the_whole_buffer(dtype):
+    """Slots past a bucket's width are hidden from every node: reading fewer of them changes no bit."""
+    torch.manual_seed(0)
+    model = tiny_model(0).to(dtype)
+    cfg = model.cfg
+    k = torch.randn(cfg.n_layers, 3, cfg.n_kv_heads, 512, cfg.hd).to(dtype)  # 2 rows + the scratch row
+    v = torch.randn_like(k)
+    x = StaticInputs.for_bucket(Bucket(2, 4, 256), "cpu")
+    x.tokens.copy_(torch.randint(0, cfg.vocab_size, (2, 4)))
+    x.meta.copy_(torch.tensor([[200, 37], [0, 1]]))  # lengths; cache rows written
+    x.positions.copy_(x.meta[0][:, None] + torch.arange(4))
+    x.tree.copy_(x.chain)
+    with torch.inference_mode():
+        narrow = target_step(model, x, k, v, None, "chunked", 256)
+        whole = target_step(model, x, k, v, None, "chunked", None)
+        wider = target_step(model, x, k, v, None, "chunked", 384)
+    for a, b, c in zip(narrow, whole, wider):
+        assert torch.equal(a, b) and torch.equal(a, c)
+    x.meta[0, 0] = 300  # the control: row 0 now sees slots past 256, which the narrow bucket cuts off
+    with torch.inference_mode():
+        assert not torch.equal(target_step(model, x, k, v, None, "chunked", 256)[0][0],
+                               target_step(model, x, k, v, None, "chunked", None)[0][0])
+
+
+def test_a_decode_across_width_buckets_decodes_what_eager_ar_decodes(monkeypatch):
+    monkeypatch.setattr(graphs, "MIN_WIDTH", 8)  # 12-token prompts + 24 new tokens cross widths 16, 32 and 64
+    prompts = [PROMPT, PROMPT[:7]]
+    eager = run_batch(ModelTarget(tiny_model(0)), lambda i: EmptyDrafter(), prompts, 24, SamplingParams())
+    model = tiny_model(0)
+    got = run_batch(static_target(model), lambda i: DRAFTERS["ngram"](), prompts, 24, SamplingParams())
+    assert [r.tokens for r in got.results] == [r.tokens for r in eager.results]
+    assert {b.width for b in model.graphs.uses} == {16, 32, 64}
 
 
 def test_a_tree_verify_scores_each_node_as_the_eager_forward_does():
