@@ -151,7 +151,10 @@ def check_recipe(path: Path, overrides: list[str] | None = None) -> list[dict]:
             return rows + [row("rows", False, str(e).splitlines()[0])]
         rows += method_rows
     hints = import_hints(comments)
-    roles = first_roles([*names, ("vq", image_vq(kind, cfg))])
+    roles: dict[str, str] = {}  # registry name -> the role it is first read in (empty names left out)
+    for role, name in [*names, ("vq", image_vq(kind, cfg))]:
+        if name:
+            roles.setdefault(name, role)
     rows += [check_entry(role, name, hints, comments) for name, role in roles.items()]
     checked = {n.rpartition("/")[2] for n in roles}
     for name in hints:  # the header's other prerequisites (e.g. the VQ an image GPT is imported with)
@@ -230,15 +233,6 @@ def mesh_plan(cfg: Any) -> tuple[Any, list[dict], list[tuple[str, str]]]:
 #: suite -> its run's own checks (the plan a benchmark builds): (the config with every row, a row per method, the
 #: (role, registry name) of every entry it reads)
 SUITE_PLANS = {"humaneval": text_plan, "text": text_plan, "images": image_plan, "meshes": mesh_plan}
-
-
-def first_roles(names: list[tuple[str, str]]) -> dict[str, str]:
-    """Registry name -> the role it is first read in (empty names left out)."""
-    roles: dict[str, str] = {}
-    for role, name in names:
-        if name:
-            roles.setdefault(name, role)
-    return roles
 
 
 def file_names(kind: str, cfg: Any) -> list[tuple[str, str]]:
