@@ -139,10 +139,9 @@ def check_recipe(path: Path, overrides: list[str] | None = None) -> list[dict]:
                 + (f", suite {kind})" if kind in SUITE_PLANS else ")"))]
     if kind in SUITE_PLANS:
         rows.append(row("suite", True, kind))
-    cfg, device_rows = load_checked(cls, path, overrides, raw, rows)
+    cfg = load_checked(cls, path, overrides, raw, rows)
     if cfg is None:
         return rows
-    rows += device_rows
     names = [(key, getattr(cfg, key, "")) for key in KINDS[kind].entries]
     if kind in SUITE_PLANS:
         try:
@@ -168,24 +167,23 @@ def check_recipe(path: Path, overrides: list[str] | None = None) -> list[dict]:
 
 
 def load_checked(cls: type, path: Path, overrides: list[str], raw: dict, rows: list[dict]):
-    """(config or None, device rows): keys and values through `load_config`, the device checked apart (a recipe
-    for a GPU node names cuda, which this machine may lack)."""
-    fields = {f.name for f in dataclasses.fields(cls)}
+    """The config or None, its rows added to `rows`: keys and values through `load_config`, the device checked apart
+    (a recipe for a GPU node names cuda, which this machine may lack)."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
     explicit = {"device": "cpu"} if "device" in fields else {}
     try:
         cfg = load_config(cls, path, overrides, **explicit)
     except UsageError as e:
         rows.append(row("config", False, str(e)))
-        return None, []
+        return None
     rows.append(row("config", True, f"{len(raw)} keys valid for {cls.__name__}"
                     + (f", {len(overrides)} override(s)" if overrides else "")))
     if not explicit:
-        return cfg, []
-    default = next(f.default for f in dataclasses.fields(cls) if f.name == "device")
+        return cfg
     given = [o.partition("=")[2] for o in overrides if o.partition("=")[0].strip() == "device"]
-    device = str(given[-1] if given else raw.get("device", default))
-    cfg = dataclasses.replace(cfg, device=device)
-    return cfg, [device_row(device, cls.__name__)]
+    device = str(given[-1] if given else raw.get("device", fields["device"].default))
+    rows.append(device_row(device, cls.__name__))
+    return dataclasses.replace(cfg, device=device)
 
 
 def device_row(device: str, cls_name: str) -> dict:
