@@ -208,7 +208,7 @@ def text_plan(cfg: Any) -> tuple[Any, list[dict], list[tuple[str, str]]]:
     names = [("model", cfg.model), *((f"{m} target", decoded_model(m, p.cfg)) for m in p.cfg.methods if not is_peer(m))]
     return p.cfg, [*(row(f"method {m}", True, "peer row (transformers / llama.cpp)" if is_peer(m) else
                          "lossless" if p.meta[m]["lossless"] else "LOSSY") for m in p.cfg.methods),
-                   row("prompts", True, f"{p.n_prompts} prompts")], names
+                   row("prompts", True, f"{len(p.items)} prompts")], names
 
 
 def image_plan(cfg: Any) -> tuple[Any, list[dict], list[tuple[str, str]]]:
