@@ -27,7 +27,7 @@ MIN_TEMPERATURE = 1e-3  # 0 is greedy; a positive temperature below this overflo
 POSITIVE_BY_CLASS = {"DistillConfig": {"temperature"}}  # a KL temperature divides: 0 is not greedy there
 # counts whose 0 means nothing to do in these configs (elsewhere 0 means "all"), and max_new_tokens outside
 # ZERO_BUDGET_IS_CONTEXT: checked before the generic >= 0, so -1 and 0 get the same message
-AT_LEAST_ONE_BY_CLASS = {"TextBenchConfig": ("limit",), "MeshBenchConfig": ("limit",)}
+AT_LEAST_ONE_BY_CLASS = {"TextBenchConfig": ("limit",), "MeshBenchConfig": ("limit",), "ImageBenchConfig": ("num",)}
 MAX_INT = 2 ** 62  # beyond this torch's int64 arithmetic (seed + i, sizes) overflows
 AT_MOST = {"num": 100_000, "threads": 4096, "num_threads": 4096}  # images/meshes per command, threads
 # configs whose device may be "auto" (cuda when present, else cpu): their commands resolve it (specgen/devices.py)

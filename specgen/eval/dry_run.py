@@ -139,10 +139,9 @@ def check_recipe(path: Path, overrides: list[str] | None = None) -> list[dict]:
                 + (f", suite {kind})" if kind in SUITE_PLANS else ")"))]
     if kind in SUITE_PLANS:
         rows.append(row("suite", True, kind))
-    cfg, device_rows = load_checked(cls, path, overrides, raw, rows)
+    cfg = load_checked(cls, path, overrides, raw, rows)
     if cfg is None:
         return rows
-    rows += device_rows
     names = [(key, getattr(cfg, key, "")) for key in KINDS[kind].entries]
     if kind in SUITE_PLANS:
         try:
@@ -151,7 +150,10 @@ def check_recipe(path: Path, overrides: list[str] | None = None) -> list[dict]:
             return rows + [row("rows", False, str(e).splitlines()[0])]
         rows += method_rows
     hints = import_hints(comments)
-    roles = first_roles([*names, ("vq", image_vq(kind, cfg))])
+    roles: dict[str, str] = {}  # registry name -> the role it is first read in (empty names left out)
+    for role, name in [*names, ("vq", image_vq(kind, cfg))]:
+        if name:
+            roles.setdefault(name, role)
     rows += [check_entry(role, name, hints, comments) for name, role in roles.items()]
     checked = {n.rpartition("/")[2] for n in roles}
     for name in hints:  # the header's other prerequisites (e.g. the VQ an image GPT is imported with)
@@ -165,24 +167,23 @@ def check_recipe(path: Path, overrides: list[str] | None = None) -> list[dict]:
 
 
 def load_checked(cls: type, path: Path, overrides: list[str], raw: dict, rows: list[dict]):
-    """(config or None, device rows): keys and values through `load_config`, the device checked apart (a recipe
-    for a GPU node names cuda, which this machine may lack)."""
-    fields = {f.name for f in dataclasses.fields(cls)}
+    """The config or None, its rows added to `rows`: keys and values through `load_config`, the device checked apart
+    (a recipe for a GPU node names cuda, which this machine may lack)."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
     explicit = {"device": "cpu"} if "device" in fields else {}
     try:
         cfg = load_config(cls, path, overrides, **explicit)
     except UsageError as e:
         rows.append(row("config", False, str(e)))
-        return None, []
+        return None
     rows.append(row("config", True, f"{len(raw)} keys valid for {cls.__name__}"
                     + (f", {len(overrides)} override(s)" if overrides else "")))
     if not explicit:
-        return cfg, []
-    default = next(f.default for f in dataclasses.fields(cls) if f.name == "device")
+        return cfg
     given = [o.partition("=")[2] for o in overrides if o.partition("=")[0].strip() == "device"]
-    device = str(given[-1] if given else raw.get("device", default))
-    cfg = dataclasses.replace(cfg, device=device)
-    return cfg, [device_row(device, cls.__name__)]
+    device = str(given[-1] if given else raw.get("device", fields["device"].default))
+    rows.append(device_row(device, cls.__name__))
+    return dataclasses.replace(cfg, device=device)
 
 
 def device_row(device: str, cls_name: str) -> dict:
@@ -207,7 +208,7 @@ def text_plan(cfg: Any) -> tuple[Any, list[dict], list[tuple[str, str]]]:
     names = [("model", cfg.model), *((f"{m} target", decoded_model(m, p.cfg)) for m in p.cfg.methods if not is_peer(m))]
     return p.cfg, [*(row(f"method {m}", True, "peer row (transformers / llama.cpp)" if is_peer(m) else
                          "lossless" if p.meta[m]["lossless"] else "LOSSY") for m in p.cfg.methods),
-                   row("prompts", True, f"{p.n_prompts} prompts")], names
+                   row("prompts", True, f"{len(p.items)} prompts")], names
 
 
 def image_plan(cfg: Any) -> tuple[Any, list[dict], list[tuple[str, str]]]:
@@ -230,15 +231,6 @@ def mesh_plan(cfg: Any) -> tuple[Any, list[dict], list[tuple[str, str]]]:
 #: suite -> its run's own checks (the plan a benchmark builds): (the config with every row, a row per method, the
 #: (role, registry name) of every entry it reads)
 SUITE_PLANS = {"humaneval": text_plan, "text": text_plan, "images": image_plan, "meshes": mesh_plan}
-
-
-def first_roles(names: list[tuple[str, str]]) -> dict[str, str]:
-    """Registry name -> the role it is first read in (empty names left out)."""
-    roles: dict[str, str] = {}
-    for role, name in names:
-        if name:
-            roles.setdefault(name, role)
-    return roles
 
 
 def file_names(kind: str, cfg: Any) -> list[tuple[str, str]]:

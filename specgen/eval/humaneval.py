@@ -118,10 +118,3 @@ def check_completions(
     workers = workers or min(4, os.cpu_count() or 1)
     with ThreadPoolExecutor(max_workers=workers) as pool:
         return list(pool.map(lambda program: _passes(program, timeout), programs))
-
-
-def pass_at_1(results: list[bool]) -> float:
-    """Fraction of problems solved with one greedy sample each."""
-    if not results:
-        raise ValueError("pass@1 of zero problems is undefined")
-    return sum(map(bool, results)) / len(results)

@@ -143,23 +143,16 @@ def variants(cfg: MeshBenchConfig) -> list[Variant]:
     return out
 
 
-def tolerant_mesh(tokens: list[int]):
-    """BPT-style tolerant decode (skips bad patches) -> (vertices, faces) or None when no face."""
-    d = BPTTokenizer().decode_partial(np.asarray(tokens, dtype=np.int64))
-    if len(d.faces) == 0:
-        return None
-    c = clean_mesh(d.vertices, d.faces)
-    return (c.vertices, c.faces) if len(c.faces) else None
-
-
 def mesh_run(res, ref, shard: Shard) -> dict:
-    """What a record keeps of one decoded mesh: token count, statistics, strict validity, CD/HD (tolerant decode)."""
+    """What a record keeps of one decoded mesh: token count, statistics, strict validity, CD/HD (BPT-style tolerant
+    decode: bad patches skipped; none when no face is left)."""
     out = {"tokens": len(res.tokens), "stats": asdict(res.stats), "valid": not decode_tokens(res.tokens)[2],
            "cd": None, "hd": None, "shard": shard.label}
-    mesh = tolerant_mesh(res.tokens)
-    if mesh is not None:
-        d = mesh_distances(mesh[0], mesh[1], ref.vertices, ref.faces)
-        out.update(cd=d.chamfer, hd=d.hausdorff)
+    d = BPTTokenizer().decode_partial(np.asarray(res.tokens, dtype=np.int64))
+    mesh = clean_mesh(d.vertices, d.faces) if len(d.faces) else None
+    if mesh is not None and len(mesh.faces):
+        dist = mesh_distances(mesh.vertices, mesh.faces, ref.vertices, ref.faces)
+        out.update(cd=dist.chamfer, hd=dist.hausdorff)
     return out
 
 

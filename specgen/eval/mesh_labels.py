@@ -22,19 +22,14 @@ class HeldOut:
     cond: torch.Tensor  # [S, M, cross_dim]
 
 
-def held_out_labels(labels: str, sequences: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(point clouds [S, N, 6], tokens [S, L]) of the last `sequences` rows of labels.safetensors (a run's eval
-    split), trimmed to the longest sequence (-1 = padding)."""
-    t = load_file(labels)
-    pcs, tokens = t["pcs"][-sequences:], t["tokens"][-sequences:]
-    return pcs, tokens[:, : int((tokens >= 0).sum(1).max())]
-
-
 @torch.inference_mode()
 def held_out(labels: str, heads: str, sequences: int) -> HeldOut:
-    """Score the last `sequences` rows of labels.safetensors with the backbone of registry heads `heads`."""
+    """Score the last `sequences` rows of labels.safetensors (a run's eval split), trimmed to the longest sequence
+    (-1 = padding), with the backbone of registry heads `heads`."""
     loaded = load_mesh(None, heads)
     model = loaded.decoder.model
-    pcs, tokens = held_out_labels(labels, sequences)
+    t = load_file(labels)
+    pcs, tokens = t["pcs"][-sequences:], t["tokens"][-sequences:]
+    tokens = tokens[:, : int((tokens >= 0).sum(1).max())]
     logits, hidden, cond = model.forward_train(pcs, tokens)
     return HeldOut(model, loaded.decoder.heads, tokens, logits, hidden, cond)

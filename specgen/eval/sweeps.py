@@ -129,28 +129,22 @@ def options_table(cfg) -> dict:
     return merged_table(cfg.method_options, cfg.options, "method_options")
 
 
-def with_swept(rows: list[str], table: dict, swept: list[SweptRow], method_of: Callable[[str], str]) -> tuple[list, dict]:
-    """(rows, options table) with the swept rows added after `rows` (a name already there is not repeated).
-
-    A swept row's entry is its base's own entry (a method's entry every row of the method reads anyway) with the
-    swept option set; an entry the recipe gives for the swept row's name itself goes over that."""
-    rows, table = list(rows), dict(table)
-    for r in swept:
-        own = table.get(r.base, {}) if r.base != method_of(r.base) else {}
-        table[r.name] = {**own, **r.options, **table.get(r.name, {})}
-        if r.name not in rows:
-            rows.append(r.name)
-    return rows, table
-
-
 def with_sweep_rows(cfg, modality: str, method_of: Callable[[str], str], extra: Iterable[SweptRow] = (),
                     sweepable: Callable[[str], bool] = lambda row: True) -> tuple[Any, list[SweptRow]]:
     """(cfg with `extra` and every `sweep` row added to `methods`, `options` holding every row's, and the rows added)
     of humaneval/images: a sweep varies a row, an `options` entry or a method of the suite's `modality` (one
-    `sweepable` keeps), each value checked by its method's options."""
+    `sweepable` keeps), each value checked by its method's options.
+
+    A swept row's entry is its base's own entry (a method's entry every row of the method reads anyway) with the
+    swept option set; an entry the recipe gives for the swept row's name itself goes over that. A name already in
+    `methods` is not repeated."""
     table = options_table(cfg)
     bases = [m for m in [*cfg.methods, *table, *(n for n, s in METHODS.items() if s.runs_on(modality))] if sweepable(m)]
     swept = [*extra, *expand(sweeps_of(cfg.sweep), bases,
                              lambda row, options: get_method(method_of(row)).parse_options(options))]
-    methods, options = with_swept(cfg.methods, table, swept, method_of)
-    return replace(cfg, methods=methods, options=options, method_options={}, sweep={}), swept
+    methods = list(cfg.methods)
+    for r in swept:
+        own = table.get(r.base, {}) if r.base != method_of(r.base) else {}
+        table[r.name] = {**own, **r.options, **table.get(r.name, {})}
+        methods += [] if r.name in methods else [r.name]
+    return replace(cfg, methods=methods, options=table, method_options={}, sweep={}), swept

@@ -244,10 +244,6 @@ class Plan:
     meta: dict[str, dict]  # row -> {"model", "lossless"}
     items: list[Item]
 
-    @property
-    def n_prompts(self) -> int:
-        return len(self.items)
-
 
 def plan(cfg: TextBenchConfig) -> Plan:
     """The run's rows and prompts without loading a model; a bad row or prompt set is refused."""
@@ -266,7 +262,7 @@ def plan(cfg: TextBenchConfig) -> Plan:
 
 def grid(p: Plan, skipped=()) -> Grid:
     """The run's items: its prompts, with every row of the plan but `skipped` (peer rows that cannot run here)."""
-    return Grid(p.n_prompts, tuple(m for m in p.order if m not in skipped), tuple(p.cfg.batch_sizes), "b1/p{}")
+    return Grid(len(p.items), tuple(m for m in p.order if m not in skipped), tuple(p.cfg.batch_sizes), "b1/p{}")
 
 
 def with_quality(runs: dict[str, Run], prompt: list[int], problem, original: TextModel | None,

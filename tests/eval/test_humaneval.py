@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from specgen.data.humaneval import INSTRUCTION, Problem, build_user_message, load_problems
-from specgen.eval.humaneval import check_completions, extract_code, pass_at_1
+from specgen.eval.humaneval import check_completions, extract_code
 
 
 @pytest.fixture(scope="module")
@@ -106,9 +106,3 @@ def test_wrong_hanging_and_escaping_programs_fail(problems):
 def test_check_completions_rejects_length_mismatch(problems):
     with pytest.raises(ValueError):
         check_completions(problems[:2], ["x"])
-
-
-def test_pass_at_1():
-    assert pass_at_1([True, False, True, True]) == 0.75
-    with pytest.raises(ValueError):
-        pass_at_1([])

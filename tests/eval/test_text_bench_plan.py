@@ -10,9 +10,9 @@ from tests.pcllm_fixtures import save_tiny_text, write_prompts
 
 def test_a_prompt_set_runs_whole_by_default_and_humaneval_keeps_its_limit(tmp_path):
     prompts = write_prompts(tmp_path, [f"prompt {i}" for i in range(HUMANEVAL_LIMIT + 5)])
-    assert plan(TextBenchConfig(suite="text", prompts=str(prompts))).n_prompts == HUMANEVAL_LIMIT + 5
-    assert plan(TextBenchConfig(suite="text", prompts=str(prompts), limit=3, offset=24)).n_prompts == 1
-    assert plan(TextBenchConfig(suite="humaneval")).n_prompts == HUMANEVAL_LIMIT
+    assert len(plan(TextBenchConfig(suite="text", prompts=str(prompts))).items) == HUMANEVAL_LIMIT + 5
+    assert len(plan(TextBenchConfig(suite="text", prompts=str(prompts), limit=3, offset=24)).items) == 1
+    assert len(plan(TextBenchConfig(suite="humaneval")).items) == HUMANEVAL_LIMIT
 
 
 def test_quantize_applies_to_the_distilled_target_a_row_decodes(tmp_path):
