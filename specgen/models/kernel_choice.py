@@ -1,8 +1,4 @@
-"""Which kernels a forward runs, per device x dtype x shape: the one rule, in this module.
-
-The table of paths, and why "native" and "chunked" attention keep greedy speculation equal to AR: docs/precision.md,
-"Which kernels a forward runs" (with the environment variables that change results).
-"""
+"""Which kernels a forward runs, per device x dtype x shape: the one rule (its table and why: docs/precision.md)."""
 
 from __future__ import annotations
 
@@ -254,10 +250,6 @@ class KernelChoice:
     def __deepcopy__(self, memo: dict) -> KernelChoice:
         """Shared, not copied: a copied layer (e.g. a bfloat16 draft LM head) keeps its model's measurement."""
         return self
-
-    def __getstate__(self) -> dict:
-        """Pickled without the (unpicklable) weak references: an unpickled model measures nothing, uses the fallback."""
-        return {**self.__dict__, "_linears": []}
 
 
 def quantized_product(in_features: int, group: int) -> str:
