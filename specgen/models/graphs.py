@@ -1,8 +1,4 @@
-"""Captured decode steps: cached forwards, EAGLE tree growths and XSpecMesh heads as CUDA graphs (docs/precision.md).
-
-Invariants (tests/models/test_graphs.py): no host reads inside a step; shapes depend only on the bucket (padding rows
-write a scratch row, padding nodes see only themselves); a query's sums do not depend on the cache width T.
-"""
+"""Decode steps (cached forwards, EAGLE tree growths, XSpecMesh heads) captured as CUDA graphs (docs/precision.md)."""
 
 from __future__ import annotations
 
@@ -139,7 +135,8 @@ class StepKind:
 
 class StepGraphs:
     """A module's static cache and its captured steps, one CUDA graph per bucket (`capture=False`: the same static
-    step run eagerly, which is what the CPU tests exercise)."""
+    step run eagerly, which is what the CPU tests exercise). Invariants (tests/models/test_graphs.py): no host reads
+    inside a step; shapes depend only on the bucket; a query's sums do not depend on the cache width T."""
 
     def __init__(self, model, kind: StepKind, capture: bool = True, attention: str = "chunked") -> None:
         self.model, self.kind, self.capture, self.attention = model, kind, capture, attention
@@ -229,7 +226,7 @@ class StepGraphs:
 
     def servable(self, cache: KVCache, tree_mask: torch.Tensor | None) -> bool:
         """Whether a call runs on the static buffer: its cache is the buffer's first rows, no key mask (t2i captions
-        stay eager), conditions in the static buffers, and no low-precision tree of a target (module doc)."""
+        stay eager), conditions in the static buffers, and no low-precision tree of a target (StepKind)."""
         if self.k is None or cache.k.data_ptr() != self.k.data_ptr() or cache.key_mask is not None:
             return False
         if tree_mask is not None and self.kind.exact_trees and self.dtype != torch.float32:

@@ -1,9 +1,4 @@
-"""XSpecMesh decoding heads: D heads, head d predicts token s + d + 1 from the backbone's final hidden h_s.
-
-Paper eq. 4: p^(d)_{s+d+1} = softmax(W^(d) CrossAttn^(d)(h_s, c)), W^(d) = the backbone's LM head; residual branches
-start at zero, so an untrained head predicts the next-token distribution. The choices the paper leaves open (`ca` /
-`mlp` heads, `res_layers`, beyond the paper: `token_input`, `history`) are docs/methods/xspecmesh.md's table.
-"""
+"""XSpecMesh decoding heads: head d predicts token s + d + 1 from h_s (eq. 4; options: docs/methods/xspecmesh.md)."""
 
 from __future__ import annotations
 
@@ -139,7 +134,8 @@ class MLPHead(nn.Module):
 
 
 class XSpecMeshHeads(nn.Module):
-    """D decoding heads over the backbone's final hidden states (head d = index d - 1)."""
+    """D decoding heads over the backbone's final hidden states (head d = index d - 1), logits by the backbone's LM
+    head; residual branches start at zero, so an untrained head predicts the next-token distribution."""
 
     def __init__(self, **kwargs) -> None:
         super().__init__()

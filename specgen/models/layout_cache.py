@@ -1,4 +1,4 @@
-"""Decoded weights on disk (`$SPECGEN_HOME/layouts/`): decode-layout tensors saved once, memory-mapped by later loads."""
+"""Decoded weights on disk (`$SPECGEN_HOME/layouts/`): decode-layout tensors saved once, mapped by later loads."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""Point-cloud-conditioned mesh GPT: a perceiver point encoder + the specgen Transformer with cross-attention.
-
-BPT has no BOS id: position 0 is a learned start vector (`start`), tokens x_1.. sit at positions 1..; the logits at
-position i predict token i + 1. The condition's cross-attention K/V are computed once per mesh and kept in the cache.
-"""
+"""Point-cloud-conditioned mesh GPT: a perceiver point encoder + the specgen Transformer with cross-attention."""
 
 from __future__ import annotations
 
