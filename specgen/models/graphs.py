@@ -100,17 +100,21 @@ def chunked_mask(visible: torch.Tensor, cfg, dtype: torch.dtype):
 ATTENTION = {"chunked": chunked_mask, "sdpa": lambda visible, cfg, dtype: additive_mask(visible)}
 
 
+def blocks(module, h: torch.Tensor, x: StaticInputs, k: torch.Tensor, v: torch.Tensor, cross, attention: str
+           ) -> torch.Tensor:
+    """A Transformer's or EAGLE drafter's blocks on one bucket over its input embeddings h [R, S, dim]: [R, S, dim]."""
+    rot = rotation(module.rope_table[x.positions].to(h.dtype), module.cfg.rope_layout)
+    mask = ATTENTION[attention](visibility(x, k.shape[3]), module.cfg, h.dtype)
+    cache, r = StaticCache(x, k, v), x.tokens.shape[0]
+    for i, blk in enumerate(module.layers):  # a condition's rows: the bucket's first R of the static buffer
+        h = blk(h, rot, i, cache, mask, False, None if cross is None else (cross[i][0][:r], cross[i][1][:r]))
+    return h
+
+
 def target_step(model, x: StaticInputs, k: torch.Tensor, v: torch.Tensor, cross, attention: str = "chunked"
                 ) -> tuple[torch.Tensor, ...]:
     """A Transformer's cached forward on one bucket: logits [R, S, V] and hidden [R, S, dim]; device ops only."""
-    h = model.tok_embeddings(x.tokens)  # [R, S, dim]
-    rot = rotation(model.rope_table[x.positions].to(h.dtype), model.cfg.rope_layout)
-    mask = ATTENTION[attention](visibility(x, k.shape[3]), model.cfg, h.dtype)
-    cache = StaticCache(x, k, v)
-    r = x.tokens.shape[0]
-    for i, blk in enumerate(model.layers):  # a condition's rows: the bucket's first R of the static buffer
-        h = blk(h, rot, i, cache, mask, False, None if cross is None else (cross[i][0][:r], cross[i][1][:r]))
-    hidden = model.norm(h)
+    hidden = model.norm(blocks(model, model.tok_embeddings(x.tokens), x, k, v, cross, attention))
     return model.output(hidden), hidden
 
 
@@ -118,9 +122,7 @@ def eagle_step(net, x: StaticInputs, k: torch.Tensor, v: torch.Tensor, cross, at
                ) -> tuple[torch.Tensor, ...]:
     """An EAGLE drafter's cached forward on one bucket: predicted features [R, S, D]; device ops only."""
     h = net.fc(torch.cat([net.tok_embeddings(x.tokens), x.features], dim=-1))  # [R, S, D]
-    rot = rotation(net.rope_table[x.positions].to(h.dtype), net.cfg.rope_layout)
-    mask = ATTENTION[attention](visibility(x, k.shape[3]), net.cfg, h.dtype)
-    return (net.layers[0](h, rot, 0, StaticCache(x, k, v), mask, False, None),)
+    return (blocks(net, h, x, k, v, cross, attention),)
 
 
 @dataclass(frozen=True)

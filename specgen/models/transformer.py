@@ -288,10 +288,6 @@ class Transformer(nn.Module):
         """Per-layer cross-attention keys/values of a condition [B, M, cross_dim]."""
         return [blk.cross_attention.context_kv(context) for blk in self.layers]
 
-    def set_context(self, cache: KVCache, context: torch.Tensor) -> None:
-        """Store a condition's cross-attention keys/values in the cache, computed once."""
-        cache.cross = self.context_kv(context)
-
     def forward(
         self,
         tokens: torch.Tensor | None,  # [B, S] token ids
