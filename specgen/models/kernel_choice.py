@@ -84,13 +84,11 @@ class Timing:
         """The first run of consecutive measured counts where the native loop beats both others: (lo, hi), hi None
         when the run reaches the last count; None when it never wins."""
         wins = [nat < min(mkl, dnn) for mkl, dnn, nat in zip(self.mkl_ms, self.dnn_ms, self.native_ms)]
-        if not any(wins):
+        if True not in wins:
             return None
         lo = wins.index(True)
-        hi = lo
-        while hi + 1 < len(wins) and wins[hi + 1]:
-            hi += 1
-        return self.rows[lo], (None if hi == len(self.rows) - 1 else self.rows[hi])
+        end = wins.index(False, lo) if False in wins[lo:] else None  # the first count after the run
+        return self.rows[lo], (None if end is None else self.rows[end - 1])
 
     @property
     def plan(self) -> Plan:

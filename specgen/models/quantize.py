@@ -344,7 +344,7 @@ def quantize_transformer(model: nn.Module, mode: str, group: int = DEFAULT_GROUP
         head = QuantizedLinear.from_linear(model.output, "int8")
         untied = not model.cfg.tie_embeddings
         table = QuantizedLinear.from_linear(_as_linear(model.tok_embeddings.weight), "int8") if untied else head
-        set_head(model, head, table)
+        model.output, model.tok_embeddings = head, QuantizedEmbedding(table)
     for p in model.parameters():  # norms and the condition embedding: the activation dtype
         p.data = p.data.to(ACT_DTYPE)
     if model.cfg.cond_kind == "caption":  # the learned null caption: in the dtype of the features it stands for
@@ -361,11 +361,6 @@ def swap_layers(model: Transformer, linear, feed_forward) -> None:
                 if isinstance(lin, nn.Linear):
                     setattr(parent, name, linear(lin))
         blk.feed_forward = feed_forward(blk.feed_forward)
-
-
-def set_head(model: Transformer, head: QuantizedLinear, table: QuantizedLinear) -> None:
-    """Install the int8 LM head and the embedding over `table` (the head itself when tied)."""
-    model.output, model.tok_embeddings = head, QuantizedEmbedding(table)
 
 
 def quantize_model(model: nn.Module, mode: str, group: int = DEFAULT_GROUP) -> nn.Module:
@@ -404,7 +399,8 @@ def build_quantized_transformer(quantize: str, group: int = 0, **kwargs) -> nn.M
                 lambda ffn: QuantizedFeedForward(QuantizedLinear(cfg.dim, 2 * cfg.ffn_dim, quantize, group),
                                                  QuantizedLinear(cfg.ffn_dim, cfg.dim, quantize, group)))
     head = QuantizedLinear(cfg.dim, cfg.vocab_size, "int8")
-    set_head(model, head, head if cfg.tie_embeddings else QuantizedLinear(cfg.dim, cfg.vocab_size, "int8"))
+    table = head if cfg.tie_embeddings else QuantizedLinear(cfg.dim, cfg.vocab_size, "int8")
+    model.output, model.tok_embeddings = head, QuantizedEmbedding(table)
     for mod in model.modules():  # the norms (still on meta): real bf16 ones
         for name, p in list(mod.named_parameters(recurse=False)):
             setattr(mod, name, nn.Parameter(torch.ones(p.shape, dtype=ACT_DTYPE), requires_grad=False))
