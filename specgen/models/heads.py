@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specgen.models.transformer import RMSNorm, split_kv
+from specgen.models.transformer import RMSNorm, rms_norm, split_kv
 
 HEAD_KINDS = ("ca", "mlp")
 
@@ -265,11 +265,6 @@ def head_logits(stacked: StackedHeads, lm_head: nn.Module, embed: nn.Module, dty
     emb = embed(token) if stacked.token_input else None  # [1, dim]
     feats = stacked.features(h, None if k is None else (k, v), emb, past)[:d].to(dtype)  # [d, dim]
     return (lm_head(feats).float(),)
-
-
-def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    """w * RMSNorm(x) with float32 statistics, rounded to x's dtype before the weight (as `RMSNorm`'s torch path)."""
-    return w * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
 
 
 def rows_times(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
