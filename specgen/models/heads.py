@@ -170,15 +170,13 @@ class XSpecMeshHeads(nn.Module):
         hs, cfg = list(self.heads), self.cfg
         stack = lambda get, mods=hs: torch.stack([get(x).detach() for x in mods])  # noqa: E731
         weights = lambda get, mods=hs: stack(lambda x: get(x).t(), mods).contiguous()  # noqa: E731  [D, in, out]
-        common = dict(kind=cfg.kind, n_heads=cfg.n_heads, res_w=weights(lambda x: x.res.linear.weight),
-                      res_b=stack(lambda x: x.res.linear.bias))
+        # the residual blocks (`res`, then `more`) layer-major [L, D, ...]: each layer batched over the D heads
+        res_w = stack(lambda x: torch.stack([b.linear.weight.t() for b in (x.res, *x.more)]))  # [D, L, in, out]
+        res_b = stack(lambda x: torch.stack([b.linear.bias for b in (x.res, *x.more)]))  # [D, L, dim]
+        common = dict(kind=cfg.kind, n_heads=cfg.n_heads, res_w=res_w.transpose(0, 1).contiguous(),
+                      res_b=res_b.transpose(0, 1).contiguous())
         if cfg.token_input:
             common["tok_w"] = weights(lambda lin: lin.weight, self.tok)
-        if cfg.res_layers > 1:  # [D, L-1, ...] -> layer-major [L-1, D, ...], each layer batched over the D heads
-            more_w = stack(lambda x: torch.stack([b.linear.weight.t() for b in x.more]))  # [D, L-1, in, out]
-            common["more_w"] = more_w.transpose(0, 1).contiguous()
-            more_b = stack(lambda x: torch.stack([b.linear.bias for b in x.more]))  # [D, L-1, dim]
-            common["more_b"] = more_b.transpose(0, 1).contiguous()
         if cfg.kind != "ca":
             return StackedHeads(eps=0.0, **common)
         if cfg.history:
@@ -197,14 +195,12 @@ class StackedHeads:
     kind: str
     n_heads: int
     eps: float
-    res_w: torch.Tensor  # [D, dim (in), dim (out)]
-    res_b: torch.Tensor  # [D, dim]
+    res_w: torch.Tensor  # [L, D, dim (in), dim (out)]: the L = res_layers residual blocks
+    res_b: torch.Tensor  # [L, D, dim]
     norm_w: torch.Tensor | None = None  # [D, dim]        (CA heads only, below)
     wq: torch.Tensor | None = None  # [D, dim, inner]
     wo: torch.Tensor | None = None  # [D, inner, dim]
     tok_w: torch.Tensor | None = None  # [D, dim, dim]     (token_input heads only)
-    more_w: torch.Tensor | None = None  # [L-1, D, dim, dim] (res_layers = L > 1 only)
-    more_b: torch.Tensor | None = None  # [L-1, D, dim]
     wkv_h: torch.Tensor | None = None  # [D, dim, 2 inner]  (history heads only)
     pos_kv: torch.Tensor | None = None  # [D, W, 2 inner]    wkv_h(pos_h), the offset tags' K/V
 
@@ -226,7 +222,7 @@ class StackedHeads:
                  emb: torch.Tensor | None = None, past: torch.Tensor | None = None) -> torch.Tensor:
         """One hidden state h [1, dim] (+ E(x_{s+1}) emb [1, dim]) -> head features [D, dim] (before the LM head);
         past [D, W', 2 inner] (history heads): `project_history` of the latest hidden states, newest (= h) first."""
-        z = h.expand(self.res_b.shape[0], -1)  # [D, dim]
+        z = h.expand(self.res_b.shape[1], -1)  # [D, dim]
         if self.tok_w is not None:
             z = z + rows_times(emb.expand_as(z), self.tok_w)  # [D, dim]
         if self.kind == "ca":
@@ -236,10 +232,8 @@ class StackedHeads:
             k, v = kv if not self.history else self.with_history(kv, past)  # [D, H, M (+ W'), hd]
             y = F.scaled_dot_product_attention(q, k, v).reshape(d, inner)  # [D, inner]
             z = z + rows_times(y, self.wo)  # [D, dim]
-        z = stacked_res(z, self.res_w, self.res_b)
-        if self.more_w is not None:  # res_layers > 1: the extra blocks, each batched over the D heads
-            for w, b in zip(self.more_w, self.more_b):
-                z = stacked_res(z, w, b)
+        for w, b in zip(self.res_w, self.res_b):  # each residual block, batched over the D heads
+            z = stacked_res(z, w, b)
         return z
 
     def project_history(self, rows: torch.Tensor) -> torch.Tensor:
