@@ -209,7 +209,6 @@ class ClassEmbedding(nn.Module):
 
     def __init__(self, num_classes: int, dim: int) -> None:
         super().__init__()
-        self.num_classes = num_classes
         self.embedding_table = nn.Embedding(num_classes + 1, dim)
 
     def forward(self, labels: torch.Tensor) -> torch.Tensor:
