@@ -232,8 +232,8 @@ class StackedHeads:
             k, v = kv if not self.history else self.with_history(kv, past)  # [D, H, M (+ W'), hd]
             y = F.scaled_dot_product_attention(q, k, v).reshape(d, inner)  # [D, inner]
             z = z + rows_times(y, self.wo)  # [D, dim]
-        for w, b in zip(self.res_w, self.res_b):  # each residual block, batched over the D heads
-            z = stacked_res(z, w, b)
+        for w, b in zip(self.res_w, self.res_b):  # one ResBlock of each of the D heads at once
+            z = z + F.silu(torch.baddbmm(b.unsqueeze(1), z.unsqueeze(1), w).squeeze(1))
         return z
 
     def project_history(self, rows: torch.Tensor) -> torch.Tensor:
@@ -265,7 +265,3 @@ def rows_times(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """Row d of x [D, in] times head d's input-major weight w [D, in, out] -> [D, out] (one bmm)."""
     return torch.bmm(x.unsqueeze(1), w).squeeze(1)
 
-
-def stacked_res(z: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """One ResBlock of each of the D heads at once: z [D, dim], w [D, dim (in), dim (out)], b [D, dim] -> [D, dim]."""
-    return z + F.silu(torch.baddbmm(b.unsqueeze(1), z.unsqueeze(1), w).squeeze(1))
