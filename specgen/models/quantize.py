@@ -192,8 +192,7 @@ class QuantizedLinear(nn.Module):
         return w16.copy_(w32)
 
     def kernel(self) -> tuple:
-        """(kernel op, its operands after x, bias, the tensors made for it), made once per set of buffers. The op
-        computes each row of x [M, in] bf16 alone."""
+        """(kernel op, its operands after x, bias, the tensors made for it), made once per set of buffers."""
         if self._kernel is None:
             self.use_kernel(self.make_kernel())
         return self._kernel
