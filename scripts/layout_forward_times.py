@@ -18,7 +18,8 @@ def _forward_ms(model: nn.Module, b: int, s: int, prefix: int, repeat: int) -> f
     """ms per cached forward of `model` (a Transformer) over s new tokens in each of b rows after a prefix."""
     cache = model.new_cache(b, prefix + s + 1)
     if model.cfg.cross_dim:  # a mesh decoder: a random condition in place of a point cloud's
-        model.set_context(cache, torch.randn(b, 64, model.cfg.cross_dim, generator=torch.Generator().manual_seed(0)))
+        cond = torch.randn(b, 64, model.cfg.cross_dim, generator=torch.Generator().manual_seed(0))
+        cache.cross = model.context_kv(cond)
     gen = torch.Generator().manual_seed(1)
     ids = torch.randint(0, model.cfg.vocab_size, (b, prefix), generator=gen)
     with torch.inference_mode():

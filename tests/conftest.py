@@ -8,6 +8,7 @@ import torch
 from specgen import native
 from specgen.methods import METHODS, run_batch
 from specgen.models import packed_linear
+from specgen.models.quantize import QuantizedLinear, dequantize_int4, dequantize_int8
 from specgen.models.transformer import Transformer, TransformerConfig
 
 torch.set_num_threads(1)  # tiny models: threads only add spin-waiting (and the machine has 2 cores)
@@ -40,6 +41,13 @@ def specgen_home(tmp_path, monkeypatch):
     home = tmp_path / "specgen_home"
     monkeypatch.setenv("SPECGEN_HOME", str(home))
     return home
+
+
+def dequantized(q: QuantizedLinear) -> torch.Tensor:
+    """The float32 weight [out, in] a quantized layer's kernels multiply by."""
+    if q.mode == "int8":
+        return dequantize_int8(q.qweight, q.scales)
+    return dequantize_int4(q.qweight, q.scales, q.zeros)
 
 
 def tiny_config(**over) -> TransformerConfig:

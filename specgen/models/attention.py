@@ -1,9 +1,4 @@
-"""Attention whose result for a query depends only on that query and the keys it sees (batch- and width-invariant).
-
-SDPA picks its reduction order from the number of queries and keys, so low-precision targets (whose rounding keeps
-the difference) verify with this instead: fixed key chunks aligned at slot 0, sums in slot order, trees in AR's key
-layout per query; or the native kernel (`NativePlan`). Why and how: docs/precision.md, "The invariant attention".
-"""
+"""Attention invariant to batch and width: a query's result depends only on it and its keys (docs/precision.md)."""
 
 from __future__ import annotations
 

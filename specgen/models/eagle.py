@@ -1,8 +1,4 @@
-"""EAGLE feature drafter: h = Block(fc(concat(embed(x_{t+1}), f_t))) predicts the target's next final hidden state.
-
-Row i pairs the target's normed feature f_t with the token x_{t+1} sampled from it, at the target's position t + 1 in
-the target's RoPE table; its logits are `target.output(h)` (no head of its own; docs/methods/eagle2.md, "The drafter").
-"""
+"""EAGLE drafter: Block(fc(cat(embed(x_{t+1}), f_t))) at position t + 1 predicts f_{t+1} (docs/methods/eagle2.md)."""
 
 from __future__ import annotations
 
@@ -22,7 +18,8 @@ def drafter_config(target_cfg: TransformerConfig) -> TransformerConfig:
 
 
 class EagleNet(nn.Module):
-    """One-layer EAGLE drafter over target features; see the module docstring for the alignment."""
+    """One-layer EAGLE drafter: row i pairs the target's normed feature f_t with the token x_{t+1} sampled from it, at
+    the target's position t + 1 in the target's RoPE table; its logits are `target.output(h)` (no head of its own)."""
 
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()

@@ -1,9 +1,4 @@
-"""Captured decode steps: cached forwards, EAGLE tree growths and XSpecMesh heads as CUDA graphs (docs/precision.md).
-
-Invariants (tests/models/test_graphs.py): no host reads inside a step; shapes depend only on the bucket (padding rows
-write a scratch row, padding nodes see only themselves); a query's sums do not depend on the cache width T, so a
-step reads only its bucket's first `width` slots (hidden slots add exact zeros) and the eager forward's bits stay.
-"""
+"""Decode steps (cached forwards, EAGLE tree growths, XSpecMesh heads) captured as CUDA graphs (docs/precision.md)."""
 
 from __future__ import annotations
 
@@ -109,31 +104,32 @@ def chunked_mask(visible: torch.Tensor, cfg, dtype: torch.dtype):
 ATTENTION = {"chunked": chunked_mask, "sdpa": lambda visible, cfg, dtype: additive_mask(visible)}
 
 
+def blocks(module, h: torch.Tensor, x: StaticInputs, k: torch.Tensor, v: torch.Tensor, cross, attention: str,
+           width: int | None) -> torch.Tensor:
+    """A Transformer's or EAGLE drafter's blocks on one bucket over its input embeddings h [R, S, dim], reading the
+    cache's first `width` slots (None: all; slots past a row's own add exact zeros, so any width that holds them
+    gives the same bits): [R, S, dim]."""
+    width = width or k.shape[3]
+    rot = rotation(module.rope_table[x.positions].to(h.dtype), module.cfg.rope_layout)
+    mask = ATTENTION[attention](visibility(x, width), module.cfg, h.dtype)
+    cache, r = StaticCache(x, k, v, width), x.tokens.shape[0]
+    for i, blk in enumerate(module.layers):  # a condition's rows: the bucket's first R of the static buffer
+        h = blk(h, rot, i, cache, mask, False, None if cross is None else (cross[i][0][:r], cross[i][1][:r]))
+    return h
+
+
 def target_step(model, x: StaticInputs, k: torch.Tensor, v: torch.Tensor, cross, attention: str = "chunked",
                 width: int | None = None) -> tuple[torch.Tensor, ...]:
-    """A Transformer's cached forward on one bucket, reading the first `width` slots (None: all): logits [R, S, V]
-    and hidden [R, S, dim]; device ops only."""
-    width = width or k.shape[3]
-    h = model.tok_embeddings(x.tokens)  # [R, S, dim]
-    rot = rotation(model.rope_table[x.positions].to(h.dtype), model.cfg.rope_layout)
-    mask = ATTENTION[attention](visibility(x, width), model.cfg, h.dtype)
-    cache = StaticCache(x, k, v, width)
-    r = x.tokens.shape[0]
-    for i, blk in enumerate(model.layers):  # a condition's rows: the bucket's first R of the static buffer
-        h = blk(h, rot, i, cache, mask, False, None if cross is None else (cross[i][0][:r], cross[i][1][:r]))
-    hidden = model.norm(h)
+    """A Transformer's cached forward on one bucket: logits [R, S, V] and hidden [R, S, dim]; device ops only."""
+    hidden = model.norm(blocks(model, model.tok_embeddings(x.tokens), x, k, v, cross, attention, width))
     return model.output(hidden), hidden
 
 
 def eagle_step(net, x: StaticInputs, k: torch.Tensor, v: torch.Tensor, cross, attention: str = "chunked",
                width: int | None = None) -> tuple[torch.Tensor, ...]:
-    """An EAGLE drafter's cached forward on one bucket (first `width` slots; None: all): predicted features [R, S, D];
-    device ops only."""
-    width = width or k.shape[3]
+    """An EAGLE drafter's cached forward on one bucket: predicted features [R, S, D]; device ops only."""
     h = net.fc(torch.cat([net.tok_embeddings(x.tokens), x.features], dim=-1))  # [R, S, D]
-    rot = rotation(net.rope_table[x.positions].to(h.dtype), net.cfg.rope_layout)
-    mask = ATTENTION[attention](visibility(x, width), net.cfg, h.dtype)
-    return (net.layers[0](h, rot, 0, StaticCache(x, k, v, width), mask, False, None),)
+    return (blocks(net, h, x, k, v, cross, attention, width),)
 
 
 @dataclass(frozen=True)
@@ -148,7 +144,9 @@ class StepKind:
 
 class StepGraphs:
     """A module's static cache and its captured steps, one CUDA graph per bucket (`capture=False`: the same static
-    step run eagerly, which is what the CPU tests exercise)."""
+    step run eagerly, which is what the CPU tests exercise). Invariants (tests/models/test_graphs.py): no host reads
+    inside a step; shapes depend only on the bucket; a query's sums do not depend on the cache width T (so a step
+    reads only its bucket's `width`)."""
 
     def __init__(self, model, kind: StepKind, capture: bool = True, attention: str = "chunked") -> None:
         self.model, self.kind, self.capture, self.attention = model, kind, capture, attention
@@ -243,7 +241,7 @@ class StepGraphs:
 
     def servable(self, cache: KVCache, tree_mask: torch.Tensor | None) -> bool:
         """Whether a call runs on the static buffer: its cache is the buffer's first rows, no key mask (t2i captions
-        stay eager), conditions in the static buffers, and no low-precision tree of a target (module doc)."""
+        stay eager), conditions in the static buffers, and no low-precision tree of a target (StepKind)."""
         if self.k is None or cache.k.data_ptr() != self.k.data_ptr() or cache.key_mask is not None:
             return False
         if tree_mask is not None and self.kind.exact_trees and self.dtype != torch.float32:

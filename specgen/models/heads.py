@@ -1,9 +1,4 @@
-"""XSpecMesh decoding heads: D heads, head d predicts token s + d + 1 from the backbone's final hidden h_s.
-
-Paper eq. 4: p^(d)_{s+d+1} = softmax(W^(d) CrossAttn^(d)(h_s, c)), W^(d) = the backbone's LM head; residual branches
-start at zero, so an untrained head predicts the next-token distribution. The choices the paper leaves open (`ca` /
-`mlp` heads, `res_layers`, beyond the paper: `token_input`, `history`) are docs/methods/xspecmesh.md's table.
-"""
+"""XSpecMesh decoding heads: head d predicts token s + d + 1 from h_s (eq. 4; options: docs/methods/xspecmesh.md)."""
 
 from __future__ import annotations
 
@@ -13,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specgen.models.transformer import RMSNorm, split_kv
+from specgen.models.transformer import RMSNorm, rms_norm, split_kv
 
 HEAD_KINDS = ("ca", "mlp")
 
@@ -139,7 +134,8 @@ class MLPHead(nn.Module):
 
 
 class XSpecMeshHeads(nn.Module):
-    """D decoding heads over the backbone's final hidden states (head d = index d - 1)."""
+    """D decoding heads over the backbone's final hidden states (head d = index d - 1), logits by the backbone's LM
+    head; residual branches start at zero, so an untrained head predicts the next-token distribution."""
 
     def __init__(self, **kwargs) -> None:
         super().__init__()
@@ -174,15 +170,13 @@ class XSpecMeshHeads(nn.Module):
         hs, cfg = list(self.heads), self.cfg
         stack = lambda get, mods=hs: torch.stack([get(x).detach() for x in mods])  # noqa: E731
         weights = lambda get, mods=hs: stack(lambda x: get(x).t(), mods).contiguous()  # noqa: E731  [D, in, out]
-        common = dict(kind=cfg.kind, n_heads=cfg.n_heads, res_w=weights(lambda x: x.res.linear.weight),
-                      res_b=stack(lambda x: x.res.linear.bias))
+        # the residual blocks (`res`, then `more`) layer-major [L, D, ...]: each layer batched over the D heads
+        res_w = stack(lambda x: torch.stack([b.linear.weight.t() for b in (x.res, *x.more)]))  # [D, L, in, out]
+        res_b = stack(lambda x: torch.stack([b.linear.bias for b in (x.res, *x.more)]))  # [D, L, dim]
+        common = dict(kind=cfg.kind, n_heads=cfg.n_heads, res_w=res_w.transpose(0, 1).contiguous(),
+                      res_b=res_b.transpose(0, 1).contiguous())
         if cfg.token_input:
             common["tok_w"] = weights(lambda lin: lin.weight, self.tok)
-        if cfg.res_layers > 1:  # [D, L-1, ...] -> layer-major [L-1, D, ...], each layer batched over the D heads
-            more_w = stack(lambda x: torch.stack([b.linear.weight.t() for b in x.more]))  # [D, L-1, in, out]
-            common["more_w"] = more_w.transpose(0, 1).contiguous()
-            more_b = stack(lambda x: torch.stack([b.linear.bias for b in x.more]))  # [D, L-1, dim]
-            common["more_b"] = more_b.transpose(0, 1).contiguous()
         if cfg.kind != "ca":
             return StackedHeads(eps=0.0, **common)
         if cfg.history:
@@ -201,14 +195,12 @@ class StackedHeads:
     kind: str
     n_heads: int
     eps: float
-    res_w: torch.Tensor  # [D, dim (in), dim (out)]
-    res_b: torch.Tensor  # [D, dim]
+    res_w: torch.Tensor  # [L, D, dim (in), dim (out)]: the L = res_layers residual blocks
+    res_b: torch.Tensor  # [L, D, dim]
     norm_w: torch.Tensor | None = None  # [D, dim]        (CA heads only, below)
     wq: torch.Tensor | None = None  # [D, dim, inner]
     wo: torch.Tensor | None = None  # [D, inner, dim]
     tok_w: torch.Tensor | None = None  # [D, dim, dim]     (token_input heads only)
-    more_w: torch.Tensor | None = None  # [L-1, D, dim, dim] (res_layers = L > 1 only)
-    more_b: torch.Tensor | None = None  # [L-1, D, dim]
     wkv_h: torch.Tensor | None = None  # [D, dim, 2 inner]  (history heads only)
     pos_kv: torch.Tensor | None = None  # [D, W, 2 inner]    wkv_h(pos_h), the offset tags' K/V
 
@@ -230,7 +222,7 @@ class StackedHeads:
                  emb: torch.Tensor | None = None, past: torch.Tensor | None = None) -> torch.Tensor:
         """One hidden state h [1, dim] (+ E(x_{s+1}) emb [1, dim]) -> head features [D, dim] (before the LM head);
         past [D, W', 2 inner] (history heads): `project_history` of the latest hidden states, newest (= h) first."""
-        z = h.expand(self.res_b.shape[0], -1)  # [D, dim]
+        z = h.expand(self.res_b.shape[1], -1)  # [D, dim]
         if self.tok_w is not None:
             z = z + rows_times(emb.expand_as(z), self.tok_w)  # [D, dim]
         if self.kind == "ca":
@@ -240,10 +232,8 @@ class StackedHeads:
             k, v = kv if not self.history else self.with_history(kv, past)  # [D, H, M (+ W'), hd]
             y = F.scaled_dot_product_attention(q, k, v).reshape(d, inner)  # [D, inner]
             z = z + rows_times(y, self.wo)  # [D, dim]
-        z = stacked_res(z, self.res_w, self.res_b)
-        if self.more_w is not None:  # res_layers > 1: the extra blocks, each batched over the D heads
-            for w, b in zip(self.more_w, self.more_b):
-                z = stacked_res(z, w, b)
+        for w, b in zip(self.res_w, self.res_b):  # one ResBlock of each of the D heads at once
+            z = z + F.silu(torch.baddbmm(b.unsqueeze(1), z.unsqueeze(1), w).squeeze(1))
         return z
 
     def project_history(self, rows: torch.Tensor) -> torch.Tensor:
@@ -271,16 +261,7 @@ def head_logits(stacked: StackedHeads, lm_head: nn.Module, embed: nn.Module, dty
     return (lm_head(feats).float(),)
 
 
-def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    """w * RMSNorm(x) with float32 statistics, rounded to x's dtype before the weight (as `RMSNorm`'s torch path)."""
-    return w * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
-
-
 def rows_times(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """Row d of x [D, in] times head d's input-major weight w [D, in, out] -> [D, out] (one bmm)."""
     return torch.bmm(x.unsqueeze(1), w).squeeze(1)
 
-
-def stacked_res(z: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """One ResBlock of each of the D heads at once: z [D, dim], w [D, dim (in), dim (out)], b [D, dim] -> [D, dim]."""
-    return z + F.silu(torch.baddbmm(b.unsqueeze(1), z.unsqueeze(1), w).squeeze(1))

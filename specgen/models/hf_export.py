@@ -1,5 +1,4 @@
-"""A `transformers` Llama / Qwen2 / Qwen3 causal LM with the same weights as a specgen Transformer (the `hf`
-benchmark row, and tests that specgen's logits equal transformers')."""
+"""A transformers Llama / Qwen2 / Qwen3 causal LM with a specgen Transformer's weights (the `hf` benchmark row)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""Which kernels a forward runs, per device x dtype x shape: the one rule, in this module.
-
-The table of paths, and why "native" and "chunked" attention keep greedy speculation equal to AR: docs/precision.md,
-"Which kernels a forward runs" (with the environment variables that change results).
-"""
+"""Which kernels a forward runs, per device x dtype x shape: the one rule (its table and why: docs/precision.md)."""
 
 from __future__ import annotations
 
@@ -88,13 +84,11 @@ class Timing:
         """The first run of consecutive measured counts where the native loop beats both others: (lo, hi), hi None
         when the run reaches the last count; None when it never wins."""
         wins = [nat < min(mkl, dnn) for mkl, dnn, nat in zip(self.mkl_ms, self.dnn_ms, self.native_ms)]
-        if not any(wins):
+        if True not in wins:
             return None
         lo = wins.index(True)
-        hi = lo
-        while hi + 1 < len(wins) and wins[hi + 1]:
-            hi += 1
-        return self.rows[lo], (None if hi == len(self.rows) - 1 else self.rows[hi])
+        end = wins.index(False, lo) if False in wins[lo:] else None  # the first count after the run
+        return self.rows[lo], (None if end is None else self.rows[end - 1])
 
     @property
     def plan(self) -> Plan:
@@ -254,10 +248,6 @@ class KernelChoice:
     def __deepcopy__(self, memo: dict) -> KernelChoice:
         """Shared, not copied: a copied layer (e.g. a bfloat16 draft LM head) keeps its model's measurement."""
         return self
-
-    def __getstate__(self) -> dict:
-        """Pickled without the (unpicklable) weak references: an unpickled model measures nothing, uses the fallback."""
-        return {**self.__dict__, "_linears": []}
 
 
 def quantized_product(in_features: int, group: int) -> str:

@@ -1,7 +1,4 @@
-"""Decode-time layout of CPU Linear weights (`SPECGEN_WEIGHT_LAYOUT`): `packed` (default where torch has oneDNN,
-PackedLinears on the measured plan, tiles only where that is tiled.c at every row count), `col` (column-major, every
-product MKL) or `row` (PyTorch's). Values are unchanged; training keeps the default layout.
-"""
+"""Decode-time layout of CPU Linear weights, same values (`SPECGEN_WEIGHT_LAYOUT`; training keeps PyTorch's)."""
 
 from __future__ import annotations
 
@@ -20,7 +17,8 @@ ENV = "SPECGEN_WEIGHT_LAYOUT"
 
 
 def layout_name() -> str:
-    """`SPECGEN_WEIGHT_LAYOUT` (packed | col | row); default packed where torch has oneDNN's packed linear, else col."""
+    """`SPECGEN_WEIGHT_LAYOUT`: packed (PackedLinears on the measured plan; the default where torch has oneDNN's
+    packed linear), col (column-major, every product MKL; the default elsewhere) or row (PyTorch's)."""
     name = os.environ.get(ENV, "").strip().lower() or ("packed" if packed_linear.available() else "col")
     if name not in LAYOUTS:
         raise UsageError(f"{ENV}={name!r}; choose from {', '.join(LAYOUTS)}")

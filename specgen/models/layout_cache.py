@@ -1,10 +1,4 @@
-"""Decoded weights on disk (`$SPECGEN_HOME/layouts/`): a model's tensors in their decode layout (tiles, column-major
-matrices, quantized kernel operands) saved once as safetensors and memory-mapped by later loads, so a start lays out
-nothing and its weights are the file's pages (copy-on-write, shared between processes by the page cache), not copies.
-
-One file per checkpoint path, layout, dtypes and kernel plan, valid for the checkpoint's size, mtime and inode, this CPU
-and this torch (else rewritten). A file that does not open, or whose tensors do not fit the module, is ignored and
-rewritten; a folder that cannot be written warns once and the model loads as if there were no cache."""
+"""Decoded weights on disk (`$SPECGEN_HOME/layouts/`): decode-layout tensors saved once, mapped by later loads."""
 
 from __future__ import annotations
 

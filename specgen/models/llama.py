@@ -1,8 +1,4 @@
-"""Llama-family weights (Llama 2/3.x, SmolLM2, Mistral, Qwen2/2.5, Qwen3) from HF safetensors folders and GGUF files.
-
-A checkpoint loads exactly or not at all: every config key that changes the math is carried into the
-`TransformerConfig` or refused with one line naming it; the context is capped at `MAX_CONTEXT` (docs/architectures.md).
-"""
+"""Llama-family weights (HF folders, GGUF files), loaded exactly or refused in one line (docs/architectures.md)."""
 
 from __future__ import annotations
 
@@ -18,7 +14,7 @@ from safetensors import safe_open
 from specgen.errors import CheckpointError, UsageError
 from specgen.models.transformer import TransformerConfig
 
-MAX_CONTEXT = 8192  # the longest context specgen builds RoPE tables for (see the module docstring)
+MAX_CONTEXT = 8192  # the longest context specgen builds RoPE tables for (longer ones are capped to it)
 
 # name -> transformers' class defaults of the math keys a config.json may leave out
 HF_ARCHITECTURES = {

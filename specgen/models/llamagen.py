@@ -124,11 +124,7 @@ def llamagen_state(state: dict, kwargs: dict | None = None) -> dict[str, torch.T
         if m:
             qkv.setdefault(m.group(1), {})[m.group(2)] = value
             continue
-        for pattern, repl in _HF_RENAMES:
-            if re.match(pattern, key):
-                key = re.sub(pattern, repl, key)
-                break
-        out[key] = value
+        out[next((re.sub(p, r, key) for p, r in _HF_RENAMES if re.match(p, key)), key)] = value  # the first match
     for layer, parts in qkv.items():
         if set(parts) != {"q", "k", "v"}:
             raise CheckpointError(f"layer {layer}: q_proj/k_proj/v_proj incomplete ({', '.join(sorted(parts))})")

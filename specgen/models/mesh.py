@@ -1,8 +1,4 @@
-"""Point-cloud-conditioned mesh GPT: a perceiver point encoder + the specgen Transformer with cross-attention.
-
-BPT has no BOS id: position 0 is a learned start vector (`start`), tokens x_1.. sit at positions 1..; the logits at
-position i predict token i + 1. The condition's cross-attention K/V are computed once per mesh and kept in the cache.
-"""
+"""Point-cloud-conditioned mesh GPT: a perceiver point encoder + the specgen Transformer with cross-attention."""
 
 from __future__ import annotations
 
@@ -134,7 +130,7 @@ class MeshGPT(nn.Module):
     def prefill(self, cache: KVCache, cond: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store the condition's K/V, run the start vector at position 0 and commit it: logits [B, V] of token 1 and the
         start's hidden state [B, dim]."""
-        self.decoder.set_context(cache, cond)
+        cache.cross = self.decoder.context_kv(cond)  # computed once per mesh
         b = cond.shape[0]
         h = self.start.view(1, 1, -1).expand(b, 1, -1)
         pos = torch.zeros(b, 1, dtype=torch.long, device=cond.device)

@@ -1,7 +1,4 @@
-"""A float32 decoder block's decode forward as a straight run of native calls, without the module calls and their
-per-call kernel checks: the same kernels on the same inputs in the same order as `Block.forward`, so bitwise the
-module path (tests/models/test_native_block.py).
-"""
+"""A float32 block's decode forward as a straight run of native calls: `Block.forward`'s kernels and order, bitwise."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""PackedLinear: an nn.Linear whose CPU products run on the kernel its model's plan names: MKL, oneDNN, tiled.c.
-
-Its packed and tiled copies are made on first use, remade when the weight changes, never saved (docs/precision.md).
-"""
+"""PackedLinear: an nn.Linear whose CPU products run on the kernel its model's plan names: MKL, oneDNN, tiled.c."""
 
 from __future__ import annotations
 

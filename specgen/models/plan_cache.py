@@ -1,6 +1,4 @@
-"""Kernel plans kept on disk (`$SPECGEN_HOME/plans/kernel-plans.json`): measured once per machine, torch version,
-thread count and weight shapes; a file that does not parse is rewritten, an unwritable folder warns once. The same
-JSON helpers keep `decoding/cost.py`'s cost curves beside them."""
+"""Kernel plans on disk (`$SPECGEN_HOME/plans/`) per machine, torch, threads and shapes; `decoding/cost.py`'s too."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""Prompt mode: a prompt's prefill may run faster kernels than decode steps, because no later forward recomputes it.
-
-Invariant: a prefill runs once per sequence, the same way under AR and every method (docs/precision.md).
-"""
+"""Prompt mode: a prefill may use faster kernels than decode steps (it runs once per sequence, alike in all methods)."""
 
 from __future__ import annotations
 
@@ -14,7 +11,7 @@ _ACTIVE: ContextVar[bool] = ContextVar("specgen_prompt_mode", default=False)
 
 @contextmanager
 def prompt_mode() -> Iterator[None]:
-    """Run the block as a prompt prefill (see the module docstring)."""
+    """Run the block as a prompt prefill."""
     token = _ACTIVE.set(True)
     try:
         yield

@@ -1,9 +1,4 @@
-"""Weight-only int8 / int4 quantization of a Transformer for CPU decoding (qmm.c, else torch's own packed kernels).
-
-Invariant: every quantized kernel computes each row of a product alone, so a row's numbers never depend on its batch
-partners or the verify width and greedy speculation equals AR; only a prompt prefill (`models/prompt.py`) dequantizes
-to one bfloat16 GEMM. Formats, kernels and why: docs/precision.md.
-"""
+"""Weight-only int8 / int4 quantization of a Transformer for CPU decoding (qmm.c, else torch's packed kernels)."""
 
 from __future__ import annotations
 
@@ -134,7 +129,9 @@ def check_int4_shape(in_features: int, group: int) -> None:
 class QuantizedLinear(nn.Module):
     """Linear with int8 or int4 weights (buffers, saved in the state dict): x [..., in] (any float dtype) -> [..., out]
     in x's dtype, on the quantized kernel (`kernel_choice.quantized_product`) except in a prompt prefill
-    (`models/prompt.py`)."""
+    (`models/prompt.py`, which dequantizes to one bfloat16 GEMM). Invariant: every kernel computes each row of a product
+    alone, so a row's numbers never depend on its batch partners or the verify width and greedy speculation equals
+    AR (docs/precision.md)."""
 
     _kernel: tuple | None = None  # (op, operands, bias, made tensors) of `kernel`; dropped when the buffers are
     # replaced (assignment, load_state_dict, .to()), remade at the next product
@@ -165,12 +162,6 @@ class QuantizedLinear(nn.Module):
             q.bias = lin.bias.detach().to(ACT_DTYPE)
         return q
 
-    def dequantize(self, rows: slice = slice(None)) -> torch.Tensor:
-        """The float32 weight [out, in] the kernels multiply by (its output rows `rows` only)."""
-        if self.mode == "int8":
-            return dequantize_int8(self.qweight[rows], self.scales[rows])
-        return dequantize_int4(self.qweight[rows], self.scales[rows], self.zeros[rows])
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., in] -> [..., out]
         # a hot path (every layer of every decode step): no conversion op unless x needs one, and no buffer lookup
         # (nn.Module's __getattr__): the kernel's operands and the bias are read from `_kernel`
@@ -189,8 +180,8 @@ class QuantizedLinear(nn.Module):
         return y.view(*x.shape[:-1], self.out_features)
 
     def prompt_weight(self) -> torch.Tensor:
-        """The weight [out, in] in bfloat16 for a prompt's GEMM (float32 as `dequantize`, rounded once), in a workspace
-        shared by every layer of this shape: a fresh weight per product would fault in new pages each time."""
+        """The weight [out, in] in bfloat16 for a prompt's GEMM (the float32 `dequantize_int8/4`, rounded once), in a
+        workspace shared by every layer of this shape: a fresh weight per product would fault in new pages each time."""
         w32, w16 = workspace(self.out_features, self.in_features)
         if self.mode == "int8":
             w32.copy_(self.qweight).mul_(self.scales.float()[:, None])
@@ -201,8 +192,7 @@ class QuantizedLinear(nn.Module):
         return w16.copy_(w32)
 
     def kernel(self) -> tuple:
-        """(kernel op, its operands after x, bias, the tensors made for it), made once per set of buffers. The op
-        computes each row of x [M, in] bf16 alone."""
+        """(kernel op, its operands after x, bias, the tensors made for it), made once per set of buffers."""
         if self._kernel is None:
             self.use_kernel(self.make_kernel())
         return self._kernel
@@ -353,7 +343,7 @@ def quantize_transformer(model: nn.Module, mode: str, group: int = DEFAULT_GROUP
         head = QuantizedLinear.from_linear(model.output, "int8")
         untied = not model.cfg.tie_embeddings
         table = QuantizedLinear.from_linear(_as_linear(model.tok_embeddings.weight), "int8") if untied else head
-        set_head(model, head, table)
+        model.output, model.tok_embeddings = head, QuantizedEmbedding(table)
     for p in model.parameters():  # norms and the condition embedding: the activation dtype
         p.data = p.data.to(ACT_DTYPE)
     if model.cfg.cond_kind == "caption":  # the learned null caption: in the dtype of the features it stands for
@@ -370,11 +360,6 @@ def swap_layers(model: Transformer, linear, feed_forward) -> None:
                 if isinstance(lin, nn.Linear):
                     setattr(parent, name, linear(lin))
         blk.feed_forward = feed_forward(blk.feed_forward)
-
-
-def set_head(model: Transformer, head: QuantizedLinear, table: QuantizedLinear) -> None:
-    """Install the int8 LM head and the embedding over `table` (the head itself when tied)."""
-    model.output, model.tok_embeddings = head, QuantizedEmbedding(table)
 
 
 def quantize_model(model: nn.Module, mode: str, group: int = DEFAULT_GROUP) -> nn.Module:
@@ -413,7 +398,8 @@ def build_quantized_transformer(quantize: str, group: int = 0, **kwargs) -> nn.M
                 lambda ffn: QuantizedFeedForward(QuantizedLinear(cfg.dim, 2 * cfg.ffn_dim, quantize, group),
                                                  QuantizedLinear(cfg.ffn_dim, cfg.dim, quantize, group)))
     head = QuantizedLinear(cfg.dim, cfg.vocab_size, "int8")
-    set_head(model, head, head if cfg.tie_embeddings else QuantizedLinear(cfg.dim, cfg.vocab_size, "int8"))
+    table = head if cfg.tie_embeddings else QuantizedLinear(cfg.dim, cfg.vocab_size, "int8")
+    model.output, model.tok_embeddings = head, QuantizedEmbedding(table)
     for mod in model.modules():  # the norms (still on meta): real bf16 ones
         for name, p in list(mod.named_parameters(recurse=False)):
             setattr(mod, name, nn.Parameter(torch.ones(p.shape, dtype=ACT_DTYPE), requires_grad=False))

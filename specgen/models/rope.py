@@ -1,8 +1,4 @@
-"""Rotary position tables (1D Llama, with static context extension, and LlamaGen 2D) and their two pair layouts.
-
-A table [P, D/2, 2] of (cos, sin) is indexed by position id (tree nodes share positions; LlamaGen's condition
-positions are zero rows). Layouts: "half" pairs (x[i], x[i + D/2]) (HF, NeoX), "interleaved" (x[2i], x[2i+1]) (Meta).
-"""
+"""RoPE tables [P, D/2, 2] of (cos, sin) by position id (1D Llama with context extension, LlamaGen 2D) and rotation."""
 
 from __future__ import annotations
 
@@ -77,7 +73,7 @@ class Rotation:
 
     cos: torch.Tensor
     sin: torch.Tensor
-    layout: str  # "half" | "interleaved"
+    layout: str  # "half": pairs (x[i], x[i + D/2]) (HF, NeoX) | "interleaved": (x[2i], x[2i+1]) (Meta)
 
 
 def rotation(rot: torch.Tensor, layout: str) -> Rotation:

@@ -1,10 +1,4 @@
-"""TiledWeight: a float32 Linear weight [N, K] held only as tiled.c's tiles, so a decoder keeps its weights once.
-
-Any op other than an embedding lookup, a detach or an alias reads a dense copy made for that op (an in-place op writes
-its result back into the tiles): exact values everywhere, the decode's products read the tiles (`PackedLinear`).
-The calls a load and a decode step make (detach, copy_, embedding) are answered at the torch-function level: torch's
-first Python dispatch on a subclass imports torch.distributed.tensor, seconds of start-up `generate` need not pay.
-"""
+"""TiledWeight: a float32 Linear weight [N, K] held only as tiled.c's tiles, so a decoder keeps its weights once."""
 
 from __future__ import annotations
 
@@ -20,7 +14,8 @@ aten = torch.ops.aten
 
 class TiledWeight(torch.Tensor):
     """A weight [N, K] whose only storage is `tiles` [ceil(N / T), K, T] (`ops.tile`'s layout); column-major
-    strides, as `models/layout.py` stores a dense decode weight."""
+    strides, as `models/layout.py` stores a dense decode weight. Ops other than a lookup, detach or alias read a dense
+    copy made for them (an in-place op writes back into the tiles): exact values everywhere."""
 
     tiles: torch.Tensor
 
@@ -73,7 +68,8 @@ class TiledWeight(torch.Tensor):
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
-        """The calls a load and a decode make, answered on the tiles; the rest goes on to `__torch_dispatch__`."""
+        """The calls a load and a decode make (detach, copy_, embedding), answered on the tiles here: torch's first
+        Python dispatch on a subclass imports torch.distributed.tensor (seconds of start-up); the rest dispatches."""
         if func is torch.Tensor.detach:
             return cls(args[0].tiles, args[0].shape[0])
         if func is torch.Tensor.copy_ and isinstance(args[0], TiledWeight) and not isinstance(args[1], TiledWeight):

@@ -1,6 +1,4 @@
-"""Text tokenizer with chat template: the entry's tokenizer.json through `tokenizers`, its template through jinja2
-in the environment transformers renders it in (importing transformers would be most of a text command's start-up).
-"""
+"""Text tokenizer: tokenizer.json through `tokenizers`, the chat template through jinja2 as transformers renders it."""
 
 from __future__ import annotations
 

@@ -73,9 +73,13 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if native_norms(x, self.weight):  # the same formula in one pass (its float32 sum in a fixed order)
             return torch.ops.specgen.rms_norm(x, self.weight, self.eps)
-        # HF's formula: F.rms_norm of float32 is bitwise x * rsqrt(mean(x^2) + eps) (tests/models/test_rope_norm.py)
-        xf = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
-        return self.weight * xf.to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """w * RMSNorm(x) with float32 statistics, rounded to x's dtype before the weight: HF's formula (F.rms_norm of
+    float32 is bitwise x * rsqrt(mean(x^2) + eps), tests/models/test_rope_norm.py)."""
+    return w * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -205,7 +209,6 @@ class ClassEmbedding(nn.Module):
 
     def __init__(self, num_classes: int, dim: int) -> None:
         super().__init__()
-        self.num_classes = num_classes
         self.embedding_table = nn.Embedding(num_classes + 1, dim)
 
     def forward(self, labels: torch.Tensor) -> torch.Tensor:
@@ -287,10 +290,6 @@ class Transformer(nn.Module):
     def context_kv(self, context: torch.Tensor) -> list:
         """Per-layer cross-attention keys/values of a condition [B, M, cross_dim]."""
         return [blk.cross_attention.context_kv(context) for blk in self.layers]
-
-    def set_context(self, cache: KVCache, context: torch.Tensor) -> None:
-        """Store a condition's cross-attention keys/values in the cache, computed once."""
-        cache.cross = self.context_kv(context)
 
     def forward(
         self,

@@ -1,8 +1,4 @@
-"""MuLo-SD up-/down-sampler pair between a low-resolution token grid and the target's (2x or 4x per side).
-
-Every convolution is row-causal, so running either network on an image's first rows gives exactly the first rows of
-its output on the whole image (docs/methods/mulo-sd.md has the layout and why).
-"""
+"""MuLo-SD up-/down-sampler pair (2x or 4x per side), row-causal throughout (docs/methods/mulo-sd.md)."""
 
 from __future__ import annotations
 
@@ -121,7 +117,8 @@ class Resampler(nn.Module):
 
 
 class UpDownSampler(nn.Module):
-    """The pair (U_r, D_r) plus the frozen VQ codebook they embed from and quantise to."""
+    """The pair (U_r, D_r) plus the frozen VQ codebook they embed from and quantise to. Row-causal: either network on
+    an image's first rows gives exactly the first rows of its output on the whole image."""
 
     def __init__(self, cfg: UpsamplerConfig) -> None:
         super().__init__()

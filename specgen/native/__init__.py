@@ -1,10 +1,4 @@
-"""Native CPU kernels: C sources beside this file, built at install time or on first use, loaded with ctypes.
-
-A library is found installed (`lib/`), else in `$SPECGEN_CACHE`, else compiled there now, and named by a hash of its
-sources, flags and this CPU (and the compiler, in the cache), so `-march=native` code never runs on another CPU kind.
-Invariant: which path runs is decided once per process (`library()` is cached), so every forward of a model computes
-the same way and lossless methods equal AR on either path. Why and where they run: docs/precision.md.
-"""
+"""Native CPU kernels: C sources beside this file, built at install time or on first use, loaded with ctypes."""
 
 from __future__ import annotations
 
@@ -77,7 +71,8 @@ def plain_libgomp_loaded(maps: str) -> bool:
 
 
 def key(name: str, flags: tuple[str, ...], compiler: str = "") -> str:
-    """A library's identity: its source and the shared headers, the flags, this CPU and (in the cache) the compiler."""
+    """A library's identity: its source and the shared headers, the flags, this CPU (`-march=native` code never runs
+    on another CPU kind) and (in the cache) the compiler."""
     sources = [(SOURCE_DIR / f"{name}.c").read_bytes()] + [h.read_bytes() for h in sorted(SOURCE_DIR.glob("*.h"))]
     parts = [*sources, " ".join(flags).encode(), compiler.encode(), cpu_signature().encode()]
     return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
@@ -150,7 +145,8 @@ def compile_to(cc: str, name: str, flags: tuple[str, ...], out: Path) -> str:
 @functools.cache
 def library(name: str) -> ctypes.CDLL | None:
     """The compiled library `name` (a key of SIGNATURES), or None (no compiler, a failed build, `SPECGEN_NATIVE=0`, or
-    a SIXTEEN_LANE library without 16-lane vectors: one warning line says why). A file that does not load is rebuilt."""
+    a SIXTEEN_LANE library without 16-lane vectors: one warning line says why). A file that does not load is rebuilt.
+    Cached: which path runs is decided once per process, so every forward computes one way (docs/precision.md)."""
     if os.environ.get("SPECGEN_NATIVE", "1") == "0" or (name in SIXTEEN_LANE and not sixteen_lanes()):
         return None
     why = ""

@@ -70,7 +70,7 @@ def test_a_cross_attention_block_equals_its_modules_bit_for_bit(monkeypatch):
         model = decode_layout(tiny_model(3, cross_dim=24), "packed")
         cache = model.new_cache(2, 32)
         with torch.inference_mode():
-            model.set_context(cache, torch.randn(2, 5, 24, generator=torch.Generator().manual_seed(0)))
+            cache.cross = model.context_kv(torch.randn(2, 5, 24, generator=torch.Generator().manual_seed(0)))
             out = [model(torch.tensor([[1, 2, 3], [4, 5, 6]]), torch.arange(3).expand(2, 3), cache)[0]]
             for row in range(2):
                 cache.commit(row, [0, 1, 2])

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from specgen.decoding.target import ModelTarget
 from specgen.models import prompt, quantize
 from specgen.models.quantize import QuantizedLinear, quantize_transformer
-from tests.conftest import tiny_model
+from tests.conftest import dequantized, tiny_model
 
 MODES = [("int8", 0), ("int4", 32)]
 
@@ -27,8 +27,8 @@ def test_prompt_weight_is_the_dequantized_weight_bit_for_bit(mode, group):
     a, b = layer(mode, group, seed=1), layer(mode, group, seed=2)  # same shape: one shared workspace
     wa = a.prompt_weight().clone()
     wb = b.prompt_weight()
-    assert torch.equal(wa, a.dequantize().to(torch.bfloat16))
-    assert torch.equal(wb, b.dequantize().to(torch.bfloat16)) and not torch.equal(wa, wb)
+    assert torch.equal(wa, dequantized(a).to(torch.bfloat16))
+    assert torch.equal(wb, dequantized(b).to(torch.bfloat16)) and not torch.equal(wa, wb)
 
 
 @pytest.fixture(autouse=True)
@@ -60,7 +60,7 @@ def test_only_a_prompt_product_of_enough_rows_leaves_the_kernel(mode, group):
         with prompt.prompt_mode():
             gemm = q(x)
             short = q(x[: rows - 1])
-    want = F.linear(x, q.dequantize().bfloat16()) + q.bias
+    want = F.linear(x, dequantized(q).bfloat16()) + q.bias
     assert torch.equal(gemm, want)
     assert torch.equal(short, kernel[: rows - 1])  # below the crossover: still the kernel
     # the same weights either way: the two kernels agree to bfloat16 rounding

@@ -12,6 +12,7 @@ import torch
 from specgen import native
 from specgen.models.quantize import QuantizedLinear
 from specgen.native import ops
+from tests.conftest import dequantized
 
 needs_qmm = pytest.mark.skipif(native.library("qmm") is None, reason="no C compiler: qmm.c is not built here")
 CASES = [("int4", 32), ("int4", 64), ("int8", 0)]
@@ -49,9 +50,9 @@ def test_rows_are_bitwise_alone_and_near_the_dequantized_product(mode, group, dt
     for m in (*range(1, 10), 19):
         assert torch.equal(product(q, x[:m]), alone[:m]), m
     assert torch.equal(product(q, x, threads=2), alone)
-    ref = x.double() @ q.dequantize().double().t()
+    ref = x.double() @ dequantized(q).double().t()
     # the activation grid is max|x| / 32512 per block, then one rounding to x's dtype
-    bound = (x.double().abs() @ q.dequantize().double().abs().t()) * 2.0**-14 + ref.abs() * (2.0**-8 if dtype ==
+    bound = (x.double().abs() @ dequantized(q).double().abs().t()) * 2.0**-14 + ref.abs() * (2.0**-8 if dtype ==
                                                                                              torch.bfloat16 else 1e-6)
     assert ((alone.double() - ref).abs() <= bound).all()
 

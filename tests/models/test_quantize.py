@@ -26,7 +26,7 @@ from specgen.models.quantize import (
     quantize_int8,
     quantize_transformer,
 )
-from tests.conftest import method_drafter, tiny_model
+from tests.conftest import dequantized, method_drafter, tiny_model
 
 GREEDY = SamplingParams()
 LOSSLESS_TEXT = sorted(name for name, spec in METHODS.items() if spec.runs_on("text") and spec.lossless)
@@ -119,7 +119,7 @@ def test_quantized_linear_equals_the_dequantized_float_product(mode, group):
     x = torch.randn(3, 5, 64)  # batched [B, S, in]
     with torch.inference_mode():
         y = q(x)
-        ref = F.linear(x.bfloat16().float(), q.dequantize(), lin.bias.bfloat16().float())
+        ref = F.linear(x.bfloat16().float(), dequantized(q), lin.bias.bfloat16().float())
     assert y.shape == (3, 5, 96) and y.dtype == torch.float32
     # the kernels return bfloat16: agreement to bfloat16 rounding of the outputs
     assert torch.allclose(y, ref, rtol=2**-7, atol=2**-7 * ref.abs().max().item())
@@ -174,12 +174,12 @@ def test_quantized_model_equals_its_dequantized_float_model(mode, group):
     with torch.no_grad():  # the float model with exactly the weights the kernels use
         for name, mod in qm.named_modules():
             if isinstance(mod, QuantizedLinear) and name.endswith(".w13"):  # the fused gate and up projections
-                gate, up = mod.dequantize().chunk(2)
+                gate, up = dequantized(mod).chunk(2)
                 ref.get_submodule(name[:-2] + "1").weight.copy_(gate)
                 ref.get_submodule(name[:-2] + "3").weight.copy_(up)
             elif isinstance(mod, QuantizedLinear):
-                ref.get_submodule(name).weight.copy_(mod.dequantize())
-        ref.tok_embeddings.weight.copy_(qm.output.dequantize())
+                ref.get_submodule(name).weight.copy_(dequantized(mod))
+        ref.tok_embeddings.weight.copy_(dequantized(qm.output))
     ids = torch.randint(0, 64, (2, 9))
     pos = torch.arange(9).expand(2, 9)
     with torch.inference_mode():
@@ -203,7 +203,7 @@ def test_tied_embedding_and_head_share_one_int8_table():
     ids = torch.tensor([[1, 5, 63]])
     with torch.inference_mode():
         emb = qm.tok_embeddings(ids)  # [1, 3, dim]
-    want = qm.output.dequantize()[ids[0]].bfloat16()
+    want = dequantized(qm.output)[ids[0]].bfloat16()
     assert torch.allclose(emb[0].float(), want.float(), rtol=2**-7, atol=1e-6)
 
 
