@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
@@ -288,20 +289,18 @@ class StepGraphs:
         """A key's first call: run it (warm-up) and capture it; (outputs, graph)."""
         if not self.capture:
             return step(), None
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):  # warm-up: lazy initialisations happen outside the capture
-            step()
-        torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         self.pool = self.pool or torch.cuda.graph_pool_handle()
         try:
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):  # warm-up: lazy initialisations happen outside the capture
+                step()
+            torch.cuda.current_stream().wait_stream(stream)
             with torch.cuda.graph(graph, pool=self.pool):
                 outs = step()
-        except torch.cuda.OutOfMemoryError:
-            free = torch.cuda.mem_get_info()[0]
-            raise UsageError(f"--graphs: {what} does not fit in the GPU's {free} free bytes; use --graphs off or a "
-                             "smaller --batch-size") from None
+        except torch.cuda.OutOfMemoryError as e:
+            raise out_of_memory(what, str(e), torch.cuda.mem_get_info()[0]) from None
         pool = tuple(self.pool)  # what the captures keep reserved: the segments of their pool
         self.graph_bytes = sum(seg["total_size"] for seg in torch.cuda.memory_snapshot()
                                if tuple(seg.get("segment_pool_id", ())) == pool)
@@ -316,6 +315,14 @@ class StepGraphs:
         """What the captures hold, for a benchmark's machine column."""
         return {"graphs": len(self.graphs), "graph_mb": round(self.graph_bytes / 2**20, 1), "replays": self.replays,
                 "eager_calls": self.eager_calls}
+
+
+def out_of_memory(what: str, error: str, free: int) -> UsageError:
+    """The one line for a bucket whose capture ran out of GPU memory: the bucket, what it asked for, what was free."""
+    asked = re.search(r"Tried to allocate ([\d.]+ [KMGT]?i?B)", error)
+    need = f"asked for {asked.group(1)} more" if asked else "ran out of memory"
+    return UsageError(f"--graphs: the {what} {need} with {free / 2**20:.0f} MiB of the GPU free; use --graphs off "
+                      "or a smaller --batch-size")
 
 
 KINDS = {Transformer: StepKind(target_step), EagleNet: StepKind(eagle_step, features=True, exact_trees=False),

@@ -136,6 +136,14 @@ def test_image_cfg_steps_decode_what_eager_decodes():
     assert got.tokens == eager.tokens and model.graphs.replays == 15
 
 
+def test_a_bucket_too_large_for_the_gpu_is_one_line_naming_it_and_its_bytes():
+    torch_says = "CUDA out of memory. Tried to allocate 1.50 GiB. GPU 0 has a total capacity of 79.19 GiB of which ..."
+    e = graphs.out_of_memory("bucket of 64 rows x 128 nodes over 4096 slots", torch_says, 512 * 2**20)
+    assert str(e) == ("--graphs: the bucket of 64 rows x 128 nodes over 4096 slots asked for 1.50 GiB more with 512 "
+                      "MiB of the GPU free; use --graphs off or a smaller --batch-size")
+    assert "ran out of memory" in str(graphs.out_of_memory("capture ('k',)", "out of memory", 0))
+
+
 def test_graphs_on_a_cpu_are_refused_and_auto_is_off():
     model = tiny_model(0)
     with pytest.raises(UsageError, match="--graphs on needs a CUDA device"):
