@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import warnings
 from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
@@ -149,8 +150,10 @@ class StepGraphs:
     inside a step; shapes depend only on the bucket; a query's sums do not depend on the cache width T (so a step
     reads only its bucket's `width`)."""
 
-    def __init__(self, model, kind: StepKind, capture: bool = True, attention: str = "chunked") -> None:
+    def __init__(self, model, kind: StepKind, capture: bool = True, attention: str = "chunked",
+                 strict: bool = False) -> None:
         self.model, self.kind, self.capture, self.attention = model, kind, capture, attention
+        self.strict = strict  # `--graphs on`: a step that cannot be captured is an error, not an uncaptured fallback
         param = next(model.parameters())
         self.dtype, self.device = param.dtype, param.device
         self.k = self.v = None  # [L, C + 1, Hkv, T, D]: C cache rows and one scratch row for padding rows
@@ -286,21 +289,35 @@ class StepGraphs:
         x.tree[:n, :s, :s].copy_(x.chain[:s, :s] if tree_mask is None else tree_mask.expand(n, s, s))
 
     def record(self, step: Callable[[], tuple], what: str):
-        """A key's first call: run it (warm-up) and capture it; (outputs, graph)."""
-        if not self.capture:
-            return step(), None
+        """A key's first call: (outputs, its graph), or (outputs, None) where steps run uncaptured. Out of GPU memory
+        is one line; any other capture failure is one line under `--graphs on` and, under auto, one warning, after
+        which this module's steps run uncaptured (the same static steps: the same bits, without the replay's speed)."""
+        if self.capture:
+            try:
+                return self.captured(step)
+            except torch.cuda.OutOfMemoryError as e:
+                raise out_of_memory(what, str(e), torch.cuda.mem_get_info()[0]) from None
+            except RuntimeError as e:  # an op a graph cannot hold (a host read, a kernel or dtype without capture)
+                why = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+                if self.strict:
+                    raise UsageError(f"--graphs on: the {what} cannot be captured ({why}); use --graphs auto or off"
+                                     ) from None
+                warnings.warn(f"--graphs auto: the {what} cannot be captured ({why}); "
+                              f"{type(self.model).__name__} steps run uncaptured")
+                self.capture = False
+        return step(), None
+
+    def captured(self, step: Callable[[], tuple]):
+        """Run `step` once (warm-up: lazy initialisations stay outside the graph), then capture it; (outputs, graph)."""
         graph = torch.cuda.CUDAGraph()
         self.pool = self.pool or torch.cuda.graph_pool_handle()
-        try:
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):  # warm-up: lazy initialisations happen outside the capture
-                step()
-            torch.cuda.current_stream().wait_stream(stream)
-            with torch.cuda.graph(graph, pool=self.pool):
-                outs = step()
-        except torch.cuda.OutOfMemoryError as e:
-            raise out_of_memory(what, str(e), torch.cuda.mem_get_info()[0]) from None
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            step()
+        torch.cuda.current_stream().wait_stream(stream)
+        with torch.cuda.graph(graph, pool=self.pool):
+            outs = step()
         pool = tuple(self.pool)  # what the captures keep reserved: the segments of their pool
         self.graph_bytes = sum(seg["total_size"] for seg in torch.cuda.memory_snapshot()
                                if tuple(seg.get("segment_pool_id", ())) == pool)
@@ -352,5 +369,6 @@ def attach(model, mode: str = "auto", capture: bool | None = None, attention: st
     model.graphs = None
     if mode == "off" or (mode == "auto" and not on_cuda and capture is not False):
         return None
-    model.graphs = StepGraphs(model, KINDS[type(model)], on_cuda if capture is None else capture, attention)
+    model.graphs = StepGraphs(model, KINDS[type(model)], on_cuda if capture is None else capture, attention,
+                              strict=mode == "on")
     return model.graphs

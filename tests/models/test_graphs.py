@@ -144,6 +144,29 @@ def test_a_bucket_too_large_for_the_gpu_is_one_line_naming_it_and_its_bytes():
     assert "ran out of memory" in str(graphs.out_of_memory("capture ('k',)", "out of memory", 0))
 
 
+@pytest.mark.parametrize("mode", ["auto", "on"])
+def test_a_step_that_cannot_be_captured_is_one_line_under_on_and_runs_uncaptured_under_auto(mode, monkeypatch):
+    def refuses(self, step):
+        raise RuntimeError("operation not permitted when stream is capturing\nCUDA kernel errors might be ...")
+
+    monkeypatch.setattr(graphs.StepGraphs, "captured", refuses)
+    prompts = [PROMPT]
+    eager = run_batch(ModelTarget(tiny_model(0)), lambda i: EmptyDrafter(), prompts, 8, SamplingParams())
+    model = tiny_model(0)
+    graphs.attach(model, mode, capture=False)
+    model.graphs.capture, model.graphs.strict = True, mode == "on"  # as attach leaves them on CUDA
+    target = ModelTarget(model)
+    if mode == "on":
+        with pytest.raises(UsageError, match=r"^--graphs on: the bucket of 1 rows x 1 nodes over 256 slots cannot "
+                                             r"be captured \(operation not permitted when stream is capturing\); "):
+            run_batch(target, lambda i: EmptyDrafter(), prompts, 8, SamplingParams())
+        return
+    with pytest.warns(UserWarning, match="cannot be captured") as caught:
+        got = run_batch(target, lambda i: EmptyDrafter(), prompts, 8, SamplingParams())
+    assert len(caught) == 1 and not model.graphs.capture
+    assert [r.tokens for r in got.results] == [r.tokens for r in eager.results]
+
+
 def test_graphs_on_a_cpu_are_refused_and_auto_is_off():
     model = tiny_model(0)
     with pytest.raises(UsageError, match="--graphs on needs a CUDA device"):
