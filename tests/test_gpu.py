@@ -177,6 +177,37 @@ def test_captured_steps_decode_what_eager_ar_decodes(make, batch):
     assert steps.replays > 0 and steps.eager_calls == 0 and steps.graph_bytes > 0
 
 
+def test_captured_steps_across_width_buckets_and_a_failed_capture_decode_what_eager_ar_decodes(monkeypatch):
+    """Steps read only their width bucket's slots (16, 32, 64 here: the decode crosses each) with the bits of eager AR;
+    a step that reads the host cannot be captured, and under auto its module runs the static steps uncaptured."""
+    from specgen.methods import run_batch
+    from specgen.models import graphs
+
+    monkeypatch.setattr(graphs, "MIN_WIDTH", 16)
+    model, _ = cpu_reference(0)
+    prompts = [PROMPT, PROMPT[:7]]
+    gpu = target_on(model, "cuda")
+    eager = run_batch(gpu, lambda i: EmptyDrafter(), prompts, NEW, SamplingParams())
+    steps = graphs.attach(model, "on")
+    try:
+        res = run_batch(gpu, lambda i: EmptyDrafter(), prompts, NEW, SamplingParams())
+        assert {b.width for b in steps.uses} == {16, 32, 64} and steps.eager_calls == 0
+        step = graphs.KINDS[type(model)].step
+
+        def reads_the_host(model, x, *args):
+            int(x.meta[0, 0])  # a sync: not allowed while a stream is captured
+            return step(model, x, *args)
+
+        monkeypatch.setitem(graphs.KINDS, type(model), graphs.StepKind(reads_the_host))
+        steps = graphs.attach(model, "auto")
+        with pytest.warns(UserWarning, match="cannot be captured"):
+            fallback = run_batch(gpu, lambda i: EmptyDrafter(), prompts, NEW, SamplingParams())
+        assert not steps.capture
+    finally:
+        graphs.attach(model, "off")
+    assert [r.tokens for r in res.results] == [r.tokens for r in fallback.results] == [r.tokens for r in eager.results]
+
+
 def test_captured_image_trees_decode_what_eager_ar_decodes():
     """The shipped tiny image GPT on CUDA, float32, T 0: EAGLE-2 and ADT-Tree verifies replayed from graphs equal AR."""
     from specgen.image.generate import ImageGenConfig, generate_images, load_image_model
