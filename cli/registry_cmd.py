@@ -70,7 +70,9 @@ def import_cmd(
     quiet: QuietOpt = False,
 ) -> None:
     """Import external weights (pickles read with weights_only=True, stored as safetensors)."""
-    _output.out.print(runs().import_entry(source, name, kind, builder, kwargs, parent, vq, force, quiet))
+    entry = runs().import_checkpoint(source, name, kind, builder, kwargs, parent, _output.registry_progress(quiet),
+                                     vq=vq, force=force)
+    _output.out.print(entry.ref)
 
 
 EPILOG_MERGE = """examples:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from cli import _output
 from specgen import builtins, checkpoints, registry
-from specgen.importer import import_checkpoint
+from specgen.importer import import_checkpoint  # noqa: F401 - `specgen registry import` calls it here
 from specgen.registry import Entry
 from specgen.text.merge import adapter_source, register_merged  # also registers the distilled built-ins' maker
 
@@ -26,11 +26,6 @@ def status(e: Entry) -> str:
         return "ok"
     fix = "re-created on next use" if e.builtin else f"remove with `specgen registry remove {e.ref}` and import again"
     return f"corrupt ({e.corrupt}); {fix}"
-
-
-def import_entry(source: Path, name: str, kind: str, builder, kwargs, parent, vq, force: bool, quiet: bool) -> str:
-    return import_checkpoint(source, name, kind, builder, kwargs, parent, _output.registry_progress(quiet), vq=vq,
-                             force=force).ref
 
 
 def merge(source: str, name: str, scale: float | None, force: bool, quiet: bool) -> str:

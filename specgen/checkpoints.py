@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import math
 from pathlib import Path
 from typing import Callable
@@ -62,9 +61,7 @@ def modality_of(name: str) -> str:
         kind, _, bare = name.rpartition("/")
         b = BUILTINS.get(bare)
         if b is not None and kind in ("", b.kind):
-            shipped = ASSETS / b.asset / CONFIG if b.asset else None
-            meta = json.loads(shipped.read_text()) if shipped is not None and shipped.is_file() else {}
-    if meta is None:
+            return b.asset.partition("/")[0] or "text"  # specgen/assets/<modality>/...; the GGUF one is text
         meta = find(name).meta
     return meta.get("modality", "text")
 

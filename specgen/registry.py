@@ -58,14 +58,10 @@ def check_name(name: str, what: str = "checkpoint name") -> str:
 
 def installed_meta(name: str) -> dict | None:
     """config.json of an installed entry (a path, kind/name or bare name); None when absent, ambiguous or unreadable."""
-    path = Path(name).expanduser()
-    if (path / CONFIG).is_file():
-        candidates = [path]
-    else:
-        kind, _, bare = name.rpartition("/")
-        kinds = [kind] if kind in KINDS else list(KINDS) if not kind else []
-        folders = [checkpoints_dir() / k / bare for k in kinds] if bare else []
-        candidates = [f for f in folders if (f / CONFIG).is_file()]
+    path, (kind, _, bare) = Path(name).expanduser(), name.rpartition("/")
+    folders = [path] if (path / CONFIG).is_file() else [checkpoints_dir() / k / bare for k in KINDS
+                                                        if bare and kind in ("", k)]
+    candidates = [f for f in folders if (f / CONFIG).is_file()]
     if len(candidates) != 1:
         return None
     try:
