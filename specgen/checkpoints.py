@@ -6,20 +6,17 @@ import contextlib
 import dataclasses
 import math
 from pathlib import Path
-from typing import Callable
 
 import torch
 
 from specgen import registry
 from specgen.builders import BUILDERS
-from specgen.builtins import ASSETS, BUILTINS, asset_fingerprint
+from specgen.builtins import ASSETS, BUILTINS, Progress, asset_fingerprint
 from specgen.errors import CheckpointError
 from specgen.limits import check_declared_size as check_size
 from specgen.models import layout_cache
 from specgen.models.layout import decode_layout
 from specgen.registry import CONFIG, Entry, entry_at, one_line
-
-Progress = Callable[[str, int, int], None]
 
 
 def marked(entry: Entry) -> Entry:
@@ -38,7 +35,7 @@ def list_entries(kind: str | None = None) -> list[Entry]:
     return [e for _, e in sorted(found.items()) if kind is None or e.kind == kind]
 
 
-def find(name: str, progress: Progress | None = None) -> Entry:
+def find(name: str, progress: Progress = None) -> Entry:
     """Resolve a path, `kind/name`, or a bare name; materialise built-ins when missing, damaged or stale."""
     path = Path(name).expanduser()
     if (path / CONFIG).is_file() and (path / registry.WEIGHTS).is_file():

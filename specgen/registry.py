@@ -11,7 +11,7 @@ import re
 import shutil
 import socket
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
@@ -223,12 +223,10 @@ def remove_stale_temporaries(folder: Path) -> None:
     host, now = socket.gethostname(), time.time()
     for p in folder.glob(".*"):
         m = TEMP_RE.fullmatch(p.name)
-        try:
-            old = m is not None and now - p.stat().st_mtime > STALE_FOREIGN_S
-        except OSError:
-            continue
-        if m and p.is_dir() and (old or m["host"] == host and not pid_alive(int(m["pid"]))):
-            shutil.rmtree(p, ignore_errors=True)
+        with suppress(OSError):  # one gone meanwhile: its writer finished
+            if m and p.is_dir() and (now - p.stat().st_mtime > STALE_FOREIGN_S
+                                     or m["host"] == host and not pid_alive(int(m["pid"]))):
+                shutil.rmtree(p, ignore_errors=True)
 
 
 def pid_alive(pid: int) -> bool:
