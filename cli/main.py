@@ -19,14 +19,9 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-app.command("generate", epilog=generate.EPILOG)(generate.generate)
-app.command("benchmark", epilog=benchmark.EPILOG)(benchmark.benchmark)
-app.command("train-heads", epilog=train_heads.EPILOG)(train_heads.train_heads)
-app.command("collect-trajectories", epilog=collect_trajectories.EPILOG)(collect_trajectories.collect_trajectories)
-app.command("distill", epilog=distill.EPILOG)(distill.distill)
-app.command("export-mesh", epilog=export_mesh.EPILOG)(export_mesh.export_mesh)
-app.command("train-upsampler", epilog=train_upsampler.EPILOG)(train_upsampler.train_upsampler)
-app.command("env", epilog=env.EPILOG)(env.env)
+for module in (generate, benchmark, train_heads, collect_trajectories, distill, export_mesh, train_upsampler, env):
+    name = module.__name__.removeprefix("cli.")  # each command is its module's function of the same name
+    app.command(name.replace("_", "-"), epilog=module.EPILOG)(getattr(module, name))
 app.add_typer(registry_cmd.app, name="registry")
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -11,7 +10,6 @@ import typer
 from cli import _output
 from cli._errors import command
 from cli._options import Format, FormatOpt, QuietOpt
-from specgen.errors import UsageError
 
 app = typer.Typer(help="List, inspect, import, merge and remove checkpoints.", no_args_is_help=True)
 
@@ -70,7 +68,9 @@ def import_cmd(
     quiet: QuietOpt = False,
 ) -> None:
     """Import external weights (pickles read with weights_only=True, stored as safetensors)."""
-    _output.out.print(runs().import_entry(source, name, kind, builder, kwargs, parent, vq, force, quiet))
+    entry = runs().import_checkpoint(source, name, kind, builder, kwargs, parent, _output.registry_progress(quiet),
+                                     vq=vq, force=force)
+    _output.out.print(entry.ref)
 
 
 EPILOG_MERGE = """examples:
@@ -92,8 +92,6 @@ def merge(
     quiet: QuietOpt = False,
 ) -> None:
     """Register a text target = an adapter's base with the adapter merged at a scale (weight-space interpolation)."""
-    if scale is not None and not math.isfinite(scale):
-        raise UsageError(f"--scale must be a finite number, got {scale}")
     _output.out.print(runs().merge(source, name, scale, force, quiet))
 
 

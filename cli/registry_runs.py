@@ -6,9 +6,10 @@ from pathlib import Path
 
 from cli import _output
 from specgen import builtins, checkpoints, registry
-from specgen.importer import import_checkpoint
+from specgen.importer import import_checkpoint  # noqa: F401 - `specgen registry import` calls it here
 from specgen.registry import Entry
 from specgen.text.merge import adapter_source, register_merged  # also registers the distilled built-ins' maker
+from specgen.train.lora import merge_scale
 
 
 def listing(kind: str | None) -> tuple[Path, list[dict]]:
@@ -28,13 +29,9 @@ def status(e: Entry) -> str:
     return f"corrupt ({e.corrupt}); {fix}"
 
 
-def import_entry(source: Path, name: str, kind: str, builder, kwargs, parent, vq, force: bool, quiet: bool) -> str:
-    return import_checkpoint(source, name, kind, builder, kwargs, parent, _output.registry_progress(quiet), vq=vq,
-                             force=force).ref
-
-
 def merge(source: str, name: str, scale: float | None, force: bool, quiet: bool) -> str:
     registry.check_new("target", name, force)
+    merge_scale({}, scale)  # a bad --scale is refused before the adapter loads (None: the adapter's own, checked then)
     adapter, state = adapter_source(source, _output.registry_progress(quiet))
     return register_merged(adapter, state, name, scale, {"created_by": "registry merge"},
                            _output.registry_progress(quiet), force=force).ref

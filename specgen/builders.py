@@ -28,14 +28,10 @@ BUILDERS: dict[str, Callable[..., torch.nn.Module]] = {
     "quantized-transformer": build_quantized_transformer,  # int8/int4 weight-only text target (models/quantize.py)
 }
 
-# builder -> function(state, kwargs) mapping an external layout's keys onto the builder's names
-CONVERTERS: dict[str, Callable[[dict, dict], dict]] = {
-    "llamagen-gpt": llamagen_state,  # LlamaGen containers, stray freqs_cis / kv_cache, LANTERN HF names
-}
-
-# builder -> function(kwargs) -> the full kwargs stored in the registry (short forms such as LlamaGen's call-site args)
-EXPAND_KWARGS: dict[str, Callable[[dict], dict]] = {
-    "llamagen-gpt": llamagen_kwargs,
+# builder -> (kwargs -> the full kwargs stored in the registry (short forms such as LlamaGen's call-site args),
+# (state, kwargs) -> the state under the builder's names (LlamaGen containers, stray freqs_cis / kv_cache, LANTERN HF))
+IMPORTED_FORMS: dict[str, tuple[Callable[[dict], dict], Callable[[dict, dict], dict]]] = {
+    "llamagen-gpt": (llamagen_kwargs, llamagen_state),
 }
 
 IMAGE_BUILDERS = ("llamagen-gpt",)  # imports of these are image targets (modality "image", grid, optional VQ)

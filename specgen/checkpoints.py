@@ -4,23 +4,19 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import math
 from pathlib import Path
-from typing import Callable
 
 import torch
 
 from specgen import registry
 from specgen.builders import BUILDERS
-from specgen.builtins import ASSETS, BUILTINS, asset_fingerprint
+from specgen.builtins import ASSETS, BUILTINS, Progress, asset_fingerprint
 from specgen.errors import CheckpointError
 from specgen.limits import check_declared_size as check_size
 from specgen.models import layout_cache
 from specgen.models.layout import decode_layout
 from specgen.registry import CONFIG, Entry, entry_at, one_line
-
-Progress = Callable[[str, int, int], None]
 
 
 def marked(entry: Entry) -> Entry:
@@ -39,7 +35,7 @@ def list_entries(kind: str | None = None) -> list[Entry]:
     return [e for _, e in sorted(found.items()) if kind is None or e.kind == kind]
 
 
-def find(name: str, progress: Progress | None = None) -> Entry:
+def find(name: str, progress: Progress = None) -> Entry:
     """Resolve a path, `kind/name`, or a bare name; materialise built-ins when missing, damaged or stale."""
     path = Path(name).expanduser()
     if (path / CONFIG).is_file() and (path / registry.WEIGHTS).is_file():
@@ -62,9 +58,7 @@ def modality_of(name: str) -> str:
         kind, _, bare = name.rpartition("/")
         b = BUILTINS.get(bare)
         if b is not None and kind in ("", b.kind):
-            shipped = ASSETS / b.asset / CONFIG if b.asset else None
-            meta = json.loads(shipped.read_text()) if shipped is not None and shipped.is_file() else {}
-    if meta is None:
+            return b.asset.partition("/")[0] or "text"  # specgen/assets/<modality>/...; the GGUF one is text
         meta = find(name).meta
     return meta.get("modality", "text")
 

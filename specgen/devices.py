@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import time
 import warnings
 
@@ -62,11 +63,7 @@ def is_cpu(device: str | torch.device | None) -> bool:
 
 def module_device(module: torch.nn.Module) -> torch.device:
     """The device of a module's first parameter or buffer (cpu for a module without any)."""
-    for t in module.parameters():
-        return t.device
-    for t in module.buffers():
-        return t.device
-    return torch.device("cpu")
+    return next((t.device for t in itertools.chain(module.parameters(), module.buffers())), torch.device("cpu"))
 
 
 @functools.cache

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from specgen import checkpoints, registry
-from specgen.builders import BUILDERS, CONVERTERS, EXPAND_KWARGS, IMAGE_BUILDERS
+from specgen.builders import BUILDERS, IMAGE_BUILDERS, IMPORTED_FORMS
 from specgen.builtins import import_gguf_target
 from specgen.errors import CheckpointError, IncompatibleError, UsageError
 from specgen.limits import check_declared_size
@@ -80,8 +80,9 @@ def import_checkpoint(source: Path, name: str, kind: str = "target", builder: st
         raise UsageError(f"cannot read builder kwargs {kwargs_path}: {e}") from None
     if not isinstance(kwargs, dict):
         raise UsageError(f"builder kwargs {kwargs_path} must be a JSON object")
-    kwargs = EXPAND_KWARGS.get(builder, lambda k: k)(kwargs)
-    state = CONVERTERS.get(builder, lambda s, k: s)(read_state_file(source), kwargs)
+    expand, convert = IMPORTED_FORMS.get(builder, (lambda k: k, lambda s, k: s))
+    kwargs = expand(kwargs)
+    state = convert(read_state_file(source), kwargs)
     try:  # before allocating: the size the kwargs declare (a meta build) must fit the weights and this machine
         with torch.device("meta"), checkpoints.random_fills_skipped():  # a meta fill may import torch._dynamo
             declared = sum(p.numel() for p in BUILDERS[builder](**kwargs).parameters())

@@ -121,16 +121,12 @@ def caches() -> dict[str, dict]:
     return {k: {"path": str(p), "exists": p.exists(), "bytes": size_of(p)} for k, p in places.items()}
 
 
-def native_build() -> dict:
-    """The C compiler and which native libraries load (built on first use, as a decode would)."""
-    libraries = {name: native.library(name) is not None for name in native.SIGNATURES}
-    return {"compiler": native.compiler()[0], "libraries": libraries}
-
-
 def machine_facts(device: str | None = None) -> dict:
     """Everything above as one JSON-ready object (`specgen env --json`, benchmark machine files)."""
+    libraries = {name: native.library(name) is not None for name in native.SIGNATURES}  # built on first use
     return {"devices": devices(), "isa": isa_flags(), "threads": threads(), "torch": torch.__version__,
-            "cuda": torch.version.cuda, "kernels": kernel_paths(device), "native": native_build(), "caches": caches()}
+            "cuda": torch.version.cuda, "kernels": kernel_paths(device),
+            "native": {"compiler": native.compiler()[0], "libraries": libraries}, "caches": caches()}
 
 
 def label(facts: dict, device: str | None = None) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import os
 import shutil
 import tempfile
@@ -77,11 +78,8 @@ def remove_empty_dirs(folder: Path, base: Path) -> None:
 
 def free_stem(folder: Path, stem: str, suffixes: tuple[str, ...]) -> str:
     """The first of `stem`, `stem-1`, `stem-2`, ... free for every suffix (a mesh and its preview share one name)."""
-    candidate, n = stem, 0
-    while any((folder / f"{candidate}{s}").exists() for s in suffixes):
-        n += 1
-        candidate = f"{stem}-{n}"
-    return candidate
+    return next(c for c in (f"{stem}-{n}" if n else stem for n in itertools.count())
+                if not any((folder / f"{c}{s}").exists() for s in suffixes))
 
 
 def free_path(path: Path) -> Path:
@@ -93,16 +91,12 @@ def link_into_place(tmp: str | Path, path: Path) -> Path:
     """Link the finished file `tmp` to the first free numbered name of `path` (atomic: never replaces a file, even
     one made meanwhile), remove `tmp`, and return the name used."""
     os.chmod(tmp, 0o666 & ~umask())  # a mkstemp file is 0600: the result follows the umask like any output
-    n = 0
-    while True:
-        target = path if n == 0 else path.with_name(f"{path.stem}-{n}{path.suffix}")
-        try:
+    for n in itertools.count():
+        target = path.with_name(f"{path.stem}-{n}{path.suffix}") if n else path
+        with contextlib.suppress(FileExistsError):
             os.link(tmp, target)
-        except FileExistsError:
-            n += 1
-            continue
-        os.unlink(tmp)
-        return target
+            os.unlink(tmp)
+            return target
 
 
 def umask() -> int:

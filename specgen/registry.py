@@ -11,7 +11,7 @@ import re
 import shutil
 import socket
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
@@ -58,14 +58,10 @@ def check_name(name: str, what: str = "checkpoint name") -> str:
 
 def installed_meta(name: str) -> dict | None:
     """config.json of an installed entry (a path, kind/name or bare name); None when absent, ambiguous or unreadable."""
-    path = Path(name).expanduser()
-    if (path / CONFIG).is_file():
-        candidates = [path]
-    else:
-        kind, _, bare = name.rpartition("/")
-        kinds = [kind] if kind in KINDS else list(KINDS) if not kind else []
-        folders = [checkpoints_dir() / k / bare for k in kinds] if bare else []
-        candidates = [f for f in folders if (f / CONFIG).is_file()]
+    path, (kind, _, bare) = Path(name).expanduser(), name.rpartition("/")
+    folders = [path] if (path / CONFIG).is_file() else [checkpoints_dir() / k / bare for k in KINDS
+                                                        if bare and kind in ("", k)]
+    candidates = [f for f in folders if (f / CONFIG).is_file()]
     if len(candidates) != 1:
         return None
     try:
@@ -227,12 +223,10 @@ def remove_stale_temporaries(folder: Path) -> None:
     host, now = socket.gethostname(), time.time()
     for p in folder.glob(".*"):
         m = TEMP_RE.fullmatch(p.name)
-        try:
-            old = m is not None and now - p.stat().st_mtime > STALE_FOREIGN_S
-        except OSError:
-            continue
-        if m and p.is_dir() and (old or m["host"] == host and not pid_alive(int(m["pid"]))):
-            shutil.rmtree(p, ignore_errors=True)
+        with suppress(OSError):  # one gone meanwhile: its writer finished
+            if m and p.is_dir() and (now - p.stat().st_mtime > STALE_FOREIGN_S
+                                     or m["host"] == host and not pid_alive(int(m["pid"]))):
+                shutil.rmtree(p, ignore_errors=True)
 
 
 def pid_alive(pid: int) -> bool:

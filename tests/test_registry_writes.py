@@ -276,3 +276,14 @@ def test_no_sequence_of_imports_trainings_and_removes_changes_a_builtin(tmp_path
         for name, kind in SMALL_BUILTINS.items():
             entry = checkpoints.find(f"{kind}/{name}")
             assert entry.builtin and registry.weights_digest(entry) == shipped_digest(name), name
+
+
+def test_a_builtins_modality_is_read_from_its_asset_folder_without_materialising_it():
+    """`checkpoints.modality_of` takes a built-in's modality from specgen/assets/<modality>/: each shipped config agrees."""
+    from specgen.builtins import ASSETS, BUILTINS
+
+    for b in BUILTINS.values():
+        shipped = ASSETS / b.asset / "config.json"
+        want = json.loads(shipped.read_text()).get("modality", "text") if b.asset and shipped.is_file() else "text"
+        assert checkpoints.modality_of(b.name) == checkpoints.modality_of(f"{b.kind}/{b.name}") == want, b.name
+    assert not (registry.checkpoints_dir()).exists()  # nothing materialised

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specgen.builders import BUILDERS, CONVERTERS
+from specgen.builders import BUILDERS
 from specgen.errors import CheckpointError
 from specgen.models.llamagen import GPT_CONFIGS, find_multiple, llamagen_config, llamagen_state
 from tests.image_fixtures import one_thread
@@ -85,7 +85,7 @@ def test_released_configs_match_llamagen():
 def test_llamagen_checkpoint_loads_strict_and_matches_reference():
     ckpt = llamagen_checkpoint()
     kwargs = config_kwargs()
-    state = CONVERTERS["llamagen-gpt"](ckpt, kwargs)
+    state = llamagen_state(ckpt, kwargs)
     assert "freqs_cis" not in state
     model = BUILDERS["llamagen-gpt"](**kwargs).eval()
     model.load_state_dict(state, strict=True)

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from typer.testing import CliRunner
 
-from specgen.builders import BUILDERS, CONVERTERS
+from specgen.builders import BUILDERS
 from specgen.errors import UsageError
 from specgen.image.captions import Caption, left_pad
 from specgen.image.target import CaptionCFGTarget, cfg_target
@@ -91,7 +91,7 @@ def config_kwargs() -> dict:
 
 def load_model(ckpt: dict):
     kwargs = config_kwargs()
-    state = CONVERTERS["llamagen-gpt"](ckpt, kwargs)
+    state = llamagen_state(ckpt, kwargs)
     model = BUILDERS["llamagen-gpt"](**kwargs).eval()
     model.load_state_dict(state, strict=True)
     return model
@@ -139,7 +139,7 @@ def test_left_padding_matches_sample_t2i(batch):
 def test_t2i_checkpoint_loads_strict_and_matches_reference(batch):
     _, _, _, feats, valid, tokens = batch
     ckpt = t2i_checkpoint()
-    state = CONVERTERS["llamagen-gpt"](ckpt, config_kwargs())
+    state = llamagen_state(ckpt, config_kwargs())
     assert "freqs_cis" not in state and "cls_embedding.uncond_embedding" in state
     model = load_model(ckpt)
     with torch.no_grad():
