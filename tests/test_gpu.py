@@ -14,6 +14,7 @@ import torch
 from tests.conftest import decode
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.target import ModelTarget
+from specgen.methods.options import JacobiOptions
 from specgen.methods.text import EmptyDrafter, JacobiDrafter, NgramDrafter
 from tests.conftest import tiny_model
 
@@ -71,7 +72,7 @@ def test_ar_greedy_on_cuda_equals_cpu(seed):
 
 
 @pytest.mark.parametrize("make", [lambda: NgramDrafter(num_draft=4, max_ngram=3, min_ngram=1),
-                                  lambda: JacobiDrafter(block_size=4, seed=0)], ids=["ngram", "jacobi"])
+                                  lambda: JacobiDrafter(JacobiOptions(4), seed=0)], ids=["ngram", "jacobi"])
 def test_lossless_method_on_cuda_equals_ar_on_cuda(make):
     model, cpu_tokens = cpu_reference(0)
     target = target_on(model, "cuda")
@@ -156,7 +157,7 @@ def test_ragged_batch_on_cuda_equals_each_prompt_alone():
 
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize("make", [EmptyDrafter, lambda: NgramDrafter(num_draft=4, max_ngram=3, min_ngram=1),
-                                  lambda: JacobiDrafter(block_size=4, seed=0)], ids=["ar", "ngram", "jacobi"])
+                                  lambda: JacobiDrafter(JacobiOptions(4), seed=0)], ids=["ar", "ngram", "jacobi"])
 def test_captured_steps_decode_what_eager_ar_decodes(make, batch):
     """--graphs on (CUDA-graph replays over the static cache) against --graphs off, on the GPU: every lossless drafter
     equals AR, at batch 1 and 3, and the forwards really were replays."""

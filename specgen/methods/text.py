@@ -4,13 +4,14 @@ static n-gram cache)."""
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from specgen.decoding.draft import Draft, Verdict
 from specgen.decoding.draft_verify import DrafterBase
 from specgen.decoding.stats import DecodeStats
 from specgen.decoding.target import TargetOut
 from specgen.methods.ngram_cache import NgramCache
+from specgen.methods.options import JacobiOptions
 
 
 class EmptyDrafter(DrafterBase):
@@ -25,7 +26,7 @@ class JacobiDrafter(DrafterBase):
     """Jacobi decoding as draft-and-verify: the draft is the previous iteration's n - 1 guesses (freed slots: seeded
     prompt tokens, as CLLM's)."""
 
-    block_size: int = 4  # CPU default (methods/options.py: JacobiOptions, tested equal)
+    o: JacobiOptions = field(default_factory=JacobiOptions)
     seed: int = 0
 
     def reset(self, prompt: list[int], first: TargetOut) -> None:
@@ -34,7 +35,7 @@ class JacobiDrafter(DrafterBase):
         self.guesses: list[int] = []
 
     def propose(self, seq: list[int], budget: int, stats: DecodeStats) -> Draft:
-        n = max(min(self.block_size - 1, budget), 0)
+        n = max(min(self.o.block_size - 1, budget), 0)
         self.guesses = self.guesses[:n] + [self.rng.choice(self.pool) for _ in range(n - len(self.guesses))]
         return Draft.chain(self.guesses)
 
