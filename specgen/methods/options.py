@@ -59,7 +59,7 @@ def opt(default: Any, check: Check | None = None) -> Any:
 
 def check_value(name: str, value: Any, check: Check | None, method: str) -> None:
     if check is not None and not check[0](value):
-        raise UsageError(f"{name} must be {check[1]} (method_options.{name} of {method}), got {value!r}")
+        raise UsageError(f"{name} must be {check[1]} (option {name} of {method}), got {value!r}")
 
 
 class Options:
