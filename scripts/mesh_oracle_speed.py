@@ -21,7 +21,8 @@ import torch
 
 from specgen.decoding.sampling import SamplingParams
 from specgen.eval.mesh_bench import benchmark_clouds, token_budget
-from specgen.methods.xspecmesh import MeshDecoder, Proposal, XSpecMeshOptions, load_mesh
+from specgen.methods.xspecmesh import MeshDecoder, XSpecMeshOptions, load_mesh
+from specgen.methods.xspecmesh_pool import Proposal
 
 
 class OracleDecoder(MeshDecoder):
@@ -29,7 +30,7 @@ class OracleDecoder(MeshDecoder):
 
     reference: list[int] = []
 
-    def _candidates(self, out, x, stacked, h, past, kv, d, params, opts, generator, memory=None) -> Proposal:
+    def _candidates(self, out, x, heads, d, opts, memory=None) -> Proposal:
         n = len(out) + 1  # committed tokens + x_{s*}
         tokens = self.reference[n : n + d]
         return Proposal(tokens, [1.0] * len(tokens))
