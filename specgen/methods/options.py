@@ -1,10 +1,8 @@
-"""Method options (`method_options.NAME=VALUE`) as frozen dataclasses: one class per method family.
-
-Imports nothing heavy: `--dry-run` and every suite's plan parse each row's options before a model loads.
-"""
+"""Method options (`method_options.NAME=VALUE`) as frozen dataclasses: one class per method family."""
 
 from __future__ import annotations
 
+# imports nothing heavy: `--dry-run` and every suite's plan parse each row's options before a model loads
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields

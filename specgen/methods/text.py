@@ -1,5 +1,4 @@
-"""Text drafters on the shared loop: AR (empty draft), Jacobi fixed-point guesses, n-gram prompt lookup (and a
-static n-gram cache)."""
+"""Text drafters on the shared loop: AR (empty draft), Jacobi fixed-point guesses, n-gram prompt lookup."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""XSpecMesh (Algorithm 1): multi-head speculative decoding of point-cloud-conditioned mesh GPTs.
-
-LOSSY with the paper's rules (criterion threshold / topk); LOSSLESS with criterion rejection and deterministic
-candidates. A rule that accepts nothing (delta >= 1) is AR sampling with the same seed, token for token.
-"""
+"""XSpecMesh (Algorithm 1): multi-head speculative decoding of point-cloud-conditioned mesh GPTs."""
 
 from __future__ import annotations
 
