@@ -23,9 +23,6 @@ from specgen.methods.xspecmesh_pool import Proposal, XSpecMeshPool, mesh_rule
 from specgen.models.layout import decode_layout
 from specgen.train.lora import merge_lora_state
 
-OPTION_NAMES = tuple(XSpecMeshOptions.__dataclass_fields__)
-
-
 class MeshDecoder:
     """A backbone (MeshGPT, adapter already merged) and optional heads; decodes point clouds on the batched loop."""
 
