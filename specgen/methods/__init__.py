@@ -52,8 +52,7 @@ class MethodSpec:
 
 
 def ngram(o: O.NgramOptions, seed: int) -> NgramDrafter:
-    return NgramDrafter(num_draft=o.num_draft, max_ngram=o.max_ngram, min_ngram=o.min_ngram,
-                        cache=ngram_cache.load(o.cache) if o.cache else None)
+    return NgramDrafter(o, ngram_cache.load(o.cache) if o.cache else None)
 
 
 def ngram_cache_fits(o: O.NgramOptions, tokenizer: Any) -> None:

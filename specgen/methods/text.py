@@ -10,7 +10,7 @@ from specgen.decoding.draft_verify import DrafterBase
 from specgen.decoding.stats import DecodeStats
 from specgen.decoding.target import TargetOut
 from specgen.methods.ngram_cache import NgramCache
-from specgen.methods.options import JacobiOptions
+from specgen.methods.options import JacobiOptions, NgramOptions
 
 
 class EmptyDrafter(DrafterBase):
@@ -46,18 +46,16 @@ class JacobiDrafter(DrafterBase):
 @dataclass
 class NgramDrafter(DrafterBase):
     """Prompt lookup: what followed the most recent earlier occurrence of the longest suffix n-gram (max_ngram down
-    to min_ngram), else of the static `cache`; no match: an empty draft (a plain AR step)."""
+    to min_ngram), else of the static `cache` (loaded from `o.cache`); no match: an empty draft (a plain AR step)."""
 
-    num_draft: int = 4
-    max_ngram: int = 3
-    min_ngram: int = 2
+    o: NgramOptions = field(default_factory=NgramOptions)
     cache: NgramCache | None = None
 
     def propose(self, seq: list[int], budget: int, stats: DecodeStats) -> Draft:
-        k = min(self.num_draft, budget)
+        k = min(self.o.num_draft, budget)
         if k <= 0:
             return Draft.empty()
-        draft = lookup(seq, k, self.max_ngram, self.min_ngram)
+        draft = lookup(seq, k, self.o.max_ngram, self.o.min_ngram)
         if not draft and self.cache is not None:  # the sequence's own n-grams first: they are the closer evidence
             draft = self.cache.draft(seq, k)
         return Draft.chain(draft)

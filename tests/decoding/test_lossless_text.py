@@ -11,7 +11,7 @@ from tests.conftest import decode
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.target import ModelTarget
 from specgen.decoding.tree import DraftTree
-from specgen.methods.options import JacobiOptions
+from specgen.methods.options import JacobiOptions, NgramOptions
 from specgen.methods.text import EmptyDrafter, JacobiDrafter, NgramDrafter
 from tests.conftest import tiny_model
 
@@ -61,7 +61,7 @@ def test_jacobi_and_ngram_equal_ar(seed):
     assert len(ar) == 40
     for block in (2, 4, 9):
         assert run(model, JacobiDrafter(JacobiOptions(block), seed=seed), prompt) == ar
-    assert run(model, NgramDrafter(num_draft=5, max_ngram=3, min_ngram=1), prompt) == ar
+    assert run(model, NgramDrafter(NgramOptions(num_draft=5, max_ngram=3, min_ngram=1)), prompt) == ar
 
 
 def test_stop_token_and_budget():
@@ -71,7 +71,7 @@ def test_stop_token_and_budget():
     stop = ar[7]
     cut = run(model, JacobiDrafter(JacobiOptions(6)), prompt, n=30, stop=(stop,))
     assert cut == ar[: ar.index(stop) + 1]
-    assert run(model, NgramDrafter(min_ngram=1), prompt, n=5) == ar[:5]
+    assert run(model, NgramDrafter(NgramOptions(min_ngram=1)), prompt, n=5) == ar[:5]
 
 
 class OracleDrafter(DrafterBase):
