@@ -23,6 +23,7 @@ from specgen.methods.xspecmesh_pool import Proposal, XSpecMeshPool, mesh_rule
 from specgen.models.layout import decode_layout
 from specgen.train.lora import merge_lora_state
 
+
 class MeshDecoder:
     """A backbone (MeshGPT, adapter already merged) and optional heads; decodes point clouds on the batched loop."""
 
