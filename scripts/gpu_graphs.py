@@ -31,6 +31,7 @@ from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.target import ModelTarget
 from specgen.devices import synchronize
 from specgen.methods import run_batch
+from specgen.methods.options import NgramOptions
 from specgen.methods.text import EmptyDrafter, NgramDrafter
 from specgen.models import graphs
 from specgen.models.transformer import Transformer, TransformerConfig
@@ -109,7 +110,7 @@ def text_rows(new: int) -> None:
     row(suite="text", row="ar --graphs on", tok_s=tokens / s_on, vs_off=s_off / s_on, exact=exact(res, base),
         capture_s=capture_s, **g.describe())
     busy(model, s_on / tokens)
-    ng = lambda: NgramDrafter(num_draft=4, max_ngram=3, min_ngram=1)  # noqa: E731
+    ng = lambda: NgramDrafter(NgramOptions(num_draft=4, max_ngram=3, min_ngram=1))  # noqa: E731
     res, s = timed(lambda: run(ng, prompts))
     row(suite="text", row="ngram --graphs on (random weights)", tok_s=tokens / s, vs_off=s_off / s,
         exact=exact(res, base), tpf=res.stats.tpf)

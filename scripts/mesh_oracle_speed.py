@@ -20,8 +20,10 @@ import time
 import torch
 
 from specgen.decoding.sampling import SamplingParams
-from specgen.eval.mesh_bench import benchmark_clouds, token_budget
-from specgen.methods.xspecmesh import MeshDecoder, Proposal, XSpecMeshOptions, load_mesh
+from specgen.eval.mesh_bench import benchmark_clouds
+from specgen.mesh.generate import token_budget
+from specgen.methods.xspecmesh import MeshDecoder, XSpecMeshOptions, load_mesh
+from specgen.methods.xspecmesh_pool import Proposal
 
 
 class OracleDecoder(MeshDecoder):
@@ -29,7 +31,7 @@ class OracleDecoder(MeshDecoder):
 
     reference: list[int] = []
 
-    def _candidates(self, out, x, stacked, h, past, kv, d, params, opts, generator, memory=None) -> Proposal:
+    def _candidates(self, out, x, heads, d, opts, memory=None) -> Proposal:
         n = len(out) + 1  # committed tokens + x_{s*}
         tokens = self.reference[n : n + d]
         return Proposal(tokens, [1.0] * len(tokens))
@@ -50,7 +52,7 @@ def main() -> None:
     ar, oracle = MeshDecoder(model, None, eos), OracleDecoder(model, heads, eos)
     greedy = SamplingParams(0.0)
     depths = [int(d) for d in args.depths.split(",")]
-    max_tokens = token_budget(model, loaded.target.meta, max(depths))
+    max_tokens = token_budget(loaded, max(depths))
     pcs = [pc for _, pc in benchmark_clouds(loaded.target.meta, args.meshes)]
     refs = [ar.generate_batch([pc], greedy, max_tokens)[0].tokens for pc in pcs]
     acc = {d: [0, 0.0, 0] for d in [0, *depths]}  # D -> tokens, seconds, steps

@@ -14,6 +14,7 @@ import torch
 from tests.conftest import decode
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.target import ModelTarget
+from specgen.methods.options import JacobiOptions, NgramOptions
 from specgen.methods.text import EmptyDrafter, JacobiDrafter, NgramDrafter
 from tests.conftest import tiny_model
 
@@ -70,8 +71,8 @@ def test_ar_greedy_on_cuda_equals_cpu(seed):
     assert res.tokens == cpu_tokens
 
 
-@pytest.mark.parametrize("make", [lambda: NgramDrafter(num_draft=4, max_ngram=3, min_ngram=1),
-                                  lambda: JacobiDrafter(block_size=4, seed=0)], ids=["ngram", "jacobi"])
+@pytest.mark.parametrize("make", [lambda: NgramDrafter(NgramOptions(num_draft=4, max_ngram=3, min_ngram=1)),
+                                  lambda: JacobiDrafter(JacobiOptions(4), seed=0)], ids=["ngram", "jacobi"])
 def test_lossless_method_on_cuda_equals_ar_on_cuda(make):
     model, cpu_tokens = cpu_reference(0)
     target = target_on(model, "cuda")
@@ -93,7 +94,7 @@ def test_bf16_on_cuda_runs():
     seq = torch.tensor([PROMPT], device="cuda")
     logits = target.prefill(seq, target.new_cache(1, len(PROMPT) + 1)).logits
     assert logits.device.type == "cuda" and torch.isfinite(logits.float()).all()
-    spec = greedy(target, NgramDrafter(num_draft=4, max_ngram=3, min_ngram=1))
+    spec = greedy(target, NgramDrafter(NgramOptions(num_draft=4, max_ngram=3, min_ngram=1)))
     assert len(spec.tokens) == NEW  # a lossless method runs in bfloat16 on the GPU too
 
 
@@ -149,14 +150,14 @@ def test_ragged_batch_on_cuda_equals_each_prompt_alone():
         top = logits.float().topk(2, dim=-1).values
         assert float((top[:, 0] - top[:, 1]).min()) > MARGIN, "near-tie in the reference: pick other prompts"
     gpu = target_on(model, "cuda")
-    for make in (EmptyDrafter, lambda: NgramDrafter(num_draft=4, max_ngram=3, min_ngram=1)):
+    for make in (EmptyDrafter, lambda: NgramDrafter(NgramOptions(num_draft=4, max_ngram=3, min_ngram=1))):
         res = run_batch(gpu, lambda i: make(), prompts, NEW, SamplingParams())
         assert [r.tokens for r in res.results] == alone
 
 
 @pytest.mark.parametrize("batch", [1, 3])
-@pytest.mark.parametrize("make", [EmptyDrafter, lambda: NgramDrafter(num_draft=4, max_ngram=3, min_ngram=1),
-                                  lambda: JacobiDrafter(block_size=4, seed=0)], ids=["ar", "ngram", "jacobi"])
+@pytest.mark.parametrize("make", [EmptyDrafter, lambda: NgramDrafter(NgramOptions(4, 3, 1)),
+                                  lambda: JacobiDrafter(JacobiOptions(4), seed=0)], ids=["ar", "ngram", "jacobi"])
 def test_captured_steps_decode_what_eager_ar_decodes(make, batch):
     """--graphs on (CUDA-graph replays over the static cache) against --graphs off, on the GPU: every lossless drafter
     equals AR, at batch 1 and 3, and the forwards really were replays."""

@@ -1,8 +1,4 @@
-"""LOSSY accept rules of XSpecMesh (sec. 4.2): probability threshold and top-K_a, then one token recovered.
-
-Both read the filtered, tempered distribution the target samples from: at temperature 0 the threshold rule with
-delta < 1 is exact greedy matching, and delta >= 1 accepts nothing.
-"""
+"""LOSSY accept rules of XSpecMesh (sec. 4.2): probability threshold and top-K_a, then one token recovered."""
 
 from __future__ import annotations
 

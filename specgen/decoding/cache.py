@@ -1,8 +1,4 @@
-"""Static, slot-indexed KV cache [layers, B, H_kv, T_max, D] with per-row lengths, rollback and tree-path commit.
-
-Masks are built from lengths, so stale slots past a row's pointer are never attended; `key_mask` hides a left-padded
-condition's slots from every later query.
-"""
+"""Static, slot-indexed KV cache [layers, B, H_kv, T_max, D] with per-row lengths, rollback and tree-path commit."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""Frozen dataclasses passed between the decode steps: Draft (proposal) and Verdict (acceptance).
-
-Vocabulary (vLLM's): *accepted* draft tokens match the target; after the accepted ones comes one
-*recovered* token (sampled from the target's residual after a rejection) or a *bonus* token (when
-every draft token on the path was accepted). `Verdict.tokens` = accepted + that one token.
-"""
+"""Frozen dataclasses passed between the decode steps: Draft (proposal) and Verdict (acceptance)."""
 
 from __future__ import annotations
 
@@ -41,7 +36,8 @@ class Draft:
 
 @dataclass(frozen=True)
 class Verdict:
-    """Outcome of verifying one draft: the accepted path and the tokens to commit."""
+    """Outcome of verifying one draft: the accepted path and the tokens to commit (vLLM's words: the accepted draft
+    tokens, then one *recovered* token sampled from the residual after a rejection, or a *bonus* token)."""
 
     path: tuple[int, ...]  # accepted node ids, root-to-leaf order
     tokens: tuple[int, ...]  # accepted draft tokens + one recovered/bonus token

@@ -1,8 +1,4 @@
-"""The batched decode loop every method runs on: numbered steps over the live rows (docs/decoding.md).
-
-A row's tokens depend only on its prompt, its drafter and its generator, never on which rows share its batch;
-outputs are returned in input order whatever order rows finish in.
-"""
+"""The batched decode loop every method runs on: numbered steps over the live rows (docs/decoding.md)."""
 
 from __future__ import annotations
 

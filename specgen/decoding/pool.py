@@ -1,7 +1,4 @@
-"""What one step of the batched loop talks to: the Drafter, DrafterPool and StepPolicy protocols and their no-op base.
-
-Live rows occupy slots [0, n); the loop moves the last row into a freed slot and tells the pool or policy (`move`).
-"""
+"""What one step of the batched loop talks to: the Drafter, DrafterPool and StepPolicy protocols and their no-op base."""
 
 from __future__ import annotations
 

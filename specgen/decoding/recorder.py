@@ -1,8 +1,4 @@
-"""AR decoding that keeps the target's features: the empty draft plus a record of every hidden state it decoded from.
-
-EAGLE drafters train on f_t (the final hidden state that predicts token t), recorded from exactly the forwards that
-decoding runs (same batching, same kernels).
-"""
+"""AR decoding that keeps the target's features: the empty draft plus a record of every hidden state it decoded from."""
 
 from __future__ import annotations
 

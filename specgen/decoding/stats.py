@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 
 @dataclass
@@ -28,15 +28,14 @@ class DecodeStats:
         self.accepted.append(accepted)
 
     def merge(self, other: "DecodeStats") -> None:
-        for name in ("new_tokens", "target_forwards", "target_tokens", "drafter_forwards", "steps"):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-        self.accepted += other.accepted
-        self.draft_sizes += other.draft_sizes
-        self.depths += other.depths
-        for k, v in other.times.items():
-            self.times[k] = self.times.get(k, 0.0) + v
-        for k, v in other.extras.items():
-            self.extras[k] = self.extras.get(k, 0.0) + v
+        """Add `other`'s counters to these: counts add, per-step lists concatenate, per-name seconds/counters add."""
+        for f in fields(self):
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            if isinstance(mine, dict):
+                for k, v in theirs.items():
+                    mine[k] = mine.get(k, 0.0) + v
+            else:
+                setattr(self, f.name, mine + theirs)
 
     @property
     def wall_time(self) -> float:

@@ -1,7 +1,4 @@
-"""DraftTree: depths, position offsets, ancestor mask and root-to-leaf paths of a draft.
-
-Nodes are numbered in topological order; parent -1 is the root (the last committed token, verify input 0).
-"""
+"""DraftTree: depths, position offsets, ancestor mask and root-to-leaf paths of a draft."""
 
 from __future__ import annotations
 
@@ -15,7 +12,7 @@ import torch
 class DraftTree:
     """Topology of a draft, independent of its tokens."""
 
-    parents: tuple[int, ...]  # [N], -1 = root
+    parents: tuple[int, ...]  # [N] in topological order; -1 = the root (the last committed token, verify input 0)
 
     def __post_init__(self) -> None:
         for i, p in enumerate(self.parents):

@@ -1,7 +1,4 @@
-"""Verify inputs for a batch: each row's root + draft tree, padded into one forward with per-row masks and positions.
-
-A padding node sees only itself and the committed prefix and no real node sees it, so it changes no real output.
-"""
+"""Verify inputs for a batch: each row's root + draft tree, padded into one forward with per-row masks and positions."""
 
 from __future__ import annotations
 

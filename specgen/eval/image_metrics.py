@@ -1,7 +1,4 @@
-"""Image quality: FID and class accuracy in the feature space of a recipe-trained classifier.
-
-The classifier (built-in `tiny-image-classifier`) learns the tiny image models' own crops, so its FID is not
-Inception FID: tables call it clf-FID."""
+"""Image quality: FID and class accuracy in the feature space of a recipe-trained classifier."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The `llamacpp` and `llamacpp-lookup` peer rows: llama.cpp (llama-cpp-python, optional) greedy on a GGUF, plain
-and prompt lookup, on the same prompt token ids."""
+"""The `llamacpp` and `llamacpp-lookup` peer rows: llama.cpp greedy on a GGUF (plain, prompt lookup), optional."""
 
 from __future__ import annotations
 

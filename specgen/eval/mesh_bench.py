@@ -16,11 +16,11 @@ from specgen.eval.run_dir import Grid, Shard, check_finished
 from specgen.eval.speed import Timed
 from specgen.eval.sweeps import Sweep, expand, merged_table, sweeps_of
 from specgen.mesh.export import clean_mesh
-from specgen.mesh.generate import decode_tokens, load_mesh_model
+from specgen.mesh.generate import decode_tokens, load_mesh_model, token_budget
 from specgen.mesh.metrics import mesh_distances
 from specgen.mesh.procedural import ProceduralSpec, generate_mesh, split_seeds
 from specgen.mesh.tokenizers import BPTTokenizer
-from specgen.methods.xspecmesh import MeshDecoder, OPTION_NAMES, XSpecMeshOptions
+from specgen.methods.xspecmesh import MeshDecoder, XSpecMeshOptions
 from specgen.text.precision import check_row_precision
 from specgen.train.mesh import point_cloud
 
@@ -100,7 +100,7 @@ def mesh_sweeps(cfg: MeshBenchConfig) -> list[Sweep]:
 
 
 def variants(cfg: MeshBenchConfig) -> list[Variant]:
-    allowed = [o for o in OPTION_NAMES if o != "heads"]  # heads come from `heads`
+    allowed = [o for o in XSpecMeshOptions.__dataclass_fields__ if o != "heads"]  # heads come from `heads`
     bare = {k: v for k, v in cfg.options.items() if not isinstance(v, dict)}
     rows_options = {k: v for k, v in cfg.options.items() if isinstance(v, dict)}
 
@@ -176,7 +176,7 @@ def measure_meshes(cfg: MeshBenchConfig, sink, shard: Shard = Shard(), on_item=l
     own = {v.label: loaded[v.heads, dtype_of[v.label]] for v in vs}
     decoders = {v.label: MeshDecoder(own[v.label].decoder.model, None, own[v.label].decoder.eos_id) if v.plain
                 else own[v.label].decoder for v in vs}
-    max_tokens = token_budget(ar.decoder.model, ar.target.meta, cfg.num_heads, cfg.max_new_tokens)
+    max_tokens = token_budget(ar, cfg.num_heads, cfg.max_new_tokens)
     clouds = benchmark_clouds(ar.target.meta, cfg.limit, cfg.offset, cfg.device)
     sink.write_machine(shard, {"machine": machine(), "references": reference_distances([ref for ref, _ in clouds])})
 
@@ -247,13 +247,6 @@ def benchmark_clouds(meta: dict, limit: int, offset: int = 0, device: str = "cpu
         ref = generate_mesh(int(seed), spec)
         out.append((ref, torch.from_numpy(point_cloud(ref.vertices, ref.faces, num_points, int(seed))).to(device)))
     return out
-
-
-def token_budget(model, meta: dict, num_heads: int, max_new_tokens: int = 0) -> int:
-    """Committed-token limit of a run: `max_new_tokens`, else twice the backbone's training length limit, within
-    its context (room for the D + 1 verified tokens and the start vector)."""
-    room = model.dec_cfg.max_seq_len - num_heads - 2
-    return min(max_new_tokens or 2 * int(meta.get("max_tokens", room)), room)
 
 
 def reference_distances(meshes: list) -> dict[str, float]:

@@ -1,7 +1,4 @@
-"""A benchmark run folder (`--run-dir`): config, each shard's machine and per-item records (layout: docs/cluster.md).
-
-Nothing is rewritten in place. A torn or partial record line is no record: readers skip it and the shard's next
-run cuts it off, so the item is redone; an item in several files counts once (the first file wins)."""
+"""A benchmark run folder (`--run-dir`): config, each shard's machine and per-item records (layout: docs/cluster.md)."""
 
 from __future__ import annotations
 
@@ -103,7 +100,7 @@ def read_lines(path: Path) -> Iterator[tuple[int, dict]]:
 
 
 class RunDir:
-    """One benchmark run's folder; see the module docstring for what it holds."""
+    """One benchmark run's folder (layout, torn lines, resumes: docs/cluster.md)."""
 
     def __init__(self, path: Path, suite: str, config: dict) -> None:
         self.path, self.suite, self.config = Path(path), suite, json_ready(config)

@@ -1,6 +1,4 @@
-"""Speed measures combined over a run's shards: per-shard weighting, and the efficiency of speculative rows.
-
-A time is only ever divided by one from the same shard (docs/benchmarks.md, "Records and rows")."""
+"""Speed measures combined over a run's shards: per-shard weighting, and the efficiency of speculative rows."""
 
 from __future__ import annotations
 

@@ -178,7 +178,8 @@ def generate_meshes(loaded, conds: list[Condition], req: DecodeRequest[MeshGenCo
                     on_mesh=None) -> list[MeshSample]:
     """Decode every condition with `loaded.decoder` (heads present = xspecmesh, absent = ar). `on_mesh(i, sample)`:
     mesh i as soon as it is decoded, before the batch ends (its `stats` are filled in the returned samples)."""
-    cfg, opts = req.cfg, mesh_options(req)
+    cfg, opts, heads = req.cfg, mesh_options(req), loaded.decoder.heads
+    max_tokens = cfg.max_new_tokens or token_budget(loaded, 0 if heads is None else opts.num_heads or heads.num_heads)
     gens = [torch.Generator().manual_seed(cfg.seed + i) for i in range(len(conds))]
     draft_gens = [torch.Generator().manual_seed(10_000_019 + cfg.seed + i) for i in range(len(conds))]
     tokens: list[list[int]] = [[] for _ in conds]  # as accepted: a finished mesh's tokens before the batch ends
@@ -190,7 +191,7 @@ def generate_meshes(loaded, conds: list[Condition], req: DecodeRequest[MeshGenCo
             on_mesh(i, samples[i])
 
     results = loaded.decoder.generate_batch([torch.from_numpy(c.points).to(req.device) for c in conds], req.params,
-                                            resolve_max_tokens(loaded, cfg, opts), opts, gens, draft_gens,
+                                            max_tokens, opts, gens, draft_gens,
                                             cfg.batch_size, done, lambda i, new: tokens[i].extend(new))
     return [replace(samples[i], stats=step_summary(r.stats)) for i, r in enumerate(results)]
 
@@ -206,12 +207,11 @@ def check_budget(target: str | None, heads: str | None, cfg: MeshGenConfig, opts
         raise UsageError(f"max-new-tokens {cfg.max_new_tokens} exceeds the model's context ({context - d - 2} tokens)")
 
 
-def resolve_max_tokens(loaded, cfg: MeshGenConfig, opts: XSpecMeshOptions) -> int:
-    """Token budget: the config's (`check_budget`ed), else twice the backbone's training length limit, within its
-    context less the heads' look-ahead and two slots."""
-    d = 0 if loaded.decoder.heads is None else (opts.num_heads or loaded.decoder.heads.num_heads)
-    room = loaded.decoder.model.dec_cfg.max_seq_len - d - 2
-    return cfg.max_new_tokens or min(room, 2 * int(loaded.target.meta.get("max_tokens", room)))
+def token_budget(loaded, num_heads: int, max_new_tokens: int = 0) -> int:
+    """Committed-token limit: `max_new_tokens`, else twice the backbone's training length limit, within its context
+    less D = `num_heads` look-ahead tokens and two slots."""
+    room = loaded.decoder.model.dec_cfg.max_seq_len - num_heads - 2
+    return min(max_new_tokens or 2 * int(loaded.target.meta.get("max_tokens", room)), room)
 
 
 def step_summary(stats) -> dict:

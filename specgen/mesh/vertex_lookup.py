@@ -5,28 +5,26 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from specgen.mesh.tokenizers import BPTTokenizer
+from specgen.mesh.tokenizers import BPTTokenizer as BPT
 
 
 @dataclass
 class VertexMemory:
     """Latest offset emitted right after each block id in one mesh's token sequence so far."""
 
-    tokenizer: BPTTokenizer = field(default_factory=BPTTokenizer)
     offsets: dict[int, int] = field(default_factory=dict)  # block id -> offset token
     read_upto: int = 0  # tokens of the sequence already read
 
     def block_id(self, token: int) -> int | None:
         """Block id of a plain or special block token; None for offsets, EOS and anything else."""
-        t = self.tokenizer
-        if 0 <= token < t.offset_base:
+        if 0 <= token < BPT.offset_base:
             return token
-        if t.special_base <= token < t.eos_id:
-            return token - t.special_base
+        if BPT.special_base <= token < BPT.eos_id:
+            return token - BPT.special_base
         return None
 
     def is_offset(self, token: int) -> bool:
-        return self.tokenizer.offset_base <= token < self.tokenizer.special_base
+        return BPT.offset_base <= token < BPT.special_base
 
     def read(self, seq: list[int]) -> None:
         """Learn the block -> offset pairs of seq, which extends every sequence read before (decoding appends)."""

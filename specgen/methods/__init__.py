@@ -52,8 +52,7 @@ class MethodSpec:
 
 
 def ngram(o: O.NgramOptions, seed: int) -> NgramDrafter:
-    return NgramDrafter(num_draft=o.num_draft, max_ngram=o.max_ngram, min_ngram=o.min_ngram,
-                        cache=ngram_cache.load(o.cache) if o.cache else None)
+    return NgramDrafter(o, ngram_cache.load(o.cache) if o.cache else None)
 
 
 def ngram_cache_fits(o: O.NgramOptions, tokenizer: Any) -> None:
@@ -63,23 +62,19 @@ def ngram_cache_fits(o: O.NgramOptions, tokenizer: Any) -> None:
         ngram_cache.check_tokenizer(o.cache, tokenizer_hash(tokenizer))
 
 
-def jacobi(o: O.JacobiOptions, seed: int) -> JacobiDrafter:
-    return JacobiDrafter(block_size=o.block_size, seed=seed)
-
-
 METHODS: dict[str, MethodSpec] = {
     spec.name: spec
     for spec in [
         MethodSpec("ar", "text", True, "autoregressive baseline on the same static-cache loop",
                    drafter=lambda o, seed: EmptyDrafter(), modalities=("text", "image", "mesh")),
         MethodSpec("jacobi", "text", True, "Jacobi fixed-point iteration over a block of n tokens",
-                   O.JacobiOptions, jacobi),
+                   O.JacobiOptions, JacobiDrafter),
         MethodSpec("ngram", "text", True, "prompt-lookup n-gram drafts verified by the target (and a static n-gram "
                    "cache: option cache)", O.NgramOptions, ngram, model_check=ngram_cache_fits),
         MethodSpec("cllm", "text", True, "Jacobi decoding of the CLLM-distilled model (consistency-distillation baseline)",
-                   O.CllmOptions, jacobi, target="smollm2-135m-cllm"),
+                   O.CllmOptions, JacobiDrafter, target="smollm2-135m-cllm"),
         MethodSpec("pcllm", "text", True, "Jacobi decoding of the pcLLM-distilled model (progressive consistency distillation)",
-                   O.JacobiOptions, jacobi, target="smollm2-135m-pcllm"),
+                   O.JacobiOptions, JacobiDrafter, target="smollm2-135m-pcllm"),
         MethodSpec("pcllm-mr", "text", True, "pcLLM multi-block decoding + rejection recycling",
                    O.MultiBlockOptions, MultiBlockDrafter, target="smollm2-135m-pcllm"),
         MethodSpec("xspecmesh", "mesh", False,

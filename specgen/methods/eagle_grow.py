@@ -1,7 +1,4 @@
-"""EAGLE-2 trees of every live row grown as one tensor program, with no host read until the drafts are read once.
-
-Padding is never seen by a row's own nodes: each row's tree is the one it grows alone (layout: docs/methods/eagle2.md).
-"""
+"""EAGLE-2 trees of every live row grown as one tensor program, with no host read until the drafts are read once."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""MuLo-SD: multi-scale local speculative decoding for visual AR models (LOSSY; docs/methods/mulo-sd.md).
-
-tau > 1 rejects everything and gives exactly target-only sampling with the same generator: the low-res drafter
-draws from its own generator, never the decode one.
-"""
+"""MuLo-SD: multi-scale local speculative decoding for visual AR models (LOSSY; docs/methods/mulo-sd.md)."""
 
 from __future__ import annotations
 

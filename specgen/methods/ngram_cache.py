@@ -1,7 +1,4 @@
-"""A static n-gram cache: how a target's own greedy answers continued each n-gram, as drafts for `ngram`.
-
-Drafts are only proposals: outputs stay exactly the target's, whatever the cache holds.
-"""
+"""A static n-gram cache: how a target's own greedy answers continued each n-gram, as drafts for `ngram`."""
 
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
-"""Method options (`method_options.NAME=VALUE`) as frozen dataclasses: one class per method family.
-
-Imports nothing heavy: `--dry-run` and every suite's plan parse each row's options before a model loads.
-"""
+"""Method options (`method_options.NAME=VALUE`) as frozen dataclasses: one class per method family."""
 
 from __future__ import annotations
 
+# imports nothing heavy: `--dry-run` and every suite's plan parse each row's options before a model loads
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
@@ -59,7 +57,7 @@ def opt(default: Any, check: Check | None = None) -> Any:
 
 def check_value(name: str, value: Any, check: Check | None, method: str) -> None:
     if check is not None and not check[0](value):
-        raise UsageError(f"{name} must be {check[1]} (method_options.{name} of {method}), got {value!r}")
+        raise UsageError(f"{name} must be {check[1]} (option {name} of {method}), got {value!r}")
 
 
 class Options:

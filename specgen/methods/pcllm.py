@@ -1,7 +1,4 @@
-"""pcLLM multi-block Jacobi decoding with rejection recycling (`pcllm-mr`) as a drafter (docs/methods/pcllm.md).
-
-Recycled n-grams and the lookup branch only add candidates: greedy output equals the model's own greedy AR.
-"""
+"""pcLLM multi-block Jacobi decoding with rejection recycling (`pcllm-mr`) as a drafter (docs/methods/pcllm.md)."""
 
 from __future__ import annotations
 
@@ -20,7 +17,8 @@ from specgen.methods.text import lookup
 
 @dataclass
 class MultiBlockDrafter(DrafterBase):
-    """pcLLM (MR) as a Drafter: K blocks of n refined at once + rejection-recycling candidates, one prefix tree."""
+    """pcLLM (MR) as a Drafter: K blocks of n refined at once + rejection-recycling candidates, one prefix tree.
+    Recycled n-grams and the lookup branch only add candidates: greedy output equals the model's own greedy AR."""
 
     o: MultiBlockOptions = field(default_factory=MultiBlockOptions)
     seed: int = 0

@@ -1,16 +1,16 @@
-"""Text drafters on the shared loop: AR (empty draft), Jacobi fixed-point guesses, n-gram prompt lookup (and a
-static n-gram cache)."""
+"""Text drafters on the shared loop: AR (empty draft), Jacobi fixed-point guesses, n-gram prompt lookup."""
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from specgen.decoding.draft import Draft, Verdict
 from specgen.decoding.draft_verify import DrafterBase
 from specgen.decoding.stats import DecodeStats
 from specgen.decoding.target import TargetOut
 from specgen.methods.ngram_cache import NgramCache
+from specgen.methods.options import JacobiOptions, NgramOptions
 
 
 class EmptyDrafter(DrafterBase):
@@ -25,7 +25,7 @@ class JacobiDrafter(DrafterBase):
     """Jacobi decoding as draft-and-verify: the draft is the previous iteration's n - 1 guesses (freed slots: seeded
     prompt tokens, as CLLM's)."""
 
-    block_size: int = 4  # CPU default (methods/options.py: JacobiOptions, tested equal)
+    o: JacobiOptions = field(default_factory=JacobiOptions)
     seed: int = 0
 
     def reset(self, prompt: list[int], first: TargetOut) -> None:
@@ -34,7 +34,7 @@ class JacobiDrafter(DrafterBase):
         self.guesses: list[int] = []
 
     def propose(self, seq: list[int], budget: int, stats: DecodeStats) -> Draft:
-        n = max(min(self.block_size - 1, budget), 0)
+        n = max(min(self.o.block_size - 1, budget), 0)
         self.guesses = self.guesses[:n] + [self.rng.choice(self.pool) for _ in range(n - len(self.guesses))]
         return Draft.chain(self.guesses)
 
@@ -46,18 +46,16 @@ class JacobiDrafter(DrafterBase):
 @dataclass
 class NgramDrafter(DrafterBase):
     """Prompt lookup: what followed the most recent earlier occurrence of the longest suffix n-gram (max_ngram down
-    to min_ngram), else of the static `cache`; no match: an empty draft (a plain AR step)."""
+    to min_ngram), else of the static `cache` (loaded from `o.cache`); no match: an empty draft (a plain AR step)."""
 
-    num_draft: int = 4
-    max_ngram: int = 3
-    min_ngram: int = 2
+    o: NgramOptions = field(default_factory=NgramOptions)
     cache: NgramCache | None = None
 
     def propose(self, seq: list[int], budget: int, stats: DecodeStats) -> Draft:
-        k = min(self.num_draft, budget)
+        k = min(self.o.num_draft, budget)
         if k <= 0:
             return Draft.empty()
-        draft = lookup(seq, k, self.max_ngram, self.min_ngram)
+        draft = lookup(seq, k, self.o.max_ngram, self.o.min_ngram)
         if not draft and self.cache is not None:  # the sequence's own n-grams first: they are the closer evidence
             draft = self.cache.draft(seq, k)
         return Draft.chain(draft)

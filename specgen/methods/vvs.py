@@ -1,8 +1,4 @@
-"""VVS: speculative decoding with partial verification skipping for visual AR models (LOSSY; docs/methods/vvs.md).
-
-Post-verification restores the KV entries of skipped tokens in place, so the committed target cache equals an
-AR-built cache over the same tokens.
-"""
+"""VVS: speculative decoding with partial verification skipping for visual AR models (LOSSY; docs/methods/vvs.md)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""VVS skip schedules (Sec. 4.4, Algorithm 1): whether a draft step skips its verification (docs/methods/vvs.md).
-
-Every schedule keeps the hard constraint (`may_skip`): never at the first step, never twice in a row.
-"""
+"""VVS skip schedules (Sec. 4.4, Algorithm 1): whether a draft step skips its verification (docs/methods/vvs.md)."""
 
 from __future__ import annotations
 

@@ -1,14 +1,10 @@
-"""XSpecMesh (Algorithm 1): multi-head speculative decoding of point-cloud-conditioned mesh GPTs.
-
-LOSSY with the paper's rules (criterion threshold / topk); LOSSLESS with criterion rejection and deterministic
-candidates. A rule that accepts nothing (delta >= 1) is AR sampling with the same seed, token for token.
-"""
+"""XSpecMesh (Algorithm 1): multi-head speculative decoding of point-cloud-conditioned mesh GPTs."""
 
 from __future__ import annotations
 
 import copy
-import functools
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -17,78 +13,15 @@ from specgen.decoding.budget import FixedBudget, MeasuredBudget
 from specgen.decoding.draft_verify import DraftVerify
 from specgen.decoding.loop import DecodeResult, decode_batch
 from specgen.decoding.pool import EachRow
-from specgen.decoding.sampling import SamplingParams, logits_to_probs, sample, sample_rows
-from specgen.devices import host_tensor
+from specgen.decoding.sampling import SamplingParams
 from specgen.errors import CheckpointError, UsageError
 from specgen.mesh.target import MeshTarget
 from specgen.mesh.vertex_lookup import VertexMemory
 from specgen.methods.options import XSpecMeshOptions
 from specgen.methods.text import EmptyDrafter, lookup
-from specgen.methods.xspecmesh_pool import XSpecMeshPool, mesh_rule
-from specgen.models.heads import head_logits
+from specgen.methods.xspecmesh_pool import Proposal, XSpecMeshPool, mesh_rule
 from specgen.models.layout import decode_layout
 from specgen.train.lora import merge_lora_state
-
-#: Precision of the heads' LM-head projection (candidates only; the backbone, hence acceptance, stays float32):
-#: float32 by default, as the head bodies always (docs/results/mesh.md).
-DRAFT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-#: Branches of the top-K_s probability tree lighter than this are pruned (appendix A.4).
-TREE_PRUNE = 1e-5
-
-
-OPTION_NAMES = tuple(XSpecMeshOptions.__dataclass_fields__)
-
-
-@dataclass(frozen=True)
-class Proposal:
-    """Candidates x_{s*+1 ..} and the probability their proposer gave each (a head's tempered softmax; lookup: 1)."""
-
-    tokens: list[int]
-    probs: list[float]
-
-    def cut(self, min_path_prob: float) -> list[int]:
-        """The candidates before the first one at which the running product of probs is below min_path_prob."""
-        path = 1.0
-        for j, p in enumerate(self.probs):
-            path *= p
-            if path < min_path_prob:
-                return self.tokens[:j]
-        return self.tokens
-
-
-def tree_sample(probs: torch.Tensor, k: int, generator: torch.Generator | None) -> list[int]:
-    """Top-K_s probability-tree sampling over head distributions probs [D, V] -> one path of D tokens."""
-    top = probs.topk(min(k, probs.shape[-1]), dim=-1)  # values/indices [D, K]
-    weight = top.values[0]
-    for d in range(1, probs.shape[0]):
-        weight = (weight.unsqueeze(-1) * top.values[d]).flatten()  # [K^(d+1)], row-major paths
-    weight = torch.where(weight >= TREE_PRUNE, weight, torch.zeros_like(weight))
-    if not weight.sum() > 0:
-        return top.indices[:, 0].tolist()
-    flat = sample(weight / weight.sum(), generator)
-    path, kk = [], top.indices.shape[1]
-    for d in reversed(range(probs.shape[0])):
-        path.append(int(top.indices[d, flat % kk]))
-        flat //= kk
-    return path[::-1]
-
-
-def head_candidates(head_logits: torch.Tensor, params: SamplingParams, opts: XSpecMeshOptions,
-                    generator: torch.Generator | None) -> Proposal:
-    """Candidates x_{s*+1 .. s*+D} from head logits [D, V] (greedy, or the K_s = 1 tree: argmaxes), and each
-    head's tempered probability of its token (for `min_path_prob`)."""
-    if params.greedy or (opts.sampling == "tree" and opts.top_k_tree == 1):
-        # the K_s = 1 tree's one path is every head's most probable token, and the filters keep each row's max
-        tokens = head_logits.argmax(-1).tolist()
-    elif opts.sampling == "tree":
-        tokens = tree_sample(logits_to_probs(head_logits, params), opts.top_k_tree, generator)
-    else:
-        tokens = sample_rows(logits_to_probs(head_logits, params), generator)  # one independent draw per head
-    if not opts.min_path_prob:
-        return Proposal(tokens, [1.0] * len(tokens))
-    scaled = head_logits / (params.temperature or 1.0)  # [D, V]
-    chosen = scaled.gather(-1, torch.tensor(tokens, device=scaled.device)[:, None])[:, 0]  # [D]
-    return Proposal(tokens, (chosen - scaled.logsumexp(-1)).exp().tolist())
 
 
 class MeshDecoder:
@@ -122,13 +55,12 @@ class MeshDecoder:
                              on_done=on_done, on_tokens=on_tokens)
         return batch.results  # tokens x_1 .. (EOS included when reached)
 
-    def _candidates(self, out: list[int], x: int, stacked, h: torch.Tensor, past, kv, d: int, params: SamplingParams,
-                    opts: XSpecMeshOptions, generator: torch.Generator | None,
+    def _candidates(self, out: list[int], x: int, heads: Callable[[], Proposal], d: int, opts: XSpecMeshOptions,
                     memory: VertexMemory | None = None) -> Proposal:
-        """D candidates after the committed tokens `out` + x = x_{s*}: the heads'; with `lookup` what followed
-        the latest earlier occurrence of the longest n-gram suffix (n <= lookup), heads filling the rest; with a
-        vertex `memory` the offsets of known blocks, heads elsewhere. Heads run only if a position needs them."""
-        heads = functools.cache(lambda: self._heads(stacked, h, past, x, kv, d, params, opts, generator))
+        """D candidates after the committed tokens `out` + x = x_{s*}: the heads' (`heads()`, computed once); with
+        `lookup` what followed the latest earlier occurrence of the longest n-gram suffix (n <= lookup), heads filling
+        the rest; with a vertex `memory` the offsets of known blocks, heads elsewhere. Heads run only if a position
+        needs them."""
         if memory is not None:
             memory.read(out + [x])
             tokens = memory.propose(x, lambda: heads().tokens, d)
@@ -138,37 +70,6 @@ class MeshDecoder:
         if len(found) == d:
             return Proposal(found, [1.0] * d)
         return Proposal(found + heads().tokens[len(found):], [1.0] * len(found) + heads().probs[len(found):])
-
-    def _vertex_memory(self) -> VertexMemory:
-        """An empty per-mesh vertex memory; the backbone must use BPT's 8 x 16 vocabulary."""
-        memory = VertexMemory()
-        if self.model.vocab_size != memory.tokenizer.vocab_size:
-            raise UsageError(f"vertex_lookup needs a BPT backbone ({memory.tokenizer.vocab_size} tokens), "
-                             f"this one has {self.model.vocab_size}")
-        return memory
-
-    def _heads(self, stacked, h: torch.Tensor, past: torch.Tensor | None, token: int, kv, d: int,
-               params: SamplingParams, opts: XSpecMeshOptions, generator: torch.Generator | None) -> Proposal:
-        """D candidates from the heads on h_{s*-1} = h [1, dim], the projected window `past` (history heads)
-        and x_{s*} = token (token_input heads); d >= 1 (the pool runs only with heads)."""
-        dtype = DRAFT_DTYPES[opts.draft_dtype]
-        step = functools.partial(head_logits, stacked, self._lm_head(dtype), self.model.decoder.tok_embeddings, dtype, d)
-        k, v = kv if kv is not None else (None, None)
-        tok = host_tensor([token], h.device) if stacked.token_input else None
-        inputs = {name: t for name, t in (("h", h), ("token", tok), ("k", k), ("v", v), ("past", past)) if t is not None}
-        graphs = self.heads.graphs  # captured: one replay per row (its outputs are read before the next)
-        key = ("heads", d, dtype, *((name, tuple(t.shape)) for name, t in inputs.items()))
-        logits = (step(**inputs) if graphs is None else graphs.call(key, step, inputs))[0]  # [d, V]
-        return head_candidates(logits, params, opts, generator)
-
-    @staticmethod
-    def _window(stacked, rows: torch.Tensor, past: torch.Tensor | None) -> torch.Tensor | None:
-        """History heads: window K/V rows [D, W', 2 inner] after committing hidden rows [n, dim] (in position order);
-        the newest first, at most `history`. Each hidden state is projected once. None for other heads."""
-        if stacked is None or not stacked.history:
-            return None
-        new = stacked.project_history(rows.flip(0))  # [D, n, 2 inner], newest first
-        return (new if past is None else torch.cat([new, past], 1))[:, : stacked.history]
 
     def _lm_head(self, dtype: torch.dtype):
         """The backbone's LM head for the heads' features, cached in `dtype` (candidates; rules read float32)."""

@@ -1,7 +1,8 @@
-"""XSpecMesh as a DrafterPool of the batched loop: per-row head candidates, the paper's rules as the loop's."""
+"""XSpecMesh as a DrafterPool of the batched loop: per-row head candidates (draws, path cut), the paper's rules."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -11,9 +12,73 @@ from specgen.decoding.accept import accept_rejection
 from specgen.decoding.accept_threshold import AcceptCriterion, accept_lossy
 from specgen.decoding.draft import Draft, Verdict
 from specgen.decoding.pool import PoolBase
-from specgen.decoding.sampling import SamplingParams, logits_to_probs
+from specgen.decoding.sampling import SamplingParams, logits_to_probs, sample, sample_rows
 from specgen.decoding.stats import DecodeStats
 from specgen.decoding.target import TargetOut
+from specgen.devices import host_tensor
+from specgen.errors import UsageError
+from specgen.mesh.tokenizers import BPTTokenizer
+from specgen.mesh.vertex_lookup import VertexMemory
+from specgen.methods.options import XSpecMeshOptions
+from specgen.models.heads import head_logits
+
+#: Precision of the heads' LM-head projection (candidates only; the backbone, hence acceptance, stays float32):
+#: float32 by default, as the head bodies always (docs/results/mesh.md).
+DRAFT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+#: Branches of the top-K_s probability tree lighter than this are pruned (appendix A.4).
+TREE_PRUNE = 1e-5
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """Candidates x_{s*+1 ..} and the probability their proposer gave each (a head's tempered softmax; lookup: 1)."""
+
+    tokens: list[int]
+    probs: list[float]
+
+    def cut(self, min_path_prob: float) -> list[int]:
+        """The candidates before the first one at which the running product of probs is below min_path_prob."""
+        path = 1.0
+        for j, p in enumerate(self.probs):
+            path *= p
+            if path < min_path_prob:
+                return self.tokens[:j]
+        return self.tokens
+
+
+def tree_sample(probs: torch.Tensor, k: int, generator: torch.Generator | None) -> list[int]:
+    """Top-K_s probability-tree sampling over head distributions probs [D, V] -> one path of D tokens."""
+    top = probs.topk(min(k, probs.shape[-1]), dim=-1)  # values/indices [D, K]
+    weight = top.values[0]
+    for d in range(1, probs.shape[0]):
+        weight = (weight.unsqueeze(-1) * top.values[d]).flatten()  # [K^(d+1)], row-major paths
+    weight = torch.where(weight >= TREE_PRUNE, weight, torch.zeros_like(weight))
+    if not weight.sum() > 0:
+        return top.indices[:, 0].tolist()
+    flat = sample(weight / weight.sum(), generator)
+    path, kk = [], top.indices.shape[1]
+    for d in reversed(range(probs.shape[0])):
+        path.append(int(top.indices[d, flat % kk]))
+        flat //= kk
+    return path[::-1]
+
+
+def head_candidates(head_logits: torch.Tensor, params: SamplingParams, opts: XSpecMeshOptions,
+                    generator: torch.Generator | None) -> Proposal:
+    """Candidates x_{s*+1 .. s*+D} from head logits [D, V] (greedy, or the K_s = 1 tree: argmaxes), and each
+    head's tempered probability of its token (for `min_path_prob`)."""
+    if params.greedy or (opts.sampling == "tree" and opts.top_k_tree == 1):
+        # the K_s = 1 tree's one path is every head's most probable token, and the filters keep each row's max
+        tokens = head_logits.argmax(-1).tolist()
+    elif opts.sampling == "tree":
+        tokens = tree_sample(logits_to_probs(head_logits, params), opts.top_k_tree, generator)
+    else:
+        tokens = sample_rows(logits_to_probs(head_logits, params), generator)  # one independent draw per head
+    if not opts.min_path_prob:
+        return Proposal(tokens, [1.0] * len(tokens))
+    scaled = head_logits / (params.temperature or 1.0)  # [D, V]
+    chosen = scaled.gather(-1, torch.tensor(tokens, device=scaled.device)[:, None])[:, 0]  # [D]
+    return Proposal(tokens, (chosen - scaled.logsumexp(-1)).exp().tolist())
 
 
 class LazyRows:
@@ -50,12 +115,12 @@ class RowState:
     h: torch.Tensor  # [1, dim]: h_{s*-1}
     past: torch.Tensor | None  # history heads' window
     head_kv: object  # the heads' K/V of this row's point cloud
-    memory: object | None  # VertexMemory (vertex_lookup)
+    memory: VertexMemory | None  # vertex_lookup
     generator: torch.Generator | None  # candidate stream
 
 
 class XSpecMeshPool(PoolBase):
-    """Head candidates for every live mesh; `decoder` is the MeshDecoder whose heads and helpers it uses."""
+    """Head candidates for every live mesh; `decoder` is the MeshDecoder whose heads, LM head and `_candidates` it uses."""
 
     def __init__(self, decoder, target, opts, params: SamplingParams, d_max: int,
                  draft_generators: Sequence[torch.Generator | None]) -> None:
@@ -64,14 +129,15 @@ class XSpecMeshPool(PoolBase):
         self.stacked = decoder.heads.stacked()  # all D heads as one batched op per layer
         if decoder.heads.graphs is not None:  # its captures read an earlier pool's stacked weights
             decoder.heads.graphs.reset()
+        if opts.vertex_lookup and decoder.model.vocab_size != BPTTokenizer.vocab_size:  # the memory reads BPT's 8 x 16
+            raise UsageError(f"vertex_lookup needs a BPT backbone ({BPTTokenizer.vocab_size} tokens), "
+                             f"this one has {decoder.model.vocab_size}")
 
     def admit(self, slot: int, index: int, prompt: list[int], first: TargetOut) -> None:
-        dec, cond = self.decoder, self.target.conditions[index]
         h = first.features[0, -1:]  # [1, dim]: the start's hidden state
-        memory = dec._vertex_memory() if self.opts.vertex_lookup else None
-        self.rows[slot] = RowState(h, dec._window(self.stacked, h, None),
-                                   self.stacked.context_kv(dec.heads.context_kv(cond)), memory,
-                                   self.draft_generators[index])
+        self.rows[slot] = RowState(h, window(self.stacked, h, None),
+                                   self.stacked.context_kv(self.decoder.heads.context_kv(self.target.conditions[index])),
+                                   VertexMemory() if self.opts.vertex_lookup else None, self.draft_generators[index])
 
     def propose(self, seqs: Sequence[list[int]], budgets: Sequence[int], stats: Sequence[DecodeStats]) -> list[Draft]:
         """1. x_{s*+1 ..} after each row's root x_{s*} = seq[-1] (seq = [cloud index] + the mesh so far)."""
@@ -81,8 +147,8 @@ class XSpecMeshPool(PoolBase):
                 drafts.append(Draft.empty())
                 continue
             mesh, x = seq[1:-1], seq[-1]
-            proposal = self.decoder._candidates(mesh, x, self.stacked, r.h, r.past, r.head_kv, self.d, self.params,
-                                                self.opts, r.generator, r.memory)
+            heads = functools.cache(functools.partial(self.heads, r, x))
+            proposal = self.decoder._candidates(mesh, x, heads, self.d, self.opts, r.memory)
             chain = proposal.cut(self.opts.min_path_prob)
             eos = self.decoder.eos_id
             if eos in chain:  # nothing after an EOS candidate
@@ -90,11 +156,35 @@ class XSpecMeshPool(PoolBase):
             drafts.append(Draft.chain(chain[: max(0, budget)]))
         return drafts
 
+    def heads(self, r: RowState, token: int) -> Proposal:
+        """D candidates from the heads on h_{s*-1} = r.h [1, dim], the projected window r.past (history heads) and
+        x_{s*} = token (token_input heads)."""
+        dtype, model = DRAFT_DTYPES[self.opts.draft_dtype], self.decoder.model
+        step = functools.partial(head_logits, self.stacked, self.decoder._lm_head(dtype), model.decoder.tok_embeddings,
+                                 dtype, self.d)
+        k, v = r.head_kv if r.head_kv is not None else (None, None)
+        tok = host_tensor([token], r.h.device) if self.stacked.token_input else None
+        inputs = {name: t for name, t in (("h", r.h), ("token", tok), ("k", k), ("v", v), ("past", r.past))
+                  if t is not None}
+        graphs = self.decoder.heads.graphs  # captured: one replay per row (its outputs are read before the next)
+        key = ("heads", self.d, dtype, *((name, tuple(t.shape)) for name, t in inputs.items()))
+        logits = (step(**inputs) if graphs is None else graphs.call(key, step, inputs))[0]  # [d, V]
+        return head_candidates(logits, self.params, self.opts, r.generator)
+
     def on_accept(self, drafts: Sequence[Draft], verdicts: Sequence[Verdict], out: TargetOut,
                   sizes: Sequence[int], branches: int) -> None:
         """5. h_{s*-1} and the history window after committing x_s .. x_{s*-1}."""
         for i, (r, verdict) in enumerate(zip(self.rows, verdicts)):
             a = verdict.num_accepted
             hidden = out.features[i, : sizes[i]]  # [S_i, dim]
-            r.past = self.decoder._window(self.stacked, hidden[: a + 1], r.past)
+            r.past = window(self.stacked, hidden[: a + 1], r.past)
             r.h = hidden[a : a + 1]
+
+
+def window(stacked, rows: torch.Tensor, past: torch.Tensor | None) -> torch.Tensor | None:
+    """History heads: window K/V rows [D, W', 2 inner] after committing hidden rows [n, dim] (in position order); the
+    newest first, at most `history`. Each hidden state is projected once. None for other heads."""
+    if stacked is None or not stacked.history:
+        return None
+    new = stacked.project_history(rows.flip(0))  # [D, n, 2 inner], newest first
+    return (new if past is None else torch.cat([new, past], 1))[:, : stacked.history]

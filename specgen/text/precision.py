@@ -1,5 +1,4 @@
-"""Precision of a target: dtype / quantize options, `NAME+int8` suffixes, stored quantized text entries, and
-quantization in memory (image and mesh GPTs)."""
+"""Precision of a target: dtype/quantize options, `NAME+int8` suffixes, quantized entries, in-memory quantization."""
 
 from __future__ import annotations
 

@@ -40,11 +40,10 @@ class LoopOptions:
     steps: int  # length of the schedule (the last step logs, evaluates and checkpoints)
     stop_after: int = 0  # > 0: stop at this step of the `steps`-long schedule (a snapshot; rerun to go on)
     grad_accum: int = 1  # micro-batches per optimiser step (per process)
-    log_every: int = 0  # 0: only the last step (with log_last)
+    log_every: int = 0  # 0: only the last step
     eval_every: int = 0  # 0: only the last step
     ckpt_every: int = 0  # 0: only with evaluations (ckpt_at_eval) and when the loop stops
     ckpt_at_eval: bool = True  # also write the state with every evaluation
-    log_last: bool = True
     eval_first: bool = False  # log an evaluation before the first step of a fresh run
     max_minutes: float = 0.0  # > 0: stop (checkpointed) after the step at which the budget clock passes this
     budget: str = "session"  # session: wall time of this invocation | cpu: process CPU time summed over sessions
@@ -356,7 +355,7 @@ class Loop:
             p.elapsed, p.cpu = p.elapsed + now - t_last, p.cpu + cnow - c_last
             t_last, c_last = now, cnow
             s = p.step
-            if (o.log_every and s % o.log_every == 0) or (o.log_last and s == o.steps):
+            if (o.log_every and s % o.log_every == 0) or s == o.steps:
                 p.last_log = _means(p.window)
                 lr = next(iter(task.optims.values())).lr(s - 1) if task.optims else 0.0
                 self.log(f"step {s}/{o.steps} lr {lr:.2e} " + " ".join(f"{k} {v:.4f}" for k, v in p.last_log.items())

@@ -202,7 +202,7 @@ def train(cfg: MeshTrainConfig, out: Path, log: Callable[[str], None] = lambda s
     torch.manual_seed(cfg.seed)
     model = MeshGPT(**cfg.model_kwargs()).train()
     table = FactoredTable(BPTTokenizer(), cfg.dim) if cfg.factored_embedding else None
-    loop = Loop(LoopOptions.of(cfg, log_last=False, budget="cpu", device=device), log)
+    loop = Loop(LoopOptions.of(cfg, budget="cpu", device=device), log)
     task = MeshTask(cfg, model, table, loop.log)
     n_params = sum(p.numel() for p in model.parameters())  # the tied LM head is counted once
     loop.log(f"{n_params / 1e6:.2f}M parameters")

@@ -11,6 +11,7 @@ from tests.conftest import decode
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.target import ModelTarget
 from specgen.decoding.tree import DraftTree
+from specgen.methods.options import JacobiOptions, NgramOptions
 from specgen.methods.text import EmptyDrafter, JacobiDrafter, NgramDrafter
 from tests.conftest import tiny_model
 
@@ -59,8 +60,8 @@ def test_jacobi_and_ngram_equal_ar(seed):
     ar = run(model, EmptyDrafter(), prompt)
     assert len(ar) == 40
     for block in (2, 4, 9):
-        assert run(model, JacobiDrafter(block_size=block, seed=seed), prompt) == ar
-    assert run(model, NgramDrafter(num_draft=5, max_ngram=3, min_ngram=1), prompt) == ar
+        assert run(model, JacobiDrafter(JacobiOptions(block), seed=seed), prompt) == ar
+    assert run(model, NgramDrafter(NgramOptions(num_draft=5, max_ngram=3, min_ngram=1)), prompt) == ar
 
 
 def test_stop_token_and_budget():
@@ -68,9 +69,9 @@ def test_stop_token_and_budget():
     prompt = [1, 2, 3, 4]
     ar = run(model, EmptyDrafter(), prompt, n=30)
     stop = ar[7]
-    cut = run(model, JacobiDrafter(block_size=6), prompt, n=30, stop=(stop,))
+    cut = run(model, JacobiDrafter(JacobiOptions(6)), prompt, n=30, stop=(stop,))
     assert cut == ar[: ar.index(stop) + 1]
-    assert run(model, NgramDrafter(min_ngram=1), prompt, n=5) == ar[:5]
+    assert run(model, NgramDrafter(NgramOptions(min_ngram=1)), prompt, n=5) == ar[:5]
 
 
 class OracleDrafter(DrafterBase):

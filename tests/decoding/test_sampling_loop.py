@@ -12,6 +12,7 @@ from tests.conftest import decode
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.target import ModelTarget
 from specgen.eval.text_bench import TextBenchConfig
+from specgen.methods.options import JacobiOptions
 from specgen.methods.text import EmptyDrafter, JacobiDrafter
 from specgen.text.generate import TextGenConfig
 from tests.conftest import method_drafter, tiny_model
@@ -29,7 +30,7 @@ def test_jacobi_sampling_matches_ar_joint_distribution():
     model = tiny_model(5, vocab_size=4, dim=16)
     for p in model.parameters():  # flatter logits so many sequences have mass
         p.data.mul_(0.5)
-    ar, jac = joint(model, EmptyDrafter()), joint(model, JacobiDrafter(block_size=3), seed=1)
+    ar, jac = joint(model, EmptyDrafter()), joint(model, JacobiDrafter(JacobiOptions(3)), seed=1)
     ar2 = joint(model, EmptyDrafter(), seed=2)
     keys = set(ar) | set(jac) | set(ar2)
     tv = 0.5 * sum(abs(ar[k] - jac[k]) for k in keys) / 1000
@@ -40,7 +41,7 @@ def test_jacobi_sampling_matches_ar_joint_distribution():
 def test_a_drafter_runs_again_after_a_decode():
     """A drafter's own state (Jacobi's fill tokens, pcLLM's recycling pool) never shadows the loop's hooks on it."""
     target = ModelTarget(tiny_model(5, vocab_size=16, dim=16))
-    for drafter in (JacobiDrafter(block_size=3), method_drafter("pcllm-mr")):
+    for drafter in (JacobiDrafter(JacobiOptions(3)), method_drafter("pcllm-mr")):
         first = decode(target, drafter, [1, 2, 3], 6, SamplingParams()).tokens
         assert decode(target, drafter, [1, 2, 3], 6, SamplingParams()).tokens == first
 

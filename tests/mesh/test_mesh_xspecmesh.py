@@ -12,7 +12,8 @@ from specgen.decoding.draft import Draft
 from specgen.decoding.sampling import SamplingParams
 from specgen.errors import UsageError
 from specgen.mesh.procedural import generate_mesh
-from specgen.methods.xspecmesh import MeshDecoder, Proposal, XSpecMeshOptions, head_candidates, tree_sample
+from specgen.methods.xspecmesh import MeshDecoder, XSpecMeshOptions
+from specgen.methods.xspecmesh_pool import Proposal, head_candidates, tree_sample
 from specgen.train.mesh import point_cloud
 from tests.mesh.mesh_fixtures import NUM_POINTS, tiny_heads, tiny_mesh_model
 
@@ -105,7 +106,7 @@ class _PerfectCandidates(MeshDecoder):
 
     reference: list[int] = []
 
-    def _candidates(self, out, x, stacked, h, past, kv, d, params, opts, generator, memory=None):
+    def _candidates(self, out, x, heads, d, opts, memory=None):
         tokens = self.reference[len(out) + 1 : len(out) + 1 + d]
         return Proposal(tokens, [1.0] * len(tokens))
 

@@ -11,7 +11,8 @@ import torch
 
 from specgen.decoding.sampling import SamplingParams, logits_to_probs
 from specgen.errors import UsageError
-from specgen.methods.xspecmesh import MeshDecoder, Proposal, XSpecMeshOptions
+from specgen.methods.xspecmesh import MeshDecoder, XSpecMeshOptions
+from specgen.methods.xspecmesh_pool import Proposal
 from tests.mesh.mesh_fixtures import tiny_heads
 from tests.mesh.test_mesh_xspecmesh import one_thread, setup  # noqa: F401  (fixtures: the tiny model, 1 thread)
 
@@ -51,7 +52,7 @@ class SecondChoice(MeshDecoder):
 
     exact: ExactBackbone
 
-    def _candidates(self, out, x, stacked, h, past, kv, d, params, opts, generator, memory=None):
+    def _candidates(self, out, x, heads, d, opts, memory=None):
         chain, probs = (*out, x), []
         for _ in range(d):
             chain += (int(self.exact(chain).topk(2).indices[1]),)

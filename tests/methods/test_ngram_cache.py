@@ -15,6 +15,7 @@ from specgen.decoding.target import ModelTarget
 from specgen.errors import CheckpointError, UsageError
 from specgen.methods import get_method
 from specgen.methods import ngram_cache as C
+from specgen.methods.options import NgramOptions
 from specgen.methods.text import EmptyDrafter, NgramDrafter
 from tests.conftest import decode, tiny_model
 
@@ -63,7 +64,7 @@ def test_drafts_follow_the_longest_n_gram_with_an_entry():
 
 def test_the_drafter_prefers_the_sequence_own_n_grams():
     cache = C.NgramCache({(1, 2): 8, (2, 8): 9})
-    drafter, stats = NgramDrafter(num_draft=2, cache=cache), DecodeStats()
+    drafter, stats = NgramDrafter(NgramOptions(num_draft=2), cache=cache), DecodeStats()
     assert drafter.propose([1, 2, 3, 4, 1, 2], 2, stats).tokens == (3, 4)  # an earlier match in the sequence
     assert drafter.propose([5, 1, 2], 2, stats).tokens == (8, 9)  # none: the cache
     assert drafter.propose([5, 6, 7], 2, stats).tokens == ()  # neither: an AR step
@@ -116,8 +117,8 @@ def test_ngram_with_a_cache_equals_ar_and_drafts_from_it(seed):
     ar = run(EmptyDrafter(), prompts[0])
     for streams in (answers, noise):
         cache = C.NgramCache(build_table(streams))
-        out = run(NgramDrafter(num_draft=4, cache=cache), prompts[0])
+        out = run(NgramDrafter(NgramOptions(num_draft=4), cache=cache), prompts[0])
         assert out.tokens == ar.tokens
     cache = C.NgramCache(build_table(answers + [ar.tokens]))  # it has seen this answer too
-    out = run(NgramDrafter(num_draft=4, cache=cache), prompts[0])
+    out = run(NgramDrafter(NgramOptions(num_draft=4), cache=cache), prompts[0])
     assert out.tokens == ar.tokens and out.stats.target_forwards < ar.stats.target_forwards

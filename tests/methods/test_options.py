@@ -43,12 +43,12 @@ def test_unknown_option_is_one_line_naming_the_known_ones():
 
 @pytest.mark.parametrize("method, options, message", [
     ("jacobi", {"block_size": 0},
-     "block_size must be >= 1 (an integer below 2**31) (method_options.block_size of jacobi), got 0"),
+     "block_size must be >= 1 (an integer below 2**31) (option block_size of jacobi), got 0"),
     ("jacobi", {"block_size": "abc"}, "block_size must be >= 1"),
     ("jacobi", {"seed": -1}, "seed must be >= 0"),
     ("ngram", {"num_draft": -3}, "num_draft must be >= 1"),
     ("pcllm-mr", {"spawn_ratio": 0}, "spawn_ratio must be in (0, 1] (a finite number)"),
-    ("xspecmesh", {"delta": float("nan")}, "delta must be in [0, 1] (a finite number) (method_options.delta of xspecmesh)"),
+    ("xspecmesh", {"delta": float("nan")}, "delta must be in [0, 1] (a finite number) (option delta of xspecmesh)"),
     ("xspecmesh", {"vertex_lookup": 1}, "vertex_lookup must be true or false"),
     ("lantern", {"lantern_delta": -0.1}, "lantern_delta must be in [0, 1]"),
     ("vvs", {"refresh": "yes"}, "refresh must be true or false"),
@@ -60,7 +60,7 @@ def test_unknown_option_is_one_line_naming_the_known_ones():
     ("adt-tree", {"d0": 12}, "adt-tree start shape (12, 4) must lie inside the bounds"),
     ("adt-tree+lantern", {"lantern_delta": 1.5}, "lantern_delta must be in [0, 1]"),
     ("eagle2", {"budget": "sometimes"}, "budget must be fixed or auto"),
-    ("pcllm-mr", {"block_size": 1}, "block_size must be >= 2 (an integer below 2**31) (method_options.block_size of"),
+    ("pcllm-mr", {"block_size": 1}, "block_size must be >= 2 (an integer below 2**31) (option block_size of"),
     ("vvs", {"interval": 1}, "interval must be >= 2"),
     ("vvs", {"schedule": "often"}, "schedule must be one of uniform, dynamic, none"),
     ("vvs", {"alpha": 0}, "alpha must be in (0, 1]"),

@@ -83,7 +83,7 @@ def test_mr_lookup_branch_commits_prompt_continuations():
 
 
 def test_mr_options():
-    with pytest.raises(UsageError, match=r"block_size must be >= 2 .*\(method_options.block_size of pcllm-mr\)"):
+    with pytest.raises(UsageError, match=r"block_size must be >= 2 .*\(option block_size of pcllm-mr\)"):
         get_method("pcllm-mr").parse_options({"block_size": 1})
     with pytest.raises(UsageError, match="no option"):
         get_method("pcllm-mr").parse_options({"blocks": 2})

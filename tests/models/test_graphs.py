@@ -13,6 +13,7 @@ from specgen.decoding.target import ModelTarget
 from specgen.errors import UsageError
 from specgen.image.target import CFGTarget
 from specgen.methods import run_batch
+from specgen.methods.options import JacobiOptions, NgramOptions
 from specgen.methods.text import EmptyDrafter, JacobiDrafter, NgramDrafter
 from specgen.models import graphs
 from specgen.models.graphs import Bucket, StaticInputs, target_step
@@ -20,8 +21,8 @@ from tests.conftest import tiny_model
 from tests.image_fixtures import tiny_image_target
 
 PROMPT = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2]
-DRAFTERS = {"ar": EmptyDrafter, "ngram": lambda: NgramDrafter(num_draft=4, max_ngram=3, min_ngram=1),
-            "jacobi": lambda: JacobiDrafter(block_size=4, seed=0)}
+DRAFTERS = {"ar": EmptyDrafter, "ngram": lambda: NgramDrafter(NgramOptions(num_draft=4, max_ngram=3, min_ngram=1)),
+            "jacobi": lambda: JacobiDrafter(JacobiOptions(4), seed=0)}
 
 
 def static_target(model, capture=False) -> ModelTarget:

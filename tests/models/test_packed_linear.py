@@ -135,6 +135,7 @@ def test_decode_layout_packs_by_default_and_keeps_the_model(monkeypatch):
 @pytest.mark.parametrize("min_rows", [1, 4])
 def test_decoding_on_packed_weights_stays_lossless(min_rows):
     """Greedy Jacobi / n-gram / random-tree drafts on packed weights equal AR on them (1 = every product on oneDNN)."""
+    from specgen.methods.options import JacobiOptions
     from specgen.methods.text import EmptyDrafter, JacobiDrafter, NgramDrafter
     from tests.decoding.test_lossless_text import GREEDY, RandomTreeDrafter, run
 
@@ -142,7 +143,7 @@ def test_decoding_on_packed_weights_stays_lossless(min_rows):
     prompt = [int(t) for t in torch.randint(0, 64, (12,), generator=torch.Generator().manual_seed(1))]
     ar = run(model, EmptyDrafter(), prompt)
     assert GREEDY.greedy and len(ar) == 40
-    for drafter in (JacobiDrafter(block_size=4), JacobiDrafter(block_size=9), NgramDrafter(),
+    for drafter in (JacobiDrafter(JacobiOptions(4)), JacobiDrafter(JacobiOptions(9)), NgramDrafter(),
                     RandomTreeDrafter(ar, len(prompt))):
         assert run(model, drafter, prompt) == ar
 

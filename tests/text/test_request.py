@@ -27,7 +27,7 @@ def test_a_spec_given_is_not_looked_up_again():
 @pytest.mark.parametrize("cfg, modality, match", [
     (TextGenConfig(method="adt-tree"), "text", "is for image models, not text"),
     (ImageGenConfig(method="ngram"), "image", "is for text models, not image"),
-    (TextGenConfig(method="jacobi", method_options={"block_size": 0}), "text", "method_options.block_size of jacobi"),
+    (TextGenConfig(method="jacobi", method_options={"block_size": 0}), "text", "option block_size of jacobi"),
     (TextGenConfig(method="ngram", method_options={"blocks": 2}), "text", "has no option 'blocks'"),
 ])
 def test_bad_requests_are_one_usage_error(cfg, modality, match):

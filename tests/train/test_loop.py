@@ -48,7 +48,7 @@ def test_cadence_of_log_eval_and_checkpoint():
     assert [ln.split()[1] for ln in lines if ln.startswith("step ")] == ["3/10", "6/10", "9/10", "10/10"]
     assert ckpt.saved == [4, 5, 8, 10]  # every ckpt_every, with every evaluation, at the end
     ckpt = Recorder()
-    Loop(LoopOptions(steps=10, stop_after=7, eval_every=4, log_last=False)).run(Regression(), ckpt)
+    Loop(LoopOptions(steps=10, stop_after=7, eval_every=4)).run(Regression(), ckpt)
     assert ckpt.saved == [4, 7]  # a stop before the end is checkpointed too
 
 
