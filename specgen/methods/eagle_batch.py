@@ -97,16 +97,18 @@ class EagleBatch(PoolBase):
         if graphs is None or not graphs.servable(view, None):
             return None
         plan = GrowPlan.bucketed(ints[1], shapes, self.vocab)
-        if plan is None or max(ints[4]) + sum(plan.widths[1:]) > graphs.k.shape[3]:
+        slots = max(ints[4]) + sum(plan.widths[1:]) if plan is not None else 0  # the longest prefix + the levels'
+        if plan is None or slots > graphs.k.shape[3]:
             return None
+        width = graphs.width(slots)
         padded = next((r for r in ROW_BUCKETS if n <= r and r * br <= graphs.capacity), n)
         pad = padded - n  # padding sequences: no tree (k = 0), their rows write into the scratch row
         device, dim = root_hidden.device, root_hidden.shape[-1]
         inputs = {"root_hidden": torch.cat([root_hidden, root_hidden.new_zeros(pad * br, 1, dim)]),
                   "ints": host_tensor([x + [0] * pad for x in ints], device),  # [5, padded]
                   "writes": host_tensor(list(range(n * br)) + [graphs.capacity] * (pad * br), device)}
-        run = partial(static_growth, self.net, self.logprobs, (graphs.k, graphs.v), graphs.attention, plan, br)
-        return tuple(p[:n] for p in graphs.call(("grow", padded, plan), run, inputs))
+        run = partial(static_growth, self.net, self.logprobs, (graphs.k, graphs.v), graphs.attention, plan, br, width)
+        return tuple(p[:n] for p in graphs.call(("grow", padded, plan, width), run, inputs))
 
     def catch_up(self, rows, seqs, view) -> torch.Tensor:
         """Run the pairs (f_p, x_{p+1}) committed since the last step, every row padded to the most; commit them."""

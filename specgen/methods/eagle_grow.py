@@ -90,20 +90,20 @@ def grow(forward: Forward, logprobs: LogProbs, root_hidden: torch.Tensor, root_p
 
 
 def static_growth(net, logprobs: LogProbs, cache: tuple[torch.Tensor, torch.Tensor], attention: str, plan: GrowPlan,
-                  branches: int, root_hidden: torch.Tensor, ints: torch.Tensor, writes: torch.Tensor
+                  branches: int, t: int, root_hidden: torch.Tensor, ints: torch.Tensor, writes: torch.Tensor
                   ) -> tuple[torch.Tensor, ...]:
-    """`grow` over an EAGLE drafter's static cache (k, v [1, C + 1, Hkv, T, hd], models/graphs.py): what a captured
+    """`grow` over an EAGLE drafter's static cache (k, v [1, C + 1, Hkv, T_max, hd], models/graphs.py): what a captured
     growth replays. `ints` [5, n]: root positions, top-k, depths, node budgets and prefixes; `writes` [n * br]: the
-    cache row each row writes (a padding row: the scratch row). Each level sees all T slots of its rows."""
+    cache row each row writes (a padding row: the scratch row). Each level sees the first `t` slots of its rows (a
+    width bucket that holds every prefix and the levels' slots)."""
     root_pos, k, depth, totals, prefix = ints
-    t = cache[0].shape[3]
 
     def forward(feats, toks, pos, anc):
         r, w = anc.shape[-1], toks.shape[1]
         meta = torch.stack([branch_rows(prefix, branches) + (r - w), writes])  # [2, R]: slot of node 0, cache row
         visible = branch_rows(level_mask(anc, prefix, t - r), branches).unsqueeze(1)  # [R, 1, W, T]
         x = StaticInputs(toks, pos, meta, visible=visible, features=feats)
-        return eagle_step(net, x, *cache, None, attention)[0]
+        return eagle_step(net, x, *cache, None, attention, t)[0]
 
     return grow(forward, logprobs, root_hidden, root_pos, k, depth, totals, plan, branches)
 

@@ -196,13 +196,16 @@ class StepGraphs:
         """The bucket of n rows by s nodes over rows holding up to `filled` slots; None: none holds it (eager)."""
         rows = next((r for r in ROW_BUCKETS if r >= n), None)
         nodes = next((m for m in NODE_BUCKETS if m >= s), None)
-        t = self.k.shape[3]
-        if rows is None or nodes is None or filled + nodes > t:
+        if rows is None or nodes is None or filled + nodes > self.k.shape[3]:
             return None
+        return Bucket(min(rows, self.capacity), nodes, self.width(filled + nodes))
+
+    def width(self, slots: int) -> int:
+        """The narrowest width bucket (MIN_WIDTH, doubling, at most the static buffer's) that holds `slots` slots."""
         width = MIN_WIDTH
-        while width < filled + nodes:
+        while width < slots:
             width *= 2
-        return Bucket(min(rows, self.capacity), nodes, min(width, t))
+        return min(width, self.k.shape[3])
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache, tree_mask: torch.Tensor | None,
                 features: torch.Tensor | None = None) -> tuple[torch.Tensor, ...] | None:

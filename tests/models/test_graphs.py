@@ -192,7 +192,8 @@ def fake_growth(dtype: torch.dtype, plan, logprobs=None):
         k = mode.from_tensor(torch.zeros(1, 7, c.n_kv_heads, 64, c.hd, dtype=dtype))
         ints = mode.from_tensor(torch.tensor([[3, 4, 5], [5, 2, 4], [3, 0, 2], [12, 12, 12], [4, 5, 6]]))
         hidden = mode.from_tensor(torch.zeros(6, 1, c.dim, dtype=dtype))
-        return static_growth(net, logprobs, (k, k), "chunked", plan, 2, hidden, ints, mode.from_tensor(torch.arange(6)))
+        return static_growth(net, logprobs, (k, k), "chunked", plan, 2, 32, hidden, ints,  # 32 of 64 slots
+                             mode.from_tensor(torch.arange(6)))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
