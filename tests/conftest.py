@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
+import typer.testing
 
 from specgen import native
 from specgen.methods import METHODS, run_batch
@@ -11,6 +14,9 @@ from specgen.models import packed_linear
 from specgen.models.transformer import Transformer, TransformerConfig
 
 torch.set_num_threads(1)  # tiny models: threads only add spin-waiting (and the machine has 2 cores)
+# typer's CliRunner converts the app to a Click command at every invoke; an app is complete once imported and the
+# conversion only reads it, so one command per app serves every test, as one per process serves the CLI
+typer.testing._get_command = functools.cache(typer.testing._get_command)
 
 # oneDNN ships in torch's x86 CPU wheels (this project's machine and CI); on a build without it the tests that
 # call it cannot run, and `test_builds_without_onednn_fall_back_to_column_major` checks what specgen does there.
