@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import os
+import shutil
 
 import pytest
 import torch
@@ -46,6 +48,26 @@ def specgen_home(tmp_path, monkeypatch):
     home = tmp_path / "specgen_home"
     monkeypatch.setenv("SPECGEN_HOME", str(home))
     return home
+
+
+@pytest.fixture(scope="module")
+def registered(tmp_path_factory):
+    """`registered(fill)`: the test's SPECGEN_HOME gets what `fill()` registers. `fill` runs once per module, into a
+    home of its own that each test gets a copy of, with torch's generator state as `fill` left it (fills seed it)."""
+    done = {}
+
+    def copy_into_home(fill) -> None:
+        if fill not in done:
+            home = tmp_path_factory.mktemp("registered")
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setenv("SPECGEN_HOME", str(home))
+                fill()
+            done[fill] = home, torch.get_rng_state()
+        home, rng = done[fill]
+        shutil.copytree(home, os.environ["SPECGEN_HOME"], dirs_exist_ok=True)
+        torch.set_rng_state(rng)
+
+    return copy_into_home
 
 
 def tiny_config(**over) -> TransformerConfig:
