@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import functools
+import os
+import shutil
+
 import pytest
 import torch
+import typer.testing
 
 from specgen import native
 from specgen.methods import METHODS, run_batch
@@ -12,6 +17,9 @@ from specgen.models.quantize import QuantizedLinear, dequantize_int4, dequantize
 from specgen.models.transformer import Transformer, TransformerConfig
 
 torch.set_num_threads(1)  # tiny models: threads only add spin-waiting (and the machine has 2 cores)
+# typer's CliRunner converts the app to a Click command at every invoke; an app is complete once imported and the
+# conversion only reads it, so one command per app serves every test, as one per process serves the CLI
+typer.testing._get_command = functools.cache(typer.testing._get_command)
 
 # oneDNN ships in torch's x86 CPU wheels (this project's machine and CI); on a build without it the tests that
 # call it cannot run, and `test_builds_without_onednn_fall_back_to_column_major` checks what specgen does there.
@@ -48,6 +56,26 @@ def dequantized(q: QuantizedLinear) -> torch.Tensor:
     if q.mode == "int8":
         return dequantize_int8(q.qweight, q.scales)
     return dequantize_int4(q.qweight, q.scales, q.zeros)
+
+
+@pytest.fixture(scope="module")
+def registered(tmp_path_factory):
+    """`registered(fill)`: the test's SPECGEN_HOME gets what `fill()` registers. `fill` runs once per module, into a
+    home of its own that each test gets a copy of, with torch's generator state as `fill` left it (fills seed it)."""
+    done = {}
+
+    def copy_into_home(fill) -> None:
+        if fill not in done:
+            home = tmp_path_factory.mktemp("registered")
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setenv("SPECGEN_HOME", str(home))
+                fill()
+            done[fill] = home, torch.get_rng_state()
+        home, rng = done[fill]
+        shutil.copytree(home, os.environ["SPECGEN_HOME"], dirs_exist_ok=True)
+        torch.set_rng_state(rng)
+
+    return copy_into_home
 
 
 def tiny_config(**over) -> TransformerConfig:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import shutil
 from pathlib import Path
+
+import torch
 
 from specgen import registry
 from tests.conftest import tiny_model
@@ -21,13 +24,18 @@ def char_tokenizer(eos: str = "_"):
     return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="?", eos_token=eos)
 
 
-def save_tiny_text(name: str = "tiny-text", seed: int = 0, eos: str = "_") -> registry.Entry:
+@functools.cache
+def tiny_text_parts(seed: int, eos: str):
+    """(weights, config, tokenizer, torch's generator state after the build) of a tiny text target, built once."""
     model = tiny_model(seed, max_seq_len=1024)  # room for a HumanEval prompt in characters
-    hf = char_tokenizer(eos)
-    meta = {"builder": "transformer", "kwargs": model.cfg.to_dict(), "vocab_size": 64, "modality": "text",
-            "tokenizer": True}
-    return registry.save("target", name, model.state_dict(), meta, extra=lambda d: hf.save_pretrained(str(d)),
-                         force=True)
+    return model.state_dict(), model.cfg.to_dict(), char_tokenizer(eos), torch.get_rng_state()
+
+
+def save_tiny_text(name: str = "tiny-text", seed: int = 0, eos: str = "_") -> registry.Entry:
+    state, cfg, hf, rng = tiny_text_parts(seed, eos)
+    torch.set_rng_state(rng)  # as after building the model (it seeds the global generator): tests may draw next
+    meta = {"builder": "transformer", "kwargs": cfg, "vocab_size": 64, "modality": "text", "tokenizer": True}
+    return registry.save("target", name, state, meta, extra=lambda d: hf.save_pretrained(str(d)), force=True)
 
 
 def write_prompts(folder: Path, prompts=PROMPTS) -> Path:

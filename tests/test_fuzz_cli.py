@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -75,33 +76,47 @@ COMMANDS = {
 }
 
 
-@contextmanager
-def scratch():
-    """A fresh SPECGEN_HOME with target/tiny-text, and a working folder with the inputs the commands name."""
+@pytest.fixture(scope="module")
+def template(tmp_path_factory):
+    """A SPECGEN_HOME with target/tiny-text and a working folder with the inputs the commands name, made once (each
+    example gets a copy), and torch's generator state as making them left it."""
     import json
 
     import torch
 
+    from tests.cli.test_cli_mesh import good_line
     from tests.conftest import tiny_model
     from tests.pcllm_fixtures import save_tiny_text
 
+    root = tmp_path_factory.mktemp("fuzz-template")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPECGEN_HOME", str(root / "home"))
+        save_tiny_text()
+    work = root / "work"
+    work.mkdir()
+    (work / "afile").write_text("x")
+    (work / "empty").mkdir()
+    (work / "seq.jsonl").write_text(good_line("m") + '\n{"token_ids": [1, 2, 3], "name": "bad"}\n[5, 6]\n')
+    model = tiny_model(1)
+    torch.save(model.state_dict(), work / "w.pt")
+    (work / "kw.json").write_text(json.dumps(model.cfg.to_dict()))
+    return root, torch.get_rng_state()
+
+
+@contextmanager
+def scratch(template):
+    """A fresh copy of the template: SPECGEN_HOME and the working folder, as the current ones."""
+    import torch
+
+    made, rng = template
     with tempfile.TemporaryDirectory() as d:
         root = Path(d)
+        shutil.copytree(made, root, dirs_exist_ok=True)
+        torch.set_rng_state(rng)
         old_env, old_cwd = os.environ.get("SPECGEN_HOME"), os.getcwd()
         os.environ["SPECGEN_HOME"] = str(root / "home")
-        work = root / "work"
-        work.mkdir()
-        os.chdir(work)
+        os.chdir(root / "work")
         try:
-            save_tiny_text()
-            (work / "afile").write_text("x")
-            (work / "empty").mkdir()
-            from tests.cli.test_cli_mesh import good_line
-
-            (work / "seq.jsonl").write_text(good_line("m") + '\n{"token_ids": [1, 2, 3], "name": "bad"}\n[5, 6]\n')
-            model = tiny_model(1)
-            torch.save(model.state_dict(), work / "w.pt")
-            (work / "kw.json").write_text(json.dumps(model.cfg.to_dict()))
             yield root
         finally:
             os.chdir(old_cwd)
@@ -133,7 +148,7 @@ EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "8"))
 @settings(max_examples=EXAMPLES, deadline=None, derandomize="FUZZ_EXAMPLES" not in os.environ,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(data=st.data())
-def test_random_inputs_exit_cleanly(command, data):
+def test_random_inputs_exit_cleanly(template, command, data):
     fixed, options, keys = COMMANDS[command]
     args = list(fixed)
     if options:
@@ -143,7 +158,7 @@ def test_random_inputs_exit_cleanly(command, data):
     if keys:
         for key in data.draw(st.lists(st.sampled_from(keys), max_size=2, unique=True), label="overrides"):
             args.append(f"{key}={data.draw(VALUES, label=key)}")
-    with scratch() as root:
+    with scratch(template) as root:
         before = snapshot(root)
         r = CliRunner().invoke(app, args)
         after = snapshot(root)

@@ -7,6 +7,8 @@ maker registered from above (`builtins.DERIVERS`) instead of naming code above t
 from __future__ import annotations
 
 import ast
+import functools
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -29,11 +31,18 @@ def named_module(text: str, modules: set[str]) -> str | None:
     return name if name in modules else None
 
 
+@functools.cache
+def parsed(path: Path) -> tuple[list[str], ast.Module]:
+    """The file's lines and syntax tree, read once per session (every check below walks the same files)."""
+    text = path.read_text()
+    return text.splitlines(), ast.parse(text)
+
+
 def imports_of(path: Path, modules: set[str], everywhere: bool = False) -> set[str]:
     """Modules of specgen/cli a file imports at module level (or anywhere: function-local imports and modules named
     in strings, which `importlib.import_module`, `__import__` or a table of runners import, included)."""
     found = set()
-    tree = ast.parse(path.read_text())
+    tree = parsed(path)[1]
     typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
                    and isinstance(block.test, ast.Name) and block.test.id == "TYPE_CHECKING"
                    for n in ast.walk(block)}  # `if TYPE_CHECKING:` imports never run
@@ -52,6 +61,7 @@ def imports_of(path: Path, modules: set[str], everywhere: bool = False) -> set[s
     return found
 
 
+@functools.cache
 def graph(everywhere: bool = False) -> dict[str, set[str]]:
     files = {module_name(p): p for package in PACKAGES for p in package.rglob("*.py")}
     return {m: imports_of(p, set(files), everywhere) - {m, "specgen", "cli"} for m, p in files.items()}
@@ -114,10 +124,40 @@ def test_the_registry_store_imports_only_errors_and_paths():
     assert {m for m in imported if m.startswith("specgen")} <= allowed  # function-local imports included
 
 
-def test_the_registry_loads_alone_in_a_fresh_interpreter():
-    code = ("import sys, specgen.registry; print(sorted(m for m in sys.modules if m.startswith('specgen')))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True).stdout
-    assert eval(out) == ["specgen", "specgen.errors", "specgen.paths", "specgen.registry"]
+# One fresh interpreter answers the three start-up checks below in turn (each launch pays torch's import). The order
+# keeps each answer a fresh interpreter's: sys.modules only grows, so a module an earlier step loaded can only make a
+# later check fail (the dynamo check also reports whether dynamo was loaded before the builds), never pass.
+FRESH = """
+import glob, json, sys
+import specgen.registry
+out = {"registry": sorted(m for m in sys.modules if m.startswith("specgen"))}
+import cli.generate_runners
+out["stacks"] = sorted(m for m in ("cli.generate_text", "cli.generate_image", "cli.generate_mesh", "trimesh",
+                                   "matplotlib") if m in sys.modules)
+import torch
+from specgen.builders import BUILDERS
+from specgen.checkpoints import random_fills_skipped
+out["dynamo"] = ["torch._dynamo" in sys.modules]
+for path in sorted(glob.glob("specgen/assets/**/config.json", recursive=True)):
+    meta = json.load(open(path))
+    if meta.get("builder") in BUILDERS:
+        with torch.device("meta"), random_fills_skipped():
+            BUILDERS[meta["builder"]](**meta.get("kwargs", {}))
+out["dynamo"].append("torch._dynamo" in sys.modules)
+2.0 ** torch.arange(3, device="meta")  # the control: a meta op with a Python meta kernel
+out["dynamo"].append("torch._dynamo" in sys.modules)
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def fresh() -> dict[str, list]:
+    out = subprocess.run([sys.executable, "-c", FRESH], capture_output=True, text=True, cwd=ROOT, check=True).stdout
+    return json.loads(out)
+
+
+def test_the_registry_loads_alone_in_a_fresh_interpreter(fresh):
+    assert fresh["registry"] == ["specgen", "specgen.errors", "specgen.paths", "specgen.registry"]
 
 
 @pytest.mark.slow
@@ -133,8 +173,7 @@ LOCAL_IMPORTS_CAP = 60
 def local_imports(path: Path) -> list[tuple[int, bool]]:
     """(line, explained) of each import inside a function or class of the file (`if TYPE_CHECKING:` ones excluded).
     Explained: a comment on its line, on a line of the run of imports it starts or continues, or on the line above."""
-    text = path.read_text()
-    lines, tree = text.splitlines(), ast.parse(text)
+    lines, tree = parsed(path)
     typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
                    and isinstance(block.test, ast.Name) and block.test.id == "TYPE_CHECKING" for n in ast.walk(block)}
     nested = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
@@ -161,33 +200,13 @@ def test_an_unexplained_local_import_is_found(tmp_path):
     assert local_imports(f) == [(2, True), (3, True), (7, False)]
 
 
-def test_the_generate_dispatch_loads_no_modality_stack_until_one_is_picked():
+def test_the_generate_dispatch_loads_no_modality_stack_until_one_is_picked(fresh):
     """A text `generate` imports neither the image nor the mesh runner (their stacks cost start-up time and memory)."""
-    code = ("import sys, cli.generate_runners; print(sorted(m for m in ('cli.generate_text', 'cli.generate_image', "
-            "'cli.generate_mesh', 'trimesh', 'matplotlib') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True).stdout
-    assert eval(out) == []
+    assert fresh["stacks"] == []
 
 
-META_BUILDS = """
-import glob, json, sys, torch
-from specgen.builders import BUILDERS
-from specgen.checkpoints import random_fills_skipped
-for path in sorted(glob.glob("specgen/assets/**/config.json", recursive=True)):
-    meta = json.load(open(path))
-    if meta.get("builder") in BUILDERS:
-        with torch.device("meta"), random_fills_skipped():
-            BUILDERS[meta["builder"]](**meta.get("kwargs", {}))
-if sys.argv[1:] == ["control"]:
-    2.0 ** torch.arange(3, device="meta")  # a meta op with a Python meta kernel
-print("torch._dynamo" in sys.modules)
-"""
-
-
-@pytest.mark.parametrize("control", [False, True])
-def test_the_size_check_builds_every_shipped_model_on_meta_without_importing_dynamo(control):
+def test_the_size_check_builds_every_shipped_model_on_meta_without_importing_dynamo(fresh):
     """`check_declared_size` builds each module on the meta device at every load; a constructor computing values there
-    (a norm, a power) runs Python meta kernels that import torch._dynamo: seconds of start-up. Control: one such op."""
-    out = subprocess.run([sys.executable, "-c", META_BUILDS, *(["control"] if control else [])], capture_output=True,
-                         text=True, cwd=ROOT, check=True).stdout
-    assert out.split() == [str(control)]
+    (a norm, a power) runs Python meta kernels that import torch._dynamo: seconds of start-up. Control: one such op
+    (dynamo: before the builds, after them, after the control)."""
+    assert fresh["dynamo"] == [False, False, True]

@@ -34,8 +34,8 @@ def register_tiny_image():
 
 
 @pytest.fixture
-def tiny_image(tmp_path):
-    register_tiny_image()
+def tiny_image(tmp_path, registered):
+    registered(register_tiny_image)
     return tmp_path
 
 

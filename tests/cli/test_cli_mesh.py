@@ -28,9 +28,13 @@ def one_thread():
     torch.set_num_threads(old)
 
 
-@pytest.fixture
-def tiny():
+def register_tiny_pair():
     register_tiny("tiny-mesh", "tiny-heads")
+
+
+@pytest.fixture
+def tiny(registered):
+    registered(register_tiny_pair)
 
 
 def invoke(*args, input=None):

@@ -150,7 +150,12 @@ def test_intermediate_tau_resamples_expanded_sets(trace):
 # --- registry / CLI --------------------------------------------------------------------------------------
 
 @pytest.fixture
-def mulo_registry(tmp_path):
+def mulo_registry(tmp_path, registered):
+    registered(register_mulo)
+    return tmp_path
+
+
+def register_mulo():
     torch.manual_seed(0)
     vq_cfg = VQ_CONFIGS["vq-tiny"]
     vq = VQModel(vq_cfg)
@@ -173,7 +178,6 @@ def mulo_registry(tmp_path):
     registry.save("vq", "m-vq2", vq2.state_dict(), {"builder": "vq", "kwargs": vq_cfg.to_dict()})
     registry.save("target", "m-low2", low.state_dict(), {**meta, "vq": "vq/m-vq2", "kwargs": low.cfg.to_dict(),
                                                          "grid": G // 2})
-    return tmp_path
 
 
 def gen(out, *args):

@@ -143,7 +143,15 @@ def test_nan_at_a_padded_slot_is_ignored(tmp_path):
 
 
 @pytest.fixture
-def t2i_registry(tmp_path):
+def t2i_registry(tmp_path, registered):
+    registered(register_t2i)
+    feats = torch.randn(2, 4, CAP)
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
+    save_file({"features": feats, "mask": mask}, str(tmp_path / "caps.safetensors"))
+    return tmp_path
+
+
+def register_t2i():
     from specgen.models.vq import VQ_CONFIGS, VQModel
 
     torch.manual_seed(0)
@@ -160,10 +168,6 @@ def t2i_registry(tmp_path):
     c2i = tiny_image_gpt(0, grid=GRID, vocab=vq_cfg.codebook_size, classes=3)
     registry.save("target", "c2i-gpt", c2i.state_dict(), {
         "builder": "llamagen-gpt", "kwargs": c2i.cfg.to_dict(), "modality": "image", "vq": "vq/t-vq", "grid": GRID})
-    feats = torch.randn(2, 4, CAP)
-    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
-    save_file({"features": feats, "mask": mask}, str(tmp_path / "caps.safetensors"))
-    return tmp_path
 
 
 def gen(out, *args, model="t2i-gpt"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import pytest
 import torch
@@ -40,11 +41,19 @@ def run(model, heads, pc, params, opts=None, n=120, seed=3):
     return MeshDecoder(model, heads).generate_batch([pc], params, n, opts, *zip(gens))[0]
 
 
+@pytest.fixture(scope="module")
+def ar_of(setup):
+    """AR's decode of the setup's point cloud per (sampling, length), the reference of every rule below: decoded once
+    (it is seeded, so another run gives the same result)."""
+    model, pc = setup
+    return functools.cache(lambda params, n=120: run(model, None, pc, params, n=n))
+
+
 @pytest.mark.parametrize("sampling", ["independent", "tree"])
 @pytest.mark.parametrize("kind", ["ca", "mlp", "ca+token", "ca+history"])
-def test_delta_accepting_nothing_equals_ar_sampling(setup, kind, sampling):
+def test_delta_accepting_nothing_equals_ar_sampling(setup, ar_of, kind, sampling):
     model, pc = setup
-    ar = run(model, None, pc, SAMPLED)
+    ar = ar_of(SAMPLED)
     heads = tiny_heads(kind.split("+")[0], token_input=kind.endswith("+token"), history=4 * kind.endswith("+history"))
     xs = run(model, heads, pc, SAMPLED, XSpecMeshOptions(delta=1.0, sampling=sampling))
     assert xs.tokens == ar.tokens and len(ar.tokens) == 120
@@ -75,13 +84,13 @@ def test_history_heads_read_the_committed_hidden_states(setup, monkeypatch):
 
 
 @pytest.mark.parametrize("history", [pytest.param(0, marks=pytest.mark.slow), 3])
-def test_bfloat16_drafting_changes_candidates_not_the_rule(setup, history):
+def test_bfloat16_drafting_changes_candidates_not_the_rule(setup, ar_of, history):
     """bf16 head logits propose (nearly) the same tokens; acceptance stays float32, so accept-nothing is still AR
     sampling and greedy is still greedy AR."""
     model, pc = setup
     bf16 = dict(draft_dtype="bfloat16")
     heads = tiny_heads(history=history)
-    ar, greedy_ar = run(model, None, pc, SAMPLED), run(model, None, pc, SamplingParams(0.0))
+    ar, greedy_ar = ar_of(SAMPLED), ar_of(SamplingParams(0.0))
     assert run(model, heads, pc, SAMPLED, XSpecMeshOptions(delta=1.0, **bf16)).tokens == ar.tokens
     assert run(model, heads, pc, SamplingParams(0.0), XSpecMeshOptions(delta=0.5, **bf16)).tokens == greedy_ar.tokens
     loose = XSpecMeshOptions(criterion="topk", top_k_accept=50)
@@ -92,10 +101,10 @@ def test_bfloat16_drafting_changes_candidates_not_the_rule(setup, history):
         XSpecMeshOptions(draft_dtype="int4")
 
 
-def test_greedy_threshold_is_greedy_ar(setup):
+def test_greedy_threshold_is_greedy_ar(setup, ar_of):
     model, pc = setup
     greedy = SamplingParams(0.0)
-    ar = run(model, None, pc, greedy)
+    ar = ar_of(greedy)
     for opts in (XSpecMeshOptions(delta=0.5), XSpecMeshOptions(criterion="topk", top_k_accept=1),
                  XSpecMeshOptions(delta=0.1, sampling="tree", top_k_tree=3)):
         assert run(model, tiny_heads(), pc, greedy, opts).tokens == ar.tokens
@@ -112,10 +121,10 @@ class _PerfectCandidates(MeshDecoder):
 
 
 @pytest.mark.parametrize("d", [1, 2, 4])
-def test_perfect_candidates_accept_all_d_and_stay_greedy_ar(setup, d):
+def test_perfect_candidates_accept_all_d_and_stay_greedy_ar(setup, ar_of, d):
     model, pc = setup
     greedy = SamplingParams(0.0)
-    ar = run(model, None, pc, greedy, n=60)
+    ar = ar_of(greedy, 60)
     oracle = _PerfectCandidates(model, tiny_heads(num_heads=d))
     oracle.reference = ar.tokens
     res = oracle.generate_batch([pc], greedy, 60, XSpecMeshOptions(num_heads=d))[0]
@@ -199,14 +208,14 @@ def test_a_one_branch_tree_proposes_the_heads_argmaxes():
         assert fast == tree_sample(logits_to_probs(logits, params), 1, torch.Generator().manual_seed(0))
 
 
-def test_lookup_candidates_change_the_draft_not_the_rule(setup, monkeypatch):
+def test_lookup_candidates_change_the_draft_not_the_rule(setup, ar_of, monkeypatch):
     """n-gram lookup (beyond the paper) only changes which candidates are verified: accept-nothing is still AR
     sampling, greedy is still greedy AR; where the mesh so far repeats, lookup tokens are accepted and the heads
     are skipped when lookup fills all D slots."""
     from specgen.models.heads import StackedHeads
 
     model, pc = setup
-    ar, greedy_ar = run(model, None, pc, SAMPLED), run(model, None, pc, SamplingParams(0.0))
+    ar, greedy_ar = ar_of(SAMPLED), ar_of(SamplingParams(0.0))
     assert run(model, tiny_heads(), pc, SAMPLED, XSpecMeshOptions(delta=1.0, lookup=2)).tokens == ar.tokens
     greedy = [run(model, tiny_heads(), pc, SamplingParams(0.0), XSpecMeshOptions(lookup=k)) for k in (0, 1, 3)]
     assert all(r.tokens == greedy_ar.tokens for r in greedy)
@@ -235,11 +244,11 @@ def test_head_probabilities_are_the_tempered_softmax_of_their_tokens():
 
 @pytest.mark.parametrize("extra", [pytest.param({}, marks=pytest.mark.slow),
                                    {"vertex_lookup": True, "sampling": "tree", "top_k_tree": 1}])
-def test_a_path_cut_changes_the_draft_not_the_rule(setup, extra):
+def test_a_path_cut_changes_the_draft_not_the_rule(setup, ar_of, extra):
     """min_path_prob (beyond the paper) only shortens what is verified: accept-nothing is still AR sampling,
     greedy still greedy AR, and a high cut verifies fewer candidates per step."""
     model, pc = setup
-    ar, greedy_ar = run(model, None, pc, SAMPLED), run(model, None, pc, SamplingParams(0.0))
+    ar, greedy_ar = ar_of(SAMPLED), ar_of(SamplingParams(0.0))
     cut = XSpecMeshOptions(min_path_prob=0.3, **extra)
     assert run(model, tiny_heads(), pc, SAMPLED, dataclasses.replace(cut, delta=1.0)).tokens == ar.tokens
     assert run(model, tiny_heads(), pc, SamplingParams(0.0), cut).tokens == greedy_ar.tokens
