@@ -71,7 +71,5 @@ def _decoder(model: nn.Module) -> nn.Module:
     return getattr(model, "decoder", model)
 
 
-
-
 if __name__ == "__main__":
     main()

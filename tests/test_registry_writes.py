@@ -279,7 +279,8 @@ def test_no_sequence_of_imports_trainings_and_removes_changes_a_builtin(tmp_path
 
 
 def test_a_builtins_modality_is_read_from_its_asset_folder_without_materialising_it():
-    """`checkpoints.modality_of` takes a built-in's modality from specgen/assets/<modality>/: each shipped config agrees."""
+    """`checkpoints.modality_of` takes a built-in's modality from specgen/assets/<modality>/ (each shipped config
+    agrees)."""
     from specgen.builtins import ASSETS, BUILTINS
 
     for b in BUILTINS.values():

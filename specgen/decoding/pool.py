@@ -1,4 +1,4 @@
-"""What one step of the batched loop talks to: the Drafter, DrafterPool and StepPolicy protocols and their no-op base."""
+"""What one step of the batched loop talks to: the Drafter, DrafterPool and StepPolicy protocols, their no-op base."""
 
 from __future__ import annotations
 

@@ -25,6 +25,7 @@ from specgen.eval.text_bench import decoded_model, is_peer, plan
 from specgen.methods import get_method
 from specgen.text.precision import split_name
 
+
 @dataclass(frozen=True)
 class Kind:
     """A recipe kind: its config dataclass (module, name), the command that reads it, the keys naming the registry

@@ -265,6 +265,7 @@ class MuLoBatch(PolicyBase):
         row.n += len(tokens)
         return tokens
 
+
 # --- building from method options --------------------------------------------------------------------------
 
 _LOADED: dict[tuple[str, str], tuple[int, torch.nn.Module]] = {}  # (path, device) -> (weights' mtime, module)

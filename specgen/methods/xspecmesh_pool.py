@@ -120,7 +120,7 @@ class RowState:
 
 
 class XSpecMeshPool(PoolBase):
-    """Head candidates for every live mesh; `decoder` is the MeshDecoder whose heads, LM head and `_candidates` it uses."""
+    """Head candidates for every live mesh; `decoder`: the MeshDecoder whose heads, LM head and `_candidates` it uses."""
 
     def __init__(self, decoder, target, opts, params: SamplingParams, d_max: int,
                  draft_generators: Sequence[torch.Generator | None]) -> None:
@@ -135,8 +135,8 @@ class XSpecMeshPool(PoolBase):
 
     def admit(self, slot: int, index: int, prompt: list[int], first: TargetOut) -> None:
         h = first.features[0, -1:]  # [1, dim]: the start's hidden state
-        self.rows[slot] = RowState(h, window(self.stacked, h, None),
-                                   self.stacked.context_kv(self.decoder.heads.context_kv(self.target.conditions[index])),
+        context = self.stacked.context_kv(self.decoder.heads.context_kv(self.target.conditions[index]))
+        self.rows[slot] = RowState(h, window(self.stacked, h, None), context,
                                    VertexMemory() if self.opts.vertex_lookup else None, self.draft_generators[index])
 
     def propose(self, seqs: Sequence[list[int]], budgets: Sequence[int], stats: Sequence[DecodeStats]) -> list[Draft]:

@@ -28,6 +28,7 @@ from specgen.train.loop import (MIXED_PRECISION, At, Loop, LoopOptions, Optim, P
 from specgen.train.optim import cosine_lr
 from specgen.train.script import run_script
 
+
 @dataclass
 class DistillConfig:
     """Options of `specgen distill` (recipe keys)."""
