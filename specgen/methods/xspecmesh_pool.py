@@ -120,7 +120,7 @@ class RowState:
 
 
 class XSpecMeshPool(PoolBase):
-    """Head candidates for every live mesh; `decoder`: the MeshDecoder whose heads, LM head and `_candidates` it uses."""
+    """Head candidates for every live mesh; `decoder`: the MeshDecoder whose heads, LM head, `_candidates` it uses."""
 
     def __init__(self, decoder, target, opts, params: SamplingParams, d_max: int,
                  draft_generators: Sequence[torch.Generator | None]) -> None:
