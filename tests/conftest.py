@@ -18,8 +18,10 @@ from specgen.models.transformer import Transformer, TransformerConfig
 
 torch.set_num_threads(1)  # tiny models: threads only add spin-waiting (and the machine has 2 cores)
 # typer's CliRunner converts the app to a Click command at every invoke; an app is complete once imported and the
-# conversion only reads it, so one command per app serves every test, as one per process serves the CLI
-typer.testing._get_command = functools.cache(typer.testing._get_command)
+# conversion only reads it, so one command per app serves every test, as one per process serves the CLI (a private
+# name: a typer without it converts at every invoke again, slower and the same)
+if hasattr(typer.testing, "_get_command"):
+    typer.testing._get_command = functools.cache(typer.testing._get_command)
 
 # oneDNN ships in torch's x86 CPU wheels (this project's machine and CI); on a build without it the tests that
 # call it cannot run, and `test_builds_without_onednn_fall_back_to_column_major` checks what specgen does there.
