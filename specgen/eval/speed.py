@@ -23,7 +23,6 @@ def curves(machines: dict[str, dict]) -> dict[str, CostCurve]:
 
 
 def merged(stats: list[DecodeStats]) -> DecodeStats:
-    """The runs' statistics added up."""
     total = DecodeStats()
     for s in stats:
         total.merge(s)

@@ -107,6 +107,7 @@ class Progress:
     elapsed: float = 0.0  # wall seconds of training over all sessions (checkpoint writes excluded)
     cpu: float = 0.0  # process CPU seconds over all sessions
     window: list[dict] = field(default_factory=list)  # logged floats of the steps since the last log line
+    last_log: dict[str, float] = field(default_factory=dict)  # means of the last log line
     recent: list[dict] = field(default_factory=list)  # logged floats of every step of this session
     resumed: bool = False
     stopped_early: bool = False  # the time budget ran out
@@ -350,9 +351,10 @@ class Loop:
             t_last, c_last = now, cnow
             s = p.step
             if (o.log_every and s % o.log_every == 0) or s == o.steps:
+                p.last_log = _means(p.window)
                 lr = next(iter(task.optims.values())).lr(s - 1) if task.optims else 0.0
-                means = " ".join(f"{k} {v:.4f}" for k, v in _means(p.window).items())
-                self.log(f"step {s}/{o.steps} lr {lr:.2e} {means} elapsed {p.elapsed / 60:.1f}m cpu {p.cpu / 60:.1f}m")
+                self.log(f"step {s}/{o.steps} lr {lr:.2e} " + " ".join(f"{k} {v:.4f}" for k, v in p.last_log.items())
+                         + f" elapsed {p.elapsed / 60:.1f}m cpu {p.cpu / 60:.1f}m")
                 p.window = []
             evaluated = bool(o.eval_every and s % o.eval_every == 0) or s == o.steps
             ev = task.evaluate(p) if evaluated and self.is_main else None
