@@ -46,10 +46,10 @@ KINDS: dict[str, Kind] = {
     "text": Kind("specgen.eval.text_bench", "TextBenchConfig", BENCH),
     "images": Kind("specgen.eval.image_bench", "ImageBenchConfig", BENCH, files=("captions",), vq_of="model"),
     "meshes": Kind("specgen.eval.mesh_bench", "MeshBenchConfig", BENCH),
-    "distill": Kind("specgen.train.distill", "DistillConfig", "specgen distill", ("model", "init_adapter"),
-                    ("trajectories",)),
     "collect-trajectories": Kind("specgen.text.trajectories", "CollectConfig", "specgen collect-trajectories",
                                  ("model", "init_adapter"), ("prompts",)),
+    "distill": Kind("specgen.train.distill", "DistillConfig", "specgen distill", ("model", "init_adapter"),
+                    ("trajectories",)),
     "eagle": Kind("specgen.train.eagle", "EagleTrainConfig", "specgen train-heads --kind eagle", ("target", "init"),
                   ("captions",), vq_of="target"),
     "xspecmesh": Kind("specgen.train.heads", "HeadsTrainConfig", "specgen train-heads --kind xspecmesh",
@@ -65,21 +65,11 @@ KINDS: dict[str, Kind] = {
 }
 BUILTIN_PROMPTS = "stdlib"  # collect-trajectories' built-in prompt set: no file
 
-#: header-comment marker -> kind (most specific first: the first marker found in the header wins)
-MARKERS: list[tuple[str, str]] = [
-    ("train-heads --kind eagle", "eagle"),
-    ("train-heads --kind xspecmesh", "xspecmesh"),
-    ("train-upsampler", "upsampler"),
-    ("specgen.train.upsampler", "upsampler"),
-    ("collect-trajectories", "collect-trajectories"),
-    ("specgen distill", "distill"),
-    ("cli.main distill", "distill"),
-    ("specgen.train.image_gpt_lowres", "image-gpt-lowres"),
-    ("specgen.train.image_gpt ", "image-gpt"),
-    ("specgen.train.mesh ", "mesh-gpt"),
-    ("specgen.train.vq ", "vq"),
-    ("specgen.train.classifier", "classifier"),
-]
+#: header-comment marker -> kind: each command as `specgen CMD`, `-m cli.main CMD` or `-m MODULE` spell it; a
+#: marker ends in a space (`specgen.train.image_gpt ` is not `specgen.train.image_gpt_lowres`)
+MARKERS = [(f"{spelling} ", kind) for kind, k in KINDS.items() if k.command != BENCH
+           for spelling in dict.fromkeys((k.command.removeprefix("python -m "),
+                                          k.command.replace("specgen ", "cli.main ", 1)))]
 
 IMPORT_RE = re.compile(r"specgen registry import\s[^`\n]*?--name[ =](?P<name>[A-Za-z0-9][A-Za-z0-9._+-]*)[^`\n]*")
 

@@ -107,7 +107,7 @@ def _passes(program: str, timeout: float) -> bool:
 
 
 def check_completions(
-    problems: list[Problem], completions: list[str], timeout: float = 5.0, workers: int | None = None
+    problems: list[Problem], completions: list[str], timeout: float = 5.0
 ) -> list[bool]:
     """Whether each completion passes its problem's tests, each program in its own `python -I` subprocess with a
     wall-clock timeout and CPU, memory and file-size limits (isolation from crashes and hangs, not a sandbox)."""
@@ -115,6 +115,5 @@ def check_completions(
         f"{extract_code(c, p)}\n\n{p.test}\n\ncheck({p.entry_point})\n"
         for p, c in zip(problems, completions, strict=True)
     ]
-    workers = workers or min(4, os.cpu_count() or 1)
-    with ThreadPoolExecutor(max_workers=workers) as pool:
+    with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
         return list(pool.map(lambda program: _passes(program, timeout), programs))

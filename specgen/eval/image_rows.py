@@ -14,7 +14,7 @@ import PIL.Image
 from specgen.decoding.stats import DecodeStats
 from specgen.eval.image_metrics import fid_from_features
 from specgen.eval.run_dir import Grid, check_finished
-from specgen.eval.speed import Drafting, Timed, curves
+from specgen.eval.speed import Drafting, Timed, curves, merged
 from specgen.eval.speed import efficiency as speed_efficiency
 from specgen.methods import get_method
 
@@ -100,13 +100,6 @@ def efficiency(rs: list[Image], ar: list[Image], machines: dict[str, dict], spee
             return {}
         shards.append(d)
     return speed_efficiency(shards, speedup)
-
-
-def merged(stats: list[DecodeStats]) -> DecodeStats:
-    total = DecodeStats()
-    for s in stats:
-        total.merge(s)
-    return total
 
 
 def batched_row(method: str, temp: float, batch: int, rs: list[Image], ar: list[Image], walls: dict, names: dict,

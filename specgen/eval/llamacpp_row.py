@@ -15,15 +15,6 @@ INSTALL = ("pip install llama-cpp-python: it compiles llama.cpp; where its repac
            "CMAKE_ARGS=\"-DGGML_CPU_REPACK=OFF\" or set options.llamacpp.repack=false; docs/precision.md)")
 
 
-def unavailable(setup: PeerSetup) -> str | None:
-    """Why the rows cannot run here (one line), or None."""
-    try:
-        import llama_cpp  # noqa: F401  (optional dependency)
-    except ImportError:
-        return f"{setup.name} row skipped: llama-cpp-python is not installed ({INSTALL})"
-    return None
-
-
 class LlamaCppRow(OneAtATime):
     """One llama_cpp.Llama for the whole benchmark (closed at exit). Options: `gguf` (default: the shipped SmolLM2
     GGUF), `repack` (default true; false skips llama.cpp's runtime repacking, the path that crashed on some CPUs)."""
@@ -34,7 +25,12 @@ class LlamaCppRow(OneAtATime):
 
     @staticmethod
     def unavailable(setup: PeerSetup) -> str | None:
-        return unavailable(setup)  # the module's function, looked up per call
+        """Why the rows cannot run here (one line), or None."""
+        try:
+            import llama_cpp  # noqa: F401  (optional dependency)
+        except ImportError:
+            return f"{setup.name} row skipped: llama-cpp-python is not installed ({INSTALL})"
+        return None
 
     def __init__(self, setup: PeerSetup) -> None:
         import llama_cpp  # optional dependency

@@ -13,7 +13,7 @@ from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.stats import DecodeStats
 from specgen.errors import UsageError
 from specgen.eval.run_dir import Grid, Shard, check_finished
-from specgen.eval.speed import Timed
+from specgen.eval.speed import Timed, merged
 from specgen.eval.sweeps import Sweep, expand, merged_table, sweeps_of
 from specgen.mesh.export import clean_mesh
 from specgen.mesh.generate import decode_tokens, load_mesh_model, token_budget
@@ -265,9 +265,8 @@ def summarize(cfg: MeshBenchConfig, vs: list[Variant], runs: dict[str, list[dict
     """One row per variant with the metrics of the module docstring (runs: label -> records in mesh order)."""
     rows = []
     for v in vs:
-        xs, st = runs[v.label], DecodeStats()
-        for x in xs:
-            st.merge(DecodeStats(**x["stats"]))
+        xs = runs[v.label]
+        st = merged([DecodeStats(**x["stats"]) for x in xs])
         cd, hd = [x["cd"] for x in xs if x["cd"] is not None], [x["hd"] for x in xs if x["hd"] is not None]
         tokens = sum(x["tokens"] for x in xs)
         decode_s = st.wall_time - st.times.get("prefill", 0.0)

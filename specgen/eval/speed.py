@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from specgen.decoding.cost import CostCurve
+from specgen.decoding.stats import DecodeStats
 
 
 def per_shard(runs: Sequence, shards: list[str], walls: dict, fn: Callable[[str, list, float], float | None]):
@@ -19,6 +20,13 @@ def per_shard(runs: Sequence, shards: list[str], walls: dict, fn: Callable[[str,
 def curves(machines: dict[str, dict]) -> dict[str, CostCurve]:
     """shard -> its measured cost curve c(m) (from its machine file)."""
     return {s: CostCurve(tuple(i["cost_rows"]), tuple(i["cost"])) for s, i in machines.items() if i.get("cost_rows")}
+
+
+def merged(stats: list[DecodeStats]) -> DecodeStats:
+    total = DecodeStats()
+    for s in stats:
+        total.merge(s)
+    return total
 
 
 def summed(shards: list[str], seconds: list[float]) -> dict[str, float]:

@@ -133,7 +133,7 @@ def with_sweep_rows(cfg, modality: str, method_of: Callable[[str], str], extra: 
                     sweepable: Callable[[str], bool] = lambda row: True) -> tuple[Any, list[SweptRow]]:
     """(cfg with `extra` and every `sweep` row added to `methods`, `options` holding every row's, and the rows added)
     of humaneval/images: a sweep varies a row, an `options` entry or a method of the suite's `modality` (one
-    `sweepable` keeps), each value checked by its method's options.
+    `sweepable` keeps), each value checked by its method's options; a suite without an `ar` row is refused.
 
     A swept row's entry is its base's own entry (a method's entry every row of the method reads anyway) with the
     swept option set; an entry the recipe gives for the swept row's name itself goes over that. A name already in
@@ -143,6 +143,8 @@ def with_sweep_rows(cfg, modality: str, method_of: Callable[[str], str], extra: 
     swept = [*extra, *expand(sweeps_of(cfg.sweep), bases,
                              lambda row, options: get_method(method_of(row)).parse_options(options))]
     methods = list(cfg.methods)
+    if "ar" not in methods:
+        raise UsageError("the benchmark needs the 'ar' row: speedups and exact match are measured against it")
     for r in swept:
         own = table.get(r.base, {}) if r.base != method_of(r.base) else {}
         table[r.name] = {**own, **r.options, **table.get(r.name, {})}

@@ -173,8 +173,6 @@ def evaluate(net: EagleNet, target: Transformer, data: dict[str, torch.Tensor], 
 def train(cfg: EagleTrainConfig, out: Path, log: Callable[[str], None] = lambda s: None,
           device: str = "cpu", force: bool = False) -> Published | None:
     """Generate (or reuse) target samples, train (or resume) the drafter and register it (None on other ranks)."""
-    if min(cfg.samples_per_class, cfg.eval_samples_per_class) < 1:  # the other counts: specgen.config_checks
-        raise UsageError("samples_per_class and eval_samples_per_class must be >= 1")
     torch.set_num_threads(cfg.num_threads)
     entry, target = load_image_target(cfg.target)
     captions, captions_sha = training_captions(entry, target, cfg.captions)

@@ -50,11 +50,6 @@ class LoopOptions:
     device: str = "cpu"  # cpu | cuda | cuda:N | auto (specgen.devices)
     mixed_precision: str = "no"  # no | bf16 | fp16 (accelerate's autocast; fp16 adds loss scaling)
 
-    def __post_init__(self) -> None:
-        if self.steps < 1 or self.grad_accum < 1 or min(self.log_every, self.eval_every, self.ckpt_every) < 0:
-            raise UsageError("steps and grad_accum must be >= 1, log/eval/ckpt cadences >= 0")
-        check_choices(self, {"budget": BUDGETS, "mixed_precision": MIXED_PRECISION})
-
     @classmethod
     def of(cls, recipe: Any, **options: Any) -> LoopOptions:
         """The loop's keys a recipe dataclass has (steps, grad_accum, log_every, ...), `options` taking precedence."""

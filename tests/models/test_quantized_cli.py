@@ -69,7 +69,8 @@ def long_tiny_target(tiny_target):  # noqa: F811
 def test_benchmark_quantized_rows_and_skipped_llamacpp(long_tiny_target, monkeypatch):
     from specgen.eval import llamacpp_row
 
-    monkeypatch.setattr(llamacpp_row, "unavailable", lambda *a: "llamacpp row skipped: llama-cpp-python is not installed")
+    monkeypatch.setattr(llamacpp_row.LlamaCppRow, "unavailable",
+                        staticmethod(lambda *a: "llamacpp row skipped: llama-cpp-python is not installed"))
     r = invoke("benchmark", "--suite", "humaneval", "--model", "tiny-long", "--limit", "2", "--max-new-tokens", "8",
                "--format", "json", "--methods", "ar,ar@tiny-long+int8,ngram:q,llamacpp", "execute=false",
                "warmup=false", "targets.ngram:q=tiny-long+int8")
