@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from specgen.devices import now
@@ -31,7 +33,14 @@ def streamed_bytes(module: torch.nn.Module) -> int:
 
 def copy_bandwidth(megabytes: int = 256, rounds: int = 5, device: str | torch.device = "cpu") -> float:
     """The memory bandwidth of `device` in GB/s as torch sees it (on cpu: with its current threads): best of `rounds`
-    copies of a `megabytes` tensor (a copy reads and writes each byte: 2 x size per copy)."""
+    copies of a `megabytes` tensor (a copy reads and writes each byte: 2 x size per copy); measured once per process
+    for each (size, rounds, device, threads)."""
+    return measured_bandwidth(megabytes, rounds, str(device), torch.get_num_threads())
+
+
+@functools.cache
+def measured_bandwidth(megabytes: int, rounds: int, device: str, threads: int) -> float:
+    assert threads == torch.get_num_threads()  # a key of the cache: the copies run on the threads torch has now
     src = torch.ones(megabytes * 2**20 // 4, device=device)
     dst = torch.empty_like(src)
     best = float("inf")
