@@ -138,16 +138,3 @@ class MeshGPT(nn.Module):
         for row in range(b):
             cache.commit(row, [0])
         return self.decoder.output(hidden[:, -1]), hidden[:, -1]
-
-    @torch.inference_mode()
-    def step(self, tokens: torch.Tensor, start: int, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
-        """Score a causal chain tokens [B, S] at positions start.. (pending): logits [B, S, V], hidden [B, S, dim]."""
-        hidden = self.step_hidden(tokens, start, cache)
-        return self.decoder.output(hidden), hidden
-
-    @torch.inference_mode()
-    def step_hidden(self, tokens: torch.Tensor, start: int, cache: KVCache) -> torch.Tensor:
-        """`step` without the LM head: hidden [B, S, dim] (callers apply `decoder.output` to the rows they read)."""
-        b, s = tokens.shape
-        pos = torch.arange(start, start + s, device=tokens.device).expand(b, s)
-        return self.decoder.hidden_states(self.decoder.tok_embeddings(tokens), pos, cache)
