@@ -97,26 +97,15 @@ class MeshGPT(nn.Module):
     def builder_kwargs(self) -> dict:
         return {"decoder": self.dec_cfg.to_dict(), "encoder": self.enc_cfg.to_dict()}
 
-    def encode(self, pc: torch.Tensor) -> torch.Tensor:
-        """Condition [B, M, cross_dim] of point clouds [B, N, 6]."""
-        return self.encoder(pc)
-
-    def inputs(self, tokens: torch.Tensor, table: torch.Tensor | None = None) -> torch.Tensor:
-        """Training inputs [B, L+1, dim]: the start vector then the embeddings of tokens [B, L]
-        (rows of `table` [V, dim] when given, a training-time reparametrised token table)."""
-        start = self.start.view(1, 1, -1).expand(tokens.shape[0], 1, -1)
-        ids = tokens.clamp_min(0)
-        emb = self.decoder.tok_embeddings(ids) if table is None else F.embedding(ids, table)
-        return torch.cat([start, emb], dim=1)
-
     def forward_train(self, pc: torch.Tensor, tokens: torch.Tensor, table: torch.Tensor | None = None
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Teacher-forced pass over tokens [B, L] (pad -1): logits [B, L, V] (row i predicts tokens[:, i]), hidden
         [B, L, dim], the condition; `table` [V, dim] replaces the tied embedding / LM head (train/mesh_embedding.py)."""
         if table is not None and not self.dec_cfg.tie_embeddings:
             raise ValueError("a token table override needs tied embeddings")
-        cond = self.encode(pc)
-        h = self.inputs(tokens[:, :-1], table)  # [B, L, dim]: start, x_1 .. x_{L-1}
+        cond, ids = self.encoder(pc), tokens[:, :-1].clamp_min(0)
+        emb = self.decoder.tok_embeddings(ids) if table is None else F.embedding(ids, table)
+        h = torch.cat([self.start.view(1, 1, -1).expand(ids.shape[0], 1, -1), emb], 1)  # [B, L, dim]: start, x_1 ..
         pos = torch.arange(h.shape[1], device=h.device).expand(h.shape[0], -1)
         hidden = self.decoder.hidden_states(h, pos, None, None, self.decoder.context_kv(cond))
         logits = self.decoder.output(hidden) if table is None else F.linear(hidden, table)
