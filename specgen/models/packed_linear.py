@@ -104,15 +104,6 @@ def pack_linears(module: nn.Module) -> nn.Module:
     return module
 
 
-def measure_now(module: nn.Module) -> None:
-    """Settle the kernel plan of `module`'s PackedLinears (one shared KernelChoice) at the current thread count now,
-    so that no timed product pays for the measurement."""
-    for lin in module.modules():
-        if isinstance(lin, PackedLinear):
-            lin._choice.plan()
-            return
-
-
 def hold_tiled(module: nn.Module, loaded: bool = True) -> None:
     """Hold each float32 CPU PackedLinear weight whose plan sends every row count to tiled.c as its tiles only (a
     `TiledWeight`) in every module holding it (ties stay ties), one weight at a time. Not `loaded`: tiles left for
