@@ -10,7 +10,7 @@ from torch import nn
 
 from specgen.decoding.cache import KVCache
 from specgen.errors import ContextOverflowError
-from specgen.models import native_block, prompt
+from specgen.models import native_block
 from specgen.models.attention import PLANS, NativePlan, invariant_attention, native_self_attention, plan
 from specgen.models.kernel_choice import attention_path, native_norms
 from specgen.models.rope import SCALINGS, Rotation, rotate, rotation, table_1d, table_2d
@@ -315,7 +315,7 @@ class Transformer(nn.Module):
         """Run the blocks on input embeddings h [B, S, dim]; returns normed hidden [B, S, dim]. `attn_mask`
         [B, 1, S, T] exposes pending slots of earlier forwards (multi-level trees) instead of the cache's mask."""
         rot = forward_rotation(self, positions, h.dtype)
-        mask, causal = forward_mask(self.cfg, h, cache, tree_mask, attn_mask, prompt.active())
+        mask, causal = forward_mask(self.cfg, h, cache, tree_mask, attn_mask)
         cross = context_kv if cache is None else cache.cross
         for i, blk in enumerate(self.layers):
             h = blk(h, rot, i, cache, mask, causal, None if cross is None else cross[i])
@@ -343,8 +343,7 @@ def forward_rotation(module, positions: torch.Tensor, dtype: torch.dtype) -> Rot
     return rotation(module.rope_table[positions].to(dtype), module.cfg.rope_layout)
 
 
-def forward_mask(cfg: TransformerConfig, h: torch.Tensor, cache: KVCache | None, tree_mask, attn_mask,
-                 prefill: bool = False) -> tuple:
+def forward_mask(cfg: TransformerConfig, h: torch.Tensor, cache: KVCache | None, tree_mask, attn_mask) -> tuple:
     """(what every block of a forward over h [B, S, dim] attends with, causal): over a cache, an attention plan where
     `attention_path` is not sdpa (batch/width-invariant, models/attention.py) or SDPA's additive mask (made once per
     forward, not per layer); without one, the tree mask among the S tokens or causal."""
@@ -353,7 +352,7 @@ def forward_mask(cfg: TransformerConfig, h: torch.Tensor, cache: KVCache | None,
         return (None, True) if tree_mask is None else (tree_mask.view(-1, 1, s, s), False)
     cache.check_room(s)
     mask = cache.hide_keys(attn_mask) if attn_mask is not None else cache.prefix_mask(s, tree_mask)
-    if attention_path(h.dtype, h.device, prefill) != "sdpa":
+    if attention_path(h.dtype, h.device) != "sdpa":
         t = mask.shape[-1] if mask is not None else max(cache.lengths) + s
         mask = plan(mask, h.shape[0], s, t, cfg.n_heads, cfg.n_kv_heads, cfg.hd, h.device, h.dtype, cache.lengths)
         return mask, False
