@@ -46,8 +46,7 @@ def quantize_int4(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tens
     [out, in/g]) of w [out, in], w ~ (q - 8) * scale + zero per group of `group` input columns: min-max, then
     `REFINE_STEPS` least-squares refits of (scale, zero) rounded to bfloat16, each kept per group only where neither
     its squared error nor its largest error grows (why: docs/precision.md)."""
-    out, k = w.shape
-    check_int4_shape(k, group)
+    out, k = w.shape  # the width and group are checked by quantize_model
     wg = w.detach().float().contiguous().view(out, k // group, group)  # [out, G, g]
     lo, hi = wg.amin(-1), wg.amax(-1)  # [out, G]
     scale = ((hi - lo) / 15).clamp(min=1e-6).to(torch.bfloat16).float()
@@ -103,15 +102,6 @@ def unpack_int4(q4: torch.Tensor) -> torch.Tensor:
     return torch.stack([q4 & 15, q4 >> 4], dim=-1).flatten(-2)
 
 
-def check_int4_shape(in_features: int, group: int) -> None:
-    """One-line error when `group` is not a kernel group size or does not divide the input width."""
-    if group not in GROUPS:
-        raise UsageError(f"int4 group size must be one of {', '.join(map(str, GROUPS))}, got {group}")
-    if in_features % group:
-        raise UsageError(f"int4 needs input widths divisible by the group size {group}; this model has a "
-                         f"{in_features}-wide layer (try a group size that divides it, e.g. 32)")
-
-
 class QuantizedLinear(nn.Module):
     """Linear with int8 or int4 weights (buffers, saved in the state dict): x [..., in] (any float dtype) -> [..., out]
     in x's dtype, on the quantized kernel (`kernel_choice.quantized_product`) except in a prompt prefill
@@ -129,7 +119,7 @@ class QuantizedLinear(nn.Module):
         if mode == "int8":
             self.register_buffer("qweight", torch.zeros(out_features, in_features, dtype=torch.int8))
             self.register_buffer("scales", torch.ones(out_features, dtype=ACT_DTYPE))
-        else:  # the width and group are checked where the weights are quantized (quantize_int4)
+        else:  # the width and group are checked where a model is quantized (quantize_model)
             self.register_buffer("qweight", torch.zeros(out_features, in_features // 2, dtype=torch.uint8))
             self.register_buffer("scales", torch.ones(out_features, in_features // group, dtype=ACT_DTYPE))
             self.register_buffer("zeros", torch.zeros(out_features, in_features // group, dtype=ACT_DTYPE))
@@ -332,10 +322,12 @@ def quantize_model(model: nn.Module, mode: str, group: int = DEFAULT_GROUP) -> n
     if not isinstance(dec, Transformer):
         raise ValueError(f"quantization covers specgen's decoder Transformer (text, image and mesh GPTs), not "
                          f"{type(model).__name__}")
-    if mode == "int4":  # before any layer is replaced: a refused model is left whole
-        for lin in dec.layers.modules():
-            if isinstance(lin, nn.Linear):
-                check_int4_shape(lin.in_features, group)
+    if mode == "int4":  # checked before any layer is replaced: a refused model is left whole
+        if group not in GROUPS:
+            raise UsageError(f"int4 group size must be one of {', '.join(map(str, GROUPS))}, got {group}")
+        if odd := [m.in_features for m in dec.layers.modules() if isinstance(m, nn.Linear) and m.in_features % group]:
+            raise UsageError(f"int4 needs input widths divisible by the group size {group}; this model has a "
+                             f"{odd[0]}-wide layer (try a group size that divides it, e.g. 32)")
     with torch.no_grad():
         swap_layers(dec, lambda lin: QuantizedLinear.from_linear(lin, mode, group),
                     lambda ffn: QuantizedFeedForward.from_float(ffn, mode, group))
