@@ -298,17 +298,16 @@ class Transformer(nn.Module):
         cache: KVCache | None = None,
         tree_mask: torch.Tensor | None = None,  # [S, S] or [B, S, S] bool among the new nodes
         embeds: torch.Tensor | None = None,  # [B, S, dim] instead of tokens (condition tokens)
-        attn_mask: torch.Tensor | None = None,  # [B, 1, S, T] over cache slots: overrides tree_mask
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits [B, S, V] and final hidden states [B, S, dim] (after the final norm) of S new nodes per row: with a
         cache they attend to the row's committed slots plus the pending nodes `tree_mask` allows (causal when None)
         and are written as pending slots (`decoding/cache.py`); without one the S tokens are the whole sequence."""
-        if self.graphs is not None and cache is not None and embeds is None and attn_mask is None:
+        if self.graphs is not None and cache is not None and embeds is None:
             replayed = self.graphs.forward(tokens, positions, cache, tree_mask)  # None: this call runs eagerly
             if replayed is not None:
                 return replayed  # (logits, hidden)
         h = self.tok_embeddings(tokens) if embeds is None else embeds
-        hidden = self.hidden_states(h, positions, cache, tree_mask, attn_mask=attn_mask)
+        hidden = self.hidden_states(h, positions, cache, tree_mask)
         return self.output(hidden), hidden
 
     def hidden_states(self, h, positions, cache=None, tree_mask=None, context_kv=None, attn_mask=None) -> torch.Tensor:
