@@ -9,7 +9,7 @@ import torch
 from specgen.models.classifier import build_image_classifier
 from specgen.models.eagle import build_eagle
 from specgen.models.heads import XSpecMeshHeads
-from specgen.models.llamagen import build_llamagen_gpt, llamagen_kwargs, llamagen_state
+from specgen.models.llamagen import llamagen_kwargs, llamagen_state
 from specgen.models.mesh import MeshGPT
 from specgen.models.quantize import build_quantized_transformer
 from specgen.models.transformer import Transformer, TransformerConfig
@@ -20,7 +20,8 @@ BUILDERS: dict[str, Callable[..., torch.nn.Module]] = {
     "transformer": lambda **kwargs: Transformer(TransformerConfig(**kwargs)),
     "mesh_gpt": MeshGPT,
     "xspecmesh_heads": XSpecMeshHeads,
-    "llamagen-gpt": build_llamagen_gpt,  # LlamaGen c2i/t2i GPT (Transformer with 2D RoPE + class/caption embedding)
+    # LlamaGen c2i/t2i GPT (2D RoPE + class/caption embedding): stored as full fields (IMPORTED_FORMS expands imports)
+    "llamagen-gpt": lambda **kwargs: Transformer(TransformerConfig(**kwargs)),
     "eagle": build_eagle,  # one-layer EAGLE feature drafter (specgen/models/eagle.py)
     "vq": lambda **kwargs: VQModel(VQConfig.from_dict(kwargs)),  # LlamaGen-compatible VQ tokenizer
     "image-classifier": build_image_classifier,  # CNN whose features give the image benchmark's FID
