@@ -61,14 +61,10 @@ class PointEncoder(nn.Module):
         self.out_norm = nn.LayerNorm(cfg.width)
         self.proj = nn.Linear(cfg.width, cfg.out_dim)
 
-    def features(self, pc: torch.Tensor) -> torch.Tensor:
-        """Per-point input features [B, N, in_dim]: xyz, normals, sin/cos(2^k pi xyz)."""
-        xyz, nrm = pc[..., :3], pc[..., 3:6]
-        ang = (xyz.unsqueeze(-1) * self.freqs).flatten(-2)  # [B, N, 3K]
-        return torch.cat([xyz, nrm, ang.sin(), ang.cos()], dim=-1)
-
     def forward(self, pc: torch.Tensor) -> torch.Tensor:
-        pts = self.ctx_norm(self.embed(self.features(pc)))  # [B, N, W]
+        ang = (pc[..., :3].unsqueeze(-1) * self.freqs).flatten(-2)  # [B, N, 3K]: 2^k pi xyz
+        features = torch.cat([pc[..., :6], ang.sin(), ang.cos()], dim=-1)  # [B, N, in_dim]: xyz, normals, sin, cos
+        pts = self.ctx_norm(self.embed(features))  # [B, N, W]
         x = self.latents.unsqueeze(0).expand(pc.shape[0], -1, -1)  # [B, M, W]
         x = self.cross(x, pts)
         for blk in self.blocks:
