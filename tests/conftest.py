@@ -13,7 +13,7 @@ import typer.testing
 from specgen import native
 from specgen.methods import METHODS, run_batch
 from specgen.models import packed_linear
-from specgen.models.quantize import QuantizedLinear, unpack_int4
+from specgen.models.quantize import QuantizedLinear, dequantize_int4, dequantize_int8
 from specgen.models.transformer import Transformer, TransformerConfig
 
 torch.set_num_threads(1)  # tiny models: threads only add spin-waiting (and the machine has 2 cores)
@@ -49,19 +49,6 @@ def specgen_home(tmp_path, monkeypatch):
     home = tmp_path / "specgen_home"
     monkeypatch.setenv("SPECGEN_HOME", str(home))
     return home
-
-
-def dequantize_int8(q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    """float32 [out, in] = q * s: the weight an int8 layer's kernels multiply by (`quantize.quantize_int8`)."""
-    return q.float() * s.float()[:, None]
-
-
-def dequantize_int4(q4: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
-    """float32 [out, in] = (q - 8) * scale + zero per group (`quantize.quantize_int4`)."""
-    q = unpack_int4(q4).float()  # [out, in]
-    out, k = q.shape
-    w = (q.view(out, -1, k // scale.shape[1]) - 8) * scale.float()[..., None] + zero.float()[..., None]
-    return w.view(out, k)
 
 
 def dequantized(q: QuantizedLinear) -> torch.Tensor:

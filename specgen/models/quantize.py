@@ -41,6 +41,11 @@ def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, s
 
 
+def dequantize_int8(q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """float32 [out, in] = q * s."""
+    return q.float() * s.float()[:, None]
+
+
 def quantize_int4(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(q uint8 [out, in/2] two nibbles per byte (low = even column), scales bf16 [out, in/g], zeros bf16
     [out, in/g]) of w [out, in], w ~ (q - 8) * scale + zero per group of `group` input columns: min-max, then
@@ -102,6 +107,15 @@ def unpack_int4(q4: torch.Tensor) -> torch.Tensor:
     return torch.stack([q4 & 15, q4 >> 4], dim=-1).flatten(-2)
 
 
+def dequantize_int4(q4: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
+    """float32 [out, in] = (q - 8) * scale + zero per group."""
+    q = unpack_int4(q4).float()  # [out, in]
+    out, k = q.shape
+    g = k // scale.shape[1]
+    w = (q.view(out, -1, g) - 8) * scale.float()[..., None] + zero.float()[..., None]
+    return w.view(out, k)
+
+
 class QuantizedLinear(nn.Module):
     """Linear with int8 or int4 weights (buffers, saved in the state dict): x [..., in] (any float dtype) -> [..., out]
     in x's dtype, on the quantized kernel (`kernel_choice.quantized_product`) except in a prompt prefill
@@ -156,7 +170,7 @@ class QuantizedLinear(nn.Module):
         return y.view(*x.shape[:-1], self.out_features)
 
     def prompt_weight(self) -> torch.Tensor:
-        """The weight [out, in] in bfloat16 for a prompt's GEMM (float32 q * s, or (q - 8) * s + z per group, rounded once), in a
+        """The weight [out, in] in bfloat16 for a prompt's GEMM (the float32 `dequantize_int8/4`, rounded once), in a
         workspace shared by every layer of this shape: a fresh weight per product would fault in new pages each time."""
         w32, w16 = workspace(self.out_features, self.in_features)
         if self.mode == "int8":

@@ -20,11 +20,13 @@ from specgen.models.quantize import (
     QuantizedFeedForward,
     QuantizedLinear,
     build_quantized_transformer,
+    dequantize_int4,
+    dequantize_int8,
     quantize_int4,
     quantize_int8,
     quantize_model,
 )
-from tests.conftest import dequantize_int4, dequantize_int8, dequantized, method_drafter, tiny_model
+from tests.conftest import dequantized, method_drafter, tiny_model
 
 GREEDY = SamplingParams()
 LOSSLESS_TEXT = sorted(name for name, spec in METHODS.items() if spec.runs_on("text") and spec.lossless)
