@@ -35,10 +35,16 @@ def build(spec: str, template: MeshGPT) -> MeshGPT:
 
 @torch.inference_mode()
 def forward_ms(model: MeshGPT, rows: list[int], repeats: int) -> list[float]:
-    """Median ms of `step_hidden` over S tokens, for each S in rows, after 60 committed tokens."""
+    """Median ms of the decoder's blocks (no LM head) over S tokens, for each S in rows, after 60 committed tokens."""
     cache = model.new_cache(1, 128)
-    model.prefill(cache, model.encode(torch.randn(1, 2048, 6)))  # any cloud: only the cost is measured
-    model.step_hidden(torch.randint(0, 512, (1, 60)), 1, cache)
+    model.prefill(cache, model.encoder(torch.randn(1, 2048, 6)))  # any cloud: only the cost is measured
+    dec = model.decoder
+
+    def step_hidden(tokens: torch.Tensor, start: int) -> torch.Tensor:
+        pos = torch.arange(start, start + tokens.shape[1])[None]
+        return dec.hidden_states(dec.tok_embeddings(tokens), pos, cache)
+
+    step_hidden(torch.randint(0, 512, (1, 60)), 1)
     cache.commit(0, list(range(60)))
     out = []
     for s in rows:
@@ -46,7 +52,7 @@ def forward_ms(model: MeshGPT, rows: list[int], repeats: int) -> list[float]:
         for _ in range(repeats):
             tokens = torch.randint(0, 512, (1, s))
             t0 = time.perf_counter()
-            model.step_hidden(tokens, 61, cache)  # uncommitted: every call verifies at the same position
+            step_hidden(tokens, 61)  # uncommitted: every call verifies at the same position
             times.append(time.perf_counter() - t0)
         out.append(sorted(times)[len(times) // 2] * 1e3)
     return out

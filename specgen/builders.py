@@ -6,25 +6,26 @@ from typing import Callable
 
 import torch
 
-from specgen.models.classifier import build_image_classifier
-from specgen.models.eagle import build_eagle
+from specgen.models.classifier import ImageClassifier
+from specgen.models.eagle import EagleNet
 from specgen.models.heads import XSpecMeshHeads
-from specgen.models.llamagen import build_llamagen_gpt, llamagen_kwargs, llamagen_state
+from specgen.models.llamagen import llamagen_kwargs, llamagen_state
 from specgen.models.mesh import MeshGPT
 from specgen.models.quantize import build_quantized_transformer
 from specgen.models.transformer import Transformer, TransformerConfig
-from specgen.models.upsampler import build_updown
+from specgen.models.upsampler import UpDownSampler, UpsamplerConfig
 from specgen.models.vq import VQConfig, VQModel
 
 BUILDERS: dict[str, Callable[..., torch.nn.Module]] = {
     "transformer": lambda **kwargs: Transformer(TransformerConfig(**kwargs)),
     "mesh_gpt": MeshGPT,
     "xspecmesh_heads": XSpecMeshHeads,
-    "llamagen-gpt": build_llamagen_gpt,  # LlamaGen c2i/t2i GPT (Transformer with 2D RoPE + class/caption embedding)
-    "eagle": build_eagle,  # one-layer EAGLE feature drafter (specgen/models/eagle.py)
+    # LlamaGen c2i/t2i GPT (2D RoPE + class/caption embedding): stored as full fields (IMPORTED_FORMS expands imports)
+    "llamagen-gpt": lambda **kwargs: Transformer(TransformerConfig(**kwargs)),
+    "eagle": lambda **kwargs: EagleNet(TransformerConfig(**kwargs)),  # one-layer EAGLE feature drafter (n_layers = 1)
     "vq": lambda **kwargs: VQModel(VQConfig.from_dict(kwargs)),  # LlamaGen-compatible VQ tokenizer
-    "image-classifier": build_image_classifier,  # CNN whose features give the image benchmark's FID
-    "mulo-updown": build_updown,  # MuLo-SD row-causal up/down-sampler pair (specgen/models/upsampler.py)
+    "image-classifier": ImageClassifier,  # CNN whose features give the image benchmark's FID (`widths`: a JSON list)
+    "mulo-updown": lambda **kwargs: UpDownSampler(UpsamplerConfig(**kwargs)),  # MuLo-SD row-causal up/down pair
     "quantized-transformer": build_quantized_transformer,  # int8/int4 weight-only text target (models/quantize.py)
 }
 

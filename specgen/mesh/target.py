@@ -27,7 +27,7 @@ class MeshTarget:
     def prefill(self, tokens: torch.Tensor, cache: KVCache) -> TargetOut:
         """tokens [1, 1] = the cloud's index; logits [1, 1, V] of mesh token 1, features [1, 1, dim] (the start's h)."""
         i = int(tokens[0, 0])
-        cond = self.model.encode(self.clouds[i].to(self.device, self.dtype).unsqueeze(0))
+        cond = self.model.encoder(self.clouds[i].to(self.device, self.dtype).unsqueeze(0))
         self.conditions[i] = cond
         logits, hidden = self.model.prefill(cache, cond)  # [1, V], [1, dim]
         return TargetOut(logits[:, None], hidden[:, None])

@@ -107,7 +107,7 @@ class EagleBatch(PoolBase):
         inputs = {"root_hidden": torch.cat([root_hidden, root_hidden.new_zeros(pad * br, 1, dim)]),
                   "ints": host_tensor([x + [0] * pad for x in ints], device),  # [5, padded]
                   "writes": host_tensor(list(range(n * br)) + [graphs.capacity] * (pad * br), device)}
-        run = partial(static_growth, self.net, self.logprobs, (graphs.k, graphs.v), graphs.attention, plan, br, width)
+        run = partial(static_growth, self.net, self.logprobs, (graphs.k, graphs.v), plan, br, width)
         return tuple(p[:n] for p in graphs.call(("grow", padded, plan, width), run, inputs))
 
     def catch_up(self, rows, seqs, view) -> torch.Tensor:

@@ -89,7 +89,7 @@ def grow(forward: Forward, logprobs: LogProbs, root_hidden: torch.Tensor, root_p
     return best_nodes(*(torch.cat(p, 1) for p in zip(*parts)), totals, plan.total)  # 4.
 
 
-def static_growth(net, logprobs: LogProbs, cache: tuple[torch.Tensor, torch.Tensor], attention: str, plan: GrowPlan,
+def static_growth(net, logprobs: LogProbs, cache: tuple[torch.Tensor, torch.Tensor], plan: GrowPlan,
                   branches: int, t: int, root_hidden: torch.Tensor, ints: torch.Tensor, writes: torch.Tensor
                   ) -> tuple[torch.Tensor, ...]:
     """`grow` over an EAGLE drafter's static cache (k, v [1, C + 1, Hkv, T_max, hd], models/graphs.py): what a captured
@@ -103,7 +103,7 @@ def static_growth(net, logprobs: LogProbs, cache: tuple[torch.Tensor, torch.Tens
         meta = torch.stack([branch_rows(prefix, branches) + (r - w), writes])  # [2, R]: slot of node 0, cache row
         visible = branch_rows(level_mask(anc, prefix, t - r), branches).unsqueeze(1)  # [R, 1, W, T]
         x = StaticInputs(toks, pos, meta, visible=visible, features=feats)
-        return eagle_step(net, x, *cache, None, attention, t)[0]
+        return eagle_step(net, x, *cache, None, t)[0]
 
     return grow(forward, logprobs, root_hidden, root_pos, k, depth, totals, plan, branches)
 

@@ -32,6 +32,3 @@ class ImageClassifier(nn.Module):
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """Class logits: [B,3,S,S] -> [B,num_classes]."""
         return self.head(self.dropout(self.features(images)))
-
-
-build_image_classifier = ImageClassifier  # registry builder "image-classifier" (`widths` may be a JSON list)

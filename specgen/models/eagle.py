@@ -64,8 +64,3 @@ class EagleNet(nn.Module):
     def logits(hidden: torch.Tensor, target: Transformer) -> torch.Tensor:
         """Drafter logits [B, S, V]: the target's LM head on predicted features."""
         return target.output(hidden.to(target.dtype))
-
-
-def build_eagle(**kwargs) -> EagleNet:
-    """Registry builder "eagle": kwargs are the drafter's `TransformerConfig` fields (n_layers = 1)."""
-    return EagleNet(TransformerConfig(**kwargs))

@@ -100,38 +100,33 @@ def chunked_mask(visible: torch.Tensor, cfg, dtype: torch.dtype):
     return chain_plan(visible, r, s, t, cfg.n_heads, cfg.n_kv_heads, cfg.hd, visible.device)
 
 
-#: attention of a captured step -> its mask: "chunked" (default; the invariant the eager path has) or "sdpa" (an
-#: additive mask in every dtype: fewer kernels; `scripts/gpu_graphs.py --only attention` measures whether its sums
-#: are query-count invariant on a GPU before it may become a default)
-ATTENTION = {"chunked": chunked_mask, "sdpa": lambda visible, cfg, dtype: additive_mask(visible)}
 
-
-def blocks(module, h: torch.Tensor, x: StaticInputs, k: torch.Tensor, v: torch.Tensor, cross, attention: str,
+def blocks(module, h: torch.Tensor, x: StaticInputs, k: torch.Tensor, v: torch.Tensor, cross,
            width: int | None) -> torch.Tensor:
     """A Transformer's or EAGLE drafter's blocks on one bucket over its input embeddings h [R, S, dim], reading the
     cache's first `width` slots (None: all; slots past a row's own add exact zeros, so any width that holds them
     gives the same bits): [R, S, dim]."""
     width = width or k.shape[3]
     rot = rotation(module.rope_table[x.positions].to(h.dtype), module.cfg.rope_layout)
-    mask = ATTENTION[attention](visibility(x, width), module.cfg, h.dtype)
+    mask = chunked_mask(visibility(x, width), module.cfg, h.dtype)
     cache, r = StaticCache(x, k, v, width), x.tokens.shape[0]
     for i, blk in enumerate(module.layers):  # a condition's rows: the bucket's first R of the static buffer
         h = blk(h, rot, i, cache, mask, False, None if cross is None else (cross[i][0][:r], cross[i][1][:r]))
     return h
 
 
-def target_step(model, x: StaticInputs, k: torch.Tensor, v: torch.Tensor, cross, attention: str = "chunked",
+def target_step(model, x: StaticInputs, k: torch.Tensor, v: torch.Tensor, cross,
                 width: int | None = None) -> tuple[torch.Tensor, ...]:
     """A Transformer's cached forward on one bucket: logits [R, S, V] and hidden [R, S, dim]; device ops only."""
-    hidden = model.norm(blocks(model, model.tok_embeddings(x.tokens), x, k, v, cross, attention, width))
+    hidden = model.norm(blocks(model, model.tok_embeddings(x.tokens), x, k, v, cross, width))
     return model.output(hidden), hidden
 
 
-def eagle_step(net, x: StaticInputs, k: torch.Tensor, v: torch.Tensor, cross, attention: str = "chunked",
+def eagle_step(net, x: StaticInputs, k: torch.Tensor, v: torch.Tensor, cross,
                width: int | None = None) -> tuple[torch.Tensor, ...]:
     """An EAGLE drafter's cached forward on one bucket: predicted features [R, S, D]; device ops only."""
     h = net.fc(torch.cat([net.tok_embeddings(x.tokens), x.features], dim=-1))  # [R, S, D]
-    return (blocks(net, h, x, k, v, cross, attention, width),)
+    return (blocks(net, h, x, k, v, cross, width),)
 
 
 @dataclass(frozen=True)
@@ -150,9 +145,8 @@ class StepGraphs:
     inside a step; shapes depend only on the bucket; a query's sums do not depend on the cache width T (so a step
     reads only its bucket's `width`)."""
 
-    def __init__(self, model, kind: StepKind, capture: bool = True, attention: str = "chunked",
-                 strict: bool = False) -> None:
-        self.model, self.kind, self.capture, self.attention = model, kind, capture, attention
+    def __init__(self, model, kind: StepKind, capture: bool = True, strict: bool = False) -> None:
+        self.model, self.kind, self.capture = model, kind, capture
         self.strict = strict  # `--graphs on`: a step that cannot be captured is an error, not an uncaptured fallback
         param = next(model.parameters())
         self.dtype, self.device = param.dtype, param.device
@@ -220,7 +214,7 @@ class StepGraphs:
             self.graphs[b] = (StaticInputs.for_bucket(b, tokens.device, width), None, None)
         x = self.graphs[b][0]
         self.stage(x, b, tokens, positions, cache.lengths, tree_mask, features)
-        step = lambda: self.kind.step(self.model, x, self.k, self.v, self.cross, self.attention, b.width)  # noqa: E731
+        step = lambda: self.kind.step(self.model, x, self.k, self.v, self.cross, b.width)  # noqa: E731
         outs = self.run(b, x, step, f"bucket of {b.rows} rows x {b.nodes} nodes over {b.width} slots")
         return tuple(o[:n, :s].clone() for o in outs)
 
@@ -363,7 +357,7 @@ def check_mode(mode: str, device: str) -> None:
         raise UsageError("--graphs on needs a CUDA device (CUDA graphs); on a CPU use --graphs auto or off")
 
 
-def attach(model, mode: str = "auto", capture: bool | None = None, attention: str = "chunked") -> StepGraphs | None:
+def attach(model, mode: str = "auto", capture: bool | None = None) -> StepGraphs | None:
     """Give `model` (a Transformer, an EAGLE drafter or XSpecMesh heads) captured steps per `mode` (auto: on CUDA;
     on: CUDA or a one-line refusal; off: none). `capture=False` runs the static steps uncaptured (the CPU tests)."""
     mode, device = mode_of(mode), next(model.parameters()).device
@@ -372,6 +366,5 @@ def attach(model, mode: str = "auto", capture: bool | None = None, attention: st
     model.graphs = None
     if mode == "off" or (mode == "auto" and not on_cuda and capture is not False):
         return None
-    model.graphs = StepGraphs(model, KINDS[type(model)], on_cuda if capture is None else capture, attention,
-                              strict=mode == "on")
+    model.graphs = StepGraphs(model, KINDS[type(model)], on_cuda if capture is None else capture, mode == "on")
     return model.graphs

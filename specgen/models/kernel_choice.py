@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from specgen import native
 from specgen.devices import onednn_packs
 from specgen.errors import UsageError
-from specgen.models import plan_cache
+from specgen.models import plan_cache, prompt
 from specgen.native import ops  # noqa: F401  (registers torch.ops.specgen)
 
 ENV = "SPECGEN_PACKED_MIN_ROWS"
@@ -125,10 +125,9 @@ def inference_on_cpu(dtypes: tuple, *tensors: torch.Tensor) -> bool:
             and all(t.dtype == first.dtype and t.device.type == "cpu" for t in tensors))
 
 
-def attention_path(dtype: torch.dtype, device: torch.device | str, prefill: bool = False) -> str:
-    """The attention of a cached forward: "native", "chunked" or "sdpa" (the table above); `prefill`: a text
-    prompt's."""
-    if prefill:
+def attention_path(dtype: torch.dtype, device: torch.device | str) -> str:
+    """The attention of a cached forward: "native", "chunked" or "sdpa" (the table above; a prompt prefill's: sdpa)."""
+    if prompt.active():
         return "sdpa"
     if (dtype in NATIVE_DTYPES and torch.device(device).type == "cpu" and not torch.is_grad_enabled()
             and native.library("attention") is not None):

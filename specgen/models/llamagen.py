@@ -7,7 +7,7 @@ import re
 import torch
 
 from specgen.errors import CheckpointError, UsageError
-from specgen.models.transformer import Transformer, TransformerConfig
+from specgen.models.transformer import TransformerConfig
 
 
 def find_multiple(n: int, k: int) -> int:
@@ -55,7 +55,7 @@ def llamagen_config(name: str, vocab: int = 16384, grid: int = 16, num_classes: 
     )
 
 
-# LlamaGen call-site arguments accepted by the "llamagen-gpt" builder instead of full TransformerConfig fields
+# LlamaGen call-site arguments a "llamagen-gpt" import accepts instead of full TransformerConfig fields
 SHORT_KWARGS = ("gpt_model", "model_type", "grid", "vocab_size", "num_classes", "cls_token_num", "caption_dim",
                 "rope_base", "norm_eps")
 
@@ -74,11 +74,6 @@ def llamagen_kwargs(kwargs: dict) -> dict:
                          "with VQ-16); it is not stored in LlamaGen checkpoints")
     k = dict(kwargs)
     return llamagen_config(k.pop("gpt_model"), vocab=k.pop("vocab_size", 16384), grid=int(k.pop("grid")), **k).to_dict()
-
-
-def build_llamagen_gpt(**kwargs) -> Transformer:
-    """Registry builder "llamagen-gpt": `TransformerConfig` fields, or LlamaGen's call-site form (`llamagen_kwargs`)."""
-    return Transformer(TransformerConfig(**llamagen_kwargs(kwargs)))
 
 
 _CONTAINERS = ("model", "module", "state_dict")  # DDP, DeepSpeed, Lightning-style; FSDP saves the raw dict

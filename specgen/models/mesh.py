@@ -61,14 +61,10 @@ class PointEncoder(nn.Module):
         self.out_norm = nn.LayerNorm(cfg.width)
         self.proj = nn.Linear(cfg.width, cfg.out_dim)
 
-    def features(self, pc: torch.Tensor) -> torch.Tensor:
-        """Per-point input features [B, N, in_dim]: xyz, normals, sin/cos(2^k pi xyz)."""
-        xyz, nrm = pc[..., :3], pc[..., 3:6]
-        ang = (xyz.unsqueeze(-1) * self.freqs).flatten(-2)  # [B, N, 3K]
-        return torch.cat([xyz, nrm, ang.sin(), ang.cos()], dim=-1)
-
     def forward(self, pc: torch.Tensor) -> torch.Tensor:
-        pts = self.ctx_norm(self.embed(self.features(pc)))  # [B, N, W]
+        ang = (pc[..., :3].unsqueeze(-1) * self.freqs).flatten(-2)  # [B, N, 3K]: 2^k pi xyz
+        features = torch.cat([pc[..., :6], ang.sin(), ang.cos()], dim=-1)  # [B, N, in_dim]: xyz, normals, sin, cos
+        pts = self.ctx_norm(self.embed(features))  # [B, N, W]
         x = self.latents.unsqueeze(0).expand(pc.shape[0], -1, -1)  # [B, M, W]
         x = self.cross(x, pts)
         for blk in self.blocks:
@@ -97,26 +93,15 @@ class MeshGPT(nn.Module):
     def builder_kwargs(self) -> dict:
         return {"decoder": self.dec_cfg.to_dict(), "encoder": self.enc_cfg.to_dict()}
 
-    def encode(self, pc: torch.Tensor) -> torch.Tensor:
-        """Condition [B, M, cross_dim] of point clouds [B, N, 6]."""
-        return self.encoder(pc)
-
-    def inputs(self, tokens: torch.Tensor, table: torch.Tensor | None = None) -> torch.Tensor:
-        """Training inputs [B, L+1, dim]: the start vector then the embeddings of tokens [B, L]
-        (rows of `table` [V, dim] when given, a training-time reparametrised token table)."""
-        start = self.start.view(1, 1, -1).expand(tokens.shape[0], 1, -1)
-        ids = tokens.clamp_min(0)
-        emb = self.decoder.tok_embeddings(ids) if table is None else F.embedding(ids, table)
-        return torch.cat([start, emb], dim=1)
-
     def forward_train(self, pc: torch.Tensor, tokens: torch.Tensor, table: torch.Tensor | None = None
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Teacher-forced pass over tokens [B, L] (pad -1): logits [B, L, V] (row i predicts tokens[:, i]), hidden
         [B, L, dim], the condition; `table` [V, dim] replaces the tied embedding / LM head (train/mesh_embedding.py)."""
         if table is not None and not self.dec_cfg.tie_embeddings:
             raise ValueError("a token table override needs tied embeddings")
-        cond = self.encode(pc)
-        h = self.inputs(tokens[:, :-1], table)  # [B, L, dim]: start, x_1 .. x_{L-1}
+        cond, ids = self.encoder(pc), tokens[:, :-1].clamp_min(0)
+        emb = self.decoder.tok_embeddings(ids) if table is None else F.embedding(ids, table)
+        h = torch.cat([self.start.view(1, 1, -1).expand(ids.shape[0], 1, -1), emb], 1)  # [B, L, dim]: start, x_1 ..
         pos = torch.arange(h.shape[1], device=h.device).expand(h.shape[0], -1)
         hidden = self.decoder.hidden_states(h, pos, None, None, self.decoder.context_kv(cond))
         logits = self.decoder.output(hidden) if table is None else F.linear(hidden, table)
@@ -138,16 +123,3 @@ class MeshGPT(nn.Module):
         for row in range(b):
             cache.commit(row, [0])
         return self.decoder.output(hidden[:, -1]), hidden[:, -1]
-
-    @torch.inference_mode()
-    def step(self, tokens: torch.Tensor, start: int, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
-        """Score a causal chain tokens [B, S] at positions start.. (pending): logits [B, S, V], hidden [B, S, dim]."""
-        hidden = self.step_hidden(tokens, start, cache)
-        return self.decoder.output(hidden), hidden
-
-    @torch.inference_mode()
-    def step_hidden(self, tokens: torch.Tensor, start: int, cache: KVCache) -> torch.Tensor:
-        """`step` without the LM head: hidden [B, S, dim] (callers apply `decoder.output` to the rows they read)."""
-        b, s = tokens.shape
-        pos = torch.arange(start, start + s, device=tokens.device).expand(b, s)
-        return self.decoder.hidden_states(self.decoder.tok_embeddings(tokens), pos, cache)

@@ -34,7 +34,7 @@ def usable(blk, x: torch.Tensor, mask, cross_kv) -> bool:
     if any(type(lin) is not PackedLinear for lin in lins):  # e.g. plain nn.Linear (unpacked) or a LoRA wrapper
         return False
     choice = lins[0]._choice
-    if choice is None or any(lin._choice is not choice or lin.weight.dtype != torch.float32 for lin in lins):
+    if any(lin._choice is not choice or lin.weight.dtype != torch.float32 for lin in lins):
         return False
     return choice.plan().kernel(x.numel() // x.shape[-1]) == "native"
 

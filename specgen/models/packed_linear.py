@@ -8,8 +8,7 @@ from torch import nn
 
 from specgen import native
 from specgen.limits import available_memory
-from specgen.models.kernel_choice import (FALLBACK_MIN_ROWS, KernelChoice, Plan, cpu_packable, inference_on_cpu,
-                                          pinned_min_rows, tiled_products)
+from specgen.models.kernel_choice import KernelChoice, cpu_packable, inference_on_cpu, pinned_min_rows, tiled_products
 from specgen.models.tiled_weight import TiledWeight
 from specgen.native import ops
 
@@ -29,7 +28,7 @@ class PackedLinear(nn.Linear):
     """nn.Linear (same parameters, same state dict) whose CPU products take the kernel its model's plan names for
     their row count: MKL, oneDNN (packed copy) or native/tiled.c (tiled copy)."""
 
-    _choice: KernelChoice | None = None  # shared by the model's PackedLinears (pack_linears)
+    _choice: KernelChoice  # shared by the model's PackedLinears (pack_linears, the only maker of one, sets it)
     _packed: tuple | None = None  # (key, packed weight); key = (storage pointer, version, dtype) of `weight`
     _tiled: tuple | None = None  # (key, (tiles, padded bias)) for native/tiled.c, keyed as `_packed`
 
@@ -42,7 +41,7 @@ class PackedLinear(nn.Linear):
         if (x.device.type != "cpu" or x.dtype != w.dtype or not cpu_packable(w)
                 or (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))):
             return F.linear(x, w, self.bias)
-        plan = self._choice.plan() if self._choice is not None else Plan(FALLBACK_MIN_ROWS)
+        plan = self._choice.plan()
         rows = x.numel() // self.in_features
         if plan.kernel(rows) == "native" and tiled_products(x, w):  # a plan shared with a bfloat16 copy: not it
             return torch.ops.specgen.tiled_linear(x, *self.tiled_weight(), self.out_features, torch.get_num_threads())
@@ -88,9 +87,9 @@ def linear_bytes(module: nn.Module) -> int:
     return sum(w.numel() * w.element_size() for w in weights.values())
 
 
-def pack_linears(module: nn.Module, min_rows: int | None = None) -> nn.Module:
+def pack_linears(module: nn.Module) -> nn.Module:
     """Turn every CPU nn.Linear of `module` into a PackedLinear in place (parameters, ties and names unchanged), all
-    sharing one KernelChoice (`min_rows`, else `SPECGEN_PACKED_MIN_ROWS`, else measured); not above MAX_MEMORY_SHARE."""
+    sharing one KernelChoice (`SPECGEN_PACKED_MIN_ROWS`, else measured); not above MAX_MEMORY_SHARE."""
     size, ram = linear_bytes(module), available_memory()
     if ram and size > MAX_MEMORY_SHARE * ram:
         return module
@@ -98,20 +97,11 @@ def pack_linears(module: nn.Module, min_rows: int | None = None) -> nn.Module:
                if type(lin) in (nn.Linear, PackedLinear) and cpu_packable(lin.weight)]
     if not linears:
         return module
-    choice = KernelChoice(linears, min_rows or pinned_min_rows())
+    choice = KernelChoice(linears, pinned_min_rows())
     for lin in linears:
         lin.__class__ = PackedLinear
         lin._choice = choice
     return module
-
-
-def measure_now(module: nn.Module) -> None:
-    """Settle the kernel plan of `module`'s PackedLinears (one shared KernelChoice) at the current thread count now,
-    so that no timed product pays for the measurement."""
-    for lin in module.modules():
-        if isinstance(lin, PackedLinear):
-            lin._choice.plan()
-            return
 
 
 def hold_tiled(module: nn.Module, loaded: bool = True) -> None:
@@ -125,7 +115,7 @@ def hold_tiled(module: nn.Module, loaded: bool = True) -> None:
     for lin in list(module.modules()):
         w = lin.weight if isinstance(lin, PackedLinear) else None
         if (w is None or isinstance(w, TiledWeight) or w.dtype != torch.float32 or w.device.type != "cpu"
-                or native.library("tiled") is None or lin._choice is None or not (loaded or lin._choice.known())
+                or native.library("tiled") is None or not (loaded or lin._choice.known())
                 or lin._choice.plan().native != (1, None)):
             continue
         tiled = TiledWeight.of(w, copy=loaded)

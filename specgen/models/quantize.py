@@ -51,8 +51,7 @@ def quantize_int4(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tens
     [out, in/g]) of w [out, in], w ~ (q - 8) * scale + zero per group of `group` input columns: min-max, then
     `REFINE_STEPS` least-squares refits of (scale, zero) rounded to bfloat16, each kept per group only where neither
     its squared error nor its largest error grows (why: docs/precision.md)."""
-    out, k = w.shape
-    check_int4_shape(k, group)
+    out, k = w.shape  # the width and group are checked by quantize_model
     wg = w.detach().float().contiguous().view(out, k // group, group)  # [out, G, g]
     lo, hi = wg.amin(-1), wg.amax(-1)  # [out, G]
     scale = ((hi - lo) / 15).clamp(min=1e-6).to(torch.bfloat16).float()
@@ -117,15 +116,6 @@ def dequantize_int4(q4: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -
     return w.view(out, k)
 
 
-def check_int4_shape(in_features: int, group: int) -> None:
-    """One-line error when `group` is not a kernel group size or does not divide the input width."""
-    if group not in GROUPS:
-        raise UsageError(f"int4 group size must be one of {', '.join(map(str, GROUPS))}, got {group}")
-    if in_features % group:
-        raise UsageError(f"int4 needs input widths divisible by the group size {group}; this model has a "
-                         f"{in_features}-wide layer (try a group size that divides it, e.g. 32)")
-
-
 class QuantizedLinear(nn.Module):
     """Linear with int8 or int4 weights (buffers, saved in the state dict): x [..., in] (any float dtype) -> [..., out]
     in x's dtype, on the quantized kernel (`kernel_choice.quantized_product`) except in a prompt prefill
@@ -143,7 +133,7 @@ class QuantizedLinear(nn.Module):
         if mode == "int8":
             self.register_buffer("qweight", torch.zeros(out_features, in_features, dtype=torch.int8))
             self.register_buffer("scales", torch.ones(out_features, dtype=ACT_DTYPE))
-        else:  # the width and group are checked where the weights are quantized (quantize_int4)
+        else:  # the width and group are checked where a model is quantized (quantize_model)
             self.register_buffer("qweight", torch.zeros(out_features, in_features // 2, dtype=torch.uint8))
             self.register_buffer("scales", torch.ones(out_features, in_features // group, dtype=ACT_DTYPE))
             self.register_buffer("zeros", torch.zeros(out_features, in_features // group, dtype=ACT_DTYPE))
@@ -326,32 +316,6 @@ class QuantizedEmbedding(nn.Module):
         return self.qweight[ids].to(ACT_DTYPE) * self.scales[ids].unsqueeze(-1)
 
 
-def quantize_transformer(model: nn.Module, mode: str, group: int = DEFAULT_GROUP) -> nn.Module:
-    """Replace every Linear of a decoder's blocks by a QuantizedLinear in place (head and embedding int8, tied when
-    the model ties them); norms and a LlamaGen condition embedding (class table, caption projection: run once per
-    sequence) go to bfloat16. Returns the model (its float weights are freed)."""
-
-    if not isinstance(model, Transformer):
-        raise ValueError("quantization covers specgen's decoder Transformer (text, image and mesh GPTs)")
-    if mode == "int4":  # before any layer is replaced: a refused model is left whole
-        for lin in model.layers.modules():
-            if isinstance(lin, nn.Linear):
-                check_int4_shape(lin.in_features, group)
-    with torch.no_grad():
-        swap_layers(model, lambda lin: QuantizedLinear.from_linear(lin, mode, group),
-                    lambda ffn: QuantizedFeedForward.from_float(ffn, mode, group))
-        head = QuantizedLinear.from_linear(model.output, "int8")
-        untied = not model.cfg.tie_embeddings
-        table = QuantizedLinear.from_linear(_as_linear(model.tok_embeddings.weight), "int8") if untied else head
-        model.output, model.tok_embeddings = head, QuantizedEmbedding(table)
-    for p in model.parameters():  # norms and the condition embedding: the activation dtype
-        p.data = p.data.to(ACT_DTYPE)
-    if model.cfg.cond_kind == "caption":  # the learned null caption: in the dtype of the features it stands for
-        model.cls_embedding.uncond_embedding = model.cls_embedding.uncond_embedding.to(ACT_DTYPE)
-    model.quantized = (mode, group if mode == "int4" else 0)
-    return model
-
-
 def swap_layers(model: Transformer, linear, feed_forward) -> None:
     """Each block's (cross-)attention Linears -> `linear(lin)`, its feed-forward -> `feed_forward(ffn)`, in place."""
     for blk in model.layers:
@@ -363,21 +327,36 @@ def swap_layers(model: Transformer, linear, feed_forward) -> None:
 
 
 def quantize_model(model: nn.Module, mode: str, group: int = DEFAULT_GROUP) -> nn.Module:
-    """`quantize_transformer` for a decoder Transformer, or for a model holding one as `decoder` (the mesh GPT: its
-    point-cloud encoder and other parameters go to the activation dtype, as `.to(bfloat16)` would)."""
+    """Replace every Linear of a decoder Transformer's blocks (the model's, or its `decoder`'s: the mesh GPT) by a
+    QuantizedLinear in place (head and embedding int8, tied when the model ties them); norms, a LlamaGen condition
+    embedding (class table, caption projection: run once per sequence) and a mesh GPT's point-cloud encoder go to
+    bfloat16. Returns the model (its float weights are freed)."""
 
-    if isinstance(model, Transformer):
-        return quantize_transformer(model, mode, group)
-    decoder = getattr(model, "decoder", None)
-    if not isinstance(decoder, Transformer):
-        raise ValueError(f"{type(model).__name__} has no decoder Transformer to quantize")
-    quantize_transformer(decoder, mode, group)
-    for name, child in model.named_children():
-        if child is not decoder:
+    dec = model if isinstance(model, Transformer) else getattr(model, "decoder", None)
+    if not isinstance(dec, Transformer):
+        raise ValueError(f"quantization covers specgen's decoder Transformer (text, image and mesh GPTs), not "
+                         f"{type(model).__name__}")
+    if mode == "int4":  # checked before any layer is replaced: a refused model is left whole
+        if group not in GROUPS:
+            raise UsageError(f"int4 group size must be one of {', '.join(map(str, GROUPS))}, got {group}")
+        if odd := [m.in_features for m in dec.layers.modules() if isinstance(m, nn.Linear) and m.in_features % group]:
+            raise UsageError(f"int4 needs input widths divisible by the group size {group}; this model has a "
+                             f"{odd[0]}-wide layer (try a group size that divides it, e.g. 32)")
+    with torch.no_grad():
+        swap_layers(dec, lambda lin: QuantizedLinear.from_linear(lin, mode, group),
+                    lambda ffn: QuantizedFeedForward.from_float(ffn, mode, group))
+        head = QuantizedLinear.from_linear(dec.output, "int8")
+        untied = not dec.cfg.tie_embeddings
+        table = QuantizedLinear.from_linear(_as_linear(dec.tok_embeddings.weight), "int8") if untied else head
+        dec.output, dec.tok_embeddings = head, QuantizedEmbedding(table)
+    for child in model.children():  # the mesh GPT's encoder (buffers too), as `.to(bfloat16)` would; not the decoder
+        if child is not dec and dec is not model:
             child.to(ACT_DTYPE)
-    for p in model.parameters(recurse=False):
+    for p in model.parameters():  # norms, the condition embedding, a mesh GPT's start vector: the activation dtype
         p.data = p.data.to(ACT_DTYPE)
-    model.quantized = decoder.quantized
+    if dec.cfg.cond_kind == "caption":  # the learned null caption: in the dtype of the features it stands for
+        dec.cls_embedding.uncond_embedding = dec.cls_embedding.uncond_embedding.to(ACT_DTYPE)
+    model.quantized = dec.quantized = (mode, group if mode == "int4" else 0)
     return model
 
 

@@ -10,7 +10,7 @@ from torch import nn
 
 from specgen.decoding.cache import KVCache
 from specgen.errors import ContextOverflowError
-from specgen.models import native_block, prompt
+from specgen.models import native_block
 from specgen.models.attention import PLANS, NativePlan, invariant_attention, native_self_attention, plan
 from specgen.models.kernel_choice import attention_path, native_norms
 from specgen.models.rope import SCALINGS, Rotation, rotate, rotation, table_1d, table_2d
@@ -298,24 +298,23 @@ class Transformer(nn.Module):
         cache: KVCache | None = None,
         tree_mask: torch.Tensor | None = None,  # [S, S] or [B, S, S] bool among the new nodes
         embeds: torch.Tensor | None = None,  # [B, S, dim] instead of tokens (condition tokens)
-        attn_mask: torch.Tensor | None = None,  # [B, 1, S, T] over cache slots: overrides tree_mask
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits [B, S, V] and final hidden states [B, S, dim] (after the final norm) of S new nodes per row: with a
         cache they attend to the row's committed slots plus the pending nodes `tree_mask` allows (causal when None)
         and are written as pending slots (`decoding/cache.py`); without one the S tokens are the whole sequence."""
-        if self.graphs is not None and cache is not None and embeds is None and attn_mask is None:
+        if self.graphs is not None and cache is not None and embeds is None:
             replayed = self.graphs.forward(tokens, positions, cache, tree_mask)  # None: this call runs eagerly
             if replayed is not None:
                 return replayed  # (logits, hidden)
         h = self.tok_embeddings(tokens) if embeds is None else embeds
-        hidden = self.hidden_states(h, positions, cache, tree_mask, attn_mask=attn_mask)
+        hidden = self.hidden_states(h, positions, cache, tree_mask)
         return self.output(hidden), hidden
 
     def hidden_states(self, h, positions, cache=None, tree_mask=None, context_kv=None, attn_mask=None) -> torch.Tensor:
         """Run the blocks on input embeddings h [B, S, dim]; returns normed hidden [B, S, dim]. `attn_mask`
         [B, 1, S, T] exposes pending slots of earlier forwards (multi-level trees) instead of the cache's mask."""
         rot = forward_rotation(self, positions, h.dtype)
-        mask, causal = forward_mask(self.cfg, h, cache, tree_mask, attn_mask, prompt.active())
+        mask, causal = forward_mask(self.cfg, h, cache, tree_mask, attn_mask)
         cross = context_kv if cache is None else cache.cross
         for i, blk in enumerate(self.layers):
             h = blk(h, rot, i, cache, mask, causal, None if cross is None else cross[i])
@@ -343,8 +342,7 @@ def forward_rotation(module, positions: torch.Tensor, dtype: torch.dtype) -> Rot
     return rotation(module.rope_table[positions].to(dtype), module.cfg.rope_layout)
 
 
-def forward_mask(cfg: TransformerConfig, h: torch.Tensor, cache: KVCache | None, tree_mask, attn_mask,
-                 prefill: bool = False) -> tuple:
+def forward_mask(cfg: TransformerConfig, h: torch.Tensor, cache: KVCache | None, tree_mask, attn_mask) -> tuple:
     """(what every block of a forward over h [B, S, dim] attends with, causal): over a cache, an attention plan where
     `attention_path` is not sdpa (batch/width-invariant, models/attention.py) or SDPA's additive mask (made once per
     forward, not per layer); without one, the tree mask among the S tokens or causal."""
@@ -353,7 +351,7 @@ def forward_mask(cfg: TransformerConfig, h: torch.Tensor, cache: KVCache | None,
         return (None, True) if tree_mask is None else (tree_mask.view(-1, 1, s, s), False)
     cache.check_room(s)
     mask = cache.hide_keys(attn_mask) if attn_mask is not None else cache.prefix_mask(s, tree_mask)
-    if attention_path(h.dtype, h.device, prefill) != "sdpa":
+    if attention_path(h.dtype, h.device) != "sdpa":
         t = mask.shape[-1] if mask is not None else max(cache.lengths) + s
         mask = plan(mask, h.shape[0], s, t, cfg.n_heads, cfg.n_kv_heads, cfg.hd, h.device, h.dtype, cache.lengths)
         return mask, False

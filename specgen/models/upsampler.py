@@ -171,8 +171,3 @@ class UpDownSampler(nn.Module):
         copied = {k: v for k, v in theirs.items() if k in mine and mine[k].shape == v.shape}
         self.load_state_dict({**mine, **copied})
         return sorted(set(mine) - set(copied))
-
-
-def build_updown(**kwargs) -> UpDownSampler:
-    """Registry builder "mulo-updown": kwargs are `UpsamplerConfig` fields."""
-    return UpDownSampler(UpsamplerConfig(**kwargs))

@@ -7,7 +7,7 @@ import torch
 from specgen import checkpoints, registry
 from specgen.devices import DTYPES, device_name, is_cpu, resolve_dtype  # DTYPES: one table for every modality
 from specgen.errors import IncompatibleError, UsageError
-from specgen.models.quantize import DEFAULT_GROUP, VERSION, quantize_model, quantize_transformer
+from specgen.models.quantize import DEFAULT_GROUP, VERSION, quantize_model
 from specgen.models.tokenizer import copy_tokenizer
 
 QUANTIZE = ("int8", "int4")
@@ -119,7 +119,7 @@ def save_quantized(base: registry.Entry, quantize: str, group: int, progress=Non
         progress(f"quantizing {base.ref} to {quantize}", 0, 1)
     module = checkpoints.load_module(base, "cpu")
     try:
-        quantize_transformer(module, quantize, group)
+        quantize_model(module, quantize, group)
     except ValueError as e:
         raise IncompatibleError(f"{base.ref} cannot be quantized: {e}") from None
     meta = {k: v for k, v in base.meta.items() if k not in ("kind", "name", "tied", "builtin", "asset_sha")}

@@ -98,7 +98,7 @@ def sample_batch(model: MeshGPT, pcs: torch.Tensor, params: SamplingParams, max_
     """Batched AR sampling (every row one token per forward) of point clouds [B, N, 6]."""
     b = pcs.shape[0]
     cache = model.new_cache(b, max_tokens + 2)
-    logits, _ = model.prefill(cache, model.encode(pcs))  # [B, V]
+    logits, _ = model.prefill(cache, model.encoder(pcs))  # [B, V]
     seqs: list[list[int]] = [[] for _ in range(b)]
     done = [False] * b
     for pos in range(1, max_tokens + 1):
@@ -109,7 +109,7 @@ def sample_batch(model: MeshGPT, pcs: torch.Tensor, params: SamplingParams, max_
                 done[r] = seqs[r][-1] == eos
         if all(done) or pos == max_tokens:
             return seqs
-        logits = model.step(toks, pos, cache)[0][:, 0]
+        logits = model.decoder(toks, torch.full_like(toks, pos), cache)[0][:, 0]
         for r in range(b):
             cache.commit(r, [0])
     return seqs

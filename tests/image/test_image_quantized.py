@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specgen.errors import UsageError
-from specgen.models.quantize import QuantizedLinear, quantize_transformer
+from specgen.models.quantize import QuantizedLinear, quantize_model
 from tests.image.helpers import TinyEagle, tiny_image_gpt
 from tests.image.test_image_batched import LOSSLESS_IMAGE
 from tests.image.test_image_bf16 import check_lossless
@@ -23,7 +23,7 @@ _threads = pytest.fixture(autouse=True)(one_thread)  # tiny models: one thread
 def test_lossless_image_methods_on_a_quantized_gpt_equal_its_ar(method, mode):
     model = tiny_image_gpt(5)
     drafter = TinyEagle(model).eval().to(BF16)  # made from the float model: its own bf16 embedding copy
-    check_lossless(quantize_transformer(model, mode, 32), drafter, method, 3.0)
+    check_lossless(quantize_model(model, mode, 32), drafter, method, 3.0)
 
 
 def test_quantized_image_gpt_is_close_to_its_float_model():
@@ -32,7 +32,7 @@ def test_quantized_image_gpt_is_close_to_its_float_model():
     model = tiny_image_gpt(5)
     ids, pos = torch.randint(0, 32, (1, 6)), torch.arange(1, 7)[None]
     want = model(ids, pos)[0]
-    quantize_transformer(model, "int8", 32)
+    quantize_model(model, "int8", 32)
     assert all(isinstance(m, QuantizedLinear) for m in (model.layers[0].attention.wqkv, model.output))
     assert model.cls_embedding.embedding_table.weight.dtype == BF16
     got = model(ids, pos)[0].float()

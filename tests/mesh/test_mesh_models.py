@@ -25,11 +25,11 @@ def test_cached_decoding_matches_teacher_forcing():
     with torch.no_grad():
         logits, hidden, cond = model.forward_train(pc, tokens)  # rows 0..11 (start + tokens[:11])
         cache = model.new_cache(1, 32)
-        first, _ = model.prefill(cache, model.encode(pc))
+        first, _ = model.prefill(cache, model.encoder(pc))
         assert cache.cross is not None and len(cache.cross) == model.dec_cfg.n_layers  # K/V stored once
-        chunk, _ = model.step(tokens[:, :5], 1, cache)  # positions 1..5 in one forward
+        chunk, _ = model.decoder(tokens[:, :5], torch.arange(1, 6)[None], cache)  # positions 1..5 in one forward
         cache.commit(0, list(range(5)))
-        one, _ = model.step(tokens[:, 5:6], 6, cache)
+        one, _ = model.decoder(tokens[:, 5:6], torch.tensor([[6]]), cache)
     torch.testing.assert_close(first[0], logits[0, 0], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(chunk[0], logits[0, 1:6], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(one[0, 0], logits[0, 6], atol=1e-4, rtol=1e-4)

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from specgen import native
 from specgen.models.attention import CHUNK, NativePlan, invariant_attention, native_plan, plan
 from specgen.models.kernel_choice import attention_path
+from specgen.models.prompt import prompt_mode
 
 
 @pytest.fixture(params=["torch", "native"], autouse=True)
@@ -39,7 +40,9 @@ def test_bfloat16_and_float32_on_a_cpu_take_the_native_path_where_it_is_built(ba
     for dtype in (torch.bfloat16, torch.float32):
         assert isinstance(plan(None, 1, 1, 5, 4, 2, 16, "cpu", dtype), NativePlan) == (backend == "native")
         want = "native" if backend == "native" else "sdpa" if dtype == torch.float32 else "chunked"  # float32: SDPA
-        assert attention_path(dtype, "cpu") == want and attention_path(dtype, "cpu", prefill=True) == "sdpa"
+        assert attention_path(dtype, "cpu") == want
+        with prompt_mode():  # a prompt prefill
+            assert attention_path(dtype, "cpu") == "sdpa"
     assert not isinstance(plan(None, 1, 1, 5, 4, 2, 16, "cpu", torch.float16), NativePlan)
 
 

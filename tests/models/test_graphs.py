@@ -38,7 +38,7 @@ def fake_step(model, bucket: Bucket, step=target_step):
         k = torch.zeros(cfg.n_layers, bucket.rows + 1, cfg.n_kv_heads, 2 * bucket.width, cfg.hd, dtype=model.dtype)
         x = StaticInputs.for_bucket(bucket, "cpu")
         x = StaticInputs(*(mode.from_tensor(t) for t in (x.tokens, x.positions, x.meta, x.tree)))
-        return step(model, x, mode.from_tensor(k), mode.from_tensor(k.clone()), None, "chunked", bucket.width)
+        return step(model, x, mode.from_tensor(k), mode.from_tensor(k.clone()), None, bucket.width)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -52,10 +52,10 @@ def test_static_step_reads_nothing_on_the_host_and_keeps_the_bucket_shape(dtype,
 
 def test_a_step_that_reads_the_host_fails_the_check():
     """The control: the same harness refuses a step that reads a value (as `.item()` would sync a GPU)."""
-    def reads(model, x, k, v, cross, attention, width):
+    def reads(model, x, k, v, cross, width):
         if int(x.meta[0, 0]) > 0:
             pass
-        return target_step(model, x, k, v, cross, attention, width)
+        return target_step(model, x, k, v, cross, width)
 
     with pytest.raises(Exception, match="[Dd]ata.dependent|item|local_scalar"):
         fake_step(tiny_model(0), Bucket(1, 4, 64), reads)
@@ -87,15 +87,15 @@ def test_a_step_over_its_width_bucket_gives_the_bits_of_the_whole_buffer(dtype):
     x.positions.copy_(x.meta[0][:, None] + torch.arange(4))
     x.tree.copy_(x.chain)
     with torch.inference_mode():
-        narrow = target_step(model, x, k, v, None, "chunked", 256)
-        whole = target_step(model, x, k, v, None, "chunked", None)
-        wider = target_step(model, x, k, v, None, "chunked", 384)
+        narrow = target_step(model, x, k, v, None, 256)
+        whole = target_step(model, x, k, v, None, None)
+        wider = target_step(model, x, k, v, None, 384)
     for a, b, c in zip(narrow, whole, wider):
         assert torch.equal(a, b) and torch.equal(a, c)
     x.meta[0, 0] = 300  # the control: row 0 now sees slots past 256, which the narrow bucket cuts off
     with torch.inference_mode():
-        assert not torch.equal(target_step(model, x, k, v, None, "chunked", 256)[0][0],
-                               target_step(model, x, k, v, None, "chunked", None)[0][0])
+        assert not torch.equal(target_step(model, x, k, v, None, 256)[0][0],
+                               target_step(model, x, k, v, None, None)[0][0])
 
 
 def test_a_decode_across_width_buckets_decodes_what_eager_ar_decodes(monkeypatch):
@@ -192,7 +192,7 @@ def fake_growth(dtype: torch.dtype, plan, logprobs=None):
         k = mode.from_tensor(torch.zeros(1, 7, c.n_kv_heads, 64, c.hd, dtype=dtype))
         ints = mode.from_tensor(torch.tensor([[3, 4, 5], [5, 2, 4], [3, 0, 2], [12, 12, 12], [4, 5, 6]]))
         hidden = mode.from_tensor(torch.zeros(6, 1, c.dim, dtype=dtype))
-        return static_growth(net, logprobs, (k, k), "chunked", plan, 2, 32, hidden, ints,  # 32 of 64 slots
+        return static_growth(net, logprobs, (k, k), plan, 2, 32, hidden, ints,  # 32 of 64 slots
                              mode.from_tensor(torch.arange(6)))
 
 

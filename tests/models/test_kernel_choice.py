@@ -56,8 +56,9 @@ def test_a_plan_names_one_kernel_per_row_count():
 
 
 @needs_onednn
-def test_time_passes_times_both_kernels_on_every_row_count():
-    model = pack_linears(tiny_model(2), 4)
+def test_time_passes_times_both_kernels_on_every_row_count(monkeypatch):
+    monkeypatch.setenv(ENV, "4")
+    model = pack_linears(tiny_model(2))
     lins = [m for m in model.modules() if isinstance(m, PackedLinear)]
     t = time_passes(lins, rows=(1, 3), rounds=1)
     assert t.rows == (1, 3) and len(t.mkl_ms) == len(t.dnn_ms) == 2
@@ -150,9 +151,11 @@ def test_pinned_by_the_environment(monkeypatch):
 @needs_onednn
 def test_a_copied_layer_shares_the_measurement_and_outlives_its_model(monkeypatch):
     monkeypatch.setattr(kernel_choice, "_MEASURED", {})
-    model = pack_linears(tiny_model(1), 2)
+    monkeypatch.setenv(ENV, "2")
+    model = pack_linears(tiny_model(1))
     head = copy.deepcopy(model.output).to(torch.bfloat16)  # as the bfloat16 draft LM head is made
     assert head._choice is model.output._choice and min_rows(head) == 2
+    monkeypatch.delenv(ENV)
     orphan = pack_linears(copy.deepcopy(nn.Linear(8, 8)))  # measured lazily ...
     choice = orphan._choice
     choice._linears = [lambda: None]  # ... but its weights are gone

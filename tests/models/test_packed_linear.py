@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from unittest import mock
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specgen.errors import UsageError
-from specgen.models import packed_linear
+from specgen.models import kernel_choice, packed_linear
 from specgen.models.layout import ENV, decode_layout, layout_name
 from specgen.models.packed_linear import PackedLinear, pack_linears
 from tests.conftest import needs_onednn, tiny_model
@@ -20,7 +21,8 @@ def packed(in_f: int = 24, out_f: int = 40, bias: bool = True, min_rows: int = 3
     torch.manual_seed(0)
     ref = nn.Linear(in_f, out_f, bias=bias)
     lin = copy.deepcopy(ref)
-    pack_linears(lin, min_rows)
+    with mock.patch.dict("os.environ", {kernel_choice.ENV: str(min_rows)}):  # pinned, as a user pins it
+        pack_linears(lin)
     return ref, lin
 
 
@@ -133,13 +135,14 @@ def test_decode_layout_packs_by_default_and_keeps_the_model(monkeypatch):
 
 @needs_onednn
 @pytest.mark.parametrize("min_rows", [1, 4])
-def test_decoding_on_packed_weights_stays_lossless(min_rows):
+def test_decoding_on_packed_weights_stays_lossless(min_rows, monkeypatch):
     """Greedy Jacobi / n-gram / random-tree drafts on packed weights equal AR on them (1 = every product on oneDNN)."""
     from specgen.methods.options import JacobiOptions
     from specgen.methods.text import EmptyDrafter, JacobiDrafter, NgramDrafter
     from tests.decoding.test_lossless_text import GREEDY, RandomTreeDrafter, run
 
-    model = pack_linears(decode_layout(tiny_model(1), "col"), min_rows)
+    monkeypatch.setenv(kernel_choice.ENV, str(min_rows))
+    model = pack_linears(decode_layout(tiny_model(1), "col"))
     prompt = [int(t) for t in torch.randint(0, 64, (12,), generator=torch.Generator().manual_seed(1))]
     ar = run(model, EmptyDrafter(), prompt)
     assert GREEDY.greedy and len(ar) == 40

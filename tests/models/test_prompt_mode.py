@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from specgen.decoding.target import ModelTarget
 from specgen.models import prompt, quantize
-from specgen.models.quantize import QuantizedLinear, quantize_transformer
+from specgen.models.quantize import QuantizedLinear, quantize_model
 from tests.conftest import dequantized, tiny_model
 
 MODES = [("int8", 0), ("int4", 32)]
@@ -81,7 +81,7 @@ def test_a_prefill_in_prompt_mode_scores_the_prompt_as_the_decode_kernels_do(mod
     """Prompt mode changes rounding only: its last logits and keys are the decode kernels' to bfloat16 precision, and
     the forward after it runs outside prompt mode (the width-invariant attention and the quantized kernels)."""
     monkeypatch.setitem(quantize.PROMPT_MIN_ROWS, mode, 4)
-    target = ModelTarget(quantize_transformer(tiny_model(7), mode, group))
+    target = ModelTarget(quantize_model(tiny_model(7), mode, group))
     ids = torch.randint(0, 64, (1, 40), generator=torch.Generator().manual_seed(0))
     outs, caches = [], []
     for on in (True, False):

@@ -24,7 +24,7 @@ from specgen.models.quantize import (
     dequantize_int8,
     quantize_int4,
     quantize_int8,
-    quantize_transformer,
+    quantize_model,
 )
 from tests.conftest import dequantized, method_drafter, tiny_model
 
@@ -103,12 +103,10 @@ def test_int4_nearly_recovers_weights_already_on_a_4bit_grid():
 
 
 def test_int4_refuses_widths_not_divisible_by_the_group():
-    with pytest.raises(UsageError, match="divisible by the group size 32"):
-        quantize_int4(weights(k=48), 32)
     with pytest.raises(UsageError, match="group size must be one of"):
-        quantize_int4(weights(), 48)
-    with pytest.raises(UsageError, match="divisible"):
-        quantize_transformer(tiny_model(0, dim=48, n_heads=4), "int4", 32)
+        quantize_model(tiny_model(0), "int4", 48)
+    with pytest.raises(UsageError, match="divisible by the group size 32; this model has a 48-wide layer"):
+        quantize_model(tiny_model(0, dim=48, n_heads=4), "int4", 32)
 
 
 @pytest.mark.parametrize("mode,group", MODES)
@@ -169,7 +167,7 @@ def test_the_fused_gate_up_product_is_bitwise_two_separate_ones(mode, group):
 @pytest.mark.parametrize("mode,group", MODES)
 def test_quantized_model_equals_its_dequantized_float_model(mode, group):
     model = tiny_model(3)
-    qm = quantize_transformer(copy.deepcopy(model), mode, group)
+    qm = quantize_model(copy.deepcopy(model), mode, group)
     ref = copy.deepcopy(model)
     with torch.no_grad():  # the float model with exactly the weights the kernels use
         for name, mod in qm.named_modules():
@@ -193,7 +191,7 @@ def test_quantized_model_equals_its_dequantized_float_model(mode, group):
 
 
 def test_tied_embedding_and_head_share_one_int8_table():
-    qm = quantize_transformer(tiny_model(0), "int4", 32)
+    qm = quantize_model(tiny_model(0), "int4", 32)
     assert isinstance(qm.tok_embeddings, QuantizedEmbedding)
     assert qm.tok_embeddings.qweight is qm.output.qweight and qm.output.mode == "int8"
     assert not any(p.dtype == torch.float32 for p in qm.parameters())  # no float32 weights are kept
@@ -209,7 +207,7 @@ def test_tied_embedding_and_head_share_one_int8_table():
 
 @pytest.fixture(scope="module")
 def quantized_targets():
-    return {mode: ModelTarget(quantize_transformer(tiny_model(7), mode, group)) for mode, group in MODES}
+    return {mode: ModelTarget(quantize_model(tiny_model(7), mode, group)) for mode, group in MODES}
 
 
 def ragged(n: int) -> list[list[int]]:
@@ -256,7 +254,7 @@ def test_every_lossless_method_equals_ar_on_the_quantized_model(quantized_target
 def test_quantized_greedy_differs_from_float_somewhere():
     """The equality above is not vacuous: the quantized model is another model (int4 here)."""
     prompts = ragged(6)
-    q = ModelTarget(quantize_transformer(tiny_model(7), "int4", 32))
+    q = ModelTarget(quantize_model(tiny_model(7), "int4", 32))
     f = ModelTarget(tiny_model(7))
 
     def ar(target, prompt):
@@ -267,7 +265,7 @@ def test_quantized_greedy_differs_from_float_somewhere():
 
 @pytest.mark.parametrize("mode,group", MODES)
 def test_builder_skeleton_loads_the_state_bit_for_bit(mode, group):
-    qm = quantize_transformer(tiny_model(2), mode, group)
+    qm = quantize_model(tiny_model(2), mode, group)
     fresh = build_quantized_transformer(mode, group, **qm.cfg.to_dict())
     fresh.load_state_dict(qm.state_dict(), strict=True)
     assert fresh.tok_embeddings.qweight is fresh.output.qweight
@@ -294,7 +292,7 @@ def test_stored_quantized_entry_reloads_bit_for_bit_and_is_made_once(mode, group
     assert entry.ref == f"target/tiny-{mode}" + ("-g32" if mode == "int4" else "")
     assert entry.meta["quantized"]["base"] == "target/tiny" and entry.meta["builder"] == "quantized-transformer"
     loaded = checkpoints.load_module(entry, "cpu", torch.bfloat16)
-    want = quantize_transformer(model, mode, group).state_dict()
+    want = quantize_model(model, mode, group).state_dict()
     got = loaded.state_dict()
     assert got.keys() == want.keys()
     assert all(torch.equal(got[k], want[k]) and got[k].dtype == want[k].dtype for k in want)
