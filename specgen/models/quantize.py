@@ -356,7 +356,6 @@ def quantize_model(model: nn.Module, mode: str, group: int = DEFAULT_GROUP) -> n
         p.data = p.data.to(ACT_DTYPE)
     if dec.cfg.cond_kind == "caption":  # the learned null caption: in the dtype of the features it stands for
         dec.cls_embedding.uncond_embedding = dec.cls_embedding.uncond_embedding.to(ACT_DTYPE)
-    model.quantized = dec.quantized = (mode, group if mode == "int4" else 0)
     return model
 
 
@@ -382,7 +381,6 @@ def build_quantized_transformer(quantize: str, group: int = 0, **kwargs) -> nn.M
     for mod in model.modules():  # the norms (still on meta): real bf16 ones
         for name, p in list(mod.named_parameters(recurse=False)):
             setattr(mod, name, nn.Parameter(torch.ones(p.shape, dtype=ACT_DTYPE), requires_grad=False))
-    model.quantized = (quantize, group if quantize == "int4" else 0)
     return model.eval()
 
 
