@@ -91,8 +91,6 @@ class BPTTokenizer(StrictDecode):
     special_base: ClassVar[int] = block_size**3 + offset_size**3
     eos_id: ClassVar[int] = special_base + block_size**3
     vocab_size: ClassVar[int] = eos_id + 1
-    pad_id: ClassVar[int] = -1
-    bos_id: ClassVar[int | None] = None
 
     def kinds(self, tokens: object) -> np.ndarray:
         """Kind of each token id [T] -> int8 [T]: 0 block, 1 offset, 2 special block, 3 EOS,
