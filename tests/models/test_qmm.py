@@ -57,24 +57,32 @@ def test_rows_are_bitwise_alone_and_near_the_dequantized_product(mode, group, dt
     assert ((alone.double() - ref).abs() <= bound).all()
 
 
-@needs_qmm
-@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86 instruction sets")
-@pytest.mark.parametrize("mode,group", CASES)
-def test_every_instruction_set_gives_the_same_bits(mode, group, tmp_path):
-    """The AVX2 and plain C builds of qmm.c (the reference form) compute what this CPU's own build does, bit for bit."""
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory) -> list[tuple[str, int, ctypes.CDLL]]:
+    """qmm.c built for the plain x86-64 instruction set and, where this CPU runs it, AVX2 (-march=x86-64-v3): (march,
+    the path its dispatch reports, the library), compiled once for the module."""
     cc, why = native.compiler()
     if cc is None:
         pytest.skip(why)
     flags = tuple(f for f in native.FLAGS if not f.startswith("-march"))
+    avx2 = {"avx2", "fma"} <= set(native.cpu_signature().split())
+    out = []
+    for march, path in [("-march=x86-64", 0)] + ([("-march=x86-64-v3", 1)] if avx2 else []):
+        so = tmp_path_factory.mktemp("qmm") / f"qmm{path}.so"
+        assert native.compile_to(cc, "qmm", (*flags, march), so) == ""
+        out.append((march, path, ctypes.CDLL(str(so))))
+    return out
+
+
+@needs_qmm
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86 instruction sets")
+@pytest.mark.parametrize("mode,group", CASES)
+def test_every_instruction_set_gives_the_same_bits(mode, group, builds):
+    """The AVX2 and plain C builds of qmm.c (the reference form) compute what this CPU's own build does, bit for bit."""
     q, x = layer(mode, group), activations(7).bfloat16()
     codes, sz, bits, group_, out = q.kernel()[1]
     want = product(q, x)
-    avx2 = {"avx2", "fma"} <= set(native.cpu_signature().split())
-    isas = [("-march=x86-64", 0)] + ([("-march=x86-64-v3", 1)] if avx2 else [])
-    for march, path in isas:
-        so = tmp_path / f"qmm{path}.so"
-        assert native.compile_to(cc, "qmm", (*flags, march), so) == ""
-        lib = ctypes.CDLL(str(so))
+    for march, path, lib in builds:
         assert lib.specgen_qmm_path() == path
         got = torch.empty_like(want)
         args = [x.data_ptr(), 2, codes.data_ptr(), sz.data_ptr(), bits, group_, got.data_ptr(), 7, 128, out, 1]
