@@ -179,7 +179,7 @@ def generate_meshes(loaded, conds: list[Condition], req: DecodeRequest[MeshGenCo
     """Decode every condition with `loaded.decoder` (heads present = xspecmesh, absent = ar). `on_mesh(i, sample)`:
     mesh i as soon as it is decoded, before the batch ends (its `stats` are filled in the returned samples)."""
     cfg, opts, heads = req.cfg, mesh_options(req), loaded.decoder.heads
-    max_tokens = cfg.max_new_tokens or token_budget(loaded, 0 if heads is None else opts.num_heads or heads.num_heads)
+    max_tokens = token_budget(loaded, 0 if heads is None else opts.num_heads or heads.num_heads, cfg.max_new_tokens)
     gens = [torch.Generator().manual_seed(cfg.seed + i) for i in range(len(conds))]
     draft_gens = [torch.Generator().manual_seed(10_000_019 + cfg.seed + i) for i in range(len(conds))]
     tokens: list[list[int]] = [[] for _ in conds]  # as accepted: a finished mesh's tokens before the batch ends
