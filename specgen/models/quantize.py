@@ -349,9 +349,10 @@ def quantize_model(model: nn.Module, mode: str, group: int = DEFAULT_GROUP) -> n
         untied = not dec.cfg.tie_embeddings
         table = QuantizedLinear.from_linear(_as_linear(dec.tok_embeddings.weight), "int8") if untied else head
         dec.output, dec.tok_embeddings = head, QuantizedEmbedding(table)
-    for child in model.children():  # the mesh GPT's encoder (buffers too), as `.to(bfloat16)` would; not the decoder
-        if child is not dec and dec is not model:
-            child.to(ACT_DTYPE)
+    if dec is not model:  # the mesh GPT's encoder (buffers too), as `.to(bfloat16)` would; not the decoder
+        for child in model.children():
+            if child is not dec:
+                child.to(ACT_DTYPE)
     for p in model.parameters():  # norms, the condition embedding, a mesh GPT's start vector: the activation dtype
         p.data = p.data.to(ACT_DTYPE)
     if dec.cfg.cond_kind == "caption":  # the learned null caption: in the dtype of the features it stands for
