@@ -97,8 +97,10 @@ class EagleBatch(PoolBase):
         if graphs is None or not graphs.servable(view, None):
             return None
         plan = GrowPlan.bucketed(ints[1], shapes, self.vocab)
-        slots = max(ints[4]) + sum(plan.widths[1:]) if plan is not None else 0  # the longest prefix + the levels'
-        if plan is None or slots > graphs.k.shape[3]:
+        if plan is None:
+            return None
+        slots = max(ints[4]) + sum(plan.widths[1:])  # the longest prefix + the levels' slots
+        if slots > graphs.k.shape[3]:
             return None
         width = graphs.width(slots)
         padded = next((r for r in ROW_BUCKETS if n <= r and r * br <= graphs.capacity), n)
