@@ -359,10 +359,11 @@ def check_mode(mode: str, device: str) -> None:
 
 def attach(model, mode: str = "auto", capture: bool | None = None) -> StepGraphs | None:
     """Give `model` (a Transformer, an EAGLE drafter or XSpecMesh heads) captured steps per `mode` (auto: on CUDA;
-    on: CUDA or a one-line refusal; off: none). `capture=False` runs the static steps uncaptured (the CPU tests)."""
+    on: CUDA or a one-line refusal; off: none). A given `capture` is the caller's choice on any device: False runs the
+    static steps uncaptured, True captures them (the CPU tests' replay emulation; a drafter following its target)."""
     mode, device = mode_of(mode), next(model.parameters()).device
     on_cuda = device.type == "cuda"
-    check_mode(mode, "cuda" if capture is False else str(device))  # capture=False: the static steps on any device
+    check_mode(mode, "cuda" if capture is not None else str(device))
     model.graphs = None
     if mode == "off" or (mode == "auto" and not on_cuda and capture is not False):
         return None

@@ -1,11 +1,12 @@
 """Captured steps on the CPU: the static step reads nothing on the host, keeps its bucket's shapes, and decodes what
-the eager forward decodes (the CUDA replay itself runs in tests/test_gpu.py)."""
+the eager forward decodes, run uncaptured and through a replay emulation (the CUDA replay runs in tests/test_gpu.py)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
 
 from tests.conftest import decode
 from specgen.decoding.sampling import SamplingParams
@@ -23,6 +24,38 @@ from tests.image_fixtures import tiny_image_target
 PROMPT = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2]
 DRAFTERS = {"ar": EmptyDrafter, "ngram": lambda: NgramDrafter(NgramOptions(num_draft=4, max_ngram=3, min_ngram=1)),
             "jacobi": lambda: JacobiDrafter(JacobiOptions(4), seed=0)}
+
+
+class Traced:
+    """A CUDA graph's replay on the CPU: the step traced once (make_fx), so that Python values and tensors made
+    outside the static buffers are frozen into it as a capture freezes them; a replay reruns the traced ops over the
+    same buffers and writes into the first call's outputs, as a graph's replay does."""
+
+    def __init__(self, step) -> None:
+        self.program = make_fx(step)()
+        self.outs = tuple(self.program())
+
+    def replay(self) -> None:
+        for out, new in zip(self.outs, self.program()):
+            out.copy_(new)
+
+
+def traced(self, step):
+    """`StepGraphs.captured` on the CPU: (outputs, the replayable trace)."""
+    graph = Traced(step)
+    return graph.outs, graph
+
+
+@pytest.fixture
+def capture(request, monkeypatch) -> bool:
+    """Static steps uncaptured ("static") or captured through the replay emulation ("traced")."""
+    if request.param == "traced":
+        monkeypatch.setattr(graphs.StepGraphs, "captured", traced)
+    return request.param == "traced"
+
+
+BOTH = pytest.mark.parametrize("capture", ["static", "traced"], indirect=True)
+BOTH_SLOW = pytest.mark.parametrize("capture", ["static", pytest.param("traced", marks=pytest.mark.slow)], indirect=True)
 
 
 def static_target(model, capture=False) -> ModelTarget:
@@ -61,16 +94,36 @@ def test_a_step_that_reads_the_host_fails_the_check():
         fake_step(tiny_model(0), Bucket(1, 4, 64), reads)
 
 
-@pytest.mark.parametrize("name", DRAFTERS)
-@pytest.mark.parametrize("batch", [1, 3])
-def test_static_steps_decode_what_eager_ar_decodes(name, batch):
+@pytest.mark.parametrize("name,batch,capture", [(name, batch, "static") for name in DRAFTERS for batch in (1, 3)]
+                         + [("ngram", 3, "traced")], indirect=["capture"])
+def test_static_steps_decode_what_eager_ar_decodes(name, batch, capture):
     prompts = [PROMPT, PROMPT[:7], [3, 1, 4, 1, 5]][:batch]
     eager = run_batch(ModelTarget(tiny_model(0)), lambda i: EmptyDrafter(), prompts, 24, SamplingParams())
     model = tiny_model(0)
-    target = static_target(model)
+    target = static_target(model, capture)
     got = run_batch(target, lambda i: DRAFTERS[name](), prompts, 24, SamplingParams())
     assert [r.tokens for r in got.results] == [r.tokens for r in eager.results]
     assert model.graphs.replays > 0 and model.graphs.eager_calls == 0
+    assert all(graph is not None for _, graph, _ in model.graphs.graphs.values()) == capture
+
+
+@pytest.mark.parametrize("capture", ["traced"], indirect=True)
+def test_the_replay_emulation_freezes_what_a_capture_freezes(capture, monkeypatch):
+    """The control: a step that reads Python state (here a call counter) decodes one way run uncaptured and another
+    way replayed, where the value read at capture stays; so the emulated runs above can fail."""
+    calls = iter(range(10**6))
+
+    def drifts(model, x, k, v, cross, width):
+        logits, hidden = target_step(model, x, k, v, cross, width)
+        return logits + torch.nn.functional.one_hot(torch.tensor(next(calls) % 7), logits.shape[-1]) * 1e4, hidden
+
+    monkeypatch.setitem(graphs.KINDS, type(tiny_model(0)), graphs.StepKind(drifts))
+    runs = []
+    for replayed in (False, True):
+        got = run_batch(static_target(tiny_model(0), replayed), lambda i: EmptyDrafter(), [PROMPT], 12,
+                        SamplingParams())
+        runs.append(got.results[0].tokens)
+    assert runs[0] != runs[1] and len(set(runs[1][1:])) == 1  # after the prefill's: the token the capture forced
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -98,12 +151,13 @@ def test_a_step_over_its_width_bucket_gives_the_bits_of_the_whole_buffer(dtype):
                                target_step(model, x, k, v, None, None)[0][0])
 
 
-def test_a_decode_across_width_buckets_decodes_what_eager_ar_decodes(monkeypatch):
+@BOTH_SLOW
+def test_a_decode_across_width_buckets_decodes_what_eager_ar_decodes(capture, monkeypatch):
     monkeypatch.setattr(graphs, "MIN_WIDTH", 8)  # 12-token prompts + 24 new tokens cross widths 16, 32 and 64
     prompts = [PROMPT, PROMPT[:7]]
     eager = run_batch(ModelTarget(tiny_model(0)), lambda i: EmptyDrafter(), prompts, 24, SamplingParams())
     model = tiny_model(0)
-    got = run_batch(static_target(model), lambda i: DRAFTERS["ngram"](), prompts, 24, SamplingParams())
+    got = run_batch(static_target(model, capture), lambda i: DRAFTERS["ngram"](), prompts, 24, SamplingParams())
     assert [r.tokens for r in got.results] == [r.tokens for r in eager.results]
     assert {b.width for b in model.graphs.uses} == {16, 32, 64}
 
@@ -219,8 +273,9 @@ def test_a_growth_that_reads_the_host_fails_the_check():
         fake_growth(torch.float32, GrowPlan((8, 8), 12), reads)
 
 
+@BOTH_SLOW
 @pytest.mark.parametrize("method", ["eagle2", "adt-tree", "lantern", "vvs"])
-def test_image_trees_grown_by_the_static_growth_decode_what_eager_decodes(method):
+def test_image_trees_grown_by_the_static_growth_decode_what_eager_decodes(method, capture):
     """Target verifies and whole EAGLE tree growths (one static program per row bucket, width bucket and depth) both
     through static steps, batch 1 and 2: the same tokens as the eager method (lossless ones: as AR)."""
     from specgen.image.methods import ImageParts, build_image_method
@@ -231,8 +286,8 @@ def test_image_trees_grown_by_the_static_growth_decode_what_eager_decodes(method
         torch.manual_seed(1)
         net = EagleNet.from_target(model).eval()
         if attached:
-            graphs.attach(model, "on", capture=False)
-            graphs.attach(net, "on", capture=False)
+            graphs.attach(model, "on", capture=capture)
+            graphs.attach(net, "on", capture=capture)
         codebook = torch.randn(model.cfg.vocab_size, 8, generator=torch.Generator().manual_seed(0))  # LANTERN's
         parts = ImageParts(model, CFGTarget(model, 3.0), net, codebook, 4)
         got = run_batch(parts.target, lambda i: build_image_method(method, parts, {})[0], [[0], [1], [2]], 16,
@@ -261,7 +316,8 @@ def test_graphs_flag_refusals_are_one_line_before_any_model_loads(args, line):
     assert r.exit_code == 2 and line in r.output and "Traceback" not in r.output
 
 
-def test_mesh_steps_with_conditions_decode_what_eager_decodes_at_batch_2():
+@BOTH_SLOW
+def test_mesh_steps_with_conditions_decode_what_eager_decodes_at_batch_2(capture):
     """Cross-attention conditions live in static buffers of the batch's rows; a bucket of fewer rows (a row left)
     reads its own rows of them."""
     from specgen.eval.mesh_bench import benchmark_clouds
@@ -270,7 +326,7 @@ def test_mesh_steps_with_conditions_decode_what_eager_decodes_at_batch_2():
     loaded = load_mesh_model(graphs="off")
     clouds = [pc for _, pc in benchmark_clouds(loaded.target.meta, 3)]
     eager = [r.tokens for r in loaded.decoder.generate_batch(clouds, SamplingParams(), 24, batch_size=2)]
-    graphs.attach(loaded.decoder.model.decoder, "on", capture=False)
+    graphs.attach(loaded.decoder.model.decoder, "on", capture=capture)
     got = [r.tokens for r in loaded.decoder.generate_batch(clouds, SamplingParams(), 24, batch_size=2)]
     assert got == eager and loaded.decoder.model.decoder.graphs.replays > 0
 
@@ -301,8 +357,9 @@ def test_a_heads_step_reads_nothing_on_the_host(kind, extra):
     assert logits.shape == (2, 5121)
 
 
-@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(1.0)])
-def test_lossless_xspecmesh_with_captured_heads_decodes_what_eager_decodes(params):
+@pytest.mark.parametrize("params,capture", [(SamplingParams(), "static"), (SamplingParams(1.0), "static"),
+                                            (SamplingParams(1.0), "traced")], indirect=["capture"])
+def test_lossless_xspecmesh_with_captured_heads_decodes_what_eager_decodes(params, capture):
     """Lossless XSpecMesh (argmax heads, rejection rule) with the backbone's static steps and the heads' static calls,
     batch 2: the eager method's tokens (greedy: AR's)."""
     from specgen.methods.xspecmesh import MeshDecoder, XSpecMeshOptions
@@ -314,8 +371,8 @@ def test_lossless_xspecmesh_with_captured_heads_decodes_what_eager_decodes(param
     def run(attached: bool):
         decoder = MeshDecoder(tiny_mesh_model(), tiny_heads())
         if attached:
-            graphs.attach(decoder.model.decoder, "on", capture=False)
-            graphs.attach(decoder.heads, "on", capture=False)
+            graphs.attach(decoder.model.decoder, "on", capture=capture)
+            graphs.attach(decoder.heads, "on", capture=capture)
         gens = [torch.Generator().manual_seed(i) for i in range(3)]
         return [r.tokens for r in decoder.generate_batch(clouds, params, 40, opts, gens, None, 2)], decoder
 
@@ -324,7 +381,8 @@ def test_lossless_xspecmesh_with_captured_heads_decodes_what_eager_decodes(param
     assert got == eager and decoder.heads.graphs.replays > 0 and decoder.model.decoder.graphs.replays > 0
 
 
-def test_mulo_sd_with_static_steps_decodes_what_eager_decodes():
+@BOTH
+def test_mulo_sd_with_static_steps_decodes_what_eager_decodes(capture):
     """MuLo-SD's low-resolution drafter follows the target: static steps for both, the eager run's tokens (greedy)."""
     from specgen.image.neighbours import compute_neighbours
     from specgen.methods.mulo_sd import MuLoSD
@@ -337,7 +395,7 @@ def test_mulo_sd_with_static_steps_decodes_what_eager_decodes():
         pair = UpDownSampler(UpsamplerConfig(codebook_size=32, embed_dim=8, scale=2, channels=8, blocks=1)).eval()
         table = compute_neighbours(pair.codebook, 4)
         if attached:
-            graphs.attach(model, "on", capture=False)
+            graphs.attach(model, "on", capture=capture)
         got = run_batch(CFGTarget(model, 3.0), lambda i: MuLoSD(lowres, pair, table, 4, tau=0.05, radius=1),
                         [[0], [2], [1]], 16, SamplingParams(), batch_size=2)
         return [r.tokens for r in got.results], lowres
