@@ -35,6 +35,7 @@ from specgen.methods import run_batch
 from specgen.methods.options import NgramOptions
 from specgen.methods.text import EmptyDrafter, NgramDrafter
 from specgen.models import graphs
+from specgen.models.sliced_linear import SLICE_ROWS, SlicedLinear, row_invariant
 from specgen.models.transformer import Transformer, TransformerConfig
 
 SMOLLM2 = TransformerConfig(vocab_size=49152, dim=576, n_layers=30, n_heads=9, n_kv_heads=3, ffn_dim=1536,
@@ -89,7 +90,7 @@ def prompts_of(n: int, vocab: int, seed: int = 0) -> list[list[int]]:
 def text_rows(new: int) -> None:
     torch.manual_seed(0)
     cfg = SMOLLM2 if DEVICE == "cuda" else dataclasses.replace(SMOLLM2, n_layers=2, vocab_size=512)
-    model = Transformer(cfg).to(DEVICE, torch.bfloat16).eval()
+    model = row_invariant(Transformer(cfg).to(DEVICE, torch.bfloat16).eval())  # as a loader lays it out
     target = ModelTarget(model)
     target.device = DEVICE
     prompts = prompts_of(4, cfg.vocab_size)
@@ -254,17 +255,21 @@ def attention_rows(new: int = 64) -> None:
     that lossless decoding needs."""
     cfg = SMOLLM2 if DEVICE == "cuda" else dataclasses.replace(SMOLLM2, n_layers=2, vocab_size=512)
     torch.manual_seed(0)
-    model = Transformer(cfg).to(DEVICE, torch.bfloat16).eval()
+    model = row_invariant(Transformer(cfg).to(DEVICE, torch.bfloat16).eval())
     target = ModelTarget(model)
     target.device = DEVICE
     prompts, big = prompts_of(4, cfg.vocab_size), prompts_of(16, cfg.vocab_size, seed=1)
     # "sdpa": an additive mask in every dtype in place of graphs.chunked_mask (fewer kernels), measured here for
-    # query-count invariance on a GPU before it may become the captured steps' attention
-    masks = {"chunked": graphs.chunked_mask, "sdpa": lambda visible, cfg, dtype: graphs.additive_mask(visible)}
-    for attention, mask in masks.items():
+    # query-count invariance on a GPU before it may become the captured steps' attention; "plain products": each
+    # product one GEMM of its own row count instead of SlicedLinear's fixed shape
+    sdpa = lambda visible, cfg, dtype: graphs.additive_mask(visible)  # noqa: E731
+    variants = {"chunked": (graphs.chunked_mask, SlicedLinear.forward), "sdpa": (sdpa, SlicedLinear.forward),
+                "chunked, plain products": (graphs.chunked_mask, torch.nn.Linear.forward)}
+    for attention, (mask, product) in variants.items():
         graphs.attach(model, "on", capture=None if DEVICE == "cuda" else False)
-        patch = mock.patch.object(graphs, "chunked_mask", mask)
-        patch.start()
+        patches = mock.patch.object(graphs, "chunked_mask", mask), mock.patch.object(SlicedLinear, "forward", product)
+        for patch in patches:
+            patch.start()
         run = lambda ps, b: run_batch(target, lambda i: EmptyDrafter(), ps, new, SamplingParams(),  # noqa: E731
                                          batch_size=b)
         run(prompts[:1], 1)
@@ -292,7 +297,31 @@ def attention_rows(new: int = 64) -> None:
         row(suite="attention", row=f"bf16 captured steps, attention={attention}", tok_s=len(prompts) * new / s1,
             b16_tok_s=len(big) * new / s16, vs_b1=(len(big) / s16) / (len(prompts) / s1),
             bitwise_rows=f"{same}/16", max_abs_diff=diff)
-        patch.stop()
+        for patch in patches:
+            patch.stop()
+
+
+def product_rows(rows: tuple[int, ...] = (4, 16, 64, 130)) -> None:
+    """Whether a bf16 product scores a row bitwise as it does alone (an AR step's one row against a verify's M rows),
+    per SmolLM2 product shape: one `F.linear` of M rows, the same with reduced-precision reductions off, and
+    SlicedLinear (GEMMs of SLICE_ROWS rows): the products' query-count invariance, beside the attention's above."""
+    torch.manual_seed(0)
+    shapes = {"wqkv": (960, 576), "w13": (3072, 576), "w2": (576, 1536), "head": (49152, 576)}
+    reduced = torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction
+    for name, (n, k) in shapes.items():
+        lin = torch.nn.Linear(k, n, bias=False, device=DEVICE, dtype=torch.bfloat16)
+        x = torch.randn(max(rows), k, device=DEVICE, dtype=torch.bfloat16)
+        for label, cls, allow in (("plain", torch.nn.Linear, True), ("no reduced-precision reduction",
+                                                                      torch.nn.Linear, False),
+                                  (f"SlicedLinear ({SLICE_ROWS} rows)", SlicedLinear, True)):
+            torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = allow
+            lin.__class__ = cls
+            with torch.inference_mode():
+                alone = torch.cat([lin(x[j: j + 1]) for j in range(max(rows))])  # [M, N]: each row alone
+                same = {f"M={m}": f"{sum(bool(torch.equal(a, b)) for a, b in zip(lin(x[:m]), alone))}/{m}"
+                        for m in rows}
+            row(suite="attention", row=f"bf16 product {name} {n}x{k}, {label}", **same)
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = reduced
 
 
 # Paper shapes with random weights (what the papers decode; the weights do not change a forward's cost):
@@ -323,7 +352,7 @@ def scale_rows() -> None:
             torch.set_default_dtype(torch.bfloat16)
             try:
                 with torch.device(DEVICE):
-                    model = Transformer(c).eval()
+                    model = row_invariant(Transformer(c).eval())
             finally:
                 torch.set_default_dtype(torch.float32)
             attach(model, "on")
@@ -365,7 +394,8 @@ def main() -> None:
     name = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (smoke)"
     print(f"device {name}, torch {torch.__version__}, cuda {torch.version.cuda}", flush=True)
     suites = {"text": lambda: text_rows(args.new), "image": lambda: image_rows(args.images),
-              "mesh": lambda: mesh_rows(args.meshes), "scale": scale_rows, "attention": attention_rows}
+              "mesh": lambda: mesh_rows(args.meshes), "scale": scale_rows,
+              "attention": lambda: (attention_rows(), product_rows())}
     for name in args.only.split(","):
         try:
             suites[name]()

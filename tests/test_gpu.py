@@ -251,3 +251,26 @@ def test_captured_xspecmesh_heads_decode_what_eager_decodes():
     got = [r.tokens for r in dec.generate_batch(clouds, SP(), 128, opts, batch_size=2)]
     assert got == eager
     assert dec.heads.graphs.replays > 0 and all(graph is not None for _, graph, _ in dec.heads.graphs.graphs.values())
+
+
+@pytest.mark.parametrize("captured", [False, True])
+def test_a_bf16_chain_scores_each_node_bitwise_as_ar_steps(captured):
+    """Low-precision exactness on the GPU itself: with a loader's layout (SlicedLinear products) and the invariant
+    attention, eager and captured, a 16-node chain verify scores each node bitwise as the 16 AR steps did; and each
+    SlicedLinear row of SmolLM2's product shapes is bitwise the row alone at 16, 64 and 130 rows."""
+    from specgen.models import graphs
+    from specgen.models.layout import decode_layout
+    from specgen.models.sliced_linear import SlicedLinear
+    from tests.models.test_graphs import chain_against_steps
+
+    model = decode_layout(tiny_model(0).to("cuda", torch.bfloat16))
+    assert any(type(m) is SlicedLinear for m in model.modules())
+    graphs.attach(model, "on" if captured else "off")
+    steps, chain = chain_against_steps(model, PROMPT)
+    assert torch.equal(steps, chain)
+    for n, k in ((960, 576), (576, 1536), (49152, 576)):
+        lin = SlicedLinear(k, n, bias=False, device="cuda", dtype=torch.bfloat16)
+        x = torch.randn(130, k, device="cuda", dtype=torch.bfloat16)
+        with torch.inference_mode():
+            alone = torch.cat([lin(x[j: j + 1]) for j in range(130)])
+            assert all(torch.equal(lin(x[:m]), alone[:m]) for m in (16, 64, 130)), (n, k)

@@ -145,6 +145,12 @@ def tiled_products(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return inference_on_cpu((torch.float32,), x, weight) and native.library("tiled") is not None
 
 
+def sliced_products(weight: torch.Tensor) -> bool:
+    """Whether a Linear's products run as GEMMs of one fixed row count (`models/sliced_linear.py`): low-precision
+    weights off the CPU, where the GPU library picks a GEMM's reduction order by its shape."""
+    return weight.dtype in (torch.bfloat16, torch.float16) and weight.device.type != "cpu"
+
+
 @torch.inference_mode()
 def time_passes(linears: list, rows: tuple[int, ...] = ROWS, rounds: int = ROUNDS) -> Timing:
     """Best-of-`rounds` ms of r-row products over every distinct weight of `linears` (PackedLinears), per kernel."""

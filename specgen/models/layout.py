@@ -9,7 +9,7 @@ from torch import nn
 
 from specgen.devices import is_cpu, module_device
 from specgen.errors import UsageError
-from specgen.models import packed_linear
+from specgen.models import packed_linear, sliced_linear
 from specgen.models.quantize import prepare_kernels
 
 LAYOUTS = ("packed", "col", "row")
@@ -36,8 +36,11 @@ def decode_layout(module: nn.Module, layout: str | None = None, loaded: bool = T
     layout = layout or layout_name()
     if loaded:
         prepare_kernels(module)  # int4 layers: their kernel copies now (any layout)
-    # CPU kernel choices only: on cuda cuBLAS picks its own (fence: `specgen/devices.py`, tests/test_devices.py)
-    if layout == "row" or not is_cpu(module_device(module)):
+    # CPU kernel choices only: on cuda cuBLAS picks its own (fence: `specgen/devices.py`, tests/test_devices.py), over
+    # one GEMM shape in low precision (row-invariant products)
+    if not is_cpu(module_device(module)):
+        return sliced_linear.row_invariant(module)
+    if layout == "row":
         return module
     for lin in module.modules():
         w = lin.weight if isinstance(lin, nn.Linear) else None

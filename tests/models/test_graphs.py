@@ -18,6 +18,7 @@ from specgen.methods.options import JacobiOptions, NgramOptions
 from specgen.methods.text import EmptyDrafter, JacobiDrafter, NgramDrafter
 from specgen.models import graphs
 from specgen.models.graphs import Bucket, StaticInputs, target_step
+from specgen.models.sliced_linear import SlicedLinear
 from tests.conftest import tiny_model
 from tests.image_fixtures import tiny_image_target
 
@@ -181,6 +182,43 @@ def test_a_tree_verify_scores_each_node_as_the_eager_forward_does():
     want = target.forward(tokens, positions, cache, mask).logits
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     assert torch.equal(got.argmax(-1), want.argmax(-1))
+
+
+def chain_against_steps(model, prompt: list[int], n: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits [n, V] of n greedy AR steps after the prompt, logits [n, V] of the same n tokens verified as one chain)
+    through the model's steps (its static ones where attached), on the model's device."""
+    target, dev = ModelTarget(model), next(model.parameters()).device
+    target.device = dev
+    ids = lambda rows: torch.tensor(rows, device=dev)  # noqa: E731
+    with torch.inference_mode():
+        cache = target.new_cache(1, len(prompt) + n + 1)
+        tok, steps, toks = int(target.prefill(ids([prompt]), cache).logits[0, -1].argmax()), [], []
+        for i in range(n):
+            toks.append(tok)
+            steps.append(target.forward(ids([[tok]]), ids([[len(prompt) + i]]), cache, None).logits[0, 0])
+            cache.commit(0, [0])
+            tok = int(steps[-1].argmax())
+        cache = target.new_cache(1, len(prompt) + n + 1)
+        target.prefill(ids([prompt]), cache)
+        chain = target.forward(ids([toks]), len(prompt) + torch.arange(n, device=dev)[None], cache, None).logits[0]
+    return torch.stack(steps), chain
+
+
+@pytest.mark.parametrize("products", ["sliced", "plain"])
+def test_a_bf16_chain_scores_each_node_bitwise_as_ar_steps_with_sliced_products(products, monkeypatch):
+    """Low-precision exactness as a GPU runs it, on the CPU: the static steps' invariant attention and SlicedLinear
+    products (a GPU model's layout, models/sliced_linear.py) score a 16-node chain bitwise as 16 AR steps, under a
+    product kernel whose sums move with its row count; the control: plain products under that kernel do not."""
+    from tests.models.test_sliced_linear import shape_dependent
+
+    model = tiny_model(0).to(torch.bfloat16)
+    for lin in model.modules():
+        if type(lin) is torch.nn.Linear and products == "sliced":
+            lin.__class__ = SlicedLinear
+    graphs.attach(model, "on", capture=False)
+    monkeypatch.setattr(torch.nn.functional, "linear", shape_dependent)
+    steps, chain = chain_against_steps(model, PROMPT)
+    assert torch.equal(steps, chain) == (products == "sliced")
 
 
 def test_image_cfg_steps_decode_what_eager_decodes():

@@ -1,0 +1,36 @@
+"""Row-invariant low-precision products on a GPU: every product runs as GEMMs of one fixed shape (docs/precision.md)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specgen.models.kernel_choice import sliced_products
+
+SLICE_ROWS = 64  # every product's rows are cut into zero-padded slices of this many: one GEMM shape at any row count
+
+
+class SlicedLinear(nn.Linear):
+    """An nn.Linear whose product runs as GEMMs of exactly SLICE_ROWS rows. A GPU library picks its kernel, and with it
+    the order of each row's sums, by the GEMM's shape, so one row scored alone (an AR step) and the same row inside a
+    verify or a batch could differ in the last bits, which low precision keeps; one shape for every call keeps a row's
+    bits whatever else the forward holds (the products' half of the query-count invariance; the attention's:
+    models/attention.py)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., in] -> [..., out]
+        rows = x.reshape(-1, x.shape[-1])  # [M, in]
+        pad = -rows.shape[0] % SLICE_ROWS
+        if pad:
+            rows = torch.cat([rows, rows.new_zeros(pad, rows.shape[1])])  # [M + pad, in]
+        out = torch.cat([F.linear(part, self.weight, self.bias) for part in rows.split(SLICE_ROWS)])
+        return out[: out.shape[0] - pad].reshape(*x.shape[:-1], out.shape[-1])
+
+
+def row_invariant(module: nn.Module) -> nn.Module:
+    """Make every nn.Linear of `module` whose products the rule slices (`kernel_choice.sliced_products`: low precision
+    off the CPU) a SlicedLinear in place (parameters, ties and names unchanged). Returns the module."""
+    for lin in module.modules():
+        if type(lin) is nn.Linear and sliced_products(lin.weight):
+            lin.__class__ = SlicedLinear
+    return module
