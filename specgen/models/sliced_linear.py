@@ -20,11 +20,11 @@ class SlicedLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., in] -> [..., out]
         rows = x.reshape(-1, x.shape[-1])  # [M, in]
-        pad = -rows.shape[0] % SLICE_ROWS
-        if pad:
-            rows = torch.cat([rows, rows.new_zeros(pad, rows.shape[1])])  # [M + pad, in]
-        out = torch.cat([F.linear(part, self.weight, self.bias) for part in rows.split(SLICE_ROWS)])
-        return out[: out.shape[0] - pad].reshape(*x.shape[:-1], out.shape[-1])
+        m = rows.shape[0]
+        rows = F.pad(rows, (0, 0, 0, -m % SLICE_ROWS))  # [M', in]: zero rows up to a multiple of SLICE_ROWS
+        parts = [F.linear(part, self.weight, self.bias) for part in rows.split(SLICE_ROWS)]  # one launch at <= 64 rows
+        out = parts[0] if len(parts) == 1 else torch.cat(parts)  # [M', out]
+        return out[:m].reshape(*x.shape[:-1], out.shape[-1])
 
 
 def row_invariant(module: nn.Module) -> nn.Module:
