@@ -34,7 +34,7 @@ from specgen.devices import synchronize
 from specgen.methods import run_batch
 from specgen.methods.options import NgramOptions
 from specgen.methods.text import EmptyDrafter, NgramDrafter
-from specgen.models import graphs
+from specgen.models import attention, graphs
 from specgen.models.sliced_linear import SLICE_ROWS, SlicedLinear, row_invariant
 from specgen.models.transformer import Transformer, TransformerConfig
 
@@ -261,13 +261,19 @@ def attention_rows(new: int = 64) -> None:
     prompts, big = prompts_of(4, cfg.vocab_size), prompts_of(16, cfg.vocab_size, seed=1)
     # "sdpa": an additive mask in every dtype in place of graphs.chunked_mask (fewer kernels), measured here for
     # query-count invariance on a GPU before it may become the captured steps' attention; "plain products": each
-    # product one GEMM of its own row count instead of SlicedLinear's fixed shape
-    sdpa = lambda visible, cfg, dtype: graphs.additive_mask(visible)  # noqa: E731
-    variants = {"chunked": (graphs.chunked_mask, SlicedLinear.forward), "sdpa": (sdpa, SlicedLinear.forward),
-                "chunked, plain products": (graphs.chunked_mask, torch.nn.Linear.forward)}
-    for attention, (mask, product) in variants.items():
+    # product one GEMM of its own row count instead of SlicedLinear's fixed shape; "queries padded to 64": the
+    # chunked plan's per-chunk GEMMs at one row count (48 = 3 query heads x 16 nodes fit), should they need it
+    def sdpa(visible, cfg, dtype):
+        return graphs.additive_mask(visible)
+
+    variants = {"chunked": (graphs.chunked_mask, SlicedLinear.forward, attention.MIN_ROWS),
+                "sdpa": (sdpa, SlicedLinear.forward, attention.MIN_ROWS),
+                "chunked, plain products": (graphs.chunked_mask, torch.nn.Linear.forward, attention.MIN_ROWS),
+                "chunked, queries padded to 64": (graphs.chunked_mask, SlicedLinear.forward, 64)}
+    for attention_name, (mask, product, min_rows) in variants.items():
         graphs.attach(model, "on", capture=None if DEVICE == "cuda" else False)
-        patches = mock.patch.object(graphs, "chunked_mask", mask), mock.patch.object(SlicedLinear, "forward", product)
+        patches = (mock.patch.object(graphs, "chunked_mask", mask), mock.patch.object(SlicedLinear, "forward", product),
+                   mock.patch.object(attention, "MIN_ROWS", min_rows))
         for patch in patches:
             patch.start()
         run = lambda ps, b: run_batch(target, lambda i: EmptyDrafter(), ps, new, SamplingParams(),  # noqa: E731
@@ -294,7 +300,7 @@ def attention_rows(new: int = 64) -> None:
                                    (len(p) + torch.arange(16, device=DEVICE))[None], cache, None).logits[0]
         same = sum(bool(torch.equal(a, b)) for a, b in zip(steps, chain))
         diff = max(float((a.float() - b.float()).abs().max()) for a, b in zip(steps, chain))
-        row(suite="attention", row=f"bf16 captured steps, attention={attention}", tok_s=len(prompts) * new / s1,
+        row(suite="attention", row=f"bf16 captured steps, attention={attention_name}", tok_s=len(prompts) * new / s1,
             b16_tok_s=len(big) * new / s16, vs_b1=(len(big) / s16) / (len(prompts) / s1),
             bitwise_rows=f"{same}/16", max_abs_diff=diff)
         for patch in patches:
@@ -311,8 +317,8 @@ def product_rows(rows: tuple[int, ...] = (4, 16, 64, 130)) -> None:
     for name, (n, k) in shapes.items():
         lin = torch.nn.Linear(k, n, bias=False, device=DEVICE, dtype=torch.bfloat16)
         x = torch.randn(max(rows), k, device=DEVICE, dtype=torch.bfloat16)
-        for label, cls, allow in (("plain", torch.nn.Linear, True), ("no reduced-precision reduction",
-                                                                      torch.nn.Linear, False),
+        for label, cls, allow in (("plain", torch.nn.Linear, True),
+                                  ("no reduced-precision reduction", torch.nn.Linear, False),
                                   (f"SlicedLinear ({SLICE_ROWS} rows)", SlicedLinear, True)):
             torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = allow
             lin.__class__ = cls

@@ -56,7 +56,8 @@ def capture(request, monkeypatch) -> bool:
 
 
 BOTH = pytest.mark.parametrize("capture", ["static", "traced"], indirect=True)
-BOTH_SLOW = pytest.mark.parametrize("capture", ["static", pytest.param("traced", marks=pytest.mark.slow)], indirect=True)
+BOTH_SLOW = pytest.mark.parametrize("capture", ["static", pytest.param("traced", marks=pytest.mark.slow)],
+                                    indirect=True)
 
 
 def static_target(model, capture=False) -> ModelTarget:
@@ -189,7 +190,10 @@ def chain_against_steps(model, prompt: list[int], n: int = 16) -> tuple[torch.Te
     through the model's steps (its static ones where attached), on the model's device."""
     target, dev = ModelTarget(model), next(model.parameters()).device
     target.device = dev
-    ids = lambda rows: torch.tensor(rows, device=dev)  # noqa: E731
+
+    def ids(rows: list) -> torch.Tensor:
+        return torch.tensor(rows, device=dev)
+
     with torch.inference_mode():
         cache = target.new_cache(1, len(prompt) + n + 1)
         tok, steps, toks = int(target.prefill(ids([prompt]), cache).logits[0, -1].argmax()), [], []
