@@ -290,6 +290,7 @@ def attention_rows(new: int = 64) -> None:
     target = ModelTarget(model)
     target.device = DEVICE
     prompts, big = prompts_of(4, cfg.vocab_size), prompts_of(16, cfg.vocab_size, seed=1)
+
     # "sdpa": an additive mask in every dtype in place of graphs.chunked_mask (fewer kernels), measured here for
     # query-count invariance on a GPU before it may become the captured steps' attention; "plain products": each
     # product one GEMM of its own row count instead of SlicedLinear's fixed shape; "queries padded to 64": the
