@@ -55,7 +55,6 @@ def capture(request, monkeypatch) -> bool:
     return request.param == "traced"
 
 
-BOTH = pytest.mark.parametrize("capture", ["static", "traced"], indirect=True)
 BOTH_SLOW = pytest.mark.parametrize("capture", ["static", pytest.param("traced", marks=pytest.mark.slow)],
                                     indirect=True)
 
@@ -400,7 +399,8 @@ def test_a_heads_step_reads_nothing_on_the_host(kind, extra):
 
 
 @pytest.mark.parametrize("params,capture", [(SamplingParams(), "static"), (SamplingParams(1.0), "static"),
-                                            (SamplingParams(1.0), "traced")], indirect=["capture"])
+                                            pytest.param(SamplingParams(1.0), "traced", marks=pytest.mark.slow)],
+                         indirect=["capture"])
 def test_lossless_xspecmesh_with_captured_heads_decodes_what_eager_decodes(params, capture):
     """Lossless XSpecMesh (argmax heads, rejection rule) with the backbone's static steps and the heads' static calls,
     batch 2: the eager method's tokens (greedy: AR's)."""
@@ -423,7 +423,7 @@ def test_lossless_xspecmesh_with_captured_heads_decodes_what_eager_decodes(param
     assert got == eager and decoder.heads.graphs.replays > 0 and decoder.model.decoder.graphs.replays > 0
 
 
-@BOTH
+@BOTH_SLOW
 def test_mulo_sd_with_static_steps_decodes_what_eager_decodes(capture):
     """MuLo-SD's low-resolution drafter follows the target: static steps for both, the eager run's tokens (greedy)."""
     from specgen.image.neighbours import compute_neighbours
