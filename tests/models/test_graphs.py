@@ -30,10 +30,13 @@ DRAFTERS = {"ar": EmptyDrafter, "ngram": lambda: NgramDrafter(NgramOptions(num_d
 class Traced:
     """A CUDA graph's replay on the CPU: the step traced once (make_fx), so that Python values and tensors made
     outside the static buffers are frozen into it as a capture freezes them; a replay reruns the traced ops over the
-    same buffers and writes into the first call's outputs, as a graph's replay does."""
+    same buffers and writes into the first call's outputs, as a graph's replay does. A tensor made from Python data
+    inside the step (a copy from host memory, which a capture cannot hold) is refused as a capture refuses it."""
 
     def __init__(self, step) -> None:
         self.program = make_fx(step)()
+        if any(node.target is torch.ops.aten.lift_fresh_copy.default for node in self.program.graph.nodes):
+            raise RuntimeError("a tensor made from host data inside the step")
         self.outs = tuple(self.program())
 
     def replay(self) -> None:
@@ -116,7 +119,8 @@ def test_the_replay_emulation_freezes_what_a_capture_freezes(capture, monkeypatc
 
     def drifts(model, x, k, v, cross, width):
         logits, hidden = target_step(model, x, k, v, cross, width)
-        return logits + torch.nn.functional.one_hot(torch.tensor(next(calls) % 7), logits.shape[-1]) * 1e4, hidden
+        logits[..., next(calls) % 7] += 1e4
+        return logits, hidden
 
     monkeypatch.setitem(graphs.KINDS, type(tiny_model(0)), graphs.StepKind(drifts))
     runs = []
@@ -150,6 +154,17 @@ def test_a_step_over_its_width_bucket_gives_the_bits_of_the_whole_buffer(dtype):
     with torch.inference_mode():
         assert not torch.equal(target_step(model, x, k, v, None, 256)[0][0],
                                target_step(model, x, k, v, None, None)[0][0])
+
+
+@pytest.mark.parametrize("capture", ["traced"], indirect=True)
+def test_a_step_that_makes_a_tensor_from_host_data_cannot_be_captured(capture, monkeypatch):
+    def copies(model, x, k, v, cross, width):
+        logits, hidden = target_step(model, x, k, v, cross, width)
+        return logits + torch.tensor(0.0), hidden
+
+    monkeypatch.setitem(graphs.KINDS, type(tiny_model(0)), graphs.StepKind(copies))
+    with pytest.raises(UsageError, match="cannot be captured .a tensor made from host data"):
+        run_batch(static_target(tiny_model(0), True), lambda i: EmptyDrafter(), [PROMPT], 4, SamplingParams())
 
 
 @BOTH_SLOW
