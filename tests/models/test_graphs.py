@@ -34,6 +34,7 @@ class Traced:
     inside the step (a copy from host memory, which a capture cannot hold) is refused as a capture refuses it."""
 
     def __init__(self, step) -> None:
+        step()  # the warm-up a capture runs first: lazy initialisations (a weight's tiles) stay outside the graph
         self.program = make_fx(step)()
         if any(node.target is torch.ops.aten.lift_fresh_copy.default for node in self.program.graph.nodes):
             raise RuntimeError("a tensor made from host data inside the step")
