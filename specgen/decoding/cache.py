@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 
@@ -21,9 +22,11 @@ class KVCache:
     key_mask: torch.Tensor | None = field(default=None)  # [B, M] bool: False = a slot no later query sees
     _ragged: tuple | None = field(default=None, repr=False, compare=False)  # (key, index) of `ragged_rows`
 
-    def __post_init__(self) -> None:
-        # per-layer views [B, H_kv, T_max, D], made once: `write` runs in every layer of every forward
-        self._layers = tuple((self.k[i], self.v[i]) for i in range(self.k.shape[0]))  # select: writable views
+    @cached_property
+    def _layers(self) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
+        """Per-layer writable views [B, H_kv, T_max, D], made once, on first use: `write` runs in every layer of every
+        eager forward, and a cache whose forwards are all replays (its rows' views, made each step) never needs them."""
+        return tuple((self.k[i], self.v[i]) for i in range(self.k.shape[0]))
 
     @classmethod
     def allocate(
@@ -98,17 +101,19 @@ class KVCache:
 
     def commit(self, row: int, keep: list[int]) -> None:
         """Keep pending nodes `keep` (ascending indices into the last write) in slots [n, n + len(keep)); advance."""
-        n = self.lengths[row]
-        if keep != list(range(len(keep))):
-            src = host_tensor([n + i for i in keep], self.k.device)
-            self.k[:, row, :, n : n + len(keep)] = self.k[:, row, :, src]
-            self.v[:, row, :, n : n + len(keep)] = self.v[:, row, :, src]
-        self.lengths[row] = n + len(keep)
+        self.commit_seq(row, keep, 1)
 
     def commit_seq(self, seq: int, keep: list[int], branches: int) -> None:
-        """`commit` on each of the `branches` rows of sequence `seq`."""
-        for r in range(seq * branches, (seq + 1) * branches):
-            self.commit(r, keep)
+        """`commit` on the `branches` rows of sequence `seq` at once (they were fed the same nodes: one length)."""
+        rows = slice(seq * branches, (seq + 1) * branches)
+        n = self.lengths[rows.start]
+        if any(length != n for length in self.lengths[rows]):
+            raise ValueError(f"rows {rows.start}..{rows.stop - 1} of one sequence hold different lengths")
+        if keep != list(range(len(keep))):
+            src = host_tensor([n + i for i in keep], self.k.device)
+            self.k[:, rows, :, n : n + len(keep)] = self.k[:, rows, :, src]
+            self.v[:, rows, :, n : n + len(keep)] = self.v[:, rows, :, src]
+        self.lengths[rows] = [n + len(keep)] * branches
 
     def rollback(self, row: int, length: int) -> None:
         """Forget everything at or after slot `length` in `row`."""

@@ -54,17 +54,20 @@ class DraftTree:
         """Position offsets [N + 1] of the verify inputs relative to the root's position."""
         return torch.tensor((0,) + self.depth)
 
+    @cached_property
+    def visible(self) -> tuple[tuple[int, ...], ...]:
+        """Per verify input (the root first), the inputs it sees, ascending: the root, its ancestors, itself."""
+        seen = [(0,)]
+        for i, p in enumerate(self.parents):
+            seen.append(seen[p + 1] + (i + 1,))
+        return tuple(seen)
+
     def mask(self) -> torch.Tensor:
         """Ancestor mask [N + 1, N + 1] over the verify inputs (root included): i sees j iff j is i or an ancestor."""
         n = self.size + 1
-        if self.is_chain:
-            return torch.ones(n, n, dtype=torch.bool).tril()
-        m = torch.eye(n, dtype=torch.bool)
-        m[:, 0] = True
-        for i, p in enumerate(self.parents):
-            if p >= 0:
-                m[i + 1] |= m[p + 1]
-        return m
+        m = torch.zeros(n * n, dtype=torch.bool)
+        m[[i * n + j for i, row in enumerate(self.visible) for j in row]] = True  # one host op, not one per node
+        return m.view(n, n)
 
     def path_to(self, node: int) -> list[int]:
         """Nodes from the root's child down to `node` (inclusive)."""

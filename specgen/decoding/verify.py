@@ -31,13 +31,13 @@ def verify_batch(roots: list[int], drafts: list[Draft], starts: list[int], devic
         positions = to_device(torch.tensor(starts)[:, None] + torch.arange(s), device)
         return VerifyBatch(tokens, positions, None, sizes)
     tokens = host_tensor([(r,) + d.tokens + (r,) * (s - n) for r, d, n in zip(roots, drafts, sizes)], device)
-    offsets = torch.zeros(len(drafts), s, dtype=torch.long)
-    mask = torch.eye(s, dtype=torch.bool).repeat(len(drafts), 1, 1)  # [B, S, S]: padding sees itself
-    for i, (d, n) in enumerate(zip(drafts, sizes)):
-        offsets[i, :n] = d.tree.offsets()
-        mask[i, :n, :n] = d.tree.mask()
-    positions = torch.tensor(starts)[:, None] + offsets
-    return VerifyBatch(tokens, to_device(positions, device), to_device(mask, device), sizes)
+    positions = host_tensor([[p + o for o in (0,) + d.tree.depth] + [p] * (s - n)
+                             for p, d, n in zip(starts, drafts, sizes)], device)  # padding: the root's position
+    seen = [(i * s + q) * s + k for i, (d, n) in enumerate(zip(drafts, sizes))  # flat [B, S, S] indices
+            for q, row in enumerate(d.tree.visible + tuple((j,) for j in range(n, s))) for k in row]
+    mask = torch.zeros(len(drafts) * s * s, dtype=torch.bool)
+    mask[seen] = True  # each node sees its ancestors and itself; padding only itself: one host op for the batch
+    return VerifyBatch(tokens, positions, to_device(mask.view(len(drafts), s, s), device), sizes)
 
 
 def forward_span(target: Target, cache: KVCache, feeds: dict[int, tuple[int, Draft]]
