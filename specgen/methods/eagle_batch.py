@@ -11,7 +11,9 @@ from specgen.decoding.draft import Draft, Verdict
 from specgen.decoding.pool import PoolBase
 from specgen.decoding.stats import DecodeStats
 from specgen.decoding.target import TargetOut
-from specgen.devices import host_tensor, to_device
+from specgen.decoding.tree import DraftTree
+from specgen.decoding.verify import verify_batch
+from specgen.devices import host_tensor
 from specgen.methods.eagle_grow import GrowPlan, TreeShape, branch_rows, drafts_of, grow, level_mask, static_growth
 from specgen.models.graphs import ROW_BUCKETS
 
@@ -121,19 +123,13 @@ class EagleBatch(PoolBase):
         n, width = len(rows), max(ms)
         dim, device = rows[0].pending.shape[-1], rows[0].pending.device
         feats = torch.zeros(n * br, width, dim, dtype=rows[0].pending.dtype, device=device)
-        toks = torch.zeros(n * br, width, dtype=torch.long)  # host-built (as in `level`), copied once
-        pos = torch.zeros(n * br, width, dtype=torch.long)
-        tree = torch.eye(width, dtype=torch.bool).repeat(n, 1, 1)  # [n, M, M]: padding sees itself
-        for i, (d, seq, m) in enumerate(zip(rows, seqs, ms)):
-            root = len(seq) - 1
-            part = slice(i * br, (i + 1) * br)
-            feats[part, :m] = d.pending
-            toks[part, :m] = torch.tensor(seq[-m:])
-            pos[part] = root
-            pos[part, :m] = torch.arange(root - m + 1, root + 1)
-            tree[i, :m, :m] = torch.ones(m, m, dtype=torch.bool).tril()
-        toks, pos, tree = (to_device(t, device) for t in (toks, pos, tree))
-        hidden = self.net(feats, toks, pos, view, tree_mask=tree)  # [n * br, M, D]
+        for i, (d, m) in enumerate(zip(rows, ms)):
+            feats[i * br : (i + 1) * br, :m] = d.pending
+        # each sequence's last m tokens as a chain from position len - m, once per branch row (host-built inputs)
+        fed = [(seq[-m], Draft(tuple(seq[len(seq) - m + 1:]), DraftTree.chain(m - 1)), len(seq) - m)
+               for seq, m in zip(seqs, ms) for _ in range(br)]
+        batch = verify_batch(*(list(x) for x in zip(*fed)), device)
+        hidden = self.net(feats, batch.tokens, batch.positions, view, tree_mask=batch.tree_mask)  # [n * br, M, D]
         last = host_tensor([m - 1 for m in ms for _ in range(br)], device)
         for i, m in enumerate(ms):
             view.commit_seq(i, list(range(m)), br)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import warnings
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -47,6 +47,16 @@ class StaticInputs:
     features: torch.Tensor | None = None  # [R, S, D] (EAGLE's inputs)
     eye: torch.Tensor | None = None  # [R, S, S]: a padding node sees itself
     chain: torch.Tensor | None = None  # [S, S]: a chain's tree mask
+    views: dict = field(default_factory=dict)  # (n, s) -> the buffers' views over a call's real part (`real`)
+
+    def real(self, n: int, s: int) -> tuple:
+        """(tokens, positions, features, tree) over a call's real n rows x s nodes, and the chain mask [s, s]: views
+        made once per shape (a view is a host op, and a step stages several)."""
+        if (n, s) not in self.views:
+            self.views[n, s] = (self.tokens[:n, :s], self.positions[:n, :s],
+                                None if self.features is None else self.features[:n, :s], self.tree[:n, :s, :s],
+                                self.chain[:s, :s])
+        return self.views[n, s]
 
     @classmethod
     def for_bucket(cls, b: Bucket, device, features: tuple | None = None) -> "StaticInputs":
@@ -216,7 +226,7 @@ class StepGraphs:
         self.stage(x, b, tokens, positions, cache.lengths, tree_mask, features)
         step = lambda: self.kind.step(self.model, x, self.k, self.v, self.cross, b.width)  # noqa: E731
         outs = self.run(b, x, step, f"bucket of {b.rows} rows x {b.nodes} nodes over {b.width} slots")
-        return tuple(o[:n, :s].clone() for o in outs)
+        return tuple((o if o.shape[:2] == (n, s) else o[:n, :s]).clone() for o in outs)
 
     def call(self, key: tuple, fn: Callable[..., tuple], inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """`fn(**static)` over static copies of `inputs`, whose shapes `key` fixes: a replay of the key's graph
@@ -271,11 +281,13 @@ class StepGraphs:
         """Copy a call's inputs into the bucket's buffers: real rows and nodes first, padding after them."""
         n, s = tokens.shape
         padded = (n, s) != (b.rows, b.nodes)  # a call that fills its bucket needs no padding written
-        for buf, src in ((x.tokens, tokens), (x.positions, positions), (x.features, features)):
+        real_tokens, real_positions, real_features, real_tree, chain = x.real(n, s)
+        for buf, part, src in ((x.tokens, real_tokens, tokens), (x.positions, real_positions, positions),
+                               (x.features, real_features, features)):
             if buf is not None and padded:  # features: EAGLE's steps only
                 buf.zero_()
             if buf is not None:
-                buf[:n, :s].copy_(src)
+                part.copy_(src)
         rows = list(range(n)) + [self.capacity] * (b.rows - n)  # padding rows write into the scratch row
         meta = torch.tensor([list(lengths) + [0] * (b.rows - n), rows], dtype=torch.long)
         x.meta.copy_(meta.pin_memory() if x.meta.is_cuda else meta, non_blocking=True)
@@ -283,7 +295,7 @@ class StepGraphs:
             tree_mask = tree_mask.repeat_interleave(n // tree_mask.shape[0], 0)
         if padded:
             x.tree.copy_(x.eye)
-        x.tree[:n, :s, :s].copy_(x.chain[:s, :s] if tree_mask is None else tree_mask.expand(n, s, s))
+        real_tree.copy_(chain if tree_mask is None else tree_mask.expand(n, s, s))
 
     def record(self, step: Callable[[], tuple], what: str):
         """A key's first call: (outputs, its graph), or (outputs, None) where steps run uncaptured. Out of GPU memory
