@@ -12,6 +12,11 @@ sampling: the probabilities along the draft), so the floor for a lossless method
 A host-to-device copy of a plain host tensor also waits (pageable memory); the loop's go through
 `devices.host_tensor` / `to_device` (non-blocking). Run on a CUDA machine: `python scripts/gpu_sync_count.py`
 (logs: docs/logs/gpu/).
+
+Also counted: eager ops a step, each a kernel launch or a host tensor op the step runs outside its captured graphs
+(a graph's replay runs none through the dispatcher). With `--device cpu` the captured steps run through the CPU
+replay emulation of tests/models/test_graphs.py (each step traced once, replays not counted), so the count is what a
+GPU step would launch besides its graphs; its syncs read 0 there.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import specgen.devices as devices
 from specgen.decoding.sampling import SamplingParams
@@ -31,6 +37,7 @@ from specgen.decoding.stats import DecodeStats
 from specgen.decoding.target import ModelTarget
 from specgen.methods import run_batch
 from specgen.methods.text import EmptyDrafter, JacobiDrafter, NgramDrafter
+from specgen.models import graphs
 from specgen.models.transformer import Transformer, TransformerConfig
 from specgen.request import parse_request
 
@@ -47,6 +54,7 @@ class Count:
     implicit: int
     explicit: int
     lines: Counter
+    ops: int  # eager ops (launches and host tensor ops) outside graph replays
 
 
 class SyncCounter:
@@ -84,12 +92,50 @@ class SyncCounter:
         self._filters.__exit__(*exc)
 
 
+class OpCounter(TorchDispatchMode):
+    """Counts the aten ops dispatched outside graph replays (`paused` while the CPU emulation replays one)."""
+
+    paused = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += not OpCounter.paused
+        return func(*args, **(kwargs or {}))
+
+
+def emulate_captures() -> None:
+    """CPU: captured steps through the tests' replay emulation, its replays not counted as eager ops."""
+    from tests.models.test_graphs import Traced, traced
+
+    replay = Traced.replay
+
+    def uncounted(self) -> None:
+        OpCounter.paused = True
+        try:
+            replay(self)
+        finally:
+            OpCounter.paused = False
+
+    Traced.replay = uncounted
+    graphs.StepGraphs.captured = traced
+
+
+def capture(*models) -> None:
+    """Captured steps as a loader attaches them on CUDA; on the CPU, the emulation's (`emulate_captures`)."""
+    for model in models:
+        cpu = next(model.parameters()).device.type == "cpu"
+        graphs.attach(model, "on" if cpu else "auto", capture=True if cpu else None)
+
+
 def count(run) -> Count:
-    """Run `run()` (returns DecodeStats) once to warm up, then again under the counter."""
+    """Run `run()` (returns DecodeStats) once to warm up, then again under the counters."""
     run()
-    with SyncCounter() as c:
+    with SyncCounter() as c, OpCounter() as o:
         stats = run()
-    return Count(stats.steps, sum(c.lines.values()), c.explicit, c.lines)
+    return Count(stats.steps, sum(c.lines.values()), c.explicit, c.lines, o.ops)
 
 
 def wall_ms_per_step(run, device: str, rounds: int = 3) -> float:
@@ -105,6 +151,7 @@ def wall_ms_per_step(run, device: str, rounds: int = 3) -> float:
 def text_cases(device: str) -> dict:
     torch.manual_seed(0)
     model = Transformer(SMALL).to(device).eval()
+    capture(model)
     target = ModelTarget(model)
     target.device = device
     g = torch.Generator().manual_seed(0)
@@ -125,6 +172,7 @@ def image_cases(device: str) -> dict:
     from specgen.image.generate import ImageGenConfig, generate_images, load_image_model
 
     im = load_image_model("tiny-image-gpt", device=device)
+    capture(im.model, im.drafter_net)
 
     def run(method: str, b: int, temperature: float):
         cfg = ImageGenConfig(method=method, num=b, temperature=temperature, batch_size=b, device=device)
@@ -145,16 +193,19 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=4, help="source lines shown per case")
     args = ap.parse_args()
     gpu = torch.cuda.get_device_name(args.device) if "cuda" in args.device else args.device
+    if "cuda" not in args.device:
+        emulate_captures()
+        gpu += " (captured steps emulated)"
     print(f"device {gpu}, torch {torch.__version__}")
-    print(f"{'case':<22} {'steps':>5} {'implicit/step':>13} {'explicit/step':>13} {'ms/step':>8}  "
+    print(f"{'case':<22} {'steps':>5} {'implicit/step':>13} {'explicit/step':>13} {'ops/step':>8} {'ms/step':>8}  "
           "top implicit lines (per step)")
     for name, run in {**text_cases(args.device), **image_cases(args.device)}.items():
         c = count(run)
         steps = max(c.steps, 1)
         ms = wall_ms_per_step(run, args.device)
         top = ", ".join(f"{line} {n / steps:.2f}" for line, n in c.lines.most_common(args.top))
-        print(f"{name:<22} {c.steps:>5} {c.implicit / steps:>13.2f} {c.explicit / steps:>13.2f} {ms:>8.2f}  {top}",
-              flush=True)
+        print(f"{name:<22} {c.steps:>5} {c.implicit / steps:>13.2f} {c.explicit / steps:>13.2f} "
+              f"{c.ops / steps:>8.0f} {ms:>8.2f}  {top}", flush=True)
 
 
 if __name__ == "__main__":
