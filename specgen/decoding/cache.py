@@ -101,19 +101,31 @@ class KVCache:
 
     def commit(self, row: int, keep: list[int]) -> None:
         """Keep pending nodes `keep` (ascending indices into the last write) in slots [n, n + len(keep)); advance."""
-        self.commit_seq(row, keep, 1)
+        self.commit_seqs({row: keep}, 1)
 
     def commit_seq(self, seq: int, keep: list[int], branches: int) -> None:
-        """`commit` on the `branches` rows of sequence `seq` at once (they were fed the same nodes: one length)."""
-        rows = slice(seq * branches, (seq + 1) * branches)
-        n = self.lengths[rows.start]
-        if any(length != n for length in self.lengths[rows]):
-            raise ValueError(f"rows {rows.start}..{rows.stop - 1} of one sequence hold different lengths")
-        if keep != list(range(len(keep))):
-            src = host_tensor([n + i for i in keep], self.k.device)
-            self.k[:, rows, :, n : n + len(keep)] = self.k[:, rows, :, src]
-            self.v[:, rows, :, n : n + len(keep)] = self.v[:, rows, :, src]
-        self.lengths[rows] = [n + len(keep)] * branches
+        """`commit` on the `branches` rows of sequence `seq`."""
+        self.commit_seqs({seq: keep}, branches)
+
+    def commit_seqs(self, keeps: dict[int, list[int]], branches: int) -> None:
+        """`commit` on the branch rows of each sequence in `keeps` (sequence -> keep), all moved nodes in one copy.
+        A sequence's branch rows were fed the same nodes, so they hold one length."""
+        moves: list[list[int]] = [[], [], []]  # row, source slot, destination slot of each node that moves
+        for seq, keep in keeps.items():
+            rows = range(seq * branches, (seq + 1) * branches)
+            n = self.lengths[rows.start]
+            if any(self.lengths[r] != n for r in rows):
+                raise ValueError(f"rows {rows.start}..{rows.stop - 1} of one sequence hold different lengths")
+            if keep != list(range(len(keep))):
+                for r in rows:
+                    moves[0] += [r] * len(keep)
+                    moves[1] += [n + i for i in keep]
+                    moves[2] += range(n, n + len(keep))
+            self.lengths[rows.start : rows.stop] = [n + len(keep)] * branches
+        if moves[0]:
+            row, src, dst = host_tensor(moves, self.k.device).unbind()  # [N] each; sources precede destinations
+            self.k[:, row, :, dst] = self.k[:, row, :, src]  # [N, L, H_kv, D] gathered whole, then written
+            self.v[:, row, :, dst] = self.v[:, row, :, src]
 
     def rollback(self, row: int, length: int) -> None:
         """Forget everything at or after slot `length` in `row`."""

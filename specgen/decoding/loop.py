@@ -204,8 +204,7 @@ class Batch:
     def commit(self, fed: list[int], outcomes: list[tuple[list[int], list[int]]]) -> None:
         lo, br = fed[0], self.target.branches
         with self.clock("commit"):
-            for i, (keep, _) in zip(fed, outcomes):
-                self.view.commit_seq(i - lo, keep, br)
+            self.view.commit_seqs({i - lo: keep for i, (keep, _) in zip(fed, outcomes)}, br)
             self.cache.absorb(self.view, lo * br)
 
     def emit(self, steps: list[RowStep]) -> None:

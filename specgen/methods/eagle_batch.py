@@ -131,8 +131,7 @@ class EagleBatch(PoolBase):
         batch = verify_batch(*(list(x) for x in zip(*fed)), device)
         hidden = self.net(feats, batch.tokens, batch.positions, view, tree_mask=batch.tree_mask)  # [n * br, M, D]
         last = host_tensor([m - 1 for m in ms for _ in range(br)], device)
-        for i, m in enumerate(ms):
-            view.commit_seq(i, list(range(m)), br)
+        view.commit_seqs({i: list(range(m)) for i, m in enumerate(ms)}, br)
         return hidden[torch.arange(n * br, device=device), last].unsqueeze(1)
 
     def on_accept(self, drafts: Sequence[Draft], verdicts: Sequence[Verdict], out: TargetOut,
