@@ -33,7 +33,7 @@ python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.versio
 [ -n "$SKIP_TESTS" ] || step gpu-tests 120 python3 -m pytest -m gpu tests -q -p no:cacheprovider
 step graphs 300 python3 scripts/gpu_graphs.py --only text,image,mesh,scale --json "$OUT/graphs.json"
 step attention 90 python3 scripts/gpu_graphs.py --only attention --json "$OUT/attention.json"
-step sync-count 120 python3 scripts/gpu_sync_count.py --device cuda
+step sync-count 90 python3 scripts/gpu_sync_count.py --device cuda
 step images 150 specgen benchmark --config recipes/tiny/bench-images-batch.yaml --device cuda --threads 0 \
     --batch-size 1,8 num=8 out_dir=/tmp/gpu-check-images --out "$OUT/images.jsonl"
 step meshes 100 specgen benchmark --config recipes/tiny/bench-meshes-batch.yaml --device cuda --threads 0 \

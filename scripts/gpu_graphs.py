@@ -41,6 +41,7 @@ from specgen.models.transformer import Transformer, TransformerConfig
 SMOLLM2 = TransformerConfig(vocab_size=49152, dim=576, n_layers=30, n_heads=9, n_kv_heads=3, ffn_dim=1536,
                             norm_eps=1e-5, rope_theta=100000.0, max_seq_len=2048, tie_embeddings=True)
 ROWS: list[dict] = []
+LAST: list[tuple] = []  # (suite, run) left to the end of a run: the transformers peers compile for a minute or more
 DEVICE = "cuda"  # --smoke: a tiny CPU run of every row (static steps uncaptured), to check the script itself
 
 
@@ -120,7 +121,7 @@ def text_rows(new: int) -> None:
     run(EmptyDrafter, big, b=16, n=4)
     res, s16 = timed(lambda: run(EmptyDrafter, big, b=16))
     row(suite="text", row="ar --graphs on, batch 16", tok_s=16 * new / s16, vs_b1=(16 * new / s16) / (tokens / s_on))
-    hf_rows(model, prompts, new, base, s_on)
+    LAST.append(("text", lambda: hf_rows(model, prompts, new, base, s_on)))  # the peers' compiles after every suite
 
 
 def busy(model, step_wall: float) -> None:
@@ -416,6 +417,17 @@ def scale_rows() -> None:
             drafter_level=times[("drafter", frontier)] / one, frontier=frontier)
 
 
+def guarded(name: str, run) -> None:
+    """`run()`, its failure a row: one suite's failure must not lose the others' rows."""
+    try:
+        run()
+    except Exception as e:  # noqa: BLE001
+        import traceback
+
+        traceback.print_exc()
+        row(suite=name, row="failed", error=f"{type(e).__name__}: {str(e)[:300]}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--new", type=int, default=128)
@@ -435,13 +447,9 @@ def main() -> None:
               "mesh": lambda: mesh_rows(args.meshes), "scale": scale_rows,
               "attention": lambda: (attention_rows(), product_rows())}
     for name in args.only.split(","):
-        try:
-            suites[name]()
-        except Exception as e:  # noqa: BLE001  (one suite's failure must not lose the others' rows)
-            import traceback
-
-            traceback.print_exc()
-            row(suite=name, row="failed", error=f"{type(e).__name__}: {str(e)[:300]}")
+        guarded(name, suites[name])
+    for name, run in LAST:  # what the suites left to the end
+        guarded(name, run)
     print("\n| suite | row | speed | vs | exact | notes |\n|---|---|---:|---:|---:|---|")
     for r in ROWS:
         speed = next((f"{r[k]:.2f} {k}" for k in ("tok_s", "images_s", "meshes_s") if k in r), "")
