@@ -125,10 +125,10 @@ class EagleBatch(PoolBase):
         feats = torch.zeros(n * br, width, dim, dtype=rows[0].pending.dtype, device=device)
         for i, (d, m) in enumerate(zip(rows, ms)):
             feats[i * br : (i + 1) * br, :m] = d.pending
-        # each sequence's last m tokens as a chain from position len - m, once per branch row (host-built inputs)
-        fed = [(seq[-m], Draft(tuple(seq[len(seq) - m + 1:]), DraftTree.chain(m - 1)), len(seq) - m)
-               for seq, m in zip(seqs, ms) for _ in range(br)]
-        batch = verify_batch(*(list(x) for x in zip(*fed)), device)
+        per_row = [(seq, m) for seq, m in zip(seqs, ms) for _ in range(br)]  # each branch row: its sequence's chain
+        batch = verify_batch([seq[-m] for seq, m in per_row],  # the last m tokens, from position len - m
+                             [Draft(tuple(seq[len(seq) - m + 1:]), DraftTree.chain(m - 1)) for seq, m in per_row],
+                             [len(seq) - m for seq, m in per_row], device)
         hidden = self.net(feats, batch.tokens, batch.positions, view, tree_mask=batch.tree_mask)  # [n * br, M, D]
         last = host_tensor([m - 1 for m in ms for _ in range(br)], device)
         view.commit_seqs({i: list(range(m)) for i, m in enumerate(ms)}, br)
