@@ -157,7 +157,8 @@ class KVCache:
                 self.cross = [(k.new_zeros((self.batch, *k.shape[1:])), v.new_zeros((self.batch, *v.shape[1:])))
                               for k, v in view.cross]
             for (k, v), (vk, vv) in zip(self.cross, view.cross):
-                k[start:stop], v[start:stop] = vk, vv
+                if not (at_row(vk, k, start) and at_row(vv, v, start)):  # `rows`' own views: already in place
+                    k[start:stop], v[start:stop] = vk, vv
 
     def move_row(self, src: int, dst: int) -> None:
         """Copy row `src` (committed slots, length, condition, key mask) into row `dst` (compacting a batch)."""
@@ -215,3 +216,8 @@ class KVCache:
         mask = mask.clone()
         mask[..., :m] &= self.key_mask[:, None, None, :m].to(mask.device)
         return mask
+
+
+def at_row(view: torch.Tensor, whole: torch.Tensor, row: int) -> bool:
+    """Whether `view` starts at row `row` of `whole` (the same memory: a copy between them would change nothing)."""
+    return view.data_ptr() == whole.data_ptr() + row * whole.stride(0) * whole.element_size()
