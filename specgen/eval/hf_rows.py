@@ -1,4 +1,5 @@
-"""The transformers peer rows: `generate` (greedy) on the target's float32 weights, plain, prompt lookup, assisted."""
+"""The transformers peer rows (greedy, the target's float32 weights): `generate` plain, with prompt lookup, assisted,
+and the compiled static-cache loop."""
 
 from __future__ import annotations
 
@@ -112,3 +113,49 @@ class HfAssisted(OneAtATime, HfGenerate):
     def kwargs(self) -> dict:
         extra = {k: v for k, v in self.options.items() if k != "draft"}
         return {"assistant_model": self.draft, **extra}
+
+
+class HfCompiled(OneAtATime, HfGenerate):
+    """`hf-compiled`: the static-graph path transformers documents: a StaticCache and one one-token forward under
+    `torch.compile(mode="reduce-overhead")` (CUDA graphs on a GPU) in a greedy loop, one sequence at a time. The cache
+    holds the prompt and new tokens rounded up to CACHE_SLOTS, so prompts of similar length share one compile (the
+    benchmark's warm-up run pays the first)."""
+
+    CACHE_SLOTS = 512
+
+    def __init__(self, setup: PeerSetup) -> None:
+        super().__init__(setup)
+        self.step = torch.compile(one_token, mode="reduce-overhead", fullgraph=True)
+
+    def run(self, prompt: list[int]) -> Run:
+        n, hf = self.setup.max_new_tokens, self.module
+        slots = -(-(len(prompt) + n + 1) // self.CACHE_SLOTS) * self.CACHE_SLOTS
+        new, seconds = timed_static_greedy(hf, self.step, prompt, n, self.setup.stop_ids, slots)
+        return Run(new, seconds, len(new), len(new) - 1, 0)
+
+
+def one_token(hf, tok: torch.Tensor, pos: torch.Tensor, cache) -> torch.Tensor:
+    """The greedy token [1, 1] after `tok` [1, 1] at cache position `pos` [1] (what `torch.compile` captures)."""
+    logits = hf(tok, position_ids=pos[None], cache_position=pos, past_key_values=cache, use_cache=True).logits
+    return logits[:, -1].argmax(-1, keepdim=True)
+
+
+def timed_static_greedy(hf, step, prompt: list[int], n: int, stop_ids: tuple[int, ...] = (),
+                        slots: int = 0) -> tuple[list[int], float]:
+    """(up to n greedy tokens after `prompt`, to the first stop id; seconds): an eager prefill into a StaticCache of
+    `slots` (default: just enough), then `step` (`one_token`, compiled or not) a token. Each token is read before the
+    next call: a compiled step's graph reuses its output buffer, and the stop check needs it."""
+    from transformers import StaticCache  # deferred: transformers loads only for a peer row
+
+    t0 = now(hf.device)
+    with torch.inference_mode():
+        cache = StaticCache(config=hf.config, max_cache_len=slots or len(prompt) + n + 1)
+        pos = torch.arange(len(prompt), device=hf.device)
+        logits = hf(torch.tensor([prompt], device=hf.device), cache_position=pos, past_key_values=cache,
+                    use_cache=True).logits
+        tok = logits[:, -1].argmax(-1, keepdim=True)  # [1, 1]
+        new = [int(tok)]
+        while len(new) < n and new[-1] not in stop_ids:
+            tok = step(hf, tok, torch.tensor([len(prompt) + len(new) - 1], device=hf.device), cache).clone()
+            new.append(int(tok))
+    return new, now(hf.device) - t0

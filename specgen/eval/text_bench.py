@@ -20,7 +20,7 @@ from specgen.decoding.sampling import SamplingParams
 from specgen.devices import now
 from specgen.errors import UsageError
 from specgen.limits import check_prompt_fits, context_of
-from specgen.eval.hf_rows import HfAssisted, HfGenerate, HfLookup
+from specgen.eval.hf_rows import HfAssisted, HfCompiled, HfGenerate, HfLookup
 from specgen.eval.humaneval import check_completions
 from specgen.eval.llamacpp_row import LlamaCppLookup, LlamaCppRow
 from specgen.eval.peers import Peer, PeerSetup
@@ -37,7 +37,7 @@ from specgen.text.target import TextModel, load_original, load_text_model, open_
 
 # rows not decoded by specgen's loop: row name (also `NAME:tag` variants) -> its peer (eval/peers.py)
 PEERS: dict[str, type[Peer]] = {"hf": HfGenerate, "hf-lookup": HfLookup, "hf-assisted": HfAssisted,
-                                "llamacpp": LlamaCppRow, "llamacpp-lookup": LlamaCppLookup}
+                                "hf-compiled": HfCompiled, "llamacpp": LlamaCppRow, "llamacpp-lookup": LlamaCppLookup}
 HUMANEVAL_LIMIT = 20  # the humaneval suite's default number of problems
 MIXED_PROMPTS = Path(__file__).resolve().parents[1] / "data" / "mixed_prompts.jsonl"  # the text suite's default
 

@@ -1,0 +1,42 @@
+"""The `hf-compiled` peer row (eval/hf_rows.py): transformers' StaticCache and a compiled one-token step, greedy."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from specgen.decoding.sampling import SamplingParams
+from specgen.decoding.target import ModelTarget
+from specgen.eval.hf_rows import one_token, timed_static_greedy
+from specgen.methods import run_batch
+from specgen.methods.text import EmptyDrafter
+from specgen.models.hf_export import to_hf
+from tests.cli.test_cli_bench_prompts import BENCH
+from tests.cli.test_cli_text import invoke, tiny_target  # noqa: F401 - the fixture
+from tests.conftest import tiny_model
+
+PROMPT = [1, 2, 3, 4, 5, 1, 2, 3]
+
+
+def test_the_static_cache_loop_decodes_what_ar_decodes_and_stops_at_a_stop_id():
+    model = tiny_model(0)
+    ar = run_batch(ModelTarget(model), lambda i: EmptyDrafter(), [PROMPT], 12, SamplingParams()).results[0].tokens
+    hf = to_hf(model).eval()
+    new, seconds = timed_static_greedy(hf, one_token, PROMPT, 12)
+    assert new == ar and seconds > 0
+    stop = ar[5]
+    assert timed_static_greedy(hf, one_token, PROMPT, 12, (stop,), 64)[0] == ar[: ar.index(stop) + 1]
+
+
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_the_benchmark_row_equals_ar(compiled, tiny_target, monkeypatch):  # noqa: F811
+    """The row through `specgen benchmark`; the default suite swaps torch.compile for the plain step (a compile of
+    even the tiny model takes most of a minute on a CPU), the slow suite compiles."""
+    if not compiled:
+        monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: fn)
+    r = invoke(*BENCH, "--methods", "ar,hf-compiled", "--limit", "2")
+    assert r.exit_code == 0, r.output
+    rows = {row["method"]: row for row in json.loads(r.stdout)}
+    assert rows["hf-compiled"]["exact_match_vs_ar"] == 1.0 and rows["hf-compiled"]["tokens_per_s"] > 0
