@@ -28,7 +28,7 @@ def verify_batch(roots: list[int], drafts: list[Draft], starts: list[int], devic
     s = max(sizes)
     if all(d.tree.is_chain for d in drafts) and len(set(sizes)) == 1:  # equal chains: the causal mask says it all
         tokens = host_tensor([(r,) + d.tokens for r, d in zip(roots, drafts)], device)
-        positions = to_device(torch.tensor(starts)[:, None] + torch.arange(s), device)
+        positions = host_tensor([range(p, p + s) for p in starts], device)
         return VerifyBatch(tokens, positions, None, sizes)
     tokens = host_tensor([(r,) + d.tokens + (r,) * (s - n) for r, d, n in zip(roots, drafts, sizes)], device)
     positions = host_tensor([[p + o for o in (0,) + d.tree.depth] + [p] * (s - n)
