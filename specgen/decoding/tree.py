@@ -1,11 +1,9 @@
-"""DraftTree: depths, position offsets, ancestor mask and root-to-leaf paths of a draft."""
+"""DraftTree: depths, children, what each verify input sees, and root-to-leaf paths of a draft."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-
-import torch
 
 
 @dataclass(frozen=True)
@@ -50,10 +48,6 @@ class DraftTree:
     def max_depth(self) -> int:
         return max(self.depth, default=0)
 
-    def offsets(self) -> torch.Tensor:
-        """Position offsets [N + 1] of the verify inputs relative to the root's position."""
-        return torch.tensor((0,) + self.depth)
-
     @cached_property
     def visible(self) -> tuple[tuple[int, ...], ...]:
         """Per verify input (the root first), the inputs it sees, ascending: the root, its ancestors, itself."""
@@ -61,13 +55,6 @@ class DraftTree:
         for i, p in enumerate(self.parents):
             seen.append(seen[p + 1] + (i + 1,))
         return tuple(seen)
-
-    def mask(self) -> torch.Tensor:
-        """Ancestor mask [N + 1, N + 1] over the verify inputs (root included): i sees j iff j is i or an ancestor."""
-        n = self.size + 1
-        m = torch.zeros(n * n, dtype=torch.bool)
-        m[[i * n + j for i, row in enumerate(self.visible) for j in row]] = True  # one host op, not one per node
-        return m.view(n, n)
 
     def path_to(self, node: int) -> list[int]:
         """Nodes from the root's child down to `node` (inclusive)."""

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from specgen.decoding.draft import Draft
 from specgen.decoding.tree import DraftTree
+from specgen.decoding.verify import verify_batch
 from tests.conftest import tiny_model
 
 
@@ -33,9 +35,8 @@ def test_tree_commit_equals_ar_cache():
     cache = model.new_cache(1, 32)
     model(prefix[:, :-1], torch.arange(3).unsqueeze(0), cache)
     cache.commit(0, [0, 1, 2])
-    inputs = torch.cat([prefix[:, -1:], draft_tokens], 1)
-    positions = (3 + tree.offsets()).unsqueeze(0)
-    tree_logits, _ = model(inputs, positions, cache, tree.mask())
+    batch = verify_batch([7], [Draft(tuple(draft_tokens[0].tolist()), tree)], [3], "cpu")  # root 7 at position 3
+    tree_logits, _ = model(batch.tokens, batch.positions, cache, batch.tree_mask[0])
     cache.commit(0, [0] + [i + 1 for i in path])
 
     seq = torch.cat([prefix, draft_tokens[:, path]], 1)  # [1, 7]
