@@ -231,7 +231,8 @@ class StepGraphs:
 
     def call(self, key: tuple, fn: Callable[..., tuple], inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """`fn(**static)` over static copies of `inputs`, whose shapes `key` fixes: a replay of the key's graph
-        (captured on its first call). The outputs are the graph's own buffers: read them before the next call."""
+        (captured on its first call). The outputs are the graph's own buffers, in the pool all this module's graphs
+        share (another graph's replay may write them): read them before this module's next call or forward."""
         fresh = {name: torch.empty_like(t) for name, t in inputs.items()} if key not in self.graphs else None
         static = fresh or self.graphs[key][0]
         for name, t in inputs.items():
