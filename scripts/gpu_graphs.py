@@ -31,7 +31,7 @@ import torch
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.target import ModelTarget
 from specgen.devices import synchronize
-from specgen.eval.hf_rows import one_token, timed_static_greedy
+from specgen.eval.hf_rows import HfCompiled, one_token, timed_static_greedy
 from specgen.methods import run_batch
 from specgen.methods.options import NgramOptions
 from specgen.methods.text import EmptyDrafter, NgramDrafter
@@ -42,6 +42,7 @@ from specgen.models.transformer import Transformer, TransformerConfig
 SMOLLM2 = TransformerConfig(vocab_size=49152, dim=576, n_layers=30, n_heads=9, n_kv_heads=3, ffn_dim=1536,
                             norm_eps=1e-5, rope_theta=100000.0, max_seq_len=2048, tie_embeddings=True)
 ROWS: list[dict] = []
+JSON = {"path": "", "device": ""}  # --json: rewritten at each row (a step its time limit cuts short keeps its rows)
 LAST: list[tuple] = []  # (suite, run) left to the end of a run: the transformers peers compile for a minute or more
 DEVICE = "cuda"  # --smoke: a tiny CPU run of every row (static steps uncaptured), to check the script itself
 
@@ -81,6 +82,9 @@ def share(stats) -> float:
 def row(**kw) -> dict:
     ROWS.append(kw)
     print(json.dumps(kw), flush=True)
+    if JSON["path"]:
+        with open(JSON["path"], "w") as f:
+            json.dump({"device": JSON["device"], "rows": ROWS}, f, indent=1)
     return kw
 
 
@@ -186,11 +190,13 @@ def hf_rows(model, prompts, new: int, base, s_ours: float) -> None:
         except Exception as e:  # noqa: BLE001
             row(suite="text", row="hf-compiled", error=str(e)[:300])
             hf.generation_config.cache_implementation = None
-    # the other fast path transformers documents, as the benchmark's `hf-compiled` row runs it (eval/hf_rows.py)
+    # the other fast path transformers documents, as the benchmark's `hf-compiled` row runs it (eval/hf_rows.py): one
+    # cache size for every prompt (a size of its own would compile each prompt's step again)
     step = torch.compile(one_token, mode="reduce-overhead", fullgraph=True) if DEVICE == "cuda" else one_token
+    slots = -(-(max(map(len, prompts)) + new + 1) // HfCompiled.CACHE_SLOTS) * HfCompiled.CACHE_SLOTS
     try:
-        _, compile_s = timed(lambda: [timed_static_greedy(hf, step, p, new) for p in prompts[:2]])
-        outs, s = timed(lambda: [timed_static_greedy(hf, step, p, new)[0] for p in prompts])
+        _, compile_s = timed(lambda: [timed_static_greedy(hf, step, p, new, slots=slots) for p in prompts[:2]])
+        outs, s = timed(lambda: [timed_static_greedy(hf, step, p, new, slots=slots)[0] for p in prompts])
         row(suite="text", row="hf-compiled (StaticCache + compiled step loop)", tok_s=tokens / s, ours_vs=s / s_ours,
             exact=sum(o == b for o, b in zip(outs, base)) / len(base), warmup_s=compile_s)
     except Exception as e:  # noqa: BLE001
@@ -370,8 +376,8 @@ def scale_rows() -> None:
                                                                       (frontier,))):
             torch.set_default_dtype(torch.bfloat16)
             try:
-                with torch.device(DEVICE):
-                    model = row_invariant(Transformer(c).eval())
+                with torch.device(DEVICE):  # its RoPE table is made on the CPU even here: `.to` moves it
+                    model = row_invariant(Transformer(c).to(DEVICE).eval())
             finally:
                 torch.set_default_dtype(torch.float32)
             attach(model, "on")
@@ -421,24 +427,30 @@ def main() -> None:
     if args.smoke:
         DEVICE, args.new, args.images, args.meshes = "cpu", 8, 2, 2
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False  # float32 stays float32
-    name = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (smoke)"
-    print(f"device {name}, torch {torch.__version__}, cuda {torch.version.cuda}", flush=True)
+    device = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (smoke)"
+    JSON.update(path=args.json, device=device)
+    print(f"device {device}, torch {torch.__version__}, cuda {torch.version.cuda}", flush=True)
     suites = {"text": lambda: text_rows(args.new), "image": lambda: image_rows(args.images),
               "mesh": lambda: mesh_rows(args.meshes), "scale": scale_rows,
               "attention": lambda: (attention_rows(), product_rows())}
     for name in args.only.split(","):
         guarded(name, suites[name])
+    table(ROWS)  # before the peers' compiles, which the step's time limit may cut short
+    done = len(ROWS)
     for name, run in LAST:  # what the suites left to the end
         guarded(name, run)
+    if len(ROWS) > done:
+        table(ROWS[done:])
+
+
+def table(rows: list[dict]) -> None:
     print("\n| suite | row | speed | vs | exact | notes |\n|---|---|---:|---:|---:|---|")
-    for r in ROWS:
+    for r in rows:
         speed = next((f"{r[k]:.2f} {k}" for k in ("tok_s", "images_s", "meshes_s") if k in r), "")
         vs = next((f"{r[k]:.2f} {k}" for k in ("vs_off", "vs_ar", "vs_b1", "ours_vs", "busy", "c(64)") if k in r), "")
         rest = {k: v for k, v in r.items() if k not in ("suite", "row", "tok_s", "images_s", "meshes_s", "exact")}
-        print(f"| {r['suite']} | {r['row']} | {speed} | {vs} | {r.get('exact', '')} | {json.dumps(rest)[:160]} |")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"device": name, "rows": ROWS}, f, indent=1)
+        print(f"| {r['suite']} | {r['row']} | {speed} | {vs} | {r.get('exact', '')} | {json.dumps(rest)[:160]} |",
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import warnings
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -230,7 +231,8 @@ class StepGraphs:
 
     def call(self, key: tuple, fn: Callable[..., tuple], inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """`fn(**static)` over static copies of `inputs`, whose shapes `key` fixes: a replay of the key's graph
-        (captured on its first call). The outputs are the graph's own buffers: read them before the next call."""
+        (captured on its first call). The outputs are the graph's own buffers, in the pool all this module's graphs
+        share (another graph's replay may write them): read them before this module's next call or forward."""
         fresh = {name: torch.empty_like(t) for name, t in inputs.items()} if key not in self.graphs else None
         static = fresh or self.graphs[key][0]
         for name, t in inputs.items():
@@ -317,16 +319,21 @@ class StepGraphs:
         return step(), None
 
     def captured(self, step: Callable[[], tuple]):
-        """Run `step` once (warm-up: lazy initialisations stay outside the graph), then capture it; (outputs, graph)."""
+        """Run `step` once (warm-up: lazy initialisations stay outside the graph, and a host read raises there, before
+        any capture begins), then capture it; (outputs, graph). A capture that fails anyway is undone (`abandon`)."""
         graph = torch.cuda.CUDAGraph()
         self.pool = self.pool or torch.cuda.graph_pool_handle()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
+        stream, caller = torch.cuda.Stream(), torch.cuda.current_stream()
+        stream.wait_stream(caller)
+        with torch.cuda.stream(stream), syncs_raise():
             step()
-        torch.cuda.current_stream().wait_stream(stream)
-        with torch.cuda.graph(graph, pool=self.pool):
-            outs = step()
+        caller.wait_stream(stream)
+        try:
+            with torch.cuda.graph(graph, pool=self.pool):
+                outs = step()
+        except RuntimeError:
+            abandon(self.pool, caller)
+            raise
         pool = tuple(self.pool)  # what the captures keep reserved: the segments of their pool
         self.graph_bytes = sum(seg["total_size"] for seg in torch.cuda.memory_snapshot()
                                if tuple(seg.get("segment_pool_id", ())) == pool)
@@ -341,6 +348,30 @@ class StepGraphs:
         """What the captures hold, for a benchmark's machine column."""
         return {"graphs": len(self.graphs), "graph_mb": round(self.graph_bytes / 2**20, 1), "replays": self.replays,
                 "eager_calls": self.eager_calls}
+
+
+@contextmanager
+def syncs_raise():
+    """CUDA's sync debug mode at "error" (a host read raises instead of waiting), the caller's mode restored after."""
+    before = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(before)
+
+
+def abandon(pool, caller: torch.cuda.Stream) -> None:
+    """What `torch.cuda.graph` leaves undone when its capture fails (its capture_end raises before either): the capture
+    stream stays current, and the allocator still counts the capture as underway (every allocation then asks the dead
+    graph's filter, frees used on other streams wait for good, and older torch (2.7) fails an internal assert at every
+    later `torch.cuda.empty_cache()`, which each capture makes). The pool keeps its count: a later capture may share
+    it."""
+    try:
+        torch._C._cuda_endAllocateToPool(torch.cuda.current_device(), pool)
+    except (RuntimeError, AttributeError):  # capture_end got that far, or the capture never began
+        pass
+    torch.cuda.set_stream(caller)
 
 
 def out_of_memory(what: str, error: str, free: int) -> UsageError:
