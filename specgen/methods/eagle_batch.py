@@ -38,6 +38,8 @@ class EagleBatch(PoolBase):
         d.owed = False
         d.backlog = []  # joined to `pending` once, by the catch-up (joining step by step is quadratic)
         if self.cache is None:
+            if d.net.graphs is not None:  # its captured growths call an earlier pool's CFG combine (and row count)
+                d.net.graphs.reset()
             self.net, self.head, self.combine, self.br = d.net, d.head, d.combine, first.features.shape[0]
             self.cache = d.net.new_cache(len(self.rows) * self.br, d.max_len)
         self.cache.clear_seq(slot, self.br)

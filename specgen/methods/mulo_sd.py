@@ -105,7 +105,7 @@ class MuLoBatch(PolicyBase):
         if steps is None:
             attach(dec.lowres, "off")
         elif dec.lowres.graphs is None:
-            attach(dec.lowres, "on", steps.capture)
+            attach(dec.lowres, "on" if steps.strict else "auto", steps.capture)
         self.low = CFGTarget(dec.lowres, self.target.cfg_scale)  # one drafter cache for the batch
         self.br = self.low.branches
         self.cache = self.low.new_cache(width, 2 + dec.low_grid ** 2)

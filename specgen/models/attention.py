@@ -145,7 +145,7 @@ def chain_plan(
     f32 = dict(dtype=torch.float32, device=device)
     bias = torch.zeros(vis.shape, **f32).masked_fill_(~vis, float("-inf"))
     v = torch.zeros(b, kv_heads, n * CHUNK, head_dim + 1, **f32)
-    v[..., head_dim] = 1
+    v[..., head_dim].fill_(1)  # a device fill (an assignment of a Python 1 would trace as a host tensor)
     return AttentionPlan(bias, torch.zeros(b, kv_heads, n, r, head_dim, **f32),
                          torch.zeros(b, kv_heads, n * CHUNK, head_dim, **f32), v, rows)
 

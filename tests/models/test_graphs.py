@@ -223,8 +223,9 @@ def chain_against_steps(model, prompt: list[int], n: int = 16) -> tuple[torch.Te
     return torch.stack(steps), chain
 
 
-@pytest.mark.parametrize("products", ["sliced", "plain"])
-def test_a_bf16_chain_scores_each_node_bitwise_as_ar_steps_with_sliced_products(products, monkeypatch):
+@pytest.mark.parametrize("products,capture", [("sliced", "static"), ("plain", "static"), ("sliced", "traced")],
+                         indirect=["capture"])
+def test_a_bf16_chain_scores_each_node_bitwise_as_ar_steps_with_sliced_products(products, capture, monkeypatch):
     """Low-precision exactness as a GPU runs it, on the CPU: the static steps' invariant attention and SlicedLinear
     products (a GPU model's layout, models/sliced_linear.py) score a 16-node chain bitwise as 16 AR steps, under a
     product kernel whose sums move with its row count; the control: plain products under that kernel do not."""
@@ -234,7 +235,7 @@ def test_a_bf16_chain_scores_each_node_bitwise_as_ar_steps_with_sliced_products(
     for lin in model.modules():
         if type(lin) is torch.nn.Linear and products == "sliced":
             lin.__class__ = SlicedLinear
-    graphs.attach(model, "on", capture=False)
+    graphs.attach(model, "on", capture=capture)
     monkeypatch.setattr(torch.nn.functional, "linear", shape_dependent)
     steps, chain = chain_against_steps(model, PROMPT)
     assert torch.equal(steps, chain) == (products == "sliced")
@@ -357,6 +358,30 @@ def test_image_trees_grown_by_the_static_growth_decode_what_eager_decodes(method
         assert got == eager
         assert any(isinstance(key, tuple) and key[0] == "grow" for key in net.graphs.graphs)
         assert net.graphs.eager_calls == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("capture", ["traced"], indirect=True)
+def test_a_drafter_net_grows_each_pools_trees_under_its_own_guidance(capture):
+    """One drafter net, two runs at different CFG scales: the second run's captured growths combine at its own scale
+    (a pool drops the net's earlier captures), so its drafts, and with them its acceptance, are the eager run's."""
+    from specgen.image.methods import ImageParts, build_image_method
+    from specgen.models.eagle import EagleNet
+
+    model = tiny_image_target(0)
+    torch.manual_seed(1)
+    net = EagleNet.from_target(model).eval()
+
+    def run(scale: float):
+        parts = ImageParts(model, CFGTarget(model, scale), net, None, 4)
+        got = run_batch(parts.target, lambda i: build_image_method("eagle2", parts, {})[0], [[0], [1]], 16,
+                        SamplingParams())
+        return [(r.tokens, r.stats.steps) for r in got.results]
+
+    eager = [run(3.0), run(1.5)]
+    graphs.attach(model, "on", capture=capture)
+    graphs.attach(net, "on", capture=capture)
+    assert [run(3.0), run(1.5)] == eager
 
 
 @pytest.mark.parametrize("args,line", [
