@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import gc
 import os
 import shutil
 
@@ -18,6 +19,11 @@ from specgen.models.transformer import Transformer, TransformerConfig
 from tests import startup_checks
 
 torch.set_num_threads(1)  # tiny models: threads only add spin-waiting (and the machine has 2 cores)
+# A full garbage collection walks every tracked object, and this process keeps hundreds of thousands (torch,
+# transformers, the test modules and what they cache) to its end: those made by the time the tests are collected are
+# frozen (pytest_collection_finish; cli/_process.py freezes a command's imports likewise), and a full collection
+# waits for ten times as many younger collections as Python's default.
+gc.set_threshold(*gc.get_threshold()[:2], 100)
 # typer's CliRunner converts the app to a Click command at every invoke; an app is complete once imported and the
 # conversion only reads it, so one command per app serves every test, as one per process serves the CLI (a private
 # name: a typer without it converts at every invoke again, slower and the same)
@@ -34,6 +40,11 @@ needs_native = pytest.mark.skipif(any(native.library(name) is None for name in n
 #: only the tiled products (and the row kernels beside them): built wherever there is a compiler
 TILED = native.library("tiled") is not None and native.library("glue") is not None
 needs_tiled = pytest.mark.skipif(not TILED, reason="no C compiler: the native kernels are not built here")
+
+
+def pytest_collection_finish(session):
+    """The imports' objects (and the collected tests') leave the collector's walks (see gc.set_threshold above)."""
+    gc.freeze()
 
 
 def pytest_collection_modifyitems(config, items):
