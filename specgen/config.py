@@ -10,6 +10,7 @@ import yaml
 from specgen.errors import UsageError
 
 T = TypeVar("T")
+DEFAULTS: dict[type, Any] = {}  # each class's parsed defaults: nothing writes them (merges copy, to_object reads)
 
 
 def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None,
@@ -20,7 +21,9 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
 
     from specgen.config_checks import check_config  # deferred: start-up (it imports torch)
 
-    merged = guarded("defaults", lambda: OmegaConf.structured(cls))
+    if cls not in DEFAULTS:  # parsed once a process
+        DEFAULTS[cls] = guarded("defaults", lambda: OmegaConf.structured(cls))
+    merged = DEFAULTS[cls]
     if path is not None:
         merged = guarded(f"config file {path}", lambda: OmegaConf.merge(merged, read_recipe(Path(path))))
     for item in overrides or []:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import gc
 import os
 import shutil
 
@@ -15,8 +16,14 @@ from specgen.methods import METHODS, run_batch
 from specgen.models import packed_linear
 from specgen.models.quantize import QuantizedLinear, dequantize_int4, dequantize_int8
 from specgen.models.transformer import Transformer, TransformerConfig
+from tests import startup_checks
 
 torch.set_num_threads(1)  # tiny models: threads only add spin-waiting (and the machine has 2 cores)
+# A full garbage collection walks every tracked object, and this process keeps hundreds of thousands (torch,
+# transformers, the test modules and what they cache) to its end: those made by the time the tests are collected are
+# frozen (pytest_collection_finish; cli/_process.py freezes a command's imports likewise), and a full collection
+# waits for ten times as many younger collections as Python's default.
+gc.set_threshold(*gc.get_threshold()[:2], 100)
 # typer's CliRunner converts the app to a Click command at every invoke; an app is complete once imported and the
 # conversion only reads it, so one command per app serves every test, as one per process serves the CLI (a private
 # name: a typer without it converts at every invoke again, slower and the same)
@@ -31,8 +38,13 @@ needs_onednn = pytest.mark.skipif(not packed_linear.available(), reason="this to
 needs_native = pytest.mark.skipif(any(native.library(name) is None for name in native.SIGNATURES),
                                   reason="no C compiler, or no 16-lane vectors (AVX-512F, AVX2 + FMA) for attention.c")
 #: only the tiled products (and the row kernels beside them): built wherever there is a compiler
-needs_tiled = pytest.mark.skipif(native.library("tiled") is None or native.library("glue") is None,
-                                 reason="no C compiler: the native kernels are not built here")
+TILED = native.library("tiled") is not None and native.library("glue") is not None
+needs_tiled = pytest.mark.skipif(not TILED, reason="no C compiler: the native kernels are not built here")
+
+
+def pytest_collection_finish(session):
+    """The imports' objects (and the collected tests') leave the collector's walks (see gc.set_threshold above)."""
+    gc.freeze()
 
 
 def pytest_collection_modifyitems(config, items):
@@ -51,6 +63,12 @@ def specgen_home(tmp_path, monkeypatch):
     home = tmp_path / "specgen_home"
     monkeypatch.setenv("SPECGEN_HOME", str(home))
     return home
+
+
+@pytest.fixture(scope="session")
+def fresh_interpreter(tmp_path_factory) -> dict[str, list]:
+    """What one fresh interpreter saw at each start-up check (tests/startup_checks.py), by the check's name."""
+    return startup_checks.answers(tmp_path_factory.mktemp("fresh-interpreter"), TILED and packed_linear.available())
 
 
 def dequantized(q: QuantizedLinear) -> torch.Tensor:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ast
 import functools
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -124,40 +123,8 @@ def test_the_registry_store_imports_only_errors_and_paths():
     assert {m for m in imported if m.startswith("specgen")} <= allowed  # function-local imports included
 
 
-# One fresh interpreter answers the three start-up checks below in turn (each launch pays torch's import). The order
-# keeps each answer a fresh interpreter's: sys.modules only grows, so a module an earlier step loaded can only make a
-# later check fail (the dynamo check also reports whether dynamo was loaded before the builds), never pass.
-FRESH = """
-import glob, json, sys
-import specgen.registry
-out = {"registry": sorted(m for m in sys.modules if m.startswith("specgen"))}
-import cli.generate_runners
-out["stacks"] = sorted(m for m in ("cli.generate_text", "cli.generate_image", "cli.generate_mesh", "trimesh",
-                                   "matplotlib") if m in sys.modules)
-import torch
-from specgen.builders import BUILDERS
-from specgen.checkpoints import random_fills_skipped
-out["dynamo"] = ["torch._dynamo" in sys.modules]
-for path in sorted(glob.glob("specgen/assets/**/config.json", recursive=True)):
-    meta = json.load(open(path))
-    if meta.get("builder") in BUILDERS:
-        with torch.device("meta"), random_fills_skipped():
-            BUILDERS[meta["builder"]](**meta.get("kwargs", {}))
-out["dynamo"].append("torch._dynamo" in sys.modules)
-2.0 ** torch.arange(3, device="meta")  # the control: a meta op with a Python meta kernel
-out["dynamo"].append("torch._dynamo" in sys.modules)
-print(json.dumps(out))
-"""
-
-
-@pytest.fixture(scope="module")
-def fresh() -> dict[str, list]:
-    out = subprocess.run([sys.executable, "-c", FRESH], capture_output=True, text=True, cwd=ROOT, check=True).stdout
-    return json.loads(out)
-
-
-def test_the_registry_loads_alone_in_a_fresh_interpreter(fresh):
-    assert fresh["registry"] == ["specgen", "specgen.errors", "specgen.paths", "specgen.registry"]
+def test_the_registry_loads_alone_in_a_fresh_interpreter(fresh_interpreter):
+    assert fresh_interpreter["registry"] == ["specgen", "specgen.errors", "specgen.paths", "specgen.registry"]
 
 
 @pytest.mark.slow
@@ -200,13 +167,13 @@ def test_an_unexplained_local_import_is_found(tmp_path):
     assert local_imports(f) == [(2, True), (3, True), (7, False)]
 
 
-def test_the_generate_dispatch_loads_no_modality_stack_until_one_is_picked(fresh):
+def test_the_generate_dispatch_loads_no_modality_stack_until_one_is_picked(fresh_interpreter):
     """A text `generate` imports neither the image nor the mesh runner (their stacks cost start-up time and memory)."""
-    assert fresh["stacks"] == []
+    assert fresh_interpreter["stacks"] == []
 
 
-def test_the_size_check_builds_every_shipped_model_on_meta_without_importing_dynamo(fresh):
+def test_the_size_check_builds_every_shipped_model_on_meta_without_importing_dynamo(fresh_interpreter):
     """`check_declared_size` builds each module on the meta device at every load; a constructor computing values there
     (a norm, a power) runs Python meta kernels that import torch._dynamo: seconds of start-up. Control: one such op
-    (dynamo: before the builds, after them, after the control)."""
-    assert fresh["dynamo"] == [False, False, True]
+    (dynamo: before the builds, after them, before the control, after it)."""
+    assert fresh_interpreter["dynamo"] == [False, False, False, True]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 
+import numpy as np
 import pytest
 
 from specgen.errors import CheckpointError
@@ -33,7 +34,12 @@ def smollm2(tmp_path_factory):
 
     gguf = smollm2_gguf_path()
     folder = tmp_path_factory.mktemp("smollm2-tokenizer")
-    hf = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    memmap = np.memmap
+    with pytest.MonkeyPatch.context() as mp:
+        # The GGUF readers slice the mapped file once per vocabulary entry and merge, and np.memmap runs Python code
+        # at every slice; a plain array viewing the same mapping reads the same bytes without it.
+        mp.setattr(np, "memmap", lambda *args, **kwargs: memmap(*args, **kwargs).view(np.ndarray))
+        hf = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     hf.save_pretrained(str(folder))
     return AutoTokenizer.from_pretrained(str(folder), local_files_only=True), TextTokenizer.load(folder)
 
@@ -86,18 +92,7 @@ def test_an_imported_tokenizer_with_its_own_template_equals_transformers(tmp_pat
     assert tokenizer_hash(ours) == old_hash(hf)
 
 
-def test_the_tokenizer_renders_without_transformers_imported(tmp_path):
-    """A fresh process: the template renders, and transformers (most of a text command's start-up) never loads."""
-    import subprocess
-    import sys
-
-    from tokenizers import Tokenizer, models
-
-    Tokenizer(models.WordLevel({"a": 0, "?": 1}, unk_token="?")).save(str(tmp_path / "tokenizer.json"))
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "?", "chat_template": "{{ messages[0]"
-                                                                "['content'] }}{% for m in messages %}{% break %}"
-                                                                "{% endfor %}"}))
-    code = ("import sys; from specgen.models.tokenizer import TextTokenizer; "
-            f"print(TextTokenizer.load({str(tmp_path)!r}).encode('a')); print('transformers' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    assert out == ["[0]", "False"]
+def test_the_tokenizer_renders_without_transformers_imported(fresh_interpreter):
+    """A fresh process (tests/startup_checks.py): a template needing jinja2's loop controls renders, and transformers
+    (most of a text command's start-up) never loads."""
+    assert fresh_interpreter["tokenizer"] == [[0], False]
