@@ -3,6 +3,8 @@ and the compiled static-cache loop."""
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from specgen.devices import now
@@ -136,8 +138,14 @@ class HfCompiled(OneAtATime, HfGenerate):
 
 def one_token(hf, tok: torch.Tensor, pos: torch.Tensor, cache) -> torch.Tensor:
     """The greedy token [1, 1] after `tok` [1, 1] at cache position `pos` [1] (what `torch.compile` captures)."""
-    logits = hf(tok, position_ids=pos[None], cache_position=pos, past_key_values=cache, use_cache=True).logits
+    logits = hf(tok, position_ids=pos[None], cache_position=pos, use_cache=True, **cache_kwarg(hf, cache)).logits
     return logits[:, -1].argmax(-1, keepdim=True)
+
+
+def cache_kwarg(hf, cache) -> dict:
+    """The cache as this transformers' forward takes it: `cache` from 5.2x on (`past_key_values` warns there, and
+    goes in 5.40), `past_key_values` before."""
+    return {"cache" if "cache" in inspect.signature(hf.forward).parameters else "past_key_values": cache}
 
 
 def timed_static_greedy(hf, step, prompt: list[int], n: int, stop_ids: tuple[int, ...] = (),
@@ -151,8 +159,8 @@ def timed_static_greedy(hf, step, prompt: list[int], n: int, stop_ids: tuple[int
     with torch.inference_mode():
         cache = StaticCache(config=hf.config, max_cache_len=slots or len(prompt) + n + 1)
         pos = torch.arange(len(prompt), device=hf.device)
-        logits = hf(torch.tensor([prompt], device=hf.device), cache_position=pos, past_key_values=cache,
-                    use_cache=True).logits
+        logits = hf(torch.tensor([prompt], device=hf.device), cache_position=pos, use_cache=True,
+                    **cache_kwarg(hf, cache)).logits
         tok = logits[:, -1].argmax(-1, keepdim=True)  # [1, 1]
         new = [int(tok)]
         while len(new) < n and new[-1] not in stop_ids:
