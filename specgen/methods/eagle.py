@@ -52,6 +52,7 @@ class EagleTreeDrafter(DrafterBase):
     combine: Callable[[torch.Tensor], torch.Tensor]  # [B, S, V] -> [n, S, V] (CFG or identity)
     policy: ShapePolicy
     max_len: int = 4096
+    guidance: float = 1.0  # the CFG scale `combine` applies: a captured tree growth bakes it in, so it keys the capture
     pending: torch.Tensor | None = None  # [br, m, D]: f of the pairs the next catch-up runs
     last_shape: TreeShape | None = None  # the shape of the tree the next verdict judges (None: no observation)
     last_index: int = 0

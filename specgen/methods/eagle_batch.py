@@ -38,9 +38,8 @@ class EagleBatch(PoolBase):
         d.owed = False
         d.backlog = []  # joined to `pending` once, by the catch-up (joining step by step is quadratic)
         if self.cache is None:
-            if d.net.graphs is not None:  # its captured growths call an earlier pool's CFG combine (and row count)
-                d.net.graphs.reset()
             self.net, self.head, self.combine, self.br = d.net, d.head, d.combine, first.features.shape[0]
+            self.guidance = d.guidance
             self.cache = d.net.new_cache(len(self.rows) * self.br, d.max_len)
         self.cache.clear_seq(slot, self.br)
         self.rows[slot] = d
@@ -114,7 +113,8 @@ class EagleBatch(PoolBase):
                   "ints": host_tensor([x + [0] * pad for x in ints], device),  # [5, padded]
                   "writes": host_tensor(list(range(n * br)) + [graphs.capacity] * (pad * br), device)}
         run = partial(static_growth, self.net, self.logprobs, (graphs.k, graphs.v), plan, br, width)
-        return tuple(p[:n] for p in graphs.call(("grow", padded, plan, width), run, inputs))
+        key = ("grow", padded, plan, width, br, self.guidance)  # a later pool's growths reuse it at the same CFG
+        return tuple(p[:n] for p in graphs.call(key, run, inputs))
 
     def catch_up(self, rows, seqs, view) -> torch.Tensor:
         """Run the pairs (f_p, x_{p+1}) committed since the last step, every row padded to the most; commit them."""
