@@ -371,4 +371,3 @@ def versions() -> dict[str, str]:
         except PackageNotFoundError:
             out[pkg] = "-"
     return out
-

@@ -153,4 +153,3 @@ class EagleBatch(PoolBase):
         d.owed = False
         if d.last_shape is not None:
             d.policy.observe(d.last_index, d.last_shape, verdict.num_accepted, len(verdict.tokens))
-

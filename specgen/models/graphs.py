@@ -111,7 +111,6 @@ def chunked_mask(visible: torch.Tensor, cfg, dtype: torch.dtype):
     return chain_plan(visible, r, s, t, cfg.n_heads, cfg.n_kv_heads, cfg.hd, visible.device)
 
 
-
 def blocks(module, h: torch.Tensor, x: StaticInputs, k: torch.Tensor, v: torch.Tensor, cross,
            width: int | None) -> torch.Tensor:
     """A Transformer's or EAGLE drafter's blocks on one bucket over its input embeddings h [R, S, dim], reading the
