@@ -168,6 +168,27 @@ def text_cases(device: str) -> dict:
             "text ngram B4 T1": run(NgramDrafter, 4, 1.0), "text jacobi B1 T0": run(JacobiDrafter, 1, 0.0)}
 
 
+def mesh_cases(device: str) -> dict:
+    from specgen.eval.mesh_bench import benchmark_clouds
+    from specgen.mesh.generate import load_mesh_model
+    from specgen.methods.xspecmesh import MeshDecoder, XSpecMeshOptions
+
+    loaded = load_mesh_model(heads="xspecmesh-ca-tiny", device=device)
+    dec = loaded.decoder
+    capture(dec.model.decoder, dec.heads)
+    clouds = [pc for _, pc in benchmark_clouds(loaded.target.meta, 1, 0, device)]
+    lossless = XSpecMeshOptions(criterion="rejection", sampling="tree", top_k_tree=1)
+
+    def run(decoder: MeshDecoder):
+        def go():
+            results = decoder.generate_batch(clouds, SamplingParams(), 128, lossless)
+            return DecodeStats(steps=sum(r.stats.steps for r in results))
+
+        return go
+
+    return {"mesh ar B1 T0": run(MeshDecoder(dec.model, None, dec.eos_id)), "mesh xspecmesh B1 T0": run(dec)}
+
+
 def image_cases(device: str) -> dict:
     from specgen.image.generate import ImageGenConfig, generate_images, load_image_model
 
@@ -199,7 +220,7 @@ def main() -> None:
     print(f"device {gpu}, torch {torch.__version__}")
     print(f"{'case':<22} {'steps':>5} {'implicit/step':>13} {'explicit/step':>13} {'ops/step':>8} {'ms/step':>8}  "
           "top implicit lines (per step)")
-    for name, run in {**text_cases(args.device), **image_cases(args.device)}.items():
+    for name, run in {**text_cases(args.device), **image_cases(args.device), **mesh_cases(args.device)}.items():
         c = count(run)
         steps = max(c.steps, 1)
         ms = wall_ms_per_step(run, args.device)
