@@ -136,6 +136,8 @@ class KVCache:
     def rows(self, start: int, stop: int) -> "KVCache":
         """A cache over rows [start, stop) sharing this one's buffers (writes land here); its lengths are a copy:
         hand the view back with `absorb` after committing through it."""
+        if (start, stop) == (0, self.batch):  # every row: the same tensors, no views to make (each is a host op)
+            return KVCache(self.k, self.v, list(self.lengths), self.cross, self.key_mask)
         return KVCache(
             self.k[:, start:stop], self.v[:, start:stop], self.lengths[start:stop],
             None if self.cross is None else [(k[start:stop], v[start:stop]) for k, v in self.cross],
@@ -148,7 +150,7 @@ class KVCache:
         self.lengths[start:stop] = view.lengths
         if view.key_mask is None and self.key_mask is not None:
             self.key_mask[start:stop] = True  # the view's rows hide nothing
-        elif view.key_mask is not None:
+        elif view.key_mask is not None and view.key_mask is not self.key_mask:  # (the same: a whole-cache view's)
             if self.key_mask is None or self.key_mask.shape[1] != view.key_mask.shape[1]:
                 self.key_mask = torch.ones(self.batch, view.key_mask.shape[1], dtype=torch.bool, device=self.k.device)
             self.key_mask[start:stop] = view.key_mask
