@@ -193,7 +193,7 @@ def hf_rows(model, prompts, new: int, base, s_ours: float) -> None:
     # the other fast path transformers documents, as the benchmark's `hf-compiled` row runs it (eval/hf_rows.py): one
     # cache size for every prompt (a size of its own would compile each prompt's step again)
     step = torch.compile(one_token, mode="reduce-overhead", fullgraph=True) if DEVICE == "cuda" else one_token
-    slots = -(-(max(map(len, prompts)) + new + 1) // HfCompiled.CACHE_SLOTS) * HfCompiled.CACHE_SLOTS
+    slots = HfCompiled.slots(max(map(len, prompts)) + new + 1)
     try:
         _, compile_s = timed(lambda: [timed_static_greedy(hf, step, p, new, slots=slots) for p in prompts[:2]])
         outs, s = timed(lambda: [timed_static_greedy(hf, step, p, new, slots=slots)[0] for p in prompts])

@@ -103,10 +103,6 @@ class KVCache:
         """Keep pending nodes `keep` (ascending indices into the last write) in slots [n, n + len(keep)); advance."""
         self.commit_seqs({row: keep}, 1)
 
-    def commit_seq(self, seq: int, keep: list[int], branches: int) -> None:
-        """`commit` on the `branches` rows of sequence `seq`."""
-        self.commit_seqs({seq: keep}, branches)
-
     def commit_seqs(self, keeps: dict[int, list[int]], branches: int) -> None:
         """`commit` on the branch rows of each sequence in `keeps` (sequence -> keep), all moved nodes in one copy.
         A sequence's branch rows were fed the same nodes, so they hold one length."""

@@ -129,23 +129,28 @@ class HfCompiled(OneAtATime, HfGenerate):
         super().__init__(setup)
         self.step = torch.compile(one_token, mode="reduce-overhead", fullgraph=True)
 
+    @classmethod
+    def slots(cls, tokens: int) -> int:
+        """The cache slots for `tokens` (prompt + new + 1): rounded up to CACHE_SLOTS, one compile for many prompts."""
+        return -(-tokens // cls.CACHE_SLOTS) * cls.CACHE_SLOTS
+
     def run(self, prompt: list[int]) -> Run:
         n, hf = self.setup.max_new_tokens, self.module
-        slots = -(-(len(prompt) + n + 1) // self.CACHE_SLOTS) * self.CACHE_SLOTS
-        new, seconds = timed_static_greedy(hf, self.step, prompt, n, self.setup.stop_ids, slots)
+        new, seconds = timed_static_greedy(hf, self.step, prompt, n, self.setup.stop_ids,
+                                           self.slots(len(prompt) + n + 1))
         return Run(new, seconds, len(new), len(new) - 1, 0)
 
 
-def one_token(hf, tok: torch.Tensor, pos: torch.Tensor, cache) -> torch.Tensor:
+def one_token(hf, tok: torch.Tensor, pos: torch.Tensor, cache, cache_arg: str) -> torch.Tensor:
     """The greedy token [1, 1] after `tok` [1, 1] at cache position `pos` [1] (what `torch.compile` captures)."""
-    logits = hf(tok, position_ids=pos[None], cache_position=pos, use_cache=True, **cache_kwarg(hf, cache)).logits
+    logits = hf(tok, position_ids=pos[None], cache_position=pos, use_cache=True, **{cache_arg: cache}).logits
     return logits[:, -1].argmax(-1, keepdim=True)
 
 
-def cache_kwarg(hf, cache) -> dict:
-    """The cache as this transformers' forward takes it: `cache` from 5.2x on (`past_key_values` warns there, and
-    goes in 5.40), `past_key_values` before."""
-    return {"cache" if "cache" in inspect.signature(hf.forward).parameters else "past_key_values": cache}
+def cache_arg(hf) -> str:
+    """The name this transformers' forward takes the cache by: `cache` from 5.2x on (`past_key_values` warns there,
+    and goes in 5.40), `past_key_values` before."""
+    return "cache" if "cache" in inspect.signature(hf.forward).parameters else "past_key_values"
 
 
 def timed_static_greedy(hf, step, prompt: list[int], n: int, stop_ids: tuple[int, ...] = (),
@@ -157,13 +162,12 @@ def timed_static_greedy(hf, step, prompt: list[int], n: int, stop_ids: tuple[int
 
     t0 = now(hf.device)
     with torch.inference_mode():
-        cache = StaticCache(config=hf.config, max_cache_len=slots or len(prompt) + n + 1)
+        cache, arg = StaticCache(config=hf.config, max_cache_len=slots or len(prompt) + n + 1), cache_arg(hf)
         pos = torch.arange(len(prompt), device=hf.device)
-        logits = hf(torch.tensor([prompt], device=hf.device), cache_position=pos, use_cache=True,
-                    **cache_kwarg(hf, cache)).logits
+        logits = hf(torch.tensor([prompt], device=hf.device), cache_position=pos, use_cache=True, **{arg: cache}).logits
         tok = logits[:, -1].argmax(-1, keepdim=True)  # [1, 1]
         new = [int(tok)]
         while len(new) < n and new[-1] not in stop_ids:
-            tok = step(hf, tok, torch.tensor([len(prompt) + len(new) - 1], device=hf.device), cache).clone()
+            tok = step(hf, tok, torch.tensor([len(prompt) + len(new) - 1], device=hf.device), cache, arg).clone()
             new.append(int(tok))
     return new, now(hf.device) - t0

@@ -157,8 +157,7 @@ class MuLoBatch(PolicyBase):
         """One drafter forward over the slots in `feeds` (`forward_span`), chains committed; logits [S_i, V] each."""
         lo = min(feeds)
         view, out, _ = forward_span(self.low, self.cache, {i: (c[0], Draft.chain(c[1:])) for i, c in feeds.items()})
-        for i, chain in feeds.items():
-            view.commit_seq(i - lo, list(range(len(chain))), self.br)
+        view.commit_seqs({i - lo: list(range(len(chain))) for i, chain in feeds.items()}, self.br)
         self.cache.absorb(view, lo * self.br)
         return {i: out.logits[i - lo, : len(chain)] for i, chain in feeds.items()}
 

@@ -407,7 +407,7 @@ def attach(model, mode: str = "auto", capture: bool | None = None) -> StepGraphs
     on_cuda = device.type == "cuda"
     check_mode(mode, "cuda" if capture is not None else str(device))
     model.graphs = None
-    if mode == "off" or (mode == "auto" and not on_cuda and capture is not False):
+    if mode == "off" or (mode == "auto" and not on_cuda and capture is None):
         return None
     model.graphs = StepGraphs(model, KINDS[type(model)], on_cuda if capture is None else capture, mode == "on")
     return model.graphs
