@@ -25,16 +25,12 @@ def judge(draft: Draft, logits: torch.Tensor, params: SamplingParams, generator)
 def judge_batch(drafts: Sequence[Draft], logits: torch.Tensor, sizes: Sequence[int], params: SamplingParams,
                 generators: Sequence[torch.Generator | None]) -> list[Verdict]:
     """`judge` for every row of a verify forward (logits [n, S, V]), with one device-to-host copy: rejection sampling
-    reads p and q node by node, so both move to the generator's device first."""
+    reads p and q node by node with its CPU generators (seeded streams), so both move to the host first."""
     if params.greedy:
         argmax = logits.argmax(-1).tolist()  # [n][S]
         return [accept_greedy(d, argmax[i][: sizes[i]]) for i, d in enumerate(drafts)]
-    hosts = {g.device if g is not None else torch.device("cpu") for g in generators}
-    if len(hosts) > 1:  # rows drawing on different devices: each row's own copy
-        return [judge(d, logits[i, : sizes[i]], params, g) for i, (d, g) in enumerate(zip(drafts, generators))]
-    host = hosts.pop()
-    probs = logits_to_probs(logits, params).to(host)  # [n, S, V]
-    return [accept_rejection(d if d.probs is None else replace(d, probs=d.probs.to(host)), probs[i, : sizes[i]], g)
+    probs = logits_to_probs(logits, params).cpu()  # [n, S, V]
+    return [accept_rejection(d if d.probs is None else replace(d, probs=d.probs.cpu()), probs[i, : sizes[i]], g)
             for i, (d, g) in enumerate(zip(drafts, generators))]
 
 
