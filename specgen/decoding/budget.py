@@ -16,15 +16,12 @@ class DraftBudget(Protocol):
 
     def cap(self, live_rows: int) -> int:
         """The most draft nodes one row may propose this step."""
-        ...
 
     def observe(self, draft_size: int, accepted: int) -> None:
         """One row's step: `draft_size` nodes proposed, `accepted` of them accepted."""
-        ...
 
     def observe_step(self, seconds: float) -> None:
         """The wall time of the whole step (propose, verify, accept, commit) that the last `cap` sized."""
-        ...
 
 
 @dataclass

@@ -30,12 +30,9 @@ class CostCurve:
 
     def __call__(self, m: int) -> float:
         i = bisect.bisect_left(self.rows, m)
-        if i < len(self.rows) and self.rows[i] == m:
+        if i == 0 or (i < len(self.rows) and self.rows[i] == m):
             return self.cost[i]
-        if i == 0:
-            return self.cost[0]
-        if i == len(self.rows):
-            i -= 1  # extrapolate with the last segment's slope
+        i = min(i, len(self.rows) - 1)  # past the last row: extrapolate with the last segment's slope
         r0, r1, c0, c1 = self.rows[i - 1], self.rows[i], self.cost[i - 1], self.cost[i]
         return c0 + (c1 - c0) * (m - r0) / (r1 - r0)
 

@@ -31,15 +31,11 @@ class StepTimes:
     def measured(self, rows: int) -> dict[int, float]:
         """width -> the median seconds of its fresh steps at `rows` live rows (widths with at least `min_steps`):
         one stalled step does not decide."""
-        if ("measured", rows) in self._memo:  # a budget step asks several times, and `source` for every count
-            return self._memo[("measured", rows)]
-        out = {}
-        for k, steps in self._steps.get(rows, {}).items():
-            fresh = [s for t, s in steps if self.clock - t < self.memory]
-            if len(fresh) >= self.min_steps:
-                out[k] = median(fresh)
-        self._memo[("measured", rows)] = out
-        return out
+        if ("measured", rows) not in self._memo:  # a budget step asks several times, and `source` for every count
+            fresh = {k: [s for t, s in steps if self.clock - t < self.memory]
+                     for k, steps in self._steps.get(rows, {}).items()}
+            self._memo[("measured", rows)] = {k: median(f) for k, f in fresh.items() if len(f) >= self.min_steps}
+        return self._memo[("measured", rows)]
 
     def complete(self, rows: int) -> bool:
         """Whether `rows` has measured batched AR (width 0) and a drafting width."""
