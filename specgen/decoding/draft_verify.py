@@ -43,9 +43,7 @@ class DraftVerify(PolicyBase):
         self.drafts: list[Draft] = []
         # the pool holds the per-slot state: its own `Slots` methods serve the loop
         self.open, self.admit, self.move, self.finished = pool.open, pool.admit, pool.move, pool.finished
-
-    def end_step(self, seconds: float) -> None:
-        self.budget.observe_step(seconds)
+        self.end_step = budget.observe_step  # 6. the step's time, for a measured budget
 
     def plan(self, seqs, budgets, stats, generators, params, clock) -> list[RowStep]:
         cap = self.budget.cap(len(seqs))
@@ -81,10 +79,7 @@ class DrafterBase:
     def finished(self) -> bool:
         return False
 
-    def batch_pool(self, make: Callable[[int], "DrafterBase"]) -> DrafterPool:
-        """The pool of the rows `make(index)` builds (this drafter is make(0)): one drafter per row, in turn."""
-        return EachRow(make)
-
     def step_policy(self, make: Callable[[int], "DrafterBase"], target, rule: Rule, budget: DraftBudget) -> StepPolicy:
-        """The step policy that runs the rows `make(index)` builds: draft-verify over `pool(make)`."""
-        return DraftVerify(self.batch_pool(make), rule, budget)
+        """The step policy that runs the rows `make(index)` builds (this drafter is make(0)): draft-verify over one
+        drafter per row, each in turn."""
+        return DraftVerify(EachRow(make), rule, budget)
