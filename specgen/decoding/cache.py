@@ -52,11 +52,6 @@ class KVCache:
     def batch(self) -> int:
         return self.k.shape[1]
 
-    def uniform_length(self) -> int | None:
-        """The common length when every row has the same one, else None."""
-        first = self.lengths[0]
-        return first if all(n == first for n in self.lengths) else None
-
     def check_room(self, new: int) -> None:
         """Raise when writing `new` pending slots would overflow any row."""
         if max(self.lengths) + new > self.k.shape[3]:
@@ -66,17 +61,15 @@ class KVCache:
         """Store pending keys/values [B, H_kv, S, D]; return the visible prefix [B, H_kv, T, D]."""
         s = k_new.shape[2]
         k, v = self.layers[layer]
-        start = self.uniform_length()
-        if start is not None:
-            k.narrow(2, start, s).copy_(k_new)
-            v.narrow(2, start, s).copy_(v_new)
-            end = start + s
+        end = max(self.lengths) + s
+        if len(set(self.lengths)) == 1:  # one length: every row's nodes go to the same slots
+            k.narrow(2, end - s, s).copy_(k_new)
+            v.narrow(2, end - s, s).copy_(v_new)
         else:  # ragged rows (a batch): row b's nodes go to slots [lengths[b], lengths[b] + S), whole D-vectors
             d = k_new.shape[-1]
             index = self.ragged_rows(s)  # made by the forward's first layer, used by all of them
             k.view(-1, d).index_copy_(0, index, k_new.reshape(-1, d))  # a layer's rows [B, H_kv, T_max] flat
             v.view(-1, d).index_copy_(0, index, v_new.reshape(-1, d))
-            end = max(self.lengths) + s
         return k.narrow(2, 0, end), v.narrow(2, 0, end)
 
     def ragged_rows(self, s: int) -> torch.Tensor:
@@ -172,8 +165,7 @@ class KVCache:
     def prefix_mask(self, s: int, tree_mask: torch.Tensor | None) -> torch.Tensor | None:
         """Boolean attention mask [B, 1, S, T] for S pending nodes (None: all visible); `tree_mask` [S, S] or [B, S, S]:
         which pending nodes see which (None: causal). Committed slots are visible, except `key_mask` ones."""
-        start = self.uniform_length()
-        if start is not None and s == 1 and self.key_mask is None:
+        if s == 1 and self.key_mask is None and len(set(self.lengths)) == 1:
             return None
         total = max(self.lengths) + s
         device = self.k.device

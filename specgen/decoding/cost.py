@@ -7,6 +7,7 @@ import hashlib
 import json
 import weakref
 from dataclasses import dataclass
+from itertools import accumulate
 from pathlib import Path
 
 import torch
@@ -63,8 +64,7 @@ def measure_cost(module: nn.Module, rows: tuple[int, ...] = ROWS, rounds: int = 
     for m in rows:  # warm-up: every kernel touched once
         one(m)
     best = [min(one(m) for _ in range(rounds)) for m in rows]
-    for i in reversed(range(len(best) - 1)):  # fewer tokens never cost more (they could be padded): drop noise spikes
-        best[i] = min(best[i], best[i + 1])
+    best = list(accumulate(best[::-1], min))[::-1]  # fewer tokens never cost more (they could be padded): no spikes
     return CostCurve(tuple(rows), tuple(b / best[0] for b in best))
 
 

@@ -45,12 +45,9 @@ class StepTimes:
     def source(self, rows: int) -> int:
         """The row count whose measurements stand for `rows`: itself once `complete`, else the nearest complete count
         within a quarter of it (at least 1), else `rows` (docs/decoding.md)."""
-        if ("source", rows) not in self._memo:
-            src = rows
-            if not self.complete(rows):
-                near = [b for b in self._steps if abs(b - rows) <= max(1, rows // 4) and self.complete(b)]
-                src = min(near, key=lambda b: (abs(b - rows), b)) if near else rows
-            self._memo[("source", rows)] = src
+        if ("source", rows) not in self._memo:  # a complete `rows` is its own nearest
+            near = [b for b in self._steps if abs(b - rows) <= max(1, rows // 4) and self.complete(b)]
+            self._memo[("source", rows)] = min(near, key=lambda b: (abs(b - rows), b)) if near else rows
         return self._memo[("source", rows)]
 
     def estimate(self, rows: int, model: Model) -> list[float]:

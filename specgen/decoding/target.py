@@ -62,5 +62,4 @@ class ModelTarget:
 
     @torch.inference_mode()
     def forward(self, tokens, positions, cache, tree_mask) -> TargetOut:
-        logits, hidden = self.model(tokens, positions, cache, tree_mask)
-        return TargetOut(logits, hidden)
+        return TargetOut(*self.model(tokens, positions, cache, tree_mask))  # logits, final hidden states
