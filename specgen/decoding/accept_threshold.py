@@ -19,27 +19,19 @@ class AcceptCriterion:
     top_k: int = 1
 
 
-def passes(probs_row: torch.Tensor, token: int, crit: AcceptCriterion) -> bool:
-    """Does token pass the rule under one distribution row [V]?"""
-    p = float(probs_row[token])
-    if crit.kind == "threshold":
-        return p > crit.delta
-    return p > 0.0 and int((probs_row > p).sum()) < crit.top_k
-
-
 def accepted_length(tokens: tuple[int, ...], probs: torch.Tensor, crit: AcceptCriterion) -> int:
-    """Length of the longest prefix of a chain draft that passes; probs [N + 1, V] (or any row-indexable)."""
-    n = 0
-    while n < len(tokens) and passes(probs[n], tokens[n], crit):
-        n += 1
-    return n
+    """Length of the longest prefix of a chain draft whose every token passes the rule under its row of probs
+    [N + 1, V] (or any row-indexable)."""
+    for n, tok in enumerate(tokens):
+        p = float(probs[n][tok])
+        if not (p > crit.delta if crit.kind == "threshold" else p > 0.0 and int((probs[n] > p).sum()) < crit.top_k):
+            return n
+    return len(tokens)
 
 
 def accept_lossy(draft: Draft, probs: torch.Tensor, crit: AcceptCriterion,
                  generator: torch.Generator | None, greedy: bool = False) -> Verdict:
     """Verdict for a chain draft under probs [N + 1, V]: the passing prefix + one token recovered (greedy: argmax)."""
-    if not draft.tree.is_chain:
-        raise ValueError("the lossy XSpecMesh rules verify chains only")
     n = accepted_length(draft.tokens, probs, crit)
     row = probs[n]
     recovered = int(row.argmax()) if greedy else sample(row, generator)

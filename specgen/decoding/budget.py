@@ -16,15 +16,12 @@ class DraftBudget(Protocol):
 
     def cap(self, live_rows: int) -> int:
         """The most draft nodes one row may propose this step."""
-        ...
 
     def observe(self, draft_size: int, accepted: int) -> None:
         """One row's step: `draft_size` nodes proposed, `accepted` of them accepted."""
-        ...
 
     def observe_step(self, seconds: float) -> None:
         """The wall time of the whole step (propose, verify, accept, commit) that the last `cap` sized."""
-        ...
 
 
 @dataclass
@@ -63,8 +60,7 @@ class AutoBudget:
     _step: tuple[int, int] | None = None  # (live rows, widest draft) so far of the step the cap sized
 
     def rate(self) -> float:
-        """The share of tried draft tokens accepted (with `weight` pseudo-tries at `prior`), from the rows that
-        drafted."""
+        """The share of tried draft tokens accepted, from the rows that drafted (`weight` pseudo-tries at `prior`)."""
         tried = sum(n for n, _ in self._history)
         return (sum(a for _, a in self._history) + self.prior * self.weight) / (tried + self.weight)
 

@@ -23,9 +23,10 @@ class KVCache:
     _ragged: tuple | None = field(default=None, repr=False, compare=False)  # (key, index) of `ragged_rows`
 
     @cached_property
-    def _layers(self) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
-        """Per-layer writable views [B, H_kv, T_max, D], made once, on first use: `write` runs in every layer of every
-        eager forward, and a cache whose forwards are all replays (its rows' views, made each step) never needs them."""
+    def layers(self) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
+        """Per-layer writable keys and values [B, H_kv, T_max, D] (a native kernel writes its pending slots itself, as
+        `write` does), made on first use: `write` runs in every layer of every eager forward, and a cache whose forwards
+        are all replays (its rows' views, made each step) never needs them."""
         return tuple((self.k[i], self.v[i]) for i in range(self.k.shape[0]))
 
     @classmethod
@@ -51,40 +52,24 @@ class KVCache:
     def batch(self) -> int:
         return self.k.shape[1]
 
-    @property
-    def max_len(self) -> int:
-        return self.k.shape[3]
-
-    def uniform_length(self) -> int | None:
-        """The common length when every row has the same one, else None."""
-        first = self.lengths[0]
-        return first if all(n == first for n in self.lengths) else None
-
     def check_room(self, new: int) -> None:
         """Raise when writing `new` pending slots would overflow any row."""
-        if max(self.lengths) + new > self.max_len:
-            raise ValueError(f"KV cache overflow: {max(self.lengths)} + {new} > {self.max_len} slots")
-
-    def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Layer i's whole keys and values [B, H_kv, T_max, D] (writable views; a native kernel writes pending slots
-        [lengths[b], lengths[b] + S) itself, as `write` does)."""
-        return self._layers[i]
+        if max(self.lengths) + new > self.k.shape[3]:
+            raise ValueError(f"KV cache overflow: {max(self.lengths)} + {new} > {self.k.shape[3]} slots")
 
     def write(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store pending keys/values [B, H_kv, S, D]; return the visible prefix [B, H_kv, T, D]."""
         s = k_new.shape[2]
-        k, v = self._layers[layer]
-        start = self.uniform_length()
-        if start is not None:
-            k.narrow(2, start, s).copy_(k_new)
-            v.narrow(2, start, s).copy_(v_new)
-            end = start + s
+        k, v = self.layers[layer]
+        end = max(self.lengths) + s
+        if len(set(self.lengths)) == 1:  # one length: every row's nodes go to the same slots
+            k.narrow(2, end - s, s).copy_(k_new)
+            v.narrow(2, end - s, s).copy_(v_new)
         else:  # ragged rows (a batch): row b's nodes go to slots [lengths[b], lengths[b] + S), whole D-vectors
             d = k_new.shape[-1]
             index = self.ragged_rows(s)  # made by the forward's first layer, used by all of them
             k.view(-1, d).index_copy_(0, index, k_new.reshape(-1, d))  # a layer's rows [B, H_kv, T_max] flat
             v.view(-1, d).index_copy_(0, index, v_new.reshape(-1, d))
-            end = max(self.lengths) + s
         return k.narrow(2, 0, end), v.narrow(2, 0, end)
 
     def ragged_rows(self, s: int) -> torch.Tensor:
@@ -158,34 +143,29 @@ class KVCache:
                 if not (at_row(vk, k, start) and at_row(vv, v, start)):  # `rows`' own views: already in place
                     k[start:stop], v[start:stop] = vk, vv
 
-    def move_row(self, src: int, dst: int) -> None:
-        """Copy row `src` (committed slots, length, condition, key mask) into row `dst` (compacting a batch)."""
-        n = self.lengths[src]
-        self.k[:, dst, :, :n] = self.k[:, src, :, :n]
-        self.v[:, dst, :, :n] = self.v[:, src, :, :n]
-        self.lengths[dst] = n
-        if self.key_mask is not None:
-            self.key_mask[dst] = self.key_mask[src]
-        for k, v in self.cross or ():
-            k[dst], v[dst] = k[src], v[src]
-
     def move_seq(self, src: int, dst: int, branches: int) -> None:
-        """`move_row` for each of the `branches` rows of sequence `src` (row src * branches + b) into sequence `dst`."""
-        for b in range(branches):
-            self.move_row(src * branches + b, dst * branches + b)
+        """Copy the `branches` rows of sequence `src` (committed slots, lengths, condition, key mask) into those of
+        sequence `dst` (compacting a batch)."""
+        for s, d in zip(range(src * branches, (src + 1) * branches), range(dst * branches, (dst + 1) * branches)):
+            n = self.lengths[s]
+            self.k[:, d, :, :n] = self.k[:, s, :, :n]
+            self.v[:, d, :, :n] = self.v[:, s, :, :n]
+            self.lengths[d] = n
+            if self.key_mask is not None:
+                self.key_mask[d] = self.key_mask[s]
+            for k, v in self.cross or ():
+                k[d], v[d] = k[s], v[s]
 
     def clear_seq(self, seq: int, branches: int) -> range:
         """Empty the `branches` rows of sequence `seq`; their row range."""
         rows = range(seq * branches, (seq + 1) * branches)
-        for r in rows:
-            self.rollback(r, 0)
+        self.lengths[rows.start : rows.stop] = [0] * branches
         return rows
 
     def prefix_mask(self, s: int, tree_mask: torch.Tensor | None) -> torch.Tensor | None:
         """Boolean attention mask [B, 1, S, T] for S pending nodes (None: all visible); `tree_mask` [S, S] or [B, S, S]:
         which pending nodes see which (None: causal). Committed slots are visible, except `key_mask` ones."""
-        start = self.uniform_length()
-        if start is not None and s == 1 and self.key_mask is None:
+        if s == 1 and self.key_mask is None and len(set(self.lengths)) == 1:
             return None
         total = max(self.lengths) + s
         device = self.k.device

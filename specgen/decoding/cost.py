@@ -7,6 +7,7 @@ import hashlib
 import json
 import weakref
 from dataclasses import dataclass
+from itertools import accumulate
 from pathlib import Path
 
 import torch
@@ -30,12 +31,9 @@ class CostCurve:
 
     def __call__(self, m: int) -> float:
         i = bisect.bisect_left(self.rows, m)
-        if i < len(self.rows) and self.rows[i] == m:
+        if i == 0 or (i < len(self.rows) and self.rows[i] == m):
             return self.cost[i]
-        if i == 0:
-            return self.cost[0]
-        if i == len(self.rows):
-            i -= 1  # extrapolate with the last segment's slope
+        i = min(i, len(self.rows) - 1)  # past the last row: extrapolate with the last segment's slope
         r0, r1, c0, c1 = self.rows[i - 1], self.rows[i], self.cost[i - 1], self.cost[i]
         return c0 + (c1 - c0) * (m - r0) / (r1 - r0)
 
@@ -66,8 +64,7 @@ def measure_cost(module: nn.Module, rows: tuple[int, ...] = ROWS, rounds: int = 
     for m in rows:  # warm-up: every kernel touched once
         one(m)
     best = [min(one(m) for _ in range(rounds)) for m in rows]
-    for i in reversed(range(len(best) - 1)):  # fewer tokens never cost more (they could be padded): drop noise spikes
-        best[i] = min(best[i], best[i + 1])
+    best = list(accumulate(best[::-1], min))[::-1]  # fewer tokens never cost more (they could be padded): no spikes
     return CostCurve(tuple(rows), tuple(b / best[0] for b in best))
 
 

@@ -25,16 +25,12 @@ def judge(draft: Draft, logits: torch.Tensor, params: SamplingParams, generator)
 def judge_batch(drafts: Sequence[Draft], logits: torch.Tensor, sizes: Sequence[int], params: SamplingParams,
                 generators: Sequence[torch.Generator | None]) -> list[Verdict]:
     """`judge` for every row of a verify forward (logits [n, S, V]), with one device-to-host copy: rejection sampling
-    reads p and q node by node, so both move to the generator's device first."""
+    reads p and q node by node with its CPU generators (seeded streams), so both move to the host first."""
     if params.greedy:
         argmax = logits.argmax(-1).tolist()  # [n][S]
         return [accept_greedy(d, argmax[i][: sizes[i]]) for i, d in enumerate(drafts)]
-    hosts = {g.device if g is not None else torch.device("cpu") for g in generators}
-    if len(hosts) > 1:  # rows drawing on different devices: each row's own copy
-        return [judge(d, logits[i, : sizes[i]], params, g) for i, (d, g) in enumerate(zip(drafts, generators))]
-    host = hosts.pop()
-    probs = logits_to_probs(logits, params).to(host)  # [n, S, V]
-    return [accept_rejection(d if d.probs is None else replace(d, probs=d.probs.to(host)), probs[i, : sizes[i]], g)
+    probs = logits_to_probs(logits, params).cpu()  # [n, S, V]
+    return [accept_rejection(d if d.probs is None else replace(d, probs=d.probs.cpu()), probs[i, : sizes[i]], g)
             for i, (d, g) in enumerate(zip(drafts, generators))]
 
 
@@ -47,9 +43,7 @@ class DraftVerify(PolicyBase):
         self.drafts: list[Draft] = []
         # the pool holds the per-slot state: its own `Slots` methods serve the loop
         self.open, self.admit, self.move, self.finished = pool.open, pool.admit, pool.move, pool.finished
-
-    def end_step(self, seconds: float) -> None:
-        self.budget.observe_step(seconds)
+        self.end_step = budget.observe_step  # 6. the step's time, for a measured budget
 
     def plan(self, seqs, budgets, stats, generators, params, clock) -> list[RowStep]:
         cap = self.budget.cap(len(seqs))
@@ -85,10 +79,7 @@ class DrafterBase:
     def finished(self) -> bool:
         return False
 
-    def batch_pool(self, make: Callable[[int], "DrafterBase"]) -> DrafterPool:
-        """The pool of the rows `make(index)` builds (this drafter is make(0)): one drafter per row, in turn."""
-        return EachRow(make)
-
     def step_policy(self, make: Callable[[int], "DrafterBase"], target, rule: Rule, budget: DraftBudget) -> StepPolicy:
-        """The step policy that runs the rows `make(index)` builds: draft-verify over `pool(make)`."""
-        return DraftVerify(self.batch_pool(make), rule, budget)
+        """The step policy that runs the rows `make(index)` builds (this drafter is make(0)): draft-verify over one
+        drafter per row, each in turn."""
+        return DraftVerify(EachRow(make), rule, budget)

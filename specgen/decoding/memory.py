@@ -19,12 +19,9 @@ def free_bytes(device: torch.device | str) -> int | None:
         return None
     try:
         with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+            return next((int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:")), None)
     except OSError:
         return None
-    return None
 
 
 def check_cache_fits(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> None:

@@ -24,7 +24,3 @@ class FeatureRecorder(DrafterBase):
 
     def on_accept(self, draft: Draft, verdict, out: TargetOut) -> None:
         self.features.append(out.features[:, 0])  # the root's: it predicts the token this step commits
-
-    def stacked(self, n: int) -> torch.Tensor:
-        """f_0..f_{n-1} [branches, n, D] (a final forward past the last token, if any, is not one of them)."""
-        return torch.stack(self.features[:n], 1)

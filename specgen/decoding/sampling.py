@@ -31,8 +31,12 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
         top = logits.topk(params.top_k, dim=-1)  # values/indices [..., k], sorted descending
         kth = top.values[..., -1:]
         keep = logits >= kth  # [..., V]; ties with the k-th value are kept
-        if bool((keep.sum(-1) == params.top_k).all()):  # no ties: filter the k sorted values only
-            return _filtered_top(top.values, top.indices, logits, params.top_p)
+        if bool((keep.sum(-1) == params.top_k).all()):  # no ties: filter the k sorted values only, in O(V)
+            p = top.values.softmax(-1)  # [..., k], descending
+            if params.top_p < 1.0:
+                p = p.masked_fill(p.cumsum(-1) - p >= params.top_p, 0.0)
+                p = p / p.sum(-1, keepdim=True)
+            return torch.zeros_like(logits).scatter(-1, top.indices, p)
         logits = logits.masked_fill(~keep, float("-inf"))
     probs = logits.softmax(-1)
     if params.top_p < 1.0:
@@ -42,15 +46,6 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
         probs = torch.zeros_like(probs).scatter(-1, idx, sorted_p)
         probs = probs / probs.sum(-1, keepdim=True)
     return probs
-
-
-def _filtered_top(values: torch.Tensor, indices: torch.Tensor, logits: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Top-k (then top-p) filtered probabilities [..., V] from the k sorted top values/indices [..., k], in O(V)."""
-    p = values.softmax(-1)  # [..., k], descending
-    if top_p < 1.0:
-        p = p.masked_fill(p.cumsum(-1) - p >= top_p, 0.0)
-        p = p / p.sum(-1, keepdim=True)
-    return torch.zeros_like(logits).scatter(-1, indices, p)
 
 
 def on_generator(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:

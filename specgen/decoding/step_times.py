@@ -31,15 +31,11 @@ class StepTimes:
     def measured(self, rows: int) -> dict[int, float]:
         """width -> the median seconds of its fresh steps at `rows` live rows (widths with at least `min_steps`):
         one stalled step does not decide."""
-        if ("measured", rows) in self._memo:  # a budget step asks several times, and `source` for every count
-            return self._memo[("measured", rows)]
-        out = {}
-        for k, steps in self._steps.get(rows, {}).items():
-            fresh = [s for t, s in steps if self.clock - t < self.memory]
-            if len(fresh) >= self.min_steps:
-                out[k] = median(fresh)
-        self._memo[("measured", rows)] = out
-        return out
+        if ("measured", rows) not in self._memo:  # a budget step asks several times, and `source` for every count
+            fresh = {k: [s for t, s in steps if self.clock - t < self.memory]
+                     for k, steps in self._steps.get(rows, {}).items()}
+            self._memo[("measured", rows)] = {k: median(f) for k, f in fresh.items() if len(f) >= self.min_steps}
+        return self._memo[("measured", rows)]
 
     def complete(self, rows: int) -> bool:
         """Whether `rows` has measured batched AR (width 0) and a drafting width."""
@@ -49,12 +45,9 @@ class StepTimes:
     def source(self, rows: int) -> int:
         """The row count whose measurements stand for `rows`: itself once `complete`, else the nearest complete count
         within a quarter of it (at least 1), else `rows` (docs/decoding.md)."""
-        if ("source", rows) not in self._memo:
-            src = rows
-            if not self.complete(rows):
-                near = [b for b in self._steps if abs(b - rows) <= max(1, rows // 4) and self.complete(b)]
-                src = min(near, key=lambda b: (abs(b - rows), b)) if near else rows
-            self._memo[("source", rows)] = src
+        if ("source", rows) not in self._memo:  # a complete `rows` is its own nearest
+            near = [b for b in self._steps if abs(b - rows) <= max(1, rows // 4) and self.complete(b)]
+            self._memo[("source", rows)] = min(near, key=lambda b: (abs(b - rows), b)) if near else rows
         return self._memo[("source", rows)]
 
     def estimate(self, rows: int, model: Model) -> list[float]:

@@ -30,13 +30,11 @@ class Target(Protocol):
 
     def prefill(self, tokens: torch.Tensor, cache: KVCache) -> TargetOut:
         """Run a prompt [B, P] from empty rows; commits it; logits of the last position only."""
-        ...
 
     def forward(
         self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache, tree_mask: torch.Tensor | None
     ) -> TargetOut:
         """Score S pending nodes [B, S] at positions [B, S] under tree_mask [S, S]; does not commit."""
-        ...
 
 
 class ModelTarget:
@@ -64,5 +62,4 @@ class ModelTarget:
 
     @torch.inference_mode()
     def forward(self, tokens, positions, cache, tree_mask) -> TargetOut:
-        logits, hidden = self.model(tokens, positions, cache, tree_mask)
-        return TargetOut(logits, hidden)
+        return TargetOut(*self.model(tokens, positions, cache, tree_mask))  # logits, final hidden states

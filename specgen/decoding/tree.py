@@ -56,14 +56,6 @@ class DraftTree:
             seen.append(seen[p + 1] + (i + 1,))
         return tuple(seen)
 
-    def path_to(self, node: int) -> list[int]:
-        """Nodes from the root's child down to `node` (inclusive)."""
-        path = []
-        while node >= 0:
-            path.append(node)
-            node = self.parents[node]
-        return path[::-1]
-
     def paths(self) -> list[list[int]]:
-        """Every root-to-leaf path (node ids)."""
-        return [self.path_to(i) for i in range(self.size) if not self.children[i + 1]]
+        """Every root-to-leaf path (node ids): what each leaf sees (`visible`), less the root."""
+        return [[k - 1 for k in self.visible[i + 1][1:]] for i in range(self.size) if not self.children[i + 1]]

@@ -7,7 +7,7 @@ from typing import Callable, Protocol
 
 import torch
 
-from specgen.decoding.draft_verify import DrafterBase
+from specgen.decoding.draft_verify import DrafterBase, DraftVerify
 from specgen.methods.eagle_batch import EagleBatch
 from specgen.methods.eagle_grow import TreeShape
 
@@ -59,6 +59,6 @@ class EagleTreeDrafter(DrafterBase):
     owed: bool = False  # a step ran without drafting: its pairs wait for the next catch-up
     backlog: list[torch.Tensor] = field(default_factory=list)  # [br, a + 1, D] pairs of the owed steps, in order
 
-    def batch_pool(self, make: Callable[[int], "EagleTreeDrafter"]):
-        """The DrafterPool that grows every live row's tree together (methods/eagle_batch.py)."""
-        return EagleBatch(make)
+    def step_policy(self, make: Callable[[int], "EagleTreeDrafter"], target, rule, budget) -> DraftVerify:
+        """Draft-verify over the DrafterPool that grows every live row's tree together (methods/eagle_batch.py)."""
+        return DraftVerify(EagleBatch(make), rule, budget)

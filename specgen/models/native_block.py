@@ -53,7 +53,7 @@ def forward(blk, x: torch.Tensor, rot, layer: int, cache, p: NativePlan, cross_k
     # 1. attention: pre-norm, fused QKV, RoPE + cache write + attention in one call, output projection
     normed = torch.ops.specgen.rms_norm(x, blk.attention_norm.weight, blk.attention_norm.eps)  # [B, S, dim]
     qkv = product(wqkv, normed, threads).view(b, s, -1)  # [B, S, (H + 2 Hkv) hd]
-    a = product(wo, native_self_attention(qkv, rot, *cache.layer(layer), p), threads)  # [B*S, dim]
+    a = product(wo, native_self_attention(qkv, rot, *cache.layers[layer], p), threads)  # [B*S, dim]
     if cross_kv is None:  # 2. residual add and the FFN's pre-norm in one pass
         total, normed = torch.ops.specgen.add_rms_norm(x, a.view(b, s, dim), blk.ffn_norm.weight, blk.ffn_norm.eps)
     else:  # 2'. residual add, cross-attention to the condition (SDPA, as CrossAttention.forward), add, FFN pre-norm

@@ -108,7 +108,7 @@ class Attention(nn.Module):
         b, s, _ = x.shape
         h, hkv, hd = self.cfg.n_heads, self.cfg.n_kv_heads, self.cfg.hd
         if isinstance(mask, NativePlan) and mask.slots is not None and not self.cfg.qk_norm:  # one native call
-            return self.wo(native_self_attention(self.wqkv(x), rot, *cache.layer(layer), mask))  # (attention.py)
+            return self.wo(native_self_attention(self.wqkv(x), rot, *cache.layers[layer], mask))  # (attention.py)
         qkv = self.wqkv(x).view(b, s, h + 2 * hkv, hd).transpose(1, 2)  # [B, H + 2 Hkv, S, hd]
         if self.cfg.qk_norm:
             qk = torch.cat([self.q_norm(qkv[:, :h]), self.k_norm(qkv[:, h : h + hkv])], 1)

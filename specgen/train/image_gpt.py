@@ -192,7 +192,8 @@ def decode_images(model: Transformer, target, prompts: list[list[int]], temperat
     tokens = torch.tensor([r.tokens for r in res.results], dtype=torch.long, device=model.device)
     if not features:
         return tokens
-    return tokens, torch.stack([r.stacked(n) for r in recorders], 1)  # [branches, B, N, D]
+    # f_0..f_{n-1} of each row (a final forward past its last token, if any, is not one of them): [branches, B, N, D]
+    return tokens, torch.stack([torch.stack(r.features[:n], 1) for r in recorders], 1)
 
 
 def code_histograms(tokens: torch.Tensor, vocab: int) -> torch.Tensor:

@@ -29,8 +29,8 @@ def test_tree_commit_equals_ar_cache():
     prefix = torch.tensor([[5, 9, 2, 7]])
     tree = DraftTree((-1, -1, 0, 0, 1, 3))  # root -> {0, 1}; 0 -> {2, 3}; 1 -> 4; 3 -> 5
     draft_tokens = torch.tensor([[11, 12, 13, 14, 15, 16]])
-    path = tree.path_to(5)  # [0, 3, 5]
-    assert path == [0, 3, 5]
+    path = tree.paths()[-1]  # the path to leaf 5
+    assert tree.paths() == [[0, 2], [1, 4], [0, 3, 5]]
 
     cache = model.new_cache(1, 32)
     model(prefix[:, :-1], torch.arange(3).unsqueeze(0), cache)

@@ -212,7 +212,7 @@ def test_the_fused_native_layer_equals_rotate_write_and_attend(backend, layout, 
         c.lengths = list(lengths)
     mask = caches[0].prefix_mask(s, None)
     t = mask.shape[-1]
-    fused = native_self_attention(qkv, rot, *caches[0].layer(0), native_plan(mask, b, s, t, h, d, lengths, dtype))
+    fused = native_self_attention(qkv, rot, *caches[0].layers[0], native_plan(mask, b, s, t, h, d, lengths, dtype))
     x = qkv.view(b, s, h + 2 * hkv, d).transpose(1, 2)
     qk = rotate(x[:, : h + hkv], rot)
     k, v = caches[1].write(0, qk[:, h:], x[:, h + hkv :])

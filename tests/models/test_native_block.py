@@ -43,7 +43,7 @@ def decode(monkeypatch, timing, fast: bool, **over) -> tuple[list[torch.Tensor],
     tree = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool)
     tokens, positions = torch.tensor([[2, 6, 5, 3]] * 2), torch.tensor([[7, 8, 8, 9]] * 2)
     logits.append(target.forward(tokens, positions, cache, tree).logits)
-    kv = [t.clone() for layer in range(target.model.cfg.n_layers) for t in cache.layer(layer)]
+    kv = [t.clone() for layer in range(target.model.cfg.n_layers) for t in cache.layers[layer]]
     return logits, kv, len(taken)
 
 
@@ -80,7 +80,7 @@ def test_a_cross_attention_block_equals_its_modules_bit_for_bit(monkeypatch):
                     cache.commit(row, [0])
             tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
             out.append(model(torch.tensor([[2, 6, 5]] * 2), torch.tensor([[5, 6, 6]] * 2), cache, tree)[0])
-        return out + [t.clone() for layer in range(model.cfg.n_layers) for t in cache.layer(layer)], len(taken)
+        return out + [t.clone() for layer in range(model.cfg.n_layers) for t in cache.layers[layer]], len(taken)
 
     fast, taken = run(True)
     slow, none = run(False)
