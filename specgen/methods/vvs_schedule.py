@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from specgen.decoding.draft import Draft
 
@@ -51,20 +52,15 @@ def path_similarity(draft: Draft, unit_codes: torch.Tensor, alpha: float = 0.8, 
         paths = paths[::stride]
     if len(paths) < 2:
         return 1.0
-    length = max(len(p) for p in paths)
-    toks = torch.zeros(len(paths), length, dtype=torch.long)
-    valid = torch.zeros(len(paths), length, dtype=torch.bool)
-    for i, p in enumerate(paths):
-        toks[i, : len(p)] = torch.tensor(p)
-        valid[i, : len(p)] = True
-    toks, valid = toks.to(unit_codes.device), valid.to(unit_codes.device)
+    toks = pad_sequence([torch.tensor(p) for p in paths], batch_first=True).to(unit_codes.device)  # [P, L]
+    valid = pad_sequence([torch.ones(len(p), dtype=torch.bool) for p in paths], batch_first=True).to(toks.device)
     e = unit_codes[toks] * valid[..., None]  # [P, L, D]
     total = e.sum(0)  # [L, D]
     pairs_sum = (total * total).sum(-1) - (e * e).sum((0, 2))  # [L]: sum over ordered pairs i != j
     n = valid.sum(0).double()
     keep = n >= 2
     s_l = pairs_sum.double()[keep] / (n[keep] * (n[keep] - 1))
-    w = torch.tensor([alpha**l for l in range(length)], dtype=torch.float64, device=s_l.device)[keep]
+    w = torch.tensor([alpha**l for l in range(toks.shape[1])], dtype=torch.float64, device=s_l.device)[keep]
     return float((w * s_l).sum() / w.sum())
 
 
