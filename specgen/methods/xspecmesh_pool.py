@@ -98,14 +98,11 @@ def mesh_rule(opts):
     """The loop's accept rule for a chain of candidates x_{s+1 ..} on the backbone's filtered rows [D + 1, V]:
     lossless rejection sampling (deterministic candidates: q = one-hot, accept with probability p(x)), or the paper's
     lossy criterion."""
-    criterion = None if opts.lossless else AcceptCriterion(opts.criterion, opts.delta, opts.top_k_accept)
-
-    def rule(draft: Draft, logits: torch.Tensor, params: SamplingParams, generator) -> Verdict:
-        if criterion is None:
-            return accept_rejection(draft, LazyRows(logits, params), generator)
-        return accept_lossy(draft, LazyRows(logits, params), criterion, generator, params.greedy)
-
-    return rule
+    if opts.lossless:
+        return lambda draft, logits, params, generator: accept_rejection(draft, LazyRows(logits, params), generator)
+    criterion = AcceptCriterion(opts.criterion, opts.delta, opts.top_k_accept)
+    return lambda draft, logits, params, generator: accept_lossy(draft, LazyRows(logits, params), criterion, generator,
+                                                                 params.greedy)
 
 
 @dataclass
