@@ -7,7 +7,7 @@ from typing import Callable
 
 import torch
 
-from specgen.decoding.draft import Draft, Verdict
+from specgen.decoding.draft import Draft
 from specgen.decoding.draft_verify import DrafterBase
 from specgen.decoding.pool import PolicyBase, RowStep
 from specgen.decoding.stats import DecodeStats
@@ -150,26 +150,20 @@ class VVSBatch(PolicyBase):
                 verdict = self.rule(d, out.logits[j, g : sizes[j]], params, gen)
             keep = verdict.kept(g)
             feats = out.features[j * br : (j + 1) * br, : sizes[j]]
-            with clock("propose"):  # 5. fresh features: feature cache and drafter
+            with clock("propose"):  # 5. fresh features: feature cache, and the drafter's from x°'s last token on
                 row.feats.write(row.feats.length, feats[:, keep])
-                self.update(i, verdict, feats, keep[g:], row.dec.refresh)
+                self.eagle.learn(i, feats[:, keep[g:]], verdict)  # never owed: VVS's eagle drafts every step
+                if g and row.dec.refresh:  # recompute the drafter's entries of x° from their fresh features
+                    cache, drafter = self.eagle.cache, self.eagle.rows[i]
+                    for r in range(i * self.eagle.br, (i + 1) * self.eagle.br):
+                        cache.rollback(r, cache.lengths[r] - g)
+                    drafter.pending = torch.cat([feats[:, :g], drafter.pending], 1)
             s.record(d.size, d.tree.max_depth(), verdict.num_accepted)
             s.extras["post_verified_tokens"] += g
             s.extras["unverified_tail"] = 0
             row.unverified, row.verified_run = [], row.verified_run + 1
             results.append((keep, list(verdict.tokens)))
         return results
-
-    def update(self, slot: int, verdict: Verdict, feats: torch.Tensor, fresh: list[int], refresh: bool) -> None:
-        """Fresh features for the drafter of the row in `slot` after a verified step: the fed nodes `fresh` (from x°'s
-        last token on) feed its next catch-up; with `refresh`, after the post-verified x° = feats[:, :fresh[0]]."""
-        d, g = self.eagle.rows[slot], fresh[0]
-        self.eagle.learn(slot, feats[:, fresh], verdict)  # never owed: VVS's eagle drafts every step
-        if g and refresh:  # recompute the drafter's entries of x° from their fresh features
-            cache, br = self.eagle.cache, self.eagle.br
-            for r in range(slot * br, (slot + 1) * br):
-                cache.rollback(r, cache.lengths[r] - g)
-            d.pending = torch.cat([feats[:, :g], d.pending], 1)
 
 
 def build_vvs(drafter: EagleTreeDrafter, codebook: torch.Tensor | None, o: VvsOptions) -> VVS:
