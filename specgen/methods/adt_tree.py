@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from specgen.methods.eagle_grow import TreeShape
+from specgen.methods.eagle import ShapePolicy, TreeShape
 from specgen.methods.options import AdtOptions
 
 
@@ -21,7 +21,7 @@ def adapt(depth: int, top_k: int, alpha: float, p: AdtOptions) -> tuple[int, int
 
 
 @dataclass
-class AdtPolicy:
+class AdtPolicy(ShapePolicy):
     """ShapePolicy of ADT-Tree over a W-wide raster grid: sequence index s >= n_cond is cell divmod(s - n_cond, W)."""
 
     params: AdtOptions  # checked options (the paper's LlamaGen values: docs/methods/adt-tree.md)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Callable
 
 import torch
 
@@ -12,34 +12,29 @@ from specgen.methods.eagle_batch import EagleBatch
 from specgen.methods.eagle_grow import TreeShape
 
 
-class ShapePolicy(Protocol):
-    """Chooses each tree's shape and learns from its outcome (fixed for EAGLE-2, adaptive for ADT-Tree)."""
-
-    def reset(self) -> None: ...
-
-    def shape(self, next_index: int) -> TreeShape:
-        """Shape of the tree drafting the token with sequence index `next_index` onwards."""
-        ...
-
-    def observe(self, next_index: int, shape: TreeShape, accepted: int, committed: int) -> None:
-        """`accepted` draft tokens were accepted; `committed` tokens (accepted + bonus) were added."""
-        ...
-
-
-@dataclass
-class FixedShape:
-    """EAGLE-2: the same shape for every tree."""
-
-    tree: TreeShape
+class ShapePolicy:
+    """Chooses each tree's shape and learns from its outcome (fixed for EAGLE-2, adaptive for ADT-Tree); this base
+    learns nothing."""
 
     def reset(self) -> None:
         pass
 
     def shape(self, next_index: int) -> TreeShape:
-        return self.tree
+        """Shape of the tree drafting the token with sequence index `next_index` onwards."""
+        raise NotImplementedError
 
     def observe(self, next_index: int, shape: TreeShape, accepted: int, committed: int) -> None:
-        pass
+        """`accepted` draft tokens were accepted; `committed` tokens (accepted + bonus) were added."""
+
+
+@dataclass
+class FixedShape(ShapePolicy):
+    """EAGLE-2: the same shape for every tree."""
+
+    tree: TreeShape
+
+    def shape(self, next_index: int) -> TreeShape:
+        return self.tree
 
 
 @dataclass

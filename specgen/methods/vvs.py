@@ -17,7 +17,7 @@ from specgen.errors import UsageError
 from specgen.methods.eagle import EagleTreeDrafter
 from specgen.methods.eagle_batch import EagleBatch
 from specgen.methods.options import VvsOptions
-from specgen.methods.vvs_schedule import DynamicSkip, NeverSkip, SkipSchedule, UniformSkip
+from specgen.methods.vvs_schedule import DynamicSkip, SkipSchedule, UniformSkip
 
 
 def after_chain(chain: list[int] | tuple[int, ...], draft: Draft) -> Draft:
@@ -63,7 +63,7 @@ class VVS(DrafterBase):
     """One row's VVS parts: its EAGLE drafter, skip schedule and options; `VVSBatch` runs the rows."""
 
     drafter: EagleTreeDrafter
-    schedule: SkipSchedule = field(default_factory=NeverSkip)
+    schedule: SkipSchedule = field(default_factory=SkipSchedule)
     staleness: int = 0
     refresh: bool = True
     seed: int = 0
@@ -171,7 +171,7 @@ def build_vvs(drafter: EagleTreeDrafter, codebook: torch.Tensor | None, o: VvsOp
     schedules: dict[str, Callable[[], SkipSchedule]] = {
         "uniform": lambda: UniformSkip(o.interval),
         "dynamic": lambda: DynamicSkip(codebook, o.threshold, o.alpha, o.stride),
-        "none": NeverSkip,
+        "none": SkipSchedule,
     }
     if o.schedule == "dynamic" and codebook is None:
         raise UsageError("vvs schedule=dynamic needs the target's VQ codebook")

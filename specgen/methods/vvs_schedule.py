@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 from torch.nn.utils.rnn import pad_sequence
@@ -11,12 +10,13 @@ from torch.nn.utils.rnn import pad_sequence
 from specgen.decoding.draft import Draft
 
 
-class SkipSchedule(Protocol):
-    """Decides, per draft step, whether to skip verification (from the draft and the verified run alone)."""
+class SkipSchedule:
+    """Decides, per draft step, whether to skip verification (from the draft and the verified run alone); this base
+    (schedule none) always verifies, so VVS's loop reduces to EAGLE-2 + the accept rule."""
 
     def decide(self, draft: Draft, verified_run: int) -> bool:
         """True = accept a path of `draft` without a target forward."""
-        ...
+        return False
 
 
 def may_skip(draft: Draft, verified_run: int) -> bool:
@@ -26,15 +26,7 @@ def may_skip(draft: Draft, verified_run: int) -> bool:
 
 
 @dataclass
-class NeverSkip:
-    """Always verify (VVS's loop reduces to EAGLE-2 + the accept rule)."""
-
-    def decide(self, draft: Draft, verified_run: int) -> bool:
-        return False
-
-
-@dataclass
-class UniformSkip:
+class UniformSkip(SkipSchedule):
     """VVS-U: skip every `interval`-th step (after `interval - 1` verified ones)."""
 
     interval: int = 3
@@ -65,7 +57,7 @@ def path_similarity(draft: Draft, unit_codes: torch.Tensor, alpha: float = 0.8, 
 
 
 @dataclass
-class DynamicSkip:
+class DynamicSkip(SkipSchedule):
     """VVS-D (Algorithm 1): skip when `path_similarity` >= `threshold` (and the last step was verified)."""
 
     codebook: torch.Tensor  # [V, D] raw VQ codebook
