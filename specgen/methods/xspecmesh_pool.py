@@ -49,18 +49,14 @@ class Proposal:
 def tree_sample(probs: torch.Tensor, k: int, generator: torch.Generator | None) -> list[int]:
     """Top-K_s probability-tree sampling over head distributions probs [D, V] -> one path of D tokens."""
     top = probs.topk(min(k, probs.shape[-1]), dim=-1)  # values/indices [D, K]
-    weight = top.values[0]
-    for d in range(1, probs.shape[0]):
+    (D, kk), weight = top.indices.shape, top.values[0]
+    for d in range(1, D):
         weight = (weight.unsqueeze(-1) * top.values[d]).flatten()  # [K^(d+1)], row-major paths
     weight = torch.where(weight >= TREE_PRUNE, weight, torch.zeros_like(weight))
     if not weight.sum() > 0:
         return top.indices[:, 0].tolist()
-    flat = sample(weight / weight.sum(), generator)
-    path, kk = [], top.indices.shape[1]
-    for d in reversed(range(probs.shape[0])):
-        path.append(int(top.indices[d, flat % kk]))
-        flat //= kk
-    return path[::-1]
+    flat = sample(weight / weight.sum(), generator)  # a row-major path: head d's choice is its d-th base-K digit
+    return [int(top.indices[d, flat // kk ** (D - 1 - d) % kk]) for d in range(D)]
 
 
 def head_candidates(head_logits: torch.Tensor, params: SamplingParams, opts: XSpecMeshOptions,
