@@ -58,25 +58,21 @@ class EagleBatch(PoolBase):
         view = self.cache.rows(0, n * br)
         root_hidden = self.catch_up(self.rows[:n], seqs, view)  # 1. [n * br, 1, D]
         self.cache.absorb(view, 0)  # the pairs stay; the levels write past every row's length (the view's lengths)
-        for s in stats:
-            s.drafter_forwards += 1
         shapes = []
-        for d, seq, budget in zip(self.rows, seqs, budgets):
+        for d, seq, budget, s in zip(self.rows, seqs, budgets, stats):
             shape = d.policy.shape(len(seq))
             # a step the loop's budget cut to AR is no evidence about the policy's tree: it does not observe it
             cut = budget <= 0 < shape.depth
             d.last_index, d.last_shape = len(seq), None if cut else shape
             shapes.append(TreeShape(min(shape.depth, budget), shape.top_k, shape.total_tokens))
+            s.drafter_forwards += max(shapes[-1].depth, 1)  # the catch-up, then one forward per level after the first
         if all(s.depth <= 0 for s in shapes):  # every row's budget ends at the root: no tree to score
             return [Draft.empty() for _ in shapes]
         prefix = list(view.lengths[::br])  # [n]: each sequence's committed drafter slots
         k = [min(s.top_k, self.vocab) if s.depth > 0 else 0 for s in shapes]
         ints = [[len(s) - 1 for s in seqs], k, [s.depth for s in shapes], [s.total_tokens for s in shapes], prefix]
         picked = self.grow_captured(view, root_hidden, ints, shapes) or self.grow_eager(view, root_hidden, ints, shapes)
-        drafts = drafts_of(picked)  # 2.-4. the host's one read of the step's trees
-        for s, shape in zip(stats, shapes):
-            s.drafter_forwards += max(shape.depth - 1, 0)
-        return drafts
+        return drafts_of(picked)  # 2.-4. the host's one read of the step's trees
 
     def grow_eager(self, view, root_hidden: torch.Tensor, ints: list[list[int]], shapes: list[TreeShape]):
         """The growth level by level through the drafter's forward over `view` (exact widths, keys up to the longest
