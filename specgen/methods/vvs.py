@@ -41,16 +41,13 @@ class FeatureCache:
     """Token-level target features [B, T, D] by position (Sec. 4.3); positions [0, length) are filled."""
 
     def __init__(self, first: torch.Tensor, max_len: int) -> None:
-        b, p, d = first.shape
-        self.buf = torch.zeros(b, max_len, d, dtype=first.dtype, device=first.device)
-        self.buf[:, :p] = first
-        self.length = p
+        self.buf, self.length = first.new_zeros(first.shape[0], max_len, first.shape[2]), 0
+        self.append(first)
 
-    def write(self, start: int, feats: torch.Tensor) -> None:
-        """Store features [B, n, D] of positions start .. start + n - 1 (the committed frontier)."""
-        n = feats.shape[1]
-        self.buf[:, start : start + n] = feats
-        self.length = start + n
+    def append(self, feats: torch.Tensor) -> None:
+        """Store features [B, n, D] of the next n positions (the committed frontier)."""
+        self.buf[:, self.length : self.length + feats.shape[1]] = feats
+        self.length += feats.shape[1]
 
     def recent(self, n: int, staleness: int = 0) -> torch.Tensor:
         """The n most recent features [B, n, D], shifted `staleness` further back (clamped at 0)."""
@@ -151,7 +148,7 @@ class VVSBatch(PolicyBase):
             keep = verdict.kept(g)
             feats = out.features[j * br : (j + 1) * br, : sizes[j]]
             with clock("propose"):  # 5. fresh features: feature cache, and the drafter's from x°'s last token on
-                row.feats.write(row.feats.length, feats[:, keep])
+                row.feats.append(feats[:, keep])
                 self.eagle.learn(i, feats[:, keep[g:]], verdict)  # never owed: VVS's eagle drafts every step
                 if g and row.dec.refresh:  # recompute the drafter's entries of x° from their fresh features
                     cache, drafter = self.eagle.cache, self.eagle.rows[i]
