@@ -106,7 +106,6 @@ class MuLoBatch(PolicyBase):
 
     def open(self, width: int, max_len: int) -> None:
         dec = self.make(0)
-        self.lowres = dec.lowres
         steps = self.target.model.graphs  # the drafter's forwards are captured where the target's are
         if steps is None:
             attach(dec.lowres, "off")
@@ -289,8 +288,7 @@ def vq_codebook_of(entry) -> torch.Tensor | None:
     vq = entry.meta.get("vq")
     if not vq:
         return None
-    vq_entry = checkpoints.find(vq)
-    with safe_open(str(vq_entry.path / registry.WEIGHTS), "pt") as f:
+    with safe_open(str(checkpoints.find(vq).path / registry.WEIGHTS), "pt") as f:
         return f.get_tensor("quantize.embedding.weight").float()
 
 
