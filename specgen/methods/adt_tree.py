@@ -10,14 +10,11 @@ from specgen.methods.options import AdtOptions
 
 
 def adapt(depth: int, top_k: int, alpha: float, p: AdtOptions) -> tuple[int, int]:
-    """Eq. (2) with the open-interval bounds."""
-    if alpha >= p.beta:
-        depth, top_k = depth + p.l_d, top_k - p.l_k
-    else:
-        depth, top_k = depth - p.l_d, top_k + p.l_k
-    depth = min(max(depth, p.d_min + 1), p.d_max - 1)
-    top_k = min(max(top_k, p.k_min + 1), p.k_max - 1)
-    return depth, top_k
+    """Eq. (2) with the open-interval bounds: deeper and narrower after an acceptance of at least beta, else
+    shallower and wider."""
+    step = 1 if alpha >= p.beta else -1
+    return (min(max(depth + step * p.l_d, p.d_min + 1), p.d_max - 1),
+            min(max(top_k - step * p.l_k, p.k_min + 1), p.k_max - 1))
 
 
 @dataclass

@@ -104,8 +104,7 @@ class MultiBlockDrafter(DrafterBase):
             elif shift:
                 break
         if len(segs) == 1 and segs[0][0] < n - 1:  # RA alone: refill its running window
-            grow = n - 1 - segs[0][0]
-            window = window[: segs[0][0]] + self.fill(grow)
+            window = window[: segs[0][0]] + self.fill(n - 1 - segs[0][0])
             segs[0][0] = n - 1
         # 14. spawn a pseudo block: clone the RA draft, pad to n
         if len(segs) < K and segs[-1][1] >= math.ceil(self.o.spawn_ratio * n):
