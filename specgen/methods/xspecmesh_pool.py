@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
+import operator
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Sequence
 
 import torch
@@ -38,12 +40,8 @@ class Proposal:
 
     def cut(self, min_path_prob: float) -> list[int]:
         """The candidates before the first one at which the running product of probs is below min_path_prob."""
-        path = 1.0
-        for j, p in enumerate(self.probs):
-            path *= p
-            if path < min_path_prob:
-                return self.tokens[:j]
-        return self.tokens
+        paths = enumerate(accumulate(self.probs, operator.mul))
+        return self.tokens[: next((j for j, path in paths if path < min_path_prob), len(self.tokens))]
 
 
 def tree_sample(probs: torch.Tensor, k: int, generator: torch.Generator | None) -> list[int]:
