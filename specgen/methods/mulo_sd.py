@@ -189,7 +189,6 @@ class MuLoBatch(PolicyBase):
             if feeds:
                 for i, logits in self.low_forward(feeds).items():
                     rows[i].lhead = logits[-1]
-            base = {i: len(rows[i].low_tokens) for i in slots}
             drafted = {i: [] for i in slots}
             logits = {i: rows[i].lhead for i in slots}
             for k in range(max(d * g for _, d, g, _ in shape.values())):
@@ -205,7 +204,7 @@ class MuLoBatch(PolicyBase):
                     logits = {i: lg[-1] for i, lg in self.low_forward(feeds).items()}
             for i in slots:  # forget the drafted rows: next step feeds D_r(x) instead
                 for b in range(i * self.br, (i + 1) * self.br):
-                    self.cache.rollback(b, 1 + base[i])
+                    self.cache.rollback(b, 1 + len(rows[i].low_tokens))
         out = []
         for i in slots:
             m, d, g, r = shape[i]
