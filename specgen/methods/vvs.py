@@ -14,8 +14,7 @@ from specgen.decoding.stats import DecodeStats
 from specgen.decoding.target import TargetOut
 from specgen.decoding.tree import DraftTree
 from specgen.errors import UsageError
-from specgen.methods.eagle import EagleTreeDrafter
-from specgen.methods.eagle_batch import EagleBatch
+from specgen.methods.eagle import EagleBatch, EagleTreeDrafter
 from specgen.methods.options import VvsOptions
 from specgen.methods.vvs_schedule import DynamicSkip, SkipSchedule, UniformSkip
 
