@@ -25,7 +25,7 @@ import specgen.image.generate as gen
 from specgen.decoding.budget import MeasuredBudget
 from specgen.image.target import CFGTarget
 from specgen.devices import now
-from specgen.methods.eagle_batch import EagleBatch
+from specgen.methods.eagle import EagleBatch
 from specgen.request import parse_request
 
 SECONDS: dict[str, float] = collections.defaultdict(float)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Callable
 
 from specgen.decoding.budget import FixedBudget
@@ -33,7 +33,7 @@ class MethodSpec:
     @property
     def options(self) -> tuple[str, ...]:
         """Method option names accepted in `method_options` (besides `seed`)."""
-        return tuple(O.checks_of(self.options_type))
+        return tuple(f.name for f in fields(self.options_type))
 
     def runs_on(self, modality: str) -> bool:
         return modality in (self.modalities or (self.modality,))
@@ -51,10 +51,6 @@ class MethodSpec:
         return opts
 
 
-def ngram(o: O.NgramOptions, seed: int) -> NgramDrafter:
-    return NgramDrafter(o, ngram_cache.load(o.cache) if o.cache else None)
-
-
 def ngram_cache_fits(o: O.NgramOptions, tokenizer: Any) -> None:
     """A static n-gram cache must come from the target's tokenizer (its ids would mean other tokens); the
     tokenizer's hash (~60 ms over SmolLM2's vocabulary) is only computed when there is a cache to check."""
@@ -70,7 +66,8 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("jacobi", "text", True, "Jacobi fixed-point iteration over a block of n tokens",
                    O.JacobiOptions, JacobiDrafter),
         MethodSpec("ngram", "text", True, "prompt-lookup n-gram drafts verified by the target (and a static n-gram "
-                   "cache: option cache)", O.NgramOptions, ngram, model_check=ngram_cache_fits),
+                   "cache: option cache)", O.NgramOptions, model_check=ngram_cache_fits,
+                   drafter=lambda o, seed: NgramDrafter(o, ngram_cache.load(o.cache) if o.cache else None)),
         MethodSpec("cllm", "text", True, "Jacobi decoding of the CLLM-distilled model (consistency-distillation baseline)",
                    O.CllmOptions, JacobiDrafter, target="smollm2-135m-cllm"),
         MethodSpec("pcllm", "text", True, "Jacobi decoding of the pcLLM-distilled model (progressive consistency distillation)",

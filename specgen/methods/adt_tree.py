@@ -5,23 +5,20 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from specgen.methods.eagle_grow import TreeShape
+from specgen.methods.eagle import ShapePolicy, TreeShape
 from specgen.methods.options import AdtOptions
 
 
 def adapt(depth: int, top_k: int, alpha: float, p: AdtOptions) -> tuple[int, int]:
-    """Eq. (2) with the open-interval bounds."""
-    if alpha >= p.beta:
-        depth, top_k = depth + p.l_d, top_k - p.l_k
-    else:
-        depth, top_k = depth - p.l_d, top_k + p.l_k
-    depth = min(max(depth, p.d_min + 1), p.d_max - 1)
-    top_k = min(max(top_k, p.k_min + 1), p.k_max - 1)
-    return depth, top_k
+    """Eq. (2) with the open-interval bounds: deeper and narrower after an acceptance of at least beta, else
+    shallower and wider."""
+    step = 1 if alpha >= p.beta else -1
+    return (min(max(depth + step * p.l_d, p.d_min + 1), p.d_max - 1),
+            min(max(top_k - step * p.l_k, p.k_min + 1), p.k_max - 1))
 
 
 @dataclass
-class AdtPolicy:
+class AdtPolicy(ShapePolicy):
     """ShapePolicy of ADT-Tree over a W-wide raster grid: sequence index s >= n_cond is cell divmod(s - n_cond, W)."""
 
     params: AdtOptions  # checked options (the paper's LlamaGen values: docs/methods/adt-tree.md)
@@ -36,26 +33,15 @@ class AdtPolicy:
     def cell(self, index: int) -> tuple[int, int]:
         return divmod(index - self.n_cond, self.grid)
 
-    def initial(self, index: int) -> tuple[int, int, float] | None:
-        """Adjacent initialisation: the record the new tree starts from (None = defaults)."""
-        p, (i, j) = self.params, self.cell(index)
-        if p.init == "random":
-            return (self.rng.randint(p.d_min + 1, p.d_max - 1), self.rng.randint(p.k_min + 1, p.k_max - 1), None)
-        order = [(i, j - 1), (i - 1, j)] if p.init == "horizontal" else [(i - 1, j), (i, j - 1)]
-        for cell in order:
-            if cell[0] >= 0 and cell[1] >= 0 and cell in self.records:
-                return self.records[cell]
-        return None
-
     def shape(self, next_index: int) -> TreeShape:
-        p = self.params
-        start = self.initial(next_index)
-        if start is None:
-            depth, top_k = p.d0, p.k0
-        elif start[2] is None:  # random initialisation has no acceptance to adapt from
-            depth, top_k = start[0], start[1]
-        else:
-            depth, top_k = adapt(*start, p)
+        """Adjacent initialisation (the left or upper cell's record, adapted; none: d0, k0), or a random start."""
+        p, (i, j) = self.params, self.cell(next_index)
+        if p.init == "random":  # random initialisation has no acceptance to adapt from
+            depth, top_k = self.rng.randint(p.d_min + 1, p.d_max - 1), self.rng.randint(p.k_min + 1, p.k_max - 1)
+            return TreeShape(depth, top_k, p.total_tokens)
+        order = [(i, j - 1), (i - 1, j)] if p.init == "horizontal" else [(i - 1, j), (i, j - 1)]
+        start = next((self.records[c] for c in order if min(c) >= 0 and c in self.records), None)
+        depth, top_k = (p.d0, p.k0) if start is None else adapt(*start, p)
         return TreeShape(depth, top_k, p.total_tokens)
 
     def observe(self, next_index: int, shape: TreeShape, accepted: int, committed: int) -> None:

@@ -1,51 +1,54 @@
-"""EAGLE-2 dynamic draft trees from a feature drafter, with CFG; a policy picks each tree's shape."""
+"""EAGLE-2 draft trees from a feature drafter, with CFG: a shape policy per row, one pool growing every row's tree."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from functools import partial
+from typing import Callable, Sequence
 
 import torch
 
+from specgen.decoding.draft import Draft, Verdict
 from specgen.decoding.draft_verify import DrafterBase, DraftVerify
-from specgen.methods.eagle_batch import EagleBatch
-from specgen.methods.eagle_grow import TreeShape
+from specgen.decoding.pool import PoolBase
+from specgen.decoding.stats import DecodeStats
+from specgen.decoding.target import TargetOut
+from specgen.decoding.tree import DraftTree
+from specgen.decoding.verify import verify_batch
+from specgen.devices import host_tensor
+from specgen.methods.eagle_grow import GrowPlan, TreeShape, branch_rows, drafts_of, grow, level_mask, static_growth
+from specgen.models.graphs import ROW_BUCKETS
 
 
-class ShapePolicy(Protocol):
-    """Chooses each tree's shape and learns from its outcome (fixed for EAGLE-2, adaptive for ADT-Tree)."""
-
-    def reset(self) -> None: ...
-
-    def shape(self, next_index: int) -> TreeShape:
-        """Shape of the tree drafting the token with sequence index `next_index` onwards."""
-        ...
-
-    def observe(self, next_index: int, shape: TreeShape, accepted: int, committed: int) -> None:
-        """`accepted` draft tokens were accepted; `committed` tokens (accepted + bonus) were added."""
-        ...
-
-
-@dataclass
-class FixedShape:
-    """EAGLE-2: the same shape for every tree."""
-
-    tree: TreeShape
+class ShapePolicy:
+    """Chooses each tree's shape and learns from its outcome (fixed for EAGLE-2, adaptive for ADT-Tree); this base
+    learns nothing."""
 
     def reset(self) -> None:
         pass
 
     def shape(self, next_index: int) -> TreeShape:
-        return self.tree
+        """Shape of the tree drafting the token with sequence index `next_index` onwards."""
+        raise NotImplementedError
 
     def observe(self, next_index: int, shape: TreeShape, accepted: int, committed: int) -> None:
-        pass
+        """`accepted` draft tokens were accepted; `committed` tokens (accepted + bonus) were added."""
+
+
+@dataclass
+class FixedShape(ShapePolicy):
+    """EAGLE-2: the same shape for every tree."""
+
+    tree: TreeShape
+
+    def shape(self, next_index: int) -> TreeShape:
+        return self.tree
 
 
 @dataclass
 class EagleTreeDrafter(DrafterBase):
     """One row's EAGLE drafter: the feature drafter, its head and CFG, the tree policy, and the row's state between
-    steps (set by the pool that grows every live row's tree together, methods/eagle_batch.py)."""
+    steps (set by the pool that grows every live row's tree together, `EagleBatch`)."""
 
     net: torch.nn.Module
     head: Callable[[torch.Tensor], torch.Tensor]  # hidden [B, S, D] -> logits [B, S, V] (target's head)
@@ -60,5 +63,135 @@ class EagleTreeDrafter(DrafterBase):
     backlog: list[torch.Tensor] = field(default_factory=list)  # [br, a + 1, D] pairs of the owed steps, in order
 
     def step_policy(self, make: Callable[[int], "EagleTreeDrafter"], target, rule, budget) -> DraftVerify:
-        """Draft-verify over the DrafterPool that grows every live row's tree together (methods/eagle_batch.py)."""
+        """Draft-verify over the DrafterPool that grows every live row's tree together (`EagleBatch` below)."""
         return DraftVerify(EagleBatch(make), rule, budget)
+
+
+class EagleBatch(PoolBase):
+    """DrafterPool over `make(index)` -> EagleTreeDrafter (each row's policy and state; the net runs batched)."""
+
+    def __init__(self, make: Callable[[int], EagleTreeDrafter], skip_ar_steps: bool = True) -> None:
+        self.make = make
+        # a step whose every row may draft nothing skips the drafter (VVS, which sets the features itself: False)
+        self.skip_ar_steps = skip_ar_steps
+
+    def admit(self, slot: int, index: int, prompt: list[int], first: TargetOut) -> None:
+        d = self.make(index)
+        d.policy.reset()
+        d.last_shape = None
+        d.pending = first.features[:, -1:]  # [br, 1, D]: f of the last prompt position
+        self.vocab = first.logits.shape[-1]  # the drafter's head is the target's
+        d.owed = False
+        d.backlog = []  # joined to `pending` once, by the catch-up (joining step by step is quadratic)
+        if self.cache is None:
+            self.net, self.head, self.combine, self.br = d.net, d.head, d.combine, first.features.shape[0]
+            self.guidance = d.guidance
+            self.cache = d.net.new_cache(len(self.rows) * self.br, d.max_len)
+        self.cache.clear_seq(slot, self.br)
+        self.rows[slot] = d
+
+    def logprobs(self, hidden: torch.Tensor) -> torch.Tensor:
+        """CFG-combined log-probs [n, S, V] of drafter hidden states [n * br, S, D]."""
+        return self.combine(self.head(hidden)).float().log_softmax(-1)
+
+    @torch.inference_mode()
+    def propose(self, seqs: Sequence[list[int]], budgets: Sequence[int], stats: Sequence[DecodeStats]) -> list[Draft]:
+        n, br = len(seqs), self.br
+        if self.skip_ar_steps and all(b <= 0 for b in budgets):  # a batched AR step: no drafter work at all;
+            for d in self.rows[:n]:  # the pairs committed meanwhile are caught up by the next step that drafts
+                d.owed, d.last_shape = True, None
+            return [Draft.empty() for _ in range(n)]
+        view = self.cache.rows(0, n * br)
+        root_hidden = self.catch_up(self.rows[:n], seqs, view)  # 1. [n * br, 1, D]
+        self.cache.absorb(view, 0)  # the pairs stay; the levels write past every row's length (the view's lengths)
+        shapes = []
+        for d, seq, budget, s in zip(self.rows, seqs, budgets, stats):
+            shape = d.policy.shape(len(seq))
+            # a step the loop's budget cut to AR is no evidence about the policy's tree: it does not observe it
+            cut = budget <= 0 < shape.depth
+            d.last_index, d.last_shape = len(seq), None if cut else shape
+            shapes.append(TreeShape(min(shape.depth, budget), shape.top_k, shape.total_tokens))
+            s.drafter_forwards += max(shapes[-1].depth, 1)  # the catch-up, then one forward per level after the first
+        if all(s.depth <= 0 for s in shapes):  # every row's budget ends at the root: no tree to score
+            return [Draft.empty() for _ in shapes]
+        prefix = list(view.lengths[::br])  # [n]: each sequence's committed drafter slots
+        k = [min(s.top_k, self.vocab) if s.depth > 0 else 0 for s in shapes]
+        ints = [[len(s) - 1 for s in seqs], k, [s.depth for s in shapes], [s.total_tokens for s in shapes], prefix]
+        picked = self.grow_captured(view, root_hidden, ints, shapes) or self.grow_eager(view, root_hidden, ints, shapes)
+        return drafts_of(picked)  # 2.-4. the host's one read of the step's trees
+
+    def grow_eager(self, view, root_hidden: torch.Tensor, ints: list[list[int]], shapes: list[TreeShape]):
+        """The growth level by level through the drafter's forward over `view` (exact widths, keys up to the longest
+        prefix); `ints`: root positions, top-k, depths, node budgets and prefixes [n] each."""
+        br, device = self.br, root_hidden.device
+        root_pos, k, depth, totals, c = (host_tensor(x, device) for x in ints)
+        longest = max(ints[4])
+
+        def forward(feats, toks, pos, anc):  # one level; every row keeps its W written slots until the rollback
+            out = self.net(feats, toks, pos, view, attn_mask=branch_rows(level_mask(anc, c, longest), br).unsqueeze(1))
+            view.lengths = [length + toks.shape[1] for length in view.lengths]
+            return out
+
+        plan = GrowPlan.exact(ints[1], shapes)
+        return grow(forward, self.logprobs, root_hidden, root_pos, k, depth, totals, plan, br)
+
+    def grow_captured(self, view, root_hidden: torch.Tensor, ints: list[list[int]], shapes: list[TreeShape]):
+        """The growth as one replay of the drafter's captured steps (rows padded to a bucket, widths to the plan's), or
+        None where it runs eagerly (no captured steps, another cache, no room for the levels' slots)."""
+        graphs, n, br = self.net.graphs, len(shapes), self.br
+        if graphs is None or not graphs.servable(view, None):
+            return None
+        plan = GrowPlan.bucketed(ints[1], shapes, self.vocab)
+        if plan is None:
+            return None
+        slots = max(ints[4]) + sum(plan.widths[1:])  # the longest prefix + the levels' slots
+        if slots > graphs.k.shape[3]:
+            return None
+        width = graphs.width(slots)
+        padded = next((r for r in ROW_BUCKETS if n <= r and r * br <= graphs.capacity), n)
+        pad = padded - n  # padding sequences: no tree (k = 0), their rows write into the scratch row
+        device, dim = root_hidden.device, root_hidden.shape[-1]
+        inputs = {"root_hidden": torch.cat([root_hidden, root_hidden.new_zeros(pad * br, 1, dim)]),
+                  "ints": host_tensor([x + [0] * pad for x in ints], device),  # [5, padded]
+                  "writes": host_tensor(list(range(n * br)) + [graphs.capacity] * (pad * br), device)}
+        run = partial(static_growth, self.net, self.logprobs, (graphs.k, graphs.v), plan, br, width)
+        key = ("grow", padded, plan, width, br, self.guidance)  # a later pool's growths reuse it at the same CFG
+        return tuple(p[:n] for p in graphs.call(key, run, inputs))
+
+    def catch_up(self, rows, seqs, view) -> torch.Tensor:
+        """Run the pairs (f_p, x_{p+1}) committed since the last step, every row padded to the most; commit them."""
+        for d in rows:
+            if d.backlog:
+                d.pending, d.backlog = torch.cat([d.pending, *d.backlog], 1), []
+        br, ms = self.br, [d.pending.shape[1] for d in rows]
+        n, width = len(rows), max(ms)
+        dim, device = rows[0].pending.shape[-1], rows[0].pending.device
+        feats = torch.zeros(n * br, width, dim, dtype=rows[0].pending.dtype, device=device)
+        for i, (d, m) in enumerate(zip(rows, ms)):
+            feats[i * br : (i + 1) * br, :m] = d.pending
+        per_row = [(seq, m) for seq, m in zip(seqs, ms) for _ in range(br)]  # each branch row: its sequence's chain
+        batch = verify_batch([seq[-m] for seq, m in per_row],  # the last m tokens, from position len - m
+                             [Draft(tuple(seq[len(seq) - m + 1:]), DraftTree.chain(m - 1)) for seq, m in per_row],
+                             [len(seq) - m for seq, m in per_row], device)
+        hidden = self.net(feats, batch.tokens, batch.positions, view, tree_mask=batch.tree_mask)  # [n * br, M, D]
+        last = host_tensor([m - 1 for m in ms for _ in range(br)], device)
+        view.commit_seqs({i: list(range(m)) for i, m in enumerate(ms)}, br)
+        return hidden[torch.arange(n * br, device=device), last].unsqueeze(1)
+
+    def on_accept(self, drafts: Sequence[Draft], verdicts: Sequence[Verdict], out: TargetOut,
+                  sizes: Sequence[int], branches: int) -> None:
+        for i, verdict in enumerate(verdicts):
+            rows = out.features[i * branches : (i + 1) * branches]  # [br, S, D]
+            self.learn(i, rows.index_select(1, host_tensor(verdict.kept(), rows.device)), verdict)  # no host wait
+
+    def learn(self, slot: int, new: torch.Tensor, verdict: Verdict) -> None:
+        """Row `slot`'s drafter after `verdict`: kept nodes' features `new` [br, a + 1, D] feed its next catch-up."""
+        d = self.rows[slot]
+        # after steps without drafting the drafter still owes the pairs of those steps: f lines up with the tokens
+        if d.owed:
+            d.backlog.append(new)
+        else:
+            d.pending = new
+        d.owed = False
+        if d.last_shape is not None:
+            d.policy.observe(d.last_index, d.last_shape, verdict.num_accepted, len(verdict.tokens))

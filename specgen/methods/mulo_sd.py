@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -17,18 +18,9 @@ from specgen.decoding.verify import forward_span
 from specgen.errors import IncompatibleError, UsageError
 from specgen.image.neighbours import neighbour_table, scaled_k
 from specgen.image.target import CFGTarget
-from specgen.methods.mulo_neighbourhood import expand_rejections
 from specgen.methods.options import MuloOptions
 from specgen.models.graphs import attach
 from specgen.models.layout import decode_layout
-
-DEFAULT_TAU = 1e-4  # the paper's tau, for a 16,384-code codebook (see scaled_tau)
-
-
-def scaled_tau(vocab: int) -> float:
-    """The paper's tau = 1e-4 on 16,384 codes as the same multiple of the uniform probability 1 / vocab."""
-    return DEFAULT_TAU * 16384 / vocab
-
 
 def pooled_mass(probs: torch.Tensor, draft: torch.Tensor, neighbours: torch.Tensor, delta: float) -> torch.Tensor:
     """Eq. 5 mass per draft token: p_t(x~_t) + the largest k-NN prefix mass <= delta; probs [L, V], draft [L]."""
@@ -38,10 +30,24 @@ def pooled_mass(probs: torch.Tensor, draft: torch.Tensor, neighbours: torch.Tens
     return own.double() + pooled.double()
 
 
-def drafter_seed(generator: torch.Generator | None, seed: int) -> int:
-    """A seed for the drafter's private generator, derived without consuming the decode generator."""
-    base = generator.initial_seed() if generator is not None else 0
-    return (base * 1_000_003 + 7919 * seed + 0x5EED) % (2**63)
+def neighbourhood(t: int, t0: int, radius: int, width: int, start: int, end: int) -> list[int]:
+    """N(t, l) of Eq. 6, clipped to the grid's columns and to the block [start, end); sorted."""
+    i, j = divmod(t, width)
+    cells = (r * width + c for r in range(max(0, i - radius), i + radius + 1)
+             for c in range(max(0, j - radius), min(width - 1, j + radius) + 1))
+    return [u for u in cells if max(t0, start) <= u < end]
+
+
+def expand_rejections(rejected: Iterable[int], radius: int, width: int, start: int, end: int,
+                      mode: str = "local") -> list[int]:
+    """R_X (sorted) for rejected positions R_T in the block [start, end): local expansion of radius l (Eq. 7), or
+    raster [t_0, end) (`mode` and `radius` as `MuloOptions` checked them)."""
+    rejected = sorted(set(rejected))
+    if not rejected:
+        return []
+    if mode == "raster":
+        return list(range(rejected[0], end))
+    return sorted({u for t in rejected for u in neighbourhood(t, rejected[0], radius, width, start, end)})
 
 
 @dataclass
@@ -52,7 +58,7 @@ class MuLoSD(DrafterBase):
     pair: Any  # UpDownSampler (scale r = G / g)
     neighbours: torch.Tensor  # [V, k] nearest codes (LANTERN table)
     grid: int  # G
-    tau: float = DEFAULT_TAU
+    tau: float = 1e-4  # the paper's, for 16,384 codes (`build_mulo` scales it to the codebook)
     delta: float = MuloOptions.lantern_delta
     radius: int = MuloOptions.radius
     rejection: str = MuloOptions.rejection
@@ -100,7 +106,6 @@ class MuLoBatch(PolicyBase):
 
     def open(self, width: int, max_len: int) -> None:
         dec = self.make(0)
-        self.lowres = dec.lowres
         steps = self.target.model.graphs  # the drafter's forwards are captured where the target's are
         if steps is None:
             attach(dec.lowres, "off")
@@ -112,9 +117,7 @@ class MuLoBatch(PolicyBase):
         super().open(width, max_len)
 
     def admit(self, slot: int, index: int, prompt: list[int], first) -> None:
-        dec = self.make(index)
-        if dec.lowres is not self.lowres:
-            raise ValueError("mulo-sd rows of one batch must share the low-resolution drafter")
+        dec = self.make(index)  # its `lowres` is the batch's: `_load` returns one module per checkpoint and device
         rows = self.cache.clear_seq(slot, self.br)
         view = self.cache.rows(rows.start, rows.stop)
         lhead = self.low.prefill(torch.tensor([prompt], device=self.target.device), view).logits[0, -1]
@@ -123,7 +126,8 @@ class MuLoBatch(PolicyBase):
 
     def start(self, slot: int, first, params, generator, stats) -> list[int]:
         row = self.rows[slot]
-        row.dgen = torch.Generator().manual_seed(drafter_seed(generator, row.dec.seed))
+        base = generator.initial_seed() if generator is not None else 0  # derived: the decode generator is not consumed
+        row.dgen = torch.Generator().manual_seed((base * 1_000_003 + 7919 * row.dec.seed + 0x5EED) % (2**63))
         stats.extras.update(dict.fromkeys(self.extras, 0))
         stats.drafter_forwards += 1  # the drafter's prefill
         return []  # token 0 is drafted too
@@ -185,7 +189,6 @@ class MuLoBatch(PolicyBase):
             if feeds:
                 for i, logits in self.low_forward(feeds).items():
                     rows[i].lhead = logits[-1]
-            base = {i: len(rows[i].low_tokens) for i in slots}
             drafted = {i: [] for i in slots}
             logits = {i: rows[i].lhead for i in slots}
             for k in range(max(d * g for _, d, g, _ in shape.values())):
@@ -201,7 +204,7 @@ class MuLoBatch(PolicyBase):
                     logits = {i: lg[-1] for i, lg in self.low_forward(feeds).items()}
             for i in slots:  # forget the drafted rows: next step feeds D_r(x) instead
                 for b in range(i * self.br, (i + 1) * self.br):
-                    self.cache.rollback(b, 1 + base[i])
+                    self.cache.rollback(b, 1 + len(rows[i].low_tokens))
         out = []
         for i in slots:
             m, d, g, r = shape[i]
@@ -284,8 +287,7 @@ def vq_codebook_of(entry) -> torch.Tensor | None:
     vq = entry.meta.get("vq")
     if not vq:
         return None
-    vq_entry = checkpoints.find(vq)
-    with safe_open(str(vq_entry.path / registry.WEIGHTS), "pt") as f:
+    with safe_open(str(checkpoints.find(vq).path / registry.WEIGHTS), "pt") as f:
         return f.get_tensor("quantize.embedding.weight").float()
 
 
@@ -326,6 +328,6 @@ def build_mulo(parts, o: MuloOptions) -> MuLoSD:
     if not same_codebook(pair.codebook, parts.codebook):
         raise IncompatibleError(f"up-sampler {up_entry.ref} was trained for another VQ codebook than the target's")
     table = neighbour_table(parts.codebook, o.lantern_k or scaled_k(parts.codebook.shape[0])).to(device)
-    tau = scaled_tau(vocab) if o.tau is None else o.tau
+    tau = 1e-4 * 16384 / vocab if o.tau is None else o.tau  # the paper's tau as the same multiple of 1 / vocab
     return MuLoSD(lowres, pair, table, G, tau=tau, delta=o.lantern_delta, radius=o.radius, rejection=o.rejection,
                   draft_rows=min(o.draft_rows, g), seed=o.seed)

@@ -24,19 +24,12 @@ class NgramCache:
 
     table: dict[tuple[int, ...], int] = field(repr=False)
 
-    def next_token(self, seq: list[int]) -> int | None:
-        """The cached continuation of seq's longest suffix that has one, else None."""
-        for n in range(min(MAX_NGRAM, len(seq)), MIN_NGRAM - 1, -1):
-            hit = self.table.get(tuple(seq[-n:]))
-            if hit is not None:
-                return hit
-        return None
-
     def draft(self, seq: list[int], k: int) -> list[int]:
-        """Up to k tokens, each the cached continuation of the sequence drafted so far."""
+        """Up to k tokens, each the cached continuation of the longest suffix of the sequence drafted so far."""
         out, drafted = list(seq[-MAX_NGRAM:]), []
         while len(drafted) < k:
-            nxt = self.next_token(out)
+            hits = (self.table.get(tuple(out[-n:])) for n in range(min(MAX_NGRAM, len(out)), MIN_NGRAM - 1, -1))
+            nxt = next((hit for hit in hits if hit is not None), None)
             if nxt is None:
                 break
             drafted.append(nxt)

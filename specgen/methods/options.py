@@ -277,8 +277,3 @@ class XSpecMeshOptions(Options):
         rule = "rejection sampling" if self.lossless else \
             f"p>{self.delta:g}" if self.criterion == "threshold" else f"top-{self.top_k_accept}"
         return f"{rule}, {s}{bf}{lk}{cut}{auto}"
-
-
-def checks_of(cls: type) -> dict[str, Check | None]:
-    """Option name -> its single-value check, for one options class."""
-    return {f.name: f.metadata.get("check") for f in fields(cls)}

@@ -63,14 +63,14 @@ class MultiBlockDrafter(DrafterBase):
         argmax = out.logits[0].argmax(-1).tolist()  # [N + 1] over the prefix tree's inputs
         m = verdict.num_accepted
         path = [draft.tokens[i] for i in verdict.path]
-        b = next(i for i, toks in enumerate(self.branches) if toks[:m] == path)  # the earliest branch holding the accepted path
+        # the earliest branch holding the accepted path
+        b = next(i for i, toks in enumerate(self.branches) if toks[:m] == path)
         branches, window, segs = self.branches, self.window, self.segs
-        if b:
-            self.stats.extras["recycled_tokens"] = self.stats.extras.get("recycled_tokens", 0.0) + m
         main = branches[0]
         at = self.nodes  # at[b][k]: verify input of branch b's prefix of length k (0 = the root)
         pred = {k: argmax[at[0][k]] for k in range(len(main) + 1)}  # pred[k]: new guess for window slot k
         if b:
+            self.stats.extras["recycled_tokens"] = self.stats.extras.get("recycled_tokens", 0.0) + m
             pred.update({k: argmax[at[b][k]] for k in range(1, len(branches[b]) + 1)})
         if b == 0 and m < len(main) and self.o.pool_size:  # recycle the rejected draft tail
             self.pool.append(list(window[m:]))
@@ -104,8 +104,7 @@ class MultiBlockDrafter(DrafterBase):
             elif shift:
                 break
         if len(segs) == 1 and segs[0][0] < n - 1:  # RA alone: refill its running window
-            grow = n - 1 - segs[0][0]
-            window = window[: segs[0][0]] + self.fill(grow)
+            window = window[: segs[0][0]] + self.fill(n - 1 - segs[0][0])
             segs[0][0] = n - 1
         # 14. spawn a pseudo block: clone the RA draft, pad to n
         if len(segs) < K and segs[-1][1] >= math.ceil(self.o.spawn_ratio * n):

@@ -7,17 +7,16 @@ from typing import Callable
 
 import torch
 
-from specgen.decoding.draft import Draft, Verdict
+from specgen.decoding.draft import Draft
 from specgen.decoding.draft_verify import DrafterBase
 from specgen.decoding.pool import PolicyBase, RowStep
 from specgen.decoding.stats import DecodeStats
 from specgen.decoding.target import TargetOut
 from specgen.decoding.tree import DraftTree
 from specgen.errors import UsageError
-from specgen.methods.eagle import EagleTreeDrafter
-from specgen.methods.eagle_batch import EagleBatch
+from specgen.methods.eagle import EagleBatch, EagleTreeDrafter
 from specgen.methods.options import VvsOptions
-from specgen.methods.vvs_schedule import DynamicSkip, NeverSkip, SkipSchedule, UniformSkip
+from specgen.methods.vvs_schedule import DynamicSkip, SkipSchedule, UniformSkip
 
 
 def after_chain(chain: list[int] | tuple[int, ...], draft: Draft) -> Draft:
@@ -41,16 +40,13 @@ class FeatureCache:
     """Token-level target features [B, T, D] by position (Sec. 4.3); positions [0, length) are filled."""
 
     def __init__(self, first: torch.Tensor, max_len: int) -> None:
-        b, p, d = first.shape
-        self.buf = torch.zeros(b, max_len, d, dtype=first.dtype, device=first.device)
-        self.buf[:, :p] = first
-        self.length = p
+        self.buf, self.length = first.new_zeros(first.shape[0], max_len, first.shape[2]), 0
+        self.append(first)
 
-    def write(self, start: int, feats: torch.Tensor) -> None:
-        """Store features [B, n, D] of positions start .. start + n - 1 (the committed frontier)."""
-        n = feats.shape[1]
-        self.buf[:, start : start + n] = feats
-        self.length = start + n
+    def append(self, feats: torch.Tensor) -> None:
+        """Store features [B, n, D] of the next n positions (the committed frontier)."""
+        self.buf[:, self.length : self.length + feats.shape[1]] = feats
+        self.length += feats.shape[1]
 
     def recent(self, n: int, staleness: int = 0) -> torch.Tensor:
         """The n most recent features [B, n, D], shifted `staleness` further back (clamped at 0)."""
@@ -63,7 +59,7 @@ class VVS(DrafterBase):
     """One row's VVS parts: its EAGLE drafter, skip schedule and options; `VVSBatch` runs the rows."""
 
     drafter: EagleTreeDrafter
-    schedule: SkipSchedule = field(default_factory=NeverSkip)
+    schedule: SkipSchedule = field(default_factory=SkipSchedule)
     staleness: int = 0
     refresh: bool = True
     seed: int = 0
@@ -150,9 +146,14 @@ class VVSBatch(PolicyBase):
                 verdict = self.rule(d, out.logits[j, g : sizes[j]], params, gen)
             keep = verdict.kept(g)
             feats = out.features[j * br : (j + 1) * br, : sizes[j]]
-            with clock("propose"):  # 5. fresh features: feature cache and drafter
-                row.feats.write(row.feats.length, feats[:, keep])
-                self.update(i, verdict, feats, keep[g:], row.dec.refresh)
+            with clock("propose"):  # 5. fresh features: feature cache, and the drafter's from x°'s last token on
+                row.feats.append(feats[:, keep])
+                self.eagle.learn(i, feats[:, keep[g:]], verdict)  # never owed: VVS's eagle drafts every step
+                if g and row.dec.refresh:  # recompute the drafter's entries of x° from their fresh features
+                    cache, drafter = self.eagle.cache, self.eagle.rows[i]
+                    for r in range(i * self.eagle.br, (i + 1) * self.eagle.br):
+                        cache.rollback(r, cache.lengths[r] - g)
+                    drafter.pending = torch.cat([feats[:, :g], drafter.pending], 1)
             s.record(d.size, d.tree.max_depth(), verdict.num_accepted)
             s.extras["post_verified_tokens"] += g
             s.extras["unverified_tail"] = 0
@@ -160,24 +161,13 @@ class VVSBatch(PolicyBase):
             results.append((keep, list(verdict.tokens)))
         return results
 
-    def update(self, slot: int, verdict: Verdict, feats: torch.Tensor, fresh: list[int], refresh: bool) -> None:
-        """Fresh features for the drafter of the row in `slot` after a verified step: the fed nodes `fresh` (from x°'s
-        last token on) feed its next catch-up; with `refresh`, after the post-verified x° = feats[:, :fresh[0]]."""
-        d, g = self.eagle.rows[slot], fresh[0]
-        self.eagle.learn(slot, feats[:, fresh], verdict)  # never owed: VVS's eagle drafts every step
-        if g and refresh:  # recompute the drafter's entries of x° from their fresh features
-            cache, br = self.eagle.cache, self.eagle.br
-            for r in range(slot * br, (slot + 1) * br):
-                cache.rollback(r, cache.lengths[r] - g)
-            d.pending = torch.cat([feats[:, :g], d.pending], 1)
-
 
 def build_vvs(drafter: EagleTreeDrafter, codebook: torch.Tensor | None, o: VvsOptions) -> VVS:
     """A row's VVS from its options (checked by `VvsOptions`: schedule, interval >= 2, threshold, alpha, stride)."""
     schedules: dict[str, Callable[[], SkipSchedule]] = {
         "uniform": lambda: UniformSkip(o.interval),
         "dynamic": lambda: DynamicSkip(codebook, o.threshold, o.alpha, o.stride),
-        "none": NeverSkip,
+        "none": SkipSchedule,
     }
     if o.schedule == "dynamic" and codebook is None:
         raise UsageError("vvs schedule=dynamic needs the target's VQ codebook")

@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from specgen.decoding.draft import Draft
 
 
-class SkipSchedule(Protocol):
-    """Decides, per draft step, whether to skip verification (from the draft and the verified run alone)."""
+class SkipSchedule:
+    """Decides, per draft step, whether to skip verification (from the draft and the verified run alone); this base
+    (schedule none) always verifies, so VVS's loop reduces to EAGLE-2 + the accept rule."""
 
     def decide(self, draft: Draft, verified_run: int) -> bool:
         """True = accept a path of `draft` without a target forward."""
-        ...
+        return False
 
 
 def may_skip(draft: Draft, verified_run: int) -> bool:
@@ -25,15 +26,7 @@ def may_skip(draft: Draft, verified_run: int) -> bool:
 
 
 @dataclass
-class NeverSkip:
-    """Always verify (VVS's loop reduces to EAGLE-2 + the accept rule)."""
-
-    def decide(self, draft: Draft, verified_run: int) -> bool:
-        return False
-
-
-@dataclass
-class UniformSkip:
+class UniformSkip(SkipSchedule):
     """VVS-U: skip every `interval`-th step (after `interval - 1` verified ones)."""
 
     interval: int = 3
@@ -51,25 +44,20 @@ def path_similarity(draft: Draft, unit_codes: torch.Tensor, alpha: float = 0.8, 
         paths = paths[::stride]
     if len(paths) < 2:
         return 1.0
-    length = max(len(p) for p in paths)
-    toks = torch.zeros(len(paths), length, dtype=torch.long)
-    valid = torch.zeros(len(paths), length, dtype=torch.bool)
-    for i, p in enumerate(paths):
-        toks[i, : len(p)] = torch.tensor(p)
-        valid[i, : len(p)] = True
-    toks, valid = toks.to(unit_codes.device), valid.to(unit_codes.device)
+    toks = pad_sequence([torch.tensor(p) for p in paths], batch_first=True).to(unit_codes.device)  # [P, L]
+    valid = pad_sequence([torch.ones(len(p), dtype=torch.bool) for p in paths], batch_first=True).to(toks.device)
     e = unit_codes[toks] * valid[..., None]  # [P, L, D]
     total = e.sum(0)  # [L, D]
     pairs_sum = (total * total).sum(-1) - (e * e).sum((0, 2))  # [L]: sum over ordered pairs i != j
     n = valid.sum(0).double()
     keep = n >= 2
     s_l = pairs_sum.double()[keep] / (n[keep] * (n[keep] - 1))
-    w = torch.tensor([alpha**l for l in range(length)], dtype=torch.float64, device=s_l.device)[keep]
+    w = torch.tensor([alpha**l for l in range(toks.shape[1])], dtype=torch.float64, device=s_l.device)[keep]
     return float((w * s_l).sum() / w.sum())
 
 
 @dataclass
-class DynamicSkip:
+class DynamicSkip(SkipSchedule):
     """VVS-D (Algorithm 1): skip when `path_similarity` >= `threshold` (and the last step was verified)."""
 
     codebook: torch.Tensor  # [V, D] raw VQ codebook

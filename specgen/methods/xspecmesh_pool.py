@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
+import operator
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Sequence
 
 import torch
@@ -38,29 +40,21 @@ class Proposal:
 
     def cut(self, min_path_prob: float) -> list[int]:
         """The candidates before the first one at which the running product of probs is below min_path_prob."""
-        path = 1.0
-        for j, p in enumerate(self.probs):
-            path *= p
-            if path < min_path_prob:
-                return self.tokens[:j]
-        return self.tokens
+        paths = enumerate(accumulate(self.probs, operator.mul))
+        return self.tokens[: next((j for j, path in paths if path < min_path_prob), len(self.tokens))]
 
 
 def tree_sample(probs: torch.Tensor, k: int, generator: torch.Generator | None) -> list[int]:
     """Top-K_s probability-tree sampling over head distributions probs [D, V] -> one path of D tokens."""
     top = probs.topk(min(k, probs.shape[-1]), dim=-1)  # values/indices [D, K]
-    weight = top.values[0]
-    for d in range(1, probs.shape[0]):
+    (D, kk), weight = top.indices.shape, top.values[0]
+    for d in range(1, D):
         weight = (weight.unsqueeze(-1) * top.values[d]).flatten()  # [K^(d+1)], row-major paths
     weight = torch.where(weight >= TREE_PRUNE, weight, torch.zeros_like(weight))
     if not weight.sum() > 0:
         return top.indices[:, 0].tolist()
-    flat = sample(weight / weight.sum(), generator)
-    path, kk = [], top.indices.shape[1]
-    for d in reversed(range(probs.shape[0])):
-        path.append(int(top.indices[d, flat % kk]))
-        flat //= kk
-    return path[::-1]
+    flat = sample(weight / weight.sum(), generator)  # a row-major path: head d's choice is its d-th base-K digit
+    return [int(top.indices[d, flat // kk ** (D - 1 - d) % kk]) for d in range(D)]
 
 
 def head_candidates(head_logits: torch.Tensor, params: SamplingParams, opts: XSpecMeshOptions,
@@ -98,14 +92,11 @@ def mesh_rule(opts):
     """The loop's accept rule for a chain of candidates x_{s+1 ..} on the backbone's filtered rows [D + 1, V]:
     lossless rejection sampling (deterministic candidates: q = one-hot, accept with probability p(x)), or the paper's
     lossy criterion."""
-    criterion = None if opts.lossless else AcceptCriterion(opts.criterion, opts.delta, opts.top_k_accept)
-
-    def rule(draft: Draft, logits: torch.Tensor, params: SamplingParams, generator) -> Verdict:
-        if criterion is None:
-            return accept_rejection(draft, LazyRows(logits, params), generator)
-        return accept_lossy(draft, LazyRows(logits, params), criterion, generator, params.greedy)
-
-    return rule
+    if opts.lossless:
+        return lambda draft, logits, params, generator: accept_rejection(draft, LazyRows(logits, params), generator)
+    criterion = AcceptCriterion(opts.criterion, opts.delta, opts.top_k_accept)
+    return lambda draft, logits, params, generator: accept_lossy(draft, LazyRows(logits, params), criterion, generator,
+                                                                 params.greedy)
 
 
 @dataclass

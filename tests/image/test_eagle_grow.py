@@ -14,8 +14,7 @@ from specgen.decoding.tree import DraftTree
 from specgen.image.methods import ImageParts, build_image_method
 from specgen.image.target import CFGTarget
 from specgen.methods import run_batch
-from specgen.methods.eagle import EagleTreeDrafter
-from specgen.methods.eagle_batch import EagleBatch
+from specgen.methods.eagle import EagleBatch, EagleTreeDrafter
 from specgen.methods.eagle_grow import GrowPlan, TreeShape, best_nodes, drafts_of
 from tests.image.helpers import TinyEagle, tiny_image_gpt
 from tests.image_fixtures import one_thread

@@ -17,10 +17,9 @@ from tests.conftest import decode
 from specgen.decoding.sampling import SamplingParams
 from specgen.image.neighbours import compute_neighbours
 from specgen.image.target import CFGTarget
-from specgen.methods.mulo_neighbourhood import expand_rejections, neighbourhood
 from specgen.methods import run_batch
 from specgen.methods import mulo_sd
-from specgen.methods.mulo_sd import MuLoSD, pooled_mass
+from specgen.methods.mulo_sd import MuLoSD, expand_rejections, neighbourhood, pooled_mass
 from specgen.methods.text import EmptyDrafter
 from specgen.models.upsampler import UpDownSampler, UpsamplerConfig
 from specgen.models.vq import VQ_CONFIGS, VQModel

@@ -170,7 +170,7 @@ def test_path_similarity_and_stale_features():
     assert path_similarity(half, codes, 0.5, stride=1) == pytest.approx(1 / 1.5)
     assert path_similarity(Draft.chain([1, 2]), codes) == 1.0
     fc = FeatureCache(torch.arange(2.0).view(1, 2, 1), 10)
-    fc.write(2, torch.arange(2.0, 5.0).view(1, 3, 1))
+    fc.append(torch.arange(2.0, 5.0).view(1, 3, 1))
     assert fc.recent(2).flatten().tolist() == [3.0, 4.0]
     assert fc.recent(2, staleness=1).flatten().tolist() == [2.0, 3.0]
     assert fc.recent(3, staleness=4).flatten().tolist() == [0.0, 0.0, 0.0]

@@ -24,8 +24,8 @@ def test_every_method_has_valid_defaults_and_a_factory(name):
         opts.validate(name)
     assert not spec.runs_on("text") or spec.drafter is not None, f"{name} runs on text without a drafter"
     assert spec.runs_on("image") == (name in BUILDERS), f"{name} runs on images without a builder"
-    for option, check in O.checks_of(spec.options_type).items():
-        assert check is not None, f"{name}.{option} has no value check"
+    for f in fields(spec.options_type):
+        assert f.metadata.get("check") is not None, f"{name}.{f.name} has no value check"
 
 
 def test_options_are_frozen():
