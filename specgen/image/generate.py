@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import difflib
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -259,13 +258,11 @@ class PngWriter:
 
     def save(self, image: Image.Image, name: str) -> Path:
         self.out_dir.mkdir(parents=True, exist_ok=True)  # checked up front (paths.check_output_dir)
+        tmp = self.out_dir / f".{name}.{os.getpid()}.tmp"  # linked to a free name: never replaces a file
         try:
-            fd, tmp = tempfile.mkstemp(dir=self.out_dir, suffix=".png.tmp")
-            os.close(fd)
-            try:
-                image.save(tmp, format="PNG")
-                return link_into_place(tmp, self.out_dir / name)
-            finally:
-                Path(tmp).unlink(missing_ok=True)
+            image.save(tmp, format="PNG")
+            return link_into_place(tmp, self.out_dir / name)
         except OSError as e:
             raise UsageError(f"cannot write images to {self.out_dir}: {e}") from None
+        finally:
+            tmp.unlink(missing_ok=True)
