@@ -75,11 +75,8 @@ def read_meta(folder: Path) -> dict:
 
 def check_meta(old: dict, new: dict) -> None:
     """Refuse to mix trajectories of different targets, tokenizers, block sizes or prompt sources."""
-    if (old.get("target"), old.get("tokenizer_hash")) != (new.get("target"), new.get("tokenizer_hash")):
-        raise IncompatibleError(
-            f"trajectories in this folder come from {old.get('target')} (tokenizer {old.get('tokenizer_hash')}), "
-            f"not {new.get('target')} (tokenizer {new.get('tokenizer_hash')}); use another --out")
-    for key in ("block_size", "max_new_tokens", "prompt_source", "prompt_fingerprint", "chat"):
+    for key in ("target", "tokenizer_hash", "block_size", "max_new_tokens", "prompt_source", "prompt_fingerprint",
+                "chat"):
         if old.get(key) != new.get(key):
             raise IncompatibleError(f"this folder was collected with {key}={old.get(key)!r}, not {new.get(key)!r}; "
                                     "use another --out")
@@ -143,8 +140,7 @@ def load_prompt_texts(cfg: CollectConfig) -> tuple[list[str], str, str]:
         texts = read_prompts(cfg.prompts, field=cfg.prompt_field)
         source = str(Path(cfg.prompts).expanduser().resolve())
         fp = hashlib.sha256("\n\0".join(texts).encode("utf-8")).hexdigest()[:12]
-    texts = texts[cfg.offset:]
-    texts = texts[: cfg.limit] if cfg.limit else texts
+    texts = texts[cfg.offset:][: cfg.limit or None]  # limit 0: all
     if not texts:
         raise UsageError(f"no prompts left in {source} after offset {cfg.offset}")
     assert_no_humaneval_overlap(texts)  # HumanEval is never used for training
