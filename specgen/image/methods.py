@@ -59,9 +59,6 @@ def mulo_sd(p: ImageParts, o: O.MuloOptions):
     return build_mulo(p, o), None  # its own acceptance (pooled mass >= tau)
 
 
-Builder = Callable[[ImageParts, Any], tuple[Any, Any]]
-
-
 def build_image_method(name: str, parts: ImageParts, options: dict | O.Options):
     """(drafter, rule) for an image method from its options (`MethodSpec.parse_options`, or a dict it parses); rule
     None = the lossless default."""
@@ -69,7 +66,7 @@ def build_image_method(name: str, parts: ImageParts, options: dict | O.Options):
     return BUILDERS[name](parts, spec.parse_options(options) if isinstance(options, dict) else options)
 
 
-BUILDERS: dict[str, Builder] = {  # every method that runs on images, by name
+BUILDERS: dict[str, Callable[[ImageParts, Any], tuple[Any, Any]]] = {  # every method that runs on images, by name
     "ar": lambda p, o: (EmptyDrafter(), None),
     "eagle2": lambda p, o: (eagle_drafter(p, fixed(o)), None),
     "adt-tree": lambda p, o: (eagle_drafter(p, adt(p, o)), None),

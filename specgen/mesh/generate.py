@@ -109,11 +109,8 @@ def load_conditions(path: Path | None, num: int, num_points: int, seed: int,
     """User point clouds (file or folder) or `num` procedural test meshes (of the model's own
     distribution `spec`); all validated up front."""
     if path is None:
-        out = []
-        for s in map(int, split_seeds("test", num)):
-            m = generate_mesh(s, spec)
-            out.append(Condition(f"test-{s}", point_cloud(m.vertices, m.faces, num_points, s)))
-        return out
+        meshes = {s: generate_mesh(s, spec) for s in map(int, split_seeds("test", num))}
+        return [Condition(f"test-{s}", point_cloud(m.vertices, m.faces, num_points, s)) for s, m in meshes.items()]
     path = Path(path)
     if path.is_dir():
         files = sorted(f for f in path.iterdir() if f.suffix.lower() in (".npy", *MESH_SUFFIXES))
@@ -217,7 +214,6 @@ def token_budget(loaded, num_heads: int, max_new_tokens: int = 0) -> int:
 def step_summary(stats) -> dict:
     """DecodeStats summary plus SCR and step latency (XSpecMesh's names)."""
     s = stats.summary()
-    steps = max(stats.steps, 1)
     s["scr"] = round(stats.tau if stats.steps else 1.0, 4)
-    s["step_latency_ms"] = round(1000 * (stats.wall_time - stats.times.get("prefill", 0.0)) / steps, 3)
+    s["step_latency_ms"] = round(1000 * (stats.wall_time - stats.times.get("prefill", 0.0)) / max(stats.steps, 1), 3)
     return s
