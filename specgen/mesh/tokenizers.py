@@ -3,6 +3,7 @@ result and sequence helpers the test-support naive 9-per-face tokenizer shares."
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, ClassVar
 
@@ -50,9 +51,7 @@ def as_token_array(tokens: object) -> np.ndarray:
     arr = np.asarray(tokens)
     if arr.ndim != 1:
         raise MeshInputError(f"tokens must be a 1-D sequence, got shape {list(arr.shape)}")
-    if arr.size == 0:
-        return arr.astype(np.int64)
-    if not np.issubdtype(arr.dtype, np.integer):
+    if arr.size and not np.issubdtype(arr.dtype, np.integer):  # an empty list is float64: no tokens, no error
         raise MeshInputError(f"tokens must be integers, got dtype {arr.dtype}")
     return arr.astype(np.int64)
 
@@ -123,10 +122,7 @@ def patchify(faces: np.ndarray, num_vertices: int) -> list[list[int]]:
             for fi in around[centre]
             if not visited[fi]
         )  # [(u, v, face index)] with u < v
-        ends: dict[int, int] = {}
-        for u, v, _ in fan:
-            ends[u] = ends.get(u, 0) + 1
-            ends[v] = ends.get(v, 0) + 1
+        ends = Counter(x for u, v, _ in fan for x in (u, v))
         open_ends = [v for v, n in ends.items() if n == 1]
         ring = [min(open_ends) if open_ends else fan[0][0]]
         used: list[int] = []
@@ -187,14 +183,11 @@ class BPTTokenizer(StrictDecode):
         current = -1  # last emitted block token (a special block never equals a plain one)
         for n, patch in enumerate(patchify(f, len(coords))):
             for k, v in enumerate(patch):
-                if k == 0 and n > 0:
-                    current = int(block[v]) + self.special_base
-                    tokens += [current, int(offset[v])]
-                elif block[v] == current:
-                    tokens.append(int(offset[v]))
-                else:
-                    current = int(block[v])
-                    tokens += [current, int(offset[v])]
+                opens = k == 0 and n > 0  # every patch after the first opens with a special block
+                if opens or block[v] != current:
+                    current = int(block[v]) + (self.special_base if opens else 0)
+                    tokens.append(current)
+                tokens.append(int(offset[v]))
         if add_eos:
             tokens.append(self.eos_id)
         return np.asarray(tokens, dtype=np.int64)
@@ -218,20 +211,15 @@ class BPTTokenizer(StrictDecode):
         block: int | None = None
         pending: int | None = None  # position of a block token still waiting for its offset
         for pos, t in enumerate(seq.tolist()):
-            is_block = 0 <= t < self.offset_base
+            is_block, is_offset = 0 <= t < self.offset_base, self.offset_base <= t < self.special_base
             is_special = self.special_base <= t < self.eos_id
             if pending is not None and (is_block or is_special):
                 errors.append(MeshDecodeError(pending, "block token not followed by an offset"))
-            if is_special:
+            if is_special or not patches and (is_block or is_offset):  # the first patch opens with no special
                 patches.append((pos, []))
-                block, pending = t - self.special_base, pos
-            elif is_block:
-                if not patches:
-                    patches.append((pos, []))
-                block, pending = t, pos
-            elif self.offset_base <= t < self.special_base:
-                if not patches:
-                    patches.append((pos, []))
+            if is_block or is_special:
+                block, pending = t - (self.special_base if is_special else 0), pos
+            elif is_offset:
                 if block is None:
                     errors.append(MeshDecodeError(pos, "offset token before any block token"))
                 patches[-1][1].append(self._coords(0 if block is None else block, t))
@@ -243,16 +231,10 @@ class BPTTokenizer(StrictDecode):
         if pending is not None:
             errors.append(MeshDecodeError(pending, "block token not followed by an offset"))
         corners = []
-        for start, verts in patches:
+        for start, verts in patches:  # a fan around verts[0]; fewer than 3 vertices make no triangle
             if len(verts) < 3:
-                errors.append(
-                    MeshDecodeError(
-                        start, f"patch has {len(verts)} vertices; a fan needs at least 3"
-                    )
-                )
-                continue
-            centre = verts[0]
-            corners += [[centre, verts[j], verts[j + 1]] for j in range(1, len(verts) - 1)]
+                errors.append(MeshDecodeError(start, f"patch has {len(verts)} vertices; a fan needs at least 3"))
+            corners += [[verts[0], verts[j], verts[j + 1]] for j in range(1, len(verts) - 1)]
         vertices, faces = triangles_to_mesh(np.asarray(corners).reshape(-1, 3, 3), self.bits)
         errors.sort(key=lambda e: e.position)
         return DecodedMesh(vertices=vertices, faces=faces, errors=tuple(errors))
