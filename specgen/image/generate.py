@@ -210,18 +210,16 @@ def generate_images(im: ImageModel, req: DecodeRequest[ImageGenConfig],
     pixels: list[torch.Tensor] = [torch.empty(0)] * len(conditions)
 
     def done(j: int) -> None:
-        if on_image is not None:
-            pixels[j] = decode_pixels(im, [tokens[j]])[0]
-            on_image(j, pixels[j])
+        pixels[j] = decode_pixels(im, [tokens[j]])[0]
+        on_image(j, pixels[j])
 
+    streamed = on_image is not None
     batch = run_batch(parts.target, lambda i: build_image_method(req.method, parts, req.options)[0],
-                      prompts, im.grid * im.grid, req.params, (), seeds, cfg.batch_size, on_done=done, rule=rule,
-                      max_draft=MAX_DRAFT, budget=budget,
-                      on_tokens=None if on_image is None else lambda j, new: tokens[j].extend(new))
+                      prompts, im.grid * im.grid, req.params, (), seeds, cfg.batch_size,
+                      on_done=done if streamed else None, rule=rule, max_draft=MAX_DRAFT, budget=budget,
+                      on_tokens=(lambda j, new: tokens[j].extend(new)) if streamed else None)
     samples = [ImageSample(label_of(c), r.tokens, r.stats) for c, r in zip(conditions, batch.results)]
-    if on_image is not None:
-        return samples, torch.stack(pixels)
-    return samples, decode_pixels(im, [s.tokens for s in samples])
+    return samples, torch.stack(pixels) if streamed else decode_pixels(im, [s.tokens for s in samples])
 
 
 @torch.inference_mode()
