@@ -82,11 +82,6 @@ def check_meta(old: dict, new: dict) -> None:
                                     "use another --out")
 
 
-def write_parquet_atomic(rows: list[dict], path: Path) -> None:
-    table = pa.Table.from_pylist(rows, schema=SCHEMA)
-    atomic_write(path, lambda tmp: pq.write_table(table, tmp))
-
-
 def shard_files(folder: Path) -> list[Path]:
     return sorted((Path(folder) / SHARDS).glob("rank*-*.parquet"))
 
@@ -128,8 +123,7 @@ def merge_shards(folder: Path) -> Path:
     merged = folder / MERGED / "train.parquet"
     merged.unlink(missing_ok=True)  # rebuilt from the shards (the source of truth)
     rows = load_records(folder)
-    write_parquet_atomic(rows, merged)
-    return merged
+    return atomic_write(merged, lambda tmp: pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA), tmp))
 
 
 def load_prompt_texts(cfg: CollectConfig) -> tuple[list[str], str, str]:
@@ -195,14 +189,14 @@ def collect(cfg: CollectConfig, out: Path, on_prompt: Callable[[int, int, float]
         recs = jacobi_trajectories_batch(tm.target, ids, cfg.block_size, cfg.max_new_tokens, tm.tokenizer.stop_ids,
                                          [cfg.seed * 1_000_003 + cfg.offset + i for i in chunk_ids], cfg.batch_size)
         for i, prompt_ids, prompt_recs in zip(chunk_ids, ids, recs):
-            for b, r in enumerate(prompt_recs):
-                pending.append({"data_id": cfg.offset + i, "block": b, "prompt_ids": prompt_ids, **r})
-                blocks += 1
-                iters += r["iterations"]
+            pending += [{"data_id": cfg.offset + i, "block": b, "prompt_ids": prompt_ids, **r}
+                        for b, r in enumerate(prompt_recs)]
+            blocks, iters = blocks + len(prompt_recs), iters + sum(r["iterations"] for r in prompt_recs)
             if on_prompt:
                 on_prompt(blocks, iters, time.perf_counter() - t0)
         if pending:
-            write_parquet_atomic(pending, out / SHARDS / f"rank{rank:02d}-{chunk:05d}.parquet")
+            table = pa.Table.from_pylist(pending, schema=SCHEMA)
+            atomic_write(out / SHARDS / f"rank{rank:02d}-{chunk:05d}.parquet", lambda tmp: pq.write_table(table, tmp))
             chunk, pending = chunk + 1, []
     return CollectSummary(str(out), rank, shard.count, len(todo), len(mine) - len(todo), blocks,
                           iters / blocks if blocks else 0.0, time.perf_counter() - t0)
