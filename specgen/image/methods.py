@@ -47,8 +47,6 @@ def adt(parts: ImageParts, o: O.AdtOptions) -> AdtPolicy:
 
 
 def lantern_rule(parts: ImageParts, o: O.LanternOptions):
-    if parts.codebook is None:
-        raise UsageError("lantern needs the target's VQ codebook")
     table = neighbour_table(parts.codebook, o.lantern_k or scaled_k(parts.codebook.shape[0]))
     return partial(accept_lantern, neighbours=table, delta=o.lantern_delta)
 

@@ -94,10 +94,8 @@ def read_file(path: Path, num_points: int, seed: int) -> list[Condition]:
             return [Condition(f"{path.stem}-{i}", prepare_cloud(a, num_points, seed, f"{path}[{i}]"))
                     for i, a in enumerate(arr)]
         return [Condition(path.stem, prepare_cloud(arr, num_points, seed, str(path)))]
-    if suffix == ".ply":
-        pts = _ply_points(path)
-        if pts is not None:
-            return [Condition(path.stem, prepare_cloud(pts, num_points, seed, str(path)))]
+    if suffix == ".ply" and (pts := _ply_points(path)) is not None:  # a PLY with faces is read as a mesh below
+        return [Condition(path.stem, prepare_cloud(pts, num_points, seed, str(path)))]
     if suffix in MESH_SUFFIXES:
         m = load_mesh(path)
         return [Condition(path.stem, point_cloud(normalize_bbox(m.vertices), m.faces, num_points, seed))]

@@ -1,5 +1,4 @@
-"""BPT's blocked and patchified mesh tokenization (Weng et al. 2025), token for token (docs/mesh.md), and the decode
-result and sequence helpers the test-support naive 9-per-face tokenizer shares."""
+"""BPT's blocked and patchified mesh tokenization (Weng et al. 2025), token for token, with helpers (docs/mesh.md)."""
 
 from __future__ import annotations
 
