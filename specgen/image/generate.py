@@ -162,8 +162,7 @@ def image_conditions(im: ImageModel, cfg: ImageGenConfig, flags: dict[str, str] 
         raise UsageError(f"{im.entry.ref} is text-conditional (t2i): it needs {flags['captions']} "
                          "(precomputed T5 caption features; see docs/methods/eagle2.md)")
     captions = read_captions(cfg.captions, im.model.cfg.n_cond, im.model.cfg.caption_dim)
-    n = cfg.num or len(captions)
-    return [captions[i % len(captions)] for i in range(n)]
+    return [captions[i % len(captions)] for i in range(cfg.num or len(captions))]
 
 
 def conditioned(im: ImageModel, cfg_scale: float, cond: int | Caption) -> tuple[ImageParts, list[int]]:

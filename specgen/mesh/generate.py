@@ -63,8 +63,7 @@ def prepare_cloud(arr: object, num_points: int, seed: int, name: str) -> np.ndar
     except MeshInputError as e:
         raise MeshInputError(f"{name}: {e}") from None
     pts = normalize_bbox(points)
-    rng = np.random.default_rng(seed)
-    idx = rng.choice(len(pts), num_points, replace=len(pts) < num_points)
+    idx = np.random.default_rng(seed).choice(len(pts), num_points, replace=len(pts) < num_points)
     return np.concatenate([pts[idx], normals[idx]], axis=1).astype(np.float32)
 
 

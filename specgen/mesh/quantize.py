@@ -54,9 +54,7 @@ def unique_rows_in_order(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The distinct rows [U, C] of rows [N, C] by first appearance, and each row's index among them [N]."""
     unique, first, inverse = np.unique(rows, axis=0, return_index=True, return_inverse=True)
     order = np.argsort(first)
-    rank = np.empty(len(order), dtype=np.int64)
-    rank[order] = np.arange(len(order))
-    return unique[order], rank[inverse.reshape(-1)]
+    return unique[order], np.argsort(order)[inverse.reshape(-1)]  # argsort of a permutation: its inverse
 
 
 def clean_faces(faces: np.ndarray) -> tuple[np.ndarray, int, int]:

@@ -37,9 +37,7 @@ def canonical_mesh(vertices: object, faces: object, bits: int, order: Callable[[
     if len(faces) == 0:
         raise MeshInputError("mesh has no non-degenerate faces after quantisation")
     perm = order(coords)
-    rank = np.empty(len(perm), dtype=np.int64)  # new vertex i is old vertex perm[i]
-    rank[perm] = np.arange(len(perm))
-    f = rank[faces]  # [F, 3]
+    f = np.argsort(perm)[faces]  # [F, 3]; new vertex i is old vertex perm[i], so old j is new argsort(perm)[j]
     f = np.take_along_axis(f, (np.argmin(f, axis=1)[:, None] + np.arange(3)[None, :]) % 3, axis=1)
     s = np.sort(f, axis=1)  # [F, 3]
     return coords[perm], f[np.lexsort((s[:, 2], s[:, 1], s[:, 0]))]  # lexsort is stable
