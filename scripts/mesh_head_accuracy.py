@@ -5,7 +5,7 @@
 Reads the held-out label sequences of a `train-heads` run (the backbone's own samples: the last
 `--sequences` rows), runs the backbone (its heads' LoRA adapter merged) teacher-forced over them and
 applies each head d to every hidden row, as training does: head d at row i predicts token i + d.
-For each kind of target token (block, offset, special block, EOS; `mesh/tokenizers/bpt.py`) it
+For each kind of target token (block, offset, special block, EOS; `mesh/tokenizers.py`) it
 prints the kind's share of positions, the head's accuracy against the label, and the backbone's
 mean top probability at that position given the true prefix (what an oracle head would be accepted
 with under `p > delta`). A head whose accuracy sits far below the backbone's confidence on a kind

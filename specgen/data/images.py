@@ -76,11 +76,7 @@ class ImageCropsConfig:
 def _to_rgb_float(img: np.ndarray) -> torch.Tensor:
     """uint8 [H,W] or [H,W,C] -> float [3,H,W] in [0, 1]."""
     t = torch.from_numpy(np.array(img, dtype=np.float32)) / 255.0
-    if t.ndim == 2:
-        t = t[None].expand(3, -1, -1)  # [3,H,W]
-    else:
-        t = t[..., :3].permute(2, 0, 1)  # [3,H,W]
-    return t.contiguous()
+    return (t[None].expand(3, -1, -1) if t.ndim == 2 else t[..., :3].permute(2, 0, 1)).contiguous()  # [3,H,W]
 
 
 @functools.lru_cache(maxsize=None)

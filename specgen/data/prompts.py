@@ -56,6 +56,8 @@ def _content(value, name: str, where: str) -> str | tuple[dict, ...]:
 
 def record(row: dict, field: str | None, category_field: str | None, where: str) -> Prompt:
     """The prompt of one record (a JSON object or a dataset row)."""
+    if not isinstance(row, dict):
+        raise PromptSourceError(f"{where}: expected a JSON object, got {type(row).__name__}")
     name = field or next((f for f in FIELDS if f in row), None)
     if name is None:
         have = ", ".join(map(str, row)) or "none"
@@ -74,15 +76,6 @@ class Source(NamedTuple):
     name: str
     path: Path | None
     text: str
-
-
-def _json_lines(src: Source, field: str | None, category_field: str | None) -> list[Prompt]:
-    prompts = []
-    for number, row in json_lines(src):
-        if not isinstance(row, dict):
-            raise PromptSourceError(f"{src.name} line {number}: expected a JSON object, got {type(row).__name__}")
-        prompts.append(record(row, field, category_field, f"{src.name} line {number}"))
-    return prompts
 
 
 def json_lines(src: Source) -> Iterator[tuple[int, object]]:
@@ -167,7 +160,7 @@ def read_prompt_records(source: str | Path, field: str | None = None,
         src = read_text(source, "prompt file")
         first = next((line for line in src.text.splitlines() if line.strip()), "")
         jsonl = first.lstrip().startswith("{") or (src.path is not None and src.path.suffix.lower() in JSONL_SUFFIXES)
-        prompts = (_json_lines(src, field, category_field) if jsonl
+        prompts = ([record(row, field, category_field, f"{src.name} line {n}") for n, row in json_lines(src)] if jsonl
                    else [Prompt(line.strip()) for line in src.text.splitlines() if line.strip()])
         name, empty = src.name, "no prompts (the input is empty)"
     if not prompts:

@@ -35,20 +35,6 @@ def left_pad(features: torch.Tensor, mask: torch.Tensor, n_cond: int) -> list[Ca
     return out
 
 
-def _read_arrays(path: Path) -> dict[str, torch.Tensor]:
-    """Name -> tensor from a caption file (no pickles: .npy/.npz are read with allow_pickle=False)."""
-    try:
-        if path.suffix == ".safetensors":
-            return load_file(str(path))
-        if path.suffix == ".npy":
-            return {"features": torch.from_numpy(np.load(path, allow_pickle=False))}
-        with np.load(path, allow_pickle=False) as z:
-            return {k: torch.from_numpy(z[k]) for k in z.files}
-    except Exception as e:  # corrupt file, wrong format, object arrays
-        detail = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise UsageError(f"cannot read caption features {path.name}: {detail}") from None
-
-
 def read_captions(path: str | Path, n_cond: int, caption_dim: int) -> list[Caption]:
     """Validated, left-padded captions from a features file; every problem is a one-line usage error."""
     path = Path(path)
@@ -56,7 +42,17 @@ def read_captions(path: str | Path, n_cond: int, caption_dim: int) -> list[Capti
         raise UsageError(f"caption features must be one of {', '.join(SUFFIXES)}, got {path.name}")
     if not path.is_file():
         raise UsageError(f"caption features file not found: {path}")
-    arrays = _read_arrays(path)
+    try:  # no pickles: .npy/.npz are read with allow_pickle=False
+        if path.suffix == ".safetensors":
+            arrays = load_file(str(path))
+        elif path.suffix == ".npy":
+            arrays = {"features": torch.from_numpy(np.load(path, allow_pickle=False))}
+        else:
+            with np.load(path, allow_pickle=False) as z:
+                arrays = {k: torch.from_numpy(z[k]) for k in z.files}
+    except Exception as e:  # corrupt file, wrong format, object arrays
+        detail = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise UsageError(f"cannot read caption features {path.name}: {detail}") from None
     if "features" not in arrays:
         raise UsageError(f"{path.name} has no 'features' array (found: {', '.join(sorted(arrays)) or 'none'})")
     features = arrays["features"]

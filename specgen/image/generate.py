@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import difflib
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -163,8 +162,7 @@ def image_conditions(im: ImageModel, cfg: ImageGenConfig, flags: dict[str, str] 
         raise UsageError(f"{im.entry.ref} is text-conditional (t2i): it needs {flags['captions']} "
                          "(precomputed T5 caption features; see docs/methods/eagle2.md)")
     captions = read_captions(cfg.captions, im.model.cfg.n_cond, im.model.cfg.caption_dim)
-    n = cfg.num or len(captions)
-    return [captions[i % len(captions)] for i in range(n)]
+    return [captions[i % len(captions)] for i in range(cfg.num or len(captions))]
 
 
 def conditioned(im: ImageModel, cfg_scale: float, cond: int | Caption) -> tuple[ImageParts, list[int]]:
@@ -211,18 +209,16 @@ def generate_images(im: ImageModel, req: DecodeRequest[ImageGenConfig],
     pixels: list[torch.Tensor] = [torch.empty(0)] * len(conditions)
 
     def done(j: int) -> None:
-        if on_image is not None:
-            pixels[j] = decode_pixels(im, [tokens[j]])[0]
-            on_image(j, pixels[j])
+        pixels[j] = decode_pixels(im, [tokens[j]])[0]
+        on_image(j, pixels[j])
 
+    streamed = on_image is not None
     batch = run_batch(parts.target, lambda i: build_image_method(req.method, parts, req.options)[0],
-                      prompts, im.grid * im.grid, req.params, (), seeds, cfg.batch_size, on_done=done, rule=rule,
-                      max_draft=MAX_DRAFT, budget=budget,
-                      on_tokens=None if on_image is None else lambda j, new: tokens[j].extend(new))
+                      prompts, im.grid * im.grid, req.params, (), seeds, cfg.batch_size,
+                      on_done=done if streamed else None, rule=rule, max_draft=MAX_DRAFT, budget=budget,
+                      on_tokens=(lambda j, new: tokens[j].extend(new)) if streamed else None)
     samples = [ImageSample(label_of(c), r.tokens, r.stats) for c, r in zip(conditions, batch.results)]
-    if on_image is not None:
-        return samples, torch.stack(pixels)
-    return samples, decode_pixels(im, [s.tokens for s in samples])
+    return samples, torch.stack(pixels) if streamed else decode_pixels(im, [s.tokens for s in samples])
 
 
 @torch.inference_mode()
@@ -259,13 +255,11 @@ class PngWriter:
 
     def save(self, image: Image.Image, name: str) -> Path:
         self.out_dir.mkdir(parents=True, exist_ok=True)  # checked up front (paths.check_output_dir)
+        tmp = self.out_dir / f".{name}.{os.getpid()}.tmp"  # linked to a free name: never replaces a file
         try:
-            fd, tmp = tempfile.mkstemp(dir=self.out_dir, suffix=".png.tmp")
-            os.close(fd)
-            try:
-                image.save(tmp, format="PNG")
-                return link_into_place(tmp, self.out_dir / name)
-            finally:
-                Path(tmp).unlink(missing_ok=True)
+            image.save(tmp, format="PNG")
+            return link_into_place(tmp, self.out_dir / name)
         except OSError as e:
             raise UsageError(f"cannot write images to {self.out_dir}: {e}") from None
+        finally:
+            tmp.unlink(missing_ok=True)

@@ -47,8 +47,6 @@ def adt(parts: ImageParts, o: O.AdtOptions) -> AdtPolicy:
 
 
 def lantern_rule(parts: ImageParts, o: O.LanternOptions):
-    if parts.codebook is None:
-        raise UsageError("lantern needs the target's VQ codebook")
     table = neighbour_table(parts.codebook, o.lantern_k or scaled_k(parts.codebook.shape[0]))
     return partial(accept_lantern, neighbours=table, delta=o.lantern_delta)
 
@@ -59,9 +57,6 @@ def mulo_sd(p: ImageParts, o: O.MuloOptions):
     return build_mulo(p, o), None  # its own acceptance (pooled mass >= tau)
 
 
-Builder = Callable[[ImageParts, Any], tuple[Any, Any]]
-
-
 def build_image_method(name: str, parts: ImageParts, options: dict | O.Options):
     """(drafter, rule) for an image method from its options (`MethodSpec.parse_options`, or a dict it parses); rule
     None = the lossless default."""
@@ -69,7 +64,7 @@ def build_image_method(name: str, parts: ImageParts, options: dict | O.Options):
     return BUILDERS[name](parts, spec.parse_options(options) if isinstance(options, dict) else options)
 
 
-BUILDERS: dict[str, Builder] = {  # every method that runs on images, by name
+BUILDERS: dict[str, Callable[[ImageParts, Any], tuple[Any, Any]]] = {  # every method that runs on images, by name
     "ar": lambda p, o: (EmptyDrafter(), None),
     "eagle2": lambda p, o: (eagle_drafter(p, fixed(o)), None),
     "adt-tree": lambda p, o: (eagle_drafter(p, adt(p, o)), None),

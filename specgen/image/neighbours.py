@@ -27,8 +27,7 @@ def compute_neighbours(codebook: torch.Tensor, k: int) -> torch.Tensor:
 
 def neighbour_table(codebook: torch.Tensor, k: int) -> torch.Tensor:
     """Load the cached table for this codebook and k, computing and caching it atomically if absent."""
-    folder = registry.home() / "artefacts" / "neighbours"
-    path = folder / f"{codebook_hash(codebook)}-k{k}.safetensors"
+    path = registry.home() / "artefacts" / "neighbours" / f"{codebook_hash(codebook)}-k{k}.safetensors"
     if path.is_file():
         try:
             return load_file(str(path))["neighbours"]

@@ -22,21 +22,14 @@ class CFGTarget:
         self.null_class = model.cfg.num_classes
         self.device = model.device
         self.dtype = model.dtype  # caption features arrive float32: cast to the model's activation dtype
-
-    @property
-    def guided(self) -> bool:
-        return self.cfg_scale != 1.0
-
-    @property
-    def branches(self) -> int:
-        return 2 if self.guided else 1
+        self.branches = 2 if self.cfg_scale != 1.0 else 1  # scale 1 is the conditional model alone: no uncond row
 
     def new_cache(self, batch: int, max_len: int) -> KVCache:
         return self.model.new_cache(self.branches * batch, max_len)  # slots, not positions: trees need room
 
     def combine(self, logits: torch.Tensor) -> torch.Tensor:
         """[n * branches, S, V] (rows cond_0, uncond_0, cond_1, ...) -> [n, S, V] CFG-combined logits."""
-        if not self.guided:
+        if self.branches == 1:
             return logits
         cond, uncond = logits.view(-1, 2, *logits.shape[1:]).unbind(1)  # [n, S, V] each
         return uncond + self.cfg_scale * (cond - uncond)  # guidance at the logits level
@@ -45,7 +38,7 @@ class CFGTarget:
     def prefill(self, tokens: torch.Tensor, cache: KVCache) -> TargetOut:
         """tokens [1, 1] = the class label; runs the condition position and commits it."""
         labels = tokens[0, :1].to(self.device)
-        if self.guided:
+        if self.branches == 2:
             labels = torch.cat([labels, torch.full_like(labels, self.null_class)])
         embeds = self.model.cls_embedding(labels)  # [branches, 1, dim]
         positions = torch.zeros(self.branches, 1, dtype=torch.long, device=self.device)
@@ -88,7 +81,7 @@ class CaptionCFGTarget(CFGTarget):
         emb = self.model.cls_embedding
         caption = self.captions[int(tokens[0, 0])]
         captions = caption.features.to(self.device, self.dtype)[None]  # [1, n, C]
-        if self.guided:
+        if self.branches == 2:
             captions = torch.cat([captions, emb.uncond_embedding[None].to(captions)])  # [2, n, C]
         valid = caption.valid.to(self.device)[None].expand(b, n)  # [b, n]
         positions = torch.arange(n, device=self.device).expand(b, n)  # zero RoPE rows

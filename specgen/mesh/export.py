@@ -36,16 +36,8 @@ def clean_mesh(vertices: np.ndarray, faces: np.ndarray) -> CleanedMesh:
     v, index = unique_rows_in_order(mesh.vertices)
     f = index[mesh.faces]
     kept, degenerate, duplicate = clean_faces(f)
-    areas, _ = face_areas_normals(v, kept)
-    flat = areas <= 0.0  # collinear corners with distinct indices
-    kept = kept[~flat]
-    v_out, f_out = remove_unreferenced(v, kept)
-    return CleanedMesh(
-        vertices=v_out,
-        faces=f_out,
-        degenerate_removed=degenerate + int(flat.sum()),
-        duplicate_removed=duplicate,
-    )
+    flat = face_areas_normals(v, kept)[0] <= 0.0  # collinear corners with distinct indices
+    return CleanedMesh(*remove_unreferenced(v, kept[~flat]), degenerate + int(flat.sum()), duplicate)
 
 
 def format_name(name: str) -> str:

@@ -63,8 +63,7 @@ def prepare_cloud(arr: object, num_points: int, seed: int, name: str) -> np.ndar
     except MeshInputError as e:
         raise MeshInputError(f"{name}: {e}") from None
     pts = normalize_bbox(points)
-    rng = np.random.default_rng(seed)
-    idx = rng.choice(len(pts), num_points, replace=len(pts) < num_points)
+    idx = np.random.default_rng(seed).choice(len(pts), num_points, replace=len(pts) < num_points)
     return np.concatenate([pts[idx], normals[idx]], axis=1).astype(np.float32)
 
 
@@ -94,10 +93,8 @@ def read_file(path: Path, num_points: int, seed: int) -> list[Condition]:
             return [Condition(f"{path.stem}-{i}", prepare_cloud(a, num_points, seed, f"{path}[{i}]"))
                     for i, a in enumerate(arr)]
         return [Condition(path.stem, prepare_cloud(arr, num_points, seed, str(path)))]
-    if suffix == ".ply":
-        pts = _ply_points(path)
-        if pts is not None:
-            return [Condition(path.stem, prepare_cloud(pts, num_points, seed, str(path)))]
+    if suffix == ".ply" and (pts := _ply_points(path)) is not None:  # a PLY with faces is read as a mesh below
+        return [Condition(path.stem, prepare_cloud(pts, num_points, seed, str(path)))]
     if suffix in MESH_SUFFIXES:
         m = load_mesh(path)
         return [Condition(path.stem, point_cloud(normalize_bbox(m.vertices), m.faces, num_points, seed))]
@@ -109,11 +106,8 @@ def load_conditions(path: Path | None, num: int, num_points: int, seed: int,
     """User point clouds (file or folder) or `num` procedural test meshes (of the model's own
     distribution `spec`); all validated up front."""
     if path is None:
-        out = []
-        for s in map(int, split_seeds("test", num)):
-            m = generate_mesh(s, spec)
-            out.append(Condition(f"test-{s}", point_cloud(m.vertices, m.faces, num_points, s)))
-        return out
+        meshes = {s: generate_mesh(s, spec) for s in map(int, split_seeds("test", num))}
+        return [Condition(f"test-{s}", point_cloud(m.vertices, m.faces, num_points, s)) for s, m in meshes.items()]
     path = Path(path)
     if path.is_dir():
         files = sorted(f for f in path.iterdir() if f.suffix.lower() in (".npy", *MESH_SUFFIXES))
@@ -217,7 +211,6 @@ def token_budget(loaded, num_heads: int, max_new_tokens: int = 0) -> int:
 def step_summary(stats) -> dict:
     """DecodeStats summary plus SCR and step latency (XSpecMesh's names)."""
     s = stats.summary()
-    steps = max(stats.steps, 1)
     s["scr"] = round(stats.tau if stats.steps else 1.0, 4)
-    s["step_latency_ms"] = round(1000 * (stats.wall_time - stats.times.get("prefill", 0.0)) / steps, 3)
+    s["step_latency_ms"] = round(1000 * (stats.wall_time - stats.times.get("prefill", 0.0)) / max(stats.steps, 1), 3)
     return s

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.spatial import cKDTree
 
-from specgen.mesh.errors import MeshInputError
 from specgen.mesh.pointcloud import sample_surface
 from specgen.mesh.quantize import normalize_bbox, remove_unreferenced
 from specgen.mesh.types import as_mesh
@@ -42,9 +41,7 @@ def normalized_samples(
     vertices: np.ndarray, faces: np.ndarray, samples: int = NUM_SAMPLES, seed: int = 0
 ) -> np.ndarray:
     """BPT evaluation samples [N, 3] of one mesh normalised to [-0.95, 0.95] (the box of face-used vertices, as BPT)."""
-    mesh = as_mesh(vertices, faces)
-    if len(mesh.faces) == 0:
-        raise MeshInputError("mesh has no faces")
+    mesh = as_mesh(vertices, faces)  # no faces: no vertex left to normalise (MeshInputError)
     v, f = remove_unreferenced(mesh.vertices, mesh.faces)
     return sample_surface(normalize_bbox(v, eps=0.0), f, samples, seed)[0]
 

@@ -73,19 +73,11 @@ def random_rotation(rng: np.random.Generator) -> np.ndarray:
     )
 
 
-def _axis_rotations() -> list[np.ndarray]:
-    """The 24 rotations [3, 3] that map the coordinate axes onto themselves."""
-    out = []
-    for perm in ((0, 1, 2), (1, 2, 0), (2, 0, 1), (0, 2, 1), (2, 1, 0), (1, 0, 2)):
-        for signs in np.ndindex(2, 2, 2):
-            m = np.zeros((3, 3))
-            m[range(3), perm] = [1 - 2 * x for x in signs]
-            if np.linalg.det(m) > 0:
-                out.append(m)
-    return out
-
-
-AXIS_ROTATIONS = _axis_rotations()
+# The 24 rotations [3, 3] that map the coordinate axes onto themselves: signed permutations of determinant +1 (in
+# this order: a seed's mesh depends on it).
+AXIS_ROTATIONS = [m for perm in ((0, 1, 2), (1, 2, 0), (2, 0, 1), (0, 2, 1), (2, 1, 0), (1, 0, 2))
+                  for m in (np.diag([1 - 2 * x for x in s]) @ np.eye(3)[list(perm)] for s in np.ndindex(2, 2, 2))
+                  if np.linalg.det(m) > 0]
 ROTATIONS: dict[str, Callable[[np.random.Generator], np.ndarray]] = {  # "axis": one of AXIS_ROTATIONS, uniformly
     "uniform": random_rotation, "axis": lambda rng: AXIS_ROTATIONS[int(rng.integers(len(AXIS_ROTATIONS)))]}
 

@@ -45,10 +45,7 @@ def dequantize(bins: np.ndarray, bits: int = 7) -> np.ndarray:
 
 def merge_vertices(coords: np.ndarray, faces: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Merge identical integer vertices [V, 3] (lexicographic order): (unique [U, 3], remapped faces [F, 3])."""
-    c = np.asarray(coords, dtype=np.int64).reshape(-1, 3)
-    if len(c) == 0:
-        return c, np.asarray(faces, dtype=np.int64).reshape(-1, 3)
-    unique, inverse = np.unique(c, axis=0, return_inverse=True)
+    unique, inverse = np.unique(np.asarray(coords, dtype=np.int64).reshape(-1, 3), axis=0, return_inverse=True)
     remapped = inverse.reshape(-1)[np.asarray(faces, dtype=np.int64)]  # [F, 3]
     return unique, remapped.reshape(-1, 3)
 
@@ -57,9 +54,7 @@ def unique_rows_in_order(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The distinct rows [U, C] of rows [N, C] by first appearance, and each row's index among them [N]."""
     unique, first, inverse = np.unique(rows, axis=0, return_index=True, return_inverse=True)
     order = np.argsort(first)
-    rank = np.empty(len(order), dtype=np.int64)
-    rank[order] = np.arange(len(order))
-    return unique[order], rank[inverse.reshape(-1)]
+    return unique[order], np.argsort(order)[inverse.reshape(-1)]  # argsort of a permutation: its inverse
 
 
 def clean_faces(faces: np.ndarray) -> tuple[np.ndarray, int, int]:

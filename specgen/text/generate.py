@@ -71,7 +71,7 @@ def generate_text(model: TextModel, req: DecodeRequest[TextGenConfig], prompts: 
 
     def done(i: int) -> None:  # a finished row's held-back text first, then the caller's notice
         if stream is not None:
-            stream.flush(i)
+            stream(i, [], final=True)
         if on_done is not None:
             on_done(i)
 
@@ -97,18 +97,10 @@ class TextStream:
         self.ids: list[list[int]] = [[] for _ in range(rows)]
         self.sent = [0] * rows  # characters of each row's text already given
 
-    def __call__(self, row: int, tokens: list[int]) -> None:
+    def __call__(self, row: int, tokens: list[int], final: bool = False) -> None:
+        """`final`: the row is done, so a character held back at its end goes out as it is."""
         self.ids[row].extend(tokens)
         text = self.tokenizer.decode(self.ids[row])
-        if text.endswith("\ufffd") or len(text) <= self.sent[row]:
-            return
-        self.on_text(row, text[self.sent[row]:])
-        self.sent[row] = len(text)
-
-    def flush(self, row: int) -> None:
-        """The rest of a finished row's completion (a character held back at its end)."""
-        final = self.tokenizer.decode(self.ids[row])
-        if final[self.sent[row]:]:
-            self.on_text(row, final[self.sent[row]:])
-        self.sent[row] = len(final)
-
+        if (final or not text.endswith("\ufffd")) and len(text) > self.sent[row]:
+            self.on_text(row, text[self.sent[row]:])
+            self.sent[row] = len(text)

@@ -81,15 +81,12 @@ def check_row_precision(row: str, precision: str, device: str) -> None:
                          "(the model `dtype` runs is the float one the quality columns are measured under)")
 
 
-def derived_name(base: registry.Entry, quantize: str, group: int) -> str:
-    return f"{base.name}-{quantize}" + (f"-g{group}" if quantize == "int4" else "")
-
-
 def quantized_entry(base: registry.Entry, quantize: str, progress=None) -> registry.Entry:
-    """The stored quantized entry of `base` (target/<base>-int8, ...), made on first use and remade when the base
-    weights or the quantizers (VERSION) changed since."""
+    """The stored quantized entry of `base` (target/<base>-int8, ...), made on first use (from the float32 weights,
+    read once) and remade when the base weights or the quantizers (VERSION) changed since."""
     group = DEFAULT_GROUP if quantize == "int4" else 0
-    folder = registry.checkpoints_dir() / "target" / derived_name(base, quantize, group)
+    name = f"{base.name}-{quantize}" + (f"-g{group}" if group else "")
+    folder = registry.checkpoints_dir() / "target" / name
     if (folder / registry.CONFIG).is_file():
         entry = registry.entry_at(folder)
         info = entry.meta.get("quantized") or {}
@@ -98,23 +95,6 @@ def quantized_entry(base: registry.Entry, quantize: str, progress=None) -> regis
                                     f"{info.get('base', 'no recorded base')}); remove it or rename {base.ref}")
         if base_unchanged(info, base) and info.get("version", 1) == VERSION:
             return entry
-    return save_quantized(base, quantize, group, progress)
-
-
-def weights_stat(entry: registry.Entry) -> list[int]:
-    """(size, mtime_ns) of an entry's weights file: a cheap check that it is the file a copy was made from."""
-    st = (entry.path / registry.WEIGHTS).stat()
-    return [st.st_size, st.st_mtime_ns]
-
-
-def base_unchanged(info: dict, base: registry.Entry) -> bool:
-    """The base still holds the weights the quantized copy was made from: the same file (size and mtime, no read),
-    else the same tensor digest (a copy recording neither, made by an older specgen, is remade or refused)."""
-    return info.get("base_file") == weights_stat(base) or info.get("base_digest") == registry.weights_digest(base)
-
-
-def save_quantized(base: registry.Entry, quantize: str, group: int, progress=None) -> registry.Entry:
-    """Quantize `base` (float32, read once) and store the result as a derived target entry (safetensors)."""
     if progress:
         progress(f"quantizing {base.ref} to {quantize}", 0, 1)
     module = checkpoints.load_module(base, "cpu")
@@ -128,12 +108,23 @@ def save_quantized(base: registry.Entry, quantize: str, group: int, progress=Non
                 description=f"{base.ref} with {quantize} weights (derived; specgen/models/quantize.py)",
                 quantized={"mode": quantize, "group": group, "base": base.ref, "version": VERSION,
                            "base_digest": registry.weights_digest(base), "base_file": weights_stat(base)})
-
-    entry = registry.save("target", derived_name(base, quantize, group), module.state_dict(), meta,
+    entry = registry.save("target", name, module.state_dict(), meta,
                           lambda folder: copy_tokenizer(base.path, folder), force=True)  # a derived cache
     if progress:
         progress(f"quantizing {base.ref} to {quantize}", 1, 1)
     return entry
+
+
+def weights_stat(entry: registry.Entry) -> list[int]:
+    """(size, mtime_ns) of an entry's weights file: a cheap check that it is the file a copy was made from."""
+    st = (entry.path / registry.WEIGHTS).stat()
+    return [st.st_size, st.st_mtime_ns]
+
+
+def base_unchanged(info: dict, base: registry.Entry) -> bool:
+    """The base still holds the weights the quantized copy was made from: the same file (size and mtime, no read),
+    else the same tensor digest (a copy recording neither, made by an older specgen, is remade or refused)."""
+    return info.get("base_file") == weights_stat(base) or info.get("base_digest") == registry.weights_digest(base)
 
 
 def check_quantized_entry(entry: registry.Entry, quantize: str | None, progress=None) -> registry.Entry:

@@ -75,19 +75,11 @@ def read_meta(folder: Path) -> dict:
 
 def check_meta(old: dict, new: dict) -> None:
     """Refuse to mix trajectories of different targets, tokenizers, block sizes or prompt sources."""
-    if (old.get("target"), old.get("tokenizer_hash")) != (new.get("target"), new.get("tokenizer_hash")):
-        raise IncompatibleError(
-            f"trajectories in this folder come from {old.get('target')} (tokenizer {old.get('tokenizer_hash')}), "
-            f"not {new.get('target')} (tokenizer {new.get('tokenizer_hash')}); use another --out")
-    for key in ("block_size", "max_new_tokens", "prompt_source", "prompt_fingerprint", "chat"):
+    for key in ("target", "tokenizer_hash", "block_size", "max_new_tokens", "prompt_source", "prompt_fingerprint",
+                "chat"):
         if old.get(key) != new.get(key):
             raise IncompatibleError(f"this folder was collected with {key}={old.get(key)!r}, not {new.get(key)!r}; "
                                     "use another --out")
-
-
-def write_parquet_atomic(rows: list[dict], path: Path) -> None:
-    table = pa.Table.from_pylist(rows, schema=SCHEMA)
-    atomic_write(path, lambda tmp: pq.write_table(table, tmp))
 
 
 def shard_files(folder: Path) -> list[Path]:
@@ -131,8 +123,7 @@ def merge_shards(folder: Path) -> Path:
     merged = folder / MERGED / "train.parquet"
     merged.unlink(missing_ok=True)  # rebuilt from the shards (the source of truth)
     rows = load_records(folder)
-    write_parquet_atomic(rows, merged)
-    return merged
+    return atomic_write(merged, lambda tmp: pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA), tmp))
 
 
 def load_prompt_texts(cfg: CollectConfig) -> tuple[list[str], str, str]:
@@ -143,8 +134,7 @@ def load_prompt_texts(cfg: CollectConfig) -> tuple[list[str], str, str]:
         texts = read_prompts(cfg.prompts, field=cfg.prompt_field)
         source = str(Path(cfg.prompts).expanduser().resolve())
         fp = hashlib.sha256("\n\0".join(texts).encode("utf-8")).hexdigest()[:12]
-    texts = texts[cfg.offset:]
-    texts = texts[: cfg.limit] if cfg.limit else texts
+    texts = texts[cfg.offset:][: cfg.limit or None]  # limit 0: all
     if not texts:
         raise UsageError(f"no prompts left in {source} after offset {cfg.offset}")
     assert_no_humaneval_overlap(texts)  # HumanEval is never used for training
@@ -199,14 +189,14 @@ def collect(cfg: CollectConfig, out: Path, on_prompt: Callable[[int, int, float]
         recs = jacobi_trajectories_batch(tm.target, ids, cfg.block_size, cfg.max_new_tokens, tm.tokenizer.stop_ids,
                                          [cfg.seed * 1_000_003 + cfg.offset + i for i in chunk_ids], cfg.batch_size)
         for i, prompt_ids, prompt_recs in zip(chunk_ids, ids, recs):
-            for b, r in enumerate(prompt_recs):
-                pending.append({"data_id": cfg.offset + i, "block": b, "prompt_ids": prompt_ids, **r})
-                blocks += 1
-                iters += r["iterations"]
+            pending += [{"data_id": cfg.offset + i, "block": b, "prompt_ids": prompt_ids, **r}
+                        for b, r in enumerate(prompt_recs)]
+            blocks, iters = blocks + len(prompt_recs), iters + sum(r["iterations"] for r in prompt_recs)
             if on_prompt:
                 on_prompt(blocks, iters, time.perf_counter() - t0)
         if pending:
-            write_parquet_atomic(pending, out / SHARDS / f"rank{rank:02d}-{chunk:05d}.parquet")
+            table = pa.Table.from_pylist(pending, schema=SCHEMA)
+            atomic_write(out / SHARDS / f"rank{rank:02d}-{chunk:05d}.parquet", lambda tmp: pq.write_table(table, tmp))
             chunk, pending = chunk + 1, []
     return CollectSummary(str(out), rank, shard.count, len(todo), len(mine) - len(todo), blocks,
                           iters / blocks if blocks else 0.0, time.perf_counter() - t0)

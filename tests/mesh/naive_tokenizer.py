@@ -8,8 +8,8 @@ from typing import ClassVar
 import numpy as np
 
 from specgen.mesh.errors import MeshDecodeError, MeshInputError
-from specgen.mesh.tokenizers.base import (DecodedMesh, StrictDecode, as_token_array, canonical_mesh, cut_at_eos,
-                                          triangles_to_mesh)
+from specgen.mesh.tokenizers import (DecodedMesh, StrictDecode, as_token_array, canonical_mesh, cut_at_eos,
+                                     triangles_to_mesh)
 
 TOKENS_PER_FACE = 9
 ZYX = [2, 1, 0]  # per-vertex token order: z, y, x

@@ -38,7 +38,7 @@ def test_text_stream_pieces_join_to_the_decoded_text():
     data = "naïve 😀 end".encode()
     for k in range(0, len(data), 3):
         stream(0, list(data[k:k + 3]))
-    stream.flush(0)
+    stream(0, [], final=True)
     assert "".join(pieces) == "naïve 😀 end" and all("\ufffd" not in p for p in pieces)
 
 

@@ -1,18 +1,82 @@
-"""BPT's blocked and patchified mesh tokenization (Weng et al. 2025), token for token (docs/mesh.md)."""
+"""BPT's blocked and patchified mesh tokenization (Weng et al. 2025), token for token, with helpers (docs/mesh.md)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Callable, ClassVar
 
 import numpy as np
 
-from specgen.mesh.errors import MeshDecodeError
-from specgen.mesh.tokenizers.base import (DecodedMesh, StrictDecode, as_token_array, canonical_mesh, cut_at_eos,
-                                          triangles_to_mesh)
+from specgen.mesh.errors import MeshDecodeError, MeshInputError
+from specgen.mesh.quantize import dequantize, quantize_mesh, unique_rows_in_order
+from specgen.mesh.types import as_mesh
 
 #: Coarse blocks per axis for BPT's vertex sort (``block_first_order``: bins // 32 at 7 bits).
 SORT_BLOCKS_PER_AXIS = 4
+
+
+@dataclass(frozen=True)
+class DecodedMesh:
+    """What a tolerant decode recovered (equal bins merged, first-appearance order) and every problem it skipped."""
+
+    vertices: np.ndarray  # [V, 3] float64
+    faces: np.ndarray  # [F, 3] int64
+    errors: tuple[MeshDecodeError, ...]  # by position; empty when the sequence is well formed
+
+
+def canonical_mesh(vertices: object, faces: object, bits: int, order: Callable[[np.ndarray], np.ndarray]
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """A mesh in [-1, 1] quantised for encoding (BPT would clip outside it; we refuse) in a tokenizer's canonical
+    order: vertices sorted by `order` (integer coords [V, 3] -> permutation [V]), each face rotated so its lowest index
+    comes first (winding kept), faces stably sorted by their ascending index tuple (PolyGen/BPT face order)."""
+    mesh = as_mesh(vertices, faces)
+    if len(mesh.vertices) and np.abs(mesh.vertices).max() > 1.0:
+        raise MeshInputError("coordinates must lie in [-1, 1]; normalise the mesh with normalize_bbox first")
+    coords, faces = quantize_mesh(mesh.vertices, mesh.faces, bits)
+    if len(faces) == 0:
+        raise MeshInputError("mesh has no non-degenerate faces after quantisation")
+    perm = order(coords)
+    f = np.argsort(perm)[faces]  # [F, 3]; new vertex i is old vertex perm[i], so old j is new argsort(perm)[j]
+    f = np.take_along_axis(f, (np.argmin(f, axis=1)[:, None] + np.arange(3)[None, :]) % 3, axis=1)
+    s = np.sort(f, axis=1)  # [F, 3]
+    return coords[perm], f[np.lexsort((s[:, 2], s[:, 1], s[:, 0]))]  # lexsort is stable
+
+
+def as_token_array(tokens: object) -> np.ndarray:
+    """Tokens as a 1-D int64 array; MeshInputError for other shapes or non-integer values."""
+    arr = np.asarray(tokens)
+    if arr.ndim != 1:
+        raise MeshInputError(f"tokens must be a 1-D sequence, got shape {list(arr.shape)}")
+    if arr.size and not np.issubdtype(arr.dtype, np.integer):  # an empty list is float64: no tokens, no error
+        raise MeshInputError(f"tokens must be integers, got dtype {arr.dtype}")
+    return arr.astype(np.int64)
+
+
+def cut_at_eos(tokens: np.ndarray, eos_id: int) -> np.ndarray:
+    """Tokens before the first EOS (everything from EOS on is ignored)."""
+    hits = np.flatnonzero(tokens == eos_id)
+    return tokens[: hits[0]] if len(hits) else tokens
+
+
+def triangles_to_mesh(corners: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """Integer triangle corners [T, 3, 3] -> (merged bin-centre vertices [V, 3] by first appearance, faces [T, 3])."""
+    flat = np.asarray(corners, dtype=np.int64).reshape(-1, 3)  # [3T, 3]
+    if len(flat) == 0:
+        return np.zeros((0, 3)), np.zeros((0, 3), dtype=np.int64)
+    unique, index = unique_rows_in_order(flat)
+    return dequantize(unique, bits), index.reshape(-1, 3)
+
+
+class StrictDecode:
+    """`decode` from a tokenizer's tolerant `decode_partial`."""
+
+    def decode(self, tokens: object) -> tuple[np.ndarray, np.ndarray]:
+        """Strict decode -> (vertices [V, 3] float64, faces [F, 3] int64); raises the earliest MeshDecodeError."""
+        decoded = self.decode_partial(tokens)
+        if decoded.errors:
+            raise decoded.errors[0]
+        return decoded.vertices, decoded.faces
 
 
 def bpt_vertex_order(coords: np.ndarray, bits: int) -> np.ndarray:
@@ -55,10 +119,7 @@ def patchify(faces: np.ndarray, num_vertices: int) -> list[list[int]]:
             for fi in around[centre]
             if not visited[fi]
         )  # [(u, v, face index)] with u < v
-        ends: dict[int, int] = {}
-        for u, v, _ in fan:
-            ends[u] = ends.get(u, 0) + 1
-            ends[v] = ends.get(v, 0) + 1
+        ends = Counter(x for u, v, _ in fan for x in (u, v))
         open_ends = [v for v, n in ends.items() if n == 1]
         ring = [min(open_ends) if open_ends else fan[0][0]]
         used: list[int] = []
@@ -119,14 +180,11 @@ class BPTTokenizer(StrictDecode):
         current = -1  # last emitted block token (a special block never equals a plain one)
         for n, patch in enumerate(patchify(f, len(coords))):
             for k, v in enumerate(patch):
-                if k == 0 and n > 0:
-                    current = int(block[v]) + self.special_base
-                    tokens += [current, int(offset[v])]
-                elif block[v] == current:
-                    tokens.append(int(offset[v]))
-                else:
-                    current = int(block[v])
-                    tokens += [current, int(offset[v])]
+                opens = k == 0 and n > 0  # every patch after the first opens with a special block
+                if opens or block[v] != current:
+                    current = int(block[v]) + (self.special_base if opens else 0)
+                    tokens.append(current)
+                tokens.append(int(offset[v]))
         if add_eos:
             tokens.append(self.eos_id)
         return np.asarray(tokens, dtype=np.int64)
@@ -150,20 +208,15 @@ class BPTTokenizer(StrictDecode):
         block: int | None = None
         pending: int | None = None  # position of a block token still waiting for its offset
         for pos, t in enumerate(seq.tolist()):
-            is_block = 0 <= t < self.offset_base
+            is_block, is_offset = 0 <= t < self.offset_base, self.offset_base <= t < self.special_base
             is_special = self.special_base <= t < self.eos_id
             if pending is not None and (is_block or is_special):
                 errors.append(MeshDecodeError(pending, "block token not followed by an offset"))
-            if is_special:
+            if is_special or not patches and (is_block or is_offset):  # the first patch opens with no special
                 patches.append((pos, []))
-                block, pending = t - self.special_base, pos
-            elif is_block:
-                if not patches:
-                    patches.append((pos, []))
-                block, pending = t, pos
-            elif self.offset_base <= t < self.special_base:
-                if not patches:
-                    patches.append((pos, []))
+            if is_block or is_special:
+                block, pending = t - (self.special_base if is_special else 0), pos
+            elif is_offset:
                 if block is None:
                     errors.append(MeshDecodeError(pos, "offset token before any block token"))
                 patches[-1][1].append(self._coords(0 if block is None else block, t))
@@ -175,16 +228,10 @@ class BPTTokenizer(StrictDecode):
         if pending is not None:
             errors.append(MeshDecodeError(pending, "block token not followed by an offset"))
         corners = []
-        for start, verts in patches:
+        for start, verts in patches:  # a fan around verts[0]; fewer than 3 vertices make no triangle
             if len(verts) < 3:
-                errors.append(
-                    MeshDecodeError(
-                        start, f"patch has {len(verts)} vertices; a fan needs at least 3"
-                    )
-                )
-                continue
-            centre = verts[0]
-            corners += [[centre, verts[j], verts[j + 1]] for j in range(1, len(verts) - 1)]
+                errors.append(MeshDecodeError(start, f"patch has {len(verts)} vertices; a fan needs at least 3"))
+            corners += [[verts[0], verts[j], verts[j + 1]] for j in range(1, len(verts) - 1)]
         vertices, faces = triangles_to_mesh(np.asarray(corners).reshape(-1, 3, 3), self.bits)
         errors.sort(key=lambda e: e.position)
         return DecodedMesh(vertices=vertices, faces=faces, errors=tuple(errors))
