@@ -73,12 +73,12 @@ def _ply_points(path: Path) -> np.ndarray | None:
     raw = getattr(cloud, "metadata", {}).get("_ply_raw", {}).get("vertex", {}).get("data")
     if raw is None or getattr(cloud, "faces", None) is not None and len(getattr(cloud, "faces", [])):
         return None
-    names = raw.dtype.names or ()
-    if not {"x", "y", "z"} <= set(names):
+    names = set(raw.dtype.names or ()) if hasattr(raw, "dtype") else set(raw)  # binary: a record array; ASCII: a dict
+    if not {"x", "y", "z"} <= names:
         raise MeshInputError(f"{path}: PLY has no x/y/z vertex properties")
-    if not {"nx", "ny", "nz"} <= set(names):
+    if not {"nx", "ny", "nz"} <= names:
         raise MeshInputError(f"{path}: point cloud has no normals (nx, ny, nz); give [N, 6] points+normals")
-    return np.stack([raw[k] for k in ("x", "y", "z", "nx", "ny", "nz")], axis=1).astype(np.float64)
+    return np.stack([np.reshape(raw[k], -1) for k in ("x", "y", "z", "nx", "ny", "nz")], axis=1).astype(np.float64)
 
 
 def read_file(path: Path, num_points: int, seed: int) -> list[Condition]:

@@ -12,7 +12,9 @@ import trimesh
 from typer.testing import CliRunner
 
 from cli.main import app
+from specgen.mesh.errors import MeshInputError
 from specgen.mesh.export import EXPORT_FORMATS
+from specgen.mesh.generate import read_file
 from specgen.mesh.procedural import generate_mesh
 from specgen.mesh.tokenizers import BPTTokenizer
 from tests.mesh.mesh_fixtures import register_tiny
@@ -145,6 +147,23 @@ def test_bad_point_clouds(tiny, tmp_path):
     np.save(ok, pts)
     r = invoke(*base, "--point-clouds", ok, "--format", "json")
     assert r.exit_code == 0 and json.loads(r.stdout)["name"] == "ok"
+
+
+@pytest.mark.parametrize("encoding", ["ascii", "binary_little_endian"])
+def test_a_face_less_ply_is_read_as_a_point_cloud(tmp_path, encoding):
+    pts = np.random.default_rng(0).standard_normal((40, 6)).astype(np.float32)
+    names = ("x", "y", "z", "nx", "ny", "nz")
+    for cols, name in ((names, "normals.ply"), (names[:3], "bare.ply")):
+        header = [f"ply\nformat {encoding} 1.0\nelement vertex {len(pts)}\n"]
+        header += [f"property float {c}\n" for c in cols] + ["end_header\n"]
+        body = pts[:, : len(cols)]
+        data = ("\n".join(" ".join(map(str, r)) for r in body.tolist()) + "\n").encode() if encoding == "ascii" \
+            else body.astype("<f4").tobytes()
+        (tmp_path / name).write_bytes("".join(header).encode() + data)
+    (cond,) = read_file(tmp_path / "normals.ply", 100, 0)
+    assert cond.name == "normals" and cond.points.shape == (100, 6)
+    with pytest.raises(MeshInputError, match="no normals"):
+        read_file(tmp_path / "bare.ply", 100, 0)
 
 
 def test_mesh_usage_errors(tiny, tmp_path):
