@@ -122,7 +122,7 @@ def restore(module: nn.Module, weights: Path) -> bool:
     if found is None:
         return False
     state, path, k = found
-    shapes = {name: lin.kernel_shapes() for name, lin in quantized_layers(module).items()}
+    shapes = {name: lin.make_kernel("meta") for name, lin in quantized_layers(module).items()}
     want = {name: on_disk(t) for name, t in state.items()}  # views: nothing copied
     want.update({f"{name}.kernel.{part}": t for name, made in shapes.items() for part, t in made.items()})
     try:

@@ -187,48 +187,31 @@ class QuantizedLinear(nn.Module):
             self.use_kernel(self.make_kernel())
         return self._kernel
 
-    @property
-    def native(self) -> bool:
-        """Whether this layer's products run qmm.c (kernel_choice.quantized_product)."""
-        return quantized_product(self.in_features, self.group or self.in_features) == "native"
-
     @torch.no_grad()
-    def make_kernel(self) -> dict[str, torch.Tensor]:
-        """The tensors this layer's kernel reads besides its buffers (`kernel_shapes` names them): qmm.c's codes and
-        scales, or torch int4's packed weight and scales-and-zeros [in/g, out, 2] bf16; none for torch int8."""
-        if self.native:
-            codes = unpack_int4(self.qweight) if self.mode == "int4" else self.qweight  # [out, in]
-            zeros = self.zeros if self.mode == "int4" else None
-            return dict(zip(("codes", "sz"), ops.pack_codes(codes, self.scales, zeros)))
+    def make_kernel(self, device: str | None = None) -> dict[str, torch.Tensor]:
+        """The tensors this layer's kernel reads besides its buffers: qmm.c's codes and scales (where
+        `kernel_choice.quantized_product` names it), or torch int4's packed weight and scales-and-zeros [in/g, out, 2]
+        bf16; none for torch int8. On device "meta": their shapes only (what a stored copy must match)."""
+        qweight, scales = self.qweight.to(device), self.scales.to(device)
+        zeros = self.zeros.to(device) if self.mode == "int4" else None
+        if quantized_product(self.in_features, self.group or self.in_features) == "native":
+            codes = unpack_int4(qweight) if self.mode == "int4" else qweight  # [out, in]
+            return dict(zip(("codes", "sz"), ops.pack_codes(codes, scales, zeros)))
         if self.mode == "int8":
             return {}
-        packed = torch.empty_like(self.qweight)  # [out, in/2] in the kernel's order (blocks of <= 64 rows)
+        packed = torch.empty_like(qweight)  # [out, in/2] in the kernel's order (blocks of <= 64 rows)
         for i in range(0, self.out_features, PACK_ROWS):  # the int32 input: a few rows at a time
-            q = unpack_int4(self.qweight[i : i + PACK_ROWS]).to(torch.int32)  # [rows, in], values 0..15
+            q = unpack_int4(qweight[i : i + PACK_ROWS]).to(torch.int32)  # [rows, in], values 0..15
             packed[i : i + PACK_ROWS] = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
-        return {"packed": packed, "sz": torch.stack([self.scales, self.zeros], -1).transpose(0, 1).contiguous()}
-
-    def kernel_shapes(self) -> dict[str, torch.Tensor]:
-        """Meta tensors shaped as `make_kernel`'s (what a stored copy must match)."""
-        meta = {"device": "meta"}
-        if self.native:
-            tiles, blocks = -(-self.out_features // ops.QMM_TILE), self.in_features // ops.QMM_BLOCK
-            per = (2, 256) if self.mode == "int4" else (1, 512)
-            groups = self.in_features // (self.group or self.in_features)
-            return {"codes": torch.empty(tiles, blocks * per[1], dtype=torch.uint8, **meta),
-                    "sz": torch.empty(tiles, groups, per[0], ops.QMM_TILE, dtype=ACT_DTYPE, **meta)}
-        if self.mode == "int8":
-            return {}
-        return {"packed": torch.empty(self.qweight.shape, dtype=torch.uint8, **meta),
-                "sz": torch.empty(self.in_features // self.group, self.out_features, 2, dtype=ACT_DTYPE, **meta)}
+        return {"packed": packed, "sz": torch.stack([scales, zeros], -1).transpose(0, 1).contiguous()}
 
     def use_kernel(self, made: dict[str, torch.Tensor]) -> None:
         """Run products on `made` (`make_kernel`'s tensors, or the layout cache's mapped copies of them); torch
         int4's scales and zeros become views of its sz: held once."""
         if "codes" in made:
             bits, group = (4, self.group) if self.mode == "int4" else (8, self.in_features)
-            operands = (made["codes"], made["sz"], bits, group, self.out_features)
-            self._kernel = (native_product, operands, self.bias, made)
+            operands = (made["codes"], made["sz"], bits, group, self.out_features)  # then threads: torch's, per call
+            self._kernel = (lambda x, *a: ops.qmm(x, *a, torch.get_num_threads()), operands, self.bias, made)
         elif "packed" in made:
             self.scales, self.zeros = made["sz"][..., 0].t(), made["sz"][..., 1].t()
             self._kernel = (INT4_MM, (made["packed"], self.group, made["sz"]), self.bias, made)
@@ -238,9 +221,7 @@ class QuantizedLinear(nn.Module):
     def streamed_bytes(self) -> int:
         """Bytes one product reads: the kernel's codes and scales, else the quantized buffers."""
         made = self.kernel()[3]
-        if "codes" in made:
-            return sum(t.numel() * t.element_size() for t in made.values())
-        return sum(t.numel() * t.element_size() for t in self.buffers())
+        return sum(t.numel() * t.element_size() for t in (made.values() if "codes" in made else self.buffers()))
 
     def __setattr__(self, name: str, value) -> None:
         if name in ("qweight", "scales", "zeros", "bias"):
@@ -265,12 +246,6 @@ class QuantizedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, mode={self.mode}{g}"
 
 
-def native_product(x: torch.Tensor, codes: torch.Tensor, sz: torch.Tensor, bits: int, group: int,
-                   out_features: int) -> torch.Tensor:
-    """qmm.c's product of x [M, in] on this process's torch thread count."""
-    return ops.qmm(x, codes, sz, bits, group, out_features, torch.get_num_threads())
-
-
 def bf16_gemm() -> bool:
     """Whether this CPU has a fast bfloat16 GEMM for prompt mode (oneDNN packs bfloat16; AVX2-only: a slow fallback)."""
     return devices.onednn_packs(ACT_DTYPE)
@@ -291,13 +266,6 @@ class QuantizedFeedForward(nn.Module):
         self.w13, self.w2 = w13, w2
         self.hidden = w2.in_features
 
-    @classmethod
-    @torch.no_grad()
-    def from_float(cls, ffn: nn.Module, mode: str, group: int = 0) -> QuantizedFeedForward:
-        """Quantize a FeedForward (w1, w3, w2 nn.Linear without biases); its float weights are not kept."""
-        gate_up = _as_linear(torch.cat([ffn.w1.weight, ffn.w3.weight]))  # [2 * hidden, dim]
-        return cls(QuantizedLinear.from_linear(gate_up, mode, group), QuantizedLinear.from_linear(ffn.w2, mode, group))
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., dim] -> [..., dim]
         gate, up = self.w13(x).split(self.hidden, -1)  # [..., hidden] each
         return self.w2(F.silu(gate) * up)
@@ -316,14 +284,20 @@ class QuantizedEmbedding(nn.Module):
         return self.qweight[ids].to(ACT_DTYPE) * self.scales[ids].unsqueeze(-1)
 
 
-def swap_layers(model: Transformer, linear, feed_forward) -> None:
-    """Each block's (cross-)attention Linears -> `linear(lin)`, its feed-forward -> `feed_forward(ffn)`, in place."""
+def swap_layers(model: Transformer, quantized, mode: str, group: int) -> None:
+    """In place: each block's (cross-)attention Linears -> `quantized(lin, mode, group)`, its feed-forward -> a
+    QuantizedFeedForward of two, and the head and embedding -> int8 ones (tied when the model ties them)."""
     for blk in model.layers:
         for parent in (blk.attention,) + ((blk.cross_attention,) if hasattr(blk, "cross_attention") else ()):
             for name, lin in list(parent.named_children()):
                 if isinstance(lin, nn.Linear):
-                    setattr(parent, name, linear(lin))
-        blk.feed_forward = feed_forward(blk.feed_forward)
+                    setattr(parent, name, quantized(lin, mode, group))
+        ffn = blk.feed_forward  # w1, w3, w2 without biases; w13: [2 * hidden, dim]
+        w13 = quantized(_as_linear(torch.cat([ffn.w1.weight, ffn.w3.weight])), mode, group)
+        blk.feed_forward = QuantizedFeedForward(w13, quantized(ffn.w2, mode, group))
+    head = quantized(model.output, "int8", 0)
+    table = head if model.cfg.tie_embeddings else quantized(_as_linear(model.tok_embeddings.weight), "int8", 0)
+    model.output, model.tok_embeddings = head, QuantizedEmbedding(table)
 
 
 def quantize_model(model: nn.Module, mode: str, group: int = DEFAULT_GROUP) -> nn.Module:
@@ -343,12 +317,7 @@ def quantize_model(model: nn.Module, mode: str, group: int = DEFAULT_GROUP) -> n
             raise UsageError(f"int4 needs input widths divisible by the group size {group}; this model has a "
                              f"{odd[0]}-wide layer (try a group size that divides it, e.g. 32)")
     with torch.no_grad():
-        swap_layers(dec, lambda lin: QuantizedLinear.from_linear(lin, mode, group),
-                    lambda ffn: QuantizedFeedForward.from_float(ffn, mode, group))
-        head = QuantizedLinear.from_linear(dec.output, "int8")
-        untied = not dec.cfg.tie_embeddings
-        table = QuantizedLinear.from_linear(_as_linear(dec.tok_embeddings.weight), "int8") if untied else head
-        dec.output, dec.tok_embeddings = head, QuantizedEmbedding(table)
+        swap_layers(dec, QuantizedLinear.from_linear, mode, group)
     if dec is not model:  # the mesh GPT's encoder (buffers too), as `.to(bfloat16)` would; not the decoder
         for child in model.children():
             if child is not dec:
@@ -372,13 +341,8 @@ def build_quantized_transformer(quantize: str, group: int = 0, **kwargs) -> nn.M
     cfg = TransformerConfig(**kwargs)
     with torch.device("meta"):
         model = Transformer(cfg)
-    swap_layers(model, lambda lin: QuantizedLinear(lin.in_features, lin.out_features, quantize, group,
-                                                   lin.bias is not None),
-                lambda ffn: QuantizedFeedForward(QuantizedLinear(cfg.dim, 2 * cfg.ffn_dim, quantize, group),
-                                                 QuantizedLinear(cfg.ffn_dim, cfg.dim, quantize, group)))
-    head = QuantizedLinear(cfg.dim, cfg.vocab_size, "int8")
-    table = head if cfg.tie_embeddings else QuantizedLinear(cfg.dim, cfg.vocab_size, "int8")
-    model.output, model.tok_embeddings = head, QuantizedEmbedding(table)
+    swap_layers(model, lambda lin, mode, g: QuantizedLinear(lin.in_features, lin.out_features, mode, g,
+                                                            lin.bias is not None), quantize, group)
     for mod in model.modules():  # the norms (still on meta): real bf16 ones
         for name, p in list(mod.named_parameters(recurse=False)):
             setattr(mod, name, nn.Parameter(torch.ones(p.shape, dtype=ACT_DTYPE), requires_grad=False))
