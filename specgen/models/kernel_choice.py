@@ -6,6 +6,7 @@ import os
 import time
 import weakref
 from dataclasses import dataclass
+from itertools import takewhile
 
 import torch
 import torch.nn.functional as F
@@ -72,12 +73,8 @@ class Timing:
     @property
     def min_rows(self) -> int:
         """The smallest row count from which oneDNN is faster at every larger measured count (else past the last)."""
-        best = self.rows[-1] + 1
-        for r, mkl, dnn in reversed(list(zip(self.rows, self.mkl_ms, self.dnn_ms))):
-            if dnn >= mkl:
-                break
-            best = r
-        return best
+        wins = list(takewhile(lambda t: t[2] < t[1], reversed(list(zip(self.rows, self.mkl_ms, self.dnn_ms)))))
+        return wins[-1][0] if wins else self.rows[-1] + 1
 
     @property
     def native(self) -> tuple[int, int | None] | None:
@@ -192,8 +189,7 @@ def describe() -> str:
     if pinned is not None:
         return f"oneDNN from {pinned} rows (pinned)"
     threads = torch.get_num_threads()
-    plans = sorted({p.describe() for (_, t), p in _MEASURED.items() if t == threads})
-    return " / ".join(plans)
+    return " / ".join(sorted({p.describe() for (_, t), p in _MEASURED.items() if t == threads}))
 
 
 def stored_or_measured(linears: list, signature: tuple, threads: int) -> Plan:
@@ -203,7 +199,7 @@ def stored_or_measured(linears: list, signature: tuple, threads: int) -> Plan:
     if stored is not None:
         return Plan(*stored)
     plan = time_passes(linears).plan
-    plan_cache.store(k, plan.min_rows, plan.native)
+    plan_cache.add(plan_cache.path(), k, {"min_rows": plan.min_rows, "native": plan.native})  # a tuple: a JSON list
     return plan
 
 
@@ -215,8 +211,7 @@ class KernelChoice:
         linears = distinct(linears)
         self._linears = [weakref.ref(lin) for lin in linears]  # weak: a copied layer must not drag the model along
         self.signature = tuple((lin.in_features, lin.out_features, lin.weight.dtype) for lin in linears)
-        self._threads = -1
-        self._plan = Plan(FALLBACK_MIN_ROWS)
+        self._threads = -1  # no plan yet: the first `plan()` reads or measures one
 
     def known(self) -> bool:
         """Whether the plan at this thread count needs no timing: pinned, measured in this process, or stored."""

@@ -30,13 +30,11 @@ def usable(blk, x: torch.Tensor, mask, cross_kv) -> bool:
             or blk.attention.cfg.qk_norm or (cross_kv is not None) != hasattr(blk, "cross_attention")
             or not native_norms(x, *(n.weight for n in norms(blk)))):
         return False
-    lins = linears(blk)
-    if any(type(lin) is not PackedLinear for lin in lins):  # e.g. plain nn.Linear (unpacked) or a LoRA wrapper
+    lins = linears(blk)  # not a PackedLinear: e.g. plain nn.Linear (unpacked) or a LoRA wrapper
+    if any(type(lin) is not PackedLinear or lin._choice is not lins[0]._choice or lin.weight.dtype != torch.float32
+           for lin in lins):
         return False
-    choice = lins[0]._choice
-    if any(lin._choice is not choice or lin.weight.dtype != torch.float32 for lin in lins):
-        return False
-    return choice.plan().kernel(x.numel() // x.shape[-1]) == "native"
+    return lins[0]._choice.plan().kernel(x.numel() // x.shape[-1]) == "native"
 
 
 def product(lin: PackedLinear, x: torch.Tensor, threads: int) -> torch.Tensor:

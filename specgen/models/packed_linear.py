@@ -75,10 +75,7 @@ class PackedLinear(nn.Linear):
 
     def __getstate__(self) -> dict:
         """deepcopy / pickle without the packed and tiled copies (an opaque tensor has no storage); remade on use."""
-        state = dict(self.__dict__)
-        state.pop("_packed", None)
-        state.pop("_tiled", None)
-        return state
+        return {k: v for k, v in self.__dict__.items() if k not in ("_packed", "_tiled")}
 
 
 def linear_bytes(module: nn.Module) -> int:
@@ -91,11 +88,9 @@ def pack_linears(module: nn.Module) -> nn.Module:
     """Turn every CPU nn.Linear of `module` into a PackedLinear in place (parameters, ties and names unchanged), all
     sharing one KernelChoice (`SPECGEN_PACKED_MIN_ROWS`, else measured); not above MAX_MEMORY_SHARE."""
     size, ram = linear_bytes(module), available_memory()
-    if ram and size > MAX_MEMORY_SHARE * ram:
-        return module
     linears = [lin for lin in module.modules()  # CPU weights oneDNN packs here only
                if type(lin) in (nn.Linear, PackedLinear) and cpu_packable(lin.weight)]
-    if not linears:
+    if not linears or (ram and size > MAX_MEMORY_SHARE * ram):
         return module
     choice = KernelChoice(linears, pinned_min_rows())
     for lin in linears:

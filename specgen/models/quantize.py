@@ -237,9 +237,7 @@ class QuantizedLinear(nn.Module):
         return super()._apply(fn, recurse)
 
     def __getstate__(self) -> dict:
-        state = dict(self.__dict__)
-        state.pop("_kernel", None)
-        return state
+        return {k: v for k, v in self.__dict__.items() if k != "_kernel"}
 
     def extra_repr(self) -> str:
         g = f", group={self.group}" if self.group else ""

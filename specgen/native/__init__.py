@@ -31,8 +31,7 @@ SIGNATURES = {  # library -> function -> (argument types, return type); `es`: el
                   "specgen_plan": ([PTR, INT, INT, INT, PTR, PTR, PTR], INT)},
     "glue": {"specgen_rms_norm": ([PTR] * 3 + [INT, INT, FLOAT, INT], INT),
              "specgen_add_rms_norm": ([PTR] * 5 + [INT, INT, FLOAT, INT], INT)},
-    "tiled": {"specgen_tiled_linear": ([PTR] * 4 + [INT] * 4, INT), "specgen_tiled_width": ([], INT),
-              "specgen_tiled_openmp": ([], INT)},
+    "tiled": {"specgen_tiled_linear": ([PTR] * 4 + [INT] * 4, INT), "specgen_tiled_width": ([], INT)},
     "qmm": {"specgen_qmm": ([PTR, INT, PTR, PTR, INT, INT, PTR] + [INT] * 4, INT), "specgen_qmm_path": ([], INT)},
 }
 
