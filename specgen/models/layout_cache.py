@@ -84,14 +84,6 @@ def on_disk(t: torch.Tensor) -> torch.Tensor:
     return t.t() if column_major(t) else t.contiguous()
 
 
-def put(t: torch.Tensor, stored: torch.Tensor) -> None:
-    """Make `t`, as built for a load, hold `stored` (its `on_disk` form) with no copy."""
-    if isinstance(t, TiledWeight):
-        t.tiles = stored
-    else:
-        t.data = stored.t() if column_major(t) else stored
-
-
 def plan_of(module: nn.Module) -> str | None:
     """The kernel plan its PackedLinears share ('' without any), None while it still needs timing."""
     choice = next((lin._choice for lin in module.modules() if isinstance(lin, PackedLinear)), None)
@@ -135,8 +127,11 @@ def restore(module: nn.Module, weights: Path) -> bool:
     if any((want[n].shape, want[n].dtype) != (s.shape, s.dtype) or s.data_ptr() % ALIGN
            for n, s in stored.items()):
         return False
-    for name, t in state.items():
-        put(t, stored[name])
+    for name, t in state.items():  # `t`, as built for a load, holds its `on_disk` form with no copy
+        if isinstance(t, TiledWeight):
+            t.tiles = stored[name]
+        else:
+            t.data = stored[name].t() if column_major(t) else stored[name]
     for name, lin in quantized_layers(module).items():
         lin.use_kernel({part: stored[f"{name}.kernel.{part}"] for part in shapes[name]})
     return True

@@ -355,10 +355,8 @@ def quantized_layers(module: nn.Module) -> dict[str, QuantizedLinear]:
 def prepare_kernels(module: nn.Module) -> nn.Module:
     """Make every quantized layer's kernel copies now (at load, not in the first timed forward), then hand freed
     conversion buffers back to the OS (glibc keeps them in the heap otherwise)."""
-    made = False
-    for lin in quantized_layers(module).values():
-        made = bool(lin.kernel()[3]) or made  # the kernel's own copies were made (torch's int8 kernel makes none)
-    if made:
+    made = [lin.kernel()[3] for lin in quantized_layers(module).values()]  # each layer's, now
+    if any(made):  # the kernels' own copies were made (torch's int8 kernel makes none)
         with contextlib.suppress(OSError, AttributeError, TypeError):  # not glibc: nothing to trim this way
             ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim(0)
     return module
