@@ -100,18 +100,20 @@ def pack_linears(module: nn.Module) -> nn.Module:
 
 
 def hold_tiled(module: nn.Module, loaded: bool = True) -> None:
-    """Hold each float32 CPU PackedLinear weight whose plan sends every row count to tiled.c as its tiles only (a
-    `TiledWeight`) in every module holding it (ties stay ties), one weight at a time. Not `loaded`: tiles left for
-    the load to write, and a plan that needs timing left for `decode_layout` after the load."""
+    """Read the PackedLinears' shared plan now (at load, not in the first timed product) and hold each float32 weight
+    it sends to tiled.c at every row count as its tiles only (a `TiledWeight`) in every module holding it (ties stay
+    ties), one weight at a time. Not `loaded`: tiles left for the load to write, and a plan that needs timing left
+    for the call after the load."""
     holders: dict[int, list[tuple[nn.Module, str]]] = {}
     for m in module.modules():
         for name, p in m._parameters.items():
             holders.setdefault(id(p), []).append((m, name))
     for lin in list(module.modules()):
-        w = lin.weight if isinstance(lin, PackedLinear) else None
-        if (w is None or isinstance(w, TiledWeight) or w.dtype != torch.float32 or w.device.type != "cpu"
-                or native.library("tiled") is None or not (loaded or lin._choice.known())
-                or lin._choice.plan().native != (1, None)):
+        if not isinstance(lin, PackedLinear) or not (loaded or lin._choice.known()):
+            continue
+        w = lin.weight
+        if (lin._choice.plan().uses_onednn or isinstance(w, TiledWeight) or w.dtype != torch.float32
+                or native.library("tiled") is None):
             continue
         tiled = TiledWeight.of(w, copy=loaded)
         for m, name in holders.pop(id(w)):
