@@ -100,10 +100,9 @@ def pack_linears(module: nn.Module) -> nn.Module:
 
 
 def hold_tiled(module: nn.Module, loaded: bool = True) -> None:
-    """Read the PackedLinears' shared plan now (at load, not in the first timed product) and hold each float32 weight
-    it sends to tiled.c at every row count as its tiles only (a `TiledWeight`) in every module holding it (ties stay
-    ties), one weight at a time. Not `loaded`: tiles left for the load to write, and a plan that needs timing left
-    for the call after the load."""
+    """Read the shared plan now (not in the first timed product); hold each float32 weight it sends to tiled.c at
+    every row count as its tiles only (a `TiledWeight`; ties stay ties), one weight at a time. Not `loaded`: tiles
+    left for the load to write, and a plan that needs timing left for the call after the load."""
     holders: dict[int, list[tuple[nn.Module, str]]] = {}
     for m in module.modules():
         for name, p in m._parameters.items():
