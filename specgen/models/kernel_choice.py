@@ -185,8 +185,7 @@ def time_passes(linears: list, rows: tuple[int, ...] = ROWS, rounds: int = ROUND
 def describe() -> str:
     """The kernel plans in use at the current thread count, for benchmark headers: 'native from 1 rows' or 'oneDNN
     from 2 rows' (several models: joined by ' / '), the pinned value, or '' when nothing was measured yet."""
-    pinned = pinned_min_rows()
-    if pinned is not None:
+    if (pinned := pinned_min_rows()) is not None:
         return f"oneDNN from {pinned} rows (pinned)"
     threads = torch.get_num_threads()
     return " / ".join(sorted({p.describe() for (_, t), p in _MEASURED.items() if t == threads}))
@@ -195,8 +194,7 @@ def describe() -> str:
 def stored_or_measured(linears: list, signature: tuple, threads: int) -> Plan:
     """The plan stored for this machine, torch, thread count and shapes (`plan_cache`), else measured and stored."""
     k = plan_cache.key(signature, threads)
-    stored = plan_cache.load(k)
-    if stored is not None:
+    if (stored := plan_cache.load(k)) is not None:
         return Plan(*stored)
     plan = time_passes(linears).plan
     plan_cache.add(plan_cache.path(), k, {"min_rows": plan.min_rows, "native": plan.native})  # a tuple: a JSON list
@@ -239,10 +237,8 @@ class KernelChoice:
             _MEASURED[key] = stored_or_measured(linears, self.signature, threads)
         plan = _MEASURED[key]
         for lin in linears:  # the copies this plan never reads (remade on use should another thread count need them)
-            if plan.native is None:
-                lin._tiled = None
-            if not plan.uses_onednn:
-                lin._packed = None
+            lin._tiled = None if plan.native is None else lin._tiled
+            lin._packed = lin._packed if plan.uses_onednn else None
         return plan
 
     def __deepcopy__(self, memo: dict) -> KernelChoice:

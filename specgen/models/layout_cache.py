@@ -39,23 +39,20 @@ def save_aligned(tensors: dict[str, torch.Tensor], path: Path, key: str, source:
     filler `U8` entries (named NAME + `PAD`) close the gaps, spaces pad the header. The bytes go out from the tensors'
     own storage: no second copy of the model is made."""
     header: dict = {"__metadata__": {"key": key, "source": source}}
-    offset, order = 0, []
+    offset = 0  # a multiple of ALIGN before each tensor: its gap is -nbytes % ALIGN
     for name, t in tensors.items():
-        nbytes = t.numel() * t.element_size()
-        header[name] = {"dtype": SAFETENSORS_DTYPES[t.dtype], "shape": list(t.shape),
-                        "data_offsets": [offset, offset + nbytes]}
-        order.append(t)
-        offset += nbytes
-        if gap := -offset % ALIGN:
-            header[name + PAD] = {"dtype": "U8", "shape": [gap], "data_offsets": [offset, offset + gap]}
-            order.append(torch.zeros(gap, dtype=torch.uint8))
-            offset += gap
+        end = offset + t.numel() * t.element_size()
+        header[name] = {"dtype": SAFETENSORS_DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, end]}
+        offset = end + -end % ALIGN
+        if offset > end:
+            header[name + PAD] = {"dtype": "U8", "shape": [offset - end], "data_offsets": [end, offset]}
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-(8 + len(text)) % ALIGN)  # the data starts aligned (8: the header's length field)
     with open(path, "wb") as f:
         f.write(len(text).to_bytes(8, "little") + text)
-        for t in order:
+        for t in tensors.values():
             f.write(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
+            f.write(bytes(-t.numel() * t.element_size() % ALIGN))
 
 
 def held(module: nn.Module) -> dict[str, torch.Tensor] | None:
@@ -110,8 +107,7 @@ def restore(module: nn.Module, weights: Path) -> bool:
     """Give `module` (built in its decode layout, nothing loaded: `decode_layout(loaded=False)`) the tensors of its
     cache file, memory-mapped; False, changing nothing, when there is no file that fits (the caller loads `weights`
     and calls `store`)."""
-    found = place(module, weights)
-    if found is None:
+    if (found := place(module, weights)) is None:
         return False
     state, path, k = found
     shapes = {name: lin.make_kernel("meta") for name, lin in quantized_layers(module).items()}
@@ -140,8 +136,7 @@ def restore(module: nn.Module, weights: Path) -> bool:
 def store(module: nn.Module, weights: Path) -> None:
     """Write `module`'s decoded tensors (loaded from `weights`) as its cache file; a folder that cannot take it warns
     once and nothing is cached."""
-    found = place(module, weights)
-    if found is None:
+    if (found := place(module, weights)) is None:
         return
     state, path, k = found
     tensors = {name: on_disk(t) for name, t in state.items()}
