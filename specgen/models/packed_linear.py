@@ -78,18 +78,13 @@ class PackedLinear(nn.Linear):
         return {k: v for k, v in self.__dict__.items() if k not in ("_packed", "_tiled")}
 
 
-def linear_bytes(module: nn.Module) -> int:
-    """Bytes of the Linear weights of `module` (a tied weight counted once)."""
-    weights = {id(m.weight): m.weight for m in module.modules() if isinstance(m, nn.Linear)}
-    return sum(w.numel() * w.element_size() for w in weights.values())
-
-
 def pack_linears(module: nn.Module) -> nn.Module:
     """Turn every CPU nn.Linear of `module` into a PackedLinear in place (parameters, ties and names unchanged), all
     sharing one KernelChoice (`SPECGEN_PACKED_MIN_ROWS`, else measured); not above MAX_MEMORY_SHARE."""
-    size, ram = linear_bytes(module), available_memory()
     linears = [lin for lin in module.modules()  # CPU weights oneDNN packs here only
                if type(lin) in (nn.Linear, PackedLinear) and cpu_packable(lin.weight)]
+    weights = {id(lin.weight): lin.weight for lin in linears}.values()  # a tied weight once
+    size, ram = sum(w.numel() * w.element_size() for w in weights), available_memory()
     if not linears or (ram and size > MAX_MEMORY_SHARE * ram):
         return module
     choice = KernelChoice(linears, pinned_min_rows())

@@ -336,9 +336,8 @@ def _as_linear(table: torch.Tensor) -> nn.Linear:
 def build_quantized_transformer(quantize: str, group: int = 0, **kwargs) -> nn.Module:
     """Registry builder: the module of a quantized entry with empty buffers, ready for load_state_dict (the float
     Transformer is built on the meta device and never allocated; its norms are then made for real)."""
-    cfg = TransformerConfig(**kwargs)
     with torch.device("meta"):
-        model = Transformer(cfg)
+        model = Transformer(TransformerConfig(**kwargs))
     swap_layers(model, lambda lin, mode, g: QuantizedLinear(lin.in_features, lin.out_features, mode, g,
                                                             lin.bias is not None), quantize, group)
     for mod in model.modules():  # the norms (still on meta): real bf16 ones
