@@ -227,9 +227,8 @@ class KernelChoice:
         return self._plan
 
     def _measure(self, threads: int) -> Plan:
-        key = (self.signature, threads)
-        linears = [ref() for ref in self._linears]
-        if not linears or any(lin is None for lin in linears):
+        key, linears = (self.signature, threads), [ref() for ref in self._linears]
+        if any(lin is None for lin in linears):  # a copy outlived its model: what was measured, if anything
             return _MEASURED.get(key, Plan(FALLBACK_MIN_ROWS))
         if key not in _MEASURED:
             if not all(cpu_packable(lin.weight) for lin in linears):  # CPU kernels only: never timed on a GPU

@@ -58,14 +58,11 @@ def save_aligned(tensors: dict[str, torch.Tensor], path: Path, key: str, source:
 def held(module: nn.Module) -> dict[str, torch.Tensor] | None:
     """The module's state, each tensor once (a tie under its first name), or None when it holds something else (or a
     dtype the file format has no name for)."""
-    state, seen = {}, set()
-    for name, t in module.state_dict(keep_vars=True).items():
-        if not isinstance(t, torch.Tensor) or t.dtype not in SAFETENSORS_DTYPES:
-            return None
-        if id(t) not in seen:
-            seen.add(id(t))
-            state[name] = t
-    return state
+    state = module.state_dict(keep_vars=True)
+    if not all(isinstance(t, torch.Tensor) and t.dtype in SAFETENSORS_DTYPES for t in state.values()):
+        return None
+    first = {id(t): name for name, t in reversed(state.items())}  # each tensor's first name
+    return {name: t for name, t in state.items() if first[id(t)] == name}
 
 
 def column_major(t: torch.Tensor) -> bool:

@@ -93,8 +93,7 @@ def built(name: str) -> tuple[Path | None, str]:
 def compiler() -> tuple[str | None, str]:
     """(the C compiler `$CC`, else `cc`, and its first --version line) or (None, why not)."""
     cc_name = os.environ.get("CC", "cc")
-    cc = shutil.which(cc_name)
-    if cc is None:
+    if (cc := shutil.which(cc_name)) is None:
         return None, f"no C compiler ({cc_name} not found)"
     try:
         version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout.splitlines()
