@@ -80,8 +80,7 @@ def on_disk(t: torch.Tensor) -> torch.Tensor:
 
 def plan_of(module: nn.Module) -> str | None:
     """The kernel plan its PackedLinears share ('' without any), None while it still needs timing."""
-    choice = next((lin._choice for lin in module.modules() if isinstance(lin, PackedLinear)), None)
-    if choice is None:
+    if (choice := next((lin._choice for lin in module.modules() if isinstance(lin, PackedLinear)), None)) is None:
         return ""
     return repr(choice.plan()) if choice.known() else None
 

@@ -189,9 +189,8 @@ class QuantizedLinear(nn.Module):
 
     @torch.no_grad()
     def make_kernel(self, device: str | None = None) -> dict[str, torch.Tensor]:
-        """The tensors this layer's kernel reads besides its buffers: qmm.c's codes and scales (where
-        `kernel_choice.quantized_product` names it), or torch int4's packed weight and scales-and-zeros [in/g, out, 2]
-        bf16; none for torch int8. On device "meta": their shapes only (what a stored copy must match)."""
+        """The tensors the kernel (`kernel_choice.quantized_product`) reads besides the buffers: qmm.c's codes and sz,
+        or torch int4's packed weight and sz [in/g, out, 2]; torch int8: none. On "meta": what a stored copy matches."""
         qweight, scales = self.qweight.to(device), self.scales.to(device)
         zeros = self.zeros.to(device) if self.mode == "int4" else None
         if quantized_product(self.in_features, self.group or self.in_features) == "native":

@@ -20,11 +20,11 @@ class TiledWeight(torch.Tensor):
     tiles: torch.Tensor
 
     @staticmethod
-    def __new__(cls, tiles: torch.Tensor, n: int, requires_grad: bool = False) -> TiledWeight:
+    def __new__(cls, tiles: torch.Tensor, n: int) -> TiledWeight:
         return torch.Tensor._make_wrapper_subclass(cls, (n, tiles.shape[1]), strides=(1, n), dtype=tiles.dtype,
-                                                   device=tiles.device, requires_grad=requires_grad)
+                                                   device=tiles.device)
 
-    def __init__(self, tiles: torch.Tensor, n: int, requires_grad: bool = False) -> None:
+    def __init__(self, tiles: torch.Tensor, n: int) -> None:
         self.tiles = tiles
 
     @classmethod

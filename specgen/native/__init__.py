@@ -86,7 +86,7 @@ def built(name: str) -> tuple[Path | None, str]:
     """(`name`'s library for this process: installed, cached or compiled into the cache now, "") or (None, why not).
     A THREADED library is built with OpenMP where `openmp_flags` allows, and without it when that build fails."""
     extra = openmp_flags() if name in THREADED else ()
-    path, why = compile_library(name, FLAGS + extra) if extra else (None, "")
+    path = compile_library(name, FLAGS + extra)[0] if extra else None
     return (path, "") if path else compile_library(name, FLAGS)
 
 
