@@ -130,8 +130,7 @@ def restore(module: nn.Module, weights: Path) -> bool:
 
 
 def store(module: nn.Module, weights: Path) -> None:
-    """Write `module`'s decoded tensors (loaded from `weights`) as its cache file; a folder that cannot take it warns
-    once and nothing is cached."""
+    """Write `module`'s decoded tensors (loaded from `weights`) as its cache file; an unwritable folder warns once."""
     if (found := place(module, weights)) is None:
         return
     state, path, k = found

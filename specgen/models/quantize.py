@@ -75,8 +75,7 @@ def quantize_int4(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tens
 
 
 def keep_better(best: tuple, candidate: tuple) -> tuple:
-    """Per group, `candidate` where its squared error is lower and its largest error no higher, else `best`; both
-    (err [out, G], worst [out, G], scale [out, G], zero [out, G], q [out, G, g])."""
+    """Per group, `candidate` where its squared error is lower and its largest error no higher, else `best`."""
     better = (candidate[0] < best[0]) & (candidate[1] <= best[1])  # [out, G]
     return tuple(torch.where(better if b.dim() == 2 else better[..., None], c, b) for b, c in zip(best, candidate))
 
