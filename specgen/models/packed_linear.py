@@ -53,8 +53,7 @@ class PackedLinear(nn.Linear):
         """The oneDNN-packed copy of `weight` (opaque tensor), remade when the weight changed."""
         key = self.weight_key()
         if self._packed is None or self._packed[0] != key:
-            with torch.no_grad():
-                self._packed = (key, torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), PACK_HINT))
+            self._packed = (key, torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), PACK_HINT))
         return self._packed[1]
 
     def tiled_weight(self) -> tuple[torch.Tensor, torch.Tensor | None]:

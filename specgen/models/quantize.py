@@ -139,7 +139,6 @@ class QuantizedLinear(nn.Module):
         self.register_buffer("bias", torch.zeros(out_features, dtype=ACT_DTYPE) if bias else None)
 
     @classmethod
-    @torch.no_grad()
     def from_linear(cls, lin: nn.Linear, mode: str, group: int = 0) -> QuantizedLinear:
         """Quantize an nn.Linear (its weight is read once, not kept)."""
         q = cls(lin.in_features, lin.out_features, mode, group, lin.bias is not None)
@@ -186,7 +185,6 @@ class QuantizedLinear(nn.Module):
             self.use_kernel(self.make_kernel())
         return self._kernel
 
-    @torch.no_grad()
     def make_kernel(self, device: str | None = None) -> dict[str, torch.Tensor]:
         """The tensors the kernel (`kernel_choice.quantized_product`) reads besides the buffers: qmm.c's codes and sz,
         or torch int4's packed weight and sz [in/g, out, 2]; torch int8: none. On "meta": what a stored copy matches."""

@@ -140,7 +140,6 @@ def rope_write_attend(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, h
           "attention")
 
 
-@torch.no_grad()
 def tile(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(tiles [ceil(N / T)][K][T], bias padded to ceil(N / T) * T or None) of a float32 weight [N, K], any strides:
     `tiled_linear`'s layout, T = tiled.c's tile width. Zeros past N: the padded columns are computed, never written."""
@@ -194,7 +193,6 @@ def qmm(x: torch.Tensor, codes: torch.Tensor, sz: torch.Tensor, bits: int, group
     return out
 
 
-@torch.no_grad()
 def pack_codes(codes: torch.Tensor, scales: torch.Tensor,
                zeros: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """(codes [tiles, K / 32 * (256 | 512)] uint8, sz [tiles, groups, 2 | 1, 16] bfloat16): qmm.c's layout of int4
