@@ -51,13 +51,9 @@ class Plan:
 
     def describe(self) -> str:
         """'native 1-16 rows, oneDNN from 2 rows' (the native part first: it wins where both name a count)."""
-        parts = []
-        if self.native is not None:
-            lo, hi = self.native
-            parts.append(f"native from {lo} rows" if hi is None else f"native {lo}-{hi} rows")
-        if self.uses_onednn:
-            parts.append(f"oneDNN from {self.min_rows} rows")
-        return ", ".join(parts)
+        lo, hi = self.native or (0, 0)
+        parts = [] if self.native is None else [f"native from {lo} rows" if hi is None else f"native {lo}-{hi} rows"]
+        return ", ".join(parts + ([f"oneDNN from {self.min_rows} rows"] if self.uses_onednn else []))
 
 
 @dataclass(frozen=True)

@@ -147,7 +147,6 @@ def library(name: str) -> ctypes.CDLL | None:
     Cached: which path runs is decided once per process, so every forward computes one way (docs/precision.md)."""
     if os.environ.get("SPECGEN_NATIVE", "1") == "0" or (name in SIXTEEN_LANE and not sixteen_lanes()):
         return None
-    why = ""
     for _ in range(2):  # the second pass rebuilds what the first found damaged
         path, why = built(name)
         if path is None:
