@@ -6,6 +6,7 @@ import ctypes
 import functools
 
 import torch
+import torch.nn.functional as F
 
 from specgen import native
 
@@ -169,9 +170,7 @@ def fill_tiles(tiles: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 def padded_bias(bias: torch.Tensor | None, tiles: torch.Tensor) -> torch.Tensor | None:
     """`bias` [N] zero-padded to the columns of `tiles` [N_pad / T, K, T] (None stays None)."""
-    if bias is None:
-        return None
-    return torch.cat([bias.detach(), bias.new_zeros(tiles.shape[0] * tiles.shape[2] - bias.shape[0])]).contiguous()
+    return None if bias is None else F.pad(bias.detach(), (0, tiles.shape[0] * tiles.shape[2] - bias.shape[0]))
 
 
 #: outputs per tile and inputs per activation block of qmm.c's layout; QMM_LAYOUT: its version (stored copies key on it)
