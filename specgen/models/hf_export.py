@@ -12,14 +12,12 @@ from specgen.models.transformer import Transformer
 
 def interleaved_to_half(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     """Reorder q/k projection rows from Meta's interleaved rotary pairs to HF's rotate_half halves."""
-    rows, cols = w.shape[0], w.shape[1:] if w.dim() > 1 else ()
-    hd = rows // n_heads
-    return w.reshape(n_heads, hd // 2, 2, *cols).transpose(1, 2).reshape(rows, *cols)
+    hd = w.shape[0] // n_heads  # w [rows, cols] or [rows] (a norm weight)
+    return w.reshape(n_heads, hd // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
 def hf_state(model: Transformer) -> dict[str, torch.Tensor]:
-    """specgen parameter names -> HF Llama/Qwen2/Qwen3 names (`llama.layer_map`, the loader's), in the rotate_half
-    layout."""
+    """The state under HF Llama/Qwen2/Qwen3 names (`llama.layer_map`, the loader's), in the rotate_half layout."""
     cfg, sd = model.cfg, model.state_dict()
     sizes, heads = [cfg.n_heads * cfg.hd] + [cfg.n_kv_heads * cfg.hd] * 2, {"q": cfg.n_heads, "k": cfg.n_kv_heads}
     out = {}

@@ -6,6 +6,7 @@ import os
 import time
 import weakref
 from dataclasses import dataclass
+from itertools import takewhile
 
 import torch
 import torch.nn.functional as F
@@ -50,13 +51,9 @@ class Plan:
 
     def describe(self) -> str:
         """'native 1-16 rows, oneDNN from 2 rows' (the native part first: it wins where both name a count)."""
-        parts = []
-        if self.native is not None:
-            lo, hi = self.native
-            parts.append(f"native from {lo} rows" if hi is None else f"native {lo}-{hi} rows")
-        if self.uses_onednn:
-            parts.append(f"oneDNN from {self.min_rows} rows")
-        return ", ".join(parts)
+        lo, hi = self.native or (0, 0)
+        parts = [] if self.native is None else [f"native from {lo} rows" if hi is None else f"native {lo}-{hi} rows"]
+        return ", ".join(parts + ([f"oneDNN from {self.min_rows} rows"] if self.uses_onednn else []))
 
 
 @dataclass(frozen=True)
@@ -72,12 +69,8 @@ class Timing:
     @property
     def min_rows(self) -> int:
         """The smallest row count from which oneDNN is faster at every larger measured count (else past the last)."""
-        best = self.rows[-1] + 1
-        for r, mkl, dnn in reversed(list(zip(self.rows, self.mkl_ms, self.dnn_ms))):
-            if dnn >= mkl:
-                break
-            best = r
-        return best
+        wins = list(takewhile(lambda t: t[2] < t[1], reversed(list(zip(self.rows, self.mkl_ms, self.dnn_ms)))))
+        return wins[-1][0] if wins else self.rows[-1] + 1
 
     @property
     def native(self) -> tuple[int, int | None] | None:
@@ -188,22 +181,19 @@ def time_passes(linears: list, rows: tuple[int, ...] = ROWS, rounds: int = ROUND
 def describe() -> str:
     """The kernel plans in use at the current thread count, for benchmark headers: 'native from 1 rows' or 'oneDNN
     from 2 rows' (several models: joined by ' / '), the pinned value, or '' when nothing was measured yet."""
-    pinned = pinned_min_rows()
-    if pinned is not None:
+    if (pinned := pinned_min_rows()) is not None:
         return f"oneDNN from {pinned} rows (pinned)"
     threads = torch.get_num_threads()
-    plans = sorted({p.describe() for (_, t), p in _MEASURED.items() if t == threads})
-    return " / ".join(plans)
+    return " / ".join(sorted({p.describe() for (_, t), p in _MEASURED.items() if t == threads}))
 
 
 def stored_or_measured(linears: list, signature: tuple, threads: int) -> Plan:
     """The plan stored for this machine, torch, thread count and shapes (`plan_cache`), else measured and stored."""
     k = plan_cache.key(signature, threads)
-    stored = plan_cache.load(k)
-    if stored is not None:
+    if (stored := plan_cache.load(k)) is not None:
         return Plan(*stored)
     plan = time_passes(linears).plan
-    plan_cache.store(k, plan.min_rows, plan.native)
+    plan_cache.add(plan_cache.path(), k, {"min_rows": plan.min_rows, "native": plan.native})  # a tuple: a JSON list
     return plan
 
 
@@ -215,8 +205,7 @@ class KernelChoice:
         linears = distinct(linears)
         self._linears = [weakref.ref(lin) for lin in linears]  # weak: a copied layer must not drag the model along
         self.signature = tuple((lin.in_features, lin.out_features, lin.weight.dtype) for lin in linears)
-        self._threads = -1
-        self._plan = Plan(FALLBACK_MIN_ROWS)
+        self._threads = -1  # no plan yet: the first `plan()` reads or measures one
 
     def known(self) -> bool:
         """Whether the plan at this thread count needs no timing: pinned, measured in this process, or stored."""
@@ -234,9 +223,8 @@ class KernelChoice:
         return self._plan
 
     def _measure(self, threads: int) -> Plan:
-        key = (self.signature, threads)
-        linears = [ref() for ref in self._linears]
-        if not linears or any(lin is None for lin in linears):
+        key, linears = (self.signature, threads), [ref() for ref in self._linears]
+        if any(lin is None for lin in linears):  # a copy outlived its model: what was measured, if anything
             return _MEASURED.get(key, Plan(FALLBACK_MIN_ROWS))
         if key not in _MEASURED:
             if not all(cpu_packable(lin.weight) for lin in linears):  # CPU kernels only: never timed on a GPU
@@ -244,10 +232,8 @@ class KernelChoice:
             _MEASURED[key] = stored_or_measured(linears, self.signature, threads)
         plan = _MEASURED[key]
         for lin in linears:  # the copies this plan never reads (remade on use should another thread count need them)
-            if plan.native is None:
-                lin._tiled = None
-            if not plan.uses_onednn:
-                lin._packed = None
+            lin._tiled = None if plan.native is None else lin._tiled
+            lin._packed = lin._packed if plan.uses_onednn else None
         return plan
 
     def __deepcopy__(self, memo: dict) -> KernelChoice:

@@ -49,9 +49,6 @@ def decode_layout(module: nn.Module, layout: str | None = None, loaded: bool = T
             lin.weight.data = col.copy_(w.data) if loaded else col  # same values (none yet before the load)
     if layout == "packed":
         packed_linear.pack_linears(module)
-        # the shared plan at load, not in the first timed product (threads set later: re-measured lazily)
-        for lin in module.modules() if loaded else ():
-            if isinstance(lin, packed_linear.PackedLinear):
-                lin._choice.plan()
-        packed_linear.hold_tiled(module, loaded)  # weights the plan sends to tiled.c at every row count: tiles only
+        # the plan now (threads set later: re-measured lazily); weights it sends to tiled.c at every count: tiles only
+        packed_linear.hold_tiled(module, loaded)
     return module

@@ -39,36 +39,30 @@ def save_aligned(tensors: dict[str, torch.Tensor], path: Path, key: str, source:
     filler `U8` entries (named NAME + `PAD`) close the gaps, spaces pad the header. The bytes go out from the tensors'
     own storage: no second copy of the model is made."""
     header: dict = {"__metadata__": {"key": key, "source": source}}
-    offset, order = 0, []
+    offset = 0  # a multiple of ALIGN before each tensor: its gap is -nbytes % ALIGN
     for name, t in tensors.items():
-        nbytes = t.numel() * t.element_size()
-        header[name] = {"dtype": SAFETENSORS_DTYPES[t.dtype], "shape": list(t.shape),
-                        "data_offsets": [offset, offset + nbytes]}
-        order.append(t)
-        offset += nbytes
-        if gap := -offset % ALIGN:
-            header[name + PAD] = {"dtype": "U8", "shape": [gap], "data_offsets": [offset, offset + gap]}
-            order.append(torch.zeros(gap, dtype=torch.uint8))
-            offset += gap
+        end = offset + t.numel() * t.element_size()
+        header[name] = {"dtype": SAFETENSORS_DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, end]}
+        offset = end + -end % ALIGN
+        if offset > end:
+            header[name + PAD] = {"dtype": "U8", "shape": [offset - end], "data_offsets": [end, offset]}
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-(8 + len(text)) % ALIGN)  # the data starts aligned (8: the header's length field)
     with open(path, "wb") as f:
         f.write(len(text).to_bytes(8, "little") + text)
-        for t in order:
+        for t in tensors.values():
             f.write(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
+            f.write(bytes(-t.numel() * t.element_size() % ALIGN))
 
 
 def held(module: nn.Module) -> dict[str, torch.Tensor] | None:
     """The module's state, each tensor once (a tie under its first name), or None when it holds something else (or a
     dtype the file format has no name for)."""
-    state, seen = {}, set()
-    for name, t in module.state_dict(keep_vars=True).items():
-        if not isinstance(t, torch.Tensor) or t.dtype not in SAFETENSORS_DTYPES:
-            return None
-        if id(t) not in seen:
-            seen.add(id(t))
-            state[name] = t
-    return state
+    state = module.state_dict(keep_vars=True)
+    if not all(isinstance(t, torch.Tensor) and t.dtype in SAFETENSORS_DTYPES for t in state.values()):
+        return None
+    first = {id(t): name for name, t in reversed(state.items())}  # each tensor's first name
+    return {name: t for name, t in state.items() if first[id(t)] == name}
 
 
 def column_major(t: torch.Tensor) -> bool:
@@ -84,18 +78,9 @@ def on_disk(t: torch.Tensor) -> torch.Tensor:
     return t.t() if column_major(t) else t.contiguous()
 
 
-def put(t: torch.Tensor, stored: torch.Tensor) -> None:
-    """Make `t`, as built for a load, hold `stored` (its `on_disk` form) with no copy."""
-    if isinstance(t, TiledWeight):
-        t.tiles = stored
-    else:
-        t.data = stored.t() if column_major(t) else stored
-
-
 def plan_of(module: nn.Module) -> str | None:
     """The kernel plan its PackedLinears share ('' without any), None while it still needs timing."""
-    choice = next((lin._choice for lin in module.modules() if isinstance(lin, PackedLinear)), None)
-    if choice is None:
+    if (choice := next((lin._choice for lin in module.modules() if isinstance(lin, PackedLinear)), None)) is None:
         return ""
     return repr(choice.plan()) if choice.known() else None
 
@@ -118,11 +103,10 @@ def restore(module: nn.Module, weights: Path) -> bool:
     """Give `module` (built in its decode layout, nothing loaded: `decode_layout(loaded=False)`) the tensors of its
     cache file, memory-mapped; False, changing nothing, when there is no file that fits (the caller loads `weights`
     and calls `store`)."""
-    found = place(module, weights)
-    if found is None:
+    if (found := place(module, weights)) is None:
         return False
     state, path, k = found
-    shapes = {name: lin.kernel_shapes() for name, lin in quantized_layers(module).items()}
+    shapes = {name: lin.make_kernel("meta") for name, lin in quantized_layers(module).items()}
     want = {name: on_disk(t) for name, t in state.items()}  # views: nothing copied
     want.update({f"{name}.kernel.{part}": t for name, made in shapes.items() for part, t in made.items()})
     try:
@@ -135,18 +119,19 @@ def restore(module: nn.Module, weights: Path) -> bool:
     if any((want[n].shape, want[n].dtype) != (s.shape, s.dtype) or s.data_ptr() % ALIGN
            for n, s in stored.items()):
         return False
-    for name, t in state.items():
-        put(t, stored[name])
+    for name, t in state.items():  # `t`, as built for a load, holds its `on_disk` form with no copy
+        if isinstance(t, TiledWeight):
+            t.tiles = stored[name]
+        else:
+            t.data = stored[name].t() if column_major(t) else stored[name]
     for name, lin in quantized_layers(module).items():
         lin.use_kernel({part: stored[f"{name}.kernel.{part}"] for part in shapes[name]})
     return True
 
 
 def store(module: nn.Module, weights: Path) -> None:
-    """Write `module`'s decoded tensors (loaded from `weights`) as its cache file; a folder that cannot take it warns
-    once and nothing is cached."""
-    found = place(module, weights)
-    if found is None:
+    """Write `module`'s decoded tensors (loaded from `weights`) as its cache file; an unwritable folder warns once."""
+    if (found := place(module, weights)) is None:
         return
     state, path, k = found
     tensors = {name: on_disk(t) for name, t in state.items()}

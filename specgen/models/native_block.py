@@ -17,26 +17,20 @@ def linears(blk) -> tuple:
     return att.wqkv, att.wo, *cross, ffn.w1, ffn.w3, ffn.w2
 
 
-def norms(blk) -> tuple:
-    """The block's RMSNorms: attention, (cross,) FFN."""
-    cross = (blk.cross_norm,) if hasattr(blk, "cross_attention") else ()
-    return blk.attention_norm, *cross, blk.ffn_norm
-
-
 def usable(blk, x: torch.Tensor, mask, cross_kv) -> bool:
     """Whether this forward may run here: float32, native norms, a block without q/k norms over a NativePlan that
     places the new keys (with its condition's K/V if it cross-attends), all products on one plan naming tiled.c."""
+    cross = hasattr(blk, "cross_attention")
+    norms = (blk.attention_norm, *((blk.cross_norm,) if cross else ()), blk.ffn_norm)
     if (not isinstance(mask, NativePlan) or mask.slots is None or x.dtype != torch.float32
-            or blk.attention.cfg.qk_norm or (cross_kv is not None) != hasattr(blk, "cross_attention")
-            or not native_norms(x, *(n.weight for n in norms(blk)))):
+            or blk.attention.cfg.qk_norm or (cross_kv is not None) != cross
+            or not native_norms(x, *(n.weight for n in norms))):
         return False
-    lins = linears(blk)
-    if any(type(lin) is not PackedLinear for lin in lins):  # e.g. plain nn.Linear (unpacked) or a LoRA wrapper
+    lins = linears(blk)  # not a PackedLinear: e.g. plain nn.Linear (unpacked) or a LoRA wrapper
+    if any(type(lin) is not PackedLinear or lin._choice is not lins[0]._choice or lin.weight.dtype != torch.float32
+           for lin in lins):
         return False
-    choice = lins[0]._choice
-    if any(lin._choice is not choice or lin.weight.dtype != torch.float32 for lin in lins):
-        return False
-    return choice.plan().kernel(x.numel() // x.shape[-1]) == "native"
+    return lins[0]._choice.plan().kernel(x.numel() // x.shape[-1]) == "native"
 
 
 def product(lin: PackedLinear, x: torch.Tensor, threads: int) -> torch.Tensor:

@@ -53,8 +53,7 @@ class PackedLinear(nn.Linear):
         """The oneDNN-packed copy of `weight` (opaque tensor), remade when the weight changed."""
         key = self.weight_key()
         if self._packed is None or self._packed[0] != key:
-            with torch.no_grad():
-                self._packed = (key, torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), PACK_HINT))
+            self._packed = (key, torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), PACK_HINT))
         return self._packed[1]
 
     def tiled_weight(self) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -75,27 +74,17 @@ class PackedLinear(nn.Linear):
 
     def __getstate__(self) -> dict:
         """deepcopy / pickle without the packed and tiled copies (an opaque tensor has no storage); remade on use."""
-        state = dict(self.__dict__)
-        state.pop("_packed", None)
-        state.pop("_tiled", None)
-        return state
-
-
-def linear_bytes(module: nn.Module) -> int:
-    """Bytes of the Linear weights of `module` (a tied weight counted once)."""
-    weights = {id(m.weight): m.weight for m in module.modules() if isinstance(m, nn.Linear)}
-    return sum(w.numel() * w.element_size() for w in weights.values())
+        return {k: v for k, v in self.__dict__.items() if k not in ("_packed", "_tiled")}
 
 
 def pack_linears(module: nn.Module) -> nn.Module:
     """Turn every CPU nn.Linear of `module` into a PackedLinear in place (parameters, ties and names unchanged), all
     sharing one KernelChoice (`SPECGEN_PACKED_MIN_ROWS`, else measured); not above MAX_MEMORY_SHARE."""
-    size, ram = linear_bytes(module), available_memory()
-    if ram and size > MAX_MEMORY_SHARE * ram:
-        return module
     linears = [lin for lin in module.modules()  # CPU weights oneDNN packs here only
                if type(lin) in (nn.Linear, PackedLinear) and cpu_packable(lin.weight)]
-    if not linears:
+    weights = {id(lin.weight): lin.weight for lin in linears}.values()  # a tied weight once
+    size, ram = sum(w.numel() * w.element_size() for w in weights), available_memory()
+    if not linears or (ram and size > MAX_MEMORY_SHARE * ram):
         return module
     choice = KernelChoice(linears, pinned_min_rows())
     for lin in linears:
@@ -105,18 +94,19 @@ def pack_linears(module: nn.Module) -> nn.Module:
 
 
 def hold_tiled(module: nn.Module, loaded: bool = True) -> None:
-    """Hold each float32 CPU PackedLinear weight whose plan sends every row count to tiled.c as its tiles only (a
-    `TiledWeight`) in every module holding it (ties stay ties), one weight at a time. Not `loaded`: tiles left for
-    the load to write, and a plan that needs timing left for `decode_layout` after the load."""
+    """Read the shared plan now (not in the first timed product); hold each float32 weight it sends to tiled.c at
+    every row count as its tiles only (a `TiledWeight`; ties stay ties), one weight at a time. Not `loaded`: tiles
+    left for the load to write, and a plan that needs timing left for the call after the load."""
     holders: dict[int, list[tuple[nn.Module, str]]] = {}
     for m in module.modules():
         for name, p in m._parameters.items():
             holders.setdefault(id(p), []).append((m, name))
     for lin in list(module.modules()):
-        w = lin.weight if isinstance(lin, PackedLinear) else None
-        if (w is None or isinstance(w, TiledWeight) or w.dtype != torch.float32 or w.device.type != "cpu"
-                or native.library("tiled") is None or not (loaded or lin._choice.known())
-                or lin._choice.plan().native != (1, None)):
+        if not isinstance(lin, PackedLinear) or not (loaded or lin._choice.known()):
+            continue
+        w = lin.weight
+        if (lin._choice.plan().uses_onednn or isinstance(w, TiledWeight) or w.dtype != torch.float32
+                or native.library("tiled") is None):
             continue
         tiled = TiledWeight.of(w, copy=loaded)
         for m, name in holders.pop(id(w)):

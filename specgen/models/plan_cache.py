@@ -53,11 +53,6 @@ def load(k: str) -> tuple[int, tuple[int, int | None] | None] | None:
         return None
 
 
-def store(k: str, min_rows: int, native: tuple[int, int | None] | None) -> None:
-    """Add a plan."""
-    add(path(), k, {"min_rows": min_rows, "native": None if native is None else list(native)})
-
-
 def add(file: Path, k: str, entry) -> None:
     """Store `entry` under `k` in `file` (read again first: other processes' entries stay); a folder that cannot be
     written warns once and the process keeps its own measurement."""

@@ -75,8 +75,7 @@ def quantize_int4(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tens
 
 
 def keep_better(best: tuple, candidate: tuple) -> tuple:
-    """Per group, `candidate` where its squared error is lower and its largest error no higher, else `best`; both
-    (err [out, G], worst [out, G], scale [out, G], zero [out, G], q [out, G, g])."""
+    """Per group, `candidate` where its squared error is lower and its largest error no higher, else `best`."""
     better = (candidate[0] < best[0]) & (candidate[1] <= best[1])  # [out, G]
     return tuple(torch.where(better if b.dim() == 2 else better[..., None], c, b) for b, c in zip(best, candidate))
 
@@ -140,7 +139,6 @@ class QuantizedLinear(nn.Module):
         self.register_buffer("bias", torch.zeros(out_features, dtype=ACT_DTYPE) if bias else None)
 
     @classmethod
-    @torch.no_grad()
     def from_linear(cls, lin: nn.Linear, mode: str, group: int = 0) -> QuantizedLinear:
         """Quantize an nn.Linear (its weight is read once, not kept)."""
         q = cls(lin.in_features, lin.out_features, mode, group, lin.bias is not None)
@@ -187,48 +185,29 @@ class QuantizedLinear(nn.Module):
             self.use_kernel(self.make_kernel())
         return self._kernel
 
-    @property
-    def native(self) -> bool:
-        """Whether this layer's products run qmm.c (kernel_choice.quantized_product)."""
-        return quantized_product(self.in_features, self.group or self.in_features) == "native"
-
-    @torch.no_grad()
-    def make_kernel(self) -> dict[str, torch.Tensor]:
-        """The tensors this layer's kernel reads besides its buffers (`kernel_shapes` names them): qmm.c's codes and
-        scales, or torch int4's packed weight and scales-and-zeros [in/g, out, 2] bf16; none for torch int8."""
-        if self.native:
-            codes = unpack_int4(self.qweight) if self.mode == "int4" else self.qweight  # [out, in]
-            zeros = self.zeros if self.mode == "int4" else None
-            return dict(zip(("codes", "sz"), ops.pack_codes(codes, self.scales, zeros)))
+    def make_kernel(self, device: str | None = None) -> dict[str, torch.Tensor]:
+        """The tensors the kernel (`kernel_choice.quantized_product`) reads besides the buffers: qmm.c's codes and sz,
+        or torch int4's packed weight and sz [in/g, out, 2]; torch int8: none. On "meta": what a stored copy matches."""
+        qweight, scales = self.qweight.to(device), self.scales.to(device)
+        zeros = self.zeros.to(device) if self.mode == "int4" else None
+        if quantized_product(self.in_features, self.group or self.in_features) == "native":
+            codes = unpack_int4(qweight) if self.mode == "int4" else qweight  # [out, in]
+            return dict(zip(("codes", "sz"), ops.pack_codes(codes, scales, zeros)))
         if self.mode == "int8":
             return {}
-        packed = torch.empty_like(self.qweight)  # [out, in/2] in the kernel's order (blocks of <= 64 rows)
+        packed = torch.empty_like(qweight)  # [out, in/2] in the kernel's order (blocks of <= 64 rows)
         for i in range(0, self.out_features, PACK_ROWS):  # the int32 input: a few rows at a time
-            q = unpack_int4(self.qweight[i : i + PACK_ROWS]).to(torch.int32)  # [rows, in], values 0..15
+            q = unpack_int4(qweight[i : i + PACK_ROWS]).to(torch.int32)  # [rows, in], values 0..15
             packed[i : i + PACK_ROWS] = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
-        return {"packed": packed, "sz": torch.stack([self.scales, self.zeros], -1).transpose(0, 1).contiguous()}
-
-    def kernel_shapes(self) -> dict[str, torch.Tensor]:
-        """Meta tensors shaped as `make_kernel`'s (what a stored copy must match)."""
-        meta = {"device": "meta"}
-        if self.native:
-            tiles, blocks = -(-self.out_features // ops.QMM_TILE), self.in_features // ops.QMM_BLOCK
-            per = (2, 256) if self.mode == "int4" else (1, 512)
-            groups = self.in_features // (self.group or self.in_features)
-            return {"codes": torch.empty(tiles, blocks * per[1], dtype=torch.uint8, **meta),
-                    "sz": torch.empty(tiles, groups, per[0], ops.QMM_TILE, dtype=ACT_DTYPE, **meta)}
-        if self.mode == "int8":
-            return {}
-        return {"packed": torch.empty(self.qweight.shape, dtype=torch.uint8, **meta),
-                "sz": torch.empty(self.in_features // self.group, self.out_features, 2, dtype=ACT_DTYPE, **meta)}
+        return {"packed": packed, "sz": torch.stack([scales, zeros], -1).transpose(0, 1).contiguous()}
 
     def use_kernel(self, made: dict[str, torch.Tensor]) -> None:
         """Run products on `made` (`make_kernel`'s tensors, or the layout cache's mapped copies of them); torch
         int4's scales and zeros become views of its sz: held once."""
         if "codes" in made:
             bits, group = (4, self.group) if self.mode == "int4" else (8, self.in_features)
-            operands = (made["codes"], made["sz"], bits, group, self.out_features)
-            self._kernel = (native_product, operands, self.bias, made)
+            operands = (made["codes"], made["sz"], bits, group, self.out_features)  # then threads: torch's, per call
+            self._kernel = (lambda x, *a: ops.qmm(x, *a, torch.get_num_threads()), operands, self.bias, made)
         elif "packed" in made:
             self.scales, self.zeros = made["sz"][..., 0].t(), made["sz"][..., 1].t()
             self._kernel = (INT4_MM, (made["packed"], self.group, made["sz"]), self.bias, made)
@@ -238,9 +217,7 @@ class QuantizedLinear(nn.Module):
     def streamed_bytes(self) -> int:
         """Bytes one product reads: the kernel's codes and scales, else the quantized buffers."""
         made = self.kernel()[3]
-        if "codes" in made:
-            return sum(t.numel() * t.element_size() for t in made.values())
-        return sum(t.numel() * t.element_size() for t in self.buffers())
+        return sum(t.numel() * t.element_size() for t in (made.values() if "codes" in made else self.buffers()))
 
     def __setattr__(self, name: str, value) -> None:
         if name in ("qweight", "scales", "zeros", "bias"):
@@ -256,19 +233,11 @@ class QuantizedLinear(nn.Module):
         return super()._apply(fn, recurse)
 
     def __getstate__(self) -> dict:
-        state = dict(self.__dict__)
-        state.pop("_kernel", None)
-        return state
+        return {k: v for k, v in self.__dict__.items() if k != "_kernel"}
 
     def extra_repr(self) -> str:
         g = f", group={self.group}" if self.group else ""
         return f"in_features={self.in_features}, out_features={self.out_features}, mode={self.mode}{g}"
-
-
-def native_product(x: torch.Tensor, codes: torch.Tensor, sz: torch.Tensor, bits: int, group: int,
-                   out_features: int) -> torch.Tensor:
-    """qmm.c's product of x [M, in] on this process's torch thread count."""
-    return ops.qmm(x, codes, sz, bits, group, out_features, torch.get_num_threads())
 
 
 def bf16_gemm() -> bool:
@@ -291,13 +260,6 @@ class QuantizedFeedForward(nn.Module):
         self.w13, self.w2 = w13, w2
         self.hidden = w2.in_features
 
-    @classmethod
-    @torch.no_grad()
-    def from_float(cls, ffn: nn.Module, mode: str, group: int = 0) -> QuantizedFeedForward:
-        """Quantize a FeedForward (w1, w3, w2 nn.Linear without biases); its float weights are not kept."""
-        gate_up = _as_linear(torch.cat([ffn.w1.weight, ffn.w3.weight]))  # [2 * hidden, dim]
-        return cls(QuantizedLinear.from_linear(gate_up, mode, group), QuantizedLinear.from_linear(ffn.w2, mode, group))
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., dim] -> [..., dim]
         gate, up = self.w13(x).split(self.hidden, -1)  # [..., hidden] each
         return self.w2(F.silu(gate) * up)
@@ -316,14 +278,20 @@ class QuantizedEmbedding(nn.Module):
         return self.qweight[ids].to(ACT_DTYPE) * self.scales[ids].unsqueeze(-1)
 
 
-def swap_layers(model: Transformer, linear, feed_forward) -> None:
-    """Each block's (cross-)attention Linears -> `linear(lin)`, its feed-forward -> `feed_forward(ffn)`, in place."""
+def swap_layers(model: Transformer, quantized, mode: str, group: int) -> None:
+    """In place: each block's (cross-)attention Linears -> `quantized(lin, mode, group)`, its feed-forward -> a
+    QuantizedFeedForward of two, and the head and embedding -> int8 ones (tied when the model ties them)."""
     for blk in model.layers:
         for parent in (blk.attention,) + ((blk.cross_attention,) if hasattr(blk, "cross_attention") else ()):
             for name, lin in list(parent.named_children()):
                 if isinstance(lin, nn.Linear):
-                    setattr(parent, name, linear(lin))
-        blk.feed_forward = feed_forward(blk.feed_forward)
+                    setattr(parent, name, quantized(lin, mode, group))
+        ffn = blk.feed_forward  # w1, w3, w2 without biases; w13: [2 * hidden, dim]
+        w13 = quantized(_as_linear(torch.cat([ffn.w1.weight, ffn.w3.weight])), mode, group)
+        blk.feed_forward = QuantizedFeedForward(w13, quantized(ffn.w2, mode, group))
+    head = quantized(model.output, "int8", 0)
+    table = head if model.cfg.tie_embeddings else quantized(_as_linear(model.tok_embeddings.weight), "int8", 0)
+    model.output, model.tok_embeddings = head, QuantizedEmbedding(table)
 
 
 def quantize_model(model: nn.Module, mode: str, group: int = DEFAULT_GROUP) -> nn.Module:
@@ -343,12 +311,7 @@ def quantize_model(model: nn.Module, mode: str, group: int = DEFAULT_GROUP) -> n
             raise UsageError(f"int4 needs input widths divisible by the group size {group}; this model has a "
                              f"{odd[0]}-wide layer (try a group size that divides it, e.g. 32)")
     with torch.no_grad():
-        swap_layers(dec, lambda lin: QuantizedLinear.from_linear(lin, mode, group),
-                    lambda ffn: QuantizedFeedForward.from_float(ffn, mode, group))
-        head = QuantizedLinear.from_linear(dec.output, "int8")
-        untied = not dec.cfg.tie_embeddings
-        table = QuantizedLinear.from_linear(_as_linear(dec.tok_embeddings.weight), "int8") if untied else head
-        dec.output, dec.tok_embeddings = head, QuantizedEmbedding(table)
+        swap_layers(dec, QuantizedLinear.from_linear, mode, group)
     if dec is not model:  # the mesh GPT's encoder (buffers too), as `.to(bfloat16)` would; not the decoder
         for child in model.children():
             if child is not dec:
@@ -369,16 +332,10 @@ def _as_linear(table: torch.Tensor) -> nn.Linear:
 def build_quantized_transformer(quantize: str, group: int = 0, **kwargs) -> nn.Module:
     """Registry builder: the module of a quantized entry with empty buffers, ready for load_state_dict (the float
     Transformer is built on the meta device and never allocated; its norms are then made for real)."""
-    cfg = TransformerConfig(**kwargs)
     with torch.device("meta"):
-        model = Transformer(cfg)
-    swap_layers(model, lambda lin: QuantizedLinear(lin.in_features, lin.out_features, quantize, group,
-                                                   lin.bias is not None),
-                lambda ffn: QuantizedFeedForward(QuantizedLinear(cfg.dim, 2 * cfg.ffn_dim, quantize, group),
-                                                 QuantizedLinear(cfg.ffn_dim, cfg.dim, quantize, group)))
-    head = QuantizedLinear(cfg.dim, cfg.vocab_size, "int8")
-    table = head if cfg.tie_embeddings else QuantizedLinear(cfg.dim, cfg.vocab_size, "int8")
-    model.output, model.tok_embeddings = head, QuantizedEmbedding(table)
+        model = Transformer(TransformerConfig(**kwargs))
+    swap_layers(model, lambda lin, mode, g: QuantizedLinear(lin.in_features, lin.out_features, mode, g,
+                                                            lin.bias is not None), quantize, group)
     for mod in model.modules():  # the norms (still on meta): real bf16 ones
         for name, p in list(mod.named_parameters(recurse=False)):
             setattr(mod, name, nn.Parameter(torch.ones(p.shape, dtype=ACT_DTYPE), requires_grad=False))
@@ -393,10 +350,8 @@ def quantized_layers(module: nn.Module) -> dict[str, QuantizedLinear]:
 def prepare_kernels(module: nn.Module) -> nn.Module:
     """Make every quantized layer's kernel copies now (at load, not in the first timed forward), then hand freed
     conversion buffers back to the OS (glibc keeps them in the heap otherwise)."""
-    made = False
-    for lin in quantized_layers(module).values():
-        made = bool(lin.kernel()[3]) or made  # the kernel's own copies were made (torch's int8 kernel makes none)
-    if made:
+    made = [lin.kernel()[3] for lin in quantized_layers(module).values()]  # each layer's, now
+    if any(made):  # the kernels' own copies were made (torch's int8 kernel makes none)
         with contextlib.suppress(OSError, AttributeError, TypeError):  # not glibc: nothing to trim this way
             ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim(0)
     return module

@@ -28,8 +28,7 @@ class SlicedLinear(nn.Linear):
 
 
 def row_invariant(module: nn.Module) -> nn.Module:
-    """Make every nn.Linear of `module` whose products the rule slices (`kernel_choice.sliced_products`: low precision
-    off the CPU) a SlicedLinear in place (parameters, ties and names unchanged). Returns the module."""
+    """Make each nn.Linear of `module` that `kernel_choice.sliced_products` slices a SlicedLinear, in place."""
     for lin in module.modules():
         if type(lin) is nn.Linear and sliced_products(lin.weight):
             lin.__class__ = SlicedLinear

@@ -20,11 +20,11 @@ class TiledWeight(torch.Tensor):
     tiles: torch.Tensor
 
     @staticmethod
-    def __new__(cls, tiles: torch.Tensor, n: int, requires_grad: bool = False) -> TiledWeight:
+    def __new__(cls, tiles: torch.Tensor, n: int) -> TiledWeight:
         return torch.Tensor._make_wrapper_subclass(cls, (n, tiles.shape[1]), strides=(1, n), dtype=tiles.dtype,
-                                                   device=tiles.device, requires_grad=requires_grad)
+                                                   device=tiles.device)
 
-    def __init__(self, tiles: torch.Tensor, n: int, requires_grad: bool = False) -> None:
+    def __init__(self, tiles: torch.Tensor, n: int) -> None:
         self.tiles = tiles
 
     @classmethod
@@ -87,13 +87,10 @@ class TiledWeight(torch.Tensor):
             return cls(args[0].tiles, args[0].shape[0])
         if func is aten.embedding.default:
             return rows(args[0], args[1])
-        dense = {}
+        dense = {}  # id -> (a TiledWeight argument, its dense copy): one copy per weight, however often passed
 
         def unwrap(a):
-            if isinstance(a, TiledWeight):
-                dense[id(a)] = (a, a.dense())
-                return dense[id(a)][1]
-            return a
+            return dense.setdefault(id(a), (a, a.dense()))[1] if isinstance(a, TiledWeight) else a
 
         out = func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs))
         if func._schema.is_mutable:  # write back what the op changed; it returns the weight itself, not the copy

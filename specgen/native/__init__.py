@@ -31,8 +31,7 @@ SIGNATURES = {  # library -> function -> (argument types, return type); `es`: el
                   "specgen_plan": ([PTR, INT, INT, INT, PTR, PTR, PTR], INT)},
     "glue": {"specgen_rms_norm": ([PTR] * 3 + [INT, INT, FLOAT, INT], INT),
              "specgen_add_rms_norm": ([PTR] * 5 + [INT, INT, FLOAT, INT], INT)},
-    "tiled": {"specgen_tiled_linear": ([PTR] * 4 + [INT] * 4, INT), "specgen_tiled_width": ([], INT),
-              "specgen_tiled_openmp": ([], INT)},
+    "tiled": {"specgen_tiled_linear": ([PTR] * 4 + [INT] * 4, INT), "specgen_tiled_width": ([], INT)},
     "qmm": {"specgen_qmm": ([PTR, INT, PTR, PTR, INT, INT, PTR] + [INT] * 4, INT), "specgen_qmm_path": ([], INT)},
 }
 
@@ -87,15 +86,14 @@ def built(name: str) -> tuple[Path | None, str]:
     """(`name`'s library for this process: installed, cached or compiled into the cache now, "") or (None, why not).
     A THREADED library is built with OpenMP where `openmp_flags` allows, and without it when that build fails."""
     extra = openmp_flags() if name in THREADED else ()
-    path, why = compile_library(name, FLAGS + extra) if extra else (None, "")
+    path = compile_library(name, FLAGS + extra)[0] if extra else None
     return (path, "") if path else compile_library(name, FLAGS)
 
 
 def compiler() -> tuple[str | None, str]:
     """(the C compiler `$CC`, else `cc`, and its first --version line) or (None, why not)."""
     cc_name = os.environ.get("CC", "cc")
-    cc = shutil.which(cc_name)
-    if cc is None:
+    if (cc := shutil.which(cc_name)) is None:
         return None, f"no C compiler ({cc_name} not found)"
     try:
         version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout.splitlines()
@@ -149,7 +147,6 @@ def library(name: str) -> ctypes.CDLL | None:
     Cached: which path runs is decided once per process, so every forward computes one way (docs/precision.md)."""
     if os.environ.get("SPECGEN_NATIVE", "1") == "0" or (name in SIXTEEN_LANE and not sixteen_lanes()):
         return None
-    why = ""
     for _ in range(2):  # the second pass rebuilds what the first found damaged
         path, why = built(name)
         if path is None:

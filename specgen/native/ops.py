@@ -6,6 +6,7 @@ import ctypes
 import functools
 
 import torch
+import torch.nn.functional as F
 
 from specgen import native
 
@@ -140,7 +141,6 @@ def rope_write_attend(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, h
           "attention")
 
 
-@torch.no_grad()
 def tile(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(tiles [ceil(N / T)][K][T], bias padded to ceil(N / T) * T or None) of a float32 weight [N, K], any strides:
     `tiled_linear`'s layout, T = tiled.c's tile width. Zeros past N: the padded columns are computed, never written."""
@@ -170,9 +170,7 @@ def fill_tiles(tiles: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 def padded_bias(bias: torch.Tensor | None, tiles: torch.Tensor) -> torch.Tensor | None:
     """`bias` [N] zero-padded to the columns of `tiles` [N_pad / T, K, T] (None stays None)."""
-    if bias is None:
-        return None
-    return torch.cat([bias.detach(), bias.new_zeros(tiles.shape[0] * tiles.shape[2] - bias.shape[0])]).contiguous()
+    return None if bias is None else F.pad(bias.detach(), (0, tiles.shape[0] * tiles.shape[2] - bias.shape[0]))
 
 
 #: outputs per tile and inputs per activation block of qmm.c's layout; QMM_LAYOUT: its version (stored copies key on it)
@@ -194,7 +192,6 @@ def qmm(x: torch.Tensor, codes: torch.Tensor, sz: torch.Tensor, bits: int, group
     return out
 
 
-@torch.no_grad()
 def pack_codes(codes: torch.Tensor, scales: torch.Tensor,
                zeros: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """(codes [tiles, K / 32 * (256 | 512)] uint8, sz [tiles, groups, 2 | 1, 16] bfloat16): qmm.c's layout of int4

@@ -17,7 +17,6 @@ from specgen.methods import METHODS, run_batch
 from specgen.models import quantize
 from specgen.models.quantize import (
     QuantizedEmbedding,
-    QuantizedFeedForward,
     QuantizedLinear,
     build_quantized_transformer,
     dequantize_int4,
@@ -156,7 +155,7 @@ def test_the_fused_gate_up_product_is_bitwise_two_separate_ones(mode, group):
     """A quantized feed-forward stores w1 and w3 as one layer w13: the same numbers as quantizing and running them
     one by one (every output row is quantized and computed alone), one kernel call fewer per layer."""
     ffn = tiny_model(4).layers[0].feed_forward
-    fused = QuantizedFeedForward.from_float(ffn, mode, group)
+    fused = quantize_model(tiny_model(4), mode, group).layers[0].feed_forward  # the same weights, quantized whole
     w1, w3, w2 = (QuantizedLinear.from_linear(lin, mode, group) for lin in (ffn.w1, ffn.w3, ffn.w2))
     assert torch.equal(fused.w13.qweight, torch.cat([w1.qweight, w3.qweight]))
     x = torch.randn(2, 7, ffn.w1.in_features).bfloat16()
