@@ -13,7 +13,7 @@ from specgen import registry
 from specgen.builders import BUILDERS
 from specgen.builtins import ASSETS, BUILTINS, Progress, asset_fingerprint
 from specgen.errors import CheckpointError
-from specgen.limits import check_declared_size as check_size
+from specgen.limits import check_declared_size
 from specgen.models import layout_cache
 from specgen.models.layout import decode_layout
 from specgen.registry import CONFIG, Entry, entry_at, one_line
@@ -79,7 +79,10 @@ def load_module(entry: Entry, device: str = "cpu", dtype: torch.dtype = torch.fl
     if builder not in BUILDERS:
         raise CheckpointError(f"{entry.ref}: unknown builder {builder!r}")
     kwargs = entry.meta.get("kwargs", {})
-    check_declared_size(entry, builder, kwargs)
+    shapes = registry.stored_shapes(entry)  # huge declared sizes: a one-line error, not an allocation failure
+    check_declared_size(f"{entry.ref}'s {CONFIG}", declared_params(builder, kwargs) or 0,
+                        None if shapes is None else sum(map(math.prod, shapes.values())),
+                        f"corrupt entry {entry.ref}; repair or remove it (`specgen registry remove {entry.ref}`)")
     module = build(entry, builder, kwargs).to(device=device, dtype=dtype)  # before the load: each weight written once
     weights = entry.path / registry.WEIGHTS
     if decode:
@@ -147,20 +150,11 @@ def load_state(module: torch.nn.Module, entry: Entry) -> None:
                               f"unexpected {sorted(unexpected)[:3]})")
 
 
-def check_declared_size(entry: Entry, builder: str, kwargs: dict) -> None:
-    """The module's size, built on the meta device, against the stored weights and this machine's memory: huge
-    declared sizes are a one-line error, not an allocation failure."""
-    if not isinstance(kwargs, dict):
-        raise CheckpointError(f"corrupt entry {entry.ref}: kwargs in its {CONFIG} is not an object")
+def declared_params(builder: str, kwargs: dict) -> int | None:
+    """Parameters of the builder's module counted on the meta device, nothing allocated (None: it does not build
+    there; the real build then says why)."""
     try:
-        with torch.device("meta"):
-            module = build(entry, builder, kwargs)
-    except CheckpointError:
-        raise
-    except Exception:  # noqa: BLE001 - a builder that cannot run on the meta device: checked when built
-        return
-    declared = sum(p.numel() for p in module.parameters())
-    shapes = registry.stored_shapes(entry)
-    stored = None if shapes is None else sum(math.prod(s) for s in shapes.values())
-    check_size(f"{entry.ref}'s {CONFIG}", declared, stored,
-               f"corrupt entry {entry.ref}; repair or remove it (`specgen registry remove {entry.ref}`)")
+        with torch.device("meta"), random_fills_skipped():  # a meta fill may import torch._dynamo
+            return sum(p.numel() for p in BUILDERS[builder](**kwargs).parameters())
+    except Exception:  # noqa: BLE001 - see above
+        return None

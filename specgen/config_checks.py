@@ -51,7 +51,10 @@ def check_config(cfg: Any) -> None:
             raise UsageError(f"{key} must be > 0, got {getattr(cfg, key)}")
     if isinstance(getattr(cfg, "device", None), str):
         devices.check_device(cfg.device, allow_auto=name in AUTO_DEVICE)
-    check_token_budget(cfg)
+    budget, model = getattr(cfg, "max_new_tokens", None), getattr(cfg, "model", None) or getattr(cfg, "target", None)
+    if is_number(budget) and budget > 0:  # against the named model's context when it is installed (nothing loads)
+        meta = (registry.installed_meta(model) if isinstance(model, str) and model else None) or {}
+        check_budget(budget, meta, f"{meta.get('kind', 'target')}/{meta.get('name', model)}")
 
 
 def is_number(v: Any) -> bool:
@@ -109,13 +112,3 @@ def check_number(key: str, v: float) -> None:
         raise UsageError(f"{key} must be at most {AT_MOST[key]}, got {v}")
     if v < 0:
         raise UsageError(f"{key} must be >= 0, got {v}")
-
-
-def check_token_budget(cfg: Any) -> None:
-    """max_new_tokens against the context of the named model when it is installed (nothing is loaded)."""
-    budget = getattr(cfg, "max_new_tokens", None)
-    model = getattr(cfg, "model", None) or getattr(cfg, "target", None)
-    if not isinstance(budget, int) or budget <= 0:
-        return
-    meta = registry.installed_meta(model) if isinstance(model, str) and model else None
-    check_budget(budget, meta, (meta or {}).get("kind", "target") + "/" + str((meta or {}).get("name", model)))

@@ -83,11 +83,7 @@ def import_checkpoint(source: Path, name: str, kind: str = "target", builder: st
     expand, convert = IMPORTED_FORMS.get(builder, (lambda k: k, lambda s, k: s))
     kwargs = expand(kwargs)
     state = convert(read_state_file(source), kwargs)
-    try:  # before allocating: the size the kwargs declare (a meta build) must fit the weights and this machine
-        with torch.device("meta"), checkpoints.random_fills_skipped():  # a meta fill may import torch._dynamo
-            declared = sum(p.numel() for p in BUILDERS[builder](**kwargs).parameters())
-    except Exception:  # noqa: BLE001 - kwargs that do not build are reported when the module is built below
-        declared = 0
+    declared = checkpoints.declared_params(builder, kwargs) or 0  # before allocating: fits the weights and machine
     check_declared_size(f"builder kwargs {kwargs_path}", declared, sum(t.numel() for t in state.values()),
                         f"the kwargs do not describe these weights ({source.name})", UsageError)
     try:

@@ -161,13 +161,17 @@ def save(
     written: list[Entry] = []
 
     @contextmanager
-    def locked() -> Iterator[None]:  # the swap (old entry renamed onto an empty folder, then removed) under the lock
-        with name_lock(final):
+    def locked() -> Iterator[None]:  # the swap (old entry renamed onto an empty folder, then removed) under an
+        fd = os.open(final.parent, os.O_RDONLY)  # exclusive flock of the kind's folder (no lock file is left behind)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
             if final.exists() and not force:
                 raise UsageError(f"{kind}/{name} already exists (another process wrote it meanwhile); "
                                  "choose another name or pass --force to replace it")
             yield
             written.append(entry_at(final))  # under the lock: outside it another writer's swap may move the folder
+        finally:
+            os.close(fd)  # closing the descriptor releases the lock
 
     try:  # temporaries .<name>.tmp-<host>-<pid>-<random> and .<name>.old-...: see remove_stale_temporaries
         atomic_dir(final, fill, tag=f"-{socket.gethostname()}-{os.getpid()}-", guard=locked)
@@ -201,17 +205,6 @@ def follow_umask(folder: Path) -> None:
     os.chmod(folder, 0o777 & ~mask)
     for p in folder.rglob("*"):
         os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~mask)
-
-
-@contextmanager
-def name_lock(final: Path) -> Iterator[None]:
-    """An exclusive flock on the kind's folder (no lock file is left behind), held while an entry is swapped."""
-    fd = os.open(final.parent, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # closing the descriptor releases the lock
 
 
 TEMP_RE = re.compile(r"\.(?P<name>.+)\.(?:tmp|old)-(?P<host>[^-]+(?:-[^-]+)*)-(?P<pid>\d+)-[^-]+$")
