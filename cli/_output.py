@@ -21,8 +21,7 @@ out = Console(soft_wrap=True, highlight=False, width=None if sys.stdout.isatty()
 
 def emit_json(obj: Any) -> None:
     """One JSON document (or JSON line) on stdout."""
-    sys.stdout.write(json.dumps(obj, default=str) + "\n")
-    sys.stdout.flush()
+    print(json.dumps(obj, default=str), flush=True)
 
 
 LEFT = ("method", "prompt", "name", "kind", "ref", "check", "detail", "item", "value")  # columns of words, not numbers
@@ -135,8 +134,7 @@ def write_rows(out, rows: list[dict], append: bool = False) -> None:
         elif not write_new(out, text):
             raise RuntimeFailure(f"--out {out} was created by someone else meanwhile; it was left as it is")
     except OSError as e:
-        sys.stdout.write(text)
-        sys.stdout.flush()
+        print(text, end="", flush=True)
         raise RuntimeFailure(f"cannot write --out {out} ({e.strerror or e}); the rows went to stdout instead") from None
 
 

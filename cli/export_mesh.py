@@ -64,7 +64,7 @@ def export_mesh(
     from cli.generate_mesh import export_sequences, format_name  # deferred: start-up (torch, trimesh)
 
     mesh_format = format_name(mesh_format)
-    check_output_dir(out_dir, "--out-dir")  # before reading: a file, an unwritable path or a full device is refused
+    check_output_dir(out_dir)  # before reading: a file, an unwritable path or a full device is refused
     seqs = read_sequences(source)
     base = nearest_existing(out_dir)
     try:

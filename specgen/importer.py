@@ -101,24 +101,17 @@ def import_checkpoint(source: Path, name: str, kind: str = "target", builder: st
         raise CheckpointError(f"{source.name} does not fit builder {builder}: {'missing' if missing else 'unexpected'} key {bad}")
     meta = {"builder": builder, "kwargs": kwargs, "vocab_size": kwargs.get("vocab_size"), "parent": parent,
             "source": str(source), "created_by": "registry import"}
-    if builder in IMAGE_BUILDERS:
-        meta.update(image_meta(module, vq))
-    return registry.save(kind, name, dict(module.state_dict()), meta, force=force)
-
-
-def image_meta(module: torch.nn.Module, vq: str | None) -> dict:
-    """Registry fields of an imported image GPT: modality, grid, conditioning, and its VQ (checked to fit)."""
-    cfg = module.cfg
-    meta = {"modality": "image", "grid": cfg.rope_grid, "conditioning": cfg.cond_kind}
+    if builder in IMAGE_BUILDERS:  # an image GPT: its grid, conditioning, and the VQ it decodes with (checked to fit)
+        meta.update(modality="image", grid=module.cfg.rope_grid, conditioning=module.cfg.cond_kind)
     if vq:
-        entry = checkpoints.find(vq)
+        entry, vocab = checkpoints.find(vq), module.cfg.vocab_size
         codes = entry.meta.get("kwargs", {}).get("codebook_size")
         if entry.kind != "vq":
             raise UsageError(f"--vq {vq} is a {entry.kind} entry, not a VQ tokenizer")
-        if codes is not None and codes != cfg.vocab_size:
-            raise IncompatibleError(f"VQ {entry.ref} has {codes} codes but the GPT predicts {cfg.vocab_size}")
+        if codes is not None and codes != vocab:
+            raise IncompatibleError(f"VQ {entry.ref} has {codes} codes but the GPT predicts {vocab}")
         meta["vq"] = entry.ref
-    return meta
+    return registry.save(kind, name, dict(module.state_dict()), meta, force=force)
 
 
 def import_hf_folder(folder: Path, name: str, force: bool = False) -> registry.Entry:

@@ -35,12 +35,6 @@ def devices() -> list[dict]:
     return [cpu, *gpus]
 
 
-def threads() -> dict:
-    """torch's intra-op threads and the CPUs this process may run on."""
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {"torch": torch.get_num_threads(), "usable_cpus": usable, "cpus": os.cpu_count()}
-
-
 def stored_plans() -> list[str]:
     """The kernel plans stored for this CPU, torch and thread count, as `Plan.describe` words."""
     prefix = f"{plan_cache.machine()}|{torch.get_num_threads()}|"
@@ -109,7 +103,9 @@ def machine_facts(device: str | None = None) -> dict:
     """Everything above as one JSON-ready object (`specgen env --json`, benchmark machine files)."""
     libraries = {name: native.library(name) is not None for name in native.SIGNATURES}  # built on first use
     have = {flag for line in cpu_lines("flags") + cpu_lines("Features") for flag in line.split()}
-    return {"devices": devices(), "isa": [flag for flag in ISA if flag in have], "threads": threads(),
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()  # by this process
+    threads = {"torch": torch.get_num_threads(), "usable_cpus": usable, "cpus": os.cpu_count()}
+    return {"devices": devices(), "isa": [flag for flag in ISA if flag in have], "threads": threads,
             "torch": torch.__version__, "cuda": torch.version.cuda, "kernels": kernel_paths(device),
             "native": {"compiler": native.compiler()[0], "libraries": libraries}, "caches": caches()}
 

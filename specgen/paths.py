@@ -34,13 +34,11 @@ def check_folder(folder: Path, what: str) -> None:
     check_space(probe, what)
 
 
-def check_output_dir(folder: Path, flag: str = "--out-dir") -> Path:
-    """An output folder checked as `check_folder` does (a path naming a file is refused as such)."""
-    folder = Path(folder)
+def check_output_dir(folder: Path) -> None:
+    """An --out-dir folder checked as `check_folder` does (a path naming a file is refused as such)."""
     if folder.exists() and not folder.is_dir():
-        raise UsageError(f"cannot create output folder {folder}: {flag} names a file")
+        raise UsageError(f"cannot create output folder {folder}: --out-dir names a file")
     check_folder(folder, f"cannot create output folder {folder}")
-    return folder
 
 
 PROBE_BYTES = 64 * 1024  # a probe the size of a few result rows: a device this full fails the real write too
