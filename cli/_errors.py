@@ -48,6 +48,7 @@ def command(fn):
         with warnings.catch_warnings(record=True) as caught:  # the active filters decide what is recorded
             try:
                 result = fn(*args, **kwargs)
+                sys.stdout.flush()  # results still buffered: a full device there is the command's failure
             except SpecgenError as e:
                 raise fail(str(e), e.exit_code) from None
             except KeyboardInterrupt:
@@ -65,10 +66,6 @@ def command(fn):
                 raise fail(f"{type(e).__name__}: {e}", 1) from None
             finally:
                 sys.stdout = stdout.file
-            try:  # results still buffered for stdout: a full device there is the command's failure, not a traceback
-                sys.stdout.flush()
-            except OSError as e:
-                raise fail(os_error_line(e, True), 1) from None
         for message in dict.fromkeys(f"{w.category.__name__}: {one_line(w.message)}" for w in caught):
             print(f"warning: {message}", file=sys.stderr)
         return result
