@@ -130,19 +130,14 @@ def write_rows(out, rows: list[dict], append: bool = False) -> None:
     text = "".join(json.dumps(r, default=str) + "\n" for r in rows)
     try:
         if append and out.is_file():
-            append_rows(out, text)
+            fd = os.open(out, os.O_RDWR | os.O_APPEND)  # one write, after a newline when the last row lacks one
+            try:
+                size = os.fstat(fd).st_size
+                os.write(fd, (("\n" if size and os.pread(fd, 1, size - 1) != b"\n" else "") + text).encode())
+            finally:
+                os.close(fd)
         elif not write_new(out, text):
             raise RuntimeFailure(f"--out {out} was created by someone else meanwhile; it was left as it is")
     except OSError as e:
         print(text, end="", flush=True)
         raise RuntimeFailure(f"cannot write --out {out} ({e.strerror or e}); the rows went to stdout instead") from None
-
-
-def append_rows(out, text: str) -> None:
-    fd = os.open(out, os.O_RDWR | os.O_APPEND)
-    try:
-        size = os.fstat(fd).st_size
-        torn = size > 0 and os.pread(fd, 1, size - 1) != b"\n"
-        os.write(fd, (("\n" if torn else "") + text).encode())
-    finally:
-        os.close(fd)

@@ -26,12 +26,9 @@ def marked(entry: Entry) -> Entry:
 
 def list_entries(kind: str | None = None) -> list[Entry]:
     """Installed entries plus built-ins (materialised or not), sorted by kind and name."""
-    found = {e.ref: marked(e) for e in registry.installed_entries()}
-    for b in BUILTINS.values():
-        ref = f"{b.kind}/{b.name}"
-        if ref not in found:
-            found[ref] = Entry(b.kind, b.name, registry.checkpoints_dir() / b.kind / b.name,
-                               {"description": b.description}, True)
+    found = {f"{b.kind}/{b.name}": Entry(b.kind, b.name, registry.checkpoints_dir() / b.kind / b.name,
+                                         {"description": b.description}, True) for b in BUILTINS.values()}
+    found.update({e.ref: marked(e) for e in registry.installed_entries()})  # installed ones: as they are
     return [e for _, e in sorted(found.items()) if kind is None or e.kind == kind]
 
 
@@ -121,13 +118,11 @@ def random_fills_skipped():
     """Module construction without torch.nn.init's random fills: `load_state` overwrites (and requires) every
     parameter; computed buffers (RoPE tables) are built as usual."""
     saved = {name: getattr(torch.nn.init, name) for name in RANDOM_FILLS}
+    vars(torch.nn.init).update(dict.fromkeys(RANDOM_FILLS, lambda tensor, *args, **kwargs: tensor))
     try:
-        for name in RANDOM_FILLS:
-            setattr(torch.nn.init, name, lambda tensor, *args, **kwargs: tensor)
         yield
     finally:
-        for name, fill in saved.items():
-            setattr(torch.nn.init, name, fill)
+        vars(torch.nn.init).update(saved)
 
 
 def load_state(module: torch.nn.Module, entry: Entry) -> None:
