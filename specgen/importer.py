@@ -122,13 +122,12 @@ def import_hf_folder(folder: Path, name: str, force: bool = False) -> registry.E
     has_tok = (folder / "tokenizer.json").is_file() or (folder / "tokenizer_config.json").is_file()
 
     def tokenizer(dest: Path) -> None:
-        if has_tok:
-            from transformers import AutoTokenizer  # optional dependency: only a folder with a tokenizer needs it
+        from transformers import AutoTokenizer  # optional dependency: only a folder with a tokenizer needs it
 
-            AutoTokenizer.from_pretrained(str(folder), local_files_only=True).save_pretrained(str(dest))
+        AutoTokenizer.from_pretrained(str(folder), local_files_only=True).save_pretrained(str(dest))
 
     return registry.save("target", name, state, {
         "builder": "transformer", "kwargs": cfg.to_dict(), "vocab_size": cfg.vocab_size, "modality": "text",
         "tokenizer": has_tok, "source": str(folder), "created_by": "registry import",
         **({"source_context": declared} if isinstance(declared, int) and declared > cfg.max_seq_len else {}),
-    }, extra=tokenizer, force=force)
+    }, extra=tokenizer if has_tok else None, force=force)

@@ -202,8 +202,7 @@ def follow_umask(folder: Path) -> None:
     """Permissions of a finished temporary folder as if made under the umask (mkdtemp and safetensors make
     0700/0600), so a SPECGEN_HOME shared by a group works."""
     mask = umask()
-    os.chmod(folder, 0o777 & ~mask)
-    for p in folder.rglob("*"):
+    for p in [folder, *folder.rglob("*")]:
         os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~mask)
 
 
