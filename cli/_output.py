@@ -97,12 +97,10 @@ def check_rows_path(out, append: bool = False) -> None:
         if not os.access(out, os.W_OK):
             raise UsageError(f"--out {out} is not writable")
         check_tail(out)
-        check_space(out.parent, f"--out {out}")
-        return
-    if out.exists() or out.is_symlink():
+    elif out.exists() or out.is_symlink():
         raise UsageError(f"--out {out} already exists; rows never replace a file: add --append, remove it or "
                          "name a new file")
-    if not out.parent.exists():
+    elif not out.parent.exists():
         raise UsageError(f"output folder does not exist: {out.parent}")
     check_space(out.parent, f"--out {out}")  # also a parent that is no folder, or one this user cannot write in
 
