@@ -89,8 +89,7 @@ def load_module(entry: Entry, device: str = "cpu", dtype: torch.dtype = torch.fl
         try:
             load_state(module, entry)
         except RuntimeError as e:
-            lines = str(e).splitlines()[1:]
-            first = next((line.strip() for line in lines if line.strip()), one_line(e))  # what differs
+            first = next((ln.strip() for ln in str(e).splitlines()[1:] if ln.strip()), one_line(e))  # what differs
             raise CheckpointError(f"{entry.ref}: weights do not fit its config ({first})") from None
     if decode:
         decode_layout(module)  # what needs the loaded weights: int4/int8 kernel copies, a plan timed on them

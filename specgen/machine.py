@@ -35,13 +35,6 @@ def devices() -> list[dict]:
     return [cpu, *gpus]
 
 
-def stored_plans() -> list[str]:
-    """The kernel plans stored for this CPU, torch and thread count, as `Plan.describe` words."""
-    prefix = f"{plan_cache.machine()}|{torch.get_num_threads()}|"
-    plans = (plan_cache.load(k) for k in plan_cache.read() if k.startswith(prefix))
-    return sorted({kernel_choice.Plan(*p).describe() for p in plans if p is not None})
-
-
 def float_path(plans: str = "") -> dict:
     """float32 products on the CPU: the weight layout and, packed, which kernel each row count takes (`plans`)."""
     name = layout.layout_name()
@@ -85,7 +78,10 @@ def kernel_paths(device: str | None = None) -> dict[str, dict]:
     why = ("SPECGEN_NATIVE=0" if os.environ.get("SPECGEN_NATIVE", "1") == "0" else "no C compiler"
            if native.compiler()[0] is None else "built at pip install, else once per machine into the native cache")
     why += "" if native.sixteen_lanes() else "; no 16-lane vectors (AVX-512F or AVX2 + FMA): no attention.c"
-    text = float_path(kernel_choice.describe() or " / ".join(stored_plans()))  # one per model measured here
+    prefix = f"{plan_cache.machine()}|{torch.get_num_threads()}|"  # plans stored for this CPU, torch and threads
+    stored = (plan_cache.load(k) for k in plan_cache.read() if k.startswith(prefix))
+    plans = sorted({kernel_choice.Plan(*p).describe() for p in stored if p is not None})
+    text = float_path(kernel_choice.describe() or " / ".join(plans))  # one per model measured here
     return {"text float32": text, "text int8": quantized_path("int8"), "text int4": quantized_path("int4"),
             "image": float_path(), "mesh": float_path(), "step_kernels": {"path": steps, "why": why}}
 

@@ -37,8 +37,7 @@ def home() -> Path:
     """Registry root: $SPECGEN_HOME, else $XDG_CACHE_HOME/specgen, else ~/.cache/specgen."""
     if os.environ.get("SPECGEN_HOME"):
         return Path(os.environ["SPECGEN_HOME"]).expanduser()
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "specgen"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specgen"
 
 
 def checkpoints_dir() -> Path:
