@@ -59,7 +59,12 @@ def command(fn):
             except MemoryError:
                 raise fail("out of memory: use a smaller model, batch or token budget", 1) from None
             except OSError as e:  # a file system refusal nobody checked for: the path, why, what to do
-                raise fail(os_error_line(e, stdout.failed is e), 1) from None
+                if stdout.failed is e:  # writing the results failed: silenced, so the final flush fails no more
+                    silence_stdout()
+                what = "stdout (the results)" if stdout.failed is e else e.filename
+                reason = e.strerror or str(e) or type(e).__name__
+                why = f"{reason}; {ADVICE.get(e.errno, 'check the path and its permissions')}"
+                raise fail(f"cannot write {what}: {why}" if what else why, 1) from None
             except Exception as e:  # unexpected: still one line unless SPECGEN_DEBUG=1
                 if isinstance(e, (typer.Exit, typer.Abort)) or type(e).__module__.startswith("typer"):
                     raise  # Typer's own exits and usage errors (its click is private, so matched by module)
@@ -94,17 +99,6 @@ class WatchedStdout:
 
     def __getattr__(self, name: str):
         return getattr(self.file, name)
-
-
-def os_error_line(e: OSError, on_stdout: bool = False) -> str:
-    """An OSError as one line: what could not be used, why, and what to do (`on_stdout`: writing the results failed,
-    and stdout is silenced so the interpreter's flush does not fail again)."""
-    if on_stdout:
-        silence_stdout()
-    what = "stdout (the results)" if on_stdout else e.filename
-    reason = e.strerror or str(e) or type(e).__name__
-    advice = ADVICE.get(e.errno, "check the path and its permissions")
-    return f"cannot write {what}: {reason}; {advice}" if what else f"{reason}; {advice}"
 
 
 def silence_stdout() -> None:

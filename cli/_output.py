@@ -111,9 +111,8 @@ def check_tail(path) -> None:
     data = path.read_bytes()
     if not data or data.endswith(b"\n"):
         return
-    last = data.rsplit(b"\n", 1)[-1]
     try:
-        json.loads(last)
+        json.loads(data.rsplit(b"\n", 1)[-1])
     except ValueError:
         line = data.count(b"\n") + 1
         raise UsageError(f"--out {path}: its last line (line {line}) is torn (no newline, not JSON: a cut-off write); "

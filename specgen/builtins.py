@@ -41,8 +41,7 @@ def asset_fingerprint(folder: str) -> str:
     if key not in _FINGERPRINTS:
         h = hashlib.sha256()
         for f in files:
-            h.update(f.name.encode())
-            h.update(f.read_bytes())
+            h.update(f.name.encode() + f.read_bytes())
         _FINGERPRINTS[key] = h.hexdigest()[:16]
     return _FINGERPRINTS[key]
 

@@ -54,7 +54,8 @@ def check_config(cfg: Any) -> None:
             raise UsageError(f"{key} must be > 0, got {getattr(cfg, key)}")
     if isinstance(getattr(cfg, "device", None), str):
         devices.check_device(cfg.device, allow_auto=name in AUTO_DEVICE)
-    budget, model = getattr(cfg, "max_new_tokens", None), getattr(cfg, "model", None) or getattr(cfg, "target", None)
+    budget = getattr(cfg, "max_new_tokens", None)
+    model = getattr(cfg, "model", None) or getattr(cfg, "target", None)
     if is_number(budget) and budget > 0:  # against the named model's context when it is installed (nothing loads)
         meta = (registry.installed_meta(model) if isinstance(model, str) and model else None) or {}
         check_budget(budget, meta, f"{meta.get('kind', 'target')}/{meta.get('name', model)}")

@@ -104,12 +104,12 @@ def import_checkpoint(source: Path, name: str, kind: str = "target", builder: st
     if builder in IMAGE_BUILDERS:  # an image GPT: its grid, conditioning, and the VQ it decodes with (checked to fit)
         meta.update(modality="image", grid=module.cfg.rope_grid, conditioning=module.cfg.cond_kind)
     if vq:
-        entry, vocab = checkpoints.find(vq), module.cfg.vocab_size
+        entry = checkpoints.find(vq)
         codes = entry.meta.get("kwargs", {}).get("codebook_size")
         if entry.kind != "vq":
             raise UsageError(f"--vq {vq} is a {entry.kind} entry, not a VQ tokenizer")
-        if codes is not None and codes != vocab:
-            raise IncompatibleError(f"VQ {entry.ref} has {codes} codes but the GPT predicts {vocab}")
+        if codes is not None and codes != module.cfg.vocab_size:
+            raise IncompatibleError(f"VQ {entry.ref} has {codes} codes but the GPT predicts {module.cfg.vocab_size}")
         meta["vq"] = entry.ref
     return registry.save(kind, name, dict(module.state_dict()), meta, force=force)
 
