@@ -38,8 +38,7 @@ def find(name: str, progress: Progress = None) -> Entry:
     if (path / CONFIG).is_file() and (path / registry.WEIGHTS).is_file():
         return marked(entry_at(path))
     entry = registry.pick(list_entries(), name, "checkpoint")
-    shipped = BUILTINS.get(entry.name)
-    shipped = shipped if shipped is not None and shipped.kind == entry.kind else None
+    shipped = next((b for b in BUILTINS.values() if (b.kind, b.name) == (entry.kind, entry.name)), None)
     if entry.corrupt and shipped is None:
         raise CheckpointError(f"corrupt entry {entry.ref} ({entry.corrupt}); remove it with `specgen registry remove "
                               f"{entry.ref}` and import it again")

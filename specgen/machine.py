@@ -111,8 +111,7 @@ def label(facts: dict, device: str | None = None) -> str:
     cpu, t = facts["devices"][0], facts["threads"]
     host = f"{cpu['arch']}, {cpu['cpus']} cpus, torch threads {t['torch']}"
     if not is_cpu(device):
-        gpu = torch.cuda.get_device_name(device)
-        return f"{gpu}, torch {facts['torch']}, CUDA {facts['cuda']}; host {host}"
+        return f"{torch.cuda.get_device_name(device)}, torch {facts['torch']}, CUDA {facts['cuda']}; host {host}"
     name = layout.layout_name()
     plans = kernel_choice.describe() if name == "packed" else ""  # the plans of the models this process loaded
     steps = facts["kernels"]["step_kernels"]["path"]

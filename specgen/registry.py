@@ -233,15 +233,12 @@ def pid_alive(pid: int) -> bool:
 def untie(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Drop tensors that alias an earlier one (tied embeddings); return {dropped: kept}."""
     seen: dict[tuple, str] = {}
-    kept, tied = {}, {}
+    tied = {}
     for k, v in state.items():
-        key = (v.data_ptr(), v.shape, v.stride()) if v.numel() else (id(v),)
-        if key in seen:
-            tied[k] = seen[key]
-        else:
-            seen[key] = k
-            kept[k] = v
-    return kept, tied
+        first = seen.setdefault((v.data_ptr(), v.shape, v.stride()) if v.numel() else (id(v),), k)
+        if first != k:
+            tied[k] = first
+    return {k: v for k, v in state.items() if k not in tied}, tied
 
 
 def remove(name: str) -> Entry:
