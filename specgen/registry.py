@@ -243,14 +243,9 @@ def untie(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict
 
 def remove(name: str) -> Entry:
     """Delete an installed entry (a built-in, replaced or not, comes back as shipped on its next use)."""
-    entry = find_installed(name)
+    entry = pick(installed_entries(), name, "installed checkpoint")  # (a built-in is not materialised for this)
     shutil.rmtree(entry.path)
     return entry
-
-
-def find_installed(name: str) -> Entry:
-    """An installed entry by `kind/name` or bare name (built-ins are not materialised: see checkpoints.find)."""
-    return pick(installed_entries(), name, "installed checkpoint")
 
 
 def pick(entries: list[Entry], name: str, what: str) -> Entry:
