@@ -56,4 +56,3 @@ def run(args, spec: MethodSpec) -> None:
                 "method": spec.name, "sequences": len(results), "new_tokens": tokens,
                 "throughput_tokens_per_s": tokens / max(latency), "latency_median_s": float(np.percentile(latency, 50)),
                 "latency_p90_s": float(np.percentile(latency, 90))}], BATCH_COLUMNS)
-
