@@ -48,6 +48,7 @@ def command(fn):
         with warnings.catch_warnings(record=True) as caught:  # the active filters decide what is recorded
             try:
                 result = fn(*args, **kwargs)
+                sys.stdout.flush()  # results still buffered: a full device there is the command's failure
             except SpecgenError as e:
                 raise fail(str(e), e.exit_code) from None
             except KeyboardInterrupt:
@@ -58,17 +59,18 @@ def command(fn):
             except MemoryError:
                 raise fail("out of memory: use a smaller model, batch or token budget", 1) from None
             except OSError as e:  # a file system refusal nobody checked for: the path, why, what to do
-                raise fail(os_error_line(e, stdout.failed is e), 1) from None
+                if stdout.failed is e:  # writing the results failed: silenced, so the final flush fails no more
+                    silence_stdout()
+                what = "stdout (the results)" if stdout.failed is e else e.filename
+                reason = e.strerror or str(e) or type(e).__name__
+                why = f"{reason}; {ADVICE.get(e.errno, 'check the path and its permissions')}"
+                raise fail(f"cannot write {what}: {why}" if what else why, 1) from None
             except Exception as e:  # unexpected: still one line unless SPECGEN_DEBUG=1
                 if isinstance(e, (typer.Exit, typer.Abort)) or type(e).__module__.startswith("typer"):
                     raise  # Typer's own exits and usage errors (its click is private, so matched by module)
                 raise fail(f"{type(e).__name__}: {e}", 1) from None
             finally:
                 sys.stdout = stdout.file
-            try:  # results still buffered for stdout: a full device there is the command's failure, not a traceback
-                sys.stdout.flush()
-            except OSError as e:
-                raise fail(os_error_line(e, True), 1) from None
         for message in dict.fromkeys(f"{w.category.__name__}: {one_line(w.message)}" for w in caught):
             print(f"warning: {message}", file=sys.stderr)
         return result
@@ -97,17 +99,6 @@ class WatchedStdout:
 
     def __getattr__(self, name: str):
         return getattr(self.file, name)
-
-
-def os_error_line(e: OSError, on_stdout: bool = False) -> str:
-    """An OSError as one line: what could not be used, why, and what to do (`on_stdout`: writing the results failed,
-    and stdout is silenced so the interpreter's flush does not fail again)."""
-    if on_stdout:
-        silence_stdout()
-    what = "stdout (the results)" if on_stdout else e.filename
-    reason = e.strerror or str(e) or type(e).__name__
-    advice = ADVICE.get(e.errno, "check the path and its permissions")
-    return f"cannot write {what}: {reason}; {advice}" if what else f"{reason}; {advice}"
 
 
 def silence_stdout() -> None:

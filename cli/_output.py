@@ -21,8 +21,7 @@ out = Console(soft_wrap=True, highlight=False, width=None if sys.stdout.isatty()
 
 def emit_json(obj: Any) -> None:
     """One JSON document (or JSON line) on stdout."""
-    sys.stdout.write(json.dumps(obj, default=str) + "\n")
-    sys.stdout.flush()
+    print(json.dumps(obj, default=str), flush=True)
 
 
 LEFT = ("method", "prompt", "name", "kind", "ref", "check", "detail", "item", "value")  # columns of words, not numbers
@@ -98,12 +97,10 @@ def check_rows_path(out, append: bool = False) -> None:
         if not os.access(out, os.W_OK):
             raise UsageError(f"--out {out} is not writable")
         check_tail(out)
-        check_space(out.parent, f"--out {out}")
-        return
-    if out.exists() or out.is_symlink():
+    elif out.exists() or out.is_symlink():
         raise UsageError(f"--out {out} already exists; rows never replace a file: add --append, remove it or "
                          "name a new file")
-    if not out.parent.exists():
+    elif not out.parent.exists():
         raise UsageError(f"output folder does not exist: {out.parent}")
     check_space(out.parent, f"--out {out}")  # also a parent that is no folder, or one this user cannot write in
 
@@ -114,9 +111,8 @@ def check_tail(path) -> None:
     data = path.read_bytes()
     if not data or data.endswith(b"\n"):
         return
-    last = data.rsplit(b"\n", 1)[-1]
     try:
-        json.loads(last)
+        json.loads(data.rsplit(b"\n", 1)[-1])
     except ValueError:
         line = data.count(b"\n") + 1
         raise UsageError(f"--out {path}: its last line (line {line}) is torn (no newline, not JSON: a cut-off write); "
@@ -131,20 +127,14 @@ def write_rows(out, rows: list[dict], append: bool = False) -> None:
     text = "".join(json.dumps(r, default=str) + "\n" for r in rows)
     try:
         if append and out.is_file():
-            append_rows(out, text)
+            fd = os.open(out, os.O_RDWR | os.O_APPEND)  # one write, after a newline when the last row lacks one
+            try:
+                size = os.fstat(fd).st_size
+                os.write(fd, (("\n" if size and os.pread(fd, 1, size - 1) != b"\n" else "") + text).encode())
+            finally:
+                os.close(fd)
         elif not write_new(out, text):
             raise RuntimeFailure(f"--out {out} was created by someone else meanwhile; it was left as it is")
     except OSError as e:
-        sys.stdout.write(text)
-        sys.stdout.flush()
+        print(text, end="", flush=True)
         raise RuntimeFailure(f"cannot write --out {out} ({e.strerror or e}); the rows went to stdout instead") from None
-
-
-def append_rows(out, text: str) -> None:
-    fd = os.open(out, os.O_RDWR | os.O_APPEND)
-    try:
-        size = os.fstat(fd).st_size
-        torn = size > 0 and os.pread(fd, 1, size - 1) != b"\n"
-        os.write(fd, (("\n" if torn else "") + text).encode())
-    finally:
-        os.close(fd)

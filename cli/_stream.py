@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import signal
 import sys
-from typing import Protocol
 
 #: Signals that unwind a command (Ctrl-C; SIGTERM, which `cli.main` turns into Ctrl-C): held back during one write.
 UNWINDING = {signal.SIGINT, signal.SIGTERM}
@@ -30,16 +29,9 @@ def stdout_is_terminal() -> bool:
     return sys.stdout.isatty()
 
 
-class Sink(Protocol):
-    """Where a text run's pieces go: `sink(row, piece)` as accepted, `sink.done(row)` after a row's last piece."""
-
-    def __call__(self, row: int, text: str) -> None: ...
-
-    def done(self, row: int) -> None: ...
-
-
-def sink_for(json_lines: bool, table: bool, rows: int) -> Sink | None:
-    """JSON lines (`--stream`), the text itself on a terminal in table format, else None (printed whole at the end)."""
+def sink_for(json_lines: bool, table: bool, rows: int) -> JsonLines | Terminal | None:
+    """Where a text run's pieces go (`sink(row, piece)` as accepted, `sink.done(row)` after a row's last one): JSON
+    lines (`--stream`), the text itself on a terminal in table format, else None (printed whole at the end)."""
     if json_lines:
         return JsonLines()
     return Terminal(rows) if table and stdout_is_terminal() else None

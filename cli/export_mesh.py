@@ -42,14 +42,10 @@ def read_sequences(source: str | None) -> list[tuple[str, list[int]]]:
         if any(abs(t) >= 2 ** 31 for t in tokens):
             raise UsageError(f"{src.name} line {n}: a token id beyond 2**31 is no token of any mesh tokenizer")
         name = obj.get("name") if isinstance(obj, dict) and obj.get("name") else f"mesh-{len(out):03d}"
-        out.append((safe_name(str(name)), tokens))
+        out.append(("".join(c if c.isalnum() or c in "-_." else "_" for c in str(name)).strip(".") or "mesh", tokens))
     if not out:
         raise UsageError("no token sequences in the input")
     return out
-
-
-def safe_name(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name).strip(".") or "mesh"
 
 
 @command
@@ -68,7 +64,7 @@ def export_mesh(
     from cli.generate_mesh import export_sequences, format_name  # deferred: start-up (torch, trimesh)
 
     mesh_format = format_name(mesh_format)
-    check_output_dir(out_dir, "--out-dir")  # before reading: a file, an unwritable path or a full device is refused
+    check_output_dir(out_dir)  # before reading: a file, an unwritable path or a full device is refused
     seqs = read_sequences(source)
     base = nearest_existing(out_dir)
     try:

@@ -31,7 +31,7 @@ def run(args, spec: MethodSpec) -> None:
                       captions=str(args.captions) if args.captions else None, drafter=args.drafter,
                       **args.recipe)
     req = parse_request(cfg, "image", spec)
-    check_output_dir(Path(cfg.out_dir), "--out-dir")  # created with the first PNG: a failed run leaves no folder
+    check_output_dir(Path(cfg.out_dir))  # created with the first PNG: a failed run leaves no folder
     im = load_image_model(cfg.model, cfg.drafter, req.device, need_drafter=spec.name != "ar", dtype=cfg.dtype,
                           quantize=cfg.quantize, graphs=cfg.graphs)
     conditions = image_conditions(im, cfg)  # checks classes/captions against the model before decoding

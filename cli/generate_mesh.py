@@ -27,7 +27,7 @@ def run(args, spec: MethodSpec) -> None:
     if cfg.num < 1:
         raise UsageError("--num must be >= 1")
     if args.out_dir is not None:
-        check_output_dir(args.out_dir, "--out-dir")  # before the load; created with the first mesh file
+        check_output_dir(args.out_dir)  # before the load; created with the first mesh file
     opts = mesh_options(req)
     heads = opts.heads if spec.name == "xspecmesh" else None
     check_budget(cfg.model, heads, cfg, opts)  # from the configs: before the weights load

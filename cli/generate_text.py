@@ -45,20 +45,14 @@ def run(args, spec: MethodSpec) -> None:
             _output.emit_json({"prompt": r.prompt, "completion": r.completion, "method": spec.name,
                                "model": tm.entry.ref, "token_ids": r.token_ids, "stats": r.stats})
         else:
-            _output.out.print(r.completion, markup=False)
-            _output.out.print()
+            _output.out.print(r.completion, markup=False, end="\n\n")
     if not args.quiet and args.fmt == Format.table:
         _output.table(f"{spec.name} on {tm.entry.ref}", [{"method": spec.name, **r.stats} for r in results],
                       STAT_COLUMNS)
-        if cfg.batch_size > 1:
-            _output.table(f"batch of {min(cfg.batch_size, len(results))} slots", [batch_row(spec.name, results)],
-                          BATCH_COLUMNS)
-
-
-def batch_row(method: str, results) -> dict:
-    """Throughput over the whole batch (tokens / time to the last finish) and per-sequence latency (queueing included)."""
-    latency = [r.stats["latency_s"] for r in results]
-    tokens = sum(r.stats["new_tokens"] for r in results)
-    return {"method": method, "sequences": len(results), "new_tokens": tokens,
-            "throughput_tokens_per_s": tokens / max(latency), "latency_median_s": float(np.percentile(latency, 50)),
-            "latency_p90_s": float(np.percentile(latency, 90))}
+        if cfg.batch_size > 1:  # throughput: tokens / time to the last finish; latency per sequence, queueing included
+            latency = [r.stats["latency_s"] for r in results]
+            tokens = sum(r.stats["new_tokens"] for r in results)
+            _output.table(f"batch of {min(cfg.batch_size, len(results))} slots", [{
+                "method": spec.name, "sequences": len(results), "new_tokens": tokens,
+                "throughput_tokens_per_s": tokens / max(latency), "latency_median_s": float(np.percentile(latency, 50)),
+                "latency_p90_s": float(np.percentile(latency, 90))}], BATCH_COLUMNS)

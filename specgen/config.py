@@ -78,8 +78,6 @@ def guarded(source: str, merge: Any) -> Any:
 
     try:
         return merge()
-    except UsageError:
-        raise
     except yaml.YAMLError as e:  # an override value YAML cannot read (control characters, stray quotes)
         raise UsageError(f"bad config: {source}: not a YAML value ({getattr(e, 'problem', None) or e})") from None
     except OmegaConfBaseException as e:

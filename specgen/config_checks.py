@@ -30,6 +30,9 @@ POSITIVE_BY_CLASS = {"DistillConfig": {"temperature"}}  # a KL temperature divid
 # ZERO_BUDGET_IS_CONTEXT: checked before the generic >= 0, so -1 and 0 get the same message
 AT_LEAST_ONE_BY_CLASS = {"TextBenchConfig": ("limit",), "MeshBenchConfig": ("limit",), "ImageBenchConfig": ("num",)}
 MAX_INT = 2 ** 62  # beyond this torch's int64 arithmetic (seed + i, sizes) overflows
+RANGES = [(OPEN_UNIT, lambda v: 0 < v <= 1, "in (0, 1]"), (UNIT, lambda v: 0 <= v <= 1, "in [0, 1]"),
+          (HALF_OPEN_UNIT, lambda v: 0 <= v < 1, "in [0, 1)"), (POSITIVE, lambda v: v > 0, "> 0"),
+          (AT_LEAST_ONE, lambda v: v >= 1, ">= 1")]  # (fields, the values they take, those values in words)
 AT_MOST = {"num": 100_000, "threads": 4096, "num_threads": 4096}  # images/meshes per command, threads
 # configs whose device may be "auto" (cuda when present, else cpu): their commands resolve it (specgen/devices.py)
 # before any tensor is made; a config not named here takes cpu, cuda, cuda:N or mps only
@@ -51,7 +54,11 @@ def check_config(cfg: Any) -> None:
             raise UsageError(f"{key} must be > 0, got {getattr(cfg, key)}")
     if isinstance(getattr(cfg, "device", None), str):
         devices.check_device(cfg.device, allow_auto=name in AUTO_DEVICE)
-    check_token_budget(cfg)
+    budget = getattr(cfg, "max_new_tokens", None)
+    model = getattr(cfg, "model", None) or getattr(cfg, "target", None)
+    if is_number(budget) and budget > 0:  # against the named model's context when it is installed (nothing loads)
+        meta = (registry.installed_meta(model) if isinstance(model, str) and model else None) or {}
+        check_budget(budget, meta, f"{meta.get('kind', 'target')}/{meta.get('name', model)}")
 
 
 def is_number(v: Any) -> bool:
@@ -95,27 +102,10 @@ def check_number(key: str, v: float) -> None:
     if key in TEMPERATURES and 0 < v < MIN_TEMPERATURE:
         raise UsageError(f"{key} {v} is greedy in effect and overflows the sampler: use 0 (greedy) or "
                          f">= {MIN_TEMPERATURE}")
-    if key in OPEN_UNIT and not 0 < v <= 1:
-        raise UsageError(f"{key} must be in (0, 1], got {v}")
-    if key in UNIT and not 0 <= v <= 1:
-        raise UsageError(f"{key} must be in [0, 1], got {v}")
-    if key in HALF_OPEN_UNIT and not 0 <= v < 1:
-        raise UsageError(f"{key} must be in [0, 1), got {v}")
-    if key in POSITIVE and not v > 0:
-        raise UsageError(f"{key} must be > 0, got {v}")
-    if key in AT_LEAST_ONE and v < 1:
-        raise UsageError(f"{key} must be >= 1, got {v}")
+    for keys, ok, rule in RANGES:
+        if key in keys and not ok(v):
+            raise UsageError(f"{key} must be {rule}, got {v}")
     if key in AT_MOST and v > AT_MOST[key]:
         raise UsageError(f"{key} must be at most {AT_MOST[key]}, got {v}")
     if v < 0:
         raise UsageError(f"{key} must be >= 0, got {v}")
-
-
-def check_token_budget(cfg: Any) -> None:
-    """max_new_tokens against the context of the named model when it is installed (nothing is loaded)."""
-    budget = getattr(cfg, "max_new_tokens", None)
-    model = getattr(cfg, "model", None) or getattr(cfg, "target", None)
-    if not isinstance(budget, int) or budget <= 0:
-        return
-    meta = registry.installed_meta(model) if isinstance(model, str) and model else None
-    check_budget(budget, meta, (meta or {}).get("kind", "target") + "/" + str((meta or {}).get("name", model)))

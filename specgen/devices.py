@@ -80,8 +80,7 @@ def onednn_packs(dtype: torch.dtype) -> bool:
 def resolve_dtype(name: str | None, device: str | torch.device | None = "cpu", quantize: str | None = None) -> torch.dtype:
     """float32 (None) | bfloat16 | float16 -> torch dtype, checked against the device it will run on (`quantize`:
     the weight-only mode already chosen, whose activations are bfloat16)."""
-    if name is None or name == "":
-        return torch.float32
+    name = name or "float32"
     if name not in DTYPES:
         raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}, got {name!r}")
     # without native float16 kernels torch converts on the CPU, slower than bfloat16: refused rather than run slowly

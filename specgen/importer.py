@@ -83,11 +83,7 @@ def import_checkpoint(source: Path, name: str, kind: str = "target", builder: st
     expand, convert = IMPORTED_FORMS.get(builder, (lambda k: k, lambda s, k: s))
     kwargs = expand(kwargs)
     state = convert(read_state_file(source), kwargs)
-    try:  # before allocating: the size the kwargs declare (a meta build) must fit the weights and this machine
-        with torch.device("meta"), checkpoints.random_fills_skipped():  # a meta fill may import torch._dynamo
-            declared = sum(p.numel() for p in BUILDERS[builder](**kwargs).parameters())
-    except Exception:  # noqa: BLE001 - kwargs that do not build are reported when the module is built below
-        declared = 0
+    declared = checkpoints.declared_params(builder, kwargs) or 0  # before allocating: fits the weights and machine
     check_declared_size(f"builder kwargs {kwargs_path}", declared, sum(t.numel() for t in state.values()),
                         f"the kwargs do not describe these weights ({source.name})", UsageError)
     try:
@@ -105,24 +101,17 @@ def import_checkpoint(source: Path, name: str, kind: str = "target", builder: st
         raise CheckpointError(f"{source.name} does not fit builder {builder}: {'missing' if missing else 'unexpected'} key {bad}")
     meta = {"builder": builder, "kwargs": kwargs, "vocab_size": kwargs.get("vocab_size"), "parent": parent,
             "source": str(source), "created_by": "registry import"}
-    if builder in IMAGE_BUILDERS:
-        meta.update(image_meta(module, vq))
-    return registry.save(kind, name, dict(module.state_dict()), meta, force=force)
-
-
-def image_meta(module: torch.nn.Module, vq: str | None) -> dict:
-    """Registry fields of an imported image GPT: modality, grid, conditioning, and its VQ (checked to fit)."""
-    cfg = module.cfg
-    meta = {"modality": "image", "grid": cfg.rope_grid, "conditioning": cfg.cond_kind}
+    if builder in IMAGE_BUILDERS:  # an image GPT: its grid, conditioning, and the VQ it decodes with (checked to fit)
+        meta.update(modality="image", grid=module.cfg.rope_grid, conditioning=module.cfg.cond_kind)
     if vq:
         entry = checkpoints.find(vq)
         codes = entry.meta.get("kwargs", {}).get("codebook_size")
         if entry.kind != "vq":
             raise UsageError(f"--vq {vq} is a {entry.kind} entry, not a VQ tokenizer")
-        if codes is not None and codes != cfg.vocab_size:
-            raise IncompatibleError(f"VQ {entry.ref} has {codes} codes but the GPT predicts {cfg.vocab_size}")
+        if codes is not None and codes != module.cfg.vocab_size:
+            raise IncompatibleError(f"VQ {entry.ref} has {codes} codes but the GPT predicts {module.cfg.vocab_size}")
         meta["vq"] = entry.ref
-    return meta
+    return registry.save(kind, name, dict(module.state_dict()), meta, force=force)
 
 
 def import_hf_folder(folder: Path, name: str, force: bool = False) -> registry.Entry:
@@ -133,13 +122,12 @@ def import_hf_folder(folder: Path, name: str, force: bool = False) -> registry.E
     has_tok = (folder / "tokenizer.json").is_file() or (folder / "tokenizer_config.json").is_file()
 
     def tokenizer(dest: Path) -> None:
-        if has_tok:
-            from transformers import AutoTokenizer  # optional dependency: only a folder with a tokenizer needs it
+        from transformers import AutoTokenizer  # optional dependency: only a folder with a tokenizer needs it
 
-            AutoTokenizer.from_pretrained(str(folder), local_files_only=True).save_pretrained(str(dest))
+        AutoTokenizer.from_pretrained(str(folder), local_files_only=True).save_pretrained(str(dest))
 
     return registry.save("target", name, state, {
         "builder": "transformer", "kwargs": cfg.to_dict(), "vocab_size": cfg.vocab_size, "modality": "text",
         "tokenizer": has_tok, "source": str(folder), "created_by": "registry import",
         **({"source_context": declared} if isinstance(declared, int) and declared > cfg.max_seq_len else {}),
-    }, extra=tokenizer, force=force)
+    }, extra=tokenizer if has_tok else None, force=force)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import platform
-from pathlib import Path
 
 import torch
 
@@ -26,12 +25,6 @@ def cpu_lines(field: str) -> list[str]:
             if ":" in ln and ln.split(":", 1)[0].strip() == field]
 
 
-def isa_flags() -> list[str]:
-    """The flags of `ISA` this CPU has."""
-    have = {flag for line in cpu_lines("flags") + cpu_lines("Features") for flag in line.split()}
-    return [flag for flag in ISA if flag in have]
-
-
 def devices() -> list[dict]:
     """The CPU and every CUDA device torch sees."""
     cpu = {"name": "cpu", "model": (cpu_lines("model name") or [platform.processor() or platform.machine()])[0],
@@ -40,19 +33,6 @@ def devices() -> list[dict]:
              "memory_gib": round(torch.cuda.get_device_properties(i).total_memory / 2**30, 1)}
             for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
     return [cpu, *gpus]
-
-
-def threads() -> dict:
-    """torch's intra-op threads and the CPUs this process may run on."""
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {"torch": torch.get_num_threads(), "usable_cpus": usable, "cpus": os.cpu_count()}
-
-
-def stored_plans() -> list[str]:
-    """The kernel plans stored for this CPU, torch and thread count, as `Plan.describe` words."""
-    prefix = f"{plan_cache.machine()}|{torch.get_num_threads()}|"
-    plans = (plan_cache.load(k) for k in plan_cache.read() if k.startswith(prefix))
-    return sorted({kernel_choice.Plan(*p).describe() for p in plans if p is not None})
 
 
 def float_path(plans: str = "") -> dict:
@@ -95,37 +75,34 @@ def kernel_paths(device: str | None = None) -> dict[str, dict]:
         return {"text float32": gpu, "text int8": {"path": "refused", "why": "--quantize uses CPU kernels"},
                 "text int4": {"path": "refused", "why": "--quantize uses CPU kernels"}, "image": gpu, "mesh": gpu}
     steps = native.describe()
-    why = "" if native.sixteen_lanes() else "; no 16-lane vectors (AVX-512F or AVX2 + FMA): no attention.c"
-    text = float_path(kernel_choice.describe() or " / ".join(stored_plans()))  # one per model measured here
+    why = ("SPECGEN_NATIVE=0" if os.environ.get("SPECGEN_NATIVE", "1") == "0" else "no C compiler"
+           if native.compiler()[0] is None else "built at pip install, else once per machine into the native cache")
+    why += "" if native.sixteen_lanes() else "; no 16-lane vectors (AVX-512F or AVX2 + FMA): no attention.c"
+    prefix = f"{plan_cache.machine()}|{torch.get_num_threads()}|"  # plans stored for this CPU, torch and threads
+    stored = (plan_cache.load(k) for k in plan_cache.read() if k.startswith(prefix))
+    plans = sorted({kernel_choice.Plan(*p).describe() for p in stored if p is not None})
+    text = float_path(kernel_choice.describe() or " / ".join(plans))  # one per model measured here
     return {"text float32": text, "text int8": quantized_path("int8"), "text int4": quantized_path("int4"),
-            "image": float_path(), "mesh": float_path(), "step_kernels": {"path": steps, "why": native_why() + why}}
-
-
-def native_why() -> str:
-    if os.environ.get("SPECGEN_NATIVE", "1") == "0":
-        return "SPECGEN_NATIVE=0"
-    return "no C compiler" if native.compiler()[0] is None else "built at pip install, else once per machine into the native cache"
-
-
-def size_of(path: Path) -> int:
-    """Bytes under `path` (a file or a folder; 0 when absent)."""
-    if path.is_file():
-        return path.stat().st_size
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink()) if path.is_dir() else 0
+            "image": float_path(), "mesh": float_path(), "step_kernels": {"path": steps, "why": why}}
 
 
 def caches() -> dict[str, dict]:
     """Where specgen keeps files, with their sizes."""
     places = {"home": registry.home(), "registry": registry.checkpoints_dir(), "kernel_plans": plan_cache.path(),
               "cost_curves": cost.path(), "decoded_weights": layout_cache.folder(), "native_cache": native.cache_dir()}
-    return {k: {"path": str(p), "exists": p.exists(), "bytes": size_of(p)} for k, p in places.items()}
+    return {k: {"path": str(p), "exists": p.exists(),  # bytes: under a file or a folder (0 when absent)
+                "bytes": sum(f.stat().st_size for f in [p, *p.rglob("*")] if f.is_file() and not f.is_symlink())}
+            for k, p in places.items()}
 
 
 def machine_facts(device: str | None = None) -> dict:
     """Everything above as one JSON-ready object (`specgen env --json`, benchmark machine files)."""
     libraries = {name: native.library(name) is not None for name in native.SIGNATURES}  # built on first use
-    return {"devices": devices(), "isa": isa_flags(), "threads": threads(), "torch": torch.__version__,
-            "cuda": torch.version.cuda, "kernels": kernel_paths(device),
+    have = {flag for line in cpu_lines("flags") + cpu_lines("Features") for flag in line.split()}
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()  # by this process
+    threads = {"torch": torch.get_num_threads(), "usable_cpus": usable, "cpus": os.cpu_count()}
+    return {"devices": devices(), "isa": [flag for flag in ISA if flag in have], "threads": threads,
+            "torch": torch.__version__, "cuda": torch.version.cuda, "kernels": kernel_paths(device),
             "native": {"compiler": native.compiler()[0], "libraries": libraries}, "caches": caches()}
 
 
@@ -134,8 +111,7 @@ def label(facts: dict, device: str | None = None) -> str:
     cpu, t = facts["devices"][0], facts["threads"]
     host = f"{cpu['arch']}, {cpu['cpus']} cpus, torch threads {t['torch']}"
     if not is_cpu(device):
-        gpu = torch.cuda.get_device_name(device)
-        return f"{gpu}, torch {facts['torch']}, CUDA {facts['cuda']}; host {host}"
+        return f"{torch.cuda.get_device_name(device)}, torch {facts['torch']}, CUDA {facts['cuda']}; host {host}"
     name = layout.layout_name()
     plans = kernel_choice.describe() if name == "packed" else ""  # the plans of the models this process loaded
     steps = facts["kernels"]["step_kernels"]["path"]

@@ -34,13 +34,11 @@ def check_folder(folder: Path, what: str) -> None:
     check_space(probe, what)
 
 
-def check_output_dir(folder: Path, flag: str = "--out-dir") -> Path:
-    """An output folder checked as `check_folder` does (a path naming a file is refused as such)."""
-    folder = Path(folder)
+def check_output_dir(folder: Path) -> None:
+    """An --out-dir folder checked as `check_folder` does (a path naming a file is refused as such)."""
     if folder.exists() and not folder.is_dir():
-        raise UsageError(f"cannot create output folder {folder}: {flag} names a file")
+        raise UsageError(f"cannot create output folder {folder}: --out-dir names a file")
     check_folder(folder, f"cannot create output folder {folder}")
-    return folder
 
 
 PROBE_BYTES = 64 * 1024  # a probe the size of a few result rows: a device this full fails the real write too
@@ -53,13 +51,9 @@ def check_space(folder: Path, what: str) -> None:
     """Refuse, before any work, a folder where a probe file cannot be written and synced (full device, quota,
     read-only mount, permissions the mode bits do not show)."""
     try:
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".specgen-probe-")
-        try:
-            os.write(fd, bytes(PROBE_BYTES))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-            os.unlink(tmp)
+        with tempfile.TemporaryFile(dir=folder, prefix=".specgen-probe-", buffering=0) as f:
+            f.write(bytes(PROBE_BYTES))
+            os.fsync(f.fileno())
     except OSError as e:
         raise UsageError(f"{what}: cannot write in {folder} ({e.strerror or e}); "
                          f"{ADVICE.get(e.errno, 'write elsewhere')}") from None
@@ -132,11 +126,8 @@ def atomic_write(path: str | Path, write: Callable[[Path], None], *, keep_suffix
     try:
         write(tmp)
         os.chmod(tmp, 0o666 & ~umask() if mode is None else mode)  # mkstemp makes 0600
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)

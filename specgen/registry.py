@@ -37,8 +37,7 @@ def home() -> Path:
     """Registry root: $SPECGEN_HOME, else $XDG_CACHE_HOME/specgen, else ~/.cache/specgen."""
     if os.environ.get("SPECGEN_HOME"):
         return Path(os.environ["SPECGEN_HOME"]).expanduser()
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "specgen"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specgen"
 
 
 def checkpoints_dir() -> Path:
@@ -161,13 +160,17 @@ def save(
     written: list[Entry] = []
 
     @contextmanager
-    def locked() -> Iterator[None]:  # the swap (old entry renamed onto an empty folder, then removed) under the lock
-        with name_lock(final):
+    def locked() -> Iterator[None]:  # the swap (old entry renamed onto an empty folder, then removed) under an
+        fd = os.open(final.parent, os.O_RDONLY)  # exclusive flock of the kind's folder (no lock file is left behind)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
             if final.exists() and not force:
                 raise UsageError(f"{kind}/{name} already exists (another process wrote it meanwhile); "
                                  "choose another name or pass --force to replace it")
             yield
             written.append(entry_at(final))  # under the lock: outside it another writer's swap may move the folder
+        finally:
+            os.close(fd)  # closing the descriptor releases the lock
 
     try:  # temporaries .<name>.tmp-<host>-<pid>-<random> and .<name>.old-...: see remove_stale_temporaries
         atomic_dir(final, fill, tag=f"-{socket.gethostname()}-{os.getpid()}-", guard=locked)
@@ -198,20 +201,8 @@ def follow_umask(folder: Path) -> None:
     """Permissions of a finished temporary folder as if made under the umask (mkdtemp and safetensors make
     0700/0600), so a SPECGEN_HOME shared by a group works."""
     mask = umask()
-    os.chmod(folder, 0o777 & ~mask)
-    for p in folder.rglob("*"):
+    for p in [folder, *folder.rglob("*")]:
         os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~mask)
-
-
-@contextmanager
-def name_lock(final: Path) -> Iterator[None]:
-    """An exclusive flock on the kind's folder (no lock file is left behind), held while an entry is swapped."""
-    fd = os.open(final.parent, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # closing the descriptor releases the lock
 
 
 TEMP_RE = re.compile(r"\.(?P<name>.+)\.(?:tmp|old)-(?P<host>[^-]+(?:-[^-]+)*)-(?P<pid>\d+)-[^-]+$")
@@ -242,27 +233,19 @@ def pid_alive(pid: int) -> bool:
 def untie(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Drop tensors that alias an earlier one (tied embeddings); return {dropped: kept}."""
     seen: dict[tuple, str] = {}
-    kept, tied = {}, {}
+    tied = {}
     for k, v in state.items():
-        key = (v.data_ptr(), v.shape, v.stride()) if v.numel() else (id(v),)
-        if key in seen:
-            tied[k] = seen[key]
-        else:
-            seen[key] = k
-            kept[k] = v
-    return kept, tied
+        first = seen.setdefault((v.data_ptr(), v.shape, v.stride()) if v.numel() else (id(v),), k)
+        if first != k:
+            tied[k] = first
+    return {k: v for k, v in state.items() if k not in tied}, tied
 
 
 def remove(name: str) -> Entry:
     """Delete an installed entry (a built-in, replaced or not, comes back as shipped on its next use)."""
-    entry = find_installed(name)
+    entry = pick(installed_entries(), name, "installed checkpoint")  # (a built-in is not materialised for this)
     shutil.rmtree(entry.path)
     return entry
-
-
-def find_installed(name: str) -> Entry:
-    """An installed entry by `kind/name` or bare name (built-ins are not materialised: see checkpoints.find)."""
-    return pick(installed_entries(), name, "installed checkpoint")
 
 
 def pick(entries: list[Entry], name: str, what: str) -> Entry:

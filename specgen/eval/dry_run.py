@@ -255,7 +255,7 @@ def check_entry(role: str, name: str, hints: dict[str, str], comments: str = "")
     folder = Path(base).expanduser()
     if registry.installed_meta(base) is not None:
         ok, detail = check_weights(registry.entry_at(folder) if (folder / registry.CONFIG).is_file()
-                                   else registry.find_installed(base))
+                                   else registry.pick(registry.installed_entries(), base, "installed checkpoint"))
         return row(check, ok, f"{base}: {detail}{suffix}")
     bare = base.rpartition("/")[2]
     if bare in BUILTINS and base in (bare, f"{BUILTINS[bare].kind}/{bare}"):

@@ -26,7 +26,7 @@ def test_builtin_merges_at_the_shipped_merge_scale(tmp_path, monkeypatch):
                                                      "merge_scale": 0.25, "vocab_size": 64}))
     monkeypatch.setattr(builtins, "ASSETS", tmp_path)
     monkeypatch.setattr(builtins, "asset_fingerprint", lambda folder: "test")
-    builtins.derived("lora-merge", "tiny-shipped")(None)  # as the built-ins table calls it
+    builtins.derive("lora-merge", "tiny-shipped", None)  # as the built-ins table calls it
     entry = checkpoints.find("target/tiny-shipped")
     assert entry.meta["merge_scale"] == 0.25 and entry.meta["distilled_from"] == base.ref
     torch.testing.assert_close(registry.read_state(entry)[key], w + 0.25 * (4.0 / 2) * b @ a)
