@@ -21,7 +21,7 @@ from specgen.models.transformer import Transformer, additive_mask
 
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 NODE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
-MIN_WIDTH = 256  # the narrowest cache width a step reads; each wider bucket doubles it, up to the static buffer's
+MIN_WIDTH = 256  # the narrowest cache width a step reads (a power of two); each wider bucket doubles it
 MODES = ("auto", "on", "off")
 
 
@@ -141,11 +141,10 @@ def eagle_step(net, x: StaticInputs, k: torch.Tensor, v: torch.Tensor, cross,
 
 @dataclass(frozen=True)
 class StepKind:
-    """How a module's steps are captured: its step function, whether it takes extra input rows (EAGLE's features),
-    and whether its low-precision trees stay eager (a target's; a drafter's only decide what is proposed)."""
+    """How a module's steps are captured: its step function, and whether its low-precision trees stay eager (a target's;
+    a drafter's only decide what is proposed)."""
 
     step: Callable
-    features: bool = False
     exact_trees: bool = True
 
 
@@ -206,10 +205,7 @@ class StepGraphs:
 
     def width(self, slots: int) -> int:
         """The narrowest width bucket (MIN_WIDTH, doubling, at most the static buffer's) that holds `slots` slots."""
-        width = MIN_WIDTH
-        while width < slots:
-            width *= 2
-        return min(width, self.k.shape[3])
+        return min(max(MIN_WIDTH, 1 << (slots - 1).bit_length()), self.k.shape[3])
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache, tree_mask: torch.Tensor | None,
                 features: torch.Tensor | None = None) -> tuple[torch.Tensor, ...] | None:
@@ -219,10 +215,8 @@ class StepGraphs:
         if b is None:
             self.eager_calls += 1
             return None
-        if b not in self.graphs:
-            width = (features.shape[-1], features.dtype) if self.kind.features else None
-            self.graphs[b] = (StaticInputs.for_bucket(b, tokens.device, width), None, None)
-        x = self.graphs[b][0]
+        x = self.graphs[b][0] if b in self.graphs else StaticInputs.for_bucket(
+            b, tokens.device, None if features is None else (features.shape[-1], features.dtype))
         self.stage(x, b, tokens, positions, cache.lengths, tree_mask, features)
         step = lambda: self.kind.step(self.model, x, self.k, self.v, self.cross, b.width)  # noqa: E731
         outs = self.run(b, x, step, f"bucket of {b.rows} rows x {b.nodes} nodes over {b.width} slots")
@@ -232,8 +226,7 @@ class StepGraphs:
         """`fn(**static)` over static copies of `inputs`, whose shapes `key` fixes: a replay of the key's graph
         (captured on its first call). The outputs are the graph's own buffers, in the pool all this module's graphs
         share (another graph's replay may write them): read them before this module's next call or forward."""
-        fresh = {name: torch.empty_like(t) for name, t in inputs.items()} if key not in self.graphs else None
-        static = fresh or self.graphs[key][0]
+        static = self.graphs[key][0] if key in self.graphs else {n: torch.empty_like(t) for n, t in inputs.items()}
         for name, t in inputs.items():
             static[name].copy_(t)
         return self.run(key, static, lambda: fn(**static), f"capture {key}")
@@ -381,7 +374,7 @@ def out_of_memory(what: str, error: str, free: int) -> UsageError:
                       "or a smaller --batch-size")
 
 
-KINDS = {Transformer: StepKind(target_step), EagleNet: StepKind(eagle_step, features=True, exact_trees=False),
+KINDS = {Transformer: StepKind(target_step), EagleNet: StepKind(eagle_step, exact_trees=False),
          XSpecMeshHeads: StepKind(head_logits)}  # module class -> how its steps are captured
 
 

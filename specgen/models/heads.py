@@ -61,14 +61,6 @@ def residual_body(head: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def history_window(x: torch.Tensor, w: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows x [B, S, C] -> windows [B, S, W, C] (slot k of row s = x[:, s - k]) and validity [S, W] (s - k >= 0)."""
-    s = x.shape[1]
-    win = F.pad(x, (0, 0, w - 1, 0)).unfold(1, w, 1).flip(-1).transpose(-1, -2)  # [B, S, W, C]
-    valid = torch.arange(s, device=x.device)[:, None] >= torch.arange(w, device=x.device)[None]  # [S, W]
-    return win, valid
-
-
 class CrossHead(nn.Module):
     """One cross-attention head body: h -> h + CrossAttn(norm h, c [+ recent h]) -> res_layers ResBlocks."""
 
@@ -106,8 +98,9 @@ class CrossHead(nn.Module):
         """Softmax over the condition's M keys and row s's W window keys at once; q [B, H, S, hd] -> [B, H, S, hd]."""
         b, s, _ = past.shape
         w = self.history
-        rows, valid = history_window(self.wkv_h(self.norm(past)), w)  # [B, S, W, 2 inner], [S, W]
-        rows = rows + self.wkv_h(self.pos_h)  # + offset tags, [W, 2 inner]
+        rows = F.pad(self.wkv_h(self.norm(past)), (0, 0, w - 1, 0)).unfold(1, w, 1).flip(-1).transpose(-1, -2)
+        rows = rows + self.wkv_h(self.pos_h)  # [B, S, W, 2 inner]: slot k of row s is row s - k's, + offset tags
+        valid = torch.arange(s, device=q.device)[:, None] >= torch.arange(w, device=q.device)[None]  # [S, W]: s >= k
         kh, vh = rows.view(b, s, w, 2, self.n, self.hd).permute(3, 0, 4, 1, 2, 5)  # [B, H, S, W, hd] each
         scale = self.hd**-0.5
         s_cond = q @ kv[0].transpose(-1, -2) * scale  # [B, H, S, M]

@@ -162,49 +162,43 @@ LAYER_NAMES = {  # under layers.{i}. / model.layers.{i}. / blk.{i}.
 LAYER_PREFIX = {"hf": "model.layers.{i}.", "gguf": "blk.{i}."}
 
 
-def layer_map(n_layers: int, fmt: str) -> dict[str, tuple[str, ...]]:
-    """specgen name -> source name(s) in format `fmt` (several are concatenated along dim 0: q, k, v -> wqkv)."""
+def layer_map(cfg: TransformerConfig, fmt: str) -> dict[str, tuple[str, ...]]:
+    """specgen name -> source name(s) in format `fmt` of each parameter the model built from `cfg` has (several are
+    concatenated along dim 0: q, k, v -> wqkv)."""
     col = list(LAYER_PREFIX).index(fmt)
+    optional = {".output.weight": not cfg.tie_embeddings, ".wqkv.bias": cfg.qkv_bias, ".q_norm.weight": cfg.qk_norm,
+                ".k_norm.weight": cfg.qk_norm}
 
     def names(name: str, prefix: str = "") -> tuple[str, ...]:
         return tuple(prefix + name.format(x) for x in "qkv") if "{}" in name else (prefix + name,)
 
     out = {ours: names(theirs[col]) for ours, theirs in TOP_NAMES.items()}
-    for i in range(n_layers):
+    for i in range(cfg.n_layers):
         out |= {f"layers.{i}.{ours}": names(theirs[col], LAYER_PREFIX[fmt].format(i=i))
                 for ours, theirs in LAYER_NAMES.items()}
-    return out
+    return {ours: theirs for ours, theirs in out.items()
+            if all(on for suffix, on in optional.items() if f".{ours}".endswith(suffix))}
 
 
-def used(ours: str, cfg: TransformerConfig) -> bool:
-    """Whether the model built from `cfg` has parameter `ours` (an entry of `layer_map`)."""
-    optional = {".output.weight": not cfg.tie_embeddings, ".wqkv.bias": cfg.qkv_bias, ".q_norm.weight": cfg.qk_norm,
-                ".k_norm.weight": cfg.qk_norm}
-    return all(on for suffix, on in optional.items() if f".{ours}".endswith(suffix))
-
-
-def check_all_used(names, cfg: TransformerConfig, fmt: str, source: str) -> None:
-    """Refuse a checkpoint holding a tensor the model would ignore (a bias, a norm or a RoPE factor it lacks):
-    ignoring it would decode silently wrong. Precomputed RoPE buffers (`rotary_emb.inv_freq`) and a tied
-    checkpoint's own head copy are ignored as transformers ignores them."""
-    wanted = {t for ours, theirs in layer_map(cfg.n_layers, fmt).items() if used(ours, cfg) for t in theirs}
-    extra = sorted(n for n in names if n not in wanted and not n.endswith("rotary_emb.inv_freq")
+def remap(cfg: TransformerConfig, names, get: Callable[[str], torch.Tensor | None], fmt: str,
+          source: str) -> dict[str, torch.Tensor]:
+    """specgen's state dict from the checkpoint's tensors `names`, pulled through `get` (None = absent). A tensor the
+    model would ignore (a bias, a norm or a RoPE factor it lacks) is refused: ignoring it would decode silently wrong.
+    Precomputed RoPE buffers (`rotary_emb.inv_freq`) and a tied checkpoint's own head copy are ignored as transformers
+    ignores them."""
+    wanted = layer_map(cfg, fmt)
+    known = {t for theirs in wanted.values() for t in theirs}
+    extra = sorted(n for n in names if n not in known and not n.endswith("rotary_emb.inv_freq")
                    and not (cfg.tie_embeddings and n in ("lm_head.weight", "output.weight")))
     if extra:
         raise CheckpointError(f"{source} holds tensor {extra[0]}"
                               f"{f' (and {len(extra) - 1} more)' if len(extra) > 1 else ''} that specgen's model for "
                               "its config has no place for; refusing rather than ignoring it (docs/architectures.md)")
-
-
-def remap(cfg: TransformerConfig, get: Callable[[str], torch.Tensor | None], fmt: str) -> dict[str, torch.Tensor]:
-    """Build specgen's state dict by pulling source tensors through `get` (None = absent)."""
     state: dict[str, torch.Tensor] = {}
-    for ours, theirs in layer_map(cfg.n_layers, fmt).items():
-        if not used(ours, cfg):
-            continue
+    for ours, theirs in wanted.items():
         parts = [get(t) for t in theirs]
-        if any(p is None for p in parts):
-            missing = [t for t, p in zip(theirs, parts) if p is None]
+        missing = [t for t, p in zip(theirs, parts) if p is None]
+        if missing:
             raise CheckpointError(f"checkpoint lacks tensor {missing[0]}")
         state[ours] = torch.cat(parts, 0) if len(parts) > 1 else parts[0]
     return state
@@ -248,9 +242,7 @@ def load_hf_folder(folder: Path) -> tuple[TransformerConfig, dict[str, torch.Ten
                                                                             get("model.embed_tokens.weight")):
         # transformers (5.x) does not tie a stored head that differs from the embedding: it uses the stored head
         cfg = dataclasses.replace(cfg, tie_embeddings=False)
-    check_all_used(index, cfg, "hf", folder.name)
-
-    return cfg, remap(cfg, get, "hf")
+    return cfg, remap(cfg, index, get, "hf", folder.name)
 
 
 def gguf_field(reader, key: str, default=None):
@@ -294,7 +286,6 @@ def load_gguf(path: Path, progress: Callable[[int, int], None] | None = None
         max_seq_len=min(int(gguf_field(reader, f"{arch}.context_length", 2048)), MAX_CONTEXT),
         qkv_bias="blk.0.attn_q.bias" in tensors, tie_embeddings="output.weight" not in tensors,
     )
-    check_all_used(tensors, cfg, "gguf", path.name)  # e.g. Llama 3's rope_freqs.weight (llama3 RoPE scaling)
     done = [0]
 
     def get(name: str) -> torch.Tensor | None:
@@ -307,4 +298,4 @@ def load_gguf(path: Path, progress: Callable[[int, int], None] | None = None
             progress(done[0], len(tensors))
         return torch.from_numpy(data.copy()).float()
 
-    return cfg, remap(cfg, get, "gguf")
+    return cfg, remap(cfg, tensors, get, "gguf", path.name)  # refuses e.g. Llama 3's rope_freqs.weight (llama3 RoPE)

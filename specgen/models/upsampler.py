@@ -41,8 +41,7 @@ class RowCausalConv2d(nn.Module):
         self.conv = nn.Conv2d(c_in, c_out, (kernel // 2 + 1, kernel))  # the unmasked rows of the k x k kernel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, Cin, H, W] -> [B, Cout, H, W]
-        p = self.pad
-        return self.conv(F.pad(x, (p, p, p, 0)))
+        return self.conv(F.pad(x, (self.pad, self.pad, self.pad, 0)))
 
 
 class ChannelNorm(nn.Module):

@@ -248,22 +248,20 @@ class VectorQuantizer(nn.Module):
 
     def __init__(self, cfg: VQConfig) -> None:
         super().__init__()
-        self.n_e, self.e_dim = cfg.codebook_size, cfg.codebook_embed_dim
-        self.beta, self.entropy_loss_ratio = cfg.commit_loss_beta, cfg.entropy_loss_ratio
-        self.l2_norm, self.show_usage = cfg.codebook_l2_norm, cfg.codebook_show_usage
-        self.embedding = nn.Embedding(self.n_e, self.e_dim)
+        self.cfg = cfg
+        self.embedding = nn.Embedding(cfg.codebook_size, cfg.codebook_embed_dim)
         with torch.no_grad():
-            self.embedding.weight.uniform_(-1.0 / self.n_e, 1.0 / self.n_e)
-            if self.l2_norm and not self.embedding.weight.is_meta:  # a size check's meta build: no values to norm
+            self.embedding.weight.uniform_(-1.0 / cfg.codebook_size, 1.0 / cfg.codebook_size)
+            if cfg.codebook_l2_norm and not self.embedding.weight.is_meta:  # a size check's meta build: no values
                 self.embedding.weight.copy_(F.normalize(self.embedding.weight, dim=-1))
-        if self.show_usage:
+        if cfg.codebook_show_usage:
             # Rolling window of the last USAGE_WINDOW code ids seen in training (float, as LlamaGen stores it).
             self.register_buffer("codebook_used", torch.zeros(USAGE_WINDOW))
 
     def codebook(self) -> torch.Tensor:
         """The codebook as used for lookup: [K,D] (unit rows if l2_norm)."""
         w = self.embedding.weight
-        return F.normalize(w, dim=-1) if self.l2_norm else w
+        return F.normalize(w, dim=-1) if self.cfg.codebook_l2_norm else w
 
     def lookup(self, indices: torch.Tensor) -> torch.Tensor:
         """indices [...] -> code vectors [..., D]."""
@@ -272,7 +270,7 @@ class VectorQuantizer(nn.Module):
     def forward(self, z: torch.Tensor) -> QuantizeOut:  # z [B,D,h,w]
         b, d, h, w = z.shape
         z = z.permute(0, 2, 3, 1)  # [B,h,w,D]
-        if self.l2_norm:
+        if self.cfg.codebook_l2_norm:
             z = F.normalize(z, dim=-1)
         emb = self.codebook()  # [K,D]
         idx, dist = nearest_code(z.reshape(-1, d), emb)  # [N], [N,K]
@@ -280,14 +278,14 @@ class VectorQuantizer(nn.Module):
         zero = z.new_zeros(())
         codebook_loss = commit_loss = entropy_loss = zero
         if self.training:
-            if self.show_usage:  # the window's oldest ids make room for this batch's last ones
+            if self.cfg.codebook_show_usage:  # the window's oldest ids make room for this batch's last ones
                 n, used = min(idx.numel(), USAGE_WINDOW), self.codebook_used
                 used[:-n] = used[n:].clone()
                 used[-n:] = idx[-n:].to(used.dtype)
             codebook_loss = F.mse_loss(z_q, z.detach())
-            commit_loss = self.beta * F.mse_loss(z, z_q.detach())
-            if self.entropy_loss_ratio > 0:
-                entropy_loss = self.entropy_loss_ratio * _entropy_loss(-dist)
+            commit_loss = self.cfg.commit_loss_beta * F.mse_loss(z, z_q.detach())
+            if self.cfg.entropy_loss_ratio > 0:
+                entropy_loss = self.cfg.entropy_loss_ratio * _entropy_loss(-dist)
         z_q = z + (z_q - z).detach()  # straight-through estimator
         return QuantizeOut(
             z_q=z_q.permute(0, 3, 1, 2).contiguous(),
@@ -311,13 +309,9 @@ class VQModel(nn.Module):
         self.quant_conv = nn.Conv2d(config.z_channels, config.codebook_embed_dim, 1)
         self.post_quant_conv = nn.Conv2d(config.codebook_embed_dim, config.z_channels, 1)
 
-    def encode_latents(self, images: torch.Tensor) -> torch.Tensor:
-        """[B,3,H,W] -> pre-quantisation latents [B,D,h,w]."""
-        return self.quant_conv(self.encoder(images))
-
     def encode(self, images: torch.Tensor) -> torch.Tensor:
         """[B,3,H,W] in [-1,1] -> code ids [B,H/f,W/f] (int64)."""
-        return self.quantize(self.encode_latents(images)).indices
+        return self.quantize(self.quant_conv(self.encoder(images))).indices
 
     def decode_latents(self, z_q: torch.Tensor) -> torch.Tensor:
         """Quantised latents [B,D,h,w] -> images [B,3,h*f,w*f]."""
@@ -334,5 +328,5 @@ class VQModel(nn.Module):
         return self.decode_latents(z_q)
 
     def forward(self, images: torch.Tensor) -> QuantizeOut:
-        q = self.quantize(self.encode_latents(images))
+        q = self.quantize(self.quant_conv(self.encoder(images)))
         return dataclasses.replace(q, recon=self.decode_latents(q.z_q))
