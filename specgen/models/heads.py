@@ -53,14 +53,6 @@ class ResBlock(nn.Module):
         return x + F.silu(self.linear(x))
 
 
-def residual_body(head: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """A head's residual blocks in a row: `res` (Medusa-1's one block; key kept so old files load), then `more`."""
-    x = head.res(x)
-    for block in head.more:
-        x = block(x)
-    return x
-
-
 class CrossHead(nn.Module):
     """One cross-attention head body: h -> h + CrossAttn(norm h, c [+ recent h]) -> res_layers ResBlocks."""
 
@@ -75,8 +67,8 @@ class CrossHead(nn.Module):
         if cfg.history:  # keys/values of a window row: wkv_h(norm h) + wkv_h(pos_h[k]) (one projection per h)
             self.wkv_h = nn.Linear(cfg.dim, 2 * cfg.inner_dim, bias=False)
             self.pos_h = nn.Parameter(torch.randn(cfg.history, cfg.dim) * 0.02)
-        self.res = ResBlock(cfg.dim)
-        self.more = nn.ModuleList(ResBlock(cfg.dim) for _ in range(cfg.res_layers - 1))
+        self.res = ResBlock(cfg.dim)  # the residual blocks: `res` (Medusa-1's one; key kept so old files load), `more`
+        self.more = nn.Sequential(*(ResBlock(cfg.dim) for _ in range(cfg.res_layers - 1)))
 
     def context_kv(self, cond: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys/values [B, H, M, hd] of the condition [B, M, cross_dim]."""
@@ -91,7 +83,7 @@ class CrossHead(nn.Module):
             y = self.attend_with_history(q, kv, h if past is None else past)
         else:
             y = F.scaled_dot_product_attention(q, kv[0], kv[1])  # [B, H, S, hd]
-        return residual_body(self, h + self.wo(y.transpose(1, 2).reshape(b, s, -1)))
+        return self.more(self.res(h + self.wo(y.transpose(1, 2).reshape(b, s, -1))))
 
     def attend_with_history(self, q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor],
                             past: torch.Tensor) -> torch.Tensor:
@@ -117,13 +109,13 @@ class MLPHead(nn.Module):
     def __init__(self, cfg: HeadsConfig) -> None:
         super().__init__()
         self.res = ResBlock(cfg.dim)
-        self.more = nn.ModuleList(ResBlock(cfg.dim) for _ in range(cfg.res_layers - 1))
+        self.more = nn.Sequential(*(ResBlock(cfg.dim) for _ in range(cfg.res_layers - 1)))
 
     def context_kv(self, cond: torch.Tensor) -> None:
         return None
 
     def forward(self, h: torch.Tensor, kv: None, past: None = None) -> torch.Tensor:
-        return residual_body(self, h)
+        return self.more(self.res(h))
 
 
 class XSpecMeshHeads(nn.Module):

@@ -94,7 +94,7 @@ class Resampler(nn.Module):
         c, k = cfg.channels, cfg.kernel
         self.direction = direction
         self.stem = RowCausalConv2d(cfg.embed_dim, c, k)
-        self.stages = nn.ModuleList([Stage(c, cfg.blocks, k, direction == "up") for _ in range(cfg.stages)])
+        self.stages = nn.Sequential(*[Stage(c, cfg.blocks, k, direction == "up") for _ in range(cfg.stages)])
         self.post = nn.Sequential(*[ResBlock(c, k) for _ in range(cfg.blocks)])
         self.norm_out = ChannelNorm(c)
         self.head = RowCausalConv2d(c, cfg.embed_dim, k)
@@ -104,10 +104,7 @@ class Resampler(nn.Module):
             nn.init.zeros_(self.head.conv.bias)
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:  # code vectors [B, D, h, w] -> latents [B, D, h', w']
-        h = self.stem(z)
-        for s in self.stages:
-            h = s(h)
-        out = self.head(F.silu(self.norm_out(self.post(h))))
+        out = self.head(F.silu(self.norm_out(self.post(self.stages(self.stem(z))))))
         if not self.skip:
             return out
         base = F.interpolate(z, scale_factor=self.scale, mode="nearest") if self.direction == "up" \

@@ -148,12 +148,12 @@ class _Level(nn.Module):
         return x if self.resample is None else getattr(self, self.resample)(x)
 
 
-def _levels(cfg: VQConfig, c: int, encoder: bool) -> tuple[nn.ModuleList, int]:
+def _levels(cfg: VQConfig, c: int, encoder: bool) -> tuple[nn.Sequential, int]:
     """`conv_blocks` and their output channels: the encoder's from the full resolution down, each level but the last
     downsampling; the decoder's from the lowest up (one more block per level), each but the last upsampling."""
     mult = cfg.encoder_ch_mult if encoder else cfg.decoder_ch_mult
     last = len(mult) - 1
-    blocks = nn.ModuleList()
+    blocks = nn.Sequential()
     for level in range(last + 1) if encoder else reversed(range(last + 1)):
         res, attn = [], []
         for _ in range(cfg.num_res_blocks + (0 if encoder else 1)):
@@ -166,11 +166,9 @@ def _levels(cfg: VQConfig, c: int, encoder: bool) -> tuple[nn.ModuleList, int]:
     return blocks, c
 
 
-def _mid(channels: int, groups: int, dropout: float) -> nn.ModuleList:
-    return nn.ModuleList(
-        [ResnetBlock(channels, channels, groups, dropout), AttnBlock(channels, groups),
-         ResnetBlock(channels, channels, groups, dropout)]
-    )
+def _mid(channels: int, groups: int, dropout: float) -> nn.Sequential:
+    return nn.Sequential(ResnetBlock(channels, channels, groups, dropout), AttnBlock(channels, groups),
+                         ResnetBlock(channels, channels, groups, dropout))
 
 
 class Encoder(nn.Module):
@@ -185,10 +183,7 @@ class Encoder(nn.Module):
         self.conv_out = nn.Conv2d(c, cfg.z_channels, 3, padding=1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.conv_in(x)
-        for m in (*self.conv_blocks, *self.mid):
-            h = m(h)
-        return self.conv_out(F.silu(self.norm_out(h)))
+        return self.conv_out(F.silu(self.norm_out(self.mid(self.conv_blocks(self.conv_in(x))))))
 
 
 class Decoder(nn.Module):
@@ -204,10 +199,7 @@ class Decoder(nn.Module):
         self.conv_out = nn.Conv2d(c, 3, 3, padding=1)
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
-        h = self.conv_in(z)
-        for m in (*self.mid, *self.conv_blocks):
-            h = m(h)
-        return self.conv_out(F.silu(self.norm_out(h)))
+        return self.conv_out(F.silu(self.norm_out(self.conv_blocks(self.mid(self.conv_in(z))))))
 
 
 @dataclass(frozen=True)
