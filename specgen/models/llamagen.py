@@ -7,6 +7,7 @@ import re
 import torch
 
 from specgen.errors import CheckpointError, UsageError
+from specgen.models.llama import LAYER_NAMES, TOP_NAMES
 from specgen.models.transformer import TransformerConfig
 
 
@@ -77,19 +78,10 @@ def llamagen_kwargs(kwargs: dict) -> dict:
 
 
 _CONTAINERS = ("model", "module", "state_dict")  # DDP, DeepSpeed, Lightning-style; FSDP saves the raw dict
-_HF_RENAMES = [  # LANTERN's HF port -> LlamaGen (q/k/v handled separately: they fuse into wqkv)
-    (r"^model\.embed_tokens\.", "tok_embeddings."),
-    (r"^model\.cls_embedding\.", "cls_embedding."),
-    (r"^model\.layers\.(\d+)\.self_attn\.o_proj\.", r"layers.\1.attention.wo."),
-    (r"^model\.layers\.(\d+)\.mlp\.gate_proj\.", r"layers.\1.feed_forward.w1."),
-    (r"^model\.layers\.(\d+)\.mlp\.up_proj\.", r"layers.\1.feed_forward.w3."),
-    (r"^model\.layers\.(\d+)\.mlp\.down_proj\.", r"layers.\1.feed_forward.w2."),
-    (r"^model\.layers\.(\d+)\.input_layernorm\.", r"layers.\1.attention_norm."),
-    (r"^model\.layers\.(\d+)\.post_attention_layernorm\.", r"layers.\1.ffn_norm."),
-    (r"^model\.norm\.", "norm."),
-    (r"^lm_head\.", "output."),
-]
-_HF_QKV = re.compile(r"^model\.layers\.(\d+)\.self_attn\.([qkv])_proj\.weight$")
+# LANTERN's HF port's names (llama.py's HF column) -> LlamaGen's; its q/k/v rows fuse into wqkv
+_HF_TOP = {hf: ours for ours, (hf, _) in TOP_NAMES.items()}
+_HF_LAYER = {hf: ours for ours, (hf, _) in LAYER_NAMES.items() if "{}" not in hf}
+_HF_KEY = re.compile(r"^model\.layers\.(\d+)\.(self_attn\.([qkv])_proj\.weight|.+)$")
 
 
 def unwrap(state: dict) -> dict:
@@ -115,11 +107,13 @@ def llamagen_state(state: dict, kwargs: dict | None = None) -> dict[str, torch.T
         key = key.removeprefix("_orig_mod.")
         if key == "freqs_cis" or key.endswith(".freqs_cis") or ".kv_cache." in key:
             continue
-        m = _HF_QKV.match(key)
-        if m:
-            qkv.setdefault(m.group(1), {})[m.group(2)] = value
+        m = _HF_KEY.match(key)
+        if m and m[3]:
+            qkv.setdefault(m[1], {})[m[3]] = value
             continue
-        out[next((re.sub(p, r, key) for p, r in _HF_RENAMES if re.match(p, key)), key)] = value  # the first match
+        if m and m[2] in _HF_LAYER:
+            key = f"layers.{m[1]}.{_HF_LAYER[m[2]]}"
+        out[_HF_TOP.get(key) or re.sub(r"^model\.(?=cls_embedding\.)", "", key)] = value
     for layer, parts in qkv.items():
         if set(parts) != {"q", "k", "v"}:
             raise CheckpointError(f"layer {layer}: q_proj/k_proj/v_proj incomplete ({', '.join(sorted(parts))})")

@@ -88,10 +88,8 @@ class Attention(nn.Module):
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.q_dim = cfg.n_heads * cfg.hd
-        self.kv_dim = cfg.n_kv_heads * cfg.hd
-        self.wqkv = nn.Linear(cfg.dim, self.q_dim + 2 * self.kv_dim, bias=cfg.qkv_bias)
-        self.wo = nn.Linear(self.q_dim, cfg.dim, bias=False)
+        self.wqkv = nn.Linear(cfg.dim, (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.hd, bias=cfg.qkv_bias)
+        self.wo = nn.Linear(cfg.n_heads * cfg.hd, cfg.dim, bias=False)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(cfg.hd, cfg.norm_eps)
             self.k_norm = RMSNorm(cfg.hd, cfg.norm_eps)
@@ -125,7 +123,7 @@ class Attention(nn.Module):
                 q, k, v = q.float(), k.float(), v.float()  # SDPA's bf16 kernels accumulate anyway
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None,
                                                enable_gqa=h != hkv).to(x.dtype)
-        return self.wo(y.transpose(1, 2).reshape(b, s, self.q_dim))
+        return self.wo(y.transpose(1, 2).reshape(b, s, -1))
 
 
 def additive_mask(mask: torch.Tensor) -> torch.Tensor:
