@@ -108,7 +108,6 @@ def plan(
     if mask is None:
         return out
     seen = mask[:, 0]  # [B, S, T]
-    f32 = dict(dtype=torch.float32, device=device)
     count = seen.sum(-1, keepdim=True)  # [B, S, 1]
     compact = torch.arange(t, device=seen.device) < count  # [B, S, T]: visible slots [0, count) as in AR
     if not torch.equal(seen, compact):  # a tree: some query's keys are not the slots AR would give them
@@ -123,7 +122,7 @@ def plan(
         tvis = F.pad(compact, (0, n * CHUNK - t), value=False).view(b, 1, s, n, 1, CHUNK)
         tvis = tvis.expand(b, 1, s, n, group, CHUNK)
         tvis = F.pad(tvis, (0, 0, 0, rg - group), value=True)  # padding rows: finite, then dropped
-        out.tree_bias = torch.zeros(tvis.shape, **f32).masked_fill_(~tvis, float("-inf"))
+        out.tree_bias = torch.zeros(tvis.shape, dtype=torch.float32, device=device).masked_fill_(~tvis, float("-inf"))
     return out
 
 

@@ -94,8 +94,6 @@ class MeshGPT(nn.Module):
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Teacher-forced pass over tokens [B, L] (pad -1): logits [B, L, V] (row i predicts tokens[:, i]), hidden
         [B, L, dim], the condition; `table` [V, dim] replaces the tied embedding / LM head (train/mesh_embedding.py)."""
-        if table is not None and not self.dec_cfg.tie_embeddings:
-            raise ValueError("a token table override needs tied embeddings")
         cond, ids = self.encoder(pc), tokens[:, :-1].clamp_min(0)
         emb = self.decoder.tok_embeddings(ids) if table is None else F.embedding(ids, table)
         h = torch.cat([self.start.view(1, 1, -1).expand(ids.shape[0], 1, -1), emb], 1)  # [B, L, dim]: start, x_1 ..

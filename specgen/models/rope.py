@@ -50,8 +50,7 @@ def table_1d(max_pos: int, head_dim: int, theta: float, scaling: dict | None = N
     """Standard Llama table [max_pos, head_dim/2, 2]; `scaling` (see `scaled_inv_freq`) extends its context."""
     freq, factor = scaled_inv_freq(head_dim, theta, scaling) if scaling else (inv_freq(head_dim, theta), 1.0)
     angles = torch.outer(torch.arange(max_pos).float(), freq)
-    table = torch.stack([angles.cos(), angles.sin()], dim=-1).float()
-    return table * factor if factor != 1.0 else table
+    return torch.stack([angles.cos(), angles.sin()], dim=-1).float() * factor  # x * 1.0 is x, bit for bit
 
 
 def table_2d(grid: int, head_dim: int, theta: float, n_cond: int) -> torch.Tensor:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
 import torch
@@ -34,6 +33,8 @@ class VQConfig:
     image_size: int = 256  # nominal training resolution (informational; the nets are fully convolutional)
 
     def __post_init__(self) -> None:
+        for k in ("encoder_ch_mult", "decoder_ch_mult"):  # JSON's lists as tuples, so that equal configs compare equal
+            object.__setattr__(self, k, tuple(getattr(self, k)))
         if len(self.encoder_ch_mult) != len(self.decoder_ch_mult):
             raise ValueError("encoder_ch_mult and decoder_ch_mult must have the same number of levels")
         for m in (*self.encoder_ch_mult, *self.decoder_ch_mult):
@@ -46,14 +47,6 @@ class VQConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: Mapping) -> "VQConfig":
-        d = dict(d)
-        for k in ("encoder_ch_mult", "decoder_ch_mult"):
-            if k in d:
-                d[k] = tuple(d[k])
-        return cls(**d)
 
 
 VQ_CONFIGS: dict[str, VQConfig] = {
