@@ -53,37 +53,42 @@ class ResBlock(nn.Module):
         return x + F.silu(self.linear(x))
 
 
-class CrossHead(nn.Module):
-    """One cross-attention head body: h -> h + CrossAttn(norm h, c [+ recent h]) -> res_layers ResBlocks."""
+class HeadBody(nn.Module):
+    """One head body: h -> (CA heads) h + CrossAttn(norm h, c [+ recent h]) -> res_layers ResBlocks (MLP heads, the
+    ablation: the residual blocks only, no condition)."""
 
     def __init__(self, cfg: HeadsConfig) -> None:
         super().__init__()
-        self.n, self.hd, self.history = cfg.n_heads, cfg.inner_dim // cfg.n_heads, cfg.history
-        self.norm = RMSNorm(cfg.dim, 1e-5)
-        self.wq = nn.Linear(cfg.dim, cfg.inner_dim, bias=False)
-        self.wkv = nn.Linear(cfg.cross_dim, 2 * cfg.inner_dim, bias=False)
-        self.wo = nn.Linear(cfg.inner_dim, cfg.dim, bias=False)
-        nn.init.zeros_(self.wo.weight)
+        self.cross, self.history = cfg.kind == "ca", cfg.history
+        self.n, self.hd = cfg.n_heads, cfg.inner_dim // cfg.n_heads
+        if self.cross:
+            self.norm = RMSNorm(cfg.dim, 1e-5)
+            self.wq = nn.Linear(cfg.dim, cfg.inner_dim, bias=False)
+            self.wkv = nn.Linear(cfg.cross_dim, 2 * cfg.inner_dim, bias=False)
+            self.wo = nn.Linear(cfg.inner_dim, cfg.dim, bias=False)
+            nn.init.zeros_(self.wo.weight)
         if cfg.history:  # keys/values of a window row: wkv_h(norm h) + wkv_h(pos_h[k]) (one projection per h)
             self.wkv_h = nn.Linear(cfg.dim, 2 * cfg.inner_dim, bias=False)
             self.pos_h = nn.Parameter(torch.randn(cfg.history, cfg.dim) * 0.02)
         self.res = ResBlock(cfg.dim)  # the residual blocks: `res` (Medusa-1's one; key kept so old files load), `more`
         self.more = nn.Sequential(*(ResBlock(cfg.dim) for _ in range(cfg.res_layers - 1)))
 
-    def context_kv(self, cond: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys/values [B, H, M, hd] of the condition [B, M, cross_dim]."""
-        return split_kv(self.wkv(cond), self.n, self.hd)
+    def context_kv(self, cond: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Keys/values [B, H, M, hd] of the condition [B, M, cross_dim] (None: an MLP head)."""
+        return split_kv(self.wkv(cond), self.n, self.hd) if self.cross else None
 
     def forward(self, h: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor] | None,
                 past: torch.Tensor | None = None) -> torch.Tensor:
         """h [B, S, dim] -> [B, S, dim]; past [B, S, dim] = the hidden rows the history window reads (default h)."""
-        b, s, _ = h.shape
-        q = self.wq(self.norm(h)).view(b, s, self.n, self.hd).transpose(1, 2)  # [B, H, S, hd]
-        if self.history:
-            y = self.attend_with_history(q, kv, h if past is None else past)
-        else:
-            y = F.scaled_dot_product_attention(q, kv[0], kv[1])  # [B, H, S, hd]
-        return self.more(self.res(h + self.wo(y.transpose(1, 2).reshape(b, s, -1))))
+        if self.cross:
+            b, s, _ = h.shape
+            q = self.wq(self.norm(h)).view(b, s, self.n, self.hd).transpose(1, 2)  # [B, H, S, hd]
+            if self.history:
+                y = self.attend_with_history(q, kv, h if past is None else past)
+            else:
+                y = F.scaled_dot_product_attention(q, kv[0], kv[1])  # [B, H, S, hd]
+            h = h + self.wo(y.transpose(1, 2).reshape(b, s, -1))
+        return self.more(self.res(h))
 
     def attend_with_history(self, q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor],
                             past: torch.Tensor) -> torch.Tensor:
@@ -103,21 +108,6 @@ class CrossHead(nn.Module):
         return att[..., :m] @ kv[1] + torch.einsum("bhsw,bhswd->bhsd", att[..., m:], vh)
 
 
-class MLPHead(nn.Module):
-    """One MLP head body (ablation): Medusa's residual block(s), no condition."""
-
-    def __init__(self, cfg: HeadsConfig) -> None:
-        super().__init__()
-        self.res = ResBlock(cfg.dim)
-        self.more = nn.Sequential(*(ResBlock(cfg.dim) for _ in range(cfg.res_layers - 1)))
-
-    def context_kv(self, cond: torch.Tensor) -> None:
-        return None
-
-    def forward(self, h: torch.Tensor, kv: None, past: None = None) -> torch.Tensor:
-        return self.more(self.res(h))
-
-
 class XSpecMeshHeads(nn.Module):
     """D decoding heads over the backbone's final hidden states (head d = index d - 1), logits by the backbone's LM
     head; residual branches start at zero, so an untrained head predicts the next-token distribution."""
@@ -125,8 +115,7 @@ class XSpecMeshHeads(nn.Module):
     def __init__(self, **kwargs) -> None:
         super().__init__()
         self.cfg = HeadsConfig(**kwargs)
-        body = CrossHead if self.cfg.kind == "ca" else MLPHead
-        self.heads = nn.ModuleList(body(self.cfg) for _ in range(self.cfg.num_heads))
+        self.heads = nn.ModuleList(HeadBody(self.cfg) for _ in range(self.cfg.num_heads))
         if self.cfg.token_input:  # Linear_d(E(x_{s+1})) added to h_s, zero at start
             self.tok = nn.ModuleList(nn.Linear(self.cfg.dim, self.cfg.dim, bias=False)
                                      for _ in range(self.cfg.num_heads))

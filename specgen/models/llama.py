@@ -40,16 +40,14 @@ def hf_config(raw: dict) -> TransformerConfig:
     defaults = HF_ARCHITECTURES[arch]
     check_unsupported(raw, arch)
     n_heads = raw["num_attention_heads"]
-    head_dim = raw.get("head_dim") or defaults.get("head_dim", 0)
     context = int(raw.get("max_position_embeddings") or defaults["max_position_embeddings"])
     scaling, theta = rope_scaling(raw, context)
-    window = sliding_window(raw, arch)
     return TransformerConfig(
         vocab_size=raw["vocab_size"], dim=raw["hidden_size"], n_layers=raw["num_hidden_layers"], n_heads=n_heads,
         n_kv_heads=raw.get("num_key_value_heads") or defaults.get("num_key_value_heads", n_heads),
-        ffn_dim=raw["intermediate_size"], head_dim=head_dim, norm_eps=raw.get("rms_norm_eps", 1e-6),
-        rope_theta=theta, rope_layout="half", rope_scaling=scaling,
-        max_seq_len=min(context, MAX_CONTEXT, window or context),
+        ffn_dim=raw["intermediate_size"], head_dim=raw.get("head_dim") or defaults.get("head_dim", 0),
+        norm_eps=raw.get("rms_norm_eps", 1e-6), rope_theta=theta, rope_layout="half", rope_scaling=scaling,
+        max_seq_len=min(context, MAX_CONTEXT, sliding_window(raw, arch) or context),
         qkv_bias=arch == "Qwen2ForCausalLM", qk_norm=arch == "Qwen3ForCausalLM",
         tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
     )

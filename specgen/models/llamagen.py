@@ -86,11 +86,8 @@ _HF_KEY = re.compile(r"^model\.layers\.(\d+)\.(self_attn\.([qkv])_proj\.weight|.
 
 def unwrap(state: dict) -> dict:
     """The flat tensor dict inside a LlamaGen checkpoint container (`model` / `module` / `state_dict` / raw)."""
-    while isinstance(state, dict):
-        inner = next((state[k] for k in _CONTAINERS if isinstance(state.get(k), dict)), None)
-        if inner is None:
-            break
-        state = inner
+    while isinstance(state, dict) and (key := next((k for k in _CONTAINERS if isinstance(state.get(k), dict)), None)):
+        state = state[key]
     return state
 
 
@@ -98,10 +95,9 @@ def llamagen_state(state: dict, kwargs: dict | None = None) -> dict[str, torch.T
     """Map a LlamaGen (or LANTERN HF) GPT checkpoint onto `Transformer` names, to load strict: containers unwrapped,
     `freqs_cis`, `*.kv_cache.*` and a `_orig_mod.` prefix dropped, HF q/k/v rows concatenated into `wqkv` (LANTERN's
     port keeps LlamaGen's interleaved RoPE: no permutation)."""
-    state = unwrap(state)
     out: dict[str, torch.Tensor] = {}
     qkv: dict[str, dict[str, torch.Tensor]] = {}
-    for key, value in state.items():
+    for key, value in unwrap(state).items():
         if not isinstance(value, torch.Tensor):
             continue
         key = key.removeprefix("_orig_mod.")
