@@ -205,9 +205,9 @@ class Block(nn.Module):
 class ClassEmbedding(nn.Module):
     """LlamaGen c2i condition: one embedding row per class plus the null (unconditional) class."""
 
-    def __init__(self, num_classes: int, dim: int) -> None:
+    def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
-        self.embedding_table = nn.Embedding(num_classes + 1, dim)
+        self.embedding_table = nn.Embedding(cfg.num_classes + 1, cfg.dim)
 
     def forward(self, labels: torch.Tensor) -> torch.Tensor:
         """Condition embeddings [B, 1, dim] for labels [B] (label num_classes = null class)."""
@@ -218,23 +218,20 @@ class CaptionEmbedding(nn.Module):
     """LlamaGen t2i condition: caption features -> cap_proj (fc1, tanh-GELU, fc2; no biases) -> n_cond embeddings;
     `uncond_embedding` [n_cond, caption_dim] (a persistent buffer, as LlamaGen's) is CFG's null caption."""
 
-    def __init__(self, caption_dim: int, dim: int, n_cond: int) -> None:
+    def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
         self.cap_proj = nn.Sequential()
-        self.cap_proj.add_module("fc1", nn.Linear(caption_dim, dim, bias=False))
+        self.cap_proj.add_module("fc1", nn.Linear(cfg.caption_dim, cfg.dim, bias=False))
         self.cap_proj.add_module("act", nn.GELU(approximate="tanh"))
-        self.cap_proj.add_module("fc2", nn.Linear(dim, dim, bias=False))
-        self.register_buffer("uncond_embedding", torch.randn(n_cond, caption_dim) / caption_dim**0.5)
+        self.cap_proj.add_module("fc2", nn.Linear(cfg.dim, cfg.dim, bias=False))
+        self.register_buffer("uncond_embedding", torch.randn(cfg.n_cond, cfg.caption_dim) / cfg.caption_dim**0.5)
 
     def forward(self, captions: torch.Tensor) -> torch.Tensor:
         """Condition embeddings [B, n_cond, dim] for caption features [B, n_cond, caption_dim]."""
         return self.cap_proj(captions.to(self.cap_proj.fc1.weight.dtype))
 
 
-CONDITION_EMBEDDINGS = {  # TransformerConfig.cond_kind -> the model's `cls_embedding`
-    "class": lambda cfg: ClassEmbedding(cfg.num_classes, cfg.dim),
-    "caption": lambda cfg: CaptionEmbedding(cfg.caption_dim, cfg.dim, cfg.n_cond),
-}
+CONDITION_EMBEDDINGS = {"class": ClassEmbedding, "caption": CaptionEmbedding}  # cond_kind -> its `cls_embedding`
 
 
 def padded_causal_mask(valid: torch.Tensor) -> torch.Tensor:
