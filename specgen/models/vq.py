@@ -164,35 +164,26 @@ def _mid(channels: int, groups: int, dropout: float) -> nn.Sequential:
                          ResnetBlock(channels, channels, groups, dropout))
 
 
-class Encoder(nn.Module):
-    """[B,3,H,W] -> [B,z_channels,H/f,W/f], f = 2 ** (levels - 1)."""
+class Coder(nn.Module):
+    """The encoder [B,3,H,W] -> [B,z_channels,H/f,W/f] (f = 2 ** (levels - 1)), or the decoder back, whose mid blocks
+    come first and whose `conv_blocks.0` is the lowest resolution (as LlamaGen's)."""
 
-    def __init__(self, cfg: VQConfig) -> None:
+    def __init__(self, cfg: VQConfig, encoder: bool) -> None:
         super().__init__()
-        self.conv_in = nn.Conv2d(3, cfg.ch, 3, padding=1)
-        self.conv_blocks, c = _levels(cfg, cfg.ch, encoder=True)
-        self.mid = _mid(c, cfg.norm_groups, cfg.dropout_p)
+        self.encodes, c = encoder, cfg.ch if encoder else cfg.ch * cfg.decoder_ch_mult[-1]
+        self.conv_in = nn.Conv2d(3 if encoder else cfg.z_channels, c, 3, padding=1)
+        if not encoder:  # each net built in LlamaGen's order, so that a seed draws the same initial weights
+            self.mid = _mid(c, cfg.norm_groups, cfg.dropout_p)
+        self.conv_blocks, c = _levels(cfg, c, encoder)
+        if encoder:
+            self.mid = _mid(c, cfg.norm_groups, cfg.dropout_p)
         self.norm_out = _norm(c, cfg.norm_groups)
-        self.conv_out = nn.Conv2d(c, cfg.z_channels, 3, padding=1)
+        self.conv_out = nn.Conv2d(c, cfg.z_channels if encoder else 3, 3, padding=1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.conv_out(F.silu(self.norm_out(self.mid(self.conv_blocks(self.conv_in(x))))))
-
-
-class Decoder(nn.Module):
-    """[B,z_channels,h,w] -> [B,3,h*f,w*f]; `conv_blocks.0` is the lowest resolution (as LlamaGen)."""
-
-    def __init__(self, cfg: VQConfig) -> None:
-        super().__init__()
-        c = cfg.ch * cfg.decoder_ch_mult[-1]
-        self.conv_in = nn.Conv2d(cfg.z_channels, c, 3, padding=1)
-        self.mid = _mid(c, cfg.norm_groups, cfg.dropout_p)
-        self.conv_blocks, c = _levels(cfg, c, encoder=False)
-        self.norm_out = _norm(c, cfg.norm_groups)
-        self.conv_out = nn.Conv2d(c, 3, 3, padding=1)
-
-    def forward(self, z: torch.Tensor) -> torch.Tensor:
-        return self.conv_out(F.silu(self.norm_out(self.conv_blocks(self.mid(self.conv_in(z))))))
+        h = self.conv_in(x)
+        h = self.mid(self.conv_blocks(h)) if self.encodes else self.conv_blocks(self.mid(h))
+        return self.conv_out(F.silu(self.norm_out(h)))
 
 
 @dataclass(frozen=True)
@@ -288,8 +279,8 @@ class VQModel(nn.Module):
     def __init__(self, config: VQConfig) -> None:
         super().__init__()
         self.config = config
-        self.encoder = Encoder(config)
-        self.decoder = Decoder(config)
+        self.encoder = Coder(config, encoder=True)
+        self.decoder = Coder(config, encoder=False)
         self.quantize = VectorQuantizer(config)
         self.quant_conv = nn.Conv2d(config.z_channels, config.codebook_embed_dim, 1)
         self.post_quant_conv = nn.Conv2d(config.codebook_embed_dim, config.z_channels, 1)
