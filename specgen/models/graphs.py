@@ -378,27 +378,24 @@ KINDS = {Transformer: StepKind(target_step), EagleNet: StepKind(eagle_step, exac
          XSpecMeshHeads: StepKind(head_logits)}  # module class -> how its steps are captured
 
 
-def mode_of(value) -> str:
-    """A `graphs` value as a mode: YAML reads a recipe's (or an override's) bare `on` / `off` as true / false."""
-    return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
-
-
-def check_mode(mode: str, device: str) -> None:
-    """`--graphs` in one line: a known mode, and `on` only where CUDA graphs exist."""
-    mode = mode_of(mode)
+def check_mode(mode, device: str) -> str:
+    """`--graphs` in one line: a known mode, and `on` only where CUDA graphs exist; the mode (YAML reads a recipe's or
+    an override's bare `on` / `off` as true / false)."""
+    mode = {True: "on", False: "off"}[mode] if isinstance(mode, bool) else mode
     if mode not in MODES:
         raise UsageError(f"--graphs {mode!r}: use one of {', '.join(MODES)}")
     if mode == "on" and torch.device(device).type != "cuda":
         raise UsageError("--graphs on needs a CUDA device (CUDA graphs); on a CPU use --graphs auto or off")
+    return mode
 
 
 def attach(model, mode: str = "auto", capture: bool | None = None) -> StepGraphs | None:
     """Give `model` (a Transformer, an EAGLE drafter or XSpecMesh heads) captured steps per `mode` (auto: on CUDA;
     on: CUDA or a one-line refusal; off: none). A given `capture` is the caller's choice on any device: False runs the
     static steps uncaptured, True captures them (the CPU tests' replay emulation; a drafter following its target)."""
-    mode, device = mode_of(mode), next(model.parameters()).device
+    device = next(model.parameters()).device
     on_cuda = device.type == "cuda"
-    check_mode(mode, "cuda" if capture is not None else str(device))
+    mode = check_mode(mode, "cuda" if capture is not None else str(device))
     model.graphs = None
     if mode == "off" or (mode == "auto" and not on_cuda and capture is None):
         return None

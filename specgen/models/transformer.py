@@ -108,10 +108,9 @@ class Attention(nn.Module):
         if isinstance(mask, NativePlan) and mask.slots is not None and not self.cfg.qk_norm:  # one native call
             return self.wo(native_self_attention(self.wqkv(x), rot, *cache.layer(layer), mask))  # (attention.py)
         qkv = self.wqkv(x).view(b, s, h + 2 * hkv, hd).transpose(1, 2)  # [B, H + 2 Hkv, S, hd]
+        qk = qkv[:, : h + hkv]
         if self.cfg.qk_norm:
             qk = torch.cat([self.q_norm(qkv[:, :h]), self.k_norm(qkv[:, h : h + hkv])], 1)
-        else:
-            qk = qkv[:, : h + hkv]
         qk = rotate(qk, rot)  # [B, H + Hkv, S, hd]: q and k rotated together
         q, k, v = qk[:, :h], qk[:, h:], qkv[:, h + hkv :]
         if cache is not None:
