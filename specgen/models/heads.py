@@ -114,11 +114,10 @@ class XSpecMeshHeads(nn.Module):
 
     def __init__(self, **kwargs) -> None:
         super().__init__()
-        self.cfg = HeadsConfig(**kwargs)
-        self.heads = nn.ModuleList(HeadBody(self.cfg) for _ in range(self.cfg.num_heads))
-        if self.cfg.token_input:  # Linear_d(E(x_{s+1})) added to h_s, zero at start
-            self.tok = nn.ModuleList(nn.Linear(self.cfg.dim, self.cfg.dim, bias=False)
-                                     for _ in range(self.cfg.num_heads))
+        cfg = self.cfg = HeadsConfig(**kwargs)
+        self.heads = nn.ModuleList(HeadBody(cfg) for _ in range(cfg.num_heads))
+        if cfg.token_input:  # Linear_d(E(x_{s+1})) added to h_s, zero at start
+            self.tok = nn.ModuleList(nn.Linear(cfg.dim, cfg.dim, bias=False) for _ in range(cfg.num_heads))
             for lin in self.tok:
                 nn.init.zeros_(lin.weight)
         self.graphs = None  # models/graphs.StepGraphs: `head_logits` as CUDA-graph replays (graphs.attach)
