@@ -179,9 +179,7 @@ class StackedHeads:
 
     def context_kv(self, per_head: list) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Per-head condition K/V ([1, H, M, hd] each, from `XSpecMeshHeads.context_kv`) -> [D, H, M, hd] x 2."""
-        if self.kind != "ca":
-            return None
-        return torch.cat([k for k, _ in per_head]), torch.cat([v for _, v in per_head])
+        return None if self.kind != "ca" else (torch.cat([k for k, _ in per_head]), torch.cat([v for _, v in per_head]))
 
     @property
     def token_input(self) -> bool:

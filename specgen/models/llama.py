@@ -284,16 +284,15 @@ def load_gguf(path: Path, progress: Callable[[int, int], None] | None = None
         max_seq_len=min(int(gguf_field(reader, f"{arch}.context_length", 2048)), MAX_CONTEXT),
         qkv_bias="blk.0.attn_q.bias" in tensors, tie_embeddings="output.weight" not in tensors,
     )
-    done = [0]
+    done = iter(range(1, len(tensors) + 1))  # tensors converted so far
 
     def get(name: str) -> torch.Tensor | None:
         t = tensors.get(name)
         if t is None:
             return None
-        data = dequantize(t.data, t.tensor_type)
-        done[0] += 1
+        data = torch.from_numpy(dequantize(t.data, t.tensor_type).copy()).float()
         if progress:
-            progress(done[0], len(tensors))
-        return torch.from_numpy(data.copy()).float()
+            progress(next(done), len(tensors))
+        return data
 
     return cfg, remap(cfg, tensors, get, "gguf", path.name)  # refuses e.g. Llama 3's rope_freqs.weight (llama3 RoPE)
