@@ -159,13 +159,10 @@ class StepGraphs:
         self.strict = strict  # `--graphs on`: a step that cannot be captured is an error, not an uncaptured fallback
         param = next(model.parameters())
         self.dtype, self.device = param.dtype, param.device
-        self.k = self.v = None  # [L, C + 1, Hkv, T, D]: C cache rows and one scratch row for padding rows
-        self.cross = None  # per layer (k, v) [C, H, M, D]: the conditions (cross-attention models)
         self.graphs: dict[Bucket | tuple, tuple] = {}  # bucket or a call's key -> (inputs, graph or None, outputs)
-        self.pool = None
-        self.graph_bytes = 0  # device memory the captures' pool holds
         self.uses: Counter = Counter()  # key -> calls served (replays; eager reruns where capture is off)
         self.eager_calls = 0
+        self.reset()
 
     @property
     def capacity(self) -> int:
@@ -192,8 +189,9 @@ class StepGraphs:
     def reset(self) -> None:
         """Drop the captures and the static buffers (a larger cache was asked for, or the weights a capture reads)."""
         self.graphs.clear()  # their pool goes with them: the next capture opens a new one
-        self.k = self.v = self.cross = self.pool = None
-        self.graph_bytes = 0
+        self.k = self.v = None  # [L, C + 1, Hkv, T, D]: C cache rows and one scratch row for padding rows
+        self.cross = None  # per layer (k, v) [C, H, M, D]: the conditions (cross-attention models)
+        self.pool, self.graph_bytes = None, 0  # the captures' memory pool, and the device memory it holds
 
     def bucket(self, n: int, s: int, filled: int) -> Bucket | None:
         """The bucket of n rows by s nodes over rows holding up to `filled` slots; None: none holds it (eager)."""

@@ -61,8 +61,7 @@ def check_unsupported(raw: dict, arch: str) -> None:
         raise refuse("attention_bias", True, "biases on q/k/v and o_proj are not implemented")
     if arch == "LlamaForCausalLM" and raw.get("mlp_bias"):
         raise refuse("mlp_bias", True, "MLP biases are not implemented")
-    if raw.get("quantization_config"):
-        quant = raw["quantization_config"]
+    if quant := raw.get("quantization_config"):
         method = quant.get("quant_method", "?") if isinstance(quant, dict) else "?"
         raise refuse("quantization_config", {"quant_method": method}, "pre-quantized HF weights are not loaded; "
                      "import the float checkpoint (specgen quantizes it itself)")
@@ -103,9 +102,7 @@ def rope_scaling(raw: dict, context: int) -> tuple[dict | None, float]:
         factor = float(params.get("factor") or context / original)
         attention = params.get("attention_factor")
         if attention is None:  # YaRN's mscale (0.1 ln s + 1), DeepSeek's ratio form when mscale and mscale_all_dim
-            def mscale(scale: float, m: float = 1.0) -> float:
-                return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
-
+            mscale = lambda scale, m=1.0: 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0  # noqa: E731
             m, m_all = params.get("mscale"), params.get("mscale_all_dim")
             attention = float(mscale(factor, m) / mscale(factor, m_all)) if m and m_all else mscale(factor)
         return {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": original,

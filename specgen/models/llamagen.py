@@ -46,13 +46,12 @@ def llamagen_config(name: str, vocab: int = 16384, grid: int = 16, num_classes: 
         raise UsageError(f"unknown LlamaGen model type '{model_type}'; known: {', '.join(MODEL_TYPES)}")
     default_cls, field = MODEL_TYPES[model_type]
     cls_token_num = cls_token_num or default_cls
-    cond = {"num_classes": num_classes, "caption_dim": caption_dim}
     n_layers, n_heads, dim = GPT_CONFIGS[name]
     return TransformerConfig(
         vocab_size=vocab, dim=dim, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_heads,
         ffn_dim=find_multiple(int(2 * 4 * dim / 3), 256), norm_eps=norm_eps, rope_theta=rope_base,
         rope_layout="interleaved", rope_grid=grid, n_cond=cls_token_num, max_seq_len=cls_token_num + grid * grid,
-        tie_embeddings=False, **{field: cond[field]},
+        tie_embeddings=False, **{field: {"num_classes": num_classes, "caption_dim": caption_dim}[field]},
     )
 
 
