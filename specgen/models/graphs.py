@@ -94,8 +94,7 @@ def visibility(x: StaticInputs, t: int) -> torch.Tensor:
     """[R, 1, S, T] bool: each node sees its row's committed slots and the pending slots its tree mask names (or its
     `visible` slots), and always its own slot, so that a padding node's key and value stay finite."""
     r, s = x.tokens.shape
-    lengths = x.meta[0]  # [R]
-    rel = torch.arange(t, device=x.tokens.device)[None, :] - lengths[:, None]  # [R, T]: slot - row length
+    rel = torch.arange(t, device=x.tokens.device)[None, :] - x.meta[0][:, None]  # [R, T]: slot - the row's length
     own = (rel[:, None, :] == torch.arange(s, device=x.tokens.device)[None, :, None]).unsqueeze(1)  # [R, 1, S, T]
     if x.visible is not None:
         return x.visible | own

@@ -88,8 +88,5 @@ def rotate(x: torch.Tensor, r: Rotation) -> torch.Tensor:
     sin, where partner(x) swaps the two slots of every pair. Bitwise the per-pair formula: b * (-sin) is -(b sin)
     exactly and a + (-y) is a - y, so each slot sees the same two rounded products and one rounded sum."""
     d = x.shape[-1]
-    if r.layout == "half":
-        partner = x.roll(d // 2, -1)
-    else:
-        partner = x.unflatten(-1, (d // 2, 2)).flip(-1).flatten(-2)
+    partner = x.roll(d // 2, -1) if r.layout == "half" else x.unflatten(-1, (d // 2, 2)).flip(-1).flatten(-2)
     return x * r.cos + partner * r.sin

@@ -340,13 +340,12 @@ def forward_mask(cfg: TransformerConfig, h: torch.Tensor, cache: KVCache | None,
     """(what every block of a forward over h [B, S, dim] attends with, causal): over a cache, an attention plan where
     `attention_path` is not sdpa (batch/width-invariant, models/attention.py) or SDPA's additive mask (made once per
     forward, not per layer); without one, the tree mask among the S tokens or causal."""
-    s = h.shape[1]
+    b, s = h.shape[:2]
     if cache is None:
         return (None, True) if tree_mask is None else (tree_mask.view(-1, 1, s, s), False)
     cache.check_room(s)
     mask = cache.hide_keys(attn_mask) if attn_mask is not None else cache.prefix_mask(s, tree_mask)
     if attention_path(h.dtype, h.device) != "sdpa":
         t = mask.shape[-1] if mask is not None else max(cache.lengths) + s
-        mask = plan(mask, h.shape[0], s, t, cfg.n_heads, cfg.n_kv_heads, cfg.hd, h.device, h.dtype, cache.lengths)
-        return mask, False
+        return plan(mask, b, s, t, cfg.n_heads, cfg.n_kv_heads, cfg.hd, h.device, h.dtype, cache.lengths), False
     return (None if mask is None else additive_mask(mask)), False

@@ -251,8 +251,7 @@ class VectorQuantizer(nn.Module):
         emb = self.codebook()  # [K,D]
         idx, dist = nearest_code(z.reshape(-1, d), emb)  # [N], [N,K]
         z_q = emb[idx].view_as(z)  # [B,h,w,D]
-        zero = z.new_zeros(())
-        codebook_loss = commit_loss = entropy_loss = zero
+        codebook_loss = commit_loss = entropy_loss = z.new_zeros(())
         if self.training:
             if self.cfg.codebook_show_usage:  # the window's oldest ids make room for this batch's last ones
                 n, used = min(idx.numel(), USAGE_WINDOW), self.codebook_used
