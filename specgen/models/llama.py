@@ -192,8 +192,7 @@ def remap(cfg: TransformerConfig, names, get: Callable[[str], torch.Tensor | Non
     state: dict[str, torch.Tensor] = {}
     for ours, theirs in wanted.items():
         parts = [get(t) for t in theirs]
-        missing = [t for t, p in zip(theirs, parts) if p is None]
-        if missing:
+        if missing := [t for t, p in zip(theirs, parts) if p is None]:
             raise CheckpointError(f"checkpoint lacks tensor {missing[0]}")
         state[ours] = torch.cat(parts, 0) if len(parts) > 1 else parts[0]
     return state

@@ -65,8 +65,7 @@ def llamagen_kwargs(kwargs: dict) -> dict:
     `{"gpt_model": "GPT-XL", "model_type": "t2i", "grid": 32, ...}` (grid = image_size / downsample)."""
     if "gpt_model" not in kwargs:
         return kwargs
-    unknown = sorted(set(kwargs) - set(SHORT_KWARGS))
-    if unknown:
+    if unknown := sorted(set(kwargs) - set(SHORT_KWARGS)):
         raise UsageError(f"llamagen-gpt kwargs: unknown key {unknown[0]!r}; "
                          f"with gpt_model use {', '.join(SHORT_KWARGS)}")
     if "grid" not in kwargs:

@@ -58,8 +58,7 @@ def table_2d(grid: int, head_dim: int, theta: float, n_cond: int) -> torch.Tenso
     the column; condition positions are all-zero rows (as LlamaGen's, which zero condition queries and keys)."""
     half = head_dim // 2
     freqs = torch.outer(torch.arange(grid).float(), inv_freq(half, theta))  # [grid, half/2]
-    rows = freqs[:, None, :].expand(grid, grid, -1)
-    cols = freqs[None, :, :].expand(grid, grid, -1)
+    rows, cols = freqs[:, None, :].expand(grid, grid, -1), freqs[None, :, :].expand(grid, grid, -1)
     angles = torch.cat([rows, cols], dim=-1).reshape(grid * grid, half)  # [grid², head_dim/2]
     table = torch.stack([angles.cos(), angles.sin()], dim=-1).float()
     return torch.cat([torch.zeros(n_cond, half, 2), table], dim=0)
