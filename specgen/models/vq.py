@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 import torch.nn as nn
@@ -304,4 +303,4 @@ class VQModel(nn.Module):
 
     def forward(self, images: torch.Tensor) -> QuantizeOut:
         q = self.quantize(self.quant_conv(self.encoder(images)))
-        return dataclasses.replace(q, recon=self.decode_latents(q.z_q))
+        return replace(q, recon=self.decode_latents(q.z_q))
