@@ -63,7 +63,7 @@ def main() -> None:
             q, k, v, mask = inputs(b, h, hkv, d, s, t, torch.float32)
             nat = A.native_plan(mask, b, s, t, h, d, dtype=torch.float32)
             am = additive_mask(mask)
-            times = (mean_us(lambda: A.native_attention(q, k, v, nat)),
+            times = (mean_us(lambda: A.invariant_attention(q, k, v, nat)),
                      mean_us(lambda: sdpa(q, k, v, attn_mask=am, enable_gqa=hkv < h)))
             print(f"| float32 | {h}/{hkv} x {d} | {b} | {s} | {t} | {times[0]:.1f} | {times[1]:.1f} | SDPA |")
 

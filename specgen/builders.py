@@ -23,7 +23,7 @@ BUILDERS: dict[str, Callable[..., torch.nn.Module]] = {
     # LlamaGen c2i/t2i GPT (2D RoPE + class/caption embedding): stored as full fields (IMPORTED_FORMS expands imports)
     "llamagen-gpt": lambda **kwargs: Transformer(TransformerConfig(**kwargs)),
     "eagle": lambda **kwargs: EagleNet(TransformerConfig(**kwargs)),  # one-layer EAGLE feature drafter (n_layers = 1)
-    "vq": lambda **kwargs: VQModel(VQConfig.from_dict(kwargs)),  # LlamaGen-compatible VQ tokenizer
+    "vq": lambda **kwargs: VQModel(VQConfig(**kwargs)),  # LlamaGen-compatible VQ tokenizer
     "image-classifier": ImageClassifier,  # CNN whose features give the image benchmark's FID (`widths`: a JSON list)
     "mulo-updown": lambda **kwargs: UpDownSampler(UpsamplerConfig(**kwargs)),  # MuLo-SD row-causal up/down pair
     "quantized-transformer": build_quantized_transformer,  # int8/int4 weight-only text target (models/quantize.py)

@@ -70,12 +70,6 @@ def native_plan(mask: torch.Tensor | None, b: int, s: int, t: int, heads: int, h
     return p
 
 
-def native_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: NativePlan) -> torch.Tensor:
-    """`invariant_attention` by the native kernel: [B, H, S, D] in q's dtype, a view of `p.out`."""
-    torch.ops.specgen.attend(q, k, v, p.idx, p.count, p.shared, p.out)
-    return p.out.transpose(1, 2)
-
-
 def native_self_attention(
     qkv: torch.Tensor,  # [B, S, (H + 2 Hkv) * D]: the fused projection's output (bfloat16 or float32)
     rot,  # rope.Rotation: cos, sin [B, 1, S, D] in qkv's dtype
@@ -84,7 +78,7 @@ def native_self_attention(
     p: NativePlan,
 ) -> torch.Tensor:
     """RoPE, the cache write and attention in one native call (bitwise what rotate, KVCache.write and
-    native_attention compute); returns [B, S, H * D], a view of `p.out`."""
+    invariant_attention compute); returns [B, S, H * D], a view of `p.out`."""
     b, s, h, d = p.out.shape
     torch.ops.specgen.rope_write_attend(qkv, rot.cos, rot.sin, rot.layout == "half", kc, vc, p.slots, p.qbuf, p.idx,
                                         p.count, p.shared, p.out)
@@ -108,7 +102,6 @@ def plan(
     if mask is None:
         return out
     seen = mask[:, 0]  # [B, S, T]
-    f32 = dict(dtype=torch.float32, device=device)
     count = seen.sum(-1, keepdim=True)  # [B, S, 1]
     compact = torch.arange(t, device=seen.device) < count  # [B, S, T]: visible slots [0, count) as in AR
     if not torch.equal(seen, compact):  # a tree: some query's keys are not the slots AR would give them
@@ -123,7 +116,7 @@ def plan(
         tvis = F.pad(compact, (0, n * CHUNK - t), value=False).view(b, 1, s, n, 1, CHUNK)
         tvis = tvis.expand(b, 1, s, n, group, CHUNK)
         tvis = F.pad(tvis, (0, 0, 0, rg - group), value=True)  # padding rows: finite, then dropped
-        out.tree_bias = torch.zeros(tvis.shape, **f32).masked_fill_(~tvis, float("-inf"))
+        out.tree_bias = torch.zeros(tvis.shape, dtype=torch.float32, device=device).masked_fill_(~tvis, float("-inf"))
     return out
 
 
@@ -158,8 +151,9 @@ def invariant_attention(
 ) -> torch.Tensor:
     """Softmax attention [B, H, S, D] in float32 (returned in q's dtype), GQA when Hkv < H, in the fixed chunk order
     (docs/precision.md); a [B, H, S, D] view of `p.out`, valid until the next layer's attention."""
-    if isinstance(p, NativePlan):
-        return native_attention(q, k, v, p)
+    if isinstance(p, NativePlan):  # the native kernel
+        torch.ops.specgen.attend(q, k, v, p.idx, p.count, p.shared, p.out)
+        return p.out.transpose(1, 2)
     if p.order is not None:
         return tree_attention(q, k, v, p)
     b, h, s, d = q.shape

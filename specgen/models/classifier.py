@@ -17,13 +17,12 @@ class ImageClassifier(nn.Module):
                  image_size: int = 64, dropout: float = 0.0) -> None:
         super().__init__()
         self.num_classes, self.image_size, self.feature_dim = num_classes, image_size, widths[-1]
-        layers, c = [], 3
-        for w in widths:
+        layers = []
+        for c, w in zip((3, *widths), widths):
             layers += [_block(c, w, 2, groups), _block(w, w, 1, groups)]
-            c = w
         self.body = nn.Sequential(*layers)
         self.dropout = nn.Dropout(dropout)
-        self.head = nn.Linear(c, num_classes)
+        self.head = nn.Linear(widths[-1], num_classes)
 
     def features(self, images: torch.Tensor) -> torch.Tensor:
         """Penultimate features: [B,3,S,S] -> [B,F] (mean-pooled last block)."""

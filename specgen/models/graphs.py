@@ -21,7 +21,7 @@ from specgen.models.transformer import Transformer, additive_mask
 
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 NODE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
-MIN_WIDTH = 256  # the narrowest cache width a step reads; each wider bucket doubles it, up to the static buffer's
+MIN_WIDTH = 256  # the narrowest cache width a step reads (a power of two); each wider bucket doubles it
 MODES = ("auto", "on", "off")
 
 
@@ -94,8 +94,7 @@ def visibility(x: StaticInputs, t: int) -> torch.Tensor:
     """[R, 1, S, T] bool: each node sees its row's committed slots and the pending slots its tree mask names (or its
     `visible` slots), and always its own slot, so that a padding node's key and value stay finite."""
     r, s = x.tokens.shape
-    lengths = x.meta[0]  # [R]
-    rel = torch.arange(t, device=x.tokens.device)[None, :] - lengths[:, None]  # [R, T]: slot - row length
+    rel = torch.arange(t, device=x.tokens.device)[None, :] - x.meta[0][:, None]  # [R, T]: slot - the row's length
     own = (rel[:, None, :] == torch.arange(s, device=x.tokens.device)[None, :, None]).unsqueeze(1)  # [R, 1, S, T]
     if x.visible is not None:
         return x.visible | own
@@ -141,11 +140,10 @@ def eagle_step(net, x: StaticInputs, k: torch.Tensor, v: torch.Tensor, cross,
 
 @dataclass(frozen=True)
 class StepKind:
-    """How a module's steps are captured: its step function, whether it takes extra input rows (EAGLE's features),
-    and whether its low-precision trees stay eager (a target's; a drafter's only decide what is proposed)."""
+    """How a module's steps are captured: its step function, and whether its low-precision trees stay eager (a target's;
+    a drafter's only decide what is proposed)."""
 
     step: Callable
-    features: bool = False
     exact_trees: bool = True
 
 
@@ -160,13 +158,10 @@ class StepGraphs:
         self.strict = strict  # `--graphs on`: a step that cannot be captured is an error, not an uncaptured fallback
         param = next(model.parameters())
         self.dtype, self.device = param.dtype, param.device
-        self.k = self.v = None  # [L, C + 1, Hkv, T, D]: C cache rows and one scratch row for padding rows
-        self.cross = None  # per layer (k, v) [C, H, M, D]: the conditions (cross-attention models)
         self.graphs: dict[Bucket | tuple, tuple] = {}  # bucket or a call's key -> (inputs, graph or None, outputs)
-        self.pool = None
-        self.graph_bytes = 0  # device memory the captures' pool holds
         self.uses: Counter = Counter()  # key -> calls served (replays; eager reruns where capture is off)
         self.eager_calls = 0
+        self.reset()
 
     @property
     def capacity(self) -> int:
@@ -193,8 +188,9 @@ class StepGraphs:
     def reset(self) -> None:
         """Drop the captures and the static buffers (a larger cache was asked for, or the weights a capture reads)."""
         self.graphs.clear()  # their pool goes with them: the next capture opens a new one
-        self.k = self.v = self.cross = self.pool = None
-        self.graph_bytes = 0
+        self.k = self.v = None  # [L, C + 1, Hkv, T, D]: C cache rows and one scratch row for padding rows
+        self.cross = None  # per layer (k, v) [C, H, M, D]: the conditions (cross-attention models)
+        self.pool, self.graph_bytes = None, 0  # the captures' memory pool, and the device memory it holds
 
     def bucket(self, n: int, s: int, filled: int) -> Bucket | None:
         """The bucket of n rows by s nodes over rows holding up to `filled` slots; None: none holds it (eager)."""
@@ -206,10 +202,7 @@ class StepGraphs:
 
     def width(self, slots: int) -> int:
         """The narrowest width bucket (MIN_WIDTH, doubling, at most the static buffer's) that holds `slots` slots."""
-        width = MIN_WIDTH
-        while width < slots:
-            width *= 2
-        return min(width, self.k.shape[3])
+        return min(max(MIN_WIDTH, 1 << (slots - 1).bit_length()), self.k.shape[3])
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache, tree_mask: torch.Tensor | None,
                 features: torch.Tensor | None = None) -> tuple[torch.Tensor, ...] | None:
@@ -219,10 +212,8 @@ class StepGraphs:
         if b is None:
             self.eager_calls += 1
             return None
-        if b not in self.graphs:
-            width = (features.shape[-1], features.dtype) if self.kind.features else None
-            self.graphs[b] = (StaticInputs.for_bucket(b, tokens.device, width), None, None)
-        x = self.graphs[b][0]
+        x = self.graphs[b][0] if b in self.graphs else StaticInputs.for_bucket(
+            b, tokens.device, None if features is None else (features.shape[-1], features.dtype))
         self.stage(x, b, tokens, positions, cache.lengths, tree_mask, features)
         step = lambda: self.kind.step(self.model, x, self.k, self.v, self.cross, b.width)  # noqa: E731
         outs = self.run(b, x, step, f"bucket of {b.rows} rows x {b.nodes} nodes over {b.width} slots")
@@ -232,8 +223,7 @@ class StepGraphs:
         """`fn(**static)` over static copies of `inputs`, whose shapes `key` fixes: a replay of the key's graph
         (captured on its first call). The outputs are the graph's own buffers, in the pool all this module's graphs
         share (another graph's replay may write them): read them before this module's next call or forward."""
-        fresh = {name: torch.empty_like(t) for name, t in inputs.items()} if key not in self.graphs else None
-        static = fresh or self.graphs[key][0]
+        static = self.graphs[key][0] if key in self.graphs else {n: torch.empty_like(t) for n, t in inputs.items()}
         for name, t in inputs.items():
             static[name].copy_(t)
         return self.run(key, static, lambda: fn(**static), f"capture {key}")
@@ -381,31 +371,28 @@ def out_of_memory(what: str, error: str, free: int) -> UsageError:
                       "or a smaller --batch-size")
 
 
-KINDS = {Transformer: StepKind(target_step), EagleNet: StepKind(eagle_step, features=True, exact_trees=False),
+KINDS = {Transformer: StepKind(target_step), EagleNet: StepKind(eagle_step, exact_trees=False),
          XSpecMeshHeads: StepKind(head_logits)}  # module class -> how its steps are captured
 
 
-def mode_of(value) -> str:
-    """A `graphs` value as a mode: YAML reads a recipe's (or an override's) bare `on` / `off` as true / false."""
-    return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
-
-
-def check_mode(mode: str, device: str) -> None:
-    """`--graphs` in one line: a known mode, and `on` only where CUDA graphs exist."""
-    mode = mode_of(mode)
+def check_mode(mode, device: str) -> str:
+    """`--graphs` in one line: a known mode, and `on` only where CUDA graphs exist; the mode (YAML reads a recipe's or
+    an override's bare `on` / `off` as true / false)."""
+    mode = {True: "on", False: "off"}[mode] if isinstance(mode, bool) else mode
     if mode not in MODES:
         raise UsageError(f"--graphs {mode!r}: use one of {', '.join(MODES)}")
     if mode == "on" and torch.device(device).type != "cuda":
         raise UsageError("--graphs on needs a CUDA device (CUDA graphs); on a CPU use --graphs auto or off")
+    return mode
 
 
 def attach(model, mode: str = "auto", capture: bool | None = None) -> StepGraphs | None:
     """Give `model` (a Transformer, an EAGLE drafter or XSpecMesh heads) captured steps per `mode` (auto: on CUDA;
     on: CUDA or a one-line refusal; off: none). A given `capture` is the caller's choice on any device: False runs the
     static steps uncaptured, True captures them (the CPU tests' replay emulation; a drafter following its target)."""
-    mode, device = mode_of(mode), next(model.parameters()).device
+    device = next(model.parameters()).device
     on_cuda = device.type == "cuda"
-    check_mode(mode, "cuda" if capture is not None else str(device))
+    mode = check_mode(mode, "cuda" if capture is not None else str(device))
     model.graphs = None
     if mode == "off" or (mode == "auto" and not on_cuda and capture is None):
         return None

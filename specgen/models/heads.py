@@ -53,61 +53,51 @@ class ResBlock(nn.Module):
         return x + F.silu(self.linear(x))
 
 
-def residual_body(head: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """A head's residual blocks in a row: `res` (Medusa-1's one block; key kept so old files load), then `more`."""
-    x = head.res(x)
-    for block in head.more:
-        x = block(x)
-    return x
-
-
-def history_window(x: torch.Tensor, w: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows x [B, S, C] -> windows [B, S, W, C] (slot k of row s = x[:, s - k]) and validity [S, W] (s - k >= 0)."""
-    s = x.shape[1]
-    win = F.pad(x, (0, 0, w - 1, 0)).unfold(1, w, 1).flip(-1).transpose(-1, -2)  # [B, S, W, C]
-    valid = torch.arange(s, device=x.device)[:, None] >= torch.arange(w, device=x.device)[None]  # [S, W]
-    return win, valid
-
-
-class CrossHead(nn.Module):
-    """One cross-attention head body: h -> h + CrossAttn(norm h, c [+ recent h]) -> res_layers ResBlocks."""
+class HeadBody(nn.Module):
+    """One head body: h -> (CA heads) h + CrossAttn(norm h, c [+ recent h]) -> res_layers ResBlocks (MLP heads, the
+    ablation: the residual blocks only, no condition)."""
 
     def __init__(self, cfg: HeadsConfig) -> None:
         super().__init__()
-        self.n, self.hd, self.history = cfg.n_heads, cfg.inner_dim // cfg.n_heads, cfg.history
-        self.norm = RMSNorm(cfg.dim, 1e-5)
-        self.wq = nn.Linear(cfg.dim, cfg.inner_dim, bias=False)
-        self.wkv = nn.Linear(cfg.cross_dim, 2 * cfg.inner_dim, bias=False)
-        self.wo = nn.Linear(cfg.inner_dim, cfg.dim, bias=False)
-        nn.init.zeros_(self.wo.weight)
+        self.cross, self.history = cfg.kind == "ca", cfg.history
+        self.n, self.hd = cfg.n_heads, cfg.inner_dim // cfg.n_heads
+        if self.cross:
+            self.norm = RMSNorm(cfg.dim, 1e-5)
+            self.wq = nn.Linear(cfg.dim, cfg.inner_dim, bias=False)
+            self.wkv = nn.Linear(cfg.cross_dim, 2 * cfg.inner_dim, bias=False)
+            self.wo = nn.Linear(cfg.inner_dim, cfg.dim, bias=False)
+            nn.init.zeros_(self.wo.weight)
         if cfg.history:  # keys/values of a window row: wkv_h(norm h) + wkv_h(pos_h[k]) (one projection per h)
             self.wkv_h = nn.Linear(cfg.dim, 2 * cfg.inner_dim, bias=False)
             self.pos_h = nn.Parameter(torch.randn(cfg.history, cfg.dim) * 0.02)
-        self.res = ResBlock(cfg.dim)
-        self.more = nn.ModuleList(ResBlock(cfg.dim) for _ in range(cfg.res_layers - 1))
+        self.res = ResBlock(cfg.dim)  # the residual blocks: `res` (Medusa-1's one; key kept so old files load), `more`
+        self.more = nn.Sequential(*(ResBlock(cfg.dim) for _ in range(cfg.res_layers - 1)))
 
-    def context_kv(self, cond: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys/values [B, H, M, hd] of the condition [B, M, cross_dim]."""
-        return split_kv(self.wkv(cond), self.n, self.hd)
+    def context_kv(self, cond: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Keys/values [B, H, M, hd] of the condition [B, M, cross_dim] (None: an MLP head)."""
+        return split_kv(self.wkv(cond), self.n, self.hd) if self.cross else None
 
     def forward(self, h: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor] | None,
                 past: torch.Tensor | None = None) -> torch.Tensor:
         """h [B, S, dim] -> [B, S, dim]; past [B, S, dim] = the hidden rows the history window reads (default h)."""
-        b, s, _ = h.shape
-        q = self.wq(self.norm(h)).view(b, s, self.n, self.hd).transpose(1, 2)  # [B, H, S, hd]
-        if self.history:
-            y = self.attend_with_history(q, kv, h if past is None else past)
-        else:
-            y = F.scaled_dot_product_attention(q, kv[0], kv[1])  # [B, H, S, hd]
-        return residual_body(self, h + self.wo(y.transpose(1, 2).reshape(b, s, -1)))
+        if self.cross:
+            b, s, _ = h.shape
+            q = self.wq(self.norm(h)).view(b, s, self.n, self.hd).transpose(1, 2)  # [B, H, S, hd]
+            if self.history:
+                y = self.attend_with_history(q, kv, h if past is None else past)
+            else:
+                y = F.scaled_dot_product_attention(q, kv[0], kv[1])  # [B, H, S, hd]
+            h = h + self.wo(y.transpose(1, 2).reshape(b, s, -1))
+        return self.more(self.res(h))
 
     def attend_with_history(self, q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor],
                             past: torch.Tensor) -> torch.Tensor:
         """Softmax over the condition's M keys and row s's W window keys at once; q [B, H, S, hd] -> [B, H, S, hd]."""
         b, s, _ = past.shape
         w = self.history
-        rows, valid = history_window(self.wkv_h(self.norm(past)), w)  # [B, S, W, 2 inner], [S, W]
-        rows = rows + self.wkv_h(self.pos_h)  # + offset tags, [W, 2 inner]
+        rows = F.pad(self.wkv_h(self.norm(past)), (0, 0, w - 1, 0)).unfold(1, w, 1).flip(-1).transpose(-1, -2)
+        rows = rows + self.wkv_h(self.pos_h)  # [B, S, W, 2 inner]: slot k of row s is row s - k's, + offset tags
+        valid = torch.arange(s, device=q.device)[:, None] >= torch.arange(w, device=q.device)[None]  # [S, W]: s >= k
         kh, vh = rows.view(b, s, w, 2, self.n, self.hd).permute(3, 0, 4, 1, 2, 5)  # [B, H, S, W, hd] each
         scale = self.hd**-0.5
         s_cond = q @ kv[0].transpose(-1, -2) * scale  # [B, H, S, M]
@@ -118,33 +108,16 @@ class CrossHead(nn.Module):
         return att[..., :m] @ kv[1] + torch.einsum("bhsw,bhswd->bhsd", att[..., m:], vh)
 
 
-class MLPHead(nn.Module):
-    """One MLP head body (ablation): Medusa's residual block(s), no condition."""
-
-    def __init__(self, cfg: HeadsConfig) -> None:
-        super().__init__()
-        self.res = ResBlock(cfg.dim)
-        self.more = nn.ModuleList(ResBlock(cfg.dim) for _ in range(cfg.res_layers - 1))
-
-    def context_kv(self, cond: torch.Tensor) -> None:
-        return None
-
-    def forward(self, h: torch.Tensor, kv: None, past: None = None) -> torch.Tensor:
-        return residual_body(self, h)
-
-
 class XSpecMeshHeads(nn.Module):
     """D decoding heads over the backbone's final hidden states (head d = index d - 1), logits by the backbone's LM
     head; residual branches start at zero, so an untrained head predicts the next-token distribution."""
 
     def __init__(self, **kwargs) -> None:
         super().__init__()
-        self.cfg = HeadsConfig(**kwargs)
-        body = CrossHead if self.cfg.kind == "ca" else MLPHead
-        self.heads = nn.ModuleList(body(self.cfg) for _ in range(self.cfg.num_heads))
-        if self.cfg.token_input:  # Linear_d(E(x_{s+1})) added to h_s, zero at start
-            self.tok = nn.ModuleList(nn.Linear(self.cfg.dim, self.cfg.dim, bias=False)
-                                     for _ in range(self.cfg.num_heads))
+        cfg = self.cfg = HeadsConfig(**kwargs)
+        self.heads = nn.ModuleList(HeadBody(cfg) for _ in range(cfg.num_heads))
+        if cfg.token_input:  # Linear_d(E(x_{s+1})) added to h_s, zero at start
+            self.tok = nn.ModuleList(nn.Linear(cfg.dim, cfg.dim, bias=False) for _ in range(cfg.num_heads))
             for lin in self.tok:
                 nn.init.zeros_(lin.weight)
         self.graphs = None  # models/graphs.StepGraphs: `head_logits` as CUDA-graph replays (graphs.attach)
@@ -206,9 +179,7 @@ class StackedHeads:
 
     def context_kv(self, per_head: list) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Per-head condition K/V ([1, H, M, hd] each, from `XSpecMeshHeads.context_kv`) -> [D, H, M, hd] x 2."""
-        if self.kind != "ca":
-            return None
-        return torch.cat([k for k, _ in per_head]), torch.cat([v for _, v in per_head])
+        return None if self.kind != "ca" else (torch.cat([k for k, _ in per_head]), torch.cat([v for _, v in per_head]))
 
     @property
     def token_input(self) -> bool:

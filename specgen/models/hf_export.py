@@ -6,7 +6,7 @@ import re
 
 import torch
 
-from specgen.models.llama import layer_map, used
+from specgen.models.llama import layer_map
 from specgen.models.transformer import Transformer
 
 
@@ -21,9 +21,7 @@ def hf_state(model: Transformer) -> dict[str, torch.Tensor]:
     cfg, sd = model.cfg, model.state_dict()
     sizes, heads = [cfg.n_heads * cfg.hd] + [cfg.n_kv_heads * cfg.hd] * 2, {"q": cfg.n_heads, "k": cfg.n_kv_heads}
     out = {}
-    for ours, theirs in layer_map(cfg.n_layers, "hf").items():
-        if not used(ours, cfg):
-            continue
+    for ours, theirs in layer_map(cfg, "hf").items():
         for name, t in zip(theirs, sd[ours].split(sizes) if len(theirs) == 3 else (sd[ours],)):
             qk = re.search(r"self_attn\.([qk])_(proj|norm)\.", name)
             if qk and cfg.rope_layout == "interleaved":  # q/k rows and their norm weights follow the rotary pairs

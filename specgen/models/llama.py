@@ -40,16 +40,14 @@ def hf_config(raw: dict) -> TransformerConfig:
     defaults = HF_ARCHITECTURES[arch]
     check_unsupported(raw, arch)
     n_heads = raw["num_attention_heads"]
-    head_dim = raw.get("head_dim") or defaults.get("head_dim", 0)
     context = int(raw.get("max_position_embeddings") or defaults["max_position_embeddings"])
     scaling, theta = rope_scaling(raw, context)
-    window = sliding_window(raw, arch)
     return TransformerConfig(
         vocab_size=raw["vocab_size"], dim=raw["hidden_size"], n_layers=raw["num_hidden_layers"], n_heads=n_heads,
         n_kv_heads=raw.get("num_key_value_heads") or defaults.get("num_key_value_heads", n_heads),
-        ffn_dim=raw["intermediate_size"], head_dim=head_dim, norm_eps=raw.get("rms_norm_eps", 1e-6),
-        rope_theta=theta, rope_layout="half", rope_scaling=scaling,
-        max_seq_len=min(context, MAX_CONTEXT, window or context),
+        ffn_dim=raw["intermediate_size"], head_dim=raw.get("head_dim") or defaults.get("head_dim", 0),
+        norm_eps=raw.get("rms_norm_eps", 1e-6), rope_theta=theta, rope_layout="half", rope_scaling=scaling,
+        max_seq_len=min(context, MAX_CONTEXT, sliding_window(raw, arch) or context),
         qkv_bias=arch == "Qwen2ForCausalLM", qk_norm=arch == "Qwen3ForCausalLM",
         tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
     )
@@ -63,8 +61,7 @@ def check_unsupported(raw: dict, arch: str) -> None:
         raise refuse("attention_bias", True, "biases on q/k/v and o_proj are not implemented")
     if arch == "LlamaForCausalLM" and raw.get("mlp_bias"):
         raise refuse("mlp_bias", True, "MLP biases are not implemented")
-    if raw.get("quantization_config"):
-        quant = raw["quantization_config"]
+    if quant := raw.get("quantization_config"):
         method = quant.get("quant_method", "?") if isinstance(quant, dict) else "?"
         raise refuse("quantization_config", {"quant_method": method}, "pre-quantized HF weights are not loaded; "
                      "import the float checkpoint (specgen quantizes it itself)")
@@ -105,9 +102,7 @@ def rope_scaling(raw: dict, context: int) -> tuple[dict | None, float]:
         factor = float(params.get("factor") or context / original)
         attention = params.get("attention_factor")
         if attention is None:  # YaRN's mscale (0.1 ln s + 1), DeepSeek's ratio form when mscale and mscale_all_dim
-            def mscale(scale: float, m: float = 1.0) -> float:
-                return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
-
+            mscale = lambda scale, m=1.0: 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0  # noqa: E731
             m, m_all = params.get("mscale"), params.get("mscale_all_dim")
             attention = float(mscale(factor, m) / mscale(factor, m_all)) if m and m_all else mscale(factor)
         return {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": original,
@@ -162,49 +157,42 @@ LAYER_NAMES = {  # under layers.{i}. / model.layers.{i}. / blk.{i}.
 LAYER_PREFIX = {"hf": "model.layers.{i}.", "gguf": "blk.{i}."}
 
 
-def layer_map(n_layers: int, fmt: str) -> dict[str, tuple[str, ...]]:
-    """specgen name -> source name(s) in format `fmt` (several are concatenated along dim 0: q, k, v -> wqkv)."""
+def layer_map(cfg: TransformerConfig, fmt: str) -> dict[str, tuple[str, ...]]:
+    """specgen name -> source name(s) in format `fmt` of each parameter the model built from `cfg` has (several are
+    concatenated along dim 0: q, k, v -> wqkv)."""
     col = list(LAYER_PREFIX).index(fmt)
+    optional = {".output.weight": not cfg.tie_embeddings, ".wqkv.bias": cfg.qkv_bias, ".q_norm.weight": cfg.qk_norm,
+                ".k_norm.weight": cfg.qk_norm}
 
     def names(name: str, prefix: str = "") -> tuple[str, ...]:
         return tuple(prefix + name.format(x) for x in "qkv") if "{}" in name else (prefix + name,)
 
     out = {ours: names(theirs[col]) for ours, theirs in TOP_NAMES.items()}
-    for i in range(n_layers):
+    for i in range(cfg.n_layers):
         out |= {f"layers.{i}.{ours}": names(theirs[col], LAYER_PREFIX[fmt].format(i=i))
                 for ours, theirs in LAYER_NAMES.items()}
-    return out
+    return {ours: theirs for ours, theirs in out.items()
+            if all(on for suffix, on in optional.items() if f".{ours}".endswith(suffix))}
 
 
-def used(ours: str, cfg: TransformerConfig) -> bool:
-    """Whether the model built from `cfg` has parameter `ours` (an entry of `layer_map`)."""
-    optional = {".output.weight": not cfg.tie_embeddings, ".wqkv.bias": cfg.qkv_bias, ".q_norm.weight": cfg.qk_norm,
-                ".k_norm.weight": cfg.qk_norm}
-    return all(on for suffix, on in optional.items() if f".{ours}".endswith(suffix))
-
-
-def check_all_used(names, cfg: TransformerConfig, fmt: str, source: str) -> None:
-    """Refuse a checkpoint holding a tensor the model would ignore (a bias, a norm or a RoPE factor it lacks):
-    ignoring it would decode silently wrong. Precomputed RoPE buffers (`rotary_emb.inv_freq`) and a tied
-    checkpoint's own head copy are ignored as transformers ignores them."""
-    wanted = {t for ours, theirs in layer_map(cfg.n_layers, fmt).items() if used(ours, cfg) for t in theirs}
-    extra = sorted(n for n in names if n not in wanted and not n.endswith("rotary_emb.inv_freq")
+def remap(cfg: TransformerConfig, names, get: Callable[[str], torch.Tensor | None], fmt: str,
+          source: str) -> dict[str, torch.Tensor]:
+    """specgen's state dict from the checkpoint's tensors `names`, pulled through `get` (None = absent). A tensor the
+    model would ignore (a bias, a norm or a RoPE factor it lacks) is refused: ignoring it would decode silently wrong.
+    Precomputed RoPE buffers (`rotary_emb.inv_freq`) and a tied checkpoint's own head copy are ignored as transformers
+    ignores them."""
+    wanted = layer_map(cfg, fmt)
+    known = {t for theirs in wanted.values() for t in theirs}
+    extra = sorted(n for n in names if n not in known and not n.endswith("rotary_emb.inv_freq")
                    and not (cfg.tie_embeddings and n in ("lm_head.weight", "output.weight")))
     if extra:
         raise CheckpointError(f"{source} holds tensor {extra[0]}"
                               f"{f' (and {len(extra) - 1} more)' if len(extra) > 1 else ''} that specgen's model for "
                               "its config has no place for; refusing rather than ignoring it (docs/architectures.md)")
-
-
-def remap(cfg: TransformerConfig, get: Callable[[str], torch.Tensor | None], fmt: str) -> dict[str, torch.Tensor]:
-    """Build specgen's state dict by pulling source tensors through `get` (None = absent)."""
     state: dict[str, torch.Tensor] = {}
-    for ours, theirs in layer_map(cfg.n_layers, fmt).items():
-        if not used(ours, cfg):
-            continue
+    for ours, theirs in wanted.items():
         parts = [get(t) for t in theirs]
-        if any(p is None for p in parts):
-            missing = [t for t, p in zip(theirs, parts) if p is None]
+        if missing := [t for t, p in zip(theirs, parts) if p is None]:
             raise CheckpointError(f"checkpoint lacks tensor {missing[0]}")
         state[ours] = torch.cat(parts, 0) if len(parts) > 1 else parts[0]
     return state
@@ -248,9 +236,7 @@ def load_hf_folder(folder: Path) -> tuple[TransformerConfig, dict[str, torch.Ten
                                                                             get("model.embed_tokens.weight")):
         # transformers (5.x) does not tie a stored head that differs from the embedding: it uses the stored head
         cfg = dataclasses.replace(cfg, tie_embeddings=False)
-    check_all_used(index, cfg, "hf", folder.name)
-
-    return cfg, remap(cfg, get, "hf")
+    return cfg, remap(cfg, index, get, "hf", folder.name)
 
 
 def gguf_field(reader, key: str, default=None):
@@ -294,17 +280,15 @@ def load_gguf(path: Path, progress: Callable[[int, int], None] | None = None
         max_seq_len=min(int(gguf_field(reader, f"{arch}.context_length", 2048)), MAX_CONTEXT),
         qkv_bias="blk.0.attn_q.bias" in tensors, tie_embeddings="output.weight" not in tensors,
     )
-    check_all_used(tensors, cfg, "gguf", path.name)  # e.g. Llama 3's rope_freqs.weight (llama3 RoPE scaling)
-    done = [0]
+    done = iter(range(1, len(tensors) + 1))  # tensors converted so far
 
     def get(name: str) -> torch.Tensor | None:
         t = tensors.get(name)
         if t is None:
             return None
-        data = dequantize(t.data, t.tensor_type)
-        done[0] += 1
+        data = torch.from_numpy(dequantize(t.data, t.tensor_type).copy()).float()
         if progress:
-            progress(done[0], len(tensors))
-        return torch.from_numpy(data.copy()).float()
+            progress(next(done), len(tensors))
+        return data
 
-    return cfg, remap(cfg, get, "gguf")
+    return cfg, remap(cfg, tensors, get, "gguf", path.name)  # refuses e.g. Llama 3's rope_freqs.weight (llama3 RoPE)

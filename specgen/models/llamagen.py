@@ -7,6 +7,7 @@ import re
 import torch
 
 from specgen.errors import CheckpointError, UsageError
+from specgen.models.llama import LAYER_NAMES, TOP_NAMES
 from specgen.models.transformer import TransformerConfig
 
 
@@ -45,13 +46,12 @@ def llamagen_config(name: str, vocab: int = 16384, grid: int = 16, num_classes: 
         raise UsageError(f"unknown LlamaGen model type '{model_type}'; known: {', '.join(MODEL_TYPES)}")
     default_cls, field = MODEL_TYPES[model_type]
     cls_token_num = cls_token_num or default_cls
-    cond = {"num_classes": num_classes, "caption_dim": caption_dim}
     n_layers, n_heads, dim = GPT_CONFIGS[name]
     return TransformerConfig(
         vocab_size=vocab, dim=dim, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_heads,
         ffn_dim=find_multiple(int(2 * 4 * dim / 3), 256), norm_eps=norm_eps, rope_theta=rope_base,
         rope_layout="interleaved", rope_grid=grid, n_cond=cls_token_num, max_seq_len=cls_token_num + grid * grid,
-        tie_embeddings=False, **{field: cond[field]},
+        tie_embeddings=False, **{field: {"num_classes": num_classes, "caption_dim": caption_dim}[field]},
     )
 
 
@@ -65,8 +65,7 @@ def llamagen_kwargs(kwargs: dict) -> dict:
     `{"gpt_model": "GPT-XL", "model_type": "t2i", "grid": 32, ...}` (grid = image_size / downsample)."""
     if "gpt_model" not in kwargs:
         return kwargs
-    unknown = sorted(set(kwargs) - set(SHORT_KWARGS))
-    if unknown:
+    if unknown := sorted(set(kwargs) - set(SHORT_KWARGS)):
         raise UsageError(f"llamagen-gpt kwargs: unknown key {unknown[0]!r}; "
                          f"with gpt_model use {', '.join(SHORT_KWARGS)}")
     if "grid" not in kwargs:
@@ -77,28 +76,16 @@ def llamagen_kwargs(kwargs: dict) -> dict:
 
 
 _CONTAINERS = ("model", "module", "state_dict")  # DDP, DeepSpeed, Lightning-style; FSDP saves the raw dict
-_HF_RENAMES = [  # LANTERN's HF port -> LlamaGen (q/k/v handled separately: they fuse into wqkv)
-    (r"^model\.embed_tokens\.", "tok_embeddings."),
-    (r"^model\.cls_embedding\.", "cls_embedding."),
-    (r"^model\.layers\.(\d+)\.self_attn\.o_proj\.", r"layers.\1.attention.wo."),
-    (r"^model\.layers\.(\d+)\.mlp\.gate_proj\.", r"layers.\1.feed_forward.w1."),
-    (r"^model\.layers\.(\d+)\.mlp\.up_proj\.", r"layers.\1.feed_forward.w3."),
-    (r"^model\.layers\.(\d+)\.mlp\.down_proj\.", r"layers.\1.feed_forward.w2."),
-    (r"^model\.layers\.(\d+)\.input_layernorm\.", r"layers.\1.attention_norm."),
-    (r"^model\.layers\.(\d+)\.post_attention_layernorm\.", r"layers.\1.ffn_norm."),
-    (r"^model\.norm\.", "norm."),
-    (r"^lm_head\.", "output."),
-]
-_HF_QKV = re.compile(r"^model\.layers\.(\d+)\.self_attn\.([qkv])_proj\.weight$")
+# LANTERN's HF port's names (llama.py's HF column) -> LlamaGen's; its q/k/v rows fuse into wqkv
+_HF_TOP = {hf: ours for ours, (hf, _) in TOP_NAMES.items()}
+_HF_LAYER = {hf: ours for ours, (hf, _) in LAYER_NAMES.items() if "{}" not in hf}
+_HF_KEY = re.compile(r"^model\.layers\.(\d+)\.(self_attn\.([qkv])_proj\.weight|.+)$")
 
 
 def unwrap(state: dict) -> dict:
     """The flat tensor dict inside a LlamaGen checkpoint container (`model` / `module` / `state_dict` / raw)."""
-    while isinstance(state, dict):
-        inner = next((state[k] for k in _CONTAINERS if isinstance(state.get(k), dict)), None)
-        if inner is None:
-            break
-        state = inner
+    while isinstance(state, dict) and (key := next((k for k in _CONTAINERS if isinstance(state.get(k), dict)), None)):
+        state = state[key]
     return state
 
 
@@ -106,20 +93,21 @@ def llamagen_state(state: dict, kwargs: dict | None = None) -> dict[str, torch.T
     """Map a LlamaGen (or LANTERN HF) GPT checkpoint onto `Transformer` names, to load strict: containers unwrapped,
     `freqs_cis`, `*.kv_cache.*` and a `_orig_mod.` prefix dropped, HF q/k/v rows concatenated into `wqkv` (LANTERN's
     port keeps LlamaGen's interleaved RoPE: no permutation)."""
-    state = unwrap(state)
     out: dict[str, torch.Tensor] = {}
     qkv: dict[str, dict[str, torch.Tensor]] = {}
-    for key, value in state.items():
+    for key, value in unwrap(state).items():
         if not isinstance(value, torch.Tensor):
             continue
         key = key.removeprefix("_orig_mod.")
         if key == "freqs_cis" or key.endswith(".freqs_cis") or ".kv_cache." in key:
             continue
-        m = _HF_QKV.match(key)
-        if m:
-            qkv.setdefault(m.group(1), {})[m.group(2)] = value
+        m = _HF_KEY.match(key)
+        if m and m[3]:
+            qkv.setdefault(m[1], {})[m[3]] = value
             continue
-        out[next((re.sub(p, r, key) for p, r in _HF_RENAMES if re.match(p, key)), key)] = value  # the first match
+        if m and m[2] in _HF_LAYER:
+            key = f"layers.{m[1]}.{_HF_LAYER[m[2]]}"
+        out[_HF_TOP.get(key) or re.sub(r"^model\.(?=cls_embedding\.)", "", key)] = value
     for layer, parts in qkv.items():
         if set(parts) != {"q", "k", "v"}:
             raise CheckpointError(f"layer {layer}: q_proj/k_proj/v_proj incomplete ({', '.join(sorted(parts))})")

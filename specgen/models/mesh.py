@@ -57,7 +57,7 @@ class PointEncoder(nn.Module):
         self.latents = nn.Parameter(nn.init.normal_(torch.empty(cfg.num_latents, cfg.width), std=0.02))
         self.ctx_norm = nn.LayerNorm(cfg.width)
         self.cross = _EncBlock(cfg.width, cfg.n_heads)
-        self.blocks = nn.ModuleList(_EncBlock(cfg.width, cfg.n_heads) for _ in range(cfg.enc_layers))
+        self.blocks = nn.Sequential(*(_EncBlock(cfg.width, cfg.n_heads) for _ in range(cfg.enc_layers)))
         self.out_norm = nn.LayerNorm(cfg.width)
         self.proj = nn.Linear(cfg.width, cfg.out_dim)
 
@@ -66,10 +66,7 @@ class PointEncoder(nn.Module):
         features = torch.cat([pc[..., :6], ang.sin(), ang.cos()], dim=-1)  # [B, N, in_dim]: xyz, normals, sin, cos
         pts = self.ctx_norm(self.embed(features))  # [B, N, W]
         x = self.latents.unsqueeze(0).expand(pc.shape[0], -1, -1)  # [B, M, W]
-        x = self.cross(x, pts)
-        for blk in self.blocks:
-            x = blk(x)
-        return self.proj(self.out_norm(x))  # [B, M, out_dim]
+        return self.proj(self.out_norm(self.blocks(self.cross(x, pts))))  # [B, M, out_dim]
 
 
 class MeshGPT(nn.Module):
@@ -97,8 +94,6 @@ class MeshGPT(nn.Module):
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Teacher-forced pass over tokens [B, L] (pad -1): logits [B, L, V] (row i predicts tokens[:, i]), hidden
         [B, L, dim], the condition; `table` [V, dim] replaces the tied embedding / LM head (train/mesh_embedding.py)."""
-        if table is not None and not self.dec_cfg.tie_embeddings:
-            raise ValueError("a token table override needs tied embeddings")
         cond, ids = self.encoder(pc), tokens[:, :-1].clamp_min(0)
         emb = self.decoder.tok_embeddings(ids) if table is None else F.embedding(ids, table)
         h = torch.cat([self.start.view(1, 1, -1).expand(ids.shape[0], 1, -1), emb], 1)  # [B, L, dim]: start, x_1 ..
@@ -120,6 +115,5 @@ class MeshGPT(nn.Module):
         h = self.start.view(1, 1, -1).expand(b, 1, -1)
         pos = torch.zeros(b, 1, dtype=torch.long, device=cond.device)
         hidden = self.decoder.hidden_states(h, pos, cache)
-        for row in range(b):
-            cache.commit(row, [0])
+        cache.commit_seqs(dict.fromkeys(range(b), [0]), 1)
         return self.decoder.output(hidden[:, -1]), hidden[:, -1]

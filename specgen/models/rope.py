@@ -50,8 +50,7 @@ def table_1d(max_pos: int, head_dim: int, theta: float, scaling: dict | None = N
     """Standard Llama table [max_pos, head_dim/2, 2]; `scaling` (see `scaled_inv_freq`) extends its context."""
     freq, factor = scaled_inv_freq(head_dim, theta, scaling) if scaling else (inv_freq(head_dim, theta), 1.0)
     angles = torch.outer(torch.arange(max_pos).float(), freq)
-    table = torch.stack([angles.cos(), angles.sin()], dim=-1).float()
-    return table * factor if factor != 1.0 else table
+    return torch.stack([angles.cos(), angles.sin()], dim=-1).float() * factor  # x * 1.0 is x, bit for bit
 
 
 def table_2d(grid: int, head_dim: int, theta: float, n_cond: int) -> torch.Tensor:
@@ -59,8 +58,7 @@ def table_2d(grid: int, head_dim: int, theta: float, n_cond: int) -> torch.Tenso
     the column; condition positions are all-zero rows (as LlamaGen's, which zero condition queries and keys)."""
     half = head_dim // 2
     freqs = torch.outer(torch.arange(grid).float(), inv_freq(half, theta))  # [grid, half/2]
-    rows = freqs[:, None, :].expand(grid, grid, -1)
-    cols = freqs[None, :, :].expand(grid, grid, -1)
+    rows, cols = freqs[:, None, :].expand(grid, grid, -1), freqs[None, :, :].expand(grid, grid, -1)
     angles = torch.cat([rows, cols], dim=-1).reshape(grid * grid, half)  # [grid², head_dim/2]
     table = torch.stack([angles.cos(), angles.sin()], dim=-1).float()
     return torch.cat([torch.zeros(n_cond, half, 2), table], dim=0)
@@ -89,8 +87,5 @@ def rotate(x: torch.Tensor, r: Rotation) -> torch.Tensor:
     sin, where partner(x) swaps the two slots of every pair. Bitwise the per-pair formula: b * (-sin) is -(b sin)
     exactly and a + (-y) is a - y, so each slot sees the same two rounded products and one rounded sum."""
     d = x.shape[-1]
-    if r.layout == "half":
-        partner = x.roll(d // 2, -1)
-    else:
-        partner = x.unflatten(-1, (d // 2, 2)).flip(-1).flatten(-2)
+    partner = x.roll(d // 2, -1) if r.layout == "half" else x.unflatten(-1, (d // 2, 2)).flip(-1).flatten(-2)
     return x * r.cos + partner * r.sin

@@ -79,9 +79,6 @@ class TextTokenizer:
         eos = None if self.eos_token is None else self.fast.token_to_id(self.eos_token)
         return () if eos is None else (int(eos),)
 
-    def vocab(self) -> dict[str, int]:
-        return self.fast.get_vocab(with_added_tokens=True)
-
     def render(self, messages: list[dict]) -> str:
         """The chat template over `messages`, ending with the assistant's turn opened."""
         import jinja2  # deferred: start-up (only a chat template needs it)
@@ -115,7 +112,7 @@ class TextTokenizer:
 
 def tokenizer_hash(tokenizer: TextTokenizer) -> str:
     """A short hash of the vocabulary (id <-> token) and the special tokens: equal hashes tokenize alike."""
-    vocab = sorted(tokenizer.vocab().items(), key=lambda kv: kv[1])
+    vocab = sorted(tokenizer.fast.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])
     blob = json.dumps([vocab, tokenizer.eos_token, tokenizer.chat_template], ensure_ascii=False)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
 

@@ -88,10 +88,8 @@ class Attention(nn.Module):
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.q_dim = cfg.n_heads * cfg.hd
-        self.kv_dim = cfg.n_kv_heads * cfg.hd
-        self.wqkv = nn.Linear(cfg.dim, self.q_dim + 2 * self.kv_dim, bias=cfg.qkv_bias)
-        self.wo = nn.Linear(self.q_dim, cfg.dim, bias=False)
+        self.wqkv = nn.Linear(cfg.dim, (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.hd, bias=cfg.qkv_bias)
+        self.wo = nn.Linear(cfg.n_heads * cfg.hd, cfg.dim, bias=False)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(cfg.hd, cfg.norm_eps)
             self.k_norm = RMSNorm(cfg.hd, cfg.norm_eps)
@@ -110,10 +108,9 @@ class Attention(nn.Module):
         if isinstance(mask, NativePlan) and mask.slots is not None and not self.cfg.qk_norm:  # one native call
             return self.wo(native_self_attention(self.wqkv(x), rot, *cache.layers[layer], mask))  # (attention.py)
         qkv = self.wqkv(x).view(b, s, h + 2 * hkv, hd).transpose(1, 2)  # [B, H + 2 Hkv, S, hd]
+        qk = qkv[:, : h + hkv]
         if self.cfg.qk_norm:
             qk = torch.cat([self.q_norm(qkv[:, :h]), self.k_norm(qkv[:, h : h + hkv])], 1)
-        else:
-            qk = qkv[:, : h + hkv]
         qk = rotate(qk, rot)  # [B, H + Hkv, S, hd]: q and k rotated together
         q, k, v = qk[:, :h], qk[:, h:], qkv[:, h + hkv :]
         if cache is not None:
@@ -125,7 +122,7 @@ class Attention(nn.Module):
                 q, k, v = q.float(), k.float(), v.float()  # SDPA's bf16 kernels accumulate anyway
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None,
                                                enable_gqa=h != hkv).to(x.dtype)
-        return self.wo(y.transpose(1, 2).reshape(b, s, self.q_dim))
+        return self.wo(y.transpose(1, 2).reshape(b, s, -1))
 
 
 def additive_mask(mask: torch.Tensor) -> torch.Tensor:
@@ -207,9 +204,9 @@ class Block(nn.Module):
 class ClassEmbedding(nn.Module):
     """LlamaGen c2i condition: one embedding row per class plus the null (unconditional) class."""
 
-    def __init__(self, num_classes: int, dim: int) -> None:
+    def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
-        self.embedding_table = nn.Embedding(num_classes + 1, dim)
+        self.embedding_table = nn.Embedding(cfg.num_classes + 1, cfg.dim)
 
     def forward(self, labels: torch.Tensor) -> torch.Tensor:
         """Condition embeddings [B, 1, dim] for labels [B] (label num_classes = null class)."""
@@ -220,23 +217,20 @@ class CaptionEmbedding(nn.Module):
     """LlamaGen t2i condition: caption features -> cap_proj (fc1, tanh-GELU, fc2; no biases) -> n_cond embeddings;
     `uncond_embedding` [n_cond, caption_dim] (a persistent buffer, as LlamaGen's) is CFG's null caption."""
 
-    def __init__(self, caption_dim: int, dim: int, n_cond: int) -> None:
+    def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
         self.cap_proj = nn.Sequential()
-        self.cap_proj.add_module("fc1", nn.Linear(caption_dim, dim, bias=False))
+        self.cap_proj.add_module("fc1", nn.Linear(cfg.caption_dim, cfg.dim, bias=False))
         self.cap_proj.add_module("act", nn.GELU(approximate="tanh"))
-        self.cap_proj.add_module("fc2", nn.Linear(dim, dim, bias=False))
-        self.register_buffer("uncond_embedding", torch.randn(n_cond, caption_dim) / caption_dim**0.5)
+        self.cap_proj.add_module("fc2", nn.Linear(cfg.dim, cfg.dim, bias=False))
+        self.register_buffer("uncond_embedding", torch.randn(cfg.n_cond, cfg.caption_dim) / cfg.caption_dim**0.5)
 
     def forward(self, captions: torch.Tensor) -> torch.Tensor:
         """Condition embeddings [B, n_cond, dim] for caption features [B, n_cond, caption_dim]."""
         return self.cap_proj(captions.to(self.cap_proj.fc1.weight.dtype))
 
 
-CONDITION_EMBEDDINGS = {  # TransformerConfig.cond_kind -> the model's `cls_embedding`
-    "class": lambda cfg: ClassEmbedding(cfg.num_classes, cfg.dim),
-    "caption": lambda cfg: CaptionEmbedding(cfg.caption_dim, cfg.dim, cfg.n_cond),
-}
+CONDITION_EMBEDDINGS = {"class": ClassEmbedding, "caption": CaptionEmbedding}  # cond_kind -> its `cls_embedding`
 
 
 def padded_causal_mask(valid: torch.Tensor) -> torch.Tensor:
@@ -346,13 +340,12 @@ def forward_mask(cfg: TransformerConfig, h: torch.Tensor, cache: KVCache | None,
     """(what every block of a forward over h [B, S, dim] attends with, causal): over a cache, an attention plan where
     `attention_path` is not sdpa (batch/width-invariant, models/attention.py) or SDPA's additive mask (made once per
     forward, not per layer); without one, the tree mask among the S tokens or causal."""
-    s = h.shape[1]
+    b, s = h.shape[:2]
     if cache is None:
         return (None, True) if tree_mask is None else (tree_mask.view(-1, 1, s, s), False)
     cache.check_room(s)
     mask = cache.hide_keys(attn_mask) if attn_mask is not None else cache.prefix_mask(s, tree_mask)
     if attention_path(h.dtype, h.device) != "sdpa":
         t = mask.shape[-1] if mask is not None else max(cache.lengths) + s
-        mask = plan(mask, h.shape[0], s, t, cfg.n_heads, cfg.n_kv_heads, cfg.hd, h.device, h.dtype, cache.lengths)
-        return mask, False
+        return plan(mask, b, s, t, cfg.n_heads, cfg.n_kv_heads, cfg.hd, h.device, h.dtype, cache.lengths), False
     return (None if mask is None else additive_mask(mask)), False

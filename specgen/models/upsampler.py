@@ -41,20 +41,14 @@ class RowCausalConv2d(nn.Module):
         self.conv = nn.Conv2d(c_in, c_out, (kernel // 2 + 1, kernel))  # the unmasked rows of the k x k kernel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, Cin, H, W] -> [B, Cout, H, W]
-        p = self.pad
-        return self.conv(F.pad(x, (p, p, p, 0)))
+        return self.conv(F.pad(x, (self.pad, self.pad, self.pad, 0)))
 
 
-class ChannelNorm(nn.Module):
+class ChannelNorm(nn.LayerNorm):
     """LayerNorm over channels at every position (row-causal, unlike GroupNorm over H x W)."""
 
-    def __init__(self, channels: int) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(channels))
-        self.bias = nn.Parameter(torch.zeros(channels))
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.layer_norm(x.permute(0, 2, 3, 1), x.shape[1:2], self.weight, self.bias, 1e-6).permute(0, 3, 1, 2)
+        return super().forward(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
 
 
 class ResBlock(nn.Module):
@@ -62,8 +56,8 @@ class ResBlock(nn.Module):
 
     def __init__(self, channels: int, kernel: int) -> None:
         super().__init__()
-        self.norm1, self.conv1 = ChannelNorm(channels), RowCausalConv2d(channels, channels, kernel)
-        self.norm2, self.conv2 = ChannelNorm(channels), RowCausalConv2d(channels, channels, kernel)
+        self.norm1, self.conv1 = ChannelNorm(channels, 1e-6), RowCausalConv2d(channels, channels, kernel)
+        self.norm2, self.conv2 = ChannelNorm(channels, 1e-6), RowCausalConv2d(channels, channels, kernel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.conv2(F.silu(self.norm2(self.conv1(F.silu(self.norm1(x))))))
@@ -95,9 +89,9 @@ class Resampler(nn.Module):
         c, k = cfg.channels, cfg.kernel
         self.direction = direction
         self.stem = RowCausalConv2d(cfg.embed_dim, c, k)
-        self.stages = nn.ModuleList([Stage(c, cfg.blocks, k, direction == "up") for _ in range(cfg.stages)])
+        self.stages = nn.Sequential(*[Stage(c, cfg.blocks, k, direction == "up") for _ in range(cfg.stages)])
         self.post = nn.Sequential(*[ResBlock(c, k) for _ in range(cfg.blocks)])
-        self.norm_out = ChannelNorm(c)
+        self.norm_out = ChannelNorm(c, 1e-6)
         self.head = RowCausalConv2d(c, cfg.embed_dim, k)
         self.skip, self.scale = cfg.skip, cfg.scale
         if cfg.skip:
@@ -105,10 +99,7 @@ class Resampler(nn.Module):
             nn.init.zeros_(self.head.conv.bias)
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:  # code vectors [B, D, h, w] -> latents [B, D, h', w']
-        h = self.stem(z)
-        for s in self.stages:
-            h = s(h)
-        out = self.head(F.silu(self.norm_out(self.post(h))))
+        out = self.head(F.silu(self.norm_out(self.post(self.stages(self.stem(z))))))
         if not self.skip:
             return out
         base = F.interpolate(z, scale_factor=self.scale, mode="nearest") if self.direction == "up" \

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 import torch.nn as nn
@@ -34,6 +32,8 @@ class VQConfig:
     image_size: int = 256  # nominal training resolution (informational; the nets are fully convolutional)
 
     def __post_init__(self) -> None:
+        for k in ("encoder_ch_mult", "decoder_ch_mult"):  # JSON's lists as tuples, so that equal configs compare equal
+            object.__setattr__(self, k, tuple(getattr(self, k)))
         if len(self.encoder_ch_mult) != len(self.decoder_ch_mult):
             raise ValueError("encoder_ch_mult and decoder_ch_mult must have the same number of levels")
         for m in (*self.encoder_ch_mult, *self.decoder_ch_mult):
@@ -46,14 +46,6 @@ class VQConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: Mapping) -> "VQConfig":
-        d = dict(d)
-        for k in ("encoder_ch_mult", "decoder_ch_mult"):
-            if k in d:
-                d[k] = tuple(d[k])
-        return cls(**d)
 
 
 VQ_CONFIGS: dict[str, VQConfig] = {
@@ -148,12 +140,12 @@ class _Level(nn.Module):
         return x if self.resample is None else getattr(self, self.resample)(x)
 
 
-def _levels(cfg: VQConfig, c: int, encoder: bool) -> tuple[nn.ModuleList, int]:
+def _levels(cfg: VQConfig, c: int, encoder: bool) -> tuple[nn.Sequential, int]:
     """`conv_blocks` and their output channels: the encoder's from the full resolution down, each level but the last
     downsampling; the decoder's from the lowest up (one more block per level), each but the last upsampling."""
     mult = cfg.encoder_ch_mult if encoder else cfg.decoder_ch_mult
     last = len(mult) - 1
-    blocks = nn.ModuleList()
+    blocks = nn.Sequential()
     for level in range(last + 1) if encoder else reversed(range(last + 1)):
         res, attn = [], []
         for _ in range(cfg.num_res_blocks + (0 if encoder else 1)):
@@ -166,47 +158,30 @@ def _levels(cfg: VQConfig, c: int, encoder: bool) -> tuple[nn.ModuleList, int]:
     return blocks, c
 
 
-def _mid(channels: int, groups: int, dropout: float) -> nn.ModuleList:
-    return nn.ModuleList(
-        [ResnetBlock(channels, channels, groups, dropout), AttnBlock(channels, groups),
-         ResnetBlock(channels, channels, groups, dropout)]
-    )
+def _mid(channels: int, groups: int, dropout: float) -> nn.Sequential:
+    return nn.Sequential(ResnetBlock(channels, channels, groups, dropout), AttnBlock(channels, groups),
+                         ResnetBlock(channels, channels, groups, dropout))
 
 
-class Encoder(nn.Module):
-    """[B,3,H,W] -> [B,z_channels,H/f,W/f], f = 2 ** (levels - 1)."""
+class Coder(nn.Module):
+    """The encoder [B,3,H,W] -> [B,z_channels,H/f,W/f] (f = 2 ** (levels - 1)), or the decoder back, whose mid blocks
+    come first and whose `conv_blocks.0` is the lowest resolution (as LlamaGen's)."""
 
-    def __init__(self, cfg: VQConfig) -> None:
+    def __init__(self, cfg: VQConfig, encoder: bool) -> None:
         super().__init__()
-        self.conv_in = nn.Conv2d(3, cfg.ch, 3, padding=1)
-        self.conv_blocks, c = _levels(cfg, cfg.ch, encoder=True)
-        self.mid = _mid(c, cfg.norm_groups, cfg.dropout_p)
+        self.encodes, c = encoder, cfg.ch if encoder else cfg.ch * cfg.decoder_ch_mult[-1]
+        self.conv_in = nn.Conv2d(3 if encoder else cfg.z_channels, c, 3, padding=1)
+        if not encoder:  # each net built in LlamaGen's order, so that a seed draws the same initial weights
+            self.mid = _mid(c, cfg.norm_groups, cfg.dropout_p)
+        self.conv_blocks, c = _levels(cfg, c, encoder)
+        if encoder:
+            self.mid = _mid(c, cfg.norm_groups, cfg.dropout_p)
         self.norm_out = _norm(c, cfg.norm_groups)
-        self.conv_out = nn.Conv2d(c, cfg.z_channels, 3, padding=1)
+        self.conv_out = nn.Conv2d(c, cfg.z_channels if encoder else 3, 3, padding=1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.conv_in(x)
-        for m in (*self.conv_blocks, *self.mid):
-            h = m(h)
-        return self.conv_out(F.silu(self.norm_out(h)))
-
-
-class Decoder(nn.Module):
-    """[B,z_channels,h,w] -> [B,3,h*f,w*f]; `conv_blocks.0` is the lowest resolution (as LlamaGen)."""
-
-    def __init__(self, cfg: VQConfig) -> None:
-        super().__init__()
-        c = cfg.ch * cfg.decoder_ch_mult[-1]
-        self.conv_in = nn.Conv2d(cfg.z_channels, c, 3, padding=1)
-        self.mid = _mid(c, cfg.norm_groups, cfg.dropout_p)
-        self.conv_blocks, c = _levels(cfg, c, encoder=False)
-        self.norm_out = _norm(c, cfg.norm_groups)
-        self.conv_out = nn.Conv2d(c, 3, 3, padding=1)
-
-    def forward(self, z: torch.Tensor) -> torch.Tensor:
-        h = self.conv_in(z)
-        for m in (*self.mid, *self.conv_blocks):
-            h = m(h)
+        h = self.mid(self.conv_blocks(h)) if self.encodes else self.conv_blocks(self.mid(h))
         return self.conv_out(F.silu(self.norm_out(h)))
 
 
@@ -248,22 +223,20 @@ class VectorQuantizer(nn.Module):
 
     def __init__(self, cfg: VQConfig) -> None:
         super().__init__()
-        self.n_e, self.e_dim = cfg.codebook_size, cfg.codebook_embed_dim
-        self.beta, self.entropy_loss_ratio = cfg.commit_loss_beta, cfg.entropy_loss_ratio
-        self.l2_norm, self.show_usage = cfg.codebook_l2_norm, cfg.codebook_show_usage
-        self.embedding = nn.Embedding(self.n_e, self.e_dim)
+        self.cfg = cfg
+        self.embedding = nn.Embedding(cfg.codebook_size, cfg.codebook_embed_dim)
         with torch.no_grad():
-            self.embedding.weight.uniform_(-1.0 / self.n_e, 1.0 / self.n_e)
-            if self.l2_norm and not self.embedding.weight.is_meta:  # a size check's meta build: no values to norm
+            self.embedding.weight.uniform_(-1.0 / cfg.codebook_size, 1.0 / cfg.codebook_size)
+            if cfg.codebook_l2_norm and not self.embedding.weight.is_meta:  # a size check's meta build: no values
                 self.embedding.weight.copy_(F.normalize(self.embedding.weight, dim=-1))
-        if self.show_usage:
+        if cfg.codebook_show_usage:
             # Rolling window of the last USAGE_WINDOW code ids seen in training (float, as LlamaGen stores it).
             self.register_buffer("codebook_used", torch.zeros(USAGE_WINDOW))
 
     def codebook(self) -> torch.Tensor:
         """The codebook as used for lookup: [K,D] (unit rows if l2_norm)."""
         w = self.embedding.weight
-        return F.normalize(w, dim=-1) if self.l2_norm else w
+        return F.normalize(w, dim=-1) if self.cfg.codebook_l2_norm else w
 
     def lookup(self, indices: torch.Tensor) -> torch.Tensor:
         """indices [...] -> code vectors [..., D]."""
@@ -272,22 +245,21 @@ class VectorQuantizer(nn.Module):
     def forward(self, z: torch.Tensor) -> QuantizeOut:  # z [B,D,h,w]
         b, d, h, w = z.shape
         z = z.permute(0, 2, 3, 1)  # [B,h,w,D]
-        if self.l2_norm:
+        if self.cfg.codebook_l2_norm:
             z = F.normalize(z, dim=-1)
         emb = self.codebook()  # [K,D]
         idx, dist = nearest_code(z.reshape(-1, d), emb)  # [N], [N,K]
         z_q = emb[idx].view_as(z)  # [B,h,w,D]
-        zero = z.new_zeros(())
-        codebook_loss = commit_loss = entropy_loss = zero
+        codebook_loss = commit_loss = entropy_loss = z.new_zeros(())
         if self.training:
-            if self.show_usage:  # the window's oldest ids make room for this batch's last ones
+            if self.cfg.codebook_show_usage:  # the window's oldest ids make room for this batch's last ones
                 n, used = min(idx.numel(), USAGE_WINDOW), self.codebook_used
                 used[:-n] = used[n:].clone()
                 used[-n:] = idx[-n:].to(used.dtype)
             codebook_loss = F.mse_loss(z_q, z.detach())
-            commit_loss = self.beta * F.mse_loss(z, z_q.detach())
-            if self.entropy_loss_ratio > 0:
-                entropy_loss = self.entropy_loss_ratio * _entropy_loss(-dist)
+            commit_loss = self.cfg.commit_loss_beta * F.mse_loss(z, z_q.detach())
+            if self.cfg.entropy_loss_ratio > 0:
+                entropy_loss = self.cfg.entropy_loss_ratio * _entropy_loss(-dist)
         z_q = z + (z_q - z).detach()  # straight-through estimator
         return QuantizeOut(
             z_q=z_q.permute(0, 3, 1, 2).contiguous(),
@@ -305,19 +277,15 @@ class VQModel(nn.Module):
     def __init__(self, config: VQConfig) -> None:
         super().__init__()
         self.config = config
-        self.encoder = Encoder(config)
-        self.decoder = Decoder(config)
+        self.encoder = Coder(config, encoder=True)
+        self.decoder = Coder(config, encoder=False)
         self.quantize = VectorQuantizer(config)
         self.quant_conv = nn.Conv2d(config.z_channels, config.codebook_embed_dim, 1)
         self.post_quant_conv = nn.Conv2d(config.codebook_embed_dim, config.z_channels, 1)
 
-    def encode_latents(self, images: torch.Tensor) -> torch.Tensor:
-        """[B,3,H,W] -> pre-quantisation latents [B,D,h,w]."""
-        return self.quant_conv(self.encoder(images))
-
     def encode(self, images: torch.Tensor) -> torch.Tensor:
         """[B,3,H,W] in [-1,1] -> code ids [B,H/f,W/f] (int64)."""
-        return self.quantize(self.encode_latents(images)).indices
+        return self.quantize(self.quant_conv(self.encoder(images))).indices
 
     def decode_latents(self, z_q: torch.Tensor) -> torch.Tensor:
         """Quantised latents [B,D,h,w] -> images [B,3,h*f,w*f]."""
@@ -334,5 +302,5 @@ class VQModel(nn.Module):
         return self.decode_latents(z_q)
 
     def forward(self, images: torch.Tensor) -> QuantizeOut:
-        q = self.quantize(self.encode_latents(images))
-        return dataclasses.replace(q, recon=self.decode_latents(q.z_q))
+        q = self.quantize(self.quant_conv(self.encoder(images)))
+        return replace(q, recon=self.decode_latents(q.z_q))

@@ -53,7 +53,7 @@ class VQTrainConfig(OptimConfig):
     def model_config(self) -> VQConfig:
         if self.model not in VQ_CONFIGS:
             raise ValueError(f"unknown model {self.model!r}; known: {sorted(VQ_CONFIGS)}")
-        return VQConfig.from_dict({**VQ_CONFIGS[self.model].to_dict(), **self.model_overrides})
+        return VQConfig(**{**VQ_CONFIGS[self.model].to_dict(), **self.model_overrides})
 
 
 def psnr(recon: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

@@ -198,7 +198,7 @@ def test_the_fused_native_layer_equals_rotate_write_and_attend(backend, layout, 
     if backend != "native":
         pytest.skip("the fused layer exists on the native path only")
     from specgen.decoding.cache import KVCache
-    from specgen.models.attention import native_attention, native_self_attention
+    from specgen.models.attention import native_self_attention
     from specgen.models.rope import rotate, rotation
 
     g = torch.Generator().manual_seed(3)
@@ -216,6 +216,6 @@ def test_the_fused_native_layer_equals_rotate_write_and_attend(backend, layout, 
     x = qkv.view(b, s, h + 2 * hkv, d).transpose(1, 2)
     qk = rotate(x[:, : h + hkv], rot)
     k, v = caches[1].write(0, qk[:, h:], x[:, h + hkv :])
-    want = native_attention(qk[:, :h], k, v, native_plan(mask, b, s, t, h, d, dtype=dtype))
+    want = invariant_attention(qk[:, :h], k, v, native_plan(mask, b, s, t, h, d, dtype=dtype))
     assert torch.equal(fused.view(b, s, h, d).transpose(1, 2), want)
     assert torch.equal(caches[0].k, caches[1].k) and torch.equal(caches[0].v, caches[1].v)

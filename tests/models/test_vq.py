@@ -157,7 +157,7 @@ def test_trainer_writes_fp16_checkpoint_and_resumes(tmp_path) -> None:
     assert doc["config"]["codebook_size"] == 32 and doc["grid_size"] == 8
     weights = load_file(str(tmp_path / "model.safetensors"))
     assert all(t.dtype == torch.float16 for t in weights.values())
-    VQModel(VQConfig.from_dict(doc["config"])).load_state_dict({k: v.float() for k, v in weights.items()})
+    VQModel(VQConfig(**doc["config"])).load_state_dict({k: v.float() for k, v in weights.items()})
     lines.clear()
     assert VQTrainer(cfg, tmp_path, lines.append).run()["step"] == 4  # resumed at the end: nothing left to train
     assert any("resumed at step 4/4" in line for line in lines)
