@@ -66,16 +66,12 @@ def options_of(cfg: ImageBenchConfig, entry: str) -> dict:
 
 
 MULO_ABLATIONS = {"mulo-sd@raster": {"rejection": "raster"}, "mulo-sd@no-expand": {"radius": 0}}
-# the sweeps the papers plot: (file name stem, the rows drawn with the swept ones), the names they always had
+# the sweeps the papers plot: (file name stem, the rows drawn with the swept ones), the names they always had; another
+# sweep `S` (rows `S=<v>`) is drawn as `S-pareto` with `ar`, `lantern` and the row it varies (`eagle2@top_k` varies
+# eagle2; `vvs@u`, a tagged row's sweep, varies vvs@u)
 PLOTS = {"mulo-sd@tau": ("mulo-sd-pareto", ("ar", "lantern", "mulo-sd")),
          "vvs@i": ("vvs-u-pareto", ("ar", "lantern", "vvs@u")),
          "vvs@thr": ("vvs-d-pareto", ("ar", "lantern", "vvs@d"))}
-
-
-def plot_of(sweep: str) -> tuple[str, tuple]:
-    """The plot of sweep `S` (rows `S=<v>`): a known one, else `S-pareto` with `ar`, `lantern` and the swept row."""
-    base = sweep.partition("@")[0]  # `eagle2@top_k` varies eagle2; `vvs@u` (a tagged row's sweep) varies vvs@u
-    return PLOTS.get(sweep) or (sweep.replace("@", "-") + "-pareto", ("ar", "lantern", base, sweep))
 
 
 def with_extra_rows(cfg: ImageBenchConfig) -> ImageBenchConfig:
@@ -233,7 +229,8 @@ def write_outputs(rows: list[dict], pixels: dict, out_dir: Path) -> list[Path]:
         pts = [r for r in rows if r["temperature"] == t]
         paths.append(plots.speed_quality_plot(pts, y=y, path=free_path(out_dir / f"speed-quality-T{t:g}.png")))
         for sweep in swept_groups(p["method"] for p in pts):  # Pareto fronts of speed vs quality, one per sweep
-            stem, reference = plot_of(sweep)
+            stem, reference = PLOTS.get(sweep) or (sweep.replace("@", "-") + "-pareto",
+                                                   ("ar", "lantern", sweep.partition("@")[0], sweep))
             group = [p for p in pts if p["method"] in reference or p["method"].startswith(f"{sweep}=")]
             if len(group) > 1:
                 paths.append(plots.speed_quality_plot(group, y=y, path=free_path(out_dir / f"{stem}-T{t:g}.png"),

@@ -33,9 +33,6 @@ class Shard:
     def label(self) -> str:
         return f"{self.index}-of-{self.count}"
 
-    def owns(self, position: int) -> bool:
-        return position % self.count == self.index
-
 
 def parse_shard(text: str) -> Shard:
     """'I/N' (0 <= I < N, the Slurm array form `$SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT`) -> Shard."""
@@ -254,7 +251,7 @@ class Grid:
         return f"{self.prefix}b{batch}/{row}/{shard}"
 
     def mine(self, shard: Shard) -> list[int]:
-        return [i for i in range(self.n) if shard.owns(i)]
+        return list(range(shard.index, self.n, shard.count))
 
     def left(self, done: dict, shard: Shard) -> tuple[list[int], list[tuple[int, str]]]:
         """This shard's items without a record: batch-1 positions, and (batch size, row) pairs."""

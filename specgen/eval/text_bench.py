@@ -81,20 +81,16 @@ def is_peer(row: str) -> bool:
     return row_method(row) in PEERS
 
 
-def is_model_name(name: str) -> bool:
-    """Does `name` (`NAME+int8` allowed) name an installed, built-in or folder model? Nothing is materialised."""
-    base = name.split("+")[0]
-    if registry.installed_meta(base) is not None:
-        return True
-    kind, _, bare = base.rpartition("/")
-    return bare in BUILTINS and kind in ("", BUILTINS[bare].kind)
-
-
 def row_model(row: str) -> str | None:
-    """The model an `method@NAME` row names (`ar@` rows always; others when NAME is a registry model), or None:
-    a variant row (`method@tag`, `method:tag`) or a plain method."""
+    """The model an `method@NAME` row names (`ar@` rows always; others when NAME, `NAME+int8` allowed, is an
+    installed, built-in or folder model: nothing is materialised), or None: a variant row or a plain method."""
     method, at, tag = row.partition("@")
-    return tag if at and (method == "ar" or is_model_name(tag)) else None
+    if method == "ar" or not at:
+        return tag if at else None
+    base = tag.split("+")[0]
+    kind, _, bare = base.rpartition("/")
+    named = registry.installed_meta(base) is not None or (bare in BUILTINS and kind in ("", BUILTINS[bare].kind))
+    return tag if named else None
 
 
 def row_options(row: str, cfg: TextBenchConfig) -> dict:
@@ -210,8 +206,7 @@ SOURCES: dict[str, Callable[[TextBenchConfig], list[Item]]] = {"humaneval": huma
 
 
 def items_of(cfg: TextBenchConfig) -> list[Item]:
-    """The run's prompts (`SOURCES[cfg.suite]`, a suite the CLI checked; `limit` of them from `offset`); none is
-    refused."""
+    """The run's prompts (`SOURCES[cfg.suite]`; `limit` of them from `offset`); none is refused."""
     items = SOURCES[cfg.suite](cfg)
     if not items:
         raise UsageError(f"no {cfg.suite} prompts at offset {cfg.offset}")
@@ -284,8 +279,7 @@ def peers_of(order: list[str], cfg: TextBenchConfig, original: TextModel) -> tup
         setup = PeerSetup(m, original, row_options(m, cfg), cfg.max_new_tokens, original.tokenizer.stop_ids,
                           torch.get_num_threads(), cfg.device)
         kind = PEERS[row_method(m)]
-        reason = kind.unavailable(setup)
-        if reason:
+        if reason := kind.unavailable(setup):
             skipped[m] = reason
         else:
             built[m] = kind(setup)
@@ -323,9 +317,9 @@ def measure(model: TextModel, p: Plan, sink, shard: Shard = Shard(), on_item=lam
     cost = cost_of(model.module)  # c(B) of batched rows, c(N) of the efficiency of speculative rows
     streamed = {m: streamed_bytes(peers[m].module if m in peers else models[p.meta[m]["model"]].module)
                 for m in work.rows if m not in peers or peers[m].module is not None}  # weights one forward reads
-    sink.write_machine(shard, {"machine": machine(), "versions": versions(),
-                               "cost_rows": list(cost.rows), "cost": list(cost.cost), "skipped": skipped,
-                               "streamed_bytes": streamed, "bandwidth_gbs": copy_bandwidth(device=next(model.module.parameters()).device)})
+    sink.write_machine(shard, {"machine": machine(), "versions": versions(), "cost_rows": list(cost.rows),
+                               "cost": list(cost.cost), "skipped": skipped, "streamed_bytes": streamed,
+                               "bandwidth_gbs": copy_bandwidth(device=next(model.module.parameters()).device)})
 
     def decode(m: str, qs: list[list[int]], b: int) -> tuple[list[Run], float]:
         if m in peers:
