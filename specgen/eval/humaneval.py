@@ -27,11 +27,7 @@ _PYTHON_TAGS = {"python", "python3", "py", "py3"}
 def _code_block(completion: str) -> str:
     """The first ```python block (an unclosed fence runs to the end), else the first bare block, else the text."""
     blocks = [(m.group(1).lower(), m.group(2)) for m in _FENCE.finditer(completion)]
-    for tags in (_PYTHON_TAGS, {""}):
-        for tag, body in blocks:
-            if tag in tags:
-                return body
-    return completion
+    return next((body for tags in (_PYTHON_TAGS, {""}) for tag, body in blocks if tag in tags), completion)
 
 
 def extract_code(completion: str, problem: Problem) -> str:

@@ -135,10 +135,9 @@ def variants(cfg: MeshBenchConfig) -> list[Variant]:
     twice = next((x for x in labels if labels.count(x) > 1), None)
     if twice is not None:
         raise UsageError(f"row {twice!r} is given twice; rows: {', '.join(labels)}")
-    unknown = sorted(set(cfg.dtypes) - set(labels))
-    if unknown:
-        raise UsageError(f"dtypes.{unknown[0]}: no such row; rows: {', '.join(labels)}")
     for row, d in {"": cfg.dtype, **cfg.dtypes}.items():
+        if row and row not in labels:
+            raise UsageError(f"dtypes.{row}: no such row; rows: {', '.join(labels)}")
         check_row_precision(row, d, cfg.device)
     return out
 

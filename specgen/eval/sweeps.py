@@ -52,14 +52,10 @@ class SweptRow:
     options: dict
 
 
-def sweeps_of(spec: Any) -> list[Sweep]:
-    """The `sweep` recipe key as Sweeps: `{row: {option: [values]}}` or flat `{"row.option": [values]}`.
-
-    A key naming no option, a value that is not a non-empty list of scalars: one-line usage errors."""
-    if not spec:
-        return []
-    if not isinstance(spec, dict):
-        raise UsageError(f"sweep must map rows to {{option: [values]}}, e.g. sweep.mulo-sd.tau=[1e-3,1e-2]; got {spec!r}")
+def sweeps_of(spec: dict) -> list[Sweep]:
+    """The `sweep` recipe key (a mapping: its config field's type) as Sweeps: `{row: {option: [values]}}` or flat
+    `{"row.option": [values]}`. A key naming no option, a value that is not a non-empty list of scalars: one-line
+    usage errors."""
     out = []
     for key, sub in spec.items():
         if isinstance(sub, dict):

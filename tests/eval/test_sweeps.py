@@ -51,12 +51,19 @@ def test_row_names(sweep, value, name):
     ({"mulo-sd": {"tau": 0.1}}, "sweep.mulo-sd.tau must be a list of values"),
     ({"mulo-sd": {"tau": [[0.1]]}}, "must be a number, string or boolean"),
     ({"mulo-sd": [0.1]}, "sweep.mulo-sd names no option"),
-    ([1, 2], "sweep must map rows"),
 ])
 def test_bad_sweep_specs_are_one_line(spec, needle):
     with pytest.raises(UsageError, match=None) as e:
         sweeps_of(spec)
     assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_sweep_that_is_no_mapping_is_refused_by_the_config():
+    from specgen.config import load_config
+    from specgen.eval.text_bench import TextBenchConfig
+
+    with pytest.raises(UsageError, match="sweep=.1,2.': a list where a mapping is expected"):
+        load_config(TextBenchConfig, overrides=["sweep=[1,2]"])
 
 
 def test_expand_refuses_unknown_rows_bad_options_and_clashing_names():
