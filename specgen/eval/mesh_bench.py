@@ -111,10 +111,10 @@ def variants(cfg: MeshBenchConfig) -> list[Variant]:
             raise UsageError(f"{whose} {unknown[0]!r}; its options: {', '.join(allowed)}")
 
     check("options", bare)
+    per_row = merged_table(cfg.row_options, rows_options, "row_options")  # refuses an entry that is no mapping
     for name, table in (("row_options", cfg.row_options), ("options", rows_options)):
         for r, o in table.items():
-            check(f"{name}.{r}", o or {})
-    per_row = merged_table(cfg.row_options, rows_options, "row_options")
+            check(f"{name}.{r}", o)
     common = {"num_heads": cfg.num_heads, "delta": cfg.delta, **bare}
 
     def options_of(row: str, over: dict | None = None) -> object:
