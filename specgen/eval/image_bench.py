@@ -220,9 +220,8 @@ def write_outputs(rows: list[dict], pixels: dict, out_dir: Path) -> list[Path]:
     paths = []
     for (m, t), px in pixels.items():
         path = out_dir / f"{m}-T{t:g}-grid.png"
-        grid = plots.image_grid(px, nrow=min(8, len(px)))
         tmp = path.with_name(f".{path.name}.tmp")
-        grid.save(tmp, format="PNG")
+        plots.image_grid(px, nrow=8).save(tmp, format="PNG")
         paths.append(link_into_place(tmp, path))
     y = "clf_fid" if all(r.get("clf_fid") is not None for r in rows) else "nll"
     for t in sorted({r["temperature"] for r in rows}):

@@ -101,7 +101,6 @@ class RunDir:
 
     def __init__(self, path: Path, suite: str, config: dict) -> None:
         self.path, self.suite, self.config = Path(path), suite, json_ready(config)
-        self.locked: set[str] = set()  # labels of the shards whose lock this object holds
 
     # -- opening -------------------------------------------------------------------------------------------
     @classmethod
@@ -160,26 +159,11 @@ class RunDir:
         atomic_write_text(self.path / f"machine-{shard.label}.json", json.dumps(json_ready(info), indent=1) + "\n")
 
     def start_shard(self, shard: Shard) -> None:
-        """Take the shard's lock (held until this RunDir is dropped or the process ends), then cut a torn last line
-        off its record file, so the next append starts on a line of its own."""
-        self.lock(shard)
-        file = self.path / f"records-{shard.label}.jsonl"
-        if not file.exists():
-            return
-        good = 0
-        for good, _ in read_lines(file):
-            pass
-        if good < file.stat().st_size:
-            with open(file, "r+b") as f:
-                f.truncate(good)
-
-    def lock(self, shard: Shard) -> None:
-        """An exclusive flock on shard-<label>.lock, or a one-line refusal naming the process holding it. The kernel
-        drops the lock when its holder dies, so a lock file left by a killed run holds nothing."""
-        if shard.label in self.locked:
-            return
-        file = self.path / f"shard-{shard.label}.lock"
-        fd = os.open(file, os.O_RDWR | os.O_CREAT, 0o666)
+        """Take the shard's lock, an exclusive flock on shard-<label>.lock held until this RunDir is dropped or the
+        process ends, or refuse in one line naming the process holding it (the kernel drops the lock when its holder
+        dies, so a lock file left by a killed run holds nothing); then cut a torn last line off its record file, so
+        the next append starts on a line of its own."""
+        fd = os.open(self.path / f"shard-{shard.label}.lock", os.O_RDWR | os.O_CREAT, 0o666)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -190,8 +174,11 @@ class RunDir:
                              "twice)") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self.locked.add(shard.label)
         weakref.finalize(self, os.close, fd)
+        file = self.path / f"records-{shard.label}.jsonl"
+        good = max((end for end, _ in read_lines(file)), default=0) if file.exists() else 0
+        if file.exists() and good < file.stat().st_size:
+            os.truncate(file, good)
 
     def append(self, shard: Shard, record: dict) -> None:
         """One record as one line, one write, flushed to disk before the next item starts."""

@@ -96,7 +96,7 @@ def row_model(row: str) -> str | None:
 def row_options(row: str, cfg: TextBenchConfig) -> dict:
     """A row's method options: the method's own, updated by the variant row's."""
     base, table = row_method(row), options_table(cfg)
-    return {**table.get(base, {}), **(table.get(row, {}) if row != base else {})}
+    return {**table.get(base, {}), **table.get(row, {})}
 
 
 def with_sweeps(cfg: TextBenchConfig) -> TextBenchConfig:
