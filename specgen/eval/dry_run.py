@@ -146,9 +146,8 @@ def check_recipe(path: Path, overrides: list[str] | None = None) -> list[dict]:
             roles.setdefault(name, role)
     rows += [check_entry(role, name, hints, comments) for name, role in roles.items()]
     checked = {n.rpartition("/")[2] for n in roles}
-    for name in hints:  # the header's other prerequisites (e.g. the VQ an image GPT is imported with)
-        if name not in checked:
-            rows.append(check_entry("imported", name, hints, comments))
+    # the header's other prerequisites (e.g. the VQ an image GPT is imported with)
+    rows += [check_entry("imported", name, hints, comments) for name in hints if name not in checked]
     for role, value in ((key, getattr(cfg, key)) for key in KINDS[kind].files):
         if value in ("", BUILTIN_PROMPTS):
             continue

@@ -105,15 +105,12 @@ class HfAssisted(OneAtATime, HfGenerate):
         self.draft = to_hf(draft.module)
 
     def kwargs(self) -> dict:
-        extra = {k: v for k, v in self.options.items() if k != "draft"}
-        return {"assistant_model": self.draft, **extra}
+        return {"assistant_model": self.draft, **{k: v for k, v in self.options.items() if k != "draft"}}
 
 
 class HfCompiled(OneAtATime, HfGenerate):
     """`hf-compiled`: the static-graph path transformers documents: a StaticCache and one one-token forward under
-    `torch.compile(mode="reduce-overhead")` (CUDA graphs on a GPU) in a greedy loop, one sequence at a time. The cache
-    holds the prompt and new tokens rounded up to CACHE_SLOTS, so prompts of similar length share one compile (the
-    benchmark's warm-up run pays the first)."""
+    `torch.compile(mode="reduce-overhead")` (CUDA graphs on a GPU) in a greedy loop, one sequence at a time."""
 
     CACHE_SLOTS = 512
 
@@ -123,7 +120,8 @@ class HfCompiled(OneAtATime, HfGenerate):
 
     @classmethod
     def slots(cls, tokens: int) -> int:
-        """The cache slots for `tokens` (prompt + new + 1): rounded up to CACHE_SLOTS, one compile for many prompts."""
+        """The cache slots for `tokens` (prompt + new + 1), rounded up to CACHE_SLOTS: prompts of similar length share
+        one compile (the benchmark's warm-up run pays the first)."""
         return -(-tokens // cls.CACHE_SLOTS) * cls.CACHE_SLOTS
 
     def run(self, prompt: list[int]) -> Run:

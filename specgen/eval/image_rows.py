@@ -45,10 +45,6 @@ class Image:
     correct: bool | None = None
     png: str = ""
 
-    @classmethod
-    def of(cls, d: dict) -> "Image":
-        return cls(**{**d, "stats": DecodeStats(**d["stats"])})
-
 
 def method_of(entry: str) -> str:
     """The method of a benchmark entry `method[@tag]`."""
@@ -58,7 +54,7 @@ def method_of(entry: str) -> str:
 def collect(records: dict[str, dict], grid: Grid, batch: int) -> tuple[dict[str, list[Image]], dict | None]:
     """(method -> images in index order, method -> shard -> wall; None at batch 1) of one batch size."""
     runs, walls = grid.runs(records, batch)
-    return {m: [Image.of(x) for x in rs] for m, rs in runs.items()}, walls
+    return {m: [Image(**{**x, "stats": DecodeStats(**x["stats"])}) for x in rs] for m, rs in runs.items()}, walls
 
 
 def summarise(method: str, temp: float, rs: list[Image], ar: list[Image], names: dict, dtype: str) -> dict:

@@ -205,14 +205,6 @@ def file_items(cfg: TextBenchConfig) -> list[Item]:
 SOURCES: dict[str, Callable[[TextBenchConfig], list[Item]]] = {"humaneval": humaneval_items, "text": file_items}
 
 
-def items_of(cfg: TextBenchConfig) -> list[Item]:
-    """The run's prompts (`SOURCES[cfg.suite]`; `limit` of them from `offset`); none is refused."""
-    items = SOURCES[cfg.suite](cfg)
-    if not items:
-        raise UsageError(f"no {cfg.suite} prompts at offset {cfg.offset}")
-    return items
-
-
 def check_prompts_fit(p: Plan, progress=None) -> None:
     """Refuse a prompt that leaves no room for max_new_tokens in the model's context, from its registry entry's
     config and tokenizer files: before any weights load."""
@@ -242,15 +234,15 @@ def plan(cfg: TextBenchConfig) -> Plan:
     """The run's rows and prompts without loading a model; a bad row or prompt set is refused."""
     cfg = with_sweeps(cfg)
     rows = check_methods(cfg)
-    order = list(cfg.methods)
-    for m in cfg.methods:
-        name = decoded_model(m, cfg)
-        if name != cfg.model and f"ar@{name}" not in order:
-            order.append(f"ar@{name}")
+    others = (decoded_model(m, cfg) for m in cfg.methods)
+    order = list(dict.fromkeys([*cfg.methods, *(f"ar@{name}" for name in others if name != cfg.model)]))
     meta = {m: {"model": decoded_model(m, cfg),
                 "lossless": PEERS[row_method(m)].lossless if is_peer(m) else get_method(row_method(m)).lossless}
             for m in order}
-    return Plan(cfg, rows, order, meta, items_of(cfg))
+    items = SOURCES[cfg.suite](cfg)  # `limit` of the suite's prompts from `offset`
+    if not items:
+        raise UsageError(f"no {cfg.suite} prompts at offset {cfg.offset}")
+    return Plan(cfg, rows, order, meta, items)
 
 
 def grid(p: Plan, skipped=()) -> Grid:
