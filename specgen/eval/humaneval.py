@@ -88,14 +88,13 @@ def _passes(program: str, timeout: float) -> bool:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
-            start_new_session=os.name == "posix",
+            start_new_session=True,  # (posix: the benchmark's run folders lock with fcntl)
         )
         try:
             out, _ = proc.communicate(timeout=timeout + 0.5)  # a little for interpreter start-up
         except subprocess.TimeoutExpired:
-            if os.name == "posix":
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)  # the program's own children too
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # the program's own children too
             proc.kill()
             proc.communicate()
             return False

@@ -116,19 +116,26 @@ class RunDir:
         path.mkdir(exist_ok=True)
         run = cls(path, suite, config)
         doc = {"format": FORMAT, "suite": suite, "config": run.config}
-        if not write_new(path / "run.json", json.dumps(doc, indent=1, sort_keys=True) + "\n"):
-            run.check_same(cls.read_doc(path))
+        if write_new(path / "run.json", json.dumps(doc, indent=1, sort_keys=True) + "\n"):
+            return run
+        started = cls.existing(path)
+        if started.suite != suite:
+            raise UsageError(f"--run-dir {path} holds a {started.suite} run, not {suite}; name another folder")
+        old, new = flatten(started.config), flatten(run.config)
+        # a key added to the config since the run started, left empty (e.g. `sweep: {}`), changes nothing
+        added = {k for k in new.keys() - old.keys() if new[k] in ({}, [])}
+        changed = sorted(k for k in old.keys() | new.keys() - added if old.get(k, "<unset>") != new.get(k, "<unset>"))
+        if changed:
+            shown = ", ".join(f"{k} ({old.get(k, '<unset>')!r} -> {new.get(k, '<unset>')!r})" for k in changed[:4])
+            more = f" and {len(changed) - 4} more" if len(changed) > 4 else ""
+            raise UsageError(f"--run-dir {path} was started with another config: {shown}{more}; rerun with "
+                             "the same options to resume, or name a new folder")
         return run
 
     @classmethod
     def existing(cls, path: Path) -> "RunDir":
-        """An existing run folder as it is (for `benchmark report`)."""
-        doc = cls.read_doc(Path(path))
-        return cls(Path(path), doc["suite"], doc["config"])
-
-    @staticmethod
-    def read_doc(path: Path) -> dict:
-        file = path / "run.json"
+        """An existing run folder as it is (for `benchmark report`, and to compare a resumed run with)."""
+        file = Path(path) / "run.json"
         if not file.is_file():
             raise UsageError(f"{path} is not a benchmark run folder (no run.json); "
                              "make one with `specgen benchmark --run-dir DIR ...`")
@@ -138,21 +145,7 @@ class RunDir:
             raise UsageError(f"{file} is unreadable ({type(e).__name__}); it is not a specgen run file") from None
         if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(doc.get("config"), dict):
             raise UsageError(f"{file} is not a specgen run file of format {FORMAT}")
-        return doc
-
-    def check_same(self, doc: dict) -> None:
-        if doc.get("suite") != self.suite:
-            raise UsageError(f"--run-dir {self.path} holds a {doc.get('suite')} run, not {self.suite}; "
-                             "name another folder")
-        old, new = flatten(doc["config"]), flatten(self.config)
-        # a key added to the config since the run started, left empty (e.g. `sweep: {}`), changes nothing
-        added = {k for k in new.keys() - old.keys() if new[k] in ({}, [])}
-        changed = sorted(k for k in old.keys() | new.keys() - added if old.get(k, "<unset>") != new.get(k, "<unset>"))
-        if changed:
-            shown = ", ".join(f"{k} ({old.get(k, '<unset>')!r} -> {new.get(k, '<unset>')!r})" for k in changed[:4])
-            more = f" and {len(changed) - 4} more" if len(changed) > 4 else ""
-            raise UsageError(f"--run-dir {self.path} was started with another config: {shown}{more}; rerun with "
-                             "the same options to resume, or name a new folder")
+        return cls(Path(path), doc.get("suite"), doc["config"])
 
     # -- writing -------------------------------------------------------------------------------------------
     def write_machine(self, shard: Shard, info: dict) -> None:
