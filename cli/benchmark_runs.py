@@ -269,7 +269,5 @@ def roofline_note(sink) -> str:
     """The AR roofline of the run's first shard: its copy bandwidth / the bytes one AR forward streams."""
     info = next(iter(sink.machines().values()), {})
     bandwidth, ar = info.get("bandwidth_gbs"), (info.get("streamed_bytes") or {}).get("ar")
-    if not bandwidth or not ar:
-        return ""
     return (f"; AR roofline {bandwidth * 1e9 / ar:.0f} tokens/s = {bandwidth:.1f} GB/s copy bandwidth / "
-            f"{ar / 1e6:.1f} MB of weights per step")
+            f"{ar / 1e6:.1f} MB of weights per step") if bandwidth and ar else ""

@@ -122,10 +122,9 @@ def check_recipe(path: Path, overrides: list[str] | None = None) -> list[dict]:
     comments = header(path)
     kind = recipe_kind(raw, comments, overrides, path.name)
     cls = config_class(kind)
-    rows = [row("recipe", True, f"{path.name}: for `{KINDS[kind].command}` ({cls.__name__}"
-                + (f", suite {kind})" if kind in SUITE_PLANS else ")"))]
-    if kind in SUITE_PLANS:
-        rows.append(row("suite", True, kind))
+    suite = f", suite {kind}" if kind in SUITE_PLANS else ""
+    rows = [row("recipe", True, f"{path.name}: for `{KINDS[kind].command}` ({cls.__name__}{suite})"),
+            *([row("suite", True, kind)] if suite else [])]
     cfg = load_checked(cls, path, overrides, raw, rows)
     if cfg is None:
         return rows

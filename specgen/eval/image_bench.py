@@ -138,11 +138,9 @@ def image_record(im: ImageModel, cfg: ImageBenchConfig, sample, pixels: torch.Te
 
 def entry_models(im: ImageModel, cfg: ImageBenchConfig) -> dict[str, ImageModel]:
     """entry -> the model it decodes: `im`, or `im`'s checkpoints loaded once per other dtype in `dtypes`."""
-    by_dtype = {cfg.dtype: im}
-    for entry, dtype in cfg.dtypes.items():
-        if dtype not in by_dtype:
-            by_dtype[dtype] = load_image_model(cfg.model, cfg.drafter, cfg.device, dtype=dtype,
-                                               need_drafter=im.drafter_net is not None, graphs=cfg.graphs)
+    others = dict.fromkeys(d for d in cfg.dtypes.values() if d != cfg.dtype)
+    by_dtype = {cfg.dtype: im, **{d: load_image_model(cfg.model, cfg.drafter, cfg.device, dtype=d, graphs=cfg.graphs,
+                                                      need_drafter=im.drafter_net is not None) for d in others}}
     return {m: by_dtype[cfg.dtypes.get(m, cfg.dtype)] for m in cfg.methods}
 
 

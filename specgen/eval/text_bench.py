@@ -154,8 +154,7 @@ def base_nll(model: TextModel, prompt: list[int], tokens: list[int]) -> tuple[fl
 
 
 def check_methods(cfg: TextBenchConfig) -> dict[str, Row]:
-    """Refuse a bad row before any model loads; the specgen rows (sweeps included) with their methods parsed."""
-    cfg = with_sweeps(cfg)
+    """Refuse a bad row of `cfg` (`with_sweeps` expanded) before any model loads; its specgen rows, methods parsed."""
     rows = {}
     for m in cfg.methods:
         if is_peer(m):
@@ -253,13 +252,10 @@ def grid(p: Plan, skipped=()) -> Grid:
 def with_quality(runs: dict[str, Run], prompt: list[int], problem, original: TextModel | None,
                  cfg: TextBenchConfig) -> dict[str, Run]:
     """Each run with the original model's NLL of its tokens and, for a HumanEval problem, whether it passes."""
-    out = {}
-    for m, r in runs.items():
-        nll, count = base_nll(original, prompt, r.tokens) if cfg.nll else (None, 0)
-        out[m] = replace(r, nll_sum=nll, nll_count=count)
+    nll = {m: base_nll(original, prompt, r.tokens) if cfg.nll else (None, 0) for m, r in runs.items()}
+    out = {m: replace(r, nll_sum=nll[m][0], nll_count=nll[m][1]) for m, r in runs.items()}
     if cfg.execute and problem is not None:
-        completions = [original.tokenizer.decode(r.tokens) for r in out.values()]
-        passed = check_completions([problem] * len(out), completions)
+        passed = check_completions([problem] * len(out), [original.tokenizer.decode(r.tokens) for r in out.values()])
         out = {m: replace(r, passed=ok) for (m, r), ok in zip(out.items(), passed)}
     return out
 

@@ -167,7 +167,7 @@ def test_text_sweep_rows_carry_the_base_rows_options_and_target():
     assert decoded_model("ngram:pc@num_draft=16", full) == "smollm2-135m-pcllm"
     assert decoded_model("ngram@num_draft=2", full) == "smollm2-135m"
     assert with_sweeps(full) == full  # expanding twice changes nothing
-    check_methods(cfg)
+    check_methods(full)
 
 
 def test_text_method_options_is_the_older_name_of_options():
@@ -186,10 +186,10 @@ def test_text_method_options_is_the_older_name_of_options():
     ({"ngram": {"num_drafts": [1]}}, "sweep.ngram.num_drafts: method ngram has no option 'num_drafts'"),
 ])
 def test_text_bad_sweeps_are_refused(sweep, needle):
-    from specgen.eval.text_bench import TextBenchConfig, check_methods
+    from specgen.eval.text_bench import TextBenchConfig, plan
 
     with pytest.raises(UsageError) as e:
-        check_methods(TextBenchConfig(methods=["ar", "ngram", "hf"], sweep=sweep))
+        plan(TextBenchConfig(methods=["ar", "ngram", "hf"], sweep=sweep))
     assert needle in str(e.value)
 
 
