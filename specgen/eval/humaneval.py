@@ -88,7 +88,7 @@ def _passes(program: str, timeout: float) -> bool:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
-            start_new_session=True,  # (posix: the benchmark's run folders lock with fcntl)
+            start_new_session=True,  # a process group of its own, killed whole on a timeout
         )
         try:
             out, _ = proc.communicate(timeout=timeout + 0.5)  # a little for interpreter start-up

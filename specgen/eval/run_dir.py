@@ -169,9 +169,8 @@ class RunDir:
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         weakref.finalize(self, os.close, fd)
         file = self.path / f"records-{shard.label}.jsonl"
-        good = max((end for end, _ in read_lines(file)), default=0) if file.exists() else 0
-        if file.exists() and good < file.stat().st_size:
-            os.truncate(file, good)
+        if file.exists():  # to the end of its last whole line: a file without a torn tail keeps its length
+            os.truncate(file, max((end for end, _ in read_lines(file)), default=0))
 
     def append(self, shard: Shard, record: dict) -> None:
         """One record as one line, one write, flushed to disk before the next item starts."""
