@@ -116,7 +116,10 @@ def benchmark(
     if suite not in SUITES:
         raise UnknownNameError("suite", suite, list(SUITES))
     if batch_size is not None:  # every suite reads its batch sizes from its config
-        overrides = [*(overrides or []), f"batch_sizes=[{','.join(map(str, parse_batch_sizes(batch_size)))}]"]
+        sizes = [x.strip() for x in batch_size.split(",") if x.strip()]
+        if not sizes or not all(x.isdecimal() and int(x) >= 1 for x in sizes):
+            raise UsageError(f"--batch-size takes comma-separated integers >= 1, got {batch_size!r}")
+        overrides = [*(overrides or []), f"batch_sizes=[{','.join(str(int(x)) for x in sizes)}]"]
     explicit = dict(suite=suite, model=model, threads=threads, seed=seed, device=device, dtype=dtype, graphs=graphs)
     given = dict(methods=names, limit=limit, offset=offset, max_new_tokens=max_new_tokens, quantize=quantize,
                  prompts=prompts, prompt_field=prompt_field, category_field=category_field)
@@ -128,14 +131,3 @@ def benchmark(
     if run_dir is not None and (prompts or recipe_key(config, overrides, "prompts")) == "-":
         raise UsageError("--prompts - (stdin) cannot be read again to resume or report a --run-dir: give a file")
     benchmark_runs.run(suite, config, list(overrides or []), explicit, run_dir, shard, fmt, out, append, quiet)
-
-
-def parse_batch_sizes(text: str) -> list[int]:
-    """'1,4,16' -> [1, 4, 16]."""
-    try:
-        sizes = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise UsageError(f"--batch-size takes comma-separated integers >= 1, got {text!r}") from None
-    if not sizes or min(sizes) < 1:
-        raise UsageError(f"--batch-size takes comma-separated integers >= 1, got {text!r}")
-    return sizes

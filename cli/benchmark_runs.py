@@ -171,8 +171,8 @@ def run(name: str, path: Path | None, overrides: list[str], explicit: dict, run_
             torch.set_num_threads(cfg.threads)
         sink.start_shard(this)  # the shard's lock (one writer per shard) and a torn last record cut off
         with _output.progress(f"benchmark {cfg.suite}", steps, quiet or fmt == Format.json) as advance:
-            # the machine label is read once the run has set its threads
-            suite.measure(p, sink, this, advance, lambda: machine_label(cfg.device), quiet)
+            # the machine label (it changes what a multi-token verify costs) is read once the run has set its threads
+            suite.measure(p, sink, this, advance, lambda: label(machine_facts(cfg.device), cfg.device), quiet)
     rows = merged_rows(sink, lambda s: suite.finish(p, s, quiet), this, launched, quiet)
     if rows is not None:
         show(suite, rows, p, sink, fmt, out, append)
@@ -259,22 +259,15 @@ def merged_rows(sink, rows_of, shard: Shard, launched: bool, quiet: bool) -> lis
 
 
 def machine_of(sink) -> str:
-    """The machine label of the shards that measured a run (one label when they agree)."""
+    """The machine label of the shards that measured a run (one label when they agree), else this machine's: where
+    and how a benchmark ran, printed with every table and stored in every row (`specgen env`'s facts)."""
     labels = sorted({info.get("machine") or "?" for info in sink.machines().values()})
-    return "; ".join(labels) or machine_label()
-
-
-def machine_label(device: str | None = None) -> str:
-    """Where and how a benchmark ran, printed with every table and stored in every row (they change what a
-    multi-token verify costs): `specgen.machine.label` of the facts `specgen env` shows."""
-    return label(machine_facts(device), device)
+    return "; ".join(labels) or label(machine_facts())
 
 
 def roofline_note(sink) -> str:
     """The AR roofline of the run's first shard: its copy bandwidth / the bytes one AR forward streams."""
     info = next(iter(sink.machines().values()), {})
     bandwidth, ar = info.get("bandwidth_gbs"), (info.get("streamed_bytes") or {}).get("ar")
-    if not bandwidth or not ar:
-        return ""
     return (f"; AR roofline {bandwidth * 1e9 / ar:.0f} tokens/s = {bandwidth:.1f} GB/s copy bandwidth / "
-            f"{ar / 1e6:.1f} MB of weights per step")
+            f"{ar / 1e6:.1f} MB of weights per step") if bandwidth and ar else ""

@@ -103,11 +103,8 @@ def recipe_kind(doc: dict, comments: str, overrides: list[str], file_name: str =
         for marker, kind in MARKERS:
             if marker in line + " ":
                 return kind
-    keys = set(doc)
-    fits = []
-    for kind in KINDS:
-        if kind in SUITE_PLANS:
-            continue
+    keys, fits = set(doc), []
+    for kind in (k for k in KINDS if k not in SUITE_PLANS):
         fields = {f.name for f in dataclasses.fields(config_class(kind))}
         fits.append((len(keys & fields) - len(keys - fields), kind))
     fits.sort(key=lambda f: -f[0])
@@ -125,11 +122,9 @@ def check_recipe(path: Path, overrides: list[str] | None = None) -> list[dict]:
     comments = header(path)
     kind = recipe_kind(raw, comments, overrides, path.name)
     cls = config_class(kind)
-    command = KINDS[kind].command
-    rows = [row("recipe", True, f"{path.name}: for `{command}` ({cls.__name__}"
-                + (f", suite {kind})" if kind in SUITE_PLANS else ")"))]
-    if kind in SUITE_PLANS:
-        rows.append(row("suite", True, kind))
+    suite = f", suite {kind}" if kind in SUITE_PLANS else ""
+    rows = [row("recipe", True, f"{path.name}: for `{KINDS[kind].command}` ({cls.__name__}{suite})"),
+            *([row("suite", True, kind)] if suite else [])]
     cfg = load_checked(cls, path, overrides, raw, rows)
     if cfg is None:
         return rows
@@ -140,20 +135,25 @@ def check_recipe(path: Path, overrides: list[str] | None = None) -> list[dict]:
         except (SpecgenError, TypeError, ValueError) as e:  # the rows' entries cannot be told: nothing more to check
             return rows + [row("rows", False, str(e).splitlines()[0])]
         rows += method_rows
-    hints = import_hints(comments)
+    # registry name -> the `specgen registry import ...` command the recipe's header gives for it (the first wins)
+    hints = {m.group("name"): " ".join(m.group(0).split()) for m in reversed([*IMPORT_RE.finditer(comments)])}
+    vq_of = KINDS[kind].vq_of  # an installed image target records the VQ entry it was imported with (its `--vq`)
+    vq = str(((vq_of and registry.installed_meta(getattr(cfg, vq_of))) or {}).get("vq") or "")
     roles: dict[str, str] = {}  # registry name -> the role it is first read in (empty names left out)
-    for role, name in [*names, ("vq", image_vq(kind, cfg))]:
+    for role, name in [*names, ("vq", vq)]:
         if name:
             roles.setdefault(name, role)
     rows += [check_entry(role, name, hints, comments) for name, role in roles.items()]
     checked = {n.rpartition("/")[2] for n in roles}
-    for name in hints:  # the header's other prerequisites (e.g. the VQ an image GPT is imported with)
-        if name not in checked:
-            rows.append(check_entry("imported", name, hints, comments))
-    for role, value in file_names(kind, cfg):
+    # the header's other prerequisites (e.g. the VQ an image GPT is imported with)
+    rows += [check_entry("imported", name, hints, comments) for name in hints if name not in checked]
+    for role, value in ((key, getattr(cfg, key)) for key in KINDS[kind].files):
+        if value in ("", BUILTIN_PROMPTS):
+            continue
         p = Path(value).expanduser()
-        rows.append(row(f"file {role}", p.exists(), f"{value}: {describe_path(p)}" if p.exists()
-                        else f"{value}: not found (it is made by an earlier step, or copied to the node)"))
+        held = (f"folder, {sum(1 for _ in p.iterdir())} entries" if p.is_dir() else f"file, {size(p.stat().st_size)}"
+                if p.exists() else "not found (it is made by an earlier step, or copied to the node)")
+        rows.append(row(f"file {role}", p.exists(), f"{value}: {held}"))
     return rows
 
 
@@ -178,19 +178,15 @@ def load_checked(cls: type, path: Path, overrides: list[str], raw: dict, rows: l
 
 
 def device_row(device: str, cls_name: str) -> dict:
-    """The device key: a GPU this machine lacks is fine (the recipe is for a GPU node), a malformed name is not."""
-    try:
-        parsed = None if device == "auto" else torch.device(device)
-    except (RuntimeError, ValueError):
-        return row("device", False, f"unknown device {device!r}; use cpu, cuda, cuda:N or mps")
-    if parsed is not None and parsed.type == "cuda" and not torch.cuda.is_available():
-        return row("device", True, f"{device}: no GPU on this machine; checked when the recipe runs on the node")
+    """The device key: a GPU this machine lacks (or has fewer of) is fine (the recipe is for a GPU node), a malformed
+    name is not."""
     try:
         check_device(device, allow_auto=cls_name in AUTO_DEVICE)
     except UsageError as e:
-        if parsed is not None and parsed.type == "cuda" and parsed.index is not None:
-            return row("device", True, f"{device}: {e}; checked when the recipe runs on the node")
-        return row("device", False, str(e))
+        if not re.fullmatch(r"cuda(:\d+)?", device):
+            return row("device", False, str(e))
+        why = e if torch.cuda.is_available() else "no GPU on this machine"
+        return row("device", True, f"{device}: {why}; checked when the recipe runs on the node")
     return row("device", True, device)
 
 
@@ -224,25 +220,6 @@ def mesh_plan(cfg: Any) -> tuple[Any, list[dict], list[tuple[str, str]]]:
 SUITE_PLANS = {"humaneval": text_plan, "text": text_plan, "images": image_plan, "meshes": mesh_plan}
 
 
-def file_names(kind: str, cfg: Any) -> list[tuple[str, str]]:
-    """(key, path) of the files and folders a recipe reads."""
-    return [(key, getattr(cfg, key)) for key in KINDS[kind].files if getattr(cfg, key) not in ("", BUILTIN_PROMPTS)]
-
-
-def import_hints(comments: str) -> dict[str, str]:
-    """Registry name -> the `specgen registry import ...` command the recipe's header gives for it."""
-    hints = {}
-    for m in IMPORT_RE.finditer(comments):
-        hints.setdefault(m.group("name"), " ".join(m.group(0).split()))
-    return hints
-
-
-def image_vq(kind: str, cfg: Any) -> str:
-    """The VQ entry an installed image target records (its `--vq` at import), or ""."""
-    key = KINDS[kind].vq_of
-    return str(((key and registry.installed_meta(getattr(cfg, key))) or {}).get("vq") or "")
-
-
 def check_entry(role: str, name: str, hints: dict[str, str], comments: str = "") -> dict:
     """Does `name` resolve in the registry, and do its weights fit its builder (headers only)? Nothing is
     materialised or loaded."""
@@ -261,16 +238,12 @@ def check_entry(role: str, name: str, hints: dict[str, str], comments: str = "")
     if bare in BUILTINS and base in (bare, f"{BUILTINS[bare].kind}/{bare}"):
         return row(check, True, f"{base}: built-in, materialised on first use{suffix}")
     how = hints.get(bare) or hints.get(base)
-    if how:
-        return row(check, False, f"{base}: not in the registry ({registry.checkpoints_dir()}); import it: `{how}`")
     said = next((line.strip() for line in comments.split("\n")
                  if re.search(rf"(^|[\s/(`]){re.escape(bare)}($|[\s)`,.;:])", line)), "")
-    if said:
-        return row(check, False, f"{base}: not in the registry ({registry.checkpoints_dir()}); the recipe's header: "
-                   f"{said}")
-    return row(check, False, f"{base}: not in the registry ({registry.checkpoints_dir()}); import it "
-               f"(`specgen registry import FILE --name {bare} ...`, docs/registry.md) or run the step that registers it "
-               "(see the recipe's header)")
+    advice = (f"import it: `{how}`" if how else f"the recipe's header: {said}" if said else
+              f"import it (`specgen registry import FILE --name {bare} ...`, docs/registry.md) or run the step that "
+              "registers it (see the recipe's header)")
+    return row(check, False, f"{base}: not in the registry ({registry.checkpoints_dir()}); {advice}")
 
 
 def check_weights(entry: registry.Entry) -> tuple[bool, str]:
@@ -312,9 +285,3 @@ def expected_shapes(meta: dict) -> dict[str, tuple[int, ...]] | None:
     except Exception:  # noqa: BLE001 - a builder that cannot run on the meta device
         return None
     return {k: tuple(v.shape) for k, v in module.state_dict().items()}
-
-
-def describe_path(p: Path) -> str:
-    if p.is_dir():
-        return f"folder, {sum(1 for _ in p.iterdir())} entries"
-    return f"file, {size(p.stat().st_size)}"

@@ -16,19 +16,6 @@ from specgen.models.tokenizer import tokenizer_hash
 from specgen.text.target import load_original, load_text_model
 
 
-def counted(hf_model, call) -> tuple[object, int, float]:
-    """(call's result, forwards of `hf_model` during it, seconds), forwards counted with a pre-forward hook."""
-    calls = [0]
-    handle = hf_model.register_forward_pre_hook(lambda *a: calls.__setitem__(0, calls[0] + 1))
-    t0 = now(hf_model.device)  # GPU clocks are read after the queued kernels finish
-    try:
-        with torch.inference_mode():
-            out = call()
-    finally:
-        handle.remove()
-    return out, calls[0], now(hf_model.device) - t0
-
-
 class HfGenerate:
     """`hf`: transformers' own greedy `generate`, so specgen's AR baseline is shown not to be artificially slow."""
 
@@ -48,16 +35,22 @@ class HfGenerate:
         return {}
 
     def generate(self, chunk: list[list[int]], **kwargs) -> tuple[list[list[int]], int, float]:
-        """Greedy `generate` of left-padded prompts: (each row's new tokens to its first stop, forwards, seconds)."""
-        stop, hf = self.setup.stop_ids, self.module
+        """Greedy `generate` of left-padded prompts: (each row's new tokens to its first stop, forwards, seconds),
+        forwards counted with a pre-forward hook."""
+        stop, hf, calls = self.setup.stop_ids, self.module, [0]
         pad, width = (stop[0] if stop else 0), max(map(len, chunk))
         ids = torch.tensor([[pad] * (width - len(p)) + p for p in chunk], device=hf.device)  # [b, width]
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk], device=hf.device)
-        out, forwards, seconds = counted(hf, lambda: hf.generate(
-            ids, attention_mask=mask, max_new_tokens=self.setup.max_new_tokens, do_sample=False,
-            eos_token_id=list(stop) or None, pad_token_id=pad, **kwargs))
-        rows = out[:, width:].tolist()
-        return [r[: next((i + 1 for i, t in enumerate(r) if t in stop), len(r))] for r in rows], forwards, seconds
+        handle = hf.register_forward_pre_hook(lambda *a: calls.__setitem__(0, calls[0] + 1))
+        t0 = now(hf.device)  # GPU clocks are read after the queued kernels finish
+        try:
+            with torch.inference_mode():
+                out = hf.generate(ids, attention_mask=mask, max_new_tokens=self.setup.max_new_tokens, do_sample=False,
+                                  eos_token_id=list(stop) or None, pad_token_id=pad, **kwargs)
+        finally:
+            handle.remove()
+        seconds, rows = now(hf.device) - t0, out[:, width:].tolist()
+        return [r[: next((i + 1 for i, t in enumerate(r) if t in stop), len(r))] for r in rows], calls[0], seconds
 
     def run(self, prompt: list[int]) -> Run:
         """One prompt; tokens past one per forward were accepted drafts (speculative rows)."""
@@ -99,10 +92,9 @@ class HfAssisted(OneAtATime, HfGenerate):
 
     @staticmethod
     def unavailable(setup: PeerSetup) -> str | None:
-        if HfAssisted.draft_name(setup):
-            return None
-        return (f"{setup.name} row skipped: no draft model is registered for {setup.original.entry.ref} (name a "
-                f"smaller text model with its tokenizer: options.{setup.name}.draft=NAME)")
+        return None if HfAssisted.draft_name(setup) else (
+            f"{setup.name} row skipped: no draft model is registered for {setup.original.entry.ref} (name a smaller "
+            f"text model with its tokenizer: options.{setup.name}.draft=NAME)")
 
     def __init__(self, setup: PeerSetup) -> None:
         super().__init__(setup)
@@ -113,15 +105,12 @@ class HfAssisted(OneAtATime, HfGenerate):
         self.draft = to_hf(draft.module)
 
     def kwargs(self) -> dict:
-        extra = {k: v for k, v in self.options.items() if k != "draft"}
-        return {"assistant_model": self.draft, **extra}
+        return {"assistant_model": self.draft, **{k: v for k, v in self.options.items() if k != "draft"}}
 
 
 class HfCompiled(OneAtATime, HfGenerate):
     """`hf-compiled`: the static-graph path transformers documents: a StaticCache and one one-token forward under
-    `torch.compile(mode="reduce-overhead")` (CUDA graphs on a GPU) in a greedy loop, one sequence at a time. The cache
-    holds the prompt and new tokens rounded up to CACHE_SLOTS, so prompts of similar length share one compile (the
-    benchmark's warm-up run pays the first)."""
+    `torch.compile(mode="reduce-overhead")` (CUDA graphs on a GPU) in a greedy loop, one sequence at a time."""
 
     CACHE_SLOTS = 512
 
@@ -131,7 +120,8 @@ class HfCompiled(OneAtATime, HfGenerate):
 
     @classmethod
     def slots(cls, tokens: int) -> int:
-        """The cache slots for `tokens` (prompt + new + 1): rounded up to CACHE_SLOTS, one compile for many prompts."""
+        """The cache slots for `tokens` (prompt + new + 1), rounded up to CACHE_SLOTS: prompts of similar length share
+        one compile (the benchmark's warm-up run pays the first)."""
         return -(-tokens // cls.CACHE_SLOTS) * cls.CACHE_SLOTS
 
     def run(self, prompt: list[int]) -> Run:

@@ -27,11 +27,7 @@ _PYTHON_TAGS = {"python", "python3", "py", "py3"}
 def _code_block(completion: str) -> str:
     """The first ```python block (an unclosed fence runs to the end), else the first bare block, else the text."""
     blocks = [(m.group(1).lower(), m.group(2)) for m in _FENCE.finditer(completion)]
-    for tags in (_PYTHON_TAGS, {""}):
-        for tag, body in blocks:
-            if tag in tags:
-                return body
-    return completion
+    return next((body for tags in (_PYTHON_TAGS, {""}) for tag, body in blocks if tag in tags), completion)
 
 
 def extract_code(completion: str, problem: Problem) -> str:
@@ -92,14 +88,13 @@ def _passes(program: str, timeout: float) -> bool:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
-            start_new_session=os.name == "posix",
+            start_new_session=True,  # a process group of its own, killed whole on a timeout
         )
         try:
             out, _ = proc.communicate(timeout=timeout + 0.5)  # a little for interpreter start-up
         except subprocess.TimeoutExpired:
-            if os.name == "posix":
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)  # the program's own children too
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # the program's own children too
             proc.kill()
             proc.communicate()
             return False

@@ -66,16 +66,12 @@ def options_of(cfg: ImageBenchConfig, entry: str) -> dict:
 
 
 MULO_ABLATIONS = {"mulo-sd@raster": {"rejection": "raster"}, "mulo-sd@no-expand": {"radius": 0}}
-# the sweeps the papers plot: (file name stem, the rows drawn with the swept ones), the names they always had
+# the sweeps the papers plot: (file name stem, the rows drawn with the swept ones), the names they always had; another
+# sweep `S` (rows `S=<v>`) is drawn as `S-pareto` with `ar`, `lantern` and the row it varies (`eagle2@top_k` varies
+# eagle2; `vvs@u`, a tagged row's sweep, varies vvs@u)
 PLOTS = {"mulo-sd@tau": ("mulo-sd-pareto", ("ar", "lantern", "mulo-sd")),
          "vvs@i": ("vvs-u-pareto", ("ar", "lantern", "vvs@u")),
          "vvs@thr": ("vvs-d-pareto", ("ar", "lantern", "vvs@d"))}
-
-
-def plot_of(sweep: str) -> tuple[str, tuple]:
-    """The plot of sweep `S` (rows `S=<v>`): a known one, else `S-pareto` with `ar`, `lantern` and the swept row."""
-    base = sweep.partition("@")[0]  # `eagle2@top_k` varies eagle2; `vvs@u` (a tagged row's sweep) varies vvs@u
-    return PLOTS.get(sweep) or (sweep.replace("@", "-") + "-pareto", ("ar", "lantern", base, sweep))
 
 
 def with_extra_rows(cfg: ImageBenchConfig) -> ImageBenchConfig:
@@ -142,11 +138,9 @@ def image_record(im: ImageModel, cfg: ImageBenchConfig, sample, pixels: torch.Te
 
 def entry_models(im: ImageModel, cfg: ImageBenchConfig) -> dict[str, ImageModel]:
     """entry -> the model it decodes: `im`, or `im`'s checkpoints loaded once per other dtype in `dtypes`."""
-    by_dtype = {cfg.dtype: im}
-    for entry, dtype in cfg.dtypes.items():
-        if dtype not in by_dtype:
-            by_dtype[dtype] = load_image_model(cfg.model, cfg.drafter, cfg.device, dtype=dtype,
-                                               need_drafter=im.drafter_net is not None, graphs=cfg.graphs)
+    others = dict.fromkeys(d for d in cfg.dtypes.values() if d != cfg.dtype)
+    by_dtype = {cfg.dtype: im, **{d: load_image_model(cfg.model, cfg.drafter, cfg.device, dtype=d, graphs=cfg.graphs,
+                                                      need_drafter=im.drafter_net is not None) for d in others}}
     return {m: by_dtype[cfg.dtypes.get(m, cfg.dtype)] for m in cfg.methods}
 
 
@@ -224,16 +218,16 @@ def write_outputs(rows: list[dict], pixels: dict, out_dir: Path) -> list[Path]:
     paths = []
     for (m, t), px in pixels.items():
         path = out_dir / f"{m}-T{t:g}-grid.png"
-        grid = plots.image_grid(px, nrow=min(8, len(px)))
         tmp = path.with_name(f".{path.name}.tmp")
-        grid.save(tmp, format="PNG")
+        plots.image_grid(px, nrow=8).save(tmp, format="PNG")
         paths.append(link_into_place(tmp, path))
     y = "clf_fid" if all(r.get("clf_fid") is not None for r in rows) else "nll"
     for t in sorted({r["temperature"] for r in rows}):
         pts = [r for r in rows if r["temperature"] == t]
         paths.append(plots.speed_quality_plot(pts, y=y, path=free_path(out_dir / f"speed-quality-T{t:g}.png")))
         for sweep in swept_groups(p["method"] for p in pts):  # Pareto fronts of speed vs quality, one per sweep
-            stem, reference = plot_of(sweep)
+            stem, reference = PLOTS.get(sweep) or (sweep.replace("@", "-") + "-pareto",
+                                                   ("ar", "lantern", sweep.partition("@")[0], sweep))
             group = [p for p in pts if p["method"] in reference or p["method"].startswith(f"{sweep}=")]
             if len(group) > 1:
                 paths.append(plots.speed_quality_plot(group, y=y, path=free_path(out_dir / f"{stem}-T{t:g}.png"),

@@ -7,7 +7,6 @@ from dataclasses import asdict
 
 import numpy as np
 import torch
-import torch.nn as nn
 from safetensors.torch import load_file, save_file
 
 from specgen.data.images import ImageCrops, ImageCropsConfig
@@ -18,15 +17,12 @@ from specgen.registry import home
 Array = torch.Tensor | np.ndarray
 
 
-def _as_f64(x: Array) -> np.ndarray:
-    return x.detach().cpu().double().numpy() if isinstance(x, torch.Tensor) else np.asarray(x, dtype=np.float64)
-
-
 def fid_from_features(a: Array, b: Array, eps: float = 1e-6) -> float:
     """Fréchet distance between Gaussians fitted to feature sets a [N,F] and b [M,F] (N, M >= 2)."""
     from scipy import linalg  # optional dependency
 
-    a, b = _as_f64(a), _as_f64(b)
+    a, b = (x.detach().cpu().double().numpy() if isinstance(x, torch.Tensor) else np.asarray(x, dtype=np.float64)
+            for x in (a, b))
     if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[1] or min(len(a), len(b)) < 2:
         raise ValueError(f"need two [N,F] feature sets with N >= 2 and equal F, got {a.shape} and {b.shape}")
     mu1, mu2 = a.mean(0), b.mean(0)  # [F]
@@ -58,22 +54,17 @@ def class_accuracy(classifier: ImageClassifier, images: torch.Tensor, labels: to
     return float((preds == labels.cpu()).float().mean())
 
 
-def classifier_hash(classifier: nn.Module) -> str:
-    """sha256 (first 16 hex) of the classifier's state dict: keys, dtypes, shapes and fp32 values."""
-    h = hashlib.sha256()
-    for k, v in sorted(classifier.state_dict().items()):
-        h.update(f"{k}:{v.shape}".encode())
-        h.update(v.detach().float().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()[:16]
-
-
 def reference_features(classifier: ImageClassifier, n: int = 1024, seed: int = 0, split: str = "train",
                        batch_size: int = 256) -> torch.Tensor:
     """Features [n,F] of real crops (class i % 16, crop seed `seed`), cached in $SPECGEN_HOME/artefacts/. Default
     split "train": the distribution the tiny generators learn (FID references on ImageNet use train statistics)."""
     data_cfg = ImageCropsConfig(split=split, num_samples=n, crop_size=classifier.image_size, seed=seed)
     data_key = hashlib.sha256(repr(sorted(asdict(data_cfg).items())).encode()).hexdigest()[:8]
-    name = f"{classifier_hash(classifier)}-{data_key}-n{n}.safetensors"
+    h = hashlib.sha256()  # of the classifier's state dict: keys, shapes and fp32 values
+    for k, v in sorted(classifier.state_dict().items()):
+        h.update(f"{k}:{v.shape}".encode())
+        h.update(v.detach().float().cpu().contiguous().numpy().tobytes())
+    name = f"{h.hexdigest()[:16]}-{data_key}-n{n}.safetensors"
     path = home() / "artefacts" / "image-reference-features" / name
     if path.is_file():
         try:

@@ -45,10 +45,6 @@ class Image:
     correct: bool | None = None
     png: str = ""
 
-    @classmethod
-    def of(cls, d: dict) -> "Image":
-        return cls(**{**d, "stats": DecodeStats(**d["stats"])})
-
 
 def method_of(entry: str) -> str:
     """The method of a benchmark entry `method[@tag]`."""
@@ -58,7 +54,7 @@ def method_of(entry: str) -> str:
 def collect(records: dict[str, dict], grid: Grid, batch: int) -> tuple[dict[str, list[Image]], dict | None]:
     """(method -> images in index order, method -> shard -> wall; None at batch 1) of one batch size."""
     runs, walls = grid.runs(records, batch)
-    return {m: [Image.of(x) for x in rs] for m, rs in runs.items()}, walls
+    return {m: [Image(**{**x, "stats": DecodeStats(**x["stats"])}) for x in rs] for m, rs in runs.items()}, walls
 
 
 def summarise(method: str, temp: float, rs: list[Image], ar: list[Image], names: dict, dtype: str) -> dict:
@@ -102,17 +98,6 @@ def efficiency(rs: list[Image], ar: list[Image], machines: dict[str, dict], spee
     return speed_efficiency(shards, speedup)
 
 
-def batched_row(method: str, temp: float, batch: int, rs: list[Image], ar: list[Image], walls: dict, names: dict,
-                dtype: str, ar_b1: list[Image]) -> dict:
-    """A `method@b<B>` row: images/s from each shard's wall time (summed over shards, which run side by side),
-    speedup vs `ar` at the same B and vs batch-1 `ar`, both per shard and weighted by images."""
-    row, mine = summarise(method, temp, rs, ar, names, dtype), timed(rs, walls[method])
-    b1 = Timed.one_by_one([1.0] * len(ar_b1), [a.shard for a in ar_b1], [a.stats.wall_time for a in ar_b1])
-    row.update(method=f"{method}@b{batch}", batch_size=batch, images_per_s=mine.total(),
-               speedup_vs_ar=mine.vs(timed(ar, walls["ar"])), vs_ar_b1=mine.vs(b1))
-    return row
-
-
 def timed(rs: list[Image], walls: dict[str, float]) -> Timed:
     return Timed([1.0] * len(rs), [r.shard for r in rs], walls)
 
@@ -146,20 +131,25 @@ def image_rows(records: dict[str, dict], grids: dict[float, Grid], machines: dic
     rows, images = [], {}
     for t, grid in grids.items():
         single = collect(records, grid, 1)[0]
+        ar = single["ar"]
         for m in grid.rows:
-            images[(m, t)] = single[m]
-            row = summarise(m, t, single[m], single["ar"], names, dtype_of[m])
-            row.update(efficiency(single[m], single["ar"], machines, row["speedup_vs_ar"]))
+            images[(m, t)] = rs = single[m]
+            row = summarise(m, t, rs, ar, names, dtype_of[m])
+            row.update(efficiency(rs, ar, machines, row["speedup_vs_ar"]))
             own = next((a for a in grid.rows if method_of(a) == "ar" and dtype_of[a] == dtype_of[m]), "ar")
             if own != "ar":
-                same = sum(s.tokens == a.tokens for s, a in zip(single[m], single[own]))
-                row["exact_match_vs_own_ar"] = same / grid.n
+                row["exact_match_vs_own_ar"] = sum(s.tokens == a.tokens for s, a in zip(rs, single[own])) / grid.n
             rows.append(row)
+        b1 = Timed.one_by_one([1.0] * len(ar), [a.shard for a in ar], [a.stats.wall_time for a in ar])
         for b in (b for b in grid.batch_sizes if b > 1):
             got, walls = collect(records, grid, b)
             for m in grid.rows:
-                images[(f"{m}@b{b}", t)] = got[m]
-                rows.append(batched_row(m, t, b, got[m], got["ar"], walls, names, dtype_of[m], single["ar"]))
+                # `m@bB`: images/s from each shard's wall time (summed over shards, which run side by side), speedup
+                # vs `ar` at the same B and vs batch-1 `ar`, both per shard and weighted by images
+                images[(f"{m}@b{b}", t)], mine = got[m], timed(got[m], walls[m])
+                rows.append({**summarise(m, t, got[m], got["ar"], names, dtype_of[m]), "method": f"{m}@b{b}",
+                             "batch_size": b, "images_per_s": mine.total(),
+                             "speedup_vs_ar": mine.vs(timed(got["ar"], walls["ar"])), "vs_ar_b1": mine.vs(b1)})
     classifier_columns(rows, images, reference, note)
     pixels = {k: torch.stack([pixels_of(s.png) for s in rs]) for k, rs in images.items()}
     return rows, pixels

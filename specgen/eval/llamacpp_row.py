@@ -35,18 +35,30 @@ class LlamaCppRow(OneAtATime):
     def __init__(self, setup: PeerSetup) -> None:
         import llama_cpp  # optional dependency
 
-        options = setup.options
-        cfg = setup.original.module.cfg
+        options, cfg, threads = setup.options, setup.original.module.cfg, setup.threads
         path = Path(options["gguf"]).expanduser() if options.get("gguf") else smollm2_gguf_path()
         if not path.is_file():
             raise UsageError(f"{setup.name} row: no GGUF file at {path}")
-        self.llm = self._load(llama_cpp, path, setup.threads, cfg.max_seq_len, bool(options.get("repack", True)),
-                              self.draft(options))
+        low = llama_cpp.llama_cpp
+        default = low.llama_model_default_params
+        if not options.get("repack", True):  # Llama() has no argument for it: its defaults are read from this function
+            def no_repack():
+                params = default()
+                params.use_extra_bufts = False
+                return params
+
+            low.llama_model_default_params = no_repack
+        try:
+            self.llm = llama_cpp.Llama(model_path=str(path), n_ctx=cfg.max_seq_len, n_threads=threads,
+                                       n_threads_batch=threads, n_batch=min(cfg.max_seq_len, 2048), verbose=False,
+                                       seed=0, draft_model=self.draft(options))
+        finally:
+            low.llama_model_default_params = default
         atexit.register(self.llm.close)  # before interpreter teardown: llama-cpp-python's own finaliser fails then
         if self.llm.n_vocab() != cfg.vocab_size:
             raise IncompatibleError(f"{setup.name} row: {path.name} has {self.llm.n_vocab()} tokens, the target "
                                     f"{cfg.vocab_size}")
-        self.path, self.setup, self.evals = path, setup, 0
+        self.setup, self.evals = setup, 0
         evaluate = self.llm.eval
 
         def counting(tokens):  # generate() calls self.eval once per step: the row's forwards
@@ -58,23 +70,6 @@ class LlamaCppRow(OneAtATime):
     def draft(self, options: dict):
         """The draft model llama-cpp-python's generate() speculates with (None: plain greedy)."""
         return None
-
-    @staticmethod
-    def _load(llama_cpp, path: Path, threads: int, n_ctx: int, repack: bool, draft):
-        low = llama_cpp.llama_cpp
-        default = low.llama_model_default_params
-        if not repack:  # Llama() has no argument for it: its defaults are read from this function
-            def no_repack():
-                params = default()
-                params.use_extra_bufts = False
-                return params
-
-            low.llama_model_default_params = no_repack
-        try:
-            return llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
-                                   n_batch=min(n_ctx, 2048), verbose=False, seed=0, draft_model=draft)
-        finally:
-            low.llama_model_default_params = default
 
     def run(self, prompt: list[int]) -> Run:
         """llama.cpp's greedy decoding of `prompt` (token ids); tokens past one per step were accepted drafts."""

@@ -111,10 +111,10 @@ def variants(cfg: MeshBenchConfig) -> list[Variant]:
             raise UsageError(f"{whose} {unknown[0]!r}; its options: {', '.join(allowed)}")
 
     check("options", bare)
+    per_row = merged_table(cfg.row_options, rows_options, "row_options")  # refuses an entry that is no mapping
     for name, table in (("row_options", cfg.row_options), ("options", rows_options)):
         for r, o in table.items():
-            check(f"{name}.{r}", o or {})
-    per_row = merged_table(cfg.row_options, rows_options, "row_options")
+            check(f"{name}.{r}", o)
     common = {"num_heads": cfg.num_heads, "delta": cfg.delta, **bare}
 
     def options_of(row: str, over: dict | None = None) -> object:
@@ -135,10 +135,9 @@ def variants(cfg: MeshBenchConfig) -> list[Variant]:
     twice = next((x for x in labels if labels.count(x) > 1), None)
     if twice is not None:
         raise UsageError(f"row {twice!r} is given twice; rows: {', '.join(labels)}")
-    unknown = sorted(set(cfg.dtypes) - set(labels))
-    if unknown:
-        raise UsageError(f"dtypes.{unknown[0]}: no such row; rows: {', '.join(labels)}")
     for row, d in {"": cfg.dtype, **cfg.dtypes}.items():
+        if row and row not in labels:
+            raise UsageError(f"dtypes.{row}: no such row; rows: {', '.join(labels)}")
         check_row_precision(row, d, cfg.device)
     return out
 

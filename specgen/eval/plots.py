@@ -15,12 +15,9 @@ from specgen.paths import atomic_write
 def speed_quality_plot(rows: Sequence[Mapping], y: str = "fid", path: str | os.PathLike = "speed_quality.png",
                        title: str | None = None) -> Path:
     """Scatter of speedup_vs_ar vs `y`, a point per row that has both, annotated with its method; returns the path."""
+    from matplotlib.figure import Figure  # optional dependency; no pyplot: no global state, no GUI backend
+
     x = "speedup_vs_ar"
-    import matplotlib  # optional dependency
-
-    matplotlib.use("Agg", force=False)
-    from matplotlib.figure import Figure  # no pyplot: no global state, no GUI backend
-
     pts = [(float(r[x]), float(r[y]), str(r.get("method", ""))) for r in rows
            if r.get(x) is not None and r.get(y) is not None]
     fig = Figure(figsize=(5.5, 4.0), dpi=120)
@@ -39,8 +36,6 @@ def speed_quality_plot(rows: Sequence[Mapping], y: str = "fid", path: str | os.P
 
 def image_grid(images: torch.Tensor, nrow: int = 8, pad: int = 2) -> Image.Image:
     """Tile images [N,3,H,W] in [-1,1] into an RGB PIL image: nrow per row, `pad` white pixels between tiles."""
-    if images.ndim != 4 or images.shape[1] != 3:
-        raise ValueError(f"expected images [N,3,H,W], got {tuple(images.shape)}")
     n, _, h, w = images.shape
     cols = max(1, min(nrow, n))
     rows = max(1, -(-n // cols))

@@ -33,9 +33,6 @@ class Shard:
     def label(self) -> str:
         return f"{self.index}-of-{self.count}"
 
-    def owns(self, position: int) -> bool:
-        return position % self.count == self.index
-
 
 def parse_shard(text: str) -> Shard:
     """'I/N' (0 <= I < N, the Slurm array form `$SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT`) -> Shard."""
@@ -104,7 +101,6 @@ class RunDir:
 
     def __init__(self, path: Path, suite: str, config: dict) -> None:
         self.path, self.suite, self.config = Path(path), suite, json_ready(config)
-        self.locked: set[str] = set()  # labels of the shards whose lock this object holds
 
     # -- opening -------------------------------------------------------------------------------------------
     @classmethod
@@ -120,19 +116,26 @@ class RunDir:
         path.mkdir(exist_ok=True)
         run = cls(path, suite, config)
         doc = {"format": FORMAT, "suite": suite, "config": run.config}
-        if not write_new(path / "run.json", json.dumps(doc, indent=1, sort_keys=True) + "\n"):
-            run.check_same(cls.read_doc(path))
+        if write_new(path / "run.json", json.dumps(doc, indent=1, sort_keys=True) + "\n"):
+            return run
+        started = cls.existing(path)
+        if started.suite != suite:
+            raise UsageError(f"--run-dir {path} holds a {started.suite} run, not {suite}; name another folder")
+        old, new = flatten(started.config), flatten(run.config)
+        # a key added to the config since the run started, left empty (e.g. `sweep: {}`), changes nothing
+        added = {k for k in new.keys() - old.keys() if new[k] in ({}, [])}
+        changed = sorted(k for k in old.keys() | new.keys() - added if old.get(k, "<unset>") != new.get(k, "<unset>"))
+        if changed:
+            shown = ", ".join(f"{k} ({old.get(k, '<unset>')!r} -> {new.get(k, '<unset>')!r})" for k in changed[:4])
+            more = f" and {len(changed) - 4} more" if len(changed) > 4 else ""
+            raise UsageError(f"--run-dir {path} was started with another config: {shown}{more}; rerun with "
+                             "the same options to resume, or name a new folder")
         return run
 
     @classmethod
     def existing(cls, path: Path) -> "RunDir":
-        """An existing run folder as it is (for `benchmark report`)."""
-        doc = cls.read_doc(Path(path))
-        return cls(Path(path), doc["suite"], doc["config"])
-
-    @staticmethod
-    def read_doc(path: Path) -> dict:
-        file = path / "run.json"
+        """An existing run folder as it is (for `benchmark report`, and to compare a resumed run with)."""
+        file = Path(path) / "run.json"
         if not file.is_file():
             raise UsageError(f"{path} is not a benchmark run folder (no run.json); "
                              "make one with `specgen benchmark --run-dir DIR ...`")
@@ -142,47 +145,18 @@ class RunDir:
             raise UsageError(f"{file} is unreadable ({type(e).__name__}); it is not a specgen run file") from None
         if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(doc.get("config"), dict):
             raise UsageError(f"{file} is not a specgen run file of format {FORMAT}")
-        return doc
-
-    def check_same(self, doc: dict) -> None:
-        if doc.get("suite") != self.suite:
-            raise UsageError(f"--run-dir {self.path} holds a {doc.get('suite')} run, not {self.suite}; "
-                             "name another folder")
-        old, new = flatten(doc["config"]), flatten(self.config)
-        # a key added to the config since the run started, left empty (e.g. `sweep: {}`), changes nothing
-        added = {k for k in new.keys() - old.keys() if new[k] in ({}, [])}
-        changed = sorted(k for k in old.keys() | new.keys() - added if old.get(k, "<unset>") != new.get(k, "<unset>"))
-        if changed:
-            shown = ", ".join(f"{k} ({old.get(k, '<unset>')!r} -> {new.get(k, '<unset>')!r})" for k in changed[:4])
-            more = f" and {len(changed) - 4} more" if len(changed) > 4 else ""
-            raise UsageError(f"--run-dir {self.path} was started with another config: {shown}{more}; rerun with "
-                             "the same options to resume, or name a new folder")
+        return cls(Path(path), doc.get("suite"), doc["config"])
 
     # -- writing -------------------------------------------------------------------------------------------
     def write_machine(self, shard: Shard, info: dict) -> None:
         atomic_write_text(self.path / f"machine-{shard.label}.json", json.dumps(json_ready(info), indent=1) + "\n")
 
     def start_shard(self, shard: Shard) -> None:
-        """Take the shard's lock (held until this RunDir is dropped or the process ends), then cut a torn last line
-        off its record file, so the next append starts on a line of its own."""
-        self.lock(shard)
-        file = self.path / f"records-{shard.label}.jsonl"
-        if not file.exists():
-            return
-        good = 0
-        for good, _ in read_lines(file):
-            pass
-        if good < file.stat().st_size:
-            with open(file, "r+b") as f:
-                f.truncate(good)
-
-    def lock(self, shard: Shard) -> None:
-        """An exclusive flock on shard-<label>.lock, or a one-line refusal naming the process holding it. The kernel
-        drops the lock when its holder dies, so a lock file left by a killed run holds nothing."""
-        if shard.label in self.locked:
-            return
-        file = self.path / f"shard-{shard.label}.lock"
-        fd = os.open(file, os.O_RDWR | os.O_CREAT, 0o666)
+        """Take the shard's lock, an exclusive flock on shard-<label>.lock held until this RunDir is dropped or the
+        process ends, or refuse in one line naming the process holding it (the kernel drops the lock when its holder
+        dies, so a lock file left by a killed run holds nothing); then cut a torn last line off its record file, so
+        the next append starts on a line of its own."""
+        fd = os.open(self.path / f"shard-{shard.label}.lock", os.O_RDWR | os.O_CREAT, 0o666)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -193,8 +167,10 @@ class RunDir:
                              "twice)") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self.locked.add(shard.label)
         weakref.finalize(self, os.close, fd)
+        file = self.path / f"records-{shard.label}.jsonl"
+        if file.exists():  # to the end of its last whole line: a file without a torn tail keeps its length
+            os.truncate(file, max((end for end, _ in read_lines(file)), default=0))
 
     def append(self, shard: Shard, record: dict) -> None:
         """One record as one line, one write, flushed to disk before the next item starts."""
@@ -254,7 +230,7 @@ class Grid:
         return f"{self.prefix}b{batch}/{row}/{shard}"
 
     def mine(self, shard: Shard) -> list[int]:
-        return [i for i in range(self.n) if shard.owns(i)]
+        return list(range(shard.index, self.n, shard.count))
 
     def left(self, done: dict, shard: Shard) -> tuple[list[int], list[tuple[int, str]]]:
         """This shard's items without a record: batch-1 positions, and (batch size, row) pairs."""

@@ -31,10 +31,6 @@ class Sweep:
     label: str = ""  # row name with `{}` for the value; "" = `row@option={}`, or `row={}` when the row has a tag
     key: str = ""  # the recipe key it was written as, for messages; "" = `sweep.row.option`
 
-    @property
-    def where(self) -> str:
-        return self.key or f"sweep.{self.row}.{self.option}"
-
     def name(self, value: Any) -> str:
         template = self.label or (f"{self.row}={{}}" if "@" in self.row else f"{self.row}@{self.option}={{}}")
         return template.format(value_text(value))
@@ -52,14 +48,10 @@ class SweptRow:
     options: dict
 
 
-def sweeps_of(spec: Any) -> list[Sweep]:
-    """The `sweep` recipe key as Sweeps: `{row: {option: [values]}}` or flat `{"row.option": [values]}`.
-
-    A key naming no option, a value that is not a non-empty list of scalars: one-line usage errors."""
-    if not spec:
-        return []
-    if not isinstance(spec, dict):
-        raise UsageError(f"sweep must map rows to {{option: [values]}}, e.g. sweep.mulo-sd.tau=[1e-3,1e-2]; got {spec!r}")
+def sweeps_of(spec: dict) -> list[Sweep]:
+    """The `sweep` recipe key (a mapping: its config field's type) as Sweeps: `{row: {option: [values]}}` or flat
+    `{"row.option": [values]}`. A key naming no option, a value that is not a non-empty list of scalars: one-line
+    usage errors."""
     out = []
     for key, sub in spec.items():
         if isinstance(sub, dict):
@@ -91,13 +83,14 @@ def expand(sweeps: Iterable[Sweep], bases: Iterable[str], check: Callable[[str, 
     given twice with other settings is a usage error. The same row twice with the same settings is one row."""
     known, out = list(dict.fromkeys(bases)), {}
     for s in sweeps:
+        where = s.key or f"sweep.{s.row}.{s.option}"
         if s.row not in known:
-            raise UsageError(f"{s.where}: no row {s.row!r} to sweep; known: {', '.join(known)}")
+            raise UsageError(f"{where}: no row {s.row!r} to sweep; known: {', '.join(known)}")
         for v in s.values:
             try:
                 check(s.row, s.options(v))
             except UsageError as e:
-                raise UsageError(f"{s.where}: {e}") from None
+                raise UsageError(f"{where}: {e}") from None
             row = SweptRow(s.name(v), s.row, s.options(v))
             if row.name in out and out[row.name] != row:
                 raise UsageError(f"sweep row {row.name} is given twice with different settings; give each value once")

@@ -81,26 +81,22 @@ def is_peer(row: str) -> bool:
     return row_method(row) in PEERS
 
 
-def is_model_name(name: str) -> bool:
-    """Does `name` (`NAME+int8` allowed) name an installed, built-in or folder model? Nothing is materialised."""
-    base = name.split("+")[0]
-    if registry.installed_meta(base) is not None:
-        return True
-    kind, _, bare = base.rpartition("/")
-    return bare in BUILTINS and kind in ("", BUILTINS[bare].kind)
-
-
 def row_model(row: str) -> str | None:
-    """The model an `method@NAME` row names (`ar@` rows always; others when NAME is a registry model), or None:
-    a variant row (`method@tag`, `method:tag`) or a plain method."""
+    """The model an `method@NAME` row names (`ar@` rows always; others when NAME, `NAME+int8` allowed, is an
+    installed, built-in or folder model: nothing is materialised), or None: a variant row or a plain method."""
     method, at, tag = row.partition("@")
-    return tag if at and (method == "ar" or is_model_name(tag)) else None
+    if method == "ar" or not at:
+        return tag if at else None
+    base = tag.split("+")[0]
+    kind, _, bare = base.rpartition("/")
+    named = registry.installed_meta(base) is not None or (bare in BUILTINS and kind in ("", BUILTINS[bare].kind))
+    return tag if named else None
 
 
 def row_options(row: str, cfg: TextBenchConfig) -> dict:
     """A row's method options: the method's own, updated by the variant row's."""
     base, table = row_method(row), options_table(cfg)
-    return {**table.get(base, {}), **(table.get(row, {}) if row != base else {})}
+    return {**table.get(base, {}), **table.get(row, {})}
 
 
 def with_sweeps(cfg: TextBenchConfig) -> TextBenchConfig:
@@ -158,8 +154,7 @@ def base_nll(model: TextModel, prompt: list[int], tokens: list[int]) -> tuple[fl
 
 
 def check_methods(cfg: TextBenchConfig) -> dict[str, Row]:
-    """Refuse a bad row before any model loads; the specgen rows (sweeps included) with their methods parsed."""
-    cfg = with_sweeps(cfg)
+    """Refuse a bad row of `cfg` (`with_sweeps` expanded) before any model loads; its specgen rows, methods parsed."""
     rows = {}
     for m in cfg.methods:
         if is_peer(m):
@@ -209,15 +204,6 @@ def file_items(cfg: TextBenchConfig) -> list[Item]:
 SOURCES: dict[str, Callable[[TextBenchConfig], list[Item]]] = {"humaneval": humaneval_items, "text": file_items}
 
 
-def items_of(cfg: TextBenchConfig) -> list[Item]:
-    """The run's prompts (`SOURCES[cfg.suite]`, a suite the CLI checked; `limit` of them from `offset`); none is
-    refused."""
-    items = SOURCES[cfg.suite](cfg)
-    if not items:
-        raise UsageError(f"no {cfg.suite} prompts at offset {cfg.offset}")
-    return items
-
-
 def check_prompts_fit(p: Plan, progress=None) -> None:
     """Refuse a prompt that leaves no room for max_new_tokens in the model's context, from its registry entry's
     config and tokenizer files: before any weights load."""
@@ -247,15 +233,15 @@ def plan(cfg: TextBenchConfig) -> Plan:
     """The run's rows and prompts without loading a model; a bad row or prompt set is refused."""
     cfg = with_sweeps(cfg)
     rows = check_methods(cfg)
-    order = list(cfg.methods)
-    for m in cfg.methods:
-        name = decoded_model(m, cfg)
-        if name != cfg.model and f"ar@{name}" not in order:
-            order.append(f"ar@{name}")
+    others = (decoded_model(m, cfg) for m in cfg.methods)
+    order = list(dict.fromkeys([*cfg.methods, *(f"ar@{name}" for name in others if name != cfg.model)]))
     meta = {m: {"model": decoded_model(m, cfg),
                 "lossless": PEERS[row_method(m)].lossless if is_peer(m) else get_method(row_method(m)).lossless}
             for m in order}
-    return Plan(cfg, rows, order, meta, items_of(cfg))
+    items = SOURCES[cfg.suite](cfg)  # `limit` of the suite's prompts from `offset`
+    if not items:
+        raise UsageError(f"no {cfg.suite} prompts at offset {cfg.offset}")
+    return Plan(cfg, rows, order, meta, items)
 
 
 def grid(p: Plan, skipped=()) -> Grid:
@@ -266,13 +252,10 @@ def grid(p: Plan, skipped=()) -> Grid:
 def with_quality(runs: dict[str, Run], prompt: list[int], problem, original: TextModel | None,
                  cfg: TextBenchConfig) -> dict[str, Run]:
     """Each run with the original model's NLL of its tokens and, for a HumanEval problem, whether it passes."""
-    out = {}
-    for m, r in runs.items():
-        nll, count = base_nll(original, prompt, r.tokens) if cfg.nll else (None, 0)
-        out[m] = replace(r, nll_sum=nll, nll_count=count)
+    nll = {m: base_nll(original, prompt, r.tokens) if cfg.nll else (None, 0) for m, r in runs.items()}
+    out = {m: replace(r, nll_sum=nll[m][0], nll_count=nll[m][1]) for m, r in runs.items()}
     if cfg.execute and problem is not None:
-        completions = [original.tokenizer.decode(r.tokens) for r in out.values()]
-        passed = check_completions([problem] * len(out), completions)
+        passed = check_completions([problem] * len(out), [original.tokenizer.decode(r.tokens) for r in out.values()])
         out = {m: replace(r, passed=ok) for (m, r), ok in zip(out.items(), passed)}
     return out
 
@@ -284,8 +267,7 @@ def peers_of(order: list[str], cfg: TextBenchConfig, original: TextModel) -> tup
         setup = PeerSetup(m, original, row_options(m, cfg), cfg.max_new_tokens, original.tokenizer.stop_ids,
                           torch.get_num_threads(), cfg.device)
         kind = PEERS[row_method(m)]
-        reason = kind.unavailable(setup)
-        if reason:
+        if reason := kind.unavailable(setup):
             skipped[m] = reason
         else:
             built[m] = kind(setup)
@@ -323,9 +305,9 @@ def measure(model: TextModel, p: Plan, sink, shard: Shard = Shard(), on_item=lam
     cost = cost_of(model.module)  # c(B) of batched rows, c(N) of the efficiency of speculative rows
     streamed = {m: streamed_bytes(peers[m].module if m in peers else models[p.meta[m]["model"]].module)
                 for m in work.rows if m not in peers or peers[m].module is not None}  # weights one forward reads
-    sink.write_machine(shard, {"machine": machine(), "versions": versions(),
-                               "cost_rows": list(cost.rows), "cost": list(cost.cost), "skipped": skipped,
-                               "streamed_bytes": streamed, "bandwidth_gbs": copy_bandwidth(device=next(model.module.parameters()).device)})
+    sink.write_machine(shard, {"machine": machine(), "versions": versions(), "cost_rows": list(cost.rows),
+                               "cost": list(cost.cost), "skipped": skipped, "streamed_bytes": streamed,
+                               "bandwidth_gbs": copy_bandwidth(device=next(model.module.parameters()).device)})
 
     def decode(m: str, qs: list[list[int]], b: int) -> tuple[list[Run], float]:
         if m in peers:

@@ -58,12 +58,9 @@ def roofline(row: str, rs: list[Run], walls: dict[str, float], machines: dict[st
         return {}
     tokens, forwards = sum(len(r.tokens) for r in rs), sum(r.forwards for r in rs)
     per_token = next(iter(infos.values()))["streamed_bytes"][row] * forwards / max(tokens, 1)
-
-    def share(s: str, xs: list[Run], w: float) -> float:
-        return per_token * sum(len(r.tokens) for r in xs) / w / (infos[s]["bandwidth_gbs"] * 1e9)
-
-    return {"weight_mb_per_token": round(per_token / 1e6, 2),
-            "bandwidth_share": round(per_shard(rs, [r.shard for r in rs], walls, share), 4)}
+    share = per_shard(rs, [r.shard for r in rs], walls, lambda s, xs, w: per_token * sum(len(r.tokens) for r in xs)
+                      / w / (infos[s]["bandwidth_gbs"] * 1e9))
+    return {"weight_mb_per_token": round(per_token / 1e6, 2), "bandwidth_share": round(share, 4)}
 
 
 def batch_rows(measured: Measured, batch: int, meta: dict[str, dict], costs: dict[str, CostCurve],
@@ -76,7 +73,7 @@ def batch_rows(measured: Measured, batch: int, meta: dict[str, dict], costs: dic
         tps = [len(r.tokens) / r.seconds for r in rs]
         ratio = [t / (len(a.tokens) / a.seconds) for t, a in zip(tps, ar)]  # same prompt, same shard
         tokens, forwards, steps = sum(len(r.tokens) for r in rs), sum(r.forwards for r in rs), sum(r.steps for r in rs)
-        own = runs["ar"] if f"ar@{meta[m]['model']}" not in runs else runs[f"ar@{meta[m]['model']}"]
+        own = runs.get(f"ar@{meta[m]['model']}", ar)
         row = {
             "method": m, **meta[m], "prompts": len(rs),
             "tokens_per_s": statistics.median(tps),

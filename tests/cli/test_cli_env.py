@@ -46,12 +46,13 @@ def test_env_refuses_a_missing_device_in_one_line():
     assert r.exit_code == 2 and r.stderr.startswith("error:") and len(r.stderr.strip().splitlines()) == 1
 
 
-def test_the_benchmark_machine_column_is_made_from_the_same_facts():
+def test_the_benchmark_machine_column_is_made_from_the_same_facts(tmp_path):
     from cli import benchmark_runs
+    from specgen.eval.run_dir import RunDir
     from specgen.machine import machine_facts
 
     facts = machine_facts()
     cpu = facts["devices"][0]
-    assert benchmark_runs.machine_label().startswith(f"{cpu['arch']}, {cpu['cpus']} cpus, torch threads "
-                                                     f"{facts['threads']['torch']}")
-    assert benchmark_runs.machine_label().endswith(f"step kernels {facts['kernels']['step_kernels']['path']}")
+    machine = benchmark_runs.machine_of(RunDir(tmp_path, "text", {}))  # a run folder without machine files: this one
+    assert machine.startswith(f"{cpu['arch']}, {cpu['cpus']} cpus, torch threads {facts['threads']['torch']}")
+    assert machine.endswith(f"step kernels {facts['kernels']['step_kernels']['path']}")

@@ -51,12 +51,19 @@ def test_row_names(sweep, value, name):
     ({"mulo-sd": {"tau": 0.1}}, "sweep.mulo-sd.tau must be a list of values"),
     ({"mulo-sd": {"tau": [[0.1]]}}, "must be a number, string or boolean"),
     ({"mulo-sd": [0.1]}, "sweep.mulo-sd names no option"),
-    ([1, 2], "sweep must map rows"),
 ])
 def test_bad_sweep_specs_are_one_line(spec, needle):
     with pytest.raises(UsageError, match=None) as e:
         sweeps_of(spec)
     assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_sweep_that_is_no_mapping_is_refused_by_the_config():
+    from specgen.config import load_config
+    from specgen.eval.text_bench import TextBenchConfig
+
+    with pytest.raises(UsageError, match="sweep=.1,2.': a list where a mapping is expected"):
+        load_config(TextBenchConfig, overrides=["sweep=[1,2]"])
 
 
 def test_expand_refuses_unknown_rows_bad_options_and_clashing_names():
@@ -160,7 +167,7 @@ def test_text_sweep_rows_carry_the_base_rows_options_and_target():
     assert decoded_model("ngram:pc@num_draft=16", full) == "smollm2-135m-pcllm"
     assert decoded_model("ngram@num_draft=2", full) == "smollm2-135m"
     assert with_sweeps(full) == full  # expanding twice changes nothing
-    check_methods(cfg)
+    check_methods(full)
 
 
 def test_text_method_options_is_the_older_name_of_options():
@@ -179,10 +186,10 @@ def test_text_method_options_is_the_older_name_of_options():
     ({"ngram": {"num_drafts": [1]}}, "sweep.ngram.num_drafts: method ngram has no option 'num_drafts'"),
 ])
 def test_text_bad_sweeps_are_refused(sweep, needle):
-    from specgen.eval.text_bench import TextBenchConfig, check_methods
+    from specgen.eval.text_bench import TextBenchConfig, plan
 
     with pytest.raises(UsageError) as e:
-        check_methods(TextBenchConfig(methods=["ar", "ngram", "hf"], sweep=sweep))
+        plan(TextBenchConfig(methods=["ar", "ngram", "hf"], sweep=sweep))
     assert needle in str(e.value)
 
 

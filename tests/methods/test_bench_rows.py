@@ -3,7 +3,7 @@
 import pytest
 
 from specgen.errors import UsageError
-from specgen.eval.text_bench import TextBenchConfig, check_methods, decoded_model, row_method, row_model, row_options
+from specgen.eval.text_bench import TextBenchConfig, decoded_model, plan, row_method, row_model, row_options
 
 
 def cfg(**kw) -> TextBenchConfig:
@@ -31,9 +31,9 @@ def test_at_model_name_decodes_that_model(row, model):
 
 def test_a_variant_row_without_options_of_its_own_is_refused():
     """`pcllm@nosuchmodel` is no model; with nothing of its own it would silently repeat `pcllm`."""
-    check_methods(cfg(methods=["ar", "pcllm@n8"], method_options={"pcllm@n8": {"block_size": 8}}))
-    check_methods(cfg(methods=["ar", "pcllm:n8"]))  # the older spelling keeps working as it did
+    plan(cfg(methods=["ar", "pcllm@n8"], method_options={"pcllm@n8": {"block_size": 8}}))
+    plan(cfg(methods=["ar", "pcllm:n8"]))  # the older spelling keeps working as it did
     with pytest.raises(UsageError, match="row pcllm@nosuchmodel: 'nosuchmodel' is not a registry model"):
-        check_methods(cfg(methods=["ar", "pcllm@nosuchmodel"]))
+        plan(cfg(methods=["ar", "pcllm@nosuchmodel"]))
     with pytest.raises(UsageError, match="method pcllm@n8|has no option"):
-        check_methods(cfg(methods=["ar", "pcllm@n8"], method_options={"pcllm@n8": {"blocks": 8}}))
+        plan(cfg(methods=["ar", "pcllm@n8"], method_options={"pcllm@n8": {"blocks": 8}}))
