@@ -178,7 +178,7 @@ def collect(cfg: CollectConfig, out: Path, on_prompt: Callable[[int, int, float]
     else:
         atomic_write_text(out / META, json.dumps(meta, indent=2, sort_keys=True))
     have = done_ids(out)
-    mine = [i for i in range(len(texts)) if shard.owns(cfg.offset + i)]
+    mine = [i for i in range(len(texts)) if (cfg.offset + i) % shard.count == shard.index]
     todo = [i for i in mine if cfg.offset + i not in have]
     t0, blocks, iters, pending = time.perf_counter(), 0, 0, []
     chunk = len(list((out / SHARDS).glob(f"rank{rank:02d}-*.parquet"))) if (out / SHARDS).is_dir() else 0
