@@ -136,18 +136,8 @@ def local_lpips():
     if not any(hub.glob("vgg16-*.pth")):
         return None
     net = lpips.LPIPS(net="vgg", verbose=False).eval()
-
-    class _Lpips(nn.Module):
-        name = "lpips"
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.net = net
-
-        def forward(self, a, b):
-            return self.net(a, b).mean()
-
-    return _Lpips()
+    net.name = "lpips"  # one distance per image: the trainer takes their mean
+    return net
 
 
 def perceptual_loss(kind: str, vq) -> nn.Module | None:
@@ -201,23 +191,6 @@ class LeCam:
         return F.relu(real - self.fake).pow(2).mean() + F.relu(self.real - fake).pow(2).mean()
 
 
-class Trainee(nn.Module):
-    """The pair plus its two discriminators (one state dict for checkpoints)."""
-
-    def __init__(self, pcfg: UpsamplerConfig, disc_channels: int) -> None:
-        super().__init__()
-        self.pair = UpDownSampler(pcfg)
-        self.disc = nn.ModuleDict({"up": PatchGAN(disc_channels), "down": PatchGAN(disc_channels)})
-
-
-def load_pair(ref: str) -> UpDownSampler:
-    """A registered (or folder) pair."""
-    entry = checkpoints.find(ref)
-    if entry.meta.get("builder") != "mulo-updown":
-        raise UsageError(f"{entry.ref} is not a MuLo-SD up/down-sampler pair")
-    return checkpoints.load_module(entry)
-
-
 def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
     mse = float(F.mse_loss(a.clamp(-1, 1), b.clamp(-1, 1)))
     return 10 * math.log10(4.0 / max(mse, 1e-12))
@@ -251,7 +224,7 @@ class PairTask(TrainTask):
     The two losses reach disjoint parameters (discriminators frozen in the generator's term, images detached in
     theirs), so computing both before either optimiser steps changes nothing."""
 
-    def __init__(self, cfg: UpsamplerTrainConfig, model: Trainee, vq, data: dict[str, torch.Tensor],
+    def __init__(self, cfg: UpsamplerTrainConfig, model: nn.ModuleDict, vq, data: dict[str, torch.Tensor],
                  perc: nn.Module | None) -> None:
         self.cfg, self.model, self.pair, self.vq, self.data, self.perc = cfg, model, model.pair, vq, data, perc
         self.modules = {"model": model}
@@ -293,7 +266,7 @@ class PairTask(TrainTask):
             part = cfg.mse_weight * mse + cfg.commit_weight * commit
             logs[f"{side}_mse"], logs[f"{side}_commit"] = mse.item(), commit.item()
             if perc is not None and cfg.perceptual_weight > 0:
-                p = perc(img, real)
+                p = perc(img, real).mean()
                 part = part + cfg.perceptual_weight * p
                 logs[f"{side}_perc"] = p.item()
             if gan_on:
@@ -341,7 +314,10 @@ def train(cfg: UpsamplerTrainConfig, out: Path, log: Callable[[str], None] = lam
                            blocks=cfg.blocks, kernel=cfg.kernel, skip=cfg.skip)
     warm = None
     if cfg.warm_start:
-        warm = load_pair(cfg.warm_start)
+        entry = checkpoints.find(cfg.warm_start)
+        if entry.meta.get("builder") != "mulo-updown":
+            raise UsageError(f"{entry.ref} is not a MuLo-SD up/down-sampler pair")
+        warm = checkpoints.load_module(entry)
         if warm.cfg.scale >= cfg.scale or (warm.cfg.channels, warm.cfg.blocks, warm.cfg.kernel) != (
                 cfg.channels, cfg.blocks, cfg.kernel):
             raise IncompatibleError(f"warm_start {cfg.warm_start} is a {warm.cfg.scale}x pair with channels "
@@ -351,8 +327,9 @@ def train(cfg: UpsamplerTrainConfig, out: Path, log: Callable[[str], None] = lam
             raise IncompatibleError(f"warm_start {cfg.warm_start} was trained for another VQ codebook than {cfg.vq}")
     data = pair_dataset(cfg, vq, digest, log)
     torch.manual_seed(cfg.seed)
-    model = Trainee(pcfg, cfg.disc_channels).train()
-    pair = model.pair
+    pair = UpDownSampler(pcfg)  # made first: the pair's initialisation draws before the discriminators'
+    disc = nn.ModuleDict({"up": PatchGAN(cfg.disc_channels), "down": PatchGAN(cfg.disc_channels)})
+    model = nn.ModuleDict({"pair": pair, "disc": disc}).train()  # one state dict for checkpoints
     with torch.no_grad():
         pair.codebook.copy_(vq.quantize.embedding.weight.float())
     if warm is not None:
