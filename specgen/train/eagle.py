@@ -115,13 +115,6 @@ def generations(model: Transformer, n_per_class: int, cfg: EagleTrainConfig, see
     return cached_tokens(path, build, log) if cfg.data_cache else build()
 
 
-def rows(data: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Training rows: features [R, N, D] (one row per sequence and branch) and their tokens [R, N]."""
-    f = data["features"]
-    m, br = f.shape[:2]
-    return f.reshape(m * br, *f.shape[2:]), data["tokens"].repeat_interleave(br, dim=0)
-
-
 def drafter_inputs(feats: torch.Tensor, tokens: torch.Tensor, offset: int
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Rows the drafter sees for full sequences, as `EagleTreeDrafter` feeds them while decoding: features
@@ -185,7 +178,8 @@ def train(cfg: EagleTrainConfig, out: Path, log: Callable[[str], None] = lambda 
     digest = hashlib.sha256((entry.path / registry.WEIGHTS).read_bytes()).hexdigest()[:16]
     train_data, eval_data = (generations(target, n, cfg, cfg.seed * 2 + i, digest, log, captions, captions_sha)
                              for i, n in ((1, cfg.samples_per_class), (2, cfg.eval_samples_per_class)))
-    feats, tokens = rows(train_data)
+    f = train_data["features"]  # training rows: one per sequence and branch, [R, N, D] and their tokens [R, N]
+    feats, tokens = f.flatten(0, 1), train_data["tokens"].repeat_interleave(f.shape[1], dim=0)
     loop = Loop(LoopOptions.of(cfg, eval_first=True, device=device), log)
     target.to(loop.device)  # the frozen head and embeddings the loss reads (samples were drawn on the CPU)
     # what the state must match to resume (and the drafter records): config, target weights, t2i captions' content

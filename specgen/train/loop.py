@@ -384,11 +384,8 @@ class Loop:
 
 def _means(window: list[dict[str, float]]) -> dict[str, float]:
     """Per key, the mean over the steps that logged it (keys in first-seen order)."""
-    keys: dict[str, list[float]] = {}
-    for w in window:
-        for k, v in w.items():
-            keys.setdefault(k, []).append(v)
-    return {k: sum(v) / len(v) for k, v in keys.items()}
+    vals = {k: [w[k] for w in window if k in w] for k in dict.fromkeys(k for w in window for k in w)}
+    return {k: sum(v) / len(v) for k, v in vals.items()}
 
 
 def _to_device(batch: Any, device: torch.device) -> Any:

@@ -46,12 +46,8 @@ def apply_lora(model: nn.Module, targets: tuple[str, ...], rank: int = 16, alpha
 
 def lora_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """Only the adapter tensors, keyed by the wrapped layer's path (as if it were never wrapped)."""
-    out = {}
-    for name, m in model.named_modules():
-        if isinstance(m, LoRALinear):
-            out[f"{name}.lora_A"] = m.lora_A.detach().clone()
-            out[f"{name}.lora_B"] = m.lora_B.detach().clone()
-    return out
+    return {f"{name}.lora_{n}": getattr(m, f"lora_{n}").detach().clone() for name, m in model.named_modules()
+            if isinstance(m, LoRALinear) for n in "AB"}
 
 
 @contextlib.contextmanager
