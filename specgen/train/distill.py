@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import sys
@@ -167,7 +168,8 @@ class DistillTask(TrainTask):
 
     def batch(self, at: At):
         cfg, groups = self.cfg, self.groups
-        idx = sample_index(at, len(groups), cfg.seed)
+        epoch, pos = divmod(at.step * at.shards + at.shard, len(groups))  # a seeded permutation of prompts per epoch
+        idx = int(torch.randperm(len(groups), generator=torch.Generator().manual_seed(cfg.seed * 100_003 + epoch))[pos])
         rng = random.Random(cfg.seed * 1_000_003 + idx * 7919 + at.step)
         if cfg.objective == "pcllm":
             start = rng.randrange(0, len(groups[idx]), cfg.max_blocks) if cfg.max_blocks else 0
@@ -192,17 +194,8 @@ class DistillTask(TrainTask):
 
 def group_records(records: list[dict]) -> list[list[dict]]:
     """Block records grouped per prompt (sorted by block), prompts in data_id order."""
-    by: dict[int, list[dict]] = {}
-    for r in records:
-        by.setdefault(int(r["data_id"]), []).append(r)
-    return [sorted(v, key=lambda r: r["block"]) for _, v in sorted(by.items())]
-
-
-def sample_index(at: At, num: int, seed: int) -> int:
-    """Which prompt micro-batch `at` trains on: a seeded permutation per epoch (resume-safe)."""
-    epoch, pos = divmod(at.step * at.shards + at.shard, num)
-    perm = torch.randperm(num, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
-    return int(perm[pos])
+    ordered = sorted(records, key=lambda r: (int(r["data_id"]), r["block"]))
+    return [list(g) for _, g in itertools.groupby(ordered, key=lambda r: int(r["data_id"]))]
 
 
 def distill(cfg: DistillConfig, out: Path, log: Callable[[str], None] = lambda s: None, progress=None,

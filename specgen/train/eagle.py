@@ -56,17 +56,6 @@ class EagleTrainConfig(OptimConfig):
     ship_dir: str = ""  # also write model.safetensors + config.json here (e.g. specgen/assets/image/eagle)
 
 
-def load_image_target(name: str):
-    """(entry, model) of a LlamaGen image target (c2i or t2i); anything else is a usage error."""
-    entry = checkpoints.find(name)
-    if entry.kind != "target":
-        raise UsageError(f"{entry.ref} is a {entry.kind}, not a target; pass target=<image target>")
-    model = checkpoints.load_module(entry)
-    if not isinstance(model, Transformer) or model.cfg.cond_kind not in ("class", "caption") or not model.cfg.rope_grid:
-        raise UsageError(f"{entry.ref} is not an image target (LlamaGen c2i or t2i GPT)")
-    return entry, model.requires_grad_(False)
-
-
 def training_captions(entry, model: Transformer, path: str) -> tuple[list[Caption], str]:
     """(captions, content hash) a t2i target trains on; ([], "") for c2i. Mismatches are one-line usage errors."""
     if model.cfg.cond_kind != "caption":
@@ -167,7 +156,12 @@ def train(cfg: EagleTrainConfig, out: Path, log: Callable[[str], None] = lambda 
           device: str = "cpu", force: bool = False) -> Published | None:
     """Generate (or reuse) target samples, train (or resume) the drafter and register it (None on other ranks)."""
     torch.set_num_threads(cfg.num_threads)
-    entry, target = load_image_target(cfg.target)
+    entry = checkpoints.find(cfg.target)
+    if entry.kind != "target":
+        raise UsageError(f"{entry.ref} is a {entry.kind}, not a target; pass target=<image target>")
+    target = checkpoints.load_module(entry).requires_grad_(False)
+    if not (isinstance(target, Transformer) and target.cfg.cond_kind in ("class", "caption") and target.cfg.rope_grid):
+        raise UsageError(f"{entry.ref} is not an image target (LlamaGen c2i or t2i GPT)")
     captions, captions_sha = training_captions(entry, target, cfg.captions)
     torch.manual_seed(cfg.seed)
     net = EagleNet.from_target(target)

@@ -170,11 +170,6 @@ def heads_loss(heads: XSpecMeshHeads, hidden: torch.Tensor, cond: torch.Tensor, 
     return total, accs
 
 
-def ce_term(model: MeshGPT, pcs: torch.Tensor, tokens: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-    """The paper's L_backbone: mean CE of the LoRA backbone's logits [B, L, V] on the label tokens."""
-    return sequence_loss(logits, tokens)
-
-
 def kl_term(model: MeshGPT, pcs: torch.Tensor, tokens: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
     """Mean over label positions of KL(p_frozen || p_lora) at T 1; its minimiser is the unchanged backbone."""
     with torch.no_grad(), lora_disabled(model):
@@ -186,7 +181,8 @@ def kl_term(model: MeshGPT, pcs: torch.Tensor, tokens: torch.Tensor, logits: tor
 
 
 #: Stage 2's backbone term (`backbone_loss`), on the LoRA backbone's logits [B, L, V].
-BACKBONE_LOSSES = {"ce": ce_term, "kl": kl_term}
+BACKBONE_LOSSES = {"ce": lambda model, pcs, tokens, logits: sequence_loss(logits, tokens),  # the paper's: CE on labels
+                   "kl": kl_term}
 #: What the heads are trained towards (`head_targets`); eval losses always use the hard labels.
 HEAD_TARGETS = ("hard", "soft")
 

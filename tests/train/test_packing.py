@@ -82,7 +82,6 @@ def test_schedules():
 def test_nearest_state_by_unconverged_fraction():
     fixed = [1, 2, 3, 4]
     traj = [[1, 7, 7, 7], [1, 2, 7, 7], [1, 2, 3, 7], [1, 2, 3, 4]]  # ratios 0.75, 0.5, 0.25, 0
-    assert packing.noise_ratio(traj[0], fixed) == 0.75
     assert packing.nearest_state(traj, fixed, 0.0) == fixed
     assert packing.nearest_state(traj, fixed, 0.6) == traj[1]
     assert packing.nearest_state(traj, fixed, 1.0) == traj[0]
