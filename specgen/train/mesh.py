@@ -94,17 +94,13 @@ class SeedStream:
         self.rng_seed, self.max_tokens, self.spec = seed, max_tokens, spec
         self.lengths: dict[int, int] = {}
 
-    def seed_at(self, i: int) -> int:
-        train = split_seeds("train")
-        return int(train[int(np.random.default_rng([self.rng_seed, i]).integers(len(train)))])
-
     def pool(self, index: int, size: int) -> list[int]:
         """`size` usable seeds of pool `index` (a pure function of index), sorted by length."""
-        out, i = [], index * size * 4
+        out, i, train = [], index * size * 4, split_seeds("train")
         while len(out) < size:
             if i > (index + 1) * size * 4 + 100 * size:
                 raise ValueError(f"too few procedural meshes within {self.max_tokens} tokens")
-            s = self.seed_at(i)
+            s = int(train[int(np.random.default_rng([self.rng_seed, i]).integers(len(train)))])
             i += 1
             if s not in self.lengths:
                 m = generate_mesh(s, self.spec)
@@ -218,21 +214,17 @@ def train(cfg: MeshTrainConfig, out: Path, log: Callable[[str], None] = lambda s
     ev = evaluate(model, task.val)
     metrics = {"steps": progress.step, "train_minutes": round(progress.cpu / 60, 2),
                **{k: round(v, 4) for k, v in ev.items()}, "history": progress.history}
-    state, meta = fp16_state(model, untie=True), entry_meta(cfg, metrics)
-    write_entry(out, state, meta)
-    publish("target", register, cfg.ship_dir, state, meta, Path(cfg.ship_dir).name)
-    log(f"done: step {progress.step}, val_loss {ev['val_loss']:.4f}, val_acc {ev['val_acc']:.4f}; wrote {out}")
-    return metrics
-
-
-def entry_meta(cfg: MeshTrainConfig, metrics: dict) -> dict:
-    """config.json of the trained backbone (registry layout)."""
     tied = {"decoder.output.weight": "decoder.tok_embeddings.weight"}
-    return {"kind": "target", "builder": "mesh_gpt", "kwargs": MeshGPT(**cfg.model_kwargs()).builder_kwargs(),
+    meta = {"kind": "target", "builder": "mesh_gpt", "kwargs": MeshGPT(**cfg.model_kwargs()).builder_kwargs(),
             "vocab_size": BPTTokenizer().vocab_size, "modality": "mesh", "tokenizer": "bpt",
             "num_points": cfg.num_points, "max_tokens": cfg.max_tokens, "tied": tied,
             "procedural": asdict(cfg.spec()),  # the distribution heads, benchmark and generate draw from
             "created_by": "python -m specgen.train.mesh", "train_config": asdict(cfg), "metrics": metrics}
+    state = fp16_state(model, untie=True)
+    write_entry(out, state, meta)
+    publish("target", register, cfg.ship_dir, state, meta, Path(cfg.ship_dir).name)
+    log(f"done: step {progress.step}, val_loss {ev['val_loss']:.4f}, val_acc {ev['val_acc']:.4f}; wrote {out}")
+    return metrics
 
 
 def main(argv: list[str] | None = None) -> int:
