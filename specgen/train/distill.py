@@ -91,19 +91,6 @@ def outputs(cfg: DistillConfig) -> list[tuple[str, str, str]]:
     return lora + [("target", cfg.name, "")] if cfg.register else []
 
 
-def check_trajectories(meta: dict, target_ref: str, tok_hash: str, cfg: DistillConfig,
-                       derived: tuple[str, ...] = ()) -> None:
-    """Refuse trajectories of another target/tokenizer or block size; `derived`: this model merged with the adapter
-    being continued (a later progressive round collects from the previous round's merged model)."""
-    if meta.get("tokenizer_hash") != tok_hash or meta.get("target") not in (target_ref, *derived):
-        raise IncompatibleError(
-            f"trajectories in {cfg.trajectories} come from {meta.get('target')} (tokenizer {meta.get('tokenizer_hash')}), "
-            f"but the model to distil is {target_ref} (tokenizer {tok_hash})")
-    if meta.get("block_size") != cfg.block_size:
-        raise IncompatibleError(f"block_size={cfg.block_size} but the trajectories in {cfg.trajectories} use "
-                                f"block size {meta.get('block_size')}")
-
-
 def kl_rows(student: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
     """Per-row KL(softmax(teacher/T) || softmax(student/T)); teacher is detached here. [R]."""
     t = F.log_softmax(teacher.detach().float() / temperature, -1)
@@ -210,8 +197,16 @@ def distill(cfg: DistillConfig, out: Path, log: Callable[[str], None] = lambda s
     if cfg.init_adapter:  # a later progressive round: continue an adapter of this model
         init = checkpoints.find(cfg.init_adapter)
         registry.check_pair(init, tm.entry)
+    # trajectories of this target and tokenizer, or of this model merged with the adapter being continued (a later
+    # progressive round collects from the previous round's merged model), at this block size
     derived = (init.meta.get("merged_target", ""),) if init is not None else ()
-    check_trajectories(meta, tm.entry.ref, tok_hash, cfg, derived)
+    if meta.get("tokenizer_hash") != tok_hash or meta.get("target") not in (tm.entry.ref, *derived):
+        raise IncompatibleError(f"trajectories in {cfg.trajectories} come from {meta.get('target')} (tokenizer "
+                                f"{meta.get('tokenizer_hash')}), but the model to distil is {tm.entry.ref} (tokenizer "
+                                f"{tok_hash})")
+    if meta.get("block_size") != cfg.block_size:
+        raise IncompatibleError(f"block_size={cfg.block_size} but the trajectories in {cfg.trajectories} use "
+                                f"block size {meta.get('block_size')}")
     groups = group_records(load_records(Path(cfg.trajectories)))
     if not groups:
         raise UsageError(f"{cfg.trajectories} holds no records")

@@ -10,7 +10,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 import torch.nn.functional as F
-
+from torch.nn.utils.rnn import pad_sequence
 from safetensors import safe_open
 from safetensors.torch import load_file
 
@@ -129,10 +129,7 @@ def make_labels(model: MeshGPT, cfg: HeadsTrainConfig, num_points: int, log: Cal
     for i in range(0, count, cfg.label_batch):
         seqs += sample_batch(model, pcs[i : i + cfg.label_batch], params, cfg.max_tokens, gen)
         log(f"labels {len(seqs)}/{count} ({time.perf_counter() - t0:.0f} s)")
-    tokens = torch.full((count, max(len(s) for s in seqs)), -1, dtype=torch.long)
-    for i, s in enumerate(seqs):
-        tokens[i, : len(s)] = torch.tensor(s)
-    return pcs, tokens
+    return pcs, pad_sequence([torch.tensor(s, dtype=torch.long) for s in seqs], batch_first=True, padding_value=-1)
 
 
 def soft_cross_entropy(logits: torch.Tensor, probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

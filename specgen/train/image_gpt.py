@@ -24,7 +24,7 @@ from specgen.image.captions import Caption
 from specgen.image.target import cfg_target
 from specgen.methods import run_batch
 from specgen.models.llamagen import GPT_CONFIGS, find_multiple, llamagen_config
-from specgen.models.transformer import Transformer, TransformerConfig
+from specgen.models.transformer import Transformer
 from specgen.train.checkpoint import brief, check_outputs, fp16_state, publish, save_tensors, shipped_copy
 from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask
 from specgen.train.optim import OptimConfig
@@ -134,14 +134,6 @@ def token_dataset(cfg: ImageGPTTrainConfig, log: Callable[[str], None], down: in
             "vq_model": vq, "image_size": crop // down}
 
 
-def model_config(cfg: ImageGPTTrainConfig, vocab: int, grid: int, num_classes: int) -> TransformerConfig:
-    base = llamagen_config(cfg.model, vocab=vocab, grid=grid, num_classes=num_classes)
-    n_layers, n_heads, dim = GPT_CONFIGS[cfg.model]
-    dim, n_heads = cfg.dim or dim, cfg.n_heads or n_heads
-    return replace(base, n_layers=cfg.n_layers or n_layers, n_heads=n_heads, n_kv_heads=n_heads, dim=dim,
-                   ffn_dim=find_multiple(int(2 * 4 * dim / 3), 256))
-
-
 def c2i_loss(model: Transformer, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """LlamaGen c2i cross-entropy: [cond, t_0..t_{N-2}] predicts [t_0..t_{N-1}]; tokens [B, N] long."""
     b, n = tokens.shape
@@ -218,7 +210,11 @@ def train(cfg: ImageGPTTrainConfig, out: Path, log: Callable[[str], None] = lamb
     torch.set_num_threads(cfg.num_threads)
     data = token_dataset(cfg, log, down)
     vocab, grid, classes = data["codebook_size"], data["grid"], data["classes"]
-    mcfg = model_config(cfg, vocab, grid, len(classes))
+    n_layers, n_heads, dim = GPT_CONFIGS[cfg.model]  # the recipe's sizes where > 0, else the named config's
+    dim, n_heads = cfg.dim or dim, cfg.n_heads or n_heads
+    mcfg = replace(llamagen_config(cfg.model, vocab=vocab, grid=grid, num_classes=len(classes)),
+                   n_layers=cfg.n_layers or n_layers, n_heads=n_heads, n_kv_heads=n_heads, dim=dim,
+                   ffn_dim=find_multiple(int(2 * 4 * dim / 3), 256))
     torch.manual_seed(cfg.seed)
     model = Transformer(mcfg).train()
     with torch.no_grad():  # LlamaGen init: normal(0.02) linears/embeddings, zero output head

@@ -10,6 +10,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.nn.utils.rnn import pad_sequence
 
 from specgen.mesh.pointcloud import sample_surface
 from specgen.mesh.procedural import ProceduralSpec, generate_mesh, split_seeds
@@ -80,10 +81,7 @@ def mesh_example(seed: int, num_points: int, pc_seed, spec: ProceduralSpec | Non
 
 def collate(items: list[tuple[np.ndarray, np.ndarray]]) -> tuple[torch.Tensor, torch.Tensor]:
     """Point clouds [B, N, 6] and tokens [B, L] padded with -1."""
-    length = max(len(t) for _, t in items)
-    tokens = torch.full((len(items), length), -1, dtype=torch.long)
-    for i, (_, t) in enumerate(items):
-        tokens[i, : len(t)] = torch.as_tensor(t)
+    tokens = pad_sequence([torch.as_tensor(t, dtype=torch.long) for _, t in items], batch_first=True, padding_value=-1)
     return torch.from_numpy(np.stack([p for p, _ in items])), tokens
 
 
