@@ -24,10 +24,6 @@ class LoRALinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.base(x) + (x @ self.lora_A.t() @ self.lora_B.t()) * self.scale
 
-    def delta(self) -> torch.Tensor:
-        """The merged update (alpha / rank) * B @ A, [out, in]."""
-        return (self.lora_B @ self.lora_A) * self.scale
-
 
 def _set(model: nn.Module, path: str, module: nn.Module) -> None:
     parent, _, leaf = path.rpartition(".")
@@ -69,7 +65,7 @@ def merge_lora(model: nn.Module) -> None:
     for name, m in list(model.named_modules()):
         if isinstance(m, LoRALinear):
             with torch.no_grad():
-                m.base.weight += m.delta().to(m.base.weight.dtype)
+                m.base.weight += ((m.lora_B @ m.lora_A) * m.scale).to(m.base.weight.dtype)  # [out, in]
             m.base.requires_grad_(True)
             _set(model, name, m.base)
 

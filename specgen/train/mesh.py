@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -111,14 +112,8 @@ class SeedStream:
 def eval_set(count: int, num_points: int, max_tokens: int, spec: ProceduralSpec | None = None
              ) -> list[tuple[np.ndarray, np.ndarray]]:
     """Fixed validation examples (first `count` validation seeds within max_tokens)."""
-    out = []
-    for s in split_seeds("validation"):
-        pc, t = mesh_example(int(s), num_points, int(s), spec)
-        if len(t) <= max_tokens:
-            out.append((pc, t))
-        if len(out) == count:
-            return out
-    return out
+    examples = (mesh_example(int(s), num_points, int(s), spec) for s in split_seeds("validation"))
+    return list(itertools.islice(((pc, t) for pc, t in examples if len(t) <= max_tokens), count))
 
 
 def sequence_loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

@@ -126,26 +126,19 @@ class VQFeatureDistance(nn.Module):
         return total
 
 
-def local_lpips():
-    """LPIPS (VGG) if the package and the VGG weights are already on this machine, else None (no download)."""
-    try:
-        import lpips  # optional dependency
-    except ImportError:
-        return None
-    hub = Path(torch.hub.get_dir()) / "checkpoints"
-    if not any(hub.glob("vgg16-*.pth")):
-        return None
-    net = lpips.LPIPS(net="vgg", verbose=False).eval()
-    net.name = "lpips"  # one distance per image: the trainer takes their mean
-    return net
-
-
 def perceptual_loss(kind: str, vq) -> nn.Module | None:
+    """The distance `perceptual` names: auto is LPIPS (VGG) if the package and the VGG weights are already on this
+    machine (nothing is downloaded), else the VQ-feature distance."""
     if kind == "none":
         return None
     if kind in ("auto", "lpips"):
-        net = local_lpips()
-        if net is not None:
+        try:
+            import lpips  # optional dependency
+        except ImportError:
+            lpips = None
+        if lpips is not None and any((Path(torch.hub.get_dir()) / "checkpoints").glob("vgg16-*.pth")):
+            net = lpips.LPIPS(net="vgg", verbose=False).eval()
+            net.name = "lpips"  # one distance per image: the trainer takes their mean
             return net
         if kind == "lpips":
             raise MissingDependencyError("perceptual=lpips needs the lpips package and the VGG16 weights in the "
