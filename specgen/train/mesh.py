@@ -183,14 +183,13 @@ class MeshTask(TrainTask):
 def train(cfg: MeshTrainConfig, out: Path, log: Callable[[str], None] = lambda s: None,
           device: str = "cpu", register: str = "") -> dict[str, Any]:
     """Run (or resume) training into `out` on the shared loop, install it as target/`register` (unless ""); returns
-    the final metrics.
-
-    `max_minutes` counts the CPU time of the training process over all sessions: pauses (SIGSTOP) and other
-    jobs on a shared machine do not eat the budget."""
+    the final metrics."""
     torch.set_num_threads(cfg.num_threads)
     torch.manual_seed(cfg.seed)
     model = MeshGPT(**cfg.model_kwargs()).train()
     table = FactoredTable(BPTTokenizer(), cfg.dim) if cfg.factored_embedding else None
+    # max_minutes counts the training process's CPU time over all sessions: pauses (SIGSTOP) and other jobs on a
+    # shared machine do not eat the budget
     loop = Loop(LoopOptions.of(cfg, budget="cpu", device=device), log)
     task = MeshTask(cfg, model, table, loop.log)
     n_params = sum(p.numel() for p in model.parameters())  # the tied LM head is counted once

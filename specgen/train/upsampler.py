@@ -172,18 +172,6 @@ def augment(x: torch.Tensor, g: torch.Generator) -> torch.Tensor:
     return x[..., s + dy : s + dy + x.shape[-2] - 2 * s, s + dx : s + dx + x.shape[-1] - 2 * s]
 
 
-class LeCam:
-    """LeCam regulariser (Tseng et al. 2021) with EMAs of the discriminator's real/fake outputs."""
-
-    def __init__(self, decay: float) -> None:
-        self.decay, self.real, self.fake = decay, 0.0, 0.0
-
-    def __call__(self, real: torch.Tensor, fake: torch.Tensor) -> torch.Tensor:
-        self.real = self.decay * self.real + (1 - self.decay) * real.mean().item()
-        self.fake = self.decay * self.fake + (1 - self.decay) * fake.mean().item()
-        return F.relu(real - self.fake).pow(2).mean() + F.relu(self.real - fake).pow(2).mean()
-
-
 def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
     mse = float(F.mse_loss(a.clamp(-1, 1), b.clamp(-1, 1)))
     return 10 * math.log10(4.0 / max(mse, 1e-12))
@@ -223,12 +211,18 @@ class PairTask(TrainTask):
         self.modules = {"model": model}
         self.optims = {"opt_g": Optim(cfg.adamw(model.pair.parameters()), lambda s: cfg.lr, cfg.grad_clip),
                        "opt_d": Optim(cfg.adamw(model.disc.parameters(), cfg.disc_lr), lambda s: cfg.disc_lr)}
-        self.lecam = {"up": LeCam(cfg.lecam_decay), "down": LeCam(cfg.lecam_decay)}
+        self.ema = {"up": [0.0, 0.0], "down": [0.0, 0.0]}  # LeCam's EMAs of each discriminator's real / fake outputs
 
     def batch(self, at: At):
         d = self.data
         idx, g = at.draw(self.cfg.seed, self.cfg.steps, d["train_hi"].shape[0], self.cfg.batch_size)
         return d["train_pixels"][idx], d["train_lo"][idx].long(), d["train_hi"][idx].long(), g, at.step
+
+    def lecam(self, side: str, real: torch.Tensor, fake: torch.Tensor) -> torch.Tensor:
+        """LeCam regulariser (Tseng et al. 2021) against EMAs of the discriminator's real/fake outputs."""
+        d, ema = self.cfg.lecam_decay, self.ema[side]
+        ema[:] = d * ema[0] + (1 - d) * real.mean().item(), d * ema[1] + (1 - d) * fake.mean().item()
+        return F.relu(real - ema[1]).pow(2).mean() + F.relu(ema[0] - fake).pow(2).mean()
 
     def render(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Straight-through decode of latents; returns (image, commitment loss)."""
@@ -276,7 +270,7 @@ class PairTask(TrainTask):
             dr = model.disc[side](augment(real, g) if cfg.augment else real)
             df = model.disc[side](augment(img.detach(), g) if cfg.augment else img.detach())
             d_side = F.relu(1 - dr).mean() + F.relu(1 + df).mean()
-            d_loss = d_loss + d_side + cfg.lecam_weight * self.lecam[side](dr, df)
+            d_loss = d_loss + d_side + cfg.lecam_weight * self.lecam(side, dr, df)
             logs[f"{side}_disc"] = d_side.item()
         return {"opt_g": loss, "opt_d": d_loss}, logs
 
@@ -287,11 +281,10 @@ class PairTask(TrainTask):
         return {"step": progress.step, **ev, "elapsed_s": round(progress.elapsed, 1)}
 
     def meta(self) -> dict[str, Any]:
-        return {"lecam": {k: (v.real, v.fake) for k, v in self.lecam.items()}}
+        return {"lecam": self.ema}
 
     def restore(self, meta: dict[str, Any], progress: Progress) -> None:
-        for k, v in self.lecam.items():
-            v.real, v.fake = meta["lecam"][k]
+        self.ema = {k: list(meta["lecam"][k]) for k in self.ema}
 
 
 def train(cfg: UpsamplerTrainConfig, out: Path, log: Callable[[str], None] = lambda s: None,
