@@ -91,10 +91,6 @@ def pair_dataset(cfg: UpsamplerTrainConfig, vq, digest: str, log: Callable[[str]
     return cached_tokens(path, build, log)
 
 
-def to_float(px: torch.Tensor) -> torch.Tensor:
-    return px.float() / 127.5 - 1.0
-
-
 def vq_features(vq, x: torch.Tensor) -> list[torch.Tensor]:
     """Activations of the frozen VQ encoder after conv_in and after every resolution level."""
     enc = vq.encoder
@@ -182,7 +178,7 @@ def evaluate(pair: UpDownSampler, vq, data: dict, r: int) -> dict[str, float]:
     """Held-out token agreement and PSNR of U_r / D_r against the real crops, next to naive baselines."""
     device = pair.codebook.device
     hi, lo = data["eval_hi"].long().to(device), data["eval_lo"].long().to(device)
-    x_hi = to_float(data["eval_pixels"].to(device))
+    x_hi = data["eval_pixels"].to(device).float() / 127.5 - 1.0  # uint8 pixels -> [-1, 1]
     x_lo = downscale(x_hi, r)
     out: dict[str, float] = {}
     up = torch.cat([pair.upsample_tokens(lo[i : i + 64]) for i in range(0, lo.shape[0], 64)])
@@ -234,7 +230,7 @@ class PairTask(TrainTask):
     def loss(self, batch):
         cfg, pair, model, perc = self.cfg, self.pair, self.model, self.perc
         pixels, lo, hi, g, step = batch
-        x_hi = to_float(pixels)
+        x_hi = pixels.float() / 127.5 - 1.0  # uint8 pixels -> [-1, 1]
         x_lo = downscale(x_hi, cfg.scale)
         gan_on = cfg.gan_weight > 0 and step >= cfg.gan_start
         z_up = pair.up_latents(lo)
