@@ -286,6 +286,8 @@ class Loop:
 
     def run(self, task: TrainTask, checkpoint: StateFile | None = None) -> Progress:
         """Train `task` to `options.steps` (or `stop_after`, or the time budget), resuming from `checkpoint`."""
+        from accelerate.utils import send_to_device  # deferred: start-up (as in Loop.__init__)
+
         o = self.options
         p = Progress()
         for m in task.modules.values():
@@ -317,7 +319,9 @@ class Loop:
             logs: dict[str, float] = {}
             stepped: set[str] = set()
             for micro in range(o.grad_accum):
-                batch = _to_device(task.batch(At(step, micro, o.grad_accum, self.rank, self.world)), self.device)
+                batch = task.batch(At(step, micro, o.grad_accum, self.rank, self.world))
+                if self.device.type != "cpu":  # the batch's (nested) tensors on the device
+                    batch = send_to_device(batch, self.device)
                 with self.acc.autocast():
                     losses, parts = task.loss(batch)
                 if isinstance(losses, torch.Tensor):
@@ -386,12 +390,3 @@ def _means(window: list[dict[str, float]]) -> dict[str, float]:
     """Per key, the mean over the steps that logged it (keys in first-seen order)."""
     vals = {k: [w[k] for w in window if k in w] for k in dict.fromkeys(k for w in window for k in w)}
     return {k: sum(v) / len(v) for k, v in vals.items()}
-
-
-def _to_device(batch: Any, device: torch.device) -> Any:
-    """Tensors of a (nested) batch on `device`; unchanged on the CPU."""
-    if device.type == "cpu":
-        return batch
-    from accelerate.utils import send_to_device  # deferred: start-up (as in Loop.__init__)
-
-    return send_to_device(batch, device)
