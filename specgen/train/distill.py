@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
 import random
-import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -142,8 +142,8 @@ def cllm_losses(model, blocks: list[dict], cfg: DistillConfig, rng: random.Rando
 
 
 class DistillTask(TrainTask):
-    """pcLLM or CLLM losses on the trajectories: micro-batch `at` trains on prompt `sample_index(...)` with a
-    random.Random seeded by (seed, prompt, step), so a resumed or multi-process run sees what one process does."""
+    """pcLLM or CLLM losses on the trajectories: micro-batch `at` trains on a prompt of a seeded per-epoch order with
+    a random.Random seeded by (seed, prompt, step), so a resumed or multi-process run sees what one process does."""
 
     def __init__(self, cfg: DistillConfig, model, params: list, groups: list[list[dict]],
                  stop_ids: tuple[int, ...]) -> None:
@@ -290,17 +290,11 @@ def export_adapter(name: str, folder: Path, merge_scale: float | None = None) ->
     return atomic_dir(folder, fill)
 
 
-if __name__ == "__main__":  # python -m specgen.train.distill export ADAPTER FOLDER
-    if len(sys.argv) not in (4, 5) or sys.argv[1] != "export":
-        print("usage: python -m specgen.train.distill export ADAPTER FOLDER [MERGE_SCALE]", file=sys.stderr)
-        raise SystemExit(2)
-
-    def export() -> int:
-        try:
-            scale = float(sys.argv[4]) if len(sys.argv) == 5 else None
-        except ValueError:
-            raise UsageError(f"MERGE_SCALE must be a number, got {sys.argv[4]!r}") from None
-        print(export_adapter(sys.argv[2], Path(sys.argv[3]), scale))
-        return 0
-
-    raise SystemExit(run_script(export))
+if __name__ == "__main__":  # python -m specgen.train.distill export ADAPTER FOLDER [MERGE_SCALE]
+    parser = argparse.ArgumentParser(prog="python -m specgen.train.distill", description=export_adapter.__doc__)
+    parser.add_argument("command", choices=["export"])
+    parser.add_argument("adapter")
+    parser.add_argument("folder", type=Path)
+    parser.add_argument("merge_scale", nargs="?", type=float)
+    args = parser.parse_args()
+    raise SystemExit(run_script(lambda: print(export_adapter(args.adapter, args.folder, args.merge_scale)) or 0))
