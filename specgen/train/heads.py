@@ -315,12 +315,11 @@ class HeadsTrainer:
         dev = devices.resolve_device(self.device)
         self.model.to(dev), self.heads.to(dev)
         pcs, tokens = pcs.to(dev), tokens.to(dev)
-        n = cfg.num_sequences
         lm_head, embed = self.model.decoder.output, self.model.decoder.tok_embeddings  # both frozen (tied)
         # stage 1: frozen backbone features, computed once
         self.model.eval()
         hidden, cond = backbone_features(self.model, pcs, tokens)
-        ev_idx = list(range(n, len(tokens)))
+        ev_idx = list(range(cfg.num_sequences, len(tokens)))
         label_params = SamplingParams(cfg.label_temperature, cfg.label_top_k, cfg.label_top_p)
         use_soft = cfg.head_targets == "soft"
         known = known_rows(tokens) if cfg.skip_known_offsets else None  # [S, L]

@@ -180,10 +180,8 @@ class StateFile:
 
     def save(self, task: TrainTask, meta: dict[str, Any]) -> None:
         tensors = {f"{name}.{k}": v for name, m in task.modules.items() for k, v in self._state(m).items()}
-        for name, opt in task.optims.items():
-            for i, p in enumerate(opt.params()):
-                for k, v in opt.optimizer.state.get(p, {}).items():
-                    tensors[f"{name}.{i}.{k}"] = torch.as_tensor(v)
+        tensors |= {f"{name}.{i}.{k}": torch.as_tensor(v) for name, opt in task.optims.items()
+                    for i, p in enumerate(opt.params()) for k, v in opt.optimizer.state.get(p, {}).items()}
         tensors.update({**task.extra_tensors(), RNG_KEY: torch.get_rng_state()})
         save_tensors(Path(self.path), {k: v.detach().clone() for k, v in tensors.items()},
                      {"meta": json.dumps({**self.expect, **meta})})

@@ -84,9 +84,8 @@ def pair_dataset(cfg: UpsamplerTrainConfig, vq, digest: str, log: Callable[[str]
 
     def build() -> dict[str, torch.Tensor]:
         log(f"tokenising crops (high {cfg.crop_size}px, low {cfg.crop_size // cfg.scale}px) -> {path}")
-        tr = crop_tokens(vq, "train", cfg.num_crops, cfg.data_seed, cfg.crop_size, cfg.scale, log)
-        ev = crop_tokens(vq, "eval", cfg.eval_crops, cfg.data_seed, cfg.crop_size, cfg.scale, log)
-        return {**{f"train_{k}": v for k, v in tr.items()}, **{f"eval_{k}": v for k, v in ev.items()}}
+        return {f"{split}_{k}": v for split, n in (("train", cfg.num_crops), ("eval", cfg.eval_crops))
+                for k, v in crop_tokens(vq, split, n, cfg.data_seed, cfg.crop_size, cfg.scale, log).items()}
 
     return cached_tokens(path, build, log)
 
