@@ -66,18 +66,6 @@ class UpsamplerTrainConfig(AdamWConfig):
     ship_dir: str = ""  # also write model.safetensors + config.json here
 
 
-def check_config(cfg: UpsamplerTrainConfig, vq_downsample: int) -> None:
-    """One-line usage errors for values no run could use."""
-    if cfg.scale < 2 or cfg.scale & (cfg.scale - 1):
-        raise UsageError(f"scale must be a power of two >= 2 (2 or 4 in the paper), got {cfg.scale}")
-    if cfg.crop_size % (cfg.scale * vq_downsample):
-        raise UsageError(f"crop_size {cfg.crop_size} must be a multiple of scale x VQ downsample "
-                         f"({cfg.scale} x {vq_downsample})")
-    if cfg.kernel % 2 == 0:  # counts >= 1: specgen.config_checks
-        raise UsageError(f"kernel must be odd, got {cfg.kernel}")
-    check_choices(cfg, {"perceptual": ("auto", "lpips", "vq-features", "none")})
-
-
 def pair_dataset(cfg: UpsamplerTrainConfig, vq, digest: str, log: Callable[[str], None]) -> dict[str, torch.Tensor]:
     key = f"vq{digest}-seed{cfg.data_seed}-crop{cfg.crop_size}-x{cfg.scale}-train{cfg.num_crops}-eval{cfg.eval_crops}"
     path = Path(cfg.token_cache) / f"{key}.safetensors"
@@ -288,8 +276,16 @@ def train(cfg: UpsamplerTrainConfig, out: Path, log: Callable[[str], None] = lam
     torch.set_num_threads(cfg.num_threads)
     vq, doc, digest = load_vq(cfg.vq)
     vq.requires_grad_(False)
-    check_config(cfg, vq.config.downsample)
     vcfg = vq.config
+    # one-line usage errors for values no run could use (counts >= 1: specgen.config_checks)
+    if cfg.scale < 2 or cfg.scale & (cfg.scale - 1):
+        raise UsageError(f"scale must be a power of two >= 2 (2 or 4 in the paper), got {cfg.scale}")
+    if cfg.crop_size % (cfg.scale * vcfg.downsample):
+        raise UsageError(f"crop_size {cfg.crop_size} must be a multiple of scale x VQ downsample "
+                         f"({cfg.scale} x {vcfg.downsample})")
+    if cfg.kernel % 2 == 0:
+        raise UsageError(f"kernel must be odd, got {cfg.kernel}")
+    check_choices(cfg, {"perceptual": ("auto", "lpips", "vq-features", "none")})
     pcfg = UpsamplerConfig(codebook_size=vcfg.codebook_size, embed_dim=vcfg.codebook_embed_dim,
                            l2_norm=vcfg.codebook_l2_norm, scale=cfg.scale, channels=cfg.channels,
                            blocks=cfg.blocks, kernel=cfg.kernel, skip=cfg.skip)

@@ -187,7 +187,7 @@ class VQTrainer(TrainTask):
         """Held-out metrics; the fp16 export is rewritten with them (a usable VQ at every evaluation)."""
         ev = evaluate(self.model, self.eval_images.to(devices.module_device(self.model)))
         record = {"step": progress.step, "elapsed_s": round(progress.elapsed, 1), "cpu_s": round(progress.cpu, 1), **ev}
-        self.export(self._metrics(progress, [*progress.history, record]))
+        self.export(self._metrics(progress, [*progress.history, record], record))
         return record
 
     def run(self) -> dict[str, Any]:
@@ -203,10 +203,8 @@ class VQTrainer(TrainTask):
         self.log(f"done: {json.dumps(metrics)}")
         return metrics
 
-    def _metrics(self, p: Progress, history: list[dict[str, Any]], last: dict[str, Any] | None = None
-                 ) -> dict[str, Any]:
-        """Run metrics; held-out ones from `last` (default: the last evaluation)."""
-        last = last or (history[-1] if history else {})
+    def _metrics(self, p: Progress, history: list[dict[str, Any]], last: dict[str, Any]) -> dict[str, Any]:
+        """Run metrics; held-out ones from `last` (an evaluation)."""
         return {
             "step": p.step, "steps": self.cfg.steps, "train_seconds": round(p.elapsed, 1),
             "train_cpu_seconds": round(p.cpu, 1),
