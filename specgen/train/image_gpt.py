@@ -182,10 +182,8 @@ def decode_images(model: Transformer, target, prompts: list[list[int]], temperat
     res = run_batch(target, recorders.__getitem__, prompts, n, SamplingParams(temperature, top_k, top_p), (),
                     [generator] * len(prompts), len(prompts))
     tokens = torch.tensor([r.tokens for r in res.results], dtype=torch.long, device=model.device)
-    if not features:
-        return tokens
     # f_0..f_{n-1} of each row (a final forward past its last token, if any, is not one of them): [branches, B, N, D]
-    return tokens, torch.stack([torch.stack(r.features[:n], 1) for r in recorders], 1)
+    return (tokens, torch.stack([torch.stack(r.features[:n], 1) for r in recorders], 1)) if features else tokens
 
 
 def code_classifier(tokens: torch.Tensor, labels: torch.Tensor, vocab: int) -> Callable[..., float]:
@@ -205,10 +203,9 @@ def code_classifier(tokens: torch.Tensor, labels: torch.Tensor, vocab: int) -> C
 def train(cfg: ImageGPTTrainConfig, out: Path, log: Callable[[str], None] = lambda s: None,
           command: str = "python -m specgen.train.image_gpt", device: str = "cpu") -> dict[str, Any]:
     """Train (or resume) in `out` on crops downscaled by `cfg.down()`, register the result; returns the metrics."""
-    down = cfg.down()
     check_outputs([("target", cfg.name, cfg.ship_dir)])
     torch.set_num_threads(cfg.num_threads)
-    data = token_dataset(cfg, log, down)
+    data = token_dataset(cfg, log, cfg.down())
     vocab, grid, classes = data["codebook_size"], data["grid"], data["classes"]
     n_layers, n_heads, dim = GPT_CONFIGS[cfg.model]  # the recipe's sizes where > 0, else the named config's
     dim, n_heads = cfg.dim or dim, cfg.n_heads or n_heads

@@ -15,9 +15,8 @@ SCHEDULES: dict[str, Callable[[int, int, random.Random], float]] = {
 MASKS = ("noisy", "clean", "window")
 
 
-def noise_schedule(name: str, num_blocks: int, window: int, rng: random.Random | None = None) -> list[float]:
+def noise_schedule(name: str, num_blocks: int, window: int, rng: random.Random) -> list[float]:
     """Scheduled noise ratio t_i of each of `num_blocks` blocks (`name`: one of SCHEDULES)."""
-    rng = rng or random.Random(0)
     return [SCHEDULES[name](i, window, rng) for i in range(num_blocks)]
 
 
