@@ -67,8 +67,7 @@ class ImageGPTTrainConfig(OptimConfig):
 
 def load_vq(ref: str):
     """(VQModel in eval mode, its config.json dict, sha256 of its weights file) of a folder or registry name."""
-    folder = Path(ref)
-    entry = registry.entry_at(folder) if (folder / "config.json").is_file() else checkpoints.find(ref)
+    entry = registry.entry_at(Path(ref)) if (Path(ref) / "config.json").is_file() else checkpoints.find(ref)
     try:
         raw = (entry.path / "model.safetensors").read_bytes()
     except OSError as e:

@@ -101,11 +101,10 @@ class VQFeatureDistance(nn.Module):
         self.vq = vq
 
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        unit = lambda f: f / (f.pow(2).sum(1, keepdim=True).sqrt() + 1e-10)  # noqa: E731 - unit length over channels
         total = a.new_zeros(())
         for fa, fb in zip(vq_features(self.vq, a), vq_features(self.vq, b)):
-            na = fa / (fa.pow(2).sum(1, keepdim=True).sqrt() + 1e-10)
-            nb = fb / (fb.pow(2).sum(1, keepdim=True).sqrt() + 1e-10)
-            total = total + (na - nb).pow(2).sum(1).mean()
+            total = total + (unit(fa) - unit(fb)).pow(2).sum(1).mean()
         return total
 
 
