@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
+import itertools
 import json
 import random
-import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -90,19 +91,6 @@ def outputs(cfg: DistillConfig) -> list[tuple[str, str, str]]:
     return lora + [("target", cfg.name, "")] if cfg.register else []
 
 
-def check_trajectories(meta: dict, target_ref: str, tok_hash: str, cfg: DistillConfig,
-                       derived: tuple[str, ...] = ()) -> None:
-    """Refuse trajectories of another target/tokenizer or block size; `derived`: this model merged with the adapter
-    being continued (a later progressive round collects from the previous round's merged model)."""
-    if meta.get("tokenizer_hash") != tok_hash or meta.get("target") not in (target_ref, *derived):
-        raise IncompatibleError(
-            f"trajectories in {cfg.trajectories} come from {meta.get('target')} (tokenizer {meta.get('tokenizer_hash')}), "
-            f"but the model to distil is {target_ref} (tokenizer {tok_hash})")
-    if meta.get("block_size") != cfg.block_size:
-        raise IncompatibleError(f"block_size={cfg.block_size} but the trajectories in {cfg.trajectories} use "
-                                f"block size {meta.get('block_size')}")
-
-
 def kl_rows(student: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
     """Per-row KL(softmax(teacher/T) || softmax(student/T)); teacher is detached here. [R]."""
     t = F.log_softmax(teacher.detach().float() / temperature, -1)
@@ -154,8 +142,8 @@ def cllm_losses(model, blocks: list[dict], cfg: DistillConfig, rng: random.Rando
 
 
 class DistillTask(TrainTask):
-    """pcLLM or CLLM losses on the trajectories: micro-batch `at` trains on prompt `sample_index(...)` with a
-    random.Random seeded by (seed, prompt, step), so a resumed or multi-process run sees what one process does."""
+    """pcLLM or CLLM losses on the trajectories: micro-batch `at` trains on a prompt of a seeded per-epoch order with
+    a random.Random seeded by (seed, prompt, step), so a resumed or multi-process run sees what one process does."""
 
     def __init__(self, cfg: DistillConfig, model, params: list, groups: list[list[dict]],
                  stop_ids: tuple[int, ...]) -> None:
@@ -167,7 +155,8 @@ class DistillTask(TrainTask):
 
     def batch(self, at: At):
         cfg, groups = self.cfg, self.groups
-        idx = sample_index(at, len(groups), cfg.seed)
+        epoch, pos = divmod(at.step * at.shards + at.shard, len(groups))  # a seeded permutation of prompts per epoch
+        idx = int(torch.randperm(len(groups), generator=torch.Generator().manual_seed(cfg.seed * 100_003 + epoch))[pos])
         rng = random.Random(cfg.seed * 1_000_003 + idx * 7919 + at.step)
         if cfg.objective == "pcllm":
             start = rng.randrange(0, len(groups[idx]), cfg.max_blocks) if cfg.max_blocks else 0
@@ -192,17 +181,8 @@ class DistillTask(TrainTask):
 
 def group_records(records: list[dict]) -> list[list[dict]]:
     """Block records grouped per prompt (sorted by block), prompts in data_id order."""
-    by: dict[int, list[dict]] = {}
-    for r in records:
-        by.setdefault(int(r["data_id"]), []).append(r)
-    return [sorted(v, key=lambda r: r["block"]) for _, v in sorted(by.items())]
-
-
-def sample_index(at: At, num: int, seed: int) -> int:
-    """Which prompt micro-batch `at` trains on: a seeded permutation per epoch (resume-safe)."""
-    epoch, pos = divmod(at.step * at.shards + at.shard, num)
-    perm = torch.randperm(num, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
-    return int(perm[pos])
+    ordered = sorted(records, key=lambda r: (int(r["data_id"]), r["block"]))
+    return [list(g) for _, g in itertools.groupby(ordered, key=lambda r: int(r["data_id"]))]
 
 
 def distill(cfg: DistillConfig, out: Path, log: Callable[[str], None] = lambda s: None, progress=None,
@@ -217,8 +197,16 @@ def distill(cfg: DistillConfig, out: Path, log: Callable[[str], None] = lambda s
     if cfg.init_adapter:  # a later progressive round: continue an adapter of this model
         init = checkpoints.find(cfg.init_adapter)
         registry.check_pair(init, tm.entry)
+    # trajectories of this target and tokenizer, or of this model merged with the adapter being continued (a later
+    # progressive round collects from the previous round's merged model), at this block size
     derived = (init.meta.get("merged_target", ""),) if init is not None else ()
-    check_trajectories(meta, tm.entry.ref, tok_hash, cfg, derived)
+    if meta.get("tokenizer_hash") != tok_hash or meta.get("target") not in (tm.entry.ref, *derived):
+        raise IncompatibleError(f"trajectories in {cfg.trajectories} come from {meta.get('target')} (tokenizer "
+                                f"{meta.get('tokenizer_hash')}), but the model to distil is {tm.entry.ref} (tokenizer "
+                                f"{tok_hash})")
+    if meta.get("block_size") != cfg.block_size:
+        raise IncompatibleError(f"block_size={cfg.block_size} but the trajectories in {cfg.trajectories} use "
+                                f"block size {meta.get('block_size')}")
     groups = group_records(load_records(Path(cfg.trajectories)))
     if not groups:
         raise UsageError(f"{cfg.trajectories} holds no records")
@@ -302,17 +290,11 @@ def export_adapter(name: str, folder: Path, merge_scale: float | None = None) ->
     return atomic_dir(folder, fill)
 
 
-if __name__ == "__main__":  # python -m specgen.train.distill export ADAPTER FOLDER
-    if len(sys.argv) not in (4, 5) or sys.argv[1] != "export":
-        print("usage: python -m specgen.train.distill export ADAPTER FOLDER [MERGE_SCALE]", file=sys.stderr)
-        raise SystemExit(2)
-
-    def export() -> int:
-        try:
-            scale = float(sys.argv[4]) if len(sys.argv) == 5 else None
-        except ValueError:
-            raise UsageError(f"MERGE_SCALE must be a number, got {sys.argv[4]!r}") from None
-        print(export_adapter(sys.argv[2], Path(sys.argv[3]), scale))
-        return 0
-
-    raise SystemExit(run_script(export))
+if __name__ == "__main__":  # python -m specgen.train.distill export ADAPTER FOLDER [MERGE_SCALE]
+    parser = argparse.ArgumentParser(prog="python -m specgen.train.distill", description=export_adapter.__doc__)
+    parser.add_argument("command", choices=["export"])
+    parser.add_argument("adapter")
+    parser.add_argument("folder", type=Path)
+    parser.add_argument("merge_scale", nargs="?", type=float)
+    args = parser.parse_args()
+    raise SystemExit(run_script(lambda: print(export_adapter(args.adapter, args.folder, args.merge_scale)) or 0))

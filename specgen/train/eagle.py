@@ -56,17 +56,6 @@ class EagleTrainConfig(OptimConfig):
     ship_dir: str = ""  # also write model.safetensors + config.json here (e.g. specgen/assets/image/eagle)
 
 
-def load_image_target(name: str):
-    """(entry, model) of a LlamaGen image target (c2i or t2i); anything else is a usage error."""
-    entry = checkpoints.find(name)
-    if entry.kind != "target":
-        raise UsageError(f"{entry.ref} is a {entry.kind}, not a target; pass target=<image target>")
-    model = checkpoints.load_module(entry)
-    if not isinstance(model, Transformer) or model.cfg.cond_kind not in ("class", "caption") or not model.cfg.rope_grid:
-        raise UsageError(f"{entry.ref} is not an image target (LlamaGen c2i or t2i GPT)")
-    return entry, model.requires_grad_(False)
-
-
 def training_captions(entry, model: Transformer, path: str) -> tuple[list[Caption], str]:
     """(captions, content hash) a t2i target trains on; ([], "") for c2i. Mismatches are one-line usage errors."""
     if model.cfg.cond_kind != "caption":
@@ -113,13 +102,6 @@ def generations(model: Transformer, n_per_class: int, cfg: EagleTrainConfig, see
         return {"tokens": torch.cat(toks), "labels": labels, "features": torch.cat(feats)}
 
     return cached_tokens(path, build, log) if cfg.data_cache else build()
-
-
-def rows(data: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Training rows: features [R, N, D] (one row per sequence and branch) and their tokens [R, N]."""
-    f = data["features"]
-    m, br = f.shape[:2]
-    return f.reshape(m * br, *f.shape[2:]), data["tokens"].repeat_interleave(br, dim=0)
 
 
 def drafter_inputs(feats: torch.Tensor, tokens: torch.Tensor, offset: int
@@ -174,7 +156,12 @@ def train(cfg: EagleTrainConfig, out: Path, log: Callable[[str], None] = lambda 
           device: str = "cpu", force: bool = False) -> Published | None:
     """Generate (or reuse) target samples, train (or resume) the drafter and register it (None on other ranks)."""
     torch.set_num_threads(cfg.num_threads)
-    entry, target = load_image_target(cfg.target)
+    entry = checkpoints.find(cfg.target)
+    if entry.kind != "target":
+        raise UsageError(f"{entry.ref} is a {entry.kind}, not a target; pass target=<image target>")
+    target = checkpoints.load_module(entry).requires_grad_(False)
+    if not (isinstance(target, Transformer) and target.cfg.cond_kind in ("class", "caption") and target.cfg.rope_grid):
+        raise UsageError(f"{entry.ref} is not an image target (LlamaGen c2i or t2i GPT)")
     captions, captions_sha = training_captions(entry, target, cfg.captions)
     torch.manual_seed(cfg.seed)
     net = EagleNet.from_target(target)
@@ -185,7 +172,8 @@ def train(cfg: EagleTrainConfig, out: Path, log: Callable[[str], None] = lambda 
     digest = hashlib.sha256((entry.path / registry.WEIGHTS).read_bytes()).hexdigest()[:16]
     train_data, eval_data = (generations(target, n, cfg, cfg.seed * 2 + i, digest, log, captions, captions_sha)
                              for i, n in ((1, cfg.samples_per_class), (2, cfg.eval_samples_per_class)))
-    feats, tokens = rows(train_data)
+    f = train_data["features"]  # training rows: one per sequence and branch, [R, N, D] and their tokens [R, N]
+    feats, tokens = f.flatten(0, 1), train_data["tokens"].repeat_interleave(f.shape[1], dim=0)
     loop = Loop(LoopOptions.of(cfg, eval_first=True, device=device), log)
     target.to(loop.device)  # the frozen head and embeddings the loss reads (samples were drawn on the CPU)
     # what the state must match to resume (and the drafter records): config, target weights, t2i captions' content

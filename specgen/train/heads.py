@@ -10,7 +10,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 import torch.nn.functional as F
-
+from torch.nn.utils.rnn import pad_sequence
 from safetensors import safe_open
 from safetensors.torch import load_file
 
@@ -129,10 +129,7 @@ def make_labels(model: MeshGPT, cfg: HeadsTrainConfig, num_points: int, log: Cal
     for i in range(0, count, cfg.label_batch):
         seqs += sample_batch(model, pcs[i : i + cfg.label_batch], params, cfg.max_tokens, gen)
         log(f"labels {len(seqs)}/{count} ({time.perf_counter() - t0:.0f} s)")
-    tokens = torch.full((count, max(len(s) for s in seqs)), -1, dtype=torch.long)
-    for i, s in enumerate(seqs):
-        tokens[i, : len(s)] = torch.tensor(s)
-    return pcs, tokens
+    return pcs, pad_sequence([torch.tensor(s, dtype=torch.long) for s in seqs], batch_first=True, padding_value=-1)
 
 
 def soft_cross_entropy(logits: torch.Tensor, probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -170,11 +167,6 @@ def heads_loss(heads: XSpecMeshHeads, hidden: torch.Tensor, cond: torch.Tensor, 
     return total, accs
 
 
-def ce_term(model: MeshGPT, pcs: torch.Tensor, tokens: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-    """The paper's L_backbone: mean CE of the LoRA backbone's logits [B, L, V] on the label tokens."""
-    return sequence_loss(logits, tokens)
-
-
 def kl_term(model: MeshGPT, pcs: torch.Tensor, tokens: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
     """Mean over label positions of KL(p_frozen || p_lora) at T 1; its minimiser is the unchanged backbone."""
     with torch.no_grad(), lora_disabled(model):
@@ -186,7 +178,8 @@ def kl_term(model: MeshGPT, pcs: torch.Tensor, tokens: torch.Tensor, logits: tor
 
 
 #: Stage 2's backbone term (`backbone_loss`), on the LoRA backbone's logits [B, L, V].
-BACKBONE_LOSSES = {"ce": ce_term, "kl": kl_term}
+BACKBONE_LOSSES = {"ce": lambda model, pcs, tokens, logits: sequence_loss(logits, tokens),  # the paper's: CE on labels
+                   "kl": kl_term}
 #: What the heads are trained towards (`head_targets`); eval losses always use the hard labels.
 HEAD_TARGETS = ("hard", "soft")
 
@@ -322,12 +315,11 @@ class HeadsTrainer:
         dev = devices.resolve_device(self.device)
         self.model.to(dev), self.heads.to(dev)
         pcs, tokens = pcs.to(dev), tokens.to(dev)
-        n = cfg.num_sequences
         lm_head, embed = self.model.decoder.output, self.model.decoder.tok_embeddings  # both frozen (tied)
         # stage 1: frozen backbone features, computed once
         self.model.eval()
         hidden, cond = backbone_features(self.model, pcs, tokens)
-        ev_idx = list(range(n, len(tokens)))
+        ev_idx = list(range(cfg.num_sequences, len(tokens)))
         label_params = SamplingParams(cfg.label_temperature, cfg.label_top_k, cfg.label_top_p)
         use_soft = cfg.head_targets == "soft"
         known = known_rows(tokens) if cfg.skip_known_offsets else None  # [S, L]

@@ -24,7 +24,7 @@ from specgen.image.captions import Caption
 from specgen.image.target import cfg_target
 from specgen.methods import run_batch
 from specgen.models.llamagen import GPT_CONFIGS, find_multiple, llamagen_config
-from specgen.models.transformer import Transformer, TransformerConfig
+from specgen.models.transformer import Transformer
 from specgen.train.checkpoint import brief, check_outputs, fp16_state, publish, save_tensors, shipped_copy
 from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask
 from specgen.train.optim import OptimConfig
@@ -67,8 +67,7 @@ class ImageGPTTrainConfig(OptimConfig):
 
 def load_vq(ref: str):
     """(VQModel in eval mode, its config.json dict, sha256 of its weights file) of a folder or registry name."""
-    folder = Path(ref)
-    entry = registry.entry_at(folder) if (folder / "config.json").is_file() else checkpoints.find(ref)
+    entry = registry.entry_at(Path(ref)) if (Path(ref) / "config.json").is_file() else checkpoints.find(ref)
     try:
         raw = (entry.path / "model.safetensors").read_bytes()
     except OSError as e:
@@ -134,14 +133,6 @@ def token_dataset(cfg: ImageGPTTrainConfig, log: Callable[[str], None], down: in
             "vq_model": vq, "image_size": crop // down}
 
 
-def model_config(cfg: ImageGPTTrainConfig, vocab: int, grid: int, num_classes: int) -> TransformerConfig:
-    base = llamagen_config(cfg.model, vocab=vocab, grid=grid, num_classes=num_classes)
-    n_layers, n_heads, dim = GPT_CONFIGS[cfg.model]
-    dim, n_heads = cfg.dim or dim, cfg.n_heads or n_heads
-    return replace(base, n_layers=cfg.n_layers or n_layers, n_heads=n_heads, n_kv_heads=n_heads, dim=dim,
-                   ffn_dim=find_multiple(int(2 * 4 * dim / 3), 256))
-
-
 def c2i_loss(model: Transformer, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """LlamaGen c2i cross-entropy: [cond, t_0..t_{N-2}] predicts [t_0..t_{N-1}]; tokens [B, N] long."""
     b, n = tokens.shape
@@ -190,41 +181,36 @@ def decode_images(model: Transformer, target, prompts: list[list[int]], temperat
     res = run_batch(target, recorders.__getitem__, prompts, n, SamplingParams(temperature, top_k, top_p), (),
                     [generator] * len(prompts), len(prompts))
     tokens = torch.tensor([r.tokens for r in res.results], dtype=torch.long, device=model.device)
-    if not features:
-        return tokens
     # f_0..f_{n-1} of each row (a final forward past its last token, if any, is not one of them): [branches, B, N, D]
-    return tokens, torch.stack([torch.stack(r.features[:n], 1) for r in recorders], 1)
+    return (tokens, torch.stack([torch.stack(r.features[:n], 1) for r in recorders], 1)) if features else tokens
 
 
-def code_histograms(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
-    """Normalised bag-of-codes histograms [B, vocab] of token grids [B, N]."""
-    t = tokens.long()
-    h = torch.zeros(t.shape[0], vocab).scatter_add_(1, t, torch.ones_like(t, dtype=torch.float))
-    return h / t.shape[1]
-
-
-def fit_code_classifier(tokens: torch.Tensor, labels: torch.Tensor, vocab: int):
-    """A logistic regression on bag-of-codes histograms (no pretrained network): predicts the source image."""
+def code_classifier(tokens: torch.Tensor, labels: torch.Tensor, vocab: int) -> Callable[..., float]:
+    """A logistic regression on normalised bag-of-codes histograms of token grids [B, N] (no pretrained network)
+    that predicts the source image: the accuracy(tokens, labels) it scores."""
     from sklearn.linear_model import LogisticRegression  # deferred: start-up (scikit-learn; final evaluation only)
 
-    clf = LogisticRegression(max_iter=300, C=10.0)
-    clf.fit(code_histograms(tokens, vocab).numpy(), labels.numpy())
-    return clf
+    def hist(t: torch.Tensor):  # [B, vocab]
+        t = t.long()
+        return (torch.zeros(t.shape[0], vocab).scatter_add_(1, t, torch.ones_like(t, dtype=torch.float)) / t.shape[1]
+                ).numpy()
 
-
-def class_accuracy(clf, tokens: torch.Tensor, labels: torch.Tensor, vocab: int) -> float:
-    return float((torch.from_numpy(clf.predict(code_histograms(tokens, vocab).numpy())) == labels).float().mean())
+    clf = LogisticRegression(max_iter=300, C=10.0).fit(hist(tokens), labels.numpy())
+    return lambda t, y: float((torch.from_numpy(clf.predict(hist(t))) == y).float().mean())
 
 
 def train(cfg: ImageGPTTrainConfig, out: Path, log: Callable[[str], None] = lambda s: None,
           command: str = "python -m specgen.train.image_gpt", device: str = "cpu") -> dict[str, Any]:
     """Train (or resume) in `out` on crops downscaled by `cfg.down()`, register the result; returns the metrics."""
-    down = cfg.down()
     check_outputs([("target", cfg.name, cfg.ship_dir)])
     torch.set_num_threads(cfg.num_threads)
-    data = token_dataset(cfg, log, down)
+    data = token_dataset(cfg, log, cfg.down())
     vocab, grid, classes = data["codebook_size"], data["grid"], data["classes"]
-    mcfg = model_config(cfg, vocab, grid, len(classes))
+    n_layers, n_heads, dim = GPT_CONFIGS[cfg.model]  # the recipe's sizes where > 0, else the named config's
+    dim, n_heads = cfg.dim or dim, cfg.n_heads or n_heads
+    mcfg = replace(llamagen_config(cfg.model, vocab=vocab, grid=grid, num_classes=len(classes)),
+                   n_layers=cfg.n_layers or n_layers, n_heads=n_heads, n_kv_heads=n_heads, dim=dim,
+                   ffn_dim=find_multiple(int(2 * 4 * dim / 3), 256))
     torch.manual_seed(cfg.seed)
     model = Transformer(mcfg).train()
     with torch.no_grad():  # LlamaGen init: normal(0.02) linears/embeddings, zero output head
@@ -242,7 +228,12 @@ def train(cfg: ImageGPTTrainConfig, out: Path, log: Callable[[str], None] = lamb
     if not loop.is_main:  # rank 0 measures and registers
         return {}
     metrics = progress.summary({**final_eval(cfg, model, data, out, log), "params": n_params})
-    register(cfg, model, data, metrics, command)
+    meta = {"builder": "llamagen-gpt", "kwargs": mcfg.to_dict(), "vocab_size": mcfg.vocab_size,
+            "modality": "image", "parent": None, "vq": cfg.vq_name, "grid": mcfg.rope_grid,
+            "classes": list(classes), "num_classes": mcfg.num_classes, "cls_token_num": mcfg.n_cond,
+            "image_size": data["image_size"], "vq_sha": data["vq_sha"],
+            "cfg_scale": cfg.cfg_scale, "created_by": command, "train_config": asdict(cfg), "metrics": metrics}
+    publish("target", cfg.name, cfg.ship_dir, fp16_state(model), meta, "tiny-image-gpt")
     log(f"done: {json.dumps(brief(metrics))}")
     return metrics
 
@@ -283,16 +274,16 @@ def final_eval(cfg: ImageGPTTrainConfig, model: Transformer, data: dict, out: Pa
     shipped = shipped_copy(model).eval()
     vocab, classes = data["codebook_size"], data["classes"]
     eval_loss = heldout_loss(shipped, data["eval_tokens"], data["eval_labels"])
-    clf = fit_code_classifier(data["train_tokens"], data["train_labels"], vocab)
-    real_acc = class_accuracy(clf, data["eval_tokens"], data["eval_labels"], vocab)
+    accuracy = code_classifier(data["train_tokens"], data["train_labels"], vocab)
+    real_acc = accuracy(data["eval_tokens"], data["eval_labels"])
     labels = torch.arange(len(classes)).repeat_interleave(cfg.samples_per_class)
     gen = torch.Generator().manual_seed(cfg.seed + 12345)
     t0 = time.perf_counter()
     toks = torch.cat([sample_c2i(shipped, labels[i : i + 32], cfg.cfg_scale, generator=gen)
                       for i in range(0, labels.shape[0], 32)])
     sample_s = time.perf_counter() - t0
-    sample_acc = class_accuracy(clf, toks, labels, vocab)
-    per_class = {c: class_accuracy(clf, toks[labels == i], labels[labels == i], vocab) for i, c in enumerate(classes)}
+    sample_acc = accuracy(toks, labels)
+    per_class = {c: accuracy(toks[labels == i], labels[labels == i]) for i, c in enumerate(classes)}
     vq = data["vq_model"]
     with torch.no_grad():
         images = vq.decode_indices(toks.view(-1, model.cfg.rope_grid, model.cfg.rope_grid))
@@ -303,16 +294,6 @@ def final_eval(cfg: ImageGPTTrainConfig, model: Transformer, data: dict, out: Pa
     return {"heldout_loss": round(eval_loss, 4), "classifier_acc_real_heldout": round(real_acc, 4),
             "classifier_acc_samples": round(sample_acc, 4), "sample_cfg_scale": cfg.cfg_scale,
             "samples_per_class": cfg.samples_per_class, "classifier_acc_per_class": per_class}
-
-
-def register(cfg: ImageGPTTrainConfig, model: Transformer, data: dict, metrics: dict, command: str) -> None:
-    mcfg = model.cfg
-    meta = {"builder": "llamagen-gpt", "kwargs": mcfg.to_dict(), "vocab_size": mcfg.vocab_size,
-            "modality": "image", "parent": None, "vq": cfg.vq_name, "grid": mcfg.rope_grid,
-            "classes": list(data["classes"]), "num_classes": mcfg.num_classes, "cls_token_num": mcfg.n_cond,
-            "image_size": data["image_size"], "vq_sha": data["vq_sha"],
-            "cfg_scale": cfg.cfg_scale, "created_by": command, "train_config": asdict(cfg), "metrics": metrics}
-    publish("target", cfg.name, cfg.ship_dir, fp16_state(model), meta, "tiny-image-gpt")
 
 
 def main(argv: list[str] | None = None, config: type[ImageGPTTrainConfig] = ImageGPTTrainConfig,

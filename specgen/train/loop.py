@@ -180,10 +180,8 @@ class StateFile:
 
     def save(self, task: TrainTask, meta: dict[str, Any]) -> None:
         tensors = {f"{name}.{k}": v for name, m in task.modules.items() for k, v in self._state(m).items()}
-        for name, opt in task.optims.items():
-            for i, p in enumerate(opt.params()):
-                for k, v in opt.optimizer.state.get(p, {}).items():
-                    tensors[f"{name}.{i}.{k}"] = torch.as_tensor(v)
+        tensors |= {f"{name}.{i}.{k}": torch.as_tensor(v) for name, opt in task.optims.items()
+                    for i, p in enumerate(opt.params()) for k, v in opt.optimizer.state.get(p, {}).items()}
         tensors.update({**task.extra_tensors(), RNG_KEY: torch.get_rng_state()})
         save_tensors(Path(self.path), {k: v.detach().clone() for k, v in tensors.items()},
                      {"meta": json.dumps({**self.expect, **meta})})
@@ -286,6 +284,8 @@ class Loop:
 
     def run(self, task: TrainTask, checkpoint: StateFile | None = None) -> Progress:
         """Train `task` to `options.steps` (or `stop_after`, or the time budget), resuming from `checkpoint`."""
+        from accelerate.utils import send_to_device  # deferred: start-up (as in Loop.__init__)
+
         o = self.options
         p = Progress()
         for m in task.modules.values():
@@ -317,7 +317,9 @@ class Loop:
             logs: dict[str, float] = {}
             stepped: set[str] = set()
             for micro in range(o.grad_accum):
-                batch = _to_device(task.batch(At(step, micro, o.grad_accum, self.rank, self.world)), self.device)
+                batch = task.batch(At(step, micro, o.grad_accum, self.rank, self.world))
+                if self.device.type != "cpu":  # the batch's (nested) tensors on the device
+                    batch = send_to_device(batch, self.device)
                 with self.acc.autocast():
                     losses, parts = task.loss(batch)
                 if isinstance(losses, torch.Tensor):
@@ -384,17 +386,5 @@ class Loop:
 
 def _means(window: list[dict[str, float]]) -> dict[str, float]:
     """Per key, the mean over the steps that logged it (keys in first-seen order)."""
-    keys: dict[str, list[float]] = {}
-    for w in window:
-        for k, v in w.items():
-            keys.setdefault(k, []).append(v)
-    return {k: sum(v) / len(v) for k, v in keys.items()}
-
-
-def _to_device(batch: Any, device: torch.device) -> Any:
-    """Tensors of a (nested) batch on `device`; unchanged on the CPU."""
-    if device.type == "cpu":
-        return batch
-    from accelerate.utils import send_to_device  # deferred: start-up (as in Loop.__init__)
-
-    return send_to_device(batch, device)
+    vals = {k: [w[k] for w in window if k in w] for k in dict.fromkeys(k for w in window for k in w)}
+    return {k: sum(v) / len(v) for k, v in vals.items()}

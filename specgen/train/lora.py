@@ -24,10 +24,6 @@ class LoRALinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.base(x) + (x @ self.lora_A.t() @ self.lora_B.t()) * self.scale
 
-    def delta(self) -> torch.Tensor:
-        """The merged update (alpha / rank) * B @ A, [out, in]."""
-        return (self.lora_B @ self.lora_A) * self.scale
-
 
 def _set(model: nn.Module, path: str, module: nn.Module) -> None:
     parent, _, leaf = path.rpartition(".")
@@ -46,12 +42,8 @@ def apply_lora(model: nn.Module, targets: tuple[str, ...], rank: int = 16, alpha
 
 def lora_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """Only the adapter tensors, keyed by the wrapped layer's path (as if it were never wrapped)."""
-    out = {}
-    for name, m in model.named_modules():
-        if isinstance(m, LoRALinear):
-            out[f"{name}.lora_A"] = m.lora_A.detach().clone()
-            out[f"{name}.lora_B"] = m.lora_B.detach().clone()
-    return out
+    return {f"{name}.lora_{n}": getattr(m, f"lora_{n}").detach().clone() for name, m in model.named_modules()
+            if isinstance(m, LoRALinear) for n in "AB"}
 
 
 @contextlib.contextmanager
@@ -73,7 +65,7 @@ def merge_lora(model: nn.Module) -> None:
     for name, m in list(model.named_modules()):
         if isinstance(m, LoRALinear):
             with torch.no_grad():
-                m.base.weight += m.delta().to(m.base.weight.dtype)
+                m.base.weight += ((m.lora_B @ m.lora_A) * m.scale).to(m.base.weight.dtype)  # [out, in]
             m.base.requires_grad_(True)
             _set(model, name, m.base)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -10,6 +11,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.nn.utils.rnn import pad_sequence
 
 from specgen.mesh.pointcloud import sample_surface
 from specgen.mesh.procedural import ProceduralSpec, generate_mesh, split_seeds
@@ -80,10 +82,7 @@ def mesh_example(seed: int, num_points: int, pc_seed, spec: ProceduralSpec | Non
 
 def collate(items: list[tuple[np.ndarray, np.ndarray]]) -> tuple[torch.Tensor, torch.Tensor]:
     """Point clouds [B, N, 6] and tokens [B, L] padded with -1."""
-    length = max(len(t) for _, t in items)
-    tokens = torch.full((len(items), length), -1, dtype=torch.long)
-    for i, (_, t) in enumerate(items):
-        tokens[i, : len(t)] = torch.as_tensor(t)
+    tokens = pad_sequence([torch.as_tensor(t, dtype=torch.long) for _, t in items], batch_first=True, padding_value=-1)
     return torch.from_numpy(np.stack([p for p, _ in items])), tokens
 
 
@@ -94,17 +93,13 @@ class SeedStream:
         self.rng_seed, self.max_tokens, self.spec = seed, max_tokens, spec
         self.lengths: dict[int, int] = {}
 
-    def seed_at(self, i: int) -> int:
-        train = split_seeds("train")
-        return int(train[int(np.random.default_rng([self.rng_seed, i]).integers(len(train)))])
-
     def pool(self, index: int, size: int) -> list[int]:
         """`size` usable seeds of pool `index` (a pure function of index), sorted by length."""
-        out, i = [], index * size * 4
+        out, i, train = [], index * size * 4, split_seeds("train")
         while len(out) < size:
             if i > (index + 1) * size * 4 + 100 * size:
                 raise ValueError(f"too few procedural meshes within {self.max_tokens} tokens")
-            s = self.seed_at(i)
+            s = int(train[int(np.random.default_rng([self.rng_seed, i]).integers(len(train)))])
             i += 1
             if s not in self.lengths:
                 m = generate_mesh(s, self.spec)
@@ -117,14 +112,8 @@ class SeedStream:
 def eval_set(count: int, num_points: int, max_tokens: int, spec: ProceduralSpec | None = None
              ) -> list[tuple[np.ndarray, np.ndarray]]:
     """Fixed validation examples (first `count` validation seeds within max_tokens)."""
-    out = []
-    for s in split_seeds("validation"):
-        pc, t = mesh_example(int(s), num_points, int(s), spec)
-        if len(t) <= max_tokens:
-            out.append((pc, t))
-        if len(out) == count:
-            return out
-    return out
+    examples = (mesh_example(int(s), num_points, int(s), spec) for s in split_seeds("validation"))
+    return list(itertools.islice(((pc, t) for pc, t in examples if len(t) <= max_tokens), count))
 
 
 def sequence_loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -194,14 +183,13 @@ class MeshTask(TrainTask):
 def train(cfg: MeshTrainConfig, out: Path, log: Callable[[str], None] = lambda s: None,
           device: str = "cpu", register: str = "") -> dict[str, Any]:
     """Run (or resume) training into `out` on the shared loop, install it as target/`register` (unless ""); returns
-    the final metrics.
-
-    `max_minutes` counts the CPU time of the training process over all sessions: pauses (SIGSTOP) and other
-    jobs on a shared machine do not eat the budget."""
+    the final metrics."""
     torch.set_num_threads(cfg.num_threads)
     torch.manual_seed(cfg.seed)
     model = MeshGPT(**cfg.model_kwargs()).train()
     table = FactoredTable(BPTTokenizer(), cfg.dim) if cfg.factored_embedding else None
+    # max_minutes counts the training process's CPU time over all sessions: pauses (SIGSTOP) and other jobs on a
+    # shared machine do not eat the budget
     loop = Loop(LoopOptions.of(cfg, budget="cpu", device=device), log)
     task = MeshTask(cfg, model, table, loop.log)
     n_params = sum(p.numel() for p in model.parameters())  # the tied LM head is counted once
@@ -218,21 +206,17 @@ def train(cfg: MeshTrainConfig, out: Path, log: Callable[[str], None] = lambda s
     ev = evaluate(model, task.val)
     metrics = {"steps": progress.step, "train_minutes": round(progress.cpu / 60, 2),
                **{k: round(v, 4) for k, v in ev.items()}, "history": progress.history}
-    state, meta = fp16_state(model, untie=True), entry_meta(cfg, metrics)
-    write_entry(out, state, meta)
-    publish("target", register, cfg.ship_dir, state, meta, Path(cfg.ship_dir).name)
-    log(f"done: step {progress.step}, val_loss {ev['val_loss']:.4f}, val_acc {ev['val_acc']:.4f}; wrote {out}")
-    return metrics
-
-
-def entry_meta(cfg: MeshTrainConfig, metrics: dict) -> dict:
-    """config.json of the trained backbone (registry layout)."""
     tied = {"decoder.output.weight": "decoder.tok_embeddings.weight"}
-    return {"kind": "target", "builder": "mesh_gpt", "kwargs": MeshGPT(**cfg.model_kwargs()).builder_kwargs(),
+    meta = {"kind": "target", "builder": "mesh_gpt", "kwargs": MeshGPT(**cfg.model_kwargs()).builder_kwargs(),
             "vocab_size": BPTTokenizer().vocab_size, "modality": "mesh", "tokenizer": "bpt",
             "num_points": cfg.num_points, "max_tokens": cfg.max_tokens, "tied": tied,
             "procedural": asdict(cfg.spec()),  # the distribution heads, benchmark and generate draw from
             "created_by": "python -m specgen.train.mesh", "train_config": asdict(cfg), "metrics": metrics}
+    state = fp16_state(model, untie=True)
+    write_entry(out, state, meta)
+    publish("target", register, cfg.ship_dir, state, meta, Path(cfg.ship_dir).name)
+    log(f"done: step {progress.step}, val_loss {ev['val_loss']:.4f}, val_acc {ev['val_acc']:.4f}; wrote {out}")
+    return metrics
 
 
 def main(argv: list[str] | None = None) -> int:

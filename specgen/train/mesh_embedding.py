@@ -17,13 +17,11 @@ def token_features(tok: BPTTokenizer) -> torch.Tensor:
     kind = tok.kinds(ids).astype(np.int64)  # [V]
     feats = np.zeros((v, 4 + 3 * b + 3 * o), dtype=np.float32)
     feats[ids, kind] = 1.0
-    for lo_id, kinds_here in ((0, 0), (tok.special_base, 2)):  # blocks and special blocks share coordinates
-        cell = ids[kind == kinds_here] - lo_id  # [512]
-        for axis, c in enumerate((cell // (b * b), cell // b % b, cell % b)):
-            feats[ids[kind == kinds_here], 4 + axis * b + c] = 1.0
-    cell = ids[kind == 1] - tok.offset_base  # [4096]
-    for axis, c in enumerate((cell // (o * o), cell // o % o, cell % o)):
-        feats[ids[kind == 1], 4 + 3 * b + axis * o + c] = 1.0
+    # kind, its first id, cells per axis, first column: blocks and special blocks share coordinates
+    for k, lo_id, s, col in ((0, 0, b, 4), (2, tok.special_base, b, 4), (1, tok.offset_base, o, 4 + 3 * b)):
+        cell = ids[kind == k] - lo_id  # [512] or [4096]
+        for axis, c in enumerate((cell // (s * s), cell // s % s, cell % s)):
+            feats[ids[kind == k], col + axis * s + c] = 1.0
     return torch.from_numpy(feats)
 
 

@@ -15,9 +15,8 @@ SCHEDULES: dict[str, Callable[[int, int, random.Random], float]] = {
 MASKS = ("noisy", "clean", "window")
 
 
-def noise_schedule(name: str, num_blocks: int, window: int, rng: random.Random | None = None) -> list[float]:
+def noise_schedule(name: str, num_blocks: int, window: int, rng: random.Random) -> list[float]:
     """Scheduled noise ratio t_i of each of `num_blocks` blocks (`name`: one of SCHEDULES)."""
-    rng = rng or random.Random(0)
     return [SCHEDULES[name](i, window, rng) for i in range(num_blocks)]
 
 
@@ -26,14 +25,11 @@ def first_mismatch(state: list[int], fixed: list[int]) -> int:
     return next((i for i, (a, b) in enumerate(zip(state, fixed)) if a != b), len(fixed))
 
 
-def noise_ratio(state: list[int], fixed: list[int]) -> float:
-    """Fraction of unconverged tokens: (n - first mismatch) / n (Jacobi Forcing's definition)."""
-    return (len(fixed) - first_mismatch(state, fixed)) / len(fixed)
-
-
 def nearest_state(trajectory: list[list[int]], fixed: list[int], ratio: float) -> list[int]:
-    """The trajectory state whose noise ratio is nearest `ratio` (ties: the earlier state)."""
-    best = min(range(len(trajectory)), key=lambda k: (abs(noise_ratio(trajectory[k], fixed) - ratio), k))
+    """The trajectory state whose noise ratio, its fraction of unconverged tokens (n - first mismatch) / n (Jacobi
+    Forcing's definition), is nearest `ratio` (ties: the earlier state)."""
+    n = len(fixed)
+    best = min(range(len(trajectory)), key=lambda k: (abs((n - first_mismatch(trajectory[k], fixed)) / n - ratio), k))
     return list(trajectory[best])
 
 

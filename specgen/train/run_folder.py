@@ -19,12 +19,6 @@ DISPOSABLE = ("config.json", "train.log")
 RUN_FILES = ("train.log", "state.safetensors", "stage1.safetensors", "stage2.safetensors")
 
 
-def differing(old: dict, new: dict, loose: tuple[str, ...] = (), only: tuple[str, ...] | None = None) -> list[str]:
-    """Keys recorded in both configs whose values differ (compared as JSON), except `loose` ones."""
-    keys = [k for k in (only if only is not None else sorted(new)) if k in old and k in new and k not in loose]
-    return [k for k in keys if json.dumps(old[k], sort_keys=True) != json.dumps(new[k], sort_keys=True, default=str)]
-
-
 def check_resume(out: Path, new: dict[str, Any], loose: tuple[str, ...] = (), only: tuple[str, ...] | None = None,
                  record: str = RECORD, section: str | None = None, run_files: tuple[str, ...] = RUN_FILES) -> bool:
     """True when OUT records a run with compatible settings (only `loose` keys differ), False when it records none;
@@ -44,7 +38,9 @@ def check_resume(out: Path, new: dict[str, Any], loose: tuple[str, ...] = (), on
         raise UsageError(f"{path} is unreadable, so this run cannot be resumed safely; use a fresh --out") from None
     if not isinstance(old, dict) or len(set(old) & set(new)) * 2 < len(new):
         raise UsageError(f"{path} is not a run record of this command; use an empty or new --out")
-    diff = differing(old, new, loose, only)
+    # keys recorded in both configs whose values differ (compared as JSON), except `loose` ones
+    keys = [k for k in (only if only is not None else sorted(new)) if k in old and k in new and k not in loose]
+    diff = [k for k in keys if json.dumps(old[k], sort_keys=True) != json.dumps(new[k], sort_keys=True, default=str)]
     if diff:
         shown = "; ".join(f"{k}={old[k]!r}, now {new[k]!r}" for k in diff[:4]) + ("; ..." if len(diff) > 4 else "")
         raise UsageError(f"{out} holds a run with a different config ({shown}); rerun with its settings to resume, "

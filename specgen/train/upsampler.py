@@ -66,33 +66,16 @@ class UpsamplerTrainConfig(AdamWConfig):
     ship_dir: str = ""  # also write model.safetensors + config.json here
 
 
-def check_config(cfg: UpsamplerTrainConfig, vq_downsample: int) -> None:
-    """One-line usage errors for values no run could use."""
-    if cfg.scale < 2 or cfg.scale & (cfg.scale - 1):
-        raise UsageError(f"scale must be a power of two >= 2 (2 or 4 in the paper), got {cfg.scale}")
-    if cfg.crop_size % (cfg.scale * vq_downsample):
-        raise UsageError(f"crop_size {cfg.crop_size} must be a multiple of scale x VQ downsample "
-                         f"({cfg.scale} x {vq_downsample})")
-    if cfg.kernel % 2 == 0:  # counts >= 1: specgen.config_checks
-        raise UsageError(f"kernel must be odd, got {cfg.kernel}")
-    check_choices(cfg, {"perceptual": ("auto", "lpips", "vq-features", "none")})
-
-
 def pair_dataset(cfg: UpsamplerTrainConfig, vq, digest: str, log: Callable[[str], None]) -> dict[str, torch.Tensor]:
     key = f"vq{digest}-seed{cfg.data_seed}-crop{cfg.crop_size}-x{cfg.scale}-train{cfg.num_crops}-eval{cfg.eval_crops}"
     path = Path(cfg.token_cache) / f"{key}.safetensors"
 
     def build() -> dict[str, torch.Tensor]:
         log(f"tokenising crops (high {cfg.crop_size}px, low {cfg.crop_size // cfg.scale}px) -> {path}")
-        tr = crop_tokens(vq, "train", cfg.num_crops, cfg.data_seed, cfg.crop_size, cfg.scale, log)
-        ev = crop_tokens(vq, "eval", cfg.eval_crops, cfg.data_seed, cfg.crop_size, cfg.scale, log)
-        return {**{f"train_{k}": v for k, v in tr.items()}, **{f"eval_{k}": v for k, v in ev.items()}}
+        return {f"{split}_{k}": v for split, n in (("train", cfg.num_crops), ("eval", cfg.eval_crops))
+                for k, v in crop_tokens(vq, split, n, cfg.data_seed, cfg.crop_size, cfg.scale, log).items()}
 
     return cached_tokens(path, build, log)
-
-
-def to_float(px: torch.Tensor) -> torch.Tensor:
-    return px.float() / 127.5 - 1.0
 
 
 def vq_features(vq, x: torch.Tensor) -> list[torch.Tensor]:
@@ -118,44 +101,26 @@ class VQFeatureDistance(nn.Module):
         self.vq = vq
 
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        unit = lambda f: f / (f.pow(2).sum(1, keepdim=True).sqrt() + 1e-10)  # noqa: E731 - unit length over channels
         total = a.new_zeros(())
         for fa, fb in zip(vq_features(self.vq, a), vq_features(self.vq, b)):
-            na = fa / (fa.pow(2).sum(1, keepdim=True).sqrt() + 1e-10)
-            nb = fb / (fb.pow(2).sum(1, keepdim=True).sqrt() + 1e-10)
-            total = total + (na - nb).pow(2).sum(1).mean()
+            total = total + (unit(fa) - unit(fb)).pow(2).sum(1).mean()
         return total
 
 
-def local_lpips():
-    """LPIPS (VGG) if the package and the VGG weights are already on this machine, else None (no download)."""
-    try:
-        import lpips  # optional dependency
-    except ImportError:
-        return None
-    hub = Path(torch.hub.get_dir()) / "checkpoints"
-    if not any(hub.glob("vgg16-*.pth")):
-        return None
-    net = lpips.LPIPS(net="vgg", verbose=False).eval()
-
-    class _Lpips(nn.Module):
-        name = "lpips"
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.net = net
-
-        def forward(self, a, b):
-            return self.net(a, b).mean()
-
-    return _Lpips()
-
-
 def perceptual_loss(kind: str, vq) -> nn.Module | None:
+    """The distance `perceptual` names: auto is LPIPS (VGG) if the package and the VGG weights are already on this
+    machine (nothing is downloaded), else the VQ-feature distance."""
     if kind == "none":
         return None
     if kind in ("auto", "lpips"):
-        net = local_lpips()
-        if net is not None:
+        try:
+            import lpips  # optional dependency
+        except ImportError:
+            lpips = None
+        if lpips is not None and any((Path(torch.hub.get_dir()) / "checkpoints").glob("vgg16-*.pth")):
+            net = lpips.LPIPS(net="vgg", verbose=False).eval()
+            net.name = "lpips"  # one distance per image: the trainer takes their mean
             return net
         if kind == "lpips":
             raise MissingDependencyError("perceptual=lpips needs the lpips package and the VGG16 weights in the "
@@ -189,35 +154,6 @@ def augment(x: torch.Tensor, g: torch.Generator) -> torch.Tensor:
     return x[..., s + dy : s + dy + x.shape[-2] - 2 * s, s + dx : s + dx + x.shape[-1] - 2 * s]
 
 
-class LeCam:
-    """LeCam regulariser (Tseng et al. 2021) with EMAs of the discriminator's real/fake outputs."""
-
-    def __init__(self, decay: float) -> None:
-        self.decay, self.real, self.fake = decay, 0.0, 0.0
-
-    def __call__(self, real: torch.Tensor, fake: torch.Tensor) -> torch.Tensor:
-        self.real = self.decay * self.real + (1 - self.decay) * real.mean().item()
-        self.fake = self.decay * self.fake + (1 - self.decay) * fake.mean().item()
-        return F.relu(real - self.fake).pow(2).mean() + F.relu(self.real - fake).pow(2).mean()
-
-
-class Trainee(nn.Module):
-    """The pair plus its two discriminators (one state dict for checkpoints)."""
-
-    def __init__(self, pcfg: UpsamplerConfig, disc_channels: int) -> None:
-        super().__init__()
-        self.pair = UpDownSampler(pcfg)
-        self.disc = nn.ModuleDict({"up": PatchGAN(disc_channels), "down": PatchGAN(disc_channels)})
-
-
-def load_pair(ref: str) -> UpDownSampler:
-    """A registered (or folder) pair."""
-    entry = checkpoints.find(ref)
-    if entry.meta.get("builder") != "mulo-updown":
-        raise UsageError(f"{entry.ref} is not a MuLo-SD up/down-sampler pair")
-    return checkpoints.load_module(entry)
-
-
 def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
     mse = float(F.mse_loss(a.clamp(-1, 1), b.clamp(-1, 1)))
     return 10 * math.log10(4.0 / max(mse, 1e-12))
@@ -228,7 +164,7 @@ def evaluate(pair: UpDownSampler, vq, data: dict, r: int) -> dict[str, float]:
     """Held-out token agreement and PSNR of U_r / D_r against the real crops, next to naive baselines."""
     device = pair.codebook.device
     hi, lo = data["eval_hi"].long().to(device), data["eval_lo"].long().to(device)
-    x_hi = to_float(data["eval_pixels"].to(device))
+    x_hi = data["eval_pixels"].to(device).float() / 127.5 - 1.0  # uint8 pixels -> [-1, 1]
     x_lo = downscale(x_hi, r)
     out: dict[str, float] = {}
     up = torch.cat([pair.upsample_tokens(lo[i : i + 64]) for i in range(0, lo.shape[0], 64)])
@@ -251,18 +187,24 @@ class PairTask(TrainTask):
     The two losses reach disjoint parameters (discriminators frozen in the generator's term, images detached in
     theirs), so computing both before either optimiser steps changes nothing."""
 
-    def __init__(self, cfg: UpsamplerTrainConfig, model: Trainee, vq, data: dict[str, torch.Tensor],
+    def __init__(self, cfg: UpsamplerTrainConfig, model: nn.ModuleDict, vq, data: dict[str, torch.Tensor],
                  perc: nn.Module | None) -> None:
         self.cfg, self.model, self.pair, self.vq, self.data, self.perc = cfg, model, model.pair, vq, data, perc
         self.modules = {"model": model}
         self.optims = {"opt_g": Optim(cfg.adamw(model.pair.parameters()), lambda s: cfg.lr, cfg.grad_clip),
                        "opt_d": Optim(cfg.adamw(model.disc.parameters(), cfg.disc_lr), lambda s: cfg.disc_lr)}
-        self.lecam = {"up": LeCam(cfg.lecam_decay), "down": LeCam(cfg.lecam_decay)}
+        self.ema = {"up": [0.0, 0.0], "down": [0.0, 0.0]}  # LeCam's EMAs of each discriminator's real / fake outputs
 
     def batch(self, at: At):
         d = self.data
         idx, g = at.draw(self.cfg.seed, self.cfg.steps, d["train_hi"].shape[0], self.cfg.batch_size)
         return d["train_pixels"][idx], d["train_lo"][idx].long(), d["train_hi"][idx].long(), g, at.step
+
+    def lecam(self, side: str, real: torch.Tensor, fake: torch.Tensor) -> torch.Tensor:
+        """LeCam regulariser (Tseng et al. 2021) against EMAs of the discriminator's real/fake outputs."""
+        d, ema = self.cfg.lecam_decay, self.ema[side]
+        ema[:] = d * ema[0] + (1 - d) * real.mean().item(), d * ema[1] + (1 - d) * fake.mean().item()
+        return F.relu(real - ema[1]).pow(2).mean() + F.relu(ema[0] - fake).pow(2).mean()
 
     def render(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Straight-through decode of latents; returns (image, commitment loss)."""
@@ -274,7 +216,7 @@ class PairTask(TrainTask):
     def loss(self, batch):
         cfg, pair, model, perc = self.cfg, self.pair, self.model, self.perc
         pixels, lo, hi, g, step = batch
-        x_hi = to_float(pixels)
+        x_hi = pixels.float() / 127.5 - 1.0  # uint8 pixels -> [-1, 1]
         x_lo = downscale(x_hi, cfg.scale)
         gan_on = cfg.gan_weight > 0 and step >= cfg.gan_start
         z_up = pair.up_latents(lo)
@@ -293,7 +235,7 @@ class PairTask(TrainTask):
             part = cfg.mse_weight * mse + cfg.commit_weight * commit
             logs[f"{side}_mse"], logs[f"{side}_commit"] = mse.item(), commit.item()
             if perc is not None and cfg.perceptual_weight > 0:
-                p = perc(img, real)
+                p = perc(img, real).mean()
                 part = part + cfg.perceptual_weight * p
                 logs[f"{side}_perc"] = p.item()
             if gan_on:
@@ -310,7 +252,7 @@ class PairTask(TrainTask):
             dr = model.disc[side](augment(real, g) if cfg.augment else real)
             df = model.disc[side](augment(img.detach(), g) if cfg.augment else img.detach())
             d_side = F.relu(1 - dr).mean() + F.relu(1 + df).mean()
-            d_loss = d_loss + d_side + cfg.lecam_weight * self.lecam[side](dr, df)
+            d_loss = d_loss + d_side + cfg.lecam_weight * self.lecam(side, dr, df)
             logs[f"{side}_disc"] = d_side.item()
         return {"opt_g": loss, "opt_d": d_loss}, logs
 
@@ -321,11 +263,10 @@ class PairTask(TrainTask):
         return {"step": progress.step, **ev, "elapsed_s": round(progress.elapsed, 1)}
 
     def meta(self) -> dict[str, Any]:
-        return {"lecam": {k: (v.real, v.fake) for k, v in self.lecam.items()}}
+        return {"lecam": self.ema}
 
     def restore(self, meta: dict[str, Any], progress: Progress) -> None:
-        for k, v in self.lecam.items():
-            v.real, v.fake = meta["lecam"][k]
+        self.ema = {k: list(meta["lecam"][k]) for k in self.ema}
 
 
 def train(cfg: UpsamplerTrainConfig, out: Path, log: Callable[[str], None] = lambda s: None,
@@ -334,14 +275,25 @@ def train(cfg: UpsamplerTrainConfig, out: Path, log: Callable[[str], None] = lam
     torch.set_num_threads(cfg.num_threads)
     vq, doc, digest = load_vq(cfg.vq)
     vq.requires_grad_(False)
-    check_config(cfg, vq.config.downsample)
     vcfg = vq.config
+    # one-line usage errors for values no run could use (counts >= 1: specgen.config_checks)
+    if cfg.scale < 2 or cfg.scale & (cfg.scale - 1):
+        raise UsageError(f"scale must be a power of two >= 2 (2 or 4 in the paper), got {cfg.scale}")
+    if cfg.crop_size % (cfg.scale * vcfg.downsample):
+        raise UsageError(f"crop_size {cfg.crop_size} must be a multiple of scale x VQ downsample "
+                         f"({cfg.scale} x {vcfg.downsample})")
+    if cfg.kernel % 2 == 0:
+        raise UsageError(f"kernel must be odd, got {cfg.kernel}")
+    check_choices(cfg, {"perceptual": ("auto", "lpips", "vq-features", "none")})
     pcfg = UpsamplerConfig(codebook_size=vcfg.codebook_size, embed_dim=vcfg.codebook_embed_dim,
                            l2_norm=vcfg.codebook_l2_norm, scale=cfg.scale, channels=cfg.channels,
                            blocks=cfg.blocks, kernel=cfg.kernel, skip=cfg.skip)
     warm = None
     if cfg.warm_start:
-        warm = load_pair(cfg.warm_start)
+        entry = checkpoints.find(cfg.warm_start)
+        if entry.meta.get("builder") != "mulo-updown":
+            raise UsageError(f"{entry.ref} is not a MuLo-SD up/down-sampler pair")
+        warm = checkpoints.load_module(entry)
         if warm.cfg.scale >= cfg.scale or (warm.cfg.channels, warm.cfg.blocks, warm.cfg.kernel) != (
                 cfg.channels, cfg.blocks, cfg.kernel):
             raise IncompatibleError(f"warm_start {cfg.warm_start} is a {warm.cfg.scale}x pair with channels "
@@ -351,8 +303,9 @@ def train(cfg: UpsamplerTrainConfig, out: Path, log: Callable[[str], None] = lam
             raise IncompatibleError(f"warm_start {cfg.warm_start} was trained for another VQ codebook than {cfg.vq}")
     data = pair_dataset(cfg, vq, digest, log)
     torch.manual_seed(cfg.seed)
-    model = Trainee(pcfg, cfg.disc_channels).train()
-    pair = model.pair
+    pair = UpDownSampler(pcfg)  # made first: the pair's initialisation draws before the discriminators'
+    disc = nn.ModuleDict({"up": PatchGAN(cfg.disc_channels), "down": PatchGAN(cfg.disc_channels)})
+    model = nn.ModuleDict({"pair": pair, "disc": disc}).train()  # one state dict for checkpoints
     with torch.no_grad():
         pair.codebook.copy_(vq.quantize.embedding.weight.float())
     if warm is not None:

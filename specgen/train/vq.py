@@ -62,17 +62,9 @@ def psnr(recon: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return 10 * torch.log10(1.0 / mse.clamp_min(1e-10))
 
 
-def edge_loss(recon: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """L1 between finite-difference image gradients (both axes)."""
-    dx = lambda t: t[..., :, 1:] - t[..., :, :-1]  # noqa: E731
-    dy = lambda t: t[..., 1:, :] - t[..., :-1, :]  # noqa: E731
-    return F.l1_loss(dx(recon), dx(target)) + F.l1_loss(dy(recon), dy(target))
-
-
 @torch.no_grad()
 def evaluate(model: VQModel, images: torch.Tensor, batch_size: int = 64) -> dict[str, float]:
     """Held-out reconstruction PSNR, L1 and codebook usage/perplexity over `images` [N,3,H,W]."""
-    was_training = model.training
     model.eval()
     scores, l1s, counts = [], [], torch.zeros(model.config.codebook_size)
     for chunk in images.split(batch_size):
@@ -80,7 +72,7 @@ def evaluate(model: VQModel, images: torch.Tensor, batch_size: int = 64) -> dict
         scores.append(psnr(out.recon, chunk))
         l1s.append((out.recon.clamp(-1, 1) - chunk).abs().flatten(1).mean(1))
         counts += torch.bincount(out.indices.flatten(), minlength=counts.numel()).float()
-    model.train(was_training)
+    model.train()  # (the trainer's model, or a shipped copy of it)
     p = counts / counts.sum()
     entropy = -(p[p > 0] * p[p > 0].log()).sum()
     return {
@@ -170,7 +162,8 @@ class VQTrainer(TrainTask):
         out = self.model(images)
         l1 = F.l1_loss(out.recon, images)
         mse = F.mse_loss(out.recon, images)
-        edge = edge_loss(out.recon, images)
+        dx, dy = (lambda t: t[..., :, 1:] - t[..., :, :-1]), (lambda t: t[..., 1:, :] - t[..., :-1, :])
+        edge = F.l1_loss(dx(out.recon), dx(images)) + F.l1_loss(dy(out.recon), dy(images))  # L1 of image gradients
         loss = cfg.l1_weight * l1 + cfg.mse_weight * mse + cfg.edge_weight * edge + cfg.codebook_weight * out.quant_loss
         self._out = out
         return loss, {
@@ -194,7 +187,7 @@ class VQTrainer(TrainTask):
         """Held-out metrics; the fp16 export is rewritten with them (a usable VQ at every evaluation)."""
         ev = evaluate(self.model, self.eval_images.to(devices.module_device(self.model)))
         record = {"step": progress.step, "elapsed_s": round(progress.elapsed, 1), "cpu_s": round(progress.cpu, 1), **ev}
-        self.export(self._metrics(progress, [*progress.history, record]))
+        self.export(self._metrics(progress, [*progress.history, record], record))
         return record
 
     def run(self) -> dict[str, Any]:
@@ -210,10 +203,8 @@ class VQTrainer(TrainTask):
         self.log(f"done: {json.dumps(metrics)}")
         return metrics
 
-    def _metrics(self, p: Progress, history: list[dict[str, Any]], last: dict[str, Any] | None = None
-                 ) -> dict[str, Any]:
-        """Run metrics; held-out ones from `last` (default: the last evaluation)."""
-        last = last or (history[-1] if history else {})
+    def _metrics(self, p: Progress, history: list[dict[str, Any]], last: dict[str, Any]) -> dict[str, Any]:
+        """Run metrics; held-out ones from `last` (an evaluation)."""
         return {
             "step": p.step, "steps": self.cfg.steps, "train_seconds": round(p.elapsed, 1),
             "train_cpu_seconds": round(p.cpu, 1),

@@ -20,7 +20,7 @@ from specgen.image.target import CaptionCFGTarget
 from specgen.methods.eagle import EagleTreeDrafter, FixedShape, TreeShape
 from specgen.methods.text import EmptyDrafter
 from specgen.models.eagle import EagleNet
-from specgen.train.eagle import EagleTrainConfig, drafter_inputs, eagle_loss, evaluate, first_image_position, rows
+from specgen.train.eagle import EagleTrainConfig, drafter_inputs, eagle_loss, evaluate, first_image_position
 from specgen.train.image_gpt import sample_t2i
 from tests.image.test_t2i_generate import CAP, GRID, N_COND, caption, gen, t2i_registry, tiny_t2i_gpt  # noqa: F401
 from tests.image_fixtures import one_thread
@@ -93,7 +93,7 @@ def test_training_steps_reduce_the_loss_on_t2i_samples():
     caps = [caption(s, n) for s, n in [(1, 2), (2, 6), (3, 4)]] * 4
     toks, feats = sample_t2i(model, caps, cfg_scale=2.0, generator=torch.Generator().manual_seed(1), features=True)
     data = {"tokens": toks, "features": feats.transpose(0, 1)}
-    f, t = rows(data)  # rows = (sequence, branch)
+    f, t = data["features"].flatten(0, 1), toks.repeat_interleave(2, 0)  # training rows = (sequence, branch)
     cfg = EagleTrainConfig(feature_noise=0.0)
     net = EagleNet.from_target(model)
     opt = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr=3e-3)
