@@ -133,10 +133,17 @@ class _Level(nn.Module):
             setattr(self, resample, Resample(channels, resample == "downsample"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.resampled(self.body(x))
+
+    def body(self, x: torch.Tensor) -> torch.Tensor:
+        """The level's blocks at its own resolution, before its resampler."""
         for j, block in enumerate(self.res):
             x = block(x)
             if len(self.attn):
                 x = self.attn[j](x)
+        return x
+
+    def resampled(self, x: torch.Tensor) -> torch.Tensor:
         return x if self.resample is None else getattr(self, self.resample)(x)
 
 

@@ -79,15 +79,14 @@ def pair_dataset(cfg: UpsamplerTrainConfig, vq, digest: str, log: Callable[[str]
 
 
 def vq_features(vq, x: torch.Tensor) -> list[torch.Tensor]:
-    """Activations of the frozen VQ encoder after conv_in and after every resolution level."""
-    enc = vq.encoder
-    h = enc.conv_in(x)
+    """Activations of the frozen VQ encoder after conv_in and after every resolution level, each at its level's
+    resolution (before the level's downsample: the shipped up-sampler was trained on these)."""
+    h = vq.encoder.conv_in(x)
     feats = [h]
-    for block in enc.conv_blocks:
-        h = block(h)
+    for level in vq.encoder.conv_blocks:
+        h = level.body(h)
         feats.append(h)
-        if hasattr(block, "downsample"):
-            h = block.downsample(h)
+        h = level.resampled(h)
     return feats
 
 

@@ -6,6 +6,8 @@ import pytest
 import torch
 
 from specgen.models.upsampler import RowCausalConv2d, UpDownSampler, UpsamplerConfig
+from specgen.models.vq import VQ_CONFIGS, VQModel
+from specgen.train.upsampler import VQFeatureDistance, vq_features
 
 V = 64
 
@@ -96,3 +98,15 @@ def test_untrained_skip_pair_is_token_repeat_and_block_average(scale):
     repeated = low.repeat_interleave(scale, 1).repeat_interleave(scale, 2)
     assert torch.equal(p.upsample_tokens(low), repeated)
     assert torch.equal(p.downsample_tokens(repeated), low)
+
+
+def test_the_vq_feature_distance_reads_each_level_at_its_own_resolution():
+    """The perceptual substitute's features: conv_in's and each encoder level's before its downsample (64, 64, 32,
+    16 on vq-tiny); a level's forward, which downsamples, would halve each of them once more."""
+    torch.manual_seed(0)
+    vq = VQModel(VQ_CONFIGS["vq-tiny"]).eval()
+    x = torch.rand(1, 3, 64, 64) * 2 - 1
+    with torch.no_grad():
+        feats = vq_features(vq, x)
+        assert [f.shape[-1] for f in feats] == [64, 64, 32, 16]
+        assert VQFeatureDistance(vq)(x, x).abs().max() == 0 < VQFeatureDistance(vq)(x, -x).min()
