@@ -47,6 +47,18 @@ class Row:
     streamed: int = 0  # tokens of `out` already given to `on_tokens`
 
 
+@dataclass(frozen=True)
+class Run:
+    """What stays fixed over one `decode_batch` call."""
+
+    params: SamplingParams
+    stop_ids: tuple[int, ...]
+    max_new_tokens: int
+    max_draft: int
+    on_done: Callable[[int], None] | None
+    on_tokens: Callable[[int, list[int]], None] | None = None  # (prompt index, tokens just emitted) as they come
+
+
 def decode_batch(
     target: Target,
     policy: StepPolicy,
@@ -66,8 +78,8 @@ def decode_batch(
     `on_done(i)` when prompt i finishes; `on_tokens(i, tokens)` as it emits them (concatenated: its result)."""
     if not prompts:
         return BatchResult([], DecodeStats())
-    batch = Batch(target, policy, prompts, max_new_tokens, params, stop_ids, generators, batch_size, max_draft, on_done,
-                  on_tokens)
+    run = Run(params, tuple(stop_ids), max_new_tokens, max_draft, on_done, on_tokens)
+    batch = Batch(target, policy, prompts, generators, batch_size, run)
     while batch.refill():  # 0. retire finished rows, prefill queued prompts into free slots
         before = batch.total.wall_time  # the host time of the batch's phases so far: a step's is what they add
         steps = batch.plan()  # 1. per live row: what it feeds the forward, or tokens it emits without one
@@ -86,15 +98,12 @@ def decode_batch(
 class Batch:
     """The state of one `decode_batch` call: the shared cache, the live rows in slots [0, n), the queue, results."""
 
-    def __init__(self, target: Target, policy: StepPolicy, prompts: Sequence[list[int]], max_new_tokens: int,
-                 params: SamplingParams, stop_ids: tuple[int, ...], generators: Sequence[torch.Generator | None] | None,
-                 batch_size: int, max_draft: int, on_done: Callable[[int], None] | None,
-                 on_tokens: Callable[[int, list[int]], None] | None) -> None:
-        self.target, self.policy, self.prompts, self.max_new_tokens = target, policy, prompts, max_new_tokens
-        self.params, self.stop_ids, self.on_done, self.on_tokens = params, tuple(stop_ids), on_done, on_tokens
+    def __init__(self, target: Target, policy: StepPolicy, prompts: Sequence[list[int]],
+                 generators: Sequence[torch.Generator | None] | None, batch_size: int, run: Run) -> None:
+        self.target, self.policy, self.prompts, self.run = target, policy, prompts, run
         self.generators = list(generators) if generators is not None else [None] * len(prompts)
         width = min(batch_size or len(prompts), len(prompts))
-        max_len = max(map(len, prompts)) + max_new_tokens + max(max_draft, policy.max_feed) + 1
+        max_len = max(map(len, prompts)) + run.max_new_tokens + max(run.max_draft, policy.max_feed) + 1
         self.cache = target.new_cache(width, max_len)
         policy.open(width, max_len)
         self.queue, self.slots = deque(range(len(prompts))), []
@@ -118,7 +127,7 @@ class Batch:
         row.stats.target_forwards += 1
         with timed([row.stats], "propose"):
             policy.admit(slot, i, row.prompt, first)
-            row.out.extend(policy.start(slot, first, self.params, row.generator, row.stats))
+            row.out.extend(policy.start(slot, first, self.run.params, row.generator, row.stats))
         row.done = self.ends(row, row.out, False)
         self.stream(row)
         return row
@@ -127,10 +136,10 @@ class Batch:
         """Whether `row` ends after emitting `emitted`: its budget reached, a stop token, or its policy says so."""
         # a stop token anywhere: a multi-token step can accept one mid-chunk, and checking only the last token
         # would keep decoding (and counting forwards) past the end of the text
-        return len(row.out) >= self.max_new_tokens or any(t in self.stop_ids for t in emitted) or policy_ends
+        return len(row.out) >= self.run.max_new_tokens or any(t in self.run.stop_ids for t in emitted) or policy_ends
 
     def finish(self, row: Row) -> None:
-        row.out = truncate(row.out, self.max_new_tokens, self.stop_ids)
+        row.out = truncate(row.out, self.run.max_new_tokens, self.run.stop_ids)
         row.stats.new_tokens = len(row.out)
         self.total.new_tokens += len(row.out)
         row.stats.extras["latency_s"] = now(self.target.device) - self.t0  # queueing included
@@ -138,8 +147,8 @@ class Batch:
         self.total.draft_sizes += row.stats.draft_sizes
         self.total.depths += row.stats.depths
         self.results[row.index] = DecodeResult(row.out, row.stats)
-        if self.on_done:
-            self.on_done(row.index)
+        if self.run.on_done:
+            self.run.on_done(row.index)
 
     def refill(self) -> bool:
         """Retire finished rows, prefill queued prompts into free slots, compact the live rows to [0, n); any left?
@@ -170,9 +179,9 @@ class Batch:
         return bool(slots)
 
     def plan(self) -> list[RowStep]:
-        rem = [self.max_new_tokens - len(r.out) - 1 for r in self.slots]
+        rem = [self.run.max_new_tokens - len(r.out) - 1 for r in self.slots]
         return self.policy.plan([r.prompt + r.out for r in self.slots], rem, [r.stats for r in self.slots],
-                                [r.generator for r in self.slots], self.params, self.clock)
+                                [r.generator for r in self.slots], self.run.params, self.clock)
 
     def verify(self, steps: list[RowStep], fed: list[int]) -> tuple[TargetOut, tuple[int, ...]]:
         """One forward over rows [lo, hi) of the fed span; a row in it that sits out feeds one padding node."""
@@ -188,7 +197,7 @@ class Batch:
 
     def settle(self, fed: list[int], out: TargetOut, sizes: tuple[int, ...]) -> list[tuple[list[int], list[int]]]:
         """The policy's (keep, tokens) per fed row."""
-        return self.policy.settle(fed, fed[0], out, sizes, self.params, [self.slots[i].generator for i in fed],
+        return self.policy.settle(fed, fed[0], out, sizes, self.run.params, [self.slots[i].generator for i in fed],
                                   [self.slots[i].stats for i in fed], self.clock)
 
     def commit(self, fed: list[int], outcomes: list[tuple[list[int], list[int]]]) -> None:
@@ -206,11 +215,11 @@ class Batch:
 
     def stream(self, row: Row) -> None:
         """Give `on_tokens` the row's new tokens, cut where its result will be cut (stop token, budget)."""
-        if self.on_tokens is None:
+        if self.run.on_tokens is None:
             return
-        visible = truncate(row.out, self.max_new_tokens, self.stop_ids)
+        visible = truncate(row.out, self.run.max_new_tokens, self.run.stop_ids)
         if len(visible) > row.streamed:
-            self.on_tokens(row.index, visible[row.streamed :])
+            self.run.on_tokens(row.index, visible[row.streamed :])
             row.streamed = len(visible)
 
 
