@@ -22,6 +22,7 @@ GPU step would launch besides its graphs; its syncs read 0 there.
 from __future__ import annotations
 
 import argparse
+import sys
 import traceback
 import warnings
 from collections import Counter
@@ -108,6 +109,7 @@ class OpCounter(TorchDispatchMode):
 
 def emulate_captures() -> None:
     """CPU: captured steps through the tests' replay emulation, its replays not counted as eager ops."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the emulation lives in the checkout's tests/
     from tests.models.test_graphs import Traced, traced
 
     replay = Traced.replay
