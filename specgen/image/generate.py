@@ -255,7 +255,9 @@ class PngWriter:
 
     def save(self, image: Image.Image, name: str) -> Path:
         self.out_dir.mkdir(parents=True, exist_ok=True)  # checked up front (paths.check_output_dir)
-        tmp = self.out_dir / f".{name}.{os.getpid()}.tmp"  # linked to a free name: never replaces a file
+        # linked to a free name (never replacing a file); random, not the pid: writers of one pid (containers sharing
+        # the folder) would share the temporary, and one would link the other's image or fail
+        tmp = self.out_dir / f".{name}.{os.urandom(4).hex()}.tmp"
         try:
             image.save(tmp, format="PNG")
             return link_into_place(tmp, self.out_dir / name)

@@ -130,6 +130,29 @@ def test_pngs_never_replace_earlier_ones(tmp_path):
     assert not list(tmp_path.glob("*.tmp"))
 
 
+def test_png_writers_of_one_pid_never_share_a_temporary(tmp_path, monkeypatch):
+    """Two processes of one pid (containers sharing the folder, specgen each one's pid 1) save the same name at once:
+    each image lands whole in a file of its own and neither run fails."""
+    from PIL import Image
+
+    from specgen.image.generate import PngWriter
+
+    real, saves, other = Image.Image.save, [], []
+
+    def save(image, fp, *args, **kwargs):  # the other process saves while this one is between its write and its link
+        real(image, fp, *args, **kwargs)
+        saves.append(fp)
+        if len(saves) == 1:
+            other.append(PngWriter(tmp_path, "ar", ["a"]).add(0, 0, torch.ones(3, 8, 8)))
+
+    monkeypatch.setattr(Image.Image, "save", save)
+    mine = PngWriter(tmp_path, "ar", ["a"]).add(0, 0, -torch.ones(3, 8, 8))
+    monkeypatch.undo()
+    assert {p.name: Image.open(p).getpixel((0, 0)) for p in (mine, *other)} == {
+        "ar-000-a.png": (255, 255, 255), "ar-000-a-1.png": (0, 0, 0)}
+    assert not list(tmp_path.glob("*.tmp"))
+
+
 def test_mesh_file_names_are_numbered(tmp_path):
     from specgen.paths import free_stem
 
