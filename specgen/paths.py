@@ -102,7 +102,7 @@ def umask() -> int:
 
 def write_new(path: Path, text: str) -> bool:
     """Write `text` to `path` only if no file is there yet (a temporary linked into place); False when taken."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.urandom(4).hex()}.tmp")  # not the pid: writers on other hosts share it
     try:
         tmp.write_text(text)
         os.link(tmp, path)

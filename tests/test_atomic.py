@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from specgen.paths import atomic_dir, atomic_write, atomic_write_bytes, atomic_write_text
+from specgen.paths import atomic_dir, atomic_write, atomic_write_bytes, atomic_write_text, write_new
 
 
 def names(folder: Path) -> list[str]:
@@ -151,6 +151,22 @@ def test_atomic_dir_guard_runs_around_the_swap_and_may_refuse(tmp_path):
     with pytest.raises(ValueError, match="taken meanwhile"):
         atomic_dir(folder, fill_with({"a": "2"}), tag="-host-1-", guard=refuse)
     assert names(tmp_path) == ["entry"] and (folder / "a").read_text() == "1"
+
+
+def test_write_new_of_two_racing_writers_gives_the_file_to_one(tmp_path, monkeypatch):
+    """A second writer (another host or container: pids may repeat) that writes and links between the first one's
+    temporary and its link takes the file; the first gets False, and no temporary is left."""
+    link, out = os.link, tmp_path / "run.json"
+
+    def racing(src, dst):
+        monkeypatch.setattr(os, "link", link)
+        assert write_new(out, "B")  # after A's temporary is written, before A links it
+        link(src, dst)
+
+    monkeypatch.setattr(os, "link", racing)
+    monkeypatch.setattr(os, "getpid", lambda: 1)
+    assert not write_new(out, "A")
+    assert out.read_text() == "B" and [p.name for p in tmp_path.iterdir()] == ["run.json"]
 
 
 def test_paths_imports_nothing_heavy():
