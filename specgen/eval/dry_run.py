@@ -135,8 +135,11 @@ def check_recipe(path: Path, overrides: list[str] | None = None) -> list[dict]:
         except (SpecgenError, TypeError, ValueError) as e:  # the rows' entries cannot be told: nothing more to check
             return rows + [row("rows", False, str(e).splitlines()[0])]
         rows += method_rows
-    # registry name -> the `specgen registry import ...` command the recipe's header gives for it (the first wins)
-    hints = {m.group("name"): " ".join(m.group(0).split()) for m in reversed([*IMPORT_RE.finditer(comments)])}
+    # registry name -> the `specgen registry import ...` command the recipe's header gives for it (the first wins),
+    # in header order (the order of the rows of its other prerequisites below)
+    hints: dict[str, str] = {}
+    for m in IMPORT_RE.finditer(comments):
+        hints.setdefault(m.group("name"), " ".join(m.group(0).split()))
     vq_of = KINDS[kind].vq_of  # an installed image target records the VQ entry it was imported with (its `--vq`)
     vq = str(((vq_of and registry.installed_meta(getattr(cfg, vq_of))) or {}).get("vq") or "")
     roles: dict[str, str] = {}  # registry name -> the role it is first read in (empty names left out)

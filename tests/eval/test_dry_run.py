@@ -162,3 +162,14 @@ def test_a_text_variant_row_that_changes_nothing_fails_the_rows_check(tmp_path):
     recipe.write_text("suite: humaneval\nmethods: [ar, 'ngram@fast']\n")
     rows = by_check(check_recipe(recipe))
     assert not rows["rows"]["ok"] and "ngram@fast" in rows["rows"]["detail"] and not all(r["ok"] for r in rows.values())
+
+
+def test_header_prerequisites_are_checked_in_header_order_with_their_first_command(tmp_path):
+    recipe = tmp_path / "bench.yaml"
+    recipe.write_text("# specgen registry import z.pt --kind vq --name zeta-vq --builder vq\n"
+                      "# specgen registry import a.pt --kind vq --name alpha-vq --builder vq\n"
+                      "# specgen registry import other.pt --kind vq --name alpha-vq --builder vq\n"
+                      "suite: humaneval\nmethods: [ar]\nmax_new_tokens: 16\n")
+    imported = [r["detail"] for r in check_recipe(recipe) if r["check"] == "entry imported"]
+    assert [d.split(":")[0] for d in imported] == ["zeta-vq", "alpha-vq"]
+    assert "import a.pt" in imported[1] and "other.pt" not in imported[1]
