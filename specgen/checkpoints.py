@@ -26,6 +26,8 @@ def marked(entry: Entry) -> Entry:
 
 def list_entries(kind: str | None = None) -> list[Entry]:
     """Installed entries plus built-ins (materialised or not), sorted by kind and name."""
+    if kind is not None:
+        registry.check_kind(kind)  # a misspelt kind is refused, not listed as nothing
     found = {f"{b.kind}/{b.name}": Entry(b.kind, b.name, registry.checkpoints_dir() / b.kind / b.name,
                                          {"description": b.description}, True) for b in BUILTINS.values()}
     found.update({e.ref: marked(e) for e in registry.installed_entries()})  # installed ones: as they are

@@ -110,6 +110,12 @@ def test_registry_list_show_remove(tiny_target):
     assert invoke("registry", "remove", "tiny-text").exit_code == 2
 
 
+def test_registry_list_refuses_an_unknown_kind():
+    r = invoke("registry", "list", "--kind", "targets")
+    assert r.exit_code == 2 and r.stderr.strip() == ("error: unknown checkpoint kind 'targets'; kinds: target, draft, "
+                                                     "heads, adapter, upsampler, vq, classifier")
+
+
 def test_registry_import_pt_and_safetensors(tmp_path):
     model = tiny_model(2)
     pt = tmp_path / "weights.pt"
