@@ -6,6 +6,8 @@ import json
 
 import pytest
 import torch
+import typer
+from rich.markup import render
 from typer.testing import CliRunner
 
 from cli.main import app
@@ -44,6 +46,19 @@ def test_help_lists_commands():
     for sub in (["generate"], ["benchmark"], ["registry", "list"], ["registry", "import"]):
         h = invoke(*sub, "--help")
         assert h.exit_code == 0 and "examples" in h.stdout
+
+
+def test_option_help_is_shown_as_written():
+    """`--help` renders option help as rich markup: a tag such as `[text]` must be escaped (`\\[text]`), else it is
+    dropped and the help no longer says which modality an option is for."""
+    def options(cmd):
+        for sub in getattr(cmd, "commands", {}).values():
+            yield from options(sub)
+        yield from (p for p in cmd.params if getattr(p, "help", None))
+
+    eaten = [p.name for p in options(typer.main.get_command(app)) if render(p.help).plain != p.help.replace("\\[", "[")]
+    assert not eaten
+    assert "[text] Prompt text" in invoke("generate", "--help").stdout
 
 
 @pytest.mark.parametrize("method", ["ar", "jacobi", "ngram"])
