@@ -22,7 +22,7 @@ EPILOG = """examples:
 
   echo "Sort a list in Python" | specgen generate --method jacobi --prompts - method_options.block_size=4
 
-  specgen generate --config recipes/tiny/generate-text.yaml max_new_tokens=64
+  specgen generate --config recipes/tiny/generate-text.yaml --prompt "Sort a list." max_new_tokens=64
 
   specgen generate --method adt-tree                      # embedded image generator -> ./specgen-images
 

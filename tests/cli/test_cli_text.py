@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shlex
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,6 +12,7 @@ import typer
 from rich.markup import render
 from typer.testing import CliRunner
 
+from cli import generate
 from cli.main import app
 from specgen import checkpoints, registry
 from tests.conftest import tiny_model
@@ -59,6 +62,14 @@ def test_option_help_is_shown_as_written():
     eaten = [p.name for p in options(typer.main.get_command(app)) if render(p.help).plain != p.help.replace("\\[", "[")]
     assert not eaten
     assert "[text] Prompt text" in invoke("generate", "--help").stdout
+
+
+def test_the_help_recipe_example_runs(tiny_target, monkeypatch):
+    """`specgen generate --help`'s recipe example, as printed (on the tiny target, a shorter budget)."""
+    line = next(x for x in generate.EPILOG.splitlines() if "generate-text.yaml" in x)
+    monkeypatch.chdir(Path(__file__).parents[2])  # the example names the recipe from the repository root
+    r = invoke(*shlex.split(line)[1:], "model=tiny-text", "chat=false", "max_new_tokens=4", "--format", "json")
+    assert r.exit_code == 0, r.output
 
 
 @pytest.mark.parametrize("method", ["ar", "jacobi", "ngram"])
