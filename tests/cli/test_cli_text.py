@@ -169,6 +169,32 @@ def test_registry_import_pt_and_safetensors(tmp_path):
     assert leftovers == []
 
 
+@pytest.mark.parametrize("tokens", [64, 100])
+def test_registry_import_refuses_a_tokenizer_larger_than_the_vocabulary(tmp_path, tokens):
+    """An HF folder whose tokenizer files are another model's (ids past the embedding): refused at import, not an
+    IndexError at the first generate; a tokenizer within the vocabulary (64 of 64) imports."""
+    from safetensors.torch import save_file
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    from specgen.models.hf_export import hf_state, to_hf
+
+    model = tiny_model(1, tie_embeddings=False)  # vocabulary 64
+    hf = to_hf(model)
+    hf.config.architectures = ["LlamaForCausalLM"]
+    (tmp_path / "config.json").write_text(json.dumps(hf.config.to_dict()))
+    save_file({k: v.contiguous() for k, v in hf_state(model).items()}, str(tmp_path / "model.safetensors"))
+    vocab = {f"t{i}": i for i in range(tokens)}
+    PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="t0"))).save_pretrained(
+        str(tmp_path))
+    r = invoke("registry", "import", str(tmp_path), "--name", "mixed")
+    if tokens == 64:
+        assert r.exit_code == 0, r.output
+        return
+    assert r.exit_code == 2 and "tokenizer has 100 tokens but the model's vocabulary is 64" in r.stderr, r.output
+    assert not (registry.checkpoints_dir() / "target" / "mixed").exists()
+
+
 def test_unparseable_gguf(tmp_path):
     f = tmp_path / "broken.gguf"
     f.write_bytes(b"GGUF\x03\x00\x00\x00garbage")
