@@ -12,7 +12,7 @@ import torch
 from specgen import registry
 from specgen.builders import BUILDERS
 from specgen.builtins import ASSETS, BUILTINS, Progress, asset_fingerprint
-from specgen.errors import CheckpointError
+from specgen.errors import CheckpointError, UsageError
 from specgen.limits import check_declared_size
 from specgen.models import layout_cache
 from specgen.models.layout import decode_layout
@@ -38,7 +38,11 @@ def find(name: str, progress: Progress = None) -> Entry:
     """Resolve a path, `kind/name`, or a bare name; materialise built-ins when missing, damaged or stale."""
     path = Path(name).expanduser()
     if (path / CONFIG).is_file() and (path / registry.WEIGHTS).is_file():
-        return marked(entry_at(path))
+        entry = entry_at(path)
+        if not {"builder", "kind"} & set(entry.meta):  # an HF model folder (its own config.json): not read in place
+            raise UsageError(f"{name} is not a specgen checkpoint (its {CONFIG} names no kind); an HF model folder "
+                             f"is imported first: `specgen registry import {name} --name NAME`, then use NAME")
+        return marked(entry)
     entry = registry.pick(list_entries(), name, "checkpoint")
     shipped = next((b for b in BUILTINS.values() if (b.kind, b.name) == (entry.kind, entry.name)), None)
     if entry.corrupt and shipped is None:

@@ -172,7 +172,8 @@ def test_registry_import_pt_and_safetensors(tmp_path):
 @pytest.mark.parametrize("tokens", [64, 100])
 def test_registry_import_refuses_a_tokenizer_larger_than_the_vocabulary(tmp_path, tokens):
     """An HF folder whose tokenizer files are another model's (ids past the embedding): refused at import, not an
-    IndexError at the first generate; a tokenizer within the vocabulary (64 of 64) imports."""
+    IndexError at the first generate; a tokenizer within the vocabulary (64 of 64) imports. Before the import, the
+    folder given as --model is refused as no specgen checkpoint, naming the import."""
     from safetensors.torch import save_file
     from tokenizers import Tokenizer, models
     from transformers import PreTrainedTokenizerFast
@@ -187,6 +188,9 @@ def test_registry_import_refuses_a_tokenizer_larger_than_the_vocabulary(tmp_path
     vocab = {f"t{i}": i for i in range(tokens)}
     PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="t0"))).save_pretrained(
         str(tmp_path))
+    r = invoke("generate", "--model", str(tmp_path), "--prompt", "x")  # the folder itself is no registry entry
+    assert r.exit_code == 2 and r.stderr.strip().endswith(f"`specgen registry import {tmp_path} --name NAME`, then "
+                                                          "use NAME"), r.output
     r = invoke("registry", "import", str(tmp_path), "--name", "mixed")
     if tokens == 64:
         assert r.exit_code == 0, r.output
