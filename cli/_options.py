@@ -34,7 +34,7 @@ DtypeOpt = Annotated[Optional[str], typer.Option(
     "--dtype", help="Weights/activations/KV cache: float32, bfloat16 or float16 (quantized text: bfloat16 "
                     "activations; docs/precision.md).")]
 QuantizeOpt = Annotated[Optional[str], typer.Option(
-    "--quantize", help="[text] Weight-only int8 or int4 (stored once as a derived registry entry; docs/precision.md).")]
+    "--quantize", help="Weight-only int8 or int4 (stored once as a derived registry entry; docs/precision.md).")]
 
 
 def recipe_key(config: Path | None, overrides: list[str] | None, key: str) -> str | None:

@@ -46,6 +46,9 @@ class JsonLines:
     def done(self, row: int) -> None:
         pass
 
+    def interrupted(self) -> None:
+        pass  # every line written is whole
+
 
 class Terminal:
     """The completions in prompt order as the unstreamed output prints them: a later prompt's text is held back
@@ -55,10 +58,11 @@ class Terminal:
         self.held: list[list[str]] = [[] for _ in range(rows)]
         self.finished = [False] * rows
         self.front = 0  # the prompt whose text goes out as it comes
+        self.mid_line = False  # the last text written did not end its line
 
     def __call__(self, row: int, text: str) -> None:
         if row == self.front:
-            write(text)
+            self.put(text)
         else:
             self.held[row].append(text)
 
@@ -67,5 +71,15 @@ class Terminal:
         while self.front < len(self.finished) and self.finished[self.front]:
             self.front += 1
             later = self.held[self.front] if self.front < len(self.held) else []
-            write("\n\n" + "".join(later))
+            self.put("\n\n" + "".join(later))
             later.clear()
+
+    def put(self, text: str) -> None:
+        if text:  # set first: an interrupt during the write is taken after it
+            self.mid_line = not text.endswith("\n")
+        write(text)
+
+    def interrupted(self) -> None:
+        """Ctrl-C mid-run: a line the text left open is ended, so the error line that follows starts its own."""
+        if self.mid_line:
+            write("\n")

@@ -67,14 +67,14 @@ def benchmark(
     max_new_tokens: Annotated[Optional[int], typer.Option("--max-new-tokens", help="Token budget per prompt.")] = None,
     threads: Annotated[Optional[int], typer.Option("--threads", help="torch threads (0 = default).")] = None,
     prompts: Annotated[Optional[str], typer.Option(
-        "--prompts", help="[text] Prompt set: a file of lines or JSON Lines (prompt or chat messages, optional "
+        "--prompts", help="\\[text] Prompt set: a file of lines or JSON Lines (prompt or chat messages, optional "
                           "category; Spec-Bench's question.jsonl as is), - for stdin, or a local dataset folder / "
                           ".parquet / .json / .csv file. Default: the shipped mixed set.")] = None,
     prompt_field: Annotated[Optional[str], typer.Option(
-        "--prompt-field", help="[text] The record field holding the prompt (default: prompt, text, instruction, "
+        "--prompt-field", help="\\[text] The record field holding the prompt (default: prompt, text, instruction, "
                                "messages or turns).")] = None,
     category_field: Annotated[Optional[str], typer.Option(
-        "--category-field", help="[text] The record field holding its category (default: category).")] = None,
+        "--category-field", help="\\[text] The record field holding its category (default: category).")] = None,
     batch_size: Annotated[Optional[str], typer.Option(
         "--batch-size", help="Batch sizes, comma-separated (e.g. 1,4,16): B slots of continuous batching (B > 1 "
                             "rows add throughput and latency).")] = None,

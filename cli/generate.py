@@ -22,7 +22,7 @@ EPILOG = """examples:
 
   echo "Sort a list in Python" | specgen generate --method jacobi --prompts - method_options.block_size=4
 
-  specgen generate --config recipes/tiny/generate-text.yaml max_new_tokens=64
+  specgen generate --config recipes/tiny/generate-text.yaml --prompt "Sort a list." max_new_tokens=64
 
   specgen generate --method adt-tree                      # embedded image generator -> ./specgen-images
 
@@ -37,24 +37,24 @@ def generate(
     overrides: OverridesArg = None,
     method: MethodOpt = None,
     model: ModelOpt = None,
-    prompt: Annotated[Optional[list[str]], typer.Option("--prompt", "-p", help="[text] Prompt text (repeatable).")] = None,
-    prompts: Annotated[Optional[str], typer.Option("--prompts", help="[text] Prompt file: one per line, JSONL, or - for stdin.")] = None,
+    prompt: Annotated[Optional[list[str]], typer.Option("--prompt", "-p", help="\\[text] Prompt text (repeatable).")] = None,
+    prompts: Annotated[Optional[str], typer.Option("--prompts", help="\\[text] Prompt file: one per line, JSONL, or - for stdin.")] = None,
     max_new_tokens: Annotated[Optional[int], typer.Option("--max-new-tokens", help="Token budget per sequence.")] = None,
     temperature: Annotated[Optional[float], typer.Option("--temperature", "-t", help="0 = greedy.")] = None,
     top_k: Annotated[Optional[int], typer.Option("--top-k", help="Keep the k most likely tokens (0 = off).")] = None,
     top_p: Annotated[Optional[float], typer.Option("--top-p", help="Nucleus sampling mass in (0, 1].")] = None,
-    no_chat: Annotated[bool, typer.Option("--no-chat", help="[text] Feed prompts raw, without the chat template.")] = False,
-    out_dir: Annotated[Optional[Path], typer.Option("--out-dir", "-o", help="[image, mesh] Output folder; files already "
+    no_chat: Annotated[bool, typer.Option("--no-chat", help="\\[text] Feed prompts raw, without the chat template.")] = False,
+    out_dir: Annotated[Optional[Path], typer.Option("--out-dir", "-o", help="\\[image, mesh] Output folder; files already "
                                                      "there are kept (new names get -1, -2, ...).")] = None,
-    num: Annotated[Optional[int], typer.Option("--num", "-n", help="[image, mesh] Number of samples (>= 1).")] = None,
-    classes: Annotated[Optional[str], typer.Option("--classes", help="[image] Comma-separated class names or ids.")] = None,
-    cfg_scale: Annotated[Optional[float], typer.Option("--cfg-scale", help="[image] Classifier-free guidance scale.")] = None,
+    num: Annotated[Optional[int], typer.Option("--num", "-n", help="\\[image, mesh] Number of samples (>= 1).")] = None,
+    classes: Annotated[Optional[str], typer.Option("--classes", help="\\[image] Comma-separated class names or ids.")] = None,
+    cfg_scale: Annotated[Optional[float], typer.Option("--cfg-scale", help="\\[image] Classifier-free guidance scale.")] = None,
     captions: Annotated[Optional[Path], typer.Option(
-        "--captions", help="[image, t2i] Caption features: .safetensors/.npz with features [N, L<=120, C] and mask "
+        "--captions", help="\\[image, t2i] Caption features: .safetensors/.npz with features [N, L<=120, C] and mask "
                            "[N, L], or .npy (precomputed T5 features).")] = None,
     drafter: Annotated[Optional[str], typer.Option(
-        "--drafter", help="[image] EAGLE drafter for eagle2/adt-tree/lantern/vvs (default: the target's shipped one).")] = None,
-    point_clouds: Annotated[Optional[Path], typer.Option("--point-clouds", help="[mesh] Point clouds (.npy/.ply) or a mesh folder.")] = None,
+        "--drafter", help="\\[image] EAGLE drafter for eagle2/adt-tree/lantern/vvs (default: the target's shipped one).")] = None,
+    point_clouds: Annotated[Optional[Path], typer.Option("--point-clouds", help="\\[mesh] Point clouds (.npy/.ply) or a mesh folder.")] = None,
     batch_size: Annotated[Optional[int], typer.Option(
         "--batch-size", "-b", help="Sequences decoded together: prompts, images or point clouds (continuous "
                                    "batching; clamped to their number).")] = None,
@@ -64,7 +64,7 @@ def generate(
     dtype: DtypeOpt = None,
     quantize: QuantizeOpt = None,
     stream: Annotated[bool, typer.Option(
-        "--stream", help='[text] Completions on stdout as JSON lines {"row": i, "text": piece} as tokens are '
+        "--stream", help='\\[text] Completions on stdout as JSON lines {"row": i, "text": piece} as tokens are '
                          "accepted (a speculative step's run at once); the pieces of a row, joined, are its "
                          "completion. Without it a terminal gets the text itself as it is accepted, in prompt "
                          "order; a pipe gets each completion whole.")] = False,

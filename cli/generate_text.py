@@ -39,7 +39,12 @@ def run(args, spec: MethodSpec) -> None:
 
     # a bar on the terminal the text streams to would cut through it
     with _output.progress(spec.name, len(texts), args.quiet or args.fmt == Format.json or sink is not None) as advance:
-        results = generate_text(tm, req, texts, ids, on_done=done, on_text=sink)
+        try:
+            results = generate_text(tm, req, texts, ids, on_done=done, on_text=sink)
+        except KeyboardInterrupt:
+            if sink is not None:
+                sink.interrupted()
+            raise
     for r in [] if sink is not None else results:  # streamed: the pieces were the output
         if args.fmt == Format.json:
             _output.emit_json({"prompt": r.prompt, "completion": r.completion, "method": spec.name,

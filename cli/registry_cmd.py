@@ -62,7 +62,7 @@ def import_cmd(
     builder: Annotated[Optional[str], typer.Option("--builder", help="Builder for raw state dicts.")] = None,
     kwargs: Annotated[Optional[Path], typer.Option("--kwargs", help="JSON file of builder kwargs.")] = None,
     parent: Annotated[Optional[str], typer.Option("--parent", help="Target this drafter/heads belongs to.")] = None,
-    vq: Annotated[Optional[str], typer.Option("--vq", help="[image GPT] VQ entry that decodes its tokens.")] = None,
+    vq: Annotated[Optional[str], typer.Option("--vq", help="\\[image GPT] VQ entry that decodes its tokens.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing entry of this name (never a "
                                                         "built-in).")] = False,
     quiet: QuietOpt = False,

@@ -12,7 +12,7 @@ import torch
 from specgen import registry
 from specgen.builders import BUILDERS
 from specgen.builtins import ASSETS, BUILTINS, Progress, asset_fingerprint
-from specgen.errors import CheckpointError
+from specgen.errors import CheckpointError, UsageError
 from specgen.limits import check_declared_size
 from specgen.models import layout_cache
 from specgen.models.layout import decode_layout
@@ -26,6 +26,8 @@ def marked(entry: Entry) -> Entry:
 
 def list_entries(kind: str | None = None) -> list[Entry]:
     """Installed entries plus built-ins (materialised or not), sorted by kind and name."""
+    if kind is not None:
+        registry.check_kind(kind)  # a misspelt kind is refused, not listed as nothing
     found = {f"{b.kind}/{b.name}": Entry(b.kind, b.name, registry.checkpoints_dir() / b.kind / b.name,
                                          {"description": b.description}, True) for b in BUILTINS.values()}
     found.update({e.ref: marked(e) for e in registry.installed_entries()})  # installed ones: as they are
@@ -36,7 +38,11 @@ def find(name: str, progress: Progress = None) -> Entry:
     """Resolve a path, `kind/name`, or a bare name; materialise built-ins when missing, damaged or stale."""
     path = Path(name).expanduser()
     if (path / CONFIG).is_file() and (path / registry.WEIGHTS).is_file():
-        return marked(entry_at(path))
+        entry = entry_at(path)
+        if not {"builder", "kind"} & set(entry.meta):  # an HF model folder (its own config.json): not read in place
+            raise UsageError(f"{name} is not a specgen checkpoint (its {CONFIG} names no kind); an HF model folder "
+                             f"is imported first: `specgen registry import {name} --name NAME`, then use NAME")
+        return marked(entry)
     entry = registry.pick(list_entries(), name, "checkpoint")
     shipped = next((b for b in BUILTINS.values() if (b.kind, b.name) == (entry.kind, entry.name)), None)
     if entry.corrupt and shipped is None:

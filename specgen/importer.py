@@ -120,11 +120,16 @@ def import_hf_folder(folder: Path, name: str, force: bool = False) -> registry.E
     cfg, state = load_hf_folder(folder)
     declared = json.loads((folder / "config.json").read_text()).get("max_position_embeddings")  # read by the loader
     has_tok = (folder / "tokenizer.json").is_file() or (folder / "tokenizer_config.json").is_file()
-
-    def tokenizer(dest: Path) -> None:
+    if has_tok:
         from transformers import AutoTokenizer  # optional dependency: only a folder with a tokenizer needs it
 
-        AutoTokenizer.from_pretrained(str(folder), local_files_only=True).save_pretrained(str(dest))
+        tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        if len(tok) > cfg.vocab_size:  # its ids past the embedding would fail at the first forward
+            raise IncompatibleError(f"{folder}: its tokenizer has {len(tok)} tokens but the model's vocabulary is "
+                                    f"{cfg.vocab_size}; the tokenizer files are not this model's")
+
+    def tokenizer(dest: Path) -> None:
+        tok.save_pretrained(str(dest))
 
     return registry.save("target", name, state, {
         "builder": "transformer", "kwargs": cfg.to_dict(), "vocab_size": cfg.vocab_size, "modality": "text",

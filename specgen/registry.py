@@ -44,6 +44,12 @@ def checkpoints_dir() -> Path:
     return home() / "checkpoints"
 
 
+def check_kind(kind: str) -> None:
+    """One of KINDS; another is one line naming them."""
+    if kind not in KINDS:
+        raise UsageError(f"unknown checkpoint kind '{kind}'; kinds: {', '.join(KINDS)}")
+
+
 def check_name(name: str, what: str = "checkpoint name") -> str:
     """A registry name: letters, digits, '.', '_', '+', '-' (not first), at most MAX_NAME characters."""
     if not isinstance(name, str) or not name:
@@ -183,8 +189,7 @@ def save(
 def check_new(kind: str, name: str, force: bool = False, builtin: bool = False) -> None:
     """The one rule of every registry write, checked before any work: a valid kind and name, a writable registry
     home, never a built-in's name (only its materialiser passes `builtin`), an existing entry only with `force`."""
-    if kind not in KINDS:
-        raise UsageError(f"unknown checkpoint kind '{kind}'; kinds: {', '.join(KINDS)}")
+    check_kind(kind)
     check_name(name)
     if not builtin and name in RESERVED:
         raise UsageError(f"'{name}' is a built-in entry and is never replaced; choose another name")

@@ -33,7 +33,7 @@ def split_name(name: str) -> tuple[str, str | None, str | None]:
 
 def resolve(name: str, dtype: str | None, quantize: str | None) -> tuple[str, str, str | None]:
     """(registry name, dtype, quantize) from a name with optional suffix and explicit options (which must agree);
-    dtype defaults to float32, bfloat16 when quantized (float32 activations there: refused, docs/precision.md)."""
+    dtype defaults to float32, bfloat16 when quantized (other activations there: refused, docs/precision.md)."""
     base, sdtype, squant = split_name(name)
     if quantize in ("", "none", "None"):
         quantize = None
@@ -45,8 +45,8 @@ def resolve(name: str, dtype: str | None, quantize: str | None) -> tuple[str, st
         raise UsageError(f"--quantize must be one of {', '.join(QUANTIZE)} (or none), got {quantize!r}")
     if dtype is not None and dtype not in DTYPES:
         raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    if quantize and dtype == "float32":
-        raise UsageError(f"--quantize {quantize} runs bfloat16 activations (the kernels' dtype); drop --dtype float32")
+    if quantize and dtype not in (None, "bfloat16"):  # float16 too: the quantized kernels take bfloat16 only
+        raise UsageError(f"--quantize {quantize} runs bfloat16 activations (the kernels' dtype); drop --dtype {dtype}")
     return base, dtype or ("bfloat16" if quantize else "float32"), quantize
 
 

@@ -66,6 +66,23 @@ def test_ctrl_c_mid_stream_leaves_whole_json_lines(tiny, monkeypatch):
     assert [json.loads(line)["text"] for line in r.stdout.splitlines()] == written
 
 
+def test_ctrl_c_on_a_terminal_ends_the_open_line(tiny, monkeypatch):
+    """The text stops mid-line; the one error line (on the same terminal) must start a line of its own."""
+    real, written = _stream.Terminal.__call__, []
+
+    def then_interrupt(self, row, text):
+        real(self, row, text)
+        written.append(text)
+        if len(written) == 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(_stream, "stdout_is_terminal", lambda: True)
+    monkeypatch.setattr(_stream.Terminal, "__call__", then_interrupt)
+    r = gen("ar")
+    assert r.exit_code == 130 and r.stderr.strip() == "error: interrupted"
+    assert len(r.stdout) > 1 and r.stdout.index("\n") == len(r.stdout) - 1  # the first row's text, then its end
+
+
 def test_an_interrupt_during_a_write_is_taken_after_it(monkeypatch):
     got = []
 

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import json
+import shlex
+from pathlib import Path
 
 import pytest
 import torch
+import typer
+from rich.markup import render
 from typer.testing import CliRunner
 
+from cli import generate
 from cli.main import app
 from specgen import checkpoints, registry
 from tests.conftest import tiny_model
@@ -44,6 +49,27 @@ def test_help_lists_commands():
     for sub in (["generate"], ["benchmark"], ["registry", "list"], ["registry", "import"]):
         h = invoke(*sub, "--help")
         assert h.exit_code == 0 and "examples" in h.stdout
+
+
+def test_option_help_is_shown_as_written():
+    """`--help` renders option help as rich markup: a tag such as `[text]` must be escaped (`\\[text]`), else it is
+    dropped and the help no longer says which modality an option is for."""
+    def options(cmd):
+        for sub in getattr(cmd, "commands", {}).values():
+            yield from options(sub)
+        yield from (p for p in cmd.params if getattr(p, "help", None))
+
+    eaten = [p.name for p in options(typer.main.get_command(app)) if render(p.help).plain != p.help.replace("\\[", "[")]
+    assert not eaten
+    assert "[text] Prompt text" in invoke("generate", "--help").stdout
+
+
+def test_the_help_recipe_example_runs(tiny_target, monkeypatch):
+    """`specgen generate --help`'s recipe example, as printed (on the tiny target, a shorter budget)."""
+    line = next(x for x in generate.EPILOG.splitlines() if "generate-text.yaml" in x)
+    monkeypatch.chdir(Path(__file__).parents[2])  # the example names the recipe from the repository root
+    r = invoke(*shlex.split(line)[1:], "model=tiny-text", "chat=false", "max_new_tokens=4", "--format", "json")
+    assert r.exit_code == 0, r.output
 
 
 @pytest.mark.parametrize("method", ["ar", "jacobi", "ngram"])
@@ -110,6 +136,12 @@ def test_registry_list_show_remove(tiny_target):
     assert invoke("registry", "remove", "tiny-text").exit_code == 2
 
 
+def test_registry_list_refuses_an_unknown_kind():
+    r = invoke("registry", "list", "--kind", "targets")
+    assert r.exit_code == 2 and r.stderr.strip() == ("error: unknown checkpoint kind 'targets'; kinds: target, draft, "
+                                                     "heads, adapter, upsampler, vq, classifier")
+
+
 def test_registry_import_pt_and_safetensors(tmp_path):
     model = tiny_model(2)
     pt = tmp_path / "weights.pt"
@@ -135,6 +167,36 @@ def test_registry_import_pt_and_safetensors(tmp_path):
     assert r.exit_code == 1 and not (registry.checkpoints_dir() / "target" / "bad").exists()
     leftovers = [p.name for p in (registry.checkpoints_dir() / "target").iterdir() if p.name.startswith(".")]
     assert leftovers == []
+
+
+@pytest.mark.parametrize("tokens", [64, 100])
+def test_registry_import_refuses_a_tokenizer_larger_than_the_vocabulary(tmp_path, tokens):
+    """An HF folder whose tokenizer files are another model's (ids past the embedding): refused at import, not an
+    IndexError at the first generate; a tokenizer within the vocabulary (64 of 64) imports. Before the import, the
+    folder given as --model is refused as no specgen checkpoint, naming the import."""
+    from safetensors.torch import save_file
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    from specgen.models.hf_export import hf_state, to_hf
+
+    model = tiny_model(1, tie_embeddings=False)  # vocabulary 64
+    hf = to_hf(model)
+    hf.config.architectures = ["LlamaForCausalLM"]
+    (tmp_path / "config.json").write_text(json.dumps(hf.config.to_dict()))
+    save_file({k: v.contiguous() for k, v in hf_state(model).items()}, str(tmp_path / "model.safetensors"))
+    vocab = {f"t{i}": i for i in range(tokens)}
+    PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="t0"))).save_pretrained(
+        str(tmp_path))
+    r = invoke("generate", "--model", str(tmp_path), "--prompt", "x")  # the folder itself is no registry entry
+    assert r.exit_code == 2 and r.stderr.strip().endswith(f"`specgen registry import {tmp_path} --name NAME`, then "
+                                                          "use NAME"), r.output
+    r = invoke("registry", "import", str(tmp_path), "--name", "mixed")
+    if tokens == 64:
+        assert r.exit_code == 0, r.output
+        return
+    assert r.exit_code == 2 and "tokenizer has 100 tokens but the model's vocabulary is 64" in r.stderr, r.output
+    assert not (registry.checkpoints_dir() / "target" / "mixed").exists()
 
 
 def test_unparseable_gguf(tmp_path):

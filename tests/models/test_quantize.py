@@ -357,6 +357,8 @@ def test_precision_names_and_options_resolve(name, dtype, quantize, want):
     ("m", None, "int5", "--quantize must be one of"),
     ("m", "float64", None, "--dtype must be one of"),
     ("m", "float32", "int8", "runs bfloat16 activations"),
+    ("m", "float16", "int4", "drop --dtype float16"),
+    ("m+int8+f16", None, None, "drop --dtype float16"),
     ("m+int8", None, "int4", "contradicts the model name"),
     ("m+fp8", None, None, "unknown precision suffix"),
 ])
