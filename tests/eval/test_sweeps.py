@@ -300,6 +300,18 @@ def test_dry_run_reports_a_bad_sweep():
     assert r.exit_code == 1 and "sweep.eagle2.top_kk: method eagle2 has no option 'top_kk'" in r.stdout, r.output
 
 
+@pytest.mark.parametrize("args,needle", [
+    (["--methods", "ar,nosuch"], "unknown method 'nosuch'"),
+    (["--batch-size", "1,4", "--limit", "0"], "limit must be >= 1"),
+    (["--device", "tpu9"], "tpu9"),
+])
+def test_dry_run_checks_the_command_lines_options(args, needle):
+    """--dry-run checks the recipe as the same command line would run it: an option it would refuse fails the check."""
+    r = runner.invoke(app, ["benchmark", "--config", str(ROOT / "recipes/tiny/bench-humaneval.yaml"), "--dry-run",
+                            "--format", "json", *args])
+    assert r.exit_code == 1 and needle in r.stdout, r.output
+
+
 def test_a_run_folder_started_before_the_sweep_key_resumes(tmp_path):
     """A key added since a run started, left empty (`sweep: {}`), is no change of config; a filled one is."""
     from specgen.eval.run_dir import RunDir
