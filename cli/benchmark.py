@@ -107,11 +107,10 @@ def benchmark(
 
     if overrides and overrides[0] == "report":  # a subcommand in the overrides' place: no override is a bare word
         return benchmark_runs.report(overrides[1:], fmt, out, append, quiet)
-    if dry_run:
-        return benchmark_runs.print_dry_run(config, overrides, fmt)
     names = [m.strip() for m in methods.split(",") if m.strip()] if methods is not None else None
     if names == []:
         raise UsageError(f"--methods {methods!r} names no method; give a comma-separated list such as ar,ngram")
+    given_suite = suite is not None
     suite = suite or recipe_key(config, overrides, "suite") or "humaneval"
     if suite not in SUITES:
         raise UnknownNameError("suite", suite, list(SUITES))
@@ -128,6 +127,9 @@ def benchmark(
             raise UsageError(f"--{option.replace('_', '-')} is for --suite {' or '.join(SUITE_KEYS[option])}; it is "
                              f"not an option of the {suite} suite")
         explicit[SUITE_KEYS[option][suite]] = value
+    if dry_run:  # the recipe as this command line would run it: its options are checked, not ignored
+        checked = {k: v for k, v in explicit.items() if v is not None and (k != "suite" or given_suite)}
+        return benchmark_runs.print_dry_run(config, overrides, checked, fmt)
     if run_dir is not None and (prompts or recipe_key(config, overrides, "prompts")) == "-":
         raise UsageError("--prompts - (stdin) cannot be read again to resume or report a --run-dir: give a file")
     benchmark_runs.run(suite, config, list(overrides or []), explicit, run_dir, shard, fmt, out, append, quiet)

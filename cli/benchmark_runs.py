@@ -205,11 +205,12 @@ def show(suite: Suite, rows: list[dict], p, sink, fmt, out: Path | None, append:
         _output.table(title, shown, columns, _output.out)
 
 
-def print_dry_run(config: Path | None, overrides: list[str] | None, fmt) -> None:
-    """`--dry-run`: the recipe's checks as a table (or JSON); exit 1 when one fails."""
+def print_dry_run(config: Path | None, overrides: list[str] | None, explicit: dict, fmt) -> None:
+    """`--dry-run`: the recipe's checks (with the command line's options) as a table (or JSON); exit 1 when one
+    fails."""
     if config is None:
         raise UsageError("--dry-run checks a recipe: give it with --config FILE")
-    rows = check_recipe(config, overrides)
+    rows = check_recipe(config, overrides, explicit)
     if fmt == Format.json:
         _output.emit_json(rows)
     else:

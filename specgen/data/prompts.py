@@ -160,6 +160,9 @@ def read_prompt_records(source: str | Path, field: str | None = None,
         src = read_text(source, "prompt file")
         first = next((line for line in src.text.splitlines() if line.strip()), "")
         jsonl = first.lstrip().startswith("{") or (src.path is not None and src.path.suffix.lower() in JSONL_SUFFIXES)
+        if not jsonl and (field or category_field) is not None:  # a named field would be silently ignored
+            raise PromptSourceError(f"{src.name}: a field ({field or category_field!r}) is named, but this is one "
+                                    "prompt per line; give JSON Lines or a dataset, or drop the field")
         prompts = ([record(row, field, category_field, f"{src.name} line {n}") for n, row in json_lines(src)] if jsonl
                    else [Prompt(line.strip()) for line in src.text.splitlines() if line.strip()])
         name, empty = src.name, "no prompts (the input is empty)"

@@ -114,18 +114,19 @@ def recipe_kind(doc: dict, comments: str, overrides: list[str], file_name: str =
     return fits[0][1]
 
 
-def check_recipe(path: Path, overrides: list[str] | None = None) -> list[dict]:
-    """One `{"check", "ok", "detail"}` row per check; a recipe that cannot be read or placed is a UsageError."""
+def check_recipe(path: Path, overrides: list[str] | None = None, explicit: dict | None = None) -> list[dict]:
+    """One `{"check", "ok", "detail"}` row per check; a recipe that cannot be read or placed is a UsageError.
+    `explicit`: the command line's options (config key -> value; `suite` a known suite), applied as the run would."""
     path = Path(path)
-    overrides = list(overrides or [])
+    overrides, explicit = list(overrides or []), dict(explicit or {})
     raw = read_recipe(path)  # UsageError: missing, not UTF-8, invalid YAML, not a mapping
     comments = header(path)
-    kind = recipe_kind(raw, comments, overrides, path.name)
+    kind = explicit.get("suite") or recipe_kind(raw, comments, overrides, path.name)
     cls = config_class(kind)
     suite = f", suite {kind}" if kind in SUITE_PLANS else ""
     rows = [row("recipe", True, f"{path.name}: for `{KINDS[kind].command}` ({cls.__name__}{suite})"),
             *([row("suite", True, kind)] if suite else [])]
-    cfg = load_checked(cls, path, overrides, raw, rows)
+    cfg = load_checked(cls, path, overrides, raw, rows, explicit)
     if cfg is None:
         return rows
     names = [(key, getattr(cfg, key, "")) for key in KINDS[kind].entries]
@@ -160,11 +161,11 @@ def check_recipe(path: Path, overrides: list[str] | None = None) -> list[dict]:
     return rows
 
 
-def load_checked(cls: type, path: Path, overrides: list[str], raw: dict, rows: list[dict]):
-    """The config or None, its rows added to `rows`: keys and values through `load_config`, the device checked apart
-    (a recipe for a GPU node names cuda, which this machine may lack)."""
+def load_checked(cls: type, path: Path, overrides: list[str], raw: dict, rows: list[dict], given: dict):
+    """The config or None, its rows added to `rows`: keys and values through `load_config` (with the options
+    `given`), the device checked apart (a recipe for a GPU node names cuda, which this machine may lack)."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    explicit = {"device": "cpu"} if "device" in fields else {}
+    explicit = {**given, "device": "cpu"} if "device" in fields else given
     try:
         cfg = load_config(cls, path, overrides, **explicit)
     except UsageError as e:
@@ -172,10 +173,10 @@ def load_checked(cls: type, path: Path, overrides: list[str], raw: dict, rows: l
         return None
     rows.append(row("config", True, f"{len(raw)} keys valid for {cls.__name__}"
                     + (f", {len(overrides)} override(s)" if overrides else "")))
-    if not explicit:
+    if "device" not in fields:
         return cfg
-    given = [o.partition("=")[2] for o in overrides if o.partition("=")[0].strip() == "device"]
-    device = str(given[-1] if given else raw.get("device", fields["device"].default))
+    named = [o.partition("=")[2] for o in overrides if o.partition("=")[0].strip() == "device"]
+    device = str(given.get("device") or (named[-1] if named else raw.get("device", fields["device"].default)))
     rows.append(device_row(device, cls.__name__))
     return dataclasses.replace(cfg, device=device)
 

@@ -132,6 +132,9 @@ def with_sweep_rows(cfg, modality: str, method_of: Callable[[str], str], extra: 
     swept option set; an entry the recipe gives for the swept row's name itself goes over that. A name already in
     `methods` is not repeated."""
     table = options_table(cfg)
+    for key in (k for k in table if sweepable(k) and method_of(k) not in METHODS):  # a typo is not a row to ignore
+        raise UsageError(f"options.{key}: {method_of(key)!r} is no method; rows are METHOD or METHOD@TAG of "
+                         f"{', '.join(n for n, s in METHODS.items() if s.runs_on(modality))}")
     bases = [m for m in [*cfg.methods, *table, *(n for n, s in METHODS.items() if s.runs_on(modality))] if sweepable(m)]
     swept = [*extra, *expand(sweeps_of(cfg.sweep), bases,
                              lambda row, options: get_method(method_of(row)).parse_options(options))]

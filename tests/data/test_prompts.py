@@ -155,6 +155,7 @@ def test_datasets_sources(tmp_path):
         ("named.jsonl", '{"prompt": "a"}\n', {"field": "question"}, r"line 1: no field 'question'"),
         ("number.jsonl", '{"prompt": 3}\n', {}, r"line 1: field 'prompt' is not a non-empty string"),
         ("blankfield.jsonl", '{"text": "  "}\n', {}, r"line 1: field 'text' is not a non-empty string"),
+        ("lines.txt", "a prompt\n", {"field": "question"}, r"lines.txt: a field \('question'\) is named, but this "),
     ],
 )
 def test_bad_sources(tmp_path, name, content, kwargs, message):

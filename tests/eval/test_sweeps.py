@@ -284,6 +284,9 @@ def test_renamed_option_tables_give_the_same_rows(tmp_path, recipe, old_key, new
     (["--suite", "meshes", "sweep.ca+lora.delta=[]"], "sweep.ca+lora.delta is empty"),
     (["--suite", "meshes", "sweep.ca+lora.delta=[2]"], "delta must be in [0, 1]"),
     (["--suite", "images", "sweep.nope.tau=[1]"], "sweep.nope.tau: no row"),
+    (["--suite", "images", "options.nope.tau=1"], "options.nope: 'nope' is no method"),
+    (["--suite", "humaneval", "--methods", "ar,ngram", "options.ngarm.num_draft=3"], "options.ngarm: 'ngarm' is no"),
+    (["--suite", "humaneval", "--methods", "ar,ngram", "method_options.ngarm@x.num_draft=3"], "options.ngarm@x:"),
     (["--suite", "images", "sweep.mulo-sd.tau=[-1]"], "tau must be >= 0"),
     (["--suite", "humaneval", "--methods", "ar,ngram", "sweep.ngram.num_draft=[0]"], "num_draft must be >= 1"),
     (["--suite", "humaneval", "--methods", "ar,ngram", "sweep.ngram=[1]"], "sweep.ngram names no option"),
@@ -298,6 +301,18 @@ def test_dry_run_reports_a_bad_sweep():
     r = runner.invoke(app, ["benchmark", "--config", str(ROOT / "recipes/tiny/bench-images.yaml"), "--dry-run",
                             "--format", "json", "sweep.eagle2.top_kk=[2]"])
     assert r.exit_code == 1 and "sweep.eagle2.top_kk: method eagle2 has no option 'top_kk'" in r.stdout, r.output
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--methods", "ar,nosuch"], "unknown method 'nosuch'"),
+    (["--batch-size", "1,4", "--limit", "0"], "limit must be >= 1"),
+    (["--device", "tpu9"], "tpu9"),
+])
+def test_dry_run_checks_the_command_lines_options(args, needle):
+    """--dry-run checks the recipe as the same command line would run it: an option it would refuse fails the check."""
+    r = runner.invoke(app, ["benchmark", "--config", str(ROOT / "recipes/tiny/bench-humaneval.yaml"), "--dry-run",
+                            "--format", "json", *args])
+    assert r.exit_code == 1 and needle in r.stdout, r.output
 
 
 def test_a_run_folder_started_before_the_sweep_key_resumes(tmp_path):
