@@ -166,6 +166,14 @@ def test_a_face_less_ply_is_read_as_a_point_cloud(tmp_path, encoding):
         read_file(tmp_path / "bare.ply", 100, 0)
 
 
+def test_export_shortens_a_long_name(tmp_path):
+    """A name past a file name's length was "File name too long; write elsewhere" (exit 1), nothing written."""
+    line = json.loads(good_line())
+    r = invoke("export-mesh", "-", "-o", tmp_path, "--preview", input=json.dumps({**line, "name": "é" * 300}))
+    assert r.exit_code == 0, r.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["é" * 100 + ".obj", "é" * 100 + ".png"]
+
+
 def test_unreadable_inputs_name_their_file(tmp_path):
     """A corrupt PLY, an empty batch and a mesh without area are refused as input errors naming the file (they were
     a bare ValueError/KeyError, exit 1, an empty run with exit 0, and a message without the file)."""
