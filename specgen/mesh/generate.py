@@ -204,7 +204,7 @@ def check_budget(target: str | None, heads: str | None, cfg: MeshGenConfig, opts
     h = checkpoints.find(heads) if heads else None
     t = checkpoints.find(target or (h.meta.get("parent") if h else None) or DEFAULT_TARGET)
     context = ((t.meta.get("kwargs") or {}).get("decoder") or {}).get("max_seq_len")
-    d = 0 if h is None else opts.num_heads or (h.meta.get("kwargs") or {}).get("num_heads", 0)
+    d = opts.num_heads or (0 if h is None else (h.meta.get("kwargs") or {}).get("num_heads", 0))
     if isinstance(context, int) and isinstance(d, int) and cfg.max_new_tokens > context - d - 2:
         raise UsageError(f"max-new-tokens {cfg.max_new_tokens} exceeds the model's context ({context - d - 2} tokens)")
 
