@@ -144,6 +144,7 @@ QUICK_HEADS = ["num_sequences=2", "eval_sequences=1", "max_tokens=8", "stage1_ep
     (["benchmark", "--methods", " , "], "names no method"),
     (["benchmark", "--suite", "meshes", "--methods", ""], "names no method"),
     (["benchmark", "--suite", "meshes", "--threads", "-3"], "threads must be >= 0"),
+    (["benchmark", "--suite", "meshes", "batch_sizes=[0]"], "batch_sizes must be >= 1, got 0"),  # was no row, exit 0
     (["benchmark", "--suite", "meshes", "--methods", "ar", "sweep_row=none", "--limit", "1", "--max-new-tokens", "1019"],
      "max-new-tokens 1019 exceeds the model's context (1018 tokens)"),  # was clamped to 1018 unsaid
     (["benchmark", "--model", "tiny-text", "method_options.ngram.num_draft=0"], "num_draft of ngram"),
