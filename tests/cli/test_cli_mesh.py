@@ -203,6 +203,11 @@ def test_mesh_usage_errors(tiny, tmp_path):
                           "method_options.heads=foreign-heads"), 2, "trained for other-mesh")
     one_error_line(invoke("generate", "--method", "xspecmesh", "method_options.heads=tiny-heads",
                           "method_options.dleta=1"), 2, "no option")
+    # heads named as the model, a backbone as the heads: were an AttributeError / "unknown builder None", exit 1
+    one_error_line(invoke("generate", "--method", "ar", "--model", "tiny-heads"), 2,
+                   "heads/tiny-heads is no mesh backbone")
+    one_error_line(invoke("generate", "--method", "xspecmesh", "method_options.heads=tiny-mesh"), 2,
+                   "target/tiny-mesh is no XSpecMesh heads entry")
     one_error_line(invoke("generate", "--method", "xspecmesh", "method_options.heads=tiny-heads",
                           "method_options.criterion=best"), 2, "criterion")
     one_error_line(invoke("export-mesh", "-", "--mesh-format", "fbx", input=good_line()), 2, "unknown mesh format")
