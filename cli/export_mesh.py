@@ -42,7 +42,8 @@ def read_sequences(source: str | None) -> list[tuple[str, list[int]]]:
         if any(abs(t) >= 2 ** 31 for t in tokens):
             raise UsageError(f"{src.name} line {n}: a token id beyond 2**31 is no token of any mesh tokenizer")
         name = obj.get("name") if isinstance(obj, dict) and obj.get("name") else f"mesh-{len(out):03d}"
-        out.append(("".join(c if c.isalnum() or c in "-_." else "_" for c in str(name)).strip(".") or "mesh", tokens))
+        stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in str(name)[:100]).strip(".")  # 100: room for
+        out.append((stem or "mesh", tokens))  # "-N.png" within a file name's 255 bytes, even in 2-byte characters
     if not out:
         raise UsageError("no token sequences in the input")
     return out

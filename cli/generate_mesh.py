@@ -7,7 +7,6 @@ from pathlib import Path
 from cli import _output
 from cli._options import Format
 from specgen.config import load_config
-from specgen.errors import UsageError
 from specgen.mesh.export import export_mesh, format_name, render_png
 from specgen.mesh.generate import (MeshGenConfig, check_budget, decode_tokens, generate_meshes, load_conditions,
                                   load_mesh_model, mesh_options)
@@ -24,8 +23,6 @@ def run(args, spec: MethodSpec) -> None:
                       max_new_tokens=args.max_new_tokens, num=args.num, **args.recipe)
     req = parse_request(cfg, "mesh", spec)
     mesh_format = format_name(cfg.mesh_format)
-    if cfg.num < 1:
-        raise UsageError("--num must be >= 1")
     if args.out_dir is not None:
         check_output_dir(args.out_dir)  # before the load; created with the first mesh file
     opts = mesh_options(req)

@@ -28,7 +28,8 @@ MIN_TEMPERATURE = 1e-3  # 0 is greedy; a positive temperature below this overflo
 POSITIVE_BY_CLASS = {"DistillConfig": {"temperature"}}  # a KL temperature divides: 0 is not greedy there
 # counts whose 0 means nothing to do in these configs (elsewhere 0 means "all"), and max_new_tokens outside
 # ZERO_BUDGET_IS_CONTEXT: checked before the generic >= 0, so -1 and 0 get the same message
-AT_LEAST_ONE_BY_CLASS = {"TextBenchConfig": ("limit",), "MeshBenchConfig": ("limit",), "ImageBenchConfig": ("num",)}
+AT_LEAST_ONE_BY_CLASS = {"TextBenchConfig": ("limit",), "MeshBenchConfig": ("limit",), "ImageBenchConfig": ("num",),
+                         "MeshGenConfig": ("num",)}
 MAX_INT = 2 ** 62  # beyond this torch's int64 arithmetic (seed + i, sizes) overflows
 RANGES = [(OPEN_UNIT, lambda v: 0 < v <= 1, "in (0, 1]"), (UNIT, lambda v: 0 <= v <= 1, "in [0, 1]"),
           (HALF_OPEN_UNIT, lambda v: 0 <= v < 1, "in [0, 1)"), (POSITIVE, lambda v: v > 0, "> 0"),

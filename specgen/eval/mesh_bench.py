@@ -16,7 +16,7 @@ from specgen.eval.run_dir import Grid, Shard, check_finished
 from specgen.eval.speed import Timed, merged
 from specgen.eval.sweeps import Sweep, expand, merged_table, sweeps_of
 from specgen.mesh.export import clean_mesh
-from specgen.mesh.generate import decode_tokens, load_mesh_model, token_budget
+from specgen.mesh.generate import check_budget, decode_tokens, load_mesh_model, token_budget
 from specgen.mesh.metrics import mesh_distances
 from specgen.mesh.procedural import ProceduralSpec, generate_mesh, split_seeds
 from specgen.mesh.tokenizers import BPTTokenizer
@@ -165,6 +165,7 @@ def measure_meshes(cfg: MeshBenchConfig, sink, shard: Shard = Shard(), on_item=l
     """Decode this shard's meshes that `sink` (its shard started) has no record of (`Grid.measure`): at batch 1 a
     mesh with every row interleaved on it, at B > 1 one row over the shard's point clouds through B slots."""
     split_seeds("test", cfg.limit, cfg.offset)  # more meshes than the split holds: refused before any model loads
+    check_budget(cfg.model, None, cfg, XSpecMeshOptions(num_heads=cfg.num_heads))  # as `token_budget` reserves
     vs = variants(cfg)
     by_label = {v.label: v for v in vs}
     params = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)

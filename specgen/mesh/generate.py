@@ -69,7 +69,10 @@ def prepare_cloud(arr: object, num_points: int, seed: int, name: str) -> np.ndar
 
 def _ply_points(path: Path) -> np.ndarray | None:
     """Points+normals [N, 6] of a face-less PLY with nx/ny/nz, else None."""
-    cloud = trimesh.load(path, process=False)
+    try:
+        cloud = trimesh.load(path, process=False)
+    except Exception as exc:  # noqa: BLE001 - trimesh raises many types for corrupt files (as load_mesh)
+        raise MeshInputError(f"{path}: cannot read PLY ({type(exc).__name__}: {exc})") from None
     raw = getattr(cloud, "metadata", {}).get("_ply_raw", {}).get("vertex", {}).get("data")
     if raw is None or getattr(cloud, "faces", None) is not None and len(getattr(cloud, "faces", [])):
         return None
@@ -90,6 +93,8 @@ def read_file(path: Path, num_points: int, seed: int) -> list[Condition]:
         except (OSError, ValueError) as e:
             raise MeshInputError(f"{path}: not a readable .npy array ({e})") from None
         if arr.ndim == 3:
+            if len(arr) == 0:
+                raise MeshInputError(f"{path}: holds no point clouds (shape {list(arr.shape)})")
             return [Condition(f"{path.stem}-{i}", prepare_cloud(a, num_points, seed, f"{path}[{i}]"))
                     for i, a in enumerate(arr)]
         return [Condition(path.stem, prepare_cloud(arr, num_points, seed, str(path)))]
@@ -97,7 +102,10 @@ def read_file(path: Path, num_points: int, seed: int) -> list[Condition]:
         return [Condition(path.stem, prepare_cloud(pts, num_points, seed, str(path)))]
     if suffix in MESH_SUFFIXES:
         m = load_mesh(path)
-        return [Condition(path.stem, point_cloud(normalize_bbox(m.vertices), m.faces, num_points, seed))]
+        try:
+            return [Condition(path.stem, point_cloud(normalize_bbox(m.vertices), m.faces, num_points, seed))]
+        except MeshInputError as e:  # e.g. every face has zero area: say which file
+            raise MeshInputError(f"{path}: {e}") from None
     raise MeshInputError(f"{path}: unsupported input; give .npy point clouds or {', '.join(MESH_SUFFIXES)} files")
 
 
@@ -108,7 +116,7 @@ def load_conditions(path: Path | None, num: int, num_points: int, seed: int,
     if path is None:
         meshes = {s: generate_mesh(s, spec) for s in map(int, split_seeds("test", num))}
         return [Condition(f"test-{s}", point_cloud(m.vertices, m.faces, num_points, s)) for s, m in meshes.items()]
-    path = Path(path)
+    path, seed = Path(path), seed % 2 ** 64  # numpy takes no negative seed; ours may be any integer (SIGNED)
     if path.is_dir():
         files = sorted(f for f in path.iterdir() if f.suffix.lower() in (".npy", *MESH_SUFFIXES))
         if not files:
@@ -196,7 +204,7 @@ def check_budget(target: str | None, heads: str | None, cfg: MeshGenConfig, opts
     h = checkpoints.find(heads) if heads else None
     t = checkpoints.find(target or (h.meta.get("parent") if h else None) or DEFAULT_TARGET)
     context = ((t.meta.get("kwargs") or {}).get("decoder") or {}).get("max_seq_len")
-    d = 0 if h is None else opts.num_heads or (h.meta.get("kwargs") or {}).get("num_heads", 0)
+    d = opts.num_heads or (0 if h is None else (h.meta.get("kwargs") or {}).get("num_heads", 0))
     if isinstance(context, int) and isinstance(d, int) and cfg.max_new_tokens > context - d - 2:
         raise UsageError(f"max-new-tokens {cfg.max_new_tokens} exceeds the model's context ({context - d - 2} tokens)")
 

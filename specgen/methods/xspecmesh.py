@@ -99,7 +99,12 @@ class LoadedMesh:
 def load_mesh(target: str | None = None, heads: str | None = None, device: str = "cpu") -> LoadedMesh:
     """Backbone (default: the heads' parent) + heads + their LoRA adapter merged; IncompatibleError on a misfit."""
     h_entry = checkpoints.find(heads) if heads else None
+    if h_entry is not None and h_entry.kind != "heads":  # an adapter or a target: no head module to build
+        raise UsageError(f"{h_entry.ref} is no XSpecMesh heads entry (heads/NAME, e.g. xspecmesh-ca-tiny)")
     t_entry = checkpoints.find(target or (h_entry.meta.get("parent") if h_entry else None) or DEFAULT_TARGET)
+    if t_entry.kind != "target":  # heads or an adapter named as the model: not a backbone
+        raise UsageError(f"{t_entry.ref} is no mesh backbone (target/NAME); XSpecMesh heads are "
+                         "method_options.heads=NAME")
     if t_entry.meta.get("modality") != "mesh":
         raise UsageError(f"{t_entry.ref} is a {t_entry.meta.get('modality', 'text')} model, not a mesh model")
     model = checkpoints.load_module(t_entry, device)

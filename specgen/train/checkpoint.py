@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 
 from specgen import builtins, registry
 from specgen.errors import UsageError
-from specgen.paths import atomic_write, atomic_write_text
+from specgen.paths import atomic_write, atomic_write_text, check_folder
 from specgen.registry import Entry
 
 
@@ -85,6 +85,8 @@ def ships_builtin(kind: str, name: str, ship: str) -> bool:
 def check_outputs(outputs: list[tuple[str, str, str]], force: bool = False) -> None:
     """Before training: each (kind, name, ship folder) to publish passes `registry.check_new`, bar rebuilt built-ins."""
     for kind, name, ship in outputs:
+        if ship:  # written after training: a file or unwritable folder there would fail the finished run
+            check_folder(Path(ship), "ship_dir")
         if name and not ships_builtin(kind, name, ship):
             try:
                 registry.check_new(kind, name, force)

@@ -84,6 +84,8 @@ def check_config(cfg: HeadsTrainConfig) -> None:
     check_choices(cfg, {"head_kind": HEAD_KINDS, "backbone_loss": BACKBONE_LOSSES, "head_targets": HEAD_TARGETS})
     if cfg.num_heads < 1 or cfg.stages not in (1, 2):  # the other counts: specgen.config_checks
         raise UsageError("num_heads must be >= 1 and stages 1 or 2")
+    if cfg.max_tokens < 2:  # the heads learn the tokens after a position: 1-token labels leave nothing to learn
+        raise UsageError(f"max_tokens must be >= 2, got {cfg.max_tokens}")
     registry.check_name(cfg.name + "-lora", "name (+ -s1/-lora: heads/NAME-s1, adapter/NAME-lora)")
 
 
@@ -263,6 +265,11 @@ class HeadsTrainer:
                                                   cfg.inner_dim, dc.vocab_size, cfg.token_input,
                                                   cfg.res_layers, cfg.history).to_dict())
         self.num_points = int(self.target.meta.get("num_points", 2048))
+        linears = {n.rpartition(".")[2] for n, m in self.model.decoder.named_modules() if isinstance(m, torch.nn.Linear)}
+        unknown = sorted(set(cfg.lora_targets) - linears) if cfg.stages == 2 else []
+        if unknown:  # stage 2 wraps them after the labels and stage 1: refused before that work
+            raise UsageError(f"lora_targets: {', '.join(unknown)} is no Linear layer of {self.target.ref}'s decoder "
+                             f"(it has {', '.join(sorted(linears))})")
         if cfg.skip_known_offsets and self.model.vocab_size != 5121:
             raise UsageError(f"skip_known_offsets needs a BPT backbone (5121 tokens); {self.target.ref} has "
                              f"{self.model.vocab_size}")

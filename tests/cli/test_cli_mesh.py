@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from cli.main import app
 from specgen.mesh.errors import MeshInputError
 from specgen.mesh.export import EXPORT_FORMATS
-from specgen.mesh.generate import read_file
+from specgen.mesh.generate import load_conditions, read_file
 from specgen.mesh.procedural import generate_mesh
 from specgen.mesh.tokenizers import BPTTokenizer
 from tests.mesh.mesh_fixtures import register_tiny
@@ -166,12 +166,48 @@ def test_a_face_less_ply_is_read_as_a_point_cloud(tmp_path, encoding):
         read_file(tmp_path / "bare.ply", 100, 0)
 
 
+def test_export_shortens_a_long_name(tmp_path):
+    """A name past a file name's length was "File name too long; write elsewhere" (exit 1), nothing written."""
+    line = json.loads(good_line())
+    r = invoke("export-mesh", "-", "-o", tmp_path, "--preview", input=json.dumps({**line, "name": "é" * 300}))
+    assert r.exit_code == 0, r.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["é" * 100 + ".obj", "é" * 100 + ".png"]
+
+
+def test_unreadable_inputs_name_their_file(tmp_path):
+    """A corrupt PLY, an empty batch and a mesh without area are refused as input errors naming the file (they were
+    a bare ValueError/KeyError, exit 1, an empty run with exit 0, and a message without the file)."""
+    (tmp_path / "empty.ply").write_bytes(b"")
+    (tmp_path / "noxyz.ply").write_text("ply\nformat ascii 1.0\nelement vertex 3\nend_header\n1 2 3\n")
+    np.save(tmp_path / "none.npy", np.zeros((0, 100, 6)))
+    (tmp_path / "flat.obj").write_text("v 0 0 0\nv 1 0 0\nv 2 0 0\nf 1 2 3\n")
+    for name, needle in (("empty.ply", "cannot read PLY"), ("noxyz.ply", "cannot read PLY"),
+                         ("none.npy", "holds no point clouds"), ("flat.obj", "no surface area")):
+        with pytest.raises(MeshInputError, match=needle) as e:
+            read_file(tmp_path / name, 100, 0)
+        assert str(e.value).startswith(str(tmp_path / name))
+
+
+def test_a_negative_seed_samples_user_clouds(tmp_path):
+    """--seed takes any integer; numpy's generators refuse negative ones (was: ValueError, exit 1)."""
+    np.save(tmp_path / "c.npy", np.random.default_rng(0).standard_normal((40, 6)))
+    (cond,) = load_conditions(tmp_path / "c.npy", 1, 100, -1)
+    assert cond.points.shape == (100, 6)
+    assert (load_conditions(tmp_path / "c.npy", 1, 100, 5)[0].points == read_file(tmp_path / "c.npy", 100, 5)[0]
+            .points).all()  # non-negative seeds sample as before
+
+
 def test_mesh_usage_errors(tiny, tmp_path):
     register_tiny("other-mesh", "foreign-heads", parent="other-mesh")
     one_error_line(invoke("generate", "--method", "xspecmesh", "--model", "tiny-mesh",
                           "method_options.heads=foreign-heads"), 2, "trained for other-mesh")
     one_error_line(invoke("generate", "--method", "xspecmesh", "method_options.heads=tiny-heads",
                           "method_options.dleta=1"), 2, "no option")
+    # heads named as the model, a backbone as the heads: were an AttributeError / "unknown builder None", exit 1
+    one_error_line(invoke("generate", "--method", "ar", "--model", "tiny-heads"), 2,
+                   "heads/tiny-heads is no mesh backbone")
+    one_error_line(invoke("generate", "--method", "xspecmesh", "method_options.heads=tiny-mesh"), 2,
+                   "target/tiny-mesh is no XSpecMesh heads entry")
     one_error_line(invoke("generate", "--method", "xspecmesh", "method_options.heads=tiny-heads",
                           "method_options.criterion=best"), 2, "criterion")
     one_error_line(invoke("export-mesh", "-", "--mesh-format", "fbx", input=good_line()), 2, "unknown mesh format")

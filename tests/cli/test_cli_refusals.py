@@ -92,6 +92,8 @@ def test_bad_option_values_are_one_line(tiny, args, needle):
 GEN = ["generate", "--model", "tiny-text", "--prompt", "hi"]
 IMG = ["generate", "--model", "tiny-image-gpt", "--method", "ar"]
 MESH = ["generate", "--method", "xspecmesh"]
+QUICK_HEADS = ["num_sequences=2", "eval_sequences=1", "max_tokens=8", "stage1_epochs=1", "stage2_epochs=1"]  # refused
+#   late, these failed after seconds of training (their refusals must come first)
 
 
 @pytest.mark.parametrize("args,needle", [
@@ -124,7 +126,8 @@ MESH = ["generate", "--method", "xspecmesh"]
      "delta must be in [0, 1] (a finite number) (option delta of xspecmesh)"),
     ([*MESH, "method_options.delta=.nan"], "delta of xspecmesh"),
     ([*MESH, "method_options.delta=nan"], "delta of xspecmesh"),
-    ([*MESH, "--num", "0"], "--num must be >= 1"),
+    ([*MESH, "--num", "0"], "num must be >= 1, got 0"),
+    ([*MESH, "--num", "-3"], "num must be >= 1, got -3"),
     ([*IMG, "--num", "0"], "--num must be >= 1"),
     ([*IMG, "--num", "-2"], "--num must be >= 1"),
     ([*IMG, "--classes", ","], "names no class"),
@@ -141,6 +144,9 @@ MESH = ["generate", "--method", "xspecmesh"]
     (["benchmark", "--methods", " , "], "names no method"),
     (["benchmark", "--suite", "meshes", "--methods", ""], "names no method"),
     (["benchmark", "--suite", "meshes", "--threads", "-3"], "threads must be >= 0"),
+    (["benchmark", "--suite", "meshes", "batch_sizes=[0]"], "batch_sizes must be >= 1, got 0"),  # was no row, exit 0
+    (["benchmark", "--suite", "meshes", "--methods", "ar", "sweep_row=none", "--limit", "1", "--max-new-tokens", "1019"],
+     "max-new-tokens 1019 exceeds the model's context (1018 tokens)"),  # was clamped to 1018 unsaid
     (["benchmark", "--model", "tiny-text", "method_options.ngram.num_draft=0"], "num_draft of ngram"),
     (["benchmark", "--model", "tiny-text", "batch_sizes=[1,0]"], "batch_sizes must be >= 1, got 0"),
     (["benchmark", "--suite", "images", "batch_sizes=[0]"], "batch_sizes must be >= 1, got 0"),
@@ -150,6 +156,8 @@ MESH = ["generate", "--method", "xspecmesh"]
     (["distill", "--out", "run", "lora_rank=0"], "lora_rank must be >= 1"),
     (["train-heads", "--out", "run", "stage1_lr=-1"], "stage1_lr must be > 0"),
     (["train-heads", "--out", "run", "stage2_lr=nan"], "stage2_lr must be a finite number"),
+    (["train-heads", "--out", "run", "max_tokens=1"], "max_tokens must be >= 2"),
+    (["train-heads", "--out", "run", *QUICK_HEADS, "lora_targets=[wqkv,w0]"], "lora_targets: w0 is no Linear layer"),
     (["train-heads", "--kind", "eagle", "--out", "run", "lr=-1"], "lr must be > 0"),
     (["train-heads", "--kind", "eagle", "--out", "run", "beta2=1.5"], "beta2 must be in [0, 1)"),
     (["train-upsampler", "--out", "run", "lr=-0.1"], "lr must be > 0"),
@@ -179,6 +187,7 @@ def test_cuda_without_cuda_is_one_line(tiny, cmd):
     (["benchmark", "--config", "binary.yaml"], "is not UTF-8"),
     (["distill", "--out", "run", "--config", "list.yaml"], "must be a mapping"),
     (["train-heads", "--out", "run", "lora_targets={a: 1}"], "lora_targets"),
+    (["train-heads", "--out", "run", *QUICK_HEADS, "ship_dir=binary.yaml"], "ship_dir: binary.yaml is a file"),
     (["train-upsampler", "--out", "run", "name=a b\x01"], "control characters"),
     (["train-upsampler", "--out", "run", "name=" + "n" * 101], "at most 100"),
     (["train-heads", "--kind", "eagle", "--out", "run", "name=../escape"], "invalid name"),
