@@ -52,12 +52,13 @@ def run(args, spec: MethodSpec) -> None:
     if args.fmt == Format.json:
         about = ((lambda l: {"caption": l}) if im.text_conditional else
                  (lambda l: {"class": im.classes[l] if l < len(im.classes) else l, "label": l}))
-        _output.emit_json({"method": spec.name, "model": im.entry.ref, "images": [
+        _output.emit_json({"method": spec.name, "model": im.entry.ref, "lossless": spec.lossless, "images": [
             {"path": str(p), **about(s.label), "tokens": s.tokens}
             for p, s in zip(paths, samples)], "grid": str(paths[-1]), "stats": summary})
         return
     for p in paths:
         _output.out.print(str(p))
     if not args.quiet:
-        _output.table(f"{spec.name} on {im.entry.ref} (cfg {cfg.cfg_scale}, T={cfg.temperature})", [summary],
+        lossy = "" if spec.lossless else ", LOSSY"  # the target's own distribution, or not (README's method table)
+        _output.table(f"{spec.name} on {im.entry.ref} (cfg {cfg.cfg_scale}, T={cfg.temperature}{lossy})", [summary],
                       STAT_COLUMNS)

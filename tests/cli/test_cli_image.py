@@ -64,7 +64,7 @@ def test_generate_images_json(tiny_image, ar_tokens, method):
     assert [i["class"] for i in doc["images"]] == ["dog", "sky"]
     assert all(len(i["tokens"]) == GRID * GRID for i in doc["images"])
     assert (out / f"{method}-grid.png").is_file() and len(list(out.glob("*.png"))) == 3
-    assert doc["stats"]["nfe"] >= 1
+    assert doc["stats"]["nfe"] >= 1 and doc["lossless"] == ("lantern" not in method)
     if "lantern" not in method:  # lossless: identical tokens at T = 0 (and AR run twice is deterministic)
         assert [i["tokens"] for i in doc["images"]] == ar_tokens
 
@@ -117,6 +117,12 @@ def test_drafter_flag(tiny_image, ar_tokens):
     assert r.exit_code == 2 and "--drafter" in r.stderr, r.output
     r = runner.invoke(app, ["generate", "--method", "xspecmesh", "--drafter", "t-eagle", "--num", "1"])
     assert r.exit_code == 2 and "method_options.heads" in r.stderr, r.output  # what a mesh run uses instead
+
+
+@pytest.mark.parametrize("method,title", [("lantern", "T=0.0, LOSSY)"), ("eagle2", "T=0.0)")])
+def test_the_table_says_whether_a_method_is_lossy(tiny_image, method, title):
+    r = gen(tiny_image / method, "--method", method, "--num", "1", "--temperature", "0")
+    assert r.exit_code == 0 and title in r.stderr, r.output
 
 
 def test_unwritable_output_folder(tiny_image):
