@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 
 from specgen import builtins, registry
 from specgen.errors import UsageError
-from specgen.paths import atomic_write, atomic_write_text
+from specgen.paths import atomic_write, atomic_write_text, check_folder
 from specgen.registry import Entry
 
 
@@ -83,8 +83,12 @@ def ships_builtin(kind: str, name: str, ship: str) -> bool:
 
 
 def check_outputs(outputs: list[tuple[str, str, str]], force: bool = False) -> None:
-    """Before training: each (kind, name, ship folder) to publish passes `registry.check_new`, bar rebuilt built-ins."""
+    """Before training: each (kind, name, ship folder) to publish passes `registry.check_new`, bar rebuilt built-ins,
+    and its ship folder can be made and written (`publish` registers first: a late refusal there left a registered
+    entry under a failed run)."""
     for kind, name, ship in outputs:
+        if ship:
+            check_folder(Path(ship), f"cannot write ship_dir={ship}")
         if name and not ships_builtin(kind, name, ship):
             try:
                 registry.check_new(kind, name, force)
