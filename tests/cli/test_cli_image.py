@@ -148,6 +148,14 @@ def test_image_benchmark_suite(tiny_image):
     assert (out / "adt-tree-T0-grid.png").is_file() and (out / "speed-quality-T1.png").is_file()
 
 
+def test_benchmark_refuses_an_out_dir_it_cannot_make_before_the_work(tiny_image):
+    (tiny_image / "file").write_text("x")  # the grids and plots would fail only once every row was measured
+    r = runner.invoke(app, ["benchmark", "--suite", "images", "--model", "t-gpt", "--limit", "1",
+                            f"out_dir={tiny_image / 'file' / 'sub'}", "methods=[ar]"])
+    assert r.exit_code == 2 and "out_dir=" in r.stderr and "is a file" in r.stderr, r.output
+    assert "image" not in r.stdout and len(r.stderr.strip().splitlines()) == 1
+
+
 def test_benchmark_suite_comes_from_the_recipe(tiny_image):
     cfg = tiny_image / "bench.yaml"
     cfg.write_text(f"suite: images\nmodel: t-gpt\nnum: 1\ntemperatures: [0.0]\nmethods: [ar]\nquality: false\n"
