@@ -113,6 +113,8 @@ def test_drafter_flag(tiny_image, ar_tokens):
     r = runner.invoke(app, ["generate", "--model", "other2", "--method", "eagle2", "--drafter", "t-eagle",
                             "-o", str(tiny_image / "o2")])
     assert r.exit_code == 2 and "trained for target/t-gpt" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    r = gen(tiny_image / "o3", "--method", "mulo-sd", "--drafter", "t-eagle")  # ignored there: refused
+    assert r.exit_code == 2 and "method_options.lowres" in r.stderr, r.output
     r = runner.invoke(app, ["generate", "--method", "ngram", "--drafter", "t-eagle", "--prompt", "hi"])
     assert r.exit_code == 2 and "--drafter" in r.stderr, r.output
     r = runner.invoke(app, ["generate", "--method", "xspecmesh", "--drafter", "t-eagle", "--num", "1"])
