@@ -67,6 +67,7 @@ def test_the_default_vq_loads_outside_the_repository(tmp_path, monkeypatch):
     (["perceptual=vgg"], "perceptual must be"),
     (["nonsense=1"], "bad config"),
     (["vq=no-such-vq"], "unknown"),
+    (["vq=tiny-image-gpt"], "not a VQ tokenizer"),
 ])
 def test_bad_input(tiny_vq, args, needle):
     r = run(tiny_vq, "bad", "steps=1", *args)
