@@ -15,8 +15,17 @@ from rich.table import Table
 from specgen.errors import RuntimeFailure, UsageError
 from specgen.paths import check_space, write_new
 
+
+class ResultsConsole(Console):
+    """stdout's console: a reader that leaves (`| head`) raises BrokenPipeError to the command's error boundary (exit
+    141, no message), where Rich's own handler would exit 1."""
+
+    def on_broken_pipe(self) -> None:
+        raise BrokenPipeError
+
+
 err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
-out = Console(soft_wrap=True, highlight=False, width=None if sys.stdout.isatty() else 160)
+out = ResultsConsole(soft_wrap=True, highlight=False, width=None if sys.stdout.isatty() else 160)
 
 
 def emit_json(obj: Any) -> None:

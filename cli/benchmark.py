@@ -31,7 +31,7 @@ EPILOG = """examples:
 
   specgen benchmark --suite humaneval --methods ar,ngram,hf --limit 32 --batch-size 1,4,16   # throughput
 
-  specgen benchmark --suite images --limit 16        # ar, eagle2, adt-tree, lantern, adt-tree+lantern at T=0 and T=1
+  specgen benchmark --suite images --limit 16        # every image method (ImageBenchConfig.methods) at T=0 and T=1
 
   specgen benchmark --config recipes/tiny/bench-humaneval.yaml --run-dir runs/he   # rerun to resume after a kill
 

@@ -25,6 +25,7 @@ from specgen.eval.text_bench import TextBenchConfig, check_prompts_fit, measure,
 from specgen.image.generate import load_image_model
 from specgen.machine import label, machine_facts
 from specgen.models.graphs import check_mode
+from specgen.paths import check_folder
 from specgen.text.target import load_text_model
 
 Table = tuple[str, list[dict], list[str]]  # (title, rows, columns)
@@ -97,7 +98,10 @@ class ImageSuite:
                "d_bar", "nfe", "tpf", "drafter_share", "efficiency", "exact_match_vs_ar", "exact_match_vs_own_ar",
                "nll", "clf_fid", "class_accuracy"]
 
-    plan = staticmethod(checked_rows)
+    @staticmethod
+    def plan(cfg) -> ImageBenchConfig:
+        check_folder(Path(cfg.out_dir), f"cannot write out_dir={cfg.out_dir}")  # grids and plots: before the work
+        return checked_rows(cfg)
 
     def grids(self, cfg) -> list[Grid]:
         return list(image_bench.grids(cfg).values())
@@ -115,8 +119,8 @@ class ImageSuite:
         return [{**r, "model": cfg.model} for r in rows]
 
     def tables(self, rows: list[dict], cfg, sink) -> list[Table]:
-        return [(f"images: {cfg.model}, {cfg.num} images per row, cfg {cfg.cfg_scale} ({machine_of(sink)}); lantern "
-                 "and vvs rows are LOSSY; clf_fid/class_accuracy use the offline tiny classifier, not Inception",
+        return [(f"images: {cfg.model}, {cfg.num} images per row, cfg {cfg.cfg_scale} ({machine_of(sink)}); lantern, "
+                 "vvs and mulo-sd rows are LOSSY; clf_fid/class_accuracy use the offline tiny classifier, not Inception",
                  rows, self.COLUMNS)]
 
 

@@ -15,14 +15,17 @@ from specgen.methods import MethodSpec
 from specgen.paths import check_output_dir
 from specgen.request import parse_request
 
+# methods that draft without an EAGLE drafter -> what they use instead (--drafter would be ignored)
+NO_EAGLE_DRAFTER = {"ar": "", "mulo-sd": " (mulo-sd drafts with its low-res GPT: method_options.lowres)"}
 STAT_COLUMNS = ["method", "images", "tau", "d_bar", "nfe", "tpf", "drafter_share", "images_per_s", "wall_s"]
 
 
 def run(args, spec: MethodSpec) -> None:
     if args.num is not None and args.num < 1:
         raise UsageError(f"--num must be >= 1, got {args.num} (leave it out for the default)")
-    if args.drafter and spec.name == "ar":
-        raise UsageError("--drafter is not used by method ar; pick a speculative method (e.g. --method adt-tree)")
+    if args.drafter and spec.name in NO_EAGLE_DRAFTER:
+        raise UsageError(f"--drafter is not used by method {spec.name}{NO_EAGLE_DRAFTER[spec.name]}; pick a method "
+                         "with an EAGLE drafter (e.g. --method adt-tree)")
     classes = [c.strip() for c in args.classes.split(",") if c.strip()] if args.classes is not None else None
     if classes == []:
         raise UsageError(f"--classes {args.classes!r} names no class; give names or ids, comma-separated")
@@ -52,12 +55,13 @@ def run(args, spec: MethodSpec) -> None:
     if args.fmt == Format.json:
         about = ((lambda l: {"caption": l}) if im.text_conditional else
                  (lambda l: {"class": im.classes[l] if l < len(im.classes) else l, "label": l}))
-        _output.emit_json({"method": spec.name, "model": im.entry.ref, "images": [
+        _output.emit_json({"method": spec.name, "model": im.entry.ref, "lossless": spec.lossless, "images": [
             {"path": str(p), **about(s.label), "tokens": s.tokens}
             for p, s in zip(paths, samples)], "grid": str(paths[-1]), "stats": summary})
         return
     for p in paths:
         _output.out.print(str(p))
     if not args.quiet:
-        _output.table(f"{spec.name} on {im.entry.ref} (cfg {cfg.cfg_scale}, T={cfg.temperature})", [summary],
+        lossy = "" if spec.lossless else ", LOSSY"  # the target's own distribution, or not (README's method table)
+        _output.table(f"{spec.name} on {im.entry.ref} (cfg {cfg.cfg_scale}, T={cfg.temperature}{lossy})", [summary],
                       STAT_COLUMNS)

@@ -196,6 +196,9 @@ def test_training_outputs_never_replace_a_builtin_and_remove_restores_one(specge
     with pytest.raises(UsageError, match="heads/mine already exists.*--force"):
         check_outputs([("heads", "mine", "")])
     check_outputs([("heads", "mine", "")], force=True)
+    (tmp_path / "file").write_text("x")  # a ship folder that cannot be made: refused before training, not after
+    with pytest.raises(UsageError, match="ship_dir: .*file is a file, not a folder"):
+        check_outputs([("heads", "other", str(tmp_path / "file" / "sub"))])
     # a home written before the rule: the built-in was replaced in place; remove brings the shipped one back
     folder = registry.checkpoints_dir() / "heads" / "xspecmesh-ca-tiny-s1"
     registry.save("heads", "xspecmesh-ca-tiny-s1", state, {"builder": "xspecmesh_heads"}, force=True, builtin=True)

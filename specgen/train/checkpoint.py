@@ -83,7 +83,9 @@ def ships_builtin(kind: str, name: str, ship: str) -> bool:
 
 
 def check_outputs(outputs: list[tuple[str, str, str]], force: bool = False) -> None:
-    """Before training: each (kind, name, ship folder) to publish passes `registry.check_new`, bar rebuilt built-ins."""
+    """Before training: each (kind, name, ship folder) to publish passes `registry.check_new`, bar rebuilt built-ins,
+    and its ship folder can be made and written (`publish` registers first: a late refusal there left a registered
+    entry under a failed run)."""
     for kind, name, ship in outputs:
         if ship:  # written after training: a file or unwritable folder there would fail the finished run
             check_folder(Path(ship), "ship_dir")

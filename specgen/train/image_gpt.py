@@ -68,6 +68,9 @@ class ImageGPTTrainConfig(OptimConfig):
 def load_vq(ref: str):
     """(VQModel in eval mode, its config.json dict, sha256 of its weights file) of a folder or registry name."""
     entry = registry.entry_at(Path(ref)) if (Path(ref) / "config.json").is_file() else checkpoints.find(ref)
+    if entry.meta.get("builder") != "vq":  # another model's weights would fail later, as an attribute error
+        raise UsageError(f"vq={ref}: {entry.ref} is not a VQ tokenizer (builder {entry.meta.get('builder')!r}); "
+                         "name one such as tiny-image-vq")
     try:
         raw = (entry.path / "model.safetensors").read_bytes()
     except OSError as e:

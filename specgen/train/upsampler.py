@@ -26,7 +26,7 @@ from specgen.train.optim import AdamWConfig
 class UpsamplerTrainConfig(AdamWConfig):
     """Everything a run depends on (a YAML recipe sets any subset; AdamW keys: AdamWConfig, at a constant lr)."""
 
-    vq: str = "specgen/assets/image/vq"  # VQ folder (config.json + model.safetensors) or a registry name
+    vq: str = "tiny-image-vq"  # VQ folder (config.json + model.safetensors) or a registry name (a name: any cwd)
     vq_name: str = "tiny-image-vq"  # registry name of that VQ, recorded in the pair's meta["vq"]
     scale: int = 2  # r: low-res grid = target grid / r (a power of two)
     warm_start: str = ""  # a smaller-scale pair (registry name or folder) to start from (2x -> 4x)

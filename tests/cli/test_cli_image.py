@@ -64,7 +64,7 @@ def test_generate_images_json(tiny_image, ar_tokens, method):
     assert [i["class"] for i in doc["images"]] == ["dog", "sky"]
     assert all(len(i["tokens"]) == GRID * GRID for i in doc["images"])
     assert (out / f"{method}-grid.png").is_file() and len(list(out.glob("*.png"))) == 3
-    assert doc["stats"]["nfe"] >= 1
+    assert doc["stats"]["nfe"] >= 1 and doc["lossless"] == ("lantern" not in method)
     if "lantern" not in method:  # lossless: identical tokens at T = 0 (and AR run twice is deterministic)
         assert [i["tokens"] for i in doc["images"]] == ar_tokens
 
@@ -113,10 +113,18 @@ def test_drafter_flag(tiny_image, ar_tokens):
     r = runner.invoke(app, ["generate", "--model", "other2", "--method", "eagle2", "--drafter", "t-eagle",
                             "-o", str(tiny_image / "o2")])
     assert r.exit_code == 2 and "trained for target/t-gpt" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    r = gen(tiny_image / "o3", "--method", "mulo-sd", "--drafter", "t-eagle")  # ignored there: refused
+    assert r.exit_code == 2 and "method_options.lowres" in r.stderr, r.output
     r = runner.invoke(app, ["generate", "--method", "ngram", "--drafter", "t-eagle", "--prompt", "hi"])
     assert r.exit_code == 2 and "--drafter" in r.stderr, r.output
     r = runner.invoke(app, ["generate", "--method", "xspecmesh", "--drafter", "t-eagle", "--num", "1"])
     assert r.exit_code == 2 and "method_options.heads" in r.stderr, r.output  # what a mesh run uses instead
+
+
+@pytest.mark.parametrize("method,title", [("lantern", "T=0.0, LOSSY)"), ("eagle2", "T=0.0)")])
+def test_the_table_says_whether_a_method_is_lossy(tiny_image, method, title):
+    r = gen(tiny_image / method, "--method", method, "--num", "1", "--temperature", "0")
+    assert r.exit_code == 0 and title in r.stderr, r.output
 
 
 def test_unwritable_output_folder(tiny_image):
@@ -140,6 +148,14 @@ def test_image_benchmark_suite(tiny_image):
     assert not by[("lantern", 0.0)]["lossless"]
     assert all(x["nll"] > 0 for x in rows) and "no classifier metrics" in rows[0]["quality_note"]
     assert (out / "adt-tree-T0-grid.png").is_file() and (out / "speed-quality-T1.png").is_file()
+
+
+def test_benchmark_refuses_an_out_dir_it_cannot_make_before_the_work(tiny_image):
+    (tiny_image / "file").write_text("x")  # the grids and plots would fail only once every row was measured
+    r = runner.invoke(app, ["benchmark", "--suite", "images", "--model", "t-gpt", "--limit", "1",
+                            f"out_dir={tiny_image / 'file' / 'sub'}", "methods=[ar]"])
+    assert r.exit_code == 2 and "out_dir=" in r.stderr and "is a file" in r.stderr, r.output
+    assert "image" not in r.stdout and len(r.stderr.strip().splitlines()) == 1
 
 
 def test_benchmark_suite_comes_from_the_recipe(tiny_image):

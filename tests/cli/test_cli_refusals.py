@@ -428,7 +428,8 @@ def test_every_default_and_shipped_recipe_passes_the_checks():
 
 
 @pytest.mark.slow
-def test_a_closed_stdout_is_no_error_message(tiny):
+@pytest.mark.parametrize("fmt", ["json", "table"])  # table: results printed by Rich, whose own handler exits 1
+def test_a_closed_stdout_is_no_error_message(tiny, fmt):
     """`specgen ... | head` closing the pipe early: exit 141 (128 + SIGPIPE, as a Unix filter) without a message."""
     import os
     import subprocess
@@ -436,7 +437,7 @@ def test_a_closed_stdout_is_no_error_message(tiny):
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
-    p = subprocess.Popen([sys.executable, "-m", "cli.main", "registry", "list", "--format", "json"], cwd=root,
+    p = subprocess.Popen([sys.executable, "-m", "cli.main", "registry", "list", "--format", fmt], cwd=root,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(root)})
     p.stdout.close()  # before the child (still importing) writes anything
     err = p.stderr.read().decode()

@@ -11,6 +11,8 @@ from typer.testing import CliRunner
 from cli.main import app
 from specgen import checkpoints, registry
 from specgen.models.vq import VQ_CONFIGS, VQModel
+from specgen.train.image_gpt import load_vq
+from specgen.train.upsampler import UpsamplerTrainConfig
 
 runner = CliRunner()
 TINY = ["num_crops=8", "eval_crops=4", "channels=8", "blocks=1", "batch_size=2", "disc_channels=8",
@@ -51,6 +53,13 @@ def test_train_register_resume_and_warm_start(tiny_vq):
     assert checkpoints.find("t-up4").meta["grid_low"] == 4 and "warm start" in (tiny_vq / "u4" / "train.log").read_text()
 
 
+def test_the_default_vq_loads_outside_the_repository(tmp_path, monkeypatch):
+    """The help's `train-upsampler --out runs/quick steps=20 ...` (no recipe) from any working directory."""
+    monkeypatch.chdir(tmp_path)
+    vq, meta, _ = load_vq(UpsamplerTrainConfig().vq)
+    assert meta["name"] == UpsamplerTrainConfig().vq_name and vq.quantize.embedding.weight.shape[0] > 0
+
+
 @pytest.mark.parametrize("args,needle", [
     (["scale=3"], "power of two"),
     (["kernel=4"], "kernel must be odd"),
@@ -58,6 +67,7 @@ def test_train_register_resume_and_warm_start(tiny_vq):
     (["perceptual=vgg"], "perceptual must be"),
     (["nonsense=1"], "bad config"),
     (["vq=no-such-vq"], "unknown"),
+    (["vq=tiny-image-gpt"], "not a VQ tokenizer"),
 ])
 def test_bad_input(tiny_vq, args, needle):
     r = run(tiny_vq, "bad", "steps=1", *args)
