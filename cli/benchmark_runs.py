@@ -120,7 +120,8 @@ class ImageSuite:
 
     def tables(self, rows: list[dict], cfg, sink) -> list[Table]:
         return [(f"images: {cfg.model}, {cfg.num} images per row, cfg {cfg.cfg_scale} ({machine_of(sink)}); lantern, "
-                 "vvs and mulo-sd rows are LOSSY; clf_fid/class_accuracy use the offline tiny classifier, not Inception",
+                 "vvs and mulo-sd rows are LOSSY; clf_fid/class_accuracy use the offline tiny classifier, "
+                 "not Inception",
                  rows, self.COLUMNS)]
 
 

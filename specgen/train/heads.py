@@ -265,7 +265,8 @@ class HeadsTrainer:
                                                   cfg.inner_dim, dc.vocab_size, cfg.token_input,
                                                   cfg.res_layers, cfg.history).to_dict())
         self.num_points = int(self.target.meta.get("num_points", 2048))
-        linears = {n.rpartition(".")[2] for n, m in self.model.decoder.named_modules() if isinstance(m, torch.nn.Linear)}
+        linears = {n.rpartition(".")[2] for n, m in self.model.decoder.named_modules()
+                   if isinstance(m, torch.nn.Linear)}
         unknown = sorted(set(cfg.lora_targets) - linears) if cfg.stages == 2 else []
         if unknown:  # stage 2 wraps them after the labels and stage 1: refused before that work
             raise UsageError(f"lora_targets: {', '.join(unknown)} is no Linear layer of {self.target.ref}'s decoder "
