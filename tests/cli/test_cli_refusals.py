@@ -132,6 +132,8 @@ QUICK_HEADS = ["num_sequences=2", "eval_sequences=1", "max_tokens=8", "stage1_ep
     ([*IMG, "--num", "-2"], "--num must be >= 1"),
     ([*IMG, "--classes", ","], "names no class"),
     ([*IMG, "--cfg-scale", "nan"], "cfg_scale must be a finite number"),
+    ([*IMG, "--cfg-scale", "-1"], "cfg_scale must be > 0, got -1"),  # one message for 0 and below, as 0 is refused
+    ([*IMG, "--cfg-scale", "0"], "cfg_scale must be > 0, got 0"),
     ([*IMG, "--method", "eagle2", "method_options.depth=0"], "depth"),
     (["benchmark", "--suite", "meshes", "deltas=[0.5,2]"], "deltas must be in [0, 1]"),
     (["benchmark", "--suite", "meshes", "delta=nan"], "delta must be a finite number"),
@@ -188,6 +190,7 @@ def test_cuda_without_cuda_is_one_line(tiny, cmd):
     (["distill", "--out", "run", "--config", "list.yaml"], "must be a mapping"),
     (["train-heads", "--out", "run", "lora_targets={a: 1}"], "lora_targets"),
     (["train-heads", "--out", "run", *QUICK_HEADS, "ship_dir=binary.yaml"], "ship_dir: binary.yaml is a file"),
+    (["train-heads", "--kind", "eagle", "--out", "run", "cfg_scale=0"], "cfg_scale must be > 0"),  # generate refuses 0
     (["train-upsampler", "--out", "run", "name=a b\x01"], "control characters"),
     (["train-upsampler", "--out", "run", "name=" + "n" * 101], "at most 100"),
     (["train-heads", "--kind", "eagle", "--out", "run", "name=../escape"], "invalid name"),
