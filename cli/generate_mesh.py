@@ -7,6 +7,7 @@ from pathlib import Path
 from cli import _output
 from cli._options import Format
 from specgen.config import load_config
+from specgen.errors import UsageError
 from specgen.mesh.export import export_mesh, format_name, render_png
 from specgen.mesh.generate import (MeshGenConfig, check_budget, decode_tokens, generate_meshes, load_conditions,
                                   load_mesh_model, mesh_options)
@@ -19,6 +20,8 @@ COLUMNS = ["name", "method", "num_tokens", "faces", "vertices", "valid", "scr", 
 
 
 def run(args, spec: MethodSpec) -> None:
+    if args.point_clouds is not None and args.num is not None:  # else --num would be silently ignored
+        raise UsageError("--num counts the procedural test meshes; with --point-clouds each cloud is decoded once")
     cfg = load_config(MeshGenConfig, args.config, args.overrides, method=spec.name,
                       max_new_tokens=args.max_new_tokens, num=args.num, **args.recipe)
     req = parse_request(cfg, "mesh", spec)

@@ -128,6 +128,7 @@ QUICK_HEADS = ["num_sequences=2", "eval_sequences=1", "max_tokens=8", "stage1_ep
     ([*MESH, "method_options.delta=nan"], "delta of xspecmesh"),
     ([*MESH, "--num", "0"], "num must be >= 1, got 0"),
     ([*MESH, "--num", "-3"], "num must be >= 1, got -3"),
+    ([*MESH, "--point-clouds", "clouds", "--num", "3"], "with --point-clouds each cloud is decoded once"),
     ([*IMG, "--num", "0"], "--num must be >= 1"),
     ([*IMG, "--num", "-2"], "--num must be >= 1"),
     ([*IMG, "--classes", ","], "names no class"),
