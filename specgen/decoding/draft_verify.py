@@ -43,7 +43,7 @@ class DraftVerify(PolicyBase):
         self.drafts: list[Draft] = []
         # the pool holds the per-slot state: its own `Slots` methods serve the loop
         self.open, self.admit, self.move, self.finished = pool.open, pool.admit, pool.move, pool.finished
-        self.end_step = budget.observe_step  # 6. the step's time, for a measured budget
+        self.end_step = budget.observe_step  # the loop's whole step time feeds a measured budget
 
     def plan(self, seqs, budgets, stats, generators, params, clock) -> list[RowStep]:
         cap = self.budget.cap(len(seqs))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Callable, Sequence
@@ -20,16 +21,16 @@ from specgen.methods.eagle_grow import GrowPlan, TreeShape, branch_rows, drafts_
 from specgen.models.graphs import ROW_BUCKETS
 
 
-class ShapePolicy:
+class ShapePolicy(ABC):
     """Chooses each tree's shape and learns from its outcome (fixed for EAGLE-2, adaptive for ADT-Tree); this base
     learns nothing."""
 
     def reset(self) -> None:
         pass
 
+    @abstractmethod
     def shape(self, next_index: int) -> TreeShape:
         """Shape of the tree drafting the token with sequence index `next_index` onwards."""
-        raise NotImplementedError
 
     def observe(self, next_index: int, shape: TreeShape, accepted: int, committed: int) -> None:
         """`accepted` draft tokens were accepted; `committed` tokens (accepted + bonus) were added."""
