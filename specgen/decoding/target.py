@@ -56,8 +56,7 @@ class ModelTarget:
         positions = torch.arange(p, device=tokens.device).expand(b, p)
         with prompt_mode():  # every method prefills alike and no step recomputes a prompt: its faster kernels
             hidden = self.model.hidden_states(self.model.tok_embeddings(tokens), positions, cache)
-        for row in range(b):
-            cache.commit(row, list(range(p)))
+        cache.commit_seqs(dict.fromkeys(range(b), list(range(p))), 1)
         return TargetOut(self.model.output(hidden[:, -1:]), hidden)
 
     @torch.inference_mode()

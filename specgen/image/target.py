@@ -56,8 +56,7 @@ class CFGTarget:
         return TargetOut(self.combine(logits), hidden)
 
     def commit(self, cache: KVCache, keep: list[int]) -> None:
-        for row in range(self.branches):
-            cache.commit(row, keep)
+        cache.commit_seqs({0: keep}, self.branches)  # the one sequence's branch rows
 
 
 class CaptionCFGTarget(CFGTarget):

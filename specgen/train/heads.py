@@ -112,8 +112,7 @@ def sample_batch(model: MeshGPT, pcs: torch.Tensor, params: SamplingParams, max_
         if all(done) or pos == max_tokens:
             return seqs
         logits = model.decoder(toks, torch.full_like(toks, pos), cache)[0][:, 0]
-        for r in range(b):
-            cache.commit(r, [0])
+        cache.commit_seqs(dict.fromkeys(range(b), [0]), 1)
     return seqs
 
 
