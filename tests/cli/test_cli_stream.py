@@ -51,16 +51,22 @@ def test_a_reader_that_leaves_ends_the_stream_quietly(tiny, monkeypatch):
     assert r.exit_code == 141 and r.stderr == "", r.output
 
 
-def test_ctrl_c_mid_stream_leaves_whole_json_lines(tiny, monkeypatch):
-    real, written = _stream.JsonLines.__call__, []
+def interrupt_after(monkeypatch, sink: type, pieces: int = 3) -> list[str]:
+    """Make `sink` raise Ctrl-C right after writing its `pieces`-th piece; the pieces written, as they come."""
+    real, written = sink.__call__, []
 
     def then_interrupt(self, row, text):
         real(self, row, text)
         written.append(text)
-        if len(written) == 3:
+        if len(written) == pieces:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(_stream.JsonLines, "__call__", then_interrupt)
+    monkeypatch.setattr(sink, "__call__", then_interrupt)
+    return written
+
+
+def test_ctrl_c_mid_stream_leaves_whole_json_lines(tiny, monkeypatch):
+    written = interrupt_after(monkeypatch, _stream.JsonLines)
     r = gen("ngram", "--stream")
     assert r.exit_code == 130 and r.stderr.strip() == "error: interrupted"
     assert [json.loads(line)["text"] for line in r.stdout.splitlines()] == written
@@ -68,16 +74,8 @@ def test_ctrl_c_mid_stream_leaves_whole_json_lines(tiny, monkeypatch):
 
 def test_ctrl_c_on_a_terminal_ends_the_open_line(tiny, monkeypatch):
     """The text stops mid-line; the one error line (on the same terminal) must start a line of its own."""
-    real, written = _stream.Terminal.__call__, []
-
-    def then_interrupt(self, row, text):
-        real(self, row, text)
-        written.append(text)
-        if len(written) == 3:
-            raise KeyboardInterrupt
-
     monkeypatch.setattr(_stream, "stdout_is_terminal", lambda: True)
-    monkeypatch.setattr(_stream.Terminal, "__call__", then_interrupt)
+    interrupt_after(monkeypatch, _stream.Terminal)
     r = gen("ar")
     assert r.exit_code == 130 and r.stderr.strip() == "error: interrupted"
     assert len(r.stdout) > 1 and r.stdout.index("\n") == len(r.stdout) - 1  # the first row's text, then its end
