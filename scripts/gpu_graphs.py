@@ -278,21 +278,24 @@ def attention_rows(new: int = 64) -> None:
     target.device = DEVICE
     prompts, big = prompts_of(4, cfg.vocab_size), prompts_of(16, cfg.vocab_size, seed=1)
 
-    # "sdpa": an additive mask in every dtype in place of graphs.chunked_mask (fewer kernels), measured here for
-    # query-count invariance on a GPU before it may become the captured steps' attention; "plain products": each
-    # product one GEMM of its own row count instead of SlicedLinear's fixed shape; "queries padded to 64": the
-    # chunked plan's per-chunk GEMMs at one row count (48 = 3 query heads x 16 nodes fit), should they need it
+    # "lists": what a captured step attends with on CUDA (graphs.step_mask: each query over its visible slots in AR's
+    # order, the Triton kernel of native/cuda_ops.py); "chunked": the torch chain plan it replaced; "sdpa": an
+    # additive mask (fewer kernels, not invariant by construction); "plain products": each product one GEMM of its
+    # own row count instead of SlicedLinear's fixed shape
     def sdpa(visible, cfg, dtype):
         return graphs.additive_mask(visible)
 
-    variants = {"chunked": (graphs.chunked_mask, SlicedLinear.forward, attention.MIN_ROWS),
-                "sdpa": (sdpa, SlicedLinear.forward, attention.MIN_ROWS),
-                "chunked, plain products": (graphs.chunked_mask, torch.nn.Linear.forward, attention.MIN_ROWS),
-                "chunked, queries padded to 64": (graphs.chunked_mask, SlicedLinear.forward, 64)}
-    for attention_name, (mask, product, min_rows) in variants.items():
+    def chunked(visible, cfg, dtype):
+        r, _, s, t = visible.shape
+        return attention.chain_plan(visible, r, s, t, cfg.n_heads, cfg.n_kv_heads, cfg.hd, visible.device)
+
+    variants = {"lists": (graphs.step_mask, SlicedLinear.forward),
+                "lists, plain products": (graphs.step_mask, torch.nn.Linear.forward),
+                "chunked": (chunked, SlicedLinear.forward),
+                "sdpa": (sdpa, SlicedLinear.forward)}
+    for attention_name, (mask, product) in variants.items():
         graphs.attach(model, "on", capture=None if DEVICE == "cuda" else False)
-        patches = (mock.patch.object(graphs, "chunked_mask", mask), mock.patch.object(SlicedLinear, "forward", product),
-                   mock.patch.object(attention, "MIN_ROWS", min_rows))
+        patches = (mock.patch.object(graphs, "step_mask", mask), mock.patch.object(SlicedLinear, "forward", product))
         for patch in patches:
             patch.start()
         run = lambda ps, b: run_batch(target, lambda i: EmptyDrafter(), ps, new, SamplingParams(),  # noqa: E731

@@ -18,6 +18,8 @@ from specgen.models.quantize import QuantizedLinear, dequantize_int4, dequantize
 from specgen.models.transformer import Transformer, TransformerConfig
 from tests import startup_checks
 
+if not torch.cuda.is_available():  # Triton kernels (native/cuda_ops.py) run on CPU tensors in its interpreter, which
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # must be chosen before anything imports triton
 torch.set_num_threads(1)  # tiny models: threads only add spin-waiting (and the machine has 2 cores)
 # A full garbage collection walks every tracked object, and this process keeps hundreds of thousands (torch,
 # transformers, the test modules and what they cache) to its end: those made by the time the tests are collected are

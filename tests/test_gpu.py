@@ -288,3 +288,18 @@ def test_a_bf16_chain_scores_each_node_bitwise_as_ar_steps(captured):
         with torch.inference_mode():
             alone = torch.cat([lin(x[j: j + 1]) for j in range(130)])
             assert all(torch.equal(lin(x[:m]), alone[:m]) for m in (16, 64, 130)), (n, k)
+
+
+@pytest.mark.parametrize("captured", [False, True])
+def test_a_bf16_tree_scores_its_path_bitwise_as_ar_steps(captured):
+    """Trees on the GPU: each query over its visible slots in AR's order (the Triton list kernel, native/cuda_ops.py),
+    so a tree verify's path nodes get the AR steps' bits, eager and captured (a target's trees are captured too)."""
+    from specgen.models import graphs
+    from specgen.models.layout import decode_layout
+    from tests.models.test_graphs import tree_against_steps
+
+    model = decode_layout(tiny_model(0).to("cuda", torch.bfloat16))
+    steps = graphs.attach(model, "on" if captured else "off")
+    ar, path = tree_against_steps(model, PROMPT)
+    assert torch.equal(ar, path)
+    assert not captured or (steps.eager_calls == 0 and steps.replays > 0)

@@ -54,17 +54,20 @@ class NativePlan:
 
 
 def native_plan(mask: torch.Tensor | None, b: int, s: int, t: int, heads: int, head_dim: int,
-                lengths: list[int] | None = None, dtype: torch.dtype = torch.bfloat16) -> NativePlan:
-    """The native kernel's plan of a forward of S queries over T key slots (CPU, bfloat16 or float32); with the
-    cache's `lengths`, also where the forward's new keys go (native_self_attention writes them)."""
+                lengths: list[int] | None = None, dtype: torch.dtype = torch.bfloat16,
+                device: torch.device | str = "cpu") -> NativePlan:
+    """The list kernel's plan of a forward of S queries over T key slots (attention.c on a CPU, its Triton twin on
+    CUDA: native/cuda_ops.py); on a CPU, given the cache's `lengths`, also where the forward's new keys go
+    (native_self_attention writes them; CUDA has no fused kernel)."""
+    on = dict(dtype=torch.int32, device=device)
     if mask is None:
-        idx = torch.arange(t, dtype=torch.int32).expand(b, s, t).contiguous()
-        count = torch.full((b, s), t, dtype=torch.int32)
-        shared = torch.full((b,), t, dtype=torch.int32)
+        idx = torch.arange(t, **on).expand(b, s, t).contiguous()
+        count = torch.full((b, s), t, **on)
+        shared = torch.full((b,), t, **on)
     else:  # visible slots ascending, then hidden ones; the leading run all rows see
         idx, count, shared = torch.ops.specgen.attention_plan(mask[:, 0].expand(b, s, t))
-    p = NativePlan(idx, count, shared, torch.empty(b, s, heads, head_dim, dtype=dtype))
-    if lengths is not None:
+    p = NativePlan(idx, count, shared, torch.empty(b, s, heads, head_dim, dtype=dtype, device=device))
+    if lengths is not None and torch.device(device).type == "cpu":
         p.slots = (torch.tensor(lengths, dtype=torch.int32)[:, None] + torch.arange(s, dtype=torch.int32)).contiguous()
         p.qbuf = torch.empty(b, heads, s, head_dim, dtype=dtype)
     return p
@@ -96,7 +99,7 @@ def plan(
     """The plan of a forward of S queries over T key slots (made once, used by every layer): the native kernel's where
     `attention_path` names it (given the cache `lengths`, its layers may use native_self_attention), else chunked."""
     if attention_path(dtype, device) == "native":
-        return native_plan(mask, b, s, t, heads, head_dim, lengths, dtype)
+        return native_plan(mask, b, s, t, heads, head_dim, lengths, dtype, device)
     out = chain_plan(mask, b, s, t, heads, kv_heads, head_dim, device)
     n, group = -(-t // CHUNK), heads // kv_heads
     if mask is None:

@@ -13,9 +13,10 @@ import torch
 
 from specgen.decoding.cache import KVCache
 from specgen.errors import UsageError
-from specgen.models.attention import chain_plan
+from specgen.models.attention import chain_plan, native_plan
 from specgen.models.eagle import EagleNet
 from specgen.models.heads import XSpecMeshHeads, head_logits
+from specgen.models.kernel_choice import attention_path
 from specgen.models.rope import rotation
 from specgen.models.transformer import Transformer, additive_mask
 
@@ -102,10 +103,15 @@ def visibility(x: StaticInputs, t: int) -> torch.Tensor:
     return ((pending & ((rel >= 0) & (rel < s))[:, None, :]) | (rel < 0)[:, None, :]).unsqueeze(1) | own
 
 
-def chunked_mask(visible: torch.Tensor, cfg, dtype: torch.dtype):
-    """What a block attends with: SDPA's additive mask in float32, the chunked invariant plan in low precision."""
+def step_mask(visible: torch.Tensor, cfg, dtype: torch.dtype):
+    """What a step's blocks attend with, by `attention_path` as an eager forward's: the list plan (each query's visible
+    slots in AR's order: exact for trees too), else SDPA's float32 additive mask or the chunked chain plan (a target's
+    trees stay eager there: `StepGraphs.servable`)."""
     r, _, s, t = visible.shape
-    if dtype == torch.float32:
+    path = attention_path(dtype, visible.device)
+    if path == "native":
+        return native_plan(visible, r, s, t, cfg.n_heads, cfg.hd, dtype=dtype, device=visible.device)
+    if path == "sdpa":
         return additive_mask(visible)
     return chain_plan(visible, r, s, t, cfg.n_heads, cfg.n_kv_heads, cfg.hd, visible.device)
 
@@ -117,7 +123,7 @@ def blocks(module, h: torch.Tensor, x: StaticInputs, k: torch.Tensor, v: torch.T
     gives the same bits): [R, S, dim]."""
     width = width or k.shape[3]
     rot = rotation(module.rope_table[x.positions].to(h.dtype), module.cfg.rope_layout)
-    mask = chunked_mask(visibility(x, width), module.cfg, h.dtype)
+    mask = step_mask(visibility(x, width), module.cfg, h.dtype)
     cache, r = StaticCache(x, k, v, width), x.tokens.shape[0]
     for i, blk in enumerate(module.layers):  # a condition's rows: the bucket's first R of the static buffer
         h = blk(h, rot, i, cache, mask, False, None if cross is None else (cross[i][0][:r], cross[i][1][:r]))
@@ -243,11 +249,11 @@ class StepGraphs:
 
     def servable(self, cache: KVCache, tree_mask: torch.Tensor | None) -> bool:
         """Whether a call runs on the static buffer: its cache is the buffer's first rows, no key mask (t2i captions
-        stay eager), conditions in the static buffers, and no low-precision tree of a target (StepKind)."""
+        stay eager), conditions in the static buffers, and no target tree on the chunked attention (StepKind)."""
         if self.k is None or cache.k.data_ptr() != self.k.data_ptr() or cache.key_mask is not None:
             return False
-        if tree_mask is not None and self.kind.exact_trees and self.dtype != torch.float32:
-            return False
+        if tree_mask is not None and self.kind.exact_trees and attention_path(self.dtype, self.device) == "chunked":
+            return False  # the chunked chain plan puts a tree node's keys where the cache has them, not in AR's order
         if cache.cross is not None:
             self.adopt_cross(cache)
         return True

@@ -15,11 +15,13 @@ from specgen import native
 from specgen.devices import onednn_packs
 from specgen.errors import UsageError
 from specgen.models import plan_cache, prompt
-from specgen.native import ops  # noqa: F401  (registers torch.ops.specgen)
+from specgen.native import cuda_ops, ops  # noqa: F401  (ops registers torch.ops.specgen)
 
 ENV = "SPECGEN_PACKED_MIN_ROWS"
 #: Activation dtypes whose cached CPU forwards run the native kernels (attention and the norms around it).
 NATIVE_DTYPES = (torch.bfloat16, torch.float32)
+#: Activation dtypes whose cached CUDA forwards attend over the same lists (native/cuda_ops.py).
+CUDA_LIST_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 #: Row counts timed: AR steps, verification of a few tokens, Jacobi blocks, batched steps.
 ROWS = (1, 2, 3, 4, 8, 16, 32)
 #: MKL is timed up to here: from 8 rows on oneDNN always beat it (by ~2x at 16 on every machine measured).
@@ -119,11 +121,14 @@ def inference_on_cpu(dtypes: tuple, *tensors: torch.Tensor) -> bool:
 
 
 def attention_path(dtype: torch.dtype, device: torch.device | str) -> str:
-    """The attention of a cached forward: "native", "chunked" or "sdpa" (the table above; a prompt prefill's: sdpa)."""
+    """The attention of a cached forward: "native" (each query over its list of visible slots: attention.c on a CPU, a
+    Triton kernel on CUDA), "chunked" or "sdpa" (the table above; a prompt prefill's: sdpa)."""
     if prompt.active():
         return "sdpa"
-    if (dtype in NATIVE_DTYPES and torch.device(device).type == "cpu" and not torch.is_grad_enabled()
-            and native.library("attention") is not None):
+    kind = torch.device(device).type
+    if not torch.is_grad_enabled() and (
+            (kind == "cpu" and dtype in NATIVE_DTYPES and native.library("attention") is not None)
+            or (kind == "cuda" and dtype in CUDA_LIST_DTYPES and cuda_ops.available())):
         return "native"
     return "sdpa" if dtype == torch.float32 else "chunked"
 

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from specgen import native
+from specgen.native import cuda_ops
 
 # CPU tensors, no backward; `models/kernel_choice.py` decides when they run. The C side reads raw elements: each op
 # makes its inputs contiguous (attention: the last dim) before passing pointers.
@@ -102,6 +103,9 @@ def attention_plan(seen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torc
     return idx, count, shared
 
 
+LIB.impl("attention_plan", cuda_ops.attention_plan, "CUDA")  # the same lists in device ops
+
+
 def one_dtype(*tensors: torch.Tensor) -> None:
     if any(t.dtype != tensors[0].dtype for t in tensors):  # the kernel reads raw elements of one dtype
         raise TypeError(f"native attention takes one dtype, got {', '.join(str(t.dtype) for t in tensors)}")
@@ -120,6 +124,9 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor,
         q.data_ptr(), c_strides(q.stride()), k.data_ptr(), c_strides(k.stride()), v.data_ptr(), c_strides(v.stride()),
         idx.data_ptr(), count.data_ptr(), shared.data_ptr(), out.data_ptr(), q.element_size(), b, h, k.shape[1], s, d,
         k.shape[2], d**-0.5), "attention")
+
+
+LIB.impl("attend", cuda_ops.attend, "CUDA")  # Triton: each query over its list, in a fixed order (cuda_ops.py)
 
 
 @op("rope_write_attend(Tensor qkv, Tensor cos, Tensor sin, bool half, Tensor(a!) kc, Tensor(b!) vc, Tensor slots, "

@@ -18,6 +18,7 @@ from specgen.methods.options import JacobiOptions, NgramOptions
 from specgen.methods.text import EmptyDrafter, JacobiDrafter, NgramDrafter
 from specgen.models import graphs
 from specgen.models.graphs import Bucket, StaticInputs, target_step
+from specgen.models.kernel_choice import attention_path
 from specgen.models.sliced_linear import SlicedLinear
 from tests.conftest import tiny_model
 from tests.image_fixtures import tiny_image_target
@@ -221,6 +222,44 @@ def chain_against_steps(model, prompt: list[int], n: int = 16) -> tuple[torch.Te
         target.prefill(ids([prompt]), cache)
         chain = target.forward(ids([toks]), len(prompt) + torch.arange(n, device=dev)[None], cache, None).logits[0]
     return torch.stack(steps), chain
+
+
+def tree_against_steps(model, prompt: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits [4, V] of 4 greedy AR steps after the prompt, logits [4, V] of the same tokens as the path 0-2-4-5 of a
+    6-node tree verify, a sibling beside each of its first two nodes), through the model's steps as attached."""
+    steps, _ = chain_against_steps(model, prompt, 4)
+    target, dev = ModelTarget(model), next(model.parameters()).device
+    target.device = dev
+    toks = [int(steps[i].argmax()) for i in range(3)]
+    with torch.inference_mode():
+        cache = target.new_cache(1, len(prompt) + 8)
+        first = int(target.prefill(torch.tensor([prompt], device=dev), cache).logits[0, -1].argmax())
+        parents = [-1, 0, 0, 2, 2, 4]  # nodes 1 and 3: siblings of the path's nodes 2 and 4
+        tokens = [first, (toks[0] + 1) % model.cfg.vocab_size, toks[0], (toks[1] + 1) % model.cfg.vocab_size,
+                  toks[1], toks[2]]
+        mask = torch.eye(6, dtype=torch.bool, device=dev)
+        for i, p in enumerate(parents):
+            while p >= 0:
+                mask[i, p], p = True, parents[p]
+        depth = mask.sum(-1) - 1
+        out = target.forward(torch.tensor([tokens], device=dev), (len(prompt) + depth)[None], cache, mask).logits[0]
+    return steps, out[[0, 2, 4, 5]]
+
+
+@pytest.mark.parametrize("capture", ["static", "traced"], indirect=True)
+def test_a_bf16_tree_scores_its_path_bitwise_as_ar_steps(capture):
+    """A target's tree verify runs in its static steps where the attention takes each query's visible slots in AR's
+    order (the list kernel: attention.c here, native/cuda_ops.py on CUDA), and its path's nodes get the AR steps'
+    bits; the test_gpu.py twin runs it captured on CUDA."""
+    with torch.inference_mode():
+        lists = attention_path(torch.bfloat16, "cpu") == "native"
+    if not lists:
+        pytest.skip("no C compiler: attention.c is not built here")
+    model = tiny_model(0).to(torch.bfloat16)
+    steps = graphs.attach(model, "on", capture=capture)
+    ar, path = tree_against_steps(model, PROMPT)
+    assert torch.equal(ar, path)
+    assert steps.eager_calls == 0
 
 
 @pytest.mark.parametrize("products,capture", [("sliced", "static"), ("plain", "static"), ("sliced", "traced")],

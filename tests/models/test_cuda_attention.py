@@ -1,0 +1,143 @@
+"""The list attention on CUDA (native/cuda_ops.py): its plan in device ops equals attention.c's, and its Triton kernel
+gives a query the same bits at every width, batch and query count, and for a tree node the bits of its AR step. On
+the CPU the kernel runs in Triton's interpreter (what the tree and order are, not the GPU's rounding); the same
+tests run on a GPU under the `gpu` marker."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specgen import native
+from specgen.models.kernel_choice import attention_path
+from specgen.native import cuda_ops
+
+pytest.importorskip("triton")  # a test extra on Linux x86-64 (pyproject.toml); torch's CUDA builds bring their own
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+@pytest.fixture(params=DEVICES)
+def device(request):
+    """cpu: Triton's interpreter (tests/conftest.py chooses it where there is no GPU); cuda: the compiled kernel."""
+    if (request.param == "cpu") != (os.environ.get("TRITON_INTERPRET") == "1"):
+        pytest.skip("Triton runs compiled kernels or its interpreter in one process, not both")
+    return request.param
+
+
+def lists(seen: torch.Tensor):
+    return cuda_ops.attention_plan(seen)
+
+
+def attend(q, k, v, seen) -> torch.Tensor:
+    """The kernel's [B, S, H, D] over seen [B, S, T] (True = visible)."""
+    b, h, s, d = q.shape
+    out = torch.empty(b, s, h, d, dtype=q.dtype, device=q.device)
+    idx, count, shared = lists(seen)
+    cuda_ops.attend(q, k, v, idx, count, shared, out)
+    return out
+
+
+def case(device, b=2, h=6, hkv=2, s=5, t=150, d=32, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(b, n, m, d, generator=g).to(device, dtype) for n, m in ((h, s), (hkv, t), (hkv, t)))
+    lengths = torch.tensor([100, 120][:b])
+    seen = torch.arange(t)[None, None, :] < (lengths[:, None, None] + torch.arange(1, s + 1)[None, :, None])
+    return q, k, v, seen.to(device)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("h,hkv,d", [(6, 2, 32), (9, 3, 64), (4, 4, 48)])  # GQA groups 3 (SmolLM2) and 1; D padded
+def test_the_kernel_computes_softmax_attention(device, dtype, tol, h, hkv, d):
+    q, k, v, seen = case(device, h=h, hkv=hkv, d=d, dtype=dtype)
+    want = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=seen[:, None], enable_gqa=True)
+    assert torch.allclose(attend(q, k, v, seen).float(), want.transpose(1, 2), atol=tol, rtol=tol)
+
+
+def test_a_query_gets_the_same_bits_at_every_width_batch_and_query_count(device):
+    q, k, v, seen = case(device, dtype=torch.bfloat16)
+    out = attend(q, k, v, seen)
+    # wider: 70 more slots nobody sees, holding NaN (never read: a read would poison the row)
+    pad = torch.full((*k.shape[:2], 70, k.shape[3]), float("nan"), dtype=k.dtype, device=device)
+    wide = attend(q, torch.cat([k, pad], 2), torch.cat([v, pad], 2), F.pad(seen, (0, 70)))
+    assert torch.equal(wide, out)
+    # one query alone (an AR step), in the second batch row
+    alone = attend(q[1:, :, 3:4], k[1:], v[1:], seen[1:, 3:4])
+    assert torch.equal(alone[0, 0], out[1, 3])
+
+
+def test_a_query_that_sees_nothing_gets_zeros(device):
+    q, k, v, seen = case(device)
+    seen[1, 2] = False
+    out = attend(q, k, v, seen)
+    assert torch.equal(out[1, 2], torch.zeros_like(out[1, 2])) and out.isfinite().all()
+
+
+def test_a_tree_node_gets_its_ar_steps_bits(device):
+    """Node 4 of a tree whose ancestors sit at scattered slots (siblings between them) against the same keys at
+    consecutive slots, as AR's cache holds them after the path is accepted."""
+    q, k, v, _ = case(device, b=1, s=1, t=140, dtype=torch.bfloat16)
+    prefix, ancestors = 100, [101, 104, 107, 110]  # the node itself at 110
+    tree = torch.zeros(1, 1, 140, dtype=torch.bool, device=device)
+    tree[..., :prefix] = True
+    tree[..., ancestors] = True
+    k_ar, v_ar = k.clone(), v.clone()
+    for j, slot in enumerate(ancestors):  # what a commit moves: the path's keys to prefix + j
+        k_ar[:, :, prefix + j], v_ar[:, :, prefix + j] = k[:, :, slot], v[:, :, slot]
+    chain = torch.arange(140, device=device)[None, None] < prefix + len(ancestors)
+    assert torch.equal(attend(q, k, v, tree), attend(q, k_ar, v_ar, chain))
+
+
+def test_the_bit_checks_can_fail(device, monkeypatch):
+    """Control: the same query with another key grouping (tiles of 32 keys, not 64) gets other bits, so equal bits
+    above are a property of the fixed order, not of a comparison that cannot tell."""
+    q, k, v, seen = case(device, b=1, s=1, t=300, seed=1)
+    seen = torch.ones_like(seen)
+    out = attend(q, k, v, seen)
+    monkeypatch.setattr(cuda_ops, "BLOCK_N", 32)
+    assert not torch.equal(attend(q, k, v, seen), out)
+
+
+def test_the_device_plan_equals_the_c_plan():
+    """What `attend` reads: each query's visible slots ascending, how many, and the leading run all queries see."""
+    if native.library("attention") is None:
+        pytest.skip("no C compiler: attention.c is not built here")
+    g = torch.Generator().manual_seed(0)
+    for seen in (torch.rand(3, 7, 90, generator=g) < 0.6, case("cpu")[3]):
+        seen[..., 0] = True  # every query sees at least slot 0 (itself, in a decode)
+        idx, count, shared = lists(seen)
+        c_idx, c_count, c_shared = torch.ops.specgen.attention_plan(seen)
+        assert torch.equal(count, c_count) and torch.equal(shared, c_shared)
+        for i, row in enumerate(count.flatten().tolist()):
+            assert torch.equal(idx.flatten(0, 1)[i, :row], c_idx.flatten(0, 1)[i, :row])
+
+
+def test_cuda_forwards_take_the_lists_when_triton_is_there(monkeypatch):
+    with torch.inference_mode():
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            assert attention_path(dtype, "cuda") == "native"
+        monkeypatch.setattr(cuda_ops, "available", lambda: False)  # a CUDA build without Triton: the torch paths
+        assert attention_path(torch.bfloat16, "cuda") == "chunked"
+        assert attention_path(torch.float32, "cuda") == "sdpa"
+    assert torch._C._dispatch_has_kernel_for_dispatch_key("specgen::attend", "CUDA")
+    assert torch._C._dispatch_has_kernel_for_dispatch_key("specgen::attention_plan", "CUDA")
+
+
+def test_the_kernel_in_a_models_steps_scores_chains_and_trees_as_ar_steps(device, monkeypatch):
+    """The kernel and its device plan as a bf16 model's static steps call them (`torch.ops.specgen.attend` on CUDA):
+    a 16-node chain's and a tree path's nodes get the bits of the AR steps."""
+    from specgen.models import graphs
+    from tests.conftest import tiny_model
+    from tests.models.test_graphs import PROMPT, chain_against_steps, tree_against_steps
+
+    if device == "cpu":  # route the ops' CPU calls to the CUDA implementations
+        monkeypatch.setattr(torch.ops.specgen, "attend", cuda_ops.attend)
+        monkeypatch.setattr(torch.ops.specgen, "attention_plan", cuda_ops.attention_plan)
+        monkeypatch.setattr(native, "library", lambda name: "triton" if name == "attention" else None)
+    model = tiny_model(0).to(device, torch.bfloat16)
+    graphs.attach(model, "on", capture=False if device == "cpu" else None)
+    for ar, verified in (chain_against_steps(model, PROMPT), tree_against_steps(model, PROMPT)):
+        assert torch.equal(ar, verified)
