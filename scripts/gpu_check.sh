@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The checks a CUDA machine runs (the project's CI has none), in one call of under 10 minutes: the gpu-marked tests,
 # captured steps against eager ones and the peers (`gpu_graphs.py`: text, image, mesh, paper shapes; its table is the
-# summary printed last), the captured step's attention and products (chunked vs SDPA, SlicedLinear vs one GEMM:
+# summary printed last), the captured step's attention and products (Triton lists vs chunked vs SDPA, SlicedLinear vs one GEMM:
 # speed, and bitwise AR = verify in bf16) and host syncs per decode step. More steps by name: images, meshes,
 # batch-throughput, auto-trace. Each step has its own time limit and log under $OUT (default runs/gpu-check); a failing step does not
 # stop the next.
