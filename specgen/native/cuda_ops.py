@@ -90,12 +90,14 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor,
     kernel()[(b * s, hkv)](
         q, k, v, idx, count, out, s, d**-0.5, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1),
         k.stride(2), v.stride(0), v.stride(1), v.stride(2), idx.stride(0), idx.stride(1), out.stride(0),
-        out.stride(1), out.stride(2), GROUP=group, D=d, BLOCK_M=max(16, pow2(group)), BLOCK_D=max(16, pow2(d)),
-        BLOCK=BLOCK_N, num_warps=WARPS)
+        out.stride(1), out.stride(2), **tiles(group, d), num_warps=WARPS)
 
 
-def pow2(n: int) -> int:
-    return 1 << (n - 1).bit_length()
+def tiles(group: int, d: int) -> dict[str, int]:
+    """The kernel's constexprs for `group` query heads per kv head of width `d`: tile sides of at least 16 (what
+    tl.dot takes) and powers of two; fixed per model, so every forward of it runs one compiled kernel."""
+    pow2 = lambda n: 1 << (n - 1).bit_length()  # noqa: E731
+    return dict(GROUP=group, D=d, BLOCK_M=max(16, pow2(group)), BLOCK_D=max(16, pow2(d)), BLOCK=BLOCK_N)
 
 
 def attention_plan(seen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
