@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import warnings
 
 import torch
 
@@ -17,9 +18,15 @@ BLOCK_N = 64  # list entries (keys) per tile
 WARPS = 4
 
 
+@functools.cache
 def available() -> bool:
-    """Whether Triton can be imported here (it ships with torch's CUDA builds); checked without importing it."""
-    return importlib.util.find_spec("triton") is not None
+    """Whether Triton can be imported here (it ships with torch's CUDA builds; checked without importing it); where
+    not, one warning, and CUDA forwards take the torch paths of docs/precision.md's table."""
+    if importlib.util.find_spec("triton") is None:
+        warnings.warn("Triton is not installed: CUDA attention runs as torch ops (slower; float32 on SDPA, whose sums "
+                      "move with the forward's shape), see docs/precision.md; `pip install triton` for the list kernel")
+        return False
+    return True
 
 
 @functools.cache

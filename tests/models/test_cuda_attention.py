@@ -172,3 +172,15 @@ def test_the_kernel_compiles_for_ampere_and_hopper(tmp_path):
     done = subprocess.run([sys.executable, "-c", COMPILE], env=env, capture_output=True, text=True,
                           cwd=Path(__file__).parents[2])
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_a_cuda_build_without_triton_warns_once_and_takes_the_torch_paths(monkeypatch):
+    monkeypatch.setattr(cuda_ops.importlib.util, "find_spec", lambda name: None)
+    cuda_ops.available.cache_clear()
+    try:
+        with pytest.warns(UserWarning, match="Triton is not installed") as seen, torch.inference_mode():
+            assert attention_path(torch.bfloat16, "cuda") == "chunked"
+            assert attention_path(torch.float32, "cuda") == "sdpa"
+        assert len(seen) == 1
+    finally:
+        cuda_ops.available.cache_clear()
