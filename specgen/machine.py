@@ -8,6 +8,7 @@ import platform
 import torch
 
 from specgen import native, registry
+from specgen.native import cuda_ops
 from specgen.decoding import cost
 from specgen.devices import is_cpu, onednn_packs
 from specgen.models import kernel_choice, layout, layout_cache, plan_cache, quantize
@@ -72,8 +73,12 @@ def kernel_paths(device: str | None = None) -> dict[str, dict]:
     if not is_cpu(device):
         gpu = {"path": "cuBLAS (torch), decode steps replayed as CUDA graphs (--graphs auto)",
                "why": "a GPU: the CPU layouts and native kernels do not apply"}
+        steps = ({"path": "attention: each query over its visible slots, one Triton kernel a layer (native/cuda_ops.py)",
+                  "why": "Triton imports here"} if cuda_ops.available() else
+                 {"path": "attention: torch ops (bfloat16 chunked, float32 SDPA)", "why": "Triton is not installed"})
         return {"text float32": gpu, "text int8": {"path": "refused", "why": "--quantize uses CPU kernels"},
-                "text int4": {"path": "refused", "why": "--quantize uses CPU kernels"}, "image": gpu, "mesh": gpu}
+                "text int4": {"path": "refused", "why": "--quantize uses CPU kernels"}, "image": gpu, "mesh": gpu,
+                "step_kernels": steps}
     steps = native.describe()
     why = ("SPECGEN_NATIVE=0" if os.environ.get("SPECGEN_NATIVE", "1") == "0" else "no C compiler"
            if native.compiler()[0] is None else "built at pip install, else once per machine into the native cache")
@@ -111,7 +116,8 @@ def label(facts: dict, device: str | None = None) -> str:
     cpu, t = facts["devices"][0], facts["threads"]
     host = f"{cpu['arch']}, {cpu['cpus']} cpus, torch threads {t['torch']}"
     if not is_cpu(device):
-        return f"{torch.cuda.get_device_name(device)}, torch {facts['torch']}, CUDA {facts['cuda']}; host {host}"
+        steps = facts["kernels"]["step_kernels"]["path"]
+        return f"{torch.cuda.get_device_name(device)}, torch {facts['torch']}, CUDA {facts['cuda']}, {steps}; host {host}"
     name = layout.layout_name()
     plans = kernel_choice.describe() if name == "packed" else ""  # the plans of the models this process loaded
     steps = facts["kernels"]["step_kernels"]["path"]

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from specgen import native
+from specgen.machine import kernel_paths
 from specgen.models.kernel_choice import attention_path
 from specgen.native import cuda_ops
 
@@ -118,13 +119,15 @@ def test_the_device_plan_equals_the_c_plan():
             assert torch.equal(idx.flatten(0, 1)[i, :row], c_idx.flatten(0, 1)[i, :row])
 
 
-def test_cuda_forwards_take_the_lists_when_triton_is_there(monkeypatch):
+def test_cuda_forwards_take_the_lists_when_triton_is_there_and_env_says_which(monkeypatch):
     with torch.inference_mode():
         for dtype in (torch.float32, torch.bfloat16, torch.float16):
             assert attention_path(dtype, "cuda") == "native"
+        assert "one Triton kernel a layer" in kernel_paths("cuda")["step_kernels"]["path"]
         monkeypatch.setattr(cuda_ops, "available", lambda: False)  # a CUDA build without Triton: the torch paths
         assert attention_path(torch.bfloat16, "cuda") == "chunked"
         assert attention_path(torch.float32, "cuda") == "sdpa"
+        assert kernel_paths("cuda")["step_kernels"]["why"] == "Triton is not installed"
     assert torch._C._dispatch_has_kernel_for_dispatch_key("specgen::attend", "CUDA")
     assert torch._C._dispatch_has_kernel_for_dispatch_key("specgen::attention_plan", "CUDA")
 
