@@ -8,10 +8,10 @@ import platform
 import torch
 
 from specgen import native, registry
-from specgen.native import cuda_ops
 from specgen.decoding import cost
 from specgen.devices import is_cpu, onednn_packs
 from specgen.models import kernel_choice, layout, layout_cache, plan_cache, quantize
+from specgen.native import cuda_ops
 
 #: CPU flags that change a kernel's path or speed (x86 /proc/cpuinfo names; ARM's `Features` are kept as they come).
 ISA = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx512_fp16", "avx_ne_convert",
@@ -73,7 +73,7 @@ def kernel_paths(device: str | None = None) -> dict[str, dict]:
     if not is_cpu(device):
         gpu = {"path": "cuBLAS (torch), decode steps replayed as CUDA graphs (--graphs auto)",
                "why": "a GPU: the CPU layouts and native kernels do not apply"}
-        steps = ({"path": "attention: each query over its visible slots, one Triton kernel a layer (native/cuda_ops.py)",
+        steps = ({"path": "attention: each query over its visible slots, one Triton kernel a layer (cuda_ops.py)",
                   "why": "Triton imports here"} if cuda_ops.available() else
                  {"path": "attention: torch ops (bfloat16 chunked, float32 SDPA)", "why": "Triton is not installed"})
         return {"text float32": gpu, "text int8": {"path": "refused", "why": "--quantize uses CPU kernels"},
@@ -117,7 +117,8 @@ def label(facts: dict, device: str | None = None) -> str:
     host = f"{cpu['arch']}, {cpu['cpus']} cpus, torch threads {t['torch']}"
     if not is_cpu(device):
         steps = facts["kernels"]["step_kernels"]["path"]
-        return f"{torch.cuda.get_device_name(device)}, torch {facts['torch']}, CUDA {facts['cuda']}, {steps}; host {host}"
+        gpu = f"{torch.cuda.get_device_name(device)}, torch {facts['torch']}, CUDA {facts['cuda']}"
+        return f"{gpu}, {steps}; host {host}"
     name = layout.layout_name()
     plans = kernel_choice.describe() if name == "packed" else ""  # the plans of the models this process loaded
     steps = facts["kernels"]["step_kernels"]["path"]

@@ -115,4 +115,3 @@ def attention_plan(seen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torc
     count = seen.sum(-1, dtype=torch.int32)
     shared = seen.all(1).to(torch.int32).cumprod(-1).sum(-1, dtype=torch.int32)  # [B]: slots 0.. every query sees
     return idx, count, shared
-

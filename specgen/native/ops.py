@@ -11,8 +11,9 @@ import torch.nn.functional as F
 from specgen import native
 from specgen.native import cuda_ops
 
-# CPU tensors, no backward; `models/kernel_choice.py` decides when they run. The C side reads raw elements: each op
-# makes its inputs contiguous (attention: the last dim) before passing pointers.
+# CPU tensors (attention_plan and attend also CUDA ones: cuda_ops.py), no backward; `models/kernel_choice.py` decides
+# when they run. The C side reads raw elements: each op makes its inputs contiguous (attention: the last dim) before
+# passing pointers.
 
 
 def lib(name: str) -> ctypes.CDLL:
