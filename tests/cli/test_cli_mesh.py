@@ -197,6 +197,17 @@ def test_a_negative_seed_samples_user_clouds(tmp_path):
             .points).all()  # non-negative seeds sample as before
 
 
+def test_inputs_sharing_a_name_are_named_apart(tmp_path):
+    """sphere.obj and sphere.stl were both `sphere` (rows and files alike); a .npy batch's `a-0` met a-0.obj's."""
+    sphere = trimesh.creation.icosphere(subdivisions=1)
+    for name in ("sphere.obj", "sphere.stl", "a-0.obj", "box.obj"):
+        (sphere if name != "box.obj" else trimesh.creation.box()).export(tmp_path / name)
+    np.save(tmp_path / "a.npy", np.random.default_rng(0).standard_normal((2, 40, 6)))
+    names = [c.name for c in load_conditions(tmp_path, 1, 100, 0)]
+    assert names == ["a-0.obj", "a.npy-0", "a.npy-1", "box", "sphere.obj", "sphere.stl"]  # a lone stem keeps its name
+    assert [c.name for c in load_conditions(tmp_path / "sphere.obj", 1, 100, 0)] == ["sphere"]
+
+
 def test_mesh_usage_errors(tiny, tmp_path):
     register_tiny("other-mesh", "foreign-heads", parent="other-mesh")
     one_error_line(invoke("generate", "--method", "xspecmesh", "--model", "tiny-mesh",
