@@ -266,6 +266,22 @@ def test_benchmark_meshes_batched_rows_compare_with_batch_one_ar(tiny):
                                                         rel=0.01)
 
 
+def test_benchmark_report_shows_the_rows_methods_names(tiny, tmp_path):
+    """`report --methods` keeps those rows (a batched row is its row's); it was ignored, every row printed."""
+    run = tmp_path / "run"
+    r = invoke("benchmark", "--suite", "meshes", "--model", "tiny-mesh", "--limit", "2", "--format", "json",
+               "max_new_tokens=6", "num_heads=2", "heads={ca: tiny-heads}", "rows=[ar,ca]", "sweep_row=ca",
+               "deltas=[0.9]", "topk_accept=[]", "tree_k=[]", "depths=[]", "--batch-size", "1,2", "--run-dir", run)
+    assert r.exit_code == 0, r.output
+    every = json.loads(r.stdout)
+    assert [x["row"] for x in every] == ["ar", "ca", "ca p>0.9", "ar@b2", "ca@b2", "ca p>0.9@b2"]
+    shown = invoke("benchmark", "report", run, "--methods", "ar,ca p>0.9", "--format", "json")
+    assert shown.exit_code == 0, shown.output
+    assert json.loads(shown.stdout) == [every[i] for i in (0, 2, 3, 5)]  # the run's numbers, fewer rows
+    one_error_line(invoke("benchmark", "report", run, "--methods", "ar,cb"), 2,
+                   "--methods: the run has no row 'cb'; its rows: ar, ca, ca p>0.9")
+
+
 def test_benchmark_meshes_options_apply_to_every_heads_row(tiny):
     r = invoke("benchmark", "--suite", "meshes", "--model", "tiny-mesh", "--limit", "1", "--format", "json",
                "max_new_tokens=8", "num_heads=2", "heads={ca: tiny-heads}", "rows=[ar,ca]", "deltas=[]",
