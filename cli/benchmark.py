@@ -39,7 +39,7 @@ EPILOG = """examples:
 
   torchrun --nproc-per-node 2 -m cli.main benchmark --config recipes/tiny/bench-humaneval.yaml --run-dir runs/he
 
-  specgen benchmark report runs/he --format json     # the merged table of a finished run folder
+  specgen benchmark report runs/he --methods ar,ngram --format json   # a finished run folder's rows (shards merged)
 
   specgen benchmark --config recipes/full/bench-llamagen-c2i-l.yaml --dry-run   # check a GPU recipe here first
 """
@@ -58,7 +58,8 @@ SUITE_KEYS = {"methods": {**dict.fromkeys(TEXT, "methods"), "images": "methods",
 def benchmark(
     overrides: OverridesArg = None,
     suite: Annotated[Optional[str], typer.Option("--suite", help=f"Benchmark suite: {', '.join(SUITES)}.")] = None,
-    methods: Annotated[Optional[str], typer.Option("--methods", help="Comma-separated methods; 'ar' is the reference.")] = None,
+    methods: Annotated[Optional[str], typer.Option(
+        "--methods", help="Comma-separated methods; 'ar' is the reference. With report: the rows to show.")] = None,
     model: ModelOpt = None,
     limit: Annotated[Optional[int], typer.Option(
         "--limit", help="Number of prompts (default: humaneval 20, text every prompt of the set), of images per "
@@ -105,11 +106,22 @@ def benchmark(
     # deferred: start-up (the suites import torch and the models; `specgen --help` does without them)
     from cli import benchmark_runs
 
-    if overrides and overrides[0] == "report":  # a subcommand in the overrides' place: no override is a bare word
-        return benchmark_runs.report(overrides[1:], fmt, out, append, quiet)
     names = [m.strip() for m in methods.split(",") if m.strip()] if methods is not None else None
     if names == []:
         raise UsageError(f"--methods {methods!r} names no method; give a comma-separated list such as ar,ngram")
+    if overrides and overrides[0] == "report":  # a subcommand in the overrides' place: no override is a bare word
+        # a report prints a finished run as measured: the options that set up a run would be ignored
+        run_only = {"--suite": suite, "--model": model, "--limit": limit, "--offset": offset,
+                    "--max-new-tokens": max_new_tokens, "--threads": threads, "--prompts": prompts,
+                    "--prompt-field": prompt_field, "--category-field": category_field, "--batch-size": batch_size,
+                    "--run-dir": run_dir, "--shard": shard, "--dry-run": dry_run or None, "--seed": seed,
+                    "--device": device, "--graphs": graphs, "--dtype": dtype, "--quantize": quantize,
+                    "--config": config}
+        given = next((o for o, v in run_only.items() if v is not None), None)
+        if given is not None:
+            raise UsageError(f"{given} does not apply to `benchmark report`, which prints the run folder's rows as "
+                             "measured; it takes --methods (the rows to show), --format, --out, --append, --quiet")
+        return benchmark_runs.report(overrides[1:], names, fmt, out, append, quiet)
     given_suite = suite is not None
     suite = suite or recipe_key(config, overrides, "suite") or "humaneval"
     if suite not in SUITES:

@@ -35,6 +35,7 @@ class Suite(Protocol):
     """One suite: its config, its plan (every row checked and expanded), what is left, the measuring, rows, tables."""
 
     config_type: type
+    row_key: str  # the field of a row holding its name (what `--methods` names)
 
     def plan(self, cfg) -> Any: ...  # a bad row is one line before any work
 
@@ -51,6 +52,7 @@ class TextSuite:
     """humaneval and text: every method interleaved per prompt (specgen/eval/text_bench.py)."""
 
     config_type = TextBenchConfig
+    row_key = "method"
     COLUMNS = ["category", "method", "model", "tokens_per_s", "speedup_vs_ar", "tpf", "tau", "efficiency",
                "weight_mb_per_token", "bandwidth_share", "nfe", "exact_match_vs_ar", "exact_match_vs_own_ar",
                "prefix_vs_ar", "nll_base", "pass_at_1"]
@@ -94,6 +96,7 @@ class ImageSuite:
     """images: methods x temperatures, grids and speed-quality plots (specgen/eval/image_bench.py)."""
 
     config_type = ImageBenchConfig
+    row_key = "method"
     COLUMNS = ["method", "temperature", "dtype", "lossless", "images_per_s", "speedup_vs_ar", "vs_ar_b1", "tau",
                "d_bar", "nfe", "tpf", "drafter_share", "efficiency", "exact_match_vs_ar", "exact_match_vs_own_ar",
                "nll", "clf_fid", "class_accuracy"]
@@ -129,6 +132,7 @@ class MeshSuite:
     """meshes: XSpecMesh's table-3 rows and threshold sweeps (specgen/eval/mesh_bench.py)."""
 
     config_type = MeshBenchConfig
+    row_key = "row"  # `method` is ar or xspecmesh there
     COLUMNS = ["row", "dtype", "rule", "cd", "hd", "valid_rate", "scr", "step_latency_ms", "tokens_per_s",
                "meshes_per_s", "speedup_vs_ar", "vs_ar_b1", "speedup_scr_lat", "mean_tokens"]
 
@@ -183,10 +187,12 @@ def run(name: str, path: Path | None, overrides: list[str], explicit: dict, run_
         show(suite, rows, p, sink, fmt, out, append)
 
 
-def report(args: list[str], fmt, out: Path | None, append: bool, quiet: bool) -> None:
-    """`specgen benchmark report RUN_DIR`: the table of a finished run folder (also one copied from a cluster)."""
+def report(args: list[str], methods: list[str] | None, fmt, out: Path | None, append: bool, quiet: bool) -> None:
+    """`specgen benchmark report RUN_DIR`: the table of a finished run folder (also one copied from a cluster), all
+    its rows or those `methods` names (at every batch size); their numbers are the run's either way."""
     if len(args) != 1:
-        raise UsageError("usage: specgen benchmark report RUN_DIR [--format json] [--out FILE [--append]]")
+        raise UsageError("usage: specgen benchmark report RUN_DIR [--methods ROWS] [--format json] "
+                         "[--out FILE [--append]]")
     run_dir = RunDir.existing(Path(args[0]))
     if run_dir.suite not in SUITES:
         raise UsageError(f"{run_dir.path} holds a {run_dir.suite} run; report reads {', '.join(SUITES)} runs")
@@ -194,7 +200,19 @@ def report(args: list[str], fmt, out: Path | None, append: bool, quiet: bool) ->
     suite = SUITES[run_dir.suite]
     # checked like a recipe: a tampered run.json is one line
     p = suite.plan(load_config(suite.config_type, **run_dir.config))
-    show(suite, suite.finish(p, run_dir, quiet), p, run_dir, fmt, out, append)
+    known = list(dict.fromkeys(r for g in suite.grids(p) for r in g.rows))
+    missing = next((m for m in methods or () if m not in known), None)
+    if missing is not None:  # before `finish`, which may write files (the images suite's grids and plots)
+        raise UsageError(f"--methods: the run has no row {missing!r}; its rows: {', '.join(known)}")
+    rows = suite.finish(p, run_dir, quiet)
+    show(suite, rows if methods is None else [r for r in rows if row_name(r, suite.row_key) in methods], p, run_dir,
+         fmt, out, append)
+
+
+def row_name(row: dict, key: str) -> str:
+    """A row's name as `--methods` gives it: a batched row's (`ROW@bB` in images and meshes) is its batch-1 row's."""
+    batch = row.get("batch_size") or 1
+    return row[key] if batch == 1 else row[key].removesuffix(f"@b{batch}")
 
 
 def show(suite: Suite, rows: list[dict], p, sink, fmt, out: Path | None, append: bool) -> None:

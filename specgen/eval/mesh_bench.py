@@ -88,9 +88,13 @@ OLD_SWEEPS = {
 
 
 def mesh_sweeps(cfg: MeshBenchConfig) -> list[Sweep]:
-    """The older keys' sweeps on `sweep_row` (none when it names no heads: `sweep_row=none`), then `sweep`'s."""
+    """The older keys' sweeps on `sweep_row` (none with `sweep_row=none`), then `sweep`'s; a `sweep_row` that names
+    no heads is refused (it was no sweep, unsaid)."""
+    if cfg.sweep_row != "none" and cfg.sweep_row not in cfg.heads:
+        raise UsageError(f"sweep_row {cfg.sweep_row!r} has no heads in `heads`; known rows: {', '.join(cfg.heads)}, "
+                         "or none for no sweep")
     old = []
-    if cfg.sweep_row in cfg.heads:
+    if cfg.sweep_row != "none":
         for key, (option, fixed, label) in OLD_SWEEPS.items():
             # depths: D = num_heads is the sweep row itself
             values = [d for d in cfg.depths if d != cfg.num_heads] if key == "depths" else getattr(cfg, key)

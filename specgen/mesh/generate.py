@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -109,6 +110,21 @@ def read_file(path: Path, num_points: int, seed: int) -> list[Condition]:
     raise MeshInputError(f"{path}: unsupported input; give .npy point clouds or {', '.join(MESH_SUFFIXES)} files")
 
 
+def named_apart(files: list[Path], groups: list[list[Condition]]) -> list[Condition]:
+    """Every file's conditions (`groups[i]` read from `files[i]`), uniquely named: the files whose names another
+    file also gives (`sphere` of sphere.obj and sphere.stl; `a-0` of a.npy's batch and of a-0.obj) are named by their
+    whole file name (`sphere.obj`, `a.npy-0`), which no two files of a folder share; a lone stem keeps its name."""
+    whole: set[Path] = set()
+    while True:  # a whole-named file may clash with another file's stem (x.obj, x.obj.ply): that one goes whole too
+        named = [[replace(c, name=f.name + c.name[len(f.stem):]) if f in whole else c for c in g]
+                 for f, g in zip(files, groups)]
+        counts = Counter(c.name for g in named for c in g)
+        clash = {f for f, g in zip(files, named) if any(counts[c.name] > 1 for c in g)} - whole
+        if not clash:
+            return [c for g in named for c in g]
+        whole |= clash
+
+
 def load_conditions(path: Path | None, num: int, num_points: int, seed: int,
                     spec: ProceduralSpec | None = None) -> list[Condition]:
     """User point clouds (file or folder) or `num` procedural test meshes (of the model's own
@@ -121,7 +137,7 @@ def load_conditions(path: Path | None, num: int, num_points: int, seed: int,
         files = sorted(f for f in path.iterdir() if f.suffix.lower() in (".npy", *MESH_SUFFIXES))
         if not files:
             raise MeshInputError(f"{path}: no .npy or mesh files")
-        return [c for f in files for c in read_file(f, num_points, seed)]
+        return named_apart(files, [read_file(f, num_points, seed) for f in files])
     if not path.is_file():
         raise MeshInputError(f"{path}: no such file or folder")
     return read_file(path, num_points, seed)

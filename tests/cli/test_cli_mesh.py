@@ -197,6 +197,17 @@ def test_a_negative_seed_samples_user_clouds(tmp_path):
             .points).all()  # non-negative seeds sample as before
 
 
+def test_inputs_sharing_a_name_are_named_apart(tmp_path):
+    """sphere.obj and sphere.stl were both `sphere` (rows and files alike); a .npy batch's `a-0` met a-0.obj's."""
+    sphere = trimesh.creation.icosphere(subdivisions=1)
+    for name in ("sphere.obj", "sphere.stl", "a-0.obj", "box.obj"):
+        (sphere if name != "box.obj" else trimesh.creation.box()).export(tmp_path / name)
+    np.save(tmp_path / "a.npy", np.random.default_rng(0).standard_normal((2, 40, 6)))
+    names = [c.name for c in load_conditions(tmp_path, 1, 100, 0)]
+    assert names == ["a-0.obj", "a.npy-0", "a.npy-1", "box", "sphere.obj", "sphere.stl"]  # a lone stem keeps its name
+    assert [c.name for c in load_conditions(tmp_path / "sphere.obj", 1, 100, 0)] == ["sphere"]
+
+
 def test_mesh_usage_errors(tiny, tmp_path):
     register_tiny("other-mesh", "foreign-heads", parent="other-mesh")
     one_error_line(invoke("generate", "--method", "xspecmesh", "--model", "tiny-mesh",
@@ -253,6 +264,22 @@ def test_benchmark_meshes_batched_rows_compare_with_batch_one_ar(tiny):
     for label in ("ar@b3", "ca@b3"):
         assert rows[label]["vs_ar_b1"] == pytest.approx(rows[label]["tokens_per_s"] / rows["ar"]["tokens_per_s"],
                                                         rel=0.01)
+
+
+def test_benchmark_report_shows_the_rows_methods_names(tiny, tmp_path):
+    """`report --methods` keeps those rows (a batched row is its row's); it was ignored, every row printed."""
+    run = tmp_path / "run"
+    r = invoke("benchmark", "--suite", "meshes", "--model", "tiny-mesh", "--limit", "2", "--format", "json",
+               "max_new_tokens=6", "num_heads=2", "heads={ca: tiny-heads}", "rows=[ar,ca]", "sweep_row=ca",
+               "deltas=[0.9]", "topk_accept=[]", "tree_k=[]", "depths=[]", "--batch-size", "1,2", "--run-dir", run)
+    assert r.exit_code == 0, r.output
+    every = json.loads(r.stdout)
+    assert [x["row"] for x in every] == ["ar", "ca", "ca p>0.9", "ar@b2", "ca@b2", "ca p>0.9@b2"]
+    shown = invoke("benchmark", "report", run, "--methods", "ar,ca p>0.9", "--format", "json")
+    assert shown.exit_code == 0, shown.output
+    assert json.loads(shown.stdout) == [every[i] for i in (0, 2, 3, 5)]  # the run's numbers, fewer rows
+    one_error_line(invoke("benchmark", "report", run, "--methods", "ar,cb"), 2,
+                   "--methods: the run has no row 'cb'; its rows: ar, ca, ca p>0.9")
 
 
 def test_benchmark_meshes_options_apply_to_every_heads_row(tiny):

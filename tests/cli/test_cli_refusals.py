@@ -150,6 +150,10 @@ QUICK_HEADS = ["num_sequences=2", "eval_sequences=1", "max_tokens=8", "stage1_ep
     (["benchmark", "--suite", "meshes", "batch_sizes=[0]"], "batch_sizes must be >= 1, got 0"),  # was no row, exit 0
     (["benchmark", "--suite", "meshes", "--methods", "ar", "sweep_row=none", "--limit", "1", "--max-new-tokens", "1019"],
      "max-new-tokens 1019 exceeds the model's context (1018 tokens)"),  # was clamped to 1018 unsaid
+    (["benchmark", "--suite", "meshes", "sweep_row=ca+lroa"],  # was no sweep, unsaid
+     "sweep_row 'ca+lroa' has no heads in `heads`; known rows: mlp, mlp+lora, ca, ca+lora, or none"),
+    (["benchmark", "report", "run", "--limit", "3"], "--limit does not apply to `benchmark report`"),  # was ignored
+    (["benchmark", "report", "run", "--suite", "text"], "--suite does not apply to `benchmark report`"),
     (["benchmark", "--model", "tiny-text", "method_options.ngram.num_draft=0"], "num_draft of ngram"),
     (["benchmark", "--model", "tiny-text", "batch_sizes=[1,0]"], "batch_sizes must be >= 1, got 0"),
     (["benchmark", "--suite", "images", "batch_sizes=[0]"], "batch_sizes must be >= 1, got 0"),
