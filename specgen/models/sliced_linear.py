@@ -21,7 +21,10 @@ class SlicedLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., in] -> [..., out]
         rows = x.reshape(-1, x.shape[-1])  # [M, in]
         m = rows.shape[0]
-        rows = F.pad(rows, (0, 0, 0, -m % SLICE_ROWS))  # [M', in]: zero rows up to a multiple of SLICE_ROWS
+        if m % SLICE_ROWS:  # [M', in], M' a multiple of SLICE_ROWS: one copy (F.pad would add a fill kernel per
+            padded = rows.new_empty(m + -m % SLICE_ROWS, rows.shape[1])  # product); the padding rows stay unwritten:
+            padded[:m].copy_(rows)  # a GEMM's output row reads only its own input row, so whatever they hold never
+            rows = padded  # reaches a real row's bits
         parts = [F.linear(part, self.weight, self.bias) for part in rows.split(SLICE_ROWS)]  # one launch at <= 64 rows
         out = parts[0] if len(parts) == 1 else torch.cat(parts)  # [M', out]
         return out[:m].reshape(*x.shape[:-1], out.shape[-1])

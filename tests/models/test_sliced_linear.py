@@ -66,3 +66,15 @@ def test_the_decode_layout_slices_a_low_precision_model_off_the_cpu():
     model = decode_layout(tiny_model(0).to("meta", torch.bfloat16))
     linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
     assert linears and all(type(m) is SlicedLinear for m in linears)
+
+
+def test_whatever_the_padding_rows_hold_never_reaches_a_real_row(monkeypatch):
+    """The padding rows are left unwritten (no fill kernel): NaN there changes no real row's bits."""
+    torch.manual_seed(0)
+    lin = nn.Linear(96, 40, bias=True).to(torch.bfloat16)
+    lin.__class__ = SlicedLinear
+    x = torch.randn(5, 96, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        clean = lin(x)
+        monkeypatch.setattr(torch.Tensor, "new_empty", lambda t, *shape: torch.full(shape, float("nan"), dtype=t.dtype))
+        assert torch.equal(lin(x), clean)
