@@ -134,7 +134,12 @@ def attention_path(dtype: torch.dtype, device: torch.device | str) -> str:
 
 
 def native_norms(*tensors: torch.Tensor) -> bool:
-    """Whether a norm (or residual add and norm) over these tensors runs glue.c."""
+    """Whether a norm (or residual add and norm) over these tensors runs one native kernel: glue.c on a CPU, Triton on
+    CUDA (native/cuda_ops.py), grad mode off."""
+    first = tensors[0]
+    if first.device.type == "cuda":
+        return (not torch.is_grad_enabled() and first.dtype in CUDA_LIST_DTYPES and cuda_ops.available()
+                and all(t.dtype == first.dtype and t.device == first.device for t in tensors))
     return inference_on_cpu(NATIVE_DTYPES, *tensors) and native.library("glue") is not None
 
 

@@ -63,6 +63,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return out
 
 
+LIB.impl("rms_norm", cuda_ops.rms_norm, "CUDA")  # Triton, one program a row (cuda_ops.py)
+
+
 @op("add_rms_norm(Tensor x, Tensor a, Tensor weight, float eps) -> (Tensor, Tensor)",
     lambda x, a, weight, eps: (torch.empty_like(x, memory_format=torch.contiguous_format),
                                torch.empty_like(x, memory_format=torch.contiguous_format)))
@@ -75,6 +78,9 @@ def add_rms_norm(x: torch.Tensor, a: torch.Tensor, weight: torch.Tensor, eps: fl
     check(lib("glue").specgen_add_rms_norm(x.data_ptr(), a.data_ptr(), weight.data_ptr(), total.data_ptr(),
                                            out.data_ptr(), x.numel() // dim, dim, eps, x.element_size()), "norm")
     return total, out
+
+
+LIB.impl("add_rms_norm", cuda_ops.add_rms_norm, "CUDA")
 
 
 @op("tiled_linear(Tensor x, Tensor tiles, Tensor? bias, int out_features, int threads) -> Tensor",

@@ -132,17 +132,17 @@ def test_cuda_forwards_take_the_lists_when_triton_is_there_and_env_says_which(mo
     assert torch._C._dispatch_has_kernel_for_dispatch_key("specgen::attention_plan", "CUDA")
 
 
-def test_the_kernel_in_a_models_steps_scores_chains_and_trees_as_ar_steps(device, monkeypatch):
-    """The kernel and its device plan as a bf16 model's static steps call them (`torch.ops.specgen.attend` on CUDA):
-    a 16-node chain's and a tree path's nodes get the bits of the AR steps."""
+def test_the_kernels_in_a_models_steps_score_chains_and_trees_as_ar_steps(device, monkeypatch):
+    """The kernels (attention, its device plan, the norms) as a bf16 model's static steps call them (the ops' CUDA
+    implementations): a 16-node chain's and a tree path's nodes get the bits of the AR steps."""
     from specgen.models import graphs
     from tests.conftest import tiny_model
     from tests.models.test_graphs import PROMPT, chain_against_steps, tree_against_steps
 
     if device == "cpu":  # route the ops' CPU calls to the CUDA implementations
-        monkeypatch.setattr(torch.ops.specgen, "attend", cuda_ops.attend)
-        monkeypatch.setattr(torch.ops.specgen, "attention_plan", cuda_ops.attention_plan)
-        monkeypatch.setattr(native, "library", lambda name: "triton" if name == "attention" else None)
+        for name in ("attend", "attention_plan", "rms_norm", "add_rms_norm"):
+            monkeypatch.setattr(torch.ops.specgen, name, getattr(cuda_ops, name))
+        monkeypatch.setattr(native, "library", lambda name: "triton" if name in ("attention", "glue") else None)
     model = tiny_model(0).to(device, torch.bfloat16)
     graphs.attach(model, "on", capture=False if device == "cpu" else None)
     for ar, verified in (chain_against_steps(model, PROMPT), tree_against_steps(model, PROMPT)):
@@ -156,19 +156,29 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from specgen.native import cuda_ops
 
-fn = cuda_ops.kernel()
+def build(fn, sig, consts, arch):
+    kernel = triton.compile(ASTSource(fn, sig, consts), target=GPUTarget("cuda", arch, 32),
+                            options={"num_warps": cuda_ops.WARPS})
+    assert kernel.asm["cubin"], (fn, sig, arch)
+
+
+fn = cuda_ops.kernels().attend_lists
 for dtype, group, d, archs in (("bf16", 3, 64, (80, 90)), ("fp32", 1, 48, (90,)), ("fp16", 7, 128, (90,))):
     consts = cuda_ops.tiles(group, d)
     sig = {n: "constexpr" if n in consts else "*" + dtype if n in ("Q", "K", "V", "OUT") else "*i32"
            if n in ("IDX", "COUNT") else "fp32" if n == "scale" else "i32" for n in fn.arg_names}
     for arch in archs:
-        kernel = triton.compile(ASTSource(fn, sig, consts), target=GPUTarget("cuda", arch, 32),
-                                options={"num_warps": cuda_ops.WARPS})
-        assert kernel.asm["cubin"], (dtype, arch)
+        build(fn, sig, consts, arch)
+fn = cuda_ops.kernels().norm_rows
+for dtype, add, dim in (("bf16", True, 576), ("fp32", False, 96)):
+    consts = {"ADD": add, "BLOCK": cuda_ops.pow2(dim)}
+    sig = {n: "constexpr" if n in consts else "i32" if n == "dim" else "fp32" if n == "eps" else "*" + dtype
+           for n in fn.arg_names}
+    build(fn, sig, consts, 90)
 """
 
 
-def test_the_kernel_compiles_for_ampere_and_hopper(tmp_path):
+def test_the_kernels_compile_for_ampere_and_hopper(tmp_path):
     """What the interpreter does not check (tile shapes tl.dot takes, loop-carried types): Triton's own compiler builds
     the kernel down to sm_80 and sm_90 machine code here, with no GPU (the ptxas Triton ships)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"TRITON_CACHE_DIR": str(tmp_path)}
@@ -187,3 +197,18 @@ def test_a_cuda_build_without_triton_warns_once_and_takes_the_torch_paths(monkey
         assert len(seen) == 1
     finally:
         cuda_ops.available.cache_clear()
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.bfloat16, 1.6e-2)])  # bf16: 2 ulp
+def test_the_norms_compute_transformers_formula_a_row_at_a_time(device, dtype, tol):
+    from specgen.models.transformer import rms_norm
+
+    g = torch.Generator().manual_seed(0)
+    x, a = (torch.randn(2, 7, 576, generator=g).to(device, dtype) for _ in range(2))
+    w = (1 + torch.randn(576, generator=g) / 4).to(device, dtype)
+    (alone,) = cuda_ops.norms(x[1, 3:4], None, w, 1e-5)
+    out = cuda_ops.rms_norm(x, w, 1e-5)
+    assert torch.equal(alone[0], out[1, 3])  # a row's bits whatever rows share the call
+    torch.testing.assert_close(out, rms_norm(x, w, 1e-5), atol=tol, rtol=tol)
+    total, normed = cuda_ops.add_rms_norm(x, a, w, 1e-5)
+    assert torch.equal(total, x + a) and torch.equal(normed, cuda_ops.rms_norm(x + a, w, 1e-5))

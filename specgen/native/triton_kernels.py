@@ -1,0 +1,91 @@
+"""The Triton kernels behind cuda_ops.py, imported on a CUDA forward's first use (Triton is optional; with
+`TRITON_INTERPRET=1` set before the import they run on CPU tensors, which is how the default suite tests them)."""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def rounded(x, dtype: tl.constexpr):
+    # float32 x to `dtype`, to nearest, ties to even (a GPU's cast; torch's elementwise kernels round so). bfloat16
+    # through its bits, because Triton's CPU interpreter truncates that cast: the top 16 bits after adding 0x7FFF and
+    # the lowest kept bit (a carry moves into the exponent as it should)
+    if dtype == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        return bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    elif dtype == tl.float32:
+        return x
+    else:
+        return x.to(dtype)
+
+
+# The invariant (docs/precision.md, "The invariant attention"): a query's result depends only on its own list of
+# visible slots (ascending: AR's key order, for tree nodes too) and their keys and values, never on the forward's
+# width, its other queries or its batch. One program computes one (query, kv head) pair: its group of query heads as
+# the rows of fixed-shape tiles, keys taken from its list in tiles of BLOCK from the list's start, with an online
+# softmax in float32. The loop stops at the query's own count, so slots it cannot see are never read, and every
+# constexpr (tile shapes, warps) is fixed per model, so a query runs the same instructions in every forward.
+@triton.jit(do_not_specialize=["n_q", "sqb", "sqh", "sqs", "skb", "skh", "skt", "svb", "svh", "svt", "sib",
+                               "sis", "sob", "sos", "soh"])
+def attend_lists(Q, K, V, IDX, COUNT, OUT, n_q, scale, sqb, sqh, sqs, skb, skh, skt, svb, svh, svt, sib, sis,
+                 sob, sos, soh, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_D: tl.constexpr, BLOCK: tl.constexpr):
+    # 1. this program's query (b, s), kv head, and its GROUP query heads as tile rows (padding rows: zeros)
+    row = tl.program_id(0)  # b * n_q + s
+    kvh = tl.program_id(1)
+    b = row // n_q
+    s = row - b * n_q
+    heads = kvh * GROUP + tl.arange(0, BLOCK_M)  # [BLOCK_M]
+    dims = tl.arange(0, BLOCK_D)  # [BLOCK_D]
+    real_rows = tl.arange(0, BLOCK_M) < GROUP
+    real_dims = dims < D
+    q = tl.load(Q + b * sqb + s * sqs + heads[:, None] * sqh + dims[None, :],
+                mask=real_rows[:, None] & real_dims[None, :], other=0.0).to(tl.float32)  # [BLOCK_M, BLOCK_D]
+    n = tl.load(COUNT + row)  # how many slots this query sees (>= 1: itself)
+    top = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    total = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    # 2. its list in blocks from the start: scores, the running max, and the rescaled sums (online softmax)
+    start = n * 0  # a while loop, not range(0, n): Triton's interpreter cannot take a loaded bound
+    while start < n:
+        pos = start + tl.arange(0, BLOCK)  # [BLOCK]
+        seen = pos < n
+        slot = tl.load(IDX + b * sib + s * sis + pos, mask=seen, other=0)
+        keep = seen[:, None] & real_dims[None, :]
+        k = tl.load(K + b * skb + kvh * skh + slot[:, None] * skt + dims[None, :], mask=keep,
+                    other=0.0).to(tl.float32)  # [BLOCK, BLOCK_D]
+        v = tl.load(V + b * svb + kvh * svh + slot[:, None] * svt + dims[None, :], mask=keep,
+                    other=0.0).to(tl.float32)
+        score = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # [BLOCK_M, BLOCK]
+        score = tl.where(seen[None, :], score, float("-inf"))  # past the list: p = 0 exactly
+        new_top = tl.maximum(top, tl.max(score, 1))
+        keep_old = tl.exp(top - new_top)  # the first block: exp(-inf) = 0
+        p = tl.exp(score - new_top[:, None])
+        total = total * keep_old + tl.sum(p, 1)
+        acc = acc * keep_old[:, None] + tl.dot(p, v, input_precision="ieee")
+        top = new_top
+        start += BLOCK
+    # 3. divide (a query that sees nothing: 0, as attention.c), round once to the output's dtype, store
+    out = acc / tl.maximum(total, 1.1754944e-38)[:, None]
+    tl.store(OUT + b * sob + s * sos + heads[:, None] * soh + dims[None, :], rounded(out, OUT.dtype.element_ty),
+             mask=real_rows[:, None] & real_dims[None, :])
+
+
+@triton.jit
+def norm_rows(X, A, W, TOTAL, OUT, dim, eps, ADD: tl.constexpr, BLOCK: tl.constexpr):
+    # one program a row: (x [+ a]) rounded to its dtype, then w * (its float32 RMSNorm rounded to the dtype), as
+    # transformer.rms_norm computes (HF's formula); the sum of squares in one fixed order per model width
+    # (each product and sum in float32, rounded once to the dtype: what torch's elementwise kernels do)
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    real = cols < dim
+    dtype = X.dtype.element_ty
+    x = tl.load(X + row * dim + cols, mask=real, other=0.0).to(tl.float32)
+    if ADD:
+        x = rounded(x + tl.load(A + row * dim + cols, mask=real, other=0.0).to(tl.float32), dtype)
+        tl.store(TOTAL + row * dim + cols, x, mask=real)
+        x = x.to(tl.float32)
+    y = rounded(x * tl.math.rsqrt(tl.sum(x * x, 0) / dim + eps), dtype).to(tl.float32)
+    w = tl.load(W + cols, mask=real, other=0.0).to(tl.float32)
+    tl.store(OUT + row * dim + cols, rounded(w * y, dtype), mask=real)
