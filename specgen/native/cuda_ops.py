@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import os
 import warnings
 
 import torch
@@ -14,8 +15,11 @@ WARPS = 4
 
 @functools.cache
 def available() -> bool:
-    """Whether Triton can be imported here (it ships with torch's CUDA builds; checked without importing it); where
-    not, one warning, and CUDA forwards take the torch paths of docs/precision.md's table."""
+    """Whether the Triton kernels run here: Triton importable (it ships with torch's CUDA builds; checked without
+    importing it) and `SPECGEN_NATIVE` not 0; where Triton is missing, one warning. Else CUDA forwards take the torch
+    paths of docs/precision.md's table."""
+    if os.environ.get("SPECGEN_NATIVE", "1") == "0":
+        return False
     if importlib.util.find_spec("triton") is None:
         warnings.warn("Triton is not installed: CUDA attention runs as torch ops (slower; float32 on SDPA, whose sums "
                       "move with the forward's shape), see docs/precision.md; `pip install triton` for the list kernel")

@@ -212,3 +212,13 @@ def test_the_norms_compute_transformers_formula_a_row_at_a_time(device, dtype, t
     torch.testing.assert_close(out, rms_norm(x, w, 1e-5), atol=tol, rtol=tol)
     total, normed = cuda_ops.add_rms_norm(x, a, w, 1e-5)
     assert torch.equal(total, x + a) and torch.equal(normed, cuda_ops.rms_norm(x + a, w, 1e-5))
+
+
+def test_specgen_native_0_turns_the_cuda_kernels_off_too(monkeypatch):
+    monkeypatch.setenv("SPECGEN_NATIVE", "0")
+    cuda_ops.available.cache_clear()
+    try:
+        with torch.inference_mode():
+            assert attention_path(torch.bfloat16, "cuda") == "chunked"
+    finally:
+        cuda_ops.available.cache_clear()
