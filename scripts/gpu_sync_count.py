@@ -210,6 +210,35 @@ def image_cases(device: str) -> dict:
             "image adt-tree B4 T0": run("adt-tree", 4, 0.0), "image eagle2 B1 T1": run("eagle2", 1, 1.0)}
 
 
+VIEWS = ("view", "slice", "transpose", "expand", "unsqueeze", "select", "aten.t.", "permute", "split", "alias",
+         "squeeze", "unbind", "reshape", "detach", "empty", "getitem")  # no kernel: a view, an allocation, a tuple
+
+
+def graph_kernels(device: str, cfg: TransformerConfig | None = None) -> tuple[int, int]:
+    """(kernels, layers) of one captured bf16 AR step of the SmolLM2 shape at 200 filled slots: the ops inside its
+    graph that launch a kernel, counted from a trace of the step (`make_fx`); on the CPU with the GPU's product layout
+    (SlicedLinear) and the kernels `SPECGEN_NATIVE` chooses."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from specgen.models.graphs import Bucket, StaticInputs, target_step
+    from specgen.models.sliced_linear import SlicedLinear
+    from gpu_graphs import SMOLLM2
+
+    cfg = cfg or SMOLLM2
+    model = Transformer(cfg).to(device, torch.bfloat16).eval()
+    for lin in model.modules():
+        if type(lin) is torch.nn.Linear:
+            lin.__class__ = SlicedLinear
+    steps = graphs.attach(model, "on", capture=False)
+    steps.new_cache(1, 300)
+    x = StaticInputs.for_bucket(Bucket(1, 1, 512), device)
+    x.meta[0, 0] = 200
+    with torch.inference_mode():
+        traced = make_fx(lambda: target_step(model, x, steps.k, steps.v, None, 512))()
+    ops = [str(n.target) for n in traced.graph.nodes if n.op == "call_function"]
+    return sum(not any(v in op for v in VIEWS) for op in ops), cfg.n_layers
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda")
@@ -220,6 +249,8 @@ def main() -> None:
         emulate_captures()
         gpu += " (captured steps emulated)"
     print(f"device {gpu}, torch {torch.__version__}")
+    kernels, layers = graph_kernels(args.device)
+    print(f"kernels inside a captured bf16 AR step, SmolLM2 shape: {kernels} ({kernels / layers:.1f} a layer)")
     print(f"{'case':<22} {'steps':>5} {'implicit/step':>13} {'explicit/step':>13} {'ops/step':>8} {'ms/step':>8}  "
           "top implicit lines (per step)")
     for name, run in {**text_cases(args.device), **image_cases(args.device), **mesh_cases(args.device)}.items():

@@ -28,3 +28,25 @@ def test_the_graphs_step_runs_on_the_cpu_with_graphs_equal_to_eager():
                          text=True, cwd=ROOT, check=True).stdout
     rows = [line.split("|") for line in out.splitlines() if line.startswith("| text |")]
     assert len(rows) >= 4 and all(r[5].strip() in ("1.0", "") for r in rows)
+
+
+def test_the_sync_counts_kernel_line_counts_fewer_kernels_with_the_native_ops(monkeypatch):
+    """`gpu_sync_count.py`'s first line (kernels inside a captured bf16 step) on a 2-layer model: the list attention
+    and the one-pass norms launch fewer kernels than the torch paths they replace (`SPECGEN_NATIVE=0`)."""
+    import dataclasses
+
+    from specgen import native
+    from specgen.native import cuda_ops
+
+    if native.library("attention") is None:
+        pytest.skip("no C compiler: the native kernels are not built here")
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import gpu_graphs
+    import gpu_sync_count
+
+    cfg = dataclasses.replace(gpu_graphs.SMOLLM2, n_layers=2, vocab_size=512)
+    native_kernels, layers = gpu_sync_count.graph_kernels("cpu", cfg)
+    monkeypatch.setattr(native, "library", lambda name: None)  # as SPECGEN_NATIVE=0
+    monkeypatch.setattr(cuda_ops, "available", lambda: False)
+    torch_kernels, _ = gpu_sync_count.graph_kernels("cpu", cfg)
+    assert layers == 2 and native_kernels < torch_kernels
