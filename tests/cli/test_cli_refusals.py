@@ -275,6 +275,12 @@ def test_a_mesh_budget_past_the_context_is_refused_before_the_weights_load(tiny,
                   "exceeds the model's context (1018 tokens)")  # 1024 less 4 heads and 2 slots
 
 
+def test_heads_max_tokens_past_the_context_is_refused_before_the_weights_load(tiny, no_weights):
+    check_refusal(tiny, ["train-heads", "--out", "run", *QUICK_HEADS, "max_tokens=1025"], 2,
+                  "max_tokens 1025 exceeds target/mesh-gpt-tiny's context of 1024 tokens")  # was: labels sampled, then
+    #   a context overflow naming --max-new-tokens
+
+
 def test_a_kv_cache_past_free_memory_is_refused_before_the_weights_load(tiny, no_weights, monkeypatch):
     from specgen.decoding import memory
 
