@@ -37,6 +37,18 @@ QuantizeOpt = Annotated[Optional[str], typer.Option(
     "--quantize", help="Weight-only int8 or int4 (stored once as a derived registry entry; docs/precision.md).")]
 
 
+def comma_list(option: str, value: str | None, what: str, example: str) -> list[str] | None:
+    """The stripped items of a comma-separated option (None when it is not given). An empty item (`1,,2`, a
+    trailing comma) is refused, not dropped: it is a typo, and dropping it would run something else unsaid."""
+    if value is None:
+        return None
+    items = [x.strip() for x in value.split(",")]
+    problem = f"names no {what}" if not any(items) else "has an empty item" if not all(items) else ""
+    if problem:
+        raise UsageError(f"{option} {value!r} {problem}; give a comma-separated list such as {example}")
+    return items
+
+
 def recipe_key(config: Path | None, overrides: list[str] | None, key: str) -> str | None:
     """A recipe key as the config will load it (last override, else the file's), read before loading to pick the
     runner; None when neither sets it or the file does not parse (the config loader reports that)."""

@@ -9,7 +9,7 @@ import typer
 
 from cli._errors import command
 from cli._options import (ConfigOpt, DeviceOpt, DtypeOpt, Format, FormatOpt, GraphsOpt, ModelOpt, OverridesArg,
-                          QuantizeOpt, QuietOpt, SeedOpt, recipe_key)
+                          QuantizeOpt, QuietOpt, SeedOpt, comma_list, recipe_key)
 from specgen.errors import UnknownNameError, UsageError
 from specgen.eval.run_dir import SUITES
 
@@ -106,9 +106,7 @@ def benchmark(
     # deferred: start-up (the suites import torch and the models; `specgen --help` does without them)
     from cli import benchmark_runs
 
-    names = [m.strip() for m in methods.split(",") if m.strip()] if methods is not None else None
-    if names == []:
-        raise UsageError(f"--methods {methods!r} names no method; give a comma-separated list such as ar,ngram")
+    names = comma_list("--methods", methods, "method", "ar,ngram")
     if overrides and overrides[0] == "report":  # a subcommand in the overrides' place: no override is a bare word
         # a report prints a finished run as measured: the options that set up a run would be ignored
         run_only = {"--suite": suite, "--model": model, "--limit": limit, "--offset": offset,
@@ -126,9 +124,9 @@ def benchmark(
     suite = suite or recipe_key(config, overrides, "suite") or "humaneval"
     if suite not in SUITES:
         raise UnknownNameError("suite", suite, list(SUITES))
-    if batch_size is not None:  # every suite reads its batch sizes from its config
-        sizes = [x.strip() for x in batch_size.split(",") if x.strip()]
-        if not sizes or not all(x.isdecimal() and int(x) >= 1 for x in sizes):
+    sizes = comma_list("--batch-size", batch_size, "batch size", "1,4,16")
+    if sizes is not None:  # every suite reads its batch sizes from its config
+        if not all(x.isdecimal() and int(x) >= 1 for x in sizes):
             raise UsageError(f"--batch-size takes comma-separated integers >= 1, got {batch_size!r}")
         overrides = [*(overrides or []), f"batch_sizes=[{','.join(str(int(x)) for x in sizes)}]"]
     explicit = dict(suite=suite, model=model, threads=threads, seed=seed, device=device, dtype=dtype, graphs=graphs)

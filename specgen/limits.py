@@ -16,6 +16,11 @@ def context_of(meta: dict) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
+def decoder_context_of(meta: dict) -> int | None:
+    """The context length a mesh entry's decoder declares (kwargs.decoder.max_seq_len), or None."""
+    return context_of({"kwargs": (meta.get("kwargs") or {}).get("decoder")})
+
+
 def check_budget(max_new_tokens: int, meta: dict | None, ref: str) -> None:
     """Refuse a token budget that cannot fit the model's context (prompt included) before anything is allocated."""
     context = context_of(meta)  # None without a config that declares one

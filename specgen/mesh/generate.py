@@ -12,6 +12,7 @@ import trimesh
 
 from specgen import checkpoints
 from specgen.errors import UsageError
+from specgen.limits import decoder_context_of
 from specgen.mesh.errors import MeshDecodeError, MeshInputError
 from specgen.mesh.export import clean_mesh
 from specgen.mesh.pointcloud import validate_point_cloud
@@ -219,9 +220,9 @@ def check_budget(target: str | None, heads: str | None, cfg: MeshGenConfig, opts
     configs before any weights load (`load_mesh_model` resolves the same names; the loop guards the context too)."""
     h = checkpoints.find(heads) if heads else None
     t = checkpoints.find(target or (h.meta.get("parent") if h else None) or DEFAULT_TARGET)
-    context = ((t.meta.get("kwargs") or {}).get("decoder") or {}).get("max_seq_len")
+    context = decoder_context_of(t.meta)
     d = opts.num_heads or (0 if h is None else (h.meta.get("kwargs") or {}).get("num_heads", 0))
-    if isinstance(context, int) and isinstance(d, int) and cfg.max_new_tokens > context - d - 2:
+    if context is not None and isinstance(d, int) and cfg.max_new_tokens > context - d - 2:
         raise UsageError(f"max-new-tokens {cfg.max_new_tokens} exceeds the model's context ({context - d - 2} tokens)")
 
 

@@ -18,6 +18,7 @@ from specgen.errors import UsageError
 from specgen.eval.image_metrics import class_accuracy
 from specgen.models.classifier import ImageClassifier
 from specgen.train.checkpoint import brief, fp16_state, shipped_copy, write_entry, write_json
+from specgen.train.image_gpt import load_vq
 from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, TrainTask
 from specgen.train.optim import OptimConfig
 from specgen.train.script import parse_recipe, print_metrics, run_script, script_parser
@@ -46,7 +47,7 @@ class ClassifierTrainConfig(OptimConfig):
     eval_samples: int = 1024  # held-out crops (eval split), 64 per class
     eval_every: int = 200
     log_every: int = 50
-    vq: str = "specgen/assets/image/vq"  # VQ folder (config.json + model.safetensors); "" = no VQ pool/report
+    vq: str = "tiny-image-vq"  # VQ folder or registry name (a name: any cwd); "" = no VQ pool/report
     vq_pool: int = 1536  # train crops (seed data_seed + 1) reconstructed once by `vq`, mixed into batches
     vq_fraction: float = 0.25  # share of every batch drawn from that pool
     num_threads: int = 1
@@ -90,9 +91,9 @@ def evaluate(model: ImageClassifier, cfg: ClassifierTrainConfig) -> dict[str, An
 
 
 @torch.no_grad()
-def vq_reconstructions(vq_dir: str, images: torch.Tensor) -> torch.Tensor:
-    """Images [N,3,S,S] passed through the VQ in `vq_dir` (config.json + model.safetensors) -> [N,3,S,S]."""
-    vq = checkpoints.load_module(registry.entry_at(Path(vq_dir)))
+def vq_reconstructions(vq_ref: str, images: torch.Tensor) -> torch.Tensor:
+    """Images [N,3,S,S] passed through the VQ `vq_ref` (a folder or registry name) -> [N,3,S,S]."""
+    vq = load_vq(vq_ref)[0]
     return torch.cat([vq(c).recon.clamp(-1, 1) for c in images.split(64)])
 
 

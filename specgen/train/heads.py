@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 from specgen import checkpoints, devices, registry
 from specgen.decoding.sampling import SamplingParams, logits_to_probs
 from specgen.errors import UsageError
+from specgen.limits import decoder_context_of
 from specgen.mesh.procedural import ProceduralSpec
 from specgen.mesh.vertex_lookup import VertexMemory
 from specgen.models.heads import HEAD_KINDS, HeadsConfig, XSpecMeshHeads
@@ -258,6 +259,10 @@ class HeadsTrainer:
         self.target = checkpoints.find(cfg.target)
         if self.target.meta.get("modality") != "mesh":
             raise UsageError(f"{self.target.ref} is not a mesh model; XSpecMesh heads need a mesh backbone")
+        context = decoder_context_of(self.target.meta)  # from its config: refused before the weights load
+        if context is not None and cfg.max_tokens > context:  # labels: the start vector + max_tokens - 1 tokens fed
+            raise UsageError(f"max_tokens {cfg.max_tokens} exceeds {self.target.ref}'s context of {context} tokens; "
+                             f"use at most {context}")
         self.model = checkpoints.load_module(self.target).float().requires_grad_(False)
         dc = self.model.dec_cfg
         self.heads = XSpecMeshHeads(**HeadsConfig(cfg.num_heads, cfg.head_kind, dc.dim, dc.cross_dim, dc.n_heads,

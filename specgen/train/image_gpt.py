@@ -35,7 +35,7 @@ from specgen.train.script import parse_recipe, print_metrics, run_script, script
 class ImageGPTTrainConfig(OptimConfig):
     """Everything an image-GPT run depends on (a YAML recipe sets any subset; AdamW/schedule keys: OptimConfig)."""
 
-    vq: str = "specgen/assets/image/vq"  # VQ folder (config.json + model.safetensors) or a registry name
+    vq: str = "tiny-image-vq"  # VQ folder (config.json + model.safetensors) or a registry name (a name: any cwd)
     vq_name: str = "tiny-image-vq"  # registry name of that VQ, recorded in the GPT's meta["vq"]
     token_cache: str = ".notes/image_tokens"
     num_crops: int = 16384  # train crops (class = i % num_classes)

@@ -41,6 +41,9 @@ def test_batch_table_reports_throughput_and_latency(tiny_target):  # noqa: F811
     (["benchmark", "--suite", "humaneval", "--batch-size", "1,x"], "comma-separated integers"),
     (["benchmark", "--suite", "humaneval", "--batch-size", "0"], "comma-separated integers"),
     (["benchmark", "--suite", "meshes", "--batch-size", "4,y"], "comma-separated integers"),
+    (["benchmark", "--suite", "humaneval", "--batch-size", "1,,2"], "has an empty item"),  # was read as 1,2
+    (["benchmark", "--suite", "images", "--batch-size", "1,2,"], "has an empty item"),
+    (["benchmark", "--suite", "humaneval", "--batch-size", "1,+2"], "comma-separated integers"),
 ])
 def test_bad_batch_input_is_one_line(tiny_target, args, needle):  # noqa: F811
     if args[0] == "generate":

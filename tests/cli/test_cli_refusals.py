@@ -132,6 +132,7 @@ QUICK_HEADS = ["num_sequences=2", "eval_sequences=1", "max_tokens=8", "stage1_ep
     ([*IMG, "--num", "0"], "--num must be >= 1"),
     ([*IMG, "--num", "-2"], "--num must be >= 1"),
     ([*IMG, "--classes", ","], "names no class"),
+    ([*IMG, "--classes", "dog,,sky"], "--classes 'dog,,sky' has an empty item"),  # was read as dog,sky
     ([*IMG, "--cfg-scale", "nan"], "cfg_scale must be a finite number"),
     ([*IMG, "--cfg-scale", "-1"], "cfg_scale must be > 0, got -1"),  # one message for 0 and below, as 0 is refused
     ([*IMG, "--cfg-scale", "0"], "cfg_scale must be > 0, got 0"),
@@ -146,6 +147,7 @@ QUICK_HEADS = ["num_sequences=2", "eval_sequences=1", "max_tokens=8", "stage1_ep
     (["benchmark", "--suite", "images", "--offset", "3"], "is not an option of the images suite"),
     (["benchmark", "--methods", " , "], "names no method"),
     (["benchmark", "--suite", "meshes", "--methods", ""], "names no method"),
+    (["benchmark", "--methods", "ar,ngram,"], "--methods 'ar,ngram,' has an empty item"),
     (["benchmark", "--suite", "meshes", "--threads", "-3"], "threads must be >= 0"),
     (["benchmark", "--suite", "meshes", "batch_sizes=[0]"], "batch_sizes must be >= 1, got 0"),  # was no row, exit 0
     (["benchmark", "--suite", "meshes", "--methods", "ar", "sweep_row=none", "--limit", "1", "--max-new-tokens", "1019"],
@@ -275,6 +277,12 @@ def test_prompts_past_the_context_are_refused_before_the_weights_load(tiny, no_w
 def test_a_mesh_budget_past_the_context_is_refused_before_the_weights_load(tiny, no_weights):
     check_refusal(tiny, [*MESH, "method_options.heads=xspecmesh-ca-tiny", "max_new_tokens=5000"], 2,
                   "exceeds the model's context (1018 tokens)")  # 1024 less 4 heads and 2 slots
+
+
+def test_heads_max_tokens_past_the_context_is_refused_before_the_weights_load(tiny, no_weights):
+    check_refusal(tiny, ["train-heads", "--out", "run", *QUICK_HEADS, "max_tokens=1025"], 2,
+                  "max_tokens 1025 exceeds target/mesh-gpt-tiny's context of 1024 tokens")  # was: labels sampled, then
+    #   a context overflow naming --max-new-tokens
 
 
 def test_a_kv_cache_past_free_memory_is_refused_before_the_weights_load(tiny, no_weights, monkeypatch):

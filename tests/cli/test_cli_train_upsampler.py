@@ -11,8 +11,6 @@ from typer.testing import CliRunner
 from cli.main import app
 from specgen import checkpoints, registry
 from specgen.models.vq import VQ_CONFIGS, VQModel
-from specgen.train.image_gpt import load_vq
-from specgen.train.upsampler import UpsamplerTrainConfig
 
 runner = CliRunner()
 TINY = ["num_crops=8", "eval_crops=4", "channels=8", "blocks=1", "batch_size=2", "disc_channels=8",
@@ -51,13 +49,6 @@ def test_train_register_resume_and_warm_start(tiny_vq):
     r = run(tiny_vq, "u4", "steps=2", "scale=4", "warm_start=t-up2", "name=t-up4")
     assert r.exit_code == 0, r.output
     assert checkpoints.find("t-up4").meta["grid_low"] == 4 and "warm start" in (tiny_vq / "u4" / "train.log").read_text()
-
-
-def test_the_default_vq_loads_outside_the_repository(tmp_path, monkeypatch):
-    """The help's `train-upsampler --out runs/quick steps=20 ...` (no recipe) from any working directory."""
-    monkeypatch.chdir(tmp_path)
-    vq, meta, _ = load_vq(UpsamplerTrainConfig().vq)
-    assert meta["name"] == UpsamplerTrainConfig().vq_name and vq.quantize.embedding.weight.shape[0] > 0
 
 
 @pytest.mark.parametrize("args,needle", [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import json
 import math
@@ -15,6 +16,8 @@ from safetensors.torch import load_file, save_file
 from specgen.config import load_config
 from specgen.errors import CheckpointError, UsageError
 from specgen.train.checkpoint import StaleStateError, atomic_write, fp16_state, write_entry
+from specgen.train.classifier import vq_reconstructions
+from specgen.train.image_gpt import load_vq
 from specgen.train.loop import At, Loop, LoopOptions, Optim, StateFile, TrainTask
 from specgen.train.optim import OptimConfig, cosine_lr
 from specgen.train.script import parse_recipe, print_metrics, script_parser
@@ -217,8 +220,6 @@ RECIPES = {  # recipe -> (module, config class)
 
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
 def test_every_recipe_key_loads_into_the_same_value(recipe):
-    import importlib
-
     module, cls = RECIPES[recipe]
     cls = getattr(importlib.import_module(f"specgen.train.{module}"), cls)
     path = ROOT / "recipes" / "tiny" / f"{recipe}.yaml"
@@ -228,6 +229,17 @@ def test_every_recipe_key_loads_into_the_same_value(recipe):
     assert load_config(cls, path, ["seed=3"]).seed == 3
     with pytest.raises(UsageError, match="bad config"):
         load_config(cls, path, ["no_such_key=1"])
+
+
+@pytest.mark.parametrize("recipe", ["image-gpt", "image-gpt-lowres", "upsampler-2x", "image-classifier"])
+def test_the_default_vq_loads_outside_the_repository(recipe, tmp_path, monkeypatch):
+    """Each VQ trainer without a recipe (an installed package, any working directory) finds its default VQ."""
+    module, cls = RECIPES[recipe]
+    cfg = getattr(importlib.import_module(f"specgen.train.{module}"), cls)()
+    monkeypatch.chdir(tmp_path)
+    _, meta, _ = load_vq(cfg.vq)
+    assert meta["name"] == getattr(cfg, "vq_name", "tiny-image-vq")  # the name recorded is the VQ used
+    assert vq_reconstructions(cfg.vq, torch.zeros(2, 3, 64, 64)).shape == (2, 3, 64, 64)  # the classifier's path
 
 
 def test_script_parser_loads_recipe_overrides_and_logger(tmp_path, capsys):
