@@ -143,6 +143,12 @@ def native_norms(*tensors: torch.Tensor) -> bool:
     return inference_on_cpu(NATIVE_DTYPES, *tensors) and native.library("glue") is not None
 
 
+def one_pass_rope(x: torch.Tensor) -> bool:
+    """Whether RoPE over x runs as one kernel (`torch.ops.specgen.rope`, Triton): CUDA, grad mode off."""
+    return (x.device.type == "cuda" and not torch.is_grad_enabled() and x.dtype in CUDA_LIST_DTYPES
+            and cuda_ops.available())
+
+
 def tiled_products(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether a product the plan gives tiled.c may run there: float32 on the CPU, grad mode off, tiled.c built."""
     return inference_on_cpu((torch.float32,), x, weight) and native.library("tiled") is not None

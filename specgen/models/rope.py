@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
+from specgen.models.kernel_choice import one_pass_rope
+
 SCALINGS = ("linear", "llama3", "yarn")  # the `rope_type`s a table can carry
 
 
@@ -85,7 +87,10 @@ def rotation(rot: torch.Tensor, layout: str) -> Rotation:
 def rotate(x: torch.Tensor, r: Rotation) -> torch.Tensor:
     """x [B, H, S, D] rotated: each pair (a, b) -> (a cos - b sin, b cos + a sin), computed as x * cos + partner(x) *
     sin, where partner(x) swaps the two slots of every pair. Bitwise the per-pair formula: b * (-sin) is -(b sin)
-    exactly and a + (-y) is a - y, so each slot sees the same two rounded products and one rounded sum."""
+    exactly and a + (-y) is a - y, so each slot sees the same two rounded products and one rounded sum. On CUDA one
+    Triton pass computes those same products and sum (native/cuda_ops.py)."""
+    if one_pass_rope(x):
+        return torch.ops.specgen.rope(x, r.cos, r.sin, r.layout == "half")
     d = x.shape[-1]
     partner = x.roll(d // 2, -1) if r.layout == "half" else x.unflatten(-1, (d // 2, 2)).flip(-1).flatten(-2)
     return x * r.cos + partner * r.sin

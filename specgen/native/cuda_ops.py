@@ -1,4 +1,4 @@
-"""The native ops' CUDA implementations: the list attention (`attention_plan`, `attend`) and the norms, in Triton."""
+"""The native ops' CUDA implementations: the list attention (`attention_plan`, `attend`), the norms and RoPE."""
 
 from __future__ import annotations
 
@@ -78,6 +78,19 @@ def add_rms_norm(x: torch.Tensor, a: torch.Tensor, weight: torch.Tensor, eps: fl
     """`torch.ops.specgen.add_rms_norm` on CUDA: (x + a, RMSNorm(x + a)) in one pass."""
     total, out = norms(x, a, weight, eps)
     return total, out
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: bool) -> torch.Tensor:
+    """`torch.ops.specgen.rope` on CUDA: x [B, H, S, D] rotated by cos, sin [B, 1, S, D] (rope.Rotation's), into a new
+    contiguous [B, H, S, D]; the bits of rope.rotate's torch ops (pairs (i, i + D/2) if `half`, else (2i, 2i + 1))."""
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    cos, sin = cos.contiguous(), sin.contiguous()
+    b, h, s, d = x.shape
+    out = torch.empty(b, h, s, d, dtype=x.dtype, device=x.device)
+    kernels().rope_rows[(b * h * s,)](x, cos, sin, out, h, s, x.stride(0), x.stride(1), x.stride(2), cos.stride(0),
+                                      cos.stride(2), D=d, BLOCK_D=max(16, pow2(d)), HALF=half,
+                                      enable_fp_fusion=False)  # two roundings, as torch's mul then add: no FMA
+    return out
 
 
 def pow2(n: int) -> int:

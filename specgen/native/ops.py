@@ -83,6 +83,12 @@ def add_rms_norm(x: torch.Tensor, a: torch.Tensor, weight: torch.Tensor, eps: fl
 LIB.impl("add_rms_norm", cuda_ops.add_rms_norm, "CUDA")
 
 
+LIB.define("rope(Tensor x, Tensor cos, Tensor sin, bool half) -> Tensor")  # CUDA only (rope.rotate: torch ops
+LIB.impl("rope", cuda_ops.rope, "CUDA")  # elsewhere), one Triton pass for rotate's roll, two products and sum
+torch.library.register_fake("specgen::rope", lambda x, cos, sin, half: torch.empty_like(
+    x, memory_format=torch.contiguous_format), lib=LIB)
+
+
 @op("tiled_linear(Tensor x, Tensor tiles, Tensor? bias, int out_features, int threads) -> Tensor",
     lambda x, tiles, bias, out_features, threads: x.new_empty(*x.shape[:-1], out_features))
 def tiled_linear(x: torch.Tensor, tiles: torch.Tensor, bias: torch.Tensor | None, out_features: int,

@@ -89,3 +89,27 @@ def norm_rows(X, A, W, TOTAL, OUT, dim, eps, ADD: tl.constexpr, BLOCK: tl.conste
     y = rounded(x * tl.math.rsqrt(tl.sum(x * x, 0) / dim + eps), dtype).to(tl.float32)
     w = tl.load(W + cols, mask=real, other=0.0).to(tl.float32)
     tl.store(OUT + row * dim + cols, rounded(w * y, dtype), mask=real)
+
+
+@triton.jit(do_not_specialize=["n_h", "n_s", "sxb", "sxh", "sxs", "scb", "scs"])
+def rope_rows(X, COS, SIN, OUT, n_h, n_s, sxb, sxh, sxs, scb, scs, D: tl.constexpr, BLOCK_D: tl.constexpr,
+              HALF: tl.constexpr):
+    # one program a (batch, head, position) row of x [B, H, S, D]: x * cos + partner(x) * sin, each product and the
+    # sum rounded once to x's dtype (rope.rotate's torch ops, in one pass); partner swaps each pair's two slots
+    row = tl.program_id(0)  # (b * n_h + h) * n_s + s
+    s = row % n_s
+    h = (row // n_s) % n_h
+    b = row // (n_s * n_h)
+    j = tl.arange(0, BLOCK_D)
+    real = j < D
+    if HALF:
+        partner = (j + D // 2) % D
+    else:
+        partner = j ^ 1
+    dtype = OUT.dtype.element_ty
+    x = tl.load(X + b * sxb + h * sxh + s * sxs + j, mask=real, other=0.0).to(tl.float32)
+    y = tl.load(X + b * sxb + h * sxh + s * sxs + partner, mask=real, other=0.0).to(tl.float32)
+    c = tl.load(COS + b * scb + s * scs + j, mask=real, other=0.0).to(tl.float32)
+    sn = tl.load(SIN + b * scb + s * scs + j, mask=real, other=0.0).to(tl.float32)
+    out = rounded(rounded(x * c, dtype).to(tl.float32) + rounded(y * sn, dtype).to(tl.float32), dtype)
+    tl.store(OUT + row * D + j, out, mask=real)

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from specgen import native
 from specgen.machine import kernel_paths
+from specgen.models import rope
 from specgen.models.kernel_choice import attention_path
 from specgen.native import cuda_ops
 
@@ -133,16 +134,17 @@ def test_cuda_forwards_take_the_lists_when_triton_is_there_and_env_says_which(mo
 
 
 def test_the_kernels_in_a_models_steps_score_chains_and_trees_as_ar_steps(device, monkeypatch):
-    """The kernels (attention, its device plan, the norms) as a bf16 model's static steps call them (the ops' CUDA
-    implementations): a 16-node chain's and a tree path's nodes get the bits of the AR steps."""
+    """The kernels (attention, its device plan, the norms, RoPE) as a bf16 model's static steps call them (the ops'
+    CUDA implementations): a 16-node chain's and a tree path's nodes get the bits of the AR steps."""
     from specgen.models import graphs
     from tests.conftest import tiny_model
     from tests.models.test_graphs import PROMPT, chain_against_steps, tree_against_steps
 
     if device == "cpu":  # route the ops' CPU calls to the CUDA implementations
-        for name in ("attend", "attention_plan", "rms_norm", "add_rms_norm"):
+        for name in ("attend", "attention_plan", "rms_norm", "add_rms_norm", "rope"):
             monkeypatch.setattr(torch.ops.specgen, name, getattr(cuda_ops, name))
         monkeypatch.setattr(native, "library", lambda name: "triton" if name in ("attention", "glue") else None)
+        monkeypatch.setattr(rope, "one_pass_rope", lambda x: not torch.is_grad_enabled())
     model = tiny_model(0).to(device, torch.bfloat16)
     graphs.attach(model, "on", capture=False if device == "cpu" else None)
     for ar, verified in (chain_against_steps(model, PROMPT), tree_against_steps(model, PROMPT)):
@@ -174,6 +176,11 @@ for dtype, add, dim in (("bf16", True, 576), ("fp32", False, 96)):
     consts = {"ADD": add, "BLOCK": cuda_ops.pow2(dim)}
     sig = {n: "constexpr" if n in consts else "i32" if n == "dim" else "fp32" if n == "eps" else "*" + dtype
            for n in fn.arg_names}
+    build(fn, sig, consts, 90)
+fn = cuda_ops.kernels().rope_rows
+for dtype, half in (("bf16", True), ("fp32", False)):
+    consts = {"D": 64, "BLOCK_D": 64, "HALF": half}
+    sig = {n: "constexpr" if n in consts else "*" + dtype if n.isupper() else "i32" for n in fn.arg_names}
     build(fn, sig, consts, 90)
 """
 
@@ -222,3 +229,17 @@ def test_specgen_native_0_turns_the_cuda_kernels_off_too(monkeypatch):
             assert attention_path(torch.bfloat16, "cuda") == "chunked"
     finally:
         cuda_ops.available.cache_clear()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_the_rope_kernel_gives_rotates_bits(device, dtype, layout):
+    """One pass for rope.rotate's roll, two products and sum: the same rounded values, bit for bit."""
+    g = torch.Generator().manual_seed(0)
+    qkv = torch.randn(2, 5, 12, 64, generator=g).to(device, dtype)  # [B, S, H, D], read as [B, H, S, D] (a view)
+    table = rope.table_1d(64, 64, 10000.0)[torch.randint(0, 64, (2, 5), generator=g)]  # [B, S, D/2, 2]
+    r = rope.rotation(table.to(device, dtype), layout)
+    x = qkv.transpose(1, 2)
+    with torch.no_grad():
+        want = x * r.cos + (x.roll(32, -1) if layout == "half" else x.unflatten(-1, (32, 2)).flip(-1).flatten(-2)) * r.sin
+    assert torch.equal(cuda_ops.rope(x, r.cos, r.sin, layout == "half"), want)
