@@ -84,8 +84,10 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: bool) -> t
     """`torch.ops.specgen.rope` on CUDA: x [B, H, S, D] rotated by cos, sin [B, 1, S, D] (rope.Rotation's), into a new
     contiguous [B, H, S, D]; the bits of rope.rotate's torch ops (pairs (i, i + D/2) if `half`, else (2i, 2i + 1))."""
     x = x if x.stride(-1) == 1 else x.contiguous()
-    cos, sin = cos.contiguous(), sin.contiguous()
     b, h, s, d = x.shape
+    cos, sin = cos.expand(b, 1, s, d), sin.expand(b, 1, s, d)  # a table row shared by the batch: stride 0
+    if cos.stride() != sin.stride() or cos.stride(-1) != 1:  # the kernel reads both through cos's strides
+        cos, sin = cos.contiguous(), sin.contiguous()
     out = torch.empty(b, h, s, d, dtype=x.dtype, device=x.device)
     kernels().rope_rows[(b * h * s,)](x, cos, sin, out, h, s, x.stride(0), x.stride(1), x.stride(2), cos.stride(0),
                                       cos.stride(2), D=d, BLOCK_D=max(16, pow2(d)), HALF=half,

@@ -243,3 +243,8 @@ def test_the_rope_kernel_gives_rotates_bits(device, dtype, layout):
     with torch.no_grad():
         want = x * r.cos + (x.roll(32, -1) if layout == "half" else x.unflatten(-1, (32, 2)).flip(-1).flatten(-2)) * r.sin
     assert torch.equal(cuda_ops.rope(x, r.cos, r.sin, layout == "half"), want)
+    shared = rope.rotation(table[:1].to(device, dtype), layout)  # one table row for the whole batch (broadcast)
+    with torch.no_grad():
+        want = x * shared.cos + (x.roll(32, -1) if layout == "half" else
+                                 x.unflatten(-1, (32, 2)).flip(-1).flatten(-2)) * shared.sin
+    assert torch.equal(cuda_ops.rope(x, shared.cos, shared.sin, layout == "half"), want)
