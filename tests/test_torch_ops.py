@@ -35,7 +35,8 @@ def cases(dtype):
     rope = (qkv, cos, sin, True, k.clone(), v.clone(), slots, torch.empty(b, h, s, d, dtype=dtype), idx, count,
             shared, out.clone())
     got = {"rms_norm": (x, w, 1e-5), "add_rms_norm": (x, randn(3, 5, 64, dtype=dtype, seed=6), w, 1e-5),
-           "attention_plan": (seen,), "attend": attend, "rope_write_attend": rope}
+           "attention_plan": (seen,), "attend": attend, "rope_write_attend": rope,
+           "rope": (qkv.view(b, s, -1, d).transpose(1, 2), cos, sin, True)}
     codes = torch.randint(0, 16, (40, 64), dtype=torch.uint8, generator=torch.Generator().manual_seed(9))
     packed, sz = ops.pack_codes(codes, randn(40, 2, seed=10), randn(40, 2, seed=11))
     got["qmm"] = (x, packed, sz, 4, 32, 40, 1)
@@ -45,12 +46,12 @@ def cases(dtype):
     return got
 
 
-OPS = ("rms_norm", "add_rms_norm", "tiled_linear", "attention_plan", "attend", "rope_write_attend", "qmm")
+OPS = ("rms_norm", "add_rms_norm", "tiled_linear", "attention_plan", "attend", "rope_write_attend", "qmm", "rope")
+CUDA_OPS = ("rms_norm", "add_rms_norm", "attention_plan", "attend", "rope")  # Triton on CUDA (native/cuda_ops.py)
 
 
 def test_every_registered_op_is_checked():
-    registered = {name for name in dir(torch.ops.specgen) if isinstance(getattr(torch.ops.specgen, name),
-                                                                          torch._ops.OpOverloadPacket)}
+    registered = {name.split("::")[1] for name in torch._C._dispatch_get_all_op_names() if name.startswith("specgen::")}
     assert registered == set(OPS)
 
 
@@ -61,6 +62,16 @@ def test_opcheck(name, dtype):
     args = cases(dtype).get(name)
     if args is None:
         pytest.skip(f"{name} takes float32 only")
+    if name == "rope":
+        pytest.skip("rope is CUDA only (rope.rotate runs torch ops elsewhere): test_opcheck_on_cuda")
+    torch.library.opcheck(getattr(torch.ops.specgen, name).default, args)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", CUDA_OPS)
+def test_opcheck_on_cuda(name, dtype):
+    args = tuple(a.cuda() if isinstance(a, torch.Tensor) else a for a in cases(dtype)[name])
     torch.library.opcheck(getattr(torch.ops.specgen, name).default, args)
 
 
