@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from specgen import builtins, checkpoints, registry
-from specgen.errors import CheckpointError, IncompatibleError, UsageError
+from specgen.errors import IncompatibleError, UsageError
 from specgen.models.tokenizer import TextTokenizer, copy_tokenizer, tokenizer_hash
 from specgen.train.lora import merge_lora_state, merge_scale
 
@@ -18,7 +18,7 @@ def shipped_adapter(name: str) -> tuple[registry.Entry, dict[str, torch.Tensor]]
     """(entry, float32 state) of the adapter shipped for built-in distilled target `name` (specgen/assets/text/)."""
     src = builtins.ASSETS / "text" / name
     if not (src / "adapter.json").is_file() or not (src / "adapter.safetensors").is_file():
-        raise CheckpointError(f"the {name} adapter is not shipped in this build ({src}); "
+        raise UsageError(f"the {name} adapter is not shipped in this build ({src}); "
                               "train it with its recipe in recipes/tiny/ and decode the "
                               "registered result (generate --model NAME, benchmark targets.<method>=NAME)")
     meta = json.loads((src / "adapter.json").read_text())

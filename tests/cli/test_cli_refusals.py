@@ -661,3 +661,10 @@ def test_a_garbage_parquet_is_specgens_line_only(tmp_path, capfd):
     with pytest.raises(PromptSourceError, match="cannot read as a dataset"):
         read_prompt_records(tmp_path / "p.parquet")
     assert capfd.readouterr().err == ""  # pyarrow's / datasets' own log line is not printed before specgen's
+
+
+def test_a_method_whose_adapter_is_not_shipped_is_a_usage_error(tiny):
+    """`--method cllm` names a distilled target this build does not ship: an unknown checkpoint (exit 2, docs/cli.md),
+    with how to make it."""
+    check_refusal(tiny, ["generate", "--method", "cllm", "--prompt", "hi", "--max-new-tokens", "2"], 2,
+                  "adapter is not shipped in this build")
