@@ -30,10 +30,10 @@ step() {  # step NAME SECONDS COMMAND...: run with a limit, log to $OUT/NAME.log
 }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name())'
-[ -n "$SKIP_TESTS" ] || step gpu-tests 120 python3 -m pytest -m gpu tests -q -p no:cacheprovider
-step graphs 270 python3 scripts/gpu_graphs.py --only text,image,mesh,scale --json "$OUT/graphs.json"
+[ -n "$SKIP_TESTS" ] || step gpu-tests 150 python3 -m pytest -m gpu tests -q -p no:cacheprovider
+step graphs 260 python3 scripts/gpu_graphs.py --only text,image,mesh,scale --json "$OUT/graphs.json"
 step attention 90 python3 scripts/gpu_graphs.py --only attention --json "$OUT/attention.json"
-step sync-count 90 python3 scripts/gpu_sync_count.py --device cuda
+step sync-count 80 python3 scripts/gpu_sync_count.py --device cuda
 step images 150 specgen benchmark --config recipes/tiny/bench-images-batch.yaml --device cuda --threads 0 \
     --batch-size 1,8 num=8 out_dir=/tmp/gpu-check-images --out "$OUT/images.jsonl"
 step meshes 100 specgen benchmark --config recipes/tiny/bench-meshes-batch.yaml --device cuda --threads 0 \
