@@ -1,7 +1,8 @@
-"""The list attention on CUDA (native/cuda_ops.py): its plan in device ops equals attention.c's, and its Triton kernel
-gives a query the same bits at every width, batch and query count, and for a tree node the bits of its AR step. On
-the CPU the kernel runs in Triton's interpreter (what the tree and order are, not the GPU's rounding); the same
-tests run on a GPU under the `gpu` marker."""
+"""The native ops on CUDA (native/cuda_ops.py): the list attention's plan in device ops equals attention.c's, and its
+Triton kernel gives a query the same bits at every width, batch and query count, and a tree node its AR step's bits;
+the norms and RoPE give torch's values and bits; all five inside a model's steps keep verifies equal to AR steps. On
+the CPU the kernels run in Triton's interpreter (the order of every sum, not the GPU's instructions) and compile for
+sm_80/sm_90; the same tests run compiled on a GPU under the `gpu` marker."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ import torch.nn.functional as F
 from specgen import native
 from specgen.machine import kernel_paths
 from specgen.models import rope
-from specgen.models.sliced_linear import SlicedLinear
 from specgen.models.kernel_choice import attention_path
+from specgen.models.sliced_linear import SlicedLinear
 from specgen.native import cuda_ops
 
 pytest.importorskip("triton")  # a test extra on Linux x86-64 (pyproject.toml); torch's CUDA builds bring their own
