@@ -128,7 +128,7 @@ def attention_path(dtype: torch.dtype, device: torch.device | str) -> str:
     kind = torch.device(device).type
     if not torch.is_grad_enabled() and (
             (kind == "cpu" and dtype in NATIVE_DTYPES and native.library("attention") is not None)
-            or (kind == "cuda" and dtype in CUDA_LIST_DTYPES and cuda_ops.available())):
+            or cuda_kernels(dtype, device)):
         return "native"
     return "sdpa" if dtype == torch.float32 else "chunked"
 
@@ -138,14 +138,20 @@ def native_norms(*tensors: torch.Tensor) -> bool:
     CUDA (native/cuda_ops.py), grad mode off."""
     first = tensors[0]
     if first.device.type == "cuda":
-        return (not torch.is_grad_enabled() and first.dtype in CUDA_LIST_DTYPES and cuda_ops.available()
-                and all(t.dtype == first.dtype and t.device == first.device for t in tensors))
+        return cuda_kernels(first.dtype, first.device) and all(t.dtype == first.dtype and t.device == first.device
+                                                               for t in tensors)
     return inference_on_cpu(NATIVE_DTYPES, *tensors) and native.library("glue") is not None
 
 
 def one_pass_rope(x: torch.Tensor) -> bool:
     """Whether RoPE over x runs as one kernel (`torch.ops.specgen.rope`, Triton): CUDA, grad mode off."""
-    return (x.device.type == "cuda" and not torch.is_grad_enabled() and x.dtype in CUDA_LIST_DTYPES
+    return cuda_kernels(x.dtype, x.device)
+
+
+def cuda_kernels(dtype: torch.dtype, device: torch.device | str) -> bool:
+    """Whether a CUDA forward in `dtype` runs the Triton kernels (native/cuda_ops.py): grad mode off (they have no
+    backward), a dtype they take, Triton here and not turned off (`cuda_ops.available`)."""
+    return (torch.device(device).type == "cuda" and not torch.is_grad_enabled() and dtype in CUDA_LIST_DTYPES
             and cuda_ops.available())
 
 

@@ -76,8 +76,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def add_rms_norm(x: torch.Tensor, a: torch.Tensor, weight: torch.Tensor, eps: float
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """`torch.ops.specgen.add_rms_norm` on CUDA: (x + a, RMSNorm(x + a)) in one pass."""
-    total, out = norms(x, a, weight, eps)
-    return total, out
+    return norms(x, a, weight, eps)
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: bool) -> torch.Tensor:
