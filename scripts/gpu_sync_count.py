@@ -220,7 +220,7 @@ def graph_kernels(device: str, cfg: TransformerConfig | None = None) -> tuple[in
     (SlicedLinear) and the kernels `SPECGEN_NATIVE` chooses."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from specgen.models.graphs import Bucket, StaticInputs, target_step
+    from specgen.models.graphs import StaticInputs, target_step
     from specgen.models.sliced_linear import SlicedLinear
     from gpu_graphs import SMOLLM2
 
@@ -231,10 +231,11 @@ def graph_kernels(device: str, cfg: TransformerConfig | None = None) -> tuple[in
             lin.__class__ = SlicedLinear
     steps = graphs.attach(model, "on", capture=False)
     steps.new_cache(1, 300)
-    x = StaticInputs.for_bucket(Bucket(1, 1, 512), device)
+    b = steps.bucket(1, 1, 200)  # the bucket an AR step at 200 slots replays (padded to a whole product slice)
+    x = StaticInputs.for_bucket(b, device)
     x.meta[0, 0] = 200
     with torch.inference_mode():
-        traced = make_fx(lambda: target_step(model, x, steps.k, steps.v, None, 512))()
+        traced = make_fx(lambda: target_step(model, x, steps.k, steps.v, None, b.width))()
     ops = [str(n.target) for n in traced.graph.nodes if n.op == "call_function"]
     return sum(not any(v in op for v in VIEWS) for op in ops), cfg.n_layers
 

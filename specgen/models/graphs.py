@@ -18,6 +18,7 @@ from specgen.models.eagle import EagleNet
 from specgen.models.heads import XSpecMeshHeads, head_logits
 from specgen.models.kernel_choice import attention_path
 from specgen.models.rope import rotation
+from specgen.models.sliced_linear import SLICE_ROWS, SlicedLinear
 from specgen.models.transformer import Transformer, additive_mask
 
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -74,20 +75,19 @@ class StaticCache:
     """The cache as a captured forward sees it: writes go to device-computed slots, reads see all T slots."""
 
     def __init__(self, x: StaticInputs, k: torch.Tensor, v: torch.Tensor, width: int) -> None:
-        """Each node's key and value go to row write_rows[b], slot lengths[b] + j, in a layer's flat rows."""
+        """Each node's key and value go to row write_rows[b], slot lengths[b] + j: an index per [R, Hkv, S] entry."""
         r, s = x.tokens.shape
-        hkv, t = k.shape[2], k.shape[3]
-        slots = x.meta[0][:, None] + torch.arange(s, device=k.device)  # [R, S]
-        base = (x.meta[1][:, None] * hkv + torch.arange(hkv, device=k.device)) * t  # [R, Hkv]
+        dev = k.device
         self.k, self.v, self.rows, self.width = k, v, r, width  # k, v [L, C + 1, Hkv, T, D]
-        self.index = (base[:, :, None] + slots[:, None, :]).reshape(-1)  # [R*Hkv*S]
+        self.where = (x.meta[1][:, None, None], torch.arange(k.shape[2], device=dev)[:, None],  # [R, 1, 1], [Hkv, 1]
+                      (x.meta[0][:, None] + torch.arange(s, device=dev))[:, None])  # [R, 1, S]
 
     def write(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store [R, Hkv, S, D] at the index's slots; return rows [0, R) over the first W slots [R, Hkv, W, D]."""
+        """Store [R, Hkv, S, D] (any strides: one scatter each, no copy first) at the index's slots; return rows
+        [0, R) over the first W slots [R, Hkv, W, D]."""
         k, v = self.k[layer], self.v[layer]
-        d = k_new.shape[-1]
-        k.view(-1, d).index_copy_(0, self.index, k_new.reshape(-1, d))
-        v.view(-1, d).index_copy_(0, self.index, v_new.reshape(-1, d))
+        k.index_put_(self.where, k_new)
+        v.index_put_(self.where, v_new)
         return k[: self.rows, :, : self.width], v[: self.rows, :, : self.width]
 
 
@@ -162,6 +162,8 @@ class StepGraphs:
     def __init__(self, model, kind: StepKind, capture: bool = True, strict: bool = False) -> None:
         self.model, self.kind, self.capture = model, kind, capture
         self.strict = strict  # `--graphs on`: a step that cannot be captured is an error, not an uncaptured fallback
+        # products in SLICE_ROWS-row GEMMs (SlicedLinear): a bucket holds whole slices, so no product copies its rows
+        self.fill = SLICE_ROWS if any(isinstance(m, SlicedLinear) for m in model.modules()) else 1
         param = next(model.parameters())
         self.dtype, self.device = param.dtype, param.device
         self.graphs: dict[Bucket | tuple, tuple] = {}  # bucket or a call's key -> (inputs, graph or None, outputs)
@@ -200,11 +202,13 @@ class StepGraphs:
 
     def bucket(self, n: int, s: int, filled: int) -> Bucket | None:
         """The bucket of n rows by s nodes over rows holding up to `filled` slots; None: none holds it (eager)."""
-        rows = next((r for r in ROW_BUCKETS if r >= n), None)
+        rows = min(next((r for r in ROW_BUCKETS if r >= n), n), self.capacity)
         nodes = next((m for m in NODE_BUCKETS if m >= s), None)
-        if rows is None or nodes is None or filled + nodes > self.k.shape[3]:
+        if nodes is not None and self.fill % rows == 0:  # padding nodes up to a whole slice: a padding node costs
+            nodes = max(nodes, self.fill // rows)  # one query over its own slot, a product's row copy one launch
+        if n > ROW_BUCKETS[-1] or nodes is None or filled + nodes > self.k.shape[3]:
             return None
-        return Bucket(min(rows, self.capacity), nodes, self.width(filled + nodes))
+        return Bucket(rows, nodes, self.width(filled + nodes))
 
     def width(self, slots: int) -> int:
         """The narrowest width bucket (MIN_WIDTH, doubling, at most the static buffer's) that holds `slots` slots."""

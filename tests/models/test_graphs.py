@@ -19,7 +19,7 @@ from specgen.methods.text import EmptyDrafter, JacobiDrafter, NgramDrafter
 from specgen.models import graphs
 from specgen.models.graphs import Bucket, StaticInputs, target_step
 from specgen.models.kernel_choice import attention_path
-from specgen.models.sliced_linear import SlicedLinear
+from specgen.models.sliced_linear import SLICE_ROWS, SlicedLinear
 from tests.conftest import tiny_model
 from tests.image_fixtures import tiny_image_target
 
@@ -87,6 +87,31 @@ def test_static_step_reads_nothing_on_the_host_and_keeps_the_bucket_shape(dtype,
     logits, hidden = fake_step(model, bucket)
     assert logits.shape == (bucket.rows, bucket.nodes, model.cfg.vocab_size)
     assert hidden.shape == (bucket.rows, bucket.nodes, model.cfg.dim)
+
+
+@pytest.mark.parametrize("sliced", [True, False])
+def test_buckets_of_sliced_products_fill_whole_slices_so_no_product_copies_its_rows(sliced):
+    """With SlicedLinear products (a GPU model's low-precision layout) a bucket pads its nodes up to a whole slice of
+    rows, so a captured step's products read their rows in place; the control: plain products keep the bucket as it
+    was, and a sliced model's bucket that no slice divides copies before each product (the copy the fill saves)."""
+    model = tiny_model(0).to(torch.bfloat16)
+    for lin in model.modules():
+        if type(lin) is torch.nn.Linear and sliced:
+            lin.__class__ = SlicedLinear
+    steps = graphs.attach(model, "on", capture=False)
+    steps.new_cache(3, 40)
+    fill = SLICE_ROWS if sliced else 1
+    assert steps.bucket(1, 1, 20).nodes == max(1, fill) and steps.bucket(2, 5, 20).nodes == max(8, fill // 2)
+    assert steps.bucket(3, 1, 20).nodes == 1  # 3 rows fill no slice: as before
+
+    def copies(b: Bucket) -> int:
+        x = StaticInputs.for_bucket(b, "cpu")
+        with torch.inference_mode():
+            trace = make_fx(lambda: target_step(model, x, steps.k, steps.v, None, b.width))()
+        return sum(n.target is torch.ops.aten.copy_.default for n in trace.graph.nodes)
+
+    assert copies(steps.bucket(1, 1, 20)) == 0
+    assert copies(steps.bucket(3, 1, 20)) == (len(model.layers) * 5 + 1 if sliced else 0)  # each product's rows
 
 
 def test_a_step_that_reads_the_host_fails_the_check():
