@@ -25,6 +25,7 @@ import argparse
 import sys
 import traceback
 import warnings
+from unittest import mock
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -218,9 +219,12 @@ def graph_kernels(device: str, cfg: TransformerConfig | None = None) -> tuple[in
     """(kernels, layers) of one captured bf16 AR step of the SmolLM2 shape at 200 filled slots: the ops inside its
     graph that launch a kernel, counted from a trace of the step (`make_fx`); on the CPU with the GPU's product layout
     (SlicedLinear) and the kernels `SPECGEN_NATIVE` chooses."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
 
+    from specgen.models import rope
     from specgen.models.graphs import StaticInputs, target_step
+    from specgen.native import cuda_ops
     from specgen.models.sliced_linear import SlicedLinear
     from gpu_graphs import SMOLLM2
 
@@ -234,8 +238,10 @@ def graph_kernels(device: str, cfg: TransformerConfig | None = None) -> tuple[in
     b = steps.bucket(1, 1, 200)  # the bucket an AR step at 200 slots replays (padded to a whole product slice)
     x = StaticInputs.for_bucket(b, device)
     x.meta[0, 0] = 200
-    with torch.inference_mode():
-        traced = make_fx(lambda: target_step(model, x, steps.k, steps.v, None, b.width))()
+    one_pass = lambda x: cuda_ops.available()  # noqa: E731  RoPE and the cache writes as CUDA runs them (one op)
+    with torch.inference_mode(), mock.patch.object(rope, "one_pass_rope", one_pass), \
+            mock.patch.object(graphs, "one_pass_rope", one_pass), FakeTensorMode(allow_non_fake_inputs=True):
+        traced = make_fx(lambda: target_step(model, x, steps.k, steps.v, None, b.width))()  # the ops' fake kernels
     ops = [str(n.target) for n in traced.graph.nodes if n.op == "call_function"]
     return sum(not any(v in op for v in VIEWS) for op in ops), cfg.n_layers
 

@@ -57,6 +57,12 @@ class KVCache:
         if max(self.lengths) + new > self.k.shape[3]:
             raise ValueError(f"KV cache overflow: {max(self.lengths)} + {new} > {self.k.shape[3]} slots")
 
+    def store(self, layer: int, qkv: torch.Tensor, rot, heads: int) -> tuple[torch.Tensor, ...]:
+        """A forward's qkv [B, Hq + 2 Hkv, S, D] at `layer`: q rotated by `rot` (a rope.Rotation) [B, Hq, S, D], and
+        the visible prefix [B, Hkv, T, D] of keys and values once its k (rotated) and v are written."""
+        q, k, v = rot.split(qkv, heads)
+        return (q, *self.write(layer, k, v))
+
     def write(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store pending keys/values [B, H_kv, S, D]; return the visible prefix [B, H_kv, T, D]."""
         s = k_new.shape[2]

@@ -16,7 +16,7 @@ from specgen.errors import UsageError
 from specgen.models.attention import chain_plan, native_plan
 from specgen.models.eagle import EagleNet
 from specgen.models.heads import XSpecMeshHeads, head_logits
-from specgen.models.kernel_choice import attention_path
+from specgen.models.kernel_choice import attention_path, one_pass_rope
 from specgen.models.rope import rotation
 from specgen.models.sliced_linear import SLICE_ROWS, SlicedLinear
 from specgen.models.transformer import Transformer, additive_mask
@@ -78,17 +78,21 @@ class StaticCache:
         """Each node's key and value go to row write_rows[b], slot lengths[b] + j: an index per [R, Hkv, S] entry."""
         r, s = x.tokens.shape
         dev = k.device
-        self.k, self.v, self.rows, self.width = k, v, r, width  # k, v [L, C + 1, Hkv, T, D]
+        self.k, self.v, self.rows, self.width, self.meta = k, v, r, width, x.meta  # k, v [L, C + 1, Hkv, T, D]
         self.where = (x.meta[1][:, None, None], torch.arange(k.shape[2], device=dev)[:, None],  # [R, 1, 1], [Hkv, 1]
                       (x.meta[0][:, None] + torch.arange(s, device=dev))[:, None])  # [R, 1, S]
 
-    def write(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store [R, Hkv, S, D] (any strides: one scatter each, no copy first) at the index's slots; return rows
-        [0, R) over the first W slots [R, Hkv, W, D]."""
+    def store(self, layer: int, qkv: torch.Tensor, rot, heads: int) -> tuple[torch.Tensor, ...]:
+        """KVCache.store's q [R, Hq, S, D] and the layer's rows [0, R) over the first W slots [R, Hkv, W, D] each. On
+        CUDA one Triton pass rotates q and k (rope's bits) and writes k and v at the index's slots (`rope_store`)."""
         k, v = self.k[layer], self.v[layer]
-        k.index_put_(self.where, k_new)
-        v.index_put_(self.where, v_new)
-        return k[: self.rows, :, : self.width], v[: self.rows, :, : self.width]
+        if one_pass_rope(qkv):
+            q = torch.ops.specgen.rope_store(qkv, rot.cos, rot.sin, k, v, self.meta, heads, rot.layout == "half")
+        else:
+            q, k_new, v_new = rot.split(qkv, heads)
+            k.index_put_(self.where, k_new)  # any strides: one scatter each, no copy first
+            v.index_put_(self.where, v_new)
+        return q, k[: self.rows, :, : self.width], v[: self.rows, :, : self.width]
 
 
 def visibility(x: StaticInputs, t: int) -> torch.Tensor:

@@ -75,6 +75,12 @@ class Rotation:
     sin: torch.Tensor
     layout: str  # "half": pairs (x[i], x[i + D/2]) (HF, NeoX) | "interleaved": (x[2i], x[2i+1]) (Meta)
 
+    def split(self, qkv: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v of a forward's qkv [B, Hq + 2 Hkv, S, D], q and k rotated together: [B, Hq | Hkv, S, D]."""
+        hkv = (qkv.shape[1] - heads) // 2
+        qk = rotate(qkv[:, : heads + hkv], self)
+        return qk[:, :heads], qk[:, heads:], qkv[:, heads + hkv :]
+
 
 def rotation(rot: torch.Tensor, layout: str) -> Rotation:
     """The Rotation of table rows rot [B, S, D/2, 2] (cos, sin) in a pair layout."""

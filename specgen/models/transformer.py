@@ -13,7 +13,7 @@ from specgen.errors import ContextOverflowError
 from specgen.models import native_block
 from specgen.models.attention import PLANS, NativePlan, invariant_attention, native_self_attention, plan
 from specgen.models.kernel_choice import attention_path, native_norms
-from specgen.models.rope import SCALINGS, Rotation, rotate, rotation, table_1d, table_2d
+from specgen.models.rope import SCALINGS, Rotation, rotation, table_1d, table_2d
 
 
 @dataclass(frozen=True)
@@ -108,13 +108,10 @@ class Attention(nn.Module):
         if isinstance(mask, NativePlan) and mask.slots is not None and not self.cfg.qk_norm:  # one native call
             return self.wo(native_self_attention(self.wqkv(x), rot, *cache.layers[layer], mask))  # (attention.py)
         qkv = self.wqkv(x).view(b, s, h + 2 * hkv, hd).transpose(1, 2)  # [B, H + 2 Hkv, S, hd]
-        qk = qkv[:, : h + hkv]
         if self.cfg.qk_norm:
-            qk = torch.cat([self.q_norm(qkv[:, :h]), self.k_norm(qkv[:, h : h + hkv])], 1)
-        qk = rotate(qk, rot)  # [B, H + Hkv, S, hd]: q and k rotated together
-        q, k, v = qk[:, :h], qk[:, h:], qkv[:, h + hkv :]
-        if cache is not None:
-            k, v = cache.write(layer, k, v)  # [B, Hkv, T, hd]
+            qkv = torch.cat([self.q_norm(qkv[:, :h]), self.k_norm(qkv[:, h : h + hkv]), qkv[:, h + hkv :]], 1)
+        # q [B, H, S, hd] rotated; k, v [B, Hkv, S, hd] (no cache) or the cache's visible [B, Hkv, T, hd] after writing
+        q, k, v = rot.split(qkv, h) if cache is None else cache.store(layer, qkv, rot, h)
         if isinstance(mask, PLANS):  # a planned forward with a cache (hidden_states: `attention_path` not sdpa)
             y = invariant_attention(q, k, v, mask)  # a query's result never depends on the forward's width
         else:

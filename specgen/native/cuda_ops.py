@@ -82,14 +82,32 @@ def add_rms_norm(x: torch.Tensor, a: torch.Tensor, weight: torch.Tensor, eps: fl
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: bool) -> torch.Tensor:
     """`torch.ops.specgen.rope` on CUDA: x [B, H, S, D] rotated by cos, sin [B, 1, S, D] (rope.Rotation's), into a new
     contiguous [B, H, S, D]; the bits of rope.rotate's torch ops (pairs (i, i + D/2) if `half`, else (2i, 2i + 1))."""
+    return rotated_rows(x, cos, sin, half, x.shape[1])
+
+
+def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               meta: torch.Tensor, heads: int, half: bool) -> torch.Tensor:
+    """`torch.ops.specgen.rope_store` on CUDA, one pass over a step's qkv [B, Hq + 2 Hkv, S, D]: q rotated as `rope`
+    rotates it, into a new [B, Hq, S, D] (returned); k rotated and v as it is, into the cache layer k, v [C, Hkv, T,
+    D] at row meta[1, b], slot meta[0, b] + s (graphs.StaticCache's index)."""
+    return rotated_rows(qkv, cos, sin, half, heads, (k, v, meta))
+
+
+def rotated_rows(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: bool, heads: int,
+                 cache: tuple[torch.Tensor, ...] | None = None) -> torch.Tensor:
+    """The rope_rows launch: x's first `heads` heads rotated into a new [B, heads, S, D]; the rest stored in `cache`
+    (k, v, meta: rope_store)."""
     x = x if x.stride(-1) == 1 else x.contiguous()
     b, h, s, d = x.shape
     cos, sin = cos.expand(b, 1, s, d), sin.expand(b, 1, s, d)  # a table row shared by the batch: stride 0
     if cos.stride() != sin.stride() or cos.stride(-1) != 1:  # the kernel reads both through cos's strides
         cos, sin = cos.contiguous(), sin.contiguous()
-    out = torch.empty(b, h, s, d, dtype=x.dtype, device=x.device)
-    kernels().rope_rows[(b * h * s,)](x, cos, sin, out, h, s, x.stride(0), x.stride(1), x.stride(2), cos.stride(0),
-                                      cos.stride(2), D=d, BLOCK_D=max(16, pow2(d)), HALF=half,
+    out = torch.empty(b, heads, s, d, dtype=x.dtype, device=x.device)
+    k, v, meta = cache or (x, x, x)  # unread without STORE
+    kernels().rope_rows[(b * h * s,)](x, cos, sin, out, k, v, meta, h, heads, (h - heads) // 2, s, b, x.stride(0),
+                                      x.stride(1), x.stride(2), cos.stride(0), cos.stride(2), k.stride(0),
+                                      k.stride(1), k.stride(2), D=d, BLOCK_D=max(16, pow2(d)), HALF=half,
+                                      STORE=cache is not None,
                                       enable_fp_fusion=False)  # two roundings, as torch's mul then add: no FMA
     return out
 

@@ -87,6 +87,11 @@ LIB.define("rope(Tensor x, Tensor cos, Tensor sin, bool half) -> Tensor")  # CUD
 LIB.impl("rope", cuda_ops.rope, "CUDA")  # elsewhere), one Triton pass for rotate's roll, two products and sum
 torch.library.register_fake("specgen::rope", lambda x, cos, sin, half: torch.empty_like(
     x, memory_format=torch.contiguous_format), lib=LIB)
+LIB.define("rope_store(Tensor qkv, Tensor cos, Tensor sin, Tensor(a!) k, Tensor(b!) v, Tensor meta, int heads, "
+           "bool half) -> Tensor")  # CUDA only: RoPE and a captured step's cache writes in one pass (graphs.StaticCache)
+LIB.impl("rope_store", cuda_ops.rope_store, "CUDA")
+torch.library.register_fake("specgen::rope_store", lambda qkv, cos, sin, k, v, meta, heads, half: qkv.new_empty(
+    qkv.shape[0], heads, *qkv.shape[2:]), lib=LIB)
 
 
 @op("tiled_linear(Tensor x, Tensor tiles, Tensor? bias, int out_features, int threads) -> Tensor",

@@ -91,25 +91,39 @@ def norm_rows(X, A, W, TOTAL, OUT, dim, eps, ADD: tl.constexpr, BLOCK: tl.conste
     tl.store(OUT + row * dim + cols, rounded(w * y, dtype), mask=real)
 
 
-@triton.jit(do_not_specialize=["n_h", "n_s", "sxb", "sxh", "sxs", "scb", "scs"])
-def rope_rows(X, COS, SIN, OUT, n_h, n_s, sxb, sxh, sxs, scb, scs, D: tl.constexpr, BLOCK_D: tl.constexpr,
-              HALF: tl.constexpr):
+@triton.jit(do_not_specialize=["n_h", "n_q", "n_kv", "n_s", "n_b", "sxb", "sxh", "sxs", "scb", "scs", "skc", "skh",
+                               "skt"])
+def rope_rows(X, COS, SIN, OUT, K, V, META, n_h, n_q, n_kv, n_s, n_b, sxb, sxh, sxs, scb, scs, skc, skh, skt,
+              D: tl.constexpr, BLOCK_D: tl.constexpr, HALF: tl.constexpr, STORE: tl.constexpr):
     # one program a (batch, head, position) row of x [B, H, S, D]: x * cos + partner(x) * sin, each product and the
-    # sum rounded once to x's dtype (rope.rotate's torch ops, in one pass); partner swaps each pair's two slots
+    # sum rounded once to x's dtype (rope.rotate's torch ops, in one pass); partner swaps each pair's two slots.
+    # Rows h < n_q go to OUT [B, n_q, S, D]. STORE: x is a step's qkv (n_q + 2 n_kv heads) and its k rows (rotated)
+    # and v rows (as they are) go to the cache layer K, V [C, Hkv, T, D] (strides skc, skh, skt) at row META[1, b],
+    # slot META[0, b] + s
     row = tl.program_id(0)  # (b * n_h + h) * n_s + s
     s = row % n_s
     h = (row // n_s) % n_h
     b = row // (n_s * n_h)
     j = tl.arange(0, BLOCK_D)
     real = j < D
+    src = X + b * sxb + h * sxh + s * sxs
+    dst = OUT + ((b * n_q + h) * n_s + s) * D
+    value = False
+    if STORE:
+        at = tl.load(META + n_b + b) * skc + (tl.load(META + b) + s) * skt  # the cache row and slot
+        value = h >= n_q + n_kv
+        if value:
+            dst = V + at + (h - n_q - n_kv) * skh
+        elif h >= n_q:
+            dst = K + at + (h - n_q) * skh
     if HALF:
         partner = (j + D // 2) % D
     else:
         partner = j ^ 1
     dtype = OUT.dtype.element_ty
-    x = tl.load(X + b * sxb + h * sxh + s * sxs + j, mask=real, other=0.0).to(tl.float32)
-    y = tl.load(X + b * sxb + h * sxh + s * sxs + partner, mask=real, other=0.0).to(tl.float32)
+    x = tl.load(src + j, mask=real, other=0.0).to(tl.float32)
+    y = tl.load(src + partner, mask=real, other=0.0).to(tl.float32)
     c = tl.load(COS + b * scb + s * scs + j, mask=real, other=0.0).to(tl.float32)
     sn = tl.load(SIN + b * scb + s * scs + j, mask=real, other=0.0).to(tl.float32)
-    out = rounded(rounded(x * c, dtype).to(tl.float32) + rounded(y * sn, dtype).to(tl.float32), dtype)
-    tl.store(OUT + row * D + j, out, mask=real)
+    out = rounded(x * c, dtype).to(tl.float32) + rounded(y * sn, dtype).to(tl.float32)
+    tl.store(dst + j, rounded(tl.where(value, x, out), dtype), mask=real)  # a value as it is (exact in float32)

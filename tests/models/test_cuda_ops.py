@@ -143,15 +143,18 @@ def test_the_kernels_in_a_models_steps_score_chains_and_trees_as_ar_steps(device
     from tests.models.test_graphs import PROMPT, chain_against_steps, tree_against_steps
 
     if device == "cpu":  # route the ops' CPU calls to the CUDA implementations
-        for name in ("attend", "attention_plan", "rms_norm", "add_rms_norm", "rope"):
+        for name in ("attend", "attention_plan", "rms_norm", "add_rms_norm", "rope", "rope_store"):
             monkeypatch.setattr(torch.ops.specgen, name, getattr(cuda_ops, name))
         monkeypatch.setattr(native, "library", lambda name: "triton" if name in ("attention", "glue") else None)
-        monkeypatch.setattr(rope, "one_pass_rope", lambda x: not torch.is_grad_enabled())
+        for module in (rope, graphs):  # RoPE in one pass (eager steps), with the cache writes (static steps)
+            monkeypatch.setattr(module, "one_pass_rope", lambda x: not torch.is_grad_enabled())
     model = tiny_model(0).to(device, torch.bfloat16)
     for lin in model.modules():  # products of one row count, as a loaded model's on a GPU (models/sliced_linear.py)
         if type(lin) is torch.nn.Linear:
             lin.__class__ = SlicedLinear
-    graphs.attach(model, "on", capture=False if device == "cpu" else None)
+    steps = graphs.attach(model, "on", capture=False if device == "cpu" else None)
+    if device == "cpu":  # the interpreter runs a program at a time: no 64-row slice filling (test_graphs tests it)
+        steps.fill = 1
     for ar, verified in (chain_against_steps(model, PROMPT), tree_against_steps(model, PROMPT)):
         assert torch.equal(ar, verified)
 
@@ -183,9 +186,10 @@ for dtype, add, dim in (("bf16", True, 576), ("fp32", False, 96)):
            for n in fn.arg_names}
     build(fn, sig, consts, 90)
 fn = cuda_ops.kernels().rope_rows
-for dtype, half in (("bf16", True), ("fp32", False)):
-    consts = {"D": 64, "BLOCK_D": 64, "HALF": half}
-    sig = {n: "constexpr" if n in consts else "*" + dtype if n.isupper() else "i32" for n in fn.arg_names}
+for dtype, half, store in (("bf16", True, True), ("bf16", True, False), ("fp32", False, True)):
+    consts = {"D": 64, "BLOCK_D": 64, "HALF": half, "STORE": store}
+    sig = {n: "constexpr" if n in consts else "*i64" if n == "META" else "*" + dtype if n.isupper() else "i32"
+           for n in fn.arg_names}
     build(fn, sig, consts, 90)
 """
 
@@ -253,3 +257,24 @@ def test_the_rope_kernel_gives_rotates_bits(device, dtype, layout):
         want = x * shared.cos + (x.roll(32, -1) if layout == "half" else
                                  x.unflatten(-1, (32, 2)).flip(-1).flatten(-2)) * shared.sin
     assert torch.equal(cuda_ops.rope(x, shared.cos, shared.sin, layout == "half"), want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_store_rotates_as_rope_and_writes_each_rows_keys_and_values_at_its_slots(device, dtype):
+    """A captured step's RoPE and cache writes in one pass (graphs.StaticCache): q gets `rope`'s bits, the cache its
+    rotated keys and plain values at row meta[1, b], slots meta[0, b] + s, and no other slot changes (a padding row
+    writes into the scratch row)."""
+    g = torch.Generator().manual_seed(1)
+    b, h, hkv, s, t, d = 3, 6, 2, 4, 32, 64
+    qkv = torch.randn(b, s, h + 2 * hkv, d, generator=g).to(device, dtype).transpose(1, 2)  # a view, as the step's
+    table = rope.table_1d(64, d, 10000.0)[torch.randint(0, 64, (b, s), generator=g)]
+    r = rope.rotation(table.to(device, dtype), "half")
+    k, v = (torch.randn(b + 1, hkv, t, d, generator=g).to(device, dtype) for _ in range(2))  # [C + 1, Hkv, T, D]
+    meta = torch.tensor([[5, 9, 0], [1, 0, b]], device=device)  # lengths; cache rows (the last: the scratch row)
+    want_k, want_v = k.clone(), v.clone()
+    q = cuda_ops.rope_store(qkv, r.cos, r.sin, k, v, meta, h, True)
+    rotated = cuda_ops.rope(qkv[:, : h + hkv], r.cos, r.sin, True)  # [B, H + Hkv, S, D]
+    for i, (length, row) in enumerate(meta.T.tolist()):
+        want_k[row, :, length : length + s] = rotated[i, h:]
+        want_v[row, :, length : length + s] = qkv[i, h + hkv :]
+    assert torch.equal(q, rotated[:, :h]) and torch.equal(k, want_k) and torch.equal(v, want_v)
