@@ -222,7 +222,7 @@ def graph_kernels(device: str, cfg: TransformerConfig | None = None) -> tuple[in
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from specgen.models import rope
+    from specgen.models import kernel_choice
     from specgen.models.graphs import StaticInputs, target_step
     from specgen.native import cuda_ops
     from specgen.models.sliced_linear import SlicedLinear
@@ -238,9 +238,9 @@ def graph_kernels(device: str, cfg: TransformerConfig | None = None) -> tuple[in
     b = steps.bucket(1, 1, 200)  # the bucket an AR step at 200 slots replays (padded to a whole product slice)
     x = StaticInputs.for_bucket(b, device)
     x.meta[0, 0] = 200
-    one_pass = lambda x: cuda_ops.available()  # noqa: E731  RoPE and the cache writes as CUDA runs them (one op)
-    with torch.inference_mode(), mock.patch.object(rope, "one_pass_rope", one_pass), \
-            mock.patch.object(graphs, "one_pass_rope", one_pass), FakeTensorMode(allow_non_fake_inputs=True):
+    one_pass = lambda x: cuda_ops.available()  # noqa: E731  RoPE with the cache writes, the gate: as on CUDA
+    with torch.inference_mode(), mock.patch.object(kernel_choice, "one_pass", one_pass), \
+            FakeTensorMode(allow_non_fake_inputs=True):
         traced = make_fx(lambda: target_step(model, x, steps.k, steps.v, None, b.width))()  # the ops' fake kernels
     ops = [str(n.target) for n in traced.graph.nodes if n.op == "call_function"]
     return sum(not any(v in op for v in VIEWS) for op in ops), cfg.n_layers

@@ -36,7 +36,10 @@ def cases(dtype):
             shared, out.clone())
     got = {"rms_norm": (x, w, 1e-5), "add_rms_norm": (x, randn(3, 5, 64, dtype=dtype, seed=6), w, 1e-5),
            "attention_plan": (seen,), "attend": attend, "rope_write_attend": rope,
-           "rope": (qkv.view(b, s, -1, d).transpose(1, 2), cos, sin, True)}
+           "rope": (qkv.view(b, s, -1, d).transpose(1, 2), cos, sin, True),
+           "rope_store": (qkv.view(b, s, -1, d).transpose(1, 2), cos, sin, k.clone(), v.clone(),
+                          torch.tensor([[14, 15], [0, 1]]), h, True),  # lengths; cache rows
+           "silu_mul": (x, randn(3, 5, 64, dtype=dtype, seed=12))}
     codes = torch.randint(0, 16, (40, 64), dtype=torch.uint8, generator=torch.Generator().manual_seed(9))
     packed, sz = ops.pack_codes(codes, randn(40, 2, seed=10), randn(40, 2, seed=11))
     got["qmm"] = (x, packed, sz, 4, 32, 40, 1)
@@ -46,8 +49,9 @@ def cases(dtype):
     return got
 
 
-OPS = ("rms_norm", "add_rms_norm", "tiled_linear", "attention_plan", "attend", "rope_write_attend", "qmm", "rope")
-CUDA_OPS = ("rms_norm", "add_rms_norm", "attention_plan", "attend", "rope")  # Triton on CUDA (native/cuda_ops.py)
+CUDA_ONLY = ("rope", "rope_store", "silu_mul")  # torch's ops elsewhere (kernel_choice.one_pass)
+OPS = ("rms_norm", "add_rms_norm", "tiled_linear", "attention_plan", "attend", "rope_write_attend", "qmm", *CUDA_ONLY)
+CUDA_OPS = ("rms_norm", "add_rms_norm", "attention_plan", "attend", *CUDA_ONLY)  # Triton on CUDA (native/cuda_ops.py)
 
 
 def test_every_registered_op_is_checked():
@@ -62,8 +66,8 @@ def test_opcheck(name, dtype):
     args = cases(dtype).get(name)
     if args is None:
         pytest.skip(f"{name} takes float32 only")
-    if name == "rope":
-        pytest.skip("rope is CUDA only (rope.rotate runs torch ops elsewhere): test_opcheck_on_cuda")
+    if name in CUDA_ONLY:
+        pytest.skip(f"{name} is CUDA only (torch's ops elsewhere): test_opcheck_on_cuda")
     torch.library.opcheck(getattr(torch.ops.specgen, name).default, args)
 
 
@@ -81,3 +85,21 @@ def test_the_profiler_names_the_ops():
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof, torch.inference_mode():
         torch.ops.specgen.rms_norm(x, w, 1e-5)
     assert "specgen::rms_norm" in {e.key for e in prof.key_averages()}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_opcheck_cuda_only_ops_through_tritons_interpreter(dtype):
+    """The CUDA-only ops' schemas (rope_store's declared writes to the cache) and fake kernels, checked here: their
+    Triton implementations registered for CPU tensors for the test's length (tests/conftest.py interprets Triton)."""
+    pytest.importorskip("triton")
+    from specgen.native import cuda_ops
+
+    if torch.cuda.is_available():
+        pytest.skip("compiled Triton here: test_opcheck_on_cuda")
+    lib = torch.library.Library("specgen", "IMPL")  # noqa: TOR901
+    try:
+        for name in CUDA_ONLY:
+            lib.impl(name, getattr(cuda_ops, name), "CPU")
+            torch.library.opcheck(getattr(torch.ops.specgen, name).default, cases(dtype)[name])
+    finally:
+        lib._destroy()

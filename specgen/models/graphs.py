@@ -16,7 +16,8 @@ from specgen.errors import UsageError
 from specgen.models.attention import chain_plan, native_plan
 from specgen.models.eagle import EagleNet
 from specgen.models.heads import XSpecMeshHeads, head_logits
-from specgen.models.kernel_choice import attention_path, one_pass_rope
+from specgen.models import kernel_choice
+from specgen.models.kernel_choice import attention_path
 from specgen.models.rope import rotation
 from specgen.models.sliced_linear import SLICE_ROWS, SlicedLinear
 from specgen.models.transformer import Transformer, additive_mask
@@ -86,7 +87,7 @@ class StaticCache:
         """KVCache.store's q [R, Hq, S, D] and the layer's rows [0, R) over the first W slots [R, Hkv, W, D] each. On
         CUDA one Triton pass rotates q and k (rope's bits) and writes k and v at the index's slots (`rope_store`)."""
         k, v = self.k[layer], self.v[layer]
-        if one_pass_rope(qkv):
+        if kernel_choice.one_pass(qkv):
             q = torch.ops.specgen.rope_store(qkv, rot.cos, rot.sin, k, v, self.meta, heads, rot.layout == "half")
         else:
             q, k_new, v_new = rot.split(qkv, heads)

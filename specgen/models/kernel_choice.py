@@ -143,8 +143,9 @@ def native_norms(*tensors: torch.Tensor) -> bool:
     return inference_on_cpu(NATIVE_DTYPES, *tensors) and native.library("glue") is not None
 
 
-def one_pass_rope(x: torch.Tensor) -> bool:
-    """Whether RoPE over x runs as one kernel (`torch.ops.specgen.rope`, Triton): CUDA, grad mode off."""
+def one_pass(x: torch.Tensor) -> bool:
+    """Whether an elementwise step over x runs as one Triton kernel (`torch.ops.specgen.rope`, `rope_store`,
+    `silu_mul`; torch's ops elsewhere): CUDA, grad mode off."""
     return cuda_kernels(x.dtype, x.device)
 
 

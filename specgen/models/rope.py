@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specgen.models.kernel_choice import one_pass_rope
+from specgen.models import kernel_choice
 
 SCALINGS = ("linear", "llama3", "yarn")  # the `rope_type`s a table can carry
 
@@ -95,7 +95,7 @@ def rotate(x: torch.Tensor, r: Rotation) -> torch.Tensor:
     sin, where partner(x) swaps the two slots of every pair. Bitwise the per-pair formula: b * (-sin) is -(b sin)
     exactly and a + (-y) is a - y, so each slot sees the same two rounded products and one rounded sum. On CUDA one
     Triton pass computes those same products and sum (native/cuda_ops.py)."""
-    if one_pass_rope(x):
+    if kernel_choice.one_pass(x):
         return torch.ops.specgen.rope(x, r.cos, r.sin, r.layout == "half")
     d = x.shape[-1]
     partner = x.roll(d // 2, -1) if r.layout == "half" else x.unflatten(-1, (d // 2, 2)).flip(-1).flatten(-2)

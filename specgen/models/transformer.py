@@ -10,7 +10,7 @@ from torch import nn
 
 from specgen.decoding.cache import KVCache
 from specgen.errors import ContextOverflowError
-from specgen.models import native_block
+from specgen.models import kernel_choice, native_block
 from specgen.models.attention import PLANS, NativePlan, invariant_attention, native_self_attention, plan
 from specgen.models.kernel_choice import attention_path, native_norms
 from specgen.models.rope import SCALINGS, Rotation, rotation, table_1d, table_2d
@@ -169,7 +169,8 @@ class FeedForward(nn.Module):
         self.w2 = nn.Linear(cfg.ffn_dim, cfg.dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        a, b = self.w1(x), self.w3(x)  # [..., ffn] each
+        return self.w2(torch.ops.specgen.silu_mul(a, b) if kernel_choice.one_pass(a) else F.silu(a) * b)
 
 
 class Block(nn.Module):

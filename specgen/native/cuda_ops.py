@@ -11,6 +11,7 @@ import torch
 
 BLOCK_N = 64  # list entries (keys) per attention tile (triton_kernels.attend_lists)
 WARPS = 4
+GATE_BLOCK = 1024  # elements a program of silu_mul
 
 
 @functools.cache
@@ -109,6 +110,15 @@ def rotated_rows(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: bo
                                       k.stride(1), k.stride(2), D=d, BLOCK_D=max(16, pow2(d)), HALF=half,
                                       STORE=cache is not None,
                                       enable_fp_fusion=False)  # two roundings, as torch's mul then add: no FMA
+    return out
+
+
+def silu_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """`torch.ops.specgen.silu_mul` on CUDA: SwiGLU's gate silu(a) * b over [..., F] tensors of one shape and dtype,
+    into a new contiguous tensor; torch's two roundings (the silu, then the product), each element on its own."""
+    a, b = a.contiguous(), b.contiguous()
+    out = torch.empty_like(a)
+    kernels().silu_mul_rows[(-(-a.numel() // GATE_BLOCK),)](a, b, out, a.numel(), BLOCK=GATE_BLOCK)
     return out
 
 

@@ -92,6 +92,10 @@ LIB.define("rope_store(Tensor qkv, Tensor cos, Tensor sin, Tensor(a!) k, Tensor(
 LIB.impl("rope_store", cuda_ops.rope_store, "CUDA")
 torch.library.register_fake("specgen::rope_store", lambda qkv, cos, sin, k, v, meta, heads, half: qkv.new_empty(
     qkv.shape[0], heads, *qkv.shape[2:]), lib=LIB)
+LIB.define("silu_mul(Tensor a, Tensor b) -> Tensor")  # CUDA only: SwiGLU's gate silu(a) * b in one pass
+LIB.impl("silu_mul", cuda_ops.silu_mul, "CUDA")
+torch.library.register_fake("specgen::silu_mul", lambda a, b: torch.empty_like(
+    a, memory_format=torch.contiguous_format), lib=LIB)
 
 
 @op("tiled_linear(Tensor x, Tensor tiles, Tensor? bias, int out_features, int threads) -> Tensor",

@@ -127,3 +127,17 @@ def rope_rows(X, COS, SIN, OUT, K, V, META, n_h, n_q, n_kv, n_s, n_b, sxb, sxh, 
     sn = tl.load(SIN + b * scb + s * scs + j, mask=real, other=0.0).to(tl.float32)
     out = rounded(x * c, dtype).to(tl.float32) + rounded(y * sn, dtype).to(tl.float32)
     tl.store(dst + j, rounded(tl.where(value, x, out), dtype), mask=real)  # a value as it is (exact in float32)
+
+
+@triton.jit(do_not_specialize=["n"])
+def silu_mul_rows(A, B, OUT, n, BLOCK: tl.constexpr):
+    # SwiGLU's gate silu(a) * b over n elements with torch's two roundings: silu in float32, a / (1 + exp(-a)) (the
+    # GPU's fast exp and division: within an ulp or two of torch's silu before rounding), rounded to the dtype; then
+    # the product in float32, rounded. Elementwise: an element's bits never depend on the others
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    real = i < n
+    dtype = OUT.dtype.element_ty
+    a = tl.load(A + i, mask=real, other=0.0).to(tl.float32)
+    b = tl.load(B + i, mask=real, other=0.0).to(tl.float32)
+    gate = rounded(a / (1.0 + tl.exp(-a)), dtype).to(tl.float32)
+    tl.store(OUT + i, rounded(gate * b, dtype), mask=real)

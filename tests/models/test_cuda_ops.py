@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from specgen import native
 from specgen.machine import kernel_paths
-from specgen.models import rope
+from specgen.models import kernel_choice, rope
 from specgen.models.kernel_choice import attention_path
 from specgen.models.sliced_linear import SlicedLinear
 from specgen.native import cuda_ops
@@ -143,11 +143,10 @@ def test_the_kernels_in_a_models_steps_score_chains_and_trees_as_ar_steps(device
     from tests.models.test_graphs import PROMPT, chain_against_steps, tree_against_steps
 
     if device == "cpu":  # route the ops' CPU calls to the CUDA implementations
-        for name in ("attend", "attention_plan", "rms_norm", "add_rms_norm", "rope", "rope_store"):
+        for name in ("attend", "attention_plan", "rms_norm", "add_rms_norm", "rope", "rope_store", "silu_mul"):
             monkeypatch.setattr(torch.ops.specgen, name, getattr(cuda_ops, name))
         monkeypatch.setattr(native, "library", lambda name: "triton" if name in ("attention", "glue") else None)
-        for module in (rope, graphs):  # RoPE in one pass (eager steps), with the cache writes (static steps)
-            monkeypatch.setattr(module, "one_pass_rope", lambda x: not torch.is_grad_enabled())
+        monkeypatch.setattr(kernel_choice, "one_pass", lambda x: not torch.is_grad_enabled())
     model = tiny_model(0).to(device, torch.bfloat16)
     for lin in model.modules():  # products of one row count, as a loaded model's on a GPU (models/sliced_linear.py)
         if type(lin) is torch.nn.Linear:
@@ -191,6 +190,10 @@ for dtype, half, store in (("bf16", True, True), ("bf16", True, False), ("fp32",
     sig = {n: "constexpr" if n in consts else "*i64" if n == "META" else "*" + dtype if n.isupper() else "i32"
            for n in fn.arg_names}
     build(fn, sig, consts, 90)
+fn = cuda_ops.kernels().silu_mul_rows
+for dtype in ("bf16", "fp32"):
+    consts = {"BLOCK": cuda_ops.GATE_BLOCK}
+    build(fn, {n: "constexpr" if n in consts else "i32" if n == "n" else "*" + dtype for n in fn.arg_names}, consts, 90)
 """
 
 
@@ -278,3 +281,14 @@ def test_rope_store_rotates_as_rope_and_writes_each_rows_keys_and_values_at_its_
         want_k[row, :, length : length + s] = rotated[i, h:]
         want_v[row, :, length : length + s] = qkv[i, h + hkv :]
     assert torch.equal(q, rotated[:, :h]) and torch.equal(k, want_k) and torch.equal(v, want_v)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_gate_kernel_computes_torchs_silu_times_b_an_element_at_a_time(device, dtype):
+    """SwiGLU's gate in one pass: torch's silu(a) * b (float32 within an ulp or two: the GPU's fast exp), and an
+    element's bits whatever else the call holds (a row alone gets the row's bits of the whole)."""
+    g = torch.Generator().manual_seed(2)
+    a, b = ((torch.randn(4, 3, 1500, generator=g) * 4).to(device, dtype) for _ in range(2))
+    got = cuda_ops.silu_mul(a, b)
+    torch.testing.assert_close(got, F.silu(a) * b)
+    assert torch.equal(cuda_ops.silu_mul(a[2:3, 1:2], b[2:3, 1:2]), got[2:3, 1:2])
