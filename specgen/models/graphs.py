@@ -6,6 +6,7 @@ import re
 import warnings
 from collections import Counter
 from contextlib import contextmanager
+from functools import cached_property
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -76,12 +77,17 @@ class StaticCache:
     """The cache as a captured forward sees it: writes go to device-computed slots, reads see all T slots."""
 
     def __init__(self, x: StaticInputs, k: torch.Tensor, v: torch.Tensor, width: int) -> None:
-        """Each node's key and value go to row write_rows[b], slot lengths[b] + j: an index per [R, Hkv, S] entry."""
-        r, s = x.tokens.shape
-        dev = k.device
-        self.k, self.v, self.rows, self.width, self.meta = k, v, r, width, x.meta  # k, v [L, C + 1, Hkv, T, D]
-        self.where = (x.meta[1][:, None, None], torch.arange(k.shape[2], device=dev)[:, None],  # [R, 1, 1], [Hkv, 1]
-                      (x.meta[0][:, None] + torch.arange(s, device=dev))[:, None])  # [R, 1, S]
+        """Each node's key and value go to row meta[1, b], slot meta[0, b] + j (its row's length + j)."""
+        self.k, self.v, self.meta, self.width = k, v, x.meta, width  # k, v [L, C + 1, Hkv, T, D]
+        self.rows, self.nodes = x.tokens.shape
+
+    @cached_property
+    def where(self) -> tuple[torch.Tensor, ...]:
+        """The write index per [R, Hkv, S] entry: rows [R, 1, 1], heads [Hkv, 1], slots [R, 1, S] (the torch path's
+        scatter; `rope_store` reads meta itself)."""
+        dev = self.k.device
+        return (self.meta[1][:, None, None], torch.arange(self.k.shape[2], device=dev)[:, None],
+                (self.meta[0][:, None] + torch.arange(self.nodes, device=dev))[:, None])
 
     def store(self, layer: int, qkv: torch.Tensor, rot, heads: int) -> tuple[torch.Tensor, ...]:
         """KVCache.store's q [R, Hq, S, D] and the layer's rows [0, R) over the first W slots [R, Hkv, W, D] each. On
@@ -97,13 +103,14 @@ class StaticCache:
 
 
 def visibility(x: StaticInputs, t: int) -> torch.Tensor:
-    """[R, 1, S, T] bool: each node sees its row's committed slots and the pending slots its tree mask names (or its
-    `visible` slots), and always its own slot, so that a padding node's key and value stay finite."""
+    """[R, 1, S, T] bool: each node sees its row's committed slots and the pending slots its tree mask names, and
+    always its own slot, so that a padding node's key and value stay finite; or a drafter level's `visible` as it is
+    (its tree columns hold each node's own slot: eagle_grow.grow's `anc`)."""
+    if x.visible is not None:
+        return x.visible
     r, s = x.tokens.shape
     rel = torch.arange(t, device=x.tokens.device)[None, :] - x.meta[0][:, None]  # [R, T]: slot - the row's length
     own = (rel[:, None, :] == torch.arange(s, device=x.tokens.device)[None, :, None]).unsqueeze(1)  # [R, 1, S, T]
-    if x.visible is not None:
-        return x.visible | own
     pending = x.tree.gather(2, rel.clamp(0, s - 1)[:, None, :].expand(r, s, t))  # [R, S, T]
     return ((pending & ((rel >= 0) & (rel < s))[:, None, :]) | (rel < 0)[:, None, :]).unsqueeze(1) | own
 
