@@ -16,7 +16,9 @@ A host-to-device copy of a plain host tensor also waits (pageable memory); the l
 Also counted: eager ops a step, each a kernel launch or a host tensor op the step runs outside its captured graphs
 (a graph's replay runs none through the dispatcher). With `--device cpu` the captured steps run through the CPU
 replay emulation of tests/models/test_graphs.py (each step traced once, replays not counted), so the count is what a
-GPU step would launch besides its graphs; its syncs read 0 there.
+GPU step would launch besides its graphs; its syncs read 0 there. There the kernels inside the graphs a step
+replays are counted too (`cuda_kernels`: each graph traced with the CUDA path's ops); the first line counts them in a
+SmolLM2-shape bf16 AR step.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ class Count:
     explicit: int
     lines: Counter
     ops: int  # eager ops (launches and host tensor ops) outside graph replays
+    kernels: int  # inside the replays (CPU emulation only; 0 on CUDA)
 
 
 class SyncCounter:
@@ -98,6 +101,7 @@ class OpCounter(TorchDispatchMode):
     """Counts the aten ops dispatched outside graph replays (`paused` while the CPU emulation replays one)."""
 
     paused = False
+    kernels = 0  # inside the emulated graphs' replays (`emulate_captures`)
 
     def __init__(self) -> None:
         super().__init__()
@@ -109,7 +113,8 @@ class OpCounter(TorchDispatchMode):
 
 
 def emulate_captures() -> None:
-    """CPU: captured steps through the tests' replay emulation, its replays not counted as eager ops."""
+    """CPU: captured steps through the tests' replay emulation, its replays not counted as eager ops but as the
+    kernels the CUDA path would launch inside each graph (`cuda_kernels`)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the emulation lives in the checkout's tests/
     from tests.models.test_graphs import Traced, traced
 
@@ -117,13 +122,38 @@ def emulate_captures() -> None:
 
     def uncounted(self) -> None:
         OpCounter.paused = True
+        OpCounter.kernels += self.kernels
         try:
             replay(self)
         finally:
             OpCounter.paused = False
 
+    def counted(steps, step):
+        outs, graph = traced(steps, step)  # its warm-up first: lazy initialisations stay real
+        graph.kernels = cuda_kernels(step)
+        return outs, graph
+
     Traced.replay = uncounted
-    graphs.StepGraphs.captured = traced
+    graphs.StepGraphs.captured = counted
+
+
+def cuda_kernels(step) -> int:
+    """The kernels a CUDA graph of `step` holds, counted on any device from a trace through the ops' fake kernels with
+    the CUDA path's choices: RoPE with the cache writes and the SwiGLU gate as one op each, the device attention plan
+    as its torch ops (the Triton kernels, norms and products one launch each)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from specgen.models import kernel_choice
+    from specgen.native import cuda_ops
+
+    one_pass = lambda x: cuda_ops.available()  # noqa: E731  as on CUDA (SPECGEN_NATIVE=0: torch's ops)
+    with torch.inference_mode(), mock.patch.object(kernel_choice, "one_pass", one_pass), \
+            mock.patch.object(torch.ops.specgen, "attention_plan", cuda_ops.attention_plan), \
+            FakeTensorMode(allow_non_fake_inputs=True):
+        traced = make_fx(step)()
+    ops = [str(n.target) for n in traced.graph.nodes if n.op == "call_function"]
+    return sum(not any(v in op for v in VIEWS) for op in ops)
 
 
 def capture(*models) -> None:
@@ -136,9 +166,10 @@ def capture(*models) -> None:
 def count(run) -> Count:
     """Run `run()` (returns DecodeStats) once to warm up, then again under the counters."""
     run()
+    OpCounter.kernels = 0
     with SyncCounter() as c, OpCounter() as o:
         stats = run()
-    return Count(stats.steps, sum(c.lines.values()), c.explicit, c.lines, o.ops)
+    return Count(stats.steps, sum(c.lines.values()), c.explicit, c.lines, o.ops, OpCounter.kernels)
 
 
 def wall_ms_per_step(run, device: str, rounds: int = 3) -> float:
@@ -216,15 +247,9 @@ VIEWS = ("view", "slice", "transpose", "expand", "unsqueeze", "select", "aten.t.
 
 
 def graph_kernels(device: str, cfg: TransformerConfig | None = None) -> tuple[int, int]:
-    """(kernels, layers) of one captured bf16 AR step of the SmolLM2 shape at 200 filled slots: the ops inside its
-    graph that launch a kernel, counted from a trace of the step (`make_fx`); on the CPU with the GPU's product layout
-    (SlicedLinear) and the kernels `SPECGEN_NATIVE` chooses."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.experimental.proxy_tensor import make_fx
-
-    from specgen.models import kernel_choice
+    """(kernels, layers) of one captured bf16 AR step of the SmolLM2 shape at 200 filled slots (`cuda_kernels`), on the
+    CPU with the GPU's product layout (SlicedLinear) and the kernels `SPECGEN_NATIVE` chooses."""
     from specgen.models.graphs import StaticInputs, target_step
-    from specgen.native import cuda_ops
     from specgen.models.sliced_linear import SlicedLinear
     from gpu_graphs import SMOLLM2
 
@@ -238,12 +263,7 @@ def graph_kernels(device: str, cfg: TransformerConfig | None = None) -> tuple[in
     b = steps.bucket(1, 1, 200)  # the bucket an AR step at 200 slots replays (padded to a whole product slice)
     x = StaticInputs.for_bucket(b, device)
     x.meta[0, 0] = 200
-    one_pass = lambda x: cuda_ops.available()  # noqa: E731  RoPE with the cache writes, the gate: as on CUDA
-    with torch.inference_mode(), mock.patch.object(kernel_choice, "one_pass", one_pass), \
-            FakeTensorMode(allow_non_fake_inputs=True):
-        traced = make_fx(lambda: target_step(model, x, steps.k, steps.v, None, b.width))()  # the ops' fake kernels
-    ops = [str(n.target) for n in traced.graph.nodes if n.op == "call_function"]
-    return sum(not any(v in op for v in VIEWS) for op in ops), cfg.n_layers
+    return cuda_kernels(lambda: target_step(model, x, steps.k, steps.v, None, b.width)), cfg.n_layers
 
 
 def main() -> None:
@@ -258,15 +278,16 @@ def main() -> None:
     print(f"device {gpu}, torch {torch.__version__}")
     kernels, layers = graph_kernels(args.device)
     print(f"kernels inside a captured bf16 AR step, SmolLM2 shape: {kernels} ({kernels / layers:.1f} a layer)")
-    print(f"{'case':<22} {'steps':>5} {'implicit/step':>13} {'explicit/step':>13} {'ops/step':>8} {'ms/step':>8}  "
-          "top implicit lines (per step)")
+    print(f"{'case':<22} {'steps':>5} {'implicit/step':>13} {'explicit/step':>13} {'ops/step':>8} "
+          f"{'graph kernels/step':>18} {'ms/step':>8}  top implicit lines (per step)")
     for name, run in {**text_cases(args.device), **image_cases(args.device), **mesh_cases(args.device)}.items():
         c = count(run)
         steps = max(c.steps, 1)
         ms = wall_ms_per_step(run, args.device)
         top = ", ".join(f"{line} {n / steps:.2f}" for line, n in c.lines.most_common(args.top))
+        kernels = f"{c.kernels / steps:.0f}" if c.kernels else "-"
         print(f"{name:<22} {c.steps:>5} {c.implicit / steps:>13.2f} {c.explicit / steps:>13.2f} "
-              f"{c.ops / steps:>8.0f} {ms:>8.2f}  {top}", flush=True)
+              f"{c.ops / steps:>8.0f} {kernels:>18} {ms:>8.2f}  {top}", flush=True)
 
 
 if __name__ == "__main__":
