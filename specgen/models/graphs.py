@@ -6,18 +6,18 @@ import re
 import warnings
 from collections import Counter
 from contextlib import contextmanager
-from functools import cached_property
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Callable
 
 import torch
 
 from specgen.decoding.cache import KVCache
 from specgen.errors import UsageError
+from specgen.models import kernel_choice
 from specgen.models.attention import chain_plan, native_plan
 from specgen.models.eagle import EagleNet
 from specgen.models.heads import XSpecMeshHeads, head_logits
-from specgen.models import kernel_choice
 from specgen.models.kernel_choice import attention_path
 from specgen.models.rope import rotation
 from specgen.models.sliced_linear import SLICE_ROWS, SlicedLinear

@@ -88,7 +88,7 @@ LIB.impl("rope", cuda_ops.rope, "CUDA")  # elsewhere), one Triton pass for rotat
 torch.library.register_fake("specgen::rope", lambda x, cos, sin, half: torch.empty_like(
     x, memory_format=torch.contiguous_format), lib=LIB)
 LIB.define("rope_store(Tensor qkv, Tensor cos, Tensor sin, Tensor(a!) k, Tensor(b!) v, Tensor meta, int heads, "
-           "bool half) -> Tensor")  # CUDA only: RoPE and a captured step's cache writes in one pass (graphs.StaticCache)
+           "bool half) -> Tensor")  # CUDA only: RoPE and a captured step's cache writes in one pass (StaticCache)
 LIB.impl("rope_store", cuda_ops.rope_store, "CUDA")
 torch.library.register_fake("specgen::rope_store", lambda qkv, cos, sin, k, v, meta, heads, half: qkv.new_empty(
     qkv.shape[0], heads, *qkv.shape[2:]), lib=LIB)
