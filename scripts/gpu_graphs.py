@@ -33,7 +33,8 @@ from specgen.decoding.target import ModelTarget
 from specgen.devices import synchronize
 from specgen.eval.hf_rows import HfCompiled, one_token, timed_static_greedy
 from specgen.methods import run_batch
-from specgen.methods.options import NgramOptions
+from specgen.methods.options import MultiBlockOptions, NgramOptions
+from specgen.methods.pcllm import MultiBlockDrafter
 from specgen.methods.text import EmptyDrafter, NgramDrafter
 from specgen.models import attention, graphs
 from specgen.models.sliced_linear import SLICE_ROWS, SlicedLinear, row_invariant
@@ -122,6 +123,10 @@ def text_rows(new: int) -> None:
     res, s = timed(lambda: run(ng, prompts))
     row(suite="text", row="ngram --graphs on (random weights)", tok_s=tokens / s, vs_off=s_off / s,
         exact=exact(res, base), tpf=res.stats.tpf)
+    mr = lambda: MultiBlockDrafter(MultiBlockOptions(block_size=4, num_blocks=1, lookup=16))  # noqa: E731
+    res, s = timed(lambda: run(mr, prompts))  # bench-mixed.yaml's pcllm-mr:lookup, on the shape's random weights
+    row(suite="text", row="pcllm-mr n 4 + lookup 16 --graphs on (random weights)", tok_s=tokens / s,
+        vs_ar=s_on / s, exact=exact(res, base), tpf=res.stats.tpf)
     big = prompts_of(16, cfg.vocab_size, seed=1)
     run(EmptyDrafter, big, b=16, n=4)
     res, s16 = timed(lambda: run(EmptyDrafter, big, b=16))
