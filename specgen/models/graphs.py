@@ -18,7 +18,7 @@ from specgen.models import kernel_choice
 from specgen.models.attention import chain_plan, native_plan
 from specgen.models.eagle import EagleNet
 from specgen.models.heads import XSpecMeshHeads, head_logits
-from specgen.models.kernel_choice import attention_path
+from specgen.models.kernel_choice import attention_path, native_norms
 from specgen.models.rope import rotation
 from specgen.models.sliced_linear import SLICE_ROWS, SlicedLinear
 from specgen.models.transformer import Transformer, additive_mask
@@ -129,31 +129,38 @@ def step_mask(visible: torch.Tensor, cfg, dtype: torch.dtype):
 
 
 def blocks(module, h: torch.Tensor, x: StaticInputs, k: torch.Tensor, v: torch.Tensor, cross,
-           width: int | None) -> torch.Tensor:
+           width: int | None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """A Transformer's or EAGLE drafter's blocks on one bucket over its input embeddings h [R, S, dim], reading the
     cache's first `width` slots (None: all; slots past a row's own add exact zeros, so any width that holds them
-    gives the same bits): [R, S, dim]."""
+    gives the same bits): their output as (x, f), x + f unsummed (f None: x is it), [R, S, dim] each."""
     width = width or k.shape[3]
     rot = rotation(module.rope_table[x.positions].to(h.dtype), module.cfg.rope_layout)
     mask = step_mask(visibility(x, width), module.cfg, h.dtype)
     cache, r = StaticCache(x, k, v, width), x.tokens.shape[0]
+    if cross is None and native_norms(h, module.layers[0].ffn_norm.weight):  # each residual add in the next norm
+        f = None
+        for i, blk in enumerate(module.layers):
+            h, f = blk.deferred(h, f, rot, i, cache, mask)
+        return h, f
     for i, blk in enumerate(module.layers):  # a condition's rows: the bucket's first R of the static buffer
         h = blk(h, rot, i, cache, mask, False, None if cross is None else (cross[i][0][:r], cross[i][1][:r]))
-    return h
+    return h, None
 
 
 def target_step(model, x: StaticInputs, k: torch.Tensor, v: torch.Tensor, cross,
                 width: int | None = None) -> tuple[torch.Tensor, ...]:
     """A Transformer's cached forward on one bucket: logits [R, S, V] and hidden [R, S, dim]; device ops only."""
-    hidden = model.norm(blocks(model, model.tok_embeddings(x.tokens), x, k, v, cross, width))
+    h, f = blocks(model, model.tok_embeddings(x.tokens), x, k, v, cross, width)
+    n = model.norm
+    hidden = n(h) if f is None else torch.ops.specgen.add_rms_norm(h, f, n.weight, n.eps)[1]
     return model.output(hidden), hidden
 
 
 def eagle_step(net, x: StaticInputs, k: torch.Tensor, v: torch.Tensor, cross,
                width: int | None = None) -> tuple[torch.Tensor, ...]:
     """An EAGLE drafter's cached forward on one bucket: predicted features [R, S, D]; device ops only."""
-    h = net.fc(torch.cat([net.tok_embeddings(x.tokens), x.features], dim=-1))  # [R, S, D]
-    return (blocks(net, h, x, k, v, cross, width),)
+    h, f = blocks(net, net.fc(torch.cat([net.tok_embeddings(x.tokens), x.features], dim=-1)), x, k, v, cross, width)
+    return (h if f is None else h + f,)
 
 
 @dataclass(frozen=True)

@@ -199,6 +199,18 @@ class Block(nn.Module):
         return x + self.feed_forward(self.ffn_norm(x))
 
 
+    def deferred(self, x: torch.Tensor, f: torch.Tensor | None, rot, layer: int, cache, mask
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward` with each residual add inside the next norm's kernel (native norms, no cross-attention): the
+        previous block's output given as x + f (f None: x), this block's returned as (x, f) unsummed [B, S, dim];
+        add_rms_norm's sum is the add's, so the bits are forward's."""
+        n = self.attention_norm
+        x, normed = (x, n(x)) if f is None else torch.ops.specgen.add_rms_norm(x, f, n.weight, n.eps)
+        a = self.attention(normed, rot, layer, cache, mask, False)
+        x, normed = torch.ops.specgen.add_rms_norm(x, a, self.ffn_norm.weight, self.ffn_norm.eps)
+        return x, self.feed_forward(normed)
+
+
 class ClassEmbedding(nn.Module):
     """LlamaGen c2i condition: one embedding row per class plus the null (unconditional) class."""
 
