@@ -551,3 +551,26 @@ def test_mulo_sd_with_static_steps_decodes_what_eager_decodes(capture):
     assert lowres.graphs is None
     got, lowres = run(True)
     assert got == eager and lowres.graphs.replays > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_residual_adds_inside_the_norms_give_the_blocks_bits(dtype, monkeypatch):
+    """A static step's blocks hand each output on as x + f unsummed, the add done inside the next norm's kernel
+    (Block.deferred): the logits and hidden states are bitwise those of the blocks' own forwards."""
+    with torch.inference_mode():
+        if not graphs.native_norms(torch.zeros(1, dtype=dtype), torch.zeros(1, dtype=dtype)):
+            pytest.skip("no C compiler: the native norms are not built here")
+    model = tiny_model(0).to(dtype)
+    steps = graphs.attach(model, "on", capture=False)
+    steps.new_cache(2, 40)
+    b = Bucket(2, 4, 64)
+    x = StaticInputs.for_bucket(b, "cpu")
+    x.tokens.copy_(torch.randint(0, model.cfg.vocab_size, (2, 4), generator=torch.Generator().manual_seed(0)))
+    x.meta[0] = torch.tensor([3, 7])
+    x.meta[1] = torch.tensor([0, 1])
+    x.tree.copy_(x.chain.expand(2, 4, 4))
+    with torch.inference_mode():
+        fused = target_step(model, x, steps.k, steps.v, None, b.width)
+        monkeypatch.setattr(graphs, "native_norms", lambda *t: False)  # each block's forward, its add on its own
+        plain = target_step(model, x, steps.k, steps.v, None, b.width)
+    assert all(torch.equal(a, c) for a, c in zip(fused, plain))
