@@ -17,9 +17,10 @@ class Draft:
     tree: DraftTree
     probs: torch.Tensor | None = None  # [N, V]: q of node i's sampling distribution; None = deterministic
 
-    @classmethod
-    def empty(cls) -> "Draft":
-        return cls((), DraftTree(()))
+    @staticmethod
+    def empty() -> "Draft":
+        """No proposal (an AR step): one shared instance."""
+        return EMPTY
 
     @classmethod
     def chain(cls, tokens: list[int] | tuple[int, ...], probs: torch.Tensor | None = None) -> "Draft":
@@ -32,6 +33,9 @@ class Draft:
     @property
     def size(self) -> int:
         return len(self.tokens)
+
+
+EMPTY = Draft((), DraftTree.chain(0))
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cache, cached_property
 
 
 @dataclass(frozen=True)
@@ -17,9 +17,12 @@ class DraftTree:
             if not -1 <= p < i:
                 raise ValueError(f"node {i} has parent {p}: parents must precede their children")
 
-    @classmethod
-    def chain(cls, n: int) -> "DraftTree":
-        return cls(tuple(range(-1, n - 1)))
+    @staticmethod
+    @cache
+    def chain(n: int) -> "DraftTree":
+        """The chain of n nodes: one tree per length, shared (it is immutable), so its cached properties are computed
+        once, not at every decode step of every row."""
+        return DraftTree(tuple(range(-1, n - 1)))
 
     @property
     def size(self) -> int:
