@@ -145,8 +145,8 @@ def native_norms(*tensors: torch.Tensor) -> bool:
 
 def one_pass(x: torch.Tensor) -> bool:
     """Whether an elementwise step over x runs as one Triton kernel (`torch.ops.specgen.rope`, `rope_store`,
-    `silu_mul`; torch's ops elsewhere): CUDA, grad mode off."""
-    return cuda_kernels(x.dtype, x.device)
+    `silu_mul`; torch's ops elsewhere): CUDA, grad mode off. Asked per layer: a CPU tensor answers at the first test."""
+    return x.is_cuda and cuda_kernels(x.dtype, x.device)
 
 
 def cuda_kernels(dtype: torch.dtype, device: torch.device | str) -> bool:
