@@ -29,6 +29,15 @@ def imports_frozen():
             gc.enable()
 
 
+def open_closed_streams() -> None:
+    """A standard stream the caller closed (`>&-`: Python then has None for it) is /dev/null: what goes there goes
+    nowhere, as Python's print does without one, and its descriptor, the lowest free one, is taken, so no file
+    opened later gets it (a compiler the native build starts would write into that file as its stdout)."""
+    for fd, name in enumerate(("stdin", "stdout", "stderr")):
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(os.open(os.devnull, os.O_RDWR), "r" if fd == 0 else "w", encoding="utf-8"))
+
+
 def end(code) -> None:
     """Exit as `sys.exit(code)` does, less the interpreter's teardown: freeing every module and object one by one and
     torch's static destructors, work for a process about to vanish. Exit handlers run and stdout/stderr are flushed

@@ -51,7 +51,7 @@ def run(args, spec: MethodSpec) -> None:
                                "model": tm.entry.ref, "token_ids": r.token_ids, "stats": r.stats})
         else:
             _output.out.print(r.completion, markup=False, end="\n\n")
-    if not args.quiet and args.fmt == Format.table:
+    if not args.quiet and (args.fmt == Format.table or sink is not None):  # streamed: no JSON results hold them
         _output.table(f"{spec.name} on {tm.entry.ref}", [{"method": spec.name, **r.stats} for r in results],
                       STAT_COLUMNS)
         if cfg.batch_size > 1:  # throughput: tokens / time to the last finish; latency per sequence, queueing included

@@ -38,10 +38,12 @@ def check_prompt_fits(prompt_tokens: int, max_new_tokens: int, entry) -> None:
         raise UsageError("a prompt is empty (no tokens to condition on); give it some text")
     context = context_of(entry.meta)
     if context is not None and prompt_tokens + max_new_tokens >= context:
-        room = max(context - 1 - max_new_tokens, 0)
+        room, budget = context - 1 - max_new_tokens, context - 1 - prompt_tokens  # what each fits beside the other
+        fixes = (([f"shorten the prompt to at most {room} tokens"] if room > 0 else []) +
+                 ([f"lower --max-new-tokens to at most {budget}"] if budget > 0 else []))
         raise UsageError(f"prompt of {prompt_tokens} tokens + max-new-tokens {max_new_tokens} does not fit "
-                         f"{entry.ref}'s context of {context} tokens; shorten the prompt to at most {room} tokens "
-                         "or lower --max-new-tokens")
+                         f"{entry.ref}'s context of {context} tokens; "
+                         f"{' or '.join(fixes) or 'shorten the prompt and lower --max-new-tokens'}")
 
 
 def check_kv_cache(config: dict, rows: int, slots: int, dtype, device: str) -> None:

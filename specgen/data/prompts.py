@@ -131,7 +131,7 @@ def read_text(source: str | Path, what: str) -> Source:
     """The text of stdin ("-") or of the file `what` (missing, a folder, unreadable or not UTF-8: one line)."""
     if str(source) == "-":
         try:
-            text = sys.stdin.read()
+            text = sys.stdin.read().removeprefix("\ufeff")  # a byte order mark is no text (utf-8-sig, as files)
             text.encode("utf-8")  # bytes that are not UTF-8 arrive as surrogates (surrogateescape) or raise
         except UnicodeError:
             raise PromptSourceError("<stdin>: not UTF-8 text") from None
@@ -142,7 +142,7 @@ def read_text(source: str | Path, what: str) -> Source:
     if path.is_dir():
         raise PromptSourceError(f"{path} is a directory, not a {what}")
     try:
-        return Source(str(path), path, path.read_text(encoding="utf-8"))
+        return Source(str(path), path, path.read_text(encoding="utf-8-sig"))  # a leading byte order mark dropped
     except UnicodeDecodeError:
         raise PromptSourceError(f"{path}: not UTF-8 text") from None
     except OSError as e:

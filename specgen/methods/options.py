@@ -122,6 +122,11 @@ class NgramOptions(Options):
     cache: str = opt("", TEXT)
     budget: str = budget_opt("auto")
 
+    def check(self) -> None:
+        """The suffix lengths looked up, max_ngram down to min_ngram, are at least one."""
+        if self.min_ngram > self.max_ngram:
+            raise UsageError(f"ngram's min_ngram ({self.min_ngram}) must be <= max_ngram ({self.max_ngram})")
+
 
 @dataclass(frozen=True)
 class MultiBlockOptions(Options):

@@ -268,6 +268,9 @@ def no_weights(monkeypatch):
 @pytest.mark.parametrize("args,needle", [
     ([*GEN[:3], "--no-chat", "--prompt", "A" * 1100, "--max-new-tokens", "8"], "prompt of 1100 tokens"),
     ([*GEN[:3], "--no-chat", "--prompt", "A" * 1000, "--max-new-tokens", "100"], "shorten the prompt to at most 923"),
+    # a budget that leaves no prompt room named the impossible "shorten the prompt to at most 0 tokens"
+    ([*GEN[:3], "--no-chat", "--prompt", "hi", "--max-new-tokens", "1023"], "fit target/tiny-text's context of 1024 "
+     "tokens; lower --max-new-tokens to at most 1021"),
     ([*GEN[:3], "--no-chat", "--prompt", "hi", "--prompt", "A" * 1020, "--batch-size", "2"], "context of 1024 tokens"),
 ])
 def test_prompts_past_the_context_are_refused_before_the_weights_load(tiny, no_weights, args, needle):

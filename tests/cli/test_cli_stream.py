@@ -111,3 +111,11 @@ def test_a_closed_pipe_while_streaming_exits_141_without_a_word(tiny, specgen_ho
     p.stdout.close()  # the reader leaves before the first piece
     err = p.stderr.read().decode()
     assert p.wait() == 141 and err == "", err
+
+
+def test_streamed_json_lines_keep_their_stats_on_stderr(tiny):
+    """--stream --format json: the stream replaces the JSON results (and their stats), so the stats table still
+    follows on stderr, as with the table format; it was dropped."""
+    r = gen("ar", "--stream", "--format", "json")
+    assert r.exit_code == 0 and {json.loads(line)["row"] for line in r.stdout.splitlines()} == {0, 1, 2}
+    assert "ar on target/tiny-text" in r.stderr

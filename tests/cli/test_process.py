@@ -54,3 +54,16 @@ def test_under_a_profiler_the_exit_is_the_ordinary_one():
     finally:
         sys.setprofile(None)
     assert exited.value.code == 4
+
+
+@pytest.mark.parametrize("closed, args, status, err", [
+    (">&-", ["--help"], 0, ""),  # the help goes nowhere, as Python's own print does with no stdout
+    (">&-", ["generate", "--bogus"], 2, "error: No such option: --bogus"),
+    ("2>&-", ["generate", "--bogus"], 2, ""),
+    ("<&-", ["generate", "--prompts", "-"], 2, "error: <stdin>: no prompts (the input is empty)"),
+])
+def test_a_closed_standard_stream_is_no_traceback(closed, args, status, err):
+    """`specgen ... >&-`: Python starts with sys.stdout None, which the app's import read (a traceback, exit 1)."""
+    got = subprocess.run(["sh", "-c", f'exec "$@" {closed}', "sh", sys.executable, "-m", "cli.main", *args],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert (got.returncode, got.stderr.split("(see")[0].strip()) == (status, err), got.stderr

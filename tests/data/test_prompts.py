@@ -122,6 +122,18 @@ def test_stdin(monkeypatch):
     assert read_prompts("-") == ["p1", "p2"]
 
 
+def test_a_byte_order_mark_is_no_prompt_text(tmp_path, monkeypatch):
+    """A UTF-8 BOM (Notepad's files) was read as text: a JSONL file not named .jsonl became one-prompt-a-line
+    prompts of raw JSON, a .jsonl file was refused, and a plain prompt began with an invisible U+FEFF."""
+    for name, content, prompts in [("p.txt", '{"prompt": "Hi"}\r\n{"prompt": "Bye"}\r\n', ["Hi", "Bye"]),
+                                   ("p.jsonl", '{"prompt": "Hi"}\n', ["Hi"]),
+                                   ("q.txt", "Hi\r\nBye\r\n", ["Hi", "Bye"])]:
+        (tmp_path / name).write_bytes(b"\xef\xbb\xbf" + content.encode())
+        assert read_prompts(tmp_path / name) == prompts
+    monkeypatch.setattr(sys, "stdin", io.StringIO('\ufeff{"prompt": "p1"}\n'))
+    assert read_prompts("-") == ["p1"]
+
+
 def test_datasets_sources(tmp_path):
     datasets = pytest.importorskip("datasets")
     data = datasets.Dataset.from_dict({"instruction": ["i1", "i2"], "other": ["x", "y"]})

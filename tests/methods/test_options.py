@@ -58,6 +58,8 @@ def test_unknown_option_is_one_line_naming_the_known_ones():
     ("adt-tree", {"init": "diagonal"}, "init must be one of horizontal, vertical, random"),
     ("adt-tree", {"d_min": 3, "d_max": 4}, "adt-tree bounds must leave room"),
     ("adt-tree", {"d0": 12}, "adt-tree start shape (12, 4) must lie inside the bounds"),
+    # min_ngram above max_ngram left no n-gram length to look up: n-gram ran as AR, unsaid
+    ("ngram", {"min_ngram": 3, "max_ngram": 1}, "ngram's min_ngram (3) must be <= max_ngram (1)"),
     ("adt-tree+lantern", {"lantern_delta": 1.5}, "lantern_delta must be in [0, 1]"),
     ("eagle2", {"budget": "sometimes"}, "budget must be fixed or auto"),
     ("pcllm-mr", {"block_size": 1}, "block_size must be >= 2 (an integer below 2**31) (option block_size of"),
