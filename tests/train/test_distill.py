@@ -121,3 +121,12 @@ def test_two_process_gloo(traj, tmp_path):
     log = (tmp_path / "ddp" / "train.log").read_text()
     assert "2 process(es)" in log and "step 6/6" in log
     assert checkpoints.find("target/tiny-ddp").meta["metrics"]["steps"] == 6
+
+
+@pytest.mark.parametrize("targets,needle", [(["wqkv", "nosuch"], "lora_targets: nosuch is no Linear layer"),
+                                            ([], "lora_targets is empty")])
+def test_refuses_lora_targets_the_model_lacks(traj, tmp_path, targets, needle):
+    """A misspelt name was silently dropped beside a real one, and none matching was a ValueError (exit 1)."""
+    with pytest.raises(UsageError, match=needle):
+        distill(config(traj, lora_targets=targets), tmp_path / "r")
+
