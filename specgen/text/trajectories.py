@@ -68,9 +68,12 @@ def read_meta(folder: Path) -> dict:
     if not path.is_file():
         raise UsageError(f"{folder} holds no trajectories ({META} missing)")
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
+        meta = json.loads(path.read_text())
+    except ValueError as e:  # not JSON, or not UTF-8 text
         raise RuntimeFailure(f"unreadable {path}: {e}") from None
+    if not isinstance(meta, dict):
+        raise RuntimeFailure(f"unreadable {path}: not a JSON object")
+    return meta
 
 
 def check_meta(old: dict, new: dict) -> None:

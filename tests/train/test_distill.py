@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from specgen import checkpoints
-from specgen.errors import IncompatibleError, UsageError
+from specgen.errors import IncompatibleError, RuntimeFailure, UsageError
 from specgen.text.target import load_text_model
 from specgen.text.trajectories import load_records
 from specgen.train import packing
@@ -130,3 +130,9 @@ def test_refuses_lora_targets_the_model_lacks(traj, tmp_path, targets, needle):
     with pytest.raises(UsageError, match=needle):
         distill(config(traj, lora_targets=targets), tmp_path / "r")
 
+
+def test_refuses_a_trajectories_record_that_is_no_object(traj, tmp_path):
+    """Valid JSON of another shape (a list) failed with AttributeError: 'list' object has no attribute 'get'."""
+    (traj / "trajectories.json").write_text("[1, 2]")
+    with pytest.raises(RuntimeFailure, match="trajectories.json: not a JSON object"):
+        distill(config(traj), tmp_path / "r")
