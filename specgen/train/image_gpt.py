@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from specgen import checkpoints, devices, registry
@@ -25,6 +26,7 @@ from specgen.image.target import cfg_target
 from specgen.methods import run_batch
 from specgen.models.llamagen import GPT_CONFIGS, find_multiple, llamagen_config
 from specgen.models.transformer import Transformer
+from specgen.paths import check_folder
 from specgen.train.checkpoint import brief, check_outputs, fp16_state, publish, save_tensors, shipped_copy
 from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask
 from specgen.train.optim import OptimConfig
@@ -105,10 +107,15 @@ def crop_tokens(vq, split: str, n: int, seed: int, crop: int, scale: int, log: C
 
 def cached_tokens(path: Path, build: Callable[[], dict[str, torch.Tensor]],
                   log: Callable[[str], None]) -> dict[str, torch.Tensor]:
-    """Tensors cached at `path` (safetensors); `build()` makes them on a miss."""
+    """Tensors cached at `path` (safetensors); `build()` makes them on a miss or over an unreadable file."""
     if path.is_file():
-        log(f"token cache hit: {path}")
-        return load_file(str(path))
+        try:
+            t = load_file(str(path))
+            log(f"token cache hit: {path}")
+            return t
+        except (OSError, SafetensorError) as e:  # truncated or not safetensors (files are written whole): rebuilt
+            log(f"unreadable token cache {path} ({e}): rebuilding it")
+    check_folder(path.parent, "cache folder")  # before the build's work, which a failed write would lose
     t = build()
     save_tensors(path, t)
     return t

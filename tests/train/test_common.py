@@ -17,7 +17,7 @@ from specgen.config import load_config
 from specgen.errors import CheckpointError, UsageError
 from specgen.train.checkpoint import StaleStateError, atomic_write, fp16_state, write_entry
 from specgen.train.classifier import vq_reconstructions
-from specgen.train.image_gpt import load_vq
+from specgen.train.image_gpt import cached_tokens, load_vq
 from specgen.train.loop import At, Loop, LoopOptions, Optim, StateFile, TrainTask
 from specgen.train.optim import OptimConfig, cosine_lr
 from specgen.train.script import parse_recipe, print_metrics, script_parser
@@ -276,3 +276,23 @@ def test_run_script_turns_specgen_errors_into_one_line_and_exit_code(capsys, mon
     assert run_script(bad_recipe) == 2 and run_script(missing) == 1 and run_script(lambda: 0) == 0
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["error: bad config: no key 'stepz'", "error: no such checkpoint"]
+
+
+def test_token_caches_refuse_an_unwritable_folder_before_the_build_and_rebuild_a_corrupt_file(tmp_path):
+    """An unwritable cache (data_cache=/etc/passwd) failed exit 1 after the build's work (EAGLE's samples: minutes);
+    a truncated cache file failed with a bare SafetensorError naming no file."""
+    built = []
+
+    def build():
+        built.append(1)
+        return {"t": torch.arange(3)}
+
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(UsageError, match="afile is a file, not a folder"):
+        cached_tokens(tmp_path / "afile" / "k.safetensors", build, print)
+    assert not built
+    path = tmp_path / "cache" / "k.safetensors"
+    path.parent.mkdir()
+    path.write_bytes(b"\x10\x00")
+    assert cached_tokens(path, build, print)["t"].tolist() == [0, 1, 2] and built == [1]
+    assert load_file(str(path))["t"].tolist() == [0, 1, 2]  # rewritten whole
