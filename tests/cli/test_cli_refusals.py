@@ -166,6 +166,7 @@ QUICK_HEADS = ["num_sequences=2", "eval_sequences=1", "max_tokens=8", "stage1_ep
     (["train-heads", "--out", "run", "stage1_lr=-1"], "stage1_lr must be > 0"),
     (["train-heads", "--out", "run", "stage2_lr=nan"], "stage2_lr must be a finite number"),
     (["train-heads", "--out", "run", "max_tokens=1"], "max_tokens must be >= 2"),
+    (["train-heads", "--out", "run", "res_layers=0"], "res_layers must be >= 1"),  # was a ValueError, exit 1
     (["train-heads", "--out", "run", *QUICK_HEADS, "lora_targets=[wqkv,w0]"], "lora_targets: w0 is no Linear layer"),
     (["train-heads", "--kind", "eagle", "--out", "run", "lr=-1"], "lr must be > 0"),
     (["train-heads", "--kind", "eagle", "--out", "run", "beta2=1.5"], "beta2 must be in [0, 1)"),
