@@ -11,12 +11,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 
 from specgen import checkpoints, devices, registry
 from specgen.decoding.sampling import SamplingParams, logits_to_probs
-from specgen.errors import UsageError
+from specgen.errors import CheckpointError, UsageError
 from specgen.limits import decoder_context_of
 from specgen.mesh.procedural import ProceduralSpec
 from specgen.mesh.vertex_lookup import VertexMemory
@@ -282,13 +282,16 @@ class HeadsTrainer:
                 "target_digest": registry.weights_digest(self.target)}
         path = self.out / "labels.safetensors"
         if path.exists():
-            with safe_open(str(path), "pt") as f:
-                have = f.metadata() or {}
+            try:
+                with safe_open(str(path), "pt") as f:
+                    have = f.metadata() or {}
+                t = load_file(str(path))
+            except (OSError, SafetensorError) as e:
+                raise CheckpointError(f"corrupt labels file {path}: {e}; delete it to regenerate the labels") from None
             k = next((k for k in want if have.get(k) != want[k]), None)  # none recorded: made by an older specgen
             if k is not None:
                 raise UsageError(f"{path} holds labels made with {k} {have.get(k, '(not recorded)')}, not {want[k]}; "
                                  "use a new --out (or delete that file to regenerate the labels)")
-            t = load_file(str(path))
             return t["pcs"], t["tokens"]
         self.model.eval()
         pcs, tokens = make_labels(self.model, self.cfg, self.num_points, self.log,
