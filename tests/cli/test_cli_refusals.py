@@ -669,3 +669,23 @@ def test_a_method_whose_adapter_is_not_shipped_is_a_usage_error(tiny):
     with how to make it."""
     check_refusal(tiny, ["generate", "--method", "cllm", "--prompt", "hi", "--max-new-tokens", "2"], 2,
                   "adapter is not shipped in this build")
+
+
+def test_training_examples_name_no_builtin_and_merge_as_documented(tiny):
+    """distill --help's CLLM example registered name=smollm2-135m-cllm, a built-in (refused: exit 2), and a recipe's
+    header merged with `-c RECIPE ... --merge` (refused: --merge takes no --config)."""
+    import shlex
+
+    from cli import distill
+    from specgen.builtins import BUILTINS
+
+    names = [w.split("=", 1)[1] for w in distill.EPILOG.split() if w.startswith("name=")]
+    assert names and not set(names) & set(BUILTINS), names
+    merges = [line.split("specgen ", 1)[1].split("   ")[0] for p in sorted((ROOT / "recipes").rglob("*.yaml"))
+              for line in p.read_text().splitlines() if line.startswith("#") and "collect-trajectories" in line
+              and "--merge" in line]
+    assert merges
+    for line in merges:  # an empty --out: refused for having no shards, past every option check
+        argv = [a for a in shlex.split(line) if not a.startswith("runs/")]
+        check_refusal(tiny, [*argv[:argv.index("--out") + 1], "cwd", *argv[argv.index("--out") + 1:]], 2,
+                      "holds no trajectory shards")
