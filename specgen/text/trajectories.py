@@ -102,10 +102,10 @@ def done_ids(folder: Path) -> set[int]:
 
 
 def load_records(folder: Path) -> list[dict]:
-    """All block records of a folder (merged file if present, else every shard), de-duplicated and sorted."""
+    """All block records of a folder (the merged file if present and every shard), de-duplicated and sorted."""
     folder = Path(folder)
     merged = folder / MERGED / "train.parquet"
-    files = [merged] if merged.is_file() else shard_files(folder)
+    files = ([merged] if merged.is_file() else []) + shard_files(folder)  # shards collected since a merge: not in it
     if not files:
         raise UsageError(f"{folder} holds no trajectory shards")
     rows: dict[tuple[int, int], dict] = {}
