@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from specgen import checkpoints
+from specgen import checkpoints, registry
 from specgen.errors import IncompatibleError, RuntimeFailure, UsageError
 from specgen.text.target import load_text_model
 from specgen.text.trajectories import load_records
@@ -136,3 +136,14 @@ def test_refuses_a_trajectories_record_that_is_no_object(traj, tmp_path):
     (traj / "trajectories.json").write_text("[1, 2]")
     with pytest.raises(RuntimeFailure, match="trajectories.json: not a JSON object"):
         distill(config(traj), tmp_path / "r")
+
+
+def test_refuses_an_adapter_as_the_model(traj, tmp_path):
+    """model=ADAPTER trained and registered target/NAME without tokenizer files (a corrupt entry) and NAME-lora with
+    an adapter as its parent (unloadable); the documented way on is init_adapter with the adapter's target."""
+    distill(config(traj, steps=1), tmp_path / "a")
+    collect_tiny(tmp_path / "traj-a", write_prompts(tmp_path), model="tiny-pc-lora")  # as the adapter decodes
+    with pytest.raises(UsageError, match="adapter/tiny-pc-lora is no target.*model=target/tiny-text init_adapter="):
+        distill(config(tmp_path / "traj-a", steps=1, model="tiny-pc-lora", name="on-adapter"), tmp_path / "b")
+    home = registry.checkpoints_dir()
+    assert not (home / "target" / "on-adapter").exists() and not (home / "adapter" / "on-adapter-lora").exists()
