@@ -195,6 +195,9 @@ def distill(cfg: DistillConfig, out: Path, log: Callable[[str], None] = lambda s
     if source.entry.kind != "target":  # its outputs would be a target without tokenizer and an adapter's adapter
         raise UsageError(f"{source.entry.ref} is no target; to train that adapter on, use model={source.base.ref} "
                          f"init_adapter={source.entry.name}")
+    if source.quantize:  # no Linear layer to adapt or train: the weights are packed
+        raise UsageError(f"{source.entry.ref} is quantized ({source.quantize}); distill its float model, "
+                         f"model={source.base.ref}")
     tm = source.load(progress, decode=False)
     tok_hash = tokenizer_hash(tm.tokenizer)
     init = None

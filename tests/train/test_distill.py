@@ -147,3 +147,9 @@ def test_refuses_an_adapter_as_the_model(traj, tmp_path):
         distill(config(tmp_path / "traj-a", steps=1, model="tiny-pc-lora", name="on-adapter"), tmp_path / "b")
     home = registry.checkpoints_dir()
     assert not (home / "target" / "on-adapter").exists() and not (home / "adapter" / "on-adapter-lora").exists()
+
+
+def test_refuses_a_quantized_model(traj, tmp_path):
+    """model=NAME+int8 failed on its packed weights ('lora_targets ... is no Linear layer of the model (it has )')."""
+    with pytest.raises(UsageError, match="is quantized \\(int8\\); distill its float model, model=target/tiny-text"):
+        distill(config(traj, model="tiny-text+int8"), tmp_path / "r")
