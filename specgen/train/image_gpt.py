@@ -67,12 +67,31 @@ class ImageGPTTrainConfig(OptimConfig):
         return 1
 
 
+def vq_entry(ref: str, key: str = "vq") -> registry.Entry:
+    """The VQ entry of a folder or registry name given as recipe key `key`; another kind of entry is a UsageError."""
+    try:
+        entry = registry.entry_at(Path(ref)) if (Path(ref) / "config.json").is_file() else checkpoints.find(ref)
+    except UsageError as e:
+        raise UsageError(f"{key}={ref}: {e}") from None
+    if entry.meta.get("builder") != "vq":  # another model's weights would fail later, as an attribute error
+        raise UsageError(f"{key}={ref}: {entry.ref} is not a VQ tokenizer (builder {entry.meta.get('builder')!r}); "
+                         "name one such as tiny-image-vq")
+    return entry
+
+
+def check_vq_name(cfg) -> None:
+    """`cfg.vq_name`, recorded as the registry name that decodes the trained model's tokens, names the VQ of
+    `cfg.vq` (same weights): an unknown name left a GPT generate refuses, another VQ one that decodes wrongly."""
+    if not cfg.vq_name:  # none recorded
+        return
+    named, used = vq_entry(cfg.vq_name, "vq_name"), vq_entry(cfg.vq)
+    if registry.weights_digest(named) != registry.weights_digest(used):
+        raise UsageError(f"vq_name={cfg.vq_name} is not the VQ of vq={cfg.vq} (other weights); name that VQ's entry")
+
+
 def load_vq(ref: str):
     """(VQModel in eval mode, its config.json dict, sha256 of its weights file) of a folder or registry name."""
-    entry = registry.entry_at(Path(ref)) if (Path(ref) / "config.json").is_file() else checkpoints.find(ref)
-    if entry.meta.get("builder") != "vq":  # another model's weights would fail later, as an attribute error
-        raise UsageError(f"vq={ref}: {entry.ref} is not a VQ tokenizer (builder {entry.meta.get('builder')!r}); "
-                         "name one such as tiny-image-vq")
+    entry = vq_entry(ref)
     try:
         raw = (entry.path / "model.safetensors").read_bytes()
     except OSError as e:
@@ -213,6 +232,7 @@ def train(cfg: ImageGPTTrainConfig, out: Path, log: Callable[[str], None] = lamb
           command: str = "python -m specgen.train.image_gpt", device: str = "cpu") -> dict[str, Any]:
     """Train (or resume) in `out` on crops downscaled by `cfg.down()`, register the result; returns the metrics."""
     check_outputs([("target", cfg.name, cfg.ship_dir)])
+    check_vq_name(cfg)
     torch.set_num_threads(cfg.num_threads)
     data = token_dataset(cfg, log, cfg.down())
     vocab, grid, classes = data["codebook_size"], data["grid"], data["classes"]

@@ -296,3 +296,15 @@ def test_token_caches_refuse_an_unwritable_folder_before_the_build_and_rebuild_a
     path.write_bytes(b"\x10\x00")
     assert cached_tokens(path, build, print)["t"].tolist() == [0, 1, 2] and built == [1]
     assert load_file(str(path))["t"].tolist() == [0, 1, 2]  # rewritten whole
+
+
+@pytest.mark.parametrize("vq_name,needle", [("nosuch", "vq_name=nosuch: unknown checkpoint"),
+                                            ("tiny-image-gpt", "is not a VQ tokenizer")])
+def test_vq_name_must_be_the_vq_trained_on(vq_name, needle):
+    """vq_name=nosuch trained and registered an image GPT that generate refused ('unknown checkpoint nosuch'): the
+    name recorded is how the GPT's tokens are decoded, so it must name the VQ of `vq`."""
+    from specgen.train.image_gpt import ImageGPTTrainConfig, check_vq_name
+
+    check_vq_name(ImageGPTTrainConfig(vq="tiny-image-vq", vq_name="tiny-image-vq"))
+    with pytest.raises(UsageError, match=needle):
+        check_vq_name(ImageGPTTrainConfig(vq="tiny-image-vq", vq_name=vq_name))
