@@ -229,9 +229,10 @@ def code_classifier(tokens: torch.Tensor, labels: torch.Tensor, vocab: int) -> C
 
 
 def train(cfg: ImageGPTTrainConfig, out: Path, log: Callable[[str], None] = lambda s: None,
-          command: str = "python -m specgen.train.image_gpt", device: str = "cpu") -> dict[str, Any]:
+          command: str = "python -m specgen.train.image_gpt", device: str = "cpu", force: bool = False
+          ) -> dict[str, Any]:
     """Train (or resume) in `out` on crops downscaled by `cfg.down()`, register the result; returns the metrics."""
-    check_outputs([("target", cfg.name, cfg.ship_dir)])
+    check_outputs([("target", cfg.name, cfg.ship_dir)], force)
     check_vq_name(cfg)
     torch.set_num_threads(cfg.num_threads)
     data = token_dataset(cfg, log, cfg.down())
@@ -263,7 +264,7 @@ def train(cfg: ImageGPTTrainConfig, out: Path, log: Callable[[str], None] = lamb
             "classes": list(classes), "num_classes": mcfg.num_classes, "cls_token_num": mcfg.n_cond,
             "image_size": data["image_size"], "vq_sha": data["vq_sha"],
             "cfg_scale": cfg.cfg_scale, "created_by": command, "train_config": asdict(cfg), "metrics": metrics}
-    publish("target", cfg.name, cfg.ship_dir, fp16_state(model), meta, "tiny-image-gpt")
+    publish("target", cfg.name, cfg.ship_dir, fp16_state(model), meta, "tiny-image-gpt", force)
     log(f"done: {json.dumps(brief(metrics))}")
     return metrics
 
@@ -330,8 +331,9 @@ def main(argv: list[str] | None = None, config: type[ImageGPTTrainConfig] = Imag
          module: str = "specgen.train.image_gpt", doc: str | None = __doc__,
          recipe: str = "recipes/tiny/image-gpt.yaml") -> int:
     """The script of `module` (this one, or image_gpt_lowres with its config class)."""
-    cfg, args, log = parse_recipe(script_parser(module, doc, recipe), config, argv)
-    return print_metrics(train(cfg, Path(args.out), log, command=f"python -m {module}", device=args.device))
+    cfg, args, log = parse_recipe(script_parser(module, doc, recipe, registers=True), config, argv)
+    return print_metrics(train(cfg, Path(args.out), log, command=f"python -m {module}", device=args.device,
+                               force=args.force))
 
 
 if __name__ == "__main__":
