@@ -175,6 +175,7 @@ QUICK_HEADS = ["num_sequences=2", "eval_sequences=1", "max_tokens=8", "stage1_ep
     (["collect-trajectories", "--out", "run", "--model", "tiny-text", "--block-size", "0"], "block_size must be >= 1"),
     (["collect-trajectories", "--out", "run", "threads=-3"], "threads must be >= 0"),
     (["collect-trajectories", "--out", "run", "--merge", "--limit", "5"], "--limit would be ignored"),
+    (["collect-trajectories", "--out", "run", "--merge", "-b", "4"], "--batch-size would be ignored"),  # was ignored
 ])
 def test_nonsense_numbers_are_refused(tiny, args, needle):
     check_refusal(tiny, args, 2, needle)
