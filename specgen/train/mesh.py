@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
                            registers=True)
     parser.add_argument("--register", default=None, help="also install the result as target/NAME")
     cfg, args, log = parse_recipe(parser, MeshTrainConfig, argv)
-    check_outputs([("target", args.register or "", "")], args.force)  # the registry's write rule, before training
+    check_outputs([("target", args.register or "", "")], args.force, "--register NEW")  # before training
     return print_metrics(train(cfg, Path(args.out), log, device=args.device, register=args.register or "",
                                force=args.force))
 

@@ -1,6 +1,13 @@
 """The training scripts' shared logger writes timestamped lines to the file and to stderr."""
 
+from pathlib import Path
+
+import pytest
+
+from specgen.errors import UsageError
 from specgen.train.script import file_logger
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_file_logger(tmp_path, capsys):
@@ -24,3 +31,15 @@ def test_registering_scripts_take_force(tmp_path):
              "batch_size=4", "samples_per_class=1", f"token_cache={tmp_path / 'tok'}", "n_layers=1"]
     assert image_gpt.main([*quick, "--force"]) == 0
     assert checkpoints.find("target/taken").meta["created_by"] == "python -m specgen.train.image_gpt"
+
+
+def test_the_mesh_script_names_its_own_rename_option(tmp_path, capsys):
+    """Its refusal of an existing name said '(name=NEW)', a recipe key that names nothing there (--register does)."""
+    import torch
+
+    from specgen import registry
+    from specgen.train import mesh
+
+    registry.save("target", "taken", {"w": torch.zeros(1)}, {})
+    with pytest.raises(UsageError, match=r"target/taken already exists.*\(--register NEW\)$"):
+        mesh.main(["--config", str(ROOT / "recipes/tiny/mesh-gpt.yaml"), "--out", str(tmp_path), "--register", "taken"])
