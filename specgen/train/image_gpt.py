@@ -86,7 +86,8 @@ def check_vq_name(cfg) -> None:
         return
     named, used = vq_entry(cfg.vq_name, "vq_name"), vq_entry(cfg.vq)
     if registry.weights_digest(named) != registry.weights_digest(used):
-        raise UsageError(f"vq_name={cfg.vq_name} is not the VQ of vq={cfg.vq} (other weights); name that VQ's entry")
+        raise UsageError(f"vq_name={cfg.vq_name} is not the VQ of vq={cfg.vq} (other weights); name that VQ's "
+                         "registry entry (or vq_name= to record none)")
 
 
 def load_vq(ref: str):
