@@ -308,3 +308,19 @@ def test_vq_name_must_be_the_vq_trained_on(vq_name, needle):
     check_vq_name(ImageGPTTrainConfig(vq="tiny-image-vq", vq_name="tiny-image-vq"))
     with pytest.raises(UsageError, match=needle):
         check_vq_name(ImageGPTTrainConfig(vq="tiny-image-vq", vq_name=vq_name))
+
+
+def test_vq_name_of_other_weights_is_refused(tmp_path):
+    """A retrained VQ folder as vq= with the default vq_name recorded the shipped VQ for decoding: wrong codebook."""
+    import shutil
+
+    from specgen import checkpoints
+    from specgen.train.image_gpt import ImageGPTTrainConfig, check_vq_name
+
+    folder = shutil.copytree(checkpoints.find("tiny-image-vq").path, tmp_path / "vq")
+    weights = load_file(str(folder / "model.safetensors"))
+    weights["quantize.embedding.weight"] += 1
+    save_file(weights, str(folder / "model.safetensors"))
+    with pytest.raises(UsageError, match="is not the VQ of vq=.*other weights"):
+        check_vq_name(ImageGPTTrainConfig(vq=str(folder), vq_name="tiny-image-vq"))
+    check_vq_name(ImageGPTTrainConfig(vq=str(folder), vq_name=""))  # none recorded
