@@ -57,7 +57,7 @@ def collect_trajectories(
     given = dict(model=model, prompts=prompts, limit=limit, block_size=block_size, max_new_tokens=max_new_tokens,
                  seed=seed, device=device, batch_size=batch_size, dtype=dtype)
     if merge:
-        extra = [f"--{k.replace('_', '-')}" for k, v in given.items() if v is not None and k != "batch_size"]
+        extra = [f"--{k.replace('_', '-')}" for k, v in given.items() if v is not None]
         extra += [flag for flag, v in (("--config", config), ("overrides", overrides or None)) if v is not None]
         if extra:
             raise UsageError(f"--merge only merges the shards in --out; {extra[0]} would be ignored")

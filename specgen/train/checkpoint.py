@@ -82,10 +82,10 @@ def ships_builtin(kind: str, name: str, ship: str) -> bool:
                 and Path(ship).resolve() == (builtins.ASSETS / b.asset).resolve())
 
 
-def check_outputs(outputs: list[tuple[str, str, str]], force: bool = False) -> None:
+def check_outputs(outputs: list[tuple[str, str, str]], force: bool = False, rename: str = "name=NEW") -> None:
     """Before training: each (kind, name, ship folder) to publish passes `registry.check_new`, bar rebuilt built-ins,
     and its ship folder can be made and written (`publish` registers first: a late refusal there left a registered
-    entry under a failed run)."""
+    entry under a failed run); `rename` is how the command names another output."""
     for kind, name, ship in outputs:
         if ship:  # written after training: a file or unwritable folder there would fail the finished run
             check_folder(Path(ship), "ship_dir")
@@ -93,7 +93,7 @@ def check_outputs(outputs: list[tuple[str, str, str]], force: bool = False) -> N
             try:
                 registry.check_new(kind, name, force)
             except UsageError as e:
-                raise UsageError(f"{e} (name=NEW)") from None
+                raise UsageError(f"{e} ({rename})") from None
 
 
 def publish(kind: str, name: str, ship_dir: str, state: dict[str, torch.Tensor], meta: dict,

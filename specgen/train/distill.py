@@ -20,7 +20,7 @@ from specgen.devices import resolve_device, resolve_dtype
 from specgen.errors import IncompatibleError, UsageError
 from specgen.models.tokenizer import copy_tokenizer
 from specgen.paths import atomic_dir
-from specgen.text.target import load_text_model
+from specgen.text.target import open_text_model
 from specgen.text.trajectories import load_records, read_meta, tokenizer_hash
 from specgen.train import packing
 from specgen.train.lora import apply_lora, lora_state, merge_lora, merge_lora_state, merge_scale as checked_merge_scale
@@ -191,7 +191,14 @@ def distill(cfg: DistillConfig, out: Path, log: Callable[[str], None] = lambda s
     meta = read_meta(Path(cfg.trajectories))
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    tm = load_text_model(cfg.model, "cpu", progress, decode=False)
+    source = open_text_model(cfg.model, "cpu", progress)
+    if source.entry.kind != "target":  # its outputs would be a target without tokenizer and an adapter's adapter
+        raise UsageError(f"{source.entry.ref} is no target; to train that adapter on, use model={source.base.ref} "
+                         f"init_adapter={source.entry.name}")
+    if source.quantize:  # no Linear layer to adapt or train: the weights are packed
+        raise UsageError(f"{source.entry.ref} is quantized ({source.quantize}); distill its float model, "
+                         f"model={source.base.ref}")
+    tm = source.load(progress, decode=False)
     tok_hash = tokenizer_hash(tm.tokenizer)
     init = None
     if cfg.init_adapter:  # a later progressive round: continue an adapter of this model

@@ -11,12 +11,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 
 from specgen import checkpoints, devices, registry
 from specgen.decoding.sampling import SamplingParams, logits_to_probs
-from specgen.errors import UsageError
+from specgen.errors import CheckpointError, UsageError
 from specgen.limits import decoder_context_of
 from specgen.mesh.procedural import ProceduralSpec
 from specgen.mesh.vertex_lookup import VertexMemory
@@ -24,7 +24,7 @@ from specgen.models.heads import HEAD_KINDS, HeadsConfig, XSpecMeshHeads
 from specgen.models.mesh import MeshGPT
 from specgen.train.checkpoint import half, publish, save_tensors
 from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask, check_choices
-from specgen.train.lora import apply_lora, lora_disabled, lora_state, merge_lora
+from specgen.train.lora import apply_lora, check_targets, lora_disabled, lora_state, merge_lora
 from specgen.train.mesh import SeedStream, mesh_example, sequence_loss
 from specgen.train.optim import cosine_lr
 
@@ -269,12 +269,8 @@ class HeadsTrainer:
                                                   cfg.inner_dim, dc.vocab_size, cfg.token_input,
                                                   cfg.res_layers, cfg.history).to_dict())
         self.num_points = int(self.target.meta.get("num_points", 2048))
-        linears = {n.rpartition(".")[2] for n, m in self.model.decoder.named_modules()
-                   if isinstance(m, torch.nn.Linear)}
-        unknown = sorted(set(cfg.lora_targets) - linears) if cfg.stages == 2 else []
-        if unknown:  # stage 2 wraps them after the labels and stage 1: refused before that work
-            raise UsageError(f"lora_targets: {', '.join(unknown)} is no Linear layer of {self.target.ref}'s decoder "
-                             f"(it has {', '.join(sorted(linears))})")
+        if cfg.stages == 2:  # stage 2 wraps them after the labels and stage 1: refused before that work
+            check_targets(self.model.decoder, cfg.lora_targets, f"{self.target.ref}'s decoder")
         if cfg.skip_known_offsets and self.model.vocab_size != 5121:
             raise UsageError(f"skip_known_offsets needs a BPT backbone (5121 tokens); {self.target.ref} has "
                              f"{self.model.vocab_size}")
@@ -286,13 +282,16 @@ class HeadsTrainer:
                 "target_digest": registry.weights_digest(self.target)}
         path = self.out / "labels.safetensors"
         if path.exists():
-            with safe_open(str(path), "pt") as f:
-                have = f.metadata() or {}
+            try:
+                with safe_open(str(path), "pt") as f:
+                    have = f.metadata() or {}
+                t = load_file(str(path))
+            except (OSError, SafetensorError) as e:
+                raise CheckpointError(f"corrupt labels file {path}: {e}; delete it to regenerate the labels") from None
             k = next((k for k in want if have.get(k) != want[k]), None)  # none recorded: made by an older specgen
             if k is not None:
                 raise UsageError(f"{path} holds labels made with {k} {have.get(k, '(not recorded)')}, not {want[k]}; "
                                  "use a new --out (or delete that file to regenerate the labels)")
-            t = load_file(str(path))
             return t["pcs"], t["tokens"]
         self.model.eval()
         pcs, tokens = make_labels(self.model, self.cfg, self.num_points, self.log,

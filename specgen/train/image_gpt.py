@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from specgen import checkpoints, devices, registry
@@ -25,6 +26,7 @@ from specgen.image.target import cfg_target
 from specgen.methods import run_batch
 from specgen.models.llamagen import GPT_CONFIGS, find_multiple, llamagen_config
 from specgen.models.transformer import Transformer
+from specgen.paths import check_folder
 from specgen.train.checkpoint import brief, check_outputs, fp16_state, publish, save_tensors, shipped_copy
 from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask
 from specgen.train.optim import OptimConfig
@@ -65,12 +67,32 @@ class ImageGPTTrainConfig(OptimConfig):
         return 1
 
 
+def vq_entry(ref: str, key: str = "vq") -> registry.Entry:
+    """The VQ entry of a folder or registry name given as recipe key `key`; another kind of entry is a UsageError."""
+    try:
+        entry = registry.entry_at(Path(ref)) if (Path(ref) / "config.json").is_file() else checkpoints.find(ref)
+    except UsageError as e:
+        raise UsageError(f"{key}={ref}: {e}") from None
+    if entry.meta.get("builder") != "vq":  # another model's weights would fail later, as an attribute error
+        raise UsageError(f"{key}={ref}: {entry.ref} is not a VQ tokenizer (builder {entry.meta.get('builder')!r}); "
+                         "name one such as tiny-image-vq")
+    return entry
+
+
+def check_vq_name(cfg) -> None:
+    """`cfg.vq_name`, recorded as the registry name that decodes the trained model's tokens, names the VQ of
+    `cfg.vq` (same weights): an unknown name left a GPT generate refuses, another VQ one that decodes wrongly."""
+    if not cfg.vq_name:  # none recorded
+        return
+    named, used = vq_entry(cfg.vq_name, "vq_name"), vq_entry(cfg.vq)
+    if registry.weights_digest(named) != registry.weights_digest(used):
+        raise UsageError(f"vq_name={cfg.vq_name} is not the VQ of vq={cfg.vq} (other weights); name that VQ's "
+                         "registry entry (or vq_name= to record none)")
+
+
 def load_vq(ref: str):
     """(VQModel in eval mode, its config.json dict, sha256 of its weights file) of a folder or registry name."""
-    entry = registry.entry_at(Path(ref)) if (Path(ref) / "config.json").is_file() else checkpoints.find(ref)
-    if entry.meta.get("builder") != "vq":  # another model's weights would fail later, as an attribute error
-        raise UsageError(f"vq={ref}: {entry.ref} is not a VQ tokenizer (builder {entry.meta.get('builder')!r}); "
-                         "name one such as tiny-image-vq")
+    entry = vq_entry(ref)
     try:
         raw = (entry.path / "model.safetensors").read_bytes()
     except OSError as e:
@@ -105,10 +127,15 @@ def crop_tokens(vq, split: str, n: int, seed: int, crop: int, scale: int, log: C
 
 def cached_tokens(path: Path, build: Callable[[], dict[str, torch.Tensor]],
                   log: Callable[[str], None]) -> dict[str, torch.Tensor]:
-    """Tensors cached at `path` (safetensors); `build()` makes them on a miss."""
+    """Tensors cached at `path` (safetensors); `build()` makes them on a miss or over an unreadable file."""
     if path.is_file():
-        log(f"token cache hit: {path}")
-        return load_file(str(path))
+        try:
+            t = load_file(str(path))
+            log(f"token cache hit: {path}")
+            return t
+        except (OSError, SafetensorError) as e:  # truncated or not safetensors (files are written whole): rebuilt
+            log(f"unreadable token cache {path} ({e}): rebuilding it")
+    check_folder(path.parent, "cache folder")  # before the build's work, which a failed write would lose
     t = build()
     save_tensors(path, t)
     return t
@@ -203,9 +230,11 @@ def code_classifier(tokens: torch.Tensor, labels: torch.Tensor, vocab: int) -> C
 
 
 def train(cfg: ImageGPTTrainConfig, out: Path, log: Callable[[str], None] = lambda s: None,
-          command: str = "python -m specgen.train.image_gpt", device: str = "cpu") -> dict[str, Any]:
+          command: str = "python -m specgen.train.image_gpt", device: str = "cpu", force: bool = False
+          ) -> dict[str, Any]:
     """Train (or resume) in `out` on crops downscaled by `cfg.down()`, register the result; returns the metrics."""
-    check_outputs([("target", cfg.name, cfg.ship_dir)])
+    check_outputs([("target", cfg.name, cfg.ship_dir)], force)
+    check_vq_name(cfg)
     torch.set_num_threads(cfg.num_threads)
     data = token_dataset(cfg, log, cfg.down())
     vocab, grid, classes = data["codebook_size"], data["grid"], data["classes"]
@@ -236,7 +265,7 @@ def train(cfg: ImageGPTTrainConfig, out: Path, log: Callable[[str], None] = lamb
             "classes": list(classes), "num_classes": mcfg.num_classes, "cls_token_num": mcfg.n_cond,
             "image_size": data["image_size"], "vq_sha": data["vq_sha"],
             "cfg_scale": cfg.cfg_scale, "created_by": command, "train_config": asdict(cfg), "metrics": metrics}
-    publish("target", cfg.name, cfg.ship_dir, fp16_state(model), meta, "tiny-image-gpt")
+    publish("target", cfg.name, cfg.ship_dir, fp16_state(model), meta, "tiny-image-gpt", force)
     log(f"done: {json.dumps(brief(metrics))}")
     return metrics
 
@@ -303,8 +332,9 @@ def main(argv: list[str] | None = None, config: type[ImageGPTTrainConfig] = Imag
          module: str = "specgen.train.image_gpt", doc: str | None = __doc__,
          recipe: str = "recipes/tiny/image-gpt.yaml") -> int:
     """The script of `module` (this one, or image_gpt_lowres with its config class)."""
-    cfg, args, log = parse_recipe(script_parser(module, doc, recipe), config, argv)
-    return print_metrics(train(cfg, Path(args.out), log, command=f"python -m {module}", device=args.device))
+    cfg, args, log = parse_recipe(script_parser(module, doc, recipe, registers=True), config, argv)
+    return print_metrics(train(cfg, Path(args.out), log, command=f"python -m {module}", device=args.device,
+                               force=args.force))
 
 
 if __name__ == "__main__":

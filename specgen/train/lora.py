@@ -30,11 +30,19 @@ def _set(model: nn.Module, path: str, module: nn.Module) -> None:
     setattr(model.get_submodule(parent) if parent else model, leaf, module)
 
 
+def check_targets(model: nn.Module, targets, owner: str) -> None:
+    """`targets` names Linear layers of `model`, one at least; otherwise a UsageError naming those it has."""
+    linears = sorted({n.rpartition(".")[2] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
+    unknown = sorted(set(targets) - set(linears))
+    if unknown or not targets:  # a misspelt name beside real ones would silently adapt fewer layers
+        problem = f": {', '.join(unknown)} is no Linear layer of" if unknown else " is empty: name Linear layers of"
+        raise UsageError(f"lora_targets{problem} {owner} (it has {', '.join(linears)})")
+
+
 def apply_lora(model: nn.Module, targets: tuple[str, ...], rank: int = 16, alpha: float = 32.0) -> list[str]:
     """Wrap every Linear whose attribute name is in `targets`; returns the wrapped paths."""
+    check_targets(model, targets, "the model")
     paths = [name for name, m in model.named_modules() if isinstance(m, nn.Linear) and name.split(".")[-1] in targets]
-    if not paths:
-        raise ValueError(f"no Linear layer named {', '.join(targets)} to adapt")
     for path in paths:
         _set(model, path, LoRALinear(model.get_submodule(path), rank, alpha))
     return paths

@@ -181,7 +181,7 @@ class MeshTask(TrainTask):
 
 
 def train(cfg: MeshTrainConfig, out: Path, log: Callable[[str], None] = lambda s: None,
-          device: str = "cpu", register: str = "") -> dict[str, Any]:
+          device: str = "cpu", register: str = "", force: bool = False) -> dict[str, Any]:
     """Run (or resume) training into `out` on the shared loop, install it as target/`register` (unless ""); returns
     the final metrics."""
     torch.set_num_threads(cfg.num_threads)
@@ -214,17 +214,19 @@ def train(cfg: MeshTrainConfig, out: Path, log: Callable[[str], None] = lambda s
             "created_by": "python -m specgen.train.mesh", "train_config": asdict(cfg), "metrics": metrics}
     state = fp16_state(model, untie=True)
     write_entry(out, state, meta)
-    publish("target", register, cfg.ship_dir, state, meta, Path(cfg.ship_dir).name)
+    publish("target", register, cfg.ship_dir, state, meta, Path(cfg.ship_dir).name, force)
     log(f"done: step {progress.step}, val_loss {ev['val_loss']:.4f}, val_acc {ev['val_acc']:.4f}; wrote {out}")
     return metrics
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = script_parser("specgen.train.mesh", __doc__, "recipes/tiny/mesh-gpt.yaml", config_required=True)
+    parser = script_parser("specgen.train.mesh", __doc__, "recipes/tiny/mesh-gpt.yaml", config_required=True,
+                           registers=True)
     parser.add_argument("--register", default=None, help="also install the result as target/NAME")
     cfg, args, log = parse_recipe(parser, MeshTrainConfig, argv)
-    check_outputs([("target", args.register or "", "")])  # the registry's write rule, before training
-    return print_metrics(train(cfg, Path(args.out), log, device=args.device, register=args.register or ""))
+    check_outputs([("target", args.register or "", "")], args.force, "--register NEW")  # before training
+    return print_metrics(train(cfg, Path(args.out), log, device=args.device, register=args.register or "",
+                               force=args.force))
 
 
 if __name__ == "__main__":

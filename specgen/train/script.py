@@ -34,8 +34,10 @@ def file_logger(log_path: Path, echo: bool = True) -> Callable[[str], None]:
 
 
 def script_parser(module: str, doc: str, recipe: str, config_required: bool = False,
-                  out_help: str = "run directory (resumed if it holds state.safetensors)") -> argparse.ArgumentParser:
-    """`python -m <module> --config RECIPE --out OUT [--log FILE] [key=value ...]`; add script-specific flags to it."""
+                  out_help: str = "run directory (resumed if it holds state.safetensors)",
+                  registers: bool = False) -> argparse.ArgumentParser:
+    """`python -m <module> --config RECIPE --out OUT [--log FILE] [--force] [key=value ...]` (--force where the script
+    `registers` an entry); add script-specific flags to it."""
     parser = argparse.ArgumentParser(prog=f"python -m {module}", description=doc,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=config_required, default=None, help=f"YAML recipe, e.g. {recipe}")
@@ -43,6 +45,9 @@ def script_parser(module: str, doc: str, recipe: str, config_required: bool = Fa
     parser.add_argument("--log", default=None, help="log file (default: OUT/train.log); also echoed to stderr")
     parser.add_argument("--device", default=None, help="cpu (default: the tiny recipes' numerics), cuda, cuda:N or "
                         "auto; under `accelerate launch` / `torchrun` every process trains (specgen/train/loop.py)")
+    if registers:  # the registry's write rule (docs/training.md), as on the CLI's training commands
+        parser.add_argument("--force", action="store_true", help="replace an existing registry entry of the output "
+                            "name (never a built-in's)")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of recipe keys")
     return parser
 

@@ -17,7 +17,7 @@ from specgen.errors import IncompatibleError, MissingDependencyError, UsageError
 from specgen.image.neighbours import codebook_hash
 from specgen.models.upsampler import UpDownSampler, UpsamplerConfig
 from specgen.train.checkpoint import Published, brief, fp16_state, publish, shipped_copy
-from specgen.train.image_gpt import cached_tokens, crop_tokens, downscale, load_vq
+from specgen.train.image_gpt import cached_tokens, check_vq_name, crop_tokens, downscale, load_vq
 from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask, check_choices
 from specgen.train.optim import AdamWConfig
 
@@ -272,6 +272,7 @@ def train(cfg: UpsamplerTrainConfig, out: Path, log: Callable[[str], None] = lam
           device: str = "cpu", force: bool = False) -> Published | None:
     """Train (or resume) in `out` and register the pair (None on other ranks)."""
     torch.set_num_threads(cfg.num_threads)
+    check_vq_name(cfg)
     vq, doc, digest = load_vq(cfg.vq)
     vq.requires_grad_(False)
     vcfg = vq.config

@@ -166,6 +166,7 @@ QUICK_HEADS = ["num_sequences=2", "eval_sequences=1", "max_tokens=8", "stage1_ep
     (["train-heads", "--out", "run", "stage1_lr=-1"], "stage1_lr must be > 0"),
     (["train-heads", "--out", "run", "stage2_lr=nan"], "stage2_lr must be a finite number"),
     (["train-heads", "--out", "run", "max_tokens=1"], "max_tokens must be >= 2"),
+    (["train-heads", "--out", "run", "res_layers=0"], "res_layers must be >= 1"),  # was a ValueError, exit 1
     (["train-heads", "--out", "run", *QUICK_HEADS, "lora_targets=[wqkv,w0]"], "lora_targets: w0 is no Linear layer"),
     (["train-heads", "--kind", "eagle", "--out", "run", "lr=-1"], "lr must be > 0"),
     (["train-heads", "--kind", "eagle", "--out", "run", "beta2=1.5"], "beta2 must be in [0, 1)"),
@@ -174,6 +175,7 @@ QUICK_HEADS = ["num_sequences=2", "eval_sequences=1", "max_tokens=8", "stage1_ep
     (["collect-trajectories", "--out", "run", "--model", "tiny-text", "--block-size", "0"], "block_size must be >= 1"),
     (["collect-trajectories", "--out", "run", "threads=-3"], "threads must be >= 0"),
     (["collect-trajectories", "--out", "run", "--merge", "--limit", "5"], "--limit would be ignored"),
+    (["collect-trajectories", "--out", "run", "--merge", "-b", "4"], "--batch-size would be ignored"),  # was ignored
 ])
 def test_nonsense_numbers_are_refused(tiny, args, needle):
     check_refusal(tiny, args, 2, needle)
@@ -671,3 +673,23 @@ def test_a_method_whose_adapter_is_not_shipped_is_a_usage_error(tiny):
     with how to make it."""
     check_refusal(tiny, ["generate", "--method", "cllm", "--prompt", "hi", "--max-new-tokens", "2"], 2,
                   "adapter is not shipped in this build")
+
+
+def test_training_examples_name_no_builtin_and_merge_as_documented(tiny):
+    """distill --help's CLLM example registered name=smollm2-135m-cllm, a built-in (refused: exit 2), and a recipe's
+    header merged with `-c RECIPE ... --merge` (refused: --merge takes no --config)."""
+    import shlex
+
+    from cli import distill
+    from specgen.builtins import BUILTINS
+
+    names = [w.split("=", 1)[1] for w in distill.EPILOG.split() if w.startswith("name=")]
+    assert names and not set(names) & set(BUILTINS), names
+    merges = [line.split("specgen ", 1)[1].split("   ")[0] for p in sorted((ROOT / "recipes").rglob("*.yaml"))
+              for line in p.read_text().splitlines() if line.startswith("#") and "collect-trajectories" in line
+              and "--merge" in line]
+    assert merges
+    for line in merges:  # an empty --out: refused for having no shards, past every option check
+        argv = [a for a in shlex.split(line) if not a.startswith("runs/")]
+        check_refusal(tiny, [*argv[:argv.index("--out") + 1], "cwd", *argv[argv.index("--out") + 1:]], 2,
+                      "holds no trajectory shards")

@@ -158,3 +158,12 @@ def test_variant_heads_train_register_and_decode(tmp_path, option, key):
                                        *zip(gens))[0]
     assert 1 <= len(res.tokens) <= 30 and res.stats.steps >= 1
     torch.set_num_threads(old)
+
+
+def test_a_truncated_labels_file_is_one_line_naming_it(tmp_path):
+    """A damaged OUT/labels.safetensors failed with a bare 'SafetensorError: ... incomplete metadata' naming no file."""
+    from specgen.errors import CheckpointError
+
+    (tmp_path / "labels.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{")
+    with pytest.raises(CheckpointError, match="corrupt labels file .*labels.safetensors.*delete it"):
+        HeadsTrainer(tiny_config("name=t-bad"), tmp_path).labels()

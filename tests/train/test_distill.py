@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from specgen import checkpoints
-from specgen.errors import IncompatibleError, UsageError
+from specgen import checkpoints, registry
+from specgen.errors import IncompatibleError, RuntimeFailure, UsageError
 from specgen.text.target import load_text_model
 from specgen.text.trajectories import load_records
 from specgen.train import packing
@@ -121,3 +121,35 @@ def test_two_process_gloo(traj, tmp_path):
     log = (tmp_path / "ddp" / "train.log").read_text()
     assert "2 process(es)" in log and "step 6/6" in log
     assert checkpoints.find("target/tiny-ddp").meta["metrics"]["steps"] == 6
+
+
+@pytest.mark.parametrize("targets,needle", [(["wqkv", "nosuch"], "lora_targets: nosuch is no Linear layer"),
+                                            ([], "lora_targets is empty")])
+def test_refuses_lora_targets_the_model_lacks(traj, tmp_path, targets, needle):
+    """A misspelt name was silently dropped beside a real one, and none matching was a ValueError (exit 1)."""
+    with pytest.raises(UsageError, match=needle):
+        distill(config(traj, lora_targets=targets), tmp_path / "r")
+
+
+def test_refuses_a_trajectories_record_that_is_no_object(traj, tmp_path):
+    """Valid JSON of another shape (a list) failed with AttributeError: 'list' object has no attribute 'get'."""
+    (traj / "trajectories.json").write_text("[1, 2]")
+    with pytest.raises(RuntimeFailure, match="trajectories.json: not a JSON object"):
+        distill(config(traj), tmp_path / "r")
+
+
+def test_refuses_an_adapter_as_the_model(traj, tmp_path):
+    """model=ADAPTER trained and registered target/NAME without tokenizer files (a corrupt entry) and NAME-lora with
+    an adapter as its parent (unloadable); the documented way on is init_adapter with the adapter's target."""
+    distill(config(traj, steps=1), tmp_path / "a")
+    collect_tiny(tmp_path / "traj-a", write_prompts(tmp_path), model="tiny-pc-lora")  # as the adapter decodes
+    with pytest.raises(UsageError, match="adapter/tiny-pc-lora is no target.*model=target/tiny-text init_adapter="):
+        distill(config(tmp_path / "traj-a", steps=1, model="tiny-pc-lora", name="on-adapter"), tmp_path / "b")
+    home = registry.checkpoints_dir()
+    assert not (home / "target" / "on-adapter").exists() and not (home / "adapter" / "on-adapter-lora").exists()
+
+
+def test_refuses_a_quantized_model(traj, tmp_path):
+    """model=NAME+int8 failed on its packed weights ('lora_targets ... is no Linear layer of the model (it has )')."""
+    with pytest.raises(UsageError, match="is quantized \\(int8\\); distill its float model, model=target/tiny-text"):
+        distill(config(traj, model="tiny-text+int8"), tmp_path / "r")

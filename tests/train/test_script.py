@@ -1,6 +1,13 @@
 """The training scripts' shared logger writes timestamped lines to the file and to stderr."""
 
+from pathlib import Path
+
+import pytest
+
+from specgen.errors import UsageError
 from specgen.train.script import file_logger
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_file_logger(tmp_path, capsys):
@@ -10,3 +17,29 @@ def test_file_logger(tmp_path, capsys):
     lines = (tmp_path / "run.log").read_text().splitlines()
     assert [line.split(" ", 2)[2] for line in lines] == ["step 1 loss 2.0", "done"]
     assert "done" in capsys.readouterr().err
+
+
+def test_registering_scripts_take_force(tmp_path):
+    """An existing name was refused with 'pass --force to replace it', which these scripts did not accept."""
+    import torch
+
+    from specgen import checkpoints, registry
+    from specgen.train import image_gpt
+
+    registry.save("target", "taken", {"w": torch.zeros(1)}, {})
+    quick = ["--out", str(tmp_path / "run"), "name=taken", "ship_dir=", "num_crops=16", "eval_crops=8", "steps=1",
+             "batch_size=4", "samples_per_class=1", f"token_cache={tmp_path / 'tok'}", "n_layers=1"]
+    assert image_gpt.main([*quick, "--force"]) == 0
+    assert checkpoints.find("target/taken").meta["created_by"] == "python -m specgen.train.image_gpt"
+
+
+def test_the_mesh_script_names_its_own_rename_option(tmp_path, capsys):
+    """Its refusal of an existing name said '(name=NEW)', a recipe key that names nothing there (--register does)."""
+    import torch
+
+    from specgen import registry
+    from specgen.train import mesh
+
+    registry.save("target", "taken", {"w": torch.zeros(1)}, {})
+    with pytest.raises(UsageError, match=r"target/taken already exists.*\(--register NEW\)$"):
+        mesh.main(["--config", str(ROOT / "recipes/tiny/mesh-gpt.yaml"), "--out", str(tmp_path), "--register", "taken"])
