@@ -32,14 +32,16 @@ def read_state_file(path: Path) -> dict[str, torch.Tensor]:
                 state = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as e:  # corrupt file, or a pickle with non-tensor objects refused by weights_only
         text = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip()  # torch colours its message
-        if "Weights only load failed" in text:  # torch's own advice there is to unpickle: never repeated
+        # torch's own advice there is to unpickle: never repeated; an unknown opcode is bytes that are no pickle
+        if "Weights only load failed" in text and "Unsupported operand" not in text:
             found = re.search(r"Unsupported global: GLOBAL (\S+)", text)
             what = f" ({found[1]})" if found else ""
             raise CheckpointError(f"cannot read {path.name} as a state dict: it holds Python objects besides tensors"
                                   f"{what}, and specgen never unpickles; save only the tensors (a state dict, or "
                                   "safetensors) where the file was made") from None
-        first = (text.splitlines() or [type(e).__name__])[0]
-        raise CheckpointError(f"cannot read {path.name} as a state dict: {first}") from None
+        first = (text.splitlines() or [""])[0][:200]  # a bare KeyError says only '101': the type names the failure
+        raise CheckpointError(f"cannot read {path.name} as a state dict: a corrupt file, or no PyTorch or safetensors "
+                              f"checkpoint ({type(e).__name__}: {first})") from None
     for wrapper in ("model", "state_dict", "module"):
         if isinstance(state, dict) and isinstance(state.get(wrapper), dict):
             state = state[wrapper]

@@ -616,6 +616,14 @@ def test_a_pickle_with_code_is_refused_without_torchs_advice_to_unpickle(tiny, p
     assert "weights_only" not in lines[0] and "never" not in r.stdout
 
 
+@pytest.mark.parametrize("data", [b"hello", bytes(range(91, 191))])
+def test_a_file_that_is_no_checkpoint_is_named_corrupt(tiny, pt_file, data):
+    # text said 'cannot read w.pt as a state dict: 101' (a bare KeyError); random bytes said the file 'holds Python
+    # objects besides tensors' (torch's unknown pickle opcode), which sends the user to re-save a file that is garbage
+    (tiny / "w.pt").write_bytes(data)
+    check_refusal(tiny, [*pt_file, "--name", "junk"], 1, "a corrupt file, or no PyTorch or safetensors checkpoint")
+
+
 def test_a_drafter_without_a_parent_is_named_so():
     from specgen.errors import IncompatibleError
     from specgen.registry import Entry, check_pair
