@@ -39,9 +39,11 @@ def read_state_file(path: Path) -> dict[str, torch.Tensor]:
             raise CheckpointError(f"cannot read {path.name} as a state dict: it holds Python objects besides tensors"
                                   f"{what}, and specgen never unpickles; save only the tensors (a state dict, or "
                                   "safetensors) where the file was made") from None
-        first = (text.splitlines() or [""])[0][:200]  # a bare KeyError says only '101': the type names the failure
+        # the first line, or the weights-only unpickler's own (never torch's advice); a bare KeyError says only '101'
+        first = (re.findall(r"Unsupported operand \S+", text) or text.splitlines() or [""])[0][:200]
+        what = f"{type(e).__name__}: {first}" if first else type(e).__name__
         raise CheckpointError(f"cannot read {path.name} as a state dict: a corrupt file, or no PyTorch or safetensors "
-                              f"checkpoint ({type(e).__name__}: {first})") from None
+                              f"checkpoint ({what})") from None
     for wrapper in ("model", "state_dict", "module"):
         if isinstance(state, dict) and isinstance(state.get(wrapper), dict):
             state = state[wrapper]

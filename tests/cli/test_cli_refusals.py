@@ -622,6 +622,7 @@ def test_a_file_that_is_no_checkpoint_is_named_corrupt(tiny, pt_file, data):
     # objects besides tensors' (torch's unknown pickle opcode), which sends the user to re-save a file that is garbage
     (tiny / "w.pt").write_bytes(data)
     check_refusal(tiny, [*pt_file, "--name", "junk"], 1, "a corrupt file, or no PyTorch or safetensors checkpoint")
+    assert "weights_only" not in invoke(*pt_file, "--name", "junk").stderr
 
 
 def test_a_drafter_without_a_parent_is_named_so():
