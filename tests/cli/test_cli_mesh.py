@@ -221,6 +221,9 @@ def test_mesh_usage_errors(tiny, tmp_path):
                    "target/tiny-mesh is no XSpecMesh heads entry")
     one_error_line(invoke("generate", "--method", "xspecmesh", "method_options.heads=tiny-heads",
                           "method_options.criterion=best"), 2, "criterion")
+    # without --out-dir nothing is written: preview=true and mesh_format=glb ran with exit 0 and wrote no file
+    for option in ("preview=true", "mesh_format=glb"):
+        one_error_line(invoke("generate", "--method", "ar", "--model", "tiny-mesh", option), 2, "add --out-dir")
     one_error_line(invoke("export-mesh", "-", "--mesh-format", "fbx", input=good_line()), 2, "unknown mesh format")
     one_error_line(invoke("export-mesh", "-", input="\n"), 2, "no token sequences")
     one_error_line(invoke("export-mesh", "-", input="{oops\n"), 2, "<stdin> line 1: invalid JSON")
