@@ -83,6 +83,9 @@ def with_extra_rows(cfg: ImageBenchConfig) -> ImageBenchConfig:
 def checked_rows(cfg: ImageBenchConfig) -> ImageBenchConfig:
     """`with_extra_rows(cfg)`, every row and precision checked (the plan a run measures and summarises)."""
     cfg = with_extra_rows(cfg)
+    twice = next((m for m in cfg.methods if cfg.methods.count(m) > 1), None)  # else decoded twice, two equal rows
+    if twice is not None:
+        raise UsageError(f"row {twice!r} is given twice; rows: {', '.join(cfg.methods)}")
     for m in cfg.methods:
         spec = get_method(method_of(m))
         if not spec.runs_on("image"):
