@@ -205,6 +205,13 @@ def test_generate_with_int8_weights(tiny_image):
     assert r.exit_code == 2 and "per-row precision" in r.stderr
 
 
+def test_a_row_precision_that_is_none_names_its_key(tiny_image):
+    # was "--dtype must be one of float32, bfloat16, float16": an option not given, and no word of int8/int4
+    r = runner.invoke(app, ["benchmark", "--suite", "images", "--model", "t-gpt", "methods=[ar,ar@x]",
+                            "dtypes={ar@x: int3}"])
+    assert r.exit_code == 2 and "dtypes.ar@x must be one of float32, bfloat16, float16, int8, int4" in r.stderr
+
+
 def test_each_image_is_written_and_reported_as_it_is_done(tiny_image, monkeypatch):
     from specgen.image.generate import PngWriter
 
