@@ -647,6 +647,18 @@ def test_slow_bfloat16_with_quantize_does_not_suggest_quantize(monkeypatch):
     assert "float32 or --quantize int8|int4 is faster" in second
 
 
+def test_a_run_dir_makes_its_missing_parents_and_refuses_one_under_a_file(tmp_path):
+    # README's `--run-dir runs/he` failed in a fresh checkout ('folder runs does not exist': /runs/ is git-ignored)
+    from specgen.errors import UsageError
+    from specgen.eval.run_dir import RunDir
+
+    RunDir.open(tmp_path / "runs" / "he", "text", {})
+    assert (tmp_path / "runs" / "he" / "run.json").is_file()
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(UsageError, match="afile is a file, not a folder"):
+        RunDir.open(tmp_path / "afile" / "sub" / "he", "text", {})
+
+
 def test_a_record_without_runs_is_no_record(tmp_path):
     from specgen.eval.run_dir import RunDir
 
