@@ -203,6 +203,10 @@ def test_cuda_without_cuda_is_one_line(tiny, cmd):
     (["train-heads", "--kind", "eagle", "--out", "run", "name=../escape"], "invalid name"),
     (["train-heads", "--out", "run", "name="], "invalid name (+ -s1/-lora"),
     (["distill", "--out", "run", "name=" + "n" * 98], "at most 100"),
+    # were "Key 'limit' not in 'ImageBenchConfig'" (a meshes recipe under --suite images), and suite=meshes ignored
+    (["benchmark", "--suite", "images", "--config", ROOT / "recipes/tiny/bench-meshes.yaml"],
+     "--suite images contradicts suite: meshes"),
+    (["benchmark", "--suite", "images", "suite=meshes"], "--suite images contradicts suite: meshes"),
 ])
 def test_bad_recipes_and_overrides(tiny, args, needle):
     check_refusal(tiny, args, 2, needle)
