@@ -233,6 +233,20 @@ def test_mesh_usage_errors(tiny, tmp_path):
     one_error_line(invoke("train-heads", "--kind", "xspecmesh"), 2, "--out")
 
 
+def test_an_imported_mesh_backbone_is_a_mesh_model(tiny, tmp_path):
+    # `registry import w.pt --builder mesh_gpt` recorded no modality: every mesh command said "is a text model"
+    from tests.mesh.mesh_fixtures import tiny_mesh_model
+
+    model = tiny_mesh_model()
+    torch.save(model.state_dict(), tmp_path / "w.pt")
+    (tmp_path / "kw.json").write_text(json.dumps(model.builder_kwargs()))
+    r = invoke("registry", "import", tmp_path / "w.pt", "--name", "my-mesh", "--builder", "mesh_gpt",
+               "--kwargs", tmp_path / "kw.json")
+    assert r.exit_code == 0, r.output
+    r = invoke("generate", "--method", "ar", "--model", "my-mesh", "--num", "1", "max_new_tokens=4", "--format", "json")
+    assert r.exit_code == 0 and json.loads(r.stdout)["model"] == "target/my-mesh", r.output
+
+
 def test_benchmark_meshes_json(tiny):
     r = invoke("benchmark", "--suite", "meshes", "--model", "tiny-mesh", "--limit", "1", "--format", "json",
                "max_new_tokens=12", "num_heads=2", "heads={ca: tiny-heads}", "rows=[ar,ca]", "deltas=[0.9]",
