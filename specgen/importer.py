@@ -52,6 +52,11 @@ def read_state_file(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
+# builders whose modules are only ever one kind of entry (the rest build targets, or text drafters as targets)
+KIND_OF = {"eagle": "draft", "xspecmesh_heads": "heads", "vq": "vq", "image-classifier": "classifier",
+           "mulo-updown": "upsampler"}
+
+
 def import_checkpoint(source: Path, name: str, kind: str = "target", builder: str | None = None,
                       kwargs_path: Path | None = None, parent: str | None = None, progress=None,
                       vq: str | None = None, force: bool = False) -> registry.Entry:
@@ -76,6 +81,8 @@ def import_checkpoint(source: Path, name: str, kind: str = "target", builder: st
         raise UsageError("a raw state dict needs --builder and --kwargs (a JSON file of builder arguments)")
     if builder not in BUILDERS:
         raise UsageError(f"unknown builder '{builder}'; builders: {', '.join(BUILDERS)}")
+    if KIND_OF.get(builder, kind) != kind:  # else e.g. a classifier stored as a target reads as a 'text model'
+        raise UsageError(f"builder {builder} makes a {KIND_OF[builder]} entry, not a {kind}: add --kind {KIND_OF[builder]}")
     if vq and builder not in IMAGE_BUILDERS:
         raise UsageError(f"--vq is for image GPTs (builders: {', '.join(IMAGE_BUILDERS)}), not {builder}")
     try:

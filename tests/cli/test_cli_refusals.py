@@ -341,6 +341,19 @@ def test_registry_import_refusals(tiny, pt_file, extra, needle):
     assert (checkpoints.find("tiny-text").path / "model.safetensors").read_bytes() == before
 
 
+def test_registry_import_refuses_a_builder_of_another_kind(tiny):
+    # a classifier imported as a target (the default kind) was registered, then every command called it a text model
+    from specgen.models.classifier import ImageClassifier
+
+    kwargs = {"num_classes": 2, "widths": [4, 8], "groups": 2, "image_size": 16}
+    torch.save(ImageClassifier(**kwargs).state_dict(), tiny / "clf.pt")
+    (tiny / "clf.json").write_text(json.dumps(kwargs))
+    args = ["registry", "import", tiny / "clf.pt", "--builder", "image-classifier", "--kwargs", tiny / "clf.json"]
+    check_refusal(tiny, [*args, "--name", "clf"], 2, "builder image-classifier makes a classifier entry, not a "
+                                                    "target: add --kind classifier")
+    assert invoke(*args, "--name", "clf", "--kind", "classifier").exit_code == 0
+
+
 def test_registry_import_force_replaces_and_merge_refuses_builtins(tiny, pt_file):
     r = invoke(*pt_file, "--name", "tiny-text", "--force")
     assert r.exit_code == 0, r.output
