@@ -120,8 +120,11 @@ def benchmark(
             raise UsageError(f"{given} does not apply to `benchmark report`, which prints the run folder's rows as "
                              "measured; it takes --methods (the rows to show), --format, --out, --append, --quiet")
         return benchmark_runs.report(overrides[1:], names, fmt, out, append, quiet)
-    given_suite = suite is not None
-    suite = suite or recipe_key(config, overrides, "suite") or "humaneval"
+    given_suite, named = suite is not None, recipe_key(config, overrides, "suite")
+    if given_suite and named and {suite, named} - set(TEXT) and suite != named:  # humaneval and text share keys
+        raise UsageError(f"--suite {suite} contradicts suite: {named} (the recipe's or an override's): the {named} "
+                         f"benchmark's keys are not the {suite} suite's; drop one of them")
+    suite = suite or named or "humaneval"
     if suite not in SUITES:
         raise UnknownNameError("suite", suite, list(SUITES))
     sizes = comma_list("--batch-size", batch_size, "batch size", "1,4,16")

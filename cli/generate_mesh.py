@@ -28,6 +28,9 @@ def run(args, spec: MethodSpec) -> None:
     mesh_format = format_name(cfg.mesh_format)
     if args.out_dir is not None:
         check_output_dir(args.out_dir)  # before the load; created with the first mesh file
+    elif cfg.preview or mesh_format != MeshGenConfig.mesh_format:  # they shape files: else silently no file at all
+        raise UsageError("preview and mesh_format shape the files --out-dir writes: add --out-dir DIR (or pipe "
+                         "--format json into `specgen export-mesh`)")
     opts = mesh_options(req)
     heads = opts.heads if spec.name == "xspecmesh" else None
     check_budget(cfg.model, heads, cfg, opts)  # from the configs: before the weights load

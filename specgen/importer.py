@@ -32,20 +32,29 @@ def read_state_file(path: Path) -> dict[str, torch.Tensor]:
                 state = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as e:  # corrupt file, or a pickle with non-tensor objects refused by weights_only
         text = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip()  # torch colours its message
-        if "Weights only load failed" in text:  # torch's own advice there is to unpickle: never repeated
+        # torch's own advice there is to unpickle: never repeated; an unknown opcode is bytes that are no pickle
+        if "Weights only load failed" in text and "Unsupported operand" not in text:
             found = re.search(r"Unsupported global: GLOBAL (\S+)", text)
             what = f" ({found[1]})" if found else ""
             raise CheckpointError(f"cannot read {path.name} as a state dict: it holds Python objects besides tensors"
                                   f"{what}, and specgen never unpickles; save only the tensors (a state dict, or "
                                   "safetensors) where the file was made") from None
-        first = (text.splitlines() or [type(e).__name__])[0]
-        raise CheckpointError(f"cannot read {path.name} as a state dict: {first}") from None
+        # the first line, or the weights-only unpickler's own (never torch's advice); a bare KeyError says only '101'
+        first = (re.findall(r"Unsupported operand \S+", text) or text.splitlines() or [""])[0][:200]
+        what = f"{type(e).__name__}: {first}" if first else type(e).__name__
+        raise CheckpointError(f"cannot read {path.name} as a state dict: a corrupt file, or no PyTorch or safetensors "
+                              f"checkpoint ({what})") from None
     for wrapper in ("model", "state_dict", "module"):
         if isinstance(state, dict) and isinstance(state.get(wrapper), dict):
             state = state[wrapper]
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise CheckpointError(f"{path.name} is not a flat dict of tensors")
     return state
+
+
+# builders whose modules are only ever one kind of entry (the rest build targets, or text drafters as targets)
+KIND_OF = {"eagle": "draft", "xspecmesh_heads": "heads", "vq": "vq", "image-classifier": "classifier",
+           "mulo-updown": "upsampler"}
 
 
 def import_checkpoint(source: Path, name: str, kind: str = "target", builder: str | None = None,
@@ -72,6 +81,8 @@ def import_checkpoint(source: Path, name: str, kind: str = "target", builder: st
         raise UsageError("a raw state dict needs --builder and --kwargs (a JSON file of builder arguments)")
     if builder not in BUILDERS:
         raise UsageError(f"unknown builder '{builder}'; builders: {', '.join(BUILDERS)}")
+    if KIND_OF.get(builder, kind) != kind:  # else e.g. a classifier stored as a target reads as a 'text model'
+        raise UsageError(f"builder {builder} makes a {KIND_OF[builder]} entry, not a {kind}: add --kind {KIND_OF[builder]}")
     if vq and builder not in IMAGE_BUILDERS:
         raise UsageError(f"--vq is for image GPTs (builders: {', '.join(IMAGE_BUILDERS)}), not {builder}")
     try:
@@ -101,6 +112,8 @@ def import_checkpoint(source: Path, name: str, kind: str = "target", builder: st
         raise CheckpointError(f"{source.name} does not fit builder {builder}: {'missing' if missing else 'unexpected'} key {bad}")
     meta = {"builder": builder, "kwargs": kwargs, "vocab_size": kwargs.get("vocab_size"), "parent": parent,
             "source": str(source), "created_by": "registry import"}
+    if builder == "mesh_gpt":  # a mesh backbone: an entry without a modality is a text one to every command
+        meta["modality"] = "mesh"
     if builder in IMAGE_BUILDERS:  # an image GPT: its grid, conditioning, and the VQ it decodes with (checked to fit)
         meta.update(modality="image", grid=module.cfg.rope_grid, conditioning=module.cfg.cond_kind)
     if vq:

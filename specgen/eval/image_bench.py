@@ -83,6 +83,9 @@ def with_extra_rows(cfg: ImageBenchConfig) -> ImageBenchConfig:
 def checked_rows(cfg: ImageBenchConfig) -> ImageBenchConfig:
     """`with_extra_rows(cfg)`, every row and precision checked (the plan a run measures and summarises)."""
     cfg = with_extra_rows(cfg)
+    twice = next((m for m in cfg.methods if cfg.methods.count(m) > 1), None)  # else decoded twice, two equal rows
+    if twice is not None:
+        raise UsageError(f"row {twice!r} is given twice; rows: {', '.join(cfg.methods)}")
     for m in cfg.methods:
         spec = get_method(method_of(m))
         if not spec.runs_on("image"):
@@ -117,9 +120,14 @@ def classifier_state(im: ImageModel, cfg: ImageBenchConfig, conditions) -> tuple
     if any(isinstance(c, Caption) for c in conditions):
         return None, {"quality_note": "no classifier metrics: t2i images have captions, not class labels"}
     try:
-        clf = checkpoints.load_module(checkpoints.find(cfg.classifier), cfg.device)
+        entry = checkpoints.find(cfg.classifier)
+        # another kind of model (a target, a VQ) has no features: it would fail later as an attribute error
+        clf = checkpoints.load_module(entry, cfg.device) if entry.meta.get("builder") == "image-classifier" else None
     except Exception as e:  # the classifier is optional: say why it is missing, never fake a number
         return None, {"quality_note": f"no classifier metrics: {str(e).splitlines()[0][:80]}"}
+    if clf is None:
+        raise UsageError(f"classifier={cfg.classifier}: {entry.ref} is not an image classifier (builder "
+                         f"{entry.meta.get('builder')!r}); name one such as tiny-image-classifier, or set quality=false")
     # reference: unseen train-region crops (seed + 1; seed 0 are the GPT's own training crops)
     ref = image_metrics.reference_features(clf, max(256, 4 * len(conditions)), cfg.seed + 1)
     return clf, {"reference_features": ref.tolist()}

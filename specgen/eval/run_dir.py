@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from specgen.errors import UsageError
-from specgen.paths import atomic_write_text, check_space, write_new
+from specgen.paths import atomic_write_text, check_space, nearest_existing, write_new
 
 FORMAT = 1  # run.json layout version
 SUITES = ("humaneval", "text", "images", "meshes")  # what a run folder may hold
@@ -110,10 +110,11 @@ class RunDir:
         path = Path(path)
         if path.exists() and not path.is_dir():
             raise UsageError(f"--run-dir {path} is a file; name a folder (new or from an earlier run)")
-        if not path.exists() and not path.parent.is_dir():
-            raise UsageError(f"--run-dir {path}: folder {path.parent} does not exist")
-        check_space(path if path.exists() else path.parent, f"--run-dir {path}")  # read-only or full: before the work
-        path.mkdir(exist_ok=True)
+        probe = nearest_existing(path)  # missing parents are made (`--run-dir runs/he` in a checkout without runs/)
+        if not probe.is_dir():
+            raise UsageError(f"--run-dir {path}: {probe} is a file, not a folder")
+        check_space(probe, f"--run-dir {path}")  # read-only or full: before the work
+        path.mkdir(parents=True, exist_ok=True)
         run = cls(path, suite, config)
         doc = {"format": FORMAT, "suite": suite, "config": run.config}
         if write_new(path / "run.json", json.dumps(doc, indent=1, sort_keys=True) + "\n"):

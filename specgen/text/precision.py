@@ -74,6 +74,8 @@ def check_cpu(quantize: str | None, device: str) -> None:
 def check_row_precision(row: str, precision: str, device: str) -> None:
     """A benchmark row's precision (row "" = the run's own `dtype`): a float dtype this device runs, or int8/int4 for
     a row on the cpu (the run's own model is the float one quality is measured under)."""
+    if row and precision not in (*DTYPES, *QUANTIZE):  # resolve_dtype's message names --dtype and no int8/int4
+        raise UsageError(f"dtypes.{row} must be one of {', '.join((*DTYPES, *QUANTIZE))}, got {precision!r}")
     if precision not in QUANTIZE:
         resolve_dtype(precision, device)
     elif not row or not is_cpu(device):

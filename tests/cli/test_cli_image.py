@@ -150,6 +150,14 @@ def test_image_benchmark_suite(tiny_image):
     assert (out / "adt-tree-T0-grid.png").is_file() and (out / "speed-quality-T1.png").is_file()
 
 
+def test_benchmark_refuses_a_classifier_that_is_another_model(tiny_image):
+    # a target named as the classifier failed exit 1 with "AttributeError: ... no attribute 'image_size'"
+    r = runner.invoke(app, ["benchmark", "--suite", "images", "--model", "t-gpt", "--limit", "1", "methods=[ar]",
+                            "temperatures=[0]", f"out_dir={tiny_image / 'bench'}", "classifier=t-gpt"])
+    assert r.exit_code == 2 and "target/t-gpt is not an image classifier" in r.stderr, r.output
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tiny_image / "bench").exists()
+
+
 def test_benchmark_refuses_an_out_dir_it_cannot_make_before_the_work(tiny_image):
     (tiny_image / "file").write_text("x")  # the grids and plots would fail only once every row was measured
     r = runner.invoke(app, ["benchmark", "--suite", "images", "--model", "t-gpt", "--limit", "1",
@@ -195,6 +203,13 @@ def test_generate_with_int8_weights(tiny_image):
     assert tree == ar
     r = runner.invoke(app, ["benchmark", "--suite", "images", "--model", "t-gpt", "methods=[ar]", "dtype=int8"])
     assert r.exit_code == 2 and "per-row precision" in r.stderr
+
+
+def test_a_row_precision_that_is_none_names_its_key(tiny_image):
+    # was "--dtype must be one of float32, bfloat16, float16": an option not given, and no word of int8/int4
+    r = runner.invoke(app, ["benchmark", "--suite", "images", "--model", "t-gpt", "methods=[ar,ar@x]",
+                            "dtypes={ar@x: int3}"])
+    assert r.exit_code == 2 and "dtypes.ar@x must be one of float32, bfloat16, float16, int8, int4" in r.stderr
 
 
 def test_each_image_is_written_and_reported_as_it_is_done(tiny_image, monkeypatch):

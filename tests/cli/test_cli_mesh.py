@@ -221,6 +221,9 @@ def test_mesh_usage_errors(tiny, tmp_path):
                    "target/tiny-mesh is no XSpecMesh heads entry")
     one_error_line(invoke("generate", "--method", "xspecmesh", "method_options.heads=tiny-heads",
                           "method_options.criterion=best"), 2, "criterion")
+    # without --out-dir nothing is written: preview=true and mesh_format=glb ran with exit 0 and wrote no file
+    for option in ("preview=true", "mesh_format=glb"):
+        one_error_line(invoke("generate", "--method", "ar", "--model", "tiny-mesh", option), 2, "add --out-dir")
     one_error_line(invoke("export-mesh", "-", "--mesh-format", "fbx", input=good_line()), 2, "unknown mesh format")
     one_error_line(invoke("export-mesh", "-", input="\n"), 2, "no token sequences")
     one_error_line(invoke("export-mesh", "-", input="{oops\n"), 2, "<stdin> line 1: invalid JSON")
@@ -228,6 +231,20 @@ def test_mesh_usage_errors(tiny, tmp_path):
     assert not (tmp_path / "x").exists()
     one_error_line(invoke("train-heads", "--kind", "eagel", "--out", tmp_path), 2, "unknown heads kind")
     one_error_line(invoke("train-heads", "--kind", "xspecmesh"), 2, "--out")
+
+
+def test_an_imported_mesh_backbone_is_a_mesh_model(tiny, tmp_path):
+    # `registry import w.pt --builder mesh_gpt` recorded no modality: every mesh command said "is a text model"
+    from tests.mesh.mesh_fixtures import tiny_mesh_model
+
+    model = tiny_mesh_model()
+    torch.save(model.state_dict(), tmp_path / "w.pt")
+    (tmp_path / "kw.json").write_text(json.dumps(model.builder_kwargs()))
+    r = invoke("registry", "import", tmp_path / "w.pt", "--name", "my-mesh", "--builder", "mesh_gpt",
+               "--kwargs", tmp_path / "kw.json")
+    assert r.exit_code == 0, r.output
+    r = invoke("generate", "--method", "ar", "--model", "my-mesh", "--num", "1", "max_new_tokens=4", "--format", "json")
+    assert r.exit_code == 0 and json.loads(r.stdout)["model"] == "target/my-mesh", r.output
 
 
 def test_benchmark_meshes_json(tiny):

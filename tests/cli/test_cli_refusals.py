@@ -205,6 +205,10 @@ def test_cuda_without_cuda_is_one_line(tiny, cmd):
     (["train-heads", "--kind", "eagle", "--out", "run", "name=../escape"], "invalid name"),
     (["train-heads", "--out", "run", "name="], "invalid name (+ -s1/-lora"),
     (["distill", "--out", "run", "name=" + "n" * 98], "at most 100"),
+    # were "Key 'limit' not in 'ImageBenchConfig'" (a meshes recipe under --suite images), and suite=meshes ignored
+    (["benchmark", "--suite", "images", "--config", ROOT / "recipes/tiny/bench-meshes.yaml"],
+     "--suite images contradicts suite: meshes"),
+    (["benchmark", "--suite", "images", "suite=meshes"], "--suite images contradicts suite: meshes"),
 ])
 def test_bad_recipes_and_overrides(tiny, args, needle):
     check_refusal(tiny, args, 2, needle)
@@ -340,6 +344,19 @@ def test_registry_import_refusals(tiny, pt_file, extra, needle):
     before = (checkpoints.find("tiny-text").path / "model.safetensors").read_bytes()
     check_refusal(tiny, [*pt_file, *extra], 2, needle)
     assert (checkpoints.find("tiny-text").path / "model.safetensors").read_bytes() == before
+
+
+def test_registry_import_refuses_a_builder_of_another_kind(tiny):
+    # a classifier imported as a target (the default kind) was registered, then every command called it a text model
+    from specgen.models.classifier import ImageClassifier
+
+    kwargs = {"num_classes": 2, "widths": [4, 8], "groups": 2, "image_size": 16}
+    torch.save(ImageClassifier(**kwargs).state_dict(), tiny / "clf.pt")
+    (tiny / "clf.json").write_text(json.dumps(kwargs))
+    args = ["registry", "import", tiny / "clf.pt", "--builder", "image-classifier", "--kwargs", tiny / "clf.json"]
+    check_refusal(tiny, [*args, "--name", "clf"], 2, "builder image-classifier makes a classifier entry, not a "
+                                                    "target: add --kind classifier")
+    assert invoke(*args, "--name", "clf", "--kind", "classifier").exit_code == 0
 
 
 def test_registry_import_force_replaces_and_merge_refuses_builtins(tiny, pt_file):
@@ -621,6 +638,15 @@ def test_a_pickle_with_code_is_refused_without_torchs_advice_to_unpickle(tiny, p
     assert "weights_only" not in lines[0] and "never" not in r.stdout
 
 
+@pytest.mark.parametrize("data", [b"hello", bytes(range(91, 191))])
+def test_a_file_that_is_no_checkpoint_is_named_corrupt(tiny, pt_file, data):
+    # text said 'cannot read w.pt as a state dict: 101' (a bare KeyError); random bytes said the file 'holds Python
+    # objects besides tensors' (torch's unknown pickle opcode), which sends the user to re-save a file that is garbage
+    (tiny / "w.pt").write_bytes(data)
+    check_refusal(tiny, [*pt_file, "--name", "junk"], 1, "a corrupt file, or no PyTorch or safetensors checkpoint")
+    assert "weights_only" not in invoke(*pt_file, "--name", "junk").stderr
+
+
 def test_a_drafter_without_a_parent_is_named_so():
     from specgen.errors import IncompatibleError
     from specgen.registry import Entry, check_pair
@@ -641,6 +667,18 @@ def test_slow_bfloat16_with_quantize_does_not_suggest_quantize(monkeypatch):
     first, second = (str(w.message) for w in caught)
     assert "--quantize int4's bfloat16 activations" in first and "int8|int4 is faster" not in first
     assert "float32 or --quantize int8|int4 is faster" in second
+
+
+def test_a_run_dir_makes_its_missing_parents_and_refuses_one_under_a_file(tmp_path):
+    # README's `--run-dir runs/he` failed in a fresh checkout ('folder runs does not exist': /runs/ is git-ignored)
+    from specgen.errors import UsageError
+    from specgen.eval.run_dir import RunDir
+
+    RunDir.open(tmp_path / "runs" / "he", "text", {})
+    assert (tmp_path / "runs" / "he" / "run.json").is_file()
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(UsageError, match="afile is a file, not a folder"):
+        RunDir.open(tmp_path / "afile" / "sub" / "he", "text", {})
 
 
 def test_a_record_without_runs_is_no_record(tmp_path):

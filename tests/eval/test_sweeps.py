@@ -138,6 +138,16 @@ def test_images_bad_sweeps_are_refused(sweep, needle):
     assert needle in str(e.value) and "\n" not in str(e.value)
 
 
+def test_images_a_row_given_twice_is_refused():
+    # methods=[ar,ar] decoded every image twice and printed two equal rows (the mesh suite refused it)
+    from specgen.eval.image_bench import ImageBenchConfig, checked_rows
+
+    with pytest.raises(UsageError, match="row 'ar' is given twice"):
+        checked_rows(ImageBenchConfig(methods=["ar", "lantern", "ar"]))
+    assert checked_rows(ImageBenchConfig(methods=["ar", "mulo-sd@raster"], mulo_ablations=True)).methods.count(
+        "mulo-sd@raster") == 1  # an ablation row also named by hand is one row
+
+
 def test_images_plots_one_speed_quality_front_per_sweep(tmp_path):
     from specgen.eval.image_bench import swept_groups, write_outputs
 
