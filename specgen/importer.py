@@ -82,7 +82,8 @@ def import_checkpoint(source: Path, name: str, kind: str = "target", builder: st
     if builder not in BUILDERS:
         raise UsageError(f"unknown builder '{builder}'; builders: {', '.join(BUILDERS)}")
     if KIND_OF.get(builder, kind) != kind:  # else e.g. a classifier stored as a target reads as a 'text model'
-        raise UsageError(f"builder {builder} makes a {KIND_OF[builder]} entry, not a {kind}: add --kind {KIND_OF[builder]}")
+        made = KIND_OF[builder]
+        raise UsageError(f"builder {builder} makes a {made} entry, not a {kind}: add --kind {made}")
     if vq and builder not in IMAGE_BUILDERS:
         raise UsageError(f"--vq is for image GPTs (builders: {', '.join(IMAGE_BUILDERS)}), not {builder}")
     try:

@@ -127,7 +127,8 @@ def classifier_state(im: ImageModel, cfg: ImageBenchConfig, conditions) -> tuple
         return None, {"quality_note": f"no classifier metrics: {str(e).splitlines()[0][:80]}"}
     if clf is None:
         raise UsageError(f"classifier={cfg.classifier}: {entry.ref} is not an image classifier (builder "
-                         f"{entry.meta.get('builder')!r}); name one such as tiny-image-classifier, or set quality=false")
+                         f"{entry.meta.get('builder')!r}); name one such as tiny-image-classifier, or set "
+                         "quality=false")
     # reference: unseen train-region crops (seed + 1; seed 0 are the GPT's own training crops)
     ref = image_metrics.reference_features(clf, max(256, 4 * len(conditions)), cfg.seed + 1)
     return clf, {"reference_features": ref.tolist()}
