@@ -37,6 +37,14 @@ QuantizeOpt = Annotated[Optional[str], typer.Option(
     "--quantize", help="Weight-only int8 or int4 (stored once as a derived registry entry; docs/precision.md).")]
 
 
+def out_path(value: str) -> Path:
+    """An output option's path (typer's `parser`): an empty one, as an unset shell variable in quotes gives, is
+    refused, where Path("") would write into the current folder."""
+    if value == "":
+        raise typer.BadParameter("an empty path (an unset shell variable?); name a folder, or . for this one")
+    return Path(value)
+
+
 def comma_list(option: str, value: str | None, what: str, example: str) -> list[str] | None:
     """The stripped items of a comma-separated option (None when it is not given). An empty item (`1,,2`, a
     trailing comma) is refused, not dropped: it is a typo, and dropping it would run something else unsaid."""

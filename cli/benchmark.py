@@ -9,7 +9,7 @@ import typer
 
 from cli._errors import command
 from cli._options import (ConfigOpt, DeviceOpt, DtypeOpt, Format, FormatOpt, GraphsOpt, ModelOpt, OverridesArg,
-                          QuantizeOpt, QuietOpt, SeedOpt, comma_list, recipe_key)
+                          QuantizeOpt, QuietOpt, SeedOpt, comma_list, recipe_key, out_path)
 from specgen.errors import UnknownNameError, UsageError
 from specgen.eval.run_dir import SUITES
 
@@ -79,11 +79,11 @@ def benchmark(
     batch_size: Annotated[Optional[str], typer.Option(
         "--batch-size", help="Batch sizes, comma-separated (e.g. 1,4,16): B slots of continuous batching (B > 1 "
                             "rows add throughput and latency).")] = None,
-    out: Annotated[Optional[Path], typer.Option("--out", help="Also write the rows as JSONL to this new file (an "
+    out: Annotated[Optional[Path], typer.Option("--out", parser=out_path, help="Also write the rows as JSONL to this new file (an "
                                                 "existing file is refused before any work, unless --append).")] = None,
     append: Annotated[bool, typer.Option("--append", help="Add the rows to the end of an existing --out file.")] = False,
     run_dir: Annotated[Optional[Path], typer.Option(
-        "--run-dir", help="Run folder: config, machine and per-item records; rerunning the same command resumes "
+        "--run-dir", parser=out_path, help="Run folder: config, machine and per-item records; rerunning the same command resumes "
                           "(every suite).")] = None,
     shard: Annotated[Optional[str], typer.Option(
         "--shard", help="I/N: measure only shard I of N (0-based; a Slurm array job), into --run-dir. Under "

@@ -10,7 +10,7 @@ import typer
 
 from cli import _output
 from cli._errors import command
-from cli._options import ConfigOpt, DeviceOpt, DtypeOpt, Format, FormatOpt, ModelOpt, OverridesArg, QuietOpt, SeedOpt
+from cli._options import ConfigOpt, DeviceOpt, DtypeOpt, Format, FormatOpt, ModelOpt, OverridesArg, QuietOpt, SeedOpt, out_path
 from specgen.config import load_config
 from specgen.errors import UsageError
 
@@ -32,7 +32,7 @@ RESUME_STRICT = ("prompts", "prompt_field", "block_size", "max_new_tokens", "cha
 @command
 def collect_trajectories(
     overrides: OverridesArg = None,
-    out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (resumed if it holds trajectories).")] = ...,
+    out: Annotated[Path, typer.Option("--out", "-o", parser=out_path, help="Output folder (resumed if it holds trajectories).")] = ...,
     model: ModelOpt = None,
     prompts: Annotated[Optional[str], typer.Option("--prompts", help="'stdlib' (built-in) or a text/JSONL file, datasets folder or parquet file.")] = None,
     limit: Annotated[Optional[int], typer.Option("--limit", help="Use only this many prompts (0 = all).")] = None,

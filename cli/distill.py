@@ -10,7 +10,7 @@ import typer
 
 from cli import _output
 from cli._errors import command
-from cli._options import ConfigOpt, DeviceOpt, ForceOpt, Format, FormatOpt, ModelOpt, OverridesArg, QuietOpt, SeedOpt
+from cli._options import ConfigOpt, DeviceOpt, ForceOpt, Format, FormatOpt, ModelOpt, OverridesArg, QuietOpt, SeedOpt, out_path
 from specgen.config import load_config
 
 EPILOG = """examples:
@@ -28,7 +28,7 @@ EPILOG = """examples:
 @command
 def distill(
     overrides: OverridesArg = None,
-    out: Annotated[Path, typer.Option("--out", "-o", help="Run folder: log + checkpoint (resumed if present).")] = ...,
+    out: Annotated[Path, typer.Option("--out", "-o", parser=out_path, help="Run folder: log + checkpoint (resumed if present).")] = ...,
     trajectories: Annotated[Optional[str], typer.Option("--trajectories", help="Folder from `specgen collect-trajectories`.")] = None,
     model: ModelOpt = None,
     objective: Annotated[Optional[str], typer.Option("--objective", help="pcllm (progressive, one packed forward) or cllm (baseline).")] = None,

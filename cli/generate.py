@@ -9,7 +9,7 @@ import typer
 
 from cli._errors import command
 from cli._options import (ConfigOpt, DeviceOpt, DtypeOpt, Format, FormatOpt, GraphsOpt, MethodOpt, ModelOpt,
-                          OverridesArg, QuantizeOpt, QuietOpt, SeedOpt, recipe_key)
+                          OverridesArg, QuantizeOpt, QuietOpt, SeedOpt, out_path, recipe_key)
 from cli._process import imports_frozen
 
 EPILOG = """examples:
@@ -44,7 +44,7 @@ def generate(
     top_k: Annotated[Optional[int], typer.Option("--top-k", help="Keep the k most likely tokens (0 = off).")] = None,
     top_p: Annotated[Optional[float], typer.Option("--top-p", help="Nucleus sampling mass in (0, 1].")] = None,
     no_chat: Annotated[bool, typer.Option("--no-chat", help="\\[text] Feed prompts raw, without the chat template.")] = False,
-    out_dir: Annotated[Optional[Path], typer.Option("--out-dir", "-o", help="\\[image, mesh] Output folder; files already "
+    out_dir: Annotated[Optional[Path], typer.Option("--out-dir", "-o", parser=out_path, help="\\[image, mesh] Output folder; files already "
                                                      "there are kept (new names get -1, -2, ...).")] = None,
     num: Annotated[Optional[int], typer.Option("--num", "-n", help="\\[image, mesh] Number of samples (>= 1).")] = None,
     classes: Annotated[Optional[str], typer.Option("--classes", help="\\[image] Comma-separated class names or ids.")] = None,

@@ -10,7 +10,7 @@ import typer
 
 from cli import _output
 from cli._errors import command
-from cli._options import ConfigOpt, DeviceOpt, ForceOpt, Format, FormatOpt, OverridesArg, QuietOpt
+from cli._options import ConfigOpt, DeviceOpt, ForceOpt, Format, FormatOpt, OverridesArg, QuietOpt, out_path
 from specgen.config import load_config
 from specgen.errors import UnknownNameError
 
@@ -69,7 +69,7 @@ KINDS = {"xspecmesh": train_xspecmesh, "eagle": train_eagle}  # --kind -> (confi
 def train_heads(
     overrides: OverridesArg = None,
     kind: Annotated[str, typer.Option("--kind", help=f"Which heads: {', '.join(KINDS)}.")] = "xspecmesh",
-    out: Annotated[Path, typer.Option("--out", "-o", help="Run folder (resumed if it holds state).")] = ...,
+    out: Annotated[Path, typer.Option("--out", "-o", parser=out_path, help="Run folder (resumed if it holds state).")] = ...,
     device: DeviceOpt = None,
     config: ConfigOpt = None,
     fmt: FormatOpt = Format.table,

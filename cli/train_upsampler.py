@@ -10,7 +10,7 @@ import typer
 
 from cli import _output
 from cli._errors import command
-from cli._options import ConfigOpt, DeviceOpt, ForceOpt, Format, FormatOpt, OverridesArg, QuietOpt
+from cli._options import ConfigOpt, DeviceOpt, ForceOpt, Format, FormatOpt, OverridesArg, QuietOpt, out_path
 from specgen.config import load_config
 
 EPILOG = """examples:
@@ -30,7 +30,7 @@ EPILOG = """examples:
 @command
 def train_upsampler(
     overrides: OverridesArg = None,
-    out: Annotated[Path, typer.Option("--out", "-o", help="Run folder (resumed if it holds state).")] = ...,
+    out: Annotated[Path, typer.Option("--out", "-o", parser=out_path, help="Run folder (resumed if it holds state).")] = ...,
     device: DeviceOpt = None,
     config: ConfigOpt = None,
     fmt: FormatOpt = Format.table,

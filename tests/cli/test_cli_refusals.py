@@ -88,6 +88,16 @@ def test_bad_option_values_are_one_line(tiny, args, needle):
     check_refusal(tiny, args, 2, needle)
 
 
+@pytest.mark.parametrize("args", [
+    ["generate", "--method", "ar", "--prompt", "hi", "-o", ""], ["export-mesh", "-o", ""],
+    ["benchmark", "--out", ""], ["benchmark", "--run-dir", ""], ["collect-trajectories", "--out", ""],
+    ["distill", "-o", ""], ["train-heads", "-o", ""], ["train-upsampler", "--out", ""],
+], ids=lambda a: " ".join(a[:1] + a[-2:-1]))
+def test_an_empty_output_path_is_refused_not_taken_as_this_folder(tiny, args):
+    """An unset shell variable in quotes gives "": Path("") is the current folder, which a run would fill."""
+    check_refusal(tiny, args, 2, "an empty path (an unset shell variable?)")
+
+
 # ---- numbers and method options, checked before any model is loaded -------------------------------------------
 GEN = ["generate", "--model", "tiny-text", "--prompt", "hi"]
 IMG = ["generate", "--model", "tiny-image-gpt", "--method", "ar"]
