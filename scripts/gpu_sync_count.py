@@ -27,12 +27,14 @@ import argparse
 import sys
 import traceback
 import warnings
-from unittest import mock
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import specgen.devices as devices
@@ -41,8 +43,11 @@ from specgen.decoding.stats import DecodeStats
 from specgen.decoding.target import ModelTarget
 from specgen.methods import run_batch
 from specgen.methods.text import EmptyDrafter, JacobiDrafter, NgramDrafter
-from specgen.models import graphs
+from specgen.models import graphs, kernel_choice
+from specgen.models.graphs import StaticInputs, target_step
+from specgen.models.sliced_linear import SlicedLinear
 from specgen.models.transformer import Transformer, TransformerConfig
+from specgen.native import cuda_ops
 from specgen.request import parse_request
 
 ROOT = str(Path(__file__).resolve().parents[1])
@@ -141,12 +146,6 @@ def cuda_kernels(step) -> int:
     """The kernels a CUDA graph of `step` holds, counted on any device from a trace through the ops' fake kernels with
     the CUDA path's choices: RoPE with the cache writes and the SwiGLU gate as one op each, the device attention plan
     as its torch ops (the Triton kernels, norms and products one launch each)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.experimental.proxy_tensor import make_fx
-
-    from specgen.models import kernel_choice
-    from specgen.native import cuda_ops
-
     one_pass = lambda x: cuda_ops.available()  # noqa: E731  as on CUDA (SPECGEN_NATIVE=0: torch's ops)
     with torch.inference_mode(), mock.patch.object(kernel_choice, "one_pass", one_pass), \
             mock.patch.object(torch.ops.specgen, "attention_plan", cuda_ops.attention_plan), \
@@ -249,9 +248,7 @@ VIEWS = ("view", "slice", "transpose", "expand", "unsqueeze", "select", "aten.t.
 def graph_kernels(device: str, cfg: TransformerConfig | None = None) -> tuple[int, int]:
     """(kernels, layers) of one captured bf16 AR step of the SmolLM2 shape at 200 filled slots (`cuda_kernels`), on the
     CPU with the GPU's product layout (SlicedLinear) and the kernels `SPECGEN_NATIVE` chooses."""
-    from specgen.models.graphs import StaticInputs, target_step
-    from specgen.models.sliced_linear import SlicedLinear
-    from gpu_graphs import SMOLLM2
+    from gpu_graphs import SMOLLM2  # a script beside this one (this folder is on the path when run)
 
     cfg = cfg or SMOLLM2
     model = Transformer(cfg).to(device, torch.bfloat16).eval()

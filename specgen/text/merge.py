@@ -19,8 +19,8 @@ def shipped_adapter(name: str) -> tuple[registry.Entry, dict[str, torch.Tensor]]
     src = builtins.ASSETS / "text" / name
     if not (src / "adapter.json").is_file() or not (src / "adapter.safetensors").is_file():
         raise UsageError(f"the {name} adapter is not shipped in this build ({src}); "
-                              "train it with its recipe in recipes/tiny/ and decode the "
-                              "registered result (generate --model NAME, benchmark targets.<method>=NAME)")
+                         "train it with its recipe in recipes/tiny/ and decode the "
+                         "registered result (generate --model NAME, benchmark targets.<method>=NAME)")
     meta = json.loads((src / "adapter.json").read_text())
     state = {k: v.float() for k, v in load_file(str(src / "adapter.safetensors")).items()}
     return registry.Entry("adapter", name, src, meta), state
