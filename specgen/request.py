@@ -52,6 +52,7 @@ def parse_request(cfg: C, modality: str, spec: MethodSpec | None = None) -> Deco
         raise UsageError(f"method {spec.name} is for {spec.modality} models, not {modality} ones")
     options = spec.parse_options(cfg.method_options)
     params = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
+    options.check_use(modality, params.greedy)
     device = device_name(cfg.device)
     check_mode(cfg.graphs, device)  # before any model loads
     return DecodeRequest(cfg, spec, options, params, device)

@@ -14,7 +14,6 @@ from specgen.decoding.pool import RowStep, StepPolicy
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.stats import DecodeStats
 from specgen.decoding.target import Target, TargetOut
-from specgen.decoding.verify import forward_span
 from specgen.devices import now
 
 
@@ -85,7 +84,7 @@ def decode_batch(
         steps = batch.plan()  # 1. per live row: what it feeds the forward, or tokens it emits without one
         fed = [i for i, st in enumerate(steps) if st.root is not None]
         if fed:
-            out, sizes = batch.verify(steps, fed)  # 2. one target forward over the rows [fed[0], fed[-1]]
+            out, sizes = batch.verify(steps, fed)  # 2. the target's forward over the rows [fed[0], fed[-1]]
             outcomes = batch.settle(fed, out, sizes)  # 3. per fed row: the nodes to keep and the tokens to emit
             batch.commit(fed, outcomes)  # 4. keep those nodes on every branch row of each sequence
             for i, (_, tokens) in zip(fed, outcomes):
@@ -184,16 +183,17 @@ class Batch:
                                 [r.generator for r in self.slots], self.run.params, self.clock)
 
     def verify(self, steps: list[RowStep], fed: list[int]) -> tuple[TargetOut, tuple[int, ...]]:
-        """One forward over rows [lo, hi) of the fed span; a row in it that sits out feeds one padding node."""
+        """The policy's forward over rows [lo, hi) of the fed span; a row in it that sits out feeds one padding node."""
         feeds = {i: (steps[i].root, steps[i].draft) for i in fed}
         with self.clock("verify"):
-            self.view, out, sizes = forward_span(self.target, self.cache, feeds)
-        self.total.target_forwards += 1
+            span = self.policy.forward(self.target, self.cache, feeds)
+        self.view, sizes = span.view, span.sizes
+        self.total.target_forwards += span.forwards
         for i in fed:
-            self.slots[i].stats.target_forwards += 1
+            self.slots[i].stats.target_forwards += span.forwards
             self.slots[i].stats.target_tokens += sizes[i - fed[0]]
             self.total.target_tokens += sizes[i - fed[0]]
-        return out, sizes
+        return span.out, sizes
 
     def settle(self, fed: list[int], out: TargetOut, sizes: tuple[int, ...]) -> list[tuple[list[int], list[int]]]:
         """The policy's (keep, tokens) per fed row."""

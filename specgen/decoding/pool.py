@@ -12,7 +12,8 @@ from specgen.decoding.cache import KVCache
 from specgen.decoding.draft import Draft, Verdict
 from specgen.decoding.sampling import pick
 from specgen.decoding.stats import DecodeStats
-from specgen.decoding.target import TargetOut
+from specgen.decoding.target import Target, TargetOut
+from specgen.decoding.verify import Span, forward_span
 
 Clock = Callable[[str], AbstractContextManager]  # clock(phase): charge a block's wall time to `phase`
 
@@ -73,8 +74,9 @@ class RowStep:
 
 
 class StepPolicy(Slots, Protocol):
-    """A method's step over the live slots: the loop prefills, runs the one forward, commits and counts; `clock(phase)`
-    charges a block to `phase` of every live row and the batch (the policy times all but verify and commit)."""
+    """A method's step over the live slots: the loop prefills, runs the step's forward, commits and counts;
+    `clock(phase)` charges a block to `phase` of every live row and the batch (the policy times all but verify and
+    commit)."""
 
     def start(self, slot: int, first: TargetOut, params, generator: torch.Generator | None,
               stats: DecodeStats) -> list[int]:
@@ -83,6 +85,9 @@ class StepPolicy(Slots, Protocol):
     def plan(self, seqs: Sequence[list[int]], budgets: Sequence[int], stats: Sequence[DecodeStats],
              generators: Sequence[torch.Generator | None], params, clock: Clock) -> list[RowStep]:
         """1. One RowStep per live slot; budgets[i] = tokens slot i may still add beyond one."""
+
+    def forward(self, target: Target, cache: KVCache, feeds: dict[int, tuple[int, Draft]]) -> Span:
+        """2. The target's work on the fed rows (sequence -> root, draft): one forward (`forward_span`), or more."""
 
     def settle(self, rows: Sequence[int], lo: int, out: TargetOut, sizes: Sequence[int], params,
                generators: Sequence[torch.Generator | None], stats: Sequence[DecodeStats],
@@ -124,6 +129,7 @@ class PolicyBase(PoolBase):
     `extras` (the method's counters) start at 0."""
 
     extras: tuple[str, ...] = ()
+    forward = staticmethod(forward_span)
 
     def start(self, slot: int, first: TargetOut, params, generator, stats: DecodeStats) -> list[int]:
         stats.extras.update(dict.fromkeys(self.extras, 0))

@@ -40,12 +40,22 @@ def verify_batch(roots: list[int], drafts: list[Draft], starts: list[int], devic
     return VerifyBatch(tokens, positions, to_device(mask.view(len(drafts), s, s), device), sizes)
 
 
-def forward_span(target: Target, cache: KVCache, feeds: dict[int, tuple[int, Draft]]
-                 ) -> tuple[KVCache, TargetOut, tuple[int, ...]]:
+@dataclass(frozen=True)
+class Span:
+    """A step's target work over the sequences [lo, hi) it spans: the view of their cache rows (commit through it, then
+    `absorb` at lo), the output (row i: its first sizes[i] nodes are real) and the target forwards it ran."""
+
+    view: KVCache
+    out: TargetOut
+    sizes: tuple[int, ...]
+    forwards: int = 1
+
+
+def forward_span(target: Target, cache: KVCache, feeds: dict[int, tuple[int, Draft]]) -> Span:
     """One forward over the sequences [lo, hi) spanning `feeds` (sequence -> root, draft; one between them feeds a
-    padding node): the view of their cache rows (commit through it, then `absorb` at lo), the output, `sizes`."""
+    padding node)."""
     lo, hi, br = min(feeds), max(feeds) + 1, target.branches
     view = cache.rows(lo * br, hi * br)
     fed = [feeds.get(i, (0, Draft.empty())) for i in range(lo, hi)]
     batch = verify_batch([r for r, _ in fed], [d for _, d in fed], view.lengths[::br], target.device)
-    return view, target.forward(batch.tokens, batch.positions, view, batch.tree_mask), batch.sizes
+    return Span(view, target.forward(batch.tokens, batch.positions, view, batch.tree_mask), batch.sizes)

@@ -90,7 +90,7 @@ def checked_rows(cfg: ImageBenchConfig) -> ImageBenchConfig:
         spec = get_method(method_of(m))
         if not spec.runs_on("image"):
             raise UsageError(f"method {m} is for {spec.modality}; the images suite is image methods")
-        spec.parse_options(options_of(cfg, m))
+        spec.parse_options(options_of(cfg, m)).check_use("image", greedy=not any(cfg.temperatures))
     for entry, dtype in {"": cfg.dtype, **cfg.dtypes}.items():
         if entry and entry not in cfg.methods:
             raise UsageError(f"dtypes.{entry}: no such row; rows: {', '.join(cfg.methods)}")

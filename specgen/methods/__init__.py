@@ -24,7 +24,7 @@ class MethodSpec:
     modality: str  # "text" | "image" | "mesh": the default modality (decides the default model)
     lossless: bool
     summary: str
-    options_type: type = O.NoOptions  # frozen dataclass of the method options (`method_options.*`)
+    options_type: type  # frozen dataclass of the method options (`method_options.*`)
     drafter: Callable[[Any, int], Any] | None = None  # (options of `parse_options`, seed) -> text drafter
     target: str = "base"  # which model it decodes: "base" or a distilled variant's registry name
     modalities: tuple[str, ...] = ()  # every modality it runs on (empty: just `modality`)
@@ -61,8 +61,8 @@ def ngram_cache_fits(o: O.NgramOptions, tokenizer: Any) -> None:
 METHODS: dict[str, MethodSpec] = {
     spec.name: spec
     for spec in [
-        MethodSpec("ar", "text", True, "autoregressive baseline on the same static-cache loop",
-                   drafter=lambda o, seed: EmptyDrafter(), modalities=("text", "image", "mesh")),
+        MethodSpec("ar", "text", True, "autoregressive baseline on the same static-cache loop", O.ArOptions,
+                   drafter=lambda o, seed: EmptyDrafter(o.run_ahead), modalities=("text", "image", "mesh")),
         MethodSpec("jacobi", "text", True, "Jacobi fixed-point iteration over a block of n tokens",
                    O.JacobiOptions, JacobiDrafter),
         MethodSpec("ngram", "text", True, "prompt-lookup n-gram drafts verified by the target (and a static n-gram "

@@ -160,10 +160,10 @@ class MuLoBatch(PolicyBase):
     def low_forward(self, feeds: dict[int, list[int]]) -> dict[int, torch.Tensor]:
         """One drafter forward over the slots in `feeds` (`forward_span`), chains committed; logits [S_i, V] each."""
         lo = min(feeds)
-        view, out, _ = forward_span(self.low, self.cache, {i: (c[0], Draft.chain(c[1:])) for i, c in feeds.items()})
-        view.commit_seqs({i - lo: list(range(len(chain))) for i, chain in feeds.items()}, self.br)
-        self.cache.absorb(view, lo * self.br)
-        return {i: out.logits[i - lo, : len(chain)] for i, chain in feeds.items()}
+        span = forward_span(self.low, self.cache, {i: (c[0], Draft.chain(c[1:])) for i, c in feeds.items()})
+        span.view.commit_seqs({i - lo: list(range(len(chain))) for i, chain in feeds.items()}, self.br)
+        self.cache.absorb(span.view, lo * self.br)
+        return {i: span.out.logits[i - lo, : len(chain)] for i, chain in feeds.items()}
 
     def draft(self, slots: list[int], seqs, params, stats, clock) -> list[list[int]]:
         """7. down-sample each row's accepted prefix and feed its new low-res rows to the drafter, 1. draft

@@ -66,6 +66,9 @@ class Options:
     def check(self) -> None:
         """Rules between options (a family overrides it); single values are checked by their fields."""
 
+    def check_use(self, modality: str, greedy: bool) -> None:
+        """Rules between the options and the run: the modality decoded, greedy or sampled (a family overrides it)."""
+
     def validate(self, method: str = "") -> None:
         """Every field against its check (a None that is the field's default means "derived"), then `check()`."""
         for f in fields(self):
@@ -78,8 +81,18 @@ class Options:
 # --- ar -------------------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class NoOptions(Options):
-    """A method without options (ar)."""
+class ArOptions(Options):
+    """AR (`ar`): `run_ahead` greedy steps a host read (text, temperature 0; decoding/run_ahead.py): the same tokens,
+    fewer host round trips where a step is a CUDA graph replay. 1: one step a read, as every method's."""
+
+    run_ahead: int = opt(1, int_in(1, 64))
+
+    def check_use(self, modality: str, greedy: bool) -> None:
+        if self.run_ahead > 1 and modality != "text":
+            raise UsageError(f"run_ahead (option of ar) is for text models; {modality} AR reads each token on the host")
+        if self.run_ahead > 1 and not greedy:
+            raise UsageError("run_ahead (option of ar) needs --temperature 0: a sampled token is drawn on the host, "
+                             "so each step is read there")
 
 
 # --- text: the shared batched loop's option, Jacobi, n-gram, pcLLM multi-block ------------------------------------

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 from specgen.decoding.draft import Draft, Verdict
 from specgen.decoding.draft_verify import DrafterBase
+from specgen.decoding.pool import StepPolicy
+from specgen.decoding.run_ahead import RunAhead
 from specgen.decoding.stats import DecodeStats
 from specgen.decoding.target import TargetOut
 from specgen.methods.ngram_cache import NgramCache
@@ -14,10 +16,17 @@ from specgen.methods.options import JacobiOptions, NgramOptions
 
 
 class EmptyDrafter(DrafterBase):
-    """Autoregressive decoding: every step verifies only the root, so it commits exactly one token."""
+    """Autoregressive decoding: every step verifies only the root, so it commits exactly one token; `run_ahead` > 1
+    (greedy): that many AR steps a loop step (`RunAhead`)."""
+
+    def __init__(self, run_ahead: int = 1) -> None:
+        self.run_ahead = run_ahead
 
     def propose(self, seq: list[int], budget: int, stats: DecodeStats) -> Draft:
         return Draft.empty()
+
+    def step_policy(self, make, target, rule, budget) -> StepPolicy:
+        return RunAhead(self.run_ahead) if self.run_ahead > 1 else super().step_policy(make, target, rule, budget)
 
 
 @dataclass

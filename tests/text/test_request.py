@@ -7,7 +7,7 @@ import pytest
 from specgen.errors import UsageError
 from specgen.image.generate import ImageGenConfig
 from specgen.methods import METHODS
-from specgen.methods.options import JacobiOptions, NoOptions
+from specgen.methods.options import ArOptions, JacobiOptions
 from specgen.request import parse_request
 from specgen.text.generate import TextGenConfig
 
@@ -16,7 +16,7 @@ def test_the_request_holds_the_spec_and_typed_options():
     req = parse_request(TextGenConfig(method="jacobi", method_options={"block_size": 3, "budget": "auto"}), "text")
     assert req.spec is METHODS["jacobi"] and req.options == JacobiOptions(block_size=3, budget="auto")
     assert req.budget == "auto" and req.builder_options() == {"block_size": 3}
-    assert parse_request(TextGenConfig(), "text").options == NoOptions() and req.device == "cpu"
+    assert parse_request(TextGenConfig(), "text").options == ArOptions() and req.device == "cpu"
 
 
 def test_a_spec_given_is_not_looked_up_again():

@@ -1,0 +1,63 @@
+"""`ar` with run_ahead K: K greedy AR steps a host read decode AR's tokens, eagerly and as graph replays; refusals."""
+
+from __future__ import annotations
+
+import pytest
+
+from specgen.decoding.sampling import SamplingParams
+from specgen.decoding.target import ModelTarget
+from specgen.errors import UsageError
+from specgen.methods import run_batch
+from specgen.models import graphs
+from specgen.request import parse_request
+from specgen.text.generate import TextGenConfig
+from tests.conftest import method_drafter, tiny_model
+from tests.decoding.test_batched import ragged_prompts
+from tests.models.test_graphs import static_target, traced
+
+
+def decode(target, prompts, n: int, run_ahead: int = 1, stop=(), batch_size: int = 0):
+    streamed = {i: [] for i in range(len(prompts))}
+    res = run_batch(target, lambda i: method_drafter("ar", run_ahead=run_ahead), prompts, n, SamplingParams(), stop,
+                    batch_size=batch_size, on_tokens=lambda i, toks: streamed[i].extend(toks))
+    assert [streamed[i] for i in range(len(prompts))] == [r.tokens for r in res.results]  # streams what it returns
+    return res
+
+
+@pytest.mark.parametrize("k,batch_size", [(2, 0), (3, 2), (8, 0)])
+def test_run_ahead_decodes_what_ar_decodes_with_stops_and_budgets_mid_chunk(k, batch_size):
+    """Ragged rows, a budget that no chunk ends on, a stop token some rows meet mid-chunk, rows refilled (batch 2 of
+    5 prompts): every row's tokens are AR's."""
+    model, prompts = tiny_model(1), ragged_prompts(5, seed=3)
+    ar = decode(ModelTarget(model), prompts, 23, stop=(7,))
+    got = decode(ModelTarget(model), prompts, 23, k, stop=(7,), batch_size=batch_size)
+    assert [r.tokens for r in got.results] == [r.tokens for r in ar.results]
+    assert any(len(r.tokens) < 23 for r in ar.results)  # the control: a stop token cut some row short
+    for r in got.results:  # each of a loop step's K forwards counts: AR's tokens per forward and tau, 1
+        assert r.stats.target_forwards == 1 + k * r.stats.steps and r.stats.tau == 1.0
+        assert r.stats.steps == -(-(len(r.tokens) - 1) // k) or 7 in r.tokens
+
+
+@pytest.mark.parametrize("capture", [False, True], ids=["static", "traced"])
+def test_run_ahead_steps_as_graph_replays_decode_what_eager_ar_decodes(capture, monkeypatch):
+    if capture:  # the CPU replay emulation of a CUDA graph capture (tests/models/test_graphs.py)
+        monkeypatch.setattr(graphs.StepGraphs, "captured", traced)
+    prompts = ragged_prompts(3, seed=4)
+    eager = decode(ModelTarget(tiny_model(0)), prompts, 21)
+    model = tiny_model(0)
+    got = decode(static_target(model, capture), prompts, 21, 4)
+    assert [r.tokens for r in got.results] == [r.tokens for r in eager.results]
+    assert model.graphs.eager_calls == 0 and model.graphs.replays == 4 * got.stats.steps
+
+
+@pytest.mark.parametrize("options,modality,temperature,message", [
+    ({"run_ahead": 4}, "text", 0.7, "run_ahead .option of ar. needs --temperature 0"),
+    ({"run_ahead": 4}, "image", 0.0, "run_ahead .option of ar. is for text models"),
+    ({"run_ahead": 0}, "text", 0.0, "run_ahead must be an integer in 1..64"),
+    ({"run_ahead": 65}, "text", 0.0, "run_ahead must be an integer in 1..64"),
+])
+def test_run_ahead_is_refused_where_it_cannot_run(options, modality, temperature, message):
+    cfg = TextGenConfig(method="ar", method_options=options, temperature=temperature)
+    with pytest.raises(UsageError, match=message):
+        parse_request(cfg, modality)
+    assert parse_request(TextGenConfig(method="ar", method_options={"run_ahead": 4}), "text").options.run_ahead == 4
