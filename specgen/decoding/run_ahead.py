@@ -16,38 +16,42 @@ class RunAhead(PolicyBase):
     """AR at temperature 0 with `steps` AR steps in each loop step, read on the host once: step j feeds the argmax of
     step j - 1's logits without the host seeing it. Exact: step j is AR's forward at length n + j over the same cache
     slots, its token AR's greedy pick (the argmax of the same logits), and the loop keeps every node, as AR commits
-    each. Tokens past a stop token or the budget are cut by the loop, as a chunk's always are. Where a step is a CUDA
-    graph replay, the host's share of a token (staging, accept, commit, the loop) shrinks by ~`steps`."""
+    each. A loop step runs no more steps than the live row nearest its budget may still add, so no position passes a
+    row's budget (nor so the model's context); tokens past a stop token are cut by the loop, as a chunk's always are.
+    Where a step is a CUDA graph replay, the host's share of a token (staging, accept, commit, the loop) shrinks by
+    ~`steps`."""
 
     def __init__(self, steps: int) -> None:
         self.steps = self.max_feed = steps  # the last step writes `steps` slots past the committed ones
+        self.chunk = steps  # this loop step's count (`plan`)
 
     def admit(self, slot: int, index: int, prompt: list[int], first: TargetOut) -> None:
         pass
 
     def plan(self, seqs, budgets, stats, generators, params, clock) -> list[RowStep]:
+        self.chunk = min(self.steps, 1 + min(budgets))  # budgets[i]: tokens row i may still add beyond one
         return [RowStep(seq[-1]) for seq in seqs]  # 1. every live row feeds its last token
 
     def forward(self, target: Target, cache: KVCache, feeds: dict[int, tuple[int, Draft]]) -> Span:
-        """2. `steps` greedy AR forwards over the rows [lo, hi) of `feeds`, nothing committed between them: each runs
+        """2. `chunk` greedy AR forwards over the rows [lo, hi) of `feeds`, nothing committed between them: each runs
         with its rows' lengths advanced past the nodes before it, which stay where the commit keeps them."""
         lo, hi, br = min(feeds), max(feeds) + 1, target.branches
         view = cache.rows(lo * br, hi * br)
         tokens = host_tensor([[feeds[i][0] if i in feeds else 0] for i in range(lo, hi)], target.device)  # [n, 1]
         starts = host_tensor([[p] for p in view.lengths[::br]], target.device)  # [n, 1]: each root's position
         lengths, outs = list(view.lengths), []
-        for j in range(self.steps):
+        for j in range(self.chunk):
             view.lengths = [n + j for n in lengths]
             outs.append(target.forward(tokens, starts + j, view, None))
             tokens = outs[-1].logits[:, -1:].argmax(-1)  # [n, 1]: AR's greedy pick, left on the device
         view.lengths = lengths
         out = TargetOut(torch.cat([o.logits for o in outs], 1), torch.cat([o.features for o in outs], 1))
-        return Span(view, out, (self.steps,) * (hi - lo), self.steps)  # logits [n, steps, V]
+        return Span(view, out, (self.chunk,) * (hi - lo), self.chunk)  # logits [n, chunk, V]
 
     def settle(self, rows, lo, out, sizes, params, generators, stats, clock) -> list[tuple[list[int], list[int]]]:
-        with clock("accept"):  # 3. the host's one read of `steps` tokens a row
-            picked = out.logits.argmax(-1).tolist()  # [n][steps]
+        with clock("accept"):  # 3. the host's one read of `chunk` tokens a row
+            picked = out.logits.argmax(-1).tolist()  # [n][chunk]
         for s in stats:
             s.record(0, 0, 0)  # an AR step's record: no draft
-        keep = list(range(self.steps))
+        keep = list(range(self.chunk))
         return [(keep, picked[i - lo]) for i in rows]

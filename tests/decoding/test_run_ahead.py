@@ -33,9 +33,18 @@ def test_run_ahead_decodes_what_ar_decodes_with_stops_and_budgets_mid_chunk(k, b
     got = decode(ModelTarget(model), prompts, 23, k, stop=(7,), batch_size=batch_size)
     assert [r.tokens for r in got.results] == [r.tokens for r in ar.results]
     assert any(len(r.tokens) < 23 for r in ar.results)  # the control: a stop token cut some row short
-    for r in got.results:  # each of a loop step's K forwards counts: AR's tokens per forward and tau, 1
-        assert r.stats.target_forwards == 1 + k * r.stats.steps and r.stats.tau == 1.0
-        assert r.stats.steps == -(-(len(r.tokens) - 1) // k) or 7 in r.tokens
+    for r, a in zip(got.results, ar.results):  # each step counts, none past a budget: AR's forwards unless it stopped
+        assert r.stats.tau == 1.0 and (r.stats.target_forwards == a.stats.target_forwards or 7 in r.tokens)
+
+
+def test_run_ahead_at_the_context_end_feeds_no_position_past_it():
+    """A prompt + budget that fill the context exactly, a budget no chunk ends on: the last steps shrink to what the
+    row may still add (a position past the context has no rotary row: an IndexError, a device assert on CUDA)."""
+    model = tiny_model(0, max_seq_len=64)
+    prompt = ragged_prompts(1, seed=5)[0]
+    n = 64 - len(prompt)
+    assert n % 8 and decode(ModelTarget(model), [prompt], n, 8).results[0].tokens == \
+        decode(ModelTarget(model), [prompt], n).results[0].tokens
 
 
 @pytest.mark.parametrize("capture", [False, True], ids=["static", "traced"])
