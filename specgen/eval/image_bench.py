@@ -182,7 +182,7 @@ def measure_images(im: ImageModel, cfg: ImageBenchConfig, sink, shard: Shard = S
                                "branches": cfg_target(im.model, cfg.cfg_scale, conditions if im.text_conditional
                                                       else None).branches})
     base = ImageGenConfig(model=cfg.model, cfg_scale=cfg.cfg_scale, seed=cfg.seed, device=cfg.device, num=1,
-                          dtype=cfg.dtype)
+                          dtype=cfg.dtype, temperature=cfg.temperatures[0])  # a run's own temperature for its checks
     models = entry_models(im, cfg)  # entry -> the model it decodes (its `dtypes` precision, else `im`)
     # warm-up: one image per method (allocations, neighbour tables)
     requests = {m: parse_request(replace(base, method=method_of(m), method_options=options_of(cfg, m)), "image")

@@ -65,7 +65,7 @@ def build_image_method(name: str, parts: ImageParts, options: dict | O.Options):
 
 
 BUILDERS: dict[str, Callable[[ImageParts, Any], tuple[Any, Any]]] = {  # every method that runs on images, by name
-    "ar": lambda p, o: (EmptyDrafter(), None),
+    "ar": lambda p, o: (EmptyDrafter(o.run_ahead), None),
     "eagle2": lambda p, o: (eagle_drafter(p, fixed(o)), None),
     "adt-tree": lambda p, o: (eagle_drafter(p, adt(p, o)), None),
     "lantern": lambda p, o: (eagle_drafter(p, fixed(o)), lantern_rule(p, o)),

@@ -61,7 +61,7 @@ def test_run_ahead_steps_as_graph_replays_decode_what_eager_ar_decodes(capture, 
 
 @pytest.mark.parametrize("options,modality,temperature,message", [
     ({"run_ahead": 4}, "text", 0.7, "run_ahead .option of ar. needs --temperature 0"),
-    ({"run_ahead": 4}, "image", 0.0, "run_ahead .option of ar. is for text models"),
+    ({"run_ahead": 4}, "mesh", 0.0, "run_ahead .option of ar. is for text and image models"),
     ({"run_ahead": 0}, "text", 0.0, "run_ahead must be an integer in 1..64"),
     ({"run_ahead": 65}, "text", 0.0, "run_ahead must be an integer in 1..64"),
 ])

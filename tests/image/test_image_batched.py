@@ -52,6 +52,11 @@ def test_lossless_image_methods_batched_equal_alone_and_ar(method, cfg_scale):
             res = run_batch(target, make, [[c] for c in labels], n, SamplingParams(), batch_size=batch_size,
                             max_draft=32, budget=shared)
             assert [r.tokens for r in res.results] == ar
+    if method == "ar":  # K greedy steps a host read (run_ahead), the budget nearest its end shrinking the last
+        for batch_size in (1, 3):
+            res = run_batch(target, lambda i: build_image_method("ar", parts, {"run_ahead": 5})[0],
+                            [[c] for c in labels], n, SamplingParams(), batch_size=batch_size)
+            assert [r.tokens for r in res.results] == ar and all(r.stats.target_forwards == n for r in res.results)
     order = list(range(len(labels)))
     random.Random(0).shuffle(order)
     res = run_batch(target, make, [[labels[i]] for i in order], n, SamplingParams(), batch_size=3, max_draft=32)
