@@ -41,6 +41,8 @@ EPILOG = """examples:
 
   specgen benchmark report runs/he --methods ar,ngram --format json   # a finished run folder's rows (shards merged)
 
+  specgen benchmark report runs/img out_dir=grids   # an images run's grids and plots here, not its recorded out_dir
+
   specgen benchmark --config recipes/full/bench-llamagen-c2i-l.yaml --dry-run   # check a GPU recipe here first
 """
 
@@ -102,7 +104,7 @@ def benchmark(
 ) -> None:
     """Measure speed (ratios from one run), acceptance and quality of methods on a suite.
 
-    `specgen benchmark report RUN_DIR` prints the table of a finished --run-dir (shards merged)."""
+    `specgen benchmark report RUN_DIR [out_dir=DIR]` prints the table of a finished --run-dir (shards merged)."""
     # deferred: start-up (the suites import torch and the models; `specgen --help` does without them)
     from cli import benchmark_runs
 
@@ -118,7 +120,8 @@ def benchmark(
         given = next((o for o, v in run_only.items() if v is not None), None)
         if given is not None:
             raise UsageError(f"{given} does not apply to `benchmark report`, which prints the run folder's rows as "
-                             "measured; it takes --methods (the rows to show), --format, --out, --append, --quiet")
+                             "measured; it takes --methods (the rows to show), --format, --out, --append, --quiet "
+                             "and out_dir=DIR (an images run's grids and plots)")
         return benchmark_runs.report(overrides[1:], names, fmt, out, append, quiet)
     given_suite, named = suite is not None, recipe_key(config, overrides, "suite")
     if given_suite and named and {suite, named} - set(TEXT) and suite != named:  # humaneval and text share keys

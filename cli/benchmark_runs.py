@@ -103,7 +103,9 @@ class ImageSuite:
 
     @staticmethod
     def plan(cfg) -> ImageBenchConfig:
-        check_folder(Path(cfg.out_dir), f"cannot write out_dir={cfg.out_dir}")  # grids and plots: before the work
+        if cfg.out_dir:  # grids and plots: before the work (and before a report, whose recorded folder may be gone)
+            check_folder(Path(cfg.out_dir), f"cannot write out_dir={cfg.out_dir} (the grids and plots: out_dir=DIR "
+                                            "writes them elsewhere, out_dir= none)")
         return checked_rows(cfg)
 
     def grids(self, cfg) -> list[Grid]:
@@ -116,8 +118,8 @@ class ImageSuite:
 
     def finish(self, cfg, sink, quiet: bool) -> list[dict]:
         rows, pixels = image_rows_of(cfg, sink)
-        files = write_outputs(rows, pixels, Path(cfg.out_dir))
-        if not quiet:
+        files = write_outputs(rows, pixels, Path(cfg.out_dir)) if cfg.out_dir else []
+        if files and not quiet:
             _output.err.print("wrote " + ", ".join(str(f) for f in files))
         return [{**r, "model": cfg.model} for r in rows]
 
@@ -190,16 +192,23 @@ def run(name: str, path: Path | None, overrides: list[str], explicit: dict, run_
 def report(args: list[str], methods: list[str] | None, fmt, out: Path | None, append: bool, quiet: bool) -> None:
     """`specgen benchmark report RUN_DIR`: the table of a finished run folder (also one copied from a cluster), all
     its rows or those `methods` names (at every batch size); their numbers are the run's either way."""
-    if len(args) != 1:
-        raise UsageError("usage: specgen benchmark report RUN_DIR [--methods ROWS] [--format json] "
+    if not args:
+        raise UsageError("usage: specgen benchmark report RUN_DIR [out_dir=DIR] [--methods ROWS] [--format json] "
                          "[--out FILE [--append]]")
     run_dir = RunDir.existing(Path(args[0]))
     if run_dir.suite not in SUITES:
         raise UsageError(f"{run_dir.path} holds a {run_dir.suite} run; report reads {', '.join(SUITES)} runs")
+    # the run is shown as measured: only where its files go may change (the recorded folder may be another machine's)
+    overrides = args[1:]
+    wrong = next((o for o in overrides if "out_dir" not in run_dir.config or not o.startswith("out_dir=")), None)
+    if wrong is not None:
+        raise UsageError(f"{wrong!r}: `benchmark report` prints the run as measured; its one override is out_dir=DIR "
+                         "(an images run's grids and plots; out_dir= for none)")
     _output.check_rows_path(out, append)
     suite = SUITES[run_dir.suite]
+    recorded = {k: v for k, v in run_dir.config.items() if k != "out_dir" or not overrides}  # the override wins
     # checked like a recipe: a tampered run.json is one line
-    p = suite.plan(load_config(suite.config_type, **run_dir.config))
+    p = suite.plan(load_config(suite.config_type, None, overrides, **recorded))
     known = list(dict.fromkeys(r for g in suite.grids(p) for r in g.rows))
     missing = next((m for m in methods or () if m not in known), None)
     if missing is not None:  # before `finish`, which may write files (the images suite's grids and plots)

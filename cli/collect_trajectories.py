@@ -10,7 +10,8 @@ import typer
 
 from cli import _output
 from cli._errors import command
-from cli._options import ConfigOpt, DeviceOpt, DtypeOpt, Format, FormatOpt, ModelOpt, OverridesArg, QuietOpt, SeedOpt, out_path
+from cli._options import (ConfigOpt, DeviceOpt, DtypeOpt, Format, FormatOpt, ModelOpt, OverridesArg, QuietOpt, SeedOpt,
+                          out_path, recipe_key)
 from specgen.config import load_config
 from specgen.errors import UsageError
 
@@ -51,7 +52,7 @@ def collect_trajectories(
     """Record every Jacobi state (initial guess to fixed point) per block; HumanEval prompts are refused."""
     # deferred: start-up (these import torch and the models; `specgen --help` does without them)
     from specgen.devices import device_name, resolve_dtype
-    from specgen.text.trajectories import META, CollectConfig, collect, merge_shards
+    from specgen.text.trajectories import META, CollectConfig, collect, collect_dtype, merge_shards
     from specgen.train.run_folder import check_resume, run_folder
 
     given = dict(model=model, prompts=prompts, limit=limit, block_size=block_size, max_new_tokens=max_new_tokens,
@@ -65,6 +66,8 @@ def collect_trajectories(
         _output.emit_json({"merged": str(path)}) if fmt == Format.json else _output.out.print(str(path))
         return
     cfg = load_config(CollectConfig, config, overrides, **given)
+    # the model name's precision (+bf16, +int8) where no dtype was given: the config's float32 is only a default
+    cfg.dtype = collect_dtype(cfg.model, dtype or recipe_key(config, overrides, "dtype"))
     cfg.device = device_name(cfg.device)  # "auto" -> cuda or cpu
     resolve_dtype(cfg.dtype, cfg.device)  # float16 on a CPU without float16 kernels: one line, before the model loads
     check_resume(out, asdict(cfg), only=RESUME_STRICT, record=META, section="config",  # before the model loads

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -11,6 +12,10 @@ from specgen.errors import UsageError
 
 T = TypeVar("T")
 DEFAULTS: dict[type, Any] = {}  # each class's parsed defaults: nothing writes them (merges copy, to_object reads)
+#: keys whose relative path in a recipe file is read against the file's folder, so the recipe runs from any working
+#: directory (ship_dir: the package folder a tiny recipe rebuilds its built-in into); a command line's paths, as
+#: anywhere, against the working directory
+RECIPE_RELATIVE = ("ship_dir",)
 
 
 def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None,
@@ -37,7 +42,8 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
 
 
 def read_recipe(p: Path) -> dict:
-    """A recipe file's mapping; unreadable, non-UTF-8, malformed or non-mapping files are usage errors."""
+    """A recipe file's mapping, `RECIPE_RELATIVE` paths joined to its folder; unreadable, non-UTF-8, malformed or
+    non-mapping files are usage errors."""
     if not p.is_file():
         raise UsageError(f"config file not found: {p}")
     try:
@@ -52,7 +58,10 @@ def read_recipe(p: Path) -> dict:
         raise UsageError(f"config file {p} is not valid YAML{at}: {getattr(e, 'problem', None) or e}") from None
     if doc is not None and not isinstance(doc, dict):  # (an empty file is an empty recipe)
         raise UsageError(f"config file {p} must be a mapping of recipe keys, not a {type(doc).__name__}")
-    return doc or {}
+    doc = doc or {}
+    # lexically (normpath), so a recipe run from the checkout's root records the path it always did
+    return {**doc, **{k: os.path.normpath(p.parent / doc[k]) for k in RECIPE_RELATIVE
+                      if isinstance(doc.get(k), str) and doc[k] and not os.path.isabs(doc[k])}}
 
 
 def merge_override(merged: Any, item: str) -> Any:

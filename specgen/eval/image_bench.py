@@ -51,7 +51,7 @@ class ImageBenchConfig:
     threads: int = 0
     quality: bool = True
     classifier: str = "tiny-image-classifier"
-    out_dir: str = "specgen-bench-images"
+    out_dir: str = "specgen-bench-images"  # grids and plots (also of `benchmark report`); "" = none
     mulo_ablations: bool = False  # add mulo-sd@raster and mulo-sd@no-expand rows (MuLo-SD Fig. 5c)
     batch_sizes: list[int] = field(default_factory=lambda: [1])  # B > 1: `method@bB` rows, B images per forward
     # method (or method@tag entry) -> {option: value}

@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from specgen import registry
 from specgen.data.prompts import read_prompts
 from specgen.data.stdlib_prompts import assert_no_humaneval_overlap, stdlib_fingerprint, stdlib_prompts
 from specgen.decoding.sampling import SamplingParams
@@ -22,6 +23,7 @@ from specgen.methods import run_batch
 from specgen.models.tokenizer import tokenizer_hash
 from specgen.paths import atomic_write, atomic_write_text
 from specgen.text.jacobi_blocks import JacobiBlocks
+from specgen.text.precision import resolve, split_name
 from specgen.text.target import load_text_model
 
 META = "trajectories.json"
@@ -50,6 +52,18 @@ class CollectConfig:
     threads: int = 0
     shard_every: int = 8  # prompts per shard file (the unit of resumption)
     batch_size: int = 1  # prompts decoded together (within a shard's prompts; changes no record)
+
+
+def collect_dtype(model: str, dtype: str | None) -> str:
+    """The dtype to collect at: `dtype` where one was given, else the model name's (`+bf16`), else float32. A quantized
+    target (`+int8` / `+int4`, or a stored quantized copy named directly) is refused: distill trains a float model on
+    that model's own trajectories (and refuses a quantized one)."""
+    base, _, quantize = split_name(model)
+    copy = (registry.installed_meta(base) or {}).get("quantized") or {}
+    if quantize or copy:
+        raise UsageError(f"--model {model} is quantized ({quantize or copy.get('mode')}): distill trains a float model "
+                         f"on its own trajectories; collect them from {copy.get('base', base)}")
+    return resolve(model, dtype, None)[1]
 
 
 def jacobi_trajectories_batch(target, prompts: list[list[int]], block_size: int, max_new_tokens: int,

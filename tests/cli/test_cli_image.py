@@ -166,6 +166,31 @@ def test_benchmark_refuses_an_out_dir_it_cannot_make_before_the_work(tiny_image)
     assert "image" not in r.stdout and len(r.stderr.strip().splitlines()) == 1
 
 
+def test_benchmark_report_writes_the_grids_where_it_is_told(tiny_image):
+    """A run folder whose recorded out_dir cannot be written here (another machine's path) could not be reported at
+    all: the refusal names out_dir=DIR, which writes the grids there; `out_dir=` writes none; the rest of the
+    config is the run's, as measured."""
+    run = tiny_image / "run"
+    r = runner.invoke(app, ["benchmark", "--suite", "images", "--model", "t-gpt", "--limit", "1", "methods=[ar]",
+                            "temperatures=[0.0]", "quality=false", f"out_dir={tiny_image / 'b'}", "--run-dir", str(run),
+                            "--format", "json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads((run / "run.json").read_text())
+    (tiny_image / "file").write_text("x")  # as another machine's folder: it cannot be made here
+    doc["config"]["out_dir"] = str(tiny_image / "file" / "grids")
+    (run / "run.json").write_text(json.dumps(doc))
+    for args, needle in [([], "out_dir=DIR writes them elsewhere"), (["limit=2"], "its one override is out_dir=DIR")]:
+        r = runner.invoke(app, ["benchmark", "report", str(run), *args])
+        assert r.exit_code == 2 and needle in r.stderr and not r.stdout, r.output
+        assert len(r.stderr.strip().splitlines()) == 1
+    shown = runner.invoke(app, ["benchmark", "report", str(run), f"out_dir={tiny_image / 'c'}", "--format", "json"])
+    assert shown.exit_code == 0 and [x["method"] for x in json.loads(shown.stdout)] == ["ar"], shown.output
+    assert (tiny_image / "c" / "ar-T0-grid.png").is_file()
+    before = sorted(tiny_image.rglob("*"))
+    bare = runner.invoke(app, ["benchmark", "report", str(run), "out_dir=", "--format", "json"])
+    assert bare.exit_code == 0 and json.loads(bare.stdout) == json.loads(shown.stdout), bare.output
+    assert sorted(tiny_image.rglob("*")) == before  # no grid or plot anywhere
+
 def test_benchmark_suite_comes_from_the_recipe(tiny_image):
     cfg = tiny_image / "bench.yaml"
     cfg.write_text(f"suite: images\nmodel: t-gpt\nnum: 1\ntemperatures: [0.0]\nmethods: [ar]\nquality: false\n"

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from specgen import checkpoints
+from specgen.text.precision import quantized_entry
 from tests.pcllm_fixtures import save_tiny_text
 
 runner = CliRunner()
@@ -291,6 +292,22 @@ def no_weights(monkeypatch):
 ])
 def test_prompts_past_the_context_are_refused_before_the_weights_load(tiny, no_weights, args, needle):
     check_refusal(tiny, args, 2, needle)
+
+
+@pytest.mark.parametrize("model,extra,needle", [
+    ("tiny-text+int8", [], "--model tiny-text+int8 is quantized (int8)"),
+    ("tiny-text+int4", ["--dtype", "bfloat16"], "--model tiny-text+int4 is quantized (int4)"),
+    ("tiny-text-int8", [], "quantized (int8): distill trains a float model on its own trajectories; collect them from "
+     "target/tiny-text"),  # the stored quantized copy, named directly
+    ("tiny-text+bf16", ["--dtype", "float32"], "--dtype float32 contradicts the model name 'tiny-text+bf16'"),
+])
+def test_collect_names_the_precision_that_was_given(tiny, monkeypatch, model, extra, needle):
+    """`collect-trajectories --model NAME+int8` said "drop --dtype float32", an option never given (the config's
+    default): a quantized target is refused naming its quantization, before any weights load."""
+    if model == "tiny-text-int8":
+        quantized_entry(checkpoints.find("tiny-text"), "int8")
+    monkeypatch.setattr(checkpoints, "load_module", lambda entry, *a, **k: pytest.fail(f"{entry.ref} loaded"))
+    check_refusal(tiny, ["collect-trajectories", "--out", "run", "--model", model, *extra], 2, needle)
 
 
 def test_a_mesh_budget_past_the_context_is_refused_before_the_weights_load(tiny, no_weights):

@@ -147,3 +147,12 @@ def test_records_after_a_merge_include_shards_collected_since(tiny_text, tmp_pat
     whole = tmp_path / "whole"
     T.collect(cfg(tiny_text, limit=4), whole)
     assert rows(out) == rows(whole)
+
+
+def test_the_collect_dtype_is_the_one_given_else_the_model_names():
+    """A `+bf16` suffix is the dtype where none was given (the config's float32 is a default: it was read as given and
+    refused the suffix); one given must agree with it."""
+    assert T.collect_dtype("tiny-text", None) == "float32" and T.collect_dtype("tiny-text", "bfloat16") == "bfloat16"
+    assert T.collect_dtype("tiny-text+bf16", None) == "bfloat16" == T.collect_dtype("tiny-text+bf16", "bfloat16")
+    with pytest.raises(UsageError, match="--dtype float32 contradicts the model name 'tiny-text\\+bf16'"):
+        T.collect_dtype("tiny-text+bf16", "float32")

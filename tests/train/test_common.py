@@ -6,6 +6,7 @@ import importlib
 import itertools
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -13,11 +14,12 @@ import torch
 import yaml
 from safetensors.torch import load_file, save_file
 
-from specgen.config import load_config
+from specgen.builtins import ASSETS
+from specgen.config import RECIPE_RELATIVE, load_config
 from specgen.errors import CheckpointError, UsageError
-from specgen.train.checkpoint import StaleStateError, atomic_write, fp16_state, write_entry
+from specgen.train.checkpoint import StaleStateError, atomic_write, check_outputs, fp16_state, write_entry
 from specgen.train.classifier import vq_reconstructions
-from specgen.train.image_gpt import cached_tokens, load_vq
+from specgen.train.image_gpt import cached_tokens, load_vq, vq_entry
 from specgen.train.loop import At, Loop, LoopOptions, Optim, StateFile, TrainTask
 from specgen.train.optim import OptimConfig, cosine_lr
 from specgen.train.script import parse_recipe, print_metrics, script_parser
@@ -225,10 +227,32 @@ def test_every_recipe_key_loads_into_the_same_value(recipe):
     path = ROOT / "recipes" / "tiny" / f"{recipe}.yaml"
     cfg = load_config(cls, path)
     for key, value in yaml.safe_load(path.read_text()).items():
-        assert getattr(cfg, key) == value, key
+        joined = key in RECIPE_RELATIVE and value  # read against the recipe's folder
+        assert getattr(cfg, key) == (os.path.normpath(path.parent / value) if joined else value), key
     assert load_config(cls, path, ["seed=3"]).seed == 3
     with pytest.raises(UsageError, match="bad config"):
         load_config(cls, path, ["no_such_key=1"])
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPES))
+def test_every_recipe_resolves_its_paths_from_any_folder(recipe, tmp_path, monkeypatch):
+    """The tiny recipes ran only from the repository root: elsewhere `vq: specgen/assets/image/vq` was no folder and
+    `ship_dir: specgen/assets/...` was a folder of the working directory, not the built-in's package folder, so the
+    run refused to register the built-in it rebuilds. The VQ is a registry name; ship_dir is the recipe's folder's."""
+    module, cls = RECIPES[recipe]
+    cls = getattr(importlib.import_module(f"specgen.train.{module}"), cls)
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    cfg = load_config(cls, ROOT / "recipes" / "tiny" / f"{recipe}.yaml")
+    if getattr(cfg, "vq", ""):
+        assert vq_entry(cfg.vq).meta["builder"] == "vq"
+    if getattr(cfg, "ship_dir", ""):
+        assert Path(cfg.ship_dir).resolve().is_relative_to(ASSETS.resolve()), cfg.ship_dir
+        kind = {"image-gpt": "target", "image-gpt-lowres": "target", "eagle-image": "draft",
+                "upsampler-2x": "upsampler"}.get(recipe)
+        if kind:  # a built-in rebuilt: its package folder, else the built-in's name is refused
+            check_outputs([(kind, cfg.name, cfg.ship_dir)])
+    assert not any((tmp_path / "cwd").iterdir())
 
 
 @pytest.mark.parametrize("recipe", ["image-gpt", "image-gpt-lowres", "upsampler-2x", "image-classifier"])
