@@ -206,6 +206,54 @@ def test_the_kernels_compile_for_ampere_and_hopper(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
 
 
+PAST_2_31 = """
+import torch
+from triton.runtime import interpreter
+from specgen.native import cuda_ops
+
+g = torch.Generator().manual_seed(0)
+# RoPE: a batch stride of 2^30 elements, so that batch row 2 starts at element 2^31 (three programs)
+buf = torch.empty(2**31 + 64, dtype=torch.bfloat16)  # untouched pages stay unmapped: 4 GiB of address space only
+x = buf.as_strided((3, 1, 1, 64), (2**30, 64, 64, 1))
+x.copy_(torch.randn(3, 1, 1, 64, generator=g))
+cos, sin = (torch.randn(3, 1, 1, 64, generator=g).to(torch.bfloat16) for _ in range(2))
+assert torch.equal(cuda_ops.rope(x, cos, sin, True), cuda_ops.rope(x.clone(), cos, sin, True)), "rope"
+del x, buf
+# the norm and the gate: the one program past 2^31 elements alone (its index shifted: the interpreter runs in order)
+builder = interpreter.interpreter_builder
+def program(first):
+    builder.set_grid_idx = lambda x, y, z: setattr(builder, "grid_idx", (x + first, y, z))
+w = torch.randn(576, generator=g).to(torch.bfloat16)
+row = 2**31 // 576 + 1  # its first element past 2^31
+buf = torch.empty((row + 1) * 576, dtype=torch.bfloat16)
+buf[row * 576:] = torch.randn(576, generator=g)
+(want,) = cuda_ops.norms(buf[row * 576:].clone()[None], None, w, 1e-5)
+program(row)
+cuda_ops.kernels().norm_rows[(1,)](buf, buf, w, buf, buf, 576, 1e-5, ADD=False, BLOCK=1024)  # in place
+assert torch.equal(buf[row * 576:], want[0]), "norm"
+del buf
+buf = torch.empty(2**31 + cuda_ops.GATE_BLOCK, dtype=torch.bfloat16)
+buf[2**31:] = torch.randn(cuda_ops.GATE_BLOCK, generator=g) * 4
+builder.set_grid_idx = type(builder).set_grid_idx.__get__(builder)
+want = cuda_ops.silu_mul(buf[2**31:], buf[2**31:])
+program(2**31 // cuda_ops.GATE_BLOCK)
+cuda_ops.kernels().silu_mul_rows[(1,)](buf, buf, buf, buf.numel(), BLOCK=cuda_ops.GATE_BLOCK)  # in place
+assert torch.equal(buf[2**31:], want), "gate"
+"""
+
+
+def test_the_elementwise_kernels_address_tensors_past_2_31_elements():
+    """A prefill's gate input [B, P, F] passes 2^31 elements from ~113K tokens of a 7B model (F 18944), its RoPE and
+    norm inputs from ~470K and ~600K: offsets computed in int32 (program_id's type) wrap there, and the GPU faults. The
+    interpreter wraps int32 as the GPU does; each kernel's program past element 2^31 runs here over 4 GiB tensors
+    whose other pages are never touched (a subprocess: a wrapped offset is a wild address)."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the interpreter's check (a GPU would need the 4 GiB tensors in its memory)")
+    done = subprocess.run([sys.executable, "-c", PAST_2_31], capture_output=True, text=True,
+                          cwd=Path(__file__).parents[2])
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
 def test_a_cuda_build_without_triton_warns_once_and_takes_the_torch_paths(monkeypatch):
     monkeypatch.setattr(cuda_ops.importlib.util, "find_spec", lambda name: None)
     cuda_ops.available.cache_clear()
