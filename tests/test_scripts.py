@@ -72,3 +72,24 @@ def test_the_gpu_checks_test_step_runs_the_gpu_tests_when_a_test_module_cannot_i
     summary = (tmp_path / "out" / "gpu-tests.log").read_text().splitlines()[-1]
     assert "skipped" in summary and "Interrupted" not in summary, summary
 
+
+def test_the_sync_count_prints_each_suites_rows_before_the_next_suite_loads(monkeypatch, capsys):
+    """A suite that cannot load there (the mesh models without trimesh) loses its own rows, not the others'."""
+    from specgen.decoding.stats import DecodeStats
+
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import gpu_sync_count
+
+    def missing(device):
+        raise ImportError("No module named 'trimesh'")
+
+    for name, cases in (("text_cases", lambda d: {"text ar": lambda: DecodeStats(steps=1)}),
+                        ("image_cases", lambda d: {"image ar": lambda: DecodeStats(steps=1)}),
+                        ("mesh_cases", missing), ("graph_kernels", lambda d: (1, 1)),
+                        ("emulate_captures", lambda: None)):
+        monkeypatch.setattr(gpu_sync_count, name, cases)
+    monkeypatch.setattr(sys, "argv", ["gpu_sync_count.py", "--device", "cpu"])
+    with pytest.raises(ImportError):
+        gpu_sync_count.main()
+    rows = [line.split()[0] for line in capsys.readouterr().out.splitlines()[3:]]
+    assert rows == ["text", "image"]
