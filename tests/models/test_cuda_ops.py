@@ -206,6 +206,50 @@ def test_the_kernels_compile_for_ampere_and_hopper(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
 
 
+VARIANTS = """
+import torch
+from triton.backends.compiler import GPUTarget
+from triton.compiler.compiler import make_backend
+from triton.runtime.jit import create_function_from_signature
+from specgen.native import cuda_ops
+
+backend, keys = make_backend(GPUTarget("cuda", 90, 32)), {}
+
+class Launch:  # records the key under which Triton would look up (or compile) the launch's kernel
+    def __init__(self, fn):
+        self.fn = fn
+    def __getitem__(self, grid):
+        bind = create_function_from_signature(self.fn.signature, self.fn.params, backend)
+        return lambda *a, **kw: keys.setdefault(self.fn.__name__, set()).add(str(bind(*a, **kw)[1:]))
+
+real = cuda_ops.kernels()
+cuda_ops.kernels = lambda: type("K", (), {n: Launch(getattr(real, n)) for n in
+                                          ("attend_lists", "norm_rows", "rope_rows", "silu_mul_rows")})
+bf, h, hkv, d = torch.bfloat16, 9, 3, 64
+for b, s, t in ((1, 1, 256), (2, 1, 256), (3, 5, 512), (16, 64, 1024)):  # rows, nodes, width: a decode's steps
+    qkv = torch.zeros(b, s, h + 2 * hkv, d, dtype=bf).transpose(1, 2)
+    cos, cache = torch.zeros(b, 1, s, d, dtype=bf), torch.zeros(b + 1, hkv, 2048, d, dtype=bf)
+    q = cuda_ops.rope_store(qkv, cos, cos, cache, cache, torch.zeros(2, b, dtype=torch.long), h, True)
+    cuda_ops.rope(qkv[:, : h + hkv], cos, cos, True)
+    idx, count, shared = cuda_ops.attention_plan(torch.ones(b, s, t, dtype=torch.bool))
+    cuda_ops.attend(q, cache[:b, :, :t], cache[:b, :, :t], idx, count, shared, torch.empty(b, s, h, d, dtype=bf))
+    x, w = torch.zeros(b, s, 576, dtype=bf), torch.ones(576, dtype=bf)
+    cuda_ops.rms_norm(x, w, 1e-5), cuda_ops.add_rms_norm(x, x, w, 1e-5), cuda_ops.silu_mul(x, x)
+counts = {n: len(k) for n, k in keys.items()}
+assert counts == {"attend_lists": 1, "norm_rows": 2, "rope_rows": 2, "silu_mul_rows": 1}, (counts, keys)
+"""
+
+
+def test_a_decodes_changing_sizes_reuse_each_kernels_compiled_variant():
+    """Triton compiles a kernel per specialization key (an int argument's value 1 or divisibility by 16, a pointer's
+    alignment, the constexprs): steps of other rows, nodes and widths must share one key per kernel (the norm's
+    residual add and RoPE's cache store: two), or a decode recompiles as it goes and a capture meets a first compile."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", VARIANTS], env=env, capture_output=True, text=True,
+                          cwd=Path(__file__).parents[2])
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
 PAST_2_31 = """
 import torch
 from triton.runtime import interpreter
