@@ -277,14 +277,15 @@ def main() -> None:
     print(f"kernels inside a captured bf16 AR step, SmolLM2 shape: {kernels} ({kernels / layers:.1f} a layer)")
     print(f"{'case':<22} {'steps':>5} {'implicit/step':>13} {'explicit/step':>13} {'ops/step':>8} "
           f"{'graph kernels/step':>18} {'ms/step':>8}  top implicit lines (per step)")
-    for name, run in {**text_cases(args.device), **image_cases(args.device), **mesh_cases(args.device)}.items():
-        c = count(run)
-        steps = max(c.steps, 1)
-        ms = wall_ms_per_step(run, args.device)
-        top = ", ".join(f"{line} {n / steps:.2f}" for line, n in c.lines.most_common(args.top))
-        kernels = f"{c.kernels / steps:.0f}" if c.kernels else "-"
-        print(f"{name:<22} {c.steps:>5} {c.implicit / steps:>13.2f} {c.explicit / steps:>13.2f} "
-              f"{c.ops / steps:>8.0f} {kernels:>18} {ms:>8.2f}  {top}", flush=True)
+    for cases in (text_cases, image_cases, mesh_cases):  # a suite's rows printed before the next one loads
+        for name, run in cases(args.device).items():
+            c = count(run)
+            steps = max(c.steps, 1)
+            ms = wall_ms_per_step(run, args.device)
+            top = ", ".join(f"{line} {n / steps:.2f}" for line, n in c.lines.most_common(args.top))
+            kernels = f"{c.kernels / steps:.0f}" if c.kernels else "-"
+            print(f"{name:<22} {c.steps:>5} {c.implicit / steps:>13.2f} {c.explicit / steps:>13.2f} "
+                  f"{c.ops / steps:>8.0f} {kernels:>18} {ms:>8.2f}  {top}", flush=True)
 
 
 if __name__ == "__main__":

@@ -76,8 +76,9 @@ def attend_lists(Q, K, V, IDX, COUNT, OUT, n_q, scale, sqb, sqh, sqs, skb, skh, 
 def norm_rows(X, A, W, TOTAL, OUT, dim, eps, ADD: tl.constexpr, BLOCK: tl.constexpr):
     # one program a row: (x [+ a]) rounded to its dtype, then w * (its float32 RMSNorm rounded to the dtype), as
     # transformer.rms_norm computes (HF's formula); the sum of squares in one fixed order per model width
-    # (each product and sum in float32, rounded once to the dtype: what torch's elementwise kernels do)
-    row = tl.program_id(0)
+    # (each product and sum in float32, rounded once to the dtype: what torch's elementwise kernels do). Offsets in
+    # int64: a prefill's rows pass 2^31 elements, where int32 (program_id's type) wraps
+    row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     real = cols < dim
     dtype = X.dtype.element_ty
@@ -99,8 +100,8 @@ def rope_rows(X, COS, SIN, OUT, K, V, META, n_h, n_q, n_kv, n_s, n_b, sxb, sxh, 
     # sum rounded once to x's dtype (rope.rotate's torch ops, in one pass); partner swaps each pair's two slots.
     # Rows h < n_q go to OUT [B, n_q, S, D]. STORE: x is a step's qkv (n_q + 2 n_kv heads) and its k rows (rotated)
     # and v rows (as they are) go to the cache layer K, V [C, Hkv, T, D] (strides skc, skh, skt) at row META[1, b],
-    # slot META[0, b] + s
-    row = tl.program_id(0)  # (b * n_h + h) * n_s + s
+    # slot META[0, b] + s. Offsets in int64: a prefill's qkv passes 2^31 elements, where int32 wraps
+    row = tl.program_id(0).to(tl.int64)  # (b * n_h + h) * n_s + s
     s = row % n_s
     h = (row // n_s) % n_h
     b = row // (n_s * n_h)
@@ -133,8 +134,9 @@ def rope_rows(X, COS, SIN, OUT, K, V, META, n_h, n_q, n_kv, n_s, n_b, sxb, sxh, 
 def silu_mul_rows(A, B, OUT, n, BLOCK: tl.constexpr):
     # SwiGLU's gate silu(a) * b over n elements with torch's two roundings: silu in float32, a / (1 + exp(-a)) (the
     # GPU's fast exp and division: within an ulp or two of torch's silu before rounding), rounded to the dtype; then
-    # the product in float32, rounded. Elementwise: an element's bits never depend on the others
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    # the product in float32, rounded. Elementwise: an element's bits never depend on the others. Offsets in int64: a
+    # prefill's gate passes 2^31 elements (from ~113K tokens of a 7B model), where int32 wraps
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     real = i < n
     dtype = OUT.dtype.element_ty
     a = tl.load(A + i, mask=real, other=0.0).to(tl.float32)

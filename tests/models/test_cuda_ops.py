@@ -206,6 +206,107 @@ def test_the_kernels_compile_for_ampere_and_hopper(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
 
 
+VARIANTS = """
+import torch
+from triton.backends.compiler import GPUTarget
+from triton.compiler.compiler import make_backend
+from triton.runtime.jit import create_function_from_signature
+from specgen.native import cuda_ops
+
+backend, keys = make_backend(GPUTarget("cuda", 90, 32)), {}
+
+class Launch:  # records the key under which Triton would look up (or compile) the launch's kernel
+    def __init__(self, fn):
+        self.fn = fn
+    def __getitem__(self, grid):
+        bind = create_function_from_signature(self.fn.signature, self.fn.params, backend)
+        return lambda *a, **kw: keys.setdefault(self.fn.__name__, set()).add(str(bind(*a, **kw)[1:]))
+
+real = cuda_ops.kernels()
+cuda_ops.kernels = lambda: type("K", (), {n: Launch(getattr(real, n)) for n in
+                                          ("attend_lists", "norm_rows", "rope_rows", "silu_mul_rows")})
+bf, h, hkv, d = torch.bfloat16, 9, 3, 64
+for b, s, t in ((1, 1, 256), (2, 1, 256), (3, 5, 512), (16, 64, 1024)):  # rows, nodes, width: a decode's steps
+    qkv = torch.zeros(b, s, h + 2 * hkv, d, dtype=bf).transpose(1, 2)
+    cos, cache = torch.zeros(b, 1, s, d, dtype=bf), torch.zeros(b + 1, hkv, 2048, d, dtype=bf)
+    q = cuda_ops.rope_store(qkv, cos, cos, cache, cache, torch.zeros(2, b, dtype=torch.long), h, True)
+    cuda_ops.rope(qkv[:, : h + hkv], cos, cos, True)
+    idx, count, shared = cuda_ops.attention_plan(torch.ones(b, s, t, dtype=torch.bool))
+    cuda_ops.attend(q, cache[:b, :, :t], cache[:b, :, :t], idx, count, shared, torch.empty(b, s, h, d, dtype=bf))
+    x, w = torch.zeros(b, s, 576, dtype=bf), torch.ones(576, dtype=bf)
+    cuda_ops.rms_norm(x, w, 1e-5), cuda_ops.add_rms_norm(x, x, w, 1e-5), cuda_ops.silu_mul(x, x)
+counts = {n: len(k) for n, k in keys.items()}
+assert counts == {"attend_lists": 1, "norm_rows": 2, "rope_rows": 2, "silu_mul_rows": 1}, (counts, keys)
+"""
+
+
+def test_a_decodes_changing_sizes_reuse_each_kernels_compiled_variant():
+    """Triton compiles a kernel per specialization key (an int argument's value 1 or divisibility by 16, a pointer's
+    alignment, the constexprs): steps of other rows, nodes and widths must share one key per kernel (the norm's
+    residual add and RoPE's cache store: two), or a decode recompiles as it goes and a capture meets a first compile."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", VARIANTS], env=env, capture_output=True, text=True,
+                          cwd=Path(__file__).parents[2])
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+PAST_2_31 = """
+import sys
+import torch
+from triton.runtime import interpreter
+from specgen.native import cuda_ops
+
+def big(n):  # pages never touched stay unmapped: n bfloat16 elements of address space, a few pages of memory
+    try:
+        return torch.empty(n, dtype=torch.bfloat16)
+    except RuntimeError:  # no 4 GiB of address space to reserve here (strict overcommit)
+        sys.exit(3)
+
+g = torch.Generator().manual_seed(0)
+# RoPE: a batch stride of 2^30 elements, so that batch row 2 starts at element 2^31 (three programs)
+buf = big(2**31 + 64)
+x = buf.as_strided((3, 1, 1, 64), (2**30, 64, 64, 1))
+x.copy_(torch.randn(3, 1, 1, 64, generator=g))
+cos, sin = (torch.randn(3, 1, 1, 64, generator=g).to(torch.bfloat16) for _ in range(2))
+assert torch.equal(cuda_ops.rope(x, cos, sin, True), cuda_ops.rope(x.clone(), cos, sin, True)), "rope"
+del x, buf
+# the norm and the gate: the program past 2^31 elements alone (the interpreter would run the millions before it)
+builder = interpreter.interpreter_builder
+def program(first):
+    builder.set_grid_idx = lambda x, y, z: setattr(builder, "grid_idx", (x + first, y, z))
+w = torch.randn(576, generator=g).to(torch.bfloat16)
+row = 2**31 // 576 + 1  # its first element past 2^31
+buf = big((row + 1) * 576)
+buf[row * 576:] = torch.randn(576, generator=g)
+(want,) = cuda_ops.norms(buf[row * 576:].clone()[None], None, w, 1e-5)
+program(row)
+cuda_ops.kernels().norm_rows[(1,)](buf, buf, w, buf, buf, 576, 1e-5, ADD=False, BLOCK=1024)  # in place
+assert torch.equal(buf[row * 576:], want[0]), "norm"
+del buf
+buf = big(2**31 + cuda_ops.GATE_BLOCK)
+buf[2**31:] = torch.randn(cuda_ops.GATE_BLOCK, generator=g) * 4
+builder.set_grid_idx = type(builder).set_grid_idx.__get__(builder)
+want = cuda_ops.silu_mul(buf[2**31:], buf[2**31:])
+program(2**31 // cuda_ops.GATE_BLOCK)
+cuda_ops.kernels().silu_mul_rows[(1,)](buf, buf, buf, buf.numel(), BLOCK=cuda_ops.GATE_BLOCK)  # in place
+assert torch.equal(buf[2**31:], want), "gate"
+"""
+
+
+def test_the_elementwise_kernels_address_tensors_past_2_31_elements():
+    """A prefill's gate input [B, P, F] passes 2^31 elements from ~113K tokens of a 7B model (F 18944), its RoPE and
+    norm inputs from ~470K and ~600K: offsets computed in int32 (program_id's type) wrap there, and the GPU faults. The
+    interpreter wraps int32 as the GPU does; each kernel's program past element 2^31 runs here over 4 GiB tensors
+    whose other pages are never touched (a subprocess: a wrapped offset is a wild address)."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the interpreter's check (a GPU would need the 4 GiB tensors in its memory)")
+    done = subprocess.run([sys.executable, "-c", PAST_2_31], capture_output=True, text=True,
+                          cwd=Path(__file__).parents[2])
+    if done.returncode == 3:
+        pytest.skip("this machine does not reserve 4 GiB of untouched address space")
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
 def test_a_cuda_build_without_triton_warns_once_and_takes_the_torch_paths(monkeypatch):
     monkeypatch.setattr(cuda_ops.importlib.util, "find_spec", lambda name: None)
     cuda_ops.available.cache_clear()
