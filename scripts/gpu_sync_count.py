@@ -8,7 +8,8 @@ Two kinds are counted for each case (a method, a batch size, a temperature), per
   makes them at its start and at each row's end; its phase clock reads the host time and never waits.
 
 An accept rule must read something of the verify logits on the host (greedy: the argmax of every row; rejection
-sampling: the probabilities along the draft), so the floor for a lossless method is one implicit sync a step.
+sampling: the probabilities along the draft), so the floor for a lossless method is one implicit sync a step (`ar`
+run_ahead K: one per K greedy steps, which its step is).
 A host-to-device copy of a plain host tensor also waits (pageable memory); the loop's go through
 `devices.host_tensor` / `to_device` (non-blocking). Run on a CUDA machine: `python scripts/gpu_sync_count.py`
 (logs: docs/logs/gpu/).
@@ -197,6 +198,7 @@ def text_cases(device: str) -> dict:
         return lambda: run_batch(target, lambda i: make(), prompts[:b], 48, params, generators=gens).stats
 
     return {"text ar B1 T0": run(EmptyDrafter, 1, 0.0), "text ar B4 T0": run(EmptyDrafter, 4, 0.0),
+            "text ar run_ahead 8 B1 T0": run(lambda: EmptyDrafter(8), 1, 0.0),
             "text ar B1 T1": run(EmptyDrafter, 1, 1.0), "text ngram B1 T0": run(NgramDrafter, 1, 0.0),
             "text ngram B4 T1": run(NgramDrafter, 4, 1.0), "text jacobi B1 T0": run(JacobiDrafter, 1, 0.0)}
 
