@@ -7,6 +7,7 @@ import pytest
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.target import ModelTarget
 from specgen.errors import UsageError
+from specgen.eval.image_bench import ImageBenchConfig, checked_rows
 from specgen.methods import run_batch
 from specgen.models import graphs
 from specgen.request import parse_request
@@ -70,3 +71,10 @@ def test_run_ahead_is_refused_where_it_cannot_run(options, modality, temperature
     with pytest.raises(UsageError, match=message):
         parse_request(cfg, modality)
     assert parse_request(TextGenConfig(method="ar", method_options={"run_ahead": 4}), "text").options.run_ahead == 4
+
+
+def test_an_images_run_ahead_row_is_refused_at_a_sampled_temperature_before_any_model_loads():
+    rows = dict(methods=["ar", "ar@k8"], options={"ar@k8": {"run_ahead": 8}})
+    with pytest.raises(UsageError, match="run_ahead .option of ar. needs --temperature 0"):
+        checked_rows(ImageBenchConfig(**rows))  # the suite's default temperatures: 0 and 1
+    assert checked_rows(ImageBenchConfig(**rows, temperatures=[0.0])).methods == ["ar", "ar@k8"]
