@@ -23,11 +23,12 @@ def judge(draft: Draft, logits: torch.Tensor, params: SamplingParams, generator)
 
 
 def judge_batch(drafts: Sequence[Draft], logits: torch.Tensor, sizes: Sequence[int], params: SamplingParams,
-                generators: Sequence[torch.Generator | None]) -> list[Verdict]:
-    """`judge` for every row of a verify forward (logits [n, S, V]), with one device-to-host copy: rejection sampling
-    reads p and q node by node with its CPU generators (seeded streams), so both move to the host first."""
+                generators: Sequence[torch.Generator | None], argmax: list[list[int]] | None = None) -> list[Verdict]:
+    """`judge` for every row of a verify forward (logits [n, S, V]), with one device-to-host copy (greedy: `argmax`
+    [n][S] where the caller read it): rejection sampling reads p and q node by node with its CPU generators (seeded
+    streams), so both move to the host first."""
     if params.greedy:
-        argmax = logits.argmax(-1).tolist()  # [n][S]
+        argmax = logits.argmax(-1).tolist() if argmax is None else argmax  # [n][S]
         return [accept_greedy(d, argmax[i][: sizes[i]]) for i, d in enumerate(drafts)]
     probs = logits_to_probs(logits, params).cpu()  # [n, S, V]
     return [accept_rejection(d if d.probs is None else replace(d, probs=d.probs.cpu()), probs[i, : sizes[i]], g)
@@ -55,7 +56,9 @@ class DraftVerify(PolicyBase):
         drafts = self.drafts  # every live row fed: rows = [0, n), lo = 0
         with clock("accept"):  # 3. per row, each with its own generator stream
             if self.rule is judge:  # one device-to-host copy for the whole batch, not one per row
-                verdicts = judge_batch(drafts, out.logits, sizes, params, generators)
+                if params.greedy:  # kept on `out`: a drafter's next guesses are the same argmax (no second read)
+                    out = replace(out, argmax=out.logits.argmax(-1).tolist())
+                verdicts = judge_batch(drafts, out.logits, sizes, params, generators, out.argmax)
             else:
                 verdicts = [self.rule(d, out.logits[i, : sizes[i]], params, g)
                             for i, (d, g) in enumerate(zip(drafts, generators))]

@@ -152,7 +152,8 @@ class EachRow(PoolBase):
     def on_accept(self, drafts, verdicts, out, sizes, branches) -> None:
         for i, (draft, verdict, s) in enumerate(zip(drafts, verdicts, sizes)):  # row i's slice, padding dropped
             rows = slice(i * branches, (i + 1) * branches)
-            self.rows[i].on_accept(draft, verdict, TargetOut(out.logits[i : i + 1, :s], out.features[rows, :s]))
+            picks = None if out.argmax is None else [out.argmax[i][:s]]
+            self.rows[i].on_accept(draft, verdict, TargetOut(out.logits[i : i + 1, :s], out.features[rows, :s], picks))
 
     def finished(self, slot: int) -> bool:
         return self.rows[slot].finished()

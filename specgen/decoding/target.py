@@ -17,6 +17,7 @@ class TargetOut:
 
     logits: torch.Tensor  # [B, S, V] (or [B, 1, V] when last_only)
     features: torch.Tensor  # [B, S, D] final hidden states (CFG adapters: per-branch, see their doc)
+    argmax: list[list[int]] | None = None  # [B][S] on the host where the step read it (greedy judging): reused
 
 
 class Target(Protocol):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from specgen.decoding.draft import Draft
 from specgen.decoding.draft_verify import DrafterBase
@@ -11,9 +12,10 @@ from tests.conftest import decode
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.target import ModelTarget
 from specgen.decoding.tree import DraftTree
+from specgen.methods import run_batch
 from specgen.methods.options import JacobiOptions, NgramOptions
 from specgen.methods.text import EmptyDrafter, JacobiDrafter, NgramDrafter
-from tests.conftest import tiny_model
+from tests.conftest import method_drafter, tiny_model
 
 GREEDY = SamplingParams()
 
@@ -111,3 +113,26 @@ def test_tree_drafts_equal_ar_and_accept_some():
     assert result.tokens == ar
     assert result.stats.tau > 1.5  # planted true tokens were accepted through tree paths
     assert result.stats.tpf > 1.2
+
+
+class CountArgmax(TorchDispatchMode):
+    """Counts argmax ops (a device read each where they are `.tolist()`ed: the host's syncs on a GPU)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.n = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.n += func is torch.ops.aten.argmax.default
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("name", ["jacobi", "pcllm-mr"])
+def test_a_greedy_jacobi_step_reads_the_argmax_of_its_verify_once(name):
+    """The accept rule's argmax is the drafter's next guesses too: one read a step for the batch (the drafters read it
+    again before, one more sync a row and step on a GPU), besides each prompt's first pick."""
+    model, prompts = tiny_model(2), [[3, 1, 4, 1, 5, 9, 2, 6], [2, 7, 1, 8]]
+    with CountArgmax() as counted:
+        res = run_batch(ModelTarget(model), lambda i: method_drafter(name), prompts, 20, GREEDY)
+    assert counted.n == res.stats.steps + len(prompts)
+    assert [r.tokens for r in res.results] == [run(model, EmptyDrafter(), p, 20) for p in prompts]
