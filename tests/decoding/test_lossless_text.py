@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from specgen.decoding.draft import Draft
@@ -14,7 +15,7 @@ from specgen.decoding.target import ModelTarget
 from specgen.decoding.tree import DraftTree
 from specgen.methods import run_batch
 from specgen.methods.options import JacobiOptions, NgramOptions
-from specgen.methods.text import EmptyDrafter, JacobiDrafter, NgramDrafter
+from specgen.methods.text import EmptyDrafter, JacobiDrafter, NgramDrafter, lookup
 from tests.conftest import method_drafter, tiny_model
 
 GREEDY = SamplingParams()
@@ -136,3 +137,24 @@ def test_a_greedy_jacobi_step_reads_the_argmax_of_its_verify_once(name):
         res = run_batch(ModelTarget(model), lambda i: method_drafter(name), prompts, 20, GREEDY)
     assert counted.n == res.stats.steps + len(prompts)
     assert [r.tokens for r in res.results] == [run(model, EmptyDrafter(), p, 20) for p in prompts]
+
+
+def scan_lookup(seq: list[int], k: int, max_ngram: int, min_ngram: int) -> list[int]:
+    """The reference: a Python scan back from the end for the longest n-gram suffix's most recent earlier match."""
+    for n in range(min(max_ngram, len(seq) - 1), min_ngram - 1, -1):
+        for i in range(len(seq) - n - 1, -1, -1):
+            if seq[i : i + n] == seq[-n:]:
+                return seq[i + n : i + n + k]
+    return []
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.integers(0, 2**31 - 1) | st.integers(0, 3), max_size=40), st.integers(1, 6), st.integers(1, 4),
+       st.integers(1, 2))
+def test_prompt_lookup_finds_what_a_scan_finds(seq, k, max_ngram, min_ngram):
+    assert lookup(seq, k, max_ngram, min_ngram) == scan_lookup(seq, k, max_ngram, min_ngram)
+
+
+def test_prompt_lookup_skips_a_byte_match_across_token_boundaries():
+    """[1] as bytes (01 00 00 00) lies inside 256, 0 (00 01 00 00 | 00 00 00 00): not a token match."""
+    assert lookup([256, 0, 1], 2, 1, 1) == [] and lookup([1, 256, 0, 1], 2, 1, 1) == [256, 0]
