@@ -54,6 +54,8 @@ SUITE_KEYS = {"methods": {**dict.fromkeys(TEXT, "methods"), "images": "methods",
               "max_new_tokens": dict.fromkeys((*TEXT, "meshes"), "max_new_tokens"),
               "quantize": dict.fromkeys(TEXT, "quantize"), "prompts": {"text": "prompts"},
               "prompt_field": {"text": "prompt_field"}, "category_field": {"text": "category_field"}}
+#: option -> how another suite does what it does (README: --quantize is for every modality)
+ELSEWHERE = {"quantize": "quantized rows: dtypes={{ROW: {value}}} (docs/precision.md)"}
 
 
 @command
@@ -140,8 +142,9 @@ def benchmark(
                  prompts=prompts, prompt_field=prompt_field, category_field=category_field)
     for option, value in ((o, v) for o, v in given.items() if v is not None):
         if suite not in SUITE_KEYS[option]:
+            hint = ELSEWHERE[option].format(value=value) if option in ELSEWHERE else ""
             raise UsageError(f"--{option.replace('_', '-')} is for --suite {' or '.join(SUITE_KEYS[option])}; it is "
-                             f"not an option of the {suite} suite")
+                             f"not an option of the {suite} suite" + (f"; {hint}" if hint else ""))
         explicit[SUITE_KEYS[option][suite]] = value
     if dry_run:  # the recipe as this command line would run it: its options are checked, not ignored
         checked = {k: v for k, v in explicit.items() if v is not None and (k != "suite" or given_suite)}

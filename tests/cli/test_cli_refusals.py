@@ -156,6 +156,8 @@ QUICK_HEADS = ["num_sequences=2", "eval_sequences=1", "max_tokens=8", "stage1_ep
     (["benchmark", "--suite", "images", "--threads", "-3"], "threads must be >= 0"),
     (["benchmark", "--suite", "images", "--max-new-tokens", "5"], "is not an option of the images suite"),
     (["benchmark", "--suite", "images", "--offset", "3"], "is not an option of the images suite"),
+    (["benchmark", "--suite", "images", "--quantize", "int8"], "quantized rows: dtypes={ROW: int8}"),  # was no way on
+    (["benchmark", "--suite", "meshes", "--quantize", "int4"], "quantized rows: dtypes={ROW: int4}"),
     (["benchmark", "--methods", " , "], "names no method"),
     (["benchmark", "--suite", "meshes", "--methods", ""], "names no method"),
     (["benchmark", "--methods", "ar,ngram,"], "--methods 'ar,ngram,' has an empty item"),
