@@ -42,7 +42,8 @@ def resolve_device(spec: str | torch.device | None = "auto") -> torch.device:
     if spec == "auto":
         return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     check_device(spec)
-    return torch.device(spec)
+    dev = torch.device(spec)
+    return torch.device("cpu") if dev.type == "cpu" else dev  # one CPU device: t.to("cpu:0") would copy a cpu tensor
 
 
 def device_name(spec: str | torch.device | None) -> str:

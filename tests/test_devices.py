@@ -37,6 +37,14 @@ def test_device_names():
     assert devices.is_cpu("cpu") and devices.is_cpu(None) and not devices.is_cpu("meta")
 
 
+def test_an_indexed_cpu_is_the_cpu():
+    """cpu:0 names the one CPU device, resolved as cpu: torch's `t.to("cpu:0")` copies a CPU tensor (cpu != cpu:0),
+    so `generate --device cpu:0` copied every weight of the model it built (SmolLM2: ~400 MB more peak memory)."""
+    assert devices.device_name("cpu:0") == "cpu" and devices.resolve_device("cpu:1") == torch.device("cpu")
+    x = torch.zeros(2)
+    assert x.to(devices.resolve_device("cpu:0")) is x
+
+
 def test_config_checks_use_the_same_check():
     from specgen.config_checks import check_config
     from specgen.image.generate import ImageGenConfig
