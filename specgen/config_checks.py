@@ -21,6 +21,7 @@ OPEN_UNIT = {"top_p", "label_top_p"}  # (0, 1]
 UNIT = {"delta", "deltas", "min_lr_ratio", "lecam_decay"}  # [0, 1]
 HALF_OPEN_UNIT = {"beta1", "beta2"}  # [0, 1)
 NONEMPTY_LISTS = {"temperatures", "methods", "rows", "batch_sizes"}
+DISTINCT_LISTS = {"batch_sizes"}  # each value is a row of its own: a repeat decoded every item again, two equal rows
 ZERO_BUDGET_IS_CONTEXT = {"MeshGenConfig", "MeshBenchConfig"}  # max_new_tokens 0 = the model's whole context
 NAMES = {"name", "vq_name"}  # registry names this command creates ("" = do not register)
 TEMPERATURES = {"temperature", "label_temperature", "temperatures"}
@@ -77,6 +78,8 @@ def check_value(key: str, value: Any) -> None:
     elif isinstance(value, (list, tuple)):
         if key in NONEMPTY_LISTS and not value:
             raise UsageError(f"{key} must not be empty")
+        if key in DISTINCT_LISTS and (twice := next((x for x in value if value.count(x) > 1), None)) is not None:
+            raise UsageError(f"{key} gives {twice} twice; each value is a row of its own: give it once")
         for item in value:
             check_value(key, item)
     elif isinstance(value, dict):

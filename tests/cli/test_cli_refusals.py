@@ -173,6 +173,9 @@ QUICK_HEADS = ["num_sequences=2", "eval_sequences=1", "max_tokens=8", "stage1_ep
     (["benchmark", "--model", "tiny-text", "batch_sizes=[1,0]"], "batch_sizes must be >= 1, got 0"),
     (["benchmark", "--suite", "images", "batch_sizes=[0]"], "batch_sizes must be >= 1, got 0"),
     (["benchmark", "--suite", "meshes", "batch_sizes=[0]"], "batch_sizes must be >= 1, got 0"),
+    (["benchmark", "--model", "tiny-text", "--batch-size", "2,2"], "batch_sizes gives 2 twice"),  # two equal rows,
+    (["benchmark", "--suite", "images", "batch_sizes=[4,1,4]"], "batch_sizes gives 4 twice"),  # each decoded,
+    (["benchmark", "--suite", "meshes", "--batch-size", "1,3,3"], "batch_sizes gives 3 twice"),  # exit 0
     ([*GEN, "--device", "tpu9"], "device"),
     (["distill", "--out", "run", "lr=-1e-4"], "lr must be > 0"),
     (["distill", "--out", "run", "lora_rank=0"], "lora_rank must be >= 1"),
