@@ -19,12 +19,13 @@ from specgen.data.stdlib_prompts import assert_no_humaneval_overlap, stdlib_fing
 from specgen.decoding.sampling import SamplingParams
 from specgen.errors import IncompatibleError, RuntimeFailure, UsageError
 from specgen.eval.run_dir import Shard, launcher_shard
+from specgen.limits import check_prompt_fits
 from specgen.methods import run_batch
 from specgen.models.tokenizer import tokenizer_hash
 from specgen.paths import atomic_write, atomic_write_text
 from specgen.text.jacobi_blocks import JacobiBlocks
 from specgen.text.precision import resolve, split_name
-from specgen.text.target import load_text_model
+from specgen.text.target import open_text_model
 
 META = "trajectories.json"
 SHARDS = "shards"
@@ -182,7 +183,12 @@ def collect(cfg: CollectConfig, out: Path, on_prompt: Callable[[int, int, float]
     texts, source, fingerprint = load_prompt_texts(cfg)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    tm = load_text_model(cfg.model, cfg.device, progress, dtype=cfg.dtype)
+    mine = [i for i in range(len(texts)) if (cfg.offset + i) % shard.count == shard.index]
+    src = open_text_model(cfg.model, cfg.device, progress, dtype=cfg.dtype)
+    ids = {i: src.tokenizer.encode(texts[i], chat=cfg.chat) for i in mine}
+    for prompt_ids in ids.values():  # as generate refuses them: before the weights load and any shard is written
+        check_prompt_fits(len(prompt_ids), cfg.max_new_tokens, src.base)
+    tm = src.load(progress)
     meta = {"target": tm.entry.ref, "tokenizer_hash": tokenizer_hash(tm.tokenizer), "block_size": cfg.block_size,
             "max_new_tokens": cfg.max_new_tokens, "prompt_source": source, "prompt_fingerprint": fingerprint,
             "chat": cfg.chat, "vocab_size": tm.target.vocab_size, "offset": cfg.offset, "seed": cfg.seed,
@@ -195,18 +201,17 @@ def collect(cfg: CollectConfig, out: Path, on_prompt: Callable[[int, int, float]
     else:
         atomic_write_text(out / META, json.dumps(meta, indent=2, sort_keys=True))
     have = done_ids(out)
-    mine = [i for i in range(len(texts)) if (cfg.offset + i) % shard.count == shard.index]
     todo = [i for i in mine if cfg.offset + i not in have]
     t0, blocks, iters, pending = time.perf_counter(), 0, 0, []
     chunk = len(list((out / SHARDS).glob(f"rank{rank:02d}-*.parquet"))) if (out / SHARDS).is_dir() else 0
 
     for start in range(0, len(todo), cfg.shard_every):  # one shard's prompts at a time, decoded in batches
         chunk_ids = todo[start : start + cfg.shard_every]
-        ids = [tm.tokenizer.encode(texts[i], chat=cfg.chat) for i in chunk_ids]
-        recs = jacobi_trajectories_batch(tm.target, ids, cfg.block_size, cfg.max_new_tokens, tm.tokenizer.stop_ids,
+        recs = jacobi_trajectories_batch(tm.target, [ids[i] for i in chunk_ids], cfg.block_size, cfg.max_new_tokens,
+                                         tm.tokenizer.stop_ids,
                                          [cfg.seed * 1_000_003 + cfg.offset + i for i in chunk_ids], cfg.batch_size)
-        for i, prompt_ids, prompt_recs in zip(chunk_ids, ids, recs):
-            pending += [{"data_id": cfg.offset + i, "block": b, "prompt_ids": prompt_ids, **r}
+        for i, prompt_recs in zip(chunk_ids, recs):
+            pending += [{"data_id": cfg.offset + i, "block": b, "prompt_ids": ids[i], **r}
                         for b, r in enumerate(prompt_recs)]
             blocks, iters = blocks + len(prompt_recs), iters + sum(r["iterations"] for r in prompt_recs)
             if on_prompt:

@@ -176,3 +176,16 @@ def test_registry_merge_interpolates_in_weight_space(traj, tmp_path):
     registry.save("target", "tiny-no-tok", {}, {"builder": "transformer", "modality": "mesh"})
     registry.save("adapter", "mesh-lora", {}, {"parent": "target/tiny-no-tok", "lora_rank": 2, "lora_alpha": 4.0})
     one_line_error(invoke("registry", "merge", "adapter/mesh-lora", "--name", "x"), 2, "not a text model")
+
+
+def test_collect_refuses_a_prompt_past_the_context_before_the_weights_load(tmp_path):
+    """A prompt that leaves no room for --max-new-tokens was found mid-run: the shards of the prompts before it were
+    written, the rerun failed on it again and a fixed prompt file was refused as a changed config (a dead folder);
+    it is refused as generate refuses it, before anything is decoded or written."""
+    save_tiny_text()
+    prompts = write_prompts(tmp_path, ["SHORT A", "SHORT B", "SHORT C", "X" * 1020])  # tiny-text's context: 1024
+    out = tmp_path / "traj"
+    one_line_error(invoke("collect-trajectories", "--out", out, "--model", "tiny-text", "--prompts", prompts,
+                          "--block-size", 4, "--max-new-tokens", 8, "chat=false", "shard_every=2"),
+                   2, "prompt of 1020 tokens + max-new-tokens 8 does not fit target/tiny-text's context of 1024")
+    assert not out.exists()
