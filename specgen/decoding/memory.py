@@ -32,8 +32,9 @@ def check_cache_fits(shape: tuple[int, ...], dtype: torch.dtype, device: torch.d
     if free is None or per_row * rows <= HEADROOM * free:
         return
     fit = int(HEADROOM * free // per_row)
-    raise UsageError(f"a KV cache of {rows} rows x {slots} slots needs {size(per_row * rows)} but {size(free)} is "
-                     f"free: at most {fit} rows of {slots} slots fit (lower the batch size or the token budget)")
+    raise UsageError(f"a KV cache of {rows} rows x {slots} slots needs {size(per_row * rows)}, over the "
+                     f"{HEADROOM:.0%} of the {size(free)} free that a cache may take (the model and drafter need the "
+                     f"rest): at most {fit} rows of {slots} slots fit (lower the batch size or the token budget)")
 
 
 def size(n: int) -> str:

@@ -235,9 +235,12 @@ def test_a_count_without_both_widths_measured_borrows_a_near_one():
 
 def test_a_cache_that_cannot_fit_is_refused_before_allocating(monkeypatch):
     monkeypatch.setattr(memory, "free_bytes", lambda device: 10 * 2**20)  # 10 MiB free
-    with pytest.raises(UsageError, match=r"needs 256.0 MiB but 10.0 MiB is free: at most 2 rows of 4096 slots fit"):
+    with pytest.raises(UsageError, match=r"needs 256.0 MiB, over the 80% of the 10.0 MiB free that a cache may take "
+                                         r".* at most 2 rows of 4096 slots fit"):
         KVCache.allocate(2, 64, 2, 4096, 32)  # K + V: 4 MiB per row, 256 MiB in all; 80% of 10 MiB holds 2 rows
     assert KVCache.allocate(2, 1, 2, 4096, 32).batch == 1
+    with pytest.raises(UsageError, match="needs 10.0 MiB, over the 80% of the 10.0 MiB free"):  # the free memory
+        KVCache.allocate(2, 5, 2, 2048, 32)  # holds it, a cache's share does not: said so (it read 'but 10.0 free')
 
 
 def run_steps(budget: MeasuredBudget, live_rows: int, steps: int, seconds_of, accepted_of) -> list[int]:
