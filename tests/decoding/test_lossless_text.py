@@ -16,6 +16,7 @@ from specgen.decoding.tree import DraftTree
 from specgen.methods import run_batch
 from specgen.methods.options import JacobiOptions, NgramOptions
 from specgen.methods.text import EmptyDrafter, JacobiDrafter, NgramDrafter, lookup
+from specgen.text.jacobi_blocks import JacobiBlocks
 from tests.conftest import method_drafter, tiny_model
 
 GREEDY = SamplingParams()
@@ -128,13 +129,15 @@ class CountArgmax(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("name", ["jacobi", "pcllm-mr"])
+@pytest.mark.parametrize("name", ["jacobi", "pcllm-mr", "collect-trajectories"])
 def test_a_greedy_jacobi_step_reads_the_argmax_of_its_verify_once(name):
     """The accept rule's argmax is the drafter's next guesses too: one read a step for the batch (the drafters read it
     again before, one more sync a row and step on a GPU), besides each prompt's first pick."""
     model, prompts = tiny_model(2), [[3, 1, 4, 1, 5, 9, 2, 6], [2, 7, 1, 8]]
+    blocks = [JacobiBlocks(4, i, ()) for i in range(2)]  # collect-trajectories' drafter
+    make = (lambda i: blocks[i]) if name == "collect-trajectories" else (lambda i: method_drafter(name))
     with CountArgmax() as counted:
-        res = run_batch(ModelTarget(model), lambda i: method_drafter(name), prompts, 20, GREEDY)
+        res = run_batch(ModelTarget(model), make, prompts, 20, GREEDY, max_draft=4)
     assert counted.n == res.stats.steps + len(prompts)
     assert [r.tokens for r in res.results] == [run(model, EmptyDrafter(), p, 20) for p in prompts]
 
