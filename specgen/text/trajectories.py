@@ -19,7 +19,7 @@ from specgen.data.stdlib_prompts import assert_no_humaneval_overlap, stdlib_fing
 from specgen.decoding.sampling import SamplingParams
 from specgen.errors import IncompatibleError, RuntimeFailure, UsageError
 from specgen.eval.run_dir import Shard, launcher_shard
-from specgen.limits import check_prompt_fits
+from specgen.limits import check_prompt_fits, context_of
 from specgen.methods import run_batch
 from specgen.models.tokenizer import tokenizer_hash
 from specgen.paths import atomic_write, atomic_write_text
@@ -67,14 +67,30 @@ def collect_dtype(model: str, dtype: str | None) -> str:
     return resolve(model, dtype, None)[1]
 
 
+def decoded_tokens(max_new_tokens: int, block_size: int) -> int:
+    """What collecting decodes for a budget: whole blocks up to it, then the next block's root."""
+    return -(-max_new_tokens // block_size) * block_size + 1
+
+
+def check_blocks_fit(longest: int, cfg: CollectConfig, entry) -> None:
+    """Refuse, before the weights load, a prompt whose whole blocks run past the context although the budget fits
+    (check_prompt_fits): the blocks round the budget up, so a text that ran to it would fail mid-run."""
+    context, need = context_of(entry.meta), decoded_tokens(cfg.max_new_tokens, cfg.block_size)
+    if context is not None and longest and longest + need >= context:
+        fits = max((context - 1 - longest - 1) // cfg.block_size * cfg.block_size, 0)
+        raise UsageError(f"a prompt of {longest} tokens + {need} decoded tokens (--max-new-tokens {cfg.max_new_tokens}"
+                         f" in whole blocks of {cfg.block_size}, then the next root) does not fit {entry.ref}'s context"
+                         f" of {context} tokens; " + (f"lower --max-new-tokens to at most {fits}" if fits else
+                                                      "shorten the prompt"))
+
+
 def jacobi_trajectories_batch(target, prompts: list[list[int]], block_size: int, max_new_tokens: int,
                               stop_ids: tuple[int, ...], seeds: list[int], batch_size: int = 1) -> list[list[dict]]:
     """Block Jacobi decoding (`text/jacobi_blocks.py`) of every prompt, `batch_size` at a time: whole blocks until
     `max_new_tokens` or a block with a stop token."""
     drafters = [JacobiBlocks(block_size, seed, stop_ids) for seed in seeds]
-    budget = -(-max_new_tokens // block_size) * block_size + 1
-    run_batch(target, lambda i: drafters[i], prompts, budget, SamplingParams(), (), batch_size=batch_size,
-              max_draft=block_size)
+    run_batch(target, lambda i: drafters[i], prompts, decoded_tokens(max_new_tokens, block_size), SamplingParams(),
+              (), batch_size=batch_size, max_draft=block_size)
     return [d.blocks for d in drafters]
 
 
@@ -188,6 +204,7 @@ def collect(cfg: CollectConfig, out: Path, on_prompt: Callable[[int, int, float]
     ids = {i: src.tokenizer.encode(texts[i], chat=cfg.chat) for i in mine}
     for prompt_ids in ids.values():  # as generate refuses them: before the weights load and any shard is written
         check_prompt_fits(len(prompt_ids), cfg.max_new_tokens, src.base)
+    check_blocks_fit(max(map(len, ids.values()), default=0), cfg, src.base)
     tm = src.load(progress)
     meta = {"target": tm.entry.ref, "tokenizer_hash": tokenizer_hash(tm.tokenizer), "block_size": cfg.block_size,
             "max_new_tokens": cfg.max_new_tokens, "prompt_source": source, "prompt_fingerprint": fingerprint,

@@ -178,6 +178,21 @@ def test_registry_merge_interpolates_in_weight_space(traj, tmp_path):
     one_line_error(invoke("registry", "merge", "adapter/mesh-lora", "--name", "x"), 2, "not a text model")
 
 
+def test_collect_refuses_a_prompt_its_whole_blocks_run_past_the_context_before_anything_is_written(tmp_path):
+    """1,016 tokens + a budget of 6 fit the 1,024-token context, but collecting decodes whole blocks of 4 and the next
+    root (9 tokens): a prompt whose text ran that far failed mid-run, after the shards before it were written (this
+    one stops early and ran through, exit 0). Refused up front, as generate refuses a budget past the context."""
+    save_tiny_text()
+    prompts = write_prompts(tmp_path, ["SHORT A", "SHORT B", "SHORT C", "X" * 1016])
+    out = tmp_path / "traj"
+    one_line_error(invoke("collect-trajectories", "--out", out, "--model", "tiny-text", "--prompts", prompts,
+                          "--block-size", 4, "--max-new-tokens", 6, "chat=false", "shard_every=2"),
+                   2, "a prompt of 1016 tokens + 9 decoded tokens (--max-new-tokens 6 in whole blocks of 4, then the "
+                      "next root) does not fit target/tiny-text's context of 1024 tokens; lower --max-new-tokens to at "
+                      "most 4")
+    assert not out.exists()
+
+
 def test_collect_refuses_a_prompt_past_the_context_before_the_weights_load(tmp_path):
     """A prompt that leaves no room for --max-new-tokens was found mid-run: the shards of the prompts before it were
     written, the rerun failed on it again and a fixed prompt file was refused as a changed config (a dead folder);
