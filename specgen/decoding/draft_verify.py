@@ -57,7 +57,7 @@ class DraftVerify(PolicyBase):
         with clock("accept"):  # 3. per row, each with its own generator stream
             if self.rule is judge:  # one device-to-host copy for the whole batch, not one per row
                 if params.greedy:  # kept on `out`: a drafter's next guesses are the same argmax (no second read)
-                    out = replace(out, argmax=out.logits.argmax(-1).tolist())
+                    out = replace(out, argmax=out.picks())
                 verdicts = judge_batch(drafts, out.logits, sizes, params, generators, out.argmax)
             else:
                 verdicts = [self.rule(d, out.logits[i, : sizes[i]], params, g)

@@ -50,7 +50,7 @@ class RunAhead(PolicyBase):
 
     def settle(self, rows, lo, out, sizes, params, generators, stats, clock) -> list[tuple[list[int], list[int]]]:
         with clock("accept"):  # 3. the host's one read of `chunk` tokens a row
-            picked = out.logits.argmax(-1).tolist()  # [n][chunk]
+            picked = out.picks()  # [n][chunk]
         for s in stats:
             s.record(0, 0, 0)  # an AR step's record: no draft
         keep = list(range(self.chunk))

@@ -19,6 +19,10 @@ class TargetOut:
     features: torch.Tensor  # [B, S, D] final hidden states (CFG adapters: per-branch, see their doc)
     argmax: list[list[int]] | None = None  # [B][S] on the host where the step read it (greedy judging): reused
 
+    def picks(self) -> list[list[int]]:
+        """The greedy picks [B][S] on the host: the step's own read where it made one, else one device read now."""
+        return self.logits.argmax(-1).tolist() if self.argmax is None else self.argmax
+
 
 class Target(Protocol):
     """A model that scores new nodes over a KV cache."""

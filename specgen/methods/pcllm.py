@@ -60,7 +60,7 @@ class MultiBlockDrafter(DrafterBase):
     def on_accept(self, draft: Draft, verdict: Verdict, out) -> None:
         """5. Jacobi step on the window, recycle the rejected tail, shift, promote, spawn."""
         n, K = self.o.block_size, self.o.num_blocks
-        argmax = (out.argmax or out.logits.argmax(-1).tolist())[0]  # [N + 1] over the prefix tree's inputs
+        argmax = out.picks()[0]  # [N + 1] over the prefix tree's inputs
         m = verdict.num_accepted
         path = [draft.tokens[i] for i in verdict.path]
         # the earliest branch holding the accepted path

@@ -49,7 +49,7 @@ class JacobiDrafter(DrafterBase):
         return Draft.chain(self.guesses)
 
     def on_accept(self, draft: Draft, verdict: Verdict, out: TargetOut) -> None:
-        argmax = (out.argmax or out.logits.argmax(-1).tolist())[0]  # [N + 1]: the next Jacobi iterate
+        argmax = out.picks()[0]  # [N + 1]: the next Jacobi iterate
         self.guesses = argmax[verdict.num_accepted + 1 :]
 
 

@@ -38,7 +38,7 @@ class JacobiBlocks(DrafterBase):
 
     def on_accept(self, draft: Draft, verdict: Verdict, out: TargetOut) -> None:
         """One Jacobi iteration: converged guesses move into the block, the argmaxes after them are the new guesses."""
-        argmax = (out.argmax or out.logits.argmax(-1).tolist())[0]  # [N + 1]: argmax[i] follows verify input i
+        argmax = out.picks()[0]  # [N + 1]: argmax[i] follows verify input i
         m = verdict.num_accepted
         self.accepted += [self.root] + list(draft.tokens[:m])
         self.iterations += 1

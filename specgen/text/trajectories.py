@@ -225,8 +225,8 @@ def collect(cfg: CollectConfig, out: Path, on_prompt: Callable[[int, int, float]
     for start in range(0, len(todo), cfg.shard_every):  # one shard's prompts at a time, decoded in batches
         chunk_ids = todo[start : start + cfg.shard_every]
         recs = jacobi_trajectories_batch(tm.target, [ids[i] for i in chunk_ids], cfg.block_size, cfg.max_new_tokens,
-                                         tm.tokenizer.stop_ids,
-                                         [cfg.seed * 1_000_003 + cfg.offset + i for i in chunk_ids], cfg.batch_size)
+                                         tm.tokenizer.stop_ids, [cfg.seed * 1_000_003 + cfg.offset + i
+                                                                 for i in chunk_ids], cfg.batch_size)
         for i, prompt_recs in zip(chunk_ids, recs):
             pending += [{"data_id": cfg.offset + i, "block": b, "prompt_ids": ids[i], **r}
                         for b, r in enumerate(prompt_recs)]
