@@ -107,7 +107,7 @@ def main() -> None:
     parts = args.parts.split(",")
     if args.threads:
         torch.set_num_threads(args.threads)
-    for cls, name in [(CFGTarget, "prefill"), (CFGTarget, "forward"), (EagleBatch, "propose"),
+    for cls, name in [(CFGTarget, "prefill"), (CFGTarget, "forward"), (EagleBatch, "grow_trees"),
                       (EagleBatch, "on_accept")]:
         timed(cls, name)
     gen.MeasuredBudget = Traced

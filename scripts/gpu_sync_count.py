@@ -5,7 +5,9 @@ Two kinds are counted for each case (a method, a batch size, a temperature), per
   `bool(t)`, a data-dependent shape), made visible by `torch.cuda.set_sync_debug_mode("warn")`; each is charged to
   the innermost `specgen/` source line on the stack, so the table names the lines;
 - explicit: waits for the device's queue on purpose (`devices.synchronize`, behind `devices.now`): the decode loop
-  makes them at its start and at each row's end; its phase clock reads the host time and never waits.
+  makes them at its start and at each row's end; its phase clock reads the host time and never waits. A wait for an
+  event mid-queue counts here too (a tree step waits for its growth's end to time the drafter, while the verify
+  queued behind it runs on: no idle device).
 
 An accept rule must read something of the verify logits on the host (greedy: the argmax of every row; rejection
 sampling: the probabilities along the draft), so the floor for a lossless method is one implicit sync a step (`ar`
@@ -84,6 +86,13 @@ class SyncCounter:
             self._sync(device)
 
         devices.synchronize = counted  # `devices.now` looks the name up at call time
+        self._event_sync = torch.cuda.Event.synchronize
+
+        def event_waited(event):
+            self.explicit += 1
+            self._event_sync(event)
+
+        torch.cuda.Event.synchronize = event_waited
         if torch.cuda.is_available():
             torch.cuda.set_sync_debug_mode("warn")
         return self
@@ -99,6 +108,7 @@ class SyncCounter:
         if torch.cuda.is_available():
             torch.cuda.set_sync_debug_mode("default")
         devices.synchronize = self._sync
+        torch.cuda.Event.synchronize = self._event_sync
         warnings.showwarning = self._show
         self._filters.__exit__(*exc)
 

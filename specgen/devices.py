@@ -105,6 +105,21 @@ def synchronize(device: str | torch.device | None = None) -> None:
         torch.mps.synchronize()
 
 
+def mark(device) -> torch.cuda.Event | None:
+    """A point in `device`'s queue, now, for `wait_for` (CUDA); None elsewhere, where queued work is already done."""
+    if torch.device(device).type != "cuda":
+        return None
+    event = torch.cuda.Event()
+    event.record()
+    return event
+
+
+def wait_for(event: torch.cuda.Event | None) -> None:
+    """Wait on the host until the device has run up to `event` (`mark`); the work queued after it runs on."""
+    if event is not None:
+        event.synchronize()
+
+
 def host_tensor(data, device) -> torch.Tensor:
     """`torch.tensor(data)` made on the host and queued to `device` without making the host wait (`to_device`)."""
     return to_device(torch.tensor(data), device)

@@ -3,21 +3,23 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Callable, Sequence
 
 import torch
 
 from specgen.decoding.draft import Draft, Verdict
-from specgen.decoding.draft_verify import DrafterBase, DraftVerify
-from specgen.decoding.pool import PoolBase
+from specgen.decoding.cache import KVCache
+from specgen.decoding.draft_verify import DrafterBase, DraftVerify, judge
+from specgen.decoding.pool import PoolBase, RowStep
 from specgen.decoding.stats import DecodeStats
-from specgen.decoding.target import TargetOut
+from specgen.decoding.target import Target, TargetOut
 from specgen.decoding.tree import DraftTree
-from specgen.decoding.verify import verify_batch
-from specgen.devices import host_tensor
-from specgen.methods.eagle_grow import GrowPlan, TreeShape, branch_rows, drafts_of, grow, level_mask, static_growth
+from specgen.decoding.verify import Span, forward_span, verify_batch
+from specgen.devices import host_tensor, mark, wait_for
+from specgen.methods.eagle_grow import (GrownTrees, GrowPlan, TreeShape, branch_rows, grow, kept_counts, level_mask,
+                                        static_growth)
 from specgen.models.graphs import ROW_BUCKETS
 
 
@@ -65,7 +67,40 @@ class EagleTreeDrafter(DrafterBase):
 
     def step_policy(self, make: Callable[[int], "EagleTreeDrafter"], target, rule, budget) -> DraftVerify:
         """Draft-verify over the DrafterPool that grows every live row's tree together (`EagleBatch` below)."""
-        return DraftVerify(EagleBatch(make), rule, budget)
+        return TreeVerify(EagleBatch(make), rule, budget)
+
+
+class TreeVerify(DraftVerify):
+    """Draft-verify over `EagleBatch` with the trees left on the device until the verdict: the growth builds the
+    verify's inputs too, so nothing waits between the growth and the verify (on a GPU they run back to back), and the
+    trees are read with the verify's greedy picks, in one copy a step."""
+
+    trees: GrownTrees | None = None
+
+    def plan(self, seqs, budgets, stats, generators, params, clock) -> list[RowStep]:
+        cap = self.budget.cap(len(seqs))
+        with clock("propose"):  # 1. every live row's tree and its verify inputs, on the device
+            self.trees = self.pool.grow_trees(seqs, [min(cap, b) for b in budgets], stats)
+        return [RowStep(seq[-1]) for seq in seqs]  # the drafts stay on the device: `forward` feeds them
+
+    def forward(self, target: Target, cache: KVCache, feeds: dict[int, tuple[int, Draft]]) -> Span:
+        if self.trees is None:  # no tree this step: every row feeds its root alone
+            return forward_span(target, cache, feeds)
+        batch = self.trees.batch()  # 2. every live row (DraftVerify feeds them all: rows [0, n))
+        view = cache.rows(0, len(feeds) * target.branches)
+        return Span(view, target.forward(batch.tokens, batch.positions, view, batch.tree_mask), batch.sizes)
+
+    def settle(self, rows, lo, out, sizes, params, generators, stats, clock) -> list[tuple[list[int], list[int]]]:
+        trees, picks = self.trees, None
+        if trees is None:
+            self.drafts = [Draft.empty() for _ in rows]
+        else:
+            with clock("propose"):  # the growth's device time is the drafter's: wait for it alone, the verify runs on
+                wait_for(trees.done)
+            with clock("accept"):  # 3. the trees, with the greedy rule's picks
+                self.drafts, picks = trees.read(out.logits if self.rule is judge and params.greedy else None)
+        return super().settle(rows, lo, out if picks is None else replace(out, argmax=picks), sizes, params,
+                              generators, stats, clock)
 
 
 class EagleBatch(PoolBase):
@@ -95,13 +130,19 @@ class EagleBatch(PoolBase):
         """CFG-combined log-probs [n, S, V] of drafter hidden states [n * br, S, D]."""
         return self.combine(self.head(hidden)).float().log_softmax(-1)
 
-    @torch.inference_mode()
     def propose(self, seqs: Sequence[list[int]], budgets: Sequence[int], stats: Sequence[DecodeStats]) -> list[Draft]:
+        trees = self.grow_trees(seqs, budgets, stats)
+        return [Draft.empty() for _ in seqs] if trees is None else trees.read()[0]
+
+    @torch.inference_mode()
+    def grow_trees(self, seqs: Sequence[list[int]], budgets: Sequence[int],
+                   stats: Sequence[DecodeStats]) -> GrownTrees | None:
+        """Every live row's tree and its verify inputs, on the device (None: no row drafts a tree this step)."""
         n, br = len(seqs), self.br
         if self.skip_ar_steps and all(b <= 0 for b in budgets):  # a batched AR step: no drafter work at all;
             for d in self.rows[:n]:  # the pairs committed meanwhile are caught up by the next step that drafts
                 d.owed, d.last_shape = True, None
-            return [Draft.empty() for _ in range(n)]
+            return None
         view = self.cache.rows(0, n * br)
         root_hidden = self.catch_up(self.rows[:n], seqs, view)  # 1. [n * br, 1, D]
         self.cache.absorb(view, 0)  # the pairs stay; the levels write past every row's length (the view's lengths)
@@ -114,19 +155,21 @@ class EagleBatch(PoolBase):
             shapes.append(TreeShape(min(shape.depth, budget), shape.top_k, shape.total_tokens))
             s.drafter_forwards += max(shapes[-1].depth, 1)  # the catch-up, then one forward per level after the first
         if all(s.depth <= 0 for s in shapes):  # every row's budget ends at the root: no tree to score
-            return [Draft.empty() for _ in shapes]
+            return None
         prefix = list(view.lengths[::br])  # [n]: each sequence's committed drafter slots
         k = [min(s.top_k, self.vocab) if s.depth > 0 else 0 for s in shapes]
-        ints = [[len(s) - 1 for s in seqs], k, [s.depth for s in shapes], [s.total_tokens for s in shapes], prefix]
-        picked = self.grow_captured(view, root_hidden, ints, shapes) or self.grow_eager(view, root_hidden, ints, shapes)
-        return drafts_of(picked)  # 2.-4. the host's one read of the step's trees
+        depth = [s.depth for s in shapes]
+        counts = kept_counts(k, depth, [s.total_tokens for s in shapes])
+        ints = [[len(s) - 1 for s in seqs], k, depth, counts, prefix, [s[-1] for s in seqs]]
+        grown = self.grow_captured(view, root_hidden, ints, shapes) or self.grow_eager(view, root_hidden, ints, shapes)
+        return GrownTrees(*grown, counts=tuple(counts), done=mark(root_hidden.device))  # 2.-5. not read yet
 
     def grow_eager(self, view, root_hidden: torch.Tensor, ints: list[list[int]], shapes: list[TreeShape]):
         """The growth level by level through the drafter's forward over `view` (exact widths, keys up to the longest
-        prefix); `ints`: root positions, top-k, depths, node budgets and prefixes [n] each."""
-        br, device = self.br, root_hidden.device
-        root_pos, k, depth, totals, c = (host_tensor(x, device) for x in ints)
-        longest = max(ints[4])
+        prefix); `ints` [6][n] as `grow`'s."""
+        br, longest = self.br, max(ints[4])
+        ints_t = host_tensor(ints, root_hidden.device)  # [6, n]
+        c = ints_t[4]
 
         def forward(feats, toks, pos, anc):  # one level; every row keeps its W written slots until the rollback
             out = self.net(feats, toks, pos, view, attn_mask=branch_rows(level_mask(anc, c, longest), br).unsqueeze(1))
@@ -134,7 +177,7 @@ class EagleBatch(PoolBase):
             return out
 
         plan = GrowPlan.exact(ints[1], shapes)
-        return grow(forward, self.logprobs, root_hidden, root_pos, k, depth, totals, plan, br)
+        return grow(forward, self.logprobs, root_hidden, ints_t, plan, br)
 
     def grow_captured(self, view, root_hidden: torch.Tensor, ints: list[list[int]], shapes: list[TreeShape]):
         """The growth as one replay of the drafter's captured steps (rows padded to a bucket, widths to the plan's), or
@@ -153,7 +196,7 @@ class EagleBatch(PoolBase):
         pad = padded - n  # padding sequences: no tree (k = 0), their rows write into the scratch row
         device, dim = root_hidden.device, root_hidden.shape[-1]
         inputs = {"root_hidden": torch.cat([root_hidden, root_hidden.new_zeros(pad * br, 1, dim)]),
-                  "ints": host_tensor([x + [0] * pad for x in ints], device),  # [5, padded]
+                  "ints": host_tensor([x + [0] * pad for x in ints], device),  # [6, padded]
                   "writes": host_tensor(list(range(n * br)) + [graphs.capacity] * (pad * br), device)}
         run = partial(static_growth, self.net, self.logprobs, (graphs.k, graphs.v), plan, br, width)
         key = ("grow", padded, plan, width, br, self.guidance)  # a later pool's growths reuse it at the same CFG

@@ -1,4 +1,4 @@
-"""EAGLE-2 trees of every live row grown as one tensor program, with no host read until the drafts are read once."""
+"""EAGLE-2 trees of every live row grown as one tensor program with their verify inputs: no host read till the verdict."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import torch
 
 from specgen.decoding.draft import Draft
 from specgen.decoding.tree import DraftTree
+from specgen.decoding.verify import VerifyBatch
 from specgen.models.graphs import NODE_BUCKETS, StaticInputs, eagle_step
 
 
@@ -19,6 +20,37 @@ class TreeShape:
     depth: int
     top_k: int
     total_tokens: int
+
+
+@dataclass(frozen=True)
+class GrownTrees:
+    """A step's trees, still on the device (`grow`'s outputs), and the nodes each row keeps (known on the host)."""
+
+    tokens: torch.Tensor  # [n, t]: slot order, then padding
+    parents: torch.Tensor  # [n, t]: the parent's index in the row (-1: the root)
+    inputs: torch.Tensor  # [n, S]: the verify's tokens, S = t + 1 (`feed`)
+    positions: torch.Tensor  # [n, S]
+    mask: torch.Tensor  # [n, S, S]
+    counts: tuple[int, ...]  # [n]
+    done: torch.cuda.Event | None = None  # the growth's end in the device's queue (`devices.mark`)
+
+    def batch(self) -> VerifyBatch:
+        """The verify's inputs, cut to the fullest row (the shapes `verify_batch` gives the same drafts)."""
+        s = 1 + max(self.counts)
+        return VerifyBatch(self.inputs[:, :s], self.positions[:, :s], self.mask[:, :s, :s],
+                           tuple(1 + c for c in self.counts))
+
+    def read(self, logits: torch.Tensor | None = None) -> tuple[list[Draft], list[list[int]] | None]:
+        """The trees as drafts and, given the verify's logits [n, S, V], their greedy picks [n][S], in one copy."""
+        n, t = self.tokens.shape
+        parts = [self.tokens.long().flatten(), self.parents.long().flatten()]
+        host = torch.cat(parts if logits is None else parts + [logits.argmax(-1).flatten()]).tolist()
+        drafts = [Draft(tuple(host[i * t : i * t + m]), DraftTree(tuple(host[(n + i) * t : (n + i) * t + m])))
+                  for i, m in enumerate(self.counts)]
+        if logits is None:
+            return drafts, None
+        s, picks = logits.shape[1], host[2 * n * t :]
+        return drafts, [picks[i * s : (i + 1) * s] for i in range(n)]
 
 
 # feats [n*br, W, D], tokens [n*br, W], positions [n*br, W], anc [n, W, R] -> hidden [n*br, W, D]; keeps the W slots
@@ -47,14 +79,15 @@ class GrowPlan:
         return width and cls((width,) * max(s.depth for s in shapes), max(s.total_tokens for s in shapes))
 
 
-def grow(forward: Forward, logprobs: LogProbs, root_hidden: torch.Tensor, root_pos: torch.Tensor, k: torch.Tensor,
-         depth: torch.Tensor, totals: torch.Tensor, plan: GrowPlan, branches: int) -> tuple[torch.Tensor, ...]:
-    """Each row's best nodes in rank order: slots, tokens, parent slots (-1: the root) and whether kept, [n, t] each.
+def grow(forward: Forward, logprobs: LogProbs, root_hidden: torch.Tensor, ints: torch.Tensor, plan: GrowPlan,
+         branches: int) -> tuple[torch.Tensor, ...]:
+    """Each row's tree and the target's verify inputs for it (`feed`), [n, ...] each.
 
-    `root_hidden` [n * br, 1, D]: the drafter's output at each root; `root_pos`, `k`, `depth`, `totals` [n]: the root
-    token's position, the row's top-k (0: no tree), depth and node budget. Device ops only; shapes depend only on the
-    plan, the branches and the inputs' shapes.
+    `root_hidden` [n * br, 1, D]: the drafter's output at each root; `ints` [6, n]: the root token's position, the
+    row's top-k (0: no tree), depth, kept nodes (`kept_counts`), drafter prefix and root token. Device ops only;
+    shapes depend only on the plan, the branches and the inputs' shapes.
     """
+    root_pos, k, depth, counts, _, roots = ints
     n, br, device, widths = k.shape[0], branches, root_hidden.device, plan.widths
     lp = logprobs(root_hidden)[:, 0]  # 1. [n, V]: the root's children
     top = lp.topk(widths[0], dim=-1)  # [n, w0]
@@ -86,17 +119,25 @@ def grow(forward: Forward, logprobs: LogProbs, root_hidden: torch.Tensor, root_p
             anc = torch.cat([anc.gather(1, parent[..., None].expand(-1, -1, anc.shape[-1])), own], 2)
         recorded += width * width
         width = nxt
-    return best_nodes(*(torch.cat(p, 1) for p in zip(*parts)), totals, plan.total)  # 4.
+    ranked = best_nodes(*(torch.cat(p, 1) for p in zip(*parts)), plan.total)  # 4. the kept nodes: a rank prefix
+    tokens, parents = in_slot_order(*ranked, counts)
+    return (tokens, parents) + feed(tokens, parents, counts, roots, root_pos, len(widths))  # 5.
+
+
+def kept_counts(k: list[int], depth: list[int], totals: list[int]) -> list[int]:
+    """The nodes each row keeps, known on the host before the growth runs: its node budget, or all its valid nodes
+    where fewer (the root's k children, then k x k at each further level: `grow`'s `ok`)."""
+    return [min(t, ki + max(d - 1, 0) * ki * ki) if d > 0 else 0 for ki, d, t in zip(k, depth, totals)]
 
 
 def static_growth(net, logprobs: LogProbs, cache: tuple[torch.Tensor, torch.Tensor], plan: GrowPlan,
                   branches: int, t: int, root_hidden: torch.Tensor, ints: torch.Tensor, writes: torch.Tensor
                   ) -> tuple[torch.Tensor, ...]:
     """`grow` over an EAGLE drafter's static cache (k, v [1, C + 1, Hkv, T_max, hd], models/graphs.py): what a captured
-    growth replays. `ints` [5, n]: root positions, top-k, depths, node budgets and prefixes; `writes` [n * br]: the
-    cache row each row writes (a padding row: the scratch row). Each level sees the first `t` slots of its rows (a
-    width bucket that holds every prefix and the levels' slots)."""
-    root_pos, k, depth, totals, prefix = ints
+    growth replays. `ints` [6, n] as `grow`'s; `writes` [n * br]: the cache row each row writes (a padding row: the
+    scratch row). Each level sees the first `t` slots of its rows (a width bucket that holds every prefix and the
+    levels' slots)."""
+    prefix = ints[4]
 
     def forward(feats, toks, pos, anc):
         r, w = anc.shape[-1], toks.shape[1]
@@ -105,29 +146,46 @@ def static_growth(net, logprobs: LogProbs, cache: tuple[torch.Tensor, torch.Tens
         x = StaticInputs(toks, pos, meta, visible=visible, features=feats)
         return eagle_step(net, x, *cache, None, t)[0]
 
-    return grow(forward, logprobs, root_hidden, root_pos, k, depth, totals, plan, branches)
+    return grow(forward, logprobs, root_hidden, ints, plan, branches)
 
 
 def best_nodes(tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tensor, valid: torch.Tensor,
-               totals: torch.Tensor, total: int) -> tuple[torch.Tensor, ...]:
-    """Each row's `totals[i]` best valid nodes of [n, N] by (-score, slot), a stable sort keeping ties in slot order:
-    slots, tokens, parent slots and whether kept, [n, t] each (t = min(total, N), rank order)."""
+               total: int) -> tuple[torch.Tensor, ...]:
+    """The best `total` nodes of [n, N] in rank order: valid ones first by (-score, slot), a stable sort keeping ties
+    in slot order (a -inf score still ranks before every invalid node): slots, tokens and parent slots [n, t] each
+    (t = min(total, N)). A parent scores at least its children and precedes them: every rank prefix is a tree."""
     t = min(total, tokens.shape[1])
-    rank = torch.where(valid, -scores, torch.inf).argsort(dim=1, stable=True)[:, :t]  # [n, t]: slots
-    keep = valid.gather(1, rank) & (torch.arange(t, device=tokens.device) < totals[:, None])
-    return rank, tokens.gather(1, rank), parents.gather(1, rank), keep
+    key = torch.where(valid, (-scores).clamp(max=torch.finfo(scores.dtype).max), torch.inf)
+    rank = key.argsort(dim=1, stable=True)[:, :t]  # [n, t]: slots
+    return rank, tokens.gather(1, rank), parents.gather(1, rank)
 
 
-def drafts_of(picked: tuple[torch.Tensor, ...]) -> list[Draft]:
-    """`grow`'s picks as drafts, read in one copy: each row's kept nodes in slot (topological) order."""
-    host = torch.stack([p.long() for p in picked]).cpu().tolist()  # [4][n][t]
-    drafts = []
-    for slot, token, parent, keep in zip(*host):
-        kept = sorted((s, tok, p) for s, tok, p, y in zip(slot, token, parent, keep) if y)
-        index = {s: i for i, (s, _, _) in enumerate(kept)}  # a kept parent's slot -> its index in the draft
-        tree = DraftTree(tuple(index[p] if p >= 0 else -1 for _, _, p in kept))
-        drafts.append(Draft(tuple(tok for _, tok, _ in kept), tree))
-    return drafts
+def in_slot_order(slots: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor,
+                  counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's first counts[i] ranked nodes in slot (topological) order, then padding: tokens and parents [n, t],
+    a parent as its node's index in the row (-1: the root, and every padding node)."""
+    t = slots.shape[1]
+    kept = torch.arange(t, device=slots.device) < counts[:, None]  # [n, t]: rank prefix
+    key, order = slots.masked_fill(~kept, torch.iinfo(slots.dtype).max).sort(dim=1, stable=True)  # kept first
+    tokens, parents, kept = tokens.gather(1, order), parents.gather(1, order), kept.gather(1, order)
+    match = (parents[:, :, None] == key[:, None, :]) & kept[:, :, None]  # [n, t, t]: node j's parent is node q
+    return tokens, torch.where(match.any(-1), match.int().argmax(-1), -1)
+
+
+def feed(tokens: torch.Tensor, parents: torch.Tensor, counts: torch.Tensor, roots: torch.Tensor,
+         root_pos: torch.Tensor, levels: int) -> tuple[torch.Tensor, ...]:
+    """The target's verify inputs for trees in slot order (`in_slot_order`): tokens, positions [n, S] and tree mask
+    [n, S, S], S = t + 1, as `verify_batch` builds them from the drafts on the host: input 0 is the root, a node sees
+    the root, its ancestors and itself; a padding node is the root's token at the root's position, seeing itself."""
+    n, t = tokens.shape
+    idx = torch.arange(t + 1, device=tokens.device)  # [S]
+    kept = idx[1:] <= counts[:, None]  # [n, t]
+    up = torch.cat([idx[:1].expand(n, 1), torch.where(kept, parents + 1, idx[1:])], 1)  # [n, S]: input of the parent
+    seen = eye = (idx[:, None] == idx).expand(n, -1, -1)  # [n, S, S]
+    for _ in range(levels):  # each round reaches one ancestor further up
+        seen = eye | seen.gather(1, up[:, :, None].expand(-1, -1, t + 1))
+    inputs = torch.cat([roots[:, None], torch.where(kept, tokens, roots[:, None])], 1)  # [n, S]
+    return inputs, root_pos[:, None] + seen.sum(-1) - 1, seen
 
 
 def branch_rows(x: torch.Tensor, branches: int) -> torch.Tensor:

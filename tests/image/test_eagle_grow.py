@@ -14,8 +14,9 @@ from specgen.decoding.tree import DraftTree
 from specgen.image.methods import ImageParts, build_image_method
 from specgen.image.target import CFGTarget
 from specgen.methods import run_batch
-from specgen.methods.eagle import EagleBatch, EagleTreeDrafter
-from specgen.methods.eagle_grow import GrowPlan, TreeShape, best_nodes, drafts_of
+from specgen.decoding.verify import verify_batch
+from specgen.methods.eagle import EagleTreeDrafter, TreeVerify
+from specgen.methods.eagle_grow import GrownTrees, GrowPlan, TreeShape, best_nodes, feed, in_slot_order
 from tests.image.helpers import TinyEagle, tiny_image_gpt
 from tests.image_fixtures import one_thread
 
@@ -40,15 +41,15 @@ def test_batched_trees_are_the_trees_each_row_grows_alone(method, monkeypatch):
         made[i].seen = []
         return made[i]
 
-    pooled = EagleBatch.propose
+    settled = TreeVerify.settle
 
-    def record_pool(self, seqs, budgets, stats):
-        drafts = pooled(self, seqs, budgets, stats)
-        for d, draft in zip(self.rows, drafts):
+    def record_pool(self, *args):
+        outcomes = settled(self, *args)
+        for d, draft in zip(self.pool.rows, self.drafts):
             d.seen.append(draft)
-        return drafts
+        return outcomes
 
-    monkeypatch.setattr(EagleBatch, "propose", record_pool)
+    monkeypatch.setattr(TreeVerify, "settle", record_pool)
     alone = []
     for i, c in enumerate(labels):
         run_batch(target, lambda _: make(i), [[c]], n, SamplingParams(), max_draft=32)
@@ -100,9 +101,22 @@ def test_best_nodes_equal_the_reference_with_ties_and_padding():
     width = max(map(len, rows))
     rows = [r + [(0, -1, 0.0, False)] * (width - len(r)) for r in rows]
     cols = list(zip(*[list(zip(*r)) for r in rows]))  # per field: n rows of `width` values
-    got = drafts_of(best_nodes(torch.tensor(cols[0]), torch.tensor(cols[1]), torch.tensor(cols[2]),
-                               torch.tensor(cols[3]), torch.tensor(totals), max(totals)))
-    assert got == want
+    counts = [len(w.tokens) for w in want]  # the node budget, or every valid node where fewer
+    ranked = best_nodes(torch.tensor(cols[0]), torch.tensor(cols[1]), torch.tensor(cols[2]), torch.tensor(cols[3]),
+                        max(totals))
+    tokens, parents = in_slot_order(*ranked, torch.tensor(counts))
+    roots, starts = [rng.randrange(100) for _ in rows], [rng.randrange(50) for _ in rows]
+    inputs = feed(tokens, parents, torch.tensor(counts), torch.tensor(roots), torch.tensor(starts),
+                  max(d.tree.max_depth() for d in want))
+    trees = GrownTrees(tokens, parents, *inputs, counts=tuple(counts))
+    drafts, picks = trees.read()
+    assert drafts == want and picks is None
+    logits = torch.randn(len(rows), max(counts) + 1, 9)
+    assert trees.read(logits) == (want, logits.argmax(-1).tolist())
+    got, host = trees.batch(), verify_batch(roots, want, starts, "cpu")  # the verify's inputs, as the host builds them
+    assert got.sizes == host.sizes
+    for a, b in ((got.tokens, host.tokens), (got.positions, host.positions), (got.tree_mask, host.tree_mask)):
+        assert torch.equal(a, b)
 
 
 def test_the_captured_plan_depends_only_on_the_buckets():

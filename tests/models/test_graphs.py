@@ -366,7 +366,7 @@ def fake_growth(dtype: torch.dtype, plan, logprobs=None):
     c = net.cfg
     with FakeTensorMode(allow_non_fake_inputs=True) as mode, torch.inference_mode():
         k = mode.from_tensor(torch.zeros(1, 7, c.n_kv_heads, 64, c.hd, dtype=dtype))
-        ints = mode.from_tensor(torch.tensor([[3, 4, 5], [5, 2, 4], [3, 0, 2], [12, 12, 12], [4, 5, 6]]))
+        ints = mode.from_tensor(torch.tensor([[3, 4, 5], [5, 2, 4], [3, 0, 2], [12, 0, 12], [4, 5, 6], [7, 8, 9]]))
         hidden = mode.from_tensor(torch.zeros(6, 1, c.dim, dtype=dtype))
         return static_growth(net, logprobs, (k, k), plan, 2, 32, hidden, ints,  # 32 of 64 slots
                              mode.from_tensor(torch.arange(6)))
@@ -377,9 +377,10 @@ def fake_growth(dtype: torch.dtype, plan, logprobs=None):
 def test_a_tree_growth_reads_nothing_on_the_host_and_keeps_the_plan_shape(dtype, widths):
     from specgen.methods.eagle_grow import GrowPlan
 
-    picked = fake_growth(dtype, GrowPlan(widths, 12))
-    recorded = widths[0] + sum(w * w for w in widths[1:])  # the root's children, then W x W per level
-    assert [tuple(p.shape) for p in picked] == [(3, min(12, recorded))] * 4  # slots, tokens, parents, kept
+    grown = fake_growth(dtype, GrowPlan(widths, 12))
+    t = min(12, widths[0] + sum(w * w for w in widths[1:]))  # the root's children, then W x W per level
+    # tokens, parents; the verify's tokens, positions and tree mask
+    assert [tuple(p.shape) for p in grown] == [(3, t)] * 2 + [(3, t + 1)] * 2 + [(3, t + 1, t + 1)]
 
 
 def test_a_growth_that_reads_the_host_fails_the_check():
