@@ -1,4 +1,4 @@
-"""EAGLE-2 trees of every live row grown as one tensor program with their verify inputs: no host read till the verdict."""
+"""EAGLE trees of every live row grown as one tensor program with their verify inputs; no host read till the verdict."""
 
 from __future__ import annotations
 
