@@ -4,6 +4,7 @@ batch of its own, and its node selection equals a plain sort of the recorded nod
 from __future__ import annotations
 
 import random
+import traceback
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from specgen.image.target import CFGTarget
 from specgen.methods import run_batch
 from specgen.decoding.verify import verify_batch
 from specgen.methods.eagle import EagleTreeDrafter, TreeVerify
+from specgen.methods.vvs import VVSBatch
 from specgen.methods.eagle_grow import GrownTrees, GrowPlan, TreeShape, best_nodes, feed, in_slot_order
 from tests.image.helpers import TinyEagle, tiny_image_gpt
 from tests.image_fixtures import one_thread
@@ -127,3 +129,45 @@ def test_the_captured_plan_depends_only_on_the_buckets():
     assert GrowPlan.bucketed([5, 7], a, 100) == GrowPlan.bucketed([8, 6], b, 100) == GrowPlan((8, 8, 8), 12)
     assert GrowPlan.bucketed([5, 7], a, 6) == GrowPlan((6, 6, 6), 12)  # never wider than the vocabulary
     assert GrowPlan.bucketed([200], [TreeShape(2, 200, 12)], 1000) is None  # wider than every bucket: eager
+
+
+
+def reads_before_verify(method: str, policy, monkeypatch) -> tuple[int, int]:
+    """(steps, host reads between a step's plan and its verify) of `method` under the step policy class `policy`."""
+    model = tiny_image_gpt(5)
+    target = CFGTarget(model, 3.0)
+    codebook = torch.randn(model.cfg.vocab_size, 8, generator=torch.Generator().manual_seed(0))  # LANTERN's, VVS's
+    parts = ImageParts(model, target, TinyEagle(model).eval(), codebook, GRID)
+    log: list[str] = []
+
+    def read(real):
+        def counted(self, *a, **k):  # the CPU's RoPE bound check reads (on a GPU: an assert queued on the device)
+            log.extend("r"[: all(f.name != "forward_rotation" for f in traceback.extract_stack())])
+            return real(self, *a, **k)
+
+        return counted
+
+    for name in ("tolist", "item", "__bool__", "__int__", "__float__", "cpu", "numpy"):
+        monkeypatch.setattr(torch.Tensor, name, read(getattr(torch.Tensor, name)))
+    for cls, name, mark in ((policy, "plan", "P"), (CFGTarget, "forward", "F")):
+        real = getattr(cls, name)
+        monkeypatch.setattr(cls, name, lambda *a, _r=real, _m=mark, **k: log.append(_m) or _r(*a, **k))
+    make = lambda _: build_image_method(method, parts, dict(SHAPES.get(method, {})))  # noqa: E731
+    run_batch(target, lambda i: make(i)[0], [[0], [2]], GRID * GRID, SamplingParams(), batch_size=2, max_draft=32,
+              rule=make(0)[1])
+    between = [step.split("F")[0] for step in "".join(log).split("P")[1:]]  # each plan up to its verify
+    return len(between), sum(b.count("r") for b in between)
+
+
+@pytest.mark.parametrize("method", ["eagle2", "adt-tree", "lantern"])
+def test_a_tree_step_reads_nothing_on_the_host_between_its_growth_and_its_verify(method, monkeypatch):
+    """On a GPU a host read there idles the device while the host builds the verify: TreeVerify's trees and their
+    verify inputs stay on the device until the verify is queued."""
+    steps, reads = reads_before_verify(method, TreeVerify, monkeypatch)
+    assert steps > 3 and reads == 0
+
+
+def test_the_read_check_sees_a_step_that_reads_its_trees_when_grown(monkeypatch):
+    """The control: VVS composes its trees with the unverified chain on the host, so it reads them when grown."""
+    steps, reads = reads_before_verify("vvs", VVSBatch, monkeypatch)
+    assert steps > 3 and reads >= steps - 1
