@@ -9,7 +9,7 @@ import torch
 from specgen.decoding.cache import KVCache
 from specgen.decoding.draft import Draft
 from specgen.decoding.target import Target, TargetOut
-from specgen.devices import host_tensor, to_device
+from specgen.devices import host_tensor
 
 
 @dataclass(frozen=True)
@@ -23,21 +23,38 @@ class VerifyBatch:
 
 
 def verify_batch(roots: list[int], drafts: list[Draft], starts: list[int], device) -> VerifyBatch:
-    """Pad every row's root + draft to S = the largest; starts[i] = the position of row i's root."""
+    """Pad every row's root + draft to S = the largest; starts[i] = the position of row i's root. Trees: built by
+    `tree_inputs`, as on the device from a growth's trees (methods/eagle_grow.py)."""
     sizes = tuple(d.size + 1 for d in drafts)
     s = max(sizes)
     if all(d.tree.is_chain for d in drafts) and len(set(sizes)) == 1:  # equal chains: the causal mask says it all
         tokens = host_tensor([(r,) + d.tokens for r, d in zip(roots, drafts)], device)
         positions = host_tensor([range(p, p + s) for p in starts], device)
         return VerifyBatch(tokens, positions, None, sizes)
-    tokens = host_tensor([(r,) + d.tokens + (r,) * (s - n) for r, d, n in zip(roots, drafts, sizes)], device)
-    positions = host_tensor([[p + o for o in (0,) + d.tree.depth] + [p] * (s - n)
-                             for p, d, n in zip(starts, drafts, sizes)], device)  # padding: the root's position
-    seen = [(i * s + q) * s + k for i, (d, n) in enumerate(zip(drafts, sizes))  # flat [B, S, S] indices
-            for q, row in enumerate(d.tree.visible + tuple((j,) for j in range(n, s))) for k in row]
-    mask = torch.zeros(len(drafts) * s * s, dtype=torch.bool)
-    mask[seen] = True  # each node sees its ancestors and itself; padding only itself: one host op for the batch
-    return VerifyBatch(tokens, positions, to_device(mask.view(len(drafts), s, s), device), sizes)
+    tokens = host_tensor([d.tokens + (0,) * (s - n) for d, n in zip(drafts, sizes)], device)  # [B, S - 1]
+    parents = host_tensor([d.tree.parents + (-1,) * (s - n) for d, n in zip(drafts, sizes)], device)
+    inputs, positions, mask = tree_inputs(tokens, parents, host_tensor([d.size for d in drafts], device),
+                                          host_tensor(roots, device), host_tensor(starts, device),
+                                          max(d.tree.max_depth() for d in drafts))
+    return VerifyBatch(inputs, positions, mask, sizes)
+
+
+def tree_inputs(tokens: torch.Tensor, parents: torch.Tensor, counts: torch.Tensor, roots: torch.Tensor,
+                root_pos: torch.Tensor, levels: int) -> tuple[torch.Tensor, ...]:
+    """The verify's inputs for n trees of up to t nodes on the device: tokens, positions [n, S] and tree mask
+    [n, S, S], S = t + 1. `tokens`, `parents` [n, t]: each row's first counts[i] nodes in topological order, a parent
+    as its node's index (-1: the root); `levels`: the deepest tree's depth. Input 0 is the root (its token and
+    position given), a node sees the root, its ancestors and itself at the root's position plus its depth; a padding
+    node is the root's token at the root's position, seeing itself."""
+    n, t = tokens.shape
+    idx = torch.arange(t + 1, device=tokens.device)  # [S]
+    kept = idx[1:] <= counts[:, None]  # [n, t]
+    up = torch.cat([idx[:1].expand(n, 1), torch.where(kept, parents + 1, idx[1:])], 1)  # [n, S]: input of the parent
+    seen = eye = (idx[:, None] == idx).expand(n, -1, -1)  # [n, S, S]
+    for _ in range(levels):  # each round reaches one ancestor further up
+        seen = eye | seen.gather(1, up[:, :, None].expand(-1, -1, t + 1))
+    inputs = torch.cat([roots[:, None], torch.where(kept, tokens, roots[:, None])], 1)  # [n, S]
+    return inputs, root_pos[:, None] + seen.sum(-1) - 1, seen
 
 
 @dataclass(frozen=True)

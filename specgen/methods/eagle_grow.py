@@ -9,7 +9,7 @@ import torch
 
 from specgen.decoding.draft import Draft
 from specgen.decoding.tree import DraftTree
-from specgen.decoding.verify import VerifyBatch
+from specgen.decoding.verify import VerifyBatch, tree_inputs
 from specgen.models.graphs import NODE_BUCKETS, StaticInputs, eagle_step
 
 
@@ -28,7 +28,7 @@ class GrownTrees:
 
     tokens: torch.Tensor  # [n, t]: slot order, then padding
     parents: torch.Tensor  # [n, t]: the parent's index in the row (-1: the root)
-    inputs: torch.Tensor  # [n, S]: the verify's tokens, S = t + 1 (`feed`)
+    inputs: torch.Tensor  # [n, S]: the verify's tokens, S = t + 1 (`tree_inputs`)
     positions: torch.Tensor  # [n, S]
     mask: torch.Tensor  # [n, S, S]
     counts: tuple[int, ...]  # [n]
@@ -121,7 +121,7 @@ def grow(forward: Forward, logprobs: LogProbs, root_hidden: torch.Tensor, ints: 
         width = nxt
     ranked = best_nodes(*(torch.cat(p, 1) for p in zip(*parts)), plan.total)  # 4. the kept nodes: a rank prefix
     tokens, parents = in_slot_order(*ranked, counts)
-    return (tokens, parents) + feed(tokens, parents, counts, roots, root_pos, len(widths))  # 5.
+    return (tokens, parents) + tree_inputs(tokens, parents, counts, roots, root_pos, len(widths))  # 5.
 
 
 def kept_counts(k: list[int], depth: list[int], totals: list[int]) -> list[int]:
@@ -170,22 +170,6 @@ def in_slot_order(slots: torch.Tensor, tokens: torch.Tensor, parents: torch.Tens
     tokens, parents, kept = tokens.gather(1, order), parents.gather(1, order), kept.gather(1, order)
     match = (parents[:, :, None] == key[:, None, :]) & kept[:, :, None]  # [n, t, t]: node j's parent is node q
     return tokens, torch.where(match.any(-1), match.int().argmax(-1), -1)
-
-
-def feed(tokens: torch.Tensor, parents: torch.Tensor, counts: torch.Tensor, roots: torch.Tensor,
-         root_pos: torch.Tensor, levels: int) -> tuple[torch.Tensor, ...]:
-    """The target's verify inputs for trees in slot order (`in_slot_order`): tokens, positions [n, S] and tree mask
-    [n, S, S], S = t + 1, as `verify_batch` builds them from the drafts on the host: input 0 is the root, a node sees
-    the root, its ancestors and itself; a padding node is the root's token at the root's position, seeing itself."""
-    n, t = tokens.shape
-    idx = torch.arange(t + 1, device=tokens.device)  # [S]
-    kept = idx[1:] <= counts[:, None]  # [n, t]
-    up = torch.cat([idx[:1].expand(n, 1), torch.where(kept, parents + 1, idx[1:])], 1)  # [n, S]: input of the parent
-    seen = eye = (idx[:, None] == idx).expand(n, -1, -1)  # [n, S, S]
-    for _ in range(levels):  # each round reaches one ancestor further up
-        seen = eye | seen.gather(1, up[:, :, None].expand(-1, -1, t + 1))
-    inputs = torch.cat([roots[:, None], torch.where(kept, tokens, roots[:, None])], 1)  # [n, S]
-    return inputs, root_pos[:, None] + seen.sum(-1) - 1, seen
 
 
 def branch_rows(x: torch.Tensor, branches: int) -> torch.Tensor:

@@ -15,10 +15,10 @@ from specgen.decoding.tree import DraftTree
 from specgen.image.methods import ImageParts, build_image_method
 from specgen.image.target import CFGTarget
 from specgen.methods import run_batch
-from specgen.decoding.verify import verify_batch
+from specgen.decoding.verify import tree_inputs, verify_batch
 from specgen.methods.eagle import EagleTreeDrafter, TreeVerify
 from specgen.methods.vvs import VVSBatch
-from specgen.methods.eagle_grow import GrownTrees, GrowPlan, TreeShape, best_nodes, feed, in_slot_order
+from specgen.methods.eagle_grow import GrownTrees, GrowPlan, TreeShape, best_nodes, in_slot_order
 from tests.image.helpers import TinyEagle, tiny_image_gpt
 from tests.image_fixtures import one_thread
 
@@ -108,17 +108,35 @@ def test_best_nodes_equal_the_reference_with_ties_and_padding():
                         max(totals))
     tokens, parents = in_slot_order(*ranked, torch.tensor(counts))
     roots, starts = [rng.randrange(100) for _ in rows], [rng.randrange(50) for _ in rows]
-    inputs = feed(tokens, parents, torch.tensor(counts), torch.tensor(roots), torch.tensor(starts),
-                  max(d.tree.max_depth() for d in want))
+    inputs = tree_inputs(tokens, parents, torch.tensor(counts), torch.tensor(roots), torch.tensor(starts),
+                         max(d.tree.max_depth() for d in want))
     trees = GrownTrees(tokens, parents, *inputs, counts=tuple(counts))
     drafts, picks = trees.read()
     assert drafts == want and picks is None
     logits = torch.randn(len(rows), max(counts) + 1, 9)
     assert trees.read(logits) == (want, logits.argmax(-1).tolist())
-    got, host = trees.batch(), verify_batch(roots, want, starts, "cpu")  # the verify's inputs, as the host builds them
-    assert got.sizes == host.sizes
-    for a, b in ((got.tokens, host.tokens), (got.positions, host.positions), (got.tree_mask, host.tree_mask)):
-        assert torch.equal(a, b)
+    ref = reference_inputs(roots, want, starts)
+    for batch in (trees.batch(), verify_batch(roots, want, starts, "cpu")):  # from the device's trees, from drafts
+        assert batch.sizes == tuple(d.size + 1 for d in want)
+        assert [torch.equal(a, b) for a, b in zip((batch.tokens, batch.positions, batch.tree_mask), ref)] == [True] * 3
+
+
+def reference_inputs(roots: list[int], drafts: list[Draft], starts: list[int]) -> tuple[torch.Tensor, ...]:
+    """A verify's tokens, positions and tree mask by walking each node's parents: input 0 the root, a padding node
+    the root's token at its position, seeing itself only."""
+    s = 1 + max(d.size for d in drafts)
+    tokens, positions, mask = torch.tensor([[r] * s for r in roots]), torch.tensor([[p] * s for p in starts]), []
+    for i, d in enumerate(drafts):
+        seen = torch.eye(s, dtype=torch.bool)
+        for j, tok in enumerate(d.tokens):
+            tokens[i, j + 1], node = tok, j
+            while node >= 0:
+                seen[j + 1, node + 1] = True
+                positions[i, j + 1] += 1
+                node = d.tree.parents[node]
+            seen[j + 1, 0] = True
+        mask.append(seen)
+    return tokens, positions, torch.stack(mask)
 
 
 def test_the_captured_plan_depends_only_on_the_buckets():
