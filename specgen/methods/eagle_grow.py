@@ -81,7 +81,7 @@ class GrowPlan:
 
 def grow(forward: Forward, logprobs: LogProbs, root_hidden: torch.Tensor, ints: torch.Tensor, plan: GrowPlan,
          branches: int) -> tuple[torch.Tensor, ...]:
-    """Each row's tree and the target's verify inputs for it (`feed`), [n, ...] each.
+    """Each row's tree (slot order, parents as indices: `in_slot_order`) and its verify inputs (`tree_inputs`).
 
     `root_hidden` [n * br, 1, D]: the drafter's output at each root; `ints` [6, n]: the root token's position, the
     row's top-k (0: no tree), depth, kept nodes (`kept_counts`), drafter prefix and root token. Device ops only;
