@@ -22,13 +22,15 @@ UNIT = {"delta", "deltas", "min_lr_ratio", "lecam_decay"}  # [0, 1]
 HALF_OPEN_UNIT = {"beta1", "beta2"}  # [0, 1)
 NONEMPTY_LISTS = {"temperatures", "methods", "rows", "batch_sizes"}
 DISTINCT_LISTS = {"batch_sizes"}  # each value is a row of its own: a repeat decoded every item again, two equal rows
-ZERO_BUDGET_IS_CONTEXT = {"MeshGenConfig", "MeshBenchConfig"}  # max_new_tokens 0 = the model's whole context
+# mesh configs: max_new_tokens 0 = the model's whole context; their budget is checked against the decoder's context
+# less the heads' look-ahead by `mesh.generate.check_budget` (it knows the heads), not against the model's context here
+MESH_CONFIGS = {"MeshGenConfig", "MeshBenchConfig"}
 NAMES = {"name", "vq_name"}  # registry names this command creates ("" = do not register)
 TEMPERATURES = {"temperature", "label_temperature", "temperatures"}
 MIN_TEMPERATURE = 1e-3  # 0 is greedy; a positive temperature below this overflows logits / T into inf and NaN
 POSITIVE_BY_CLASS = {"DistillConfig": {"temperature"}}  # a KL temperature divides: 0 is not greedy there
 # counts whose 0 means nothing to do in these configs (elsewhere 0 means "all"), and max_new_tokens outside
-# ZERO_BUDGET_IS_CONTEXT: checked before the generic >= 0, so -1 and 0 get the same message
+# MESH_CONFIGS: checked before the generic >= 0, so -1 and 0 get the same message
 AT_LEAST_ONE_BY_CLASS = {"TextBenchConfig": ("limit",), "MeshBenchConfig": ("limit",), "ImageBenchConfig": ("num",),
                          "MeshGenConfig": ("num",)}
 MAX_INT = 2 ** 62  # beyond this torch's int64 arithmetic (seed + i, sizes) overflows
@@ -45,7 +47,7 @@ AUTO_DEVICE = {"DistillConfig", "TextGenConfig", "ImageGenConfig", "MeshGenConfi
 def check_config(cfg: Any) -> None:
     """Refuse the first out-of-range value of a config dataclass with a one-line UsageError naming its key."""
     name = type(cfg).__name__
-    budget = () if name in ZERO_BUDGET_IS_CONTEXT else ("max_new_tokens",)
+    budget = () if name in MESH_CONFIGS else ("max_new_tokens",)
     for key in AT_LEAST_ONE_BY_CLASS.get(name, ()) + budget:
         if is_number(getattr(cfg, key, None)) and getattr(cfg, key) < 1:
             raise UsageError(f"{key} must be >= 1, got {getattr(cfg, key)}")
@@ -58,7 +60,8 @@ def check_config(cfg: Any) -> None:
         devices.check_device(cfg.device, allow_auto=name in AUTO_DEVICE)
     budget = getattr(cfg, "max_new_tokens", None)
     model = getattr(cfg, "model", None) or getattr(cfg, "target", None)
-    if is_number(budget) and budget > 0:  # against the named model's context when it is installed (nothing loads)
+    # against the named model's context when it is installed (nothing loads)
+    if is_number(budget) and budget > 0 and name not in MESH_CONFIGS:
         meta = (registry.installed_meta(model) if isinstance(model, str) and model else None) or {}
         check_budget(budget, meta, f"{meta.get('kind', 'target')}/{meta.get('name', model)}")
 

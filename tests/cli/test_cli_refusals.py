@@ -164,7 +164,7 @@ QUICK_HEADS = ["num_sequences=2", "eval_sequences=1", "max_tokens=8", "stage1_ep
     (["benchmark", "--suite", "meshes", "--threads", "-3"], "threads must be >= 0"),
     (["benchmark", "--suite", "meshes", "batch_sizes=[0]"], "batch_sizes must be >= 1, got 0"),  # was no row, exit 0
     (["benchmark", "--suite", "meshes", "--methods", "ar", "sweep_row=none", "--limit", "1", "--max-new-tokens", "1019"],
-     "max-new-tokens 1019 exceeds the model's context (1018 tokens)"),  # was clamped to 1018 unsaid
+     "max-new-tokens 1019 does not fit target/mesh-gpt-tiny"),  # was clamped to 1018 unsaid
     (["benchmark", "--suite", "meshes", "sweep_row=ca+lroa"],  # was no sweep, unsaid
      "sweep_row 'ca+lroa' has no heads in `heads`; known rows: mlp, mlp+lora, ca, ca+lora, or none"),
     (["benchmark", "report", "run", "--limit", "3"], "--limit does not apply to `benchmark report`"),  # was ignored
@@ -317,7 +317,19 @@ def test_collect_names_the_precision_that_was_given(tiny, monkeypatch, model, ex
 
 def test_a_mesh_budget_past_the_context_is_refused_before_the_weights_load(tiny, no_weights):
     check_refusal(tiny, [*MESH, "method_options.heads=xspecmesh-ca-tiny", "max_new_tokens=5000"], 2,
-                  "exceeds the model's context (1018 tokens)")  # 1024 less 4 heads and 2 slots
+                  "context is 1024 tokens, less 4 heads' look-ahead and 2 slots; use at most 1018")
+
+
+@pytest.mark.parametrize("args,most", [
+    ([*MESH, "--max-new-tokens", "100000"], 1018),  # was "at most 65536", then at 65536 "the model's context (1018)"
+    ([*MESH, "--max-new-tokens", "65536"], 1018),
+    (["generate", "--method", "ar", "--model", "mesh-gpt-tiny", "--max-new-tokens", "100000"], 1022),  # no heads
+    (["benchmark", "--suite", "meshes", "--max-new-tokens", "100000"], 1018),
+])
+def test_a_mesh_budget_is_refused_naming_the_real_limit_the_first_time(tiny, no_weights, args, most):
+    """The mesh check (the backbone's context less the heads' look-ahead and two slots) is the only one: the generic
+    cap on a context not known yet must not answer first with a limit the next try then exceeds."""
+    check_refusal(tiny, args, 2, f"use at most {most}")
 
 
 def test_heads_max_tokens_past_the_context_is_refused_before_the_weights_load(tiny, no_weights):
