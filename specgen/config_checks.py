@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 from specgen import devices, registry
+from specgen.devices import DTYPES
 from specgen.errors import UsageError
 from specgen.limits import check_budget
 
@@ -38,6 +39,11 @@ RANGES = [(OPEN_UNIT, lambda v: 0 < v <= 1, "in (0, 1]"), (UNIT, lambda v: 0 <= 
           (HALF_OPEN_UNIT, lambda v: 0 <= v < 1, "in [0, 1)"), (POSITIVE, lambda v: v > 0, "> 0"),
           (AT_LEAST_ONE, lambda v: v >= 1, ">= 1")]  # (fields, the values they take, those values in words)
 AT_MOST = {"num": 100_000, "threads": 4096, "num_threads": 4096}  # images/meshes per command, threads
+# keys naming one of a few values, those values in words: "" (an unset shell variable in quotes) is refused naming
+# them, never read as the default, which is the key left out (their own checks name any other wrong value: devices.py,
+# text/precision.py's QUANTIZE, models/graphs.py's MODES)
+CHOICES = {"dtype": ", ".join(DTYPES), "quantize": "int8, int4", "device": "cpu, cuda, cuda:N, auto",
+           "graphs": "auto, on, off"}
 # configs whose device may be "auto" (cuda when present, else cpu): their commands resolve it (specgen/devices.py)
 # before any tensor is made; a config not named here takes cpu, cuda, cuda:N or mps only
 AUTO_DEVICE = {"DistillConfig", "TextGenConfig", "ImageGenConfig", "MeshGenConfig", "CollectConfig", "TextBenchConfig",
@@ -74,6 +80,9 @@ def check_value(key: str, value: Any) -> None:
     """One field: numbers by the tables above, strings free of control characters, a list's values as the field's."""
     if isinstance(value, str):
         check_text(key, value)
+        if key in CHOICES and not value:
+            raise UsageError(f"an empty {key} (an unset shell variable?); use {CHOICES[key]}, or leave it out for "
+                             "the default")
         if key in NAMES and value:
             registry.check_name(value, key)
     elif is_number(value):

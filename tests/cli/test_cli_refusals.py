@@ -14,7 +14,9 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from specgen import checkpoints
-from specgen.text.precision import quantized_entry
+from specgen.config_checks import CHOICES
+from specgen.models.graphs import MODES
+from specgen.text.precision import QUANTIZE, quantized_entry
 from tests.pcllm_fixtures import save_tiny_text
 
 runner = CliRunner()
@@ -105,6 +107,33 @@ IMG = ["generate", "--model", "tiny-image-gpt", "--method", "ar"]
 MESH = ["generate", "--method", "xspecmesh"]
 QUICK_HEADS = ["num_sequences=2", "eval_sequences=1", "max_tokens=8", "stage1_epochs=1", "stage2_epochs=1"]  # refused
 #   late, these failed after seconds of training (their refusals must come first)
+
+
+@pytest.mark.parametrize("args,key", [
+    *((cmd + [f"--{key}", ""], key) for cmd in (GEN, IMG, MESH) for key in ("dtype", "quantize", "device", "graphs")),
+    (["benchmark", "--model", "tiny-text", "--dtype", ""], "dtype"),  # these four were read as the default
+    (["benchmark", "--model", "tiny-text", "--quantize", ""], "quantize"),
+    (["benchmark", "--suite", "meshes", "--dtype", ""], "dtype"),
+    (["collect-trajectories", "--out", "run", "--dtype", ""], "dtype"),
+    ([*GEN, 'quantize=""'], "quantize"),  # a recipe's "" (`key=` is YAML's null: the default)
+    (["benchmark", "--suite", "images", "graphs=''"], "graphs"),
+], ids=lambda a: " ".join(map(str, a)) if isinstance(a, list) else a)
+def test_an_empty_value_of_a_choice_is_refused_naming_the_values(tiny, args, key):
+    """An unset shell variable in quotes gives "": refused like any value not among the choices, never the default
+    (which is the option left out)."""
+    check_refusal(tiny, args, 2, f"an empty {key} (an unset shell variable?); use ")
+
+
+def test_the_values_an_empty_choice_names_are_the_checked_ones():
+    assert CHOICES["quantize"] == ", ".join(QUANTIZE) and CHOICES["graphs"] == ", ".join(MODES)
+
+
+@pytest.mark.parametrize("args,needle", [
+    ([*GEN[:3], "--method", ""], "unknown method ''"),  # was ar
+    (["benchmark", "--suite", ""], "unknown suite ''"),  # was humaneval
+])
+def test_an_empty_method_or_suite_is_an_unknown_name(tiny, args, needle):
+    check_refusal(tiny, args, 2, needle)
 
 
 @pytest.mark.parametrize("args,needle", [
