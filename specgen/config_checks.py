@@ -9,7 +9,7 @@ from typing import Any
 from specgen import devices, registry
 from specgen.devices import DTYPES
 from specgen.errors import UsageError
-from specgen.limits import check_budget
+from specgen.limits import check_budget, usable_cpus
 
 SIGNED = {"seed", "label_seed", "data_seed"}  # any integer
 AT_LEAST_ONE = {"batch_size", "grad_accum", "block_size", "label_batch", "gen_batch", "crop_size", "num_crops",
@@ -38,7 +38,9 @@ MAX_INT = 2 ** 62  # beyond this torch's int64 arithmetic (seed + i, sizes) over
 RANGES = [(OPEN_UNIT, lambda v: 0 < v <= 1, "in (0, 1]"), (UNIT, lambda v: 0 <= v <= 1, "in [0, 1]"),
           (HALF_OPEN_UNIT, lambda v: 0 <= v < 1, "in [0, 1)"), (POSITIVE, lambda v: v > 0, "> 0"),
           (AT_LEAST_ONE, lambda v: v >= 1, ">= 1")]  # (fields, the values they take, those values in words)
-AT_MOST = {"num": 100_000, "threads": 4096, "num_threads": 4096}  # images/meshes per command, threads
+AT_MOST = {"num": 100_000}  # images/meshes per command
+# torch threads: at most the CPUs this process can use; more only queue on them (and a benchmark would time that)
+THREADS = {"threads", "num_threads"}
 # keys naming one of a few values, those values in words: "" (an unset shell variable in quotes) is refused naming
 # them, never read as the default, which is the key left out (their own checks name any other wrong value: devices.py,
 # text/precision.py's QUANTIZE, models/graphs.py's MODES)
@@ -48,6 +50,15 @@ CHOICES = {"dtype": ", ".join(DTYPES), "quantize": "int8, int4", "device": "cpu,
 # before any tensor is made; a config not named here takes cpu, cuda, cuda:N or mps only
 AUTO_DEVICE = {"DistillConfig", "TextGenConfig", "ImageGenConfig", "MeshGenConfig", "CollectConfig", "TextBenchConfig",
                "ImageBenchConfig", "MeshBenchConfig"}
+
+
+class TooManyThreads(UsageError):
+    """More torch threads than the CPUs this process can use: refused where a command runs; a dry run, which checks
+    a recipe for another node, loads it at this machine's count."""
+
+    def __init__(self, key: str, threads: int, cpus: int) -> None:
+        super().__init__(f"{key} {threads} is more than the {cpus} CPUs this process can use; give at most {cpus}")
+        self.key, self.threads, self.cpus = key, threads, cpus
 
 
 def check_config(cfg: Any) -> None:
@@ -123,5 +134,7 @@ def check_number(key: str, v: float) -> None:
             raise UsageError(f"{key} must be {rule}, got {v}")
     if key in AT_MOST and v > AT_MOST[key]:
         raise UsageError(f"{key} must be at most {AT_MOST[key]}, got {v}")
+    if key in THREADS and v > (cpus := usable_cpus()):
+        raise TooManyThreads(key, int(v), cpus)
     if v < 0:
         raise UsageError(f"{key} must be >= 0, got {v}")

@@ -15,7 +15,7 @@ from specgen import registry
 from specgen.builders import BUILDERS
 from specgen.builtins import BUILTINS
 from specgen.config import load_config, read_recipe
-from specgen.config_checks import AUTO_DEVICE
+from specgen.config_checks import AUTO_DEVICE, TooManyThreads
 from specgen.decoding.memory import size
 from specgen.devices import check_device
 from specgen.errors import SpecgenError, UsageError
@@ -163,16 +163,25 @@ def check_recipe(path: Path, overrides: list[str] | None = None, explicit: dict 
 
 def load_checked(cls: type, path: Path, overrides: list[str], raw: dict, rows: list[dict], given: dict):
     """The config or None, its rows added to `rows`: keys and values through `load_config` (with the options
-    `given`), the device checked apart (a recipe for a GPU node names cuda, which this machine may lack)."""
+    `given`), the device and thread counts checked apart (a recipe for a GPU node names cuda and the node's CPUs,
+    which this machine may lack)."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    explicit = {**given, "device": "cpu"} if "device" in fields else given
-    try:
-        cfg = load_config(cls, path, overrides, **explicit)
-    except UsageError as e:
-        rows.append(row("config", False, str(e)))
-        return None
+    explicit = {**given, "device": "cpu"} if "device" in fields else dict(given)
+    node = []  # thread counts past this machine's CPUs: loaded at its count, checked where the recipe runs
+    while True:  # each thread key at most once
+        try:
+            cfg = load_config(cls, path, overrides, **explicit)
+            break
+        except TooManyThreads as e:
+            node.append(row(e.key, True, f"{e.threads}: more than this machine's {e.cpus} CPUs; checked when the "
+                                         "recipe runs on its node"))
+            explicit[e.key] = e.cpus
+        except UsageError as e:
+            rows.append(row("config", False, str(e)))
+            return None
     rows.append(row("config", True, f"{len(raw)} keys valid for {cls.__name__}"
                     + (f", {len(overrides)} override(s)" if overrides else "")))
+    rows += node
     if "device" not in fields:
         return cfg
     named = [o.partition("=")[2] for o in overrides if o.partition("=")[0].strip() == "device"]

@@ -14,7 +14,9 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from specgen import checkpoints
-from specgen.config_checks import CHOICES
+from specgen.config_checks import CHOICES, check_config
+from specgen.errors import UsageError
+from specgen.eval.text_bench import TextBenchConfig
 from specgen.models.graphs import MODES
 from specgen.text.precision import QUANTIZE, quantized_entry
 from tests.pcllm_fixtures import save_tiny_text
@@ -224,6 +226,27 @@ def test_an_empty_method_or_suite_is_an_unknown_name(tiny, args, needle):
 ])
 def test_nonsense_numbers_are_refused(tiny, args, needle):
     check_refusal(tiny, args, 2, needle)
+
+
+@pytest.mark.parametrize("args,key", [
+    (["benchmark", "--model", "tiny-text", "--threads", "64"], "threads"),  # was run on 2 CPUs, unsaid
+    (["benchmark", "--suite", "meshes", "--threads", "3"], "threads"),
+    (["collect-trajectories", "--out", "run", "threads=3"], "threads"),
+    (["train-heads", "--out", "run", "num_threads=3"], "num_threads"),
+])
+def test_more_threads_than_usable_cpus_are_refused(tiny, monkeypatch, args, key):
+    """More torch threads than CPUs only queue (and a benchmark would time that): one line, before any work."""
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    check_refusal(tiny, args, 2, f"{key} {args[-1].rpartition('=')[2]} is more than the 2 CPUs this process can use")
+
+
+def test_the_thread_cap_is_the_cpus_this_process_can_use(monkeypatch):
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr("os.cpu_count", lambda: 16)  # pinned to 2 of 16: 16 threads would share 2 CPUs
+    check_config(TextBenchConfig(threads=2))
+    with pytest.raises(UsageError, match=r"threads 3 is more than the 2 CPUs this process can use; give at most 2"):
+        check_config(TextBenchConfig(threads=3))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
@@ -532,7 +555,8 @@ def test_every_default_and_shipped_recipe_passes_the_checks():
     for recipe in recipes:
         keys = set(yaml.safe_load(recipe.read_text()) or {})
         for cls in [c for c in classes if keys <= {f.name for f in dataclasses.fields(c)}]:
-            on_cpu = ["device=cpu"] if keys & {"device"} else []  # recipes/full name cuda, refused where there is none
+            # recipes/full name cuda and a node's 16 CPUs, refused where there are none
+            on_cpu = [*(["device=cpu"] if keys & {"device"} else []), *(f"{k}=1" for k in keys & {"num_threads"})]
             load_config(cls, recipe, on_cpu)
             loaded += 1
     assert len(classes) >= 15 and loaded >= len(recipes) > 20

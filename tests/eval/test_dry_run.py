@@ -199,3 +199,14 @@ def test_the_dry_run_checks_the_prompts_fit_an_installed_model(tmp_path):
     assert not prompts["ok"] and "prompt 0: prompt of" in prompts["detail"]
     assert "does not fit target/tiny-text's context of 1024 tokens" in prompts["detail"]
     assert by_check(check_recipe(recipe, ["max_new_tokens=8"]))["prompts"]["ok"]
+
+
+def test_a_node_recipes_thread_count_is_checked_on_its_node(monkeypatch):
+    """A recipe for a node names its CPUs (num_threads: 16), as it names cuda: the run refuses more threads than the
+    CPUs it can use; the dry run, checking the recipe elsewhere, says where that is checked."""
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    rows = by_check(check_recipe(ROOT / "recipes" / "full" / "xspecmesh-heads-bpt.yaml"))
+    assert rows["config"]["ok"] and rows["num_threads"]["ok"], rows
+    assert rows["num_threads"]["detail"] == ("16: more than this machine's 2 CPUs; checked when the recipe runs on its "
+                                             "node")
