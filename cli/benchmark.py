@@ -129,7 +129,7 @@ def benchmark(
     if given_suite and named and {suite, named} - set(TEXT) and suite != named:  # humaneval and text share keys
         raise UsageError(f"--suite {suite} contradicts suite: {named} (the recipe's or an override's): the {named} "
                          f"benchmark's keys are not the {suite} suite's; drop one of them")
-    suite = suite or named or "humaneval"
+    suite = suite if suite is not None else named if named is not None else "humaneval"  # "": no suite (refused)
     if suite not in SUITES:
         raise UnknownNameError("suite", suite, list(SUITES))
     sizes = comma_list("--batch-size", batch_size, "batch size", "1,4,16")

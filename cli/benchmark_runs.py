@@ -18,14 +18,14 @@ from specgen.config import load_config
 from specgen.errors import UsageError
 from specgen.eval.dry_run import check_recipe
 from specgen.eval import image_bench, mesh_bench, text_bench
-from specgen.eval.image_bench import ImageBenchConfig, checked_rows, image_rows_of, measure_images, write_outputs
+from specgen.eval.image_bench import (ImageBenchConfig, check_out_dir, checked_rows, image_rows_of, measure_images,
+                                      write_outputs)
 from specgen.eval.mesh_bench import MeshBenchConfig, measure_meshes, mesh_rows_of, variants
 from specgen.eval.run_dir import Grid, RunDir, RunNotFinished, Shard, launcher_shard, parse_shard, wait_for_ranks
 from specgen.eval.text_bench import TextBenchConfig, check_prompts_fit, measure, plan, rows_of, skipped_rows
 from specgen.image.generate import load_image_model
 from specgen.machine import label, machine_facts
 from specgen.models.graphs import check_mode
-from specgen.paths import check_folder
 from specgen.text.target import load_text_model
 
 Table = tuple[str, list[dict], list[str]]  # (title, rows, columns)
@@ -103,9 +103,7 @@ class ImageSuite:
 
     @staticmethod
     def plan(cfg) -> ImageBenchConfig:
-        if cfg.out_dir:  # grids and plots: before the work (and before a report, whose recorded folder may be gone)
-            check_folder(Path(cfg.out_dir), f"cannot write out_dir={cfg.out_dir} (the grids and plots: out_dir=DIR "
-                                            "writes them elsewhere, out_dir= none)")
+        check_out_dir(cfg)
         return checked_rows(cfg)
 
     def grids(self, cfg) -> list[Grid]:
@@ -140,6 +138,7 @@ class MeshSuite:
 
     def plan(self, cfg) -> MeshBenchConfig:
         variants(cfg)  # bad rows or options: one line before anything is written
+        mesh_bench.check_run(cfg)  # before the run folder opens
         return cfg
 
     def grids(self, cfg) -> list[Grid]:

@@ -82,4 +82,5 @@ def generate(
     args = GenerateArgs(recipe, list(prompt or []), prompts, max_new_tokens, False if no_chat else None, config,
                         list(overrides or []), fmt, quiet, out_dir, num, classes, cfg_scale, point_clouds, captions,
                         drafter, stream or None)
-    run(args, method or recipe_key(config, overrides, "method") or "ar")
+    named = recipe_key(config, overrides, "method")  # "" is no method (refused), not the default
+    run(args, method if method is not None else named if named is not None else "ar")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import math
 from pathlib import Path
 
@@ -63,6 +64,18 @@ def modality_of(name: str) -> str:
             return b.asset.partition("/")[0] or "text"  # specgen/assets/<modality>/...; the GGUF one is text
         meta = find(name).meta
     return meta.get("modality", "text")
+
+
+def declared_meta(name: str) -> dict:
+    """An entry's config as declared, nothing materialised or loaded: the installed one, else a shipped built-in's
+    (its config.json under specgen/assets); {} when neither (unknown, ambiguous, or a built-in made on first use)."""
+    meta = registry.installed_meta(name)
+    if meta is not None:
+        return meta
+    kind, _, bare = name.rpartition("/")
+    b = BUILTINS.get(bare)
+    shipped = ASSETS / b.asset / CONFIG if b is not None and b.asset and kind in ("", b.kind) else None
+    return json.loads(shipped.read_text()) if shipped is not None and shipped.is_file() else {}
 
 
 def stale_builtin(entry: Entry, builtin) -> bool:

@@ -62,6 +62,13 @@ def check_kv_cache(config: dict, rows: int, slots: int, dtype, device: str) -> N
     check_cache_fits((layers, rows, kv_heads, slots, head_dim), dtype, device)
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity where the OS tells it, else every CPU)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def available_memory() -> int | None:
     """Bytes of physical memory on this machine (None when unknown)."""
     try:

@@ -10,6 +10,7 @@ import torch
 from specgen import native, registry
 from specgen.decoding import cost
 from specgen.devices import is_cpu, onednn_packs
+from specgen.limits import usable_cpus
 from specgen.models import kernel_choice, layout, layout_cache, plan_cache, quantize
 from specgen.native import cuda_ops
 
@@ -104,8 +105,7 @@ def machine_facts(device: str | None = None) -> dict:
     """Everything above as one JSON-ready object (`specgen env --json`, benchmark machine files)."""
     libraries = {name: native.library(name) is not None for name in native.SIGNATURES}  # built on first use
     have = {flag for line in cpu_lines("flags") + cpu_lines("Features") for flag in line.split()}
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()  # by this process
-    threads = {"torch": torch.get_num_threads(), "usable_cpus": usable, "cpus": os.cpu_count()}
+    threads = {"torch": torch.get_num_threads(), "usable_cpus": usable_cpus(), "cpus": os.cpu_count()}
     return {"devices": devices(), "isa": [flag for flag in ISA if flag in have], "threads": threads,
             "torch": torch.__version__, "cuda": torch.version.cuda, "kernels": kernel_paths(device),
             "native": {"compiler": native.compiler()[0], "libraries": libraries}, "caches": caches()}

@@ -7,7 +7,7 @@ import importlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -15,13 +15,13 @@ from specgen import registry
 from specgen.builders import BUILDERS
 from specgen.builtins import BUILTINS
 from specgen.config import load_config, read_recipe
-from specgen.config_checks import AUTO_DEVICE
+from specgen.config_checks import AUTO_DEVICE, TooManyThreads
 from specgen.decoding.memory import size
 from specgen.devices import check_device
 from specgen.errors import SpecgenError, UsageError
-from specgen.eval.image_bench import checked_rows, method_of, options_of
-from specgen.eval.mesh_bench import variants
-from specgen.eval.text_bench import decoded_model, is_peer, plan
+from specgen.eval.image_bench import check_out_dir, checked_rows, method_of, options_of
+from specgen.eval.mesh_bench import check_run, variants
+from specgen.eval.text_bench import check_prompts_fit, decoded_model, is_peer, plan
 from specgen.methods import get_method
 from specgen.text.precision import split_name
 
@@ -163,16 +163,25 @@ def check_recipe(path: Path, overrides: list[str] | None = None, explicit: dict 
 
 def load_checked(cls: type, path: Path, overrides: list[str], raw: dict, rows: list[dict], given: dict):
     """The config or None, its rows added to `rows`: keys and values through `load_config` (with the options
-    `given`), the device checked apart (a recipe for a GPU node names cuda, which this machine may lack)."""
+    `given`), the device and thread counts checked apart (a recipe for a GPU node names cuda and the node's CPUs,
+    which this machine may lack)."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    explicit = {**given, "device": "cpu"} if "device" in fields else given
-    try:
-        cfg = load_config(cls, path, overrides, **explicit)
-    except UsageError as e:
-        rows.append(row("config", False, str(e)))
-        return None
+    explicit = {**given, "device": "cpu"} if "device" in fields else dict(given)
+    node = []  # thread counts past this machine's CPUs: loaded at its count, checked where the recipe runs
+    while True:  # each thread key at most once
+        try:
+            cfg = load_config(cls, path, overrides, **explicit)
+            break
+        except TooManyThreads as e:
+            node.append(row(e.key, True, f"{e.threads}: more than this machine's {e.cpus} CPUs; checked when the "
+                                         "recipe runs on its node"))
+            explicit[e.key] = e.cpus
+        except UsageError as e:
+            rows.append(row("config", False, str(e)))
+            return None
     rows.append(row("config", True, f"{len(raw)} keys valid for {cls.__name__}"
                     + (f", {len(overrides)} override(s)" if overrides else "")))
+    rows += node
     if "device" not in fields:
         return cfg
     named = [o.partition("=")[2] for o in overrides if o.partition("=")[0].strip() == "device"]
@@ -194,12 +203,34 @@ def device_row(device: str, cls_name: str) -> dict:
     return row("device", True, device)
 
 
+def checked(check: str, run: Callable[[], object], detail: str) -> dict:
+    """The row of one of the run's own checks before a model loads: ok with `detail`, or its one-line refusal."""
+    try:
+        run()
+    except SpecgenError as e:
+        return row(check, False, str(e).splitlines()[0])
+    return row(check, True, detail)
+
+
 def text_plan(cfg: Any) -> tuple[Any, list[dict], list[tuple[str, str]]]:
     p = plan(cfg)
     names = [("model", cfg.model), *((f"{m} target", decoded_model(m, p.cfg)) for m in p.cfg.methods if not is_peer(m))]
+    prompts = f"{len(p.items)} prompts"
+    # the run's check of each prompt against the context reads the model's tokenizer: made here when it is installed
+    # (a built-in is made on first use, by the run)
+    fits = (checked("prompts", lambda: check_prompts_fit(p), f"{prompts}, each fits {cfg.model}'s context with "
+                    f"max_new_tokens {p.cfg.max_new_tokens}") if registry.installed_meta(base_name(cfg.model)) else
+            row("prompts", True, f"{prompts} (not installed here: the run checks their fit in {cfg.model}'s context)"))
     return p.cfg, [*(row(f"method {m}", True, "peer row (transformers / llama.cpp)" if is_peer(m) else
-                         "lossless" if p.meta[m]["lossless"] else "LOSSY") for m in p.cfg.methods),
-                   row("prompts", True, f"{len(p.items)} prompts")], names
+                         "lossless" if p.meta[m]["lossless"] else "LOSSY") for m in p.cfg.methods), fits], names
+
+
+def base_name(name: str) -> str:
+    """`name` without its precision suffix (`NAME+int8` is made from NAME on first use)."""
+    try:
+        return split_name(name)[0]
+    except UsageError:
+        return name
 
 
 def image_plan(cfg: Any) -> tuple[Any, list[dict], list[tuple[str, str]]]:
@@ -209,14 +240,18 @@ def image_plan(cfg: Any) -> tuple[Any, list[dict], list[tuple[str, str]]]:
         o = options_of(full, m)
         names += [(f"{m} lowres", str(o.get("lowres") or "tiny-image-gpt-lowres")),
                   (f"{m} upsampler", str(o.get("upsampler") or ""))]
-    return full, [row(f"method {m}", True, "lossless" if get_method(method_of(m)).lossless else "LOSSY")
-                  for m in full.methods], names
+    return full, [*(row(f"method {m}", True, "lossless" if get_method(method_of(m)).lossless else "LOSSY")
+                    for m in full.methods),
+                  checked("out_dir", lambda: check_out_dir(cfg), cfg.out_dir or "none: no grids or plots")], names
 
 
 def mesh_plan(cfg: Any) -> tuple[Any, list[dict], list[tuple[str, str]]]:
     vs = variants(cfg)
     heads = [(f"heads {r}", cfg.heads[r]) for r in [*cfg.rows, *cfg.merged_ar] if r != "ar" and r in cfg.heads]
-    return cfg, [row("rows", True, f"{len(vs)} rows: {', '.join(v.label for v in vs)}")], [("model", cfg.model), *heads]
+    budget = f"max_new_tokens {cfg.max_new_tokens}" if cfg.max_new_tokens else "the context's budget"
+    return cfg, [row("rows", True, f"{len(vs)} rows: {', '.join(v.label for v in vs)}"),
+                 checked("meshes", lambda: check_run(cfg), f"{cfg.limit} test meshes from {cfg.offset}, {budget}")], \
+        [("model", cfg.model), *heads]
 
 
 #: suite -> its run's own checks (the plan a benchmark builds): (the config with every row, a row per method, the

@@ -22,7 +22,7 @@ from specgen.image.generate import (ImageGenConfig, ImageModel, conditioned, dec
 from specgen.image.methods import build_image_method
 from specgen.image.target import cfg_target
 from specgen.methods import get_method
-from specgen.paths import free_path, link_into_place
+from specgen.paths import check_folder, free_path, link_into_place
 from specgen.request import parse_request
 from specgen.text.precision import check_row_precision
 
@@ -96,6 +96,14 @@ def checked_rows(cfg: ImageBenchConfig) -> ImageBenchConfig:
             raise UsageError(f"dtypes.{entry}: no such row; rows: {', '.join(cfg.methods)}")
         check_row_precision(entry, dtype, cfg.device)
     return cfg
+
+
+def check_out_dir(cfg: ImageBenchConfig) -> None:
+    """The grids and plots' folder can be written (before the work, and before a report, whose recorded folder may
+    be gone); the dry run makes the same check."""
+    if cfg.out_dir:
+        check_folder(Path(cfg.out_dir), f"cannot write out_dir={cfg.out_dir} (the grids and plots: out_dir=DIR "
+                                        "writes them elsewhere, out_dir= none)")
 
 
 @torch.inference_mode()

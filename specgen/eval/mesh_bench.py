@@ -164,12 +164,18 @@ def grid(cfg: MeshBenchConfig, vs: list[Variant]) -> Grid:
     return Grid(cfg.limit, tuple(v.label for v in vs), (1, *cfg.batch_sizes), "m{}")
 
 
+def check_run(cfg: MeshBenchConfig) -> None:
+    """What a run checks from its config before any model loads, beyond its rows (`variants`); the dry run makes the
+    same checks: the test split holds the meshes, the token budget fits the backbone's context as `token_budget`
+    reserves (from the entries' configs: nothing is materialised)."""
+    split_seeds("test", cfg.limit, cfg.offset)
+    check_budget(cfg.model, None, cfg, XSpecMeshOptions(num_heads=cfg.num_heads))
+
+
 def measure_meshes(cfg: MeshBenchConfig, sink, shard: Shard = Shard(), on_item=lambda: None,
                    machine: Callable[[], str] = str) -> None:
     """Decode this shard's meshes that `sink` (its shard started) has no record of (`Grid.measure`): at batch 1 a
     mesh with every row interleaved on it, at B > 1 one row over the shard's point clouds through B slots."""
-    split_seeds("test", cfg.limit, cfg.offset)  # more meshes than the split holds: refused before any model loads
-    check_budget(cfg.model, None, cfg, XSpecMeshOptions(num_heads=cfg.num_heads))  # as `token_budget` reserves
     vs = variants(cfg)
     by_label = {v.label: v for v in vs}
     params = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)

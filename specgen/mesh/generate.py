@@ -217,13 +217,17 @@ def generate_meshes(loaded, conds: list[Condition], req: DecodeRequest[MeshGenCo
 
 def check_budget(target: str | None, heads: str | None, cfg: MeshGenConfig, opts: XSpecMeshOptions) -> None:
     """Refuse a token budget past the backbone's context less the heads' look-ahead and two slots, from the entries'
-    configs before any weights load (`load_mesh_model` resolves the same names; the loop guards the context too)."""
-    h = checkpoints.find(heads) if heads else None
-    t = checkpoints.find(target or (h.meta.get("parent") if h else None) or DEFAULT_TARGET)
-    context = decoder_context_of(t.meta)
-    d = opts.num_heads or (0 if h is None else (h.meta.get("kwargs") or {}).get("num_heads", 0))
+    configs (installed or shipped: nothing is materialised or loaded; `load_mesh_model` resolves the same names, and
+    the loop guards the context too). The one budget check of mesh commands: `check_config` leaves them to it."""
+    h = checkpoints.declared_meta(heads) if heads else {}
+    name = target or h.get("parent") or DEFAULT_TARGET
+    t = checkpoints.declared_meta(name)
+    context = decoder_context_of(t)
+    d = opts.num_heads or (h.get("kwargs") or {}).get("num_heads", 0)
     if context is not None and isinstance(d, int) and cfg.max_new_tokens > context - d - 2:
-        raise UsageError(f"max-new-tokens {cfg.max_new_tokens} exceeds the model's context ({context - d - 2} tokens)")
+        raise UsageError(f"max-new-tokens {cfg.max_new_tokens} does not fit {t.get('kind', 'target')}/"
+                         f"{t.get('name', name)}: its context is {context} tokens, less {d} heads' look-ahead and 2 "
+                         f"slots; use at most {context - d - 2}")
 
 
 def token_budget(loaded, num_heads: int, max_new_tokens: int = 0) -> int:

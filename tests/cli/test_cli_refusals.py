@@ -14,7 +14,11 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from specgen import checkpoints
-from specgen.text.precision import quantized_entry
+from specgen.config_checks import CHOICES, check_config
+from specgen.errors import UsageError
+from specgen.eval.text_bench import TextBenchConfig
+from specgen.models.graphs import MODES
+from specgen.text.precision import QUANTIZE, quantized_entry
 from tests.pcllm_fixtures import save_tiny_text
 
 runner = CliRunner()
@@ -107,6 +111,33 @@ QUICK_HEADS = ["num_sequences=2", "eval_sequences=1", "max_tokens=8", "stage1_ep
 #   late, these failed after seconds of training (their refusals must come first)
 
 
+@pytest.mark.parametrize("args,key", [
+    *((cmd + [f"--{key}", ""], key) for cmd in (GEN, IMG, MESH) for key in ("dtype", "quantize", "device", "graphs")),
+    (["benchmark", "--model", "tiny-text", "--dtype", ""], "dtype"),  # these four were read as the default
+    (["benchmark", "--model", "tiny-text", "--quantize", ""], "quantize"),
+    (["benchmark", "--suite", "meshes", "--dtype", ""], "dtype"),
+    (["collect-trajectories", "--out", "run", "--dtype", ""], "dtype"),
+    ([*GEN, 'quantize=""'], "quantize"),  # a recipe's "" (`key=` is YAML's null: the default)
+    (["benchmark", "--suite", "images", "graphs=''"], "graphs"),
+], ids=lambda a: " ".join(map(str, a)) if isinstance(a, list) else a)
+def test_an_empty_value_of_a_choice_is_refused_naming_the_values(tiny, args, key):
+    """An unset shell variable in quotes gives "": refused like any value not among the choices, never the default
+    (which is the option left out)."""
+    check_refusal(tiny, args, 2, f"an empty {key} (an unset shell variable?); use ")
+
+
+def test_the_values_an_empty_choice_names_are_the_checked_ones():
+    assert CHOICES["quantize"] == ", ".join(QUANTIZE) and CHOICES["graphs"] == ", ".join(MODES)
+
+
+@pytest.mark.parametrize("args,needle", [
+    ([*GEN[:3], "--method", ""], "unknown method ''"),  # was ar
+    (["benchmark", "--suite", ""], "unknown suite ''"),  # was humaneval
+])
+def test_an_empty_method_or_suite_is_an_unknown_name(tiny, args, needle):
+    check_refusal(tiny, args, 2, needle)
+
+
 @pytest.mark.parametrize("args,needle", [
     ([*GEN, "--temperature", "inf"], "temperature must be a finite number"),
     ([*GEN, "--temperature", "nan"], "temperature must be a finite number"),
@@ -164,7 +195,7 @@ QUICK_HEADS = ["num_sequences=2", "eval_sequences=1", "max_tokens=8", "stage1_ep
     (["benchmark", "--suite", "meshes", "--threads", "-3"], "threads must be >= 0"),
     (["benchmark", "--suite", "meshes", "batch_sizes=[0]"], "batch_sizes must be >= 1, got 0"),  # was no row, exit 0
     (["benchmark", "--suite", "meshes", "--methods", "ar", "sweep_row=none", "--limit", "1", "--max-new-tokens", "1019"],
-     "max-new-tokens 1019 exceeds the model's context (1018 tokens)"),  # was clamped to 1018 unsaid
+     "max-new-tokens 1019 does not fit target/mesh-gpt-tiny"),  # was clamped to 1018 unsaid
     (["benchmark", "--suite", "meshes", "sweep_row=ca+lroa"],  # was no sweep, unsaid
      "sweep_row 'ca+lroa' has no heads in `heads`; known rows: mlp, mlp+lora, ca, ca+lora, or none"),
     (["benchmark", "report", "run", "--limit", "3"], "--limit does not apply to `benchmark report`"),  # was ignored
@@ -195,6 +226,27 @@ QUICK_HEADS = ["num_sequences=2", "eval_sequences=1", "max_tokens=8", "stage1_ep
 ])
 def test_nonsense_numbers_are_refused(tiny, args, needle):
     check_refusal(tiny, args, 2, needle)
+
+
+@pytest.mark.parametrize("args,key", [
+    (["benchmark", "--model", "tiny-text", "--threads", "64"], "threads"),  # was run on 2 CPUs, unsaid
+    (["benchmark", "--suite", "meshes", "--threads", "3"], "threads"),
+    (["collect-trajectories", "--out", "run", "threads=3"], "threads"),
+    (["train-heads", "--out", "run", "num_threads=3"], "num_threads"),
+])
+def test_more_threads_than_usable_cpus_are_refused(tiny, monkeypatch, args, key):
+    """More torch threads than CPUs only queue (and a benchmark would time that): one line, before any work."""
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    check_refusal(tiny, args, 2, f"{key} {args[-1].rpartition('=')[2]} is more than the 2 CPUs this process can use")
+
+
+def test_the_thread_cap_is_the_cpus_this_process_can_use(monkeypatch):
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr("os.cpu_count", lambda: 16)  # pinned to 2 of 16: 16 threads would share 2 CPUs
+    check_config(TextBenchConfig(threads=2))
+    with pytest.raises(UsageError, match=r"threads 3 is more than the 2 CPUs this process can use; give at most 2"):
+        check_config(TextBenchConfig(threads=3))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
@@ -317,7 +369,19 @@ def test_collect_names_the_precision_that_was_given(tiny, monkeypatch, model, ex
 
 def test_a_mesh_budget_past_the_context_is_refused_before_the_weights_load(tiny, no_weights):
     check_refusal(tiny, [*MESH, "method_options.heads=xspecmesh-ca-tiny", "max_new_tokens=5000"], 2,
-                  "exceeds the model's context (1018 tokens)")  # 1024 less 4 heads and 2 slots
+                  "context is 1024 tokens, less 4 heads' look-ahead and 2 slots; use at most 1018")
+
+
+@pytest.mark.parametrize("args,most", [
+    ([*MESH, "--max-new-tokens", "100000"], 1018),  # was "at most 65536", then at 65536 "the model's context (1018)"
+    ([*MESH, "--max-new-tokens", "65536"], 1018),
+    (["generate", "--method", "ar", "--model", "mesh-gpt-tiny", "--max-new-tokens", "100000"], 1022),  # no heads
+    (["benchmark", "--suite", "meshes", "--max-new-tokens", "100000"], 1018),
+])
+def test_a_mesh_budget_is_refused_naming_the_real_limit_the_first_time(tiny, no_weights, args, most):
+    """The mesh check (the backbone's context less the heads' look-ahead and two slots) is the only one: the generic
+    cap on a context not known yet must not answer first with a limit the next try then exceeds."""
+    check_refusal(tiny, args, 2, f"use at most {most}")
 
 
 def test_heads_max_tokens_past_the_context_is_refused_before_the_weights_load(tiny, no_weights):
@@ -491,7 +555,8 @@ def test_every_default_and_shipped_recipe_passes_the_checks():
     for recipe in recipes:
         keys = set(yaml.safe_load(recipe.read_text()) or {})
         for cls in [c for c in classes if keys <= {f.name for f in dataclasses.fields(c)}]:
-            on_cpu = ["device=cpu"] if keys & {"device"} else []  # recipes/full name cuda, refused where there is none
+            # recipes/full name cuda and a node's 16 CPUs, refused where there are none
+            on_cpu = [*(["device=cpu"] if keys & {"device"} else []), *(f"{k}=1" for k in keys & {"num_threads"})]
             load_config(cls, recipe, on_cpu)
             loaded += 1
     assert len(classes) >= 15 and loaded >= len(recipes) > 20

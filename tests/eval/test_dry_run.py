@@ -9,10 +9,12 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from specgen import registry
 from specgen.builtins import BUILTINS
 from specgen.errors import UsageError
 from specgen.eval.dry_run import check_recipe
 from tests.conftest import tiny_config, tiny_model
+from tests.pcllm_fixtures import save_tiny_text
 
 ROOT = Path(__file__).resolve().parents[2]
 FULL = sorted((ROOT / "recipes" / "full").glob("*.yaml"))
@@ -173,3 +175,38 @@ def test_header_prerequisites_are_checked_in_header_order_with_their_first_comma
     imported = [r["detail"] for r in check_recipe(recipe) if r["check"] == "entry imported"]
     assert [d.split(":")[0] for d in imported] == ["zeta-vq", "alpha-vq"]
     assert "import a.pt" in imported[1] and "other.pt" not in imported[1]
+
+
+@pytest.mark.parametrize("suite,explicit,check,needle", [
+    ("meshes", {"max_new_tokens": 5000}, "meshes", "use at most 1018"),  # the run refuses it: was "ok"
+    ("meshes", {"limit": 10 ** 7}, "meshes", "split 'test' has only"),
+    ("images", {"out_dir": "/proc/specgen-dry"}, "out_dir", "cannot write out_dir=/proc/specgen-dry"),
+])
+def test_the_dry_run_makes_the_checks_the_run_makes_before_a_model_loads(suite, explicit, check, needle):
+    rows = by_check(check_recipe(ROOT / "recipes" / "tiny" / f"bench-{suite}.yaml", [], {"suite": suite, **explicit}))
+    assert not rows[check]["ok"] and needle in rows[check]["detail"], rows[check]
+    assert rows["config"]["ok"] and all(r["ok"] for r in rows.values() if r["check"].startswith("entry"))
+    assert not (registry.checkpoints_dir()).exists()  # nothing materialised
+
+
+def test_the_dry_run_checks_the_prompts_fit_an_installed_model(tmp_path):
+    save_tiny_text()  # context 1024
+    (tmp_path / "long.txt").write_text("A" * 1000 + "\n")
+    recipe = tmp_path / "bench.yaml"
+    recipe.write_text(f"suite: text\nmethods: [ar]\nmodel: tiny-text\nprompts: {tmp_path / 'long.txt'}\n"
+                      "max_new_tokens: 100\n")
+    prompts = by_check(check_recipe(recipe))["prompts"]
+    assert not prompts["ok"] and "prompt 0: prompt of" in prompts["detail"]
+    assert "does not fit target/tiny-text's context of 1024 tokens" in prompts["detail"]
+    assert by_check(check_recipe(recipe, ["max_new_tokens=8"]))["prompts"]["ok"]
+
+
+def test_a_node_recipes_thread_count_is_checked_on_its_node(monkeypatch):
+    """A recipe for a node names its CPUs (num_threads: 16), as it names cuda: the run refuses more threads than the
+    CPUs it can use; the dry run, checking the recipe elsewhere, says where that is checked."""
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    rows = by_check(check_recipe(ROOT / "recipes" / "full" / "xspecmesh-heads-bpt.yaml"))
+    assert rows["config"]["ok"] and rows["num_threads"]["ok"], rows
+    assert rows["num_threads"]["detail"] == ("16: more than this machine's 2 CPUs; checked when the recipe runs on its "
+                                             "node")
