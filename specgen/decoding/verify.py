@@ -50,9 +50,10 @@ def tree_inputs(tokens: torch.Tensor, parents: torch.Tensor, counts: torch.Tenso
     idx = torch.arange(t + 1, device=tokens.device)  # [S]
     kept = idx[1:] <= counts[:, None]  # [n, t]
     up = torch.cat([idx[:1].expand(n, 1), torch.where(kept, parents + 1, idx[1:])], 1)  # [n, S]: input of the parent
-    seen = eye = (idx[:, None] == idx).expand(n, -1, -1)  # [n, S, S]
-    for _ in range(levels):  # each round reaches one ancestor further up
-        seen = eye | seen.gather(1, up[:, :, None].expand(-1, -1, t + 1))
+    seen = (idx[:, None] == idx).expand(n, -1, -1)  # [n, S, S]: each input sees itself
+    for _ in range(levels.bit_length()):  # pointer jumping: after round r, every ancestor up to 2^(r+1) - 1 levels up
+        seen = seen | seen.gather(1, up[:, :, None].expand(-1, -1, t + 1))
+        up = up.gather(1, up)  # the ancestor 2^(r+1) levels up (the root and padding stay put)
     inputs = torch.cat([roots[:, None], torch.where(kept, tokens, roots[:, None])], 1)  # [n, S]
     return inputs, root_pos[:, None] + seen.sum(-1) - 1, seen
 

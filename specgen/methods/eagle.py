@@ -106,10 +106,11 @@ class TreeVerify(DraftVerify):
 class EagleBatch(PoolBase):
     """DrafterPool over `make(index)` -> EagleTreeDrafter (each row's policy and state; the net runs batched)."""
 
-    def __init__(self, make: Callable[[int], EagleTreeDrafter], skip_ar_steps: bool = True) -> None:
+    def __init__(self, make: Callable[[int], EagleTreeDrafter], skip_ar_steps: bool = True, feeds: bool = True) -> None:
         self.make = make
         # a step whose every row may draft nothing skips the drafter (VVS, which sets the features itself: False)
         self.skip_ar_steps = skip_ar_steps
+        self.feeds = feeds  # the growth builds the verify's inputs (`TreeVerify`; VVS verifies a chain + tree: False)
 
     def admit(self, slot: int, index: int, prompt: list[int], first: TargetOut) -> None:
         d = self.make(index)
@@ -162,7 +163,7 @@ class EagleBatch(PoolBase):
         counts = kept_counts(k, depth, [s.total_tokens for s in shapes])
         ints = [[len(s) - 1 for s in seqs], k, depth, counts, prefix, [s[-1] for s in seqs]]
         grown = self.grow_captured(view, root_hidden, ints, shapes) or self.grow_eager(view, root_hidden, ints, shapes)
-        return GrownTrees(*grown, counts=tuple(counts), done=mark(root_hidden.device))  # 2.-5. not read yet
+        return GrownTrees(grown[0], grown[1], tuple(counts), grown[2:], mark(root_hidden.device))  # 2.-5. unread
 
     def grow_eager(self, view, root_hidden: torch.Tensor, ints: list[list[int]], shapes: list[TreeShape]):
         """The growth level by level through the drafter's forward over `view` (exact widths, keys up to the longest
@@ -176,7 +177,7 @@ class EagleBatch(PoolBase):
             view.lengths = [length + toks.shape[1] for length in view.lengths]
             return out
 
-        plan = GrowPlan.exact(ints[1], shapes)
+        plan = GrowPlan.exact(ints[1], shapes, self.feeds)
         return grow(forward, self.logprobs, root_hidden, ints_t, plan, br)
 
     def grow_captured(self, view, root_hidden: torch.Tensor, ints: list[list[int]], shapes: list[TreeShape]):
@@ -185,7 +186,7 @@ class EagleBatch(PoolBase):
         graphs, n, br = self.net.graphs, len(shapes), self.br
         if graphs is None or not graphs.servable(view, None):
             return None
-        plan = GrowPlan.bucketed(ints[1], shapes, self.vocab)
+        plan = GrowPlan.bucketed(ints[1], shapes, self.vocab, self.feeds)
         if plan is None:
             return None
         slots = max(ints[4]) + sum(plan.widths[1:])  # the longest prefix + the levels' slots

@@ -28,17 +28,15 @@ class GrownTrees:
 
     tokens: torch.Tensor  # [n, t]: slot order, then padding
     parents: torch.Tensor  # [n, t]: the parent's index in the row (-1: the root)
-    inputs: torch.Tensor  # [n, S]: the verify's tokens, S = t + 1 (`tree_inputs`)
-    positions: torch.Tensor  # [n, S]
-    mask: torch.Tensor  # [n, S, S]
     counts: tuple[int, ...]  # [n]
+    inputs: tuple[torch.Tensor, ...] = ()  # the verify's tokens, positions [n, t + 1], mask [n, t + 1, t + 1]; () none
     done: torch.cuda.Event | None = None  # the growth's end in the device's queue (`devices.mark`)
 
     def batch(self) -> VerifyBatch:
-        """The verify's inputs, cut to the fullest row (the shapes `verify_batch` gives the same drafts)."""
+        """The verify's inputs (`tree_inputs`), cut to the fullest row (the shapes `verify_batch` gives the drafts)."""
         s = 1 + max(self.counts)
-        return VerifyBatch(self.inputs[:, :s], self.positions[:, :s], self.mask[:, :s, :s],
-                           tuple(1 + c for c in self.counts))
+        tokens, positions, mask = self.inputs
+        return VerifyBatch(tokens[:, :s], positions[:, :s], mask[:, :s, :s], tuple(1 + c for c in self.counts))
 
     def read(self, logits: torch.Tensor | None = None) -> tuple[list[Draft], list[list[int]] | None]:
         """The trees as drafts and, given the verify's logits [n, S, V], their greedy picks [n][S], in one copy."""
@@ -64,24 +62,26 @@ class GrowPlan:
 
     widths: tuple[int, ...]  # (w0, W_1, .., W_{levels}); no level when only w0
     total: int  # the most nodes a row keeps
+    feed: bool = True  # the growth builds the verify's inputs too (`tree_inputs`; VVS builds its own)
 
     @classmethod
-    def exact(cls, k: list[int], shapes: list[TreeShape]) -> GrowPlan:
+    def exact(cls, k: list[int], shapes: list[TreeShape], feed: bool = True) -> GrowPlan:
         """The eager plan: level L feeds the widest row still growing there (d_i > L)."""
         depth = [s.depth for s in shapes]
         levels = [max(ki for ki, d in zip(k, depth) if d > level) for level in range(1, max(depth))]
-        return cls((max(k), *levels), max(s.total_tokens for s in shapes))
+        return cls((max(k), *levels), max(s.total_tokens for s in shapes), feed)
 
     @classmethod
-    def bucketed(cls, k: list[int], shapes: list[TreeShape], vocab: int) -> GrowPlan | None:
+    def bucketed(cls, k: list[int], shapes: list[TreeShape], vocab: int, feed: bool = True) -> GrowPlan | None:
         """The captured plan: the widest row's width rounded up to a node bucket, at every level of the deepest row."""
         width = next((min(b, vocab) for b in NODE_BUCKETS if b >= max(k)), None)
-        return width and cls((width,) * max(s.depth for s in shapes), max(s.total_tokens for s in shapes))
+        return width and cls((width,) * max(s.depth for s in shapes), max(s.total_tokens for s in shapes), feed)
 
 
 def grow(forward: Forward, logprobs: LogProbs, root_hidden: torch.Tensor, ints: torch.Tensor, plan: GrowPlan,
          branches: int) -> tuple[torch.Tensor, ...]:
-    """Each row's tree (slot order, parents as indices: `in_slot_order`) and its verify inputs (`tree_inputs`).
+    """Each row's tree (slot order, parents as indices: `in_slot_order`) and, where the plan feeds, the verify's inputs
+    for it (`tree_inputs`).
 
     `root_hidden` [n * br, 1, D]: the drafter's output at each root; `ints` [6, n]: the root token's position, the
     row's top-k (0: no tree), depth, kept nodes (`kept_counts`), drafter prefix and root token. Device ops only;
@@ -121,6 +121,8 @@ def grow(forward: Forward, logprobs: LogProbs, root_hidden: torch.Tensor, ints: 
         width = nxt
     ranked = best_nodes(*(torch.cat(p, 1) for p in zip(*parts)), plan.total)  # 4. the kept nodes: a rank prefix
     tokens, parents = in_slot_order(*ranked, counts)
+    if not plan.feed:
+        return tokens, parents
     return (tokens, parents) + tree_inputs(tokens, parents, counts, roots, root_pos, len(widths))  # 5.
 
 

@@ -110,7 +110,7 @@ def test_best_nodes_equal_the_reference_with_ties_and_padding():
     roots, starts = [rng.randrange(100) for _ in rows], [rng.randrange(50) for _ in rows]
     inputs = tree_inputs(tokens, parents, torch.tensor(counts), torch.tensor(roots), torch.tensor(starts),
                          max(d.tree.max_depth() for d in want))
-    trees = GrownTrees(tokens, parents, *inputs, counts=tuple(counts))
+    trees = GrownTrees(tokens, parents, tuple(counts), inputs)
     drafts, picks = trees.read()
     assert drafts == want and picks is None
     logits = torch.randn(len(rows), max(counts) + 1, 9)

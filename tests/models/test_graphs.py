@@ -381,6 +381,7 @@ def test_a_tree_growth_reads_nothing_on_the_host_and_keeps_the_plan_shape(dtype,
     t = min(12, widths[0] + sum(w * w for w in widths[1:]))  # the root's children, then W x W per level
     # tokens, parents; the verify's tokens, positions and tree mask
     assert [tuple(p.shape) for p in grown] == [(3, t)] * 2 + [(3, t + 1)] * 2 + [(3, t + 1, t + 1)]
+    assert [tuple(p.shape) for p in fake_growth(dtype, GrowPlan(widths, 12, feed=False))] == [(3, t)] * 2  # VVS's
 
 
 def test_a_growth_that_reads_the_host_fails_the_check():
