@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 from safetensors import safe_open
@@ -136,6 +137,21 @@ def test_interrupted_distill_leaves_a_loadable_checkpoint(traj, tmp_path):
                "--steps", 6, "--force", *DISTILL)
     assert r.exit_code == 0 and "resumed at step 1/6" in r.stderr
     assert _state_step(out) == 6
+
+
+def test_a_run_folder_or_a_damaged_checkpoint_folder_as_model_says_why_it_is_none(traj, tmp_path):
+    """generate --model RUN (distill's --out, which holds a config.json) or a checkpoint folder missing its
+    config.json said "unknown checkpoint 'RUN'; known: ..." and listed every registry name."""
+    out = tmp_path / "run"
+    r = invoke("distill", "--out", out, "--trajectories", traj, "--model", "tiny-text", "--name", "tiny-pc",
+               "--steps", 1, *DISTILL)
+    assert r.exit_code == 0, r.output
+    gen = ["generate", "--prompt", "x", "--no-chat", "--model"]
+    one_line_error(invoke(*gen, out), 2, "is a training run folder, not a checkpoint; use the name the run registered")
+    copy = shutil.copytree(checkpoints.find("tiny-pc").path, tmp_path / "copy")
+    (copy / "config.json").unlink()
+    one_line_error(invoke(*gen, copy), 2, "copy is a folder without config.json, not a checkpoint")
+    one_line_error(invoke(*gen, copy / "model.safetensors"), 2, "model.safetensors is a file, not a checkpoint")
 
 
 def test_builtin_distilled_targets_listed():
