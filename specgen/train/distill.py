@@ -73,7 +73,11 @@ RESUME_LOOSE = ("steps", "max_minutes", "log_every", "ckpt_every", "register", "
 
 def check_config(cfg: DistillConfig) -> None:
     """One-line usage errors for settings no run could use, before anything loads."""
-    registry.check_name(cfg.name + "-lora", "name (+ -lora: target/NAME, adapter/NAME-lora)")
+    if cfg.register:  # register=false writes no entry: its name (name= too) is only the summary's label
+        if not cfg.name:
+            raise UsageError("name= is empty: distill registers target/NAME and adapter/NAME-lora; give a name, "
+                             "or register=false to register nothing")
+        registry.check_name(cfg.name + "-lora", "name (+ -lora: target/NAME, adapter/NAME-lora)")
     if cfg.mixed_precision not in MIXED_PRECISION:
         raise UsageError(f"--dtype / mixed_precision must be one of {', '.join(MIXED_PRECISION)}, "
                          f"got {cfg.mixed_precision!r}")

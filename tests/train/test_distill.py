@@ -100,6 +100,14 @@ def test_refuses_other_target_and_block_size(traj, tmp_path):
         check_config(config(traj, objective="dpo"))
 
 
+def test_an_empty_name_is_refused_by_name_and_allowed_without_registering():
+    """name= said "invalid name (+ -lora: ...) '-lora'" (a name the user never gave), even with register=false,
+    which registers nothing."""
+    with pytest.raises(UsageError, match="^name= is empty: distill registers target/NAME and adapter/NAME-lora"):
+        check_config(config("traj", name=""))
+    check_config(config("traj", name="", register=False))
+
+
 def test_init_adapter_must_belong_to_the_model(traj, tmp_path):
     distill(config(traj, steps=3), tmp_path / "a")
     save_tiny_text("other-text", seed=5)
