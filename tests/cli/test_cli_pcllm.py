@@ -96,6 +96,10 @@ def test_bad_inputs_are_one_line(traj, tmp_path):
     one_line_error(invoke("collect-trajectories", "--out", traj, "--model", "tiny-text", "--prompts",
                           write_prompts(tmp_path), "--block-size", 5, "--max-new-tokens", 16, "chat=false"), 2,
                    "block_size=4")
+    # another seed: the prompts it adds would hold that seed's initial guesses, under meta saying seed 0
+    one_line_error(invoke("collect-trajectories", "--out", traj, "--model", "tiny-text", "--prompts",
+                          write_prompts(tmp_path), "--block-size", 4, "--max-new-tokens", 16, "chat=false", "--seed", 1),
+                   2, "seed=0, now 1")
     # empty and malformed prompt files
     empty = tmp_path / "empty.txt"
     empty.write_text("\n\n")
