@@ -167,3 +167,9 @@ def test_a_truncated_labels_file_is_one_line_naming_it(tmp_path):
     (tmp_path / "labels.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{")
     with pytest.raises(CheckpointError, match="corrupt labels file .*labels.safetensors.*delete it"):
         HeadsTrainer(tiny_config("name=t-bad"), tmp_path).labels()
+
+
+def test_an_empty_name_is_refused_by_name():
+    """name= said "invalid name (+ -s1/-lora: ...) '-lora'", a name the user never gave."""
+    with pytest.raises(UsageError, match="^name= is empty: train-heads --kind xspecmesh registers heads/NAME"):
+        check_config(dataclasses.replace(tiny_config(), name=""))
