@@ -190,8 +190,9 @@ def group_records(records: list[dict]) -> list[list[dict]]:
 
 
 def distill(cfg: DistillConfig, out: Path, log: Callable[[str], None] = lambda s: None, progress=None,
-            force: bool = False) -> dict:
-    """Train (resuming from OUT/state.safetensors: the trained weights only), register the result; returns a summary."""
+            force: bool = False) -> dict | None:
+    """Train (resuming from OUT/state.safetensors: the trained weights only), register the result; returns a summary
+    (rank 0's; None in the other processes of a data-parallel run)."""
     meta = read_meta(Path(cfg.trajectories))
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -248,7 +249,7 @@ def distill(cfg: DistillConfig, out: Path, log: Callable[[str], None] = lambda s
     if loop.is_main and cfg.register:
         summary["entries"] = register(model.cpu(), tm, cfg, meta, tok_hash, done.history, done.step, force)
     loop.wait()
-    return summary
+    return summary if loop.is_main else None
 
 
 def register(model, tm, cfg: DistillConfig, traj_meta: dict, tok_hash: str, history: list[dict], step: int,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import subprocess
@@ -123,9 +124,11 @@ def test_two_process_gloo(traj, tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29533",
            "-m", "cli.main", "distill", "--out", str(tmp_path / "ddp"), "--trajectories", str(traj), "--model",
            "tiny-text", "--name", "tiny-ddp", "--steps", "6", "block_size=4", "window=4", "lora_rank=4",
-           "log_every=2", "ckpt_every=3", "--quiet"]
+           "log_every=2", "ckpt_every=3", "--quiet", "--format", "json"]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-2000:]
+    row = json.loads(r.stdout)  # rank 0's row alone (rank 1 printed one too: no losses, nothing registered)
+    assert row["registered"] == "adapter/tiny-ddp-lora, target/tiny-ddp" and row["loss"] is not None
     log = (tmp_path / "ddp" / "train.log").read_text()
     assert "2 process(es)" in log and "step 6/6" in log
     assert checkpoints.find("target/tiny-ddp").meta["metrics"]["steps"] == 6
