@@ -279,12 +279,24 @@ def register(model, tm, cfg: DistillConfig, traj_meta: dict, tok_hash: str, hist
     return refs
 
 
+#: The files of an exported adapter (text/merge.py reads them).
+ASSET_FILES = ("adapter.safetensors", "adapter.json")
+
+
 def export_adapter(name: str, folder: Path, merge_scale: float | None = None) -> Path:
     """Write adapter `name` as a shippable asset: adapter.safetensors (fp16) + adapter.json, with the `merge_scale`
     the built-in merges it with (text/merge.py)."""
     entry = checkpoints.find(name)
     if entry.kind != "adapter":
         raise UsageError(f"{entry.ref} is not an adapter")
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"{folder} is a file, not a folder")
+    other = sorted(p.name for p in folder.iterdir() if p.name not in ASSET_FILES) if folder.is_dir() else []
+    if other:  # the export replaces the whole folder: only an earlier export's files may go
+        raise UsageError(f"{folder} holds other files ({', '.join(other[:3])}), which the export would delete; "
+                         f"name a new or empty folder, or an earlier export")
+
     def fill(tmp: Path) -> None:
         state = {k: v.to(torch.float16).contiguous() for k, v in registry.read_state(entry).items()}
         save_file(state, str(tmp / "adapter.safetensors"))

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from specgen import checkpoints, registry
+from specgen.errors import UsageError
 from tests.pcllm_fixtures import save_tiny_text, write_prompts
 
 runner = CliRunner()
@@ -187,6 +188,13 @@ def test_registry_merge_interpolates_in_weight_space(traj, tmp_path):
 
     shipped = export_adapter("adapter/tiny-pc-lora", tmp_path / "asset", 0.5)
     assert json.loads((shipped / "adapter.json").read_text())["merge_scale"] == 0.5
+    assert export_adapter("adapter/tiny-pc-lora", shipped, 0.25) == shipped  # an earlier export is replaced
+    (shipped / "notes.txt").write_text("mine")  # other files were deleted with the folder it replaced
+    with pytest.raises(UsageError, match=r"holds other files \(notes.txt\), which the export would delete"):
+        export_adapter("adapter/tiny-pc-lora", shipped, 0.5)
+    assert (shipped / "notes.txt").is_file() and json.loads((shipped / "adapter.json").read_text())["merge_scale"] == 0.25
+    with pytest.raises(UsageError, match="is a file, not a folder"):  # was IsADirectoryError from the swap
+        export_adapter("adapter/tiny-pc-lora", shipped / "notes.txt", 0.5)
     r = invoke("generate", "--model", "tiny-pc-half", "--method", "pcllm-mr", "--no-chat", "--prompt", "SORT A LIST",
                "--max-new-tokens", 12, "--format", "json", "method_options.lookup=8")
     assert r.exit_code == 0, r.output
