@@ -208,6 +208,9 @@ def distill(cfg: DistillConfig, out: Path, log: Callable[[str], None] = lambda s
     init = None
     if cfg.init_adapter:  # a later progressive round: continue an adapter of this model
         init = checkpoints.find(cfg.init_adapter)
+        if init.kind != "adapter":  # check_pair would call it a drafter of no target (or of another one)
+            raise UsageError(f"init_adapter={cfg.init_adapter}: {init.ref} is not a LoRA adapter; give "
+                             f"adapter/<name> (from `specgen distill`)")
         registry.check_pair(init, tm.entry)
     # trajectories of this target and tokenizer, or of this model merged with the adapter being continued (a later
     # progressive round collects from the previous round's merged model), at this block size

@@ -114,6 +114,8 @@ def test_init_adapter_must_belong_to_the_model(traj, tmp_path):
     save_tiny_text("other-text", seed=5)
     with pytest.raises(IncompatibleError, match="trained for target/tiny-text, not target/other-text"):
         distill(config(traj, model="other-text", init_adapter="tiny-pc-lora"), tmp_path / "b")
+    with pytest.raises(UsageError, match="^init_adapter=target/tiny-pc: target/tiny-pc is not a LoRA adapter"):
+        distill(config(traj, name="tiny-pc3", init_adapter="target/tiny-pc"), tmp_path / "d")  # was: 'no drafter of'
     cont = distill(config(traj, steps=3, name="tiny-pc2", init_adapter="tiny-pc-lora"), tmp_path / "c")
     assert cont["steps"] == 3 and checkpoints.find("adapter/tiny-pc2-lora").meta["init_adapter"] == "tiny-pc-lora"
 
