@@ -46,7 +46,7 @@ def find(name: str, progress: Progress = None) -> Entry:
     try:
         entry = registry.pick(list_entries(), name, "checkpoint")
     except UnknownNameError:
-        if path.exists():  # a file or folder the user meant as a checkpoint: say why it is none, not the names
+        if name and path.exists():  # a file or folder meant as a checkpoint ("" is no path): why it is none
             raise UsageError(not_a_checkpoint(name, path)) from None
         raise
     shipped = next((b for b in BUILTINS.values() if (b.kind, b.name) == (entry.kind, entry.name)), None)

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from specgen import checkpoints, registry
-from specgen.errors import UsageError
+from specgen.errors import UnknownNameError, UsageError
 from tests.pcllm_fixtures import save_tiny_text, write_prompts
 
 runner = CliRunner()
@@ -157,6 +157,8 @@ def test_a_run_folder_or_a_damaged_checkpoint_folder_as_model_says_why_it_is_non
     (copy / "config.json").unlink()
     one_line_error(invoke(*gen, copy), 2, "copy is a folder without config.json, not a checkpoint")
     one_line_error(invoke(*gen, copy / "model.safetensors"), 2, "model.safetensors is a file, not a checkpoint")
+    with pytest.raises(UnknownNameError, match="unknown checkpoint ''"):  # an empty name is no path (Path("") is .)
+        checkpoints.find("")
 
 
 def test_builtin_distilled_targets_listed():
