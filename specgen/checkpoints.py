@@ -58,6 +58,16 @@ def find(name: str, progress: Progress = None) -> Entry:
     return marked(entry_at(entry.path))
 
 
+def find_linked(entry: Entry, name: str, role: str, progress: Progress = None) -> Entry:
+    """`find(name)` for a name `entry`'s config gives (its parent, its adapter; `role` says which): a missing one is
+    named as `entry`'s, not as an unknown name the user never typed."""
+    try:
+        return find(name, progress)
+    except UnknownNameError:
+        raise UsageError(f"{entry.ref} {role} {name!r}, which is not installed (removed?); import or train it again "
+                         f"under that name, or remove {entry.ref}") from None
+
+
 def not_a_checkpoint(name: str, path: Path) -> str:
     """Why an existing path that is no registry name is no checkpoint, and the way on."""
     if (path / "train.log").is_file():  # every trainer's run folder (--out) holds its log
@@ -66,7 +76,8 @@ def not_a_checkpoint(name: str, path: Path) -> str:
     missing = [f for f in (CONFIG, registry.WEIGHTS) if not (path / f).is_file()]
     what = f"a folder without {' and '.join(missing)}" if path.is_dir() else "a file"
     return (f"{name} is {what}, not a checkpoint (a registry name, or a folder holding {CONFIG} and "
-            f"{registry.WEIGHTS}); weights from elsewhere are imported first: `specgen registry import PATH --name NAME`")
+            f"{registry.WEIGHTS}); weights from elsewhere are imported first: "
+            f"`specgen registry import PATH --name NAME`")
 
 
 def modality_of(name: str) -> str:

@@ -219,7 +219,8 @@ def check_budget(target: str | None, heads: str | None, cfg: MeshGenConfig, opts
     """Refuse a token budget past the backbone's context less the heads' look-ahead and two slots, from the entries'
     configs before any weights load (`load_mesh_model` resolves the same names; the loop guards the context too)."""
     h = checkpoints.find(heads) if heads else None
-    t = checkpoints.find(target or (h.meta.get("parent") if h else None) or DEFAULT_TARGET)
+    parent = h.meta.get("parent") if h is not None and not target else None
+    t = checkpoints.find_linked(h, parent, "was trained for") if parent else checkpoints.find(target or DEFAULT_TARGET)
     context = decoder_context_of(t.meta)
     d = opts.num_heads or (0 if h is None else (h.meta.get("kwargs") or {}).get("num_heads", 0))
     if context is not None and isinstance(d, int) and cfg.max_new_tokens > context - d - 2:

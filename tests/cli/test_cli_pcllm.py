@@ -161,6 +161,18 @@ def test_a_run_folder_or_a_damaged_checkpoint_folder_as_model_says_why_it_is_non
         checkpoints.find("")
 
 
+def test_an_adapter_whose_target_was_removed_names_it_as_its_parent(traj, tmp_path):
+    """generate --model ADAPTER (or registry merge ADAPTER) after its target was removed said "unknown checkpoint
+    'target/tiny-text'; did you mean ...", a name the user never gave."""
+    r = invoke("distill", "--out", tmp_path / "run", "--trajectories", traj, "--model", "tiny-text",
+               "--name", "tiny-pc", "--steps", 1, *DISTILL)
+    assert r.exit_code == 0, r.output
+    registry.remove("target/tiny-text")
+    needle = "adapter/tiny-pc-lora was trained for 'target/tiny-text', which is not installed (removed?)"
+    one_line_error(invoke("generate", "--model", "tiny-pc-lora", "--prompt", "x", "--no-chat"), 2, needle)
+    one_line_error(invoke("registry", "merge", "tiny-pc-lora", "--name", "x"), 2, needle)
+
+
 def test_builtin_distilled_targets_listed():
     r = invoke("registry", "list", "--format", "json")
     refs = {x["ref"] for x in json.loads(r.stdout)}

@@ -173,3 +173,18 @@ def test_an_empty_name_is_refused_by_name():
     """name= said "invalid name (+ -s1/-lora: ...) '-lora'", a name the user never gave."""
     with pytest.raises(UsageError, match="^name= is empty: train-heads --kind xspecmesh registers heads/NAME"):
         check_config(dataclasses.replace(tiny_config(), name=""))
+
+
+def test_heads_whose_backbone_or_adapter_was_removed_name_it_as_theirs():
+    """Heads whose parent backbone or LoRA adapter is no longer installed said "unknown checkpoint 'NAME'; did you
+    mean ...", a name the user never gave."""
+    from specgen import checkpoints
+
+    e = checkpoints.find("heads/xspecmesh-ca-tiny")
+    meta = {k: v for k, v in e.meta.items() if k not in ("name", "kind")}
+    registry.save("heads", "orphan", registry.read_state(e), {**meta, "parent": "gone-mesh"}, force=True)
+    registry.save("heads", "orphan2", registry.read_state(e), {**meta, "adapter": "gone-lora"}, force=True)
+    with pytest.raises(UsageError, match="^heads/orphan was trained for 'gone-mesh', which is not installed"):
+        load_mesh(heads="orphan")
+    with pytest.raises(UsageError, match="^heads/orphan2 merges the adapter 'gone-lora', which is not installed"):
+        load_mesh(heads="orphan2")
