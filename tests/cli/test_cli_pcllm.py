@@ -99,8 +99,8 @@ def test_bad_inputs_are_one_line(traj, tmp_path):
                    "block_size=4")
     # another seed: the prompts it adds would hold that seed's initial guesses, under meta saying seed 0
     one_line_error(invoke("collect-trajectories", "--out", traj, "--model", "tiny-text", "--prompts",
-                          write_prompts(tmp_path), "--block-size", 4, "--max-new-tokens", 16, "chat=false", "--seed", 1),
-                   2, "seed=0, now 1")
+                          write_prompts(tmp_path), "--block-size", 4, "--max-new-tokens", 16, "chat=false",
+                          "--seed", 1), 2, "seed=0, now 1")
     # empty and malformed prompt files
     empty = tmp_path / "empty.txt"
     empty.write_text("\n\n")
@@ -206,7 +206,8 @@ def test_registry_merge_interpolates_in_weight_space(traj, tmp_path):
     (shipped / "notes.txt").write_text("mine")  # other files were deleted with the folder it replaced
     with pytest.raises(UsageError, match=r"holds other files \(notes.txt\), which the export would delete"):
         export_adapter("adapter/tiny-pc-lora", shipped, 0.5)
-    assert (shipped / "notes.txt").is_file() and json.loads((shipped / "adapter.json").read_text())["merge_scale"] == 0.25
+    assert (shipped / "notes.txt").is_file()
+    assert json.loads((shipped / "adapter.json").read_text())["merge_scale"] == 0.25
     with pytest.raises(UsageError, match="is a file, not a folder"):  # was IsADirectoryError from the swap
         export_adapter("adapter/tiny-pc-lora", shipped / "notes.txt", 0.5)
     r = invoke("generate", "--model", "tiny-pc-half", "--method", "pcllm-mr", "--no-chat", "--prompt", "SORT A LIST",
