@@ -261,7 +261,7 @@ class HeadsTrainer:
         torch.manual_seed(cfg.seed)
         self.target = checkpoints.find(cfg.target)
         if self.target.kind != "target":  # heads and their adapter are mesh entries too, but build no backbone
-            raise UsageError(f"{self.target.ref} is a {self.target.kind}, not a target; pass target=<mesh backbone>")
+            raise UsageError(f"{self.target.ref} is not a target entry; pass target=<mesh backbone>")
         if self.target.meta.get("modality") != "mesh":
             raise UsageError(f"{self.target.ref} is not a mesh model; XSpecMesh heads need a mesh backbone")
         context = decoder_context_of(self.target.meta)  # from its config: refused before the weights load
