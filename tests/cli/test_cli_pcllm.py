@@ -173,6 +173,15 @@ def test_an_adapter_whose_target_was_removed_names_it_as_its_parent(traj, tmp_pa
     one_line_error(invoke("registry", "merge", "tiny-pc-lora", "--name", "x"), 2, needle)
 
 
+def test_an_adapter_of_a_mesh_backbone_is_no_text_model(tmp_path):
+    """collect-trajectories / distill / benchmark --model MESH-LORA (the XSpecMesh heads' adapter) failed 'cannot
+    load the tokenizer in .../mesh-gpt-tiny: No such file or directory' (exit 1)."""
+    needle = "adapter/xspecmesh-ca-tiny-lora adapts target/mesh-gpt-tiny, which is not a text model with a tokenizer"
+    one_line_error(invoke("collect-trajectories", "--model", "xspecmesh-ca-tiny-lora", "--prompts",
+                          write_prompts(tmp_path), "--out", tmp_path / "t"), 2, needle)
+    assert not (tmp_path / "t").exists()
+
+
 def test_builtin_distilled_targets_listed():
     r = invoke("registry", "list", "--format", "json")
     refs = {x["ref"] for x in json.loads(r.stdout)}
