@@ -203,6 +203,9 @@ def distill(cfg: DistillConfig, out: Path, log: Callable[[str], None] = lambda s
     if source.quantize:  # no Linear layer to adapt or train: the weights are packed
         raise UsageError(f"{source.entry.ref} is quantized ({source.quantize}); distill its float model, "
                          f"model={source.base.ref}")
+    if source.dtype != "float32":  # NAME+bf16: the weights would be rounded, trained and merged as such, unsaid
+        raise UsageError(f"model={cfg.model} loads {source.base.ref} in {source.dtype}, which would round the weights "
+                         f"distill trains and merges; use model={source.base.ref} --dtype {source.dtype} (autocast)")
     tm = source.load(progress, decode=False)
     tok_hash = tokenizer_hash(tm.tokenizer)
     init = None

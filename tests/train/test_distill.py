@@ -109,6 +109,13 @@ def test_an_empty_name_is_refused_by_name_and_allowed_without_registering():
     check_config(config("traj", name="", register=False))
 
 
+def test_refuses_a_model_named_with_a_dtype_suffix(traj, tmp_path):
+    """model=tiny-text+bf16 trained on the bfloat16-rounded weights and registered target/NAME merged onto them (in
+    float32, recorded nowhere), while the adapter named the full-precision target as its parent."""
+    with pytest.raises(UsageError, match=r"model=tiny-text\+bf16 loads target/tiny-text in bfloat16, which would"):
+        distill(config(traj, model="tiny-text+bf16"), tmp_path / "r")
+
+
 def test_init_adapter_must_belong_to_the_model(traj, tmp_path):
     distill(config(traj, steps=3), tmp_path / "a")
     save_tiny_text("other-text", seed=5)
