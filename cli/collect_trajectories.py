@@ -26,8 +26,9 @@ EPILOG = """examples:
   specgen collect-trajectories --out runs/traj --merge     # merge every rank's shards (idempotent)
 """
 
-#: Settings a resumed collection must keep (the rest, such as --limit, may grow or change).
-RESUME_STRICT = ("prompts", "prompt_field", "block_size", "max_new_tokens", "chat", "dtype")  # the target: checked on load
+#: Settings a resumed collection must keep (the rest, such as --limit, may grow or change; the target is checked on
+#: load); the seed draws every block's initial guess, so the records of another one would contradict the folder's meta.
+RESUME_STRICT = ("prompts", "prompt_field", "block_size", "max_new_tokens", "chat", "dtype", "seed")
 
 
 @command

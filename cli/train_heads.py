@@ -55,7 +55,7 @@ def train_eagle(config: Path | None, overrides: list[str], out: Path, quiet: boo
     cfg = load_config(eagle.EagleTrainConfig, config, overrides)
     # the run folder and outputs are checked before the target loads and samples are generated
     with run_folder.training_run(out, asdict(cfg), [("draft", cfg.name, cfg.ship_dir)], device, force, quiet,
-                                 loose=("ship_dir",)) as (log, dev):
+                                 loose=eagle.RESUME_LOOSE) as (log, dev):
         done = eagle.train(cfg, out, log, device=dev, force=force)
     if done is None:  # another process of a data-parallel run: rank 0 reports
         return []

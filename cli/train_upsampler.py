@@ -44,7 +44,7 @@ def train_upsampler(
     cfg = load_config(upsampler.UpsamplerTrainConfig, config, list(overrides or []))
     # the trainer's state check comes only after the VQ and data load
     with run_folder.training_run(out, asdict(cfg), [("upsampler", cfg.name, cfg.ship_dir)], device, force,
-                                 quiet) as (log, dev):
+                                 quiet, upsampler.RESUME_LOOSE) as (log, dev):
         done = upsampler.train(cfg, out, log, device=dev, force=force)
     if done is None:  # another process of a data-parallel run: rank 0 reports
         return

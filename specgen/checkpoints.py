@@ -13,7 +13,7 @@ import torch
 from specgen import registry
 from specgen.builders import BUILDERS
 from specgen.builtins import ASSETS, BUILTINS, Progress, asset_fingerprint
-from specgen.errors import CheckpointError, UsageError
+from specgen.errors import CheckpointError, UnknownNameError, UsageError
 from specgen.limits import check_declared_size
 from specgen.models import layout_cache
 from specgen.models.layout import decode_layout
@@ -44,7 +44,12 @@ def find(name: str, progress: Progress = None) -> Entry:
             raise UsageError(f"{name} is not a specgen checkpoint (its {CONFIG} names no kind); an HF model folder "
                              f"is imported first: `specgen registry import {name} --name NAME`, then use NAME")
         return marked(entry)
-    entry = registry.pick(list_entries(), name, "checkpoint")
+    try:
+        entry = registry.pick(list_entries(), name, "checkpoint")
+    except UnknownNameError:
+        if name and path.exists():  # a file or folder meant as a checkpoint ("" is no path): why it is none
+            raise UsageError(not_a_checkpoint(name, path)) from None
+        raise
     shipped = next((b for b in BUILTINS.values() if (b.kind, b.name) == (entry.kind, entry.name)), None)
     if entry.corrupt and shipped is None:
         raise CheckpointError(f"corrupt entry {entry.ref} ({entry.corrupt}); remove it with `specgen registry remove "
@@ -52,6 +57,28 @@ def find(name: str, progress: Progress = None) -> Entry:
     if shipped is not None and (entry.corrupt or not entry.installed or stale_builtin(entry, shipped)):
         shipped.materialize(progress)  # missing, damaged, or the package ships other weights now
     return marked(entry_at(entry.path))
+
+
+def find_linked(entry: Entry, name: str, role: str, progress: Progress = None) -> Entry:
+    """`find(name)` for a name `entry`'s config gives (its parent, its adapter; `role` says which): a missing one is
+    named as `entry`'s, not as an unknown name the user never typed."""
+    try:
+        return find(name, progress)
+    except UnknownNameError:
+        raise UsageError(f"{entry.ref} {role} {name!r}, which is not installed (removed?); import or train it again "
+                         f"under that name, or remove {entry.ref}") from None
+
+
+def not_a_checkpoint(name: str, path: Path) -> str:
+    """Why an existing path that is no registry name is no checkpoint, and the way on."""
+    if (path / "train.log").is_file():  # every trainer's run folder (--out) holds its log
+        return (f"{name} is a training run folder, not a checkpoint; use the name the run registered "
+                f"(`specgen registry list`)")
+    missing = [f for f in (CONFIG, registry.WEIGHTS) if not (path / f).is_file()]
+    what = f"a folder without {' and '.join(missing)}" if path.is_dir() else "a file"
+    return (f"{name} is {what}, not a checkpoint (a registry name, or a folder holding {CONFIG} and "
+            f"{registry.WEIGHTS}); weights from elsewhere are imported first: "
+            f"`specgen registry import PATH --name NAME`")
 
 
 def modality_of(name: str) -> str:

@@ -83,6 +83,9 @@ def load_image_model(name: str, drafter: str = "", device: str = "cpu", need_dra
     entry = checkpoints.find(name)
     if entry.meta.get("modality") != "image":
         raise UsageError(f"{entry.ref} is not an image model")
+    if entry.kind != "target":  # a drafter, up-sampler, VQ or classifier is an image entry too, but no GPT
+        raise UsageError(f"{entry.ref} is not a target entry; --model takes an image GPT (drafters are --drafter, "
+                         "up-samplers method_options.upsampler=NAME)")
     model = decode_layout(in_memory(checkpoints.load_module(entry, device), dtype, quantize))
     if not entry.meta.get("vq"):
         raise UsageError(f"{entry.ref} records no VQ decoder; import it with --vq NAME "

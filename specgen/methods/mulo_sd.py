@@ -302,8 +302,8 @@ def build_mulo(parts, o: MuloOptions) -> MuLoSD:
     G, vocab = parts.grid, parts.model.cfg.vocab_size
     device = parts.target.device
     low_entry = checkpoints.find(o.lowres or MuloOptions.lowres)
-    if low_entry.meta.get("modality") != "image":
-        raise UsageError(f"mulo-sd low-resolution drafter {low_entry.ref} is not an image model")
+    if low_entry.meta.get("modality") != "image" or low_entry.kind != "target":  # an up-sampler, VQ: no GPT
+        raise UsageError(f"mulo-sd low-resolution drafter {low_entry.ref} is not an image GPT (a target entry)")
     low_vocab = low_entry.meta.get("vocab_size", low_entry.meta.get("kwargs", {}).get("vocab_size"))
     low_cb = vq_codebook_of(low_entry)
     if low_vocab != vocab or (low_cb is not None and not same_codebook(low_cb, parts.codebook)):

@@ -101,7 +101,9 @@ def load_mesh(target: str | None = None, heads: str | None = None, device: str =
     h_entry = checkpoints.find(heads) if heads else None
     if h_entry is not None and h_entry.kind != "heads":  # an adapter or a target: no head module to build
         raise UsageError(f"{h_entry.ref} is no XSpecMesh heads entry (heads/NAME, e.g. xspecmesh-ca-tiny)")
-    t_entry = checkpoints.find(target or (h_entry.meta.get("parent") if h_entry else None) or DEFAULT_TARGET)
+    parent = h_entry.meta.get("parent") if h_entry is not None and not target else None  # the default backbone
+    t_entry = (checkpoints.find_linked(h_entry, parent, "was trained for") if parent
+               else checkpoints.find(target or DEFAULT_TARGET))
     if t_entry.kind != "target":  # heads or an adapter named as the model: not a backbone
         raise UsageError(f"{t_entry.ref} is no mesh backbone (target/NAME); XSpecMesh heads are "
                          "method_options.heads=NAME")
@@ -112,7 +114,7 @@ def load_mesh(target: str | None = None, heads: str | None = None, device: str =
     if h_entry is not None:
         registry.check_pair(h_entry, t_entry)
         if h_entry.meta.get("adapter"):
-            a_entry = checkpoints.find(h_entry.meta["adapter"])
+            a_entry = checkpoints.find_linked(h_entry, h_entry.meta["adapter"], "merges the adapter")
             registry.check_pair(a_entry, t_entry)
             try:
                 merge_lora_state(model, registry.read_state(a_entry), a_entry.meta["lora_rank"],

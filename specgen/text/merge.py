@@ -75,7 +75,7 @@ def register_merged(adapter: registry.Entry, state: dict | None, name: str, scal
                     builtin: bool = False) -> registry.Entry:
     """Register target/<name> = the adapter's base with the adapter merged at `scale` (default: its merge_scale)."""
     s = merge_scale(adapter.meta, scale)
-    base = checkpoints.find(adapter.meta.get("parent", ""), progress)
+    base = checkpoints.find_linked(adapter, adapter.meta.get("parent", ""), "was trained for", progress)
     if base.meta.get("modality", "text") != "text" or not base.meta.get("tokenizer"):
         raise UsageError(f"{adapter.ref} adapts {base.ref}, not a text model with a tokenizer; registry merge makes "
                          "text targets (mesh LoRA adapters are merged when their heads load)")

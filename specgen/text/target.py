@@ -80,7 +80,9 @@ def open_text_model(name: str, device: str = "cpu", progress=None, dtype: str | 
         quantize = entry.meta["quantized"]["mode"]
         dtype = prec.resolve(name, asked, quantize)[1]  # its activations: bfloat16 (float32 asked for: refused)
     elif entry.kind == "adapter":
-        base = checkpoints.find(entry.meta.get("parent", ""), progress)
+        base = checkpoints.find_linked(entry, entry.meta.get("parent", ""), "was trained for", progress)
+        if base.meta.get("modality", "text") != "text" or not base.meta.get("tokenizer"):  # a mesh heads' LoRA
+            raise UsageError(f"{entry.ref} adapts {base.ref}, which is not a text model with a tokenizer")
     elif entry.meta.get("modality", "text") != "text" or not entry.meta.get("tokenizer"):
         raise UsageError(f"{entry.ref} is not a text model with a tokenizer")
     else:

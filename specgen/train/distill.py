@@ -73,7 +73,11 @@ RESUME_LOOSE = ("steps", "max_minutes", "log_every", "ckpt_every", "register", "
 
 def check_config(cfg: DistillConfig) -> None:
     """One-line usage errors for settings no run could use, before anything loads."""
-    registry.check_name(cfg.name + "-lora", "name (+ -lora: target/NAME, adapter/NAME-lora)")
+    if cfg.register:  # register=false writes no entry: its name (name= too) is only the summary's label
+        if not cfg.name:
+            raise UsageError("name= is empty: distill registers target/NAME and adapter/NAME-lora; give a name, "
+                             "or register=false to register nothing")
+        registry.check_name(cfg.name + "-lora", "name (+ -lora: target/NAME, adapter/NAME-lora)")
     if cfg.mixed_precision not in MIXED_PRECISION:
         raise UsageError(f"--dtype / mixed_precision must be one of {', '.join(MIXED_PRECISION)}, "
                          f"got {cfg.mixed_precision!r}")
@@ -186,8 +190,9 @@ def group_records(records: list[dict]) -> list[list[dict]]:
 
 
 def distill(cfg: DistillConfig, out: Path, log: Callable[[str], None] = lambda s: None, progress=None,
-            force: bool = False) -> dict:
-    """Train (resuming from OUT/state.safetensors: the trained weights only), register the result; returns a summary."""
+            force: bool = False) -> dict | None:
+    """Train (resuming from OUT/state.safetensors: the trained weights only), register the result; returns a summary
+    (rank 0's; None in the other processes of a data-parallel run)."""
     meta = read_meta(Path(cfg.trajectories))
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -198,11 +203,17 @@ def distill(cfg: DistillConfig, out: Path, log: Callable[[str], None] = lambda s
     if source.quantize:  # no Linear layer to adapt or train: the weights are packed
         raise UsageError(f"{source.entry.ref} is quantized ({source.quantize}); distill its float model, "
                          f"model={source.base.ref}")
+    if source.dtype != "float32":  # NAME+bf16: the weights would be rounded, trained and merged as such, unsaid
+        raise UsageError(f"model={cfg.model} loads {source.base.ref} in {source.dtype}, which would round the weights "
+                         f"distill trains and merges; use model={source.base.ref} --dtype {source.dtype} (autocast)")
     tm = source.load(progress, decode=False)
     tok_hash = tokenizer_hash(tm.tokenizer)
     init = None
     if cfg.init_adapter:  # a later progressive round: continue an adapter of this model
         init = checkpoints.find(cfg.init_adapter)
+        if init.kind != "adapter":  # check_pair would call it a drafter of no target (or of another one)
+            raise UsageError(f"init_adapter={cfg.init_adapter}: {init.ref} is not a LoRA adapter; give "
+                             f"adapter/<name> (from `specgen distill`)")
         registry.check_pair(init, tm.entry)
     # trajectories of this target and tokenizer, or of this model merged with the adapter being continued (a later
     # progressive round collects from the previous round's merged model), at this block size
@@ -244,7 +255,7 @@ def distill(cfg: DistillConfig, out: Path, log: Callable[[str], None] = lambda s
     if loop.is_main and cfg.register:
         summary["entries"] = register(model.cpu(), tm, cfg, meta, tok_hash, done.history, done.step, force)
     loop.wait()
-    return summary
+    return summary if loop.is_main else None
 
 
 def register(model, tm, cfg: DistillConfig, traj_meta: dict, tok_hash: str, history: list[dict], step: int,
@@ -274,12 +285,24 @@ def register(model, tm, cfg: DistillConfig, traj_meta: dict, tok_hash: str, hist
     return refs
 
 
+#: The files of an exported adapter (text/merge.py reads them).
+ASSET_FILES = ("adapter.safetensors", "adapter.json")
+
+
 def export_adapter(name: str, folder: Path, merge_scale: float | None = None) -> Path:
     """Write adapter `name` as a shippable asset: adapter.safetensors (fp16) + adapter.json, with the `merge_scale`
     the built-in merges it with (text/merge.py)."""
     entry = checkpoints.find(name)
     if entry.kind != "adapter":
         raise UsageError(f"{entry.ref} is not an adapter")
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"{folder} is a file, not a folder")
+    other = sorted(p.name for p in folder.iterdir() if p.name not in ASSET_FILES) if folder.is_dir() else []
+    if other:  # the export replaces the whole folder: only an earlier export's files may go
+        raise UsageError(f"{folder} holds other files ({', '.join(other[:3])}), which the export would delete; "
+                         f"name a new or empty folder, or an earlier export")
+
     def fill(tmp: Path) -> None:
         state = {k: v.to(torch.float16).contiguous() for k, v in registry.read_state(entry).items()}
         save_file(state, str(tmp / "adapter.safetensors"))

@@ -56,6 +56,11 @@ class EagleTrainConfig(OptimConfig):
     ship_dir: str = ""  # also write model.safetensors + config.json here (e.g. specgen/assets/image/eagle)
 
 
+#: Settings a rerun on OUT may change (the run folder's check and the state's): where the result goes, not what
+#: training computes.
+RESUME_LOOSE = ("name", "ship_dir")
+
+
 def training_captions(entry, model: Transformer, path: str) -> tuple[list[Caption], str]:
     """(captions, content hash) a t2i target trains on; ([], "") for c2i. Mismatches are one-line usage errors."""
     if model.cfg.cond_kind != "caption":
@@ -181,7 +186,7 @@ def train(cfg: EagleTrainConfig, out: Path, log: Callable[[str], None] = lambda 
     task = EagleTask(cfg, net, target, feats, tokens, eval_data)
     n_params = sum(p.numel() for p in net.parameters() if p.requires_grad)
     loop.log(f"drafter for {entry.ref} ({n_params / 1e6:.2f}M trainable params); {feats.shape[0]} training rows")
-    progress = loop.run(task, StateFile(out / "state.safetensors", record))
+    progress = loop.run(task, StateFile(out / "state.safetensors", record, RESUME_LOOSE))
     net.cpu(), target.cpu()
     if not loop.is_main:  # rank 0 measures and registers
         return None

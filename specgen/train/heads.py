@@ -87,6 +87,9 @@ def check_config(cfg: HeadsTrainConfig) -> None:
         raise UsageError("num_heads must be >= 1 and stages 1 or 2")
     if cfg.max_tokens < 2:  # the heads learn the tokens after a position: 1-token labels leave nothing to learn
         raise UsageError(f"max_tokens must be >= 2, got {cfg.max_tokens}")
+    if not cfg.name:  # the three entries' names derive from it (the heads name their adapter): none is optional
+        raise UsageError("name= is empty: train-heads --kind xspecmesh registers heads/NAME, heads/NAME-s1 and "
+                         "adapter/NAME-lora; give a name")
     registry.check_name(cfg.name + "-lora", "name (+ -s1/-lora: heads/NAME-s1, adapter/NAME-lora)")
 
 
@@ -257,6 +260,8 @@ class HeadsTrainer:
         torch.set_num_threads(cfg.num_threads)
         torch.manual_seed(cfg.seed)
         self.target = checkpoints.find(cfg.target)
+        if self.target.kind != "target":  # heads and their adapter are mesh entries too, but build no backbone
+            raise UsageError(f"{self.target.ref} is not a target entry; pass target=<mesh backbone>")
         if self.target.meta.get("modality") != "mesh":
             raise UsageError(f"{self.target.ref} is not a mesh model; XSpecMesh heads need a mesh backbone")
         context = decoder_context_of(self.target.meta)  # from its config: refused before the weights load

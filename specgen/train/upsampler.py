@@ -66,6 +66,11 @@ class UpsamplerTrainConfig(AdamWConfig):
     ship_dir: str = ""  # also write model.safetensors + config.json here
 
 
+#: Settings a rerun on OUT may change (the run folder's check and the state's): where the result goes, not what
+#: training computes.
+RESUME_LOOSE = ("name", "ship_dir")
+
+
 def pair_dataset(cfg: UpsamplerTrainConfig, vq, digest: str, log: Callable[[str], None]) -> dict[str, torch.Tensor]:
     key = f"vq{digest}-seed{cfg.data_seed}-crop{cfg.crop_size}-x{cfg.scale}-train{cfg.num_crops}-eval{cfg.eval_crops}"
     path = Path(cfg.token_cache) / f"{key}.safetensors"
@@ -322,7 +327,7 @@ def train(cfg: UpsamplerTrainConfig, out: Path, log: Callable[[str], None] = lam
     loop.log(f"up {n_params[0] / 1e6:.3f}M, down {n_params[1] / 1e6:.3f}M params; perceptual "
              f"{perc.name if perc else 'none'}; {data['train_hi'].shape[0]} train crops; grids "
              f"{tuple(data['train_lo'].shape[1:])} <-> {tuple(data['train_hi'].shape[1:])}")
-    progress = loop.run(task, StateFile(out / "state.safetensors", {"config": asdict(cfg)}))
+    progress = loop.run(task, StateFile(out / "state.safetensors", {"config": asdict(cfg)}, RESUME_LOOSE))
     model.cpu(), vq.cpu()
     if not loop.is_main:  # rank 0 measures and registers
         return None

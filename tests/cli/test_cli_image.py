@@ -86,6 +86,15 @@ def test_bad_image_input(tiny_image, args, needle):
     assert not list(out.glob("*.png")) if out.exists() else True
 
 
+@pytest.mark.parametrize("model", ["tiny-image-upsampler-2x", "tiny-image-eagle", "tiny-image-vq"])
+def test_an_image_entry_that_is_no_target_as_the_model_is_one_line(tiny_image, model):
+    """--model UPSAMPLER failed "AttributeError: 'UpsamplerConfig' object has no attribute 'vocab_size'" (exit 1),
+    and a drafter or VQ said it 'records no VQ decoder; import it with --vq NAME', after loading it."""
+    r = runner.invoke(app, ["generate", "--model", model, "-n", "1", "-o", str(tiny_image / "o")])
+    assert r.exit_code == 2 and "is not a target entry; --model takes an image GPT" in r.stderr, r.output
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tiny_image / "o").exists()
+
+
 def test_drafter_for_another_target_and_codebook_mismatch(tiny_image):
     other = tiny_image_gpt(1, grid=GRID, vocab=512, classes=3)
     registry.save("target", "other", other.state_dict(), {"builder": "transformer", "kwargs": other.cfg.to_dict(),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 from safetensors import safe_open
@@ -11,6 +12,7 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from specgen import checkpoints, registry
+from specgen.errors import UnknownNameError, UsageError
 from tests.pcllm_fixtures import save_tiny_text, write_prompts
 
 runner = CliRunner()
@@ -95,6 +97,10 @@ def test_bad_inputs_are_one_line(traj, tmp_path):
     one_line_error(invoke("collect-trajectories", "--out", traj, "--model", "tiny-text", "--prompts",
                           write_prompts(tmp_path), "--block-size", 5, "--max-new-tokens", 16, "chat=false"), 2,
                    "block_size=4")
+    # another seed: the prompts it adds would hold that seed's initial guesses, under meta saying seed 0
+    one_line_error(invoke("collect-trajectories", "--out", traj, "--model", "tiny-text", "--prompts",
+                          write_prompts(tmp_path), "--block-size", 4, "--max-new-tokens", 16, "chat=false",
+                          "--seed", 1), 2, "seed=0, now 1")
     # empty and malformed prompt files
     empty = tmp_path / "empty.txt"
     empty.write_text("\n\n")
@@ -138,6 +144,44 @@ def test_interrupted_distill_leaves_a_loadable_checkpoint(traj, tmp_path):
     assert _state_step(out) == 6
 
 
+def test_a_run_folder_or_a_damaged_checkpoint_folder_as_model_says_why_it_is_none(traj, tmp_path):
+    """generate --model RUN (distill's --out, which holds a config.json) or a checkpoint folder missing its
+    config.json said "unknown checkpoint 'RUN'; known: ..." and listed every registry name."""
+    out = tmp_path / "run"
+    r = invoke("distill", "--out", out, "--trajectories", traj, "--model", "tiny-text", "--name", "tiny-pc",
+               "--steps", 1, *DISTILL)
+    assert r.exit_code == 0, r.output
+    gen = ["generate", "--prompt", "x", "--no-chat", "--model"]
+    one_line_error(invoke(*gen, out), 2, "is a training run folder, not a checkpoint; use the name the run registered")
+    copy = shutil.copytree(checkpoints.find("tiny-pc").path, tmp_path / "copy")
+    (copy / "config.json").unlink()
+    one_line_error(invoke(*gen, copy), 2, "copy is a folder without config.json, not a checkpoint")
+    one_line_error(invoke(*gen, copy / "model.safetensors"), 2, "model.safetensors is a file, not a checkpoint")
+    with pytest.raises(UnknownNameError, match="unknown checkpoint ''"):  # an empty name is no path (Path("") is .)
+        checkpoints.find("")
+
+
+def test_an_adapter_whose_target_was_removed_names_it_as_its_parent(traj, tmp_path):
+    """generate --model ADAPTER (or registry merge ADAPTER) after its target was removed said "unknown checkpoint
+    'target/tiny-text'; did you mean ...", a name the user never gave."""
+    r = invoke("distill", "--out", tmp_path / "run", "--trajectories", traj, "--model", "tiny-text",
+               "--name", "tiny-pc", "--steps", 1, *DISTILL)
+    assert r.exit_code == 0, r.output
+    registry.remove("target/tiny-text")
+    needle = "adapter/tiny-pc-lora was trained for 'target/tiny-text', which is not installed (removed?)"
+    one_line_error(invoke("generate", "--model", "tiny-pc-lora", "--prompt", "x", "--no-chat"), 2, needle)
+    one_line_error(invoke("registry", "merge", "tiny-pc-lora", "--name", "x"), 2, needle)
+
+
+def test_an_adapter_of_a_mesh_backbone_is_no_text_model(tmp_path):
+    """collect-trajectories / distill / benchmark --model MESH-LORA (the XSpecMesh heads' adapter) failed 'cannot
+    load the tokenizer in .../mesh-gpt-tiny: No such file or directory' (exit 1)."""
+    needle = "adapter/xspecmesh-ca-tiny-lora adapts target/mesh-gpt-tiny, which is not a text model with a tokenizer"
+    one_line_error(invoke("collect-trajectories", "--model", "xspecmesh-ca-tiny-lora", "--prompts",
+                          write_prompts(tmp_path), "--out", tmp_path / "t"), 2, needle)
+    assert not (tmp_path / "t").exists()
+
+
 def test_builtin_distilled_targets_listed():
     r = invoke("registry", "list", "--format", "json")
     refs = {x["ref"] for x in json.loads(r.stdout)}
@@ -167,6 +211,14 @@ def test_registry_merge_interpolates_in_weight_space(traj, tmp_path):
 
     shipped = export_adapter("adapter/tiny-pc-lora", tmp_path / "asset", 0.5)
     assert json.loads((shipped / "adapter.json").read_text())["merge_scale"] == 0.5
+    assert export_adapter("adapter/tiny-pc-lora", shipped, 0.25) == shipped  # an earlier export is replaced
+    (shipped / "notes.txt").write_text("mine")  # other files were deleted with the folder it replaced
+    with pytest.raises(UsageError, match=r"holds other files \(notes.txt\), which the export would delete"):
+        export_adapter("adapter/tiny-pc-lora", shipped, 0.5)
+    assert (shipped / "notes.txt").is_file()
+    assert json.loads((shipped / "adapter.json").read_text())["merge_scale"] == 0.25
+    with pytest.raises(UsageError, match="is a file, not a folder"):  # was IsADirectoryError from the swap
+        export_adapter("adapter/tiny-pc-lora", shipped / "notes.txt", 0.5)
     r = invoke("generate", "--model", "tiny-pc-half", "--method", "pcllm-mr", "--no-chat", "--prompt", "SORT A LIST",
                "--max-new-tokens", 12, "--format", "json", "method_options.lookup=8")
     assert r.exit_code == 0, r.output

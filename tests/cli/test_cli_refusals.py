@@ -5,13 +5,16 @@ Every case here is refused before a model is loaded or a run starts (they take m
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
+import pkgutil
 
 import pytest
 import torch
 from typer.testing import CliRunner
 
+import cli
 from cli.main import app
 from specgen import checkpoints
 from specgen.config_checks import CHOICES, check_config
@@ -271,7 +274,7 @@ def test_cuda_without_cuda_is_one_line(tiny, cmd):
     (["train-upsampler", "--out", "run", "name=a b\x01"], "control characters"),
     (["train-upsampler", "--out", "run", "name=" + "n" * 101], "at most 100"),
     (["train-heads", "--kind", "eagle", "--out", "run", "name=../escape"], "invalid name"),
-    (["train-heads", "--out", "run", "name="], "invalid name (+ -s1/-lora"),
+    (["train-heads", "--out", "run", "name="], "name= is empty: train-heads --kind xspecmesh registers"),
     (["distill", "--out", "run", "name=" + "n" * 98], "at most 100"),
     # were "Key 'limit' not in 'ImageBenchConfig'" (a meshes recipe under --suite images), and suite=meshes ignored
     (["benchmark", "--suite", "images", "--config", ROOT / "recipes/tiny/bench-meshes.yaml"],
@@ -808,6 +811,15 @@ def test_a_method_whose_adapter_is_not_shipped_is_a_usage_error(tiny):
     with how to make it."""
     check_refusal(tiny, ["generate", "--method", "cllm", "--prompt", "hi", "--max-new-tokens", "2"], 2,
                   "adapter is not shipped in this build")
+
+
+def test_no_help_example_trains_data_parallel_with_accelerate_on_the_cpu():
+    """distill --help's data-parallel example was `accelerate launch --num_processes 2 --cpu ...`, which starts one
+    process on a CPU-only machine (train.log: '1 process(es)'; docs/training.md says so and gives torchrun)."""
+    for m in pkgutil.iter_modules(cli.__path__):
+        epilog = getattr(importlib.import_module(f"cli.{m.name}"), "EPILOG", "")
+        bad = [x for x in epilog.splitlines() if "accelerate launch" in x and "--cpu" in x.split(" -m ")[0]]
+        assert not bad, (m.name, bad)
 
 
 def test_training_examples_name_no_builtin_and_merge_as_documented(tiny):

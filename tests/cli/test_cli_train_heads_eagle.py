@@ -39,6 +39,12 @@ def test_train_heads_eagle_end_to_end(tmp_path):
     r2 = runner.invoke(app, [*again, "--force"])
     assert r2.exit_code == 0, r2.output
     assert "resumed at step 2/2" in (out / "train.log").read_text()
+    # the refusal's other way on, name=NEW (was: 'a different config'), and a ship_dir (was: the CLI let it pass,
+    # then after the samples 'state.safetensors was written by a different config')
+    r3 = runner.invoke(app, [*again[:-len(QUICK) - 2], "name=tiny-img-eagle2", f"ship_dir={tmp_path / 'ship'}",
+                             f"data_cache={tmp_path / 'cache'}", *QUICK])
+    assert r3.exit_code == 0, r3.output
+    assert checkpoints.find("draft/tiny-img-eagle2") and (tmp_path / "ship" / "model.safetensors").is_file()
 
 
 def test_drafter_of_another_target_is_a_usage_error(tmp_path):

@@ -45,6 +45,11 @@ def test_train_register_resume_and_warm_start(tiny_vq):
     # resume: more steps continue from the saved state; another config in the same folder is refused
     r = run(tiny_vq, "u2", "steps=4", "gan_start=1", "name=t-up2")
     assert r.exit_code == 2 and "different config" in r.stderr
+    # the finished run registered again under name=NEW (the already-exists refusal's advice: was 'a different
+    # config (name=...)') and shipped
+    r = run(tiny_vq, "u2", "steps=3", "gan_start=1", "name=t-up2b", f"ship_dir={tiny_vq / 'ship'}")
+    assert r.exit_code == 0, r.output
+    assert checkpoints.find("t-up2b") and (tiny_vq / "ship" / "model.safetensors").is_file()
     # 4x warm-started from the 2x pair
     r = run(tiny_vq, "u4", "steps=2", "scale=4", "warm_start=t-up2", "name=t-up4")
     assert r.exit_code == 0, r.output

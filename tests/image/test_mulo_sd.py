@@ -171,7 +171,8 @@ def register_mulo():
         pair = UpDownSampler(cfg)
         pair.codebook.copy_(vq.quantize.embedding.weight)
         registry.save("upsampler", f"m-up{scale}", pair.state_dict(),
-                      {"builder": "mulo-updown", "kwargs": cfg.to_dict(), "scale": scale, "vq": "vq/m-vq"})
+                      {"builder": "mulo-updown", "kwargs": cfg.to_dict(), "scale": scale, "vq": "vq/m-vq",
+                       "modality": "image"})  # as train-upsampler records
     # a drafter on another codebook (same size, other weights)
     vq2 = VQModel(vq_cfg)
     registry.save("vq", "m-vq2", vq2.state_dict(), {"builder": "vq", "kwargs": vq_cfg.to_dict()})
@@ -205,6 +206,8 @@ def test_generate_mulo_sd(mulo_registry):
     (["method_options.upsampler=m-up2", "method_options.radius=100"], "radius must be an integer in 0..64"),
     (["method_options.upsampler=m-up2", "method_options.rejection=spiral"], "rejection must be"),
     (["method_options.upsampler=m-gpt"], "not a MuLo-SD"),
+    # an image entry but no GPT: was "AttributeError: 'UpsamplerConfig' object has no attribute 'rope_grid'"
+    (["method_options.upsampler=m-up2", "method_options.lowres=m-up2"], "m-up2 is not an image GPT (a target entry)"),
     (["method_options.upsampler=m-up2", "method_options.depth=3"], "has no option"),
 ])
 def test_bad_mulo_input(mulo_registry, args, needle):

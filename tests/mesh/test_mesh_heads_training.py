@@ -167,3 +167,32 @@ def test_a_truncated_labels_file_is_one_line_naming_it(tmp_path):
     (tmp_path / "labels.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{")
     with pytest.raises(CheckpointError, match="corrupt labels file .*labels.safetensors.*delete it"):
         HeadsTrainer(tiny_config("name=t-bad"), tmp_path).labels()
+
+
+def test_an_empty_name_is_refused_by_name():
+    """name= said "invalid name (+ -s1/-lora: ...) '-lora'", a name the user never gave."""
+    with pytest.raises(UsageError, match="^name= is empty: train-heads --kind xspecmesh registers heads/NAME"):
+        check_config(dataclasses.replace(tiny_config(), name=""))
+
+
+def test_heads_whose_backbone_or_adapter_was_removed_name_it_as_theirs():
+    """Heads whose parent backbone or LoRA adapter is no longer installed said "unknown checkpoint 'NAME'; did you
+    mean ...", a name the user never gave."""
+    from specgen import checkpoints
+
+    e = checkpoints.find("heads/xspecmesh-ca-tiny")
+    meta = {k: v for k, v in e.meta.items() if k not in ("name", "kind")}
+    registry.save("heads", "orphan", registry.read_state(e), {**meta, "parent": "gone-mesh"}, force=True)
+    registry.save("heads", "orphan2", registry.read_state(e), {**meta, "adapter": "gone-lora"}, force=True)
+    with pytest.raises(UsageError, match="^heads/orphan was trained for 'gone-mesh', which is not installed"):
+        load_mesh(heads="orphan")
+    with pytest.raises(UsageError, match="^heads/orphan2 merges the adapter 'gone-lora', which is not installed"):
+        load_mesh(heads="orphan2")
+
+
+@pytest.mark.parametrize("target", ["heads/xspecmesh-ca-tiny", "adapter/xspecmesh-ca-tiny-lora"])
+def test_heads_or_an_adapter_as_the_target_is_one_line(tmp_path, target):
+    """target=HEADS (a mesh entry, so past the modality check) failed "AttributeError: 'XSpecMeshHeads' object has
+    no attribute 'dec_cfg'" (exit 1) after loading it."""
+    with pytest.raises(UsageError, match=f"^{target} is not a target entry; pass target=<mesh backbone>"):
+        HeadsTrainer(dataclasses.replace(tiny_config(), target=target), tmp_path)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import subprocess
@@ -100,11 +101,28 @@ def test_refuses_other_target_and_block_size(traj, tmp_path):
         check_config(config(traj, objective="dpo"))
 
 
+def test_an_empty_name_is_refused_by_name_and_allowed_without_registering():
+    """name= said "invalid name (+ -lora: ...) '-lora'" (a name the user never gave), even with register=false,
+    which registers nothing."""
+    with pytest.raises(UsageError, match="^name= is empty: distill registers target/NAME and adapter/NAME-lora"):
+        check_config(config("traj", name=""))
+    check_config(config("traj", name="", register=False))
+
+
+def test_refuses_a_model_named_with_a_dtype_suffix(traj, tmp_path):
+    """model=tiny-text+bf16 trained on the bfloat16-rounded weights and registered target/NAME merged onto them (in
+    float32, recorded nowhere), while the adapter named the full-precision target as its parent."""
+    with pytest.raises(UsageError, match=r"model=tiny-text\+bf16 loads target/tiny-text in bfloat16, which would"):
+        distill(config(traj, model="tiny-text+bf16"), tmp_path / "r")
+
+
 def test_init_adapter_must_belong_to_the_model(traj, tmp_path):
     distill(config(traj, steps=3), tmp_path / "a")
     save_tiny_text("other-text", seed=5)
     with pytest.raises(IncompatibleError, match="trained for target/tiny-text, not target/other-text"):
         distill(config(traj, model="other-text", init_adapter="tiny-pc-lora"), tmp_path / "b")
+    with pytest.raises(UsageError, match="^init_adapter=target/tiny-pc: target/tiny-pc is not a LoRA adapter"):
+        distill(config(traj, name="tiny-pc3", init_adapter="target/tiny-pc"), tmp_path / "d")  # was: 'no drafter of'
     cont = distill(config(traj, steps=3, name="tiny-pc2", init_adapter="tiny-pc-lora"), tmp_path / "c")
     assert cont["steps"] == 3 and checkpoints.find("adapter/tiny-pc2-lora").meta["init_adapter"] == "tiny-pc-lora"
 
@@ -115,9 +133,11 @@ def test_two_process_gloo(traj, tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29533",
            "-m", "cli.main", "distill", "--out", str(tmp_path / "ddp"), "--trajectories", str(traj), "--model",
            "tiny-text", "--name", "tiny-ddp", "--steps", "6", "block_size=4", "window=4", "lora_rank=4",
-           "log_every=2", "ckpt_every=3", "--quiet"]
+           "log_every=2", "ckpt_every=3", "--quiet", "--format", "json"]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-2000:]
+    row = json.loads(r.stdout)  # rank 0's row alone (rank 1 printed one too: no losses, nothing registered)
+    assert row["registered"] == "adapter/tiny-ddp-lora, target/tiny-ddp" and row["loss"] is not None
     log = (tmp_path / "ddp" / "train.log").read_text()
     assert "2 process(es)" in log and "step 6/6" in log
     assert checkpoints.find("target/tiny-ddp").meta["metrics"]["steps"] == 6
