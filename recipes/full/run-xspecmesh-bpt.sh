@@ -6,9 +6,10 @@ DEVICE=${DEVICE:-cuda}  # the trainers' device (the benchmarks' is their recipe'
 R=recipes/full
 python -m specgen.train.mesh --config "$R/mesh-gpt-bpt.yaml" --out runs/mesh-gpt-bpt --register mesh-gpt-bpt \
   --device "$DEVICE"
-specgen train-heads --kind xspecmesh --config "$R/xspecmesh-heads-bpt.yaml" --out runs/xspecmesh-ca-bpt --device "$DEVICE"
-specgen train-heads --kind xspecmesh --config "$R/xspecmesh-heads-bpt.yaml" --out runs/xspecmesh-mlp-bpt --device "$DEVICE" \
-  head_kind=mlp name=xspecmesh-mlp-bpt
+specgen train-heads --kind xspecmesh --config "$R/xspecmesh-heads-bpt.yaml" --out runs/xspecmesh-ca-bpt \
+  --device "$DEVICE"
+specgen train-heads --kind xspecmesh --config "$R/xspecmesh-heads-bpt.yaml" --out runs/xspecmesh-mlp-bpt \
+  --device "$DEVICE" head_kind=mlp name=xspecmesh-mlp-bpt
 specgen benchmark --config "$R/bench-meshes-bpt.yaml" --dry-run
 specgen benchmark --config "$R/bench-meshes-bpt.yaml" --run-dir runs/bench-meshes-bpt
 specgen benchmark report runs/bench-meshes-bpt
