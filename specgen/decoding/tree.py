@@ -1,4 +1,4 @@
-"""DraftTree: depths, children and root-to-leaf paths of a draft."""
+"""DraftTree: depths, children, what each verify input sees, and root-to-leaf paths of a draft."""
 
 from __future__ import annotations
 
@@ -51,12 +51,14 @@ class DraftTree:
     def max_depth(self) -> int:
         return max(self.depth, default=0)
 
+    @cached_property
+    def visible(self) -> tuple[tuple[int, ...], ...]:
+        """Per verify input (the root first), the inputs it sees, ascending: the root, its ancestors, itself."""
+        seen = [(0,)]
+        for i, p in enumerate(self.parents):
+            seen.append(seen[p + 1] + (i + 1,))
+        return tuple(seen)
+
     def paths(self) -> list[list[int]]:
-        """Every root-to-leaf path (node ids), leaves in order."""
-        paths = []
-        for leaf in (i for i in range(self.size) if not self.children[i + 1]):
-            path = [leaf]
-            while self.parents[path[-1]] >= 0:
-                path.append(self.parents[path[-1]])
-            paths.append(path[::-1])
-        return paths
+        """Every root-to-leaf path (node ids): what each leaf sees (`visible`), less the root."""
+        return [[k - 1 for k in self.visible[i + 1][1:]] for i in range(self.size) if not self.children[i + 1]]

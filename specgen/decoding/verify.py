@@ -9,7 +9,7 @@ import torch
 from specgen.decoding.cache import KVCache
 from specgen.decoding.draft import Draft
 from specgen.decoding.target import Target, TargetOut
-from specgen.devices import host_tensor
+from specgen.devices import host_tensor, to_device
 
 
 @dataclass(frozen=True)
@@ -23,20 +23,23 @@ class VerifyBatch:
 
 
 def verify_batch(roots: list[int], drafts: list[Draft], starts: list[int], device) -> VerifyBatch:
-    """Pad every row's root + draft to S = the largest; starts[i] = the position of row i's root. Trees: built by
-    `tree_inputs`, as on the device from a growth's trees (methods/eagle_grow.py)."""
+    """Pad every row's root + draft to S = the largest; starts[i] = the position of row i's root. Built on the host
+    (the drafts are there) and copied once: a GPU step launches no kernel for it (`tree_inputs` builds the same from
+    trees that are on the device)."""
     sizes = tuple(d.size + 1 for d in drafts)
     s = max(sizes)
     if all(d.tree.is_chain for d in drafts) and len(set(sizes)) == 1:  # equal chains: the causal mask says it all
         tokens = host_tensor([(r,) + d.tokens for r, d in zip(roots, drafts)], device)
         positions = host_tensor([range(p, p + s) for p in starts], device)
         return VerifyBatch(tokens, positions, None, sizes)
-    tokens = host_tensor([d.tokens + (0,) * (s - n) for d, n in zip(drafts, sizes)], device)  # [B, S - 1]
-    parents = host_tensor([d.tree.parents + (-1,) * (s - n) for d, n in zip(drafts, sizes)], device)
-    inputs, positions, mask = tree_inputs(tokens, parents, host_tensor([d.size for d in drafts], device),
-                                          host_tensor(roots, device), host_tensor(starts, device),
-                                          max(d.tree.max_depth() for d in drafts))
-    return VerifyBatch(inputs, positions, mask, sizes)
+    tokens = host_tensor([(r,) + d.tokens + (r,) * (s - n) for r, d, n in zip(roots, drafts, sizes)], device)
+    positions = host_tensor([[p + o for o in (0,) + d.tree.depth] + [p] * (s - n)
+                             for p, d, n in zip(starts, drafts, sizes)], device)  # padding: the root's position
+    seen = [(i * s + q) * s + k for i, (d, n) in enumerate(zip(drafts, sizes))  # flat [B, S, S] indices
+            for q, row in enumerate(d.tree.visible + tuple((j,) for j in range(n, s))) for k in row]
+    mask = torch.zeros(len(drafts) * s * s, dtype=torch.bool)
+    mask[seen] = True  # each node sees its ancestors and itself; padding only itself: one host op for the batch
+    return VerifyBatch(tokens, positions, to_device(mask.view(len(drafts), s, s), device), sizes)
 
 
 def tree_inputs(tokens: torch.Tensor, parents: torch.Tensor, counts: torch.Tensor, roots: torch.Tensor,

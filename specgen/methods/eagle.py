@@ -19,7 +19,7 @@ from specgen.decoding.tree import DraftTree
 from specgen.decoding.verify import Span, forward_span, verify_batch
 from specgen.devices import host_tensor, mark, wait_for
 from specgen.methods.eagle_grow import (GrownTrees, GrowPlan, TreeShape, branch_rows, grow, kept_counts, level_mask,
-                                        static_growth)
+                                        slot_offsets, static_growth)
 from specgen.models.graphs import ROW_BUCKETS
 
 
@@ -173,7 +173,8 @@ class EagleBatch(PoolBase):
         c = ints_t[4]
 
         def forward(feats, toks, pos, anc):  # one level; every row keeps its W written slots until the rollback
-            out = self.net(feats, toks, pos, view, attn_mask=branch_rows(level_mask(anc, c, longest), br).unsqueeze(1))
+            mask = level_mask(anc, slot_offsets(c, longest + anc.shape[-1]))  # [n, W, T]
+            out = self.net(feats, toks, pos, view, attn_mask=branch_rows(mask, br).unsqueeze(1))
             view.lengths = [length + toks.shape[1] for length in view.lengths]
             return out
 

@@ -96,15 +96,22 @@ def grow(forward: Forward, logprobs: LogProbs, root_hidden: torch.Tensor, ints: 
     width = widths[1] if len(widths) > 1 else 0  # W_1: the frontier of level 1 is the best W_1 root children
     f_tok, f_score, f_slot = top.indices[:, :width], top.values[:, :width], slots[:width].expand(n, -1)  # [n, W]
     f_hid = root_hidden.expand(-1, width, -1)  # [n * br, W, D]: the parents' predicted features
-    anc = torch.eye(width, dtype=torch.bool, device=device).expand(n, -1, -1)  # [n, W, R]
+    per_width: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # W -> (j < k_i [n, W], eye [W, W]), made once
+
+    def consts(w: int) -> tuple[torch.Tensor, torch.Tensor]:  # a captured plan has one width: one set a growth
+        if w not in per_width:
+            per_width[w] = (torch.arange(w, device=device) < k[:, None], torch.eye(w, dtype=torch.bool, device=device))
+        return per_width[w]
+
+    anc = consts(width)[1].expand(n, -1, -1)  # [n, W, R]
     recorded = widths[0]
     for level in range(1, len(widths)):  # 2. one drafter forward per level
         live = depth > level  # [n]
         pos = (root_pos + level * live)[:, None].expand(-1, width)  # a row past its depth stays at its root's position
         out = forward(f_hid, branch_rows(f_tok, br), branch_rows(pos, br), anc)  # [n * br, W, D]
         child = logprobs(out).topk(width, dim=-1)  # [n, W, W] each
-        j = torch.arange(width, device=device)
-        ok = live[:, None, None] & (j[:, None] < k[:, None, None]) & (j < k[:, None, None])  # [n, W, W]
+        below_k = consts(width)[0]  # [n, W]: frontier position / child rank j < k_i
+        ok = live[:, None, None] & below_k[:, :, None] & below_k[:, None, :]  # [n, W, W]
         cand = f_score[:, :, None] + child.values  # [n, W, W]: path scores
         parts.append((child.indices.flatten(1), f_slot[:, :, None].expand(-1, -1, width).flatten(1),
                       cand.flatten(1), ok.flatten(1)))
@@ -115,8 +122,8 @@ def grow(forward: Forward, logprobs: LogProbs, root_hidden: torch.Tensor, ints: 
             f_tok = child.indices.flatten(1).gather(1, best.indices)
             f_score, f_slot = best.values, recorded + best.indices
             f_hid = out.gather(1, branch_rows(parent, br)[..., None].expand(-1, -1, out.shape[-1]))
-            own = torch.eye(nxt, dtype=torch.bool, device=device).expand(n, -1, -1)
-            anc = torch.cat([anc.gather(1, parent[..., None].expand(-1, -1, anc.shape[-1])), own], 2)
+            anc = torch.cat([anc.gather(1, parent[..., None].expand(-1, -1, anc.shape[-1])),
+                             consts(nxt)[1].expand(n, -1, -1)], 2)  # each new node: its parent's, and its own slot
         recorded += width * width
         width = nxt
     ranked = best_nodes(*(torch.cat(p, 1) for p in zip(*parts)), plan.total)  # 4. the kept nodes: a rank prefix
@@ -140,11 +147,12 @@ def static_growth(net, logprobs: LogProbs, cache: tuple[torch.Tensor, torch.Tens
     scratch row). Each level sees the first `t` slots of its rows (a width bucket that holds every prefix and the
     levels' slots)."""
     prefix = ints[4]
+    rows_prefix, offsets = branch_rows(prefix, branches), slot_offsets(prefix, t)  # every level's: made once
 
     def forward(feats, toks, pos, anc):
         r, w = anc.shape[-1], toks.shape[1]
-        meta = torch.stack([branch_rows(prefix, branches) + (r - w), writes])  # [2, R]: slot of node 0, cache row
-        visible = branch_rows(level_mask(anc, prefix, t - r), branches).unsqueeze(1)  # [R, 1, W, T]
+        meta = torch.stack([rows_prefix + (r - w), writes])  # [2, R]: slot of node 0, cache row
+        visible = branch_rows(level_mask(anc, offsets), branches).unsqueeze(1)  # [R, 1, W, T]
         x = StaticInputs(toks, pos, meta, visible=visible, features=feats)
         return eagle_step(net, x, *cache, None, t)[0]
 
@@ -179,10 +187,18 @@ def branch_rows(x: torch.Tensor, branches: int) -> torch.Tensor:
     return x[:, None].expand(x.shape[0], branches, *x.shape[1:]).flatten(0, 1) if branches > 1 else x
 
 
-def level_mask(anc: torch.Tensor, prefix: torch.Tensor, longest: int) -> torch.Tensor:
+def slot_offsets(prefix: torch.Tensor, t: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """For `level_mask` over T = `t` drafter slots: each slot's offset from its row's prefix [n, T] (slot - prefix_i),
+    and whether it is a committed one [n, 1, T]."""
+    rel = torch.arange(t, device=prefix.device)[None] - prefix[:, None]
+    return rel, (rel < 0)[:, None]
+
+
+def level_mask(anc: torch.Tensor, offsets: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     """[n, W, T] bool over drafter slots: the committed prefix, plus the tree slots in `anc` [n, W, R] (slot
-    prefix_i + r for column r); T = `longest` + R (eagerly the longest prefix, captured the static cache's width)."""
+    prefix_i + r for column r); `offsets`: `slot_offsets` over T slots (eagerly the longest prefix + R, captured the
+    static cache's width)."""
+    rel, committed = offsets
     _, w, r = anc.shape
-    rel = torch.arange(longest + r, device=anc.device)[None] - prefix[:, None]  # [n, T]: slot - the row's prefix
-    tree = anc.gather(2, rel.clamp(0, r - 1)[:, None].expand(-1, w, -1)) & ((rel >= 0) & (rel < r))[:, None]
-    return tree | (rel < 0)[:, None]
+    col = rel.clamp(0, r - 1)  # [n, T]: the tree column a slot would be
+    return (anc.gather(2, col[:, None].expand(-1, w, -1)) & (col == rel)[:, None]) | committed
