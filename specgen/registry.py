@@ -127,12 +127,32 @@ def installed_entries() -> list[Entry]:
 
 
 def missing_files(e: Entry) -> str:
-    """What an installed entry lacks ("" when complete): its weights, or the tokenizer its config promises."""
+    """What an installed entry lacks ("" when complete): its weights, their bytes (`size_mismatch`), or the tokenizer
+    its config promises."""
     if not (e.path / WEIGHTS).is_file():
         return f"no {WEIGHTS}"
+    if damage := size_mismatch(e.path / WEIGHTS):
+        return damage
     if e.meta.get("tokenizer") is True and not any((e.path / f).is_file() for f in TOKENIZER_FILES):
         return "its tokenizer files are missing"
     return ""
+
+
+def size_mismatch(path: Path) -> str:
+    """Why a safetensors file is not the size its header declares (8 + header + the data its offsets place), "" when
+    it is: a cheap check of every listing (a few KB of header read, no tensor)."""
+    size = path.stat().st_size
+    try:
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            if 8 + n > size:
+                return f"truncated weights: {size:,} bytes, shorter than their {n:,}-byte header"
+            header = json.loads(f.read(n))
+        want = 8 + n + max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    except Exception as e:  # noqa: BLE001 - any malformed header is the file's damage
+        return f"unreadable weights header ({one_line(e)})"
+    return "" if size == want else f"{'truncated' if size < want else 'oversized'} weights: {size:,} bytes, " \
+                                   f"their header declares {want:,}"
 
 
 def save(
