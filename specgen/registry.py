@@ -30,6 +30,7 @@ CONFIG = "config.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 MAX_NAME = 100
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
+DIGEST = "weights_digest"  # config.json key: the weights' tensors_digest, recorded once by `save`
 STALE_FOREIGN_S = 24 * 3600  # temporaries older than this are removed whoever wrote them (see remove_stale_temporaries)
 
 
@@ -127,12 +128,32 @@ def installed_entries() -> list[Entry]:
 
 
 def missing_files(e: Entry) -> str:
-    """What an installed entry lacks ("" when complete): its weights, or the tokenizer its config promises."""
+    """What an installed entry lacks ("" when complete): its weights, their bytes (`size_mismatch`), or the tokenizer
+    its config promises."""
     if not (e.path / WEIGHTS).is_file():
         return f"no {WEIGHTS}"
+    if damage := size_mismatch(e.path / WEIGHTS):
+        return damage
     if e.meta.get("tokenizer") is True and not any((e.path / f).is_file() for f in TOKENIZER_FILES):
         return "its tokenizer files are missing"
     return ""
+
+
+def size_mismatch(path: Path) -> str:
+    """Why a safetensors file is not the size its header declares (8 + header + the data its offsets place), "" when
+    it is: a cheap check of every listing (a few KB of header read, no tensor)."""
+    size = path.stat().st_size
+    try:
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            if 8 + n > size:
+                return f"truncated weights: {size:,} bytes, shorter than their {n:,}-byte header"
+            header = json.loads(f.read(n))
+        want = 8 + n + max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    except Exception as e:  # noqa: BLE001 - any malformed header is the file's damage
+        return f"unreadable weights header ({one_line(e)})"
+    return "" if size == want else f"{'truncated' if size < want else 'oversized'} weights: {size:,} bytes, " \
+                                   f"their header declares {want:,}"
 
 
 def save(
@@ -159,7 +180,8 @@ def save(
         save_file(tensors, str(tmp / WEIGHTS))
         if extra:
             extra(tmp)
-        doc = {"kind": kind, "name": name, "specgen_version": __version__, **meta, **({"tied": tied} if tied else {})}
+        doc = {"kind": kind, "name": name, "specgen_version": __version__, **meta, **({"tied": tied} if tied else {}),
+               DIGEST: tensors_digest(tensors)}  # after `meta`: a copied config's digest is not these weights'
         (tmp / CONFIG).write_text(json.dumps(doc, indent=2, sort_keys=True, default=str))
         follow_umask(tmp)
 
@@ -307,24 +329,35 @@ def one_line(e: BaseException) -> str:
     return " ".join(str(e).split())[:200] or type(e).__name__
 
 
+def tensors_digest(state: dict[str, torch.Tensor]) -> str:
+    """sha256 (16 hex) over tensors' names, dtypes, shapes and bytes in name order: a re-saved copy keeps it."""
+    h = hashlib.sha256()
+    for name, t in sorted(state.items()):
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        if t.numel():  # the bytes hashed through their buffer: a contiguous CPU tensor is not copied
+            h.update(t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy())
+    return h.hexdigest()[:16]
+
+
 _DIGESTS: dict[tuple, str] = {}
 
 
-def weights_digest(entry: Entry) -> str | None:
-    """sha256 (16 hex) over an entry's tensors (names, dtypes, shapes, bytes; a re-saved copy keeps it); None
-    without a weights file."""
+def weights_digest(entry: Entry, read: bool = True) -> str | None:
+    """The `tensors_digest` of an entry's weights: the one `save` recorded in its config, else (an entry saved before
+    specgen recorded it) with `read` computed from the file, once per file version; None without either."""
     path = entry.path / WEIGHTS
-    if not path.is_file():
-        return None
+    if entry.meta.get(DIGEST) or not read or not path.is_file():
+        return entry.meta.get(DIGEST)
     st = path.stat()
     key = (str(path), st.st_size, st.st_mtime_ns)
     if key not in _DIGESTS:
-        h = hashlib.sha256()
-        for name, t in sorted(read_state(entry).items()):
-            h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-            h.update(t.contiguous().view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-        _DIGESTS[key] = h.hexdigest()[:16]
+        _DIGESTS[key] = tensors_digest(read_state(entry))
     return _DIGESTS[key]
+
+
+def same_weights(recorded: str | None, now: str | None) -> bool:
+    """Two weights digests of one entry agree, or one is unknown (saved before specgen recorded them: not checked)."""
+    return not (recorded and now) or recorded == now
 
 
 def check_pair(drafter: Entry, target: Entry) -> None:

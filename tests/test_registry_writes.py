@@ -141,6 +141,8 @@ def test_corrupt_entries_are_listed_with_a_repair(specgen_home):
     noweights = registry.save("target", "noweights", {"w": torch.zeros(2)}, {})
     (noweights.path / "model.safetensors").unlink()
     registry.save("target", "notok", {"w": torch.zeros(2)}, {"tokenizer": True})
+    cut = registry.save("target", "cut", {"w": torch.zeros(64)}, {}).path / "model.safetensors"
+    os.truncate(cut, cut.stat().st_size - 8)  # (was listed "ok": only the files' presence was checked)
     r = CliRunner().invoke(app, ["registry", "list", "--format", "json"])
     rows = {x["ref"]: x for x in json.loads(r.stdout)}
     assert rows["target/fine"]["status"] == "ok"
@@ -148,8 +150,11 @@ def test_corrupt_entries_are_listed_with_a_repair(specgen_home):
     assert status.startswith("corrupt") and "registry remove" in status
     assert "no model.safetensors" in rows["target/noweights"]["status"]
     assert "tokenizer files are missing" in rows["target/notok"]["status"]
+    assert rows["target/cut"]["status"].startswith("corrupt (truncated weights: ")
     with pytest.raises(CheckpointError, match="corrupt entry target/broken.*registry remove"):
         checkpoints.find("broken")
+    with pytest.raises(CheckpointError, match=r"corrupt entry target/cut \(truncated weights: "):
+        checkpoints.find("cut")  # (was a load failing on the tensors, after the module was built)
     r = CliRunner().invoke(app, ["registry", "remove", "broken"])
     assert r.exit_code == 0 and not broken.exists()
 

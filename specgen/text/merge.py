@@ -55,12 +55,12 @@ def merged_module(adapter: registry.Entry, base: registry.Entry, device: str = "
                   tokenizer: TextTokenizer | None = None) -> tuple[torch.nn.Module, TextTokenizer]:
     """`base` with the LoRA `adapter` merged in at `scale` (default: its `merge_scale`, else 1), which must have been
     trained for it; `tokenizer`: base's, when already loaded."""
-    registry.check_pair(adapter, base)
     tokenizer = tokenizer or TextTokenizer.load(base.path)
     want = adapter.meta.get("tokenizer_hash")
-    if want and want != tokenizer_hash(tokenizer):
+    if want and want != tokenizer_hash(tokenizer):  # first: of two mismatches, the one that says more
         raise IncompatibleError(f"{adapter.ref} was trained with tokenizer {want}, but {base.ref} has "
                                 f"{tokenizer_hash(tokenizer)}")
+    registry.check_pair(adapter, base)
     module = checkpoints.load_module(base, device)
     try:
         merge_lora_state(module, registry.read_state(adapter) if state is None else state,

@@ -114,6 +114,9 @@ def check_meta(old: dict, new: dict) -> None:
         if old.get(key) != new.get(key):
             raise IncompatibleError(f"this folder was collected with {key}={old.get(key)!r}, not {new.get(key)!r}; "
                                     "use another --out")
+    if not registry.same_weights(old.get("target_digest"), new.get("target_digest")):
+        raise IncompatibleError(f"this folder was collected from other weights of {old['target']} (saved again "
+                                "since); use another --out")
 
 
 def shard_files(folder: Path) -> list[Path]:
@@ -206,7 +209,8 @@ def collect(cfg: CollectConfig, out: Path, on_prompt: Callable[[int, int, float]
         check_prompt_fits(len(prompt_ids), cfg.max_new_tokens, src.base)
     check_blocks_fit(max(map(len, ids.values()), default=0), cfg, src.base)
     tm = src.load(progress)
-    meta = {"target": tm.entry.ref, "tokenizer_hash": tokenizer_hash(tm.tokenizer), "block_size": cfg.block_size,
+    meta = {"target": tm.entry.ref, "target_digest": registry.weights_digest(tm.entry, read=False),
+            "tokenizer_hash": tokenizer_hash(tm.tokenizer), "block_size": cfg.block_size,
             "max_new_tokens": cfg.max_new_tokens, "prompt_source": source, "prompt_fingerprint": fingerprint,
             "chat": cfg.chat, "vocab_size": tm.target.vocab_size, "offset": cfg.offset, "seed": cfg.seed,
             "config": asdict(cfg)}

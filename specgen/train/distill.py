@@ -222,6 +222,10 @@ def distill(cfg: DistillConfig, out: Path, log: Callable[[str], None] = lambda s
         raise IncompatibleError(f"trajectories in {cfg.trajectories} come from {meta.get('target')} (tokenizer "
                                 f"{meta.get('tokenizer_hash')}), but the model to distil is {tm.entry.ref} (tokenizer "
                                 f"{tok_hash})")
+    if not registry.same_weights(meta.get("target_digest"), (registry.installed_meta(meta["target"]) or {}).get(
+            registry.DIGEST)):  # the entry they name (checked above) still holds the weights they were collected from
+        raise IncompatibleError(f"the trajectories in {cfg.trajectories} were collected from other weights of "
+                                f"{meta['target']} (saved again since); collect them again from it into a new --out")
     if meta.get("block_size") != cfg.block_size:
         raise IncompatibleError(f"block_size={cfg.block_size} but the trajectories in {cfg.trajectories} use "
                                 f"block size {meta.get('block_size')}")
@@ -263,7 +267,8 @@ def register(model, tm, cfg: DistillConfig, traj_meta: dict, tok_hash: str, hist
     """adapter/<name>-lora (LoRA only) and target/<name> (weights with the adapter merged), tokenizer copied."""
     common = {"objective": cfg.objective, "block_size": cfg.block_size, "tokenizer_hash": tok_hash,
               "vocab_size": tm.target.vocab_size, "trajectories": {k: traj_meta.get(k) for k in
-              ("target", "tokenizer_hash", "block_size", "max_new_tokens", "prompt_source", "prompt_fingerprint")},
+              ("target", "target_digest", "tokenizer_hash", "block_size", "max_new_tokens", "prompt_source",
+               "prompt_fingerprint")},
               "config": asdict(cfg), "metrics": {"history": history[-5:], "steps": step},
               "created_by": "specgen distill"}
     refs = []
@@ -272,6 +277,7 @@ def register(model, tm, cfg: DistillConfig, traj_meta: dict, tok_hash: str, hist
         if cfg.init_adapter:
             common["init_adapter"] = cfg.init_adapter
         e = registry.save("adapter", f"{cfg.name}-lora", state, {**common, "parent": tm.entry.ref,
+                                                        "parent_digest": registry.weights_digest(tm.entry, read=False),
                                                         "merged_target": f"target/{cfg.name}", "lora_rank": cfg.lora_rank,
                                                         "lora_alpha": cfg.lora_alpha,
                                                         "lora_targets": list(cfg.lora_targets)}, force=force)

@@ -173,6 +173,35 @@ def test_an_adapter_whose_target_was_removed_names_it_as_its_parent(traj, tmp_pa
     one_line_error(invoke("registry", "merge", "tiny-pc-lora", "--name", "x"), 2, needle)
 
 
+def test_an_adapter_and_trajectories_of_replaced_target_weights_are_refused(traj, tmp_path):
+    """Other weights saved as tiny-text (--force) after an adapter was distilled on it: generate --model ADAPTER and
+    registry merge ADAPTER decoded the adapter on the wrong base (exit 0, other tokens), and distill trained on the
+    old weights' trajectories. Each records the digest its target's config got when saved, compared meta to meta;
+    entries without one (saved by an older specgen) are not checked."""
+    r = invoke("distill", "--out", tmp_path / "run", "--trajectories", traj, "--model", "tiny-text",
+               "--name", "tiny-pc", "--steps", 1, *DISTILL)
+    assert r.exit_code == 0, r.output
+    gen = ["generate", "--model", "tiny-pc-lora", "--prompt", "x", "--no-chat", "--max-new-tokens", 4]
+    before = invoke(*gen, "--format", "json")
+    assert before.exit_code == 0, before.output
+    save_tiny_text(seed=4)  # the same tokenizer and architecture, other weights
+    one_line_error(invoke(*gen), 2, "adapter/tiny-pc-lora was trained for other weights of target/tiny-text")
+    one_line_error(invoke("registry", "merge", "tiny-pc-lora", "--name", "x"), 2, "for other weights of target/tiny")
+    one_line_error(invoke("distill", "--out", tmp_path / "again", "--trajectories", traj, "--model", "tiny-text",
+                          "--steps", 1, *DISTILL), 2,
+                   f"trajectories in {traj} were collected from other weights of target/tiny-text")
+    one_line_error(invoke("collect-trajectories", "--out", traj, "--model", "tiny-text", "--prompts",
+                          write_prompts(tmp_path), "--block-size", 4, "--max-new-tokens", 16, "chat=false"), 2,
+                   "collected from other weights of target/tiny-text")
+    assert invoke("generate", "--model", "tiny-pc", "--prompt", "x", "--no-chat").exit_code == 0  # merged: its own
+    for folder, key in ((checkpoints.find("tiny-text").path, "weights_digest"),  # saved before: no check, no error
+                        (checkpoints.find("tiny-pc-lora").path, "parent_digest")):
+        meta = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({k: v for k, v in meta.items() if k != key}))
+    after = invoke(*gen, "--format", "json")
+    assert after.exit_code == 0 and json.loads(after.stdout)["token_ids"] != json.loads(before.stdout)["token_ids"]
+
+
 def test_an_adapter_of_a_mesh_backbone_is_no_text_model(tmp_path):
     """collect-trajectories / distill / benchmark --model MESH-LORA (the XSpecMesh heads' adapter) failed 'cannot
     load the tokenizer in .../mesh-gpt-tiny: No such file or directory' (exit 1)."""
