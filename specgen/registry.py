@@ -31,6 +31,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 MAX_NAME = 100
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
 DIGEST = "weights_digest"  # config.json key: the weights' tensors_digest, recorded once by `save`
+FILE = "weights_file"  # config.json key: [size, mtime_ns] of the weights file DIGEST was recorded for
 STALE_FOREIGN_S = 24 * 3600  # temporaries older than this are removed whoever wrote them (see remove_stale_temporaries)
 
 
@@ -181,7 +182,8 @@ def save(
         if extra:
             extra(tmp)
         doc = {"kind": kind, "name": name, "specgen_version": __version__, **meta, **({"tied": tied} if tied else {}),
-               DIGEST: tensors_digest(tensors)}  # after `meta`: a copied config's digest is not these weights'
+               DIGEST: tensors_digest(tensors), FILE: file_stat(tmp / WEIGHTS)}  # after `meta`: a copied config's
+        # digest is not these weights'; the rename into place keeps the file's mtime
         (tmp / CONFIG).write_text(json.dumps(doc, indent=2, sort_keys=True, default=str))
         follow_umask(tmp)
 
@@ -342,12 +344,23 @@ def tensors_digest(state: dict[str, torch.Tensor]) -> str:
 _DIGESTS: dict[tuple, str] = {}
 
 
+def file_stat(path: Path) -> list[int]:
+    """[size, mtime_ns] of a file: a cheap check that it is the file a record was made for."""
+    st = path.stat()
+    return [st.st_size, st.st_mtime_ns]
+
+
 def weights_digest(entry: Entry, read: bool = True) -> str | None:
-    """The `tensors_digest` of an entry's weights: the one `save` recorded in its config, else (an entry saved before
-    specgen recorded it) with `read` computed from the file, once per file version; None without either."""
+    """The `tensors_digest` of an entry's weights: the one `save` recorded in its config while the file is the one it
+    was recorded for (same size and mtime: no read), else (weights written since by other means, copied, or saved
+    before specgen recorded them) with `read` computed from the file, once per file version; else None."""
     path = entry.path / WEIGHTS
-    if entry.meta.get(DIGEST) or not read or not path.is_file():
+    if not path.is_file():
         return entry.meta.get(DIGEST)
+    if entry.meta.get(DIGEST) and entry.meta.get(FILE) == file_stat(path):
+        return entry.meta[DIGEST]
+    if not read:
+        return None
     st = path.stat()
     key = (str(path), st.st_size, st.st_mtime_ns)
     if key not in _DIGESTS:

@@ -109,7 +109,8 @@ def quantized_entry(base: registry.Entry, quantize: str, progress=None) -> regis
                                                          "group": group},
                 description=f"{base.ref} with {quantize} weights (derived; specgen/models/quantize.py)",
                 quantized={"mode": quantize, "group": group, "base": base.ref, "version": VERSION,
-                           "base_digest": registry.weights_digest(base), "base_file": weights_stat(base)})
+                           "base_digest": registry.weights_digest(base),
+                           "base_file": registry.file_stat(base.path / registry.WEIGHTS)})
     entry = registry.save("target", name, module.state_dict(), meta,
                           lambda folder: copy_tokenizer(base.path, folder), force=True)  # a derived cache
     if progress:
@@ -117,16 +118,11 @@ def quantized_entry(base: registry.Entry, quantize: str, progress=None) -> regis
     return entry
 
 
-def weights_stat(entry: registry.Entry) -> list[int]:
-    """(size, mtime_ns) of an entry's weights file: a cheap check that it is the file a copy was made from."""
-    st = (entry.path / registry.WEIGHTS).stat()
-    return [st.st_size, st.st_mtime_ns]
-
-
 def base_unchanged(info: dict, base: registry.Entry) -> bool:
     """The base still holds the weights the quantized copy was made from: the same file (size and mtime, no read),
     else the same tensor digest (a copy recording neither, made by an older specgen, is remade or refused)."""
-    return info.get("base_file") == weights_stat(base) or info.get("base_digest") == registry.weights_digest(base)
+    now = registry.file_stat(base.path / registry.WEIGHTS)
+    return info.get("base_file") == now or info.get("base_digest") == registry.weights_digest(base)
 
 
 def check_quantized_entry(entry: registry.Entry, quantize: str | None, progress=None) -> registry.Entry:
