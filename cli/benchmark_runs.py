@@ -256,6 +256,10 @@ def shard_of(shard: str | None, run_dir: Path | None) -> tuple[Shard, bool]:
     launched = launcher_shard()
     if shard is not None and launched is not None:
         raise UsageError("--shard and a launcher's ranks (RANK/WORLD_SIZE) both split the items; use one of them")
+    if launched is not None and not {"MASTER_ADDR", "MASTER_PORT"} <= os.environ.keys():  # the barrier meets there
+        raise UsageError(f"RANK/WORLD_SIZE are set ({launched.index}/{launched.count}) without MASTER_ADDR/"
+                         "MASTER_PORT, where the ranks meet when done: start them with torchrun or accelerate "
+                         "launch, or unset RANK/WORLD_SIZE and give --shard I/N")
     chosen = parse_shard(shard) if shard is not None else launched or Shard()
     if chosen.count > 1 and run_dir is None:
         raise UsageError(f"shard {chosen.index}/{chosen.count}: a sharded run needs --run-dir DIR, the folder "
