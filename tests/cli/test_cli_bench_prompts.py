@@ -34,6 +34,7 @@ def test_rows_per_category_and_peer_rows(tiny_target, tmp_path, monkeypatch):  #
     report = invoke("benchmark", "report", str(tmp_path / "run"), "--format", "json")
     assert report.exit_code == 0 and json.loads(report.stdout) == json.loads(r.stdout), report.output
     assert "llamacpp-lookup row skipped: llama-cpp-python is not installed" in r.stderr
+    assert "docs/precision.md)\n" in r.stderr  # the reason's parenthesis closed once
     assert "hf-assisted row skipped: no draft model is registered for target/tiny-text" in r.stderr
     rows = json.loads(r.stdout)
     by = {(row["category"], row["method"]): row for row in rows}
