@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
@@ -216,8 +216,11 @@ def report(args: list[str], methods: list[str] | None, fmt, out: Path | None, ap
     _output.check_rows_path(out, append)
     suite = SUITES[run_dir.suite]
     recorded = {k: v for k, v in run_dir.config.items() if k != "out_dir" or not overrides}  # the override wins
-    # checked like a recipe: a tampered run.json is one line
-    p = suite.plan(load_config(suite.config_type, None, overrides, **recorded), run_dir.resolved)
+    # checked like a recipe (a tampered run.json is one line), but the device and threads were the node's (a GPU,
+    # more CPUs than here): checked there, loaded as this machine's, then restored (a report runs no model)
+    node = {k: recorded[k] for k in ("device", "threads") if k in recorded}
+    cfg = load_config(suite.config_type, None, overrides, **{**recorded, "device": "cpu", "threads": 0})
+    p = suite.plan(replace(cfg, **node), run_dir.resolved)
     known = list(dict.fromkeys(r for g in suite.grids(p) for r in g.rows))
     missing = next((m for m in methods or () if m not in known), None)
     if missing is not None:  # before `finish`, which may write files (the images suite's grids and plots)
