@@ -320,6 +320,9 @@ def measure(model: TextModel, p: Plan, sink, shard: Shard = Shard(), on_item=lam
             row.spec.model_check(row.options, model.tokenizer)
     original = load_original(model, cfg.device)  # quality reference (nll_base, peer rows): the float32 weights
     peers, skipped = peers_of(p.order, cfg, original)
+    # a row this shard skipped when its run started stays skipped on resume, where it may run: its records lack it
+    earlier = (sink.machines().get(shard.label) or {}).get("skipped") or {}
+    skipped = {**{m: why if why.endswith(RESUMED) else why + RESUMED for m, why in earlier.items()}, **skipped}
     work = grid(p, skipped)
     cost = cost_of(model.module)  # c(B) of batched rows, c(N) of the efficiency of speculative rows
     streamed = {m: streamed_bytes(peers[m].module if m in peers else models[p.meta[m]["model"]].module)
@@ -350,6 +353,9 @@ def measure(model: TextModel, p: Plan, sink, shard: Shard = Shard(), on_item=lam
         for m in work.rows:
             decode(m, [warm], 1)
     work.measure(sink, shard, one, batch, on_item)
+
+
+RESUMED = " (when this shard's run started: its records lack the row; a new --run-dir measures it)"
 
 
 def skipped_rows(sink) -> dict[str, str]:

@@ -107,3 +107,22 @@ def test_a_report_needs_no_registry_model_of_a_row(tiny_target, tmp_path, monkey
     monkeypatch.setattr("specgen.registry.installed_meta", lambda name: None)  # another machine's registry
     report = invoke("benchmark", "report", str(tmp_path / "run"), "--format", "json")
     assert report.exit_code == 0 and json.loads(report.stdout) == json.loads(r.stdout), report.output
+
+
+def test_a_row_skipped_when_a_run_started_stays_skipped_on_resume(tiny_target, tmp_path, monkeypatch):  # noqa: F811
+    """A peer row skipped by a shard's first process (no package, no draft) that a resumed process could run (the
+    package installed since) was measured on the items left only, and every table of the folder failed 'KeyError:
+    hf-assisted' (exit 1): the earlier records lack the row. The shard's earlier skips are kept."""
+    from specgen.eval.hf_rows import HfAssisted
+
+    path, run = write(tmp_path, [{"prompt": "HELLO WORLD"}, {"prompt": "ONE TWO ONE"}]), tmp_path / "run"
+    args = [*BENCH, "--prompts", str(path), "--methods", "ar,hf-assisted", "--run-dir", str(run)]
+    monkeypatch.setattr(HfAssisted, "draft_name", staticmethod(lambda setup: None))
+    assert invoke(*args).exit_code == 0
+    records = run / "records-0-of-1.jsonl"
+    records.write_text(records.read_text().splitlines(keepends=True)[0])  # killed after its first prompt
+    monkeypatch.setattr(HfAssisted, "draft_name", staticmethod(lambda setup: "tiny-text"))  # runs now
+    r = invoke(*args)
+    assert r.exit_code == 0 and [row["method"] for row in json.loads(r.stdout)] == ["ar"], r.output
+    assert "hf-assisted row skipped: no draft model" in r.stderr and "when this shard's run started" in r.stderr
+    assert invoke("benchmark", "report", str(run)).exit_code == 0
