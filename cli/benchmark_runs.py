@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
@@ -22,7 +22,8 @@ from specgen.eval.image_bench import (ImageBenchConfig, check_out_dir, checked_r
                                       write_outputs)
 from specgen.eval.mesh_bench import MeshBenchConfig, measure_meshes, mesh_rows_of, variants
 from specgen.eval.run_dir import Grid, RunDir, RunNotFinished, Shard, launcher_shard, parse_shard, wait_for_ranks
-from specgen.eval.text_bench import TextBenchConfig, check_prompts_fit, measure, plan, rows_of, skipped_rows
+from specgen.eval.text_bench import (TextBenchConfig, check_prompts_fit, measure, plan, resolved_of, rows_of,
+                                     skipped_rows)
 from specgen.image.generate import load_image_model
 from specgen.machine import label, machine_facts
 from specgen.models.graphs import check_mode
@@ -37,7 +38,9 @@ class Suite(Protocol):
     config_type: type
     row_key: str  # the field of a row holding its name (what `--methods` names)
 
-    def plan(self, cfg) -> Any: ...  # a bad row is one line before any work
+    def plan(self, cfg, resolved: dict | None = None) -> Any: ...  # a bad row is one line before any work
+
+    def resolved(self, plan) -> dict | None: ...  # what a run folder keeps of the plan beyond the config (RunDir)
 
     def grids(self, plan) -> list[Grid]: ...  # the run's items (record keys)
 
@@ -61,6 +64,7 @@ class TextSuite:
                      "c_batch", "exact_match_vs_ar", "exact_match_vs_ar_b1", "nll_base", "pass_at_1"]
 
     plan = staticmethod(plan)
+    resolved = staticmethod(resolved_of)
 
     def grids(self, p) -> list[Grid]:
         return [text_bench.grid(p)]
@@ -102,9 +106,12 @@ class ImageSuite:
                "nll", "clf_fid", "class_accuracy"]
 
     @staticmethod
-    def plan(cfg) -> ImageBenchConfig:
+    def plan(cfg, resolved=None) -> ImageBenchConfig:  # its inputs (classes, seeds) are the config's
         check_out_dir(cfg)
         return checked_rows(cfg)
+
+    def resolved(self, cfg) -> None:
+        return None
 
     def grids(self, cfg) -> list[Grid]:
         return list(image_bench.grids(cfg).values())
@@ -136,10 +143,13 @@ class MeshSuite:
     COLUMNS = ["row", "dtype", "rule", "cd", "hd", "valid_rate", "scr", "step_latency_ms", "tokens_per_s",
                "meshes_per_s", "speedup_vs_ar", "vs_ar_b1", "speedup_scr_lat", "mean_tokens"]
 
-    def plan(self, cfg) -> MeshBenchConfig:
+    def plan(self, cfg, resolved=None) -> MeshBenchConfig:  # its inputs (the procedural test split): the config's
         variants(cfg)  # bad rows or options: one line before anything is written
         mesh_bench.check_run(cfg)  # before the run folder opens
         return cfg
+
+    def resolved(self, cfg) -> None:
+        return None
 
     def grids(self, cfg) -> list[Grid]:
         return [mesh_bench.grid(cfg, variants(cfg))]
@@ -173,7 +183,7 @@ def run(name: str, path: Path | None, overrides: list[str], explicit: dict, run_
     p = suite.plan(cfg)
     # without --run-dir the records go to a temporary folder, removed when the run ends
     scratch = tempfile.TemporaryDirectory(prefix="specgen-bench-") if run_dir is None else None
-    sink = RunDir.open(run_dir or Path(scratch.name), cfg.suite, given)
+    sink = RunDir.open(run_dir or Path(scratch.name), cfg.suite, given, suite.resolved(p))
     records = sink.records()
     steps = sum(len(left) for g in suite.grids(p) for left in g.left(records, this))  # 0: nothing loads
     if steps:
@@ -206,8 +216,11 @@ def report(args: list[str], methods: list[str] | None, fmt, out: Path | None, ap
     _output.check_rows_path(out, append)
     suite = SUITES[run_dir.suite]
     recorded = {k: v for k, v in run_dir.config.items() if k != "out_dir" or not overrides}  # the override wins
-    # checked like a recipe: a tampered run.json is one line
-    p = suite.plan(load_config(suite.config_type, None, overrides, **recorded))
+    # checked like a recipe (a tampered run.json is one line), but the device and threads were the node's (a GPU,
+    # more CPUs than here): checked there, loaded as this machine's, then restored (a report runs no model)
+    node = {k: recorded[k] for k in ("device", "threads") if k in recorded}
+    cfg = load_config(suite.config_type, None, overrides, **{**recorded, "device": "cpu", "threads": 0})
+    p = suite.plan(replace(cfg, **node), run_dir.resolved)
     known = list(dict.fromkeys(r for g in suite.grids(p) for r in g.rows))
     missing = next((m for m in methods or () if m not in known), None)
     if missing is not None:  # before `finish`, which may write files (the images suite's grids and plots)
@@ -256,6 +269,10 @@ def shard_of(shard: str | None, run_dir: Path | None) -> tuple[Shard, bool]:
     launched = launcher_shard()
     if shard is not None and launched is not None:
         raise UsageError("--shard and a launcher's ranks (RANK/WORLD_SIZE) both split the items; use one of them")
+    if launched is not None and not {"MASTER_ADDR", "MASTER_PORT"} <= os.environ.keys():  # the barrier meets there
+        raise UsageError(f"RANK/WORLD_SIZE are set ({launched.index}/{launched.count}) without MASTER_ADDR/"
+                         "MASTER_PORT, where the ranks meet when done: start them with torchrun or accelerate "
+                         "launch, or unset RANK/WORLD_SIZE and give --shard I/N")
     chosen = parse_shard(shard) if shard is not None else launched or Shard()
     if chosen.count > 1 and run_dir is None:
         raise UsageError(f"shard {chosen.index}/{chosen.count}: a sharded run needs --run-dir DIR, the folder "

@@ -113,3 +113,28 @@ recipes/small/bench-meshes.yaml limit=64` inline; `specgen benchmark --suite mes
     assert config_commands(text) == [
         ("recipes/tiny/bench-meshes.yaml", ["rows=[ar,ca+lora]", "options={sampling: tree, top_k_tree: 1}"]),
         ("recipes/small/bench-meshes.yaml", ["limit=64"])]
+
+
+def test_the_slurm_array_job_names_the_run_s_shard_count(tmp_path):
+    """slurm-benchmark.sh's array task ran --shard ID/$SLURM_ARRAY_TASK_COUNT: a failed shard resubmitted alone (its
+    header's `sbatch --array=I`) sees a count of 1 and was refused ('--shard 2/1: ... 0 <= I < N'). A fake sbatch
+    keeps the job scripts; the first (the array task) runs with a fake specgen that records its arguments."""
+    import subprocess
+
+    bin_dir, venv = tmp_path / "bin", tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(f'#!/bin/bash\nn=$(ls {tmp_path}/job-* 2>/dev/null | wc -l)\n'
+                                    f'printf "%s\\n" "$@" > {tmp_path}/opts-$n\ncat > {tmp_path}/job-$n.sh\necho $n\n')
+    (venv / "bin" / "specgen").write_text(f'#!/bin/bash\necho "$@" > {tmp_path}/args\n')
+    (venv / "bin" / "activate").write_text(f'PATH={venv}/bin:$PATH\n')
+    for f in (bin_dir / "sbatch", venv / "bin" / "specgen"):
+        f.chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "RECIPE": "r.yaml", "RUN_DIR": str(tmp_path / "run"), "SHARDS": "4",
+           "VENV": str(venv)}
+    subprocess.run(["bash", str(ROOT / "recipes/full/slurm-benchmark.sh")], env=env, check=True, capture_output=True)
+    export = next(o for o in (tmp_path / "opts-0").read_text().splitlines() if o.startswith("--export="))
+    passed = dict(kv.split("=", 1) for kv in export.removeprefix("--export=ALL,").split(","))  # what the task sees
+    task = {"PATH": env["PATH"], **passed, "SLURM_ARRAY_TASK_ID": "2", "SLURM_ARRAY_TASK_COUNT": "1"}  # resubmitted
+    subprocess.run(["bash", str(tmp_path / "job-0.sh")], env=task, check=True, capture_output=True)
+    assert "--shard 2/4" in (tmp_path / "args").read_text()

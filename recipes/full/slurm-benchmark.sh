@@ -25,17 +25,17 @@ VENV=${VENV:-.venv}
 SBATCH_ARGS=${SBATCH_ARGS:-}
 mkdir -p "$RUN_DIR/slurm"
 
-# The array: task I runs shard I of SHARDS (SLURM_ARRAY_TASK_ID is 0-based with --array=0-(N-1), and
-# SLURM_ARRAY_TASK_COUNT = N).
+# The array: task I runs shard I of SHARDS (SLURM_ARRAY_TASK_ID is 0-based with --array=0-(N-1)). The count is
+# SHARDS, not SLURM_ARRAY_TASK_COUNT, which is 1 when a failed task is resubmitted alone (--array=I).
 # shellcheck disable=SC2086
 ARRAY_JOB=$(sbatch --parsable $SBATCH_ARGS \
   --job-name=specgen-bench --array="0-$((SHARDS - 1))" --gres=gpu:1 --cpus-per-task=8 --mem=64G --time="$TIME" \
   --output="$RUN_DIR/slurm/shard-%a.out" \
-  --export=ALL,RECIPE="$RECIPE",RUN_DIR="$RUN_DIR",VENV="$VENV" <<'EOF'
+  --export=ALL,RECIPE="$RECIPE",RUN_DIR="$RUN_DIR",VENV="$VENV",SHARDS="$SHARDS" <<'EOF'
 #!/usr/bin/env bash
 set -euo pipefail
 . "$VENV/bin/activate"
-specgen benchmark --config "$RECIPE" --run-dir "$RUN_DIR" --shard "${SLURM_ARRAY_TASK_ID}/${SLURM_ARRAY_TASK_COUNT}"
+specgen benchmark --config "$RECIPE" --run-dir "$RUN_DIR" --shard "${SLURM_ARRAY_TASK_ID}/${SHARDS}"
 EOF
 )
 echo "submitted array job $ARRAY_JOB ($SHARDS shards of $RECIPE)"

@@ -116,7 +116,8 @@ def _dataset(path: Path, field: str | None, category_field: str | None) -> list[
             datasets.enable_progress_bars()
     if isinstance(data, datasets.DatasetDict):
         if "train" not in data:
-            raise PromptSourceError(f"{path}: no split 'train' (splits: {', '.join(data)})")
+            raise PromptSourceError(f"{path}: no split 'train' (splits: {', '.join(data)}); name a split's folder: "
+                                    f"{path / next(iter(data))}")  # save_to_disk wrote each split as a dataset
         data = data["train"]
     columns = list(data.column_names)
     for wanted in (field, category_field):

@@ -99,14 +99,17 @@ def read_lines(path: Path) -> Iterator[tuple[int, dict]]:
 class RunDir:
     """One benchmark run's folder (layout, torn lines, resumes: docs/cluster.md)."""
 
-    def __init__(self, path: Path, suite: str, config: dict) -> None:
+    def __init__(self, path: Path, suite: str, config: dict, resolved: dict | None = None) -> None:
         self.path, self.suite, self.config = Path(path), suite, json_ready(config)
+        # what the run's plan read beyond its config, which a report on another machine may not find (text: each
+        # prompt's category and digest, each row's model from the registry)
+        self.resolved = json_ready(resolved)
 
     # -- opening -------------------------------------------------------------------------------------------
     @classmethod
-    def open(cls, path: Path, suite: str, config: dict) -> "RunDir":
-        """Create the folder (or reopen it): a folder holding another suite's run or another config is refused,
-        naming the keys that differ, before anything is written."""
+    def open(cls, path: Path, suite: str, config: dict, resolved: dict | None = None) -> "RunDir":
+        """Create the folder (or reopen it): a folder holding another suite's run, another config (naming the keys
+        that differ) or another `resolved` plan (an edited prompt file) is refused before anything is written."""
         path = Path(path)
         if path.exists() and not path.is_dir():
             raise UsageError(f"--run-dir {path} is a file; name a folder (new or from an earlier run)")
@@ -115,8 +118,9 @@ class RunDir:
             raise UsageError(f"--run-dir {path}: {probe} is a file, not a folder")
         check_space(probe, f"--run-dir {path}")  # read-only or full: before the work
         path.mkdir(parents=True, exist_ok=True)
-        run = cls(path, suite, config)
-        doc = {"format": FORMAT, "suite": suite, "config": run.config}
+        run = cls(path, suite, config, resolved)
+        doc = {"format": FORMAT, "suite": suite, "config": run.config,
+               **({"resolved": run.resolved} if resolved else {})}
         if write_new(path / "run.json", json.dumps(doc, indent=1, sort_keys=True) + "\n"):
             return run
         started = cls.existing(path)
@@ -131,6 +135,12 @@ class RunDir:
             more = f" and {len(changed) - 4} more" if len(changed) > 4 else ""
             raise UsageError(f"--run-dir {path} was started with another config: {shown}{more}; rerun with "
                              "the same options to resume, or name a new folder")
+        if started.resolved is not None and run.resolved != started.resolved:  # an older specgen's folder has none
+            old, new = flatten(started.resolved), flatten(run.resolved or {})
+            key = next(k for k in dict.fromkeys([*new, *old]) if old.get(k) != new.get(k))  # the first in order
+            raise UsageError(f"--run-dir {path} was started on other inputs: {key} ({old.get(key, '<unset>')!r} -> "
+                             f"{new.get(key, '<unset>')!r}; an edited prompt file?); restore them to resume, or name "
+                             "a new folder")
         return run
 
     @classmethod
@@ -146,7 +156,7 @@ class RunDir:
             raise UsageError(f"{file} is unreadable ({type(e).__name__}); it is not a specgen run file") from None
         if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(doc.get("config"), dict):
             raise UsageError(f"{file} is not a specgen run file of format {FORMAT}")
-        return cls(Path(path), doc.get("suite"), doc["config"])
+        return cls(Path(path), doc.get("suite"), doc["config"], doc.get("resolved"))
 
     # -- writing -------------------------------------------------------------------------------------------
     def write_machine(self, shard: Shard, info: dict) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import platform
 from dataclasses import asdict, dataclass, field, replace
 from importlib.metadata import PackageNotFoundError, version
@@ -229,9 +231,15 @@ class Plan:
     items: list[Item]
 
 
-def plan(cfg: TextBenchConfig) -> Plan:
-    """The run's rows and prompts without loading a model; a bad row or prompt set is refused."""
+def plan(cfg: TextBenchConfig, resolved: dict | None = None) -> Plan:
+    """The run's rows and prompts without loading a model; a bad row or prompt set is refused. `resolved`: a run
+    folder's (`resolved_of`), which a report plans from: the prompt file and the rows' registry models may not be on
+    this machine, and its rows need only the prompts' count and categories."""
     cfg = with_sweeps(cfg)
+    if resolved is not None:
+        rows, prompts = ([part[str(i)] for i in range(len(part))] for part in (resolved["rows"], resolved["prompts"]))
+        meta = {m: {"model": model, "lossless": lossless} for m, model, lossless in rows}
+        return Plan(cfg, {}, list(meta), meta, [Item(Prompt(digest, category)) for category, digest in prompts])
     rows = check_methods(cfg)
     others = (decoded_model(m, cfg) for m in cfg.methods)
     order = list(dict.fromkeys([*cfg.methods, *(f"ar@{name}" for name in others if name != cfg.model)]))
@@ -242,6 +250,17 @@ def plan(cfg: TextBenchConfig) -> Plan:
     if not items:
         raise UsageError(f"no {cfg.suite} prompts at offset {cfg.offset}")
     return Plan(cfg, rows, order, meta, items)
+
+
+def resolved_of(p: Plan) -> dict:
+    """What a run folder keeps of the plan beyond its config, by position (JSON objects: a change names its place):
+    each row's [name, model, losslessness] and each prompt's [category, digest], so a report needs neither the prompt
+    file nor the registry, and a resume with an edited prompt file is refused."""
+    def digest(prompt: Prompt) -> str:
+        return hashlib.sha256(json.dumps(prompt.content, sort_keys=True).encode()).hexdigest()[:16]
+
+    return {"rows": {str(i): [m, p.meta[m]["model"], p.meta[m]["lossless"]] for i, m in enumerate(p.order)},
+            "prompts": {str(i): [item.prompt.category, digest(item.prompt)] for i, item in enumerate(p.items)}}
 
 
 def grid(p: Plan, skipped=()) -> Grid:
@@ -301,6 +320,9 @@ def measure(model: TextModel, p: Plan, sink, shard: Shard = Shard(), on_item=lam
             row.spec.model_check(row.options, model.tokenizer)
     original = load_original(model, cfg.device)  # quality reference (nll_base, peer rows): the float32 weights
     peers, skipped = peers_of(p.order, cfg, original)
+    # a row this shard skipped when its run started stays skipped on resume, where it may run: its records lack it
+    earlier = (sink.machines().get(shard.label) or {}).get("skipped") or {}
+    skipped = {**{m: why if why.endswith(RESUMED) else why + RESUMED for m, why in earlier.items()}, **skipped}
     work = grid(p, skipped)
     cost = cost_of(model.module)  # c(B) of batched rows, c(N) of the efficiency of speculative rows
     streamed = {m: streamed_bytes(peers[m].module if m in peers else models[p.meta[m]["model"]].module)
@@ -331,6 +353,9 @@ def measure(model: TextModel, p: Plan, sink, shard: Shard = Shard(), on_item=lam
         for m in work.rows:
             decode(m, [warm], 1)
     work.measure(sink, shard, one, batch, on_item)
+
+
+RESUMED = " (when this shard's run started: its records lack the row; a new --run-dir measures it)"
 
 
 def skipped_rows(sink) -> dict[str, str]:

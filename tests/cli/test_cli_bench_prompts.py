@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 
+from specgen.eval.text_bench import records_of
 from tests.cli.test_cli_text import invoke, tiny_target  # noqa: F401 - the fixture
 
 BENCH = ["benchmark", "--suite", "text", "--model", "tiny-text", "--max-new-tokens", "8", "--format", "json",
@@ -33,6 +34,7 @@ def test_rows_per_category_and_peer_rows(tiny_target, tmp_path, monkeypatch):  #
     report = invoke("benchmark", "report", str(tmp_path / "run"), "--format", "json")
     assert report.exit_code == 0 and json.loads(report.stdout) == json.loads(r.stdout), report.output
     assert "llamacpp-lookup row skipped: llama-cpp-python is not installed" in r.stderr
+    assert "docs/precision.md)\n" in r.stderr  # the reason's parenthesis closed once
     assert "hf-assisted row skipped: no draft model is registered for target/tiny-text" in r.stderr
     rows = json.loads(r.stdout)
     by = {(row["category"], row["method"]): row for row in rows}
@@ -75,3 +77,52 @@ def test_bad_prompt_sets_are_one_line(tiny_target, tmp_path):  # noqa: F811
     assert "hf-lookup row: unknown option(s) n; options: prompt_lookup_num_tokens, max_matching_ngram_size" in unknown
     missing = one_line(invoke(*BENCH, "--prompts", str(path), "--prompt-field", "question", "--methods", "ar"))
     assert "no field 'question'" in missing
+
+
+def test_a_run_folder_keeps_its_prompt_set(tiny_target, tmp_path):  # noqa: F811
+    """report read the prompt file again (for the prompts' count and categories), so a folder copied home, or one
+    reported from another folder, failed 'prompt file not found'; a resume with an edited prompt file mixed two
+    prompt sets (and their categories) into one table, exit 0."""
+    path = write(tmp_path, [{"prompt": "HELLO WORLD", "category": "A"}, {"prompt": "ONE TWO ONE", "category": "B"}])
+    run = tmp_path / "run"
+    r = invoke(*BENCH, "--prompts", str(path), "--methods", "ar", "--run-dir", str(run), "--limit", "1")
+    assert r.exit_code == 0, r.output
+    path.rename(tmp_path / "moved.jsonl")  # the report needs no prompt file
+    write(tmp_path, [{"prompt": "HELLO THERE", "category": "A"}, {"prompt": "ONE TWO ONE", "category": "B"}])
+    records_of.cache_clear()  # a process reads a prompt file once; the edit is read by the next command's process
+    assert "other inputs: prompts.0 (['A', " in one_line(invoke(*BENCH, "--prompts", str(path), "--methods", "ar",
+                                                 "--run-dir", str(run), "--limit", "1"))
+    path.unlink()
+    report = invoke("benchmark", "report", str(run), "--format", "json")
+    assert report.exit_code == 0 and json.loads(report.stdout) == json.loads(r.stdout), report.output
+
+
+def test_a_report_needs_no_registry_model_of_a_row(tiny_target, tmp_path, monkeypatch):  # noqa: F811
+    """A `method@MODEL` row's model was looked up in this machine's registry again: the report of a folder copied
+    from the node that had MODEL said 'row ngram@tiny-text: 'tiny-text' is not a registry model, and a variant row
+    needs options...' (exit 2)."""
+    path = write(tmp_path, [{"prompt": "HELLO WORLD"}, {"prompt": "ONE TWO ONE"}])
+    r = invoke(*BENCH, "--prompts", str(path), "--methods", "ar,ngram@tiny-text", "--run-dir", str(tmp_path / "run"))
+    assert r.exit_code == 0, r.output
+    monkeypatch.setattr("specgen.registry.installed_meta", lambda name: None)  # another machine's registry
+    report = invoke("benchmark", "report", str(tmp_path / "run"), "--format", "json")
+    assert report.exit_code == 0 and json.loads(report.stdout) == json.loads(r.stdout), report.output
+
+
+def test_a_row_skipped_when_a_run_started_stays_skipped_on_resume(tiny_target, tmp_path, monkeypatch):  # noqa: F811
+    """A peer row skipped by a shard's first process (no package, no draft) that a resumed process could run (the
+    package installed since) was measured on the items left only, and every table of the folder failed 'KeyError:
+    hf-assisted' (exit 1): the earlier records lack the row. The shard's earlier skips are kept."""
+    from specgen.eval.hf_rows import HfAssisted
+
+    path, run = write(tmp_path, [{"prompt": "HELLO WORLD"}, {"prompt": "ONE TWO ONE"}]), tmp_path / "run"
+    args = [*BENCH, "--prompts", str(path), "--methods", "ar,hf-assisted", "--run-dir", str(run)]
+    monkeypatch.setattr(HfAssisted, "draft_name", staticmethod(lambda setup: None))
+    assert invoke(*args).exit_code == 0
+    records = run / "records-0-of-1.jsonl"
+    records.write_text(records.read_text().splitlines(keepends=True)[0])  # killed after its first prompt
+    monkeypatch.setattr(HfAssisted, "draft_name", staticmethod(lambda setup: "tiny-text"))  # runs now
+    r = invoke(*args)
+    assert r.exit_code == 0 and [row["method"] for row in json.loads(r.stdout)] == ["ar"], r.output
+    assert "hf-assisted row skipped: no draft model" in r.stderr and "when this shard's run started" in r.stderr
+    assert invoke("benchmark", "report", str(run)).exit_code == 0

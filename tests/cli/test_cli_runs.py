@@ -230,3 +230,28 @@ def test_launcher_ranks_each_take_their_own_gpu(monkeypatch):
     assert benchmark_runs.process_device("auto") == "cuda:2" and benchmark_runs.process_device("cpu") == "cpu"
     monkeypatch.delenv("LOCAL_RANK")
     assert benchmark_runs.process_device("auto") == "cuda"  # one process: torch's current GPU
+
+
+def test_launcher_ranks_without_a_rendezvous_are_refused_up_front(long_tiny_target, tmp_path,  # noqa: F811
+                                                                  monkeypatch):
+    """RANK/WORLD_SIZE set by hand (no torchrun: no MASTER_ADDR/MASTER_PORT) measured the whole shard, then failed
+    at the final barrier ('ValueError: ... MASTER_ADDR expected'), exit 1, on every rerun."""
+    for name in ("MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    r = invoke(*ARGS, "--run-dir", tmp_path / "run")
+    assert r.exit_code == 2 and "MASTER_ADDR" in r.output and len(r.output.strip().splitlines()) == 1, r.output
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_gpu_nodes_run_reports_on_a_cpu_machine(long_tiny_target, tmp_path):  # noqa: F811
+    """report checked the recorded config against this machine: a run measured with device cuda (every
+    recipes/full recipe) or more threads than here failed 'device 'cuda': no CUDA GPU is available ... use --device
+    cpu', an option report refuses; slurm-benchmark.sh's report job, which asks for no GPU, failed on every recipe."""
+    run = tmp_path / "run"
+    rows = rows_of(invoke(*bench(2, 8, "1"), "execute=false", "--run-dir", run, "--format", "json"))
+    doc = json.loads((run / "run.json").read_text())
+    doc["config"].update(device="cuda", threads=len(os.sched_getaffinity(0)) + 8)  # the node's
+    (run / "run.json").write_text(json.dumps(doc))
+    assert rows_of(invoke("benchmark", "report", str(run), "--format", "json")) == rows

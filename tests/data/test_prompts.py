@@ -148,8 +148,9 @@ def test_datasets_sources(tmp_path):
     with pytest.raises(PromptSourceError, match=r"no column 'missing' \(columns: instruction, other\)"):
         read_prompts(tmp_path / "p.parquet", field="missing")
     datasets.DatasetDict({"test": data}).save_to_disk(str(tmp_path / "dt"))
-    with pytest.raises(PromptSourceError, match=r"no split 'train' \(splits: test\)"):
+    with pytest.raises(PromptSourceError, match=r"no split 'train' \(splits: test\); name a split's folder: .*dt/test"):
         read_prompts(tmp_path / "dt")
+    assert len(read_prompts(tmp_path / "dt" / "test")) == len(data)  # what the refusal names reads
     (tmp_path / "bad.parquet").write_bytes(b"not parquet at all")
     with pytest.raises(PromptSourceError, match="cannot read as a dataset"):
         read_prompts(tmp_path / "bad.parquet")
