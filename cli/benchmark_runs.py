@@ -298,13 +298,20 @@ def merged_rows(sink, rows_of, shard: Shard, launched: bool, quiet: bool) -> lis
         if shard.index != 0:
             return None
     try:
-        return rows_of(sink)
+        rows = rows_of(sink)
     except RunNotFinished as e:
         if not quiet:
             _output.err.print(f"shard {shard.index}/{shard.count} is done; {e}. "
                               f"`specgen benchmark report {sink.path}` prints the table once every shard is done.",
                               markup=False, soft_wrap=True)
         return None
+    who = sink.claim_table(shard) if shard.count > 1 and not launched else None  # array tasks: the first prints
+    if who is not None:
+        if not quiet:
+            _output.err.print(f"shard {shard.index}/{shard.count} is done; the table was printed by {who} "
+                              f"(`specgen benchmark report {sink.path}` prints it again)", markup=False, soft_wrap=True)
+        return None
+    return rows
 
 
 def machine_of(sink) -> str:

@@ -183,6 +183,17 @@ class RunDir:
         if file.exists():  # to the end of its last whole line: a file without a torn tail keeps its length
             os.truncate(file, max((end for end, _ in read_lines(file)), default=0))
 
+    def claim_table(self, shard: Shard) -> str | None:
+        """Make `shard` the one that prints the finished run's table: None, or the shard that did (an exclusive
+        create of printed-by: of shards finishing at once, one prints and writes --out)."""
+        try:
+            fd = os.open(self.path / "printed-by", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileExistsError:
+            return (self.path / "printed-by").read_text().strip() or "another shard"
+        os.write(fd, f"shard {shard.index}/{shard.count}\n".encode())
+        os.close(fd)
+        return None
+
     def append(self, shard: Shard, record: dict) -> None:
         """One record as one line, one write, flushed to disk before the next item starts."""
         data = (json.dumps(json_ready(record), separators=(",", ":")) + "\n").encode()

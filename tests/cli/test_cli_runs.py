@@ -255,3 +255,16 @@ def test_a_gpu_nodes_run_reports_on_a_cpu_machine(long_tiny_target, tmp_path):  
     doc["config"].update(device="cuda", threads=len(os.sched_getaffinity(0)) + 8)  # the node's
     (run / "run.json").write_text(json.dumps(doc))
     assert rows_of(invoke("benchmark", "report", str(run), "--format", "json")) == rows
+
+
+def test_of_shards_that_finish_at_once_one_prints_the_table(tmp_path, capsys):
+    """Two array tasks finishing together both found every record and both printed (and wrote --out: the second
+    failed on the file the first had just made, blocking a Slurm `afterok` report): one prints, the other says who."""
+    from cli.benchmark_runs import merged_rows
+    from specgen.eval.run_dir import RunDir, Shard
+
+    sink, rows = RunDir.open(tmp_path / "run", "humaneval", {"limit": 2}), [{"method": "ar"}]
+    assert merged_rows(sink, lambda s: rows, Shard(1, 2), False, False) == rows
+    assert merged_rows(sink, lambda s: rows, Shard(0, 2), False, False) is None
+    assert "the table was printed by shard 1/2" in capsys.readouterr().err
+    assert merged_rows(sink, lambda s: rows, Shard(0, 1), False, False) == rows  # one shard: every rerun prints
