@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 from dataclasses import asdict, replace
@@ -30,6 +31,11 @@ from specgen.models.graphs import check_mode
 from specgen.text.target import load_text_model
 
 Table = tuple[str, list[dict], list[str]]  # (title, rows, columns)
+
+
+def file_digest(path: Path) -> str:
+    """sha256 (16 hex) of a file's bytes."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
 
 class Suite(Protocol):
@@ -110,8 +116,11 @@ class ImageSuite:
         check_out_dir(cfg)
         return checked_rows(cfg)
 
-    def resolved(self, cfg) -> None:
-        return None
+    def resolved(self, cfg) -> dict | None:
+        """t2i: the captions file's digest, so a resume over an edited file is refused (as the text suite's prompts);
+        a file that is not there is left to the run's own check of it."""
+        caps = Path(cfg.captions) if cfg.captions else None
+        return {"captions": file_digest(caps)} if caps is not None and caps.is_file() else None
 
     def grids(self, cfg) -> list[Grid]:
         return list(image_bench.grids(cfg).values())

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from cli.main import app
 from specgen.eval.image_bench import target_nll
@@ -96,3 +96,16 @@ def test_bad_benchmark_conditions(t2i_registry, monkeypatch, make, args, model, 
     assert r.exit_code == 2, r.output
     assert needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert not out.exists() or not list(out.glob("*.png"))
+
+
+def test_a_run_folder_over_an_edited_captions_file_is_refused(t2i_registry):  # noqa: F811
+    """A t2i run resumed after its captions file changed mixed images of two caption sets under one table (the text
+    suite's prompt files are guarded alike): the run folder keeps the file's digest."""
+    caps, run = t2i_registry / "caps.safetensors", t2i_registry / "run"
+    args = ["--limit", "1", "methods=[ar]", "temperatures=[0.0]", f"captions={caps}", "--run-dir", str(run)]
+    assert bench(t2i_registry / "o", *args).exit_code == 0
+    assert bench(t2i_registry / "o", *args).exit_code == 0  # the same inputs: resumes (nothing left to do)
+    feats = load_file(str(caps))
+    save_file({k: v + 1 if v.is_floating_point() else v for k, v in feats.items()}, str(caps))
+    r = bench(t2i_registry / "o", *args)
+    assert r.exit_code == 2 and "was started on other inputs: captions" in r.output, r.output
