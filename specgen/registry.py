@@ -63,8 +63,9 @@ def check_name(name: str, what: str = "checkpoint name") -> str:
     return name
 
 
-def installed_meta(name: str) -> dict | None:
-    """config.json of an installed entry (a path, kind/name or bare name); None when absent, ambiguous or unreadable."""
+def installed_entry(name: str) -> Entry | None:
+    """An installed entry (a path, kind/name or bare name), nothing materialised; None when absent, ambiguous or
+    unreadable."""
     path, (kind, _, bare) = Path(name).expanduser(), name.rpartition("/")
     folders = [path] if (path / CONFIG).is_file() else [checkpoints_dir() / k / bare for k in KINDS
                                                         if bare and kind in ("", k)]
@@ -72,9 +73,15 @@ def installed_meta(name: str) -> dict | None:
     if len(candidates) != 1:
         return None
     try:
-        return entry_at(candidates[0]).meta
+        return entry_at(candidates[0])
     except CheckpointError:
         return None
+
+
+def installed_meta(name: str) -> dict | None:
+    """config.json of an installed entry (`installed_entry`), or None."""
+    entry = installed_entry(name)
+    return None if entry is None else entry.meta
 
 
 @dataclass(frozen=True)
@@ -131,9 +138,11 @@ def installed_entries() -> list[Entry]:
 def missing_files(e: Entry) -> str:
     """What an installed entry lacks ("" when complete): its weights, their bytes (`size_mismatch`), or the tokenizer
     its config promises."""
-    if not (e.path / WEIGHTS).is_file():
+    path = e.path / WEIGHTS
+    if not path.is_file():
         return f"no {WEIGHTS}"
-    if damage := size_mismatch(e.path / WEIGHTS):
+    # the file `save` wrote (its recorded size and mtime) is whole: only another one's header is read
+    if e.meta.get(FILE) != file_stat(path) and (damage := size_mismatch(path)):
         return damage
     if e.meta.get("tokenizer") is True and not any((e.path / f).is_file() for f in TOKENIZER_FILES):
         return "its tokenizer files are missing"
@@ -382,7 +391,7 @@ def check_pair(drafter: Entry, target: Entry) -> None:
     if parent not in (target.ref, target.name):
         raise IncompatibleError(f"{drafter.ref} was trained for {parent}, not {target.ref}")
     want = drafter.meta.get("parent_digest")
-    if want and weights_digest(target) not in (None, want):
+    if want and not same_weights(want, weights_digest(target)):  # no digest recorded: the target is not read
         raise IncompatibleError(f"{drafter.ref} was trained for other weights of {target.ref} (the backbone has "
                                 "changed since): retrain it, or restore the backbone it was trained with")
     dv, tv = drafter.meta.get("vocab_size"), target.meta.get("vocab_size")

@@ -222,8 +222,9 @@ def distill(cfg: DistillConfig, out: Path, log: Callable[[str], None] = lambda s
         raise IncompatibleError(f"trajectories in {cfg.trajectories} come from {meta.get('target')} (tokenizer "
                                 f"{meta.get('tokenizer_hash')}), but the model to distil is {tm.entry.ref} (tokenizer "
                                 f"{tok_hash})")
-    if not registry.same_weights(meta.get("target_digest"), (registry.installed_meta(meta["target"]) or {}).get(
-            registry.DIGEST)):  # the entry they name (checked above) still holds the weights they were collected from
+    named = tm.entry if meta["target"] == tm.entry.ref else registry.installed_entry(meta["target"])
+    now = None if named is None else registry.weights_digest(named, read=False)
+    if not registry.same_weights(meta.get("target_digest"), now):  # the entry they name still holds those weights
         raise IncompatibleError(f"the trajectories in {cfg.trajectories} were collected from other weights of "
                                 f"{meta['target']} (saved again since); collect them again from it into a new --out")
     if meta.get("block_size") != cfg.block_size:
