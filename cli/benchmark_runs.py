@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import tempfile
 from dataclasses import asdict, replace
@@ -28,14 +27,10 @@ from specgen.eval.text_bench import (TextBenchConfig, check_prompts_fit, measure
 from specgen.image.generate import load_image_model
 from specgen.machine import label, machine_facts
 from specgen.models.graphs import check_mode
+from specgen.paths import file_digest
 from specgen.text.target import load_text_model
 
 Table = tuple[str, list[dict], list[str]]  # (title, rows, columns)
-
-
-def file_digest(path: Path) -> str:
-    """sha256 (16 hex) of a file's bytes."""
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
 
 class Suite(Protocol):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import itertools
 import os
 import shutil
@@ -178,3 +179,8 @@ def swap_dir(tmp: Path, folder: Path, old_prefix: str) -> None:
             os.replace(old, folder)
         raise
     shutil.rmtree(old, ignore_errors=True)
+
+
+def file_digest(path: Path | str) -> str:
+    """sha256 (16 hex) of a file's bytes: what a run or a cache keys an input file by."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]

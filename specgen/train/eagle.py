@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -18,6 +17,7 @@ from specgen.errors import UsageError
 from specgen.image.captions import Caption, read_captions
 from specgen.models.eagle import EagleNet
 from specgen.models.transformer import Transformer
+from specgen.paths import file_digest
 from specgen.train.checkpoint import Published, brief, fp16_state, publish, shipped_copy
 from specgen.train.image_gpt import cached_tokens, sample_c2i, sample_t2i
 from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask
@@ -72,7 +72,7 @@ def training_captions(entry, model: Transformer, path: str) -> tuple[list[Captio
         raise UsageError(f"{entry.ref} is text-conditional (t2i): pass captions=FILE (precomputed T5 caption "
                          "features, as for generate --captions; see docs/methods/eagle2.md)")
     captions = read_captions(path, model.cfg.n_cond, model.cfg.caption_dim)
-    return captions, hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+    return captions, file_digest(path)
 
 
 def first_image_position(cfg) -> int:
@@ -174,7 +174,7 @@ def train(cfg: EagleTrainConfig, out: Path, log: Callable[[str], None] = lambda 
         init = checkpoints.find(cfg.init)
         registry.check_pair(init, entry)
         net.load_state_dict(checkpoints.load_module(init).state_dict(), strict=True)
-    digest = hashlib.sha256((entry.path / registry.WEIGHTS).read_bytes()).hexdigest()[:16]
+    digest = file_digest(entry.path / registry.WEIGHTS)
     train_data, eval_data = (generations(target, n, cfg, cfg.seed * 2 + i, digest, log, captions, captions_sha)
                              for i, n in ((1, cfg.samples_per_class), (2, cfg.eval_samples_per_class)))
     f = train_data["features"]  # training rows: one per sequence and branch, [R, N, D] and their tokens [R, N]
