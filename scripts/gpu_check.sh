@@ -31,7 +31,7 @@ step() {  # step NAME SECONDS COMMAND...: run with a limit, log to $OUT/NAME.log
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name())'
 # a test module that cannot import (a missing wheel: trimesh) fails alone, not the whole collection
-[ -n "$SKIP_TESTS" ] || step gpu-tests 150 python3 -m pytest -m gpu tests -q -p no:cacheprovider \
+[ -n "$SKIP_TESTS" ] || step gpu-tests 150 python3 -m pytest -m gpu tests -v -rfE -p no:cacheprovider \
     --continue-on-collection-errors
 step graphs 260 python3 scripts/gpu_graphs.py --only text,image,mesh,scale --json "$OUT/graphs.json"
 step attention 90 python3 scripts/gpu_graphs.py --only attention --json "$OUT/attention.json"
