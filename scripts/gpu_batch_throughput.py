@@ -70,18 +70,6 @@ def forward_seconds(model: Transformer, device: str, rounds: int = 20) -> float:
     return sorted(times)[rounds // 2]
 
 
-def profile(model: Transformer, device: str) -> None:
-    """The torch profiler's top ops (self CPU time) over 5 single-token forwards: launch-bound or kernel-bound?"""
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as torch_profile
-
-    forward_seconds(model, device, rounds=3)  # warm
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if "cuda" in device else [])
-    with torch_profile(activities=activities) as prof:
-        forward_seconds(model, device, rounds=5)
-    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=40))
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda")
@@ -90,7 +78,6 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--gguf", default="")
     ap.add_argument("--json", default="", help="also write the rows here")
-    ap.add_argument("--profile", action="store_true", help="print the torch profiler's top ops of 5 one-token forwards")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
     model = model_of(args).to(device=args.device, dtype=dtype).eval()
@@ -107,8 +94,6 @@ def main() -> None:
     print(f"device {torch.cuda.get_device_name() if 'cuda' in args.device else args.device}, dtype {args.dtype}, "
           f"torch {torch.__version__}, {'weights ' + args.gguf if args.gguf else 'random weights'} (SmolLM2-135M shape)")
     print(f"one forward of 1 new token after {PREFIX} cached: {1e3 * forward_seconds(model, args.device):.2f} ms")
-    if args.profile:
-        profile(model, args.device)
     print("c(B): " + ", ".join(f"c({m})={c:.2f}" for m, c in zip(curve.rows, curve.cost)))
     print(f"{'batch':>5} {'prompts':>7} {'specgen tok/s':>14} {'hf tok/s':>9} {'specgen/hf':>10} {'exact':>6}")
     rows, base = [], None

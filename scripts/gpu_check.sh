@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The checks a CUDA machine runs (the project's CI has none), in one call of under 10 minutes: the gpu-marked tests,
 # captured steps against eager ones and the peers (`gpu_graphs.py`: text, image, mesh, paper shapes; its table is the
-# summary printed last), the captured step's attention and products (Triton lists vs chunked vs SDPA, SlicedLinear vs one GEMM:
-# speed, and bitwise AR = verify in bf16) and host syncs per decode step. More steps by name: images, meshes,
-# batch-throughput, auto-trace. Each step has its own time limit and log under $OUT (default runs/gpu-check); a failing step does not
+# summary printed last), where a captured step's time goes (`gpu_profile.py`: kernels a step, text at batch 1 and 16,
+# an ADT-Tree image step) and host syncs per decode step. More steps by name: attention (Triton lists vs chunked vs
+# SDPA, SlicedLinear vs one GEMM: speed, and bitwise AR = verify in bf16), images, meshes, batch-throughput,
+# auto-trace. Each step has its own time limit and log under $OUT (default runs/gpu-check); a failing step does not
 # stop the next.
 #
 # On a bare GPU machine with PyTorch but without this project's lighter dependencies, put their wheels in .whl/
@@ -21,7 +22,7 @@ printf '#!/bin/sh\nexec python3 -m cli.main "$@"\n' >/tmp/specgen-bin/specgen &&
 export PATH=/tmp/specgen-bin:$PATH PYTHONPATH=${PYTHONPATH:-$PWD}
 step() {  # step NAME SECONDS COMMAND...: run with a limit, log to $OUT/NAME.log, print the tail
     local name=$1 limit=$2; shift 2
-    case " ${ONLY:-gpu-tests graphs attention sync-count} " in *" $name "*) ;; *) return ;; esac
+    case " ${ONLY:-gpu-tests graphs profile sync-count} " in *" $name "*) ;; *) return ;; esac
     echo "== $name"
     local t0=$SECONDS
     timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
@@ -31,19 +32,21 @@ step() {  # step NAME SECONDS COMMAND...: run with a limit, log to $OUT/NAME.log
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name())'
 # a test module that cannot import (a missing wheel: trimesh) fails alone, not the whole collection
-[ -n "$SKIP_TESTS" ] || step gpu-tests 150 python3 -m pytest -m gpu tests -v -rfE -p no:cacheprovider \
+[ -n "$SKIP_TESTS" ] || step gpu-tests 100 python3 -m pytest -m gpu tests -v -rfE -p no:cacheprovider \
     --continue-on-collection-errors
-step graphs 260 python3 scripts/gpu_graphs.py --only text,image,mesh,scale --json "$OUT/graphs.json"
-step attention 90 python3 scripts/gpu_graphs.py --only attention --json "$OUT/attention.json"
-step sync-count 80 python3 scripts/gpu_sync_count.py --device cuda
+step graphs 340 python3 scripts/gpu_graphs.py --only text,image,mesh,scale --json "$OUT/graphs.json"
+step profile 80 python3 scripts/gpu_profile.py
+step sync-count 60 python3 scripts/gpu_sync_count.py --device cuda
+step attention 80 python3 scripts/gpu_graphs.py --only attention --json "$OUT/attention.json"
 step images 150 specgen benchmark --config recipes/tiny/bench-images-batch.yaml --device cuda --threads 0 \
     --batch-size 1,8 num=8 out_dir=/tmp/gpu-check-images --out "$OUT/images.jsonl"
 step meshes 100 specgen benchmark --config recipes/tiny/bench-meshes-batch.yaml --device cuda --threads 0 \
     --batch-size 1,8 --limit 8 --out "$OUT/meshes.jsonl"
 step batch-throughput 150 python3 scripts/gpu_batch_throughput.py --device cuda --dtype bfloat16 --batches 1,4,16 \
-    --profile --json "$OUT/batch-throughput.json"
+    --json "$OUT/batch-throughput.json"
 step auto-trace 100 python3 scripts/auto_budget_trace.py --device cuda --method eagle2 --threads 0
 echo "== summary"
 grep -E "passed|failed" "$OUT/gpu-tests.log" 2>/dev/null | tail -n 1
 sed -n '/^| suite /,$p' "$OUT/graphs.log" 2>/dev/null
 sed -n '/^| suite /,$p' "$OUT/attention.log" 2>/dev/null | tail -n +3
+grep -A 4 " ms a step " "$OUT/profile.log" 2>/dev/null

@@ -4,13 +4,16 @@ Rows (all greedy, batch 1 unless named):
 - text, SmolLM2-135M's shape with random weights (the real file does not travel to a rented GPU), bfloat16: specgen AR
   with `--graphs off` and `on`, n-gram with graphs, transformers eager `generate` and `generate` with its static cache
   under `torch.compile(mode="reduce-overhead")`, AR at batch 16; the GPU's share of a captured step's wall time.
-- image, the shipped tiny c2i GPT, float32, T 0, CFG 4: AR, EAGLE-2, ADT-Tree with graphs off and on (on: the
+- image, the shipped tiny c2i GPT, float32, T 0, CFG 4: AR with graphs off, and AR, EAGLE-2, ADT-Tree with graphs on (the
   drafter's whole tree growth is one replay a step, methods/eagle_grow.py).
 - mesh, the shipped tiny mesh GPT + XSpecMesh heads, float32, T 0: AR and lossless XSpecMesh (criterion=rejection;
   on: the heads' step is a replay too).
 Every lossless row reports `exact`: the share of outputs equal to the same run's graphs-off AR, token for token; the
 image and mesh rows report `drafter_share` (host time in the propose phase over all phases) and `syncs_step` (host
-syncs a decode step, counted in a second, untimed run under CUDA's sync debug mode; 0 in a smoke run).
+syncs a decode step, counted in a further, untimed run under CUDA's sync debug mode; 0 in a smoke run). Image and mesh
+rows are timed on a second run of the same inputs: the first captures every shape they meet (its time and captures
+are reported apart: a one-time cost a process pays). Text rows give the prompts' eager prefills apart too
+(`prefill_share`, `decode_tok_s`). Each row carries `t_s`, seconds since the script started.
 
 Run: `python scripts/gpu_graphs.py --json runs/gpu-graphs.json` (on a CUDA machine; ~4 minutes on an H100).
 """
@@ -45,6 +48,7 @@ SMOLLM2 = TransformerConfig(vocab_size=49152, dim=576, n_layers=30, n_heads=9, n
 ROWS: list[dict] = []
 JSON = {"path": "", "device": ""}  # --json: rewritten at each row (a step its time limit cuts short keeps its rows)
 LAST: list[tuple] = []  # (suite, run) left to the end of a run: the transformers peers compile for a minute or more
+T0 = time.perf_counter()
 DEVICE = "cuda"  # --smoke: a tiny CPU run of every row (static steps uncaptured), to check the script itself
 
 
@@ -81,6 +85,7 @@ def share(stats) -> float:
 
 
 def row(**kw) -> dict:
+    kw["t_s"] = round(time.perf_counter() - T0, 1)  # since the script started: what each suite costs a step limit
     ROWS.append(kw)
     print(json.dumps(kw), flush=True)
     if JSON["path"]:
@@ -117,7 +122,7 @@ def text_rows(new: int) -> None:
     capture_s = time.perf_counter() - t0
     res, s_on = timed(lambda: run(EmptyDrafter, prompts))
     row(suite="text", row="ar --graphs on", tok_s=tokens / s_on, vs_off=s_off / s_on, exact=exact(res, base),
-        capture_s=capture_s, **g.describe())
+        capture_s=capture_s, **decode_only(res, s_on, tokens), **g.describe())
     gpu = step_gpu_s(model)
     busy("ar", gpu, s_on / tokens)
     ahead = lambda: EmptyDrafter(8)  # noqa: E731  (`ar` run_ahead 8: 8 greedy steps a host read)
@@ -136,11 +141,20 @@ def text_rows(new: int) -> None:
     big = prompts_of(16, cfg.vocab_size, seed=1)
     run(EmptyDrafter, big, b=16, n=4)
     res, s16 = timed(lambda: run(EmptyDrafter, big, b=16))
-    row(suite="text", row="ar --graphs on, batch 16", tok_s=16 * new / s16, vs_b1=(16 * new / s16) / (tokens / s_on))
+    row(suite="text", row="ar --graphs on, batch 16", tok_s=16 * new / s16, vs_b1=(16 * new / s16) / (tokens / s_on),
+        **decode_only(res, s16, 16 * new))
     res, s16 = timed(lambda: run(ahead, big, b=16))
     row(suite="text", row="ar run_ahead 8 --graphs on, batch 16", tok_s=16 * new / s16,
         vs_b1=(16 * new / s16) / (tokens / s_ra))
     LAST.append(("text", lambda: hf_rows(model, prompts, new, base, s_on)))  # the peers' compiles after every suite
+
+
+def decode_only(res, seconds: float, tokens: int) -> dict:
+    """The prompts' prefills (eager, one prompt at a time) apart from the decode steps: their share of the wall time,
+    and the tokens a second of the steps alone (what a batch's steps cost against one row's)."""
+    prefill = res.stats.times.get("prefill", 0.0)
+    return {"prefill_share": prefill / seconds, "decode_tok_s": tokens / max(seconds - prefill, 1e-9),
+            "ms_per_step": {k: 1e3 * v / max(res.stats.steps, 1) for k, v in sorted(res.stats.times.items())}}
 
 
 def step_gpu_s(model) -> float | None:
@@ -240,14 +254,16 @@ def image_rows(num: int) -> None:
     for mode in ("off", "on"):
         attach(im.model, mode)
         attach(im.drafter_net, mode)  # the EAGLE drafter's catch-ups and whole tree growths too
-        for label, method, options in (("ar", "ar", {}), ("ar run_ahead 8", "ar", {"run_ahead": 8}),
-                                       ("eagle2", "eagle2", {}), ("adt-tree", "adt-tree", {})):
+        rows = (("ar", "ar", {}), ("ar run_ahead 8", "ar", {"run_ahead": 8}), ("eagle2", "eagle2", {}),
+                ("adt-tree", "adt-tree", {}))
+        for label, method, options in rows[: 1 if mode == "off" else None]:  # eager: AR alone, the ratios' base
             cfg = ImageGenConfig(method=method, num=num, temperature=0.0, device=DEVICE, batch_size=1,
                                  method_options=options)
-            generate_images(im, dataclasses.replace(cfg, num=1))  # warm, capture
-            held = captures(im)
+            held = captures(im)  # a first run of the same images captures every shape they meet (ADT-Tree's vary)
+            _, first_s = timed(lambda: generate_images(im, cfg))
+            held, first = captures(im), captures(im) - held
             (samples, _), s = timed(lambda: generate_images(im, cfg))
-            held = captures(im) - held  # captures inside the timed run (ADT-Tree's shapes vary): their time counts
+            held = captures(im) - held  # captures inside the timed run: their time counts
             toks = [x.tokens for x in samples]
             base = base or toks
             s_ar.setdefault(mode, s)
@@ -259,6 +275,7 @@ def image_rows(num: int) -> None:
                 vs_ar_off=s_ar["off"] / s, exact=sum(t == b for t, b in zip(toks, base)) / num, tpf=tpf,
                 drafter_share=share([x.stats for x in samples]),
                 syncs_step=syncs(lambda: generate_images(im, cfg)) / max(steps, 1), timed_captures=held,
+                first_run_s=first_s, first_run_captures=first,
                 **(im.model.graphs.describe() if im.model.graphs else {}), **drafter)
 
 
@@ -285,7 +302,7 @@ def mesh_rows(num: int) -> None:
         attach(dec.model.decoder, mode)
         attach(dec.heads, mode)  # the heads' step a replay too
         for name, d in (("ar", ar_dec), ("xspecmesh criterion=rejection", dec)):
-            d.generate_batch(clouds[:1], params, 16, opts)
+            d.generate_batch(clouds, params, budget, opts)  # a first run captures every shape the timed one meets
             res, s = timed(lambda: d.generate_batch(clouds, params, budget, opts))
             toks = [r.tokens for r in res]
             base = base or toks

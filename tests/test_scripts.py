@@ -31,6 +31,18 @@ def test_the_graphs_step_runs_on_the_cpu_with_graphs_equal_to_eager():
     assert len(rows) >= 4 and all(r[5].strip() in ("1.0", "") for r in rows)
 
 
+@pytest.mark.slow
+def test_the_profile_step_reports_each_case_on_the_cpu():
+    """The GPU check's profile step at tiny sizes (`--device cpu`, which measures nothing): every case's step line and
+    its top kernels, a kernel's share of the step at most 1."""
+    out = subprocess.run([sys.executable, "scripts/gpu_profile.py", "--device", "cpu", "--top", "3"],
+                         capture_output=True, text=True, cwd=ROOT, check=True).stdout
+    cases = [line for line in out.splitlines() if " ms a step " in line]
+    assert [c.split(":")[0] for c in cases] == ["text AR, batch 1", "text AR, batch 16", "image ADT-Tree, batch 1"]
+    shares = [float(line.split()[-1]) for line in out.splitlines() if line.startswith("  ") and "share" not in line]
+    assert len(shares) == 9 and all(0 < s <= 1 for s in shares)
+
+
 def test_the_sync_counts_kernel_line_counts_fewer_kernels_with_the_native_ops(monkeypatch):
     """`gpu_sync_count.py`'s first line (kernels inside a captured bf16 step) on a 2-layer model: the list attention
     and the one-pass norms launch fewer kernels than the torch paths they replace (`SPECGEN_NATIVE=0`)."""

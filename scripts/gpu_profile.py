@@ -1,0 +1,111 @@
+"""Where a captured decode step's time goes on a GPU: the profiler's kernels, per step, for three cases.
+
+Cases (greedy, graphs on, each run once to capture and once under `torch.profiler`):
+- text AR at batch 1 and at batch 16: SmolLM2-135M's shape, random weights, bfloat16 (gpu_graphs.py's text rows),
+  short prompts so the eager prefills stay a small part;
+- image ADT-Tree at batch 1: the shipped tiny c2i GPT and its EAGLE drafter, T 0 (gpu_graphs.py's image rows).
+
+For each: wall ms a decode step, GPU ms a step (the kernels' summed time: under a captured step, busy time), kernels a
+step, and the top kernels by their time (calls a step, µs a call). What it answers: which kernels grow from batch 1
+to 16 (issue 46's batch-16 goal), and how a tree step's time splits between the drafter's growth and the verify.
+
+Run: `python scripts/gpu_profile.py` on a CUDA machine (~1 minute; `gpu_check.sh`'s `profile` step);
+`--device cpu` checks the script (CPU op times, tiny shapes, measures nothing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from gpu_graphs import SMOLLM2, prompts_of  # a script beside this one (this folder is on the path when run)
+from specgen.decoding.sampling import SamplingParams
+from specgen.decoding.target import ModelTarget
+from specgen.devices import synchronize
+from specgen.methods import run_batch
+from specgen.methods.text import EmptyDrafter
+from specgen.models import graphs
+from specgen.models.sliced_linear import row_invariant
+from specgen.models.transformer import Transformer
+
+
+def profiled(run, device: str) -> tuple[float, int, list]:
+    """(wall seconds, decode steps, the profiler's per-kernel averages) of `run()` (returns DecodeStats), after a
+    first run that captures every shape it meets."""
+    run()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    synchronize(device)
+    with profile(activities=activities) as prof:
+        t0 = time.perf_counter()
+        stats = run()
+        synchronize(device)
+        wall = time.perf_counter() - t0
+    return wall, max(stats.steps, 1), list(prof.key_averages())
+
+
+def report(name: str, wall: float, steps: int, events: list, device: str, top: int) -> None:
+    """One case's lines: the step's wall and kernel time, then its `top` kernels."""
+    key = "self_device_time_total" if device == "cuda" else "self_cpu_time_total"
+    kernels = [e for e in events if getattr(e, key, 0) > 0 and (device != "cuda" or e.device_type.name == "CUDA")]
+    busy = sum(getattr(e, key) for e in kernels) / 1e3 / steps  # ms a step
+    calls = sum(e.count for e in kernels) / steps
+    print(f"\n{name}: {steps} steps, wall {1e3 * wall / steps:.3f} ms a step, kernels {busy:.3f} ms a step "
+          f"({calls:.0f} a step)")
+    print(f"  {'kernel':<70} {'calls/step':>10} {'us/call':>8} {'share':>6}")
+    for e in sorted(kernels, key=lambda e: -getattr(e, key))[:top]:
+        t = getattr(e, key)
+        print(f"  {e.key[:70]:<70} {e.count / steps:>10.1f} {t / max(e.count, 1):>8.2f} "
+              f"{t / 1e3 / steps / max(busy, 1e-9):>6.2f}")
+
+
+def text_cases(device: str, new: int, top: int) -> None:
+    cfg = SMOLLM2 if device == "cuda" else dataclasses.replace(SMOLLM2, n_layers=2, vocab_size=512)
+    torch.manual_seed(0)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32  # the CPU's bf16 products are slow, and it checks
+    model = row_invariant(Transformer(cfg).to(device, dtype).eval())  # only the script: as a loader lays it out
+    graphs.attach(model, "on", capture=None if device == "cuda" else False)
+    target = ModelTarget(model)
+    target.device = device
+    short = [p[:32] for p in prompts_of(16, cfg.vocab_size, seed=1)]  # 32-token prompts: the steps dominate
+    for b in (1, 16):
+        run = lambda: run_batch(target, lambda i: EmptyDrafter(), short[:b], new, SamplingParams(),  # noqa: E731
+                                batch_size=b).stats
+        report(f"text AR, batch {b}", *profiled(run, device), device, top)
+
+
+def image_case(device: str, top: int) -> None:
+    from specgen.image.generate import ImageGenConfig, generate_images, load_image_model
+    from specgen.request import parse_request
+
+    im = load_image_model("tiny-image-gpt", device=device)
+    for model in (im.model, im.drafter_net):
+        graphs.attach(model, "on", capture=None if device == "cuda" else False)
+    cfg = ImageGenConfig(method="adt-tree", num=2 if device == "cuda" else 1, temperature=0.0, device=device,
+                         batch_size=1)
+
+    def run():
+        samples, _ = generate_images(im, parse_request(cfg, "image"))
+        return dataclasses.replace(samples[0].stats, steps=sum(s.stats.steps for s in samples))
+
+    report("image ADT-Tree, batch 1", *profiled(run, device), device, top)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--new", type=int, default=64, help="tokens a text row decodes")
+    ap.add_argument("--top", type=int, default=12, help="kernels shown a case")
+    args = ap.parse_args()
+    gpu = torch.cuda.get_device_name() if args.device == "cuda" else args.device
+    print(f"device {gpu}, torch {torch.__version__}")
+    torch.backends.cuda.matmul.allow_tf32 = False  # float32 stays float32, as in gpu_graphs.py
+    text_cases(args.device, args.new if args.device == "cuda" else 4, args.top)
+    image_case(args.device, args.top)
+
+
+if __name__ == "__main__":
+    main()
