@@ -4,8 +4,8 @@ Rows (all greedy, batch 1 unless named):
 - text, SmolLM2-135M's shape with random weights (the real file does not travel to a rented GPU), bfloat16: specgen AR
   with `--graphs off` and `on`, n-gram with graphs, transformers eager `generate` and `generate` with its static cache
   under `torch.compile(mode="reduce-overhead")`, AR at batch 16; the GPU's share of a captured step's wall time.
-- image, the shipped tiny c2i GPT, float32, T 0, CFG 4: AR with graphs off, and AR, EAGLE-2, ADT-Tree with graphs on (the
-  drafter's whole tree growth is one replay a step, methods/eagle_grow.py).
+- image, the shipped tiny c2i GPT, float32, T 0, CFG 4: AR with graphs off; AR, EAGLE-2, ADT-Tree with graphs on
+  (the drafter's whole tree growth is one replay a step, methods/eagle_grow.py).
 - mesh, the shipped tiny mesh GPT + XSpecMesh heads, float32, T 0: AR and lossless XSpecMesh (criterion=rejection;
   on: the heads' step is a replay too).
 Every lossless row reports `exact`: the share of outputs equal to the same run's graphs-off AR, token for token; the
@@ -42,6 +42,7 @@ from specgen.methods.text import EmptyDrafter, NgramDrafter
 from specgen.models import attention, graphs
 from specgen.models.sliced_linear import SLICE_ROWS, SlicedLinear, row_invariant
 from specgen.models.transformer import Transformer, TransformerConfig
+from specgen.native import cuda_ops
 
 SMOLLM2 = TransformerConfig(vocab_size=49152, dim=576, n_layers=30, n_heads=9, n_kv_heads=3, ffn_dim=1536,
                             norm_eps=1e-5, rope_theta=100000.0, max_seq_len=2048, tie_embeddings=True)
@@ -422,8 +423,14 @@ def scale_rows() -> None:
         if DEVICE != "cuda":
             cfg = dataclasses.replace(cfg, n_layers=1, vocab_size=min(cfg.vocab_size, 512))
         times = {}
-        for label, c, nodes in (("target", cfg, (1, 4, 8, 16, 32, 64)), ("drafter", dataclasses.replace(cfg, n_layers=1),
-                                                                      (frontier,))):
+        # "one launch": the target again with SPECGEN_TRITON_PRODUCTS=1's products (one kernel a product at any row
+        # count, where SlicedLinear runs a GEMM a 64-row slice: CFG's 2 x 64 nodes are two)
+        drafter = dataclasses.replace(cfg, n_layers=1)
+        passes = (("target", cfg, (1, 4, 8, 16, 32, 64)), ("drafter", drafter, (frontier,)),
+                  ("one launch", cfg, (1, 64)))
+        for label, c, nodes in passes:
+            one_launch = mock.patch.object(cuda_ops, "one_launch_products", lambda _on=label == "one launch": _on)
+            one_launch.start()
             torch.set_default_dtype(torch.bfloat16)
             try:
                 with torch.device(DEVICE):  # its RoPE table is made on the CPU even here: `.to` moves it
@@ -445,12 +452,15 @@ def scale_rows() -> None:
                     reps = 20 if DEVICE == "cuda" else 1
                     _, s = timed(lambda: [model(tok, pos, cache, None) for _ in range(reps)])
                     times[(label, n)] = s / reps
+            one_launch.stop()
             del model, cache
             torch.cuda.empty_cache() if DEVICE == "cuda" else None
         one = times[("target", 1)]
         row(suite="scale", row=name, step_ms=1e3 * one, **{f"c({n})": times[("target", n)] / one for n in
                                                           (4, 8, 16, 32, 64)},
-            drafter_level=times[("drafter", frontier)] / one, frontier=frontier)
+            drafter_level=times[("drafter", frontier)] / one, frontier=frontier,
+            one_launch_step_ms=1e3 * times[("one launch", 1)],
+            one_launch_c64=times[("one launch", 64)] / times[("one launch", 1)])
 
 
 def guarded(name: str, run) -> None:

@@ -2,7 +2,7 @@
 
 Cases (greedy, graphs on, each run once to capture and once under `torch.profiler`):
 - text AR at batch 1 and at batch 16: SmolLM2-135M's shape, random weights, bfloat16 (gpu_graphs.py's text rows),
-  short prompts so the eager prefills stay a small part;
+  short prompts so the eager prefills stay a small part; batch 16 again with `SPECGEN_TRITON_PRODUCTS=1`'s products;
 - image ADT-Tree at batch 1: the shipped tiny c2i GPT and its EAGLE drafter, T 0 (gpu_graphs.py's image rows).
 
 For each: wall ms a decode step, GPU ms a step (the kernels' summed time: under a captured step, busy time), kernels a
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import time
+from unittest import mock
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -31,6 +32,7 @@ from specgen.methods.text import EmptyDrafter
 from specgen.models import graphs
 from specgen.models.sliced_linear import row_invariant
 from specgen.models.transformer import Transformer
+from specgen.native import cuda_ops
 
 
 def profiled(run, device: str) -> tuple[float, int, list]:
@@ -67,14 +69,17 @@ def text_cases(device: str, new: int, top: int) -> None:
     torch.manual_seed(0)
     dtype = torch.bfloat16 if device == "cuda" else torch.float32  # the CPU's bf16 products are slow, and it checks
     model = row_invariant(Transformer(cfg).to(device, dtype).eval())  # only the script: as a loader lays it out
-    graphs.attach(model, "on", capture=None if device == "cuda" else False)
     target = ModelTarget(model)
     target.device = device
     short = [p[:32] for p in prompts_of(16, cfg.vocab_size, seed=1)]  # 32-token prompts: the steps dominate
-    for b in (1, 16):
+    for b, one_launch in ((1, False), (16, False), (16, True)):
+        # one launch: SPECGEN_TRITON_PRODUCTS=1's products (a kernel a product instead of SlicedLinear's GEMM slices)
         run = lambda: run_batch(target, lambda i: EmptyDrafter(), short[:b], new, SamplingParams(),  # noqa: E731
                                 batch_size=b).stats
-        report(f"text AR, batch {b}", *profiled(run, device), device, top)
+        graphs.attach(model, "on", capture=None if device == "cuda" else False)  # captures anew for each products
+        with mock.patch.object(cuda_ops, "one_launch_products", lambda _on=one_launch: _on):
+            report(f"text AR, batch {b}{', one-launch products' if one_launch else ''}", *profiled(run, device),
+                   device, top)
 
 
 def image_case(device: str, top: int) -> None:

@@ -267,16 +267,28 @@ def test_captured_xspecmesh_heads_decode_what_eager_decodes():
     assert dec.heads.graphs.replays > 0 and all(graph is not None for _, graph, _ in dec.heads.graphs.graphs.values())
 
 
+PRODUCTS = ["sliced", "one launch"]  # SlicedLinear's 64-row GEMM slices, or SPECGEN_TRITON_PRODUCTS=1's one kernel
+
+
+def products(kind: str, monkeypatch) -> None:
+    from specgen.native import cuda_ops
+
+    monkeypatch.setattr(cuda_ops, "one_launch_products", lambda: kind == "one launch")
+
+
+@pytest.mark.parametrize("kind", PRODUCTS)
 @pytest.mark.parametrize("captured", [False, True])
-def test_a_bf16_chain_scores_each_node_bitwise_as_ar_steps(captured):
-    """Low-precision exactness on the GPU itself: with a loader's layout (SlicedLinear products) and the invariant
-    attention, eager and captured, a 16-node chain verify scores each node bitwise as the 16 AR steps did; and each
-    SlicedLinear row of SmolLM2's product shapes is bitwise the row alone at 16, 64 and 130 rows."""
+def test_a_bf16_chain_scores_each_node_bitwise_as_ar_steps(captured, kind, monkeypatch):
+    """Low-precision exactness on the GPU itself: with a loader's layout (SlicedLinear products, in slices or in one
+    launch) and the invariant attention, eager and captured, a 16-node chain verify scores each node bitwise as the 16
+    AR steps did; and each SlicedLinear row of SmolLM2's product shapes is bitwise the row alone at 16, 64 and 130
+    rows."""
     from specgen.models import graphs
     from specgen.models.layout import decode_layout
     from specgen.models.sliced_linear import SlicedLinear
     from tests.models.test_graphs import chain_against_steps
 
+    products(kind, monkeypatch)
     model = decode_layout(tiny_model(0).to("cuda", torch.bfloat16))
     assert any(type(m) is SlicedLinear for m in model.modules())
     graphs.attach(model, "on" if captured else "off")
@@ -290,14 +302,16 @@ def test_a_bf16_chain_scores_each_node_bitwise_as_ar_steps(captured):
             assert all(torch.equal(lin(x[:m]), alone[:m]) for m in (16, 64, 130)), (n, k)
 
 
+@pytest.mark.parametrize("kind", PRODUCTS)
 @pytest.mark.parametrize("captured", [False, True])
-def test_a_bf16_tree_scores_its_path_bitwise_as_ar_steps(captured):
+def test_a_bf16_tree_scores_its_path_bitwise_as_ar_steps(captured, kind, monkeypatch):
     """Trees on the GPU: each query over its visible slots in AR's order (the Triton list kernel, native/cuda_ops.py),
     so a tree verify's path nodes get the AR steps' bits, eager and captured (a target's trees are captured too)."""
     from specgen.models import graphs
     from specgen.models.layout import decode_layout
     from tests.models.test_graphs import tree_against_steps
 
+    products(kind, monkeypatch)
     model = decode_layout(tiny_model(0).to("cuda", torch.bfloat16))
     steps = graphs.attach(model, "on" if captured else "off")
     ar, path = tree_against_steps(model, PROMPT)

@@ -12,6 +12,7 @@ import torch
 BLOCK_N = 64  # list entries (keys) per attention tile (triton_kernels.attend_lists)
 WARPS = 4
 GATE_BLOCK = 1024  # elements a program of silu_mul
+PRODUCT_TILE = 64  # rows, columns and K steps of a linear_rows tile (fixed for every weight: the row invariance)
 
 
 @functools.cache
@@ -26,6 +27,14 @@ def available() -> bool:
                       "move with the forward's shape), see docs/precision.md; `pip install triton` for the list kernel")
         return False
     return True
+
+
+@functools.cache
+def one_launch_products() -> bool:
+    """Whether low-precision CUDA products run as one `linear_rows` launch (`SPECGEN_TRITON_PRODUCTS=1`, with the
+    kernels available) instead of SlicedLinear's 64-row GEMM slices. Off by default until a GPU run shows it keeps
+    every row's bits and pays (scripts/gpu_check.sh: the gpu tests and the scale rows A/B it)."""
+    return os.environ.get("SPECGEN_TRITON_PRODUCTS") == "1" and available()
 
 
 @functools.cache
@@ -133,3 +142,16 @@ def attention_plan(seen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torc
     count = seen.sum(-1, dtype=torch.int32)
     shared = seen.all(1).to(torch.int32).cumprod(-1).sum(-1, dtype=torch.int32)  # [B]: slots 0.. every query sees
     return idx, count, shared
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [M, K] @ weight [N, K]^T (+ bias [N]) -> [M, N] in x's dtype, one launch whose rows keep their bits at any M
+    (triton_kernels.linear_rows)."""
+    x, weight = x.contiguous(), weight.contiguous()
+    (m, k), n = x.shape, weight.shape[0]
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    t = PRODUCT_TILE
+    kernels().linear_rows[(-(-m // t), -(-n // t))](x, weight, weight if bias is None else bias, out, m, n, K=k,
+                                                    HAS_BIAS=bias is not None, BLOCK_M=t, BLOCK_N=t, BLOCK_K=t,
+                                                    UPCAST=os.environ.get("TRITON_INTERPRET") == "1", num_warps=WARPS)
+    return out

@@ -143,3 +143,31 @@ def silu_mul_rows(A, B, OUT, n, BLOCK: tl.constexpr):
     b = tl.load(B + i, mask=real, other=0.0).to(tl.float32)
     gate = rounded(a / (1.0 + tl.exp(-a)), dtype).to(tl.float32)
     tl.store(OUT + i, rounded(gate * b, dtype), mask=real)
+
+
+# The invariant of a product (docs/precision.md): an output row depends only on its own input row and the weights.
+# One program computes a BLOCK_M x BLOCK_N tile of x [M, K] @ w [N, K]^T, its K sums in BLOCK_K steps from k = 0 into
+# float32, rounded once; every tile shape and warp count is fixed per weight and M is not specialised, so a row runs
+# the same instructions whichever tile row it lands in and however many rows the call holds (a GPU library instead
+# picks its kernel, split-K included, by the row count). Rows past M load zeros and are never stored; each weight
+# tile is read once a row tile, which is one for a decode step's rows.
+@triton.jit(do_not_specialize=["m"])
+def linear_rows(X, W, BIAS, OUT, m, n, K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M]
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
+    steps = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(0, K, BLOCK_K):  # K a constexpr: the interpreter's loops take no loaded or runtime bound
+        ks = k0 + steps
+        a = tl.load(X + rows[:, None].to(tl.int64) * K + ks[None, :], mask=(rows[:, None] < m) & (ks[None, :] < K),
+                    other=0.0)  # [BLOCK_M, BLOCK_K]
+        b = tl.load(W + cols[None, :].to(tl.int64) * K + ks[:, None], mask=(cols[None, :] < n) & (ks[:, None] < K),
+                    other=0.0)  # [BLOCK_K, BLOCK_N]
+        if UPCAST:  # the interpreter multiplies bfloat16 as its raw bits: float32 there (each product exact either way)
+            a, b = a.to(tl.float32), b.to(tl.float32)
+        acc = tl.dot(a, b, acc)
+    if HAS_BIAS:
+        acc += tl.load(BIAS + cols, mask=cols < n, other=0.0).to(tl.float32)[None, :]
+    tl.store(OUT + rows[:, None].to(tl.int64) * n + cols[None, :], rounded(acc, OUT.dtype.element_ty),
+             mask=(rows[:, None] < m) & (cols[None, :] < n))

@@ -158,6 +158,35 @@ def test_the_kernels_in_a_models_steps_score_chains_and_trees_as_ar_steps(device
         assert torch.equal(ar, verified)
 
 
+@pytest.mark.parametrize("dtype,tol", [(torch.bfloat16, 1e-2), (torch.float16, 2e-3)])
+def test_the_product_kernel_computes_linear_in_one_launch_at_any_row_count(device, dtype, tol):
+    """linear_rows (the one-launch products of `SPECGEN_TRITON_PRODUCTS=1`): x @ w^T (+ b) for row counts and shapes
+    off its 64-wide tiles; on a GPU each row also keeps its bits at every row count (the interpreter sums a tile in
+    numpy's order, so it checks values only)."""
+    g = torch.Generator().manual_seed(0)
+    w, b, x = (torch.randn(*shape, generator=g).to(device, dtype) for shape in ((100, 96), (100,), (130, 96)))
+    for bias in (None, b):
+        got = cuda_ops.linear(x, w, bias)
+        want = F.linear(x.float(), w.float(), None if bias is None else bias.float())
+        assert got.shape == (130, 100) and got.dtype == dtype
+        torch.testing.assert_close(got.float(), want, atol=tol * want.abs().max().item(), rtol=tol)
+        if device == "cuda":
+            alone = torch.cat([cuda_ops.linear(x[j: j + 1], w, bias) for j in range(130)])
+            assert all(torch.equal(cuda_ops.linear(x[:m], w, bias), alone[:m]) for m in (16, 64, 65, 130))
+
+
+def test_one_launch_products_are_asked_for_and_need_the_kernels(monkeypatch):
+    for env, kernels, want in (("1", True, True), ("0", True, False), (None, True, False), ("1", False, False)):
+        monkeypatch.setattr(cuda_ops, "available", lambda k=kernels: k)
+        if env is None:
+            monkeypatch.delenv("SPECGEN_TRITON_PRODUCTS", raising=False)
+        else:
+            monkeypatch.setenv("SPECGEN_TRITON_PRODUCTS", env)
+        cuda_ops.one_launch_products.cache_clear()
+        assert cuda_ops.one_launch_products() is want, (env, kernels)
+    cuda_ops.one_launch_products.cache_clear()
+
+
 COMPILE = """
 import sys
 import triton
@@ -190,6 +219,13 @@ for dtype, half, store in (("bf16", True, True), ("bf16", True, False), ("fp32",
     sig = {n: "constexpr" if n in consts else "*i64" if n == "META" else "*" + dtype if n.isupper() else "i32"
            for n in fn.arg_names}
     build(fn, sig, consts, 90)
+fn = cuda_ops.kernels().linear_rows
+for dtype, bias, k, archs in (("bf16", False, 576, (80, 90)), ("fp16", True, 1536, (90,))):
+    t = cuda_ops.PRODUCT_TILE
+    consts = {"K": k, "HAS_BIAS": bias, "BLOCK_M": t, "BLOCK_N": t, "BLOCK_K": t, "UPCAST": False}
+    sig = {n: "constexpr" if n in consts else "i32" if n in ("m", "n") else "*" + dtype for n in fn.arg_names}
+    for arch in archs:
+        build(fn, sig, consts, arch)
 fn = cuda_ops.kernels().silu_mul_rows
 for dtype in ("bf16", "fp32"):
     consts = {"BLOCK": cuda_ops.GATE_BLOCK}
@@ -224,7 +260,8 @@ class Launch:  # records the key under which Triton would look up (or compile) t
 
 real = cuda_ops.kernels()
 cuda_ops.kernels = lambda: type("K", (), {n: Launch(getattr(real, n)) for n in
-                                          ("attend_lists", "norm_rows", "rope_rows", "silu_mul_rows")})
+                                          ("attend_lists", "norm_rows", "rope_rows", "silu_mul_rows",
+                                           "linear_rows")})
 bf, h, hkv, d = torch.bfloat16, 9, 3, 64
 for b, s, t in ((1, 1, 256), (2, 1, 256), (3, 5, 512), (16, 64, 1024)):  # rows, nodes, width: a decode's steps
     qkv = torch.zeros(b, s, h + 2 * hkv, d, dtype=bf).transpose(1, 2)
@@ -235,8 +272,10 @@ for b, s, t in ((1, 1, 256), (2, 1, 256), (3, 5, 512), (16, 64, 1024)):  # rows,
     cuda_ops.attend(q, cache[:b, :, :t], cache[:b, :, :t], idx, count, shared, torch.empty(b, s, h, d, dtype=bf))
     x, w = torch.zeros(b, s, 576, dtype=bf), torch.ones(576, dtype=bf)
     cuda_ops.rms_norm(x, w, 1e-5), cuda_ops.add_rms_norm(x, x, w, 1e-5), cuda_ops.silu_mul(x, x)
+    cuda_ops.linear(x.reshape(-1, 576), torch.zeros(960, 576, dtype=bf), None)
 counts = {n: len(k) for n, k in keys.items()}
-assert counts == {"attend_lists": 1, "norm_rows": 2, "rope_rows": 2, "silu_mul_rows": 1}, (counts, keys)
+assert counts == {"attend_lists": 1, "norm_rows": 2, "rope_rows": 2, "silu_mul_rows": 1, "linear_rows": 1}, (counts,
+                                                                                                          keys)
 """
 
 
