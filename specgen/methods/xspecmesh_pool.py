@@ -9,10 +9,11 @@ from itertools import accumulate
 from typing import Sequence
 
 import torch
+import torch.nn.functional as F
 
-from specgen.decoding.accept import accept_rejection
 from specgen.decoding.accept_threshold import AcceptCriterion, accept_lossy
 from specgen.decoding.draft import Draft, Verdict
+from specgen.decoding.draft_verify import judge
 from specgen.decoding.pool import PoolBase
 from specgen.decoding.sampling import SamplingParams, logits_to_probs, sample, sample_rows
 from specgen.decoding.stats import DecodeStats
@@ -29,6 +30,16 @@ from specgen.models.heads import head_logits
 DRAFT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 #: Branches of the top-K_s probability tree lighter than this are pruned (appendix A.4).
 TREE_PRUNE = 1e-5
+#: Device types on which lossless greedy decoding runs the heads for every verify position (S times their work, no
+#: read) so that their candidates ride the accept's one host copy: there a host read idles the device. Elsewhere the
+#: heads run once per row in `propose`, with a read of their own.
+READ_AHEAD = frozenset({"cuda"})
+
+
+def reads_ahead(device: torch.device | str, params: SamplingParams, opts: XSpecMeshOptions) -> bool:
+    """Whether the pool's `columns` go with the accept read (`DraftVerify`'s `along`): the batched greedy judge
+    reads every verify position's argmax, the x_{s*} of each length it may accept."""
+    return params.greedy and opts.lossless and torch.device(device).type in READ_AHEAD
 
 
 @dataclass(frozen=True)
@@ -37,6 +48,11 @@ class Proposal:
 
     tokens: list[int]
     probs: list[float]
+
+    @classmethod
+    def of_columns(cls, col: list[float], d: int) -> "Proposal":
+        """From a host row of `greedy_columns` [d or 2 d]: the token ids, then their probabilities (else all 1)."""
+        return cls([int(t) for t in col[:d]], col[d:] or [1.0] * d)
 
     def cut(self, min_path_prob: float) -> list[int]:
         """The candidates before the first one at which the running product of probs is below min_path_prob."""
@@ -57,22 +73,37 @@ def tree_sample(probs: torch.Tensor, k: int, generator: torch.Generator | None) 
     return [int(top.indices[d, flat // kk ** (D - 1 - d) % kk]) for d in range(D)]
 
 
+def greedy_columns(head_logits: torch.Tensor, temperature: float, path_probs: bool) -> torch.Tensor:
+    """Each head's most probable token of logits [..., D, V] and (path_probs) its tempered probability, as one float32
+    tensor [..., D] or [..., 2 D] (ids are exact in float32): one host read carries both, on the device alone."""
+    tokens = head_logits.argmax(-1)  # [..., D]
+    if not path_probs:
+        return tokens.float()
+    return torch.cat([tokens.float(), token_probs(head_logits, tokens, temperature)], -1)
+
+
+def token_probs(head_logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Each head's tempered probability [..., D] of its token tokens [..., D] under logits [..., D, V]."""
+    scaled = head_logits / (temperature or 1.0)
+    return (scaled.gather(-1, tokens[..., None])[..., 0] - scaled.logsumexp(-1)).exp()
+
+
 def head_candidates(head_logits: torch.Tensor, params: SamplingParams, opts: XSpecMeshOptions,
                     generator: torch.Generator | None) -> Proposal:
     """Candidates x_{s*+1 .. s*+D} from head logits [D, V] (greedy, or the K_s = 1 tree: argmaxes), and each
     head's tempered probability of its token (for `min_path_prob`)."""
     if params.greedy or (opts.sampling == "tree" and opts.top_k_tree == 1):
         # the K_s = 1 tree's one path is every head's most probable token, and the filters keep each row's max
-        tokens = head_logits.argmax(-1).tolist()
-    elif opts.sampling == "tree":
+        cols = greedy_columns(head_logits, params.temperature, bool(opts.min_path_prob))
+        return Proposal.of_columns(cols.tolist(), head_logits.shape[0])
+    if opts.sampling == "tree":
         tokens = tree_sample(logits_to_probs(head_logits, params), opts.top_k_tree, generator)
     else:
         tokens = sample_rows(logits_to_probs(head_logits, params), generator)  # one independent draw per head
     if not opts.min_path_prob:
         return Proposal(tokens, [1.0] * len(tokens))
-    scaled = head_logits / (params.temperature or 1.0)  # [D, V]
-    chosen = scaled.gather(-1, torch.tensor(tokens, device=scaled.device)[:, None])[:, 0]  # [D]
-    return Proposal(tokens, (chosen - scaled.logsumexp(-1)).exp().tolist())
+    chosen = torch.tensor(tokens, device=head_logits.device)  # [D]
+    return Proposal(tokens, token_probs(head_logits, chosen, params.temperature).tolist())
 
 
 class LazyRows:
@@ -90,10 +121,10 @@ class LazyRows:
 
 def mesh_rule(opts):
     """The loop's accept rule for a chain of candidates x_{s+1 ..} on the backbone's filtered rows [D + 1, V]:
-    lossless rejection sampling (deterministic candidates: q = one-hot, accept with probability p(x)), or the paper's
-    lossy criterion."""
+    lossless, the loop's batched `judge` (greedy match; rejection sampling with deterministic candidates, q = one-hot:
+    accept with probability p(x)), with one host copy a step for the whole batch; or the paper's lossy criterion."""
     if opts.lossless:
-        return lambda draft, logits, params, generator: accept_rejection(draft, LazyRows(logits, params), generator)
+        return judge
     criterion = AcceptCriterion(opts.criterion, opts.delta, opts.top_k_accept)
     return lambda draft, logits, params, generator: accept_lossy(draft, LazyRows(logits, params), criterion, generator,
                                                                  params.greedy)
@@ -108,6 +139,8 @@ class RowState:
     head_kv: object  # the heads' K/V of this row's point cloud
     memory: VertexMemory | None  # vertex_lookup
     generator: torch.Generator | None  # candidate stream
+    ahead: list[Proposal] | None = None  # per length the last verdict could accept: its next candidates (`columns`)
+    ready: Proposal | None = None  # the next step's candidates, already read (ahead's row at the accepted length)
 
 
 class XSpecMeshPool(PoolBase):
@@ -138,7 +171,7 @@ class XSpecMeshPool(PoolBase):
                 drafts.append(Draft.empty())
                 continue
             mesh, x = seq[1:-1], seq[-1]
-            heads = functools.cache(functools.partial(self.heads, r, x))
+            heads = functools.cache(functools.partial(self.heads, r, x) if r.ready is None else lambda p=r.ready: p)
             proposal = self.decoder._candidates(mesh, x, heads, self.d, self.opts, r.memory)
             chain = proposal.cut(self.opts.min_path_prob)
             eos = self.decoder.eos_id
@@ -150,26 +183,51 @@ class XSpecMeshPool(PoolBase):
     def heads(self, r: RowState, token: int) -> Proposal:
         """D candidates from the heads on h_{s*-1} = r.h [1, dim], the projected window r.past (history heads) and
         x_{s*} = token (token_input heads)."""
+        tok = host_tensor([token], r.h.device) if self.stacked.token_input else None
+        return head_candidates(self.logits(r, r.h, tok, r.past), self.params, self.opts, r.generator)
+
+    def logits(self, r: RowState, h: torch.Tensor, token: torch.Tensor | None,
+               past: torch.Tensor | None) -> torch.Tensor:
+        """The heads' logits [d, V] on h_{s*-1} = h [1, dim], x_{s*} = token [1] (token_input heads), the window past
+        (history heads) and r's condition: device ops only. Captured heads return their graph's buffers: read them
+        (or queue work on them) before the next call."""
         dtype, model = DRAFT_DTYPES[self.opts.draft_dtype], self.decoder.model
         step = functools.partial(head_logits, self.stacked, self.decoder._lm_head(dtype), model.decoder.tok_embeddings,
                                  dtype, self.d)
         k, v = r.head_kv if r.head_kv is not None else (None, None)
-        tok = host_tensor([token], r.h.device) if self.stacked.token_input else None
-        inputs = {name: t for name, t in (("h", r.h), ("token", tok), ("k", k), ("v", v), ("past", r.past))
+        inputs = {name: t for name, t in (("h", h), ("token", token), ("k", k), ("v", v), ("past", past))
                   if t is not None}
-        graphs = self.decoder.heads.graphs  # captured: one replay per row (its outputs are read before the next)
+        graphs = self.decoder.heads.graphs
         key = ("heads", self.d, dtype, *((name, tuple(t.shape)) for name, t in inputs.items()))
-        logits = (step(**inputs) if graphs is None else graphs.call(key, step, inputs))[0]  # [d, V]
-        return head_candidates(logits, self.params, self.opts, r.generator)
+        return (step(**inputs) if graphs is None else graphs.call(key, step, inputs))[0]
+
+    def columns(self, out: TargetOut, picks: torch.Tensor, sizes: Sequence[int]) -> torch.Tensor:
+        """`ReadAlong`: for every row i and length a it may accept, the greedy candidates (`greedy_columns`) the next
+        step would draft after x_{s*} = picks[i, a] on hidden state a: [n, S, d or 2 d] (rows past sizes[i]: 0)."""
+        n, s = picks.shape
+        rows = []
+        for i, r in enumerate(self.rows[:n]):
+            hidden = out.features[i]  # [S, dim]
+            cols = [greedy_columns(self.logits(r, hidden[a : a + 1], picks[i, a : a + 1] if self.stacked.token_input
+                                               else None, window(self.stacked, hidden[: a + 1], r.past)),
+                                   0.0, bool(self.opts.min_path_prob)) for a in range(sizes[i])]  # each [k]
+            rows.append(F.pad(torch.stack(cols), (0, 0, 0, s - sizes[i])))  # [S, k]
+        return torch.stack(rows)
+
+    def take(self, host: list[list[list[float]]]) -> None:
+        """`ReadAlong`: the host copy of `columns`, kept per row until its verdict says which length was accepted."""
+        for r, row in zip(self.rows, host):
+            r.ahead = [Proposal.of_columns(col, self.d) for col in row]
 
     def on_accept(self, drafts: Sequence[Draft], verdicts: Sequence[Verdict], out: TargetOut,
                   sizes: Sequence[int], branches: int) -> None:
-        """5. h_{s*-1} and the history window after committing x_s .. x_{s*-1}."""
+        """5. h_{s*-1} and the history window after committing x_s .. x_{s*-1}; the next candidates if read ahead."""
         for i, (r, verdict) in enumerate(zip(self.rows, verdicts)):
             a = verdict.num_accepted
             hidden = out.features[i, : sizes[i]]  # [S_i, dim]
             r.past = window(self.stacked, hidden[: a + 1], r.past)
             r.h = hidden[a : a + 1]
+            r.ready, r.ahead = (None if r.ahead is None else r.ahead[a]), None
 
 
 def window(stacked, rows: torch.Tensor, past: torch.Tensor | None) -> torch.Tensor | None:
