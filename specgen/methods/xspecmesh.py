@@ -19,7 +19,7 @@ from specgen.mesh.target import MeshTarget
 from specgen.mesh.vertex_lookup import VertexMemory
 from specgen.methods.options import XSpecMeshOptions
 from specgen.methods.text import EmptyDrafter, lookup
-from specgen.methods.xspecmesh_pool import Proposal, XSpecMeshPool, mesh_rule, reads_ahead
+from specgen.methods.xspecmesh_pool import Proposal, XSpecMeshPool, mesh_rule
 from specgen.models.layout import decode_layout
 from specgen.train.lora import merge_lora_state
 
@@ -50,7 +50,7 @@ class MeshDecoder:
             EachRow(lambda i: EmptyDrafter())  # AR: the empty draft on the same loop
         budget = self.budgets.setdefault(repr((opts, params)), MeasuredBudget(d_max)) \
             if opts.budget == "auto" and d_max else FixedBudget(d_max)
-        along = pool if d_max and reads_ahead(target.device, params, opts) else None  # the heads' read in the accept's
+        along = pool if d_max and pool.ahead else None  # the heads' candidates read with the accept's picks
         batch = decode_batch(target, DraftVerify(pool, mesh_rule(opts), budget, along), [[i] for i in range(len(pcs))],
                              max_tokens, params, (self.eos_id,), generators, batch_size=batch_size, max_draft=d_max,
                              on_done=on_done, on_tokens=on_tokens)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import operator
 from dataclasses import dataclass
@@ -23,23 +24,34 @@ from specgen.errors import UsageError
 from specgen.mesh.tokenizers import BPTTokenizer
 from specgen.mesh.vertex_lookup import VertexMemory
 from specgen.methods.options import XSpecMeshOptions
-from specgen.models.heads import head_logits
+from specgen.models.heads import StackedHeads, head_logits
 
 #: Precision of the heads' LM-head projection (candidates only; the backbone, hence acceptance, stays float32):
 #: float32 by default, as the head bodies always (docs/results/mesh.md).
 DRAFT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 #: Branches of the top-K_s probability tree lighter than this are pruned (appendix A.4).
 TREE_PRUNE = 1e-5
-#: Device types on which lossless greedy decoding runs the heads for every verify position (S times their work, no
-#: read) so that their candidates ride the accept's one host copy: there a host read idles the device. Elsewhere the
-#: heads run once per row in `propose`, with a read of their own.
+#: Device types on which lossless greedy decoding runs the heads for every verify position (one call, D + 1 times
+#: their work, no read) so that their candidates ride the accept's one host copy: there a host read idles the device.
+#: Elsewhere the heads run once per row in `propose`, with a read of their own.
 READ_AHEAD = frozenset({"cuda"})
 
 
-def reads_ahead(device: torch.device | str, params: SamplingParams, opts: XSpecMeshOptions) -> bool:
+def reads_ahead(device: torch.device | str, params: SamplingParams, opts: XSpecMeshOptions,
+                stacked: StackedHeads) -> bool:
     """Whether the pool's `columns` go with the accept read (`DraftVerify`'s `along`): the batched greedy judge
-    reads every verify position's argmax, the x_{s*} of each length it may accept."""
-    return params.greedy and opts.lossless and torch.device(device).type in READ_AHEAD
+    reads every verify position's argmax, the x_{s*} of each length it may accept. Not for history heads: each
+    position's window differs in length until it is full, so the positions are no one call."""
+    return params.greedy and opts.lossless and not stacked.history and torch.device(device).type in READ_AHEAD
+
+
+def tiled(stacked: StackedHeads, d: int, n: int) -> StackedHeads:
+    """The first d heads repeated n times (n d heads, position-major): its `features` on rows [n d, dim] (each
+    position's hidden state repeated d times) are the d heads' on each of n hidden states in one call."""
+    d_axis = {"res_w": 1, "res_b": 1}  # layer-major; every other weight is [D, ...]
+    return dataclasses.replace(stacked, **{
+        f.name: torch.cat([t.narrow(d_axis.get(f.name, 0), 0, d)] * n, d_axis.get(f.name, 0))
+        for f in dataclasses.fields(stacked) if isinstance(t := getattr(stacked, f.name), torch.Tensor)})
 
 
 @dataclass(frozen=True)
@@ -139,6 +151,7 @@ class RowState:
     head_kv: object  # the heads' K/V of this row's point cloud
     memory: VertexMemory | None  # vertex_lookup
     generator: torch.Generator | None  # candidate stream
+    ahead_kv: tuple[torch.Tensor, torch.Tensor] | None = None  # head_kv's first d heads, tiled as `tiled`'s
     ahead: list[Proposal] | None = None  # per length the last verdict could accept: its next candidates (`columns`)
     ready: Proposal | None = None  # the next step's candidates, already read (ahead's row at the accepted length)
 
@@ -151,6 +164,8 @@ class XSpecMeshPool(PoolBase):
         self.decoder, self.target, self.opts, self.params, self.d = decoder, target, opts, params, d_max
         self.draft_generators = draft_generators
         self.stacked = decoder.heads.stacked()  # all D heads as one batched op per layer
+        self.ahead = reads_ahead(target.device, params, opts, self.stacked)
+        self.tiled = tiled(self.stacked, d_max, d_max + 1) if self.ahead else None  # every verify position at once
         if decoder.heads.graphs is not None:  # its captures read an earlier pool's stacked weights
             decoder.heads.graphs.reset()
         if opts.vertex_lookup and decoder.model.vocab_size != BPTTokenizer.vocab_size:  # the memory reads BPT's 8 x 16
@@ -160,8 +175,11 @@ class XSpecMeshPool(PoolBase):
     def admit(self, slot: int, index: int, prompt: list[int], first: TargetOut) -> None:
         h = first.features[0, -1:]  # [1, dim]: the start's hidden state
         context = self.stacked.context_kv(self.decoder.heads.context_kv(self.target.conditions[index]))
+        ahead_kv = None if context is None or not self.ahead else \
+            tuple(torch.cat([t[: self.d]] * (self.d + 1)) for t in context)
         self.rows[slot] = RowState(h, window(self.stacked, h, None), context,
-                                   VertexMemory() if self.opts.vertex_lookup else None, self.draft_generators[index])
+                                   VertexMemory() if self.opts.vertex_lookup else None, self.draft_generators[index],
+                                   ahead_kv)
 
     def propose(self, seqs: Sequence[list[int]], budgets: Sequence[int], stats: Sequence[DecodeStats]) -> list[Draft]:
         """1. x_{s*+1 ..} after each row's root x_{s*} = seq[-1] (seq = [cloud index] + the mesh so far)."""
@@ -184,35 +202,36 @@ class XSpecMeshPool(PoolBase):
         """D candidates from the heads on h_{s*-1} = r.h [1, dim], the projected window r.past (history heads) and
         x_{s*} = token (token_input heads)."""
         tok = host_tensor([token], r.h.device) if self.stacked.token_input else None
-        return head_candidates(self.logits(r, r.h, tok, r.past), self.params, self.opts, r.generator)
+        inputs = dict(h=r.h, token=tok, kv=r.head_kv, past=r.past)
+        return head_candidates(self.logits(self.stacked, self.d, **inputs), self.params, self.opts, r.generator)
 
-    def logits(self, r: RowState, h: torch.Tensor, token: torch.Tensor | None,
+    def logits(self, stacked: StackedHeads, d: int, h: torch.Tensor, token: torch.Tensor | None, kv,
                past: torch.Tensor | None) -> torch.Tensor:
-        """The heads' logits [d, V] on h_{s*-1} = h [1, dim], x_{s*} = token [1] (token_input heads), the window past
-        (history heads) and r's condition: device ops only. Captured heads return their graph's buffers: read them
-        (or queue work on them) before the next call."""
+        """The first d heads of `stacked`: logits [d, V] on h_{s*-1} = h [1 or d, dim], x_{s*} = token [1 or d]
+        (token_input heads), the condition's K/V kv and the window past (history heads): device ops only. Captured
+        heads return their graph's buffers: read them (or queue work on them) before the next call."""
         dtype, model = DRAFT_DTYPES[self.opts.draft_dtype], self.decoder.model
-        step = functools.partial(head_logits, self.stacked, self.decoder._lm_head(dtype), model.decoder.tok_embeddings,
-                                 dtype, self.d)
-        k, v = r.head_kv if r.head_kv is not None else (None, None)
+        step = functools.partial(head_logits, stacked, self.decoder._lm_head(dtype), model.decoder.tok_embeddings,
+                                 dtype, d)
+        k, v = kv if kv is not None else (None, None)
         inputs = {name: t for name, t in (("h", h), ("token", token), ("k", k), ("v", v), ("past", past))
                   if t is not None}
         graphs = self.decoder.heads.graphs
-        key = ("heads", self.d, dtype, *((name, tuple(t.shape)) for name, t in inputs.items()))
+        key = ("heads", d, dtype, *((name, tuple(t.shape)) for name, t in inputs.items()))
         return (step(**inputs) if graphs is None else graphs.call(key, step, inputs))[0]
 
     def columns(self, out: TargetOut, picks: torch.Tensor, sizes: Sequence[int]) -> torch.Tensor:
         """`ReadAlong`: for every row i and length a it may accept, the greedy candidates (`greedy_columns`) the next
-        step would draft after x_{s*} = picks[i, a] on hidden state a: [n, S, d or 2 d] (rows past sizes[i]: 0)."""
+        step would draft after x_{s*} = picks[i, a] on hidden state a: [n, S, d or 2 d]. One call of the `tiled`
+        heads per row, at the widest verify (d + 1 positions: one captured graph); positions past sizes[i] unused."""
         n, s = picks.shape
-        rows = []
-        for i, r in enumerate(self.rows[:n]):
-            hidden = out.features[i]  # [S, dim]
-            cols = [greedy_columns(self.logits(r, hidden[a : a + 1], picks[i, a : a + 1] if self.stacked.token_input
-                                               else None, window(self.stacked, hidden[: a + 1], r.past)),
-                                   0.0, bool(self.opts.min_path_prob)) for a in range(sizes[i])]  # each [k]
-            rows.append(F.pad(torch.stack(cols), (0, 0, 0, s - sizes[i])))  # [S, k]
-        return torch.stack(rows)
+        w, pad = self.d + 1, (0, 0, 0, self.d + 1 - s)
+        hidden = F.pad(out.features[:n], pad).repeat_interleave(self.d, 1)  # [n, w d, dim], position-major
+        tokens = F.pad(picks, pad[2:]).repeat_interleave(self.d, 1) if self.stacked.token_input else None  # [n, w d]
+        path_probs = bool(self.opts.min_path_prob)
+        return torch.stack([greedy_columns(self.logits(self.tiled, w * self.d, hidden[i], None if tokens is None
+                                                       else tokens[i], r.ahead_kv, None).view(w, self.d, -1),
+                                           0.0, path_probs) for i, r in enumerate(self.rows[:n])])[:, :s]
 
     def take(self, host: list[list[list[float]]]) -> None:
         """`ReadAlong`: the host copy of `columns`, kept per row until its verdict says which length was accepted."""

@@ -48,11 +48,13 @@ def test_a_lossless_greedy_step_reads_once_for_its_verdicts_and_once_for_its_hea
 
 
 def test_read_ahead_heads_ride_the_accept_read(setup, monkeypatch):
-    """Where the heads run for every verify position (a GPU: READ_AHEAD), a step reads the host once."""
+    """Where the heads run for every verify position (a GPU: READ_AHEAD), a step reads the host once; history heads
+    (windows of unequal lengths) run in `propose` there too."""
     monkeypatch.setattr(xspecmesh_pool, "READ_AHEAD", frozenset({"cpu"}))
     path_cut = dataclasses.replace(LOSSLESS, min_path_prob=0.2)  # probabilities in the same copy
     assert max(step_reads(setup, monkeypatch)) == 1
-    assert max(step_reads(setup, monkeypatch, path_cut, tiny_heads(history=3, token_input=True))) == 1
+    assert max(step_reads(setup, monkeypatch, path_cut, tiny_heads("mlp", token_input=True))) == 1
+    assert max(step_reads(setup, monkeypatch, heads=tiny_heads(history=3))) == 2
 
 
 def test_the_read_count_sees_a_rule_that_reads_per_candidate(setup, monkeypatch):
@@ -77,13 +79,14 @@ def record_drafts(monkeypatch) -> list[list[tuple]]:
     return drafts
 
 
-@pytest.mark.parametrize("kind", ["ca", "mlp", "ca+token", "ca+history", "ca+vertex", "ca+cut"])
+@pytest.mark.parametrize("kind", ["ca", "mlp", "ca+token", "mlp+token", "ca+vertex", "ca+cut", "ca+d2"])
 def test_read_ahead_drafts_what_propose_drafts(setup, monkeypatch, kind):
     """The heads run ahead on each verify position draft, at the accepted one, the very candidates `propose` computes
     after the verdict; the mesh is greedy AR's."""
     model, pc = setup
-    heads = tiny_heads(kind.split("+")[0], scramble=False, token_input="token" in kind, history=3 * ("history" in kind))
-    opts = dataclasses.replace(LOSSLESS, vertex_lookup="vertex" in kind, min_path_prob=1e-9 * ("cut" in kind))
+    heads = tiny_heads(kind.split("+")[0], scramble=False, token_input="token" in kind)
+    opts = dataclasses.replace(LOSSLESS, vertex_lookup="vertex" in kind, min_path_prob=1e-9 * ("cut" in kind),
+                               num_heads=2 * ("d2" in kind))
     drafts = record_drafts(monkeypatch)
     results = []
     for ahead in ((), ("cpu",)):
@@ -98,7 +101,7 @@ def test_read_ahead_drafts_what_propose_drafts(setup, monkeypatch, kind):
 def test_read_ahead_in_a_batch_drafts_what_propose_drafts(monkeypatch, budget):
     """Rows of different verify widths (padded columns), rows admitted into freed slots, and (auto) AR steps."""
     model, clouds = tiny_mesh_model(), procedural_clouds(range(11, 16))
-    heads, opts = tiny_heads(scramble=False, history=3), dataclasses.replace(LOSSLESS, budget=budget)
+    heads, opts = tiny_heads(scramble=False, token_input=True), dataclasses.replace(LOSSLESS, budget=budget)
     drafts = record_drafts(monkeypatch)
     meshes = []
     for ahead in ((), ("cpu",)):
