@@ -12,6 +12,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from specgen.decoding.accept import accept_rejection
 from specgen.decoding.accept_threshold import AcceptCriterion, accept_lossy
 from specgen.decoding.draft import Draft, Verdict
 from specgen.decoding.draft_verify import judge
@@ -31,10 +32,11 @@ from specgen.models.heads import StackedHeads, head_logits
 DRAFT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 #: Branches of the top-K_s probability tree lighter than this are pruned (appendix A.4).
 TREE_PRUNE = 1e-5
-#: Device types on which lossless greedy decoding runs the heads for every verify position (one call, D + 1 times
-#: their work, no read) so that their candidates ride the accept's one host copy: there a host read idles the device.
-#: Elsewhere the heads run once per row in `propose`, with a read of their own.
-READ_AHEAD = frozenset({"cuda"})
+#: Device types on which a host read idles the device (the host waits, then launches the next work), so lossless
+#: decoding reads the host once a step there: the judge's one copy of every filtered row (T > 0), with greedy the heads'
+#: candidates for every verify position in it (one call, D + 1 times their work: `reads_ahead`). Elsewhere T > 0
+#: filters only the rows the rule reads (`LazyRows`) and the heads run once per row in `propose`, read on their own.
+ONE_READ = frozenset({"cuda"})
 
 
 def reads_ahead(device: torch.device | str, params: SamplingParams, opts: XSpecMeshOptions,
@@ -42,7 +44,7 @@ def reads_ahead(device: torch.device | str, params: SamplingParams, opts: XSpecM
     """Whether the pool's `columns` go with the accept read (`DraftVerify`'s `along`): the batched greedy judge
     reads every verify position's argmax, the x_{s*} of each length it may accept. Not for history heads: each
     position's window differs in length until it is full, so the positions are no one call."""
-    return params.greedy and opts.lossless and not stacked.history and torch.device(device).type in READ_AHEAD
+    return params.greedy and opts.lossless and not stacked.history and torch.device(device).type in ONE_READ
 
 
 def tiled(stacked: StackedHeads, d: int, n: int) -> StackedHeads:
@@ -131,12 +133,15 @@ class LazyRows:
         return self.rows[i]
 
 
-def mesh_rule(opts):
+def mesh_rule(opts: XSpecMeshOptions, params: SamplingParams, device: torch.device | str):
     """The loop's accept rule for a chain of candidates x_{s+1 ..} on the backbone's filtered rows [D + 1, V]:
-    lossless, the loop's batched `judge` (greedy match; rejection sampling with deterministic candidates, q = one-hot:
-    accept with probability p(x)), with one host copy a step for the whole batch; or the paper's lossy criterion."""
-    if opts.lossless:
+    lossless rejection sampling (deterministic candidates: q = one-hot, accept with probability p(x); greedy: the
+    argmax match), as the loop's batched `judge` (one host copy a step for the whole batch) when greedy or on a
+    ONE_READ device, else per row on the rows it reads; or the paper's lossy criterion."""
+    if opts.lossless and (params.greedy or torch.device(device).type in ONE_READ):
         return judge
+    if opts.lossless:
+        return lambda draft, logits, params, generator: accept_rejection(draft, LazyRows(logits, params), generator)
     criterion = AcceptCriterion(opts.criterion, opts.delta, opts.top_k_accept)
     return lambda draft, logits, params, generator: accept_lossy(draft, LazyRows(logits, params), criterion, generator,
                                                                  params.greedy)

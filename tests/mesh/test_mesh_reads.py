@@ -18,6 +18,7 @@ from tests.mesh.mesh_fixtures import procedural_clouds, tiny_heads, tiny_mesh_mo
 from tests.mesh.test_mesh_xspecmesh import one_thread, setup  # noqa: F401  (fixtures: the tiny model, 1 thread)
 
 GREEDY = SamplingParams(0.0)
+SAMPLED = SamplingParams(1.0, 50, 0.95)
 LOSSLESS = XSpecMeshOptions(criterion="rejection", sampling="tree", top_k_tree=1)
 
 
@@ -48,9 +49,9 @@ def test_a_lossless_greedy_step_reads_once_for_its_verdicts_and_once_for_its_hea
 
 
 def test_read_ahead_heads_ride_the_accept_read(setup, monkeypatch):
-    """Where the heads run for every verify position (a GPU: READ_AHEAD), a step reads the host once; history heads
+    """Where the heads run for every verify position (a GPU: ONE_READ), a step reads the host once; history heads
     (windows of unequal lengths) run in `propose` there too."""
-    monkeypatch.setattr(xspecmesh_pool, "READ_AHEAD", frozenset({"cpu"}))
+    monkeypatch.setattr(xspecmesh_pool, "ONE_READ", frozenset({"cpu"}))
     path_cut = dataclasses.replace(LOSSLESS, min_path_prob=0.2)  # probabilities in the same copy
     assert max(step_reads(setup, monkeypatch)) == 1
     assert max(step_reads(setup, monkeypatch, path_cut, tiny_heads("mlp", token_input=True))) == 1
@@ -61,7 +62,7 @@ def test_the_read_count_sees_a_rule_that_reads_per_candidate(setup, monkeypatch)
     """The control: the rule before the batched judge (rejection sampling on lazily filtered device rows) read p(x)
     of every candidate, and drew on the host."""
     old = lambda draft, logits, params, g: accept_rejection(draft, LazyRows(logits, params), g)  # noqa: E731
-    monkeypatch.setattr(xspecmesh, "mesh_rule", lambda opts: old)
+    monkeypatch.setattr(xspecmesh, "mesh_rule", lambda *_: old)
     assert max(step_reads(setup, monkeypatch)) > 3
 
 
@@ -90,7 +91,7 @@ def test_read_ahead_drafts_what_propose_drafts(setup, monkeypatch, kind):
     drafts = record_drafts(monkeypatch)
     results = []
     for ahead in ((), ("cpu",)):
-        monkeypatch.setattr(xspecmesh_pool, "READ_AHEAD", frozenset(ahead))
+        monkeypatch.setattr(xspecmesh_pool, "ONE_READ", frozenset(ahead))
         drafts.append([])
         results.append(MeshDecoder(model, heads).generate_batch([pc], GREEDY, 80, opts)[0])
     assert drafts[0] == drafts[1] and sum(results[0].stats.accepted) > 0
@@ -105,9 +106,22 @@ def test_read_ahead_in_a_batch_drafts_what_propose_drafts(monkeypatch, budget):
     drafts = record_drafts(monkeypatch)
     meshes = []
     for ahead in ((), ("cpu",)):
-        monkeypatch.setattr(xspecmesh_pool, "READ_AHEAD", frozenset(ahead))
+        monkeypatch.setattr(xspecmesh_pool, "ONE_READ", frozenset(ahead))
         drafts.append([])
         meshes.append([r.tokens for r in MeshDecoder(model, heads).generate_batch(clouds, GREEDY, 50, opts,
                                                                                    batch_size=3)])
     assert drafts[0] == drafts[1] and meshes[0] == meshes[1]
     assert meshes[0] == [r.tokens for r in MeshDecoder(model).generate_batch(clouds, GREEDY, 50)]
+
+
+def test_sampled_lossless_decodes_alike_with_one_copy_or_the_rows_it_reads(setup, monkeypatch):
+    """T > 0: the batched judge's one copy of every filtered row (ONE_READ devices) and the rule on the rows it reads
+    (the CPU's LazyRows) draw the same uniforms in the same order from the same rows: the same mesh."""
+    model, pc = setup
+    meshes = []
+    for one_read in ((), ("cpu",)):
+        monkeypatch.setattr(xspecmesh_pool, "ONE_READ", frozenset(one_read))
+        gens = [torch.Generator().manual_seed(5)], [torch.Generator().manual_seed(6)]
+        meshes.append(MeshDecoder(model, tiny_heads(scramble=False)).generate_batch([pc], SAMPLED, 80, LOSSLESS,
+                                                                                    *gens)[0])
+    assert meshes[0].tokens == meshes[1].tokens and sum(meshes[0].stats.accepted) > 0
