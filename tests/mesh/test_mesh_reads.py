@@ -1,4 +1,4 @@
-"""Host reads of a lossless XSpecMesh step (each one idles a GPU): the batched judge's one copy, the heads' riding it."""
+"""Host reads of a lossless XSpecMesh step (each idles a GPU): the batched judge's one copy, the heads' riding it."""
 
 from __future__ import annotations
 
