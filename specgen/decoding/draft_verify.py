@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable, Sequence
+from typing import Callable, Protocol, Sequence
 
 import torch
 
@@ -12,6 +12,7 @@ from specgen.decoding.budget import DraftBudget
 from specgen.decoding.draft import Draft, Verdict
 from specgen.decoding.pool import DrafterPool, EachRow, PolicyBase, RowStep, StepPolicy
 from specgen.decoding.sampling import SamplingParams, logits_to_probs
+from specgen.decoding.target import TargetOut
 
 Rule = Callable[[Draft, torch.Tensor, SamplingParams, "torch.Generator | None"], Verdict]
 
@@ -35,11 +36,23 @@ def judge_batch(drafts: Sequence[Draft], logits: torch.Tensor, sizes: Sequence[i
             for i, (d, g) in enumerate(zip(drafts, generators))]
 
 
-class DraftVerify(PolicyBase):
-    """The draft-verify step over a DrafterPool: every live row feeds its last token + its draft every step."""
+class ReadAlong(Protocol):
+    """Device work on every verify position whose result rides the greedy judge's one host copy (a pool's next
+    candidates for each length the verdict may accept), so that the next step needs no read of its own."""
 
-    def __init__(self, pool: DrafterPool, rule: Rule, budget: DraftBudget) -> None:
-        self.pool, self.rule, self.budget = pool, rule, budget
+    def columns(self, out: TargetOut, picks: torch.Tensor, sizes: Sequence[int]) -> torch.Tensor:
+        """[n, S, k] float32 on the device from the verify forward `out` and its greedy picks [n, S]."""
+
+    def take(self, host: list[list[list[float]]]) -> None:
+        """The host copy [n][S][k] of `columns`, before the verdicts are judged."""
+
+
+class DraftVerify(PolicyBase):
+    """The draft-verify step over a DrafterPool: every live row feeds its last token + its draft every step;
+    `along`: device work read with the greedy judge's picks (`ReadAlong`)."""
+
+    def __init__(self, pool: DrafterPool, rule: Rule, budget: DraftBudget, along: ReadAlong | None = None) -> None:
+        self.pool, self.rule, self.budget, self.along = pool, rule, budget, along
         self.max_feed = pool.max_feed
         self.drafts: list[Draft] = []
         # the pool holds the per-slot state: its own `Slots` methods serve the loop
@@ -57,7 +70,7 @@ class DraftVerify(PolicyBase):
         with clock("accept"):  # 3. per row, each with its own generator stream
             if self.rule is judge:  # one device-to-host copy for the whole batch, not one per row
                 if params.greedy:  # kept on `out`: a drafter's next guesses are the same argmax (no second read)
-                    out = replace(out, argmax=out.picks())
+                    out = replace(out, argmax=self.picks(out, sizes))
                 verdicts = judge_batch(drafts, out.logits, sizes, params, generators, out.argmax)
             else:
                 verdicts = [self.rule(d, out.logits[i, : sizes[i]], params, g)
@@ -68,6 +81,16 @@ class DraftVerify(PolicyBase):
                 s.record(d.size, d.tree.max_depth(), v.num_accepted)
                 self.budget.observe(d.size, v.num_accepted)
         return [(v.kept(), list(v.tokens)) for v in verdicts]
+
+    def picks(self, out: TargetOut, sizes: Sequence[int]) -> list[list[int]]:
+        """The greedy picks [n][S] on the host, with `along`'s columns in the same device-to-host copy."""
+        if self.along is None or out.argmax is not None:
+            return out.picks()
+        picks = out.logits.argmax(-1)  # [n, S]
+        # float32 holds every token id exactly (vocabularies < 2^24)
+        host = torch.cat([picks[..., None].float(), self.along.columns(out, picks, sizes)], -1).tolist()
+        self.along.take([[col[1:] for col in row] for row in host])
+        return [[int(col[0]) for col in row] for row in host]
 
 
 class DrafterBase:

@@ -50,7 +50,9 @@ class MeshDecoder:
             EachRow(lambda i: EmptyDrafter())  # AR: the empty draft on the same loop
         budget = self.budgets.setdefault(repr((opts, params)), MeasuredBudget(d_max)) \
             if opts.budget == "auto" and d_max else FixedBudget(d_max)
-        batch = decode_batch(target, DraftVerify(pool, mesh_rule(opts), budget), [[i] for i in range(len(pcs))],
+        along = pool if d_max and pool.ahead else None  # the heads' candidates read with the accept's picks
+        step = DraftVerify(pool, mesh_rule(opts, params, target.device), budget, along)
+        batch = decode_batch(target, step, [[i] for i in range(len(pcs))],
                              max_tokens, params, (self.eos_id,), generators, batch_size=batch_size, max_draft=d_max,
                              on_done=on_done, on_tokens=on_tokens)
         return batch.results  # tokens x_1 .. (EOS included when reached)

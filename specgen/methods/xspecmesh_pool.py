@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import operator
 from dataclasses import dataclass
@@ -9,10 +10,12 @@ from itertools import accumulate
 from typing import Sequence
 
 import torch
+import torch.nn.functional as F
 
 from specgen.decoding.accept import accept_rejection
 from specgen.decoding.accept_threshold import AcceptCriterion, accept_lossy
 from specgen.decoding.draft import Draft, Verdict
+from specgen.decoding.draft_verify import judge
 from specgen.decoding.pool import PoolBase
 from specgen.decoding.sampling import SamplingParams, logits_to_probs, sample, sample_rows
 from specgen.decoding.stats import DecodeStats
@@ -22,13 +25,35 @@ from specgen.errors import UsageError
 from specgen.mesh.tokenizers import BPTTokenizer
 from specgen.mesh.vertex_lookup import VertexMemory
 from specgen.methods.options import XSpecMeshOptions
-from specgen.models.heads import head_logits
+from specgen.models.heads import StackedHeads, head_logits
 
 #: Precision of the heads' LM-head projection (candidates only; the backbone, hence acceptance, stays float32):
 #: float32 by default, as the head bodies always (docs/results/mesh.md).
 DRAFT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 #: Branches of the top-K_s probability tree lighter than this are pruned (appendix A.4).
 TREE_PRUNE = 1e-5
+#: Device types on which a host read idles the device (the host waits, then launches the next work), so lossless
+#: decoding reads the host once a step there: the judge's one copy of every filtered row (T > 0), with greedy the heads'
+#: candidates for every verify position in it (one call, D + 1 times their work: `reads_ahead`). Elsewhere T > 0
+#: filters only the rows the rule reads (`LazyRows`) and the heads run once per row in `propose`, read on their own.
+ONE_READ = frozenset({"cuda"})
+
+
+def reads_ahead(device: torch.device | str, params: SamplingParams, opts: XSpecMeshOptions,
+                stacked: StackedHeads) -> bool:
+    """Whether the pool's `columns` go with the accept read (`DraftVerify`'s `along`): the batched greedy judge
+    reads every verify position's argmax, the x_{s*} of each length it may accept. Not for history heads: each
+    position's window differs in length until it is full, so the positions are no one call."""
+    return params.greedy and opts.lossless and not stacked.history and torch.device(device).type in ONE_READ
+
+
+def tiled(stacked: StackedHeads, d: int, n: int) -> StackedHeads:
+    """The first d heads repeated n times (n d heads, position-major): its `features` on rows [n d, dim] (each
+    position's hidden state repeated d times) are the d heads' on each of n hidden states in one call."""
+    d_axis = {"res_w": 1, "res_b": 1}  # layer-major; every other weight is [D, ...]
+    return dataclasses.replace(stacked, **{
+        f.name: torch.cat([t.narrow(d_axis.get(f.name, 0), 0, d)] * n, d_axis.get(f.name, 0))
+        for f in dataclasses.fields(stacked) if isinstance(t := getattr(stacked, f.name), torch.Tensor)})
 
 
 @dataclass(frozen=True)
@@ -37,6 +62,11 @@ class Proposal:
 
     tokens: list[int]
     probs: list[float]
+
+    @classmethod
+    def of_columns(cls, col: list[float], d: int) -> "Proposal":
+        """From a host row of `greedy_columns` [d or 2 d]: the token ids, then their probabilities (else all 1)."""
+        return cls([int(t) for t in col[:d]], col[d:] or [1.0] * d)
 
     def cut(self, min_path_prob: float) -> list[int]:
         """The candidates before the first one at which the running product of probs is below min_path_prob."""
@@ -57,22 +87,37 @@ def tree_sample(probs: torch.Tensor, k: int, generator: torch.Generator | None) 
     return [int(top.indices[d, flat // kk ** (D - 1 - d) % kk]) for d in range(D)]
 
 
+def greedy_columns(head_logits: torch.Tensor, temperature: float, path_probs: bool) -> torch.Tensor:
+    """Each head's most probable token of logits [..., D, V] and (path_probs) its tempered probability, as one float32
+    tensor [..., D] or [..., 2 D] (ids are exact in float32): one host read carries both, on the device alone."""
+    tokens = head_logits.argmax(-1)  # [..., D]
+    if not path_probs:
+        return tokens.float()
+    return torch.cat([tokens.float(), token_probs(head_logits, tokens, temperature)], -1)
+
+
+def token_probs(head_logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Each head's tempered probability [..., D] of its token tokens [..., D] under logits [..., D, V]."""
+    scaled = head_logits / (temperature or 1.0)
+    return (scaled.gather(-1, tokens[..., None])[..., 0] - scaled.logsumexp(-1)).exp()
+
+
 def head_candidates(head_logits: torch.Tensor, params: SamplingParams, opts: XSpecMeshOptions,
                     generator: torch.Generator | None) -> Proposal:
     """Candidates x_{s*+1 .. s*+D} from head logits [D, V] (greedy, or the K_s = 1 tree: argmaxes), and each
     head's tempered probability of its token (for `min_path_prob`)."""
     if params.greedy or (opts.sampling == "tree" and opts.top_k_tree == 1):
         # the K_s = 1 tree's one path is every head's most probable token, and the filters keep each row's max
-        tokens = head_logits.argmax(-1).tolist()
-    elif opts.sampling == "tree":
+        cols = greedy_columns(head_logits, params.temperature, bool(opts.min_path_prob))
+        return Proposal.of_columns(cols.tolist(), head_logits.shape[0])
+    if opts.sampling == "tree":
         tokens = tree_sample(logits_to_probs(head_logits, params), opts.top_k_tree, generator)
     else:
         tokens = sample_rows(logits_to_probs(head_logits, params), generator)  # one independent draw per head
     if not opts.min_path_prob:
         return Proposal(tokens, [1.0] * len(tokens))
-    scaled = head_logits / (params.temperature or 1.0)  # [D, V]
-    chosen = scaled.gather(-1, torch.tensor(tokens, device=scaled.device)[:, None])[:, 0]  # [D]
-    return Proposal(tokens, (chosen - scaled.logsumexp(-1)).exp().tolist())
+    chosen = torch.tensor(tokens, device=head_logits.device)  # [D]
+    return Proposal(tokens, token_probs(head_logits, chosen, params.temperature).tolist())
 
 
 class LazyRows:
@@ -88,10 +133,13 @@ class LazyRows:
         return self.rows[i]
 
 
-def mesh_rule(opts):
+def mesh_rule(opts: XSpecMeshOptions, params: SamplingParams, device: torch.device | str):
     """The loop's accept rule for a chain of candidates x_{s+1 ..} on the backbone's filtered rows [D + 1, V]:
-    lossless rejection sampling (deterministic candidates: q = one-hot, accept with probability p(x)), or the paper's
-    lossy criterion."""
+    lossless rejection sampling (deterministic candidates: q = one-hot, accept with probability p(x); greedy: the
+    argmax match), as the loop's batched `judge` (one host copy a step for the whole batch) when greedy or on a
+    ONE_READ device, else per row on the rows it reads; or the paper's lossy criterion."""
+    if opts.lossless and (params.greedy or torch.device(device).type in ONE_READ):
+        return judge
     if opts.lossless:
         return lambda draft, logits, params, generator: accept_rejection(draft, LazyRows(logits, params), generator)
     criterion = AcceptCriterion(opts.criterion, opts.delta, opts.top_k_accept)
@@ -108,6 +156,9 @@ class RowState:
     head_kv: object  # the heads' K/V of this row's point cloud
     memory: VertexMemory | None  # vertex_lookup
     generator: torch.Generator | None  # candidate stream
+    ahead_kv: tuple[torch.Tensor, torch.Tensor] | None = None  # head_kv's first d heads, tiled as `tiled`'s
+    ahead: list[Proposal] | None = None  # per length the last verdict could accept: its next candidates (`columns`)
+    ready: Proposal | None = None  # the next step's candidates, already read (ahead's row at the accepted length)
 
 
 class XSpecMeshPool(PoolBase):
@@ -118,6 +169,8 @@ class XSpecMeshPool(PoolBase):
         self.decoder, self.target, self.opts, self.params, self.d = decoder, target, opts, params, d_max
         self.draft_generators = draft_generators
         self.stacked = decoder.heads.stacked()  # all D heads as one batched op per layer
+        self.ahead = reads_ahead(target.device, params, opts, self.stacked)
+        self.tiled = tiled(self.stacked, d_max, d_max + 1) if self.ahead else None  # every verify position at once
         if decoder.heads.graphs is not None:  # its captures read an earlier pool's stacked weights
             decoder.heads.graphs.reset()
         if opts.vertex_lookup and decoder.model.vocab_size != BPTTokenizer.vocab_size:  # the memory reads BPT's 8 x 16
@@ -127,8 +180,11 @@ class XSpecMeshPool(PoolBase):
     def admit(self, slot: int, index: int, prompt: list[int], first: TargetOut) -> None:
         h = first.features[0, -1:]  # [1, dim]: the start's hidden state
         context = self.stacked.context_kv(self.decoder.heads.context_kv(self.target.conditions[index]))
+        ahead_kv = None if context is None or not self.ahead else \
+            tuple(torch.cat([t[: self.d]] * (self.d + 1)) for t in context)
         self.rows[slot] = RowState(h, window(self.stacked, h, None), context,
-                                   VertexMemory() if self.opts.vertex_lookup else None, self.draft_generators[index])
+                                   VertexMemory() if self.opts.vertex_lookup else None, self.draft_generators[index],
+                                   ahead_kv)
 
     def propose(self, seqs: Sequence[list[int]], budgets: Sequence[int], stats: Sequence[DecodeStats]) -> list[Draft]:
         """1. x_{s*+1 ..} after each row's root x_{s*} = seq[-1] (seq = [cloud index] + the mesh so far)."""
@@ -138,7 +194,7 @@ class XSpecMeshPool(PoolBase):
                 drafts.append(Draft.empty())
                 continue
             mesh, x = seq[1:-1], seq[-1]
-            heads = functools.cache(functools.partial(self.heads, r, x))
+            heads = functools.cache(functools.partial(self.heads, r, x) if r.ready is None else lambda p=r.ready: p)
             proposal = self.decoder._candidates(mesh, x, heads, self.d, self.opts, r.memory)
             chain = proposal.cut(self.opts.min_path_prob)
             eos = self.decoder.eos_id
@@ -150,26 +206,52 @@ class XSpecMeshPool(PoolBase):
     def heads(self, r: RowState, token: int) -> Proposal:
         """D candidates from the heads on h_{s*-1} = r.h [1, dim], the projected window r.past (history heads) and
         x_{s*} = token (token_input heads)."""
-        dtype, model = DRAFT_DTYPES[self.opts.draft_dtype], self.decoder.model
-        step = functools.partial(head_logits, self.stacked, self.decoder._lm_head(dtype), model.decoder.tok_embeddings,
-                                 dtype, self.d)
-        k, v = r.head_kv if r.head_kv is not None else (None, None)
         tok = host_tensor([token], r.h.device) if self.stacked.token_input else None
-        inputs = {name: t for name, t in (("h", r.h), ("token", tok), ("k", k), ("v", v), ("past", r.past))
+        inputs = dict(h=r.h, token=tok, kv=r.head_kv, past=r.past)
+        return head_candidates(self.logits(self.stacked, self.d, **inputs), self.params, self.opts, r.generator)
+
+    def logits(self, stacked: StackedHeads, d: int, h: torch.Tensor, token: torch.Tensor | None, kv,
+               past: torch.Tensor | None) -> torch.Tensor:
+        """The first d heads of `stacked`: logits [d, V] on h_{s*-1} = h [1 or d, dim], x_{s*} = token [1 or d]
+        (token_input heads), the condition's K/V kv and the window past (history heads): device ops only. Captured
+        heads return their graph's buffers: read them (or queue work on them) before the next call."""
+        dtype, model = DRAFT_DTYPES[self.opts.draft_dtype], self.decoder.model
+        step = functools.partial(head_logits, stacked, self.decoder._lm_head(dtype), model.decoder.tok_embeddings,
+                                 dtype, d)
+        k, v = kv if kv is not None else (None, None)
+        inputs = {name: t for name, t in (("h", h), ("token", token), ("k", k), ("v", v), ("past", past))
                   if t is not None}
-        graphs = self.decoder.heads.graphs  # captured: one replay per row (its outputs are read before the next)
-        key = ("heads", self.d, dtype, *((name, tuple(t.shape)) for name, t in inputs.items()))
-        logits = (step(**inputs) if graphs is None else graphs.call(key, step, inputs))[0]  # [d, V]
-        return head_candidates(logits, self.params, self.opts, r.generator)
+        graphs = self.decoder.heads.graphs
+        key = ("heads", d, dtype, *((name, tuple(t.shape)) for name, t in inputs.items()))
+        return (step(**inputs) if graphs is None else graphs.call(key, step, inputs))[0]
+
+    def columns(self, out: TargetOut, picks: torch.Tensor, sizes: Sequence[int]) -> torch.Tensor:
+        """`ReadAlong`: for every row i and length a it may accept, the greedy candidates (`greedy_columns`) the next
+        step would draft after x_{s*} = picks[i, a] on hidden state a: [n, S, d or 2 d]. One call of the `tiled`
+        heads per row, at the widest verify (d + 1 positions: one captured graph); positions past sizes[i] unused."""
+        n, s = picks.shape
+        w, pad = self.d + 1, (0, 0, 0, self.d + 1 - s)
+        hidden = F.pad(out.features[:n], pad).repeat_interleave(self.d, 1)  # [n, w d, dim], position-major
+        tokens = F.pad(picks, pad[2:]).repeat_interleave(self.d, 1) if self.stacked.token_input else None  # [n, w d]
+        path_probs = bool(self.opts.min_path_prob)
+        return torch.stack([greedy_columns(self.logits(self.tiled, w * self.d, hidden[i], None if tokens is None
+                                                       else tokens[i], r.ahead_kv, None).view(w, self.d, -1),
+                                           0.0, path_probs) for i, r in enumerate(self.rows[:n])])[:, :s]
+
+    def take(self, host: list[list[list[float]]]) -> None:
+        """`ReadAlong`: the host copy of `columns`, kept per row until its verdict says which length was accepted."""
+        for r, row in zip(self.rows, host):
+            r.ahead = [Proposal.of_columns(col, self.d) for col in row]
 
     def on_accept(self, drafts: Sequence[Draft], verdicts: Sequence[Verdict], out: TargetOut,
                   sizes: Sequence[int], branches: int) -> None:
-        """5. h_{s*-1} and the history window after committing x_s .. x_{s*-1}."""
+        """5. h_{s*-1} and the history window after committing x_s .. x_{s*-1}; the next candidates if read ahead."""
         for i, (r, verdict) in enumerate(zip(self.rows, verdicts)):
             a = verdict.num_accepted
             hidden = out.features[i, : sizes[i]]  # [S_i, dim]
             r.past = window(self.stacked, hidden[: a + 1], r.past)
             r.h = hidden[a : a + 1]
+            r.ready, r.ahead = (None if r.ahead is None else r.ahead[a]), None
 
 
 def window(stacked, rows: torch.Tensor, past: torch.Tensor | None) -> torch.Tensor | None:
