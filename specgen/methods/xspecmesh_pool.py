@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import operator
 from dataclasses import dataclass
@@ -45,15 +44,6 @@ def reads_ahead(device: torch.device | str, params: SamplingParams, opts: XSpecM
     reads every verify position's argmax, the x_{s*} of each length it may accept. Not for history heads: each
     position's window differs in length until it is full, so the positions are no one call."""
     return params.greedy and opts.lossless and not stacked.history and torch.device(device).type in ONE_READ
-
-
-def tiled(stacked: StackedHeads, d: int, n: int) -> StackedHeads:
-    """The first d heads repeated n times (n d heads, position-major): its `features` on rows [n d, dim] (each
-    position's hidden state repeated d times) are the d heads' on each of n hidden states in one call."""
-    d_axis = {"res_w": 1, "res_b": 1}  # layer-major; every other weight is [D, ...]
-    return dataclasses.replace(stacked, **{
-        f.name: torch.cat([t.narrow(d_axis.get(f.name, 0), 0, d)] * n, d_axis.get(f.name, 0))
-        for f in dataclasses.fields(stacked) if isinstance(t := getattr(stacked, f.name), torch.Tensor)})
 
 
 @dataclass(frozen=True)
@@ -170,7 +160,7 @@ class XSpecMeshPool(PoolBase):
         self.draft_generators = draft_generators
         self.stacked = decoder.heads.stacked()  # all D heads as one batched op per layer
         self.ahead = reads_ahead(target.device, params, opts, self.stacked)
-        self.tiled = tiled(self.stacked, d_max, d_max + 1) if self.ahead else None  # every verify position at once
+        self.tiled = self.stacked.tiled(d_max, d_max + 1) if self.ahead else None  # every verify position at once
         if decoder.heads.graphs is not None:  # its captures read an earlier pool's stacked weights
             decoder.heads.graphs.reset()
         if opts.vertex_lookup and decoder.model.vocab_size != BPTTokenizer.vocab_size:  # the memory reads BPT's 8 x 16

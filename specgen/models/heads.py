@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import asdict, dataclass
 
 import torch
@@ -184,6 +186,14 @@ class StackedHeads:
     @property
     def token_input(self) -> bool:
         return self.tok_w is not None
+
+    def tiled(self, d: int, n: int) -> "StackedHeads":
+        """The first d heads repeated n times (n d heads, position-major): its `features` on rows [n d, dim] (each of
+        n hidden states repeated d times) are the d heads' on each of the n states, in one call."""
+        axis = {"res_w": 1, "res_b": 1}  # layer-major; every other weight is [D, ...]
+        return dataclasses.replace(self, **{
+            f.name: torch.cat([t.narrow(axis.get(f.name, 0), 0, d)] * n, axis.get(f.name, 0))
+            for f in dataclasses.fields(self) if isinstance(t := getattr(self, f.name), torch.Tensor)})
 
     @property
     def history(self) -> int:
