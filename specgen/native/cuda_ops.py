@@ -12,6 +12,7 @@ import torch
 BLOCK_N = 64  # list entries (keys) per attention tile (triton_kernels.attend_lists)
 WARPS = 4
 GATE_BLOCK = 1024  # elements a program of silu_mul
+PLAN_BLOCK = 128  # slots a step of plan_rows' passes
 PRODUCT_TILE = 64  # rows, columns and K steps of a linear_rows tile (fixed for every weight: the row invariance)
 
 
@@ -136,12 +137,16 @@ def pow2(n: int) -> int:
 
 
 def attention_plan(seen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`torch.ops.specgen.attention_plan` in device ops (no host read, so a captured step builds it in its graph): the
-    same idx [B, S, T], count [B, S] and shared [B] (int32) as attention.c's plan of the bool mask seen [B, S, T]."""
-    idx = torch.sort((~seen).to(torch.int8), dim=-1, stable=True).indices.to(torch.int32)  # visible first, ascending
-    count = seen.sum(-1, dtype=torch.int32)
-    shared = seen.all(1).to(torch.int32).cumprod(-1).sum(-1, dtype=torch.int32)  # [B]: slots 0.. every query sees
-    return idx, count, shared
+    """`torch.ops.specgen.attention_plan` on CUDA (no host read, so a captured step builds it in its graph): the same
+    idx [B, S, T], count [B, S] and shared [B] (int32) as attention.c's plan of the bool mask seen [B, S, T], in two
+    launches (triton_kernels.plan_rows, then the shared run's minimum over queries)."""
+    b, s, t = seen.shape
+    on = dict(dtype=torch.int32, device=seen.device)
+    idx, count, lead = torch.empty(b, s, t, **on), torch.empty(b, s, **on), torch.empty(b, s, **on)
+    mask = seen.view(torch.uint8) if seen.dtype == torch.bool else seen
+    kernels().plan_rows[(b * s,)](mask, idx, count, lead, s, t, *mask.stride(), idx.stride(0), idx.stride(1),
+                                  BLOCK=PLAN_BLOCK)
+    return idx, count, lead.amin(-1) if s else torch.full((b,), t, **on)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

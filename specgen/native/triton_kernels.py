@@ -171,3 +171,46 @@ def linear_rows(X, W, BIAS, OUT, m, n, K: tl.constexpr, HAS_BIAS: tl.constexpr, 
         acc += tl.load(BIAS + cols, mask=cols < n, other=0.0).to(tl.float32)[None, :]
     tl.store(OUT + rows[:, None].to(tl.int64) * n + cols[None, :], rounded(acc, OUT.dtype.element_ty),
              mask=(rows[:, None] < m) & (cols[None, :] < n))
+
+
+# The list attention's plan (attention.c's specgen_plan): one program a query (b, s) of the mask seen [B, S, T]
+# (strides sb, ss, st: a mask broadcast over queries is read as it is), its visible slots ascending, then its hidden
+# ones ascending, into IDX[b, s, :]; COUNT[b, s] = how many it sees; LEAD[b, s] = its leading run of visible slots
+# 0, 1, .. (the row's shared run is their minimum). Two passes over T: the count, then every slot at its place.
+@triton.jit(do_not_specialize=["n_q", "t", "sb", "ss", "st", "ib", "is_"])
+def plan_rows(SEEN, IDX, COUNT, LEAD, n_q, t, sb, ss, st, ib, is_, BLOCK: tl.constexpr):
+    row = tl.program_id(0)  # b * n_q + s
+    b = row // n_q
+    s = row - b * n_q
+    src = SEEN + b.to(tl.int64) * sb + s.to(tl.int64) * ss
+    dst = IDX + b.to(tl.int64) * ib + s.to(tl.int64) * is_
+    lanes = tl.arange(0, BLOCK)
+    # 1. how many slots it sees, and the first it does not
+    seen_total = tl.sum(tl.zeros([BLOCK], tl.int32), 0)
+    first_hidden = seen_total + t
+    start = t * 0  # while loops: Triton's interpreter cannot take a runtime bound in range()
+    while start < t:
+        pos = start + lanes
+        real = pos < t
+        vis = (tl.load(src + pos * st, mask=real, other=0) != 0) & real
+        seen_total += tl.sum(vis.to(tl.int32), 0)
+        first_hidden = tl.minimum(first_hidden, tl.min(tl.where(real & ~vis, pos, t), 0))
+        start += BLOCK
+    # 2. each slot at its place: visible ones from 0, hidden ones from the count, both ascending
+    before_vis = seen_total * 0
+    before_hid = seen_total * 0
+    start = t * 0
+    while start < t:
+        pos = start + lanes
+        real = pos < t
+        vis = (tl.load(src + pos * st, mask=real, other=0) != 0) & real
+        hid = real & ~vis
+        v = vis.to(tl.int32)
+        h = hid.to(tl.int32)
+        place = tl.where(vis, before_vis + tl.cumsum(v, 0) - 1, seen_total + before_hid + tl.cumsum(h, 0) - 1)
+        tl.store(dst + place, pos, mask=real)
+        before_vis += tl.sum(v, 0)
+        before_hid += tl.sum(h, 0)
+        start += BLOCK
+    tl.store(COUNT + row, seen_total)
+    tl.store(LEAD + row, first_hidden)

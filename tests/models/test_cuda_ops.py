@@ -113,13 +113,13 @@ def test_the_device_plan_equals_the_c_plan():
     if native.library("attention") is None:
         pytest.skip("no C compiler: attention.c is not built here")
     g = torch.Generator().manual_seed(0)
-    for seen in (torch.rand(3, 7, 90, generator=g) < 0.6, case("cpu")[3]):
+    drafter_level = (torch.arange(300) < torch.tensor([50, 170])[:, None])[:, None].expand(2, 6, 300)  # stride 0
+    masks = [torch.rand(3, 7, 90, generator=g) < 0.6, case("cpu")[3], torch.rand(1, 64, 257, generator=g) < 0.1]
+    for seen in masks:
         seen[..., 0] = True  # every query sees at least slot 0 (itself, in a decode)
-        idx, count, shared = lists(seen)
-        c_idx, c_count, c_shared = torch.ops.specgen.attention_plan(seen)
-        assert torch.equal(count, c_count) and torch.equal(shared, c_shared)
-        for i, row in enumerate(count.flatten().tolist()):
-            assert torch.equal(idx.flatten(0, 1)[i, :row], c_idx.flatten(0, 1)[i, :row])
+    for seen in masks + [drafter_level]:
+        got = lists(seen)  # idx (visible slots ascending, then hidden ones), count, shared
+        assert all(torch.equal(a, b) for a, b in zip(got, torch.ops.specgen.attention_plan(seen.contiguous())))
 
 
 def test_cuda_forwards_take_the_lists_when_triton_is_there_and_env_says_which(monkeypatch):
@@ -219,6 +219,12 @@ for dtype, half, store in (("bf16", True, True), ("bf16", True, False), ("fp32",
     sig = {n: "constexpr" if n in consts else "*i64" if n == "META" else "*" + dtype if n.isupper() else "i32"
            for n in fn.arg_names}
     build(fn, sig, consts, 90)
+fn = cuda_ops.kernels().plan_rows
+consts = {"BLOCK": cuda_ops.PLAN_BLOCK}
+sig = {n: "constexpr" if n in consts else "*u8" if n == "SEEN" else "*i32" if n.isupper() else "i32"
+       for n in fn.arg_names}
+for arch in (80, 90):
+    build(fn, sig, consts, arch)
 fn = cuda_ops.kernels().linear_rows
 for dtype, bias, k, archs in (("bf16", False, 576, (80, 90)), ("fp16", True, 1536, (90,))):
     t = cuda_ops.PRODUCT_TILE
@@ -261,7 +267,7 @@ class Launch:  # records the key under which Triton would look up (or compile) t
 real = cuda_ops.kernels()
 cuda_ops.kernels = lambda: type("K", (), {n: Launch(getattr(real, n)) for n in
                                           ("attend_lists", "norm_rows", "rope_rows", "silu_mul_rows",
-                                           "linear_rows")})
+                                           "linear_rows", "plan_rows")})
 bf, h, hkv, d = torch.bfloat16, 9, 3, 64
 for b, s, t in ((1, 1, 256), (2, 1, 256), (3, 5, 512), (16, 64, 1024)):  # rows, nodes, width: a decode's steps
     qkv = torch.zeros(b, s, h + 2 * hkv, d, dtype=bf).transpose(1, 2)
@@ -274,8 +280,8 @@ for b, s, t in ((1, 1, 256), (2, 1, 256), (3, 5, 512), (16, 64, 1024)):  # rows,
     cuda_ops.rms_norm(x, w, 1e-5), cuda_ops.add_rms_norm(x, x, w, 1e-5), cuda_ops.silu_mul(x, x)
     cuda_ops.linear(x.reshape(-1, 576), torch.zeros(960, 576, dtype=bf), None)
 counts = {n: len(k) for n, k in keys.items()}
-assert counts == {"attend_lists": 1, "norm_rows": 2, "rope_rows": 2, "silu_mul_rows": 1, "linear_rows": 1}, (counts,
-                                                                                                          keys)
+assert counts == {"attend_lists": 1, "norm_rows": 2, "rope_rows": 2, "silu_mul_rows": 1, "linear_rows": 1,
+                  "plan_rows": 1}, (counts, keys)
 """
 
 
