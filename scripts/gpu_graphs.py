@@ -143,7 +143,7 @@ def text_rows(new: int) -> None:
     run(EmptyDrafter, big, b=16, n=4)
     res, s16 = timed(lambda: run(EmptyDrafter, big, b=16))
     row(suite="text", row="ar --graphs on, batch 16", tok_s=16 * new / s16, vs_b1=(16 * new / s16) / (tokens / s_on),
-        **decode_only(res, s16, 16 * new))
+        **decode_only(res, s16, 16 * new), **g.describe())  # eager_calls: steps no bucket held (since the attach)
     res, s16 = timed(lambda: run(ahead, big, b=16))
     row(suite="text", row="ar run_ahead 8 --graphs on, batch 16", tok_s=16 * new / s16,
         vs_b1=(16 * new / s16) / (tokens / s_ra))
