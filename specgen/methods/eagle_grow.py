@@ -96,28 +96,31 @@ def grow(forward: Forward, logprobs: LogProbs, root_hidden: torch.Tensor, ints: 
     width = widths[1] if len(widths) > 1 else 0  # W_1: the frontier of level 1 is the best W_1 root children
     f_tok, f_score, f_slot = top.indices[:, :width], top.values[:, :width], slots[:width].expand(n, -1)  # [n, W]
     f_hid = root_hidden.expand(-1, width, -1)  # [n * br, W, D]: the parents' predicted features
-    per_width: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # W -> (j < k_i [n, W], eye [W, W]), made once
+    per_width: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # W -> (j, j' < k_i [n, W, W], eye [W, W])
 
     def consts(w: int) -> tuple[torch.Tensor, torch.Tensor]:  # a captured plan has one width: one set a growth
         if w not in per_width:
-            per_width[w] = (torch.arange(w, device=device) < k[:, None], torch.eye(w, dtype=torch.bool, device=device))
+            below_k = torch.arange(w, device=device) < k[:, None]  # [n, W]: frontier position / child rank j < k_i
+            per_width[w] = (below_k[:, :, None] & below_k[:, None, :], torch.eye(w, dtype=torch.bool, device=device))
         return per_width[w]
 
+    # every level's rows still growing and their positions, made once: lives [L, n], positions [L, n]
+    levels = torch.arange(1, max(len(widths), 2), device=device)[:, None]
+    lives = depth > levels
+    positions = root_pos + levels * lives  # a row past its depth stays at its root's position
     anc = consts(width)[1].expand(n, -1, -1)  # [n, W, R]
     recorded = widths[0]
     for level in range(1, len(widths)):  # 2. one drafter forward per level
-        live = depth > level  # [n]
-        pos = (root_pos + level * live)[:, None].expand(-1, width)  # a row past its depth stays at its root's position
+        pos = positions[level - 1][:, None].expand(-1, width)  # [n, W]
         out = forward(f_hid, branch_rows(f_tok, br), branch_rows(pos, br), anc)  # [n * br, W, D]
         child = logprobs(out).topk(width, dim=-1)  # [n, W, W] each
-        below_k = consts(width)[0]  # [n, W]: frontier position / child rank j < k_i
-        ok = live[:, None, None] & below_k[:, :, None] & below_k[:, None, :]  # [n, W, W]
+        ok = lives[level - 1][:, None, None] & consts(width)[0]  # [n, W, W]
         cand = f_score[:, :, None] + child.values  # [n, W, W]: path scores
         parts.append((child.indices.flatten(1), f_slot[:, :, None].expand(-1, -1, width).flatten(1),
                       cand.flatten(1), ok.flatten(1)))
         nxt = widths[level + 1] if level + 1 < len(widths) else 0
         if nxt:  # 3. the beam: each row's best k_i children over its whole frontier (padding scores -inf)
-            best = cand.masked_fill(~ok, float("-inf")).flatten(1).topk(nxt, dim=-1)  # [n, W']
+            best = torch.where(ok, cand, float("-inf")).flatten(1).topk(nxt, dim=-1)  # [n, W']
             parent = best.indices // width  # [n, W']: frontier position of each new node's parent
             f_tok = child.indices.flatten(1).gather(1, best.indices)
             f_score, f_slot = best.values, recorded + best.indices
