@@ -143,10 +143,12 @@ def attention_plan(seen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torc
     b, s, t = seen.shape
     on = dict(dtype=torch.int32, device=seen.device)
     idx, count, lead = torch.empty(b, s, t, **on), torch.empty(b, s, **on), torch.empty(b, s, **on)
+    if not b * s:  # no query: nothing to plan (a launch needs a program)
+        return idx, count, torch.zeros(b, **on)  # as attention.c: no query shares a run
     mask = seen.view(torch.uint8) if seen.dtype == torch.bool else seen
     kernels().plan_rows[(b * s,)](mask, idx, count, lead, s, t, *mask.stride(), idx.stride(0), idx.stride(1),
                                   BLOCK=PLAN_BLOCK)
-    return idx, count, lead.amin(-1) if s else torch.full((b,), t, **on)
+    return idx, count, lead.amin(-1)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
