@@ -723,6 +723,25 @@ def test_a_read_only_run_dir_is_one_line(tiny, monkeypatch):
                   "--run-dir runs: cannot write in . (Read-only file system); it is read-only: write elsewhere")
 
 
+def test_a_run_dir_of_unrelated_files_is_refused(tiny):
+    # `--run-dir .` wrote run.json, records and locks among a project's own files
+    check_refusal(tiny, ["benchmark", "--model", "tiny-text", "--limit", "1", "--run-dir", "."], 2,
+                  "--run-dir . holds files of no specgen run (afile, binary.yaml, list.yaml) and no run.json; name a "
+                  "new or empty folder")
+
+
+def test_a_run_dir_may_be_empty_or_a_runs_and_a_starting_shards_temporary_is_no_stranger(tmp_path):
+    from specgen.eval.run_dir import RunDir
+
+    (tmp_path / "empty").mkdir()
+    RunDir.open(tmp_path / "empty", "text", {"a": 1})
+    (tmp_path / "empty" / "records-0-of-1.jsonl").write_text("")
+    RunDir.open(tmp_path / "empty", "text", {"a": 1})  # a run folder with its files: resumed
+    (tmp_path / "starting").mkdir()
+    (tmp_path / "starting" / ".run.json.0a1b2c3d.tmp").write_text("{}")  # another shard's run.json, half written
+    RunDir.open(tmp_path / "starting", "text", {"a": 1})
+
+
 # ---- issue 48: one-liners that say what to do --------------------------------------------------------------------
 def test_a_pickle_with_code_is_refused_without_torchs_advice_to_unpickle(tiny, pt_file):
     import os
