@@ -387,6 +387,29 @@ def test_a_mesh_budget_is_refused_naming_the_real_limit_the_first_time(tiny, no_
     check_refusal(tiny, args, 2, f"use at most {most}")
 
 
+@pytest.mark.parametrize("args", [
+    ["generate", "--max-new-tokens", "10000000", "--prompt", "hi"],  # was "at most 65536", then "at most 8160"
+    ["generate", "--max-new-tokens", "9000", "--prompt", "hi"],  # was: SmolLM2 converted, then refused
+    ["generate", "--model", "smollm2-135m-pcllm", "--max-new-tokens", "9000", "--prompt", "hi"],
+    ["benchmark", "--suite", "humaneval", "--max-new-tokens", "9000"],
+])
+def test_the_embedded_smollm2s_context_is_the_first_limit_named(tiny, args, specgen_home):
+    """Before its first use (a fresh registry) the embedded SmolLM2's context is known: nothing is converted first."""
+    check_refusal(tiny, args, 2, "its context is 8192 tokens, prompt included; use at most 8191")
+    assert not (specgen_home / "checkpoints" / "target" / "smollm2-135m").exists()
+
+
+def test_the_embedded_smollm2s_declared_context_is_its_gguf_files():
+    from gguf import GGUFReader
+
+    from specgen.builtins import SMOLLM2_DECLARED, smollm2_gguf_path
+    from specgen.models.llama import MAX_CONTEXT
+
+    fields = GGUFReader(str(smollm2_gguf_path())).fields
+    context = fields[f"{fields['general.architecture'].contents()}.context_length"].contents()
+    assert SMOLLM2_DECLARED["kwargs"]["max_seq_len"] == min(context, MAX_CONTEXT)
+
+
 def test_heads_max_tokens_past_the_context_is_refused_before_the_weights_load(tiny, no_weights):
     check_refusal(tiny, ["train-heads", "--out", "run", *QUICK_HEADS, "max_tokens=1025"], 2,
                   "max_tokens 1025 exceeds target/mesh-gpt-tiny's context of 1024 tokens")  # was: labels sampled, then
