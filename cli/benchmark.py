@@ -63,7 +63,8 @@ def benchmark(
     overrides: OverridesArg = None,
     suite: Annotated[Optional[str], typer.Option("--suite", help=f"Benchmark suite: {', '.join(SUITES)}.")] = None,
     methods: Annotated[Optional[str], typer.Option(
-        "--methods", help="Comma-separated methods; 'ar' is the reference. With report: the rows to show.")] = None,
+        "--methods", help="Comma-separated rows: methods (meshes: heads rows); 'ar' is the reference. A recipe's "
+                          "sweeps of other methods (rows) are left out. With report: the rows to show.")] = None,
     model: ModelOpt = None,
     limit: Annotated[Optional[int], typer.Option(
         "--limit", help="Number of prompts (default: humaneval 20, text every prompt of the set), of images per "
