@@ -63,7 +63,8 @@ def benchmark(
     overrides: OverridesArg = None,
     suite: Annotated[Optional[str], typer.Option("--suite", help=f"Benchmark suite: {', '.join(SUITES)}.")] = None,
     methods: Annotated[Optional[str], typer.Option(
-        "--methods", help="Comma-separated methods; 'ar' is the reference. With report: the rows to show.")] = None,
+        "--methods", help="Comma-separated rows: methods (meshes: heads rows); 'ar' is the reference. A recipe's "
+                          "sweeps of other methods (rows) are left out. With report: the rows to show.")] = None,
     model: ModelOpt = None,
     limit: Annotated[Optional[int], typer.Option(
         "--limit", help="Number of prompts (default: humaneval 20, text every prompt of the set), of images per "
@@ -87,8 +88,8 @@ def benchmark(
                                                 "existing file is refused before any work, unless --append).")] = None,
     append: Annotated[bool, typer.Option("--append", help="Add the rows to the end of an existing --out file.")] = False,
     run_dir: Annotated[Optional[Path], typer.Option(
-        "--run-dir", parser=out_path, help="Run folder: config, machine and per-item records; rerunning the same command resumes "
-                          "(every suite).")] = None,
+        "--run-dir", parser=out_path, help="Run folder (new, empty or an earlier run's): config, machine and per-item records; "
+                          "rerunning the same command resumes (every suite).")] = None,
     shard: Annotated[Optional[str], typer.Option(
         "--shard", help="I/N: measure only shard I of N (0-based; a Slurm array job), into --run-dir. Under "
                         "torchrun/accelerate launch the ranks are the shards.")] = None,

@@ -16,7 +16,7 @@ from cli._options import Format
 from specgen import devices
 from specgen.config import load_config
 from specgen.errors import UsageError
-from specgen.eval.dry_run import check_recipe
+from specgen.eval.dry_run import check_recipe, picked_rows
 from specgen.eval import image_bench, mesh_bench, text_bench
 from specgen.eval.image_bench import (ImageBenchConfig, check_out_dir, checked_rows, image_rows_of, measure_images,
                                       write_outputs)
@@ -179,6 +179,7 @@ def run(name: str, path: Path | None, overrides: list[str], explicit: dict, run_
     """Measure this process's items of the run (all of them unless sharded), then print the merged rows."""
     suite = SUITES[name]
     cfg = load_config(suite.config_type, path, overrides, **explicit)
+    cfg = picked_rows(name, cfg, explicit)  # recorded as picked: a report and a resume read the same rows
     check_mode(cfg.graphs, devices.device_name(cfg.device))  # refused before any model loads
     this, launched = shard_of(shard, run_dir)
     _output.check_rows_path(out, append)

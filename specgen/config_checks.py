@@ -6,7 +6,7 @@ import dataclasses
 import math
 from typing import Any
 
-from specgen import devices, registry
+from specgen import checkpoints, devices, registry
 from specgen.devices import DTYPES
 from specgen.errors import UsageError
 from specgen.limits import check_budget, usable_cpus
@@ -77,9 +77,9 @@ def check_config(cfg: Any) -> None:
         devices.check_device(cfg.device, allow_auto=name in AUTO_DEVICE)
     budget = getattr(cfg, "max_new_tokens", None)
     model = getattr(cfg, "model", None) or getattr(cfg, "target", None)
-    # against the named model's context when it is installed (nothing loads)
+    # against the named model's context when it is installed or a built-in declares it (nothing loads or is made)
     if is_number(budget) and budget > 0 and name not in MESH_CONFIGS:
-        meta = (registry.installed_meta(model) if isinstance(model, str) and model else None) or {}
+        meta = checkpoints.declared_meta(model) if isinstance(model, str) and model else {}
         check_budget(budget, meta, f"{meta.get('kind', 'target')}/{meta.get('name', model)}")
 
 

@@ -19,6 +19,7 @@ from specgen.config_checks import AUTO_DEVICE, TooManyThreads
 from specgen.decoding.memory import size
 from specgen.devices import check_device
 from specgen.errors import SpecgenError, UsageError
+from specgen.eval import image_bench, mesh_bench, text_bench
 from specgen.eval.image_bench import check_out_dir, checked_rows, method_of, options_of
 from specgen.eval.mesh_bench import check_run, variants
 from specgen.eval.text_bench import check_prompts_fit, decoded_model, is_peer, plan
@@ -129,6 +130,8 @@ def check_recipe(path: Path, overrides: list[str] | None = None, explicit: dict 
     cfg = load_checked(cls, path, overrides, raw, rows, explicit)
     if cfg is None:
         return rows
+    if kind in PICKS:
+        cfg = picked_rows(kind, cfg, explicit)
     names = [(key, getattr(cfg, key, "")) for key in KINDS[kind].entries]
     if kind in SUITE_PLANS:
         try:
@@ -252,6 +255,19 @@ def mesh_plan(cfg: Any) -> tuple[Any, list[dict], list[tuple[str, str]]]:
     return cfg, [row("rows", True, f"{len(vs)} rows: {', '.join(v.label for v in vs)}"),
                  checked("meshes", lambda: check_run(cfg), f"{cfg.limit} test meshes from {cfg.offset}, {budget}")], \
         [("model", cfg.model), *heads]
+
+
+#: suite -> (the config key naming its rows, which `--methods` sets; the config as `--methods` picks its rows)
+PICKS = {"humaneval": ("methods", text_bench.picked), "text": ("methods", text_bench.picked),
+         "images": ("methods", image_bench.picked), "meshes": ("rows", mesh_bench.picked)}
+
+
+def picked_rows(suite: str, cfg: Any, explicit: dict) -> Any:
+    """A suite's config as the command line's `explicit` options give it: `--methods` picks the rows, so a recipe's
+    sweeps (and the images suite's ablations, the meshes suite's `sweep_row` keys and `merged_ar`) of other methods
+    or rows are left out with them."""
+    key, pick = PICKS[suite]
+    return pick(cfg) if key in explicit else cfg
 
 
 #: suite -> its run's own checks (the plan a benchmark builds): (the config with every row, a row per method, the

@@ -15,7 +15,7 @@ from specgen.errors import UsageError
 from specgen.eval import image_metrics, plots
 from specgen.eval.image_rows import image_rows, method_of, png_of
 from specgen.eval.run_dir import Grid, Shard
-from specgen.eval.sweeps import SweptRow, with_sweep_rows
+from specgen.eval.sweeps import SweptRow, sweeps_on, with_sweep_rows
 from specgen.image.captions import Caption
 from specgen.image.generate import (ImageGenConfig, ImageModel, conditioned, decode_pixels, generate_images,
                                     image_conditions, load_image_model)
@@ -72,6 +72,14 @@ MULO_ABLATIONS = {"mulo-sd@raster": {"rejection": "raster"}, "mulo-sd@no-expand"
 PLOTS = {"mulo-sd@tau": ("mulo-sd-pareto", ("ar", "lantern", "mulo-sd")),
          "vvs@i": ("vvs-u-pareto", ("ar", "lantern", "vvs@u")),
          "vvs@thr": ("vvs-d-pareto", ("ar", "lantern", "vvs@d"))}
+
+
+def picked(cfg: ImageBenchConfig) -> ImageBenchConfig:
+    """cfg as `--methods` picks its rows: only the sweeps and MuLo-SD ablations of methods among them (a recipe's
+    of another method are left out, as its rows are)."""
+    methods = {method_of(m) for m in cfg.methods}
+    return replace(cfg, sweep=sweeps_on(cfg.sweep, lambda row: method_of(row) in methods),
+                   mulo_ablations=cfg.mulo_ablations and "mulo-sd" in methods)
 
 
 def with_extra_rows(cfg: ImageBenchConfig) -> ImageBenchConfig:

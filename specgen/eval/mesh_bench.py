@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
 import numpy as np
@@ -14,7 +14,7 @@ from specgen.decoding.stats import DecodeStats
 from specgen.errors import UsageError
 from specgen.eval.run_dir import Grid, Shard, check_finished
 from specgen.eval.speed import Timed, merged
-from specgen.eval.sweeps import Sweep, expand, merged_table, sweeps_of
+from specgen.eval.sweeps import Sweep, expand, merged_table, sweeps_of, sweeps_on
 from specgen.mesh.export import clean_mesh
 from specgen.mesh.generate import check_budget, decode_tokens, load_mesh_model, token_budget
 from specgen.mesh.metrics import mesh_distances
@@ -101,6 +101,15 @@ def mesh_sweeps(cfg: MeshBenchConfig) -> list[Sweep]:
             if values:
                 old.append(Sweep(cfg.sweep_row, option, tuple(values), fixed, label.format(cfg.sweep_row) + "{}", key))
     return old + sweeps_of(cfg.sweep)
+
+
+def picked(cfg: MeshBenchConfig) -> MeshBenchConfig:
+    """cfg as `--methods` picks its rows: only the sweeps (`sweep`, `sweep_row`'s keys) and `merged_ar` rows of heads
+    rows among them (a recipe's on another row are left out, as that row is)."""
+    rows = set(cfg.rows)
+    sweep_row = cfg.sweep_row if cfg.sweep_row in rows else "none"
+    return replace(cfg, sweep=sweeps_on(cfg.sweep, rows.__contains__), sweep_row=sweep_row,
+                   merged_ar=[r for r in cfg.merged_ar if r in rows])
 
 
 def variants(cfg: MeshBenchConfig) -> list[Variant]:

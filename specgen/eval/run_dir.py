@@ -96,6 +96,18 @@ def read_lines(path: Path) -> Iterator[tuple[int, dict]]:
                 yield offset, rec  # (a line without its runs, edited or foreign, is no record: the item is redone)
 
 
+def other_files(path: Path) -> str:
+    """The first few names in an existing folder that holds no run.json ("" when it has one, is empty or is missing):
+    a run folder starts with its run.json, so anything else there is not a run's. Listed before run.json is looked
+    for, so a shard that starts the run meanwhile (run.json and its temporary first, then its files) is no stranger."""
+    if not path.is_dir():
+        return ""
+    names = sorted(e.name for e in path.iterdir() if e.name != "run.json" and not e.name.startswith(".run.json."))
+    if not names or (path / "run.json").exists():
+        return ""
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
 class RunDir:
     """One benchmark run's folder (layout, torn lines, resumes: docs/cluster.md)."""
 
@@ -109,7 +121,8 @@ class RunDir:
     @classmethod
     def open(cls, path: Path, suite: str, config: dict, resolved: dict | None = None) -> "RunDir":
         """Create the folder (or reopen it): a folder holding another suite's run, another config (naming the keys
-        that differ) or another `resolved` plan (an edited prompt file) is refused before anything is written."""
+        that differ), another `resolved` plan (an edited prompt file) or files and no run (`--run-dir .`) is refused
+        before anything is written."""
         path = Path(path)
         if path.exists() and not path.is_dir():
             raise UsageError(f"--run-dir {path} is a file; name a folder (new or from an earlier run)")
@@ -117,6 +130,10 @@ class RunDir:
         if not probe.is_dir():
             raise UsageError(f"--run-dir {path}: {probe} is a file, not a folder")
         check_space(probe, f"--run-dir {path}")  # read-only or full: before the work
+        foreign = other_files(path)
+        if foreign:
+            raise UsageError(f"--run-dir {path} holds files of no specgen run ({foreign}) and no run.json; name a "
+                             "new or empty folder for the run (or the folder of an earlier run to resume it)")
         path.mkdir(parents=True, exist_ok=True)
         run = cls(path, suite, config, resolved)
         doc = {"format": FORMAT, "suite": suite, "config": run.config,

@@ -67,6 +67,15 @@ def sweeps_of(spec: dict) -> list[Sweep]:
     return out
 
 
+def sweeps_on(spec: dict, picked: Callable[[str], bool]) -> dict:
+    """The entries of a `sweep` mapping on the rows `picked` keeps (`--methods`); a flat key naming no row is kept,
+    for `sweeps_of` to refuse."""
+    def row(key: Any, sub: Any) -> str:
+        return str(key) if isinstance(sub, dict) else str(key).rpartition(".")[0]
+
+    return {k: v for k, v in spec.items() if not row(k, v) or picked(row(k, v))}
+
+
 def swept_values(where: str, values: Any) -> tuple:
     if not isinstance(values, (list, tuple)):
         raise UsageError(f"{where} must be a list of values, e.g. {where}=[1,2]; got {values!r}")

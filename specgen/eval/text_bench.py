@@ -28,7 +28,7 @@ from specgen.eval.llamacpp_row import LlamaCppLookup, LlamaCppRow
 from specgen.eval.peers import Peer, PeerSetup
 from specgen.eval.roofline import copy_bandwidth, streamed_bytes
 from specgen.eval.run_dir import Grid, Shard
-from specgen.eval.sweeps import options_table, with_sweep_rows
+from specgen.eval.sweeps import options_table, sweeps_on, with_sweep_rows
 from specgen.eval.text_rows import Run, text_rows
 from specgen.methods import METHODS, MethodSpec, get_method, model_for, run_batch
 from specgen.methods.options import BUDGET_DEFAULT
@@ -99,6 +99,13 @@ def row_options(row: str, cfg: TextBenchConfig) -> dict:
     """A row's method options: the method's own, updated by the variant row's."""
     base, table = row_method(row), options_table(cfg)
     return {**table.get(base, {}), **table.get(row, {})}
+
+
+def picked(cfg: TextBenchConfig) -> TextBenchConfig:
+    """cfg as `--methods` picks its rows: only the sweeps of methods among them (a recipe's sweep of another method
+    is left out, as its rows are)."""
+    methods = {row_method(m) for m in cfg.methods}
+    return replace(cfg, sweep=sweeps_on(cfg.sweep, lambda row: row_method(row) in methods))
 
 
 def with_sweeps(cfg: TextBenchConfig) -> TextBenchConfig:

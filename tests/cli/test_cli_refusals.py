@@ -387,6 +387,29 @@ def test_a_mesh_budget_is_refused_naming_the_real_limit_the_first_time(tiny, no_
     check_refusal(tiny, args, 2, f"use at most {most}")
 
 
+@pytest.mark.parametrize("args", [
+    ["generate", "--max-new-tokens", "10000000", "--prompt", "hi"],  # was "at most 65536", then "at most 8160"
+    ["generate", "--max-new-tokens", "9000", "--prompt", "hi"],  # was: SmolLM2 converted, then refused
+    ["generate", "--model", "smollm2-135m-pcllm", "--max-new-tokens", "9000", "--prompt", "hi"],
+    ["benchmark", "--suite", "humaneval", "--max-new-tokens", "9000"],
+])
+def test_the_embedded_smollm2s_context_is_the_first_limit_named(tiny, args, specgen_home):
+    """Before its first use (a fresh registry) the embedded SmolLM2's context is known: nothing is converted first."""
+    check_refusal(tiny, args, 2, "its context is 8192 tokens, prompt included; use at most 8191")
+    assert not (specgen_home / "checkpoints" / "target" / "smollm2-135m").exists()
+
+
+def test_the_embedded_smollm2s_declared_context_is_its_gguf_files():
+    from gguf import GGUFReader
+
+    from specgen.builtins import SMOLLM2_DECLARED, smollm2_gguf_path
+    from specgen.models.llama import MAX_CONTEXT
+
+    fields = GGUFReader(str(smollm2_gguf_path())).fields
+    context = fields[f"{fields['general.architecture'].contents()}.context_length"].contents()
+    assert SMOLLM2_DECLARED["kwargs"]["max_seq_len"] == min(context, MAX_CONTEXT)
+
+
 def test_heads_max_tokens_past_the_context_is_refused_before_the_weights_load(tiny, no_weights):
     check_refusal(tiny, ["train-heads", "--out", "run", *QUICK_HEADS, "max_tokens=1025"], 2,
                   "max_tokens 1025 exceeds target/mesh-gpt-tiny's context of 1024 tokens")  # was: labels sampled, then
@@ -721,6 +744,25 @@ def test_a_read_only_run_dir_is_one_line(tiny, monkeypatch):
     monkeypatch.setattr(os, "fsync", fsync)
     check_refusal(tiny, ["benchmark", "--model", "tiny-text", "--run-dir", "runs"], 2,
                   "--run-dir runs: cannot write in . (Read-only file system); it is read-only: write elsewhere")
+
+
+def test_a_run_dir_of_unrelated_files_is_refused(tiny):
+    # `--run-dir .` wrote run.json, records and locks among a project's own files
+    check_refusal(tiny, ["benchmark", "--model", "tiny-text", "--limit", "1", "--run-dir", "."], 2,
+                  "--run-dir . holds files of no specgen run (afile, binary.yaml, list.yaml) and no run.json; name a "
+                  "new or empty folder")
+
+
+def test_a_run_dir_may_be_empty_or_a_runs_and_a_starting_shards_temporary_is_no_stranger(tmp_path):
+    from specgen.eval.run_dir import RunDir
+
+    (tmp_path / "empty").mkdir()
+    RunDir.open(tmp_path / "empty", "text", {"a": 1})
+    (tmp_path / "empty" / "records-0-of-1.jsonl").write_text("")
+    RunDir.open(tmp_path / "empty", "text", {"a": 1})  # a run folder with its files: resumed
+    (tmp_path / "starting").mkdir()
+    (tmp_path / "starting" / ".run.json.0a1b2c3d.tmp").write_text("{}")  # another shard's run.json, half written
+    RunDir.open(tmp_path / "starting", "text", {"a": 1})
 
 
 # ---- issue 48: one-liners that say what to do --------------------------------------------------------------------

@@ -4,6 +4,7 @@ humaneval, images and meshes suites; the older keys give the same rows; bad swee
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -333,3 +334,62 @@ def test_a_run_folder_started_before_the_sweep_key_resumes(tmp_path):
     RunDir.open(tmp_path / "run", "meshes", {"rows": ["ar"], "deltas": [0.3], "sweep": {}, "options": {}})
     with pytest.raises(UsageError, match="another config: sweep.ca.delta"):
         RunDir.open(tmp_path / "run", "meshes", {"rows": ["ar"], "deltas": [0.3], "sweep": {"ca": {"delta": [1]}}})
+
+
+# --- `--methods` picks the rows, and a recipe's sweep rows of their methods only ----------------------------------
+
+@pytest.mark.parametrize("methods, extra", [
+    (["ar", "eagle2"], []),  # were kept: mulo-sd@raster, mulo-sd@no-expand, mulo-sd@tau=..., vvs@i=..., vvs@thr=...
+    (["ar", "vvs@u"], ["vvs@i=2", "vvs@i=5", "vvs@thr=0.6", "vvs@thr=0.9"]),  # method vvs
+    (["ar", "mulo-sd"], ["mulo-sd@raster", "mulo-sd@no-expand", "mulo-sd@tau=0.001", "mulo-sd@tau=0.01",
+                         "mulo-sd@tau=0.03"]),
+])
+def test_methods_pick_the_images_recipes_sweep_rows_of_their_methods(methods, extra):
+    from specgen.eval.dry_run import picked_rows
+    from specgen.eval.image_bench import ImageBenchConfig
+
+    recipe = ROOT / "recipes/tiny/bench-images.yaml"
+    cfg = picked_rows("images", load_config(ImageBenchConfig, recipe, methods=methods), {"methods": methods})
+    assert [m for m, _ in image_rows(cfg)] == [*methods, *extra]
+    unpicked = load_config(ImageBenchConfig, recipe, [f"methods=[{','.join(methods)}]"])  # the key: every sweep row
+    assert picked_rows("images", unpicked, {}) == unpicked and len(image_rows(unpicked)) == len(methods) + 9
+
+
+def test_methods_pick_the_text_sweep_rows_of_their_methods():
+    from specgen.eval.text_bench import TextBenchConfig, picked, with_sweeps
+
+    cfg = TextBenchConfig(methods=["ar", "ngram:d8"], sweep={"jacobi": {"block_size": [2]}, "ngram.num_draft": [2]})
+    assert with_sweeps(picked(cfg)).methods == ["ar", "ngram:d8", "ngram@num_draft=2"]
+    with pytest.raises(UsageError, match="sweep.ngram names no option"):  # a key naming no row stays, to be refused
+        with_sweeps(picked(TextBenchConfig(methods=["ar"], sweep={"ngram": [1]})))
+
+
+def test_methods_pick_the_mesh_sweep_and_merged_ar_rows_of_their_rows():
+    from specgen.eval.mesh_bench import MeshBenchConfig, picked, variants
+
+    recipe = ROOT / "recipes/tiny/bench-meshes.yaml"
+    labels = [v.label for v in variants(picked(load_config(MeshBenchConfig, recipe, ["merged_ar=[ca+lora]",
+                                                                                      "sweep.ca.delta=[0.3]"],
+                                                           rows=["ar", "ca"])))]
+    assert labels == ["ar", "ca", "ca@delta=0.3"]  # were also ar+ca+lora and the ten sweep_row rows of ca+lora
+    labels = [v.label for v in variants(picked(load_config(MeshBenchConfig, recipe, rows=["ar", "ca+lora"])))]
+    assert labels[:3] == ["ar", "ca+lora", "ca+lora p>0.1"] and len(labels) == 11
+
+
+def test_dry_run_shows_the_rows_methods_picks():
+    r = runner.invoke(app, ["benchmark", "--config", str(ROOT / "recipes/tiny/bench-images.yaml"), "--dry-run",
+                            "--format", "json", "--methods", "ar,eagle2"])
+    assert r.exit_code == 0, r.output
+    assert [x["check"] for x in json.loads(r.stdout) if x["check"].startswith("method ")] == ["method ar",
+                                                                                             "method eagle2"]
+
+
+def test_a_run_records_the_rows_methods_picks_and_its_report_shows_them(tmp_path):
+    args = ["--config", str(ROOT / "recipes/tiny/bench-meshes.yaml"), "--methods", "ar,ca", "--limit", "1",
+            "--max-new-tokens", "6", "--run-dir", str(tmp_path / "run"), "--format", "json"]
+    r = runner.invoke(app, ["benchmark", *args])
+    assert r.exit_code == 0, r.output
+    assert [x["row"] for x in json.loads(r.stdout)] == ["ar", "ca"]
+    assert runner.invoke(app, ["benchmark", *args]).exit_code == 0  # the same command resumes (nothing left)
+    r = runner.invoke(app, ["benchmark", "report", str(tmp_path / "run"), "--format", "json"])
+    assert r.exit_code == 0 and [x["row"] for x in json.loads(r.stdout)] == ["ar", "ca"], r.output
