@@ -61,8 +61,12 @@ class DraftVerify(PolicyBase):
 
     def plan(self, seqs, budgets, stats, generators, params, clock) -> list[RowStep]:
         cap = self.budget.cap(len(seqs))
-        with clock("propose"):  # 1. the pool drafts for every live row
-            self.drafts = self.pool.propose(seqs, [min(cap, b) for b in budgets], stats)
+        with clock("propose"):  # 1. the pool drafts for every live row, within the budget's cap
+            return self.propose(seqs, [min(cap, b) for b in budgets], stats)
+
+    def propose(self, seqs, budgets: list[int], stats) -> list[RowStep]:
+        """Each live row's step: its last token and the pool's draft."""
+        self.drafts = self.pool.propose(seqs, budgets, stats)
         return [RowStep(seq[-1], d) for seq, d in zip(seqs, self.drafts)]
 
     def settle(self, rows, lo, out, sizes, params, generators, stats, clock) -> list[tuple[list[int], list[int]]]:

@@ -77,11 +77,11 @@ class TreeVerify(DraftVerify):
 
     trees: GrownTrees | None = None
 
-    def plan(self, seqs, budgets, stats, generators, params, clock) -> list[RowStep]:
-        cap = self.budget.cap(len(seqs))
-        with clock("propose"):  # 1. every live row's tree and its verify inputs, on the device
-            self.trees = self.pool.grow_trees(seqs, [min(cap, b) for b in budgets], stats)
-        return [RowStep(seq[-1]) for seq in seqs]  # the drafts stay on the device: `forward` feeds them
+    def propose(self, seqs, budgets: list[int], stats) -> list[RowStep]:
+        """Every live row's tree and its verify inputs, on the device: the steps feed no draft (`forward` feeds
+        them)."""
+        self.trees = self.pool.grow_trees(seqs, budgets, stats)
+        return [RowStep(seq[-1]) for seq in seqs]
 
     def forward(self, target: Target, cache: KVCache, feeds: dict[int, tuple[int, Draft]]) -> Span:
         if self.trees is None:  # no tree this step: every row feeds its root alone
