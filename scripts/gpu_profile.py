@@ -3,6 +3,7 @@
 Cases (greedy, graphs on, each run once to capture and once under `torch.profiler`):
 - text AR at batch 1 and at batch 16: SmolLM2-135M's shape, random weights, bfloat16 (gpu_graphs.py's text rows),
   short prompts so the eager prefills stay a small part; batch 16 again with `SPECGEN_TRITON_PRODUCTS=1`'s products;
+  pcllm-mr at batch 1 (1.45x AR at the sixth lease on a step that holds AR's kernels: host time or GPU time?);
 - image ADT-Tree at batch 1: the shipped tiny c2i GPT and its EAGLE drafter, T 0 (gpu_graphs.py's image rows).
 
 For each: wall ms a decode step, GPU ms a step (the kernels' summed time: under a captured step, busy time), kernels a
@@ -28,6 +29,8 @@ from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.target import ModelTarget
 from specgen.devices import synchronize
 from specgen.methods import run_batch
+from specgen.methods.options import MultiBlockOptions
+from specgen.methods.pcllm import MultiBlockDrafter
 from specgen.methods.text import EmptyDrafter
 from specgen.models import graphs
 from specgen.models.sliced_linear import row_invariant
@@ -72,13 +75,15 @@ def text_cases(device: str, new: int, top: int) -> None:
     target = ModelTarget(model)
     target.device = device
     short = [p[:32] for p in prompts_of(16, cfg.vocab_size, seed=1)]  # 32-token prompts: the steps dominate
-    for b, one_launch in ((1, False), (16, False), (16, True)):
+    mr = lambda: MultiBlockDrafter(MultiBlockOptions(block_size=4, num_blocks=1, lookup=16))  # noqa: E731
+    for name, make, b, one_launch in (("AR", EmptyDrafter, 1, False), ("AR", EmptyDrafter, 16, False),
+                                      ("AR", EmptyDrafter, 16, True), ("pcllm-mr n 4 + lookup 16", mr, 1, False)):
         # one launch: SPECGEN_TRITON_PRODUCTS=1's products (a kernel a product instead of SlicedLinear's GEMM slices)
-        run = lambda: run_batch(target, lambda i: EmptyDrafter(), short[:b], new, SamplingParams(),  # noqa: E731
+        run = lambda: run_batch(target, lambda i: make(), short[:b], new, SamplingParams(),  # noqa: E731
                                 batch_size=b).stats
         graphs.attach(model, "on", capture=None if device == "cuda" else False)  # captures anew for each products
         with mock.patch.object(cuda_ops, "one_launch_products", lambda _on=one_launch: _on):
-            report(f"text AR, batch {b}{', one-launch products' if one_launch else ''}", *profiled(run, device),
+            report(f"text {name}, batch {b}{', one-launch products' if one_launch else ''}", *profiled(run, device),
                    device, top)
 
 
