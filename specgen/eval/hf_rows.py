@@ -117,6 +117,7 @@ class HfCompiled(OneAtATime, HfGenerate):
     def __init__(self, setup: PeerSetup) -> None:
         super().__init__(setup)
         self.step = torch.compile(one_token, mode="reduce-overhead", fullgraph=True)
+        self.caches: dict = {}  # slots -> the StaticCache every prompt of that size reuses (reset), as generate does
 
     @classmethod
     def slots(cls, tokens: int) -> int:
@@ -127,7 +128,7 @@ class HfCompiled(OneAtATime, HfGenerate):
     def run(self, prompt: list[int]) -> Run:
         n, hf = self.setup.max_new_tokens, self.module
         new, seconds = timed_static_greedy(hf, self.step, prompt, n, self.setup.stop_ids,
-                                           self.slots(len(prompt) + n + 1))
+                                           self.slots(len(prompt) + n + 1), self.caches)
         return Run(new, seconds, len(new), len(new) - 1, 0)
 
 
@@ -144,15 +145,24 @@ def cache_arg(hf) -> str:
 
 
 def timed_static_greedy(hf, step, prompt: list[int], n: int, stop_ids: tuple[int, ...] = (),
-                        slots: int = 0) -> tuple[list[int], float]:
+                        slots: int = 0, caches: dict | None = None) -> tuple[list[int], float]:
     """(up to n greedy tokens after `prompt`, to the first stop id; seconds): an eager prefill into a StaticCache of
     `slots` (default: just enough), then `step` (`one_token`, compiled or not) a token. Each token is read before the
-    next call: a compiled step's graph reuses its output buffer, and the stop check needs it."""
+    next call: a compiled step's graph reuses its output buffer, and the stop check needs it. `caches` (slots ->
+    StaticCache): one cache a size, reset for each prompt, as transformers' generate keeps its own (a compiled step
+    marks the cache's tensors static: a new cache each prompt would capture it again)."""
     from transformers import StaticCache  # deferred: transformers loads only for a peer row
 
     t0 = now(hf.device)
     with torch.inference_mode():
-        cache, arg = StaticCache(config=hf.config, max_cache_len=slots or len(prompt) + n + 1), cache_arg(hf)
+        size, arg = slots or len(prompt) + n + 1, cache_arg(hf)
+        cache = None if caches is None else caches.get(size)
+        if cache is None:
+            cache = StaticCache(config=hf.config, max_cache_len=size)
+            caches = {} if caches is None else caches
+            caches[size] = cache
+        else:
+            cache.reset()
         pos = torch.arange(len(prompt), device=hf.device)
         logits = hf(torch.tensor([prompt], device=hf.device), cache_position=pos, use_cache=True, **{arg: cache}).logits
         tok = logits[:, -1].argmax(-1, keepdim=True)  # [1, 1]

@@ -30,6 +30,16 @@ def test_the_static_cache_loop_decodes_what_ar_decodes_and_stops_at_a_stop_id():
     assert timed_static_greedy(hf, one_token, PROMPT, 12, (stop,), 64)[0] == ar[: ar.index(stop) + 1]
 
 
+def test_a_reused_static_cache_decodes_each_prompt_as_a_fresh_one():
+    """One cache a size, reset for each prompt (as generate keeps its own): the same tokens as a new cache each time,
+    a longer prompt before a shorter one included."""
+    hf = to_hf(tiny_model(0)).eval()
+    prompts, caches = [PROMPT, [7, 8, 9, 7, 8], PROMPT[:3] * 3], {}
+    fresh = [timed_static_greedy(hf, one_token, p, 10, slots=64)[0] for p in prompts]
+    assert [timed_static_greedy(hf, one_token, p, 10, slots=64, caches=caches)[0] for p in prompts] == fresh
+    assert list(caches) == [64]
+
+
 @pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_the_benchmark_row_equals_ar(compiled, tiny_target, monkeypatch):  # noqa: F811
     """The row through `specgen benchmark`; the default suite swaps torch.compile for the plain step (a compile of
