@@ -188,6 +188,7 @@ class StepGraphs:
         self.graphs: dict[Bucket | tuple, tuple] = {}  # bucket or a call's key -> (inputs, graph or None, outputs)
         self.uses: Counter = Counter()  # key -> calls served (replays; eager reruns where capture is off)
         self.eager_calls = 0
+        self.recorded = 0  # keys' first calls (captures), resets included: what a run paid in captures
         self.reset()
 
     @property
@@ -263,6 +264,7 @@ class StepGraphs:
         if outs is None:
             outs, graph = self.record(step, what)
             self.graphs[key] = (static, graph, outs)
+            self.recorded += 1
         elif graph is not None:
             graph.replay()
         else:
@@ -365,7 +367,7 @@ class StepGraphs:
     def describe(self) -> dict:
         """What the captures hold, for a benchmark's machine column."""
         return {"graphs": len(self.graphs), "graph_mb": round(self.graph_bytes / 2**20, 1), "replays": self.replays,
-                "eager_calls": self.eager_calls}
+                "eager_calls": self.eager_calls, "captures": self.recorded}
 
 
 @contextmanager

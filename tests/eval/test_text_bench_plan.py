@@ -25,3 +25,18 @@ def test_quantize_applies_to_the_distilled_target_a_row_decodes(tmp_path):
     assert set(models) == {"tiny-text", "tiny-pc", "tiny-text+int8"}
     assert models["tiny-pc"].precision == "int4" and quantized_layers(models["tiny-pc"].module)
     assert models["tiny-text+int8"].precision == "int8"  # a row's own precision suffix wins
+
+
+def test_a_cuda_run_warms_its_shortest_and_longest_prompts():
+    """On CUDA the warm-up decodes reach the cache widths the timed items will (their steps captured before timing);
+    elsewhere one short fixed prompt."""
+    from specgen.eval.text_bench import warm_prompts
+
+    class Tok:
+        def encode(self, text: str) -> list[int]:
+            return [len(text)]
+
+    prompts = [[1] * 40, [2] * 300, [3] * 9, [4] * 120]
+    assert warm_prompts(prompts, "cuda", Tok()) == [[3] * 9, [2] * 300]
+    assert warm_prompts(prompts, "cuda:1", Tok()) == [[3] * 9, [2] * 300]
+    assert warm_prompts(prompts, "cpu", Tok()) == [[len("Write a Python function that adds two numbers.")]]
