@@ -88,8 +88,8 @@ def benchmark(
                                                 "existing file is refused before any work, unless --append).")] = None,
     append: Annotated[bool, typer.Option("--append", help="Add the rows to the end of an existing --out file.")] = False,
     run_dir: Annotated[Optional[Path], typer.Option(
-        "--run-dir", parser=out_path, help="Run folder (new, empty or an earlier run's): config, machine and per-item records; "
-                          "rerunning the same command resumes (every suite).")] = None,
+        "--run-dir", parser=out_path, help="Run folder (new, empty or an earlier run's): config, machine and "
+                          "per-item records; rerunning the same command resumes (every suite).")] = None,
     shard: Annotated[Optional[str], typer.Option(
         "--shard", help="I/N: measure only shard I of N (0-based; a Slurm array job), into --run-dir. Under "
                         "torchrun/accelerate launch the ranks are the shards.")] = None,
