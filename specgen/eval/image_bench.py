@@ -200,11 +200,13 @@ def measure_images(im: ImageModel, cfg: ImageBenchConfig, sink, shard: Shard = S
     base = ImageGenConfig(model=cfg.model, cfg_scale=cfg.cfg_scale, seed=cfg.seed, device=cfg.device, num=1,
                           dtype=cfg.dtype, temperature=cfg.temperatures[0])  # a run's own temperature for its checks
     models = entry_models(im, cfg)  # entry -> the model it decodes (its `dtypes` precision, else `im`)
-    # warm-up: one image per method (allocations, neighbour tables)
+    # warm-up: one image per method (allocations, neighbour tables); on CUDA four, so that most of the tree shapes a
+    # method's timed images meet have their growths captured before timing (a capture costs tens of ms)
     requests = {m: parse_request(replace(base, method=method_of(m), method_options=options_of(cfg, m)), "image")
                 for m in cfg.methods}
+    warm = conditions[: 4 if next(im.model.parameters()).device.type == "cuda" else 1]
     for m in cfg.methods:
-        generate_images(models[m], requests[m], conditions=conditions[:1])
+        generate_images(models[m], requests[m], conditions=warm)
 
     def one(temp: float, i: int) -> dict:
         runs = {}
