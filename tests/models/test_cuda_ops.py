@@ -127,6 +127,9 @@ def test_cuda_forwards_take_the_lists_when_triton_is_there_and_env_says_which(mo
         for dtype in (torch.float32, torch.bfloat16, torch.float16):
             assert attention_path(dtype, "cuda") == "native"
         assert "one Triton kernel a layer" in kernel_paths("cuda")["step_kernels"]["path"]
+        assert "64-row GEMM slices" in kernel_paths("cuda")["text float32"]["path"]
+        monkeypatch.setattr(cuda_ops, "one_launch_products", lambda: True)
+        assert "one Triton launch a product" in kernel_paths("cuda")["image"]["path"]
         monkeypatch.setattr(cuda_ops, "available", lambda: False)  # a CUDA build without Triton: the torch paths
         assert attention_path(torch.bfloat16, "cuda") == "chunked"
         assert attention_path(torch.float32, "cuda") == "sdpa"
