@@ -511,6 +511,28 @@ def main() -> None:
         guarded(name, run)
     if len(ROWS) > done:
         table(ROWS[done:])
+    goals(ROWS)
+
+
+# issue 46's goals: (suite, the row or its first words, the row's key, at least (>) or at most (<), the goal)
+GOALS = (("text", "ar --graphs on", "vs_off", ">", 8.0), ("text", "ar: GPU time", "busy", ">", 0.6),
+         ("text", "hf-compiled", "ours_vs", ">", 1.5), ("text", "ar --graphs on, batch 16", "vs_b1", ">", 12.0),
+         ("text", "ngram --graphs on", "vs_ar", ">", 1.4), ("text", "pcllm-mr", "vs_ar", ">", 1.5),
+         ("image", "adt-tree --graphs on", "vs_ar", ">", 2.0), ("image", "eagle2 --graphs on", "vs_ar", ">", 1.8),
+         ("image", "adt-tree --graphs on", "drafter_share", "<", 0.2),
+         ("image", "eagle2 --graphs on", "drafter_share", "<", 0.2),
+         ("mesh", "xspecmesh criterion=rejection --graphs on", "vs_ar", ">", 1.5))
+
+
+def goals(rows: list[dict]) -> None:
+    """One line a goal: the measured value and whether it meets it ("-": no such row, e.g. a step cut short)."""
+    print("\n| goal | measured | met |\n|---|---:|---|")
+    for suite, prefix, key, sense, want in GOALS:
+        found = next((r[key] for r in rows if r["suite"] == suite and key in r
+                      and (r["row"] == prefix or r["row"].startswith(prefix + " "))), None)
+        met = "-" if found is None else "yes" if (found >= want if sense == ">" else found <= want) else "no"
+        print(f"| {suite} {prefix}: {key} {'>=' if sense == '>' else '<='} {want} | "
+              f"{'-' if found is None else f'{found:.2f}'} | {met} |")
 
 
 def table(rows: list[dict]) -> None:

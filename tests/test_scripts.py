@@ -31,6 +31,24 @@ def test_the_graphs_step_runs_on_the_cpu_with_graphs_equal_to_eager():
     assert len(rows) >= 4 and all(r[5].strip() in ("1.0", "") for r in rows)
 
 
+def test_the_graphs_step_ends_with_issue_46s_goals(monkeypatch, capsys):
+    """One line a goal from the rows: met, not met, or "-" where its row is missing (a step cut short); a row whose
+    name only begins like the goal's (batch 16 after batch 1) is not taken for it."""
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import gpu_graphs
+
+    gpu_graphs.goals([{"suite": "text", "row": "ar --graphs on, batch 16", "vs_off": 20.0, "vs_b1": 5.0},
+                      {"suite": "text", "row": "ar --graphs on", "vs_off": 9.0},
+                      {"suite": "image", "row": "adt-tree --graphs on", "vs_ar": 0.9, "drafter_share": 0.1}])
+    lines = {line.split(" | ")[0].lstrip("| "): line.rstrip(" |").split(" | ")[1:] for line in
+             capsys.readouterr().out.splitlines() if line.startswith("| ") and (">=" in line or "<=" in line)}
+    assert lines["text ar --graphs on: vs_off >= 8.0"] == ["9.00", "yes"]
+    assert lines["text ar --graphs on, batch 16: vs_b1 >= 12.0"] == ["5.00", "no"]
+    assert lines["image adt-tree --graphs on: drafter_share <= 0.2"] == ["0.10", "yes"]
+    assert lines["mesh xspecmesh criterion=rejection --graphs on: vs_ar >= 1.5"] == ["-", "-"]
+    assert len(lines) == len(gpu_graphs.GOALS)
+
+
 @pytest.mark.slow
 def test_the_profile_step_reports_each_case_on_the_cpu():
     """The GPU check's profile step at tiny sizes (`--device cpu`, which measures nothing): every case's step line and
