@@ -197,7 +197,8 @@ class EagleBatch(PoolBase):
         padded = next((r for r in ROW_BUCKETS if n <= r and r * br <= graphs.capacity), n)
         pad = padded - n  # padding sequences: no tree (k = 0), their rows write into the scratch row
         device, dim = root_hidden.device, root_hidden.shape[-1]
-        inputs = {"root_hidden": torch.cat([root_hidden, root_hidden.new_zeros(pad * br, 1, dim)]),
+        roots = torch.cat([root_hidden, root_hidden.new_zeros(pad * br, 1, dim)]) if pad else root_hidden
+        inputs = {"root_hidden": roots,
                   "ints": host_tensor([x + [0] * pad for x in ints], device),  # [6, padded]
                   "writes": host_tensor(list(range(n * br)) + [graphs.capacity] * (pad * br), device)}
         run = partial(static_growth, self.net, self.logprobs, (graphs.k, graphs.v), plan, br, width)
