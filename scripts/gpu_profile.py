@@ -6,8 +6,9 @@ Cases (greedy, graphs on, each run once to capture and once under `torch.profile
   pcllm-mr at batch 1 (1.45x AR at the sixth lease on a step that holds AR's kernels: host time or GPU time?);
 - image ADT-Tree at batch 1: the shipped tiny c2i GPT and its EAGLE drafter, T 0 (gpu_graphs.py's image rows).
 
-For each: wall ms a decode step, GPU ms a step (the kernels' summed time: under a captured step, busy time), kernels a
-step, and the top kernels by their time (calls a step, µs a call). What it answers: which kernels grow from batch 1
+For each: wall ms a decode step (under the profiler, whose host-side tracing inflates it: gpu_graphs.py's rows give
+the wall time), GPU ms a step (the kernels' summed time, prefills included), kernels a step, and the top kernels by
+their time (calls a step, µs a call). What it answers: which kernels grow from batch 1
 to 16 (issue 46's batch-16 goal), and how a tree step's time splits between the drafter's growth and the verify.
 
 Run: `python scripts/gpu_profile.py` on a CUDA machine (~1 minute; `gpu_check.sh`'s `profile` step);
