@@ -161,6 +161,8 @@ def test_an_empty_method_or_suite_is_an_unknown_name(tiny, args, needle):
     ([*IMG, "--prompt", "a cat"], "--prompt is for text models; this is an image model"),
     ([*IMG, "--max-new-tokens", "5"], "--max-new-tokens is for text and mesh models"),
     ([*MESH, "--cfg-scale", "3"], "--cfg-scale is for image models; this is a mesh model"),
+    (["generate", "--method", "ar", "model=tiny-image-gpt", "--prompt", "a cat"],  # the override's model picks the
+     "--prompt is for text models; this is an image model"),  # runner, as --model does (was the method's: text)
     (["distill", "--out", "run", "temperature=0"], "temperature must be > 0"),
     ([*GEN, "--method", "jacobi", "method_options.block_size=abc"], "got 'abc'"),
     ([*GEN, "--method", "ngram", "method_options.num_draft=-3"], "num_draft must be >= 1"),
@@ -229,6 +231,14 @@ def test_an_empty_method_or_suite_is_an_unknown_name(tiny, args, needle):
 ])
 def test_nonsense_numbers_are_refused(tiny, args, needle):
     check_refusal(tiny, args, 2, needle)
+
+
+def test_a_recipes_model_picks_the_generate_runner(tiny):
+    """A recipe's `model:` is the model, as --model is: an image model takes the image runner (was the text one,
+    which asked an image recipe for a prompt)."""
+    (tiny / "cwd" / "image.yaml").write_text("model: tiny-image-gpt\n")
+    check_refusal(tiny, ["generate", "--config", "image.yaml", "--prompt", "a cat"], 2,
+                  "--prompt is for text models; this is an image model")
 
 
 @pytest.mark.parametrize("args,key", [
