@@ -106,6 +106,14 @@ def test_an_empty_output_path_is_refused_not_taken_as_this_folder(tiny, args):
     check_refusal(tiny, args, 2, "an empty path (an unset shell variable?)")
 
 
+@pytest.mark.parametrize("text", ["", "  ", "\n"], ids=["empty", "spaces", "newline"])
+def test_an_empty_prompt_is_refused_not_decoded_from_the_chat_template_alone(tiny, text):
+    """`--prompt "$Q"` with Q unset gave "": decoded from the template's tokens alone, exit 0 (a prompt file's blank
+    prompt is refused; --no-chat refused it only after the model was opened)."""
+    check_refusal(tiny, ["generate", "--model", "tiny-text", "--prompt", "hi", "--prompt", text], 2,
+                  "an empty prompt (an unset shell variable?)")
+
+
 # ---- numbers and method options, checked before any model is loaded -------------------------------------------
 GEN = ["generate", "--model", "tiny-text", "--prompt", "hi"]
 IMG = ["generate", "--model", "tiny-image-gpt", "--method", "ar"]
@@ -297,7 +305,6 @@ def test_bad_recipes_and_overrides(tiny, args, needle):
 
 @pytest.mark.parametrize("args,stdin,needle", [
     ([*GEN[:3], "--prompts", "-"], b"\xff\xfeA\n", "not UTF-8"),
-    ([*GEN[:3], "--no-chat", "--prompt", ""], None, "a prompt is empty"),
     (["export-mesh", "-"], b"\xff\xfe\n", "not UTF-8"),
     (["export-mesh", "-"], b"[99999999999999999999999, 1]\n", "beyond 2**31"),
     (["benchmark", "--suite", "meshes", "--limit", "100000"], None, "only 10000 seeds"),
