@@ -298,6 +298,8 @@ def test_cuda_without_cuda_is_one_line(tiny, cmd):
     (["benchmark", "--suite", "images", "--config", ROOT / "recipes/tiny/bench-meshes.yaml"],
      "--suite images contradicts suite: meshes"),
     (["benchmark", "--suite", "images", "suite=meshes"], "--suite images contradicts suite: meshes"),
+    (["benchmark", "--model", "tiny-text", "--limit", "1", "--methods", "ar,ngram@x", "targets.ngram@x=nosuch"],
+     "nosuch, the model of row ngram@x, is not in the registry: register it first"),  # was only 'unknown checkpoint'
 ])
 def test_bad_recipes_and_overrides(tiny, args, needle):
     check_refusal(tiny, args, 2, needle)
