@@ -169,6 +169,9 @@ def test_an_empty_method_or_suite_is_an_unknown_name(tiny, args, needle):
     ([*IMG, "--prompt", "a cat"], "--prompt is for text models; this is an image model"),
     ([*IMG, "--max-new-tokens", "5"], "--max-new-tokens is for text and mesh models"),
     ([*MESH, "--cfg-scale", "3"], "--cfg-scale is for image models; this is a mesh model"),
+    (["generate", "--model", "tiny-image-gpt+int8", "--method", "ar", "--quantize", "int4"],
+     "--quantize int4 contradicts the model name 'tiny-image-gpt+int8'"),
+    ([*MESH, "model=mesh-gpt-tiny+bf16", "--dtype", "float32"], "--dtype float32 contradicts the model name"),
     (["generate", "--method", "ar", "model=tiny-image-gpt", "--prompt", "a cat"],  # the override's model picks the
      "--prompt is for text models; this is an image model"),  # runner, as --model does (was the method's: text)
     (["distill", "--out", "run", "temperature=0"], "temperature must be > 0"),
