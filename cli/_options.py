@@ -45,6 +45,14 @@ def out_path(value: str) -> Path:
     return Path(value)
 
 
+def prompt_text(value: str) -> str:
+    """A `--prompt` (typer's `parser`): a blank one, as an unset shell variable in quotes gives, is refused, as a
+    prompt file's blank prompt is, where it would be decoded from the chat template's tokens alone."""
+    if not value.strip():
+        raise typer.BadParameter("an empty prompt (an unset shell variable?); give some text")
+    return value
+
+
 def comma_list(option: str, value: str | None, what: str, example: str) -> list[str] | None:
     """The stripped items of a comma-separated option (None when it is not given). An empty item (`1,,2`, a
     trailing comma) is refused, not dropped: it is a typo, and dropping it would run something else unsaid."""

@@ -22,8 +22,8 @@ from specgen.eval.image_bench import (ImageBenchConfig, check_out_dir, checked_r
                                       write_outputs)
 from specgen.eval.mesh_bench import MeshBenchConfig, measure_meshes, mesh_rows_of, variants
 from specgen.eval.run_dir import Grid, RunDir, RunNotFinished, Shard, launcher_shard, parse_shard, wait_for_ranks
-from specgen.eval.text_bench import (TextBenchConfig, check_prompts_fit, measure, plan, resolved_of, rows_of,
-                                     skipped_rows)
+from specgen.eval.text_bench import (TextBenchConfig, check_prompts_fit, check_row_models, measure, plan, resolved_of,
+                                     rows_of, skipped_rows)
 from specgen.image.generate import load_image_model
 from specgen.machine import label, machine_facts
 from specgen.models.graphs import check_mode
@@ -72,6 +72,7 @@ class TextSuite:
 
     def measure(self, p, sink, shard: Shard, on_item, machine, quiet: bool) -> None:
         check_prompts_fit(p, _output.registry_progress(quiet))  # from the entry's files, before the weights load
+        check_row_models(p, _output.registry_progress(quiet))
         cfg = p.cfg
         tm = load_text_model(cfg.model, cfg.device, _output.registry_progress(quiet), dtype=cfg.dtype,
                              quantize=cfg.quantize, graphs=cfg.graphs)

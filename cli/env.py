@@ -8,7 +8,7 @@ import typer
 
 from cli import _output
 from cli._errors import command
-from cli._options import DeviceOpt
+from cli._options import DeviceOpt, Format, FormatOpt
 
 EPILOG = """examples:
 
@@ -16,20 +16,21 @@ EPILOG = """examples:
 
   specgen env --device cuda          # the kernel paths a GPU run takes
 
-  specgen env --json | jq .kernels
+  specgen env --format json | jq .kernels
 """
 
 
 @command
 def env(
     device: DeviceOpt = None,
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout instead of the table.")] = False,
+    fmt: FormatOpt = Format.table,
+    as_json: Annotated[bool, typer.Option("--json", help="The same as --format json.")] = False,
 ) -> None:
     """Show what decides how specgen runs here: devices, ISA flags, threads, each model family's kernels, caches."""
     from specgen import devices, machine  # deferred: start-up (torch; `specgen --help` does without it)
 
     facts = machine.machine_facts(devices.device_name(device or "cpu"))  # a missing device: one line
-    if as_json:
+    if as_json or fmt == Format.json:  # --format as every command takes it; --json, its older spelling, kept
         _output.emit_json(facts)
         return
     _output.table("specgen env", rows(facts), ["item", "value", "detail"], _output.out)

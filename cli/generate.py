@@ -9,7 +9,7 @@ import typer
 
 from cli._errors import command
 from cli._options import (ConfigOpt, DeviceOpt, DtypeOpt, Format, FormatOpt, GraphsOpt, MethodOpt, ModelOpt,
-                          OverridesArg, QuantizeOpt, QuietOpt, SeedOpt, out_path, recipe_key)
+                          OverridesArg, QuantizeOpt, QuietOpt, SeedOpt, out_path, prompt_text, recipe_key)
 from cli._process import imports_frozen
 
 EPILOG = """examples:
@@ -37,7 +37,8 @@ def generate(
     overrides: OverridesArg = None,
     method: MethodOpt = None,
     model: ModelOpt = None,
-    prompt: Annotated[Optional[list[str]], typer.Option("--prompt", "-p", help="\\[text] Prompt text (repeatable).")] = None,
+    prompt: Annotated[Optional[list[str]], typer.Option(
+        "--prompt", "-p", parser=prompt_text, help="\\[text] Prompt text (repeatable; blank is refused).")] = None,
     prompts: Annotated[Optional[str], typer.Option("--prompts", help="\\[text] Prompt file: one per line, JSONL, or - for stdin.")] = None,
     max_new_tokens: Annotated[Optional[int], typer.Option("--max-new-tokens", help="Token budget per sequence.")] = None,
     temperature: Annotated[Optional[float], typer.Option("--temperature", "-t", help="0 = greedy.")] = None,

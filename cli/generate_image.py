@@ -32,6 +32,7 @@ def run(args, spec: MethodSpec) -> None:
                       captions=str(args.captions) if args.captions else None, drafter=args.drafter,
                       **args.recipe)
     req = parse_request(cfg, "image", spec)
+    cfg = req.cfg  # as parsed: `model: NAME+int8` is NAME with quantize int8
     check_output_dir(Path(cfg.out_dir))  # created with the first PNG: a failed run leaves no folder
     im = load_image_model(cfg.model, cfg.drafter, req.device, need_drafter=spec.name != "ar", dtype=cfg.dtype,
                           quantize=cfg.quantize, graphs=cfg.graphs)
@@ -50,10 +51,11 @@ def run(args, spec: MethodSpec) -> None:
     wall = max(s.stats.extras["latency_s"] for s in samples)  # the batch's wall time (rows overlap when batched)
     summary = {"method": spec.name, "images": len(samples), **total.summary(), "wall_s": round(wall, 4),
                "images_per_s": round(len(samples) / wall, 4) if wall else 0.0}
+    model = req.model_label(im.entry.ref)
     if args.fmt == Format.json:
         about = ((lambda l: {"caption": l}) if im.text_conditional else
                  (lambda l: {"class": im.classes[l] if l < len(im.classes) else l, "label": l}))
-        _output.emit_json({"method": spec.name, "model": im.entry.ref, "lossless": spec.lossless, "images": [
+        _output.emit_json({"method": spec.name, "model": model, "lossless": spec.lossless, "images": [
             {"path": str(p), **about(s.label), "tokens": s.tokens}
             for p, s in zip(paths, samples)], "grid": str(paths[-1]), "stats": summary})
         return
@@ -61,5 +63,5 @@ def run(args, spec: MethodSpec) -> None:
         _output.out.print(str(p))
     if not args.quiet:
         lossy = "" if spec.lossless else ", LOSSY"  # the target's own distribution, or not (README's method table)
-        _output.table(f"{spec.name} on {im.entry.ref} (cfg {cfg.cfg_scale}, T={cfg.temperature}{lossy})", [summary],
+        _output.table(f"{spec.name} on {model} (cfg {cfg.cfg_scale}, T={cfg.temperature}{lossy})", [summary],
                       STAT_COLUMNS)

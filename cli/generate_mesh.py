@@ -25,6 +25,7 @@ def run(args, spec: MethodSpec) -> None:
     cfg = load_config(MeshGenConfig, args.config, args.overrides, method=spec.name,
                       max_new_tokens=args.max_new_tokens, num=args.num, **args.recipe)
     req = parse_request(cfg, "mesh", spec)
+    cfg = req.cfg  # as parsed: `model: NAME+int8` is NAME with quantize int8
     mesh_format = format_name(cfg.mesh_format)
     if args.out_dir is not None:
         check_output_dir(args.out_dir)  # before the load; created with the first mesh file
@@ -48,7 +49,7 @@ def run(args, spec: MethodSpec) -> None:
         _output.item_done("mesh", len(files), len(conds), detail, args.quiet)
 
     samples = generate_meshes(loaded, conds, req, on_mesh=done)
-    rows = [row(s, cfg, loaded, files[i], opts) for i, s in enumerate(samples)]
+    rows = [row(s, req, loaded, files[i], opts) for i, s in enumerate(samples)]
     for r in rows:
         if args.fmt == Format.json:
             _output.emit_json(r)
@@ -56,7 +57,8 @@ def run(args, spec: MethodSpec) -> None:
             _output.err.print(f"warning: {r['name']}: {r['error']}; nothing written for it", markup=False)
     if args.fmt == Format.table:
         label = spec.name + (f" ({opts.label()}, {fidelity(opts, loaded)})" if spec.name == "xspecmesh" else "")
-        _output.table(f"{label} on {loaded.target.ref}", [{**r, **r["stats"]} for r in rows], COLUMNS, _output.out)
+        _output.table(f"{label} on {req.model_label(loaded.target.ref)}", [{**r, **r["stats"]} for r in rows], COLUMNS,
+                      _output.out)
 
 
 def fidelity(opts, loaded) -> str:
@@ -66,10 +68,11 @@ def fidelity(opts, loaded) -> str:
     return "lossless w.r.t. the LoRA-merged backbone" if loaded.adapter else "lossless"
 
 
-def row(s, cfg, loaded, files: list[str], opts) -> dict:
+def row(s, req, loaded, files: list[str], opts) -> dict:
     """The JSON row of one sample and its written files. `lossless`: distributed as the named model's own samples
     (ar, or xspecmesh with criterion rejection, no merged adapter)."""
-    return {"name": s.name, "method": cfg.method, "model": loaded.target.ref,
+    cfg = req.cfg
+    return {"name": s.name, "method": cfg.method, "model": req.model_label(loaded.target.ref),
             "heads": loaded.heads.ref if loaded.heads else None,
             "adapter": loaded.adapter.ref if loaded.adapter else None,
             "lossless": cfg.method == "ar" or fidelity(opts, loaded) == "lossless",

@@ -6,7 +6,7 @@ import importlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from cli._options import Format
+from cli._options import Format, recipe_key
 from specgen import checkpoints
 from specgen.errors import UsageError
 from specgen.methods import get_method
@@ -52,7 +52,9 @@ RUNNERS = {"text": "cli.generate_text", "image": "cli.generate_image", "mesh": "
 
 def run(args: GenerateArgs, method: str) -> None:
     spec = get_method(method)  # the one lookup of the method
-    model = args.recipe["model"]
+    # the model as the config will load it (--model, else an override, else the recipe file's): its modality picks
+    # the runner, so `model=NAME` or a recipe's `model:` runs the same runner as --model NAME
+    model = args.recipe["model"] or recipe_key(args.config, args.overrides, "model")
     modality = checkpoints.modality_of(split_name(model)[0]) if model else spec.modality  # NAME+int8: NAME's
     for field, (flag, modalities) in MODALITY_OPTIONS.items():
         if getattr(args, field) not in (None, []) and modality not in modalities:

@@ -13,14 +13,14 @@ from typing import Any, Callable
 
 import torch
 
-from specgen import registry
+from specgen import checkpoints, registry
 from specgen.builtins import BUILTINS
 from specgen.data.humaneval import Problem, build_user_message, load_problems
 from specgen.data.prompts import Prompt, encode, read_prompt_records
 from specgen.decoding.cost import cost_of
 from specgen.decoding.sampling import SamplingParams
 from specgen.devices import now
-from specgen.errors import UsageError
+from specgen.errors import UnknownNameError, UsageError
 from specgen.limits import check_prompt_fits, context_of
 from specgen.eval.hf_rows import HfAssisted, HfCompiled, HfGenerate, HfLookup
 from specgen.eval.humaneval import check_completions
@@ -224,6 +224,19 @@ def check_prompts_fit(p: Plan, progress=None) -> None:
             check_prompt_fits(len(encode(source.tokenizer, item.prompt)), cfg.max_new_tokens, entry)
         except UsageError as e:
             raise UsageError(f"prompt {cfg.offset + i}: {e}") from None
+
+
+def check_row_models(p: Plan, progress=None) -> None:
+    """Refuse a row whose model (a distilled target, `targets.ROW`) is no registry entry, naming the row and the way
+    on, before any weights load (a built-in is materialised here, as the run would a moment later)."""
+    for name in dict.fromkeys(p.meta[m]["model"] for m in p.order if p.meta[m]["model"] != p.cfg.model):
+        try:
+            checkpoints.find(split_name(name)[0], progress)
+        except UnknownNameError as e:
+            rows = ", ".join(m for m in p.cfg.methods if p.meta[m]["model"] == name) or f"ar@{name}"
+            raise UsageError(f"{name}, the model of row {rows}, is not in the registry: register it first (a "
+                             f"recipe's header says how; --dry-run checks every entry) or give the row another "
+                             f"with targets.ROW=NAME ({e})") from None
 
 
 @dataclass(frozen=True)

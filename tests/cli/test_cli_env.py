@@ -30,6 +30,13 @@ def test_env_json_has_every_fact_and_loads_no_model(monkeypatch, specgen_home):
     assert not (specgen_home / "checkpoints").exists()  # nothing materialised
 
 
+def test_env_takes_format_json_as_every_command_does():
+    """docs/cli.md: results on stdout with `--format table|json` on every command; env took only --json."""
+    r = runner.invoke(app, ["env", "--format", "json"])
+    assert r.exit_code == 0, r.output
+    assert set(json.loads(r.stdout)) == set(json.loads(runner.invoke(app, ["env", "--json"]).stdout))
+
+
 def test_env_table_names_each_family_and_cache():
     r = runner.invoke(app, ["env"])
     assert r.exit_code == 0, r.output

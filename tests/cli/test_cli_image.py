@@ -239,6 +239,15 @@ def test_generate_with_int8_weights(tiny_image):
     assert r.exit_code == 2 and "per-row precision" in r.stderr
 
 
+def test_a_model_name_with_a_precision_suffix_is_that_precision(tiny_image):
+    """`--model NAME+int8` is `--model NAME --quantize int8`, as text takes it (was 'unknown checkpoint'); the output
+    names the weights' precision (the entry's name does not: image GPTs are quantized at load)."""
+    out = [json.loads(gen(tiny_image / o, "--method", "ar", "--temperature", "0", "--format", "json", *x).stdout)
+           for o, x in (("a", ["--quantize", "int8"]), ("b", ["--model", "t-gpt+int8"]))]
+    assert [i["tokens"] for i in out[0]["images"]] == [i["tokens"] for i in out[1]["images"]]
+    assert out[0]["model"] == out[1]["model"] == "target/t-gpt+int8"
+
+
 def test_a_row_precision_that_is_none_names_its_key(tiny_image):
     # was "--dtype must be one of float32, bfloat16, float16": an option not given, and no word of int8/int4
     r = runner.invoke(app, ["benchmark", "--suite", "images", "--model", "t-gpt", "methods=[ar,ar@x]",

@@ -108,6 +108,10 @@ def test_ar_on_mesh_model_and_out_dir(tiny, tmp_path):
                "max_new_tokens=20")
     assert r.exit_code == 0, r.output
     assert "test-1010000" in r.stdout and "ar on target/tiny-mesh" in r.stdout
+    r = invoke("generate", "--method", "ar", "model=tiny-mesh+bf16", "-n", "1", "-o", tmp_path / "o",
+               "max_new_tokens=20")  # NAME+bf16 as text takes it (was 'unknown checkpoint'); the title says it
+    assert r.exit_code == 0, r.output
+    assert "ar on target/tiny-mesh+bfloat16" in r.stdout
 
 
 @pytest.mark.parametrize("fmt", sorted(EXPORT_FORMATS))

@@ -106,6 +106,14 @@ def test_an_empty_output_path_is_refused_not_taken_as_this_folder(tiny, args):
     check_refusal(tiny, args, 2, "an empty path (an unset shell variable?)")
 
 
+@pytest.mark.parametrize("text", ["", "  ", "\n"], ids=["empty", "spaces", "newline"])
+def test_an_empty_prompt_is_refused_not_decoded_from_the_chat_template_alone(tiny, text):
+    """`--prompt "$Q"` with Q unset gave "": decoded from the template's tokens alone, exit 0 (a prompt file's blank
+    prompt is refused; --no-chat refused it only after the model was opened)."""
+    check_refusal(tiny, ["generate", "--model", "tiny-text", "--prompt", "hi", "--prompt", text], 2,
+                  "an empty prompt (an unset shell variable?)")
+
+
 # ---- numbers and method options, checked before any model is loaded -------------------------------------------
 GEN = ["generate", "--model", "tiny-text", "--prompt", "hi"]
 IMG = ["generate", "--model", "tiny-image-gpt", "--method", "ar"]
@@ -161,6 +169,11 @@ def test_an_empty_method_or_suite_is_an_unknown_name(tiny, args, needle):
     ([*IMG, "--prompt", "a cat"], "--prompt is for text models; this is an image model"),
     ([*IMG, "--max-new-tokens", "5"], "--max-new-tokens is for text and mesh models"),
     ([*MESH, "--cfg-scale", "3"], "--cfg-scale is for image models; this is a mesh model"),
+    (["generate", "--model", "tiny-image-gpt+int8", "--method", "ar", "--quantize", "int4"],
+     "--quantize int4 contradicts the model name 'tiny-image-gpt+int8'"),
+    ([*MESH, "model=mesh-gpt-tiny+bf16", "--dtype", "float32"], "--dtype float32 contradicts the model name"),
+    (["generate", "--method", "ar", "model=tiny-image-gpt", "--prompt", "a cat"],  # the override's model picks the
+     "--prompt is for text models; this is an image model"),  # runner, as --model does (was the method's: text)
     (["distill", "--out", "run", "temperature=0"], "temperature must be > 0"),
     ([*GEN, "--method", "jacobi", "method_options.block_size=abc"], "got 'abc'"),
     ([*GEN, "--method", "ngram", "method_options.num_draft=-3"], "num_draft must be >= 1"),
@@ -231,6 +244,14 @@ def test_nonsense_numbers_are_refused(tiny, args, needle):
     check_refusal(tiny, args, 2, needle)
 
 
+def test_a_recipes_model_picks_the_generate_runner(tiny):
+    """A recipe's `model:` is the model, as --model is: an image model takes the image runner (was the text one,
+    which asked an image recipe for a prompt)."""
+    (tiny / "cwd" / "image.yaml").write_text("model: tiny-image-gpt\n")
+    check_refusal(tiny, ["generate", "--config", "image.yaml", "--prompt", "a cat"], 2,
+                  "--prompt is for text models; this is an image model")
+
+
 @pytest.mark.parametrize("args,key", [
     (["benchmark", "--model", "tiny-text", "--threads", "64"], "threads"),  # was run on 2 CPUs, unsaid
     (["benchmark", "--suite", "meshes", "--threads", "3"], "threads"),
@@ -280,6 +301,8 @@ def test_cuda_without_cuda_is_one_line(tiny, cmd):
     (["benchmark", "--suite", "images", "--config", ROOT / "recipes/tiny/bench-meshes.yaml"],
      "--suite images contradicts suite: meshes"),
     (["benchmark", "--suite", "images", "suite=meshes"], "--suite images contradicts suite: meshes"),
+    (["benchmark", "--model", "tiny-text", "--limit", "1", "--methods", "ar,ngram@x", "targets.ngram@x=nosuch"],
+     "nosuch, the model of row ngram@x, is not in the registry: register it first"),  # was only 'unknown checkpoint'
 ])
 def test_bad_recipes_and_overrides(tiny, args, needle):
     check_refusal(tiny, args, 2, needle)
@@ -287,7 +310,6 @@ def test_bad_recipes_and_overrides(tiny, args, needle):
 
 @pytest.mark.parametrize("args,stdin,needle", [
     ([*GEN[:3], "--prompts", "-"], b"\xff\xfeA\n", "not UTF-8"),
-    ([*GEN[:3], "--no-chat", "--prompt", ""], None, "a prompt is empty"),
     (["export-mesh", "-"], b"\xff\xfe\n", "not UTF-8"),
     (["export-mesh", "-"], b"[99999999999999999999999, 1]\n", "beyond 2**31"),
     (["benchmark", "--suite", "meshes", "--limit", "100000"], None, "only 10000 seeds"),
