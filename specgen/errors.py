@@ -25,7 +25,7 @@ class UnknownNameError(UsageError):
     """An unknown method, checkpoint or suite; lists the closest known names."""
 
     def __init__(self, what: str, name: str, known: list[str]) -> None:
-        near = difflib.get_close_matches(name, known, n=3, cutoff=0.4)
+        near = difflib.get_close_matches(name, known, n=3, cutoff=0.6)  # a typo, not any name sharing letters
         hint = f"; did you mean {', '.join(near)}?" if near else f"; known: {', '.join(sorted(known)) or 'none'}"
         super().__init__(f"unknown {what} '{name}'{hint}")
 

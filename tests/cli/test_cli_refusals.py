@@ -904,3 +904,13 @@ def test_training_examples_name_no_builtin_and_merge_as_documented(tiny):
         argv = [a for a in shlex.split(line) if not a.startswith("runs/")]
         check_refusal(tiny, [*argv[:argv.index("--out") + 1], "cwd", *argv[argv.index("--out") + 1:]], 2,
                       "holds no trajectory shards")
+
+
+def test_an_unknown_name_suggests_near_typos_and_lists_the_names_otherwise():
+    """A typo gets its near names; a name that only shares letters with one gets the whole list (it said 'did you
+    mean xspecmesh?' for 'nosuch')."""
+    from specgen.errors import UnknownNameError
+
+    known = ["ar", "ngram", "eagle2", "adt-tree", "xspecmesh"]
+    assert str(UnknownNameError("method", "eagel2", known)).endswith("did you mean eagle2?")
+    assert str(UnknownNameError("method", "nosuch", known)).endswith("known: adt-tree, ar, eagle2, ngram, xspecmesh")
