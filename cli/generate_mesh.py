@@ -7,7 +7,7 @@ from pathlib import Path
 from cli import _output
 from cli._options import Format
 from specgen.config import load_config
-from specgen.errors import UsageError
+from specgen.errors import RuntimeFailure, UsageError
 from specgen.mesh.export import export_mesh, format_name, render_png
 from specgen.mesh.generate import (MeshGenConfig, check_budget, decode_tokens, generate_meshes, load_conditions,
                                   load_mesh_model, mesh_options)
@@ -59,6 +59,9 @@ def run(args, spec: MethodSpec) -> None:
         label = spec.name + (f" ({opts.label()}, {fidelity(opts, loaded)})" if spec.name == "xspecmesh" else "")
         _output.table(f"{label} on {req.model_label(loaded.target.ref)}", [{**r, **r["stats"]} for r in rows], COLUMNS,
                       _output.out)
+    if args.out_dir is not None and rows and all(r["error"] for r in rows):  # as export-mesh: a run that wrote nothing
+        raise RuntimeFailure(f"none of the {len(rows)} meshes decodes ({rows[0]['name']}: {rows[0]['error']}); "
+                             f"nothing written to {args.out_dir}")
 
 
 def fidelity(opts, loaded) -> str:
