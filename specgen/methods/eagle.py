@@ -106,11 +106,10 @@ class TreeVerify(DraftVerify):
 class EagleBatch(PoolBase):
     """DrafterPool over `make(index)` -> EagleTreeDrafter (each row's policy and state; the net runs batched)."""
 
-    def __init__(self, make: Callable[[int], EagleTreeDrafter], skip_ar_steps: bool = True, feeds: bool = True) -> None:
+    def __init__(self, make: Callable[[int], EagleTreeDrafter], skip_ar_steps: bool = True) -> None:
         self.make = make
         # a step whose every row may draft nothing skips the drafter (VVS, which sets the features itself: False)
         self.skip_ar_steps = skip_ar_steps
-        self.feeds = feeds  # the growth builds the verify's inputs (`TreeVerify`; VVS verifies a chain + tree: False)
 
     def admit(self, slot: int, index: int, prompt: list[int], first: TargetOut) -> None:
         d = self.make(index)
@@ -132,13 +131,14 @@ class EagleBatch(PoolBase):
         return self.combine(self.head(hidden)).float().log_softmax(-1)
 
     def propose(self, seqs: Sequence[list[int]], budgets: Sequence[int], stats: Sequence[DecodeStats]) -> list[Draft]:
-        trees = self.grow_trees(seqs, budgets, stats)
+        """The trees read on the host now (VVS composes them with its chain there): no verify inputs grown."""
+        trees = self.grow_trees(seqs, budgets, stats, feed=False)
         return [Draft.empty() for _ in seqs] if trees is None else trees.read()[0]
 
     @torch.inference_mode()
-    def grow_trees(self, seqs: Sequence[list[int]], budgets: Sequence[int],
-                   stats: Sequence[DecodeStats]) -> GrownTrees | None:
-        """Every live row's tree and its verify inputs, on the device (None: no row drafts a tree this step)."""
+    def grow_trees(self, seqs: Sequence[list[int]], budgets: Sequence[int], stats: Sequence[DecodeStats],
+                   feed: bool = True) -> GrownTrees | None:
+        """Every live row's tree and (`feed`) its verify inputs, on the device (None: no row drafts a tree)."""
         n, br = len(seqs), self.br
         if self.skip_ar_steps and all(b <= 0 for b in budgets):  # a batched AR step: no drafter work at all;
             for d in self.rows[:n]:  # the pairs committed meanwhile are caught up by the next step that drafts
@@ -162,10 +162,11 @@ class EagleBatch(PoolBase):
         depth = [s.depth for s in shapes]
         counts = kept_counts(k, depth, [s.total_tokens for s in shapes])
         ints = [[len(s) - 1 for s in seqs], k, depth, counts, prefix, [s[-1] for s in seqs]]
-        grown = self.grow_captured(view, root_hidden, ints, shapes) or self.grow_eager(view, root_hidden, ints, shapes)
+        grown = (self.grow_captured(view, root_hidden, ints, shapes, feed)
+                 or self.grow_eager(view, root_hidden, ints, shapes, feed))
         return GrownTrees(grown[0], grown[1], tuple(counts), grown[2:], mark(root_hidden.device))  # 2.-5. unread
 
-    def grow_eager(self, view, root_hidden: torch.Tensor, ints: list[list[int]], shapes: list[TreeShape]):
+    def grow_eager(self, view, root_hidden: torch.Tensor, ints: list[list[int]], shapes: list[TreeShape], feed: bool):
         """The growth level by level through the drafter's forward over `view` (exact widths, keys up to the longest
         prefix); `ints` [6][n] as `grow`'s."""
         br, longest = self.br, max(ints[4])
@@ -178,16 +179,17 @@ class EagleBatch(PoolBase):
             view.lengths = [length + toks.shape[1] for length in view.lengths]
             return out
 
-        plan = GrowPlan.exact(ints[1], shapes, self.feeds)
+        plan = GrowPlan.exact(ints[1], shapes, feed)
         return grow(forward, self.logprobs, root_hidden, ints_t, plan, br)
 
-    def grow_captured(self, view, root_hidden: torch.Tensor, ints: list[list[int]], shapes: list[TreeShape]):
+    def grow_captured(self, view, root_hidden: torch.Tensor, ints: list[list[int]], shapes: list[TreeShape],
+                      feed: bool):
         """The growth as one replay of the drafter's captured steps (rows padded to a bucket, widths to the plan's), or
         None where it runs eagerly (no captured steps, another cache, no room for the levels' slots)."""
         graphs, n, br = self.net.graphs, len(shapes), self.br
         if graphs is None or not graphs.servable(view, None):
             return None
-        plan = GrowPlan.bucketed(ints[1], shapes, self.vocab, self.feeds)
+        plan = GrowPlan.bucketed(ints[1], shapes, self.vocab, feed)
         if plan is None:
             return None
         slots = max(ints[4]) + sum(plan.widths[1:])  # the longest prefix + the levels' slots

@@ -88,7 +88,7 @@ class VVSBatch(PolicyBase):
 
     def __init__(self, make: Callable[[int], VVS], rule, budget) -> None:
         self.make, self.rule, self.budget = make, rule, budget
-        self.eagle = EagleBatch(lambda index: self._next.drafter, skip_ar_steps=False, feeds=False)
+        self.eagle = EagleBatch(lambda index: self._next.drafter, skip_ar_steps=False)
         shape = make(0).drafter.policy.shape(0)
         self.max_feed = shape.total_tokens + shape.depth + 1  # root + x° (<= depth) + C_t
 
