@@ -39,6 +39,12 @@ def one_launch_products() -> bool:
 
 
 @functools.cache
+def interpreted() -> bool:
+    """Whether Triton runs its CPU interpreter here (`TRITON_INTERPRET=1`, set before Triton is imported)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@functools.cache
 def kernels():
     """The Triton kernels (native/triton_kernels.py), imported on first use: `import specgen` never imports Triton."""
     from specgen.native import triton_kernels  # an optional dependency (Triton), imported where a CUDA forward needs it
@@ -160,5 +166,5 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
     t = PRODUCT_TILE
     kernels().linear_rows[(-(-m // t), -(-n // t))](x, weight, weight if bias is None else bias, out, m, n, K=k,
                                                     HAS_BIAS=bias is not None, BLOCK_M=t, BLOCK_N=t, BLOCK_K=t,
-                                                    UPCAST=os.environ.get("TRITON_INTERPRET") == "1", num_warps=WARPS)
+                                                    UPCAST=interpreted(), num_warps=WARPS)
     return out
