@@ -62,7 +62,7 @@ def export_mesh(
     quiet: QuietOpt = False,
 ) -> None:
     """Turn generated mesh token sequences into mesh files (trimesh), reporting faces, vertices and validity."""
-    from cli.generate_mesh import export_sequences, format_name  # deferred: start-up (torch, trimesh)
+    from cli.generate_mesh import check_any_valid, export_sequences, format_name  # deferred: start-up (torch, trimesh)
 
     mesh_format = format_name(mesh_format)
     check_output_dir(out_dir)  # before reading: a file, an unwritable path or a full device is refused
@@ -74,10 +74,8 @@ def export_mesh(
         remove_empty_dirs(out_dir, base)
         raise RuntimeFailure(f"cannot write meshes in {out_dir} ({e.strerror or e}); "
                              f"{ADVICE.get(e.errno, 'write elsewhere')}") from None
+    check_any_valid(rows, "sequences decodes to a mesh", "nothing written")
     bad = [r for r in rows if not r["valid"]]
-    if len(bad) == len(rows):
-        first = f"{bad[0]['name']}: {bad[0]['error']}"
-        raise RuntimeFailure(f"none of the {len(rows)} sequences decodes to a mesh ({first}); nothing written")
     for r in bad if not quiet else []:
         _output.err.print(f"warning: {r['name']}: {r['error']}; nothing written for it", markup=False)
     if fmt == Format.json:

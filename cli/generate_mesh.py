@@ -59,9 +59,8 @@ def run(args, spec: MethodSpec) -> None:
         label = spec.name + (f" ({opts.label()}, {fidelity(opts, loaded)})" if spec.name == "xspecmesh" else "")
         _output.table(f"{label} on {req.model_label(loaded.target.ref)}", [{**r, **r["stats"]} for r in rows], COLUMNS,
                       _output.out)
-    if args.out_dir is not None and rows and all(r["error"] for r in rows):  # as export-mesh: a run that wrote nothing
-        raise RuntimeFailure(f"none of the {len(rows)} meshes decodes ({rows[0]['name']}: {rows[0]['error']}); "
-                             f"nothing written to {args.out_dir}")
+    if args.out_dir is not None:
+        check_any_valid(rows, "meshes decodes", f"nothing written to {args.out_dir}")
 
 
 def fidelity(opts, loaded) -> str:
@@ -92,6 +91,12 @@ def write_files(vertices, faces, out_dir: Path, name: str, mesh_format: str, pre
     stem = free_stem(out_dir, name, (f".{mesh_format}", ".png"))
     path = export_mesh(vertices, faces, out_dir / f"{stem}.{mesh_format}", mesh_format)
     return path, str(render_png(vertices, faces, out_dir / f"{stem}.png")) if preview else None
+
+
+def check_any_valid(rows: list[dict], what: str, outcome: str) -> None:
+    """A run of which no row decoded to a mesh wrote nothing: one line, exit 1 (generate -o and export-mesh alike)."""
+    if rows and not any(r["valid"] for r in rows):
+        raise RuntimeFailure(f"none of the {len(rows)} {what} ({rows[0]['name']}: {rows[0]['error']}); {outcome}")
 
 
 def export_sequences(seqs: list[tuple[str, list[int]]], out_dir: Path, mesh_format: str, preview: bool) -> list[dict]:
