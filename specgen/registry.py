@@ -366,12 +366,12 @@ def weights_digest(entry: Entry, read: bool = True) -> str | None:
     path = entry.path / WEIGHTS
     if not path.is_file():
         return entry.meta.get(DIGEST)
-    if entry.meta.get(DIGEST) and entry.meta.get(FILE) == file_stat(path):
+    stat = file_stat(path)
+    if entry.meta.get(DIGEST) and entry.meta.get(FILE) == stat:
         return entry.meta[DIGEST]
     if not read:
         return None
-    st = path.stat()
-    key = (str(path), st.st_size, st.st_mtime_ns)
+    key = (str(path), *stat)
     if key not in _DIGESTS:
         _DIGESTS[key] = tensors_digest(read_state(entry))
     return _DIGESTS[key]
