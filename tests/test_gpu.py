@@ -303,6 +303,30 @@ def test_a_bf16_chain_scores_each_node_bitwise_as_ar_steps(captured, kind, monke
 
 
 @pytest.mark.parametrize("kind", PRODUCTS)
+def test_a_long_bf16_prompt_prefilled_in_captured_chunks_has_one_eager_forwards_bits(kind, monkeypatch):
+    """A prompt past the largest node bucket, prefilled into a batch's second row as captured chunks (`--graphs on`),
+    against one eager forward (`off`): the last logits, the hidden states and the row's keys and values bitwise."""
+    from specgen.models import graphs
+    from specgen.models.layout import decode_layout
+
+    products(kind, monkeypatch)
+    prompt = torch.randint(0, 64, (1, graphs.NODE_BUCKETS[-1] + 37), generator=torch.Generator().manual_seed(0))
+    got = []
+    for mode in ("off", "on"):
+        model = decode_layout(tiny_model(0).to("cuda", torch.bfloat16))
+        graphs.attach(model, mode)
+        target = ModelTarget(model)
+        cache = target.new_cache(2, prompt.shape[1] + 8)
+        view = cache.rows(1, 2)
+        with torch.inference_mode():
+            out = target.prefill(prompt.cuda(), view)
+        p = prompt.shape[1]
+        got.append((out.logits, out.features, view.k[:, 0, :, :p], view.v[:, 0, :, :p]))
+    assert model.graphs.prompts.replays == 2
+    assert all(torch.equal(a, b) for a, b in zip(*got))
+
+
+@pytest.mark.parametrize("kind", PRODUCTS)
 @pytest.mark.parametrize("captured", [False, True])
 def test_a_bf16_tree_scores_its_path_bitwise_as_ar_steps(captured, kind, monkeypatch):
     """Trees on the GPU: each query over its visible slots in AR's order (the Triton list kernel, native/cuda_ops.py),

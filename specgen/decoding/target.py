@@ -57,6 +57,9 @@ class ModelTarget:
 
     @torch.inference_mode()
     def prefill(self, tokens: torch.Tensor, cache: KVCache) -> TargetOut:
+        staged = None if self.model.graphs is None else self.model.graphs.prefill(tokens, cache)
+        if staged is not None:  # captured chunks, the bits of the eager forward below
+            return TargetOut(*staged)
         b, p = tokens.shape
         positions = torch.arange(p, device=tokens.device).expand(b, p)
         with prompt_mode():  # every method prefills alike and no step recomputes a prompt: its faster kernels

@@ -216,6 +216,7 @@ class StepGraphs:
     def reset(self) -> None:
         """Drop the captures and the static buffers (a larger cache was asked for, or the weights a capture reads)."""
         self.graphs.clear()  # their pool goes with them: the next capture opens a new one
+        self.prompts: StepGraphs | None = None  # the prompts' own one-row buffer and captures (`prefill`)
         self.k = self.v = None  # [L, C + 1, Hkv, T, D]: C cache rows and one scratch row for padding rows
         self.cross = None  # per layer (k, v) [C, H, M, D]: the conditions (cross-attention models)
         self.pool, self.graph_bytes = None, 0  # the captures' memory pool, and the device memory it holds
@@ -248,6 +249,31 @@ class StepGraphs:
         step = lambda: self.kind.step(self.model, x, self.k, self.v, self.cross, b.width)  # noqa: E731
         outs = self.run(b, x, step, f"bucket of {b.rows} rows x {b.nodes} nodes over {b.width} slots")
         return tuple((o if o.shape[:2] == (n, s) else o[:n, :s]).clone() for o in outs)
+
+    def prefill(self, tokens: torch.Tensor, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """A prompt tokens [1, P] into the empty row `cache` holds (any row of the static buffer) as chunks of at most
+        NODE_BUCKETS[-1] nodes, each a captured chain step over a one-row buffer of the prompts' own, whose keys and
+        values are then copied into the row and committed: the last node's logits [1, 1, V] and every node's hidden
+        states [1, P, dim]; None where a prompt attends otherwise than a step (`prompts_as_steps`: one eager forward
+        then). The bits are one eager forward's: a query's sums do not depend on how many queries a forward holds."""
+        if tokens.shape[0] != 1 or cache.lengths != [0] or not kernel_choice.prompts_as_steps(self.dtype, self.device):
+            return None
+        p, most = tokens.shape[1], NODE_BUCKETS[-1]
+        if self.prompts is None:
+            self.prompts = StepGraphs(self.model, self.kind, self.capture, self.strict)
+        own = self.prompts.new_cache(1, p)
+        outs = []
+        for start in range(0, p, most):
+            chunk = tokens[:, start : start + most]  # [1, s]
+            positions = torch.arange(start, start + chunk.shape[1], device=tokens.device)[None]
+            outs.append(self.prompts.forward(chunk, positions, own, None))  # (logits, hidden) [1, s, V | dim]
+            if outs[-1] is None:
+                return None
+            own.commit_seqs({0: list(range(chunk.shape[1]))}, 1)
+        cache.k[:, 0, :, :p].copy_(own.k[:, 0, :, :p])  # [L, Hkv, P, hd]
+        cache.v[:, 0, :, :p].copy_(own.v[:, 0, :, :p])
+        cache.commit_seqs({0: list(range(p))}, 1)
+        return outs[-1][0][:, -1:], torch.cat([hidden for _, hidden in outs], 1)
 
     def call(self, key: tuple, fn: Callable[..., tuple], inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """`fn(**static)` over static copies of `inputs`, whose shapes `key` fixes: a replay of the key's graph
@@ -366,8 +392,9 @@ class StepGraphs:
 
     def describe(self) -> dict:
         """What the captures hold, for a benchmark's machine column."""
-        return {"graphs": len(self.graphs), "graph_mb": round(self.graph_bytes / 2**20, 1), "replays": self.replays,
-                "eager_calls": self.eager_calls, "captures": self.recorded}
+        own = {"graphs": len(self.graphs), "graph_mb": round(self.graph_bytes / 2**20, 1), "replays": self.replays,
+               "eager_calls": self.eager_calls, "captures": self.recorded}
+        return own if self.prompts is None else {k: v + self.prompts.describe()[k] for k, v in own.items()}
 
 
 @contextmanager

@@ -122,8 +122,8 @@ def inference_on_cpu(dtypes: tuple, *tensors: torch.Tensor) -> bool:
 
 def attention_path(dtype: torch.dtype, device: torch.device | str) -> str:
     """The attention of a cached forward: "native" (each query over its list of visible slots: attention.c on a CPU, a
-    Triton kernel on CUDA), "chunked" or "sdpa" (the table above; a prompt prefill's: sdpa)."""
-    if prompt.active():
+    Triton kernel on CUDA), "chunked" or "sdpa" (the table above); a prompt prefill's: sdpa, but `prompts_as_steps`."""
+    if prompt.active() and not prompts_as_steps(dtype, device):
         return "sdpa"
     kind = torch.device(device).type
     if not torch.is_grad_enabled() and (
@@ -154,6 +154,14 @@ def cuda_kernels(dtype: torch.dtype, device: torch.device | str) -> bool:
     backward), a dtype they take, Triton here and not turned off (`cuda_ops.available`)."""
     return (torch.device(device).type == "cuda" and not torch.is_grad_enabled() and dtype in CUDA_LIST_DTYPES
             and cuda_ops.available())
+
+
+def prompts_as_steps(dtype: torch.dtype, device: torch.device | str) -> bool:
+    """Whether a prompt prefill attends as a decode step does (the list attention, whose sums do not depend on how many
+    queries a forward holds), so that a prompt may run as chunks of captured steps with the bits of one forward
+    (`StepGraphs.prefill`): on CUDA with the Triton kernels. A CPU prefills with SDPA, its faster kernel for many
+    queries; a prefill's bits are then its own, as every method prefills alike."""
+    return cuda_kernels(dtype, device)
 
 
 def tiled_products(x: torch.Tensor, weight: torch.Tensor) -> bool:

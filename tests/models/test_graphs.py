@@ -16,7 +16,7 @@ from specgen.image.target import CFGTarget
 from specgen.methods import run_batch
 from specgen.methods.options import JacobiOptions, NgramOptions
 from specgen.methods.text import EmptyDrafter, JacobiDrafter, NgramDrafter
-from specgen.models import graphs
+from specgen.models import graphs, kernel_choice
 from specgen.models.graphs import Bucket, StaticInputs, target_step
 from specgen.models.kernel_choice import attention_path
 from specgen.models.sliced_linear import SLICE_ROWS, SlicedLinear
@@ -576,3 +576,45 @@ def test_residual_adds_inside_the_norms_give_the_blocks_bits(dtype, monkeypatch)
         monkeypatch.setattr(graphs, "native_norms", lambda *t: False)  # each block's forward, its add on its own
         plain = target_step(model, x, steps.k, steps.v, None, b.width)
     assert all(torch.equal(a, c) for a, c in zip(fused, plain))
+
+
+@pytest.mark.parametrize("products,capture", [("sliced", "static"), ("sliced", "traced"), ("plain", "static")],
+                         indirect=["capture"])
+def test_a_prompt_prefilled_in_captured_chunks_has_the_bits_of_one_eager_forward(products, capture, monkeypatch):
+    """Where a prompt attends as a step does (CUDA; forced here on the CPU), a prompt longer than the largest node
+    bucket prefills into any row as captured chunks over the prompts' own buffer: the last logits, every hidden state
+    and the row's keys and values are bitwise one eager forward's, under a product kernel whose sums move with its
+    row count; the control: plain products under that kernel do not keep them."""
+    from tests.models.test_sliced_linear import shape_dependent
+
+    monkeypatch.setattr(kernel_choice, "prompts_as_steps", lambda dtype, device: True)
+    monkeypatch.setattr(torch.nn.functional, "linear", shape_dependent)
+    prompt = torch.randint(0, 64, (1, graphs.NODE_BUCKETS[-1] + 37), generator=torch.Generator().manual_seed(0))
+    got = []
+    for staged in (False, True):
+        model = tiny_model(0).to(torch.bfloat16)
+        for lin in model.modules():
+            if type(lin) is torch.nn.Linear and products == "sliced":
+                lin.__class__ = SlicedLinear
+        target = static_target(model, capture) if staged else ModelTarget(model)
+        cache = target.new_cache(2, prompt.shape[1] + 8)
+        view = cache.rows(1, 2)  # the second row: a slot a batch refills
+        with torch.inference_mode():
+            out = target.prefill(prompt, view)
+        cache.absorb(view, 1)
+        got.append((out.logits, out.features, cache.k[:, 1, :, : prompt.shape[1]], cache.v[:, 1, :, : prompt.shape[1]]))
+        assert cache.lengths == [0, prompt.shape[1]]
+    assert model.graphs.prompts.replays == 2 and model.graphs.prompts.eager_calls == 0  # two chunks, both replayed
+    assert all(torch.equal(a, b) for a, b in zip(*got)) == (products == "sliced")
+
+
+@pytest.mark.parametrize("name,capture", [("ar", "traced"), ("ngram", "traced")], indirect=["capture"])
+def test_prompts_prefilled_in_captured_chunks_decode_what_eager_ar_decodes(name, capture, monkeypatch):
+    monkeypatch.setattr(kernel_choice, "prompts_as_steps", lambda dtype, device: True)
+    long = (PROMPT * 12)[: graphs.NODE_BUCKETS[-1] + 9]
+    prompts = [PROMPT, long, PROMPT[:7]]
+    eager = run_batch(ModelTarget(tiny_model(0)), lambda i: EmptyDrafter(), prompts, 24, SamplingParams())
+    model = tiny_model(0)
+    got = run_batch(static_target(model, capture), lambda i: DRAFTERS[name](), prompts, 24, SamplingParams())
+    assert [r.tokens for r in got.results] == [r.tokens for r in eager.results]
+    assert model.graphs.prompts.replays == 4 and model.graphs.describe()["replays"] > 4
