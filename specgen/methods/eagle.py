@@ -19,7 +19,7 @@ from specgen.decoding.tree import DraftTree
 from specgen.decoding.verify import Span, forward_span, verify_batch
 from specgen.devices import host_tensor, mark, wait_for
 from specgen.methods.eagle_grow import (GrownTrees, GrowPlan, TreeShape, branch_rows, grow, kept_counts, level_mask,
-                                        slot_offsets, static_growth)
+                                        level_positions, slot_offsets, static_growth, tree_columns)
 from specgen.models.graphs import ROW_BUCKETS
 
 
@@ -173,14 +173,16 @@ class EagleBatch(PoolBase):
         ints_t = host_tensor(ints, root_hidden.device)  # [6, n]
         c = ints_t[4]
 
-        def forward(feats, toks, pos, anc):  # one level; every row keeps its W written slots until the rollback
-            mask = level_mask(anc, slot_offsets(c, longest + anc.shape[-1]))  # [n, W, T]
+        def forward(feats, toks, pos, anc, _):  # one level; every row keeps its W written slots until the rollback
+            rel, committed = slot_offsets(c, longest + anc.shape[-1])
+            mask = level_mask(anc, tree_columns(rel, anc.shape[-1]), committed)  # [n, W, T]
             out = self.net(feats, toks, pos, view, attn_mask=branch_rows(mask, br).unsqueeze(1))
             view.lengths = [length + toks.shape[1] for length in view.lengths]
             return out
 
         plan = GrowPlan.exact(ints[1], shapes, feed)
-        return grow(forward, self.logprobs, root_hidden, ints_t, plan, br)
+        levels = level_positions(ints_t[0], ints_t[2], max(len(plan.widths), 2) - 1)
+        return grow(forward, self.logprobs, root_hidden, ints_t, plan, br, levels)
 
     def grow_captured(self, view, root_hidden: torch.Tensor, ints: list[list[int]], shapes: list[TreeShape],
                       feed: bool):

@@ -11,6 +11,7 @@ from specgen.decoding.draft import Draft
 from specgen.decoding.tree import DraftTree
 from specgen.decoding.verify import VerifyBatch, tree_inputs
 from specgen.models.graphs import NODE_BUCKETS, StaticInputs, eagle_step
+from specgen.models.rope import Rotation, rotation
 
 
 @dataclass(frozen=True)
@@ -51,8 +52,9 @@ class GrownTrees:
         return drafts, [picks[i * s : (i + 1) * s] for i in range(n)]
 
 
-# feats [n*br, W, D], tokens [n*br, W], positions [n*br, W], anc [n, W, R] -> hidden [n*br, W, D]; keeps the W slots
-Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+# feats [n*br, W, D], tokens [n*br, W], positions [n*br, W], anc [n, W, R], the level's index (0: the first forward)
+# -> hidden [n*br, W, D]; keeps the W slots
+Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
 LogProbs = Callable[[torch.Tensor], torch.Tensor]  # hidden [n*br, S, D] -> CFG-combined log-probs [n, S, V]
 
 
@@ -79,13 +81,14 @@ class GrowPlan:
 
 
 def grow(forward: Forward, logprobs: LogProbs, root_hidden: torch.Tensor, ints: torch.Tensor, plan: GrowPlan,
-         branches: int) -> tuple[torch.Tensor, ...]:
+         branches: int, levels: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, ...]:
     """Each row's tree (slot order, parents as indices: `in_slot_order`) and, where the plan feeds, the verify's inputs
     for it (`tree_inputs`).
 
     `root_hidden` [n * br, 1, D]: the drafter's output at each root; `ints` [6, n]: the root token's position, the
-    row's top-k (0: no tree), depth, kept nodes (`kept_counts`), drafter prefix and root token. Device ops only;
-    shapes depend only on the plan, the branches and the inputs' shapes.
+    row's top-k (0: no tree), depth, kept nodes (`kept_counts`), drafter prefix and root token; `levels`: each row's
+    `level_positions` over the plan's levels. Device ops only; shapes depend only on the plan, the branches and the
+    inputs' shapes.
     """
     root_pos, k, depth, counts, _, roots = ints
     n, br, device, widths = k.shape[0], branches, root_hidden.device, plan.widths
@@ -104,15 +107,12 @@ def grow(forward: Forward, logprobs: LogProbs, root_hidden: torch.Tensor, ints: 
             per_width[w] = (below_k[:, :, None] & below_k[:, None, :], torch.eye(w, dtype=torch.bool, device=device))
         return per_width[w]
 
-    # every level's rows still growing and their positions, made once: lives [L, n], positions [L, n]
-    levels = torch.arange(1, max(len(widths), 2), device=device)[:, None]
-    lives = depth > levels
-    positions = root_pos + levels * lives  # a row past its depth stays at its root's position
+    lives, positions = levels  # [L, n] each
     anc = consts(width)[1].expand(n, -1, -1)  # [n, W, R]
     recorded = widths[0]
     for level in range(1, len(widths)):  # 2. one drafter forward per level
         pos = positions[level - 1][:, None].expand(-1, width)  # [n, W]
-        out = forward(f_hid, branch_rows(f_tok, br), branch_rows(pos, br), anc)  # [n * br, W, D]
+        out = forward(f_hid, branch_rows(f_tok, br), branch_rows(pos, br), anc, level - 1)  # [n * br, W, D]
         child = logprobs(out).topk(width, dim=-1)  # [n, W, W] each
         ok = lives[level - 1][:, None, None] & consts(width)[0]  # [n, W, W]
         cand = f_score[:, :, None] + child.values  # [n, W, W]: path scores
@@ -136,6 +136,14 @@ def grow(forward: Forward, logprobs: LogProbs, root_hidden: torch.Tensor, ints: 
     return (tokens, parents) + tree_inputs(tokens, parents, counts, roots, root_pos, len(widths))  # 5.
 
 
+def level_positions(root_pos: torch.Tensor, depth: torch.Tensor, levels: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Levels 1..`levels` (at least 1) of rows rooted at root_pos [n] with depths [n]: whether each row still grows
+    there, and its nodes' position there (a row past its depth stays at its root's): [L, n] each."""
+    at = torch.arange(1, levels + 1, device=root_pos.device)[:, None]  # [L, 1]
+    lives = depth > at
+    return lives, root_pos + at * lives
+
+
 def kept_counts(k: list[int], depth: list[int], totals: list[int]) -> list[int]:
     """The nodes each row keeps, known on the host before the growth runs: its node budget, or all its valid nodes
     where fewer (the root's k children, then k x k at each further level: `grow`'s `ok`)."""
@@ -148,18 +156,29 @@ def static_growth(net, logprobs: LogProbs, cache: tuple[torch.Tensor, torch.Tens
     """`grow` over an EAGLE drafter's static cache (k, v [1, C + 1, Hkv, T_max, hd], models/graphs.py): what a captured
     growth replays. `ints` [6, n] as `grow`'s; `writes` [n * br]: the cache row each row writes (a padding row: the
     scratch row). Each level sees the first `t` slots of its rows (a width bucket that holds every prefix and the
-    levels' slots)."""
-    prefix = ints[4]
-    rows_prefix, offsets = branch_rows(prefix, branches), slot_offsets(prefix, t)  # every level's: made once
+    levels' slots). What depends only on the level (its nodes' rotation, cache offsets and tree columns) is made
+    for every level at once: a captured plan has one width (`GrowPlan.bucketed`), so level i's W nodes go to slots
+    prefix + W i and its tree columns are R = W (i + 1)."""
+    (w,) = set(plan.widths)
+    levels, rows = max(len(plan.widths), 2) - 1, writes.shape[0]
+    root_pos, _, depth, _, prefix, _ = ints
+    lives, positions = level_positions(root_pos, depth, levels)  # [L, n] each
+    table = net.rope_table[positions[:, :, None].expand(-1, -1, branches).reshape(-1, 1)]  # [L * R, 1, hd/2, 2]
+    turns = rotation(table.to(net.fc.weight.dtype), net.cfg.rope_layout)  # one node a row: the kernels broadcast it
+    first = torch.arange(0, w * levels, w, device=prefix.device)  # [L]: each level's first tree column
+    meta = torch.stack([branch_rows(prefix, branches) + first[:, None], writes.expand(levels, -1)], 1)  # [L, 2, R]
+    rel, committed = slot_offsets(prefix, t)
+    col = rel.clamp(min=0).clamp(max=(first + (w - 1))[:, None, None])  # [L, n, T]: `tree_columns` of every level
+    inside = col == rel
 
-    def forward(feats, toks, pos, anc):
-        r, w = anc.shape[-1], toks.shape[1]
-        meta = torch.stack([rows_prefix + (r - w), writes])  # [2, R]: slot of node 0, cache row
-        visible = branch_rows(level_mask(anc, offsets), branches).unsqueeze(1)  # [R, 1, W, T]
-        x = StaticInputs(toks, pos, meta, visible=visible, features=feats)
+    def forward(feats, toks, pos, anc, i):
+        part = slice(i * rows, (i + 1) * rows)
+        visible = branch_rows(level_mask(anc, (col[i], inside[i]), committed), branches).unsqueeze(1)
+        x = StaticInputs(toks, pos, meta[i], visible=visible, features=feats,  # visible [R, 1, W, T]
+                         rotation=Rotation(turns.cos[part], turns.sin[part], turns.layout))
         return eagle_step(net, x, *cache, None, t)[0]
 
-    return grow(forward, logprobs, root_hidden, ints, plan, branches)
+    return grow(forward, logprobs, root_hidden, ints, plan, branches, (lives, positions))
 
 
 def best_nodes(tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tensor, valid: torch.Tensor,
@@ -197,11 +216,16 @@ def slot_offsets(prefix: torch.Tensor, t: int) -> tuple[torch.Tensor, torch.Tens
     return rel, (rel < 0)[:, None]
 
 
-def level_mask(anc: torch.Tensor, offsets: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """[n, W, T] bool over drafter slots: the committed prefix, plus the tree slots in `anc` [n, W, R] (slot
-    prefix_i + r for column r); `offsets`: `slot_offsets` over T slots (eagerly the longest prefix + R, captured the
-    static cache's width)."""
-    rel, committed = offsets
-    _, w, r = anc.shape
-    col = rel.clamp(0, r - 1)  # [n, T]: the tree column a slot would be
-    return (anc.gather(2, col[:, None].expand(-1, w, -1)) & (col == rel)[:, None]) | committed
+def tree_columns(rel: torch.Tensor, r: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """For `level_mask` over R = `r` tree columns: the column each drafter slot would be [n, T] (its offset `rel`
+    clamped), and whether it is that column."""
+    col = rel.clamp(0, r - 1)
+    return col, col == rel
+
+
+def level_mask(anc: torch.Tensor, columns: tuple[torch.Tensor, torch.Tensor], committed: torch.Tensor) -> torch.Tensor:
+    """[n, W, T] bool over drafter slots: the committed ones (`slot_offsets`), plus the tree slots in `anc` [n, W, R]
+    (slot prefix_i + r for column r); `columns`: `tree_columns` over the T slots (eagerly the longest prefix + R,
+    captured the static cache's width)."""
+    col, inside = columns
+    return (anc.gather(2, col[:, None].expand(-1, anc.shape[1], -1)) & inside[:, None]) | committed

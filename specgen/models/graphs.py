@@ -19,7 +19,7 @@ from specgen.models.attention import chain_plan, native_plan
 from specgen.models.eagle import EagleNet
 from specgen.models.heads import XSpecMeshHeads, head_logits
 from specgen.models.kernel_choice import attention_path, native_norms
-from specgen.models.rope import rotation
+from specgen.models.rope import Rotation, rotation
 from specgen.models.sliced_linear import SLICE_ROWS, SlicedLinear
 from specgen.models.transformer import Transformer, additive_mask
 
@@ -50,6 +50,7 @@ class StaticInputs:
     tree: torch.Tensor | None = None  # [R, S, S]
     visible: torch.Tensor | None = None  # [R, 1, S, T]: visibility over cache slots (a drafter level)
     features: torch.Tensor | None = None  # [R, S, D] (EAGLE's inputs)
+    rotation: Rotation | None = None  # a drafter level's (made for every level of a growth at once); else the positions'
     eye: torch.Tensor | None = None  # [R, S, S]: a padding node sees itself
     chain: torch.Tensor | None = None  # [S, S]: a chain's tree mask
     views: dict = field(default_factory=dict)  # (n, s) -> the buffers' views over a call's real part (`real`)
@@ -134,7 +135,7 @@ def blocks(module, h: torch.Tensor, x: StaticInputs, k: torch.Tensor, v: torch.T
     cache's first `width` slots (None: all; slots past a row's own add exact zeros, so any width that holds them
     gives the same bits): their output as (x, f), x + f unsummed (f None: x is it), [R, S, dim] each."""
     width = width or k.shape[3]
-    rot = rotation(module.rope_table[x.positions].to(h.dtype), module.cfg.rope_layout)
+    rot = x.rotation or rotation(module.rope_table[x.positions].to(h.dtype), module.cfg.rope_layout)
     mask = step_mask(visibility(x, width), module.cfg, h.dtype)
     cache, r = StaticCache(x, k, v, width), x.tokens.shape[0]
     if cross is None and native_norms(h, module.layers[0].ffn_norm.weight):  # each residual add in the next norm

@@ -409,6 +409,11 @@ def test_the_rope_kernel_gives_rotates_bits(device, dtype, layout):
         want = x * shared.cos + (x.roll(32, -1) if layout == "half" else
                                  x.unflatten(-1, (32, 2)).flip(-1).flatten(-2)) * shared.sin
     assert torch.equal(cuda_ops.rope(x, shared.cos, shared.sin, layout == "half"), want)
+    level = rope.rotation(table[:, :1].to(device, dtype), layout)  # one row a sequence, its nodes' (a drafter level)
+    with torch.no_grad():
+        want = x * level.cos + (x.roll(32, -1) if layout == "half" else
+                                x.unflatten(-1, (32, 2)).flip(-1).flatten(-2)) * level.sin
+    assert torch.equal(cuda_ops.rope(x, level.cos, level.sin, layout == "half"), want)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
