@@ -7,12 +7,11 @@ from dataclasses import asdict
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
 
 from specgen.data.images import ImageCrops, ImageCropsConfig
 from specgen.models.classifier import ImageClassifier
-from specgen.paths import atomic_write
 from specgen.registry import home
+from specgen.train.checkpoint import cached_tensors
 
 Array = torch.Tensor | np.ndarray
 
@@ -65,14 +64,8 @@ def reference_features(classifier: ImageClassifier, n: int = 1024, seed: int = 0
         h.update(f"{k}:{v.shape}".encode())
         h.update(v.detach().float().cpu().contiguous().numpy().tobytes())
     name = f"{h.hexdigest()[:16]}-{data_key}-n{n}.safetensors"
-    path = home() / "artefacts" / "image-reference-features" / name
-    if path.is_file():
-        try:
-            return load_file(str(path))["features"]
-        except Exception:  # a corrupt cache file is recomputed, never trusted
-            pass
-    images, _ = ImageCrops(data_cfg).batch(range(n))  # [n,3,S,S]
-    feats = image_features(classifier, images, batch_size)  # [n,F]
-    atomic_write(path, lambda tmp: save_file({"features": feats.contiguous()}, str(tmp),
-                                             metadata={"n": str(n), "seed": str(seed), "split": split}))
-    return feats
+
+    def build() -> dict[str, torch.Tensor]:  # features [n,F] of the crops [n,3,S,S]
+        return {"features": image_features(classifier, ImageCrops(data_cfg).batch(range(n))[0], batch_size)}
+
+    return cached_tensors(home() / "artefacts" / "image-reference-features" / name, build)["features"]

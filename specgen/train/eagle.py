@@ -18,8 +18,8 @@ from specgen.image.captions import Caption, read_captions
 from specgen.models.eagle import EagleNet
 from specgen.models.transformer import Transformer
 from specgen.paths import file_digest
-from specgen.train.checkpoint import Published, brief, fp16_state, publish, shipped_copy
-from specgen.train.image_gpt import cached_tokens, sample_c2i, sample_t2i
+from specgen.train.checkpoint import RESUME_LOOSE, Published, brief, cached_tensors, fp16_state, publish, shipped_copy
+from specgen.train.image_gpt import sample_c2i, sample_t2i
 from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask
 from specgen.train.optim import OptimConfig
 
@@ -54,11 +54,6 @@ class EagleTrainConfig(OptimConfig):
     ckpt_every: int = 25
     num_threads: int = 1
     ship_dir: str = ""  # also write model.safetensors + config.json here (e.g. specgen/assets/image/eagle)
-
-
-#: Settings a rerun on OUT may change (the run folder's check and the state's): where the result goes, not what
-#: training computes.
-RESUME_LOOSE = ("name", "ship_dir")
 
 
 def training_captions(entry, model: Transformer, path: str) -> tuple[list[Caption], str]:
@@ -106,7 +101,7 @@ def generations(model: Transformer, n_per_class: int, cfg: EagleTrainConfig, see
             log("cfg_scale <= 1: training on the conditional branch only")
         return {"tokens": torch.cat(toks), "labels": labels, "features": torch.cat(feats)}
 
-    return cached_tokens(path, build, log) if cfg.data_cache else build()
+    return cached_tensors(path, build, log) if cfg.data_cache else build()
 
 
 def drafter_inputs(feats: torch.Tensor, tokens: torch.Tensor, offset: int

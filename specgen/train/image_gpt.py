@@ -12,8 +12,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from safetensors import SafetensorError
-from safetensors.torch import load_file
 
 from specgen import checkpoints, devices, registry
 from specgen.data.images import IMAGE_CLASSES, ImageCrops, ImageCropsConfig
@@ -26,8 +24,7 @@ from specgen.image.target import cfg_target
 from specgen.methods import run_batch
 from specgen.models.llamagen import GPT_CONFIGS, find_multiple, llamagen_config
 from specgen.models.transformer import Transformer
-from specgen.paths import check_folder
-from specgen.train.checkpoint import brief, check_outputs, fp16_state, publish, save_tensors, shipped_copy
+from specgen.train.checkpoint import brief, cached_tensors, check_outputs, fp16_state, publish, shipped_copy
 from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask
 from specgen.train.optim import OptimConfig
 from specgen.train.script import parse_recipe, print_metrics, run_script, script_parser
@@ -125,22 +122,6 @@ def crop_tokens(vq, split: str, n: int, seed: int, crop: int, scale: int, log: C
     return {**out, "pixels": torch.cat(px), "hi": torch.cat(hi)} if high else out
 
 
-def cached_tokens(path: Path, build: Callable[[], dict[str, torch.Tensor]],
-                  log: Callable[[str], None]) -> dict[str, torch.Tensor]:
-    """Tensors cached at `path` (safetensors); `build()` makes them on a miss or over an unreadable file."""
-    if path.is_file():
-        try:
-            t = load_file(str(path))
-            log(f"token cache hit: {path}")
-            return t
-        except (OSError, SafetensorError) as e:  # truncated or not safetensors (files are written whole): rebuilt
-            log(f"unreadable token cache {path} ({e}): rebuilding it")
-    check_folder(path.parent, "cache folder")  # before the build's work, which a failed write would lose
-    t = build()
-    save_tensors(path, t)
-    return t
-
-
 def token_dataset(cfg: ImageGPTTrainConfig, log: Callable[[str], None], down: int = 1) -> dict[str, Any]:
     """Cached token grids of train/eval crops area-downscaled by `down`, plus VQ facts (grid, codebook, classes)."""
     vq, doc, digest = load_vq(cfg.vq)
@@ -158,7 +139,7 @@ def token_dataset(cfg: ImageGPTTrainConfig, log: Callable[[str], None], down: in
         return {"train_tokens": tr["lo"].flatten(1), "train_labels": tr["labels"],
                 "eval_tokens": ev["lo"].flatten(1), "eval_labels": ev["labels"]}
 
-    return {**cached_tokens(path, build, log), "classes": list(IMAGE_CLASSES), "vq_sha": digest,
+    return {**cached_tensors(path, build, log), "classes": list(IMAGE_CLASSES), "vq_sha": digest,
             "grid": crop // down // vq.config.downsample, "codebook_size": vq.config.codebook_size,
             "vq_model": vq, "image_size": crop // down}
 
