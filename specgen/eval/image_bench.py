@@ -15,7 +15,7 @@ from specgen.errors import UsageError
 from specgen.eval import image_metrics, plots
 from specgen.eval.image_rows import image_rows, method_of, png_of
 from specgen.eval.run_dir import Grid, Shard
-from specgen.eval.sweeps import SweptRow, sweeps_on, with_sweep_rows
+from specgen.eval.sweeps import SweptRow, check_rows, sweeps_on, with_sweep_rows
 from specgen.image.captions import Caption
 from specgen.image.generate import (ImageGenConfig, ImageModel, conditioned, decode_pixels, generate_images,
                                     image_conditions, load_image_model)
@@ -24,7 +24,6 @@ from specgen.image.target import cfg_target
 from specgen.methods import get_method
 from specgen.paths import check_folder, free_path, link_into_place
 from specgen.request import parse_request
-from specgen.text.precision import check_row_precision
 
 
 @dataclass
@@ -61,7 +60,7 @@ class ImageBenchConfig:
 
 
 def options_of(cfg: ImageBenchConfig, entry: str) -> dict:
-    """Options of an entry of a plan (`with_extra_rows`): the method's, updated by the entry's own (`method@tag`)."""
+    """Options of an entry of a plan (`checked_rows`): the method's, updated by the entry's own (`method@tag`)."""
     return {**cfg.options.get(method_of(entry), {}), **cfg.options.get(entry, {})}
 
 
@@ -82,27 +81,17 @@ def picked(cfg: ImageBenchConfig) -> ImageBenchConfig:
                    mulo_ablations=cfg.mulo_ablations and "mulo-sd" in methods)
 
 
-def with_extra_rows(cfg: ImageBenchConfig) -> ImageBenchConfig:
-    """cfg with the MuLo-SD ablation and sweep entries added to `methods`, `options` holding every entry's."""
-    extra = [SweptRow(m, "mulo-sd", o) for m, o in MULO_ABLATIONS.items()] if cfg.mulo_ablations else []
-    return with_sweep_rows(cfg, "image", method_of, extra)[0]
-
-
 def checked_rows(cfg: ImageBenchConfig) -> ImageBenchConfig:
-    """`with_extra_rows(cfg)`, every row and precision checked (the plan a run measures and summarises)."""
-    cfg = with_extra_rows(cfg)
-    twice = next((m for m in cfg.methods if cfg.methods.count(m) > 1), None)  # else decoded twice, two equal rows
-    if twice is not None:
-        raise UsageError(f"row {twice!r} is given twice; rows: {', '.join(cfg.methods)}")
+    """The plan a run measures and summarises: cfg with the MuLo-SD ablation and sweep entries added to `methods`,
+    `options` holding every entry's, every row and precision checked."""
+    extra = [SweptRow(m, "mulo-sd", o) for m, o in MULO_ABLATIONS.items()] if cfg.mulo_ablations else []
+    cfg = with_sweep_rows(cfg, "image", method_of, extra)[0]
+    check_rows(cfg.methods, cfg.dtype, cfg.dtypes, cfg.device)
     for m in cfg.methods:
         spec = get_method(method_of(m))
         if not spec.runs_on("image"):
             raise UsageError(f"method {m} is for {spec.modality}; the images suite is image methods")
         spec.parse_options(options_of(cfg, m)).check_use("image", greedy=not any(cfg.temperatures))
-    for entry, dtype in {"": cfg.dtype, **cfg.dtypes}.items():
-        if entry and entry not in cfg.methods:
-            raise UsageError(f"dtypes.{entry}: no such row; rows: {', '.join(cfg.methods)}")
-        check_row_precision(entry, dtype, cfg.device)
     return cfg
 
 
