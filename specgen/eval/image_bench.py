@@ -108,8 +108,7 @@ def target_nll(im: ImageModel, cfg_scale: float, cond: int | Caption, tokens: li
     """Mean NLL per token of `tokens` under the target's CFG distribution at temperature 1, given the
     image's condition (class id, c2i; Caption, t2i)."""
     parts, prompt = conditioned(im, cfg_scale, cond)
-    target, p = parts.target, len(prompt)
-    device = getattr(target, "device", "cpu")
+    target, p, device = parts.target, len(prompt), parts.target.device
     cache = target.new_cache(1, p + len(tokens) + 1)
     first = target.prefill(torch.tensor([prompt], device=device), cache)
     seq = torch.tensor([tokens[:-1]], device=device)

@@ -163,30 +163,20 @@ def heldout_loss(model: Transformer, tokens: torch.Tensor, labels: torch.Tensor)
 
 
 @torch.no_grad()
-def sample_c2i(model: Transformer, labels: torch.Tensor, cfg_scale: float = 4.0, temperature: float = 1.0,
-               top_k: int = 0, top_p: float = 1.0, generator: torch.Generator | None = None,
-               features: bool = False):
-    """Class-conditional AR samples (LlamaGen `generate`, logits-level CFG over the [cond; null] pair)."""
-    prompts = [[int(c)] for c in labels]
-    return decode_images(model, cfg_target(model, cfg_scale), prompts, temperature, top_k, top_p, generator, features)
-
-
-@torch.no_grad()
-def sample_t2i(model: Transformer, captions: list[Caption], cfg_scale: float = 4.0, temperature: float = 1.0,
-               top_k: int = 0, top_p: float = 1.0, generator: torch.Generator | None = None,
-               features: bool = False):
-    """Text-conditional AR samples as `CaptionCFGTarget` decodes a caption; f_0 is the last condition slot's."""
-    target = cfg_target(model, cfg_scale, list(captions))
-    prompts = [target.prompt(i) for i in range(len(captions))]
-    return decode_images(model, target, prompts, temperature, top_k, top_p, generator, features)
-
-
-def decode_images(model: Transformer, target, prompts: list[list[int]], temperature: float, top_k: int,
-                  top_p: float, generator: torch.Generator | None, features: bool):
-    """AR tokens [B, G*G] of `prompts` in one batch of the shared loop; with `features` also the target's features
-    f_t [branches, B, G*G, D] (branch 0 cond, 1 null; t = 0 from the prefill), EAGLE's training data.
+def sample_images(model: Transformer, conds: torch.Tensor | list[Caption], cfg_scale: float = 4.0,
+                  temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                  generator: torch.Generator | None = None, features: bool = False):
+    """AR tokens [B, G*G] of class labels (c2i: LlamaGen `generate`, logits-level CFG over the [cond; null] pair) or
+    captions (t2i, as `CaptionCFGTarget` decodes them) in one batch of the shared loop; with `features` also the
+    target's features f_t [branches, B, G*G, D] (branch 0 cond, 1 null; t = 0 from the prefill, for t2i the last
+    condition slot's), EAGLE's training data.
 
     Every row draws from the one `generator` in row order, as LlamaGen's batched multinomial does."""
+    if model.cfg.cond_kind == "caption":
+        target = cfg_target(model, cfg_scale, list(conds))
+        prompts = [target.prompt(i) for i in range(len(conds))]
+    else:
+        target, prompts = cfg_target(model, cfg_scale), [[int(c)] for c in conds]
     n = model.cfg.rope_grid ** 2
     recorders = [FeatureRecorder() for _ in prompts]  # each row's drafter: AR's empty one, recording the features
     res = run_batch(target, recorders.__getitem__, prompts, n, SamplingParams(temperature, top_k, top_p), (),
@@ -292,7 +282,7 @@ def final_eval(cfg: ImageGPTTrainConfig, model: Transformer, data: dict, out: Pa
     labels = torch.arange(len(classes)).repeat_interleave(cfg.samples_per_class)
     gen = torch.Generator().manual_seed(cfg.seed + 12345)
     t0 = time.perf_counter()
-    toks = torch.cat([sample_c2i(shipped, labels[i : i + 32], cfg.cfg_scale, generator=gen)
+    toks = torch.cat([sample_images(shipped, labels[i : i + 32], cfg.cfg_scale, generator=gen)
                       for i in range(0, labels.shape[0], 32)])
     sample_s = time.perf_counter() - t0
     sample_acc = accuracy(toks, labels)

@@ -106,8 +106,16 @@ class VQTrainer(TrainTask):
     def extra_tensors(self) -> dict[str, torch.Tensor]:
         return {"trainer.hits": self.hits}
 
-    def export(self, metrics: dict[str, Any]) -> None:
-        """Write the shipping artefacts: fp16 `model.safetensors` + `config.json`."""
+    def export(self, p: Progress, history: list[dict[str, Any]], last: dict[str, Any], **extra: Any) -> dict[str, Any]:
+        """Write the shipping artefacts, fp16 `model.safetensors` + `config.json`, with the run's metrics (held-out ones
+        from `last`, an evaluation); returns those metrics."""
+        metrics = {
+            "step": p.step, "steps": self.cfg.steps, "train_seconds": round(p.elapsed, 1),
+            "train_cpu_seconds": round(p.cpu, 1),
+            "heldout_psnr": last.get("psnr"), "heldout_l1": last.get("l1"),
+            "codebook_usage": last.get("codebook_usage"), "codebook_perplexity": last.get("codebook_perplexity"),
+            "eval_samples": self.cfg.eval_samples, "history": history, **extra,
+        }
         doc = {
             "builder": "vq",
             "kind": "vq",
@@ -124,6 +132,7 @@ class VQTrainer(TrainTask):
             "metrics": metrics,
         }
         write_entry(self.out, fp16_state(self.model), doc, sort_keys=False)
+        return metrics
 
     @torch.no_grad()
     def _restart_dead_codes(self, latents: torch.Tensor, step: int) -> int:
@@ -187,7 +196,7 @@ class VQTrainer(TrainTask):
         """Held-out metrics; the fp16 export is rewritten with them (a usable VQ at every evaluation)."""
         ev = evaluate(self.model, self.eval_images.to(devices.module_device(self.model)))
         record = {"step": progress.step, "elapsed_s": round(progress.elapsed, 1), "cpu_s": round(progress.cpu, 1), **ev}
-        self.export(self._metrics(progress, [*progress.history, record], record))
+        self.export(progress, [*progress.history, record], record)
         return record
 
     def run(self) -> dict[str, Any]:
@@ -198,20 +207,9 @@ class VQTrainer(TrainTask):
         progress = loop.run(self, StateFile(self.out / "state.safetensors", {"config": asdict(cfg)}))
         self.model.cpu()
         ev = evaluate(shipped_copy(self.model), self.eval_images)  # the shipped fp16 weights, not the fp32 copy
-        metrics = {**self._metrics(progress, progress.history, ev), "weights": "fp16"}
-        self.export(metrics)
+        metrics = self.export(progress, progress.history, ev, weights="fp16")
         self.log(f"done: {json.dumps(metrics)}")
         return metrics
-
-    def _metrics(self, p: Progress, history: list[dict[str, Any]], last: dict[str, Any]) -> dict[str, Any]:
-        """Run metrics; held-out ones from `last` (an evaluation)."""
-        return {
-            "step": p.step, "steps": self.cfg.steps, "train_seconds": round(p.elapsed, 1),
-            "train_cpu_seconds": round(p.cpu, 1),
-            "heldout_psnr": last.get("psnr"), "heldout_l1": last.get("l1"),
-            "codebook_usage": last.get("codebook_usage"), "codebook_perplexity": last.get("codebook_perplexity"),
-            "eval_samples": self.cfg.eval_samples, "history": history,
-        }
 
 
 def main(argv: list[str] | None = None) -> int:
