@@ -13,15 +13,12 @@ from specgen.models.classifier import ImageClassifier
 from specgen.registry import home
 from specgen.train.checkpoint import cached_tensors
 
-Array = torch.Tensor | np.ndarray
 
-
-def fid_from_features(a: Array, b: Array, eps: float = 1e-6) -> float:
-    """Fréchet distance between Gaussians fitted to feature sets a [N,F] and b [M,F] (N, M >= 2)."""
+def fid_from_features(a: np.ndarray, b: np.ndarray, eps: float = 1e-6) -> float:
+    """Fréchet distance between Gaussians fitted to feature sets a [N,F] and b [M,F] (N, M >= 2; CPU tensors too)."""
     from scipy import linalg  # optional dependency
 
-    a, b = (x.detach().cpu().double().numpy() if isinstance(x, torch.Tensor) else np.asarray(x, dtype=np.float64)
-            for x in (a, b))
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[1] or min(len(a), len(b)) < 2:
         raise ValueError(f"need two [N,F] feature sets with N >= 2 and equal F, got {a.shape} and {b.shape}")
     mu1, mu2 = a.mean(0), b.mean(0)  # [F]
