@@ -50,8 +50,7 @@ def class_accuracy(classifier: ImageClassifier, images: torch.Tensor, labels: to
     return float((preds == labels.cpu()).float().mean())
 
 
-def reference_features(classifier: ImageClassifier, n: int = 1024, seed: int = 0, split: str = "train",
-                       batch_size: int = 256) -> torch.Tensor:
+def reference_features(classifier: ImageClassifier, n: int = 1024, seed: int = 0, split: str = "train") -> torch.Tensor:
     """Features [n,F] of real crops (class i % 16, crop seed `seed`), cached in $SPECGEN_HOME/artefacts/. Default
     split "train": the distribution the tiny generators learn (FID references on ImageNet use train statistics)."""
     data_cfg = ImageCropsConfig(split=split, num_samples=n, crop_size=classifier.image_size, seed=seed)
@@ -63,6 +62,6 @@ def reference_features(classifier: ImageClassifier, n: int = 1024, seed: int = 0
     name = f"{h.hexdigest()[:16]}-{data_key}-n{n}.safetensors"
 
     def build() -> dict[str, torch.Tensor]:  # features [n,F] of the crops [n,3,S,S]
-        return {"features": image_features(classifier, ImageCrops(data_cfg).batch(range(n))[0], batch_size)}
+        return {"features": image_features(classifier, ImageCrops(data_cfg).batch(range(n))[0])}
 
     return cached_tensors(home() / "artefacts" / "image-reference-features" / name, build)["features"]

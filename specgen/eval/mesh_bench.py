@@ -253,11 +253,8 @@ def timed(runs: list[dict], walls: dict[str, float] | None = None) -> Timed:
 def benchmark_clouds(meta: dict, limit: int, offset: int = 0, device: str = "cpu") -> list[tuple[object, torch.Tensor]]:
     """(ground-truth mesh, point cloud [N, 6]) of `limit` test-split meshes from `offset`, as the backbone's `meta`."""
     spec, num_points = ProceduralSpec.from_meta(meta), int(meta.get("num_points", 2048))
-    out = []
-    for seed in split_seeds("test", limit, offset):
-        ref = generate_mesh(int(seed), spec)
-        out.append((ref, torch.from_numpy(point_cloud(ref.vertices, ref.faces, num_points, int(seed))).to(device)))
-    return out
+    refs = {seed: generate_mesh(seed, spec) for seed in map(int, split_seeds("test", limit, offset))}
+    return [(m, torch.from_numpy(point_cloud(m.vertices, m.faces, num_points, s)).to(device)) for s, m in refs.items()]
 
 
 def reference_distances(meshes: list) -> dict[str, float]:

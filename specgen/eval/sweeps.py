@@ -69,7 +69,7 @@ def sweeps_of(spec: dict) -> list[Sweep]:
 
 
 def check_rows(rows: list[str], dtype: str, dtypes: dict, device: str) -> None:
-    """Each row given once (else decoded twice, two equal rows); `dtypes` names rows; each precision runs on `device`."""
+    """Each row given once (else decoded twice: two equal rows); `dtypes` names rows; each precision runs on device."""
     twice = next((r for r in rows if rows.count(r) > 1), None)
     if twice is not None:
         raise UsageError(f"row {twice!r} is given twice; rows: {', '.join(rows)}")

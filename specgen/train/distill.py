@@ -104,7 +104,7 @@ def kl_rows(student: torch.Tensor, teacher: torch.Tensor, temperature: float) ->
 
 def pcllm_losses(model, blocks: list[dict], cfg: DistillConfig, rng: random.Random, device,
                  stop_ids: tuple[int, ...]) -> dict:
-    """One forward over a packed sample of `blocks` (with `max_blocks`, a random aligned window): {'loss', 'pc', 'ar'}."""
+    """One forward over a packed sample of `blocks` (with `max_blocks`, a random aligned window): loss, pc, ar."""
     start = rng.randrange(0, len(blocks), cfg.max_blocks) if cfg.max_blocks else 0
     sample = packing.build_sample(blocks, cfg.schedule, cfg.window, rng, cfg.max_blocks, stop_ids, start)
     mask = packing.noise_aware_mask(sample.segments, cfg.mask, cfg.window)

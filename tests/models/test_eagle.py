@@ -76,7 +76,7 @@ def test_features_alignment_with_target():
     assert toks.shape == (2, GRID * GRID) and feats.shape == (1, 2, GRID * GRID, target.cfg.dim)
     assert torch.equal(target.output(feats[0]).argmax(-1), toks)  # greedy: head(f_t) argmax = token t
     _, feats2 = sample_images(target, labels, cfg_scale=3.0, temperature=1.0,
-                           generator=torch.Generator().manual_seed(0), features=True)
+                              generator=torch.Generator().manual_seed(0), features=True)
     assert feats2.shape[0] == 2  # cond and null branch
 
 
@@ -86,7 +86,8 @@ def test_training_steps_reduce_loss():
     for p in target.parameters():
         p.requires_grad_(False)
     labels = torch.arange(CLASSES).repeat(6)
-    toks, feats = sample_images(target, labels, cfg_scale=2.0, generator=torch.Generator().manual_seed(1), features=True)
+    toks, feats = sample_images(target, labels, cfg_scale=2.0, generator=torch.Generator().manual_seed(1),
+                                features=True)
     f = feats.transpose(0, 1).reshape(-1, GRID * GRID, target.cfg.dim)  # rows = (sequence, branch)
     t = toks.repeat_interleave(2, dim=0)
     cfg = EagleTrainConfig(feature_noise=0.0)

@@ -34,7 +34,7 @@ def test_tiny_gpt_and_eagle_builtins_fit():
     gpt, eagle = checkpoints.load_module(gpt_entry), checkpoints.load_module(eagle_entry)
     assert isinstance(eagle, EagleNet)
     toks, feats = sample_images(gpt, torch.tensor([0]), cfg_scale=4.0, generator=torch.Generator().manual_seed(0),
-                             features=True)
+                                features=True)
     assert toks.shape == (1, 256) and int(toks.max()) < 512
     with torch.no_grad():
         h = eagle(feats[0, :, :-1], toks[:, :-1], torch.arange(1, 256)[None])

@@ -17,7 +17,8 @@ from safetensors.torch import load_file, save_file
 from specgen.builtins import ASSETS
 from specgen.config import RECIPE_RELATIVE, load_config
 from specgen.errors import CheckpointError, UsageError
-from specgen.train.checkpoint import StaleStateError, atomic_write, cached_tensors, check_outputs, fp16_state, write_entry
+from specgen.train.checkpoint import (StaleStateError, atomic_write, cached_tensors, check_outputs, fp16_state,
+                                      write_entry)
 from specgen.train.classifier import vq_reconstructions
 from specgen.train.image_gpt import load_vq, vq_entry
 from specgen.train.loop import At, Loop, LoopOptions, Optim, StateFile, TrainTask
