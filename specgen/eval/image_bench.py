@@ -20,7 +20,6 @@ from specgen.image.captions import Caption
 from specgen.image.generate import (ImageGenConfig, ImageModel, conditioned, decode_pixels, generate_images,
                                     image_conditions, load_image_model)
 from specgen.image.methods import build_image_method
-from specgen.image.target import cfg_target
 from specgen.methods import get_method
 from specgen.paths import check_folder, free_path, link_into_place
 from specgen.request import parse_request
@@ -181,10 +180,8 @@ def measure_images(im: ImageModel, cfg: ImageBenchConfig, sink, shard: Shard = S
                                # what the rows record of the conditions: caption indices (t2i) or class names
                                "conditions": {"captions": [c.index for c in conditions]} if im.text_conditional else
                                {"classes": [im.classes[c] if c < len(im.classes) else c for c in conditions]},
-                               **quality,
-                               "cost_rows": list(cost.rows), "cost": list(cost.cost),
-                               "branches": cfg_target(im.model, cfg.cfg_scale, conditions if im.text_conditional
-                                                      else None).branches})
+                               **quality, "cost_rows": list(cost.rows), "cost": list(cost.cost),
+                               "branches": parts.target.branches})
     base = ImageGenConfig(model=cfg.model, cfg_scale=cfg.cfg_scale, seed=cfg.seed, device=cfg.device, num=1,
                           dtype=cfg.dtype, temperature=cfg.temperatures[0])  # a run's own temperature for its checks
     models = entry_models(im, cfg)  # entry -> the model it decodes (its `dtypes` precision, else `im`)
