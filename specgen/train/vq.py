@@ -18,7 +18,7 @@ from specgen.data.images import ImageCrops, ImageCropsConfig, crops
 from specgen.errors import UsageError
 from specgen.models.vq import VQ_CONFIGS, VQConfig, VQModel
 from specgen.train.checkpoint import fp16_state, shipped_copy, write_entry
-from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask
+from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask, check_choices
 from specgen.train.optim import OptimConfig
 from specgen.train.script import parse_recipe, print_metrics, run_script, script_parser
 
@@ -49,11 +49,6 @@ class VQTrainConfig(OptimConfig):
     ckpt_every: int = 50
     log_every: int = 25
     num_threads: int = 1
-
-    def model_config(self) -> VQConfig:
-        if self.model not in VQ_CONFIGS:
-            raise ValueError(f"unknown model {self.model!r}; known: {sorted(VQ_CONFIGS)}")
-        return VQConfig(**{**VQ_CONFIGS[self.model].to_dict(), **self.model_overrides})
 
 
 def psnr(recon: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -92,7 +87,8 @@ class VQTrainer(TrainTask):
         self.cfg, self.out, self.log, self.device = cfg, Path(out_dir), log, device
         torch.set_num_threads(cfg.num_threads)
         torch.manual_seed(cfg.seed)
-        self.model_cfg = cfg.model_config()
+        check_choices(cfg, {"model": VQ_CONFIGS})
+        self.model_cfg = VQConfig(**{**VQ_CONFIGS[cfg.model].to_dict(), **cfg.model_overrides})
         self.model = VQModel(self.model_cfg).train()
         self.opt = cfg.adamw(self.model.parameters())
         self.modules = {"model": self.model}
