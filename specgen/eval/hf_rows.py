@@ -1,5 +1,4 @@
-"""The transformers peer rows (greedy, the target's float32 weights): `generate` plain, with prompt lookup, assisted,
-and the compiled static-cache loop."""
+"""The transformers peer rows (greedy, float32): `generate` plain, prompt lookup, assisted; a compiled static loop."""
 
 from __future__ import annotations
 
@@ -155,14 +154,12 @@ def timed_static_greedy(hf, step, prompt: list[int], n: int, stop_ids: tuple[int
 
     t0 = now(hf.device)
     with torch.inference_mode():
-        size, arg = slots or len(prompt) + n + 1, cache_arg(hf)
-        cache = None if caches is None else caches.get(size)
-        if cache is None:
-            cache = StaticCache(config=hf.config, max_cache_len=size)
-            caches = {} if caches is None else caches
-            caches[size] = cache
+        size, arg, caches = slots or len(prompt) + n + 1, cache_arg(hf), {} if caches is None else caches
+        if size in caches:
+            caches[size].reset()
         else:
-            cache.reset()
+            caches[size] = StaticCache(config=hf.config, max_cache_len=size)
+        cache = caches[size]
         pos = torch.arange(len(prompt), device=hf.device)
         logits = hf(torch.tensor([prompt], device=hf.device), cache_position=pos, use_cache=True, **{arg: cache}).logits
         tok = logits[:, -1].argmax(-1, keepdim=True)  # [1, 1]

@@ -15,16 +15,14 @@ from specgen.errors import UsageError
 from specgen.eval import image_metrics, plots
 from specgen.eval.image_rows import image_rows, method_of, png_of
 from specgen.eval.run_dir import Grid, Shard
-from specgen.eval.sweeps import SweptRow, sweeps_on, with_sweep_rows
+from specgen.eval.sweeps import SweptRow, check_rows, sweeps_on, with_sweep_rows
 from specgen.image.captions import Caption
 from specgen.image.generate import (ImageGenConfig, ImageModel, conditioned, decode_pixels, generate_images,
                                     image_conditions, load_image_model)
 from specgen.image.methods import build_image_method
-from specgen.image.target import cfg_target
 from specgen.methods import get_method
 from specgen.paths import check_folder, free_path, link_into_place
 from specgen.request import parse_request
-from specgen.text.precision import check_row_precision
 
 
 @dataclass
@@ -61,7 +59,7 @@ class ImageBenchConfig:
 
 
 def options_of(cfg: ImageBenchConfig, entry: str) -> dict:
-    """Options of an entry of a plan (`with_extra_rows`): the method's, updated by the entry's own (`method@tag`)."""
+    """Options of an entry of a plan (`checked_rows`): the method's, updated by the entry's own (`method@tag`)."""
     return {**cfg.options.get(method_of(entry), {}), **cfg.options.get(entry, {})}
 
 
@@ -82,27 +80,17 @@ def picked(cfg: ImageBenchConfig) -> ImageBenchConfig:
                    mulo_ablations=cfg.mulo_ablations and "mulo-sd" in methods)
 
 
-def with_extra_rows(cfg: ImageBenchConfig) -> ImageBenchConfig:
-    """cfg with the MuLo-SD ablation and sweep entries added to `methods`, `options` holding every entry's."""
-    extra = [SweptRow(m, "mulo-sd", o) for m, o in MULO_ABLATIONS.items()] if cfg.mulo_ablations else []
-    return with_sweep_rows(cfg, "image", method_of, extra)[0]
-
-
 def checked_rows(cfg: ImageBenchConfig) -> ImageBenchConfig:
-    """`with_extra_rows(cfg)`, every row and precision checked (the plan a run measures and summarises)."""
-    cfg = with_extra_rows(cfg)
-    twice = next((m for m in cfg.methods if cfg.methods.count(m) > 1), None)  # else decoded twice, two equal rows
-    if twice is not None:
-        raise UsageError(f"row {twice!r} is given twice; rows: {', '.join(cfg.methods)}")
+    """The plan a run measures and summarises: cfg with the MuLo-SD ablation and sweep entries added to `methods`,
+    `options` holding every entry's, every row and precision checked."""
+    extra = [SweptRow(m, "mulo-sd", o) for m, o in MULO_ABLATIONS.items()] if cfg.mulo_ablations else []
+    cfg = with_sweep_rows(cfg, "image", method_of, extra)[0]
+    check_rows(cfg.methods, cfg.dtype, cfg.dtypes, cfg.device)
     for m in cfg.methods:
         spec = get_method(method_of(m))
         if not spec.runs_on("image"):
             raise UsageError(f"method {m} is for {spec.modality}; the images suite is image methods")
         spec.parse_options(options_of(cfg, m)).check_use("image", greedy=not any(cfg.temperatures))
-    for entry, dtype in {"": cfg.dtype, **cfg.dtypes}.items():
-        if entry and entry not in cfg.methods:
-            raise UsageError(f"dtypes.{entry}: no such row; rows: {', '.join(cfg.methods)}")
-        check_row_precision(entry, dtype, cfg.device)
     return cfg
 
 
@@ -119,8 +107,7 @@ def target_nll(im: ImageModel, cfg_scale: float, cond: int | Caption, tokens: li
     """Mean NLL per token of `tokens` under the target's CFG distribution at temperature 1, given the
     image's condition (class id, c2i; Caption, t2i)."""
     parts, prompt = conditioned(im, cfg_scale, cond)
-    target, p = parts.target, len(prompt)
-    device = getattr(target, "device", "cpu")
+    target, p, device = parts.target, len(prompt), parts.target.device
     cache = target.new_cache(1, p + len(tokens) + 1)
     first = target.prefill(torch.tensor([prompt], device=device), cache)
     seq = torch.tensor([tokens[:-1]], device=device)
@@ -193,10 +180,8 @@ def measure_images(im: ImageModel, cfg: ImageBenchConfig, sink, shard: Shard = S
                                # what the rows record of the conditions: caption indices (t2i) or class names
                                "conditions": {"captions": [c.index for c in conditions]} if im.text_conditional else
                                {"classes": [im.classes[c] if c < len(im.classes) else c for c in conditions]},
-                               **quality,
-                               "cost_rows": list(cost.rows), "cost": list(cost.cost),
-                               "branches": cfg_target(im.model, cfg.cfg_scale, conditions if im.text_conditional
-                                                      else None).branches})
+                               **quality, "cost_rows": list(cost.rows), "cost": list(cost.cost),
+                               "branches": parts.target.branches})
     base = ImageGenConfig(model=cfg.model, cfg_scale=cfg.cfg_scale, seed=cfg.seed, device=cfg.device, num=1,
                           dtype=cfg.dtype, temperature=cfg.temperatures[0])  # a run's own temperature for its checks
     models = entry_models(im, cfg)  # entry -> the model it decodes (its `dtypes` precision, else `im`)

@@ -7,22 +7,18 @@ from dataclasses import asdict
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
 
 from specgen.data.images import ImageCrops, ImageCropsConfig
 from specgen.models.classifier import ImageClassifier
-from specgen.paths import atomic_write
 from specgen.registry import home
+from specgen.train.checkpoint import cached_tensors
 
-Array = torch.Tensor | np.ndarray
 
-
-def fid_from_features(a: Array, b: Array, eps: float = 1e-6) -> float:
-    """Fréchet distance between Gaussians fitted to feature sets a [N,F] and b [M,F] (N, M >= 2)."""
+def fid_from_features(a: np.ndarray, b: np.ndarray, eps: float = 1e-6) -> float:
+    """Fréchet distance between Gaussians fitted to feature sets a [N,F] and b [M,F] (N, M >= 2; CPU tensors too)."""
     from scipy import linalg  # optional dependency
 
-    a, b = (x.detach().cpu().double().numpy() if isinstance(x, torch.Tensor) else np.asarray(x, dtype=np.float64)
-            for x in (a, b))
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[1] or min(len(a), len(b)) < 2:
         raise ValueError(f"need two [N,F] feature sets with N >= 2 and equal F, got {a.shape} and {b.shape}")
     mu1, mu2 = a.mean(0), b.mean(0)  # [F]
@@ -54,8 +50,7 @@ def class_accuracy(classifier: ImageClassifier, images: torch.Tensor, labels: to
     return float((preds == labels.cpu()).float().mean())
 
 
-def reference_features(classifier: ImageClassifier, n: int = 1024, seed: int = 0, split: str = "train",
-                       batch_size: int = 256) -> torch.Tensor:
+def reference_features(classifier: ImageClassifier, n: int = 1024, seed: int = 0, split: str = "train") -> torch.Tensor:
     """Features [n,F] of real crops (class i % 16, crop seed `seed`), cached in $SPECGEN_HOME/artefacts/. Default
     split "train": the distribution the tiny generators learn (FID references on ImageNet use train statistics)."""
     data_cfg = ImageCropsConfig(split=split, num_samples=n, crop_size=classifier.image_size, seed=seed)
@@ -65,14 +60,8 @@ def reference_features(classifier: ImageClassifier, n: int = 1024, seed: int = 0
         h.update(f"{k}:{v.shape}".encode())
         h.update(v.detach().float().cpu().contiguous().numpy().tobytes())
     name = f"{h.hexdigest()[:16]}-{data_key}-n{n}.safetensors"
-    path = home() / "artefacts" / "image-reference-features" / name
-    if path.is_file():
-        try:
-            return load_file(str(path))["features"]
-        except Exception:  # a corrupt cache file is recomputed, never trusted
-            pass
-    images, _ = ImageCrops(data_cfg).batch(range(n))  # [n,3,S,S]
-    feats = image_features(classifier, images, batch_size)  # [n,F]
-    atomic_write(path, lambda tmp: save_file({"features": feats.contiguous()}, str(tmp),
-                                             metadata={"n": str(n), "seed": str(seed), "split": split}))
-    return feats
+
+    def build() -> dict[str, torch.Tensor]:  # features [n,F] of the crops [n,3,S,S]
+        return {"features": image_features(classifier, ImageCrops(data_cfg).batch(range(n))[0])}
+
+    return cached_tensors(home() / "artefacts" / "image-reference-features" / name, build)["features"]

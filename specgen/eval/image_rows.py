@@ -13,6 +13,7 @@ import PIL.Image
 
 from specgen.decoding.stats import DecodeStats
 from specgen.eval.image_metrics import fid_from_features
+from specgen.eval.plots import image_grid
 from specgen.eval.run_dir import Grid, check_finished
 from specgen.eval.speed import Drafting, Timed, curves, merged
 from specgen.eval.speed import efficiency as speed_efficiency
@@ -21,9 +22,8 @@ from specgen.methods import get_method
 
 def png_of(pixels: torch.Tensor) -> str:
     """[3, H, W] in [-1, 1] -> base64 PNG of its uint8 pixels (the quantisation every grid applies anyway)."""
-    u8 = ((pixels.detach().float().cpu().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
     buf = io.BytesIO()
-    PIL.Image.fromarray(u8.permute(1, 2, 0).contiguous().numpy()).save(buf, format="PNG")
+    image_grid(pixels[None], nrow=1, pad=0).save(buf, format="PNG")
     return base64.b64encode(buf.getvalue()).decode()
 
 

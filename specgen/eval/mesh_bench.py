@@ -14,14 +14,13 @@ from specgen.decoding.stats import DecodeStats
 from specgen.errors import UsageError
 from specgen.eval.run_dir import Grid, Shard, check_finished
 from specgen.eval.speed import Timed, merged
-from specgen.eval.sweeps import Sweep, expand, merged_table, sweeps_of, sweeps_on
+from specgen.eval.sweeps import Sweep, check_rows, expand, merged_table, sweeps_of, sweeps_on
 from specgen.mesh.export import clean_mesh
 from specgen.mesh.generate import check_budget, decode_tokens, load_mesh_model, token_budget
 from specgen.mesh.metrics import mesh_distances
 from specgen.mesh.procedural import ProceduralSpec, generate_mesh, split_seeds
 from specgen.mesh.tokenizers import BPTTokenizer
 from specgen.methods.xspecmesh import MeshDecoder, XSpecMeshOptions
-from specgen.text.precision import check_row_precision
 from specgen.train.mesh import point_cloud
 
 
@@ -144,14 +143,7 @@ def variants(cfg: MeshBenchConfig) -> list[Variant]:
         out.append(Variant(f"ar+{r}", cfg.heads[r], XSpecMeshOptions(**common), plain=True))
     for s in expand(mesh_sweeps(cfg), cfg.heads, lambda row, o: check("", o)):
         out.append(Variant(s.name, cfg.heads[s.base], options_of(s.base, {**s.options, **per_row.get(s.name, {})})))
-    labels = [v.label for v in out]
-    twice = next((x for x in labels if labels.count(x) > 1), None)
-    if twice is not None:
-        raise UsageError(f"row {twice!r} is given twice; rows: {', '.join(labels)}")
-    for row, d in {"": cfg.dtype, **cfg.dtypes}.items():
-        if row and row not in labels:
-            raise UsageError(f"dtypes.{row}: no such row; rows: {', '.join(labels)}")
-        check_row_precision(row, d, cfg.device)
+    check_rows([v.label for v in out], cfg.dtype, cfg.dtypes, cfg.device)
     return out
 
 
@@ -261,11 +253,8 @@ def timed(runs: list[dict], walls: dict[str, float] | None = None) -> Timed:
 def benchmark_clouds(meta: dict, limit: int, offset: int = 0, device: str = "cpu") -> list[tuple[object, torch.Tensor]]:
     """(ground-truth mesh, point cloud [N, 6]) of `limit` test-split meshes from `offset`, as the backbone's `meta`."""
     spec, num_points = ProceduralSpec.from_meta(meta), int(meta.get("num_points", 2048))
-    out = []
-    for seed in split_seeds("test", limit, offset):
-        ref = generate_mesh(int(seed), spec)
-        out.append((ref, torch.from_numpy(point_cloud(ref.vertices, ref.faces, num_points, int(seed))).to(device)))
-    return out
+    refs = {seed: generate_mesh(seed, spec) for seed in map(int, split_seeds("test", limit, offset))}
+    return [(m, torch.from_numpy(point_cloud(m.vertices, m.faces, num_points, s)).to(device)) for s, m in refs.items()]
 
 
 def reference_distances(meshes: list) -> dict[str, float]:

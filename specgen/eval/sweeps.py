@@ -7,6 +7,7 @@ from typing import Any, Callable, Iterable
 
 from specgen.errors import UsageError
 from specgen.methods import METHODS, get_method
+from specgen.text.precision import check_row_precision
 
 SCALARS = (str, int, float, bool)  # what a swept value may be (a list or mapping is no single setting)
 
@@ -65,6 +66,17 @@ def sweeps_of(spec: dict) -> list[Sweep]:
         for row, option, values in pairs:
             out.append(Sweep(row, option, swept_values(f"sweep.{row}.{option}", values)))
     return out
+
+
+def check_rows(rows: list[str], dtype: str, dtypes: dict, device: str) -> None:
+    """Each row given once (else decoded twice: two equal rows); `dtypes` names rows; each precision runs on device."""
+    twice = next((r for r in rows if rows.count(r) > 1), None)
+    if twice is not None:
+        raise UsageError(f"row {twice!r} is given twice; rows: {', '.join(rows)}")
+    for row, d in {"": dtype, **dtypes}.items():
+        if row and row not in rows:
+            raise UsageError(f"dtypes.{row}: no such row; rows: {', '.join(rows)}")
+        check_row_precision(row, d, device)
 
 
 def sweeps_on(spec: dict, picked: Callable[[str], bool]) -> dict:

@@ -5,10 +5,9 @@ from __future__ import annotations
 import hashlib
 
 import torch
-from safetensors.torch import load_file, save_file
 
 from specgen import registry
-from specgen.paths import atomic_write
+from specgen.train.checkpoint import cached_tensors
 
 
 def codebook_hash(codebook: torch.Tensor) -> str:
@@ -26,16 +25,9 @@ def compute_neighbours(codebook: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def neighbour_table(codebook: torch.Tensor, k: int) -> torch.Tensor:
-    """Load the cached table for this codebook and k, computing and caching it atomically if absent."""
+    """The table for this codebook and k, cached (a corrupt cache file is recomputed)."""
     path = registry.home() / "artefacts" / "neighbours" / f"{codebook_hash(codebook)}-k{k}.safetensors"
-    if path.is_file():
-        try:
-            return load_file(str(path))["neighbours"]
-        except Exception:  # a corrupt cache entry is recomputed
-            path.unlink(missing_ok=True)
-    table = compute_neighbours(codebook, k)
-    atomic_write(path, lambda tmp: save_file({"neighbours": table.contiguous()}, str(tmp)))
-    return table
+    return cached_tensors(path, lambda: {"neighbours": compute_neighbours(codebook, k)})["neighbours"]
 
 
 def scaled_k(vocab: int, k_ref: int = 1000, vocab_ref: int = 16384) -> int:

@@ -22,19 +22,11 @@ class MeshDistances:
     hausdorff: float
 
 
-def _nearest(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """L2 distance from each point of a [N, 3] to its nearest point of b [M, 3]; [N]."""
-    return cKDTree(b).query(a, k=1)[0]
-
-
-def chamfer_points(a: np.ndarray, b: np.ndarray) -> float:
-    """Chamfer distance between point sets [N, 3] and [M, 3] (BPT: L2, sum of directed means)."""
-    return float(_nearest(a, b).mean() + _nearest(b, a).mean())
-
-
-def hausdorff_points(a: np.ndarray, b: np.ndarray) -> float:
-    """Symmetric Hausdorff distance: max of both one-sided maxima (L2, not squared)."""
-    return float(max(_nearest(a, b).max(), _nearest(b, a).max()))
+def point_distances(a: np.ndarray, b: np.ndarray) -> MeshDistances:
+    """CD and HD of point sets [N, 3] and [M, 3] (L2, not squared): CD the sum of the two directed mean nearest-point
+    distances, HD the larger of the two directed maxima."""
+    ab, ba = cKDTree(b).query(a, k=1)[0], cKDTree(a).query(b, k=1)[0]  # [N], [M]
+    return MeshDistances(chamfer=float(ab.mean() + ba.mean()), hausdorff=float(max(ab.max(), ba.max())))
 
 
 def normalized_samples(
@@ -49,5 +41,4 @@ def normalized_samples(
 def mesh_distances(gen_vertices: np.ndarray, gen_faces: np.ndarray, ref_vertices: np.ndarray, ref_faces: np.ndarray
                    ) -> MeshDistances:
     """CD and HD between a generated and a reference mesh under BPT's protocol (module doc)."""
-    a, b = normalized_samples(gen_vertices, gen_faces), normalized_samples(ref_vertices, ref_faces)
-    return MeshDistances(chamfer=chamfer_points(a, b), hausdorff=hausdorff_points(a, b))
+    return point_distances(normalized_samples(gen_vertices, gen_faces), normalized_samples(ref_vertices, ref_faces))

@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 
 from specgen import builtins, registry
 from specgen.errors import UsageError
 from specgen.paths import atomic_write, atomic_write_text, check_folder
 from specgen.registry import Entry
+
+#: Settings a rerun on OUT may change where a trainer has no others (the run folder's check and the state's): where
+#: the result goes, not what training computes.
+RESUME_LOOSE = ("name", "ship_dir")
 
 
 class StaleStateError(UsageError, ValueError):
@@ -44,6 +49,22 @@ def brief(metrics: Mapping[str, Any]) -> dict[str, Any]:
 def save_tensors(path: Path, tensors: Mapping[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
     atomic_write(path, lambda p: save_file({k: v.contiguous() for k, v in tensors.items()}, str(p),
                                             metadata=metadata))
+
+
+def cached_tensors(path: Path, build: Callable[[], dict[str, torch.Tensor]],
+                   log: Callable[[str], None] = lambda s: None) -> dict[str, torch.Tensor]:
+    """Tensors cached at `path` (safetensors); `build()` makes them on a miss or over an unreadable file."""
+    if path.is_file():
+        try:
+            t = load_file(str(path))
+            log(f"cache hit: {path}")
+            return t
+        except (OSError, SafetensorError) as e:  # truncated or not safetensors (files are written whole): rebuilt
+            log(f"unreadable cache {path} ({e}): rebuilding it")
+    check_folder(path.parent, "cache folder")  # before the build's work, which a failed write would lose
+    t = build()
+    save_tensors(path, t)
+    return t
 
 
 def write_json(path: Path, doc: Any, sort_keys: bool = True) -> None:

@@ -83,7 +83,7 @@ def check_config(cfg: DistillConfig) -> None:
                          f"got {cfg.mixed_precision!r}")
     if MIXED_PRECISION[cfg.mixed_precision] == "fp16":  # float16 on a CPU without float16 kernels: one line
         resolve_dtype("float16", resolve_device(cfg.device))
-    check_choices(cfg, {"objective": ("pcllm", "cllm"), "schedule": packing.SCHEDULES, "mask": packing.MASKS,
+    check_choices(cfg, {"objective": OBJECTIVES, "schedule": packing.SCHEDULES, "mask": packing.MASKS,
                         "finetune": ("lora", "full")})
     if not cfg.trajectories:
         raise UsageError("trajectories=FOLDER is required (written by `specgen collect-trajectories`)")
@@ -102,8 +102,12 @@ def kl_rows(student: torch.Tensor, teacher: torch.Tensor, temperature: float) ->
     return (t.exp() * (t - s)).sum(-1)
 
 
-def pcllm_losses(model, sample: packing.Packed, mask: torch.Tensor, cfg: DistillConfig, device) -> dict:
-    """One forward over the packed sample: {'loss', 'pc', 'ar'}."""
+def pcllm_losses(model, blocks: list[dict], cfg: DistillConfig, rng: random.Random, device,
+                 stop_ids: tuple[int, ...]) -> dict:
+    """One forward over a packed sample of `blocks` (with `max_blocks`, a random aligned window): loss, pc, ar."""
+    start = rng.randrange(0, len(blocks), cfg.max_blocks) if cfg.max_blocks else 0
+    sample = packing.build_sample(blocks, cfg.schedule, cfg.window, rng, cfg.max_blocks, stop_ids, start)
+    mask = packing.noise_aware_mask(sample.segments, cfg.mask, cfg.window)
     logits, _ = model(sample.tokens[None].to(device), sample.positions[None].to(device), None, mask[None].to(device))
     logits = logits[0]
     ar = F.cross_entropy(logits[sample.ar_src.to(device)].float(), sample.ar_tgt.to(device))
@@ -118,6 +122,7 @@ def pcllm_losses(model, sample: packing.Packed, mask: torch.Tensor, cfg: Distill
 def cllm_losses(model, blocks: list[dict], cfg: DistillConfig, rng: random.Random, device,
                 stop_ids: tuple[int, ...]) -> dict:
     """CLLM global consistency + AR loss: teacher on the clean sequence, student on one noisy state."""
+    blocks = blocks[: cfg.max_blocks or None]
     prompt = list(blocks[0]["prompt_ids"])
     fixed = [list(b["fixed_point"]) for b in blocks]
     i = rng.randrange(len(blocks))
@@ -145,6 +150,10 @@ def cllm_losses(model, blocks: list[dict], cfg: DistillConfig, rng: random.Rando
     return {"loss": pc + cfg.ar_weight * ar, "pc": pc, "ar": ar}
 
 
+#: objective -> its losses on one prompt's blocks
+OBJECTIVES = {"pcllm": pcllm_losses, "cllm": cllm_losses}
+
+
 class DistillTask(TrainTask):
     """pcLLM or CLLM losses on the trajectories: micro-batch `at` trains on a prompt of a seeded per-epoch order with
     a random.Random seeded by (seed, prompt, step), so a resumed or multi-process run sees what one process does."""
@@ -161,20 +170,12 @@ class DistillTask(TrainTask):
         cfg, groups = self.cfg, self.groups
         epoch, pos = divmod(at.step * at.shards + at.shard, len(groups))  # a seeded permutation of prompts per epoch
         idx = int(torch.randperm(len(groups), generator=torch.Generator().manual_seed(cfg.seed * 100_003 + epoch))[pos])
-        rng = random.Random(cfg.seed * 1_000_003 + idx * 7919 + at.step)
-        if cfg.objective == "pcllm":
-            start = rng.randrange(0, len(groups[idx]), cfg.max_blocks) if cfg.max_blocks else 0
-            sample = packing.build_sample(groups[idx], cfg.schedule, cfg.window, rng, cfg.max_blocks, self.stop_ids,
-                                          start)
-            return sample, packing.noise_aware_mask(sample.segments, cfg.mask, cfg.window)
-        return (groups[idx][: cfg.max_blocks] if cfg.max_blocks else groups[idx]), rng
+        return groups[idx], random.Random(cfg.seed * 1_000_003 + idx * 7919 + at.step)
 
     def loss(self, batch):
-        device = next(self.model.parameters()).device
-        if self.cfg.objective == "pcllm":  # batch: (packed sample, its mask)
-            losses = pcllm_losses(self.model, *batch, self.cfg, device)
-        else:  # batch: (blocks, the sample's random.Random)
-            losses = cllm_losses(self.model, batch[0], self.cfg, batch[1], device, self.stop_ids)
+        blocks, rng = batch
+        losses = OBJECTIVES[self.cfg.objective](self.model, blocks, self.cfg, rng, next(self.model.parameters()).device,
+                                                self.stop_ids)
         return losses["loss"], {k: float(losses[k].detach()) for k in ("loss", "pc", "ar")}
 
     def evaluate(self, progress: Progress) -> dict[str, Any]:

@@ -18,8 +18,8 @@ from specgen.image.captions import Caption, read_captions
 from specgen.models.eagle import EagleNet
 from specgen.models.transformer import Transformer
 from specgen.paths import file_digest
-from specgen.train.checkpoint import Published, brief, fp16_state, publish, shipped_copy
-from specgen.train.image_gpt import cached_tokens, sample_c2i, sample_t2i
+from specgen.train.checkpoint import RESUME_LOOSE, Published, brief, cached_tensors, fp16_state, publish, shipped_copy
+from specgen.train.image_gpt import sample_images
 from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask
 from specgen.train.optim import OptimConfig
 
@@ -56,11 +56,6 @@ class EagleTrainConfig(OptimConfig):
     ship_dir: str = ""  # also write model.safetensors + config.json here (e.g. specgen/assets/image/eagle)
 
 
-#: Settings a rerun on OUT may change (the run folder's check and the state's): where the result goes, not what
-#: training computes.
-RESUME_LOOSE = ("name", "ship_dir")
-
-
 def training_captions(entry, model: Transformer, path: str) -> tuple[list[Caption], str]:
     """(captions, content hash) a t2i target trains on; ([], "") for c2i. Mismatches are one-line usage errors."""
     if model.cfg.cond_kind != "caption":
@@ -92,13 +87,12 @@ def generations(model: Transformer, n_per_class: int, cfg: EagleTrainConfig, see
     def build() -> dict[str, torch.Tensor]:
         conds = list(captions) * n_per_class if captions else torch.arange(model.cfg.num_classes).repeat(n_per_class)
         labels = torch.tensor([c.index for c in conds]) if captions else conds
-        sample = sample_t2i if captions else sample_c2i
         gen = torch.Generator().manual_seed(seed)
         toks, feats = [], []
         t0 = time.perf_counter()
         for i in range(0, labels.shape[0], cfg.gen_batch):
-            t, f = sample(model, conds[i : i + cfg.gen_batch], cfg.cfg_scale, cfg.temperature, cfg.top_k,
-                          cfg.top_p, gen, features=True)
+            t, f = sample_images(model, conds[i : i + cfg.gen_batch], cfg.cfg_scale, cfg.temperature, cfg.top_k,
+                                 cfg.top_p, gen, features=True)
             toks.append(t)
             feats.append(f.transpose(0, 1).half())  # [b, branches, N, D]
             log(f"generated {i + t.shape[0]}/{labels.shape[0]} target samples ({time.perf_counter() - t0:.0f}s)")
@@ -106,7 +100,7 @@ def generations(model: Transformer, n_per_class: int, cfg: EagleTrainConfig, see
             log("cfg_scale <= 1: training on the conditional branch only")
         return {"tokens": torch.cat(toks), "labels": labels, "features": torch.cat(feats)}
 
-    return cached_tokens(path, build, log) if cfg.data_cache else build()
+    return cached_tensors(path, build, log) if cfg.data_cache else build()
 
 
 def drafter_inputs(feats: torch.Tensor, tokens: torch.Tensor, offset: int

@@ -12,8 +12,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from safetensors import SafetensorError
-from safetensors.torch import load_file
 
 from specgen import checkpoints, devices, registry
 from specgen.data.images import IMAGE_CLASSES, ImageCrops, ImageCropsConfig
@@ -26,8 +24,7 @@ from specgen.image.target import cfg_target
 from specgen.methods import run_batch
 from specgen.models.llamagen import GPT_CONFIGS, find_multiple, llamagen_config
 from specgen.models.transformer import Transformer
-from specgen.paths import check_folder
-from specgen.train.checkpoint import brief, check_outputs, fp16_state, publish, save_tensors, shipped_copy
+from specgen.train.checkpoint import brief, cached_tensors, check_outputs, fp16_state, publish, shipped_copy
 from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask
 from specgen.train.optim import OptimConfig
 from specgen.train.script import parse_recipe, print_metrics, run_script, script_parser
@@ -125,22 +122,6 @@ def crop_tokens(vq, split: str, n: int, seed: int, crop: int, scale: int, log: C
     return {**out, "pixels": torch.cat(px), "hi": torch.cat(hi)} if high else out
 
 
-def cached_tokens(path: Path, build: Callable[[], dict[str, torch.Tensor]],
-                  log: Callable[[str], None]) -> dict[str, torch.Tensor]:
-    """Tensors cached at `path` (safetensors); `build()` makes them on a miss or over an unreadable file."""
-    if path.is_file():
-        try:
-            t = load_file(str(path))
-            log(f"token cache hit: {path}")
-            return t
-        except (OSError, SafetensorError) as e:  # truncated or not safetensors (files are written whole): rebuilt
-            log(f"unreadable token cache {path} ({e}): rebuilding it")
-    check_folder(path.parent, "cache folder")  # before the build's work, which a failed write would lose
-    t = build()
-    save_tensors(path, t)
-    return t
-
-
 def token_dataset(cfg: ImageGPTTrainConfig, log: Callable[[str], None], down: int = 1) -> dict[str, Any]:
     """Cached token grids of train/eval crops area-downscaled by `down`, plus VQ facts (grid, codebook, classes)."""
     vq, doc, digest = load_vq(cfg.vq)
@@ -158,7 +139,7 @@ def token_dataset(cfg: ImageGPTTrainConfig, log: Callable[[str], None], down: in
         return {"train_tokens": tr["lo"].flatten(1), "train_labels": tr["labels"],
                 "eval_tokens": ev["lo"].flatten(1), "eval_labels": ev["labels"]}
 
-    return {**cached_tokens(path, build, log), "classes": list(IMAGE_CLASSES), "vq_sha": digest,
+    return {**cached_tensors(path, build, log), "classes": list(IMAGE_CLASSES), "vq_sha": digest,
             "grid": crop // down // vq.config.downsample, "codebook_size": vq.config.codebook_size,
             "vq_model": vq, "image_size": crop // down}
 
@@ -182,30 +163,20 @@ def heldout_loss(model: Transformer, tokens: torch.Tensor, labels: torch.Tensor)
 
 
 @torch.no_grad()
-def sample_c2i(model: Transformer, labels: torch.Tensor, cfg_scale: float = 4.0, temperature: float = 1.0,
-               top_k: int = 0, top_p: float = 1.0, generator: torch.Generator | None = None,
-               features: bool = False):
-    """Class-conditional AR samples (LlamaGen `generate`, logits-level CFG over the [cond; null] pair)."""
-    prompts = [[int(c)] for c in labels]
-    return decode_images(model, cfg_target(model, cfg_scale), prompts, temperature, top_k, top_p, generator, features)
-
-
-@torch.no_grad()
-def sample_t2i(model: Transformer, captions: list[Caption], cfg_scale: float = 4.0, temperature: float = 1.0,
-               top_k: int = 0, top_p: float = 1.0, generator: torch.Generator | None = None,
-               features: bool = False):
-    """Text-conditional AR samples as `CaptionCFGTarget` decodes a caption; f_0 is the last condition slot's."""
-    target = cfg_target(model, cfg_scale, list(captions))
-    prompts = [target.prompt(i) for i in range(len(captions))]
-    return decode_images(model, target, prompts, temperature, top_k, top_p, generator, features)
-
-
-def decode_images(model: Transformer, target, prompts: list[list[int]], temperature: float, top_k: int,
-                  top_p: float, generator: torch.Generator | None, features: bool):
-    """AR tokens [B, G*G] of `prompts` in one batch of the shared loop; with `features` also the target's features
-    f_t [branches, B, G*G, D] (branch 0 cond, 1 null; t = 0 from the prefill), EAGLE's training data.
+def sample_images(model: Transformer, conds: torch.Tensor | list[Caption], cfg_scale: float = 4.0,
+                  temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                  generator: torch.Generator | None = None, features: bool = False):
+    """AR tokens [B, G*G] of class labels (c2i: LlamaGen `generate`, logits-level CFG over the [cond; null] pair) or
+    captions (t2i, as `CaptionCFGTarget` decodes them) in one batch of the shared loop; with `features` also the
+    target's features f_t [branches, B, G*G, D] (branch 0 cond, 1 null; t = 0 from the prefill, for t2i the last
+    condition slot's), EAGLE's training data.
 
     Every row draws from the one `generator` in row order, as LlamaGen's batched multinomial does."""
+    if model.cfg.cond_kind == "caption":
+        target = cfg_target(model, cfg_scale, list(conds))
+        prompts = [target.prompt(i) for i in range(len(conds))]
+    else:
+        target, prompts = cfg_target(model, cfg_scale), [[int(c)] for c in conds]
     n = model.cfg.rope_grid ** 2
     recorders = [FeatureRecorder() for _ in prompts]  # each row's drafter: AR's empty one, recording the features
     res = run_batch(target, recorders.__getitem__, prompts, n, SamplingParams(temperature, top_k, top_p), (),
@@ -311,7 +282,7 @@ def final_eval(cfg: ImageGPTTrainConfig, model: Transformer, data: dict, out: Pa
     labels = torch.arange(len(classes)).repeat_interleave(cfg.samples_per_class)
     gen = torch.Generator().manual_seed(cfg.seed + 12345)
     t0 = time.perf_counter()
-    toks = torch.cat([sample_c2i(shipped, labels[i : i + 32], cfg.cfg_scale, generator=gen)
+    toks = torch.cat([sample_images(shipped, labels[i : i + 32], cfg.cfg_scale, generator=gen)
                       for i in range(0, labels.shape[0], 32)])
     sample_s = time.perf_counter() - t0
     sample_acc = accuracy(toks, labels)

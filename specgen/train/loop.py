@@ -329,9 +329,7 @@ class Loop:
                     stepped.add(name)
                 for k, v in parts.items():
                     logs[k] = logs.get(k, 0.0) + v / o.grad_accum
-            for name, opt in task.optims.items():
-                if name not in stepped:
-                    continue
+            for opt in (opt for name, opt in task.optims.items() if name in stepped):  # in the task's order
                 params = opt.params()
                 self._average_grads(params)
                 if scaler is not None:

@@ -207,7 +207,7 @@ def train(cfg: MeshTrainConfig, out: Path, log: Callable[[str], None] = lambda s
     metrics = {"steps": progress.step, "train_minutes": round(progress.cpu / 60, 2),
                **{k: round(v, 4) for k, v in ev.items()}, "history": progress.history}
     tied = {"decoder.output.weight": "decoder.tok_embeddings.weight"}
-    meta = {"kind": "target", "builder": "mesh_gpt", "kwargs": MeshGPT(**cfg.model_kwargs()).builder_kwargs(),
+    meta = {"kind": "target", "builder": "mesh_gpt", "kwargs": model.builder_kwargs(),
             "vocab_size": BPTTokenizer().vocab_size, "modality": "mesh", "tokenizer": "bpt",
             "num_points": cfg.num_points, "max_tokens": cfg.max_tokens, "tied": tied,
             "procedural": asdict(cfg.spec()),  # the distribution heads, benchmark and generate draw from

@@ -16,8 +16,8 @@ from specgen import checkpoints
 from specgen.errors import IncompatibleError, MissingDependencyError, UsageError
 from specgen.image.neighbours import codebook_hash
 from specgen.models.upsampler import UpDownSampler, UpsamplerConfig
-from specgen.train.checkpoint import Published, brief, fp16_state, publish, shipped_copy
-from specgen.train.image_gpt import cached_tokens, check_vq_name, crop_tokens, downscale, load_vq
+from specgen.train.checkpoint import RESUME_LOOSE, Published, brief, cached_tensors, fp16_state, publish, shipped_copy
+from specgen.train.image_gpt import check_vq_name, crop_tokens, downscale, load_vq
 from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask, check_choices
 from specgen.train.optim import AdamWConfig
 
@@ -66,11 +66,6 @@ class UpsamplerTrainConfig(AdamWConfig):
     ship_dir: str = ""  # also write model.safetensors + config.json here
 
 
-#: Settings a rerun on OUT may change (the run folder's check and the state's): where the result goes, not what
-#: training computes.
-RESUME_LOOSE = ("name", "ship_dir")
-
-
 def pair_dataset(cfg: UpsamplerTrainConfig, vq, digest: str, log: Callable[[str], None]) -> dict[str, torch.Tensor]:
     key = f"vq{digest}-seed{cfg.data_seed}-crop{cfg.crop_size}-x{cfg.scale}-train{cfg.num_crops}-eval{cfg.eval_crops}"
     path = Path(cfg.token_cache) / f"{key}.safetensors"
@@ -80,7 +75,7 @@ def pair_dataset(cfg: UpsamplerTrainConfig, vq, digest: str, log: Callable[[str]
         return {f"{split}_{k}": v for split, n in (("train", cfg.num_crops), ("eval", cfg.eval_crops))
                 for k, v in crop_tokens(vq, split, n, cfg.data_seed, cfg.crop_size, cfg.scale, log).items()}
 
-    return cached_tokens(path, build, log)
+    return cached_tensors(path, build, log)
 
 
 def vq_features(vq, x: torch.Tensor) -> list[torch.Tensor]:

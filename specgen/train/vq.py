@@ -18,7 +18,7 @@ from specgen.data.images import ImageCrops, ImageCropsConfig, crops
 from specgen.errors import UsageError
 from specgen.models.vq import VQ_CONFIGS, VQConfig, VQModel
 from specgen.train.checkpoint import fp16_state, shipped_copy, write_entry
-from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask
+from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask, check_choices
 from specgen.train.optim import OptimConfig
 from specgen.train.script import parse_recipe, print_metrics, run_script, script_parser
 
@@ -49,11 +49,6 @@ class VQTrainConfig(OptimConfig):
     ckpt_every: int = 50
     log_every: int = 25
     num_threads: int = 1
-
-    def model_config(self) -> VQConfig:
-        if self.model not in VQ_CONFIGS:
-            raise ValueError(f"unknown model {self.model!r}; known: {sorted(VQ_CONFIGS)}")
-        return VQConfig(**{**VQ_CONFIGS[self.model].to_dict(), **self.model_overrides})
 
 
 def psnr(recon: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -92,7 +87,8 @@ class VQTrainer(TrainTask):
         self.cfg, self.out, self.log, self.device = cfg, Path(out_dir), log, device
         torch.set_num_threads(cfg.num_threads)
         torch.manual_seed(cfg.seed)
-        self.model_cfg = cfg.model_config()
+        check_choices(cfg, {"model": VQ_CONFIGS})
+        self.model_cfg = VQConfig(**{**VQ_CONFIGS[cfg.model].to_dict(), **cfg.model_overrides})
         self.model = VQModel(self.model_cfg).train()
         self.opt = cfg.adamw(self.model.parameters())
         self.modules = {"model": self.model}
@@ -106,8 +102,16 @@ class VQTrainer(TrainTask):
     def extra_tensors(self) -> dict[str, torch.Tensor]:
         return {"trainer.hits": self.hits}
 
-    def export(self, metrics: dict[str, Any]) -> None:
-        """Write the shipping artefacts: fp16 `model.safetensors` + `config.json`."""
+    def export(self, p: Progress, history: list[dict[str, Any]], last: dict[str, Any], **extra: Any) -> dict[str, Any]:
+        """Write the shipping artefacts, fp16 `model.safetensors` + `config.json`, with the run's metrics (held-out ones
+        from `last`, an evaluation); returns those metrics."""
+        metrics = {
+            "step": p.step, "steps": self.cfg.steps, "train_seconds": round(p.elapsed, 1),
+            "train_cpu_seconds": round(p.cpu, 1),
+            "heldout_psnr": last.get("psnr"), "heldout_l1": last.get("l1"),
+            "codebook_usage": last.get("codebook_usage"), "codebook_perplexity": last.get("codebook_perplexity"),
+            "eval_samples": self.cfg.eval_samples, "history": history, **extra,
+        }
         doc = {
             "builder": "vq",
             "kind": "vq",
@@ -124,6 +128,7 @@ class VQTrainer(TrainTask):
             "metrics": metrics,
         }
         write_entry(self.out, fp16_state(self.model), doc, sort_keys=False)
+        return metrics
 
     @torch.no_grad()
     def _restart_dead_codes(self, latents: torch.Tensor, step: int) -> int:
@@ -187,7 +192,7 @@ class VQTrainer(TrainTask):
         """Held-out metrics; the fp16 export is rewritten with them (a usable VQ at every evaluation)."""
         ev = evaluate(self.model, self.eval_images.to(devices.module_device(self.model)))
         record = {"step": progress.step, "elapsed_s": round(progress.elapsed, 1), "cpu_s": round(progress.cpu, 1), **ev}
-        self.export(self._metrics(progress, [*progress.history, record], record))
+        self.export(progress, [*progress.history, record], record)
         return record
 
     def run(self) -> dict[str, Any]:
@@ -198,20 +203,9 @@ class VQTrainer(TrainTask):
         progress = loop.run(self, StateFile(self.out / "state.safetensors", {"config": asdict(cfg)}))
         self.model.cpu()
         ev = evaluate(shipped_copy(self.model), self.eval_images)  # the shipped fp16 weights, not the fp32 copy
-        metrics = {**self._metrics(progress, progress.history, ev), "weights": "fp16"}
-        self.export(metrics)
+        metrics = self.export(progress, progress.history, ev, weights="fp16")
         self.log(f"done: {json.dumps(metrics)}")
         return metrics
-
-    def _metrics(self, p: Progress, history: list[dict[str, Any]], last: dict[str, Any]) -> dict[str, Any]:
-        """Run metrics; held-out ones from `last` (an evaluation)."""
-        return {
-            "step": p.step, "steps": self.cfg.steps, "train_seconds": round(p.elapsed, 1),
-            "train_cpu_seconds": round(p.cpu, 1),
-            "heldout_psnr": last.get("psnr"), "heldout_l1": last.get("l1"),
-            "codebook_usage": last.get("codebook_usage"), "codebook_perplexity": last.get("codebook_perplexity"),
-            "eval_samples": self.cfg.eval_samples, "history": history,
-        }
 
 
 def main(argv: list[str] | None = None) -> int:

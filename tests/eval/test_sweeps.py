@@ -95,9 +95,9 @@ def test_older_table_name_merges_and_a_disagreement_is_refused():
 # --- images -------------------------------------------------------------------------------------------------------
 
 def image_rows(cfg) -> list[tuple[str, dict]]:
-    from specgen.eval.image_bench import options_of, with_extra_rows
+    from specgen.eval.image_bench import checked_rows, options_of
 
-    full = with_extra_rows(cfg)
+    full = checked_rows(cfg)
     return [(m, options_of(full, m)) for m in full.methods]
 
 
@@ -132,10 +132,10 @@ def test_images_sweep_of_any_method_or_row():
     ({"vvs": {"depth": [0]}}, "sweep.vvs.depth: depth must be >= 1"),  # a value its method's options refuse
 ])
 def test_images_bad_sweeps_are_refused(sweep, needle):
-    from specgen.eval.image_bench import ImageBenchConfig, with_extra_rows
+    from specgen.eval.image_bench import ImageBenchConfig, checked_rows
 
     with pytest.raises(UsageError) as e:
-        with_extra_rows(ImageBenchConfig(methods=["ar"], sweep=sweep))
+        checked_rows(ImageBenchConfig(methods=["ar"], sweep=sweep))
     assert needle in str(e.value) and "\n" not in str(e.value)
 
 

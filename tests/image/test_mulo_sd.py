@@ -217,14 +217,14 @@ def test_bad_mulo_input(mulo_registry, args, needle):
 
 
 def test_bench_rows_ablations_and_tau_sweep(mulo_registry, tmp_path):
-    from specgen.eval.image_bench import ImageBenchConfig, image_rows_of, measure_images, with_extra_rows, write_outputs
+    from specgen.eval.image_bench import ImageBenchConfig, checked_rows, image_rows_of, measure_images, write_outputs
     from specgen.eval.run_dir import RunDir
     from specgen.image.generate import load_image_model
 
     cfg = ImageBenchConfig(methods=["ar", "mulo-sd"], model="m-gpt", num=1, temperatures=[1.0], quality=False,
                            mulo_ablations=True, sweep={"mulo-sd": {"tau": [0.0, 2.0]}},
                            method_options={"mulo-sd": {"lowres": "m-low", "upsampler": "m-up2"}})
-    full = with_extra_rows(cfg)
+    full = checked_rows(cfg)
     assert full.methods == ["ar", "mulo-sd", "mulo-sd@raster", "mulo-sd@no-expand", "mulo-sd@tau=0", "mulo-sd@tau=2"]
     assert full.options["mulo-sd@no-expand"] == {"radius": 0}
     im = load_image_model("m-gpt", need_drafter=False)

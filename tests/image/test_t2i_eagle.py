@@ -21,7 +21,7 @@ from specgen.methods.eagle import EagleTreeDrafter, FixedShape, TreeShape
 from specgen.methods.text import EmptyDrafter
 from specgen.models.eagle import EagleNet
 from specgen.train.eagle import EagleTrainConfig, drafter_inputs, eagle_loss, evaluate, first_image_position
-from specgen.train.image_gpt import sample_t2i
+from specgen.train.image_gpt import sample_images
 from tests.image.test_t2i_generate import CAP, GRID, N_COND, caption, gen, t2i_registry, tiny_t2i_gpt  # noqa: F401
 from tests.image_fixtures import one_thread
 
@@ -37,7 +37,7 @@ def test_t2i_samples_are_the_decode_path():
     """Batched t2i sampling (captions with different padding in one batch) = CaptionCFGTarget, tokens and features."""
     model = tiny_t2i_gpt(1)
     caps = [caption(1, 2), caption(2, 5)]
-    toks, feats = sample_t2i(model, caps, cfg_scale=3.0, temperature=0.0, features=True)
+    toks, feats = sample_images(model, caps, cfg_scale=3.0, temperature=0.0, features=True)
     assert toks.shape == (2, N) and feats.shape == (2, 2, N, model.cfg.dim)  # [branches, B, N, D]
     for i, cap in enumerate(caps):
         target = CaptionCFGTarget(model, 3.0, cap)
@@ -72,7 +72,7 @@ def test_training_rows_are_what_the_tree_drafter_sees():
     EAGLE tree drafter is fed while decoding the same caption under CFG."""
     model = tiny_t2i_gpt(2)
     cap = caption(3, 3)
-    toks, feats = sample_t2i(model, [cap], cfg_scale=3.0, temperature=0.0, features=True)
+    toks, feats = sample_images(model, [cap], cfg_scale=3.0, temperature=0.0, features=True)
     target = CaptionCFGTarget(model, 3.0, cap)
     rec = Recorder(EagleNet.from_target(model).eval())
     drafter = EagleTreeDrafter(rec, model.output, target.combine, FixedShape(TreeShape(3, 4, 12)), max_len=64)
@@ -91,7 +91,7 @@ def test_training_steps_reduce_the_loss_on_t2i_samples():
     for p in model.parameters():
         p.requires_grad_(False)
     caps = [caption(s, n) for s, n in [(1, 2), (2, 6), (3, 4)]] * 4
-    toks, feats = sample_t2i(model, caps, cfg_scale=2.0, generator=torch.Generator().manual_seed(1), features=True)
+    toks, feats = sample_images(model, caps, cfg_scale=2.0, generator=torch.Generator().manual_seed(1), features=True)
     data = {"tokens": toks, "features": feats.transpose(0, 1)}
     f, t = data["features"].flatten(0, 1), toks.repeat_interleave(2, 0)  # training rows = (sequence, branch)
     cfg = EagleTrainConfig(feature_noise=0.0)

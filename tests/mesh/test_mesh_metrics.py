@@ -6,10 +6,9 @@ import trimesh
 
 from specgen.mesh.metrics import (
     NUM_SAMPLES,
-    chamfer_points,
-    hausdorff_points,
     mesh_distances,
     normalized_samples,
+    point_distances,
 )
 
 SQUARE_V = np.array([[0, 0, 0], [1, 0, 0], [1, 1, 0], [0, 1, 0]], float)
@@ -22,16 +21,16 @@ def test_parallel_squares_point_sets():
     d = 0.3
     a = np.column_stack([xy, np.zeros(NUM_SAMPLES)])
     b = np.column_stack([xy, np.full(NUM_SAMPLES, d)])
-    assert chamfer_points(a, b) == pytest.approx(2 * d)  # sum of the two directed means
-    assert hausdorff_points(a, b) == pytest.approx(d)
+    assert point_distances(a, b).chamfer == pytest.approx(2 * d)  # sum of the two directed means
+    assert point_distances(a, b).hausdorff == pytest.approx(d)
 
 
 def test_chamfer_is_asymmetric_per_side_hand_computed():
     a = np.array([[0.0, 0, 0], [1, 0, 0]])
     b = np.array([[0.0, 0, 0]])
     # a->b: 0 and 1 (mean 0.5); b->a: 0 (mean 0): CD = 0.5, HD = 1
-    assert chamfer_points(a, b) == pytest.approx(0.5)
-    assert hausdorff_points(a, b) == pytest.approx(1.0)
+    assert point_distances(a, b).chamfer == pytest.approx(0.5)
+    assert point_distances(a, b).hausdorff == pytest.approx(1.0)
 
 
 def test_identical_and_similar_meshes_score_zero():

@@ -7,7 +7,7 @@ import torch
 
 from specgen.models.eagle import EagleNet, drafter_config
 from specgen.train.eagle import EagleTrainConfig, eagle_loss, evaluate
-from specgen.train.image_gpt import sample_c2i
+from specgen.train.image_gpt import sample_images
 from tests.image_fixtures import CLASSES, GRID, VOCAB, one_thread, tiny_image_target
 
 _threads = pytest.fixture(autouse=True)(one_thread)
@@ -72,11 +72,11 @@ def test_features_alignment_with_target():
     """Features from sampling are the target's hidden states f_t; logits(f_t) predict image token t."""
     target = tiny_image_target()
     labels = torch.tensor([0, 2])
-    toks, feats = sample_c2i(target, labels, cfg_scale=1.0, temperature=0.0, features=True)
+    toks, feats = sample_images(target, labels, cfg_scale=1.0, temperature=0.0, features=True)
     assert toks.shape == (2, GRID * GRID) and feats.shape == (1, 2, GRID * GRID, target.cfg.dim)
     assert torch.equal(target.output(feats[0]).argmax(-1), toks)  # greedy: head(f_t) argmax = token t
-    _, feats2 = sample_c2i(target, labels, cfg_scale=3.0, temperature=1.0,
-                           generator=torch.Generator().manual_seed(0), features=True)
+    _, feats2 = sample_images(target, labels, cfg_scale=3.0, temperature=1.0,
+                              generator=torch.Generator().manual_seed(0), features=True)
     assert feats2.shape[0] == 2  # cond and null branch
 
 
@@ -86,7 +86,8 @@ def test_training_steps_reduce_loss():
     for p in target.parameters():
         p.requires_grad_(False)
     labels = torch.arange(CLASSES).repeat(6)
-    toks, feats = sample_c2i(target, labels, cfg_scale=2.0, generator=torch.Generator().manual_seed(1), features=True)
+    toks, feats = sample_images(target, labels, cfg_scale=2.0, generator=torch.Generator().manual_seed(1),
+                                features=True)
     f = feats.transpose(0, 1).reshape(-1, GRID * GRID, target.cfg.dim)  # rows = (sequence, branch)
     t = toks.repeat_interleave(2, dim=0)
     cfg = EagleTrainConfig(feature_noise=0.0)

@@ -24,7 +24,7 @@ def test_tiny_vq_builtin_roundtrip():
 
 def test_tiny_gpt_and_eagle_builtins_fit():
     from specgen.models.eagle import EagleNet
-    from specgen.train.image_gpt import sample_c2i
+    from specgen.train.image_gpt import sample_images
 
     gpt_entry, eagle_entry = checkpoints.find("tiny-image-gpt"), checkpoints.find("tiny-image-eagle")
     registry.check_pair(eagle_entry, gpt_entry)
@@ -33,8 +33,8 @@ def test_tiny_gpt_and_eagle_builtins_fit():
     assert len(meta["classes"]) == meta["kwargs"]["num_classes"] == 16
     gpt, eagle = checkpoints.load_module(gpt_entry), checkpoints.load_module(eagle_entry)
     assert isinstance(eagle, EagleNet)
-    toks, feats = sample_c2i(gpt, torch.tensor([0]), cfg_scale=4.0, generator=torch.Generator().manual_seed(0),
-                             features=True)
+    toks, feats = sample_images(gpt, torch.tensor([0]), cfg_scale=4.0, generator=torch.Generator().manual_seed(0),
+                                features=True)
     assert toks.shape == (1, 256) and int(toks.max()) < 512
     with torch.no_grad():
         h = eagle(feats[0, :, :-1], toks[:, :-1], torch.arange(1, 256)[None])

@@ -17,9 +17,10 @@ from safetensors.torch import load_file, save_file
 from specgen.builtins import ASSETS
 from specgen.config import RECIPE_RELATIVE, load_config
 from specgen.errors import CheckpointError, UsageError
-from specgen.train.checkpoint import StaleStateError, atomic_write, check_outputs, fp16_state, write_entry
+from specgen.train.checkpoint import (StaleStateError, atomic_write, cached_tensors, check_outputs, fp16_state,
+                                      write_entry)
 from specgen.train.classifier import vq_reconstructions
-from specgen.train.image_gpt import cached_tokens, load_vq, vq_entry
+from specgen.train.image_gpt import load_vq, vq_entry
 from specgen.train.loop import At, Loop, LoopOptions, Optim, StateFile, TrainTask
 from specgen.train.optim import OptimConfig, cosine_lr
 from specgen.train.script import parse_recipe, print_metrics, script_parser
@@ -313,12 +314,12 @@ def test_token_caches_refuse_an_unwritable_folder_before_the_build_and_rebuild_a
 
     (tmp_path / "afile").write_text("x")
     with pytest.raises(UsageError, match="afile is a file, not a folder"):
-        cached_tokens(tmp_path / "afile" / "k.safetensors", build, print)
+        cached_tensors(tmp_path / "afile" / "k.safetensors", build, print)
     assert not built
     path = tmp_path / "cache" / "k.safetensors"
     path.parent.mkdir()
     path.write_bytes(b"\x10\x00")
-    assert cached_tokens(path, build, print)["t"].tolist() == [0, 1, 2] and built == [1]
+    assert cached_tensors(path, build, print)["t"].tolist() == [0, 1, 2] and built == [1]
     assert load_file(str(path))["t"].tolist() == [0, 1, 2]  # rewritten whole
 
 

@@ -16,8 +16,7 @@ from specgen import checkpoints, registry
 from specgen.errors import IncompatibleError, RuntimeFailure, UsageError
 from specgen.text.target import load_text_model
 from specgen.text.trajectories import load_records
-from specgen.train import packing
-from specgen.train.distill import DistillConfig, check_config, cllm_losses, distill, group_records, pcllm_losses
+from specgen.train.distill import OBJECTIVES, DistillConfig, check_config, distill, group_records
 from tests.pcllm_fixtures import collect_tiny, save_tiny_text, write_prompts
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,12 +44,7 @@ def eval_losses(model_name, traj, objective):
     total = {"pc": 0.0, "ar": 0.0}
     with torch.no_grad():
         for i, g in enumerate(groups):
-            rng = random.Random(i)
-            if objective == "pcllm":
-                s = packing.build_sample(g, "progressive", 4, rng, 0, tm.tokenizer.stop_ids)
-                out = pcllm_losses(tm.module, s, packing.noise_aware_mask(s.segments, "noisy", 4), cfg, "cpu")
-            else:
-                out = cllm_losses(tm.module, g, cfg, rng, "cpu", tm.tokenizer.stop_ids)
+            out = OBJECTIVES[objective](tm.module, g, cfg, random.Random(i), "cpu", tm.tokenizer.stop_ids)
             for k in total:
                 total[k] += float(out[k]) / len(groups)
     return total

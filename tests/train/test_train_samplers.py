@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from specgen.decoding.sampling import SamplingParams, logits_to_probs
-from specgen.train.image_gpt import sample_c2i
+from specgen.train.image_gpt import sample_images
 from tests.image_fixtures import one_thread, tiny_image_target
 
 _threads = pytest.fixture(autouse=True)(one_thread)
@@ -44,10 +44,10 @@ def test_the_shared_loop_draws_llamagens_tokens_and_records_its_features(cfg_sca
     labels = torch.tensor([0, 2, 1, 2, 0])
     params = SamplingParams(temperature, top_k)
     want, want_f = llamagen_chain(model, labels, cfg_scale, params, torch.Generator().manual_seed(11))
-    got, got_f = sample_c2i(model, labels, cfg_scale, temperature, top_k,
-                            generator=torch.Generator().manual_seed(11), features=True)
+    got, got_f = sample_images(model, labels, cfg_scale, temperature, top_k,
+                               generator=torch.Generator().manual_seed(11), features=True)
     assert torch.equal(got, want)
     assert got_f.shape == want_f.shape == ((2 if cfg_scale > 1 else 1), 5, 16, model.cfg.dim)
     torch.testing.assert_close(got_f, want_f, atol=1e-5, rtol=1e-5)
-    assert torch.equal(sample_c2i(model, labels, cfg_scale, temperature, top_k,
-                                  generator=torch.Generator().manual_seed(11)), got)  # features or not: same tokens
+    assert torch.equal(sample_images(model, labels, cfg_scale, temperature, top_k,
+                                     generator=torch.Generator().manual_seed(11)), got)  # features or not: same tokens
