@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import warnings
 
 import torch
 
 from specgen import registry
+from specgen.errors import UsageError
 from specgen.train.checkpoint import cached_tensors
 
 
@@ -27,7 +29,11 @@ def compute_neighbours(codebook: torch.Tensor, k: int) -> torch.Tensor:
 def neighbour_table(codebook: torch.Tensor, k: int) -> torch.Tensor:
     """The table for this codebook and k, cached (a corrupt cache file is recomputed)."""
     path = registry.home() / "artefacts" / "neighbours" / f"{codebook_hash(codebook)}-k{k}.safetensors"
-    return cached_tensors(path, lambda: {"neighbours": compute_neighbours(codebook, k)})["neighbours"]
+    try:
+        return cached_tensors(path, lambda: {"neighbours": compute_neighbours(codebook, k)})["neighbours"]
+    except UsageError as e:  # the cache folder cannot be written (checked before the work): computed, not cached
+        warnings.warn(f"the LANTERN neighbour table is not cached ({e}); each start computes it again", stacklevel=2)
+        return compute_neighbours(codebook, k)
 
 
 def scaled_k(vocab: int, k_ref: int = 1000, vocab_ref: int = 16384) -> int:

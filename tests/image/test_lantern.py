@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -60,3 +61,12 @@ def test_neighbour_table_is_cached_by_codebook_hash(specgen_home):
     d = torch.cdist(cb, cb)
     assert all(int(t1[i, 0]) == int(d[i].clone().fill_(0).add(d[i]).index_fill(0, torch.tensor([i]), 1e9).argmin())
                for i in range(32))
+
+
+def test_a_neighbour_table_whose_cache_folder_cannot_be_written_is_computed_with_one_warning(specgen_home):
+    specgen_home.mkdir(parents=True, exist_ok=True)
+    (specgen_home / "artefacts").write_text("a file where the cache folder goes")
+    cb = torch.randn(32, 8, generator=torch.Generator().manual_seed(1))
+    with pytest.warns(UserWarning, match="neighbour table is not cached") as seen:
+        table = neighbour_table(cb, 4)
+    assert len(seen) == 1 and torch.equal(table, compute_neighbours(cb, 4))
