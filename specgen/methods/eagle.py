@@ -181,7 +181,7 @@ class EagleBatch(PoolBase):
             return out
 
         plan = GrowPlan.exact(ints[1], shapes, feed)
-        levels = level_positions(ints_t[0], ints_t[2], max(len(plan.widths), 2) - 1)
+        levels = level_positions(ints_t[0], ints_t[2], plan.levels)  # [L, n] each
         return grow(forward, self.logprobs, root_hidden, ints_t, plan, br, levels)
 
     def grow_captured(self, view, root_hidden: torch.Tensor, ints: list[list[int]], shapes: list[TreeShape],

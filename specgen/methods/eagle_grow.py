@@ -66,6 +66,11 @@ class GrowPlan:
     total: int  # the most nodes a row keeps
     feed: bool = True  # the growth builds the verify's inputs too (`tree_inputs`; VVS builds its own)
 
+    @property
+    def levels(self) -> int:
+        """The drafter forwards after the root's (`level_positions` makes at least one level's)."""
+        return max(len(self.widths), 2) - 1
+
     @classmethod
     def exact(cls, k: list[int], shapes: list[TreeShape], feed: bool = True) -> GrowPlan:
         """The eager plan: level L feeds the widest row still growing there (d_i > L)."""
@@ -160,7 +165,7 @@ def static_growth(net, logprobs: LogProbs, cache: tuple[torch.Tensor, torch.Tens
     for every level at once: a captured plan has one width (`GrowPlan.bucketed`), so level i's W nodes go to slots
     prefix + W i and its tree columns are R = W (i + 1)."""
     (w,) = set(plan.widths)
-    levels, rows = max(len(plan.widths), 2) - 1, writes.shape[0]
+    levels, rows = plan.levels, writes.shape[0]
     root_pos, _, depth, _, prefix, _ = ints
     lives, positions = level_positions(root_pos, depth, levels)  # [L, n] each
     table = net.rope_table[positions[:, :, None].expand(-1, -1, branches).reshape(-1, 1)]  # [L * R, 1, hd/2, 2]
