@@ -39,12 +39,16 @@ def generate(
     model: ModelOpt = None,
     prompt: Annotated[Optional[list[str]], typer.Option(
         "--prompt", "-p", parser=prompt_text, help="\\[text] Prompt text (repeatable; blank is refused).")] = None,
-    prompts: Annotated[Optional[str], typer.Option("--prompts", help="\\[text] Prompt file: one per line, JSONL, or - for stdin.")] = None,
+    prompts: Annotated[Optional[str], typer.Option(
+        "--prompts", help="\\[text] Prompt file as `benchmark --prompts` reads it: one per line, JSON Lines (prompt or "
+                          "chat messages; Spec-Bench's turns), - for stdin, or a local dataset.")] = None,
     max_new_tokens: Annotated[Optional[int], typer.Option("--max-new-tokens", help="Token budget per sequence.")] = None,
     temperature: Annotated[Optional[float], typer.Option("--temperature", "-t", help="0 = greedy.")] = None,
     top_k: Annotated[Optional[int], typer.Option("--top-k", help="Keep the k most likely tokens (0 = off).")] = None,
     top_p: Annotated[Optional[float], typer.Option("--top-p", help="Nucleus sampling mass in (0, 1].")] = None,
-    no_chat: Annotated[bool, typer.Option("--no-chat", help="\\[text] Feed prompts raw, without the chat template.")] = False,
+    no_chat: Annotated[bool, typer.Option(
+        "--no-chat", help="\\[text] Feed text prompts raw, without the chat template (chat messages always use "
+                          "it).")] = False,
     out_dir: Annotated[Optional[Path], typer.Option("--out-dir", "-o", parser=out_path, help="\\[image, mesh] Output folder; files already "
                                                      "there are kept (new names get -1, -2, ...).")] = None,
     num: Annotated[Optional[int], typer.Option("--num", "-n", help="\\[image, mesh] Number of samples (>= 1).")] = None,

@@ -31,14 +31,16 @@ class Prompt:
     def text(self) -> str:
         """The text of a plain prompt; a chat is refused where only text is read."""
         if not isinstance(self.content, str):
-            raise PromptSourceError("a chat prompt (`messages`) is read by `specgen benchmark`; give text here")
+            raise PromptSourceError("a chat prompt (`messages`) is read by `specgen generate` and `benchmark`; "
+                                    "give text here")
         return self.content
 
 
-def encode(tokenizer, prompt: Prompt) -> list[int]:
-    """Prompt token ids: text as one user turn, messages as they are (the tokenizer's chat template when it has one)."""
+def encode(tokenizer, prompt: Prompt, chat: bool = True) -> list[int]:
+    """Prompt token ids: text as one user turn (raw with `chat` False), messages as they are (the tokenizer's chat
+    template when it has one: a chat has no raw form)."""
     if isinstance(prompt.content, str):
-        return tokenizer.encode(prompt.content)
+        return tokenizer.encode(prompt.content, chat=chat)
     return tokenizer.encode_chat(list(prompt.content))
 
 

@@ -204,7 +204,7 @@ def test_records_of_every_layout(tmp_path, monkeypatch):
         Prompt("p", "qa"), Prompt(({"role": "system", "content": "s"}, {"role": "user", "content": "u"}), "chat"),
         Prompt("first turn", "writing"), Prompt("no category", "")]
     with pytest.raises(PromptSourceError, match="a chat prompt"):
-        read_prompts(path)  # generate and collect-trajectories read text
+        read_prompts(path)  # collect-trajectories reads text
     monkeypatch.setattr(sys, "stdin", io.StringIO('{"q": "x", "kind": "k"}\n'))
     assert read_prompt_records("-", field="q", category_field="kind") == [Prompt("x", "k")]
 
