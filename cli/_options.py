@@ -17,7 +17,29 @@ class Format(str, Enum):
     json = "json"
 
 
-ConfigOpt = Annotated[Optional[Path], typer.Option("--config", "-c", help="YAML recipe (e.g. recipes/tiny/....yaml).")]
+def given_path(value: str, way_on: str) -> str:
+    """A path option's value (typer's `parser` below): an empty one, as an unset shell variable in quotes gives, is
+    refused, where Path("") would be the current folder (written into, or read) and an empty source dropped unsaid."""
+    if value == "":
+        raise typer.BadParameter(f"an empty path (an unset shell variable?); {way_on}")
+    return value
+
+
+def out_path(value: str) -> Path:
+    return Path(given_path(value, "name a folder, or . for this one"))
+
+
+def in_path(value: str) -> Path:
+    return Path(given_path(value, "name a file or folder"))
+
+
+def prompt_source(value: str) -> str:
+    """A --prompts source: a path, or `-` (stdin) and such names, kept as given."""
+    return given_path(value, "name a file, or - for stdin")
+
+
+ConfigOpt = Annotated[Optional[Path], typer.Option(
+    "--config", "-c", parser=in_path, help="YAML recipe (e.g. recipes/tiny/....yaml).")]
 OverridesArg = Annotated[Optional[list[str]], typer.Argument(help="key=value overrides of recipe keys.", show_default=False)]
 FormatOpt = Annotated[Format, typer.Option("--format", "-f", help="Results on stdout as a table or JSON.")]
 SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Random seed (sampling, drafts, data).")]
@@ -35,14 +57,6 @@ DtypeOpt = Annotated[Optional[str], typer.Option(
                     "activations; docs/precision.md).")]
 QuantizeOpt = Annotated[Optional[str], typer.Option(
     "--quantize", help="Weight-only int8 or int4 (stored once as a derived registry entry; docs/precision.md).")]
-
-
-def out_path(value: str) -> Path:
-    """An output option's path (typer's `parser`): an empty one, as an unset shell variable in quotes gives, is
-    refused, where Path("") would write into the current folder."""
-    if value == "":
-        raise typer.BadParameter("an empty path (an unset shell variable?); name a folder, or . for this one")
-    return Path(value)
 
 
 def prompt_text(value: str) -> str:

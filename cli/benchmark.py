@@ -9,7 +9,7 @@ import typer
 
 from cli._errors import command
 from cli._options import (ConfigOpt, DeviceOpt, DtypeOpt, Format, FormatOpt, GraphsOpt, ModelOpt, OverridesArg,
-                          QuantizeOpt, QuietOpt, SeedOpt, comma_list, recipe_key, out_path)
+                          QuantizeOpt, QuietOpt, SeedOpt, comma_list, out_path, prompt_source, recipe_key)
 from specgen.errors import UnknownNameError, UsageError
 from specgen.eval.run_dir import SUITES
 
@@ -73,7 +73,8 @@ def benchmark(
     max_new_tokens: Annotated[Optional[int], typer.Option("--max-new-tokens", help="Token budget per prompt.")] = None,
     threads: Annotated[Optional[int], typer.Option("--threads", help="torch threads (0 = default).")] = None,
     prompts: Annotated[Optional[str], typer.Option(
-        "--prompts", help="\\[text] Prompt set: a file of lines or JSON Lines (prompt or chat messages, optional "
+        "--prompts", parser=prompt_source,
+        help="\\[text] Prompt set: a file of lines or JSON Lines (prompt or chat messages, optional "
                           "category; Spec-Bench's question.jsonl as is), - for stdin, or a local dataset folder / "
                           ".parquet / .json / .csv file. Default: the shipped mixed set.")] = None,
     prompt_field: Annotated[Optional[str], typer.Option(

@@ -9,7 +9,8 @@ import typer
 
 from cli._errors import command
 from cli._options import (ConfigOpt, DeviceOpt, DtypeOpt, Format, FormatOpt, GraphsOpt, MethodOpt, ModelOpt,
-                          OverridesArg, QuantizeOpt, QuietOpt, SeedOpt, out_path, prompt_text, recipe_key)
+                          OverridesArg, QuantizeOpt, QuietOpt, SeedOpt, in_path, out_path, prompt_source, prompt_text,
+                          recipe_key)
 from cli._process import imports_frozen
 
 EPILOG = """examples:
@@ -40,7 +41,8 @@ def generate(
     prompt: Annotated[Optional[list[str]], typer.Option(
         "--prompt", "-p", parser=prompt_text, help="\\[text] Prompt text (repeatable; blank is refused).")] = None,
     prompts: Annotated[Optional[str], typer.Option(
-        "--prompts", help="\\[text] Prompt file as `benchmark --prompts` reads it: one per line, JSON Lines (prompt or "
+        "--prompts", parser=prompt_source,
+        help="\\[text] Prompt file as `benchmark --prompts` reads it: one per line, JSON Lines (prompt or "
                           "chat messages; Spec-Bench's turns), - for stdin, or a local dataset.")] = None,
     max_new_tokens: Annotated[Optional[int], typer.Option("--max-new-tokens", help="Token budget per sequence.")] = None,
     temperature: Annotated[Optional[float], typer.Option("--temperature", "-t", help="0 = greedy.")] = None,
@@ -55,11 +57,13 @@ def generate(
     classes: Annotated[Optional[str], typer.Option("--classes", help="\\[image] Comma-separated class names or ids.")] = None,
     cfg_scale: Annotated[Optional[float], typer.Option("--cfg-scale", help="\\[image] Classifier-free guidance scale.")] = None,
     captions: Annotated[Optional[Path], typer.Option(
-        "--captions", help="\\[image, t2i] Caption features: .safetensors/.npz with features [N, L<=120, C] and mask "
+        "--captions", parser=in_path,
+        help="\\[image, t2i] Caption features: .safetensors/.npz with features [N, L<=120, C] and mask "
                            "[N, L], or .npy (precomputed T5 features).")] = None,
     drafter: Annotated[Optional[str], typer.Option(
         "--drafter", help="\\[image] EAGLE drafter for eagle2/adt-tree/lantern/vvs (default: the target's shipped one).")] = None,
-    point_clouds: Annotated[Optional[Path], typer.Option("--point-clouds", help="\\[mesh] Point clouds (.npy/.ply) or a mesh folder.")] = None,
+    point_clouds: Annotated[Optional[Path], typer.Option(
+        "--point-clouds", parser=in_path, help="\\[mesh] Point clouds (.npy/.ply) or a mesh folder.")] = None,
     batch_size: Annotated[Optional[int], typer.Option(
         "--batch-size", "-b", help="Sequences decoded together: prompts, images or point clouds (continuous "
                                    "batching; clamped to their number).")] = None,

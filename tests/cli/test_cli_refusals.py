@@ -106,6 +106,18 @@ def test_an_empty_output_path_is_refused_not_taken_as_this_folder(tiny, args):
     check_refusal(tiny, args, 2, "an empty path (an unset shell variable?)")
 
 
+@pytest.mark.parametrize("args", [
+    ["generate", "--model", "tiny-text", "--prompt", "hi", "--prompts", ""],
+    ["benchmark", "--suite", "text", "--prompts", ""], ["collect-trajectories", "--out", "run", "--prompts", ""],
+    ["generate", "--prompt", "hi", "--config", ""],
+    ["generate", "--model", "mesh-gpt-tiny", "--point-clouds", ""], ["generate", "--method", "adt-tree", "--captions", ""],
+], ids=lambda a: " ".join(a[:1] + a[-2:-1]))
+def test_an_empty_input_path_is_refused_not_dropped_or_taken_as_this_folder(tiny, args):
+    """An unset shell variable in quotes gives "": `--prompts ""` was dropped unsaid (generate ran the --prompt
+    alone, a text benchmark the shipped set), an empty folder or file path read the current folder."""
+    check_refusal(tiny, args, 2, "an empty path (an unset shell variable?)")
+
+
 @pytest.mark.parametrize("text", ["", "  ", "\n"], ids=["empty", "spaces", "newline"])
 def test_an_empty_prompt_is_refused_not_decoded_from_the_chat_template_alone(tiny, text):
     """`--prompt "$Q"` with Q unset gave "": decoded from the template's tokens alone, exit 0 (a prompt file's blank
