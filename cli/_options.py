@@ -47,6 +47,9 @@ DeviceOpt = Annotated[Optional[str], typer.Option(
     "--device", help="cpu, cuda, cuda:N or auto (cuda when present, else cpu); a missing device is refused.")]
 GraphsOpt = Annotated[Optional[str], typer.Option(
     "--graphs", help="auto, on or off: decode steps as CUDA-graph replays (auto: on for CUDA; on a CPU, on is refused).")]
+PromptFieldOpt = Annotated[Optional[str], typer.Option(
+    "--prompt-field", help="\\[text] The record field holding the prompt in a --prompts file (default: prompt, text, "
+                           "instruction, messages or turns).")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or tables on stderr.")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Replace existing registry entries of the output names "
                                                         "(never a built-in's).")]

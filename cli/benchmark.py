@@ -9,7 +9,8 @@ import typer
 
 from cli._errors import command
 from cli._options import (ConfigOpt, DeviceOpt, DtypeOpt, Format, FormatOpt, GraphsOpt, ModelOpt, OverridesArg,
-                          QuantizeOpt, QuietOpt, SeedOpt, comma_list, out_path, prompt_source, recipe_key)
+                          PromptFieldOpt, QuantizeOpt, QuietOpt, SeedOpt, comma_list, out_path, prompt_source,
+                          recipe_key)
 from specgen.errors import UnknownNameError, UsageError
 from specgen.eval.run_dir import SUITES
 
@@ -77,9 +78,7 @@ def benchmark(
         help="\\[text] Prompt set: a file of lines or JSON Lines (prompt or chat messages, optional "
                           "category; Spec-Bench's question.jsonl as is), - for stdin, or a local dataset folder / "
                           ".parquet / .json / .csv file. Default: the shipped mixed set.")] = None,
-    prompt_field: Annotated[Optional[str], typer.Option(
-        "--prompt-field", help="\\[text] The record field holding the prompt (default: prompt, text, instruction, "
-                               "messages or turns).")] = None,
+    prompt_field: PromptFieldOpt = None,
     category_field: Annotated[Optional[str], typer.Option(
         "--category-field", help="\\[text] The record field holding its category (default: category).")] = None,
     batch_size: Annotated[Optional[str], typer.Option(

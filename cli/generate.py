@@ -9,8 +9,8 @@ import typer
 
 from cli._errors import command
 from cli._options import (ConfigOpt, DeviceOpt, DtypeOpt, Format, FormatOpt, GraphsOpt, MethodOpt, ModelOpt,
-                          OverridesArg, QuantizeOpt, QuietOpt, SeedOpt, in_path, out_path, prompt_source, prompt_text,
-                          recipe_key)
+                          OverridesArg, PromptFieldOpt, QuantizeOpt, QuietOpt, SeedOpt, in_path, out_path,
+                          prompt_source, prompt_text, recipe_key)
 from cli._process import imports_frozen
 
 EPILOG = """examples:
@@ -44,6 +44,7 @@ def generate(
         "--prompts", parser=prompt_source,
         help="\\[text] Prompt file as `benchmark --prompts` reads it: one per line, JSON Lines (prompt or "
                           "chat messages; Spec-Bench's turns), - for stdin, or a local dataset.")] = None,
+    prompt_field: PromptFieldOpt = None,
     max_new_tokens: Annotated[Optional[int], typer.Option("--max-new-tokens", help="Token budget per sequence.")] = None,
     temperature: Annotated[Optional[float], typer.Option("--temperature", "-t", help="0 = greedy.")] = None,
     top_k: Annotated[Optional[int], typer.Option("--top-k", help="Keep the k most likely tokens (0 = off).")] = None,
@@ -88,8 +89,8 @@ def generate(
 
     recipe = dict(model=model, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, device=device,
                   batch_size=batch_size, dtype=dtype, quantize=quantize, graphs=graphs)
-    args = GenerateArgs(recipe, list(prompt or []), prompts, max_new_tokens, False if no_chat else None, config,
-                        list(overrides or []), fmt, quiet, out_dir, num, classes, cfg_scale, point_clouds, captions,
-                        drafter, stream or None)
+    args = GenerateArgs(recipe, list(prompt or []), prompts, prompt_field, max_new_tokens, False if no_chat else None,
+                        config, list(overrides or []), fmt, quiet, out_dir, num, classes, cfg_scale, point_clouds,
+                        captions, drafter, stream or None)
     named = recipe_key(config, overrides, "method")  # "" is no method (refused), not the default
     run(args, method if method is not None else named if named is not None else "ar")

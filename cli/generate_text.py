@@ -23,7 +23,10 @@ def run(args, spec: MethodSpec) -> None:
                       max_new_tokens=args.max_new_tokens, chat=args.chat, **args.recipe)
     req = parse_request(cfg, "text", spec)  # before the model loads: a bad option costs no load
     # a prompt file through the benchmark's reader: what `benchmark --prompts` reads, generate reads (chats included)
-    prompts = [Prompt(t) for t in args.prompts] + (read_prompt_records(args.prompts_file) if args.prompts_file else [])
+    if args.prompt_field is not None and args.prompts_file is None:
+        raise UsageError("--prompt-field names a field of a --prompts file (JSON Lines or a dataset); give the file")
+    prompts = [Prompt(t) for t in args.prompts] + (read_prompt_records(args.prompts_file, args.prompt_field)
+                                                    if args.prompts_file else [])
     if not prompts:
         raise UsageError("no prompt given: use --prompt TEXT or --prompts FILE (or - for stdin)")
     model = model_for(spec, cfg.model, TextGenConfig.model)  # distilled methods: their model

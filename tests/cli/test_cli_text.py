@@ -120,6 +120,18 @@ def test_generate_reads_the_benchmarks_prompt_files_chat_rows_included(tiny_targ
     assert ["".join(p["text"] for p in pieces if p["row"] == i) for i in range(3)] == [g["completion"] for g in got]
 
 
+def test_generate_reads_a_named_prompt_field_as_the_benchmark_does(tiny_target, tmp_path):
+    """`benchmark --prompts F --prompt-field question` reads F: so does generate (it could not name the field)."""
+    path = tmp_path / "q.jsonl"
+    path.write_text('{"question": "ABC", "prompt": "NOT THIS"}\n{"question": "DEF"}\n')
+    r = invoke("generate", "--model", "tiny-text", "--no-chat", "--max-new-tokens", "2", "--format", "json",
+               "--prompts", str(path), "--prompt-field", "question")
+    assert r.exit_code == 0, r.output
+    assert [json.loads(line)["prompt"] for line in r.stdout.splitlines()] == ["ABC", "DEF"]
+    r = invoke("generate", "--model", "tiny-text", "--prompt", "X", "--prompt-field", "question")
+    assert r.exit_code == 2 and "--prompt-field names a field of a --prompts file" in r.stderr, r.output
+
+
 @pytest.mark.parametrize("args,code,needle", [
     (["generate", "--prompt", "x", "--method", "jacobbi"], 2, "did you mean jacobi"),
     (["generate", "--prompt", "x", "--model", "smollm3"], 2, "unknown checkpoint"),
