@@ -16,6 +16,7 @@ from specgen.builders import BUILDERS
 from specgen.builtins import BUILTINS
 from specgen.config import load_config, read_recipe
 from specgen.config_checks import AUTO_DEVICE, TooManyThreads
+from specgen.data.prompts import PromptSourceError
 from specgen.decoding.memory import size
 from specgen.devices import check_device
 from specgen.errors import SpecgenError, UsageError
@@ -136,6 +137,8 @@ def check_recipe(path: Path, overrides: list[str] | None = None, explicit: dict 
     if kind in SUITE_PLANS:
         try:
             cfg, method_rows, names = SUITE_PLANS[kind](cfg)
+        except PromptSourceError as e:  # the rows are fine: their prompt set is not
+            return rows + [row("prompts", False, str(e).splitlines()[0])]
         except (SpecgenError, TypeError, ValueError) as e:  # the rows' entries cannot be told: nothing more to check
             return rows + [row("rows", False, str(e).splitlines()[0])]
         rows += method_rows
