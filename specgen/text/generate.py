@@ -10,6 +10,7 @@ from specgen.data.prompts import Prompt, encode
 from specgen.decoding.budget import AutoBudget
 from specgen.decoding.cost import cost_of
 from specgen.devices import DTYPES
+from specgen.errors import UsageError
 from specgen.limits import check_kv_cache, check_prompt_fits
 from specgen.methods import run_batch
 from specgen.request import DecodeRequest
@@ -53,8 +54,11 @@ def encode_prompts(source: TextSource, req: DecodeRequest[TextGenConfig], prompt
     if req.spec.model_check is not None:
         req.spec.model_check(req.options, source.tokenizer)
     ids = [encode(source.tokenizer, p, cfg.chat) for p in prompts]
-    for prompt_ids in ids:
-        check_prompt_fits(len(prompt_ids), cfg.max_new_tokens, source.base)
+    for i, prompt_ids in enumerate(ids):
+        try:
+            check_prompt_fits(len(prompt_ids), cfg.max_new_tokens, source.base)
+        except UsageError as e:  # which of many: its row, as --stream and the results number it (and the benchmark)
+            raise UsageError(f"prompt {i}: {e}") from None
     rows = min(cfg.batch_size, len(ids))
     check_kv_cache(source.config, rows, max(map(len, ids)) + cfg.max_new_tokens, DTYPES[source.dtype], source.device)
     return ids

@@ -132,6 +132,16 @@ def test_generate_reads_a_named_prompt_field_as_the_benchmark_does(tiny_target, 
     assert r.exit_code == 2 and "--prompt-field names a field of a --prompts file" in r.stderr, r.output
 
 
+def test_a_prompt_past_the_context_is_named(tiny_target, tmp_path):
+    """In a prompt file of many, the refusal of one past the context did not say which (the benchmark's does)."""
+    path = tmp_path / "p.txt"
+    path.write_text("SHORT\nALSO SHORT\n" + "LONG " * 60 + "\n")  # 299 tokens (stripped); the context is 256
+    r = invoke("generate", "--model", "tiny-text", "--no-chat", "--max-new-tokens", "8", "--prompt", "X",
+               "--prompts", str(path))
+    assert r.exit_code == 2, r.output
+    assert r.stderr.startswith("error: prompt 3: prompt of 299 tokens + max-new-tokens 8")  # 0-based, as rows are
+
+
 @pytest.mark.parametrize("args,code,needle", [
     (["generate", "--prompt", "x", "--method", "jacobbi"], 2, "did you mean jacobi"),
     (["generate", "--prompt", "x", "--model", "smollm3"], 2, "unknown checkpoint"),
