@@ -107,6 +107,9 @@ def test_a_report_needs_no_registry_model_of_a_row(tiny_target, tmp_path, monkey
     monkeypatch.setattr("specgen.registry.installed_meta", lambda name: None)  # another machine's registry
     report = invoke("benchmark", "report", str(tmp_path / "run"), "--format", "json")
     assert report.exit_code == 0 and json.loads(report.stdout) == json.loads(r.stdout), report.output
+    # out_dir=DIR is an images run's: a text run's refusal said "its one override is out_dir=DIR" of out_dir=DIR
+    out = one_line(invoke("benchmark", "report", str(tmp_path / "run"), f"out_dir={tmp_path / 'x'}"))
+    assert "a text run writes no files: out_dir=DIR is for an images run's grids and plots" in out
 
 
 def test_a_row_skipped_when_a_run_started_stays_skipped_on_resume(tiny_target, tmp_path, monkeypatch):  # noqa: F811
