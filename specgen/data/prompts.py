@@ -27,14 +27,6 @@ class Prompt:
     content: str | tuple[dict, ...]
     category: str = ""
 
-    @property
-    def text(self) -> str:
-        """The text of a plain prompt; a chat is refused where only text is read."""
-        if not isinstance(self.content, str):
-            raise PromptSourceError("a chat prompt (`messages`) is read by `specgen generate` and `benchmark`; "
-                                    "give text here")
-        return self.content
-
 
 def encode(tokenizer, prompt: Prompt, chat: bool = True) -> list[int]:
     """Prompt token ids: text as one user turn (raw with `chat` False), messages as they are (the tokenizer's chat
@@ -175,5 +167,10 @@ def read_prompt_records(source: str | Path, field: str | None = None,
 
 
 def read_prompts(source: str | Path, field: str | None = None) -> list[str]:
-    """The text prompts of `source` (`read_prompt_records`; a chat record is refused)."""
-    return [p.text for p in read_prompt_records(source, field)]
+    """The text prompts of `source` (`read_prompt_records`); a chat record is refused, naming which."""
+    records = read_prompt_records(source, field)
+    chat = next((i for i, p in enumerate(records) if not isinstance(p.content, str)), None)
+    if chat is not None:
+        raise PromptSourceError(f"{'<stdin>' if str(source) == '-' else source}: prompt {chat} is a chat (`messages`); "
+                                "this reads text prompts (`specgen generate` and `benchmark` read chats)")
+    return [p.content for p in records]
