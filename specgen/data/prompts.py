@@ -102,6 +102,7 @@ def _dataset(path: Path, field: str | None, category_field: str | None) -> list[
                 data = datasets.load_dataset(DATASETS_SUFFIXES.get(path.suffix.lower(), "json"), data_files=str(path),
                                              split="train", cache_dir=cache, keep_in_memory=True)
     except (FileNotFoundError, ValueError, OSError, datasets.exceptions.DatasetGenerationError) as exc:
+        exc = exc.__cause__ or exc  # a generation error says only that one occurred: its cause says what
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise PromptSourceError(f"{path}: cannot read as a dataset ({reason})") from None
     finally:

@@ -155,6 +155,9 @@ def test_datasets_sources(tmp_path):
     (tmp_path / "bad.parquet").write_bytes(b"not parquet at all")
     with pytest.raises(PromptSourceError, match="cannot read as a dataset"):
         read_prompts(tmp_path / "bad.parquet")
+    (tmp_path / "bad.json").write_text("not json\n")  # was "(An error occurred while generating the dataset)"
+    with pytest.raises(PromptSourceError, match=r"bad.json: cannot read as a dataset \(JSON parse error"):
+        read_prompts(tmp_path / "bad.json")
 
 
 @pytest.mark.parametrize(
