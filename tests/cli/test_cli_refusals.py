@@ -134,6 +134,30 @@ QUICK_HEADS = ["num_sequences=2", "eval_sequences=1", "max_tokens=8", "stage1_ep
 #   late, these failed after seconds of training (their refusals must come first)
 
 
+@pytest.mark.parametrize("args,needle", [
+    ([*GEN, "--method", "jacobi", "block_size=3"], "method_options.block_size=3"),  # "Did you mean: 'batch_size'?"
+    ([*GEN, "--method", "ngram", "num_draft=2"], "method_options.num_draft=2"),
+    ([*IMG[:3], "--method", "vvs", "schedule=uniform"], "method_options.schedule=uniform"),
+    (["generate", "--method", "xspecmesh", "delta=0.3"], "method_options.delta=0.3"),
+], ids=lambda a: a[-1] if isinstance(a, list) else None)
+def test_a_method_option_given_as_a_recipe_key_names_its_spelling(tiny, args, needle):
+    """`block_size=3` is jacobi's option, a key of method_options: the refusal suggested another recipe key."""
+    key = args[-1].split("=")[0]
+    check_refusal(tiny, args, 2, f"{key} is an option of {args[-2]}, not a recipe key: give {needle}")
+
+
+def test_a_recipe_key_that_is_also_a_method_option_stays_the_recipes(tmp_path):
+    from cli._options import check_method_option_keys
+    from specgen.image.generate import ImageGenConfig
+    from specgen.methods import get_method
+    from specgen.text.generate import TextGenConfig
+
+    check_method_option_keys(ImageGenConfig, None, ["top_k=5", "seed=1"], get_method("vvs"))  # vvs options too
+    (tmp_path / "r.yaml").write_text("method: jacobi\nblock_size: 4\n")  # a recipe file's key alike
+    with pytest.raises(UsageError, match="give method_options.block_size=4"):
+        check_method_option_keys(TextGenConfig, tmp_path / "r.yaml", [], get_method("jacobi"))
+
+
 @pytest.mark.parametrize("args,key", [
     *((cmd + [f"--{key}", ""], key) for cmd in (GEN, IMG, MESH) for key in ("dtype", "quantize", "device", "graphs")),
     (["benchmark", "--model", "tiny-text", "--dtype", ""], "dtype"),  # these four were read as the default
