@@ -94,8 +94,9 @@ def benchmark(
         "--shard", help="I/N: measure only shard I of N (0-based; a Slurm array job), into --run-dir. Under "
                         "torchrun/accelerate launch the ranks are the shards.")] = None,
     dry_run: Annotated[bool, typer.Option(
-        "--dry-run", help="Check the --config recipe (keys, methods, registry entries and checkpoint shapes, files) "
-                          "without loading a model; exit 1 if a check fails.")] = False,
+        "--dry-run", help="Check the run (the --config recipe with these options, or the options alone: keys, "
+                          "methods, registry entries and checkpoint shapes, prompts, files) without loading a model; "
+                          "exit 1 if a check fails.")] = False,
     seed: SeedOpt = None,
     device: DeviceOpt = None,
     graphs: GraphsOpt = None,
@@ -148,7 +149,8 @@ def benchmark(
                              f"not an option of the {suite} suite" + (f"; {hint}" if hint else ""))
         explicit[SUITE_KEYS[option][suite]] = value
     if dry_run:  # the recipe as this command line would run it: its options are checked, not ignored
-        checked = {k: v for k, v in explicit.items() if v is not None and (k != "suite" or given_suite)}
+        # the suite as the run takes it: the option's, else the recipe's (its own check), else the default
+        checked = {k: v for k, v in explicit.items() if v is not None and (k != "suite" or given_suite or not config)}
         return benchmark_runs.print_dry_run(config, overrides, checked, fmt)
     if run_dir is not None and (prompts or recipe_key(config, overrides, "prompts")) == "-":
         raise UsageError("--prompts - (stdin) cannot be read again to resume or report a --run-dir: give a file")

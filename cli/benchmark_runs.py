@@ -259,15 +259,13 @@ def show(suite: Suite, rows: list[dict], p, sink, fmt, out: Path | None, append:
 
 
 def print_dry_run(config: Path | None, overrides: list[str] | None, explicit: dict, fmt) -> None:
-    """`--dry-run`: the recipe's checks (with the command line's options) as a table (or JSON); exit 1 when one
-    fails."""
-    if config is None:
-        raise UsageError("--dry-run checks a recipe: give it with --config FILE")
+    """`--dry-run`: the recipe's checks (with the command line's options; without a recipe, those alone) as a table
+    (or JSON); exit 1 when one fails."""
     rows = check_recipe(config, overrides, explicit)
     if fmt == Format.json:
         _output.emit_json(rows)
     else:
-        _output.table(f"dry run of {config}", [{**r, "ok": "ok" if r["ok"] else "FAIL"} for r in rows],
+        _output.table(f"dry run of {config or 'the command line'}", [{**r, "ok": "ok" if r["ok"] else "FAIL"} for r in rows],
                       ["check", "ok", "detail"], _output.out)
     if not all(r["ok"] for r in rows):
         raise typer.Exit(1)
