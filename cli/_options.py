@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -17,7 +18,29 @@ class Format(str, Enum):
     json = "json"
 
 
-ConfigOpt = Annotated[Optional[Path], typer.Option("--config", "-c", help="YAML recipe (e.g. recipes/tiny/....yaml).")]
+def given_path(value: str, way_on: str) -> str:
+    """A path option's value (typer's `parser` below): an empty one, as an unset shell variable in quotes gives, is
+    refused, where Path("") would be the current folder (written into, or read) and an empty source dropped unsaid."""
+    if value == "":
+        raise typer.BadParameter(f"an empty path (an unset shell variable?); {way_on}")
+    return value
+
+
+def out_path(value: str) -> Path:
+    return Path(given_path(value, "name a folder, or . for this one"))
+
+
+def in_path(value: str) -> Path:
+    return Path(given_path(value, "name a file or folder"))
+
+
+def prompt_source(value: str) -> str:
+    """A --prompts source: a path, or `-` (stdin) and such names, kept as given."""
+    return given_path(value, "name a file, or - for stdin")
+
+
+ConfigOpt = Annotated[Optional[Path], typer.Option(
+    "--config", "-c", parser=in_path, help="YAML recipe (e.g. recipes/tiny/....yaml).")]
 OverridesArg = Annotated[Optional[list[str]], typer.Argument(help="key=value overrides of recipe keys.", show_default=False)]
 FormatOpt = Annotated[Format, typer.Option("--format", "-f", help="Results on stdout as a table or JSON.")]
 SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Random seed (sampling, drafts, data).")]
@@ -25,6 +48,9 @@ DeviceOpt = Annotated[Optional[str], typer.Option(
     "--device", help="cpu, cuda, cuda:N or auto (cuda when present, else cpu); a missing device is refused.")]
 GraphsOpt = Annotated[Optional[str], typer.Option(
     "--graphs", help="auto, on or off: decode steps as CUDA-graph replays (auto: on for CUDA; on a CPU, on is refused).")]
+PromptFieldOpt = Annotated[Optional[str], typer.Option(
+    "--prompt-field", help="\\[text] The record field holding the prompt in a --prompts file (default: prompt, text, "
+                           "instruction, messages or turns).")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or tables on stderr.")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Replace existing registry entries of the output names "
                                                         "(never a built-in's).")]
@@ -35,14 +61,6 @@ DtypeOpt = Annotated[Optional[str], typer.Option(
                     "activations; docs/precision.md).")]
 QuantizeOpt = Annotated[Optional[str], typer.Option(
     "--quantize", help="Weight-only int8 or int4 (stored once as a derived registry entry; docs/precision.md).")]
-
-
-def out_path(value: str) -> Path:
-    """An output option's path (typer's `parser`): an empty one, as an unset shell variable in quotes gives, is
-    refused, where Path("") would write into the current folder."""
-    if value == "":
-        raise typer.BadParameter("an empty path (an unset shell variable?); name a folder, or . for this one")
-    return Path(value)
 
 
 def prompt_text(value: str) -> str:
@@ -63,6 +81,22 @@ def comma_list(option: str, value: str | None, what: str, example: str) -> list[
     if problem:
         raise UsageError(f"{option} {value!r} {problem}; give a comma-separated list such as {example}")
     return items
+
+
+def check_method_option_keys(cfg_type: type, config: Path | None, overrides: list[str], spec) -> None:
+    """Refuse a method option of `spec` given as a recipe key (`block_size=3`, an override or the recipe file's, for
+    `method_options.block_size=3`) where `cfg_type` has no such key, naming its spelling: the config loader's
+    refusal named another key (`Did you mean: 'batch_size'?`)."""
+    given = [tuple(o.split("=", 1)) for o in overrides if "=" in o]
+    try:
+        given += list(read_recipe(config).items()) if config is not None else []
+    except UsageError:
+        pass  # the config loader reports it
+    keys = {f.name for f in fields(cfg_type)}
+    wrong = next(((k, v) for k, v in given if k in spec.options and k not in keys), None)
+    if wrong is not None:
+        raise UsageError(f"{wrong[0]} is an option of {spec.name}, not a recipe key: give "
+                         f"method_options.{wrong[0]}={wrong[1]}")
 
 
 def recipe_key(config: Path | None, overrides: list[str] | None, key: str) -> str | None:

@@ -9,7 +9,8 @@ import typer
 
 from cli._errors import command
 from cli._options import (ConfigOpt, DeviceOpt, DtypeOpt, Format, FormatOpt, GraphsOpt, ModelOpt, OverridesArg,
-                          QuantizeOpt, QuietOpt, SeedOpt, comma_list, recipe_key, out_path)
+                          PromptFieldOpt, QuantizeOpt, QuietOpt, SeedOpt, comma_list, out_path, prompt_source,
+                          recipe_key)
 from specgen.errors import UnknownNameError, UsageError
 from specgen.eval.run_dir import SUITES
 
@@ -73,12 +74,11 @@ def benchmark(
     max_new_tokens: Annotated[Optional[int], typer.Option("--max-new-tokens", help="Token budget per prompt.")] = None,
     threads: Annotated[Optional[int], typer.Option("--threads", help="torch threads (0 = default).")] = None,
     prompts: Annotated[Optional[str], typer.Option(
-        "--prompts", help="\\[text] Prompt set: a file of lines or JSON Lines (prompt or chat messages, optional "
+        "--prompts", parser=prompt_source,
+        help="\\[text] Prompt set: a file of lines or JSON Lines (prompt or chat messages, optional "
                           "category; Spec-Bench's question.jsonl as is), - for stdin, or a local dataset folder / "
                           ".parquet / .json / .csv file. Default: the shipped mixed set.")] = None,
-    prompt_field: Annotated[Optional[str], typer.Option(
-        "--prompt-field", help="\\[text] The record field holding the prompt (default: prompt, text, instruction, "
-                               "messages or turns).")] = None,
+    prompt_field: PromptFieldOpt = None,
     category_field: Annotated[Optional[str], typer.Option(
         "--category-field", help="\\[text] The record field holding its category (default: category).")] = None,
     batch_size: Annotated[Optional[str], typer.Option(
@@ -94,8 +94,9 @@ def benchmark(
         "--shard", help="I/N: measure only shard I of N (0-based; a Slurm array job), into --run-dir. Under "
                         "torchrun/accelerate launch the ranks are the shards.")] = None,
     dry_run: Annotated[bool, typer.Option(
-        "--dry-run", help="Check the --config recipe (keys, methods, registry entries and checkpoint shapes, files) "
-                          "without loading a model; exit 1 if a check fails.")] = False,
+        "--dry-run", help="Check the run (the --config recipe with these options, or the options alone: keys, "
+                          "methods, registry entries and checkpoint shapes, prompts, files) without loading a model; "
+                          "exit 1 if a check fails.")] = False,
     seed: SeedOpt = None,
     device: DeviceOpt = None,
     graphs: GraphsOpt = None,
@@ -148,7 +149,8 @@ def benchmark(
                              f"not an option of the {suite} suite" + (f"; {hint}" if hint else ""))
         explicit[SUITE_KEYS[option][suite]] = value
     if dry_run:  # the recipe as this command line would run it: its options are checked, not ignored
-        checked = {k: v for k, v in explicit.items() if v is not None and (k != "suite" or given_suite)}
+        # the suite as the run takes it: the option's, else the recipe's (its own check), else the default
+        checked = {k: v for k, v in explicit.items() if v is not None and (k != "suite" or given_suite or not config)}
         return benchmark_runs.print_dry_run(config, overrides, checked, fmt)
     if run_dir is not None and (prompts or recipe_key(config, overrides, "prompts")) == "-":
         raise UsageError("--prompts - (stdin) cannot be read again to resume or report a --run-dir: give a file")

@@ -215,10 +215,13 @@ def report(args: list[str], methods: list[str] | None, fmt, out: Path | None, ap
         raise UsageError(f"{run_dir.path} holds a {run_dir.suite} run; report reads {', '.join(SUITES)} runs")
     # the run is shown as measured: only where its files go may change (the recorded folder may be another machine's)
     overrides = args[1:]
-    wrong = next((o for o in overrides if "out_dir" not in run_dir.config or not o.startswith("out_dir=")), None)
+    wrong = next((o for o in overrides if not o.startswith("out_dir=")), None)
     if wrong is not None:
         raise UsageError(f"{wrong!r}: `benchmark report` prints the run as measured; its one override is out_dir=DIR "
                          "(an images run's grids and plots; out_dir= for none)")
+    if overrides and "out_dir" not in run_dir.config:
+        raise UsageError(f"{overrides[0]!r}: a {run_dir.suite} run writes no files: out_dir=DIR is for an images "
+                         "run's grids and plots")
     _output.check_rows_path(out, append)
     suite = SUITES[run_dir.suite]
     recorded = {k: v for k, v in run_dir.config.items() if k != "out_dir" or not overrides}  # the override wins
@@ -256,15 +259,13 @@ def show(suite: Suite, rows: list[dict], p, sink, fmt, out: Path | None, append:
 
 
 def print_dry_run(config: Path | None, overrides: list[str] | None, explicit: dict, fmt) -> None:
-    """`--dry-run`: the recipe's checks (with the command line's options) as a table (or JSON); exit 1 when one
-    fails."""
-    if config is None:
-        raise UsageError("--dry-run checks a recipe: give it with --config FILE")
+    """`--dry-run`: the recipe's checks (with the command line's options; without a recipe, those alone) as a table
+    (or JSON); exit 1 when one fails."""
     rows = check_recipe(config, overrides, explicit)
     if fmt == Format.json:
         _output.emit_json(rows)
     else:
-        _output.table(f"dry run of {config}", [{**r, "ok": "ok" if r["ok"] else "FAIL"} for r in rows],
+        _output.table(f"dry run of {config or 'the command line'}", [{**r, "ok": "ok" if r["ok"] else "FAIL"} for r in rows],
                       ["check", "ok", "detail"], _output.out)
     if not all(r["ok"] for r in rows):
         raise typer.Exit(1)

@@ -11,7 +11,7 @@ import typer
 from cli import _output
 from cli._errors import command
 from cli._options import (ConfigOpt, DeviceOpt, DtypeOpt, Format, FormatOpt, ModelOpt, OverridesArg, QuietOpt, SeedOpt,
-                          out_path, recipe_key)
+                          out_path, prompt_source, recipe_key)
 from specgen.config import load_config
 from specgen.errors import UsageError
 
@@ -36,7 +36,8 @@ def collect_trajectories(
     overrides: OverridesArg = None,
     out: Annotated[Path, typer.Option("--out", "-o", parser=out_path, help="Output folder (resumed if it holds trajectories).")] = ...,
     model: ModelOpt = None,
-    prompts: Annotated[Optional[str], typer.Option("--prompts", help="'stdlib' (built-in) or a text/JSONL file, datasets folder or parquet file.")] = None,
+    prompts: Annotated[Optional[str], typer.Option(
+        "--prompts", parser=prompt_source, help="'stdlib' (built-in) or a text/JSONL file, datasets folder or parquet file.")] = None,
     limit: Annotated[Optional[int], typer.Option("--limit", help="Use only this many prompts (0 = all).")] = None,
     block_size: Annotated[Optional[int], typer.Option("--block-size", "-n", help="Jacobi block size n.")] = None,
     max_new_tokens: Annotated[Optional[int], typer.Option("--max-new-tokens", help="Answer tokens per prompt.")] = None,

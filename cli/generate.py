@@ -9,7 +9,8 @@ import typer
 
 from cli._errors import command
 from cli._options import (ConfigOpt, DeviceOpt, DtypeOpt, Format, FormatOpt, GraphsOpt, MethodOpt, ModelOpt,
-                          OverridesArg, QuantizeOpt, QuietOpt, SeedOpt, out_path, prompt_text, recipe_key)
+                          OverridesArg, PromptFieldOpt, QuantizeOpt, QuietOpt, SeedOpt, in_path, out_path,
+                          prompt_source, prompt_text, recipe_key)
 from cli._process import imports_frozen
 
 EPILOG = """examples:
@@ -39,23 +40,31 @@ def generate(
     model: ModelOpt = None,
     prompt: Annotated[Optional[list[str]], typer.Option(
         "--prompt", "-p", parser=prompt_text, help="\\[text] Prompt text (repeatable; blank is refused).")] = None,
-    prompts: Annotated[Optional[str], typer.Option("--prompts", help="\\[text] Prompt file: one per line, JSONL, or - for stdin.")] = None,
+    prompts: Annotated[Optional[str], typer.Option(
+        "--prompts", parser=prompt_source,
+        help="\\[text] Prompt file as `benchmark --prompts` reads it: one per line, JSON Lines (prompt or "
+                          "chat messages; Spec-Bench's turns), - for stdin, or a local dataset.")] = None,
+    prompt_field: PromptFieldOpt = None,
     max_new_tokens: Annotated[Optional[int], typer.Option("--max-new-tokens", help="Token budget per sequence.")] = None,
     temperature: Annotated[Optional[float], typer.Option("--temperature", "-t", help="0 = greedy.")] = None,
     top_k: Annotated[Optional[int], typer.Option("--top-k", help="Keep the k most likely tokens (0 = off).")] = None,
     top_p: Annotated[Optional[float], typer.Option("--top-p", help="Nucleus sampling mass in (0, 1].")] = None,
-    no_chat: Annotated[bool, typer.Option("--no-chat", help="\\[text] Feed prompts raw, without the chat template.")] = False,
+    no_chat: Annotated[bool, typer.Option(
+        "--no-chat", help="\\[text] Feed text prompts raw, without the chat template (chat messages always use "
+                          "it).")] = False,
     out_dir: Annotated[Optional[Path], typer.Option("--out-dir", "-o", parser=out_path, help="\\[image, mesh] Output folder; files already "
                                                      "there are kept (new names get -1, -2, ...).")] = None,
     num: Annotated[Optional[int], typer.Option("--num", "-n", help="\\[image, mesh] Number of samples (>= 1).")] = None,
     classes: Annotated[Optional[str], typer.Option("--classes", help="\\[image] Comma-separated class names or ids.")] = None,
     cfg_scale: Annotated[Optional[float], typer.Option("--cfg-scale", help="\\[image] Classifier-free guidance scale.")] = None,
     captions: Annotated[Optional[Path], typer.Option(
-        "--captions", help="\\[image, t2i] Caption features: .safetensors/.npz with features [N, L<=120, C] and mask "
+        "--captions", parser=in_path,
+        help="\\[image, t2i] Caption features: .safetensors/.npz with features [N, L<=120, C] and mask "
                            "[N, L], or .npy (precomputed T5 features).")] = None,
     drafter: Annotated[Optional[str], typer.Option(
         "--drafter", help="\\[image] EAGLE drafter for eagle2/adt-tree/lantern/vvs (default: the target's shipped one).")] = None,
-    point_clouds: Annotated[Optional[Path], typer.Option("--point-clouds", help="\\[mesh] Point clouds (.npy/.ply) or a mesh folder.")] = None,
+    point_clouds: Annotated[Optional[Path], typer.Option(
+        "--point-clouds", parser=in_path, help="\\[mesh] Point clouds (.npy/.ply) or a mesh folder.")] = None,
     batch_size: Annotated[Optional[int], typer.Option(
         "--batch-size", "-b", help="Sequences decoded together: prompts, images or point clouds (continuous "
                                    "batching; clamped to their number).")] = None,
@@ -80,8 +89,8 @@ def generate(
 
     recipe = dict(model=model, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, device=device,
                   batch_size=batch_size, dtype=dtype, quantize=quantize, graphs=graphs)
-    args = GenerateArgs(recipe, list(prompt or []), prompts, max_new_tokens, False if no_chat else None, config,
-                        list(overrides or []), fmt, quiet, out_dir, num, classes, cfg_scale, point_clouds, captions,
-                        drafter, stream or None)
+    args = GenerateArgs(recipe, list(prompt or []), prompts, prompt_field, max_new_tokens, False if no_chat else None,
+                        config, list(overrides or []), fmt, quiet, out_dir, num, classes, cfg_scale, point_clouds,
+                        captions, drafter, stream or None)
     named = recipe_key(config, overrides, "method")  # "" is no method (refused), not the default
     run(args, method if method is not None else named if named is not None else "ar")

@@ -20,6 +20,7 @@ class GenerateArgs:
     recipe: dict  # the recipe keys every modality shares (model, sampling, device, ...; None: the recipe's or default)
     prompts: list[str]
     prompts_file: str | None
+    prompt_field: str | None
     max_new_tokens: int | None
     chat: bool | None
     config: Path | None
@@ -38,7 +39,8 @@ class GenerateArgs:
 
 #: GenerateArgs field -> (its flag, the modalities that read it); another modality's option is refused, not ignored
 MODALITY_OPTIONS = {
-    "prompts": ("--prompt", ("text",)), "prompts_file": ("--prompts", ("text",)), "chat": ("--no-chat", ("text",)),
+    "prompts": ("--prompt", ("text",)), "prompts_file": ("--prompts", ("text",)),
+    "prompt_field": ("--prompt-field", ("text",)), "chat": ("--no-chat", ("text",)),
     "stream": ("--stream", ("text",)), "point_clouds": ("--point-clouds", ("mesh",)),
     "max_new_tokens": ("--max-new-tokens", ("text", "mesh")), "out_dir": ("--out-dir", ("image", "mesh")),
     "num": ("--num", ("image", "mesh")), "classes": ("--classes", ("image",)), "cfg_scale": ("--cfg-scale", ("image",)),

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from cli import _output, _stream
-from cli._options import Format
+from cli._options import Format, check_method_option_keys
 from specgen.config import load_config
-from specgen.data.prompts import read_prompts
+from specgen.data.prompts import Prompt, read_prompt_records
 from specgen.errors import UsageError
 from specgen.methods import MethodSpec, model_for
 from specgen.request import parse_request
@@ -19,18 +19,23 @@ BATCH_COLUMNS = ["method", "sequences", "new_tokens", "throughput_tokens_per_s",
 
 
 def run(args, spec: MethodSpec) -> None:
+    check_method_option_keys(TextGenConfig, args.config, args.overrides, spec)
     cfg = load_config(TextGenConfig, args.config, args.overrides, method=spec.name,
                       max_new_tokens=args.max_new_tokens, chat=args.chat, **args.recipe)
     req = parse_request(cfg, "text", spec)  # before the model loads: a bad option costs no load
-    texts = list(args.prompts) + (read_prompts(args.prompts_file) if args.prompts_file else [])
-    if not texts:
+    # a prompt file through the benchmark's reader: what `benchmark --prompts` reads, generate reads (chats included)
+    if args.prompt_field is not None and args.prompts_file is None:
+        raise UsageError("--prompt-field names a field of a --prompts file (JSON Lines or a dataset); give the file")
+    prompts = [Prompt(t) for t in args.prompts] + (read_prompt_records(args.prompts_file, args.prompt_field)
+                                                    if args.prompts_file else [])
+    if not prompts:
         raise UsageError("no prompt given: use --prompt TEXT or --prompts FILE (or - for stdin)")
     model = model_for(spec, cfg.model, TextGenConfig.model)  # distilled methods: their model
     progress = _output.registry_progress(args.quiet)
     source = open_text_model(model, req.device, progress, dtype=cfg.dtype, quantize=cfg.quantize)
-    ids = encode_prompts(source, req, texts)  # context and KV cache checked before the weights load
+    ids = encode_prompts(source, req, prompts)  # context and KV cache checked before the weights load
     tm = source.load(progress, graphs=cfg.graphs)
-    sink = _stream.sink_for(args.stream, args.fmt == Format.table, len(texts))
+    sink = _stream.sink_for(args.stream, args.fmt == Format.table, len(prompts))
 
     def done(i: int) -> None:
         advance()
@@ -38,9 +43,10 @@ def run(args, spec: MethodSpec) -> None:
             sink.done(i)
 
     # a bar on the terminal the text streams to would cut through it
-    with _output.progress(spec.name, len(texts), args.quiet or args.fmt == Format.json or sink is not None) as advance:
+    quiet = args.quiet or args.fmt == Format.json or sink is not None
+    with _output.progress(spec.name, len(prompts), quiet) as advance:
         try:
-            results = generate_text(tm, req, texts, ids, on_done=done, on_text=sink)
+            results = generate_text(tm, req, prompts, ids, on_done=done, on_text=sink)
         except KeyboardInterrupt:
             if sink is not None:
                 sink.interrupted()

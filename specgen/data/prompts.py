@@ -27,18 +27,12 @@ class Prompt:
     content: str | tuple[dict, ...]
     category: str = ""
 
-    @property
-    def text(self) -> str:
-        """The text of a plain prompt; a chat is refused where only text is read."""
-        if not isinstance(self.content, str):
-            raise PromptSourceError("a chat prompt (`messages`) is read by `specgen benchmark`; give text here")
-        return self.content
 
-
-def encode(tokenizer, prompt: Prompt) -> list[int]:
-    """Prompt token ids: text as one user turn, messages as they are (the tokenizer's chat template when it has one)."""
+def encode(tokenizer, prompt: Prompt, chat: bool = True) -> list[int]:
+    """Prompt token ids: text as one user turn (raw with `chat` False), messages as they are (the tokenizer's chat
+    template when it has one: a chat has no raw form)."""
     if isinstance(prompt.content, str):
-        return tokenizer.encode(prompt.content)
+        return tokenizer.encode(prompt.content, chat=chat)
     return tokenizer.encode_chat(list(prompt.content))
 
 
@@ -108,6 +102,7 @@ def _dataset(path: Path, field: str | None, category_field: str | None) -> list[
                 data = datasets.load_dataset(DATASETS_SUFFIXES.get(path.suffix.lower(), "json"), data_files=str(path),
                                              split="train", cache_dir=cache, keep_in_memory=True)
     except (FileNotFoundError, ValueError, OSError, datasets.exceptions.DatasetGenerationError) as exc:
+        exc = exc.__cause__ or exc  # a generation error says only that one occurred: its cause says what
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise PromptSourceError(f"{path}: cannot read as a dataset ({reason})") from None
     finally:
@@ -173,5 +168,10 @@ def read_prompt_records(source: str | Path, field: str | None = None,
 
 
 def read_prompts(source: str | Path, field: str | None = None) -> list[str]:
-    """The text prompts of `source` (`read_prompt_records`; a chat record is refused)."""
-    return [p.text for p in read_prompt_records(source, field)]
+    """The text prompts of `source` (`read_prompt_records`); a chat record is refused, naming which."""
+    records = read_prompt_records(source, field)
+    chat = next((i for i, p in enumerate(records) if not isinstance(p.content, str)), None)
+    if chat is not None:
+        raise PromptSourceError(f"{'<stdin>' if str(source) == '-' else source}: prompt {chat} is a chat (`messages`); "
+                                "this reads text prompts (`specgen generate` and `benchmark` read chats)")
+    return [p.content for p in records]

@@ -16,6 +16,7 @@ from specgen.builders import BUILDERS
 from specgen.builtins import BUILTINS
 from specgen.config import load_config, read_recipe
 from specgen.config_checks import AUTO_DEVICE, TooManyThreads
+from specgen.data.prompts import PromptSourceError
 from specgen.decoding.memory import size
 from specgen.devices import check_device
 from specgen.errors import SpecgenError, UsageError
@@ -115,17 +116,19 @@ def recipe_kind(doc: dict, comments: str, overrides: list[str], file_name: str =
     return fits[0][1]
 
 
-def check_recipe(path: Path, overrides: list[str] | None = None, explicit: dict | None = None) -> list[dict]:
+def check_recipe(path: Path | None, overrides: list[str] | None = None, explicit: dict | None = None) -> list[dict]:
     """One `{"check", "ok", "detail"}` row per check; a recipe that cannot be read or placed is a UsageError.
-    `explicit`: the command line's options (config key -> value; `suite` a known suite), applied as the run would."""
-    path = Path(path)
+    `explicit`: the command line's options (config key -> value; `suite` a known suite), applied as the run would.
+    No `path`: the command line alone, as a recipe of no keys (`explicit` then names its suite)."""
+    path = None if path is None else Path(path)
     overrides, explicit = list(overrides or []), dict(explicit or {})
-    raw = read_recipe(path)  # UsageError: missing, not UTF-8, invalid YAML, not a mapping
-    comments = header(path)
-    kind = explicit.get("suite") or recipe_kind(raw, comments, overrides, path.name)
+    raw = {} if path is None else read_recipe(path)  # UsageError: missing, not UTF-8, invalid YAML, not a mapping
+    comments = "" if path is None else header(path)
+    kind = explicit.get("suite") or recipe_kind(raw, comments, overrides, "" if path is None else path.name)
     cls = config_class(kind)
     suite = f", suite {kind}" if kind in SUITE_PLANS else ""
-    rows = [row("recipe", True, f"{path.name}: for `{KINDS[kind].command}` ({cls.__name__}{suite})"),
+    name = "the command line" if path is None else path.name
+    rows = [row("recipe", True, f"{name}: for `{KINDS[kind].command}` ({cls.__name__}{suite})"),
             *([row("suite", True, kind)] if suite else [])]
     cfg = load_checked(cls, path, overrides, raw, rows, explicit)
     if cfg is None:
@@ -136,6 +139,8 @@ def check_recipe(path: Path, overrides: list[str] | None = None, explicit: dict 
     if kind in SUITE_PLANS:
         try:
             cfg, method_rows, names = SUITE_PLANS[kind](cfg)
+        except PromptSourceError as e:  # the rows are fine: their prompt set is not
+            return rows + [row("prompts", False, str(e).splitlines()[0])]
         except (SpecgenError, TypeError, ValueError) as e:  # the rows' entries cannot be told: nothing more to check
             return rows + [row("rows", False, str(e).splitlines()[0])]
         rows += method_rows

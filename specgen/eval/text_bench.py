@@ -16,7 +16,7 @@ import torch
 from specgen import checkpoints, registry
 from specgen.builtins import BUILTINS
 from specgen.data.humaneval import Problem, build_user_message, load_problems
-from specgen.data.prompts import Prompt, encode, read_prompt_records
+from specgen.data.prompts import Prompt, PromptSourceError, encode, read_prompt_records
 from specgen.decoding.cost import cost_of
 from specgen.decoding.sampling import SamplingParams
 from specgen.devices import now
@@ -268,7 +268,7 @@ def plan(cfg: TextBenchConfig, resolved: dict | None = None) -> Plan:
             for m in order}
     items = SOURCES[cfg.suite](cfg)  # `limit` of the suite's prompts from `offset`
     if not items:
-        raise UsageError(f"no {cfg.suite} prompts at offset {cfg.offset}")
+        raise PromptSourceError(f"no {cfg.suite} prompts at offset {cfg.offset}")
     return Plan(cfg, rows, order, meta, items)
 
 

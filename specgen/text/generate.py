@@ -6,9 +6,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specgen.data.prompts import Prompt, encode
 from specgen.decoding.budget import AutoBudget
 from specgen.decoding.cost import cost_of
 from specgen.devices import DTYPES
+from specgen.errors import UsageError
 from specgen.limits import check_kv_cache, check_prompt_fits
 from specgen.methods import run_batch
 from specgen.request import DecodeRequest
@@ -39,27 +41,30 @@ class TextGenConfig:
 class TextResult:
     """One prompt's completion and its decoding statistics."""
 
-    prompt: str
+    prompt: str | tuple[dict, ...]  # its Prompt's content: text, or a chat's messages
     completion: str
     token_ids: list[int]
     stats: dict
 
 
-def encode_prompts(source: TextSource, req: DecodeRequest[TextGenConfig], texts: list[str]) -> list[list[int]]:
-    """`texts` as token ids, checked before the weights load against the context, free memory (KV cache) and the
-    method's assets (n-gram cache vs tokenizer)."""
+def encode_prompts(source: TextSource, req: DecodeRequest[TextGenConfig], prompts: list[Prompt]) -> list[list[int]]:
+    """`prompts` as token ids (data/prompts.encode, as the benchmark encodes them), checked before the weights load
+    against the context, free memory (KV cache) and the method's assets (n-gram cache vs tokenizer)."""
     cfg = req.cfg
     if req.spec.model_check is not None:
         req.spec.model_check(req.options, source.tokenizer)
-    ids = [source.tokenizer.encode(p, chat=cfg.chat) for p in texts]
-    for prompt_ids in ids:
-        check_prompt_fits(len(prompt_ids), cfg.max_new_tokens, source.base)
+    ids = [encode(source.tokenizer, p, cfg.chat) for p in prompts]
+    for i, prompt_ids in enumerate(ids):
+        try:
+            check_prompt_fits(len(prompt_ids), cfg.max_new_tokens, source.base)
+        except UsageError as e:  # which of many: its row, as --stream and the results number it (and the benchmark)
+            raise UsageError(f"prompt {i}: {e}") from None
     rows = min(cfg.batch_size, len(ids))
     check_kv_cache(source.config, rows, max(map(len, ids)) + cfg.max_new_tokens, DTYPES[source.dtype], source.device)
     return ids
 
 
-def generate_text(model: TextModel, req: DecodeRequest[TextGenConfig], prompts: list[str], ids: list[list[int]],
+def generate_text(model: TextModel, req: DecodeRequest[TextGenConfig], prompts: list[Prompt], ids: list[list[int]],
                   on_done=None, on_text=None) -> list[TextResult]:
     """Decode every prompt's ids, `batch_size` at a time, prompt i from seed + i; `on_done(i)` as it finishes,
     `on_text(i, text)` with each accepted piece of its completion."""
@@ -78,7 +83,7 @@ def generate_text(model: TextModel, req: DecodeRequest[TextGenConfig], prompts: 
     batch = run_batch(model.target, lambda i: req.spec.drafter(req.options, seed), ids, cfg.max_new_tokens, req.params,
                       model.tokenizer.stop_ids, generators, cfg.batch_size, on_done=done,
                       budget=draft_budget(model, req.budget, req.params.greedy), on_tokens=stream)
-    return [TextResult(p, model.tokenizer.decode(r.tokens), r.tokens, r.stats.summary())
+    return [TextResult(p.content, model.tokenizer.decode(r.tokens), r.tokens, r.stats.summary())
             for p, r in zip(prompts, batch.results)]
 
 

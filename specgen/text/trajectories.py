@@ -205,8 +205,11 @@ def collect(cfg: CollectConfig, out: Path, on_prompt: Callable[[int, int, float]
     mine = [i for i in range(len(texts)) if (cfg.offset + i) % shard.count == shard.index]
     src = open_text_model(cfg.model, cfg.device, progress, dtype=cfg.dtype)
     ids = {i: src.tokenizer.encode(texts[i], chat=cfg.chat) for i in mine}
-    for prompt_ids in ids.values():  # as generate refuses them: before the weights load and any shard is written
-        check_prompt_fits(len(prompt_ids), cfg.max_new_tokens, src.base)
+    for i, prompt_ids in ids.items():  # as generate refuses them: before the weights load and any shard is written
+        try:
+            check_prompt_fits(len(prompt_ids), cfg.max_new_tokens, src.base)
+        except UsageError as e:  # which of many: its data_id
+            raise UsageError(f"prompt {cfg.offset + i}: {e}") from None
     check_blocks_fit(max(map(len, ids.values()), default=0), cfg, src.base)
     tm = src.load(progress)
     meta = {"target": tm.entry.ref, "target_digest": registry.weights_digest(tm.entry, read=False),

@@ -53,6 +53,24 @@ def test_stdin_and_assisted_with_a_named_draft(tiny_target):  # noqa: F811
     assert "category" not in rows["ar"]  # one category: no per-category rows
 
 
+def test_a_command_line_is_dry_run_without_a_recipe(tiny_target, tmp_path):  # noqa: F811
+    """`benchmark --suite text --prompts F --dry-run` was refused ('--dry-run checks a recipe: give it with --config
+    FILE'): the command line is checked as a recipe of no keys would be, with its options."""
+    path = write(tmp_path, [{"prompt": "HELLO WORLD"}, {"prompt": "ONE TWO ONE"}])
+    r = invoke("benchmark", "--suite", "text", "--model", "tiny-text", "--prompts", str(path), "--methods", "ar,ngram",
+               "--dry-run", "--format", "json")
+    assert r.exit_code == 0, r.output
+    rows = {row["check"]: row for row in json.loads(r.stdout)}
+    assert rows["recipe"]["detail"] == "the command line: for `specgen benchmark` (TextBenchConfig, suite text)"
+    assert rows["prompts"]["ok"] and rows["prompts"]["detail"].startswith("2 prompts") and "method ngram" in rows
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": \n')
+    r = invoke("benchmark", "--suite", "text", "--prompts", str(bad), "--dry-run")
+    assert r.exit_code == 1 and "line 1: invalid JSON" in r.stdout, r.output
+    r = invoke("benchmark", "--model", "tiny-text", "--methods", "ar", "--limit", "2", "--dry-run")  # humaneval's
+    assert r.exit_code == 1 and "suite humaneval" in r.stdout and "context of 256 tokens" in r.stdout, r.output
+
+
 def test_a_prompt_longer_than_the_context_is_refused_before_loading(tiny_target, tmp_path, monkeypatch):  # noqa: F811
     import cli.benchmark_runs
 
@@ -107,6 +125,9 @@ def test_a_report_needs_no_registry_model_of_a_row(tiny_target, tmp_path, monkey
     monkeypatch.setattr("specgen.registry.installed_meta", lambda name: None)  # another machine's registry
     report = invoke("benchmark", "report", str(tmp_path / "run"), "--format", "json")
     assert report.exit_code == 0 and json.loads(report.stdout) == json.loads(r.stdout), report.output
+    # out_dir=DIR is an images run's: a text run's refusal said "its one override is out_dir=DIR" of out_dir=DIR
+    out = one_line(invoke("benchmark", "report", str(tmp_path / "run"), f"out_dir={tmp_path / 'x'}"))
+    assert "a text run writes no files: out_dir=DIR is for an images run's grids and plots" in out
 
 
 def test_a_row_skipped_when_a_run_started_stays_skipped_on_resume(tiny_target, tmp_path, monkeypatch):  # noqa: F811

@@ -194,6 +194,17 @@ def test_unreadable_inputs_name_their_file(tmp_path):
         assert str(e.value).startswith(str(tmp_path / name))
 
 
+def test_a_npy_that_is_no_array_of_numbers_is_refused_without_pickle_advice(tmp_path):
+    """A file named .npy that is not one (or holds Python objects) was refused with numpy's advice to load it
+    `allow_pickle`, which no option gives and which this project never does."""
+    (tmp_path / "junk.npy").write_bytes(b"junk")
+    np.save(tmp_path / "objects.npy", np.array([{"a": 1}], dtype=object))
+    for name, needle in (("junk.npy", "not a .npy file (no NumPy header)"), ("objects.npy", "holds Python objects")):
+        with pytest.raises(MeshInputError, match=re.escape(needle)) as e:
+            read_file(tmp_path / name, 100, 0)
+        assert str(e.value).startswith(str(tmp_path / name)) and "pickle" not in str(e.value)
+
+
 def test_a_negative_seed_samples_user_clouds(tmp_path):
     """--seed takes any integer; numpy's generators refuse negative ones (was: ValueError, exit 1)."""
     np.save(tmp_path / "c.npy", np.random.default_rng(0).standard_normal((40, 6)))

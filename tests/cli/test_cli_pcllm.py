@@ -283,5 +283,6 @@ def test_collect_refuses_a_prompt_past_the_context_before_the_weights_load(tmp_p
     out = tmp_path / "traj"
     one_line_error(invoke("collect-trajectories", "--out", out, "--model", "tiny-text", "--prompts", prompts,
                           "--block-size", 4, "--max-new-tokens", 8, "chat=false", "shard_every=2"),
-                   2, "prompt of 1020 tokens + max-new-tokens 8 does not fit target/tiny-text's context of 1024")
+                   2, "error: prompt 3: prompt of 1020 tokens + max-new-tokens 8 does not fit target/tiny-text's "
+                      "context of 1024")  # which one: its data_id
     assert not out.exists()

@@ -106,6 +106,18 @@ def test_an_empty_output_path_is_refused_not_taken_as_this_folder(tiny, args):
     check_refusal(tiny, args, 2, "an empty path (an unset shell variable?)")
 
 
+@pytest.mark.parametrize("args", [
+    ["generate", "--model", "tiny-text", "--prompt", "hi", "--prompts", ""],
+    ["benchmark", "--suite", "text", "--prompts", ""], ["collect-trajectories", "--out", "run", "--prompts", ""],
+    ["generate", "--prompt", "hi", "--config", ""],
+    ["generate", "--model", "mesh-gpt-tiny", "--point-clouds", ""], ["generate", "--method", "adt-tree", "--captions", ""],
+], ids=lambda a: " ".join(a[:1] + a[-2:-1]))
+def test_an_empty_input_path_is_refused_not_dropped_or_taken_as_this_folder(tiny, args):
+    """An unset shell variable in quotes gives "": `--prompts ""` was dropped unsaid (generate ran the --prompt
+    alone, a text benchmark the shipped set), an empty folder or file path read the current folder."""
+    check_refusal(tiny, args, 2, "an empty path (an unset shell variable?)")
+
+
 @pytest.mark.parametrize("text", ["", "  ", "\n"], ids=["empty", "spaces", "newline"])
 def test_an_empty_prompt_is_refused_not_decoded_from_the_chat_template_alone(tiny, text):
     """`--prompt "$Q"` with Q unset gave "": decoded from the template's tokens alone, exit 0 (a prompt file's blank
@@ -120,6 +132,30 @@ IMG = ["generate", "--model", "tiny-image-gpt", "--method", "ar"]
 MESH = ["generate", "--method", "xspecmesh"]
 QUICK_HEADS = ["num_sequences=2", "eval_sequences=1", "max_tokens=8", "stage1_epochs=1", "stage2_epochs=1"]  # refused
 #   late, these failed after seconds of training (their refusals must come first)
+
+
+@pytest.mark.parametrize("args,needle", [
+    ([*GEN, "--method", "jacobi", "block_size=3"], "method_options.block_size=3"),  # "Did you mean: 'batch_size'?"
+    ([*GEN, "--method", "ngram", "num_draft=2"], "method_options.num_draft=2"),
+    ([*IMG[:3], "--method", "vvs", "schedule=uniform"], "method_options.schedule=uniform"),
+    (["generate", "--method", "xspecmesh", "delta=0.3"], "method_options.delta=0.3"),
+], ids=lambda a: a[-1] if isinstance(a, list) else None)
+def test_a_method_option_given_as_a_recipe_key_names_its_spelling(tiny, args, needle):
+    """`block_size=3` is jacobi's option, a key of method_options: the refusal suggested another recipe key."""
+    key = args[-1].split("=")[0]
+    check_refusal(tiny, args, 2, f"{key} is an option of {args[-2]}, not a recipe key: give {needle}")
+
+
+def test_a_recipe_key_that_is_also_a_method_option_stays_the_recipes(tmp_path):
+    from cli._options import check_method_option_keys
+    from specgen.image.generate import ImageGenConfig
+    from specgen.methods import get_method
+    from specgen.text.generate import TextGenConfig
+
+    check_method_option_keys(ImageGenConfig, None, ["top_k=5", "seed=1"], get_method("vvs"))  # vvs options too
+    (tmp_path / "r.yaml").write_text("method: jacobi\nblock_size: 4\n")  # a recipe file's key alike
+    with pytest.raises(UsageError, match="give method_options.block_size=4"):
+        check_method_option_keys(TextGenConfig, tmp_path / "r.yaml", [], get_method("jacobi"))
 
 
 @pytest.mark.parametrize("args,key", [

@@ -91,6 +91,57 @@ def test_generate_reads_stdin_and_overrides(tiny_target):
     assert [x["prompt"] for x in rows] == ["ABC", "DEF"] and all(len(x["token_ids"]) == 5 for x in rows)
 
 
+CHAT = "{% for m in messages %}{{ m['role'][0] | upper }}:{{ m['content'] }} {% endfor %}A:"  # add_generation_prompt
+
+
+@pytest.mark.parametrize("stdin", [False, True])
+def test_generate_reads_the_benchmarks_prompt_files_chat_rows_included(tiny_target, tmp_path, stdin):
+    """A prompt file `benchmark --suite text --prompts` reads, generate reads too, through the same reader: a chat
+    row (`messages`) through the model's chat template, Spec-Bench `turns` as their first turn, in input order."""
+    (tiny_target.path / "chat_template.jinja").write_text(CHAT)
+    rows = [{"prompt": "HELLO", "category": "A"},
+            {"messages": [{"role": "system", "content": "BE BRIEF"}, {"role": "user", "content": "HI"}]},
+            {"turns": ["ONE TWO", "THREE"], "category": "B"}]
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    (tmp_path / "p.jsonl").write_text(text)
+    args = ["generate", "--model", "tiny-text", "--max-new-tokens", "6", "--prompts"]
+    src = ["-"] if stdin else [str(tmp_path / "p.jsonl")]
+    r = invoke(*args, *src, "--format", "json", input=text if stdin else None)
+    assert r.exit_code == 0, r.output
+    got = [json.loads(line) for line in r.stdout.splitlines()]
+    rendered = ["U:HELLO A:", "S:BE BRIEF U:HI A:", "U:ONE TWO A:"]  # what the template makes of each row
+    want = [json.loads(invoke("generate", "--model", "tiny-text", "--no-chat", "--max-new-tokens", "6", "--prompt", p,
+                              "--format", "json").stdout) for p in rendered]
+    assert [g["token_ids"] for g in got] == [w["token_ids"] for w in want]
+    assert [g["prompt"] for g in got] == ["HELLO", rows[1]["messages"], "ONE TWO"]
+    streamed = invoke(*args, *src, "--stream", "--quiet", input=text if stdin else None)
+    assert streamed.exit_code == 0, streamed.output
+    pieces = [json.loads(line) for line in streamed.stdout.splitlines()]  # every line whole JSON
+    assert ["".join(p["text"] for p in pieces if p["row"] == i) for i in range(3)] == [g["completion"] for g in got]
+
+
+def test_generate_reads_a_named_prompt_field_as_the_benchmark_does(tiny_target, tmp_path):
+    """`benchmark --prompts F --prompt-field question` reads F: so does generate (it could not name the field)."""
+    path = tmp_path / "q.jsonl"
+    path.write_text('{"question": "ABC", "prompt": "NOT THIS"}\n{"question": "DEF"}\n')
+    r = invoke("generate", "--model", "tiny-text", "--no-chat", "--max-new-tokens", "2", "--format", "json",
+               "--prompts", str(path), "--prompt-field", "question")
+    assert r.exit_code == 0, r.output
+    assert [json.loads(line)["prompt"] for line in r.stdout.splitlines()] == ["ABC", "DEF"]
+    r = invoke("generate", "--model", "tiny-text", "--prompt", "X", "--prompt-field", "question")
+    assert r.exit_code == 2 and "--prompt-field names a field of a --prompts file" in r.stderr, r.output
+
+
+def test_a_prompt_past_the_context_is_named(tiny_target, tmp_path):
+    """In a prompt file of many, the refusal of one past the context did not say which (the benchmark's does)."""
+    path = tmp_path / "p.txt"
+    path.write_text("SHORT\nALSO SHORT\n" + "LONG " * 60 + "\n")  # 299 tokens (stripped); the context is 256
+    r = invoke("generate", "--model", "tiny-text", "--no-chat", "--max-new-tokens", "8", "--prompt", "X",
+               "--prompts", str(path))
+    assert r.exit_code == 2, r.output
+    assert r.stderr.startswith("error: prompt 3: prompt of 299 tokens + max-new-tokens 8")  # 0-based, as rows are
+
+
 @pytest.mark.parametrize("args,code,needle", [
     (["generate", "--prompt", "x", "--method", "jacobbi"], 2, "did you mean jacobi"),
     (["generate", "--prompt", "x", "--model", "smollm3"], 2, "unknown checkpoint"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -154,6 +155,9 @@ def test_datasets_sources(tmp_path):
     (tmp_path / "bad.parquet").write_bytes(b"not parquet at all")
     with pytest.raises(PromptSourceError, match="cannot read as a dataset"):
         read_prompts(tmp_path / "bad.parquet")
+    (tmp_path / "bad.json").write_text("not json\n")  # was "(An error occurred while generating the dataset)"
+    with pytest.raises(PromptSourceError, match=r"bad.json: cannot read as a dataset \(JSON parse error"):
+        read_prompts(tmp_path / "bad.json")
 
 
 @pytest.mark.parametrize(
@@ -203,8 +207,8 @@ def test_records_of_every_layout(tmp_path, monkeypatch):
     assert read_prompt_records(path) == [
         Prompt("p", "qa"), Prompt(({"role": "system", "content": "s"}, {"role": "user", "content": "u"}), "chat"),
         Prompt("first turn", "writing"), Prompt("no category", "")]
-    with pytest.raises(PromptSourceError, match="a chat prompt"):
-        read_prompts(path)  # generate and collect-trajectories read text
+    with pytest.raises(PromptSourceError, match=re.escape(f"{path}: prompt 1 is a chat (`messages`)")):
+        read_prompts(path)  # collect-trajectories reads text: which record is not (it was not named)
     monkeypatch.setattr(sys, "stdin", io.StringIO('{"q": "x", "kind": "k"}\n'))
     assert read_prompt_records("-", field="q", category_field="kind") == [Prompt("x", "k")]
 

@@ -205,6 +205,21 @@ def test_the_dry_run_checks_the_prompts_fit_an_installed_model(tmp_path):
     assert by_check(check_recipe(recipe, ["max_new_tokens=8"]))["prompts"]["ok"]
 
 
+@pytest.mark.parametrize("lines,overrides,needle", [
+    ('{"prompt": "A"}\n{"prompt": \n', [], "line 2: invalid JSON"), ("", [], "prompt file not found"),
+    ('{"prompt": "A"}\n', ["prompt_field=question"], "line 1: no field 'question'"),
+    ('{"prompt": "A"}\n', ["offset=5"], "no text prompts at offset 5"),
+], ids=["invalid", "missing", "field", "offset"])
+def test_a_bad_prompt_set_fails_the_prompts_check_not_the_rows(tmp_path, lines, overrides, needle):
+    """The rows are fine: a prompt file that cannot be read was reported as a failed `rows` check."""
+    if lines:
+        (tmp_path / "p.jsonl").write_text(lines)
+    recipe = tmp_path / "bench.yaml"
+    recipe.write_text(f"suite: text\nmethods: [ar]\nprompts: {tmp_path / 'p.jsonl'}\n")
+    rows = by_check(check_recipe(recipe, overrides))
+    assert "rows" not in rows and not rows["prompts"]["ok"] and needle in rows["prompts"]["detail"], rows
+
+
 def test_a_node_recipes_thread_count_is_checked_on_its_node(monkeypatch):
     """A recipe for a node names its CPUs (num_threads: 16), as it names cuda: the run refuses more threads than the
     CPUs it can use; the dry run, checking the recipe elsewhere, says where that is checked."""
