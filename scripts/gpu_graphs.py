@@ -114,12 +114,12 @@ def text_rows(new: int) -> None:
     def measured(drafter, ps, b=1):
         """(result, seconds, first-run facts) of a second run of the same prompts: the first captures every shape
         they meet (widths, buckets), a one-time cost reported apart, and the timed run should capture none."""
-        held = g.recorded if g else 0
+        held = g.captures if g else 0
         _, first_s = timed(lambda: run(drafter, ps, b))
-        held, first = (g.recorded, g.recorded - held) if g else (0, 0)
+        held, first = (g.captures, g.captures - held) if g else (0, 0)
         res, s = timed(lambda: run(drafter, ps, b))
         return res, s, {"first_run_s": first_s, "first_run_captures": first,
-                        "timed_captures": (g.recorded - held) if g else 0}
+                        "timed_captures": (g.captures - held) if g else 0}
 
     attach(model, "off")
     g = None
@@ -291,8 +291,8 @@ def image_rows(num: int) -> None:
 
 
 def captures(im) -> int:
-    """Captures the image target and its drafter made so far (`StepGraphs.recorded`)."""
-    return sum(m.graphs.recorded for m in (im.model, im.drafter_net) if m is not None and m.graphs is not None)
+    """Captures the image target and its drafter made so far (`StepGraphs.captures`)."""
+    return sum(m.graphs.captures for m in (im.model, im.drafter_net) if m is not None and m.graphs is not None)
 
 
 def mesh_rows(num: int) -> None:

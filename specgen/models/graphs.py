@@ -190,6 +190,7 @@ class StepGraphs:
         self.uses: Counter = Counter()  # key -> calls served (replays; eager reruns where capture is off)
         self.eager_calls = 0
         self.recorded = 0  # keys' first calls (captures), resets included: what a run paid in captures
+        self.prompts: StepGraphs | None = None  # the prompts' own one-row buffer and captures (`prefill`)
         self.reset()
 
     @property
@@ -217,7 +218,8 @@ class StepGraphs:
     def reset(self) -> None:
         """Drop the captures and the static buffers (a larger cache was asked for, or the weights a capture reads)."""
         self.graphs.clear()  # their pool goes with them: the next capture opens a new one
-        self.prompts: StepGraphs | None = None  # the prompts' own one-row buffer and captures (`prefill`)
+        self.recorded += self.prompts.captures if self.prompts is not None else 0  # what they cost stays counted
+        self.prompts = None
         self.k = self.v = None  # [L, C + 1, Hkv, T, D]: C cache rows and one scratch row for padding rows
         self.cross = None  # per layer (k, v) [C, H, M, D]: the conditions (cross-attention models)
         self.pool, self.graph_bytes = None, 0  # the captures' memory pool, and the device memory it holds
@@ -390,6 +392,11 @@ class StepGraphs:
     @property
     def replays(self) -> int:
         return sum(self.uses.values())
+
+    @property
+    def captures(self) -> int:
+        """Captures made so far, resets and the prompts' buffer included: what a run paid in captures."""
+        return self.recorded + (self.prompts.captures if self.prompts is not None else 0)
 
     def describe(self) -> dict:
         """What the captures hold, for a benchmark's machine column."""

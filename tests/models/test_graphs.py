@@ -618,3 +618,7 @@ def test_prompts_prefilled_in_captured_chunks_decode_what_eager_ar_decodes(name,
     got = run_batch(static_target(model, capture), lambda i: DRAFTERS[name](), prompts, 24, SamplingParams())
     assert [r.tokens for r in got.results] == [r.tokens for r in eager.results]
     assert model.graphs.prompts.replays == 4 and model.graphs.describe()["replays"] > 4
+    captures = model.graphs.captures  # the prompts' buffer's captures counted, and kept across a reset that drops it
+    assert captures == model.graphs.describe()["captures"] > model.graphs.recorded
+    model.graphs.reset()
+    assert model.graphs.prompts is None and model.graphs.captures == captures
