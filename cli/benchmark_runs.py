@@ -17,6 +17,7 @@ from specgen import devices
 from specgen.config import load_config
 from specgen.errors import UsageError
 from specgen.eval.dry_run import check_recipe, picked_rows
+from specgen.eval.graph_use import timed_note
 from specgen.eval import image_bench, mesh_bench, text_bench
 from specgen.eval.image_bench import (ImageBenchConfig, check_out_dir, checked_rows, image_rows_of, measure_images,
                                       write_outputs)
@@ -246,16 +247,19 @@ def row_name(row: dict, key: str) -> str:
 
 
 def show(suite: Suite, rows: list[dict], p, sink, fmt, out: Path | None, append: bool) -> None:
-    """The rows, each with its machine, as JSONL (`--out`), then JSON or the suite's tables on stdout."""
+    """The rows, each with its machine, as JSONL (`--out`), then JSON or the suite's tables on stdout; last, on stderr,
+    the one line saying that timed items made captures (their times hold them), where they did."""
     machine = machine_of(sink)
     for r in rows:
         r["machine"] = machine
     _output.write_rows(out, rows, append)
     if fmt == Format.json:
         _output.emit_json(rows)
-        return
-    for title, shown, columns in suite.tables(rows, p, sink):
-        _output.table(title, shown, columns, _output.out)
+    else:
+        for title, shown, columns in suite.tables(rows, p, sink):
+            _output.table(title, shown, columns, _output.out)
+    if note := timed_note(sink.machines()):
+        _output.err.print(note, markup=False, soft_wrap=True)
 
 
 def print_dry_run(config: Path | None, overrides: list[str] | None, explicit: dict, fmt) -> None:

@@ -13,6 +13,7 @@ from specgen import checkpoints
 from specgen.decoding.cost import cost_of
 from specgen.errors import UsageError
 from specgen.eval import image_metrics, plots
+from specgen.eval.graph_use import GraphUse
 from specgen.eval.image_rows import image_rows, method_of, png_of
 from specgen.eval.run_dir import Grid, Shard
 from specgen.eval.sweeps import SweptRow, check_rows, sweeps_on, with_sweep_rows
@@ -21,6 +22,7 @@ from specgen.image.generate import (ImageGenConfig, ImageModel, conditioned, dec
                                     image_conditions, load_image_model)
 from specgen.image.methods import build_image_method
 from specgen.methods import get_method
+from specgen.methods.mulo_sd import MuLoSD
 from specgen.paths import check_folder, free_path, link_into_place
 from specgen.request import parse_request
 
@@ -172,44 +174,54 @@ def measure_images(im: ImageModel, cfg: ImageBenchConfig, sink, shard: Shard = S
     conditions = image_conditions(im, ImageGenConfig(num=cfg.num, classes=list(cfg.classes), captions=cfg.captions),
                                   {"classes": "classes=[...]", "captions": "captions=FILE"})
     parts = conditioned(im, cfg.cfg_scale, conditions[0])[0]
-    for m in cfg.methods:  # a method that cannot run here (mulo-sd on t2i, no EAGLE drafter): one line, up front
-        build_image_method(method_of(m), parts, options_of(cfg, m))
+    # a method that cannot run here (mulo-sd on t2i, no EAGLE drafter): one line, up front
+    drafters = [build_image_method(method_of(m), parts, options_of(cfg, m))[0] for m in cfg.methods]
     clf, quality = classifier_state(im, cfg, conditions)
     cost = cost_of(im.model)  # c(m) of the efficiency of drafting rows; each image runs its CFG branches
-    sink.write_machine(shard, {"machine": machine(),
-                               # what the rows record of the conditions: caption indices (t2i) or class names
-                               "conditions": {"captions": [c.index for c in conditions]} if im.text_conditional else
-                               {"classes": [im.classes[c] if c < len(im.classes) else c for c in conditions]},
-                               **quality, "cost_rows": list(cost.rows), "cost": list(cost.cost),
-                               "branches": parts.target.branches})
+    models = entry_models(im, cfg)  # entry -> the model it decodes (its `dtypes` precision, else `im`)
+    use = GraphUse(stepped(cfg, models, drafters), sink, shard)
+    use.write({"machine": machine(),
+               # what the rows record of the conditions: caption indices (t2i) or class names
+               "conditions": {"captions": [c.index for c in conditions]} if im.text_conditional else
+               {"classes": [im.classes[c] if c < len(im.classes) else c for c in conditions]},
+               **quality, "cost_rows": list(cost.rows), "cost": list(cost.cost), "branches": parts.target.branches})
     base = ImageGenConfig(model=cfg.model, cfg_scale=cfg.cfg_scale, seed=cfg.seed, device=cfg.device, num=1,
                           dtype=cfg.dtype, temperature=cfg.temperatures[0])  # a run's own temperature for its checks
-    models = entry_models(im, cfg)  # entry -> the model it decodes (its `dtypes` precision, else `im`)
-    # warm-up: one image per method (allocations, neighbour tables); on CUDA four, so that most of the tree shapes a
-    # method's timed images meet have their growths captured before timing (a capture costs tens of ms)
     requests = {m: parse_request(replace(base, method=method_of(m), method_options=options_of(cfg, m)), "image")
                 for m in cfg.methods}
-    warm = conditions[: 4 if next(im.model.parameters()).device.type == "cuda" else 1]
-    for m in cfg.methods:
-        generate_images(models[m], requests[m], conditions=warm)
+    # warm-up (allocations, neighbour tables; on CUDA the tree shapes the images meet, their growths captured)
+    use.warm_up(cfg.methods, conditions, lambda m, c: generate_images(models[m], requests[m], conditions=[c]))
 
     def one(temp: float, i: int) -> dict:
         runs = {}
         for m in cfg.methods:
             req = requests[m].with_cfg(temperature=temp, seed=cfg.seed * 7919 + i)
-            samples, px = generate_images(models[m], req, conditions=[conditions[i]])
+            with use.timing(m):
+                samples, px = generate_images(models[m], req, conditions=[conditions[i]])
             runs[m] = image_record(im, cfg, samples[0], px[0], conditions[i], clf, shard)
         return runs
 
     def batch(temp: float, b: int, m: str, mine: list[int]) -> tuple[list[dict], float]:
         req = requests[m].with_cfg(num=len(mine), batch_size=b, seed=cfg.seed, temperature=temp)
-        samples, _ = generate_images(models[m], req, conditions=[conditions[i] for i in mine], indices=mine)
+        with use.timing(f"{m}@b{b}"):
+            samples, _ = generate_images(models[m], req, conditions=[conditions[i] for i in mine], indices=mine)
         # each image's pixels decoded alone, as at batch 1: a VQ decode's rounding depends on its batch
         return [image_record(im, cfg, s, decode_pixels(im, [s.tokens])[0], conditions[i], clf, shard)
                 for s, i in zip(samples, mine)], max(s.stats.extras["latency_s"] for s in samples)
 
     for temp, work in grids(cfg).items():
-        work.measure(sink, shard, partial(one, temp), partial(batch, temp), on_item)
+        work.measure(sink, shard, partial(one, temp), partial(batch, temp), use.after_item(on_item))
+    use.write()
+
+
+def stepped(cfg: ImageBenchConfig, models: dict[str, ImageModel], drafters: list) -> dict[str, torch.nn.Module]:
+    """The modules whose steps may be captured (`GraphUse`), by name: each precision's target and EAGLE drafter, and
+    mulo-sd's low-res drafter (its steps attached at its first batch)."""
+    out = {}
+    for m, own in models.items():
+        dtype = cfg.dtypes.get(m, cfg.dtype)
+        out |= {f"target {dtype}": own.model, f"drafter {dtype}": own.drafter_net}
+    return out | {"mulo-sd drafter": d.lowres for d in drafters if isinstance(d, MuLoSD)}
 
 
 def image_rows_of(cfg: ImageBenchConfig, sink) -> tuple[list[dict], dict]:

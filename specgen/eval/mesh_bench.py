@@ -12,6 +12,7 @@ import trimesh
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.stats import DecodeStats
 from specgen.errors import UsageError
+from specgen.eval.graph_use import GraphUse
 from specgen.eval.run_dir import Grid, Shard, check_finished
 from specgen.eval.speed import Timed, merged
 from specgen.eval.sweeps import Sweep, check_rows, expand, merged_table, sweeps_of, sweeps_on
@@ -189,25 +190,38 @@ def measure_meshes(cfg: MeshBenchConfig, sink, shard: Shard = Shard(), on_item=l
                 else own[v.label].decoder for v in vs}
     max_tokens = token_budget(ar, cfg.num_heads, cfg.max_new_tokens)
     clouds = benchmark_clouds(ar.target.meta, cfg.limit, cfg.offset, cfg.device)
-    sink.write_machine(shard, {"machine": machine(), "references": reference_distances([ref for ref, _ in clouds])})
+    steps = {f"{h or 'ar'} {d} {part}": m for (h, d), mm in loaded.items()
+             for part, m in (("backbone", mm.decoder.model.decoder), ("heads", mm.decoder.heads))}
+    use = GraphUse(steps, sink, shard)
+    use.write({"machine": machine(), "references": reference_distances([ref for ref, _ in clouds])})
 
     def streams(i: int) -> tuple[torch.Generator, torch.Generator]:
         return torch.Generator().manual_seed(cfg.seed + i), torch.Generator().manual_seed(10_000_019 + cfg.seed + i)
 
+    def decode(label: str, i: int):
+        return decoders[label].generate_batch([clouds[i][1]], params, max_tokens, by_label[label].opts,
+                                              *zip(streams(i)))[0]
+
     def one(i: int) -> dict:
-        ref, pc = clouds[i]
-        return {v.label: mesh_run(decoders[v.label].generate_batch([pc], params, max_tokens, v.opts,
-                                                                   *zip(streams(i)))[0], ref, shard)
-                for v in vs}
+        runs = {}
+        for v in vs:
+            with use.timing(v.label):
+                res = decode(v.label, i)
+            runs[v.label] = mesh_run(res, clouds[i][0], shard)
+        return runs
 
     def batch(b: int, label: str, mine: list[int]) -> tuple[list[dict], float]:
         gens, dgens = zip(*(streams(i) for i in mine))
-        results = decoders[label].generate_batch([clouds[i][1] for i in mine], params, max_tokens,
-                                                 by_label[label].opts, gens, dgens, b)
+        with use.timing(f"{label}@b{b}"):
+            results = decoders[label].generate_batch([clouds[i][1] for i in mine], params, max_tokens,
+                                                     by_label[label].opts, gens, dgens, b)
         return ([mesh_run(r, clouds[i][0], shard) for r, i in zip(results, mine)],
                 max(r.stats.extras["latency_s"] for r in results))
 
-    grid(cfg, vs).measure(sink, shard, one, batch, on_item)
+    # warm-up (allocations; on CUDA the shapes the meshes meet, their steps captured) on the test meshes' seeds
+    use.warm_up([v.label for v in vs], range(cfg.limit), decode)
+    grid(cfg, vs).measure(sink, shard, one, batch, use.after_item(on_item))
+    use.write()
 
 
 def mesh_rows_of(cfg: MeshBenchConfig, sink) -> list[dict]:

@@ -22,6 +22,7 @@ from specgen.decoding.sampling import SamplingParams
 from specgen.devices import now
 from specgen.errors import UnknownNameError, UsageError
 from specgen.limits import check_prompt_fits, context_of
+from specgen.eval.graph_use import GraphUse
 from specgen.eval.hf_rows import HfAssisted, HfCompiled, HfGenerate, HfLookup
 from specgen.eval.humaneval import check_completions
 from specgen.eval.llamacpp_row import LlamaCppLookup, LlamaCppRow
@@ -347,9 +348,10 @@ def measure(model: TextModel, p: Plan, sink, shard: Shard = Shard(), on_item=lam
     cost = cost_of(model.module)  # c(B) of batched rows, c(N) of the efficiency of speculative rows
     streamed = {m: streamed_bytes(peers[m].module if m in peers else models[p.meta[m]["model"]].module)
                 for m in work.rows if m not in peers or peers[m].module is not None}  # weights one forward reads
-    sink.write_machine(shard, {"machine": machine(), "versions": versions(), "cost_rows": list(cost.rows),
-                               "cost": list(cost.cost), "skipped": skipped, "streamed_bytes": streamed,
-                               "bandwidth_gbs": copy_bandwidth(device=next(model.module.parameters()).device)})
+    use = GraphUse({name: tm.module for name, tm in models.items()}, sink, shard)
+    use.write({"machine": machine(), "versions": versions(), "cost_rows": list(cost.rows), "cost": list(cost.cost),
+               "skipped": skipped, "streamed_bytes": streamed,
+               "bandwidth_gbs": copy_bandwidth(device=next(model.module.parameters()).device)})
 
     def decode(m: str, qs: list[list[int]], b: int) -> tuple[list[Run], float]:
         if m in peers:
@@ -359,29 +361,31 @@ def measure(model: TextModel, p: Plan, sink, shard: Shard = Shard(), on_item=lam
             runs, wall = specgen_batch(models[p.meta[m]["model"]], row, qs, b, cfg)
         return [replace(r, shard=shard.label) for r in runs], wall
 
+    def timed(m: str, qs: list[list[int]], b: int) -> tuple[list[Run], float]:
+        with use.timing(m if b == 1 else f"{m}@b{b}"):
+            return decode(m, qs, b)
+
     def one(i: int) -> dict:
-        runs = {m: decode(m, [prompts[i]], 1)[0][0] for m in work.rows}
+        runs = {m: timed(m, [prompts[i]], 1)[0][0] for m in work.rows}
         return {m: asdict(r) for m, r in with_quality(runs, prompts[i], items[i].problem, original, cfg).items()}
 
     def batch(b: int, m: str, mine: list[int]) -> tuple[list[dict], float]:
-        runs, wall = decode(m, [prompts[i] for i in mine], b)
+        runs, wall = timed(m, [prompts[i] for i in mine], b)
         return [asdict(with_quality({m: r}, prompts[i], items[i].problem, original, cfg)[m])
                 for r, i in zip(runs, mine)], wall
 
     if cfg.warmup:
-        for m in work.rows:
-            for warm in warm_prompts(prompts, cfg.device, model.tokenizer):
-                decode(m, [warm], 1)
-    work.measure(sink, shard, one, batch, on_item)
+        use.warm_up(work.rows, warm_prompts(prompts), lambda m, q: decode(m, [q], 1))
+    work.measure(sink, shard, one, batch, use.after_item(on_item))
+    use.write()
 
 
-def warm_prompts(prompts: list[list[int]], device: str, tokenizer) -> list[list[int]]:
-    """The discarded runs before timing: a short fixed prompt (allocations, first-use work); on CUDA the run's shortest
-    and longest prompts, so the captured steps of the cache widths its items reach are captured before any is timed
-    (a capture inside a timed item costs tens of ms)."""
-    if torch.device(device).type == "cuda" and prompts:
-        return [min(prompts, key=len), max(prompts, key=len)]
-    return [tokenizer.encode("Write a Python function that adds two numbers.")]
+def warm_prompts(prompts: list[list[int]]) -> list[list[int]]:
+    """The prompts a row warms up on (`GraphUse.warm_up`: the first, and on CUDA more while they capture): the run's
+    shortest and longest first, whose cache widths span those the timed items reach, then the others in order."""
+    every = range(len(prompts))
+    ends = [min(every, key=lambda i: len(prompts[i])), max(every, key=lambda i: len(prompts[i]))]
+    return [prompts[i] for i in dict.fromkeys([*ends, *every])]
 
 
 RESUMED = " (when this shard's run started: its records lack the row; a new --run-dir measures it)"
