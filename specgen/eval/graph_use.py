@@ -8,7 +8,7 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
-from specgen.eval.run_dir import RunDir, Shard
+from specgen.eval.run_dir import Grid, RunDir, Shard
 from specgen.models.graphs import StepGraphs
 
 WARM_RUNS = 4  # the most discarded runs a row makes before timing (`GraphUse.warm_up`)
@@ -80,6 +80,23 @@ class GraphUse:
                 run(row, item)
                 if self.captures() == before:
                     break
+
+
+    def warm_batches(self, grid: Grid, run: Callable[[int, str, list[int]], object]) -> bool:
+        """Where steps are captured (CUDA), each batched (B, row) this shard has left runs `run(B, row, positions)` on
+        its first B items, discarded, until a run makes no new capture (at most WARM_RUNS): the batch shapes are
+        captured before the timed batch. Whether any ran: the static buffer growing to B rows dropped the batch-1
+        captures, so the caller warms those again (`warm_up`). Nothing where no step is captured (a CPU: a batch
+        costs what its timed run does, and it has nothing to capture)."""
+        left = grid.left(self.sink.records(), self.shard)[1] if self.steps() else []
+        mine = grid.mine(self.shard)
+        for b, row in left:
+            for _ in range(WARM_RUNS):
+                before = self.captures()
+                run(b, row, mine[:b])
+                if self.captures() == before:
+                    break
+        return bool(left)
 
 
 def timed_note(machines: dict[str, dict]) -> str:

@@ -190,7 +190,9 @@ def measure_images(im: ImageModel, cfg: ImageBenchConfig, sink, shard: Shard = S
     requests = {m: parse_request(replace(base, method=method_of(m), method_options=options_of(cfg, m)), "image")
                 for m in cfg.methods}
     # warm-up (allocations, neighbour tables; on CUDA the tree shapes the images meet, their growths captured)
-    use.warm_up(cfg.methods, conditions, lambda m, c: generate_images(models[m], requests[m], conditions=[c]))
+    warm = partial(use.warm_up, cfg.methods, conditions, lambda m, c: generate_images(models[m], requests[m],
+                                                                                      conditions=[c]))
+    warm()
 
     def one(temp: float, i: int) -> dict:
         runs = {}
@@ -201,15 +203,20 @@ def measure_images(im: ImageModel, cfg: ImageBenchConfig, sink, shard: Shard = S
             runs[m] = image_record(im, cfg, samples[0], px[0], conditions[i], clf, shard)
         return runs
 
-    def batch(temp: float, b: int, m: str, mine: list[int]) -> tuple[list[dict], float]:
+    def decode_batch(temp: float, b: int, m: str, mine: list[int]):
         req = requests[m].with_cfg(num=len(mine), batch_size=b, seed=cfg.seed, temperature=temp)
+        return generate_images(models[m], req, conditions=[conditions[i] for i in mine], indices=mine)
+
+    def batch(temp: float, b: int, m: str, mine: list[int]) -> tuple[list[dict], float]:
         with use.timing(f"{m}@b{b}"):
-            samples, _ = generate_images(models[m], req, conditions=[conditions[i] for i in mine], indices=mine)
+            samples, _ = decode_batch(temp, b, m, mine)
         # each image's pixels decoded alone, as at batch 1: a VQ decode's rounding depends on its batch
         return [image_record(im, cfg, s, decode_pixels(im, [s.tokens])[0], conditions[i], clf, shard)
                 for s, i in zip(samples, mine)], max(s.stats.extras["latency_s"] for s in samples)
 
     for temp, work in grids(cfg).items():
+        if use.warm_batches(work, partial(decode_batch, temp)):
+            warm()
         work.measure(sink, shard, partial(one, temp), partial(batch, temp), use.after_item(on_item))
     use.write()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from typing import Callable
 
 import numpy as np
@@ -210,17 +211,23 @@ def measure_meshes(cfg: MeshBenchConfig, sink, shard: Shard = Shard(), on_item=l
             runs[v.label] = mesh_run(res, clouds[i][0], shard)
         return runs
 
-    def batch(b: int, label: str, mine: list[int]) -> tuple[list[dict], float]:
+    def decode_batch(b: int, label: str, mine: list[int]):
         gens, dgens = zip(*(streams(i) for i in mine))
+        return decoders[label].generate_batch([clouds[i][1] for i in mine], params, max_tokens, by_label[label].opts,
+                                              gens, dgens, b)
+
+    def batch(b: int, label: str, mine: list[int]) -> tuple[list[dict], float]:
         with use.timing(f"{label}@b{b}"):
-            results = decoders[label].generate_batch([clouds[i][1] for i in mine], params, max_tokens,
-                                                     by_label[label].opts, gens, dgens, b)
+            results = decode_batch(b, label, mine)
         return ([mesh_run(r, clouds[i][0], shard) for r, i in zip(results, mine)],
                 max(r.stats.extras["latency_s"] for r in results))
 
     # warm-up (allocations; on CUDA the shapes the meshes meet, their steps captured) on the test meshes' seeds
-    use.warm_up([v.label for v in vs], range(cfg.limit), decode)
-    grid(cfg, vs).measure(sink, shard, one, batch, use.after_item(on_item))
+    work, warm = grid(cfg, vs), partial(use.warm_up, [v.label for v in vs], range(cfg.limit), decode)
+    warm()
+    if use.warm_batches(work, decode_batch):
+        warm()
+    work.measure(sink, shard, one, batch, use.after_item(on_item))
     use.write()
 
 

@@ -203,12 +203,14 @@ class StepGraphs:
 
     def new_cache(self, batch: int, max_len: int) -> KVCache:
         """A cache over the static buffer's first `batch` rows (lengths rounded up, so similar calls keep the captures);
-        every cache handed out shares the one buffer: a module decodes one batch at a time."""
+        every cache handed out shares the one buffer: a module decodes one batch at a time. The buffer only grows
+        (its rows and width the most asked for so far): each growth drops the captures."""
         need = -(-(max_len + NODE_BUCKETS[-1]) // 512) * 512
         if self.k is None or batch > self.capacity or need > self.k.shape[3]:
+            rows, need = max(batch, self.capacity), max(need, 0 if self.k is None else self.k.shape[3])
             self.reset()
             cfg = self.model.cfg
-            base = KVCache.allocate(cfg.n_layers, batch + 1, cfg.n_kv_heads, need, cfg.hd, self.dtype, self.device)
+            base = KVCache.allocate(cfg.n_layers, rows + 1, cfg.n_kv_heads, need, cfg.hd, self.dtype, self.device)
             self.k, self.v = base.k, base.v
         cache = KVCache(self.k[:, :batch], self.v[:, :batch], [0] * batch)
         if self.cross is not None:

@@ -113,14 +113,14 @@ def test_a_run_records_its_steps_and_warns_once_of_timed_captures(static_steps, 
 @pytest.mark.parametrize("static_steps", ["static"], indirect=True)
 def test_the_warm_up_captures_what_the_timed_items_meet(static_steps, tiny_target, tmp_path):  # noqa: F811
     """Once the cost curve is stored (its measuring decodes, which capture too, are then not run), the timed items of
-    a run without warm-up capture; with it, none does."""
-    args = [*BENCH, "--prompts", str(write_prompts(tmp_path)), "--methods", "ar,ngram,jacobi"]
+    a run without warm-up capture; with it, none does, batched rows included (their B-row buckets warmed first)."""
+    args = [*BENCH, "--prompts", str(write_prompts(tmp_path)), "--methods", "ar,ngram,jacobi", "--batch-size", "1,2"]
     for name, warm in (("first", "false"), ("cold", "false"), ("warm", "true")):
         r = invoke(*args, f"warmup={warm}", "--run-dir", str(tmp_path / name))
         assert r.exit_code == 0, r.output
     cold, warm = machine_file(tmp_path / "cold"), machine_file(tmp_path / "warm")
     made = cold["step_graphs"]["tiny-text"]["captures"]
-    assert cold["timed_captures"] and made == sum(cold["timed_captures"].values())
+    assert cold["timed_captures"] and made == sum(cold["timed_captures"].values()) and "ar@b2" in cold["timed_captures"]
     assert warm["timed_captures"] == {} and warm["step_graphs"]["tiny-text"]["captures"] > 0
 
 

@@ -622,3 +622,16 @@ def test_prompts_prefilled_in_captured_chunks_decode_what_eager_ar_decodes(name,
     assert captures == model.graphs.describe()["captures"] > model.graphs.recorded
     model.graphs.reset()
     assert model.graphs.prompts is None and model.graphs.captures == captures
+
+
+def test_the_static_buffer_only_grows_so_a_smaller_call_keeps_the_captures():
+    """Rows and width are the most asked for so far: a batch after a long prompt, or the reverse, resets (and drops
+    the captures) once, not at every alternation (a benchmark's batch-1 and batched rows alternate)."""
+    steps = graphs.attach(tiny_model(0), "on", capture=False)
+    steps.new_cache(1, 600)
+    steps.new_cache(2, 50)  # more rows: one growth, the long prompt's width kept
+    width = steps.k.shape[3]
+    steps.graphs["kept"] = ({}, None, ())
+    for batch, length in ((1, 600), (2, 50), (1, 10)):
+        cache = steps.new_cache(batch, length)
+        assert cache.batch == batch and steps.capacity == 2 and steps.k.shape[3] == width and "kept" in steps.graphs
