@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections import Counter
 from contextlib import contextmanager
-from typing import Callable, Iterator, Sequence
+from functools import partial
+from itertools import islice, repeat
+from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 
@@ -75,28 +77,26 @@ class GraphUse:
         no new capture, at most WARM_RUNS. Where no step is captured (a CPU) that is one run (allocations, first-use
         work); on CUDA the runs capture the shapes the items reach, and `timing` counts any a timed item still makes."""
         for row in rows:
-            for item in items[:WARM_RUNS]:
-                before = self.captures()
-                run(row, item)
-                if self.captures() == before:
-                    break
-
+            self.settle(partial(run, row, item) for item in items)
 
     def warm_batches(self, grid: Grid, run: Callable[[int, str, list[int]], object]) -> bool:
         """Where steps are captured (CUDA), each batched (B, row) this shard has left runs `run(B, row, positions)` on
-        its first B items, discarded, until a run makes no new capture (at most WARM_RUNS): the batch shapes are
-        captured before the timed batch. Whether any ran: the static buffer growing to B rows dropped the batch-1
-        captures, so the caller warms those again (`warm_up`). Nothing where no step is captured (a CPU: a batch
-        costs what its timed run does, and it has nothing to capture)."""
+        its first B items, discarded, as `warm_up` runs a row: the batch shapes are captured before the timed batch.
+        Whether any ran: the static buffer growing to B rows dropped the batch-1 captures, so the caller warms those
+        again. Nothing where no step is captured (a CPU: a batch costs what its timed run does, captures none)."""
         left = grid.left(self.sink.records(), self.shard)[1] if self.steps() else []
         mine = grid.mine(self.shard)
         for b, row in left:
-            for _ in range(WARM_RUNS):
-                before = self.captures()
-                run(b, row, mine[:b])
-                if self.captures() == before:
-                    break
+            self.settle(repeat(partial(run, b, row, mine[:b])))
         return bool(left)
+
+    def settle(self, runs: Iterable[Callable[[], object]]) -> None:
+        """The first of `runs` (at most WARM_RUNS) up to one that makes no new capture."""
+        for run in islice(runs, WARM_RUNS):
+            before = self.captures()
+            run()
+            if self.captures() == before:
+                break
 
 
 def timed_note(machines: dict[str, dict]) -> str:
