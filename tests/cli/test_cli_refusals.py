@@ -339,6 +339,16 @@ def test_cuda_without_cuda_is_one_line(tiny, cmd):
     (["benchmark", "--suite", "images", "suite=meshes"], "--suite images contradicts suite: meshes"),
     (["benchmark", "--model", "tiny-text", "--limit", "1", "--methods", "ar,ngram@x", "targets.ngram@x=nosuch"],
      "nosuch, the model of row ngram@x, is not in the registry: register it first"),  # was only 'unknown checkpoint'
+    # a recipe of another command named one key ("Key 'suite' not in 'TextGenConfig'"), not the command to run it with
+    ([*GEN, "--config", ROOT / "recipes/tiny/bench-mixed.yaml"],
+     "is a benchmark recipe (suite: text): run it with `specgen benchmark --config"),
+    (["distill", "--out", "run", "--config", ROOT / "recipes/tiny/upsampler-2x.yaml"],
+     "is a recipe for `specgen train-upsampler` (its header runs it so): its keys vq, vq_name, scale and 25 more are "
+     "not DistillConfig's"),
+    (["train-heads", "--out", "run", "--config", ROOT / "recipes/tiny/eagle-image.yaml"],
+     "is a recipe for `specgen train-heads --kind eagle`"),
+    (["train-upsampler", "--out", "run", "--config", ROOT / "recipes/tiny/mesh-gpt.yaml"],
+     "is a recipe for `python -m specgen.train.mesh`"),
 ])
 def test_bad_recipes_and_overrides(tiny, args, needle):
     check_refusal(tiny, args, 2, needle)
