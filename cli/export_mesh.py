@@ -25,6 +25,8 @@ EPILOG = """examples:
 """
 
 COLUMNS = ["name", "valid", "faces", "vertices", "degenerate_removed", "duplicate_removed", "file", "error"]
+#: a key of another modality's `generate --format json` record -> that modality (its token ids are no mesh's)
+OTHER_RECORDS = {"completion": "a text", "images": "an image"}
 
 
 def read_sequences(source: str | None) -> list[tuple[str, list[int]]]:
@@ -35,6 +37,10 @@ def read_sequences(source: str | None) -> list[tuple[str, list[int]]]:
     src = read_text(source or "-", "token file")
     out = []
     for n, obj in json_lines(src):
+        other = next((OTHER_RECORDS[k] for k in OTHER_RECORDS if isinstance(obj, dict) and k in obj), None)
+        if other:
+            raise UsageError(f"{src.name} line {n} is {other} generation ({obj.get('model', 'a model')}), not mesh "
+                             "tokens: give the `specgen generate --format json` output of a mesh model")
         tokens = obj.get("token_ids") if isinstance(obj, dict) else obj
         if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
             raise UsageError(f"{src.name} line {n}: expected a JSON list of integer token ids or an object with "

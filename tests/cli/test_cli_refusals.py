@@ -358,6 +358,12 @@ def test_bad_recipes_and_overrides(tiny, args, needle):
     ([*GEN[:3], "--prompts", "-"], b"\xff\xfeA\n", "not UTF-8"),
     (["export-mesh", "-"], b"\xff\xfe\n", "not UTF-8"),
     (["export-mesh", "-"], b"[99999999999999999999999, 1]\n", "beyond 2**31"),
+    # a text generation's ids were decoded as mesh tokens (exit 1: "token id 19556 outside the vocabulary")
+    (["export-mesh", "-"], b'{"completion": "Hello", "model": "target/tiny-text", "token_ids": [19556]}\n',
+     "<stdin> line 1 is a text generation (target/tiny-text), not mesh tokens: give the `specgen generate --format "
+     "json` output of a mesh model"),
+    (["export-mesh", "-"], b'{"model": "target/tiny-image-gpt", "images": [{"tokens": [1, 2]}]}\n',
+     "is an image generation (target/tiny-image-gpt), not mesh tokens"),
     (["benchmark", "--suite", "meshes", "--limit", "100000"], None, "only 10000 seeds"),
 ])
 def test_bad_input_streams(tiny, args, stdin, needle):
