@@ -595,6 +595,11 @@ def test_unusable_specgen_home_is_one_line(tiny, pt_file, monkeypatch):
     ([*IMG, "-o", "afile"], "names a file"),
     (["generate", "--method", "ar", "--model", "mesh-gpt-tiny", "-o", "afile/x"], "is a file"),
     (["distill", "--out", "afile", "--trajectories", "t", "--model", "tiny-text"], "is a file"),
+    # a run folder below a file failed on its first write (exit 1, "cannot write afile/run: Not a directory"), after
+    # collect-trajectories had loaded its model
+    (["distill", "--out", "afile/run", "--trajectories", "t", "--model", "tiny-text"], "--out afile/run: afile is a file"),
+    (["collect-trajectories", "--out", "afile/run", "--model", "tiny-text"], "--out afile/run: afile is a file"),
+    (["train-upsampler", "--out", "afile/run"], "--out afile/run: afile is a file"),
 ])
 def test_output_destinations_are_checked_first(tiny, args, needle):
     check_refusal(tiny, args, 2, needle)
