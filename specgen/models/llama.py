@@ -273,7 +273,8 @@ def load_gguf(path: Path, progress: Callable[[int, int], None] | None = None
         reader = GGUFReader(str(path))
         arch = gguf_field(reader, "general.architecture")
     except Exception as e:  # the gguf package raises ValueError/struct errors on bad files
-        raise CheckpointError(f"cannot parse GGUF file {path}: {e}") from None
+        raise CheckpointError(f"cannot parse GGUF file {path}: {e} (truncated, or not a GGUF file: fetch it again)"
+                              ) from None
     if arch not in GGUF_LAYOUTS:
         raise UsageError(f"unsupported GGUF architecture {arch!r}; supported: {', '.join(GGUF_LAYOUTS)}")
     tensors = {t.name: t for t in reader.tensors}
