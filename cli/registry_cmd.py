@@ -48,8 +48,8 @@ def list_cmd(
 @app.command("show", epilog="examples:\n\n  specgen registry show smollm2-135m")
 @command
 def show(name: Annotated[str, typer.Argument(help="Registry name, kind/name or folder.")]) -> None:
-    """Print an entry's config.json (materialising a built-in first)."""
-    entry = runs().checkpoints.find(name, _output.registry_progress())
+    """Print an entry's config.json (materialising a built-in first; a corrupt entry's with why it is corrupt)."""
+    entry = runs().shown(name)
     _output.emit_json({"ref": entry.ref, "path": str(entry.path), **entry.meta})
 
 

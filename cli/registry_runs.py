@@ -6,6 +6,7 @@ from pathlib import Path
 
 from cli import _output
 from specgen import builtins, checkpoints, registry
+from specgen.errors import CheckpointError
 from specgen.importer import import_checkpoint  # noqa: F401 - `specgen registry import` calls it here
 from specgen.registry import Entry
 from specgen.text.merge import adapter_source, register_merged  # also registers the distilled built-ins' maker
@@ -27,6 +28,18 @@ def status(e: Entry) -> str:
         return "ok"
     fix = "re-created on next use" if e.builtin else f"remove with `specgen registry remove {e.ref}` and import again"
     return f"corrupt ({e.corrupt}); {fix}"
+
+
+def shown(name: str) -> Entry:
+    """The entry `registry show` prints: `find`'s, or a corrupt installed entry as it is (its config with why it is
+    corrupt: the config names the source to import again), which `find` refuses to use."""
+    try:
+        return checkpoints.find(name, _output.registry_progress())
+    except CheckpointError:
+        entry = registry.pick(checkpoints.list_entries(), name, "checkpoint")
+        if not entry.corrupt:
+            raise
+        return entry
 
 
 def merge(source: str, name: str, scale: float | None, force: bool, quiet: bool) -> str:
