@@ -542,6 +542,14 @@ def test_registry_import_refusals(tiny, pt_file, extra, needle):
     assert (checkpoints.find("tiny-text").path / "model.safetensors").read_bytes() == before
 
 
+@pytest.mark.parametrize("flags", [["--vq", "tiny-image-vq"], ["--parent", "tiny-text"], ["--builder", "transformer"]])
+def test_registry_import_of_a_folder_refuses_the_options_of_raw_state_dicts(tiny, flags):
+    # they were dropped unsaid (the target registered without the parent or VQ the command line named)
+    check_refusal(tiny, ["registry", "import", ".", "--name", "x", *flags], 2,
+                  f"{flags[0]} is for a raw state dict (.pt, .safetensors); a folder imports as a text target that its "
+                  f"own config describes: leave {flags[0]} out")
+
+
 def test_registry_import_refuses_a_builder_of_another_kind(tiny):
     # a classifier imported as a target (the default kind) was registered, then every command called it a text model
     from specgen.models.classifier import ImageClassifier
