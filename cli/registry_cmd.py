@@ -99,7 +99,7 @@ def merge(
 @command
 def remove(name: Annotated[str, typer.Argument(help="Installed entry to delete.")]) -> None:
     """Delete an installed checkpoint (built-ins are re-created on next use)."""
-    _output.out.print(f"removed {runs().registry.remove(name).ref}")
+    _output.out.print(f"removed {runs().remove(name).ref}")
 
 
 def runs():

@@ -550,6 +550,13 @@ def test_registry_import_of_a_folder_refuses_the_options_of_raw_state_dicts(tiny
                   f"own config describes: leave {flags[0]} out")
 
 
+def test_removing_a_builtin_that_is_not_installed_says_so(tiny):
+    # it was "unknown installed checkpoint 'tiny-image-gpt-lowres'; did you mean tiny-image-gpt, ...": another entry
+    check_refusal(tiny, ["registry", "remove", "tiny-image-gpt-lowres"], 2, "target/tiny-image-gpt-lowres is a "
+                  "built-in that is not installed in ")
+    check_refusal(tiny, ["registry", "remove", "tiny-image-gpt-lowre"], 2, "unknown installed checkpoint 'tiny-image-gpt-lowre'")
+
+
 def test_registry_import_refuses_a_builder_of_another_kind(tiny):
     # a classifier imported as a target (the default kind) was registered, then every command called it a text model
     from specgen.models.classifier import ImageClassifier
