@@ -10,7 +10,7 @@ import typer
 
 from cli import _output
 from cli._errors import command
-from cli._options import Format, FormatOpt, QuietOpt, out_path
+from cli._options import Format, FormatOpt, QuietOpt, out_path, prompt_source
 from specgen.data.prompts import json_lines, read_text
 from specgen.errors import RuntimeFailure, UsageError
 from specgen.paths import ADVICE, check_output_dir, nearest_existing, remove_empty_dirs
@@ -59,7 +59,7 @@ def read_sequences(source: str | None) -> list[tuple[str, list[int]]]:
 def export_mesh(
     source: Annotated[Optional[str], typer.Argument(
         help="JSONL from `generate --format json` (token_ids per line), or - for stdin (the default when stdin is "
-             "a pipe; on a terminal a file must be named).", show_default=False)] = None,
+             "a pipe; on a terminal a file must be named).", parser=prompt_source, show_default=False)] = None,
     out_dir: Annotated[Path, typer.Option("--out-dir", "-o", parser=out_path, help="Folder for the mesh files; files already there are "
                                           "kept (new names get -1, -2, ...).")] = Path("meshes"),
     mesh_format: Annotated[str, typer.Option("--mesh-format", help="obj, ply, stl, off or glb.")] = "obj",

@@ -9,7 +9,7 @@ import typer
 
 from cli import _output
 from cli._errors import command
-from cli._options import Format, FormatOpt, QuietOpt
+from cli._options import Format, FormatOpt, QuietOpt, in_path
 
 app = typer.Typer(help="List, inspect, import, merge and remove checkpoints.", no_args_is_help=True)
 
@@ -56,11 +56,12 @@ def show(name: Annotated[str, typer.Argument(help="Registry name, kind/name or f
 @app.command("import", epilog=EPILOG_IMPORT)
 @command
 def import_cmd(
-    source: Annotated[Path, typer.Argument(help="HF folder, .gguf, .safetensors or .pt state dict.")],
+    source: Annotated[Path, typer.Argument(parser=in_path, help="HF folder, .gguf, .safetensors or .pt state dict.")],
     name: Annotated[str, typer.Option("--name", help="Registry name to create.")],
     kind: Annotated[str, typer.Option("--kind", help="Checkpoint kind.")] = "target",
     builder: Annotated[Optional[str], typer.Option("--builder", help="Builder for raw state dicts.")] = None,
-    kwargs: Annotated[Optional[Path], typer.Option("--kwargs", help="JSON file of builder kwargs.")] = None,
+    kwargs: Annotated[Optional[Path], typer.Option("--kwargs", parser=in_path,
+                                                   help="JSON file of builder kwargs.")] = None,
     parent: Annotated[Optional[str], typer.Option("--parent", help="Target this drafter/heads belongs to.")] = None,
     vq: Annotated[Optional[str], typer.Option("--vq", help="\\[image GPT] VQ entry that decodes its tokens.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing entry of this name (never a "

@@ -111,6 +111,9 @@ def test_an_empty_output_path_is_refused_not_taken_as_this_folder(tiny, args):
     ["benchmark", "--suite", "text", "--prompts", ""], ["collect-trajectories", "--out", "run", "--prompts", ""],
     ["generate", "--prompt", "hi", "--config", ""],
     ["generate", "--model", "mesh-gpt-tiny", "--point-clouds", ""], ["generate", "--method", "adt-tree", "--captions", ""],
+    # export-mesh read "" as an empty input ("no token sequences"); registry import read the current folder
+    ["export-mesh", "", "-o", "out"], ["registry", "import", "", "--name", "x"],
+    ["registry", "import", "w.pt", "--name", "x", "--builder", "transformer", "--kwargs", ""],
 ], ids=lambda a: " ".join(a[:1] + a[-2:-1]))
 def test_an_empty_input_path_is_refused_not_dropped_or_taken_as_this_folder(tiny, args):
     """An unset shell variable in quotes gives "": `--prompts ""` was dropped unsaid (generate ran the --prompt
