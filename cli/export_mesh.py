@@ -10,7 +10,7 @@ import typer
 
 from cli import _output
 from cli._errors import command
-from cli._options import Format, FormatOpt, QuietOpt, out_path
+from cli._options import Format, FormatOpt, QuietOpt, out_path, prompt_source
 from specgen.data.prompts import json_lines, read_text
 from specgen.errors import RuntimeFailure, UsageError
 from specgen.paths import ADVICE, check_output_dir, nearest_existing, remove_empty_dirs
@@ -25,6 +25,8 @@ EPILOG = """examples:
 """
 
 COLUMNS = ["name", "valid", "faces", "vertices", "degenerate_removed", "duplicate_removed", "file", "error"]
+#: a key of another modality's `generate --format json` record -> that modality (its token ids are no mesh's)
+OTHER_RECORDS = {"completion": "a text", "images": "an image"}
 
 
 def read_sequences(source: str | None) -> list[tuple[str, list[int]]]:
@@ -35,6 +37,10 @@ def read_sequences(source: str | None) -> list[tuple[str, list[int]]]:
     src = read_text(source or "-", "token file")
     out = []
     for n, obj in json_lines(src):
+        other = next((OTHER_RECORDS[k] for k in OTHER_RECORDS if isinstance(obj, dict) and k in obj), None)
+        if other:
+            raise UsageError(f"{src.name} line {n} is {other} generation ({obj.get('model', 'a model')}), not mesh "
+                             "tokens: give the `specgen generate --format json` output of a mesh model")
         tokens = obj.get("token_ids") if isinstance(obj, dict) else obj
         if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
             raise UsageError(f"{src.name} line {n}: expected a JSON list of integer token ids or an object with "
@@ -53,7 +59,7 @@ def read_sequences(source: str | None) -> list[tuple[str, list[int]]]:
 def export_mesh(
     source: Annotated[Optional[str], typer.Argument(
         help="JSONL from `generate --format json` (token_ids per line), or - for stdin (the default when stdin is "
-             "a pipe; on a terminal a file must be named).", show_default=False)] = None,
+             "a pipe; on a terminal a file must be named).", parser=prompt_source, show_default=False)] = None,
     out_dir: Annotated[Path, typer.Option("--out-dir", "-o", parser=out_path, help="Folder for the mesh files; files already there are "
                                           "kept (new names get -1, -2, ...).")] = Path("meshes"),
     mesh_format: Annotated[str, typer.Option("--mesh-format", help="obj, ply, stl, off or glb.")] = "obj",

@@ -9,7 +9,7 @@ import typer
 
 from cli import _output
 from cli._errors import command
-from cli._options import Format, FormatOpt, QuietOpt
+from cli._options import Format, FormatOpt, QuietOpt, in_path
 
 app = typer.Typer(help="List, inspect, import, merge and remove checkpoints.", no_args_is_help=True)
 
@@ -48,19 +48,20 @@ def list_cmd(
 @app.command("show", epilog="examples:\n\n  specgen registry show smollm2-135m")
 @command
 def show(name: Annotated[str, typer.Argument(help="Registry name, kind/name or folder.")]) -> None:
-    """Print an entry's config.json (materialising a built-in first)."""
-    entry = runs().checkpoints.find(name, _output.registry_progress())
+    """Print an entry's config.json (materialising a built-in first; a corrupt entry's with why it is corrupt)."""
+    entry = runs().shown(name)
     _output.emit_json({"ref": entry.ref, "path": str(entry.path), **entry.meta})
 
 
 @app.command("import", epilog=EPILOG_IMPORT)
 @command
 def import_cmd(
-    source: Annotated[Path, typer.Argument(help="HF folder, .gguf, .safetensors or .pt state dict.")],
+    source: Annotated[Path, typer.Argument(parser=in_path, help="HF folder, .gguf, .safetensors or .pt state dict.")],
     name: Annotated[str, typer.Option("--name", help="Registry name to create.")],
     kind: Annotated[str, typer.Option("--kind", help="Checkpoint kind.")] = "target",
     builder: Annotated[Optional[str], typer.Option("--builder", help="Builder for raw state dicts.")] = None,
-    kwargs: Annotated[Optional[Path], typer.Option("--kwargs", help="JSON file of builder kwargs.")] = None,
+    kwargs: Annotated[Optional[Path], typer.Option("--kwargs", parser=in_path,
+                                                   help="JSON file of builder kwargs.")] = None,
     parent: Annotated[Optional[str], typer.Option("--parent", help="Target this drafter/heads belongs to.")] = None,
     vq: Annotated[Optional[str], typer.Option("--vq", help="\\[image GPT] VQ entry that decodes its tokens.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing entry of this name (never a "
@@ -99,7 +100,7 @@ def merge(
 @command
 def remove(name: Annotated[str, typer.Argument(help="Installed entry to delete.")]) -> None:
     """Delete an installed checkpoint (built-ins are re-created on next use)."""
-    _output.out.print(f"removed {runs().registry.remove(name).ref}")
+    _output.out.print(f"removed {runs().remove(name).ref}")
 
 
 def runs():

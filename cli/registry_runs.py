@@ -6,6 +6,7 @@ from pathlib import Path
 
 from cli import _output
 from specgen import builtins, checkpoints, registry
+from specgen.errors import CheckpointError, UnknownNameError, UsageError
 from specgen.importer import import_checkpoint  # noqa: F401 - `specgen registry import` calls it here
 from specgen.registry import Entry
 from specgen.text.merge import adapter_source, register_merged  # also registers the distilled built-ins' maker
@@ -27,6 +28,31 @@ def status(e: Entry) -> str:
         return "ok"
     fix = "re-created on next use" if e.builtin else f"remove with `specgen registry remove {e.ref}` and import again"
     return f"corrupt ({e.corrupt}); {fix}"
+
+
+def shown(name: str) -> Entry:
+    """The entry `registry show` prints: `find`'s, or a corrupt installed entry as it is (its config with why it is
+    corrupt: the config names the source to import again), which `find` refuses to use."""
+    try:
+        return checkpoints.find(name, _output.registry_progress())
+    except CheckpointError:
+        entry = registry.pick(checkpoints.list_entries(), name, "checkpoint")
+        if not entry.corrupt:
+            raise
+        return entry
+
+
+def remove(name: str) -> Entry:
+    """`registry.remove`; a built-in that is not installed is named so (nothing to remove), where the store's refusal
+    called it unknown and offered other entries to remove."""
+    try:
+        return registry.remove(name)
+    except UnknownNameError:
+        builtin = [e for e in checkpoints.list_entries() if name in (e.ref, e.name)]  # installed ones were matched
+        if len(builtin) != 1:
+            raise
+        raise UsageError(f"{builtin[0].ref} is a built-in that is not installed in {registry.home()}: nothing to "
+                         "remove (it is installed from the package on first use)") from None
 
 
 def merge(source: str, name: str, scale: float | None, force: bool, quiet: bool) -> str:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -16,6 +18,8 @@ DEFAULTS: dict[type, Any] = {}  # each class's parsed defaults: nothing writes t
 #: directory (ship_dir: the package folder a tiny recipe rebuilds its built-in into); a command line's paths, as
 #: anywhere, against the working directory
 RECIPE_RELATIVE = ("ship_dir",)
+#: the command a recipe's header runs it with (`specgen CMD`, `-m cli.main CMD`, `python -m specgen.train.X`)
+HEADER_COMMAND = re.compile(r"(?:specgen|-m cli\.main) ([a-z]+(?:-[a-z]+)*(?: --kind [a-z]+)?)|-m (specgen\.[\w.]+)")
 
 
 def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None,
@@ -30,7 +34,9 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
         DEFAULTS[cls] = guarded("defaults", lambda: OmegaConf.structured(cls))
     merged = DEFAULTS[cls]
     if path is not None:
-        merged = guarded(f"config file {path}", lambda: OmegaConf.merge(merged, read_recipe(Path(path))))
+        recipe = read_recipe(Path(path))
+        check_command(cls, Path(path), recipe)
+        merged = guarded(f"config file {path}", lambda: OmegaConf.merge(merged, recipe))
     for item in overrides or []:
         merged = merge_override(merged, item)
     given = {k: v for k, v in explicit.items() if v is not None}
@@ -62,6 +68,32 @@ def read_recipe(p: Path) -> dict:
     # lexically (normpath), so a recipe run from the checkout's root records the path it always did
     return {**doc, **{k: os.path.normpath(p.parent / doc[k]) for k in RECIPE_RELATIVE
                       if isinstance(doc.get(k), str) and doc[k] and not os.path.isabs(doc[k])}}
+
+
+def check_command(cls: type, path: Path, doc: dict) -> None:
+    """Refuse a recipe of another command, naming the command that runs it: a benchmark recipe (`suite`), or one with
+    several keys `cls` lacks whose header names its command (a lone unknown key is a typo, which OmegaConf's refusal
+    answers with the nearest key)."""
+    unknown = [k for k in doc if k not in {f.name for f in dataclasses.fields(cls)}]
+    if "suite" in unknown:
+        raise UsageError(f"config file {path} is a benchmark recipe (suite: {doc['suite']}): run it with "
+                         f"`specgen benchmark --config {path}`")
+    command = header_command(path) if len(unknown) > 1 else ""
+    if command:
+        more = f" and {len(unknown) - 3} more" if len(unknown) > 3 else ""
+        raise UsageError(f"config file {path} is a recipe for `{command}` (its header runs it so): its keys "
+                         f"{', '.join(unknown[:3])}{more} are not {cls.__name__}'s; run it with that command")
+
+
+def header_command(path: Path) -> str:
+    """The command of the first header comment line that runs a recipe (`--config`/`-c`), else ""."""
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            break
+        m = HEADER_COMMAND.search(line) if "--config " in line or " -c " in line else None
+        if m:
+            return f"specgen {m[1]}" if m[1] else f"python -m {m[2]}"
+    return ""
 
 
 def merge_override(merged: Any, item: str) -> Any:

@@ -64,9 +64,15 @@ def import_checkpoint(source: Path, name: str, kind: str = "target", builder: st
     `vq` names the VQ entry an image GPT decodes with (recorded for `generate`; its codebook must fit)."""
     if not source.exists():
         raise UsageError(f"no such file or folder: {source}")
-    if (source.is_dir() or source.suffix == ".gguf") and kind != "target":
+    if source.is_dir() or source.suffix == ".gguf":  # a text target described by its own config: nothing to add
         what = "folder" if source.is_dir() else "GGUF file"
-        raise UsageError(f"a {what} imports as a text target, not --kind {kind}")
+        if kind != "target":
+            raise UsageError(f"a {what} imports as a text target, not --kind {kind}")
+        given = [flag for flag, value in (("--builder", builder), ("--kwargs", kwargs_path), ("--parent", parent),
+                                          ("--vq", vq)) if value is not None]
+        if given:  # they were dropped unsaid: the entry would lack what the command line asked for
+            raise UsageError(f"{given[0]} is for a raw state dict (.pt, .safetensors); a {what} imports as a text "
+                             f"target that its own config describes: leave {given[0]} out")
     registry.check_new(kind, name, force)  # before any conversion: the registry's one write rule
     if parent is not None:  # an existing entry, installed or built-in
         registry.pick(checkpoints.list_entries(), parent, "parent checkpoint")

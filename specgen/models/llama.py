@@ -15,6 +15,7 @@ from specgen.errors import CheckpointError, UsageError
 from specgen.models.transformer import TransformerConfig
 
 MAX_CONTEXT = 8192  # the longest context specgen builds RoPE tables for (longer ones are capped to it)
+SHARD_INDEX = "model.safetensors.index.json"  # a sharded HF checkpoint's tensor -> file map
 
 # name -> transformers' class defaults of the math keys a config.json may leave out
 HF_ARCHITECTURES = {
@@ -198,6 +199,24 @@ def remap(cfg: TransformerConfig, names, get: Callable[[str], torch.Tensor | Non
     return state
 
 
+def shards(folder: Path) -> list[Path]:
+    """The folder's safetensors files: those its `model.safetensors.index.json` lists (each one must be there), else
+    every `*.safetensors`. A missing shard is named, where the tensors it held would be reported missing one by one."""
+    index = folder / SHARD_INDEX
+    if not index.is_file():
+        return sorted(folder.glob("*.safetensors"))
+    try:
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise CheckpointError(f"cannot read {index}: {type(e).__name__} {e}") from None
+    missing = [n for n in names if not (folder / n).is_file()]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise CheckpointError(f"{folder} lacks {missing[0]}{more}, which {SHARD_INDEX} lists (an interrupted "
+                              "download?): fetch it again")
+    return [folder / n for n in names]
+
+
 def load_hf_folder(folder: Path) -> tuple[TransformerConfig, dict[str, torch.Tensor]]:
     """An HF model folder (config.json + *.safetensors, possibly sharded)."""
     cfg_path = folder / "config.json"
@@ -213,7 +232,7 @@ def load_hf_folder(folder: Path) -> tuple[TransformerConfig, dict[str, torch.Ten
         cfg = hf_config(raw)
     except KeyError as e:
         raise CheckpointError(f"{cfg_path} lacks {e.args[0]}") from None
-    files = sorted(folder.glob("*.safetensors"))
+    files = shards(folder)
     if not files:
         raise UsageError(f"{folder} has no .safetensors weights (pickled .bin files are never loaded)")
     index: dict[str, Path] = {}
@@ -222,7 +241,7 @@ def load_hf_folder(folder: Path) -> tuple[TransformerConfig, dict[str, torch.Ten
             with safe_open(str(f), "pt") as h:
                 index.update({k: f for k in h.keys()})
     except Exception as e:  # safetensors raises its own error types
-        raise CheckpointError(f"cannot read {f.name}: {e}") from None
+        raise CheckpointError(f"cannot read {f}: {e} (truncated, or not a safetensors file: fetch it again)") from None
     if "lm_head.weight" not in index and not cfg.tie_embeddings:  # transformers would start from a random head
         raise CheckpointError(f"{folder.name} has no lm_head.weight but its config.json sets tie_word_embeddings=false")
 
@@ -254,7 +273,8 @@ def load_gguf(path: Path, progress: Callable[[int, int], None] | None = None
         reader = GGUFReader(str(path))
         arch = gguf_field(reader, "general.architecture")
     except Exception as e:  # the gguf package raises ValueError/struct errors on bad files
-        raise CheckpointError(f"cannot parse GGUF file {path}: {e}") from None
+        raise CheckpointError(f"cannot parse GGUF file {path}: {e} (truncated, or not a GGUF file: fetch it again)"
+                              ) from None
     if arch not in GGUF_LAYOUTS:
         raise UsageError(f"unsupported GGUF architecture {arch!r}; supported: {', '.join(GGUF_LAYOUTS)}")
     tensors = {t.name: t for t in reader.tensors}

@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 from specgen.devices import train_device
 from specgen.errors import UsageError
+from specgen.paths import check_folder
 from specgen.train.checkpoint import check_outputs, write_json
 from specgen.train.script import file_logger
 
@@ -26,6 +27,7 @@ def check_resume(out: Path, new: dict[str, Any], loose: tuple[str, ...] = (), on
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file, not a run folder")
+    check_folder(out, f"--out {out}")  # a file above it, no write permission, a full device: before anything loads
     path = out / record
     if not path.is_file():
         if out.is_dir() and any(out.iterdir()) and not any((out / f).exists() for f in run_files):

@@ -111,6 +111,9 @@ def test_an_empty_output_path_is_refused_not_taken_as_this_folder(tiny, args):
     ["benchmark", "--suite", "text", "--prompts", ""], ["collect-trajectories", "--out", "run", "--prompts", ""],
     ["generate", "--prompt", "hi", "--config", ""],
     ["generate", "--model", "mesh-gpt-tiny", "--point-clouds", ""], ["generate", "--method", "adt-tree", "--captions", ""],
+    # export-mesh read "" as an empty input ("no token sequences"); registry import read the current folder
+    ["export-mesh", "", "-o", "out"], ["registry", "import", "", "--name", "x"],
+    ["registry", "import", "w.pt", "--name", "x", "--builder", "transformer", "--kwargs", ""],
 ], ids=lambda a: " ".join(a[:1] + a[-2:-1]))
 def test_an_empty_input_path_is_refused_not_dropped_or_taken_as_this_folder(tiny, args):
     """An unset shell variable in quotes gives "": `--prompts ""` was dropped unsaid (generate ran the --prompt
@@ -339,6 +342,16 @@ def test_cuda_without_cuda_is_one_line(tiny, cmd):
     (["benchmark", "--suite", "images", "suite=meshes"], "--suite images contradicts suite: meshes"),
     (["benchmark", "--model", "tiny-text", "--limit", "1", "--methods", "ar,ngram@x", "targets.ngram@x=nosuch"],
      "nosuch, the model of row ngram@x, is not in the registry: register it first"),  # was only 'unknown checkpoint'
+    # a recipe of another command named one key ("Key 'suite' not in 'TextGenConfig'"), not the command to run it with
+    ([*GEN, "--config", ROOT / "recipes/tiny/bench-mixed.yaml"],
+     "is a benchmark recipe (suite: text): run it with `specgen benchmark --config"),
+    (["distill", "--out", "run", "--config", ROOT / "recipes/tiny/upsampler-2x.yaml"],
+     "is a recipe for `specgen train-upsampler` (its header runs it so): its keys vq, vq_name, scale and 25 more are "
+     "not DistillConfig's"),
+    (["train-heads", "--out", "run", "--config", ROOT / "recipes/tiny/eagle-image.yaml"],
+     "is a recipe for `specgen train-heads --kind eagle`"),
+    (["train-upsampler", "--out", "run", "--config", ROOT / "recipes/tiny/mesh-gpt.yaml"],
+     "is a recipe for `python -m specgen.train.mesh`"),
 ])
 def test_bad_recipes_and_overrides(tiny, args, needle):
     check_refusal(tiny, args, 2, needle)
@@ -348,6 +361,12 @@ def test_bad_recipes_and_overrides(tiny, args, needle):
     ([*GEN[:3], "--prompts", "-"], b"\xff\xfeA\n", "not UTF-8"),
     (["export-mesh", "-"], b"\xff\xfe\n", "not UTF-8"),
     (["export-mesh", "-"], b"[99999999999999999999999, 1]\n", "beyond 2**31"),
+    # a text generation's ids were decoded as mesh tokens (exit 1: "token id 19556 outside the vocabulary")
+    (["export-mesh", "-"], b'{"completion": "Hello", "model": "target/tiny-text", "token_ids": [19556]}\n',
+     "<stdin> line 1 is a text generation (target/tiny-text), not mesh tokens: give the `specgen generate --format "
+     "json` output of a mesh model"),
+    (["export-mesh", "-"], b'{"model": "target/tiny-image-gpt", "images": [{"tokens": [1, 2]}]}\n',
+     "is an image generation (target/tiny-image-gpt), not mesh tokens"),
     (["benchmark", "--suite", "meshes", "--limit", "100000"], None, "only 10000 seeds"),
 ])
 def test_bad_input_streams(tiny, args, stdin, needle):
@@ -526,6 +545,21 @@ def test_registry_import_refusals(tiny, pt_file, extra, needle):
     assert (checkpoints.find("tiny-text").path / "model.safetensors").read_bytes() == before
 
 
+@pytest.mark.parametrize("flags", [["--vq", "tiny-image-vq"], ["--parent", "tiny-text"], ["--builder", "transformer"]])
+def test_registry_import_of_a_folder_refuses_the_options_of_raw_state_dicts(tiny, flags):
+    # they were dropped unsaid (the target registered without the parent or VQ the command line named)
+    check_refusal(tiny, ["registry", "import", ".", "--name", "x", *flags], 2,
+                  f"{flags[0]} is for a raw state dict (.pt, .safetensors); a folder imports as a text target that its "
+                  f"own config describes: leave {flags[0]} out")
+
+
+def test_removing_a_builtin_that_is_not_installed_says_so(tiny):
+    # it was "unknown installed checkpoint 'tiny-image-gpt-lowres'; did you mean tiny-image-gpt, ...": another entry
+    check_refusal(tiny, ["registry", "remove", "tiny-image-gpt-lowres"], 2, "target/tiny-image-gpt-lowres is a "
+                  "built-in that is not installed in ")
+    check_refusal(tiny, ["registry", "remove", "tiny-image-gpt-lowre"], 2, "unknown installed checkpoint 'tiny-image-gpt-lowre'")
+
+
 def test_registry_import_refuses_a_builder_of_another_kind(tiny):
     # a classifier imported as a target (the default kind) was registered, then every command called it a text model
     from specgen.models.classifier import ImageClassifier
@@ -579,6 +613,11 @@ def test_unusable_specgen_home_is_one_line(tiny, pt_file, monkeypatch):
     ([*IMG, "-o", "afile"], "names a file"),
     (["generate", "--method", "ar", "--model", "mesh-gpt-tiny", "-o", "afile/x"], "is a file"),
     (["distill", "--out", "afile", "--trajectories", "t", "--model", "tiny-text"], "is a file"),
+    # a run folder below a file failed on its first write (exit 1, "cannot write afile/run: Not a directory"), after
+    # collect-trajectories had loaded its model
+    (["distill", "--out", "afile/run", "--trajectories", "t", "--model", "tiny-text"], "--out afile/run: afile is a file"),
+    (["collect-trajectories", "--out", "afile/run", "--model", "tiny-text"], "--out afile/run: afile is a file"),
+    (["train-upsampler", "--out", "afile/run"], "--out afile/run: afile is a file"),
 ])
 def test_output_destinations_are_checked_first(tiny, args, needle):
     check_refusal(tiny, args, 2, needle)

@@ -176,6 +176,10 @@ def test_corrupt_checkpoint_is_runtime_error(tiny_target):
     r = invoke("generate", "--model", "tiny-text", "--prompt", "x")
     assert r.exit_code == 1  # found by the header check of the listing, before any module is built
     assert r.stderr.startswith("error: corrupt entry target/tiny-text (truncated weights: 100 bytes, shorter than")
+    # `registry show` prints it (it refused: the config names the source to import again), as `registry list` marks it
+    r = invoke("registry", "show", "tiny-text")
+    shown = json.loads(r.stdout)
+    assert r.exit_code == 0 and shown["builder"] == "transformer" and shown["corrupt"].startswith("truncated weights")
 
 
 def test_registry_list_show_remove(tiny_target):

@@ -251,6 +251,26 @@ def test_gguf_llama3_scaling_is_refused(extra, tmp_path):
         load_gguf(path)
 
 
+def test_a_truncated_gguf_says_so(tmp_path):
+    """A GGUF cut short (an interrupted download) was 'cannot reshape array of size 3214336 into shape (49152,612)'."""
+    import numpy as np
+    from gguf import GGUFWriter
+
+    from specgen.models.llama import load_gguf
+
+    path = tmp_path / "tiny.gguf"
+    w = GGUFWriter(str(path), "llama")
+    w.add_tensor("token_embd.weight", np.zeros((64, 32), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    path.write_bytes(path.read_bytes()[:-4096])
+    with pytest.raises(CheckpointError, match="cannot parse GGUF file .*tiny.gguf: .* \\(truncated, or not a GGUF "
+                                              "file: fetch it again\\)"):
+        load_gguf(path)
+
+
 def test_registry_import_keeps_the_math(tmp_path, specgen_home):
     """`registry import` of a Qwen3 folder with YaRN: the registry entry rebuilds the same model (its config.json
     carries qk_norm and rope_scaling) and records the checkpoint's own context when specgen's is capped."""

@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from specgen.errors import CheckpointError
 from specgen.models.hf_export import hf_state, to_hf
 from specgen.models.llama import load_hf_folder
 from tests.conftest import tiny_model
@@ -64,3 +65,39 @@ def test_smollm2_gguf_matches_transformers_gguf_loader():
         b = theirs(tokens).logits
     torch.testing.assert_close(a, b, atol=2e-3, rtol=1e-3)
     assert (a.argmax(-1) == b.argmax(-1)).all()
+
+
+def sharded_folder(folder):
+    """A tiny model saved as an HF folder in two shards with their model.safetensors.index.json."""
+    from safetensors.torch import save_file
+
+    model = tiny_model(1, tie_embeddings=False)
+    hf = to_hf(model)
+    hf.config.architectures = ["LlamaForCausalLM"]
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(hf.config.to_dict()))
+    state = {k: v.contiguous() for k, v in hf_state(model).items()}
+    names = sorted(state)
+    weight_map = {}
+    for i, part in enumerate((names[: len(names) // 2], names[len(names) // 2:])):
+        shard = f"model-0000{i + 1}-of-00002.safetensors"
+        save_file({k: state[k] for k in part}, str(folder / shard))
+        weight_map.update(dict.fromkeys(part, shard))
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return folder
+
+
+def test_a_missing_or_truncated_shard_is_named(tmp_path):
+    # a missing shard was reported as its first tensor ("checkpoint lacks tensor model.norm.weight"), a truncated one
+    # by its bare file name
+    folder = sharded_folder(tmp_path / "m")
+    load_hf_folder(folder)
+    shard = folder / "model-00002-of-00002.safetensors"
+    data = shard.read_bytes()
+    shard.write_bytes(data[:len(data) // 2])
+    with pytest.raises(CheckpointError, match=f"cannot read {shard}: .*truncated, or not a safetensors file"):
+        load_hf_folder(folder)
+    shard.unlink()
+    with pytest.raises(CheckpointError, match="m lacks model-00002-of-00002.safetensors, which "
+                                              "model.safetensors.index.json lists"):
+        load_hf_folder(folder)
