@@ -26,7 +26,9 @@ class UnknownNameError(UsageError):
 
     def __init__(self, what: str, name: str, known: list[str]) -> None:
         near = difflib.get_close_matches(name, known, n=3, cutoff=0.6)  # a typo, not any name sharing letters
-        hint = f"; did you mean {', '.join(near)}?" if near else f"; known: {', '.join(sorted(known)) or 'none'}"
+        refs = {k.split("/", 1)[1] for k in known if "/" in k}  # a name known as kind/name too is listed so, once
+        listed = sorted(k for k in known if k not in refs)
+        hint = f"; did you mean {', '.join(near)}?" if near else f"; known: {', '.join(listed) or 'none'}"
         super().__init__(f"unknown {what} '{name}'{hint}")
 
 

@@ -989,3 +989,5 @@ def test_an_unknown_name_suggests_near_typos_and_lists_the_names_otherwise():
     known = ["ar", "ngram", "eagle2", "adt-tree", "xspecmesh"]
     assert str(UnknownNameError("method", "eagel2", known)).endswith("did you mean eagle2?")
     assert str(UnknownNameError("method", "nosuch", known)).endswith("known: adt-tree, ar, eagle2, ngram, xspecmesh")
+    refs = ["tiny-vq", "vq/tiny-vq", "target/gpt", "gpt", "lonely"]  # a checkpoint matches bare or as kind/name
+    assert str(UnknownNameError("checkpoint", "nope", refs)).endswith("known: lonely, target/gpt, vq/tiny-vq")
