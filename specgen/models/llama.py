@@ -234,7 +234,9 @@ def load_hf_folder(folder: Path) -> tuple[TransformerConfig, dict[str, torch.Ten
         raise CheckpointError(f"{cfg_path} lacks {e.args[0]}") from None
     files = shards(folder)
     if not files:
-        raise UsageError(f"{folder} has no .safetensors weights (pickled .bin files are never loaded)")
+        raise UsageError(f"{folder} has no .safetensors weights (pickled .bin files are never loaded); where you trust "
+                         "the files, transformers converts them: AutoModelForCausalLM.from_pretrained(FOLDER)"
+                         ".save_pretrained(NEW, safe_serialization=True)")
     index: dict[str, Path] = {}
     try:
         for f in files:

@@ -101,3 +101,15 @@ def test_a_missing_or_truncated_shard_is_named(tmp_path):
     with pytest.raises(CheckpointError, match="m lacks model-00002-of-00002.safetensors, which "
                                               "model.safetensors.index.json lists"):
         load_hf_folder(folder)
+
+
+def test_a_folder_of_pickled_weights_only_is_refused_with_the_safe_conversion(tmp_path):
+    """Nothing is unpickled: a `pytorch_model.bin`-only folder is refused, naming how transformers converts it."""
+    from specgen.errors import UsageError
+
+    hf = to_hf(tiny_model(1, tie_embeddings=False))
+    hf.config.architectures = ["LlamaForCausalLM"]
+    (tmp_path / "config.json").write_text(json.dumps(hf.config.to_dict()))
+    (tmp_path / "pytorch_model.bin").write_bytes(b"a pickle, never opened")
+    with pytest.raises(UsageError, match=r"no \.safetensors weights .*safe_serialization=True"):
+        load_hf_folder(tmp_path)
