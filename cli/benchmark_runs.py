@@ -135,10 +135,12 @@ class ImageSuite:
         return [{**r, "model": cfg.model} for r in rows]
 
     def tables(self, rows: list[dict], cfg, sink) -> list[Table]:
-        return [(f"images: {cfg.model}, {cfg.num} images per row, cfg {cfg.cfg_scale} ({machine_of(sink)}); lantern, "
-                 "vvs and mulo-sd rows are LOSSY; clf_fid/class_accuracy use the offline tiny classifier, "
-                 "not Inception",
-                 rows, self.COLUMNS)]
+        # each lossy row says so in its own cell, and the title names the lossy rows of this table (none: nothing)
+        lossy = list(dict.fromkeys(row_name(r, "method") for r in rows if not r["lossless"]))  # ROW@bB: ROW
+        note = f"; LOSSY rows: {', '.join(lossy)}" if lossy else ""
+        shown = [{**r, "lossless": "yes" if r["lossless"] else "LOSSY"} for r in rows]
+        return [(f"images: {cfg.model}, {cfg.num} images per row, cfg {cfg.cfg_scale} ({machine_of(sink)}){note}; "
+                 "clf_fid/class_accuracy use the offline tiny classifier, not Inception", shown, self.COLUMNS)]
 
 
 class MeshSuite:
