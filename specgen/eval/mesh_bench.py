@@ -106,19 +106,20 @@ def mesh_sweeps(cfg: MeshBenchConfig) -> list[Sweep]:
 
 def picked(cfg: MeshBenchConfig) -> MeshBenchConfig:
     """cfg as `--methods` picks its rows: only the sweeps (`sweep`, `sweep_row`'s keys) and `merged_ar` rows of heads
-    rows among them, and the `dtypes` of the rows they make (a recipe's on another row are left out, as that row is;
-    a known row's name is `ar`, a `heads` row, `ar+` one, or one of those with a sweep's `@...` or ` ...` after it)."""
+    rows among them, and the `dtypes` of the rows they make (a recipe's on another row are left out, as that row is)."""
     rows = set(cfg.rows)
     sweep_row = cfg.sweep_row if cfg.sweep_row in rows else "none"
     cfg = replace(cfg, sweep=sweeps_on(cfg.sweep, rows.__contains__), sweep_row=sweep_row,
                   merged_ar=[r for r in cfg.merged_ar if r in rows])
-
-    def known(row: str) -> bool:
-        base = row.removeprefix("ar+")
-        return base == "ar" or any(base == h or base.startswith((f"{h}@", f"{h} ")) for h in cfg.heads)
-
     return replace(cfg, dtypes=dtypes_on(cfg.dtypes, lambda: [v.label for v in variants(replace(cfg, dtypes={}))],
-                                         known))
+                                         lambda row: names_a_row(row, cfg.heads)))
+
+
+def names_a_row(name: str, heads: dict) -> bool:
+    """Could `name` be a row of a run with these `heads`: `ar`, a heads row, `ar+` one (merged AR), or one of those
+    with a sweep's `@...` or ` ...` after it?"""
+    base = name.removeprefix("ar+")
+    return base == "ar" or any(base == h or base.startswith((f"{h}@", f"{h} ")) for h in heads)
 
 
 def variants(cfg: MeshBenchConfig) -> list[Variant]:
@@ -137,6 +138,9 @@ def variants(cfg: MeshBenchConfig) -> list[Variant]:
     for name, table in (("row_options", cfg.row_options), ("options", rows_options)):
         for r, o in table.items():
             check(f"{name}.{r}", o)
+            if not names_a_row(r, cfg.heads):  # a typo'd row's options would be left unused, unsaid
+                raise UsageError(f"{name}.{r}: no row {r!r} to set; an entry names ar, a `heads` row "
+                                 f"({', '.join(cfg.heads)}) or a sweep's row")
     common = {"num_heads": cfg.num_heads, "delta": cfg.delta, **bare}
 
     def options_of(row: str, over: dict | None = None) -> object:

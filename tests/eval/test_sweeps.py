@@ -232,6 +232,16 @@ def test_mesh_old_sweep_keys_keep_their_row_names():
     assert mesh_rows(deltas=[0.1], sweep_row="none") == mesh_rows()  # sweep_row=none: the older keys add nothing
 
 
+@pytest.mark.parametrize("key", ["options", "row_options"])
+def test_mesh_options_of_no_row_are_refused(key):
+    """A typo'd row's options were left unused, unsaid (the row ran at its defaults); a row of `heads`, `ar`, merged
+    AR and sweep rows (also of heads rows `--methods` leaves out) may be named."""
+    with pytest.raises(UsageError, match=rf"^{key}.ca\+lra: no row 'ca\+lra' to set; an entry names ar, a `heads` row"):
+        mesh_rows(**{key: {"ca+lra": {"delta": 0.3}}})
+    named = {r: {"delta": 0.3} for r in ("ar", "ca", "ar+ca", "ca+lora@delta=0.7", "ca+lora p>0.1")}
+    assert [r[0] for r in mesh_rows(**{key: named})] == ["ar", "ca+lora"]
+
+
 def test_mesh_row_options_is_the_older_name_of_per_row_options():
     per_row = {"vertex": {"sampling": "tree", "top_k_tree": 1, "vertex_lookup": True}}
     heads = {"ca+lora": "xspecmesh-ca-tiny", "vertex": "xspecmesh-ca-tiny"}
