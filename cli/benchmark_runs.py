@@ -169,9 +169,11 @@ class MeshSuite:
         return mesh_rows_of(cfg, sink)
 
     def tables(self, rows: list[dict], cfg, sink) -> list[Table]:
+        other = rows[0]["cd_other_mesh"]  # None with one test mesh: there is no other to compare with
         return [(f"meshes: {cfg.model}, {cfg.limit} test point clouds from {cfg.offset}, T {cfg.temperature} top-k "
                  f"{cfg.top_k} top-p {cfg.top_p}, D {cfg.num_heads} ({machine_of(sink)}); reference CD: a box "
-                 f"{rows[0]['cd_box']}, another test mesh {rows[0]['cd_other_mesh']}", rows, self.COLUMNS)]
+                 f"{rows[0]['cd_box']}, another test mesh {'- (one test mesh)' if other is None else other}", rows,
+                 self.COLUMNS)]
 
 
 SUITES: dict[str, Suite] = {"humaneval": TextSuite(), "text": TextSuite(), "images": ImageSuite(),
