@@ -55,7 +55,13 @@ QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars 
 ForceOpt = Annotated[bool, typer.Option("--force", help="Replace existing registry entries of the output names "
                                                         "(never a built-in's).")]
 ModelOpt = Annotated[Optional[str], typer.Option("--model", "-m", help="Target: registry name, kind/name, or a checkpoint folder.")]
-MethodOpt = Annotated[Optional[str], typer.Option("--method", help="Decoding method (see `specgen generate --help`).")]
+#: the methods by modality, as `--help` lists them (tests/cli/test_cli_refusals.py checks it against METHODS; importing
+#: specgen.methods here would load the decoding stack before any command runs)
+METHOD_NAMES = {"text": ("jacobi", "ngram", "cllm", "pcllm", "pcllm-mr"),
+                "image": ("eagle2", "adt-tree", "lantern", "adt-tree+lantern", "vvs", "mulo-sd"), "mesh": ("xspecmesh",)}
+MethodOpt = Annotated[Optional[str], typer.Option("--method", help="Decoding method: ar (the default; every modality); "
+                      + "; ".join(f"{m} {', '.join(names)}" for m, names in METHOD_NAMES.items())
+                      + " (README, Methods; docs/methods/).")]
 DtypeOpt = Annotated[Optional[str], typer.Option(
     "--dtype", help="Weights/activations/KV cache: float32, bfloat16 or float16 (quantized text: bfloat16 "
                     "activations; docs/precision.md).")]

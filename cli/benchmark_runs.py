@@ -135,10 +135,12 @@ class ImageSuite:
         return [{**r, "model": cfg.model} for r in rows]
 
     def tables(self, rows: list[dict], cfg, sink) -> list[Table]:
-        return [(f"images: {cfg.model}, {cfg.num} images per row, cfg {cfg.cfg_scale} ({machine_of(sink)}); lantern, "
-                 "vvs and mulo-sd rows are LOSSY; clf_fid/class_accuracy use the offline tiny classifier, "
-                 "not Inception",
-                 rows, self.COLUMNS)]
+        # each lossy row says so in its own cell, and the title names the lossy rows of this table (none: nothing)
+        lossy = list(dict.fromkeys(row_name(r, "method") for r in rows if not r["lossless"]))  # ROW@bB: ROW
+        note = f"; LOSSY rows: {', '.join(lossy)}" if lossy else ""
+        shown = [{**r, "lossless": "yes" if r["lossless"] else "LOSSY"} for r in rows]
+        return [(f"images: {cfg.model}, {cfg.num} images per row, cfg {cfg.cfg_scale} ({machine_of(sink)}){note}; "
+                 "clf_fid/class_accuracy use the offline tiny classifier, not Inception", shown, self.COLUMNS)]
 
 
 class MeshSuite:
@@ -167,9 +169,11 @@ class MeshSuite:
         return mesh_rows_of(cfg, sink)
 
     def tables(self, rows: list[dict], cfg, sink) -> list[Table]:
+        other = rows[0]["cd_other_mesh"]  # None with one test mesh: there is no other to compare with
         return [(f"meshes: {cfg.model}, {cfg.limit} test point clouds from {cfg.offset}, T {cfg.temperature} top-k "
                  f"{cfg.top_k} top-p {cfg.top_p}, D {cfg.num_heads} ({machine_of(sink)}); reference CD: a box "
-                 f"{rows[0]['cd_box']}, another test mesh {rows[0]['cd_other_mesh']}", rows, self.COLUMNS)]
+                 f"{rows[0]['cd_box']}, another test mesh {'- (one test mesh)' if other is None else other}", rows,
+                 self.COLUMNS)]
 
 
 SUITES: dict[str, Suite] = {"humaneval": TextSuite(), "text": TextSuite(), "images": ImageSuite(),

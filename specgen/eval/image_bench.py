@@ -16,12 +16,12 @@ from specgen.eval import image_metrics, plots
 from specgen.eval.graph_use import GraphUse
 from specgen.eval.image_rows import image_rows, method_of, png_of
 from specgen.eval.run_dir import Grid, Shard
-from specgen.eval.sweeps import SweptRow, check_rows, sweeps_on, with_sweep_rows
+from specgen.eval.sweeps import SweptRow, check_rows, dtypes_on, sweeps_on, with_sweep_rows
 from specgen.image.captions import Caption
 from specgen.image.generate import (ImageGenConfig, ImageModel, conditioned, decode_pixels, generate_images,
                                     image_conditions, load_image_model)
 from specgen.image.methods import build_image_method
-from specgen.methods import get_method
+from specgen.methods import METHODS, get_method
 from specgen.methods.mulo_sd import MuLoSD
 from specgen.paths import check_folder, free_path, link_into_place
 from specgen.request import parse_request
@@ -75,11 +75,13 @@ PLOTS = {"mulo-sd@tau": ("mulo-sd-pareto", ("ar", "lantern", "mulo-sd")),
 
 
 def picked(cfg: ImageBenchConfig) -> ImageBenchConfig:
-    """cfg as `--methods` picks its rows: only the sweeps and MuLo-SD ablations of methods among them (a recipe's
-    of another method are left out, as its rows are)."""
+    """cfg as `--methods` picks its rows: only the sweeps and MuLo-SD ablations of methods among them, and the
+    `dtypes` of the rows they make (a recipe's of another method or row are left out, as its rows are)."""
     methods = {method_of(m) for m in cfg.methods}
-    return replace(cfg, sweep=sweeps_on(cfg.sweep, lambda row: method_of(row) in methods),
-                   mulo_ablations=cfg.mulo_ablations and "mulo-sd" in methods)
+    cfg = replace(cfg, sweep=sweeps_on(cfg.sweep, lambda row: method_of(row) in methods),
+                  mulo_ablations=cfg.mulo_ablations and "mulo-sd" in methods)
+    return replace(cfg, dtypes=dtypes_on(cfg.dtypes, lambda: checked_rows(replace(cfg, dtypes={})).methods,
+                                         lambda row: method_of(row) in METHODS))
 
 
 def checked_rows(cfg: ImageBenchConfig) -> ImageBenchConfig:

@@ -16,7 +16,7 @@ from specgen.errors import UsageError
 from specgen.eval.graph_use import GraphUse
 from specgen.eval.run_dir import Grid, Shard, check_finished
 from specgen.eval.speed import Timed, merged
-from specgen.eval.sweeps import Sweep, check_rows, expand, merged_table, sweeps_of, sweeps_on
+from specgen.eval.sweeps import Sweep, check_rows, dtypes_on, expand, merged_table, sweeps_of, sweeps_on
 from specgen.mesh.export import clean_mesh
 from specgen.mesh.generate import check_budget, decode_tokens, load_mesh_model, token_budget
 from specgen.mesh.metrics import mesh_distances
@@ -106,11 +106,20 @@ def mesh_sweeps(cfg: MeshBenchConfig) -> list[Sweep]:
 
 def picked(cfg: MeshBenchConfig) -> MeshBenchConfig:
     """cfg as `--methods` picks its rows: only the sweeps (`sweep`, `sweep_row`'s keys) and `merged_ar` rows of heads
-    rows among them (a recipe's on another row are left out, as that row is)."""
+    rows among them, and the `dtypes` of the rows they make (a recipe's on another row are left out, as that row is)."""
     rows = set(cfg.rows)
     sweep_row = cfg.sweep_row if cfg.sweep_row in rows else "none"
-    return replace(cfg, sweep=sweeps_on(cfg.sweep, rows.__contains__), sweep_row=sweep_row,
-                   merged_ar=[r for r in cfg.merged_ar if r in rows])
+    cfg = replace(cfg, sweep=sweeps_on(cfg.sweep, rows.__contains__), sweep_row=sweep_row,
+                  merged_ar=[r for r in cfg.merged_ar if r in rows])
+    return replace(cfg, dtypes=dtypes_on(cfg.dtypes, lambda: [v.label for v in variants(replace(cfg, dtypes={}))],
+                                         lambda row: names_a_row(row, cfg.heads)))
+
+
+def names_a_row(name: str, heads: dict) -> bool:
+    """Could `name` be a row of a run with these `heads`: `ar`, a heads row, `ar+` one (merged AR), or one of those
+    with a sweep's `@...` or ` ...` after it?"""
+    base = name.removeprefix("ar+")
+    return base == "ar" or any(base == h or base.startswith((f"{h}@", f"{h} ")) for h in heads)
 
 
 def variants(cfg: MeshBenchConfig) -> list[Variant]:
@@ -129,6 +138,9 @@ def variants(cfg: MeshBenchConfig) -> list[Variant]:
     for name, table in (("row_options", cfg.row_options), ("options", rows_options)):
         for r, o in table.items():
             check(f"{name}.{r}", o)
+            if not names_a_row(r, cfg.heads):  # a typo'd row's options would be left unused, unsaid
+                raise UsageError(f"{name}.{r}: no row {r!r} to set; an entry names ar, a `heads` row "
+                                 f"({', '.join(cfg.heads)}) or a sweep's row")
     common = {"num_heads": cfg.num_heads, "delta": cfg.delta, **bare}
 
     def options_of(row: str, over: dict | None = None) -> object:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable
 
-from specgen.errors import UsageError
+from specgen.errors import SpecgenError, UsageError
 from specgen.methods import METHODS, get_method
 from specgen.text.precision import check_row_precision
 
@@ -86,6 +86,17 @@ def sweeps_on(spec: dict, picked: Callable[[str], bool]) -> dict:
         return str(key) if isinstance(sub, dict) else str(key).rpartition(".")[0]
 
     return {k: v for k, v in spec.items() if not row(k, v) or picked(row(k, v))}
+
+
+def dtypes_on(dtypes: dict, rows: Callable[[], list[str]], known: Callable[[str], bool]) -> dict:
+    """The `dtypes` entries of the rows a picked plan decodes (`rows()`: `--methods` leaves a row out, and its entry
+    with it); an entry no known row could have (a typo) stays for `check_rows` to refuse, and so does every entry
+    when the plan cannot be built (the run's own checks refuse it in their words)."""
+    try:
+        kept = set(rows())
+    except (SpecgenError, TypeError, ValueError):
+        return dtypes
+    return {r: d for r, d in dtypes.items() if r in kept or not known(r)}
 
 
 def swept_values(where: str, values: Any) -> tuple:

@@ -211,9 +211,14 @@ class AdtOptions(Options):
     def check(self) -> None:
         """The depth and width bounds leave room to adapt, and the first tree lies strictly inside them."""
         if not (self.d_max - self.d_min >= 2 and self.k_max - self.k_min >= 2):
-            raise UsageError("adt-tree bounds must leave room: d_max - d_min >= 2 and k_max - k_min >= 2")
-        if not (self.d_min < self.d0 < self.d_max and self.k_min < self.k0 < self.k_max):
-            raise UsageError(f"adt-tree start shape ({self.d0}, {self.k0}) must lie inside the bounds")
+            raise UsageError("adt-tree bounds must leave room to adapt: d_max - d_min >= 2 and k_max - k_min >= 2, "
+                             f"got d_min {self.d_min}, d_max {self.d_max}, k_min {self.k_min}, k_max {self.k_max}")
+        outside = [(n, v, lo, hi) for n, v, lo, hi in (("d", self.d0, self.d_min, self.d_max),
+                                                       ("k", self.k0, self.k_min, self.k_max)) if not lo < v < hi]
+        if outside:
+            raise UsageError("adt-tree's first tree must lie strictly inside the bounds: " + ", ".join(
+                f"{n}0 {v} is not in ({lo}, {hi}) ({n}_min, {n}_max)" for n, v, lo, hi in outside)
+                + f"; set {' and '.join(f'{o[0]}0' for o in outside)}, or widen the bounds")
 
 
 @dataclass(frozen=True)

@@ -272,3 +272,22 @@ def test_each_image_is_written_and_reported_as_it_is_done(tiny_image, monkeypatc
     out = tiny_image / "cut"
     r = gen(out, "--method", "ar", "--classes", "dog,sky")
     assert r.exit_code == 130 and [p.name for p in out.glob("*.png")] == ["ar-000-dog.png"]
+
+
+def test_the_image_benchmark_table_marks_each_lossy_row_and_names_only_the_rows_it_has(tmp_path):
+    """Each lossy row's `lossless` cell says LOSSY (it said False); the title names the table's lossy rows (it
+    named lantern, vvs and mulo-sd whatever the rows were). The JSON rows keep the boolean."""
+    from cli.benchmark_runs import SUITES
+    from specgen.eval.image_bench import ImageBenchConfig
+    from specgen.eval.run_dir import RunDir
+
+    rows = [{"method": m, "lossless": ok, "temperature": t} for m, ok in (("ar", True), ("lantern", False),
+                                                                          ("vvs@u", False)) for t in (0.0, 1.0)]
+    rows.append({"method": "lantern@b2", "batch_size": 2, "lossless": False, "temperature": 0.0})  # named once
+    sink = RunDir(tmp_path, "images", {})
+    [(title, shown, columns)] = SUITES["images"].tables(rows, ImageBenchConfig(), sink)
+    assert "LOSSY rows: lantern, vvs@u;" in title and "mulo-sd" not in title
+    assert [r["lossless"] for r in shown] == ["yes", "yes", *["LOSSY"] * 5] and "lossless" in columns
+    assert rows[2]["lossless"] is False
+    [(title, shown, _)] = SUITES["images"].tables(rows[:2], ImageBenchConfig(), sink)
+    assert "LOSSY" not in title

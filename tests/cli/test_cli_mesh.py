@@ -378,3 +378,15 @@ def test_mesh_benchmark_rows_at_several_precisions_in_one_run():
     assert [(x["row"], x["dtype"]) for x in json.loads(r.stdout)] == [("ar", "float32"), ("ca+lora", "int8")]
     r = CliRunner().invoke(app, [*args, "dtype=int8"])
     assert r.exit_code == 2 and "per-row precision" in r.stderr
+
+
+@pytest.mark.parametrize("other, shown", [(None, "another test mesh - (one test mesh)"), (0.3474, "another test mesh 0.3474")])
+def test_the_mesh_benchmark_title_says_when_there_is_no_other_test_mesh(tmp_path, other, shown):
+    """With one test mesh (`--limit 1`) the title said `another test mesh None`."""
+    from cli.benchmark_runs import SUITES
+    from specgen.eval.mesh_bench import MeshBenchConfig
+    from specgen.eval.run_dir import RunDir
+
+    rows = [{"row": "ar", "cd_box": 0.5885, "cd_other_mesh": other}]
+    [(title, _, _)] = SUITES["meshes"].tables(rows, MeshBenchConfig(limit=1), RunDir(tmp_path, "meshes", {}))
+    assert title.endswith(f"reference CD: a box 0.5885, {shown}") and "None" not in title

@@ -991,3 +991,15 @@ def test_an_unknown_name_suggests_near_typos_and_lists_the_names_otherwise():
     assert str(UnknownNameError("method", "nosuch", known)).endswith("known: adt-tree, ar, eagle2, ngram, xspecmesh")
     refs = ["tiny-vq", "vq/tiny-vq", "target/gpt", "gpt", "lonely"]  # a checkpoint matches bare or as kind/name
     assert str(UnknownNameError("checkpoint", "nope", refs)).endswith("known: lonely, target/gpt, vq/tiny-vq")
+
+
+def test_generate_help_lists_every_method_by_modality():
+    """`--method`'s help named no method (it said "see `specgen generate --help`", itself); its list is every method
+    of METHODS under the modality it runs on, so a new method cannot be left out of it."""
+    from cli._options import METHOD_NAMES
+    from specgen.methods import METHODS
+
+    assert sorted(n for names in METHOD_NAMES.values() for n in names) == sorted(set(METHODS) - {"ar"})
+    assert all(METHODS[n].runs_on(m) for m, names in METHOD_NAMES.items() for n in names)
+    r = runner.invoke(app, ["generate", "--help"], env={"COLUMNS": "300"})
+    assert r.exit_code == 0 and "image eagle2, adt-tree, lantern" in r.stdout and "see `specgen generate" not in r.stdout

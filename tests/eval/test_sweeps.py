@@ -232,6 +232,16 @@ def test_mesh_old_sweep_keys_keep_their_row_names():
     assert mesh_rows(deltas=[0.1], sweep_row="none") == mesh_rows()  # sweep_row=none: the older keys add nothing
 
 
+@pytest.mark.parametrize("key", ["options", "row_options"])
+def test_mesh_options_of_no_row_are_refused(key):
+    """A typo'd row's options were left unused, unsaid (the row ran at its defaults); a row of `heads`, `ar`, merged
+    AR and sweep rows (also of heads rows `--methods` leaves out) may be named."""
+    with pytest.raises(UsageError, match=rf"^{key}.ca\+lra: no row 'ca\+lra' to set; an entry names ar, a `heads` row"):
+        mesh_rows(**{key: {"ca+lra": {"delta": 0.3}}})
+    named = {r: {"delta": 0.3} for r in ("ar", "ca", "ar+ca", "ca+lora@delta=0.7", "ca+lora p>0.1")}
+    assert [r[0] for r in mesh_rows(**{key: named})] == ["ar", "ca+lora"]
+
+
 def test_mesh_row_options_is_the_older_name_of_per_row_options():
     per_row = {"vertex": {"sampling": "tree", "top_k_tree": 1, "vertex_lookup": True}}
     heads = {"ca+lora": "xspecmesh-ca-tiny", "vertex": "xspecmesh-ca-tiny"}
@@ -393,3 +403,25 @@ def test_a_run_records_the_rows_methods_picks_and_its_report_shows_them(tmp_path
     assert runner.invoke(app, ["benchmark", *args]).exit_code == 0  # the same command resumes (nothing left)
     r = runner.invoke(app, ["benchmark", "report", str(tmp_path / "run"), "--format", "json"])
     assert r.exit_code == 0 and [x["row"] for x in json.loads(r.stdout)] == ["ar", "ca"], r.output
+
+
+def test_methods_leave_out_the_dtypes_of_the_rows_they_leave_out():
+    """A precision recipe's `dtypes` name its rows: `--methods` picking some leaves the others' entries out (they
+    were refused as `no such row`); an entry no row could have is still refused."""
+    from specgen.eval.dry_run import picked_rows
+    from specgen.eval.image_bench import ImageBenchConfig, checked_rows
+    from specgen.eval.mesh_bench import MeshBenchConfig, variants
+
+    images = ROOT / "recipes/tiny/bench-images-precision.yaml"
+    pick = {"methods": ["ar", "adt-tree@bf16"]}
+    cfg = picked_rows("images", load_config(ImageBenchConfig, images, **pick), pick)
+    assert cfg.dtypes == {"adt-tree@bf16": "bfloat16"} and checked_rows(cfg).methods == pick["methods"]
+    typo = picked_rows("images", load_config(ImageBenchConfig, images, ["dtypes.adt-tre@bf16=bfloat16"], **pick), pick)
+    with pytest.raises(UsageError, match="dtypes.adt-tre@bf16: no such row"):
+        checked_rows(typo)
+    meshes = ROOT / "recipes/tiny/bench-meshes-precision.yaml"
+    cfg = picked_rows("meshes", load_config(MeshBenchConfig, meshes, rows=["ar", "ca+lora@bf16"]), {"rows": 1})
+    assert [v.label for v in variants(cfg)] == ["ar", "ca+lora@bf16", "ar+ca+lora@bf16"]
+    assert cfg.dtypes == {"ca+lora@bf16": "bfloat16", "ar+ca+lora@bf16": "bfloat16"}
+    r = runner.invoke(app, ["benchmark", "--config", str(meshes), "--dry-run", "--methods", "ar,ca+lora"])
+    assert r.exit_code == 0, r.output

@@ -56,8 +56,12 @@ def test_unknown_option_is_one_line_naming_the_known_ones():
     ("adt-tree", {"beta": 0}, "beta must be > 0"),
     # choices and rules between options: refused with the other options, before any model loads
     ("adt-tree", {"init": "diagonal"}, "init must be one of horizontal, vertical, random"),
-    ("adt-tree", {"d_min": 3, "d_max": 4}, "adt-tree bounds must leave room"),
-    ("adt-tree", {"d0": 12}, "adt-tree start shape (12, 4) must lie inside the bounds"),
+    # the bounds' rules name the values that break them, and what to set (they named neither)
+    ("adt-tree", {"d_min": 3, "d_max": 4}, "adt-tree bounds must leave room to adapt: d_max - d_min >= 2 and "
+                                           "k_max - k_min >= 2, got d_min 3, d_max 4, k_min 1, k_max 12"),
+    ("adt-tree", {"d0": 12}, "adt-tree's first tree must lie strictly inside the bounds: d0 12 is not in (0, 10) "
+                             "(d_min, d_max); set d0, or widen the bounds"),
+    ("adt-tree", {"d_max": 2, "k0": 1}, "d0 4 is not in (0, 2) (d_min, d_max), k0 1 is not in (1, 12) (k_min, k_max)"),
     # min_ngram above max_ngram left no n-gram length to look up: n-gram ran as AR, unsaid
     ("ngram", {"min_ngram": 3, "max_ngram": 1}, "ngram's min_ngram (3) must be <= max_ngram (1)"),
     ("adt-tree+lantern", {"lantern_delta": 1.5}, "lantern_delta must be in [0, 1]"),
