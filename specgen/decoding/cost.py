@@ -101,17 +101,25 @@ def key(module: nn.Module) -> str | None:
 
 
 def stored_or_measured(module: nn.Module) -> CostCurve:
-    """The curve stored under `key(module)`, else measured (and stored where it has a key); a missing entry or one
-    that does not parse is measured and replaced."""
+    """The curve stored under `key(module)`, else measured (and stored where it has a key and is `plausible`); a
+    missing entry, one that does not parse or an implausible one is measured and replaced."""
     k = key(module)
     stored = plan_cache.read(path()).get(k) if k else None
     try:
         rows, cost = tuple(int(r) for r in stored["rows"]), tuple(float(c) for c in stored["cost"])
-        if rows and rows == tuple(sorted(set(rows))) and len(cost) == len(rows) and all(c > 0 for c in cost):
+        if rows and rows == tuple(sorted(set(rows))) and len(cost) == len(rows) and plausible(CostCurve(rows, cost)):
             return CostCurve(rows, cost)
     except (TypeError, KeyError, ValueError):
         pass
     curve = measure_cost(module)
-    if k is not None:
+    curve = curve if plausible(curve) else measure_cost(module)  # once more: the machine was busy
+    if k is not None and plausible(curve):  # kept for every later start: never a busy machine's
         plan_cache.add(path(), k, {"rows": list(curve.rows), "cost": list(curve.cost)})
     return curve
+
+
+def plausible(curve: CostCurve) -> bool:
+    """A curve a forward can have: m tokens in one forward cost more than nothing and at most what m one-token
+    forwards would, twice over for noise. One timed while another process shared the cores can show c(16) = 150 (the
+    one-token forward timed alone, the others beside it), and would be kept for every later start."""
+    return all(0 < c <= 2 * m for m, c in zip(curve.rows, curve.cost))

@@ -57,6 +57,24 @@ def test_a_stored_cost_curve_is_read_on_the_next_start_without_timing(monkeypatc
     assert cost.cost_of(tiny_model(1)) == first and len(calls) == 1  # other weights, same structure: read
 
 
+def test_a_busy_machines_curve_is_measured_again_and_never_kept(monkeypatch):
+    """A curve timed while the cores were shared (c(8) = 150: the one-token forward timed alone) is measured once
+    more; an implausible stored one is measured again and replaced; an implausible pair is used, not stored."""
+    busy = cost.CostCurve((1, 2, 8), (1.0, 1.6, 150.0))
+    calls = counted_measure(monkeypatch)
+    model = tiny_model(0)
+    plan_cache.add(cost.path(), cost.key(model), {"rows": list(busy.rows), "cost": list(busy.cost)})
+    quiet = cost.cost_of(model)
+    assert len(calls) == 1 and cost.plausible(quiet) and plan_cache.read(cost.path())[cost.key(model)]["cost"] == list(
+        quiet.cost)
+    new_process(monkeypatch)
+    plan_cache.add(cost.path(), cost.key(model), {"rows": [1, 2, 8], "cost": [1.0, 99.0, 99.0]})
+    monkeypatch.setattr(cost, "measure_cost", lambda m: calls.append(m) or busy)
+    assert cost.cost_of(model) == busy and len(calls) == 3  # twice, both busy: used by this process only
+    assert plan_cache.read(cost.path())[cost.key(model)]["cost"] == [1.0, 99.0, 99.0]  # not replaced by a busy one
+    assert not cost.plausible(busy) and cost.plausible(cost.CostCurve((1, 2, 8), (1.0, 1.9, 7.5)))
+
+
 @pytest.mark.parametrize("change", ["threads", "kernels", "sources", "shapes"])
 def test_a_changed_key_measures_again(monkeypatch, tmp_path, request, change):
     calls = counted_measure(monkeypatch)
