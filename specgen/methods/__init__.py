@@ -43,7 +43,7 @@ class MethodSpec:
         value is one usage error."""
         unknown = sorted(set(options) - set(self.options) - {"seed"})
         if unknown:
-            known = ", ".join(self.options) or "none"
+            known = ", ".join(dict.fromkeys([*self.options, "seed"]))  # every method takes `seed`
             raise UsageError(f"method {self.name} has no option {unknown[0]!r}; its options: {known}")
         O.check_value("seed", options.get("seed", 0), O.SEED, self.name)
         opts = self.options_type(**{k: v for k, v in options.items() if k in self.options})
