@@ -189,9 +189,10 @@ SUITES: dict[str, Suite] = {"humaneval": TextSuite(), "text": TextSuite(), "imag
                             "meshes": MeshSuite()}
 
 
-def run(name: str, path: Path | None, overrides: list[str], explicit: dict, run_dir: Path | None, shard: str | None,
-        fmt, out: Path | None, append: bool, quiet: bool) -> None:
-    """Measure this process's items of the run (all of them unless sharded), then print the merged rows."""
+def run(name: str, path: Path | None, overrides: list[str], explicit: dict, spelled: dict[str, str],
+        run_dir: Path | None, shard: str | None, fmt, out: Path | None, append: bool, quiet: bool) -> None:
+    """Measure this process's items of the run (all of them unless sharded), then print the merged rows.
+    `spelled`: config key -> the command-line option that set it (a resume's refusal names what the user gave)."""
     suite = SUITES[name]
     cfg = load_config(suite.config_type, path, overrides, **explicit)
     cfg = picked_rows(name, cfg, explicit)  # recorded as picked: a report and a resume read the same rows
@@ -203,7 +204,7 @@ def run(name: str, path: Path | None, overrides: list[str], explicit: dict, run_
     p = suite.plan(cfg)
     # without --run-dir the records go to a temporary folder, removed when the run ends
     scratch = tempfile.TemporaryDirectory(prefix="specgen-bench-") if run_dir is None else None
-    sink = RunDir.open(run_dir or Path(scratch.name), cfg.suite, given, suite.resolved(p))
+    sink = RunDir.open(run_dir or Path(scratch.name), cfg.suite, given, suite.resolved(p), spelled)
     records = sink.records()
     steps = sum(len(left) for g in suite.grids(p) for left in g.left(records, this))  # 0: nothing loads
     if steps:
