@@ -140,6 +140,10 @@ def benchmark(
             raise UsageError(f"--batch-size takes comma-separated integers >= 1, got {batch_size!r}")
         overrides = [*(overrides or []), f"batch_sizes=[{','.join(str(int(x)) for x in sizes)}]"]
     explicit = dict(suite=suite, model=model, threads=threads, seed=seed, device=device, dtype=dtype, graphs=graphs)
+    # config key -> the option that set it, as a resume's refusal names it (the images suite's --limit sets `num`)
+    spelled = {k: f"--{k}" for k, v in explicit.items() if v is not None}
+    if sizes is not None:
+        spelled["batch_sizes"] = "--batch-size"
     given = dict(methods=names, limit=limit, offset=offset, max_new_tokens=max_new_tokens, quantize=quantize,
                  prompts=prompts, prompt_field=prompt_field, category_field=category_field)
     for option, value in ((o, v) for o, v in given.items() if v is not None):
@@ -148,10 +152,12 @@ def benchmark(
             raise UsageError(f"--{option.replace('_', '-')} is for --suite {' or '.join(SUITE_KEYS[option])}; it is "
                              f"not an option of the {suite} suite" + (f"; {hint}" if hint else ""))
         explicit[SUITE_KEYS[option][suite]] = value
+        spelled[SUITE_KEYS[option][suite]] = f"--{option.replace('_', '-')}"
     if dry_run:  # the recipe as this command line would run it: its options are checked, not ignored
         # the suite as the run takes it: the option's, else the recipe's (its own check), else the default
         checked = {k: v for k, v in explicit.items() if v is not None and (k != "suite" or given_suite or not config)}
         return benchmark_runs.print_dry_run(config, overrides, checked, fmt)
     if run_dir is not None and (prompts or recipe_key(config, overrides, "prompts")) == "-":
         raise UsageError("--prompts - (stdin) cannot be read again to resume or report a --run-dir: give a file")
-    benchmark_runs.run(suite, config, list(overrides or []), explicit, run_dir, shard, fmt, out, append, quiet)
+    benchmark_runs.run(suite, config, list(overrides or []), explicit, spelled, run_dir, shard, fmt, out, append,
+                       quiet)

@@ -34,6 +34,11 @@ from specgen.text.target import load_text_model
 Table = tuple[str, list[dict], list[str]]  # (title, rows, columns)
 
 
+def every(row: dict) -> bool:
+    """A run's rows are all shown (`finish`): a report's --methods shows some."""
+    return True
+
+
 class Suite(Protocol):
     """One suite: its config, its plan (every row checked and expanded), what is left, the measuring, rows, tables."""
 
@@ -48,7 +53,8 @@ class Suite(Protocol):
 
     def measure(self, plan, sink, shard: Shard, on_item: Callable, machine: Callable[[], str], quiet: bool) -> None: ...
 
-    def finish(self, plan, sink, quiet: bool) -> list[dict]: ...  # RunNotFinished while items lack records
+    # RunNotFinished while items lack records; the rows `shown` keeps (a report's --methods), and only their files
+    def finish(self, plan, sink, quiet: bool, shown: Callable[[dict], bool] = every) -> list[dict]: ...
 
     def tables(self, rows: list[dict], plan, sink) -> list[Table]: ...
 
@@ -79,8 +85,8 @@ class TextSuite:
                              quantize=cfg.quantize, graphs=cfg.graphs)
         measure(tm, p, sink, shard, on_item, machine)
 
-    def finish(self, p, sink, quiet: bool) -> list[dict]:
-        rows = rows_of(p, sink)
+    def finish(self, p, sink, quiet: bool, shown=every) -> list[dict]:
+        rows = [r for r in rows_of(p, sink) if shown(r)]
         for why in skipped_rows(sink).values():  # a row that cannot run here: its one line, then no row
             _output.err.print(why, markup=False, soft_wrap=True)
         return rows
@@ -127,8 +133,11 @@ class ImageSuite:
                               need_drafter=any(m != "ar" for m in cfg.methods))
         measure_images(im, cfg, sink, shard, on_item, machine)
 
-    def finish(self, cfg, sink, quiet: bool) -> list[dict]:
+    def finish(self, cfg, sink, quiet: bool, shown=every) -> list[dict]:
         rows, pixels = image_rows_of(cfg, sink)
+        rows = [r for r in rows if shown(r)]  # a report's grids and plots are of the rows it shows
+        kept = {(r["method"], r["temperature"]) for r in rows}
+        pixels = {k: px for k, px in pixels.items() if k in kept}
         files = write_outputs(rows, pixels, Path(cfg.out_dir)) if cfg.out_dir else []
         if files and not quiet:
             _output.err.print("wrote " + ", ".join(str(f) for f in files))
@@ -165,8 +174,8 @@ class MeshSuite:
     def measure(self, cfg, sink, shard: Shard, on_item, machine, quiet: bool) -> None:
         measure_meshes(cfg, sink, shard, on_item, machine)
 
-    def finish(self, cfg, sink, quiet: bool) -> list[dict]:
-        return mesh_rows_of(cfg, sink)
+    def finish(self, cfg, sink, quiet: bool, shown=every) -> list[dict]:
+        return [r for r in mesh_rows_of(cfg, sink) if shown(r)]
 
     def tables(self, rows: list[dict], cfg, sink) -> list[Table]:
         other = rows[0]["cd_other_mesh"]  # None with one test mesh: there is no other to compare with
@@ -180,9 +189,10 @@ SUITES: dict[str, Suite] = {"humaneval": TextSuite(), "text": TextSuite(), "imag
                             "meshes": MeshSuite()}
 
 
-def run(name: str, path: Path | None, overrides: list[str], explicit: dict, run_dir: Path | None, shard: str | None,
-        fmt, out: Path | None, append: bool, quiet: bool) -> None:
-    """Measure this process's items of the run (all of them unless sharded), then print the merged rows."""
+def run(name: str, path: Path | None, overrides: list[str], explicit: dict, spelled: dict[str, str],
+        run_dir: Path | None, shard: str | None, fmt, out: Path | None, append: bool, quiet: bool) -> None:
+    """Measure this process's items of the run (all of them unless sharded), then print the merged rows.
+    `spelled`: config key -> the command-line option that set it (a resume's refusal names what the user gave)."""
     suite = SUITES[name]
     cfg = load_config(suite.config_type, path, overrides, **explicit)
     cfg = picked_rows(name, cfg, explicit)  # recorded as picked: a report and a resume read the same rows
@@ -194,7 +204,7 @@ def run(name: str, path: Path | None, overrides: list[str], explicit: dict, run_
     p = suite.plan(cfg)
     # without --run-dir the records go to a temporary folder, removed when the run ends
     scratch = tempfile.TemporaryDirectory(prefix="specgen-bench-") if run_dir is None else None
-    sink = RunDir.open(run_dir or Path(scratch.name), cfg.suite, given, suite.resolved(p))
+    sink = RunDir.open(run_dir or Path(scratch.name), cfg.suite, given, suite.resolved(p), spelled)
     records = sink.records()
     steps = sum(len(left) for g in suite.grids(p) for left in g.left(records, this))  # 0: nothing loads
     if steps:
@@ -239,9 +249,9 @@ def report(args: list[str], methods: list[str] | None, fmt, out: Path | None, ap
     missing = next((m for m in methods or () if m not in known), None)
     if missing is not None:  # before `finish`, which may write files (the images suite's grids and plots)
         raise UsageError(f"--methods: the run has no row {missing!r}; its rows: {', '.join(known)}")
-    rows = suite.finish(p, run_dir, quiet)
-    show(suite, rows if methods is None else [r for r in rows if row_name(r, suite.row_key) in methods], p, run_dir,
-         fmt, out, append)
+    shown = every if methods is None else lambda r: row_name(r, suite.row_key) in methods
+    rows = suite.finish(p, run_dir, quiet, shown)
+    show(suite, rows, p, run_dir, fmt, out, append)
 
 
 def row_name(row: dict, key: str) -> str:

@@ -119,10 +119,11 @@ class RunDir:
 
     # -- opening -------------------------------------------------------------------------------------------
     @classmethod
-    def open(cls, path: Path, suite: str, config: dict, resolved: dict | None = None) -> "RunDir":
+    def open(cls, path: Path, suite: str, config: dict, resolved: dict | None = None,
+             spelled: dict[str, str] | None = None) -> "RunDir":
         """Create the folder (or reopen it): a folder holding another suite's run, another config (naming the keys
-        that differ), another `resolved` plan (an edited prompt file) or files and no run (`--run-dir .`) is refused
-        before anything is written."""
+        that differ, each as `spelled` gives it: key -> the option that set it), another `resolved` plan (an edited
+        prompt file) or files and no run (`--run-dir .`) is refused before anything is written."""
         path = Path(path)
         if path.exists() and not path.is_dir():
             raise UsageError(f"--run-dir {path} is a file; name a folder (new or from an earlier run)")
@@ -148,7 +149,9 @@ class RunDir:
         added = {k for k in new.keys() - old.keys() if new[k] in ({}, [])}
         changed = sorted(k for k in old.keys() | new.keys() - added if old.get(k, "<unset>") != new.get(k, "<unset>"))
         if changed:
-            shown = ", ".join(f"{k} ({old.get(k, '<unset>')!r} -> {new.get(k, '<unset>')!r})" for k in changed[:4])
+            name = (spelled or {}).get
+            shown = ", ".join(f"{name(k, k)} ({old.get(k, '<unset>')!r} -> {new.get(k, '<unset>')!r})"
+                              for k in changed[:4])
             more = f" and {len(changed) - 4} more" if len(changed) > 4 else ""
             raise UsageError(f"--run-dir {path} was started with another config: {shown}{more}; rerun with "
                              "the same options to resume, or name a new folder")

@@ -200,6 +200,32 @@ def test_benchmark_report_writes_the_grids_where_it_is_told(tiny_image):
     assert bare.exit_code == 0 and json.loads(bare.stdout) == json.loads(shown.stdout), bare.output
     assert sorted(tiny_image.rglob("*")) == before  # no grid or plot anywhere
 
+
+def test_benchmark_report_writes_the_grids_of_the_rows_it_shows(tiny_image):
+    """`report RUN --methods ar` wrote every row's grid (lantern's too) and plotted every row, showing one."""
+    run, grids = tiny_image / "run", tiny_image / "grids"
+    r = runner.invoke(app, ["benchmark", "--suite", "images", "--model", "t-gpt", "--limit", "1",
+                            "methods=[ar,lantern]", "temperatures=[0.0]", "quality=false", "out_dir=", "--run-dir",
+                            str(run), "--format", "json"])
+    assert r.exit_code == 0, r.output
+    shown = runner.invoke(app, ["benchmark", "report", str(run), f"out_dir={grids}", "--methods", "ar",
+                                "--format", "json"])
+    assert shown.exit_code == 0 and [x["method"] for x in json.loads(shown.stdout)] == ["ar"], shown.output
+    assert sorted(p.name for p in grids.iterdir()) == ["ar-T0-grid.png", "speed-quality-T0.png"]
+
+
+def test_a_resume_with_another_limit_names_the_option_given(tiny_image):
+    """The images suite's `--limit` sets `num`: the refusal named `num`, a key the command line never gave."""
+    args = ["benchmark", "--suite", "images", "--model", "t-gpt", "methods=[ar]", "temperatures=[0.0]",
+            "quality=false", "out_dir=", "--run-dir", str(tiny_image / "run")]
+    run = runner.invoke(app, [*args, "--limit", "1"])
+    assert run.exit_code == 0, run.output
+    for given, needle in [(["--limit", "2"], "another config: --limit (1 -> 2);"),
+                          (["num=2"], "another config: num (1 -> 2);")]:
+        r = runner.invoke(app, [*args, *given])
+        assert r.exit_code == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.output
+
+
 def test_benchmark_suite_comes_from_the_recipe(tiny_image):
     cfg = tiny_image / "bench.yaml"
     cfg.write_text(f"suite: images\nmodel: t-gpt\nnum: 1\ntemperatures: [0.0]\nmethods: [ar]\nquality: false\n"

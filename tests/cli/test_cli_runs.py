@@ -148,7 +148,7 @@ def test_a_changed_config_or_another_folder_is_refused(long_tiny_target, tmp_pat
     run = tmp_path / "run"
     assert invoke(*ARGS, "--run-dir", run, "--shard", "0/2", "execute=false").exit_code == 0
     r = invoke(*bench(6), "--run-dir", run, "--shard", "1/2", "execute=false")
-    assert r.exit_code == 2 and "another config: limit (5 -> 6)" in r.output and len(r.output.splitlines()) == 1
+    assert r.exit_code == 2 and "another config: --limit (5 -> 6)" in r.output and len(r.output.splitlines()) == 1
     assert sorted(p.name for p in run.iterdir()) == ["machine-0-of-2.json", "records-0-of-2.jsonl", "run.json",
                                                     "shard-0-of-2.lock"]
     doc = json.loads((run / "run.json").read_text())

@@ -139,6 +139,19 @@ def test_images_bad_sweeps_are_refused(sweep, needle):
     assert needle in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("key", ["options", "method_options"])
+def test_images_options_of_no_row_are_refused(key):
+    """A tag that is neither a row nor swept (`options.lantern@x.k=1`) was left unused, unsaid; a row, a method, a
+    sweep's row (its base and its rows) and the defaults' vvs@u and vvs@d (in every run's table) may be named."""
+    from specgen.eval.image_bench import ImageBenchConfig, checked_rows
+
+    with pytest.raises(UsageError, match=rf"^{key}.lantern@x: no row 'lantern@x' to set; an entry names a row "):
+        checked_rows(ImageBenchConfig(methods=["ar", "lantern"], **{key: {"lantern@x": {"k": 1}}}))
+    named = {r: {} for r in ("ar", "lantern", "vvs", "lantern@k2", "vvs@i", "vvs@i=2", "vvs@u", "vvs@d")}
+    cfg = ImageBenchConfig(methods=["ar", "lantern", "lantern@k2"], sweep={"vvs@i": {"interval": [2]}}, **{key: named})
+    assert checked_rows(cfg).methods == ["ar", "lantern", "lantern@k2", "vvs@i=2"]
+
+
 def test_images_a_row_given_twice_is_refused():
     # methods=[ar,ar] decoded every image twice and printed two equal rows (the mesh suite refused it)
     from specgen.eval.image_bench import ImageBenchConfig, checked_rows
@@ -306,6 +319,7 @@ def test_renamed_option_tables_give_the_same_rows(tmp_path, recipe, old_key, new
     (["--suite", "meshes", "sweep.ca+lora.delta=[2]"], "delta must be in [0, 1]"),
     (["--suite", "images", "sweep.nope.tau=[1]"], "sweep.nope.tau: no row"),
     (["--suite", "images", "options.nope.tau=1"], "options.nope: 'nope' is no method"),
+    (["--suite", "images", "methods=[ar,lantern]", "options.lantern@x.k=1"], "options.lantern@x: no row 'lantern@x'"),
     (["--suite", "humaneval", "--methods", "ar,ngram", "options.ngarm.num_draft=3"], "options.ngarm: 'ngarm' is no"),
     (["--suite", "humaneval", "--methods", "ar,ngram", "method_options.ngarm@x.num_draft=3"], "options.ngarm@x:"),
     (["--suite", "images", "sweep.mulo-sd.tau=[-1]"], "tau must be >= 0"),
@@ -363,6 +377,8 @@ def test_methods_pick_the_images_recipes_sweep_rows_of_their_methods(methods, ex
     assert [m for m, _ in image_rows(cfg)] == [*methods, *extra]
     unpicked = load_config(ImageBenchConfig, recipe, [f"methods=[{','.join(methods)}]"])  # the key: every sweep row
     assert picked_rows("images", unpicked, {}) == unpicked and len(image_rows(unpicked)) == len(methods) + 9
+    batch = ROOT / "recipes/tiny/bench-images-batch.yaml"  # its eagle2@auto, adt-tree@auto entries go with the rows
+    assert image_rows(picked_rows("images", load_config(ImageBenchConfig, batch, methods=methods), {"methods": 1}))
 
 
 def test_methods_pick_the_text_sweep_rows_of_their_methods():
