@@ -173,16 +173,17 @@ class EagleBatch(PoolBase):
         ints_t = host_tensor(ints, root_hidden.device)  # [6, n]
         c = ints_t[4]
 
-        def forward(feats, toks, pos, anc, _):  # one level; every row keeps its W written slots until the rollback
+        plan = GrowPlan.exact(ints[1], shapes, feed)
+        levels = level_positions(ints_t[0], ints_t[2], plan.levels)  # [L, n] each
+
+        def forward(feats, toks, anc, i):  # one level; every row keeps its W written slots until the rollback
             rel, committed = slot_offsets(c, longest + anc.shape[-1])
             mask = level_mask(anc, tree_columns(rel, anc.shape[-1]), committed)  # [n, W, T]
+            pos = branch_rows(levels[1][i][:, None].expand(-1, anc.shape[1]), br)  # [n * br, W]
             out = self.net(feats, toks, pos, view, attn_mask=branch_rows(mask, br).unsqueeze(1))
             view.lengths = [length + toks.shape[1] for length in view.lengths]
             return out
-
-        plan = GrowPlan.exact(ints[1], shapes, feed)
-        levels = level_positions(ints_t[0], ints_t[2], plan.levels)  # [L, n] each
-        return grow(forward, self.logprobs, root_hidden, ints_t, plan, br, levels)
+        return grow(forward, self.logprobs, root_hidden, ints_t, plan, br, levels[0])
 
     def grow_captured(self, view, root_hidden: torch.Tensor, ints: list[list[int]], shapes: list[TreeShape],
                       feed: bool):

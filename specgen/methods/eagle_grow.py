@@ -52,9 +52,9 @@ class GrownTrees:
         return drafts, [picks[i * s : (i + 1) * s] for i in range(n)]
 
 
-# feats [n*br, W, D], tokens [n*br, W], positions [n*br, W], anc [n, W, R], the level's index (0: the first forward)
-# -> hidden [n*br, W, D]; keeps the W slots
-Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
+# feats [n*br, W, D], tokens [n*br, W], anc [n, W, R], the level's index i (0: the first forward; its nodes' positions:
+# row i of the growth's `level_positions`) -> hidden [n*br, W, D]; keeps the W slots
+Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
 LogProbs = Callable[[torch.Tensor], torch.Tensor]  # hidden [n*br, S, D] -> CFG-combined log-probs [n, S, V]
 
 
@@ -86,16 +86,16 @@ class GrowPlan:
 
 
 def grow(forward: Forward, logprobs: LogProbs, root_hidden: torch.Tensor, ints: torch.Tensor, plan: GrowPlan,
-         branches: int, levels: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+         branches: int, lives: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """Each row's tree (slot order, parents as indices: `in_slot_order`) and, where the plan feeds, the verify's inputs
     for it (`tree_inputs`).
 
     `root_hidden` [n * br, 1, D]: the drafter's output at each root; `ints` [6, n]: the root token's position, the
-    row's top-k (0: no tree), depth, kept nodes (`kept_counts`), drafter prefix and root token; `levels`: each row's
-    `level_positions` over the plan's levels. Device ops only; shapes depend only on the plan, the branches and the
-    inputs' shapes.
+    row's top-k (0: no tree), depth, kept nodes (`kept_counts`), drafter prefix and root token; `lives` [L, n]: whether
+    each row grows at each level (`level_positions`, whose positions the forward reads). Device ops only; shapes
+    depend only on the plan, the branches and the inputs' shapes.
     """
-    root_pos, k, depth, counts, _, roots = ints
+    root_pos, k, _, counts, _, roots = ints
     n, br, device, widths = k.shape[0], branches, root_hidden.device, plan.widths
     lp = logprobs(root_hidden)[:, 0]  # 1. [n, V]: the root's children
     top = lp.topk(widths[0], dim=-1)  # [n, w0]
@@ -112,12 +112,10 @@ def grow(forward: Forward, logprobs: LogProbs, root_hidden: torch.Tensor, ints: 
             per_width[w] = (below_k[:, :, None] & below_k[:, None, :], torch.eye(w, dtype=torch.bool, device=device))
         return per_width[w]
 
-    lives, positions = levels  # [L, n] each
     anc = consts(width)[1].expand(n, -1, -1)  # [n, W, R]
     recorded = widths[0]
     for level in range(1, len(widths)):  # 2. one drafter forward per level
-        pos = positions[level - 1][:, None].expand(-1, width)  # [n, W]
-        out = forward(f_hid, branch_rows(f_tok, br), branch_rows(pos, br), anc, level - 1)  # [n * br, W, D]
+        out = forward(f_hid, branch_rows(f_tok, br), anc, level - 1)  # [n * br, W, D]
         child = logprobs(out).topk(width, dim=-1)  # [n, W, W] each
         ok = lives[level - 1][:, None, None] & consts(width)[0]  # [n, W, W]
         cand = f_score[:, :, None] + child.values  # [n, W, W]: path scores
@@ -168,22 +166,24 @@ def static_growth(net, logprobs: LogProbs, cache: tuple[torch.Tensor, torch.Tens
     levels, rows = plan.levels, writes.shape[0]
     root_pos, _, depth, _, prefix, _ = ints
     lives, positions = level_positions(root_pos, depth, levels)  # [L, n] each
-    table = net.rope_table[positions[:, :, None].expand(-1, -1, branches).reshape(-1, 1)]  # [L * R, 1, hd/2, 2]
-    turns = rotation(table.to(net.fc.weight.dtype), net.cfg.rope_layout)  # one node a row: the kernels broadcast it
+    at_rows = positions[:, :, None].expand(-1, -1, branches).reshape(levels, rows)  # [L, R]: each cache row's
+    turns = rotation(net.rope_table[at_rows.reshape(-1, 1)].to(net.fc.weight.dtype),  # one node a row: the kernels
+                     net.cfg.rope_layout)  # broadcast it over the level's W nodes; cos, sin [L * R, 1, 1, hd]
     first = torch.arange(0, w * levels, w, device=prefix.device)  # [L]: each level's first tree column
     meta = torch.stack([branch_rows(prefix, branches) + first[:, None], writes.expand(levels, -1)], 1)  # [L, 2, R]
     rel, committed = slot_offsets(prefix, t)
     col = rel.clamp(min=0).clamp(max=(first + (w - 1))[:, None, None])  # [L, n, T]: `tree_columns` of every level
     inside = col == rel
 
-    def forward(feats, toks, pos, anc, i):
+    def forward(feats, toks, anc, i):
         part = slice(i * rows, (i + 1) * rows)
         visible = branch_rows(level_mask(anc, (col[i], inside[i]), committed), branches).unsqueeze(1)
+        pos = at_rows[i][:, None].expand(-1, toks.shape[1])  # [R, W]: a view (the rotation is given)
         x = StaticInputs(toks, pos, meta[i], visible=visible, features=feats,  # visible [R, 1, W, T]
                          rotation=Rotation(turns.cos[part], turns.sin[part], turns.layout))
         return eagle_step(net, x, *cache, None, t)[0]
 
-    return grow(forward, logprobs, root_hidden, ints, plan, branches, (lives, positions))
+    return grow(forward, logprobs, root_hidden, ints, plan, branches, lives)
 
 
 def best_nodes(tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tensor, valid: torch.Tensor,
