@@ -43,6 +43,12 @@ for path in sorted(glob.glob("specgen/assets/**/config.json", recursive=True)):
     if meta.get("builder") in BUILDERS:
         with torch.device("meta"), random_fills_skipped():
             BUILDERS[meta["builder"]](**meta.get("kwargs", {}))
+from specgen.models.quantize import quantized_layers  # an int4 load's build (SmolLM2's shape), and the kernel
+smollm2 = dict(vocab_size=49152, dim=576, n_layers=30, n_heads=9, n_kv_heads=3, ffn_dim=1536)  # operands that a
+with random_fills_skipped():  # cached file matches
+    quantized = BUILDERS["quantized-transformer"]("int4", 32, **smollm2)
+for lin in quantized_layers(quantized).values():
+    lin.make_kernel("meta")
 out["dynamo"].append("torch._dynamo" in sys.modules)
 
 if tiled == "1":  # tests/models/test_tiled_weight.py (a build with tiled.c and oneDNN): a load and a decode step

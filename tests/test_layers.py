@@ -173,7 +173,8 @@ def test_the_generate_dispatch_loads_no_modality_stack_until_one_is_picked(fresh
 
 
 def test_the_size_check_builds_every_shipped_model_on_meta_without_importing_dynamo(fresh_interpreter):
-    """`declared_params` builds each module on the meta device at every load; a constructor computing values there
-    (a norm, a power) runs Python meta kernels that import torch._dynamo: seconds of start-up. Control: one such op
-    (dynamo: before the builds, after them, before the control, after it)."""
+    """`declared_params` builds each module on the meta device at every load, and a quantized load its int4 module
+    and the shapes of its kernel operands; a constructor computing values there (a norm, a power, a cat) runs Python
+    meta kernels that import torch._dynamo (and Triton where installed: ~1 s and ~0.1 GB of start-up). Control: one
+    such op (dynamo: before the builds, after them, before the control, after it)."""
     assert fresh_interpreter["dynamo"] == [False, False, False, True]

@@ -187,7 +187,10 @@ class QuantizedLinear(nn.Module):
 
     def make_kernel(self, device: str | None = None) -> dict[str, torch.Tensor]:
         """The tensors the kernel (`kernel_choice.quantized_product`) reads besides the buffers: qmm.c's codes and sz,
-        or torch int4's packed weight and sz [in/g, out, 2]; torch int8: none. On "meta": what a stored copy matches."""
+        or torch int4's packed weight and sz [in/g, out, 2]; torch int8: none. On "meta": what a stored copy matches,
+        from the shapes alone (a meta kernel of torch.stack or cat imports torch._dynamo, and Triton where installed)."""
+        if device == "meta":
+            return self.kernel_shapes()
         qweight, scales = self.qweight.to(device), self.scales.to(device)
         zeros = self.zeros.to(device) if self.mode == "int4" else None
         if quantized_product(self.in_features, self.group or self.in_features) == "native":
@@ -200,6 +203,18 @@ class QuantizedLinear(nn.Module):
             q = unpack_int4(qweight[i : i + PACK_ROWS]).to(torch.int32)  # [rows, in], values 0..15
             packed[i : i + PACK_ROWS] = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
         return {"packed": packed, "sz": torch.stack([scales, zeros], -1).transpose(0, 1).contiguous()}
+
+    def kernel_shapes(self) -> dict[str, torch.Tensor]:
+        """`make_kernel`'s tensors as empty meta tensors of their shapes and dtypes, nothing computed."""
+        groups = self.in_features // (self.group or self.in_features)
+        if quantized_product(self.in_features, self.group or self.in_features) == "native":
+            return dict(zip(("codes", "sz"), ops.packed_shapes(self.out_features, self.in_features,
+                                                               groups if self.mode == "int4" else 0)))
+        if self.mode == "int8":
+            return {}
+        meta = dict(device="meta")
+        return {"packed": torch.empty(self.qweight.shape, dtype=self.qweight.dtype, **meta),
+                "sz": torch.empty(groups, self.out_features, 2, dtype=self.scales.dtype, **meta)}
 
     def use_kernel(self, made: dict[str, torch.Tensor]) -> None:
         """Run products on `made` (`make_kernel`'s tensors, or the layout cache's mapped copies of them); torch
@@ -287,7 +302,7 @@ def swap_layers(model: Transformer, quantized, mode: str, group: int) -> None:
                 if isinstance(lin, nn.Linear):
                     setattr(parent, name, quantized(lin, mode, group))
         ffn = blk.feed_forward  # w1, w3, w2 without biases; w13: [2 * hidden, dim]
-        w13 = quantized(_as_linear(torch.cat([ffn.w1.weight, ffn.w3.weight])), mode, group)
+        w13 = quantized(_as_linear(ffn.w1.weight, ffn.w3.weight), mode, group)
         blk.feed_forward = QuantizedFeedForward(w13, quantized(ffn.w2, mode, group))
     head = quantized(model.output, "int8", 0)
     table = head if model.cfg.tie_embeddings else quantized(_as_linear(model.tok_embeddings.weight), "int8", 0)
@@ -323,9 +338,13 @@ def quantize_model(model: nn.Module, mode: str, group: int = DEFAULT_GROUP) -> n
     return model
 
 
-def _as_linear(table: torch.Tensor) -> nn.Linear:
-    lin = nn.Linear(table.shape[1], table.shape[0], bias=False, device="meta")
-    lin.weight = nn.Parameter(table.detach(), requires_grad=False)
+def _as_linear(*tables: torch.Tensor) -> nn.Linear:
+    """A bias-free Linear over `tables` stacked by rows; on the meta device shapes only (a meta `torch.cat` imports
+    torch._dynamo, and Triton with it where installed: ~0.1 GB and ~1 s of every quantized load's start)."""
+    rows, cols = sum(t.shape[0] for t in tables), tables[0].shape[1]
+    lin = nn.Linear(cols, rows, bias=False, device="meta")
+    if not tables[0].is_meta:
+        lin.weight = nn.Parameter((torch.cat(tables) if len(tables) > 1 else tables[0]).detach(), requires_grad=False)
     return lin
 
 

@@ -221,6 +221,13 @@ def qmm(x: torch.Tensor, codes: torch.Tensor, sz: torch.Tensor, bits: int, group
     return out
 
 
+def packed_shapes(n: int, k: int, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`pack_codes`' outputs for N outputs of K inputs as empty meta tensors (int4 with `groups` scale groups; 0: int8)."""
+    tiles, nb = -(-n // QMM_TILE), k // QMM_BLOCK
+    codes = torch.empty(tiles, nb * (256 if groups else 512), dtype=torch.uint8, device="meta")
+    return codes, torch.empty(tiles, groups or 1, 2 if groups else 1, QMM_TILE, dtype=torch.bfloat16, device="meta")
+
+
 def pack_codes(codes: torch.Tensor, scales: torch.Tensor,
                zeros: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """(codes [tiles, K / 32 * (256 | 512)] uint8, sz [tiles, groups, 2 | 1, 16] bfloat16): qmm.c's layout of int4

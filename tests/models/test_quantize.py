@@ -367,3 +367,17 @@ def test_bad_precision_input_is_one_usage_error(name, dtype, quantize, match):
 
     with pytest.raises(UsageError, match=match):
         resolve(name, dtype, quantize)
+
+
+@pytest.mark.parametrize("product", ["native", "torch"])
+@pytest.mark.parametrize("mode,group", [("int4", 32), ("int8", 0)])
+def test_the_kernel_operands_meta_shapes_are_the_made_ones(monkeypatch, product, mode, group):
+    """What the layout cache matches a stored file against (`make_kernel("meta")`, from the shapes alone) is what
+    `make_kernel` makes, on qmm.c's layout (outputs not a whole tile) and on torch's (whose int4 packs whole 16s)."""
+    if product == "native" and not native.library("qmm"):
+        pytest.skip("qmm.c is not built here")
+    monkeypatch.setattr(quantize, "quantized_product", lambda *_: product)
+    lin = QuantizedLinear.from_linear(torch.nn.Linear(64, 40 if product == "native" else 48), mode, group)
+    made, shapes = lin.make_kernel(), lin.make_kernel("meta")
+    assert {k: (t.shape, t.dtype) for k, t in shapes.items()} == {k: (t.shape, t.dtype) for k, t in made.items()}
+    assert all(t.is_meta for t in shapes.values())
