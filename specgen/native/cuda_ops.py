@@ -60,11 +60,10 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor,
     count = count.contiguous()
     b, h, s, d = q.shape
     hkv = k.shape[1]
-    group = h // hkv
     kernels().attend_lists[(b * s, hkv)](
         q, k, v, idx, count, out, s, d**-0.5, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1),
         k.stride(2), v.stride(0), v.stride(1), v.stride(2), idx.stride(0), idx.stride(1), out.stride(0),
-        out.stride(1), out.stride(2), **tiles(group, d), num_warps=WARPS)
+        out.stride(1), out.stride(2), **tiles(h // hkv, d), num_warps=WARPS)
 
 
 def tiles(group: int, d: int) -> dict[str, int]:
@@ -74,8 +73,14 @@ def tiles(group: int, d: int) -> dict[str, int]:
     return dict(GROUP=group, D=d, BLOCK_M=pow2(group), BLOCK_D=max(16, pow2(d)), BLOCK=BLOCK_N)
 
 
-def norms(x: torch.Tensor, a: torch.Tensor | None, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, ...]:
-    """(x + a, its norm) or (its norm,) over the last dim of CUDA tensors of one dtype, each [..., dim]."""
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """`torch.ops.specgen.rms_norm` on CUDA: weight * RMSNorm_float32(x) rounded to x's dtype ([..., dim])."""
+    return add_rms_norm(x, None, weight, eps)[0]
+
+
+def add_rms_norm(x: torch.Tensor, a: torch.Tensor | None, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, ...]:
+    """`torch.ops.specgen.add_rms_norm` on CUDA: (x + a, RMSNorm(x + a)) in one pass, or (RMSNorm(x),) when a is None,
+    over the last dim of CUDA tensors of one dtype, each [..., dim]."""
     x = x.contiguous()
     dim = x.shape[-1]
     out, total = torch.empty_like(x), None if a is None else torch.empty_like(x)
@@ -85,47 +90,29 @@ def norms(x: torch.Tensor, a: torch.Tensor | None, weight: torch.Tensor, eps: fl
     return (out,) if total is None else (total, out)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """`torch.ops.specgen.rms_norm` on CUDA: weight * RMSNorm_float32(x) rounded to x's dtype ([..., dim])."""
-    return norms(x, None, weight, eps)[0]
-
-
-def add_rms_norm(x: torch.Tensor, a: torch.Tensor, weight: torch.Tensor, eps: float
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`torch.ops.specgen.add_rms_norm` on CUDA: (x + a, RMSNorm(x + a)) in one pass."""
-    return norms(x, a, weight, eps)
-
-
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: bool) -> torch.Tensor:
     """`torch.ops.specgen.rope` on CUDA: x [B, H, S, D] rotated by cos, sin [B, 1, S, D] (rope.Rotation's), into a new
     contiguous [B, H, S, D]; the bits of rope.rotate's torch ops (pairs (i, i + D/2) if `half`, else (2i, 2i + 1))."""
-    return rotated_rows(x, cos, sin, half, x.shape[1])
+    return rope_store(x, cos, sin, None, None, None, x.shape[1], half)
 
 
-def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               meta: torch.Tensor, heads: int, half: bool) -> torch.Tensor:
+def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k: torch.Tensor | None,
+               v: torch.Tensor | None, meta: torch.Tensor | None, heads: int, half: bool) -> torch.Tensor:
     """`torch.ops.specgen.rope_store` on CUDA, one pass over a step's qkv [B, Hq + 2 Hkv, S, D]: q rotated as `rope`
     rotates it, into a new [B, Hq, S, D] (returned); k rotated and v as it is, into the cache layer k, v [C, Hkv, T,
-    D] at row meta[1, b], slot meta[0, b] + s (graphs.StaticCache's index)."""
-    return rotated_rows(qkv, cos, sin, half, heads, (k, v, meta))
-
-
-def rotated_rows(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: bool, heads: int,
-                 cache: tuple[torch.Tensor, ...] | None = None) -> torch.Tensor:
-    """The rope_rows launch: x's first `heads` heads rotated into a new [B, heads, S, D]; the rest stored in `cache`
-    (k, v, meta: rope_store)."""
-    x = x if x.stride(-1) == 1 else x.contiguous()
+    D] at row meta[1, b], slot meta[0, b] + s (graphs.StaticCache's index); k, v, meta None: `rope`, nothing stored."""
+    x = qkv if qkv.stride(-1) == 1 else qkv.contiguous()
     b, h, s, d = x.shape
     cos, sin = cos.expand(b, 1, s, d), sin.expand(b, 1, s, d)  # a table row shared by the batch: stride 0
     if cos.stride() != sin.stride() or cos.stride(-1) != 1:  # the kernel reads both through cos's strides
         cos, sin = cos.contiguous(), sin.contiguous()
     out = torch.empty(b, heads, s, d, dtype=x.dtype, device=x.device)
-    k, v, meta = cache or (x, x, x)  # unread without STORE
+    store = k is not None
+    k, v, meta = (k, v, meta) if store else (x, x, x)  # unread without STORE
     kernels().rope_rows[(b * h * s,)](x, cos, sin, out, k, v, meta, h, heads, (h - heads) // 2, s, b, x.stride(0),
                                       x.stride(1), x.stride(2), cos.stride(0), cos.stride(2), k.stride(0),
                                       k.stride(1), k.stride(2), D=d, BLOCK_D=max(16, pow2(d)), HALF=half,
-                                      STORE=cache is not None,
-                                      enable_fp_fusion=False)  # two roundings, as torch's mul then add: no FMA
+                                      STORE=store, enable_fp_fusion=False)  # torch's two roundings (mul, add): no FMA
     return out
 
 

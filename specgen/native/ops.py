@@ -32,14 +32,14 @@ LIB = torch.library.Library("specgen", "DEF")  # noqa: TOR901 -- plain dispatche
 # costs more per call than a decode step's small kernels themselves (docs/LOG.md, session 34)
 
 
-def op(schema: str, fake):
-    """Defines torch.ops.specgen.<name> by `schema`, the decorated function as its CPU kernel and `fake` as its
+def op(schema: str, fake, device: str = "CPU"):
+    """Defines torch.ops.specgen.<name> by `schema`, the decorated function as its `device` kernel and `fake` as its
     meta/fake kernel (shapes for the profiler, FakeTensorMode and torch.compile); returns the op."""
     name = schema.split("(", 1)[0]
 
     def register(kernel):
         LIB.define(schema)
-        LIB.impl(name, kernel, "CPU")
+        LIB.impl(name, kernel, device)
         torch.library.register_fake(f"specgen::{name}", fake, lib=LIB)
         return getattr(torch.ops.specgen, name)
     return register
@@ -51,8 +51,12 @@ def c_strides(strides: tuple[int, ...]):
     return (ctypes.c_int64 * 3)(*strides[:3])
 
 
-@op("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor",
-    lambda x, weight, eps: torch.empty_like(x, memory_format=torch.contiguous_format))
+def like(x: torch.Tensor, *_) -> torch.Tensor:
+    """A fake kernel's output: a new contiguous tensor shaped as the first input."""
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@op("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor", like)
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """weight * RMSNorm_float32(x) rounded to x's dtype, over the last dim, as transformer.RMSNorm: [..., dim]."""
     x = x.contiguous()
@@ -66,9 +70,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 LIB.impl("rms_norm", cuda_ops.rms_norm, "CUDA")  # Triton, one program a row (cuda_ops.py)
 
 
-@op("add_rms_norm(Tensor x, Tensor a, Tensor weight, float eps) -> (Tensor, Tensor)",
-    lambda x, a, weight, eps: (torch.empty_like(x, memory_format=torch.contiguous_format),
-                               torch.empty_like(x, memory_format=torch.contiguous_format)))
+@op("add_rms_norm(Tensor x, Tensor a, Tensor weight, float eps) -> (Tensor, Tensor)", lambda x, *_: (like(x), like(x)))
 def add_rms_norm(x: torch.Tensor, a: torch.Tensor, weight: torch.Tensor, eps: float
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + a, RMSNorm(x + a)): a residual add and the pre-norm after it, in one pass ([..., dim] each)."""
@@ -83,19 +85,13 @@ def add_rms_norm(x: torch.Tensor, a: torch.Tensor, weight: torch.Tensor, eps: fl
 LIB.impl("add_rms_norm", cuda_ops.add_rms_norm, "CUDA")
 
 
-LIB.define("rope(Tensor x, Tensor cos, Tensor sin, bool half) -> Tensor")  # CUDA only (rope.rotate: torch ops
-LIB.impl("rope", cuda_ops.rope, "CUDA")  # elsewhere), one Triton pass for rotate's roll, two products and sum
-torch.library.register_fake("specgen::rope", lambda x, cos, sin, half: torch.empty_like(
-    x, memory_format=torch.contiguous_format), lib=LIB)
-LIB.define("rope_store(Tensor qkv, Tensor cos, Tensor sin, Tensor(a!) k, Tensor(b!) v, Tensor meta, int heads, "
-           "bool half) -> Tensor")  # CUDA only: RoPE and a captured step's cache writes in one pass (StaticCache)
-LIB.impl("rope_store", cuda_ops.rope_store, "CUDA")
-torch.library.register_fake("specgen::rope_store", lambda qkv, cos, sin, k, v, meta, heads, half: qkv.new_empty(
-    qkv.shape[0], heads, *qkv.shape[2:]), lib=LIB)
-LIB.define("silu_mul(Tensor a, Tensor b) -> Tensor")  # CUDA only: SwiGLU's gate silu(a) * b in one pass
-LIB.impl("silu_mul", cuda_ops.silu_mul, "CUDA")
-torch.library.register_fake("specgen::silu_mul", lambda a, b: torch.empty_like(
-    a, memory_format=torch.contiguous_format), lib=LIB)
+# CUDA only (torch's ops elsewhere), one Triton pass each: rope.rotate's roll, two products and sum; RoPE and a
+# captured step's cache writes (StaticCache); SwiGLU's gate silu(a) * b
+op("rope(Tensor x, Tensor cos, Tensor sin, bool half) -> Tensor", like, "CUDA")(cuda_ops.rope)
+op("rope_store(Tensor qkv, Tensor cos, Tensor sin, Tensor(a!) k, Tensor(b!) v, Tensor meta, int heads, bool half) -> "
+   "Tensor", lambda qkv, cos, sin, k, v, meta, heads, half: qkv.new_empty(qkv.shape[0], heads, *qkv.shape[2:]),
+   "CUDA")(cuda_ops.rope_store)
+op("silu_mul(Tensor a, Tensor b) -> Tensor", like, "CUDA")(cuda_ops.silu_mul)
 
 
 @op("tiled_linear(Tensor x, Tensor tiles, Tensor? bias, int out_features, int threads) -> Tensor",

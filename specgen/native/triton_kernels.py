@@ -55,8 +55,7 @@ def attend_lists(Q, K, V, IDX, COUNT, OUT, n_q, scale, sqb, sqh, sqs, skb, skh, 
         keep = seen[:, None] & real_dims[None, :]
         k = tl.load(K + b * skb + kvh * skh + slot[:, None] * skt + dims[None, :], mask=keep,
                     other=0.0).to(tl.float32)  # [BLOCK, BLOCK_D]
-        v = tl.load(V + b * svb + kvh * svh + slot[:, None] * svt + dims[None, :], mask=keep,
-                    other=0.0).to(tl.float32)
+        v = tl.load(V + b * svb + kvh * svh + slot[:, None] * svt + dims[None, :], mask=keep, other=0.0).to(tl.float32)
         score = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # [BLOCK_M, BLOCK]
         score = tl.where(seen[None, :], score, float("-inf"))  # past the list: p = 0 exactly
         new_top = tl.maximum(top, tl.max(score, 1))

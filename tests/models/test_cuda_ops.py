@@ -326,7 +326,7 @@ w = torch.randn(576, generator=g).to(torch.bfloat16)
 row = 2**31 // 576 + 1  # its first element past 2^31
 buf = big((row + 1) * 576)
 buf[row * 576:] = torch.randn(576, generator=g)
-(want,) = cuda_ops.norms(buf[row * 576:].clone()[None], None, w, 1e-5)
+(want,) = cuda_ops.add_rms_norm(buf[row * 576:].clone()[None], None, w, 1e-5)
 program(row)
 cuda_ops.kernels().norm_rows[(1,)](buf, buf, w, buf, buf, 576, 1e-5, ADD=False, BLOCK=1024)  # in place
 assert torch.equal(buf[row * 576:], want[0]), "norm"
@@ -374,7 +374,7 @@ def test_the_norms_compute_transformers_formula_a_row_at_a_time(device, dtype, t
     g = torch.Generator().manual_seed(0)
     x, a = (torch.randn(2, 7, 576, generator=g).to(device, dtype) for _ in range(2))
     w = (1 + torch.randn(576, generator=g) / 4).to(device, dtype)
-    (alone,) = cuda_ops.norms(x[1, 3:4], None, w, 1e-5)
+    (alone,) = cuda_ops.add_rms_norm(x[1, 3:4], None, w, 1e-5)
     out = cuda_ops.rms_norm(x, w, 1e-5)
     assert torch.equal(alone[0], out[1, 3])  # a row's bits whatever rows share the call
     torch.testing.assert_close(out, rms_norm(x, w, 1e-5), atol=tol, rtol=tol)
