@@ -30,6 +30,13 @@ def test_min_rows_is_where_onednn_starts_winning_for_good(mkl, dnn, want):
 INF = float("inf")
 
 
+def measured_as(monkeypatch, timing_pass) -> None:
+    """A fresh process's view (nothing measured in memory, no pinned crossover) whose timing pass is `timing_pass`."""
+    monkeypatch.setattr(kernel_choice, "time_passes", timing_pass)
+    monkeypatch.setattr(kernel_choice, "_MEASURED", {})
+    monkeypatch.delenv(ENV, raising=False)
+
+
 @pytest.mark.parametrize("native_ms, want", [
     ((), None),  # not timed (no compiler, or bfloat16 weights)
     ((3, 3, 3, 3), None),  # never the fastest
@@ -72,10 +79,7 @@ def test_time_passes_times_both_kernels_on_every_row_count(monkeypatch):
 @needs_onednn
 @needs_native
 def test_products_follow_a_plan_with_the_native_loop_and_drop_unread_copies(monkeypatch):
-    monkeypatch.setattr(kernel_choice, "time_passes",
-                        lambda *a, **k: Timing((1, 2, 3), (1.0, 2.0, 3.0), (2.0, 3.0, 1.0), (0.5, 1.0, 2.0)))
-    monkeypatch.setattr(kernel_choice, "_MEASURED", {})
-    monkeypatch.delenv(ENV, raising=False)
+    measured_as(monkeypatch, lambda *a, **k: Timing((1, 2, 3), (1.0, 2.0, 3.0), (2.0, 3.0, 1.0), (0.5, 1.0, 2.0)))
     torch.manual_seed(0)
     ref = nn.Linear(16, 8)
     lin = pack_linears(copy.deepcopy(ref))
@@ -89,8 +93,7 @@ def test_products_follow_a_plan_with_the_native_loop_and_drop_unread_copies(monk
         half = copy.deepcopy(lin).to(torch.bfloat16)  # a bfloat16 copy shares the plan, not the native loop
         torch.testing.assert_close(half(x[:1].bfloat16()), copy.deepcopy(ref).to(torch.bfloat16)(x[:1].bfloat16()))
     everywhere = Timing((1, 2), (1.0, 2.0), (2.0, 1.0), (0.5, 0.5))
-    monkeypatch.setattr(kernel_choice, "time_passes", lambda *a, **k: everywhere)
-    monkeypatch.setattr(kernel_choice, "_MEASURED", {})
+    measured_as(monkeypatch, lambda *a, **k: everywhere)
     plan_cache.path().unlink()  # another machine's measurement, not the stored one
     lin = pack_linears(copy.deepcopy(ref))
     lin._packed = ("stale", None)
@@ -107,9 +110,7 @@ def test_the_crossover_is_measured_once_per_shapes_and_thread_count(monkeypatch)
         calls.append(torch.get_num_threads())
         return Timing((1, 2), (1.0, 2.0), (2.0, 1.0))  # oneDNN from 2 rows
 
-    monkeypatch.setattr(kernel_choice, "time_passes", fake)
-    monkeypatch.setattr(kernel_choice, "_MEASURED", {})
-    monkeypatch.delenv(ENV, raising=False)
+    measured_as(monkeypatch, fake)
     a, b = pack_linears(tiny_model(2)), pack_linears(tiny_model(2))  # same shapes: one measurement
     assert calls == []  # nothing measured before the first product
     with torch.inference_mode():
@@ -126,9 +127,7 @@ def test_the_crossover_is_measured_once_per_shapes_and_thread_count(monkeypatch)
 
 @needs_onednn
 def test_products_follow_the_measured_crossover(monkeypatch):
-    monkeypatch.setattr(kernel_choice, "time_passes", lambda *a, **k: Timing((1, 2), (1.0, 2.0), (2.0, 1.0)))
-    monkeypatch.setattr(kernel_choice, "_MEASURED", {})
-    monkeypatch.delenv(ENV, raising=False)
+    measured_as(monkeypatch, lambda *a, **k: Timing((1, 2), (1.0, 2.0), (2.0, 1.0)))
     torch.manual_seed(0)
     ref = nn.Linear(16, 8)
     lin = pack_linears(copy.deepcopy(ref))
@@ -167,9 +166,7 @@ def test_decode_layout_measures_at_load_not_in_the_first_timed_product(monkeypat
     from specgen.models.layout import ENV as LAYOUT_ENV, decode_layout
 
     calls = []
-    monkeypatch.setattr(kernel_choice, "time_passes", lambda *a, **k: calls.append(1) or Timing((1,), (1.0,), (2.0,)))
-    monkeypatch.setattr(kernel_choice, "_MEASURED", {})
-    monkeypatch.delenv(ENV, raising=False)
+    measured_as(monkeypatch, lambda *a, **k: calls.append(1) or Timing((1,), (1.0,), (2.0,)))
     monkeypatch.delenv(LAYOUT_ENV, raising=False)
     model = decode_layout(tiny_model(1))
     assert calls == [1]
@@ -198,8 +195,7 @@ def plan_cache_case(monkeypatch):
         calls.append(1)
         return Timing((1, 2), (1.0, 3.0), (2.0, 1.0))  # oneDNN from 2 rows
 
-    monkeypatch.setattr(kernel_choice, "time_passes", fake)
-    monkeypatch.setattr(kernel_choice, "_MEASURED", {})
+    measured_as(monkeypatch, fake)
     return calls
 
 

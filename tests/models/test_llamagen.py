@@ -36,12 +36,19 @@ def llamagen_checkpoint(seed: int = 0) -> dict:
 
 def reference_logits(sd: dict, labels: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """LlamaGen c2i forward written from its gpt.py, independently of specgen's decoder."""
+    x = torch.cat([sd["cls_embedding.embedding_table.weight"][labels][:, None], sd["tok_embeddings.weight"][tokens]], 1)
+    return reference_blocks(sd, x, torch.ones(x.shape[1], x.shape[1], dtype=torch.bool).tril(), 1)
+
+
+def reference_blocks(sd: dict, x: torch.Tensor, mask: torch.Tensor, n_cond: int) -> torch.Tensor:
+    """Logits of LlamaGen's blocks (gpt.py) over the embeddings x [B, T, D] under the bool mask [T, T] or [B, 1, T, T],
+    the 2D RoPE after `n_cond` zero condition rows; the constants are this file's (test_llamagen_t2i.py shares them)."""
     half = HD // 2
     freqs = 1.0 / (10000 ** (torch.arange(0, half, 2)[: half // 2].float() / half))
     f = torch.outer(torch.arange(G).float(), freqs)
     grid = torch.cat([f[:, None, :].expand(G, G, -1), f[None, :, :].expand(G, G, -1)], dim=-1)
     cache = torch.stack([grid.cos(), grid.sin()], dim=-1).flatten(0, 1)  # [G*G, half, 2]
-    freqs_cis = torch.cat([torch.zeros(1, half, 2), cache])  # zero condition row
+    freqs_cis = torch.cat([torch.zeros(n_cond, half, 2), cache])  # zero condition rows
 
     def rms(x, w):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * w
@@ -51,14 +58,13 @@ def reference_logits(sd: dict, labels: torch.Tensor, tokens: torch.Tensor) -> to
         fc = torch.view_as_complex(freqs_cis[: x.shape[1]].contiguous())[None, :, None]
         return torch.view_as_real(xc * fc).flatten(3)
 
-    x = torch.cat([sd["cls_embedding.embedding_table.weight"][labels][:, None], sd["tok_embeddings.weight"][tokens]], 1)
     b, t, _ = x.shape
     for i in range(L):
         p = f"layers.{i}."
         q, k, v = (rms(x, sd[p + "attention_norm.weight"]) @ sd[p + "attention.wqkv.weight"].T).split(D, -1)
         q, k, v = rope(q.view(b, t, H, HD)), rope(k.view(b, t, H, HD)), v.view(b, t, H, HD)
         att = (q.transpose(1, 2) @ k.transpose(1, 2).transpose(-1, -2)) / HD ** 0.5
-        att = att.masked_fill(~torch.ones(t, t, dtype=torch.bool).tril(), float("-inf")).softmax(-1)
+        att = att.masked_fill(~mask, float("-inf")).softmax(-1)
         x = x + (att @ v.transpose(1, 2)).transpose(1, 2).reshape(b, t, D) @ sd[p + "attention.wo.weight"].T
         hn = rms(x, sd[p + "ffn_norm.weight"])
         x = x + (F.silu(hn @ sd[p + "feed_forward.w1.weight"].T) * (hn @ sd[p + "feed_forward.w3.weight"].T)) \

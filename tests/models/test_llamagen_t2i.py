@@ -18,7 +18,7 @@ from specgen.image.target import CaptionCFGTarget, cfg_target
 from specgen.models.llamagen import find_multiple, llamagen_config, llamagen_kwargs, llamagen_state
 from specgen.models.transformer import padded_causal_mask
 from tests.image_fixtures import one_thread
-from tests.models.test_llamagen import hf_layer_names, layer_weights
+from tests.models.test_llamagen import hf_layer_names, layer_weights, reference_blocks
 
 _threads = pytest.fixture(autouse=True)(one_thread)
 
@@ -47,21 +47,6 @@ def reference_logits(sd: dict, captions: torch.Tensor, valid: torch.Tensor, toke
 
     captions [B, N, C] (left-padded), valid [B, N] bool, tokens [B, T]: logits [B, N + T, V].
     """
-    half = HD // 2
-    freqs = 1.0 / (10000 ** (torch.arange(0, half, 2)[: half // 2].float() / half))
-    f = torch.outer(torch.arange(G).float(), freqs)
-    grid = torch.cat([f[:, None, :].expand(G, G, -1), f[None, :, :].expand(G, G, -1)], dim=-1)
-    cache = torch.stack([grid.cos(), grid.sin()], dim=-1).flatten(0, 1)  # [G*G, half, 2]
-    freqs_cis = torch.cat([torch.zeros(N, half, 2), cache])  # N zero condition rows
-
-    def rms(x, w):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * w
-
-    def rope(x):  # x [B, T, H, hd], adjacent pairs as complex numbers
-        xc = torch.view_as_complex(x.reshape(*x.shape[:-1], -1, 2).contiguous())
-        fc = torch.view_as_complex(freqs_cis[: x.shape[1]].contiguous())[None, :, None]
-        return torch.view_as_real(xc * fc).flatten(3)
-
     cap = F.gelu(captions @ sd["cls_embedding.cap_proj.fc1.weight"].T, approximate="tanh") \
         @ sd["cls_embedding.cap_proj.fc2.weight"].T
     x = torch.cat([cap, sd["tok_embeddings.weight"][tokens]], 1)
@@ -70,18 +55,7 @@ def reference_logits(sd: dict, captions: torch.Tensor, valid: torch.Tensor, toke
     mask = torch.ones(b, t, t).tril()
     mask[:, :, :N] = mask[:, :, :N] * valid[:, None, :].float()
     eye = torch.eye(t)
-    mask = (mask * (1 - eye) + eye).bool()[:, None]
-    for i in range(L):
-        p = f"layers.{i}."
-        q, k, v = (rms(x, sd[p + "attention_norm.weight"]) @ sd[p + "attention.wqkv.weight"].T).split(D, -1)
-        q, k, v = rope(q.view(b, t, H, HD)), rope(k.view(b, t, H, HD)), v.view(b, t, H, HD)
-        att = (q.transpose(1, 2) @ k.transpose(1, 2).transpose(-1, -2)) / HD ** 0.5
-        att = att.masked_fill(~mask, float("-inf")).softmax(-1)
-        x = x + (att @ v.transpose(1, 2)).transpose(1, 2).reshape(b, t, D) @ sd[p + "attention.wo.weight"].T
-        hn = rms(x, sd[p + "ffn_norm.weight"])
-        x = x + (F.silu(hn @ sd[p + "feed_forward.w1.weight"].T) * (hn @ sd[p + "feed_forward.w3.weight"].T)) \
-            @ sd[p + "feed_forward.w2.weight"].T
-    return rms(x, sd["norm.weight"]) @ sd["output.weight"].T
+    return reference_blocks(sd, x, (mask * (1 - eye) + eye).bool()[:, None], N)
 
 
 def config_kwargs() -> dict:
