@@ -283,6 +283,19 @@ def test_nonsense_numbers_are_refused(tiny, args, needle):
     check_refusal(tiny, args, 2, needle)
 
 
+@pytest.mark.parametrize("args,needle", [
+    (["--classes", "dog,,sky"], "--classes 'dog,,sky' has an empty item"),  # the image runner's refusal: it ran
+    (["--point-clouds", "c.npy", "-o", "out", "mesh_format=fbx"], "unknown mesh format 'fbx'"),  # the mesh runner's
+    (["-n", "1", "-o", "out"], "ar decodes the default text model unless --model names an image or mesh one"),
+    (["--classes", "1", "--point-clouds", "c.npy"], "--point-clouds is for mesh models; this is a text model; ar"),
+])
+def test_a_method_of_several_modalities_without_a_model_runs_the_one_its_options_name(tiny, args, needle):
+    """`generate --method ar --classes dog` was refused ("--classes is for image models; this is a text model"): ar
+    runs on every modality, and without --model the options given pick the one that reads them all; where they fit
+    two (--num, --out-dir), the refusal says how to name the model."""
+    check_refusal(tiny, ["generate", "--method", "ar", *args], 2, needle)
+
+
 def test_a_recipes_model_picks_the_generate_runner(tiny):
     """A recipe's `model:` is the model, as --model is: an image model takes the image runner (was the text one,
     which asked an image recipe for a prompt)."""
