@@ -1016,3 +1016,19 @@ def test_generate_help_lists_every_method_by_modality():
     assert all(METHODS[n].runs_on(m) for m, names in METHOD_NAMES.items() for n in names)
     r = runner.invoke(app, ["generate", "--help"], env={"COLUMNS": "300"})
     assert r.exit_code == 0 and "image eagle2, adt-tree, lantern" in r.stdout and "see `specgen generate" not in r.stdout
+
+
+def test_generate_help_states_each_modalitys_defaults_as_the_configs_hold_them():
+    """--temperature's help was "0 = greedy." (the defaults differ by modality: 0, 1, 0.5), --num and --cfg-scale
+    named no default, --max-new-tokens no modality; the defaults the help names are the configs' own."""
+    from specgen.image.generate import DEFAULT_NUM, ImageGenConfig
+    from specgen.mesh.generate import MeshGenConfig
+    from specgen.text.generate import TextGenConfig
+
+    r = runner.invoke(app, ["generate", "--help"], env={"COLUMNS": "400"})
+    text = " ".join(r.stdout.replace("│", " ").split())
+    temps = (TextGenConfig.temperature, ImageGenConfig.temperature, MeshGenConfig.temperature)
+    assert "(default: text {:g}, image {:g}, mesh {:g})".format(*temps) in text
+    assert f"images (default {DEFAULT_NUM}, or one per caption)" in text
+    assert f"meshes (default {MeshGenConfig.num};" in text and f"(default {ImageGenConfig.cfg_scale:g})" in text
+    assert f"[text, mesh] Token budget per sequence (text: {TextGenConfig.max_new_tokens};" in text
