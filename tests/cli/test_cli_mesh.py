@@ -390,3 +390,24 @@ def test_the_mesh_benchmark_title_says_when_there_is_no_other_test_mesh(tmp_path
     rows = [{"row": "ar", "cd_box": 0.5885, "cd_other_mesh": other}]
     [(title, _, _)] = SUITES["meshes"].tables(rows, MeshBenchConfig(limit=1), RunDir(tmp_path, "meshes", {}))
     assert title.endswith(f"reference CD: a box 0.5885, {shown}") and "None" not in title
+
+
+def test_a_mesh_write_the_device_refuses_names_the_folder(tmp_path, monkeypatch):
+    """`generate -o` said only "error: No space left on device" (export-mesh named the folder): both write through
+    `write_files`, which names it and removes a folder it made for nothing."""
+    import errno
+    import os
+
+    import specgen.mesh.export as export
+    from cli.generate_mesh import write_files
+    from specgen.errors import RuntimeFailure
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(export, "atomic_write_bytes", full)
+    m = generate_mesh(3)
+    out = tmp_path / "deep" / "meshes"
+    with pytest.raises(RuntimeFailure, match=re.escape(f"cannot write meshes in {out} (No space left on device)")):
+        write_files(m.vertices, m.faces, out, "m", "obj", False)
+    assert not (tmp_path / "deep").exists()
