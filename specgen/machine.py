@@ -119,10 +119,17 @@ def machine_facts(device: str | None = None) -> dict:
             "native": {"compiler": native.compiler()[0], "libraries": libraries}, "caches": caches()}
 
 
+#: (flag, name): the widest vector ISA, the one fact of `isa` the machine column names (kernels and speed follow it:
+#: an AVX2-only CPU's rows are not an AVX-512 one's)
+VECTOR_ISA = (("avx512f", "AVX-512"), ("avx2", "AVX2"), ("sve", "SVE"), ("asimd", "NEON"))
+
+
 def label(facts: dict, device: str | None = None) -> str:
-    """The one-line machine column of benchmark tables and rows, from `machine_facts(device)`."""
+    """The one-line machine column of benchmark tables and rows, from `machine_facts(device)`: `specgen env`'s CPU
+    model and widest vector ISA first, then threads and the kernel paths."""
     cpu, t = facts["devices"][0], facts["threads"]
-    host = f"{cpu['arch']}, {cpu['cpus']} cpus, torch threads {t['torch']}"
+    vector = next((f" {name}" for flag, name in VECTOR_ISA if flag in facts["isa"]), "")
+    host = f"{cpu['model']}, {cpu['arch']}{vector}, {cpu['cpus']} cpus, torch threads {t['torch']}"
     if not is_cpu(device):
         steps = facts["kernels"]["step_kernels"]["path"]
         gpu = f"{torch.cuda.get_device_name(device)}, torch {facts['torch']}, CUDA {facts['cuda']}"
