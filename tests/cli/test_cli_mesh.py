@@ -411,3 +411,13 @@ def test_a_mesh_write_the_device_refuses_names_the_folder(tmp_path, monkeypatch)
     with pytest.raises(RuntimeFailure, match=re.escape(f"cannot write meshes in {out} (No space left on device)")):
         write_files(m.vertices, m.faces, out, "m", "obj", False)
     assert not (tmp_path / "deep").exists()
+
+
+def test_an_out_dir_that_is_a_link_to_nothing_is_refused_before_the_work(tmp_path):
+    """A dangling link as --out-dir (or above it) passed the up-front check and failed "File exists" (exit 1) at the
+    first file, after every mesh or image was decoded."""
+    (tmp_path / "gone").symlink_to(tmp_path / "nowhere")
+    for out in (tmp_path / "gone", tmp_path / "gone" / "sub"):
+        one_error_line(invoke("export-mesh", "-", "-o", out, input=good_line()), 2,
+                       f"{tmp_path / 'gone'} is a link to {tmp_path / 'nowhere'}, which does not exist")
+    assert not (tmp_path / "nowhere").exists()
