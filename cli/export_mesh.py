@@ -62,7 +62,8 @@ def export_mesh(
              "a pipe; on a terminal a file must be named).", parser=prompt_source, show_default=False)] = None,
     out_dir: Annotated[Path, typer.Option("--out-dir", "-o", parser=out_path, help="Folder for the mesh files; files already there are "
                                           "kept (new names get -1, -2, ...).")] = Path("meshes"),
-    mesh_format: Annotated[str, typer.Option("--mesh-format", help="obj, ply, stl, off or glb.")] = "obj",
+    mesh_format: Annotated[str, typer.Option(
+        "--mesh-format", help="File format of the meshes: obj, ply, stl, off or glb (the last three binary).")] = "obj",
     preview: Annotated[bool, typer.Option("--preview", help="Also write a PNG preview per mesh.")] = False,
     fmt: FormatOpt = Format.table,
     quiet: QuietOpt = False,

@@ -59,6 +59,7 @@ def test_help_has_examples():
     for sub in (["export-mesh"], ["train-heads"]):
         h = invoke(*sub, "--help")
         assert h.exit_code == 0 and "examples" in h.stdout
+    assert "File format of the meshes" in invoke("export-mesh", "--help").stdout  # it said only "obj, ply, ..."
 
 
 def test_generate_marks_rejection_lossless_only_without_an_adapter(tiny):
