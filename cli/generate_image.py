@@ -54,8 +54,11 @@ def run(args, spec: MethodSpec) -> None:
     for s in samples:
         total.merge(s.stats)
     wall = max(s.stats.extras["latency_s"] for s in samples)  # the batch's wall time (rows overlap when batched)
+    # rates over that wall time: the rows' summed times count a batch's steps once per row; summed latencies are none
     summary = {"method": spec.name, "images": len(samples), **total.summary(), "wall_s": round(wall, 4),
+               "tokens_per_s": round(total.new_tokens / wall, 3) if wall else 0.0,
                "images_per_s": round(len(samples) / wall, 4) if wall else 0.0}
+    del summary["latency_s"]
     model = req.model_label(im.entry.ref)
     if args.fmt == Format.json:
         about = ((lambda l: {"caption": l}) if im.text_conditional else

@@ -361,3 +361,13 @@ def test_a_device_that_fills_up_mid_run_is_a_runtime_failure_naming_the_folder(t
     assert r.exit_code == 1, r.output
     assert r.stderr.startswith(f"error: cannot write images in {out} (No space left on device); free some space")
     assert len(r.stderr.strip().splitlines()) == 1 and not (tiny_image / "full").exists()  # nor a temporary
+
+
+def test_a_batched_runs_rates_are_over_its_wall_time(tiny_image):
+    """With --batch-size 2 tokens_per_s was over the rows' summed times (each counts every step of the batch): half
+    the rate; and latency_s summed the images' latencies, a time of nothing."""
+    r = gen(tiny_image / "b", "--method", "ar", "-b", "2", "--format", "json")
+    assert r.exit_code == 0, r.output
+    stats = json.loads(r.stdout)["stats"]
+    assert stats["tokens_per_s"] == pytest.approx(stats["new_tokens"] / stats["wall_s"], rel=1e-2)
+    assert stats["images_per_s"] == pytest.approx(2 / stats["wall_s"], rel=1e-2) and "latency_s" not in stats
