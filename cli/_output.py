@@ -13,7 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from specgen.errors import RuntimeFailure, UsageError
-from specgen.paths import check_space, write_new
+from specgen.paths import ADVICE, check_space, nearest_existing, remove_empty_dirs, write_new
 
 
 class ResultsConsole(Console):
@@ -73,6 +73,20 @@ def item_done(what: str, done: int, total: int, detail, quiet: bool = False) -> 
     """One stderr line as an item of a run (an image, a mesh) is done: `image 3/8: path`."""
     if not quiet:
         err.print(f"{what} {done}/{total}: {detail}", markup=False, highlight=False, soft_wrap=True)
+
+
+@contextmanager
+def writing(what: str, folder) -> None:
+    """One write of `what` files into `folder` (made by the first) as a run goes: a write the device or file system
+    refuses (full, read-only, permissions) is one line, exit 1, naming the folder, not the temporary the atomic
+    writer used; files written before it stay, a folder made for nothing goes."""
+    base = nearest_existing(folder)
+    try:
+        yield
+    except OSError as e:
+        remove_empty_dirs(folder, base)
+        raise RuntimeFailure(f"cannot write {what} in {folder} ({e.strerror or e}); "
+                             f"{ADVICE.get(e.errno, 'write elsewhere')}") from None
 
 
 def registry_progress(quiet: bool = False):

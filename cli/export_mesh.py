@@ -12,8 +12,8 @@ from cli import _output
 from cli._errors import command
 from cli._options import Format, FormatOpt, QuietOpt, out_path, prompt_source
 from specgen.data.prompts import json_lines, read_text
-from specgen.errors import RuntimeFailure, UsageError
-from specgen.paths import ADVICE, check_output_dir, nearest_existing, remove_empty_dirs
+from specgen.errors import UsageError
+from specgen.paths import check_output_dir
 
 EPILOG = """examples:
 
@@ -62,7 +62,8 @@ def export_mesh(
              "a pipe; on a terminal a file must be named).", parser=prompt_source, show_default=False)] = None,
     out_dir: Annotated[Path, typer.Option("--out-dir", "-o", parser=out_path, help="Folder for the mesh files; files already there are "
                                           "kept (new names get -1, -2, ...).")] = Path("meshes"),
-    mesh_format: Annotated[str, typer.Option("--mesh-format", help="obj, ply, stl, off or glb.")] = "obj",
+    mesh_format: Annotated[str, typer.Option(
+        "--mesh-format", help="File format of the meshes: obj, ply, stl, off or glb (the last three binary).")] = "obj",
     preview: Annotated[bool, typer.Option("--preview", help="Also write a PNG preview per mesh.")] = False,
     fmt: FormatOpt = Format.table,
     quiet: QuietOpt = False,
@@ -72,14 +73,7 @@ def export_mesh(
 
     mesh_format = format_name(mesh_format)
     check_output_dir(out_dir)  # before reading: a file, an unwritable path or a full device is refused
-    seqs = read_sequences(source)
-    base = nearest_existing(out_dir)
-    try:
-        rows = export_sequences(seqs, out_dir, mesh_format, preview)
-    except OSError as e:  # the device filled up meanwhile: what was written stays, a folder made for nothing goes
-        remove_empty_dirs(out_dir, base)
-        raise RuntimeFailure(f"cannot write meshes in {out_dir} ({e.strerror or e}); "
-                             f"{ADVICE.get(e.errno, 'write elsewhere')}") from None
+    rows = export_sequences(read_sequences(source), out_dir, mesh_format, preview)  # a failed write: one line
     check_any_valid(rows, "sequences decodes to a mesh", "nothing written")
     bad = [r for r in rows if not r["valid"]]
     for r in bad if not quiet else []:

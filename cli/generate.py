@@ -30,6 +30,12 @@ EPILOG = """examples:
   specgen generate --method lantern --classes chelsea,coffee --num 4 --cfg-scale 3 -o out/ --format json
 
   specgen generate --method adt-tree --model llamagen-t2i-xl --captions feats.safetensors --cfg-scale 7.5
+
+  specgen generate --method xspecmesh --num 2 -o meshes/ preview=true mesh_format=glb   # procedural test clouds
+
+  specgen generate --method xspecmesh --point-clouds clouds/ -o meshes/ method_options.criterion=topk
+
+  specgen generate --method ar --point-clouds chair.obj -o meshes/     # no --model: the options pick the modality
 """
 
 
@@ -45,18 +51,27 @@ def generate(
         help="\\[text] Prompt file as `benchmark --prompts` reads it: one per line, JSON Lines (prompt or "
                           "chat messages; Spec-Bench's turns), - for stdin, or a local dataset.")] = None,
     prompt_field: PromptFieldOpt = None,
-    max_new_tokens: Annotated[Optional[int], typer.Option("--max-new-tokens", help="Token budget per sequence.")] = None,
-    temperature: Annotated[Optional[float], typer.Option("--temperature", "-t", help="0 = greedy.")] = None,
+    max_new_tokens: Annotated[Optional[int], typer.Option(
+        "--max-new-tokens", help="\\[text, mesh] Token budget per sequence (text: 128; mesh: 0 = twice the "
+                                 "backbone's training length).")] = None,
+    temperature: Annotated[Optional[float], typer.Option(
+        "--temperature", "-t", help="Sampling temperature, 0 = greedy (default: text 0, image 1, mesh 0.5).")] = None,
     top_k: Annotated[Optional[int], typer.Option("--top-k", help="Keep the k most likely tokens (0 = off).")] = None,
     top_p: Annotated[Optional[float], typer.Option("--top-p", help="Nucleus sampling mass in (0, 1].")] = None,
     no_chat: Annotated[bool, typer.Option(
         "--no-chat", help="\\[text] Feed text prompts raw, without the chat template (chat messages always use "
                           "it).")] = False,
-    out_dir: Annotated[Optional[Path], typer.Option("--out-dir", "-o", parser=out_path, help="\\[image, mesh] Output folder; files already "
-                                                     "there are kept (new names get -1, -2, ...).")] = None,
-    num: Annotated[Optional[int], typer.Option("--num", "-n", help="\\[image, mesh] Number of samples (>= 1).")] = None,
-    classes: Annotated[Optional[str], typer.Option("--classes", help="\\[image] Comma-separated class names or ids.")] = None,
-    cfg_scale: Annotated[Optional[float], typer.Option("--cfg-scale", help="\\[image] Classifier-free guidance scale.")] = None,
+    out_dir: Annotated[Optional[Path], typer.Option(
+        "--out-dir", "-o", parser=out_path, help="\\[image, mesh] Output folder; files already there are kept (new "
+                                                 "names get -1, -2, ...).")] = None,
+    num: Annotated[Optional[int], typer.Option(
+        "--num", "-n", help="\\[image, mesh] Number of images (default 8, or one per caption) or of procedural test "
+                            "meshes (default 4; not with --point-clouds); >= 1.")] = None,
+    classes: Annotated[Optional[str], typer.Option(
+        "--classes", help="\\[image] Comma-separated class names or ids, cycled over the --num images (default: "
+                          "every class in turn).")] = None,
+    cfg_scale: Annotated[Optional[float], typer.Option(
+        "--cfg-scale", help="\\[image] Classifier-free guidance scale in (0, 50]; 1 = none (default 4).")] = None,
     captions: Annotated[Optional[Path], typer.Option(
         "--captions", parser=in_path,
         help="\\[image, t2i] Caption features: .safetensors/.npz with features [N, L<=120, C] and mask "
@@ -64,7 +79,10 @@ def generate(
     drafter: Annotated[Optional[str], typer.Option(
         "--drafter", help="\\[image] EAGLE drafter for eagle2/adt-tree/lantern/vvs (default: the target's shipped one).")] = None,
     point_clouds: Annotated[Optional[Path], typer.Option(
-        "--point-clouds", parser=in_path, help="\\[mesh] Point clouds (.npy/.ply) or a mesh folder.")] = None,
+        "--point-clouds", parser=in_path,
+        help="\\[mesh] Inputs, each decoded once: .npy points+normals [N, 6] (or a batch [B, N, 6]), a face-less .ply "
+             "with normals, a mesh (.obj/.ply/.stl/.off/.glb) sampled to a cloud, or a folder of them (default: "
+             "--num procedural test meshes).")] = None,
     batch_size: Annotated[Optional[int], typer.Option(
         "--batch-size", "-b", help="Sequences decoded together: prompts, images or point clouds (continuous "
                                    "batching; clamped to their number).")] = None,

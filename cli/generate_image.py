@@ -34,6 +34,8 @@ def run(args, spec: MethodSpec) -> None:
                       **args.recipe)
     req = parse_request(cfg, "image", spec)
     cfg = req.cfg  # as parsed: `model: NAME+int8` is NAME with quantize int8
+    if not cfg.out_dir:  # `out_dir=` (an unset shell variable): Path("") is this folder, written into unsaid
+        raise UsageError("an empty out_dir (an unset shell variable?); name a folder, or . for this one")
     check_output_dir(Path(cfg.out_dir))  # created with the first PNG: a failed run leaves no folder
     im = load_image_model(cfg.model, cfg.drafter, req.device, need_drafter=spec.name != "ar", dtype=cfg.dtype,
                           quantize=cfg.quantize, graphs=cfg.graphs)
@@ -41,17 +43,22 @@ def run(args, spec: MethodSpec) -> None:
     writer, files = PngWriter(Path(cfg.out_dir), spec.name, im.classes), {}
 
     def write(j: int, pixels) -> None:  # each file as its image is done: an interrupted run keeps the finished ones
-        files[j] = writer.add(j, label_of(conditions[j]), pixels)
+        with _output.writing("images", writer.out_dir):
+            files[j] = writer.add(j, label_of(conditions[j]), pixels)
         _output.item_done("image", len(files), len(conditions), files[j], args.quiet)
 
     samples, _ = generate_images(im, req, conditions=conditions, on_image=write)
-    paths = [files[j] for j in range(len(samples))] + [writer.grid()]
+    with _output.writing("images", writer.out_dir):
+        paths = [files[j] for j in range(len(samples))] + [writer.grid()]
     total = DecodeStats()
     for s in samples:
         total.merge(s.stats)
     wall = max(s.stats.extras["latency_s"] for s in samples)  # the batch's wall time (rows overlap when batched)
+    # rates over that wall time: the rows' summed times count a batch's steps once per row; summed latencies are none
     summary = {"method": spec.name, "images": len(samples), **total.summary(), "wall_s": round(wall, 4),
+               "tokens_per_s": round(total.new_tokens / wall, 3) if wall else 0.0,
                "images_per_s": round(len(samples) / wall, 4) if wall else 0.0}
+    del summary["latency_s"]
     model = req.model_label(im.entry.ref)
     if args.fmt == Format.json:
         about = ((lambda l: {"caption": l}) if im.text_conditional else

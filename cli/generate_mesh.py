@@ -88,10 +88,11 @@ def row(s, req, loaded, files: list[str], opts) -> dict:
 
 def write_files(vertices, faces, out_dir: Path, name: str, mesh_format: str, preview: bool) -> tuple:
     """(the mesh file's path, the PNG preview's path or None) of one mesh under a free name (earlier files are kept)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stem = free_stem(out_dir, name, (f".{mesh_format}", ".png"))
-    path = export_mesh(vertices, faces, out_dir / f"{stem}.{mesh_format}", mesh_format)
-    return path, str(render_png(vertices, faces, out_dir / f"{stem}.png")) if preview else None
+    with _output.writing("meshes", out_dir):
+        out_dir.mkdir(parents=True, exist_ok=True)
+        stem = free_stem(out_dir, name, (f".{mesh_format}", ".png"))
+        path = export_mesh(vertices, faces, out_dir / f"{stem}.{mesh_format}", mesh_format)
+        return path, str(render_png(vertices, faces, out_dir / f"{stem}.png")) if preview else None
 
 
 def check_any_valid(rows: list[dict], what: str, outcome: str) -> None:

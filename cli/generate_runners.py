@@ -57,9 +57,30 @@ def run(args: GenerateArgs, method: str) -> None:
     # the model as the config will load it (--model, else an override, else the recipe file's): its modality picks
     # the runner, so `model=NAME` or a recipe's `model:` runs the same runner as --model NAME
     model = args.recipe["model"] or recipe_key(args.config, args.overrides, "model")
-    modality = checkpoints.modality_of(split_name(model)[0]) if model else spec.modality  # NAME+int8: NAME's
-    for field, (flag, modalities) in MODALITY_OPTIONS.items():
-        if getattr(args, field) not in (None, []) and modality not in modalities:
-            raise UsageError(f"{flag} is for {' and '.join(modalities)} models; this is "
-                             f"{'an' if modality[0] in 'aeiou' else 'a'} {modality} model{INSTEAD.get((field, modality), '')}")
+    given = [field for field in MODALITY_OPTIONS if getattr(args, field) not in (None, [])]
+    modality = checkpoints.modality_of(split_name(model)[0]) if model else unnamed_modality(spec, given)  # NAME+int8
+    for field in given:
+        flag, modalities = MODALITY_OPTIONS[field]
+        if modality not in modalities:
+            raise UsageError(f"{flag} is for {' and '.join(modalities)} models; this is {article(modality)} {modality} "
+                             f"model{INSTEAD.get((field, modality), '') or name_one(spec, model, modalities)}")
     importlib.import_module(RUNNERS[modality]).run(args, spec)
+
+
+def unnamed_modality(spec, given: list[str]) -> str:
+    """The modality of a run that names no model (its modality's default model decodes): the method's own, unless
+    the method runs on several and the options given are read by just one other of them (`ar --classes dog`:
+    images, where it refused --classes as a text run's)."""
+    fits = [m for m in spec.modalities or (spec.modality,) if all(m in MODALITY_OPTIONS[f][1] for f in given)]
+    return fits[0] if len(fits) == 1 else spec.modality
+
+
+def name_one(spec, model: str | None, modalities: tuple[str, ...]) -> str:
+    """How a refused option's modality is reached when the method runs on it but no model was named."""
+    runs = [m for m in modalities if spec.runs_on(m)]
+    return "" if model or not runs else (f"; {spec.name} decodes the default {spec.modality} model unless --model "
+                                         f"names {article(runs[0])} {' or '.join(runs)} one")
+
+
+def article(word: str) -> str:
+    return "an" if word[0] in "aeiou" else "a"

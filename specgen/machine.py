@@ -87,12 +87,17 @@ def kernel_paths(device: str | None = None) -> dict[str, dict]:
     why = ("SPECGEN_NATIVE=0" if os.environ.get("SPECGEN_NATIVE", "1") == "0" else "no C compiler"
            if native.compiler()[0] is None else "built at pip install, else once per machine into the native cache")
     why += "" if native.sixteen_lanes() else "; no 16-lane vectors (AVX-512F or AVX2 + FMA): no attention.c"
-    prefix = f"{plan_cache.machine()}|{torch.get_num_threads()}|"  # plans stored for this CPU, torch and threads
+    threads = torch.get_num_threads()
+    prefix = f"{plan_cache.machine()}|{threads}|"  # plans stored for this CPU, torch and threads
     stored = (plan_cache.load(k) for k in plan_cache.read() if k.startswith(prefix))
     plans = sorted({kernel_choice.Plan(*p).describe() for p in stored if p is not None})
-    text = float_path(kernel_choice.describe() or " / ".join(plans))  # one per model measured here
-    return {"text float32": text, "text int8": quantized_path("int8"), "text int4": quantized_path("int4"),
-            "image": float_path(), "mesh": float_path(), "step_kernels": {"path": steps, "why": why}}
+    floats = float_path(kernel_choice.describe())  # the pinned plan (or this process's): every family's alike
+    return {"text float32": floats, "text int8": quantized_path("int8"), "text int4": quantized_path("int4"),
+            "image": floats, "mesh": floats, "step_kernels": {"path": steps, "why": why},
+            # keyed by weight shapes alone: a text model's, an image GPT's, a drafter's or a mesh backbone's
+            "float32 plans": {"path": " / ".join(plans) or "none measured yet",
+                              "why": f"stored at {threads} threads, one per model (text, image or mesh) measured here; a "
+                                     "benchmark's machine column names those of the models it ran"}}
 
 
 def caches() -> dict[str, dict]:
@@ -114,10 +119,17 @@ def machine_facts(device: str | None = None) -> dict:
             "native": {"compiler": native.compiler()[0], "libraries": libraries}, "caches": caches()}
 
 
+#: (flag, name): the widest vector ISA, the one fact of `isa` the machine column names (kernels and speed follow it:
+#: an AVX2-only CPU's rows are not an AVX-512 one's)
+VECTOR_ISA = (("avx512f", "AVX-512"), ("avx2", "AVX2"), ("sve", "SVE"), ("asimd", "NEON"))
+
+
 def label(facts: dict, device: str | None = None) -> str:
-    """The one-line machine column of benchmark tables and rows, from `machine_facts(device)`."""
+    """The one-line machine column of benchmark tables and rows, from `machine_facts(device)`: `specgen env`'s CPU
+    model and widest vector ISA first, then threads and the kernel paths."""
     cpu, t = facts["devices"][0], facts["threads"]
-    host = f"{cpu['arch']}, {cpu['cpus']} cpus, torch threads {t['torch']}"
+    vector = next((f" {name}" for flag, name in VECTOR_ISA if flag in facts["isa"]), "")
+    host = f"{cpu['model']}, {cpu['arch']}{vector}, {cpu['cpus']} cpus, torch threads {t['torch']}"
     if not is_cpu(device):
         steps = facts["kernels"]["step_kernels"]["path"]
         gpu = f"{torch.cuda.get_device_name(device)}, torch {facts['torch']}, CUDA {facts['cuda']}"

@@ -27,6 +27,9 @@ def nearest_existing(path: Path) -> Path:
 def check_folder(folder: Path, what: str) -> None:
     """Refuse, before any work and creating nothing, a folder (`what` names it in messages) that is a file or cannot
     be made or written, or whose device refuses a write (`check_space`)."""
+    broken = next((p for p in (Path(folder), *Path(folder).parents) if p.is_symlink() and not p.exists()), None)
+    if broken is not None:  # making the folder would fail ("File exists") only once the work is done
+        raise UsageError(f"{what}: {broken} is a link to {os.readlink(broken)}, which does not exist")
     probe = nearest_existing(folder)
     if not probe.is_dir():
         raise UsageError(f"{what}: {probe} is a file, not a folder")

@@ -126,23 +126,28 @@ def default_drafter(target: registry.Entry) -> str:
     return ""
 
 
-def resolve_classes(spec: list[str], names: list[str], num: int) -> list[int]:
-    """Class ids for `num` images: given names/ids cycled, or all classes cycled."""
-    n = len(names) or None
+def resolve_classes(spec: list[str], names: list[str], count: int, num: int) -> list[int]:
+    """Class ids for `num` images of a model of `count` classes (`names`: theirs, where its entry records them): the
+    given names or ids cycled, or every class in turn."""
     ids = []
-    for c in spec:
-        if str(c).isdigit() and (n is None or int(c) < n):
+    for c in map(str, spec):
+        if c.isdigit() and int(c) < count:
             ids.append(int(c))
         elif c in names:
             ids.append(names.index(c))
+        elif c.isdigit():  # an id past the embedding's rows would fail in the forward (or pick the null class)
+            raise UsageError(f"class id {c} is out of range: the model has {count} classes, ids 0-{count - 1}")
         else:
-            near = difflib.get_close_matches(str(c), names, n=3)
-            raise UsageError(f"unknown class '{c}'" + (f"; did you mean {', '.join(near)}?" if near else
-                                                      f"; classes: {', '.join(names)}"))
-    pool = ids or list(range(n or 1))
+            near = difflib.get_close_matches(c, names, n=3)
+            raise UsageError(f"unknown class '{c}'" + (
+                f"; did you mean {', '.join(near)}?" if near else f"; classes: {', '.join(names)}"
+                if 0 < len(names) <= MAX_LISTED else f"; give one of its {len(names)} class names" if names else
+                f"; the model records no class names: give ids 0-{count - 1}"))
+    pool = ids or list(range(count))
     return [pool[i % len(pool)] for i in range(num)]
 
 
+MAX_LISTED = 32  # class names an unknown one's refusal lists (ImageNet's 1000 would be no line to read)
 DEFAULT_NUM = 8  # c2i images when `num` is 0
 MAX_DRAFT = 128  # the loop's cap on draft nodes per row: above every tree the methods grow (their own shape rules)
 # how each command spells the condition options in its one-line errors: name -> flag
@@ -157,7 +162,7 @@ def image_conditions(im: ImageModel, cfg: ImageGenConfig, flags: dict[str, str] 
         if cfg.captions:
             raise UsageError(f"{im.entry.ref} is class-conditional (c2i): it takes class labels ({flags['classes']}), "
                              f"not caption features ({flags['captions']})")
-        return resolve_classes(cfg.classes, im.classes, cfg.num or DEFAULT_NUM)
+        return resolve_classes(cfg.classes, im.classes, im.model.cfg.num_classes, cfg.num or DEFAULT_NUM)
     if cfg.classes:
         raise UsageError(f"{im.entry.ref} is text-conditional (t2i): pass caption features with {flags['captions']}, "
                          f"not {flags['classes']}")
@@ -264,7 +269,5 @@ class PngWriter:
         try:
             image.save(tmp, format="PNG")
             return link_into_place(tmp, self.out_dir / name)
-        except OSError as e:
-            raise UsageError(f"cannot write images to {self.out_dir}: {e}") from None
         finally:
             tmp.unlink(missing_ok=True)

@@ -56,10 +56,31 @@ def test_env_refuses_a_missing_device_in_one_line():
 def test_the_benchmark_machine_column_is_made_from_the_same_facts(tmp_path):
     from cli import benchmark_runs
     from specgen.eval.run_dir import RunDir
-    from specgen.machine import machine_facts
+    from specgen.machine import VECTOR_ISA, machine_facts
 
     facts = machine_facts()
     cpu = facts["devices"][0]
     machine = benchmark_runs.machine_of(RunDir(tmp_path, "text", {}))  # a run folder without machine files: this one
-    assert machine.startswith(f"{cpu['arch']}, {cpu['cpus']} cpus, torch threads {facts['threads']['torch']}")
+    # env's CPU model and widest vector ISA: the rows of an AVX2-only CPU read as an AVX-512 one's
+    isa = next((f" {name}" for flag, name in VECTOR_ISA if flag in facts["isa"]), "")
+    assert machine.startswith(f"{cpu['model']}, {cpu['arch']}{isa}, {cpu['cpus']} cpus, torch threads "
+                              f"{facts['threads']['torch']}")
     assert machine.endswith(f"step kernels {facts['kernels']['step_kernels']['path']}")
+
+
+def test_stored_kernel_plans_are_shown_as_every_familys_not_as_texts(specgen_home):
+    """A plan is stored per weight shapes, whichever model they are (an image GPT's, a mesh backbone's): env listed
+    them all under `text float32`, where image and mesh showed none, so an image benchmark's machine column named a
+    plan env gave to text."""
+    import torch
+
+    from specgen.machine import kernel_paths
+    from specgen.models import plan_cache
+
+    key = plan_cache.key(((32, 64, torch.float32),), torch.get_num_threads())
+    plan_cache.add(plan_cache.path(), key, {"min_rows": 3, "native": [1, 2]})
+    kernels = kernel_paths("cpu")
+    assert kernels["float32 plans"]["path"] == "native 1-2 rows, oneDNN from 3 rows"
+    assert kernels["text float32"] == kernels["image"] == kernels["mesh"]
+    r = runner.invoke(app, ["env"])
+    assert r.exit_code == 0 and "float32 plans" in r.stdout, r.output

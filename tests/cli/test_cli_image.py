@@ -317,3 +317,57 @@ def test_the_image_benchmark_table_marks_each_lossy_row_and_names_only_the_rows_
     assert rows[2]["lossless"] is False
     [(title, shown, _)] = SUITES["images"].tables(rows[:2], ImageBenchConfig(), sink)
     assert "LOSSY" not in title
+
+
+def test_a_model_without_class_names_cycles_every_class_and_refuses_an_id_past_them(tiny_image):
+    """An entry that records no class names (an imported c2i GPT) drew every image from class 0, and an id past its
+    classes failed in the forward (exit 1) or took the null class."""
+    gpt = tiny_image_gpt(0, grid=GRID, vocab=VQ_CONFIGS["vq-tiny"].codebook_size, classes=3)
+    registry.save("target", "nameless", gpt.state_dict(), {"builder": "transformer", "kwargs": gpt.cfg.to_dict(),
+                                                          "modality": "image", "vq": "vq/t-vq", "grid": GRID})
+    r = runner.invoke(app, ["generate", "--model", "nameless", "--method", "ar", "-n", "4", "-t", "0", "-f", "json",
+                            "-o", str(tiny_image / "n")])
+    assert r.exit_code == 0, r.output
+    assert [i["label"] for i in json.loads(r.stdout)["images"]] == [0, 1, 2, 0]
+    for classes, needle in [("3", "class id 3 is out of range: the model has 3 classes, ids 0-2"),
+                            ("dog", "the model records no class names: give ids 0-2")]:
+        r = runner.invoke(app, ["generate", "--model", "nameless", "--method", "ar", "--classes", classes,
+                                "-o", str(tiny_image / "m")])
+        assert r.exit_code == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.output
+        assert not (tiny_image / "m").exists()
+
+
+def test_an_empty_out_dir_override_is_refused_not_this_folder(tiny_image, monkeypatch):
+    """`out_dir=` (an unset shell variable) wrote the PNGs into the working folder, where `-o ""` is refused."""
+    monkeypatch.chdir(tiny_image)
+    r = runner.invoke(app, ["generate", "--model", "t-gpt", "--method", "ar", "-n", "1", "out_dir="])
+    assert r.exit_code == 2 and "an empty out_dir" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.output
+    assert not list(tiny_image.glob("*.png"))
+
+
+def test_a_device_that_fills_up_mid_run_is_a_runtime_failure_naming_the_folder(tiny_image, monkeypatch):
+    """It was exit 2 (a usage error) with "[Errno 28] ...": the user's command was fine, the device was not."""
+    import errno
+    import os
+
+    import specgen.image.generate as image_generate
+
+    def full(tmp, path):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp))
+
+    monkeypatch.setattr(image_generate, "link_into_place", full)
+    out = tiny_image / "full" / "images"
+    r = gen(out, "--method", "ar")
+    assert r.exit_code == 1, r.output
+    assert r.stderr.startswith(f"error: cannot write images in {out} (No space left on device); free some space")
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tiny_image / "full").exists()  # nor a temporary
+
+
+def test_a_batched_runs_rates_are_over_its_wall_time(tiny_image):
+    """With --batch-size 2 tokens_per_s was over the rows' summed times (each counts every step of the batch): half
+    the rate; and latency_s summed the images' latencies, a time of nothing."""
+    r = gen(tiny_image / "b", "--method", "ar", "-b", "2", "--format", "json")
+    assert r.exit_code == 0, r.output
+    stats = json.loads(r.stdout)["stats"]
+    assert stats["tokens_per_s"] == pytest.approx(stats["new_tokens"] / stats["wall_s"], rel=1e-2)
+    assert stats["images_per_s"] == pytest.approx(2 / stats["wall_s"], rel=1e-2) and "latency_s" not in stats

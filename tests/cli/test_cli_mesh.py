@@ -59,6 +59,7 @@ def test_help_has_examples():
     for sub in (["export-mesh"], ["train-heads"]):
         h = invoke(*sub, "--help")
         assert h.exit_code == 0 and "examples" in h.stdout
+    assert "File format of the meshes" in invoke("export-mesh", "--help").stdout  # it said only "obj, ply, ..."
 
 
 def test_generate_marks_rejection_lossless_only_without_an_adapter(tiny):
@@ -390,3 +391,34 @@ def test_the_mesh_benchmark_title_says_when_there_is_no_other_test_mesh(tmp_path
     rows = [{"row": "ar", "cd_box": 0.5885, "cd_other_mesh": other}]
     [(title, _, _)] = SUITES["meshes"].tables(rows, MeshBenchConfig(limit=1), RunDir(tmp_path, "meshes", {}))
     assert title.endswith(f"reference CD: a box 0.5885, {shown}") and "None" not in title
+
+
+def test_a_mesh_write_the_device_refuses_names_the_folder(tmp_path, monkeypatch):
+    """`generate -o` said only "error: No space left on device" (export-mesh named the folder): both write through
+    `write_files`, which names it and removes a folder it made for nothing."""
+    import errno
+    import os
+
+    import specgen.mesh.export as export
+    from cli.generate_mesh import write_files
+    from specgen.errors import RuntimeFailure
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(export, "atomic_write_bytes", full)
+    m = generate_mesh(3)
+    out = tmp_path / "deep" / "meshes"
+    with pytest.raises(RuntimeFailure, match=re.escape(f"cannot write meshes in {out} (No space left on device)")):
+        write_files(m.vertices, m.faces, out, "m", "obj", False)
+    assert not (tmp_path / "deep").exists()
+
+
+def test_an_out_dir_that_is_a_link_to_nothing_is_refused_before_the_work(tmp_path):
+    """A dangling link as --out-dir (or above it) passed the up-front check and failed "File exists" (exit 1) at the
+    first file, after every mesh or image was decoded."""
+    (tmp_path / "gone").symlink_to(tmp_path / "nowhere")
+    for out in (tmp_path / "gone", tmp_path / "gone" / "sub"):
+        one_error_line(invoke("export-mesh", "-", "-o", out, input=good_line()), 2,
+                       f"{tmp_path / 'gone'} is a link to {tmp_path / 'nowhere'}, which does not exist")
+    assert not (tmp_path / "nowhere").exists()

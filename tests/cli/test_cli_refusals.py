@@ -283,6 +283,19 @@ def test_nonsense_numbers_are_refused(tiny, args, needle):
     check_refusal(tiny, args, 2, needle)
 
 
+@pytest.mark.parametrize("args,needle", [
+    (["--classes", "dog,,sky"], "--classes 'dog,,sky' has an empty item"),  # the image runner's refusal: it ran
+    (["--point-clouds", "c.npy", "-o", "out", "mesh_format=fbx"], "unknown mesh format 'fbx'"),  # the mesh runner's
+    (["-n", "1", "-o", "out"], "ar decodes the default text model unless --model names an image or mesh one"),
+    (["--classes", "1", "--point-clouds", "c.npy"], "--point-clouds is for mesh models; this is a text model; ar"),
+])
+def test_a_method_of_several_modalities_without_a_model_runs_the_one_its_options_name(tiny, args, needle):
+    """`generate --method ar --classes dog` was refused ("--classes is for image models; this is a text model"): ar
+    runs on every modality, and without --model the options given pick the one that reads them all; where they fit
+    two (--num, --out-dir), the refusal says how to name the model."""
+    check_refusal(tiny, ["generate", "--method", "ar", *args], 2, needle)
+
+
 def test_a_recipes_model_picks_the_generate_runner(tiny):
     """A recipe's `model:` is the model, as --model is: an image model takes the image runner (was the text one,
     which asked an image recipe for a prompt)."""
@@ -1003,3 +1016,19 @@ def test_generate_help_lists_every_method_by_modality():
     assert all(METHODS[n].runs_on(m) for m, names in METHOD_NAMES.items() for n in names)
     r = runner.invoke(app, ["generate", "--help"], env={"COLUMNS": "300"})
     assert r.exit_code == 0 and "image eagle2, adt-tree, lantern" in r.stdout and "see `specgen generate" not in r.stdout
+
+
+def test_generate_help_states_each_modalitys_defaults_as_the_configs_hold_them():
+    """--temperature's help was "0 = greedy." (the defaults differ by modality: 0, 1, 0.5), --num and --cfg-scale
+    named no default, --max-new-tokens no modality; the defaults the help names are the configs' own."""
+    from specgen.image.generate import DEFAULT_NUM, ImageGenConfig
+    from specgen.mesh.generate import MeshGenConfig
+    from specgen.text.generate import TextGenConfig
+
+    r = runner.invoke(app, ["generate", "--help"], env={"COLUMNS": "400"})
+    text = " ".join(r.stdout.replace("│", " ").split())
+    temps = (TextGenConfig.temperature, ImageGenConfig.temperature, MeshGenConfig.temperature)
+    assert "(default: text {:g}, image {:g}, mesh {:g})".format(*temps) in text
+    assert f"images (default {DEFAULT_NUM}, or one per caption)" in text
+    assert f"meshes (default {MeshGenConfig.num};" in text and f"(default {ImageGenConfig.cfg_scale:g})" in text
+    assert f"[text, mesh] Token budget per sequence (text: {TextGenConfig.max_new_tokens};" in text
