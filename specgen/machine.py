@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+from pathlib import Path
 
 import torch
 
@@ -27,10 +28,22 @@ def cpu_lines(field: str) -> list[str]:
             if ":" in ln and ln.split(":", 1)[0].strip() == field]
 
 
+def cpuinfo(field: str) -> str:
+    """The first value of a /proc/cpuinfo field ("" where there is none)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return ""
+    return next((ln.split(":", 1)[1].strip() for ln in lines if ln.split(":", 1)[0].strip() == field), "")
+
+
 def devices() -> list[dict]:
     """The CPU and every CUDA device torch sees."""
-    cpu = {"name": "cpu", "model": (cpu_lines("model name") or [platform.processor() or platform.machine()])[0],
-           "arch": platform.machine(), "cpus": os.cpu_count()}
+    name = (cpu_lines("model name") or [platform.processor() or platform.machine()])[0]
+    pairs = (("family", cpuinfo("cpu family")), ("model", cpuinfo("model")))  # x86: what tells VM kinds apart
+    kind = " ".join(f"{word} {value}" for word, value in pairs if value)  # where the name does not (Zen 4 or 5)
+    cpu = {"name": "cpu", "model": f"{name} ({kind})" if kind else name, "arch": platform.machine(),
+           "cpus": os.cpu_count()}
     gpus = [{"name": f"cuda:{i}", "model": torch.cuda.get_device_name(i),
              "memory_gib": round(torch.cuda.get_device_properties(i).total_memory / 2**30, 1)}
             for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
@@ -96,8 +109,8 @@ def kernel_paths(device: str | None = None) -> dict[str, dict]:
             "image": floats, "mesh": floats, "step_kernels": {"path": steps, "why": why},
             # keyed by weight shapes alone: a text model's, an image GPT's, a drafter's or a mesh backbone's
             "float32 plans": {"path": " / ".join(plans) or "none measured yet",
-                              "why": f"stored at {threads} threads, one per model (text, image or mesh) measured here; a "
-                                     "benchmark's machine column names those of the models it ran"}}
+                              "why": f"stored at {threads} threads, one per model (text, image or mesh) measured here; "
+                                     "a benchmark's machine column names those of the models it ran"}}
 
 
 def caches() -> dict[str, dict]:

@@ -56,10 +56,12 @@ def test_env_refuses_a_missing_device_in_one_line():
 def test_the_benchmark_machine_column_is_made_from_the_same_facts(tmp_path):
     from cli import benchmark_runs
     from specgen.eval.run_dir import RunDir
-    from specgen.machine import VECTOR_ISA, machine_facts
+    from specgen.machine import VECTOR_ISA, cpuinfo, machine_facts
 
     facts = machine_facts()
     cpu = facts["devices"][0]
+    if cpuinfo("cpu family"):  # x86 Linux: the kind ("AMD EPYC" is a Zen 4 and a Zen 5 VM here)
+        assert cpu["model"].endswith(f"(family {cpuinfo('cpu family')} model {cpuinfo('model')})")
     machine = benchmark_runs.machine_of(RunDir(tmp_path, "text", {}))  # a run folder without machine files: this one
     # env's CPU model and widest vector ISA: the rows of an AVX2-only CPU read as an AVX-512 one's
     isa = next((f" {name}" for flag, name in VECTOR_ISA if flag in facts["isa"]), "")
