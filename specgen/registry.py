@@ -387,7 +387,7 @@ def check_pair(drafter: Entry, target: Entry) -> None:
     parent = drafter.meta.get("parent")
     if not parent:
         raise IncompatibleError(f"{drafter.ref} is no drafter of {target.ref}: it names no target it was trained for "
-                                f"(a {drafter.meta.get('modality', 'text')} {drafter.kind} of its own)")
+                                f"({drafter.meta.get('modality', 'text')} {drafter.kind}, a model of its own)")
     if parent not in (target.ref, target.name):
         raise IncompatibleError(f"{drafter.ref} was trained for {parent}, not {target.ref}")
     want = drafter.meta.get("parent_digest")
