@@ -212,10 +212,6 @@ def measure_images(im: ImageModel, cfg: ImageBenchConfig, sink, shard: Shard = S
                           dtype=cfg.dtype, temperature=cfg.temperatures[0])  # a run's own temperature for its checks
     requests = {m: parse_request(replace(base, method=method_of(m), method_options=options_of(cfg, m)), "image")
                 for m in cfg.methods}
-    # warm-up (allocations, neighbour tables; on CUDA the tree shapes the images meet, their growths captured)
-    warm = partial(use.warm_up, cfg.methods, conditions, lambda m, c: generate_images(models[m], requests[m],
-                                                                                      conditions=[c]))
-    warm()
 
     def one(temp: float, i: int) -> dict:
         runs = {}
@@ -237,9 +233,10 @@ def measure_images(im: ImageModel, cfg: ImageBenchConfig, sink, shard: Shard = S
         return [image_record(im, cfg, s, decode_pixels(im, [s.tokens])[0], conditions[i], clf, shard)
                 for s, i in zip(samples, mine)], max(s.stats.extras["latency_s"] for s in samples)
 
+    # warm-up (allocations, neighbour tables; on CUDA the tree shapes the images meet, their growths captured)
+    use.warm(cfg.methods, conditions, lambda m, c: generate_images(models[m], requests[m], conditions=[c]),
+             [(work, partial(decode_batch, temp)) for temp, work in grids(cfg).items()])
     for temp, work in grids(cfg).items():
-        if use.warm_batches(work, partial(decode_batch, temp)):
-            warm()
         work.measure(sink, shard, partial(one, temp), partial(batch, temp), use.after_item(on_item))
     use.write()
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
-from functools import partial
 from typing import Callable
 
 import numpy as np
@@ -235,10 +234,8 @@ def measure_meshes(cfg: MeshBenchConfig, sink, shard: Shard = Shard(), on_item=l
                 max(r.stats.extras["latency_s"] for r in results))
 
     # warm-up (allocations; on CUDA the shapes the meshes meet, their steps captured) on the test meshes' seeds
-    work, warm = grid(cfg, vs), partial(use.warm_up, [v.label for v in vs], range(cfg.limit), decode)
-    warm()
-    if use.warm_batches(work, decode_batch):
-        warm()
+    work = grid(cfg, vs)
+    use.warm([v.label for v in vs], range(cfg.limit), decode, [(work, decode_batch)])
     work.measure(sink, shard, one, batch, use.after_item(on_item))
     use.write()
 

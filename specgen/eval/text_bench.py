@@ -375,10 +375,8 @@ def measure(model: TextModel, p: Plan, sink, shard: Shard = Shard(), on_item=lam
                 for r, i in zip(runs, mine)], wall
 
     if cfg.warmup:
-        warm = functools.partial(use.warm_up, work.rows, warm_prompts(prompts), lambda m, q: decode(m, [q], 1))
-        warm()
-        if use.warm_batches(work, lambda b, m, mine: decode(m, [prompts[i] for i in mine], b)):
-            warm()
+        use.warm(work.rows, warm_prompts(prompts), lambda m, q: decode(m, [q], 1),
+                 [(work, lambda b, m, mine: decode(m, [prompts[i] for i in mine], b))])
     work.measure(sink, shard, one, batch, use.after_item(on_item))
     use.write()
 
