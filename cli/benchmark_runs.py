@@ -14,7 +14,7 @@ import typer
 from cli import _output
 from cli._options import Format
 from specgen import devices
-from specgen.config import load_config
+from specgen.config import load_config, read_recipe
 from specgen.errors import UsageError
 from specgen.eval.dry_run import check_recipe, picked_rows
 from specgen.eval.graph_use import timed_note
@@ -195,7 +195,8 @@ def run(name: str, path: Path | None, overrides: list[str], explicit: dict, spel
     `spelled`: config key -> the command-line option that set it (a resume's refusal names what the user gave)."""
     suite = SUITES[name]
     cfg = load_config(suite.config_type, path, overrides, **explicit)
-    cfg = picked_rows(name, cfg, explicit)  # recorded as picked: a report and a resume read the same rows
+    # recorded as picked: a report and a resume read the same rows
+    cfg = picked_rows(name, cfg, explicit, read_recipe(path) if path is not None else {})
     check_mode(cfg.graphs, devices.device_name(cfg.device))  # refused before any model loads
     this, launched = shard_of(shard, run_dir)
     _output.check_rows_path(out, append)

@@ -11,12 +11,13 @@ import torch
 
 from specgen import checkpoints
 from specgen.decoding.cost import cost_of
-from specgen.errors import SpecgenError, UsageError
+from specgen.errors import UsageError
 from specgen.eval import image_metrics, plots
 from specgen.eval.graph_use import GraphUse
 from specgen.eval.image_rows import image_rows, method_of, png_of
 from specgen.eval.run_dir import Grid, Shard
-from specgen.eval.sweeps import SweptRow, check_rows, dtypes_on, sweeps_on, with_sweep_rows
+from specgen.eval.sweeps import (Entries, SweptRow, check_rows, dtypes_on, entries, methods_on, sweeps_of, sweeps_on,
+                                 with_sweep_rows)
 from specgen.image.captions import Caption
 from specgen.image.generate import (ImageGenConfig, ImageModel, conditioned, decode_pixels, generate_images,
                                     image_conditions, load_image_model)
@@ -77,39 +78,31 @@ PLOTS = {"mulo-sd@tau": ("mulo-sd-pareto", ("ar", "lantern", "mulo-sd")),
          "vvs@thr": ("vvs-d-pareto", ("ar", "lantern", "vvs@d"))}
 
 
+def entries_of(cfg: ImageBenchConfig) -> Entries:
+    """What the `options` entries of cfg may name: its rows, its MuLo-SD ablations' and sweeps', an image method or
+    a default entry (vvs@u, vvs@d: in every run's table)."""
+    ablations = list(MULO_ABLATIONS) if cfg.mulo_ablations else []
+    return entries([*cfg.methods, *ablations], sweeps_of(cfg.sweep), [*methods_on("image"), *DEFAULT_ENTRIES],
+                   "a method")
+
+
 def picked(cfg: ImageBenchConfig) -> ImageBenchConfig:
-    """cfg as `--methods` picks its rows: only the sweeps and MuLo-SD ablations of methods among them, and the
-    `dtypes` of the rows they make (a recipe's of another method or row are left out, as its rows are)."""
+    """cfg as `--methods` picks its rows: only the sweeps, MuLo-SD ablations, `options` entries and `dtypes` of the
+    rows they make (a recipe's of another method or row are left out, as its rows are)."""
     methods = {method_of(m) for m in cfg.methods}
     cfg = replace(cfg, sweep=sweeps_on(cfg.sweep, lambda row: method_of(row) in methods),
                   mulo_ablations=cfg.mulo_ablations and "mulo-sd" in methods)
-    try:
-        unused = set(planned(cfg)[1])
-    except (SpecgenError, TypeError, ValueError):  # the run's own checks refuse it in their words
-        unused = set()
-    cfg = replace(cfg, options={k: v for k, v in cfg.options.items() if k not in unused},
-                  method_options={k: v for k, v in cfg.method_options.items() if k not in unused})
+    read = entries_of(cfg)
+    cfg = replace(cfg, options=read.kept(cfg.options), method_options=read.kept(cfg.method_options))
     return replace(cfg, dtypes=dtypes_on(cfg.dtypes, lambda: checked_rows(replace(cfg, dtypes={})).methods,
                                          lambda row: method_of(row) in METHODS))
 
 
-def planned(cfg: ImageBenchConfig) -> tuple[ImageBenchConfig, list[str]]:
-    """(cfg with the MuLo-SD ablation and sweep entries added to `methods` and `options` holding every entry's, the
-    `options` entries of a tag that names none of its rows, no sweep's row and no default entry: left unused)."""
-    extra = [SweptRow(m, "mulo-sd", o) for m, o in MULO_ABLATIONS.items()] if cfg.mulo_ablations else []
-    cfg, swept = with_sweep_rows(cfg, "image", method_of, extra)
-    named = {*cfg.methods, *(r.base for r in swept), *DEFAULT_ENTRIES}
-    return cfg, [k for k in cfg.options if k != method_of(k) and k not in named]
-
-
 def checked_rows(cfg: ImageBenchConfig) -> ImageBenchConfig:
     """The plan a run measures and summarises: cfg with the MuLo-SD ablation and sweep entries added to `methods`,
-    `options` holding every entry's, every row and precision checked (an `options` entry naming no row too)."""
-    given, (cfg, unused) = cfg, planned(cfg)
-    if unused:  # a typo'd row's options would be left unused, unsaid
-        key = "method_options" if unused[0] in given.method_options and unused[0] not in given.options else "options"
-        raise UsageError(f"{key}.{unused[0]}: no row {unused[0]!r} to set; an entry names a row "
-                         f"({', '.join(cfg.methods)}), a method or a sweep's row")
+    `options` holding every entry's, every row and precision checked."""
+    extra = [SweptRow(m, "mulo-sd", o) for m, o in MULO_ABLATIONS.items()] if cfg.mulo_ablations else []
+    cfg = with_sweep_rows(cfg, "image", method_of, extra)[0]
     check_rows(cfg.methods, cfg.dtype, cfg.dtypes, cfg.device)
     for m in cfg.methods:
         spec = get_method(method_of(m))

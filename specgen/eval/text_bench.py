@@ -29,7 +29,7 @@ from specgen.eval.llamacpp_row import LlamaCppLookup, LlamaCppRow
 from specgen.eval.peers import Peer, PeerSetup
 from specgen.eval.roofline import copy_bandwidth, streamed_bytes
 from specgen.eval.run_dir import Grid, Shard
-from specgen.eval.sweeps import options_table, sweeps_on, with_sweep_rows
+from specgen.eval.sweeps import Entries, entries, methods_on, options_table, sweeps_of, sweeps_on, with_sweep_rows
 from specgen.eval.text_rows import Run, text_rows
 from specgen.methods import METHODS, MethodSpec, get_method, model_for, run_batch
 from specgen.methods.options import BUDGET_DEFAULT
@@ -100,6 +100,11 @@ def row_options(row: str, cfg: TextBenchConfig) -> dict:
     """A row's method options: the method's own, updated by the variant row's."""
     base, table = row_method(row), options_table(cfg)
     return {**table.get(base, {}), **table.get(row, {})}
+
+
+def entries_of(cfg: TextBenchConfig) -> Entries:
+    """What the `options` entries of cfg may name: its rows and its sweeps', a text method or a peer."""
+    return entries(cfg.methods, sweeps_of(cfg.sweep), [*methods_on("text"), *PEERS], "a method")
 
 
 def picked(cfg: TextBenchConfig) -> TextBenchConfig:
