@@ -11,18 +11,18 @@ import torch
 
 from specgen import checkpoints
 from specgen.decoding.cost import cost_of
-from specgen.errors import UsageError
+from specgen.errors import UnknownNameError, UsageError
 from specgen.eval import image_metrics, plots
 from specgen.eval.graph_use import GraphUse
 from specgen.eval.image_rows import image_rows, method_of, png_of
 from specgen.eval.run_dir import Grid, Shard
-from specgen.eval.sweeps import (Entries, SweptRow, check_rows, dtypes_on, entries, methods_on, sweeps_of, sweeps_on,
-                                 with_sweep_rows)
+from specgen.eval.sweeps import (Entries, SweptRow, check_own_entry, check_rows, dtypes_on, entries, methods_on,
+                                 sweeps_of, sweeps_on, with_sweep_rows)
 from specgen.image.captions import Caption
 from specgen.image.generate import (ImageGenConfig, ImageModel, conditioned, decode_pixels, generate_images,
                                     image_conditions, load_image_model)
 from specgen.image.methods import build_image_method
-from specgen.methods import METHODS, get_method
+from specgen.methods import METHODS
 from specgen.methods.mulo_sd import MuLoSD
 from specgen.paths import check_folder, free_path, link_into_place
 from specgen.request import parse_request
@@ -94,20 +94,27 @@ def picked(cfg: ImageBenchConfig) -> ImageBenchConfig:
                   mulo_ablations=cfg.mulo_ablations and "mulo-sd" in methods)
     read = entries_of(cfg)
     cfg = replace(cfg, options=read.kept(cfg.options), method_options=read.kept(cfg.method_options))
-    return replace(cfg, dtypes=dtypes_on(cfg.dtypes, lambda: checked_rows(replace(cfg, dtypes={})).methods,
+    return replace(cfg, dtypes=dtypes_on(cfg.dtypes, lambda: expanded(cfg).methods,
                                          lambda row: method_of(row) in METHODS))
 
 
-def checked_rows(cfg: ImageBenchConfig) -> ImageBenchConfig:
-    """The plan a run measures and summarises: cfg with the MuLo-SD ablation and sweep entries added to `methods`,
-    `options` holding every entry's, every row and precision checked."""
+def expanded(cfg: ImageBenchConfig) -> ImageBenchConfig:
+    """cfg with the MuLo-SD ablation and sweep entries added to `methods`, `options` holding every entry's."""
     extra = [SweptRow(m, "mulo-sd", o) for m, o in MULO_ABLATIONS.items()] if cfg.mulo_ablations else []
-    cfg = with_sweep_rows(cfg, "image", method_of, extra)[0]
+    return with_sweep_rows(cfg, "image", method_of, extra)[0]
+
+
+def checked_rows(cfg: ImageBenchConfig) -> ImageBenchConfig:
+    """The plan a run measures and summarises: cfg `expanded`, every row and precision checked."""
+    cfg = expanded(cfg)
     check_rows(cfg.methods, cfg.dtype, cfg.dtypes, cfg.device)
     for m in cfg.methods:
-        spec = get_method(method_of(m))
+        if method_of(m) not in METHODS:  # the known rows of the images suite: its methods
+            raise UnknownNameError("method", method_of(m), methods_on("image"))
+        spec = METHODS[method_of(m)]
         if not spec.runs_on("image"):
             raise UsageError(f"method {m} is for {spec.modality}; the images suite is image methods")
+        check_own_entry(m, method_of(m), {"options": cfg.options, "dtypes": cfg.dtypes})
         spec.parse_options(options_of(cfg, m)).check_use("image", greedy=not any(cfg.temperatures))
     return cfg
 

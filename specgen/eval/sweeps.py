@@ -95,8 +95,8 @@ class Entries:
                                  f"({', '.join(self.rows)}), {self.family} or a sweep's row{could}")
 
     def kept(self, table: dict) -> dict:
-        """The entries of `table` some row reads (the images suite's `--methods` leaves out a recipe's entries of the rows
-    it leaves out)."""
+        """The entries of `table` some row reads (the images suite's `--methods` leaves out a recipe's entries of the
+        rows it leaves out)."""
         return {k: v for k, v in table.items() if self.reads(k)}
 
 
@@ -113,6 +113,17 @@ def methods_on(modality: str) -> list[str]:
 def entry_tables(cfg) -> dict[str, dict]:
     """The options tables of a text or images config, as a refusal names them."""
     return {"options": cfg.options, "method_options": cfg.method_options}
+
+
+def check_own_entry(row: str, method: str, tables: dict[str, dict], why: str = "") -> None:
+    """Refuse a variant row (`METHOD@tag`, `METHOD:tag`) that no table of `tables` (recipe key -> {row: ...}) gives
+    an entry of its own: it would decode as `method` under another name (a typo'd row, unsaid). `why`: what the
+    refusal says first."""
+    if row == method or any(row in table for table in tables.values()):
+        return
+    close = difflib.get_close_matches(row, [k for table in tables.values() for k in table if k != method], 1)
+    raise UsageError(f"row {row}: {why}a variant row needs {' or '.join(f'{key}.{row}' for key in tables)} of its "
+                     f"own (else it decodes as {method})" + (f"; did you mean {close[0]}?" if close else ""))
 
 
 def check_rows(rows: list[str], dtype: str, dtypes: dict, device: str) -> None:

@@ -131,6 +131,9 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
+UNCATEGORIZED = "(none)"  # the category row of prompts without one, beside categorised prompts ("" read as a blank)
+
+
 def text_rows(records: dict[str, dict], grid: Grid, meta: dict[str, dict], machines: dict[str, dict],
               categories: list[str] | None = None) -> list[dict]:
     """Every row of a finished run (batch sizes in `grid.batch_sizes` order), with batch-1 rows per category when
@@ -159,5 +162,5 @@ def by_category(measured: Measured, categories: list[str], meta: dict[str, dict]
     for name in names:
         keep = [i for i, c in enumerate(categories) if c == name]
         part = one_by_one({m: [rs[i] for i in keep] for m, rs in measured.runs.items()})
-        rows += [{**r, "category": name} for r in batch_rows(part, 1, meta, costs, None, machines)]
+        rows += [{**r, "category": name or UNCATEGORIZED} for r in batch_rows(part, 1, meta, costs, None, machines)]
     return rows

@@ -251,6 +251,11 @@ def test_an_empty_method_or_suite_is_an_unknown_name(tiny, args, needle):
     (["benchmark", "--suite", "images", "--threads", "-3"], "threads must be >= 0"),
     (["benchmark", "--suite", "images", "--max-new-tokens", "5"], "is not an option of the images suite"),
     (["benchmark", "--suite", "images", "--offset", "3"], "is not an option of the images suite"),
+    (["benchmark", "--suite", "images", "--limit", "-2"], "--limit must be >= 1, got -2"),  # was `num must be`
+    (["benchmark", "--model", "tiny-text", "--methods", "ar,hf-lookp"], "did you mean hf-lookup?"),  # peers: rows too
+    (["benchmark", "--model", "tiny-text", "--methods", "ar,bogus"], "known: ar, cllm, hf, hf-assisted"),
+    (["benchmark", "--suite", "images", "--methods", "ar,bogus"], "known: adt-tree, adt-tree+lantern, ar, eagle2, "
+                                                                  "lantern, mulo-sd, vvs"),  # image methods only
     (["benchmark", "--suite", "images", "--quantize", "int8"], "quantized rows: dtypes={ROW: int8}"),  # was no way on
     (["benchmark", "--suite", "meshes", "--quantize", "int4"], "quantized rows: dtypes={ROW: int4}"),
     (["benchmark", "--methods", " , "], "names no method"),

@@ -160,6 +160,19 @@ def test_images_options_of_no_row_are_refused(key):
     assert [m for m, _ in image_rows(cfg)] == ["ar", "lantern", "lantern@k2", "vvs@i=2"]
 
 
+def test_images_a_tagged_row_without_an_entry_of_its_own_is_refused():
+    """`adt-tree@x` with no options or dtypes entry of its own decoded as adt-tree under another name, unsaid."""
+    from specgen.eval.image_bench import ImageBenchConfig
+
+    with pytest.raises(UsageError, match=r"^row adt-tree@x: a variant row needs options.adt-tree@x or "
+                                         r"dtypes.adt-tree@x of its own \(else it decodes as adt-tree\)$"):
+        image_rows(ImageBenchConfig(methods=["ar", "adt-tree@x"]))
+    options = {"adt-tree@x": {"d_max": 6}, "vvs@u": {}}  # (vvs@u's entry: the default `options`' but for this one)
+    rows = image_rows(ImageBenchConfig(methods=["ar", "adt-tree@x", "ar@bf16", "vvs@u"], options=options,
+                                       dtypes={"ar@bf16": "bfloat16"}))
+    assert [m for m, _ in rows] == ["ar", "adt-tree@x", "ar@bf16", "vvs@u"]
+
+
 def test_images_a_row_given_twice_is_refused():
     # methods=[ar,ar] decoded every image twice and printed two equal rows (the mesh suite refused it)
     from specgen.eval.image_bench import ImageBenchConfig, checked_rows
