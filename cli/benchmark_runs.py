@@ -212,9 +212,14 @@ def run(name: str, path: Path | None, overrides: list[str], explicit: dict, spel
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         sink.start_shard(this)  # the shard's lock (one writer per shard) and a torn last record cut off
-        with _output.progress(f"benchmark {cfg.suite}", steps, quiet or fmt == Format.json) as advance:
-            # the machine label (it changes what a multi-token verify costs) is read once the run has set its threads
-            suite.measure(p, sink, this, advance, lambda: label(machine_facts(cfg.device), cfg.device), quiet)
+        try:
+            with _output.progress(f"benchmark {cfg.suite}", steps, quiet or fmt == Format.json) as advance:
+                # the machine label (it changes what a verify costs) is read once the run has set its threads
+                suite.measure(p, sink, this, advance, lambda: label(machine_facts(cfg.device), cfg.device), quiet)
+        except BaseException:  # a refusal as the models load (a prompt past the context, no such model): no folder
+            if this.count == 1:
+                sink.discard()
+            raise
     rows = merged_rows(sink, lambda s: suite.finish(p, s, quiet), this, launched, quiet)
     if rows is not None:
         show(suite, rows, p, sink, fmt, out, append)
