@@ -37,3 +37,5 @@ def test_prompts_without_a_category_beside_categorised_ones_get_a_named_row():
     meta = {"ar": {"model": "m", "lossless": True}, "fast": {"model": "m", "lossless": True}}
     rows = text_rows(records, GRID, meta, {}, ["math", "", "math", ""])
     assert [r["category"] for r in rows] == ["all", "all", "math", "math", "(none)", "(none)"]
+    rows = text_rows(records, GRID, meta, {}, ["all", "x", "(none)", ""])  # a set's own `all`: not every prompt's
+    assert [r["category"] for r in rows[::2]] == ["all", "all (category)", "x", "(none) (category)", "(none)"]
