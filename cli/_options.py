@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import fields
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -87,22 +86,6 @@ def comma_list(option: str, value: str | None, what: str, example: str) -> list[
     if problem:
         raise UsageError(f"{option} {value!r} {problem}; give a comma-separated list such as {example}")
     return items
-
-
-def check_method_option_keys(cfg_type: type, config: Path | None, overrides: list[str], spec) -> None:
-    """Refuse a method option of `spec` given as a recipe key (`block_size=3`, an override or the recipe file's, for
-    `method_options.block_size=3`) where `cfg_type` has no such key, naming its spelling: the config loader's
-    refusal named another key (`Did you mean: 'batch_size'?`)."""
-    given = [tuple(o.split("=", 1)) for o in overrides if "=" in o]
-    try:
-        given += list(read_recipe(config).items()) if config is not None else []
-    except UsageError:
-        pass  # the config loader reports it
-    keys = {f.name for f in fields(cfg_type)}
-    wrong = next(((k, v) for k, v in given if k in spec.options and k not in keys), None)
-    if wrong is not None:
-        raise UsageError(f"{wrong[0]} is an option of {spec.name}, not a recipe key: give "
-                         f"method_options.{wrong[0]}={wrong[1]}")
 
 
 def recipe_key(config: Path | None, overrides: list[str] | None, key: str) -> str | None:

@@ -157,6 +157,8 @@ def benchmark(
         # the suite as the run takes it: the option's, else the recipe's (its own check), else the default
         checked = {k: v for k, v in explicit.items() if v is not None and (k != "suite" or given_suite or not config)}
         return benchmark_runs.print_dry_run(config, overrides, checked, fmt)
+    if limit is not None and limit < 1:  # said as given (the images suite's key is `num`; a dry run's row names it)
+        raise UsageError(f"--limit must be >= 1, got {limit}")
     if run_dir is not None and (prompts or recipe_key(config, overrides, "prompts")) == "-":
         raise UsageError("--prompts - (stdin) cannot be read again to resume or report a --run-dir: give a file")
     benchmark_runs.run(suite, config, list(overrides or []), explicit, spelled, run_dir, shard, fmt, out, append,

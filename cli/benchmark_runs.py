@@ -14,7 +14,7 @@ import typer
 from cli import _output
 from cli._options import Format
 from specgen import devices
-from specgen.config import load_config
+from specgen.config import load_config, read_recipe
 from specgen.errors import UsageError
 from specgen.eval.dry_run import check_recipe, picked_rows
 from specgen.eval.graph_use import timed_note
@@ -195,7 +195,8 @@ def run(name: str, path: Path | None, overrides: list[str], explicit: dict, spel
     `spelled`: config key -> the command-line option that set it (a resume's refusal names what the user gave)."""
     suite = SUITES[name]
     cfg = load_config(suite.config_type, path, overrides, **explicit)
-    cfg = picked_rows(name, cfg, explicit)  # recorded as picked: a report and a resume read the same rows
+    # recorded as picked: a report and a resume read the same rows
+    cfg = picked_rows(name, cfg, explicit, read_recipe(path) if path is not None else {})
     check_mode(cfg.graphs, devices.device_name(cfg.device))  # refused before any model loads
     this, launched = shard_of(shard, run_dir)
     _output.check_rows_path(out, append)
@@ -211,9 +212,14 @@ def run(name: str, path: Path | None, overrides: list[str], explicit: dict, spel
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         sink.start_shard(this)  # the shard's lock (one writer per shard) and a torn last record cut off
-        with _output.progress(f"benchmark {cfg.suite}", steps, quiet or fmt == Format.json) as advance:
-            # the machine label (it changes what a multi-token verify costs) is read once the run has set its threads
-            suite.measure(p, sink, this, advance, lambda: label(machine_facts(cfg.device), cfg.device), quiet)
+        try:
+            with _output.progress(f"benchmark {cfg.suite}", steps, quiet or fmt == Format.json) as advance:
+                # the machine label (it changes what a verify costs) is read once the run has set its threads
+                suite.measure(p, sink, this, advance, lambda: label(machine_facts(cfg.device), cfg.device), quiet)
+        except BaseException:  # a refusal as the models load (a prompt past the context, no such model): no folder
+            if this.count == 1:
+                sink.discard()
+            raise
     rows = merged_rows(sink, lambda s: suite.finish(p, s, quiet), this, launched, quiet)
     if rows is not None:
         show(suite, rows, p, sink, fmt, out, append)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from cli import _output
-from cli._options import Format, check_method_option_keys, comma_list
+from cli._options import Format, comma_list
 from specgen.config import load_config
 from specgen.decoding.stats import DecodeStats
 from specgen.errors import UsageError
@@ -27,8 +27,7 @@ def run(args, spec: MethodSpec) -> None:
         raise UsageError(f"--drafter is not used by method {spec.name}{NO_EAGLE_DRAFTER[spec.name]}; pick a method "
                          "with an EAGLE drafter (e.g. --method adt-tree)")
     classes = comma_list("--classes", args.classes, "class", "dog,sky or 0,3 (names or ids)")
-    check_method_option_keys(ImageGenConfig, args.config, args.overrides, spec)
-    cfg = load_config(ImageGenConfig, args.config, args.overrides, method=spec.name, num=args.num,
+    cfg = load_config(ImageGenConfig, args.config, args.overrides, spec, method=spec.name, num=args.num,
                       cfg_scale=args.cfg_scale, out_dir=str(args.out_dir) if args.out_dir else None, classes=classes,
                       captions=str(args.captions) if args.captions else None, drafter=args.drafter,
                       **args.recipe)

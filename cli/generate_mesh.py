@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from cli import _output
-from cli._options import Format, check_method_option_keys
+from cli._options import Format
 from specgen.config import load_config
 from specgen.errors import RuntimeFailure, UsageError
 from specgen.mesh.export import export_mesh, format_name, render_png
@@ -22,8 +22,7 @@ COLUMNS = ["name", "method", "num_tokens", "faces", "vertices", "valid", "scr", 
 def run(args, spec: MethodSpec) -> None:
     if args.point_clouds is not None and args.num is not None:  # else --num would be silently ignored
         raise UsageError("--num counts the procedural test meshes; with --point-clouds each cloud is decoded once")
-    check_method_option_keys(MeshGenConfig, args.config, args.overrides, spec)
-    cfg = load_config(MeshGenConfig, args.config, args.overrides, method=spec.name,
+    cfg = load_config(MeshGenConfig, args.config, args.overrides, spec, method=spec.name,
                       max_new_tokens=args.max_new_tokens, num=args.num, **args.recipe)
     req = parse_request(cfg, "mesh", spec)
     cfg = req.cfg  # as parsed: `model: NAME+int8` is NAME with quantize int8

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from cli import _output, _stream
-from cli._options import Format, check_method_option_keys
+from cli._options import Format
 from specgen.config import load_config
 from specgen.data.prompts import Prompt, read_prompt_records
 from specgen.errors import UsageError
@@ -19,8 +19,7 @@ BATCH_COLUMNS = ["method", "sequences", "new_tokens", "throughput_tokens_per_s",
 
 
 def run(args, spec: MethodSpec) -> None:
-    check_method_option_keys(TextGenConfig, args.config, args.overrides, spec)
-    cfg = load_config(TextGenConfig, args.config, args.overrides, method=spec.name,
+    cfg = load_config(TextGenConfig, args.config, args.overrides, spec, method=spec.name,
                       max_new_tokens=args.max_new_tokens, chat=args.chat, **args.recipe)
     req = parse_request(cfg, "text", spec)  # before the model loads: a bad option costs no load
     # a prompt file through the benchmark's reader: what `benchmark --prompts` reads, generate reads (chats included)

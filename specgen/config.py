@@ -6,11 +6,14 @@ import dataclasses
 import os
 import re
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import yaml
 
 from specgen.errors import UsageError
+
+if TYPE_CHECKING:
+    from specgen.methods import MethodSpec
 
 T = TypeVar("T")
 DEFAULTS: dict[type, Any] = {}  # each class's parsed defaults: nothing writes them (merges copy, to_object reads)
@@ -23,9 +26,10 @@ HEADER_COMMAND = re.compile(r"(?:specgen|-m cli\.main) ([a-z]+(?:-[a-z]+)*(?: --
 
 
 def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None,
-                **explicit: Any) -> T:
-    """Merge dataclass defaults <- YAML file <- `key=value` overrides <- explicit non-None values; unknown keys, wrong
-    types and out-of-range values (`specgen.config_checks`) are one-line usage errors naming their source."""
+                spec: MethodSpec | None = None, **explicit: Any) -> T:
+    """Merge dataclass defaults <- YAML file <- `key=value` overrides <- explicit non-None values; unknown keys
+    (`check_keys`; `spec`: the method a `generate` decodes, whose options are no recipe keys), wrong types and
+    out-of-range values (`specgen.config_checks`) are one-line usage errors naming their source."""
     from omegaconf import OmegaConf  # deferred: start-up (the CLI's help imports this module)
 
     from specgen.config_checks import check_config  # deferred: start-up (it imports torch)
@@ -33,9 +37,9 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
     if cls not in DEFAULTS:  # parsed once a process
         DEFAULTS[cls] = guarded("defaults", lambda: OmegaConf.structured(cls))
     merged = DEFAULTS[cls]
+    recipe = read_recipe(Path(path)) if path is not None else {}
+    check_keys(cls, None if path is None else Path(path), recipe, overrides or [], spec)
     if path is not None:
-        recipe = read_recipe(Path(path))
-        check_command(cls, Path(path), recipe)
         merged = guarded(f"config file {path}", lambda: OmegaConf.merge(merged, recipe))
     for item in overrides or []:
         merged = merge_override(merged, item)
@@ -70,11 +74,18 @@ def read_recipe(p: Path) -> dict:
                       if isinstance(doc.get(k), str) and doc[k] and not os.path.isabs(doc[k])}}
 
 
-def check_command(cls: type, path: Path, doc: dict) -> None:
-    """Refuse a recipe of another command, naming the command that runs it: a benchmark recipe (`suite`), or one with
-    several keys `cls` lacks whose header names its command (a lone unknown key is a typo, which OmegaConf's refusal
-    answers with the nearest key)."""
-    unknown = [k for k in doc if k not in {f.name for f in dataclasses.fields(cls)}]
+def check_keys(cls: type, path: Path | None, doc: dict, overrides: list[str], spec: MethodSpec | None) -> None:
+    """Explain a key `cls` lacks, given in the recipe file `doc` or as an override, before OmegaConf's refusal (which
+    names the nearest key, often another's): an option of `spec` given as a recipe key (`block_size=3` for
+    `method_options.block_size=3`), a benchmark recipe (`suite`), or a recipe with several keys `cls` lacks whose
+    header names its command. A lone other unknown key is a typo, which OmegaConf's refusal answers."""
+    keys = {f.name for f in dataclasses.fields(cls)}
+    given = [tuple(o.split("=", 1)) for o in overrides if "=" in o] + list(doc.items())
+    wrong = next(((k, v) for k, v in given if spec is not None and k in spec.options and k not in keys), None)
+    if wrong is not None:
+        raise UsageError(f"{wrong[0]} is an option of {spec.name}, not a recipe key: give "
+                         f"method_options.{wrong[0]}={wrong[1]}")
+    unknown = [k for k in doc if k not in keys]
     if "suite" in unknown:
         raise UsageError(f"config file {path} is a benchmark recipe (suite: {doc['suite']}): run it with "
                          f"`specgen benchmark --config {path}`")

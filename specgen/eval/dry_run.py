@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -23,6 +23,7 @@ from specgen.errors import SpecgenError, UsageError
 from specgen.eval import image_bench, mesh_bench, text_bench
 from specgen.eval.image_bench import check_out_dir, checked_rows, method_of, options_of
 from specgen.eval.mesh_bench import check_run, variants
+from specgen.eval.sweeps import Entries, entry_tables
 from specgen.eval.text_bench import check_prompts_fit, decoded_model, is_peer, plan
 from specgen.methods import get_method
 from specgen.text.precision import split_name
@@ -134,7 +135,10 @@ def check_recipe(path: Path | None, overrides: list[str] | None = None, explicit
     if cfg is None:
         return rows
     if kind in PICKS:
-        cfg = picked_rows(kind, cfg, explicit)
+        try:
+            cfg = picked_rows(kind, cfg, explicit, raw)
+        except UsageError as e:  # an `options` entry no row reads (a typo)
+            return rows + [row("rows", False, str(e).splitlines()[0])]
     names = [(key, getattr(cfg, key, "")) for key in KINDS[kind].entries]
     if kind in SUITE_PLANS:
         try:
@@ -262,17 +266,35 @@ def mesh_plan(cfg: Any) -> tuple[Any, list[dict], list[tuple[str, str]]]:
         [("model", cfg.model), *heads]
 
 
-#: suite -> (the config key naming its rows, which `--methods` sets; the config as `--methods` picks its rows)
-PICKS = {"humaneval": ("methods", text_bench.picked), "text": ("methods", text_bench.picked),
-         "images": ("methods", image_bench.picked), "meshes": ("rows", mesh_bench.picked)}
+@dataclass(frozen=True)
+class Pick:
+    """A suite's rows as `--methods` picks them: the config key naming them, the config as it picks them, what its
+    `options` entries may name (`sweeps.Entries`), its options tables."""
+
+    key: str
+    pick: Callable[[Any], Any]
+    entries: Callable[[Any], Entries]
+    tables: Callable[[Any], dict[str, dict]]
 
 
-def picked_rows(suite: str, cfg: Any, explicit: dict) -> Any:
-    """A suite's config as the command line's `explicit` options give it: `--methods` picks the rows, so a recipe's
-    sweeps (and the images suite's ablations, the meshes suite's `sweep_row` keys and `merged_ar`) of other methods
-    or rows are left out with them."""
-    key, pick = PICKS[suite]
-    return pick(cfg) if key in explicit else cfg
+TEXT_PICK = Pick("methods", text_bench.picked, text_bench.entries_of, entry_tables)
+PICKS = {"humaneval": TEXT_PICK, "text": TEXT_PICK,
+         "images": Pick("methods", image_bench.picked, image_bench.entries_of, entry_tables),
+         "meshes": Pick("rows", mesh_bench.picked, mesh_bench.entries_of, mesh_bench.entry_tables)}
+
+
+def picked_rows(suite: str, cfg: Any, explicit: dict, recipe: dict) -> Any:
+    """A suite's config as the command line's `explicit` options give it. Every suite's one check of its `options`
+    entries, as the run loads: one that no row reads, of the config's or of the recipe file's (`recipe`, its keys:
+    `--methods` or `methods=[...]` may leave some of them out), is refused, naming the rows it could mean (a typo).
+    `--methods` picks the rows, so a recipe's sweeps (and the images suite's ablations and entries, the meshes
+    suite's `sweep_row` keys and `merged_ar`) of other methods or rows are left out with them."""
+    p = PICKS[suite]
+    rows, given = getattr(cfg, p.key), recipe.get(p.key)
+    more = [str(r) for r in given if str(r) not in rows] if isinstance(given, list) else []
+    read = p.entries(replace(cfg, **{p.key: [*rows, *more]}))
+    replace(read, rows=tuple(rows)).check(p.tables(cfg))  # the rows listed: the run's
+    return p.pick(cfg) if p.key in explicit else cfg
 
 
 #: suite -> its run's own checks (the plan a benchmark builds): (the config with every row, a row per method, the

@@ -13,7 +13,7 @@ import torch
 from specgen.eval.run_dir import Grid, RunDir, Shard
 from specgen.models.graphs import StepGraphs
 
-WARM_RUNS = 4  # the most discarded runs a row makes before timing (`GraphUse.warm_up`)
+WARM_RUNS = 4  # the most discarded runs a row makes before timing (`GraphUse.warm`)
 
 
 class GraphUse:
@@ -72,23 +72,28 @@ class GraphUse:
         if made > 0:
             self.timed[row] += made
 
+    def warm(self, rows: Sequence[str], items: Sequence, run: Callable[[str, object], object],
+             batched: Iterable[tuple[Grid, Callable[[int, str, list[int]], object]]] = ()) -> None:
+        """A suite's discarded runs before timing, one call: its rows on `items` (`warm_up`); then, where steps are
+        captured (CUDA), each batched (B, row) of each (grid, batch) in `batched` this shard has left runs
+        `batch(B, row, positions)` on its first B items as a row does (its shapes captured before the timed batch),
+        and the rows warm again (the static buffer grown to B rows dropped their batch-1 captures). A CPU runs no
+        batch: one costs what its timed run does, and captures none."""
+        self.warm_up(rows, items, run)
+        records = self.sink.records() if self.steps() else None
+        left = [partial(batch, b, row, grid.mine(self.shard)[:b]) for grid, batch in batched if records is not None
+                for b, row in grid.left(records, self.shard)[1]]
+        for first in left:
+            self.settle(repeat(first))
+        if left:
+            self.warm_up(rows, items, run)
+
     def warm_up(self, rows: Sequence[str], items: Sequence, run: Callable[[str, object], object]) -> None:
-        """The discarded runs before timing, one rule for every suite: each row runs `items` in turn until a run makes
-        no new capture, at most WARM_RUNS. Where no step is captured (a CPU) that is one run (allocations, first-use
-        work); on CUDA the runs capture the shapes the items reach, and `timing` counts any a timed item still makes."""
+        """Each row runs `items` in turn until a run makes no new capture, at most WARM_RUNS: where no step is captured
+        (a CPU) one run (allocations, first-use work); on CUDA the runs capture the shapes the items reach, and
+        `timing` counts any a timed item still makes."""
         for row in rows:
             self.settle(partial(run, row, item) for item in items)
-
-    def warm_batches(self, grid: Grid, run: Callable[[int, str, list[int]], object]) -> bool:
-        """Where steps are captured (CUDA), each batched (B, row) this shard has left runs `run(B, row, positions)` on
-        its first B items, discarded, as `warm_up` runs a row: the batch shapes are captured before the timed batch.
-        Whether any ran: the static buffer growing to B rows dropped the batch-1 captures, so the caller warms those
-        again. Nothing where no step is captured (a CPU: a batch costs what its timed run does, captures none)."""
-        left = grid.left(self.sink.records(), self.shard)[1] if self.steps() else []
-        mine = grid.mine(self.shard)
-        for b, row in left:
-            self.settle(repeat(partial(run, b, row, mine[:b])))
-        return bool(left)
 
     def settle(self, runs: Iterable[Callable[[], object]]) -> None:
         """The first of `runs` (at most WARM_RUNS) up to one that makes no new capture."""

@@ -11,17 +11,18 @@ import torch
 
 from specgen import checkpoints
 from specgen.decoding.cost import cost_of
-from specgen.errors import SpecgenError, UsageError
+from specgen.errors import UnknownNameError, UsageError
 from specgen.eval import image_metrics, plots
 from specgen.eval.graph_use import GraphUse
 from specgen.eval.image_rows import image_rows, method_of, png_of
 from specgen.eval.run_dir import Grid, Shard
-from specgen.eval.sweeps import SweptRow, check_rows, dtypes_on, sweeps_on, with_sweep_rows
+from specgen.eval.sweeps import (Entries, SweptRow, check_own_entry, check_rows, dtypes_on, entries, methods_on,
+                                 sweeps_of, sweeps_on, with_sweep_rows)
 from specgen.image.captions import Caption
 from specgen.image.generate import (ImageGenConfig, ImageModel, conditioned, decode_pixels, generate_images,
                                     image_conditions, load_image_model)
 from specgen.image.methods import build_image_method
-from specgen.methods import METHODS, get_method
+from specgen.methods import METHODS
 from specgen.methods.mulo_sd import MuLoSD
 from specgen.paths import check_folder, free_path, link_into_place
 from specgen.request import parse_request
@@ -77,44 +78,43 @@ PLOTS = {"mulo-sd@tau": ("mulo-sd-pareto", ("ar", "lantern", "mulo-sd")),
          "vvs@thr": ("vvs-d-pareto", ("ar", "lantern", "vvs@d"))}
 
 
+def entries_of(cfg: ImageBenchConfig) -> Entries:
+    """What the `options` entries of cfg may name: its rows, its MuLo-SD ablations' and sweeps', an image method or
+    a default entry (vvs@u, vvs@d: in every run's table)."""
+    ablations = list(MULO_ABLATIONS) if cfg.mulo_ablations else []
+    return entries([*cfg.methods, *ablations], sweeps_of(cfg.sweep), [*methods_on("image"), *DEFAULT_ENTRIES],
+                   "a method")
+
+
 def picked(cfg: ImageBenchConfig) -> ImageBenchConfig:
-    """cfg as `--methods` picks its rows: only the sweeps and MuLo-SD ablations of methods among them, and the
-    `dtypes` of the rows they make (a recipe's of another method or row are left out, as its rows are)."""
+    """cfg as `--methods` picks its rows: only the sweeps, MuLo-SD ablations, `options` entries and `dtypes` of the
+    rows they make (a recipe's of another method or row are left out, as its rows are)."""
     methods = {method_of(m) for m in cfg.methods}
     cfg = replace(cfg, sweep=sweeps_on(cfg.sweep, lambda row: method_of(row) in methods),
                   mulo_ablations=cfg.mulo_ablations and "mulo-sd" in methods)
-    try:
-        unused = set(planned(cfg)[1])
-    except (SpecgenError, TypeError, ValueError):  # the run's own checks refuse it in their words
-        unused = set()
-    cfg = replace(cfg, options={k: v for k, v in cfg.options.items() if k not in unused},
-                  method_options={k: v for k, v in cfg.method_options.items() if k not in unused})
-    return replace(cfg, dtypes=dtypes_on(cfg.dtypes, lambda: checked_rows(replace(cfg, dtypes={})).methods,
+    read = entries_of(cfg)
+    cfg = replace(cfg, options=read.kept(cfg.options), method_options=read.kept(cfg.method_options))
+    return replace(cfg, dtypes=dtypes_on(cfg.dtypes, lambda: expanded(cfg).methods,
                                          lambda row: method_of(row) in METHODS))
 
 
-def planned(cfg: ImageBenchConfig) -> tuple[ImageBenchConfig, list[str]]:
-    """(cfg with the MuLo-SD ablation and sweep entries added to `methods` and `options` holding every entry's, the
-    `options` entries of a tag that names none of its rows, no sweep's row and no default entry: left unused)."""
+def expanded(cfg: ImageBenchConfig) -> ImageBenchConfig:
+    """cfg with the MuLo-SD ablation and sweep entries added to `methods`, `options` holding every entry's."""
     extra = [SweptRow(m, "mulo-sd", o) for m, o in MULO_ABLATIONS.items()] if cfg.mulo_ablations else []
-    cfg, swept = with_sweep_rows(cfg, "image", method_of, extra)
-    named = {*cfg.methods, *(r.base for r in swept), *DEFAULT_ENTRIES}
-    return cfg, [k for k in cfg.options if k != method_of(k) and k not in named]
+    return with_sweep_rows(cfg, "image", method_of, extra)[0]
 
 
 def checked_rows(cfg: ImageBenchConfig) -> ImageBenchConfig:
-    """The plan a run measures and summarises: cfg with the MuLo-SD ablation and sweep entries added to `methods`,
-    `options` holding every entry's, every row and precision checked (an `options` entry naming no row too)."""
-    given, (cfg, unused) = cfg, planned(cfg)
-    if unused:  # a typo'd row's options would be left unused, unsaid
-        key = "method_options" if unused[0] in given.method_options and unused[0] not in given.options else "options"
-        raise UsageError(f"{key}.{unused[0]}: no row {unused[0]!r} to set; an entry names a row "
-                         f"({', '.join(cfg.methods)}), a method or a sweep's row")
+    """The plan a run measures and summarises: cfg `expanded`, every row and precision checked."""
+    cfg = expanded(cfg)
     check_rows(cfg.methods, cfg.dtype, cfg.dtypes, cfg.device)
     for m in cfg.methods:
-        spec = get_method(method_of(m))
+        if method_of(m) not in METHODS:  # the known rows of the images suite: its methods
+            raise UnknownNameError("method", method_of(m), methods_on("image"))
+        spec = METHODS[method_of(m)]
         if not spec.runs_on("image"):
             raise UsageError(f"method {m} is for {spec.modality}; the images suite is image methods")
+        check_own_entry(m, method_of(m), {"options": cfg.options, "dtypes": cfg.dtypes})
         spec.parse_options(options_of(cfg, m)).check_use("image", greedy=not any(cfg.temperatures))
     return cfg
 
@@ -212,10 +212,6 @@ def measure_images(im: ImageModel, cfg: ImageBenchConfig, sink, shard: Shard = S
                           dtype=cfg.dtype, temperature=cfg.temperatures[0])  # a run's own temperature for its checks
     requests = {m: parse_request(replace(base, method=method_of(m), method_options=options_of(cfg, m)), "image")
                 for m in cfg.methods}
-    # warm-up (allocations, neighbour tables; on CUDA the tree shapes the images meet, their growths captured)
-    warm = partial(use.warm_up, cfg.methods, conditions, lambda m, c: generate_images(models[m], requests[m],
-                                                                                      conditions=[c]))
-    warm()
 
     def one(temp: float, i: int) -> dict:
         runs = {}
@@ -237,9 +233,10 @@ def measure_images(im: ImageModel, cfg: ImageBenchConfig, sink, shard: Shard = S
         return [image_record(im, cfg, s, decode_pixels(im, [s.tokens])[0], conditions[i], clf, shard)
                 for s, i in zip(samples, mine)], max(s.stats.extras["latency_s"] for s in samples)
 
+    # warm-up (allocations, neighbour tables; on CUDA the tree shapes the images meet, their growths captured)
+    use.warm(cfg.methods, conditions, lambda m, c: generate_images(models[m], requests[m], conditions=[c]),
+             [(work, partial(decode_batch, temp)) for temp, work in grids(cfg).items()])
     for temp, work in grids(cfg).items():
-        if use.warm_batches(work, partial(decode_batch, temp)):
-            warm()
         work.measure(sink, shard, partial(one, temp), partial(batch, temp), use.after_item(on_item))
     use.write()
 

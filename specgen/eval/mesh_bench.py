@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
-from functools import partial
 from typing import Callable
 
 import numpy as np
@@ -16,7 +15,8 @@ from specgen.errors import UsageError
 from specgen.eval.graph_use import GraphUse
 from specgen.eval.run_dir import Grid, Shard, check_finished
 from specgen.eval.speed import Timed, merged
-from specgen.eval.sweeps import Sweep, check_rows, dtypes_on, expand, merged_table, sweeps_of, sweeps_on
+from specgen.eval.sweeps import (Entries, Sweep, check_rows, dtypes_on, entries, expand, merged_table, sweeps_of,
+                                 sweeps_on)
 from specgen.mesh.export import clean_mesh
 from specgen.mesh.generate import check_budget, decode_tokens, load_mesh_model, token_budget
 from specgen.mesh.metrics import mesh_distances
@@ -104,6 +104,18 @@ def mesh_sweeps(cfg: MeshBenchConfig) -> list[Sweep]:
     return old + sweeps_of(cfg.sweep)
 
 
+def entries_of(cfg: MeshBenchConfig) -> Entries:
+    """What the per-row entries of `options` and `row_options` may name: a row, merged AR's (`ar+ROW`), a sweep's,
+    `ar` or a `heads` row."""
+    return entries([*cfg.rows, *(f"ar+{r}" for r in cfg.merged_ar)], mesh_sweeps(cfg), ["ar", *cfg.heads],
+                   "a `heads` row")
+
+
+def entry_tables(cfg: MeshBenchConfig) -> dict[str, dict]:
+    """The per-row options tables, as a refusal names them (`options`' bare values are every heads row's)."""
+    return {"options": {k: v for k, v in cfg.options.items() if isinstance(v, dict)}, "row_options": cfg.row_options}
+
+
 def picked(cfg: MeshBenchConfig) -> MeshBenchConfig:
     """cfg as `--methods` picks its rows: only the sweeps (`sweep`, `sweep_row`'s keys) and `merged_ar` rows of heads
     rows among them, and the `dtypes` of the rows they make (a recipe's on another row are left out, as that row is)."""
@@ -124,8 +136,7 @@ def names_a_row(name: str, heads: dict) -> bool:
 
 def variants(cfg: MeshBenchConfig) -> list[Variant]:
     allowed = [o for o in XSpecMeshOptions.__dataclass_fields__ if o != "heads"]  # heads come from `heads`
-    bare = {k: v for k, v in cfg.options.items() if not isinstance(v, dict)}
-    rows_options = {k: v for k, v in cfg.options.items() if isinstance(v, dict)}
+    bare, tables = {k: v for k, v in cfg.options.items() if not isinstance(v, dict)}, entry_tables(cfg)
 
     def check(where: str, opts: dict) -> None:
         unknown = sorted(set(opts) - set(allowed))
@@ -134,13 +145,10 @@ def variants(cfg: MeshBenchConfig) -> list[Variant]:
             raise UsageError(f"{whose} {unknown[0]!r}; its options: {', '.join(allowed)}")
 
     check("options", bare)
-    per_row = merged_table(cfg.row_options, rows_options, "row_options")  # refuses an entry that is no mapping
-    for name, table in (("row_options", cfg.row_options), ("options", rows_options)):
+    per_row = merged_table(cfg.row_options, tables["options"], "row_options")  # refuses an entry that is no mapping
+    for name, table in tables.items():  # (an entry no row reads is refused as the config loads: `entries_of`)
         for r, o in table.items():
             check(f"{name}.{r}", o)
-            if not names_a_row(r, cfg.heads):  # a typo'd row's options would be left unused, unsaid
-                raise UsageError(f"{name}.{r}: no row {r!r} to set; an entry names ar, a `heads` row "
-                                 f"({', '.join(cfg.heads)}) or a sweep's row")
     common = {"num_heads": cfg.num_heads, "delta": cfg.delta, **bare}
 
     def options_of(row: str, over: dict | None = None) -> object:
@@ -235,10 +243,8 @@ def measure_meshes(cfg: MeshBenchConfig, sink, shard: Shard = Shard(), on_item=l
                 max(r.stats.extras["latency_s"] for r in results))
 
     # warm-up (allocations; on CUDA the shapes the meshes meet, their steps captured) on the test meshes' seeds
-    work, warm = grid(cfg, vs), partial(use.warm_up, [v.label for v in vs], range(cfg.limit), decode)
-    warm()
-    if use.warm_batches(work, decode_batch):
-        warm()
+    work = grid(cfg, vs)
+    use.warm([v.label for v in vs], range(cfg.limit), decode, [(work, decode_batch)])
     work.measure(sink, shard, one, batch, use.after_item(on_item))
     use.write()
 

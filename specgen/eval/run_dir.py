@@ -116,6 +116,7 @@ class RunDir:
         # what the run's plan read beyond its config, which a report on another machine may not find (text: each
         # prompt's category and digest, each row's model from the registry)
         self.resolved = json_ready(resolved)
+        self.made: list[Path] | None = None  # `open` started the run here: the folders it made (`discard`)
 
     # -- opening -------------------------------------------------------------------------------------------
     @classmethod
@@ -135,11 +136,13 @@ class RunDir:
         if foreign:
             raise UsageError(f"--run-dir {path} holds files of no specgen run ({foreign}) and no run.json; name a "
                              "new or empty folder for the run (or the folder of an earlier run to resume it)")
+        made = [p for p in (path, *path.parents) if not p.exists()]  # (missing parents included)
         path.mkdir(parents=True, exist_ok=True)
         run = cls(path, suite, config, resolved)
         doc = {"format": FORMAT, "suite": suite, "config": run.config,
                **({"resolved": run.resolved} if resolved else {})}
         if write_new(path / "run.json", json.dumps(doc, indent=1, sort_keys=True) + "\n"):
+            run.made = made
             return run
         started = cls.existing(path)
         if started.suite != suite:
@@ -202,6 +205,17 @@ class RunDir:
         file = self.path / f"records-{shard.label}.jsonl"
         if file.exists():  # to the end of its last whole line: a file without a torn tail keeps its length
             os.truncate(file, max((end for end, _ in read_lines(file)), default=0))
+
+    def discard(self) -> None:
+        """Undo `open` where it started the run and no item has a record: its files and the folders it made go (bad
+        input found as the models load, an interrupted load, leaves nothing behind). Another run's folder, or one
+        with records, stays: rerunning resumes it. For a shard alone in the folder (another may be starting)."""
+        if self.made is None or self.records():
+            return
+        for file in self.path.iterdir():  # run.json, the shard's lock and machine file: the folder was new or empty
+            file.unlink()
+        for folder in self.made:
+            folder.rmdir()
 
     def claim_table(self, shard: Shard) -> str | None:
         """Make `shard` the one that prints the finished run's table: None, or the shard that did (an exclusive

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable
 
@@ -66,6 +67,63 @@ def sweeps_of(spec: dict) -> list[Sweep]:
         for row, option, values in pairs:
             out.append(Sweep(row, option, swept_values(f"sweep.{row}.{option}", values)))
     return out
+
+
+@dataclass(frozen=True)
+class Entries:
+    """What the entries of a suite's options tables (`options` and its older name) may name: a row of the plan, its
+    sweeps' rows and their bases (`names`), or a name every plan may hold whatever its rows (`families`: a method, read
+    by its every row; a mesh `heads` row; a default entry). An entry naming none is a typo: no row would read it."""
+
+    rows: tuple[str, ...]  # the plan's own rows, as a refusal lists them
+    names: tuple[str, ...]
+    families: tuple[str, ...]
+    family: str  # a family in words, as a refusal names it: "a method", "a `heads` row"
+
+    def reads(self, entry: str) -> bool:
+        return entry in self.names or entry in self.families
+
+    def check(self, tables: dict[str, dict]) -> None:
+        """Refuse the first entry of `tables` (recipe key -> {entry: options}) that no row reads, naming the entry and
+        the rows it could mean: its settings would be left unused, unsaid."""
+        for key, table in tables.items():
+            entry = next((str(e) for e in table or {} if not self.reads(e)), None)
+            if entry is not None:
+                close = difflib.get_close_matches(entry, list(dict.fromkeys([*self.names, *self.families])), 3)
+                could = f"; did you mean {' or '.join(close)}?" if close else ""
+                raise UsageError(f"{key}.{entry}: no row {entry!r} to set; an entry names a row "
+                                 f"({', '.join(self.rows)}), {self.family} or a sweep's row{could}")
+
+    def kept(self, table: dict) -> dict:
+        """The entries of `table` some row reads (the images suite's `--methods` leaves out a recipe's entries of the
+        rows it leaves out)."""
+        return {k: v for k, v in table.items() if self.reads(k)}
+
+
+def entries(rows: list[str], sweeps: list[Sweep], families: list[str], family: str) -> Entries:
+    """The Entries of a plan of `rows` and `sweeps` (unchecked: the plan checks them, once their entries are)."""
+    names = [*rows, *(name for s in sweeps for name in (s.row, *map(s.name, s.values)))]
+    return Entries(tuple(dict.fromkeys(rows)), tuple(dict.fromkeys(names)), tuple(families), family)
+
+
+def methods_on(modality: str) -> list[str]:
+    return [name for name, spec in METHODS.items() if spec.runs_on(modality)]
+
+
+def entry_tables(cfg) -> dict[str, dict]:
+    """The options tables of a text or images config, as a refusal names them."""
+    return {"options": cfg.options, "method_options": cfg.method_options}
+
+
+def check_own_entry(row: str, method: str, tables: dict[str, dict], why: str = "") -> None:
+    """Refuse a variant row (`METHOD@tag`, `METHOD:tag`) that no table of `tables` (recipe key -> {row: ...}) gives
+    an entry of its own: it would decode as `method` under another name (a typo'd row, unsaid). `why`: what the
+    refusal says first."""
+    if row == method or any(row in table for table in tables.values()):
+        return
+    close = difflib.get_close_matches(row, [k for table in tables.values() for k in table if k != method], 1)
+    raise UsageError(f"row {row}: {why}a variant row needs {' or '.join(f'{key}.{row}' for key in tables)} of its "
+                     f"own (else it decodes as {method})" + (f"; did you mean {close[0]}?" if close else ""))
 
 
 def check_rows(rows: list[str], dtype: str, dtypes: dict, device: str) -> None:
@@ -158,16 +216,14 @@ def with_sweep_rows(cfg, modality: str, method_of: Callable[[str], str], extra: 
                     sweepable: Callable[[str], bool] = lambda row: True) -> tuple[Any, list[SweptRow]]:
     """(cfg with `extra` and every `sweep` row added to `methods`, `options` holding every row's, and the rows added)
     of humaneval/images: a sweep varies a row, an `options` entry or a method of the suite's `modality` (one
-    `sweepable` keeps), each value checked by its method's options; a suite without an `ar` row is refused.
+    `sweepable` keeps), each value checked by its method's options; a suite without an `ar` row is refused. (An
+    `options` entry no row reads is refused as the run's config loads: `Entries`, `dry_run.picked_rows`.)
 
     A swept row's entry is its base's own entry (a method's entry every row of the method reads anyway) with the
     swept option set; an entry the recipe gives for the swept row's name itself goes over that. A name already in
     `methods` is not repeated."""
     table = options_table(cfg)
-    for key in (k for k in table if sweepable(k) and method_of(k) not in METHODS):  # a typo is not a row to ignore
-        raise UsageError(f"options.{key}: {method_of(key)!r} is no method; rows are METHOD or METHOD@TAG of "
-                         f"{', '.join(n for n, s in METHODS.items() if s.runs_on(modality))}")
-    bases = [m for m in [*cfg.methods, *table, *(n for n, s in METHODS.items() if s.runs_on(modality))] if sweepable(m)]
+    bases = [m for m in [*cfg.methods, *table, *methods_on(modality)] if sweepable(m)]
     swept = [*extra, *expand(sweeps_of(cfg.sweep), bases,
                              lambda row, options: get_method(method_of(row)).parse_options(options))]
     methods = list(cfg.methods)

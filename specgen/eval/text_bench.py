@@ -29,7 +29,8 @@ from specgen.eval.llamacpp_row import LlamaCppLookup, LlamaCppRow
 from specgen.eval.peers import Peer, PeerSetup
 from specgen.eval.roofline import copy_bandwidth, streamed_bytes
 from specgen.eval.run_dir import Grid, Shard
-from specgen.eval.sweeps import options_table, sweeps_on, with_sweep_rows
+from specgen.eval.sweeps import (Entries, check_own_entry, entries, methods_on, options_table, sweeps_of, sweeps_on,
+                                 with_sweep_rows)
 from specgen.eval.text_rows import Run, text_rows
 from specgen.methods import METHODS, MethodSpec, get_method, model_for, run_batch
 from specgen.methods.options import BUDGET_DEFAULT
@@ -102,6 +103,11 @@ def row_options(row: str, cfg: TextBenchConfig) -> dict:
     return {**table.get(base, {}), **table.get(row, {})}
 
 
+def entries_of(cfg: TextBenchConfig) -> Entries:
+    """What the `options` entries of cfg may name: its rows and its sweeps', a text method or a peer."""
+    return entries(cfg.methods, sweeps_of(cfg.sweep), [*methods_on("text"), *PEERS], "a method")
+
+
 def picked(cfg: TextBenchConfig) -> TextBenchConfig:
     """cfg as `--methods` picks its rows: only the sweeps of methods among them (a recipe's sweep of another method
     is left out, as its rows are)."""
@@ -168,20 +174,23 @@ def check_methods(cfg: TextBenchConfig) -> dict[str, Row]:
     rows = {}
     for m in cfg.methods:
         if is_peer(m):
+            check_own_entry(m, row_method(m), {"options": cfg.options})
             known = PEERS[row_method(m)].OPTIONS
             unknown = sorted(set(row_options(m, cfg)) - set(known))
             if unknown:
                 raise UsageError(f"{m} row: unknown option(s) {', '.join(unknown)}; options: "
                                  f"{', '.join(known) or 'none'}")
             continue
-        spec = get_method(row_method(m))
+        if row_method(m) not in METHODS:  # the known rows of a text suite: its methods and the peers
+            raise UnknownNameError("method", row_method(m), [*methods_on("text"), *PEERS])
+        spec = METHODS[row_method(m)]
         if not spec.runs_on("text"):
             raise UsageError(f"method {m} is for {spec.modality}; the {cfg.suite} suite is text")
         options = row_options(m, cfg)
         rows[m] = Row(spec, spec.parse_options(options), options.get("seed"))
-        if "@" in m and row_model(m) is None and m not in cfg.options and m not in cfg.targets:
-            raise UsageError(f"row {m}: {m.partition('@')[2]!r} is not a registry model, and a variant row "
-                             f"needs options.{m} or targets.{m} of its own")
+        if row_model(m) is None:  # `METHOD@MODEL` decodes MODEL
+            model = f"{m.partition('@')[2]!r} is not a registry model, and " if "@" in m else ""
+            check_own_entry(m, row_method(m), {"options": cfg.options, "targets": cfg.targets}, model)
     return rows
 
 
@@ -375,10 +384,8 @@ def measure(model: TextModel, p: Plan, sink, shard: Shard = Shard(), on_item=lam
                 for r, i in zip(runs, mine)], wall
 
     if cfg.warmup:
-        warm = functools.partial(use.warm_up, work.rows, warm_prompts(prompts), lambda m, q: decode(m, [q], 1))
-        warm()
-        if use.warm_batches(work, lambda b, m, mine: decode(m, [prompts[i] for i in mine], b)):
-            warm()
+        use.warm(work.rows, warm_prompts(prompts), lambda m, q: decode(m, [q], 1),
+                 [(work, lambda b, m, mine: decode(m, [prompts[i] for i in mine], b))])
     work.measure(sink, shard, one, batch, use.after_item(on_item))
     use.write()
 

@@ -131,6 +131,9 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
+OVERALL, UNCATEGORIZED = "all", "(none)"  # the rows over every prompt; of prompts without a category beside others
+
+
 def text_rows(records: dict[str, dict], grid: Grid, meta: dict[str, dict], machines: dict[str, dict],
               categories: list[str] | None = None) -> list[dict]:
     """Every row of a finished run (batch sizes in `grid.batch_sizes` order), with batch-1 rows per category when
@@ -144,7 +147,7 @@ def text_rows(records: dict[str, dict], grid: Grid, meta: dict[str, dict], machi
         if batch == 1:
             reference = measured
             split = by_category(measured, categories or [], meta, costs, machines)
-            rows = [{**r, "category": "all"} if split and r["batch_size"] == 1 else r for r in rows] + split
+            rows = [{**r, "category": OVERALL} if split and r["batch_size"] == 1 else r for r in rows] + split
     return rows
 
 
@@ -159,5 +162,13 @@ def by_category(measured: Measured, categories: list[str], meta: dict[str, dict]
     for name in names:
         keep = [i for i, c in enumerate(categories) if c == name]
         part = one_by_one({m: [rs[i] for i in keep] for m, rs in measured.runs.items()})
-        rows += [{**r, "category": name} for r in batch_rows(part, 1, meta, costs, None, machines)]
+        rows += [{**r, "category": label(name)} for r in batch_rows(part, 1, meta, costs, None, machines)]
     return rows
+
+
+def label(category: str) -> str:
+    """A category's rows' label: a prompt set's own `all` or `(none)` is told from the rows over every prompt and
+    those of prompts without a category (two `all` rows of one method were one category's and every prompt's)."""
+    if category in (OVERALL, UNCATEGORIZED):
+        return f"{category} (category)"
+    return category or UNCATEGORIZED

@@ -83,6 +83,25 @@ def test_a_prompt_longer_than_the_context_is_refused_before_loading(tiny_target,
     assert "prompt 1: prompt of 300 tokens + max-new-tokens 8 does not fit target/tiny-text's context" in out
 
 
+def test_a_run_refused_as_its_models_load_leaves_no_run_folder(tiny_target, tmp_path):  # noqa: F811
+    """A prompt past the context (found as the models load, after the run folder opened) left a folder holding
+    run.json and a lock: a half-written run. The folders it made go; an empty one stays empty; a started run's stays."""
+    path = write(tmp_path, [{"prompt": "SHORT"}, {"prompt": "LONG " * 60}])  # 300 tokens; the context is 256
+    for run in (tmp_path / "runs" / "new", tmp_path / "empty"):
+        (tmp_path / "empty").mkdir(exist_ok=True)
+        out = one_line(invoke(*BENCH, "--prompts", str(path), "--methods", "ar", "--run-dir", str(run)))
+        assert "prompt 1: prompt of 300 tokens" in out
+    assert not (tmp_path / "runs").exists() and list((tmp_path / "empty").iterdir()) == []
+    from specgen.eval.run_dir import RunDir, Shard
+
+    RunDir.open(tmp_path / "started", "text", {"a": 1})
+    RunDir.open(tmp_path / "started", "text", {"a": 1}).discard()  # another process's run: kept
+    recorded = RunDir.open(tmp_path / "recorded", "text", {"a": 1})
+    recorded.append(Shard(), {"item": "b1/p0", "runs": {}})
+    recorded.discard()  # an item recorded: kept, to resume
+    assert (tmp_path / "started" / "run.json").is_file() and (tmp_path / "recorded" / "run.json").is_file()
+
+
 def test_bad_prompt_sets_are_one_line(tiny_target, tmp_path):  # noqa: F811
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "A"}\n{"prompt": \n')

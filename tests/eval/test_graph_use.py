@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from specgen.eval.graph_use import WARM_RUNS, GraphUse, timed_note
-from specgen.eval.run_dir import RunDir, Shard
+from specgen.eval.run_dir import Grid, RunDir, Shard
 from specgen.models import graphs
 from tests.cli.test_cli_image import tiny_image  # noqa: F401 - the fixture
 from tests.cli.test_cli_mesh import tiny  # noqa: F401 - the fixture
@@ -51,6 +51,33 @@ def test_a_row_warms_until_a_run_captures_nothing(tmp_path):
     use_of(tmp_path, {"target": SimpleNamespace(graphs=None)}).warm_up(["a", "b"], range(10),
                                                                       lambda r, i: cpu.append((r, i)))
     assert cpu == [("a", 0), ("b", 0)]
+
+
+def test_one_warm_call_warms_rows_then_every_grids_batches_then_rows_again(tmp_path):
+    """`GraphUse.warm`, the one call every suite makes: where steps are captured, the batched (B, row) pairs each
+    grid has left run on the shard's first B items until they capture nothing, then the rows warm again; a CPU runs
+    each row once and no batch."""
+    steps, runs = Steps(), []
+
+    def run(row: str, item: int) -> None:
+        runs.append((row, item))
+        steps.captures += runs.count((row, item)) == 1 and item == 0  # the first run of a row captures
+
+    def batch(tag: str):
+        def go(b: int, row: str, mine: list[int]) -> None:
+            runs.append((tag, b, row, tuple(mine)))
+            steps.captures += runs.count((tag, b, row, tuple(mine))) == 1
+        return go
+
+    grids = [(Grid(3, ("a", "b"), (1, 2), f"T{t}/i{{}}", f"T{t}/"), batch(f"T{t}")) for t in (0, 1)]
+    use_of(tmp_path, {"target": SimpleNamespace(graphs=steps)}).warm(["a", "b"], range(3), run, grids)
+    assert runs == [("a", 0), ("a", 1), ("b", 0), ("b", 1),
+                    *((f"T{t}", 2, row, (0, 1)) for t in (0, 1) for row in "ab" for _ in range(2)),
+                    ("a", 0), ("b", 0)]
+    cpu = []
+    use_of(tmp_path, {"target": SimpleNamespace(graphs=None)}).warm(["a", "b"], range(3),
+                                                                    lambda r, i: cpu.append((r, i)), grids)
+    assert cpu == [("a", 0), ("b", 0)] and len(runs) == 14  # no batch ran
 
 
 def test_timed_captures_are_counted_kept_over_a_resume_and_summed_over_shards(tmp_path):

@@ -94,10 +94,17 @@ def test_older_table_name_merges_and_a_disagreement_is_refused():
 
 # --- images -------------------------------------------------------------------------------------------------------
 
+def checked(suite: str, cfg):
+    """cfg as a run loads it: its `options` entries checked (`dry_run.picked_rows`, no --methods)."""
+    from specgen.eval.dry_run import picked_rows
+
+    return picked_rows(suite, cfg, {}, {})
+
+
 def image_rows(cfg) -> list[tuple[str, dict]]:
     from specgen.eval.image_bench import checked_rows, options_of
 
-    full = checked_rows(cfg)
+    full = checked_rows(checked("images", cfg))
     return [(m, options_of(full, m)) for m in full.methods]
 
 
@@ -143,13 +150,27 @@ def test_images_bad_sweeps_are_refused(sweep, needle):
 def test_images_options_of_no_row_are_refused(key):
     """A tag that is neither a row nor swept (`options.lantern@x.k=1`) was left unused, unsaid; a row, a method, a
     sweep's row (its base and its rows) and the defaults' vvs@u and vvs@d (in every run's table) may be named."""
-    from specgen.eval.image_bench import ImageBenchConfig, checked_rows
+    from specgen.eval.image_bench import ImageBenchConfig
 
-    with pytest.raises(UsageError, match=rf"^{key}.lantern@x: no row 'lantern@x' to set; an entry names a row "):
-        checked_rows(ImageBenchConfig(methods=["ar", "lantern"], **{key: {"lantern@x": {"k": 1}}}))
+    with pytest.raises(UsageError, match=rf"^{key}.lantern@x: no row 'lantern@x' to set; an entry names a row "
+                                         r"\(ar, lantern\), a method or a sweep's row; did you mean lantern\?$"):
+        image_rows(ImageBenchConfig(methods=["ar", "lantern"], **{key: {"lantern@x": {"k": 1}}}))
     named = {r: {} for r in ("ar", "lantern", "vvs", "lantern@k2", "vvs@i", "vvs@i=2", "vvs@u", "vvs@d")}
     cfg = ImageBenchConfig(methods=["ar", "lantern", "lantern@k2"], sweep={"vvs@i": {"interval": [2]}}, **{key: named})
-    assert checked_rows(cfg).methods == ["ar", "lantern", "lantern@k2", "vvs@i=2"]
+    assert [m for m, _ in image_rows(cfg)] == ["ar", "lantern", "lantern@k2", "vvs@i=2"]
+
+
+def test_images_a_tagged_row_without_an_entry_of_its_own_is_refused():
+    """`adt-tree@x` with no options or dtypes entry of its own decoded as adt-tree under another name, unsaid."""
+    from specgen.eval.image_bench import ImageBenchConfig
+
+    with pytest.raises(UsageError, match=r"^row adt-tree@x: a variant row needs options.adt-tree@x or "
+                                         r"dtypes.adt-tree@x of its own \(else it decodes as adt-tree\)$"):
+        image_rows(ImageBenchConfig(methods=["ar", "adt-tree@x"]))
+    options = {"adt-tree@x": {"d_max": 6}, "vvs@u": {}}  # (vvs@u's entry: the default `options`' but for this one)
+    rows = image_rows(ImageBenchConfig(methods=["ar", "adt-tree@x", "ar@bf16", "vvs@u"], options=options,
+                                       dtypes={"ar@bf16": "bfloat16"}))
+    assert [m for m, _ in rows] == ["ar", "adt-tree@x", "ar@bf16", "vvs@u"]
 
 
 def test_images_a_row_given_twice_is_refused():
@@ -224,7 +245,7 @@ def mesh_rows(**kw) -> list[tuple]:
 
     cfg = MeshBenchConfig(**{"rows": ["ar", "ca+lora"], "deltas": [], "topk_accept": [], "tree_k": [], "depths": [],
                              **kw})
-    return [(v.label, v.heads, dataclasses.asdict(v.opts), v.plain) for v in variants(cfg)]
+    return [(v.label, v.heads, dataclasses.asdict(v.opts), v.plain) for v in variants(checked("meshes", cfg))]
 
 
 def test_mesh_sweep_rows_on_any_heads_row():
@@ -249,10 +270,14 @@ def test_mesh_old_sweep_keys_keep_their_row_names():
 def test_mesh_options_of_no_row_are_refused(key):
     """A typo'd row's options were left unused, unsaid (the row ran at its defaults); a row of `heads`, `ar`, merged
     AR and sweep rows (also of heads rows `--methods` leaves out) may be named."""
-    with pytest.raises(UsageError, match=rf"^{key}.ca\+lra: no row 'ca\+lra' to set; an entry names ar, a `heads` row"):
+    with pytest.raises(UsageError, match=rf"^{key}.ca\+lra: no row 'ca\+lra' to set; an entry names a row \(ar, "
+                                         r"ca\+lora\), a `heads` row or a sweep's row; did you mean ca\+lora\?$"):
         mesh_rows(**{key: {"ca+lra": {"delta": 0.3}}})
+    with pytest.raises(UsageError, match=rf"^{key}.ca\+lora@x: no row"):  # a tag no sweep makes (was left unused)
+        mesh_rows(**{key: {"ca+lora@x": {"delta": 0.3}}})
     named = {r: {"delta": 0.3} for r in ("ar", "ca", "ar+ca", "ca+lora@delta=0.7", "ca+lora p>0.1")}
-    assert [r[0] for r in mesh_rows(**{key: named})] == ["ar", "ca+lora"]
+    rows = mesh_rows(merged_ar=["ca"], deltas=[0.1], sweep={"ca+lora": {"delta": [0.7]}}, **{key: named})
+    assert [r[0] for r in rows] == ["ar", "ca+lora", "ar+ca", "ca+lora p>0.1", "ca+lora@delta=0.7"]
 
 
 def test_mesh_row_options_is_the_older_name_of_per_row_options():
@@ -318,9 +343,11 @@ def test_renamed_option_tables_give_the_same_rows(tmp_path, recipe, old_key, new
     (["--suite", "meshes", "sweep.ca+lora.delta=[]"], "sweep.ca+lora.delta is empty"),
     (["--suite", "meshes", "sweep.ca+lora.delta=[2]"], "delta must be in [0, 1]"),
     (["--suite", "images", "sweep.nope.tau=[1]"], "sweep.nope.tau: no row"),
-    (["--suite", "images", "options.nope.tau=1"], "options.nope: 'nope' is no method"),
+    (["--suite", "images", "options.nope.tau=1"], "options.nope: no row 'nope' to set"),
     (["--suite", "images", "methods=[ar,lantern]", "options.lantern@x.k=1"], "options.lantern@x: no row 'lantern@x'"),
-    (["--suite", "humaneval", "--methods", "ar,ngram", "options.ngarm.num_draft=3"], "options.ngarm: 'ngarm' is no"),
+    (["--suite", "humaneval", "--methods", "ar,ngram", "options.ngarm.num_draft=3"],
+     "options.ngarm: no row 'ngarm' to set; an entry names a row (ar, ngram), a method or a sweep's row; did you mean "
+     "ngram?"),
     (["--suite", "humaneval", "--methods", "ar,ngram", "method_options.ngarm@x.num_draft=3"], "options.ngarm@x:"),
     (["--suite", "images", "sweep.mulo-sd.tau=[-1]"], "tau must be >= 0"),
     (["--suite", "humaneval", "--methods", "ar,ngram", "sweep.ngram.num_draft=[0]"], "num_draft must be >= 1"),
@@ -362,6 +389,16 @@ def test_a_run_folder_started_before_the_sweep_key_resumes(tmp_path):
 
 # --- `--methods` picks the rows, and a recipe's sweep rows of their methods only ----------------------------------
 
+def picked_config(suite: str, cls: type, recipe, overrides=(), **explicit):
+    """The config a benchmark runs: `recipe` and `overrides` with the command line's `explicit` options, its rows
+    picked (`dry_run.picked_rows`)."""
+    from specgen.config import read_recipe
+    from specgen.eval.dry_run import picked_rows
+
+    cfg = load_config(cls, recipe, list(overrides), **explicit)
+    return picked_rows(suite, cfg, explicit, read_recipe(recipe) if recipe is not None else {})
+
+
 @pytest.mark.parametrize("methods, extra", [
     (["ar", "eagle2"], []),  # were kept: mulo-sd@raster, mulo-sd@no-expand, mulo-sd@tau=..., vvs@i=..., vvs@thr=...
     (["ar", "vvs@u"], ["vvs@i=2", "vvs@i=5", "vvs@thr=0.6", "vvs@thr=0.9"]),  # method vvs
@@ -369,16 +406,16 @@ def test_a_run_folder_started_before_the_sweep_key_resumes(tmp_path):
                          "mulo-sd@tau=0.03"]),
 ])
 def test_methods_pick_the_images_recipes_sweep_rows_of_their_methods(methods, extra):
-    from specgen.eval.dry_run import picked_rows
     from specgen.eval.image_bench import ImageBenchConfig
 
     recipe = ROOT / "recipes/tiny/bench-images.yaml"
-    cfg = picked_rows("images", load_config(ImageBenchConfig, recipe, methods=methods), {"methods": methods})
+    cfg = picked_config("images", ImageBenchConfig, recipe, methods=methods)
     assert [m for m, _ in image_rows(cfg)] == [*methods, *extra]
     unpicked = load_config(ImageBenchConfig, recipe, [f"methods=[{','.join(methods)}]"])  # the key: every sweep row
-    assert picked_rows("images", unpicked, {}) == unpicked and len(image_rows(unpicked)) == len(methods) + 9
+    assert picked_config("images", ImageBenchConfig, recipe, [f"methods=[{','.join(methods)}]"]) == unpicked
+    assert len(image_rows(unpicked)) == len(methods) + 9
     batch = ROOT / "recipes/tiny/bench-images-batch.yaml"  # its eagle2@auto, adt-tree@auto entries go with the rows
-    assert image_rows(picked_rows("images", load_config(ImageBenchConfig, batch, methods=methods), {"methods": 1}))
+    assert image_rows(picked_config("images", ImageBenchConfig, batch, methods=methods))
 
 
 def test_methods_pick_the_text_sweep_rows_of_their_methods():
@@ -424,20 +461,76 @@ def test_a_run_records_the_rows_methods_picks_and_its_report_shows_them(tmp_path
 def test_methods_leave_out_the_dtypes_of_the_rows_they_leave_out():
     """A precision recipe's `dtypes` name its rows: `--methods` picking some leaves the others' entries out (they
     were refused as `no such row`); an entry no row could have is still refused."""
-    from specgen.eval.dry_run import picked_rows
     from specgen.eval.image_bench import ImageBenchConfig, checked_rows
     from specgen.eval.mesh_bench import MeshBenchConfig, variants
 
     images = ROOT / "recipes/tiny/bench-images-precision.yaml"
     pick = {"methods": ["ar", "adt-tree@bf16"]}
-    cfg = picked_rows("images", load_config(ImageBenchConfig, images, **pick), pick)
+    cfg = picked_config("images", ImageBenchConfig, images, **pick)
     assert cfg.dtypes == {"adt-tree@bf16": "bfloat16"} and checked_rows(cfg).methods == pick["methods"]
-    typo = picked_rows("images", load_config(ImageBenchConfig, images, ["dtypes.adt-tre@bf16=bfloat16"], **pick), pick)
+    typo = picked_config("images", ImageBenchConfig, images, ["dtypes.adt-tre@bf16=bfloat16"], **pick)
     with pytest.raises(UsageError, match="dtypes.adt-tre@bf16: no such row"):
         checked_rows(typo)
     meshes = ROOT / "recipes/tiny/bench-meshes-precision.yaml"
-    cfg = picked_rows("meshes", load_config(MeshBenchConfig, meshes, rows=["ar", "ca+lora@bf16"]), {"rows": 1})
+    cfg = picked_config("meshes", MeshBenchConfig, meshes, rows=["ar", "ca+lora@bf16"])
     assert [v.label for v in variants(cfg)] == ["ar", "ca+lora@bf16", "ar+ca+lora@bf16"]
     assert cfg.dtypes == {"ca+lora@bf16": "bfloat16", "ar+ca+lora@bf16": "bfloat16"}
     r = runner.invoke(app, ["benchmark", "--config", str(meshes), "--dry-run", "--methods", "ar,ca+lora"])
     assert r.exit_code == 0, r.output
+
+
+# --- an `options` entry no row reads: one check in every suite, beside --methods too --------------------------------
+
+def recipe(tmp_path, doc: dict) -> Path:
+    path = tmp_path / "r.yaml"
+    path.write_text(json.dumps(doc))  # JSON is YAML
+    return path
+
+
+@pytest.mark.parametrize("suite, cls, key, doc, needle", [
+    ("text", "text_bench.TextBenchConfig", "methods", {"options": {"ngram:cahce": {"num_draft": 2}}},
+     "options.ngram:cahce: no row 'ngram:cahce' to set; an entry names a row (ar, ngram), a method or a sweep's row; "
+     "did you mean ngram?"),
+    ("images", "image_bench.ImageBenchConfig", "methods", {"options": {"lantern@x": {"k": 1}}},
+     "options.lantern@x: no row 'lantern@x' to set; an entry names a row (ar, lantern)"),
+    ("meshes", "mesh_bench.MeshBenchConfig", "rows", {"row_options": {"ca@x": {"delta": 0.3}}},
+     "row_options.ca@x: no row 'ca@x' to set; an entry names a row (ar, ca)"),
+])
+def test_an_options_entry_no_row_reads_is_refused_beside_methods(tmp_path, suite, cls, key, doc, needle):
+    """A typo'd entry was left unused, unsaid: in the text suite always, in the others beside --methods (whose picking
+    dropped it); the one check (`sweeps.Entries`) refuses it in every suite, with or without --methods."""
+    import importlib
+
+    module, name = cls.split(".")
+    config = getattr(importlib.import_module(f"specgen.eval.{module}"), name)
+    rows = ["ar", "ngram"] if suite == "text" else ["ar", "lantern"] if suite == "images" else ["ar", "ca"]
+    path = recipe(tmp_path, {**doc, "suite": suite, key: rows})
+    with pytest.raises(UsageError) as e:  # --methods picks the rows
+        picked_config(suite, config, path, **{key: rows})
+    assert str(e.value).startswith(needle), e.value
+    r = runner.invoke(app, ["benchmark", "--config", str(path), "--dry-run", "--format", "json"])  # the plan's check
+    assert r.exit_code == 1 and needle in r.stdout, r.output
+    r = runner.invoke(app, ["benchmark", "--config", str(path), "--methods", ",".join(rows), "--limit", "1", "--out",
+                            str(tmp_path / "rows.jsonl")])
+    one_error_line(r, needle)
+    assert not (tmp_path / "rows.jsonl").exists()
+
+
+def test_a_recipes_options_entry_of_a_row_methods_leaves_out_is_no_typo(tmp_path):
+    """The check reads a recipe's entries against its own rows and those --methods picks: an entry of a row (or a
+    sweep's row) --methods leaves out is not refused, in every suite."""
+    from specgen.eval.image_bench import ImageBenchConfig, checked_rows
+    from specgen.eval.mesh_bench import MeshBenchConfig, variants
+    from specgen.eval.text_bench import TextBenchConfig, row_options, with_sweeps
+
+    text = recipe(tmp_path, {"methods": ["ar", "ngram", "jacobi@n4"], "options": {"jacobi@n4": {"block_size": 4},
+                                                                                 "ngram": {"num_draft": 3}}})
+    cfg = with_sweeps(picked_config("text", TextBenchConfig, text, methods=["ar", "ngram"]))
+    assert cfg.methods == ["ar", "ngram"] and row_options("ngram", cfg) == {"num_draft": 3}
+    images = recipe(tmp_path, {"methods": ["ar", "lantern@k2"], "options": {"lantern@k2": {"k": 2}}})
+    assert checked_rows(picked_config("images", ImageBenchConfig, images, methods=["ar", "vvs@u"])).methods == [
+        "ar", "vvs@u"]
+    meshes = recipe(tmp_path, {"rows": ["ar", "ca", "mlp"], "sweep": {"ca": {"delta": [0.2]}},
+                               "options": {"ca@delta=0.2": {"num_heads": 2}}})
+    assert [v.label for v in variants(picked_config("meshes", MeshBenchConfig, meshes, rows=["ar", "mlp"]))] == [
+        "ar", "mlp"]

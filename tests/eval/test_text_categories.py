@@ -29,3 +29,13 @@ def test_rows_over_all_prompts_then_per_category():
     assert by[("x", "fast")]["exact_match_vs_ar"] == 1.0 and by[("y", "fast")]["exact_match_vs_ar"] == 0.5
     assert by[("all", "fast")]["exact_match_vs_ar"] == 0.75 and by[("x", "ar")]["prompts"] == 2
     assert all("category" not in r for r in text_rows(records, GRID, meta, {}, ["x"] * 4))
+
+
+def test_prompts_without_a_category_beside_categorised_ones_get_a_named_row():
+    """A chat file whose first record has a category and the second none: the second's row was a blank category."""
+    records = {f"b1/p{i}": {"runs": {"ar": run([1, 2], 1.0), "fast": run([1, 2], 0.5)}} for i in range(4)}
+    meta = {"ar": {"model": "m", "lossless": True}, "fast": {"model": "m", "lossless": True}}
+    rows = text_rows(records, GRID, meta, {}, ["math", "", "math", ""])
+    assert [r["category"] for r in rows] == ["all", "all", "math", "math", "(none)", "(none)"]
+    rows = text_rows(records, GRID, meta, {}, ["all", "x", "(none)", ""])  # a set's own `all`: not every prompt's
+    assert [r["category"] for r in rows[::2]] == ["all", "all (category)", "x", "(none) (category)", "(none)"]

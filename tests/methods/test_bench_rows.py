@@ -30,10 +30,17 @@ def test_at_model_name_decodes_that_model(row, model):
 
 
 def test_a_variant_row_without_options_of_its_own_is_refused():
-    """`pcllm@nosuchmodel` is no model; with nothing of its own it would silently repeat `pcllm`."""
+    """`pcllm@nosuchmodel` is no model; with nothing of its own it would silently repeat `pcllm`. So would a typo'd
+    `METHOD:tag` row (`--methods ar,ngram:cahce` beside a recipe's `ngram:cache` entry), which ran as ngram."""
     plan(cfg(methods=["ar", "pcllm@n8"], method_options={"pcllm@n8": {"block_size": 8}}))
-    plan(cfg(methods=["ar", "pcllm:n8"]))  # the older spelling keeps working as it did
+    plan(cfg(methods=["ar", "pcllm:n8"], targets={"pcllm:n8": "smollm2-135m-pcllm"}))  # a target of its own
     with pytest.raises(UsageError, match="row pcllm@nosuchmodel: 'nosuchmodel' is not a registry model"):
         plan(cfg(methods=["ar", "pcllm@nosuchmodel"]))
+    with pytest.raises(UsageError, match=r"^row ngram:cahce: a variant row needs options.ngram:cahce or "
+                                         r"targets.ngram:cahce of its own \(else it decodes as ngram\); did you mean "
+                                         r"ngram:cache\?$"):
+        plan(cfg(methods=["ar", "ngram:cahce"], options={"ngram:cache": {"num_draft": 3}}))
+    with pytest.raises(UsageError, match=r"^row hf:x: a variant row needs options.hf:x of its own"):
+        plan(cfg(methods=["ar", "hf:x"]))
     with pytest.raises(UsageError, match="method pcllm@n8|has no option"):
         plan(cfg(methods=["ar", "pcllm@n8"], method_options={"pcllm@n8": {"blocks": 8}}))
