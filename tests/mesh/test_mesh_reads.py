@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import traceback
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from specgen.decoding import loop
 from specgen.decoding.accept import accept_rejection
 from specgen.decoding.draft_verify import DraftVerify
 from specgen.decoding.sampling import SamplingParams
@@ -100,12 +103,14 @@ def test_read_ahead_drafts_what_propose_drafts(setup, monkeypatch, kind):
 
 @pytest.mark.parametrize("budget", ["fixed", "auto"])
 def test_read_ahead_in_a_batch_drafts_what_propose_drafts(monkeypatch, budget):
-    """Rows of different verify widths (padded columns), rows admitted into freed slots, and (auto) AR steps."""
+    """Rows of different verify widths (padded columns), rows admitted into freed slots, and (auto) AR steps. Each
+    phase of a step is timed 1 ms: `auto` sizes drafts by measured step times, which must not differ by run."""
     model, clouds = tiny_mesh_model(), procedural_clouds(range(11, 16))
     heads, opts = tiny_heads(scramble=False, token_input=True), dataclasses.replace(LOSSLESS, budget=budget)
     drafts = record_drafts(monkeypatch)
     meshes = []
     for ahead in ((), ("cpu",)):
+        monkeypatch.setattr(loop, "time", SimpleNamespace(perf_counter=itertools.count(0, 1e-3).__next__))
         monkeypatch.setattr(xspecmesh_pool, "ONE_READ", frozenset(ahead))
         drafts.append([])
         meshes.append([r.tokens for r in MeshDecoder(model, heads).generate_batch(clouds, GREEDY, 50, opts,
