@@ -188,7 +188,7 @@ class QuantizedLinear(nn.Module):
     def make_kernel(self, device: str | None = None) -> dict[str, torch.Tensor]:
         """The tensors the kernel (`kernel_choice.quantized_product`) reads besides the buffers: qmm.c's codes and sz,
         or torch int4's packed weight and sz [in/g, out, 2]; torch int8: none. On "meta": what a stored copy matches,
-        from the shapes alone (a meta kernel of torch.stack or cat imports torch._dynamo, and Triton where installed)."""
+        from the shapes alone (a meta torch.stack or cat imports torch._dynamo, and Triton where installed)."""
         if device == "meta":
             return self.kernel_shapes()
         qweight, scales = self.qweight.to(device), self.scales.to(device)

@@ -218,7 +218,7 @@ def qmm(x: torch.Tensor, codes: torch.Tensor, sz: torch.Tensor, bits: int, group
 
 
 def packed_shapes(n: int, k: int, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """`pack_codes`' outputs for N outputs of K inputs as empty meta tensors (int4 with `groups` scale groups; 0: int8)."""
+    """`pack_codes`' outputs for N outputs of K inputs as empty meta tensors (int4: `groups` scale groups; 0: int8)."""
     tiles, nb = -(-n // QMM_TILE), k // QMM_BLOCK
     codes = torch.empty(tiles, nb * (256 if groups else 512), dtype=torch.uint8, device="meta")
     return codes, torch.empty(tiles, groups or 1, 2 if groups else 1, QMM_TILE, dtype=torch.bfloat16, device="meta")
