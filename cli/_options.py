@@ -50,7 +50,8 @@ GraphsOpt = Annotated[Optional[str], typer.Option(
 PromptFieldOpt = Annotated[Optional[str], typer.Option(
     "--prompt-field", help="\\[text] The record field holding the prompt in a --prompts file (default: prompt, text, "
                            "instruction, messages or turns).")]
-QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or tables on stderr.")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars, per-item lines, notes or summary "
+                                        "tables on stderr; results stay on stdout.")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Replace existing registry entries of the output names "
                                                         "(never a built-in's).")]
 ModelOpt = Annotated[Optional[str], typer.Option("--model", "-m", help="Target: registry name, kind/name, or a checkpoint folder.")]

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
 from cli import _output
 from cli._errors import command
-from cli._options import DeviceOpt, Format, FormatOpt
+from cli._options import DeviceOpt, Format
+from specgen.errors import UsageError
 
 EPILOG = """examples:
 
@@ -23,12 +24,17 @@ EPILOG = """examples:
 @command
 def env(
     device: DeviceOpt = None,
-    fmt: FormatOpt = Format.table,
+    fmt: Annotated[Optional[Format], typer.Option(  # None: not given, so --json may pick json
+        "--format", "-f", help="Results on stdout as a table (the default) or JSON.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="The same as --format json.")] = False,
 ) -> None:
     """Show what decides how specgen runs here: devices, ISA flags, threads, each model family's kernels, caches."""
     from specgen import devices, machine  # deferred: start-up (torch; `specgen --help` does without it)
+    from specgen.config_checks import check_value  # deferred: start-up (it imports torch)
 
+    if as_json and fmt == Format.table:  # one would be ignored unsaid
+        raise UsageError("--json is --format json and contradicts --format table; give one of them")
+    check_value("device", device)  # "" (an unset shell variable) refused as every command's --device, not cpu
     facts = machine.machine_facts(devices.device_name(device or "cpu"))  # a missing device: one line
     if as_json or fmt == Format.json:  # --format as every command takes it; --json, its older spelling, kept
         _output.emit_json(facts)

@@ -133,7 +133,10 @@ def guarded(source: str, merge: Any) -> Any:
     except yaml.YAMLError as e:  # an override value YAML cannot read (control characters, stray quotes)
         raise UsageError(f"bad config: {source}: not a YAML value ({getattr(e, 'problem', None) or e})") from None
     except OmegaConfBaseException as e:
-        raise UsageError(f"bad config: {source}: {str(e).splitlines()[0]}") from None
+        detail = str(e).splitlines()[0]
+        if "is not a ListConfig" in detail:  # a scalar for a list field: the form to give, not OmegaConf's node types
+            detail = f"{e.full_key} takes a list, e.g. [{e.value}], not {e.value!r}"
+        raise UsageError(f"bad config: {source}: {detail}") from None
     except (TypeError, ValueError, AttributeError) as e:  # e.g. a list where a mapping is expected
         detail = "a list where a mapping is expected, or the reverse" if "container types" in str(e) else str(e)
         raise UsageError(f"bad config: {source}: {detail.splitlines()[0] if detail else type(e).__name__}") from None

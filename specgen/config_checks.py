@@ -38,7 +38,8 @@ MAX_INT = 2 ** 62  # beyond this torch's int64 arithmetic (seed + i, sizes) over
 RANGES = [(OPEN_UNIT, lambda v: 0 < v <= 1, "in (0, 1]"), (UNIT, lambda v: 0 <= v <= 1, "in [0, 1]"),
           (HALF_OPEN_UNIT, lambda v: 0 <= v < 1, "in [0, 1)"), (POSITIVE, lambda v: v > 0, "> 0"),
           (AT_LEAST_ONE, lambda v: v >= 1, ">= 1")]  # (fields, the values they take, those values in words)
-AT_MOST = {"num": 100_000}  # images/meshes per command
+AT_MOST = {"num": 100_000,  # images/meshes per command
+           "cfg_scale": 50}  # guidance: with POSITIVE, (0, 50] as --cfg-scale says, refused before a model loads
 # torch threads: at most the CPUs this process can use; more only queue on them (and a benchmark would time that)
 THREADS = {"threads", "num_threads"}
 # keys naming one of a few values, those values in words: "" (an unset shell variable in quotes) is refused naming

@@ -198,8 +198,6 @@ def generate_images(im: ImageModel, req: DecodeRequest[ImageGenConfig],
     shard decoding some images of a run draws each from the seed the whole run gives it. `on_image(j, pixels)`:
     image j's pixels [3, H, W] as soon as it is decoded (each then goes through the VQ alone, not in one batch)."""
     cfg = req.cfg
-    if not 0 < cfg.cfg_scale <= 50:
-        raise UsageError(f"cfg scale must be in (0, 50], got {cfg.cfg_scale}")
     conditions = image_conditions(im, cfg) if conditions is None else conditions
     seeds = [torch.Generator().manual_seed(cfg.seed * 100_003 + i) for i in (indices or range(len(conditions)))]
     # one CFG target for every image (c2i: the class is the prompt; t2i: the prompt names a caption of the target)

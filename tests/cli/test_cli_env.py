@@ -86,3 +86,22 @@ def test_stored_kernel_plans_are_shown_as_every_familys_not_as_texts(specgen_hom
     assert kernels["text float32"] == kernels["image"] == kernels["mesh"]
     r = runner.invoke(app, ["env"])
     assert r.exit_code == 0 and "float32 plans" in r.stdout, r.output
+
+
+def test_env_refuses_an_empty_device_as_every_command_does():
+    """`--device ""` (an unset shell variable in quotes) was read as cpu; generate's --device "" is refused so."""
+    r = runner.invoke(app, ["env", "--device", ""])
+    assert r.exit_code == 2 and r.stdout == "", r.output
+    assert r.stderr.strip().splitlines() == ["error: an empty device (an unset shell variable?); use cpu, cuda, "
+                                             "cuda:N, auto, or leave it out for the default"]
+
+
+def test_env_refuses_json_with_format_table():
+    """`--json --format table` gave JSON, --format table ignored unsaid; --json with --format json is one request."""
+    for args in (["--json", "--format", "table"], ["-f", "table", "--json"]):
+        r = runner.invoke(app, ["env", *args])
+        assert r.exit_code == 2 and r.stdout == "", r.output
+        assert r.stderr.strip().splitlines() == ["error: --json is --format json and contradicts --format table; "
+                                                 "give one of them"]
+    r = runner.invoke(app, ["env", "--json", "--format", "json"])
+    assert r.exit_code == 0 and "devices" in json.loads(r.stdout), r.output

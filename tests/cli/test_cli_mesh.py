@@ -82,6 +82,20 @@ def test_generate_marks_rejection_lossless_only_without_an_adapter(tiny):
     assert shipped.exit_code == 0 and json.loads(shipped.stdout.splitlines()[0])["lossless"] is False
 
 
+def test_quiet_leaves_the_result_table_on_stdout_as_its_help_says(tmp_path):
+    """--quiet's help said "No progress bars or tables on stderr", yet export-mesh's and generate's mesh tables are
+    results, on stdout (README: results on stdout, tables of statistics, logs and progress on stderr): --quiet leaves
+    them, and quiets the warning of a sequence that does not decode."""
+    from cli._options import QuietOpt
+
+    assert "results stay on stdout" in QuietOpt.__metadata__[0].help
+    text = good_line() + "\n" + json.dumps([4700, 5, 3]) + "\n"
+    loud = invoke("export-mesh", "-", "-o", tmp_path / "a", input=text)
+    assert loud.exit_code == 0 and "nothing written for it" in loud.stderr, loud.output
+    r = invoke("export-mesh", "-", "-o", tmp_path / "b", "--quiet", input=text)
+    assert r.exit_code == 0 and r.stderr == "" and "export-mesh ->" in r.stdout, r.output
+
+
 def test_generate_json_then_export_reports_bad_sequences(tiny, tmp_path):
     r = invoke("generate", "--method", "xspecmesh", "--num", "2", "--format", "json", "max_new_tokens=30",
                "method_options.heads=tiny-heads", "method_options.delta=0.3")

@@ -242,6 +242,7 @@ def test_an_empty_method_or_suite_is_an_unknown_name(tiny, args, needle):
     ([*IMG, "--cfg-scale", "nan"], "cfg_scale must be a finite number"),
     ([*IMG, "--cfg-scale", "-1"], "cfg_scale must be > 0, got -1"),  # one message for 0 and below, as 0 is refused
     ([*IMG, "--cfg-scale", "0"], "cfg_scale must be > 0, got 0"),
+    ([*IMG, "--cfg-scale", "51"], "cfg_scale must be at most 50, got 51"),  # was refused after the model loaded
     ([*IMG, "--method", "eagle2", "method_options.depth=0"], "depth"),
     (["benchmark", "--suite", "meshes", "deltas=[0.5,2]"], "deltas must be in [0, 1]"),
     (["benchmark", "--suite", "meshes", "delta=nan"], "delta must be a finite number"),
@@ -353,6 +354,9 @@ def test_cuda_without_cuda_is_one_line(tiny, cmd):
     ([*GEN, "max_new_tokens="], "max_new_tokens"),
     ([*GEN, "--config", "binary.yaml"], "is not UTF-8"),
     ([*GEN, "--config", "list.yaml"], "must be a mapping"),
+    # was "Invalid value assigned: AnyNode is not a ListConfig, TupleConfig, list, or tuple." (a recipe's: below)
+    ([*IMG, "classes=coffee"], "override 'classes=coffee': classes takes a list, e.g. [coffee], not 'coffee'"),
+    (["benchmark", "--suite", "images", "temperatures=0.5"], "temperatures takes a list, e.g. [0.5], not 0.5"),
     (["benchmark", "--config", "binary.yaml"], "is not UTF-8"),
     (["distill", "--out", "run", "--config", "list.yaml"], "must be a mapping"),
     (["train-heads", "--out", "run", "lora_targets={a: 1}"], "lora_targets"),
@@ -382,6 +386,12 @@ def test_cuda_without_cuda_is_one_line(tiny, cmd):
 ])
 def test_bad_recipes_and_overrides(tiny, args, needle):
     check_refusal(tiny, args, 2, needle)
+
+
+def test_a_recipes_string_for_a_list_names_the_key_and_the_form(tiny):
+    (tiny / "cwd" / "classes.yaml").write_text("classes: coffee\n")
+    check_refusal(tiny, [*IMG, "--config", "classes.yaml"], 2,
+                  "bad config: config file classes.yaml: classes takes a list, e.g. [coffee], not 'coffee'")
 
 
 @pytest.mark.parametrize("args,stdin,needle", [
@@ -727,9 +737,9 @@ def test_a_closed_stdout_is_no_error_message(tiny, fmt):
     assert p.wait() == 141 and err == "", err
 
 
-@pytest.mark.parametrize("args", [[*IMG, "--num", "0"], [*MESH, "method_options.delta=2"],
+@pytest.mark.parametrize("args", [[*IMG, "--num", "0"], [*IMG, "--cfg-scale", "51"], [*MESH, "method_options.delta=2"],
                                   ["generate", "--model", "smollm2-135m", "--prompt", "x", "--top-p", "0"]],
-                         ids=["image", "mesh", "text"])
+                         ids=["image", "cfg-scale", "mesh", "text"])
 def test_a_refusal_materialises_no_builtin(specgen_home, args):
     r = invoke(*args)
     assert r.exit_code == 2, r.output
