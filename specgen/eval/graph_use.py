@@ -37,7 +37,7 @@ class GraphUse:
 
     def captures(self) -> int:
         """Captures made so far (their prompts' chunk steps included: `describe`)."""
-        return sum(g.describe()["captures"] for g in self.steps().values())
+        return sum(g.captures for g in self.steps().values())
 
     def facts(self) -> dict:
         """What the machine file adds: each model's `describe()` (graphs, graph_mb, replays, eager_calls, captures) and
@@ -80,8 +80,10 @@ class GraphUse:
         and the rows warm again (the static buffer grown to B rows dropped their batch-1 captures). A CPU runs no
         batch: one costs what its timed run does, and captures none."""
         self.warm_up(rows, items, run)
-        records = self.sink.records() if self.steps() else None
-        left = [partial(batch, b, row, grid.mine(self.shard)[:b]) for grid, batch in batched if records is not None
+        if not self.steps():
+            return
+        records = self.sink.records()
+        left = [partial(batch, b, row, grid.mine(self.shard)[:b]) for grid, batch in batched
                 for b, row in grid.left(records, self.shard)[1]]
         for first in left:
             self.settle(repeat(first))

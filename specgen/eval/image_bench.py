@@ -11,7 +11,7 @@ import torch
 
 from specgen import checkpoints
 from specgen.decoding.cost import cost_of
-from specgen.errors import UnknownNameError, UsageError
+from specgen.errors import UsageError
 from specgen.eval import image_metrics, plots
 from specgen.eval.graph_use import GraphUse
 from specgen.eval.image_rows import image_rows, method_of, png_of
@@ -22,7 +22,7 @@ from specgen.image.captions import Caption
 from specgen.image.generate import (ImageGenConfig, ImageModel, conditioned, decode_pixels, generate_images,
                                     image_conditions, load_image_model)
 from specgen.image.methods import build_image_method
-from specgen.methods import METHODS
+from specgen.methods import METHODS, get_method
 from specgen.methods.mulo_sd import MuLoSD
 from specgen.paths import check_folder, free_path, link_into_place
 from specgen.request import parse_request
@@ -109,9 +109,7 @@ def checked_rows(cfg: ImageBenchConfig) -> ImageBenchConfig:
     cfg = expanded(cfg)
     check_rows(cfg.methods, cfg.dtype, cfg.dtypes, cfg.device)
     for m in cfg.methods:
-        if method_of(m) not in METHODS:  # the known rows of the images suite: its methods
-            raise UnknownNameError("method", method_of(m), methods_on("image"))
-        spec = METHODS[method_of(m)]
+        spec = get_method(method_of(m), methods_on("image"))
         if not spec.runs_on("image"):
             raise UsageError(f"method {m} is for {spec.modality}; the images suite is image methods")
         check_own_entry(m, method_of(m), {"options": cfg.options, "dtypes": cfg.dtypes})

@@ -181,9 +181,7 @@ def check_methods(cfg: TextBenchConfig) -> dict[str, Row]:
                 raise UsageError(f"{m} row: unknown option(s) {', '.join(unknown)}; options: "
                                  f"{', '.join(known) or 'none'}")
             continue
-        if row_method(m) not in METHODS:  # the known rows of a text suite: its methods and the peers
-            raise UnknownNameError("method", row_method(m), [*methods_on("text"), *PEERS])
-        spec = METHODS[row_method(m)]
+        spec = get_method(row_method(m), [*methods_on("text"), *PEERS])  # a text suite's rows: methods, peers
         if not spec.runs_on("text"):
             raise UsageError(f"method {m} is for {spec.modality}; the {cfg.suite} suite is text")
         options = row_options(m, cfg)

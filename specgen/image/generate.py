@@ -138,13 +138,18 @@ def resolve_classes(spec: list[str], names: list[str], count: int, num: int) -> 
         elif c.isdigit():  # an id past the embedding's rows would fail in the forward (or pick the null class)
             raise UsageError(f"class id {c} is out of range: the model has {count} classes, ids 0-{count - 1}")
         else:
-            near = difflib.get_close_matches(c, names, n=3)
-            raise UsageError(f"unknown class '{c}'" + (
-                f"; did you mean {', '.join(near)}?" if near else f"; classes: {', '.join(names)}"
-                if 0 < len(names) <= MAX_LISTED else f"; give one of its {len(names)} class names" if names else
-                f"; the model records no class names: give ids 0-{count - 1}"))
+            raise UsageError(f"unknown class '{c}'; {class_hint(c, names, count)}")
     pool = ids or list(range(count))
     return [pool[i % len(pool)] for i in range(num)]
+
+
+def class_hint(name: str, names: list[str], count: int) -> str:
+    """What an unknown class's refusal offers: the close names, else every name where few, else how to name one."""
+    if near := difflib.get_close_matches(name, names, n=3):
+        return f"did you mean {', '.join(near)}?"
+    if not names:
+        return f"the model records no class names: give ids 0-{count - 1}"
+    return f"classes: {', '.join(names)}" if len(names) <= MAX_LISTED else f"give one of its {len(names)} class names"
 
 
 MAX_LISTED = 32  # class names an unknown one's refusal lists (ImageNet's 1000 would be no line to read)

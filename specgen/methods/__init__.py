@@ -97,10 +97,10 @@ METHODS: dict[str, MethodSpec] = {
 }
 
 
-def get_method(name: str) -> MethodSpec:
-    """The spec of a method, or a usage error naming the closest known methods."""
+def get_method(name: str, known: list[str] | None = None) -> MethodSpec:
+    """The spec of a method, or a usage error naming the closest of `known` (default: every method)."""
     if name not in METHODS:
-        raise UnknownNameError("method", name, list(METHODS))
+        raise UnknownNameError("method", name, list(METHODS) if known is None else known)
     return METHODS[name]
 
 

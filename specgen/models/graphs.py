@@ -404,7 +404,8 @@ class StepGraphs:
         """What the captures hold, for a benchmark's machine column."""
         own = {"graphs": len(self.graphs), "graph_mb": round(self.graph_bytes / 2**20, 1), "replays": self.replays,
                "eager_calls": self.eager_calls, "captures": self.recorded}
-        return own if self.prompts is None else {k: v + self.prompts.describe()[k] for k, v in own.items()}
+        child = self.prompts.describe() if self.prompts is not None else dict.fromkeys(own, 0)
+        return {k: v + child[k] for k, v in own.items()}
 
 
 @contextmanager
