@@ -15,7 +15,7 @@ from specgen import native
 from specgen.devices import onednn_packs
 from specgen.errors import UsageError
 from specgen.models import plan_cache, prompt
-from specgen.native import cuda_ops, ops  # noqa: F401  (ops registers torch.ops.specgen)
+from specgen.native import cuda_ops, ops
 
 ENV = "SPECGEN_PACKED_MIN_ROWS"
 #: Activation dtypes whose cached CPU forwards run the native kernels (attention and the norms around it).
@@ -193,7 +193,7 @@ def time_passes(linears: list, rows: tuple[int, ...] = ROWS, rounds: int = ROUND
             if kernel == "onednn":
                 torch.ops.mkldnn._linear_pointwise(x, packed[i], None, "none", [], "")
             elif kernel == "native":
-                torch.ops.specgen.tiled_linear(x, tiles[i][0], None, lin.out_features, torch.get_num_threads())
+                ops.tiled_linear(x, tiles[i][0], None, lin.out_features, torch.get_num_threads())
             else:
                 F.linear(x, lin.weight)
         return (time.perf_counter() - t) * 1e3

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from specgen.models.attention import NativePlan, native_self_attention
 from specgen.models.kernel_choice import native_norms
 from specgen.models.packed_linear import PackedLinear
+from specgen.native import ops
 
 
 def linears(blk) -> tuple:
@@ -35,7 +36,7 @@ def usable(blk, x: torch.Tensor, mask, cross_kv) -> bool:
 
 def product(lin: PackedLinear, x: torch.Tensor, threads: int) -> torch.Tensor:
     """lin(x) for x [..., in] on the tiled loop: [..., out]."""
-    return torch.ops.specgen.tiled_linear(x, *lin.tiled_weight(), lin.out_features, threads)
+    return ops.tiled_linear(x, *lin.tiled_weight(), lin.out_features, threads)
 
 
 def forward(blk, x: torch.Tensor, rot, layer: int, cache, p: NativePlan, cross_kv=None) -> torch.Tensor:

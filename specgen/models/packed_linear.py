@@ -35,7 +35,7 @@ class PackedLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., in] -> [..., out]
         w = self.weight
         if type(w) is TiledWeight and inference_on_cpu((torch.float32,), x):  # held as tiles only for tiled.c
-            return torch.ops.specgen.tiled_linear(x, *self.tiled_weight(), self.out_features, torch.get_num_threads())
+            return ops.tiled_linear(x, *self.tiled_weight(), self.out_features, torch.get_num_threads())
         # CPU only: the device and dtype are checked before the plan, whose first read measures the kernels on
         # this CPU (a model moved to a GPU after packing must never run, or measure, oneDNN's CPU kernels)
         if (x.device.type != "cpu" or x.dtype != w.dtype or not cpu_packable(w)
@@ -44,7 +44,7 @@ class PackedLinear(nn.Linear):
         plan = self._choice.plan()
         rows = x.numel() // self.in_features
         if plan.kernel(rows) == "native" and tiled_products(x, w):  # a plan shared with a bfloat16 copy: not it
-            return torch.ops.specgen.tiled_linear(x, *self.tiled_weight(), self.out_features, torch.get_num_threads())
+            return ops.tiled_linear(x, *self.tiled_weight(), self.out_features, torch.get_num_threads())
         if rows < plan.min_rows:
             return F.linear(x, w, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight(), self.bias, "none", [], "")

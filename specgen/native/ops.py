@@ -94,8 +94,6 @@ op("rope_store(Tensor qkv, Tensor cos, Tensor sin, Tensor(a!) k, Tensor(b!) v, T
 op("silu_mul(Tensor a, Tensor b) -> Tensor", like, "CUDA")(cuda_ops.silu_mul)
 
 
-@op("tiled_linear(Tensor x, Tensor tiles, Tensor? bias, int out_features, int threads) -> Tensor",
-    lambda x, tiles, bias, out_features, threads: x.new_empty(*x.shape[:-1], out_features))
 def tiled_linear(x: torch.Tensor, tiles: torch.Tensor, bias: torch.Tensor | None, out_features: int,
                  threads: int) -> torch.Tensor:
     """float32 x [..., K] @ W^T + b -> [..., N] over `tile(W, b)`, on `threads` threads (torch's count: OpenMP's
@@ -107,6 +105,13 @@ def tiled_linear(x: torch.Tensor, tiles: torch.Tensor, bias: torch.Tensor | None
     lib("tiled").specgen_tiled_linear(rows.data_ptr(), tiles.data_ptr(), 0 if bias is None else bias.data_ptr(),
                                       out.data_ptr(), rows.shape[0], k, out_features, threads)
     return out
+
+
+# The products are called as these functions (`ops.tiled_linear`, `ops.qmm`), not through torch.ops: the dispatcher's
+# round trip into Python costs ~4 us a call, a third of a one-row product of SmolLM2's (docs/results/precision.md).
+# torch.ops.specgen.<name> runs the same kernel, for tools that trace or fake tensors (profiler, FakeTensorMode).
+op("tiled_linear(Tensor x, Tensor tiles, Tensor? bias, int out_features, int threads) -> Tensor",
+   lambda x, tiles, bias, out_features, threads: x.new_empty(*x.shape[:-1], out_features))(tiled_linear)
 
 
 @op("attention_plan(Tensor seen) -> (Tensor, Tensor, Tensor)",
@@ -202,8 +207,6 @@ def padded_bias(bias: torch.Tensor | None, tiles: torch.Tensor) -> torch.Tensor 
 QMM_TILE, QMM_BLOCK, QMM_LAYOUT = 16, 32, 1
 
 
-@op("qmm(Tensor x, Tensor codes, Tensor sz, int bits, int group, int out_features, int threads) -> Tensor",
-    lambda x, codes, sz, bits, group, out_features, threads: x.new_empty(*x.shape[:-1], out_features))
 def qmm(x: torch.Tensor, codes: torch.Tensor, sz: torch.Tensor, bits: int, group: int, out_features: int,
         threads: int) -> torch.Tensor:
     """x [..., K] (bfloat16 or float32) @ w^T -> [..., N] in x's dtype over `pack_codes`' (codes, sz), with x
@@ -215,6 +218,10 @@ def qmm(x: torch.Tensor, codes: torch.Tensor, sz: torch.Tensor, bits: int, group
     check(lib("qmm").specgen_qmm(rows.data_ptr(), rows.element_size(), codes.data_ptr(), sz.data_ptr(), bits, group,
                                  out.data_ptr(), rows.shape[0], k, out_features, threads), "qmm")
     return out
+
+
+op("qmm(Tensor x, Tensor codes, Tensor sz, int bits, int group, int out_features, int threads) -> Tensor",
+   lambda x, codes, sz, bits, group, out_features, threads: x.new_empty(*x.shape[:-1], out_features))(qmm)
 
 
 def packed_shapes(n: int, k: int, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
