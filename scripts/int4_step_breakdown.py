@@ -21,7 +21,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import specgen.models.transformer as T
 from specgen import native
 from specgen.models import quantize as Q
-from specgen.native import ops
 from specgen.text.target import load_text_model
 
 
@@ -62,14 +61,11 @@ def main() -> None:
             best = min(best, (time.perf_counter() - t) / reps * 1e3)
         return best
 
-    plain, qmm_calls = ops.qmm, []  # called as a function, not through the dispatcher (native/ops.py): counted here
-    ops.qmm = lambda *args: qmm_calls.append(1) or plain(*args)
     with torch.inference_mode(), CountOps() as counted:
         model(tok, pos, cache)
-    ops.qmm = plain
     print(f"prompt {prompt.shape[1]} tokens; one AR forward runs {sum(counted.ops.values())} aten ops "
-          f"({len(qmm_calls) + counted.ops['_weight_int4pack_mm_for_cpu']} quantized products on "
-          f"{'qmm.c' if qmm_calls else 'torch'}, {model.cfg.n_layers} layers); "
+          f"({counted.ops['qmm'] + counted.ops['_weight_int4pack_mm_for_cpu']} quantized products on "
+          f"{'qmm.c' if counted.ops['qmm'] else 'torch'}, {model.cfg.n_layers} layers); "
           f"ms per forward, best of 3 x 100, {threads} thread(s); attention and row ops: {native.describe()}")
     whole = forward_ms()
     print(f"whole forward                          {whole:6.2f}")

@@ -51,6 +51,14 @@ def c_strides(strides: tuple[int, ...]):
     return (ctypes.c_int64 * 3)(*strides[:3])
 
 
+def traced(x: torch.Tensor) -> bool:
+    """Whether a product must go through torch.ops: x is a tensor subclass (fake, functional) or a dispatch mode is on
+    (FakeTensorMode, make_fx, an op counter), which reach its fake kernel or see the op. Otherwise the products
+    (`tiled_linear`, `qmm`) call their C kernel as functions: the dispatcher's round trip into Python costs ~1.5 us,
+    5% of an int4 SmolLM2 decode step (docs/LOG.md, session 49)."""
+    return type(x) is not torch.Tensor or torch._C._len_torch_dispatch_stack() > 0
+
+
 def like(x: torch.Tensor, *_) -> torch.Tensor:
     """A fake kernel's output: a new contiguous tensor shaped as the first input."""
     return torch.empty_like(x, memory_format=torch.contiguous_format)
@@ -99,6 +107,8 @@ def tiled_linear(x: torch.Tensor, tiles: torch.Tensor, bias: torch.Tensor | None
     """float32 x [..., K] @ W^T + b -> [..., N] over `tile(W, b)`, on `threads` threads (torch's count: OpenMP's
     own default on a thread torch never set up is every core); each output row is a fixed function of its input row
     (tiled.c: the same sums at every row count)."""
+    if traced(x):
+        return torch.ops.specgen.tiled_linear(x, tiles, bias, out_features, threads)
     k = tiles.shape[1]
     rows = x.reshape(-1, k).contiguous()  # [M, K]
     out = x.new_empty(*x.shape[:-1], out_features)
@@ -107,9 +117,6 @@ def tiled_linear(x: torch.Tensor, tiles: torch.Tensor, bias: torch.Tensor | None
     return out
 
 
-# The products are called as these functions (`ops.tiled_linear`, `ops.qmm`), not through torch.ops: the dispatcher's
-# round trip into Python costs ~4 us a call, a third of a one-row product of SmolLM2's (docs/results/precision.md).
-# torch.ops.specgen.<name> runs the same kernel, for tools that trace or fake tensors (profiler, FakeTensorMode).
 op("tiled_linear(Tensor x, Tensor tiles, Tensor? bias, int out_features, int threads) -> Tensor",
    lambda x, tiles, bias, out_features, threads: x.new_empty(*x.shape[:-1], out_features))(tiled_linear)
 
@@ -212,6 +219,8 @@ def qmm(x: torch.Tensor, codes: torch.Tensor, sz: torch.Tensor, bits: int, group
     """x [..., K] (bfloat16 or float32) @ w^T -> [..., N] in x's dtype over `pack_codes`' (codes, sz), with x
     quantized to 15 bits (two int8 bytes) per row and block of 32 (qmm.c: each output row a function of its input
     row alone)."""
+    if traced(x):
+        return torch.ops.specgen.qmm(x, codes, sz, bits, group, out_features, threads)
     k = x.shape[-1]
     rows = x.reshape(-1, k).contiguous()  # [M, K]
     out = x.new_empty(*x.shape[:-1], out_features)

@@ -95,3 +95,31 @@ def test_widths_off_its_blocks_run_torchs_kernel():
     """qmm.c reads whole blocks of 32 inputs: other widths (an int8 layer 48 wide) take torch's product."""
     q = layer("int8", 0, k=48)
     assert q.kernel()[0] is torch.ops.aten._weight_int8pack_mm
+
+
+@needs_qmm
+def test_a_fake_or_counted_product_goes_through_torch_ops():
+    """ops.qmm calls its C kernel as a function, but a fake tensor (FakeTensorMode, make_fx: the GPU kernel counts
+    trace CPU models so) takes the op's fake kernel, and an op counter sees the op: no C call on a fake pointer."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Seen(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    q = layer("int4", 32)
+    x = activations(3).bfloat16()
+    with torch.inference_mode():
+        want = product(q, x)
+        with FakeTensorMode(allow_non_fake_inputs=True) as fake:
+            got = product(q, fake.from_tensor(x))
+        assert got.shape == (3, 100) and got.dtype == torch.bfloat16
+        with Seen() as seen:
+            counted = product(q, x)
+    assert seen.ops == ["qmm"] and torch.equal(counted, want)

@@ -152,3 +152,14 @@ def test_a_verify_forward_scores_every_token_as_its_ar_step_did(monkeypatch):
     steps, verify = verify_vs_steps(monkeypatch, Timing((1, 2), (1.0, 2.0), (2.0, 1.0)))  # control: MKL | oneDNN
     torch.testing.assert_close(steps, verify, rtol=1e-4, atol=1e-4)
     assert not torch.equal(steps, verify)  # the test above can fail
+
+
+def test_a_fake_product_goes_through_torch_ops():
+    """ops.tiled_linear on a fake tensor takes the op's fake kernel (its shape), never the C kernel's pointers."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    w = torch.randn(40, 24)
+    tiles, bias = ops.tile(w, None)
+    with torch.inference_mode(), FakeTensorMode(allow_non_fake_inputs=True) as fake:
+        got = ops.tiled_linear(fake.from_tensor(torch.randn(5, 24)), tiles, bias, 40, 1)
+    assert got.shape == (5, 40)
