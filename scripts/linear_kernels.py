@@ -72,7 +72,7 @@ def kernels(layers: int) -> dict[str, list]:
             lambda x, p=pf, k=w.shape[1]: torch.ops.mkldnn._linear_pointwise(x["f32"][k], p, None, "none", [], ""))
         if "f32 native tiled" in out:
             out["f32 native tiled"].append(lambda x, t=ops.tile(w, None)[0], o=w.shape[0], k=w.shape[1]:
-                                           torch.ops.specgen.tiled_linear(x["f32"][k], t, None, o, torch.get_num_threads()))
+                                           ops.tiled_linear(x["f32"][k], t, None, o, torch.get_num_threads()))
         out["bf16 F.linear"].append(lambda x, w=b: F.linear(x["bf16"][w.shape[1]], w))
         if "bf16 oneDNN packed" in out:
             out["bf16 oneDNN packed"].append(lambda x, p=torch.ops.mkldnn._reorder_linear_weight(b, 16), k=w.shape[1]:
