@@ -176,7 +176,16 @@ class EagleBatch(PoolBase):
         plan = GrowPlan.exact(ints[1], shapes, feed)
         levels = level_positions(ints_t[0], ints_t[2], plan.levels)  # [L, n] each
 
-        def forward(feats, toks, anc, i):  # one level; every row keeps its W written slots until the rollback
+        anc, eyes = None, {}  # [n, W, R]: each node's ancestors and itself among the R tree columns so far
+
+        def forward(feats, toks, parent, i):  # one level; every row keeps its W written slots until the rollback
+            nonlocal anc
+            w = toks.shape[1]
+            if w not in eyes:
+                eyes[w] = torch.eye(w, dtype=torch.bool, device=toks.device)
+            eye = eyes[w].expand(len(c), -1, -1)
+            anc = eye if parent is None else torch.cat([anc.gather(1, parent[..., None].expand(-1, -1, anc.shape[-1])),
+                                                        eye], 2)
             rel, committed = slot_offsets(c, longest + anc.shape[-1])
             mask = level_mask(anc, tree_columns(rel, anc.shape[-1]), committed)  # [n, W, T]
             pos = branch_rows(levels[1][i][:, None].expand(-1, anc.shape[1]), br)  # [n * br, W]

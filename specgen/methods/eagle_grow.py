@@ -52,9 +52,11 @@ class GrownTrees:
         return drafts, [picks[i * s : (i + 1) * s] for i in range(n)]
 
 
-# feats [n*br, W, D], tokens [n*br, W], anc [n, W, R], the level's index i (0: the first forward; its nodes' positions:
-# row i of the growth's `level_positions`) -> hidden [n*br, W, D]; keeps the W slots
-Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
+# feats [n*br, W, D], tokens [n*br, W], parent [n, W] (each node's parent: its position in the previous level's
+# frontier; None at the first level, whose parent is the root), the level's index i (0: the first forward; its nodes'
+# positions: row i of the growth's `level_positions`) -> hidden [n*br, W, D]; keeps the W slots. A node sees the
+# committed slots, its ancestors' slots and its own: the forward keeps what it needs of the ancestry.
+Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, int], torch.Tensor]
 LogProbs = Callable[[torch.Tensor], torch.Tensor]  # hidden [n*br, S, D] -> CFG-combined log-probs [n, S, V]
 
 
@@ -103,21 +105,15 @@ def grow(forward: Forward, logprobs: LogProbs, root_hidden: torch.Tensor, ints: 
     parts = [(top.indices, torch.full_like(top.indices, -1), top.values, slots < k[:, None])]
     width = widths[1] if len(widths) > 1 else 0  # W_1: the frontier of level 1 is the best W_1 root children
     f_tok, f_score, f_slot = top.indices[:, :width], top.values[:, :width], slots[:width].expand(n, -1)  # [n, W]
-    f_hid = root_hidden.expand(-1, width, -1)  # [n * br, W, D]: the parents' predicted features
-    per_width: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # W -> (j, j' < k_i [n, W, W], eye [W, W])
-
-    def consts(w: int) -> tuple[torch.Tensor, torch.Tensor]:  # a captured plan has one width: one set a growth
-        if w not in per_width:
-            below_k = torch.arange(w, device=device) < k[:, None]  # [n, W]: frontier position / child rank j < k_i
-            per_width[w] = (below_k[:, :, None] & below_k[:, None, :], torch.eye(w, dtype=torch.bool, device=device))
-        return per_width[w]
-
-    anc = consts(width)[1].expand(n, -1, -1)  # [n, W, R]
+    f_hid, parent = root_hidden.expand(-1, width, -1), None  # [n * br, W, D]: the parents' predicted features
+    most = max(widths[1:], default=0)
+    below_k = torch.arange(most, device=device) < k[:, None]  # [n, W]: frontier position / child rank j < k_i
+    valid = lives[:, :, None, None] & below_k[:, :, None] & below_k[:, None, :]  # [L, n, W, W]: every level's at once
     recorded = widths[0]
     for level in range(1, len(widths)):  # 2. one drafter forward per level
-        out = forward(f_hid, branch_rows(f_tok, br), anc, level - 1)  # [n * br, W, D]
+        out = forward(f_hid, branch_rows(f_tok, br), parent, level - 1)  # [n * br, W, D]
         child = logprobs(out).topk(width, dim=-1)  # [n, W, W] each
-        ok = lives[level - 1][:, None, None] & consts(width)[0]  # [n, W, W]
+        ok = valid[level - 1, :, :width, :width]  # [n, W, W] (a view: a captured plan's widths are all `most`)
         cand = f_score[:, :, None] + child.values  # [n, W, W]: path scores
         parts.append((child.indices.flatten(1), f_slot[:, :, None].expand(-1, -1, width).flatten(1),
                       cand.flatten(1), ok.flatten(1)))
@@ -127,9 +123,7 @@ def grow(forward: Forward, logprobs: LogProbs, root_hidden: torch.Tensor, ints: 
             parent = best.indices // width  # [n, W']: frontier position of each new node's parent
             f_tok = child.indices.flatten(1).gather(1, best.indices)
             f_score, f_slot = best.values, recorded + best.indices
-            f_hid = out.gather(1, branch_rows(parent, br)[..., None].expand(-1, -1, out.shape[-1]))
-            anc = torch.cat([anc.gather(1, parent[..., None].expand(-1, -1, anc.shape[-1])),
-                             consts(nxt)[1].expand(n, -1, -1)], 2)  # each new node: its parent's, and its own slot
+            f_hid = frontier_rows(out, parent, br)
         recorded += width * width
         width = nxt
     ranked = best_nodes(*(torch.cat(p, 1) for p in zip(*parts)), plan.total)  # 4. the kept nodes: a rank prefix
@@ -169,21 +163,63 @@ def static_growth(net, logprobs: LogProbs, cache: tuple[torch.Tensor, torch.Tens
     at_rows = positions[:, :, None].expand(-1, -1, branches).reshape(levels, rows)  # [L, R]: each cache row's
     turns = rotation(net.rope_table[at_rows.reshape(-1, 1)].to(net.fc.weight.dtype),  # one node a row: the kernels
                      net.cfg.rope_layout)  # broadcast it over the level's W nodes; cos, sin [L * R, 1, 1, hd]
+    starts = branch_rows(prefix, branches)  # [R]
     first = torch.arange(0, w * levels, w, device=prefix.device)  # [L]: each level's first tree column
-    meta = torch.stack([branch_rows(prefix, branches) + first[:, None], writes.expand(levels, -1)], 1)  # [L, 2, R]
-    rel, committed = slot_offsets(prefix, t)
-    col = rel.clamp(min=0).clamp(max=(first + (w - 1))[:, None, None])  # [L, n, T]: `tree_columns` of every level
-    inside = col == rel
+    meta = torch.stack([starts + first[:, None], writes.expand(levels, -1)], 1)  # [L, 2, R]
+    lists = LevelLists.make(meta[:, 0], w, t)
+    seen = None  # [R, W, T]: the last level's lists
 
-    def forward(feats, toks, anc, i):
+    def forward(feats, toks, parent, i):
+        nonlocal seen
         part = slice(i * rows, (i + 1) * rows)
-        visible = branch_rows(level_mask(anc, (col[i], inside[i]), committed), branches).unsqueeze(1)
+        seen = lists.level(i, None if parent is None else frontier_rows(seen, parent, branches))
         pos = at_rows[i][:, None].expand(-1, toks.shape[1])  # [R, W]: a view (the rotation is given)
-        x = StaticInputs(toks, pos, meta[i], visible=visible, features=feats,  # visible [R, 1, W, T]
+        x = StaticInputs(toks, pos, meta[i], lists=(seen, lists.count[i], lists.shared), features=feats,
                          rotation=Rotation(turns.cos[part], turns.sin[part], turns.layout))
         return eagle_step(net, x, *cache, None, t)[0]
 
     return grow(forward, logprobs, root_hidden, ints, plan, branches, lives)
+
+
+@dataclass(frozen=True)
+class LevelLists:
+    """A captured growth's attention lists (what the list attention reads, native/attention.c), made for every level
+    at once: node j of level i writes slot s_i = prefix + W i + j of its cache row and sees the committed slots, one
+    ancestor's slot a level and its own, ascending. Its list: entry p < prefix is slot p, entry prefix + l (l < i) its
+    level-l ancestor's slot (its parent's entry there), every later one its own slot (the first prefix + i + 1 are
+    read; the rest repeat a visible slot, so the list's slots are its visible ones)."""
+
+    slots: torch.Tensor  # [T] int32: entry p's slot while committed
+    own: torch.Tensor  # [L, R, W, 1] int32: s_i
+    tail: torch.Tensor  # [L, R, 1, T] bool: entries p >= prefix + i (level i's own)
+    count: torch.Tensor  # [L, R, W] int32, contiguous: prefix + i + 1
+    shared: torch.Tensor  # [R] int32: prefix, the leading run every list holds
+
+    @classmethod
+    def make(cls, first: torch.Tensor, w: int, t: int) -> LevelLists:
+        """From each level's first slot [L, R] (prefix + W i), the W nodes a level and T = `t` slots."""
+        levels, device = first.shape[0], first.device
+        on = dict(dtype=torch.int32, device=device)
+        at = torch.arange(levels, **on)[:, None]  # [L, 1]
+        ends = (first[0] + at).int()  # [L, R]: prefix + i
+        own = (first.int()[:, :, None] + torch.arange(w, **on))[..., None]
+        slots = torch.arange(t, **on)
+        count = (ends + 1)[:, :, None].expand(-1, -1, w).contiguous()
+        return cls(slots, own, slots >= ends[:, :, None, None], count, ends[0])
+
+    def level(self, i: int, parents: torch.Tensor | None) -> torch.Tensor:
+        """Level i's lists [R, W, T] from its nodes' parents' lists (`frontier_rows` of the last level's; None: the
+        first level, whose nodes' parent is the root)."""
+        return torch.where(self.tail[i], self.own[i], self.slots if parents is None else parents)
+
+
+def frontier_rows(x: torch.Tensor, parent: torch.Tensor, branches: int) -> torch.Tensor:
+    """Each cache row's values x [n * br, W, ...] at its sequence's frontier positions parent [n, W'] -> [n * br, W',
+    ...]: one gather (the branches' index a view)."""
+    n, w = parent.shape
+    rows = x.unflatten(0, (n, branches))  # [n, br, W, ...]
+    index = parent.view(n, 1, w, *(1,) * (x.dim() - 2)).expand(n, branches, w, *x.shape[2:])
+    return rows.gather(2, index).flatten(0, 1)
 
 
 def best_nodes(tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tensor, valid: torch.Tensor,
