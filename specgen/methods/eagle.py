@@ -8,6 +8,7 @@ from functools import partial
 from typing import Callable, Sequence
 
 import torch
+import torch.nn.functional as F
 
 from specgen.decoding.draft import Draft, Verdict
 from specgen.decoding.cache import KVCache
@@ -217,7 +218,8 @@ class EagleBatch(PoolBase):
                   "writes": host_tensor(list(range(n * br)) + [graphs.capacity] * (pad * br), device)}
         run = partial(static_growth, self.net, self.logprobs, (graphs.k, graphs.v), plan, br, width)
         key = ("grow", padded, plan, width, br, self.guidance)  # a later pool's growths reuse it at the same CFG
-        return tuple(p[:n] for p in graphs.call(key, run, inputs))
+        outs = graphs.call(key, run, inputs)
+        return tuple(p[:n] for p in outs) if pad else outs  # a slice is a host op: none where no row pads
 
     def catch_up(self, rows, seqs, view) -> torch.Tensor:
         """Run the pairs (f_p, x_{p+1}) committed since the last step, every row padded to the most; commit them."""
@@ -226,10 +228,10 @@ class EagleBatch(PoolBase):
                 d.pending, d.backlog = torch.cat([d.pending, *d.backlog], 1), []
         br, ms = self.br, [d.pending.shape[1] for d in rows]
         n, width = len(rows), max(ms)
-        dim, device = rows[0].pending.shape[-1], rows[0].pending.device
-        feats = torch.zeros(n * br, width, dim, dtype=rows[0].pending.dtype, device=device)
-        for i, (d, m) in enumerate(zip(rows, ms)):
-            feats[i * br : (i + 1) * br, :m] = d.pending
+        device = rows[0].pending.device
+        # [n * br, M, D]: each row's pairs, zeros after them (no op for a row as wide as the widest, nor to join one)
+        padded = [d.pending if m == width else F.pad(d.pending, (0, 0, 0, width - m)) for d, m in zip(rows, ms)]
+        feats = padded[0] if n == 1 else torch.cat(padded)
         per_row = [(seq, m) for seq, m in zip(seqs, ms) for _ in range(br)]  # each branch row: its sequence's chain
         batch = verify_batch([seq[-m] for seq, m in per_row],  # the last m tokens, from position len - m
                              [Draft(tuple(seq[len(seq) - m + 1:]), DraftTree.chain(m - 1)) for seq, m in per_row],

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 
 from specgen.decoding.draft import Draft
 from specgen.decoding.tree import DraftTree
@@ -37,19 +38,17 @@ class GrownTrees:
         """The verify's inputs (`tree_inputs`), cut to the fullest row (the shapes `verify_batch` gives the drafts)."""
         s = 1 + max(self.counts)
         tokens, positions, mask = self.inputs
-        return VerifyBatch(tokens[:, :s], positions[:, :s], mask[:, :s, :s], tuple(1 + c for c in self.counts))
+        if s < tokens.shape[1]:  # a slice is a host op: none where the fullest row fills the trees' width
+            tokens, positions, mask = tokens[:, :s], positions[:, :s], mask[:, :s, :s]
+        return VerifyBatch(tokens, positions, mask, tuple(1 + c for c in self.counts))
 
     def read(self, logits: torch.Tensor | None = None) -> tuple[list[Draft], list[list[int]] | None]:
         """The trees as drafts and, given the verify's logits [n, S, V], their greedy picks [n][S], in one copy."""
-        n, t = self.tokens.shape
-        parts = [self.tokens.long().flatten(), self.parents.long().flatten()]
-        host = torch.cat(parts if logits is None else parts + [logits.argmax(-1).flatten()]).tolist()
-        drafts = [Draft(tuple(host[i * t : i * t + m]), DraftTree(tuple(host[(n + i) * t : (n + i) * t + m])))
-                  for i, m in enumerate(self.counts)]
-        if logits is None:
-            return drafts, None
-        s, picks = logits.shape[1], host[2 * n * t :]
-        return drafts, [picks[i * s : (i + 1) * s] for i in range(n)]
+        t = self.tokens.shape[1]
+        parts = [self.tokens, self.parents] + ([] if logits is None else [logits.argmax(-1)])  # int64 each
+        rows = torch.cat(parts, 1).tolist()  # [n][2 t (+ S)]
+        drafts = [Draft(tuple(row[:m]), DraftTree(tuple(row[t : t + m]))) for row, m in zip(rows, self.counts)]
+        return drafts, None if logits is None else [row[2 * t :] for row in rows]
 
 
 # feats [n*br, W, D], tokens [n*br, W], parent [n, W] (each node's parent: its position in the previous level's
@@ -126,8 +125,9 @@ def grow(forward: Forward, logprobs: LogProbs, root_hidden: torch.Tensor, ints: 
             f_hid = frontier_rows(out, parent, br)
         recorded += width * width
         width = nxt
-    ranked = best_nodes(*(torch.cat(p, 1) for p in zip(*parts)), plan.total)  # 4. the kept nodes: a rank prefix
-    tokens, parents = in_slot_order(*ranked, counts)
+    tokens, parents, scores, valid = (torch.cat(p, 1) for p in zip(*parts))  # [n, N] each
+    ranked = best_nodes(scores, valid, plan.total)  # 4. the kept nodes: a rank prefix
+    tokens, parents = in_slot_order(ranked, tokens, parents, counts)
     if not plan.feed:
         return tokens, parents
     return (tokens, parents) + tree_inputs(tokens, parents, counts, roots, root_pos, len(widths))  # 5.
@@ -222,27 +222,25 @@ def frontier_rows(x: torch.Tensor, parent: torch.Tensor, branches: int) -> torch
     return rows.gather(2, index).flatten(0, 1)
 
 
-def best_nodes(tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tensor, valid: torch.Tensor,
-               total: int) -> tuple[torch.Tensor, ...]:
-    """The best `total` nodes of [n, N] in rank order: valid ones first by (-score, slot), a stable sort keeping ties
-    in slot order (a -inf score still ranks before every invalid node): slots, tokens and parent slots [n, t] each
-    (t = min(total, N)). A parent scores at least its children and precedes them: every rank prefix is a tree."""
-    t = min(total, tokens.shape[1])
+def best_nodes(scores: torch.Tensor, valid: torch.Tensor, total: int) -> torch.Tensor:
+    """The slots of the best `total` nodes of [n, N] in rank order [n, t] (t = min(total, N)): valid ones first by
+    (-score, slot), a stable sort keeping ties in slot order (a -inf score still ranks before every invalid node). A
+    parent scores at least its children and precedes them: every rank prefix is a tree."""
     key = torch.where(valid, (-scores).clamp(max=torch.finfo(scores.dtype).max), torch.inf)
-    rank = key.argsort(dim=1, stable=True)[:, :t]  # [n, t]: slots
-    return rank, tokens.gather(1, rank), parents.gather(1, rank)
+    return key.argsort(dim=1, stable=True)[:, : min(total, scores.shape[1])]
 
 
-def in_slot_order(slots: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor,
+def in_slot_order(ranked: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor,
                   counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's first counts[i] ranked nodes in slot (topological) order, then padding: tokens and parents [n, t],
-    a parent as its node's index in the row (-1: the root, and every padding node)."""
-    t = slots.shape[1]
-    kept = torch.arange(t, device=slots.device) < counts[:, None]  # [n, t]: rank prefix
-    key, order = slots.masked_fill(~kept, torch.iinfo(slots.dtype).max).sort(dim=1, stable=True)  # kept first
-    tokens, parents, kept = tokens.gather(1, order), parents.gather(1, order), kept.gather(1, order)
-    match = (parents[:, :, None] == key[:, None, :]) & kept[:, :, None]  # [n, t, t]: node j's parent is node q
-    return tokens, torch.where(match.any(-1), match.int().argmax(-1), -1)
+    """Each row's first counts[i] `ranked` slots [n, t] in slot (topological) order, then padding: their tokens and
+    parents [n, t] from every node's tokens and parent slots [n, N] (-1: the root), a parent as its node's index in
+    the row (-1: the root, and every padding node)."""
+    n, t = ranked.shape
+    pad = torch.arange(t, device=ranked.device) >= counts[:, None]  # [n, t]: past the rank prefix
+    key = ranked.masked_fill(pad, tokens.shape[1] - 1).sort(dim=1).values  # the kept ascending, then the last slot
+    parent = parents.gather(1, key)  # [n, t]: slots, each kept node's kept (the prefix is a tree) or the root
+    index = torch.searchsorted(F.pad(key, (1, 0), value=-1), parent) - 1  # the root's -1 at -1
+    return tokens.gather(1, key), index.masked_fill(pad, -1)
 
 
 def branch_rows(x: torch.Tensor, branches: int) -> torch.Tensor:

@@ -104,9 +104,8 @@ def test_best_nodes_equal_the_reference_with_ties_and_padding():
     rows = [r + [(0, -1, 0.0, False)] * (width - len(r)) for r in rows]
     cols = list(zip(*[list(zip(*r)) for r in rows]))  # per field: n rows of `width` values
     counts = [len(w.tokens) for w in want]  # the node budget, or every valid node where fewer
-    ranked = best_nodes(torch.tensor(cols[0]), torch.tensor(cols[1]), torch.tensor(cols[2]), torch.tensor(cols[3]),
-                        max(totals))
-    tokens, parents = in_slot_order(*ranked, torch.tensor(counts))
+    ranked = best_nodes(torch.tensor(cols[2]), torch.tensor(cols[3]), max(totals))
+    tokens, parents = in_slot_order(ranked, torch.tensor(cols[0]), torch.tensor(cols[1]), torch.tensor(counts))
     roots, starts = [rng.randrange(100) for _ in rows], [rng.randrange(50) for _ in rows]
     inputs = tree_inputs(tokens, parents, torch.tensor(counts), torch.tensor(roots), torch.tensor(starts),
                          max(d.tree.max_depth() for d in want))
