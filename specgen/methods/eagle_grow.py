@@ -101,32 +101,35 @@ def grow(forward: Forward, logprobs: LogProbs, root_hidden: torch.Tensor, ints: 
     lp = logprobs(root_hidden)[:, 0]  # 1. [n, V]: the root's children
     top = lp.topk(widths[0], dim=-1)  # [n, w0]
     slots = torch.arange(widths[0], device=device)
-    parts = [(top.indices, torch.full_like(top.indices, -1), top.values, slots < k[:, None])]
+    above = slots >= k[:, None]  # [n, w0]: child rank / frontier position j >= k_i (every level is at most w0 wide)
+    parts = [(top.indices, torch.full_like(top.indices, -1), top.values, above)]
     width = widths[1] if len(widths) > 1 else 0  # W_1: the frontier of level 1 is the best W_1 root children
-    f_tok, f_score, f_slot = top.indices[:, :width], top.values[:, :width], slots[:width].expand(n, -1)  # [n, W]
+    f_score, f_slot = top.values[:, :width], slots[:width].expand(n, -1)  # [n, W]
+    f_tok = branch_rows(top.indices[:, :width], br)  # [n * br, W]
     f_hid, parent = root_hidden.expand(-1, width, -1), None  # [n * br, W, D]: the parents' predicted features
     most = max(widths[1:], default=0)
-    below_k = torch.arange(most, device=device) < k[:, None]  # [n, W]: frontier position / child rank j < k_i
-    valid = lives[:, :, None, None] & below_k[:, :, None] & below_k[:, None, :]  # [L, n, W, W]: every level's at once
+    # [L, n, W, W]: every level's padding children at once (a row past its depth, a frontier node or child past k_i)
+    padding = ~lives[:, :, None, None] | above[:, None, :most] | above[:, :most, None]
     recorded = widths[0]
     for level in range(1, len(widths)):  # 2. one drafter forward per level
-        out = forward(f_hid, branch_rows(f_tok, br), parent, level - 1)  # [n * br, W, D]
+        out = forward(f_hid, f_tok, parent, level - 1)  # [n * br, W, D]
         child = logprobs(out).topk(width, dim=-1)  # [n, W, W] each
-        ok = valid[level - 1, :, :width, :width]  # [n, W, W] (a view: a captured plan's widths are all `most`)
+        pad = padding[level - 1, :, :width, :width]  # [n, W, W] (a view: a captured plan's widths are all `most`)
         cand = f_score[:, :, None] + child.values  # [n, W, W]: path scores
         parts.append((child.indices.flatten(1), f_slot[:, :, None].expand(-1, -1, width).flatten(1),
-                      cand.flatten(1), ok.flatten(1)))
+                      cand.flatten(1), pad.flatten(1)))
         nxt = widths[level + 1] if level + 1 < len(widths) else 0
         if nxt:  # 3. the beam: each row's best k_i children over its whole frontier (padding scores -inf)
-            best = torch.where(ok, cand, float("-inf")).flatten(1).topk(nxt, dim=-1)  # [n, W']
+            best = cand.masked_fill(pad, float("-inf")).flatten(1).topk(nxt, dim=-1)  # [n, W']
             parent = best.indices // width  # [n, W']: frontier position of each new node's parent
-            f_tok = child.indices.flatten(1).gather(1, best.indices)
+            f_tok = child.indices.flatten(1)[:, None].expand(-1, br, -1).gather(  # each cache row's: one gather
+                2, best.indices[:, None].expand(-1, br, -1)).flatten(0, 1)
             f_score, f_slot = best.values, recorded + best.indices
             f_hid = frontier_rows(out, parent, br)
         recorded += width * width
         width = nxt
-    tokens, parents, scores, valid = (torch.cat(p, 1) for p in zip(*parts))  # [n, N] each
-    ranked = best_nodes(scores, valid, plan.total)  # 4. the kept nodes: a rank prefix
+    tokens, parents, scores, padding = (torch.cat(p, 1) for p in zip(*parts))  # [n, N] each
+    ranked = best_nodes(scores, padding, plan.total)  # 4. the kept nodes: a rank prefix
     tokens, parents = in_slot_order(ranked, tokens, parents, counts)
     if not plan.feed:
         return tokens, parents
@@ -143,7 +146,7 @@ def level_positions(root_pos: torch.Tensor, depth: torch.Tensor, levels: int) ->
 
 def kept_counts(k: list[int], depth: list[int], totals: list[int]) -> list[int]:
     """The nodes each row keeps, known on the host before the growth runs: its node budget, or all its valid nodes
-    where fewer (the root's k children, then k x k at each further level: `grow`'s `ok`)."""
+    where fewer (the root's k children, then k x k at each further level: those not `grow`'s `padding`)."""
     return [min(t, ki + max(d - 1, 0) * ki * ki) if d > 0 else 0 for ki, d, t in zip(k, depth, totals)]
 
 
@@ -222,11 +225,11 @@ def frontier_rows(x: torch.Tensor, parent: torch.Tensor, branches: int) -> torch
     return rows.gather(2, index).flatten(0, 1)
 
 
-def best_nodes(scores: torch.Tensor, valid: torch.Tensor, total: int) -> torch.Tensor:
-    """The slots of the best `total` nodes of [n, N] in rank order [n, t] (t = min(total, N)): valid ones first by
-    (-score, slot), a stable sort keeping ties in slot order (a -inf score still ranks before every invalid node). A
-    parent scores at least its children and precedes them: every rank prefix is a tree."""
-    key = torch.where(valid, (-scores).clamp(max=torch.finfo(scores.dtype).max), torch.inf)
+def best_nodes(scores: torch.Tensor, padding: torch.Tensor, total: int) -> torch.Tensor:
+    """The slots of the best `total` nodes of [n, N] in rank order [n, t] (t = min(total, N)): the valid ones (not
+    `padding`) first by (-score, slot), a stable sort keeping ties in slot order (a -inf score still ranks before every
+    padding node). A parent scores at least its children and precedes them: every rank prefix is a tree."""
+    key = (-scores).clamp(max=torch.finfo(scores.dtype).max).masked_fill(padding, torch.inf)
     return key.argsort(dim=1, stable=True)[:, : min(total, scores.shape[1])]
 
 

@@ -106,17 +106,17 @@ class StaticCache:
 
 
 def visibility(x: StaticInputs, t: int) -> torch.Tensor:
-    """[R, 1, S, T] bool: each node sees its row's committed slots and the pending slots its tree mask names, and
-    always its own slot, so that a padding node's key and value stay finite; or a drafter level's `lists` as a mask
-    (each list holds its own slot)."""
+    """[R, 1, S, T] bool: each node sees its row's committed slots and the pending slots its tree mask names; or a
+    drafter level's `lists` as a mask. A node always sees its own slot, so that a padding node's key and value stay
+    finite: every tree mask holds its diagonal (a padding node's row is the bucket's `eye`), every list its own slot."""
     r, s = x.tokens.shape
     if x.lists is not None:
         idx = x.lists[0].long()
         return torch.zeros(r, s, t, dtype=torch.bool, device=idx.device).scatter_(2, idx, True).unsqueeze(1)
     rel = torch.arange(t, device=x.tokens.device)[None, :] - x.meta[0][:, None]  # [R, T]: slot - the row's length
-    own = (rel[:, None, :] == torch.arange(s, device=x.tokens.device)[None, :, None]).unsqueeze(1)  # [R, 1, S, T]
-    pending = x.tree.gather(2, rel.clamp(0, s - 1)[:, None, :].expand(r, s, t))  # [R, S, T]
-    return ((pending & ((rel >= 0) & (rel < s))[:, None, :]) | (rel < 0)[:, None, :]).unsqueeze(1) | own
+    col = rel.clamp(0, s - 1)  # [R, T]: the tree column of each pending slot (equal to rel there only)
+    pending = x.tree.gather(2, col[:, None, :].expand(r, s, t))  # [R, S, T]
+    return ((pending & (col == rel)[:, None, :]) | (rel < 0)[:, None, :]).unsqueeze(1)
 
 
 def step_mask(visible: torch.Tensor, cfg, dtype: torch.dtype):
