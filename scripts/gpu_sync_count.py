@@ -333,8 +333,9 @@ def main() -> None:
     print(f"device {gpu}, torch {torch.__version__}")
     kernels, layers = graph_kernels(args.device)
     print(f"kernels inside a captured bf16 AR step, SmolLM2 shape: {kernels} ({kernels / layers:.1f} a layer)")
-    print(f"{'case':<22} {'steps':>5} {'implicit/step':>13} {'explicit/step':>13} {'ops/step':>8} "
-          f"{'graph kernels/step':>18} {'ms/step':>8}  top implicit lines (per step)")
+    if not args.by_op:
+        print(f"{'case':<22} {'steps':>5} {'implicit/step':>13} {'explicit/step':>13} {'ops/step':>8} "
+              f"{'graph kernels/step':>18} {'ms/step':>8}  top implicit lines (per step)")
     for cases in (text_cases, image_cases, mesh_cases):  # a suite's rows printed before the next one loads
         for name, run in cases(args.device).items():
             if args.by_op not in (None, name):
@@ -348,6 +349,8 @@ def main() -> None:
             kernels = f"{c.kernels / steps:.0f}" if c.kernels else "-"
             print(f"{name:<22} {c.steps:>5} {c.implicit / steps:>13.2f} {c.explicit / steps:>13.2f} "
                   f"{c.ops / steps:>8.0f} {kernels:>18} {ms:>8.2f}  {top}", flush=True)
+    if args.by_op:
+        raise SystemExit(f"--by-op {args.by_op!r}: no such case (the table's first column names them)")
 
 
 def by_op(lines: Counter, steps: int) -> None:

@@ -166,3 +166,27 @@ def test_the_sync_count_prints_each_suites_rows_before_the_next_suite_loads(monk
         gpu_sync_count.main()
     rows = [line.split()[0] for line in capsys.readouterr().out.splitlines()[3:]]
     assert rows == ["text", "image"]
+
+
+def test_the_sync_counts_by_op_prints_one_cases_ops_by_line_and_refuses_an_unknown_case(monkeypatch, capsys):
+    """`--by-op CASE`: that case alone, its eager ops a step by source line; a case no suite has is one line."""
+    from specgen.decoding.stats import DecodeStats
+
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import gpu_sync_count
+
+    def two_steps():
+        torch.ones(3).add_(1)  # one eager op (the tensor's making another), over 2 steps
+        return DecodeStats(steps=2)
+
+    for name, cases in (("text_cases", lambda d: {"text ar": two_steps}), ("image_cases", lambda d: {}),
+                        ("mesh_cases", lambda d: {}), ("graph_kernels", lambda d: (1, 1)),
+                        ("emulate_captures", lambda: None)):
+        monkeypatch.setattr(gpu_sync_count, name, cases)
+    monkeypatch.setattr(sys, "argv", ["gpu_sync_count.py", "--device", "cpu", "--by-op", "text ar"])
+    gpu_sync_count.main()
+    out = capsys.readouterr().out.splitlines()
+    assert out[2] == "eager: 1.0 a step" and "add_" in out[-2] and out[-1] == "graph: 0.0 a step"
+    monkeypatch.setattr(sys, "argv", ["gpu_sync_count.py", "--device", "cpu", "--by-op", "text nope"])
+    with pytest.raises(SystemExit, match="--by-op 'text nope': no such case"):
+        gpu_sync_count.main()

@@ -211,11 +211,11 @@ class EagleBatch(PoolBase):
         width = graphs.width(slots)
         padded = next((r for r in ROW_BUCKETS if n <= r and r * br <= graphs.capacity), n)
         pad = padded - n  # padding sequences: no tree (k = 0), their rows write into the scratch row
-        device, dim = root_hidden.device, root_hidden.shape[-1]
+        dim = root_hidden.shape[-1]
         roots = torch.cat([root_hidden, root_hidden.new_zeros(pad * br, 1, dim)]) if pad else root_hidden
         inputs = {"root_hidden": roots,
-                  "ints": host_tensor([x + [0] * pad for x in ints], device),  # [6, padded]
-                  "writes": host_tensor(list(range(n * br)) + [graphs.capacity] * (pad * br), device)}
+                  "ints": torch.tensor([x + [0] * pad for x in ints]),  # [6, padded], on the host: `call` copies it
+                  "writes": torch.tensor(list(range(n * br)) + [graphs.capacity] * (pad * br))}
         run = partial(static_growth, self.net, self.logprobs, (graphs.k, graphs.v), plan, br, width)
         key = ("grow", padded, plan, width, br, self.guidance)  # a later pool's growths reuse it at the same CFG
         outs = graphs.call(key, run, inputs)

@@ -293,12 +293,16 @@ class StepGraphs:
         return outs[-1][0][:, -1:], torch.cat([hidden for _, hidden in outs], 1)
 
     def call(self, key: tuple, fn: Callable[..., tuple], inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
-        """`fn(**static)` over static copies of `inputs`, whose shapes `key` fixes: a replay of the key's graph
-        (captured on its first call). The outputs are the graph's own buffers, in the pool all this module's graphs
-        share (another graph's replay may write them): read them before this module's next call or forward."""
-        static = self.graphs[key][0] if key in self.graphs else {n: torch.empty_like(t) for n, t in inputs.items()}
+        """`fn(**static)` over static copies of `inputs` on the module's device, whose shapes `key` fixes: a replay of
+        the key's graph (captured on its first call). An input on the host is copied in straight from page-locked
+        memory, without waiting (`devices.to_device`'s copy, into the buffer). The outputs are the graph's own buffers,
+        in the pool all this module's graphs share (another graph's replay may write them): read them before this
+        module's next call or forward."""
+        static = self.graphs[key][0] if key in self.graphs else {
+            n: torch.empty(t.shape, dtype=t.dtype, device=self.device) for n, t in inputs.items()}
         for name, t in inputs.items():
-            static[name].copy_(t)
+            pinned = self.device.type == "cuda" and t.device.type == "cpu"
+            static[name].copy_(t.pin_memory() if pinned else t, non_blocking=True)
         return self.run(key, static, lambda: fn(**static), f"capture {key}")
 
     def run(self, key, static, step: Callable[[], tuple], what: str) -> tuple[torch.Tensor, ...]:
