@@ -37,7 +37,7 @@ from unittest import mock
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import specgen.devices as devices
@@ -116,18 +116,29 @@ class SyncCounter:
 
 
 class OpCounter(TorchDispatchMode):
-    """Counts the aten ops dispatched outside graph replays (`paused` while the CPU emulation replays one)."""
+    """Counts the aten ops dispatched outside graph replays (`paused` while the CPU emulation replays one); with
+    `by_line` (`--by-op`) each eager op and each replayed graph's kernels by their `specgen/` source line too."""
 
     paused = False
     kernels = 0  # inside the emulated graphs' replays (`emulate_captures`)
+    by_line: Counter | None = None  # ("eager" | "graph", "file:line op") -> count, when asked for
 
     def __init__(self) -> None:
         super().__init__()
         self.ops = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops += not OpCounter.paused
+        if not OpCounter.paused:
+            self.ops += 1
+            if OpCounter.by_line is not None:
+                OpCounter.by_line["eager", f"{ours(traceback.extract_stack()[:-1])} {func.__name__}"] += 1
         return func(*args, **(kwargs or {}))
+
+
+def ours(frames) -> str:
+    """The innermost `specgen/` frame of a stack as "file:line" (else "other")."""
+    mine = [f for f in frames if f.filename.startswith(ROOT + "/specgen/")]
+    return f"{mine[-1].filename[len(ROOT) + 1:]}:{mine[-1].lineno}" if mine else "other"
 
 
 def emulate_captures() -> None:
@@ -141,6 +152,8 @@ def emulate_captures() -> None:
     def uncounted(self) -> None:
         OpCounter.paused = True
         OpCounter.kernels += self.kernels
+        if OpCounter.by_line is not None:
+            OpCounter.by_line.update({("graph", line): n for line, n in self.lines.items()})
         try:
             replay(self)
         finally:
@@ -148,23 +161,51 @@ def emulate_captures() -> None:
 
     def counted(steps, step):
         outs, graph = traced(steps, step)  # its warm-up first: lazy initialisations stay real
-        graph.kernels = cuda_kernels(step)
+        graph.lines = Counter()
+        graph.kernels = cuda_kernels(step, graph.lines)
         return outs, graph
 
     Traced.replay = uncounted
     graphs.StepGraphs.captured = counted
 
 
-def cuda_kernels(step) -> int:
+def cuda_kernels(step, lines: Counter | None = None) -> int:
     """The kernels a CUDA graph of `step` holds, counted on any device from a trace through the ops' fake kernels with
     the CUDA path's choices: RoPE with the cache writes and the SwiGLU gate as one op each, the Triton kernels, norms
-    and products one launch each, the attention plan two (cuda_ops.attention_plan)."""
+    and products one launch each, the attention plan two (cuda_ops.attention_plan); `lines` gets them by source line."""
     one_pass = lambda x: cuda_ops.available()  # noqa: E731  as on CUDA (SPECGEN_NATIVE=0: torch's ops)
     with torch.inference_mode(), mock.patch.object(kernel_choice, "one_pass", one_pass), \
             FakeTensorMode(allow_non_fake_inputs=True):
-        traced = make_fx(step)()
+        traced = make_fx(step if lines is None else lambda: Lines(lines).run(step))()
     ops = [str(n.target) for n in traced.graph.nodes if n.op == "call_function"]
-    return sum((1 + ("attention_plan" in op)) * (not any(v in op for v in VIEWS)) for op in ops)
+    return sum(kernels_of(op) for op in ops)
+
+
+def kernels_of(op: str) -> int:
+    """The launches of one traced op on CUDA: none for a view, two for the attention plan, else one."""
+    return (1 + ("attention_plan" in op)) * (not any(v in op for v in VIEWS))
+
+
+class Lines(TorchDispatchMode):
+    """Inside a trace: the launches (`kernels_of`) of the nodes each op adds to it, by the op's innermost `specgen/`
+    source line, into `lines`."""
+
+    def __init__(self, lines: Counter) -> None:
+        super().__init__()
+        self.lines = lines
+
+    def run(self, step):
+        with self:
+            return step()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        graph = get_proxy_mode().tracer.graph
+        before = len(graph.nodes)
+        out = func(*args, **(kwargs or {}))
+        for node in [n for n in list(graph.nodes)[before:] if n.op == "call_function"]:  # what the trace recorded
+            if n := kernels_of(str(node.target)):
+                self.lines[f"{ours(traceback.extract_stack()[:-1])} {node.target}"] += n
+        return out
 
 
 def capture(*models) -> None:
@@ -174,10 +215,10 @@ def capture(*models) -> None:
         graphs.attach(model, "on" if cpu else "auto", capture=True if cpu else None)
 
 
-def count(run) -> Count:
+def count(run, by_line: bool = False) -> Count:
     """Run `run()` (returns DecodeStats) once to warm up, then again under the counters."""
     run()
-    OpCounter.kernels = 0
+    OpCounter.kernels, OpCounter.by_line = 0, Counter() if by_line else None
     with SyncCounter() as c, OpCounter() as o:
         stats = run()
     return Count(stats.steps, sum(c.lines.values()), c.explicit, c.lines, o.ops, OpCounter.kernels)
@@ -282,6 +323,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--top", type=int, default=4, help="source lines shown per case")
+    ap.add_argument("--by-op", metavar="CASE", help="only this case, its eager ops and graph kernels a step by source "
+                    "line and op (--device cpu)")
     args = ap.parse_args()
     gpu = torch.cuda.get_device_name(args.device) if "cuda" in args.device else args.device
     if "cuda" not in args.device:
@@ -290,17 +333,33 @@ def main() -> None:
     print(f"device {gpu}, torch {torch.__version__}")
     kernels, layers = graph_kernels(args.device)
     print(f"kernels inside a captured bf16 AR step, SmolLM2 shape: {kernels} ({kernels / layers:.1f} a layer)")
-    print(f"{'case':<22} {'steps':>5} {'implicit/step':>13} {'explicit/step':>13} {'ops/step':>8} "
-          f"{'graph kernels/step':>18} {'ms/step':>8}  top implicit lines (per step)")
+    if not args.by_op:
+        print(f"{'case':<22} {'steps':>5} {'implicit/step':>13} {'explicit/step':>13} {'ops/step':>8} "
+              f"{'graph kernels/step':>18} {'ms/step':>8}  top implicit lines (per step)")
     for cases in (text_cases, image_cases, mesh_cases):  # a suite's rows printed before the next one loads
         for name, run in cases(args.device).items():
-            c = count(run)
+            if args.by_op not in (None, name):
+                continue
+            c = count(run, args.by_op is not None)
+            if args.by_op:
+                return by_op(OpCounter.by_line, max(c.steps, 1))
             steps = max(c.steps, 1)
             ms = wall_ms_per_step(run, args.device)
             top = ", ".join(f"{line} {n / steps:.2f}" for line, n in c.lines.most_common(args.top))
             kernels = f"{c.kernels / steps:.0f}" if c.kernels else "-"
             print(f"{name:<22} {c.steps:>5} {c.implicit / steps:>13.2f} {c.explicit / steps:>13.2f} "
                   f"{c.ops / steps:>8.0f} {kernels:>18} {ms:>8.2f}  {top}", flush=True)
+    if args.by_op:
+        raise SystemExit(f"--by-op {args.by_op!r}: no such case (the table's first column names them)")
+
+
+def by_op(lines: Counter, steps: int) -> None:
+    """One case's eager ops and graph kernels a step, each by source line and op, most first."""
+    for kind in ("eager", "graph"):
+        mine = Counter({line: n for (k, line), n in lines.items() if k == kind})
+        print(f"{kind}: {sum(mine.values()) / steps:.1f} a step")
+        for line, n in mine.most_common():
+            print(f"  {n / steps:7.2f}  {line}")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -86,6 +87,42 @@ def test_the_sync_counts_kernel_line_counts_fewer_kernels_with_the_native_ops(mo
     assert layers == 2 and native_kernels < torch_kernels
 
 
+def growth_kernels(levels: int, lines=None) -> int:
+    """The CUDA kernels of a captured EAGLE tree growth (`gpu_sync_count.cuda_kernels`) of `levels` drafter levels
+    of 4 nodes: 3 CFG sequences of a tiny image model at different prefixes and depths."""
+    import gpu_sync_count
+
+    from specgen.image.target import CFGTarget
+    from specgen.methods.eagle_grow import GrowPlan, static_growth
+    from specgen.models.eagle import EagleNet
+    from tests.image_fixtures import tiny_image_target
+
+    model = tiny_image_target(0)
+    net = EagleNet.from_target(model).eval()
+    combine = CFGTarget(model, 3.0).combine
+    logprobs = lambda h: combine(model.output(h)).float().log_softmax(-1)  # noqa: E731
+    c = net.cfg
+    k = torch.zeros(1, 7, c.n_kv_heads, 64, c.hd)
+    ints = torch.tensor([[3, 4, 5], [4, 2, 4], [3, 0, 2], [12, 0, 12], [4, 5, 6], [7, 8, 9]])
+    plan = GrowPlan((4,) * (levels + 1), 12)
+    return gpu_sync_count.cuda_kernels(lambda: static_growth(
+        net, logprobs, (k, k.clone()), plan, 2, 64, torch.zeros(6, 1, c.dim), ints, torch.arange(6)), lines)
+
+
+def test_a_captured_growth_level_launches_at_most_its_forward_and_eleven_kernels(monkeypatch):
+    """A drafter level of a captured tree growth: its forward (the one-layer drafter's 14 kernels, the head's product,
+    CFG's 3 and the log-softmax) and at most 11 kernels of tree work (its top-k, the path scores and their record,
+    the beam's 8: mask, top-k, parents, tokens, slots, the frontier's features, its attention lists' gather and
+    where). At 11e6fa0 a level was 43 (its mask, attention plan and ancestry rebuilt a level)."""
+    from collections import Counter
+
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    lines = Counter()
+    two, three = growth_kernels(2), growth_kernels(3, lines)
+    assert three - two <= 19 + 11 + 3  # 3: the verify inputs' pointer jumping, one round more from depth 4
+    assert sum(lines.values()) == three  # --by-op's lines: every kernel, each once
+
+
 @pytest.mark.slow
 def test_the_gpu_checks_test_step_runs_the_gpu_tests_when_a_test_module_cannot_import(tmp_path):
     """A bare GPU machine lacks some of the project's wheels (trimesh, which tests/mesh/ imports): gpu_check.sh's
@@ -129,3 +166,27 @@ def test_the_sync_count_prints_each_suites_rows_before_the_next_suite_loads(monk
         gpu_sync_count.main()
     rows = [line.split()[0] for line in capsys.readouterr().out.splitlines()[3:]]
     assert rows == ["text", "image"]
+
+
+def test_the_sync_counts_by_op_prints_one_cases_ops_by_line_and_refuses_an_unknown_case(monkeypatch, capsys):
+    """`--by-op CASE`: that case alone, its eager ops a step by source line; a case no suite has is one line."""
+    from specgen.decoding.stats import DecodeStats
+
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import gpu_sync_count
+
+    def two_steps():
+        torch.ones(3).add_(1)  # one eager op (the tensor's making another), over 2 steps
+        return DecodeStats(steps=2)
+
+    for name, cases in (("text_cases", lambda d: {"text ar": two_steps}), ("image_cases", lambda d: {}),
+                        ("mesh_cases", lambda d: {}), ("graph_kernels", lambda d: (1, 1)),
+                        ("emulate_captures", lambda: None)):
+        monkeypatch.setattr(gpu_sync_count, name, cases)
+    monkeypatch.setattr(sys, "argv", ["gpu_sync_count.py", "--device", "cpu", "--by-op", "text ar"])
+    gpu_sync_count.main()
+    out = capsys.readouterr().out.splitlines()
+    assert out[2] == "eager: 1.0 a step" and "add_" in out[-2] and out[-1] == "graph: 0.0 a step"
+    monkeypatch.setattr(sys, "argv", ["gpu_sync_count.py", "--device", "cpu", "--by-op", "text nope"])
+    with pytest.raises(SystemExit, match="--by-op 'text nope': no such case"):
+        gpu_sync_count.main()

@@ -29,12 +29,12 @@ def verify_batch(roots: list[int], drafts: list[Draft], starts: list[int], devic
     sizes = tuple(d.size + 1 for d in drafts)
     s = max(sizes)
     if all(d.tree.is_chain for d in drafts) and len(set(sizes)) == 1:  # equal chains: the causal mask says it all
-        tokens = host_tensor([(r,) + d.tokens for r, d in zip(roots, drafts)], device)
-        positions = host_tensor([range(p, p + s) for p in starts], device)
+        tokens, positions = host_tensor([[(r,) + d.tokens for r, d in zip(roots, drafts)],  # one copy for both
+                                         [tuple(range(p, p + s)) for p in starts]], device)
         return VerifyBatch(tokens, positions, None, sizes)
-    tokens = host_tensor([(r,) + d.tokens + (r,) * (s - n) for r, d, n in zip(roots, drafts, sizes)], device)
-    positions = host_tensor([[p + o for o in (0,) + d.tree.depth] + [p] * (s - n)
-                             for p, d, n in zip(starts, drafts, sizes)], device)  # padding: the root's position
+    tokens, positions = host_tensor([[(r,) + d.tokens + (r,) * (s - n) for r, d, n in zip(roots, drafts, sizes)],
+                                     [(p,) + tuple(p + o for o in d.tree.depth) + (p,) * (s - n)  # padding: the
+                                      for p, d, n in zip(starts, drafts, sizes)]], device)  # root's position
     seen = [(i * s + q) * s + k for i, (d, n) in enumerate(zip(drafts, sizes))  # flat [B, S, S] indices
             for q, row in enumerate(d.tree.visible + tuple((j,) for j in range(n, s))) for k in row]
     mask = torch.zeros(len(drafts) * s * s, dtype=torch.bool)
@@ -54,9 +54,11 @@ def tree_inputs(tokens: torch.Tensor, parents: torch.Tensor, counts: torch.Tenso
     kept = idx[1:] <= counts[:, None]  # [n, t]
     up = torch.cat([idx[:1].expand(n, 1), torch.where(kept, parents + 1, idx[1:])], 1)  # [n, S]: input of the parent
     seen = (idx[:, None] == idx).expand(n, -1, -1)  # [n, S, S]: each input sees itself
-    for _ in range(levels.bit_length()):  # pointer jumping: after round r, every ancestor up to 2^(r+1) - 1 levels up
+    rounds = levels.bit_length()
+    for r in range(rounds):  # pointer jumping: after round r, every ancestor up to 2^(r+1) - 1 levels up
         seen = seen | seen.gather(1, up[:, :, None].expand(-1, -1, t + 1))
-        up = up.gather(1, up)  # the ancestor 2^(r+1) levels up (the root and padding stay put)
+        if r + 1 < rounds:
+            up = up.gather(1, up)  # the ancestor 2^(r+1) levels up (the root and padding stay put)
     inputs = torch.cat([roots[:, None], torch.where(kept, tokens, roots[:, None])], 1)  # [n, S]
     return inputs, root_pos[:, None] + seen.sum(-1) - 1, seen
 

@@ -8,6 +8,7 @@ from functools import partial
 from typing import Callable, Sequence
 
 import torch
+import torch.nn.functional as F
 
 from specgen.decoding.draft import Draft, Verdict
 from specgen.decoding.cache import KVCache
@@ -176,7 +177,16 @@ class EagleBatch(PoolBase):
         plan = GrowPlan.exact(ints[1], shapes, feed)
         levels = level_positions(ints_t[0], ints_t[2], plan.levels)  # [L, n] each
 
-        def forward(feats, toks, anc, i):  # one level; every row keeps its W written slots until the rollback
+        anc, eyes = None, {}  # [n, W, R]: each node's ancestors and itself among the R tree columns so far
+
+        def forward(feats, toks, parent, i):  # one level; every row keeps its W written slots until the rollback
+            nonlocal anc
+            w = toks.shape[1]
+            if w not in eyes:
+                eyes[w] = torch.eye(w, dtype=torch.bool, device=toks.device)
+            eye = eyes[w].expand(len(c), -1, -1)
+            anc = eye if parent is None else torch.cat([anc.gather(1, parent[..., None].expand(-1, -1, anc.shape[-1])),
+                                                        eye], 2)
             rel, committed = slot_offsets(c, longest + anc.shape[-1])
             mask = level_mask(anc, tree_columns(rel, anc.shape[-1]), committed)  # [n, W, T]
             pos = branch_rows(levels[1][i][:, None].expand(-1, anc.shape[1]), br)  # [n * br, W]
@@ -201,14 +211,15 @@ class EagleBatch(PoolBase):
         width = graphs.width(slots)
         padded = next((r for r in ROW_BUCKETS if n <= r and r * br <= graphs.capacity), n)
         pad = padded - n  # padding sequences: no tree (k = 0), their rows write into the scratch row
-        device, dim = root_hidden.device, root_hidden.shape[-1]
+        dim = root_hidden.shape[-1]
         roots = torch.cat([root_hidden, root_hidden.new_zeros(pad * br, 1, dim)]) if pad else root_hidden
         inputs = {"root_hidden": roots,
-                  "ints": host_tensor([x + [0] * pad for x in ints], device),  # [6, padded]
-                  "writes": host_tensor(list(range(n * br)) + [graphs.capacity] * (pad * br), device)}
+                  "ints": torch.tensor([x + [0] * pad for x in ints]),  # [6, padded], on the host: `call` copies it
+                  "writes": torch.tensor(list(range(n * br)) + [graphs.capacity] * (pad * br))}
         run = partial(static_growth, self.net, self.logprobs, (graphs.k, graphs.v), plan, br, width)
         key = ("grow", padded, plan, width, br, self.guidance)  # a later pool's growths reuse it at the same CFG
-        return tuple(p[:n] for p in graphs.call(key, run, inputs))
+        outs = graphs.call(key, run, inputs)
+        return tuple(p[:n] for p in outs) if pad else outs  # a slice is a host op: none where no row pads
 
     def catch_up(self, rows, seqs, view) -> torch.Tensor:
         """Run the pairs (f_p, x_{p+1}) committed since the last step, every row padded to the most; commit them."""
@@ -217,10 +228,10 @@ class EagleBatch(PoolBase):
                 d.pending, d.backlog = torch.cat([d.pending, *d.backlog], 1), []
         br, ms = self.br, [d.pending.shape[1] for d in rows]
         n, width = len(rows), max(ms)
-        dim, device = rows[0].pending.shape[-1], rows[0].pending.device
-        feats = torch.zeros(n * br, width, dim, dtype=rows[0].pending.dtype, device=device)
-        for i, (d, m) in enumerate(zip(rows, ms)):
-            feats[i * br : (i + 1) * br, :m] = d.pending
+        device = rows[0].pending.device
+        # [n * br, M, D]: each row's pairs, zeros after them (no op for a row as wide as the widest, nor to join one)
+        padded = [d.pending if m == width else F.pad(d.pending, (0, 0, 0, width - m)) for d, m in zip(rows, ms)]
+        feats = padded[0] if n == 1 else torch.cat(padded)
         per_row = [(seq, m) for seq, m in zip(seqs, ms) for _ in range(br)]  # each branch row: its sequence's chain
         batch = verify_batch([seq[-m] for seq, m in per_row],  # the last m tokens, from position len - m
                              [Draft(tuple(seq[len(seq) - m + 1:]), DraftTree.chain(m - 1)) for seq, m in per_row],

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 
 from specgen.decoding.draft import Draft
 from specgen.decoding.tree import DraftTree
@@ -37,24 +38,24 @@ class GrownTrees:
         """The verify's inputs (`tree_inputs`), cut to the fullest row (the shapes `verify_batch` gives the drafts)."""
         s = 1 + max(self.counts)
         tokens, positions, mask = self.inputs
-        return VerifyBatch(tokens[:, :s], positions[:, :s], mask[:, :s, :s], tuple(1 + c for c in self.counts))
+        if s < tokens.shape[1]:  # a slice is a host op: none where the fullest row fills the trees' width
+            tokens, positions, mask = tokens[:, :s], positions[:, :s], mask[:, :s, :s]
+        return VerifyBatch(tokens, positions, mask, tuple(1 + c for c in self.counts))
 
     def read(self, logits: torch.Tensor | None = None) -> tuple[list[Draft], list[list[int]] | None]:
         """The trees as drafts and, given the verify's logits [n, S, V], their greedy picks [n][S], in one copy."""
-        n, t = self.tokens.shape
-        parts = [self.tokens.long().flatten(), self.parents.long().flatten()]
-        host = torch.cat(parts if logits is None else parts + [logits.argmax(-1).flatten()]).tolist()
-        drafts = [Draft(tuple(host[i * t : i * t + m]), DraftTree(tuple(host[(n + i) * t : (n + i) * t + m])))
-                  for i, m in enumerate(self.counts)]
-        if logits is None:
-            return drafts, None
-        s, picks = logits.shape[1], host[2 * n * t :]
-        return drafts, [picks[i * s : (i + 1) * s] for i in range(n)]
+        t = self.tokens.shape[1]
+        parts = [self.tokens, self.parents] + ([] if logits is None else [logits.argmax(-1)])  # int64 each
+        rows = torch.cat(parts, 1).tolist()  # [n][2 t (+ S)]
+        drafts = [Draft(tuple(row[:m]), DraftTree(tuple(row[t : t + m]))) for row, m in zip(rows, self.counts)]
+        return drafts, None if logits is None else [row[2 * t :] for row in rows]
 
 
-# feats [n*br, W, D], tokens [n*br, W], anc [n, W, R], the level's index i (0: the first forward; its nodes' positions:
-# row i of the growth's `level_positions`) -> hidden [n*br, W, D]; keeps the W slots
-Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
+# feats [n*br, W, D], tokens [n*br, W], parent [n, W] (each node's parent: its position in the previous level's
+# frontier; None at the first level, whose parent is the root), the level's index i (0: the first forward; its nodes'
+# positions: row i of the growth's `level_positions`) -> hidden [n*br, W, D]; keeps the W slots. A node sees the
+# committed slots, its ancestors' slots and its own: the forward keeps what it needs of the ancestry.
+Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, int], torch.Tensor]
 LogProbs = Callable[[torch.Tensor], torch.Tensor]  # hidden [n*br, S, D] -> CFG-combined log-probs [n, S, V]
 
 
@@ -100,40 +101,36 @@ def grow(forward: Forward, logprobs: LogProbs, root_hidden: torch.Tensor, ints: 
     lp = logprobs(root_hidden)[:, 0]  # 1. [n, V]: the root's children
     top = lp.topk(widths[0], dim=-1)  # [n, w0]
     slots = torch.arange(widths[0], device=device)
-    parts = [(top.indices, torch.full_like(top.indices, -1), top.values, slots < k[:, None])]
+    above = slots >= k[:, None]  # [n, w0]: child rank / frontier position j >= k_i (every level is at most w0 wide)
+    parts = [(top.indices, torch.full_like(top.indices, -1), top.values, above)]
     width = widths[1] if len(widths) > 1 else 0  # W_1: the frontier of level 1 is the best W_1 root children
-    f_tok, f_score, f_slot = top.indices[:, :width], top.values[:, :width], slots[:width].expand(n, -1)  # [n, W]
-    f_hid = root_hidden.expand(-1, width, -1)  # [n * br, W, D]: the parents' predicted features
-    per_width: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # W -> (j, j' < k_i [n, W, W], eye [W, W])
-
-    def consts(w: int) -> tuple[torch.Tensor, torch.Tensor]:  # a captured plan has one width: one set a growth
-        if w not in per_width:
-            below_k = torch.arange(w, device=device) < k[:, None]  # [n, W]: frontier position / child rank j < k_i
-            per_width[w] = (below_k[:, :, None] & below_k[:, None, :], torch.eye(w, dtype=torch.bool, device=device))
-        return per_width[w]
-
-    anc = consts(width)[1].expand(n, -1, -1)  # [n, W, R]
+    f_score, f_slot = top.values[:, :width], slots[:width].expand(n, -1)  # [n, W]
+    f_tok = branch_rows(top.indices[:, :width], br)  # [n * br, W]
+    f_hid, parent = root_hidden.expand(-1, width, -1), None  # [n * br, W, D]: the parents' predicted features
+    most = max(widths[1:], default=0)
+    # [L, n, W, W]: every level's padding children at once (a row past its depth, a frontier node or child past k_i)
+    padding = ~lives[:, :, None, None] | above[:, None, :most] | above[:, :most, None]
     recorded = widths[0]
     for level in range(1, len(widths)):  # 2. one drafter forward per level
-        out = forward(f_hid, branch_rows(f_tok, br), anc, level - 1)  # [n * br, W, D]
+        out = forward(f_hid, f_tok, parent, level - 1)  # [n * br, W, D]
         child = logprobs(out).topk(width, dim=-1)  # [n, W, W] each
-        ok = lives[level - 1][:, None, None] & consts(width)[0]  # [n, W, W]
+        pad = padding[level - 1, :, :width, :width]  # [n, W, W] (a view: a captured plan's widths are all `most`)
         cand = f_score[:, :, None] + child.values  # [n, W, W]: path scores
         parts.append((child.indices.flatten(1), f_slot[:, :, None].expand(-1, -1, width).flatten(1),
-                      cand.flatten(1), ok.flatten(1)))
+                      cand.flatten(1), pad.flatten(1)))
         nxt = widths[level + 1] if level + 1 < len(widths) else 0
         if nxt:  # 3. the beam: each row's best k_i children over its whole frontier (padding scores -inf)
-            best = torch.where(ok, cand, float("-inf")).flatten(1).topk(nxt, dim=-1)  # [n, W']
+            best = cand.masked_fill(pad, float("-inf")).flatten(1).topk(nxt, dim=-1)  # [n, W']
             parent = best.indices // width  # [n, W']: frontier position of each new node's parent
-            f_tok = child.indices.flatten(1).gather(1, best.indices)
+            f_tok = child.indices.flatten(1)[:, None].expand(-1, br, -1).gather(  # each cache row's: one gather
+                2, best.indices[:, None].expand(-1, br, -1)).flatten(0, 1)
             f_score, f_slot = best.values, recorded + best.indices
-            f_hid = out.gather(1, branch_rows(parent, br)[..., None].expand(-1, -1, out.shape[-1]))
-            anc = torch.cat([anc.gather(1, parent[..., None].expand(-1, -1, anc.shape[-1])),
-                             consts(nxt)[1].expand(n, -1, -1)], 2)  # each new node: its parent's, and its own slot
+            f_hid = frontier_rows(out, parent, br)
         recorded += width * width
         width = nxt
-    ranked = best_nodes(*(torch.cat(p, 1) for p in zip(*parts)), plan.total)  # 4. the kept nodes: a rank prefix
-    tokens, parents = in_slot_order(*ranked, counts)
+    tokens, parents, scores, padding = (torch.cat(p, 1) for p in zip(*parts))  # [n, N] each
+    ranked = best_nodes(scores, padding, plan.total)  # 4. the kept nodes: a rank prefix
+    tokens, parents = in_slot_order(ranked, tokens, parents, counts)
     if not plan.feed:
         return tokens, parents
     return (tokens, parents) + tree_inputs(tokens, parents, counts, roots, root_pos, len(widths))  # 5.
@@ -149,7 +146,7 @@ def level_positions(root_pos: torch.Tensor, depth: torch.Tensor, levels: int) ->
 
 def kept_counts(k: list[int], depth: list[int], totals: list[int]) -> list[int]:
     """The nodes each row keeps, known on the host before the growth runs: its node budget, or all its valid nodes
-    where fewer (the root's k children, then k x k at each further level: `grow`'s `ok`)."""
+    where fewer (the root's k children, then k x k at each further level: those not `grow`'s `padding`)."""
     return [min(t, ki + max(d - 1, 0) * ki * ki) if d > 0 else 0 for ki, d, t in zip(k, depth, totals)]
 
 
@@ -169,44 +166,84 @@ def static_growth(net, logprobs: LogProbs, cache: tuple[torch.Tensor, torch.Tens
     at_rows = positions[:, :, None].expand(-1, -1, branches).reshape(levels, rows)  # [L, R]: each cache row's
     turns = rotation(net.rope_table[at_rows.reshape(-1, 1)].to(net.fc.weight.dtype),  # one node a row: the kernels
                      net.cfg.rope_layout)  # broadcast it over the level's W nodes; cos, sin [L * R, 1, 1, hd]
+    starts = branch_rows(prefix, branches)  # [R]
     first = torch.arange(0, w * levels, w, device=prefix.device)  # [L]: each level's first tree column
-    meta = torch.stack([branch_rows(prefix, branches) + first[:, None], writes.expand(levels, -1)], 1)  # [L, 2, R]
-    rel, committed = slot_offsets(prefix, t)
-    col = rel.clamp(min=0).clamp(max=(first + (w - 1))[:, None, None])  # [L, n, T]: `tree_columns` of every level
-    inside = col == rel
+    meta = torch.stack([starts + first[:, None], writes.expand(levels, -1)], 1)  # [L, 2, R]
+    lists = LevelLists.make(meta[:, 0], w, t)
+    seen = None  # [R, W, T]: the last level's lists
 
-    def forward(feats, toks, anc, i):
+    def forward(feats, toks, parent, i):
+        nonlocal seen
         part = slice(i * rows, (i + 1) * rows)
-        visible = branch_rows(level_mask(anc, (col[i], inside[i]), committed), branches).unsqueeze(1)
+        seen = lists.level(i, None if parent is None else frontier_rows(seen, parent, branches))
         pos = at_rows[i][:, None].expand(-1, toks.shape[1])  # [R, W]: a view (the rotation is given)
-        x = StaticInputs(toks, pos, meta[i], visible=visible, features=feats,  # visible [R, 1, W, T]
+        x = StaticInputs(toks, pos, meta[i], lists=(seen, lists.count[i], lists.shared), features=feats,
                          rotation=Rotation(turns.cos[part], turns.sin[part], turns.layout))
         return eagle_step(net, x, *cache, None, t)[0]
 
     return grow(forward, logprobs, root_hidden, ints, plan, branches, lives)
 
 
-def best_nodes(tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tensor, valid: torch.Tensor,
-               total: int) -> tuple[torch.Tensor, ...]:
-    """The best `total` nodes of [n, N] in rank order: valid ones first by (-score, slot), a stable sort keeping ties
-    in slot order (a -inf score still ranks before every invalid node): slots, tokens and parent slots [n, t] each
-    (t = min(total, N)). A parent scores at least its children and precedes them: every rank prefix is a tree."""
-    t = min(total, tokens.shape[1])
-    key = torch.where(valid, (-scores).clamp(max=torch.finfo(scores.dtype).max), torch.inf)
-    rank = key.argsort(dim=1, stable=True)[:, :t]  # [n, t]: slots
-    return rank, tokens.gather(1, rank), parents.gather(1, rank)
+@dataclass(frozen=True)
+class LevelLists:
+    """A captured growth's attention lists (what the list attention reads, native/attention.c), made for every level
+    at once: node j of level i writes slot s_i = prefix + W i + j of its cache row and sees the committed slots, one
+    ancestor's slot a level and its own, ascending. Its list: entry p < prefix is slot p, entry prefix + l (l < i) its
+    level-l ancestor's slot (its parent's entry there), every later one its own slot (the first prefix + i + 1 are
+    read; the rest repeat a visible slot, so the list's slots are its visible ones)."""
+
+    slots: torch.Tensor  # [T] int32: entry p's slot while committed
+    own: torch.Tensor  # [L, R, W, 1] int32: s_i
+    tail: torch.Tensor  # [L, R, 1, T] bool: entries p >= prefix + i (level i's own)
+    count: torch.Tensor  # [L, R, W] int32, contiguous: prefix + i + 1
+    shared: torch.Tensor  # [R] int32: prefix, the leading run every list holds
+
+    @classmethod
+    def make(cls, first: torch.Tensor, w: int, t: int) -> LevelLists:
+        """From each level's first slot [L, R] (prefix + W i), the W nodes a level and T = `t` slots."""
+        levels, device = first.shape[0], first.device
+        on = dict(dtype=torch.int32, device=device)
+        at = torch.arange(levels, **on)[:, None]  # [L, 1]
+        ends = (first[0] + at).int()  # [L, R]: prefix + i
+        own = (first.int()[:, :, None] + torch.arange(w, **on))[..., None]
+        slots = torch.arange(t, **on)
+        count = (ends + 1)[:, :, None].expand(-1, -1, w).contiguous()
+        return cls(slots, own, slots >= ends[:, :, None, None], count, ends[0])
+
+    def level(self, i: int, parents: torch.Tensor | None) -> torch.Tensor:
+        """Level i's lists [R, W, T] from its nodes' parents' lists (`frontier_rows` of the last level's; None: the
+        first level, whose nodes' parent is the root)."""
+        return torch.where(self.tail[i], self.own[i], self.slots if parents is None else parents)
 
 
-def in_slot_order(slots: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor,
+def frontier_rows(x: torch.Tensor, parent: torch.Tensor, branches: int) -> torch.Tensor:
+    """Each cache row's values x [n * br, W, ...] at its sequence's frontier positions parent [n, W'] -> [n * br, W',
+    ...]: one gather (the branches' index a view)."""
+    n, w = parent.shape
+    rows = x.unflatten(0, (n, branches))  # [n, br, W, ...]
+    index = parent.view(n, 1, w, *(1,) * (x.dim() - 2)).expand(n, branches, w, *x.shape[2:])
+    return rows.gather(2, index).flatten(0, 1)
+
+
+def best_nodes(scores: torch.Tensor, padding: torch.Tensor, total: int) -> torch.Tensor:
+    """The slots of the best `total` nodes of [n, N] in rank order [n, t] (t = min(total, N)): the valid ones (not
+    `padding`) first by (-score, slot), a stable sort keeping ties in slot order (a -inf score still ranks before every
+    padding node). A parent scores at least its children and precedes them: every rank prefix is a tree."""
+    key = (-scores).clamp(max=torch.finfo(scores.dtype).max).masked_fill(padding, torch.inf)
+    return key.argsort(dim=1, stable=True)[:, : min(total, scores.shape[1])]
+
+
+def in_slot_order(ranked: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor,
                   counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's first counts[i] ranked nodes in slot (topological) order, then padding: tokens and parents [n, t],
-    a parent as its node's index in the row (-1: the root, and every padding node)."""
-    t = slots.shape[1]
-    kept = torch.arange(t, device=slots.device) < counts[:, None]  # [n, t]: rank prefix
-    key, order = slots.masked_fill(~kept, torch.iinfo(slots.dtype).max).sort(dim=1, stable=True)  # kept first
-    tokens, parents, kept = tokens.gather(1, order), parents.gather(1, order), kept.gather(1, order)
-    match = (parents[:, :, None] == key[:, None, :]) & kept[:, :, None]  # [n, t, t]: node j's parent is node q
-    return tokens, torch.where(match.any(-1), match.int().argmax(-1), -1)
+    """Each row's first counts[i] `ranked` slots [n, t] in slot (topological) order, then padding: their tokens and
+    parents [n, t] from every node's tokens and parent slots [n, N] (-1: the root), a parent as its node's index in
+    the row (-1: the root, and every padding node)."""
+    n, t = ranked.shape
+    pad = torch.arange(t, device=ranked.device) >= counts[:, None]  # [n, t]: past the rank prefix
+    key = ranked.masked_fill(pad, tokens.shape[1] - 1).sort(dim=1).values  # the kept ascending, then the last slot
+    parent = parents.gather(1, key)  # [n, t]: slots, each kept node's kept (the prefix is a tree) or the root
+    index = torch.searchsorted(F.pad(key, (1, 0), value=-1), parent) - 1  # the root's -1 at -1
+    return tokens.gather(1, key), index.masked_fill(pad, -1)
 
 
 def branch_rows(x: torch.Tensor, branches: int) -> torch.Tensor:

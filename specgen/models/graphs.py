@@ -15,7 +15,7 @@ import torch
 from specgen.decoding.cache import KVCache
 from specgen.errors import UsageError
 from specgen.models import kernel_choice
-from specgen.models.attention import chain_plan, native_plan
+from specgen.models.attention import NativePlan, chain_plan, native_plan
 from specgen.models.eagle import EagleNet
 from specgen.models.heads import XSpecMeshHeads, head_logits
 from specgen.models.kernel_choice import attention_path, native_norms
@@ -42,13 +42,15 @@ class Bucket:
 @dataclass
 class StaticInputs:
     """One step's inputs on the device: a bucket's buffers (`for_bucket`, a call copies its real part in and pads the
-    rest) or a drafter level's tensors inside a captured tree growth (`visible` given instead of `tree`)."""
+    rest) or a drafter level's tensors inside a captured tree growth (`lists` given instead of `tree`)."""
 
     tokens: torch.Tensor  # [R, S]
     positions: torch.Tensor  # [R, S]
     meta: torch.Tensor  # [2, R]: lengths, cache row written
     tree: torch.Tensor | None = None  # [R, S, S]
-    visible: torch.Tensor | None = None  # [R, 1, S, T]: visibility over cache slots (a drafter level)
+    # a drafter level's visible cache slots as the list attention reads them (eagle_grow.LevelLists): idx [R, S, T]
+    # int32 (ascending; entries past a query's count repeat a visible slot), count [R, S] int32, shared [R] int32
+    lists: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
     features: torch.Tensor | None = None  # [R, S, D] (EAGLE's inputs)
     rotation: Rotation | None = None  # a drafter level's (made for every level of a growth at once); else the positions'
     eye: torch.Tensor | None = None  # [R, S, S]: a padding node sees itself
@@ -104,16 +106,17 @@ class StaticCache:
 
 
 def visibility(x: StaticInputs, t: int) -> torch.Tensor:
-    """[R, 1, S, T] bool: each node sees its row's committed slots and the pending slots its tree mask names, and
-    always its own slot, so that a padding node's key and value stay finite; or a drafter level's `visible` as it is
-    (its tree columns hold each node's own slot: eagle_grow.grow's `anc`)."""
-    if x.visible is not None:
-        return x.visible
+    """[R, 1, S, T] bool: each node sees its row's committed slots and the pending slots its tree mask names; or a
+    drafter level's `lists` as a mask. A node always sees its own slot, so that a padding node's key and value stay
+    finite: every tree mask holds its diagonal (a padding node's row is the bucket's `eye`), every list its own slot."""
     r, s = x.tokens.shape
+    if x.lists is not None:
+        idx = x.lists[0].long()
+        return torch.zeros(r, s, t, dtype=torch.bool, device=idx.device).scatter_(2, idx, True).unsqueeze(1)
     rel = torch.arange(t, device=x.tokens.device)[None, :] - x.meta[0][:, None]  # [R, T]: slot - the row's length
-    own = (rel[:, None, :] == torch.arange(s, device=x.tokens.device)[None, :, None]).unsqueeze(1)  # [R, 1, S, T]
-    pending = x.tree.gather(2, rel.clamp(0, s - 1)[:, None, :].expand(r, s, t))  # [R, S, T]
-    return ((pending & ((rel >= 0) & (rel < s))[:, None, :]) | (rel < 0)[:, None, :]).unsqueeze(1) | own
+    col = rel.clamp(0, s - 1)  # [R, T]: the tree column of each pending slot (equal to rel there only)
+    pending = x.tree.gather(2, col[:, None, :].expand(r, s, t))  # [R, S, T]
+    return ((pending & (col == rel)[:, None, :]) | (rel < 0)[:, None, :]).unsqueeze(1)
 
 
 def step_mask(visible: torch.Tensor, cfg, dtype: torch.dtype):
@@ -129,6 +132,15 @@ def step_mask(visible: torch.Tensor, cfg, dtype: torch.dtype):
     return chain_plan(visible, r, s, t, cfg.n_heads, cfg.n_kv_heads, cfg.hd, visible.device)
 
 
+def listed(x: StaticInputs, cfg, dtype: torch.dtype) -> NativePlan | None:
+    """A drafter level's lists as the list attention's plan (what `native_plan` would make of their mask: the plan is
+    the lists), where the step attends over lists (`attention_path`); else None."""
+    if x.lists is None or attention_path(dtype, x.tokens.device) != "native":
+        return None
+    r, s = x.tokens.shape
+    return NativePlan(*x.lists, torch.empty(r, s, cfg.n_heads, cfg.hd, dtype=dtype, device=x.tokens.device))
+
+
 def blocks(module, h: torch.Tensor, x: StaticInputs, k: torch.Tensor, v: torch.Tensor, cross,
            width: int | None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """A Transformer's or EAGLE drafter's blocks on one bucket over its input embeddings h [R, S, dim], reading the
@@ -136,7 +148,7 @@ def blocks(module, h: torch.Tensor, x: StaticInputs, k: torch.Tensor, v: torch.T
     gives the same bits): their output as (x, f), x + f unsummed (f None: x is it), [R, S, dim] each."""
     width = width or k.shape[3]
     rot = x.rotation or rotation(module.rope_table[x.positions].to(h.dtype), module.cfg.rope_layout)
-    mask = step_mask(visibility(x, width), module.cfg, h.dtype)
+    mask = listed(x, module.cfg, h.dtype) or step_mask(visibility(x, width), module.cfg, h.dtype)
     cache, r = StaticCache(x, k, v, width), x.tokens.shape[0]
     if cross is None and native_norms(h, module.layers[0].ffn_norm.weight):  # each residual add in the next norm
         f = None
@@ -281,12 +293,16 @@ class StepGraphs:
         return outs[-1][0][:, -1:], torch.cat([hidden for _, hidden in outs], 1)
 
     def call(self, key: tuple, fn: Callable[..., tuple], inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
-        """`fn(**static)` over static copies of `inputs`, whose shapes `key` fixes: a replay of the key's graph
-        (captured on its first call). The outputs are the graph's own buffers, in the pool all this module's graphs
-        share (another graph's replay may write them): read them before this module's next call or forward."""
-        static = self.graphs[key][0] if key in self.graphs else {n: torch.empty_like(t) for n, t in inputs.items()}
+        """`fn(**static)` over static copies of `inputs` on the module's device, whose shapes `key` fixes: a replay of
+        the key's graph (captured on its first call). An input on the host is copied in straight from page-locked
+        memory, without waiting (`devices.to_device`'s copy, into the buffer). The outputs are the graph's own buffers,
+        in the pool all this module's graphs share (another graph's replay may write them): read them before this
+        module's next call or forward."""
+        static = self.graphs[key][0] if key in self.graphs else {
+            n: torch.empty(t.shape, dtype=t.dtype, device=self.device) for n, t in inputs.items()}
         for name, t in inputs.items():
-            static[name].copy_(t)
+            pinned = self.device.type == "cuda" and t.device.type == "cpu"
+            static[name].copy_(t.pin_memory() if pinned else t, non_blocking=True)
         return self.run(key, static, lambda: fn(**static), f"capture {key}")
 
     def run(self, key, static, step: Callable[[], tuple], what: str) -> tuple[torch.Tensor, ...]:

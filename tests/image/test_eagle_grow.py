@@ -104,9 +104,8 @@ def test_best_nodes_equal_the_reference_with_ties_and_padding():
     rows = [r + [(0, -1, 0.0, False)] * (width - len(r)) for r in rows]
     cols = list(zip(*[list(zip(*r)) for r in rows]))  # per field: n rows of `width` values
     counts = [len(w.tokens) for w in want]  # the node budget, or every valid node where fewer
-    ranked = best_nodes(torch.tensor(cols[0]), torch.tensor(cols[1]), torch.tensor(cols[2]), torch.tensor(cols[3]),
-                        max(totals))
-    tokens, parents = in_slot_order(*ranked, torch.tensor(counts))
+    ranked = best_nodes(torch.tensor(cols[2]), ~torch.tensor(cols[3]), max(totals))
+    tokens, parents = in_slot_order(ranked, torch.tensor(cols[0]), torch.tensor(cols[1]), torch.tensor(counts))
     roots, starts = [rng.randrange(100) for _ in rows], [rng.randrange(50) for _ in rows]
     inputs = tree_inputs(tokens, parents, torch.tensor(counts), torch.tensor(roots), torch.tensor(starts),
                          max(d.tree.max_depth() for d in want))
@@ -189,3 +188,38 @@ def test_the_read_check_sees_a_step_that_reads_its_trees_when_grown(monkeypatch)
     """The control: VVS composes its trees with the unverified chain on the host, so it reads them when grown."""
     steps, reads = reads_before_verify("vvs", VVSBatch, monkeypatch)
     assert steps > 3 and reads >= steps - 1
+
+
+def test_a_captured_levels_lists_are_the_plan_of_its_ancestors_mask():
+    """A captured growth's attention lists (LevelLists, made from each node's parent's) are what the list attention's
+    plan makes of the eager growth's mask (the committed slots, the ancestors' and its own), and that mask is theirs:
+    3 CFG sequences at different prefixes, 3 levels of 4 nodes with random parents."""
+    from specgen import native
+    from specgen.methods.eagle_grow import (LevelLists, branch_rows, frontier_rows, level_mask, slot_offsets,
+                                            tree_columns)
+    from specgen.models.graphs import StaticInputs, visibility
+
+    if native.library("attention") is None:
+        pytest.skip("no C compiler: the native plan is not built here")
+    g = torch.Generator().manual_seed(0)
+    n, br, w, levels, t = 3, 2, 4, 3, 32
+    prefix = torch.tensor([5, 0, 9])
+    starts = branch_rows(prefix, br)
+    lists = LevelLists.make(starts + torch.arange(0, w * levels, w)[:, None], w, t)
+    eye = torch.eye(w, dtype=torch.bool).expand(n, -1, -1)
+    rel, committed = slot_offsets(prefix, t)
+    anc = seen = None
+    for i in range(levels):
+        parent = None if i == 0 else torch.randint(0, w, (n, w), generator=g)
+        anc = eye if parent is None else torch.cat([anc.gather(1, parent[..., None].expand(-1, -1, anc.shape[-1])),
+                                                    eye], 2)
+        seen = lists.level(i, None if parent is None else frontier_rows(seen, parent, br))  # [R, W, T]
+        mask = branch_rows(level_mask(anc, tree_columns(rel, anc.shape[-1]), committed), br)  # [R, W, T]
+        idx, count, shared = torch.ops.specgen.attention_plan(mask)
+        assert torch.equal(lists.count[i], count) and torch.equal(lists.shared, starts.int())
+        assert all(torch.equal(a[:c], b[:c]) for a, b, c in zip(idx.flatten(0, 1), seen.flatten(0, 1),
+                                                                count.flatten().tolist()))
+        assert bool((lists.shared <= shared).all())  # the leading run every list holds: at least the prefix
+        x = StaticInputs(torch.zeros(n * br, w, dtype=torch.long), None, None,
+                         lists=(seen, lists.count[i], lists.shared))
+        assert torch.equal(visibility(x, t)[:, 0], mask)  # the mask of the lists (another attention path's)

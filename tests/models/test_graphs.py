@@ -114,6 +114,28 @@ def test_buckets_of_sliced_products_fill_whole_slices_so_no_product_copies_its_r
     assert copies(steps.bucket(3, 1, 20)) == (len(model.layers) * 5 + 1 if sliced else 0)  # each product's rows
 
 
+def test_a_staged_buckets_visibility_is_each_nodes_committed_pending_and_own_slots():
+    """A bucket's visibility over its cache slots: a row's committed slots, the pending slots its tree mask names and
+    its own (a padding node and a padding row: their own only), by a walk over the slots."""
+    model = tiny_model(0)
+    steps = graphs.attach(model, "on", capture=False)
+    steps.new_cache(3, 40)
+    b = steps.bucket(3, 3, 20)  # 4 rows of 4 nodes: a padding row, and a padding node in every row
+    x = StaticInputs.for_bucket(b, "cpu")
+    tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)  # a root and two children
+    steps.stage(x, b, torch.zeros(3, 3, dtype=torch.long), torch.zeros(3, 3, dtype=torch.long), [4, 0, 17], tree,
+                None)
+    lengths = [4, 0, 17, 0]
+    want = torch.zeros(b.rows, 1, b.nodes, b.width, dtype=torch.bool)
+    for r in range(b.rows):
+        for q in range(b.nodes):
+            for slot in range(b.width):
+                j = slot - lengths[r]
+                real = r < 3 and q < 3 and 0 <= j < 3
+                want[r, 0, q, slot] = j < 0 or (bool(tree[q, j]) if real else j == q)
+    assert torch.equal(graphs.visibility(x, b.width), want)
+
+
 def test_a_step_that_reads_the_host_fails_the_check():
     """The control: the same harness refuses a step that reads a value (as `.item()` would sync a GPU)."""
     def reads(model, x, k, v, cross, width):
