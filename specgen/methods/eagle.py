@@ -213,12 +213,16 @@ class EagleBatch(PoolBase):
         pad = padded - n  # padding sequences: no tree (k = 0), their rows write into the scratch row
         dim = root_hidden.shape[-1]
         roots = torch.cat([root_hidden, root_hidden.new_zeros(pad * br, 1, dim)]) if pad else root_hidden
-        inputs = {"root_hidden": roots,
-                  "ints": torch.tensor([x + [0] * pad for x in ints]),  # [6, padded], on the host: `call` copies it
-                  "writes": torch.tensor(list(range(n * br)) + [graphs.capacity] * (pad * br))}
-        run = partial(static_growth, self.net, self.logprobs, (graphs.k, graphs.v), plan, br, width)
+        # on the host, one copy (`call` copies it): `ints` [6, padded], then each cache row's write row [padded * br]
+        host = torch.tensor([v for x in ints for v in x + [0] * pad] + list(range(n * br))
+                            + [graphs.capacity] * (pad * br))
+        grow_rows = partial(static_growth, self.net, self.logprobs, (graphs.k, graphs.v), plan, br, width)
+
+        def run(root_hidden, host):  # the host part's views: no kernel
+            return grow_rows(root_hidden, host[: 6 * padded].view(6, padded), host[6 * padded :])
+
         key = ("grow", padded, plan, width, br, self.guidance)  # a later pool's growths reuse it at the same CFG
-        outs = graphs.call(key, run, inputs)
+        outs = graphs.call(key, run, {"root_hidden": roots, "host": host})
         return tuple(p[:n] for p in outs) if pad else outs  # a slice is a host op: none where no row pads
 
     def catch_up(self, rows, seqs, view) -> torch.Tensor:
@@ -236,9 +240,12 @@ class EagleBatch(PoolBase):
         batch = verify_batch([seq[-m] for seq, m in per_row],  # the last m tokens, from position len - m
                              [Draft(tuple(seq[len(seq) - m + 1:]), DraftTree.chain(m - 1)) for seq, m in per_row],
                              [len(seq) - m for seq, m in per_row], device)
-        hidden = self.net(feats, batch.tokens, batch.positions, view, tree_mask=batch.tree_mask)  # [n * br, M, D]
-        last = host_tensor([m - 1 for m in ms for _ in range(br)], device)
+        # [n * br, M, D]; captured: the graph's own buffer, read before the drafter's next call (the growth's copy)
+        hidden = self.net(feats, batch.tokens, batch.positions, view, tree_mask=batch.tree_mask)
         view.commit_seqs({i: list(range(m)) for i, m in enumerate(ms)}, br)
+        if ms.count(width) == n:  # every row's last pair in the last column (every step at batch 1): one view
+            return hidden[:, -1:]
+        last = host_tensor([m - 1 for m in ms for _ in range(br)], device)
         return hidden[torch.arange(n * br, device=device), last].unsqueeze(1)
 
     def on_accept(self, drafts: Sequence[Draft], verdicts: Sequence[Verdict], out: TargetOut,

@@ -53,9 +53,9 @@ class EagleNet(nn.Module):
     ) -> torch.Tensor:
         """Predicted next features [B, S, D] (approximating f_{t+1}); not normed again (features are)."""
         if self.graphs is not None and cache is not None and attn_mask is None:  # captured trees: methods/eagle_grow
-            replayed = self.graphs.forward(tokens, positions, cache, tree_mask, features.to(self.fc.weight.dtype))
+            replayed = self.graphs.forward(tokens, positions, cache, tree_mask, features)  # staged in its dtype
             if replayed is not None:
-                return replayed[0]
+                return replayed[0]  # the graph's own buffer: read it before the drafter's next call
         h = self.fc(torch.cat([self.tok_embeddings(tokens), features.to(self.fc.weight.dtype)], dim=-1))
         rot = forward_rotation(self, positions, h.dtype)
         return self.layers[0](h, rot, 0, cache, *forward_mask(self.cfg, h, cache, tree_mask, attn_mask), None)

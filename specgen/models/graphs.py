@@ -57,14 +57,18 @@ class StaticInputs:
     chain: torch.Tensor | None = None  # [S, S]: a chain's tree mask
     views: dict = field(default_factory=dict)  # (n, s) -> the buffers' views over a call's real part (`real`)
 
-    def real(self, n: int, s: int) -> tuple:
-        """(tokens, positions, features, tree) over a call's real n rows x s nodes, and the chain mask [s, s]: views
-        made once per shape (a view is a host op, and a step stages several)."""
-        if (n, s) not in self.views:
-            self.views[n, s] = (self.tokens[:n, :s], self.positions[:n, :s],
-                                None if self.features is None else self.features[:n, :s], self.tree[:n, :s, :s],
-                                self.chain[:s, :s])
-        return self.views[n, s]
+    def real(self, n: int, s: int, branches: int = 1) -> tuple:
+        """(tokens, positions, features, tree) over a call's real n sequences x s nodes, each [branches, n, s, ...]
+        (a sequence's branch rows are consecutive: a copy of per-sequence inputs broadcasts over the branches), and
+        the chain mask [s, s]: views made once per shape (a view is a host op, and a step stages several)."""
+        if (n, s, branches) not in self.views:
+            rows = n * branches
+            per_branch = lambda t: t[:rows, :s].unflatten(0, (n, branches)).transpose(0, 1)  # noqa: E731
+            self.views[n, s, branches] = (
+                per_branch(self.tokens), per_branch(self.positions),
+                None if self.features is None else per_branch(self.features),
+                per_branch(self.tree)[..., :s], self.chain[:s, :s])
+        return self.views[n, s, branches]
 
     @classmethod
     def for_bucket(cls, b: Bucket, device, features: tuple | None = None) -> "StaticInputs":
@@ -183,6 +187,10 @@ class StepKind:
 
     step: Callable
     exact_trees: bool = True
+    # a caller may keep a step's outputs past the module's next call (a target's features and logits: a row's drafter
+    # keeps views of them, decoding/recorder.py too), so `forward` hands out copies; a drafter's catch-up reads its
+    # output before the drafter's next call (methods/eagle.py), so its outputs are the graph's own buffers
+    kept: bool = True
 
 
 class StepGraphs:
@@ -253,19 +261,29 @@ class StepGraphs:
         return min(max(MIN_WIDTH, 1 << (slots - 1).bit_length()), self.k.shape[3])
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache, tree_mask: torch.Tensor | None,
-                features: torch.Tensor | None = None) -> tuple[torch.Tensor, ...] | None:
-        """The step's outputs for the real [n, S] part by a replay, or None where this call must run eagerly."""
+                features: torch.Tensor | None = None, branches: int = 1, post: Callable | None = None
+                ) -> tuple[torch.Tensor, ...] | None:
+        """The step's outputs for the real part by a replay, or None where this call must run eagerly. tokens,
+        positions [n, S] (and a [n, S, S] tree mask) are per sequence, each sequence run on its `branches`
+        consecutive cache rows; `post` (hashable: it keys the captures) maps the step's outputs inside the replay
+        (CFG's combine: image/target.py). An output's real rows are the n * branches rows, or n where `post` made
+        one a sequence."""
         n, s = tokens.shape
-        b = self.bucket(n, s, max(cache.lengths)) if self.servable(cache, tree_mask) else None
+        rows = n * branches
+        b = self.bucket(rows, s, max(cache.lengths)) if self.servable(cache, tree_mask) else None
         if b is None:
             self.eager_calls += 1
             return None
-        x = self.graphs[b][0] if b in self.graphs else StaticInputs.for_bucket(
-            b, tokens.device, None if features is None else (features.shape[-1], features.dtype))
-        self.stage(x, b, tokens, positions, cache.lengths, tree_mask, features)
+        key = b if post is None else (b, post)
+        x = self.graphs[key][0] if key in self.graphs else StaticInputs.for_bucket(
+            b, tokens.device, None if features is None else (features.shape[-1], self.dtype))
+        self.stage(x, b, tokens, positions, cache.lengths, tree_mask, features, branches)
         step = lambda: self.kind.step(self.model, x, self.k, self.v, self.cross, b.width)  # noqa: E731
-        outs = self.run(b, x, step, f"bucket of {b.rows} rows x {b.nodes} nodes over {b.width} slots")
-        return tuple((o if o.shape[:2] == (n, s) else o[:n, :s]).clone() for o in outs)
+        outs = self.run(key, x, step if post is None else lambda: post(*step()),
+                        f"bucket of {b.rows} rows x {b.nodes} nodes over {b.width} slots")
+        real = [(o, rows if o.shape[0] == b.rows else n) for o in outs]
+        outs = tuple(o if o.shape[:2] == (r, s) else o[:r, :s] for o, r in real)  # a slice is a host op: none unpadded
+        return tuple(o.clone() for o in outs) if self.kind.kept else outs
 
     def prefill(self, tokens: torch.Tensor, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor] | None:
         """A prompt tokens [1, P] into the empty row `cache` holds (any row of the static buffer) as chunks of at most
@@ -346,25 +364,25 @@ class StepGraphs:
             v[:rows].copy_(cv)
         cache.cross = [(k[:rows], v[:rows]) for k, v in self.cross]
 
-    def stage(self, x: StaticInputs, b: Bucket, tokens, positions, lengths: list[int], tree_mask, features) -> None:
-        """Copy a call's inputs into the bucket's buffers: real rows and nodes first, padding after them."""
+    def stage(self, x: StaticInputs, b: Bucket, tokens, positions, lengths: list[int], tree_mask, features,
+              branches: int = 1) -> None:
+        """Copy a call's inputs (per sequence: `forward`) into the bucket's buffers. Padding nodes and rows keep what
+        an earlier call left in the token, position and feature buffers (a valid token and position, a finite
+        feature): no real node sees a padding node's slot (the tree rows are reset to the bucket's eye first) and a
+        padding row writes into the scratch row, so a real node's bits do not depend on them."""
         n, s = tokens.shape
-        padded = (n, s) != (b.rows, b.nodes)  # a call that fills its bucket needs no padding written
-        real_tokens, real_positions, real_features, real_tree, chain = x.real(n, s)
-        for buf, part, src in ((x.tokens, real_tokens, tokens), (x.positions, real_positions, positions),
-                               (x.features, real_features, features)):
-            if buf is not None and padded:  # features: EAGLE's steps only
-                buf.zero_()
-            if buf is not None:
-                part.copy_(src)
-        rows = list(range(n)) + [self.capacity] * (b.rows - n)  # padding rows write into the scratch row
-        meta = torch.tensor([list(lengths) + [0] * (b.rows - n), rows], dtype=torch.long)
+        rows = n * branches
+        real_tokens, real_positions, real_features, real_tree, chain = x.real(n, s, branches)
+        real_tokens.copy_(tokens)
+        real_positions.copy_(positions)
+        if features is not None:  # EAGLE's steps only
+            real_features.copy_(features)
+        written = list(range(rows)) + [self.capacity] * (b.rows - rows)  # padding rows write into the scratch row
+        meta = torch.tensor([list(lengths) + [0] * (b.rows - rows), written], dtype=torch.long)
         x.meta.copy_(meta.pin_memory() if x.meta.is_cuda else meta, non_blocking=True)
-        if tree_mask is not None and tree_mask.dim() == 3 and tree_mask.shape[0] != n:  # per sequence: its branches
-            tree_mask = tree_mask.repeat_interleave(n // tree_mask.shape[0], 0)
-        if padded:
+        if (rows, s) != (b.rows, b.nodes):  # a call that fills its bucket needs no padding written
             x.tree.copy_(x.eye)
-        real_tree.copy_(chain if tree_mask is None else tree_mask.expand(n, s, s))
+        real_tree.copy_(chain if tree_mask is None else tree_mask)
 
     def record(self, step: Callable[[], tuple], what: str):
         """A key's first call: (outputs, its graph), or (outputs, None) where steps run uncaptured. Out of GPU memory
@@ -456,7 +474,7 @@ def out_of_memory(what: str, error: str, free: int) -> UsageError:
                       "or a smaller --batch-size")
 
 
-KINDS = {Transformer: StepKind(target_step), EagleNet: StepKind(eagle_step, exact_trees=False),
+KINDS = {Transformer: StepKind(target_step), EagleNet: StepKind(eagle_step, exact_trees=False, kept=False),
          XSpecMeshHeads: StepKind(head_logits)}  # module class -> how its steps are captured
 
 
