@@ -251,8 +251,12 @@ class EagleBatch(PoolBase):
     def on_accept(self, drafts: Sequence[Draft], verdicts: Sequence[Verdict], out: TargetOut,
                   sizes: Sequence[int], branches: int) -> None:
         for i, verdict in enumerate(verdicts):
-            rows = out.features[i * branches : (i + 1) * branches]  # [br, S, D]
-            self.learn(i, rows.index_select(1, host_tensor(verdict.kept(), rows.device)), verdict)  # no host wait
+            rows = out.features if len(verdicts) == 1 else out.features[i * branches : (i + 1) * branches]  # [br, S, D]
+            kept = verdict.kept()
+            # kept nodes that are the first ones (the root alone, a path down first children) are a view, no copy: the
+            # features are the verify's own (a target's outputs are copies: graphs.StepKind.kept)
+            self.learn(i, rows[:, : len(kept)] if kept[-1] == len(kept) - 1 else
+                       rows.index_select(1, host_tensor(kept, rows.device)), verdict)  # no host wait
 
     def learn(self, slot: int, new: torch.Tensor, verdict: Verdict) -> None:
         """Row `slot`'s drafter after `verdict`: kept nodes' features `new` [br, a + 1, D] feed its next catch-up."""

@@ -55,7 +55,8 @@ class StaticInputs:
     rotation: Rotation | None = None  # a drafter level's (made for every level of a growth at once); else the positions'
     eye: torch.Tensor | None = None  # [R, S, S]: a padding node sees itself
     chain: torch.Tensor | None = None  # [S, S]: a chain's tree mask
-    views: dict = field(default_factory=dict)  # (n, s) -> the buffers' views over a call's real part (`real`)
+    views: dict = field(default_factory=dict)  # (n, s, branches) -> the buffers' views over a call's real part (`real`)
+    dirty: tuple[int, int] = (0, 0)  # the rows and nodes of the last call: outside them `tree` holds the `eye`
 
     def real(self, n: int, s: int, branches: int = 1) -> tuple:
         """(tokens, positions, features, tree) over a call's real n sequences x s nodes, each [branches, n, s, ...]
@@ -74,8 +75,7 @@ class StaticInputs:
     def for_bucket(cls, b: Bucket, device, features: tuple | None = None) -> "StaticInputs":
         zeros = lambda *shape, dtype=torch.long: torch.zeros(*shape, dtype=dtype, device=device)  # noqa: E731
         eye = torch.eye(b.nodes, dtype=torch.bool, device=device)
-        return cls(zeros(b.rows, b.nodes), zeros(b.rows, b.nodes), zeros(2, b.rows),
-                   zeros(b.rows, b.nodes, b.nodes, dtype=torch.bool),
+        return cls(zeros(b.rows, b.nodes), zeros(b.rows, b.nodes), zeros(2, b.rows), eye.repeat(b.rows, 1, 1),
                    features=None if features is None else zeros(b.rows, b.nodes, features[0], dtype=features[1]),
                    eye=eye.expand(b.rows, -1, -1), chain=torch.ones_like(eye).tril())
 
@@ -368,8 +368,8 @@ class StepGraphs:
               branches: int = 1) -> None:
         """Copy a call's inputs (per sequence: `forward`) into the bucket's buffers. Padding nodes and rows keep what
         an earlier call left in the token, position and feature buffers (a valid token and position, a finite
-        feature): no real node sees a padding node's slot (the tree rows are reset to the bucket's eye first) and a
-        padding row writes into the scratch row, so a real node's bits do not depend on them."""
+        feature): no real node sees a padding node's slot (outside the real part the tree rows are the bucket's eye)
+        and a padding row writes into the scratch row, so a real node's bits do not depend on them."""
         n, s = tokens.shape
         rows = n * branches
         real_tokens, real_positions, real_features, real_tree, chain = x.real(n, s, branches)
@@ -380,8 +380,9 @@ class StepGraphs:
         written = list(range(rows)) + [self.capacity] * (b.rows - rows)  # padding rows write into the scratch row
         meta = torch.tensor([list(lengths) + [0] * (b.rows - rows), written], dtype=torch.long)
         x.meta.copy_(meta.pin_memory() if x.meta.is_cuda else meta, non_blocking=True)
-        if (rows, s) != (b.rows, b.nodes):  # a call that fills its bucket needs no padding written
+        if rows < x.dirty[0] or s < x.dirty[1]:  # the last call's tree rows reach past this call's: eye again
             x.tree.copy_(x.eye)
+        x.dirty = (rows, s)
         real_tree.copy_(chain if tree_mask is None else tree_mask)
 
     def record(self, step: Callable[[], tuple], what: str):
