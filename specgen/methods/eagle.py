@@ -17,7 +17,7 @@ from specgen.decoding.pool import PoolBase, RowStep
 from specgen.decoding.stats import DecodeStats
 from specgen.decoding.target import Target, TargetOut
 from specgen.decoding.tree import DraftTree
-from specgen.decoding.verify import Span, forward_span, verify_batch
+from specgen.decoding.verify import Span, forward_span, host_batch
 from specgen.devices import host_tensor, mark, wait_for
 from specgen.methods.eagle_grow import (GrownTrees, GrowPlan, TreeShape, branch_rows, grow, kept_counts, level_mask,
                                         level_positions, slot_offsets, static_growth, tree_columns)
@@ -237,11 +237,16 @@ class EagleBatch(PoolBase):
         padded = [d.pending if m == width else F.pad(d.pending, (0, 0, 0, width - m)) for d, m in zip(rows, ms)]
         feats = padded[0] if n == 1 else torch.cat(padded)
         per_row = [(seq, m) for seq, m in zip(seqs, ms) for _ in range(br)]  # each branch row: its sequence's chain
-        batch = verify_batch([seq[-m] for seq, m in per_row],  # the last m tokens, from position len - m
-                             [Draft(tuple(seq[len(seq) - m + 1:]), DraftTree.chain(m - 1)) for seq, m in per_row],
-                             [len(seq) - m for seq, m in per_row], device)
-        # [n * br, M, D]; captured: the graph's own buffer, read before the drafter's next call (the growth's copy)
-        hidden = self.net(feats, batch.tokens, batch.positions, view, tree_mask=batch.tree_mask)
+        batch = host_batch([seq[-m] for seq, m in per_row],  # the last m tokens, from position len - m
+                           [Draft(tuple(seq[len(seq) - m + 1:]), DraftTree.chain(m - 1)) for seq, m in per_row],
+                           [len(seq) - m for seq, m in per_row])
+        # [n * br, M, D]; captured: staged in one copy, the output the graph's own buffer, read before the drafter's
+        # next call (the growth copies the roots in)
+        graphs = self.net.graphs
+        hidden = None if graphs is None else graphs.forward_host(batch, view, feats)
+        if hidden is None:
+            inputs = batch.to(device)
+            hidden = self.net(feats, inputs.tokens, inputs.positions, view, tree_mask=inputs.tree_mask)
         view.commit_seqs({i: list(range(m)) for i, m in enumerate(ms)}, br)
         if ms.count(width) == n:  # every row's last pair in the last column (every step at batch 1): one view
             return hidden[:, -1:]
