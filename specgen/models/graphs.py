@@ -80,7 +80,8 @@ class StaticInputs:
         eye = torch.eye(s, dtype=torch.bool, device=device)
         return cls(ints[: r * s].view(r, s), ints[r * s : 2 * r * s].view(r, s), ints[2 * r * s :].view(2, r),
                    eye.repeat(r, 1, 1), eye=eye.expand(r, -1, -1), chain=torch.ones_like(eye).tril(), ints=ints,
-                   features=None if features is None else torch.zeros(r, s, features[0], dtype=features[1], device=device))
+                   features=None if features is None else torch.zeros(r, s, features[0], dtype=features[1],
+                                                                      device=device))
 
 
 class StaticCache:
