@@ -57,7 +57,8 @@ class StaticInputs:
     eye: torch.Tensor | None = None  # [R, S, S]: a padding node sees itself
     chain: torch.Tensor | None = None  # [S, S]: a chain's tree mask
     views: dict = field(default_factory=dict)  # (n, s, branches) -> the buffers' views over a call's real part (`real`)
-    dirty: tuple[int, int] = (0, 0)  # the rows and nodes of the last call: outside them `tree` holds the `eye`
+    # the last call's rows, nodes and whether its tree was the chain: outside its rows and nodes `tree` holds the `eye`
+    dirty: tuple[int, int, bool] = (0, 0, False)
     ints: torch.Tensor | None = None  # [2 R S + 2 R]: tokens, positions, meta as one buffer (views), one host copy
 
     def real(self, n: int, s: int, branches: int = 1) -> tuple:
@@ -414,9 +415,11 @@ class StepGraphs:
         eye) and a padding row writes into the scratch row, so a real node's bits do not depend on them."""
         rows = n * branches
         real_tree, chain = x.real(n, s, branches)[3:]
+        if x.dirty == (rows, s, True) and tree_mask is None:  # the last call's chain is in place (a catch-up's)
+            return
         if rows < x.dirty[0] or s < x.dirty[1]:  # the last call's tree rows reach past this call's: eye again
             x.tree.copy_(x.eye)
-        x.dirty = (rows, s)
+        x.dirty = (rows, s, tree_mask is None)
         real_tree.copy_(chain if tree_mask is None else tree_mask)
 
     def record(self, step: Callable[[], tuple], what: str):
