@@ -190,3 +190,67 @@ def test_the_sync_counts_by_op_prints_one_cases_ops_by_line_and_refuses_an_unkno
     monkeypatch.setattr(sys, "argv", ["gpu_sync_count.py", "--device", "cpu", "--by-op", "text nope"])
     with pytest.raises(SystemExit, match="--by-op 'text nope': no such case"):
         gpu_sync_count.main()
+
+
+def tree_step_ops(monkeypatch, batch: int) -> tuple[float, dict]:
+    """Eager ops a decode step (`gpu_sync_count.OpCounter`, captured steps through the CPU replay emulation, replays
+    not counted) of lossless ADT-Tree on a tiny CFG image model at `batch` sequences, and the ops a step by
+    (file, op) summed over the file's lines."""
+    from collections import Counter
+
+    from specgen.decoding.sampling import SamplingParams
+    from specgen.image.methods import ImageParts, build_image_method
+    from specgen.image.target import CFGTarget
+    from specgen.methods import run_batch
+    from specgen.models import graphs
+    from specgen.models.eagle import EagleNet
+    from tests.image_fixtures import tiny_image_target
+    from tests.models.test_graphs import Traced
+
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import gpu_sync_count
+
+    monkeypatch.setattr(Traced, "replay", Traced.replay)  # emulate_captures replaces both: restored after the test
+    monkeypatch.setattr(graphs.StepGraphs, "captured", graphs.StepGraphs.captured)
+    gpu_sync_count.emulate_captures()
+    model = tiny_image_target(0)
+    torch.manual_seed(1)
+    net = EagleNet.from_target(model).eval()
+    gpu_sync_count.capture(model, net)
+    parts = ImageParts(model, CFGTarget(model, 3.0), net, None, 4)
+
+    def run():
+        got = run_batch(parts.target, lambda i: build_image_method("adt-tree", parts, {})[0],
+                        [[i] for i in range(batch)], 16, SamplingParams(), batch_size=batch)
+        return max(r.stats.steps for r in got.results)
+
+    run()  # the captures
+    gpu_sync_count.OpCounter.by_line = Counter()
+    with gpu_sync_count.OpCounter() as counter:
+        steps = run()
+    by_op = Counter()
+    for (kind, line), n in gpu_sync_count.OpCounter.by_line.items():
+        if kind == "eager":
+            by_op[line.split(":")[0], line.split()[-1]] += n / steps
+    gpu_sync_count.OpCounter.by_line = None
+    return counter.ops / steps, by_op
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_an_image_tree_steps_eager_ops_stay_within_budget(monkeypatch, batch):
+    """A captured ADT-Tree step's eager ops outside its replays (each a launch and a dispatch on a GPU). At de58c7e a
+    step here was 57.6 at batch 1, 69.3 at batch 2 (29.3 and 41.6 since), and each cut's own check below fails there
+    (8.6 ops of image/target.py, 1.9 zero_, 2.9 clones, 1.9 host tensors of the growth's, 1 verify_batch a step): CFG's
+    combine and the branches' repeat_interleave run inside the verify's replay (image/target.py's eager ops: its
+    prefill's, once a sequence); padding keeps its buffers' values (no zero_); the catch-up's output is the drafter
+    graph's own buffer (the clones are the target's two: its logits and features, which rows keep); a growth's host
+    inputs are one tensor; a catch-up's tokens, positions and meta one host copy (no device tensor of them first:
+    verify_batch's unbind only where a step verifies without a tree)."""
+    ops, by_op = tree_step_ops(monkeypatch, batch)
+    per_file = lambda name: sum(n for (f, _), n in by_op.items() if f == name)  # noqa: E731
+    assert per_file("specgen/image/target.py") < batch
+    assert sum(n for (_, op), n in by_op.items() if op.startswith("zero_")) == 0
+    assert sum(n for (_, op), n in by_op.items() if op.startswith("clone")) <= 2
+    assert by_op["specgen/methods/eagle.py", "lift_fresh.default"] <= 1
+    assert by_op["specgen/decoding/verify.py", "unbind.int"] < 0.5
+    assert ops <= {1: 32, 2: 45}[batch]

@@ -22,24 +22,51 @@ class VerifyBatch:
     sizes: tuple[int, ...]  # [B]
 
 
-def verify_batch(roots: list[int], drafts: list[Draft], starts: list[int], device) -> VerifyBatch:
+@dataclass(frozen=True)
+class HostBatch:
+    """`VerifyBatch`'s inputs as built on the host: tokens, positions [B][S], the flat [B, S, S] indices of the tree
+    mask's visible entries (None: equal chains, causal) and the sizes."""
+
+    tokens: list[list[int]]
+    positions: list[list[int]]
+    seen: list[int] | None
+    sizes: tuple[int, ...]
+
+    def tree_mask(self) -> torch.Tensor | None:
+        """The tree mask [B, S, S] on the host (None: causal chains): one host op for the batch."""
+        if self.seen is None:
+            return None
+        b, s = len(self.tokens), len(self.tokens[0])
+        mask = torch.zeros(b * s * s, dtype=torch.bool)
+        mask[self.seen] = True
+        return mask.view(b, s, s)
+
+    def to(self, device) -> VerifyBatch:
+        """On `device`: tokens and positions in one copy, the mask in another."""
+        tokens, positions = host_tensor([self.tokens, self.positions], device)
+        mask = self.tree_mask()
+        return VerifyBatch(tokens, positions, None if mask is None else to_device(mask, device), self.sizes)
+
+
+def host_batch(roots: list[int], drafts: list[Draft], starts: list[int]) -> HostBatch:
     """Pad every row's root + draft to S = the largest; starts[i] = the position of row i's root. Built on the host
-    (the drafts are there) and copied once: a GPU step launches no kernel for it (`tree_inputs` builds the same from
-    trees that are on the device)."""
+    (the drafts are there): a GPU step launches no kernel for it (`tree_inputs` builds the same from trees that are on
+    the device)."""
     sizes = tuple(d.size + 1 for d in drafts)
     s = max(sizes)
     if all(d.tree.is_chain for d in drafts) and len(set(sizes)) == 1:  # equal chains: the causal mask says it all
-        tokens, positions = host_tensor([[(r,) + d.tokens for r, d in zip(roots, drafts)],  # one copy for both
-                                         [tuple(range(p, p + s)) for p in starts]], device)
-        return VerifyBatch(tokens, positions, None, sizes)
-    tokens, positions = host_tensor([[(r,) + d.tokens + (r,) * (s - n) for r, d, n in zip(roots, drafts, sizes)],
-                                     [(p,) + tuple(p + o for o in d.tree.depth) + (p,) * (s - n)  # padding: the
-                                      for p, d, n in zip(starts, drafts, sizes)]], device)  # root's position
-    seen = [(i * s + q) * s + k for i, (d, n) in enumerate(zip(drafts, sizes))  # flat [B, S, S] indices
-            for q, row in enumerate(d.tree.visible + tuple((j,) for j in range(n, s))) for k in row]
-    mask = torch.zeros(len(drafts) * s * s, dtype=torch.bool)
-    mask[seen] = True  # each node sees its ancestors and itself; padding only itself: one host op for the batch
-    return VerifyBatch(tokens, positions, to_device(mask.view(len(drafts), s, s), device), sizes)
+        return HostBatch([[r, *d.tokens] for r, d in zip(roots, drafts)], [list(range(p, p + s)) for p in starts],
+                         None, sizes)
+    seen = [(i * s + q) * s + k for i, (d, n) in enumerate(zip(drafts, sizes))  # each node sees its ancestors and
+            for q, row in enumerate(d.tree.visible + tuple((j,) for j in range(n, s))) for k in row]  # itself; padding
+    return HostBatch([[r, *d.tokens] + [r] * (s - n) for r, d, n in zip(roots, drafts, sizes)],  # only itself
+                     [[p, *(p + o for o in d.tree.depth)] + [p] * (s - n)  # padding: the root's position
+                      for p, d, n in zip(starts, drafts, sizes)], seen, sizes)
+
+
+def verify_batch(roots: list[int], drafts: list[Draft], starts: list[int], device) -> VerifyBatch:
+    """`host_batch` on `device`, in one copy (and the mask's)."""
+    return host_batch(roots, drafts, starts).to(device)
 
 
 def tree_inputs(tokens: torch.Tensor, parents: torch.Tensor, counts: torch.Tensor, roots: torch.Tensor,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from specgen.decoding.cache import KVCache
@@ -29,10 +31,7 @@ class CFGTarget:
 
     def combine(self, logits: torch.Tensor) -> torch.Tensor:
         """[n * branches, S, V] (rows cond_0, uncond_0, cond_1, ...) -> [n, S, V] CFG-combined logits."""
-        if self.branches == 1:
-            return logits
-        cond, uncond = logits.view(-1, 2, *logits.shape[1:]).unbind(1)  # [n, S, V] each
-        return uncond + self.cfg_scale * (cond - uncond)  # guidance at the logits level
+        return guided(logits, self.cfg_scale) if self.branches == 2 else logits
 
     @torch.inference_mode()
     def prefill(self, tokens: torch.Tensor, cache: KVCache) -> TargetOut:
@@ -48,15 +47,39 @@ class CFGTarget:
 
     @torch.inference_mode()
     def forward(self, tokens, positions, cache, tree_mask) -> TargetOut:
-        """n sequences: tokens/positions [n, S], tree_mask [S, S] or [n, S, S]; each row runs on its branch rows."""
-        b = self.branches
+        """n sequences: tokens/positions [n, S], tree_mask [S, S] or [n, S, S]; each row runs on its branch rows.
+        Captured: the inputs staged straight into the branch rows and the logits combined inside the replay."""
+        b, graphs = self.branches, self.model.graphs
+        replayed = None if graphs is None else graphs.forward(tokens, positions, cache, tree_mask, branches=b,
+                                                              post=Guidance(self.cfg_scale) if b == 2 else None)
+        if replayed is not None:
+            return TargetOut(*replayed)
         if tree_mask is not None and tree_mask.dim() == 3:
             tree_mask = tree_mask.repeat_interleave(b, 0)
-        logits, hidden = self.model(tokens.repeat_interleave(b, 0), positions.repeat_interleave(b, 0), cache, tree_mask)
-        return TargetOut(self.combine(logits), hidden)
+        model = self.model  # its eager forward (its graphs just declined this call)
+        hidden = model.hidden_states(model.tok_embeddings(tokens.repeat_interleave(b, 0)),
+                                     positions.repeat_interleave(b, 0), cache, tree_mask)
+        return TargetOut(self.combine(model.output(hidden)), hidden)
 
     def commit(self, cache: KVCache, keep: list[int]) -> None:
         cache.commit_seqs({0: keep}, self.branches)  # the one sequence's branch rows
+
+
+def guided(logits: torch.Tensor, scale: float) -> torch.Tensor:
+    """[n * 2, S, V] (rows cond_0, uncond_0, cond_1, ...) -> [n, S, V]: guidance at the logits level."""
+    cond, uncond = logits.view(-1, 2, *logits.shape[1:]).unbind(1)  # [n, S, V] each
+    return uncond + scale * (cond - uncond)
+
+
+@dataclass(frozen=True)
+class Guidance:
+    """A captured verify's post-step under CFG (graphs.StepGraphs.forward): the logits combined at `scale` (equal
+    scales share a capture), the features kept per branch row."""
+
+    scale: float
+
+    def __call__(self, logits: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return guided(logits, self.scale), hidden
 
 
 class CaptionCFGTarget(CFGTarget):

@@ -17,7 +17,7 @@ from specgen.decoding.pool import PoolBase, RowStep
 from specgen.decoding.stats import DecodeStats
 from specgen.decoding.target import Target, TargetOut
 from specgen.decoding.tree import DraftTree
-from specgen.decoding.verify import Span, forward_span, verify_batch
+from specgen.decoding.verify import Span, forward_span, host_batch
 from specgen.devices import host_tensor, mark, wait_for
 from specgen.methods.eagle_grow import (GrownTrees, GrowPlan, TreeShape, branch_rows, grow, kept_counts, level_mask,
                                         level_positions, slot_offsets, static_growth, tree_columns)
@@ -213,12 +213,16 @@ class EagleBatch(PoolBase):
         pad = padded - n  # padding sequences: no tree (k = 0), their rows write into the scratch row
         dim = root_hidden.shape[-1]
         roots = torch.cat([root_hidden, root_hidden.new_zeros(pad * br, 1, dim)]) if pad else root_hidden
-        inputs = {"root_hidden": roots,
-                  "ints": torch.tensor([x + [0] * pad for x in ints]),  # [6, padded], on the host: `call` copies it
-                  "writes": torch.tensor(list(range(n * br)) + [graphs.capacity] * (pad * br))}
-        run = partial(static_growth, self.net, self.logprobs, (graphs.k, graphs.v), plan, br, width)
+        # on the host, one copy (`call` copies it): `ints` [6, padded], then each cache row's write row [padded * br]
+        host = torch.tensor([v for x in ints for v in x + [0] * pad] + list(range(n * br))
+                            + [graphs.capacity] * (pad * br))
+        grow_rows = partial(static_growth, self.net, self.logprobs, (graphs.k, graphs.v), plan, br, width)
+
+        def run(root_hidden, host):  # the host part's views: no kernel
+            return grow_rows(root_hidden, host[: 6 * padded].view(6, padded), host[6 * padded :])
+
         key = ("grow", padded, plan, width, br, self.guidance)  # a later pool's growths reuse it at the same CFG
-        outs = graphs.call(key, run, inputs)
+        outs = graphs.call(key, run, {"root_hidden": roots, "host": host})
         return tuple(p[:n] for p in outs) if pad else outs  # a slice is a host op: none where no row pads
 
     def catch_up(self, rows, seqs, view) -> torch.Tensor:
@@ -233,19 +237,31 @@ class EagleBatch(PoolBase):
         padded = [d.pending if m == width else F.pad(d.pending, (0, 0, 0, width - m)) for d, m in zip(rows, ms)]
         feats = padded[0] if n == 1 else torch.cat(padded)
         per_row = [(seq, m) for seq, m in zip(seqs, ms) for _ in range(br)]  # each branch row: its sequence's chain
-        batch = verify_batch([seq[-m] for seq, m in per_row],  # the last m tokens, from position len - m
-                             [Draft(tuple(seq[len(seq) - m + 1:]), DraftTree.chain(m - 1)) for seq, m in per_row],
-                             [len(seq) - m for seq, m in per_row], device)
-        hidden = self.net(feats, batch.tokens, batch.positions, view, tree_mask=batch.tree_mask)  # [n * br, M, D]
-        last = host_tensor([m - 1 for m in ms for _ in range(br)], device)
+        batch = host_batch([seq[-m] for seq, m in per_row],  # the last m tokens, from position len - m
+                           [Draft(tuple(seq[len(seq) - m + 1:]), DraftTree.chain(m - 1)) for seq, m in per_row],
+                           [len(seq) - m for seq, m in per_row])
+        # [n * br, M, D]; captured: staged in one copy, the output the graph's own buffer, read before the drafter's
+        # next call (the growth copies the roots in)
+        graphs = self.net.graphs
+        hidden = None if graphs is None else graphs.forward_host(batch, view, feats)
+        if hidden is None:
+            inputs = batch.to(device)
+            hidden = self.net(feats, inputs.tokens, inputs.positions, view, tree_mask=inputs.tree_mask)
         view.commit_seqs({i: list(range(m)) for i, m in enumerate(ms)}, br)
+        if ms.count(width) == n:  # every row's last pair in the last column (every step at batch 1): one view
+            return hidden[:, -1:]
+        last = host_tensor([m - 1 for m in ms for _ in range(br)], device)
         return hidden[torch.arange(n * br, device=device), last].unsqueeze(1)
 
     def on_accept(self, drafts: Sequence[Draft], verdicts: Sequence[Verdict], out: TargetOut,
                   sizes: Sequence[int], branches: int) -> None:
         for i, verdict in enumerate(verdicts):
-            rows = out.features[i * branches : (i + 1) * branches]  # [br, S, D]
-            self.learn(i, rows.index_select(1, host_tensor(verdict.kept(), rows.device)), verdict)  # no host wait
+            rows = out.features if len(verdicts) == 1 else out.features[i * branches : (i + 1) * branches]  # [br, S, D]
+            kept = verdict.kept()
+            # kept nodes that are the first ones (the root alone, a path down first children) are a view, no copy: the
+            # features are the verify's own (a target's outputs are copies: graphs.StepKind.kept)
+            self.learn(i, rows[:, : len(kept)] if kept[-1] == len(kept) - 1 else
+                       rows.index_select(1, host_tensor(kept, rows.device)), verdict)  # no host wait
 
     def learn(self, slot: int, new: torch.Tensor, verdict: Verdict) -> None:
         """Row `slot`'s drafter after `verdict`: kept nodes' features `new` [br, a + 1, D] feed its next catch-up."""

@@ -28,7 +28,8 @@ class EagleNet(nn.Module):
         self.fc = nn.Linear(2 * cfg.dim, cfg.dim, bias=True)  # EAGLE: fc(cat(embedding, feature)) with bias
         self.layers = nn.ModuleList([Block(cfg)])
         self.register_buffer("rope_table", rope_table(cfg), persistent=False)  # [P, hd/2, 2], the target's table
-        self.graphs = None  # models/graphs.StepGraphs: cached forwards as CUDA-graph replays (graphs.attach)
+        # models/graphs.StepGraphs (graphs.attach): the catch-ups and tree growths as CUDA-graph replays (methods/eagle)
+        self.graphs = None
 
     @classmethod
     def from_target(cls, target: Transformer) -> EagleNet:
@@ -52,10 +53,6 @@ class EagleNet(nn.Module):
         attn_mask: torch.Tensor | None = None,  # [B, 1, S, T] over cache slots (multi-level trees)
     ) -> torch.Tensor:
         """Predicted next features [B, S, D] (approximating f_{t+1}); not normed again (features are)."""
-        if self.graphs is not None and cache is not None and attn_mask is None:  # captured trees: methods/eagle_grow
-            replayed = self.graphs.forward(tokens, positions, cache, tree_mask, features.to(self.fc.weight.dtype))
-            if replayed is not None:
-                return replayed[0]
         h = self.fc(torch.cat([self.tok_embeddings(tokens), features.to(self.fc.weight.dtype)], dim=-1))
         rot = forward_rotation(self, positions, h.dtype)
         return self.layers[0](h, rot, 0, cache, *forward_mask(self.cfg, h, cache, tree_mask, attn_mask), None)

@@ -13,6 +13,7 @@ from typing import Callable
 import torch
 
 from specgen.decoding.cache import KVCache
+from specgen.decoding.verify import HostBatch
 from specgen.errors import UsageError
 from specgen.models import kernel_choice
 from specgen.models.attention import NativePlan, chain_plan, native_plan
@@ -55,25 +56,33 @@ class StaticInputs:
     rotation: Rotation | None = None  # a drafter level's (made for every level of a growth at once); else the positions'
     eye: torch.Tensor | None = None  # [R, S, S]: a padding node sees itself
     chain: torch.Tensor | None = None  # [S, S]: a chain's tree mask
-    views: dict = field(default_factory=dict)  # (n, s) -> the buffers' views over a call's real part (`real`)
+    views: dict = field(default_factory=dict)  # (n, s, branches) -> the buffers' views over a call's real part (`real`)
+    # the last call's rows, nodes and whether its tree was the chain: outside its rows and nodes `tree` holds the `eye`
+    dirty: tuple[int, int, bool] = (0, 0, False)
+    ints: torch.Tensor | None = None  # [2 R S + 2 R]: tokens, positions, meta as one buffer (views), one host copy
 
-    def real(self, n: int, s: int) -> tuple:
-        """(tokens, positions, features, tree) over a call's real n rows x s nodes, and the chain mask [s, s]: views
-        made once per shape (a view is a host op, and a step stages several)."""
-        if (n, s) not in self.views:
-            self.views[n, s] = (self.tokens[:n, :s], self.positions[:n, :s],
-                                None if self.features is None else self.features[:n, :s], self.tree[:n, :s, :s],
-                                self.chain[:s, :s])
-        return self.views[n, s]
+    def real(self, n: int, s: int, branches: int = 1) -> tuple:
+        """(tokens, positions, features, tree) over a call's real n sequences x s nodes, each [branches, n, s, ...]
+        (a sequence's branch rows are consecutive: a copy of per-sequence inputs broadcasts over the branches), and
+        the chain mask [s, s]: views made once per shape (a view is a host op, and a step stages several)."""
+        if (n, s, branches) not in self.views:
+            rows = n * branches
+            per_branch = lambda t: t[:rows, :s].unflatten(0, (n, branches)).transpose(0, 1)  # noqa: E731
+            self.views[n, s, branches] = (
+                per_branch(self.tokens), per_branch(self.positions),
+                None if self.features is None else per_branch(self.features),
+                per_branch(self.tree)[..., :s], self.chain[:s, :s])
+        return self.views[n, s, branches]
 
     @classmethod
     def for_bucket(cls, b: Bucket, device, features: tuple | None = None) -> "StaticInputs":
-        zeros = lambda *shape, dtype=torch.long: torch.zeros(*shape, dtype=dtype, device=device)  # noqa: E731
-        eye = torch.eye(b.nodes, dtype=torch.bool, device=device)
-        return cls(zeros(b.rows, b.nodes), zeros(b.rows, b.nodes), zeros(2, b.rows),
-                   zeros(b.rows, b.nodes, b.nodes, dtype=torch.bool),
-                   features=None if features is None else zeros(b.rows, b.nodes, features[0], dtype=features[1]),
-                   eye=eye.expand(b.rows, -1, -1), chain=torch.ones_like(eye).tril())
+        r, s = b.rows, b.nodes
+        ints = torch.zeros(2 * r * s + 2 * r, dtype=torch.long, device=device)
+        eye = torch.eye(s, dtype=torch.bool, device=device)
+        return cls(ints[: r * s].view(r, s), ints[r * s : 2 * r * s].view(r, s), ints[2 * r * s :].view(2, r),
+                   eye.repeat(r, 1, 1), eye=eye.expand(r, -1, -1), chain=torch.ones_like(eye).tril(), ints=ints,
+                   features=None if features is None else torch.zeros(r, s, features[0], dtype=features[1],
+                                                                      device=device))
 
 
 class StaticCache:
@@ -103,6 +112,12 @@ class StaticCache:
             k.index_put_(self.where, k_new)  # any strides: one scatter each, no copy first
             v.index_put_(self.where, v_new)
         return q, k[: self.rows, :, : self.width], v[: self.rows, :, : self.width]
+
+
+def meta_rows(lengths: list[int], rows: int, bucket_rows: int, scratch: int) -> list[list[int]]:
+    """A bucket's meta [2, R] on the host: each row's length and the cache row it writes (a padding row: length 0,
+    the scratch row)."""
+    return [list(lengths) + [0] * (bucket_rows - rows), list(range(rows)) + [scratch] * (bucket_rows - rows)]
 
 
 def visibility(x: StaticInputs, t: int) -> torch.Tensor:
@@ -183,6 +198,10 @@ class StepKind:
 
     step: Callable
     exact_trees: bool = True
+    # a caller may keep a step's outputs past the module's next call (a target's features and logits: a row's drafter
+    # keeps views of them, decoding/recorder.py too), so `forward` hands out copies; a drafter's catch-up reads its
+    # output before the drafter's next call (methods/eagle.py), so its outputs are the graph's own buffers
+    kept: bool = True
 
 
 class StepGraphs:
@@ -253,19 +272,62 @@ class StepGraphs:
         return min(max(MIN_WIDTH, 1 << (slots - 1).bit_length()), self.k.shape[3])
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache, tree_mask: torch.Tensor | None,
-                features: torch.Tensor | None = None) -> tuple[torch.Tensor, ...] | None:
-        """The step's outputs for the real [n, S] part by a replay, or None where this call must run eagerly."""
+                branches: int = 1, post: Callable | None = None) -> tuple[torch.Tensor, ...] | None:
+        """The step's outputs for the real part by a replay, or None where this call must run eagerly. tokens,
+        positions [n, S] (and a [n, S, S] tree mask) are per sequence, each sequence run on its `branches`
+        consecutive cache rows; `post` (hashable: it keys the captures) maps the step's outputs inside the replay
+        (CFG's combine: image/target.py). An output's real rows are the n * branches rows, or n where `post` made
+        one a sequence."""
         n, s = tokens.shape
-        b = self.bucket(n, s, max(cache.lengths)) if self.servable(cache, tree_mask) else None
+
+        def stage(x: StaticInputs, b: Bucket) -> None:
+            real_tokens, real_positions = x.real(n, s, branches)[:2]
+            real_tokens.copy_(tokens)
+            real_positions.copy_(positions)
+            rows = n * branches
+            host = torch.tensor(meta_rows(cache.lengths, rows, b.rows, self.capacity))
+            x.meta.copy_(host.pin_memory() if x.meta.is_cuda else host, non_blocking=True)
+
+        return self.replay(n, s, cache, tree_mask, None, branches, post, stage)
+
+    def forward_host(self, batch: HostBatch, cache: KVCache, features: torch.Tensor) -> torch.Tensor | None:
+        """An EAGLE drafter's forward over inputs built on the host (its catch-up: `host_batch`): its tokens, positions
+        and the bucket's meta staged in one copy from page-locked memory; the features [n, S, D] (any dtype: the copy
+        casts them); the predicted features [n, S, D] as the graph's own buffer (read them before the drafter's next
+        call), or None where this call must run eagerly."""
+        n, s = len(batch.tokens), len(batch.tokens[0])
+
+        def stage(x: StaticInputs, b: Bucket) -> None:
+            pad, pad_rows = [0] * (b.nodes - s), [0] * (b.nodes * (b.rows - n))  # padding: token 0 at position 0
+            block = lambda rows: [v for row in rows for v in row + pad] + pad_rows  # noqa: E731  [R, S] flat
+            meta = meta_rows(cache.lengths, n, b.rows, self.capacity)
+            host = torch.tensor(block(batch.tokens) + block(batch.positions) + meta[0] + meta[1])
+            x.ints.copy_(host.pin_memory() if x.ints.is_cuda else host, non_blocking=True)
+            x.real(n, s)[2].copy_(features)
+
+        outs = self.replay(n, s, cache, batch.tree_mask(), features.shape[-1], 1, None, stage)
+        return None if outs is None else outs[0]
+
+    def replay(self, n: int, s: int, cache: KVCache, tree_mask: torch.Tensor | None, feature_dim: int | None,
+               branches: int, post: Callable | None, stage: Callable[[StaticInputs, Bucket], None]):
+        """`forward`'s and `forward_host`'s replay: the bucket's buffers, `stage`d by the caller (its tokens, positions,
+        meta and features) and here (its tree), the step (and `post`) replayed, the real part of its outputs."""
+        rows = n * branches
+        b = self.bucket(rows, s, max(cache.lengths)) if self.servable(cache, tree_mask) else None
         if b is None:
             self.eager_calls += 1
             return None
-        x = self.graphs[b][0] if b in self.graphs else StaticInputs.for_bucket(
-            b, tokens.device, None if features is None else (features.shape[-1], features.dtype))
-        self.stage(x, b, tokens, positions, cache.lengths, tree_mask, features)
+        key = b if post is None else (b, post)
+        x = self.graphs[key][0] if key in self.graphs else StaticInputs.for_bucket(
+            b, self.device, None if feature_dim is None else (feature_dim, self.dtype))
+        stage(x, b)
+        self.stage_tree(x, n, s, branches, tree_mask)
         step = lambda: self.kind.step(self.model, x, self.k, self.v, self.cross, b.width)  # noqa: E731
-        outs = self.run(b, x, step, f"bucket of {b.rows} rows x {b.nodes} nodes over {b.width} slots")
-        return tuple((o if o.shape[:2] == (n, s) else o[:n, :s]).clone() for o in outs)
+        outs = self.run(key, x, step if post is None else lambda: post(*step()),
+                        f"bucket of {b.rows} rows x {b.nodes} nodes over {b.width} slots")
+        real = [(o, rows if o.shape[0] == b.rows else n) for o in outs]
+        outs = tuple(o if o.shape[:2] == (r, s) else o[:r, :s] for o, r in real)  # a slice is a host op: none unpadded
+        return tuple(o.clone() for o in outs) if self.kind.kept else outs
 
     def prefill(self, tokens: torch.Tensor, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor] | None:
         """A prompt tokens [1, P] into the empty row `cache` holds (any row of the static buffer) as chunks of at most
@@ -346,25 +408,19 @@ class StepGraphs:
             v[:rows].copy_(cv)
         cache.cross = [(k[:rows], v[:rows]) for k, v in self.cross]
 
-    def stage(self, x: StaticInputs, b: Bucket, tokens, positions, lengths: list[int], tree_mask, features) -> None:
-        """Copy a call's inputs into the bucket's buffers: real rows and nodes first, padding after them."""
-        n, s = tokens.shape
-        padded = (n, s) != (b.rows, b.nodes)  # a call that fills its bucket needs no padding written
-        real_tokens, real_positions, real_features, real_tree, chain = x.real(n, s)
-        for buf, part, src in ((x.tokens, real_tokens, tokens), (x.positions, real_positions, positions),
-                               (x.features, real_features, features)):
-            if buf is not None and padded:  # features: EAGLE's steps only
-                buf.zero_()
-            if buf is not None:
-                part.copy_(src)
-        rows = list(range(n)) + [self.capacity] * (b.rows - n)  # padding rows write into the scratch row
-        meta = torch.tensor([list(lengths) + [0] * (b.rows - n), rows], dtype=torch.long)
-        x.meta.copy_(meta.pin_memory() if x.meta.is_cuda else meta, non_blocking=True)
-        if tree_mask is not None and tree_mask.dim() == 3 and tree_mask.shape[0] != n:  # per sequence: its branches
-            tree_mask = tree_mask.repeat_interleave(n // tree_mask.shape[0], 0)
-        if padded:
+    def stage_tree(self, x: StaticInputs, n: int, s: int, branches: int, tree_mask: torch.Tensor | None) -> None:
+        """Copy a call's tree mask (per sequence: `forward`; None: a chain) into the bucket's. Padding nodes and rows
+        keep what an earlier call left in the token, position and feature buffers (a valid token and position, a
+        finite feature): no real node sees a padding node's slot (outside the real part the tree rows are the bucket's
+        eye) and a padding row writes into the scratch row, so a real node's bits do not depend on them."""
+        rows = n * branches
+        real_tree, chain = x.real(n, s, branches)[3:]
+        if x.dirty == (rows, s, True) and tree_mask is None:  # the last call's chain is in place (a catch-up's)
+            return
+        if rows < x.dirty[0] or s < x.dirty[1]:  # the last call's tree rows reach past this call's: eye again
             x.tree.copy_(x.eye)
-        real_tree.copy_(chain if tree_mask is None else tree_mask.expand(n, s, s))
+        x.dirty = (rows, s, tree_mask is None)
+        real_tree.copy_(chain if tree_mask is None else tree_mask)
 
     def record(self, step: Callable[[], tuple], what: str):
         """A key's first call: (outputs, its graph), or (outputs, None) where steps run uncaptured. Out of GPU memory
@@ -456,7 +512,7 @@ def out_of_memory(what: str, error: str, free: int) -> UsageError:
                       "or a smaller --batch-size")
 
 
-KINDS = {Transformer: StepKind(target_step), EagleNet: StepKind(eagle_step, exact_trees=False),
+KINDS = {Transformer: StepKind(target_step), EagleNet: StepKind(eagle_step, exact_trees=False, kept=False),
          XSpecMeshHeads: StepKind(head_logits)}  # module class -> how its steps are captured
 
 

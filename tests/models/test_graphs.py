@@ -123,8 +123,8 @@ def test_a_staged_buckets_visibility_is_each_nodes_committed_pending_and_own_slo
     b = steps.bucket(3, 3, 20)  # 4 rows of 4 nodes: a padding row, and a padding node in every row
     x = StaticInputs.for_bucket(b, "cpu")
     tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)  # a root and two children
-    steps.stage(x, b, torch.zeros(3, 3, dtype=torch.long), torch.zeros(3, 3, dtype=torch.long), [4, 0, 17], tree,
-                None)
+    x.meta.copy_(torch.tensor(graphs.meta_rows([4, 0, 17], 3, b.rows, steps.capacity)))
+    steps.stage_tree(x, 3, 3, 1, tree)
     lengths = [4, 0, 17, 0]
     want = torch.zeros(b.rows, 1, b.nodes, b.width, dtype=torch.bool)
     for r in range(b.rows):
