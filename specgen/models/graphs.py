@@ -53,7 +53,7 @@ class StaticInputs:
     # int32 (ascending; entries past a query's count repeat a visible slot), count [R, S] int32, shared [R] int32
     lists: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
     features: torch.Tensor | None = None  # [R, S, D] (EAGLE's inputs)
-    rotation: Rotation | None = None  # a drafter level's (made for every level of a growth at once); else the positions'
+    rotation: Rotation | None = None  # a drafter level's (made for all its levels at once); else the positions'
     eye: torch.Tensor | None = None  # [R, S, S]: a padding node sees itself
     chain: torch.Tensor | None = None  # [S, S]: a chain's tree mask
     views: dict = field(default_factory=dict)  # (n, s, branches) -> the buffers' views over a call's real part (`real`)

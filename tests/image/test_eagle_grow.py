@@ -148,7 +148,6 @@ def test_the_captured_plan_depends_only_on_the_buckets():
     assert GrowPlan.bucketed([200], [TreeShape(2, 200, 12)], 1000) is None  # wider than every bucket: eager
 
 
-
 def reads_before_verify(method: str, policy, monkeypatch) -> tuple[int, int]:
     """(steps, host reads between a step's plan and its verify) of `method` under the step policy class `policy`."""
     model = tiny_image_gpt(5)
