@@ -134,6 +134,13 @@ def to_device(t: torch.Tensor, device) -> torch.Tensor:
     return t.pin_memory().to(dev, non_blocking=True)
 
 
+def copy_into(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """Write src into dst without making the host wait: a host tensor into a cuda buffer through page-locked memory
+    (`to_device`'s copy, into a buffer that exists)."""
+    host_to_cuda = dst.device.type == "cuda" and src.device.type == "cpu"
+    dst.copy_(src.pin_memory() if host_to_cuda else src, non_blocking=True)
+
+
 def now(device: str | torch.device | None = None) -> float:
     """`time.perf_counter()` after `device` finished its queued work (`synchronize`)."""
     synchronize(device)

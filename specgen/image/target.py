@@ -56,10 +56,9 @@ class CFGTarget:
             return TargetOut(*replayed)
         if tree_mask is not None and tree_mask.dim() == 3:
             tree_mask = tree_mask.repeat_interleave(b, 0)
-        model = self.model  # its eager forward (its graphs just declined this call)
-        hidden = model.hidden_states(model.tok_embeddings(tokens.repeat_interleave(b, 0)),
-                                     positions.repeat_interleave(b, 0), cache, tree_mask)
-        return TargetOut(self.combine(model.output(hidden)), hidden)
+        logits, hidden = self.model.eager(tokens.repeat_interleave(b, 0), positions.repeat_interleave(b, 0), cache,
+                                          tree_mask)  # its graphs just declined this call
+        return TargetOut(self.combine(logits), hidden)
 
     def commit(self, cache: KVCache, keep: list[int]) -> None:
         cache.commit_seqs({0: keep}, self.branches)  # the one sequence's branch rows

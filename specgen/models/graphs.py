@@ -14,6 +14,7 @@ import torch
 
 from specgen.decoding.cache import KVCache
 from specgen.decoding.verify import HostBatch
+from specgen.devices import copy_into
 from specgen.errors import UsageError
 from specgen.models import kernel_choice
 from specgen.models.attention import NativePlan, chain_plan, native_plan
@@ -286,7 +287,7 @@ class StepGraphs:
             real_positions.copy_(positions)
             rows = n * branches
             host = torch.tensor(meta_rows(cache.lengths, rows, b.rows, self.capacity))
-            x.meta.copy_(host.pin_memory() if x.meta.is_cuda else host, non_blocking=True)
+            copy_into(x.meta, host)
 
         return self.replay(n, s, cache, tree_mask, None, branches, post, stage)
 
@@ -302,7 +303,7 @@ class StepGraphs:
             block = lambda rows: [v for row in rows for v in row + pad] + pad_rows  # noqa: E731  [R, S] flat
             meta = meta_rows(cache.lengths, n, b.rows, self.capacity)
             host = torch.tensor(block(batch.tokens) + block(batch.positions) + meta[0] + meta[1])
-            x.ints.copy_(host.pin_memory() if x.ints.is_cuda else host, non_blocking=True)
+            copy_into(x.ints, host)
             x.real(n, s)[2].copy_(features)
 
         outs = self.replay(n, s, cache, batch.tree_mask(), features.shape[-1], 1, None, stage)
@@ -357,14 +358,13 @@ class StepGraphs:
     def call(self, key: tuple, fn: Callable[..., tuple], inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """`fn(**static)` over static copies of `inputs` on the module's device, whose shapes `key` fixes: a replay of
         the key's graph (captured on its first call). An input on the host is copied in straight from page-locked
-        memory, without waiting (`devices.to_device`'s copy, into the buffer). The outputs are the graph's own buffers,
+        memory, without waiting (`devices.copy_into`). The outputs are the graph's own buffers,
         in the pool all this module's graphs share (another graph's replay may write them): read them before this
         module's next call or forward."""
         static = self.graphs[key][0] if key in self.graphs else {
             n: torch.empty(t.shape, dtype=t.dtype, device=self.device) for n, t in inputs.items()}
         for name, t in inputs.items():
-            pinned = self.device.type == "cuda" and t.device.type == "cpu"
-            static[name].copy_(t.pin_memory() if pinned else t, non_blocking=True)
+            copy_into(static[name], t)
         return self.run(key, static, lambda: fn(**static), f"capture {key}")
 
     def run(self, key, static, step: Callable[[], tuple], what: str) -> tuple[torch.Tensor, ...]:

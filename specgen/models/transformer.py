@@ -308,6 +308,10 @@ class Transformer(nn.Module):
             replayed = self.graphs.forward(tokens, positions, cache, tree_mask)  # None: this call runs eagerly
             if replayed is not None:
                 return replayed  # (logits, hidden)
+        return self.eager(tokens, positions, cache, tree_mask, embeds)
+
+    def eager(self, tokens, positions, cache=None, tree_mask=None, embeds=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward` run eagerly, its captured steps not asked (e.g. they just declined this call)."""
         h = self.tok_embeddings(tokens) if embeds is None else embeds
         hidden = self.hidden_states(h, positions, cache, tree_mask)
         return self.output(hidden), hidden
