@@ -93,33 +93,32 @@ def growth_kernels(levels: int, lines=None) -> int:
     import gpu_sync_count
 
     from specgen.image.target import CFGTarget
-    from specgen.methods.eagle_grow import GrowPlan, static_growth
+    from specgen.methods.eagle_grow import Children, GrowPlan, static_growth
     from specgen.models.eagle import EagleNet
     from tests.image_fixtures import tiny_image_target
 
     model = tiny_image_target(0)
     net = EagleNet.from_target(model).eval()
-    combine = CFGTarget(model, 3.0).combine
-    logprobs = lambda h: combine(model.output(h)).float().log_softmax(-1)  # noqa: E731
+    children = Children(model.output, CFGTarget(model, 3.0).combine, 2, 3.0)
     c = net.cfg
     k = torch.zeros(1, 7, c.n_kv_heads, 64, c.hd)
     ints = torch.tensor([[3, 4, 5], [4, 2, 4], [3, 0, 2], [12, 0, 12], [4, 5, 6], [7, 8, 9]])
     plan = GrowPlan((4,) * (levels + 1), 12)
     return gpu_sync_count.cuda_kernels(lambda: static_growth(
-        net, logprobs, (k, k.clone()), plan, 2, 64, torch.zeros(6, 1, c.dim), ints, torch.arange(6)), lines)
+        net, children, (k, k.clone()), plan, 2, 64, torch.zeros(6, 1, c.dim), ints, torch.arange(6)), lines)
 
 
-def test_a_captured_growth_level_launches_at_most_its_forward_and_eleven_kernels(monkeypatch):
-    """A drafter level of a captured tree growth: its forward (the one-layer drafter's 14 kernels, the head's product,
-    CFG's 3 and the log-softmax) and at most 11 kernels of tree work (its top-k, the path scores and their record,
-    the beam's 8: mask, top-k, parents, tokens, slots, the frontier's features, its attention lists' gather and
-    where). At 11e6fa0 a level was 43 (its mask, attention plan and ancestry rebuilt a level)."""
+def test_a_captured_growth_level_launches_at_most_its_forward_and_five_kernels(monkeypatch):
+    """A drafter level of a captured tree growth: its forward (the one-layer drafter's 14 kernels, the head's product
+    and `top_children`: CFG, log-softmax, top-k and path scores in one) and at most 5 kernels of tree work (the
+    record of its nodes' parents, the beam in one, the frontier's features, its attention lists' gather and where).
+    At 11e6fa0 a level was 43 (its mask, attention plan and ancestry rebuilt a level), at 0ac17ce 30."""
     from collections import Counter
 
     monkeypatch.syspath_prepend(str(ROOT / "scripts"))
     lines = Counter()
     two, three = growth_kernels(2), growth_kernels(3, lines)
-    assert three - two <= 19 + 11 + 3  # 3: the verify inputs' pointer jumping, one round more from depth 4
+    assert three - two <= 16 + 5 + 3  # 3: the verify inputs' pointer jumping, one round more from depth 4
     assert sum(lines.values()) == three  # --by-op's lines: every kernel, each once
 
 

@@ -19,8 +19,8 @@ from specgen.decoding.target import Target, TargetOut
 from specgen.decoding.tree import DraftTree
 from specgen.decoding.verify import Span, forward_span, host_batch
 from specgen.devices import host_tensor, mark, wait_for
-from specgen.methods.eagle_grow import (GrownTrees, GrowPlan, TreeShape, branch_rows, grow, kept_counts, level_mask,
-                                        level_positions, slot_offsets, static_growth, tree_columns)
+from specgen.methods.eagle_grow import (Children, GrownTrees, GrowPlan, TreeShape, branch_rows, grow, kept_counts,
+                                        level_mask, level_positions, slot_offsets, static_growth, tree_columns)
 from specgen.models.graphs import ROW_BUCKETS
 
 
@@ -121,15 +121,11 @@ class EagleBatch(PoolBase):
         d.owed = False
         d.backlog = []  # joined to `pending` once, by the catch-up (joining step by step is quadratic)
         if self.cache is None:
-            self.net, self.head, self.combine, self.br = d.net, d.head, d.combine, first.features.shape[0]
-            self.guidance = d.guidance
+            self.net, self.br, self.guidance = d.net, first.features.shape[0], d.guidance
+            self.children = Children(d.head, d.combine, self.br, d.guidance)
             self.cache = d.net.new_cache(len(self.rows) * self.br, d.max_len)
         self.cache.clear_seq(slot, self.br)
         self.rows[slot] = d
-
-    def logprobs(self, hidden: torch.Tensor) -> torch.Tensor:
-        """CFG-combined log-probs [n, S, V] of drafter hidden states [n * br, S, D]."""
-        return self.combine(self.head(hidden)).float().log_softmax(-1)
 
     def propose(self, seqs: Sequence[list[int]], budgets: Sequence[int], stats: Sequence[DecodeStats]) -> list[Draft]:
         """The trees read on the host now (VVS composes them with its chain there): no verify inputs grown."""
@@ -193,7 +189,7 @@ class EagleBatch(PoolBase):
             out = self.net(feats, toks, pos, view, attn_mask=branch_rows(mask, br).unsqueeze(1))
             view.lengths = [length + toks.shape[1] for length in view.lengths]
             return out
-        return grow(forward, self.logprobs, root_hidden, ints_t, plan, br, levels[0])
+        return grow(forward, self.children, root_hidden, ints_t, plan, br, levels[0])
 
     def grow_captured(self, view, root_hidden: torch.Tensor, ints: list[list[int]], shapes: list[TreeShape],
                       feed: bool):
@@ -216,7 +212,7 @@ class EagleBatch(PoolBase):
         # on the host, one copy (`call` copies it): `ints` [6, padded], then each cache row's write row [padded * br]
         host = torch.tensor([v for x in ints for v in x + [0] * pad] + list(range(n * br))
                             + [graphs.capacity] * (pad * br))
-        grow_rows = partial(static_growth, self.net, self.logprobs, (graphs.k, graphs.v), plan, br, width)
+        grow_rows = partial(static_growth, self.net, self.children, (graphs.k, graphs.v), plan, br, width)
 
         def run(root_hidden, host):  # the host part's views: no kernel
             return grow_rows(root_hidden, host[: 6 * padded].view(6, padded), host[6 * padded :])

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from specgen.decoding.draft import Draft
 from specgen.decoding.tree import DraftTree
 from specgen.decoding.verify import VerifyBatch, tree_inputs
+from specgen.models import kernel_choice
 from specgen.models.graphs import NODE_BUCKETS, StaticInputs, eagle_step
 from specgen.models.rope import Rotation, rotation
 
@@ -56,7 +57,25 @@ class GrownTrees:
 # positions: row i of the growth's `level_positions`) -> hidden [n*br, W, D]; keeps the W slots. A node sees the
 # committed slots, its ancestors' slots and its own: the forward keeps what it needs of the ancestry.
 Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, int], torch.Tensor]
-LogProbs = Callable[[torch.Tensor], torch.Tensor]  # hidden [n*br, S, D] -> CFG-combined log-probs [n, S, V]
+
+
+@dataclass(frozen=True)
+class Children:
+    """Each node's k best children from a drafter's hidden states [n * br, S, D], best first: the node's path score
+    [n, S] (None: the root's, 0) plus the child's CFG-combined log-prob under the target's head, [n, S, k] float32,
+    and the child's token [n, S, k]. On CUDA one kernel after the head (`top_children`), else torch's ops."""
+
+    head: Callable[[torch.Tensor], torch.Tensor]  # [n * br, S, D] -> logits [n * br, S, V]
+    combine: Callable[[torch.Tensor], torch.Tensor]  # [n * br, S, V] -> [n, S, V]: CFG at `scale` when br is 2
+    branches: int
+    scale: float
+
+    def __call__(self, hidden: torch.Tensor, scores: torch.Tensor | None, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.head(hidden)
+        if kernel_choice.one_pass(logits):
+            return torch.ops.specgen.top_children(logits, scores, self.branches, self.scale, k)
+        top = self.combine(logits).float().log_softmax(-1).topk(k, dim=-1)
+        return (top.values if scores is None else scores[..., None] + top.values), top.indices
 
 
 @dataclass(frozen=True)
@@ -86,7 +105,7 @@ class GrowPlan:
         return width and cls((width,) * max(s.depth for s in shapes), max(s.total_tokens for s in shapes), feed)
 
 
-def grow(forward: Forward, logprobs: LogProbs, root_hidden: torch.Tensor, ints: torch.Tensor, plan: GrowPlan,
+def grow(forward: Forward, children: Children, root_hidden: torch.Tensor, ints: torch.Tensor, plan: GrowPlan,
          branches: int, lives: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """Each row's tree (slot order, parents as indices: `in_slot_order`) and, where the plan feeds, the verify's inputs
     for it (`tree_inputs`).
@@ -98,14 +117,13 @@ def grow(forward: Forward, logprobs: LogProbs, root_hidden: torch.Tensor, ints: 
     """
     root_pos, k, _, counts, _, roots = ints
     n, br, device, widths = k.shape[0], branches, root_hidden.device, plan.widths
-    lp = logprobs(root_hidden)[:, 0]  # 1. [n, V]: the root's children
-    top = lp.topk(widths[0], dim=-1)  # [n, w0]
+    values, tokens = (x[:, 0] for x in children(root_hidden, None, widths[0]))  # 1. [n, w0]: the root's children
     slots = torch.arange(widths[0], device=device)
     above = slots >= k[:, None]  # [n, w0]: child rank / frontier position j >= k_i (every level is at most w0 wide)
-    parts = [(top.indices, torch.full_like(top.indices, -1), top.values, above)]
+    parts = [(tokens, torch.full_like(tokens, -1), values, above)]
     width = widths[1] if len(widths) > 1 else 0  # W_1: the frontier of level 1 is the best W_1 root children
-    f_score, f_slot = top.values[:, :width], slots[:width].expand(n, -1)  # [n, W]
-    f_tok = branch_rows(top.indices[:, :width], br)  # [n * br, W]
+    f_score, f_slot = values[:, :width], slots[:width].expand(n, -1)  # [n, W]
+    f_tok = branch_rows(tokens[:, :width], br)  # [n * br, W]
     f_hid, parent = root_hidden.expand(-1, width, -1), None  # [n * br, W, D]: the parents' predicted features
     most = max(widths[1:], default=0)
     # [L, n, W, W]: every level's padding children at once (a row past its depth, a frontier node or child past k_i)
@@ -113,18 +131,13 @@ def grow(forward: Forward, logprobs: LogProbs, root_hidden: torch.Tensor, ints: 
     recorded = widths[0]
     for level in range(1, len(widths)):  # 2. one drafter forward per level
         out = forward(f_hid, f_tok, parent, level - 1)  # [n * br, W, D]
-        child = logprobs(out).topk(width, dim=-1)  # [n, W, W] each
+        cand, child = children(out, f_score, width)  # [n, W, W] each: path scores, tokens
         pad = padding[level - 1, :, :width, :width]  # [n, W, W] (a view: a captured plan's widths are all `most`)
-        cand = f_score[:, :, None] + child.values  # [n, W, W]: path scores
-        parts.append((child.indices.flatten(1), f_slot[:, :, None].expand(-1, -1, width).flatten(1),
-                      cand.flatten(1), pad.flatten(1)))
+        parts.append((child.flatten(1), f_slot[:, :, None].expand(-1, -1, width).flatten(1), cand.flatten(1),
+                      pad.flatten(1)))
         nxt = widths[level + 1] if level + 1 < len(widths) else 0
-        if nxt:  # 3. the beam: each row's best k_i children over its whole frontier (padding scores -inf)
-            best = cand.masked_fill(pad, float("-inf")).flatten(1).topk(nxt, dim=-1)  # [n, W']
-            parent = best.indices // width  # [n, W']: frontier position of each new node's parent
-            f_tok = child.indices.flatten(1)[:, None].expand(-1, br, -1).gather(  # each cache row's: one gather
-                2, best.indices[:, None].expand(-1, br, -1)).flatten(0, 1)
-            f_score, f_slot = best.values, recorded + best.indices
+        if nxt:  # 3. the beam: each row's best k_i children over its whole frontier
+            f_score, f_slot, parent, f_tok = beam(cand, child, pad, nxt, br, recorded)
             f_hid = frontier_rows(out, parent, br)
         recorded += width * width
         width = nxt
@@ -134,6 +147,19 @@ def grow(forward: Forward, logprobs: LogProbs, root_hidden: torch.Tensor, ints: 
     if not plan.feed:
         return tokens, parents
     return (tokens, parents) + tree_inputs(tokens, parents, counts, roots, root_pos, len(widths))  # 5.
+
+
+def beam(cand: torch.Tensor, tokens: torch.Tensor, pad: torch.Tensor, nxt: int, branches: int,
+         recorded: int) -> tuple[torch.Tensor, ...]:
+    """Each row's best `nxt` children over its frontier (path scores cand [n, W, W]; `pad`: not real, scores -inf):
+    their path scores, slots (`recorded` + index), parents (frontier positions) [n, nxt], and each cache row's tokens
+    [n * br, nxt]. On CUDA one kernel (`torch.ops.specgen.beam`), else torch's ops."""
+    if kernel_choice.one_pass(cand):
+        return torch.ops.specgen.beam(cand, tokens, pad, nxt, branches, recorded)
+    best = cand.masked_fill(pad, float("-inf")).flatten(1).topk(nxt, dim=-1)  # [n, nxt]
+    f_tok = tokens.flatten(1)[:, None].expand(-1, branches, -1).gather(  # each cache row's: one gather
+        2, best.indices[:, None].expand(-1, branches, -1)).flatten(0, 1)
+    return best.values, recorded + best.indices, best.indices // cand.shape[-1], f_tok
 
 
 def level_positions(root_pos: torch.Tensor, depth: torch.Tensor, levels: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -150,7 +176,7 @@ def kept_counts(k: list[int], depth: list[int], totals: list[int]) -> list[int]:
     return [min(t, ki + max(d - 1, 0) * ki * ki) if d > 0 else 0 for ki, d, t in zip(k, depth, totals)]
 
 
-def static_growth(net, logprobs: LogProbs, cache: tuple[torch.Tensor, torch.Tensor], plan: GrowPlan,
+def static_growth(net, children: Children, cache: tuple[torch.Tensor, torch.Tensor], plan: GrowPlan,
                   branches: int, t: int, root_hidden: torch.Tensor, ints: torch.Tensor, writes: torch.Tensor
                   ) -> tuple[torch.Tensor, ...]:
     """`grow` over an EAGLE drafter's static cache (k, v [1, C + 1, Hkv, T_max, hd], models/graphs.py): what a captured
@@ -181,7 +207,7 @@ def static_growth(net, logprobs: LogProbs, cache: tuple[torch.Tensor, torch.Tens
                          rotation=Rotation(turns.cos[part], turns.sin[part], turns.layout))
         return eagle_step(net, x, *cache, None, t)[0]
 
-    return grow(forward, logprobs, root_hidden, ints, plan, branches, lives)
+    return grow(forward, children, root_hidden, ints, plan, branches, lives)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ WARPS = 4
 GATE_BLOCK = 1024  # elements a program of silu_mul
 PLAN_BLOCK = 128  # slots a step of plan_rows' passes
 PRODUCT_TILE = 64  # rows, columns and K steps of a linear_rows tile (fixed for every weight: the row invariance)
+CHILD_BLOCK = 2048  # vocabulary entries a step of top_children's pass
 
 
 @functools.cache
@@ -155,3 +156,34 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
                                                     HAS_BIAS=bias is not None, BLOCK_M=t, BLOCK_N=t, BLOCK_K=t,
                                                     UPCAST=interpreted(), num_warps=WARPS)
     return out
+
+
+def top_children(logits: torch.Tensor, scores: torch.Tensor | None, branches: int, scale: float,
+                 k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`torch.ops.specgen.top_children` on CUDA: each node's k best children from a drafter head's logits [n * br, S,
+    V] (CFG-guided at `scale` when br is 2): their log-probs plus the node's path score scores [n, S] (None: 0) [n, S,
+    k] float32, and their tokens [n, S, k] int64, best first (triton_kernels.top_children)."""
+    logits = logits if logits.stride(-1) == 1 else logits.contiguous()
+    rows, s, v = logits.shape
+    n = rows // branches
+    values = torch.empty(n, s, k, dtype=torch.float32, device=logits.device)
+    index = torch.empty(n, s, k, dtype=torch.long, device=logits.device)
+    scored = scores is not None
+    kernels().top_children[(n * s,)](logits, scores.contiguous() if scored else values, values, index, s, v, scale,
+                                     logits.stride(0), logits.stride(1), K=k, BLOCK_K=pow2(k), CFG=branches == 2,
+                                     SCORED=scored, BLOCK=min(pow2(v), CHILD_BLOCK), enable_fp_fusion=False)
+    return values, index
+
+
+def beam(cand: torch.Tensor, tokens: torch.Tensor, pad: torch.Tensor, nxt: int, branches: int,
+         recorded: int) -> tuple[torch.Tensor, ...]:
+    """`torch.ops.specgen.beam` on CUDA: each row's best `nxt` of its W x W children (path scores cand [n, W, W],
+    tokens, `pad` for the not-real ones): scores [n, nxt], slots (`recorded` + index), parents (index // W) and each
+    branch row's tokens [n * br, nxt] (triton_kernels.beam_rows)."""
+    n, w, _ = cand.shape
+    on = dict(dtype=torch.long, device=cand.device)
+    score = torch.empty(n, nxt, dtype=cand.dtype, device=cand.device)
+    slot, parent, tok = torch.empty(n, nxt, **on), torch.empty(n, nxt, **on), torch.empty(n * branches, nxt, **on)
+    kernels().beam_rows[(n,)](cand.contiguous(), tokens.contiguous(), pad.contiguous().view(torch.uint8), score, slot,
+                              parent, tok, recorded, W=w, NXT=nxt, BRANCHES=branches, BLOCK=max(16, pow2(w * w)))
+    return score, slot, parent, tok

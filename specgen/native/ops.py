@@ -100,6 +100,16 @@ op("rope_store(Tensor qkv, Tensor cos, Tensor sin, Tensor(a!) k, Tensor(b!) v, T
    "Tensor", lambda qkv, cos, sin, k, v, meta, heads, half: qkv.new_empty(qkv.shape[0], heads, *qkv.shape[2:]),
    "CUDA")(cuda_ops.rope_store)
 op("silu_mul(Tensor a, Tensor b) -> Tensor", like, "CUDA")(cuda_ops.silu_mul)
+# a tree growth's rankings (methods/eagle_grow.py), one pass each: a drafter level's children from its head's logits
+# (CFG, log-softmax, top-k and path scores), and its beam (the best children over a row's frontier)
+op("top_children(Tensor logits, Tensor? scores, int branches, float scale, int k) -> (Tensor, Tensor)",
+   lambda logits, scores, branches, scale, k: tuple(logits.new_empty(logits.shape[0] // branches, logits.shape[1], k,
+                                                                     dtype=d) for d in (torch.float32, torch.long)),
+   "CUDA")(cuda_ops.top_children)
+op("beam(Tensor cand, Tensor tokens, Tensor pad, int nxt, int branches, int recorded) -> (Tensor, Tensor, Tensor, "
+   "Tensor)", lambda cand, tokens, pad, nxt, branches, recorded: (
+       cand.new_empty(cand.shape[0], nxt), *(tokens.new_empty(cand.shape[0] * m, nxt) for m in (1, 1, branches))),
+   "CUDA")(cuda_ops.beam)
 
 
 def tiled_linear(x: torch.Tensor, tiles: torch.Tensor, bias: torch.Tensor | None, out_features: int,

@@ -213,3 +213,105 @@ def plan_rows(SEEN, IDX, COUNT, LEAD, n_q, t, sb, ss, st, ib, is_, BLOCK: tl.con
         start += BLOCK
     tl.store(COUNT + row, seen_total)
     tl.store(LEAD + row, first_hidden)
+
+
+# A tree growth's rankings (methods/eagle_grow.py) order (value, index) pairs by value descending, then index
+# ascending: one int64 key each, larger ranks first: the value's float32 bits made monotone as a signed int32 in
+# the high half, 2^31 - 1 - index in the low (indices < 2^31). A key below every real one: KEY_NONE.
+KEY_NONE = tl.constexpr(-(2**63))
+KEY_ALL = tl.constexpr(2**63 - 1)  # above every key: a lane out of the kept set's minimum
+
+
+@triton.jit
+def rank_key(x, index):
+    bits = x.to(tl.int32, bitcast=True)
+    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # a negative float's magnitude bits flipped: ascending as integers
+    return (ordered.to(tl.int64) << 32) + (0x7FFFFFFF - index.to(tl.int64))
+
+
+@triton.jit
+def key_value(key):
+    ordered = (key >> 32).to(tl.int32)
+    return (ordered ^ ((ordered >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def key_index(key):
+    return 0x7FFFFFFF - (key & 0xFFFFFFFF)
+
+
+# Each node's K best children (EagleBatch.children): one program a node (row i, node s) of a drafter head's logits
+# [n * br, S, V] (rows cond_i, uncond_i under CFG), its guided logits uncond + scale (cond - uncond) rounded as
+# image/target.guided rounds them, in float32 from there. One pass over the vocabulary in BLOCK-wide tiles keeps the
+# softmax's running max and rescaled sum and the K best (logit, token) keys seen so far (a tile's key enters while it
+# beats the worst kept one); then the keys sorted, each a log-prob (x - max) - log(sum), plus the node's path score.
+# Ties rank the lower token first. Not torch's bits (its own sums): a drafter's log-probs only choose what is proposed.
+@triton.jit(do_not_specialize=["n_s", "v", "srow", "ss"])
+def top_children(LOGITS, SCORES, VALUES, INDEX, n_s, v, scale, srow, ss, K: tl.constexpr, BLOCK_K: tl.constexpr,
+                 CFG: tl.constexpr, SCORED: tl.constexpr, BLOCK: tl.constexpr):
+    node = tl.program_id(0)  # i * n_s + s
+    i = node // n_s
+    s = node - i * n_s
+    dtype = LOGITS.dtype.element_ty
+    src = LOGITS + (i * (2 if CFG else 1)).to(tl.int64) * srow + s.to(tl.int64) * ss
+    lanes = tl.arange(0, BLOCK)
+    ks = tl.arange(0, BLOCK_K)
+    best = tl.full([BLOCK_K], KEY_NONE, tl.int64)  # the kept keys (lanes >= K unused)
+    top = tl.max(tl.full([BLOCK], float("-inf"), tl.float32), 0)
+    total = tl.sum(tl.zeros([BLOCK], tl.float32), 0)
+    start = v * 0  # while loops: the interpreter takes no runtime bound in range()
+    while start < v:
+        # 1. a tile of guided logits (past V: -inf)
+        pos = start + lanes
+        real = pos < v
+        x = tl.load(src + pos, mask=real, other=0.0).to(tl.float32)
+        if CFG:
+            u = tl.load(src + srow + pos, mask=real, other=0.0).to(tl.float32)
+            d = rounded(x - u, dtype).to(tl.float32)
+            x = rounded(u + rounded(scale * d, dtype).to(tl.float32), dtype).to(tl.float32)
+        x = tl.where(real, x, float("-inf"))
+        # 2. the softmax's running max and sum
+        new_top = tl.maximum(top, tl.max(x, 0))
+        total = total * tl.exp(top - new_top) + tl.sum(tl.exp(x - new_top), 0)
+        top = new_top
+        # 3. the tile's keys enter the kept set while they beat its worst
+        key = tl.where(real, rank_key(x, pos), KEY_NONE)
+        kept = tl.where(ks < K, best, KEY_ALL)
+        m = tl.max(key, 0)
+        while m > tl.min(kept, 0):
+            best = tl.where(ks == tl.argmin(kept, 0), m, best)
+            key = tl.where(key == m, KEY_NONE, key)
+            kept = tl.where(ks < K, best, KEY_ALL)
+            m = tl.max(key, 0)
+        start += BLOCK
+    # 4. the K keys in rank order, as log-probs plus the path score
+    ranked = tl.sort(tl.where(ks < K, best, KEY_NONE), descending=True)
+    lp = (key_value(ranked) - top) - tl.log(total)
+    if SCORED:
+        lp = tl.load(SCORES + node) + lp
+    out = node.to(tl.int64) * K + ks
+    tl.store(VALUES + out, lp, mask=ks < K)
+    tl.store(INDEX + out, key_index(ranked), mask=ks < K)
+
+
+# A level's beam (methods/eagle_grow.beam): one program a row, its W x W children's path scores CAND (PAD: not a
+# real child, -inf) ranked as `top_children` ranks, the best NXT kept: their scores, slots (`recorded` + index),
+# parents (index // W) and tokens, each branch row's copy of the tokens side by side.
+@triton.jit(do_not_specialize=["recorded"])
+def beam_rows(CAND, TOKENS, PAD, SCORE, SLOT, PARENT, FTOK, recorded, W: tl.constexpr, NXT: tl.constexpr,
+              BRANCHES: tl.constexpr, BLOCK: tl.constexpr):
+    i = tl.program_id(0).to(tl.int64)
+    lanes = tl.arange(0, BLOCK)
+    real = lanes < W * W
+    c = tl.load(CAND + i * W * W + lanes, mask=real, other=0.0)
+    pad = tl.load(PAD + i * W * W + lanes, mask=real, other=1) != 0
+    key = tl.where(real, rank_key(tl.where(pad, float("-inf"), c), lanes), KEY_NONE)
+    ranked = tl.sort(key, descending=True)  # the first NXT lanes are kept
+    index = key_index(ranked)
+    keep = lanes < NXT
+    tl.store(SCORE + i * NXT + lanes, key_value(ranked), mask=keep)
+    tl.store(SLOT + i * NXT + lanes, recorded + index, mask=keep)
+    tl.store(PARENT + i * NXT + lanes, index // W, mask=keep)
+    tok = tl.load(TOKENS + i * W * W + index, mask=keep, other=0)
+    for b in tl.static_range(BRANCHES):
+        tl.store(FTOK + (i * BRANCHES + b) * NXT + lanes, tok, mask=keep)

@@ -239,6 +239,19 @@ fn = cuda_ops.kernels().silu_mul_rows
 for dtype in ("bf16", "fp32"):
     consts = {"BLOCK": cuda_ops.GATE_BLOCK}
     build(fn, {n: "constexpr" if n in consts else "i32" if n == "n" else "*" + dtype for n in fn.arg_names}, consts, 90)
+fn = cuda_ops.kernels().top_children
+for dtype, cfg, scored, archs in (("bf16", True, True, (80, 90)), ("fp32", False, False, (90,))):
+    consts = {"K": 10, "BLOCK_K": 16, "CFG": cfg, "SCORED": scored, "BLOCK": cuda_ops.CHILD_BLOCK}
+    sig = {n: "constexpr" if n in consts else "*" + dtype if n == "LOGITS" else "*i64" if n == "INDEX" else "*fp32"
+           if n.isupper() else "fp32" if n == "scale" else "i32" for n in fn.arg_names}
+    for arch in archs:
+        build(fn, sig, consts, arch)
+fn = cuda_ops.kernels().beam_rows
+consts = {"W": 16, "NXT": 16, "BRANCHES": 2, "BLOCK": 256}
+sig = {n: "constexpr" if n in consts else "*fp32" if n in ("CAND", "SCORE") else "*u8" if n == "PAD" else "*i64"
+       if n.isupper() else "i32" for n in fn.arg_names}
+for arch in (80, 90):
+    build(fn, sig, consts, arch)
 """
 
 
@@ -270,7 +283,7 @@ class Launch:  # records the key under which Triton would look up (or compile) t
 real = cuda_ops.kernels()
 cuda_ops.kernels = lambda: type("K", (), {n: Launch(getattr(real, n)) for n in
                                           ("attend_lists", "norm_rows", "rope_rows", "silu_mul_rows",
-                                           "linear_rows", "plan_rows")})
+                                           "linear_rows", "plan_rows", "top_children", "beam_rows")})
 bf, h, hkv, d = torch.bfloat16, 9, 3, 64
 for b, s, t in ((1, 1, 256), (2, 1, 256), (3, 5, 512), (16, 64, 1024)):  # rows, nodes, width: a decode's steps
     qkv = torch.zeros(b, s, h + 2 * hkv, d, dtype=bf).transpose(1, 2)
@@ -282,16 +295,21 @@ for b, s, t in ((1, 1, 256), (2, 1, 256), (3, 5, 512), (16, 64, 1024)):  # rows,
     x, w = torch.zeros(b, s, 576, dtype=bf), torch.ones(576, dtype=bf)
     cuda_ops.rms_norm(x, w, 1e-5), cuda_ops.add_rms_norm(x, x, w, 1e-5), cuda_ops.silu_mul(x, x)
     cuda_ops.linear(x.reshape(-1, 576), torch.zeros(960, 576, dtype=bf), None)
+    logits = torch.zeros(2 * b, s, 16384, dtype=bf)  # a growth's levels: the root's children, then scored ones
+    cuda_ops.top_children(logits, None, 2, 4.0, 8), cuda_ops.top_children(logits, torch.zeros(b, s), 2, 4.0, 8)
+    cuda_ops.beam(torch.zeros(b, 8, 8), torch.zeros(b, 8, 8, dtype=torch.long), torch.zeros(b, 8, 8, dtype=torch.bool),
+                  8, 2, 8 + 64 * s)
 counts = {n: len(k) for n, k in keys.items()}
 assert counts == {"attend_lists": 1, "norm_rows": 2, "rope_rows": 2, "silu_mul_rows": 1, "linear_rows": 1,
-                  "plan_rows": 1}, (counts, keys)
+                  "plan_rows": 1, "top_children": 2, "beam_rows": 1}, (counts, keys)
 """
 
 
 def test_a_decodes_changing_sizes_reuse_each_kernels_compiled_variant():
     """Triton compiles a kernel per specialization key (an int argument's value 1 or divisibility by 16, a pointer's
     alignment, the constexprs): steps of other rows, nodes and widths must share one key per kernel (the norm's
-    residual add and RoPE's cache store: two), or a decode recompiles as it goes and a capture meets a first compile."""
+    residual add, RoPE's cache store and a growth's unscored root children: two), or a decode recompiles as it goes
+    and a capture meets a first compile."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", VARIANTS], env=env, capture_output=True, text=True,
                           cwd=Path(__file__).parents[2])

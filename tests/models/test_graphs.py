@@ -375,22 +375,21 @@ def test_graphs_on_a_cpu_are_refused_and_auto_is_off():
         graphs.attach(model, "maybe")
 
 
-def fake_growth(dtype: torch.dtype, plan, logprobs=None):
+def fake_growth(dtype: torch.dtype, plan, children=None):
     """An EAGLE drafter's static growth (methods/eagle_grow.py) over fake tensors: 3 CFG sequences, the widest row's
     top-k 5 and depths 0..3, as ADT-Tree's rows differ; a read of a tensor value on the host raises."""
-    from specgen.methods.eagle_grow import static_growth
+    from specgen.methods.eagle_grow import Children, static_growth
     from specgen.models.eagle import EagleNet
 
     model = tiny_image_target(0).to(dtype)
     net = EagleNet.from_target(model).to(dtype).eval()
-    combine = CFGTarget(model, 3.0).combine
-    logprobs = logprobs or (lambda h: combine(model.output(h)).float().log_softmax(-1))
+    children = children or Children(model.output, CFGTarget(model, 3.0).combine, 2, 3.0)
     c = net.cfg
     with FakeTensorMode(allow_non_fake_inputs=True) as mode, torch.inference_mode():
         k = mode.from_tensor(torch.zeros(1, 7, c.n_kv_heads, 64, c.hd, dtype=dtype))
         ints = mode.from_tensor(torch.tensor([[3, 4, 5], [5, 2, 4], [3, 0, 2], [12, 0, 12], [4, 5, 6], [7, 8, 9]]))
         hidden = mode.from_tensor(torch.zeros(6, 1, c.dim, dtype=dtype))
-        return static_growth(net, logprobs, (k, k), plan, 2, 32, hidden, ints,  # 32 of 64 slots
+        return static_growth(net, children, (k, k), plan, 2, 32, hidden, ints,  # 32 of 64 slots
                              mode.from_tensor(torch.arange(6)))
 
 
@@ -407,13 +406,13 @@ def test_a_tree_growth_reads_nothing_on_the_host_and_keeps_the_plan_shape(dtype,
 
 
 def test_a_growth_that_reads_the_host_fails_the_check():
-    """The growth's control: the same harness refuses a level whose log-probs read a value."""
+    """The growth's control: the same harness refuses a level whose ranking reads a value."""
     from specgen.methods.eagle_grow import GrowPlan
 
-    def reads(h):
+    def reads(h, scores, k):
         if h.sum().item() > 0:
             pass
-        return h.float().log_softmax(-1)
+        return h.float().log_softmax(-1).topk(k, dim=-1)
 
     with pytest.raises(Exception, match="[Dd]ata.dependent|item|local_scalar"):
         fake_growth(torch.float32, GrowPlan((8, 8), 12), reads)

@@ -1,0 +1,102 @@
+"""A tree growth's ranking kernels on CUDA (native/cuda_ops.py `top_children`, `beam`): the ranks torch's ops give
+(log-softmax of the CFG-guided logits, top-k, path scores; the beam's top-k over a row's frontier), ties to the lower
+index, and a whole growth through them grows the trees torch's ops grow. On the CPU they run in Triton's
+interpreter; under the `gpu` marker compiled."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from specgen.image.target import CFGTarget, guided
+from specgen.methods import eagle_grow
+from specgen.native import cuda_ops
+from tests.models.test_cuda_ops import device  # noqa: F401 -- the fixture: interpreter on the CPU, compiled on CUDA
+
+pytest.importorskip("triton")
+
+
+def torch_children(logits, scores, branches, scale, k):
+    """What `Children` computes with torch's ops from the head's logits."""
+    top = (guided(logits, scale) if branches == 2 else logits).float().log_softmax(-1).topk(k, dim=-1)
+    return (top.values if scores is None else scores[..., None] + top.values), top.indices
+
+
+@pytest.mark.parametrize("branches,v,k,scored", [(2, 512, 8, True), (1, 5000, 16, False), (2, 37, 5, True)])
+def test_top_children_gives_the_log_softmax_top_k_and_path_scores(device, branches, v, k, scored):
+    """float32 logits (no ties): the same children in the same order, log-probs within float32 rounding (the kernel
+    sums the softmax in its own order); a vocabulary of several tiles (5000 over 2048) and of one short one."""
+    g = torch.Generator().manual_seed(v)
+    logits = (torch.randn(3 * branches, 4, v, generator=g) * 3).to(device)
+    scores = torch.randn(3, 4, generator=g).to(device) if scored else None
+    values, index = cuda_ops.top_children(logits, scores, branches, 4.0, k)
+    want_values, want_index = torch_children(logits, scores, branches, 4.0, k)
+    assert torch.equal(index, want_index)
+    torch.testing.assert_close(values, want_values, rtol=0, atol=2e-6)
+
+
+def test_top_children_ranks_ties_by_the_lower_token_and_guides_bfloat16_as_torch(device):
+    """bfloat16 logits, rounded at each of CFG's three steps as `guided` rounds them: each child's log-prob is the
+    torch one of its token; equal logits rank the lower token first (torch's top-k leaves tie order open)."""
+    g = torch.Generator().manual_seed(1)
+    logits = (torch.randn(4, 3, 3000, generator=g) * 3).to(device, torch.bfloat16)
+    values, index = cuda_ops.top_children(logits, None, 2, 4.0, 6)
+    lp = guided(logits, 4.0).float().log_softmax(-1)
+    torch.testing.assert_close(values, lp.gather(-1, index), rtol=0, atol=2e-6)
+    torch.testing.assert_close(values, lp.topk(6, dim=-1).values, rtol=0, atol=2e-6)
+    flat = torch.zeros(1, 1, 64, device=device)
+    flat[0, 0, [9, 40, 3]] = 1.0
+    assert cuda_ops.top_children(flat, None, 1, 1.0, 4)[1].tolist() == [[[3, 9, 40, 0]]]
+
+
+def test_the_beam_keeps_each_rows_best_children_as_torch_does(device):
+    """The best `nxt` of each row's W x W children (padding never before a real child), their slots, parents and
+    each branch row's tokens: `eagle_grow.beam`'s torch path, bit for bit."""
+    g = torch.Generator().manual_seed(2)
+    cand = torch.randn(3, 8, 8, generator=g).to(device)
+    tokens = torch.randint(0, 500, (3, 8, 8), generator=g).to(device)
+    pad = (torch.rand(3, 8, 8, generator=g) < 0.4).to(device)
+    got = cuda_ops.beam(cand, tokens, pad, 8, 2, 10)
+    want = eagle_grow.beam(cand.cpu(), tokens.cpu(), pad.cpu(), 8, 2, 10)
+    assert all(torch.equal(a.cpu(), b) for a, b in zip(got, want))
+    assert not pad.flatten(1).gather(1, got[1] - 10).any()
+
+
+def growth(kernels: bool, monkeypatch):
+    """A captured-shape growth (3 CFG sequences, top-k 5 / 2 / 4, depths 3 / 0 / 2) of a tiny image model's EAGLE
+    drafter over a random cache, with the ranking kernels or torch's ops."""
+    from specgen.models.eagle import EagleNet
+    from tests.image_fixtures import tiny_image_target
+
+    monkeypatch.setattr(eagle_grow, "kernel_choice", SimpleNamespace(one_pass=lambda x: kernels))
+    if kernels:
+        for name in ("top_children", "beam"):
+            monkeypatch.setattr(torch.ops.specgen, name, getattr(cuda_ops, name))
+    model = tiny_image_target(0)
+    net = EagleNet.from_target(model).eval()
+    children = eagle_grow.Children(model.output, CFGTarget(model, 3.0).combine, 2, 3.0)
+    c, g = net.cfg, torch.Generator().manual_seed(3)
+    k = torch.randn(1, 7, c.n_kv_heads, 64, c.hd, generator=g)
+    ints = torch.tensor([[3, 4, 5], [5, 2, 4], [3, 0, 2], [12, 0, 12], [4, 5, 6], [7, 8, 9]])
+    hidden = torch.randn(6, 1, c.dim, generator=g)
+    with torch.inference_mode():
+        return eagle_grow.static_growth(net, children, (k, k.clone()), eagle_grow.GrowPlan((8, 8, 8), 12), 2, 32,
+                                        hidden, ints, torch.arange(6))
+
+
+def test_a_growth_through_the_ranking_kernels_grows_torchs_trees(monkeypatch):
+    """The whole growth (root children, two levels, the beam between them) with the kernels in the interpreter: the
+    trees and verify inputs torch's ops give; the control (another CFG scale for the kernels) grows other trees."""
+    if not cuda_ops.interpreted():
+        pytest.skip("the CPU's check: the interpreter runs the kernels on CPU tensors")
+    want = growth(False, monkeypatch)
+    got = growth(True, monkeypatch)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    monkeypatch.setattr(cuda_ops, "top_children", lambda logits, scores, br, scale, k: CHILDREN(
+        logits, scores, br, 1.5, k))
+    assert not all(torch.equal(a, b) for a, b in zip(growth(True, monkeypatch), want))
+
+
+CHILDREN = cuda_ops.top_children
