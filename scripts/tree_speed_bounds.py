@@ -26,7 +26,7 @@ import torch
 import specgen.image.generate as gen
 from specgen.image.target import CFGTarget
 from specgen.models import kernel_choice
-from specgen.models.rope import rotation
+from specgen.models.rope import rows_rotation
 from specgen.models.transformer import Block
 from specgen.request import parse_request
 
@@ -67,7 +67,7 @@ class Recorder:
 def block_work(block: Block, rope_table: torch.Tensor, layout: str, rows: int, calls: int = 200) -> float:
     """Seconds of one bare forward of `block` over `rows` positions (best of `calls`)."""
     x = torch.randn(1, rows, block.attention_norm.weight.shape[0])  # [1, r, D]
-    rot = rotation(rope_table[torch.arange(rows)[None]], layout)
+    rot = rows_rotation(rope_table[torch.arange(rows)[None]], layout)
     best = float("inf")
     for _ in range(calls):
         t = time.perf_counter()

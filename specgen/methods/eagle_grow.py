@@ -13,7 +13,7 @@ from specgen.decoding.tree import DraftTree
 from specgen.decoding.verify import VerifyBatch, tree_inputs
 from specgen.models import kernel_choice
 from specgen.models.graphs import NODE_BUCKETS, StaticInputs, eagle_step
-from specgen.models.rope import Rotation, rotation
+from specgen.models.rope import Rotation, rows_rotation
 
 
 @dataclass(frozen=True)
@@ -190,8 +190,8 @@ def static_growth(net, children: Children, cache: tuple[torch.Tensor, torch.Tens
     root_pos, _, depth, _, prefix, _ = ints
     lives, positions = level_positions(root_pos, depth, levels)  # [L, n] each
     at_rows = positions[:, :, None].expand(-1, -1, branches).reshape(levels, rows)  # [L, R]: each cache row's
-    turns = rotation(net.rope_table[at_rows.reshape(-1, 1)].to(net.fc.weight.dtype),  # one node a row: the kernels
-                     net.cfg.rope_layout)  # broadcast it over the level's W nodes; cos, sin [L * R, 1, 1, hd]
+    # one node a row (the kernels broadcast it over the level's W nodes): cos, sin [L * R, 1, 1, hd]
+    turns = rows_rotation(net.rope_table[at_rows.reshape(-1, 1)].to(net.fc.weight.dtype), net.cfg.rope_layout)
     starts = branch_rows(prefix, branches)  # [R]
     first = torch.arange(0, w * levels, w, device=prefix.device)  # [L]: each level's first tree column
     meta = torch.stack([starts + first[:, None], writes.expand(levels, -1)], 1)  # [L, 2, R]

@@ -27,7 +27,7 @@ class EagleNet(nn.Module):
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.fc = nn.Linear(2 * cfg.dim, cfg.dim, bias=True)  # EAGLE: fc(cat(embedding, feature)) with bias
         self.layers = nn.ModuleList([Block(cfg)])
-        self.register_buffer("rope_table", rope_table(cfg), persistent=False)  # [P, hd/2, 2], the target's table
+        self.register_buffer("rope_table", rope_table(cfg), persistent=False)  # [P, 2, hd], the target's table
         # models/graphs.StepGraphs (graphs.attach): the catch-ups and tree growths as CUDA-graph replays (methods/eagle)
         self.graphs = None
 

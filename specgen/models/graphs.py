@@ -21,7 +21,7 @@ from specgen.models.attention import NativePlan, chain_plan, native_plan
 from specgen.models.eagle import EagleNet
 from specgen.models.heads import XSpecMeshHeads, head_logits
 from specgen.models.kernel_choice import attention_path, native_norms
-from specgen.models.rope import Rotation, rotation
+from specgen.models.rope import Rotation, rows_rotation
 from specgen.models.sliced_linear import SLICE_ROWS, SlicedLinear
 from specgen.models.transformer import Transformer, additive_mask
 
@@ -163,7 +163,7 @@ def blocks(module, h: torch.Tensor, x: StaticInputs, k: torch.Tensor, v: torch.T
     cache's first `width` slots (None: all; slots past a row's own add exact zeros, so any width that holds them
     gives the same bits): their output as (x, f), x + f unsummed (f None: x is it), [R, S, dim] each."""
     width = width or k.shape[3]
-    rot = x.rotation or rotation(module.rope_table[x.positions].to(h.dtype), module.cfg.rope_layout)
+    rot = x.rotation or rows_rotation(module.rope_table[x.positions].to(h.dtype), module.cfg.rope_layout)
     mask = listed(x, module.cfg, h.dtype) or step_mask(visibility(x, width), module.cfg, h.dtype)
     cache, r = StaticCache(x, k, v, width), x.tokens.shape[0]
     if cross is None and native_norms(h, module.layers[0].ffn_norm.weight):  # each residual add in the next norm

@@ -90,6 +90,20 @@ def rotation(rot: torch.Tensor, layout: str) -> Rotation:
     return Rotation(torch.stack([cos, cos], -1).flatten(-2), torch.stack([-sin, sin], -1).flatten(-2), layout)
 
 
+def layout_table(table: torch.Tensor, layout: str) -> torch.Tensor:
+    """A (cos, sin) table [P, D/2, 2] as each position's Rotation rows [P, 2, D] (cos, then the signed sin): a
+    forward's rotation is one gather of its positions' rows (`rows_rotation`), with `rotation`'s bits in any dtype
+    (a cast rounds -s to -round(s))."""
+    r = rotation(table[None], layout)  # cos, sin [1, 1, P, D]
+    return torch.stack([r.cos[0, 0], r.sin[0, 0]], 1)
+
+
+def rows_rotation(rows: torch.Tensor, layout: str) -> Rotation:
+    """The Rotation of `layout_table` rows [B, S, 2, D]: cos and sin [B, 1, S, D] as views (one stride set for both,
+    as the CUDA kernels read them)."""
+    return Rotation(rows[:, None, :, 0], rows[:, None, :, 1], layout)
+
+
 def rotate(x: torch.Tensor, r: Rotation) -> torch.Tensor:
     """x [B, H, S, D] rotated: each pair (a, b) -> (a cos - b sin, b cos + a sin), computed as x * cos + partner(x) *
     sin, where partner(x) swaps the two slots of every pair. Bitwise the per-pair formula: b * (-sin) is -(b sin)

@@ -13,7 +13,7 @@ from specgen.errors import ContextOverflowError
 from specgen.models import kernel_choice, native_block
 from specgen.models.attention import PLANS, NativePlan, invariant_attention, native_self_attention, plan
 from specgen.models.kernel_choice import attention_path, native_norms
-from specgen.models.rope import SCALINGS, Rotation, rotation, table_1d, table_2d
+from specgen.models.rope import SCALINGS, Rotation, layout_table, rows_rotation, table_1d, table_2d
 
 
 @dataclass(frozen=True)
@@ -251,12 +251,15 @@ def padded_causal_mask(valid: torch.Tensor) -> torch.Tensor:
 
 
 def rope_table(cfg: TransformerConfig) -> torch.Tensor:
-    """The model's RoPE table [P, hd/2, 2] (float32): 1D over max_seq_len, or LlamaGen 2D. Made on the CPU even in a
-    meta build, whose first meta op would import torch's Python decompositions (seconds at every start)."""
+    """The model's RoPE table as each position's Rotation rows [P, 2, hd] (float32, `rope.layout_table`): 1D over
+    max_seq_len, or LlamaGen 2D. Made on the CPU even in a meta build, whose first meta op would import torch's Python
+    decompositions (seconds at every start)."""
     with torch.device("cpu"):
         if cfg.rope_grid:
-            return table_2d(cfg.rope_grid, cfg.hd, cfg.rope_theta, cfg.n_cond)
-        return table_1d(cfg.max_seq_len, cfg.hd, cfg.rope_theta, cfg.rope_scaling)
+            pairs = table_2d(cfg.rope_grid, cfg.hd, cfg.rope_theta, cfg.n_cond)
+        else:
+            pairs = table_1d(cfg.max_seq_len, cfg.hd, cfg.rope_theta, cfg.rope_scaling)
+        return layout_table(pairs, cfg.rope_layout)
 
 
 class Transformer(nn.Module):
@@ -273,7 +276,7 @@ class Transformer(nn.Module):
             self.cls_embedding = CONDITION_EMBEDDINGS[cfg.cond_kind](cfg)
         if cfg.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
-        self.register_buffer("rope_table", rope_table(cfg), persistent=False)  # [P, hd/2, 2]
+        self.register_buffer("rope_table", rope_table(cfg), persistent=False)  # [P, 2, hd]
         self.graphs = None  # models/graphs.StepGraphs: cached forwards as CUDA-graph replays (graphs.attach)
 
     @property
@@ -345,7 +348,7 @@ def forward_rotation(module, positions: torch.Tensor, dtype: torch.dtype) -> Rot
         torch._assert_async(positions.max() < limit, f"a position is past the RoPE table's {limit}")
     elif (top := int(positions.max())) >= limit:
         raise ContextOverflowError(top, limit)
-    return rotation(module.rope_table[positions].to(dtype), module.cfg.rope_layout)
+    return rows_rotation(module.rope_table[positions].to(dtype), module.cfg.rope_layout)
 
 
 def forward_mask(cfg: TransformerConfig, h: torch.Tensor, cache: KVCache | None, tree_mask, attn_mask) -> tuple:
