@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from specgen.decoding.draft import Draft
 from specgen.decoding.tree import DraftTree
 from specgen.decoding.verify import VerifyBatch, tree_inputs
+from specgen.models import kernel_choice
 from specgen.models.graphs import NODE_BUCKETS, StaticInputs, eagle_step
 from specgen.models.rope import Rotation, rotation
 
@@ -129,6 +130,10 @@ def grow(forward: Forward, logprobs: LogProbs, root_hidden: torch.Tensor, ints: 
         recorded += width * width
         width = nxt
     tokens, parents, scores, padding = (torch.cat(p, 1) for p in zip(*parts))  # [n, N] each
+    if kernel_choice.one_pass(scores):  # 4.-5. as one Triton launch on CUDA: the same bits (native/cuda_ops.py)
+        kept = torch.ops.specgen.kept_tree(scores, padding, tokens, parents, counts, roots, root_pos, plan.total,
+                                           len(widths))
+        return kept if plan.feed else kept[:2]
     ranked = best_nodes(scores, padding, plan.total)  # 4. the kept nodes: a rank prefix
     tokens, parents = in_slot_order(ranked, tokens, parents, counts)
     if not plan.feed:
