@@ -177,8 +177,9 @@ def kept_tree(scores: torch.Tensor, padding: torch.Tensor, tokens: torch.Tensor,
     if not n:  # no row: nothing to launch (a launch needs a program)
         return outs
     block = max(TREE_ROWS, pow2(t + 2))  # the kept lanes, a -1 and a lane above all: fixed while N >= the node budget
+    hops = (1 << levels.bit_length()) - 1  # the ancestors `tree_inputs`' pointer-jumping rounds reach
     kernels().kept_tree_rows[(n,)](scores, padding.contiguous().view(torch.uint8), tokens, parents, counts.contiguous(),
                                    roots.contiguous(), root_pos.contiguous(), *outs[:4], outs[4].view(torch.uint8),
-                                   nodes, t, (1 << levels.bit_length()) - 1, SB=block, CHUNK=max(TREE_CHUNK, block),
+                                   nodes, t, hops, SB=block, CHUNK=max(TREE_CHUNK, block),
                                    ROWS=TREE_ROWS, num_warps=WARPS)
     return outs

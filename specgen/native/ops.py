@@ -102,10 +102,11 @@ op("rope_store(Tensor qkv, Tensor cos, Tensor sin, Tensor(a!) k, Tensor(b!) v, T
 op("silu_mul(Tensor a, Tensor b) -> Tensor", like, "CUDA")(cuda_ops.silu_mul)
 
 
-def kept_tree_shapes(scores: torch.Tensor, *args) -> tuple[torch.Tensor, ...]:
-    """`kept_tree`'s outputs for scores [n, N] and a node budget `total` (args[6]), t = min(total, N): tokens, parents
-    [n, t], the verify's tokens, positions [n, t + 1] (int64) and mask [n, t + 1, t + 1] (bool)."""
-    n, t = scores.shape[0], torch.sym_min(args[6], scores.shape[1])
+def kept_tree_shapes(scores, padding, tokens, parents, counts, roots, root_pos, total, levels
+                     ) -> tuple[torch.Tensor, ...]:
+    """`kept_tree`'s outputs for scores [n, N] and the node budget `total`, t = min(total, N): tokens, parents [n, t],
+    the verify's tokens, positions [n, t + 1] (int64) and mask [n, t + 1, t + 1] (bool)."""
+    n, t = scores.shape[0], torch.sym_min(total, scores.shape[1])
     on = dict(dtype=torch.int64)
     return (scores.new_empty(n, t, **on), scores.new_empty(n, t, **on), scores.new_empty(n, t + 1, **on),
             scores.new_empty(n, t + 1, **on), scores.new_empty(n, t + 1, t + 1, dtype=torch.bool))

@@ -1,8 +1,9 @@
 """The native ops on CUDA (native/cuda_ops.py): the list attention's plan in device ops equals attention.c's, and its
 Triton kernel gives a query the same bits at every width, batch and query count, and a tree node its AR step's bits;
-the norms and RoPE give torch's values and bits; all five inside a model's steps keep verifies equal to AR steps. On
-the CPU the kernels run in Triton's interpreter (the order of every sum, not the GPU's instructions) and compile for
-sm_80/sm_90; the same tests run compiled on a GPU under the `gpu` marker."""
+the norms and RoPE give torch's values and bits; all five inside a model's steps keep verifies equal to AR steps; a
+tree growth's tail (`kept_tree`) gives the torch path's bits. On the CPU the kernels run in Triton's interpreter (the
+order of every sum, not the GPU's instructions) and compile for sm_80/sm_90; the same tests run compiled on a GPU
+under the `gpu` marker."""
 
 from __future__ import annotations
 
@@ -546,8 +547,8 @@ def test_the_tree_kernel_orders_nan_and_signed_zero_as_torchs_sort(device):
     from specgen.decoding.verify import tree_inputs
     from specgen.methods.eagle_grow import best_nodes, in_slot_order
 
-    scores = torch.tensor([[0.0, -0.0, float("nan"), -1.0, 0.0, -0.0, -2.0], [-0.0, 0.0, -1.0, float("nan"), -0.5,
-                                                                               float("-inf"), -0.0]])
+    nan, inf = float("nan"), float("inf")
+    scores = torch.tensor([[0.0, -0.0, nan, -1.0, 0.0, -0.0, -2.0], [-0.0, 0.0, -1.0, nan, -0.5, -inf, -0.0]])
     padding = torch.tensor([[False, False, False, False, True, False, False], [False] * 6 + [True]])
     tokens, parents = torch.arange(14).view(2, 7) + 10, torch.tensor([[-1, -1, 0, 1, 1, 0, 3], [-1, 0, 0, 1, 2, 2, 3]])
     counts, roots, root_pos = torch.tensor([9, 6]), torch.tensor([1, 2]), torch.tensor([5, 9])
