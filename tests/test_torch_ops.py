@@ -39,7 +39,15 @@ def cases(dtype):
            "rope": (qkv.view(b, s, -1, d).transpose(1, 2), cos, sin, True),
            "rope_store": (qkv.view(b, s, -1, d).transpose(1, 2), cos, sin, k.clone(), v.clone(),
                           torch.tensor([[14, 15], [0, 1]]), h, True),  # lengths; cache rows
-           "silu_mul": (x, randn(3, 5, 64, dtype=dtype, seed=12))}
+           "silu_mul": (x, randn(3, 5, 64, dtype=dtype, seed=12)),
+           # logits [n * br, S, V] (CFG pairs), path scores [n, S], branches, scale, k
+           "top_children": (randn(4, 3, 40, dtype=dtype, seed=14), randn(2, 3, seed=15), 2, 4.0, 5),
+           # path scores [n, W, W], tokens, padding, the beam's width, branches, the slots recorded so far
+           "beam": (randn(2, 4, 4, seed=16), torch.arange(32).view(2, 4, 4), randn(2, 4, 4, seed=17) > 0.5, 4, 2, 10),
+           # scores (ties), padding, tokens, parents, counts, roots, root positions, the node budget, the levels
+           "kept_tree": (randn(2, 6, seed=13).round(), torch.tensor([[0, 0, 0, 0, 0, 1], [0] * 6]).bool(),
+                         torch.arange(12).view(2, 6), torch.tensor([[-1, -1, 0, 0, 1, 2], [-1, 0, 0, 1, 1, 2]]),
+                         torch.tensor([4, 6]), torch.tensor([1, 2]), torch.tensor([3, 4]), 5, 3)}
     codes = torch.randint(0, 16, (40, 64), dtype=torch.uint8, generator=torch.Generator().manual_seed(9))
     packed, sz = ops.pack_codes(codes, randn(40, 2, seed=10), randn(40, 2, seed=11))
     got["qmm"] = (x, packed, sz, 4, 32, 40, 1)
@@ -49,7 +57,7 @@ def cases(dtype):
     return got
 
 
-CUDA_ONLY = ("rope", "rope_store", "silu_mul")  # torch's ops elsewhere (kernel_choice.one_pass)
+CUDA_ONLY = ("rope", "rope_store", "silu_mul", "top_children", "beam", "kept_tree")  # torch's ops elsewhere (kernel_choice.one_pass)
 OPS = ("rms_norm", "add_rms_norm", "tiled_linear", "attention_plan", "attend", "rope_write_attend", "qmm", *CUDA_ONLY)
 CUDA_OPS = ("rms_norm", "add_rms_norm", "attention_plan", "attend", *CUDA_ONLY)  # Triton on CUDA (native/cuda_ops.py)
 

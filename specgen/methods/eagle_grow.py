@@ -142,6 +142,10 @@ def grow(forward: Forward, children: Children, root_hidden: torch.Tensor, ints: 
         recorded += width * width
         width = nxt
     tokens, parents, scores, padding = (torch.cat(p, 1) for p in zip(*parts))  # [n, N] each
+    if kernel_choice.one_pass(scores):  # 4.-5. as one Triton launch on CUDA: the same bits (native/cuda_ops.py)
+        kept = torch.ops.specgen.kept_tree(scores, padding, tokens, parents, counts, roots, root_pos, plan.total,
+                                           len(widths))
+        return kept if plan.feed else kept[:2]
     ranked = best_nodes(scores, padding, plan.total)  # 4. the kept nodes: a rank prefix
     tokens, parents = in_slot_order(ranked, tokens, parents, counts)
     if not plan.feed:
@@ -156,6 +160,12 @@ def beam(cand: torch.Tensor, tokens: torch.Tensor, pad: torch.Tensor, nxt: int, 
     [n * br, nxt]. On CUDA one kernel (`torch.ops.specgen.beam`), else torch's ops."""
     if kernel_choice.one_pass(cand):
         return torch.ops.specgen.beam(cand, tokens, pad, nxt, branches, recorded)
+    return best_children(cand, tokens, pad, nxt, branches, recorded)
+
+
+def best_children(cand: torch.Tensor, tokens: torch.Tensor, pad: torch.Tensor, nxt: int, branches: int,
+                  recorded: int) -> tuple[torch.Tensor, ...]:
+    """`beam` in torch's ops."""
     best = cand.masked_fill(pad, float("-inf")).flatten(1).topk(nxt, dim=-1)  # [n, nxt]
     f_tok = tokens.flatten(1)[:, None].expand(-1, branches, -1).gather(  # each cache row's: one gather
         2, best.indices[:, None].expand(-1, branches, -1)).flatten(0, 1)

@@ -1,4 +1,5 @@
-"""The native ops' CUDA implementations: the list attention (`attention_plan`, `attend`), the norms and RoPE."""
+"""The native ops' CUDA implementations: the list attention (`attention_plan`, `attend`), the norms, RoPE and a tree
+growth's tail (`kept_tree`)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ GATE_BLOCK = 1024  # elements a program of silu_mul
 PLAN_BLOCK = 128  # slots a step of plan_rows' passes
 PRODUCT_TILE = 64  # rows, columns and K steps of a linear_rows tile (fixed for every weight: the row invariance)
 CHILD_BLOCK = 2048  # vocabulary entries a step of top_children's pass
+TREE_CHUNK = 512  # nodes a step of kept_tree_rows' selection (N ~1,300 at the widest: three steps)
+TREE_ROWS = 16  # mask rows a step of kept_tree_rows
 
 
 @functools.cache
@@ -187,3 +190,26 @@ def beam(cand: torch.Tensor, tokens: torch.Tensor, pad: torch.Tensor, nxt: int, 
     kernels().beam_rows[(n,)](cand.contiguous(), tokens.contiguous(), pad.contiguous().view(torch.uint8), score, slot,
                               parent, tok, recorded, W=w, NXT=nxt, BRANCHES=branches, BLOCK=max(16, pow2(w * w)))
     return score, slot, parent, tok
+def kept_tree(scores: torch.Tensor, padding: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor,
+              counts: torch.Tensor, roots: torch.Tensor, root_pos: torch.Tensor, total: int,
+              levels: int) -> tuple[torch.Tensor, ...]:
+    """`torch.ops.specgen.kept_tree` on CUDA, one launch (triton_kernels.kept_tree_rows): from every node's scores
+    [n, N] float32, padding [n, N] bool, tokens and parent slots [n, N] int64 (-1: the root), each row's kept count,
+    root token and root position [n] int64, the bits of eagle_grow's `in_slot_order(best_nodes(scores, padding, total),
+    tokens, parents, counts)` -> tokens, parents [n, t] (t = min(total, N)) and `tree_inputs` of them over `levels` ->
+    tokens, positions [n, t + 1] and mask [n, t + 1, t + 1] bool."""
+    scores, tokens, parents = scores.contiguous(), tokens.contiguous(), parents.contiguous()
+    n, nodes = scores.shape
+    t = min(total, nodes)
+    on = dict(dtype=torch.int64, device=scores.device)
+    outs = (torch.empty(n, t, **on), torch.empty(n, t, **on), torch.empty(n, t + 1, **on),
+            torch.empty(n, t + 1, **on), torch.empty(n, t + 1, t + 1, dtype=torch.bool, device=scores.device))
+    if not n:  # no row: nothing to launch (a launch needs a program)
+        return outs
+    block = max(TREE_ROWS, pow2(t + 2))  # the kept lanes, a -1 and a lane above all: fixed while N >= the node budget
+    hops = (1 << levels.bit_length()) - 1  # the ancestors `tree_inputs`' pointer-jumping rounds reach
+    kernels().kept_tree_rows[(n,)](scores, padding.contiguous().view(torch.uint8), tokens, parents, counts.contiguous(),
+                                   roots.contiguous(), root_pos.contiguous(), *outs[:4], outs[4].view(torch.uint8),
+                                   nodes, t, hops, SB=block, CHUNK=max(TREE_CHUNK, block),
+                                   ROWS=TREE_ROWS, num_warps=WARPS)
+    return outs

@@ -112,6 +112,23 @@ op("beam(Tensor cand, Tensor tokens, Tensor pad, int nxt, int branches, int reco
    "CUDA")(cuda_ops.beam)
 
 
+def kept_tree_shapes(scores, padding, tokens, parents, counts, roots, root_pos, total, levels
+                     ) -> tuple[torch.Tensor, ...]:
+    """`kept_tree`'s outputs for scores [n, N] and the node budget `total`, t = min(total, N): tokens, parents [n, t],
+    the verify's tokens, positions [n, t + 1] (int64) and mask [n, t + 1, t + 1] (bool)."""
+    n, t = scores.shape[0], torch.sym_min(total, scores.shape[1])
+    on = dict(dtype=torch.int64)
+    return (scores.new_empty(n, t, **on), scores.new_empty(n, t, **on), scores.new_empty(n, t + 1, **on),
+            scores.new_empty(n, t + 1, **on), scores.new_empty(n, t + 1, t + 1, dtype=torch.bool))
+
+
+# CUDA only (eagle_grow.py's torch functions elsewhere), one Triton program a row: a tree growth's tail, its kept
+# nodes in slot order and its verify's inputs (`best_nodes`, `in_slot_order`, `tree_inputs`)
+op("kept_tree(Tensor scores, Tensor padding, Tensor tokens, Tensor parents, Tensor counts, Tensor roots, "
+   "Tensor root_pos, int total, int levels) -> (Tensor, Tensor, Tensor, Tensor, Tensor)", kept_tree_shapes,
+   "CUDA")(cuda_ops.kept_tree)
+
+
 def tiled_linear(x: torch.Tensor, tiles: torch.Tensor, bias: torch.Tensor | None, out_features: int,
                  threads: int) -> torch.Tensor:
     """float32 x [..., K] @ W^T + b -> [..., N] over `tile(W, b)`, on `threads` threads (torch's count: OpenMP's

@@ -315,3 +315,83 @@ def beam_rows(CAND, TOKENS, PAD, SCORE, SLOT, PARENT, FTOK, recorded, W: tl.cons
     tok = tl.load(TOKENS + i * W * W + index, mask=keep, other=0)
     for b in tl.static_range(BRANCHES):
         tl.store(FTOK + (i * BRANCHES + b) * NXT + lanes, tok, mask=keep)
+# A step's tree growth's tail (methods/eagle_grow.py): one program a tree row, its output the bits of `best_nodes`,
+# `in_slot_order` and `tree_inputs` in sequence. 1. The row's first t ranks (t = min(total, N)) by the key
+# (clamp(-score, max=FLT_MAX), slot), padding's score +inf: the float key as an order-preserving int32 (-0.0 as 0.0,
+# every NaN one NaN above +inf: torch's sort's order), the slot in the low 32 bits, so that every key is distinct and
+# ties keep slot order (the stable sort); merged over the N nodes in chunks of CHUNK, keeping the best SB. 2. The
+# first m = min(count, t) of them, then the last slot t - m times, sorted: in_slot_order's slots, after a -1 in
+# lane 0, which is `tree_inputs`' input order and the array its parents are searched in (one sort: lane q = input q).
+# 3. Each node's parent index by a binary search of that sorted array (searchsorted's count of smaller entries).
+# 4. The mask, ROWS inputs at a time: an input sees the inputs up^h(q) for h < 2^rounds (`hops` + 1 of them), which
+# is what `tree_inputs`' `rounds` pointer-jumping rounds reach; its position the root's plus that count minus one.
+# Lanes past N and past t + 1 hold keys above every real one, so they are never kept or read. Every size (N, t, the
+# hops) is a runtime value and the blocks fixed per node budget: a decode's growths share one compiled variant.
+@triton.jit(do_not_specialize=["COUNTS", "ROOTS", "ROOT_POS", "n_nodes", "t", "hops"])
+def kept_tree_rows(SCORES, PAD, TOKENS, PARENTS, COUNTS, ROOTS, ROOT_POS, TOK_OUT, PAR_OUT, INPUTS, POSITIONS, MASK,
+                   n_nodes, t, hops, SB: tl.constexpr, CHUNK: tl.constexpr, ROWS: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    src = row * n_nodes
+    s = t + 1  # the verify's inputs: the root, then the t nodes
+    top_key = 0x7FFFFFFFFFFFFFFF
+    # 1. the best SB keys (ascending) over the row's nodes, CHUNK at a time
+    best = tl.full([SB], top_key, tl.int64)
+    lanes = tl.arange(0, CHUNK)
+    start = n_nodes * 0  # while loops: Triton's interpreter cannot take a runtime bound in range()
+    while start < n_nodes:
+        slot = start + lanes
+        real = slot < n_nodes
+        key = -tl.load(SCORES + src + slot, mask=real, other=0.0).to(tl.float32)
+        key = tl.where(key > 3.4028234663852886e38, 3.4028234663852886e38, key)  # a NaN stays one
+        key = tl.where(tl.load(PAD + src + slot, mask=real, other=1) != 0, float("inf"), key)
+        bits = tl.where(key == 0.0, 0, key.to(tl.int32, bitcast=True))  # -0.0 ties with 0.0
+        bits = tl.where(key != key, 0x7FC00000, bits)
+        bits = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # float order as int32 order
+        both = (bits.to(tl.int64) << 32) | slot.to(tl.int64)
+        both = tl.where(real, both, top_key)
+        chunk = ~tl.topk(~both, SB)  # the chunk's best SB, ascending
+        best = ~tl.topk(~tl.reshape(tl.join(best, chunk), [2 * SB]), SB)
+        start += CHUNK
+    # 2. lane q: input q's slot (q = 1..t), -1 in lane 0, past t a slot above all
+    q = tl.arange(0, SB)
+    count = tl.load(COUNTS + row)
+    kept_ranks = tl.minimum(tl.maximum(count, 0), t)
+    ranked = best.to(tl.int32)  # the low 32 bits: the slot
+    order = tl.where(q < kept_ranks, ranked, tl.where(q < t, n_nodes - 1, 0x7FFFFFFF))
+    order = tl.sort(tl.where(q == SB - 1, -1, order))  # lane SB - 1 >= t + 1 held a slot above all
+    node = (q >= 1) & (q <= t)
+    at = tl.where(node, order, 0)
+    tokens = tl.load(TOKENS + src + at, mask=node, other=0)
+    parent = tl.minimum(tl.maximum(tl.load(PARENTS + src + at, mask=node, other=-1), -2), n_nodes).to(tl.int32)
+    # 3. how many entries of the sorted lanes are below each parent slot: the parent's input (lanes past t are above)
+    below = tl.zeros([SB], tl.int32)
+    for i in tl.static_range(1, 17):
+        if (SB >> i) > 0:
+            probe = tl.gather(order, below + ((SB >> i) - 1), 0)
+            below = tl.where(probe < parent, below + (SB >> i), below)
+    kept = node & (q <= count)
+    out = row * t + q - 1
+    tl.store(TOK_OUT + out, tokens, mask=node)
+    tl.store(PAR_OUT + out, tl.where(kept, below - 1, -1).to(tl.int64), mask=node)
+    root = tl.load(ROOTS + row)
+    tl.store(INPUTS + row * s + q, tl.where(kept, tokens, root), mask=q < s)
+    up = tl.minimum(tl.where(kept, below, q), SB - 1)  # each input's parent's input (the root and padding: itself)
+    # 4. the mask and positions, ROWS inputs at a time
+    cols = tl.arange(0, SB)
+    root_pos = tl.load(ROOT_POS + row)
+    first = t * 0
+    while first < s:
+        rows = first + tl.arange(0, ROWS)
+        above = rows
+        seen = rows[:, None] == cols[None, :]
+        h = hops * 0
+        while h < hops:
+            above = tl.gather(up, above, 0)
+            seen = seen | (above[:, None] == cols[None, :])
+            h += 1
+        inside = cols[None, :] < s
+        depth = tl.sum((seen & inside).to(tl.int64), 1)
+        tl.store(POSITIONS + row * s + rows, root_pos + depth - 1, mask=rows < s)
+        tl.store(MASK + (row * s + rows[:, None]) * s + cols[None, :], seen.to(tl.uint8),
+                 mask=(rows[:, None] < s) & inside)
+        first += ROWS

@@ -1,8 +1,9 @@
 """The native ops on CUDA (native/cuda_ops.py): the list attention's plan in device ops equals attention.c's, and its
 Triton kernel gives a query the same bits at every width, batch and query count, and a tree node its AR step's bits;
-the norms and RoPE give torch's values and bits; all five inside a model's steps keep verifies equal to AR steps. On
-the CPU the kernels run in Triton's interpreter (the order of every sum, not the GPU's instructions) and compile for
-sm_80/sm_90; the same tests run compiled on a GPU under the `gpu` marker."""
+the norms and RoPE give torch's values and bits; all five inside a model's steps keep verifies equal to AR steps; a
+tree growth's tail (`kept_tree`) gives the torch path's bits. On the CPU the kernels run in Triton's interpreter (the
+order of every sum, not the GPU's instructions) and compile for sm_80/sm_90; the same tests run compiled on a GPU
+under the `gpu` marker."""
 
 from __future__ import annotations
 
@@ -235,6 +236,12 @@ for dtype, bias, k, archs in (("bf16", False, 576, (80, 90)), ("fp16", True, 153
     sig = {n: "constexpr" if n in consts else "i32" if n in ("m", "n") else "*" + dtype for n in fn.arg_names}
     for arch in archs:
         build(fn, sig, consts, arch)
+fn = cuda_ops.kernels().kept_tree_rows
+consts = {"SB": 128, "CHUNK": cuda_ops.TREE_CHUNK, "ROWS": cuda_ops.TREE_ROWS}  # node budgets 63 to 126
+sig = {n: "constexpr" if n in consts else "*fp32" if n == "SCORES" else "*u8" if n in ("PAD", "MASK") else "*i64"
+       if n.isupper() else "i32" for n in fn.arg_names}
+for arch in (80, 90):
+    build(fn, sig, consts, arch)
 fn = cuda_ops.kernels().silu_mul_rows
 for dtype in ("bf16", "fp32"):
     consts = {"BLOCK": cuda_ops.GATE_BLOCK}
@@ -283,7 +290,8 @@ class Launch:  # records the key under which Triton would look up (or compile) t
 real = cuda_ops.kernels()
 cuda_ops.kernels = lambda: type("K", (), {n: Launch(getattr(real, n)) for n in
                                           ("attend_lists", "norm_rows", "rope_rows", "silu_mul_rows",
-                                           "linear_rows", "plan_rows", "top_children", "beam_rows")})
+                                           "linear_rows", "plan_rows", "top_children", "beam_rows",
+                                           "kept_tree_rows")})
 bf, h, hkv, d = torch.bfloat16, 9, 3, 64
 for b, s, t in ((1, 1, 256), (2, 1, 256), (3, 5, 512), (16, 64, 1024)):  # rows, nodes, width: a decode's steps
     qkv = torch.zeros(b, s, h + 2 * hkv, d, dtype=bf).transpose(1, 2)
@@ -299,9 +307,12 @@ for b, s, t in ((1, 1, 256), (2, 1, 256), (3, 5, 512), (16, 64, 1024)):  # rows,
     cuda_ops.top_children(logits, None, 2, 4.0, 8), cuda_ops.top_children(logits, torch.zeros(b, s), 2, 4.0, 8)
     cuda_ops.beam(torch.zeros(b, 8, 8), torch.zeros(b, 8, 8, dtype=torch.long), torch.zeros(b, 8, 8, dtype=torch.bool),
                   8, 2, 8 + 64 * s)
+    nodes, ints = 80 + 16 * s, torch.zeros(6, b, dtype=torch.long)  # a growth's nodes; its rows' ints (views)
+    cuda_ops.kept_tree(torch.zeros(b, nodes), torch.zeros(b, nodes, dtype=torch.bool), torch.zeros(b, nodes,
+                       dtype=torch.long), torch.zeros(b, nodes, dtype=torch.long), ints[3], ints[5], ints[0], 64, s % 7)
 counts = {n: len(k) for n, k in keys.items()}
 assert counts == {"attend_lists": 1, "norm_rows": 2, "rope_rows": 2, "silu_mul_rows": 1, "linear_rows": 1,
-                  "plan_rows": 1, "top_children": 2, "beam_rows": 1}, (counts, keys)
+                  "plan_rows": 1, "top_children": 2, "beam_rows": 1, "kept_tree_rows": 1}, (counts, keys)
 """
 
 
@@ -464,3 +475,105 @@ def test_the_gate_kernel_computes_torchs_silu_times_b_an_element_at_a_time(devic
     got = cuda_ops.silu_mul(a, b)
     torch.testing.assert_close(got, F.silu(a) * b)
     assert torch.equal(cuda_ops.silu_mul(a[2:3, 1:2], b[2:3, 1:2]), got[2:3, 1:2])
+
+
+def grown(device, k, depth, totals, width, vocab, seed, kernel, feed=True):
+    """`grow`'s outputs for rows of top-k k[i], depth[i] (0: no tree) and node budget totals[i], each level `width`
+    wide (a captured plan's), over a random drafter whose log-probs tie (multiples of 1/4, zeros among them) and are
+    -inf at half the vocabulary; through the kernel (`kept_tree`) or eagle_grow's torch functions, and the
+    kernel's inputs (None on the torch path)."""
+    from specgen.methods import eagle_grow
+
+    n, dim = len(k), 8
+    g = torch.Generator().manual_seed(seed)
+    root_pos, roots = torch.randint(0, 50, (n,), generator=g), torch.randint(0, vocab, (n,), generator=g)
+    counts = eagle_grow.kept_counts(k, depth, totals)
+    ints = torch.stack([root_pos, torch.tensor(k), torch.tensor(depth), torch.tensor(counts), root_pos, roots])
+    ints = ints.to(device)
+    plan = eagle_grow.GrowPlan((width,) * max(depth), max(totals), feed)
+    lives = eagle_grow.level_positions(ints[0], ints[2], plan.levels)[0]
+
+    def forward(feats, toks, parent, i):
+        return torch.randn(feats.shape[0], toks.shape[1], dim, generator=g).to(device)
+
+    def children(hidden, scores, k):
+        lp = -torch.randint(0, 6, (*hidden.shape[:2], vocab), generator=g) / 4
+        top = lp.masked_fill(torch.rand(lp.shape, generator=g) < 0.5, float("-inf")).to(device).topk(k, dim=-1)
+        return (top.values if scores is None else scores[..., None] + top.values), top.indices
+
+    seen = []
+
+    def op(*args):
+        seen.append(args)
+        return cuda_ops.kept_tree(*args)
+
+    root_hidden = torch.randn(n, 1, dim, generator=g).to(device)
+    with torch.inference_mode(), pytest.MonkeyPatch.context() as m:
+        m.setattr(kernel_choice, "one_pass", lambda x: kernel)
+        m.setattr(torch.ops.specgen, "kept_tree", op)
+        m.setattr(torch.ops.specgen, "beam", eagle_grow.best_children)  # the beam as torch ranks ties
+        return eagle_grow.grow(forward, children, root_hidden, ints, plan, 1, lives), (seen or [None])[0]
+
+
+TREES = [  # k, depth, totals, width, vocab: rows without a tree, shallower than the plan, budgets above their nodes
+    ([3, 5, 0, 2], [3, 2, 0, 4], [10, 16, 4, 6], 5, 9),
+    ([4, 4, 1], [2, 3, 2], [30, 8, 3], 5, 8),
+    ([16, 11], [6, 5], [64, 40], 16, 24),  # N = 16 + 5 x 16^2 = 1,296 nodes, t = 64
+]
+
+
+@pytest.mark.parametrize("case", range(len(TREES)))
+def test_the_tree_kernel_gives_the_torch_paths_bits(device, case):
+    """One launch for a growth's tail (the kept nodes in slot order and the verify's inputs): every output bitwise
+    the torch path's, over trees grown as `grow` grows them (ties, -inf scores, padding, counts below the budget,
+    rows with no tree)."""
+    want, _ = grown(device, *TREES[case], seed=case, kernel=False)
+    got, args = grown(device, *TREES[case], seed=case, kernel=True)
+    assert args is not None and len(got) == len(want) == 5
+    assert all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(got, want))
+    if case == 0:  # VVS reads the trees only
+        assert all(torch.equal(a, b) for a, b in zip(grown(device, *TREES[0], seed=0, kernel=True, feed=False)[0],
+                                                      want[:2]))
+
+
+def test_the_tree_comparison_can_fail():
+    """Control: the cases hold what the bitwise equality above rests on, and a plausible slip shows: ties at the
+    budget's cut (breaking them against slot order keeps other nodes), kept -inf scores (ranked as padding, other
+    nodes are kept) and trees deeper than one pointer jump (fewer rounds miss ancestors)."""
+    from specgen.decoding.verify import tree_inputs
+    from specgen.methods.eagle_grow import best_nodes, in_slot_order
+
+    want, _ = grown("cpu", *TREES[1], seed=1, kernel=False)
+    with pytest.MonkeyPatch.context() as m:  # the kernel's inputs, recorded without running it
+        m.setattr(cuda_ops, "kept_tree", lambda *args: args)
+        _, args = grown("cpu", *TREES[1], seed=1, kernel=True)
+    scores, padding, tokens, parents, counts, roots, root_pos, total, levels = args
+
+    def reference(scores, padding, levels):
+        kept = in_slot_order(best_nodes(scores, padding, total), tokens, parents, counts)
+        return kept + tree_inputs(*kept, counts, roots, root_pos, levels)
+
+    assert all(torch.equal(a, b) for a, b in zip(reference(scores, padding, levels), want))
+    slot = torch.arange(scores.shape[1])
+    tie_flipped = reference(scores + 1e-6 * slot, padding, levels)  # equal scores: the later slot first
+    inf_as_padding = reference(scores, padding | scores.isinf(), levels)
+    one_round = reference(scores, padding, 1)
+    assert not torch.equal(tie_flipped[0], want[0]) and not torch.equal(inf_as_padding[0], want[0])
+    assert torch.equal(one_round[0], want[0]) and not torch.equal(one_round[4], want[4])
+
+
+def test_the_tree_kernel_orders_nan_and_signed_zero_as_torchs_sort(device):
+    """Scores off a drafter's range: -0.0 ties with 0.0 (slot order), NaN ranks after padding (torch's sort), and a
+    count above the budget keeps t nodes."""
+    from specgen.decoding.verify import tree_inputs
+    from specgen.methods.eagle_grow import best_nodes, in_slot_order
+
+    nan, inf = float("nan"), float("inf")
+    scores = torch.tensor([[0.0, -0.0, nan, -1.0, 0.0, -0.0, -2.0], [-0.0, 0.0, -1.0, nan, -0.5, -inf, -0.0]])
+    padding = torch.tensor([[False, False, False, False, True, False, False], [False] * 6 + [True]])
+    tokens, parents = torch.arange(14).view(2, 7) + 10, torch.tensor([[-1, -1, 0, 1, 1, 0, 3], [-1, 0, 0, 1, 2, 2, 3]])
+    counts, roots, root_pos = torch.tensor([9, 6]), torch.tensor([1, 2]), torch.tensor([5, 9])
+    kept = in_slot_order(best_nodes(scores, padding, 6), tokens, parents, counts)
+    want = kept + tree_inputs(*kept, counts, roots, root_pos, 3)
+    got = cuda_ops.kept_tree(*(x.to(device) for x in (scores, padding, tokens, parents, counts, roots, root_pos)), 6, 3)
+    assert all(torch.equal(a.cpu(), b) for a, b in zip(got, want))

@@ -1,7 +1,7 @@
 """A tree growth's ranking kernels on CUDA (native/cuda_ops.py `top_children`, `beam`): the ranks torch's ops give
 (log-softmax of the CFG-guided logits, top-k, path scores; the beam's top-k over a row's frontier), ties to the lower
-index, and a whole growth through them grows the trees torch's ops grow. On the CPU they run in Triton's
-interpreter; under the `gpu` marker compiled."""
+index, and a whole growth through them and `kept_tree` grows the trees torch's ops grow. On the CPU they run in
+Triton's interpreter; under the `gpu` marker compiled."""
 
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ def growth(kernels: bool, monkeypatch):
 
     monkeypatch.setattr(eagle_grow, "kernel_choice", SimpleNamespace(one_pass=lambda x: kernels))
     if kernels:
-        for name in ("top_children", "beam"):
+        for name in ("top_children", "beam", "kept_tree"):
             monkeypatch.setattr(torch.ops.specgen, name, getattr(cuda_ops, name))
     model = tiny_image_target(0)
     net = EagleNet.from_target(model).eval()
@@ -87,8 +87,9 @@ def growth(kernels: bool, monkeypatch):
 
 
 def test_a_growth_through_the_ranking_kernels_grows_torchs_trees(monkeypatch):
-    """The whole growth (root children, two levels, the beam between them) with the kernels in the interpreter: the
-    trees and verify inputs torch's ops give; the control (another CFG scale for the kernels) grows other trees."""
+    """The whole growth (root children, two levels, the beam between them, the kept nodes and verify inputs) with the
+    kernels in the interpreter: the trees and verify inputs torch's ops give; the control (another CFG scale for the
+    kernels) grows other trees."""
     if not cuda_ops.interpreted():
         pytest.skip("the CPU's check: the interpreter runs the kernels on CPU tensors")
     want = growth(False, monkeypatch)
