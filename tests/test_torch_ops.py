@@ -44,6 +44,9 @@ def cases(dtype):
            "top_children": (randn(4, 3, 40, dtype=dtype, seed=14), randn(2, 3, seed=15), 2, 4.0, 5),
            # path scores [n, W, W], tokens, padding, the beam's width, branches, the slots recorded so far
            "beam": (randn(2, 4, 4, seed=16), torch.arange(32).view(2, 4, 4), randn(2, 4, 4, seed=17) > 0.5, 4, 2, 10),
+           # ints [6, n] (root positions, top-k, depths, counts, prefixes, roots), write rows, levels, width, br, T
+           "growth_setup": (torch.tensor([[3, 4], [2, 3], [3, 0], [6, 0], [4, 5], [7, 8]]), torch.arange(4), 2, 4, 2,
+                            16),
            # scores (ties), padding, tokens, parents, counts, roots, root positions, the node budget, the levels
            "kept_tree": (randn(2, 6, seed=13).round(), torch.tensor([[0, 0, 0, 0, 0, 1], [0] * 6]).bool(),
                          torch.arange(12).view(2, 6), torch.tensor([[-1, -1, 0, 0, 1, 2], [-1, 0, 0, 1, 1, 2]]),
@@ -57,7 +60,7 @@ def cases(dtype):
     return got
 
 
-CUDA_ONLY = ("rope", "rope_store", "silu_mul", "top_children", "beam", "kept_tree")  # torch's ops elsewhere (kernel_choice.one_pass)
+CUDA_ONLY = ("rope", "rope_store", "silu_mul", "top_children", "beam", "kept_tree", "growth_setup")  # torch's ops elsewhere (kernel_choice.one_pass)
 OPS = ("rms_norm", "add_rms_norm", "tiled_linear", "attention_plan", "attend", "rope_write_attend", "qmm", *CUDA_ONLY)
 CUDA_OPS = ("rms_norm", "add_rms_norm", "attention_plan", "attend", *CUDA_ONLY)  # Triton on CUDA (native/cuda_ops.py)
 

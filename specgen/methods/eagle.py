@@ -19,8 +19,9 @@ from specgen.decoding.target import Target, TargetOut
 from specgen.decoding.tree import DraftTree
 from specgen.decoding.verify import Span, forward_span, host_batch
 from specgen.devices import host_tensor, mark, wait_for
-from specgen.methods.eagle_grow import (Children, GrownTrees, GrowPlan, TreeShape, branch_rows, grow, kept_counts,
-                                        level_mask, level_positions, slot_offsets, static_growth, tree_columns)
+from specgen.methods.eagle_grow import (Children, Frame, GrownTrees, GrowPlan, TreeShape, branch_rows, grow,
+                                        kept_counts, level_mask, level_positions, slot_offsets, static_growth,
+                                        tree_columns)
 from specgen.models.graphs import ROW_BUCKETS
 
 
@@ -189,7 +190,8 @@ class EagleBatch(PoolBase):
             out = self.net(feats, toks, pos, view, attn_mask=branch_rows(mask, br).unsqueeze(1))
             view.lengths = [length + toks.shape[1] for length in view.lengths]
             return out
-        return grow(forward, self.children, root_hidden, ints_t, plan, br, levels[0])
+        frame = Frame.make(ints_t[1], levels[0], plan.widths)
+        return grow(forward, self.children, root_hidden, ints_t, plan, br, frame)
 
     def grow_captured(self, view, root_hidden: torch.Tensor, ints: list[list[int]], shapes: list[TreeShape],
                       feed: bool):

@@ -106,33 +106,28 @@ class GrowPlan:
 
 
 def grow(forward: Forward, children: Children, root_hidden: torch.Tensor, ints: torch.Tensor, plan: GrowPlan,
-         branches: int, lives: torch.Tensor) -> tuple[torch.Tensor, ...]:
+         branches: int, frame: Frame) -> tuple[torch.Tensor, ...]:
     """Each row's tree (slot order, parents as indices: `in_slot_order`) and, where the plan feeds, the verify's inputs
     for it (`tree_inputs`).
 
     `root_hidden` [n * br, 1, D]: the drafter's output at each root; `ints` [6, n]: the root token's position, the
-    row's top-k (0: no tree), depth, kept nodes (`kept_counts`), drafter prefix and root token; `lives` [L, n]: whether
-    each row grows at each level (`level_positions`, whose positions the forward reads). Device ops only; shapes
-    depend only on the plan, the branches and the inputs' shapes.
+    row's top-k (0: no tree), depth, kept nodes (`kept_counts`), drafter prefix and root token; `frame`: which nodes
+    are padding (from the same ints). Device ops only; shapes depend only on the plan, the branches and the inputs'
+    shapes.
     """
-    root_pos, k, _, counts, _, roots = ints
-    n, br, device, widths = k.shape[0], branches, root_hidden.device, plan.widths
+    root_pos, _, _, counts, _, roots = ints
+    br, widths = branches, plan.widths
     values, tokens = (x[:, 0] for x in children(root_hidden, None, widths[0]))  # 1. [n, w0]: the root's children
-    slots = torch.arange(widths[0], device=device)
-    above = slots >= k[:, None]  # [n, w0]: child rank / frontier position j >= k_i (every level is at most w0 wide)
-    parts = [(tokens, torch.full_like(tokens, -1), values, above)]
+    parts = [(tokens, frame.roots, values, frame.above)]
     width = widths[1] if len(widths) > 1 else 0  # W_1: the frontier of level 1 is the best W_1 root children
-    f_score, f_slot = values[:, :width], slots[:width].expand(n, -1)  # [n, W]
+    f_score, f_slot = values[:, :width], frame.slots[:, :width]  # [n, W]
     f_tok = branch_rows(tokens[:, :width], br)  # [n * br, W]
     f_hid, parent = root_hidden.expand(-1, width, -1), None  # [n * br, W, D]: the parents' predicted features
-    most = max(widths[1:], default=0)
-    # [L, n, W, W]: every level's padding children at once (a row past its depth, a frontier node or child past k_i)
-    padding = ~lives[:, :, None, None] | above[:, None, :most] | above[:, :most, None]
     recorded = widths[0]
     for level in range(1, len(widths)):  # 2. one drafter forward per level
         out = forward(f_hid, f_tok, parent, level - 1)  # [n * br, W, D]
         cand, child = children(out, f_score, width)  # [n, W, W] each: path scores, tokens
-        pad = padding[level - 1, :, :width, :width]  # [n, W, W] (a view: a captured plan's widths are all `most`)
+        pad = frame.padding[level - 1, :, :width, :width]  # [n, W, W] (a view: a captured plan's are all W wide)
         parts.append((child.flatten(1), f_slot[:, :, None].expand(-1, -1, width).flatten(1), cand.flatten(1),
                       pad.flatten(1)))
         nxt = widths[level + 1] if level + 1 < len(widths) else 0
@@ -172,6 +167,27 @@ def best_children(cand: torch.Tensor, tokens: torch.Tensor, pad: torch.Tensor, n
     return best.values, recorded + best.indices, best.indices // cand.shape[-1], f_tok
 
 
+@dataclass(frozen=True)
+class Frame:
+    """Which nodes of a growth are padding, and its root children's slots and parent: from the host-known ints, before
+    its first forward."""
+
+    above: torch.Tensor  # [n, w0] bool: child rank / frontier position j >= k_i (every level is at most w0 wide)
+    padding: torch.Tensor  # [L, n, W, W] bool: each level's padding children (a row past its depth, a node past k_i)
+    slots: torch.Tensor  # [n, w0] int64: the root children's slots 0 .. w0 - 1
+    roots: torch.Tensor  # [n, w0] int64: -1, the root children's parent
+
+    @classmethod
+    def make(cls, k: torch.Tensor, lives: torch.Tensor, widths: tuple[int, ...]) -> Frame:
+        """From each row's top-k k [n] and whether it grows at each level (`level_positions`' lives [L, n])."""
+        slots = torch.arange(widths[0], device=k.device)
+        above = slots >= k[:, None]
+        most = max(widths[1:], default=widths[0])  # (a growth of the root's children alone reads none)
+        padding = ~lives[:, :, None, None] | above[:, None, :most] | above[:, :most, None]  # every level at once
+        n = k.shape[0]
+        return cls(above, padding, slots.expand(n, -1), torch.full_like(slots, -1).expand(n, -1))
+
+
 def level_positions(root_pos: torch.Tensor, depth: torch.Tensor, levels: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Levels 1..`levels` (at least 1) of rows rooted at root_pos [n] with depths [n]: whether each row still grows
     there, and its nodes' position there (a row past its depth stays at its root's): [L, n] each."""
@@ -195,17 +211,11 @@ def static_growth(net, children: Children, cache: tuple[torch.Tensor, torch.Tens
     levels' slots). What depends only on the level (its nodes' rotation, cache offsets and tree columns) is made
     for every level at once: a captured plan has one width (`GrowPlan.bucketed`), so level i's W nodes go to slots
     prefix + W i and its tree columns are R = W (i + 1)."""
-    (w,) = set(plan.widths)
-    levels, rows = plan.levels, writes.shape[0]
-    root_pos, _, depth, _, prefix, _ = ints
-    lives, positions = level_positions(root_pos, depth, levels)  # [L, n] each
-    at_rows = positions[:, :, None].expand(-1, -1, branches).reshape(levels, rows)  # [L, R]: each cache row's
+    rows = writes.shape[0]
+    setup = GrowthSetup.make(ints, writes, plan, branches, t, kernel_choice.one_pass(root_hidden))
+    at_rows, meta, lists = setup.at_rows, setup.meta, setup.lists
     # one node a row (the kernels broadcast it over the level's W nodes): cos, sin [L * R, 1, 1, hd]
     turns = rows_rotation(net.rope_table[at_rows.reshape(-1, 1)].to(net.fc.weight.dtype), net.cfg.rope_layout)
-    starts = branch_rows(prefix, branches)  # [R]
-    first = torch.arange(0, w * levels, w, device=prefix.device)  # [L]: each level's first tree column
-    meta = torch.stack([starts + first[:, None], writes.expand(levels, -1)], 1)  # [L, 2, R]
-    lists = LevelLists.make(meta[:, 0], w, t)
     seen = None  # [R, W, T]: the last level's lists
 
     def forward(feats, toks, parent, i):
@@ -217,7 +227,37 @@ def static_growth(net, children: Children, cache: tuple[torch.Tensor, torch.Tens
                          rotation=Rotation(turns.cos[part], turns.sin[part], turns.layout))
         return eagle_step(net, x, *cache, None, t)[0]
 
-    return grow(forward, children, root_hidden, ints, plan, branches, lives)
+    return grow(forward, children, root_hidden, ints, plan, branches, setup.frame)
+
+
+@dataclass(frozen=True)
+class GrowthSetup:
+    """A captured growth's constants, all from the host-known ints (one width W, `GrowPlan.bucketed`): its frame, each
+    cache row's node position and cache meta at each level, and the levels' attention lists."""
+
+    frame: Frame
+    at_rows: torch.Tensor  # [L, R]: each cache row's node position (its sequence's)
+    meta: torch.Tensor  # [L, 2, R]: each level's first slot prefix + W i and write row (StaticInputs.meta)
+    lists: LevelLists
+
+    @classmethod
+    def make(cls, ints: torch.Tensor, writes: torch.Tensor, plan: GrowPlan, branches: int, t: int,
+             fused: bool) -> GrowthSetup:
+        """From `ints` [6, n] (`grow`'s) and each cache row's write row [R]; `fused`: as one kernel (CUDA's
+        `growth_setup`), else torch's ops."""
+        (w,) = set(plan.widths)
+        levels, rows = plan.levels, writes.shape[0]
+        if fused:
+            above, padding, slots, roots, at_rows, meta, own, count, tail, shared, entries = \
+                torch.ops.specgen.growth_setup(ints, writes, levels, w, branches, t)
+            return cls(Frame(above, padding, slots, roots), at_rows, meta,
+                       LevelLists(entries, own[..., None], tail[:, :, None], count, shared))
+        root_pos, k, depth, _, prefix, _ = ints
+        lives, positions = level_positions(root_pos, depth, levels)  # [L, n] each
+        at_rows = positions[:, :, None].expand(-1, -1, branches).reshape(levels, rows)
+        first = torch.arange(0, w * levels, w, device=prefix.device)  # [L]: each level's first tree column
+        meta = torch.stack([branch_rows(prefix, branches) + first[:, None], writes.expand(levels, -1)], 1)
+        return cls(Frame.make(k, lives, plan.widths), at_rows, meta, LevelLists.make(meta[:, 0], w, t))
 
 
 @dataclass(frozen=True)

@@ -213,3 +213,26 @@ def kept_tree(scores: torch.Tensor, padding: torch.Tensor, tokens: torch.Tensor,
                                    nodes, t, hops, SB=block, CHUNK=max(TREE_CHUNK, block),
                                    ROWS=TREE_ROWS, num_warps=WARPS)
     return outs
+
+
+def setup_shapes(n: int, rows: int, levels: int, width: int, t: int) -> tuple[tuple[tuple[int, ...], torch.dtype], ...]:
+    """`growth_setup`'s outputs (shape, dtype) for n sequences of `rows` cache rows, `levels` levels of `width` nodes
+    and T = `t` slots: above, padding, root slots, root parents; positions, meta; own slots, counts, tail, shared run,
+    slots (eagle_grow.GrowthSetup)."""
+    i64, i32, b = torch.int64, torch.int32, torch.bool
+    return (((n, width), b), ((levels, n, width, width), b), ((n, width), i64), ((n, width), i64),
+            ((levels, rows), i64), ((levels, 2, rows), i64), ((levels, rows, width), i32),
+            ((levels, rows, width), i32), ((levels, rows, t), b), ((rows,), i32), ((t,), i32))
+
+
+def growth_setup(ints: torch.Tensor, writes: torch.Tensor, levels: int, width: int, branches: int,
+                 t: int) -> tuple[torch.Tensor, ...]:
+    """`torch.ops.specgen.growth_setup` on CUDA, one launch (triton_kernels.setup_rows): a captured growth's constants
+    from its ints [6, n] and each cache row's write row [n * br] (`setup_shapes`)."""
+    n, rows = ints.shape[1], writes.shape[0]
+    outs = tuple(torch.empty(shape, dtype=dtype, device=ints.device)
+                 for shape, dtype in setup_shapes(n, rows, levels, width, t))
+    args = (x.view(torch.uint8) if x.dtype == torch.bool else x for x in outs)
+    kernels().setup_rows[(levels, rows)](ints.contiguous(), writes.contiguous(), *args, n, t, W=width,
+                                         BRANCHES=branches, BLOCK_W=pow2(width), BLOCK=PLAN_BLOCK)
+    return outs

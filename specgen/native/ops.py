@@ -129,6 +129,16 @@ op("kept_tree(Tensor scores, Tensor padding, Tensor tokens, Tensor parents, Tens
    "CUDA")(cuda_ops.kept_tree)
 
 
+# CUDA only (eagle_grow.GrowthSetup's torch ops elsewhere), one Triton program a level and cache row: a captured
+# growth's constants from the host-known ints
+op("growth_setup(Tensor ints, Tensor writes, int levels, int width, int branches, int t) -> (Tensor, Tensor, Tensor, "
+   "Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
+   lambda ints, writes, levels, width, branches, t: tuple(ints.new_empty(shape, dtype=dtype) for shape, dtype in
+                                                          cuda_ops.setup_shapes(ints.shape[1], writes.shape[0], levels,
+                                                                                width, t)),
+   "CUDA")(cuda_ops.growth_setup)
+
+
 def tiled_linear(x: torch.Tensor, tiles: torch.Tensor, bias: torch.Tensor | None, out_features: int,
                  threads: int) -> torch.Tensor:
     """float32 x [..., K] @ W^T + b -> [..., N] over `tile(W, b)`, on `threads` threads (torch's count: OpenMP's

@@ -395,3 +395,53 @@ def kept_tree_rows(SCORES, PAD, TOKENS, PARENTS, COUNTS, ROOTS, ROOT_POS, TOK_OU
         tl.store(MASK + (row * s + rows[:, None]) * s + cols[None, :], seen.to(tl.uint8),
                  mask=(rows[:, None] < s) & inside)
         first += ROWS
+
+
+# A captured growth's constants (methods/eagle_grow.GrowthSetup), all from the host-known ints [6, n] (root position,
+# top-k, depth, kept count, drafter prefix, root token) and each cache row's write row WRITES [R] (R = n * BRANCHES):
+# one program a (level l, cache row r = i * BRANCHES + b) writes that row's level-l RoPE position (root position +
+# l + 1 while the row grows there), cache meta (first slot prefix + W l, write row), attention lists' own slots, count
+# and tail (entries p >= prefix + l), and sequence i's level-l padding children (branch 0); level 0 also the row's
+# shared run (its prefix), sequence i's root-children masks (branch 0), and program (0, 0) the lists' slots 0..T-1.
+@triton.jit(do_not_specialize=["n", "t"])
+def setup_rows(INTS, WRITES, ABOVE, PADDING, SLOTS, ROOTS, AT, META, OWN, COUNT, TAIL, SHARED, LIST, n, t,
+               W: tl.constexpr, BRANCHES: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK: tl.constexpr):
+    level = tl.program_id(0)
+    r = tl.program_id(1)
+    rows = n * BRANCHES
+    i = r // BRANCHES
+    root_pos = tl.load(INTS + i)
+    k = tl.load(INTS + n + i)
+    depth = tl.load(INTS + 2 * n + i)
+    prefix = tl.load(INTS + 4 * n + i)
+    live = depth > level + 1
+    at = level * rows + r
+    # 1. the row's level: RoPE position, cache meta [L, 2, R], own slots and count [L, R, W] (int32)
+    tl.store(AT + at, root_pos + (level + 1) * live.to(tl.int64))
+    tl.store(META + (2 * level) * rows + r, prefix + W * level)
+    tl.store(META + (2 * level + 1) * rows + r, tl.load(WRITES + r))
+    j = tl.arange(0, BLOCK_W)
+    real = j < W
+    tl.store(OWN + at * W + j, (prefix + W * level + j).to(tl.int32), mask=real)
+    tl.store(COUNT + at * W + j, tl.zeros([BLOCK_W], tl.int32) + (prefix + level + 1).to(tl.int32), mask=real)
+    # 2. its lists' tail over the T slots: entries p >= prefix + l
+    lanes = tl.arange(0, BLOCK)
+    start = t * 0  # while loops: the interpreter takes no runtime bound in range()
+    while start < t:
+        p = start + lanes
+        tl.store(TAIL + at.to(tl.int64) * t + p, (p >= prefix + level).to(tl.uint8), mask=p < t)
+        if level + r == 0:
+            tl.store(LIST + p, p, mask=p < t)
+        start += BLOCK
+    # 3. the sequence's padding children [L, n, W, W] at this level; level 0: its root children's masks [n, W]
+    if r % BRANCHES == 0:
+        a = tl.arange(0, BLOCK_W)[:, None]
+        c = tl.arange(0, BLOCK_W)[None, :]
+        pad = (depth <= level + 1) | (a >= k) | (c >= k)
+        tl.store(PADDING + ((level * n + i) * W + a) * W + c, pad.to(tl.uint8), mask=(a < W) & (c < W))
+        if level == 0:
+            tl.store(ABOVE + i * W + j, (j >= k).to(tl.uint8), mask=real)
+            tl.store(SLOTS + i * W + j, j.to(tl.int64), mask=real)
+            tl.store(ROOTS + i * W + j, tl.full([BLOCK_W], -1, tl.int64), mask=real)
+    if level == 0:
+        tl.store(SHARED + r, prefix.to(tl.int32))

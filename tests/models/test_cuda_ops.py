@@ -259,6 +259,12 @@ sig = {n: "constexpr" if n in consts else "*fp32" if n in ("CAND", "SCORE") else
        if n.isupper() else "i32" for n in fn.arg_names}
 for arch in (80, 90):
     build(fn, sig, consts, arch)
+fn = cuda_ops.kernels().setup_rows
+consts = {"W": 16, "BRANCHES": 2, "BLOCK_W": 16, "BLOCK": cuda_ops.PLAN_BLOCK}
+sig = {n: "constexpr" if n in consts else "*i32" if n in ("OWN", "COUNT", "SHARED", "LIST") else "*u8"
+       if n in ("ABOVE", "PADDING", "TAIL") else "*i64" if n.isupper() else "i32" for n in fn.arg_names}
+for arch in (80, 90):
+    build(fn, sig, consts, arch)
 """
 
 
@@ -291,7 +297,7 @@ real = cuda_ops.kernels()
 cuda_ops.kernels = lambda: type("K", (), {n: Launch(getattr(real, n)) for n in
                                           ("attend_lists", "norm_rows", "rope_rows", "silu_mul_rows",
                                            "linear_rows", "plan_rows", "top_children", "beam_rows",
-                                           "kept_tree_rows")})
+                                           "kept_tree_rows", "setup_rows")})
 bf, h, hkv, d = torch.bfloat16, 9, 3, 64
 for b, s, t in ((1, 1, 256), (2, 1, 256), (3, 5, 512), (16, 64, 1024)):  # rows, nodes, width: a decode's steps
     qkv = torch.zeros(b, s, h + 2 * hkv, d, dtype=bf).transpose(1, 2)
@@ -307,12 +313,14 @@ for b, s, t in ((1, 1, 256), (2, 1, 256), (3, 5, 512), (16, 64, 1024)):  # rows,
     cuda_ops.top_children(logits, None, 2, 4.0, 8), cuda_ops.top_children(logits, torch.zeros(b, s), 2, 4.0, 8)
     cuda_ops.beam(torch.zeros(b, 8, 8), torch.zeros(b, 8, 8, dtype=torch.long), torch.zeros(b, 8, 8, dtype=torch.bool),
                   8, 2, 8 + 64 * s)
+    cuda_ops.growth_setup(torch.zeros(6, b, dtype=torch.long), torch.arange(2 * b), 1 + s % 4, 8, 2, t)
     nodes, ints = 80 + 16 * s, torch.zeros(6, b, dtype=torch.long)  # a growth's nodes; its rows' ints (views)
     cuda_ops.kept_tree(torch.zeros(b, nodes), torch.zeros(b, nodes, dtype=torch.bool), torch.zeros(b, nodes,
                        dtype=torch.long), torch.zeros(b, nodes, dtype=torch.long), ints[3], ints[5], ints[0], 64, s % 7)
 counts = {n: len(k) for n, k in keys.items()}
 assert counts == {"attend_lists": 1, "norm_rows": 2, "rope_rows": 2, "silu_mul_rows": 1, "linear_rows": 1,
-                  "plan_rows": 1, "top_children": 2, "beam_rows": 1, "kept_tree_rows": 1}, (counts, keys)
+                  "plan_rows": 1, "top_children": 2, "beam_rows": 1, "kept_tree_rows": 1,
+                  "setup_rows": 1}, (counts, keys)
 """
 
 
@@ -491,7 +499,7 @@ def grown(device, k, depth, totals, width, vocab, seed, kernel, feed=True):
     ints = torch.stack([root_pos, torch.tensor(k), torch.tensor(depth), torch.tensor(counts), root_pos, roots])
     ints = ints.to(device)
     plan = eagle_grow.GrowPlan((width,) * max(depth), max(totals), feed)
-    lives = eagle_grow.level_positions(ints[0], ints[2], plan.levels)[0]
+    frame = eagle_grow.Frame.make(ints[1], eagle_grow.level_positions(ints[0], ints[2], plan.levels)[0], plan.widths)
 
     def forward(feats, toks, parent, i):
         return torch.randn(feats.shape[0], toks.shape[1], dim, generator=g).to(device)
@@ -512,7 +520,7 @@ def grown(device, k, depth, totals, width, vocab, seed, kernel, feed=True):
         m.setattr(kernel_choice, "one_pass", lambda x: kernel)
         m.setattr(torch.ops.specgen, "kept_tree", op)
         m.setattr(torch.ops.specgen, "beam", eagle_grow.best_children)  # the beam as torch ranks ties
-        return eagle_grow.grow(forward, children, root_hidden, ints, plan, 1, lives), (seen or [None])[0]
+        return eagle_grow.grow(forward, children, root_hidden, ints, plan, 1, frame), (seen or [None])[0]
 
 
 TREES = [  # k, depth, totals, width, vocab: rows without a tree, shallower than the plan, budgets above their nodes

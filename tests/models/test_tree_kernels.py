@@ -1,7 +1,7 @@
-"""A tree growth's ranking kernels on CUDA (native/cuda_ops.py `top_children`, `beam`): the ranks torch's ops give
-(log-softmax of the CFG-guided logits, top-k, path scores; the beam's top-k over a row's frontier), ties to the lower
-index, and a whole growth through them and `kept_tree` grows the trees torch's ops grow. On the CPU they run in
-Triton's interpreter; under the `gpu` marker compiled."""
+"""A tree growth's kernels on CUDA (native/cuda_ops.py): its constants (`growth_setup`) are torch's, bit for bit; its
+rankings (`top_children`, `beam`) the ranks torch's ops give (log-softmax of the CFG-guided logits, top-k, path
+scores; the beam's top-k over a row's frontier), ties to the lower index; and a whole growth through them and
+`kept_tree` grows the trees torch's ops grow. On the CPU they run in Triton's interpreter; under `gpu` compiled."""
 
 from __future__ import annotations
 
@@ -64,6 +64,31 @@ def test_the_beam_keeps_each_rows_best_children_as_torch_does(device):
     assert not pad.flatten(1).gather(1, got[1] - 10).any()
 
 
+SETUPS = [  # ints [6, n] (root positions, top-k, depths, counts, prefixes, roots), plan widths, branches, T
+    ([[3, 4, 5], [5, 2, 4], [3, 0, 2], [12, 0, 12], [4, 5, 6], [7, 8, 9]], (8, 8, 8), 2, 32),
+    ([[0, 9], [1, 16], [1, 5], [1, 60], [200, 3], [1, 2]], (16,) * 5, 1, 300),  # T past a tile; a row of depth 1
+    ([[2], [4], [1], [4], [7], [0]], (4,), 2, 16),  # the root's children alone
+]
+
+
+@pytest.mark.parametrize("case", range(len(SETUPS)))
+def test_the_growth_setup_kernel_gives_torchs_constants(device, case):
+    """Every constant of a captured growth (its frame, positions, meta and attention lists), bit for bit and dtype for
+    dtype, from one launch; the control (another T) differs."""
+    ints, widths, branches, t = SETUPS[case]
+    ints = torch.tensor(ints, device=device)
+    writes = torch.arange(ints.shape[1] * branches, device=device)
+    plan = eagle_grow.GrowPlan(widths, 12)
+    parts = lambda s: (*vars(s.frame).values(), s.at_rows, s.meta, *vars(s.lists).values())  # noqa: E731
+    want = parts(eagle_grow.GrowthSetup.make(ints.cpu(), writes.cpu(), plan, branches, t, False))
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(torch.ops.specgen, "growth_setup", cuda_ops.growth_setup)
+        got = parts(eagle_grow.GrowthSetup.make(ints, writes, plan, branches, t, True))
+        other = parts(eagle_grow.GrowthSetup.make(ints, writes, plan, branches, t + 1, True))
+    assert all(a.dtype == b.dtype and torch.equal(a.cpu(), b) for a, b in zip(got, want, strict=True))
+    assert not all(a.shape == b.shape and torch.equal(a.cpu(), b) for a, b in zip(other, want))
+
+
 def growth(kernels: bool, monkeypatch):
     """A captured-shape growth (3 CFG sequences, top-k 5 / 2 / 4, depths 3 / 0 / 2) of a tiny image model's EAGLE
     drafter over a random cache, with the ranking kernels or torch's ops."""
@@ -72,7 +97,7 @@ def growth(kernels: bool, monkeypatch):
 
     monkeypatch.setattr(eagle_grow, "kernel_choice", SimpleNamespace(one_pass=lambda x: kernels))
     if kernels:
-        for name in ("top_children", "beam", "kept_tree"):
+        for name in ("top_children", "beam", "kept_tree", "growth_setup"):
             monkeypatch.setattr(torch.ops.specgen, name, getattr(cuda_ops, name))
     model = tiny_image_target(0)
     net = EagleNet.from_target(model).eval()
