@@ -40,6 +40,8 @@ def cases(dtype):
            "rope_store": (qkv.view(b, s, -1, d).transpose(1, 2), cos, sin, k.clone(), v.clone(),
                           torch.tensor([[14, 15], [0, 1]]), h, True),  # lengths; cache rows
            "silu_mul": (x, randn(3, 5, 64, dtype=dtype, seed=12)),
+           # a step's committed lengths [R], tree rows [R, S, S], T
+           "step_plan": (torch.tensor([3, 0]), torch.eye(4, dtype=torch.bool).expand(2, 4, 4).contiguous(), 12),
            # logits [n * br, S, V] (CFG pairs), path scores [n, S], branches, scale, k
            "top_children": (randn(4, 3, 40, dtype=dtype, seed=14), randn(2, 3, seed=15), 2, 4.0, 5),
            # path scores [n, W, W], tokens, padding, the beam's width, branches, the slots recorded so far
@@ -60,7 +62,8 @@ def cases(dtype):
     return got
 
 
-CUDA_ONLY = ("rope", "rope_store", "silu_mul", "top_children", "beam", "kept_tree", "growth_setup")  # torch's ops elsewhere (kernel_choice.one_pass)
+CUDA_ONLY = ("rope", "rope_store", "silu_mul", "step_plan", "top_children", "beam", "kept_tree",
+             "growth_setup")  # torch's ops elsewhere (kernel_choice.one_pass)
 OPS = ("rms_norm", "add_rms_norm", "tiled_linear", "attention_plan", "attend", "rope_write_attend", "qmm", *CUDA_ONLY)
 CUDA_OPS = ("rms_norm", "add_rms_norm", "attention_plan", "attend", *CUDA_ONLY)  # Triton on CUDA (native/cuda_ops.py)
 

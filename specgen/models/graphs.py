@@ -157,6 +157,19 @@ def listed(x: StaticInputs, cfg, dtype: torch.dtype) -> NativePlan | None:
     return NativePlan(*x.lists, torch.empty(r, s, cfg.n_heads, cfg.hd, dtype=dtype, device=x.tokens.device))
 
 
+def step_attention(x: StaticInputs, cfg, h: torch.Tensor, t: int):
+    """What a step's blocks attend with over T = `t` slots: a drafter level's lists (`listed`); on CUDA with the
+    Triton kernels the list plan of its `visibility` in one pass, no mask made (`step_plan`: the same lists);
+    else the mask's (`step_mask`)."""
+    if (lists := listed(x, cfg, h.dtype)) is not None:
+        return lists
+    if kernel_choice.one_pass(h) and attention_path(h.dtype, h.device) == "native":
+        r, s = x.tokens.shape
+        idx, count, shared = torch.ops.specgen.step_plan(x.meta[0], x.tree, t)
+        return NativePlan(idx, count, shared, torch.empty(r, s, cfg.n_heads, cfg.hd, dtype=h.dtype, device=h.device))
+    return step_mask(visibility(x, t), cfg, h.dtype)
+
+
 def blocks(module, h: torch.Tensor, x: StaticInputs, k: torch.Tensor, v: torch.Tensor, cross,
            width: int | None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """A Transformer's or EAGLE drafter's blocks on one bucket over its input embeddings h [R, S, dim], reading the
@@ -164,7 +177,7 @@ def blocks(module, h: torch.Tensor, x: StaticInputs, k: torch.Tensor, v: torch.T
     gives the same bits): their output as (x, f), x + f unsummed (f None: x is it), [R, S, dim] each."""
     width = width or k.shape[3]
     rot = x.rotation or rows_rotation(module.rope_table[x.positions].to(h.dtype), module.cfg.rope_layout)
-    mask = listed(x, module.cfg, h.dtype) or step_mask(visibility(x, width), module.cfg, h.dtype)
+    mask = step_attention(x, module.cfg, h, width)
     cache, r = StaticCache(x, k, v, width), x.tokens.shape[0]
     if cross is None and native_norms(h, module.layers[0].ffn_norm.weight):  # each residual add in the next norm
         f = None

@@ -138,13 +138,28 @@ def attention_plan(seen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torc
     idx [B, S, T], count [B, S] and shared [B] (int32) as attention.c's plan of the bool mask seen [B, S, T], in two
     launches (triton_kernels.plan_rows, then the shared run's minimum over queries)."""
     b, s, t = seen.shape
+    return planned(seen, None, b, s, t)
+
+
+def step_plan(lengths: torch.Tensor, tree: torch.Tensor, t: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`torch.ops.specgen.step_plan` on CUDA: `attention_plan` of a step's visibility over T = `t` slots without the
+    mask (models/graphs.visibility: each node sees its row's committed slots, lengths [B], and the pending slots its
+    tree row names, tree [B, S, S] bool), in the same two launches."""
+    b, s, _ = tree.shape
+    return planned(tree, lengths, b, s, t)
+
+
+def planned(seen: torch.Tensor, lengths: torch.Tensor | None, b: int, s: int,
+            t: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """plan_rows over a mask [B, S, T] (lengths None) or a step's tree rows [B, S, S] and lengths [B]."""
     on = dict(dtype=torch.int32, device=seen.device)
     idx, count, lead = torch.empty(b, s, t, **on), torch.empty(b, s, **on), torch.empty(b, s, **on)
     if not b * s:  # no query: nothing to plan (a launch needs a program)
         return idx, count, torch.zeros(b, **on)  # as attention.c: no query shares a run
     mask = seen.view(torch.uint8) if seen.dtype == torch.bool else seen
-    kernels().plan_rows[(b * s,)](mask, idx, count, lead, s, t, *mask.stride(), idx.stride(0), idx.stride(1),
-                                  BLOCK=PLAN_BLOCK)
+    kernels().plan_rows[(b * s,)](mask, mask if lengths is None else lengths.contiguous(), idx, count, lead, s, t,
+                                  *mask.stride(), idx.stride(0), idx.stride(1), BLOCK=PLAN_BLOCK,
+                                  TREE=lengths is not None)
     return idx, count, lead.amin(-1)
 
 

@@ -172,17 +172,32 @@ def linear_rows(X, W, BIAS, OUT, m, n, K: tl.constexpr, HAS_BIAS: tl.constexpr, 
              mask=(rows[:, None] < m) & (cols[None, :] < n))
 
 
+@triton.jit
+def seen_at(src, pos, real, length, n_q, st, TREE: tl.constexpr):
+    # whether slots pos (real: < T) are visible to a query whose mask row starts at src: read from the mask, or with
+    # TREE its step's visibility (models/graphs.visibility), the row's committed slots (pos < length) and the pending
+    # slots its tree row [S] names (slot length + c for tree column c), without a mask made first
+    if TREE:
+        col = pos - length
+        pending = real & (col >= 0) & (col < n_q)
+        return real & ((pos < length) | ((tl.load(src + col * st, mask=pending, other=0) != 0) & pending))
+    return (tl.load(src + pos * st, mask=real, other=0) != 0) & real
+
+
 # The list attention's plan (attention.c's specgen_plan): one program a query (b, s) of the mask seen [B, S, T]
-# (strides sb, ss, st: a mask broadcast over queries is read as it is), its visible slots ascending, then its hidden
-# ones ascending, into IDX[b, s, :]; COUNT[b, s] = how many it sees; LEAD[b, s] = its leading run of visible slots
-# 0, 1, .. (the row's shared run is their minimum). Two passes over T: the count, then every slot at its place.
+# (strides sb, ss, st: a mask broadcast over queries is read as it is; TREE: a step's tree rows [B, S, S] and each
+# row's committed length LENGTHS[b], `seen_at`), its visible slots ascending, then its hidden ones ascending, into
+# IDX[b, s, :]; COUNT[b, s] = how many it sees; LEAD[b, s] = its leading run of visible slots 0, 1, .. (the row's
+# shared run is their minimum). Two passes over T: the count, then every slot at its place.
 @triton.jit(do_not_specialize=["n_q", "t", "sb", "ss", "st", "ib", "is_"])
-def plan_rows(SEEN, IDX, COUNT, LEAD, n_q, t, sb, ss, st, ib, is_, BLOCK: tl.constexpr):
+def plan_rows(SEEN, LENGTHS, IDX, COUNT, LEAD, n_q, t, sb, ss, st, ib, is_, BLOCK: tl.constexpr,
+              TREE: tl.constexpr):
     row = tl.program_id(0)  # b * n_q + s
     b = row // n_q
     s = row - b * n_q
     src = SEEN + b.to(tl.int64) * sb + s.to(tl.int64) * ss
     dst = IDX + b.to(tl.int64) * ib + s.to(tl.int64) * is_
+    length = tl.load(LENGTHS + b) if TREE else 0
     lanes = tl.arange(0, BLOCK)
     # 1. how many slots it sees, and the first it does not
     seen_total = tl.sum(tl.zeros([BLOCK], tl.int32), 0)
@@ -191,7 +206,7 @@ def plan_rows(SEEN, IDX, COUNT, LEAD, n_q, t, sb, ss, st, ib, is_, BLOCK: tl.con
     while start < t:
         pos = start + lanes
         real = pos < t
-        vis = (tl.load(src + pos * st, mask=real, other=0) != 0) & real
+        vis = seen_at(src, pos, real, length, n_q, st, TREE)
         seen_total += tl.sum(vis.to(tl.int32), 0)
         first_hidden = tl.minimum(first_hidden, tl.min(tl.where(real & ~vis, pos, t), 0))
         start += BLOCK
@@ -202,7 +217,7 @@ def plan_rows(SEEN, IDX, COUNT, LEAD, n_q, t, sb, ss, st, ib, is_, BLOCK: tl.con
     while start < t:
         pos = start + lanes
         real = pos < t
-        vis = (tl.load(src + pos * st, mask=real, other=0) != 0) & real
+        vis = seen_at(src, pos, real, length, n_q, st, TREE)
         hid = real & ~vis
         v = vis.to(tl.int32)
         h = hid.to(tl.int32)

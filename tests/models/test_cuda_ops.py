@@ -123,6 +123,24 @@ def test_the_device_plan_equals_the_c_plan():
         assert all(torch.equal(a, b) for a, b in zip(got, torch.ops.specgen.attention_plan(seen.contiguous())))
 
 
+def test_a_steps_plan_is_the_plan_of_its_visibility_without_the_mask(device):
+    """`step_plan` from a step's tree rows and committed lengths: the lists `attention_plan` makes of the step's mask
+    (graphs.visibility), idx, count and shared bit for bit, at lengths 0, mid-tile and near T; the control (another
+    row's length) differs."""
+    from specgen.models import graphs
+
+    g = torch.Generator().manual_seed(3)
+    r, s, t = 3, 5, 300
+    tree = (torch.rand(r, s, s, generator=g) < 0.5) | torch.eye(s, dtype=torch.bool)
+    x = graphs.StaticInputs(torch.zeros(r, s, dtype=torch.long), torch.zeros(r, s, dtype=torch.long),
+                            torch.tensor([[0, 130, 295], [0, 1, 2]]), tree=tree)
+    want = lists(graphs.visibility(x, t)[:, 0].to(device))
+    got = cuda_ops.step_plan(x.meta[0].to(device), tree.to(device), t)
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    other = cuda_ops.step_plan(torch.tensor([0, 131, 295], device=device), tree.to(device), t)
+    assert not all(torch.equal(a, b) for a, b in zip(other, want))
+
+
 def test_cuda_forwards_take_the_lists_when_triton_is_there_and_env_says_which(monkeypatch):
     with torch.inference_mode():
         for dtype in (torch.float32, torch.bfloat16, torch.float16):
@@ -147,7 +165,8 @@ def test_the_kernels_in_a_models_steps_score_chains_and_trees_as_ar_steps(device
     from tests.models.test_graphs import PROMPT, chain_against_steps, tree_against_steps
 
     if device == "cpu":  # route the ops' CPU calls to the CUDA implementations
-        for name in ("attend", "attention_plan", "rms_norm", "add_rms_norm", "rope", "rope_store", "silu_mul"):
+        for name in ("attend", "attention_plan", "step_plan", "rms_norm", "add_rms_norm", "rope", "rope_store",
+                     "silu_mul"):
             monkeypatch.setattr(torch.ops.specgen, name, getattr(cuda_ops, name))
         monkeypatch.setattr(native, "library", lambda name: "triton" if name in ("attention", "glue") else None)
         monkeypatch.setattr(kernel_choice, "one_pass", lambda x: not torch.is_grad_enabled())
@@ -224,11 +243,12 @@ for dtype, half, store in (("bf16", True, True), ("bf16", True, False), ("fp32",
            for n in fn.arg_names}
     build(fn, sig, consts, 90)
 fn = cuda_ops.kernels().plan_rows
-consts = {"BLOCK": cuda_ops.PLAN_BLOCK}
-sig = {n: "constexpr" if n in consts else "*u8" if n == "SEEN" else "*i32" if n.isupper() else "i32"
-       for n in fn.arg_names}
-for arch in (80, 90):
-    build(fn, sig, consts, arch)
+for tree in (False, True):  # a mask's plan; a step's from its tree rows and lengths
+    consts = {"BLOCK": cuda_ops.PLAN_BLOCK, "TREE": tree}
+    sig = {n: "constexpr" if n in consts else "*u8" if n == "SEEN" else "*i64" if n == "LENGTHS" else "*i32"
+           if n.isupper() else "i32" for n in fn.arg_names}
+    for arch in (80, 90):
+        build(fn, sig, consts, arch)
 fn = cuda_ops.kernels().linear_rows
 for dtype, bias, k, archs in (("bf16", False, 576, (80, 90)), ("fp16", True, 1536, (90,))):
     t = cuda_ops.PRODUCT_TILE
@@ -305,6 +325,7 @@ for b, s, t in ((1, 1, 256), (2, 1, 256), (3, 5, 512), (16, 64, 1024)):  # rows,
     q = cuda_ops.rope_store(qkv, cos, cos, cache, cache, torch.zeros(2, b, dtype=torch.long), h, True)
     cuda_ops.rope(qkv[:, : h + hkv], cos, cos, True)
     idx, count, shared = cuda_ops.attention_plan(torch.ones(b, s, t, dtype=torch.bool))
+    cuda_ops.step_plan(torch.zeros(b, dtype=torch.long), torch.ones(b, s, s, dtype=torch.bool), t)
     cuda_ops.attend(q, cache[:b, :, :t], cache[:b, :, :t], idx, count, shared, torch.empty(b, s, h, d, dtype=bf))
     x, w = torch.zeros(b, s, 576, dtype=bf), torch.ones(576, dtype=bf)
     cuda_ops.rms_norm(x, w, 1e-5), cuda_ops.add_rms_norm(x, x, w, 1e-5), cuda_ops.silu_mul(x, x)
@@ -319,7 +340,7 @@ for b, s, t in ((1, 1, 256), (2, 1, 256), (3, 5, 512), (16, 64, 1024)):  # rows,
                        dtype=torch.long), torch.zeros(b, nodes, dtype=torch.long), ints[3], ints[5], ints[0], 64, s % 7)
 counts = {n: len(k) for n, k in keys.items()}
 assert counts == {"attend_lists": 1, "norm_rows": 2, "rope_rows": 2, "silu_mul_rows": 1, "linear_rows": 1,
-                  "plan_rows": 1, "top_children": 2, "beam_rows": 1, "kept_tree_rows": 1,
+                  "plan_rows": 2, "top_children": 2, "beam_rows": 1, "kept_tree_rows": 1,
                   "setup_rows": 1}, (counts, keys)
 """
 
@@ -327,8 +348,8 @@ assert counts == {"attend_lists": 1, "norm_rows": 2, "rope_rows": 2, "silu_mul_r
 def test_a_decodes_changing_sizes_reuse_each_kernels_compiled_variant():
     """Triton compiles a kernel per specialization key (an int argument's value 1 or divisibility by 16, a pointer's
     alignment, the constexprs): steps of other rows, nodes and widths must share one key per kernel (the norm's
-    residual add, RoPE's cache store and a growth's unscored root children: two), or a decode recompiles as it goes
-    and a capture meets a first compile."""
+    residual add, RoPE's cache store, a mask's or a step's plan and a growth's unscored root children: two), or a
+    decode recompiles as it goes and a capture meets a first compile."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", VARIANTS], env=env, capture_output=True, text=True,
                           cwd=Path(__file__).parents[2])
