@@ -238,16 +238,19 @@ KEY_ALL = tl.constexpr(2**63 - 1)  # above every key: a lane out of the kept set
 
 
 @triton.jit
+def ordered(bits):
+    # float32 bits as an int32 that orders as the floats do (a negative float's magnitude bits flipped); its own inverse
+    return bits ^ ((bits >> 31) & 0x7FFFFFFF)
+
+
+@triton.jit
 def rank_key(x, index):
-    bits = x.to(tl.int32, bitcast=True)
-    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # a negative float's magnitude bits flipped: ascending as integers
-    return (ordered.to(tl.int64) << 32) + (0x7FFFFFFF - index.to(tl.int64))
+    return (ordered(x.to(tl.int32, bitcast=True)).to(tl.int64) << 32) + (0x7FFFFFFF - index.to(tl.int64))
 
 
 @triton.jit
 def key_value(key):
-    ordered = (key >> 32).to(tl.int32)
-    return (ordered ^ ((ordered >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
+    return ordered((key >> 32).to(tl.int32)).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -359,9 +362,8 @@ def kept_tree_rows(SCORES, PAD, TOKENS, PARENTS, COUNTS, ROOTS, ROOT_POS, TOK_OU
         key = -tl.load(SCORES + src + slot, mask=real, other=0.0).to(tl.float32)
         key = tl.where(key > 3.4028234663852886e38, 3.4028234663852886e38, key)  # a NaN stays one
         key = tl.where(tl.load(PAD + src + slot, mask=real, other=1) != 0, float("inf"), key)
-        bits = tl.where(key == 0.0, 0, key.to(tl.int32, bitcast=True))  # -0.0 ties with 0.0
+        bits = ordered(tl.where(key == 0.0, 0, key.to(tl.int32, bitcast=True)))  # -0.0 ties with 0.0
         bits = tl.where(key != key, 0x7FC00000, bits)
-        bits = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # float order as int32 order
         both = (bits.to(tl.int64) << 32) | slot.to(tl.int64)
         both = tl.where(real, both, top_key)
         chunk = ~tl.topk(~both, SB)  # the chunk's best SB, ascending
