@@ -40,6 +40,9 @@ def cases(dtype):
            "rope_store": (qkv.view(b, s, -1, d).transpose(1, 2), cos, sin, k.clone(), v.clone(),
                           torch.tensor([[14, 15], [0, 1]]), h, True),  # lengths; cache rows
            "silu_mul": (x, randn(3, 5, 64, dtype=dtype, seed=12)),
+           # an embedding [V, D], tokens [R, S], features [R, S, D] (a broadcast row: stride 0)
+           "embed_cat": (randn(10, 64, dtype=dtype, seed=18), torch.tensor([[3, 9, 0], [1, 1, 2]]),
+                         randn(2, 1, 64, dtype=dtype, seed=19).expand(2, 3, 64)),
            # a step's committed lengths [R], tree rows [R, S, S], T
            "step_plan": (torch.tensor([3, 0]), torch.eye(4, dtype=torch.bool).expand(2, 4, 4).contiguous(), 12),
            # logits [n * br, S, V] (CFG pairs), path scores [n, S], branches, scale, k
@@ -62,7 +65,7 @@ def cases(dtype):
     return got
 
 
-CUDA_ONLY = ("rope", "rope_store", "silu_mul", "step_plan", "top_children", "beam", "kept_tree",
+CUDA_ONLY = ("rope", "rope_store", "silu_mul", "embed_cat", "step_plan", "top_children", "beam", "kept_tree",
              "growth_setup")  # torch's ops elsewhere (kernel_choice.one_pass)
 OPS = ("rms_norm", "add_rms_norm", "tiled_linear", "attention_plan", "attend", "rope_write_attend", "qmm", *CUDA_ONLY)
 CUDA_OPS = ("rms_norm", "add_rms_norm", "attention_plan", "attend", *CUDA_ONLY)  # Triton on CUDA (native/cuda_ops.py)

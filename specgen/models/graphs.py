@@ -201,7 +201,11 @@ def target_step(model, x: StaticInputs, k: torch.Tensor, v: torch.Tensor, cross,
 def eagle_step(net, x: StaticInputs, k: torch.Tensor, v: torch.Tensor, cross,
                width: int | None = None) -> tuple[torch.Tensor, ...]:
     """An EAGLE drafter's cached forward on one bucket: predicted features [R, S, D]; device ops only."""
-    h, f = blocks(net, net.fc(torch.cat([net.tok_embeddings(x.tokens), x.features], dim=-1)), x, k, v, cross, width)
+    if kernel_choice.one_pass(x.features):  # [R, S, 2 D]: the embedding and the features side by side
+        pair = torch.ops.specgen.embed_cat(net.tok_embeddings.weight, x.tokens, x.features)
+    else:
+        pair = torch.cat([net.tok_embeddings(x.tokens), x.features], dim=-1)
+    h, f = blocks(net, net.fc(pair), x, k, v, cross, width)
     return (h if f is None else h + f,)
 
 

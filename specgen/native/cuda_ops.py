@@ -251,3 +251,16 @@ def growth_setup(ints: torch.Tensor, writes: torch.Tensor, levels: int, width: i
     kernels().setup_rows[(levels, rows)](ints.contiguous(), writes.contiguous(), *args, n, t, W=width,
                                          BRANCHES=branches, BLOCK_W=pow2(width), BLOCK=PLAN_BLOCK)
     return outs
+
+
+def embed_cat(weight: torch.Tensor, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+    """`torch.ops.specgen.embed_cat` on CUDA, one launch (triton_kernels.embed_rows): cat([weight[tokens],
+    features], -1) for tokens [R, S] and features [R, S, D] (any strides but the last) -> [R, S, 2 D]."""
+    r, s = tokens.shape
+    dim = weight.shape[1]
+    out = torch.empty(r, s, 2 * dim, dtype=weight.dtype, device=weight.device)
+    feats = features if features.stride(-1) == 1 else features.contiguous()
+    if r * s:
+        kernels().embed_rows[(r * s,)](weight.contiguous(), tokens.contiguous(), feats, out, s, dim, feats.stride(0),
+                                       feats.stride(1), BLOCK=max(16, pow2(dim)))
+    return out

@@ -100,6 +100,9 @@ op("rope_store(Tensor qkv, Tensor cos, Tensor sin, Tensor(a!) k, Tensor(b!) v, T
    "Tensor", lambda qkv, cos, sin, k, v, meta, heads, half: qkv.new_empty(qkv.shape[0], heads, *qkv.shape[2:]),
    "CUDA")(cuda_ops.rope_store)
 op("silu_mul(Tensor a, Tensor b) -> Tensor", like, "CUDA")(cuda_ops.silu_mul)
+# an EAGLE drafter's input, cat([embedding, features]), in one pass (a copy: the same bits)
+op("embed_cat(Tensor weight, Tensor tokens, Tensor features) -> Tensor",
+   lambda weight, tokens, features: features.new_empty(*tokens.shape, 2 * weight.shape[1]), "CUDA")(cuda_ops.embed_cat)
 # a tree growth's rankings (methods/eagle_grow.py), one pass each: a drafter level's children from its head's logits
 # (CFG, log-softmax, top-k and path scores), and its beam (the best children over a row's frontier)
 op("top_children(Tensor logits, Tensor? scores, int branches, float scale, int k) -> (Tensor, Tensor)",

@@ -462,3 +462,18 @@ def setup_rows(INTS, WRITES, ABOVE, PADDING, SLOTS, ROOTS, AT, META, OWN, COUNT,
             tl.store(ROOTS + i * W + j, tl.full([BLOCK_W], -1, tl.int64), mask=real)
     if level == 0:
         tl.store(SHARED + r, prefix.to(tl.int32))
+
+
+# An EAGLE drafter's input (models/graphs.eagle_step): one program a (row, node) writes its token's embedding row and
+# its feature row side by side, [E[tok] | f], into OUT [R, S, 2 D]: torch.cat of an embedding and the features, bits
+# as they are (a copy); the features through their strides (a level's frontier may be a broadcast of its root's).
+@triton.jit(do_not_specialize=["n_s", "dim", "sfr", "sfs"])
+def embed_rows(WEIGHT, TOKENS, FEATS, OUT, n_s, dim, sfr, sfs, BLOCK: tl.constexpr):
+    node = tl.program_id(0).to(tl.int64)  # r * n_s + s
+    r = node // n_s
+    s = node - r * n_s
+    j = tl.arange(0, BLOCK)
+    real = j < dim
+    tok = tl.load(TOKENS + node)
+    tl.store(OUT + node * 2 * dim + j, tl.load(WEIGHT + tok * dim + j, mask=real), mask=real)
+    tl.store(OUT + node * 2 * dim + dim + j, tl.load(FEATS + r * sfr + s * sfs + j, mask=real), mask=real)

@@ -285,6 +285,12 @@ sig = {n: "constexpr" if n in consts else "*i32" if n in ("OWN", "COUNT", "SHARE
        if n in ("ABOVE", "PADDING", "TAIL") else "*i64" if n.isupper() else "i32" for n in fn.arg_names}
 for arch in (80, 90):
     build(fn, sig, consts, arch)
+fn = cuda_ops.kernels().embed_rows
+for dtype in ("bf16", "fp32"):
+    consts = {"BLOCK": 512}
+    sig = {n: "constexpr" if n in consts else "*i64" if n == "TOKENS" else "*" + dtype if n.isupper() else "i32"
+           for n in fn.arg_names}
+    build(fn, sig, consts, 90)
 """
 
 
@@ -317,7 +323,7 @@ real = cuda_ops.kernels()
 cuda_ops.kernels = lambda: type("K", (), {n: Launch(getattr(real, n)) for n in
                                           ("attend_lists", "norm_rows", "rope_rows", "silu_mul_rows",
                                            "linear_rows", "plan_rows", "top_children", "beam_rows",
-                                           "kept_tree_rows", "setup_rows")})
+                                           "kept_tree_rows", "setup_rows", "embed_rows")})
 bf, h, hkv, d = torch.bfloat16, 9, 3, 64
 for b, s, t in ((1, 1, 256), (2, 1, 256), (3, 5, 512), (16, 64, 1024)):  # rows, nodes, width: a decode's steps
     qkv = torch.zeros(b, s, h + 2 * hkv, d, dtype=bf).transpose(1, 2)
@@ -335,13 +341,14 @@ for b, s, t in ((1, 1, 256), (2, 1, 256), (3, 5, 512), (16, 64, 1024)):  # rows,
     cuda_ops.beam(torch.zeros(b, 8, 8), torch.zeros(b, 8, 8, dtype=torch.long), torch.zeros(b, 8, 8, dtype=torch.bool),
                   8, 2, 8 + 64 * s)
     cuda_ops.growth_setup(torch.zeros(6, b, dtype=torch.long), torch.arange(2 * b), 1 + s % 4, 8, 2, t)
+    cuda_ops.embed_cat(torch.zeros(32, 576, dtype=bf), torch.zeros(2 * b, s, dtype=torch.long), x.repeat(2, 1, 1))
     nodes, ints = 80 + 16 * s, torch.zeros(6, b, dtype=torch.long)  # a growth's nodes; its rows' ints (views)
     cuda_ops.kept_tree(torch.zeros(b, nodes), torch.zeros(b, nodes, dtype=torch.bool), torch.zeros(b, nodes,
                        dtype=torch.long), torch.zeros(b, nodes, dtype=torch.long), ints[3], ints[5], ints[0], 64, s % 7)
 counts = {n: len(k) for n, k in keys.items()}
 assert counts == {"attend_lists": 1, "norm_rows": 2, "rope_rows": 2, "silu_mul_rows": 1, "linear_rows": 1,
                   "plan_rows": 2, "top_children": 2, "beam_rows": 1, "kept_tree_rows": 1,
-                  "setup_rows": 1}, (counts, keys)
+                  "setup_rows": 1, "embed_rows": 1}, (counts, keys)
 """
 
 

@@ -126,3 +126,15 @@ def test_a_growth_through_the_ranking_kernels_grows_torchs_trees(monkeypatch):
 
 
 CHILDREN = cuda_ops.top_children
+
+
+def test_a_drafters_input_is_torchs_cat_of_its_embedding_and_features(device):
+    """`embed_cat`: the embedding rows of the tokens and the features side by side, bit for bit (a copy), features
+    read through their strides (a frontier broadcast from its root: stride 0)."""
+    g = torch.Generator().manual_seed(4)
+    for dtype in (torch.float32, torch.bfloat16):
+        weight = torch.randn(40, 24, generator=g).to(device, dtype)
+        tokens = torch.randint(0, 40, (3, 5), generator=g).to(device)
+        feats = torch.randn(3, 1, 24, generator=g).to(device, dtype).expand(3, 5, 24)
+        want = torch.cat([torch.nn.functional.embedding(tokens, weight), feats], -1)
+        assert torch.equal(cuda_ops.embed_cat(weight, tokens, feats), want)
