@@ -191,19 +191,10 @@ def test_the_sync_counts_by_op_prints_one_cases_ops_by_line_and_refuses_an_unkno
         gpu_sync_count.main()
 
 
-def tree_step_ops(monkeypatch, batch: int) -> tuple[float, dict]:
-    """Eager ops a decode step (`gpu_sync_count.OpCounter`, captured steps through the CPU replay emulation, replays
-    not counted) of lossless ADT-Tree on a tiny CFG image model at `batch` sequences, and the ops a step by
-    (file, op) summed over the file's lines."""
-    from collections import Counter
-
-    from specgen.decoding.sampling import SamplingParams
-    from specgen.image.methods import ImageParts, build_image_method
-    from specgen.image.target import CFGTarget
-    from specgen.methods import run_batch
+def emulated_sync_count(monkeypatch):
+    """`gpu_sync_count` with captured steps through the CPU replay emulation (`emulate_captures`), undone after the
+    test."""
     from specgen.models import graphs
-    from specgen.models.eagle import EagleNet
-    from tests.image_fixtures import tiny_image_target
     from tests.models.test_graphs import Traced
 
     monkeypatch.syspath_prepend(str(ROOT / "scripts"))
@@ -212,16 +203,13 @@ def tree_step_ops(monkeypatch, batch: int) -> tuple[float, dict]:
     monkeypatch.setattr(Traced, "replay", Traced.replay)  # emulate_captures replaces both: restored after the test
     monkeypatch.setattr(graphs.StepGraphs, "captured", graphs.StepGraphs.captured)
     gpu_sync_count.emulate_captures()
-    model = tiny_image_target(0)
-    torch.manual_seed(1)
-    net = EagleNet.from_target(model).eval()
-    gpu_sync_count.capture(model, net)
-    parts = ImageParts(model, CFGTarget(model, 3.0), net, None, 4)
+    return gpu_sync_count
 
-    def run():
-        got = run_batch(parts.target, lambda i: build_image_method("adt-tree", parts, {})[0],
-                        [[i] for i in range(batch)], 16, SamplingParams(), batch_size=batch)
-        return max(r.stats.steps for r in got.results)
+
+def eager_ops_a_step(gpu_sync_count, run) -> tuple[float, dict]:
+    """`run()` (its decode steps) once for the captures, then its eager ops a step (`OpCounter`, replays not counted)
+    and the ops a step by (file, op) summed over the file's lines."""
+    from collections import Counter
 
     run()  # the captures
     gpu_sync_count.OpCounter.by_line = Counter()
@@ -233,6 +221,51 @@ def tree_step_ops(monkeypatch, batch: int) -> tuple[float, dict]:
             by_op[line.split(":")[0], line.split()[-1]] += n / steps
     gpu_sync_count.OpCounter.by_line = None
     return counter.ops / steps, by_op
+
+
+def tree_step_ops(monkeypatch, batch: int) -> tuple[float, dict]:
+    """Eager ops a decode step (`eager_ops_a_step`) of lossless ADT-Tree on a tiny CFG image model at `batch`
+    sequences."""
+    from specgen.decoding.sampling import SamplingParams
+    from specgen.image.methods import ImageParts, build_image_method
+    from specgen.image.target import CFGTarget
+    from specgen.methods import run_batch
+    from specgen.models.eagle import EagleNet
+    from tests.image_fixtures import tiny_image_target
+
+    gpu_sync_count = emulated_sync_count(monkeypatch)
+    model = tiny_image_target(0)
+    torch.manual_seed(1)
+    net = EagleNet.from_target(model).eval()
+    gpu_sync_count.capture(model, net)
+    parts = ImageParts(model, CFGTarget(model, 3.0), net, None, 4)
+
+    def run():
+        got = run_batch(parts.target, lambda i: build_image_method("adt-tree", parts, {})[0],
+                        [[i] for i in range(batch)], 16, SamplingParams(), batch_size=batch)
+        return max(r.stats.steps for r in got.results)
+
+    return eager_ops_a_step(gpu_sync_count, run)
+
+
+def test_text_steps_eager_ops_stay_within_budget(monkeypatch):
+    """The sync count's B1 greedy text rows (`gpu_sync_count.text_cases`): eager ops a captured step outside its
+    replays (each a launch or a host tensor op on a GPU). At 17f25cf: AR 15.8, n-gram 19.4, pcllm-mr (n 4 + lookup 16)
+    30.5, and each cut's own check below fails there: a tree mask is one host op (the view over its bytes; a zeroed
+    tensor, its index and an indexed write before); one unpadded row's output goes to its drafter unsliced (two aliases
+    a step); pcllm-mr's last winning kind of branch leads its prefix tree, so a commit along it moves no cache slots
+    (a host tensor, its unbind and four indexing ops, in 0.79 of the steps before; a lookup branch wins most here)."""
+    gpu_sync_count = emulated_sync_count(monkeypatch)
+    cases = gpu_sync_count.text_cases("cpu")
+    counts = {name: eager_ops_a_step(gpu_sync_count, lambda: cases[f"text {name} B1 T0"]().steps)
+              for name in ("ar", "ngram", "pcllm-mr")}
+    for _, by_op in counts.values():
+        assert by_op["specgen/decoding/pool.py", "alias.default"] == 0
+    ops, by_op = counts["pcllm-mr"]
+    assert sum(n for (f, _), n in by_op.items() if f == "specgen/decoding/verify.py") < 2  # unbind, the mask's view
+    assert by_op["specgen/decoding/cache.py", "index_put_.default"] < 2 * 0.25
+    assert {name: ops <= budget for name, budget in (("ar", 14), ("ngram", 17.5), ("pcllm-mr", 22))
+            for ops in [counts[name][0]]} == {"ar": True, "ngram": True, "pcllm-mr": True}, counts
 
 
 @pytest.mark.parametrize("batch", [1, 2])

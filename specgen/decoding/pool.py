@@ -150,10 +150,12 @@ class EachRow(PoolBase):
         return [d.propose(seq, b, s) for d, seq, b, s in zip(self.rows, seqs, budgets, stats)]
 
     def on_accept(self, drafts, verdicts, out, sizes, branches) -> None:
+        whole = len(drafts) == 1 and out.logits.shape[:2] == (1, sizes[0])  # one row, unpadded: no slices (host ops)
         for i, (draft, verdict, s) in enumerate(zip(drafts, verdicts, sizes)):  # row i's slice, padding dropped
             rows = slice(i * branches, (i + 1) * branches)
             picks = None if out.argmax is None else [out.argmax[i][:s]]
-            self.rows[i].on_accept(draft, verdict, TargetOut(out.logits[i : i + 1, :s], out.features[rows, :s], picks))
+            row = out if whole else TargetOut(out.logits[i : i + 1, :s], out.features[rows, :s], picks)
+            self.rows[i].on_accept(draft, verdict, row)
 
     def finished(self, slot: int) -> bool:
         return self.rows[slot].finished()

@@ -33,13 +33,15 @@ class HostBatch:
     sizes: tuple[int, ...]
 
     def tree_mask(self) -> torch.Tensor | None:
-        """The tree mask [B, S, S] on the host (None: causal chains): one host op for the batch."""
+        """The tree mask [B, S, S] on the host (None: causal chains): its bytes set in Python, then one host op (the
+        view over them), where a zeroed tensor and an indexed write were five."""
         if self.seen is None:
             return None
         b, s = len(self.tokens), len(self.tokens[0])
-        mask = torch.zeros(b * s * s, dtype=torch.bool)
-        mask[self.seen] = True
-        return mask.view(b, s, s)
+        mask = bytearray(b * s * s)  # a bool tensor's bytes: 0 hidden, 1 visible
+        for i in self.seen:
+            mask[i] = 1
+        return torch.frombuffer(mask, dtype=torch.bool).view(b, s, s)  # the tensor keeps the buffer alive
 
     def to(self, device) -> VerifyBatch:
         """On `device`: tokens and positions in one copy, the mask in another."""

@@ -34,27 +34,32 @@ class MultiBlockDrafter(DrafterBase):
         # window[k] guesses position root + 1 + k; segs = contiguous blocks over it, segs[0] is the RA block.
         # seg: [length, progress]: RA progress = tokens committed since it became RA; pseudo = frozen prefix.
         self.window, self.segs = self.fill(self.o.block_size - 1), [[self.o.block_size - 1, 0]]
+        self.lead = "main"  # the kind of branch ("main", "pool", "lookup") that won the last step
 
     def propose(self, seq: list[int], budget: int, stats: DecodeStats) -> Draft:
         """1. the main chain (the window) and recycled n-grams / the lookup branch that continue the root."""
         root, cand_len = seq[-1], self.o.ngram or self.o.block_size - 1
         main = self.window[:budget]
         cands: list[list[int]] = []
+        kinds = ["main"]
 
-        def add(c: list[int]) -> None:  # a new branch only if it could accept more than main
+        def add(c: list[int], kind: str) -> None:  # a new branch only if it could accept more than main
             if c and c != main[: len(c)] and c not in cands:
                 cands.append(c)
+                kinds.append(kind)
 
         for entry in reversed(self.pool):
             if len(cands) >= self.o.verify:
                 break
             if root in entry[:-1]:
                 i = entry.index(root)
-                add(entry[i + 1 : i + 1 + min(cand_len, budget)])
+                add(entry[i + 1 : i + 1 + min(cand_len, budget)], "pool")
         if self.o.lookup:  # what followed the sequence's n-gram suffix earlier (prompt lookup)
-            add(lookup(seq, min(self.o.lookup, budget), 3, 2))
-        self.branches, self.stats, self.seq = [main] + cands, stats, seq
-        draft, self.nodes = prefix_tree(self.branches)
+            add(lookup(seq, min(self.o.lookup, budget), 3, 2), "lookup")
+        self.branches, self.kinds, self.stats, self.seq = [main] + cands, kinds, stats, seq
+        # the last winner's kind leads the tree: a path along the first branch is a prefix of the verify's nodes, whose
+        # commit moves no cache slots (a move is a host tensor and four device ops); which branch wins is unchanged
+        draft, self.nodes = prefix_tree(self.branches, kinds.index(self.lead) if self.lead in kinds else 0)
         return draft
 
     def on_accept(self, draft: Draft, verdict: Verdict, out) -> None:
@@ -65,6 +70,7 @@ class MultiBlockDrafter(DrafterBase):
         path = [draft.tokens[i] for i in verdict.path]
         # the earliest branch holding the accepted path
         b = next(i for i, toks in enumerate(self.branches) if toks[:m] == path)
+        self.lead = self.kinds[b]
         branches, window, segs = self.branches, self.window, self.segs
         main = branches[0]
         at = self.nodes  # at[b][k]: verify input of branch b's prefix of length k (0 = the root)
@@ -113,16 +119,17 @@ class MultiBlockDrafter(DrafterBase):
         self.window = window
 
 
-def prefix_tree(branches: list[list[int]]) -> tuple[Draft, list[list[int]]]:
-    """The branches merged into one prefix tree (shared prefixes verified once); nodes[b][k] = the verify input of
-    branch b's first k tokens (0 = the root), so a greedy walk of the tree finds the longest accepted branch."""
+def prefix_tree(branches: list[list[int]], first: int = 0) -> tuple[Draft, list[list[int]]]:
+    """The branches merged into one prefix tree (shared prefixes verified once), branch `first`'s nodes first, then the
+    others' in order; nodes[b][k] = the verify input of branch b's first k tokens (0 = the root), so a greedy walk of
+    the tree finds the longest accepted branch."""
     tokens: list[int] = []
     parents: list[int] = []
     child: dict[tuple[int, int], int] = {}  # (parent node, token) -> node
-    nodes = []
-    for toks in branches:
+    nodes: list[list[int]] = [[] for _ in branches]
+    for b in [first, *(i for i in range(len(branches)) if i != first)]:
         at, node = [0], -1
-        for t in toks:
+        for t in branches[b]:
             key = (node, t)
             if key not in child:
                 child[key] = len(tokens)
@@ -130,5 +137,5 @@ def prefix_tree(branches: list[list[int]]) -> tuple[Draft, list[list[int]]]:
                 parents.append(node)
             node = child[key]
             at.append(node + 1)
-        nodes.append(at)
+        nodes[b] = at
     return Draft(tuple(tokens), DraftTree(tuple(parents))), nodes
