@@ -279,8 +279,8 @@ def mesh_step_ops(monkeypatch, case: str) -> tuple[float, Counter]:
 
 @pytest.mark.parametrize("ahead", [False, True])
 def test_a_lossless_xspecmesh_steps_eager_ops_stay_within_budget(monkeypatch, ahead):
-    """`mesh xspecmesh B1 T0`'s eager ops a step, with its heads run in `propose` (the CPU) and run ahead on every verify
-    position (`ONE_READ`: a GPU). At 17f25cf 36.4 and 47.7 (mesh AR: 19.8), each cut's own check below fails there:
+    """`mesh xspecmesh B1 T0`'s eager ops a step, with its heads run in `propose` (the CPU) and run ahead on every
+    verify position (`ONE_READ`: a GPU). At 17f25cf 36.4 and 47.7 (mesh AR: 19.8); each cut's own check fails there:
     the heads' condition K/V is staged once a mesh, not copied in every call (devices.py's copies: the target's meta
     alone); their argmax and its float cast run inside their graph; the read-ahead heads take a row's verify positions
     as they are (no pad, repeat_interleave or tiled K/V), and the accept's hidden state is sliced only where a heads

@@ -234,11 +234,12 @@ class XSpecMeshPool(PoolBase):
         inputs = {} if r.past is None else {"past": r.past}
         if greedy_draft(self.params, self.opts):
             return Proposal.of_columns(self.run_heads(1, True, inputs).tolist()[0], self.d)
-        return head_candidates(self.run_heads(1, False, inputs)[:, 0], self.params, self.opts, r.generator)
+        return head_candidates(self.run_heads(1, False, inputs), self.params, self.opts, r.generator)
 
     def run_heads(self, s: int, columns: bool, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         """The first d heads on the staged row's first s positions (`Stage`) and `inputs` (the window `past` of
-        history heads): their logits [d, s, V], or (columns) their `greedy_columns` [s, d or 2 d]: device ops only.
+        history heads): their logits [d s, V] (head-major), or (columns) their `greedy_columns` [s, d or 2 d]: device
+        ops only.
         Captured heads return their graph's buffers: read them (or queue work on them) before the next call."""
         dtype, model, stage, d = DRAFT_DTYPES[self.opts.draft_dtype], self.decoder.model, self.stage, self.d
         path_probs = bool(self.opts.min_path_prob)
@@ -247,8 +248,9 @@ class XSpecMeshPool(PoolBase):
             k, v = stage.kv if stage.kv is not None else (None, None)
             logits = head_logits(self.stacked, self.decoder._lm_head(dtype), model.decoder.tok_embeddings, dtype, d,
                                  stage.h[:s], None if stage.token is None else stage.token[:s], k, v, past)[0]
-            return (greedy_columns(logits.transpose(0, 1), self.params.temperature, path_probs) if columns
-                    else logits,)
+            if not columns:
+                return (logits,)
+            return (greedy_columns(logits.view(d, s, -1).transpose(0, 1), self.params.temperature, path_probs),)
 
         graphs = self.decoder.heads.graphs
         key = ("heads", d, s, columns, dtype, *((name, tuple(t.shape)) for name, t in inputs.items()))
