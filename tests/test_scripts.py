@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -286,3 +287,43 @@ def test_an_image_tree_steps_eager_ops_stay_within_budget(monkeypatch, batch):
     assert by_op["specgen/methods/eagle.py", "lift_fresh.default"] <= 1
     assert by_op["specgen/decoding/verify.py", "unbind.int"] < 0.5
     assert ops <= {1: 32, 2: 45}[batch]
+
+
+def mesh_step_ops(monkeypatch, case: str) -> tuple[float, Counter]:
+    """Eager ops a decode step of a `gpu_sync_count` mesh case (`--by-op CASE`'s first number: captured steps through
+    the CPU replay emulation, replays not counted), and the ops a step by (file, op)."""
+    from specgen.models import graphs
+    from tests.models.test_graphs import Traced
+
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import gpu_sync_count
+
+    monkeypatch.setattr(Traced, "replay", Traced.replay)  # emulate_captures replaces both: restored after the test
+    monkeypatch.setattr(graphs.StepGraphs, "captured", graphs.StepGraphs.captured)
+    gpu_sync_count.emulate_captures()
+    c = gpu_sync_count.count(gpu_sync_count.mesh_cases("cpu")[case], by_line=True)
+    by_op = Counter()
+    for (kind, line), n in gpu_sync_count.OpCounter.by_line.items():
+        if kind == "eager":
+            by_op[line.split(":")[0], line.split()[-1]] += n / c.steps
+    gpu_sync_count.OpCounter.by_line = None
+    return c.ops / c.steps, by_op
+
+
+@pytest.mark.parametrize("ahead", [False, True])
+def test_a_lossless_xspecmesh_steps_eager_ops_stay_within_budget(monkeypatch, ahead):
+    """`mesh xspecmesh B1 T0`'s eager ops a step, with its heads run in `propose` (the CPU) and run ahead on every
+    verify position (`ONE_READ`: a GPU). At 17f25cf 36.4 and 47.7 (mesh AR: 19.8); each cut's own check fails there:
+    the heads' condition K/V is staged once a mesh, not copied in every call (devices.py's copies: the target's meta
+    alone); their argmax and its float cast run inside their graph; the read-ahead heads take a row's verify positions
+    as they are (no pad, repeat_interleave or tiled K/V), and the accept's hidden state is sliced only where a heads
+    call reads it (12 ops of the pool's a step ahead, 7 in `propose`)."""
+    from specgen.methods import xspecmesh_pool
+
+    if ahead:
+        monkeypatch.setattr(xspecmesh_pool, "ONE_READ", frozenset({"cpu", "cuda"}))
+    ops, by_op = mesh_step_ops(monkeypatch, "mesh xspecmesh B1 T0")
+    assert by_op["specgen/devices.py", "copy_.default"] < 1.5
+    assert by_op["specgen/methods/xspecmesh_pool.py", "argmax.default"] < 0.5  # its graphs' captures (each generation)
+    assert sum(n for (f, _), n in by_op.items() if f == "specgen/methods/xspecmesh_pool.py") <= 6.5
+    assert ops <= {False: 32, True: 38}[ahead]

@@ -9,7 +9,6 @@ from itertools import accumulate
 from typing import Sequence
 
 import torch
-import torch.nn.functional as F
 
 from specgen.decoding.accept import accept_rejection
 from specgen.decoding.accept_threshold import AcceptCriterion, accept_lossy
@@ -19,7 +18,7 @@ from specgen.decoding.pool import PoolBase
 from specgen.decoding.sampling import SamplingParams, logits_to_probs, sample, sample_rows
 from specgen.decoding.stats import DecodeStats
 from specgen.decoding.target import TargetOut
-from specgen.devices import host_tensor
+from specgen.devices import copy_into
 from specgen.errors import UsageError
 from specgen.mesh.tokenizers import BPTTokenizer
 from specgen.mesh.vertex_lookup import VertexMemory
@@ -92,12 +91,17 @@ def token_probs(head_logits: torch.Tensor, tokens: torch.Tensor, temperature: fl
     return (scaled.gather(-1, tokens[..., None])[..., 0] - scaled.logsumexp(-1)).exp()
 
 
+def greedy_draft(params: SamplingParams, opts: XSpecMeshOptions) -> bool:
+    """Whether the candidates are every head's most probable token (`greedy_columns`): greedy, or the K_s = 1 tree
+    (its one path is every head's argmax, and the filters keep each row's max)."""
+    return params.greedy or (opts.sampling == "tree" and opts.top_k_tree == 1)
+
+
 def head_candidates(head_logits: torch.Tensor, params: SamplingParams, opts: XSpecMeshOptions,
                     generator: torch.Generator | None) -> Proposal:
-    """Candidates x_{s*+1 .. s*+D} from head logits [D, V] (greedy, or the K_s = 1 tree: argmaxes), and each
-    head's tempered probability of its token (for `min_path_prob`)."""
-    if params.greedy or (opts.sampling == "tree" and opts.top_k_tree == 1):
-        # the K_s = 1 tree's one path is every head's most probable token, and the filters keep each row's max
+    """Candidates x_{s*+1 .. s*+D} from head logits [D, V] (`greedy_draft`: argmaxes), and each head's tempered
+    probability of its token (for `min_path_prob`)."""
+    if greedy_draft(params, opts):
         cols = greedy_columns(head_logits, params.temperature, bool(opts.min_path_prob))
         return Proposal.of_columns(cols.tolist(), head_logits.shape[0])
     if opts.sampling == "tree":
@@ -141,14 +145,41 @@ def mesh_rule(opts: XSpecMeshOptions, params: SamplingParams, device: torch.devi
 class RowState:
     """What one mesh carries between steps."""
 
-    h: torch.Tensor  # [1, dim]: h_{s*-1}
+    h: torch.Tensor  # [dim]: h_{s*-1}
     past: torch.Tensor | None  # history heads' window
-    head_kv: object  # the heads' K/V of this row's point cloud
+    head_kv: tuple[torch.Tensor, torch.Tensor] | None  # the heads' K/V of this row's point cloud [D, H, M, hd] x 2
     memory: VertexMemory | None  # vertex_lookup
     generator: torch.Generator | None  # candidate stream
-    ahead_kv: tuple[torch.Tensor, torch.Tensor] | None = None  # head_kv's first d heads, tiled as `tiled`'s
     ahead: list[Proposal] | None = None  # per length the last verdict could accept: its next candidates (`columns`)
     ready: Proposal | None = None  # the next step's candidates, already read (ahead's row at the accepted length)
+
+
+@dataclass
+class Stage:
+    """The heads' static inputs, which every call reads (a captured one at fixed addresses): hidden states h [w, dim]
+    and tokens [w] (token_input heads) of up to w positions, and the condition K/V of the row `staged`, written only
+    when another row's call comes (at batch 1: once a mesh, not a step)."""
+
+    h: torch.Tensor
+    token: torch.Tensor | None
+    kv: tuple[torch.Tensor, torch.Tensor] | None
+    h1: torch.Tensor  # h[:1] and token[:1]: one position's (views made once)
+    token1: torch.Tensor | None
+    staged: RowState | None = None
+
+    @classmethod
+    def like(cls, h: torch.Tensor, kv, w: int, token_input: bool) -> "Stage":
+        """For rows of hidden states like h [., dim] and condition K/V like kv."""
+        hs, tokens = h.new_zeros(w, h.shape[-1]), h.new_zeros(w, dtype=torch.long) if token_input else None
+        return cls(hs, tokens, None if kv is None else tuple(torch.empty_like(t) for t in kv), hs[:1],
+                   None if tokens is None else tokens[:1])
+
+    def row(self, r: RowState) -> None:
+        """Row r's condition K/V in the stage (a device copy where another row's are there)."""
+        if self.staged is not r and self.kv is not None:
+            for buf, t in zip(self.kv, r.head_kv):
+                buf.copy_(t)
+        self.staged = r
 
 
 class XSpecMeshPool(PoolBase):
@@ -160,7 +191,7 @@ class XSpecMeshPool(PoolBase):
         self.draft_generators = draft_generators
         self.stacked = decoder.heads.stacked()  # all D heads as one batched op per layer
         self.ahead = reads_ahead(target.device, params, opts, self.stacked)
-        self.tiled = self.stacked.tiled(d_max, d_max + 1) if self.ahead else None  # every verify position at once
+        self.stage: Stage | None = None  # made at the first admission (the conditions' shape)
         if decoder.heads.graphs is not None:  # its captures read an earlier pool's stacked weights
             decoder.heads.graphs.reset()
         if opts.vertex_lookup and decoder.model.vocab_size != BPTTokenizer.vocab_size:  # the memory reads BPT's 8 x 16
@@ -168,13 +199,12 @@ class XSpecMeshPool(PoolBase):
                              f"this one has {decoder.model.vocab_size}")
 
     def admit(self, slot: int, index: int, prompt: list[int], first: TargetOut) -> None:
-        h = first.features[0, -1:]  # [1, dim]: the start's hidden state
+        h = first.features[0, -1]  # [dim]: the start's hidden state
         context = self.stacked.context_kv(self.decoder.heads.context_kv(self.target.conditions[index]))
-        ahead_kv = None if context is None or not self.ahead else \
-            tuple(torch.cat([t[: self.d]] * (self.d + 1)) for t in context)
-        self.rows[slot] = RowState(h, window(self.stacked, h, None), context,
-                                   VertexMemory() if self.opts.vertex_lookup else None, self.draft_generators[index],
-                                   ahead_kv)
+        if self.stage is None:  # every verify position when read ahead, else one
+            self.stage = Stage.like(h, context, self.d + 1 if self.ahead else 1, self.stacked.token_input)
+        self.rows[slot] = RowState(h, window(self.stacked, h[None], None), context,
+                                   VertexMemory() if self.opts.vertex_lookup else None, self.draft_generators[index])
 
     def propose(self, seqs: Sequence[list[int]], budgets: Sequence[int], stats: Sequence[DecodeStats]) -> list[Draft]:
         """1. x_{s*+1 ..} after each row's root x_{s*} = seq[-1] (seq = [cloud index] + the mesh so far)."""
@@ -195,38 +225,52 @@ class XSpecMeshPool(PoolBase):
 
     def heads(self, r: RowState, token: int) -> Proposal:
         """D candidates from the heads on h_{s*-1} = r.h [1, dim], the projected window r.past (history heads) and
-        x_{s*} = token (token_input heads)."""
-        tok = host_tensor([token], r.h.device) if self.stacked.token_input else None
-        inputs = dict(h=r.h, token=tok, kv=r.head_kv, past=r.past)
-        return head_candidates(self.logits(self.stacked, self.d, **inputs), self.params, self.opts, r.generator)
+        x_{s*} = token (token_input heads); greedy ones read as `greedy_columns`, computed with the heads."""
+        stage = self.stage
+        stage.row(r)
+        stage.h1.copy_(r.h)
+        if stage.token1 is not None:
+            copy_into(stage.token1, torch.tensor([token]))
+        inputs = {} if r.past is None else {"past": r.past}
+        if greedy_draft(self.params, self.opts):
+            return Proposal.of_columns(self.run_heads(1, True, inputs).tolist()[0], self.d)
+        return head_candidates(self.run_heads(1, False, inputs), self.params, self.opts, r.generator)
 
-    def logits(self, stacked: StackedHeads, d: int, h: torch.Tensor, token: torch.Tensor | None, kv,
-               past: torch.Tensor | None) -> torch.Tensor:
-        """The first d heads of `stacked`: logits [d, V] on h_{s*-1} = h [1 or d, dim], x_{s*} = token [1 or d]
-        (token_input heads), the condition's K/V kv and the window past (history heads): device ops only. Captured
-        heads return their graph's buffers: read them (or queue work on them) before the next call."""
-        dtype, model = DRAFT_DTYPES[self.opts.draft_dtype], self.decoder.model
-        step = functools.partial(head_logits, stacked, self.decoder._lm_head(dtype), model.decoder.tok_embeddings,
-                                 dtype, d)
-        k, v = kv if kv is not None else (None, None)
-        inputs = {name: t for name, t in (("h", h), ("token", token), ("k", k), ("v", v), ("past", past))
-                  if t is not None}
+    def run_heads(self, s: int, columns: bool, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The first d heads on the staged row's first s positions (`Stage`) and `inputs` (the window `past` of
+        history heads): their logits [d s, V] (head-major), or (columns) their `greedy_columns` [s, d or 2 d]: device
+        ops only.
+        Captured heads return their graph's buffers: read them (or queue work on them) before the next call."""
+        dtype, model, stage, d = DRAFT_DTYPES[self.opts.draft_dtype], self.decoder.model, self.stage, self.d
+        path_probs = bool(self.opts.min_path_prob)
+
+        def step(past: torch.Tensor | None = None) -> tuple[torch.Tensor]:  # the stage's views: made when traced
+            k, v = stage.kv if stage.kv is not None else (None, None)
+            logits = head_logits(self.stacked, self.decoder._lm_head(dtype), model.decoder.tok_embeddings, dtype, d,
+                                 stage.h[:s], None if stage.token is None else stage.token[:s], k, v, past)[0]
+            if not columns:
+                return (logits,)
+            return (greedy_columns(logits.view(d, s, -1).transpose(0, 1), self.params.temperature, path_probs),)
+
         graphs = self.decoder.heads.graphs
-        key = ("heads", d, dtype, *((name, tuple(t.shape)) for name, t in inputs.items()))
+        key = ("heads", d, s, columns, dtype, *((name, tuple(t.shape)) for name, t in inputs.items()))
         return (step(**inputs) if graphs is None else graphs.call(key, step, inputs))[0]
 
     def columns(self, out: TargetOut, picks: torch.Tensor, sizes: Sequence[int]) -> torch.Tensor:
         """`ReadAlong`: for every row i and length a it may accept, the greedy candidates (`greedy_columns`) the next
-        step would draft after x_{s*} = picks[i, a] on hidden state a: [n, S, d or 2 d]. One call of the `tiled`
-        heads per row, at the widest verify (d + 1 positions: one captured graph); positions past sizes[i] unused."""
+        step would draft after x_{s*} = picks[i, a] on hidden state a: [n, S, d or 2 d]. One call of the heads per
+        row on all its positions, staged at the widest verify (d + 1 positions: one captured graph); positions past
+        sizes[i] unused (stale)."""
         n, s = picks.shape
-        w, pad = self.d + 1, (0, 0, 0, self.d + 1 - s)
-        hidden = F.pad(out.features[:n], pad).repeat_interleave(self.d, 1)  # [n, w d, dim], position-major
-        tokens = F.pad(picks, pad[2:]).repeat_interleave(self.d, 1) if self.stacked.token_input else None  # [n, w d]
-        path_probs = bool(self.opts.min_path_prob)
-        return torch.stack([greedy_columns(self.logits(self.tiled, w * self.d, hidden[i], None if tokens is None
-                                                       else tokens[i], r.ahead_kv, None).view(w, self.d, -1),
-                                           0.0, path_probs) for i, r in enumerate(self.rows[:n])])[:, :s]
+        stage = self.stage
+        cols = []
+        for i, r in enumerate(self.rows[:n]):
+            stage.row(r)
+            stage.h[:s].copy_(out.features[i])
+            if stage.token is not None:
+                stage.token[:s].copy_(picks[i])
+            cols.append(self.run_heads(self.d + 1, True, {}))  # read (stacked) before the next row's call
+        return torch.stack(cols)[:, :s]
 
     def take(self, host: list[list[list[float]]]) -> None:
         """`ReadAlong`: the host copy of `columns`, kept per row until its verdict says which length was accepted."""
@@ -238,10 +282,11 @@ class XSpecMeshPool(PoolBase):
         """5. h_{s*-1} and the history window after committing x_s .. x_{s*-1}; the next candidates if read ahead."""
         for i, (r, verdict) in enumerate(zip(self.rows, verdicts)):
             a = verdict.num_accepted
-            hidden = out.features[i, : sizes[i]]  # [S_i, dim]
-            r.past = window(self.stacked, hidden[: a + 1], r.past)
-            r.h = hidden[a : a + 1]
+            if self.stacked.history:
+                r.past = window(self.stacked, out.features[i, : a + 1], r.past)
             r.ready, r.ahead = (None if r.ahead is None else r.ahead[a]), None
+            if r.ready is None:  # read ahead, the next candidates are known: no heads call needs h
+                r.h = out.features[i, a]
 
 
 def window(stacked, rows: torch.Tensor, past: torch.Tensor | None) -> torch.Tensor | None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 from dataclasses import asdict, dataclass
 
 import torch
@@ -164,7 +162,8 @@ class XSpecMeshHeads(nn.Module):
 @dataclass(frozen=True)
 class StackedHeads:
     """The D head bodies' weights stacked along a leading D axis, input-major [D, in, out], for decoding one row:
-    `features` equals the D `XSpecMeshHeads.head_features` on one hidden state with each layer of all D heads one `bmm`.
+    `features` equals the D `XSpecMeshHeads.head_features` on one hidden state (or on several, each alike: a row's
+    verify positions) with each layer of all D heads one `bmm`.
     Built per generation (`XSpecMeshHeads.stacked`), so it reflects the current weights; inference only."""
 
     kind: str
@@ -187,35 +186,28 @@ class StackedHeads:
     def token_input(self) -> bool:
         return self.tok_w is not None
 
-    def tiled(self, d: int, n: int) -> "StackedHeads":
-        """The first d heads repeated n times (n d heads, position-major): its `features` on rows [n d, dim] (each of
-        n hidden states repeated d times) are the d heads' on each of the n states, in one call."""
-        axis = {"res_w": 1, "res_b": 1}  # layer-major; every other weight is [D, ...]
-        return dataclasses.replace(self, **{
-            f.name: torch.cat([t.narrow(axis.get(f.name, 0), 0, d)] * n, axis.get(f.name, 0))
-            for f in dataclasses.fields(self) if isinstance(t := getattr(self, f.name), torch.Tensor)})
-
     @property
     def history(self) -> int:
         return 0 if self.pos_kv is None else self.pos_kv.shape[1]
 
     def features(self, h: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor] | None,
                  emb: torch.Tensor | None = None, past: torch.Tensor | None = None) -> torch.Tensor:
-        """One hidden state h [1, dim] (+ E(x_{s+1}) emb [1, dim]) -> head features [D, dim] (before the LM head);
-        past [D, W', 2 inner] (history heads): `project_history` of the latest hidden states, newest (= h) first."""
-        z = h.expand(self.res_b.shape[1], -1)  # [D, dim]
+        """Hidden states h [S, dim] (+ E(x_{s+1}) emb [S, dim]) -> head features [D S, dim], head-major (before the LM
+        head; [D, dim] for one state); each layer of all D heads on all S states one `bmm`. past [D, W', 2 inner]
+        (history heads, S = 1): `project_history` of the latest hidden states, newest (= h) first."""
+        z = h.expand(self.res_b.shape[1], *h.shape)  # [D, S, dim]
         if self.tok_w is not None:
-            z = z + rows_times(emb.expand_as(z), self.tok_w)  # [D, dim]
+            z = z + torch.bmm(emb.expand_as(z), self.tok_w)  # [D, S, dim]
         if self.kind == "ca":
-            q = rows_times(rms_norm(z, self.norm_w, self.eps), self.wq)  # [D, inner]
-            d, inner = q.shape
-            q = q.view(d, self.n_heads, 1, inner // self.n_heads)  # [D, H, 1, hd]
+            q = torch.bmm(rms_norm(z, self.norm_w[:, None], self.eps), self.wq)  # [D, S, inner]
+            d, s, inner = q.shape
+            q = q.view(d, s, self.n_heads, inner // self.n_heads).transpose(1, 2)  # [D, H, S, hd]
             k, v = kv if not self.history else self.with_history(kv, past)  # [D, H, M (+ W'), hd]
-            y = F.scaled_dot_product_attention(q, k, v).reshape(d, inner)  # [D, inner]
-            z = z + rows_times(y, self.wo)  # [D, dim]
+            y = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(d, s, inner)  # [D, S, inner]
+            z = z + torch.bmm(y, self.wo)  # [D, S, dim]
         for w, b in zip(self.res_w, self.res_b):  # one ResBlock of each of the D heads at once
-            z = z + F.silu(torch.baddbmm(b.unsqueeze(1), z.unsqueeze(1), w).squeeze(1))
-        return z
+            z = z + F.silu(torch.baddbmm(b.unsqueeze(1), z, w))
+        return z.reshape(-1, z.shape[-1])
 
     def project_history(self, rows: torch.Tensor) -> torch.Tensor:
         """Hidden states rows [n, dim] -> each head's window K/V rows [D, n, 2 inner] (RMSNorm, wkv_h; no offset tag),
@@ -234,15 +226,11 @@ class StackedHeads:
 def head_logits(stacked: StackedHeads, lm_head: nn.Module, embed: nn.Module, dtype: torch.dtype, d: int,
                 h: torch.Tensor, token: torch.Tensor | None = None, k: torch.Tensor | None = None,
                 v: torch.Tensor | None = None, past: torch.Tensor | None = None) -> tuple[torch.Tensor]:
-    """The first d heads' logits [d, V] (float32) on one row's h [1, dim]: token [1] = x_{s+1} (token_input heads),
-    k, v [D, H, M, hd] its condition's K/V (CA heads), past [D, W', 2 inner] its window (history heads); the LM head
-    runs in `dtype`. Device ops only, shapes fixed by the inputs' (what a captured heads step replays)."""
-    emb = embed(token) if stacked.token_input else None  # [1, dim]
-    feats = stacked.features(h, None if k is None else (k, v), emb, past)[:d].to(dtype)  # [d, dim]
+    """The first d heads' logits [d S, V] (float32; head-major, [d, V] for one state) on one row's hidden states
+    h [S, dim]: token [S] = x_{s+1} of each (token_input heads), k, v [D, H, M, hd] its condition's K/V (CA heads),
+    past [D, W', 2 inner] its window
+    (history heads, S = 1); the LM head runs in `dtype`. Device ops only, shapes fixed by the inputs' (what a
+    captured heads step replays)."""
+    emb = embed(token) if stacked.token_input else None  # [S, dim]
+    feats = stacked.features(h, None if k is None else (k, v), emb, past)[: d * h.shape[0]].to(dtype)  # [d S, dim]
     return (lm_head(feats).float(),)
-
-
-def rows_times(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """Row d of x [D, in] times head d's input-major weight w [D, in, out] -> [D, out] (one bmm)."""
-    return torch.bmm(x.unsqueeze(1), w).squeeze(1)
-
