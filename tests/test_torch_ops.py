@@ -43,6 +43,10 @@ def cases(dtype):
            # an embedding [V, D], tokens [R, S], features [R, S, D] (a broadcast row: stride 0)
            "embed_cat": (randn(10, 64, dtype=dtype, seed=18), torch.tensor([[3, 9, 0], [1, 1, 2]]),
                          randn(2, 1, 64, dtype=dtype, seed=19).expand(2, 3, 64)),
+           # the last level's lists [R, W, T], frontier parents [n, W], own slots [R, W, 1], tail [R, 1, T], br
+           "level_lists": (torch.arange(48, dtype=torch.int32).view(2, 2, 12), torch.tensor([[1, 0]]),
+                           torch.tensor([[[20], [21]], [[22], [23]]], dtype=torch.int32),
+                           torch.arange(12).view(1, 1, 12).expand(2, 1, 12) >= 5, 2),
            # a step's committed lengths [R], tree rows [R, S, S], T
            "step_plan": (torch.tensor([3, 0]), torch.eye(4, dtype=torch.bool).expand(2, 4, 4).contiguous(), 12),
            # logits [n * br, S, V] (CFG pairs), path scores [n, S], branches, scale, k
@@ -65,8 +69,8 @@ def cases(dtype):
     return got
 
 
-CUDA_ONLY = ("rope", "rope_store", "silu_mul", "embed_cat", "step_plan", "top_children", "beam", "kept_tree",
-             "growth_setup")  # torch's ops elsewhere (kernel_choice.one_pass)
+CUDA_ONLY = ("rope", "rope_store", "silu_mul", "embed_cat", "level_lists", "step_plan", "top_children", "beam",
+             "kept_tree", "growth_setup")  # torch's ops elsewhere (kernel_choice.one_pass)
 OPS = ("rms_norm", "add_rms_norm", "tiled_linear", "attention_plan", "attend", "rope_write_attend", "qmm", *CUDA_ONLY)
 CUDA_OPS = ("rms_norm", "add_rms_norm", "attention_plan", "attend", *CUDA_ONLY)  # Triton on CUDA (native/cuda_ops.py)
 

@@ -221,7 +221,7 @@ def static_growth(net, children: Children, cache: tuple[torch.Tensor, torch.Tens
     def forward(feats, toks, parent, i):
         nonlocal seen
         part = slice(i * rows, (i + 1) * rows)
-        seen = lists.level(i, None if parent is None else frontier_rows(seen, parent, branches))
+        seen = lists.level(i, seen, parent, branches)
         pos = at_rows[i][:, None].expand(-1, toks.shape[1])  # [R, W]: a view (the rotation is given)
         x = StaticInputs(toks, pos, meta[i], lists=(seen, lists.count[i], lists.shared), features=feats,
                          rotation=Rotation(turns.cos[part], turns.sin[part], turns.layout))
@@ -251,7 +251,7 @@ class GrowthSetup:
             above, padding, slots, roots, at_rows, meta, own, count, tail, shared, entries = \
                 torch.ops.specgen.growth_setup(ints, writes, levels, w, branches, t)
             return cls(Frame(above, padding, slots, roots), at_rows, meta,
-                       LevelLists(entries, own[..., None], tail[:, :, None], count, shared))
+                       LevelLists(entries, own[..., None], tail[:, :, None], count, shared, True))
         root_pos, k, depth, _, prefix, _ = ints
         lives, positions = level_positions(root_pos, depth, levels)  # [L, n] each
         at_rows = positions[:, :, None].expand(-1, -1, branches).reshape(levels, rows)
@@ -273,6 +273,7 @@ class LevelLists:
     tail: torch.Tensor  # [L, R, 1, T] bool: entries p >= prefix + i (level i's own)
     count: torch.Tensor  # [L, R, W] int32, contiguous: prefix + i + 1
     shared: torch.Tensor  # [R] int32: prefix, the leading run every list holds
+    fused: bool = False  # a level's lists in one kernel (CUDA's `level_lists`), else torch's ops
 
     @classmethod
     def make(cls, first: torch.Tensor, w: int, t: int) -> LevelLists:
@@ -286,10 +287,15 @@ class LevelLists:
         count = (ends + 1)[:, :, None].expand(-1, -1, w).contiguous()
         return cls(slots, own, slots >= ends[:, :, None, None], count, ends[0])
 
-    def level(self, i: int, parents: torch.Tensor | None) -> torch.Tensor:
-        """Level i's lists [R, W, T] from its nodes' parents' lists (`frontier_rows` of the last level's; None: the
-        first level, whose nodes' parent is the root)."""
-        return torch.where(self.tail[i], self.own[i], self.slots if parents is None else parents)
+    def level(self, i: int, seen: torch.Tensor | None, parent: torch.Tensor | None, branches: int) -> torch.Tensor:
+        """Level i's lists [R, W, T] from its nodes' parents' lists: the last level's `seen` [R, W, T] at frontier
+        positions parent [n, W] (None: the first level, whose nodes' parent is the root). On CUDA one kernel
+        (`level_lists`: the gather and the `where` in one pass)."""
+        if parent is None:
+            return torch.where(self.tail[i], self.own[i], self.slots)
+        if self.fused:
+            return torch.ops.specgen.level_lists(seen, parent, self.own[i], self.tail[i], branches)
+        return torch.where(self.tail[i], self.own[i], frontier_rows(seen, parent, branches))
 
 
 def frontier_rows(x: torch.Tensor, parent: torch.Tensor, branches: int) -> torch.Tensor:

@@ -205,6 +205,8 @@ def beam(cand: torch.Tensor, tokens: torch.Tensor, pad: torch.Tensor, nxt: int, 
     kernels().beam_rows[(n,)](cand.contiguous(), tokens.contiguous(), pad.contiguous().view(torch.uint8), score, slot,
                               parent, tok, recorded, W=w, NXT=nxt, BRANCHES=branches, BLOCK=max(16, pow2(w * w)))
     return score, slot, parent, tok
+
+
 def kept_tree(scores: torch.Tensor, padding: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor,
               counts: torch.Tensor, roots: torch.Tensor, root_pos: torch.Tensor, total: int,
               levels: int) -> tuple[torch.Tensor, ...]:
@@ -263,4 +265,16 @@ def embed_cat(weight: torch.Tensor, tokens: torch.Tensor, features: torch.Tensor
     if r * s:
         kernels().embed_rows[(r * s,)](weight.contiguous(), tokens.contiguous(), feats, out, s, dim, feats.stride(0),
                                        feats.stride(1), BLOCK=max(16, pow2(dim)))
+    return out
+
+
+def level_lists(prev: torch.Tensor, parent: torch.Tensor, own: torch.Tensor, tail: torch.Tensor,
+                branches: int) -> torch.Tensor:
+    """`torch.ops.specgen.level_lists` on CUDA, one launch (triton_kernels.level_rows): a growth level's lists [R, W, T]
+    (int32) from the last level's prev [R, W, T] at each node's frontier parent [n, W], its own slots own [R, W, 1]
+    and tail [R, 1, T] bool (entries from its own on)."""
+    r, w, t = prev.shape
+    out = torch.empty_like(prev, memory_format=torch.contiguous_format)
+    kernels().level_rows[(r * w,)](prev.contiguous(), parent.contiguous(), own.contiguous(),
+                                   tail.contiguous().view(torch.uint8), out, w, t, BRANCHES=branches, BLOCK=PLAN_BLOCK)
     return out

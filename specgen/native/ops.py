@@ -100,6 +100,10 @@ op("rope_store(Tensor qkv, Tensor cos, Tensor sin, Tensor(a!) k, Tensor(b!) v, T
    "Tensor", lambda qkv, cos, sin, k, v, meta, heads, half: qkv.new_empty(qkv.shape[0], heads, *qkv.shape[2:]),
    "CUDA")(cuda_ops.rope_store)
 op("silu_mul(Tensor a, Tensor b) -> Tensor", like, "CUDA")(cuda_ops.silu_mul)
+# a growth level's attention lists from its parents' (a gather and a `where`) in one pass
+op("level_lists(Tensor prev, Tensor parent, Tensor own, Tensor tail, int branches) -> Tensor",
+   lambda prev, parent, own, tail, branches: torch.empty_like(prev, memory_format=torch.contiguous_format),
+   "CUDA")(cuda_ops.level_lists)
 # an EAGLE drafter's input, cat([embedding, features]), in one pass (a copy: the same bits)
 op("embed_cat(Tensor weight, Tensor tokens, Tensor features) -> Tensor",
    lambda weight, tokens, features: features.new_empty(*tokens.shape, 2 * weight.shape[1]), "CUDA")(cuda_ops.embed_cat)

@@ -333,6 +333,8 @@ def beam_rows(CAND, TOKENS, PAD, SCORE, SLOT, PARENT, FTOK, recorded, W: tl.cons
     tok = tl.load(TOKENS + i * W * W + index, mask=keep, other=0)
     for b in tl.static_range(BRANCHES):
         tl.store(FTOK + (i * BRANCHES + b) * NXT + lanes, tok, mask=keep)
+
+
 # A step's tree growth's tail (methods/eagle_grow.py): one program a tree row, its output the bits of `best_nodes`,
 # `in_slot_order` and `tree_inputs` in sequence. 1. The row's first t ranks (t = min(total, N)) by the key
 # (clamp(-score, max=FLT_MAX), slot), padding's score +inf: the float key as an order-preserving int32 (-0.0 as 0.0,
@@ -477,3 +479,24 @@ def embed_rows(WEIGHT, TOKENS, FEATS, OUT, n_s, dim, sfr, sfs, BLOCK: tl.constex
     tok = tl.load(TOKENS + node)
     tl.store(OUT + node * 2 * dim + j, tl.load(WEIGHT + tok * dim + j, mask=real), mask=real)
     tl.store(OUT + node * 2 * dim + dim + j, tl.load(FEATS + r * sfr + s * sfs + j, mask=real), mask=real)
+
+
+# A captured growth's next level's attention lists (methods/eagle_grow.LevelLists.level): one program a (cache row r,
+# node q) copies its parent's list (PREV [R, W, T], node PARENT[r // BRANCHES, q] of the last level) with every entry
+# from its tail on (TAIL[r, p]: p >= prefix + i) its own slot OWN[r, q]: torch.where over a gather, in one pass.
+@triton.jit(do_not_specialize=["w", "t"])
+def level_rows(PREV, PARENT, OWN, TAIL, OUT, w, t, BRANCHES: tl.constexpr, BLOCK: tl.constexpr):
+    node = tl.program_id(0).to(tl.int64)  # r * w + q
+    r = node // w
+    q = node - r * w
+    parent = tl.load(PARENT + (r // BRANCHES) * w + q)
+    own = tl.load(OWN + node)
+    src = PREV + (r * w + parent) * t
+    lanes = tl.arange(0, BLOCK)
+    start = t * 0  # while loops: the interpreter takes no runtime bound in range()
+    while start < t:
+        p = start + lanes
+        real = p < t
+        mine = tl.load(TAIL + r * t + p, mask=real, other=0) != 0
+        tl.store(OUT + node * t + p, tl.where(mine, own, tl.load(src + p, mask=real & ~mine, other=0)), mask=real)
+        start += BLOCK

@@ -194,8 +194,7 @@ def test_a_captured_levels_lists_are_the_plan_of_its_ancestors_mask():
     plan makes of the eager growth's mask (the committed slots, the ancestors' and its own), and that mask is theirs:
     3 CFG sequences at different prefixes, 3 levels of 4 nodes with random parents."""
     from specgen import native
-    from specgen.methods.eagle_grow import (LevelLists, branch_rows, frontier_rows, level_mask, slot_offsets,
-                                            tree_columns)
+    from specgen.methods.eagle_grow import LevelLists, branch_rows, level_mask, slot_offsets, tree_columns
     from specgen.models.graphs import StaticInputs, visibility
 
     if native.library("attention") is None:
@@ -212,7 +211,7 @@ def test_a_captured_levels_lists_are_the_plan_of_its_ancestors_mask():
         parent = None if i == 0 else torch.randint(0, w, (n, w), generator=g)
         anc = eye if parent is None else torch.cat([anc.gather(1, parent[..., None].expand(-1, -1, anc.shape[-1])),
                                                     eye], 2)
-        seen = lists.level(i, None if parent is None else frontier_rows(seen, parent, br))  # [R, W, T]
+        seen = lists.level(i, seen, parent, br)  # [R, W, T]
         mask = branch_rows(level_mask(anc, tree_columns(rel, anc.shape[-1]), committed), br)  # [R, W, T]
         idx, count, shared = torch.ops.specgen.attention_plan(mask)
         assert torch.equal(lists.count[i], count) and torch.equal(lists.shared, starts.int())

@@ -13,7 +13,6 @@ import torch
 from specgen.image.target import CFGTarget, guided
 from specgen.methods import eagle_grow
 from specgen.native import cuda_ops
-from tests.models.test_cuda_ops import device  # noqa: F401 -- the fixture: interpreter on the CPU, compiled on CUDA
 
 pytest.importorskip("triton")
 
@@ -79,7 +78,8 @@ def test_the_growth_setup_kernel_gives_torchs_constants(device, case):
     ints = torch.tensor(ints, device=device)
     writes = torch.arange(ints.shape[1] * branches, device=device)
     plan = eagle_grow.GrowPlan(widths, 12)
-    parts = lambda s: (*vars(s.frame).values(), s.at_rows, s.meta, *vars(s.lists).values())  # noqa: E731
+    parts = lambda s: (*vars(s.frame).values(), s.at_rows, s.meta, s.lists.slots, s.lists.own,  # noqa: E731
+                       s.lists.tail, s.lists.count, s.lists.shared)
     want = parts(eagle_grow.GrowthSetup.make(ints.cpu(), writes.cpu(), plan, branches, t, False))
     with pytest.MonkeyPatch.context() as m:
         m.setattr(torch.ops.specgen, "growth_setup", cuda_ops.growth_setup)
@@ -97,7 +97,7 @@ def growth(kernels: bool, monkeypatch):
 
     monkeypatch.setattr(eagle_grow, "kernel_choice", SimpleNamespace(one_pass=lambda x: kernels))
     if kernels:
-        for name in ("top_children", "beam", "kept_tree", "growth_setup"):
+        for name in ("top_children", "beam", "kept_tree", "growth_setup", "level_lists"):
             monkeypatch.setattr(torch.ops.specgen, name, getattr(cuda_ops, name))
     model = tiny_image_target(0)
     net = EagleNet.from_target(model).eval()
@@ -138,3 +138,17 @@ def test_a_drafters_input_is_torchs_cat_of_its_embedding_and_features(device):
         feats = torch.randn(3, 1, 24, generator=g).to(device, dtype).expand(3, 5, 24)
         want = torch.cat([torch.nn.functional.embedding(tokens, weight), feats], -1)
         assert torch.equal(cuda_ops.embed_cat(weight, tokens, feats), want)
+
+
+def test_a_levels_lists_are_its_parents_with_its_own_slot_from_its_tail_on(device):
+    """`level_lists`: the gather of the last level's lists at each node's frontier parent and the `where` of its own
+    slot over its tail, bit for bit (`LevelLists.level`'s torch ops), for CFG pairs of cache rows."""
+    g = torch.Generator().manual_seed(5)
+    n, br, w, t = 3, 2, 4, 200
+    prev = torch.randint(0, 1000, (n * br, w, t), generator=g, dtype=torch.int32)
+    parent = torch.randint(0, w, (n, w), generator=g)
+    own = torch.randint(0, 1000, (n * br, w, 1), generator=g, dtype=torch.int32)
+    tail = torch.arange(t)[None, None] >= torch.randint(0, t, (n * br, 1, 1), generator=g)
+    want = torch.where(tail, own, eagle_grow.frontier_rows(prev, parent, br))
+    got = cuda_ops.level_lists(*(x.to(device) for x in (prev, parent, own, tail)), br)
+    assert torch.equal(got.cpu(), want)
