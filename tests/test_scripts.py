@@ -93,14 +93,13 @@ def growth_kernels(levels: int, lines=None) -> int:
     of 4 nodes: 3 CFG sequences of a tiny image model at different prefixes and depths."""
     import gpu_sync_count
 
-    from specgen.image.target import CFGTarget
     from specgen.methods.eagle_grow import Children, GrowPlan, static_growth
     from specgen.models.eagle import EagleNet
     from tests.image_fixtures import tiny_image_target
 
     model = tiny_image_target(0)
     net = EagleNet.from_target(model).eval()
-    children = Children(model.output, CFGTarget(model, 3.0).combine, 2, 3.0)
+    children = Children(model.output, 2, 3.0)
     c = net.cfg
     k = torch.zeros(1, 7, c.n_kv_heads, 64, c.hd)
     ints = torch.tensor([[3, 4, 5], [4, 2, 4], [3, 0, 2], [12, 0, 12], [4, 5, 6], [7, 8, 9]])

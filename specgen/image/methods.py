@@ -34,7 +34,7 @@ class ImageParts:
 def eagle_drafter(parts: ImageParts, policy) -> EagleTreeDrafter:
     if parts.drafter_net is None:
         raise UsageError("this method needs an EAGLE drafter (--drafter NAME, or the target's shipped one)")
-    return EagleTreeDrafter(parts.drafter_net, parts.model.output, parts.target.combine, policy,
+    return EagleTreeDrafter(parts.drafter_net, parts.model.output, policy,
                             max_len=parts.model.rope_table.shape[0] + 512, guidance=parts.target.cfg_scale)
 
 

@@ -52,15 +52,16 @@ class FixedShape(ShapePolicy):
 
 @dataclass
 class EagleTreeDrafter(DrafterBase):
-    """One row's EAGLE drafter: the feature drafter, its head and CFG, the tree policy, and the row's state between
-    steps (set by the pool that grows every live row's tree together, `EagleBatch`)."""
+    """One row's EAGLE drafter: the feature drafter, its head and CFG scale, the tree policy, and the row's state
+    between steps (set by the pool that grows every live row's tree together, `EagleBatch`)."""
 
     net: torch.nn.Module
     head: Callable[[torch.Tensor], torch.Tensor]  # hidden [B, S, D] -> logits [B, S, V] (target's head)
-    combine: Callable[[torch.Tensor], torch.Tensor]  # [B, S, V] -> [n, S, V] (CFG or identity)
     policy: ShapePolicy
     max_len: int = 4096
-    guidance: float = 1.0  # the CFG scale `combine` applies: a captured tree growth bakes it in, so it keys the capture
+    # the target's CFG scale (CFGTarget.cfg_scale; 1: none): the drafter's logits are guided as the target's
+    # (`eagle_grow.Children`); a captured tree growth bakes it in, so it keys the capture
+    guidance: float = 1.0
     pending: torch.Tensor | None = None  # [br, m, D]: f of the pairs the next catch-up runs
     last_shape: TreeShape | None = None  # the shape of the tree the next verdict judges (None: no observation)
     last_index: int = 0
@@ -123,7 +124,7 @@ class EagleBatch(PoolBase):
         d.backlog = []  # joined to `pending` once, by the catch-up (joining step by step is quadratic)
         if self.cache is None:
             self.net, self.br, self.guidance = d.net, first.features.shape[0], d.guidance
-            self.children = Children(d.head, d.combine, self.br, d.guidance)
+            self.children = Children(d.head, self.br, d.guidance)
             self.cache = d.net.new_cache(len(self.rows) * self.br, d.max_len)
         self.cache.clear_seq(slot, self.br)
         self.rows[slot] = d

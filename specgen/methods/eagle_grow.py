@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from specgen.decoding.draft import Draft
 from specgen.decoding.tree import DraftTree
 from specgen.decoding.verify import VerifyBatch, tree_inputs
+from specgen.image.target import guided
 from specgen.models import kernel_choice
 from specgen.models.graphs import NODE_BUCKETS, StaticInputs, eagle_step
 from specgen.models.rope import Rotation, rows_rotation
@@ -66,15 +67,15 @@ class Children:
     and the child's token [n, S, k]. On CUDA one kernel after the head (`top_children`), else torch's ops."""
 
     head: Callable[[torch.Tensor], torch.Tensor]  # [n * br, S, D] -> logits [n * br, S, V]
-    combine: Callable[[torch.Tensor], torch.Tensor]  # [n * br, S, V] -> [n, S, V]: CFG at `scale` when br is 2
-    branches: int
+    branches: int  # 2: CFG pairs (cond, uncond), guided at `scale` (image/target.guided); 1: none
     scale: float
 
     def __call__(self, hidden: torch.Tensor, scores: torch.Tensor | None, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         logits = self.head(hidden)
         if kernel_choice.one_pass(logits):
             return torch.ops.specgen.top_children(logits, scores, self.branches, self.scale, k)
-        top = self.combine(logits).float().log_softmax(-1).topk(k, dim=-1)
+        guided_logits = guided(logits, self.scale) if self.branches == 2 else logits  # [n, S, V]
+        top = guided_logits.float().log_softmax(-1).topk(k, dim=-1)
         return (top.values if scores is None else scores[..., None] + top.values), top.indices
 
 

@@ -144,9 +144,9 @@ def native_norms(*tensors: torch.Tensor) -> bool:
 
 
 def one_pass(x: torch.Tensor) -> bool:
-    """Whether a step over x runs as one Triton kernel (`torch.ops.specgen.rope`, `rope_store`, `silu_mul`, a tree
-    growth's `top_children`, `beam` and `kept_tree`; torch's ops elsewhere): CUDA, grad mode off. Asked per layer: a
-    CPU tensor answers at the first test."""
+    """Whether a step over x runs as one of the CUDA-only Triton ops (native/ops.py: RoPE, the gate, a step's plan, a
+    tree growth's; torch's ops elsewhere): CUDA, grad mode off. Asked per layer: a CPU tensor answers at the first
+    test."""
     return x.is_cuda and cuda_kernels(x.dtype, x.device)
 
 

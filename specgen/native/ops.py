@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from specgen import native
 from specgen.native import cuda_ops
 
-# CPU tensors (attention_plan and attend also CUDA ones: cuda_ops.py), no backward; `models/kernel_choice.py` decides
-# when they run. The C side reads raw elements: each op makes its inputs contiguous (attention: the last dim) before
+# CPU tensors, and CUDA ones through cuda_ops.py's Triton kernels (some CUDA only: torch's ops run elsewhere); no
+# backward; `models/kernel_choice.py` decides when they run. The C side reads raw elements: each op makes its inputs contiguous (attention: the last dim) before
 # passing pointers.
 
 

@@ -19,7 +19,7 @@ GRID = 4
 
 def drafter(model, target, policy):
     net = TinyEagle(model).eval()
-    return EagleTreeDrafter(net, model.output, target.combine, policy, max_len=64)
+    return EagleTreeDrafter(net, model.output, policy, max_len=64, guidance=target.cfg_scale)
 
 
 @pytest.mark.parametrize("cfg_scale", [1.0, 3.0])
@@ -56,7 +56,8 @@ def test_drafter_that_copies_the_target_is_fully_accepted():
             return model.hidden_states(model.tok_embeddings(tokens), positions, cache, tree_mask, attn_mask=attn_mask)
 
     depth = 3
-    d = EagleTreeDrafter(Oracle(), model.output, target.combine, FixedShape(TreeShape(depth, 2, 8)), max_len=64)
+    d = EagleTreeDrafter(Oracle(), model.output, FixedShape(TreeShape(depth, 2, 8)), max_len=64,
+                         guidance=target.cfg_scale)
     res = decode(target, d, [label], GRID * GRID, SamplingParams())
     ar = decode(target, EmptyDrafter(), [label], GRID * GRID, SamplingParams()).tokens
     assert res.tokens == ar

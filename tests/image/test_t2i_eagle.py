@@ -75,7 +75,8 @@ def test_training_rows_are_what_the_tree_drafter_sees():
     toks, feats = sample_images(model, [cap], cfg_scale=3.0, temperature=0.0, features=True)
     target = CaptionCFGTarget(model, 3.0, cap)
     rec = Recorder(EagleNet.from_target(model).eval())
-    drafter = EagleTreeDrafter(rec, model.output, target.combine, FixedShape(TreeShape(3, 4, 12)), max_len=64)
+    drafter = EagleTreeDrafter(rec, model.output, FixedShape(TreeShape(3, 4, 12)), max_len=64,
+                               guidance=target.cfg_scale)
     assert decode(target, drafter, target.prompt(), N, SamplingParams()).tokens == toks[0].tolist()
     seen_f, seen_t, seen_p = (torch.cat([c[k] for c in rec.calls], 1) for k in range(3))
     k = seen_t.shape[1]

@@ -56,7 +56,7 @@ def caption(seed: int, n_valid: int):
 
 
 def drafter(model, target, policy):
-    return EagleTreeDrafter(TinyEagle(model).eval(), model.output, target.combine, policy, max_len=64)
+    return EagleTreeDrafter(TinyEagle(model).eval(), model.output, policy, max_len=64, guidance=target.cfg_scale)
 
 
 @pytest.mark.parametrize("cfg_scale", [1.0, 3.0])
@@ -73,7 +73,7 @@ def test_eagle2_and_adt_tree_greedy_equal_ar_with_padded_captions(cfg_scale, n_v
     adt = AdtPolicy(AdtOptions(d0=2, k0=4, l_k=1, k_min=1, k_max=8, total_tokens=10), GRID, N_COND)
     assert decode(target, drafter(model, target, adt), target.prompt(), n, SamplingParams()).tokens == ar
     net = EagleNet.from_target(model).eval()  # the registry drafter class, untrained
-    d = EagleTreeDrafter(net, model.output, target.combine, FixedShape(TreeShape(3, 4, 12)), max_len=64)
+    d = EagleTreeDrafter(net, model.output, FixedShape(TreeShape(3, 4, 12)), max_len=64, guidance=target.cfg_scale)
     assert decode(target, d, target.prompt(), n, SamplingParams()).tokens == ar
 
 
@@ -95,7 +95,8 @@ def test_oracle_drafter_is_fully_accepted_through_the_key_mask():
             return model.hidden_states(model.tok_embeddings(tokens), positions, cache, tree_mask, attn_mask=attn_mask)
 
     depth = 3
-    d = EagleTreeDrafter(Oracle(), model.output, target.combine, FixedShape(TreeShape(depth, 2, 8)), max_len=64)
+    d = EagleTreeDrafter(Oracle(), model.output, FixedShape(TreeShape(depth, 2, 8)), max_len=64,
+                         guidance=target.cfg_scale)
     res = decode(target, d, target.prompt(), GRID * GRID, SamplingParams())
     ar = decode(target, EmptyDrafter(), target.prompt(), GRID * GRID, SamplingParams()).tokens
     assert res.tokens == ar

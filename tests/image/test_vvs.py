@@ -37,8 +37,8 @@ def parts(seed=0, cfg_scale=3.0):
 
 
 def drafter(p):
-    return EagleTreeDrafter(p.drafter_net, p.model.output, p.target.combine, FixedShape(TreeShape(3, 4, 12)),
-                            max_len=64)
+    return EagleTreeDrafter(p.drafter_net, p.model.output, FixedShape(TreeShape(3, 4, 12)),
+                            max_len=64, guidance=p.target.cfg_scale)
 
 
 def run_vvs(p, schedule, temperature=1.0, seed=7, target=None, **kw):

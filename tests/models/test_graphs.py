@@ -383,7 +383,7 @@ def fake_growth(dtype: torch.dtype, plan, children=None):
 
     model = tiny_image_target(0).to(dtype)
     net = EagleNet.from_target(model).to(dtype).eval()
-    children = children or Children(model.output, CFGTarget(model, 3.0).combine, 2, 3.0)
+    children = children or Children(model.output, 2, 3.0)
     c = net.cfg
     with FakeTensorMode(allow_non_fake_inputs=True) as mode, torch.inference_mode():
         k = mode.from_tensor(torch.zeros(1, 7, c.n_kv_heads, 64, c.hd, dtype=dtype))

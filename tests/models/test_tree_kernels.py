@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from specgen.image.target import CFGTarget, guided
+from specgen.image.target import guided
 from specgen.methods import eagle_grow
 from specgen.native import cuda_ops
 
@@ -101,7 +101,7 @@ def growth(kernels: bool, monkeypatch):
             monkeypatch.setattr(torch.ops.specgen, name, getattr(cuda_ops, name))
     model = tiny_image_target(0)
     net = EagleNet.from_target(model).eval()
-    children = eagle_grow.Children(model.output, CFGTarget(model, 3.0).combine, 2, 3.0)
+    children = eagle_grow.Children(model.output, 2, 3.0)
     c, g = net.cfg, torch.Generator().manual_seed(3)
     k = torch.randn(1, 7, c.n_kv_heads, 64, c.hd, generator=g)
     ints = torch.tensor([[3, 4, 5], [5, 2, 4], [3, 0, 2], [12, 0, 12], [4, 5, 6], [7, 8, 9]])
