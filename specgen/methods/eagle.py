@@ -123,7 +123,7 @@ class EagleBatch(PoolBase):
         d.owed = False
         d.backlog = []  # joined to `pending` once, by the catch-up (joining step by step is quadratic)
         if self.cache is None:
-            self.net, self.br, self.guidance = d.net, first.features.shape[0], d.guidance
+            self.net, self.br = d.net, first.features.shape[0]
             self.children = Children(d.head, self.br, d.guidance)
             self.cache = d.net.new_cache(len(self.rows) * self.br, d.max_len)
         self.cache.clear_seq(slot, self.br)
@@ -220,7 +220,7 @@ class EagleBatch(PoolBase):
         def run(root_hidden, host):  # the host part's views: no kernel
             return grow_rows(root_hidden, host[: 6 * padded].view(6, padded), host[6 * padded :])
 
-        key = ("grow", padded, plan, width, br, self.guidance)  # a later pool's growths reuse it at the same CFG
+        key = ("grow", padded, plan, width, br, self.children.scale)  # a later pool's growths reuse it at its CFG
         outs = graphs.call(key, run, {"root_hidden": roots, "host": host})
         return tuple(p[:n] for p in outs) if pad else outs  # a slice is a host op: none where no row pads
 
