@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import functools
 import json
 import random
 import time
@@ -39,7 +40,7 @@ from specgen.methods import run_batch
 from specgen.methods.options import MultiBlockOptions, NgramOptions
 from specgen.methods.pcllm import MultiBlockDrafter
 from specgen.methods.text import EmptyDrafter, NgramDrafter
-from specgen.models import attention, graphs
+from specgen.models import attention, graphs, sliced_linear
 from specgen.models.sliced_linear import SLICE_ROWS, SlicedLinear, row_invariant
 from specgen.models.transformer import Transformer, TransformerConfig
 from specgen.native import cuda_ops
@@ -100,13 +101,17 @@ def prompts_of(n: int, vocab: int, seed: int = 0) -> list[list[int]]:
     return [[rng.randrange(vocab) for _ in range(rng.randint(64, 256))] for _ in range(n)]
 
 
-def text_rows(new: int) -> None:
+def text_model() -> tuple[TransformerConfig, Transformer, list[list[int]]]:
+    """The text rows' model (SmolLM2's shape, random weights, bf16, laid out as a loader lays it out) and prompts."""
     torch.manual_seed(0)
     cfg = SMOLLM2 if DEVICE == "cuda" else dataclasses.replace(SMOLLM2, n_layers=2, vocab_size=512)
-    model = row_invariant(Transformer(cfg).to(DEVICE, torch.bfloat16).eval())  # as a loader lays it out
+    return cfg, row_invariant(Transformer(cfg).to(DEVICE, torch.bfloat16).eval()), prompts_of(4, cfg.vocab_size)
+
+
+def text_rows(new: int) -> None:
+    cfg, model, prompts = text_model()
     target = ModelTarget(model)
     target.device = DEVICE
-    prompts = prompts_of(4, cfg.vocab_size)
 
     def run(drafter, ps, b=1, n=new):
         return run_batch(target, lambda i: drafter(), ps, n, SamplingParams(), batch_size=b)
@@ -193,22 +198,43 @@ def busy(what: str, gpu: float | None, token_wall: float) -> None:
             busy=gpu / token_wall)
 
 
+def hf_of(model):
+    """transformers' Llama of our Transformer, bf16 on the device (the peers' model)."""
+    from specgen.models.hf_export import to_hf
+
+    model.graphs = None  # the captures point at the parameters: copy, never convert, the captured model
+    return to_hf(copy.deepcopy(model).float()).to(DEVICE, torch.bfloat16).eval()
+
+
+def hf_generate(hf, p: list[int], n: int, **kw) -> list[int]:
+    ids = torch.tensor([p], device=DEVICE)
+    with torch.inference_mode():
+        return hf.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, **kw)[0, len(p):].tolist()
+
+
+def hf_static(hf, prompts, new: int) -> float:
+    """Seconds of transformers' first static-cache `generate` (its CompileConfig compiles the forward: fullgraph,
+    "reduce-overhead"); it keeps its static cache while a call fits it, so the longest prompt first compiles once."""
+    hf.generation_config.cache_implementation = "static"
+    return timed(lambda: hf_generate(hf, max(prompts, key=len), new))[1]
+
+
+def hf_warm(new: int) -> None:
+    """`hf-warm`: the `hf-compiled` row's compile alone, untimed, in a process of its own beside the gpu tests
+    (scripts/gpu_check.sh), so the graphs step's compile reads Inductor's on-disk caches (same shapes, same graphs)
+    instead of compiling for minutes at the end of its time limit."""
+    _, model, prompts = text_model()
+    row(suite="hf-warm", row="static-cache generate compiled", warmup_s=hf_static(hf_of(model), prompts, new))
+
+
 def hf_rows(model, prompts, new: int, base, s_ours: float) -> None:
     try:
-        from specgen.models.hf_export import to_hf
-
-        model.graphs = None  # the captures point at the parameters: copy, never convert, the captured model
-        hf = to_hf(copy.deepcopy(model).float()).to(DEVICE, torch.bfloat16).eval()
+        hf = hf_of(model)
     except Exception as e:  # noqa: BLE001  (a peer that cannot load is a row saying so)
         row(suite="text", row="hf", error=str(e)[:200])
         return
     tokens = len(prompts) * new
-
-    def gen(p, n, **kw):
-        ids = torch.tensor([p], device=DEVICE)
-        with torch.inference_mode():
-            return hf.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, **kw)[0, len(p):].tolist()
-
+    gen = functools.partial(hf_generate, hf)
     gen(prompts[0], 4)
     outs, s = timed(lambda: [gen(p, new) for p in prompts])
     row(suite="text", row="hf eager generate", tok_s=tokens / s, ours_vs=s / s_ours,
@@ -221,12 +247,9 @@ def hf_rows(model, prompts, new: int, base, s_ours: float) -> None:
         row(suite="text", row="hf prompt lookup", error=str(e)[:200])
     if DEVICE == "cuda":
         try:
-            # transformers' documented fast path: a static cache makes `generate` compile the forward itself
-            # (its CompileConfig: fullgraph, mode "reduce-overhead"); wrapping the forward by hand as well made the
+            # transformers' documented fast path (`hf_static`); wrapping the forward by hand as well made the
             # compiled graphs overwrite outputs generate still held (the run at 2c09eb9)
-            hf.generation_config.cache_implementation = "static"
-            # generate keeps its static cache while a call fits it: the longest prompt first compiles once for all
-            _, compile_s = timed(lambda: [gen(max(prompts, key=len), new)])
+            compile_s = hf_static(hf, prompts, new)
             outs, s = timed(lambda: [gen(p, new) for p in prompts])
             row(suite="text", row="hf-compiled (static cache + torch.compile)", tok_s=tokens / s, ours_vs=s / s_ours,
                 exact=sum(o == b for o, b in zip(outs, base)) / len(base), warmup_s=compile_s)
@@ -433,14 +456,17 @@ def scale_rows() -> None:
         if DEVICE != "cuda":
             cfg = dataclasses.replace(cfg, n_layers=1, vocab_size=min(cfg.vocab_size, 512))
         times = {}
-        # "one launch": the target again with SPECGEN_TRITON_PRODUCTS=1's products (one kernel a product at any row
-        # count, where SlicedLinear runs a GEMM a 64-row slice: CFG's 2 x 64 nodes are two)
+        # label -> (config, chain lengths, what the pass changes): "one launch", the target again with
+        # SPECGEN_TRITON_PRODUCTS=1's products (one kernel a product at any row count); "128-row slices", SlicedLinear
+        # with slices of 128 rows (one GEMM for CFG's 2 x 64 nodes, where 64-row slices run two): which keeps c(64)
+        # near 1 without a dearer step decides the products' default
         drafter = dataclasses.replace(cfg, n_layers=1)
-        passes = (("target", cfg, (1, 4, 8, 16, 32, 64)), ("drafter", drafter, (frontier,)),
-                  ("one launch", cfg, (1, 64)))
-        for label, c, nodes in passes:
-            one_launch = mock.patch.object(cuda_ops, "one_launch_products", lambda _on=label == "one launch": _on)
-            one_launch.start()
+        passes = {"target": (cfg, (1, 4, 8, 16, 32, 64), None), "drafter": (drafter, (frontier,), None),
+                  "one launch": (cfg, (1, 64), mock.patch.object(cuda_ops, "one_launch_products", lambda: True)),
+                  "128-row slices": (cfg, (1, 64), mock.patch.object(sliced_linear, "SLICE_ROWS", 128))}
+        for label, (c, nodes, change) in passes.items():
+            if change:
+                change.start()
             torch.set_default_dtype(torch.bfloat16)
             try:
                 with torch.device(DEVICE):  # its RoPE table is made on the CPU even here: `.to` moves it
@@ -462,15 +488,18 @@ def scale_rows() -> None:
                     reps = 20 if DEVICE == "cuda" else 1
                     _, s = timed(lambda: [model(tok, pos, cache, None) for _ in range(reps)])
                     times[(label, n)] = s / reps
-            one_launch.stop()
-            del model, cache
+            if change:
+                change.stop()
+            model = cache = None  # freed before the next pass's model
             torch.cuda.empty_cache() if DEVICE == "cuda" else None
         one = times[("target", 1)]
         row(suite="scale", row=name, step_ms=1e3 * one, **{f"c({n})": times[("target", n)] / one for n in
                                                           (4, 8, 16, 32, 64)},
             drafter_level=times[("drafter", frontier)] / one, frontier=frontier,
             one_launch_step_ms=1e3 * times[("one launch", 1)],
-            one_launch_c64=times[("one launch", 64)] / times[("one launch", 1)])
+            one_launch_c64=times[("one launch", 64)] / times[("one launch", 1)],
+            slices128_step_ms=1e3 * times[("128-row slices", 1)],
+            slices128_c64=times[("128-row slices", 64)] / times[("128-row slices", 1)])
 
 
 def guarded(name: str, run) -> None:
@@ -502,7 +531,7 @@ def main() -> None:
     print(f"device {device}, torch {torch.__version__}, cuda {torch.version.cuda}", flush=True)
     suites = {"text": lambda: text_rows(args.new), "image": lambda: image_rows(args.images),
               "mesh": lambda: mesh_rows(args.meshes), "scale": scale_rows,
-              "attention": lambda: (attention_rows(), product_rows())}
+              "attention": lambda: (attention_rows(), product_rows()), "hf-warm": lambda: hf_warm(args.new)}
     for name in args.only.split(","):
         guarded(name, suites[name])
     table(ROWS)  # before the peers' compiles, which the step's time limit may cut short

@@ -145,6 +145,33 @@ def test_the_gpu_checks_test_step_runs_the_gpu_tests_when_a_test_module_cannot_i
     assert "skipped" in summary and "Interrupted" not in summary, summary
 
 
+def test_the_gpu_check_compiles_the_hf_peer_beside_the_tests_and_waits_for_it_before_the_graphs_step(tmp_path):
+    """The `hf-compiled` peer's compile runs in its own process while the gpu tests run, and the graphs step (which
+    times rows) starts only after it ends; a run without the graphs step starts no such process."""
+    if (ROOT / ".whl").exists():
+        pytest.skip("the script would install the checkout's .whl/ wheels first")
+    bin_dir, calls = tmp_path / "bin", tmp_path / "calls"
+    bin_dir.mkdir()
+    # a fake python3: logs its arguments when it starts and ends (the warm-up takes a while)
+    fake = f'echo "start $*" >>{calls}; case "$*" in *hf-warm*) sleep 1 ;; esac; echo "end $*" >>{calls}'
+    for name, body in (("python3", fake), ("nvidia-smi", "true")):
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    for only, warmed in (("gpu-tests graphs", True), ("gpu-tests profile", False)):
+        calls.write_text("")
+        env = os.environ | {"PATH": f"{bin_dir}:{os.environ['PATH']}", "OUT": str(tmp_path / "out"), "ONLY": only}
+        subprocess.run(["bash", "scripts/gpu_check.sh"], cwd=ROOT, env=env, capture_output=True, timeout=60)
+        lines = calls.read_text().splitlines()
+        at = {what: next((i for i, ln in enumerate(lines) if ln.startswith(what)), None)
+              for what in ("start scripts/gpu_graphs.py --only hf-warm", "end scripts/gpu_graphs.py --only hf-warm",
+                           "start -m pytest", "start scripts/gpu_graphs.py --only text")}
+        starts_warm, ends_warm, tests, graphs = at.values()
+        if warmed:
+            assert starts_warm < tests < ends_warm < graphs, lines  # beside the tests, ended before the graphs step
+        else:
+            assert starts_warm is None and tests is not None, lines
+
+
 def test_the_sync_count_prints_each_suites_rows_before_the_next_suite_loads(monkeypatch, capsys):
     """A suite that cannot load there (the mesh models without trimesh) loses its own rows, not the others'."""
     from specgen.decoding.stats import DecodeStats
