@@ -294,7 +294,8 @@ def image_cases(device: str) -> dict:
         return go
 
     return {"image ar B1 T0": run("ar", 1, 0.0), "image adt-tree B1 T0": run("adt-tree", 1, 0.0),
-            "image adt-tree B4 T0": run("adt-tree", 4, 0.0), "image eagle2 B1 T1": run("eagle2", 1, 1.0)}
+            "image adt-tree B4 T0": run("adt-tree", 4, 0.0), "image eagle2 B1 T0": run("eagle2", 1, 0.0),
+            "image eagle2 B1 T1": run("eagle2", 1, 1.0)}  # T 0: issue 46's goal rows; T 1: sampling's reads
 
 
 VIEWS = ("view", "slice", "transpose", "expand", "unsqueeze", "select", "aten.t.", "permute", "split", "alias",
