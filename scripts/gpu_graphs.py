@@ -464,6 +464,8 @@ def scale_rows() -> None:
         passes = {"target": (cfg, (1, 4, 8, 16, 32, 64), None), "drafter": (drafter, (frontier,), None),
                   "one launch": (cfg, (1, 64), mock.patch.object(cuda_ops, "one_launch_products", lambda: True)),
                   "128-row slices": (cfg, (1, 64), mock.patch.object(sliced_linear, "SLICE_ROWS", 128))}
+        if rows == 1:  # no CFG: a 64-node verify is one 64-row slice already
+            del passes["128-row slices"]
         for label, (c, nodes, change) in passes.items():
             if change:
                 change.start()
@@ -498,8 +500,8 @@ def scale_rows() -> None:
             drafter_level=times[("drafter", frontier)] / one, frontier=frontier,
             one_launch_step_ms=1e3 * times[("one launch", 1)],
             one_launch_c64=times[("one launch", 64)] / times[("one launch", 1)],
-            slices128_step_ms=1e3 * times[("128-row slices", 1)],
-            slices128_c64=times[("128-row slices", 64)] / times[("128-row slices", 1)])
+            **({} if rows == 1 else dict(slices128_step_ms=1e3 * times[("128-row slices", 1)],
+                                         slices128_c64=times[("128-row slices", 64)] / times[("128-row slices", 1)])))
 
 
 def guarded(name: str, run) -> None:
