@@ -111,6 +111,16 @@ def test_the_profiler_names_the_ops():
     assert "specgen::rms_norm" in {e.key for e in prof.key_averages()}
 
 
+def test_a_traced_one_launch_product_is_the_op_not_a_launch():
+    """SlicedLinear's one-launch product (`ops.linear`) inside a trace (a captured step's kernel count, the CPU replay
+    emulation) is the op with its fake kernel: a launch would read fake tensors' pointers and a trace would not see it."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    x, w = randn(64, 32, dtype=torch.bfloat16), randn(96, 32, dtype=torch.bfloat16, seed=1)
+    traced = make_fx(lambda x, w: ops.linear(x, w, None), tracing_mode="fake")(x, w)
+    assert [str(n.target) for n in traced.graph.nodes if n.op == "call_function"] == ["specgen.linear.default"]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_opcheck_cuda_only_ops_through_tritons_interpreter(dtype):
     """The CUDA-only ops' schemas (rope_store's declared writes to the cache) and fake kernels, checked here: their

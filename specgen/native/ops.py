@@ -101,7 +101,7 @@ op("rope_store(Tensor qkv, Tensor cos, Tensor sin, Tensor(a!) k, Tensor(b!) v, T
    "CUDA")(cuda_ops.rope_store)
 op("silu_mul(Tensor a, Tensor b) -> Tensor", like, "CUDA")(cuda_ops.silu_mul)
 # SPECGEN_TRITON_PRODUCTS=1's products (SlicedLinear's GEMM slices otherwise), one Triton launch each: a product, and
-# SwiGLU's gate over two with their bits and silu_mul's
+# SwiGLU's gate with its two products (the bits of two `linear`s and silu_mul)
 op("gate(Tensor x, Tensor w1, Tensor w3) -> Tensor", lambda x, w1, w3: x.new_empty(*x.shape[:-1], w1.shape[0]),
    "CUDA")(cuda_ops.gate)
 
