@@ -113,7 +113,7 @@ def test_the_profiler_names_the_ops():
 
 def test_a_traced_one_launch_product_is_the_op_not_a_launch():
     """SlicedLinear's one-launch product (`ops.linear`) inside a trace (a captured step's kernel count, the CPU replay
-    emulation) is the op with its fake kernel: a launch would read fake tensors' pointers and a trace would not see it."""
+    emulation) is the op with its fake kernel: a launch would read fake tensors' pointers, unseen by the trace."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     x, w = randn(64, 32, dtype=torch.bfloat16), randn(96, 32, dtype=torch.bfloat16, seed=1)
