@@ -88,6 +88,23 @@ def test_the_sync_counts_kernel_line_counts_fewer_kernels_with_the_native_ops(mo
     assert layers == 2 and native_kernels < torch_kernels
 
 
+def test_the_sync_counts_one_launch_figure_launches_each_blocks_gate_and_its_products_once(monkeypatch):
+    """The first line's second figure (`one_launch_kernels`: `SPECGEN_TRITON_PRODUCTS=1`'s products) on a 2-layer
+    model: each block's SwiGLU is one launch (gate_rows), not w1's and w3's products and silu_mul, so two fewer a layer
+    than the default products. At 0845935 one-launch products launched as many (SmolLM2's step: 305, now 245)."""
+    import dataclasses
+
+    pytest.importorskip("triton")
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import gpu_graphs
+    import gpu_sync_count
+
+    cfg = dataclasses.replace(gpu_graphs.SMOLLM2, n_layers=2, vocab_size=512)
+    default, layers = gpu_sync_count.graph_kernels("cpu", cfg)
+    one_launch, _ = gpu_sync_count.one_launch_kernels("cpu", cfg)
+    assert layers == 2 and one_launch <= default - 2 * layers, (default, one_launch)
+
+
 def growth_kernels(levels: int, lines=None) -> int:
     """The CUDA kernels of a captured EAGLE tree growth (`gpu_sync_count.cuda_kernels`) of `levels` drafter levels
     of 4 nodes: 3 CFG sequences of a tiny image model at different prefixes and depths."""
@@ -184,7 +201,7 @@ def test_the_sync_count_prints_each_suites_rows_before_the_next_suite_loads(monk
 
     for name, cases in (("text_cases", lambda d: {"text ar": lambda: DecodeStats(steps=1)}),
                         ("image_cases", lambda d: {"image ar": lambda: DecodeStats(steps=1)}),
-                        ("mesh_cases", missing), ("graph_kernels", lambda d: (1, 1)),
+                        ("mesh_cases", missing), ("graph_kernels", lambda d, cfg=None: (1, 1)),
                         ("emulate_captures", lambda: None)):
         monkeypatch.setattr(gpu_sync_count, name, cases)
     monkeypatch.setattr(sys, "argv", ["gpu_sync_count.py", "--device", "cpu"])
@@ -206,7 +223,7 @@ def test_the_sync_counts_by_op_prints_one_cases_ops_by_line_and_refuses_an_unkno
         return DecodeStats(steps=2)
 
     for name, cases in (("text_cases", lambda d: {"text ar": two_steps}), ("image_cases", lambda d: {}),
-                        ("mesh_cases", lambda d: {}), ("graph_kernels", lambda d: (1, 1)),
+                        ("mesh_cases", lambda d: {}), ("graph_kernels", lambda d, cfg=None: (1, 1)),
                         ("emulate_captures", lambda: None)):
         monkeypatch.setattr(gpu_sync_count, name, cases)
     monkeypatch.setattr(sys, "argv", ["gpu_sync_count.py", "--device", "cpu", "--by-op", "text ar"])

@@ -22,6 +22,8 @@ ENV = "SPECGEN_PACKED_MIN_ROWS"
 NATIVE_DTYPES = (torch.bfloat16, torch.float32)
 #: Activation dtypes whose cached CUDA forwards attend over the same lists (native/cuda_ops.py).
 CUDA_LIST_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+#: Weight dtypes whose GPU products are row-invariant by construction (SlicedLinear, or one Triton launch a product).
+SLICED_DTYPES = (torch.bfloat16, torch.float16)
 #: Row counts timed: AR steps, verification of a few tokens, Jacobi blocks, batched steps.
 ROWS = (1, 2, 3, 4, 8, 16, 32)
 #: MKL is timed up to here: from 8 rows on oneDNN always beat it (by ~2x at 16 on every machine measured).
@@ -173,7 +175,15 @@ def tiled_products(x: torch.Tensor, weight: torch.Tensor) -> bool:
 def sliced_products(weight: torch.Tensor) -> bool:
     """Whether a Linear's products run as GEMMs of one fixed row count (`models/sliced_linear.py`): low-precision
     weights off the CPU, where the GPU library picks a GEMM's reduction order by its shape."""
-    return weight.dtype in (torch.bfloat16, torch.float16) and weight.device.type != "cpu"
+    return weight.dtype in SLICED_DTYPES and weight.device.type != "cpu"
+
+
+def one_launch_gate(x: torch.Tensor, w1: torch.nn.Linear) -> bool:
+    """Whether SwiGLU's gate over x runs in one launch with its two products (`torch.ops.specgen.gate`, their bits): a
+    CUDA step (`one_pass`) whose products run one launch each (`cuda_ops.one_launch_products`, as SlicedLinear's
+    do) over the low-precision weights `sliced_products` slices. The weight is read last: a CPU or training forward
+    never reads it (a LoRA layer has none)."""
+    return one_pass(x) and cuda_ops.one_launch_products() and w1.weight.dtype in SLICED_DTYPES
 
 
 @torch.inference_mode()

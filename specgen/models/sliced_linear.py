@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specgen.models.kernel_choice import sliced_products
-from specgen.native import cuda_ops
+from specgen.native import cuda_ops, ops
 
 SLICE_ROWS = 64  # every product's rows are cut into zero-padded slices of this many: one GEMM shape at any row count
 
@@ -23,7 +23,7 @@ class SlicedLinear(nn.Linear):
         rows = x.reshape(-1, x.shape[-1])  # [M, in]
         m = rows.shape[0]
         if rows.is_cuda and cuda_ops.one_launch_products():  # fixed tiles at any row count: no slices, one launch
-            return cuda_ops.linear(rows, self.weight, self.bias).reshape(*x.shape[:-1], self.out_features)
+            return ops.linear(rows, self.weight, self.bias).reshape(*x.shape[:-1], self.out_features)
         if m % SLICE_ROWS:  # [M', in], M' a multiple of SLICE_ROWS: one copy (F.pad would add a fill kernel per
             padded = rows.new_empty(m + -m % SLICE_ROWS, rows.shape[1])  # product); the padding rows stay unwritten:
             padded[:m].copy_(rows)  # a GEMM's output row reads only its own input row, so whatever they hold never

@@ -1,5 +1,5 @@
-"""The native ops' CUDA implementations: the list attention (`attention_plan`, `attend`), the norms, RoPE and a tree
-growth's tail (`kept_tree`)."""
+"""The native ops' CUDA implementations: the list attention (`attention_plan`, `attend`), the norms, RoPE, the
+products and SwiGLU's gate, and a tree growth's tail (`kept_tree`)."""
 
 from __future__ import annotations
 
@@ -169,11 +169,32 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
     x, weight = x.contiguous(), weight.contiguous()
     (m, k), n = x.shape, weight.shape[0]
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    t = PRODUCT_TILE
-    kernels().linear_rows[(-(-m // t), -(-n // t))](x, weight, weight if bias is None else bias, out, m, n, K=k,
-                                                    HAS_BIAS=bias is not None, BLOCK_M=t, BLOCK_N=t, BLOCK_K=t,
-                                                    UPCAST=interpreted(), num_warps=WARPS)
+    kernels().linear_rows[product_grid(m, n)](x, weight, weight if bias is None else bias, out, m, n,
+                                              HAS_BIAS=bias is not None, **product_tiles(k))
     return out
+
+
+def gate(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor) -> torch.Tensor:
+    """`torch.ops.specgen.gate` on CUDA: SwiGLU's gate silu(x @ w1^T) * (x @ w3^T) for x [..., K] and w1, w3 [N, K]
+    -> [..., N] in x's dtype, one launch (triton_kernels.gate_rows) with the bits of the three it replaces,
+    silu_mul(linear(x, w1), linear(x, w3)), so a row keeps them at any row count too."""
+    rows, w1, w3 = x.reshape(-1, x.shape[-1]).contiguous(), w1.contiguous(), w3.contiguous()
+    (m, k), n = rows.shape, w1.shape[0]
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    kernels().gate_rows[product_grid(m, n)](rows, w1, w3, out, m, n, **product_tiles(k))
+    return out.view(*x.shape[:-1], n)
+
+
+def product_grid(m: int, n: int) -> tuple[int, int]:
+    """The programs of a product kernel over m rows and n outputs: one a PRODUCT_TILE-square output tile."""
+    return -(-m // PRODUCT_TILE), -(-n // PRODUCT_TILE)
+
+
+def product_tiles(k: int) -> dict:
+    """A product kernel's constexprs (linear_rows, gate_rows) over k inputs: the same tiles for every weight and row
+    count (the row invariance), so the gate's products sum as linear_rows' do."""
+    t = PRODUCT_TILE
+    return dict(K=k, BLOCK_M=t, BLOCK_N=t, BLOCK_K=t, UPCAST=interpreted(), num_warps=WARPS)
 
 
 def top_children(logits: torch.Tensor, scores: torch.Tensor | None, branches: int, scale: float,

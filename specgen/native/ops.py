@@ -100,6 +100,22 @@ op("rope_store(Tensor qkv, Tensor cos, Tensor sin, Tensor(a!) k, Tensor(b!) v, T
    "Tensor", lambda qkv, cos, sin, k, v, meta, heads, half: qkv.new_empty(qkv.shape[0], heads, *qkv.shape[2:]),
    "CUDA")(cuda_ops.rope_store)
 op("silu_mul(Tensor a, Tensor b) -> Tensor", like, "CUDA")(cuda_ops.silu_mul)
+# SPECGEN_TRITON_PRODUCTS=1's products (SlicedLinear's GEMM slices otherwise), one Triton launch each: a product, and
+# SwiGLU's gate with its two products (the bits of two `linear`s and silu_mul)
+op("gate(Tensor x, Tensor w1, Tensor w3) -> Tensor", lambda x, w1, w3: x.new_empty(*x.shape[:-1], w1.shape[0]),
+   "CUDA")(cuda_ops.gate)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """`cuda_ops.linear` (x [M, K] -> [M, N]), through torch.ops only where `traced` (a trace records the op, a fake
+    tensor gets its shape, not a launch over pointers it lacks); else called as a function, as `tiled_linear`."""
+    if traced(x):
+        return torch.ops.specgen.linear(x, weight, bias)
+    return cuda_ops.linear(x, weight, bias)
+
+
+op("linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor",
+   lambda x, weight, bias: x.new_empty(x.shape[0], weight.shape[0]), "CUDA")(linear)
 # a growth level's attention lists from its parents' (a gather and a `where`) in one pass
 op("level_lists(Tensor prev, Tensor parent, Tensor own, Tensor tail, int branches) -> Tensor",
    lambda prev, parent, own, tail, branches: torch.empty_like(prev, memory_format=torch.contiguous_format),

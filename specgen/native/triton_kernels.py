@@ -129,19 +129,44 @@ def rope_rows(X, COS, SIN, OUT, K, V, META, n_h, n_q, n_kv, n_s, n_b, sxb, sxh, 
     tl.store(dst + j, rounded(tl.where(value, x, out), dtype), mask=real)  # a value as it is (exact in float32)
 
 
+@triton.jit
+def swiglu(a, b, dtype: tl.constexpr):
+    # SwiGLU's gate silu(a) * b of float32 a, b with torch's two roundings: silu in float32, a / (1 + exp(-a)) (the
+    # GPU's fast exp and division: within an ulp or two of torch's silu before rounding), rounded to `dtype`; then the
+    # product in float32, rounded. Elementwise: an element's bits never depend on the others
+    gate = rounded(a / (1.0 + tl.exp(-a)), dtype).to(tl.float32)
+    return rounded(gate * b, dtype)
+
+
 @triton.jit(do_not_specialize=["n"])
 def silu_mul_rows(A, B, OUT, n, BLOCK: tl.constexpr):
-    # SwiGLU's gate silu(a) * b over n elements with torch's two roundings: silu in float32, a / (1 + exp(-a)) (the
-    # GPU's fast exp and division: within an ulp or two of torch's silu before rounding), rounded to the dtype; then
-    # the product in float32, rounded. Elementwise: an element's bits never depend on the others. Offsets in int64: a
-    # prefill's gate passes 2^31 elements (from ~113K tokens of a 7B model), where int32 wraps
+    # `swiglu` over n elements. Offsets in int64: a prefill's gate passes 2^31 elements (from ~113K tokens of a 7B
+    # model), where int32 wraps
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     real = i < n
-    dtype = OUT.dtype.element_ty
     a = tl.load(A + i, mask=real, other=0.0).to(tl.float32)
     b = tl.load(B + i, mask=real, other=0.0).to(tl.float32)
-    gate = rounded(a / (1.0 + tl.exp(-a)), dtype).to(tl.float32)
-    tl.store(OUT + i, rounded(gate * b, dtype), mask=real)
+    tl.store(OUT + i, swiglu(a, b, OUT.dtype.element_ty), mask=real)
+
+
+@triton.jit
+def row_tile(X, rows, ks, m, K: tl.constexpr, UPCAST: tl.constexpr):
+    # x [m, K]'s [BLOCK_M, BLOCK_K] tile at `rows`, columns `ks` (zeros past m and K)
+    a = tl.load(X + rows[:, None].to(tl.int64) * K + ks[None, :], mask=(rows[:, None] < m) & (ks[None, :] < K),
+                other=0.0)
+    if UPCAST:  # the interpreter multiplies bfloat16 as its raw bits: float32 there (each product exact either way)
+        a = a.to(tl.float32)
+    return a
+
+
+@triton.jit
+def weight_tile(W, cols, ks, n, K: tl.constexpr, UPCAST: tl.constexpr):
+    # w [n, K]'s [BLOCK_K, BLOCK_N] tile (w^T's) at columns `cols`, inputs `ks` (zeros past n and K)
+    b = tl.load(W + cols[None, :].to(tl.int64) * K + ks[:, None], mask=(cols[None, :] < n) & (ks[:, None] < K),
+                other=0.0)
+    if UPCAST:
+        b = b.to(tl.float32)
+    return b
 
 
 # The invariant of a product (docs/precision.md): an output row depends only on its own input row and the weights.
@@ -159,17 +184,33 @@ def linear_rows(X, W, BIAS, OUT, m, n, K: tl.constexpr, HAS_BIAS: tl.constexpr, 
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, K, BLOCK_K):  # K a constexpr: the interpreter's loops take no loaded or runtime bound
         ks = k0 + steps
-        a = tl.load(X + rows[:, None].to(tl.int64) * K + ks[None, :], mask=(rows[:, None] < m) & (ks[None, :] < K),
-                    other=0.0)  # [BLOCK_M, BLOCK_K]
-        b = tl.load(W + cols[None, :].to(tl.int64) * K + ks[:, None], mask=(cols[None, :] < n) & (ks[:, None] < K),
-                    other=0.0)  # [BLOCK_K, BLOCK_N]
-        if UPCAST:  # the interpreter multiplies bfloat16 as its raw bits: float32 there (each product exact either way)
-            a, b = a.to(tl.float32), b.to(tl.float32)
-        acc = tl.dot(a, b, acc)
+        acc = tl.dot(row_tile(X, rows, ks, m, K, UPCAST), weight_tile(W, cols, ks, n, K, UPCAST), acc)
     if HAS_BIAS:
         acc += tl.load(BIAS + cols, mask=cols < n, other=0.0).to(tl.float32)[None, :]
     tl.store(OUT + rows[:, None].to(tl.int64) * n + cols[None, :], rounded(acc, OUT.dtype.element_ty),
              mask=(rows[:, None] < m) & (cols[None, :] < n))
+
+
+# SwiGLU's gate over two products in one launch: a tile of silu(x @ w1^T) * (x @ w3^T) with the bits of linear_rows
+# twice and silu_mul_rows (three launches): each product's tile summed as linear_rows sums it (the same tiles, the same
+# dots from k = 0, one x tile feeding both), rounded to the dtype as linear_rows rounds its output, then `swiglu`.
+# Each output element reads only its own row's products, so the row invariance carries over.
+@triton.jit(do_not_specialize=["m"])
+def gate_rows(X, W1, W3, OUT, m, n, K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_K: tl.constexpr, UPCAST: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M]
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
+    steps = tl.arange(0, BLOCK_K)
+    gate = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + steps
+        a = row_tile(X, rows, ks, m, K, UPCAST)
+        gate = tl.dot(a, weight_tile(W1, cols, ks, n, K, UPCAST), gate)
+        up = tl.dot(a, weight_tile(W3, cols, ks, n, K, UPCAST), up)
+    dtype = OUT.dtype.element_ty
+    out = swiglu(rounded(gate, dtype).to(tl.float32), rounded(up, dtype).to(tl.float32), dtype)
+    tl.store(OUT + rows[:, None].to(tl.int64) * n + cols[None, :], out, mask=(rows[:, None] < m) & (cols[None, :] < n))
 
 
 @triton.jit

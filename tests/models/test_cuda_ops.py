@@ -188,6 +188,67 @@ def test_the_product_kernel_computes_linear_in_one_launch_at_any_row_count(devic
             assert all(torch.equal(cuda_ops.linear(x[:m], w, bias), alone[:m]) for m in (16, 64, 65, 130))
 
 
+def three_launches(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor) -> torch.Tensor:
+    """SwiGLU's gate as one-launch products make it without gate_rows: linear_rows twice, then silu_mul_rows."""
+    rows = x.reshape(-1, x.shape[-1])
+    a, b = cuda_ops.linear(rows, w1, None), cuda_ops.linear(rows, w3, None)
+    return cuda_ops.silu_mul(a, b).view(*x.shape[:-1], w1.shape[0])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n,k", [(100, 96), (130, 40)])  # N and K off the 64-wide tiles, K under one tile
+def test_the_gate_kernel_has_the_bits_of_its_two_products_and_silu_mul_at_any_row_count(device, dtype, n, k):
+    """gate_rows (SwiGLU under `SPECGEN_TRITON_PRODUCTS=1`): silu(x @ w1^T) * (x @ w3^T) in one launch, bitwise the
+    three launches it replaces at 1, 3, 64 and 70 rows (and [B, S, K] inputs); each row alone gets its bits inside the
+    70-row call (the row invariance); its values are torch's SwiGLU within the products' rounding."""
+    g = torch.Generator().manual_seed(3)
+    w1, w3, x = (torch.randn(*shape, generator=g).to(device, dtype) for shape in ((n, k), (n, k), (70, k)))
+    for m in (1, 3, 64, 70):
+        got = cuda_ops.gate(x[:m], w1, w3)
+        assert got.shape == (m, n) and got.dtype == dtype
+        assert torch.equal(got, three_launches(x[:m], w1, w3)), m
+    assert torch.equal(cuda_ops.gate(x.view(2, 35, k), w1, w3), three_launches(x, w1, w3).view(2, 35, n))
+    alone = torch.cat([cuda_ops.gate(x[j: j + 1], w1, w3) for j in range(70)])
+    assert torch.equal(alone, got)
+    want = F.silu(x.float() @ w1.float().T) * (x.float() @ w3.float().T)
+    torch.testing.assert_close(got.float(), want, atol=2e-2 * want.abs().max().item(), rtol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_the_gate_comparison_can_fail(device, dtype):
+    """Control: the gate over its float32 products, not each rounded to the dtype first (a fused kernel's natural
+    shortcut), differs from the three launches' bits, so the equalities above are a property of the kernel."""
+    g = torch.Generator().manual_seed(4)
+    w1, w3, x = (torch.randn(*shape, generator=g).to(device, dtype) for shape in ((100, 96), (100, 96), (3, 96)))
+    once = (F.silu(x.float() @ w1.float().T) * (x.float() @ w3.float().T)).to(dtype)
+    assert not torch.equal(once, cuda_ops.gate(x, w1, w3))
+
+
+def test_a_feed_forward_takes_the_gate_where_its_products_run_one_launch(monkeypatch):
+    """FeedForward: SwiGLU in one launch (`torch.ops.specgen.gate`) on a CUDA step (here: `one_pass` says so) with
+    one-launch products and bf16/fp16 weights, the bits of the three launches; float32 weights, products in slices
+    (the flag off) and CPU forwards keep w1, w3 and the gate apart."""
+    from specgen.models.transformer import FeedForward
+    from tests.conftest import tiny_config
+
+    gated = []
+    monkeypatch.setattr(torch.ops.specgen, "gate", lambda *a: gated.append(a) or cuda_ops.gate(*a))
+    monkeypatch.setattr(torch.ops.specgen, "silu_mul", cuda_ops.silu_mul)
+    x = torch.randn(2, 3, tiny_config().dim, generator=torch.Generator().manual_seed(5))
+    for dtype, one_launch, cuda, fused in ((torch.bfloat16, True, True, True), (torch.float16, True, True, True),
+                                           (torch.float32, True, True, False), (torch.bfloat16, False, True, False),
+                                           (torch.bfloat16, True, False, False)):
+        torch.manual_seed(0)
+        ffn = FeedForward(tiny_config()).to(dtype)
+        monkeypatch.setattr(kernel_choice, "one_pass", lambda t, on=cuda: on and not torch.is_grad_enabled())
+        monkeypatch.setattr(cuda_ops, "one_launch_products", lambda on=one_launch: on)
+        gated.clear()
+        with torch.inference_mode():
+            got = ffn(x.to(dtype))
+            want = F.linear(three_launches(x.to(dtype), ffn.w1.weight, ffn.w3.weight), ffn.w2.weight)
+        assert len(gated) == fused and (not fused or torch.equal(got, want)), (dtype, one_launch, cuda)
+
+
 def test_one_launch_products_are_asked_for_and_need_the_kernels(monkeypatch):
     for env, kernels, want in (("1", True, True), ("0", True, False), (None, True, False), ("1", False, False)):
         monkeypatch.setattr(cuda_ops, "available", lambda k=kernels: k)
@@ -243,6 +304,13 @@ fn = cuda_ops.kernels().linear_rows
 for dtype, bias, k, archs in (("bf16", False, 576, (80, 90)), ("fp16", True, 1536, (90,))):
     t = cuda_ops.PRODUCT_TILE
     consts = {"K": k, "HAS_BIAS": bias, "BLOCK_M": t, "BLOCK_N": t, "BLOCK_K": t, "UPCAST": False}
+    sig = {n: "constexpr" if n in consts else "i32" if n in ("m", "n") else "*" + dtype for n in fn.arg_names}
+    for arch in archs:
+        build(fn, sig, consts, arch)
+fn = cuda_ops.kernels().gate_rows
+for dtype, k, archs in (("bf16", 576, (80, 90)), ("fp16", 1536, (90,))):
+    t = cuda_ops.PRODUCT_TILE
+    consts = {"K": k, "BLOCK_M": t, "BLOCK_N": t, "BLOCK_K": t, "UPCAST": False}
     sig = {n: "constexpr" if n in consts else "i32" if n in ("m", "n") else "*" + dtype for n in fn.arg_names}
     for arch in archs:
         build(fn, sig, consts, arch)
@@ -317,7 +385,7 @@ class Launch:  # records the key under which Triton would look up (or compile) t
 real = cuda_ops.kernels()
 cuda_ops.kernels = lambda: type("K", (), {n: Launch(getattr(real, n)) for n in
                                           ("attend_lists", "norm_rows", "rope_rows", "silu_mul_rows",
-                                           "linear_rows", "plan_rows", "top_children", "beam_rows",
+                                           "linear_rows", "gate_rows", "plan_rows", "top_children", "beam_rows",
                                            "kept_tree_rows", "setup_rows", "embed_rows", "level_rows")})
 bf, h, hkv, d = torch.bfloat16, 9, 3, 64
 for b, s, t in ((1, 1, 256), (2, 1, 256), (3, 5, 512), (16, 64, 1024)):  # rows, nodes, width: a decode's steps
@@ -331,6 +399,7 @@ for b, s, t in ((1, 1, 256), (2, 1, 256), (3, 5, 512), (16, 64, 1024)):  # rows,
     x, w = torch.zeros(b, s, 576, dtype=bf), torch.ones(576, dtype=bf)
     cuda_ops.rms_norm(x, w, 1e-5), cuda_ops.add_rms_norm(x, x, w, 1e-5), cuda_ops.silu_mul(x, x)
     cuda_ops.linear(x.reshape(-1, 576), torch.zeros(960, 576, dtype=bf), None)
+    cuda_ops.gate(x, torch.zeros(1536, 576, dtype=bf), torch.zeros(1536, 576, dtype=bf))
     logits = torch.zeros(2 * b, s, 16384, dtype=bf)  # a growth's levels: the root's children, then scored ones
     cuda_ops.top_children(logits, None, 2, 4.0, 8), cuda_ops.top_children(logits, torch.zeros(b, s), 2, 4.0, 8)
     cuda_ops.beam(torch.zeros(b, 8, 8), torch.zeros(b, 8, 8, dtype=torch.long), torch.zeros(b, 8, 8, dtype=torch.bool),
@@ -344,7 +413,7 @@ for b, s, t in ((1, 1, 256), (2, 1, 256), (3, 5, 512), (16, 64, 1024)):  # rows,
                        dtype=torch.long), torch.zeros(b, nodes, dtype=torch.long), ints[3], ints[5], ints[0], 64, s % 7)
 counts = {n: len(k) for n, k in keys.items()}
 assert counts == {"attend_lists": 1, "norm_rows": 2, "rope_rows": 2, "silu_mul_rows": 1, "linear_rows": 1,
-                  "plan_rows": 2, "top_children": 2, "beam_rows": 1, "kept_tree_rows": 1,
+                  "gate_rows": 1, "plan_rows": 2, "top_children": 2, "beam_rows": 1, "kept_tree_rows": 1,
                   "setup_rows": 1, "embed_rows": 1, "level_rows": 1}, (counts, keys)
 """
 
