@@ -52,13 +52,18 @@ def cases(dtype):
                            torch.arange(12).view(1, 1, 12).expand(2, 1, 12) >= 5, 2),
            # a step's committed lengths [R], tree rows [R, S, S], T
            "step_plan": (torch.tensor([3, 0]), torch.eye(4, dtype=torch.bool).expand(2, 4, 4).contiguous(), 12),
-           # logits [n * br, S, V] (CFG pairs), path scores [n, S], branches, scale, k
-           "top_children": (randn(4, 3, 40, dtype=dtype, seed=14), randn(2, 3, seed=15), 2, 4.0, 5),
-           # path scores [n, W, W], tokens, padding, the beam's width, branches, the slots recorded so far
-           "beam": (randn(2, 4, 4, seed=16), torch.arange(32).view(2, 4, 4), randn(2, 4, 4, seed=17) > 0.5, 4, 2, 10),
-           # ints [6, n] (root positions, top-k, depths, counts, prefixes, roots), write rows, levels, width, br, T
-           "growth_setup": (torch.tensor([[3, 4], [2, 3], [3, 0], [6, 0], [4, 5], [7, 8]]), torch.arange(4), 2, 4, 2,
-                            16),
+           # logits [n * br, S, V] (CFG pairs), path scores [n, S], branches, scale, k; a record's values and
+           # tokens [n, N] written from column 2
+           "top_children": (randn(4, 3, 40, dtype=dtype, seed=14), randn(2, 3, seed=15), 2, 4.0, 5,
+                            torch.zeros(2, 20), torch.zeros(2, 20, dtype=torch.long), 2),
+           # a record's path scores, tokens, padding, parents [n, N]; its level's first column, width, the beam's,
+           # branches
+           "beam": (randn(2, 36, seed=16), torch.arange(72).view(2, 36), randn(2, 36, seed=17) > 0.5,
+                    torch.zeros(2, 36, dtype=torch.long), 10, 4, 3, 2),
+           # ints [6, n] (root positions, top-k, depths, counts, prefixes, roots), write rows, levels, the record's
+           # nodes, width, br, T
+           "growth_setup": (torch.tensor([[3, 4], [2, 3], [3, 0], [6, 0], [4, 5], [7, 8]]), torch.arange(4), 2, 36, 4,
+                            2, 16),
            # scores (ties), padding, tokens, parents, counts, roots, root positions, the node budget, the levels
            "kept_tree": (randn(2, 6, seed=13).round(), torch.tensor([[0, 0, 0, 0, 0, 1], [0] * 6]).bool(),
                          torch.arange(12).view(2, 6), torch.tensor([[-1, -1, 0, 0, 1, 2], [-1, 0, 0, 1, 1, 2]]),

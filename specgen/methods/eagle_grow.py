@@ -63,20 +63,27 @@ Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, int], torch
 @dataclass(frozen=True)
 class Children:
     """Each node's k best children from a drafter's hidden states [n * br, S, D], best first: the node's path score
-    [n, S] (None: the root's, 0) plus the child's CFG-combined log-prob under the target's head, [n, S, k] float32,
-    and the child's token [n, S, k]. On CUDA one kernel after the head (`top_children`), else torch's ops."""
+    [n, S] (None: the root's, 0) plus the child's CFG-combined log-prob under the target's head, float32, and the
+    child's token, written into a growth's record (`Frame`) from column `at` ([n, S * k] there) and returned as
+    views [n, S, k] of it. On CUDA one kernel after the head (`top_children`), else torch's ops."""
 
     head: Callable[[torch.Tensor], torch.Tensor]  # [n * br, S, D] -> logits [n * br, S, V]
     branches: int  # 2: CFG pairs (cond, uncond), guided at `scale` (image/target.guided); 1: none
     scale: float
 
-    def __call__(self, hidden: torch.Tensor, scores: torch.Tensor | None, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, hidden: torch.Tensor, scores: torch.Tensor | None, k: int, frame: Frame,
+                 at: int) -> tuple[torch.Tensor, torch.Tensor]:
         logits = self.head(hidden)
+        n, s = logits.shape[0] // self.branches, logits.shape[1]
+        values, tokens = (x[:, at : at + s * k].view(n, s, k) for x in (frame.scores, frame.tokens))
         if kernel_choice.one_pass(logits):
-            return torch.ops.specgen.top_children(logits, scores, self.branches, self.scale, k)
+            torch.ops.specgen.top_children(logits, scores, self.branches, self.scale, k, frame.scores, frame.tokens,
+                                           at)
+            return values, tokens
         guided_logits = guided(logits, self.scale) if self.branches == 2 else logits  # [n, S, V]
         top = guided_logits.float().log_softmax(-1).topk(k, dim=-1)
-        return (top.values if scores is None else scores[..., None] + top.values), top.indices
+        values.copy_(top.values if scores is None else scores[..., None] + top.values)
+        return values, tokens.copy_(top.indices)
 
 
 @dataclass(frozen=True)
@@ -118,26 +125,21 @@ def grow(forward: Forward, children: Children, root_hidden: torch.Tensor, ints: 
     """
     root_pos, _, _, counts, _, roots = ints
     br, widths = branches, plan.widths
-    values, tokens = (x[:, 0] for x in children(root_hidden, None, widths[0]))  # 1. [n, w0]: the root's children
-    parts = [(tokens, frame.roots, values, frame.above)]
+    values, tokens = (x[:, 0] for x in children(root_hidden, None, widths[0], frame, 0))  # 1. [n, w0]: the root's
     width = widths[1] if len(widths) > 1 else 0  # W_1: the frontier of level 1 is the best W_1 root children
-    f_score, f_slot = values[:, :width], frame.slots[:, :width]  # [n, W]
-    f_tok = branch_rows(tokens[:, :width], br)  # [n * br, W]
+    f_score, f_tok = values[:, :width], branch_rows(tokens[:, :width], br)  # [n, W], [n * br, W]
     f_hid, parent = root_hidden.expand(-1, width, -1), None  # [n * br, W, D]: the parents' predicted features
     recorded = widths[0]
-    for level in range(1, len(widths)):  # 2. one drafter forward per level
+    for level in range(1, len(widths)):  # 2. one drafter forward per level, its W x W children recorded at `recorded`
         out = forward(f_hid, f_tok, parent, level - 1)  # [n * br, W, D]
-        cand, child = children(out, f_score, width)  # [n, W, W] each: path scores, tokens
-        pad = frame.padding[level - 1, :, :width, :width]  # [n, W, W] (a view: a captured plan's are all W wide)
-        parts.append((child.flatten(1), f_slot[:, :, None].expand(-1, -1, width).flatten(1), cand.flatten(1),
-                      pad.flatten(1)))
+        children(out, f_score, width, frame, recorded)
         nxt = widths[level + 1] if level + 1 < len(widths) else 0
-        if nxt:  # 3. the beam: each row's best k_i children over its whole frontier
-            f_score, f_slot, parent, f_tok = beam(cand, child, pad, nxt, br, recorded)
+        if nxt:  # 3. the beam: each row's best k_i children over its whole frontier, the next level's parents
+            f_score, parent, f_tok = beam(frame, recorded, width, nxt, br)
             f_hid = frontier_rows(out, parent, br)
         recorded += width * width
         width = nxt
-    tokens, parents, scores, padding = (torch.cat(p, 1) for p in zip(*parts))  # [n, N] each
+    scores, padding, tokens, parents = frame.scores, frame.padding, frame.tokens, frame.parents  # [n, N] each
     if kernel_choice.one_pass(scores):  # 4.-5. as one Triton launch on CUDA: the same bits (native/cuda_ops.py)
         kept = torch.ops.specgen.kept_tree(scores, padding, tokens, parents, counts, roots, root_pos, plan.total,
                                            len(widths))
@@ -149,44 +151,66 @@ def grow(forward: Forward, children: Children, root_hidden: torch.Tensor, ints: 
     return (tokens, parents) + tree_inputs(tokens, parents, counts, roots, root_pos, len(widths))  # 5.
 
 
-def beam(cand: torch.Tensor, tokens: torch.Tensor, pad: torch.Tensor, nxt: int, branches: int,
-         recorded: int) -> tuple[torch.Tensor, ...]:
-    """Each row's best `nxt` children over its frontier (path scores cand [n, W, W]; `pad`: not real, scores -inf):
-    their path scores, slots (`recorded` + index), parents (frontier positions) [n, nxt], and each cache row's tokens
-    [n * br, nxt]. On CUDA one kernel (`torch.ops.specgen.beam`), else torch's ops."""
-    if kernel_choice.one_pass(cand):
-        return torch.ops.specgen.beam(cand, tokens, pad, nxt, branches, recorded)
-    return best_children(cand, tokens, pad, nxt, branches, recorded)
+def beam(frame: Frame, recorded: int, width: int, nxt: int, branches: int) -> tuple[torch.Tensor, ...]:
+    """Each row's best `nxt` children of a level's W x W recorded at column `recorded` of `frame` (path scores; its
+    padding ones scored -inf): their path scores, parents (frontier positions) [n, nxt] and each cache row's tokens
+    [n * br, nxt]; their slots (`recorded` + index), each `nxt` times, are the next level's parents in the record. On
+    CUDA one kernel (`torch.ops.specgen.beam`), else torch's ops."""
+    if kernel_choice.one_pass(frame.scores):
+        return torch.ops.specgen.beam(frame.scores, frame.tokens, frame.padding, frame.parents, recorded, width, nxt,
+                                      branches)
+    return best_children(frame, recorded, width, nxt, branches)
 
 
-def best_children(cand: torch.Tensor, tokens: torch.Tensor, pad: torch.Tensor, nxt: int, branches: int,
-                  recorded: int) -> tuple[torch.Tensor, ...]:
+def best_children(frame: Frame, recorded: int, width: int, nxt: int, branches: int) -> tuple[torch.Tensor, ...]:
     """`beam` in torch's ops."""
-    best = cand.masked_fill(pad, float("-inf")).flatten(1).topk(nxt, dim=-1)  # [n, nxt]
-    f_tok = tokens.flatten(1)[:, None].expand(-1, branches, -1).gather(  # each cache row's: one gather
+    n, block = frame.scores.shape[0], slice(recorded, recorded + width * width)
+    cand, tokens, pad = (x[:, block] for x in (frame.scores, frame.tokens, frame.padding))  # [n, W * W]
+    best = cand.masked_fill(pad, float("-inf")).topk(nxt, dim=-1)  # [n, nxt]
+    f_tok = tokens[:, None].expand(-1, branches, -1).gather(  # each cache row's: one gather
         2, best.indices[:, None].expand(-1, branches, -1)).flatten(0, 1)
-    return best.values, recorded + best.indices, best.indices // cand.shape[-1], f_tok
+    after = recorded + width * width
+    frame.parents[:, after : after + nxt * nxt].view(n, nxt, nxt).copy_((recorded + best.indices)[..., None])
+    return best.values, best.indices // width, f_tok
 
 
 @dataclass(frozen=True)
 class Frame:
-    """Which nodes of a growth are padding, and its root children's slots and parent: from the host-known ints, before
-    its first forward."""
+    """A growth's record of its nodes, [n, N] each: the root's w0 children, then each level's W_i x W_i children (the
+    i-th forward's, k = W_i of each frontier node, best first), level i's from column w0 + W_1^2 + .. + W_{i-1}^2.
+    Which nodes are padding and the parents known before the first forward (the root children's, -1; level 1's, the
+    root children 0 .. W_1 - 1) are made with it; scores, tokens and the later levels' parents are written as the
+    growth goes (`Children`, `beam`), so the tail reads them in place (no join of per-level parts)."""
 
-    above: torch.Tensor  # [n, w0] bool: child rank / frontier position j >= k_i (every level is at most w0 wide)
-    padding: torch.Tensor  # [L, n, W, W] bool: each level's padding children (a row past its depth, a node past k_i)
-    slots: torch.Tensor  # [n, w0] int64: the root children's slots 0 .. w0 - 1
-    roots: torch.Tensor  # [n, w0] int64: -1, the root children's parent
+    padding: torch.Tensor  # [n, N] bool: a row past its depth, a node past k_i
+    parents: torch.Tensor  # [n, N] int64: each node's parent slot (-1: the root)
+    scores: torch.Tensor  # [n, N] float32: path scores
+    tokens: torch.Tensor  # [n, N] int64
 
     @classmethod
     def make(cls, k: torch.Tensor, lives: torch.Tensor, widths: tuple[int, ...]) -> Frame:
         """From each row's top-k k [n] and whether it grows at each level (`level_positions`' lives [L, n])."""
-        slots = torch.arange(widths[0], device=k.device)
-        above = slots >= k[:, None]
-        most = max(widths[1:], default=widths[0])  # (a growth of the root's children alone reads none)
-        padding = ~lives[:, :, None, None] | above[:, None, :most] | above[:, :most, None]  # every level at once
-        n = k.shape[0]
-        return cls(above, padding, slots.expand(n, -1), torch.full_like(slots, -1).expand(n, -1))
+        n, w0, device = k.shape[0], widths[0], k.device
+        above = torch.arange(w0, device=device) >= k[:, None]  # [n, w0]: child rank / frontier position j >= k_i
+        blocks = [above] + [(~lives[i, :, None, None] | above[:, None, :w] | above[:, :w, None]).flatten(1)
+                            for i, w in enumerate(widths[1:])]
+        padding = torch.cat(blocks, 1)
+        parents = torch.full_like(padding, -1, dtype=torch.long)
+        if len(widths) > 1:  # level 1's: the first W_1 root children, W_1 children each
+            w = widths[1]
+            parents[:, w0 : w0 + w * w] = torch.arange(w, device=device).repeat_interleave(w)
+        return cls(padding, parents, *record_buffers(n, padding.shape[1], device))
+
+
+def record_buffers(n: int, nodes: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A growth record's scores (float32) and tokens (int64) [n, N], unwritten."""
+    return (torch.empty(n, nodes, dtype=torch.float32, device=device),
+            torch.empty(n, nodes, dtype=torch.long, device=device))
+
+
+def record_width(widths: tuple[int, ...]) -> int:
+    """N, the nodes a growth of these widths records: w0 + W_1^2 + .. + W_L^2."""
+    return widths[0] + sum(w * w for w in widths[1:])
 
 
 def level_positions(root_pos: torch.Tensor, depth: torch.Tensor, levels: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -249,9 +273,9 @@ class GrowthSetup:
         (w,) = set(plan.widths)
         levels, rows = plan.levels, writes.shape[0]
         if fused:
-            above, padding, slots, roots, at_rows, meta, own, count, tail, shared, entries = \
-                torch.ops.specgen.growth_setup(ints, writes, levels, w, branches, t)
-            return cls(Frame(above, padding, slots, roots), at_rows, meta,
+            padding, parents, at_rows, meta, own, count, tail, shared, entries = \
+                torch.ops.specgen.growth_setup(ints, writes, levels, record_width(plan.widths), w, branches, t)
+            return cls(Frame(padding, parents, *record_buffers(*padding.shape, ints.device)), at_rows, meta,
                        LevelLists(entries, own[..., None], tail[:, :, None], count, shared, True))
         root_pos, k, depth, _, prefix, _ = ints
         lives, positions = level_positions(root_pos, depth, levels)  # [L, n] each

@@ -178,12 +178,12 @@ def sliced_products(weight: torch.Tensor) -> bool:
     return weight.dtype in SLICED_DTYPES and weight.device.type != "cpu"
 
 
-def one_launch_gate(x: torch.Tensor, w1: torch.nn.Linear) -> bool:
+def one_launch_gate(x: torch.Tensor, w1: torch.nn.Module, w3: torch.nn.Module) -> bool:
     """Whether SwiGLU's gate over x runs in one launch with its two products (`torch.ops.specgen.gate`, their bits): a
     CUDA step (`one_pass`) whose products run one launch each (`cuda_ops.one_launch_products`, as SlicedLinear's
-    do) over the low-precision weights `sliced_products` slices. The weight is read last: a CPU or training forward
-    never reads it (a LoRA layer has none)."""
-    return one_pass(x) and cuda_ops.one_launch_products() and w1.weight.dtype in SLICED_DTYPES
+    do) over plain Linears (a LoRA layer wraps one) of the low-precision weights `sliced_products` slices."""
+    return (one_pass(x) and cuda_ops.one_launch_products() and all(isinstance(w, torch.nn.Linear) for w in (w1, w3))
+            and w1.weight.dtype in SLICED_DTYPES)
 
 
 @torch.inference_mode()

@@ -197,35 +197,41 @@ def product_tiles(k: int) -> dict:
     return dict(K=k, BLOCK_M=t, BLOCK_N=t, BLOCK_K=t, UPCAST=interpreted(), num_warps=WARPS)
 
 
-def top_children(logits: torch.Tensor, scores: torch.Tensor | None, branches: int, scale: float,
-                 k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def top_children(logits: torch.Tensor, scores: torch.Tensor | None, branches: int, scale: float, k: int,
+                 values: torch.Tensor, index: torch.Tensor, at: int) -> None:
     """`torch.ops.specgen.top_children` on CUDA: each node's k best children from a drafter head's logits [n * br, S,
-    V] (CFG-guided at `scale` when br is 2): their log-probs plus the node's path score scores [n, S] (None: 0) [n, S,
-    k] float32, and their tokens [n, S, k] int64, best first (triton_kernels.top_children)."""
+    V] (CFG-guided at `scale` when br is 2): their log-probs plus the node's path score scores [n, S] (None: 0),
+    float32, and their tokens, best first, into a growth's record values, index [n, N] (float32, int64) from column
+    `at`, [n, S * k] there (triton_kernels.top_children)."""
     logits = logits if logits.stride(-1) == 1 else logits.contiguous()
     rows, s, v = logits.shape
     n = rows // branches
-    values = torch.empty(n, s, k, dtype=torch.float32, device=logits.device)
-    index = torch.empty(n, s, k, dtype=torch.long, device=logits.device)
+    if not n * s:  # no node: nothing to launch
+        return
+    assert values.stride() == index.stride() and values.stride(1) == 1, "a record's buffers share one row layout"
     scored = scores is not None
     kernels().top_children[(n * s,)](logits, scores.contiguous() if scored else values, values, index, s, v, scale,
-                                     logits.stride(0), logits.stride(1), K=k, BLOCK_K=pow2(k), CFG=branches == 2,
-                                     SCORED=scored, BLOCK=min(pow2(v), CHILD_BLOCK), enable_fp_fusion=False)
-    return values, index
+                                     logits.stride(0), logits.stride(1), values.stride(0), at, K=k, BLOCK_K=pow2(k),
+                                     CFG=branches == 2, SCORED=scored, BLOCK=min(pow2(v), CHILD_BLOCK),
+                                     enable_fp_fusion=False)
 
 
-def beam(cand: torch.Tensor, tokens: torch.Tensor, pad: torch.Tensor, nxt: int, branches: int,
-         recorded: int) -> tuple[torch.Tensor, ...]:
-    """`torch.ops.specgen.beam` on CUDA: each row's best `nxt` of its W x W children (path scores cand [n, W, W],
-    tokens, `pad` for the not-real ones): scores [n, nxt], slots (`recorded` + index), parents (index // W) and each
-    branch row's tokens [n * br, nxt] (triton_kernels.beam_rows)."""
-    n, w, _ = cand.shape
-    on = dict(dtype=torch.long, device=cand.device)
-    score = torch.empty(n, nxt, dtype=cand.dtype, device=cand.device)
-    slot, parent, tok = torch.empty(n, nxt, **on), torch.empty(n, nxt, **on), torch.empty(n * branches, nxt, **on)
-    kernels().beam_rows[(n,)](cand.contiguous(), tokens.contiguous(), pad.contiguous().view(torch.uint8), score, slot,
-                              parent, tok, recorded, W=w, NXT=nxt, BRANCHES=branches, BLOCK=max(16, pow2(w * w)))
-    return score, slot, parent, tok
+def beam(scores: torch.Tensor, tokens: torch.Tensor, padding: torch.Tensor, parents: torch.Tensor, recorded: int,
+         width: int, nxt: int, branches: int) -> tuple[torch.Tensor, ...]:
+    """`torch.ops.specgen.beam` on CUDA: each row's best `nxt` of the W x W children recorded in a growth's record
+    (scores, tokens, padding, parents [n, N], contiguous) from column `recorded`: their scores, parents (index // W)
+    [n, nxt] and each branch row's tokens [n * br, nxt]; their slots, each `nxt` times, written as the next level's
+    parents (triton_kernels.beam_rows)."""
+    n, nodes = scores.shape
+    assert recorded + width * width + nxt * nxt <= nodes, "the level's children and the next level's parents fit"
+    on = dict(dtype=torch.long, device=scores.device)
+    score, parent = torch.empty(n, nxt, dtype=scores.dtype, device=scores.device), torch.empty(n, nxt, **on)
+    tok = torch.empty(n * branches, nxt, **on)
+    if n:
+        kernels().beam_rows[(n,)](scores, tokens, padding.view(torch.uint8), parents, score, parent, tok, nodes,
+                                  recorded, W=width, NXT=nxt, BRANCHES=branches, BLOCK=max(16, pow2(width * width)),
+                                  BLOCK_NXT=pow2(nxt))
+    return score, parent, tok
 
 
 def kept_tree(scores: torch.Tensor, padding: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor,
@@ -253,25 +259,26 @@ def kept_tree(scores: torch.Tensor, padding: torch.Tensor, tokens: torch.Tensor,
     return outs
 
 
-def setup_shapes(n: int, rows: int, levels: int, width: int, t: int) -> tuple[tuple[tuple[int, ...], torch.dtype], ...]:
-    """`growth_setup`'s outputs (shape, dtype) for n sequences of `rows` cache rows, `levels` levels of `width` nodes
-    and T = `t` slots: above, padding, root slots, root parents; positions, meta; own slots, counts, tail, shared run,
-    slots (eagle_grow.GrowthSetup)."""
+def setup_shapes(n: int, rows: int, levels: int, nodes: int, width: int,
+                 t: int) -> tuple[tuple[tuple[int, ...], torch.dtype], ...]:
+    """`growth_setup`'s outputs (shape, dtype) for n sequences of `rows` cache rows, `levels` levels of `width` nodes,
+    a record of `nodes` and T = `t` slots: the record's padding and parents [n, N]; positions, meta; own slots, counts,
+    tail, shared run, slots (eagle_grow.GrowthSetup)."""
     i64, i32, b = torch.int64, torch.int32, torch.bool
-    return (((n, width), b), ((levels, n, width, width), b), ((n, width), i64), ((n, width), i64),
-            ((levels, rows), i64), ((levels, 2, rows), i64), ((levels, rows, width), i32),
-            ((levels, rows, width), i32), ((levels, rows, t), b), ((rows,), i32), ((t,), i32))
+    return (((n, nodes), b), ((n, nodes), i64), ((levels, rows), i64), ((levels, 2, rows), i64),
+            ((levels, rows, width), i32), ((levels, rows, width), i32), ((levels, rows, t), b), ((rows,), i32),
+            ((t,), i32))
 
 
-def growth_setup(ints: torch.Tensor, writes: torch.Tensor, levels: int, width: int, branches: int,
+def growth_setup(ints: torch.Tensor, writes: torch.Tensor, levels: int, nodes: int, width: int, branches: int,
                  t: int) -> tuple[torch.Tensor, ...]:
     """`torch.ops.specgen.growth_setup` on CUDA, one launch (triton_kernels.setup_rows): a captured growth's constants
     from its ints [6, n] and each cache row's write row [n * br] (`setup_shapes`)."""
     n, rows = ints.shape[1], writes.shape[0]
     outs = tuple(torch.empty(shape, dtype=dtype, device=ints.device)
-                 for shape, dtype in setup_shapes(n, rows, levels, width, t))
+                 for shape, dtype in setup_shapes(n, rows, levels, nodes, width, t))
     args = (x.view(torch.uint8) if x.dtype == torch.bool else x for x in outs)
-    kernels().setup_rows[(levels, rows)](ints.contiguous(), writes.contiguous(), *args, n, t, W=width,
+    kernels().setup_rows[(levels, rows)](ints.contiguous(), writes.contiguous(), *args, n, nodes, t, W=width,
                                          BRANCHES=branches, BLOCK_W=pow2(width), BLOCK=PLAN_BLOCK)
     return outs
 

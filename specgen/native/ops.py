@@ -123,16 +123,15 @@ op("level_lists(Tensor prev, Tensor parent, Tensor own, Tensor tail, int branche
 # an EAGLE drafter's input, cat([embedding, features]), in one pass (a copy: the same bits)
 op("embed_cat(Tensor weight, Tensor tokens, Tensor features) -> Tensor",
    lambda weight, tokens, features: features.new_empty(*tokens.shape, 2 * weight.shape[1]), "CUDA")(cuda_ops.embed_cat)
-# a tree growth's rankings (methods/eagle_grow.py), one pass each: a drafter level's children from its head's logits
-# (CFG, log-softmax, top-k and path scores), and its beam (the best children over a row's frontier)
-op("top_children(Tensor logits, Tensor? scores, int branches, float scale, int k) -> (Tensor, Tensor)",
-   lambda logits, scores, branches, scale, k: tuple(logits.new_empty(logits.shape[0] // branches, logits.shape[1], k,
-                                                                     dtype=d) for d in (torch.float32, torch.long)),
-   "CUDA")(cuda_ops.top_children)
-op("beam(Tensor cand, Tensor tokens, Tensor pad, int nxt, int branches, int recorded) -> (Tensor, Tensor, Tensor, "
-   "Tensor)", lambda cand, tokens, pad, nxt, branches, recorded: (
-       cand.new_empty(cand.shape[0], nxt), *(tokens.new_empty(cand.shape[0] * m, nxt) for m in (1, 1, branches))),
-   "CUDA")(cuda_ops.beam)
+# a tree growth's rankings (methods/eagle_grow.py), one pass each, written into its record (eagle_grow.Frame): a
+# drafter level's children from its head's logits (CFG, log-softmax, top-k and path scores), and its beam (the best
+# children over a row's frontier, the next level's parents)
+op("top_children(Tensor logits, Tensor? scores, int branches, float scale, int k, Tensor(a!) values, "
+   "Tensor(b!) index, int at) -> ()", lambda *args: None, "CUDA")(cuda_ops.top_children)
+op("beam(Tensor scores, Tensor tokens, Tensor padding, Tensor(a!) parents, int recorded, int width, int nxt, "
+   "int branches) -> (Tensor, Tensor, Tensor)", lambda scores, tokens, padding, parents, recorded, width, nxt,
+   branches: (scores.new_empty(scores.shape[0], nxt), *(tokens.new_empty(scores.shape[0] * m, nxt)
+                                                         for m in (1, branches))), "CUDA")(cuda_ops.beam)
 
 
 def kept_tree_shapes(scores, padding, tokens, parents, counts, roots, root_pos, total, levels
@@ -154,11 +153,11 @@ op("kept_tree(Tensor scores, Tensor padding, Tensor tokens, Tensor parents, Tens
 
 # CUDA only (eagle_grow.GrowthSetup's torch ops elsewhere), one Triton program a level and cache row: a captured
 # growth's constants from the host-known ints
-op("growth_setup(Tensor ints, Tensor writes, int levels, int width, int branches, int t) -> (Tensor, Tensor, Tensor, "
+op("growth_setup(Tensor ints, Tensor writes, int levels, int nodes, int width, int branches, int t) -> (Tensor, "
    "Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
-   lambda ints, writes, levels, width, branches, t: tuple(ints.new_empty(shape, dtype=dtype) for shape, dtype in
-                                                          cuda_ops.setup_shapes(ints.shape[1], writes.shape[0], levels,
-                                                                                width, t)),
+   lambda ints, writes, levels, nodes, width, branches, t: tuple(
+       ints.new_empty(shape, dtype=dtype)
+       for shape, dtype in cuda_ops.setup_shapes(ints.shape[1], writes.shape[0], levels, nodes, width, t)),
    "CUDA")(cuda_ops.growth_setup)
 
 

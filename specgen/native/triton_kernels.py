@@ -303,11 +303,12 @@ def key_index(key):
 # [n * br, S, V] (rows cond_i, uncond_i under CFG), its guided logits uncond + scale (cond - uncond) rounded as
 # image/target.guided rounds them, in float32 from there. One pass over the vocabulary in BLOCK-wide tiles keeps the
 # softmax's running max and rescaled sum and the K best (logit, token) keys seen so far (a tile's key enters while it
-# beats the worst kept one); then the keys sorted, each a log-prob (x - max) - log(sum), plus the node's path score.
-# Ties rank the lower token first. Not torch's bits (its own sums): a drafter's log-probs only choose what is proposed.
-@triton.jit(do_not_specialize=["n_s", "v", "srow", "ss"])
-def top_children(LOGITS, SCORES, VALUES, INDEX, n_s, v, scale, srow, ss, K: tl.constexpr, BLOCK_K: tl.constexpr,
-                 CFG: tl.constexpr, SCORED: tl.constexpr, BLOCK: tl.constexpr):
+# beats the worst kept one); then the keys sorted, each a log-prob (x - max) - log(sum), plus the node's path score,
+# into a growth's record (eagle_grow.Frame: row i's K x n_s from column `at`, rows `so` apart). Ties rank the lower
+# token first. Not torch's bits (its own sums): a drafter's log-probs only choose what is proposed.
+@triton.jit(do_not_specialize=["n_s", "v", "srow", "ss", "so", "at"])
+def top_children(LOGITS, SCORES, VALUES, INDEX, n_s, v, scale, srow, ss, so, at, K: tl.constexpr,
+                 BLOCK_K: tl.constexpr, CFG: tl.constexpr, SCORED: tl.constexpr, BLOCK: tl.constexpr):
     node = tl.program_id(0)  # i * n_s + s
     i = node // n_s
     s = node - i * n_s
@@ -348,32 +349,36 @@ def top_children(LOGITS, SCORES, VALUES, INDEX, n_s, v, scale, srow, ss, K: tl.c
     lp = (key_value(ranked) - top) - tl.log(total)
     if SCORED:
         lp = tl.load(SCORES + node) + lp
-    out = node.to(tl.int64) * K + ks
+    out = i.to(tl.int64) * so + at + s * K + ks
     tl.store(VALUES + out, lp, mask=ks < K)
     tl.store(INDEX + out, key_index(ranked), mask=ks < K)
 
 
-# A level's beam (methods/eagle_grow.beam): one program a row, its W x W children's path scores CAND (PAD: not a
-# real child, -inf) ranked as `top_children` ranks, the best NXT kept: their scores, slots (`recorded` + index),
-# parents (index // W) and tokens, each branch row's copy of the tokens side by side.
-@triton.jit(do_not_specialize=["recorded"])
-def beam_rows(CAND, TOKENS, PAD, SCORE, SLOT, PARENT, FTOK, recorded, W: tl.constexpr, NXT: tl.constexpr,
-              BRANCHES: tl.constexpr, BLOCK: tl.constexpr):
+# A level's beam (methods/eagle_grow.beam): one program a row, its W x W children in a growth's record (rows
+# `n_nodes` apart, from column `recorded`: path SCORES, TOKENS, PAD for the not-real ones, scored -inf) ranked as
+# `top_children` ranks, the best NXT kept: their scores, parents (index // W) and tokens, each branch row's copy side
+# by side; their slots (`recorded` + index), each NXT times, are the next level's PARENTS in the record.
+@triton.jit(do_not_specialize=["n_nodes", "recorded"])
+def beam_rows(SCORES, TOKENS, PAD, PARENTS, SCORE, PARENT, FTOK, n_nodes, recorded, W: tl.constexpr,
+              NXT: tl.constexpr, BRANCHES: tl.constexpr, BLOCK: tl.constexpr, BLOCK_NXT: tl.constexpr):
     i = tl.program_id(0).to(tl.int64)
     lanes = tl.arange(0, BLOCK)
     real = lanes < W * W
-    c = tl.load(CAND + i * W * W + lanes, mask=real, other=0.0)
-    pad = tl.load(PAD + i * W * W + lanes, mask=real, other=1) != 0
+    row = i * n_nodes + recorded
+    c = tl.load(SCORES + row + lanes, mask=real, other=0.0)
+    pad = tl.load(PAD + row + lanes, mask=real, other=1) != 0
     key = tl.where(real, rank_key(tl.where(pad, float("-inf"), c), lanes), KEY_NONE)
     ranked = tl.sort(key, descending=True)  # the first NXT lanes are kept
     index = key_index(ranked)
     keep = lanes < NXT
     tl.store(SCORE + i * NXT + lanes, key_value(ranked), mask=keep)
-    tl.store(SLOT + i * NXT + lanes, recorded + index, mask=keep)
     tl.store(PARENT + i * NXT + lanes, index // W, mask=keep)
-    tok = tl.load(TOKENS + i * W * W + index, mask=keep, other=0)
+    tok = tl.load(TOKENS + row + index, mask=keep, other=0)
     for b in tl.static_range(BRANCHES):
         tl.store(FTOK + (i * BRANCHES + b) * NXT + lanes, tok, mask=keep)
+    each = tl.arange(0, BLOCK_NXT)[None, :]  # the next level's children of kept node j: columns j * NXT + each
+    slot = (recorded + index)[:, None] + each * 0
+    tl.store(PARENTS + row + W * W + lanes[:, None] * NXT + each, slot, mask=keep[:, None] & (each < NXT))
 
 
 # A step's tree growth's tail (methods/eagle_grow.py): one program a tree row, its output the bits of `best_nodes`,
@@ -461,10 +466,12 @@ def kept_tree_rows(SCORES, PAD, TOKENS, PARENTS, COUNTS, ROOTS, ROOT_POS, TOK_OU
 # top-k, depth, kept count, drafter prefix, root token) and each cache row's write row WRITES [R] (R = n * BRANCHES):
 # one program a (level l, cache row r = i * BRANCHES + b) writes that row's level-l RoPE position (root position +
 # l + 1 while the row grows there), cache meta (first slot prefix + W l, write row), attention lists' own slots, count
-# and tail (entries p >= prefix + l), and sequence i's level-l padding children (branch 0); level 0 also the row's
-# shared run (its prefix), sequence i's root-children masks (branch 0), and program (0, 0) the lists' slots 0..T-1.
-@triton.jit(do_not_specialize=["n", "t"])
-def setup_rows(INTS, WRITES, ABOVE, PADDING, SLOTS, ROOTS, AT, META, OWN, COUNT, TAIL, SHARED, LIST, n, t,
+# and tail (entries p >= prefix + l), and in sequence i's record (eagle_grow.Frame, [n, n_nodes], branch 0) the padding
+# and parents of its level-(l + 1) children where the record has them (level 1's the root children 0 .. W - 1, W
+# children each; a later level's -1 until its beam writes them); level 0 also the row's shared run (its prefix), the
+# root children's padding and parents (-1), and program (0, 0) the lists' slots 0..T-1.
+@triton.jit(do_not_specialize=["n", "n_nodes", "t"])
+def setup_rows(INTS, WRITES, PADDING, PARENTS, AT, META, OWN, COUNT, TAIL, SHARED, LIST, n, n_nodes, t,
                W: tl.constexpr, BRANCHES: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK: tl.constexpr):
     level = tl.program_id(0)
     r = tl.program_id(1)
@@ -493,16 +500,19 @@ def setup_rows(INTS, WRITES, ABOVE, PADDING, SLOTS, ROOTS, AT, META, OWN, COUNT,
         if level + r == 0:
             tl.store(LIST + p, p, mask=p < t)
         start += BLOCK
-    # 3. the sequence's padding children [L, n, W, W] at this level; level 0: its root children's masks [n, W]
+    # 3. the sequence's record: this level's children's padding; level 0: the root children's, and the known parents
     if r % BRANCHES == 0:
         a = tl.arange(0, BLOCK_W)[:, None]
         c = tl.arange(0, BLOCK_W)[None, :]
+        block = (a < W) & (c < W) & (a * 0 + W + (level + 1) * W * W <= n_nodes)  # (a tensor: the interpreter's mask)
+        row = i.to(tl.int64) * n_nodes
         pad = (depth <= level + 1) | (a >= k) | (c >= k)
-        tl.store(PADDING + ((level * n + i) * W + a) * W + c, pad.to(tl.uint8), mask=(a < W) & (c < W))
+        tl.store(PADDING + row + W + level * W * W + a * W + c, pad.to(tl.uint8), mask=block)
+        parent = tl.where(level == 0, a.to(tl.int64), -1) + c * 0
+        tl.store(PARENTS + row + W + level * W * W + a * W + c, parent, mask=block)
         if level == 0:
-            tl.store(ABOVE + i * W + j, (j >= k).to(tl.uint8), mask=real)
-            tl.store(SLOTS + i * W + j, j.to(tl.int64), mask=real)
-            tl.store(ROOTS + i * W + j, tl.full([BLOCK_W], -1, tl.int64), mask=real)
+            tl.store(PADDING + row + j, (j >= k).to(tl.uint8), mask=real)
+            tl.store(PARENTS + row + j, tl.full([BLOCK_W], -1, tl.int64), mask=real)
     if level == 0:
         tl.store(SHARED + r, prefix.to(tl.int32))
 

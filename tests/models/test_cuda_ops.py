@@ -227,7 +227,7 @@ def test_the_gate_comparison_can_fail(device, dtype):
 def test_a_feed_forward_takes_the_gate_where_its_products_run_one_launch(monkeypatch):
     """FeedForward: SwiGLU in one launch (`torch.ops.specgen.gate`) on a CUDA step (here: `one_pass` says so) with
     one-launch products and bf16/fp16 weights, the bits of the three launches; float32 weights, products in slices
-    (the flag off) and CPU forwards keep w1, w3 and the gate apart."""
+    (the flag off), CPU forwards and LoRA-wrapped layers keep w1, w3 and the gate apart."""
     from specgen.models.transformer import FeedForward
     from tests.conftest import tiny_config
 
@@ -247,6 +247,13 @@ def test_a_feed_forward_takes_the_gate_where_its_products_run_one_launch(monkeyp
             got = ffn(x.to(dtype))
             want = F.linear(three_launches(x.to(dtype), ffn.w1.weight, ffn.w3.weight), ffn.w2.weight)
         assert len(gated) == fused and (not fused or torch.equal(got, want)), (dtype, one_launch, cuda)
+    from specgen.train.lora import LoRALinear  # an adapted FFN (its Linears wrapped): the three launches, no error
+
+    ffn.w1 = LoRALinear(ffn.w1, 2, 4.0).to(torch.bfloat16)
+    monkeypatch.setattr(kernel_choice, "one_pass", lambda t: not torch.is_grad_enabled())
+    with torch.inference_mode():
+        ffn(x.to(torch.bfloat16))
+    assert not gated
 
 
 def test_one_launch_products_are_asked_for_and_need_the_kernels(monkeypatch):
@@ -332,15 +339,15 @@ for dtype, cfg, scored, archs in (("bf16", True, True, (80, 90)), ("fp32", False
     for arch in archs:
         build(fn, sig, consts, arch)
 fn = cuda_ops.kernels().beam_rows
-consts = {"W": 16, "NXT": 16, "BRANCHES": 2, "BLOCK": 256}
-sig = {n: "constexpr" if n in consts else "*fp32" if n in ("CAND", "SCORE") else "*u8" if n == "PAD" else "*i64"
+consts = {"W": 16, "NXT": 16, "BRANCHES": 2, "BLOCK": 256, "BLOCK_NXT": 16}
+sig = {n: "constexpr" if n in consts else "*fp32" if n in ("SCORES", "SCORE") else "*u8" if n == "PAD" else "*i64"
        if n.isupper() else "i32" for n in fn.arg_names}
 for arch in (80, 90):
     build(fn, sig, consts, arch)
 fn = cuda_ops.kernels().setup_rows
 consts = {"W": 16, "BRANCHES": 2, "BLOCK_W": 16, "BLOCK": cuda_ops.PLAN_BLOCK}
 sig = {n: "constexpr" if n in consts else "*i32" if n in ("OWN", "COUNT", "SHARED", "LIST") else "*u8"
-       if n in ("ABOVE", "PADDING", "TAIL") else "*i64" if n.isupper() else "i32" for n in fn.arg_names}
+       if n in ("PADDING", "TAIL") else "*i64" if n.isupper() else "i32" for n in fn.arg_names}
 for arch in (80, 90):
     build(fn, sig, consts, arch)
 fn = cuda_ops.kernels().embed_rows
@@ -401,10 +408,12 @@ for b, s, t in ((1, 1, 256), (2, 1, 256), (3, 5, 512), (16, 64, 1024)):  # rows,
     cuda_ops.linear(x.reshape(-1, 576), torch.zeros(960, 576, dtype=bf), None)
     cuda_ops.gate(x, torch.zeros(1536, 576, dtype=bf), torch.zeros(1536, 576, dtype=bf))
     logits = torch.zeros(2 * b, s, 16384, dtype=bf)  # a growth's levels: the root's children, then scored ones
-    cuda_ops.top_children(logits, None, 2, 4.0, 8), cuda_ops.top_children(logits, torch.zeros(b, s), 2, 4.0, 8)
-    cuda_ops.beam(torch.zeros(b, 8, 8), torch.zeros(b, 8, 8, dtype=torch.long), torch.zeros(b, 8, 8, dtype=torch.bool),
-                  8, 2, 8 + 64 * s)
-    cuda_ops.growth_setup(torch.zeros(6, b, dtype=torch.long), torch.arange(2 * b), 1 + s % 4, 8, 2, t)
+    nodes = 8 + 64 * (2 + s % 4)  # a growth's record [b, N], written from each level's column
+    values, tokens = torch.zeros(b, nodes), torch.zeros(b, nodes, dtype=torch.long)
+    cuda_ops.top_children(logits, None, 2, 4.0, 8, values, tokens, 0)
+    cuda_ops.top_children(logits, torch.zeros(b, s), 2, 4.0, 8, values, tokens, 8 + 64 * (s % 4))
+    cuda_ops.beam(values, tokens, torch.zeros(b, nodes, dtype=torch.bool), tokens, 8 + 64 * (s % 4), 8, 8, 2)
+    cuda_ops.growth_setup(torch.zeros(6, b, dtype=torch.long), torch.arange(2 * b), 1 + s % 4, nodes, 8, 2, t)
     cuda_ops.embed_cat(torch.zeros(32, 576, dtype=bf), torch.zeros(2 * b, s, dtype=torch.long), x.repeat(2, 1, 1))
     cuda_ops.level_lists(torch.zeros(2 * b, 8, t, dtype=torch.int32), torch.zeros(b, 8, dtype=torch.long),
                          torch.zeros(2 * b, 8, 1, dtype=torch.int32), torch.zeros(2 * b, 1, t, dtype=torch.bool), 2)
@@ -598,10 +607,16 @@ def grown(device, k, depth, totals, width, vocab, seed, kernel, feed=True):
     def forward(feats, toks, parent, i):
         return torch.randn(feats.shape[0], toks.shape[1], dim, generator=g).to(device)
 
-    def children(hidden, scores, k):
+    def children(hidden, scores, k, record, at):
         lp = -torch.randint(0, 6, (*hidden.shape[:2], vocab), generator=g) / 4
         top = lp.masked_fill(torch.rand(lp.shape, generator=g) < 0.5, float("-inf")).to(device).topk(k, dim=-1)
-        return (top.values if scores is None else scores[..., None] + top.values), top.indices
+        values = (top.values if scores is None else scores[..., None] + top.values).flatten(1)
+        record.scores[:, at : at + values.shape[1]], record.tokens[:, at : at + values.shape[1]] = \
+            values, top.indices.flatten(1)
+        return values.view(top.indices.shape), top.indices
+
+    def torch_beam(scores, tokens, padding, parents, *level):  # the beam as torch ranks ties
+        return eagle_grow.best_children(eagle_grow.Frame(padding, parents, scores, tokens), *level)
 
     seen = []
 
@@ -613,7 +628,7 @@ def grown(device, k, depth, totals, width, vocab, seed, kernel, feed=True):
     with torch.inference_mode(), pytest.MonkeyPatch.context() as m:
         m.setattr(kernel_choice, "one_pass", lambda x: kernel)
         m.setattr(torch.ops.specgen, "kept_tree", op)
-        m.setattr(torch.ops.specgen, "beam", eagle_grow.best_children)  # the beam as torch ranks ties
+        m.setattr(torch.ops.specgen, "beam", torch_beam)
         return eagle_grow.grow(forward, children, root_hidden, ints, plan, 1, frame), (seen or [None])[0]
 
 

@@ -23,6 +23,19 @@ def torch_children(logits, scores, branches, scale, k):
     return (top.values if scores is None else scores[..., None] + top.values), top.indices
 
 
+def kernel_children(logits, scores, branches, scale, k, at=3):
+    """`cuda_ops.top_children` into a record of sentinels from column `at` (a few columns on either side): its
+    values and tokens [n, S, k]; every column outside theirs still the sentinel."""
+    n, s = logits.shape[0] // branches, logits.shape[1]
+    values = torch.full((n, at + s * k + 5), -7.0, device=logits.device)
+    index = torch.full_like(values, -7, dtype=torch.long)
+    cuda_ops.top_children(logits, scores, branches, scale, k, values, index, at)
+    outside = torch.ones(values.shape[1], dtype=torch.bool)
+    outside[at : at + s * k] = False
+    assert (values[:, outside] == -7).all() and (index[:, outside] == -7).all()
+    return values[:, at : at + s * k].view(n, s, k), index[:, at : at + s * k].view(n, s, k)
+
+
 @pytest.mark.parametrize("branches,v,k,scored", [(2, 512, 8, True), (1, 5000, 16, False), (2, 37, 5, True)])
 def test_top_children_gives_the_log_softmax_top_k_and_path_scores(device, branches, v, k, scored):
     """float32 logits (no ties): the same children in the same order, log-probs within float32 rounding (the kernel
@@ -30,7 +43,7 @@ def test_top_children_gives_the_log_softmax_top_k_and_path_scores(device, branch
     g = torch.Generator().manual_seed(v)
     logits = (torch.randn(3 * branches, 4, v, generator=g) * 3).to(device)
     scores = torch.randn(3, 4, generator=g).to(device) if scored else None
-    values, index = cuda_ops.top_children(logits, scores, branches, 4.0, k)
+    values, index = kernel_children(logits, scores, branches, 4.0, k)
     want_values, want_index = torch_children(logits, scores, branches, 4.0, k)
     assert torch.equal(index, want_index)
     torch.testing.assert_close(values, want_values, rtol=0, atol=2e-6)
@@ -41,26 +54,31 @@ def test_top_children_ranks_ties_by_the_lower_token_and_guides_bfloat16_as_torch
     torch one of its token; equal logits rank the lower token first (torch's top-k leaves tie order open)."""
     g = torch.Generator().manual_seed(1)
     logits = (torch.randn(4, 3, 3000, generator=g) * 3).to(device, torch.bfloat16)
-    values, index = cuda_ops.top_children(logits, None, 2, 4.0, 6)
+    values, index = kernel_children(logits, None, 2, 4.0, 6, at=0)
     lp = guided(logits, 4.0).float().log_softmax(-1)
     torch.testing.assert_close(values, lp.gather(-1, index), rtol=0, atol=2e-6)
     torch.testing.assert_close(values, lp.topk(6, dim=-1).values, rtol=0, atol=2e-6)
     flat = torch.zeros(1, 1, 64, device=device)
     flat[0, 0, [9, 40, 3]] = 1.0
-    assert cuda_ops.top_children(flat, None, 1, 1.0, 4)[1].tolist() == [[[3, 9, 40, 0]]]
+    assert kernel_children(flat, None, 1, 1.0, 4)[1].tolist() == [[[3, 9, 40, 0]]]
 
 
 def test_the_beam_keeps_each_rows_best_children_as_torch_does(device):
-    """The best `nxt` of each row's W x W children (padding never before a real child), their slots, parents and
-    each branch row's tokens: `eagle_grow.beam`'s torch path, bit for bit."""
+    """The best `nxt` of each row's W x W children in a growth's record (padding never before a real child): their
+    scores, parents and each branch row's tokens, and their slots as the next level's parents in the record:
+    `eagle_grow.beam`'s torch path, bit for bit; nothing else of the record written."""
     g = torch.Generator().manual_seed(2)
-    cand = torch.randn(3, 8, 8, generator=g).to(device)
-    tokens = torch.randint(0, 500, (3, 8, 8), generator=g).to(device)
-    pad = (torch.rand(3, 8, 8, generator=g) < 0.4).to(device)
-    got = cuda_ops.beam(cand, tokens, pad, 8, 2, 10)
-    want = eagle_grow.beam(cand.cpu(), tokens.cpu(), pad.cpu(), 8, 2, 10)
+    n, recorded, w, nxt = 3, 10, 8, 6
+    nodes = recorded + w * w + nxt * nxt + 4
+    frame = eagle_grow.Frame(torch.rand(n, nodes, generator=g) < 0.4, torch.full((n, nodes), -5),
+                             torch.randn(n, nodes, generator=g), torch.randint(0, 500, (n, nodes), generator=g))
+    on = eagle_grow.Frame(*(x.to(device) for x in vars(frame).values()))
+    got = cuda_ops.beam(on.scores, on.tokens, on.padding, on.parents, recorded, w, nxt, 2)
+    want = eagle_grow.beam(frame, recorded, w, nxt, 2)
     assert all(torch.equal(a.cpu(), b) for a, b in zip(got, want))
-    assert not pad.flatten(1).gather(1, got[1] - 10).any()
+    assert torch.equal(on.parents.cpu(), frame.parents) and (frame.parents[:, : recorded + w * w] == -5).all()
+    kept = frame.parents[:, recorded + w * w :: nxt][:, :nxt] - recorded  # the kept children's indices
+    assert not frame.padding[:, recorded:].gather(1, kept).any()
 
 
 SETUPS = [  # ints [6, n] (root positions, top-k, depths, counts, prefixes, roots), plan widths, branches, T
@@ -78,8 +96,8 @@ def test_the_growth_setup_kernel_gives_torchs_constants(device, case):
     ints = torch.tensor(ints, device=device)
     writes = torch.arange(ints.shape[1] * branches, device=device)
     plan = eagle_grow.GrowPlan(widths, 12)
-    parts = lambda s: (*vars(s.frame).values(), s.at_rows, s.meta, s.lists.slots, s.lists.own,  # noqa: E731
-                       s.lists.tail, s.lists.count, s.lists.shared)
+    parts = lambda s: (s.frame.padding, s.frame.parents, s.at_rows, s.meta, s.lists.slots,  # noqa: E731
+                       s.lists.own, s.lists.tail, s.lists.count, s.lists.shared)
     want = parts(eagle_grow.GrowthSetup.make(ints.cpu(), writes.cpu(), plan, branches, t, False))
     with pytest.MonkeyPatch.context() as m:
         m.setattr(torch.ops.specgen, "growth_setup", cuda_ops.growth_setup)
@@ -120,8 +138,8 @@ def test_a_growth_through_the_ranking_kernels_grows_torchs_trees(monkeypatch):
     want = growth(False, monkeypatch)
     got = growth(True, monkeypatch)
     assert all(torch.equal(a, b) for a, b in zip(got, want))
-    monkeypatch.setattr(cuda_ops, "top_children", lambda logits, scores, br, scale, k: CHILDREN(
-        logits, scores, br, 1.5, k))
+    monkeypatch.setattr(cuda_ops, "top_children", lambda logits, scores, br, scale, k, *record: CHILDREN(
+        logits, scores, br, 1.5, k, *record))
     assert not all(torch.equal(a, b) for a, b in zip(growth(True, monkeypatch), want))
 
 
