@@ -409,7 +409,7 @@ def test_a_growth_that_reads_the_host_fails_the_check():
     """The growth's control: the same harness refuses a level whose ranking reads a value."""
     from specgen.methods.eagle_grow import GrowPlan
 
-    def reads(h, scores, k):
+    def reads(h, scores, k, frame, at):
         if h.sum().item() > 0:
             pass
         return h.float().log_softmax(-1).topk(k, dim=-1)
