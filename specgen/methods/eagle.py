@@ -243,7 +243,7 @@ class EagleBatch(PoolBase):
         roots = None if graphs is None else graphs.forward_host(batch, view, feats)  # [n * br, 1, D]
         if roots is None:
             inputs = batch.to(device)
-            hidden = self.net(feats, inputs.tokens, inputs.positions, view, tree_mask=inputs.tree_mask)  # [n * br, M, D]
+            hidden = self.net(feats, inputs.tokens, inputs.positions, view, tree_mask=inputs.tree_mask)  # [n br, M, D]
             if ms.count(width) == n:  # every row's last pair in the last column (every step at batch 1): one view
                 roots = hidden[:, -1:]
             else:

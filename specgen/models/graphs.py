@@ -60,7 +60,7 @@ class StaticInputs:
     views: dict = field(default_factory=dict)  # (n, s, branches) -> the buffers' views over a call's real part (`real`)
     # the last call's rows, nodes and whether its tree was the chain: outside its rows and nodes `tree` holds the `eye`
     dirty: tuple[int, int, bool] = (0, 0, False)
-    ints: torch.Tensor | None = None  # [2 R S + 3 R]: tokens, positions, meta, `last` as one buffer (views), one host copy
+    ints: torch.Tensor | None = None  # [2 R S + 3 R]: tokens, positions, meta, `last`: one buffer (views), one copy
     last: torch.Tensor | None = None  # [R]: each row's last real node (a catch-up's roots: `StepGraphs.forward_host`)
 
     def real(self, n: int, s: int, branches: int = 1) -> tuple:
