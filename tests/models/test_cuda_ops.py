@@ -627,19 +627,23 @@ def test_the_tree_kernel_orders_nan_and_signed_zero_as_torchs_sort(device):
 
 
 def commit_case(device, dtype, seed):
-    """A cache k, v [L, R, Hkv, T, D] of random values on `device` and a commit of 3 sequences x 2 branch rows:
-    random ascending keeps (a slot both a source and a destination), one a chain (nothing moves), one of 40 of 50
-    nodes (its moves span blocks of the kernel), the rows' lengths; and its result through torch's indexing (CPU)."""
+    """A cache k, v [L, R, Hkv, T, D] of random values on `device`, rows 1..6 of a buffer of 8 (a pool's view), and a
+    commit of 3 sequences x 2 branch rows: random ascending keeps (a slot both a source and a destination), one a
+    chain (nothing moves), one of 40 of 50 nodes (its moves span blocks of the kernel), the rows' lengths; and its
+    result through torch's indexing (CPU)."""
     from specgen.decoding.cache import KVCache
 
     g = torch.Generator().manual_seed(seed)
-    k, v = (torch.randn(3, 6, 2, 128, 48, generator=g).to(dtype) for _ in range(2))
+    k, v = (torch.randn(3, 8, 2, 128, 48, generator=g).to(dtype) for _ in range(2))
     lengths = [20, 20, 7, 7, 31, 31]
     keep = sorted(torch.randperm(12, generator=g)[:5].tolist())
     keeps = {0: [1, 2, 3] if seed == 0 else keep, 1: [0, 1], 2: sorted(torch.randperm(50, generator=g)[:40].tolist())}
-    want = KVCache(k.clone(), v.clone(), list(lengths))
+    want = KVCache(k.clone(), v.clone(), [0] * 8).rows(1, 7)
+    want.lengths = list(lengths)
     want.commit_seqs(keeps, 2)  # CPU tensors: torch's gather, then write
-    return KVCache(k.to(device), v.to(device), list(lengths)), keeps, want
+    got = KVCache(k.to(device), v.to(device), [0] * 8).rows(1, 7)
+    got.lengths = list(lengths)
+    return got, keeps, want
 
 
 @pytest.fixture
@@ -670,6 +674,8 @@ def test_a_commit_moves_every_layers_keys_and_values_as_torchs_indexing_in_one_l
         cache.commit_seqs(keeps, 2)
     assert len(calls) == 1 and calls[0][2].shape == (3, 2 * (5 if seed else 3) + 2 * 40)  # the chain moves nothing
     assert torch.equal(cache.k.cpu(), want.k) and torch.equal(cache.v.cpu(), want.v) and cache.lengths == want.lengths
+    whole = cache.k._base  # the buffer's other rows: untouched
+    assert torch.equal(whole[:, [0, 7]].cpu(), want.k._base[:, [0, 7]])
 
 
 def test_the_commit_comparison_can_fail(device, commit_kernel, monkeypatch):
