@@ -346,6 +346,8 @@ class StepGraphs:
         roots = self.root_buffer(hidden.shape[-1])
         if hidden.data_ptr() != roots.data_ptr():
             roots[: hidden.shape[0]].copy_(hidden)
+        elif hidden.shape[0] == rows:  # the catch-up's own view (no padding sequence): no second view (a host op)
+            return hidden
         return roots[:rows]
 
     def replay(self, n: int, s: int, cache: KVCache, tree_mask: torch.Tensor | None, feature_dim: int | None,
