@@ -333,6 +333,35 @@ def test_an_image_tree_steps_eager_ops_stay_within_budget(monkeypatch, batch):
     assert ops <= {1: 32, 2: 45}[batch]
 
 
+def test_an_image_tree_steps_real_launches_stay_within_budget(monkeypatch):
+    """`--by-op "image adt-tree B1 T0"`'s eager ops that launch a kernel on a GPU (the script's VIEWS rule, and
+    lift_fresh: a tensor made on the host), with the commit as on CUDA: its Triton op (`commit_slots`, interpreted here,
+    registered for CPU tensors for the test). At 0845935 20.5 a step (16.6 since), and each cut's own check fails
+    there: the commit's gathers and scatters of k and v (index and index_put_, twice each, in 0.98 of the steps) are
+    one launch; the catch-up's replay gathers each row's root into the buffer its growth's replay reads (no copy
+    between them: devices.py's copies are the host inputs' alone, the catch-up's, the growth's and the verify's)."""
+    from specgen.models import kernel_choice
+    from specgen.native import cuda_ops
+
+    sync_count = emulated_sync_count(monkeypatch)
+    monkeypatch.setattr(kernel_choice, "one_pass", lambda x: x.dim() == 5)  # the commit's k [L, B, H, T, D] alone
+    lib = torch.library.Library("specgen", "IMPL")  # noqa: TOR901
+    lib.impl("commit_slots", cuda_ops.commit_slots, "CPU")
+    try:
+        c = sync_count.count(sync_count.image_cases("cpu")["image adt-tree B1 T0"], by_line=True)
+    finally:
+        lib._destroy()
+    launches = Counter()
+    for (kind, line), n in sync_count.OpCounter.by_line.items():
+        op = line.split()[-1]
+        if kind == "eager" and sync_count.kernels_of(f"aten.{op}") and not op.startswith("lift_fresh"):
+            launches[line.split(":")[0], op] += n / c.steps
+    sync_count.OpCounter.by_line = None
+    assert {op for f, op in launches if f == "specgen/decoding/cache.py"} == {"commit_slots.default"}
+    assert launches["specgen/devices.py", "copy_.default"] <= 3
+    assert sum(launches.values()) <= 17, launches
+
+
 def mesh_step_ops(monkeypatch, case: str) -> tuple[float, Counter]:
     """Eager ops a decode step of a `gpu_sync_count` mesh case (`--by-op CASE`'s first number: captured steps through
     the CPU replay emulation, replays not counted), and the ops a step by (file, op)."""

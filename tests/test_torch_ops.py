@@ -71,6 +71,9 @@ def cases(dtype):
     codes = torch.randint(0, 16, (40, 64), dtype=torch.uint8, generator=torch.Generator().manual_seed(9))
     packed, sz = ops.pack_codes(codes, randn(40, 2, seed=10), randn(40, 2, seed=11))
     got["qmm"] = (x, packed, sz, 4, 32, 40, 1)
+    # a cache's keys and values [L, B, Hkv, T, D] and a commit's moves [3, N] (row, source slot, destination slot)
+    got["commit_slots"] = (randn(2, 3, 2, 10, 16, dtype=dtype, seed=20), randn(2, 3, 2, 10, 16, dtype=dtype, seed=21),
+                           torch.tensor([[0, 0, 2], [5, 7, 4], [3, 4, 3]]))
     if dtype == torch.float32:
         tiles, bias = ops.tile(randn(40, 64, seed=7), randn(40, seed=8))
         got["tiled_linear"] = (x, tiles, bias, 40, 1)
@@ -78,7 +81,7 @@ def cases(dtype):
 
 
 CUDA_ONLY = ("rope", "rope_store", "silu_mul", "linear", "gate", "embed_cat", "level_lists", "step_plan",
-             "top_children", "beam", "kept_tree", "growth_setup")  # torch's ops elsewhere (kernel_choice.one_pass)
+             "top_children", "beam", "kept_tree", "growth_setup", "commit_slots")  # torch's ops elsewhere (one_pass)
 OPS = ("rms_norm", "add_rms_norm", "tiled_linear", "attention_plan", "attend", "rope_write_attend", "qmm", *CUDA_ONLY)
 CUDA_OPS = ("rms_norm", "add_rms_norm", "attention_plan", "attend", *CUDA_ONLY)  # Triton on CUDA (native/cuda_ops.py)
 

@@ -9,6 +9,7 @@ import torch
 
 from specgen.decoding.memory import check_cache_fits
 from specgen.devices import host_tensor
+from specgen.models import kernel_choice
 
 
 @dataclass
@@ -110,7 +111,11 @@ class KVCache:
                     moves[2] += range(n, n + len(keep))
             self.lengths[rows.start : rows.stop] = [n + len(keep)] * branches
         if moves[0]:
-            row, src, dst = host_tensor(moves, self.k.device).unbind()  # [N] each; sources precede destinations
+            moved = host_tensor(moves, self.k.device)  # [3, N]; a row's moves in its keep's (ascending) order
+            if kernel_choice.one_pass(self.k):  # CUDA with the Triton kernels: k and v of every layer in one launch
+                torch.ops.specgen.commit_slots(self.k, self.v, moved)
+                return
+            row, src, dst = moved.unbind()  # [N] each; sources precede destinations
             self.k[:, row, :, dst] = self.k[:, row, :, src]  # [N, L, H_kv, D] gathered whole, then written
             self.v[:, row, :, dst] = self.v[:, row, :, src]
 

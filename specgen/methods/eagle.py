@@ -210,8 +210,7 @@ class EagleBatch(PoolBase):
         width = graphs.width(slots)
         padded = next((r for r in ROW_BUCKETS if n <= r and r * br <= graphs.capacity), n)
         pad = padded - n  # padding sequences: no tree (k = 0), their rows write into the scratch row
-        dim = root_hidden.shape[-1]
-        roots = torch.cat([root_hidden, root_hidden.new_zeros(pad * br, 1, dim)]) if pad else root_hidden
+        roots = graphs.root_rows(root_hidden, padded * br)  # where the catch-up's replay put them: no copy
         # on the host, one copy (`call` copies it): `ints` [6, padded], then each cache row's write row [padded * br]
         host = torch.tensor([v for x in ints for v in x + [0] * pad] + list(range(n * br))
                             + [graphs.capacity] * (pad * br))
@@ -221,7 +220,7 @@ class EagleBatch(PoolBase):
             return grow_rows(root_hidden, host[: 6 * padded].view(6, padded), host[6 * padded :])
 
         key = ("grow", padded, plan, width, br, self.children.scale)  # a later pool's growths reuse it at its CFG
-        outs = graphs.call(key, run, {"root_hidden": roots, "host": host})
+        outs = graphs.call(key, run, {"host": host}, bound={"root_hidden": roots})
         return tuple(p[:n] for p in outs) if pad else outs  # a slice is a host op: none where no row pads
 
     def catch_up(self, rows, seqs, view) -> torch.Tensor:
@@ -239,18 +238,19 @@ class EagleBatch(PoolBase):
         batch = host_batch([seq[-m] for seq, m in per_row],  # the last m tokens, from position len - m
                            [Draft(tuple(seq[len(seq) - m + 1:]), DraftTree.chain(m - 1)) for seq, m in per_row],
                            [len(seq) - m for seq, m in per_row])
-        # [n * br, M, D]; captured: staged in one copy, the output the graph's own buffer, read before the drafter's
-        # next call (the growth copies the roots in)
+        # captured: staged in one copy, each row's root gathered inside the replay into the buffer the growth reads
         graphs = self.net.graphs
-        hidden = None if graphs is None else graphs.forward_host(batch, view, feats)
-        if hidden is None:
+        roots = None if graphs is None else graphs.forward_host(batch, view, feats)  # [n * br, 1, D]
+        if roots is None:
             inputs = batch.to(device)
-            hidden = self.net(feats, inputs.tokens, inputs.positions, view, tree_mask=inputs.tree_mask)
+            hidden = self.net(feats, inputs.tokens, inputs.positions, view, tree_mask=inputs.tree_mask)  # [n br, M, D]
+            if ms.count(width) == n:  # every row's last pair in the last column (every step at batch 1): one view
+                roots = hidden[:, -1:]
+            else:
+                last = host_tensor([m - 1 for m in ms for _ in range(br)], device)
+                roots = hidden[torch.arange(n * br, device=device), last].unsqueeze(1)
         view.commit_seqs({i: list(range(m)) for i, m in enumerate(ms)}, br)
-        if ms.count(width) == n:  # every row's last pair in the last column (every step at batch 1): one view
-            return hidden[:, -1:]
-        last = host_tensor([m - 1 for m in ms for _ in range(br)], device)
-        return hidden[torch.arange(n * br, device=device), last].unsqueeze(1)
+        return roots
 
     def on_accept(self, drafts: Sequence[Draft], verdicts: Sequence[Verdict], out: TargetOut,
                   sizes: Sequence[int], branches: int) -> None:

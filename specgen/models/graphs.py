@@ -7,7 +7,7 @@ import warnings
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, partial
 from typing import Callable
 
 import torch
@@ -60,7 +60,8 @@ class StaticInputs:
     views: dict = field(default_factory=dict)  # (n, s, branches) -> the buffers' views over a call's real part (`real`)
     # the last call's rows, nodes and whether its tree was the chain: outside its rows and nodes `tree` holds the `eye`
     dirty: tuple[int, int, bool] = (0, 0, False)
-    ints: torch.Tensor | None = None  # [2 R S + 2 R]: tokens, positions, meta as one buffer (views), one host copy
+    ints: torch.Tensor | None = None  # [2 R S + 3 R]: tokens, positions, meta, `last`: one buffer (views), one copy
+    last: torch.Tensor | None = None  # [R]: each row's last real node (a catch-up's roots: `StepGraphs.forward_host`)
 
     def real(self, n: int, s: int, branches: int = 1) -> tuple:
         """(tokens, positions, features, tree) over a call's real n sequences x s nodes, each [branches, n, s, ...]
@@ -78,10 +79,11 @@ class StaticInputs:
     @classmethod
     def for_bucket(cls, b: Bucket, device, features: tuple | None = None) -> "StaticInputs":
         r, s = b.rows, b.nodes
-        ints = torch.zeros(2 * r * s + 2 * r, dtype=torch.long, device=device)
+        ints = torch.zeros(2 * r * s + 3 * r, dtype=torch.long, device=device)
         eye = torch.eye(s, dtype=torch.bool, device=device)
-        return cls(ints[: r * s].view(r, s), ints[r * s : 2 * r * s].view(r, s), ints[2 * r * s :].view(2, r),
+        return cls(ints[: r * s].view(r, s), ints[r * s : 2 * r * s].view(r, s), ints[2 * r * s : -r].view(2, r),
                    eye.repeat(r, 1, 1), eye=eye.expand(r, -1, -1), chain=torch.ones_like(eye).tril(), ints=ints,
+                   last=ints[-r:],
                    features=None if features is None else torch.zeros(r, s, features[0], dtype=features[1],
                                                                       device=device))
 
@@ -273,6 +275,7 @@ class StepGraphs:
         self.prompts = None
         self.k = self.v = None  # [L, C + 1, Hkv, T, D]: C cache rows and one scratch row for padding rows
         self.cross = None  # per layer (k, v) [C, H, M, D]: the conditions (cross-attention models)
+        self.roots = None  # [C, 1, D]: each row's catch-up root, a growth's input read in place (`forward_host`)
         self.pool, self.graph_bytes = None, 0  # the captures' memory pool, and the device memory it holds
 
     def bucket(self, n: int, s: int, filled: int) -> Bucket | None:
@@ -309,27 +312,51 @@ class StepGraphs:
         return self.replay(n, s, cache, tree_mask, None, branches, post, stage)
 
     def forward_host(self, batch: HostBatch, cache: KVCache, features: torch.Tensor) -> torch.Tensor | None:
-        """An EAGLE drafter's forward over inputs built on the host (its catch-up: `host_batch`): its tokens, positions
-        and the bucket's meta staged in one copy from page-locked memory; the features [n, S, D] (any dtype: the copy
-        casts them); the predicted features [n, S, D] as the graph's own buffer (read them before the drafter's next
-        call), or None where this call must run eagerly."""
+        """An EAGLE drafter's forward over inputs built on the host (its catch-up: `host_batch`): its tokens, positions,
+        the bucket's meta and each row's last real node (`sizes` - 1) staged in one copy from page-locked memory; the
+        features [n, S, D] (any dtype: the copy casts them). Its result, each row's predicted features at its last
+        node [n, 1, D] (the roots of its tree growth), gathered inside the replay into `roots` (`root_rows`: a growth
+        reads them there, no copy between the graphs; read them before the drafter's next catch-up), or None where
+        this call must run eagerly."""
         n, s = len(batch.tokens), len(batch.tokens[0])
 
         def stage(x: StaticInputs, b: Bucket) -> None:
             pad, pad_rows = [0] * (b.nodes - s), [0] * (b.nodes * (b.rows - n))  # padding: token 0 at position 0
             block = lambda rows: [v for row in rows for v in row + pad] + pad_rows  # noqa: E731  [R, S] flat
             meta = meta_rows(cache.lengths, n, b.rows, self.capacity)
-            host = torch.tensor(block(batch.tokens) + block(batch.positions) + meta[0] + meta[1])
+            last = [m - 1 for m in batch.sizes] + [0] * (b.rows - n)  # a padding row: its node 0's (finite)
+            host = torch.tensor(block(batch.tokens) + block(batch.positions) + meta[0] + meta[1] + last)
             copy_into(x.ints, host)
             x.real(n, s)[2].copy_(features)
 
-        outs = self.replay(n, s, cache, batch.tree_mask(), features.shape[-1], 1, None, stage)
-        return None if outs is None else outs[0]
+        roots = self.root_buffer(features.shape[-1])
+        outs = self.replay(n, s, cache, batch.tree_mask(), features.shape[-1], 1, None, stage, roots)
+        return None if outs is None else roots[:n]
+
+    def root_buffer(self, dim: int) -> torch.Tensor:
+        """`roots` [C, 1, dim], made on first use (outside any capture: every growth graph reads the one buffer)."""
+        if self.roots is None:
+            self.roots = torch.zeros(self.capacity, 1, dim, dtype=self.dtype, device=self.device)
+        return self.roots
+
+    def root_rows(self, hidden: torch.Tensor, rows: int) -> torch.Tensor:
+        """The first `rows` rows of `roots` holding the roots hidden [n, 1, D] in their first n: a captured catch-up
+        gathered them there (`forward_host`: nothing to copy), an eager one's are copied in. Rows past n (a growth's
+        padding sequences) keep what the buffer held, finite: zeros or a catch-up's padding rows."""
+        roots = self.root_buffer(hidden.shape[-1])
+        if hidden.data_ptr() != roots.data_ptr():
+            roots[: hidden.shape[0]].copy_(hidden)
+        elif hidden.shape[0] == rows:  # the catch-up's own view (no padding sequence): no second view (a host op)
+            return hidden
+        return roots[:rows]
 
     def replay(self, n: int, s: int, cache: KVCache, tree_mask: torch.Tensor | None, feature_dim: int | None,
-               branches: int, post: Callable | None, stage: Callable[[StaticInputs, Bucket], None]):
+               branches: int, post: Callable | None, stage: Callable[[StaticInputs, Bucket], None],
+               roots: torch.Tensor | None = None):
         """`forward`'s and `forward_host`'s replay: the bucket's buffers, `stage`d by the caller (its tokens, positions,
-        meta and features) and here (its tree), the step (and `post`) replayed, the real part of its outputs."""
+        meta and features) and here (its tree), the step (and `post`) replayed, the real part of its outputs; given
+        `roots` (a drafter's catch-ups: all of a module's forward_host steps), each row's features at its `last` node
+        gathered into them inside the replay."""
         rows = n * branches
         b = self.bucket(rows, s, max(cache.lengths)) if self.servable(cache, tree_mask) else None
         if b is None:
@@ -341,6 +368,8 @@ class StepGraphs:
         stage(x, b)
         self.stage_tree(x, n, s, branches, tree_mask)
         step = lambda: self.kind.step(self.model, x, self.k, self.v, self.cross, b.width)  # noqa: E731
+        if roots is not None:
+            step = partial(gather_roots, step, x, roots)
         outs = self.run(key, x, step if post is None else lambda: post(*step()),
                         f"bucket of {b.rows} rows x {b.nodes} nodes over {b.width} slots")
         real = [(o, rows if o.shape[0] == b.rows else n) for o in outs]
@@ -372,14 +401,16 @@ class StepGraphs:
         cache.commit_seqs({0: list(range(p))}, 1)
         return outs[-1][0][:, -1:], torch.cat([hidden for _, hidden in outs], 1)
 
-    def call(self, key: tuple, fn: Callable[..., tuple], inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
-        """`fn(**static)` over static copies of `inputs` on the module's device, whose shapes `key` fixes: a replay of
+    def call(self, key: tuple, fn: Callable[..., tuple], inputs: dict[str, torch.Tensor],
+             bound: dict[str, torch.Tensor] | None = None) -> tuple[torch.Tensor, ...]:
+        """`fn(**static)` over static copies of `inputs` on the module's device, whose shapes `key` fixes, and the
+        `bound` inputs read in place (this module's own buffers, written before each call: `root_rows`): a replay of
         the key's graph (captured on its first call). An input on the host is copied in straight from page-locked
         memory, without waiting (`devices.copy_into`). The outputs are the graph's own buffers,
         in the pool all this module's graphs share (another graph's replay may write them): read them before this
         module's next call or forward."""
         static = self.graphs[key][0] if key in self.graphs else {
-            n: torch.empty(t.shape, dtype=t.dtype, device=self.device) for n, t in inputs.items()}
+            n: torch.empty(t.shape, dtype=t.dtype, device=self.device) for n, t in inputs.items()} | (bound or {})
         for name, t in inputs.items():
             copy_into(static[name], t)
         return self.run(key, static, lambda: fn(**static), f"capture {key}")
@@ -495,6 +526,14 @@ class StepGraphs:
                "eager_calls": self.eager_calls, "captures": self.recorded}
         child = self.prompts.describe() if self.prompts is not None else dict.fromkeys(own, 0)
         return {k: v + child[k] for k, v in own.items()}
+
+
+def gather_roots(step: Callable[[], tuple], x: StaticInputs, roots: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """`step`'s outputs, its first, hidden [R, S, D], gathered at each row's `last` node into roots[:R] ([R, 1, D])."""
+    outs = step()
+    r, _, d = outs[0].shape
+    torch.gather(outs[0], 1, x.last[:, None, None].expand(r, 1, d), out=roots[:r])
+    return outs
 
 
 @contextmanager

@@ -306,3 +306,20 @@ def level_lists(prev: torch.Tensor, parent: torch.Tensor, own: torch.Tensor, tai
     kernels().level_rows[(r * w,)](prev.contiguous(), parent.contiguous(), own.contiguous(),
                                    tail.contiguous().view(torch.uint8), out, w, t, BRANCHES=branches, BLOCK=PLAN_BLOCK)
     return out
+
+
+COMMIT_BLOCK = 32  # moves a step of commit_rows
+
+
+def commit_slots(k: torch.Tensor, v: torch.Tensor, moves: torch.Tensor) -> None:
+    """`torch.ops.specgen.commit_slots` on CUDA, one launch (triton_kernels.commit_rows): each move (cache row, source
+    slot, destination slot) of moves [3, N] int64 copies that row's key and value D-vectors of every layer and kv head
+    of k, v [L, B, Hkv, T, D] (D contiguous) from the source slot to the destination, as `k[:, row, :, dst] = k[:,
+    row, :, src]` does for moves from ascending keeps (KVCache.commit_seqs': a slot both a source and a destination
+    is read before it is written)."""
+    n_layers, _, heads, _, d = k.shape
+    n = moves.shape[1]
+    if not n:  # nothing moves (a launch needs work: its programs would only return)
+        return
+    kernels().commit_rows[(n_layers * heads,)](k, v, moves.contiguous(), n, heads, *k.stride()[:4], *v.stride()[:4],
+                                               D=d, BLOCK=COMMIT_BLOCK, BLOCK_D=max(16, pow2(d)))

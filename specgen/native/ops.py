@@ -322,3 +322,8 @@ def pack_codes(codes: torch.Tensor, scales: torch.Tensor,
     sz = torch.cat([sz, sz.new_zeros(pad, *sz.shape[1:])]) if pad else sz
     sz = sz.view(tiles, QMM_TILE, *sz.shape[1:]).permute(0, 2, 3, 1).contiguous()  # [tiles, groups, 2 | 1, 16]
     return packed.reshape(tiles, -1), sz
+
+
+# CUDA only (KVCache.commit_seqs' torch indexing elsewhere): a commit's moved slots, the keys and values of every
+# layer, in one Triton launch (the torch path: a gather and a scatter for each of k and v)
+op("commit_slots(Tensor(a!) k, Tensor(b!) v, Tensor moves) -> ()", lambda *args: None, "CUDA")(cuda_ops.commit_slots)

@@ -551,3 +551,39 @@ def level_rows(PREV, PARENT, OWN, TAIL, OUT, w, t, BRANCHES: tl.constexpr, BLOCK
         mine = tl.load(TAIL + r * t + p, mask=real, other=0) != 0
         tl.store(OUT + node * t + p, tl.where(mine, own, tl.load(src + p, mask=real & ~mine, other=0)), mask=real)
         start += BLOCK
+
+
+# A commit's moves (decoding/cache.KVCache.commit_seqs): kept tree nodes' keys and values from their slots to the
+# slots after their row's committed ones, in every layer and kv head of both caches K, V [L, B, Hkv, T, D] (strides
+# skl, skb, skh, skt; D contiguous), in one launch. One program a (layer, kv head), over MOVES [3, N] (cache row,
+# source slot, destination slot) BLOCK moves at a time in list order, each block's sources all loaded (by all of the
+# program's threads: a barrier) before any of its stores (torch's gather, then write). Across blocks: a row's moves
+# come from one ascending keep, so the source of its move j (slot n + keep[j], keep[j] >= j) is the destination of
+# its move keep[j] >= j alone, never of an earlier block's move. A copy: every bit as it is, any dtype. Offsets in
+# int64 (MOVES' own type): a cache passes 2^31 elements
+@triton.jit(do_not_specialize=["n", "n_h", "skl", "skb", "skh", "skt", "svl", "svb", "svh", "svt"])
+def commit_rows(K, V, MOVES, n, n_h, skl, skb, skh, skt, svl, svb, svh, svt, D: tl.constexpr, BLOCK: tl.constexpr,
+                BLOCK_D: tl.constexpr):
+    program = tl.program_id(0)
+    layer = (program // n_h).to(tl.int64)
+    h = (program % n_h).to(tl.int64)
+    dims = tl.arange(0, BLOCK_D)
+    lanes = tl.arange(0, BLOCK)
+    k_base = K + layer * skl + h * skh
+    v_base = V + layer * svl + h * svh
+    start = n * 0  # while loops: the interpreter takes no runtime bound in range()
+    while start < n:
+        i = start + lanes
+        real = i < n
+        row = tl.load(MOVES + i, mask=real, other=0)[:, None]  # [BLOCK, 1]
+        src = tl.load(MOVES + n + i, mask=real, other=0)[:, None]
+        dst = tl.load(MOVES + 2 * n + i, mask=real, other=0)[:, None]
+        both = real[:, None] & (dims < D)[None, :]
+        k = tl.load(k_base + row * skb + src * skt + dims[None, :], mask=both)  # [BLOCK, BLOCK_D]
+        v = tl.load(v_base + row * svb + src * svt + dims[None, :], mask=both)
+        # every thread's loads before any thread's stores (a store's value needs only its own thread's load): a slot
+        # one move stores into may be another's source, loaded by another thread, in this block or the last one
+        tl.debug_barrier()
+        tl.store(k_base + row * skb + dst * skt + dims[None, :], k, mask=both)
+        tl.store(v_base + row * svb + dst * svt + dims[None, :], v, mask=both)
+        start += BLOCK

@@ -361,6 +361,13 @@ consts = {"BRANCHES": 2, "BLOCK": cuda_ops.PLAN_BLOCK}
 sig = {n: "constexpr" if n in consts else "*i64" if n == "PARENT" else "*u8" if n == "TAIL" else "*i32"
        if n.isupper() else "i32" for n in fn.arg_names}
 build(fn, sig, consts, 90)
+fn = cuda_ops.kernels().commit_rows  # a commit's moves, k and v of every layer
+for dtype, d, archs in (("bf16", 64, (80, 90)), ("fp32", 48, (90,))):
+    consts = {"D": d, "BLOCK": cuda_ops.COMMIT_BLOCK, "BLOCK_D": cuda_ops.pow2(d)}
+    sig = {n: "constexpr" if n in consts else "*i64" if n == "MOVES" else "*" + dtype if n.isupper() else "i32"
+           for n in fn.arg_names}
+    for arch in archs:
+        build(fn, sig, consts, arch)
 """
 
 
@@ -424,6 +431,13 @@ counts = {n: len(k) for n, k in keys.items()}
 assert counts == {"attend_lists": 1, "norm_rows": 2, "rope_rows": 2, "silu_mul_rows": 1, "linear_rows": 1,
                   "gate_rows": 1, "plan_rows": 2, "top_children": 2, "beam_rows": 1, "kept_tree_rows": 1,
                   "setup_rows": 1, "embed_rows": 1, "level_rows": 1}, (counts, keys)
+keys.clear()  # a commit's moves: caches of any rows (a pool's view of them), any number of moves
+cuda_ops.kernels = lambda: type("K", (), {"commit_rows": Launch(real.commit_rows)})
+for rows, start, n in ((1, 0, 1), (2, 0, 7), (6, 2, 40), (32, 3, 300)):
+    k = torch.zeros(24, 33, hkv, 2048, d, dtype=bf)[:, start : start + rows]
+    moves = torch.stack([torch.arange(n) % rows, torch.arange(n) + 9, torch.arange(n) + 8])
+    cuda_ops.commit_slots(k, k.clone(), moves)
+assert {n: len(k) for n, k in keys.items()} == {"commit_rows": 1}, keys
 """
 
 
@@ -694,3 +708,66 @@ def test_the_tree_kernel_orders_nan_and_signed_zero_as_torchs_sort(device):
     want = kept + tree_inputs(*kept, counts, roots, root_pos, 3)
     got = cuda_ops.kept_tree(*(x.to(device) for x in (scores, padding, tokens, parents, counts, roots, root_pos)), 6, 3)
     assert all(torch.equal(a.cpu(), b) for a, b in zip(got, want))
+
+
+def commit_case(device, dtype, seed):
+    """A cache k, v [L, R, Hkv, T, D] of random values on `device`, rows 1..6 of a buffer of 8 (a pool's view), and a
+    commit of 3 sequences x 2 branch rows: random ascending keeps (a slot both a source and a destination), one a
+    chain (nothing moves), one of 40 of 50 nodes (its moves span blocks of the kernel), the rows' lengths; and its
+    result through torch's indexing (CPU)."""
+    from specgen.decoding.cache import KVCache
+
+    g = torch.Generator().manual_seed(seed)
+    k, v = (torch.randn(3, 8, 2, 128, 48, generator=g).to(dtype) for _ in range(2))
+    lengths = [20, 20, 7, 7, 31, 31]
+    keep = sorted(torch.randperm(12, generator=g)[:5].tolist())
+    keeps = {0: [1, 2, 3] if seed == 0 else keep, 1: [0, 1], 2: sorted(torch.randperm(50, generator=g)[:40].tolist())}
+    want = KVCache(k.clone(), v.clone(), [0] * 8).rows(1, 7)
+    want.lengths = list(lengths)
+    want.commit_seqs(keeps, 2)  # CPU tensors: torch's gather, then write
+    got = KVCache(k.to(device), v.to(device), [0] * 8).rows(1, 7)
+    got.lengths = list(lengths)
+    return got, keeps, want
+
+
+@pytest.fixture
+def commit_kernel(device, monkeypatch):
+    """KVCache.commit_seqs through `commit_slots` on `device` (on the CPU: its Triton code in the interpreter,
+    registered for CPU tensors for the test)."""
+    monkeypatch.setattr(kernel_choice, "one_pass", lambda x: True)  # only the commit asks in these tests
+    if device == "cpu":
+        lib = torch.library.Library("specgen", "IMPL")  # noqa: TOR901
+        lib.impl("commit_slots", cuda_ops.commit_slots, "CPU")
+        yield
+        lib._destroy()
+    else:
+        yield
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_commit_moves_every_layers_keys_and_values_as_torchs_indexing_in_one_launch(device, commit_kernel, dtype,
+                                                                                      seed):
+    """The kept nodes' keys and values of every layer, kv head and branch row, bitwise where torch's gather-then-write
+    puts them, the other slots untouched; one launch (`commit_slots`) and the lengths as the torch path's."""
+    cache, keeps, want = commit_case(device, dtype, seed)
+    calls = []
+    real = torch.ops.specgen.commit_slots
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(torch.ops.specgen, "commit_slots", lambda *args: calls.append(args) or real(*args))
+        cache.commit_seqs(keeps, 2)
+    assert len(calls) == 1 and calls[0][2].shape == (3, 2 * (5 if seed else 3) + 2 * 40)  # the chain moves nothing
+    assert torch.equal(cache.k.cpu(), want.k) and torch.equal(cache.v.cpu(), want.v) and cache.lengths == want.lengths
+    whole = cache.k._base  # the buffer's other rows: untouched
+    assert torch.equal(whole[:, [0, 7]].cpu(), want.k._base[:, [0, 7]])
+
+
+def test_the_commit_comparison_can_fail(device, commit_kernel, monkeypatch):
+    """Control: the same moves in reverse order, a move at a time, store a slot before a later move reads it (keep
+    [1, 2, 3]: slots n + 1, n + 2 are sources and destinations), which the bitwise check above sees."""
+    cache, keeps, want = commit_case(device, torch.float32, 0)
+    real = torch.ops.specgen.commit_slots
+    monkeypatch.setattr(cuda_ops, "COMMIT_BLOCK", 1)
+    monkeypatch.setattr(torch.ops.specgen, "commit_slots", lambda k, v, moves: real(k, v, moves.flip(1)))
+    cache.commit_seqs(keeps, 2)
+    assert cache.lengths == want.lengths and not torch.equal(cache.k.cpu(), want.k)
