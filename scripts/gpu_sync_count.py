@@ -182,8 +182,11 @@ def cuda_kernels(step, lines: Counter | None = None) -> int:
 
 
 def kernels_of(op: str) -> int:
-    """The launches of one traced op on CUDA: none for a view, two for the attention plan, else one."""
-    return (1 + ("attention_plan" in op)) * (not any(v in op for v in VIEWS))
+    """The launches of one traced op on CUDA ("aten.NAME.overload", a specgen op, getitem): none for a view, an
+    allocation or a tuple's item, two for the attention plan, else one. By the op's name, not a part of it
+    (`index_select` and `slice_scatter` launch: a rule by substring counted them views)."""
+    name = op.split(".")[1] if op.startswith("aten.") else op
+    return (1 + ("attention_plan" in op)) * (name not in VIEWS and "getitem" not in op)
 
 
 class Lines(TorchDispatchMode):
@@ -298,8 +301,10 @@ def image_cases(device: str) -> dict:
             "image eagle2 B1 T1": run("eagle2", 1, 1.0)}  # T 0: issue 46's goal rows; T 1: sampling's reads
 
 
-VIEWS = ("view", "slice", "transpose", "expand", "unsqueeze", "select", "aten.t.", "permute", "split", "alias",
-         "squeeze", "unbind", "reshape", "detach", "empty", "getitem")  # no kernel: a view, an allocation, a tuple
+VIEWS = frozenset({"view", "_unsafe_view", "view_as", "slice", "transpose", "expand", "expand_as", "unsqueeze",
+                   "squeeze", "select", "t", "permute", "split", "split_with_sizes", "alias", "unbind", "reshape",
+                   "_reshape_alias", "detach", "detach_", "empty", "empty_like", "new_empty", "empty_strided",
+                   "as_strided"})  # aten ops that launch no kernel: a view or an allocation
 
 
 def graph_kernels(device: str, cfg: TransformerConfig | None = None) -> tuple[int, int]:

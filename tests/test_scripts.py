@@ -336,7 +336,7 @@ def test_an_image_tree_steps_eager_ops_stay_within_budget(monkeypatch, batch):
 def test_an_image_tree_steps_real_launches_stay_within_budget(monkeypatch):
     """`--by-op "image adt-tree B1 T0"`'s eager ops that launch a kernel on a GPU (the script's VIEWS rule, and
     lift_fresh: a tensor made on the host), with the commit as on CUDA: its Triton op (`commit_slots`, interpreted here,
-    registered for CPU tensors for the test). At 0845935 20.5 a step (16.6 since), and each cut's own check fails
+    registered for CPU tensors for the test). At 0845935 21.5 a step (17.6 since), and each cut's own check fails
     there: the commit's gathers and scatters of k and v (index and index_put_, twice each, in 0.98 of the steps) are
     one launch; the catch-up's replay gathers each row's root into the buffer its growth's replay reads (no copy
     between them: devices.py's copies are the host inputs' alone, the catch-up's, the growth's and the verify's)."""
@@ -359,7 +359,7 @@ def test_an_image_tree_steps_real_launches_stay_within_budget(monkeypatch):
     sync_count.OpCounter.by_line = None
     assert {op for f, op in launches if f == "specgen/decoding/cache.py"} == {"commit_slots.default"}
     assert launches["specgen/devices.py", "copy_.default"] <= 3
-    assert sum(launches.values()) <= 17, launches
+    assert sum(launches.values()) <= 18, launches
 
 
 def mesh_step_ops(monkeypatch, case: str) -> tuple[float, Counter]:
