@@ -210,9 +210,12 @@ def top_children(logits: torch.Tensor, scores: torch.Tensor | None, branches: in
         return
     assert values.stride() == index.stride() and values.stride(1) == 1, "a record's buffers share one row layout"
     scored = scores is not None
-    kernels().top_children[(n * s,)](logits, scores.contiguous() if scored else values, values, index, s, v, scale,
-                                     logits.stride(0), logits.stride(1), values.stride(0), at, K=k, BLOCK_K=pow2(k),
-                                     CFG=branches == 2, SCORED=scored, BLOCK=min(pow2(v), CHILD_BLOCK),
+    if scored and scores.stride(-1) != 1:
+        scores = scores.contiguous()
+    kernels().top_children[(n * s,)](logits, scores if scored else values, values, index, s, v, scale,
+                                     logits.stride(0), logits.stride(1), scores.stride(0) if scored else 0,
+                                     values.stride(0), at, K=k, BLOCK_K=pow2(k), CFG=branches == 2, SCORED=scored,
+                                     BLOCK=min(pow2(v), CHILD_BLOCK),
                                      enable_fp_fusion=False)
 
 

@@ -306,8 +306,8 @@ def key_index(key):
 # beats the worst kept one); then the keys sorted, each a log-prob (x - max) - log(sum), plus the node's path score,
 # into a growth's record (eagle_grow.Frame: row i's K x n_s from column `at`, rows `so` apart). Ties rank the lower
 # token first. Not torch's bits (its own sums): a drafter's log-probs only choose what is proposed.
-@triton.jit(do_not_specialize=["n_s", "v", "srow", "ss", "so", "at"])
-def top_children(LOGITS, SCORES, VALUES, INDEX, n_s, v, scale, srow, ss, so, at, K: tl.constexpr,
+@triton.jit(do_not_specialize=["n_s", "v", "srow", "ss", "sp", "so", "at"])
+def top_children(LOGITS, SCORES, VALUES, INDEX, n_s, v, scale, srow, ss, sp, so, at, K: tl.constexpr,
                  BLOCK_K: tl.constexpr, CFG: tl.constexpr, SCORED: tl.constexpr, BLOCK: tl.constexpr):
     node = tl.program_id(0)  # i * n_s + s
     i = node // n_s
@@ -348,7 +348,7 @@ def top_children(LOGITS, SCORES, VALUES, INDEX, n_s, v, scale, srow, ss, so, at,
     ranked = tl.sort(tl.where(ks < K, best, KEY_NONE), descending=True)
     lp = (key_value(ranked) - top) - tl.log(total)
     if SCORED:
-        lp = tl.load(SCORES + node) + lp
+        lp = tl.load(SCORES + i.to(tl.int64) * sp + s) + lp  # the node's path score, rows `sp` apart
     out = i.to(tl.int64) * so + at + s * K + ks
     tl.store(VALUES + out, lp, mask=ks < K)
     tl.store(INDEX + out, key_index(ranked), mask=ks < K)
