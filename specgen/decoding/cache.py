@@ -105,6 +105,8 @@ class KVCache:
             if any(self.lengths[r] != n for r in rows):
                 raise ValueError(f"rows {rows.start}..{rows.stop - 1} of one sequence hold different lengths")
             if keep != list(range(len(keep))):
+                if any(b <= a for a, b in zip(keep, keep[1:])):  # commit_slots' moves rely on it (one tree path)
+                    raise ValueError(f"a commit keeps a tree path, its nodes ascending: {keep}")
                 for r in rows:
                     moves[0] += [r] * len(keep)
                     moves[1] += [n + i for i in keep]

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+from specgen.decoding.cache import KVCache
 from specgen.decoding.draft import Draft
 from specgen.decoding.tree import DraftTree
 from specgen.decoding.verify import verify_batch
@@ -87,3 +89,13 @@ def test_one_node_mask_over_ragged_rows_is_the_tree_masks_one_node_case():
     cache.key_mask[:, 1] = False  # a hidden condition slot (t2i padding)
     hidden = cache.prefix_mask(1, None)
     assert not hidden[:, 0, 0, 1].any() and torch.equal(hidden[:, 0, 0, 2:], one[:, 0, 0, 2:])
+
+
+def test_a_commit_refuses_nodes_out_of_path_order():
+    """A keep is a tree path (parents precede children), ascending: the one-launch commit's block order relies on it."""
+    cache = KVCache.allocate(1, 1, 1, 16, 2)
+    cache.lengths = [3]
+    with pytest.raises(ValueError, match="ascending"):
+        cache.commit_seqs({0: [0, 2, 1]}, 1)
+    cache.commit_seqs({0: [0, 1, 3]}, 1)
+    assert cache.lengths == [6]
