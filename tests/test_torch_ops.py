@@ -56,10 +56,10 @@ def cases(dtype):
            # tokens [n, N] written from column 2
            "top_children": (randn(4, 3, 40, dtype=dtype, seed=14), randn(2, 3, seed=15), 2, 4.0, 5,
                             torch.zeros(2, 20), torch.zeros(2, 20, dtype=torch.long), 2),
-           # a record's path scores, tokens, padding, parents [n, N]; its level's first column, width, the beam's,
-           # branches
+           # a record's path scores, tokens, padding, parents [n, N]; the level's features [n br, W, D]; its first
+           # column, width, the beam's, branches
            "beam": (randn(2, 36, seed=16), torch.arange(72).view(2, 36), randn(2, 36, seed=17) > 0.5,
-                    torch.zeros(2, 36, dtype=torch.long), 10, 4, 3, 2),
+                    torch.zeros(2, 36, dtype=torch.long), randn(4, 4, 8, dtype=dtype, seed=20), 10, 4, 3, 2),
            # ints [6, n] (root positions, top-k, depths, counts, prefixes, roots), write rows, levels, the record's
            # nodes, width, br, T
            "growth_setup": (torch.tensor([[3, 4], [2, 3], [3, 0], [6, 0], [4, 5], [7, 8]]), torch.arange(4), 2, 36, 4,

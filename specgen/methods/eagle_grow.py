@@ -135,8 +135,7 @@ def grow(forward: Forward, children: Children, root_hidden: torch.Tensor, ints: 
         children(out, f_score, width, frame, recorded)
         nxt = widths[level + 1] if level + 1 < len(widths) else 0
         if nxt:  # 3. the beam: each row's best k_i children over its whole frontier, the next level's parents
-            f_score, parent, f_tok = beam(frame, recorded, width, nxt, br)
-            f_hid = frontier_rows(out, parent, br)
+            f_score, parent, f_tok, f_hid = beam(frame, recorded, width, nxt, br, out)
         recorded += width * width
         width = nxt
     scores, padding, tokens, parents = frame.scores, frame.padding, frame.tokens, frame.parents  # [n, N] each
@@ -151,19 +150,22 @@ def grow(forward: Forward, children: Children, root_hidden: torch.Tensor, ints: 
     return (tokens, parents) + tree_inputs(tokens, parents, counts, roots, root_pos, len(widths))  # 5.
 
 
-def beam(frame: Frame, recorded: int, width: int, nxt: int, branches: int) -> tuple[torch.Tensor, ...]:
+def beam(frame: Frame, recorded: int, width: int, nxt: int, branches: int,
+         hidden: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """Each row's best `nxt` children of a level's W x W recorded at column `recorded` of `frame` (path scores; its
-    padding ones scored -inf): their path scores, parents (frontier positions) [n, nxt] and each cache row's tokens
-    [n * br, nxt]; their slots (`recorded` + index), each `nxt` times, are the next level's parents in the record. On
-    CUDA one kernel (`torch.ops.specgen.beam`), else torch's ops."""
+    padding ones scored -inf): their path scores, parents (frontier positions) [n, nxt], each cache row's tokens
+    [n * br, nxt] and its parents' predicted features, hidden [n * br, W, D] at them [n * br, nxt, D] (the next
+    level's input); their slots (`recorded` + index), each `nxt` times, are the next level's parents in the record.
+    On CUDA one kernel (`torch.ops.specgen.beam`), else torch's ops."""
     if kernel_choice.one_pass(frame.scores):
-        return torch.ops.specgen.beam(frame.scores, frame.tokens, frame.padding, frame.parents, recorded, width, nxt,
-                                      branches)
-    return best_children(frame, recorded, width, nxt, branches)
+        return torch.ops.specgen.beam(frame.scores, frame.tokens, frame.padding, frame.parents, hidden, recorded,
+                                      width, nxt, branches)
+    score, parent, tokens = best_children(frame, recorded, width, nxt, branches)
+    return score, parent, tokens, frontier_rows(hidden, parent, branches)
 
 
 def best_children(frame: Frame, recorded: int, width: int, nxt: int, branches: int) -> tuple[torch.Tensor, ...]:
-    """`beam` in torch's ops."""
+    """`beam`'s ranking in torch's ops (its scores, parents and tokens)."""
     n, block = frame.scores.shape[0], slice(recorded, recorded + width * width)
     cand, tokens, pad = (x[:, block] for x in (frame.scores, frame.tokens, frame.padding))  # [n, W * W]
     best = cand.masked_fill(pad, float("-inf")).topk(nxt, dim=-1)  # [n, nxt]

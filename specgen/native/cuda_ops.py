@@ -18,6 +18,7 @@ PRODUCT_TILE = 64  # rows, columns and K steps of a linear_rows tile (fixed for 
 CHILD_BLOCK = 2048  # vocabulary entries a step of top_children's pass
 TREE_CHUNK = 512  # nodes a step of kept_tree_rows' selection (N ~1,300 at the widest: three steps)
 TREE_ROWS = 16  # mask rows a step of kept_tree_rows
+BEAM_FEATURES = 128  # feature columns a step of beam_rows' gather of the next level's inputs
 
 
 @functools.cache
@@ -219,22 +220,26 @@ def top_children(logits: torch.Tensor, scores: torch.Tensor | None, branches: in
                                      enable_fp_fusion=False)
 
 
-def beam(scores: torch.Tensor, tokens: torch.Tensor, padding: torch.Tensor, parents: torch.Tensor, recorded: int,
-         width: int, nxt: int, branches: int) -> tuple[torch.Tensor, ...]:
+def beam(scores: torch.Tensor, tokens: torch.Tensor, padding: torch.Tensor, parents: torch.Tensor,
+         hidden: torch.Tensor, recorded: int, width: int, nxt: int, branches: int) -> tuple[torch.Tensor, ...]:
     """`torch.ops.specgen.beam` on CUDA: each row's best `nxt` of the W x W children recorded in a growth's record
     (scores, tokens, padding, parents [n, N], contiguous) from column `recorded`: their scores, parents (index // W)
-    [n, nxt] and each branch row's tokens [n * br, nxt]; their slots, each `nxt` times, written as the next level's
-    parents (triton_kernels.beam_rows)."""
+    [n, nxt], each branch row's tokens [n * br, nxt] and its features hidden [n * br, W, D] at those parents
+    [n * br, nxt, D]; their slots, each `nxt` times, written as the next level's parents (triton_kernels.beam_rows)."""
     n, nodes = scores.shape
     assert recorded + width * width + nxt * nxt <= nodes, "the level's children and the next level's parents fit"
+    hidden = hidden if hidden.stride(-1) == 1 else hidden.contiguous()
+    dim = hidden.shape[-1]
     on = dict(dtype=torch.long, device=scores.device)
     score, parent = torch.empty(n, nxt, dtype=scores.dtype, device=scores.device), torch.empty(n, nxt, **on)
     tok = torch.empty(n * branches, nxt, **on)
+    feats = torch.empty(n * branches, nxt, dim, dtype=hidden.dtype, device=hidden.device)
     if n:
-        kernels().beam_rows[(n,)](scores, tokens, padding.view(torch.uint8), parents, score, parent, tok, nodes,
-                                  recorded, W=width, NXT=nxt, BRANCHES=branches, BLOCK=max(16, pow2(width * width)),
-                                  BLOCK_NXT=pow2(nxt))
-    return score, parent, tok
+        kernels().beam_rows[(n,)](scores, tokens, padding.view(torch.uint8), parents, hidden, score, parent, tok,
+                                  feats, nodes, recorded, hidden.stride(0), hidden.stride(1), W=width, NXT=nxt,
+                                  BRANCHES=branches, BLOCK=max(16, pow2(width * width)), BLOCK_NXT=pow2(nxt), D=dim,
+                                  BLOCK_D=min(pow2(dim), BEAM_FEATURES), num_warps=WARPS)
+    return score, parent, tok, feats
 
 
 def kept_tree(scores: torch.Tensor, padding: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor,

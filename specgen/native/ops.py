@@ -128,10 +128,12 @@ op("embed_cat(Tensor weight, Tensor tokens, Tensor features) -> Tensor",
 # children over a row's frontier, the next level's parents)
 op("top_children(Tensor logits, Tensor? scores, int branches, float scale, int k, Tensor(a!) values, "
    "Tensor(b!) index, int at) -> ()", lambda *args: None, "CUDA")(cuda_ops.top_children)
-op("beam(Tensor scores, Tensor tokens, Tensor padding, Tensor(a!) parents, int recorded, int width, int nxt, "
-   "int branches) -> (Tensor, Tensor, Tensor)", lambda scores, tokens, padding, parents, recorded, width, nxt,
-   branches: (scores.new_empty(scores.shape[0], nxt), *(tokens.new_empty(scores.shape[0] * m, nxt)
-                                                         for m in (1, branches))), "CUDA")(cuda_ops.beam)
+op("beam(Tensor scores, Tensor tokens, Tensor padding, Tensor(a!) parents, Tensor hidden, int recorded, int width, "
+   "int nxt, int branches) -> (Tensor, Tensor, Tensor, Tensor)", lambda scores, tokens, padding, parents, hidden,
+   recorded, width, nxt, branches: (scores.new_empty(scores.shape[0], nxt),
+                                    *(tokens.new_empty(scores.shape[0] * m, nxt) for m in (1, branches)),
+                                    hidden.new_empty(scores.shape[0] * branches, nxt, hidden.shape[-1])),
+   "CUDA")(cuda_ops.beam)
 
 
 def kept_tree_shapes(scores, padding, tokens, parents, counts, roots, root_pos, total, levels

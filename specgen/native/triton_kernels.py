@@ -357,10 +357,13 @@ def top_children(LOGITS, SCORES, VALUES, INDEX, n_s, v, scale, srow, ss, sp, so,
 # A level's beam (methods/eagle_grow.beam): one program a row, its W x W children in a growth's record (rows
 # `n_nodes` apart, from column `recorded`: path SCORES, TOKENS, PAD for the not-real ones, scored -inf) ranked as
 # `top_children` ranks, the best NXT kept: their scores, parents (index // W) and tokens, each branch row's copy side
-# by side; their slots (`recorded` + index), each NXT times, are the next level's PARENTS in the record.
-@triton.jit(do_not_specialize=["n_nodes", "recorded"])
-def beam_rows(SCORES, TOKENS, PAD, PARENTS, SCORE, PARENT, FTOK, n_nodes, recorded, W: tl.constexpr,
-              NXT: tl.constexpr, BRANCHES: tl.constexpr, BLOCK: tl.constexpr, BLOCK_NXT: tl.constexpr):
+# by side; their slots (`recorded` + index), each NXT times, are the next level's PARENTS in the record; and each
+# branch row's predicted features HID [R, W, D] (rows `shr`, nodes `shs` apart) at the kept parents, FHID [R, NXT, D]
+# (a gather: the bits as they are), read back from PARENT after a barrier (its lanes are spread over the threads).
+@triton.jit(do_not_specialize=["n_nodes", "recorded", "shr", "shs"])
+def beam_rows(SCORES, TOKENS, PAD, PARENTS, HID, SCORE, PARENT, FTOK, FHID, n_nodes, recorded, shr, shs,
+              W: tl.constexpr, NXT: tl.constexpr, BRANCHES: tl.constexpr, BLOCK: tl.constexpr,
+              BLOCK_NXT: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr):
     i = tl.program_id(0).to(tl.int64)
     lanes = tl.arange(0, BLOCK)
     real = lanes < W * W
@@ -379,6 +382,17 @@ def beam_rows(SCORES, TOKENS, PAD, PARENTS, SCORE, PARENT, FTOK, n_nodes, record
     each = tl.arange(0, BLOCK_NXT)[None, :]  # the next level's children of kept node j: columns j * NXT + each
     slot = (recorded + index)[:, None] + each * 0
     tl.store(PARENTS + row + W * W + lanes[:, None] * NXT + each, slot, mask=keep[:, None] & (each < NXT))
+    tl.debug_barrier()  # every thread's PARENT stores before any thread reads them back
+    js = tl.arange(0, BLOCK_NXT)
+    kept = js < NXT
+    par = tl.load(PARENT + i * NXT + js, mask=kept, other=0)[:, None]  # [BLOCK_NXT, 1]
+    for b in tl.static_range(BRANCHES):
+        r = i * BRANCHES + b
+        for d0 in range(0, D, BLOCK_D):  # D a constexpr: the interpreter's loops take no runtime bound
+            ds = d0 + tl.arange(0, BLOCK_D)[None, :]
+            both = kept[:, None] & (ds < D)
+            feats = tl.load(HID + r * shr + par * shs + ds, mask=both)
+            tl.store(FHID + (r * NXT + js[:, None]) * D + ds, feats, mask=both)
 
 
 # A step's tree growth's tail (methods/eagle_grow.py): one program a tree row, its output the bits of `best_nodes`,

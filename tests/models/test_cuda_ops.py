@@ -339,9 +339,9 @@ for dtype, cfg, scored, archs in (("bf16", True, True, (80, 90)), ("fp32", False
     for arch in archs:
         build(fn, sig, consts, arch)
 fn = cuda_ops.kernels().beam_rows
-consts = {"W": 16, "NXT": 16, "BRANCHES": 2, "BLOCK": 256, "BLOCK_NXT": 16}
-sig = {n: "constexpr" if n in consts else "*fp32" if n in ("SCORES", "SCORE") else "*u8" if n == "PAD" else "*i64"
-       if n.isupper() else "i32" for n in fn.arg_names}
+consts = {"W": 16, "NXT": 16, "BRANCHES": 2, "BLOCK": 256, "BLOCK_NXT": 16, "D": 768, "BLOCK_D": 128}
+sig = {n: "constexpr" if n in consts else "*fp32" if n in ("SCORES", "SCORE") else "*u8" if n == "PAD" else "*bf16"
+       if n in ("HID", "FHID") else "*i64" if n.isupper() else "i32" for n in fn.arg_names}
 for arch in (80, 90):
     build(fn, sig, consts, arch)
 fn = cuda_ops.kernels().setup_rows
@@ -419,7 +419,8 @@ for b, s, t in ((1, 1, 256), (2, 1, 256), (3, 5, 512), (16, 64, 1024)):  # rows,
     values, tokens = torch.zeros(b, nodes), torch.zeros(b, nodes, dtype=torch.long)
     cuda_ops.top_children(logits, None, 2, 4.0, 8, values, tokens, 0)
     cuda_ops.top_children(logits, torch.zeros(b, s), 2, 4.0, 8, values, tokens, 8 + 64 * (s % 4))
-    cuda_ops.beam(values, tokens, torch.zeros(b, nodes, dtype=torch.bool), tokens, 8 + 64 * (s % 4), 8, 8, 2)
+    cuda_ops.beam(values, tokens, torch.zeros(b, nodes, dtype=torch.bool), tokens, torch.zeros(2 * b, 8, 64, dtype=bf),
+                  8 + 64 * (s % 4), 8, 8, 2)
     cuda_ops.growth_setup(torch.zeros(6, b, dtype=torch.long), torch.arange(2 * b), 1 + s % 4, nodes, 8, 2, t)
     cuda_ops.embed_cat(torch.zeros(32, 576, dtype=bf), torch.zeros(2 * b, s, dtype=torch.long), x.repeat(2, 1, 1))
     cuda_ops.level_lists(torch.zeros(2 * b, 8, t, dtype=torch.int32), torch.zeros(b, 8, dtype=torch.long),
@@ -629,8 +630,9 @@ def grown(device, k, depth, totals, width, vocab, seed, kernel, feed=True):
             values, top.indices.flatten(1)
         return values.view(top.indices.shape), top.indices
 
-    def torch_beam(scores, tokens, padding, parents, *level):  # the beam as torch ranks ties
-        return eagle_grow.best_children(eagle_grow.Frame(padding, parents, scores, tokens), *level)
+    def torch_beam(scores, tokens, padding, parents, hidden, *level):  # the beam as torch ranks ties
+        score, parent, toks = eagle_grow.best_children(eagle_grow.Frame(padding, parents, scores, tokens), *level)
+        return score, parent, toks, eagle_grow.frontier_rows(hidden, parent, level[-1])
 
     seen = []
 

@@ -65,20 +65,24 @@ def test_top_children_ranks_ties_by_the_lower_token_and_guides_bfloat16_as_torch
 
 def test_the_beam_keeps_each_rows_best_children_as_torch_does(device):
     """The best `nxt` of each row's W x W children in a growth's record (padding never before a real child): their
-    scores, parents and each branch row's tokens, and their slots as the next level's parents in the record:
-    `eagle_grow.beam`'s torch path, bit for bit; nothing else of the record written."""
+    scores, parents, each branch row's tokens and its features at those parents (the next level's inputs, bf16 and
+    float32, their bits), and their slots as the next level's parents in the record: `eagle_grow.beam`'s torch path,
+    bit for bit; nothing else of the record written."""
     g = torch.Generator().manual_seed(2)
     n, recorded, w, nxt = 3, 10, 8, 6
     nodes = recorded + w * w + nxt * nxt + 4
-    frame = eagle_grow.Frame(torch.rand(n, nodes, generator=g) < 0.4, torch.full((n, nodes), -5),
-                             torch.randn(n, nodes, generator=g), torch.randint(0, 500, (n, nodes), generator=g))
-    on = eagle_grow.Frame(*(x.to(device) for x in vars(frame).values()))
-    got = cuda_ops.beam(on.scores, on.tokens, on.padding, on.parents, recorded, w, nxt, 2)
-    want = eagle_grow.beam(frame, recorded, w, nxt, 2)
-    assert all(torch.equal(a.cpu(), b) for a, b in zip(got, want))
-    assert torch.equal(on.parents.cpu(), frame.parents) and (frame.parents[:, : recorded + w * w] == -5).all()
-    kept = frame.parents[:, recorded + w * w :: nxt][:, :nxt] - recorded  # the kept children's indices
-    assert not frame.padding[:, recorded:].gather(1, kept).any()
+    for dtype, dim in ((torch.bfloat16, 200), (torch.float32, 24)):  # 200: two feature steps, the second partial
+        frame = eagle_grow.Frame(torch.rand(n, nodes, generator=g) < 0.4, torch.full((n, nodes), -5),
+                                 torch.randn(n, nodes, generator=g), torch.randint(0, 500, (n, nodes), generator=g))
+        hidden = torch.randn(2 * n, w, dim, generator=g).to(dtype)
+        on = eagle_grow.Frame(*(x.to(device) for x in vars(frame).values()))
+        got = cuda_ops.beam(on.scores, on.tokens, on.padding, on.parents, hidden.to(device), recorded, w, nxt, 2)
+        want = eagle_grow.beam(frame, recorded, w, nxt, 2, hidden)
+        assert len(got) == len(want) == 4 and all(torch.equal(a.cpu(), b) for a, b in zip(got, want))
+        assert torch.equal(on.parents.cpu(), frame.parents) and (frame.parents[:, : recorded + w * w] == -5).all()
+        kept = frame.parents[:, recorded + w * w :: nxt][:, :nxt] - recorded  # the kept children's indices
+        assert not frame.padding[:, recorded:].gather(1, kept).any()
+        assert not torch.equal(want[3], hidden[:, :nxt])  # the control: the gather moved rows
 
 
 SETUPS = [  # ints [6, n] (root positions, top-k, depths, counts, prefixes, roots), plan widths, branches, T
