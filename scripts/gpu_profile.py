@@ -4,7 +4,8 @@ Cases (greedy, graphs on, each run once to capture and once under `torch.profile
 - text AR at batch 1 and at batch 16: SmolLM2-135M's shape, random weights, bfloat16 (gpu_graphs.py's text rows),
   short prompts so the eager prefills stay a small part; batch 16 again with `SPECGEN_TRITON_PRODUCTS=1`'s products;
   pcllm-mr at batch 1 (1.45x AR at the sixth lease on a step that holds AR's kernels: host time or GPU time?);
-- image ADT-Tree at batch 1: the shipped tiny c2i GPT and its EAGLE drafter, T 0 (gpu_graphs.py's image rows).
+- image AR and ADT-Tree at batch 1: the shipped tiny c2i GPT and its EAGLE drafter, T 0 (gpu_graphs.py's image
+  rows).
 
 For each: wall ms a decode step (under the profiler, whose host-side tracing inflates it: gpu_graphs.py's rows give
 the wall time), GPU ms a step (the kernels' summed time, prefills included), kernels a step, and the top kernels by
@@ -89,20 +90,23 @@ def text_cases(device: str, new: int, top: int) -> None:
 
 
 def image_case(device: str, top: int) -> None:
+    """Image AR and ADT-Tree at batch 1 on one loaded model: their GPU ms a step side by side say whether a tree step
+    is bound by its kernels or by the host (gpu_graphs.py's rows give the wall time)."""
     from specgen.image.generate import ImageGenConfig, generate_images, load_image_model
     from specgen.request import parse_request
 
     im = load_image_model("tiny-image-gpt", device=device)
     for model in (im.model, im.drafter_net):
         graphs.attach(model, "on", capture=None if device == "cuda" else False)
-    cfg = ImageGenConfig(method="adt-tree", num=2 if device == "cuda" else 1, temperature=0.0, device=device,
-                         batch_size=1)
+    for method, name in (("ar", "image AR, batch 1"), ("adt-tree", "image ADT-Tree, batch 1")):
+        cfg = ImageGenConfig(method=method, num=2 if device == "cuda" else 1, temperature=0.0, device=device,
+                             batch_size=1)
 
-    def run():
-        samples, _ = generate_images(im, parse_request(cfg, "image"))
-        return dataclasses.replace(samples[0].stats, steps=sum(s.stats.steps for s in samples))
+        def run(cfg=cfg):
+            samples, _ = generate_images(im, parse_request(cfg, "image"))
+            return dataclasses.replace(samples[0].stats, steps=sum(s.stats.steps for s in samples))
 
-    report("image ADT-Tree, batch 1", *profiled(run, device), device, top)
+        report(name, *profiled(run, device), device, top)
 
 
 def main() -> None:
