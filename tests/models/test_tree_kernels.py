@@ -5,10 +5,12 @@ scores; the beam's top-k over a row's frontier), ties to the lower index; and a 
 
 from __future__ import annotations
 
+import traceback
 from types import SimpleNamespace
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from specgen.image.target import guided
 from specgen.methods import eagle_grow
@@ -174,3 +176,28 @@ def test_a_levels_lists_are_its_parents_with_its_own_slot_from_its_tail_on(devic
     want = torch.where(tail, own, eagle_grow.frontier_rows(prev, parent, br))
     got = cuda_ops.level_lists(*(x.to(device) for x in (prev, parent, own, tail)), br)
     assert torch.equal(got.cpu(), want)
+
+
+def test_a_growths_kernels_copy_none_of_their_inputs(monkeypatch):
+    """A wrapper's own copy of an input (a `contiguous()` of a strided view) is a kernel inside a captured growth on
+    CUDA that the CPU count cannot see (`gpu_sync_count` traces the ops through their fake kernels): the growth's
+    kernels read every input through its strides (top_children's path scores: the first level's are a view of the
+    record's, rows N apart), so none of the ops a wrapper runs itself is a copy; the interpreter's own are not
+    counted. Failed before 1db701e (top_children's path scores `contiguous()`)."""
+    if not cuda_ops.interpreted():
+        pytest.skip("the CPU's check: the interpreter runs the kernels on CPU tensors")
+    copying = {torch.ops.aten.contiguous.default, torch.ops.aten.clone.default, torch.ops.aten.copy_.default,
+               torch.ops.aten._to_copy.default}
+    copies = []
+
+    class Copies(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            ours = [f.filename for f in traceback.extract_stack() if "/specgen/" in f.filename or "/triton/" in
+                    f.filename]
+            if func in copying and ours and ours[-1].endswith("native/cuda_ops.py"):
+                copies.append(func)
+            return func(*args, **(kwargs or {}))
+
+    with Copies():
+        growth(True, monkeypatch)
+    assert not copies, copies
