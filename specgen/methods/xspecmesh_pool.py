@@ -99,11 +99,8 @@ def greedy_draft(params: SamplingParams, opts: XSpecMeshOptions) -> bool:
 
 def head_candidates(head_logits: torch.Tensor, params: SamplingParams, opts: XSpecMeshOptions,
                     generator: torch.Generator | None) -> Proposal:
-    """Candidates x_{s*+1 .. s*+D} from head logits [D, V] (`greedy_draft`: argmaxes), and each head's tempered
-    probability of its token (for `min_path_prob`)."""
-    if greedy_draft(params, opts):
-        cols = greedy_columns(head_logits, params.temperature, bool(opts.min_path_prob))
-        return Proposal.of_columns(cols.tolist(), head_logits.shape[0])
+    """Sampled candidates x_{s*+1 .. s*+D} from head logits [D, V], and each head's tempered probability of its token
+    (for `min_path_prob`); a `greedy_draft` takes `greedy_columns` instead, computed with the heads."""
     if opts.sampling == "tree":
         tokens = tree_sample(logits_to_probs(head_logits, params), opts.top_k_tree, generator)
     else:
@@ -239,8 +236,8 @@ class XSpecMeshPool(PoolBase):
     def run_heads(self, s: int, columns: bool, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         """The first d heads on the staged row's first s positions (`Stage`) and `inputs` (the window `past` of
         history heads): their logits [d s, V] (head-major), or (columns) their `greedy_columns` [s, d or 2 d]: device
-        ops only.
-        Captured heads return their graph's buffers: read them (or queue work on them) before the next call."""
+        ops only. Captured heads return their graph's buffers: read them (or queue work on them) before the next
+        call."""
         dtype, model, stage, d = DRAFT_DTYPES[self.opts.draft_dtype], self.decoder.model, self.stage, self.d
         path_probs = bool(self.opts.min_path_prob)
 

@@ -356,7 +356,7 @@ class StepGraphs:
         """`forward`'s and `forward_host`'s replay: the bucket's buffers, `stage`d by the caller (its tokens, positions,
         meta and features) and here (its tree), the step (and `post`) replayed, the real part of its outputs; given
         `roots` (a drafter's catch-ups: all of a module's forward_host steps), each row's features at its `last` node
-        gathered into them inside the replay."""
+        gathered into them inside the replay, and the outputs as the graph holds them (the caller reads `roots`)."""
         rows = n * branches
         b = self.bucket(rows, s, max(cache.lengths)) if self.servable(cache, tree_mask) else None
         if b is None:
@@ -372,6 +372,8 @@ class StepGraphs:
             step = partial(gather_roots, step, x, roots)
         outs = self.run(key, x, step if post is None else lambda: post(*step()),
                         f"bucket of {b.rows} rows x {b.nodes} nodes over {b.width} slots")
+        if roots is not None:  # a catch-up: its result is `roots`, its outputs unread (no views of them to make)
+            return outs
         real = [(o, rows if o.shape[0] == b.rows else n) for o in outs]
         outs = tuple(o if o.shape[:2] == (r, s) else o[:r, :s] for o, r in real)  # a slice is a host op: none unpadded
         return tuple(o.clone() for o in outs) if self.kind.kept else outs

@@ -228,9 +228,8 @@ def head_logits(stacked: StackedHeads, lm_head: nn.Module, embed: nn.Module, dty
                 v: torch.Tensor | None = None, past: torch.Tensor | None = None) -> tuple[torch.Tensor]:
     """The first d heads' logits [d S, V] (float32; head-major, [d, V] for one state) on one row's hidden states
     h [S, dim]: token [S] = x_{s+1} of each (token_input heads), k, v [D, H, M, hd] its condition's K/V (CA heads),
-    past [D, W', 2 inner] its window
-    (history heads, S = 1); the LM head runs in `dtype`. Device ops only, shapes fixed by the inputs' (what a
-    captured heads step replays)."""
+    past [D, W', 2 inner] its window (history heads, S = 1); the LM head runs in `dtype`. Device ops only, shapes
+    fixed by the inputs' (what a captured heads step replays)."""
     emb = embed(token) if stacked.token_input else None  # [S, dim]
     feats = stacked.features(h, None if k is None else (k, v), emb, past)[: d * h.shape[0]].to(dtype)  # [d S, dim]
     return (lm_head(feats).float(),)

@@ -19,6 +19,7 @@ CHILD_BLOCK = 2048  # vocabulary entries a step of top_children's pass
 TREE_CHUNK = 512  # nodes a step of kept_tree_rows' selection (N ~1,300 at the widest: three steps)
 TREE_ROWS = 16  # mask rows a step of kept_tree_rows
 BEAM_FEATURES = 128  # feature columns a step of beam_rows' gather of the next level's inputs
+COMMIT_BLOCK = 32  # moves a step of commit_rows
 
 
 @functools.cache
@@ -216,8 +217,7 @@ def top_children(logits: torch.Tensor, scores: torch.Tensor | None, branches: in
     kernels().top_children[(n * s,)](logits, scores if scored else values, values, index, s, v, scale,
                                      logits.stride(0), logits.stride(1), scores.stride(0) if scored else 0,
                                      values.stride(0), at, K=k, BLOCK_K=pow2(k), CFG=branches == 2, SCORED=scored,
-                                     BLOCK=min(pow2(v), CHILD_BLOCK),
-                                     enable_fp_fusion=False)
+                                     BLOCK=min(pow2(v), CHILD_BLOCK), enable_fp_fusion=False)
 
 
 def beam(scores: torch.Tensor, tokens: torch.Tensor, padding: torch.Tensor, parents: torch.Tensor,
@@ -315,8 +315,6 @@ def level_lists(prev: torch.Tensor, parent: torch.Tensor, own: torch.Tensor, tai
                                    tail.contiguous().view(torch.uint8), out, w, t, BRANCHES=branches, BLOCK=PLAN_BLOCK)
     return out
 
-
-COMMIT_BLOCK = 32  # moves a step of commit_rows
 
 
 def commit_slots(k: torch.Tensor, v: torch.Tensor, moves: torch.Tensor) -> None:

@@ -12,8 +12,8 @@ from specgen import native
 from specgen.native import cuda_ops
 
 # CPU tensors, and CUDA ones through cuda_ops.py's Triton kernels (some CUDA only: torch's ops run elsewhere); no
-# backward; `models/kernel_choice.py` decides when they run. The C side reads raw elements: each op makes its inputs contiguous (attention: the last dim) before
-# passing pointers.
+# backward; `models/kernel_choice.py` decides when they run. The C side reads raw elements: each op makes its inputs
+# contiguous (attention: the last dim) before passing pointers.
 
 
 def lib(name: str) -> ctypes.CDLL:

@@ -14,7 +14,7 @@ from specgen.decoding.sampling import SamplingParams
 from specgen.errors import UsageError
 from specgen.mesh.procedural import generate_mesh
 from specgen.methods.xspecmesh import MeshDecoder, XSpecMeshOptions
-from specgen.methods.xspecmesh_pool import Proposal, head_candidates, tree_sample
+from specgen.methods.xspecmesh_pool import Proposal, greedy_columns, greedy_draft, head_candidates, tree_sample
 from specgen.train.mesh import point_cloud
 from tests.mesh.mesh_fixtures import NUM_POINTS, tiny_heads, tiny_mesh_model
 
@@ -197,14 +197,16 @@ def test_tree_sampling_prunes_and_follows_weights():
 
 
 def test_a_one_branch_tree_proposes_the_heads_argmaxes():
-    """K_s = 1 takes the argmax shortcut; it equals the tree sampler's one path under the run's filters."""
+    """K_s = 1 takes the argmax shortcut (`greedy_draft`: the heads' `greedy_columns`); it equals the tree sampler's
+    one path under the run's filters."""
     from specgen.decoding.sampling import SamplingParams, logits_to_probs
 
     g = torch.Generator().manual_seed(3)
     params, opts = SamplingParams(0.5, 50, 0.95), XSpecMeshOptions(sampling="tree", top_k_tree=1)
+    assert greedy_draft(params, opts)
     for _ in range(20):
         logits = torch.randn(4, 300, generator=g) * 3
-        fast = head_candidates(logits, params, opts, torch.Generator().manual_seed(0)).tokens
+        fast = Proposal.of_columns(greedy_columns(logits, 0.5, False).tolist(), 4).tokens
         assert fast == tree_sample(logits_to_probs(logits, params), 1, torch.Generator().manual_seed(0))
 
 
@@ -239,6 +241,8 @@ def test_head_probabilities_are_the_tempered_softmax_of_their_tokens():
         prop = head_candidates(logits, params, opts, torch.Generator().manual_seed(0))
         want = (logits / 0.5).softmax(-1)[torch.arange(4), torch.tensor(prop.tokens)]
         torch.testing.assert_close(torch.tensor(prop.probs), want)
+    cols = Proposal.of_columns(greedy_columns(logits, 0.5, True).tolist(), 4)  # a greedy draft's, with the heads
+    torch.testing.assert_close(torch.tensor(cols.probs), (logits / 0.5).softmax(-1).max(-1).values)
     assert head_candidates(logits, params, XSpecMeshOptions(), None).probs == [1.0] * 4  # no cut: not computed
 
 
