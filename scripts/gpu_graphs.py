@@ -5,7 +5,8 @@ Rows (all greedy, batch 1 unless named):
   with `--graphs off` and `on`, n-gram with graphs, transformers eager `generate` and `generate` with its static cache
   under `torch.compile(mode="reduce-overhead")`, AR at batch 16; the GPU's share of a captured step's wall time.
 - image, the shipped tiny c2i GPT, float32, T 0, CFG 4: AR with graphs off; AR, EAGLE-2, ADT-Tree with graphs on
-  (the drafter's whole tree growth is one replay a step, methods/eagle_grow.py).
+  (the drafter's whole tree growth is one replay a step, methods/eagle_grow.py), the trees at a GPU's defaults (60
+  nodes) and ADT-Tree's also at the CPU's (16).
 - mesh, the shipped tiny mesh GPT + XSpecMesh heads, float32, T 0: AR and lossless XSpecMesh (criterion=rejection;
   on: the heads' step is a replay too).
 Every lossless row reports `exact`: the share of outputs equal to the same run's graphs-off AR, token for token; the
@@ -289,7 +290,8 @@ def image_rows(num: int) -> None:
         attach(im.model, mode)
         attach(im.drafter_net, mode)  # the EAGLE drafter's catch-ups and whole tree growths too
         rows = (("ar", "ar", {}), ("ar run_ahead 8", "ar", {"run_ahead": 8}), ("eagle2", "eagle2", {}),
-                ("adt-tree", "adt-tree", {}))
+                ("adt-tree", "adt-tree", {}), ("adt-tree 16 nodes", "adt-tree", {"total_tokens": 16}))  # the GPU's
+        # trees (60 nodes) against the CPU's
         for label, method, options in rows[: 1 if mode == "off" else None]:  # eager: AR alone, the ratios' base
             cfg = ImageGenConfig(method=method, num=num, temperature=0.0, device=DEVICE, batch_size=1,
                                  method_options=options)

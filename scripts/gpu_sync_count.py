@@ -44,8 +44,8 @@ import specgen.devices as devices
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.stats import DecodeStats
 from specgen.decoding.target import ModelTarget
-from specgen.methods import run_batch
-from specgen.methods.options import MultiBlockOptions
+from specgen.methods import get_method, run_batch
+from specgen.methods.options import MultiBlockOptions, gpu_defaults
 from specgen.methods.pcllm import MultiBlockDrafter
 from specgen.methods.text import EmptyDrafter, JacobiDrafter, NgramDrafter
 from specgen.models import graphs, kernel_choice
@@ -287,8 +287,9 @@ def image_cases(device: str) -> dict:
     im = load_image_model("tiny-image-gpt", device=device)
     capture(im.model, im.drafter_net)
 
-    def run(method: str, b: int, temperature: float):
-        cfg = ImageGenConfig(method=method, num=b, temperature=temperature, batch_size=b, device=device)
+    def run(method: str, b: int, temperature: float):  # the trees a GPU grows: its option defaults on any device
+        cfg = ImageGenConfig(method=method, num=b, temperature=temperature, batch_size=b, device=device,
+                             method_options=gpu_defaults(get_method(method).options_type))
 
         def go():
             samples, _ = generate_images(im, parse_request(cfg, "image"))

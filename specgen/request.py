@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Generic, TypeVar
 
 from specgen.decoding.sampling import SamplingParams
-from specgen.devices import device_name
+from specgen.devices import device_name, is_cpu
 from specgen.errors import UsageError
 from specgen.methods import MethodSpec, get_method
 from specgen.methods.options import BUDGET_DEFAULT
@@ -64,10 +64,10 @@ def parse_request(cfg: C, modality: str, spec: MethodSpec | None = None) -> Deco
     if modality in IN_MEMORY_PRECISION and "+" in (cfg.model or ""):  # `NAME+int8`, as text takes it: NAME, int8
         base, dtype, quantize = resolve(cfg.model, cfg.dtype, cfg.quantize)  # an option contradicting it: refused
         cfg = replace(cfg, model=base, dtype=dtype, quantize=quantize)
-    options = spec.parse_options(cfg.method_options)
+    device = device_name(cfg.device)
+    options = spec.parse_options(cfg.method_options, gpu=not is_cpu(device))
     params = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
     options.check_use(modality, params.greedy)
-    device = device_name(cfg.device)
     check_mode(cfg.graphs, device)  # before any model loads
     return DecodeRequest(cfg, spec, options, params, device)
 

@@ -9,6 +9,7 @@ from typing import Any, Callable
 import torch
 
 from specgen.decoding.accept_relaxed import accept_lantern
+from specgen.devices import is_cpu, module_device
 from specgen.errors import UsageError
 from specgen.image.neighbours import neighbour_table, scaled_k
 from specgen.methods import get_method
@@ -58,10 +59,11 @@ def mulo_sd(p: ImageParts, o: O.MuloOptions):
 
 
 def build_image_method(name: str, parts: ImageParts, options: dict | O.Options):
-    """(drafter, rule) for an image method from its options (`MethodSpec.parse_options`, or a dict it parses); rule
-    None = the lossless default."""
-    spec = get_method(name)
-    return BUILDERS[name](parts, spec.parse_options(options) if isinstance(options, dict) else options)
+    """(drafter, rule) for an image method from its options (`MethodSpec.parse_options`, or a dict it parses with the
+    defaults of the target's device); rule None = the lossless default."""
+    if isinstance(options, dict):
+        options = get_method(name).parse_options(options, gpu=not is_cpu(module_device(parts.model)))
+    return BUILDERS[name](parts, options)
 
 
 BUILDERS: dict[str, Callable[[ImageParts, Any], tuple[Any, Any]]] = {  # every method that runs on images, by name

@@ -38,15 +38,16 @@ class MethodSpec:
     def runs_on(self, modality: str) -> bool:
         return modality in (self.modalities or (self.modality,))
 
-    def parse_options(self, options: dict[str, Any]) -> Any:
-        """The options as a validated `options_type` (`seed`, unless a field, is the caller's); an unknown name or a bad
-        value is one usage error."""
+    def parse_options(self, options: dict[str, Any], gpu: bool = False) -> Any:
+        """The options as a validated `options_type` (`seed`, unless a field, is the caller's), on a GPU (`gpu`) with its
+        GPU defaults (`options.gpu_defaults`) where not given; an unknown name or a bad value is one usage error."""
         unknown = sorted(set(options) - set(self.options) - {"seed"})
         if unknown:
             known = ", ".join(dict.fromkeys([*self.options, "seed"]))  # every method takes `seed`
             raise UsageError(f"method {self.name} has no option {unknown[0]!r}; its options: {known}")
         O.check_value("seed", options.get("seed", 0), O.SEED, self.name)
-        opts = self.options_type(**{k: v for k, v in options.items() if k in self.options})
+        given = {k: v for k, v in options.items() if k in self.options}
+        opts = self.options_type(**(O.gpu_defaults(self.options_type) if gpu else {}) | given)
         opts.validate(self.name)
         return opts
 

@@ -50,9 +50,16 @@ POS_NUMBER: Check = ((lambda v: is_number(v) and v > 0), "> 0 (a finite number)"
 SEED: Check = int_at_least(0)  # `seed` is accepted by every method
 
 
-def opt(default: Any, check: Check | None = None) -> Any:
-    """A dataclass field with its default and its single-value check (None: any value, e.g. `budget`)."""
-    return field(default=default, metadata={"check": check})
+def opt(default: Any, check: Check | None = None, gpu: Any = None) -> Any:
+    """A dataclass field with its default and its single-value check (None: any value, e.g. `budget`); `gpu`: its
+    default on a GPU where that differs (`gpu_defaults`)."""
+    return field(default=default, metadata={"check": check, "gpu": gpu})
+
+
+def gpu_defaults(cls: type) -> dict[str, Any]:
+    """The fields of an options class whose default differs on a GPU, each with that default: what a verify costs
+    differs there (c(64) ~ 1 one-node step against ~n/2 on a CPU core), so a tree's node budget does."""
+    return {f.name: f.metadata["gpu"] for f in fields(cls) if f.metadata.get("gpu") is not None}
 
 
 def check_value(name: str, value: Any, check: Check | None, method: str) -> None:
@@ -157,8 +164,10 @@ class MultiBlockOptions(Options):
 
 
 # --- image: EAGLE-2 trees, ADT-Tree, LANTERN, VVS, MuLo-SD ---------------------------------------------------------
-# Tree defaults are the CPU ones: small, narrow trees (docs/results/image.md). The papers' GPU settings are passed
-# explicitly (docs/methods/eagle2.md, adt-tree.md, recipes/full).
+# Tree shapes are the ones measured best on the shipped tiny models: narrow, at most 16 nodes on a CPU, where a verify
+# of n nodes costs ~n/2 one-node steps; GPU_TREE_NODES on a GPU, where it costs about one (docs/results/image.md).
+# The papers' own settings are passed explicitly (docs/methods/eagle2.md, adt-tree.md, recipes/full).
+GPU_TREE_NODES = 60  # EAGLE-2's budget; ~1.25x the tokens a forward of 16 (TPF 4.39 -> 5.39 EAGLE-2, 4.29 -> 5.99 ADT)
 
 @dataclass(frozen=True)
 class TreeShapeOptions(Options):
@@ -166,7 +175,7 @@ class TreeShapeOptions(Options):
 
     depth: int = opt(6, int_at_least(1))
     top_k: int = opt(4, int_at_least(1))
-    total_tokens: int = opt(16, int_at_least(1))
+    total_tokens: int = opt(16, int_at_least(1), gpu=GPU_TREE_NODES)
 
 
 @dataclass(frozen=True)
@@ -192,7 +201,7 @@ class LanternTreeOptions(LanternOptions, TreeOptions):
 
 @dataclass(frozen=True)
 class AdtOptions(Options):
-    """ADT-Tree (`adt-tree`, `methods/adt_tree.AdtPolicy`), with the CPU tree defaults."""
+    """ADT-Tree (`adt-tree`, `methods/adt_tree.AdtPolicy`), with the shipped model's tree defaults."""
 
     beta: float = opt(1.0, POS_NUMBER)
     l_d: int = opt(1, int_at_least(0))
@@ -203,7 +212,7 @@ class AdtOptions(Options):
     k_max: int = opt(12, int_at_least(1))
     d0: int = opt(4, int_at_least(1))
     k0: int = opt(4, int_at_least(1))
-    total_tokens: int = opt(16, int_at_least(1))
+    total_tokens: int = opt(16, int_at_least(1), gpu=GPU_TREE_NODES)
     budget: str = budget_opt()
     init: str = opt("horizontal", one_of("horizontal", "vertical", "random"))  # first row/column start of an image
     seed: int = opt(0, SEED)

@@ -79,3 +79,53 @@ def test_bad_value_is_one_line(method, options, message):
         get_method(method).parse_options(options)
     assert message in str(e.value) and "\n" not in str(e.value)
 
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_gpu_defaults_pass_their_checks_and_yield_to_given_values(name):
+    """On a GPU a field takes its GPU default (`opt(gpu=...)`) unless the run gives it; either way it is checked."""
+    spec = METHODS[name]
+    gpu = O.gpu_defaults(spec.options_type)
+    opts = spec.parse_options({}, gpu=True)
+    assert {k: getattr(opts, k) for k in gpu} == gpu
+    assert spec.parse_options({}, gpu=False) == spec.options_type()
+    for k, v in gpu.items():
+        assert v != defaults(spec.options_type)[k], f"{name}.{k}: a GPU default equal to the CPU one"
+        assert getattr(spec.parse_options({k: 3}, gpu=True), k) == 3
+        with pytest.raises(UsageError, match=f"^{k} must be"):
+            spec.parse_options({k: 0}, gpu=True)
+
+
+def test_trees_take_the_gpu_node_budget_on_a_gpu():
+    """The lossless trees verify 60 nodes on a GPU (c(64) ~ one step there), 16 on a CPU; a request and an image
+    builder parse with the defaults of the device they run on."""
+    for name in ("eagle2", "adt-tree", "lantern", "adt-tree+lantern", "vvs"):
+        assert get_method(name).parse_options({}, gpu=True).total_tokens == O.GPU_TREE_NODES == 60
+        assert get_method(name).parse_options({}).total_tokens == 16
+
+
+def test_a_request_parses_options_for_its_device(monkeypatch):
+    from specgen import request
+    from specgen.image.generate import ImageGenConfig
+
+    assert request.parse_request(ImageGenConfig(method="eagle2"), "image").options.total_tokens == 16
+    monkeypatch.setattr(request, "device_name", lambda spec: "cuda:0")
+    cfg = ImageGenConfig(method="eagle2", device="cuda")
+    assert request.parse_request(cfg, "image").options.total_tokens == 60
+    given = ImageGenConfig(method="eagle2", device="cuda", method_options={"total_tokens": 24})
+    assert request.parse_request(given, "image").options.total_tokens == 24
+
+
+def test_an_image_builder_parses_options_for_its_models_device(monkeypatch):
+    import torch
+
+    from specgen.image import methods as M
+
+    seen = []
+    monkeypatch.setitem(M.BUILDERS, "eagle2", lambda parts, o: seen.append(o.total_tokens) or (None, None))
+    parts = M.ImageParts(torch.nn.Linear(2, 2), None, None, None, 4)
+    M.build_image_method("eagle2", parts, {})
+    monkeypatch.setattr(M, "module_device", lambda module: torch.device("cuda", 0))
+    M.build_image_method("eagle2", parts, {})
+    M.build_image_method("eagle2", parts, {"total_tokens": 8})
+    assert seen == [16, 60, 8]
