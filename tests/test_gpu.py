@@ -14,7 +14,7 @@ import torch
 from tests.conftest import decode
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.target import ModelTarget
-from specgen.methods.options import JacobiOptions, NgramOptions
+from specgen.methods.options import GPU_DRAFT, JacobiOptions, NgramOptions
 from specgen.methods.text import EmptyDrafter, JacobiDrafter, NgramDrafter
 from tests.conftest import tiny_model
 
@@ -156,7 +156,7 @@ def test_ragged_batch_on_cuda_equals_each_prompt_alone():
 
 
 @pytest.mark.parametrize("batch", [1, 3])
-@pytest.mark.parametrize("make", [EmptyDrafter, lambda: NgramDrafter(NgramOptions(4, 3, 1)),
+@pytest.mark.parametrize("make", [EmptyDrafter, lambda: NgramDrafter(NgramOptions(GPU_DRAFT, 3, 1)),
                                   lambda: JacobiDrafter(JacobiOptions(4), seed=0)], ids=["ar", "ngram", "jacobi"])
 def test_captured_steps_decode_what_eager_ar_decodes(make, batch):
     """--graphs on (CUDA-graph replays over the static cache) against --graphs off, on the GPU: every lossless drafter

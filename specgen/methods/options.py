@@ -131,12 +131,15 @@ class CllmOptions(JacobiOptions):
     block_size: int = opt(16, int_at_least(1))
 
 
+GPU_DRAFT = 16  # n-gram tokens drafted on a GPU: TPF 1.84 (4) -> 2.15 on held-out HumanEval (docs/results/text.md)
+
+
 @dataclass(frozen=True)
 class NgramOptions(Options):
     """Prompt lookup (`ngram`): up to num_draft tokens after the latest earlier max_ngram..min_ngram-gram suffix;
     `cache`: a static n-gram cache (a shipped name such as smollm2-135m, or a file) drafts where that finds none."""
 
-    num_draft: int = opt(4, int_at_least(1))
+    num_draft: int = opt(4, int_at_least(1), gpu=GPU_DRAFT)  # a longer draft accepts more; it costs ~0 on a GPU
     max_ngram: int = opt(3, int_at_least(1))
     min_ngram: int = opt(2, int_at_least(1))
     cache: str = opt("", TEXT)

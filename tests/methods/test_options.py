@@ -96,12 +96,13 @@ def test_gpu_defaults_pass_their_checks_and_yield_to_given_values(name):
             spec.parse_options({k: 0}, gpu=True)
 
 
-def test_trees_take_the_gpu_node_budget_on_a_gpu():
-    """The lossless trees verify 60 nodes on a GPU (c(64) ~ one step there), 16 on a CPU; a request and an image
-    builder parse with the defaults of the device they run on."""
+def test_drafts_are_longer_on_a_gpu():
+    """Trees verify 60 nodes on a GPU (c(64) ~ one step there), 16 on a CPU; n-gram drafts 16 tokens, 4 on a CPU."""
     for name in ("eagle2", "adt-tree", "lantern", "adt-tree+lantern", "vvs"):
         assert get_method(name).parse_options({}, gpu=True).total_tokens == O.GPU_TREE_NODES == 60
         assert get_method(name).parse_options({}).total_tokens == 16
+    assert get_method("ngram").parse_options({}, gpu=True).num_draft == O.GPU_DRAFT == 16
+    assert get_method("ngram").parse_options({}).num_draft == 4
 
 
 def test_a_request_parses_options_for_its_device(monkeypatch):
