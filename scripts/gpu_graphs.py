@@ -150,9 +150,10 @@ def text_rows(new: int) -> None:
     res, s, first = measured(ng, prompts)
     row(suite="text", row="ngram --graphs on (random weights)", tok_s=tokens / s, vs_off=s_off / s, vs_ar=s_on / s,
         exact=exact(res, base), tpf=res.stats.tpf, num_draft=DRAFT, **first)
+    # bench-mixed.yaml's pcllm-mr:lookup, on the shape's random weights, with the lookup a GPU pays for (text.md)
     mr = lambda: MultiBlockDrafter(MultiBlockOptions(block_size=4, num_blocks=1, lookup=32))  # noqa: E731
-    res, s, first = measured(mr, prompts)  # bench-mixed.yaml's pcllm-mr:lookup with a GPU's lookup (docs/results/
-    row(suite="text", row="pcllm-mr n 4 + lookup 32 --graphs on (random weights)", tok_s=tokens / s,  # text.md)
+    res, s, first = measured(mr, prompts)
+    row(suite="text", row="pcllm-mr n 4 + lookup 32 --graphs on (random weights)", tok_s=tokens / s,
         vs_ar=s_on / s, exact=exact(res, base), tpf=res.stats.tpf, **first)
     big = prompts_of(16, cfg.vocab_size, seed=1)
     res, s16, first = measured(EmptyDrafter, big, 16)
@@ -291,8 +292,8 @@ def image_rows(num: int) -> None:
         attach(im.model, mode)
         attach(im.drafter_net, mode)  # the EAGLE drafter's catch-ups and whole tree growths too
         rows = (("ar", "ar", {}), ("ar run_ahead 8", "ar", {"run_ahead": 8}), ("eagle2", "eagle2", {}),
-                ("adt-tree", "adt-tree", {}), ("adt-tree 16 nodes", "adt-tree", {"total_tokens": 16}))  # the GPU's
-        # trees (60 nodes) against the CPU's
+                ("adt-tree", "adt-tree", {}),  # the trees at a GPU's defaults (60 nodes), ADT-Tree's at the CPU's too
+                ("adt-tree 16 nodes", "adt-tree", {"total_tokens": 16}))
         for label, method, options in rows[: 1 if mode == "off" else None]:  # eager: AR alone, the ratios' base
             cfg = ImageGenConfig(method=method, num=num, temperature=0.0, device=DEVICE, batch_size=1,
                                  method_options=options)

@@ -70,4 +70,3 @@ def parse_request(cfg: C, modality: str, spec: MethodSpec | None = None) -> Deco
     options.check_use(modality, params.greedy)
     check_mode(cfg.graphs, device)  # before any model loads
     return DecodeRequest(cfg, spec, options, params, device)
-

@@ -39,8 +39,8 @@ class MethodSpec:
         return modality in (self.modalities or (self.modality,))
 
     def parse_options(self, options: dict[str, Any], gpu: bool = False) -> Any:
-        """The options as a validated `options_type` (`seed`, unless a field, is the caller's), on a GPU (`gpu`) with its
-        GPU defaults (`options.gpu_defaults`) where not given; an unknown name or a bad value is one usage error."""
+        """The options as a validated `options_type` (`seed`, unless a field, is the caller's), on a GPU (`gpu`) with
+        its GPU defaults (`options.gpu_defaults`) where not given; an unknown name or a bad value is one usage error."""
         unknown = sorted(set(options) - set(self.options) - {"seed"})
         if unknown:
             known = ", ".join(dict.fromkeys([*self.options, "seed"]))  # every method takes `seed`

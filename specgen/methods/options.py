@@ -172,6 +172,7 @@ class MultiBlockOptions(Options):
 # The papers' own settings are passed explicitly (docs/methods/eagle2.md, adt-tree.md, recipes/full).
 GPU_TREE_NODES = 60  # EAGLE-2's budget; ~1.25x the tokens a forward of 16 (TPF 4.39 -> 5.39 EAGLE-2, 4.29 -> 5.99 ADT)
 
+
 @dataclass(frozen=True)
 class TreeShapeOptions(Options):
     """An EAGLE-2 fixed tree shape (VVS's drafts too)."""

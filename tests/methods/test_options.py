@@ -80,7 +80,6 @@ def test_bad_value_is_one_line(method, options, message):
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
-
 @pytest.mark.parametrize("name", sorted(METHODS))
 def test_gpu_defaults_pass_their_checks_and_yield_to_given_values(name):
     """On a GPU a field takes its GPU default (`opt(gpu=...)`) unless the run gives it; either way it is checked."""
