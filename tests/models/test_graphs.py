@@ -13,8 +13,8 @@ from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.target import ModelTarget
 from specgen.errors import UsageError
 from specgen.image.target import CFGTarget
-from specgen.methods import run_batch
-from specgen.methods.options import JacobiOptions, NgramOptions
+from specgen.methods import get_method, run_batch
+from specgen.methods.options import JacobiOptions, NgramOptions, gpu_defaults
 from specgen.methods.text import EmptyDrafter, JacobiDrafter, NgramDrafter
 from specgen.models import graphs, kernel_choice
 from specgen.models.graphs import Bucket, StaticInputs, target_step
@@ -420,9 +420,11 @@ def test_a_growth_that_reads_the_host_fails_the_check():
 
 @BOTH_SLOW
 @pytest.mark.parametrize("method", ["eagle2", "adt-tree", "lantern", "vvs"])
-def test_image_trees_grown_by_the_static_growth_decode_what_eager_decodes(method, capture):
+@pytest.mark.parametrize("gpu", [False, True], ids=["cpu-defaults", "gpu-defaults"])
+def test_image_trees_grown_by_the_static_growth_decode_what_eager_decodes(method, gpu, capture):
     """Target verifies and whole EAGLE tree growths (one static program per row bucket, width bucket and depth) both
-    through static steps, batch 1 and 2: the same tokens as the eager method (lossless ones: as AR)."""
+    through static steps, batch 1 and 2, at the CPU's and a GPU's option defaults (16 and 60 nodes): the same tokens
+    as the eager method (lossless ones: as AR)."""
     from specgen.image.methods import ImageParts, build_image_method
     from specgen.models.eagle import EagleNet
 
@@ -435,8 +437,9 @@ def test_image_trees_grown_by_the_static_growth_decode_what_eager_decodes(method
             graphs.attach(net, "on", capture=capture)
         codebook = torch.randn(model.cfg.vocab_size, 8, generator=torch.Generator().manual_seed(0))  # LANTERN's
         parts = ImageParts(model, CFGTarget(model, 3.0), net, codebook, 4)
-        got = run_batch(parts.target, lambda i: build_image_method(method, parts, {})[0], [[0], [1], [2]], 16,
-                        SamplingParams(), batch_size=batch, rule=build_image_method(method, parts, {})[1])
+        options = gpu_defaults(get_method(method).options_type) if gpu else {}
+        got = run_batch(parts.target, lambda i: build_image_method(method, parts, options)[0], [[0], [1], [2]], 16,
+                        SamplingParams(), batch_size=batch, rule=build_image_method(method, parts, options)[1])
         return [r.tokens for r in got.results], net
 
     for batch in (1, 2):
