@@ -181,13 +181,15 @@ def blocks(module, h: torch.Tensor, x: StaticInputs, k: torch.Tensor, v: torch.T
     rot = x.rotation or rows_rotation(module.rope_table[x.positions].to(h.dtype), module.cfg.rope_layout)
     mask = step_attention(x, module.cfg, h, width)
     cache, r = StaticCache(x, k, v, width), x.tokens.shape[0]
-    if cross is None and native_norms(h, module.layers[0].ffn_norm.weight):  # each residual add in the next norm
+    # each layer's condition K/V: the bucket's first R rows of the static buffer
+    conds = [None] * len(module.layers) if cross is None else [(ck[:r], cv[:r]) for ck, cv in cross]
+    if native_norms(h, module.layers[0].ffn_norm.weight):  # each residual add in the next norm
         f = None
-        for i, blk in enumerate(module.layers):
-            h, f = blk.deferred(h, f, rot, i, cache, mask)
+        for i, (blk, cond) in enumerate(zip(module.layers, conds)):
+            h, f = blk.deferred(h, f, rot, i, cache, mask, False, cond)
         return h, f
-    for i, blk in enumerate(module.layers):  # a condition's rows: the bucket's first R of the static buffer
-        h = blk(h, rot, i, cache, mask, False, None if cross is None else (cross[i][0][:r], cross[i][1][:r]))
+    for i, (blk, cond) in enumerate(zip(module.layers, conds)):
+        h = blk(h, rot, i, cache, mask, False, cond)
     return h, None
 
 

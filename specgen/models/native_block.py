@@ -51,15 +51,15 @@ def forward(blk, x: torch.Tensor, rot, layer: int, cache, p: NativePlan, cross_k
     a = product(wo, native_self_attention(qkv, rot, *cache.layers[layer], p), threads)  # [B*S, dim]
     if cross_kv is None:  # 2. residual add and the FFN's pre-norm in one pass
         total, normed = torch.ops.specgen.add_rms_norm(x, a.view(b, s, dim), blk.ffn_norm.weight, blk.ffn_norm.eps)
-    else:  # 2'. residual add, cross-attention to the condition (SDPA, as CrossAttention.forward), add, FFN pre-norm
-        total = x + a.view(b, s, dim)
+    else:  # 2'. residual add and pre-norm, cross-attention to the condition (SDPA, as CrossAttention.forward), add
+        # and FFN pre-norm: each add in its norm's pass
+        total, c = torch.ops.specgen.add_rms_norm(x, a.view(b, s, dim), blk.cross_norm.weight, blk.cross_norm.eps)
         wq, wo_cross = lins[2], lins[3]
         heads, hd = blk.cross_attention.n_heads, blk.cross_attention.hd
-        c = torch.ops.specgen.rms_norm(total, blk.cross_norm.weight, blk.cross_norm.eps)
         q = product(wq, c, threads).view(b, s, heads, hd).transpose(1, 2)  # [B, H, S, hd]
         y = F.scaled_dot_product_attention(q, cross_kv[0], cross_kv[1])  # [B, H, S, hd]
-        total = total + product(wo_cross, y.transpose(1, 2).reshape(b, s, -1), threads).view(b, s, dim)
-        normed = torch.ops.specgen.rms_norm(total, blk.ffn_norm.weight, blk.ffn_norm.eps)
+        y = product(wo_cross, y.transpose(1, 2).reshape(b, s, -1), threads).view(b, s, dim)
+        total, normed = torch.ops.specgen.add_rms_norm(total, y, blk.ffn_norm.weight, blk.ffn_norm.eps)
     # 3. SwiGLU (the module's torch ops) and the second residual add
     gate = F.silu(product(w1, normed, threads)) * product(w3, normed, threads)  # [B*S, ffn]
     return total + product(w2, gate, threads).view(b, s, dim)

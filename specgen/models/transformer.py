@@ -191,22 +191,25 @@ class Block(nn.Module):
     def forward(self, x, rot, layer, cache, mask, causal, cross_kv):
         if native_block.usable(self, x, mask, cross_kv):  # the same kernels without the module calls, bit for bit
             return native_block.forward(self, x, rot, layer, cache, mask, cross_kv)
-        if cross_kv is None and native_norms(x, self.ffn_norm.weight):  # the add and the norm in one pass, bitwise
-            x, f = self.deferred(x, None, rot, layer, cache, mask, causal)
+        if native_norms(x, self.ffn_norm.weight):  # each add and the next norm in one pass, bitwise
+            x, f = self.deferred(x, None, rot, layer, cache, mask, causal, cross_kv)
             return x + f
         x = x + self.attention(self.attention_norm(x), rot, layer, cache, mask, causal)
         if cross_kv is not None:
             x = x + self.cross_attention(self.cross_norm(x), cross_kv)
         return x + self.feed_forward(self.ffn_norm(x))
 
-    def deferred(self, x: torch.Tensor, f: torch.Tensor | None, rot, layer: int, cache, mask, causal: bool = False
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`forward` with each residual add inside the next norm's kernel (native norms, no cross-attention): the
-        previous block's output given as x + f (f None: x), this block's returned as (x, f) unsummed [B, S, dim];
-        add_rms_norm's sum is the add's, so the bits are forward's."""
+    def deferred(self, x: torch.Tensor, f: torch.Tensor | None, rot, layer: int, cache, mask, causal: bool = False,
+                 cross_kv=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward` with each residual add inside the next norm's kernel (native norms): the previous block's output
+        given as x + f (f None: x), this block's returned as (x, f) unsummed [B, S, dim]; add_rms_norm's sum is the
+        add's and its norm the norm's, so the bits are forward's."""
         n = self.attention_norm
         x, normed = (x, n(x)) if f is None else torch.ops.specgen.add_rms_norm(x, f, n.weight, n.eps)
         a = self.attention(normed, rot, layer, cache, mask, causal)
+        if cross_kv is not None:  # the condition's cross-attention between the two, its input's add in its norm
+            x, normed = torch.ops.specgen.add_rms_norm(x, a, self.cross_norm.weight, self.cross_norm.eps)
+            a = self.cross_attention(normed, cross_kv)
         x, normed = torch.ops.specgen.add_rms_norm(x, a, self.ffn_norm.weight, self.ffn_norm.eps)
         return x, self.feed_forward(normed)
 
