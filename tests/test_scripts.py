@@ -356,8 +356,9 @@ def test_an_image_tree_steps_commit_is_one_launch(monkeypatch):
     """`--by-op "image adt-tree B1 T0"` (the shipped tiny image GPT, whose accepted paths move cache slots in 0.98 of
     the steps) with the commit as on CUDA: one op (`commit_slots`, registered for CPU tensors as torch's moves: the
     counter sees the op, not its inside; its Triton kernel's bits are test_cuda_ops.py's) where torch's commit
-    gathers and scatters k and v (index and index_put_, twice each). Its real eager launches: 21.5 a step at 0845935,
-    17.6 since."""
+    gathers and scatters k and v (index and index_put_, twice each). Its real eager launches a step besides the image's VQ
+    decode (once an image): 18.7 with torch's commit, 15.7 with the one op (a GPU's 60-node trees, 43 steps an image;
+    15.0 at 16 nodes and 55 steps, where an image's prefill weighs less a step)."""
     from specgen.models import kernel_choice
 
     def moves(k, v, moved):
@@ -380,7 +381,7 @@ def test_an_image_tree_steps_commit_is_one_launch(monkeypatch):
     sync_count.OpCounter.by_line = None
     found = launches(by_op)
     assert {op for f, op in found if f == "specgen/decoding/cache.py"} == {"commit_slots.default"}
-    assert sum(found.values()) <= 18, found
+    assert sum(n for (f, _), n in found.items() if f != "specgen/models/vq.py") <= 16.5, found
 
 
 def mesh_step_ops(monkeypatch, case: str) -> tuple[float, Counter]:
