@@ -46,6 +46,13 @@ def resolve_device(spec: str | torch.device | None = "auto") -> torch.device:
     return torch.device("cpu") if dev.type == "cpu" else dev  # one CPU device: t.to("cpu:0") would copy a cpu tensor
 
 
+def on_gpu(spec: str | torch.device | None) -> bool:
+    """Whether a run on `spec` decodes on a GPU, without requiring one here (a plan made on a login node): cuda or
+    cuda:N, or auto (None, "") where this machine has CUDA."""
+    spec = str(spec or "auto").strip().lower()
+    return torch.cuda.is_available() if spec == "auto" else spec.startswith("cuda")
+
+
 def device_name(spec: str | torch.device | None) -> str:
     """`resolve_device` as the string configs and loaders carry ("cpu", "cuda", "cuda:1")."""
     return str(resolve_device(spec))

@@ -26,6 +26,15 @@ def test_auto_is_cpu_here_and_cuda_is_one_usage_error():
             devices.resolve_device(spec)
 
 
+def test_a_plan_knows_a_gpu_run_without_a_gpu_here(monkeypatch):
+    """`on_gpu`: a config naming cuda is a GPU run wherever it is planned (a login node's dry run); auto is one where
+    CUDA is here."""
+    assert devices.on_gpu("cuda") and devices.on_gpu("cuda:1") and devices.on_gpu(" CUDA:0 ")
+    assert not devices.on_gpu("cpu") and not devices.on_gpu("auto") and not devices.on_gpu(None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert devices.on_gpu("auto") and devices.on_gpu(None) and not devices.on_gpu("cpu")
+
+
 def test_device_names():
     assert devices.resolve_device("cpu") == torch.device("cpu")
     assert devices.resolve_device(torch.device("cpu")) == torch.device("cpu")

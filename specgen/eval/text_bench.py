@@ -19,7 +19,7 @@ from specgen.data.humaneval import Problem, build_user_message, load_problems
 from specgen.data.prompts import Prompt, PromptSourceError, encode, read_prompt_records
 from specgen.decoding.cost import cost_of
 from specgen.decoding.sampling import SamplingParams
-from specgen.devices import now
+from specgen.devices import now, on_gpu
 from specgen.errors import UnknownNameError, UsageError
 from specgen.limits import check_prompt_fits, context_of
 from specgen.eval.graph_use import GraphUse
@@ -185,7 +185,7 @@ def check_methods(cfg: TextBenchConfig) -> dict[str, Row]:
         if not spec.runs_on("text"):
             raise UsageError(f"method {m} is for {spec.modality}; the {cfg.suite} suite is text")
         options = row_options(m, cfg)
-        rows[m] = Row(spec, spec.parse_options(options), options.get("seed"))
+        rows[m] = Row(spec, spec.parse_options(options, gpu=on_gpu(cfg.device)), options.get("seed"))
         if row_model(m) is None:  # `METHOD@MODEL` decodes MODEL
             model = f"{m.partition('@')[2]!r} is not a registry model, and " if "@" in m else ""
             check_own_entry(m, row_method(m), {"options": cfg.options, "targets": cfg.targets}, model)

@@ -129,3 +129,11 @@ def test_an_image_builder_parses_options_for_its_models_device(monkeypatch):
     M.build_image_method("eagle2", parts, {})
     M.build_image_method("eagle2", parts, {"total_tokens": 8})
     assert seen == [16, 60, 8]
+
+
+def test_the_text_benchmark_plans_its_rows_for_its_device():
+    """A text benchmark's specgen rows take the defaults of the device it names (planned without one: a dry run)."""
+    from specgen.eval.text_bench import TextBenchConfig, check_methods
+
+    rows = {d: check_methods(TextBenchConfig(methods=["ar", "ngram"], device=d)) for d in ("cpu", "cuda")}
+    assert rows["cpu"]["ngram"].options.num_draft == 4 and rows["cuda"]["ngram"].options.num_draft == 16
