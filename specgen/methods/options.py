@@ -58,7 +58,7 @@ def opt(default: Any, check: Check | None = None, gpu: Any = None) -> Any:
 
 def gpu_defaults(cls: type) -> dict[str, Any]:
     """The fields of an options class whose default differs on a GPU, each with that default: what a verify costs
-    differs there (c(64) ~ 1 one-node step against ~n/2 on a CPU core), so a tree's node budget does."""
+    differs there (c(64) ~ 1 one-node step against ~n/2 on a CPU core), so a draft's best size does."""
     return {f.name: f.metadata["gpu"] for f in fields(cls) if f.metadata.get("gpu") is not None}
 
 
@@ -170,7 +170,7 @@ class MultiBlockOptions(Options):
 # Tree shapes are the ones measured best on the shipped tiny models: narrow, at most 16 nodes on a CPU, where a verify
 # of n nodes costs ~n/2 one-node steps; GPU_TREE_NODES on a GPU, where it costs about one (docs/results/image.md).
 # The papers' own settings are passed explicitly (docs/methods/eagle2.md, adt-tree.md, recipes/full).
-GPU_TREE_NODES = 60  # EAGLE-2's budget; ~1.25x the tokens a forward of 16 (TPF 4.39 -> 5.39 EAGLE-2, 4.29 -> 5.99 ADT)
+GPU_TREE_NODES = 60  # EAGLE-2's budget: 1.23-1.40x the tokens a forward of 16 (EAGLE-2 TPF 4.39 -> 5.39, ADT 4.29 -> 5.99)
 
 
 @dataclass(frozen=True)
