@@ -170,7 +170,7 @@ class MultiBlockOptions(Options):
 # Tree shapes are the ones measured best on the shipped tiny models: narrow, at most 16 nodes on a CPU, where a verify
 # of n nodes costs ~n/2 one-node steps; GPU_TREE_NODES on a GPU, where it costs about one (docs/results/image.md).
 # The papers' own settings are passed explicitly (docs/methods/eagle2.md, adt-tree.md, recipes/full).
-GPU_TREE_NODES = 60  # EAGLE-2's budget: 1.23-1.40x the tokens a forward of 16 (EAGLE-2 TPF 4.39 -> 5.39, ADT 4.29 -> 5.99)
+GPU_TREE_NODES = 60  # EAGLE-2's budget: 1.23-1.40x the tokens a step of 16 (EAGLE-2 TPF 4.39 -> 5.39, ADT 4.29 -> 5.99)
 
 
 @dataclass(frozen=True)
