@@ -38,7 +38,7 @@ from specgen.decoding.target import ModelTarget
 from specgen.devices import synchronize
 from specgen.eval.hf_rows import HfCompiled, one_token, timed_static_greedy
 from specgen.methods import run_batch
-from specgen.methods.options import MultiBlockOptions, NgramOptions, gpu_defaults
+from specgen.methods.options import GPU_DRAFT, MultiBlockOptions, NgramOptions
 from specgen.methods.pcllm import MultiBlockDrafter
 from specgen.methods.text import EmptyDrafter, NgramDrafter
 from specgen.models import attention, graphs, sliced_linear
@@ -52,7 +52,6 @@ ROWS: list[dict] = []
 JSON = {"path": "", "device": ""}  # --json: rewritten at each row (a step its time limit cuts short keeps its rows)
 LAST: list[tuple] = []  # (suite, run) left to the end of a run: the transformers peers compile for a minute or more
 T0 = time.perf_counter()
-DRAFT = gpu_defaults(NgramOptions)["num_draft"]  # the n-gram rows' draft length: a GPU's default, HF's lookup too
 DEVICE = "cuda"  # --smoke: a tiny CPU run of every row (static steps uncaptured), to check the script itself
 
 
@@ -146,10 +145,10 @@ def text_rows(new: int) -> None:
     row(suite="text", row="ar run_ahead 8 --graphs on", tok_s=tokens / s_ra, vs_off=s_off / s_ra, vs_ar=s_on / s_ra,
         exact=exact(res, base), **first)
     busy("ar run_ahead 8", gpu, s_ra / tokens)
-    ng = lambda: NgramDrafter(NgramOptions(num_draft=DRAFT, max_ngram=3, min_ngram=1))  # noqa: E731
+    ng = lambda: NgramDrafter(NgramOptions(num_draft=GPU_DRAFT, max_ngram=3, min_ngram=1))  # noqa: E731
     res, s, first = measured(ng, prompts)
     row(suite="text", row="ngram --graphs on (random weights)", tok_s=tokens / s, vs_off=s_off / s, vs_ar=s_on / s,
-        exact=exact(res, base), tpf=res.stats.tpf, num_draft=DRAFT, **first)
+        exact=exact(res, base), tpf=res.stats.tpf, num_draft=GPU_DRAFT, **first)
     # bench-mixed.yaml's pcllm-mr:lookup, on the shape's random weights, with the lookup a GPU pays for (text.md)
     mr = lambda: MultiBlockDrafter(MultiBlockOptions(block_size=4, num_blocks=1, lookup=32))  # noqa: E731
     res, s, first = measured(mr, prompts)
@@ -243,9 +242,9 @@ def hf_rows(model, prompts, new: int, base, s_ours: float) -> None:
     row(suite="text", row="hf eager generate", tok_s=tokens / s, ours_vs=s / s_ours,
         exact=sum(o == b for o, b in zip(outs, base)) / len(base))
     try:
-        outs, s = timed(lambda: [gen(p, new, prompt_lookup_num_tokens=DRAFT) for p in prompts])
-        row(suite="text", row=f"hf prompt lookup ({DRAFT} tokens; beside ngram)", tok_s=tokens / s, ours_vs=s / s_ours,
-            exact=sum(o == b for o, b in zip(outs, base)) / len(base))
+        outs, s = timed(lambda: [gen(p, new, prompt_lookup_num_tokens=GPU_DRAFT) for p in prompts])
+        row(suite="text", row=f"hf prompt lookup ({GPU_DRAFT} tokens; beside ngram)", tok_s=tokens / s,
+            ours_vs=s / s_ours, exact=sum(o == b for o, b in zip(outs, base)) / len(base))
     except Exception as e:  # noqa: BLE001
         row(suite="text", row="hf prompt lookup", error=str(e)[:200])
     if DEVICE == "cuda":

@@ -47,10 +47,11 @@ def resolve_device(spec: str | torch.device | None = "auto") -> torch.device:
 
 
 def on_gpu(spec: str | torch.device | None) -> bool:
-    """Whether a run on `spec` decodes on a GPU, without requiring one here (a plan made on a login node): cuda or
-    cuda:N, or auto (None, "") where this machine has CUDA."""
+    """Whether a run on `spec` decodes off the CPU (whose GPU option defaults it takes: `options.gpu_defaults`), without
+    requiring the device here (a plan made on a login node): any device but the CPU, or auto (None, "") where this
+    machine has CUDA."""
     spec = str(spec or "auto").strip().lower()
-    return torch.cuda.is_available() if spec == "auto" else spec.startswith("cuda")
+    return torch.cuda.is_available() if spec == "auto" else not spec.startswith("cpu")
 
 
 def device_name(spec: str | torch.device | None) -> str:

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Generic, TypeVar
 
 from specgen.decoding.sampling import SamplingParams
-from specgen.devices import device_name, is_cpu
+from specgen.devices import device_name, on_gpu
 from specgen.errors import UsageError
 from specgen.methods import MethodSpec, get_method
 from specgen.methods.options import BUDGET_DEFAULT
@@ -65,7 +65,7 @@ def parse_request(cfg: C, modality: str, spec: MethodSpec | None = None) -> Deco
         base, dtype, quantize = resolve(cfg.model, cfg.dtype, cfg.quantize)  # an option contradicting it: refused
         cfg = replace(cfg, model=base, dtype=dtype, quantize=quantize)
     device = device_name(cfg.device)
-    options = spec.parse_options(cfg.method_options, gpu=not is_cpu(device))
+    options = spec.parse_options(cfg.method_options, gpu=on_gpu(device))
     params = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
     options.check_use(modality, params.greedy)
     check_mode(cfg.graphs, device)  # before any model loads

@@ -9,7 +9,7 @@ from typing import Any, Callable
 import torch
 
 from specgen.decoding.accept_relaxed import accept_lantern
-from specgen.devices import is_cpu, module_device
+from specgen.devices import module_device, on_gpu
 from specgen.errors import UsageError
 from specgen.image.neighbours import neighbour_table, scaled_k
 from specgen.methods import get_method
@@ -62,7 +62,7 @@ def build_image_method(name: str, parts: ImageParts, options: dict | O.Options):
     """(drafter, rule) for an image method from its options (`MethodSpec.parse_options`, or a dict it parses with the
     defaults of the target's device); rule None = the lossless default."""
     if isinstance(options, dict):
-        options = get_method(name).parse_options(options, gpu=not is_cpu(module_device(parts.model)))
+        options = get_method(name).parse_options(options, gpu=on_gpu(module_device(parts.model)))
     return BUILDERS[name](parts, options)
 
 
