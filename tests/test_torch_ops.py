@@ -46,20 +46,20 @@ def cases(dtype):
            # an embedding [V, D], tokens [R, S], features [R, S, D] (a broadcast row: stride 0)
            "embed_cat": (randn(10, 64, dtype=dtype, seed=18), torch.tensor([[3, 9, 0], [1, 1, 2]]),
                          randn(2, 1, 64, dtype=dtype, seed=19).expand(2, 3, 64)),
-           # the last level's lists [R, W, T], frontier parents [n, W], own slots [R, W, 1], tail [R, 1, T], br
-           "level_lists": (torch.arange(48, dtype=torch.int32).view(2, 2, 12), torch.tensor([[1, 0]]),
-                           torch.tensor([[[20], [21]], [[22], [23]]], dtype=torch.int32),
-                           torch.arange(12).view(1, 1, 12).expand(2, 1, 12) >= 5, 2),
            # a step's committed lengths [R], tree rows [R, S, S], T
            "step_plan": (torch.tensor([3, 0]), torch.eye(4, dtype=torch.bool).expand(2, 4, 4).contiguous(), 12),
            # logits [n * br, S, V] (CFG pairs), path scores [n, S], branches, scale, k; a record's values and
            # tokens [n, N] written from column 2
            "top_children": (randn(4, 3, 40, dtype=dtype, seed=14), randn(2, 3, seed=15), 2, 4.0, 5,
                             torch.zeros(2, 20), torch.zeros(2, 20, dtype=torch.long), 2),
-           # a record's path scores, tokens, padding, parents [n, N]; the level's features [n br, W, D]; its first
-           # column, width, the beam's, branches
+           # a record's path scores, tokens, padding, parents [n, N]; the level's features [n br, W, D]; the
+           # drafter's embedding [V, D] (the next level's input joined); the level's lists [n br, W, T], the next
+           # level's own slots [n br, nxt, 1] and tail [n br, 1, T]; its first column, width, the beam's, branches
            "beam": (randn(2, 36, seed=16), torch.arange(72).view(2, 36), randn(2, 36, seed=17) > 0.5,
-                    torch.zeros(2, 36, dtype=torch.long), randn(4, 4, 8, dtype=dtype, seed=20), 10, 4, 3, 2),
+                    torch.zeros(2, 36, dtype=torch.long), randn(4, 4, 8, dtype=dtype, seed=20),
+                    randn(72, 8, dtype=dtype, seed=21), torch.arange(192, dtype=torch.int32).view(4, 4, 12),
+                    torch.arange(12, dtype=torch.int32).view(4, 3, 1), torch.arange(12).expand(4, 1, 12) >= 5,
+                    10, 4, 3, 2),
            # ints [6, n] (root positions, top-k, depths, counts, prefixes, roots), write rows, levels, the record's
            # nodes, width, br, T
            "growth_setup": (torch.tensor([[3, 4], [2, 3], [3, 0], [6, 0], [4, 5], [7, 8]]), torch.arange(4), 2, 36, 4,
@@ -80,7 +80,7 @@ def cases(dtype):
     return got
 
 
-CUDA_ONLY = ("rope", "rope_store", "silu_mul", "linear", "gate", "embed_cat", "level_lists", "step_plan",
+CUDA_ONLY = ("rope", "rope_store", "silu_mul", "linear", "gate", "embed_cat", "step_plan",
              "top_children", "beam", "kept_tree", "growth_setup", "commit_slots")  # torch's ops elsewhere (one_pass)
 OPS = ("rms_norm", "add_rms_norm", "tiled_linear", "attention_plan", "attend", "rope_write_attend", "qmm", *CUDA_ONLY)
 CUDA_OPS = ("rms_norm", "add_rms_norm", "attention_plan", "attend", *CUDA_ONLY)  # Triton on CUDA (native/cuda_ops.py)

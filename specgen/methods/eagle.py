@@ -177,7 +177,7 @@ class EagleBatch(PoolBase):
 
         anc, eyes = None, {}  # [n, W, R]: each node's ancestors and itself among the R tree columns so far
 
-        def forward(feats, toks, parent, i):  # one level; every row keeps its W written slots until the rollback
+        def forward(feats, toks, parent, i, _lists):  # one level; each row keeps its W written slots till the rollback
             nonlocal anc
             w = toks.shape[1]
             if w not in eyes:

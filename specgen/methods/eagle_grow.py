@@ -53,11 +53,13 @@ class GrownTrees:
         return drafts, None if logits is None else [row[2 * t :] for row in rows]
 
 
-# feats [n*br, W, D], tokens [n*br, W], parent [n, W] (each node's parent: its position in the previous level's
-# frontier; None at the first level, whose parent is the root), the level's index i (0: the first forward; its nodes'
-# positions: row i of the growth's `level_positions`) -> hidden [n*br, W, D]; keeps the W slots. A node sees the
-# committed slots, its ancestors' slots and its own: the forward keeps what it needs of the ancestry.
-Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, int], torch.Tensor]
+# feats [n*br, W, D] (given `grow` a `Join`, after the first level the drafter's input [n*br, W, 2 D] instead: the
+# tokens' embeddings and the features side by side), tokens [n*br, W], parent [n, W] (each node's parent: its position
+# in the previous level's frontier; None at the first level, whose parent is the root), the level's index i (0: the
+# first forward; its nodes' positions: row i of the growth's `level_positions`), its attention lists [n*br, W, T]
+# (given a `Join`; else None) -> hidden [n*br, W, D]; keeps the W slots. A node sees the committed slots, its
+# ancestors' slots and its own: the forward keeps what it needs of the ancestry.
+Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, int, torch.Tensor | None], torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -114,13 +116,13 @@ class GrowPlan:
 
 
 def grow(forward: Forward, children: Children, root_hidden: torch.Tensor, ints: torch.Tensor, plan: GrowPlan,
-         branches: int, frame: Frame) -> tuple[torch.Tensor, ...]:
+         branches: int, frame: Frame, join: Join | None = None) -> tuple[torch.Tensor, ...]:
     """Each row's tree (slot order, parents as indices: `in_slot_order`) and, where the plan feeds, the verify's inputs
     for it (`tree_inputs`).
 
     `root_hidden` [n * br, 1, D]: the drafter's output at each root; `ints` [6, n]: the root token's position, the
     row's top-k (0: no tree), depth, kept nodes (`kept_counts`), drafter prefix and root token; `frame`: which nodes
-    are padding (from the same ints). Device ops only; shapes depend only on the plan, the branches and the inputs'
+    are padding (from the same ints); `join`: what the beam makes of the next level's inputs (a captured growth's). Device ops only; shapes depend only on the plan, the branches and the inputs'
     shapes.
     """
     root_pos, _, _, counts, _, roots = ints
@@ -129,13 +131,14 @@ def grow(forward: Forward, children: Children, root_hidden: torch.Tensor, ints: 
     width = widths[1] if len(widths) > 1 else 0  # W_1: the frontier of level 1 is the best W_1 root children
     f_score, f_tok = values[:, :width], branch_rows(tokens[:, :width], br)  # [n, W], [n * br, W]
     f_hid, parent = root_hidden.expand(-1, width, -1), None  # [n * br, W, D]: the parents' predicted features
+    seen = None if join is None else join.lists.level(0, None, None, br)  # [n * br, W, T]: level 1's lists
     recorded = widths[0]
     for level in range(1, len(widths)):  # 2. one drafter forward per level, its W x W children recorded at `recorded`
-        out = forward(f_hid, f_tok, parent, level - 1)  # [n * br, W, D]
+        out = forward(f_hid, f_tok, parent, level - 1, seen)  # [n * br, W, D]
         children(out, f_score, width, frame, recorded)
         nxt = widths[level + 1] if level + 1 < len(widths) else 0
         if nxt:  # 3. the beam: each row's best k_i children over its whole frontier, the next level's parents
-            f_score, parent, f_tok, f_hid = beam(frame, recorded, width, nxt, br, out)
+            f_score, parent, f_tok, f_hid, seen = beam(frame, recorded, width, nxt, br, out, join, level, seen)
         recorded += width * width
         width = nxt
     scores, padding, tokens, parents = frame.scores, frame.padding, frame.tokens, frame.parents  # [n, N] each
@@ -150,18 +153,26 @@ def grow(forward: Forward, children: Children, root_hidden: torch.Tensor, ints: 
     return (tokens, parents) + tree_inputs(tokens, parents, counts, roots, root_pos, len(widths))  # 5.
 
 
-def beam(frame: Frame, recorded: int, width: int, nxt: int, branches: int,
-         hidden: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def beam(frame: Frame, recorded: int, width: int, nxt: int, branches: int, hidden: torch.Tensor,
+         join: Join | None = None, level: int = 0, seen: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """Each row's best `nxt` children of a level's W x W recorded at column `recorded` of `frame` (path scores; its
     padding ones scored -inf): their path scores, parents (frontier positions) [n, nxt], each cache row's tokens
     [n * br, nxt] and its parents' predicted features, hidden [n * br, W, D] at them [n * br, nxt, D] (the next
-    level's input); their slots (`recorded` + index), each `nxt` times, are the next level's parents in the record.
-    On CUDA one kernel (`torch.ops.specgen.beam`), else torch's ops."""
+    level's input; given a `join`, that input joined: [n * br, nxt, 2 D], the tokens' embeddings and the features side
+    by side) and, given a `join`, the next level's (`level`'s) attention lists from this level's, `seen` [n * br, W, T]
+    (else None); their slots (`recorded` + index), each `nxt` times, are the next level's parents in the record. On
+    CUDA one kernel (`torch.ops.specgen.beam`), else torch's ops."""
     if kernel_choice.one_pass(frame.scores):
-        return torch.ops.specgen.beam(frame.scores, frame.tokens, frame.padding, frame.parents, hidden, recorded,
-                                      width, nxt, branches)
+        lists = (None,) * 3 if join is None else (seen, join.lists.own[level], join.lists.tail[level])
+        out = torch.ops.specgen.beam(frame.scores, frame.tokens, frame.padding, frame.parents, hidden,
+                                     None if join is None else join.embedding, *lists, recorded, width, nxt, branches)
+        return out if join else (*out[:4], None)
     score, parent, tokens = best_children(frame, recorded, width, nxt, branches)
-    return score, parent, tokens, frontier_rows(hidden, parent, branches)
+    feats = frontier_rows(hidden, parent, branches)
+    if join is None:
+        return score, parent, tokens, feats, None
+    return (score, parent, tokens, torch.cat([F.embedding(tokens, join.embedding), feats], -1),
+            join.lists.level(level, seen, parent, branches))
 
 
 def best_children(frame: Frame, recorded: int, width: int, nxt: int, branches: int) -> tuple[torch.Tensor, ...]:
@@ -243,18 +254,18 @@ def static_growth(net, children: Children, cache: tuple[torch.Tensor, torch.Tens
     at_rows, meta, lists = setup.at_rows, setup.meta, setup.lists
     # one node a row (the kernels broadcast it over the level's W nodes): cos, sin [L * R, 1, 1, hd]
     turns = rows_rotation(net.rope_table[at_rows.reshape(-1, 1)].to(net.fc.weight.dtype), net.cfg.rope_layout)
-    seen = None  # [R, W, T]: the last level's lists
 
-    def forward(feats, toks, parent, i):
-        nonlocal seen
+    def forward(feats, toks, parent, i, seen):
         part = slice(i * rows, (i + 1) * rows)
-        seen = lists.level(i, seen, parent, branches)
         pos = at_rows[i][:, None].expand(-1, toks.shape[1])  # [R, W]: a view (the rotation is given)
-        x = StaticInputs(toks, pos, meta[i], lists=(seen, lists.count[i], lists.shared), features=feats,
+        joined = parent is not None  # after the first level the beam joined the input (`Join`)
+        x = StaticInputs(toks, pos, meta[i], lists=(seen, lists.count[i], lists.shared),
+                         features=None if joined else feats, joined=feats if joined else None,
                          rotation=Rotation(turns.cos[part], turns.sin[part], turns.layout))
         return eagle_step(net, x, *cache, None, t)[0]
 
-    return grow(forward, children, root_hidden, ints, plan, branches, setup.frame)
+    return grow(forward, children, root_hidden, ints, plan, branches, setup.frame,
+                Join(net.tok_embeddings.weight, lists))
 
 
 @dataclass(frozen=True)
@@ -278,7 +289,7 @@ class GrowthSetup:
             padding, parents, at_rows, meta, own, count, tail, shared, entries = \
                 torch.ops.specgen.growth_setup(ints, writes, levels, record_width(plan.widths), w, branches, t)
             return cls(Frame(padding, parents, *record_buffers(*padding.shape, ints.device)), at_rows, meta,
-                       LevelLists(entries, own[..., None], tail[:, :, None], count, shared, True))
+                       LevelLists(entries, own[..., None], tail[:, :, None], count, shared))
         root_pos, k, depth, _, prefix, _ = ints
         lives, positions = level_positions(root_pos, depth, levels)  # [L, n] each
         at_rows = positions[:, :, None].expand(-1, -1, branches).reshape(levels, rows)
@@ -300,7 +311,6 @@ class LevelLists:
     tail: torch.Tensor  # [L, R, 1, T] bool: entries p >= prefix + i (level i's own)
     count: torch.Tensor  # [L, R, W] int32, contiguous: prefix + i + 1
     shared: torch.Tensor  # [R] int32: prefix, the leading run every list holds
-    fused: bool = False  # a level's lists in one kernel (CUDA's `level_lists`), else torch's ops
 
     @classmethod
     def make(cls, first: torch.Tensor, w: int, t: int) -> LevelLists:
@@ -316,13 +326,20 @@ class LevelLists:
 
     def level(self, i: int, seen: torch.Tensor | None, parent: torch.Tensor | None, branches: int) -> torch.Tensor:
         """Level i's lists [R, W, T] from its nodes' parents' lists: the last level's `seen` [R, W, T] at frontier
-        positions parent [n, W] (None: the first level, whose nodes' parent is the root). On CUDA one kernel
-        (`level_lists`: the gather and the `where` in one pass)."""
+        positions parent [n, W] (None: the first level, whose nodes' parent is the root). On CUDA a growth's beam makes
+        the later levels' in its launch (`beam`)."""
         if parent is None:
             return torch.where(self.tail[i], self.own[i], self.slots)
-        if self.fused:
-            return torch.ops.specgen.level_lists(seen, parent, self.own[i], self.tail[i], branches)
         return torch.where(self.tail[i], self.own[i], frontier_rows(seen, parent, branches))
+
+
+@dataclass(frozen=True)
+class Join:
+    """What a captured growth's beam makes of the next level's inputs beside choosing its nodes (on CUDA in the same
+    launch): the drafter's input, its tokens' embeddings and its features side by side, and its attention lists."""
+
+    embedding: torch.Tensor  # [V, D]: the drafter's token embedding
+    lists: LevelLists
 
 
 def frontier_rows(x: torch.Tensor, parent: torch.Tensor, branches: int) -> torch.Tensor:

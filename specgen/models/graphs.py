@@ -54,6 +54,7 @@ class StaticInputs:
     # int32 (ascending; entries past a query's count repeat a visible slot), count [R, S] int32, shared [R] int32
     lists: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
     features: torch.Tensor | None = None  # [R, S, D] (EAGLE's inputs)
+    joined: torch.Tensor | None = None  # [R, S, 2 D]: EAGLE's input already joined (a growth level's, by its beam)
     rotation: Rotation | None = None  # a drafter level's (made for all its levels at once); else the positions'
     eye: torch.Tensor | None = None  # [R, S, S]: a padding node sees itself
     chain: torch.Tensor | None = None  # [S, S]: a chain's tree mask
@@ -205,7 +206,9 @@ def target_step(model, x: StaticInputs, k: torch.Tensor, v: torch.Tensor, cross,
 def eagle_step(net, x: StaticInputs, k: torch.Tensor, v: torch.Tensor, cross,
                width: int | None = None) -> tuple[torch.Tensor, ...]:
     """An EAGLE drafter's cached forward on one bucket: predicted features [R, S, D]; device ops only."""
-    if kernel_choice.one_pass(x.features):  # [R, S, 2 D]: the embedding and the features side by side
+    if x.joined is not None:  # [R, S, 2 D]: the embedding and the features side by side
+        pair = x.joined
+    elif kernel_choice.one_pass(x.features):
         pair = torch.ops.specgen.embed_cat(net.tok_embeddings.weight, x.tokens, x.features)
     else:
         pair = torch.cat([net.tok_embeddings(x.tokens), x.features], dim=-1)

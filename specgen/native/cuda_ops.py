@@ -221,25 +221,36 @@ def top_children(logits: torch.Tensor, scores: torch.Tensor | None, branches: in
 
 
 def beam(scores: torch.Tensor, tokens: torch.Tensor, padding: torch.Tensor, parents: torch.Tensor,
-         hidden: torch.Tensor, recorded: int, width: int, nxt: int, branches: int) -> tuple[torch.Tensor, ...]:
+         hidden: torch.Tensor, embedding: torch.Tensor | None, prev: torch.Tensor | None, own: torch.Tensor | None,
+         tail: torch.Tensor | None, recorded: int, width: int, nxt: int, branches: int) -> tuple[torch.Tensor, ...]:
     """`torch.ops.specgen.beam` on CUDA: each row's best `nxt` of the W x W children recorded in a growth's record
     (scores, tokens, padding, parents [n, N], contiguous) from column `recorded`: their scores, parents (index // W)
     [n, nxt], each branch row's tokens [n * br, nxt] and its features hidden [n * br, W, D] at those parents
-    [n * br, nxt, D]; their slots, each `nxt` times, written as the next level's parents (triton_kernels.beam_rows)."""
+    [n * br, nxt, D], or given the drafter's `embedding` [V, D] its next input [n * br, nxt, 2 D], the tokens'
+    embeddings and the features side by side (`embed_cat`'s bits); given the level's lists prev [n * br, W, T] (int32),
+    the next level's own slots [n * br, nxt, 1] and tail [n * br, 1, T], its lists [n * br, nxt, T] (`LevelLists.level`'s
+    bits; else an empty tensor); their slots, each `nxt` times, written as the next level's parents
+    (triton_kernels.beam_rows)."""
     n, nodes = scores.shape
     assert recorded + width * width + nxt * nxt <= nodes, "the level's children and the next level's parents fit"
     hidden = hidden if hidden.stride(-1) == 1 else hidden.contiguous()
-    dim = hidden.shape[-1]
+    dim, join, listed = hidden.shape[-1], embedding is not None, prev is not None
     on = dict(dtype=torch.long, device=scores.device)
     score, parent = torch.empty(n, nxt, dtype=scores.dtype, device=scores.device), torch.empty(n, nxt, **on)
     tok = torch.empty(n * branches, nxt, **on)
-    feats = torch.empty(n * branches, nxt, dim, dtype=hidden.dtype, device=hidden.device)
+    feats = torch.empty(n * branches, nxt, (1 + join) * dim, dtype=hidden.dtype, device=hidden.device)
+    t = prev.shape[-1] if listed else 0
+    lists = torch.empty(n * branches, nxt, t, dtype=torch.int32, device=scores.device) if listed else tok.new_empty(0)
     if n:
-        kernels().beam_rows[(n,)](scores, tokens, padding.view(torch.uint8), parents, hidden, score, parent, tok,
-                                  feats, nodes, recorded, hidden.stride(0), hidden.stride(1), W=width, NXT=nxt,
-                                  BRANCHES=branches, BLOCK=max(16, pow2(width * width)), BLOCK_NXT=pow2(nxt), D=dim,
-                                  BLOCK_D=min(pow2(dim), BEAM_FEATURES), num_warps=WARPS)
-    return score, parent, tok, feats
+        prev, own, tail = ((prev.contiguous(), own.contiguous(), tail.contiguous().view(torch.uint8)) if listed else
+                           (lists,) * 3)
+        kernels().beam_rows[(n,)](scores, tokens, padding.view(torch.uint8), parents, hidden,
+                                  embedding.contiguous() if join else hidden, prev, own, tail, score, parent, tok,
+                                  feats, lists, nodes, recorded, hidden.stride(0), hidden.stride(1), t, W=width,
+                                  NXT=nxt, BRANCHES=branches, BLOCK=max(16, pow2(width * width)), BLOCK_NXT=pow2(nxt),
+                                  D=dim, BLOCK_D=min(pow2(dim), BEAM_FEATURES), JOIN=join, LISTED=listed,
+                                  BLOCK_T=PLAN_BLOCK, num_warps=WARPS)
+    return score, parent, tok, feats, lists
 
 
 def kept_tree(scores: torch.Tensor, padding: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor,
@@ -302,19 +313,6 @@ def embed_cat(weight: torch.Tensor, tokens: torch.Tensor, features: torch.Tensor
         kernels().embed_rows[(r * s,)](weight.contiguous(), tokens.contiguous(), feats, out, s, dim, feats.stride(0),
                                        feats.stride(1), BLOCK=max(16, pow2(dim)))
     return out
-
-
-def level_lists(prev: torch.Tensor, parent: torch.Tensor, own: torch.Tensor, tail: torch.Tensor,
-                branches: int) -> torch.Tensor:
-    """`torch.ops.specgen.level_lists` on CUDA, one launch (triton_kernels.level_rows): a growth level's lists [R, W, T]
-    (int32) from the last level's prev [R, W, T] at each node's frontier parent [n, W], its own slots own [R, W, 1]
-    and tail [R, 1, T] bool (entries from its own on)."""
-    r, w, t = prev.shape
-    out = torch.empty_like(prev, memory_format=torch.contiguous_format)
-    kernels().level_rows[(r * w,)](prev.contiguous(), parent.contiguous(), own.contiguous(),
-                                   tail.contiguous().view(torch.uint8), out, w, t, BRANCHES=branches, BLOCK=PLAN_BLOCK)
-    return out
-
 
 
 def commit_slots(k: torch.Tensor, v: torch.Tensor, moves: torch.Tensor) -> None:

@@ -116,24 +116,28 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
 
 op("linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor",
    lambda x, weight, bias: x.new_empty(x.shape[0], weight.shape[0]), "CUDA")(linear)
-# a growth level's attention lists from its parents' (a gather and a `where`) in one pass
-op("level_lists(Tensor prev, Tensor parent, Tensor own, Tensor tail, int branches) -> Tensor",
-   lambda prev, parent, own, tail, branches: torch.empty_like(prev, memory_format=torch.contiguous_format),
-   "CUDA")(cuda_ops.level_lists)
 # an EAGLE drafter's input, cat([embedding, features]), in one pass (a copy: the same bits)
 op("embed_cat(Tensor weight, Tensor tokens, Tensor features) -> Tensor",
    lambda weight, tokens, features: features.new_empty(*tokens.shape, 2 * weight.shape[1]), "CUDA")(cuda_ops.embed_cat)
+
+
+def beam_shapes(scores, tokens, padding, parents, hidden, embedding, prev, own, tail, recorded, width, nxt, branches
+                ) -> tuple[torch.Tensor, ...]:
+    """`beam`'s outputs' shapes (cuda_ops.beam)."""
+    n, rows = scores.shape[0], scores.shape[0] * branches
+    return (scores.new_empty(n, nxt), tokens.new_empty(n, nxt), tokens.new_empty(rows, nxt),
+            hidden.new_empty(rows, nxt, (1 + (embedding is not None)) * hidden.shape[-1]),
+            tokens.new_empty(0) if prev is None else prev.new_empty(rows, nxt, prev.shape[-1]))
+
+
 # a tree growth's rankings (methods/eagle_grow.py), one pass each, written into its record (eagle_grow.Frame): a
 # drafter level's children from its head's logits (CFG, log-softmax, top-k and path scores), and its beam (the best
-# children over a row's frontier, the next level's parents)
+# children over a row's frontier, the next level's parents, and the next level's inputs and attention lists)
 op("top_children(Tensor logits, Tensor? scores, int branches, float scale, int k, Tensor(a!) values, "
    "Tensor(b!) index, int at) -> ()", lambda *args: None, "CUDA")(cuda_ops.top_children)
-op("beam(Tensor scores, Tensor tokens, Tensor padding, Tensor(a!) parents, Tensor hidden, int recorded, int width, "
-   "int nxt, int branches) -> (Tensor, Tensor, Tensor, Tensor)", lambda scores, tokens, padding, parents, hidden,
-   recorded, width, nxt, branches: (scores.new_empty(scores.shape[0], nxt),
-                                    *(tokens.new_empty(scores.shape[0] * m, nxt) for m in (1, branches)),
-                                    hidden.new_empty(scores.shape[0] * branches, nxt, hidden.shape[-1])),
-   "CUDA")(cuda_ops.beam)
+op("beam(Tensor scores, Tensor tokens, Tensor padding, Tensor(a!) parents, Tensor hidden, Tensor? embedding, "
+   "Tensor? prev, Tensor? own, Tensor? tail, int recorded, int width, int nxt, int branches) -> "
+   "(Tensor, Tensor, Tensor, Tensor, Tensor)", beam_shapes, "CUDA")(cuda_ops.beam)
 
 
 def kept_tree_shapes(scores, padding, tokens, parents, counts, roots, root_pos, total, levels

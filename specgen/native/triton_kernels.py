@@ -360,10 +360,15 @@ def top_children(LOGITS, SCORES, VALUES, INDEX, n_s, v, scale, srow, ss, sp, so,
 # by side; their slots (`recorded` + index), each NXT times, are the next level's PARENTS in the record; and each
 # branch row's predicted features HID [R, W, D] (rows `shr`, nodes `shs` apart) at the kept parents, FHID [R, NXT, D]
 # (a gather: the bits as they are), read back from PARENT after a barrier (its lanes are spread over the threads).
-@triton.jit(do_not_specialize=["n_nodes", "recorded", "shr", "shs"])
-def beam_rows(SCORES, TOKENS, PAD, PARENTS, HID, SCORE, PARENT, FTOK, FHID, n_nodes, recorded, shr, shs,
-              W: tl.constexpr, NXT: tl.constexpr, BRANCHES: tl.constexpr, BLOCK: tl.constexpr,
-              BLOCK_NXT: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr):
+# JOIN: FHID is the next level's drafter input [R, NXT, 2 D] instead, [EMB[token] | features] (embed_rows' bits).
+# LISTED: the next level's attention lists too (eagle_grow.LevelLists.level's bits): kept node j of branch row r
+# copies its parent's list, PREV [R, W, t] (the level's), with every entry p from its tail on (TAIL [R, t]) its own
+# slot OWN [R, NXT], into LISTS [R, NXT, t].
+@triton.jit(do_not_specialize=["n_nodes", "recorded", "shr", "shs", "t"])
+def beam_rows(SCORES, TOKENS, PAD, PARENTS, HID, EMB, PREV, OWN, TAIL, SCORE, PARENT, FTOK, FHID, LISTS, n_nodes,
+              recorded, shr, shs, t, W: tl.constexpr, NXT: tl.constexpr, BRANCHES: tl.constexpr, BLOCK: tl.constexpr,
+              BLOCK_NXT: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, JOIN: tl.constexpr,
+              LISTED: tl.constexpr, BLOCK_T: tl.constexpr):
     i = tl.program_id(0).to(tl.int64)
     lanes = tl.arange(0, BLOCK)
     real = lanes < W * W
@@ -382,17 +387,32 @@ def beam_rows(SCORES, TOKENS, PAD, PARENTS, HID, SCORE, PARENT, FTOK, FHID, n_no
     each = tl.arange(0, BLOCK_NXT)[None, :]  # the next level's children of kept node j: columns j * NXT + each
     slot = (recorded + index)[:, None] + each * 0
     tl.store(PARENTS + row + W * W + lanes[:, None] * NXT + each, slot, mask=keep[:, None] & (each < NXT))
-    tl.debug_barrier()  # every thread's PARENT stores before any thread reads them back
+    tl.debug_barrier()  # every thread's PARENT and FTOK stores before any thread reads them back
     js = tl.arange(0, BLOCK_NXT)
     kept = js < NXT
     par = tl.load(PARENT + i * NXT + js, mask=kept, other=0)[:, None]  # [BLOCK_NXT, 1]
+    ftok = tl.load(FTOK + i * BRANCHES * NXT + js, mask=kept, other=0)[:, None]  # [BLOCK_NXT, 1]: branch 0's
+    row_width: tl.constexpr = 2 * D if JOIN else D
     for b in tl.static_range(BRANCHES):
         r = i * BRANCHES + b
+        out = FHID + (r * NXT + js[:, None]) * row_width + (D if JOIN else 0)
         for d0 in range(0, D, BLOCK_D):  # D a constexpr: the interpreter's loops take no runtime bound
             ds = d0 + tl.arange(0, BLOCK_D)[None, :]
             both = kept[:, None] & (ds < D)
             feats = tl.load(HID + r * shr + par * shs + ds, mask=both)
-            tl.store(FHID + (r * NXT + js[:, None]) * D + ds, feats, mask=both)
+            tl.store(out + ds, feats, mask=both)
+            if JOIN:
+                tl.store(out - D + ds, tl.load(EMB + ftok * D + ds, mask=both), mask=both)
+        if LISTED:
+            own = tl.load(OWN + r * NXT + js, mask=kept, other=0)[:, None]  # [BLOCK_NXT, 1]
+            src, dst = PREV + (r * W + par) * t, LISTS + (r * NXT + js[:, None]) * t
+            start = t * 0  # while loops: the interpreter takes no runtime bound in range()
+            while start < t:
+                p = start + tl.arange(0, BLOCK_T)[None, :]
+                entry = kept[:, None] & (p < t)  # (not `real`: a while loop's names keep their types)
+                mine = tl.load(TAIL + r * t + p, mask=p < t, other=0) != 0
+                tl.store(dst + p, tl.where(mine, own, tl.load(src + p, mask=entry & ~mine, other=0)), mask=entry)
+                start += BLOCK_T
 
 
 # A step's tree growth's tail (methods/eagle_grow.py): one program a tree row, its output the bits of `best_nodes`,
@@ -544,27 +564,6 @@ def embed_rows(WEIGHT, TOKENS, FEATS, OUT, n_s, dim, sfr, sfs, BLOCK: tl.constex
     tok = tl.load(TOKENS + node)
     tl.store(OUT + node * 2 * dim + j, tl.load(WEIGHT + tok * dim + j, mask=real), mask=real)
     tl.store(OUT + node * 2 * dim + dim + j, tl.load(FEATS + r * sfr + s * sfs + j, mask=real), mask=real)
-
-
-# A captured growth's next level's attention lists (methods/eagle_grow.LevelLists.level): one program a (cache row r,
-# node q) copies its parent's list (PREV [R, W, T], node PARENT[r // BRANCHES, q] of the last level) with every entry
-# from its tail on (TAIL[r, p]: p >= prefix + i) its own slot OWN[r, q]: torch.where over a gather, in one pass.
-@triton.jit(do_not_specialize=["w", "t"])
-def level_rows(PREV, PARENT, OWN, TAIL, OUT, w, t, BRANCHES: tl.constexpr, BLOCK: tl.constexpr):
-    node = tl.program_id(0).to(tl.int64)  # r * w + q
-    r = node // w
-    q = node - r * w
-    parent = tl.load(PARENT + (r // BRANCHES) * w + q)
-    own = tl.load(OWN + node)
-    src = PREV + (r * w + parent) * t
-    lanes = tl.arange(0, BLOCK)
-    start = t * 0  # while loops: the interpreter takes no runtime bound in range()
-    while start < t:
-        p = start + lanes
-        real = p < t
-        mine = tl.load(TAIL + r * t + p, mask=real, other=0) != 0
-        tl.store(OUT + node * t + p, tl.where(mine, own, tl.load(src + p, mask=real & ~mine, other=0)), mask=real)
-        start += BLOCK
 
 
 # A commit's moves (decoding/cache.KVCache.commit_seqs): kept tree nodes' keys and values from their slots to the

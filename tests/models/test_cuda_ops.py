@@ -344,11 +344,14 @@ for dtype, cfg, scored, archs in (("bf16", True, True, (80, 90)), ("fp32", False
     for arch in archs:
         build(fn, sig, consts, arch)
 fn = cuda_ops.kernels().beam_rows
-consts = {"W": 16, "NXT": 16, "BRANCHES": 2, "BLOCK": 256, "BLOCK_NXT": 16, "D": 768, "BLOCK_D": 128}
-sig = {n: "constexpr" if n in consts else "*fp32" if n in ("SCORES", "SCORE") else "*u8" if n == "PAD" else "*bf16"
-       if n in ("HID", "FHID") else "*i64" if n.isupper() else "i32" for n in fn.arg_names}
-for arch in (80, 90):
-    build(fn, sig, consts, arch)
+for join, archs in ((False, (90,)), (True, (80, 90))):  # an eager growth's beam; a captured one's
+    consts = {"W": 16, "NXT": 16, "BRANCHES": 2, "BLOCK": 256, "BLOCK_NXT": 16, "D": 768, "BLOCK_D": 128, "JOIN": join,
+              "LISTED": join, "BLOCK_T": cuda_ops.PLAN_BLOCK}
+    sig = {n: "constexpr" if n in consts else "*fp32" if n in ("SCORES", "SCORE") else "*u8" if n in ("PAD", "TAIL")
+           else "*bf16" if n in ("HID", "FHID", "EMB") else "*i32" if n in ("PREV", "OWN", "LISTS") else "*i64"
+           if n.isupper() else "i32" for n in fn.arg_names}
+    for arch in archs:
+        build(fn, sig, consts, arch)
 fn = cuda_ops.kernels().setup_rows
 consts = {"W": 16, "BRANCHES": 2, "BLOCK_W": 16, "BLOCK": cuda_ops.PLAN_BLOCK}
 sig = {n: "constexpr" if n in consts else "*i32" if n in ("OWN", "COUNT", "SHARED", "LIST") else "*u8"
@@ -361,11 +364,6 @@ for dtype in ("bf16", "fp32"):
     sig = {n: "constexpr" if n in consts else "*i64" if n == "TOKENS" else "*" + dtype if n.isupper() else "i32"
            for n in fn.arg_names}
     build(fn, sig, consts, 90)
-fn = cuda_ops.kernels().level_rows
-consts = {"BRANCHES": 2, "BLOCK": cuda_ops.PLAN_BLOCK}
-sig = {n: "constexpr" if n in consts else "*i64" if n == "PARENT" else "*u8" if n == "TAIL" else "*i32"
-       if n.isupper() else "i32" for n in fn.arg_names}
-build(fn, sig, consts, 90)
 fn = cuda_ops.kernels().commit_rows  # a commit's moves, k and v of every layer
 for dtype, d, archs in (("bf16", 64, (80, 90)), ("fp32", 48, (90,))):
     consts = {"D": d, "BLOCK": cuda_ops.COMMIT_BLOCK, "BLOCK_D": cuda_ops.pow2(d)}
@@ -408,7 +406,7 @@ real = cuda_ops.kernels()
 cuda_ops.kernels = lambda: type("K", (), {n: Launch(getattr(real, n)) for n in
                                           ("attend_lists", "norm_rows", "rope_rows", "silu_mul_rows",
                                            "linear_rows", "gate_rows", "plan_rows", "top_children", "beam_rows",
-                                           "kept_tree_rows", "setup_rows", "embed_rows", "level_rows")})
+                                           "kept_tree_rows", "setup_rows", "embed_rows")})
 bf, h, hkv, d = torch.bfloat16, 9, 3, 64
 for b, s, t in ((1, 1, 256), (2, 1, 256), (3, 5, 512), (16, 64, 1024)):  # rows, nodes, width: a decode's steps
     qkv = torch.zeros(b, s, h + 2 * hkv, d, dtype=bf).transpose(1, 2)
@@ -428,18 +426,18 @@ for b, s, t in ((1, 1, 256), (2, 1, 256), (3, 5, 512), (16, 64, 1024)):  # rows,
     cuda_ops.top_children(logits, None, 2, 4.0, 8, values, tokens, 0)
     cuda_ops.top_children(logits, torch.zeros(b, s), 2, 4.0, 8, values, tokens, 8 + 64 * (s % 4))
     cuda_ops.beam(values, tokens, torch.zeros(b, nodes, dtype=torch.bool), tokens, torch.zeros(2 * b, 8, 64, dtype=bf),
+                  torch.zeros(32, 64, dtype=bf), torch.zeros(2 * b, 8, t, dtype=torch.int32),
+                  torch.zeros(2 * b, 8, 1, dtype=torch.int32), torch.zeros(2 * b, 1, t, dtype=torch.bool),
                   8 + 64 * (s % 4), 8, 8, 2)
     cuda_ops.growth_setup(torch.zeros(6, b, dtype=torch.long), torch.arange(2 * b), 1 + s % 4, nodes, 8, 2, t)
     cuda_ops.embed_cat(torch.zeros(32, 576, dtype=bf), torch.zeros(2 * b, s, dtype=torch.long), x.repeat(2, 1, 1))
-    cuda_ops.level_lists(torch.zeros(2 * b, 8, t, dtype=torch.int32), torch.zeros(b, 8, dtype=torch.long),
-                         torch.zeros(2 * b, 8, 1, dtype=torch.int32), torch.zeros(2 * b, 1, t, dtype=torch.bool), 2)
     nodes, ints = 80 + 16 * s, torch.zeros(6, b, dtype=torch.long)  # a growth's nodes; its rows' ints (views)
     cuda_ops.kept_tree(torch.zeros(b, nodes), torch.zeros(b, nodes, dtype=torch.bool), torch.zeros(b, nodes,
                        dtype=torch.long), torch.zeros(b, nodes, dtype=torch.long), ints[3], ints[5], ints[0], 64, s % 7)
 counts = {n: len(k) for n, k in keys.items()}
 assert counts == {"attend_lists": 1, "norm_rows": 2, "rope_rows": 2, "silu_mul_rows": 1, "linear_rows": 1,
                   "gate_rows": 1, "plan_rows": 2, "top_children": 2, "beam_rows": 1, "kept_tree_rows": 1,
-                  "setup_rows": 1, "embed_rows": 1, "level_rows": 1}, (counts, keys)
+                  "setup_rows": 1, "embed_rows": 1}, (counts, keys)
 keys.clear()  # a commit's moves: caches of any rows (a pool's view of them), any number of moves
 cuda_ops.kernels = lambda: type("K", (), {"commit_rows": Launch(real.commit_rows)})
 for rows, start, n in ((1, 0, 1), (2, 0, 7), (6, 2, 40), (32, 3, 300)):
@@ -627,7 +625,7 @@ def grown(device, k, depth, totals, width, vocab, seed, kernel, feed=True):
     plan = eagle_grow.GrowPlan((width,) * max(depth), max(totals), feed)
     frame = eagle_grow.Frame.make(ints[1], eagle_grow.level_positions(ints[0], ints[2], plan.levels)[0], plan.widths)
 
-    def forward(feats, toks, parent, i):
+    def forward(feats, toks, parent, i, lists):
         return torch.randn(feats.shape[0], toks.shape[1], dim, generator=g).to(device)
 
     def children(hidden, scores, k, record, at):
@@ -638,9 +636,10 @@ def grown(device, k, depth, totals, width, vocab, seed, kernel, feed=True):
             values, top.indices.flatten(1)
         return values.view(top.indices.shape), top.indices
 
-    def torch_beam(scores, tokens, padding, parents, hidden, *level):  # the beam as torch ranks ties
+    def torch_beam(scores, tokens, padding, parents, hidden, _embedding, _prev, _own, _tail, *level):  # the beam as
+        # torch ranks ties (the growth has no `Join`)
         score, parent, toks = eagle_grow.best_children(eagle_grow.Frame(padding, parents, scores, tokens), *level)
-        return score, parent, toks, eagle_grow.frontier_rows(hidden, parent, level[-1])
+        return score, parent, toks, eagle_grow.frontier_rows(hidden, parent, level[-1]), None
 
     seen = []
 

@@ -68,23 +68,42 @@ def test_top_children_ranks_ties_by_the_lower_token_and_guides_bfloat16_as_torch
 def test_the_beam_keeps_each_rows_best_children_as_torch_does(device):
     """The best `nxt` of each row's W x W children in a growth's record (padding never before a real child): their
     scores, parents, each branch row's tokens and its features at those parents (the next level's inputs, bf16 and
-    float32, their bits), and their slots as the next level's parents in the record: `eagle_grow.beam`'s torch path,
-    bit for bit; nothing else of the record written."""
+    float32, their bits; given a `Join`, joined with the tokens' embeddings as `embed_cat` joins them, and the next
+    level's attention lists: its parent's with its own slot from its tail on), and their slots as the next level's
+    parents in the record: `eagle_grow.beam`'s torch path, bit for bit; nothing else of the record written."""
     g = torch.Generator().manual_seed(2)
-    n, recorded, w, nxt = 3, 10, 8, 6
+    n, recorded, w, nxt, t = 3, 10, 8, 6, 200  # t: two list steps, the second partial
     nodes = recorded + w * w + nxt * nxt + 4
-    for dtype, dim in ((torch.bfloat16, 200), (torch.float32, 24)):  # 200: two feature steps, the second partial
+    for dtype, dim, join in ((torch.bfloat16, 200, False), (torch.float32, 24, False), (torch.bfloat16, 200, True),
+                             (torch.float32, 24, True)):  # 200: two feature steps, the second partial
         frame = eagle_grow.Frame(torch.rand(n, nodes, generator=g) < 0.4, torch.full((n, nodes), -5),
                                  torch.randn(n, nodes, generator=g), torch.randint(0, 500, (n, nodes), generator=g))
         hidden = torch.randn(2 * n, w, dim, generator=g).to(dtype)
+        seen = torch.randint(0, 1000, (2 * n, w, t), generator=g, dtype=torch.int32)
+        own = torch.randint(0, 1000, (2, 2 * n, nxt, 1), generator=g, dtype=torch.int32)  # levels 0 and 1's
+        tail = torch.arange(t) >= torch.randint(0, t, (2, 2 * n, 1, 1), generator=g)  # [2, R, 1, t]
+        lists = eagle_grow.LevelLists(torch.arange(t, dtype=torch.int32), own, tail, None, None)
+        joins = [eagle_grow.Join(torch.randn(500, dim, generator=g).to(dtype), lists)] if join else [None, None]
         on = eagle_grow.Frame(*(x.to(device) for x in vars(frame).values()))
-        got = cuda_ops.beam(on.scores, on.tokens, on.padding, on.parents, hidden.to(device), recorded, w, nxt, 2)
-        want = eagle_grow.beam(frame, recorded, w, nxt, 2, hidden)
-        assert len(got) == len(want) == 4 and all(torch.equal(a.cpu(), b) for a, b in zip(got, want))
+        on_join = joins[0] and eagle_grow.Join(joins[0].embedding.to(device), eagle_grow.LevelLists(
+            *(None if x is None else x.to(device) for x in vars(lists).values())))
+        with pytest.MonkeyPatch.context() as m:  # the kernel (on the CPU: the interpreter's)
+            m.setattr(eagle_grow, "kernel_choice", SimpleNamespace(one_pass=lambda x: True))
+            m.setattr(torch.ops.specgen, "beam", cuda_ops.beam)
+            got = eagle_grow.beam(on, recorded, w, nxt, 2, hidden.to(device), on_join, 1, seen.to(device))
+        want = eagle_grow.beam(frame, recorded, w, nxt, 2, hidden, joins[0], 1, seen)  # CPU tensors: torch's ops
+        assert len(got) == len(want) == 5 and all(a is b is None or torch.equal(a.cpu(), b) for a, b in zip(got, want))
         assert torch.equal(on.parents.cpu(), frame.parents) and (frame.parents[:, : recorded + w * w] == -5).all()
         kept = frame.parents[:, recorded + w * w :: nxt][:, :nxt] - recorded  # the kept children's indices
         assert not frame.padding[:, recorded:].gather(1, kept).any()
-        assert not torch.equal(want[3], hidden[:, :nxt])  # the control: the gather moved rows
+        feats = want[3][..., dim:] if join else want[3]
+        assert feats.shape == (2 * n, nxt, dim) and not torch.equal(feats, hidden[:, :nxt])  # the gather moved rows
+        if join:  # the controls: each node's embedding is its own token's; its list its parent's, then its own slot
+            emb = joins[0].embedding
+            assert torch.equal(want[3][..., :dim], emb[want[2]]) and not torch.equal(want[3][..., :dim], emb[:nxt])
+            mine = tail[1].expand(-1, nxt, -1)  # [R, nxt, t]: the entries from each node's own on
+            assert want[4].shape == (2 * n, nxt, t) and torch.equal(want[4][mine], own[1].expand(-1, -1, t)[mine])
+            assert not torch.equal(want[4][~mine], seen[:, :nxt][~mine])  # its parent's list: the gather moved rows
 
 
 SETUPS = [  # ints [6, n] (root positions, top-k, depths, counts, prefixes, roots), plan widths, branches, T
@@ -121,7 +140,7 @@ def growth(kernels: bool, monkeypatch):
 
     monkeypatch.setattr(eagle_grow, "kernel_choice", SimpleNamespace(one_pass=lambda x: kernels))
     if kernels:
-        for name in ("top_children", "beam", "kept_tree", "growth_setup", "level_lists"):
+        for name in ("top_children", "beam", "kept_tree", "growth_setup"):
             monkeypatch.setattr(torch.ops.specgen, name, getattr(cuda_ops, name))
     model = tiny_image_target(0)
     net = EagleNet.from_target(model).eval()
@@ -162,20 +181,6 @@ def test_a_drafters_input_is_torchs_cat_of_its_embedding_and_features(device):
         feats = torch.randn(3, 1, 24, generator=g).to(device, dtype).expand(3, 5, 24)
         want = torch.cat([torch.nn.functional.embedding(tokens, weight), feats], -1)
         assert torch.equal(cuda_ops.embed_cat(weight, tokens, feats), want)
-
-
-def test_a_levels_lists_are_its_parents_with_its_own_slot_from_its_tail_on(device):
-    """`level_lists`: the gather of the last level's lists at each node's frontier parent and the `where` of its own
-    slot over its tail, bit for bit (`LevelLists.level`'s torch ops), for CFG pairs of cache rows."""
-    g = torch.Generator().manual_seed(5)
-    n, br, w, t = 3, 2, 4, 200
-    prev = torch.randint(0, 1000, (n * br, w, t), generator=g, dtype=torch.int32)
-    parent = torch.randint(0, w, (n, w), generator=g)
-    own = torch.randint(0, 1000, (n * br, w, 1), generator=g, dtype=torch.int32)
-    tail = torch.arange(t)[None, None] >= torch.randint(0, t, (n * br, 1, 1), generator=g)
-    want = torch.where(tail, own, eagle_grow.frontier_rows(prev, parent, br))
-    got = cuda_ops.level_lists(*(x.to(device) for x in (prev, parent, own, tail)), br)
-    assert torch.equal(got.cpu(), want)
 
 
 def test_a_growths_kernels_copy_none_of_their_inputs(monkeypatch):
