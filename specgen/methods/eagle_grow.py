@@ -122,8 +122,8 @@ def grow(forward: Forward, children: Children, root_hidden: torch.Tensor, ints: 
 
     `root_hidden` [n * br, 1, D]: the drafter's output at each root; `ints` [6, n]: the root token's position, the
     row's top-k (0: no tree), depth, kept nodes (`kept_counts`), drafter prefix and root token; `frame`: which nodes
-    are padding (from the same ints); `join`: what the beam makes of the next level's inputs (a captured growth's). Device ops only; shapes depend only on the plan, the branches and the inputs'
-    shapes.
+    are padding (from the same ints); `join`: what the beam makes of the next level's inputs (a captured growth's).
+    Device ops only; shapes depend only on the plan, the branches and the inputs' shapes.
     """
     root_pos, _, _, counts, _, roots = ints
     br, widths = branches, plan.widths

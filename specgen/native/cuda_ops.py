@@ -227,9 +227,9 @@ def beam(scores: torch.Tensor, tokens: torch.Tensor, padding: torch.Tensor, pare
     (scores, tokens, padding, parents [n, N], contiguous) from column `recorded`: their scores, parents (index // W)
     [n, nxt], each branch row's tokens [n * br, nxt] and its features hidden [n * br, W, D] at those parents
     [n * br, nxt, D], or given the drafter's `embedding` [V, D] its next input [n * br, nxt, 2 D], the tokens'
-    embeddings and the features side by side (`embed_cat`'s bits); given the level's lists prev [n * br, W, T] (int32),
-    the next level's own slots [n * br, nxt, 1] and tail [n * br, 1, T], its lists [n * br, nxt, T] (`LevelLists.level`'s
-    bits; else an empty tensor); their slots, each `nxt` times, written as the next level's parents
+    embeddings and the features side by side (`embed_cat`'s bits); given the level's lists prev [n * br, W, T]
+    (int32), the next level's own slots [n * br, nxt, 1] and tail [n * br, 1, T], its lists [n * br, nxt, T]
+    (`LevelLists.level`'s bits; else an empty tensor); their slots, each `nxt` times, written as the next level's parents
     (triton_kernels.beam_rows)."""
     n, nodes = scores.shape
     assert recorded + width * width + nxt * nxt <= nodes, "the level's children and the next level's parents fit"
