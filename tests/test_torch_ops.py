@@ -60,10 +60,10 @@ def cases(dtype):
                     randn(72, 8, dtype=dtype, seed=21), torch.arange(192, dtype=torch.int32).view(4, 4, 12),
                     torch.arange(12, dtype=torch.int32).view(4, 3, 1), torch.arange(12).expand(4, 1, 12) >= 5,
                     10, 4, 3, 2),
-           # ints [6, n] (root positions, top-k, depths, counts, prefixes, roots), write rows, levels, the record's
-           # nodes, width, br, T
-           "growth_setup": (torch.tensor([[3, 4], [2, 3], [3, 0], [6, 0], [4, 5], [7, 8]]), torch.arange(4), 2, 36, 4,
-                            2, 16),
+           # ints [6, n] (root positions, top-k, depths, counts, prefixes, roots), write rows, a RoPE table [P, 2,
+           # hd], levels, the record's nodes, width, br, T
+           "growth_setup": (torch.tensor([[3, 4], [2, 3], [3, 0], [6, 0], [4, 5], [7, 8]]), torch.arange(4),
+                            randn(20, 2, 8, dtype=dtype, seed=24), 2, 36, 4, 2, 16),
            # scores (ties), padding, tokens, parents, counts, roots, root positions, the node budget, the levels
            "kept_tree": (randn(2, 6, seed=13).round(), torch.tensor([[0, 0, 0, 0, 0, 1], [0] * 6]).bool(),
                          torch.arange(12).view(2, 6), torch.tensor([[-1, -1, 0, 0, 1, 2], [-1, 0, 0, 1, 1, 2]]),

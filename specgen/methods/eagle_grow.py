@@ -250,10 +250,10 @@ def static_growth(net, children: Children, cache: tuple[torch.Tensor, torch.Tens
     for every level at once: a captured plan has one width (`GrowPlan.bucketed`), so level i's W nodes go to slots
     prefix + W i and its tree columns are R = W (i + 1)."""
     rows = writes.shape[0]
-    setup = GrowthSetup.make(ints, writes, plan, branches, t, kernel_choice.one_pass(root_hidden))
+    setup = GrowthSetup.make(ints, writes, net.rope_table, plan, branches, t, kernel_choice.one_pass(root_hidden))
     at_rows, meta, lists = setup.at_rows, setup.meta, setup.lists
     # one node a row (the kernels broadcast it over the level's W nodes): cos, sin [L * R, 1, 1, hd]
-    turns = rows_rotation(net.rope_table[at_rows.reshape(-1, 1)].to(net.fc.weight.dtype), net.cfg.rope_layout)
+    turns = rows_rotation(setup.rope.to(net.fc.weight.dtype), net.cfg.rope_layout)
 
     def forward(feats, toks, parent, i, seen):
         part = slice(i * rows, (i + 1) * rows)
@@ -271,31 +271,33 @@ def static_growth(net, children: Children, cache: tuple[torch.Tensor, torch.Tens
 @dataclass(frozen=True)
 class GrowthSetup:
     """A captured growth's constants, all from the host-known ints (one width W, `GrowPlan.bucketed`): its frame, each
-    cache row's node position and cache meta at each level, and the levels' attention lists."""
+    cache row's node position, RoPE table row and cache meta at each level, and the levels' attention lists."""
 
     frame: Frame
     at_rows: torch.Tensor  # [L, R]: each cache row's node position (its sequence's)
+    rope: torch.Tensor  # [L * R, 1, 2, hd]: the RoPE table's row at each of them
     meta: torch.Tensor  # [L, 2, R]: each level's first slot prefix + W i and write row (StaticInputs.meta)
     lists: LevelLists
 
     @classmethod
-    def make(cls, ints: torch.Tensor, writes: torch.Tensor, plan: GrowPlan, branches: int, t: int,
-             fused: bool) -> GrowthSetup:
-        """From `ints` [6, n] (`grow`'s) and each cache row's write row [R]; `fused`: as one kernel (CUDA's
-        `growth_setup`), else torch's ops."""
+    def make(cls, ints: torch.Tensor, writes: torch.Tensor, table: torch.Tensor, plan: GrowPlan, branches: int,
+             t: int, fused: bool) -> GrowthSetup:
+        """From `ints` [6, n] (`grow`'s), each cache row's write row [R] and the drafter's RoPE table [P, 2, hd];
+        `fused`: as one kernel (CUDA's `growth_setup`), else torch's ops."""
         (w,) = set(plan.widths)
         levels, rows = plan.levels, writes.shape[0]
         if fused:
-            padding, parents, at_rows, meta, own, count, tail, shared, entries = \
-                torch.ops.specgen.growth_setup(ints, writes, levels, record_width(plan.widths), w, branches, t)
-            return cls(Frame(padding, parents, *record_buffers(*padding.shape, ints.device)), at_rows, meta,
-                       LevelLists(entries, own[..., None], tail[:, :, None], count, shared))
+            padding, parents, at_rows, meta, own, count, tail, shared, first, rope = torch.ops.specgen.growth_setup(
+                ints, writes, table, levels, record_width(plan.widths), w, branches, t)
+            return cls(Frame(padding, parents, *record_buffers(*padding.shape, ints.device)), at_rows, rope, meta,
+                       LevelLists(first, own[..., None], tail[:, :, None], count, shared))
         root_pos, k, depth, _, prefix, _ = ints
         lives, positions = level_positions(root_pos, depth, levels)  # [L, n] each
         at_rows = positions[:, :, None].expand(-1, -1, branches).reshape(levels, rows)
         first = torch.arange(0, w * levels, w, device=prefix.device)  # [L]: each level's first tree column
         meta = torch.stack([branch_rows(prefix, branches) + first[:, None], writes.expand(levels, -1)], 1)
-        return cls(Frame.make(k, lives, plan.widths), at_rows, meta, LevelLists.make(meta[:, 0], w, t))
+        return cls(Frame.make(k, lives, plan.widths), at_rows, table[at_rows.reshape(-1, 1)], meta,
+                   LevelLists.make(meta[:, 0], w, t))
 
 
 @dataclass(frozen=True)
@@ -306,7 +308,7 @@ class LevelLists:
     level-l ancestor's slot (its parent's entry there), every later one its own slot (the first prefix + i + 1 are
     read; the rest repeat a visible slot, so the list's slots are its visible ones)."""
 
-    slots: torch.Tensor  # [T] int32: entry p's slot while committed
+    first: torch.Tensor  # [R, W, T] int32: level 0's lists (entry p's slot p before its tail)
     own: torch.Tensor  # [L, R, W, 1] int32: s_i
     tail: torch.Tensor  # [L, R, 1, T] bool: entries p >= prefix + i (level i's own)
     count: torch.Tensor  # [L, R, W] int32, contiguous: prefix + i + 1
@@ -322,14 +324,15 @@ class LevelLists:
         own = (first.int()[:, :, None] + torch.arange(w, **on))[..., None]
         slots = torch.arange(t, **on)
         count = (ends + 1)[:, :, None].expand(-1, -1, w).contiguous()
-        return cls(slots, own, slots >= ends[:, :, None, None], count, ends[0])
+        tail = slots >= ends[:, :, None, None]
+        return cls(torch.where(tail[0], own[0], slots), own, tail, count, ends[0])
 
     def level(self, i: int, seen: torch.Tensor | None, parent: torch.Tensor | None, branches: int) -> torch.Tensor:
         """Level i's lists [R, W, T] from its nodes' parents' lists: the last level's `seen` [R, W, T] at frontier
         positions parent [n, W] (None: the first level, whose nodes' parent is the root). On CUDA a growth's beam makes
         the later levels' in its launch (`beam`)."""
-        if parent is None:
-            return torch.where(self.tail[i], self.own[i], self.slots)
+        if parent is None:  # level 0's, made with the growth's constants
+            return self.first
         return torch.where(self.tail[i], self.own[i], frontier_rows(seen, parent, branches))
 
 

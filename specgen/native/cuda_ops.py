@@ -278,27 +278,29 @@ def kept_tree(scores: torch.Tensor, padding: torch.Tensor, tokens: torch.Tensor,
     return outs
 
 
-def setup_shapes(n: int, rows: int, levels: int, nodes: int, width: int,
-                 t: int) -> tuple[tuple[tuple[int, ...], torch.dtype], ...]:
+def setup_shapes(n: int, rows: int, levels: int, nodes: int, width: int, t: int,
+                 table: torch.Tensor) -> tuple[tuple[tuple[int, ...], torch.dtype], ...]:
     """`growth_setup`'s outputs (shape, dtype) for n sequences of `rows` cache rows, `levels` levels of `width` nodes,
-    a record of `nodes` and T = `t` slots: the record's padding and parents [n, N]; positions, meta; own slots, counts,
-    tail, shared run, slots (eagle_grow.GrowthSetup)."""
+    a record of `nodes`, T = `t` slots and a RoPE table [P, 2, hd]: the record's padding and parents [n, N]; positions,
+    meta; own slots, counts, tail, shared run, level 0's lists; each level's rows' table row (eagle_grow.GrowthSetup)."""
     i64, i32, b = torch.int64, torch.int32, torch.bool
     return (((n, nodes), b), ((n, nodes), i64), ((levels, rows), i64), ((levels, 2, rows), i64),
             ((levels, rows, width), i32), ((levels, rows, width), i32), ((levels, rows, t), b), ((rows,), i32),
-            ((t,), i32))
+            ((rows, width, t), i32), ((levels * rows, 1, *table.shape[1:]), table.dtype))
 
 
-def growth_setup(ints: torch.Tensor, writes: torch.Tensor, levels: int, nodes: int, width: int, branches: int,
-                 t: int) -> tuple[torch.Tensor, ...]:
+def growth_setup(ints: torch.Tensor, writes: torch.Tensor, table: torch.Tensor, levels: int, nodes: int, width: int,
+                 branches: int, t: int) -> tuple[torch.Tensor, ...]:
     """`torch.ops.specgen.growth_setup` on CUDA, one launch (triton_kernels.setup_rows): a captured growth's constants
-    from its ints [6, n] and each cache row's write row [n * br] (`setup_shapes`)."""
+    from its ints [6, n], each cache row's write row [n * br] and the drafter's RoPE table [P, 2, hd] (`setup_shapes`)."""
     n, rows = ints.shape[1], writes.shape[0]
     outs = tuple(torch.empty(shape, dtype=dtype, device=ints.device)
-                 for shape, dtype in setup_shapes(n, rows, levels, nodes, width, t))
+                 for shape, dtype in setup_shapes(n, rows, levels, nodes, width, t, table))
     args = (x.view(torch.uint8) if x.dtype == torch.bool else x for x in outs)
-    kernels().setup_rows[(levels, rows)](ints.contiguous(), writes.contiguous(), *args, n, nodes, t, W=width,
-                                         BRANCHES=branches, BLOCK_W=pow2(width), BLOCK=PLAN_BLOCK)
+    row = table[0].numel()
+    kernels().setup_rows[(levels, rows)](ints.contiguous(), writes.contiguous(), table.contiguous(), *args, n, nodes,
+                                         t, W=width, BRANCHES=branches, BLOCK_W=pow2(width), BLOCK=PLAN_BLOCK,
+                                         ROW=row, BLOCK_ROW=pow2(row))
     return outs
 
 

@@ -159,11 +159,11 @@ op("kept_tree(Tensor scores, Tensor padding, Tensor tokens, Tensor parents, Tens
 
 # CUDA only (eagle_grow.GrowthSetup's torch ops elsewhere), one Triton program a level and cache row: a captured
 # growth's constants from the host-known ints
-op("growth_setup(Tensor ints, Tensor writes, int levels, int nodes, int width, int branches, int t) -> (Tensor, "
-   "Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
-   lambda ints, writes, levels, nodes, width, branches, t: tuple(
+op("growth_setup(Tensor ints, Tensor writes, Tensor table, int levels, int nodes, int width, int branches, int t) -> "
+   "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
+   lambda ints, writes, table, levels, nodes, width, branches, t: tuple(
        ints.new_empty(shape, dtype=dtype)
-       for shape, dtype in cuda_ops.setup_shapes(ints.shape[1], writes.shape[0], levels, nodes, width, t)),
+       for shape, dtype in cuda_ops.setup_shapes(ints.shape[1], writes.shape[0], levels, nodes, width, t, table)),
    "CUDA")(cuda_ops.growth_setup)
 
 

@@ -502,11 +502,13 @@ def kept_tree_rows(SCORES, PAD, TOKENS, PARENTS, COUNTS, ROOTS, ROOT_POS, TOK_OU
 # l + 1 while the row grows there), cache meta (first slot prefix + W l, write row), attention lists' own slots, count
 # and tail (entries p >= prefix + l), and in sequence i's record (eagle_grow.Frame, [n, n_nodes], branch 0) the padding
 # and parents of its level-(l + 1) children where the record has them (level 1's the root children 0 .. W - 1, W
-# children each; a later level's -1 until its beam writes them); level 0 also the row's shared run (its prefix), the
-# root children's padding and parents (-1), and program (0, 0) the lists' slots 0..T-1.
+# children each; a later level's -1 until its beam writes them) and its RoPE table row (TABLE [P, ROW], ROT [L, R, ROW]);
+# level 0 also the row's shared run (its prefix), its level-0 lists FIRST [R, W, T] (slot p before its tail, its
+# own slot from it on), and the root children's padding and parents (-1).
 @triton.jit(do_not_specialize=["n", "n_nodes", "t"])
-def setup_rows(INTS, WRITES, PADDING, PARENTS, AT, META, OWN, COUNT, TAIL, SHARED, LIST, n, n_nodes, t,
-               W: tl.constexpr, BRANCHES: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK: tl.constexpr):
+def setup_rows(INTS, WRITES, TABLE, PADDING, PARENTS, AT, META, OWN, COUNT, TAIL, SHARED, FIRST, ROT, n, n_nodes, t,
+               W: tl.constexpr, BRANCHES: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK: tl.constexpr,
+               ROW: tl.constexpr, BLOCK_ROW: tl.constexpr):
     level = tl.program_id(0)
     r = tl.program_id(1)
     rows = n * BRANCHES
@@ -518,7 +520,10 @@ def setup_rows(INTS, WRITES, PADDING, PARENTS, AT, META, OWN, COUNT, TAIL, SHARE
     live = depth > level + 1
     at = level * rows + r
     # 1. the row's level: RoPE position, cache meta [L, 2, R], own slots and count [L, R, W] (int32)
-    tl.store(AT + at, root_pos + (level + 1) * live.to(tl.int64))
+    pos = root_pos + (level + 1) * live.to(tl.int64)
+    tl.store(AT + at, pos)
+    cols = tl.arange(0, BLOCK_ROW)
+    tl.store(ROT + at.to(tl.int64) * ROW + cols, tl.load(TABLE + pos * ROW + cols, mask=cols < ROW), mask=cols < ROW)
     tl.store(META + (2 * level) * rows + r, prefix + W * level)
     tl.store(META + (2 * level + 1) * rows + r, tl.load(WRITES + r))
     j = tl.arange(0, BLOCK_W)
@@ -531,8 +536,10 @@ def setup_rows(INTS, WRITES, PADDING, PARENTS, AT, META, OWN, COUNT, TAIL, SHARE
     while start < t:
         p = start + lanes
         tl.store(TAIL + at.to(tl.int64) * t + p, (p >= prefix + level).to(tl.uint8), mask=p < t)
-        if level + r == 0:
-            tl.store(LIST + p, p, mask=p < t)
+        if level == 0:
+            entry = tl.where(p[None, :] >= prefix, prefix + j[:, None], p[None, :]).to(tl.int32)  # [BLOCK_W, BLOCK]
+            tl.store(FIRST + (r.to(tl.int64) * W + j[:, None]) * t + p[None, :], entry,
+                     mask=real[:, None] & (p[None, :] < t))
         start += BLOCK
     # 3. the sequence's record: this level's children's padding; level 0: the root children's, and the known parents
     if r % BRANCHES == 0:

@@ -353,9 +353,10 @@ for join, archs in ((False, (90,)), (True, (80, 90))):  # an eager growth's beam
     for arch in archs:
         build(fn, sig, consts, arch)
 fn = cuda_ops.kernels().setup_rows
-consts = {"W": 16, "BRANCHES": 2, "BLOCK_W": 16, "BLOCK": cuda_ops.PLAN_BLOCK}
-sig = {n: "constexpr" if n in consts else "*i32" if n in ("OWN", "COUNT", "SHARED", "LIST") else "*u8"
-       if n in ("PADDING", "TAIL") else "*i64" if n.isupper() else "i32" for n in fn.arg_names}
+consts = {"W": 16, "BRANCHES": 2, "BLOCK_W": 16, "BLOCK": cuda_ops.PLAN_BLOCK, "ROW": 128, "BLOCK_ROW": 128}
+sig = {n: "constexpr" if n in consts else "*i32" if n in ("OWN", "COUNT", "SHARED", "FIRST") else "*u8"
+       if n in ("PADDING", "TAIL") else "*bf16" if n in ("TABLE", "ROT") else "*i64" if n.isupper() else "i32"
+       for n in fn.arg_names}
 for arch in (80, 90):
     build(fn, sig, consts, arch)
 fn = cuda_ops.kernels().embed_rows
@@ -429,7 +430,8 @@ for b, s, t in ((1, 1, 256), (2, 1, 256), (3, 5, 512), (16, 64, 1024)):  # rows,
                   torch.zeros(32, 64, dtype=bf), torch.zeros(2 * b, 8, t, dtype=torch.int32),
                   torch.zeros(2 * b, 8, 1, dtype=torch.int32), torch.zeros(2 * b, 1, t, dtype=torch.bool),
                   8 + 64 * (s % 4), 8, 8, 2)
-    cuda_ops.growth_setup(torch.zeros(6, b, dtype=torch.long), torch.arange(2 * b), 1 + s % 4, nodes, 8, 2, t)
+    cuda_ops.growth_setup(torch.zeros(6, b, dtype=torch.long), torch.arange(2 * b), torch.zeros(300, 2, 64, dtype=bf),
+                          1 + s % 4, nodes, 8, 2, t)
     cuda_ops.embed_cat(torch.zeros(32, 576, dtype=bf), torch.zeros(2 * b, s, dtype=torch.long), x.repeat(2, 1, 1))
     nodes, ints = 80 + 16 * s, torch.zeros(6, b, dtype=torch.long)  # a growth's nodes; its rows' ints (views)
     cuda_ops.kept_tree(torch.zeros(b, nodes), torch.zeros(b, nodes, dtype=torch.bool), torch.zeros(b, nodes,

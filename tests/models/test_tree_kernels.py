@@ -82,7 +82,7 @@ def test_the_beam_keeps_each_rows_best_children_as_torch_does(device):
         seen = torch.randint(0, 1000, (2 * n, w, t), generator=g, dtype=torch.int32)
         own = torch.randint(0, 1000, (2, 2 * n, nxt, 1), generator=g, dtype=torch.int32)  # levels 0 and 1's
         tail = torch.arange(t) >= torch.randint(0, t, (2, 2 * n, 1, 1), generator=g)  # [2, R, 1, t]
-        lists = eagle_grow.LevelLists(torch.arange(t, dtype=torch.int32), own, tail, None, None)
+        lists = eagle_grow.LevelLists(None, own, tail, None, None)  # what a beam reads of them
         joins = [eagle_grow.Join(torch.randn(500, dim, generator=g).to(dtype), lists)] if join else [None, None]
         on = eagle_grow.Frame(*(x.to(device) for x in vars(frame).values()))
         on_join = joins[0] and eagle_grow.Join(joins[0].embedding.to(device), eagle_grow.LevelLists(
@@ -115,19 +115,22 @@ SETUPS = [  # ints [6, n] (root positions, top-k, depths, counts, prefixes, root
 
 @pytest.mark.parametrize("case", range(len(SETUPS)))
 def test_the_growth_setup_kernel_gives_torchs_constants(device, case):
-    """Every constant of a captured growth (its frame, positions, meta and attention lists), bit for bit and dtype for
-    dtype, from one launch; the control (another T) differs."""
+    """Every constant of a captured growth (its frame, positions, RoPE rows, meta and attention lists, level 0's
+    among them), bit for bit and dtype for dtype, from one launch; the control (another T) differs."""
     ints, widths, branches, t = SETUPS[case]
     ints = torch.tensor(ints, device=device)
     writes = torch.arange(ints.shape[1] * branches, device=device)
+    table = torch.randn(300, 2, 24, generator=torch.Generator().manual_seed(6)).to(torch.bfloat16)  # [P, 2, hd]
     plan = eagle_grow.GrowPlan(widths, 12)
-    parts = lambda s: (s.frame.padding, s.frame.parents, s.at_rows, s.meta, s.lists.slots,  # noqa: E731
+    parts = lambda s: (s.frame.padding, s.frame.parents, s.at_rows, s.rope, s.meta, s.lists.first,  # noqa: E731
                        s.lists.own, s.lists.tail, s.lists.count, s.lists.shared)
-    want = parts(eagle_grow.GrowthSetup.make(ints.cpu(), writes.cpu(), plan, branches, t, False))
+    want = parts(eagle_grow.GrowthSetup.make(ints.cpu(), writes.cpu(), table, plan, branches, t, False))
+    assert not torch.equal(want[3], table[: want[3].shape[0], None])  # the rows of the levels' positions
     with pytest.MonkeyPatch.context() as m:
         m.setattr(torch.ops.specgen, "growth_setup", cuda_ops.growth_setup)
-        got = parts(eagle_grow.GrowthSetup.make(ints, writes, plan, branches, t, True))
-        other = parts(eagle_grow.GrowthSetup.make(ints, writes, plan, branches, t + 1, True))
+        table = table.to(device)
+        got = parts(eagle_grow.GrowthSetup.make(ints, writes, table, plan, branches, t, True))
+        other = parts(eagle_grow.GrowthSetup.make(ints, writes, table, plan, branches, t + 1, True))
     assert all(a.dtype == b.dtype and torch.equal(a.cpu(), b) for a, b in zip(got, want, strict=True))
     assert not all(a.shape == b.shape and torch.equal(a.cpu(), b) for a, b in zip(other, want))
 
