@@ -229,8 +229,8 @@ def beam(scores: torch.Tensor, tokens: torch.Tensor, padding: torch.Tensor, pare
     [n * br, nxt, D], or given the drafter's `embedding` [V, D] its next input [n * br, nxt, 2 D], the tokens'
     embeddings and the features side by side (`embed_cat`'s bits); given the level's lists prev [n * br, W, T]
     (int32), the next level's own slots [n * br, nxt, 1] and tail [n * br, 1, T], its lists [n * br, nxt, T]
-    (`LevelLists.level`'s bits; else an empty tensor); their slots, each `nxt` times, written as the next level's parents
-    (triton_kernels.beam_rows)."""
+    (`LevelLists.level`'s bits; else an empty tensor); their slots, each `nxt` times, written as the next level's
+    parents (triton_kernels.beam_rows)."""
     n, nodes = scores.shape
     assert recorded + width * width + nxt * nxt <= nodes, "the level's children and the next level's parents fit"
     hidden = hidden if hidden.stride(-1) == 1 else hidden.contiguous()
@@ -282,7 +282,8 @@ def setup_shapes(n: int, rows: int, levels: int, nodes: int, width: int, t: int,
                  table: torch.Tensor) -> tuple[tuple[tuple[int, ...], torch.dtype], ...]:
     """`growth_setup`'s outputs (shape, dtype) for n sequences of `rows` cache rows, `levels` levels of `width` nodes,
     a record of `nodes`, T = `t` slots and a RoPE table [P, 2, hd]: the record's padding and parents [n, N]; positions,
-    meta; own slots, counts, tail, shared run, level 0's lists; each level's rows' table row (eagle_grow.GrowthSetup)."""
+    meta; own slots, counts, tail, shared run, level 0's lists; each level's rows' table rows
+    (eagle_grow.GrowthSetup)."""
     i64, i32, b = torch.int64, torch.int32, torch.bool
     return (((n, nodes), b), ((n, nodes), i64), ((levels, rows), i64), ((levels, 2, rows), i64),
             ((levels, rows, width), i32), ((levels, rows, width), i32), ((levels, rows, t), b), ((rows,), i32),
@@ -292,7 +293,8 @@ def setup_shapes(n: int, rows: int, levels: int, nodes: int, width: int, t: int,
 def growth_setup(ints: torch.Tensor, writes: torch.Tensor, table: torch.Tensor, levels: int, nodes: int, width: int,
                  branches: int, t: int) -> tuple[torch.Tensor, ...]:
     """`torch.ops.specgen.growth_setup` on CUDA, one launch (triton_kernels.setup_rows): a captured growth's constants
-    from its ints [6, n], each cache row's write row [n * br] and the drafter's RoPE table [P, 2, hd] (`setup_shapes`)."""
+    from its ints [6, n], each cache row's write row [n * br] and the drafter's RoPE table [P, 2, hd]
+    (`setup_shapes`)."""
     n, rows = ints.shape[1], writes.shape[0]
     outs = tuple(torch.empty(shape, dtype=dtype, device=ints.device)
                  for shape, dtype in setup_shapes(n, rows, levels, nodes, width, t, table))

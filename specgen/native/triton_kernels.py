@@ -499,12 +499,12 @@ def kept_tree_rows(SCORES, PAD, TOKENS, PARENTS, COUNTS, ROOTS, ROOT_POS, TOK_OU
 # A captured growth's constants (methods/eagle_grow.GrowthSetup), all from the host-known ints [6, n] (root position,
 # top-k, depth, kept count, drafter prefix, root token) and each cache row's write row WRITES [R] (R = n * BRANCHES):
 # one program a (level l, cache row r = i * BRANCHES + b) writes that row's level-l RoPE position (root position +
-# l + 1 while the row grows there), cache meta (first slot prefix + W l, write row), attention lists' own slots, count
-# and tail (entries p >= prefix + l), and in sequence i's record (eagle_grow.Frame, [n, n_nodes], branch 0) the padding
-# and parents of its level-(l + 1) children where the record has them (level 1's the root children 0 .. W - 1, W
-# children each; a later level's -1 until its beam writes them) and its RoPE table row (TABLE [P, ROW], ROT [L, R, ROW]);
-# level 0 also the row's shared run (its prefix), its level-0 lists FIRST [R, W, T] (slot p before its tail, its
-# own slot from it on), and the root children's padding and parents (-1).
+# l + 1 while the row grows there) and the RoPE table's row there (TABLE [P, ROW] -> ROT [L, R, ROW]), cache meta
+# (first slot prefix + W l, write row), attention lists' own slots, count and tail (entries p >= prefix + l), and in
+# sequence i's record (eagle_grow.Frame, [n, n_nodes], branch 0) the padding and parents of its level-(l + 1) children
+# where the record has them (level 1's the root children 0 .. W - 1, W children each; a later level's -1 until its
+# beam writes them); level 0 also the row's shared run (its prefix), its level-0 lists FIRST [R, W, T] (slot p before
+# its tail, its own slot from it on), and the root children's padding and parents (-1).
 @triton.jit(do_not_specialize=["n", "n_nodes", "t"])
 def setup_rows(INTS, WRITES, TABLE, PADDING, PARENTS, AT, META, OWN, COUNT, TAIL, SHARED, FIRST, ROT, n, n_nodes, t,
                W: tl.constexpr, BRANCHES: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK: tl.constexpr,
