@@ -252,26 +252,25 @@ def emulated_sync_count(monkeypatch):
     return gpu_sync_count
 
 
-def eager_ops_a_step(gpu_sync_count, run) -> tuple[float, dict]:
-    """`run()` (its decode steps) once for the captures, then its eager ops a step (`OpCounter`, replays not counted)
-    and the ops a step by (file, op) summed over the file's lines."""
+def eager_ops_a_step(gpu_sync_count, run) -> tuple[float, dict, dict]:
+    """`run()` (its decode steps) once for the captures, then its eager ops a step (`OpCounter`, replays not counted),
+    the ops a step by (file, op) summed over the file's lines, and the same of its graphs' kernels."""
     from collections import Counter
 
     run()  # the captures
     gpu_sync_count.OpCounter.by_line = Counter()
     with gpu_sync_count.OpCounter() as counter:
         steps = run()
-    by_op = Counter()
+    by_op = {"eager": Counter(), "graph": Counter()}
     for (kind, line), n in gpu_sync_count.OpCounter.by_line.items():
-        if kind == "eager":
-            by_op[line.split(":")[0], line.split()[-1]] += n / steps
+        by_op[kind][line.split(":")[0], line.split()[-1]] += n / steps
     gpu_sync_count.OpCounter.by_line = None
-    return counter.ops / steps, by_op
+    return counter.ops / steps, by_op["eager"], by_op["graph"]
 
 
-def tree_step_ops(monkeypatch, batch: int) -> tuple[float, dict]:
-    """Eager ops a decode step (`eager_ops_a_step`) of lossless ADT-Tree on a tiny CFG image model at `batch`
-    sequences."""
+def tree_step_ops(monkeypatch, batch: int) -> tuple[float, dict, dict]:
+    """Eager ops a decode step and graph kernels (`eager_ops_a_step`) of lossless ADT-Tree on a tiny CFG image model at
+    `batch` sequences."""
     from specgen.decoding.sampling import SamplingParams
     from specgen.image.methods import ImageParts, build_image_method
     from specgen.image.target import CFGTarget
@@ -305,9 +304,9 @@ def test_text_steps_eager_ops_stay_within_budget(monkeypatch):
     cases = gpu_sync_count.text_cases("cpu")
     counts = {name: eager_ops_a_step(gpu_sync_count, lambda: cases[f"text {name} B1 T0"]().steps)
               for name in ("ar", "ngram", "pcllm-mr")}
-    for _, by_op in counts.values():
+    for _, by_op, _ in counts.values():
         assert by_op["specgen/decoding/pool.py", "alias.default"] == 0
-    ops, by_op = counts["pcllm-mr"]
+    ops, by_op, _ = counts["pcllm-mr"]
     assert sum(n for (f, _), n in by_op.items() if f == "specgen/decoding/verify.py") < 2  # unbind, the mask's view
     assert by_op["specgen/decoding/cache.py", "index_put_.default"] < 2 * 0.25
     assert {name: ops <= budget for name, budget in (("ar", 14), ("ngram", 17.5), ("pcllm-mr", 22))
@@ -323,8 +322,12 @@ def test_an_image_tree_steps_eager_ops_stay_within_budget(monkeypatch, batch):
     prefill's, once a sequence); padding keeps its buffers' values (no zero_); the catch-up's output is the drafter
     graph's own buffer (the clones are the target's two: its logits and features, which rows keep); a growth's host
     inputs are one tensor; a catch-up's tokens, positions and meta one host copy (no device tensor of them first:
-    verify_batch's unbind only where a step verifies without a tree)."""
-    ops, by_op = tree_step_ops(monkeypatch, batch)
+    verify_batch's unbind only where a step verifies without a tree). In its graphs (at 8fb4577 embed_cat 5.6 a step,
+    level_lists 3.6, a `where` and a RoPE gather 1 each): a growth's later levels take their inputs and attention lists
+    from their beam, its first level's lists and every level's RoPE rows come from its setup."""
+    ops, by_op, graph = tree_step_ops(monkeypatch, batch)
+    assert graph["specgen/models/graphs.py", "specgen.embed_cat.default"] <= 2  # the catch-up's and level 1's
+    assert not {op for f, op in graph if f == "specgen/methods/eagle_grow.py"} & {"aten.where.self", "aten.index.Tensor"}
     per_file = lambda name: sum(n for (f, _), n in by_op.items() if f == name)  # noqa: E731
     assert per_file("specgen/image/target.py") < batch
     assert sum(n for (_, op), n in by_op.items() if op.startswith("zero_")) == 0
