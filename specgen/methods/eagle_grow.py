@@ -166,7 +166,7 @@ def beam(frame: Frame, recorded: int, width: int, nxt: int, branches: int, hidde
         lists = (None,) * 3 if join is None else (seen, join.lists.own[level], join.lists.tail[level])
         out = torch.ops.specgen.beam(frame.scores, frame.tokens, frame.padding, frame.parents, hidden,
                                      None if join is None else join.embedding, *lists, recorded, width, nxt, branches)
-        return out if join else (*out[:4], None)
+        return out if join is not None else (*out[:4], None)
     score, parent, tokens = best_children(frame, recorded, width, nxt, branches)
     feats = frontier_rows(hidden, parent, branches)
     if join is None:
