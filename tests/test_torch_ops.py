@@ -46,6 +46,8 @@ def cases(dtype):
            # an embedding [V, D], tokens [R, S], features [R, S, D] (a broadcast row: stride 0)
            "embed_cat": (randn(10, 64, dtype=dtype, seed=18), torch.tensor([[3, 9, 0], [1, 1, 2]]),
                          randn(2, 1, 64, dtype=dtype, seed=19).expand(2, 3, 64)),
+           # logits [2 n, S, V] in (cond, uncond) pairs, the guidance scale
+           "guided": (randn(4, 3, 40, dtype=dtype, seed=25), 4.0),
            # a step's committed lengths [R], tree rows [R, S, S], T
            "step_plan": (torch.tensor([3, 0]), torch.eye(4, dtype=torch.bool).expand(2, 4, 4).contiguous(), 12),
            # logits [n * br, S, V] (CFG pairs), path scores [n, S], branches, scale, k; a record's values and
@@ -80,7 +82,7 @@ def cases(dtype):
     return got
 
 
-CUDA_ONLY = ("rope", "rope_store", "silu_mul", "linear", "gate", "embed_cat", "step_plan",
+CUDA_ONLY = ("rope", "rope_store", "silu_mul", "linear", "gate", "embed_cat", "guided", "step_plan",
              "top_children", "beam", "kept_tree", "growth_setup", "commit_slots")  # torch's ops elsewhere (one_pass)
 OPS = ("rms_norm", "add_rms_norm", "tiled_linear", "attention_plan", "attend", "rope_write_attend", "qmm", *CUDA_ONLY)
 CUDA_OPS = ("rms_norm", "add_rms_norm", "attention_plan", "attend", *CUDA_ONLY)  # Triton on CUDA (native/cuda_ops.py)

@@ -10,6 +10,7 @@ from specgen.decoding.cache import KVCache
 from specgen.decoding.target import TargetOut
 from specgen.errors import UsageError
 from specgen.image.captions import Caption
+from specgen.models import kernel_choice
 from specgen.models.transformer import padded_causal_mask
 
 
@@ -65,7 +66,10 @@ class CFGTarget:
 
 
 def guided(logits: torch.Tensor, scale: float) -> torch.Tensor:
-    """[n * 2, S, V] (rows cond_0, uncond_0, cond_1, ...) -> [n, S, V]: guidance at the logits level."""
+    """[n * 2, S, V] (rows cond_0, uncond_0, cond_1, ...) -> [n, S, V]: guidance at the logits level; on CUDA one
+    launch (`torch.ops.specgen.guided`: the same bits)."""
+    if kernel_choice.one_pass(logits):
+        return torch.ops.specgen.guided(logits, scale)
     cond, uncond = logits.view(-1, 2, *logits.shape[1:]).unbind(1)  # [n, S, V] each
     return uncond + scale * (cond - uncond)
 

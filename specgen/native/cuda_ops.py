@@ -16,6 +16,7 @@ GATE_BLOCK = 1024  # elements a program of silu_mul
 PLAN_BLOCK = 128  # slots a step of plan_rows' passes
 PRODUCT_TILE = 64  # rows, columns and K steps of a linear_rows tile (fixed for every weight: the row invariance)
 CHILD_BLOCK = 2048  # vocabulary entries a step of top_children's pass
+GUIDE_BLOCK = 1024  # vocabulary entries a program of guided_rows
 TREE_CHUNK = 512  # nodes a step of kept_tree_rows' selection (N ~1,300 at the widest: three steps)
 TREE_ROWS = 16  # mask rows a step of kept_tree_rows
 BEAM_FEATURES = 128  # feature columns a step of beam_rows' gather of the next level's inputs
@@ -197,6 +198,18 @@ def product_tiles(k: int) -> dict:
     count (the row invariance), so the gate's products sum as linear_rows' do."""
     t = PRODUCT_TILE
     return dict(K=k, BLOCK_M=t, BLOCK_N=t, BLOCK_K=t, UPCAST=interpreted(), num_warps=WARPS)
+
+
+def guided(logits: torch.Tensor, scale: float) -> torch.Tensor:
+    """`torch.ops.specgen.guided` on CUDA, one launch (triton_kernels.guided_rows): CFG's combine of logits [2 n, S, V]
+    (rows cond_0, uncond_0, ..) at `scale` -> [n, S, V], image/target.guided's bits."""
+    logits = logits.contiguous()
+    rows, s, v = logits.shape
+    out = logits.new_empty(rows // 2, s, v)
+    if out.numel():
+        kernels().guided_rows[(rows // 2 * s, -(-v // GUIDE_BLOCK))](logits, out, s, v, scale, BLOCK=GUIDE_BLOCK,
+                                                                    enable_fp_fusion=False)
+    return out
 
 
 def top_children(logits: torch.Tensor, scores: torch.Tensor | None, branches: int, scale: float, k: int,

@@ -130,6 +130,9 @@ def beam_shapes(scores, tokens, padding, parents, hidden, embedding, prev, own, 
             tokens.new_empty(0) if prev is None else prev.new_empty(rows, nxt, prev.shape[-1]))
 
 
+# CFG's combine of logits pairs (image/target.guided), its three elementwise ops in one pass (their bits)
+op("guided(Tensor logits, float scale) -> Tensor",
+   lambda logits, scale: logits.new_empty(logits.shape[0] // 2, *logits.shape[1:]), "CUDA")(cuda_ops.guided)
 # a tree growth's rankings (methods/eagle_grow.py), one pass each, written into its record (eagle_grow.Frame): a
 # drafter level's children from its head's logits (CFG, log-softmax, top-k and path scores), and its beam (the best
 # children over a row's frontier, the next level's parents, and the next level's inputs and attention lists)

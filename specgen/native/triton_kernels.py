@@ -558,6 +558,25 @@ def setup_rows(INTS, WRITES, TABLE, PADDING, PARENTS, AT, META, OWN, COUNT, TAIL
         tl.store(SHARED + r, prefix.to(tl.int32))
 
 
+# CFG's combine (image/target.guided): uncond + scale * (cond - uncond) over each pair of rows cond_i, uncond_i of
+# LOGITS [2 n, S, V] (contiguous) into OUT [n, S, V], one program a (node, BLOCK entries), each of the three steps
+# rounded to the logits' dtype as torch's three elementwise ops round it (and no fused multiply-add: the launch turns fp
+# fusion off), so the bits are torch's.
+@triton.jit(do_not_specialize=["n_s", "v"])
+def guided_rows(LOGITS, OUT, n_s, v, scale, BLOCK: tl.constexpr):
+    node = tl.program_id(0).to(tl.int64)  # i * n_s + s
+    i = node // n_s
+    s = node - i * n_s
+    dtype = LOGITS.dtype.element_ty
+    cond = LOGITS + (2 * i * n_s + s) * v
+    pos = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    real = pos < v
+    c = tl.load(cond + pos, mask=real, other=0.0).to(tl.float32)
+    u = tl.load(cond + n_s * v + pos, mask=real, other=0.0).to(tl.float32)  # uncond_i: S rows on
+    d = rounded(c - u, dtype).to(tl.float32)
+    tl.store(OUT + node * v + pos, rounded(u + rounded(scale * d, dtype).to(tl.float32), dtype), mask=real)
+
+
 # An EAGLE drafter's input (models/graphs.eagle_step): one program a (row, node) writes its token's embedding row and
 # its feature row side by side, [E[tok] | f], into OUT [R, S, 2 D]: torch.cat of an embedding and the features, bits
 # as they are (a copy); the features through their strides (a level's frontier may be a broadcast of its root's).

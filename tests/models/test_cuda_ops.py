@@ -359,6 +359,12 @@ sig = {n: "constexpr" if n in consts else "*i32" if n in ("OWN", "COUNT", "SHARE
        for n in fn.arg_names}
 for arch in (80, 90):
     build(fn, sig, consts, arch)
+fn = cuda_ops.kernels().guided_rows
+for dtype, archs in (("bf16", (80, 90)), ("fp32", (90,))):
+    sig = {n: "constexpr" if n == "BLOCK" else "fp32" if n == "scale" else "*" + dtype if n.isupper() else "i32"
+           for n in fn.arg_names}
+    for arch in archs:
+        build(fn, sig, {"BLOCK": cuda_ops.GUIDE_BLOCK}, arch)
 fn = cuda_ops.kernels().embed_rows
 for dtype in ("bf16", "fp32"):
     consts = {"BLOCK": 512}
@@ -609,6 +615,23 @@ def test_the_gate_kernel_computes_torchs_silu_times_b_an_element_at_a_time(devic
     got = cuda_ops.silu_mul(a, b)
     torch.testing.assert_close(got, F.silu(a) * b)
     assert torch.equal(cuda_ops.silu_mul(a[2:3, 1:2], b[2:3, 1:2]), got[2:3, 1:2])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_the_guidance_kernel_has_torchs_bits(device, dtype, monkeypatch):
+    """CFG's combine in one pass (`guided`): image/target.guided's three torch ops bit for bit (each step rounded as
+    torch rounds it, no fused multiply-add), for 3 pairs of rows of 2,500 logits (past one block); the control: the
+    pairs' rows the other way round."""
+    from specgen.image import target
+
+    g = torch.Generator().manual_seed(4)
+    logits = (torch.randn(6, 3, 2500, generator=g) * 4).to(device, dtype)
+    monkeypatch.setattr(kernel_choice, "one_pass", lambda x: False)  # torch's ops on any device
+    for scale in (4.0, 1.7):
+        got = cuda_ops.guided(logits, scale)
+        assert got.shape == (3, 3, 2500) and got.dtype == dtype and torch.equal(got, target.guided(logits, scale))
+        swapped = logits.view(3, 2, 3, 2500).flip(1).reshape(6, 3, 2500)
+        assert not torch.equal(got, target.guided(swapped, scale))
 
 
 def grown(device, k, depth, totals, width, vocab, seed, kernel, feed=True):
