@@ -207,8 +207,8 @@ def guided(logits: torch.Tensor, scale: float) -> torch.Tensor:
     rows, s, v = logits.shape
     out = logits.new_empty(rows // 2, s, v)
     if out.numel():
-        kernels().guided_rows[(rows // 2 * s, -(-v // GUIDE_BLOCK))](logits, out, s, v, scale, BLOCK=GUIDE_BLOCK,
-                                                                    enable_fp_fusion=False)
+        grid = (rows // 2 * s, -(-v // GUIDE_BLOCK))
+        kernels().guided_rows[grid](logits, out, s, v, scale, BLOCK=GUIDE_BLOCK, enable_fp_fusion=False)
     return out
 
 
