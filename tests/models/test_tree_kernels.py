@@ -83,15 +83,15 @@ def test_the_beam_keeps_each_rows_best_children_as_torch_does(device):
         own = torch.randint(0, 1000, (2, 2 * n, nxt, 1), generator=g, dtype=torch.int32)  # levels 0 and 1's
         tail = torch.arange(t) >= torch.randint(0, t, (2, 2 * n, 1, 1), generator=g)  # [2, R, 1, t]
         lists = eagle_grow.LevelLists(None, own, tail, None, None)  # what a beam reads of them
-        joins = [eagle_grow.Join(torch.randn(500, dim, generator=g).to(dtype), lists)] if join else [None, None]
+        joined = eagle_grow.Join(torch.randn(500, dim, generator=g).to(dtype), lists) if join else None
         on = eagle_grow.Frame(*(x.to(device) for x in vars(frame).values()))
-        on_join = joins[0] and eagle_grow.Join(joins[0].embedding.to(device), eagle_grow.LevelLists(
+        on_join = joined and eagle_grow.Join(joined.embedding.to(device), eagle_grow.LevelLists(
             *(None if x is None else x.to(device) for x in vars(lists).values())))
         with pytest.MonkeyPatch.context() as m:  # the kernel (on the CPU: the interpreter's)
             m.setattr(eagle_grow, "kernel_choice", SimpleNamespace(one_pass=lambda x: True))
             m.setattr(torch.ops.specgen, "beam", cuda_ops.beam)
             got = eagle_grow.beam(on, recorded, w, nxt, 2, hidden.to(device), on_join, 1, seen.to(device))
-        want = eagle_grow.beam(frame, recorded, w, nxt, 2, hidden, joins[0], 1, seen)  # CPU tensors: torch's ops
+        want = eagle_grow.beam(frame, recorded, w, nxt, 2, hidden, joined, 1, seen)  # CPU tensors: torch's ops
         assert len(got) == len(want) == 5 and all(a is b is None or torch.equal(a.cpu(), b) for a, b in zip(got, want))
         assert torch.equal(on.parents.cpu(), frame.parents) and (frame.parents[:, : recorded + w * w] == -5).all()
         kept = frame.parents[:, recorded + w * w :: nxt][:, :nxt] - recorded  # the kept children's indices
@@ -99,7 +99,7 @@ def test_the_beam_keeps_each_rows_best_children_as_torch_does(device):
         feats = want[3][..., dim:] if join else want[3]
         assert feats.shape == (2 * n, nxt, dim) and not torch.equal(feats, hidden[:, :nxt])  # the gather moved rows
         if join:  # the controls: each node's embedding is its own token's; its list its parent's, then its own slot
-            emb = joins[0].embedding
+            emb = joined.embedding
             assert torch.equal(want[3][..., :dim], emb[want[2]]) and not torch.equal(want[3][..., :dim], emb[:nxt])
             mine = tail[1].expand(-1, nxt, -1)  # [R, nxt, t]: the entries from each node's own on
             assert want[4].shape == (2 * n, nxt, t) and torch.equal(want[4][mine], own[1].expand(-1, -1, t)[mine])
