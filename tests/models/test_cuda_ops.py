@@ -413,7 +413,7 @@ real = cuda_ops.kernels()
 cuda_ops.kernels = lambda: type("K", (), {n: Launch(getattr(real, n)) for n in
                                           ("attend_lists", "norm_rows", "rope_rows", "silu_mul_rows",
                                            "linear_rows", "gate_rows", "plan_rows", "top_children", "beam_rows",
-                                           "kept_tree_rows", "setup_rows", "embed_rows")})
+                                           "kept_tree_rows", "setup_rows", "embed_rows", "guided_rows")})
 bf, h, hkv, d = torch.bfloat16, 9, 3, 64
 for b, s, t in ((1, 1, 256), (2, 1, 256), (3, 5, 512), (16, 64, 1024)):  # rows, nodes, width: a decode's steps
     qkv = torch.zeros(b, s, h + 2 * hkv, d, dtype=bf).transpose(1, 2)
@@ -431,6 +431,7 @@ for b, s, t in ((1, 1, 256), (2, 1, 256), (3, 5, 512), (16, 64, 1024)):  # rows,
     nodes = 8 + 64 * (2 + s % 4)  # a growth's record [b, N], written from each level's column
     values, tokens = torch.zeros(b, nodes), torch.zeros(b, nodes, dtype=torch.long)
     cuda_ops.top_children(logits, None, 2, 4.0, 8, values, tokens, 0)
+    cuda_ops.guided(logits, 4.0)
     cuda_ops.top_children(logits, torch.zeros(b, s), 2, 4.0, 8, values, tokens, 8 + 64 * (s % 4))
     cuda_ops.beam(values, tokens, torch.zeros(b, nodes, dtype=torch.bool), tokens, torch.zeros(2 * b, 8, 64, dtype=bf),
                   torch.zeros(32, 64, dtype=bf), torch.zeros(2 * b, 8, t, dtype=torch.int32),
@@ -445,7 +446,7 @@ for b, s, t in ((1, 1, 256), (2, 1, 256), (3, 5, 512), (16, 64, 1024)):  # rows,
 counts = {n: len(k) for n, k in keys.items()}
 assert counts == {"attend_lists": 1, "norm_rows": 2, "rope_rows": 2, "silu_mul_rows": 1, "linear_rows": 1,
                   "gate_rows": 1, "plan_rows": 2, "top_children": 2, "beam_rows": 1, "kept_tree_rows": 1,
-                  "setup_rows": 1, "embed_rows": 1}, (counts, keys)
+                  "setup_rows": 1, "embed_rows": 1, "guided_rows": 1}, (counts, keys)
 keys.clear()  # a commit's moves: caches of any rows (a pool's view of them), any number of moves
 cuda_ops.kernels = lambda: type("K", (), {"commit_rows": Launch(real.commit_rows)})
 for rows, start, n in ((1, 0, 1), (2, 0, 7), (6, 2, 40), (32, 3, 300)):
