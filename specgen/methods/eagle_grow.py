@@ -13,7 +13,7 @@ from specgen.decoding.tree import DraftTree
 from specgen.decoding.verify import VerifyBatch, tree_inputs
 from specgen.image.target import guided
 from specgen.models import kernel_choice
-from specgen.models.graphs import NODE_BUCKETS, StaticInputs, eagle_step
+from specgen.models.graphs import NODE_BUCKETS, StaticInputs, drafter_input, eagle_step
 from specgen.models.rope import Rotation, rows_rotation
 
 
@@ -131,7 +131,7 @@ def grow(forward: Forward, children: Children, root_hidden: torch.Tensor, ints: 
     width = widths[1] if len(widths) > 1 else 0  # W_1: the frontier of level 1 is the best W_1 root children
     f_score, f_tok = values[:, :width], branch_rows(tokens[:, :width], br)  # [n, W], [n * br, W]
     f_hid, parent = root_hidden.expand(-1, width, -1), None  # [n * br, W, D]: the parents' predicted features
-    seen = None if join is None else join.lists.level(0, None, None, br)  # [n * br, W, T]: level 1's lists
+    seen = None if join is None else join.lists.first  # [n * br, W, T]: level 1's lists
     recorded = widths[0]
     for level in range(1, len(widths)):  # 2. one drafter forward per level, its W x W children recorded at `recorded`
         out = forward(f_hid, f_tok, parent, level - 1, seen)  # [n * br, W, D]
@@ -171,7 +171,7 @@ def beam(frame: Frame, recorded: int, width: int, nxt: int, branches: int, hidde
     feats = frontier_rows(hidden, parent, branches)
     if join is None:
         return score, parent, tokens, feats, None
-    return (score, parent, tokens, torch.cat([F.embedding(tokens, join.embedding), feats], -1),
+    return (score, parent, tokens, drafter_input(join.embedding, tokens, feats),
             join.lists.level(level, seen, parent, branches))
 
 

@@ -11,6 +11,7 @@ from functools import cached_property, partial
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 
 from specgen.decoding.cache import KVCache
 from specgen.decoding.verify import HostBatch
@@ -203,15 +204,18 @@ def target_step(model, x: StaticInputs, k: torch.Tensor, v: torch.Tensor, cross,
     return model.output(hidden), hidden
 
 
+def drafter_input(embedding: torch.Tensor, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+    """An EAGLE drafter's input [R, S, 2 D]: the tokens' [R, S] embeddings (`embedding` [V, D]) and the features
+    [R, S, D] side by side; on CUDA one launch (`embed_cat`: a copy, the same bits)."""
+    if kernel_choice.one_pass(features):
+        return torch.ops.specgen.embed_cat(embedding, tokens, features)
+    return torch.cat([F.embedding(tokens, embedding), features], dim=-1)
+
+
 def eagle_step(net, x: StaticInputs, k: torch.Tensor, v: torch.Tensor, cross,
                width: int | None = None) -> tuple[torch.Tensor, ...]:
     """An EAGLE drafter's cached forward on one bucket: predicted features [R, S, D]; device ops only."""
-    if x.joined is not None:  # [R, S, 2 D]: the embedding and the features side by side
-        pair = x.joined
-    elif kernel_choice.one_pass(x.features):
-        pair = torch.ops.specgen.embed_cat(net.tok_embeddings.weight, x.tokens, x.features)
-    else:
-        pair = torch.cat([net.tok_embeddings(x.tokens), x.features], dim=-1)
+    pair = drafter_input(net.tok_embeddings.weight, x.tokens, x.features) if x.joined is None else x.joined
     h, f = blocks(net, net.fc(pair), x, k, v, cross, width)
     return (h if f is None else h + f,)
 
