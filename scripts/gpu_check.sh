@@ -42,10 +42,13 @@ if runs graphs; then
     warm=$!
 fi
 # a test module that cannot import (a missing wheel: trimesh) fails alone, not the whole collection
-# 116 gpu tests (53 s for 60 at the sixth lease; since, the growth's, the commit's and the gate's kernels and compiles)
+# 118 gpu tests (53 s for 60 at the sixth lease; since, the growth's, the commit's and the gate's kernels and compiles):
+# a test file a process, four at once where pytest-xdist imports (its wheels in .whl/: execnet, pytest-xdist), so the
+# files' Triton compiles run side by side
 # the four default steps' limits sum to 580 s: the device tool's 600 s a command, less the set-up
+par=$(python3 -c 'import xdist' >/dev/null 2>&1 && echo "-n 4 --dist loadfile")
 [ -n "$SKIP_TESTS" ] || step gpu-tests 140 python3 -m pytest -m gpu tests -v -rfE -p no:cacheprovider \
-    --continue-on-collection-errors
+    --continue-on-collection-errors $par
 [ -z "$warm" ] || { wait "$warm"; echo "hf-warm rc $?: $(grep -o '"warmup_s": [0-9.]*' "$OUT/hf-warm.log")"; }
 step graphs 340 python3 scripts/gpu_graphs.py --only text,image,mesh,scale --json "$OUT/graphs.json"
 step profile 60 python3 scripts/gpu_profile.py
