@@ -41,9 +41,9 @@ from specgen.methods import run_batch
 from specgen.methods.options import GPU_DRAFT, MultiBlockOptions, NgramOptions
 from specgen.methods.pcllm import MultiBlockDrafter
 from specgen.methods.text import EmptyDrafter, NgramDrafter
-from specgen.models import attention, graphs, sliced_linear
+from specgen.models import attention, graphs, sliced_linear, static_step
 from specgen.models.sliced_linear import SLICE_ROWS, SlicedLinear, row_invariant
-from specgen.models.transformer import Transformer, TransformerConfig
+from specgen.models.transformer import Transformer, TransformerConfig, additive_mask
 from specgen.native import cuda_ops
 
 SMOLLM2 = TransformerConfig(vocab_size=49152, dim=576, n_layers=30, n_heads=9, n_kv_heads=3, ffn_dim=1536,
@@ -177,7 +177,7 @@ def step_gpu_s(model) -> float | None:
     weighted by the steps the decodes so far (AR's alone) ran in each. A bf16 step's bucket holds padding nodes up to
     a whole product slice (StepGraphs.fill), so buckets are told by their one row, not by their nodes."""
     g = model.graphs
-    steps = {b: n for b, n in g.uses.items() if isinstance(b, graphs.Bucket) and b.rows == 1
+    steps = {b: n for b, n in g.uses.items() if isinstance(b, static_step.Bucket) and b.rows == 1
              and g.graphs[b][1] is not None}
     if DEVICE != "cuda" or not steps:
         return None
@@ -362,24 +362,25 @@ def attention_rows(new: int = 64) -> None:
     target.device = DEVICE
     prompts, big = prompts_of(4, cfg.vocab_size), prompts_of(16, cfg.vocab_size, seed=1)
 
-    # "lists": what a captured step attends with on CUDA (graphs.step_mask: each query over its visible slots in AR's
-    # order, the Triton kernel of native/cuda_ops.py); "chunked": the torch chain plan it replaced; "sdpa": an
+    # "lists": what a captured step attends with on CUDA (static_step.step_mask: each query over its visible slots in
+    # AR's order, the Triton kernel of native/cuda_ops.py); "chunked": the torch chain plan it replaced; "sdpa": an
     # additive mask (fewer kernels, not invariant by construction); "plain products": each product one GEMM of its
     # own row count instead of SlicedLinear's fixed shape
     def sdpa(visible, cfg, dtype):
-        return graphs.additive_mask(visible)
+        return additive_mask(visible)
 
     def chunked(visible, cfg, dtype):
         r, _, s, t = visible.shape
         return attention.chain_plan(visible, r, s, t, cfg.n_heads, cfg.n_kv_heads, cfg.hd, visible.device)
 
-    variants = {"lists": (graphs.step_mask, SlicedLinear.forward),
-                "lists, plain products": (graphs.step_mask, torch.nn.Linear.forward),
+    variants = {"lists": (static_step.step_mask, SlicedLinear.forward),
+                "lists, plain products": (static_step.step_mask, torch.nn.Linear.forward),
                 "chunked": (chunked, SlicedLinear.forward),
                 "sdpa": (sdpa, SlicedLinear.forward)}
     for attention_name, (mask, product) in variants.items():
         graphs.attach(model, "on", capture=None if DEVICE == "cuda" else False)
-        patches = (mock.patch.object(graphs, "step_mask", mask), mock.patch.object(SlicedLinear, "forward", product))
+        patches = (mock.patch.object(static_step, "step_mask", mask),
+                   mock.patch.object(SlicedLinear, "forward", product))
         for patch in patches:
             patch.start()
         run = lambda ps, b: run_batch(target, lambda i: EmptyDrafter(), ps, new, SamplingParams(),  # noqa: E731

@@ -50,7 +50,7 @@ from specgen.methods.options import MultiBlockOptions, gpu_defaults
 from specgen.methods.pcllm import MultiBlockDrafter
 from specgen.methods.text import EmptyDrafter, JacobiDrafter, NgramDrafter
 from specgen.models import graphs, kernel_choice
-from specgen.models.graphs import StaticInputs, target_step
+from specgen.models.static_step import StaticInputs, target_step
 from specgen.models.sliced_linear import SlicedLinear
 from specgen.models.transformer import Transformer, TransformerConfig
 from specgen.native import cuda_ops

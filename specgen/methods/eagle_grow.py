@@ -13,7 +13,8 @@ from specgen.decoding.tree import DraftTree
 from specgen.decoding.verify import VerifyBatch, tree_inputs
 from specgen.image.target import guided
 from specgen.models import kernel_choice
-from specgen.models.graphs import NODE_BUCKETS, StaticInputs, drafter_input, eagle_step
+from specgen.models.graphs import NODE_BUCKETS
+from specgen.models.static_step import StaticInputs, drafter_input, eagle_step
 from specgen.models.rope import Rotation, rows_rotation
 
 

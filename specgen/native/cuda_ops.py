@@ -107,7 +107,8 @@ def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k: torch
                v: torch.Tensor | None, meta: torch.Tensor | None, heads: int, half: bool) -> torch.Tensor:
     """`torch.ops.specgen.rope_store` on CUDA, one pass over a step's qkv [B, Hq + 2 Hkv, S, D]: q rotated as `rope`
     rotates it, into a new [B, Hq, S, D] (returned); k rotated and v as it is, into the cache layer k, v [C, Hkv, T,
-    D] at row meta[1, b], slot meta[0, b] + s (graphs.StaticCache's index); k, v, meta None: `rope`, nothing stored."""
+    D] at row meta[1, b], slot meta[0, b] + s (static_step.StaticCache's index); k, v, meta None: `rope`, nothing
+    stored."""
     x = qkv if qkv.stride(-1) == 1 else qkv.contiguous()
     b, h, s, d = x.shape
     cos, sin = cos.expand(b, 1, s, d), sin.expand(b, 1, s, d)  # a table row shared by the batch: stride 0
@@ -146,7 +147,7 @@ def attention_plan(seen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torc
 
 def step_plan(lengths: torch.Tensor, tree: torch.Tensor, t: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`torch.ops.specgen.step_plan` on CUDA: `attention_plan` of a step's visibility over T = `t` slots without the
-    mask (models/graphs.visibility: each node sees its row's committed slots, lengths [B], and the pending slots its
+    mask (static_step.visibility: each node sees its row's committed slots, lengths [B], and the pending slots its
     tree row names, tree [B, S, S] bool), in the same two launches."""
     b, s, _ = tree.shape
     return planned(tree, lengths, b, s, t)

@@ -202,7 +202,8 @@ def attention_plan(seen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torc
 
 
 LIB.impl("attention_plan", cuda_ops.attention_plan, "CUDA")  # the same lists in device ops
-# CUDA only (graphs.visibility's mask, then attention_plan, elsewhere): a step's plan from its tree rows and lengths
+# CUDA only (static_step.visibility's mask, then attention_plan, elsewhere): a step's plan from its tree rows and
+# lengths
 op("step_plan(Tensor lengths, Tensor tree, int t) -> (Tensor, Tensor, Tensor)",
    lambda lengths, tree, t: tuple(tree.new_empty(shape, dtype=torch.int32) for shape in (
        (*tree.shape[:2], t), tree.shape[:2], tree.shape[:1])), "CUDA")(cuda_ops.step_plan)

@@ -216,7 +216,7 @@ def gate_rows(X, W1, W3, OUT, m, n, K: tl.constexpr, BLOCK_M: tl.constexpr, BLOC
 @triton.jit
 def seen_at(src, pos, real, length, n_q, st, TREE: tl.constexpr):
     # whether slots pos (real: < T) are visible to a query whose mask row starts at src: read from the mask, or with
-    # TREE its step's visibility (models/graphs.visibility), the row's committed slots (pos < length) and the pending
+    # TREE its step's visibility (static_step.visibility), the row's committed slots (pos < length) and the pending
     # slots its tree row [S] names (slot length + c for tree column c), without a mask made first
     if TREE:
         col = pos - length
@@ -577,7 +577,7 @@ def guided_rows(LOGITS, OUT, n_s, v, scale, BLOCK: tl.constexpr):
     tl.store(OUT + node * v + pos, rounded(u + rounded(scale * d, dtype).to(tl.float32), dtype), mask=real)
 
 
-# An EAGLE drafter's input (models/graphs.eagle_step): one program a (row, node) writes its token's embedding row and
+# An EAGLE drafter's input (static_step.eagle_step): one program a (row, node) writes its token's embedding row and
 # its feature row side by side, [E[tok] | f], into OUT [R, S, 2 D]: torch.cat of an embedding and the features, bits
 # as they are (a copy); the features through their strides (a level's frontier may be a broadcast of its root's).
 @triton.jit(do_not_specialize=["n_s", "dim", "sfr", "sfs"])

@@ -195,7 +195,7 @@ def test_a_captured_levels_lists_are_the_plan_of_its_ancestors_mask():
     3 CFG sequences at different prefixes, 3 levels of 4 nodes with random parents."""
     from specgen import native
     from specgen.methods.eagle_grow import LevelLists, branch_rows, level_mask, slot_offsets, tree_columns
-    from specgen.models.graphs import StaticInputs, visibility
+    from specgen.models.static_step import StaticInputs, visibility
 
     if native.library("attention") is None:
         pytest.skip("no C compiler: the native plan is not built here")

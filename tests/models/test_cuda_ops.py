@@ -115,16 +115,16 @@ def test_the_device_plan_equals_the_c_plan():
 
 def test_a_steps_plan_is_the_plan_of_its_visibility_without_the_mask(device):
     """`step_plan` from a step's tree rows and committed lengths: the lists `attention_plan` makes of the step's mask
-    (graphs.visibility), idx, count and shared bit for bit, at lengths 0, mid-tile and near T; the control (another
+    (static_step.visibility), idx, count and shared bit for bit, at lengths 0, mid-tile and near T; the control (another
     row's length) differs."""
-    from specgen.models import graphs
+    from specgen.models import static_step
 
     g = torch.Generator().manual_seed(3)
     r, s, t = 3, 5, 300
     tree = (torch.rand(r, s, s, generator=g) < 0.5) | torch.eye(s, dtype=torch.bool)
-    x = graphs.StaticInputs(torch.zeros(r, s, dtype=torch.long), torch.zeros(r, s, dtype=torch.long),
-                            torch.tensor([[0, 130, 295], [0, 1, 2]]), tree=tree)
-    want = lists(graphs.visibility(x, t)[:, 0].to(device))
+    x = static_step.StaticInputs(torch.zeros(r, s, dtype=torch.long), torch.zeros(r, s, dtype=torch.long),
+                                 torch.tensor([[0, 130, 295], [0, 1, 2]]), tree=tree)
+    want = lists(static_step.visibility(x, t)[:, 0].to(device))
     got = cuda_ops.step_plan(x.meta[0].to(device), tree.to(device), t)
     assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
     other = cuda_ops.step_plan(torch.tensor([0, 131, 295], device=device), tree.to(device), t)
@@ -588,8 +588,8 @@ def test_the_rope_kernel_gives_rotates_bits(device, dtype, layout):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rope_store_rotates_as_rope_and_writes_each_rows_keys_and_values_at_its_slots(device, dtype):
-    """A captured step's RoPE and cache writes in one pass (graphs.StaticCache): q gets `rope`'s bits, the cache its
-    rotated keys and plain values at row meta[1, b], slots meta[0, b] + s, and no other slot changes (a padding row
+    """A captured step's RoPE and cache writes in one pass (static_step.StaticCache): q gets `rope`'s bits, the cache
+    its rotated keys and plain values at row meta[1, b], slots meta[0, b] + s, and no other slot changes (a padding row
     writes into the scratch row)."""
     g = torch.Generator().manual_seed(1)
     b, h, hkv, s, t, d = 3, 6, 2, 4, 32, 64

@@ -16,8 +16,8 @@ from specgen.image.target import CFGTarget
 from specgen.methods import get_method, run_batch
 from specgen.methods.options import JacobiOptions, NgramOptions, gpu_defaults
 from specgen.methods.text import EmptyDrafter, JacobiDrafter, NgramDrafter
-from specgen.models import graphs, kernel_choice
-from specgen.models.graphs import Bucket, StaticInputs, target_step
+from specgen.models import graphs, kernel_choice, static_step
+from specgen.models.static_step import Bucket, StaticInputs, target_step
 from specgen.models.kernel_choice import attention_path
 from specgen.models.sliced_linear import SLICE_ROWS, SlicedLinear
 from tests.conftest import tiny_model
@@ -123,7 +123,7 @@ def test_a_staged_buckets_visibility_is_each_nodes_committed_pending_and_own_slo
     b = steps.bucket(3, 3, 20)  # 4 rows of 4 nodes: a padding row, and a padding node in every row
     x = StaticInputs.for_bucket(b, "cpu")
     tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)  # a root and two children
-    x.meta.copy_(torch.tensor(graphs.meta_rows([4, 0, 17], 3, b.rows, steps.capacity)))
+    x.meta.copy_(torch.tensor(static_step.meta_rows([4, 0, 17], 3, b.rows, steps.capacity)))
     steps.stage_tree(x, 3, 3, 1, tree)
     lengths = [4, 0, 17, 0]
     want = torch.zeros(b.rows, 1, b.nodes, b.width, dtype=torch.bool)
@@ -133,7 +133,7 @@ def test_a_staged_buckets_visibility_is_each_nodes_committed_pending_and_own_slo
                 j = slot - lengths[r]
                 real = r < 3 and q < 3 and 0 <= j < 3
                 want[r, 0, q, slot] = j < 0 or (bool(tree[q, j]) if real else j == q)
-    assert torch.equal(graphs.visibility(x, b.width), want)
+    assert torch.equal(static_step.visibility(x, b.width), want)
 
 
 def test_a_step_that_reads_the_host_fails_the_check():
@@ -584,7 +584,7 @@ def test_residual_adds_inside_the_norms_give_the_blocks_bits(dtype, monkeypatch)
     """A static step's blocks hand each output on as x + f unsummed, the add done inside the next norm's kernel
     (Block.deferred): the logits and hidden states are bitwise those of the blocks' own forwards."""
     with torch.inference_mode():
-        if not graphs.native_norms(torch.zeros(1, dtype=dtype), torch.zeros(1, dtype=dtype)):
+        if not static_step.native_norms(torch.zeros(1, dtype=dtype), torch.zeros(1, dtype=dtype)):
             pytest.skip("no C compiler: the native norms are not built here")
     model = tiny_model(0).to(dtype)
     steps = graphs.attach(model, "on", capture=False)
@@ -597,7 +597,7 @@ def test_residual_adds_inside_the_norms_give_the_blocks_bits(dtype, monkeypatch)
     x.tree.copy_(x.chain.expand(2, 4, 4))
     with torch.inference_mode():
         fused = target_step(model, x, steps.k, steps.v, None, b.width)
-        monkeypatch.setattr(graphs, "native_norms", lambda *t: False)  # each block's forward, its add on its own
+        monkeypatch.setattr(static_step, "native_norms", lambda *t: False)  # each block's forward, its add on its own
         plain = target_step(model, x, steps.k, steps.v, None, b.width)
     assert all(torch.equal(a, c) for a, c in zip(fused, plain))
 
