@@ -21,7 +21,6 @@ from specgen.mesh.generate import MeshGenConfig, generate_meshes, load_condition
 from specgen.mesh.procedural import ProceduralSpec
 from specgen.methods import run_batch
 from specgen.methods.text import EmptyDrafter
-from specgen.methods.xspecmesh import XSpecMeshOptions
 from specgen.models import native_block
 from specgen.text.target import load_text_model
 from specgen.request import parse_request

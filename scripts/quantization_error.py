@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-import torch
-
 from specgen import checkpoints, registry
 from specgen.models.quantize import dequantize_int4, dequantize_int8, quantize_int4, quantize_int8
 
