@@ -43,6 +43,10 @@ def cases(dtype):
            # one-launch products: x [M, K] by w [N, K] with a bias; SwiGLU's gate over x [..., K], w1, w3 [N, K]
            "linear": (x.view(15, 64), randn(40, 64, dtype=dtype, seed=20), randn(40, dtype=dtype, seed=21)),
            "gate": (x, randn(40, 64, dtype=dtype, seed=22), randn(40, 64, dtype=dtype, seed=23)),
+           # a block's residual add and norm in the product that reads it: x, a [..., K], the norm's weight, eps,
+           # w1 [N, K], a bias, no w3 (a product, not the gate)
+           "norm_product": (x, randn(3, 5, 64, dtype=dtype, seed=26), w, 1e-5, randn(40, 64, dtype=dtype, seed=27),
+                            randn(40, dtype=dtype, seed=28), None),
            # an embedding [V, D], tokens [R, S], features [R, S, D] (a broadcast row: stride 0)
            "embed_cat": (randn(10, 64, dtype=dtype, seed=18), torch.tensor([[3, 9, 0], [1, 1, 2]]),
                          randn(2, 1, 64, dtype=dtype, seed=19).expand(2, 3, 64)),
@@ -82,7 +86,7 @@ def cases(dtype):
     return got
 
 
-CUDA_ONLY = ("rope", "rope_store", "silu_mul", "linear", "gate", "embed_cat", "guided", "step_plan",
+CUDA_ONLY = ("rope", "rope_store", "silu_mul", "linear", "gate", "norm_product", "embed_cat", "guided", "step_plan",
              "top_children", "beam", "kept_tree", "growth_setup", "commit_slots")  # torch's ops elsewhere (one_pass)
 OPS = ("rms_norm", "add_rms_norm", "tiled_linear", "attention_plan", "attend", "rope_write_attend", "qmm", *CUDA_ONLY)
 CUDA_OPS = ("rms_norm", "add_rms_norm", "attention_plan", "attend", *CUDA_ONLY)  # Triton on CUDA (native/cuda_ops.py)

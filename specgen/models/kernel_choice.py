@@ -186,6 +186,17 @@ def one_launch_gate(x: torch.Tensor, w1: torch.nn.Module, w3: torch.nn.Module) -
             and w1.weight.dtype in SLICED_DTYPES)
 
 
+def one_launch_norm(x: torch.Tensor, norm_weight: torch.Tensor, lin: torch.nn.Module, w3: torch.nn.Module | None
+                    ) -> bool:
+    """Whether a block's residual add and RMSNorm run inside the product that reads the norm, `lin` or SwiGLU's gate
+    of `lin` and `w3` (`torch.ops.specgen.norm_product`): a native norm over x where that product runs one launch
+    (`one_launch_gate`'s conditions, for the gate without biases, as `gate` takes it)."""
+    linears = (lin,) if w3 is None else (lin, w3)
+    return (native_norms(x, norm_weight) and one_pass(x) and cuda_ops.one_launch_products()
+            and all(isinstance(w, torch.nn.Linear) and w.weight.dtype == x.dtype for w in linears)
+            and x.dtype in SLICED_DTYPES and (w3 is None or all(w.bias is None for w in linears)))
+
+
 @torch.inference_mode()
 def time_passes(linears: list, rows: tuple[int, ...] = ROWS, rounds: int = ROUNDS) -> Timing:
     """Best-of-`rounds` ms of r-row products over every distinct weight of `linears` (PackedLinears), per kernel."""

@@ -103,11 +103,17 @@ class Attention(nn.Module):
         mask: torch.Tensor | None,  # [B, 1, S, T] bool, or None
         causal: bool,
     ) -> torch.Tensor:
-        b, s, _ = x.shape
+        return self.attend(self.wqkv(x), rot, layer, cache, mask, causal)
+
+    def attend(self, projected: torch.Tensor, rot: Rotation, layer: int, cache: KVCache | None,
+               mask: torch.Tensor | None, causal: bool) -> torch.Tensor:
+        """`forward` after its QKV projection, projected [B, S, (H + 2 Hkv) hd] (a block may make it in its norm's
+        launch: Block.deferred)."""
+        b, s, _ = projected.shape
         h, hkv, hd = self.cfg.n_heads, self.cfg.n_kv_heads, self.cfg.hd
         if isinstance(mask, NativePlan) and mask.slots is not None and not self.cfg.qk_norm:  # one native call
-            return self.wo(native_self_attention(self.wqkv(x), rot, *cache.layers[layer], mask))  # (attention.py)
-        qkv = self.wqkv(x).view(b, s, h + 2 * hkv, hd).transpose(1, 2)  # [B, H + 2 Hkv, S, hd]
+            return self.wo(native_self_attention(projected, rot, *cache.layers[layer], mask))  # (attention.py)
+        qkv = projected.view(b, s, h + 2 * hkv, hd).transpose(1, 2)  # [B, H + 2 Hkv, S, hd]
         if self.cfg.qk_norm:
             qkv = torch.cat([self.q_norm(qkv[:, :h]), self.k_norm(qkv[:, h : h + hkv]), qkv[:, h + hkv :]], 1)
         # q [B, H, S, hd] rotated; k, v [B, Hkv, S, hd] (no cache) or the cache's visible [B, Hkv, T, hd] after writing
@@ -115,10 +121,10 @@ class Attention(nn.Module):
         if isinstance(mask, PLANS):  # a planned forward with a cache (hidden_states: `attention_path` not sdpa)
             y = invariant_attention(q, k, v, mask)  # a query's result never depends on the forward's width
         else:
-            if x.dtype != torch.float32:  # no cache (teacher forcing, training) or a prompt prefill: float32 math, as
-                q, k, v = q.float(), k.float(), v.float()  # SDPA's bf16 kernels accumulate anyway
+            if projected.dtype != torch.float32:  # no cache (teacher forcing, training) or a prompt prefill: float32
+                q, k, v = q.float(), k.float(), v.float()  # math, as SDPA's bf16 kernels accumulate anyway
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None,
-                                               enable_gqa=h != hkv).to(x.dtype)
+                                               enable_gqa=h != hkv).to(projected.dtype)
         return self.wo(y.transpose(1, 2).reshape(b, s, -1))
 
 
@@ -203,15 +209,30 @@ class Block(nn.Module):
                  cross_kv=None) -> tuple[torch.Tensor, torch.Tensor]:
         """`forward` with each residual add inside the next norm's kernel (native norms): the previous block's output
         given as x + f (f None: x), this block's returned as (x, f) unsummed [B, S, dim]; add_rms_norm's sum is the
-        add's and its norm the norm's, so the bits are forward's."""
-        n = self.attention_norm
-        x, normed = (x, n(x)) if f is None else torch.ops.specgen.add_rms_norm(x, f, n.weight, n.eps)
-        a = self.attention(normed, rot, layer, cache, mask, causal)
+        add's and its norm the norm's, so the bits are forward's. Where products run one launch on CUDA, the add and
+        the norm run inside the product that reads the norm (`normed_into`), whose bits are its own."""
+        x, projected = normed_into(x, f, self.attention_norm, self.attention.wqkv)  # [B, S, (H + 2 Hkv) hd]
+        a = self.attention.attend(projected, rot, layer, cache, mask, causal)
         if cross_kv is not None:  # the condition's cross-attention between the two, its input's add in its norm
             x, normed = torch.ops.specgen.add_rms_norm(x, a, self.cross_norm.weight, self.cross_norm.eps)
             a = self.cross_attention(normed, cross_kv)
-        x, normed = torch.ops.specgen.add_rms_norm(x, a, self.ffn_norm.weight, self.ffn_norm.eps)
-        return x, self.feed_forward(normed)
+        return normed_into(x, a, self.ffn_norm, self.feed_forward)
+
+
+def normed_into(x: torch.Tensor, f: torch.Tensor | None, norm: RMSNorm, consumer: nn.Module
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + f (f None: x), consumer(norm(x + f))) [B, S, ...] for the module that reads a block's norm (its QKV
+    projection, its feed-forward): on CUDA with one-launch products the add and the norm run inside the consumer's
+    first product (`torch.ops.specgen.norm_product`: the projection, or a FeedForward's gate, then its w2), no norm
+    launch and no normed tensor; else the native norm's pass, then the consumer."""
+    ff = consumer if isinstance(consumer, FeedForward) else None  # a quantized one stores w1 and w3 as one layer
+    first, w3 = (consumer, None) if ff is None else (ff.w1, ff.w3)
+    if kernel_choice.one_launch_norm(x, norm.weight, first, w3):
+        total, out = torch.ops.specgen.norm_product(x, f, norm.weight, norm.eps, first.weight, first.bias,
+                                                    None if w3 is None else w3.weight)
+        return (x if f is None else total), (out if ff is None else ff.w2(out))
+    x, normed = (x, norm(x)) if f is None else torch.ops.specgen.add_rms_norm(x, f, norm.weight, norm.eps)
+    return x, consumer(normed)
 
 
 class ClassEmbedding(nn.Module):

@@ -173,8 +173,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
     x, weight = x.contiguous(), weight.contiguous()
     (m, k), n = x.shape, weight.shape[0]
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    kernels().linear_rows[product_grid(m, n)](x, weight, weight if bias is None else bias, out, m, n,
-                                              HAS_BIAS=bias is not None, **product_tiles(k))
+    kernels().linear_rows[product_grid(m, n)](x, x, x, x, weight, weight if bias is None else bias, out, m, n, 0.0,
+                                              NORM=False, ADD=False, HAS_BIAS=bias is not None, **product_tiles(k))
     return out
 
 
@@ -185,8 +185,31 @@ def gate(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor) -> torch.Tensor:
     rows, w1, w3 = x.reshape(-1, x.shape[-1]).contiguous(), w1.contiguous(), w3.contiguous()
     (m, k), n = rows.shape, w1.shape[0]
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    kernels().gate_rows[product_grid(m, n)](rows, w1, w3, out, m, n, **product_tiles(k))
+    kernels().gate_rows[product_grid(m, n)](rows, rows, rows, rows, w1, w3, out, m, n, 0.0, NORM=False, ADD=False,
+                                            **product_tiles(k))
     return out.view(*x.shape[:-1], n)
+
+
+def norm_product(x: torch.Tensor, a: torch.Tensor | None, norm_weight: torch.Tensor, eps: float, w1: torch.Tensor,
+                 bias: torch.Tensor | None, w3: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`torch.ops.specgen.norm_product` on CUDA: a block's residual add, its next RMSNorm (norm_weight [K]) and the
+    product that reads the norm, in one launch (linear_rows or, given w3, gate_rows with NORM): for x, a [..., K], the
+    sum x + a (an empty tensor when a is None: the sum is x) and RMSNorm(x + a) @ w1^T (+ bias), or SwiGLU's gate of
+    w1 and w3 over it, [..., N]. A row keeps its bits at any row count; its norm's factor sums in the product's chunks
+    (triton_kernels.row_factors), so they are not add_rms_norm-then-product's bits."""
+    rows, k, n = x.reshape(-1, x.shape[-1]).contiguous(), x.shape[-1], w1.shape[0]
+    added = rows if a is None else a.reshape(-1, k).contiguous()
+    m = rows.shape[0]
+    total = torch.empty_like(rows) if a is not None else rows.new_empty(0)
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    consts = dict(NORM=True, ADD=a is not None, **product_tiles(k))
+    args = (rows, added, norm_weight.contiguous(), rows if a is None else total)
+    if w3 is None:
+        kernels().linear_rows[product_grid(m, n)](*args, w1.contiguous(), w1 if bias is None else bias, out, m, n, eps,
+                                                  HAS_BIAS=bias is not None, **consts)
+    else:
+        kernels().gate_rows[product_grid(m, n)](*args, w1.contiguous(), w3.contiguous(), out, m, n, eps, **consts)
+    return total.view(x.shape) if a is not None else total, out.view(*x.shape[:-1], n)
 
 
 def product_grid(m: int, n: int) -> tuple[int, int]:

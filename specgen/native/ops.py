@@ -104,6 +104,12 @@ op("silu_mul(Tensor a, Tensor b) -> Tensor", like, "CUDA")(cuda_ops.silu_mul)
 # SwiGLU's gate with its two products (the bits of two `linear`s and silu_mul)
 op("gate(Tensor x, Tensor w1, Tensor w3) -> Tensor", lambda x, w1, w3: x.new_empty(*x.shape[:-1], w1.shape[0]),
    "CUDA")(cuda_ops.gate)
+# a block's residual add and RMSNorm inside the product that reads the norm (a product or the gate): (x + a or an empty
+# tensor when a is None, the product [..., N])
+op("norm_product(Tensor x, Tensor? a, Tensor norm_weight, float eps, Tensor w1, Tensor? bias, Tensor? w3) -> "
+   "(Tensor, Tensor)", lambda x, a, norm_weight, eps, w1, bias, w3: (
+       x.new_empty(x.shape if a is not None else (0,)), x.new_empty(*x.shape[:-1], w1.shape[0])),
+   "CUDA")(cuda_ops.norm_product)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

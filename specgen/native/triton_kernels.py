@@ -169,22 +169,71 @@ def weight_tile(W, cols, ks, n, K: tl.constexpr, UPCAST: tl.constexpr):
     return b
 
 
+@triton.jit
+def row_factors(X, A, TOTAL, rows, m, eps, K: tl.constexpr, ADD: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_K: tl.constexpr):
+    # RMSNorm's factor rsqrt(mean(x^2) + eps) [BLOCK_M] of rows `rows` of x [m, K] in float32 (with ADD of x + a,
+    # rounded to the dtype as norm_rows rounds it, which the first column tile's program writes to TOTAL): the sum of
+    # squares in BLOCK_K-column chunks from k = 0, a fixed order per model width, so a row's factor is the same in
+    # every call and tile row (its bits are not norm_rows' one-pass sum's)
+    steps = tl.arange(0, BLOCK_K)
+    written = tl.where(tl.program_id(1) == 0, m, 0)  # the rows this program writes to TOTAL: all or none
+    squares = tl.zeros([BLOCK_M], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + steps
+        x = row_tile(X, rows, ks, m, K, True)
+        if ADD:
+            x = rounded(x + row_tile(A, rows, ks, m, K, True), X.dtype.element_ty)
+            tl.store(TOTAL + rows[:, None].to(tl.int64) * K + ks[None, :], x,
+                     mask=(rows[:, None] < written) & (ks[None, :] < K))
+            x = x.to(tl.float32)
+        squares += tl.sum(x * x, 1)
+    return tl.math.rsqrt(squares / K + eps)
+
+
+@triton.jit
+def input_tile(X, A, NW, factors, rows, ks, m, K: tl.constexpr, NORM: tl.constexpr, ADD: tl.constexpr,
+               UPCAST: tl.constexpr):
+    # a product's [BLOCK_M, BLOCK_K] input tile at `rows`, columns `ks`: x's, or with NORM RMSNorm(x [+ a])'s, rounded
+    # as norm_rows rounds it (the sum, its product with the row's factor, that times the norm's weight NW [K])
+    if NORM:
+        dtype = X.dtype.element_ty
+        x = row_tile(X, rows, ks, m, K, True)
+        if ADD:
+            x = rounded(x + row_tile(A, rows, ks, m, K, True), dtype).to(tl.float32)
+        y = rounded(x * factors[:, None], dtype).to(tl.float32)
+        tile = rounded(tl.load(NW + ks, mask=ks < K, other=0.0).to(tl.float32)[None, :] * y, dtype)
+        if UPCAST:
+            tile = tile.to(tl.float32)
+    else:
+        tile = row_tile(X, rows, ks, m, K, UPCAST)
+    return tile
+
+
 # The invariant of a product (docs/precision.md): an output row depends only on its own input row and the weights.
 # One program computes a BLOCK_M x BLOCK_N tile of x [M, K] @ w [N, K]^T, its K sums in BLOCK_K steps from k = 0 into
 # float32, rounded once; every tile shape and warp count is fixed per weight and M is not specialised, so a row runs
 # the same instructions whichever tile row it lands in and however many rows the call holds (a GPU library instead
 # picks its kernel, split-K included, by the row count). Rows past M load zeros and are never stored; each weight
-# tile is read once a row tile, which is one for a decode step's rows.
+# tile is read once a row tile, which is one for a decode step's rows. With NORM the input is RMSNorm(x [+ a]) with
+# the norm's weight NW, made tile by tile from each row's factor (`row_factors`, `input_tile`): the norm's launch and
+# its output's round trip through memory are gone, and a row still reads only itself.
 @triton.jit(do_not_specialize=["m"])
-def linear_rows(X, W, BIAS, OUT, m, n, K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
-                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr):
+def linear_rows(X, A, NW, TOTAL, W, BIAS, OUT, m, n, eps, K: tl.constexpr, NORM: tl.constexpr, ADD: tl.constexpr,
+                HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                UPCAST: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M]
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
     steps = tl.arange(0, BLOCK_K)
+    if NORM:
+        factors = row_factors(X, A, TOTAL, rows, m, eps, K, ADD, BLOCK_M, BLOCK_K)
+    else:
+        factors = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, K, BLOCK_K):  # K a constexpr: the interpreter's loops take no loaded or runtime bound
         ks = k0 + steps
-        acc = tl.dot(row_tile(X, rows, ks, m, K, UPCAST), weight_tile(W, cols, ks, n, K, UPCAST), acc)
+        a = input_tile(X, A, NW, factors, rows, ks, m, K, NORM, ADD, UPCAST)
+        acc = tl.dot(a, weight_tile(W, cols, ks, n, K, UPCAST), acc)
     if HAS_BIAS:
         acc += tl.load(BIAS + cols, mask=cols < n, other=0.0).to(tl.float32)[None, :]
     tl.store(OUT + rows[:, None].to(tl.int64) * n + cols[None, :], rounded(acc, OUT.dtype.element_ty),
@@ -194,18 +243,22 @@ def linear_rows(X, W, BIAS, OUT, m, n, K: tl.constexpr, HAS_BIAS: tl.constexpr, 
 # SwiGLU's gate over two products in one launch: a tile of silu(x @ w1^T) * (x @ w3^T) with the bits of linear_rows
 # twice and silu_mul_rows (three launches): each product's tile summed as linear_rows sums it (the same tiles, the same
 # dots from k = 0, one x tile feeding both), rounded to the dtype as linear_rows rounds its output, then `swiglu`.
-# Each output element reads only its own row's products, so the row invariance carries over.
+# Each output element reads only its own row's products, so the row invariance carries over; NORM as linear_rows'.
 @triton.jit(do_not_specialize=["m"])
-def gate_rows(X, W1, W3, OUT, m, n, K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              BLOCK_K: tl.constexpr, UPCAST: tl.constexpr):
+def gate_rows(X, A, NW, TOTAL, W1, W3, OUT, m, n, eps, K: tl.constexpr, NORM: tl.constexpr, ADD: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M]
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
     steps = tl.arange(0, BLOCK_K)
+    if NORM:
+        factors = row_factors(X, A, TOTAL, rows, m, eps, K, ADD, BLOCK_M, BLOCK_K)
+    else:
+        factors = tl.zeros([BLOCK_M], tl.float32)
     gate = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + steps
-        a = row_tile(X, rows, ks, m, K, UPCAST)
+        a = input_tile(X, A, NW, factors, rows, ks, m, K, NORM, ADD, UPCAST)
         gate = tl.dot(a, weight_tile(W1, cols, ks, n, K, UPCAST), gate)
         up = tl.dot(a, weight_tile(W3, cols, ks, n, K, UPCAST), up)
     dtype = OUT.dtype.element_ty

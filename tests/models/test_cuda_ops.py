@@ -215,6 +215,46 @@ def test_the_gate_kernel_has_the_bits_of_its_two_products_and_silu_mul_at_any_ro
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("gated", [False, True])
+def test_the_norm_product_kernel_norms_its_input_inside_the_product_at_any_row_count(device, dtype, gated):
+    """norm_product (a block's add and RMSNorm inside the one-launch product that reads the norm): the sum x + a
+    bitwise torch's add, and RMSNorm(x + a) @ w1^T + b, or SwiGLU's gate over it, within the products' rounding of
+    torch's formulas, without the add too (a first block), at 1, 3, 64 and 70 rows and [B, S, K] inputs; each row alone
+    gets its bits inside the 70-row call (the row invariance). Controls: the norm's weight and the factor matter (a
+    product of the unnormed sum, or of the norm without its weight, is far off)."""
+    from specgen.models.transformer import rms_norm
+
+    g = torch.Generator().manual_seed(6)
+    n, k = 100, 96  # N and K off the 64-wide tiles
+    x, a, w1, w3 = (torch.randn(*shape, generator=g).to(device, dtype) for shape in ((70, k), (70, k), (n, k), (n, k)))
+    nw, bias = (1 + torch.rand(k, generator=g)).to(device, dtype), torch.randn(n, generator=g).to(device, dtype)
+    gate_w, b = (w3, None) if gated else (None, bias)
+
+    def product(normed: torch.Tensor) -> torch.Tensor:  # float32 reference of the product over the normed input
+        h = normed.float()
+        return F.silu(h @ w1.float().T) * (h @ w3.float().T) if gated else h @ w1.float().T + bias.float()
+
+    for added in (a, None):
+        total, got = cuda_ops.norm_product(x, added, nw, 1e-5, w1, b, gate_w)
+        summed = x if added is None else x + added
+        assert torch.equal(total, summed) if added is not None else total.numel() == 0
+        want = product(rms_norm(summed, nw, 1e-5))
+        assert got.shape == (70, n) and got.dtype == dtype
+        torch.testing.assert_close(got.float(), want, atol=2e-2 * want.abs().max().item(), rtol=2e-2)
+        for control in (product(summed), product(rms_norm(summed, torch.ones_like(nw), 1e-5))):
+            assert (got.float() - control).abs().max() > 0.1 * want.abs().max()
+        alone = torch.cat([cuda_ops.norm_product(x[j: j + 1], None if added is None else added[j: j + 1], nw, 1e-5,
+                                                 w1, b, gate_w)[1] for j in range(70)])
+        assert torch.equal(alone, got)
+        for m in (1, 3, 64):
+            assert torch.equal(cuda_ops.norm_product(x[:m], None if added is None else added[:m], nw, 1e-5, w1, b,
+                                                     gate_w)[1], got[:m]), m
+        three_d = cuda_ops.norm_product(x.view(2, 35, k), None if added is None else added.view(2, 35, k), nw, 1e-5,
+                                        w1, b, gate_w)[1]
+        assert torch.equal(three_d, got.view(2, 35, n))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_the_gate_comparison_can_fail(device, dtype):
     """Control: the gate over its float32 products, not each rounded to the dtype first (a fused kernel's natural
     shortcut), differs from the three launches' bits, so the equalities above are a property of the kernel."""
@@ -254,6 +294,51 @@ def test_a_feed_forward_takes_the_gate_where_its_products_run_one_launch(monkeyp
     with torch.inference_mode():
         ffn(x.to(torch.bfloat16))
     assert not gated
+
+
+def test_a_block_norms_inside_its_products_where_they_run_one_launch(monkeypatch):
+    """Block.deferred on a CUDA step (here: `one_pass` says so) with one-launch products and bf16 weights: its two
+    norms run inside the QKV product and the gate (`norm_product`, the first block's without an add), and its output
+    is the separate launches' within the products' rounding; float32 weights, the flag off, a CPU forward and a
+    LoRA-wrapped QKV keep the norm's own launch."""
+    from specgen.models import transformer
+    from specgen.train.lora import LoRALinear
+    from tests.conftest import tiny_config
+
+    fused = []
+    monkeypatch.setattr(torch.ops.specgen, "norm_product", lambda *a: fused.append(a[1] is not None)
+                        or cuda_ops.norm_product(*a))
+    for name in ("add_rms_norm", "rms_norm", "gate", "silu_mul", "rope"):
+        monkeypatch.setattr(torch.ops.specgen, name, getattr(cuda_ops, name))
+    monkeypatch.setattr(kernel_choice, "native_norms", lambda *t: True)
+    cfg = tiny_config()
+    g = torch.Generator().manual_seed(7)
+    h, f = (torch.randn(2, 3, cfg.dim, generator=g) for _ in range(2))
+    rot = transformer.rows_rotation(torch.randn(2, 3, 2, cfg.hd, generator=g), "half")
+
+    def deferred(block, dtype, one_launch=True, cuda=True):
+        monkeypatch.setattr(kernel_choice, "one_pass", lambda t: cuda and not torch.is_grad_enabled())
+        monkeypatch.setattr(cuda_ops, "one_launch_products", lambda: one_launch)
+        fused.clear()
+        with torch.inference_mode():
+            return [block.deferred(h.to(dtype), first, rot.__class__(rot.cos.to(dtype), rot.sin.to(dtype), "half"), 0,
+                                   None, None, True) for first in (None, f.to(dtype))]
+
+    torch.manual_seed(0)
+    block = transformer.Block(cfg).to(torch.bfloat16)
+    got = deferred(block, torch.bfloat16)
+    assert fused == [False, True, True, True]  # the first block's QKV norm (no add), its gate's; a later block's two
+    want = deferred(block, torch.bfloat16, one_launch=False)
+    assert not fused
+    for (gx, gf), (wx, wf) in zip(got, want):
+        assert torch.equal(gx, wx)  # the residual sum: the add's bits
+        torch.testing.assert_close(gf.float(), wf.float(), atol=3e-2 * wf.abs().max().item(), rtol=3e-2)
+    for dtype, one_launch, cuda in ((torch.float32, True, True), (torch.bfloat16, True, False)):
+        deferred(transformer.Block(cfg).to(dtype), dtype, one_launch, cuda)
+        assert not fused, (dtype, cuda)
+    block.attention.wqkv = LoRALinear(block.attention.wqkv, 2, 4.0).to(torch.bfloat16)
+    deferred(block, torch.bfloat16)
+    assert fused == [True, True]  # each call's gate alone (its add), not the QKV norm
 
 
 def test_one_launch_products_are_asked_for_and_need_the_kernels(monkeypatch):
@@ -312,20 +397,18 @@ for tree in (False, True):  # a mask's plan; a step's from its tree rows and len
            if n.isupper() else "i32" for n in fn.arg_names}
     for arch in (80, 90):
         build(fn, sig, consts, arch)
-fn = cuda_ops.kernels().linear_rows
-for dtype, bias, k, archs in (("bf16", False, 576, (80, 90)), ("fp16", True, 1536, (90,))):
-    t = cuda_ops.PRODUCT_TILE
-    consts = {"K": k, "HAS_BIAS": bias, "BLOCK_M": t, "BLOCK_N": t, "BLOCK_K": t, "UPCAST": False}
-    sig = {n: "constexpr" if n in consts else "i32" if n in ("m", "n") else "*" + dtype for n in fn.arg_names}
-    for arch in archs:
-        build(fn, sig, consts, arch)
-fn = cuda_ops.kernels().gate_rows
-for dtype, k, archs in (("bf16", 576, (80, 90)), ("fp16", 1536, (90,))):
-    t = cuda_ops.PRODUCT_TILE
-    consts = {"K": k, "BLOCK_M": t, "BLOCK_N": t, "BLOCK_K": t, "UPCAST": False}
-    sig = {n: "constexpr" if n in consts else "i32" if n in ("m", "n") else "*" + dtype for n in fn.arg_names}
-    for arch in archs:
-        build(fn, sig, consts, arch)
+t = cuda_ops.PRODUCT_TILE
+for fn in (cuda_ops.kernels().linear_rows, cuda_ops.kernels().gate_rows):  # a product; with a norm, with its add
+    for dtype, bias, k, norm, add, archs in (("bf16", False, 576, False, False, (80, 90)),
+                                             ("fp16", True, 1536, False, False, (90,)),
+                                             ("bf16", True, 576, True, True, (80, 90)),
+                                             ("fp16", False, 576, True, False, (90,))):
+        consts = {"K": k, "NORM": norm, "ADD": add, "BLOCK_M": t, "BLOCK_N": t, "BLOCK_K": t, "UPCAST": False}
+        consts |= {"HAS_BIAS": bias} if "HAS_BIAS" in fn.arg_names else {}
+        sig = {n: "constexpr" if n in consts else "i32" if n in ("m", "n") else "fp32" if n == "eps" else "*" + dtype
+               for n in fn.arg_names}
+        for arch in archs:
+            build(fn, sig, consts, arch)
 fn = cuda_ops.kernels().kept_tree_rows
 consts = {"SB": 128, "CHUNK": cuda_ops.TREE_CHUNK, "ROWS": cuda_ops.TREE_ROWS}  # node budgets 63 to 126
 sig = {n: "constexpr" if n in consts else "*fp32" if n == "SCORES" else "*u8" if n in ("PAD", "MASK") else "*i64"
@@ -427,6 +510,9 @@ for b, s, t in ((1, 1, 256), (2, 1, 256), (3, 5, 512), (16, 64, 1024)):  # rows,
     cuda_ops.rms_norm(x, w, 1e-5), cuda_ops.add_rms_norm(x, x, w, 1e-5), cuda_ops.silu_mul(x, x)
     cuda_ops.linear(x.reshape(-1, 576), torch.zeros(960, 576, dtype=bf), None)
     cuda_ops.gate(x, torch.zeros(1536, 576, dtype=bf), torch.zeros(1536, 576, dtype=bf))
+    for added in (None, x):  # a block's norms inside their products: the first block's, a later one's (its add)
+        cuda_ops.norm_product(x, added, w, 1e-5, torch.zeros(960, 576, dtype=bf), None, None)
+    cuda_ops.norm_product(x, x, w, 1e-5, torch.zeros(1536, 576, dtype=bf), None, torch.zeros(1536, 576, dtype=bf))
     logits = torch.zeros(2 * b, s, 16384, dtype=bf)  # a growth's levels: the root's children, then scored ones
     nodes = 8 + 64 * (2 + s % 4)  # a growth's record [b, N], written from each level's column
     values, tokens = torch.zeros(b, nodes), torch.zeros(b, nodes, dtype=torch.long)
@@ -444,8 +530,8 @@ for b, s, t in ((1, 1, 256), (2, 1, 256), (3, 5, 512), (16, 64, 1024)):  # rows,
     cuda_ops.kept_tree(torch.zeros(b, nodes), torch.zeros(b, nodes, dtype=torch.bool), torch.zeros(b, nodes,
                        dtype=torch.long), torch.zeros(b, nodes, dtype=torch.long), ints[3], ints[5], ints[0], 64, s % 7)
 counts = {n: len(k) for n, k in keys.items()}
-assert counts == {"attend_lists": 1, "norm_rows": 2, "rope_rows": 2, "silu_mul_rows": 1, "linear_rows": 1,
-                  "gate_rows": 1, "plan_rows": 2, "top_children": 2, "beam_rows": 1, "kept_tree_rows": 1,
+assert counts == {"attend_lists": 1, "norm_rows": 2, "rope_rows": 2, "silu_mul_rows": 1, "linear_rows": 3,
+                  "gate_rows": 2, "plan_rows": 2, "top_children": 2, "beam_rows": 1, "kept_tree_rows": 1,
                   "setup_rows": 1, "embed_rows": 1, "guided_rows": 1}, (counts, keys)
 keys.clear()  # a commit's moves: caches of any rows (a pool's view of them), any number of moves
 cuda_ops.kernels = lambda: type("K", (), {"commit_rows": Launch(real.commit_rows)})
@@ -460,8 +546,9 @@ assert {n: len(k) for n, k in keys.items()} == {"commit_rows": 1}, keys
 def test_a_decodes_changing_sizes_reuse_each_kernels_compiled_variant():
     """Triton compiles a kernel per specialization key (an int argument's value 1 or divisibility by 16, a pointer's
     alignment, the constexprs): steps of other rows, nodes and widths must share one key per kernel (the norm's
-    residual add, RoPE's cache store, a mask's or a step's plan and a growth's unscored root children: two), or a
-    decode recompiles as it goes and a capture meets a first compile."""
+    residual add, RoPE's cache store, a mask's or a step's plan and a growth's unscored root children: two; a product
+    with a norm inside, with and without its add: three, the gate two), or a decode recompiles as it goes and a
+    capture meets a first compile."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", VARIANTS], env=env, capture_output=True, text=True,
                           cwd=Path(__file__).parents[2])
