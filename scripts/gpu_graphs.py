@@ -145,6 +145,12 @@ def text_rows(new: int) -> None:
     row(suite="text", row="ar run_ahead 8 --graphs on", tok_s=tokens / s_ra, vs_off=s_off / s_ra, vs_ar=s_on / s_ra,
         exact=exact(res, base), **first)
     busy("ar run_ahead 8", gpu, s_ra / tokens)
+    with mock.patch.object(cuda_ops, "one_launch_products", lambda: True):  # the A/B for SPECGEN_TRITON_PRODUCTS=1:
+        g = attach(model, "on")  # a kernel a product, a block's norms inside them; captures of its own
+        res, s_one, first = measured(EmptyDrafter, prompts)
+    row(suite="text", row="ar --graphs on, one-launch products", tok_s=tokens / s_one, vs_off=s_off / s_one,
+        vs_ar=s_on / s_one, same_tokens_as_sliced=exact(res, base), **first)
+    g = attach(model, "on")
     ng = lambda: NgramDrafter(NgramOptions(num_draft=GPU_DRAFT, max_ngram=3, min_ngram=1))  # noqa: E731
     res, s, first = measured(ng, prompts)
     row(suite="text", row="ngram --graphs on (random weights)", tok_s=tokens / s, vs_off=s_off / s, vs_ar=s_on / s,

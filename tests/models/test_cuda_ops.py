@@ -147,19 +147,26 @@ def test_cuda_forwards_take_the_lists_when_triton_is_there_and_env_says_which(mo
     assert torch._C._dispatch_has_kernel_for_dispatch_key("specgen::attention_plan", "CUDA")
 
 
-def test_the_kernels_in_a_models_steps_score_chains_and_trees_as_ar_steps(device, monkeypatch):
+@pytest.mark.parametrize("products", ["sliced", pytest.param("one launch", marks=pytest.mark.slow)])
+def test_the_kernels_in_a_models_steps_score_chains_and_trees_as_ar_steps(device, products, monkeypatch):
     """The kernels (attention, its device plan, the norms, RoPE) as a bf16 model's static steps call them (the ops'
-    CUDA implementations): a 16-node chain's and a tree path's nodes get the bits of the AR steps."""
+    CUDA implementations): a 16-node chain's and a tree path's nodes get the bits of the AR steps; with one-launch
+    products too (`SPECGEN_TRITON_PRODUCTS=1`: a kernel a product, the gate's, a block's norms inside them)."""
     from specgen.models import graphs
     from tests.conftest import tiny_model
     from tests.models.test_graphs import PROMPT, chain_against_steps, tree_against_steps
 
     if device == "cpu":  # route the ops' CPU calls to the CUDA implementations
         for name in ("attend", "attention_plan", "step_plan", "rms_norm", "add_rms_norm", "rope", "rope_store",
-                     "silu_mul"):
+                     "silu_mul", "gate", "norm_product"):
             monkeypatch.setattr(torch.ops.specgen, name, getattr(cuda_ops, name))
         monkeypatch.setattr(native, "library", lambda name: "triton" if name in ("attention", "glue") else None)
         monkeypatch.setattr(kernel_choice, "one_pass", lambda x: not torch.is_grad_enabled())
+    if products == "one launch":
+        monkeypatch.setattr(cuda_ops, "one_launch_products", lambda: True)
+        if device == "cpu":  # SlicedLinear's one-launch branch as on CUDA
+            monkeypatch.setattr(SlicedLinear, "forward", lambda self, x: cuda_ops.linear(
+                x.reshape(-1, x.shape[-1]), self.weight, self.bias).reshape(*x.shape[:-1], self.out_features))
     model = tiny_model(0).to(device, torch.bfloat16)
     for lin in model.modules():  # products of one row count, as a loaded model's on a GPU (models/sliced_linear.py)
         if type(lin) is torch.nn.Linear:
