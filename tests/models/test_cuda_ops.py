@@ -202,8 +202,8 @@ def three_launches(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor) -> torch
     return cuda_ops.silu_mul(a, b).view(*x.shape[:-1], w1.shape[0])
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("n,k", [(100, 96), (130, 40)])  # N and K off the 64-wide tiles, K under one tile
+# N and K off the 64-wide tiles; K under one tile
+@pytest.mark.parametrize("dtype,n,k", [(torch.bfloat16, 100, 96), (torch.float16, 130, 40)])
 def test_the_gate_kernel_has_the_bits_of_its_two_products_and_silu_mul_at_any_row_count(device, dtype, n, k):
     """gate_rows (SwiGLU under `SPECGEN_TRITON_PRODUCTS=1`): silu(x @ w1^T) * (x @ w3^T) in one launch, bitwise the
     three launches it replaces at 1, 3, 64 and 70 rows (and [B, S, K] inputs); each row alone gets its bits inside the
