@@ -85,7 +85,8 @@ def kernel_paths(device: str | None = None) -> dict[str, dict]:
     """Model family -> the kernel path its linear products take on `device` (None: cpu) and why; `step_kernels`:
     the norms and attention around them (`specgen/native`)."""
     if not is_cpu(device):
-        products = ("one Triton launch a product (SwiGLU's two and gate: one), bf16/fp16 (SPECGEN_TRITON_PRODUCTS=1)"
+        products = ("one Triton launch a product (SwiGLU's two and gate: one; a block's norms inside them), "
+                    "bf16/fp16 (SPECGEN_TRITON_PRODUCTS=1)"
                     if cuda_ops.one_launch_products() else
                     "cuBLAS (torch), bf16/fp16 in 64-row GEMM slices (row-invariant)")
         gpu = {"path": f"{products}, decode steps replayed as CUDA graphs (--graphs auto)",
