@@ -178,23 +178,24 @@ def sliced_products(weight: torch.Tensor) -> bool:
     return weight.dtype in SLICED_DTYPES and weight.device.type != "cpu"
 
 
-def one_launch_gate(x: torch.Tensor, w1: torch.nn.Module, w3: torch.nn.Module) -> bool:
-    """Whether SwiGLU's gate over x runs in one launch with its two products (`torch.ops.specgen.gate`, their bits): a
-    CUDA step (`one_pass`) whose products run one launch each (`cuda_ops.one_launch_products`, as SlicedLinear's
-    do) over plain Linears (a LoRA layer wraps one) of the low-precision weights `sliced_products` slices."""
-    return (one_pass(x) and cuda_ops.one_launch_products() and all(isinstance(w, torch.nn.Linear) for w in (w1, w3))
-            and w1.weight.dtype in SLICED_DTYPES)
+def one_launch(x: torch.Tensor, *linears: torch.nn.Module) -> bool:
+    """Whether products of x by `linears` run one launch each, so that one launch may hold several (SwiGLU's gate with
+    its two products: `torch.ops.specgen.gate`, their bits): a CUDA step (`one_pass`) with one-launch products
+    (`cuda_ops.one_launch_products`, as SlicedLinear's run) over plain Linears (a LoRA layer wraps one) of the
+    low-precision weights `sliced_products` slices."""
+    return (one_pass(x) and cuda_ops.one_launch_products() and all(isinstance(w, torch.nn.Linear) for w in linears)
+            and linears[0].weight.dtype in SLICED_DTYPES)
 
 
 def one_launch_norm(x: torch.Tensor, norm_weight: torch.Tensor, lin: torch.nn.Module, w3: torch.nn.Module | None
                     ) -> bool:
     """Whether a block's residual add and RMSNorm run inside the product that reads the norm, `lin` or SwiGLU's gate
-    of `lin` and `w3` (`torch.ops.specgen.norm_product`): a native norm over x where that product runs one launch
-    (`one_launch_gate`'s conditions, for the gate without biases, as `gate` takes it)."""
+    of `lin` and `w3` (`torch.ops.specgen.norm_product`): `one_launch` over its Linears (the gate's without biases, as
+    `gate` takes them), their weights in x's dtype, and a native norm over x. Asked twice a block: a CPU forward
+    answers at `one_launch`'s first test."""
     linears = (lin,) if w3 is None else (lin, w3)
-    return (native_norms(x, norm_weight) and one_pass(x) and cuda_ops.one_launch_products()
-            and all(isinstance(w, torch.nn.Linear) and w.weight.dtype == x.dtype for w in linears)
-            and x.dtype in SLICED_DTYPES and (w3 is None or all(w.bias is None for w in linears)))
+    return (one_launch(x, *linears) and all(w.weight.dtype == x.dtype for w in linears)
+            and native_norms(x, norm_weight) and (w3 is None or all(w.bias is None for w in linears)))
 
 
 @torch.inference_mode()

@@ -175,7 +175,7 @@ class FeedForward(nn.Module):
         self.w2 = nn.Linear(cfg.ffn_dim, cfg.dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if kernel_choice.one_launch_gate(x, self.w1, self.w3):  # the gate and its two products: one launch, their bits
+        if kernel_choice.one_launch(x, self.w1, self.w3):  # the gate and its two products: one launch, their bits
             return self.w2(torch.ops.specgen.gate(x, self.w1.weight, self.w3.weight))
         a, b = self.w1(x), self.w3(x)  # [..., ffn] each
         return self.w2(torch.ops.specgen.silu_mul(a, b) if kernel_choice.one_pass(a) else F.silu(a) * b)
