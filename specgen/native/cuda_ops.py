@@ -170,24 +170,14 @@ def planned(seen: torch.Tensor, lengths: torch.Tensor | None, b: int, s: int,
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x [M, K] @ weight [N, K]^T (+ bias [N]) -> [M, N] in x's dtype, one launch whose rows keep their bits at any M
     (triton_kernels.linear_rows)."""
-    x, weight = x.contiguous(), weight.contiguous()
-    (m, k), n = x.shape, weight.shape[0]
-    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    kernels().linear_rows[product_grid(m, n)](x, x, x, x, weight, weight if bias is None else bias, out, m, n, 0.0,
-                                              NORM=False, ADD=False, HAS_BIAS=bias is not None, **product_tiles(k))
-    return out
+    return products(x.contiguous(), weight, bias, None)
 
 
 def gate(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor) -> torch.Tensor:
     """`torch.ops.specgen.gate` on CUDA: SwiGLU's gate silu(x @ w1^T) * (x @ w3^T) for x [..., K] and w1, w3 [N, K]
     -> [..., N] in x's dtype, one launch (triton_kernels.gate_rows) with the bits of the three it replaces,
     silu_mul(linear(x, w1), linear(x, w3)), so a row keeps them at any row count too."""
-    rows, w1, w3 = x.reshape(-1, x.shape[-1]).contiguous(), w1.contiguous(), w3.contiguous()
-    (m, k), n = rows.shape, w1.shape[0]
-    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    kernels().gate_rows[product_grid(m, n)](rows, rows, rows, rows, w1, w3, out, m, n, 0.0, NORM=False, ADD=False,
-                                            **product_tiles(k))
-    return out.view(*x.shape[:-1], n)
+    return products(x.reshape(-1, x.shape[-1]).contiguous(), w1, None, w3).view(*x.shape[:-1], w1.shape[0])
 
 
 def norm_product(x: torch.Tensor, a: torch.Tensor | None, norm_weight: torch.Tensor, eps: float, w1: torch.Tensor,
@@ -197,19 +187,28 @@ def norm_product(x: torch.Tensor, a: torch.Tensor | None, norm_weight: torch.Ten
     sum x + a (an empty tensor when a is None: the sum is x) and RMSNorm(x + a) @ w1^T (+ bias), or SwiGLU's gate of
     w1 and w3 over it, [..., N]. A row keeps its bits at any row count; its norm's factor sums in the product's chunks
     (triton_kernels.row_factors), so they are not add_rms_norm-then-product's bits."""
-    rows, k, n = x.reshape(-1, x.shape[-1]).contiguous(), x.shape[-1], w1.shape[0]
-    added = rows if a is None else a.reshape(-1, k).contiguous()
-    m = rows.shape[0]
-    total = torch.empty_like(rows) if a is not None else rows.new_empty(0)
-    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    consts = dict(NORM=True, ADD=a is not None, **product_tiles(k))
-    args = (rows, added, norm_weight.contiguous(), rows if a is None else total)
+    rows, k = x.reshape(-1, x.shape[-1]).contiguous(), x.shape[-1]
+    added = None if a is None else a.reshape(-1, k).contiguous()
+    total = rows.new_empty(0) if a is None else torch.empty_like(rows)
+    out = products(rows, w1, bias, w3, (norm_weight.contiguous(), eps, added, total))
+    return total if a is None else total.view(x.shape), out.view(*x.shape[:-1], w1.shape[0])
+
+
+def products(rows: torch.Tensor, w1: torch.Tensor, bias: torch.Tensor | None, w3: torch.Tensor | None,
+             norm: tuple | None = None) -> torch.Tensor:
+    """The one launch of `linear`, `gate` and `norm_product` over contiguous rows [M, K] -> [M, N]: linear_rows, or
+    gate_rows given w3; `norm` (the norm's weight, eps, the added rows or None, the sum's buffer): its NORM prologue."""
+    (m, k), n = rows.shape, w1.shape[0]
+    out = torch.empty(m, n, dtype=rows.dtype, device=rows.device)
+    weight, eps, added, total = norm or (rows, 0.0, None, rows)
+    head = (rows, rows if added is None else added, weight, rows if added is None else total)
+    consts = dict(NORM=norm is not None, ADD=added is not None, **product_tiles(k))
     if w3 is None:
-        kernels().linear_rows[product_grid(m, n)](*args, w1.contiguous(), w1 if bias is None else bias, out, m, n, eps,
+        kernels().linear_rows[product_grid(m, n)](*head, w1.contiguous(), w1 if bias is None else bias, out, m, n, eps,
                                                   HAS_BIAS=bias is not None, **consts)
     else:
-        kernels().gate_rows[product_grid(m, n)](*args, w1.contiguous(), w3.contiguous(), out, m, n, eps, **consts)
-    return total.view(x.shape) if a is not None else total, out.view(*x.shape[:-1], n)
+        kernels().gate_rows[product_grid(m, n)](*head, w1.contiguous(), w3.contiguous(), out, m, n, eps, **consts)
+    return out
 
 
 def product_grid(m: int, n: int) -> tuple[int, int]:
