@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 import traceback
 import warnings
 from collections import Counter
@@ -42,6 +43,7 @@ from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import specgen.devices as devices
+from specgen.decoding import loop
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.stats import DecodeStats
 from specgen.decoding.target import ModelTarget
@@ -122,6 +124,7 @@ class OpCounter(TorchDispatchMode):
 
     paused = False
     kernels = 0  # inside the emulated graphs' replays (`emulate_captures`)
+    replay_s = 0.0  # the host time the emulated replays took (their CPU kernels): not a GPU host's work
     by_line: Counter | None = None  # ("eager" | "graph", "file:line op") -> count, when asked for
 
     def __init__(self) -> None:
@@ -155,10 +158,12 @@ def emulate_captures() -> None:
         OpCounter.kernels += self.kernels
         if OpCounter.by_line is not None:
             OpCounter.by_line.update({("graph", line): n for line, n in self.lines.items()})
+        t0 = time.perf_counter()
         try:
             replay(self)
         finally:
             OpCounter.paused = False
+            OpCounter.replay_s += time.perf_counter() - t0
 
     def counted(steps, step):
         outs, graph = traced(steps, step)  # its warm-up first: lazy initialisations stay real
@@ -235,6 +240,30 @@ def wall_ms_per_step(run, device: str, rounds: int = 3) -> float:
         t0 = devices.now(device)
         stats = run()
         times.append(1e3 * (devices.now(device) - t0) / max(stats.steps, 1))
+    return sorted(times)[rounds // 2]
+
+
+def host_ms_per_step(run, rounds: int = 3) -> float:
+    """On the CPU, a decode step's host work: the median over `rounds` runs of the time from one `Batch.refill` to the
+    next (a step: plan, verify, settle, commit, emit; no prefill) less what the emulated replays took inside them.
+    What is left is the loop's Python and the ops it runs outside its graphs, which a GPU's host runs while the device
+    idles between a step's read and its next replay (a replay's own launch, ~10-30 us there, is not in it)."""
+    times = []
+    for _ in range(rounds):
+        span = {"steps": 0, "s": 0.0, "out": None, "replay": 0.0}
+        refill = loop.Batch.refill
+
+        def timed_refill(batch):
+            if span["out"] is not None:  # a step ran since the last refill returned
+                span["steps"] += 1
+                span["s"] += time.perf_counter() - span["out"] - (OpCounter.replay_s - span["replay"])
+            ok = refill(batch)
+            span["out"], span["replay"] = time.perf_counter(), OpCounter.replay_s
+            return ok
+
+        with mock.patch.object(loop.Batch, "refill", timed_refill):
+            run()
+        times.append(1e3 * span["s"] / max(span["steps"], 1))
     return sorted(times)[rounds // 2]
 
 
@@ -352,7 +381,7 @@ def main() -> None:
           f"one-launch products: {one_launch} ({one_launch / layers:.1f} a layer)")
     if not args.by_op:
         print(f"{'case':<22} {'steps':>5} {'implicit/step':>13} {'explicit/step':>13} {'ops/step':>8} "
-              f"{'graph kernels/step':>18} {'ms/step':>8}  top implicit lines (per step)")
+              f"{'graph kernels/step':>18} {'ms/step':>8} {'host ms/step':>12}  top implicit lines (per step)")
     for cases in (text_cases, image_cases, mesh_cases):  # a suite's rows printed before the next one loads
         for name, run in cases(args.device).items():
             if args.by_op not in (None, name):
@@ -362,10 +391,11 @@ def main() -> None:
                 return by_op(OpCounter.by_line, max(c.steps, 1))
             steps = max(c.steps, 1)
             ms = wall_ms_per_step(run, args.device)
+            host = f"{host_ms_per_step(run):.2f}" if "cuda" not in args.device else "-"
             top = ", ".join(f"{line} {n / steps:.2f}" for line, n in c.lines.most_common(args.top))
             kernels = f"{c.kernels / steps:.0f}" if c.kernels else "-"
             print(f"{name:<22} {c.steps:>5} {c.implicit / steps:>13.2f} {c.explicit / steps:>13.2f} "
-                  f"{c.ops / steps:>8.0f} {kernels:>18} {ms:>8.2f}  {top}", flush=True)
+                  f"{c.ops / steps:>8.0f} {kernels:>18} {ms:>8.2f} {host:>12}  {top}", flush=True)
     if args.by_op:
         raise SystemExit(f"--by-op {args.by_op!r}: no such case (the table's first column names them)")
 

@@ -253,6 +253,36 @@ def emulated_sync_count(monkeypatch):
     return gpu_sync_count
 
 
+def test_a_steps_host_time_is_the_time_between_refills_less_the_emulated_replays(monkeypatch):
+    """`gpu_sync_count.host_ms_per_step` on a clock that a run moves by hand: each step takes 3 ms of host work and
+    2 ms of emulated replays, and its prefill (inside `Batch.refill`) 7 ms; the host work a step is 3 ms (5 where the
+    replays stayed in, 10 where the prefill did)."""
+    from specgen.decoding import loop
+
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import gpu_sync_count
+
+    clock = [0.0]
+    monkeypatch.setattr(gpu_sync_count.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(gpu_sync_count.OpCounter, "replay_s", 0.0)
+    left = [0]
+
+    def refill(batch) -> bool:
+        clock[0] += 0.007  # admission and prefill
+        left[0] -= 1
+        return left[0] >= 0
+
+    monkeypatch.setattr(loop.Batch, "refill", refill)
+
+    def run() -> None:
+        left[0] = 4  # four steps
+        while loop.Batch.refill(None):
+            clock[0] += 0.005
+            gpu_sync_count.OpCounter.replay_s += 0.002
+
+    assert gpu_sync_count.host_ms_per_step(run) == pytest.approx(3.0)
+
+
 def eager_ops_a_step(gpu_sync_count, run) -> tuple[float, dict, dict]:
     """`run()` (its decode steps) once for the captures, then its eager ops a step (`OpCounter`, replays not counted),
     the ops a step by (file, op) summed over the file's lines, and the same of its graphs' kernels."""

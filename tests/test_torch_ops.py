@@ -135,7 +135,7 @@ def test_a_traced_one_launch_product_is_the_op_not_a_launch():
     assert [str(n.target) for n in traced.graph.nodes if n.op == "call_function"] == ["specgen.linear.default"]
 
 
-@pytest.mark.parametrize("dtype", [pytest.param(torch.float32, marks=pytest.mark.slow), torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_opcheck_cuda_only_ops_through_tritons_interpreter(dtype):
     """The CUDA-only ops' schemas (rope_store's declared writes to the cache) and fake kernels, checked here: their
     Triton implementations registered for CPU tensors for the test's length (tests/conftest.py interprets Triton)."""
