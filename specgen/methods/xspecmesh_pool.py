@@ -186,11 +186,11 @@ class XSpecMeshPool(PoolBase):
                  draft_generators: Sequence[torch.Generator | None]) -> None:
         self.decoder, self.target, self.opts, self.params, self.d = decoder, target, opts, params, d_max
         self.draft_generators = draft_generators
-        self.stacked = decoder.heads.stacked()  # all D heads as one batched op per layer
+        self.held = held_statics(decoder, opts, params)
+        self.stacked = self.held["stacked"] = self.held.get("stacked") or decoder.heads.stacked()  # D heads, one op
         self.ahead = reads_ahead(target.device, params, opts, self.stacked)
-        self.stage: Stage | None = None  # made at the first admission (the conditions' shape)
-        if decoder.heads.graphs is not None:  # its captures read an earlier pool's stacked weights
-            decoder.heads.graphs.reset()
+        self.stage: Stage | None = None  # at the first admission (the conditions' shape): a held one of that shape
+        self.stage_key: tuple = ()  # its shapes: part of the heads' capture keys (a capture reads one stage)
         if opts.vertex_lookup and decoder.model.vocab_size != BPTTokenizer.vocab_size:  # the memory reads BPT's 8 x 16
             raise UsageError(f"vertex_lookup needs a BPT backbone ({BPTTokenizer.vocab_size} tokens), "
                              f"this one has {decoder.model.vocab_size}")
@@ -199,7 +199,10 @@ class XSpecMeshPool(PoolBase):
         h = first.features[0, -1]  # [dim]: the start's hidden state
         context = self.stacked.context_kv(self.decoder.heads.context_kv(self.target.conditions[index]))
         if self.stage is None:  # every verify position when read ahead, else one
-            self.stage = Stage.like(h, context, self.d + 1 if self.ahead else 1, self.stacked.token_input)
+            w = self.d + 1 if self.ahead else 1
+            self.stage_key = ("stage", tuple(h.shape), w, None if context is None else tuple(t.shape for t in context))
+            self.stage = self.held.get(self.stage_key) or Stage.like(h, context, w, self.stacked.token_input)
+            self.held[self.stage_key] = self.stage
         self.rows[slot] = RowState(h, window(self.stacked, h[None], None), context,
                                    VertexMemory() if self.opts.vertex_lookup else None, self.draft_generators[index])
 
@@ -250,7 +253,7 @@ class XSpecMeshPool(PoolBase):
             return (greedy_columns(logits.view(d, s, -1).transpose(0, 1), self.params.temperature, path_probs),)
 
         graphs = self.decoder.heads.graphs
-        key = ("heads", d, s, columns, dtype, *((name, tuple(t.shape)) for name, t in inputs.items()))
+        key = ("heads", self.stage_key, d, s, columns, dtype, *((name, tuple(t.shape)) for name, t in inputs.items()))
         return (step(**inputs) if graphs is None else graphs.call(key, step, inputs))[0]
 
     def columns(self, out: TargetOut, picks: torch.Tensor, sizes: Sequence[int]) -> torch.Tensor:
@@ -284,6 +287,24 @@ class XSpecMeshPool(PoolBase):
             r.ready, r.ahead = (None if r.ahead is None else r.ahead[a]), None
             if r.ready is None:  # read ahead, the next candidates are known: no heads call needs h
                 r.h = out.features[i, a]
+
+
+def held_statics(decoder, opts, params: SamplingParams) -> dict:
+    """What the heads' captured calls read besides their staged inputs (the stacked weights, the stage, the LM head
+    they draft with), held by the heads' graphs so that a later pool (the next `generate_batch`) replays the captures
+    instead of capturing again. A pool with other weights (their in-place versions), dtype, temperature or path rule
+    (constants frozen into a capture) drops them first. Without captures: a dict of this pool's own."""
+    graphs = decoder.heads.graphs
+    if graphs is None:
+        return {}
+    dtype = DRAFT_DTYPES[opts.draft_dtype]
+    weights = [*decoder.heads.parameters(), *decoder.model.decoder.output.parameters(),
+               *decoder.model.decoder.tok_embeddings.parameters()]
+    key = (tuple((p.data_ptr(), p._version) for p in weights), dtype, params.temperature, bool(opts.min_path_prob))
+    if graphs.held.get("key") != key:
+        graphs.reset()
+        graphs.held.update(key=key, lm_head=decoder._lm_head(dtype))  # kept alive while a capture reads it
+    return graphs.held
 
 
 def window(stacked, rows: torch.Tensor, past: torch.Tensor | None) -> torch.Tensor | None:

@@ -96,6 +96,9 @@ class StepGraphs:
         self.cross = None  # per layer (k, v) [C, H, M, D]: the conditions (cross-attention models)
         self.roots = None  # [C, 1, D]: each row's catch-up root, a growth's input read in place (`forward_host`)
         self.pool, self.graph_bytes = None, 0  # the captures' memory pool, and the device memory it holds
+        # what a caller's captures read besides their staged inputs (XSpecMesh's stacked heads, their stage), kept here
+        # for later callers to replay them, and dropped with them
+        self.held: dict = {}
 
     def bucket(self, n: int, s: int, filled: int) -> Bucket | None:
         """The bucket of n rows by s nodes over rows holding up to `filled` slots; None: none holds it (eager)."""

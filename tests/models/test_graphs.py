@@ -554,6 +554,33 @@ def test_lossless_xspecmesh_with_captured_heads_decodes_what_eager_decodes(param
     assert got == eager and decoder.heads.graphs.replays > 0 and decoder.model.decoder.graphs.replays > 0
 
 
+def test_a_later_xspecmesh_call_replays_the_heads_captures_unless_their_constants_changed(monkeypatch):
+    """The heads' captures read the stacked weights, the stage and the LM head that the first pool made: a second
+    `generate_batch` on the same decoder replays them (no capture; each pool used to capture again), with the first
+    call's tokens. One at another temperature (frozen into a capture) captures again (a key without the temperature
+    fails here), and decodes what the eager decoder decodes at that temperature."""
+    from specgen.methods.xspecmesh import MeshDecoder, XSpecMeshOptions
+    from tests.mesh.mesh_fixtures import procedural_clouds, tiny_heads, tiny_mesh_model
+
+    monkeypatch.setattr(graphs.StepGraphs, "captured", traced)
+    clouds = procedural_clouds(range(11, 13))
+    opts = XSpecMeshOptions(criterion="rejection", sampling="tree", top_k_tree=1)
+
+    def run(decoder, params):
+        gens = [torch.Generator().manual_seed(i) for i in range(2)]
+        return [r.tokens for r in decoder.generate_batch(clouds, params, 24, opts, gens, None, 2)]
+
+    decoder = MeshDecoder(tiny_mesh_model(), tiny_heads())
+    graphs.attach(decoder.model.decoder, "on", capture=True)
+    graphs.attach(decoder.heads, "on", capture=True)
+    first = run(decoder, SamplingParams())
+    captured = decoder.heads.graphs.recorded
+    assert captured > 0 and run(decoder, SamplingParams()) == first and decoder.heads.graphs.recorded == captured
+    sampled = run(decoder, SamplingParams(1.0))
+    assert decoder.heads.graphs.recorded > captured
+    assert sampled == run(MeshDecoder(tiny_mesh_model(), tiny_heads()), SamplingParams(1.0))
+
+
 @BOTH_SLOW
 def test_mulo_sd_with_static_steps_decodes_what_eager_decodes(capture):
     """MuLo-SD's low-resolution drafter follows the target: static steps for both, the eager run's tokens (greedy)."""
