@@ -157,6 +157,10 @@ def test_static_steps_decode_what_eager_ar_decodes(name, batch, capture):
     got = run_batch(target, lambda i: DRAFTERS[name](), prompts, 24, SamplingParams())
     assert [r.tokens for r in got.results] == [r.tokens for r in eager.results]
     assert model.graphs.replays > 0 and model.graphs.eager_calls == 0
+    recorded = model.graphs.recorded  # a second call replays what the first captured: nothing new
+    again = run_batch(target, lambda i: DRAFTERS[name](), prompts, 24, SamplingParams())
+    assert [r.tokens for r in again.results] == [r.tokens for r in got.results]
+    assert model.graphs.recorded == recorded
     assert all(graph is not None for _, graph, _ in model.graphs.graphs.values()) == capture
 
 
@@ -438,9 +442,15 @@ def test_image_trees_grown_by_the_static_growth_decode_what_eager_decodes(method
         codebook = torch.randn(model.cfg.vocab_size, 8, generator=torch.Generator().manual_seed(0))  # LANTERN's
         parts = ImageParts(model, CFGTarget(model, 3.0), net, codebook, 4)
         options = gpu_defaults(get_method(method).options_type) if gpu else {}
-        got = run_batch(parts.target, lambda i: build_image_method(method, parts, options)[0], [[0], [1], [2]], 16,
-                        SamplingParams(), batch_size=batch, rule=build_image_method(method, parts, options)[1])
-        return [r.tokens for r in got.results], net
+        decode = lambda: run_batch(parts.target, lambda i: build_image_method(method, parts, options)[0],  # noqa: E731
+                                   [[0], [1], [2]], 16, SamplingParams(), batch_size=batch,
+                                   rule=build_image_method(method, parts, options)[1])
+        got = [r.tokens for r in decode().results]
+        if attached:  # a second call replays what the first captured: nothing new, the same tokens
+            recorded = model.graphs.recorded, net.graphs.recorded
+            assert [r.tokens for r in decode().results] == got
+            assert (model.graphs.recorded, net.graphs.recorded) == recorded
+        return got, net
 
     for batch in (1, 2):
         eager, _ = run(False, batch)
