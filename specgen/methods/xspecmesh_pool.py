@@ -300,7 +300,9 @@ def held_statics(decoder, opts, params: SamplingParams) -> dict:
     dtype = DRAFT_DTYPES[opts.draft_dtype]
     weights = [*decoder.heads.parameters(), *decoder.model.decoder.output.parameters(),
                *decoder.model.decoder.tok_embeddings.parameters()]
-    key = (tuple((p.data_ptr(), p._version) for p in weights), dtype, params.temperature, bool(opts.min_path_prob))
+    # an inference tensor (weights loaded under inference_mode) keeps no version counter: its address alone
+    versions = tuple((p.data_ptr(), -1 if p.is_inference() else p._version) for p in weights)
+    key = (versions, dtype, params.temperature, bool(opts.min_path_prob))
     if graphs.held.get("key") != key:
         graphs.reset()
         graphs.held.update(key=key, lm_head=decoder._lm_head(dtype))  # kept alive while a capture reads it

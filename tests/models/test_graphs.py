@@ -580,7 +580,8 @@ def test_a_later_xspecmesh_call_replays_the_heads_captures_unless_their_constant
         gens = [torch.Generator().manual_seed(i) for i in range(2)]
         return [r.tokens for r in decoder.generate_batch(clouds, params, 24, opts, gens, None, 2)]
 
-    decoder = MeshDecoder(tiny_mesh_model(), tiny_heads())
+    with torch.inference_mode():  # weights loaded as inference tensors (no version counters) serve as well
+        decoder = MeshDecoder(tiny_mesh_model(), tiny_heads())
     graphs.attach(decoder.model.decoder, "on", capture=True)
     graphs.attach(decoder.heads, "on", capture=True)
     first = run(decoder, SamplingParams())
