@@ -24,7 +24,7 @@ replays are counted too (`cuda_kernels`: each graph traced with the CUDA path's 
 SmolLM2-shape bf16 AR step, with the default products and with one-launch products (`SPECGEN_TRITON_PRODUCTS=1`).
 The image trees grow at a GPU's option defaults on any device (60 nodes: `options.gpu_defaults`). With `--device cpu`
 the `host ms/step` column is a step's host work: the time between the loop's refills less the emulated replays'
-(`host_ms_per_step`), what a GPU's host runs while its device idles.
+(`ms_per_step`), what a GPU's host runs while its device idles.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import warnings
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from time import perf_counter as clock  # the host clock of `host_ms_per_step` (a test moves its own)
+from time import perf_counter as clock  # the host clock of `ms_per_step` (a test moves its own)
 from unittest import mock
 
 import torch
@@ -235,22 +235,13 @@ def count(run, by_line: bool = False) -> Count:
     return Count(stats.steps, sum(c.lines.values()), c.explicit, c.lines, o.ops, OpCounter.kernels)
 
 
-def wall_ms_per_step(run, device: str, rounds: int = 3) -> float:
-    """Median wall ms per decode step of `run()` (the device is waited for at both ends)."""
-    times = []
-    for _ in range(rounds):
-        t0 = devices.now(device)
-        stats = run()
-        times.append(1e3 * (devices.now(device) - t0) / max(stats.steps, 1))
-    return sorted(times)[rounds // 2]
-
-
-def host_ms_per_step(run, rounds: int = 3) -> float:
-    """On the CPU, a decode step's host work: the median over `rounds` runs of the time from one `Batch.refill` to the
-    next (a step: plan, verify, settle, commit, emit; no prefill) less what the emulated replays took inside them.
-    What is left is the loop's Python and the ops it runs outside its graphs, which a GPU's host runs while the device
-    idles between a step's read and its next replay (a replay's own launch, ~10-30 us there, is not in it)."""
-    times = []
+def ms_per_step(run, device: str, rounds: int = 3) -> tuple[float, float | None]:
+    """Medians over `rounds` runs of `run()` (returns DecodeStats): wall ms a decode step (the device waited for at
+    both ends) and, on the CPU, a step's host work: the time from one `Batch.refill` to the next (a step: plan,
+    verify, settle, commit, emit; no prefill) less what the emulated replays took inside them. What is left is the
+    loop's Python and the ops it runs outside its graphs, which a GPU's host runs while the device idles between a
+    step's read and its next replay (a replay's own launch, ~10-30 us there, is not in it); None on CUDA."""
+    walls, hosts = [], []
     for _ in range(rounds):
         span = {"steps": 0, "s": 0.0, "out": None, "replay": 0.0}
         refill = loop.Batch.refill
@@ -264,9 +255,12 @@ def host_ms_per_step(run, rounds: int = 3) -> float:
             return ok
 
         with mock.patch.object(loop.Batch, "refill", timed_refill):
-            run()
-        times.append(1e3 * span["s"] / max(span["steps"], 1))
-    return sorted(times)[rounds // 2]
+            t0 = devices.now(device)
+            stats = run()
+            walls.append(1e3 * (devices.now(device) - t0) / max(stats.steps, 1))
+        hosts.append(1e3 * span["s"] / max(span["steps"], 1))
+    mid = rounds // 2
+    return sorted(walls)[mid], None if "cuda" in device else sorted(hosts)[mid]
 
 
 def text_cases(device: str) -> dict:
@@ -392,8 +386,8 @@ def main() -> None:
             if args.by_op:
                 return by_op(OpCounter.by_line, max(c.steps, 1))
             steps = max(c.steps, 1)
-            ms = wall_ms_per_step(run, args.device)
-            host = f"{host_ms_per_step(run):.2f}" if "cuda" not in args.device else "-"
+            ms, host_ms = ms_per_step(run, args.device)
+            host = "-" if host_ms is None else f"{host_ms:.2f}"
             top = ", ".join(f"{line} {n / steps:.2f}" for line, n in c.lines.most_common(args.top))
             kernels = f"{c.kernels / steps:.0f}" if c.kernels else "-"
             print(f"{name:<22} {c.steps:>5} {c.implicit / steps:>13.2f} {c.explicit / steps:>13.2f} "

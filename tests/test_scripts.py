@@ -254,10 +254,11 @@ def emulated_sync_count(monkeypatch):
 
 
 def test_a_steps_host_time_is_the_time_between_refills_less_the_emulated_replays(monkeypatch):
-    """`gpu_sync_count.host_ms_per_step` on a clock that a run moves by hand: each step takes 3 ms of host work and
+    """`gpu_sync_count.ms_per_step`'s host work on a clock that a run moves by hand: each step takes 3 ms of host work and
     2 ms of emulated replays, and its prefill (inside `Batch.refill`) 7 ms; the host work a step is 3 ms (5 where the
     replays stayed in, 10 where the prefill did)."""
     from specgen.decoding import loop
+    from specgen.decoding.stats import DecodeStats
 
     monkeypatch.syspath_prepend(str(ROOT / "scripts"))
     import gpu_sync_count
@@ -274,13 +275,14 @@ def test_a_steps_host_time_is_the_time_between_refills_less_the_emulated_replays
 
     monkeypatch.setattr(loop.Batch, "refill", refill)
 
-    def run() -> None:
+    def run() -> DecodeStats:
         left[0] = 4  # four steps
         while loop.Batch.refill(None):
             clock[0] += 0.005
             gpu_sync_count.OpCounter.replay_s += 0.002
+        return DecodeStats(steps=4)
 
-    assert gpu_sync_count.host_ms_per_step(run) == pytest.approx(3.0)
+    assert gpu_sync_count.ms_per_step(run, "cpu")[1] == pytest.approx(3.0)
 
 
 def eager_ops_a_step(gpu_sync_count, run) -> tuple[float, dict, dict]:
