@@ -1,19 +1,22 @@
-"""Where a captured decode step's time goes on a GPU: the profiler's kernels, per step, for three cases.
+"""Where a captured decode step's time goes on a GPU: the profiler's kernels, per step, for each case.
 
 Cases (greedy, graphs on, each run once to capture and once under `torch.profiler`):
 - text AR at batch 1 and at batch 16: SmolLM2-135M's shape, random weights, bfloat16 (gpu_graphs.py's text rows),
   short prompts so the eager prefills stay a small part; batch 16 again with `SPECGEN_TRITON_PRODUCTS=1`'s products;
   pcllm-mr at batch 1 (1.45x AR at the sixth lease on a step that holds AR's kernels: host time or GPU time?);
-- image AR and ADT-Tree at batch 1: the shipped tiny c2i GPT and its EAGLE drafter, T 0 (gpu_graphs.py's image
-  rows).
+- image AR, ADT-Tree and EAGLE-2 at batch 1: the shipped tiny c2i GPT and its EAGLE drafter, T 0 (gpu_graphs.py's
+  image rows);
+- mesh AR and lossless XSpecMesh at batch 1: the shipped tiny mesh model and its heads (gpu_graphs.py's mesh rows).
 
 For each: wall ms a decode step (under the profiler, whose host-side tracing inflates it: gpu_graphs.py's rows give
-the wall time), GPU ms a step (the kernels' summed time, prefills included), kernels a step, and the top kernels by
-their time (calls a step, µs a call). What it answers: which kernels grow from batch 1
-to 16 (issue 46's batch-16 goal), and how a tree step's time splits between the drafter's growth and the verify.
+the wall time), GPU ms a step (the kernels' summed time, prefills included), kernels a step, the host's ms a step
+blocked on the device (its synchronising CUDA calls: the rest of the wall is host work, during which the device idles
+unless work is queued) and replays a step, and the top kernels by their time (calls a step, µs a call). What it
+answers: which kernels grow from batch 1 to 16 (issue 46's batch-16 goal), how a tree step's time splits between the
+drafter's growth and the verify, and whether a step is bound by its kernels or by its host work.
 
-Run: `python scripts/gpu_profile.py` on a CUDA machine (~1 minute; `gpu_check.sh`'s `profile` step);
-`--device cpu` checks the script (CPU op times, tiny shapes, measures nothing).
+Run: `python scripts/gpu_profile.py` on a CUDA machine (~1 minute; `gpu_check.sh`'s `profile` step; `--only image,mesh`
+runs those suites); `--device cpu` checks the script (CPU op times, tiny shapes, measures nothing).
 """
 
 from __future__ import annotations
@@ -54,14 +57,21 @@ def profiled(run, device: str) -> tuple[float, int, list]:
     return wall, max(stats.steps, 1), list(prof.key_averages())
 
 
+#: the CUDA runtime calls in which the host waits for the device (a read of a result, an explicit synchronize)
+BLOCKING = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
+
+
 def report(name: str, wall: float, steps: int, events: list, device: str, top: int) -> None:
     """One case's lines: the step's wall and kernel time, then its `top` kernels."""
     key = "self_device_time_total" if device == "cuda" else "self_cpu_time_total"
     kernels = [e for e in events if getattr(e, key, 0) > 0 and (device != "cuda" or e.device_type.name == "CUDA")]
     busy = sum(getattr(e, key) for e in kernels) / 1e3 / steps  # ms a step
     calls = sum(e.count for e in kernels) / steps
+    host = {e.key: e for e in events if e.device_type.name == "CPU"}
+    blocked = sum(host[k].self_cpu_time_total for k in BLOCKING if k in host) / 1e3 / steps
+    replays = host["cudaGraphLaunch"].count / steps if "cudaGraphLaunch" in host else 0.0
     print(f"\n{name}: {steps} steps, wall {1e3 * wall / steps:.3f} ms a step, kernels {busy:.3f} ms a step "
-          f"({calls:.0f} a step)")
+          f"({calls:.0f} a step), host blocked {blocked:.3f} ms a step, {replays:.1f} replays a step")
     print(f"  {'kernel':<70} {'calls/step':>10} {'us/call':>8} {'share':>6}")
     for e in sorted(kernels, key=lambda e: -getattr(e, key))[:top]:
         t = getattr(e, key)
@@ -90,15 +100,16 @@ def text_cases(device: str, new: int, top: int) -> None:
 
 
 def image_case(device: str, top: int) -> None:
-    """Image AR and ADT-Tree at batch 1 on one loaded model: their GPU ms a step side by side say whether a tree step
-    is bound by its kernels or by the host (gpu_graphs.py's rows give the wall time)."""
+    """Image AR, ADT-Tree and EAGLE-2 at batch 1 on one loaded model: their GPU ms a step side by side say whether a
+    tree step is bound by its kernels or by the host (gpu_graphs.py's rows give the wall time)."""
     from specgen.image.generate import ImageGenConfig, generate_images, load_image_model
     from specgen.request import parse_request
 
     im = load_image_model("tiny-image-gpt", device=device)
     for model in (im.model, im.drafter_net):
         graphs.attach(model, "on", capture=None if device == "cuda" else False)
-    for method, name in (("ar", "image AR, batch 1"), ("adt-tree", "image ADT-Tree, batch 1")):
+    for method, name in (("ar", "image AR, batch 1"), ("adt-tree", "image ADT-Tree, batch 1"),
+                         ("eagle2", "image EAGLE-2, batch 1")):
         cfg = ImageGenConfig(method=method, num=2 if device == "cuda" else 1, temperature=0.0, device=device,
                              batch_size=1)
 
@@ -109,17 +120,48 @@ def image_case(device: str, top: int) -> None:
         report(name, *profiled(run, device), device, top)
 
 
+def mesh_case(device: str, top: int) -> None:
+    """Mesh AR and lossless XSpecMesh at batch 1 (gpu_graphs.py's mesh rows): the heads' share of a step."""
+    from specgen.eval.mesh_bench import benchmark_clouds
+    from specgen.mesh.generate import load_mesh_model
+    from specgen.methods.xspecmesh import MeshDecoder, XSpecMeshOptions
+
+    loaded = load_mesh_model(heads="xspecmesh-ca-tiny", device=device)
+    dec = loaded.decoder
+    for model in (dec.model.decoder, dec.heads):
+        graphs.attach(model, "on", capture=None if device == "cuda" else False)
+    clouds = [pc for _, pc in benchmark_clouds(loaded.target.meta, 2, 0, device)]
+    lossless = XSpecMeshOptions(criterion="rejection", sampling="tree", top_k_tree=1)
+    for decoder, name in ((MeshDecoder(dec.model, None, dec.eos_id), "mesh AR, batch 1"),
+                          (dec, "mesh XSpecMesh (lossless), batch 1")):
+        def run(decoder=decoder):
+            results = decoder.generate_batch(clouds, SamplingParams(), 128 if device == "cuda" else 8, lossless)
+            return dataclasses.replace(results[0].stats, steps=sum(r.stats.steps for r in results))
+
+        report(name, *profiled(run, device), device, top)
+
+
+CASES = {"text": text_cases, "image": image_case, "mesh": mesh_case}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--new", type=int, default=64, help="tokens a text row decodes")
     ap.add_argument("--top", type=int, default=12, help="kernels shown a case")
+    ap.add_argument("--only", default=",".join(CASES), help="comma-separated suites: " + ", ".join(CASES))
     args = ap.parse_args()
+    only = args.only.split(",")
+    if not set(only) <= set(CASES):
+        raise SystemExit(f"gpu_profile: --only names {sorted(set(only) - set(CASES))}; the suites are {list(CASES)}")
     gpu = torch.cuda.get_device_name() if args.device == "cuda" else args.device
     print(f"device {gpu}, torch {torch.__version__}")
     torch.backends.cuda.matmul.allow_tf32 = False  # float32 stays float32, as in gpu_graphs.py
-    text_cases(args.device, args.new if args.device == "cuda" else 4, args.top)
-    image_case(args.device, args.top)
+    if "text" in only:
+        text_cases(args.device, args.new if args.device == "cuda" else 4, args.top)
+    for suite in ("image", "mesh"):
+        if suite in only:
+            CASES[suite](args.device, args.top)
 
 
 if __name__ == "__main__":

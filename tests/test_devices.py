@@ -130,16 +130,17 @@ def tiny_linears(device="cpu") -> nn.Module:
 
 def test_layout_is_not_applied_off_the_cpu(monkeypatch):
     from specgen.models import kernel_choice, layout, packed_linear
+    from specgen.models.sliced_linear import SlicedLinear
 
     monkeypatch.setattr(kernel_choice, "time_passes", lambda *a, **k: pytest.fail("measured off the CPU"))
     m = tiny_linears("meta")  # a non-cpu device type (no memory, no kernels)
     strides = [lin.weight.stride() for lin in m]
     for name in layout.LAYOUTS:
         out = layout.decode_layout(m, name)
-        assert out is m and all(type(lin) is nn.Linear for lin in m), name  # no PackedLinear
+        assert out is m and all(type(lin) is SlicedLinear for lin in m), name  # the GPU's products, no PackedLinear
         assert [lin.weight.stride() for lin in m] == strides, name  # not re-stored column-major
     packed_linear.pack_linears(m)
-    assert all(type(lin) is nn.Linear for lin in m)
+    assert all(type(lin) is SlicedLinear for lin in m)
 
 
 def test_packed_linear_moved_off_the_cpu_neither_measures_nor_packs(monkeypatch):

@@ -22,8 +22,12 @@ ENV = "SPECGEN_PACKED_MIN_ROWS"
 NATIVE_DTYPES = (torch.bfloat16, torch.float32)
 #: Activation dtypes whose cached CUDA forwards attend over the same lists (native/cuda_ops.py).
 CUDA_LIST_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-#: Weight dtypes whose GPU products are row-invariant by construction (SlicedLinear, or one Triton launch a product).
-SLICED_DTYPES = (torch.bfloat16, torch.float16)
+#: Weight dtypes whose GPU products run as GEMMs of one row count (SlicedLinear): the library picks a GEMM's kernel,
+#: and each row's order of sums, by its shape in every float dtype (float32 at 5-10 rows: a 23-29 us split-K kernel on
+#: the H200 where 64 rows take ~3-5 us, docs/results/gpu.md).
+SLICED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+#: Weight dtypes whose CUDA products may run as one Triton launch a product instead (`cuda_ops.one_launch_products`).
+ONE_LAUNCH_DTYPES = (torch.bfloat16, torch.float16)
 #: Row counts timed: AR steps, verification of a few tokens, Jacobi blocks, batched steps.
 ROWS = (1, 2, 3, 4, 8, 16, 32)
 #: MKL is timed up to here: from 8 rows on oneDNN always beat it (by ~2x at 16 on every machine measured).
@@ -173,8 +177,8 @@ def tiled_products(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def sliced_products(weight: torch.Tensor) -> bool:
-    """Whether a Linear's products run as GEMMs of one fixed row count (`models/sliced_linear.py`): low-precision
-    weights off the CPU, where the GPU library picks a GEMM's reduction order by its shape."""
+    """Whether a Linear's products run as GEMMs of one fixed row count (`models/sliced_linear.py`): float weights off
+    the CPU, where the GPU library picks a GEMM's reduction order by its shape."""
     return weight.dtype in SLICED_DTYPES and weight.device.type != "cpu"
 
 
@@ -184,7 +188,7 @@ def one_launch(x: torch.Tensor, *linears: torch.nn.Module) -> bool:
     (`cuda_ops.one_launch_products`, as SlicedLinear's run) over plain Linears (a LoRA layer wraps one) of the
     low-precision weights `sliced_products` slices."""
     return (one_pass(x) and cuda_ops.one_launch_products() and all(isinstance(w, torch.nn.Linear) for w in linears)
-            and linears[0].weight.dtype in SLICED_DTYPES)
+            and linears[0].weight.dtype in ONE_LAUNCH_DTYPES)
 
 
 def one_launch_norm(x: torch.Tensor, norm_weight: torch.Tensor, lin: torch.nn.Module, w3: torch.nn.Module | None

@@ -37,7 +37,7 @@ def decode_layout(module: nn.Module, layout: str | None = None, loaded: bool = T
     if loaded:
         prepare_kernels(module)  # int4 layers: their kernel copies now (any layout)
     # CPU kernel choices only: on cuda cuBLAS picks its own (fence: `specgen/devices.py`, tests/test_devices.py), over
-    # one GEMM shape in low precision (row-invariant products)
+    # one GEMM shape (row-invariant products)
     if not is_cpu(module_device(module)):
         return sliced_linear.row_invariant(module)
     if layout == "row":

@@ -1,4 +1,4 @@
-"""Row-invariant low-precision products on a GPU: every product runs as GEMMs of one fixed shape (docs/precision.md)."""
+"""Row-invariant products on a GPU: every product runs as GEMMs of one fixed shape (docs/precision.md)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specgen.models.kernel_choice import sliced_products
+from specgen.models.kernel_choice import ONE_LAUNCH_DTYPES, sliced_products
 from specgen.native import cuda_ops, ops
 
 SLICE_ROWS = 64  # every product's rows are cut into zero-padded slices of this many: one GEMM shape at any row count
@@ -15,14 +15,15 @@ SLICE_ROWS = 64  # every product's rows are cut into zero-padded slices of this 
 class SlicedLinear(nn.Linear):
     """An nn.Linear whose product runs as GEMMs of exactly SLICE_ROWS rows. A GPU library picks its kernel, and with it
     the order of each row's sums, by the GEMM's shape, so one row scored alone (an AR step) and the same row inside a
-    verify or a batch could differ in the last bits, which low precision keeps; one shape for every call keeps a row's
-    bits whatever else the forward holds (the products' half of the query-count invariance; the attention's:
-    models/attention.py)."""
+    verify or a batch could differ in the last bits (a bfloat16 target keeps them; a float32 one rarely moves an argmax
+    by them, but may); one shape for every call keeps a row's bits whatever else the forward holds (the products' half
+    of the query-count invariance; the attention's: models/attention.py)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., in] -> [..., out]
         rows = x.reshape(-1, x.shape[-1])  # [M, in]
         m = rows.shape[0]
-        if rows.is_cuda and cuda_ops.one_launch_products():  # fixed tiles at any row count: no slices, one launch
+        if rows.is_cuda and self.weight.dtype in ONE_LAUNCH_DTYPES and cuda_ops.one_launch_products():  # fixed tiles
+            # at any row count: no slices, one launch
             return ops.linear(rows, self.weight, self.bias).reshape(*x.shape[:-1], self.out_features)
         if m % SLICE_ROWS:  # [M', in], M' a multiple of SLICE_ROWS: one copy (F.pad would add a fill kernel per
             padded = rows.new_empty(m + -m % SLICE_ROWS, rows.shape[1])  # product); the padding rows stay unwritten:

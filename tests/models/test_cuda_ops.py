@@ -854,7 +854,9 @@ def commit_case(device, dtype, seed):
     keeps = {0: [1, 2, 3] if seed == 0 else keep, 1: [0, 1], 2: sorted(torch.randperm(50, generator=g)[:40].tolist())}
     want = KVCache(k.clone(), v.clone(), [0] * 8).rows(1, 7)
     want.lengths = list(lengths)
-    want.commit_seqs(keeps, 2)  # CPU tensors: torch's gather, then write
+    with pytest.MonkeyPatch.context() as m:  # torch's gather, then write (the fixture sends every commit to the kernel)
+        m.setattr(kernel_choice, "one_pass", lambda x: False)
+        want.commit_seqs(keeps, 2)
     got = KVCache(k.to(device), v.to(device), [0] * 8).rows(1, 7)
     got.lengths = list(lengths)
     return got, keeps, want

@@ -49,10 +49,12 @@ def test_a_sliced_product_keeps_leading_dims_and_the_plain_values():
     torch.testing.assert_close(got, want)
 
 
-def test_only_low_precision_linears_off_the_cpu_are_sliced():
-    """"meta" stands in for a GPU; float32 and CPU products keep their kernels, and a tied weight stays tied."""
+def test_only_linears_off_the_cpu_are_sliced():
+    """"meta" stands in for a GPU, where every float dtype's products are sliced (float32's too: cuBLAS picks its
+    kernel by the row count); CPU products keep their kernels, and a tied weight stays tied."""
     for device, dtype, sliced in (("meta", torch.bfloat16, True), ("meta", torch.float16, True),
-                                  ("meta", torch.float32, False), ("cpu", torch.bfloat16, False)):
+                                  ("meta", torch.float32, True), ("cpu", torch.bfloat16, False),
+                                  ("cpu", torch.float32, False)):
         model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8), nn.Embedding(4, 8)).to(device, dtype)
         model[1].weight = model[0].weight
         m = row_invariant(model)
