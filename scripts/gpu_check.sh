@@ -2,7 +2,7 @@
 # The checks a CUDA machine runs (the project's CI has none), in one call of under 10 minutes: the gpu-marked tests,
 # captured steps against eager ones and the peers (`gpu_graphs.py`: text, image, mesh, paper shapes; its table and
 # issue 46's goals, met or not, are the summary printed last), where a captured step's time goes (`gpu_profile.py`:
-# kernels a step, text AR at batch 1 and 16, pcllm-mr, an ADT-Tree image step) and host syncs per decode step. More steps by name: attention (Triton lists vs chunked vs
+# kernels a step, text AR at batch 1 and 16, pcllm-mr, image AR / ADT-Tree / EAGLE-2, mesh AR / XSpecMesh) and host syncs per decode step. More steps by name: attention (Triton lists vs chunked vs
 # SDPA, SlicedLinear vs one GEMM: speed, and bitwise AR = verify in bf16), images, meshes, batch-throughput,
 # auto-trace. Each step has its own time limit and log under $OUT (default runs/gpu-check); a failing step does not
 # stop the next.
@@ -50,12 +50,12 @@ par=$(python3 -c 'import xdist' >/dev/null 2>&1 && echo "-n 4 --dist loadfile")
 [ -n "$SKIP_TESTS" ] || step gpu-tests 140 python3 -m pytest -m gpu tests -v -rfE -p no:cacheprovider \
     --continue-on-collection-errors $par
 [ -z "$warm" ] || { wait "$warm"; echo "hf-warm rc $?: $(grep -o '"warmup_s": [0-9.]*' "$OUT/hf-warm.log")"; }
-# the graphs step (the issue's table) gets what the steps before it left of the 580 s, less the 100 s of the two after
+# the graphs step (the issue's table) gets what the steps before it left of the 580 s, less the 115 s of the two after
 # it, and never under 340 s
-left=$((580 - SECONDS - 100))
+left=$((580 - SECONDS - 115))
 step graphs $((left > 340 ? left : 340)) python3 scripts/gpu_graphs.py --only text,image,mesh,scale \
     --json "$OUT/graphs.json"
-step profile 60 python3 scripts/gpu_profile.py
+step profile 75 python3 scripts/gpu_profile.py
 step sync-count 40 python3 scripts/gpu_sync_count.py --device cuda
 step attention 80 python3 scripts/gpu_graphs.py --only attention --json "$OUT/attention.json"
 step images 150 specgen benchmark --config recipes/tiny/bench-images-batch.yaml --device cuda --threads 0 \

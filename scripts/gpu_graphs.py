@@ -87,6 +87,14 @@ def share(stats) -> float:
     return sum(t.get("propose", 0) for t in times) / max(sum(sum(t.values()) for t in times), 1e-9)
 
 
+def phase_ms(stats) -> dict[str, float]:
+    """Host ms a decode step in each of the loop's phases, over rows decoded one at a time (the phase that reads a
+    step's result holds the wait for the device; the wall time they leave out is the loop's own)."""
+    steps = max(sum(s.steps for s in stats), 1)
+    return {k: round(1e3 * sum(s.times.get(k, 0.0) for s in stats) / steps, 3)
+            for k in sorted({k for s in stats for k in s.times})}
+
+
 def row(**kw) -> dict:
     kw["t_s"] = round(time.perf_counter() - T0, 1)  # since the script started: what each suite costs a step limit
     ROWS.append(kw)
@@ -314,9 +322,10 @@ def image_rows(num: int) -> None:
             steps = sum(x.stats.steps for x in samples)
             drafter = {"drafter_" + k: v for k, v in im.drafter_net.graphs.describe().items()} \
                 if im.drafter_net.graphs else {}
-            row(suite="image", row=f"{label} --graphs {mode}", images_s=num / s, vs_ar=s_ar[mode] / s,
+            row(suite="image", row=f"{label} --graphs {mode}", images_s=num / s, ms_step=1e3 * s / max(steps, 1),
+                vs_ar=s_ar[mode] / s,
                 vs_ar_off=s_ar["off"] / s, exact=sum(t == b for t, b in zip(toks, base)) / num, tpf=tpf,
-                drafter_share=share([x.stats for x in samples]),
+                drafter_share=share([x.stats for x in samples]), phase_ms=phase_ms([x.stats for x in samples]),
                 syncs_step=syncs(lambda: generate_images(im, cfg)) / max(steps, 1), timed_captures=held,
                 first_run_s=first_s, first_run_captures=first,
                 **(im.model.graphs.describe() if im.model.graphs else {}), **drafter)
@@ -353,8 +362,10 @@ def mesh_rows(num: int) -> None:
             steps = sum(r.stats.steps for r in res)
             row(suite="mesh", row=f"{name} --graphs {mode}", meshes_s=num / s, vs_ar=s_ar[mode] / s,
                 vs_ar_off=s_ar["off"] / s, exact=sum(t == b for t, b in zip(toks, base)) / num,
-                drafter_share=share([r.stats for r in res]),
-                syncs_step=syncs(lambda: d.generate_batch(clouds, params, budget, opts)) / max(steps, 1))
+                drafter_share=share([r.stats for r in res]), phase_ms=phase_ms([r.stats for r in res]),
+                ms_step=1e3 * s / max(steps, 1),
+                syncs_step=syncs(lambda: d.generate_batch(clouds, params, budget, opts)) / max(steps, 1),
+                **{("heads_" + k): v for k, v in (dec.heads.graphs.describe() if dec.heads.graphs else {}).items()})
 
 
 def attention_rows(new: int = 64) -> None:

@@ -61,9 +61,10 @@ def test_the_profile_step_reports_each_case_on_the_cpu():
     cases = [line for line in out.splitlines() if " ms a step " in line]
     assert [c.split(":")[0] for c in cases] == [
         "text AR, batch 1", "text AR, batch 16", "text AR, batch 16, one-launch products",
-        "text pcllm-mr n 4 + lookup 16, batch 1", "image AR, batch 1", "image ADT-Tree, batch 1"]
+        "text pcllm-mr n 4 + lookup 16, batch 1", "image AR, batch 1", "image ADT-Tree, batch 1",
+        "image EAGLE-2, batch 1", "mesh AR, batch 1", "mesh XSpecMesh (lossless), batch 1"]
     shares = [float(line.split()[-1]) for line in out.splitlines() if line.startswith("  ") and "share" not in line]
-    assert len(shares) == 18 and all(0 < s <= 1 for s in shares)
+    assert len(shares) == 27 and all(0 < s <= 1 for s in shares)
 
 
 def test_the_sync_counts_kernel_line_counts_fewer_kernels_with_the_native_ops(monkeypatch):
