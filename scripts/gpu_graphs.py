@@ -365,7 +365,7 @@ def mesh_rows(num: int) -> None:
                 drafter_share=share([r.stats for r in res]), phase_ms=phase_ms([r.stats for r in res]),
                 ms_step=1e3 * s / max(steps, 1),
                 syncs_step=syncs(lambda: d.generate_batch(clouds, params, budget, opts)) / max(steps, 1),
-                **{("heads_" + k): v for k, v in (dec.heads.graphs.describe() if dec.heads.graphs else {}).items()})
+                **{"heads_" + k: v for k, v in (dec.heads.graphs.describe() if dec.heads.graphs else {}).items()})
 
 
 def attention_rows(new: int = 64) -> None:

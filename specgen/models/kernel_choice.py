@@ -23,8 +23,7 @@ NATIVE_DTYPES = (torch.bfloat16, torch.float32)
 #: Activation dtypes whose cached CUDA forwards attend over the same lists (native/cuda_ops.py).
 CUDA_LIST_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 #: Weight dtypes whose GPU products run as GEMMs of one row count (SlicedLinear): the library picks a GEMM's kernel,
-#: and each row's order of sums, by its shape in every float dtype (float32 at 5-10 rows: a 23-29 us split-K kernel on
-#: the H200 where 64 rows take ~3-5 us, docs/results/gpu.md).
+#: and each row's order of sums, by its shape in every float dtype (docs/precision.md).
 SLICED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 #: Weight dtypes whose CUDA products may run as one Triton launch a product instead (`cuda_ops.one_launch_products`).
 ONE_LAUNCH_DTYPES = (torch.bfloat16, torch.float16)
