@@ -75,6 +75,31 @@ def test_budget_and_naming_keys_may_change_on_resume(tmp_path):
         check_resume(out, recorded(DistillConfig))
 
 
+def test_another_ranks_record_write_in_flight_is_no_other_programs_file(tmp_path):
+    """A data-parallel run's ranks all check OUT: one may see only another's atomic temporary of config.json (the
+    race that failed `torchrun --nproc-per-node 2 ... distill` once with exit 2); control: a file of another program
+    is still refused."""
+    from specgen.errors import UsageError
+    from specgen.paths import atomic_write
+    from specgen.train.distill import DistillConfig
+    from specgen.train.run_folder import check_resume
+
+    out = tmp_path / "run"
+    out.mkdir()
+    seen = []
+
+    def midway(tmp):  # the moment the other rank looks: only the temporary is there
+        seen.append(check_resume(out, recorded(DistillConfig)))
+        tmp.write_text("{}")
+
+    atomic_write(out / "config.json", midway)
+    assert seen == [False]
+    (out / "config.json").unlink()
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(UsageError, match="holds other files"):
+        check_resume(out, recorded(DistillConfig))
+
+
 @pytest.mark.parametrize("args,code", [
     (["distill", "--trajectories", "EMPTY", "--model", "tiny-text"], 2),
     (["train-heads", "--kind", "eagle", "target=no-such-target"], 2),
