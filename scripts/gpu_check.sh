@@ -50,12 +50,12 @@ par=$(python3 -c 'import xdist' >/dev/null 2>&1 && echo "-n 4 --dist loadfile")
 [ -n "$SKIP_TESTS" ] || step gpu-tests 140 python3 -m pytest -m gpu tests -v -rfE -p no:cacheprovider \
     --continue-on-collection-errors $par
 [ -z "$warm" ] || { wait "$warm"; echo "hf-warm rc $?: $(grep -o '"warmup_s": [0-9.]*' "$OUT/hf-warm.log")"; }
-# the graphs step (the issue's table) gets what the steps before it left of the 580 s, less the 115 s of the two after
+# the graphs step (the issue's table) gets what the steps before it left of the 580 s, less the 130 s of the two after
 # it, and never under 340 s
-left=$((580 - SECONDS - 115))
+left=$((580 - SECONDS - 130))
 step graphs $((left > 340 ? left : 340)) python3 scripts/gpu_graphs.py --only text,image,mesh,scale \
     --json "$OUT/graphs.json"
-step profile 75 python3 scripts/gpu_profile.py
+step profile 90 python3 scripts/gpu_profile.py
 step sync-count 40 python3 scripts/gpu_sync_count.py --device cuda
 step attention 80 python3 scripts/gpu_graphs.py --only attention --json "$OUT/attention.json"
 step images 150 specgen benchmark --config recipes/tiny/bench-images-batch.yaml --device cuda --threads 0 \

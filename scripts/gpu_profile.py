@@ -11,7 +11,8 @@ Cases (greedy, graphs on, each run once to capture and once under `torch.profile
 For each: wall ms a decode step (under the profiler, whose host-side tracing inflates it: gpu_graphs.py's rows give
 the wall time), GPU ms a step (the kernels' summed time, prefills included), kernels a step, the host's ms a step
 blocked on the device (its synchronising CUDA calls: the rest of the wall is host work, during which the device idles
-unless work is queued) and replays a step, and the top kernels by their time (calls a step, µs a call). What it
+unless work is queued) and replays a step, the top kernels by their time (calls a step, µs a call), and the top Python
+functions by their own time a step in a third run under cProfile (the host's work, by function). What it
 answers: which kernels grow from batch 1 to 16 (issue 46's batch-16 goal), how a tree step's time splits between the
 drafter's growth and the verify, and whether a step is bound by its kernels or by its host work.
 
@@ -22,8 +23,11 @@ runs those suites); `--device cpu` checks the script (CPU op times, tiny shapes,
 from __future__ import annotations
 
 import argparse
+import cProfile
 import dataclasses
+import pstats
 import time
+from pathlib import Path
 from unittest import mock
 
 import torch
@@ -43,9 +47,9 @@ from specgen.models.transformer import Transformer
 from specgen.native import cuda_ops
 
 
-def profiled(run, device: str) -> tuple[float, int, list]:
-    """(wall seconds, decode steps, the profiler's per-kernel averages) of `run()` (returns DecodeStats), after a
-    first run that captures every shape it meets."""
+def profiled(run, device: str) -> tuple[float, int, list, pstats.Stats]:
+    """(wall seconds, decode steps, the profiler's per-kernel averages, a third run's Python functions under
+    cProfile) of `run()` (returns DecodeStats), after a first run that captures every shape it meets."""
     run()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     synchronize(device)
@@ -54,15 +58,18 @@ def profiled(run, device: str) -> tuple[float, int, list]:
         stats = run()
         synchronize(device)
         wall = time.perf_counter() - t0
-    return wall, max(stats.steps, 1), list(prof.key_averages())
+    python = cProfile.Profile()
+    python.runcall(run)
+    return wall, max(stats.steps, 1), list(prof.key_averages()), pstats.Stats(python)
 
 
 #: the CUDA runtime calls in which the host waits for the device (a read of a result, an explicit synchronize)
 BLOCKING = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
 
 
-def report(name: str, wall: float, steps: int, events: list, device: str, top: int) -> None:
-    """One case's lines: the step's wall and kernel time, then its `top` kernels."""
+def report(name: str, wall: float, steps: int, events: list, python: pstats.Stats, device: str, top: int) -> None:
+    """One case's lines: the step's wall and kernel time, its `top` kernels, then its `top` Python functions by
+    their own time (cProfile's, which its tracing inflates: their order says where a host-bound step goes)."""
     key = "self_device_time_total" if device == "cuda" else "self_cpu_time_total"
     kernels = [e for e in events if getattr(e, key, 0) > 0 and (device != "cuda" or e.device_type.name == "CUDA")]
     busy = sum(getattr(e, key) for e in kernels) / 1e3 / steps  # ms a step
@@ -77,6 +84,11 @@ def report(name: str, wall: float, steps: int, events: list, device: str, top: i
         t = getattr(e, key)
         print(f"  {e.key[:70]:<70} {e.count / steps:>10.1f} {t / max(e.count, 1):>8.2f} "
               f"{t / 1e3 / steps / max(busy, 1e-9):>6.2f}")
+    own = sorted(python.stats.items(), key=lambda item: -item[1][2])[:top]  # (file, line, name) -> (.., calls, own s)
+    print(f"  {'python function (own time)':<70} {'calls/step':>10} {'ms/step':>8}")
+    for (file, line, func), (_, calls, own_s, _, _) in own:
+        where = f"{Path(file).name}:{line}({func})" if line else func
+        print(f"  {where[:70]:<70} {calls / steps:>10.1f} {1e3 * own_s / steps:>8.3f}")
 
 
 def text_cases(device: str, new: int, top: int) -> None:

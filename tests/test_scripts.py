@@ -54,8 +54,8 @@ def test_the_graphs_step_ends_with_issue_46s_goals(monkeypatch, capsys):
 
 @pytest.mark.slow
 def test_the_profile_step_reports_each_case_on_the_cpu():
-    """The GPU check's profile step at tiny sizes (`--device cpu`, which measures nothing): every case's step line and
-    its top kernels, a kernel's share of the step at most 1."""
+    """The GPU check's profile step at tiny sizes (`--device cpu`, which measures nothing): every case's step line, its
+    top kernels (a kernel's share of the step at most 1) and its top Python functions by their own time."""
     out = subprocess.run([sys.executable, "scripts/gpu_profile.py", "--device", "cpu", "--top", "3"],
                          capture_output=True, text=True, cwd=ROOT, check=True).stdout
     cases = [line for line in out.splitlines() if " ms a step " in line]
@@ -63,8 +63,14 @@ def test_the_profile_step_reports_each_case_on_the_cpu():
         "text AR, batch 1", "text AR, batch 16", "text AR, batch 16, one-launch products",
         "text pcllm-mr n 4 + lookup 16, batch 1", "image AR, batch 1", "image ADT-Tree, batch 1",
         "image EAGLE-2, batch 1", "mesh AR, batch 1", "mesh XSpecMesh (lossless), batch 1"]
-    shares = [float(line.split()[-1]) for line in out.splitlines() if line.startswith("  ") and "share" not in line]
-    assert len(shares) == 27 and all(0 < s <= 1 for s in shares)
+    rows, part = {"kernel": [], "python": []}, None
+    for line in out.splitlines():
+        if line.startswith("  kernel ") or line.startswith("  python function"):
+            part = line.split()[0]
+        elif line.startswith("  ") and part:
+            rows[part].append(float(line.split()[-1]))  # a kernel's share of the step; a function's ms a step
+    assert len(rows["kernel"]) == 27 and all(0 < s <= 1 for s in rows["kernel"])
+    assert len(rows["python"]) == 27 and all(ms >= 0 for ms in rows["python"])
 
 
 def test_the_sync_counts_kernel_line_counts_fewer_kernels_with_the_native_ops(monkeypatch):
