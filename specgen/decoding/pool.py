@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Callable, Protocol, Sequence
 
 import torch
@@ -151,11 +152,34 @@ class EachRow(PoolBase):
 
     def on_accept(self, drafts, verdicts, out, sizes, branches) -> None:
         whole = len(drafts) == 1 and out.logits.shape[:2] == (1, sizes[0])  # one row, unpadded: no slices (host ops)
-        for i, (draft, verdict, s) in enumerate(zip(drafts, verdicts, sizes)):  # row i's slice, padding dropped
-            rows = slice(i * branches, (i + 1) * branches)
-            picks = None if out.argmax is None else [out.argmax[i][:s]]
-            row = out if whole else TargetOut(out.logits[i : i + 1, :s], out.features[rows, :s], picks)
-            self.rows[i].on_accept(draft, verdict, row)
+        for i, (draft, verdict, s) in enumerate(zip(drafts, verdicts, sizes)):
+            self.rows[i].on_accept(draft, verdict, out if whole else RowOut(out, i, s, branches))
 
     def finished(self, slot: int) -> bool:
         return self.rows[slot].finished()
+
+
+@dataclass(frozen=True)
+class RowOut:
+    """Row i of a batch forward's TargetOut, padding dropped: its `size` nodes on its `branches` feature rows. A
+    drafter reads it as a TargetOut; each tensor view is made on its first read (a view is a host op, a few µs of a
+    GPU host's step, and most drafters read none: AR's, the n-gram's)."""
+
+    out: TargetOut
+    i: int
+    size: int
+    branches: int
+
+    @cached_property
+    def logits(self) -> torch.Tensor:  # [1, S, V]
+        return self.out.logits[self.i : self.i + 1, : self.size]
+
+    @cached_property
+    def features(self) -> torch.Tensor:  # [br, S, D]
+        return self.out.features[self.i * self.branches : (self.i + 1) * self.branches, : self.size]
+
+    @property
+    def argmax(self) -> list[list[int]] | None:  # [1][S] where the step read its picks
+        return None if self.out.argmax is None else [self.out.argmax[self.i][: self.size]]
+
+    picks = TargetOut.picks  # its logits or argmax: TargetOut's rule

@@ -166,3 +166,39 @@ def test_the_sampling_test_can_fail(flat_model):
 
     exact = exact_joint(flat_model, [1, 2, 3], 3)
     assert tv(sample_rows(ModelTarget(flat_model), [1, 2, 3], rule=accept_all, copies=300), exact) > 0.2
+
+
+def test_a_rows_view_of_a_batch_forward_is_made_only_when_its_drafter_reads_it():
+    """EachRow hands each row's drafter a RowOut: the same slices as the row's own TargetOut (padding dropped, its
+    branch rows), made on first read, so drafters that read nothing (AR's) cost no tensor op a row."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from specgen.decoding.pool import EachRow, RowOut
+    from specgen.decoding.target import TargetOut
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.n += 1
+            return func(*args, **(kwargs or {}))
+
+    class Reads(EmptyDrafter):
+        def on_accept(self, draft, verdict, out):
+            self.seen = (out.logits, out.features, out.picks())
+
+    out = TargetOut(torch.randn(3, 5, 7), torch.randn(6, 5, 2), [[1, 2, 3, 4, 5], [6, 5, 4, 3, 2], [0] * 5])
+    pool = EachRow(lambda i: EmptyDrafter())
+    pool.open(3, 8)
+    pool.rows = [EmptyDrafter(), Reads(), EmptyDrafter()]
+    with Ops() as ops:
+        pool.on_accept([None] * 3, [None] * 3, out, [2, 4, 1], 2)
+    with Ops() as alone:
+        out.logits[1:2, :4], out.features[2:4, :4]
+    assert ops.n == alone.n > 0  # the reading row's two views, no other row's
+    logits, features, picks = pool.rows[1].seen
+    assert torch.equal(logits, out.logits[1:2, :4]) and torch.equal(features, out.features[2:4, :4])
+    assert picks == [[6, 5, 4, 3]]
+    assert RowOut(TargetOut(out.logits, out.features), 2, 3, 2).picks() == out.logits[2:3, :3].argmax(-1).tolist()
