@@ -306,7 +306,10 @@ def image_rows(num: int) -> None:
         attach(im.drafter_net, mode)  # the EAGLE drafter's catch-ups and whole tree growths too
         rows = (("ar", "ar", {}), ("ar run_ahead 8", "ar", {"run_ahead": 8}), ("eagle2", "eagle2", {}),
                 ("adt-tree", "adt-tree", {}),  # the trees at a GPU's defaults (60 nodes), ADT-Tree's at the CPU's too
-                ("adt-tree 16 nodes", "adt-tree", {"total_tokens": 16}))
+                ("adt-tree 16 nodes", "adt-tree", {"total_tokens": 16}),
+                # two levels more in the one growth replay: TPF 5.39 -> 5.91 (image.md); free if the step stays
+                # host-bound (the seventh lease: EAGLE-2's 1.2 ms of kernels in ~2.05 ms), which picks the default
+                ("eagle2 depth 8", "eagle2", {"depth": 8}))
         for label, method, options in rows[: 1 if mode == "off" else None]:  # eager: AR alone, the ratios' base
             cfg = ImageGenConfig(method=method, num=num, temperature=0.0, device=DEVICE, batch_size=1,
                                  method_options=options)
