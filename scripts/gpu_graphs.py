@@ -307,8 +307,8 @@ def image_rows(num: int) -> None:
         rows = (("ar", "ar", {}), ("ar run_ahead 8", "ar", {"run_ahead": 8}), ("eagle2", "eagle2", {}),
                 ("adt-tree", "adt-tree", {}),  # the trees at a GPU's defaults (60 nodes), ADT-Tree's at the CPU's too
                 ("adt-tree 16 nodes", "adt-tree", {"total_tokens": 16}),
-                # two levels more in the one growth replay: TPF 5.39 -> 5.91 (image.md); free if the step stays
-                # host-bound (the seventh lease: EAGLE-2's 1.2 ms of kernels in ~2.05 ms), which picks the default
+                # two levels more inside the one growth replay: more TPF (image.md), free while the step is
+                # host-bound (gpu.md); this row picks EAGLE-2's GPU default
                 ("eagle2 depth 8", "eagle2", {"depth": 8}))
         for label, method, options in rows[: 1 if mode == "off" else None]:  # eager: AR alone, the ratios' base
             cfg = ImageGenConfig(method=method, num=num, temperature=0.0, device=DEVICE, batch_size=1,
@@ -350,8 +350,7 @@ def mesh_rows(num: int) -> None:
     ar_dec = MeshDecoder(dec.model, None, dec.eos_id)
     clouds = [pc for _, pc in benchmark_clouds(loaded.target.meta, num, 0, DEVICE)]
     opts = XSpecMeshOptions(criterion="rejection", sampling="tree", top_k_tree=1)
-    # the lossless rule's best candidates here: a revisited vertex's offset, the heads elsewhere (TPF 1.37 -> 1.98 on
-    # the tiny heads, measured on the CPU: the same tokens, docs/results/gpu.md)
+    # the lossless rule's best candidates on these heads: a revisited vertex's offset, the heads elsewhere (gpu.md)
     vertex = dataclasses.replace(opts, vertex_lookup=True)
     params = SP()
     budget = 512
