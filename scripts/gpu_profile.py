@@ -12,10 +12,11 @@ Cases (greedy, graphs on, each run once to capture and once under `torch.profile
 For each: wall ms a decode step (under the profiler, whose host-side tracing inflates it: gpu_graphs.py's rows give
 the wall time), GPU ms a step (the kernels' summed time, prefills included), kernels a step, the host's ms a step
 blocked on the device (its synchronising CUDA calls: the rest of the wall is host work, during which the device idles
-unless work is queued) and replays a step, the top kernels by their time (calls a step, µs a call), and the top Python
-functions by their own time a step in a third run under cProfile (the host's work, by function). What it
-answers: which kernels grow from batch 1 to 16 (issue 46's batch-16 goal), how a tree step's time splits between the
-drafter's growth and the verify, and whether a step is bound by its kernels or by its host work.
+unless work is queued), replays a step and the host's ms launching them, the top kernels by their time (calls a
+step, µs a call), and the top Python functions by their own time a step in a third run under cProfile (the host's
+work, by function). What it answers: which kernels grow from batch 1 to 16 (issue 46's batch-16 goal), how a tree
+step's time splits between the drafter's growth and the verify, and whether a step is bound by its kernels or by its
+host work (and there, by launching its replays or by the loop's own work).
 
 Run: `python scripts/gpu_profile.py` on a CUDA machine (~1 minute; `gpu_check.sh`'s `profile` step; `--only image,mesh`
 runs those suites); `--device cpu` checks the script (CPU op times, tiny shapes, measures nothing).
@@ -77,9 +78,11 @@ def report(name: str, wall: float, steps: int, events: list, python: pstats.Stat
     calls = sum(e.count for e in kernels) / steps
     host = {e.key: e for e in events if e.device_type.name == "CPU"}
     blocked = sum(host[k].self_cpu_time_total for k in BLOCKING if k in host) / 1e3 / steps
-    replays = host["cudaGraphLaunch"].count / steps if "cudaGraphLaunch" in host else 0.0
+    launch = host.get("cudaGraphLaunch")  # a replay's launch: host time that may grow with the graph's kernels
+    replays, launching = (launch.count / steps, launch.self_cpu_time_total / 1e3 / steps) if launch else (0.0, 0.0)
     print(f"\n{name}: {steps} steps, wall {1e3 * wall / steps:.3f} ms a step, kernels {busy:.3f} ms a step "
-          f"({calls:.0f} a step), host blocked {blocked:.3f} ms a step, {replays:.1f} replays a step")
+          f"({calls:.0f} a step), host blocked {blocked:.3f} ms a step, {replays:.1f} replays a step "
+          f"(launching them {launching:.3f} ms)")
     print(f"  {'kernel':<70} {'calls/step':>10} {'us/call':>8} {'share':>6}")
     for e in sorted(kernels, key=lambda e: -getattr(e, key))[:top]:
         t = getattr(e, key)
