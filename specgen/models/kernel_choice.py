@@ -184,8 +184,8 @@ def sliced_products(weight: torch.Tensor) -> bool:
 def one_launch(x: torch.Tensor, *linears: torch.nn.Module) -> bool:
     """Whether products of x by `linears` run one launch each, so that one launch may hold several (SwiGLU's gate with
     its two products: `torch.ops.specgen.gate`, their bits): a CUDA step (`one_pass`) with one-launch products
-    (`cuda_ops.one_launch_products`, as SlicedLinear's run) over plain Linears (a LoRA layer wraps one) of the
-    low-precision weights `sliced_products` slices."""
+    (`cuda_ops.one_launch_products`, as SlicedLinear's run) over plain Linears (a LoRA layer wraps one) of
+    low-precision weights (`ONE_LAUNCH_DTYPES`)."""
     return (one_pass(x) and cuda_ops.one_launch_products() and all(isinstance(w, torch.nn.Linear) for w in linears)
             and linears[0].weight.dtype in ONE_LAUNCH_DTYPES)
 
