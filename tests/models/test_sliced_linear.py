@@ -25,11 +25,12 @@ def rows_alone_and_together(lin: nn.Module, x: torch.Tensor) -> tuple[torch.Tens
         return torch.cat([lin(x[j: j + 1]) for j in range(x.shape[0])]), lin(x)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])  # a GPU slices both (kernel_choice.SLICED_DTYPES)
 @pytest.mark.parametrize("rows", [1, 5, SLICE_ROWS, SLICE_ROWS + 1, 2 * SLICE_ROWS + 3])
-def test_a_row_gets_the_same_bits_at_any_row_count(rows, monkeypatch):
+def test_a_row_gets_the_same_bits_at_any_row_count(rows, dtype, monkeypatch):
     torch.manual_seed(rows)
-    lin = nn.Linear(96, 40, bias=True).to(torch.bfloat16)
-    x = torch.randn(rows, 96, dtype=torch.bfloat16)
+    lin = nn.Linear(96, 40, bias=True).to(dtype)
+    x = torch.randn(rows, 96, dtype=dtype)
     monkeypatch.setattr(F, "linear", shape_dependent)  # nn.Linear's and SlicedLinear's kernel
     plain = rows_alone_and_together(lin, x)
     lin.__class__ = SlicedLinear
