@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import dataclasses
+import functools
 import pstats
 import time
 from pathlib import Path
@@ -95,7 +96,7 @@ def report(name: str, wall: float, steps: int, events: list, python: pstats.Stat
         print(f"  {where[:70]:<70} {calls / steps:>10.1f} {1e3 * own_s / steps:>8.3f}")
 
 
-def text_cases(device: str, new: int, top: int) -> None:
+def text_cases(device: str, top: int, new: int) -> None:
     cfg = SMOLLM2 if device == "cuda" else dataclasses.replace(SMOLLM2, n_layers=2, vocab_size=512)
     torch.manual_seed(0)
     dtype = torch.bfloat16 if device == "cuda" else torch.float32  # the CPU's bf16 products are slow, and it checks
@@ -174,11 +175,10 @@ def main() -> None:
     gpu = torch.cuda.get_device_name() if args.device == "cuda" else args.device
     print(f"device {gpu}, torch {torch.__version__}")
     torch.backends.cuda.matmul.allow_tf32 = False  # float32 stays float32, as in gpu_graphs.py
-    if "text" in only:
-        text_cases(args.device, args.new if args.device == "cuda" else 4, args.top)
-    for suite in ("image", "mesh"):
+    cases = CASES | {"text": functools.partial(text_cases, new=args.new if args.device == "cuda" else 4)}
+    for suite, case in cases.items():
         if suite in only:
-            CASES[suite](args.device, args.top)
+            case(args.device, args.top)
 
 
 if __name__ == "__main__":

@@ -88,7 +88,7 @@ def kernel_paths(device: str | None = None) -> dict[str, dict]:
         products = ("one Triton launch a product (SwiGLU's two and gate: one; a block's norms inside them), "
                     "bf16/fp16 (SPECGEN_TRITON_PRODUCTS=1)"
                     if cuda_ops.one_launch_products() else
-                    "cuBLAS (torch), bf16/fp16 in 64-row GEMM slices (row-invariant)")
+                    "cuBLAS (torch) in 64-row GEMM slices (row-invariant)")
         gpu = {"path": f"{products}, decode steps replayed as CUDA graphs (--graphs auto)",
                "why": "a GPU: the CPU layouts and native kernels do not apply"}
         steps = ({"path": "attention: each query over its visible slots, one Triton kernel a layer (cuda_ops.py)",

@@ -178,7 +178,7 @@ class RowOut:
     def features(self) -> torch.Tensor:  # [br, S, D]
         return self.out.features[self.i * self.branches : (self.i + 1) * self.branches, : self.size]
 
-    @property
+    @cached_property
     def argmax(self) -> list[list[int]] | None:  # [1][S] where the step read its picks
         return None if self.out.argmax is None else [self.out.argmax[self.i][: self.size]]
 

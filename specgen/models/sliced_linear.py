@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specgen.models.kernel_choice import ONE_LAUNCH_DTYPES, sliced_products
-from specgen.native import cuda_ops, ops
+from specgen.models import kernel_choice
+from specgen.native import ops
 
 SLICE_ROWS = 64  # every product's rows are cut into zero-padded slices of this many: one GEMM shape at any row count
 
@@ -22,8 +22,7 @@ class SlicedLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., in] -> [..., out]
         rows = x.reshape(-1, x.shape[-1])  # [M, in]
         m = rows.shape[0]
-        if rows.is_cuda and self.weight.dtype in ONE_LAUNCH_DTYPES and cuda_ops.one_launch_products():  # fixed tiles
-            # at any row count: no slices, one launch
+        if kernel_choice.one_launch(rows, self):  # fixed tiles at any row count: no slices, one launch
             return ops.linear(rows, self.weight, self.bias).reshape(*x.shape[:-1], self.out_features)
         if m % SLICE_ROWS:  # [M', in], M' a multiple of SLICE_ROWS: one copy (F.pad would add a fill kernel per
             padded = rows.new_empty(m + -m % SLICE_ROWS, rows.shape[1])  # product); the padding rows stay unwritten:
@@ -37,6 +36,6 @@ class SlicedLinear(nn.Linear):
 def row_invariant(module: nn.Module) -> nn.Module:
     """Make each nn.Linear of `module` that `kernel_choice.sliced_products` slices a SlicedLinear, in place."""
     for lin in module.modules():
-        if type(lin) is nn.Linear and sliced_products(lin.weight):
+        if type(lin) is nn.Linear and kernel_choice.sliced_products(lin.weight):
             lin.__class__ = SlicedLinear
     return module
