@@ -171,19 +171,9 @@ def test_the_sampling_test_can_fail(flat_model):
 def test_a_rows_view_of_a_batch_forward_is_made_only_when_its_drafter_reads_it():
     """EachRow hands each row's drafter a RowOut: the same slices as the row's own TargetOut (padding dropped, its
     branch rows), made on first read, so drafters that read nothing (AR's) cost no tensor op a row."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     from specgen.decoding.pool import EachRow, RowOut
     from specgen.decoding.target import TargetOut
-
-    class Ops(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.n = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.n += 1
-            return func(*args, **(kwargs or {}))
+    from tests.decoding.test_lossless_text import CountOps
 
     class Reads(EmptyDrafter):
         def on_accept(self, draft, verdict, out):
@@ -193,9 +183,9 @@ def test_a_rows_view_of_a_batch_forward_is_made_only_when_its_drafter_reads_it()
     pool = EachRow(lambda i: EmptyDrafter())
     pool.open(3, 8)
     pool.rows = [EmptyDrafter(), Reads(), EmptyDrafter()]
-    with Ops() as ops:
+    with CountOps() as ops:
         pool.on_accept([None] * 3, [None] * 3, out, [2, 4, 1], 2)
-    with Ops() as alone:
+    with CountOps() as alone:
         out.logits[1:2, :4], out.features[2:4, :4]
     assert ops.n == alone.n > 0  # the reading row's two views, no other row's
     logits, features, picks = pool.rows[1].seen

@@ -117,15 +117,16 @@ def test_tree_drafts_equal_ar_and_accept_some():
     assert result.stats.tpf > 1.2
 
 
-class CountArgmax(TorchDispatchMode):
-    """Counts argmax ops (a device read each where they are `.tolist()`ed: the host's syncs on a GPU)."""
+class CountOps(TorchDispatchMode):
+    """Counts the ops dispatched inside it, or those of one kind (`only`: argmax, a device read each where they are
+    `.tolist()`ed: the host's syncs on a GPU)."""
 
-    def __init__(self) -> None:
+    def __init__(self, only=None) -> None:
         super().__init__()
-        self.n = 0
+        self.only, self.n = only, 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.n += func is torch.ops.aten.argmax.default
+        self.n += self.only is None or func is self.only
         return func(*args, **(kwargs or {}))
 
 
@@ -136,7 +137,7 @@ def test_a_greedy_jacobi_step_reads_the_argmax_of_its_verify_once(name):
     model, prompts = tiny_model(2), [[3, 1, 4, 1, 5, 9, 2, 6], [2, 7, 1, 8]]
     blocks = [JacobiBlocks(4, i, ()) for i in range(2)]  # collect-trajectories' drafter
     make = (lambda i: blocks[i]) if name == "collect-trajectories" else (lambda i: method_drafter(name))
-    with CountArgmax() as counted:
+    with CountOps(torch.ops.aten.argmax.default) as counted:
         res = run_batch(ModelTarget(model), make, prompts, 20, GREEDY, max_draft=4)
     assert counted.n == res.stats.steps + len(prompts)
     assert [r.tokens for r in res.results] == [run(model, EmptyDrafter(), p, 20) for p in prompts]
